@@ -1,0 +1,13 @@
+# MEMPOOL_SANITIZE=address,undefined | thread: instrument everything built here.
+if(MEMPOOL_SANITIZE)
+  if(MEMPOOL_SANITIZE MATCHES "thread" AND MEMPOOL_SANITIZE MATCHES "address")
+    message(FATAL_ERROR "mempool: thread and address sanitizers cannot be combined")
+  endif()
+  set(_mp_san "-fsanitize=${MEMPOOL_SANITIZE}" -fno-omit-frame-pointer)
+  if(MEMPOOL_SANITIZE MATCHES "undefined")
+    list(APPEND _mp_san -fno-sanitize-recover=undefined)
+  endif()
+  add_compile_options(${_mp_san})
+  add_link_options(${_mp_san})
+  message(STATUS "mempool: sanitizers ${MEMPOOL_SANITIZE}")
+endif()

@@ -1,0 +1,94 @@
+/* mempool/device.h - the thin device shim every allocator is built on.
+ *
+ * Two backends sit behind it:
+ *  - "cuda": loads libcuda.so.1 at run time and uses the driver API on the
+ *    device's primary context, so memory and streams are shared with CUDA
+ *    runtime users. An mp_stream_t is a CUstream / cudaStream_t cast; NULL is
+ *    the default stream. Every call targets the device the handle was opened
+ *    on, never an implicit current device.
+ *  - "host": an emulated device. Device memory is host memory reserved with
+ *    mmap and committed lazily; every stream is a worker thread that runs its
+ *    queue strictly in order; events complete when their stream reaches them.
+ *    Spec options (sizes take K/M/G/T suffixes):
+ *      capacity=SIZE    device memory; exceeding it is MP_ENOMEM (default 16G)
+ *      latency_us=N     added to every device allocate and free
+ *      fail_after=N     the N-th device allocation (1-based) and every later
+ *                       one fail with MP_ENOMEM; 0 disables
+ *      vmm=0|1          emulate virtual-memory segments (default 1)
+ *      granularity=SIZE the virtual-memory granule (default 2M, as CUDA)
+ *    The NULL stream of the host device is one more in-order stream; it does
+ *    not synchronize with the others (like cudaStreamNonBlocking streams).
+ *
+ * Memory is given back to the device only after the streams that used it are
+ * synchronized: mp_device_free synchronizes the device first, as cuMemFree
+ * does. */
+#ifndef MEMPOOL_DEVICE_H
+#define MEMPOOL_DEVICE_H
+
+#include <stddef.h>
+
+#include <mempool/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mp_device mp_device_t;
+/* cuda: a CUstream / cudaStream_t cast; NULL: the default stream. */
+typedef struct mp_stream *mp_stream_t;
+typedef struct mp_event *mp_event_t;
+
+/* spec: "cuda", "cuda:N", "host", "host:capacity=8G,latency_us=20,...", or
+ * NULL: $MEMPOOL_DEVICE if set, else "cuda" where a GPU is usable, else
+ * "host". "cuda" with no driver or GPU: MP_ENODEV; a driver that fails to
+ * initialise: MP_EDRIVER. A malformed spec is MP_EINVAL and mp_last_error()
+ * names the bad key or value. */
+MP_API mp_status_t mp_device_open(const char *spec, mp_device_t **out);
+/* Drains every stream, releases what is left, then closes. NULL: no-op. */
+MP_API void mp_device_close(mp_device_t *dev);
+/* e.g. "host", "cuda:0 NVIDIA H200"; "" for NULL. */
+MP_API const char *mp_device_name(const mp_device_t *dev);
+MP_API mp_status_t mp_device_mem_info(mp_device_t *dev, size_t *free_bytes,
+                                      size_t *total_bytes);
+
+/* Raw device memory, one driver allocation each: what pools and the direct
+ * allocator are made of. 0 bytes is MP_EINVAL. */
+MP_API mp_status_t mp_device_alloc(mp_device_t *dev, size_t bytes, void **out);
+/* Synchronizes the device first, like cuMemFree. A pointer that
+ * mp_device_alloc did not return is MP_EINVAL. */
+MP_API mp_status_t mp_device_free(mp_device_t *dev, void *ptr);
+/* Page-locked host memory. */
+MP_API mp_status_t mp_device_host_alloc(mp_device_t *dev, size_t bytes,
+                                        void **out);
+MP_API mp_status_t mp_device_host_free(mp_device_t *dev, void *ptr);
+/* Waits for all work on every stream of the device. */
+MP_API mp_status_t mp_device_synchronize(mp_device_t *dev);
+
+MP_API mp_status_t mp_stream_create(mp_device_t *dev, mp_stream_t *out);
+/* Waits for the stream's queued work, then destroys it. */
+MP_API mp_status_t mp_stream_destroy(mp_device_t *dev, mp_stream_t s);
+MP_API mp_status_t mp_stream_synchronize(mp_device_t *dev, mp_stream_t s);
+/* Run fn(arg) on the host once all earlier work on s is done
+ * (cuLaunchHostFunc). fn must not call into the device. */
+MP_API mp_status_t mp_stream_launch_host(mp_device_t *dev, mp_stream_t s,
+                                         void (*fn)(void *), void *arg);
+MP_API mp_status_t mp_memcpy_async(mp_device_t *dev, void *dst, const void *src,
+                                   size_t n, mp_stream_t s);
+MP_API mp_status_t mp_memset_async(mp_device_t *dev, void *dst, int value,
+                                   size_t n, mp_stream_t s);
+
+MP_API mp_status_t mp_event_create(mp_device_t *dev, mp_event_t *out);
+MP_API mp_status_t mp_event_destroy(mp_device_t *dev, mp_event_t e);
+MP_API mp_status_t mp_event_record(mp_device_t *dev, mp_event_t e,
+                                   mp_stream_t s);
+/* MP_OK when done (or never recorded), MP_EBUSY when not. */
+MP_API mp_status_t mp_event_query(mp_device_t *dev, mp_event_t e);
+MP_API mp_status_t mp_event_synchronize(mp_device_t *dev, mp_event_t e);
+/* Work queued on s afterwards waits until e has completed. */
+MP_API mp_status_t mp_stream_wait_event(mp_device_t *dev, mp_stream_t s,
+                                        mp_event_t e);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MEMPOOL_DEVICE_H */

@@ -1,0 +1,39 @@
+/* mempool/mempool.h - everything, and the drop-in replacement for cudaMalloc.
+ *
+ * mp_malloc / mp_free serve from one process-wide pool per process, made on
+ * first use on the device $MEMPOOL_DEVICE names (see mp_device_open) with
+ * the options of $MEMPOOL_CONF (see mp_pool_config_init). It lives until the
+ * process exits. */
+#ifndef MEMPOOL_MEMPOOL_H
+#define MEMPOOL_MEMPOOL_H
+
+#include <stddef.h>
+
+#include <mempool/device.h>
+#include <mempool/direct.h>
+#include <mempool/pool.h>
+#include <mempool/stats.h>
+#include <mempool/status.h>
+
+#define MEMPOOL_VERSION_MAJOR 0
+#define MEMPOOL_VERSION_MINOR 1
+#define MEMPOOL_VERSION_PATCH 0
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One process-wide pool per device, made on first use from $MEMPOOL_DEVICE
+ * and $MEMPOOL_CONF. */
+MP_API mp_status_t mp_malloc(void **ptr, size_t bytes);
+MP_API mp_status_t mp_malloc_async(void **ptr, size_t bytes, mp_stream_t s);
+MP_API mp_status_t mp_free(void *ptr);
+/* The block may still be in use by work on s. */
+MP_API mp_status_t mp_free_async(void *ptr, mp_stream_t s);
+/* NULL if it cannot be made (mp_last_error() says why). */
+MP_API mp_pool_t *mp_default_pool(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MEMPOOL_MEMPOOL_H */

@@ -1,0 +1,122 @@
+/* mempool/pool.h - the caching best-fit pool.
+ *
+ * A pool serves device memory from a cache of segments it got from the
+ * device. Free blocks sit in size-class free lists indexed by a two-level
+ * bitmap (TLSF-style), so finding the best fit costs the same with 10 or
+ * 100 000 blocks; within a class the smallest block that fits wins, lowest
+ * address on ties. Block records are host structures, never written into
+ * device memory.
+ *
+ * Streams: a block is reusable at once on the stream it was allocated on;
+ * on another stream only once every use recorded for it (its own stream at
+ * the free, and every stream given to mp_pool_record_stream) has completed.
+ *
+ * Out of memory is a ladder: cache -> grow -> reclaim blocks whose streams
+ * have finished -> synchronize, trim free segments, retry -> (pools with
+ * movable blocks) defragment -> MP_ENOMEM, or MP_ELIMIT where the pool's own
+ * cap stops it. mp_last_error() then says how much was asked, reserved and
+ * allocated and how big the largest free block was.
+ *
+ * All calls are thread-safe: one lock per pool, never held across a device
+ * call that can block. */
+#ifndef MEMPOOL_POOL_H
+#define MEMPOOL_POOL_H
+
+#include <stddef.h>
+
+#include <mempool/device.h>
+#include <mempool/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mp_pool mp_pool_t;
+
+/* mp_pool_config_t.flags */
+/* Grow one reserved virtual range by mapping granules where the device
+ * supports virtual memory, so free neighbours always coalesce and trim can
+ * unmap free granules; otherwise (or without this flag) segments are plain
+ * device allocations. On by default. */
+#define MP_POOL_VIRTUAL 0x1u
+/* Defragment movable blocks as a rung of the out-of-memory ladder. On by
+ * default. */
+#define MP_POOL_DEFRAG_ON_OOM 0x2u
+
+typedef struct mp_pool_config {
+  size_t
+      max_bytes; /* cap on reserved device memory; 0: the device's capacity */
+  size_t align;  /* every block's address and size; 0: 512 */
+  size_t segment_bytes; /* smallest device allocation the pool makes; 0: its
+                           default */
+  size_t max_split;     /* a free block above this is never split for a smaller
+                           request; 0: no limit */
+  unsigned flags;       /* MP_POOL_* bits */
+} mp_pool_config_t;
+
+/* Defaults, then $MEMPOOL_CONF overrides ("max_bytes=8G,align=512,..."). A
+ * bad $MEMPOOL_CONF leaves the defaults and is reported by mp_pool_create. */
+MP_API void mp_pool_config_init(mp_pool_config_t *cfg);
+/* Applies a "key=value,key=value" string on top of cfg. Unknown keys and bad
+ * values are MP_EINVAL, name the culprit in mp_last_error(), and leave cfg
+ * unchanged. */
+MP_API mp_status_t mp_pool_config_parse(mp_pool_config_t *cfg,
+                                        const char *options);
+
+/* cfg NULL: defaults (mp_pool_config_init). */
+MP_API mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
+                                  mp_pool_t **out);
+/* MP_EBUSY while a child pool lives; else synchronizes the streams that used
+ * the pool, releases everything and frees the pool. */
+MP_API mp_status_t mp_pool_destroy(mp_pool_t *pool);
+
+/* 0 bytes: MP_OK with *out = NULL. */
+MP_API mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
+                                 void **out);
+/* Stream-ordered on the block's stream. NULL: MP_OK and nothing happens. A
+ * pointer the pool did not hand out, or one already freed: MP_EINVAL. */
+MP_API mp_status_t mp_pool_free(mp_pool_t *pool, void *ptr);
+/* ptr is also used on s: it becomes reusable elsewhere only once the work
+ * queued on s up to its free has completed. */
+MP_API mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr,
+                                         mp_stream_t s);
+/* One block split into count adjacent pieces, each freeable on its own. */
+MP_API mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
+                                            const size_t *sizes, mp_stream_t s,
+                                            void **out /* count pointers */);
+/* Gives cached memory back to the device, after synchronizing the streams
+ * that used it, until at most keep_bytes of free memory remain reserved. */
+MP_API mp_status_t mp_pool_trim(mp_pool_t *pool, size_t keep_bytes);
+
+/* Child pools: a fixed range carved out of the parent; it never grows.
+ * Its reserved_bytes is its range; the parent counts the range as allocated. */
+MP_API mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
+                                        mp_pool_t **out);
+
+/* Model memory: compact what is live now to the bottom and freeze it there.
+ * Returns when its copies are complete. */
+MP_API mp_status_t mp_pool_freeze(mp_pool_t *pool);
+
+/* Movable blocks and defragmentation. */
+typedef struct mp_handle mp_handle_t;
+MP_API mp_status_t mp_pool_alloc_movable(mp_pool_t *pool, size_t bytes,
+                                         mp_stream_t s, mp_handle_t **out);
+/* Valid until the next defragmentation. */
+MP_API void *mp_handle_ptr(const mp_handle_t *h);
+/* mp_pool_free of a movable block's pointer: MP_EINVAL. */
+MP_API mp_status_t mp_handle_free(mp_handle_t *h);
+/* Copies are ordered on s: work queued on s afterwards sees the moved data;
+ * synchronize s before touching it from the host or another stream. */
+MP_API mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
+                                      size_t *moved_bytes /* may be NULL */);
+
+/* Walks every invariant: MP_OK or MP_ECORRUPT (mp_last_error() says which). */
+MP_API mp_status_t mp_pool_check(mp_pool_t *pool);
+
+/* The device a pool draws from. */
+MP_API mp_device_t *mp_pool_device(const mp_pool_t *pool);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MEMPOOL_POOL_H */

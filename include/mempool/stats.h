@@ -1,0 +1,49 @@
+/* mempool/stats.h - counters of a pool or of the direct allocator.
+ *
+ * Byte counts: "reserved" is device memory held (mapped, for virtual
+ * segments), "allocated" what is handed out after rounding, "requested" what
+ * callers asked for. Fields are only ever appended, never reordered. */
+#ifndef MEMPOOL_STATS_H
+#define MEMPOOL_STATS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <mempool/pool.h>
+#include <mempool/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mp_stats {
+  size_t reserved_bytes, peak_reserved_bytes; /* device memory held (mapped, for
+                                                 virtual segments) */
+  size_t allocated_bytes, peak_allocated_bytes; /* handed out, after rounding */
+  size_t requested_bytes, peak_requested_bytes; /* asked for by callers */
+  size_t largest_free_bytes; /* biggest block one alloc could get without the
+                                device */
+  uint64_t alloc_count, free_count;
+  uint64_t device_alloc_count, device_free_count; /* calls into the driver */
+  uint64_t oom_count; /* allocations that ended in MP_ENOMEM or MP_ELIMIT */
+  /* Appended fields. */
+  size_t free_bytes;     /* reserved but not allocated: the cache */
+  size_t segment_count;  /* segments (or mapped chunks) held now */
+  uint64_t live_blocks;  /* blocks handed out now */
+  uint64_t free_blocks;  /* free blocks in the cache now */
+  uint64_t defrag_count; /* defragmentations run */
+  uint64_t moved_bytes;  /* bytes moved by defragmentation */
+} mp_stats_t;
+
+MP_API mp_status_t mp_pool_get_stats(mp_pool_t *pool, mp_stats_t *out);
+/* Peaks start again from the current values. */
+MP_API mp_status_t mp_pool_reset_peaks(mp_pool_t *pool);
+/* format "text" or "json" (NULL: "text"): segments, blocks, free lists by
+ * class, external fragmentation = 1 - largest free / total free. */
+MP_API mp_status_t mp_pool_dump(mp_pool_t *pool, FILE *out, const char *format);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MEMPOOL_STATS_H */

@@ -1,0 +1,54 @@
+/* mempool/status.h - status codes shared by every mempool call.
+ *
+ * Every call returns an mp_status_t and passes results out through pointers.
+ * A call that fails changes nothing the caller can observe, apart from
+ * counters and cached memory that an allocation released while making room.
+ * The status codes come from one X-macro list, so that the enum, the names
+ * and the messages cannot drift apart. */
+#ifndef MEMPOOL_STATUS_H
+#define MEMPOOL_STATUS_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define MP_API
+#else
+#define MP_API __attribute__((visibility("default")))
+#endif
+
+/* X(name, message) */
+#define MP_STATUS_LIST(X)                                                      \
+  X(MP_OK, "success")                                                          \
+  X(MP_EINVAL, "invalid argument")                                             \
+  X(MP_ENOMEM, "out of device memory")                                         \
+  X(MP_ELIMIT, "configured limit exceeded")                                    \
+  X(MP_ENODEV, "device backend not available")                                 \
+  X(MP_EDRIVER, "device driver error")                                         \
+  X(MP_EBUSY, "object still in use")                                           \
+  X(MP_ENOTSUP, "operation not supported by the backend")                      \
+  X(MP_ECORRUPT, "internal invariant broken")
+
+typedef enum mp_status {
+#define MP__STATUS_ENUM(name, msg) name,
+  MP_STATUS_LIST(MP__STATUS_ENUM)
+#undef MP__STATUS_ENUM
+} mp_status_t;
+
+/* A short English message for s; never NULL ("unknown status" otherwise). */
+MP_API const char *mp_status_string(mp_status_t s);
+
+/* The enumerator's name ("MP_EINVAL"); never NULL. */
+MP_API const char *mp_status_name(mp_status_t s);
+
+/* A one-line description of the last failure in the calling thread, naming
+ * what was wrong ("bad device spec: unknown key 'capcity'", "out of memory:
+ * asked 1.0 GiB, reserved ..."). Empty string when the thread has seen no
+ * failure. A later success does not clear it; the next failure replaces it. */
+MP_API const char *mp_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MEMPOOL_STATUS_H */

@@ -1,0 +1,136 @@
+/* conf.c - parsing of option strings and sizes.
+ *
+ * One parser serves every "key=value,key=value" string of the library: the
+ * device spec ("host:capacity=8G"), $MEMPOOL_CONF and the preload's options.
+ * Sizes take K/M/G/T suffixes (powers of 1024). Parsing never allocates and
+ * never changes anything: callers apply values only after a whole string
+ * parsed. */
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+static int mp__lower(int c) {
+  return (c >= 'A' && c <= 'Z') ? c + 32 : c;
+}
+
+static bool mp__word_eq(const char *s, size_t len, const char *word) {
+  size_t n = strlen(word);
+  if (n != len)
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if (mp__lower((unsigned char)s[i]) != word[i])
+      return false;
+  return true;
+}
+
+bool mp__parse_u64(const char *s, size_t len, uint64_t *out) {
+  if (len == 0)
+    return false;
+  uint64_t v = 0;
+  for (size_t i = 0; i < len; i++) {
+    if (s[i] < '0' || s[i] > '9')
+      return false;
+    uint64_t d = (uint64_t)(s[i] - '0');
+    if (v > (UINT64_MAX - d) / 10)
+      return false;
+    v = v * 10 + d;
+  }
+  *out = v;
+  return true;
+}
+
+bool mp__parse_size(const char *s, size_t len, size_t *out) {
+  size_t digits = 0;
+  while (digits < len && s[digits] >= '0' && s[digits] <= '9')
+    digits++;
+  uint64_t v;
+  if (!mp__parse_u64(s, digits, &v))
+    return false;
+  const char *suf = s + digits;
+  size_t slen = len - digits;
+  unsigned shift = 0;
+  if (slen > 0) {
+    switch (mp__lower((unsigned char)suf[0])) {
+    case 'k': shift = 10; break;
+    case 'm': shift = 20; break;
+    case 'g': shift = 30; break;
+    case 't': shift = 40; break;
+    case 'b': shift = 0; break;
+    default: return false;
+    }
+    /* What may follow the letter: nothing, "B", or "iB". */
+    const char *rest = suf + 1;
+    size_t rlen = slen - 1;
+    if (mp__lower((unsigned char)suf[0]) == 'b') {
+      if (rlen != 0)
+        return false;
+    } else if (!(rlen == 0 || mp__word_eq(rest, rlen, "b") ||
+                 mp__word_eq(rest, rlen, "ib"))) {
+      return false;
+    }
+  }
+  if (shift && v > (UINT64_MAX >> shift))
+    return false;
+  v <<= shift;
+  if (v > SIZE_MAX)
+    return false;
+  *out = (size_t)v;
+  return true;
+}
+
+bool mp__parse_bool(const char *s, size_t len, bool *out) {
+  static const char *yes[] = {"1", "true", "yes", "on"};
+  static const char *no[] = {"0", "false", "no", "off"};
+  for (size_t i = 0; i < 4; i++) {
+    if (mp__word_eq(s, len, yes[i])) {
+      *out = true;
+      return true;
+    }
+    if (mp__word_eq(s, len, no[i])) {
+      *out = false;
+      return true;
+    }
+  }
+  return false;
+}
+
+mp_status_t mp__kv_each(const char *what, const char *str, mp__kv_fn fn,
+                        void *ctx) {
+  if (str == NULL)
+    return MP_OK;
+  const char *p = str;
+  while (*p) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    const char *eq = memchr(p, '=', len);
+    if (eq == NULL || eq == p)
+      return mp__fail(MP_EINVAL, "bad %s: '%.*s' is not key=value", what,
+                      (int)len, p);
+    mp_status_t st =
+        fn(ctx, p, (size_t)(eq - p), eq + 1, len - (size_t)(eq - p) - 1);
+    if (st != MP_OK)
+      return st;
+    if (end == NULL)
+      break;
+    p = end + 1;
+    if (*p == '\0')
+      return mp__fail(MP_EINVAL, "bad %s: trailing ','", what);
+  }
+  return MP_OK;
+}
+
+const char *mp__fmt_bytes(char *buf, size_t cap, size_t bytes) {
+  static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)bytes;
+  size_t u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    u++;
+  }
+  if (u == 0)
+    snprintf(buf, cap, "%zu B", bytes);
+  else
+    snprintf(buf, cap, "%.2f %s", v, units[u]);
+  return buf;
+}

@@ -1,0 +1,77 @@
+/* backend.h - the interface every device backend implements.
+ *
+ * device.c validates arguments and dispatches through this table; a backend
+ * trusts what it is given (non-NULL outputs, non-zero sizes) and reports
+ * driver failures as MP_EDRIVER/MP_ENOMEM. Backends: host.c (emulated
+ * device), cuda.c (libcuda.so.1 through dlopen). Each is one file.
+ *
+ * Virtual memory (vm_*) is an internal service for the pool, not public API:
+ * reserve an address range, then map and unmap physical memory inside it in
+ * multiples of the granularity. vm_unmap takes exactly an (addr, bytes) pair
+ * that one vm_map call mapped (CUDA cannot unmap part of a mapping). A
+ * backend without virtual memory returns MP_ENOTSUP from vm_granularity and
+ * the pool falls back to plain allocations. */
+#ifndef MEMPOOL_DEVICE_BACKEND_H
+#define MEMPOOL_DEVICE_BACKEND_H
+
+#include "../internal.h"
+
+typedef struct mp__backend {
+  const char *name; /* "host", "cuda" */
+  /* opts: the part of the spec after ':' ("" when none). Fills dev->impl and
+   * dev->name. */
+  mp_status_t (*open)(mp_device_t *dev, const char *opts);
+  void (*close)(mp_device_t *dev); /* drain streams, release all, close */
+  mp_status_t (*mem_info)(mp_device_t *dev, size_t *free_b, size_t *total_b);
+  mp_status_t (*alloc)(mp_device_t *dev, size_t bytes, void **out);
+  mp_status_t (*free)(mp_device_t *dev, void *ptr);
+  mp_status_t (*host_alloc)(mp_device_t *dev, size_t bytes, void **out);
+  mp_status_t (*host_free)(mp_device_t *dev, void *ptr);
+  mp_status_t (*synchronize)(mp_device_t *dev);
+
+  mp_status_t (*stream_create)(mp_device_t *dev, mp_stream_t *out);
+  mp_status_t (*stream_destroy)(mp_device_t *dev, mp_stream_t s);
+  mp_status_t (*stream_synchronize)(mp_device_t *dev, mp_stream_t s);
+  mp_status_t (*launch_host)(mp_device_t *dev, mp_stream_t s,
+                             void (*fn)(void *), void *arg);
+  mp_status_t (*memcpy_async)(mp_device_t *dev, void *dst, const void *src,
+                              size_t n, mp_stream_t s);
+  mp_status_t (*memset_async)(mp_device_t *dev, void *dst, int value, size_t n,
+                              mp_stream_t s);
+
+  mp_status_t (*event_create)(mp_device_t *dev, mp_event_t *out);
+  mp_status_t (*event_destroy)(mp_device_t *dev, mp_event_t e);
+  mp_status_t (*event_record)(mp_device_t *dev, mp_event_t e, mp_stream_t s);
+  mp_status_t (*event_query)(mp_device_t *dev, mp_event_t e);
+  mp_status_t (*event_synchronize)(mp_device_t *dev, mp_event_t e);
+  mp_status_t (*stream_wait_event)(mp_device_t *dev, mp_stream_t s,
+                                   mp_event_t e);
+
+  mp_status_t (*vm_granularity)(mp_device_t *dev, size_t *out);
+  mp_status_t (*vm_reserve)(mp_device_t *dev, size_t bytes, void **out);
+  mp_status_t (*vm_release)(mp_device_t *dev, void *base, size_t bytes);
+  mp_status_t (*vm_map)(mp_device_t *dev, void *addr, size_t bytes);
+  mp_status_t (*vm_unmap)(mp_device_t *dev, void *addr, size_t bytes);
+} mp__backend_t;
+
+struct mp_device {
+  const mp__backend_t *ops;
+  void *impl;     /* the backend's state */
+  char name[128]; /* mp_device_name() */
+};
+
+extern const mp__backend_t mp__host_backend;
+#if MEMPOOL_HAVE_CUDA
+extern const mp__backend_t mp__cuda_backend;
+#endif
+
+/* ---- device.c: internal device services for the allocators ------------ */
+
+/* MP_ENOTSUP when the device has no virtual memory. */
+mp_status_t mp__device_vm_granularity(mp_device_t *dev, size_t *out);
+mp_status_t mp__device_vm_reserve(mp_device_t *dev, size_t bytes, void **out);
+mp_status_t mp__device_vm_release(mp_device_t *dev, void *base, size_t bytes);
+mp_status_t mp__device_vm_map(mp_device_t *dev, void *addr, size_t bytes);
+mp_status_t mp__device_vm_unmap(mp_device_t *dev, void *addr, size_t bytes);
+
+#endif /* MEMPOOL_DEVICE_BACKEND_H */

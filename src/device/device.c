@@ -1,0 +1,230 @@
+/* device.c - the device shim's front: argument checks, spec parsing, and
+ * dispatch to a backend (host.c, cuda.c) through its mp__backend_t table.
+ *
+ * Everything a caller can pass in is checked here, so a backend may trust
+ * its arguments: non-NULL handles and outputs, non-zero sizes. A failing
+ * call returns before the backend is reached and changes nothing. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+
+#define MP__CHECK_DEV(dev)                                                     \
+  do {                                                                         \
+    if (MP__UNLIKELY((dev) == NULL))                                           \
+      return mp__fail(MP_EINVAL, "%s: device is NULL", __func__);              \
+  } while (0)
+#define MP__CHECK_OUT(p)                                                       \
+  do {                                                                         \
+    if (MP__UNLIKELY((p) == NULL))                                             \
+      return mp__fail(MP_EINVAL, "%s: %s is NULL", __func__, #p);              \
+  } while (0)
+
+static mp_status_t mp__open_backend(const mp__backend_t *ops, const char *opts,
+                                    mp_device_t **out) {
+  mp_device_t *dev = calloc(1, sizeof *dev);
+  if (dev == NULL)
+    return mp__fail(MP_ENOMEM, "out of host memory opening a device");
+  dev->ops = ops;
+  mp_status_t st = ops->open(dev, opts);
+  if (st != MP_OK) {
+    free(dev);
+    return st;
+  }
+  *out = dev;
+  return MP_OK;
+}
+
+mp_status_t mp_device_open(const char *spec, mp_device_t **out) {
+  MP__CHECK_OUT(out);
+  if (spec == NULL) {
+    spec = getenv("MEMPOOL_DEVICE");
+    if (spec == NULL || spec[0] == '\0') {
+#if MEMPOOL_HAVE_CUDA
+      /* "cuda" where a GPU is usable, else "host". */
+      if (mp__open_backend(&mp__cuda_backend, "", out) == MP_OK)
+        return MP_OK;
+#endif
+      spec = "host";
+    }
+  }
+  const char *colon = strchr(spec, ':');
+  size_t name_len = colon ? (size_t)(colon - spec) : strlen(spec);
+  const char *opts = colon ? colon + 1 : "";
+  if (name_len == 4 && memcmp(spec, "host", 4) == 0)
+    return mp__open_backend(&mp__host_backend, opts, out);
+  if (name_len == 4 && memcmp(spec, "cuda", 4) == 0) {
+#if MEMPOOL_HAVE_CUDA
+    return mp__open_backend(&mp__cuda_backend, opts, out);
+#else
+    return mp__fail(
+        MP_ENODEV, "device 'cuda': mempool was built without the CUDA backend");
+#endif
+  }
+  return mp__fail(MP_EINVAL,
+                  "bad device spec '%s': unknown device '%.*s' (expected "
+                  "'host' or 'cuda')",
+                  spec, (int)name_len, spec);
+}
+
+void mp_device_close(mp_device_t *dev) {
+  if (dev == NULL)
+    return;
+  dev->ops->close(dev);
+  free(dev);
+}
+
+const char *mp_device_name(const mp_device_t *dev) {
+  return dev ? dev->name : "";
+}
+
+mp_status_t mp_device_mem_info(mp_device_t *dev, size_t *free_bytes,
+                               size_t *total_bytes) {
+  MP__CHECK_DEV(dev);
+  size_t f, t;
+  mp_status_t st = dev->ops->mem_info(dev, &f, &t);
+  if (st == MP_OK) {
+    if (free_bytes)
+      *free_bytes = f;
+    if (total_bytes)
+      *total_bytes = t;
+  }
+  return st;
+}
+
+mp_status_t mp_device_alloc(mp_device_t *dev, size_t bytes, void **out) {
+  MP__CHECK_DEV(dev);
+  MP__CHECK_OUT(out);
+  if (bytes == 0)
+    return mp__fail(MP_EINVAL, "mp_device_alloc: 0 bytes");
+  return dev->ops->alloc(dev, bytes, out);
+}
+
+mp_status_t mp_device_free(mp_device_t *dev, void *ptr) {
+  MP__CHECK_DEV(dev);
+  MP__CHECK_OUT(ptr);
+  return dev->ops->free(dev, ptr);
+}
+
+mp_status_t mp_device_host_alloc(mp_device_t *dev, size_t bytes, void **out) {
+  MP__CHECK_DEV(dev);
+  MP__CHECK_OUT(out);
+  if (bytes == 0)
+    return mp__fail(MP_EINVAL, "mp_device_host_alloc: 0 bytes");
+  return dev->ops->host_alloc(dev, bytes, out);
+}
+
+mp_status_t mp_device_host_free(mp_device_t *dev, void *ptr) {
+  MP__CHECK_DEV(dev);
+  MP__CHECK_OUT(ptr);
+  return dev->ops->host_free(dev, ptr);
+}
+
+mp_status_t mp_device_synchronize(mp_device_t *dev) {
+  MP__CHECK_DEV(dev);
+  return dev->ops->synchronize(dev);
+}
+
+mp_status_t mp_stream_create(mp_device_t *dev, mp_stream_t *out) {
+  MP__CHECK_DEV(dev);
+  MP__CHECK_OUT(out);
+  return dev->ops->stream_create(dev, out);
+}
+
+mp_status_t mp_stream_destroy(mp_device_t *dev, mp_stream_t s) {
+  MP__CHECK_DEV(dev);
+  if (s == NULL)
+    return mp__fail(MP_EINVAL, "mp_stream_destroy: the default stream "
+                               "cannot be destroyed");
+  return dev->ops->stream_destroy(dev, s);
+}
+
+mp_status_t mp_stream_synchronize(mp_device_t *dev, mp_stream_t s) {
+  MP__CHECK_DEV(dev);
+  return dev->ops->stream_synchronize(dev, s);
+}
+
+mp_status_t mp_stream_launch_host(mp_device_t *dev, mp_stream_t s,
+                                  void (*fn)(void *), void *arg) {
+  MP__CHECK_DEV(dev);
+  MP__CHECK_OUT(fn);
+  return dev->ops->launch_host(dev, s, fn, arg);
+}
+
+mp_status_t mp_memcpy_async(mp_device_t *dev, void *dst, const void *src,
+                            size_t n, mp_stream_t s) {
+  MP__CHECK_DEV(dev);
+  if (n == 0)
+    return MP_OK;
+  MP__CHECK_OUT(dst);
+  MP__CHECK_OUT(src);
+  return dev->ops->memcpy_async(dev, dst, src, n, s);
+}
+
+mp_status_t mp_memset_async(mp_device_t *dev, void *dst, int value, size_t n,
+                            mp_stream_t s) {
+  MP__CHECK_DEV(dev);
+  if (n == 0)
+    return MP_OK;
+  MP__CHECK_OUT(dst);
+  return dev->ops->memset_async(dev, dst, value, n, s);
+}
+
+mp_status_t mp_event_create(mp_device_t *dev, mp_event_t *out) {
+  MP__CHECK_DEV(dev);
+  MP__CHECK_OUT(out);
+  return dev->ops->event_create(dev, out);
+}
+
+mp_status_t mp_event_destroy(mp_device_t *dev, mp_event_t e) {
+  MP__CHECK_DEV(dev);
+  MP__CHECK_OUT(e);
+  return dev->ops->event_destroy(dev, e);
+}
+
+mp_status_t mp_event_record(mp_device_t *dev, mp_event_t e, mp_stream_t s) {
+  MP__CHECK_DEV(dev);
+  MP__CHECK_OUT(e);
+  return dev->ops->event_record(dev, e, s);
+}
+
+mp_status_t mp_event_query(mp_device_t *dev, mp_event_t e) {
+  MP__CHECK_DEV(dev);
+  MP__CHECK_OUT(e);
+  return dev->ops->event_query(dev, e);
+}
+
+mp_status_t mp_event_synchronize(mp_device_t *dev, mp_event_t e) {
+  MP__CHECK_DEV(dev);
+  MP__CHECK_OUT(e);
+  return dev->ops->event_synchronize(dev, e);
+}
+
+mp_status_t mp_stream_wait_event(mp_device_t *dev, mp_stream_t s,
+                                 mp_event_t e) {
+  MP__CHECK_DEV(dev);
+  MP__CHECK_OUT(e);
+  return dev->ops->stream_wait_event(dev, s, e);
+}
+
+/* ---- virtual memory: internal services for the pool ------------------- */
+
+mp_status_t mp__device_vm_granularity(mp_device_t *dev, size_t *out) {
+  return dev->ops->vm_granularity(dev, out);
+}
+
+mp_status_t mp__device_vm_reserve(mp_device_t *dev, size_t bytes, void **out) {
+  return dev->ops->vm_reserve(dev, bytes, out);
+}
+
+mp_status_t mp__device_vm_release(mp_device_t *dev, void *base, size_t bytes) {
+  return dev->ops->vm_release(dev, base, bytes);
+}
+
+mp_status_t mp__device_vm_map(mp_device_t *dev, void *addr, size_t bytes) {
+  return dev->ops->vm_map(dev, addr, bytes);
+}
+
+mp_status_t mp__device_vm_unmap(mp_device_t *dev, void *addr, size_t bytes) {
+  return dev->ops->vm_unmap(dev, addr, bytes);
+}

@@ -1,0 +1,61 @@
+/* internal.h - declarations shared between mempool's source files.
+ *
+ * Never installed. Cross-file internals carry the mp__ prefix and are grouped
+ * here by the file that defines them. Symbols are hidden from the shared
+ * library unless declared MP_API in a public header. */
+#ifndef MEMPOOL_INTERNAL_H
+#define MEMPOOL_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <mempool/mempool.h>
+
+#if defined(__GNUC__)
+#define MP__LIKELY(x)    __builtin_expect(!!(x), 1)
+#define MP__UNLIKELY(x)  __builtin_expect(!!(x), 0)
+#define MP__PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define MP__LIKELY(x)   (x)
+#define MP__UNLIKELY(x) (x)
+#define MP__PRINTF(f, a)
+#endif
+
+#define MP__KiB ((size_t)1 << 10)
+#define MP__MiB ((size_t)1 << 20)
+#define MP__GiB ((size_t)1 << 30)
+
+/* ---- status.c ---------------------------------------------------------- */
+
+/* Records a one-line message for mp_last_error() in this thread and returns
+ * st, so that failing paths read `return mp__fail(MP_EINVAL, "...", ...);`. */
+mp_status_t mp__fail(mp_status_t st, const char *fmt, ...) MP__PRINTF(2, 3);
+/* Clears the thread's message (called on entry by calls that may set it). */
+void mp__clear_error(void);
+
+/* ---- conf.c ------------------------------------------------------------ */
+
+/* Parses "123", "64K", "8M", "2G", "1T" (case-insensitive, optional "iB"/"B"
+ * suffix: "8MiB", "8MB" both mean 8 << 20). false on anything else or on
+ * overflow. */
+bool mp__parse_size(const char *s, size_t len, size_t *out);
+/* Decimal unsigned integer, no suffix. */
+bool mp__parse_u64(const char *s, size_t len, uint64_t *out);
+/* "1"/"0", "true"/"false", "yes"/"no", "on"/"off". */
+bool mp__parse_bool(const char *s, size_t len, bool *out);
+
+/* Walks "key=value,key=value": calls fn for each pair with pointers into the
+ * string (not NUL-terminated). An empty string has no pairs. A pair without
+ * '=' or with an empty key is MP_EINVAL naming it, before fn sees anything
+ * of it. fn returns MP_OK to go on; anything else stops the walk and is
+ * returned. what names the string in messages ("device spec",
+ * "MEMPOOL_CONF"). */
+typedef mp_status_t (*mp__kv_fn)(void *ctx, const char *key, size_t key_len,
+                                 const char *val, size_t val_len);
+mp_status_t mp__kv_each(const char *what, const char *str, mp__kv_fn fn,
+                        void *ctx);
+/* Formats bytes as "1.50 GiB" into buf (at least 16 bytes); returns buf. */
+const char *mp__fmt_bytes(char *buf, size_t cap, size_t bytes);
+
+#endif /* MEMPOOL_INTERNAL_H */

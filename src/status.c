@@ -1,0 +1,47 @@
+/* status.c - status names and messages, and the per-thread error message.
+ *
+ * mp_last_error() holds the last failure's one-line description for the
+ * calling thread; it lives in thread-local storage so that concurrent
+ * callers never see each other's messages. */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "internal.h"
+
+static _Thread_local char mp__error_buf[512];
+
+const char *mp_status_string(mp_status_t s) {
+  switch (s) {
+#define MP__STATUS_MSG(name, msg)                                              \
+  case name: return msg;
+    MP_STATUS_LIST(MP__STATUS_MSG)
+#undef MP__STATUS_MSG
+  }
+  return "unknown status";
+}
+
+const char *mp_status_name(mp_status_t s) {
+  switch (s) {
+#define MP__STATUS_NAME(name, msg)                                             \
+  case name: return #name;
+    MP_STATUS_LIST(MP__STATUS_NAME)
+#undef MP__STATUS_NAME
+  }
+  return "MP_UNKNOWN";
+}
+
+const char *mp_last_error(void) {
+  return mp__error_buf;
+}
+
+void mp__clear_error(void) {
+  mp__error_buf[0] = '\0';
+}
+
+mp_status_t mp__fail(mp_status_t st, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(mp__error_buf, sizeof mp__error_buf, fmt, ap);
+  va_end(ap);
+  return st;
+}
