@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 
+#include <mempool/allocator.h>
 #include <mempool/device.h>
 #include <mempool/direct.h>
 #include <mempool/pool.h>
