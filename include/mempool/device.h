@@ -10,14 +10,22 @@
  *    mmap and committed lazily; every stream is a worker thread that runs its
  *    queue strictly in order; events complete when their stream reaches them.
  *    Spec options (sizes take K/M/G/T suffixes):
- *      capacity=SIZE    device memory; exceeding it is MP_ENOMEM (default 16G)
- *      latency_us=N     added to every device allocate and free
- *      fail_after=N     the N-th device allocation (1-based) and every later
+ *      capacity=SIZE    device memory; exceeding it is MP_ENOMEM (default
+ *                       16G). Plain allocations and mapped virtual memory
+ *                       count; reservations and host_alloc memory do not.
+ *      latency_us=N     sleep added to every device allocate and free (and
+ *                       virtual-memory map and unmap); 0 to 10000000
+ *      fail_after=N     the N-th device allocation (1-based; mp_device_alloc
+ *                       and virtual-memory maps both count) and every later
  *                       one fail with MP_ENOMEM; 0 disables
  *      vmm=0|1          emulate virtual-memory segments (default 1)
- *      granularity=SIZE the virtual-memory granule (default 2M, as CUDA)
+ *      granularity=SIZE the virtual-memory granule (default 2M, as CUDA); a
+ *                       power of two from the page size to 1T
+ *    An unknown, repeated or malformed option is MP_EINVAL.
  *    The NULL stream of the host device is one more in-order stream; it does
  *    not synchronize with the others (like cudaStreamNonBlocking streams).
+ *    Events follow CUDA: a wait or synchronize refers to the event's latest
+ *    record at the time of the call; re-recording re-arms the event.
  *
  * Memory is given back to the device only after the streams that used it are
  * synchronized: mp_device_free synchronizes the device first, as cuMemFree

@@ -1,11 +1,1233 @@
-/* host.c - PLACEHOLDER: the host backend is being written; until it lands,
- * opening "host" fails with MP_ENODEV. */
+/* host.c - the "host" backend: an emulated device made of host memory and
+ * threads, so that pools, benchmarks and tests run where there is no GPU.
+ *
+ * Memory. Every device allocation is its own anonymous mmap with
+ * MAP_NORESERVE: the OS commits pages only when they are touched, so a
+ * capacity of terabytes costs nothing for workloads that never write their
+ * memory. Live allocations are kept in an address -> size hash map, which is
+ * what makes a free of an unknown or already freed pointer MP_EINVAL instead
+ * of a crash. Virtual memory is emulated the way CUDA does it: a reservation
+ * is a PROT_NONE mapping aligned to the granularity; vm_map commits a
+ * granule-aligned range of it with mprotect, vm_unmap drops the pages
+ * (madvise DONTNEED) and protects them again. A per-reservation bitmap of
+ * mapped granules rejects overlapping maps; a hash map of (addr -> bytes)
+ * makes vm_unmap accept only exactly what one vm_map mapped.
+ *
+ * Streams. Each stream, and the default (NULL) stream, is a worker thread
+ * that runs its FIFO queue of operations strictly in order. An event record
+ * enqueues a "marker": a small refcounted flag that the worker sets when the
+ * stream reaches it. The event points at the marker of its latest record, so
+ * re-recording re-arms it, and a stream wait holds on to the marker that was
+ * latest when the wait was issued (CUDA's semantics), however often the
+ * event is recorded afterwards.
+ *
+ * Invariants:
+ *  - used == sum of live plain allocations + sum of live mappings
+ *    <= capacity; every byte counted is in exactly one of the two maps.
+ *  - A stream's memory is freed only when nobody holds a reference to it:
+ *    the registry holds one; synchronizers take one while they wait. Quick
+ *    operations (enqueue) hold the registry's read lock instead.
+ *  - Memory goes back to the OS only after every stream is drained, so no
+ *    queued copy can touch freed memory (as cuMemFree synchronizes).
+ * Lock order: reg (rwlock) -> ev_lock -> stream mutex; mem_lock is never
+ * held with another lock, nor across a sleep or a synchronization. */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
 #include "backend.h"
 
-static mp_status_t mp__host_open(mp_device_t *dev, const char *opts) {
-  (void)dev;
-  (void)opts;
-  return mp__fail(MP_ENODEV, "the host backend is not built yet");
+/* ---- address -> size hash map ------------------------------------------ */
+
+/* Open addressing with linear probing and backward-shift deletion; key 0 is
+ * the empty slot (no mapping lives at address 0). */
+typedef struct host_map {
+  uintptr_t *keys;
+  size_t *vals;
+  size_t cap; /* a power of two, or 0 */
+  size_t count;
+} host_map_t;
+
+static size_t host_map_home(const host_map_t *m, uintptr_t key) {
+  uint64_t h = (uint64_t)key * UINT64_C(0x9E3779B97F4A7C15);
+  return (size_t)(h >> 32) & (m->cap - 1);
 }
 
-const mp__backend_t mp__host_backend = {.name = "host", .open = mp__host_open};
+/* true and *slot = its index when key is present. */
+static bool host_map_find(const host_map_t *m, uintptr_t key, size_t *slot) {
+  if (m->cap == 0)
+    return false;
+  for (size_t i = host_map_home(m, key);; i = (i + 1) & (m->cap - 1)) {
+    if (m->keys[i] == key) {
+      *slot = i;
+      return true;
+    }
+    if (m->keys[i] == 0)
+      return false;
+  }
+}
+
+static void host_map_insert_fresh(host_map_t *m, uintptr_t key, size_t val) {
+  size_t i = host_map_home(m, key);
+  while (m->keys[i] != 0)
+    i = (i + 1) & (m->cap - 1);
+  m->keys[i] = key;
+  m->vals[i] = val;
+  m->count++;
+}
+
+/* Adds a key that is not present. false when out of host memory. */
+static bool host_map_put(host_map_t *m, uintptr_t key, size_t val) {
+  if ((m->count + 1) * 4 > m->cap * 3) {
+    size_t ncap = m->cap ? m->cap * 2 : 64;
+    uintptr_t *nkeys = calloc(ncap, sizeof *nkeys);
+    size_t *nvals = calloc(ncap, sizeof *nvals);
+    if (nkeys == NULL || nvals == NULL) {
+      free(nkeys);
+      free(nvals);
+      return false;
+    }
+    host_map_t old = *m;
+    *m = (host_map_t){.keys = nkeys, .vals = nvals, .cap = ncap};
+    for (size_t i = 0; i < old.cap; i++)
+      if (old.keys[i] != 0)
+        host_map_insert_fresh(m, old.keys[i], old.vals[i]);
+    free(old.keys);
+    free(old.vals);
+  }
+  host_map_insert_fresh(m, key, val);
+  return true;
+}
+
+static void host_map_remove_at(host_map_t *m, size_t slot) {
+  size_t mask = m->cap - 1;
+  size_t hole = slot;
+  for (size_t i = (slot + 1) & mask; m->keys[i] != 0; i = (i + 1) & mask) {
+    /* Move entry i into the hole unless its home lies cyclically in
+     * (hole, i], where the probe from home would not pass the hole. */
+    size_t home = host_map_home(m, m->keys[i]);
+    bool stays =
+        (hole <= i) ? (hole < home && home <= i) : (hole < home || home <= i);
+    if (!stays) {
+      m->keys[hole] = m->keys[i];
+      m->vals[hole] = m->vals[i];
+      hole = i;
+    }
+  }
+  m->keys[hole] = 0;
+  m->count--;
+}
+
+static void host_map_destroy(host_map_t *m) {
+  free(m->keys);
+  free(m->vals);
+  *m = (host_map_t){0};
+}
+
+/* ---- device state ------------------------------------------------------ */
+
+typedef struct host_marker {
+  unsigned refs; /* the record op + the event; guarded by ev_lock */
+  bool done;     /* the stream reached the record */
+} host_marker_t;
+
+typedef enum host_op_kind {
+  HOST_OP_COPY,
+  HOST_OP_SET,
+  HOST_OP_HOST_FN,
+  HOST_OP_RECORD,
+  HOST_OP_WAIT
+} host_op_kind_t;
+
+typedef struct host_op {
+  struct host_op *next;
+  host_op_kind_t kind;
+  void *dst;
+  const void *src;
+  size_t n;
+  int value;
+  void (*fn)(void *);
+  void *arg;
+  host_marker_t *marker;
+} host_op_t;
+
+typedef struct host_dev host_dev_t;
+
+typedef struct host_stream {
+  host_dev_t *dev;
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t work_cv; /* work queued, or stopping */
+  pthread_cond_t idle_cv; /* completed moved */
+  host_op_t *head, *tail;
+  uint64_t submitted, completed; /* ops ever queued / ever finished */
+  bool stopping;                 /* no more work accepted; exit when drained */
+  atomic_uint refs;
+} host_stream_t;
+
+typedef struct host_event {
+  host_marker_t *last; /* the latest record; NULL: never recorded */
+} host_event_t;
+
+typedef struct host_resv {
+  uintptr_t base;
+  size_t bytes;
+  size_t mapped;  /* bytes mapped inside */
+  uint64_t *bits; /* one bit per granule: mapped */
+} host_resv_t;
+
+struct host_dev {
+  /* options, fixed at open */
+  size_t capacity;
+  uint64_t latency_us;
+  uint64_t fail_after;
+  bool vmm;
+  size_t granularity;
+
+  pthread_mutex_t mem_lock; /* everything below up to the next comment */
+  size_t used;
+  uint64_t alloc_calls; /* device allocations attempted (fail_after) */
+  host_map_t allocs;    /* plain allocation -> bytes */
+  host_map_t pinned;    /* host_alloc -> bytes */
+  host_map_t maps;      /* vm_map address -> bytes */
+  host_resv_t *resv;    /* sorted by base */
+  size_t nresv, resv_cap;
+
+  pthread_rwlock_t reg; /* the handle registries */
+  host_map_t streams;   /* host_stream_t * -> 1 */
+  host_map_t events;    /* host_event_t * -> 1 */
+  host_stream_t *null_stream;
+
+  pthread_mutex_t ev_lock; /* markers and host_event_t.last */
+  pthread_cond_t ev_cv;    /* some marker completed */
+};
+
+static host_dev_t *host_of(mp_device_t *dev) {
+  return (host_dev_t *)dev->impl;
+}
+
+static void host_sleep_us(uint64_t us) {
+  if (us == 0)
+    return;
+  struct timespec ts = {.tv_sec = (time_t)(us / 1000000),
+                        .tv_nsec = (long)(us % 1000000) * 1000};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+/* ---- markers (ev_lock held) -------------------------------------------- */
+
+static void host_marker_unref(host_marker_t *m) {
+  if (m != NULL && --m->refs == 0)
+    free(m);
+}
+
+/* ---- streams ----------------------------------------------------------- */
+
+static void host_op_run(host_dev_t *h, host_op_t *op) {
+  switch (op->kind) {
+  case HOST_OP_COPY: memmove(op->dst, op->src, op->n); break;
+  case HOST_OP_SET: memset(op->dst, op->value, op->n); break;
+  case HOST_OP_HOST_FN: op->fn(op->arg); break;
+  case HOST_OP_RECORD:
+    pthread_mutex_lock(&h->ev_lock);
+    op->marker->done = true;
+    pthread_cond_broadcast(&h->ev_cv);
+    host_marker_unref(op->marker);
+    pthread_mutex_unlock(&h->ev_lock);
+    break;
+  case HOST_OP_WAIT:
+    pthread_mutex_lock(&h->ev_lock);
+    while (!op->marker->done)
+      pthread_cond_wait(&h->ev_cv, &h->ev_lock);
+    host_marker_unref(op->marker);
+    pthread_mutex_unlock(&h->ev_lock);
+    break;
+  }
+}
+
+static void *host_stream_main(void *arg) {
+  host_stream_t *s = arg;
+  pthread_mutex_lock(&s->mu);
+  for (;;) {
+    while (s->head == NULL && !s->stopping)
+      pthread_cond_wait(&s->work_cv, &s->mu);
+    host_op_t *op = s->head;
+    if (op == NULL)
+      break; /* stopping, and everything queued has run */
+    s->head = op->next;
+    if (s->head == NULL)
+      s->tail = NULL;
+    pthread_mutex_unlock(&s->mu);
+    host_op_run(s->dev, op);
+    free(op);
+    pthread_mutex_lock(&s->mu);
+    s->completed++;
+    pthread_cond_broadcast(&s->idle_cv);
+  }
+  pthread_mutex_unlock(&s->mu);
+  return NULL;
+}
+
+static mp_status_t host_stream_start(host_dev_t *h, host_stream_t **out) {
+  host_stream_t *s = calloc(1, sizeof *s);
+  if (s == NULL)
+    return mp__fail(MP_ENOMEM, "host device: out of host memory for a stream");
+  s->dev = h;
+  atomic_init(&s->refs, 1);
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->work_cv, NULL);
+  pthread_cond_init(&s->idle_cv, NULL);
+  int rc = pthread_create(&s->thread, NULL, host_stream_main, s);
+  if (rc != 0) {
+    pthread_cond_destroy(&s->idle_cv);
+    pthread_cond_destroy(&s->work_cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+    return mp__fail(MP_ENOMEM, "host device: cannot start a stream thread: %s",
+                    strerror(rc));
+  }
+  *out = s;
+  return MP_OK;
+}
+
+static void host_stream_put(host_stream_t *s) {
+  if (atomic_fetch_sub(&s->refs, 1) == 1) {
+    pthread_cond_destroy(&s->idle_cv);
+    pthread_cond_destroy(&s->work_cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+  }
+}
+
+/* Lets the queued work finish, joins the worker, drops the caller's ref. */
+static void host_stream_stop(host_stream_t *s) {
+  pthread_mutex_lock(&s->mu);
+  s->stopping = true;
+  pthread_cond_broadcast(&s->work_cv);
+  pthread_mutex_unlock(&s->mu);
+  pthread_join(s->thread, NULL);
+  host_stream_put(s);
+}
+
+static void host_stream_drain(host_stream_t *s) {
+  pthread_mutex_lock(&s->mu);
+  uint64_t target = s->submitted;
+  while (s->completed < target)
+    pthread_cond_wait(&s->idle_cv, &s->mu);
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* Takes ownership of op: queues it, or frees it when the stream is being
+ * destroyed. */
+static mp_status_t host_stream_push(host_stream_t *s, host_op_t *op) {
+  pthread_mutex_lock(&s->mu);
+  if (s->stopping) {
+    pthread_mutex_unlock(&s->mu);
+    free(op);
+    return mp__fail(MP_EINVAL, "host device: stream %p is being destroyed",
+                    (void *)s);
+  }
+  op->next = NULL;
+  if (s->tail)
+    s->tail->next = op;
+  else
+    s->head = op;
+  s->tail = op;
+  s->submitted++;
+  pthread_cond_signal(&s->work_cv);
+  pthread_mutex_unlock(&s->mu);
+  return MP_OK;
+}
+
+/* reg held (read or write). NULL when handle is not a stream of h. */
+static host_stream_t *host_stream_find(host_dev_t *h, mp_stream_t handle) {
+  if (handle == NULL)
+    return h->null_stream;
+  size_t slot = 0;
+  if (!host_map_find(&h->streams, (uintptr_t)handle, &slot))
+    return NULL;
+  return (host_stream_t *)handle;
+}
+
+static mp_status_t host_unknown_stream(const char *fn, mp_stream_t s) {
+  return mp__fail(MP_EINVAL, "%s: %p is not a live stream of this device", fn,
+                  (void *)s);
+}
+
+static mp_status_t host_unknown_event(const char *fn, mp_event_t e) {
+  return mp__fail(MP_EINVAL, "%s: %p is not a live event of this device", fn,
+                  (void *)e);
+}
+
+/* A reference to the stream that survives a concurrent destroy. */
+static mp_status_t host_stream_get(host_dev_t *h, mp_stream_t handle,
+                                   host_stream_t **out) {
+  pthread_rwlock_rdlock(&h->reg);
+  host_stream_t *s = host_stream_find(h, handle);
+  if (s != NULL)
+    atomic_fetch_add(&s->refs, 1);
+  pthread_rwlock_unlock(&h->reg);
+  if (s == NULL)
+    return host_unknown_stream("mp_stream_synchronize", handle);
+  *out = s;
+  return MP_OK;
+}
+
+/* Drains every stream of the device. */
+static mp_status_t host_sync_all(host_dev_t *h) {
+  pthread_rwlock_rdlock(&h->reg);
+  size_t n = 0;
+  host_stream_t **all = malloc((h->streams.count + 1) * sizeof *all);
+  if (all == NULL) {
+    pthread_rwlock_unlock(&h->reg);
+    return mp__fail(MP_ENOMEM, "host device: out of host memory to "
+                               "synchronize");
+  }
+  all[n++] = h->null_stream;
+  for (size_t i = 0; i < h->streams.cap; i++)
+    if (h->streams.keys[i] != 0)
+      all[n++] = (host_stream_t *)h->streams.keys[i];
+  for (size_t i = 0; i < n; i++)
+    atomic_fetch_add(&all[i]->refs, 1);
+  pthread_rwlock_unlock(&h->reg);
+  for (size_t i = 0; i < n; i++) {
+    host_stream_drain(all[i]);
+    host_stream_put(all[i]);
+  }
+  free(all);
+  return MP_OK;
+}
+
+static mp_status_t host_synchronize(mp_device_t *dev) {
+  return host_sync_all(host_of(dev));
+}
+
+static mp_status_t host_stream_create(mp_device_t *dev, mp_stream_t *out) {
+  host_dev_t *h = host_of(dev);
+  host_stream_t *s = NULL;
+  mp_status_t st = host_stream_start(h, &s);
+  if (st != MP_OK)
+    return st;
+  pthread_rwlock_wrlock(&h->reg);
+  bool ok = host_map_put(&h->streams, (uintptr_t)s, 1);
+  pthread_rwlock_unlock(&h->reg);
+  if (!ok) {
+    host_stream_stop(s);
+    return mp__fail(MP_ENOMEM, "host device: out of host memory for a stream");
+  }
+  *out = (mp_stream_t)s;
+  return MP_OK;
+}
+
+static mp_status_t host_stream_destroy(mp_device_t *dev, mp_stream_t handle) {
+  host_dev_t *h = host_of(dev);
+  size_t slot = 0;
+  pthread_rwlock_wrlock(&h->reg);
+  bool found = host_map_find(&h->streams, (uintptr_t)handle, &slot);
+  if (found)
+    host_map_remove_at(&h->streams, slot);
+  pthread_rwlock_unlock(&h->reg);
+  if (!found)
+    return host_unknown_stream("mp_stream_destroy", handle);
+  host_stream_stop((host_stream_t *)handle);
+  return MP_OK;
+}
+
+static mp_status_t host_stream_synchronize(mp_device_t *dev,
+                                           mp_stream_t handle) {
+  host_dev_t *h = host_of(dev);
+  host_stream_t *s = NULL;
+  mp_status_t st = host_stream_get(h, handle, &s);
+  if (st != MP_OK)
+    return st;
+  host_stream_drain(s);
+  host_stream_put(s);
+  return MP_OK;
+}
+
+/* Queues a filled-in op on a stream of h; takes ownership of op. */
+static mp_status_t host_enqueue(host_dev_t *h, const char *fn,
+                                mp_stream_t handle, host_op_t *op) {
+  pthread_rwlock_rdlock(&h->reg);
+  host_stream_t *s = host_stream_find(h, handle);
+  mp_status_t st;
+  if (s == NULL) {
+    free(op);
+    st = host_unknown_stream(fn, handle);
+  } else {
+    st = host_stream_push(s, op);
+  }
+  pthread_rwlock_unlock(&h->reg);
+  return st;
+}
+
+static host_op_t *host_op_new(host_op_kind_t kind) {
+  host_op_t *op = calloc(1, sizeof *op);
+  if (op != NULL)
+    op->kind = kind;
+  return op;
+}
+
+static mp_status_t host_no_op_memory(void) {
+  return mp__fail(MP_ENOMEM, "host device: out of host memory to queue work");
+}
+
+static mp_status_t host_launch_host(mp_device_t *dev, mp_stream_t s,
+                                    void (*fn)(void *), void *arg) {
+  host_op_t *op = host_op_new(HOST_OP_HOST_FN);
+  if (op == NULL)
+    return host_no_op_memory();
+  op->fn = fn;
+  op->arg = arg;
+  return host_enqueue(host_of(dev), "mp_stream_launch_host", s, op);
+}
+
+static mp_status_t host_memcpy_async(mp_device_t *dev, void *dst,
+                                     const void *src, size_t n, mp_stream_t s) {
+  host_op_t *op = host_op_new(HOST_OP_COPY);
+  if (op == NULL)
+    return host_no_op_memory();
+  op->dst = dst;
+  op->src = src;
+  op->n = n;
+  return host_enqueue(host_of(dev), "mp_memcpy_async", s, op);
+}
+
+static mp_status_t host_memset_async(mp_device_t *dev, void *dst, int value,
+                                     size_t n, mp_stream_t s) {
+  host_op_t *op = host_op_new(HOST_OP_SET);
+  if (op == NULL)
+    return host_no_op_memory();
+  op->dst = dst;
+  op->value = value;
+  op->n = n;
+  return host_enqueue(host_of(dev), "mp_memset_async", s, op);
+}
+
+/* ---- events ------------------------------------------------------------ */
+
+/* reg held. */
+static host_event_t *host_event_find(host_dev_t *h, mp_event_t handle) {
+  size_t slot = 0;
+  if (!host_map_find(&h->events, (uintptr_t)handle, &slot))
+    return NULL;
+  return (host_event_t *)handle;
+}
+
+static mp_status_t host_event_create(mp_device_t *dev, mp_event_t *out) {
+  host_dev_t *h = host_of(dev);
+  host_event_t *e = calloc(1, sizeof *e);
+  if (e == NULL)
+    return mp__fail(MP_ENOMEM, "host device: out of host memory for an event");
+  pthread_rwlock_wrlock(&h->reg);
+  bool ok = host_map_put(&h->events, (uintptr_t)e, 1);
+  pthread_rwlock_unlock(&h->reg);
+  if (!ok) {
+    free(e);
+    return mp__fail(MP_ENOMEM, "host device: out of host memory for an event");
+  }
+  *out = (mp_event_t)e;
+  return MP_OK;
+}
+
+static mp_status_t host_event_destroy(mp_device_t *dev, mp_event_t handle) {
+  host_dev_t *h = host_of(dev);
+  size_t slot = 0;
+  pthread_rwlock_wrlock(&h->reg);
+  bool found = host_map_find(&h->events, (uintptr_t)handle, &slot);
+  if (found)
+    host_map_remove_at(&h->events, slot);
+  pthread_rwlock_unlock(&h->reg);
+  if (!found)
+    return host_unknown_event("mp_event_destroy", handle);
+  /* A record still queued keeps its marker alive through its own ref. */
+  host_event_t *e = (host_event_t *)handle;
+  pthread_mutex_lock(&h->ev_lock);
+  host_marker_unref(e->last);
+  pthread_mutex_unlock(&h->ev_lock);
+  free(e);
+  return MP_OK;
+}
+
+static mp_status_t host_event_record(mp_device_t *dev, mp_event_t handle,
+                                     mp_stream_t stream) {
+  host_dev_t *h = host_of(dev);
+  host_marker_t *m = malloc(sizeof *m);
+  host_op_t *op = host_op_new(HOST_OP_RECORD);
+  if (m == NULL || op == NULL) {
+    free(m);
+    free(op);
+    return host_no_op_memory();
+  }
+  *m = (host_marker_t){.refs = 2, .done = false};
+  op->marker = m;
+  pthread_rwlock_rdlock(&h->reg);
+  host_event_t *e = host_event_find(h, handle);
+  host_stream_t *s = host_stream_find(h, stream);
+  mp_status_t st;
+  if (e == NULL || s == NULL) {
+    free(op);
+    free(m);
+    st = e == NULL ? host_unknown_event("mp_event_record", handle)
+                   : host_unknown_stream("mp_event_record", stream);
+  } else if ((st = host_stream_push(s, op)) != MP_OK) {
+    free(m);
+  } else {
+    pthread_mutex_lock(&h->ev_lock);
+    host_marker_unref(e->last);
+    e->last = m;
+    pthread_mutex_unlock(&h->ev_lock);
+  }
+  pthread_rwlock_unlock(&h->reg);
+  return st;
+}
+
+static mp_status_t host_event_query(mp_device_t *dev, mp_event_t handle) {
+  host_dev_t *h = host_of(dev);
+  pthread_rwlock_rdlock(&h->reg);
+  host_event_t *e = host_event_find(h, handle);
+  mp_status_t st = MP_OK;
+  if (e == NULL) {
+    st = host_unknown_event("mp_event_query", handle);
+  } else {
+    pthread_mutex_lock(&h->ev_lock);
+    if (e->last != NULL && !e->last->done)
+      st = MP_EBUSY;
+    pthread_mutex_unlock(&h->ev_lock);
+  }
+  pthread_rwlock_unlock(&h->reg);
+  return st;
+}
+
+static mp_status_t host_event_synchronize(mp_device_t *dev, mp_event_t handle) {
+  host_dev_t *h = host_of(dev);
+  pthread_rwlock_rdlock(&h->reg);
+  host_event_t *e = host_event_find(h, handle);
+  if (e == NULL) {
+    pthread_rwlock_unlock(&h->reg);
+    return host_unknown_event("mp_event_synchronize", handle);
+  }
+  pthread_mutex_lock(&h->ev_lock);
+  host_marker_t *m = e->last;
+  if (m != NULL)
+    m->refs++;
+  /* The marker ref keeps what we wait on alive if e is destroyed. */
+  pthread_rwlock_unlock(&h->reg);
+  while (m != NULL && !m->done)
+    pthread_cond_wait(&h->ev_cv, &h->ev_lock);
+  host_marker_unref(m);
+  pthread_mutex_unlock(&h->ev_lock);
+  return MP_OK;
+}
+
+static mp_status_t host_stream_wait_event(mp_device_t *dev, mp_stream_t stream,
+                                          mp_event_t handle) {
+  host_dev_t *h = host_of(dev);
+  host_op_t *op = host_op_new(HOST_OP_WAIT);
+  if (op == NULL)
+    return host_no_op_memory();
+  pthread_rwlock_rdlock(&h->reg);
+  host_event_t *e = host_event_find(h, handle);
+  host_stream_t *s = host_stream_find(h, stream);
+  mp_status_t st = MP_OK;
+  if (e == NULL || s == NULL) {
+    free(op);
+    st = e == NULL ? host_unknown_event("mp_stream_wait_event", handle)
+                   : host_unknown_stream("mp_stream_wait_event", stream);
+  } else {
+    pthread_mutex_lock(&h->ev_lock);
+    host_marker_t *m = e->last;
+    bool pending = m != NULL && !m->done;
+    if (pending)
+      m->refs++;
+    pthread_mutex_unlock(&h->ev_lock);
+    if (!pending) {
+      free(op); /* nothing to wait for: like CUDA, a no-op */
+    } else {
+      op->marker = m;
+      st = host_stream_push(s, op);
+      if (st != MP_OK) {
+        pthread_mutex_lock(&h->ev_lock);
+        host_marker_unref(m);
+        pthread_mutex_unlock(&h->ev_lock);
+      }
+    }
+  }
+  pthread_rwlock_unlock(&h->reg);
+  return st;
+}
+
+/* ---- device memory ----------------------------------------------------- */
+
+/* mem_lock held. Counts one device allocation against fail_after and
+ * capacity, and claims bytes of capacity on success. */
+static mp_status_t host_charge(host_dev_t *h, const char *what, size_t bytes) {
+  h->alloc_calls++;
+  if (h->fail_after != 0 && h->alloc_calls >= h->fail_after)
+    return mp__fail(MP_ENOMEM,
+                    "host device: %s of %zu bytes failed by fault injection "
+                    "(device allocation #%" PRIu64 ", fail_after=%" PRIu64 ")",
+                    what, bytes, h->alloc_calls, h->fail_after);
+  if (bytes > h->capacity - h->used) {
+    char a[32], u[32], c[32];
+    return mp__fail(MP_ENOMEM,
+                    "host device out of memory: %s of %s (%zu bytes) asked, "
+                    "%s in use, capacity %s",
+                    what, mp__fmt_bytes(a, sizeof a, bytes), bytes,
+                    mp__fmt_bytes(u, sizeof u, h->used),
+                    mp__fmt_bytes(c, sizeof c, h->capacity));
+  }
+  h->used += bytes;
+  return MP_OK;
+}
+
+static void host_uncharge(host_dev_t *h, size_t bytes) {
+  pthread_mutex_lock(&h->mem_lock);
+  h->used -= bytes;
+  pthread_mutex_unlock(&h->mem_lock);
+}
+
+static mp_status_t host_mem_info(mp_device_t *dev, size_t *free_b,
+                                 size_t *total_b) {
+  host_dev_t *h = host_of(dev);
+  pthread_mutex_lock(&h->mem_lock);
+  *free_b = h->capacity - h->used;
+  *total_b = h->capacity;
+  pthread_mutex_unlock(&h->mem_lock);
+  return MP_OK;
+}
+
+static mp_status_t host_alloc(mp_device_t *dev, size_t bytes, void **out) {
+  host_dev_t *h = host_of(dev);
+  host_sleep_us(h->latency_us);
+  pthread_mutex_lock(&h->mem_lock);
+  mp_status_t st = host_charge(h, "mp_device_alloc", bytes);
+  pthread_mutex_unlock(&h->mem_lock);
+  if (st != MP_OK)
+    return st;
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    int err = errno;
+    host_uncharge(h, bytes);
+    return mp__fail(MP_ENOMEM, "host device: mmap of %zu bytes failed: %s",
+                    bytes, strerror(err));
+  }
+  pthread_mutex_lock(&h->mem_lock);
+  bool ok = host_map_put(&h->allocs, (uintptr_t)p, bytes);
+  if (!ok)
+    h->used -= bytes;
+  pthread_mutex_unlock(&h->mem_lock);
+  if (!ok) {
+    munmap(p, bytes);
+    return mp__fail(MP_ENOMEM, "host device: out of host memory to track an "
+                               "allocation");
+  }
+  *out = p;
+  return MP_OK;
+}
+
+/* Removes ptr from map (mem_lock taken here); false when it is not there. */
+static bool host_map_take(host_dev_t *h, host_map_t *map, void *ptr,
+                          size_t *bytes) {
+  size_t slot = 0;
+  pthread_mutex_lock(&h->mem_lock);
+  bool found = host_map_find(map, (uintptr_t)ptr, &slot);
+  if (found) {
+    *bytes = map->vals[slot];
+    host_map_remove_at(map, slot);
+  }
+  pthread_mutex_unlock(&h->mem_lock);
+  return found;
+}
+
+static bool host_map_has(host_dev_t *h, host_map_t *map, const void *ptr) {
+  size_t slot = 0;
+  pthread_mutex_lock(&h->mem_lock);
+  bool found = host_map_find(map, (uintptr_t)ptr, &slot);
+  pthread_mutex_unlock(&h->mem_lock);
+  return found;
+}
+
+static mp_status_t host_free(mp_device_t *dev, void *ptr) {
+  host_dev_t *h = host_of(dev);
+  if (!host_map_has(h, &h->allocs, ptr))
+    return mp__fail(MP_EINVAL,
+                    "mp_device_free: %p was not returned by mp_device_alloc "
+                    "on this device, or was already freed",
+                    ptr);
+  mp_status_t st = host_sync_all(h);
+  if (st != MP_OK)
+    return st;
+  host_sleep_us(h->latency_us);
+  size_t bytes;
+  /* Checked again: another thread may have freed it meanwhile. */
+  if (!host_map_take(h, &h->allocs, ptr, &bytes))
+    return mp__fail(MP_EINVAL, "mp_device_free: %p was already freed", ptr);
+  munmap(ptr, bytes);
+  host_uncharge(h, bytes);
+  return MP_OK;
+}
+
+static mp_status_t host_host_alloc(mp_device_t *dev, size_t bytes, void **out) {
+  host_dev_t *h = host_of(dev);
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return mp__fail(MP_ENOMEM,
+                    "mp_device_host_alloc: mmap of %zu bytes failed: %s", bytes,
+                    strerror(errno));
+  pthread_mutex_lock(&h->mem_lock);
+  bool ok = host_map_put(&h->pinned, (uintptr_t)p, bytes);
+  pthread_mutex_unlock(&h->mem_lock);
+  if (!ok) {
+    munmap(p, bytes);
+    return mp__fail(MP_ENOMEM, "host device: out of host memory to track a "
+                               "host allocation");
+  }
+  *out = p;
+  return MP_OK;
+}
+
+static mp_status_t host_host_free(mp_device_t *dev, void *ptr) {
+  host_dev_t *h = host_of(dev);
+  if (!host_map_has(h, &h->pinned, ptr))
+    return mp__fail(MP_EINVAL,
+                    "mp_device_host_free: %p was not returned by "
+                    "mp_device_host_alloc on this device, or was already "
+                    "freed",
+                    ptr);
+  /* Queued copies may still read or write it (cuMemFreeHost syncs too). */
+  mp_status_t st = host_sync_all(h);
+  if (st != MP_OK)
+    return st;
+  size_t bytes;
+  if (!host_map_take(h, &h->pinned, ptr, &bytes))
+    return mp__fail(MP_EINVAL, "mp_device_host_free: %p was already freed",
+                    ptr);
+  munmap(ptr, bytes);
+  return MP_OK;
+}
+
+/* ---- virtual memory ---------------------------------------------------- */
+
+static mp_status_t host_no_vmm(const char *fn) {
+  return mp__fail(MP_ENOTSUP, "%s: the host device was opened with vmm=0", fn);
+}
+
+static mp_status_t host_vm_granularity(mp_device_t *dev, size_t *out) {
+  host_dev_t *h = host_of(dev);
+  if (!h->vmm)
+    return host_no_vmm("vm_granularity");
+  *out = h->granularity;
+  return MP_OK;
+}
+
+/* mem_lock held. Index of the reservation holding addr, or nresv. */
+static size_t host_resv_find(const host_dev_t *h, uintptr_t addr) {
+  size_t lo = 0, hi = h->nresv; /* first with base > addr */
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (h->resv[mid].base <= addr)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == 0)
+    return h->nresv;
+  const host_resv_t *r = &h->resv[lo - 1];
+  return addr - r->base < r->bytes ? lo - 1 : h->nresv;
+}
+
+static mp_status_t host_vm_reserve(mp_device_t *dev, size_t bytes, void **out) {
+  host_dev_t *h = host_of(dev);
+  size_t g = h->granularity;
+  if (!h->vmm)
+    return host_no_vmm("vm_reserve");
+  if (out == NULL || bytes == 0 || bytes % g != 0 || bytes > SIZE_MAX - g)
+    return mp__fail(MP_EINVAL,
+                    "vm_reserve: %zu bytes is not a positive multiple of the "
+                    "granularity (%zu)",
+                    bytes, g);
+  size_t nbits = bytes / g;
+  uint64_t *bits = calloc((nbits + 63) / 64, sizeof *bits);
+  /* Over-reserve by a granule so that the base can be aligned to it. */
+  char *raw = bits ? mmap(NULL, bytes + g, PROT_NONE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+                   : MAP_FAILED;
+  if (raw == MAP_FAILED) {
+    free(bits);
+    return mp__fail(MP_ENOMEM, "vm_reserve: cannot reserve %zu bytes", bytes);
+  }
+  uintptr_t base = ((uintptr_t)raw + g - 1) & ~(uintptr_t)(g - 1);
+  size_t head = base - (uintptr_t)raw;
+  if (head)
+    munmap(raw, head);
+  if (g - head)
+    munmap((char *)base + bytes, g - head);
+
+  pthread_mutex_lock(&h->mem_lock);
+  bool ok = true;
+  if (h->nresv == h->resv_cap) {
+    size_t ncap = h->resv_cap ? h->resv_cap * 2 : 16;
+    host_resv_t *n = realloc(h->resv, ncap * sizeof *n);
+    if (n == NULL) {
+      ok = false;
+    } else {
+      h->resv = n;
+      h->resv_cap = ncap;
+    }
+  }
+  if (ok) {
+    size_t i = h->nresv;
+    while (i > 0 && h->resv[i - 1].base > base) {
+      h->resv[i] = h->resv[i - 1];
+      i--;
+    }
+    h->resv[i] = (host_resv_t){.base = base, .bytes = bytes, .bits = bits};
+    h->nresv++;
+  }
+  pthread_mutex_unlock(&h->mem_lock);
+  if (!ok) {
+    munmap((void *)base, bytes);
+    free(bits);
+    return mp__fail(MP_ENOMEM, "vm_reserve: out of host memory");
+  }
+  *out = (void *)base;
+  return MP_OK;
+}
+
+static mp_status_t host_vm_release(mp_device_t *dev, void *base, size_t bytes) {
+  host_dev_t *h = host_of(dev);
+  if (!h->vmm)
+    return host_no_vmm("vm_release");
+  pthread_mutex_lock(&h->mem_lock);
+  size_t i = host_resv_find(h, (uintptr_t)base);
+  mp_status_t st = MP_OK;
+  if (i == h->nresv || h->resv[i].base != (uintptr_t)base ||
+      h->resv[i].bytes != bytes) {
+    st = mp__fail(MP_EINVAL,
+                  "vm_release: (%p, %zu bytes) is not a reservation made by "
+                  "vm_reserve",
+                  base, bytes);
+  } else if (h->resv[i].mapped != 0) {
+    st = mp__fail(MP_EBUSY,
+                  "vm_release: reservation %p still has %zu bytes mapped; "
+                  "vm_unmap them first",
+                  base, h->resv[i].mapped);
+  }
+  uint64_t *bits = NULL;
+  if (st == MP_OK) {
+    bits = h->resv[i].bits;
+    memmove(&h->resv[i], &h->resv[i + 1],
+            (h->nresv - i - 1) * sizeof h->resv[0]);
+    h->nresv--;
+  }
+  pthread_mutex_unlock(&h->mem_lock);
+  if (st == MP_OK) {
+    munmap(base, bytes);
+    free(bits);
+  }
+  return st;
+}
+
+/* mem_lock held. Sets (on) or clears granules [first, first + n). Returns
+ * false, changing nothing, when setting would hit a granule already set. */
+static bool host_resv_mark(host_resv_t *r, size_t first, size_t n, bool on) {
+  if (on)
+    for (size_t i = first; i < first + n; i++)
+      if (r->bits[i / 64] & (UINT64_C(1) << (i % 64)))
+        return false;
+  for (size_t i = first; i < first + n; i++) {
+    if (on)
+      r->bits[i / 64] |= UINT64_C(1) << (i % 64);
+    else
+      r->bits[i / 64] &= ~(UINT64_C(1) << (i % 64));
+  }
+  return true;
+}
+
+/* mem_lock held. The reservation wholly holding a granule-aligned range. */
+static mp_status_t host_vm_range(host_dev_t *h, const char *fn, void *addr,
+                                 size_t bytes, host_resv_t **out) {
+  uintptr_t a = (uintptr_t)addr;
+  size_t g = h->granularity;
+  if (bytes == 0 || a % g != 0 || bytes % g != 0)
+    return mp__fail(MP_EINVAL,
+                    "%s: (%p, %zu bytes) is not aligned to the granularity "
+                    "(%zu)",
+                    fn, addr, bytes, g);
+  size_t i = host_resv_find(h, a);
+  if (i == h->nresv || bytes > h->resv[i].bytes - (a - h->resv[i].base))
+    return mp__fail(MP_EINVAL,
+                    "%s: (%p, %zu bytes) is not inside one reservation", fn,
+                    addr, bytes);
+  *out = &h->resv[i];
+  return MP_OK;
+}
+
+static mp_status_t host_vm_map(mp_device_t *dev, void *addr, size_t bytes) {
+  host_dev_t *h = host_of(dev);
+  if (!h->vmm)
+    return host_no_vmm("vm_map");
+  host_sleep_us(h->latency_us);
+  pthread_mutex_lock(&h->mem_lock);
+  host_resv_t *r = NULL;
+  size_t g = h->granularity;
+  mp_status_t st = host_vm_range(h, "vm_map", addr, bytes, &r);
+  size_t first = st == MP_OK ? ((uintptr_t)addr - r->base) / g : 0;
+  if (st == MP_OK && !host_resv_mark(r, first, bytes / g, true))
+    st = mp__fail(MP_EINVAL, "vm_map: (%p, %zu bytes) overlaps a mapping", addr,
+                  bytes);
+  if (st == MP_OK) {
+    st = host_charge(h, "vm_map", bytes);
+    if (st == MP_OK && !host_map_put(&h->maps, (uintptr_t)addr, bytes)) {
+      h->used -= bytes;
+      st = mp__fail(MP_ENOMEM, "vm_map: out of host memory");
+    }
+    if (st == MP_OK && mprotect(addr, bytes, PROT_READ | PROT_WRITE) != 0) {
+      size_t slot;
+      if (host_map_find(&h->maps, (uintptr_t)addr, &slot))
+        host_map_remove_at(&h->maps, slot);
+      h->used -= bytes;
+      st = mp__fail(MP_ENOMEM, "vm_map: mprotect of %zu bytes failed: %s",
+                    bytes, strerror(errno));
+    }
+    if (st == MP_OK)
+      r->mapped += bytes;
+    else
+      host_resv_mark(r, first, bytes / g, false);
+  }
+  pthread_mutex_unlock(&h->mem_lock);
+  return st;
+}
+
+/* mem_lock held. MP_OK when (addr, bytes) is exactly one live mapping. */
+static mp_status_t host_vm_mapping(host_dev_t *h, void *addr, size_t bytes,
+                                   size_t *slot) {
+  if (!host_map_find(&h->maps, (uintptr_t)addr, slot) ||
+      h->maps.vals[*slot] != bytes)
+    return mp__fail(MP_EINVAL,
+                    "vm_unmap: (%p, %zu bytes) is not a range that one "
+                    "vm_map call mapped",
+                    addr, bytes);
+  return MP_OK;
+}
+
+static mp_status_t host_vm_unmap(mp_device_t *dev, void *addr, size_t bytes) {
+  host_dev_t *h = host_of(dev);
+  if (!h->vmm)
+    return host_no_vmm("vm_unmap");
+  size_t slot = 0;
+  pthread_mutex_lock(&h->mem_lock);
+  mp_status_t st = host_vm_mapping(h, addr, bytes, &slot);
+  pthread_mutex_unlock(&h->mem_lock);
+  if (st != MP_OK)
+    return st;
+  /* Queued work may still touch the range; unmapping makes it fault. */
+  if ((st = host_sync_all(h)) != MP_OK)
+    return st;
+  host_sleep_us(h->latency_us);
+  pthread_mutex_lock(&h->mem_lock);
+  st = host_vm_mapping(h, addr, bytes, &slot);
+  if (st == MP_OK) {
+    host_map_remove_at(&h->maps, slot);
+    host_resv_t *r = &h->resv[host_resv_find(h, (uintptr_t)addr)];
+    host_resv_mark(r, ((uintptr_t)addr - r->base) / h->granularity,
+                   bytes / h->granularity, false);
+    r->mapped -= bytes;
+    h->used -= bytes;
+    /* Drop the pages (the next map reads zeros) and fence the range. */
+    madvise(addr, bytes, MADV_DONTNEED);
+    mprotect(addr, bytes, PROT_NONE);
+  }
+  pthread_mutex_unlock(&h->mem_lock);
+  return st;
+}
+
+/* ---- options, open, close ---------------------------------------------- */
+
+enum {
+  HOST_OPT_CAPACITY,
+  HOST_OPT_LATENCY,
+  HOST_OPT_FAIL_AFTER,
+  HOST_OPT_VMM,
+  HOST_OPT_GRANULARITY,
+  HOST_OPT_COUNT
+};
+static const char *const host_opt_names[HOST_OPT_COUNT] = {
+    "capacity", "latency_us", "fail_after", "vmm", "granularity"};
+
+#define HOST_MAX_LATENCY_US UINT64_C(10000000) /* 10 s */
+
+typedef struct host_opts {
+  size_t capacity;
+  uint64_t latency_us, fail_after;
+  bool vmm;
+  size_t granularity;
+  unsigned seen; /* bit per HOST_OPT_* */
+} host_opts_t;
+
+static mp_status_t host_bad_value(const char *key, const char *val,
+                                  size_t val_len, const char *expected) {
+  return mp__fail(MP_EINVAL,
+                  "bad device spec: host option %s='%.*s': expected %s", key,
+                  (int)val_len, val, expected);
+}
+
+static mp_status_t host_opt(void *ctx, const char *key, size_t key_len,
+                            const char *val, size_t val_len) {
+  host_opts_t *o = ctx;
+  int k = 0;
+  while (k < HOST_OPT_COUNT && !(strlen(host_opt_names[k]) == key_len &&
+                                 memcmp(host_opt_names[k], key, key_len) == 0))
+    k++;
+  if (k == HOST_OPT_COUNT)
+    return mp__fail(MP_EINVAL,
+                    "bad device spec: unknown host option '%.*s' (known: "
+                    "capacity, latency_us, fail_after, vmm, granularity)",
+                    (int)key_len, key);
+  const char *name = host_opt_names[k];
+  if (o->seen & (1u << k))
+    return mp__fail(MP_EINVAL, "bad device spec: host option '%s' given twice",
+                    name);
+  o->seen |= 1u << k;
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  switch (k) {
+  case HOST_OPT_CAPACITY:
+    if (!mp__parse_size(val, val_len, &o->capacity) || o->capacity == 0)
+      return host_bad_value(name, val, val_len, "a size above 0 (e.g. 16G)");
+    break;
+  case HOST_OPT_LATENCY:
+    if (!mp__parse_u64(val, val_len, &o->latency_us) ||
+        o->latency_us > HOST_MAX_LATENCY_US)
+      return host_bad_value(name, val, val_len,
+                            "microseconds from 0 to 10000000");
+    break;
+  case HOST_OPT_FAIL_AFTER:
+    if (!mp__parse_u64(val, val_len, &o->fail_after))
+      return host_bad_value(name, val, val_len, "a count (0: never)");
+    break;
+  case HOST_OPT_VMM:
+    if (!mp__parse_bool(val, val_len, &o->vmm))
+      return host_bad_value(name, val, val_len, "0 or 1");
+    break;
+  case HOST_OPT_GRANULARITY:
+    if (!mp__parse_size(val, val_len, &o->granularity) ||
+        o->granularity < page || (o->granularity & (o->granularity - 1)) ||
+        o->granularity > ((size_t)1 << 40))
+      return host_bad_value(name, val, val_len,
+                            "a power of two from the page size to 1T");
+    break;
+  }
+  return MP_OK;
+}
+
+static void host_free_state(host_dev_t *h) {
+  host_map_destroy(&h->allocs);
+  host_map_destroy(&h->pinned);
+  host_map_destroy(&h->maps);
+  host_map_destroy(&h->streams);
+  host_map_destroy(&h->events);
+  free(h->resv);
+  pthread_cond_destroy(&h->ev_cv);
+  pthread_mutex_destroy(&h->ev_lock);
+  pthread_rwlock_destroy(&h->reg);
+  pthread_mutex_destroy(&h->mem_lock);
+  free(h);
+}
+
+static mp_status_t host_open(mp_device_t *dev, const char *opts) {
+  host_opts_t o = {
+      .capacity = 16 * MP__GiB, .vmm = true, .granularity = 2 * MP__MiB};
+  mp_status_t st = mp__kv_each("device spec", opts, host_opt, &o);
+  if (st != MP_OK)
+    return st;
+  host_dev_t *h = calloc(1, sizeof *h);
+  if (h == NULL)
+    return mp__fail(MP_ENOMEM, "out of host memory opening the host device");
+  h->capacity = o.capacity;
+  h->latency_us = o.latency_us;
+  h->fail_after = o.fail_after;
+  h->vmm = o.vmm;
+  h->granularity = o.granularity;
+  pthread_mutex_init(&h->mem_lock, NULL);
+  pthread_rwlock_init(&h->reg, NULL);
+  pthread_mutex_init(&h->ev_lock, NULL);
+  pthread_cond_init(&h->ev_cv, NULL);
+  st = host_stream_start(h, &h->null_stream);
+  if (st != MP_OK) {
+    host_free_state(h);
+    return st;
+  }
+  dev->impl = h;
+  snprintf(dev->name, sizeof dev->name, "host");
+  return MP_OK;
+}
+
+static void host_close(mp_device_t *dev) {
+  host_dev_t *h = host_of(dev);
+  /* Stopping one stream never waits on a stream stopped before it: a wait
+   * only refers to records queued earlier, and the streams that hold them
+   * keep running until their own turn comes. */
+  for (size_t i = 0; i < h->streams.cap; i++)
+    if (h->streams.keys[i] != 0)
+      host_stream_stop((host_stream_t *)h->streams.keys[i]);
+  host_stream_stop(h->null_stream);
+  for (size_t i = 0; i < h->events.cap; i++) {
+    if (h->events.keys[i] != 0) {
+      host_event_t *e = (host_event_t *)h->events.keys[i];
+      host_marker_unref(e->last);
+      free(e);
+    }
+  }
+  for (size_t i = 0; i < h->allocs.cap; i++)
+    if (h->allocs.keys[i] != 0)
+      munmap((void *)h->allocs.keys[i], h->allocs.vals[i]);
+  for (size_t i = 0; i < h->pinned.cap; i++)
+    if (h->pinned.keys[i] != 0)
+      munmap((void *)h->pinned.keys[i], h->pinned.vals[i]);
+  for (size_t i = 0; i < h->nresv; i++) {
+    munmap((void *)h->resv[i].base, h->resv[i].bytes);
+    free(h->resv[i].bits);
+  }
+  host_free_state(h);
+  dev->impl = NULL;
+}
+
+const mp__backend_t mp__host_backend = {
+    .name = "host",
+    .open = host_open,
+    .close = host_close,
+    .mem_info = host_mem_info,
+    .alloc = host_alloc,
+    .free = host_free,
+    .host_alloc = host_host_alloc,
+    .host_free = host_host_free,
+    .synchronize = host_synchronize,
+    .stream_create = host_stream_create,
+    .stream_destroy = host_stream_destroy,
+    .stream_synchronize = host_stream_synchronize,
+    .launch_host = host_launch_host,
+    .memcpy_async = host_memcpy_async,
+    .memset_async = host_memset_async,
+    .event_create = host_event_create,
+    .event_destroy = host_event_destroy,
+    .event_record = host_event_record,
+    .event_query = host_event_query,
+    .event_synchronize = host_event_synchronize,
+    .stream_wait_event = host_stream_wait_event,
+    .vm_granularity = host_vm_granularity,
+    .vm_reserve = host_vm_reserve,
+    .vm_release = host_vm_release,
+    .vm_map = host_vm_map,
+    .vm_unmap = host_vm_unmap,
+};

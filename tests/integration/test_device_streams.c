@@ -1,0 +1,379 @@
+/* Streams and events of the host device: in-order execution, cross-stream
+ * waits, event completion, and handle checks, through the public API. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <time.h>
+
+#include <mempool/mempool.h>
+
+/* A host function that blocks its stream until the test opens the gate. */
+typedef struct gate {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool open;
+} gate_t;
+
+static void gate_init(gate_t *g) {
+  pthread_mutex_init(&g->mu, NULL);
+  pthread_cond_init(&g->cv, NULL);
+  g->open = false;
+}
+
+static void gate_wait(void *arg) {
+  gate_t *g = arg;
+  pthread_mutex_lock(&g->mu);
+  while (!g->open)
+    pthread_cond_wait(&g->cv, &g->mu);
+  pthread_mutex_unlock(&g->mu);
+}
+
+static void gate_open(gate_t *g) {
+  pthread_mutex_lock(&g->mu);
+  g->open = true;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+}
+
+/* An append-only log of the order in which host functions ran. */
+typedef struct order_log {
+  pthread_mutex_t mu;
+  int n;
+  int items[256];
+} order_log_t;
+
+typedef struct entry {
+  order_log_t *log;
+  int id;
+} entry_t;
+
+static void log_append(void *arg) {
+  entry_t *e = arg;
+  pthread_mutex_lock(&e->log->mu);
+  e->log->items[e->log->n++] = e->id;
+  pthread_mutex_unlock(&e->log->mu);
+}
+
+static int log_count(order_log_t *log) {
+  pthread_mutex_lock(&log->mu);
+  int n = log->n;
+  pthread_mutex_unlock(&log->mu);
+  return n;
+}
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static mp_device_t *open_host(void) {
+  mp_device_t *dev = NULL;
+  cr_assert_eq(mp_device_open("host", &dev), MP_OK, "%s", mp_last_error());
+  return dev;
+}
+
+static void check_in_order(mp_stream_t s_or_null, bool create) {
+  mp_device_t *dev = open_host();
+  mp_stream_t s = s_or_null;
+  if (create)
+    cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  order_log_t log = {.mu = PTHREAD_MUTEX_INITIALIZER};
+  entry_t e[200];
+  for (int i = 0; i < 200; i++) {
+    e[i] = (entry_t){.log = &log, .id = i};
+    cr_assert_eq(mp_stream_launch_host(dev, s, log_append, &e[i]), MP_OK);
+  }
+  cr_assert_eq(mp_stream_synchronize(dev, s), MP_OK);
+  cr_assert_eq(log.n, 200);
+  for (int i = 0; i < 200; i++)
+    cr_expect_eq(log.items[i], i, "item %d ran as %d", log.items[i], i);
+  if (create)
+    cr_expect_eq(mp_stream_destroy(dev, s), MP_OK);
+  mp_device_close(dev);
+}
+
+Test(device_streams, work_on_one_stream_runs_in_order) {
+  check_in_order(NULL, true);
+}
+
+Test(device_streams, default_stream_runs_in_order) {
+  check_in_order(NULL, false);
+}
+
+Test(device_streams, copies_see_earlier_work_on_the_stream) {
+  mp_device_t *dev = open_host();
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  unsigned char *a, *b;
+  cr_assert_eq(mp_device_alloc(dev, 4096, (void **)&a), MP_OK);
+  cr_assert_eq(mp_device_alloc(dev, 4096, (void **)&b), MP_OK);
+  /* Each step reads what the previous one wrote. */
+  for (int round = 1; round <= 20; round++) {
+    cr_assert_eq(mp_memset_async(dev, a, round, 4096, s), MP_OK);
+    cr_assert_eq(mp_memcpy_async(dev, b, a, 4096, s), MP_OK);
+    cr_assert_eq(mp_memcpy_async(dev, a + 1, b, 1, s), MP_OK);
+  }
+  cr_assert_eq(mp_stream_synchronize(dev, s), MP_OK);
+  cr_expect_eq(b[4095], 20);
+  cr_expect_eq(a[1], 20);
+  cr_expect_eq(mp_stream_destroy(dev, s), MP_OK);
+  mp_device_close(dev); /* releases a and b */
+}
+
+Test(device_streams, event_query_is_busy_until_the_stream_reaches_it) {
+  mp_device_t *dev = open_host();
+  mp_stream_t s;
+  mp_event_t e;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  cr_assert_eq(mp_event_create(dev, &e), MP_OK);
+  cr_expect_eq(mp_event_query(dev, e), MP_OK, "never recorded: done");
+  gate_t g;
+  gate_init(&g);
+  cr_assert_eq(mp_stream_launch_host(dev, s, gate_wait, &g), MP_OK);
+  cr_assert_eq(mp_event_record(dev, e, s), MP_OK);
+  sleep_ms(10);
+  cr_expect_eq(mp_event_query(dev, e), MP_EBUSY);
+  gate_open(&g);
+  cr_expect_eq(mp_event_synchronize(dev, e), MP_OK);
+  cr_expect_eq(mp_event_query(dev, e), MP_OK);
+  cr_expect_eq(mp_event_destroy(dev, e), MP_OK);
+  cr_expect_eq(mp_stream_destroy(dev, s), MP_OK);
+  mp_device_close(dev);
+}
+
+Test(device_streams, re_recording_an_event_re_arms_it) {
+  mp_device_t *dev = open_host();
+  mp_stream_t s;
+  mp_event_t e;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  cr_assert_eq(mp_event_create(dev, &e), MP_OK);
+  cr_assert_eq(mp_event_record(dev, e, s), MP_OK);
+  cr_assert_eq(mp_event_synchronize(dev, e), MP_OK);
+  cr_expect_eq(mp_event_query(dev, e), MP_OK);
+  gate_t g;
+  gate_init(&g);
+  cr_assert_eq(mp_stream_launch_host(dev, s, gate_wait, &g), MP_OK);
+  cr_assert_eq(mp_event_record(dev, e, s), MP_OK);
+  cr_expect_eq(mp_event_query(dev, e), MP_EBUSY);
+  gate_open(&g);
+  cr_expect_eq(mp_stream_synchronize(dev, s), MP_OK);
+  cr_expect_eq(mp_event_query(dev, e), MP_OK);
+  cr_expect_eq(mp_event_destroy(dev, e), MP_OK);
+  cr_expect_eq(mp_stream_destroy(dev, s), MP_OK);
+  mp_device_close(dev);
+}
+
+Test(device_streams, cross_stream_wait_enforces_order) {
+  mp_device_t *dev = open_host();
+  mp_stream_t s1, s2;
+  mp_event_t e, done2;
+  cr_assert_eq(mp_stream_create(dev, &s1), MP_OK);
+  cr_assert_eq(mp_stream_create(dev, &s2), MP_OK);
+  cr_assert_eq(mp_event_create(dev, &e), MP_OK);
+  cr_assert_eq(mp_event_create(dev, &done2), MP_OK);
+  order_log_t log = {.mu = PTHREAD_MUTEX_INITIALIZER};
+  entry_t first = {&log, 1}, second = {&log, 2};
+  gate_t g;
+  gate_init(&g);
+  cr_assert_eq(mp_stream_launch_host(dev, s1, gate_wait, &g), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, s1, log_append, &first), MP_OK);
+  cr_assert_eq(mp_event_record(dev, e, s1), MP_OK);
+  cr_assert_eq(mp_stream_wait_event(dev, s2, e), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, s2, log_append, &second), MP_OK);
+  cr_assert_eq(mp_event_record(dev, done2, s2), MP_OK);
+  sleep_ms(20);
+  cr_expect_eq(log_count(&log), 0, "s2 ran past its wait");
+  cr_expect_eq(mp_event_query(dev, done2), MP_EBUSY);
+  gate_open(&g);
+  cr_assert_eq(mp_stream_synchronize(dev, s2), MP_OK);
+  cr_assert_eq(log.n, 2);
+  cr_expect_eq(log.items[0], 1);
+  cr_expect_eq(log.items[1], 2);
+  mp_event_destroy(dev, e);
+  mp_event_destroy(dev, done2);
+  mp_stream_destroy(dev, s1);
+  mp_stream_destroy(dev, s2);
+  mp_device_close(dev);
+}
+
+Test(device_streams, wait_refers_to_the_record_current_at_the_wait) {
+  mp_device_t *dev = open_host();
+  mp_stream_t s1, s2, s3;
+  mp_event_t e;
+  cr_assert_eq(mp_stream_create(dev, &s1), MP_OK);
+  cr_assert_eq(mp_stream_create(dev, &s2), MP_OK);
+  cr_assert_eq(mp_stream_create(dev, &s3), MP_OK);
+  cr_assert_eq(mp_event_create(dev, &e), MP_OK);
+  order_log_t log = {.mu = PTHREAD_MUTEX_INITIALIZER};
+  entry_t on_s1 = {&log, 1}, on_s3 = {&log, 3};
+  gate_t g;
+  gate_init(&g);
+  cr_assert_eq(mp_stream_launch_host(dev, s1, gate_wait, &g), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, s1, log_append, &on_s1), MP_OK);
+  cr_assert_eq(mp_event_record(dev, e, s1), MP_OK);
+  cr_assert_eq(mp_stream_wait_event(dev, s3, e), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, s3, log_append, &on_s3), MP_OK);
+  /* A later record on an idle stream completes at once; the earlier wait
+   * must still hold s3 until s1 gets there. */
+  cr_assert_eq(mp_event_record(dev, e, s2), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, s2), MP_OK);
+  cr_expect_eq(mp_event_query(dev, e), MP_OK, "latest record is done");
+  sleep_ms(20);
+  cr_expect_eq(log_count(&log), 0, "s3 ran past its wait");
+  gate_open(&g);
+  cr_assert_eq(mp_device_synchronize(dev), MP_OK);
+  cr_assert_eq(log.n, 2);
+  cr_expect_eq(log.items[0], 1);
+  cr_expect_eq(log.items[1], 3);
+  mp_device_close(dev); /* also destroys the streams and the event */
+}
+
+Test(device_streams, wait_on_a_never_recorded_event_does_not_block) {
+  mp_device_t *dev = open_host();
+  mp_stream_t s;
+  mp_event_t e;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  cr_assert_eq(mp_event_create(dev, &e), MP_OK);
+  cr_assert_eq(mp_stream_wait_event(dev, s, e), MP_OK);
+  cr_expect_eq(mp_stream_synchronize(dev, s), MP_OK);
+  cr_expect_eq(mp_event_synchronize(dev, e), MP_OK);
+  mp_device_close(dev);
+}
+
+static void slow_increment(void *arg) {
+  sleep_ms(2);
+  atomic_fetch_add((atomic_int *)arg, 1);
+}
+
+Test(device_streams, synchronize_waits_for_queued_work) {
+  mp_device_t *dev = open_host();
+  mp_stream_t s[3];
+  atomic_int count = 0;
+  for (int i = 0; i < 3; i++)
+    cr_assert_eq(mp_stream_create(dev, &s[i]), MP_OK);
+  for (int i = 0; i < 5; i++)
+    cr_assert_eq(mp_stream_launch_host(dev, s[0], slow_increment, &count),
+                 MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, s[0]), MP_OK);
+  cr_expect_eq(atomic_load(&count), 5);
+  for (int i = 0; i < 3; i++)
+    for (int j = 0; j < 4; j++)
+      cr_assert_eq(mp_stream_launch_host(dev, s[i], slow_increment, &count),
+                   MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, NULL, slow_increment, &count), MP_OK);
+  cr_assert_eq(mp_device_synchronize(dev), MP_OK);
+  cr_expect_eq(atomic_load(&count), 5 + 12 + 1);
+  for (int i = 0; i < 3; i++)
+    cr_assert_eq(mp_stream_launch_host(dev, s[i], slow_increment, &count),
+                 MP_OK);
+  for (int i = 0; i < 3; i++)
+    cr_assert_eq(mp_stream_destroy(dev, s[i]), MP_OK);
+  cr_expect_eq(atomic_load(&count), 5 + 12 + 1 + 3,
+               "destroy runs queued work first");
+  mp_device_close(dev);
+}
+
+Test(device_streams, foreign_and_stale_handles_are_einval) {
+  mp_device_t *a = open_host(), *b = open_host();
+  mp_stream_t sa, sb, gone;
+  mp_event_t ea, eb, egone;
+  cr_assert_eq(mp_stream_create(a, &sa), MP_OK);
+  cr_assert_eq(mp_stream_create(b, &sb), MP_OK);
+  cr_assert_eq(mp_stream_create(a, &gone), MP_OK);
+  cr_assert_eq(mp_stream_destroy(a, gone), MP_OK);
+  cr_assert_eq(mp_event_create(a, &ea), MP_OK);
+  cr_assert_eq(mp_event_create(b, &eb), MP_OK);
+  cr_assert_eq(mp_event_create(a, &egone), MP_OK);
+  cr_assert_eq(mp_event_destroy(a, egone), MP_OK);
+  char buf[16];
+  int x = 0;
+  cr_expect_eq(mp_stream_synchronize(a, sb), MP_EINVAL);
+  cr_expect_eq(mp_stream_synchronize(a, gone), MP_EINVAL);
+  cr_expect_eq(mp_stream_destroy(a, sb), MP_EINVAL);
+  cr_expect_eq(mp_stream_destroy(a, gone), MP_EINVAL);
+  cr_expect_eq(mp_memset_async(a, buf, 0, sizeof buf, sb), MP_EINVAL);
+  cr_expect_eq(mp_memcpy_async(a, buf, buf + 8, 8, gone), MP_EINVAL);
+  cr_expect_eq(mp_stream_launch_host(a, sb, slow_increment, &x), MP_EINVAL);
+  cr_expect_eq(mp_event_record(a, eb, sa), MP_EINVAL);
+  cr_expect_eq(mp_event_record(a, ea, sb), MP_EINVAL);
+  cr_expect_eq(mp_event_record(a, egone, sa), MP_EINVAL);
+  cr_expect_eq(mp_event_query(a, eb), MP_EINVAL);
+  cr_expect_eq(mp_event_query(a, egone), MP_EINVAL);
+  cr_expect_eq(mp_event_synchronize(a, eb), MP_EINVAL);
+  cr_expect_eq(mp_event_destroy(a, eb), MP_EINVAL);
+  cr_expect_eq(mp_event_destroy(a, egone), MP_EINVAL);
+  cr_expect_eq(mp_stream_wait_event(a, sa, eb), MP_EINVAL);
+  cr_expect_eq(mp_stream_wait_event(a, sb, ea), MP_EINVAL);
+  cr_expect_eq(mp_stream_destroy(a, NULL), MP_EINVAL);
+  cr_expect_eq(mp_device_synchronize(a), MP_OK);
+  cr_expect_eq(x, 0, "nothing ran from a rejected call");
+  mp_device_close(a);
+  mp_device_close(b);
+}
+
+Test(device_streams, destroying_an_event_with_a_record_queued_is_safe) {
+  mp_device_t *dev = open_host();
+  mp_stream_t s, t;
+  mp_event_t e;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  cr_assert_eq(mp_stream_create(dev, &t), MP_OK);
+  cr_assert_eq(mp_event_create(dev, &e), MP_OK);
+  gate_t g;
+  gate_init(&g);
+  cr_assert_eq(mp_stream_launch_host(dev, s, gate_wait, &g), MP_OK);
+  cr_assert_eq(mp_event_record(dev, e, s), MP_OK);
+  cr_assert_eq(mp_stream_wait_event(dev, t, e), MP_OK);
+  cr_assert_eq(mp_event_destroy(dev, e), MP_OK);
+  gate_open(&g);
+  cr_expect_eq(mp_device_synchronize(dev), MP_OK);
+  mp_device_close(dev);
+}
+
+typedef struct worker {
+  mp_device_t *dev;
+  atomic_int *count;
+  int errors;
+} worker_t;
+
+static void *worker_main(void *arg) {
+  worker_t *w = arg;
+  mp_stream_t s;
+  mp_event_t e;
+  if (mp_stream_create(w->dev, &s) != MP_OK ||
+      mp_event_create(w->dev, &e) != MP_OK) {
+    w->errors++;
+    return NULL;
+  }
+  for (int i = 0; i < 100; i++) {
+    if (mp_stream_launch_host(w->dev, s, slow_increment, w->count) != MP_OK ||
+        mp_event_record(w->dev, e, s) != MP_OK ||
+        mp_stream_wait_event(w->dev, NULL, e) != MP_OK)
+      w->errors++;
+    if (i % 10 == 0 && mp_event_synchronize(w->dev, e) != MP_OK)
+      w->errors++;
+  }
+  if (mp_stream_destroy(w->dev, s) != MP_OK ||
+      mp_event_destroy(w->dev, e) != MP_OK)
+    w->errors++;
+  return NULL;
+}
+
+Test(device_streams, many_threads_use_their_own_streams) {
+  mp_device_t *dev = open_host();
+  atomic_int count = 0;
+  enum { T = 4 };
+  pthread_t th[T];
+  worker_t w[T];
+  for (int i = 0; i < T; i++) {
+    w[i] = (worker_t){.dev = dev, .count = &count};
+    cr_assert_eq(pthread_create(&th[i], NULL, worker_main, &w[i]), 0);
+  }
+  for (int i = 0; i < T; i++) {
+    pthread_join(th[i], NULL);
+    cr_expect_eq(w[i].errors, 0);
+  }
+  cr_expect_eq(mp_device_synchronize(dev), MP_OK);
+  cr_expect_eq(atomic_load(&count), T * 100);
+  mp_device_close(dev);
+}
