@@ -23,11 +23,21 @@ MP_API mp_status_t mp_direct_create(mp_device_t *dev, mp_direct_t **out);
 /* One device allocation each; 0 bytes: MP_OK with *out = NULL. */
 MP_API mp_status_t mp_direct_alloc(mp_direct_t *d, size_t bytes, mp_stream_t s,
                                    void **out);
-/* Deferred until the session ends; a second free in the session: MP_EINVAL. */
+/* Deferred until the session ends; a second free in the session, or a
+ * pointer this allocator did not hand out: MP_EINVAL. NULL: MP_OK. */
 MP_API mp_status_t mp_direct_free(mp_direct_t *d, void *ptr);
-/* Synchronizes, then releases every deferred block. */
+/* ptr is also used on s. Since a session synchronizes the whole device
+ * before it releases anything, this only checks that ptr is live (for the
+ * allocator interface's record_stream); anything else is MP_EINVAL. */
+MP_API mp_status_t mp_direct_record_stream(mp_direct_t *d, void *ptr,
+                                           mp_stream_t s);
+/* Synchronizes the device, then releases every deferred block. An
+ * allocation that finds the device full ends the session itself first.
+ * Stats: reserved = live + deferred bytes; nothing is rounded, so allocated
+ * = requested; free_bytes / free_blocks count the deferred blocks. */
 MP_API mp_status_t mp_direct_free_session(mp_direct_t *d);
 MP_API mp_status_t mp_direct_get_stats(mp_direct_t *d, mp_stats_t *out);
+/* Synchronizes the device and releases every block, live or deferred. */
 MP_API mp_status_t mp_direct_destroy(mp_direct_t *d);
 
 #ifdef __cplusplus

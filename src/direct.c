@@ -1,0 +1,385 @@
+/* direct.c - the direct (non-caching) allocator.
+ *
+ * Every request is one device allocation; nothing is cached or reused.
+ * Frees are deferred: on CUDA a device free synchronizes the whole device,
+ * so freed blocks wait in the session and mp_direct_free_session releases
+ * them together after one device synchronization (the blocks' streams may
+ * have been destroyed since, so synchronizing the device, not each stream,
+ * is the one wait that is always valid). An allocation that finds the
+ * device full ends the session first and retries once, as a user of
+ * cudaMalloc would expect memory they freed to be usable again.
+ *
+ * Blocks are found by address in an open-addressing hash map (linear
+ * probing, backward-shift deletion, load <= 1/2), so a free costs the same
+ * with ten or a million blocks. The deferred blocks of the session are also
+ * listed in an array, so ending a session costs O(deferred blocks).
+ *
+ * Invariant (under the mutex): every block the device gave us and we have
+ * not given back is in the map, LIVE or DEFERRED; the deferred array holds
+ * exactly the DEFERRED ones; reserved = live + deferred bytes. The mutex is
+ * never held across a device call. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+enum { MP__DIRECT_LIVE = 1, MP__DIRECT_DEFERRED = 2 };
+
+typedef struct mp__dslot {
+  void *ptr; /* NULL: empty slot */
+  size_t bytes;
+  int state;
+} mp__dslot_t;
+
+typedef struct mp__dblock {
+  void *ptr;
+  size_t bytes;
+} mp__dblock_t;
+
+struct mp_direct {
+  mp_device_t *dev;
+  pthread_mutex_t mu;
+  mp__dslot_t *slots;
+  size_t cap; /* power of two */
+  size_t used;
+  mp__dblock_t *deferred;
+  size_t ndeferred, deferred_cap;
+  size_t live_bytes, deferred_bytes;
+  mp_stats_t st; /* counters and peaks; byte fields derived on read */
+};
+
+/* ---- the pointer map -------------------------------------------------- */
+
+static size_t mp__dhash(const void *p, size_t cap) {
+  uint64_t x = (uint64_t)(uintptr_t)p;
+  x ^= x >> 33;
+  x *= UINT64_C(0xff51afd7ed558ccd);
+  x ^= x >> 33;
+  return (size_t)x & (cap - 1);
+}
+
+static mp__dslot_t *mp__dmap_find(mp_direct_t *d, const void *p) {
+  for (size_t i = mp__dhash(p, d->cap);; i = (i + 1) & (d->cap - 1)) {
+    if (d->slots[i].ptr == p)
+      return &d->slots[i];
+    if (d->slots[i].ptr == NULL)
+      return NULL;
+  }
+}
+
+static void mp__dmap_put(mp__dslot_t *slots, size_t cap, mp__dslot_t v) {
+  size_t i = mp__dhash(v.ptr, cap);
+  while (slots[i].ptr != NULL)
+    i = (i + 1) & (cap - 1);
+  slots[i] = v;
+}
+
+/* Makes room for one more entry; false when the host is out of memory. */
+static bool mp__dmap_reserve(mp_direct_t *d) {
+  if ((d->used + 1) * 2 <= d->cap)
+    return true;
+  size_t ncap = d->cap * 2;
+  mp__dslot_t *ns = calloc(ncap, sizeof *ns);
+  if (ns == NULL)
+    return false;
+  for (size_t i = 0; i < d->cap; i++)
+    if (d->slots[i].ptr != NULL)
+      mp__dmap_put(ns, ncap, d->slots[i]);
+  free(d->slots);
+  d->slots = ns;
+  d->cap = ncap;
+  return true;
+}
+
+/* Backward-shift deletion keeps every probe chain unbroken without
+ * tombstones. */
+static void mp__dmap_remove(mp_direct_t *d, mp__dslot_t *s) {
+  size_t mask = d->cap - 1;
+  size_t hole = (size_t)(s - d->slots);
+  d->slots[hole].ptr = NULL;
+  for (size_t j = (hole + 1) & mask; d->slots[j].ptr != NULL;
+       j = (j + 1) & mask) {
+    size_t home = mp__dhash(d->slots[j].ptr, d->cap);
+    /* The entry at j may move into the hole unless its home lies
+     * cyclically in (hole, j]. */
+    bool stays =
+        (hole <= j) ? (home > hole && home <= j) : (home > hole || home <= j);
+    if (!stays) {
+      d->slots[hole] = d->slots[j];
+      d->slots[j].ptr = NULL;
+      hole = j;
+    }
+  }
+  d->used--;
+}
+
+/* ---- counters --------------------------------------------------------- */
+
+static void mp__direct_update_peaks(mp_direct_t *d) {
+  size_t reserved = d->live_bytes + d->deferred_bytes;
+  if (reserved > d->st.peak_reserved_bytes)
+    d->st.peak_reserved_bytes = reserved;
+  if (d->live_bytes > d->st.peak_allocated_bytes)
+    d->st.peak_allocated_bytes = d->live_bytes;
+  if (d->live_bytes > d->st.peak_requested_bytes)
+    d->st.peak_requested_bytes = d->live_bytes;
+}
+
+/* ---- public API ------------------------------------------------------- */
+
+mp_status_t mp_direct_create(mp_device_t *dev, mp_direct_t **out) {
+  if (out == NULL)
+    return mp__fail(MP_EINVAL, "mp_direct_create: out is NULL");
+  if (dev == NULL)
+    return mp__fail(MP_EINVAL, "mp_direct_create: device is NULL");
+  mp_direct_t *d = calloc(1, sizeof *d);
+  if (d == NULL)
+    return mp__fail(MP_ENOMEM, "mp_direct_create: out of host memory");
+  d->cap = 64;
+  d->slots = calloc(d->cap, sizeof *d->slots);
+  if (d->slots == NULL || pthread_mutex_init(&d->mu, NULL) != 0) {
+    free(d->slots);
+    free(d);
+    return mp__fail(MP_ENOMEM, "mp_direct_create: out of host memory");
+  }
+  d->dev = dev;
+  *out = d;
+  return MP_OK;
+}
+
+/* Grows the deferred array for one more block; false when the host is out
+ * of memory. */
+static bool mp__direct_reserve_deferred(mp_direct_t *d) {
+  if (d->ndeferred < d->deferred_cap)
+    return true;
+  size_t ncap = d->deferred_cap ? d->deferred_cap * 2 : 64;
+  mp__dblock_t *nd = realloc(d->deferred, ncap * sizeof *nd);
+  if (nd == NULL)
+    return false;
+  d->deferred = nd;
+  d->deferred_cap = ncap;
+  return true;
+}
+
+/* Puts a block that could not be released back into the session, so a
+ * later session can retry it. Without host memory to track it the block is
+ * lost to this allocator (the device still frees it when it closes). */
+static void mp__direct_restore(mp_direct_t *d, mp__dblock_t b) {
+  if (!mp__dmap_reserve(d) || !mp__direct_reserve_deferred(d))
+    return;
+  mp__dmap_put(d->slots, d->cap,
+               (mp__dslot_t){b.ptr, b.bytes, MP__DIRECT_DEFERRED});
+  d->used++;
+  d->deferred[d->ndeferred++] = b;
+  d->deferred_bytes += b.bytes;
+}
+
+/* Synchronizes the device, then gives every block of batch back. Blocks the
+ * device refuses are put back into the session so a later call can retry;
+ * the first failure is returned. */
+static mp_status_t mp__direct_release(mp_direct_t *d, mp__dblock_t *batch,
+                                      size_t n) {
+  if (n == 0)
+    return MP_OK;
+  mp_status_t first = mp_device_synchronize(d->dev);
+  if (first != MP_OK) {
+    /* Nothing may be freed while work on it could still be running. */
+    pthread_mutex_lock(&d->mu);
+    for (size_t i = 0; i < n; i++)
+      mp__direct_restore(d, batch[i]);
+    pthread_mutex_unlock(&d->mu);
+    return first;
+  }
+  for (size_t i = 0; i < n; i++) {
+    mp_status_t st = mp_device_free(d->dev, batch[i].ptr);
+    pthread_mutex_lock(&d->mu);
+    if (st == MP_OK) {
+      d->st.device_free_count++;
+    } else {
+      if (first == MP_OK)
+        first = st;
+      mp__direct_restore(d, batch[i]);
+    }
+    pthread_mutex_unlock(&d->mu);
+  }
+  return first;
+}
+
+/* Takes the session's deferred blocks out of the map (they must be gone before
+ * the device can hand their addresses out again) and returns them as a batch.
+ */
+static mp__dblock_t *mp__direct_take_session(mp_direct_t *d, size_t *n,
+                                             mp_status_t *st) {
+  *st = MP_OK;
+  *n = 0;
+  pthread_mutex_lock(&d->mu);
+  if (d->ndeferred == 0) {
+    pthread_mutex_unlock(&d->mu);
+    return NULL;
+  }
+  mp__dblock_t *batch = malloc(d->ndeferred * sizeof *batch);
+  if (batch == NULL) {
+    pthread_mutex_unlock(&d->mu);
+    *st = mp__fail(MP_ENOMEM, "mp_direct_free_session: out of host memory");
+    return NULL;
+  }
+  memcpy(batch, d->deferred, d->ndeferred * sizeof *batch);
+  *n = d->ndeferred;
+  for (size_t i = 0; i < d->ndeferred; i++)
+    mp__dmap_remove(d, mp__dmap_find(d, d->deferred[i].ptr));
+  d->ndeferred = 0;
+  d->deferred_bytes = 0;
+  pthread_mutex_unlock(&d->mu);
+  return batch;
+}
+
+mp_status_t mp_direct_free_session(mp_direct_t *d) {
+  if (d == NULL)
+    return mp__fail(MP_EINVAL, "mp_direct_free_session: allocator is NULL");
+  size_t n;
+  mp_status_t st;
+  mp__dblock_t *batch = mp__direct_take_session(d, &n, &st);
+  if (batch == NULL)
+    return st;
+  st = mp__direct_release(d, batch, n);
+  free(batch);
+  return st;
+}
+
+mp_status_t mp_direct_alloc(mp_direct_t *d, size_t bytes, mp_stream_t s,
+                            void **out) {
+  (void)s; /* device allocations are not stream-ordered */
+  if (d == NULL)
+    return mp__fail(MP_EINVAL, "mp_direct_alloc: allocator is NULL");
+  if (out == NULL)
+    return mp__fail(MP_EINVAL, "mp_direct_alloc: out is NULL");
+  if (bytes == 0) {
+    *out = NULL;
+    return MP_OK;
+  }
+  void *p = NULL;
+  mp_status_t st = mp_device_alloc(d->dev, bytes, &p);
+  if (st == MP_ENOMEM) {
+    /* Memory freed in this session is the caller's to reuse: give it back
+     * and try once more. */
+    pthread_mutex_lock(&d->mu);
+    bool have_deferred = d->ndeferred > 0;
+    pthread_mutex_unlock(&d->mu);
+    if (have_deferred && mp_direct_free_session(d) == MP_OK)
+      st = mp_device_alloc(d->dev, bytes, &p);
+  }
+  pthread_mutex_lock(&d->mu);
+  if (st != MP_OK) {
+    if (st == MP_ENOMEM || st == MP_ELIMIT)
+      d->st.oom_count++;
+    pthread_mutex_unlock(&d->mu);
+    return st;
+  }
+  if (!mp__dmap_reserve(d)) {
+    pthread_mutex_unlock(&d->mu);
+    (void)mp_device_free(d->dev, p);
+    return mp__fail(MP_ENOMEM, "mp_direct_alloc: out of host memory");
+  }
+  mp__dmap_put(d->slots, d->cap, (mp__dslot_t){p, bytes, MP__DIRECT_LIVE});
+  d->used++;
+  d->live_bytes += bytes;
+  d->st.alloc_count++;
+  d->st.device_alloc_count++;
+  mp__direct_update_peaks(d);
+  pthread_mutex_unlock(&d->mu);
+  *out = p;
+  return MP_OK;
+}
+
+mp_status_t mp_direct_free(mp_direct_t *d, void *ptr) {
+  if (d == NULL)
+    return mp__fail(MP_EINVAL, "mp_direct_free: allocator is NULL");
+  if (ptr == NULL)
+    return MP_OK;
+  pthread_mutex_lock(&d->mu);
+  mp__dslot_t *s = mp__dmap_find(d, ptr);
+  if (s == NULL || s->state != MP__DIRECT_LIVE) {
+    bool twice = s != NULL;
+    pthread_mutex_unlock(&d->mu);
+    return mp__fail(MP_EINVAL,
+                    twice ? "mp_direct_free: %p was already freed in this "
+                            "session"
+                          : "mp_direct_free: %p was not allocated by this "
+                            "direct allocator (or was already released)",
+                    ptr);
+  }
+  if (!mp__direct_reserve_deferred(d)) {
+    pthread_mutex_unlock(&d->mu);
+    return mp__fail(MP_ENOMEM, "mp_direct_free: out of host memory");
+  }
+  s->state = MP__DIRECT_DEFERRED;
+  d->deferred[d->ndeferred++] = (mp__dblock_t){ptr, s->bytes};
+  d->live_bytes -= s->bytes;
+  d->deferred_bytes += s->bytes;
+  d->st.free_count++;
+  pthread_mutex_unlock(&d->mu);
+  return MP_OK;
+}
+
+mp_status_t mp_direct_record_stream(mp_direct_t *d, void *ptr, mp_stream_t s) {
+  (void)s; /* the session synchronizes the whole device before releasing */
+  if (d == NULL)
+    return mp__fail(MP_EINVAL, "mp_direct_record_stream: allocator is NULL");
+  if (ptr == NULL)
+    return mp__fail(MP_EINVAL, "mp_direct_record_stream: ptr is NULL");
+  pthread_mutex_lock(&d->mu);
+  mp__dslot_t *slot = mp__dmap_find(d, ptr);
+  bool live = slot != NULL && slot->state == MP__DIRECT_LIVE;
+  pthread_mutex_unlock(&d->mu);
+  if (!live)
+    return mp__fail(MP_EINVAL,
+                    "mp_direct_record_stream: %p is not a live block of this "
+                    "direct allocator",
+                    ptr);
+  return MP_OK;
+}
+
+mp_status_t mp_direct_get_stats(mp_direct_t *d, mp_stats_t *out) {
+  if (d == NULL)
+    return mp__fail(MP_EINVAL, "mp_direct_get_stats: allocator is NULL");
+  if (out == NULL)
+    return mp__fail(MP_EINVAL, "mp_direct_get_stats: out is NULL");
+  pthread_mutex_lock(&d->mu);
+  mp_stats_t s = d->st;
+  s.reserved_bytes = d->live_bytes + d->deferred_bytes;
+  s.allocated_bytes = d->live_bytes;
+  s.requested_bytes = d->live_bytes;
+  s.largest_free_bytes = 0; /* nothing is ever reused */
+  s.free_bytes = d->deferred_bytes;
+  s.segment_count = d->used;
+  s.live_blocks = d->used - d->ndeferred;
+  s.free_blocks = d->ndeferred;
+  pthread_mutex_unlock(&d->mu);
+  *out = s;
+  return MP_OK;
+}
+
+mp_status_t mp_direct_destroy(mp_direct_t *d) {
+  if (d == NULL)
+    return mp__fail(MP_EINVAL, "mp_direct_destroy: allocator is NULL");
+  /* No other thread may use d now, so the lock is not needed. */
+  mp_status_t first = MP_OK;
+  if (d->used > 0) {
+    first = mp_device_synchronize(d->dev);
+    for (size_t i = 0; i < d->cap; i++) {
+      if (d->slots[i].ptr == NULL)
+        continue;
+      mp_status_t st = mp_device_free(d->dev, d->slots[i].ptr);
+      if (st == MP_OK)
+        d->st.device_free_count++;
+      else if (first == MP_OK)
+        first = st;
+    }
+  }
+  pthread_mutex_destroy(&d->mu);
+  free(d->slots);
+  free(d->deferred);
+  free(d);
+  return first;
+}
