@@ -1,0 +1,198 @@
+/* block.c - block records and the live-block map, and the two operations
+ * that change a segment's tiling: split and coalesce.
+ *
+ * Records come from slabs of the pool's own (host memory, never device
+ * memory) and go back to a free list, so the steady state makes no host
+ * allocation. The live map is an open-addressing hash table keyed by the
+ * block's address (linear probing, load <= 1/2, backward-shift deletion, so
+ * no tombstones build up): pointer -> block is O(1) expected.
+ *
+ * Invariant: the blocks of a segment tile [base, base + size) in address
+ * order; a free block never has a free neighbour once coalesce returned. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool_internal.h"
+
+#define MP__SLAB_RECORDS 256
+
+mp__block_t *mp__rec_new(mp_pool_t *pool) {
+  if (pool->rec_free == NULL) {
+    if (pool->nslabs == pool->slabs_cap) {
+      size_t cap = pool->slabs_cap ? pool->slabs_cap * 2 : 16;
+      void **s = realloc(pool->slabs, cap * sizeof *s);
+      if (s == NULL)
+        return NULL;
+      pool->slabs = s;
+      pool->slabs_cap = cap;
+    }
+    mp__block_t *slab = calloc(MP__SLAB_RECORDS, sizeof *slab);
+    if (slab == NULL)
+      return NULL;
+    pool->slabs[pool->nslabs++] = slab;
+    for (size_t i = MP__SLAB_RECORDS; i-- > 0;) {
+      slab[i].next_rec = pool->rec_free;
+      pool->rec_free = &slab[i];
+    }
+  }
+  mp__block_t *b = pool->rec_free;
+  pool->rec_free = b->next_rec;
+  memset(b, 0, sizeof *b);
+  return b;
+}
+
+void mp__rec_free(mp_pool_t *pool, mp__block_t *b) {
+  b->flags = 0;
+  b->next_rec = pool->rec_free;
+  pool->rec_free = b;
+}
+
+void mp__rec_release_all(mp_pool_t *pool) {
+  for (size_t i = 0; i < pool->nslabs; i++)
+    free(pool->slabs[i]);
+  free(pool->slabs);
+  pool->slabs = NULL;
+  pool->nslabs = pool->slabs_cap = 0;
+  pool->rec_free = NULL;
+}
+
+/* ---- live map ----------------------------------------------------------- */
+
+static size_t mp__map_slot(const mp_pool_t *pool, uintptr_t addr) {
+  uint64_t h = ((uint64_t)addr >> pool->align_log2) * 0x9E3779B97F4A7C15ull;
+  return (size_t)(h >> 32) & (pool->map_cap - 1);
+}
+
+mp__block_t *mp__map_find(const mp_pool_t *pool, uintptr_t addr) {
+  if (pool->map_cap == 0)
+    return NULL;
+  size_t mask = pool->map_cap - 1;
+  for (size_t i = mp__map_slot(pool, addr);; i = (i + 1) & mask) {
+    mp__block_t *b = pool->map[i];
+    if (b == NULL)
+      return NULL;
+    if (b->addr == addr)
+      return b;
+  }
+}
+
+static void mp__map_put(mp__block_t **map, size_t mask, size_t slot,
+                        mp__block_t *b) {
+  size_t i = slot;
+  while (map[i] != NULL)
+    i = (i + 1) & mask;
+  map[i] = b;
+}
+
+bool mp__map_insert(mp_pool_t *pool, mp__block_t *b) {
+  if ((pool->map_count + 1) * 2 > pool->map_cap) {
+    size_t cap = pool->map_cap ? pool->map_cap * 2 : 256;
+    mp__block_t **m = calloc(cap, sizeof *m);
+    if (m == NULL)
+      return false;
+    mp__block_t **old = pool->map;
+    size_t old_cap = pool->map_cap;
+    pool->map = m;
+    pool->map_cap = cap;
+    for (size_t i = 0; i < old_cap; i++)
+      if (old[i] != NULL)
+        mp__map_put(m, cap - 1, mp__map_slot(pool, old[i]->addr), old[i]);
+    free(old);
+  }
+  mp__map_put(pool->map, pool->map_cap - 1, mp__map_slot(pool, b->addr), b);
+  pool->map_count++;
+  return true;
+}
+
+void mp__map_remove(mp_pool_t *pool, mp__block_t *b) {
+  size_t mask = pool->map_cap - 1;
+  size_t i = mp__map_slot(pool, b->addr);
+  while (pool->map[i] != b) {
+    if (pool->map[i] == NULL)
+      return;
+    i = (i + 1) & mask;
+  }
+  /* Backward shift: pull later entries of the probe run into the hole when
+   * their home slot does not lie strictly between the hole and them. */
+  size_t hole = i;
+  for (size_t j = (i + 1) & mask; pool->map[j] != NULL; j = (j + 1) & mask) {
+    size_t home = mp__map_slot(pool, pool->map[j]->addr);
+    bool movable =
+        hole <= j ? (home <= hole || home > j) : (home <= hole && home > j);
+    if (movable) {
+      pool->map[hole] = pool->map[j];
+      hole = j;
+    }
+  }
+  pool->map[hole] = NULL;
+  pool->map_count--;
+}
+
+/* ---- tiling ------------------------------------------------------------- */
+
+void mp__block_link(mp__segment_t *seg, mp__block_t *after, mp__block_t *b) {
+  b->seg = seg;
+  b->prev = after;
+  b->next = after ? after->next : seg->first;
+  if (b->next)
+    b->next->prev = b;
+  else
+    seg->last = b;
+  if (after)
+    after->next = b;
+  else
+    seg->first = b;
+}
+
+void mp__block_unlink(mp__segment_t *seg, mp__block_t *b) {
+  if (b->prev)
+    b->prev->next = b->next;
+  else
+    seg->first = b->next;
+  if (b->next)
+    b->next->prev = b->prev;
+  else
+    seg->last = b->prev;
+}
+
+mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b, size_t size) {
+  if (b->size <= size)
+    return NULL;
+  mp__block_t *r = mp__rec_new(pool);
+  if (r == NULL)
+    return NULL; /* b stays whole: correct, just less economical */
+  r->addr = b->addr + size;
+  r->size = b->size - size;
+  r->ndeps = b->ndeps;
+  memcpy(r->deps, b->deps, sizeof r->deps);
+  r->flags = b->flags & MP__B_SYNC;
+  r->gen = b->gen;
+  b->size = size;
+  mp__block_link(b->seg, b, r);
+  mp__index_insert(pool, r);
+  pool->st.free_blocks++;
+  return r;
+}
+
+static void mp__absorb(mp_pool_t *pool, mp__block_t *into, mp__block_t *gone) {
+  mp__deps_merge(pool, into, gone);
+  into->size += gone->size;
+  mp__block_unlink(into->seg, gone);
+  mp__rec_free(pool, gone);
+  pool->st.free_blocks--;
+}
+
+mp__block_t *mp__block_coalesce(mp_pool_t *pool, mp__block_t *b) {
+  mp__block_t *n = b->next;
+  if (n != NULL && (n->flags & MP__B_FREE)) {
+    mp__index_remove(pool, n);
+    mp__absorb(pool, b, n);
+  }
+  mp__block_t *p = b->prev;
+  if (p != NULL && (p->flags & MP__B_FREE)) {
+    mp__index_remove(pool, p);
+    mp__absorb(pool, p, b);
+    b = p;
+  }
+  return b;
+}

@@ -1,0 +1,171 @@
+/* check.c - mp_pool_check: walks every invariant of a pool.
+ *
+ * Segments do not overlap; each segment's blocks tile it in address order
+ * with consistent prev/next/seg links and aligned non-zero sizes; a free
+ * block is in the treap of its class and never next to another free block;
+ * a live block is in the live map; class bitmaps are set exactly for the
+ * non-empty classes and each treap is ordered and heap-ordered; the stats
+ * equal what the blocks add up to. Cost O(blocks log blocks); for tests and
+ * debugging, never on a hot path. */
+#include <stdlib.h>
+
+#include "pool_internal.h"
+
+static int mp__cmp_seg(const void *a, const void *b) {
+  const mp__segment_t *x = *(mp__segment_t *const *)a;
+  const mp__segment_t *y = *(mp__segment_t *const *)b;
+  return x->base < y->base ? -1 : x->base > y->base;
+}
+
+#define MP__CORRUPT(...)                                                       \
+  return mp__fail(MP_ECORRUPT, "pool check: " __VA_ARGS__)
+
+static mp_status_t mp__check_segment(mp_pool_t *pool, mp__segment_t *s,
+                                     size_t *live_n, size_t *live_b,
+                                     size_t *req_b, size_t *free_n,
+                                     size_t *free_b) {
+  uintptr_t at = s->base;
+  mp__block_t *prev = NULL;
+  size_t guard = pool->st.live_blocks + pool->st.free_blocks + 1;
+  for (mp__block_t *b = s->first; b != NULL; b = b->next) {
+    if (guard-- == 0)
+      MP__CORRUPT("segment %p: block list longer than the block count",
+                  (void *)s->base);
+    if (b->seg != s || b->prev != prev)
+      MP__CORRUPT("block %p: broken address list links", (void *)b->addr);
+    if (b->addr != at)
+      MP__CORRUPT("block %p: expected at %p (gap or overlap)", (void *)b->addr,
+                  (void *)at);
+    if (b->size == 0 || (b->size & (pool->cfg.align - 1)) ||
+        (b->addr & (pool->cfg.align - 1)))
+      MP__CORRUPT("block %p: size %zu or address not aligned to %zu",
+                  (void *)b->addr, b->size, pool->cfg.align);
+    if (b->flags & MP__B_FREE) {
+      if (prev != NULL && (prev->flags & MP__B_FREE))
+        MP__CORRUPT("free blocks %p and %p are adjacent, not coalesced",
+                    (void *)prev->addr, (void *)b->addr);
+      if (!mp__index_contains(pool, b))
+        MP__CORRUPT("free block %p (%zu bytes) is not in its size class",
+                    (void *)b->addr, b->size);
+      if (mp__map_find(pool, b->addr) == b)
+        MP__CORRUPT("free block %p is in the live map", (void *)b->addr);
+      (*free_n)++;
+      *free_b += b->size;
+    } else {
+      if (mp__map_find(pool, b->addr) != b)
+        MP__CORRUPT("live block %p is not in the live map", (void *)b->addr);
+      if (b->requested > b->size)
+        MP__CORRUPT("live block %p: requested %zu above size %zu",
+                    (void *)b->addr, b->requested, b->size);
+      (*live_n)++;
+      *live_b += b->size;
+      *req_b += b->requested;
+    }
+    at += b->size;
+    prev = b;
+  }
+  if (s->last != prev)
+    MP__CORRUPT("segment %p: last block link is wrong", (void *)s->base);
+  if (at != s->base + s->size)
+    MP__CORRUPT("segment %p: blocks cover %zu of %zu bytes", (void *)s->base,
+                (size_t)(at - s->base), s->size);
+  if (s->kind == MP__SEG_VIRTUAL) {
+    uintptr_t c = s->base;
+    for (size_t i = 0; i < s->nchunks; i++) {
+      if (s->chunks[i].addr != c)
+        MP__CORRUPT("virtual chunk %zu at %p, expected %p", i,
+                    (void *)s->chunks[i].addr, (void *)c);
+      c += s->chunks[i].size;
+    }
+    if (c != s->base + s->size)
+      MP__CORRUPT("virtual chunks cover %zu of %zu mapped bytes",
+                  (size_t)(c - s->base), s->size);
+  }
+  return MP_OK;
+}
+
+mp_status_t mp__pool_check_locked(mp_pool_t *pool) {
+  size_t nseg = 0, reserved = 0, chunks = 0;
+  for (mp__segment_t *s = pool->segs; s != NULL; s = s->next) {
+    nseg++;
+    reserved += s->size;
+    chunks += s->kind == MP__SEG_VIRTUAL ? s->nchunks : 1;
+  }
+  mp__segment_t **v = malloc((nseg ? nseg : 1) * sizeof *v);
+  if (v == NULL)
+    return mp__fail(MP_ENOMEM, "pool check: out of host memory");
+  size_t i = 0;
+  for (mp__segment_t *s = pool->segs; s != NULL; s = s->next)
+    v[i++] = s;
+  qsort(v, nseg, sizeof *v, mp__cmp_seg);
+  mp_status_t st = MP_OK;
+  size_t live_n = 0, live_b = 0, req_b = 0, free_n = 0, free_b = 0;
+  for (i = 0; i < nseg && st == MP_OK; i++) {
+    if (i > 0 &&
+        v[i - 1]->base + (v[i - 1]->kind == MP__SEG_VIRTUAL ? v[i - 1]->va_size
+                                                            : v[i - 1]->size) >
+            v[i]->base)
+      st = mp__fail(MP_ECORRUPT, "pool check: segments %p and %p overlap",
+                    (void *)v[i - 1]->base, (void *)v[i]->base);
+    else
+      st = mp__check_segment(pool, v[i], &live_n, &live_b, &req_b, &free_n,
+                             &free_b);
+  }
+  free(v);
+  if (st != MP_OK)
+    return st;
+
+  size_t idx_n = 0, idx_b = 0;
+  for (unsigned fl = 0; fl < MP__FL_COUNT; fl++) {
+    bool fl_bit = (pool->fl_bitmap >> fl) & 1;
+    if (fl_bit != (pool->sl_bitmap[fl] != 0))
+      MP__CORRUPT("first-level bit %u disagrees with its second level", fl);
+    for (unsigned sl = 0; sl < MP__SL_COUNT; sl++) {
+      bool bit = (pool->sl_bitmap[fl] >> sl) & 1;
+      if (bit != (pool->bins[fl][sl] != NULL))
+        MP__CORRUPT("class (%u,%u): bitmap bit %d but list %s", fl, sl, bit,
+                    pool->bins[fl][sl] ? "non-empty" : "empty");
+      size_t n, by;
+      if (!mp__index_check_class(pool, fl, sl, &n, &by))
+        MP__CORRUPT("class (%u,%u): treap out of order or holds a block of "
+                    "another class",
+                    fl, sl);
+      idx_n += n;
+      idx_b += by;
+    }
+  }
+  if (idx_n != free_n || idx_b != free_b)
+    MP__CORRUPT("free index holds %zu blocks / %zu bytes, segments %zu / %zu",
+                idx_n, idx_b, free_n, free_b);
+  if (pool->map_count != live_n)
+    MP__CORRUPT("live map holds %zu blocks, segments %zu", pool->map_count,
+                live_n);
+  const mp_stats_t *s = &pool->st;
+  if (s->reserved_bytes != reserved || s->allocated_bytes != live_b ||
+      s->requested_bytes != req_b || s->free_bytes != free_b ||
+      s->live_blocks != live_n || s->free_blocks != free_n ||
+      s->segment_count != chunks)
+    MP__CORRUPT("stats disagree with the blocks: reserved %zu/%zu allocated "
+                "%zu/%zu requested %zu/%zu free %zu/%zu live blocks %llu/%zu "
+                "free blocks %llu/%zu segments %zu/%zu",
+                s->reserved_bytes, reserved, s->allocated_bytes, live_b,
+                s->requested_bytes, req_b, s->free_bytes, free_b,
+                (unsigned long long)s->live_blocks, live_n,
+                (unsigned long long)s->free_blocks, free_n, s->segment_count,
+                chunks);
+  if (s->peak_reserved_bytes < s->reserved_bytes ||
+      s->peak_allocated_bytes < s->allocated_bytes ||
+      s->peak_requested_bytes < s->requested_bytes)
+    MP__CORRUPT("a peak is below its current value");
+  return MP_OK;
+}
+
+mp_status_t mp_pool_check(mp_pool_t *pool) {
+  if (pool == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_check: pool is NULL");
+  pthread_mutex_lock(&pool->lock);
+  mp__pool_wait_idle(pool);
+  mp_status_t st = mp__pool_check_locked(pool);
+  pthread_mutex_unlock(&pool->lock);
+  return st;
+}

@@ -1,0 +1,153 @@
+/* dump.c - mp_pool_dump: a pool's state as text or JSON.
+ *
+ * Stats, then every segment with its blocks in address order, then the
+ * non-empty size classes (count, bytes, size range), then external
+ * fragmentation = 1 - largest free / total free (0 with no free memory).
+ * Read-only; holds the lock for the walk. */
+#include <string.h>
+
+#include "pool_internal.h"
+
+static const char *mp__seg_kind(int k) {
+  return k == MP__SEG_VIRTUAL ? "virtual"
+         : k == MP__SEG_RANGE ? "range"
+                              : "plain";
+}
+
+static void mp__class_range(const mp_pool_t *pool, unsigned fl, unsigned sl,
+                            size_t *lo, size_t *hi) {
+  size_t a = pool->cfg.align;
+  if (fl == 0) {
+    *lo = *hi = (size_t)sl * a;
+    return;
+  }
+  unsigned shift = fl - 1;
+  *lo = (((size_t)MP__SL_COUNT + sl) << shift) * a;
+  *hi = *lo + ((size_t)1 << shift) * a - a;
+}
+
+static void mp__class_totals(const mp__block_t *t, size_t *n, size_t *b) {
+  if (t == NULL)
+    return;
+  (*n)++;
+  *b += t->size;
+  mp__class_totals(t->left, n, b);
+  mp__class_totals(t->right, n, b);
+}
+
+static void mp__dump_text(mp_pool_t *pool, FILE *out, double frag,
+                          size_t largest) {
+  const mp_stats_t *s = &pool->st;
+  fprintf(out,
+          "pool %p (%s)\n"
+          "  reserved %zu (peak %zu)  allocated %zu (peak %zu)  requested %zu "
+          "(peak %zu)\n"
+          "  free %zu  largest free %zu  external fragmentation %.4f\n"
+          "  allocs %llu  frees %llu  device allocs %llu  device frees %llu  "
+          "oom %llu\n",
+          (void *)pool, pool->parent ? "child" : "device", s->reserved_bytes,
+          s->peak_reserved_bytes, s->allocated_bytes, s->peak_allocated_bytes,
+          s->requested_bytes, s->peak_requested_bytes, s->free_bytes, largest,
+          frag, (unsigned long long)s->alloc_count,
+          (unsigned long long)s->free_count,
+          (unsigned long long)s->device_alloc_count,
+          (unsigned long long)s->device_free_count,
+          (unsigned long long)s->oom_count);
+  for (mp__segment_t *g = pool->segs; g != NULL; g = g->next) {
+    fprintf(out, "  segment %p %s size %zu\n", (void *)g->base,
+            mp__seg_kind(g->kind), g->size);
+    for (mp__block_t *b = g->first; b != NULL; b = b->next)
+      fprintf(out, "    block %p size %zu %s requested %zu\n", (void *)b->addr,
+              b->size, (b->flags & MP__B_FREE) ? "free" : "live", b->requested);
+  }
+  fprintf(out, "  free lists by class:\n");
+  for (unsigned fl = 0; fl < MP__FL_COUNT; fl++)
+    for (unsigned sl = 0; sl < MP__SL_COUNT; sl++) {
+      if (pool->bins[fl][sl] == NULL)
+        continue;
+      size_t n = 0, by = 0, lo, hi;
+      mp__class_totals(pool->bins[fl][sl], &n, &by);
+      mp__class_range(pool, fl, sl, &lo, &hi);
+      fprintf(out, "    class %u.%u [%zu, %zu]: %zu blocks, %zu bytes\n", fl,
+              sl, lo, hi, n, by);
+    }
+}
+
+static void mp__dump_json(mp_pool_t *pool, FILE *out, double frag,
+                          size_t largest) {
+  const mp_stats_t *s = &pool->st;
+  fprintf(out,
+          "{\"kind\":\"%s\",\"stats\":{\"reserved_bytes\":%zu,"
+          "\"peak_reserved_bytes\":%zu,\"allocated_bytes\":%zu,"
+          "\"peak_allocated_bytes\":%zu,\"requested_bytes\":%zu,"
+          "\"peak_requested_bytes\":%zu,\"largest_free_bytes\":%zu,"
+          "\"free_bytes\":%zu,\"alloc_count\":%llu,\"free_count\":%llu,"
+          "\"device_alloc_count\":%llu,\"device_free_count\":%llu,"
+          "\"oom_count\":%llu,\"segment_count\":%zu,\"live_blocks\":%llu,"
+          "\"free_blocks\":%llu},\"external_fragmentation\":%.6f,"
+          "\"segments\":[",
+          pool->parent ? "child" : "pool", s->reserved_bytes,
+          s->peak_reserved_bytes, s->allocated_bytes, s->peak_allocated_bytes,
+          s->requested_bytes, s->peak_requested_bytes, largest, s->free_bytes,
+          (unsigned long long)s->alloc_count, (unsigned long long)s->free_count,
+          (unsigned long long)s->device_alloc_count,
+          (unsigned long long)s->device_free_count,
+          (unsigned long long)s->oom_count, s->segment_count,
+          (unsigned long long)s->live_blocks,
+          (unsigned long long)s->free_blocks, frag);
+  for (mp__segment_t *g = pool->segs; g != NULL; g = g->next) {
+    fprintf(out, "%s{\"base\":\"%p\",\"kind\":\"%s\",\"size\":%zu,\"blocks\":[",
+            g == pool->segs ? "" : ",", (void *)g->base, mp__seg_kind(g->kind),
+            g->size);
+    for (mp__block_t *b = g->first; b != NULL; b = b->next)
+      fprintf(out,
+              "%s{\"addr\":\"%p\",\"size\":%zu,\"free\":%s,"
+              "\"requested\":%zu}",
+              b == g->first ? "" : ",", (void *)b->addr, b->size,
+              (b->flags & MP__B_FREE) ? "true" : "false", b->requested);
+    fprintf(out, "]}");
+  }
+  fprintf(out, "],\"free_classes\":[");
+  bool first = true;
+  for (unsigned fl = 0; fl < MP__FL_COUNT; fl++)
+    for (unsigned sl = 0; sl < MP__SL_COUNT; sl++) {
+      if (pool->bins[fl][sl] == NULL)
+        continue;
+      size_t n = 0, by = 0, lo, hi;
+      mp__class_totals(pool->bins[fl][sl], &n, &by);
+      mp__class_range(pool, fl, sl, &lo, &hi);
+      fprintf(out,
+              "%s{\"fl\":%u,\"sl\":%u,\"min_size\":%zu,\"max_size\":%zu,"
+              "\"blocks\":%zu,\"bytes\":%zu}",
+              first ? "" : ",", fl, sl, lo, hi, n, by);
+      first = false;
+    }
+  fprintf(out, "]}\n");
+}
+
+mp_status_t mp_pool_dump(mp_pool_t *pool, FILE *out, const char *format) {
+  if (pool == NULL || out == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_dump: %s is NULL",
+                    pool == NULL ? "pool" : "out");
+  bool json;
+  if (format == NULL || strcmp(format, "text") == 0)
+    json = false;
+  else if (strcmp(format, "json") == 0)
+    json = true;
+  else
+    return mp__fail(MP_EINVAL,
+                    "mp_pool_dump: unknown format '%s' (expected text or json)",
+                    format);
+  pthread_mutex_lock(&pool->lock);
+  mp__pool_wait_idle(pool);
+  size_t largest = mp__stats_largest_free(pool);
+  double frag = pool->st.free_bytes
+                    ? 1.0 - (double)largest / (double)pool->st.free_bytes
+                    : 0.0;
+  if (json)
+    mp__dump_json(pool, out, frag, largest);
+  else
+    mp__dump_text(pool, out, frag, largest);
+  pthread_mutex_unlock(&pool->lock);
+  return MP_OK;
+}

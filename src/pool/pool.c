@@ -1,0 +1,626 @@
+/* pool.c - the caching best-fit pool: create/destroy, alloc/free, the
+ * out-of-memory ladder, contiguous pieces, record_stream, trim and child
+ * pools.
+ *
+ * An allocation rounds the request to the alignment, asks the free index for
+ * the best fit usable on its stream (smallest block that fits, lowest
+ * address on ties; at most MP__SEARCH_LIMIT candidates are looked at, so a
+ * pile of blocks still pending on other streams cannot make it scan), splits
+ * off the rest, and records the block in the live map. A free looks the
+ * block up, gives it deps for the streams that used it, coalesces both
+ * neighbours and puts it back in the index. No device call on either path
+ * while the cache serves.
+ *
+ * The ladder when the cache cannot serve: grow -> reclaim (close and poll
+ * stream epochs) -> synchronize the device, trim every free segment, grow
+ * again -> defragment (mp__pool_defrag_on_oom, defrag.c) -> MP_ENOMEM, or
+ * MP_ELIMIT when max_bytes (or a child's range) is what stops it.
+ *
+ * Invariant: between calls every block is either live (in the map) or free
+ * (in the index), and stats equal what the blocks add up to (mp_pool_check
+ * walks it). One mutex per pool; never held across a blocking device call. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool_internal.h"
+
+#define MP__SEARCH_LIMIT 16
+
+void mp__pool_lock(mp_pool_t *pool) {
+  pthread_mutex_lock(&pool->lock);
+}
+
+void mp__pool_unlock(mp_pool_t *pool) {
+  pthread_mutex_unlock(&pool->lock);
+}
+
+__attribute__((weak)) size_t
+mp__pool_defrag_on_oom(mp_pool_t *pool, size_t need, mp_stream_t s) {
+  (void)pool;
+  (void)need;
+  (void)s;
+  return 0; /* nothing moved: defrag.c replaces this */
+}
+
+bool mp__pool_round(const mp_pool_t *pool, size_t bytes, size_t *out) {
+  size_t a = pool->cfg.align;
+  if (bytes > SIZE_MAX - (a - 1))
+    return false;
+  *out = (bytes + a - 1) & ~(a - 1);
+  return true;
+}
+
+static unsigned mp__log2(size_t v) {
+  return 63u - (unsigned)__builtin_clzll((unsigned long long)v);
+}
+
+/* A block above max_split is never split for a smaller request; it goes
+ * whole only to a request above max_split that it fits within 1/8. */
+static bool mp__split_allowed(const mp_pool_t *pool, const mp__block_t *b,
+                              size_t size) {
+  size_t ms = pool->cfg.max_split;
+  if (ms == 0 || b->size <= ms || b->size == size)
+    return true;
+  return false;
+}
+
+static bool mp__whole_ok(const mp_pool_t *pool, const mp__block_t *b,
+                         size_t size) {
+  return size > pool->cfg.max_split && b->size - size <= size / 8;
+}
+
+static mp__block_t *mp__search(mp_pool_t *pool, size_t size, uint32_t sidx) {
+  mp__block_t *b = mp__index_best_fit(pool, size);
+  for (unsigned k = 0; b != NULL && k < MP__SEARCH_LIMIT; k++) {
+    if (!mp__split_allowed(pool, b, size) && !mp__whole_ok(pool, b, size))
+      return NULL; /* every later candidate is larger still */
+    if (mp__deps_safe(pool, b, sidx, true))
+      return b;
+    b = mp__index_next(pool, b);
+  }
+  return NULL;
+}
+
+static void mp__take_block(mp_pool_t *pool, mp__block_t *b, size_t size) {
+  mp__index_remove(pool, b);
+  pool->st.free_blocks--;
+  if (b->size > size && mp__split_allowed(pool, b, size))
+    mp__block_split(pool, b, size);
+}
+
+static mp_status_t mp__sync_device(mp_pool_t *pool) {
+  mp__pool_wait_idle(pool);
+  uint64_t snap = mp__streams_sync_begin(pool);
+  pool->inflight = true;
+  pthread_mutex_unlock(&pool->lock);
+  mp_status_t st = mp_device_synchronize(pool->dev);
+  pthread_mutex_lock(&pool->lock);
+  pool->inflight = false;
+  pthread_cond_broadcast(&pool->idle_cv);
+  if (st == MP_OK)
+    mp__streams_sync_end(pool, snap);
+  return st;
+}
+
+static mp_status_t mp__oom(mp_pool_t *pool, mp_status_t st, size_t asked) {
+  char a[32], r[32], al[32], lf[32];
+  pool->st.oom_count++;
+  return mp__fail(
+      st, "%s: asked %s, reserved %s, allocated %s, largest free block %s",
+      st == MP_ELIMIT ? (pool->parent ? "child pool full" : "pool max_bytes")
+                      : "out of device memory",
+      mp__fmt_bytes(a, sizeof a, asked),
+      mp__fmt_bytes(r, sizeof r, pool->st.reserved_bytes),
+      mp__fmt_bytes(al, sizeof al, pool->st.allocated_bytes),
+      mp__fmt_bytes(lf, sizeof lf, mp__stats_largest_free(pool)));
+}
+
+static bool mp__is_oom(mp_status_t st) {
+  return st == MP_ENOMEM || st == MP_ELIMIT;
+}
+
+/* Grows until the cache serves or growing fails; returns the block. */
+static mp_status_t mp__grow_and_search(mp_pool_t *pool, size_t size,
+                                       uint32_t sidx, mp__block_t **out) {
+  for (int tries = 0; tries < 8; tries++) {
+    mp_status_t st = mp__segment_grow(pool, size, sidx);
+    if (st != MP_OK)
+      return st;
+    if ((*out = mp__search(pool, size, sidx)) != NULL)
+      return MP_OK;
+  }
+  return MP_ENOMEM;
+}
+
+mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
+                          mp__block_t **out) {
+  mp__block_t *b = mp__search(pool, size, sidx);
+  if (b != NULL)
+    goto got;
+  mp_status_t st = mp__grow_and_search(pool, size, sidx, &b);
+  if (st == MP_OK)
+    goto got;
+  if (!mp__is_oom(st))
+    return st;
+  /* Rung: reclaim blocks whose streams have moved on. */
+  mp__streams_poll(pool, true);
+  if ((b = mp__search(pool, size, sidx)) != NULL)
+    goto got;
+  /* Rung: synchronize, give back every free segment, grow again. */
+  if (pool->st.free_bytes > 0 || pool->nstreams > 1) {
+    if (mp__sync_device(pool) == MP_OK) {
+      if ((b = mp__search(pool, size, sidx)) != NULL)
+        goto got;
+      mp__segment_trim(pool, 0);
+      st = mp__grow_and_search(pool, size, sidx, &b);
+      if (st == MP_OK)
+        goto got;
+      if (!mp__is_oom(st))
+        return st;
+    }
+  }
+  /* Rung: defragment movable blocks. */
+  if (pool->cfg.flags & MP_POOL_DEFRAG_ON_OOM) {
+    mp_stream_t s = pool->streams[sidx].s;
+    pthread_mutex_unlock(&pool->lock);
+    size_t moved = mp__pool_defrag_on_oom(pool, size, s);
+    pthread_mutex_lock(&pool->lock);
+    if (moved > 0) {
+      if ((b = mp__search(pool, size, sidx)) != NULL)
+        goto got;
+      st = mp__grow_and_search(pool, size, sidx, &b);
+      if (st == MP_OK)
+        goto got;
+    }
+  }
+  return mp__oom(pool, st == MP_ELIMIT ? MP_ELIMIT : MP_ENOMEM, size);
+got:
+  mp__take_block(pool, b, size);
+  *out = b;
+  return MP_OK;
+}
+
+/* Puts a taken, never-live block back. */
+static void mp__untake(mp_pool_t *pool, mp__block_t *b) {
+  pool->st.free_blocks++;
+  b = mp__block_coalesce(pool, b);
+  mp__index_insert(pool, b);
+}
+
+void mp__block_make_live(mp_pool_t *pool, mp__block_t *b, size_t requested,
+                         uint32_t sidx) {
+  b->flags = 0;
+  b->requested = requested;
+  b->sidx = sidx;
+  b->ndeps = 0;
+  b->handle = NULL;
+  b->child = NULL;
+  mp__map_insert(pool, b); /* room was reserved before the take */
+  pool->st.allocated_bytes += b->size;
+  pool->st.free_bytes -= b->size;
+  pool->st.requested_bytes += requested;
+  pool->st.live_blocks++;
+  pool->st.alloc_count++;
+  mp__stats_peaks(pool);
+}
+
+void mp__block_release(mp_pool_t *pool, mp__block_t *b) {
+  pool->st.allocated_bytes -= b->size;
+  pool->st.free_bytes += b->size;
+  pool->st.requested_bytes -= b->requested;
+  pool->st.live_blocks--;
+  pool->st.free_count++;
+  b->requested = 0;
+  b->handle = NULL;
+  b->child = NULL;
+  mp__deps_on_free(pool, b);
+  b->flags &= MP__B_SYNC;
+  pool->st.free_blocks++;
+  b = mp__block_coalesce(pool, b);
+  mp__index_insert(pool, b);
+}
+
+/* Makes sure the live map can take n more entries without allocating. */
+static bool mp__map_reserve(mp_pool_t *pool, size_t n) {
+  if ((pool->map_count + n) * 2 <= pool->map_cap)
+    return true;
+  /* Insert-and-remove a dummy is not needed: grow by inserting nothing. */
+  size_t cap = pool->map_cap ? pool->map_cap : 256;
+  while ((pool->map_count + n) * 2 > cap)
+    cap *= 2;
+  mp__block_t **m = calloc(cap, sizeof *m);
+  if (m == NULL)
+    return false;
+  mp__block_t **old = pool->map;
+  size_t old_cap = pool->map_cap;
+  pool->map = m;
+  pool->map_cap = cap;
+  pool->map_count = 0;
+  for (size_t i = 0; i < old_cap; i++)
+    if (old[i] != NULL)
+      mp__map_insert(pool, old[i]);
+  free(old);
+  return true;
+}
+
+/* ---- create / destroy --------------------------------------------------- */
+
+static mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
+                                mp_pool_t **out) {
+  mp_pool_t *pool = calloc(1, sizeof *pool);
+  if (pool == NULL)
+    return mp__fail(MP_ENOMEM, "out of host memory creating a pool");
+  if (pthread_mutex_init(&pool->lock, NULL) != 0) {
+    free(pool);
+    return mp__fail(MP_ENOMEM, "cannot create the pool's lock");
+  }
+  pthread_cond_init(&pool->idle_cv, NULL);
+  pool->dev = dev;
+  pool->cfg = *cfg;
+  if (pool->cfg.align == 0)
+    pool->cfg.align = MP__DEFAULT_ALIGN;
+  if (pool->cfg.segment_bytes == 0)
+    pool->cfg.segment_bytes = MP__DEFAULT_SEGMENT;
+  pool->cfg.segment_bytes =
+      (pool->cfg.segment_bytes + pool->cfg.align - 1) & ~(pool->cfg.align - 1);
+  pool->align_log2 = mp__log2(pool->cfg.align);
+  pool->sync_gen = 1;
+  pool->sync_done = 1;
+  *out = pool;
+  return MP_OK;
+}
+
+static void mp__pool_free_host(mp_pool_t *pool) {
+  mp__streams_release(pool);
+  mp__rec_release_all(pool);
+  free(pool->map);
+  pthread_cond_destroy(&pool->idle_cv);
+  pthread_mutex_destroy(&pool->lock);
+  free(pool);
+}
+
+mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
+                           mp_pool_t **out) {
+  if (out == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_create: out is NULL");
+  if (dev == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_create: device is NULL");
+  mp_pool_config_t c;
+  if (cfg == NULL) {
+    mp_pool_config_init(&c);
+    cfg = &c;
+  }
+  mp_status_t st = mp__config_validate(cfg);
+  if (st != MP_OK)
+    return st;
+  mp_pool_t *pool;
+  if ((st = mp__pool_new(dev, cfg, &pool)) != MP_OK)
+    return st;
+  size_t total = 0;
+  if (cfg->max_bytes != 0) {
+    pool->cap = cfg->max_bytes;
+    pool->cap_is_max = true;
+  } else if (mp_device_mem_info(dev, NULL, &total) == MP_OK && total > 0) {
+    pool->cap = total;
+  } else {
+    pool->cap = SIZE_MAX;
+  }
+  size_t g = 0;
+  if ((cfg->flags & MP_POOL_VIRTUAL) &&
+      mp__device_vm_granularity(dev, &g) == MP_OK && g != 0 &&
+      (g & (g - 1)) == 0)
+    pool->granule = g < pool->cfg.align ? pool->cfg.align : g;
+  *out = pool;
+  return MP_OK;
+}
+
+mp_status_t mp_pool_destroy(mp_pool_t *pool) {
+  if (pool == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_destroy: pool is NULL");
+  pthread_mutex_lock(&pool->lock);
+  if (pool->children > 0) {
+    size_t n = pool->children;
+    pthread_mutex_unlock(&pool->lock);
+    return mp__fail(MP_EBUSY, "mp_pool_destroy: %zu child pool%s still live", n,
+                    n == 1 ? "" : "s");
+  }
+  mp__pool_wait_idle(pool);
+  pthread_mutex_unlock(&pool->lock);
+  /* The streams that used the pool must be done before memory goes back. */
+  if (pool->nstreams > 0)
+    mp_device_synchronize(pool->dev);
+  if (pool->parent != NULL) {
+    mp_pool_t *parent = pool->parent;
+    pthread_mutex_lock(&parent->lock);
+    mp__block_t *b = pool->parent_block;
+    mp__map_remove(parent, b);
+    mp__block_release(parent, b);
+    parent->children--;
+    pthread_mutex_unlock(&parent->lock);
+    for (mp__segment_t *s = pool->segs; s != NULL;) {
+      mp__segment_t *n = s->next;
+      free(s);
+      s = n;
+    }
+  } else {
+    mp__segment_release_all(pool);
+  }
+  mp__pool_free_host(pool);
+  return MP_OK;
+}
+
+mp_device_t *mp_pool_device(const mp_pool_t *pool) {
+  return pool ? pool->dev : NULL;
+}
+
+/* ---- alloc / free ------------------------------------------------------- */
+
+static mp_status_t mp__alloc_locked(mp_pool_t *pool, size_t bytes,
+                                    mp_stream_t s, void **out) {
+  uint32_t sidx;
+  mp_status_t st = mp__stream_index(pool, s, &sidx);
+  if (st != MP_OK)
+    return st;
+  size_t size;
+  if (!mp__pool_round(pool, bytes, &size) || size > pool->cap) {
+    size_t asked = bytes;
+    return mp__oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM, asked);
+  }
+  mp__block_t *b;
+  if ((st = mp__pool_take(pool, size, sidx, &b)) != MP_OK)
+    return st;
+  if (!mp__map_reserve(pool, 1)) {
+    mp__untake(pool, b);
+    return mp__fail(MP_ENOMEM, "out of host memory for the block map");
+  }
+  mp__block_make_live(pool, b, bytes, sidx);
+  *out = (void *)b->addr;
+  return MP_OK;
+}
+
+mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
+                          void **out) {
+  if (MP__UNLIKELY(pool == NULL || out == NULL))
+    return mp__fail(MP_EINVAL, "mp_pool_alloc: %s is NULL",
+                    pool == NULL ? "pool" : "out");
+  if (bytes == 0) {
+    *out = NULL;
+    return MP_OK;
+  }
+  pthread_mutex_lock(&pool->lock);
+  mp_status_t st = mp__alloc_locked(pool, bytes, s, out);
+  pthread_mutex_unlock(&pool->lock);
+  return st;
+}
+
+/* Looks up a live block for a caller's pointer, with a message naming what
+ * is wrong with it. */
+static mp_status_t mp__find_live(mp_pool_t *pool, const char *fn, void *ptr,
+                                 mp__block_t **out) {
+  uintptr_t p = (uintptr_t)ptr;
+  mp__block_t *b = mp__map_find(pool, p);
+  if (b == NULL) {
+    mp__segment_t *seg = mp__segment_containing(pool, p);
+    if (seg == NULL)
+      return mp__fail(MP_EINVAL, "%s: %p was not allocated from this pool", fn,
+                      ptr);
+    for (mp__block_t *x = seg->first; x != NULL; x = x->next) {
+      if (p >= x->addr && p < x->addr + x->size) {
+        if (x->flags & MP__B_FREE || p == x->addr)
+          return mp__fail(MP_EINVAL, "%s: %p is not live (double free?)", fn,
+                          ptr);
+        return mp__fail(MP_EINVAL,
+                        "%s: %p points inside the block at %p, not at its "
+                        "start",
+                        fn, ptr, (void *)x->addr);
+      }
+    }
+    return mp__fail(MP_EINVAL, "%s: %p is not live", fn, ptr);
+  }
+  if (b->flags & MP__B_CHILD)
+    return mp__fail(MP_EINVAL,
+                    "%s: %p is a child pool's range: destroy the child", fn,
+                    ptr);
+  if (b->flags & MP__B_MOVABLE)
+    return mp__fail(MP_EINVAL, "%s: %p is a movable block: use mp_handle_free",
+                    fn, ptr);
+  *out = b;
+  return MP_OK;
+}
+
+mp_status_t mp_pool_free(mp_pool_t *pool, void *ptr) {
+  if (MP__UNLIKELY(pool == NULL))
+    return mp__fail(MP_EINVAL, "mp_pool_free: pool is NULL");
+  if (ptr == NULL)
+    return MP_OK;
+  pthread_mutex_lock(&pool->lock);
+  mp__block_t *b;
+  mp_status_t st = mp__find_live(pool, "mp_pool_free", ptr, &b);
+  if (st == MP_OK) {
+    mp__map_remove(pool, b);
+    mp__block_release(pool, b);
+  }
+  pthread_mutex_unlock(&pool->lock);
+  return st;
+}
+
+mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr, mp_stream_t s) {
+  if (pool == NULL || ptr == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_record_stream: %s is NULL",
+                    pool == NULL ? "pool" : "ptr");
+  pthread_mutex_lock(&pool->lock);
+  mp__block_t *b;
+  uint32_t sidx;
+  mp_status_t st = mp__find_live(pool, "mp_pool_record_stream", ptr, &b);
+  if (st == MP_OK)
+    st = mp__stream_index(pool, s, &sidx);
+  if (st == MP_OK && sidx != b->sidx && !(b->flags & MP__B_MANY_USES)) {
+    bool known = false;
+    for (uint32_t i = 0; i < b->ndeps; i++)
+      known |= b->deps[i].sidx == sidx;
+    if (!known) {
+      /* One dep slot stays for the block's own stream at the free. */
+      if (b->ndeps + 1 < MP__MAX_DEPS)
+        b->deps[b->ndeps++].sidx = sidx;
+      else
+        b->flags |= MP__B_MANY_USES;
+    }
+  }
+  pthread_mutex_unlock(&pool->lock);
+  return st;
+}
+
+mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
+                                     const size_t *sizes, mp_stream_t s,
+                                     void **out) {
+  if (pool == NULL || sizes == NULL || out == NULL || count == 0)
+    return mp__fail(MP_EINVAL, "mp_pool_alloc_contiguous: %s",
+                    pool == NULL    ? "pool is NULL"
+                    : sizes == NULL ? "sizes is NULL"
+                    : out == NULL   ? "out is NULL"
+                                    : "count is 0");
+  size_t total = 0, requested = 0;
+  for (size_t i = 0; i < count; i++) {
+    size_t r;
+    if (sizes[i] == 0)
+      return mp__fail(MP_EINVAL, "mp_pool_alloc_contiguous: sizes[%zu] is 0",
+                      i);
+    if (!mp__pool_round(pool, sizes[i], &r) || total > SIZE_MAX - r) {
+      pthread_mutex_lock(&pool->lock);
+      mp_status_t st = mp__oom(pool, MP_ENOMEM, SIZE_MAX);
+      pthread_mutex_unlock(&pool->lock);
+      return st;
+    }
+    total += r;
+    requested += sizes[i];
+  }
+  pthread_mutex_lock(&pool->lock);
+  uint32_t sidx;
+  mp__block_t *b = NULL;
+  mp__block_t *recs = NULL;
+  mp_status_t st = mp__stream_index(pool, s, &sidx);
+  if (st == MP_OK && total > pool->cap)
+    st = mp__oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM, total);
+  /* Records for the pieces first, so that nothing can fail once the block
+   * is cut. */
+  for (size_t i = 1; st == MP_OK && i < count; i++) {
+    mp__block_t *r = mp__rec_new(pool);
+    if (r == NULL) {
+      st = mp__fail(MP_ENOMEM, "out of host memory for block records");
+      break;
+    }
+    r->next_rec = recs;
+    recs = r;
+  }
+  if (st == MP_OK)
+    st = mp__pool_take(pool, total, sidx, &b);
+  if (st == MP_OK && !mp__map_reserve(pool, count)) {
+    mp__untake(pool, b);
+    st = mp__fail(MP_ENOMEM, "out of host memory for the block map");
+  }
+  if (st != MP_OK) {
+    while (recs != NULL) {
+      mp__block_t *n = recs->next_rec;
+      mp__rec_free(pool, recs);
+      recs = n;
+    }
+    pthread_mutex_unlock(&pool->lock);
+    return st;
+  }
+  /* b may exceed total when max_split kept it whole: the last piece gets the
+   * slack. */
+  mp__block_t *cur = b;
+  for (size_t i = 0; i < count; i++) {
+    size_t r = 0;
+    mp__pool_round(pool, sizes[i], &r);
+    out[i] = (void *)cur->addr;
+    if (i + 1 < count) {
+      mp__block_t *rest = recs;
+      recs = recs->next_rec;
+      rest->addr = cur->addr + r;
+      rest->size = cur->size - r;
+      cur->size = r;
+      mp__block_link(cur->seg, cur, rest);
+      mp__block_make_live(pool, cur, sizes[i], sidx);
+      cur = rest;
+    } else {
+      mp__block_make_live(pool, cur, sizes[i], sidx);
+    }
+  }
+  (void)requested;
+  pthread_mutex_unlock(&pool->lock);
+  return MP_OK;
+}
+
+mp_status_t mp_pool_trim(mp_pool_t *pool, size_t keep_bytes) {
+  if (pool == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_trim: pool is NULL");
+  pthread_mutex_lock(&pool->lock);
+  mp_status_t st = MP_OK;
+  if (pool->st.free_bytes > keep_bytes && pool->parent == NULL) {
+    st = mp__sync_device(pool);
+    if (st == MP_OK)
+      mp__segment_trim(pool, keep_bytes);
+  }
+  pthread_mutex_unlock(&pool->lock);
+  return st;
+}
+
+/* ---- child pools -------------------------------------------------------- */
+
+mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
+                                 mp_pool_t **out) {
+  if (parent == NULL || out == NULL || bytes == 0)
+    return mp__fail(MP_EINVAL, "mp_pool_create_child: %s",
+                    parent == NULL ? "parent is NULL"
+                    : out == NULL  ? "out is NULL"
+                                   : "0 bytes");
+  mp_pool_config_t cfg = parent->cfg;
+  cfg.flags &= ~(unsigned)MP_POOL_VIRTUAL;
+  cfg.max_bytes = 0;
+  mp_pool_t *child;
+  mp_status_t st = mp__pool_new(parent->dev, &cfg, &child);
+  if (st != MP_OK)
+    return st;
+  mp__segment_t *seg = calloc(1, sizeof *seg);
+  mp__block_t *rec = mp__rec_new(child);
+  if (seg == NULL || rec == NULL) {
+    free(seg);
+    mp__pool_free_host(child);
+    return mp__fail(MP_ENOMEM, "out of host memory creating a child pool");
+  }
+  void *base;
+  pthread_mutex_lock(&parent->lock);
+  st = mp__alloc_locked(parent, bytes, NULL, &base);
+  if (st == MP_OK) {
+    mp__block_t *b = mp__map_find(parent, (uintptr_t)base);
+    b->flags |= MP__B_CHILD;
+    b->child = child;
+    parent->children++;
+    child->parent_block = b;
+    seg->base = b->addr;
+    seg->size = b->size;
+  }
+  pthread_mutex_unlock(&parent->lock);
+  if (st != MP_OK) {
+    free(seg);
+    mp__pool_free_host(child);
+    return st;
+  }
+  child->parent = parent;
+  child->cap = seg->size;
+  child->cap_is_max = true;
+  child->cfg.max_bytes = seg->size;
+  seg->kind = MP__SEG_RANGE;
+  child->segs = seg;
+  child->st.reserved_bytes = child->st.peak_reserved_bytes = seg->size;
+  child->st.free_bytes = seg->size;
+  child->st.segment_count = 1;
+  rec->addr = seg->base;
+  rec->size = seg->size;
+  mp__block_link(seg, NULL, rec);
+  mp__index_insert(child, rec);
+  child->st.free_blocks = 1;
+  *out = child;
+  return MP_OK;
+}

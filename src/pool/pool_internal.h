@@ -1,0 +1,263 @@
+/* pool_internal.h - the pool's private structures, shared by src/pool/ files
+ * and by the white-box unit tests. Never installed.
+ *
+ * Object model:
+ *   mp_pool_t     one lock, a free index, a live-block map, segments, a
+ *                 stream table and an event cache.
+ *   mp__segment_t memory the pool holds: a plain device allocation, the one
+ *                 virtual range (mapped prefix grown by vm_map chunks), or
+ *                 a child pool's range carved from its parent.
+ *   mp__block_t   a host record for one block of a segment, never stored in
+ *                 device memory. Blocks of a segment tile it exactly and form
+ *                 an address-ordered list. A free block sits in the free index
+ *                 (size class treap); a live block sits in the live map.
+ *
+ * Stream safety: a free block carries deps, (stream, epoch) pairs naming the
+ * work that must finish before a stream other than that one may reuse it
+ * (stream.c). Everything here expects pool->lock held unless it says
+ * otherwise. Functions for defrag.c are marked [defrag]. */
+#ifndef MEMPOOL_POOL_INTERNAL_H
+#define MEMPOOL_POOL_INTERNAL_H
+
+#include <pthread.h>
+
+#include "../device/backend.h"
+#include "../internal.h"
+
+/* ---- size classes (index.c) --------------------------------------------
+ * Sizes are counted in units of the pool's alignment. Units below
+ * MP__SL_COUNT map one class per size; above, each power of two (first
+ * level) is cut into MP__SL_COUNT equal classes (second level), so a class
+ * spans at most 1/32 of its sizes. */
+#define MP__SL_LOG2  5
+#define MP__SL_COUNT (1u << MP__SL_LOG2)
+#define MP__FL_COUNT 64
+
+#define MP__DEFAULT_ALIGN   ((size_t)512)
+#define MP__DEFAULT_SEGMENT ((size_t)2 << 20)
+/* Plain segments for requests above segment_bytes/2 are rounded to this,
+ * the allocation granularity of cuMemAlloc. */
+#define MP__LARGE_ROUND ((size_t)2 << 20)
+
+/* Private config flag: set by mp_pool_config_init when $MEMPOOL_CONF did not
+ * parse; mp_pool_create then reports it. */
+#define MP__POOL_CONF_BAD 0x80000000u
+#define MP__POOL_FLAGS    (MP_POOL_VIRTUAL | MP_POOL_DEFRAG_ON_OOM)
+
+/* ---- blocks ------------------------------------------------------------ */
+enum {
+  MP__B_FREE = 1u << 0,     /* in the free index */
+  MP__B_CHILD = 1u << 1,    /* live: a child pool's range */
+  MP__B_MOVABLE = 1u << 2,  /* live: owned by an mp_handle_t (defrag.c) */
+  MP__B_FROZEN = 1u << 3,   /* live: fenced off from defragmentation */
+  MP__B_SYNC = 1u << 4,     /* free: too many deps; reusable by any stream
+                               only after a device sync (gen < sync_done) */
+  MP__B_MANY_USES = 1u << 5 /* live: more record_stream uses than fit */
+};
+
+#define MP__MAX_DEPS 4
+
+typedef struct mp__dep {
+  uint32_t sidx;  /* index into pool->streams */
+  uint64_t epoch; /* the stream's epoch when the block was freed */
+} mp__dep_t;
+
+typedef struct mp__segment mp__segment_t;
+
+typedef struct mp__block {
+  uintptr_t addr;
+  size_t size;                   /* multiple of the pool's align, > 0 */
+  size_t requested;              /* live: the caller's bytes; free: 0 */
+  struct mp__block *prev, *next; /* address order within seg */
+  mp__segment_t *seg;
+  struct mp__block *left, *right; /* class treap (free) */
+  uint32_t prio;                  /* treap priority, from the address */
+  uint32_t flags;                 /* MP__B_* */
+  uint32_t sidx;                  /* live: allocating stream */
+  uint32_t ndeps;                 /* free: deps used; live: uses used */
+  uint64_t gen;                   /* MP__B_SYNC: pool sync generation */
+  mp__dep_t deps[MP__MAX_DEPS];   /* free: deps; live: extra uses (sidx) */
+  void *handle;                   /* [defrag] movable handle back pointer */
+  mp_pool_t *child;               /* MP__B_CHILD: the child pool */
+  struct mp__block *next_rec;     /* record free list */
+} mp__block_t;
+
+/* ---- segments (segment.c) ---------------------------------------------- */
+enum { MP__SEG_PLAIN, MP__SEG_VIRTUAL, MP__SEG_RANGE };
+
+typedef struct mp__chunk {
+  uintptr_t addr;
+  size_t size; /* exactly one vm_map call */
+} mp__chunk_t;
+
+struct mp__segment {
+  uintptr_t base;
+  size_t size; /* bytes held: allocated, mapped, or the child range */
+  int kind;
+  mp__block_t *first, *last;
+  mp__segment_t *prev, *next;
+  size_t va_size;      /* virtual: reserved address range */
+  mp__chunk_t *chunks; /* virtual: mapped chunks, ascending, contiguous */
+  size_t nchunks, chunk_cap;
+};
+
+/* ---- streams (stream.c) ------------------------------------------------ */
+#define MP__MAX_MARKS 8
+
+typedef struct mp__marker {
+  mp_event_t ev;
+  uint64_t epoch; /* recorded when this epoch closed */
+} mp__marker_t;
+
+typedef struct mp__strm {
+  mp_stream_t s;
+  uint64_t epoch;     /* open epoch: blocks freed now get it */
+  uint64_t done;      /* every epoch < done has completed */
+  bool dirty;         /* a block was freed in the open epoch */
+  uint64_t sync_snap; /* epoch closed by the device sync in flight */
+  mp__marker_t marks[MP__MAX_MARKS]; /* FIFO of recorded markers */
+  unsigned mark_head, nmarks;
+} mp__strm_t;
+
+/* ---- the pool ---------------------------------------------------------- */
+struct mp_pool {
+  pthread_mutex_t lock;
+  pthread_cond_t idle_cv; /* signalled when inflight drops */
+  bool inflight;          /* a grow/release is in progress with lock dropped */
+  mp_device_t *dev;
+  mp_pool_config_t cfg;
+  unsigned align_log2;
+  size_t cap;      /* effective cap on reserved bytes */
+  bool cap_is_max; /* cap came from cfg.max_bytes (MP_ELIMIT) */
+  size_t granule;  /* virtual memory granule; 0: plain segments */
+
+  mp_pool_t *parent;         /* child pools: the parent */
+  mp__block_t *parent_block; /* child pools: the range's block in parent */
+  size_t children;           /* live child pools */
+
+  /* free index */
+  uint64_t fl_bitmap;
+  uint32_t sl_bitmap[MP__FL_COUNT];
+  mp__block_t *bins[MP__FL_COUNT][MP__SL_COUNT];
+
+  /* live map: open addressing, linear probing, backward-shift delete */
+  mp__block_t **map;
+  size_t map_cap, map_count;
+
+  mp__segment_t *segs; /* every segment, newest first */
+  mp__segment_t *vseg; /* the virtual segment, if any */
+  bool vm_failed;      /* the virtual range could not be reserved */
+
+  mp__strm_t *streams;
+  uint32_t nstreams, streams_cap, last_sidx;
+  uint64_t sync_gen, sync_done; /* device-sync generations (MP__B_SYNC) */
+
+  mp_event_t *events; /* idle events */
+  size_t nevents, events_cap;
+
+  mp__block_t *rec_free; /* idle block records */
+  void **slabs;
+  size_t nslabs, slabs_cap;
+
+  mp_stats_t st; /* every field but largest_free_bytes, kept current */
+};
+
+/* ---- pool.c ------------------------------------------------------------ */
+/* [defrag] The pool's lock; the public calls take it themselves. */
+void mp__pool_lock(mp_pool_t *pool);
+void mp__pool_unlock(mp_pool_t *pool);
+/* [defrag] Out-of-memory rung: move movable blocks so that a free block of
+ * at least `need` bytes forms. Called without the lock. Returns bytes moved;
+ * the weak default in pool.c moves nothing (returns 0). */
+size_t mp__pool_defrag_on_oom(mp_pool_t *pool, size_t need, mp_stream_t s);
+/* [defrag] Rounds bytes up to the pool's align; false on overflow. */
+bool mp__pool_round(const mp_pool_t *pool, size_t bytes, size_t *out);
+/* [defrag] Best fit for `size` (rounded) usable on stream sidx, through the
+ * whole out-of-memory ladder (drops and retakes the lock). On MP_OK *out is
+ * a block of exactly `size` bytes, out of the index, not yet live. */
+mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
+                          mp__block_t **out);
+/* [defrag] Makes a taken block live: map, stats, stream. */
+void mp__block_make_live(mp_pool_t *pool, mp__block_t *b, size_t requested,
+                         uint32_t sidx);
+/* [defrag] Frees a live block (already removed from the map): deps, stats,
+ * coalescing, back into the index. */
+void mp__block_release(mp_pool_t *pool, mp__block_t *b);
+
+/* ---- index.c: size classes, bitmaps, class treaps ----------------------- */
+void mp__class_of(const mp_pool_t *pool, size_t size, unsigned *fl,
+                  unsigned *sl);
+/* [defrag] Adds/removes a free block to/from its class. */
+void mp__index_insert(mp_pool_t *pool, mp__block_t *b);
+void mp__index_remove(mp_pool_t *pool, mp__block_t *b);
+/* Smallest free block of >= size, lowest address on ties; NULL if none. */
+mp__block_t *mp__index_best_fit(const mp_pool_t *pool, size_t size);
+/* The next free block after b in (size, address) order; NULL at the end. */
+mp__block_t *mp__index_next(const mp_pool_t *pool, const mp__block_t *b);
+/* The largest free block; NULL if none. */
+mp__block_t *mp__index_largest(const mp_pool_t *pool);
+/* True when b is in its class's treap. */
+bool mp__index_contains(const mp_pool_t *pool, const mp__block_t *b);
+/* Walks a class treap checking order and heap priority; counts nodes. */
+bool mp__index_check_class(const mp_pool_t *pool, unsigned fl, unsigned sl,
+                           size_t *count, size_t *bytes);
+
+/* ---- block.c: records, live map, split, coalesce ------------------------ */
+mp__block_t *mp__rec_new(mp_pool_t *pool);
+void mp__rec_free(mp_pool_t *pool, mp__block_t *b);
+void mp__rec_release_all(mp_pool_t *pool);
+/* [defrag] The live block starting at addr, or NULL. */
+mp__block_t *mp__map_find(const mp_pool_t *pool, uintptr_t addr);
+bool mp__map_insert(mp_pool_t *pool, mp__block_t *b);
+void mp__map_remove(mp_pool_t *pool, mp__block_t *b);
+/* [defrag] Cuts b (not in the index) to `size`; the rest becomes a new free
+ * block after it, with b's deps, inserted in the index. Returns it or NULL
+ * when the rest is empty (or no record could be made). */
+mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b, size_t size);
+/* [defrag] Merges free b (not in the index) with its free neighbours (taken
+ * out of the index) and returns the merged block, still not in the index. */
+mp__block_t *mp__block_coalesce(mp_pool_t *pool, mp__block_t *b);
+/* Links a new block after `after` (NULL: at the head) in seg. */
+void mp__block_link(mp__segment_t *seg, mp__block_t *after, mp__block_t *b);
+void mp__block_unlink(mp__segment_t *seg, mp__block_t *b);
+
+/* ---- stream.c: stream table, epochs, markers, events -------------------- */
+mp_status_t mp__stream_index(mp_pool_t *pool, mp_stream_t s, uint32_t *out);
+/* Sets b's deps for a free now: its stream and its recorded uses. */
+void mp__deps_on_free(mp_pool_t *pool, mp__block_t *b);
+/* Merges src's deps into dst (coalescing). */
+void mp__deps_merge(mp_pool_t *pool, mp__block_t *dst, const mp__block_t *src);
+/* True when a block with these deps can be reused on stream sidx now.
+ * poll: query markers and close open epochs of the streams it waits on. */
+bool mp__deps_safe(mp_pool_t *pool, mp__block_t *b, uint32_t sidx, bool poll);
+/* Polls every stream's markers; closes open epochs when close is set. */
+void mp__streams_poll(mp_pool_t *pool, bool close);
+/* Snapshot before a device sync, and completion after it. */
+uint64_t mp__streams_sync_begin(mp_pool_t *pool);
+void mp__streams_sync_end(mp_pool_t *pool, uint64_t snap);
+void mp__streams_release(mp_pool_t *pool); /* destroy: events back */
+mp_status_t mp__event_get(mp_pool_t *pool, mp_event_t *out);
+void mp__event_put(mp_pool_t *pool, mp_event_t e);
+
+/* ---- segment.c: growth and release --------------------------------------
+ * Called with the lock held; they drop it around device calls (inflight). */
+/* Makes room for a block of `size` usable on sidx. MP_ELIMIT when the cap
+ * stops it, MP_ENOMEM / MP_EDRIVER from the device. */
+mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx);
+/* Releases free memory (synchronized already) until free bytes <= keep. */
+void mp__segment_trim(mp_pool_t *pool, size_t keep);
+/* Destroy: releases every segment, live or not. */
+void mp__segment_release_all(mp_pool_t *pool);
+mp__segment_t *mp__segment_containing(const mp_pool_t *pool, uintptr_t p);
+/* Waits until no grow/release is in flight (drops the lock meanwhile). */
+void mp__pool_wait_idle(mp_pool_t *pool);
+
+/* ---- stats.c ------------------------------------------------------------ */
+void mp__stats_peaks(mp_pool_t *pool);
+size_t mp__stats_largest_free(const mp_pool_t *pool);
+/* ---- check.c ------------------------------------------------------------ */
+mp_status_t mp__pool_check_locked(mp_pool_t *pool);
+/* ---- config.c ----------------------------------------------------------- */
+mp_status_t mp__config_validate(const mp_pool_config_t *cfg);
+
+#endif /* MEMPOOL_POOL_INTERNAL_H */

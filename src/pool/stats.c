@@ -1,0 +1,44 @@
+/* stats.c - the pool's counters: reading them, peaks.
+ *
+ * Every counter but largest_free_bytes is kept current by the operation that
+ * changes it (pool.c, segment.c, block.c); largest_free_bytes is read from
+ * the free index at the time of the call (the top class's largest block), so
+ * no operation pays for it. Invariant: free_bytes = reserved - allocated. */
+#include "pool_internal.h"
+
+void mp__stats_peaks(mp_pool_t *pool) {
+  mp_stats_t *s = &pool->st;
+  if (s->reserved_bytes > s->peak_reserved_bytes)
+    s->peak_reserved_bytes = s->reserved_bytes;
+  if (s->allocated_bytes > s->peak_allocated_bytes)
+    s->peak_allocated_bytes = s->allocated_bytes;
+  if (s->requested_bytes > s->peak_requested_bytes)
+    s->peak_requested_bytes = s->requested_bytes;
+}
+
+size_t mp__stats_largest_free(const mp_pool_t *pool) {
+  const mp__block_t *b = mp__index_largest(pool);
+  return b ? b->size : 0;
+}
+
+mp_status_t mp_pool_get_stats(mp_pool_t *pool, mp_stats_t *out) {
+  if (pool == NULL || out == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_get_stats: %s is NULL",
+                    pool == NULL ? "pool" : "out");
+  pthread_mutex_lock(&pool->lock);
+  *out = pool->st;
+  out->largest_free_bytes = mp__stats_largest_free(pool);
+  pthread_mutex_unlock(&pool->lock);
+  return MP_OK;
+}
+
+mp_status_t mp_pool_reset_peaks(mp_pool_t *pool) {
+  if (pool == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_reset_peaks: pool is NULL");
+  pthread_mutex_lock(&pool->lock);
+  pool->st.peak_reserved_bytes = pool->st.reserved_bytes;
+  pool->st.peak_allocated_bytes = pool->st.allocated_bytes;
+  pool->st.peak_requested_bytes = pool->st.requested_bytes;
+  pthread_mutex_unlock(&pool->lock);
+  return MP_OK;
+}

@@ -1,0 +1,254 @@
+/* stream.c - stream-ordered reuse: the pool's stream table, epochs, marker
+ * events and the event cache.
+ *
+ * Each stream the pool has seen has an open epoch. A block freed on stream S
+ * gets the dep (S, epoch): work queued on S before the free belongs to that
+ * epoch or an earlier one. S itself may reuse the block at once (its later
+ * work runs after). Another stream may reuse it only once the epoch is done.
+ * An epoch is closed by recording a marker event on S; when the marker
+ * completes, every epoch up to it is done. A device synchronize completes
+ * every epoch open when it began.
+ *
+ * Markers are recorded lazily: when another stream wants a block of an open
+ * epoch, when the out-of-memory ladder reclaims, and eagerly on the free of a
+ * block that mp_pool_record_stream gave other uses (the issue's "record an
+ * event on every stream it was used on"). So a free+alloc pair on one stream
+ * makes no device call at all, and a stream's idle blocks become reusable by
+ * the others after one event, never held in a per-stream list.
+ *
+ * Invariant: for every stream, done <= epoch and the markers' epochs rise
+ * from head to tail; a dep (S, e) is satisfied exactly when e < S.done. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool_internal.h"
+
+mp_status_t mp__event_get(mp_pool_t *pool, mp_event_t *out) {
+  if (pool->nevents > 0) {
+    *out = pool->events[--pool->nevents];
+    return MP_OK;
+  }
+  return mp_event_create(pool->dev, out);
+}
+
+void mp__event_put(mp_pool_t *pool, mp_event_t e) {
+  if (pool->nevents == pool->events_cap) {
+    size_t cap = pool->events_cap ? pool->events_cap * 2 : 16;
+    mp_event_t *ev = realloc(pool->events, cap * sizeof *ev);
+    if (ev == NULL) {
+      mp_event_destroy(pool->dev, e);
+      return;
+    }
+    pool->events = ev;
+    pool->events_cap = cap;
+  }
+  pool->events[pool->nevents++] = e;
+}
+
+mp_status_t mp__stream_index(mp_pool_t *pool, mp_stream_t s, uint32_t *out) {
+  if (MP__LIKELY(pool->nstreams > 0 && pool->streams[pool->last_sidx].s == s)) {
+    *out = pool->last_sidx;
+    return MP_OK;
+  }
+  for (uint32_t i = 0; i < pool->nstreams; i++) {
+    if (pool->streams[i].s == s) {
+      pool->last_sidx = i;
+      *out = i;
+      return MP_OK;
+    }
+  }
+  if (pool->nstreams == pool->streams_cap) {
+    uint32_t cap = pool->streams_cap ? pool->streams_cap * 2 : 8;
+    mp__strm_t *st = realloc(pool->streams, cap * sizeof *st);
+    if (st == NULL)
+      return mp__fail(MP_ENOMEM, "out of host memory for the stream table");
+    pool->streams = st;
+    pool->streams_cap = cap;
+  }
+  mp__strm_t *n = &pool->streams[pool->nstreams];
+  memset(n, 0, sizeof *n);
+  n->s = s;
+  /* Epoch 0 is "before the pool knew the stream", so a sync snapshot of 0
+   * (a stream added while a sync was in flight) completes nothing new. */
+  n->epoch = n->done = 1;
+  pool->last_sidx = pool->nstreams;
+  *out = pool->nstreams++;
+  return MP_OK;
+}
+
+static void mp__stream_poll(mp_pool_t *pool, mp__strm_t *st) {
+  while (st->nmarks > 0) {
+    mp__marker_t *m = &st->marks[st->mark_head];
+    if (mp_event_query(pool->dev, m->ev) != MP_OK)
+      break;
+    if (m->epoch + 1 > st->done)
+      st->done = m->epoch + 1;
+    mp__event_put(pool, m->ev);
+    st->mark_head = (st->mark_head + 1) % MP__MAX_MARKS;
+    st->nmarks--;
+  }
+}
+
+/* Closes the open epoch by recording a marker; leaves it open when no event
+ * can be had (the ladder's device sync still completes it). */
+static void mp__stream_close(mp_pool_t *pool, mp__strm_t *st) {
+  if (!st->dirty)
+    return;
+  if (st->nmarks == MP__MAX_MARKS)
+    mp__stream_poll(pool, st);
+  if (st->nmarks == MP__MAX_MARKS)
+    return;
+  mp_event_t ev;
+  if (mp__event_get(pool, &ev) != MP_OK)
+    return;
+  if (mp_event_record(pool->dev, ev, st->s) != MP_OK) {
+    mp__event_put(pool, ev);
+    return;
+  }
+  unsigned tail = (st->mark_head + st->nmarks) % MP__MAX_MARKS;
+  st->marks[tail].ev = ev;
+  st->marks[tail].epoch = st->epoch;
+  st->nmarks++;
+  st->epoch++;
+  st->dirty = false;
+}
+
+void mp__deps_on_free(mp_pool_t *pool, mp__block_t *b) {
+  if (b->flags & MP__B_MANY_USES) {
+    b->flags = (b->flags & ~(uint32_t)MP__B_MANY_USES) | MP__B_SYNC;
+    b->gen = pool->sync_gen;
+    b->ndeps = 0;
+    return;
+  }
+  uint32_t uses[MP__MAX_DEPS];
+  uint32_t nuses = b->ndeps;
+  for (uint32_t i = 0; i < nuses; i++)
+    uses[i] = b->deps[i].sidx;
+  mp__strm_t *own = &pool->streams[b->sidx];
+  b->deps[0].sidx = b->sidx;
+  b->deps[0].epoch = own->epoch;
+  own->dirty = true;
+  uint32_t n = 1;
+  for (uint32_t i = 0; i < nuses && n < MP__MAX_DEPS; i++) {
+    if (uses[i] == b->sidx)
+      continue;
+    mp__strm_t *u = &pool->streams[uses[i]];
+    b->deps[n].sidx = uses[i];
+    b->deps[n].epoch = u->epoch;
+    u->dirty = true;
+    n++;
+  }
+  b->ndeps = n;
+  if (n > 1)
+    for (uint32_t i = 0; i < n; i++)
+      mp__stream_close(pool, &pool->streams[b->deps[i].sidx]);
+}
+
+static bool mp__dep_done(const mp_pool_t *pool, const mp__dep_t *d) {
+  return d->epoch < pool->streams[d->sidx].done;
+}
+
+void mp__deps_merge(mp_pool_t *pool, mp__block_t *dst, const mp__block_t *src) {
+  if (src->flags & MP__B_SYNC) {
+    if (!(dst->flags & MP__B_SYNC) || dst->gen < src->gen)
+      dst->gen = src->gen;
+    dst->flags |= MP__B_SYNC;
+  }
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < dst->ndeps; i++)
+    if (!mp__dep_done(pool, &dst->deps[i]))
+      dst->deps[n++] = dst->deps[i];
+  for (uint32_t i = 0; i < src->ndeps; i++) {
+    const mp__dep_t *d = &src->deps[i];
+    if (mp__dep_done(pool, d))
+      continue;
+    uint32_t j = 0;
+    while (j < n && dst->deps[j].sidx != d->sidx)
+      j++;
+    if (j < n) {
+      if (dst->deps[j].epoch < d->epoch)
+        dst->deps[j].epoch = d->epoch;
+    } else if (n < MP__MAX_DEPS) {
+      dst->deps[n++] = *d;
+    } else {
+      /* More streams than a record holds: wait for a device sync. */
+      dst->flags |= MP__B_SYNC;
+      dst->gen = pool->sync_gen;
+    }
+  }
+  dst->ndeps = n;
+}
+
+bool mp__deps_safe(mp_pool_t *pool, mp__block_t *b, uint32_t sidx, bool poll) {
+  if (b->flags & MP__B_SYNC) {
+    if (b->gen >= pool->sync_done)
+      return false;
+    b->flags &= ~(uint32_t)MP__B_SYNC;
+  }
+  bool safe = true;
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < b->ndeps; i++) {
+    mp__dep_t *d = &b->deps[i];
+    if (d->sidx != sidx && !mp__dep_done(pool, d)) {
+      if (poll) {
+        mp__strm_t *st = &pool->streams[d->sidx];
+        if (d->epoch == st->epoch)
+          mp__stream_close(pool, st);
+        mp__stream_poll(pool, st);
+      }
+      if (!mp__dep_done(pool, d))
+        safe = false;
+    }
+    if (!mp__dep_done(pool, d))
+      b->deps[n++] = *d;
+  }
+  b->ndeps = n;
+  return safe;
+}
+
+void mp__streams_poll(mp_pool_t *pool, bool close) {
+  for (uint32_t i = 0; i < pool->nstreams; i++) {
+    if (close)
+      mp__stream_close(pool, &pool->streams[i]);
+    mp__stream_poll(pool, &pool->streams[i]);
+  }
+}
+
+uint64_t mp__streams_sync_begin(mp_pool_t *pool) {
+  for (uint32_t i = 0; i < pool->nstreams; i++) {
+    mp__strm_t *st = &pool->streams[i];
+    st->sync_snap = st->epoch++;
+    st->dirty = false;
+  }
+  return pool->sync_gen++;
+}
+
+void mp__streams_sync_end(mp_pool_t *pool, uint64_t snap) {
+  /* Streams added while the lock was dropped have sync_snap 0: harmless. */
+  for (uint32_t i = 0; i < pool->nstreams; i++) {
+    mp__strm_t *st = &pool->streams[i];
+    if (st->sync_snap + 1 > st->done)
+      st->done = st->sync_snap + 1;
+    mp__stream_poll(pool, st);
+  }
+  if (snap + 1 > pool->sync_done)
+    pool->sync_done = snap + 1;
+}
+
+void mp__streams_release(mp_pool_t *pool) {
+  for (uint32_t i = 0; i < pool->nstreams; i++) {
+    mp__strm_t *st = &pool->streams[i];
+    for (unsigned k = 0; k < st->nmarks; k++)
+      mp_event_destroy(pool->dev,
+                       st->marks[(st->mark_head + k) % MP__MAX_MARKS].ev);
+    st->nmarks = 0;
+  }
+  for (size_t i = 0; i < pool->nevents; i++)
+    mp_event_destroy(pool->dev, pool->events[i]);
+  free(pool->events);
+  free(pool->streams);
+  pool->events = NULL;
+  pool->streams = NULL;
+  pool->nevents = pool->events_cap = 0;
+  pool->nstreams = pool->streams_cap = 0;
+}

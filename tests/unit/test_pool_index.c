@@ -1,0 +1,132 @@
+/* The free index: TLSF size classes, bitmaps and per-class best fit. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+
+#include "pool/pool_internal.h"
+
+static mp_pool_t *index_pool(void) {
+  mp_pool_t *p = calloc(1, sizeof *p);
+  p->cfg.align = 512;
+  p->align_log2 = 9;
+  return p;
+}
+
+Test(pool_index, small_sizes_have_one_class_each) {
+  mp_pool_t *p = index_pool();
+  for (size_t u = 1; u < MP__SL_COUNT; u++) {
+    unsigned fl, sl;
+    mp__class_of(p, u * 512, &fl, &sl);
+    cr_expect_eq(fl, 0);
+    cr_expect_eq(sl, u);
+  }
+  free(p);
+}
+
+Test(pool_index, classes_rise_with_size_and_stay_narrow) {
+  mp_pool_t *p = index_pool();
+  unsigned pfl = 0, psl = 0;
+  size_t class_lo = 512;
+  for (size_t u = 1; u < (1u << 16); u++) {
+    unsigned fl, sl;
+    mp__class_of(p, u * 512, &fl, &sl);
+    cr_assert(fl < MP__FL_COUNT && sl < MP__SL_COUNT);
+    cr_assert(fl * MP__SL_COUNT + sl >= pfl * MP__SL_COUNT + psl,
+              "class must not fall as size rises (u=%zu)", u);
+    if (fl != pfl || sl != psl)
+      class_lo = u * 512;
+    /* Every size in a class is within 1/32 of the class's smallest. */
+    cr_assert(u * 512 - class_lo <= class_lo / MP__SL_COUNT + 512);
+    pfl = fl;
+    psl = sl;
+  }
+  free(p);
+}
+
+static size_t brute_best(mp__block_t *v, size_t n, const bool *in,
+                         size_t want) {
+  size_t best = n;
+  for (size_t i = 0; i < n; i++) {
+    if (!in[i] || v[i].size < want)
+      continue;
+    if (best == n || v[i].size < v[best].size ||
+        (v[i].size == v[best].size && v[i].addr < v[best].addr))
+      best = i;
+  }
+  return best;
+}
+
+Test(pool_index, best_fit_is_smallest_then_lowest_address) {
+  mp_pool_t *p = index_pool();
+  enum { N = 3000 };
+  mp__block_t *v = calloc(N, sizeof *v);
+  bool *in = calloc(N, sizeof *in);
+  srand(7);
+  for (size_t i = 0; i < N; i++) {
+    /* Few distinct sizes, so ties on size are common. */
+    v[i].size = (size_t)(1 + rand() % 400) * 512 * (rand() % 3 ? 1 : 64);
+    v[i].addr = (uintptr_t)(i + 1) * ((uintptr_t)1 << 30) -
+                (uintptr_t)(rand() % 1000) * 4096;
+  }
+  size_t count = 0;
+  for (int step = 0; step < 20000; step++) {
+    size_t i = (size_t)rand() % N;
+    if (in[i]) {
+      mp__index_remove(p, &v[i]);
+      in[i] = false;
+      count--;
+    } else {
+      mp__index_insert(p, &v[i]);
+      in[i] = true;
+      count++;
+    }
+    p->st.free_blocks = count;
+    size_t want = (size_t)(1 + rand() % 400) * 512 * (rand() % 4 ? 1 : 64);
+    size_t b = brute_best(v, N, in, want);
+    mp__block_t *got = mp__index_best_fit(p, want);
+    if (b == N)
+      cr_assert_null(got, "want %zu: nothing fits, got %zu", want,
+                     got ? got->size : 0);
+    else
+      cr_assert_eq(got, &v[b], "want %zu: expected size %zu got %zu", want,
+                   v[b].size, got ? got->size : 0);
+  }
+  /* The bitmaps and treaps agree with what was inserted. */
+  size_t total = 0;
+  for (unsigned fl = 0; fl < MP__FL_COUNT; fl++)
+    for (unsigned sl = 0; sl < MP__SL_COUNT; sl++) {
+      size_t n = 0, by = 0;
+      cr_assert(mp__index_check_class(p, fl, sl, &n, &by));
+      cr_assert_eq(n > 0, ((p->sl_bitmap[fl] >> sl) & 1) == 1);
+      total += n;
+    }
+  cr_expect_eq(total, count);
+  free(v);
+  free(in);
+  free(p);
+}
+
+Test(pool_index, next_walks_every_free_block_in_size_order) {
+  mp_pool_t *p = index_pool();
+  enum { N = 500 };
+  mp__block_t *v = calloc(N, sizeof *v);
+  for (size_t i = 0; i < N; i++) {
+    v[i].size = (size_t)(1 + (i * 7919) % 2000) * 512;
+    v[i].addr = (uintptr_t)(N - i) << 24;
+    mp__index_insert(p, &v[i]);
+  }
+  size_t n = 0, prev = 0;
+  for (mp__block_t *b = mp__index_best_fit(p, 512); b != NULL;
+       b = mp__index_next(p, b)) {
+    cr_assert(b->size >= prev);
+    prev = b->size;
+    n++;
+  }
+  cr_expect_eq(n, N);
+  cr_expect_eq(mp__index_largest(p)->size, prev);
+  for (size_t i = 0; i < N; i++)
+    mp__index_remove(p, &v[i]);
+  cr_expect_eq(p->fl_bitmap, 0);
+  cr_expect_null(mp__index_best_fit(p, 512));
+  free(v);
+  free(p);
+}
