@@ -19,6 +19,7 @@
  * Invariant: between calls every block is either live (in the map) or free
  * (in the index), and stats equal what the blocks add up to (mp_pool_check
  * walks it). One mutex per pool; never held across a blocking device call. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -306,10 +307,17 @@ mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
     pool->cap = SIZE_MAX;
   }
   size_t g = 0;
-  if ((cfg->flags & MP_POOL_VIRTUAL) &&
-      mp__device_vm_granularity(dev, &g) == MP_OK && g != 0 &&
-      (g & (g - 1)) == 0)
-    pool->granule = g < pool->cfg.align ? pool->cfg.align : g;
+  if (cfg->flags & MP_POOL_VIRTUAL) {
+    /* A device without virtual memory is not a failure of this call: keep
+     * the caller's last error as it was. */
+    char saved[256];
+    snprintf(saved, sizeof saved, "%s", mp_last_error());
+    if (mp__device_vm_granularity(dev, &g) == MP_OK && g != 0 &&
+        (g & (g - 1)) == 0)
+      pool->granule = g < pool->cfg.align ? pool->cfg.align : g;
+    else
+      mp__fail(MP_OK, "%s", saved);
+  }
   *out = pool;
   return MP_OK;
 }
