@@ -84,21 +84,29 @@ static void mp__map_put(mp__block_t **map, size_t mask, size_t slot,
   map[i] = b;
 }
 
+bool mp__map_reserve(mp_pool_t *pool, size_t n) {
+  if ((pool->map_count + n) * 2 <= pool->map_cap)
+    return true;
+  size_t cap = pool->map_cap ? pool->map_cap : 256;
+  while ((pool->map_count + n) * 2 > cap)
+    cap *= 2;
+  mp__block_t **m = calloc(cap, sizeof *m);
+  if (m == NULL)
+    return false;
+  mp__block_t **old = pool->map;
+  size_t old_cap = pool->map_cap;
+  pool->map = m;
+  pool->map_cap = cap; /* mp__map_slot depends on it */
+  for (size_t i = 0; i < old_cap; i++)
+    if (old[i] != NULL)
+      mp__map_put(m, cap - 1, mp__map_slot(pool, old[i]->addr), old[i]);
+  free(old);
+  return true;
+}
+
 bool mp__map_insert(mp_pool_t *pool, mp__block_t *b) {
-  if ((pool->map_count + 1) * 2 > pool->map_cap) {
-    size_t cap = pool->map_cap ? pool->map_cap * 2 : 256;
-    mp__block_t **m = calloc(cap, sizeof *m);
-    if (m == NULL)
-      return false;
-    mp__block_t **old = pool->map;
-    size_t old_cap = pool->map_cap;
-    pool->map = m;
-    pool->map_cap = cap;
-    for (size_t i = 0; i < old_cap; i++)
-      if (old[i] != NULL)
-        mp__map_put(m, cap - 1, mp__map_slot(pool, old[i]->addr), old[i]);
-    free(old);
-  }
+  if (!mp__map_reserve(pool, 1))
+    return false;
   mp__map_put(pool->map, pool->map_cap - 1, mp__map_slot(pool, b->addr), b);
   pool->map_count++;
   return true;

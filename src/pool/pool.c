@@ -221,29 +221,6 @@ void mp__block_release(mp_pool_t *pool, mp__block_t *b) {
   mp__index_insert(pool, b);
 }
 
-/* Makes sure the live map can take n more entries without allocating. */
-static bool mp__map_reserve(mp_pool_t *pool, size_t n) {
-  if ((pool->map_count + n) * 2 <= pool->map_cap)
-    return true;
-  /* Insert-and-remove a dummy is not needed: grow by inserting nothing. */
-  size_t cap = pool->map_cap ? pool->map_cap : 256;
-  while ((pool->map_count + n) * 2 > cap)
-    cap *= 2;
-  mp__block_t **m = calloc(cap, sizeof *m);
-  if (m == NULL)
-    return false;
-  mp__block_t **old = pool->map;
-  size_t old_cap = pool->map_cap;
-  pool->map = m;
-  pool->map_cap = cap;
-  pool->map_count = 0;
-  for (size_t i = 0; i < old_cap; i++)
-    if (old[i] != NULL)
-      mp__map_insert(pool, old[i]);
-  free(old);
-  return true;
-}
-
 /* ---- create / destroy --------------------------------------------------- */
 
 static mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,

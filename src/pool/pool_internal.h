@@ -208,6 +208,8 @@ void mp__rec_free(mp_pool_t *pool, mp__block_t *b);
 void mp__rec_release_all(mp_pool_t *pool);
 /* [defrag] The live block starting at addr, or NULL. */
 mp__block_t *mp__map_find(const mp_pool_t *pool, uintptr_t addr);
+/* Makes room for n more entries, so that the next n inserts cannot fail. */
+bool mp__map_reserve(mp_pool_t *pool, size_t n);
 bool mp__map_insert(mp_pool_t *pool, mp__block_t *b);
 void mp__map_remove(mp_pool_t *pool, mp__block_t *b);
 /* [defrag] Cuts b (not in the index) to `size`; the rest becomes a new free
