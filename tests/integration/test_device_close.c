@@ -71,9 +71,14 @@ Test(device_close, close_releases_live_memory_and_handles) {
   cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
   cr_assert_eq(mp_event_create(dev, &e), MP_OK);
   cr_assert_eq(mp_event_create(dev, &unrecorded), MP_OK);
+  /* The copy on s waits for the memsets on the default stream, and the
+   * default stream then waits for the copy: all of it still queued. */
+  cr_assert_eq(mp_event_record(dev, e, NULL), MP_OK);
+  cr_assert_eq(mp_stream_wait_event(dev, s, e), MP_OK);
   cr_assert_eq(mp_memcpy_async(dev, p[0], p[1], (size_t)1 << 20, s), MP_OK);
   cr_assert_eq(mp_event_record(dev, e, s), MP_OK);
   cr_assert_eq(mp_stream_wait_event(dev, NULL, e), MP_OK);
+  cr_assert_eq(mp_memset_async(dev, p[1], 9, (size_t)1 << 20, NULL), MP_OK);
   mp_device_close(dev);
 }
 
