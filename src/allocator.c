@@ -1,0 +1,353 @@
+/* allocator.c - one interface over every allocator, chosen by name.
+ *
+ * An mp_allocator_t is an ops table plus the object it drives. The built-in
+ * kinds ("pool", "child", "direct") are thin adapters over mp_pool_* and
+ * mp_direct_*; mp_allocator_wrap puts a caller's own table behind the same
+ * interface, so bench/ and the LD_PRELOAD shim compare them side by side.
+ *
+ * Spec grammar: NAME or NAME:KEY=VAL,...; pool options are parsed by
+ * mp_pool_config_parse on top of mp_pool_config_init, so "pool" honours
+ * $MEMPOOL_CONF exactly as mp_pool_create(dev, NULL) does. A spec is parsed
+ * completely before anything is created, and a failure destroys whatever was
+ * made, so a bad spec leaves nothing behind. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* A "child" allocator owns both its child pool and the parent it is carved
+ * from; destroying it destroys them in that order. */
+typedef struct mp__child_alloc {
+  mp_pool_t *parent;
+  mp_pool_t *child;
+} mp__child_alloc_t;
+
+struct mp_allocator {
+  mp_allocator_ops_t ops;
+  void *self;
+  mp_pool_t *pool; /* "pool" and "child": the pool allocations come from */
+  char name[];     /* the spec (or the wrapped allocator's name) */
+};
+
+/* ---- "pool" ----------------------------------------------------------- */
+
+static mp_status_t mp__pool_op_alloc(void *self, size_t bytes, mp_stream_t s,
+                                     void **out) {
+  return mp_pool_alloc(self, bytes, s, out);
+}
+static mp_status_t mp__pool_op_free(void *self, void *ptr) {
+  return mp_pool_free(self, ptr);
+}
+static mp_status_t mp__pool_op_record(void *self, void *ptr, mp_stream_t s) {
+  return mp_pool_record_stream(self, ptr, s);
+}
+static mp_status_t mp__pool_op_stats(void *self, mp_stats_t *out) {
+  return mp_pool_get_stats(self, out);
+}
+static mp_status_t mp__pool_op_release(void *self) {
+  return mp_pool_trim(self, 0);
+}
+static mp_status_t mp__pool_op_destroy(void *self) {
+  return mp_pool_destroy(self);
+}
+
+static const mp_allocator_ops_t mp__pool_ops = {"pool",
+                                                mp__pool_op_alloc,
+                                                mp__pool_op_free,
+                                                mp__pool_op_record,
+                                                mp__pool_op_stats,
+                                                mp__pool_op_release,
+                                                mp__pool_op_destroy};
+
+/* ---- "child" ---------------------------------------------------------- */
+
+static mp_status_t mp__child_op_alloc(void *self, size_t bytes, mp_stream_t s,
+                                      void **out) {
+  return mp_pool_alloc(((mp__child_alloc_t *)self)->child, bytes, s, out);
+}
+static mp_status_t mp__child_op_free(void *self, void *ptr) {
+  return mp_pool_free(((mp__child_alloc_t *)self)->child, ptr);
+}
+static mp_status_t mp__child_op_record(void *self, void *ptr, mp_stream_t s) {
+  return mp_pool_record_stream(((mp__child_alloc_t *)self)->child, ptr, s);
+}
+static mp_status_t mp__child_op_stats(void *self, mp_stats_t *out) {
+  return mp_pool_get_stats(((mp__child_alloc_t *)self)->child, out);
+}
+static mp_status_t mp__child_op_release(void *self) {
+  mp__child_alloc_t *c = self;
+  mp_status_t st = mp_pool_trim(c->child, 0);
+  mp_status_t pst = mp_pool_trim(c->parent, 0);
+  return st != MP_OK ? st : pst;
+}
+static mp_status_t mp__child_op_destroy(void *self) {
+  mp__child_alloc_t *c = self;
+  mp_status_t st = mp_pool_destroy(c->child);
+  if (st != MP_OK)
+    return st;
+  st = mp_pool_destroy(c->parent);
+  free(c);
+  return st;
+}
+
+static const mp_allocator_ops_t mp__child_ops = {"child",
+                                                 mp__child_op_alloc,
+                                                 mp__child_op_free,
+                                                 mp__child_op_record,
+                                                 mp__child_op_stats,
+                                                 mp__child_op_release,
+                                                 mp__child_op_destroy};
+
+/* ---- "direct" --------------------------------------------------------- */
+
+static mp_status_t mp__direct_op_alloc(void *self, size_t bytes, mp_stream_t s,
+                                       void **out) {
+  return mp_direct_alloc(self, bytes, s, out);
+}
+static mp_status_t mp__direct_op_free(void *self, void *ptr) {
+  return mp_direct_free(self, ptr);
+}
+static mp_status_t mp__direct_op_record(void *self, void *ptr, mp_stream_t s) {
+  return mp_direct_record_stream(self, ptr, s);
+}
+static mp_status_t mp__direct_op_stats(void *self, mp_stats_t *out) {
+  return mp_direct_get_stats(self, out);
+}
+static mp_status_t mp__direct_op_release(void *self) {
+  return mp_direct_free_session(self);
+}
+static mp_status_t mp__direct_op_destroy(void *self) {
+  return mp_direct_destroy(self);
+}
+
+static const mp_allocator_ops_t mp__direct_ops = {"direct",
+                                                  mp__direct_op_alloc,
+                                                  mp__direct_op_free,
+                                                  mp__direct_op_record,
+                                                  mp__direct_op_stats,
+                                                  mp__direct_op_release,
+                                                  mp__direct_op_destroy};
+
+/* ---- construction ----------------------------------------------------- */
+
+static mp_status_t mp__allocator_new(const mp_allocator_ops_t *ops, void *self,
+                                     mp_pool_t *pool, const char *name,
+                                     mp_allocator_t **out) {
+  size_t len = strlen(name);
+  mp_allocator_t *a = malloc(sizeof *a + len + 1);
+  if (a == NULL)
+    return mp__fail(MP_ENOMEM, "mp_allocator: out of host memory");
+  a->ops = *ops;
+  a->self = self;
+  a->pool = pool;
+  memcpy(a->name, name, len + 1);
+  *out = a;
+  return MP_OK;
+}
+
+/* Collects the options of a "child" spec: bytes= for the child, the rest
+ * (re-joined) for the parent pool. */
+typedef struct mp__child_spec {
+  size_t bytes;
+  bool have_bytes;
+  char *rest; /* as long as the whole options string, so it always fits */
+  size_t rest_len;
+} mp__child_spec_t;
+
+static mp_status_t mp__child_kv(void *ctx, const char *key, size_t key_len,
+                                const char *val, size_t val_len) {
+  mp__child_spec_t *c = ctx;
+  if (key_len == 5 && memcmp(key, "bytes", 5) == 0) {
+    if (!mp__parse_size(val, val_len, &c->bytes) || c->bytes == 0)
+      return mp__fail(MP_EINVAL,
+                      "bad allocator spec: child bytes '%.*s' is not a "
+                      "non-zero size",
+                      (int)val_len, val);
+    c->have_bytes = true;
+    return MP_OK;
+  }
+  if (c->rest_len > 0)
+    c->rest[c->rest_len++] = ',';
+  memcpy(c->rest + c->rest_len, key, key_len + 1 + val_len);
+  c->rest_len += key_len + 1 + val_len;
+  c->rest[c->rest_len] = '\0';
+  return MP_OK;
+}
+
+static mp_status_t mp__make_pool(mp_device_t *dev, const char *opts,
+                                 mp_pool_t **out) {
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  mp_status_t st = mp_pool_config_parse(&cfg, opts);
+  if (st != MP_OK)
+    return st;
+  return mp_pool_create(dev, &cfg, out);
+}
+
+static mp_status_t mp__make_child(mp_device_t *dev, const char *spec,
+                                  const char *opts, mp_allocator_t **out) {
+  mp__child_spec_t c = {0};
+  c.rest = malloc(strlen(opts) + 1);
+  if (c.rest == NULL)
+    return mp__fail(MP_ENOMEM, "mp_allocator_create: out of host memory");
+  c.rest[0] = '\0';
+  mp_status_t st = mp__kv_each("allocator spec", opts, mp__child_kv, &c);
+  if (st == MP_OK && !c.have_bytes)
+    st = mp__fail(MP_EINVAL, "bad allocator spec '%s': child needs bytes=SIZE",
+                  spec);
+  mp__child_alloc_t *ca = NULL;
+  if (st == MP_OK) {
+    ca = calloc(1, sizeof *ca);
+    if (ca == NULL)
+      st = mp__fail(MP_ENOMEM, "mp_allocator_create: out of host memory");
+  }
+  if (st == MP_OK)
+    st = mp__make_pool(dev, c.rest, &ca->parent);
+  if (st == MP_OK) {
+    st = mp_pool_create_child(ca->parent, c.bytes, &ca->child);
+    if (st != MP_OK)
+      (void)mp_pool_destroy(ca->parent);
+  }
+  if (st == MP_OK) {
+    st = mp__allocator_new(&mp__child_ops, ca, ca->child, spec, out);
+    if (st != MP_OK) {
+      (void)mp_pool_destroy(ca->child);
+      (void)mp_pool_destroy(ca->parent);
+    }
+  }
+  if (st != MP_OK)
+    free(ca);
+  free(c.rest);
+  return st;
+}
+
+mp_status_t mp_allocator_create(mp_device_t *dev, const char *spec,
+                                mp_allocator_t **out) {
+  if (out == NULL)
+    return mp__fail(MP_EINVAL, "mp_allocator_create: out is NULL");
+  if (dev == NULL)
+    return mp__fail(MP_EINVAL, "mp_allocator_create: device is NULL");
+  if (spec == NULL)
+    return mp__fail(MP_EINVAL, "mp_allocator_create: spec is NULL");
+  const char *colon = strchr(spec, ':');
+  size_t name_len = colon ? (size_t)(colon - spec) : strlen(spec);
+  const char *opts = colon ? colon + 1 : "";
+  mp_status_t st;
+  if (name_len == 4 && memcmp(spec, "pool", 4) == 0) {
+    mp_pool_t *pool;
+    st = mp__make_pool(dev, opts, &pool);
+    if (st != MP_OK)
+      return st;
+    st = mp__allocator_new(&mp__pool_ops, pool, pool, spec, out);
+    if (st != MP_OK)
+      (void)mp_pool_destroy(pool);
+    return st;
+  }
+  if (name_len == 5 && memcmp(spec, "child", 5) == 0)
+    return mp__make_child(dev, spec, opts, out);
+  if (name_len == 6 && memcmp(spec, "direct", 6) == 0) {
+    if (opts[0] != '\0')
+      return mp__fail(MP_EINVAL,
+                      "bad allocator spec '%s': direct takes no options", spec);
+    mp_direct_t *d;
+    st = mp_direct_create(dev, &d);
+    if (st != MP_OK)
+      return st;
+    st = mp__allocator_new(&mp__direct_ops, d, NULL, spec, out);
+    if (st != MP_OK)
+      (void)mp_direct_destroy(d);
+    return st;
+  }
+  return mp__fail(MP_EINVAL,
+                  "bad allocator spec '%s': unknown allocator '%.*s' "
+                  "(expected pool, child or direct)",
+                  spec, (int)name_len, spec);
+}
+
+mp_status_t mp_allocator_wrap(const mp_allocator_ops_t *ops, void *self,
+                              const char *name, mp_allocator_t **out) {
+  if (out == NULL)
+    return mp__fail(MP_EINVAL, "mp_allocator_wrap: out is NULL");
+  if (ops == NULL)
+    return mp__fail(MP_EINVAL, "mp_allocator_wrap: ops is NULL");
+  if (ops->alloc == NULL || ops->free == NULL)
+    return mp__fail(MP_EINVAL,
+                    "mp_allocator_wrap: ops->alloc and ops->free are required");
+  if (name == NULL)
+    return mp__fail(MP_EINVAL, "mp_allocator_wrap: name is NULL");
+  return mp__allocator_new(ops, self, NULL, name, out);
+}
+
+/* ---- dispatch --------------------------------------------------------- */
+
+const char *mp_allocator_name(const mp_allocator_t *a) {
+  return a ? a->name : "";
+}
+
+mp_pool_t *mp_allocator_pool(const mp_allocator_t *a) {
+  return a ? a->pool : NULL;
+}
+
+#define MP__CHECK_ALLOCATOR(a)                                                 \
+  do {                                                                         \
+    if (MP__UNLIKELY((a) == NULL))                                             \
+      return mp__fail(MP_EINVAL, "%s: allocator is NULL", __func__);           \
+  } while (0)
+
+/* An optional operation the wrapped table left out. */
+#define MP__CHECK_OP(a, op)                                                    \
+  do {                                                                         \
+    if ((a)->ops.op == NULL)                                                   \
+      return mp__fail(MP_ENOTSUP, "%s: allocator '%s' has no " #op, __func__,  \
+                      (a)->name);                                              \
+  } while (0)
+
+mp_status_t mp_allocator_alloc(mp_allocator_t *a, size_t bytes, mp_stream_t s,
+                               void **out) {
+  MP__CHECK_ALLOCATOR(a);
+  if (out == NULL)
+    return mp__fail(MP_EINVAL, "mp_allocator_alloc: out is NULL");
+  return a->ops.alloc(a->self, bytes, s, out);
+}
+
+mp_status_t mp_allocator_free(mp_allocator_t *a, void *ptr) {
+  MP__CHECK_ALLOCATOR(a);
+  return a->ops.free(a->self, ptr);
+}
+
+mp_status_t mp_allocator_record_stream(mp_allocator_t *a, void *ptr,
+                                       mp_stream_t s) {
+  MP__CHECK_ALLOCATOR(a);
+  MP__CHECK_OP(a, record_stream);
+  return a->ops.record_stream(a->self, ptr, s);
+}
+
+mp_status_t mp_allocator_get_stats(mp_allocator_t *a, mp_stats_t *out) {
+  MP__CHECK_ALLOCATOR(a);
+  if (out == NULL)
+    return mp__fail(MP_EINVAL, "mp_allocator_get_stats: out is NULL");
+  MP__CHECK_OP(a, get_stats);
+  return a->ops.get_stats(a->self, out);
+}
+
+mp_status_t mp_allocator_release(mp_allocator_t *a) {
+  MP__CHECK_ALLOCATOR(a);
+  MP__CHECK_OP(a, release);
+  return a->ops.release(a->self);
+}
+
+mp_status_t mp_allocator_destroy(mp_allocator_t *a) {
+  MP__CHECK_ALLOCATOR(a);
+  if (a->ops.destroy != NULL) {
+    /* MP_EBUSY (a pool with live children) keeps the allocator usable, so
+     * the caller can fix the cause and try again; after anything else the
+     * object is gone. */
+    mp_status_t st = a->ops.destroy(a->self);
+    if (st == MP_EBUSY)
+      return st;
+    free(a);
+    return st;
+  }
+  free(a);
+  return MP_OK;
+}
