@@ -15,6 +15,7 @@
 #include <mempool/pool.h>
 #include <mempool/stats.h>
 #include <mempool/status.h>
+#include <mempool/torch.h>
 
 #define MEMPOOL_VERSION_MAJOR 0
 #define MEMPOOL_VERSION_MINOR 1

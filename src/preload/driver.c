@@ -1,0 +1,223 @@
+/* driver.c - the driver-API hooks: cuMemAlloc_v2, cuMemFree_v2,
+ * cuMemAllocAsync, cuMemFreeAsync (and their _ptsz forms), cuMemGetInfo_v2,
+ * cuMemGetAddressRange_v2.
+ *
+ * An allocation is served by the pool when the shim is in pool mode, the
+ * calling thread's context is on the pool's device and the stream is not
+ * being captured into a graph (the pool's own stream work must not end up
+ * in a graph); otherwise it goes to the real driver and is only recorded.
+ * A free goes wherever its pointer came from, found in the shim's table;
+ * pointers the shim never saw go to the real driver untouched. A call made
+ * from inside another hook (the runtime's cudaMalloc calling cuMemAlloc_v2
+ * on its way to the driver) is the real driver's and is not recorded twice.
+ * Error codes follow the driver's: 0 bytes and NULL outputs are
+ * CUDA_ERROR_INVALID_VALUE, a full pool CUDA_ERROR_OUT_OF_MEMORY. */
+#include "hooks.h"
+
+typedef enum { MP__SYNC, MP__ASYNC, MP__ASYNC_PTSZ } mp__variant_t;
+
+static mp__curesult mp__real_alloc(mp__variant_t v, mp__cuptr *dptr,
+                                   size_t bytes, mp__custream s) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  switch (v) {
+  case MP__SYNC:
+    return rc->mem_alloc ? rc->mem_alloc(dptr, bytes) : MP__CU_NOT_INITIALIZED;
+  case MP__ASYNC:
+    return rc->mem_alloc_async ? rc->mem_alloc_async(dptr, bytes, s)
+                               : MP__CU_NOT_INITIALIZED;
+  case MP__ASYNC_PTSZ:
+    return rc->mem_alloc_async_ptsz ? rc->mem_alloc_async_ptsz(dptr, bytes, s)
+                                    : MP__CU_NOT_INITIALIZED;
+  }
+  return MP__CU_NOT_INITIALIZED;
+}
+
+static mp__curesult mp__real_free(mp__variant_t v, mp__cuptr p,
+                                  mp__custream s) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  switch (v) {
+  case MP__SYNC: return rc->mem_free ? rc->mem_free(p) : MP__CU_NOT_INITIALIZED;
+  case MP__ASYNC:
+    return rc->mem_free_async ? rc->mem_free_async(p, s)
+                              : MP__CU_NOT_INITIALIZED;
+  case MP__ASYNC_PTSZ:
+    return rc->mem_free_async_ptsz ? rc->mem_free_async_ptsz(p, s)
+                                   : MP__CU_NOT_INITIALIZED;
+  }
+  return MP__CU_NOT_INITIALIZED;
+}
+
+/* The current context's device is the pool's (no context: let the driver
+ * say so). A driver without cuCtxGetDevice (a test double) has one. */
+static bool mp__on_pool_device(const mp__pl_t *pl) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  if (pl->host || rc->ctx_get_device == NULL)
+    return true;
+  int d = -1;
+  return rc->ctx_get_device(&d) == MP__CU_SUCCESS && d == pl->ordinal;
+}
+
+/* A synchronous call asks about the legacy NULL stream, which reports a
+ * capture in progress anywhere that would forbid it. An error answer (for
+ * instance CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) also means: let the driver
+ * decide. */
+static bool mp__capturing(const mp__pl_t *pl, mp__custream s, bool ptsz) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  if (pl->host)
+    return false;
+  mp__curesult (*fn)(mp__custream, unsigned int *) =
+      ptsz && rc->stream_is_capturing_ptsz ? rc->stream_is_capturing_ptsz
+                                           : rc->stream_is_capturing;
+  if (fn == NULL)
+    return false;
+  unsigned int status = 0;
+  return fn(s, &status) != MP__CU_SUCCESS || status != 0;
+}
+
+static mp__curesult mp__alloc(mp__variant_t v, mp__cuptr *dptr, size_t bytes,
+                              mp__custream s) {
+  if (!mp__pl_enter()) {
+    mp__pl_leave();
+    return mp__real_alloc(v, dptr, bytes, s);
+  }
+  const mp__pl_t *pl = mp__pl_get();
+  mp__curesult r = MP__CU_SUCCESS;
+  bool ptsz = v == MP__ASYNC_PTSZ, served = false;
+  if (pl->mode == MP__PL_POOL) {
+    if (dptr == NULL || bytes == 0) {
+      r = MP__CU_INVALID_VALUE;
+      served = true;
+    } else if (!mp__on_pool_device(pl)) {
+      mp__pl_count_bypass("other_device");
+    } else if (mp__capturing(pl, v == MP__SYNC ? NULL : s, ptsz)) {
+      mp__pl_count_bypass("capture");
+    } else {
+      void *p = NULL;
+      mp_status_t st =
+          mp_pool_alloc(pl->pool, bytes, mp__pl_stream(pl, s, ptsz), &p);
+      if (st == MP_OK) {
+        *dptr = (mp__cuptr)(uintptr_t)p;
+        mp__pl_table_put((uintptr_t)p, bytes, (uintptr_t)s, MP__PL_FROM_POOL);
+      }
+      mp__pl_record_alloc((uintptr_t)p, bytes, (uintptr_t)s, st == MP_OK);
+      r = mp__pl_cu_error(st);
+      served = true;
+    }
+  }
+  if (!served) {
+    r = mp__real_alloc(v, dptr, bytes, s);
+    if (r == MP__CU_SUCCESS) {
+      mp__pl_table_put((uintptr_t)*dptr, bytes, (uintptr_t)s, MP__PL_FROM_REAL);
+      mp__pl_record_alloc((uintptr_t)*dptr, bytes, (uintptr_t)s, true);
+    } else if (dptr != NULL && bytes != 0) {
+      mp__pl_record_alloc(0, bytes, (uintptr_t)s, false);
+    }
+  }
+  mp__pl_leave();
+  return r;
+}
+
+static mp__curesult mp__free(mp__variant_t v, mp__cuptr p, mp__custream s) {
+  if (!mp__pl_enter()) {
+    mp__pl_leave();
+    return mp__real_free(v, p, s);
+  }
+  const mp__pl_t *pl = mp__pl_get();
+  mp__pl_block_t b;
+  mp__curesult r;
+  if (!mp__pl_table_take((uintptr_t)p, &b)) {
+    r = mp__real_free(v, p, s); /* not the shim's: the driver's business */
+  } else if (b.kind == MP__PL_FROM_POOL) {
+    void *ptr = (void *)(uintptr_t)p;
+    if (v != MP__SYNC && (uintptr_t)s != b.stream)
+      (void)mp_pool_record_stream(pl->pool, ptr,
+                                  mp__pl_stream(pl, s, v == MP__ASYNC_PTSZ));
+    r = mp__pl_cu_error(mp_pool_free(pl->pool, ptr));
+    mp__pl_record_free(b.ptr, b.size, (uintptr_t)s);
+  } else if (b.kind == MP__PL_FROM_REAL) {
+    r = mp__real_free(v, p, s);
+    if (r == MP__CU_SUCCESS)
+      mp__pl_record_free(b.ptr, b.size, (uintptr_t)s);
+    else
+      mp__pl_table_put(b.ptr, b.size, b.stream, b.kind);
+  } else if (b.kind == MP__PL_FROM_DEVICE) {
+    r = mp__pl_cu_error(mp_device_free(pl->dev, (void *)(uintptr_t)p));
+  } else {
+    /* Pinned host memory is not freed with cuMemFree. */
+    mp__pl_table_put(b.ptr, b.size, b.stream, b.kind);
+    r = MP__CU_INVALID_VALUE;
+  }
+  mp__pl_leave();
+  return r;
+}
+
+mp__curesult cuMemAlloc_v2(mp__cuptr *dptr, size_t bytesize) {
+  return mp__alloc(MP__SYNC, dptr, bytesize, NULL);
+}
+
+mp__curesult cuMemAllocAsync(mp__cuptr *dptr, size_t bytesize,
+                             mp__custream hStream) {
+  return mp__alloc(MP__ASYNC, dptr, bytesize, hStream);
+}
+
+mp__curesult cuMemAllocAsync_ptsz(mp__cuptr *dptr, size_t bytesize,
+                                  mp__custream hStream) {
+  return mp__alloc(MP__ASYNC_PTSZ, dptr, bytesize, hStream);
+}
+
+mp__curesult cuMemFree_v2(mp__cuptr dptr) {
+  return mp__free(MP__SYNC, dptr, NULL);
+}
+
+mp__curesult cuMemFreeAsync(mp__cuptr dptr, mp__custream hStream) {
+  return mp__free(MP__ASYNC, dptr, hStream);
+}
+
+mp__curesult cuMemFreeAsync_ptsz(mp__cuptr dptr, mp__custream hStream) {
+  return mp__free(MP__ASYNC_PTSZ, dptr, hStream);
+}
+
+/* The pool's idle cache is free memory to anyone asking: it is released
+ * to the device when an allocation needs it. */
+mp__curesult cuMemGetInfo_v2(size_t *free, size_t *total) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  bool outer = mp__pl_enter();
+  const mp__pl_t *pl = outer ? mp__pl_get() : NULL;
+  mp__curesult r;
+  if (pl != NULL && pl->mode == MP__PL_POOL && mp__on_pool_device(pl) &&
+      free != NULL && total != NULL) {
+    size_t f = 0, t = 0;
+    if (pl->host)
+      r = mp__pl_cu_error(mp_device_mem_info(pl->dev, &f, &t));
+    else
+      r = rc->mem_get_info ? rc->mem_get_info(&f, &t) : MP__CU_NOT_INITIALIZED;
+    if (r == MP__CU_SUCCESS) {
+      f += mp__pl_pool_cache(pl);
+      *free = f < t ? f : t;
+      *total = t;
+    }
+  } else {
+    r = rc->mem_get_info ? rc->mem_get_info(free, total)
+                         : MP__CU_NOT_INITIALIZED;
+  }
+  mp__pl_leave();
+  return r;
+}
+
+/* A sub-allocated pointer's range is its block, not the pool's segment:
+ * what the program asked for is what it gets back. */
+mp__curesult cuMemGetAddressRange_v2(mp__cuptr *pbase, size_t *psize,
+                                     mp__cuptr dptr) {
+  mp__pl_block_t b;
+  if (mp__pl_table_find_pool((uintptr_t)dptr, &b)) {
+    if (pbase != NULL)
+      *pbase = (mp__cuptr)b.ptr;
+    if (psize != NULL)
+      *psize = b.size;
+    return MP__CU_SUCCESS;
+  }
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  return rc->mem_get_address_range
+             ? rc->mem_get_address_range(pbase, psize, dptr)
+             : MP__CU_NOT_INITIALIZED;
+}

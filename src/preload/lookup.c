@@ -1,0 +1,203 @@
+/* lookup.c - dlsym and cuGetProcAddress: which names resolve to the shim.
+ *
+ * Programs reach the driver three ways: direct calls (bound to the shim by
+ * LD_PRELOAD), dlsym on libcuda's handle (how the shared and the static
+ * runtime start: dlopen("libcuda.so.1") then dlsym(h, "cuGetProcAddress_v2"))
+ * and cuGetProcAddress (how the runtime then resolves every other entry
+ * point, cuGetProcAddress itself included). This file answers the last two.
+ *
+ * dlsym is replaced by a function that stays cheap and predictable:
+ *  - it only ever compares the name with the exact names of hooks.h;
+ *  - RTLD_NEXT lookups are never touched, and reach glibc by a tail call so
+ *    that glibc still sees the original caller's return address and
+ *    searches after the caller, not after the shim (the file is always built
+ *    optimised for that; tests/preload checks it);
+ *  - a hooked name resolves to the shim only when glibc finds it in the
+ *    handle asked, so a library that lacks the symbol still lacks it;
+ *  - lookups made from inside the shim itself go to glibc untouched. That is
+ *    how mempool's cuda backend, compiled into the shim, gets the driver's
+ *    real functions from its own dlopen handle (and the real
+ *    cuGetProcAddress from there) without ever meeting a hook.
+ * cuGetProcAddress asks the real driver first and only swaps the answer for
+ * the shim's function when the driver found the variant the shim replaces
+ * (cuMemAlloc at 3.2 or later is cuMemAlloc_v2, flags with the per-thread
+ * bit select the _ptsz forms, cuGetProcAddress at 12.0 or later is _v2), so
+ * versions and flags mean what the driver says they mean. */
+/* dlfcn.h marks dlsym's name nonnull, which would let the compiler drop
+ * the NULL check of the replacement below: its declaration is renamed away
+ * while the header is read. */
+#define dlsym mp__dlsym_as_glibc_declares_it
+#include <dlfcn.h>
+#undef dlsym
+#include <link.h>
+#include <string.h>
+
+#include "hooks.h"
+
+MP__EXPORT void *dlsym(void *handle, const char *name);
+
+typedef void *(*mp__dlsym_fn)(void *, const char *);
+static _Atomic(mp__dlsym_fn) mp__real_dlsym_fn;
+static pthread_once_t mp__lookup_once = PTHREAD_ONCE_INIT;
+static uintptr_t mp__self_lo, mp__self_hi; /* the shim's mapped range */
+
+static int mp__self_phdr(struct dl_phdr_info *info, size_t size, void *ctx) {
+  (void)size;
+  uintptr_t base = (uintptr_t)ctx;
+  if ((uintptr_t)info->dlpi_addr != base)
+    return 0;
+  for (int i = 0; i < info->dlpi_phnum; i++) {
+    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+    if (ph->p_type != PT_LOAD)
+      continue;
+    uintptr_t lo = base + ph->p_vaddr, hi = lo + ph->p_memsz;
+    if (mp__self_lo == 0 || lo < mp__self_lo)
+      mp__self_lo = lo;
+    if (hi > mp__self_hi)
+      mp__self_hi = hi;
+  }
+  return 1;
+}
+
+/* glibc 2.34 moved dlsym into libc as dlsym@GLIBC_2.34 and kept the older
+ * version names as aliases; one of these is always there. */
+static void mp__lookup_start(void) {
+  static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5",
+                                         "GLIBC_2.17", "GLIBC_2.0"};
+  mp__dlsym_fn fn = NULL;
+  for (size_t i = 0; fn == NULL && i < sizeof versions / sizeof *versions; i++)
+    fn = (mp__dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+  Dl_info info;
+  if (dladdr((const void *)&mp__lookup_start, &info) != 0)
+    dl_iterate_phdr(mp__self_phdr, info.dli_fbase);
+  atomic_store(&mp__real_dlsym_fn, fn);
+}
+
+static mp__dlsym_fn mp__real(void) {
+  mp__dlsym_fn fn =
+      atomic_load_explicit(&mp__real_dlsym_fn, memory_order_acquire);
+  if (MP__UNLIKELY(fn == NULL)) {
+    pthread_once(&mp__lookup_once, mp__lookup_start);
+    fn = atomic_load(&mp__real_dlsym_fn);
+  }
+  return fn;
+}
+
+void *mp__pl_real_dlsym(void *handle, const char *name) {
+  mp__dlsym_fn fn = mp__real();
+  return fn ? fn(handle, name) : NULL;
+}
+
+typedef struct mp__hook_name {
+  const char *name;
+  void *fn;
+} mp__hook_name_t;
+
+#define MP__HOOK(f)                                                            \
+  { #f, (void *)&f }
+static const mp__hook_name_t mp__hooks[] = {
+    MP__HOOK(cuMemAlloc_v2),    MP__HOOK(cuMemFree_v2),
+    MP__HOOK(cuMemAllocAsync),  MP__HOOK(cuMemAllocAsync_ptsz),
+    MP__HOOK(cuMemFreeAsync),   MP__HOOK(cuMemFreeAsync_ptsz),
+    MP__HOOK(cuMemGetInfo_v2),  MP__HOOK(cuMemGetAddressRange_v2),
+    MP__HOOK(cuGetProcAddress), MP__HOOK(cuGetProcAddress_v2),
+    MP__HOOK(cudaMalloc),       MP__HOOK(cudaFree),
+    MP__HOOK(cudaMallocAsync),  MP__HOOK(cudaMallocAsync_ptsz),
+    MP__HOOK(cudaFreeAsync),    MP__HOOK(cudaFreeAsync_ptsz),
+    MP__HOOK(cudaMemGetInfo),   MP__HOOK(cudaMallocManaged),
+    MP__HOOK(cudaMallocHost),   MP__HOOK(cudaHostAlloc),
+    MP__HOOK(cudaFreeHost),
+};
+#undef MP__HOOK
+
+/* Every hooked name starts "cu"; most names a program looks up do not, so
+ * the common case costs two byte compares. */
+static void *mp__hook_for(const char *name) {
+  if (name[0] != 'c' || name[1] != 'u')
+    return NULL;
+  for (size_t i = 0; i < sizeof mp__hooks / sizeof *mp__hooks; i++)
+    if (strcmp(name, mp__hooks[i].name) == 0)
+      return mp__hooks[i].fn;
+  return NULL;
+}
+
+static bool mp__from_self(const void *ret) {
+  uintptr_t a = (uintptr_t)ret;
+  return a >= mp__self_lo && a < mp__self_hi;
+}
+
+void *dlsym(void *handle, const char *name) {
+  mp__dlsym_fn real = mp__real();
+  if (MP__UNLIKELY(real == NULL))
+    return NULL;
+  if (handle != RTLD_NEXT && name != NULL) {
+    void *hook = mp__hook_for(name);
+    if (hook != NULL && !mp__from_self(__builtin_return_address(0)))
+      return real(handle, name) != NULL ? hook : NULL;
+  }
+  return real(handle, name); /* a tail call: see the top of the file */
+}
+
+/* ---- cuGetProcAddress ------------------------------------------------- */
+
+void *mp__pl_proc_hook(const char *symbol, int cuda_version, uint64_t flags) {
+  bool ptsz = (flags & MP__CU_PROC_PER_THREAD) != 0;
+  /* The _v2 forms of these came with CUDA 3.2 (64-bit CUdeviceptr); below
+   * that the driver answers with the 32-bit originals, which stay real. */
+  if (cuda_version >= 3020) {
+    if (strcmp(symbol, "cuMemAlloc") == 0)
+      return (void *)&cuMemAlloc_v2;
+    if (strcmp(symbol, "cuMemFree") == 0)
+      return (void *)&cuMemFree_v2;
+    if (strcmp(symbol, "cuMemGetInfo") == 0)
+      return (void *)&cuMemGetInfo_v2;
+    if (strcmp(symbol, "cuMemGetAddressRange") == 0)
+      return (void *)&cuMemGetAddressRange_v2;
+  }
+  if (strcmp(symbol, "cuMemAllocAsync") == 0)
+    return ptsz ? (void *)&cuMemAllocAsync_ptsz : (void *)&cuMemAllocAsync;
+  if (strcmp(symbol, "cuMemFreeAsync") == 0)
+    return ptsz ? (void *)&cuMemFreeAsync_ptsz : (void *)&cuMemFreeAsync;
+  if (strcmp(symbol, "cuGetProcAddress") == 0)
+    return cuda_version >= 12000 ? (void *)&cuGetProcAddress_v2
+                                 : (void *)&cuGetProcAddress;
+  return NULL;
+}
+
+/* The real driver's answer r, with the shim's function in place of the
+ * one it replaces. */
+static mp__curesult mp__swap_answer(mp__curesult r, const char *symbol,
+                                    void **pfn, int cuda_version,
+                                    uint64_t flags) {
+  if (r == MP__CU_SUCCESS && symbol != NULL && pfn != NULL && *pfn != NULL) {
+    void *hook = mp__pl_proc_hook(symbol, cuda_version, flags);
+    if (hook != NULL)
+      *pfn = hook;
+  }
+  return r;
+}
+
+mp__curesult cuGetProcAddress_v2(const char *symbol, void **pfn,
+                                 int cudaVersion, uint64_t flags,
+                                 unsigned int *symbolStatus) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  if (rc->get_proc_address_v2 != NULL)
+    return mp__swap_answer(
+        rc->get_proc_address_v2(symbol, pfn, cudaVersion, flags, symbolStatus),
+        symbol, pfn, cudaVersion, flags);
+  if (rc->get_proc_address != NULL)
+    return mp__swap_answer(
+        rc->get_proc_address(symbol, pfn, cudaVersion, flags), symbol, pfn,
+        cudaVersion, flags);
+  return MP__CU_NOT_INITIALIZED;
+}
+
+mp__curesult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                              uint64_t flags) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  if (rc->get_proc_address != NULL)
+    return mp__swap_answer(
+        rc->get_proc_address(symbol, pfn, cudaVersion, flags), symbol, pfn,
+        cudaVersion, flags);
+  return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
+}

@@ -1,0 +1,168 @@
+/* preload.h - what the files of libmempool_preload.so share.
+ *
+ * The shim is one shared object built from mempool's own objects plus these
+ * files; only the CUDA entry points it replaces (and dlsym) are exported, see
+ * exports.map. Files, each with one job:
+ *   state.c    environment, lazy thread-safe start, fork and exit, the real
+ *              entry points, and the table of pointers the shim handed out
+ *   record.c   the CSV / Chrome-trace recording and the JSON report
+ *   lookup.c   dlsym and cuGetProcAddress: which names resolve to the shim
+ *   driver.c   the driver-API hooks (cuMemAlloc_v2 ...)
+ *   runtime.c  the runtime-API hooks (cudaMalloc ...)
+ *
+ * CUDA's types are spelled here with plain C types of the same ABI, so the
+ * shim builds without the toolkit; sigcheck.c compares them with the
+ * toolkit's own declarations where the toolkit is present. */
+#ifndef MEMPOOL_PRELOAD_H
+#define MEMPOOL_PRELOAD_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../internal.h"
+
+/* ---- CUDA's ABI, as far as the hooks need it ---------------------------- */
+typedef unsigned int mp__curesult;    /* CUresult (an enum of non-negatives) */
+typedef unsigned int mp__cudaerr;     /* cudaError_t */
+typedef unsigned long long mp__cuptr; /* CUdeviceptr (_v2, 64-bit) */
+typedef struct CUstream_st *mp__custream; /* CUstream == cudaStream_t */
+#define MP__CU_SUCCESS             0u
+#define MP__CU_INVALID_VALUE       1u
+#define MP__CU_OUT_OF_MEMORY       2u
+#define MP__CU_NOT_INITIALIZED     3u
+#define MP__CU_NO_DEVICE           100u
+#define MP__CU_UNKNOWN             999u
+#define MP__CUDA_SUCCESS           0u
+#define MP__CUDA_INVALID_VALUE     1u
+#define MP__CUDA_MEMORY_ALLOCATION 2u
+#define MP__CUDA_INIT_ERROR        3u
+#define MP__CUDA_NO_DEVICE         100u
+#define MP__CUDA_UNKNOWN           999u
+#define MP__CU_PROC_PER_THREAD     2u /* CU_GET_PROC_ADDRESS_PER_THREAD_... */
+#define MP__CU_STREAM_PER_THREAD   ((mp__custream)0x2)
+
+/* ---- state.c ------------------------------------------------------------ */
+
+/* The real entry points, resolved once, lazily. A NULL member: that library
+ * or symbol is not there (no driver, no shared runtime). */
+typedef struct mp__real_cuda {
+  mp__curesult (*mem_alloc)(mp__cuptr *, size_t);
+  mp__curesult (*mem_free)(mp__cuptr);
+  mp__curesult (*mem_alloc_async)(mp__cuptr *, size_t, mp__custream);
+  mp__curesult (*mem_alloc_async_ptsz)(mp__cuptr *, size_t, mp__custream);
+  mp__curesult (*mem_free_async)(mp__cuptr, mp__custream);
+  mp__curesult (*mem_free_async_ptsz)(mp__cuptr, mp__custream);
+  mp__curesult (*mem_get_info)(size_t *, size_t *);
+  mp__curesult (*mem_get_address_range)(mp__cuptr *, size_t *, mp__cuptr);
+  mp__curesult (*get_proc_address)(const char *, void **, int, uint64_t);
+  mp__curesult (*get_proc_address_v2)(const char *, void **, int, uint64_t,
+                                      unsigned int *);
+  mp__curesult (*ctx_get_device)(int *);
+  mp__curesult (*stream_is_capturing)(mp__custream, unsigned int *);
+  mp__curesult (*stream_is_capturing_ptsz)(mp__custream, unsigned int *);
+} mp__real_cuda_t;
+
+typedef struct mp__real_cudart {
+  mp__cudaerr (*malloc)(void **, size_t);
+  mp__cudaerr (*free)(void *);
+  mp__cudaerr (*malloc_async)(void **, size_t, mp__custream);
+  mp__cudaerr (*malloc_async_ptsz)(void **, size_t, mp__custream);
+  mp__cudaerr (*free_async)(void *, mp__custream);
+  mp__cudaerr (*free_async_ptsz)(void *, mp__custream);
+  mp__cudaerr (*mem_get_info)(size_t *, size_t *);
+  mp__cudaerr (*malloc_managed)(void **, size_t, unsigned int);
+  mp__cudaerr (*malloc_host)(void **, size_t);
+  mp__cudaerr (*host_alloc)(void **, size_t, unsigned int);
+  mp__cudaerr (*free_host)(void *);
+  mp__cudaerr (*get_device)(int *);
+  mp__cudaerr (*stream_is_capturing)(mp__custream, unsigned int *);
+} mp__real_cudart_t;
+
+const mp__real_cuda_t *mp__pl_real_cuda(void);
+const mp__real_cudart_t *mp__pl_real_cudart(void);
+/* glibc's own dlsym; never NULL once lookup.c has started. */
+void *mp__pl_real_dlsym(void *handle, const char *name);
+
+/* How a call is served, decided once at the first hooked call. */
+typedef enum mp__pl_mode {
+  MP__PL_POOL,        /* from the pool */
+  MP__PL_PASSTHROUGH, /* the real entry point, recorded */
+} mp__pl_mode_t;
+
+typedef struct mp__pl {
+  mp__pl_mode_t mode;
+  mp_pool_t *pool;  /* MP__PL_POOL only */
+  mp_device_t *dev; /* the pool's device */
+  bool host;        /* the emulated device: no driver behind the pool */
+  int ordinal;      /* the CUDA device the pool serves (cuda mode) */
+} mp__pl_t;
+
+/* The started state (starting it on first use). Never NULL. */
+const mp__pl_t *mp__pl_get(void);
+
+/* Hook nesting in this thread: a hook that calls a real entry point which
+ * comes back into another hook (cudaMalloc -> cuMemAlloc_v2) must see the
+ * inner call go straight to the real one, unrecorded. */
+bool mp__pl_enter(void); /* false: nested, go to the real entry point */
+void mp__pl_leave(void);
+
+/* The pointers the shim knows of: what it handed out from the pool or the
+ * device, and what it recorded on the way to the real entry point. */
+typedef enum mp__pl_kind {
+  MP__PL_FROM_POOL,    /* mp_pool_alloc */
+  MP__PL_FROM_DEVICE,  /* mp_device_alloc (managed memory, host mode) */
+  MP__PL_FROM_HOSTMEM, /* mp_device_host_alloc (pinned memory, host mode) */
+  MP__PL_FROM_REAL,    /* the real entry point; only recorded */
+} mp__pl_kind_t;
+
+typedef struct mp__pl_block {
+  uintptr_t ptr;
+  size_t size;
+  uintptr_t stream;
+  mp__pl_kind_t kind;
+} mp__pl_block_t;
+
+void mp__pl_table_put(uintptr_t ptr, size_t size, uintptr_t stream,
+                      mp__pl_kind_t kind);
+/* Removes ptr's entry into *out; false when ptr is not a known start. */
+bool mp__pl_table_take(uintptr_t ptr, mp__pl_block_t *out);
+/* The pool block containing addr (its start or inside it). */
+bool mp__pl_table_find_pool(uintptr_t addr, mp__pl_block_t *out);
+
+/* ---- record.c ----------------------------------------------------------- */
+
+/* Opens $MEMPOOL_TRACE (called once from the start). */
+void mp__pl_record_open(const mp__pl_t *pl);
+void mp__pl_record_alloc(uintptr_t ptr, size_t size, uintptr_t stream, bool ok);
+void mp__pl_record_free(uintptr_t ptr, size_t size, uintptr_t stream);
+/* Pinned and managed memory: counted and marked, never in the CSV. */
+void mp__pl_record_other(const char *what, uintptr_t ptr, size_t size);
+/* Bypasses of the pool: "capture", "other_device", "foreign_free". */
+void mp__pl_count_bypass(const char *why);
+/* At exit: the report and the trace's tail. */
+void mp__pl_record_finish(const mp__pl_t *pl);
+/* fork(): flush before, drop in the child. */
+void mp__pl_record_prepare(void);
+void mp__pl_record_parent(void);
+void mp__pl_record_child(void);
+
+/* ---- lookup.c ----------------------------------------------------------- */
+
+/* The shim's hook for a cuGetProcAddress query the real driver answered
+ * with a function, or NULL to keep the driver's answer. */
+void *mp__pl_proc_hook(const char *symbol, int cuda_version, uint64_t flags);
+
+/* ---- the hooks: driver.c, runtime.c ------------------------------------- */
+
+/* Maps a pool status to the API's error code. */
+mp__curesult mp__pl_cu_error(mp_status_t st);
+mp__cudaerr mp__pl_cuda_error(mp_status_t st);
+/* The stream the pool sees for a caller's stream (host mode: always NULL). */
+mp_stream_t mp__pl_stream(const mp__pl_t *pl, mp__custream s, bool ptsz);
+/* The pool's idle cache, added to free-memory answers. */
+size_t mp__pl_pool_cache(const mp__pl_t *pl);
+
+#endif /* MEMPOOL_PRELOAD_H */

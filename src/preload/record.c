@@ -1,0 +1,280 @@
+/* record.c - what the shim writes: the trace and the report.
+ *
+ * $MEMPOOL_TRACE=path.csv: every device allocation and free, one line each,
+ * in RMM's logging format (API.md): Thread,Time,Action,Pointer,Size,Stream,
+ * which `mpbench replay` and RMM's replay benchmark read. A path ending in
+ * ".json" gets a Chrome / Perfetto trace instead: an instant event per call
+ * and two counter tracks, reserved and live bytes. Pinned and managed
+ * memory is not device memory the pool could serve: it is counted in the
+ * report and marked in the .json trace, never written to the CSV, so a
+ * replay sees exactly the device allocations.
+ * $MEMPOOL_REPORT=path|stderr: JSON statistics at exit.
+ *
+ * One mutex orders the lines; a line is written whole or not at all. The
+ * invariant: a forked child never writes to its parent's files (the buffer
+ * is flushed before the fork and the child drops the stream), and the .json
+ * trace is closed exactly once, at exit; later events are counted only. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "preload.h"
+
+static struct {
+  pthread_mutex_t lock;
+  FILE *trace;
+  bool json, first, closed, child;
+  const mp__pl_t *pl;
+  struct timespec t0;
+  /* counters, under lock */
+  uint64_t allocs, alloc_failures, frees, pinned, managed;
+  uint64_t bypass_capture, bypass_other_device, foreign_frees;
+  size_t live, peak_live;
+} mp__rec = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static _Thread_local long mp__tid;
+
+static long mp__thread_id(void) {
+  if (mp__tid == 0)
+    mp__tid = (long)syscall(SYS_gettid);
+  return mp__tid;
+}
+
+void mp__pl_record_open(const mp__pl_t *pl) {
+  pthread_mutex_lock(&mp__rec.lock);
+  mp__rec.pl = pl;
+  clock_gettime(CLOCK_MONOTONIC, &mp__rec.t0);
+  const char *path = getenv("MEMPOOL_TRACE");
+  if (!mp__rec.child && mp__rec.trace == NULL && path != NULL &&
+      path[0] != '\0') {
+    size_t n = strlen(path);
+    mp__rec.json = n >= 5 && strcmp(path + n - 5, ".json") == 0;
+    mp__rec.trace = fopen(path, "w");
+    if (mp__rec.trace == NULL) {
+      fprintf(stderr,
+              "mempool preload: cannot write MEMPOOL_TRACE '%s'; not "
+              "tracing\n",
+              path);
+    } else if (mp__rec.json) {
+      fprintf(mp__rec.trace,
+              "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n"
+              "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,"
+              "\"args\":{\"name\":\"mempool preload\"}}",
+              (int)getpid());
+    } else {
+      fputs("Thread,Time,Action,Pointer,Size,Stream\n", mp__rec.trace);
+    }
+  }
+  pthread_mutex_unlock(&mp__rec.lock);
+}
+
+/* Microseconds since the start, for the .json trace. */
+static double mp__since_start_us(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)(t.tv_sec - mp__rec.t0.tv_sec) * 1e6 +
+         (double)(t.tv_nsec - mp__rec.t0.tv_nsec) / 1e3;
+}
+
+static void mp__csv_line(const char *action, uintptr_t ptr, size_t size,
+                         uintptr_t stream) {
+  struct timespec t;
+  struct tm tm;
+  clock_gettime(CLOCK_REALTIME, &t);
+  localtime_r(&t.tv_sec, &tm);
+  char where[32];
+  if (ptr != 0)
+    snprintf(where, sizeof where, "%#lx", (unsigned long)ptr);
+  else
+    snprintf(where, sizeof where, "(nil)");
+  fprintf(mp__rec.trace, "%ld,%02d:%02d:%02d.%06ld,%s,%s,%zu,%lu\n",
+          mp__thread_id(), tm.tm_hour, tm.tm_min, tm.tm_sec,
+          (long)(t.tv_nsec / 1000), action, where, size, (unsigned long)stream);
+}
+
+static void mp__json_event(const char *name, uintptr_t ptr, size_t size,
+                           uintptr_t stream, size_t reserved) {
+  double ts = mp__since_start_us();
+  int pid = (int)getpid();
+  fprintf(mp__rec.trace,
+          ",\n{\"name\":\"%s\",\"cat\":\"mempool\",\"ph\":\"i\",\"s\":\"t\","
+          "\"ts\":%.3f,\"pid\":%d,\"tid\":%ld,\"args\":{\"ptr\":\"%#lx\","
+          "\"size\":%zu,\"stream\":%lu}}",
+          name, ts, pid, mp__thread_id(), (unsigned long)ptr, size,
+          (unsigned long)stream);
+  fprintf(mp__rec.trace,
+          ",\n{\"name\":\"reserved bytes\",\"ph\":\"C\",\"ts\":%.3f,"
+          "\"pid\":%d,\"args\":{\"bytes\":%zu}}"
+          ",\n{\"name\":\"live bytes\",\"ph\":\"C\",\"ts\":%.3f,"
+          "\"pid\":%d,\"args\":{\"bytes\":%zu}}",
+          ts, pid, reserved, ts, pid, mp__rec.live);
+}
+
+/* Reserved bytes: the pool's, or (passthrough) the live ones. Read before
+ * taking the record lock, so the pool's lock is never taken inside it. */
+static size_t mp__reserved_now(void) {
+  const mp__pl_t *pl = mp__rec.pl;
+  mp_stats_t s;
+  if (pl != NULL && pl->pool != NULL &&
+      mp_pool_get_stats(pl->pool, &s) == MP_OK)
+    return s.reserved_bytes;
+  return SIZE_MAX;
+}
+
+static void mp__write(const char *action, uintptr_t ptr, size_t size,
+                      uintptr_t stream, size_t reserved) {
+  if (mp__rec.trace == NULL || mp__rec.closed)
+    return;
+  if (!mp__rec.json)
+    mp__csv_line(action, ptr, size, stream);
+  else
+    mp__json_event(action, ptr, size, stream,
+                   reserved == SIZE_MAX ? mp__rec.live : reserved);
+}
+
+void mp__pl_record_alloc(uintptr_t ptr, size_t size, uintptr_t stream,
+                         bool ok) {
+  size_t reserved = mp__rec.json ? mp__reserved_now() : 0;
+  pthread_mutex_lock(&mp__rec.lock);
+  if (ok) {
+    mp__rec.allocs++;
+    mp__rec.live += size;
+    if (mp__rec.live > mp__rec.peak_live)
+      mp__rec.peak_live = mp__rec.live;
+  } else {
+    mp__rec.alloc_failures++;
+  }
+  mp__write(ok ? "allocate" : "allocate failure", ok ? ptr : 0, size, stream,
+            reserved);
+  pthread_mutex_unlock(&mp__rec.lock);
+}
+
+void mp__pl_record_free(uintptr_t ptr, size_t size, uintptr_t stream) {
+  size_t reserved = mp__rec.json ? mp__reserved_now() : 0;
+  pthread_mutex_lock(&mp__rec.lock);
+  mp__rec.frees++;
+  mp__rec.live -= size <= mp__rec.live ? size : mp__rec.live;
+  mp__write("free", ptr, size, stream, reserved);
+  pthread_mutex_unlock(&mp__rec.lock);
+}
+
+void mp__pl_record_other(const char *what, uintptr_t ptr, size_t size) {
+  pthread_mutex_lock(&mp__rec.lock);
+  if (strcmp(what, "managed") == 0)
+    mp__rec.managed++;
+  else
+    mp__rec.pinned++;
+  if (mp__rec.json && mp__rec.trace != NULL && !mp__rec.closed)
+    fprintf(mp__rec.trace,
+            ",\n{\"name\":\"%s\",\"cat\":\"mempool\",\"ph\":\"i\",\"s\":\"t\","
+            "\"ts\":%.3f,\"pid\":%d,\"tid\":%ld,\"args\":{\"ptr\":\"%#lx\","
+            "\"size\":%zu}}",
+            what, mp__since_start_us(), (int)getpid(), mp__thread_id(),
+            (unsigned long)ptr, size);
+  pthread_mutex_unlock(&mp__rec.lock);
+}
+
+void mp__pl_count_bypass(const char *why) {
+  pthread_mutex_lock(&mp__rec.lock);
+  if (strcmp(why, "capture") == 0)
+    mp__rec.bypass_capture++;
+  else if (strcmp(why, "other_device") == 0)
+    mp__rec.bypass_other_device++;
+  else
+    mp__rec.foreign_frees++;
+  pthread_mutex_unlock(&mp__rec.lock);
+}
+
+static void mp__report(FILE *f, const mp__pl_t *pl) {
+  const char *mode = pl == NULL                ? "unused"
+                     : pl->mode == MP__PL_POOL ? "pool"
+                                               : "passthrough";
+  fprintf(f,
+          "{\n  \"mode\": \"%s\",\n  \"device\": \"%s\",\n"
+          "  \"calls\": {\"allocate\": %llu, \"allocate_failure\": %llu, "
+          "\"free\": %llu, \"pinned\": %llu, \"managed\": %llu},\n"
+          "  \"bypassed\": {\"capture\": %llu, \"other_device\": %llu, "
+          "\"foreign_free\": %llu},\n"
+          "  \"live_bytes\": %zu,\n  \"peak_live_bytes\": %zu",
+          mode, pl && pl->dev ? mp_device_name(pl->dev) : "",
+          (unsigned long long)mp__rec.allocs,
+          (unsigned long long)mp__rec.alloc_failures,
+          (unsigned long long)mp__rec.frees, (unsigned long long)mp__rec.pinned,
+          (unsigned long long)mp__rec.managed,
+          (unsigned long long)mp__rec.bypass_capture,
+          (unsigned long long)mp__rec.bypass_other_device,
+          (unsigned long long)mp__rec.foreign_frees, mp__rec.live,
+          mp__rec.peak_live);
+  mp_stats_t s;
+  if (pl != NULL && pl->pool != NULL &&
+      mp_pool_get_stats(pl->pool, &s) == MP_OK)
+    fprintf(f,
+            ",\n  \"pool\": {\"reserved_bytes\": %zu, "
+            "\"peak_reserved_bytes\": %zu, \"allocated_bytes\": %zu, "
+            "\"peak_allocated_bytes\": %zu, \"requested_bytes\": %zu, "
+            "\"peak_requested_bytes\": %zu, \"largest_free_bytes\": %zu, "
+            "\"alloc_count\": %llu, \"free_count\": %llu, "
+            "\"device_alloc_count\": %llu, \"device_free_count\": %llu, "
+            "\"oom_count\": %llu}",
+            s.reserved_bytes, s.peak_reserved_bytes, s.allocated_bytes,
+            s.peak_allocated_bytes, s.requested_bytes, s.peak_requested_bytes,
+            s.largest_free_bytes, (unsigned long long)s.alloc_count,
+            (unsigned long long)s.free_count,
+            (unsigned long long)s.device_alloc_count,
+            (unsigned long long)s.device_free_count,
+            (unsigned long long)s.oom_count);
+  fputs("\n}\n", f);
+}
+
+void mp__pl_record_finish(const mp__pl_t *pl) {
+  pthread_mutex_lock(&mp__rec.lock);
+  if (mp__rec.child) {
+    pthread_mutex_unlock(&mp__rec.lock);
+    return;
+  }
+  if (mp__rec.trace != NULL && !mp__rec.closed) {
+    if (mp__rec.json) {
+      fputs("\n]}\n", mp__rec.trace);
+      mp__rec.closed = true;
+    }
+    /* The CSV stays open: exit's stdio cleanup writes the lines of frees
+     * made by later exit handlers. */
+    fflush(mp__rec.trace);
+  }
+  const char *path = getenv("MEMPOOL_REPORT");
+  if (path != NULL && path[0] != '\0') {
+    bool to_stderr = strcmp(path, "stderr") == 0;
+    FILE *f = to_stderr ? stderr : fopen(path, "w");
+    if (f == NULL) {
+      fprintf(stderr, "mempool preload: cannot write MEMPOOL_REPORT '%s'\n",
+              path);
+    } else {
+      mp__report(f, pl);
+      if (!to_stderr)
+        fclose(f);
+    }
+  }
+  pthread_mutex_unlock(&mp__rec.lock);
+}
+
+void mp__pl_record_prepare(void) {
+  pthread_mutex_lock(&mp__rec.lock);
+  if (mp__rec.trace != NULL)
+    fflush(mp__rec.trace);
+}
+
+void mp__pl_record_parent(void) {
+  pthread_mutex_unlock(&mp__rec.lock);
+}
+
+void mp__pl_record_child(void) {
+  pthread_mutex_init(&mp__rec.lock, NULL);
+  if (mp__rec.trace != NULL)
+    fclose(mp__rec.trace); /* empty buffer: flushed in prepare */
+  mp__rec.trace = NULL;
+  mp__rec.child = true;
+  mp__rec.pl = NULL;
+}

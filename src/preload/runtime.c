@@ -1,0 +1,259 @@
+/* runtime.c - the runtime-API hooks, for programs linked with the shared
+ * CUDA runtime: cudaMalloc, cudaFree, cudaMallocAsync, cudaFreeAsync (and
+ * their _ptsz forms) and cudaMemGetInfo are served by the pool;
+ * cudaMallocManaged, cudaMallocHost, cudaHostAlloc and cudaFreeHost go to
+ * the real runtime and are counted. With MEMPOOL_DEVICE=host everything is
+ * served by the emulated device (managed memory as one device allocation,
+ * pinned memory as the device's host memory), so no driver is needed.
+ *
+ * The rules are the driver hooks' (driver.c): the pool serves the pool's
+ * device outside stream capture, frees go where their pointer came from,
+ * unknown pointers go to the real runtime, nested calls are not recorded.
+ * The runtime's conventions hold: 0 bytes is success with a NULL pointer,
+ * cudaFree(NULL) is the real runtime's (programs call it to create their
+ * context) or, on the host device, a no-op. */
+#include "hooks.h"
+
+typedef enum { MP__RT_SYNC, MP__RT_ASYNC, MP__RT_ASYNC_PTSZ } mp__rt_variant_t;
+
+static mp__cudaerr mp__rt_real_alloc(mp__rt_variant_t v, void **p, size_t bytes,
+                                     mp__custream s) {
+  const mp__real_cudart_t *rt = mp__pl_real_cudart();
+  switch (v) {
+  case MP__RT_SYNC:
+    return rt->malloc ? rt->malloc(p, bytes) : MP__CUDA_INIT_ERROR;
+  case MP__RT_ASYNC:
+    return rt->malloc_async ? rt->malloc_async(p, bytes, s)
+                            : MP__CUDA_INIT_ERROR;
+  case MP__RT_ASYNC_PTSZ:
+    return rt->malloc_async_ptsz ? rt->malloc_async_ptsz(p, bytes, s)
+                                 : MP__CUDA_INIT_ERROR;
+  }
+  return MP__CUDA_INIT_ERROR;
+}
+
+static mp__cudaerr mp__rt_real_free(mp__rt_variant_t v, void *p,
+                                    mp__custream s) {
+  const mp__real_cudart_t *rt = mp__pl_real_cudart();
+  switch (v) {
+  case MP__RT_SYNC: return rt->free ? rt->free(p) : MP__CUDA_INIT_ERROR;
+  case MP__RT_ASYNC:
+    return rt->free_async ? rt->free_async(p, s) : MP__CUDA_INIT_ERROR;
+  case MP__RT_ASYNC_PTSZ:
+    return rt->free_async_ptsz ? rt->free_async_ptsz(p, s)
+                               : MP__CUDA_INIT_ERROR;
+  }
+  return MP__CUDA_INIT_ERROR;
+}
+
+static bool mp__rt_on_pool_device(const mp__pl_t *pl) {
+  const mp__real_cudart_t *rt = mp__pl_real_cudart();
+  if (pl->host || rt->get_device == NULL)
+    return true;
+  int d = -1;
+  return rt->get_device(&d) == MP__CUDA_SUCCESS && d == pl->ordinal;
+}
+
+static bool mp__rt_capturing(const mp__pl_t *pl, mp__custream s, bool ptsz) {
+  const mp__real_cudart_t *rt = mp__pl_real_cudart();
+  if (pl->host || rt->stream_is_capturing == NULL)
+    return false;
+  if (ptsz && s == NULL)
+    s = MP__CU_STREAM_PER_THREAD; /* cudaStreamPerThread */
+  unsigned int status = 0;
+  return rt->stream_is_capturing(s, &status) != MP__CUDA_SUCCESS || status != 0;
+}
+
+static mp__cudaerr mp__rt_alloc(mp__rt_variant_t v, void **p, size_t bytes,
+                                mp__custream s) {
+  if (!mp__pl_enter()) {
+    mp__pl_leave();
+    return mp__rt_real_alloc(v, p, bytes, s);
+  }
+  const mp__pl_t *pl = mp__pl_get();
+  mp__cudaerr r = MP__CUDA_SUCCESS;
+  bool ptsz = v == MP__RT_ASYNC_PTSZ, served = false;
+  if (pl->mode == MP__PL_POOL) {
+    if (p == NULL) {
+      r = MP__CUDA_INVALID_VALUE;
+      served = true;
+    } else if (bytes == 0) {
+      *p = NULL;
+      served = true;
+    } else if (!mp__rt_on_pool_device(pl)) {
+      mp__pl_count_bypass("other_device");
+    } else if (mp__rt_capturing(pl, v == MP__RT_SYNC ? NULL : s, ptsz)) {
+      mp__pl_count_bypass("capture");
+    } else {
+      void *ptr = NULL;
+      mp_status_t st =
+          mp_pool_alloc(pl->pool, bytes, mp__pl_stream(pl, s, ptsz), &ptr);
+      if (st == MP_OK) {
+        *p = ptr;
+        mp__pl_table_put((uintptr_t)ptr, bytes, (uintptr_t)s, MP__PL_FROM_POOL);
+      }
+      mp__pl_record_alloc((uintptr_t)ptr, bytes, (uintptr_t)s, st == MP_OK);
+      r = mp__pl_cuda_error(st);
+      served = true;
+    }
+  }
+  if (!served) {
+    r = mp__rt_real_alloc(v, p, bytes, s);
+    if (r == MP__CUDA_SUCCESS && p != NULL && *p != NULL) {
+      mp__pl_table_put((uintptr_t)*p, bytes, (uintptr_t)s, MP__PL_FROM_REAL);
+      mp__pl_record_alloc((uintptr_t)*p, bytes, (uintptr_t)s, true);
+    } else if (r != MP__CUDA_SUCCESS && p != NULL && bytes != 0) {
+      mp__pl_record_alloc(0, bytes, (uintptr_t)s, false);
+    }
+  }
+  mp__pl_leave();
+  return r;
+}
+
+static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
+  if (!mp__pl_enter()) {
+    mp__pl_leave();
+    return mp__rt_real_free(v, p, s);
+  }
+  const mp__pl_t *pl = mp__pl_get();
+  mp__pl_block_t b;
+  mp__cudaerr r;
+  if (p == NULL && pl->host) {
+    r = MP__CUDA_SUCCESS;
+  } else if (!mp__pl_table_take((uintptr_t)p, &b)) {
+    if (pl->host && p != NULL)
+      mp__pl_count_bypass("foreign_free");
+    r = mp__rt_real_free(v, p, s);
+  } else if (b.kind == MP__PL_FROM_POOL) {
+    if (v != MP__RT_SYNC && (uintptr_t)s != b.stream)
+      (void)mp_pool_record_stream(pl->pool, p,
+                                  mp__pl_stream(pl, s, v == MP__RT_ASYNC_PTSZ));
+    r = mp__pl_cuda_error(mp_pool_free(pl->pool, p));
+    mp__pl_record_free(b.ptr, b.size, (uintptr_t)s);
+  } else if (b.kind == MP__PL_FROM_REAL) {
+    r = mp__rt_real_free(v, p, s);
+    if (r == MP__CUDA_SUCCESS)
+      mp__pl_record_free(b.ptr, b.size, (uintptr_t)s);
+    else
+      mp__pl_table_put(b.ptr, b.size, b.stream, b.kind);
+  } else if (b.kind == MP__PL_FROM_DEVICE) {
+    r = mp__pl_cuda_error(mp_device_free(pl->dev, p));
+  } else {
+    mp__pl_table_put(b.ptr, b.size, b.stream, b.kind); /* needs cudaFreeHost */
+    r = MP__CUDA_INVALID_VALUE;
+  }
+  mp__pl_leave();
+  return r;
+}
+
+mp__cudaerr cudaMalloc(void **devPtr, size_t size) {
+  return mp__rt_alloc(MP__RT_SYNC, devPtr, size, NULL);
+}
+
+mp__cudaerr cudaMallocAsync(void **devPtr, size_t size, mp__custream hStream) {
+  return mp__rt_alloc(MP__RT_ASYNC, devPtr, size, hStream);
+}
+
+mp__cudaerr cudaMallocAsync_ptsz(void **devPtr, size_t size,
+                                 mp__custream hStream) {
+  return mp__rt_alloc(MP__RT_ASYNC_PTSZ, devPtr, size, hStream);
+}
+
+mp__cudaerr cudaFree(void *devPtr) {
+  return mp__rt_free(MP__RT_SYNC, devPtr, NULL);
+}
+
+mp__cudaerr cudaFreeAsync(void *devPtr, mp__custream hStream) {
+  return mp__rt_free(MP__RT_ASYNC, devPtr, hStream);
+}
+
+mp__cudaerr cudaFreeAsync_ptsz(void *devPtr, mp__custream hStream) {
+  return mp__rt_free(MP__RT_ASYNC_PTSZ, devPtr, hStream);
+}
+
+mp__cudaerr cudaMemGetInfo(size_t *free, size_t *total) {
+  const mp__real_cudart_t *rt = mp__pl_real_cudart();
+  bool outer = mp__pl_enter();
+  const mp__pl_t *pl = outer ? mp__pl_get() : NULL;
+  mp__cudaerr r;
+  if (pl != NULL && pl->mode == MP__PL_POOL && mp__rt_on_pool_device(pl) &&
+      free != NULL && total != NULL) {
+    size_t f = 0, t = 0;
+    if (pl->host)
+      r = mp__pl_cuda_error(mp_device_mem_info(pl->dev, &f, &t));
+    else
+      r = rt->mem_get_info ? rt->mem_get_info(&f, &t) : MP__CUDA_INIT_ERROR;
+    if (r == MP__CUDA_SUCCESS) {
+      f += mp__pl_pool_cache(pl);
+      *free = f < t ? f : t;
+      *total = t;
+    }
+  } else {
+    r = rt->mem_get_info ? rt->mem_get_info(free, total) : MP__CUDA_INIT_ERROR;
+  }
+  mp__pl_leave();
+  return r;
+}
+
+/* ---- memory the pool does not serve ------------------------------------ */
+
+/* kind: MP__PL_FROM_DEVICE (managed) or MP__PL_FROM_HOSTMEM (pinned). On the
+ * host device the emulator provides it; elsewhere the real runtime does. */
+static mp__cudaerr mp__rt_other_alloc(mp__pl_kind_t kind, void **p,
+                                      size_t bytes, unsigned int flags,
+                                      bool host_alloc) {
+  const mp__real_cudart_t *rt = mp__pl_real_cudart();
+  bool outer = mp__pl_enter();
+  const mp__pl_t *pl = outer ? mp__pl_get() : NULL;
+  mp__cudaerr r;
+  if (pl != NULL && pl->mode == MP__PL_POOL && pl->host) {
+    if (p == NULL || bytes == 0) {
+      r = MP__CUDA_INVALID_VALUE;
+    } else {
+      mp_status_t st = kind == MP__PL_FROM_DEVICE
+                           ? mp_device_alloc(pl->dev, bytes, p)
+                           : mp_device_host_alloc(pl->dev, bytes, p);
+      if (st == MP_OK)
+        mp__pl_table_put((uintptr_t)*p, bytes, 0, kind);
+      r = mp__pl_cuda_error(st);
+    }
+  } else if (kind == MP__PL_FROM_DEVICE) {
+    r = rt->malloc_managed ? rt->malloc_managed(p, bytes, flags)
+                           : MP__CUDA_INIT_ERROR;
+  } else if (host_alloc) {
+    r = rt->host_alloc ? rt->host_alloc(p, bytes, flags) : MP__CUDA_INIT_ERROR;
+  } else {
+    r = rt->malloc_host ? rt->malloc_host(p, bytes) : MP__CUDA_INIT_ERROR;
+  }
+  if (outer && r == MP__CUDA_SUCCESS)
+    mp__pl_record_other(kind == MP__PL_FROM_DEVICE ? "managed" : "pinned",
+                        (uintptr_t)*p, bytes);
+  mp__pl_leave();
+  return r;
+}
+
+mp__cudaerr cudaMallocManaged(void **devPtr, size_t size, unsigned int flags) {
+  return mp__rt_other_alloc(MP__PL_FROM_DEVICE, devPtr, size, flags, false);
+}
+
+mp__cudaerr cudaMallocHost(void **ptr, size_t size) {
+  return mp__rt_other_alloc(MP__PL_FROM_HOSTMEM, ptr, size, 0, false);
+}
+
+mp__cudaerr cudaHostAlloc(void **pHost, size_t size, unsigned int flags) {
+  return mp__rt_other_alloc(MP__PL_FROM_HOSTMEM, pHost, size, flags, true);
+}
+
+mp__cudaerr cudaFreeHost(void *ptr) {
+  const mp__real_cudart_t *rt = mp__pl_real_cudart();
+  mp__pl_block_t b;
+  if (mp__pl_table_take((uintptr_t)ptr, &b)) {
+    if (b.kind == MP__PL_FROM_HOSTMEM)
+      return mp__pl_cuda_error(mp_device_host_free(mp__pl_get()->dev, ptr));
+    mp__pl_table_put(b.ptr, b.size, b.stream, b.kind); /* not pinned memory */
+    return MP__CUDA_INVALID_VALUE;
+  }
+  if (ptr == NULL && rt->free_host == NULL)
+    return MP__CUDA_SUCCESS;
+  return rt->free_host ? rt->free_host(ptr) : MP__CUDA_INIT_ERROR;
+}

@@ -1,0 +1,25 @@
+/* sigcheck.c - a compile-time check, nothing at run time: the hooks of
+ * hooks.h, spelled with plain C types so that the shim builds without the
+ * toolkit, must be the very functions cuda.h and cuda_runtime_api.h
+ * declare. Compiled only where the toolkit is found; a drifted signature
+ * is a "conflicting types" error here. */
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+/* cuda.h maps the name to the CUDA 12 form; the original is declared only
+ * for the driver's own build. */
+#undef cuGetProcAddress
+CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn,
+                                  int cudaVersion, cuuint64_t flags);
+
+#include "hooks.h"
+
+_Static_assert(sizeof(CUresult) == sizeof(mp__curesult), "CUresult");
+_Static_assert(sizeof(cudaError_t) == sizeof(mp__cudaerr), "cudaError_t");
+_Static_assert(sizeof(CUdeviceptr) == sizeof(mp__cuptr), "CUdeviceptr");
+_Static_assert(CUDA_ERROR_OUT_OF_MEMORY == MP__CU_OUT_OF_MEMORY, "errors");
+_Static_assert(cudaErrorMemoryAllocation == MP__CUDA_MEMORY_ALLOCATION,
+               "errors");
+_Static_assert(CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM ==
+                   MP__CU_PROC_PER_THREAD,
+               "flags");

@@ -1,0 +1,397 @@
+/* state.c - the shim's state: environment, lazy start, fork, exit, the real
+ * entry points, and the table of pointers the shim knows.
+ *
+ * The start is lazy (the first hooked call), thread-safe (one mutex, after
+ * which the state is read-only), and cannot recurse: a hook reached from
+ * inside the start, in the starting thread, is passed through. Every
+ * problem with the environment ends in a one-line message on stderr and
+ * passthrough, never in a failed process.
+ *
+ * The invariants: the state is either not started or complete and never
+ * changes again in this process (so hooks read it without a lock); a forked
+ * child starts over with nothing of the parent's pool (its locks and
+ * threads did not survive the fork); at exit nothing is torn down, because
+ * the runtime's own exit handlers may still free memory after ours ran. */
+#include <dlfcn.h>
+#include <link.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "preload.h"
+
+/* ---- the real entry points -------------------------------------------- */
+
+static mp__real_cuda_t mp__rc;
+static pthread_once_t mp__rc_once = PTHREAD_ONCE_INIT;
+static mp__real_cudart_t mp__rrt;
+static pthread_once_t mp__rrt_once = PTHREAD_ONCE_INIT;
+
+#define MP__RESOLVE(tbl, h, field, name)                                       \
+  ((tbl).field = (__typeof__((tbl).field))mp__pl_real_dlsym((h), (name)))
+
+/* The driver is whatever libcuda.so.1 the process has (or would load); the
+ * lookups are made from the shim, so dlsym returns the driver's own
+ * functions, never the hooks. */
+static void mp__rc_start(void) {
+  void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (h == NULL)
+    h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (h == NULL)
+    return;
+  MP__RESOLVE(mp__rc, h, mem_alloc, "cuMemAlloc_v2");
+  MP__RESOLVE(mp__rc, h, mem_free, "cuMemFree_v2");
+  MP__RESOLVE(mp__rc, h, mem_alloc_async, "cuMemAllocAsync");
+  MP__RESOLVE(mp__rc, h, mem_alloc_async_ptsz, "cuMemAllocAsync_ptsz");
+  MP__RESOLVE(mp__rc, h, mem_free_async, "cuMemFreeAsync");
+  MP__RESOLVE(mp__rc, h, mem_free_async_ptsz, "cuMemFreeAsync_ptsz");
+  MP__RESOLVE(mp__rc, h, mem_get_info, "cuMemGetInfo_v2");
+  MP__RESOLVE(mp__rc, h, mem_get_address_range, "cuMemGetAddressRange_v2");
+  MP__RESOLVE(mp__rc, h, get_proc_address, "cuGetProcAddress");
+  MP__RESOLVE(mp__rc, h, get_proc_address_v2, "cuGetProcAddress_v2");
+  MP__RESOLVE(mp__rc, h, ctx_get_device, "cuCtxGetDevice");
+  MP__RESOLVE(mp__rc, h, stream_is_capturing, "cuStreamIsCapturing");
+  MP__RESOLVE(mp__rc, h, stream_is_capturing_ptsz, "cuStreamIsCapturing_ptsz");
+}
+
+const mp__real_cuda_t *mp__pl_real_cuda(void) {
+  pthread_once(&mp__rc_once, mp__rc_start);
+  return &mp__rc;
+}
+
+static int mp__find_cudart(struct dl_phdr_info *info, size_t size, void *ctx) {
+  (void)size;
+  const char *name = info->dlpi_name;
+  if (name == NULL || strstr(name, "libcudart.so") == NULL)
+    return 0;
+  *(void **)ctx = dlopen(name, RTLD_LAZY | RTLD_NOLOAD);
+  return *(void **)ctx != NULL;
+}
+
+/* The shared runtime is normally next after the shim in the global scope.
+ * A runtime loaded privately (a Python extension's dependency, opened
+ * RTLD_LOCAL) is not, though its calls still reach the shim: it is then
+ * found among the loaded objects by name. */
+static void mp__rrt_start(void) {
+  void *h = RTLD_NEXT;
+  if (mp__pl_real_dlsym(h, "cudaMalloc") == NULL) {
+    h = NULL;
+    dl_iterate_phdr(mp__find_cudart, &h);
+    if (h == NULL)
+      return;
+  }
+  MP__RESOLVE(mp__rrt, h, malloc, "cudaMalloc");
+  MP__RESOLVE(mp__rrt, h, free, "cudaFree");
+  MP__RESOLVE(mp__rrt, h, malloc_async, "cudaMallocAsync");
+  MP__RESOLVE(mp__rrt, h, malloc_async_ptsz, "cudaMallocAsync_ptsz");
+  MP__RESOLVE(mp__rrt, h, free_async, "cudaFreeAsync");
+  MP__RESOLVE(mp__rrt, h, free_async_ptsz, "cudaFreeAsync_ptsz");
+  MP__RESOLVE(mp__rrt, h, mem_get_info, "cudaMemGetInfo");
+  MP__RESOLVE(mp__rrt, h, malloc_managed, "cudaMallocManaged");
+  MP__RESOLVE(mp__rrt, h, malloc_host, "cudaMallocHost");
+  MP__RESOLVE(mp__rrt, h, host_alloc, "cudaHostAlloc");
+  MP__RESOLVE(mp__rrt, h, free_host, "cudaFreeHost");
+  MP__RESOLVE(mp__rrt, h, get_device, "cudaGetDevice");
+  MP__RESOLVE(mp__rrt, h, stream_is_capturing, "cudaStreamIsCapturing");
+}
+
+const mp__real_cudart_t *mp__pl_real_cudart(void) {
+  pthread_once(&mp__rrt_once, mp__rrt_start);
+  return &mp__rrt;
+}
+
+/* ---- nesting ---------------------------------------------------------- */
+
+static _Thread_local int mp__depth;
+
+bool mp__pl_enter(void) {
+  return mp__depth++ == 0;
+}
+
+void mp__pl_leave(void) {
+  mp__depth--;
+}
+
+/* ---- the table of known pointers --------------------------------------- */
+
+/* Open addressing with linear probing and backward-shift deletion, keyed
+ * by address; ptr == 0 marks an empty slot (NULL is never stored). Exact
+ * lookups (every free) are O(1); the rare interior-pointer query of
+ * cuMemGetAddressRange scans, which is fine for a call made once per
+ * buffer by IPC and communication libraries. */
+static struct {
+  pthread_mutex_t lock;
+  mp__pl_block_t *slots;
+  size_t cap, count; /* cap: 0 or a power of two */
+} mp__tab = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static size_t mp__slot_of(uintptr_t ptr, size_t cap) {
+  uint64_t h = (uint64_t)(ptr >> 8) * 0x9E3779B97F4A7C15ull;
+  return (size_t)(h >> 32) & (cap - 1);
+}
+
+static void mp__tab_insert(mp__pl_block_t *slots, size_t cap,
+                           const mp__pl_block_t *b) {
+  size_t i = mp__slot_of(b->ptr, cap);
+  while (slots[i].ptr != 0 && slots[i].ptr != b->ptr)
+    i = (i + 1) & (cap - 1);
+  slots[i] = *b;
+}
+
+static bool mp__tab_grow(void) {
+  size_t cap = mp__tab.cap ? mp__tab.cap * 2 : 1024;
+  mp__pl_block_t *slots = calloc(cap, sizeof *slots);
+  if (slots == NULL)
+    return false;
+  for (size_t i = 0; i < mp__tab.cap; i++)
+    if (mp__tab.slots[i].ptr != 0)
+      mp__tab_insert(slots, cap, &mp__tab.slots[i]);
+  free(mp__tab.slots);
+  mp__tab.slots = slots;
+  mp__tab.cap = cap;
+  return true;
+}
+
+static size_t mp__tab_index(uintptr_t ptr) {
+  if (mp__tab.cap == 0)
+    return SIZE_MAX;
+  for (size_t i = mp__slot_of(ptr, mp__tab.cap);;
+       i = (i + 1) & (mp__tab.cap - 1)) {
+    if (mp__tab.slots[i].ptr == ptr)
+      return i;
+    if (mp__tab.slots[i].ptr == 0)
+      return SIZE_MAX;
+  }
+}
+
+void mp__pl_table_put(uintptr_t ptr, size_t size, uintptr_t stream,
+                      mp__pl_kind_t kind) {
+  if (ptr == 0)
+    return;
+  mp__pl_block_t b = {.ptr = ptr, .size = size, .stream = stream, .kind = kind};
+  pthread_mutex_lock(&mp__tab.lock);
+  /* Growing at half load keeps probes short. Without host memory to grow,
+   * the pointer goes unrecorded: its free then reaches the real driver,
+   * which is what happens to every pointer the shim does not know. */
+  if ((mp__tab.count + 1) * 2 <= mp__tab.cap || mp__tab_grow()) {
+    if (mp__tab_index(ptr) == SIZE_MAX)
+      mp__tab.count++;
+    mp__tab_insert(mp__tab.slots, mp__tab.cap, &b);
+  }
+  pthread_mutex_unlock(&mp__tab.lock);
+}
+
+bool mp__pl_table_take(uintptr_t ptr, mp__pl_block_t *out) {
+  if (ptr == 0)
+    return false;
+  pthread_mutex_lock(&mp__tab.lock);
+  size_t i = mp__tab_index(ptr);
+  bool found = i != SIZE_MAX;
+  if (found) {
+    *out = mp__tab.slots[i];
+    mp__tab.slots[i].ptr = 0;
+    mp__tab.count--;
+    /* Backward shift: pull later members of the probe run into the hole
+     * so that lookups can stop at the first empty slot. */
+    size_t mask = mp__tab.cap - 1;
+    for (size_t j = (i + 1) & mask; mp__tab.slots[j].ptr != 0;
+         j = (j + 1) & mask) {
+      size_t home = mp__slot_of(mp__tab.slots[j].ptr, mp__tab.cap);
+      if (((j - home) & mask) >= ((j - i) & mask)) {
+        mp__tab.slots[i] = mp__tab.slots[j];
+        mp__tab.slots[j].ptr = 0;
+        i = j;
+      }
+    }
+  }
+  pthread_mutex_unlock(&mp__tab.lock);
+  return found;
+}
+
+bool mp__pl_table_find_pool(uintptr_t addr, mp__pl_block_t *out) {
+  bool found = false;
+  pthread_mutex_lock(&mp__tab.lock);
+  size_t i = mp__tab_index(addr);
+  if (i != SIZE_MAX && mp__tab.slots[i].kind == MP__PL_FROM_POOL) {
+    *out = mp__tab.slots[i];
+    found = true;
+  }
+  for (size_t k = 0; !found && k < mp__tab.cap; k++) {
+    const mp__pl_block_t *b = &mp__tab.slots[k];
+    if (b->ptr != 0 && b->kind == MP__PL_FROM_POOL && addr >= b->ptr &&
+        addr - b->ptr < (b->size ? b->size : 1)) {
+      *out = *b;
+      found = true;
+    }
+  }
+  pthread_mutex_unlock(&mp__tab.lock);
+  return found;
+}
+
+/* ---- the start ---------------------------------------------------------- */
+
+static atomic_int mp__started; /* 0: not yet, 1: complete */
+static pthread_mutex_t mp__start_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Thread_local bool mp__starting_here;
+static mp__pl_t mp__state = {.mode = MP__PL_PASSTHROUGH};
+static const mp__pl_t mp__passthrough = {.mode = MP__PL_PASSTHROUGH};
+
+#define MP__SAY(...)                                                           \
+  do {                                                                         \
+    fprintf(stderr, "mempool preload: " __VA_ARGS__);                          \
+    fputc('\n', stderr);                                                       \
+  } while (0)
+
+static void mp__fork_prepare(void) {
+  pthread_mutex_lock(&mp__start_lock);
+  pthread_mutex_lock(&mp__tab.lock);
+  mp__pl_record_prepare();
+}
+
+static void mp__fork_parent(void) {
+  mp__pl_record_parent();
+  pthread_mutex_unlock(&mp__tab.lock);
+  pthread_mutex_unlock(&mp__start_lock);
+}
+
+/* The child keeps none of the parent's pool: other threads may have held
+ * its lock at the fork, the host device's workers are gone, and a CUDA
+ * context does not survive fork. It is left untouched (its memory belongs
+ * to the parent's device) and the child starts over on its first call. */
+static void mp__fork_child(void) {
+  pthread_mutex_init(&mp__start_lock, NULL);
+  pthread_mutex_init(&mp__tab.lock, NULL);
+  free(mp__tab.slots);
+  mp__tab.slots = NULL;
+  mp__tab.cap = mp__tab.count = 0;
+  mp__state = mp__passthrough;
+  atomic_store(&mp__started, 0);
+  mp__pl_record_child();
+}
+
+/* "cuda:N" -> N; "cuda" -> 0. */
+static int mp__spec_ordinal(const char *spec) {
+  if (strncmp(spec, "cuda:", 5) != 0)
+    return 0;
+  char *end = NULL;
+  long n = strtol(spec + 5, &end, 10);
+  return (end != spec + 5 && n >= 0 && n < 1 << 20) ? (int)n : 0;
+}
+
+static void mp__start(mp__pl_t *pl) {
+  static bool atfork_done; /* handlers survive fork: register once */
+  if (!atfork_done) {
+    atfork_done = true;
+    pthread_atfork(mp__fork_prepare, mp__fork_parent, mp__fork_child);
+  }
+  *pl = mp__passthrough;
+  const char *mode = getenv("MEMPOOL_PRELOAD");
+  if (mode != NULL && mode[0] != '\0' && strcmp(mode, "pool") != 0) {
+    if (strcmp(mode, "passthrough") != 0)
+      MP__SAY("MEMPOOL_PRELOAD='%s' is neither 'pool' nor 'passthrough'; "
+              "passing every call through to CUDA",
+              mode);
+    mp__pl_record_open(pl);
+    return;
+  }
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  const char *conf = getenv("MEMPOOL_CONF");
+  if (conf != NULL && mp_pool_config_parse(&cfg, conf) != MP_OK) {
+    MP__SAY("bad MEMPOOL_CONF: %s; passing every call through to CUDA",
+            mp_last_error());
+    mp__pl_record_open(pl);
+    return;
+  }
+  const char *spec = getenv("MEMPOOL_DEVICE");
+  if (spec == NULL || spec[0] == '\0')
+    spec = "cuda";
+  mp_device_t *dev = NULL;
+  mp_pool_t *pool = NULL;
+  mp_status_t st = mp_device_open(spec, &dev);
+  if (st != MP_OK) {
+    MP__SAY("cannot open MEMPOOL_DEVICE '%s': %s; passing every call "
+            "through to CUDA",
+            spec, mp_last_error());
+  } else if ((st = mp_pool_create(dev, &cfg, &pool)) != MP_OK) {
+    MP__SAY("cannot create the pool on '%s': %s; passing every call "
+            "through to CUDA",
+            mp_device_name(dev), mp_last_error());
+    mp_device_close(dev);
+  } else {
+    pl->mode = MP__PL_POOL;
+    pl->pool = pool;
+    pl->dev = dev;
+    pl->host = strncmp(mp_device_name(dev), "host", 4) == 0;
+    pl->ordinal = mp__spec_ordinal(spec);
+  }
+  mp__pl_record_open(pl);
+}
+
+const mp__pl_t *mp__pl_get(void) {
+  if (MP__LIKELY(atomic_load_explicit(&mp__started, memory_order_acquire)))
+    return &mp__state;
+  if (mp__starting_here)
+    return &mp__passthrough; /* a hook reached from inside the start */
+  pthread_mutex_lock(&mp__start_lock);
+  if (!atomic_load(&mp__started)) {
+    mp__starting_here = true;
+    mp__start(&mp__state);
+    mp__starting_here = false;
+    atomic_store_explicit(&mp__started, 1, memory_order_release);
+  }
+  pthread_mutex_unlock(&mp__start_lock);
+  return &mp__state;
+}
+
+/* Late among the destructors (the shim depends on nothing but libc and is
+ * preloaded), so the program's and the runtime's own exit work is mostly
+ * done. The pool is left alone: something may still free into it. */
+__attribute__((destructor)) static void mp__exit(void) {
+  mp__pl_record_finish(atomic_load(&mp__started) ? &mp__state : NULL);
+}
+
+/* ---- helpers of the hooks ---------------------------------------------- */
+
+mp__curesult mp__pl_cu_error(mp_status_t st) {
+  switch (st) {
+  case MP_OK: return MP__CU_SUCCESS;
+  case MP_EINVAL: return MP__CU_INVALID_VALUE;
+  case MP_ENOMEM:
+  case MP_ELIMIT: return MP__CU_OUT_OF_MEMORY;
+  case MP_ENODEV: return MP__CU_NO_DEVICE;
+  default: return MP__CU_UNKNOWN;
+  }
+}
+
+mp__cudaerr mp__pl_cuda_error(mp_status_t st) {
+  switch (st) {
+  case MP_OK: return MP__CUDA_SUCCESS;
+  case MP_EINVAL: return MP__CUDA_INVALID_VALUE;
+  case MP_ENOMEM:
+  case MP_ELIMIT: return MP__CUDA_MEMORY_ALLOCATION;
+  case MP_ENODEV: return MP__CUDA_NO_DEVICE;
+  default: return MP__CUDA_UNKNOWN;
+  }
+}
+
+/* The host device has its own streams, unrelated to the program's handles:
+ * everything goes to its NULL stream. On CUDA the legacy handle 0x1 is the
+ * NULL stream, and NULL in a per-thread (_ptsz) call is the thread's
+ * stream. */
+mp_stream_t mp__pl_stream(const mp__pl_t *pl, mp__custream s, bool ptsz) {
+  if (pl->host || s == (mp__custream)0x1)
+    return NULL;
+  if (ptsz && s == NULL)
+    return (mp_stream_t)MP__CU_STREAM_PER_THREAD;
+  return (mp_stream_t)s;
+}
+
+size_t mp__pl_pool_cache(const mp__pl_t *pl) {
+  mp_stats_t s;
+  if (pl->pool == NULL || mp_pool_get_stats(pl->pool, &s) != MP_OK)
+    return 0;
+  return s.reserved_bytes > s.allocated_bytes
+             ? s.reserved_bytes - s.allocated_bytes
+             : 0;
+}

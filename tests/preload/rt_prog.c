@@ -1,0 +1,132 @@
+/* rt_prog.c - a CUDA runtime program (shared libcudart) that the preload
+ * tests run with and without libmempool_preload.so.
+ *
+ *   rt_prog N [atexit|fork]
+ * makes N cudaMalloc and one cudaMallocAsync allocation of assorted sizes,
+ * frees them with cudaFree / cudaFreeAsync, reads cudaMemGetInfo while they
+ * are live and after, and prints what it did as key=value words:
+ *   allocs=A frees=F live_free=X free=Y total=T
+ * It exits 0 when every call succeeded and 2 (naming the call) otherwise.
+ * "atexit" leaves one block to an exit handler to free; "fork" also runs
+ * allocations in a forked child and frees a parent's block there;
+ * "threads" first has 4 threads race through N allocate/free pairs each. */
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static atomic_int allocs, frees;
+static void *leftover;
+
+static void check(cudaError_t e, const char *what) {
+  if (e != cudaSuccess) {
+    printf("FAILED %s: %s (%d)\n", what, cudaGetErrorName(e), (int)e);
+    fflush(stdout);
+    exit(2);
+  }
+}
+
+static void free_leftover(void) {
+  check(cudaFree(leftover), "cudaFree in an exit handler");
+  frees++;
+}
+
+/* The child of a fork: the parent's pool is gone here; fresh allocations
+ * work, and a parent's pointer is unknown (so not freed twice). */
+static int child_work(void *parents) {
+  void *p = NULL;
+  if (cudaMalloc(&p, 1 << 16) != cudaSuccess || p == NULL)
+    return 3;
+  if (cudaFree(p) != cudaSuccess)
+    return 4;
+  if (cudaFree(parents) == cudaSuccess)
+    return 5;
+  return 0;
+}
+
+static int per_thread;
+
+static void *thread_work(void *arg) {
+  (void)arg;
+  for (int i = 0; i < per_thread; i++) {
+    void *q = NULL;
+    check(cudaMalloc(&q, (size_t)(i % 5 + 1) * 1000), "cudaMalloc (thread)");
+    allocs++;
+    check(cudaFree(q), "cudaFree (thread)");
+    frees++;
+  }
+  return NULL;
+}
+
+int main(int argc, char **argv) {
+  int n = argc > 1 ? atoi(argv[1]) : 16;
+  const char *mode = argc > 2 ? argv[2] : "";
+  if (n < 1 || n > 100000)
+    n = 16;
+  if (strcmp(mode, "threads") == 0) {
+    pthread_t t[4];
+    per_thread = n;
+    for (int i = 0; i < 4; i++)
+      if (pthread_create(&t[i], NULL, thread_work, NULL) != 0)
+        return 1;
+    for (int i = 0; i < 4; i++)
+      pthread_join(t[i], NULL);
+  }
+  void **p = calloc((size_t)n, sizeof *p);
+  if (p == NULL)
+    return 1;
+  for (int i = 0; i < n; i++) {
+    size_t bytes = (size_t)(i % 7 + 1) * 4096 + (size_t)i * 512;
+    check(cudaMalloc(&p[i], bytes), "cudaMalloc");
+    if (p[i] == NULL)
+      check(cudaErrorMemoryAllocation, "cudaMalloc returned NULL");
+    allocs++;
+  }
+  void *a = NULL;
+  check(cudaMallocAsync(&a, 1 << 20, 0), "cudaMallocAsync");
+  allocs++;
+  size_t live_free = 0, total = 0;
+  check(cudaMemGetInfo(&live_free, &total), "cudaMemGetInfo");
+  check(cudaFreeAsync(a, 0), "cudaFreeAsync");
+  frees++;
+  for (int i = 0; i < n; i += 2) {
+    check(cudaFree(p[i]), "cudaFree");
+    frees++;
+  }
+  if (strcmp(mode, "fork") == 0) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0)
+      exit(child_work(p[1])); /* exit, not _exit: the shim's exit runs */
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
+        WEXITSTATUS(status) != 0) {
+      printf("FAILED fork child: status %d\n", status);
+      return 2;
+    }
+  }
+  /* the last odd index is the exit handler's, in "atexit" mode */
+  int keep = strcmp(mode, "atexit") == 0 && n >= 2
+                 ? ((n - 1) % 2 == 1 ? n - 1 : n - 2)
+                 : -1;
+  for (int i = 1; i < n; i += 2) {
+    if (i == keep) {
+      leftover = p[i];
+      continue;
+    }
+    check(cudaFree(p[i]), "cudaFree");
+    frees++;
+  }
+  size_t idle_free = 0;
+  check(cudaMemGetInfo(&idle_free, &total), "cudaMemGetInfo");
+  if (leftover != NULL)
+    atexit(free_leftover);
+  printf("allocs=%d frees=%d live_free=%zu free=%zu total=%zu\n", (int)allocs,
+         leftover ? (int)frees + 1 : (int)frees, live_free, idle_free, total);
+  free(p);
+  return 0;
+}

@@ -1,0 +1,212 @@
+/* test_preload_runtime.c - libmempool_preload.so under a program linked
+ * with the shared CUDA runtime, on a machine without a driver: with
+ * MEMPOOL_DEVICE=host the pool serves cudaMalloc & co. and the program
+ * works; without the shim it cannot. Traces, reports, fork, exit and bad
+ * settings are checked from the outside, as a user would see them. */
+#include "spawn.h"
+
+#define N "24"
+
+static const char *const prog[] = {MP_RT_PROG, N, NULL};
+
+static void run_preloaded(const char *const *argv, const char *extra1,
+                          const char *extra2, const char *extra3,
+                          spawn_result_t *r) {
+  const char *env[] = {"LD_PRELOAD=" MP_SHIM,
+                       "MEMPOOL_DEVICE=host",
+                       extra1,
+                       extra2,
+                       extra3,
+                       NULL};
+  spawn(argv, env, r);
+}
+
+static spawn_result_t r;
+
+Test(preload_runtime, without_the_shim_the_program_fails_for_want_of_a_driver) {
+  const char *env[] = {"LD_PRELOAD=", NULL};
+  spawn(prog, env, &r);
+  cr_assert(r.exited, "killed by signal %d", r.code);
+  cr_assert_eq(r.code, 2, "stdout: %s", r.out);
+  cr_assert(strstr(r.out, "FAILED cudaMalloc") != NULL, "%s", r.out);
+}
+
+Test(preload_runtime, host_device_serves_malloc_free_async_and_meminfo) {
+  run_preloaded(prog, NULL, NULL, NULL, &r);
+  cr_assert(r.exited && r.code == 0, "status %d\nout: %s\nerr: %s", r.code,
+            r.out, r.err);
+  cr_assert_eq(word_value(r.out, "allocs"), atoi(N) + 1);
+  cr_assert_eq(word_value(r.out, "frees"), atoi(N) + 1);
+  long long total = word_value(r.out, "total");
+  cr_assert_gt(total, 0);
+  /* While blocks are live, less is free; once all are freed, the pool's
+   * idle cache counts as free, so everything is. */
+  cr_assert_lt(word_value(r.out, "live_free"), total);
+  cr_assert_eq(word_value(r.out, "free"), total, "%s", r.out);
+}
+
+Test(preload_runtime, csv_trace_has_one_row_per_allocation_and_free) {
+  char dir[64], trace[128], env_trace[160];
+  scratch_dir(dir, sizeof dir);
+  snprintf(trace, sizeof trace, "%s/run.csv", dir);
+  snprintf(env_trace, sizeof env_trace, "MEMPOOL_TRACE=%s", trace);
+  run_preloaded(prog, env_trace, NULL, NULL, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  char head[64];
+  FILE *f = fopen(trace, "r");
+  cr_assert_not_null(f);
+  cr_assert_not_null(fgets(head, sizeof head, f));
+  fclose(f);
+  cr_assert_str_eq(head, "Thread,Time,Action,Pointer,Size,Stream\n");
+  cr_assert_eq(count_lines(trace, ",allocate,"), word_value(r.out, "allocs"));
+  cr_assert_eq(count_lines(trace, ",free,"), word_value(r.out, "frees"));
+  cr_assert_eq(count_lines(trace, ",allocate failure,"), 0);
+  /* Every row has six fields and a hex pointer. */
+  cr_assert_eq(sh("awk -F, 'NR>1 && (NF!=6 || $4 !~ /^0x[0-9a-f]+$/) "
+                  "{bad=1} END {exit bad}' %s",
+                  trace),
+               0);
+  /* mpbench, where the build has it, replays the recording. */
+  char mpbench[512];
+  snprintf(mpbench, sizeof mpbench, "%s/bench/mpbench",
+           getenv("MEMPOOL_TEST_BINARY_DIR") ? getenv("MEMPOOL_TEST_BINARY_DIR")
+                                             : ".");
+  if (access(mpbench, X_OK) == 0)
+    cr_assert_eq(sh("%s replay %s >/dev/null", mpbench, trace), 0,
+                 "mpbench replay rejected %s", trace);
+  unlink(trace);
+  rmdir(dir);
+}
+
+Test(preload_runtime, json_trace_and_report_parse_and_agree) {
+  char dir[64], trace[128], report[128], e1[160], e2[160];
+  scratch_dir(dir, sizeof dir);
+  snprintf(trace, sizeof trace, "%s/run.json", dir);
+  snprintf(report, sizeof report, "%s/report.json", dir);
+  snprintf(e1, sizeof e1, "MEMPOOL_TRACE=%s", trace);
+  snprintf(e2, sizeof e2, "MEMPOOL_REPORT=%s", report);
+  run_preloaded(prog, e1, e2, NULL, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_eq(sh("python3 -m json.tool %s >/dev/null", trace), 0);
+  cr_assert_eq(sh("python3 -m json.tool %s >/dev/null", report), 0);
+  cr_assert_eq(
+      sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+         "ev=d[\"traceEvents\"]; "
+         "n=sum(1 for e in ev if e.get(\"name\")==\"allocate\"); "
+         "c={e[\"name\"] for e in ev if e.get(\"ph\")==\"C\"}; "
+         "sys.exit(0 if n==%lld and c=={\"reserved bytes\",\"live bytes\"} "
+         "else 1)' %s",
+         word_value(r.out, "allocs"), trace),
+      0);
+  cr_assert_eq(
+      sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+         "sys.exit(0 if d[\"mode\"]==\"pool\" and "
+         "d[\"calls\"][\"allocate\"]==%lld and d[\"calls\"][\"free\"]==%lld "
+         "and d[\"pool\"][\"alloc_count\"]>=%lld else 1)' %s",
+         word_value(r.out, "allocs"), word_value(r.out, "frees"),
+         word_value(r.out, "allocs"), report),
+      0, "report:\n%s", (slurp(report, r.out, sizeof r.out), r.out));
+  unlink(trace);
+  unlink(report);
+  rmdir(dir);
+}
+
+Test(preload_runtime, report_can_go_to_stderr) {
+  run_preloaded(prog, "MEMPOOL_REPORT=stderr", NULL, NULL, &r);
+  cr_assert(r.exited && r.code == 0, "err: %s", r.err);
+  cr_assert(strstr(r.err, "\"mode\": \"pool\"") != NULL, "%s", r.err);
+  cr_assert(strstr(r.err, "\"peak_reserved_bytes\"") != NULL, "%s", r.err);
+}
+
+/* Runs rt_prog in mode under a CSV trace; the trace's allocate and free
+ * rows must be exactly the ones the program made and counted. */
+static void trace_matches_program(const char *mode) {
+  char dir[64], trace[128], e1[160];
+  scratch_dir(dir, sizeof dir);
+  snprintf(trace, sizeof trace, "%s/%s.csv", dir, mode);
+  snprintf(e1, sizeof e1, "MEMPOOL_TRACE=%s", trace);
+  const char *argv[] = {MP_RT_PROG, N, mode, NULL};
+  run_preloaded(argv, e1, "MEMPOOL_REPORT=stderr", NULL, &r);
+  cr_assert(r.exited && r.code == 0, "%s: out: %s\nerr: %s", mode, r.out,
+            r.err);
+  cr_assert_eq(count_lines(trace, ",allocate,"), word_value(r.out, "allocs"));
+  cr_assert_eq(count_lines(trace, ",free,"), word_value(r.out, "frees"));
+  unlink(trace);
+  rmdir(dir);
+}
+
+/* The child allocates and frees on a pool of its own, cannot free a
+ * parent's block, and writes neither trace nor report: only the parent's
+ * calls are in the parent's files. */
+Test(preload_runtime, forked_child_starts_over_and_writes_nothing) {
+  trace_matches_program("fork");
+  const char *report = strstr(r.err, "\"mode\"");
+  cr_assert_not_null(report, "no report: %s", r.err);
+  cr_assert_null(strstr(report + 1, "\"mode\""), "two reports: %s", r.err);
+}
+
+/* The last free, made by the program's exit handler, is served and traced. */
+Test(preload_runtime, free_from_an_exit_handler_is_served) {
+  trace_matches_program("atexit");
+}
+
+Test(preload_runtime, threads_start_the_shim_once_and_agree) {
+  char dir[64], report[128], e1[160];
+  scratch_dir(dir, sizeof dir);
+  snprintf(report, sizeof report, "%s/threads.json", dir);
+  snprintf(e1, sizeof e1, "MEMPOOL_REPORT=%s", report);
+  const char *argv[] = {MP_RT_PROG, N, "threads", NULL};
+  run_preloaded(argv, e1, NULL, NULL, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_eq(
+      sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+         "sys.exit(0 if d[\"calls\"][\"allocate\"]==%lld and "
+         "d[\"calls\"][\"free\"]==%lld and d[\"live_bytes\"]==0 else 1)' %s",
+         word_value(r.out, "allocs"), word_value(r.out, "frees"), report),
+      0);
+  unlink(report);
+  rmdir(dir);
+}
+
+Test(preload_runtime, passthrough_records_what_the_runtime_answered) {
+  char dir[64], trace[128], e1[160];
+  scratch_dir(dir, sizeof dir);
+  snprintf(trace, sizeof trace, "%s/pass.csv", dir);
+  snprintf(e1, sizeof e1, "MEMPOOL_TRACE=%s", trace);
+  run_preloaded(prog, "MEMPOOL_PRELOAD=passthrough", e1, NULL, &r);
+  /* No driver: the real runtime fails, and the failure is on record. */
+  cr_assert(r.exited, "killed by signal %d", r.code);
+  cr_assert_eq(r.code, 2, "%s", r.out);
+  cr_assert_eq(count_lines(trace, ",allocate failure,"), 1);
+  cr_assert_eq(count_lines(trace, ",allocate,"), 0);
+  cr_assert_eq(strstr(r.err, "mempool preload:"), NULL, "%s", r.err);
+  unlink(trace);
+  rmdir(dir);
+}
+
+/* A bad setting: a message naming it, then passthrough (which, without a
+ * driver, makes the program fail the way it would without the shim). */
+static void bad_setting(const char *setting, const char *message) {
+  run_preloaded(prog, setting, NULL, NULL, &r);
+  cr_assert(r.exited, "%s: killed by signal %d", setting, r.code);
+  cr_assert_eq(r.code, 2, "%s: %s", setting, r.out);
+  cr_assert(strstr(r.err, message) != NULL, "%s: stderr: %s", setting, r.err);
+}
+
+Test(preload_runtime, bad_mode_says_so_and_passes_through) {
+  bad_setting("MEMPOOL_PRELOAD=bogus", "MEMPOOL_PRELOAD='bogus'");
+}
+
+Test(preload_runtime, bad_device_says_so_and_passes_through) {
+  bad_setting("MEMPOOL_DEVICE=quantum", "cannot open MEMPOOL_DEVICE 'quantum'");
+}
+
+Test(preload_runtime, bad_conf_says_so_and_passes_through) {
+  bad_setting("MEMPOOL_CONF=no_such_key=1", "bad MEMPOOL_CONF");
+}
+
+Test(preload_runtime, unwritable_trace_says_so_and_still_serves) {
+  run_preloaded(prog, "MEMPOOL_TRACE=/nonexistent/dir/run.csv", NULL, NULL, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert(strstr(r.err, "cannot write MEMPOOL_TRACE") != NULL, "%s", r.err);
+}
