@@ -8,9 +8,11 @@
  * Virtual memory (vm_*) is an internal service for the pool, not public API:
  * reserve an address range, then map and unmap physical memory inside it in
  * multiples of the granularity. vm_unmap takes exactly an (addr, bytes) pair
- * that one vm_map call mapped (CUDA cannot unmap part of a mapping). A
- * backend without virtual memory returns MP_ENOTSUP from vm_granularity and
- * the pool falls back to plain allocations. */
+ * that one vm_map call mapped (CUDA cannot unmap part of a mapping), and
+ * vm_release takes a whole reservation with nothing mapped in it (the host
+ * backend answers MP_EBUSY otherwise). A backend without virtual memory
+ * returns MP_ENOTSUP from vm_granularity and the pool falls back to plain
+ * allocations. */
 #ifndef MEMPOOL_DEVICE_BACKEND_H
 #define MEMPOOL_DEVICE_BACKEND_H
 

@@ -11,7 +11,13 @@
  * granule-aligned range of it with mprotect, vm_unmap drops the pages
  * (madvise DONTNEED) and protects them again. A per-reservation bitmap of
  * mapped granules rejects overlapping maps; a hash map of (addr -> bytes)
- * makes vm_unmap accept only exactly what one vm_map mapped.
+ * makes vm_unmap accept only exactly what one vm_map mapped. vm_release of
+ * a reservation that still has mappings is MP_EBUSY (the pool must unmap
+ * first, as it must on CUDA); device close releases whatever is left.
+ * Copies and memsets that reach into a reservation must stay on mapped
+ * granules, or they are MP_EINVAL when queued instead of a fault later.
+ * Like cuMemFree, mp_device_free, host_free and vm_unmap synchronize the
+ * device before the memory goes.
  *
  * Streams. Each stream, and the default (NULL) stream, is a worker thread
  * that runs its FIFO queue of operations strictly in order. An event record
@@ -29,8 +35,9 @@
  *    operations (enqueue) hold the registry's read lock instead.
  *  - Memory goes back to the OS only after every stream is drained, so no
  *    queued copy can touch freed memory (as cuMemFree synchronizes).
- * Lock order: reg (rwlock) -> ev_lock -> stream mutex; mem_lock is never
- * held with another lock, nor across a sleep or a synchronization. */
+ * Locks: reg (rwlock) may be held while taking ev_lock or a stream mutex;
+ * those two are never held together; mem_lock is never held with another
+ * lock, nor across a sleep or a synchronization. */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -123,6 +130,17 @@ static void host_map_remove_at(host_map_t *m, size_t slot) {
   }
   m->keys[hole] = 0;
   m->count--;
+}
+
+/* Removes key; false when it is not there. *val (if val) gets its value. */
+static bool host_map_pop(host_map_t *m, uintptr_t key, size_t *val) {
+  size_t slot = 0;
+  if (!host_map_find(m, key, &slot))
+    return false;
+  if (val != NULL)
+    *val = m->vals[slot];
+  host_map_remove_at(m, slot);
+  return true;
 }
 
 static void host_map_destroy(host_map_t *m) {
@@ -429,11 +447,8 @@ static mp_status_t host_stream_create(mp_device_t *dev, mp_stream_t *out) {
 
 static mp_status_t host_stream_destroy(mp_device_t *dev, mp_stream_t handle) {
   host_dev_t *h = host_of(dev);
-  size_t slot = 0;
   pthread_rwlock_wrlock(&h->reg);
-  bool found = host_map_find(&h->streams, (uintptr_t)handle, &slot);
-  if (found)
-    host_map_remove_at(&h->streams, slot);
+  bool found = host_map_pop(&h->streams, (uintptr_t)handle, NULL);
   pthread_rwlock_unlock(&h->reg);
   if (!found)
     return host_unknown_stream("mp_stream_destroy", handle);
@@ -490,26 +505,39 @@ static mp_status_t host_launch_host(mp_device_t *dev, mp_stream_t s,
   return host_enqueue(host_of(dev), "mp_stream_launch_host", s, op);
 }
 
+static mp_status_t host_vm_check_access(host_dev_t *h, const char *fn,
+                                        const void *p, size_t n);
+
 static mp_status_t host_memcpy_async(mp_device_t *dev, void *dst,
                                      const void *src, size_t n, mp_stream_t s) {
+  host_dev_t *h = host_of(dev);
+  mp_status_t st = host_vm_check_access(h, "mp_memcpy_async", dst, n);
+  if (st == MP_OK)
+    st = host_vm_check_access(h, "mp_memcpy_async", src, n);
+  if (st != MP_OK)
+    return st;
   host_op_t *op = host_op_new(HOST_OP_COPY);
   if (op == NULL)
     return host_no_op_memory();
   op->dst = dst;
   op->src = src;
   op->n = n;
-  return host_enqueue(host_of(dev), "mp_memcpy_async", s, op);
+  return host_enqueue(h, "mp_memcpy_async", s, op);
 }
 
 static mp_status_t host_memset_async(mp_device_t *dev, void *dst, int value,
                                      size_t n, mp_stream_t s) {
+  host_dev_t *h = host_of(dev);
+  mp_status_t st = host_vm_check_access(h, "mp_memset_async", dst, n);
+  if (st != MP_OK)
+    return st;
   host_op_t *op = host_op_new(HOST_OP_SET);
   if (op == NULL)
     return host_no_op_memory();
   op->dst = dst;
   op->value = value;
   op->n = n;
-  return host_enqueue(host_of(dev), "mp_memset_async", s, op);
+  return host_enqueue(h, "mp_memset_async", s, op);
 }
 
 /* ---- events ------------------------------------------------------------ */
@@ -540,11 +568,8 @@ static mp_status_t host_event_create(mp_device_t *dev, mp_event_t *out) {
 
 static mp_status_t host_event_destroy(mp_device_t *dev, mp_event_t handle) {
   host_dev_t *h = host_of(dev);
-  size_t slot = 0;
   pthread_rwlock_wrlock(&h->reg);
-  bool found = host_map_find(&h->events, (uintptr_t)handle, &slot);
-  if (found)
-    host_map_remove_at(&h->events, slot);
+  bool found = host_map_pop(&h->events, (uintptr_t)handle, NULL);
   pthread_rwlock_unlock(&h->reg);
   if (!found)
     return host_unknown_event("mp_event_destroy", handle);
@@ -738,13 +763,8 @@ static mp_status_t host_alloc(mp_device_t *dev, size_t bytes, void **out) {
 /* Removes ptr from map (mem_lock taken here); false when it is not there. */
 static bool host_map_take(host_dev_t *h, host_map_t *map, void *ptr,
                           size_t *bytes) {
-  size_t slot = 0;
   pthread_mutex_lock(&h->mem_lock);
-  bool found = host_map_find(map, (uintptr_t)ptr, &slot);
-  if (found) {
-    *bytes = map->vals[slot];
-    host_map_remove_at(map, slot);
-  }
+  bool found = host_map_pop(map, (uintptr_t)ptr, bytes);
   pthread_mutex_unlock(&h->mem_lock);
   return found;
 }
@@ -845,6 +865,56 @@ static size_t host_resv_find(const host_dev_t *h, uintptr_t addr) {
     return h->nresv;
   const host_resv_t *r = &h->resv[lo - 1];
   return addr - r->base < r->bytes ? lo - 1 : h->nresv;
+}
+
+/* mem_lock held. true when granules [first, first + n) are all mapped. */
+static bool host_resv_all_mapped(const host_resv_t *r, size_t first, size_t n) {
+  for (size_t i = first; i < first + n; i++)
+    if (!(r->bits[i / 64] & (UINT64_C(1) << (i % 64))))
+      return false;
+  return true;
+}
+
+/* Copies and memsets may touch a reservation only where it is mapped: a
+ * range that reaches into one must lie inside it, on mapped granules. This
+ * turns what would be a fault on a worker thread into MP_EINVAL for the
+ * caller. Checking at enqueue time is enough: vm_unmap synchronizes the
+ * device first, so what is mapped now stays mapped until the work ran. */
+static mp_status_t host_vm_check_access(host_dev_t *h, const char *fn,
+                                        const void *p, size_t n) {
+  uintptr_t a = (uintptr_t)p;
+  if (n > UINTPTR_MAX - a)
+    return mp__fail(MP_EINVAL, "%s: (%p, %zu bytes) wraps around memory", fn, p,
+                    n);
+  uintptr_t end = a + n;
+  mp_status_t st = MP_OK;
+  pthread_mutex_lock(&h->mem_lock);
+  size_t lo = 0, hi = h->nresv; /* first reservation with base >= end */
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (h->resv[mid].base < end)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  const host_resv_t *r = lo > 0 ? &h->resv[lo - 1] : NULL;
+  if (r != NULL && r->base + r->bytes > a) {
+    size_t g = h->granularity;
+    if (a < r->base || end > r->base + r->bytes)
+      st = mp__fail(MP_EINVAL,
+                    "%s: (%p, %zu bytes) crosses the edge of the virtual "
+                    "memory reservation at %p",
+                    fn, p, n, (void *)r->base);
+    else if (!host_resv_all_mapped(r, (a - r->base) / g,
+                                   (end - 1 - r->base) / g - (a - r->base) / g +
+                                       1))
+      st = mp__fail(MP_EINVAL,
+                    "%s: (%p, %zu bytes) touches virtual memory that is not "
+                    "mapped",
+                    fn, p, n);
+  }
+  pthread_mutex_unlock(&h->mem_lock);
+  return st;
 }
 
 static mp_status_t host_vm_reserve(mp_device_t *dev, size_t bytes, void **out) {
@@ -994,9 +1064,7 @@ static mp_status_t host_vm_map(mp_device_t *dev, void *addr, size_t bytes) {
       st = mp__fail(MP_ENOMEM, "vm_map: out of host memory");
     }
     if (st == MP_OK && mprotect(addr, bytes, PROT_READ | PROT_WRITE) != 0) {
-      size_t slot;
-      if (host_map_find(&h->maps, (uintptr_t)addr, &slot))
-        host_map_remove_at(&h->maps, slot);
+      host_map_pop(&h->maps, (uintptr_t)addr, NULL);
       h->used -= bytes;
       st = mp__fail(MP_ENOMEM, "vm_map: mprotect of %zu bytes failed: %s",
                     bytes, strerror(errno));

@@ -6,6 +6,8 @@
 
 #include <mempool/mempool.h>
 
+#include "../support/mapped_bytes.h"
+
 static mp_device_t *open_host(void) {
   mp_device_t *dev = NULL;
   cr_assert_eq(mp_device_open("host", &dev), MP_OK, "%s", mp_last_error());
@@ -80,6 +82,26 @@ Test(device_close, close_releases_live_memory_and_handles) {
   cr_assert_eq(mp_stream_wait_event(dev, NULL, e), MP_OK);
   cr_assert_eq(mp_memset_async(dev, p[1], 9, (size_t)1 << 20, NULL), MP_OK);
   mp_device_close(dev);
+}
+
+Test(device_close, close_gives_live_allocations_back) {
+  const size_t each = (size_t)1 << 30;
+  mp_device_t *dev = open_host();
+  size_t before = mapped_bytes();
+  void *p[4];
+  for (int i = 0; i < 4; i++) {
+    cr_assert_eq(mp_device_alloc(dev, each, &p[i]), MP_OK);
+    ((char *)p[i])[each - 1] = 1;
+  }
+  void *h;
+  cr_assert_eq(mp_device_host_alloc(dev, each, &h), MP_OK);
+  size_t during = mapped_bytes();
+  cr_assert_geq(during - before, 5 * each);
+  mp_device_close(dev);
+  size_t after = mapped_bytes();
+  /* Thread stacks and the like may come and go; 5 GiB must be gone. */
+  cr_expect_leq(after + 5 * each, during + ((size_t)64 << 20),
+                "mapped: %zu before close, %zu after", during, after);
 }
 
 Test(device_close, close_of_null_is_a_no_op) {

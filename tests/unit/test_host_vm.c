@@ -6,6 +6,8 @@
 
 #include "device/backend.h"
 
+#include "../support/mapped_bytes.h"
+
 #define MiB ((size_t)1 << 20)
 
 static mp_device_t *open_dev(const char *spec) {
@@ -74,6 +76,39 @@ Test(host_vm, device_copies_work_on_mapped_memory) {
   cr_assert_eq(mp_device_synchronize(dev), MP_OK);
   cr_expect_eq(base[4 * MiB - 1], 3);
   mp_device_close(dev); /* releases the mapping and the reservation */
+}
+
+Test(host_vm, copies_may_touch_only_mapped_virtual_memory) {
+  mp_device_t *dev = open_dev("host");
+  char *base = NULL;
+  static char host_buf[64];
+  cr_assert_eq(mp__device_vm_reserve(dev, 8 * MiB, (void **)&base), MP_OK);
+  cr_assert_eq(mp__device_vm_map(dev, base + 2 * MiB, 4 * MiB), MP_OK);
+  char *m = base + 2 * MiB;
+  cr_expect_eq(mp_memset_async(dev, m, 1, 4 * MiB, NULL), MP_OK);
+  cr_expect_eq(mp_memcpy_async(dev, host_buf, m + 4 * MiB - 64, 64, NULL),
+               MP_OK);
+  cr_expect_eq(mp_memset_async(dev, m, 2, 4 * MiB + 1, NULL), MP_EINVAL,
+               "runs past the mapping");
+  cr_expect_eq(mp_memset_async(dev, m - 1, 2, 2, NULL), MP_EINVAL,
+               "starts before the mapping");
+  cr_expect_eq(mp_memset_async(dev, base, 2, 16, NULL), MP_EINVAL,
+               "never mapped");
+  cr_expect_eq(mp_memcpy_async(dev, host_buf, base + 7 * MiB, 16, NULL),
+               MP_EINVAL, "source not mapped");
+  cr_expect_eq(mp_memcpy_async(dev, base + 6 * MiB, host_buf, 16, NULL),
+               MP_EINVAL, "destination not mapped");
+  cr_expect_eq(mp_memset_async(dev, base - 4096, 2, 8192, NULL), MP_EINVAL,
+               "crosses the start of the reservation");
+  cr_expect_eq(mp_memset_async(dev, base + 8 * MiB - 1, 2, 2, NULL), MP_EINVAL,
+               "crosses the end of the reservation");
+  cr_assert_eq(mp_device_synchronize(dev), MP_OK);
+  cr_expect_eq(host_buf[63], 1);
+  cr_expect_eq(m[4 * MiB - 1], 1, "rejected work never ran");
+  cr_assert_eq(mp__device_vm_unmap(dev, m, 4 * MiB), MP_OK);
+  cr_expect_eq(mp_memset_async(dev, m, 0, 1, NULL), MP_EINVAL,
+               "unmapped again");
+  mp_device_close(dev);
 }
 
 Test(host_vm, misuse_is_einval_and_changes_nothing) {
@@ -207,4 +242,19 @@ Test(host_vm, many_reservations_are_found_by_address) {
   for (int i = 1; i < N; i += 2)
     cr_expect_eq(r[i][g - 1], (char)i);
   mp_device_close(dev);
+}
+
+Test(host_vm, close_releases_reservations_and_mappings) {
+  const size_t resv = (size_t)8 << 30;
+  mp_device_t *dev = open_dev("host");
+  char *a = NULL, *b = NULL;
+  cr_assert_eq(mp__device_vm_reserve(dev, resv, (void **)&a), MP_OK);
+  cr_assert_eq(mp__device_vm_reserve(dev, resv, (void **)&b), MP_OK);
+  cr_assert_eq(mp__device_vm_map(dev, a, 4 * MiB), MP_OK);
+  a[0] = 1;
+  size_t during = mapped_bytes();
+  mp_device_close(dev);
+  size_t after = mapped_bytes();
+  cr_expect_leq(after + 2 * resv, during + 64 * MiB,
+                "mapped: %zu before close, %zu after", during, after);
 }
