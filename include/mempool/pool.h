@@ -94,19 +94,30 @@ MP_API mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
                                         mp_pool_t **out);
 
 /* Model memory: compact what is live now to the bottom and freeze it there.
- * Returns when its copies are complete. */
+ * Returns when its copies are complete. Every block live at the call is
+ * fenced: defragmentation never moves it again and works only above the
+ * highest frozen block of each segment. Frozen blocks may still be freed;
+ * allocations may then reuse their space, defragmentation does not. */
 MP_API mp_status_t mp_pool_freeze(mp_pool_t *pool);
 
-/* Movable blocks and defragmentation. */
+/* Movable blocks and defragmentation. A movable block is allocated like
+ * any other (0 bytes: MP_OK with *out = NULL) but reached through its
+ * handle, so defragmentation may move it. */
 typedef struct mp_handle mp_handle_t;
 MP_API mp_status_t mp_pool_alloc_movable(mp_pool_t *pool, size_t bytes,
                                          mp_stream_t s, mp_handle_t **out);
 /* Valid until the next defragmentation. */
 MP_API void *mp_handle_ptr(const mp_handle_t *h);
-/* mp_pool_free of a movable block's pointer: MP_EINVAL. */
+/* Stream-ordered like mp_pool_free; NULL: MP_OK. mp_pool_free of a movable
+ * block's pointer: MP_EINVAL. */
 MP_API mp_status_t mp_handle_free(mp_handle_t *h);
 /* Copies are ordered on s: work queued on s afterwards sees the moved data;
- * synchronize s before touching it from the host or another stream. */
+ * synchronize s before touching it from the host or another stream. Work
+ * queued earlier on any stream is waited for (one device synchronize when
+ * something is to move). Movable blocks slide down over the free space
+ * below them inside their segment (raw-pointer blocks never move), and
+ * plain segments holding only movable blocks are emptied into free space
+ * elsewhere, so the freed space coalesces and mp_pool_trim can return it. */
 MP_API mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
                                       size_t *moved_bytes /* may be NULL */);
 

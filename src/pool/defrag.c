@@ -1,0 +1,481 @@
+/* defrag.c - movable blocks, defragmentation and freeze.
+ *
+ * A movable block is an ordinary live block with MP__B_MOVABLE set; its
+ * handle is the block's own host record (whose `handle` field points back
+ * at the pool), so a move updates the handle by updating the record, and a
+ * handle costs no allocation and cannot leak.
+ *
+ * Defragmentation is a sliding compaction inside each segment: walking the
+ * blocks in address order, a movable block whose lower neighbour is free
+ * slides down onto it, so the free space bubbles up, coalescing with what
+ * it meets, until a block that may not move (a raw-pointer block, a child
+ * pool's range) stops it; above the last frozen block only, so frozen
+ * blocks and the holes below them stay as they are. Plain segments are then
+ * evacuated when every block in them is movable and fits in free space
+ * elsewhere, so trim can give them back.
+ *
+ * Copies are queued on the caller's stream after one device synchronize
+ * (so work queued before on any stream, on the blocks or on the space they
+ * move into, is done). A slide by a gap smaller than the block overlaps
+ * itself, so it is copied low to high in chunks no larger than the gap: a
+ * chunk's destination then only covers source bytes already copied. When
+ * the gap is tiny compared with the block, a staging buffer (one device
+ * allocation per defragmentation) makes the chunks as large as the buffer
+ * instead. The space a block leaves gets a dep on the copy stream, and the
+ * block gets the copy stream as a use, so no other stream reuses either
+ * before the copies are done.
+ *
+ * Invariant: the copies for a move are queued before the pool lock is
+ * released, so whoever reuses the space it vacated orders after them; the
+ * blocks still tile each segment and the free index and live map match. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool_internal.h"
+
+/* Use a staging buffer when a block is more than this many times its gap. */
+#define MP__STAGE_RATIO 64
+#define MP__STAGE_MAX   ((size_t)64 << 20)
+
+typedef struct mp__mover {
+  mp_pool_t *pool;
+  mp_stream_t s;
+  uint32_t sidx;
+  uintptr_t stage; /* staging buffer or 0 */
+  size_t stage_size;
+  size_t need;  /* stop once a free block of this size exists; 0: never */
+  size_t moved; /* bytes copied to new homes */
+} mp__mover_t;
+
+static mp__block_t *mp__hblock(const mp_handle_t *h) {
+  return (mp__block_t *)(uintptr_t)h;
+}
+
+static bool mp__is_mover(const mp__block_t *b) {
+  return (b->flags & (MP__B_FREE | MP__B_MOVABLE | MP__B_FROZEN)) ==
+         MP__B_MOVABLE;
+}
+
+/* The first block defragmentation may touch: the one after the last
+ * frozen block (the fence), or the segment's first. */
+static mp__block_t *mp__above_fence(const mp__segment_t *seg) {
+  for (mp__block_t *x = seg->last; x != NULL; x = x->prev)
+    if (x->flags & MP__B_FROZEN)
+      return x->next;
+  return seg->first;
+}
+
+/* ---- copies ----------------------------------------------------------- */
+
+/* Moves n bytes from src down to dst < src on the mover's stream, correct
+ * when the ranges overlap. */
+static mp_status_t mp__copy_down(mp__mover_t *m, uintptr_t dst, uintptr_t src,
+                                 size_t n) {
+  mp_device_t *dev = m->pool->dev;
+  size_t gap = src - dst;
+  if (gap >= n)
+    return mp_memcpy_async(dev, (void *)dst, (const void *)src, n, m->s);
+  bool staged = m->stage != 0 && gap < m->stage_size;
+  size_t chunk = staged ? m->stage_size : gap;
+  for (size_t off = 0; off < n; off += chunk) {
+    size_t c = n - off < chunk ? n - off : chunk;
+    mp_status_t st;
+    if (staged) {
+      st = mp_memcpy_async(dev, (void *)m->stage, (const void *)(src + off), c,
+                           m->s);
+      if (st == MP_OK)
+        st = mp_memcpy_async(dev, (void *)(dst + off), (const void *)m->stage,
+                             c, m->s);
+    } else {
+      st = mp_memcpy_async(dev, (void *)(dst + off), (const void *)(src + off),
+                           c, m->s);
+    }
+    if (st != MP_OK)
+      return st;
+  }
+  return MP_OK;
+}
+
+/* ---- metadata of one move --------------------------------------------- */
+
+/* The space a moved block left is read by copies on the mover's stream:
+ * other streams may reuse it only once that stream's epoch is done. */
+static void mp__vacated(mp__mover_t *m, mp__block_t *f) {
+  mp_pool_t *pool = m->pool;
+  mp__block_t dep;
+  memset(&dep, 0, sizeof dep);
+  dep.ndeps = 1;
+  dep.deps[0].sidx = m->sidx;
+  dep.deps[0].epoch = pool->streams[m->sidx].epoch;
+  pool->streams[m->sidx].dirty = true;
+  f->flags |= MP__B_FREE;
+  mp__deps_merge(pool, f, &dep);
+  f = mp__block_coalesce(pool, f);
+  mp__index_insert(pool, f);
+}
+
+/* The moved block was written on the mover's stream: record it as a use,
+ * so that after its free no other stream reuses it before the copy. */
+static void mp__moved_use(mp__mover_t *m, mp__block_t *b) {
+  if (m->sidx == b->sidx || (b->flags & MP__B_MANY_USES))
+    return;
+  for (uint32_t i = 0; i < b->ndeps; i++)
+    if (b->deps[i].sidx == m->sidx)
+      return;
+  if (b->ndeps + 1 < MP__MAX_DEPS) /* one slot is the own stream's */
+    b->deps[b->ndeps++].sidx = m->sidx;
+  else
+    b->flags |= MP__B_MANY_USES;
+}
+
+/* Exchanges the places of live b and free f (out of the index; the same
+ * size as b, or b's lower neighbour) in their segments' address lists and
+ * gives b the address new_addr; f then covers b's old bytes. The live map
+ * never grows here: b leaves it and comes back. */
+static void mp__swap_places(mp__mover_t *m, mp__block_t *b, mp__block_t *f,
+                            uintptr_t new_addr) {
+  mp_pool_t *pool = m->pool;
+  mp__map_remove(pool, b);
+  mp__segment_t *bs = b->seg, *fs = f->seg;
+  uintptr_t free_addr;
+  if (f->next == b) {
+    free_addr = new_addr + b->size;
+    mp__block_unlink(fs, f);
+    mp__block_link(bs, b, f);
+  } else {
+    free_addr = b->addr;
+    mp__block_t *fprev = f->prev, *bprev = b->prev;
+    mp__block_unlink(fs, f);
+    mp__block_unlink(bs, b);
+    mp__block_link(fs, fprev, b);
+    mp__block_link(bs, bprev, f);
+  }
+  b->addr = new_addr;
+  f->addr = free_addr;
+  mp__map_insert(pool, b);
+  mp__moved_use(m, b);
+  mp__vacated(m, f);
+  m->moved += b->size;
+}
+
+/* ---- compaction inside a segment --------------------------------------- */
+
+static bool mp__need_met(const mp__mover_t *m) {
+  return m->need != 0 && mp__stats_largest_free(m->pool) >= m->need;
+}
+
+/* Slides every movable block above the fence onto the free block below
+ * it. */
+static mp_status_t mp__compact_segment(mp__mover_t *m, mp__segment_t *seg) {
+  for (mp__block_t *b = mp__above_fence(seg); b != NULL; b = b->next) {
+    mp__block_t *f = b->prev;
+    if (!mp__is_mover(b) || f == NULL || !(f->flags & MP__B_FREE) ||
+        !mp__deps_safe(m->pool, f, m->sidx, false))
+      continue;
+    uintptr_t dst = f->addr;
+    mp_status_t st = mp__copy_down(m, dst, b->addr, b->size);
+    if (st != MP_OK)
+      return st;
+    mp__index_remove(m->pool, f);
+    mp__swap_places(m, b, f, dst);
+  }
+  return MP_OK;
+}
+
+/* ---- evacuation of plain segments -------------------------------------- */
+
+static void mp__untake_home(mp_pool_t *pool, mp__block_t *f) {
+  pool->st.free_blocks++;
+  f = mp__block_coalesce(pool, f);
+  mp__index_insert(pool, f);
+}
+
+/* Takes a free block of exactly `size` bytes out of the index, outside the
+ * segments in avoid[0..navoid), that the mover's stream may write now. */
+static mp__block_t *mp__take_home(mp__mover_t *m, size_t size,
+                                  mp__segment_t *const *avoid, size_t navoid) {
+  mp_pool_t *pool = m->pool;
+  mp__block_t *f = mp__index_best_fit(pool, size);
+  for (unsigned k = 0; f != NULL; k++, f = mp__index_next(pool, f)) {
+    if (k == 64)
+      return NULL; /* bounded search: give up rather than scan the pool */
+    bool avoided = false;
+    for (size_t i = 0; i < navoid; i++)
+      avoided |= f->seg == avoid[i];
+    if (!avoided && mp__deps_safe(pool, f, m->sidx, false))
+      break;
+  }
+  if (f == NULL)
+    return NULL;
+  mp__index_remove(pool, f);
+  pool->st.free_blocks--;
+  mp__block_split(pool, f, size);
+  if (f->size != size) { /* no record for the rest: cannot cut it */
+    mp__untake_home(pool, f);
+    return NULL;
+  }
+  return f;
+}
+
+/* Bytes of live blocks in seg, or 0 when seg is not a plain segment made
+ * only of blocks that may move (nothing to evacuate). */
+static size_t mp__evacuable(const mp__segment_t *seg) {
+  if (seg->kind != MP__SEG_PLAIN)
+    return 0;
+  size_t live = 0;
+  for (const mp__block_t *b = seg->first; b != NULL; b = b->next) {
+    if (b->flags & MP__B_FREE)
+      continue;
+    if (!mp__is_mover(b))
+      return 0;
+    live += b->size;
+  }
+  return live;
+}
+
+/* Moves every block of seg into free space of other segments (not those
+ * in done[]), or none when they do not all fit. */
+static mp_status_t mp__evacuate(mp__mover_t *m, mp__segment_t *seg,
+                                mp__segment_t **done, size_t ndone) {
+  mp_pool_t *pool = m->pool;
+  size_t n = 0;
+  for (mp__block_t *b = seg->first; b != NULL; b = b->next)
+    n += !(b->flags & MP__B_FREE);
+  /* The live blocks first: coalescing around a vacated place frees the
+   * records of free neighbours, never those of live blocks. */
+  mp__block_t **live = malloc(2 * n * sizeof *live);
+  if (live == NULL)
+    return MP_OK; /* no host memory: simply do not evacuate */
+  mp__block_t **home = live + n;
+  size_t k = 0;
+  for (mp__block_t *b = seg->first; b != NULL; b = b->next)
+    if (!(b->flags & MP__B_FREE))
+      live[k++] = b;
+  done[ndone] = seg;
+  for (k = 0; k < n; k++)
+    if ((home[k] = mp__take_home(m, live[k]->size, done, ndone + 1)) == NULL)
+      break;
+  mp_status_t st = MP_OK;
+  size_t i = 0;
+  if (k == n) {
+    for (; i < n; i++) {
+      st = mp_memcpy_async(pool->dev, (void *)home[i]->addr,
+                           (const void *)live[i]->addr, live[i]->size, m->s);
+      if (st != MP_OK)
+        break;
+      pool->st.free_blocks++; /* the home comes back as the old place */
+      mp__swap_places(m, live[i], home[i], home[i]->addr);
+    }
+  }
+  while (k > i)
+    mp__untake_home(pool, home[--k]);
+  free(live);
+  return st;
+}
+
+/* Evacuates plain segments, least live bytes first, each at most once. */
+static mp_status_t mp__evacuate_all(mp__mover_t *m) {
+  size_t nseg = 0;
+  for (mp__segment_t *s = m->pool->segs; s != NULL; s = s->next)
+    nseg++;
+  if (nseg < 2)
+    return MP_OK;
+  mp__segment_t **done = malloc(nseg * sizeof *done);
+  if (done == NULL)
+    return MP_OK;
+  size_t ndone = 0;
+  mp_status_t st = MP_OK;
+  while (st == MP_OK && !mp__need_met(m)) {
+    mp__segment_t *best = NULL;
+    size_t best_live = SIZE_MAX;
+    for (mp__segment_t *s = m->pool->segs; s != NULL; s = s->next) {
+      bool seen = false;
+      for (size_t i = 0; i < ndone; i++)
+        seen |= done[i] == s;
+      size_t live = seen ? 0 : mp__evacuable(s);
+      if (live > 0 && live < best_live) {
+        best = s;
+        best_live = live;
+      }
+    }
+    if (best == NULL)
+      break;
+    st = mp__evacuate(m, best, done, ndone);
+    ndone++;
+  }
+  free(done);
+  return st;
+}
+
+/* ---- one defragmentation ----------------------------------------------- */
+
+/* Looks, without changing anything, whether some block would move and how
+ * big a staging buffer the slides want (0: none). */
+static bool mp__plan(mp_pool_t *pool, size_t *stage_bytes) {
+  bool any = false;
+  size_t stage = 0;
+  for (mp__segment_t *seg = pool->segs; seg != NULL; seg = seg->next) {
+    size_t gap = 0;
+    for (mp__block_t *b = mp__above_fence(seg); b != NULL; b = b->next) {
+      if (b->flags & MP__B_FREE) {
+        gap += b->size;
+      } else if (!mp__is_mover(b)) {
+        gap = 0;
+      } else if (gap > 0) {
+        any = true;
+        if (b->size / MP__STAGE_RATIO > gap && b->size > stage)
+          stage = b->size;
+      }
+    }
+    any |= mp__evacuable(seg) > 0 && pool->segs->next != NULL;
+  }
+  *stage_bytes = stage < MP__STAGE_MAX ? stage : MP__STAGE_MAX;
+  return any;
+}
+
+/* Synchronizes the device with the lock dropped (the pool marked in flight
+ * meanwhile), then marks every stream epoch open before it as done. */
+static mp_status_t mp__sync_unlocked(mp_pool_t *pool, size_t stage_bytes,
+                                     void **stage) {
+  mp__pool_wait_idle(pool);
+  uint64_t snap = mp__streams_sync_begin(pool);
+  pool->inflight = true;
+  mp__pool_unlock(pool);
+  mp_status_t st = mp_device_synchronize(pool->dev);
+  if (st == MP_OK && stage_bytes > 0 &&
+      mp_device_alloc(pool->dev, stage_bytes, stage) != MP_OK)
+    *stage = NULL; /* slides fall back to chunks of their gap */
+  mp__pool_lock(pool);
+  pool->inflight = false;
+  pthread_cond_broadcast(&pool->idle_cv);
+  if (st == MP_OK)
+    mp__streams_sync_end(pool, snap);
+  return st;
+}
+
+/* Defragments pool on s; with freeze, then fences every live block. Takes
+ * and releases the lock. need: see mp__mover_t. */
+static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
+                                  bool freeze, size_t *moved) {
+  mp__mover_t m = {.pool = pool, .s = s, .need = need};
+  void *stage = NULL;
+  mp__pool_lock(pool);
+  mp__pool_wait_idle(pool);
+  mp_status_t st = mp__stream_index(pool, s, &m.sidx);
+  size_t stage_bytes = 0;
+  bool any = st == MP_OK && mp__plan(pool, &stage_bytes);
+  if (any) {
+    st = mp__sync_unlocked(pool, stage_bytes, &stage);
+    m.stage = (uintptr_t)stage;
+    m.stage_size = stage_bytes;
+    for (mp__segment_t *seg = pool->segs; st == MP_OK && seg != NULL;
+         seg = seg->next) {
+      if (mp__need_met(&m))
+        break;
+      st = mp__compact_segment(&m, seg);
+    }
+    if (st == MP_OK)
+      st = mp__evacuate_all(&m);
+  }
+  if (st == MP_OK && freeze)
+    for (mp__segment_t *seg = pool->segs; seg != NULL; seg = seg->next)
+      for (mp__block_t *b = seg->first; b != NULL; b = b->next)
+        if (!(b->flags & MP__B_FREE))
+          b->flags |= MP__B_FROZEN;
+  if (st == MP_OK && (any || need == 0)) { /* the OOM rung counts real runs */
+    pool->st.defrag_count++;
+    pool->st.moved_bytes += m.moved;
+  }
+  mp__pool_unlock(pool);
+  if (stage != NULL) {
+    /* The queued copies read it: wait for them before giving it back. */
+    mp_status_t sst = mp_stream_synchronize(pool->dev, s);
+    if (sst == MP_OK)
+      sst = mp_device_free(pool->dev, stage);
+    if (st == MP_OK)
+      st = sst;
+  }
+  *moved = m.moved;
+  return st;
+}
+
+/* ---- public API -------------------------------------------------------- */
+
+mp_status_t mp_pool_alloc_movable(mp_pool_t *pool, size_t bytes, mp_stream_t s,
+                                  mp_handle_t **out) {
+  if (pool == NULL || out == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_alloc_movable: %s is NULL",
+                    pool == NULL ? "pool" : "out");
+  if (bytes == 0) {
+    *out = NULL;
+    return MP_OK;
+  }
+  void *p;
+  mp_status_t st = mp_pool_alloc(pool, bytes, s, &p);
+  if (st != MP_OK)
+    return st;
+  /* Nobody else knows p yet, so it is still this live, unmovable block. */
+  mp__pool_lock(pool);
+  mp__block_t *b = mp__map_find(pool, (uintptr_t)p);
+  b->flags |= MP__B_MOVABLE;
+  b->handle = pool;
+  mp__pool_unlock(pool);
+  *out = (mp_handle_t *)b;
+  return MP_OK;
+}
+
+void *mp_handle_ptr(const mp_handle_t *h) {
+  return h != NULL ? (void *)mp__hblock(h)->addr : NULL;
+}
+
+mp_status_t mp_handle_free(mp_handle_t *h) {
+  if (h == NULL)
+    return MP_OK;
+  mp__block_t *b = mp__hblock(h);
+  mp_pool_t *pool = b->handle;
+  if (pool == NULL)
+    return mp__fail(MP_EINVAL,
+                    "mp_handle_free: %p is not a live movable handle (freed "
+                    "twice?)",
+                    (void *)h);
+  mp__pool_lock(pool);
+  if ((b->flags & (MP__B_FREE | MP__B_MOVABLE)) != MP__B_MOVABLE ||
+      b->handle != pool) {
+    mp__pool_unlock(pool);
+    return mp__fail(MP_EINVAL,
+                    "mp_handle_free: %p is not a live movable handle (freed "
+                    "twice?)",
+                    (void *)h);
+  }
+  mp__map_remove(pool, b);
+  mp__block_release(pool, b);
+  mp__pool_unlock(pool);
+  return MP_OK;
+}
+
+mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
+                               size_t *moved_bytes) {
+  if (pool == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_defragment: pool is NULL");
+  size_t moved = 0;
+  mp_status_t st = mp__defragment(pool, s, 0, false, &moved);
+  if (moved_bytes != NULL)
+    *moved_bytes = moved;
+  return st;
+}
+
+mp_status_t mp_pool_freeze(mp_pool_t *pool) {
+  if (pool == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_freeze: pool is NULL");
+  size_t moved = 0;
+  mp_status_t st = mp__defragment(pool, NULL, 0, true, &moved);
+  if (st == MP_OK && moved > 0)
+    st = mp_stream_synchronize(pool->dev, NULL);
+  return st;
+}
+
+size_t mp__pool_defrag_on_oom(mp_pool_t *pool, size_t need, mp_stream_t s) {
+  size_t moved = 0;
+  (void)mp__defragment(pool, s, need, false, &moved);
+  return moved;
+}

@@ -1,0 +1,329 @@
+/* test_defragment.c - movable blocks and defragmentation on the host
+ * device: data survives moves byte for byte (overlapping ones too), handles
+ * follow their data, raw-pointer blocks never move, the freed space
+ * coalesces and can be trimmed, and defragmentation is a rung of the
+ * out-of-memory ladder. mp_pool_check passes after every operation. */
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+#include "movable_fixture.h"
+
+static void setup(void) {
+  open_pool("host:capacity=512M", NULL);
+}
+
+static void teardown(void) {
+  close_pool();
+}
+
+TestSuite(defrag, .init = setup, .fini = teardown);
+
+Test(defrag, data_survives_defragmentation_byte_for_byte) {
+  enum { N = 48 };
+  mp_handle_t *h[N];
+  size_t size[N];
+  for (unsigned i = 0; i < N; i++) {
+    size[i] = 4096 + (size_t)(i % 7) * 70000 + (i % 3) * 333;
+    h[i] = movable(size[i], i);
+  }
+  check();
+  free_all_but(h, N, 2, 1);
+  check();
+  mp_stats_t before = stats();
+  void *old[N];
+  for (unsigned i = 1; i < N; i += 2)
+    old[i] = mp_handle_ptr(h[i]);
+
+  size_t moved = defragment();
+  mp_stats_t after = stats();
+  cr_assert_gt(moved, 0);
+  cr_assert_gt(after.largest_free_bytes, before.largest_free_bytes,
+               "holes coalesced: largest free %zu -> %zu",
+               before.largest_free_bytes, after.largest_free_bytes);
+  cr_assert_eq(after.allocated_bytes, before.allocated_bytes);
+  cr_assert_eq(after.live_blocks, before.live_blocks);
+  cr_assert_eq(after.defrag_count, before.defrag_count + 1);
+  cr_assert_eq(after.moved_bytes, before.moved_bytes + moved);
+
+  size_t changed = 0;
+  for (unsigned i = 1; i < N; i += 2) {
+    changed += mp_handle_ptr(h[i]) != old[i];
+    expect_pattern(mp_handle_ptr(h[i]), size[i], i);
+  }
+  cr_assert_gt(changed, 0, "handles follow their moved data");
+  for (unsigned i = 1; i < N; i += 2)
+    cr_assert_eq(mp_handle_free(h[i]), MP_OK);
+  check();
+}
+
+Test(defrag, a_compact_pool_moves_nothing) {
+  mp_handle_t *a = movable(1 << 16, 1), *b = movable(1 << 16, 2);
+  void *pa = mp_handle_ptr(a), *pb = mp_handle_ptr(b);
+  defragment();
+  size_t moved = defragment();
+  cr_assert_eq(moved, 0, "nothing left to move the second time");
+  cr_assert_eq(mp_handle_ptr(a), pa);
+  cr_assert_eq(mp_handle_ptr(b), pb);
+  expect_pattern(pa, 1 << 16, 1);
+  cr_assert_eq(mp_handle_free(a), MP_OK);
+  cr_assert_eq(mp_handle_free(b), MP_OK);
+}
+
+/* A small hole under a big block: the block moves by less than its size,
+ * so source and destination overlap. */
+Test(defrag, overlapping_moves_keep_data) {
+  size_t gaps[] = {512, 4096, 100 * 1024};
+  for (unsigned k = 0; k < 3; k++) {
+    mp_handle_t *small = movable(gaps[k], 100 + k);
+    mp_handle_t *big = movable(3u << 20, 200 + k);
+    char *bp = mp_handle_ptr(big), *sp = mp_handle_ptr(small);
+    cr_assert_eq(mp_handle_free(small), MP_OK);
+    size_t moved = defragment();
+    if (sp + gaps[k] == bp) {
+      /* The hole was right below: the block slid down onto its own bytes. */
+      cr_assert_eq((char *)mp_handle_ptr(big), sp);
+      cr_assert_geq(moved, 3u << 20);
+    }
+    expect_pattern(mp_handle_ptr(big), 3u << 20, 200 + k);
+    cr_assert_eq(mp_handle_free(big), MP_OK);
+    check();
+  }
+}
+
+Test(defrag, raw_pointer_blocks_never_move) {
+  enum { N = 24 };
+  void *raw[N];
+  mp_handle_t *h[N];
+  for (unsigned i = 0; i < N; i++) {
+    cr_assert_eq(mp_pool_alloc(pool, 8192, stream, &raw[i]), MP_OK);
+    fill(raw[i], 8192, 1000 + i);
+    h[i] = movable(20000 + i * 512, i);
+  }
+  for (unsigned i = 0; i < N; i += 3) {
+    cr_assert_eq(mp_handle_free(h[i]), MP_OK);
+    h[i] = NULL;
+  }
+  for (unsigned i = 1; i < N; i += 3) {
+    cr_assert_eq(mp_pool_free(pool, raw[i]), MP_OK);
+    raw[i] = NULL;
+  }
+  defragment();
+  for (unsigned i = 0; i < N; i++) {
+    if (raw[i] != NULL) {
+      expect_pattern(raw[i], 8192, 1000 + i);
+      /* Still the pool's live block at the same address. */
+      cr_assert_eq(mp_pool_record_stream(pool, raw[i], stream), MP_OK);
+    }
+    if (h[i] != NULL)
+      expect_pattern(mp_handle_ptr(h[i]), 20000 + i * 512, i);
+  }
+  for (unsigned i = 0; i < N; i++) {
+    if (raw[i] != NULL)
+      cr_assert_eq(mp_pool_free(pool, raw[i]), MP_OK);
+    if (h[i] != NULL)
+      cr_assert_eq(mp_handle_free(h[i]), MP_OK);
+  }
+  check();
+}
+
+Test(defrag, pool_free_of_a_movable_blocks_pointer_is_einval) {
+  mp_handle_t *h = movable(10000, 7);
+  mp_stats_t before = stats();
+  cr_assert_eq(mp_pool_free(pool, mp_handle_ptr(h)), MP_EINVAL);
+  cr_assert_neq(strstr(mp_last_error(), "movable"), NULL, "%s",
+                mp_last_error());
+  mp_stats_t after = stats();
+  cr_assert_eq(after.live_blocks, before.live_blocks);
+  cr_assert_eq(after.allocated_bytes, before.allocated_bytes);
+  expect_pattern(mp_handle_ptr(h), 10000, 7);
+  cr_assert_eq(mp_handle_free(h), MP_OK);
+  check();
+}
+
+Test(defrag, movable_blocks_count_as_allocated) {
+  mp_stats_t before = stats();
+  mp_handle_t *h;
+  cr_assert_eq(mp_pool_alloc_movable(pool, 1000, NULL, &h), MP_OK);
+  mp_stats_t mid = stats();
+  cr_assert_eq(mid.live_blocks, before.live_blocks + 1);
+  cr_assert_geq(mid.allocated_bytes, before.allocated_bytes + 1000);
+  cr_assert_eq(mid.requested_bytes, before.requested_bytes + 1000);
+  cr_assert_eq(mp_handle_free(h), MP_OK);
+  mp_stats_t end = stats();
+  cr_assert_eq(end.live_blocks, before.live_blocks);
+  cr_assert_eq(end.allocated_bytes, before.allocated_bytes);
+  cr_assert_eq(end.free_count, before.free_count + 1);
+}
+
+Test(defrag, freed_space_coalesces_and_can_be_trimmed) {
+  enum { N = 64 };
+  mp_handle_t *h[N];
+  for (unsigned i = 0; i < N; i++)
+    h[i] = movable(1u << 20, i);
+  free_all_but(h, N, 4, 0);
+  cr_assert_eq(mp_pool_trim(pool, 0), MP_OK);
+  mp_stats_t before = stats();
+  defragment();
+  cr_assert_eq(mp_pool_trim(pool, 0), MP_OK);
+  check();
+  mp_stats_t after = stats();
+  cr_assert_lt(after.reserved_bytes, before.reserved_bytes,
+               "reserved %zu -> %zu", before.reserved_bytes,
+               after.reserved_bytes);
+  for (unsigned i = 0; i < N; i += 4) {
+    expect_pattern(mp_handle_ptr(h[i]), 1u << 20, i);
+    cr_assert_eq(mp_handle_free(h[i]), MP_OK);
+  }
+}
+
+typedef struct {
+  atomic_int done;
+} flag_t;
+
+static void slow(void *arg) {
+  struct timespec ts = {0, 30 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  atomic_store(&((flag_t *)arg)->done, 1);
+}
+
+/* Work queued on the block's own stream before the defragmentation is part
+ * of the data that moves. */
+Test(defrag, moves_wait_for_work_queued_on_other_streams) {
+  mp_stream_t other;
+  cr_assert_eq(mp_stream_create(dev, &other), MP_OK);
+  mp_handle_t *low = movable(1 << 16, 1);
+  mp_handle_t *h;
+  cr_assert_eq(mp_pool_alloc_movable(pool, 1 << 16, other, &h), MP_OK);
+  unsigned char *pat = malloc(1 << 16);
+  for (size_t i = 0; i < (1 << 16); i++)
+    pat[i] = (unsigned char)(5 * 131u + i * 7u + (i >> 9));
+  flag_t flag = {0};
+  cr_assert_eq(mp_stream_launch_host(dev, other, slow, &flag), MP_OK);
+  cr_assert_eq(mp_memcpy_async(dev, mp_handle_ptr(h), pat, 1 << 16, other),
+               MP_OK);
+  cr_assert_eq(mp_handle_free(low), MP_OK);
+  defragment();
+  cr_assert_eq(atomic_load(&flag.done), 1);
+  expect_pattern(mp_handle_ptr(h), 1 << 16, 5);
+  cr_assert_eq(mp_handle_free(h), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, other), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, other), MP_OK);
+  free(pat);
+}
+
+Test(defrag, bad_input_is_einval_on_every_call) {
+  mp_handle_t *h = (mp_handle_t *)0x1;
+  cr_assert_eq(mp_pool_alloc_movable(NULL, 16, NULL, &h), MP_EINVAL);
+  cr_assert_eq(mp_pool_alloc_movable(pool, 16, NULL, NULL), MP_EINVAL);
+  cr_assert_eq(h, (mp_handle_t *)0x1);
+  cr_assert_neq(mp_pool_alloc_movable(pool, SIZE_MAX, NULL, &h), MP_OK);
+  cr_assert_eq(h, (mp_handle_t *)0x1, "out untouched on failure");
+  cr_assert_eq(mp_pool_alloc_movable(pool, 0, NULL, &h), MP_OK);
+  cr_assert_eq(h, NULL, "0 bytes: no handle");
+  cr_assert_eq(mp_handle_free(NULL), MP_OK);
+  cr_assert_eq(mp_handle_ptr(NULL), NULL);
+  cr_assert_eq(mp_pool_defragment(NULL, NULL, NULL), MP_EINVAL);
+  size_t moved = 77;
+  cr_assert_eq(mp_pool_defragment(pool, NULL, &moved), MP_OK);
+  cr_assert_eq(moved, 0);
+  cr_assert_eq(stats().live_blocks, 0);
+  check();
+}
+
+TestSuite(defrag_oom, .fini = teardown);
+TestSuite(defrag_plain, .fini = teardown);
+TestSuite(defrag_child, .fini = teardown);
+
+/* Out of memory: a pool that cannot grow makes room by moving its movable
+ * blocks together, unless told not to. */
+static void fragment_full_pool(mp_handle_t **h, unsigned n) {
+  for (unsigned i = 0; i < n; i++)
+    h[i] = movable(1u << 20, i);
+  free_all_but(h, n, 2, 1);
+}
+
+Test(defrag_oom, defragmentation_is_a_rung_of_the_oom_ladder) {
+  open_pool("host:capacity=512M", "max_bytes=16M");
+  mp_handle_t *h[16];
+  fragment_full_pool(h, 16);
+  mp_stats_t before = stats();
+  cr_assert_lt(before.largest_free_bytes, 4u << 20);
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, 4u << 20, stream, &p), MP_OK, "%s",
+               mp_last_error());
+  mp_stats_t after = stats();
+  cr_assert_gt(after.defrag_count, before.defrag_count);
+  cr_assert_gt(after.moved_bytes, before.moved_bytes);
+  cr_assert_eq(mp_stream_synchronize(dev, stream), MP_OK);
+  for (unsigned i = 1; i < 16; i += 2)
+    expect_pattern(mp_handle_ptr(h[i]), 1u << 20, i);
+  check();
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  for (unsigned i = 1; i < 16; i += 2)
+    cr_assert_eq(mp_handle_free(h[i]), MP_OK);
+}
+
+Test(defrag_oom, without_the_flag_the_pool_fails_instead) {
+  open_pool("host:capacity=512M", "max_bytes=16M,defrag_on_oom=0");
+  mp_handle_t *h[16];
+  fragment_full_pool(h, 16);
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, 4u << 20, stream, &p), MP_ELIMIT);
+  cr_assert_eq(stats().defrag_count, 0);
+  for (unsigned i = 1; i < 16; i += 2)
+    cr_assert_eq(mp_handle_free(h[i]), MP_OK);
+  check();
+}
+
+/* Plain segments (no virtual memory): blocks leave sparse segments for free
+ * space in others, so whole segments empty and trim releases them. */
+Test(defrag_plain, sparse_segments_are_evacuated_and_trimmed) {
+  open_pool("host:capacity=512M", "virtual=0,segment_bytes=2M");
+  enum { N = 16 };
+  mp_handle_t *h[N];
+  for (unsigned i = 0; i < N; i++)
+    h[i] = movable(1u << 20, i);
+  mp_stats_t full = stats();
+  cr_assert_geq(full.segment_count, N / 2);
+  /* One block stays in every other segment. */
+  free_all_but(h, N, 4, 0);
+  cr_assert_eq(mp_pool_trim(pool, 0), MP_OK);
+  mp_stats_t before = stats();
+  size_t moved = defragment();
+  cr_assert_gt(moved, 0);
+  cr_assert_eq(mp_pool_trim(pool, 0), MP_OK);
+  check();
+  mp_stats_t after = stats();
+  cr_assert_lt(after.segment_count, before.segment_count, "segments %zu -> %zu",
+               before.segment_count, after.segment_count);
+  cr_assert_lt(after.reserved_bytes, before.reserved_bytes);
+  for (unsigned i = 0; i < N; i += 4) {
+    expect_pattern(mp_handle_ptr(h[i]), 1u << 20, i);
+    cr_assert_eq(mp_handle_free(h[i]), MP_OK);
+  }
+  check();
+}
+
+Test(defrag_child, a_child_pool_defragments_inside_its_range) {
+  open_pool("host:capacity=512M", NULL);
+  mp_pool_t *parent = pool, *child;
+  cr_assert_eq(mp_pool_create_child(parent, 8u << 20, &child), MP_OK, "%s",
+               mp_last_error());
+  pool = child;
+  mp_handle_t *h[8];
+  for (unsigned i = 0; i < 8; i++)
+    h[i] = movable(512 * 1024, i);
+  for (unsigned i = 0; i < 8; i += 2)
+    cr_assert_eq(mp_handle_free(h[i]), MP_OK);
+  size_t moved = defragment();
+  cr_assert_gt(moved, 0);
+  for (unsigned i = 1; i < 8; i += 2) {
+    expect_pattern(mp_handle_ptr(h[i]), 512 * 1024, i);
+    cr_assert_eq(mp_handle_free(h[i]), MP_OK);
+  }
+  check();
+  cr_assert_eq(mp_pool_destroy(child), MP_OK);
+  pool = parent;
+  cr_assert_eq(mp_pool_check(parent), MP_OK, "%s", mp_last_error());
+}
