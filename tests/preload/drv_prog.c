@@ -1,0 +1,193 @@
+/* drv_prog.c - a driver-API program for the preload tests, linked with the
+ * fake libcuda.so.1 (tests/fakecuda), so that its direct calls bind to the
+ * driver unless the shim is preloaded.
+ *
+ *   drv_prog plain        no shim: direct calls reach the driver
+ *   drv_prog preloaded D  under libmempool_preload.so with MEMPOOL_DEVICE=D
+ *                         (host or cuda): every route to the allocation
+ *                         entry points (direct call, dlsym, cuGetProcAddress
+ *                         at the versions and flags the runtime uses) ends
+ *                         in the shim; other names stay the driver's;
+ *                         pointers the shim did not hand out go to the
+ *                         driver, and so (D = cuda) do allocations in
+ *                         another device's context (FAKECUDA_DEVICE_COUNT=2
+ *                         expected). The host device serves every context.
+ * Prints "ok" and exits 0, or names each failed check and exits 1. */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+
+#undef cuGetProcAddress
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                          cuuint64_t flags);
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream s);
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s);
+long long cuFakeGetCallCount(const char *name);
+
+static int failures;
+
+static void expect(int ok, const char *what) {
+  if (!ok) {
+    printf("FAILED %s\n", what);
+    failures++;
+  }
+}
+
+static const char *owner(void *p) {
+  Dl_info info;
+  if (p == NULL || dladdr(p, &info) == 0 || info.dli_fname == NULL)
+    return "";
+  return info.dli_fname;
+}
+
+static int in_shim(void *p) {
+  return strstr(owner(p), "libmempool_preload") != NULL;
+}
+
+/* The answer of cuGetProcAddress_v2 (reached through dlsym). */
+static void *proc(void *get_v2, const char *name, int version,
+                  cuuint64_t flags) {
+  CUresult (*get)(const char *, void **, int, cuuint64_t,
+                  CUdriverProcAddressQueryResult *);
+  memcpy(&get, &get_v2, sizeof get_v2);
+  void *fn = NULL;
+  CUdriverProcAddressQueryResult st;
+  if (get(name, &fn, version, flags, &st) != CUDA_SUCCESS)
+    return NULL;
+  return fn;
+}
+
+static void check_lookups(void *h) {
+  void *get_v2 = dlsym(h, "cuGetProcAddress_v2");
+  expect(in_shim(get_v2), "dlsym cuGetProcAddress_v2 is the shim's");
+  expect(in_shim(dlsym(h, "cuGetProcAddress")),
+         "dlsym cuGetProcAddress is the shim's");
+  expect(dlsym(h, "cuGetProcAddress_v2") == get_v2, "dlsym is stable");
+  expect(proc(get_v2, "cuGetProcAddress", 12000, 0) == get_v2,
+         "cuGetProcAddress(cuGetProcAddress, 12000) is the shim's _v2");
+  static const struct {
+    const char *base, *exported;
+    int version;
+    cuuint64_t flags;
+  } hooked[] = {
+      {"cuMemAlloc", "cuMemAlloc_v2", 3020, 0},
+      {"cuMemFree", "cuMemFree_v2", 3020, 0},
+      {"cuMemGetInfo", "cuMemGetInfo_v2", 3020, 0},
+      {"cuMemGetAddressRange", "cuMemGetAddressRange_v2", 3020, 0},
+      {"cuMemAllocAsync", "cuMemAllocAsync", 11020, 0},
+      {"cuMemAllocAsync", "cuMemAllocAsync_ptsz", 11020, 2},
+      {"cuMemFreeAsync", "cuMemFreeAsync", 11020, 0},
+      {"cuMemFreeAsync", "cuMemFreeAsync_ptsz", 11020, 2},
+      {"cuMemAlloc", "cuMemAlloc_v2", 12000, 1},
+  };
+  for (size_t i = 0; i < sizeof hooked / sizeof *hooked; i++) {
+    void *by_proc =
+        proc(get_v2, hooked[i].base, hooked[i].version, hooked[i].flags);
+    void *by_handle = dlsym(h, hooked[i].exported);
+    void *by_default = dlsym(RTLD_DEFAULT, hooked[i].exported);
+    expect(in_shim(by_proc), hooked[i].exported);
+    expect(by_proc == by_handle && by_handle == by_default, hooked[i].exported);
+  }
+  /* Untouched: other names, and versions older than the _v2 forms. */
+  void *init = proc(get_v2, "cuInit", 2000, 0);
+  expect(init != NULL && !in_shim(init) && init == dlsym(h, "cuInit"),
+         "cuInit stays the driver's");
+  expect(!in_shim(dlsym(h, "cuCtxGetDevice")), "cuCtxGetDevice untouched");
+  expect(!in_shim(proc(get_v2, "cuMemAlloc", 2000, 0)),
+         "cuMemAlloc below 3.2 untouched");
+  expect(dlsym(h, "cuNoSuchFunction") == NULL, "unknown names stay unknown");
+}
+
+static long long calls(const char *name) {
+  return cuFakeGetCallCount(name);
+}
+
+static void check_serving(int preloaded, int cuda) {
+  CUcontext ctx0 = NULL, ctx1 = NULL;
+  CUdevice dev = 0;
+  expect(cuInit(0) == CUDA_SUCCESS, "cuInit");
+  expect(cuDeviceGet(&dev, 0) == CUDA_SUCCESS, "cuDeviceGet");
+  expect(cuDevicePrimaryCtxRetain(&ctx0, dev) == CUDA_SUCCESS, "ctx 0");
+  expect(cuCtxSetCurrent(ctx0) == CUDA_SUCCESS, "set ctx 0");
+
+  long long alloc0 = calls("cuMemAlloc_v2");
+  long long async0 = calls("cuMemAllocAsync") + calls("cuMemAllocAsync_ptsz");
+  CUdeviceptr d[4] = {0};
+  expect(cuMemAlloc_v2(&d[0], 1 << 20) == CUDA_SUCCESS, "direct cuMemAlloc");
+  expect(cuMemAllocAsync(&d[1], 3000, NULL) == CUDA_SUCCESS, "async alloc");
+  expect(cuMemAllocAsync_ptsz(&d[2], 5000, NULL) == CUDA_SUCCESS, "ptsz alloc");
+  void *via_proc = NULL;
+  expect(cuGetProcAddress("cuMemAlloc", &via_proc, 3020, 0) == CUDA_SUCCESS,
+         "direct cuGetProcAddress");
+  CUresult (*alloc)(CUdeviceptr *, size_t);
+  memcpy(&alloc, &via_proc, sizeof via_proc);
+  expect(alloc != NULL && alloc(&d[3], 7000) == CUDA_SUCCESS,
+         "cuMemAlloc through cuGetProcAddress");
+  /* With the shim, the pool served them all (the cuda device's pool may
+   * have made segments with cuMemAlloc_v2, never one per request). */
+  long long direct_allocs = calls("cuMemAlloc_v2") - alloc0;
+  long long direct_async =
+      calls("cuMemAllocAsync") + calls("cuMemAllocAsync_ptsz") - async0;
+  if (preloaded) {
+    expect(direct_allocs < 2, "the pool served cuMemAlloc_v2");
+    expect(direct_async == 0, "the pool served cuMemAllocAsync");
+  } else {
+    expect(direct_allocs == 2 && direct_async == 2, "the driver served all");
+  }
+
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  expect(cuMemGetAddressRange_v2(&base, &size, d[0] + 4096) == CUDA_SUCCESS &&
+             base == d[0] && size == 1 << 20,
+         "address range of an interior pointer is its block");
+  size_t free_b = 0, total_b = 0;
+  expect(cuMemGetInfo_v2(&free_b, &total_b) == CUDA_SUCCESS && total_b > 0 &&
+             free_b <= total_b,
+         "cuMemGetInfo_v2");
+  expect(cuMemFreeAsync(d[1], NULL) == CUDA_SUCCESS, "async free");
+  expect(cuMemFreeAsync_ptsz(d[2], NULL) == CUDA_SUCCESS, "ptsz free");
+  expect(cuMemFree_v2(d[0]) == CUDA_SUCCESS, "free");
+  expect(cuMemFree_v2(d[3]) == CUDA_SUCCESS, "free");
+  if (!preloaded)
+    return;
+
+  /* A pointer the shim never handed out is the driver's to judge. */
+  long long free0 = calls("cuMemFree_v2");
+  expect(cuMemFree_v2((CUdeviceptr)0xdead0000) != CUDA_SUCCESS,
+         "unknown pointer rejected");
+  expect(calls("cuMemFree_v2") == free0 + 1, "unknown pointer to driver");
+
+  /* Another device's context: the driver serves it, the trace records it. */
+  CUdeviceptr other = 0;
+  if (cuda && cuDeviceGet(&dev, 1) == CUDA_SUCCESS &&
+      cuDevicePrimaryCtxRetain(&ctx1, dev) == CUDA_SUCCESS) {
+    expect(cuCtxSetCurrent(ctx1) == CUDA_SUCCESS, "set ctx 1");
+    alloc0 = calls("cuMemAlloc_v2");
+    free0 = calls("cuMemFree_v2");
+    expect(cuMemAlloc_v2(&other, 4096) == CUDA_SUCCESS, "alloc on device 1");
+    expect(cuMemFree_v2(other) == CUDA_SUCCESS, "free on device 1");
+    expect(calls("cuMemAlloc_v2") == alloc0 + 1 &&
+               calls("cuMemFree_v2") == free0 + 1,
+           "device 1 served by the driver");
+    expect(cuCtxSetCurrent(ctx0) == CUDA_SUCCESS, "back to ctx 0");
+  }
+}
+
+int main(int argc, char **argv) {
+  int preloaded = argc > 1 && strcmp(argv[1], "preloaded") == 0;
+  int cuda = argc > 2 && strcmp(argv[2], "cuda") == 0;
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  expect(h != NULL, "dlopen libcuda.so.1");
+  if (h == NULL)
+    return 1;
+  if (preloaded)
+    check_lookups(h);
+  else
+    expect(!in_shim(dlsym(h, "cuMemAlloc_v2")), "no shim: driver's own");
+  check_serving(preloaded, cuda);
+  if (failures == 0)
+    printf("ok\n");
+  return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,55 @@
+/* test_preload_driver.c - the driver-API hooks, on the fake libcuda.so.1
+ * (tests/fakecuda): direct calls, dlsym and cuGetProcAddress all end in
+ * the shim, which serves from the pool on the emulated device or on the
+ * cuda backend driving the fake itself (where the pool's own driver calls
+ * must reach the real functions, never the hooks), while other names,
+ * unknown pointers and other devices stay the driver's. */
+#include "spawn.h"
+
+static spawn_result_t r;
+
+Test(preload_driver, without_the_shim_direct_calls_reach_the_driver) {
+  const char *argv[] = {MP_DRV_PROG, "plain", NULL};
+  const char *env[] = {"LD_PRELOAD=", NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+}
+
+static void preloaded(const char *device, const char *report) {
+  char env_device[64], env_report[256];
+  snprintf(env_device, sizeof env_device, "MEMPOOL_DEVICE=%s", device);
+  snprintf(env_report, sizeof env_report, "MEMPOOL_REPORT=%s", report);
+  const char *argv[] = {MP_DRV_PROG, "preloaded", device, NULL};
+  const char *env[] = {"LD_PRELOAD=" MP_SHIM, env_device, env_report,
+                       "FAKECUDA_DEVICE_COUNT=2", NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "%s: out: %s\nerr: %s", device, r.out,
+            r.err);
+  cr_assert_str_eq(r.out, "ok\n");
+}
+
+Test(preload_driver, every_route_ends_in_the_shim_on_the_host_device) {
+  preloaded("host", "stderr");
+  cr_assert(strstr(r.err, "\"mode\": \"pool\"") != NULL, "%s", r.err);
+}
+
+/* The pool's cuda backend opens the same libcuda.so.1 and resolves it from
+ * inside the shim: it must get the driver's functions, or every allocation
+ * would recurse into the hooks. */
+Test(preload_driver, pool_on_the_cuda_backend_reaches_the_real_driver) {
+  char dir[64], report[128];
+  scratch_dir(dir, sizeof dir);
+  snprintf(report, sizeof report, "%s/report.json", dir);
+  preloaded("cuda", report);
+  cr_assert_eq(
+      sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+         "sys.exit(0 if d[\"mode\"]==\"pool\" and "
+         "d[\"device\"].startswith(\"cuda:0\") and "
+         "d[\"calls\"][\"allocate\"]==5 and d[\"calls\"][\"free\"]==5 and "
+         "d[\"bypassed\"][\"other_device\"]==1 and "
+         "d[\"pool\"][\"device_alloc_count\"]>=1 else 1)' %s",
+         report),
+      0, "report: %s", (slurp(report, r.out, sizeof r.out), r.out));
+  unlink(report);
+  rmdir(dir);
+}
