@@ -1,0 +1,360 @@
+/* allocators.c - every allocator mpbench compares, behind one small table.
+ *
+ * mempool's own allocators ("pool", "pool:OPTS", "child:bytes=...") are made
+ * with mp_allocator_create and measured from their mp_stats_t. "direct" is
+ * mempool's direct allocator used as a cudaMalloc/cudaFree program uses the
+ * driver: its session is ended after every free, so each free is one device
+ * free (the library's own default, frees deferred until the device fills,
+ * would make its reserved bytes a function of the device's size).
+ *
+ * "jemalloc" is a jemalloc arena whose extents come from the same mp_device
+ * through extent hooks: alloc is mp_device_alloc, dalloc opts out (returns
+ * true: jemalloc keeps the extent, as retained memory), split and merge are
+ * allowed (an extent may span parts of device allocations that are never
+ * returned separately), decommit and purge opt out. Reserved bytes are what
+ * the hooks got from the device; everything is given back when the arena is
+ * destroyed. jemalloc writes its metadata into extents it gets from these
+ * hooks, so it runs on the host device only, where device memory is host
+ * memory. Invariant: reserved = sum of the device allocations in chunks[].
+ *
+ * "cuda-async" (cudaMallocAsync) and "cuda-malloc" (cuMemAlloc per request)
+ * are listed so a run on a machine without a GPU says they were skipped. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "mpbench.h"
+
+#if MPBENCH_HAVE_JEMALLOC
+#include <jemalloc/jemalloc.h>
+#endif
+
+typedef enum {
+  MPB_KIND_MEMPOOL,
+  MPB_KIND_DIRECT,
+  MPB_KIND_JEMALLOC
+} mpb_kind_t;
+
+typedef struct mpb_jemalloc mpb_jemalloc_t;
+
+struct mpb_allocator {
+  mpb_kind_t kind;
+  mp_device_t *dev;
+  mp_allocator_t *mp; /* MEMPOOL, DIRECT */
+  mpb_jemalloc_t *je; /* JEMALLOC */
+};
+
+const char *const mpb_default_allocators[] = {
+    "pool",     "pool:virtual=0", "pool:max_split=64M", "direct",
+    "jemalloc", "cuda-async",     "cuda-malloc",        NULL};
+
+void mpb_allocator_help(FILE *out) {
+  fprintf(out,
+          "  pool                 mempool's best-fit caching pool, defaults\n"
+          "  pool:KEY=VAL,...     the pool with options, e.g. virtual=0 "
+          "(plain\n"
+          "                       segments), max_split=64M, segment_bytes=20M\n"
+          "  child:bytes=SIZE     a child pool of SIZE carved from a pool\n"
+          "  direct               one device allocation per request, one "
+          "device\n"
+          "                       free per free (cudaMalloc/cudaFree)\n"
+          "  jemalloc             a jemalloc arena whose extents come from "
+          "the\n"
+          "                       device through extent hooks (host device "
+          "only)%s\n"
+          "  cuda-async           cudaMallocAsync (needs a GPU; not "
+          "implemented)\n"
+          "  cuda-malloc          cuMemAlloc per request (needs a GPU; not "
+          "implemented)\n",
+#if MPBENCH_HAVE_JEMALLOC
+          ""
+#else
+          "\n                       (not in this build: no libjemalloc)"
+#endif
+  );
+}
+
+static bool mpb_prefix(const char *name, const char *word) {
+  size_t n = strlen(word);
+  return strncmp(name, word, n) == 0 && (name[n] == '\0' || name[n] == ':');
+}
+
+static bool mpb_is_gpu_only(const char *name) {
+  return strcmp(name, "cuda-async") == 0 || strcmp(name, "cuda-malloc") == 0;
+}
+
+mp_status_t mpb_allocator_check_name(const char *name) {
+  if (name == NULL || name[0] == '\0')
+    return mp__fail(MP_EINVAL, "empty allocator name");
+  if (mpb_prefix(name, "pool") || mpb_prefix(name, "child") ||
+      strcmp(name, "direct") == 0 || strcmp(name, "jemalloc") == 0 ||
+      mpb_is_gpu_only(name))
+    return MP_OK;
+  return mp__fail(MP_EINVAL,
+                  "unknown allocator '%s' (pool, pool:OPTS, child:bytes=SIZE, "
+                  "direct, jemalloc, cuda-async, cuda-malloc)",
+                  name);
+}
+
+static bool mpb_device_is_host(mp_device_t *dev) {
+  return strncmp(mp_device_name(dev), "host", 4) == 0;
+}
+
+bool mpb_allocator_available(const char *name, mp_device_t *dev, char *why,
+                             size_t why_len) {
+  if (mpb_is_gpu_only(name)) {
+    snprintf(why, why_len, "%s",
+             mpb_device_is_host(dev) ? "needs a GPU (device is host)"
+                                     : "not implemented yet");
+    return false;
+  }
+  if (strcmp(name, "jemalloc") == 0) {
+#if MPBENCH_HAVE_JEMALLOC
+    if (!mpb_device_is_host(dev)) {
+      snprintf(why, why_len,
+               "runs on the host device only (its metadata "
+               "lives in the memory it manages)");
+      return false;
+    }
+#else
+    snprintf(why, why_len, "mpbench was built without jemalloc");
+    return false;
+#endif
+  }
+  return true;
+}
+
+/* ---- jemalloc arena over the device ------------------------------------- */
+
+#if MPBENCH_HAVE_JEMALLOC
+struct mpb_jemalloc {
+  extent_hooks_t hooks; /* first: a hook's extent_hooks_t * is this struct */
+  mp_device_t *dev;
+  unsigned arena;
+  size_t reserved;
+  uint64_t device_calls;
+  void **chunks;
+  size_t nchunks, cap;
+};
+
+static bool mpb_je_track(mpb_jemalloc_t *j, void *p) {
+  if (!mpb_grow(&j->chunks, &j->cap, j->nchunks, sizeof *j->chunks))
+    return false;
+  j->chunks[j->nchunks++] = p;
+  return true;
+}
+
+static void *mpb_je_alloc(extent_hooks_t *h, void *new_addr, size_t size,
+                          size_t alignment, bool *zero, bool *commit,
+                          unsigned arena_ind) {
+  (void)arena_ind;
+  mpb_jemalloc_t *j = (mpb_jemalloc_t *)h;
+  if (new_addr != NULL)
+    return NULL; /* the device cannot place memory at a given address */
+  void *p;
+  size_t got = size;
+  j->device_calls++;
+  if (mp_device_alloc(j->dev, size, &p) != MP_OK)
+    return NULL;
+  if (((uintptr_t)p & (alignment - 1)) != 0) {
+    /* Not aligned enough: ask again with room to align inside. */
+    j->device_calls += 2;
+    mp_device_free(j->dev, p);
+    if (size + alignment < size ||
+        mp_device_alloc(j->dev, size + alignment, &p) != MP_OK)
+      return NULL;
+    got = size + alignment;
+  }
+  if (!mpb_je_track(j, p)) {
+    j->device_calls++;
+    mp_device_free(j->dev, p);
+    return NULL;
+  }
+  j->reserved += got;
+  void *ret =
+      (void *)(((uintptr_t)p + alignment - 1) & ~(uintptr_t)(alignment - 1));
+  if (*zero)
+    memset(ret, 0, size); /* host device: device memory is host memory */
+  *commit = true;
+  return ret;
+}
+
+static bool mpb_je_dalloc(extent_hooks_t *h, void *addr, size_t size,
+                          bool committed, unsigned arena_ind) {
+  (void)h, (void)addr, (void)size, (void)committed, (void)arena_ind;
+  return true; /* opt out: jemalloc retains it; freed with the arena */
+}
+
+static void mpb_je_destroy(extent_hooks_t *h, void *addr, size_t size,
+                           bool committed, unsigned arena_ind) {
+  (void)h, (void)addr, (void)size, (void)committed, (void)arena_ind;
+}
+
+static bool mpb_je_commit(extent_hooks_t *h, void *addr, size_t size,
+                          size_t offset, size_t length, unsigned arena_ind) {
+  (void)h, (void)addr, (void)size, (void)offset, (void)length, (void)arena_ind;
+  return false; /* always committed */
+}
+
+static bool mpb_je_decommit(extent_hooks_t *h, void *addr, size_t size,
+                            size_t offset, size_t length, unsigned arena_ind) {
+  (void)h, (void)addr, (void)size, (void)offset, (void)length, (void)arena_ind;
+  return true; /* opt out */
+}
+
+static bool mpb_je_split(extent_hooks_t *h, void *addr, size_t size,
+                         size_t size_a, size_t size_b, bool committed,
+                         unsigned arena_ind) {
+  (void)h, (void)addr, (void)size, (void)size_a, (void)size_b, (void)committed,
+      (void)arena_ind;
+  return false;
+}
+
+static bool mpb_je_merge(extent_hooks_t *h, void *addr_a, size_t size_a,
+                         void *addr_b, size_t size_b, bool committed,
+                         unsigned arena_ind) {
+  (void)h, (void)addr_a, (void)size_a, (void)addr_b, (void)size_b,
+      (void)committed, (void)arena_ind;
+  return false;
+}
+
+static void mpb_je_close(mpb_jemalloc_t *j) {
+  char cmd[64];
+  snprintf(cmd, sizeof cmd, "arena.%u.destroy", j->arena);
+  mallctl(cmd, NULL, NULL, NULL, 0);
+  for (size_t i = 0; i < j->nchunks; i++)
+    mp_device_free(j->dev, j->chunks[i]);
+  free(j->chunks);
+  free(j);
+}
+
+static mp_status_t mpb_je_open(mp_device_t *dev, mpb_jemalloc_t **out) {
+  mpb_jemalloc_t *j = calloc(1, sizeof *j);
+  if (j == NULL)
+    return mp__fail(MP_ENOMEM, "jemalloc: out of host memory");
+  j->hooks = (extent_hooks_t){
+      .alloc = mpb_je_alloc,
+      .dalloc = mpb_je_dalloc,
+      .destroy = mpb_je_destroy,
+      .commit = mpb_je_commit,
+      .decommit = mpb_je_decommit,
+      .split = mpb_je_split,
+      .merge = mpb_je_merge,
+  };
+  j->dev = dev;
+  extent_hooks_t *hp = &j->hooks;
+  size_t sz = sizeof j->arena;
+  if (mallctl("arenas.create", &j->arena, &sz, &hp, sizeof hp) != 0) {
+    /* The hooks may have run (arena metadata) before it failed. */
+    for (size_t i = 0; i < j->nchunks; i++)
+      mp_device_free(dev, j->chunks[i]);
+    free(j->chunks);
+    free(j);
+    return mp__fail(MP_ENOMEM, "jemalloc: arenas.create failed (the device "
+                               "has no room for the arena's metadata?)");
+  }
+  *out = j;
+  return MP_OK;
+}
+#endif
+
+/* ---- the table ------------------------------------------------------------
+ */
+
+mp_status_t mpb_allocator_open(const char *name, mp_device_t *dev,
+                               mpb_make_fn make, mpb_allocator_t **out) {
+  mp_status_t st = MP_OK;
+  char why[128];
+  if (make == NULL) {
+    if ((st = mpb_allocator_check_name(name)) != MP_OK)
+      return st;
+    if (!mpb_allocator_available(name, dev, why, sizeof why))
+      return mp__fail(MP_ENOTSUP, "allocator %s: %s", name, why);
+  }
+  mpb_allocator_t *a = calloc(1, sizeof *a);
+  if (a == NULL)
+    return mp__fail(MP_ENOMEM, "out of host memory");
+  a->dev = dev;
+  if (make == NULL && strcmp(name, "jemalloc") == 0) {
+    a->kind = MPB_KIND_JEMALLOC;
+#if MPBENCH_HAVE_JEMALLOC
+    st = mpb_je_open(dev, &a->je);
+#endif
+  } else {
+    a->kind = make == NULL && strcmp(name, "direct") == 0 ? MPB_KIND_DIRECT
+                                                          : MPB_KIND_MEMPOOL;
+    st =
+        make ? make(dev, name, &a->mp) : mp_allocator_create(dev, name, &a->mp);
+  }
+  if (st != MP_OK) {
+    free(a);
+    return st;
+  }
+  *out = a;
+  return MP_OK;
+}
+
+mp_status_t mpb_allocator_alloc(mpb_allocator_t *a, size_t size, mp_stream_t s,
+                                void **out) {
+#if MPBENCH_HAVE_JEMALLOC
+  if (a->kind == MPB_KIND_JEMALLOC) {
+    *out = mallocx(size, MALLOCX_ARENA(a->je->arena) | MALLOCX_TCACHE_NONE);
+    return *out ? MP_OK
+                : mp__fail(MP_ENOMEM, "jemalloc: no room for %zu bytes", size);
+  }
+#endif
+  return mp_allocator_alloc(a->mp, size, s, out);
+}
+
+mp_status_t mpb_allocator_free(mpb_allocator_t *a, void *ptr) {
+#if MPBENCH_HAVE_JEMALLOC
+  if (a->kind == MPB_KIND_JEMALLOC) {
+    if (ptr != NULL)
+      dallocx(ptr, MALLOCX_TCACHE_NONE);
+    return MP_OK;
+  }
+#endif
+  mp_status_t st = mp_allocator_free(a->mp, ptr);
+  if (st == MP_OK && a->kind == MPB_KIND_DIRECT)
+    st = mp_allocator_release(a->mp);
+  return st;
+}
+
+void mpb_allocator_sample(mpb_allocator_t *a, mpb_sample_t *out) {
+  memset(out, 0, sizeof *out);
+#if MPBENCH_HAVE_JEMALLOC
+  if (a->kind == MPB_KIND_JEMALLOC) {
+    out->reserved = a->je->reserved;
+    out->device_calls = a->je->device_calls;
+    return;
+  }
+#endif
+  mp_stats_t s;
+  if (mp_allocator_get_stats(a->mp, &s) != MP_OK)
+    return;
+  out->reserved = s.reserved_bytes;
+  out->device_calls = s.device_alloc_count + s.device_free_count;
+  if (a->kind == MPB_KIND_MEMPOOL) {
+    out->has_free_info = true;
+    out->free_bytes = s.reserved_bytes > s.allocated_bytes
+                          ? s.reserved_bytes - s.allocated_bytes
+                          : 0;
+    out->largest_free = s.largest_free_bytes;
+  }
+}
+
+mp_allocator_t *mpb_allocator_mempool(mpb_allocator_t *a) {
+  return a->mp;
+}
+
+void mpb_allocator_close(mpb_allocator_t *a) {
+  if (a == NULL)
+    return;
+#if MPBENCH_HAVE_JEMALLOC
+  if (a->kind == MPB_KIND_JEMALLOC)
+    mpb_je_close(a->je);
+#endif
+  if (a->mp != NULL)
+    mp_allocator_destroy(a->mp);
+  free(a);
+}

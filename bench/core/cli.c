@@ -1,0 +1,573 @@
+/* cli.c - mpbench's command line: parse, load every workload, run every
+ * (workload, allocator) pair, report.
+ *
+ * Everything that can be wrong with the input (options, allocator names and
+ * options, workload parameters, trace files) is checked before the first
+ * replay runs, so a bad argument or a malformed trace stops the run with a
+ * message and writes nothing. Exit status: 0 done (a workload that ran out
+ * of memory under an allocator is a result, not an error), 1 a failure
+ * while running or writing, 2 bad usage or input. */
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "mpbench.h"
+
+#ifndef MPBENCH_TRACES_DIR
+#define MPBENCH_TRACES_DIR ""
+#endif
+
+static void mpb_usage(FILE *out) {
+  fputs("mpbench - replay allocation traces and built-in workloads through "
+        "every\nallocator side by side, and report fragmentation and speed.\n"
+        "\n"
+        "Usage:\n"
+        "  mpbench [run] [OPTIONS]              built-in workloads and every "
+        "trace\n"
+        "  mpbench replay [OPTIONS] FILE.csv... the given traces\n"
+        "  mpbench list                         workloads, parameters, "
+        "allocators\n"
+        "  mpbench --help\n"
+        "With no arguments mpbench runs the full suite (as `mpbench run`).\n"
+        "\n"
+        "Options:\n"
+        "  --out DIR           write results.json, results.csv, results.md and "
+        "PNG\n"
+        "                      plots into DIR (default: mpbench-out); files "
+        "appear\n"
+        "                      whole or not at all\n"
+        "  --workload SPEC     (run) a built-in workload, NAME or "
+        "NAME:key=val,...;\n"
+        "                      repeatable. Given, only these run (plus traces "
+        "only\n"
+        "                      with an explicit --traces). Default: all of "
+        "them\n"
+        "  --traces DIR        (run) replay every *.csv in DIR and its "
+        "subfolders.\n"
+        "                      Default: $MEMPOOL_TRACES, else shared/traces "
+        "found\n"
+        "                      next to the source tree or the executable\n"
+        "  --no-traces         (run) built-in workloads only\n"
+        "  --allocator NAME    repeatable; default: all (see `mpbench list`)\n"
+        "  --device SPEC       device to run on: host, host:capacity=8G,..., "
+        "cuda,\n"
+        "                      cuda:N. Default: $MEMPOOL_DEVICE, else cuda "
+        "where a\n"
+        "                      GPU is usable, else host. Each replay gets a "
+        "fresh\n"
+        "                      device; on host without capacity= a roomy one "
+        "(the\n"
+        "                      larger of 16G and 4x the peak live bytes + 1G)\n"
+        "  --no-capacity       skip the search for the smallest capacity\n"
+        "  --capacity-budget S seconds the capacity search may take per "
+        "(workload,\n"
+        "                      allocator) pair (default 15); past it the "
+        "result is\n"
+        "                      an upper bound, shown as <= SIZE\n"
+        "  --no-plots          no PNG plots\n"
+        "  --quiet             no progress bar and no notes on stderr\n"
+        "  -h, --help          this text\n"
+        "\n"
+        "Traces: RMM's logging CSV, header Thread,Time,Action,Pointer,Size,"
+        "Stream;\n"
+        "Time HH:MM:SS.ffffff, Action allocate|free|allocate failure, "
+        "Pointer hex\n"
+        "or (nil), Size and Stream decimal. A malformed line stops the run "
+        "with\n"
+        "the file and line number. Skipped and counted (a note says how "
+        "many):\n"
+        "'allocate failure' rows, and frees of pointers the trace never "
+        "allocated\n"
+        "(logs that began mid-run). An allocation of an address still live "
+        "frees\n"
+        "the old block first. Blocks still live at the end are freed there.\n"
+        "\n"
+        "Figures per (workload, allocator):\n"
+        "  peak live       most bytes the workload had requested at once\n"
+        "  peak reserved   most device memory the allocator held (its stats; "
+        "for\n"
+        "                  jemalloc, what its extent hooks got from the "
+        "device)\n"
+        "  ratio           peak reserved / peak live (1.0 is the limit)\n"
+        "  utilization     peak live / peak reserved (GMLake's figure)\n"
+        "  avg waste       mean over events of (reserved - live) / reserved\n"
+        "  ext. frag       1 - largest free block / free bytes, at peak live "
+        "(pools)\n"
+        "  device calls    device allocations + frees during the workload\n"
+        "  ns p50, p99     time of one allocate or free call "
+        "(CLOCK_MONOTONIC)\n"
+        "  min capacity    smallest host device capacity at which the "
+        "workload\n"
+        "                  completes: bisection between peak live and peak\n"
+        "                  reserved, to max(1 MiB, 1% of peak live), a fresh\n"
+        "                  device per probe\n",
+        out);
+}
+
+static void mpb_list(FILE *out) {
+  fputs("Built-in workloads (NAME or NAME:key=val,...):\n", out);
+  mpb_workload_help(out);
+  fputs("\nAllocators (--allocator NAME):\n", out);
+  mpb_allocator_help(out);
+}
+
+/* ---- traces ------------------------------------------------------------ */
+
+typedef struct mpb_strv {
+  char **v;
+  size_t n, cap;
+} mpb_strv_t;
+
+static bool mpb_strv_push(mpb_strv_t *s, const char *str) {
+  if (!mpb_grow(&s->v, &s->cap, s->n, sizeof *s->v))
+    return false;
+  s->v[s->n] = strdup(str);
+  return s->v[s->n++] != NULL;
+}
+
+static void mpb_strv_free(mpb_strv_t *s) {
+  for (size_t i = 0; i < s->n; i++)
+    free(s->v[i]);
+  free(s->v);
+  memset(s, 0, sizeof *s);
+}
+
+static int mpb_cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static bool mpb_is_dir(const char *p) {
+  struct stat sb;
+  return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static bool mpb_ends_with(const char *s, const char *suf) {
+  size_t n = strlen(s), m = strlen(suf);
+  return n > m && strcmp(s + n - m, suf) == 0;
+}
+
+/* Relative paths of the *.csv files in dir and its direct subfolders. */
+static mp_status_t mpb_scan_traces(const char *dir, mpb_strv_t *out) {
+  DIR *d = opendir(dir);
+  if (d == NULL)
+    return mp__fail(MP_EINVAL, "cannot open traces folder %s: %s", dir,
+                    strerror(errno));
+  struct dirent *e;
+  char path[PATH_MAX];
+  mp_status_t st = MP_OK;
+  while ((e = readdir(d)) != NULL && st == MP_OK) {
+    if (e->d_name[0] == '.')
+      continue;
+    if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >=
+        (int)sizeof path)
+      continue;
+    if (mpb_is_dir(path)) {
+      DIR *sd = opendir(path);
+      if (sd == NULL)
+        continue;
+      struct dirent *se;
+      while ((se = readdir(sd)) != NULL && st == MP_OK) {
+        if (se->d_name[0] != '.' && mpb_ends_with(se->d_name, ".csv")) {
+          char rel[PATH_MAX];
+          snprintf(rel, sizeof rel, "%s/%s", e->d_name, se->d_name);
+          if (!mpb_strv_push(out, rel))
+            st = mp__fail(MP_ENOMEM, "out of host memory");
+        }
+      }
+      closedir(sd);
+    } else if (mpb_ends_with(e->d_name, ".csv")) {
+      if (!mpb_strv_push(out, e->d_name))
+        st = mp__fail(MP_ENOMEM, "out of host memory");
+    }
+  }
+  closedir(d);
+  if (out->n > 1)
+    qsort(out->v, out->n, sizeof *out->v, mpb_cmp_str);
+  return st;
+}
+
+/* The traces folder when none was given, or NULL. */
+static const char *mpb_find_traces(char *buf, size_t len) {
+  const char *env = getenv("MEMPOOL_TRACES");
+  if (env != NULL && env[0] != '\0') {
+    snprintf(buf, len, "%s", env);
+    return buf;
+  }
+  if (MPBENCH_TRACES_DIR[0] != '\0' && mpb_is_dir(MPBENCH_TRACES_DIR)) {
+    snprintf(buf, len, "%s", MPBENCH_TRACES_DIR);
+    return buf;
+  }
+  char exe[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0)
+    return NULL;
+  exe[n] = '\0';
+  for (int up = 0; up < 6; up++) {
+    char *slash = strrchr(exe, '/');
+    if (slash == NULL || slash == exe)
+      break;
+    *slash = '\0';
+    if (snprintf(buf, len, "%s/../shared/traces", exe) < (int)len &&
+        mpb_is_dir(buf))
+      return buf;
+    if (snprintf(buf, len, "%s/shared/traces", exe) < (int)len &&
+        mpb_is_dir(buf))
+      return buf;
+  }
+  return NULL;
+}
+
+/* "pytorch/decomfl.csv" -> "pytorch/decomfl". */
+static void mpb_trace_name(const char *rel, char *buf, size_t len) {
+  snprintf(buf, len, "%s", rel);
+  size_t n = strlen(buf);
+  if (n > 4 && strcmp(buf + n - 4, ".csv") == 0)
+    buf[n - 4] = '\0';
+}
+
+/* ---- the run ---------------------------------------------------------------
+ */
+
+typedef struct mpb_cli {
+  const char *out_dir;
+  const char *traces_dir;
+  const char *device;
+  bool no_traces, capacity, plots, quiet, replay;
+  double budget;
+  mpb_strv_t workloads, allocators, files;
+} mpb_cli_t;
+
+static void mpb_progress(const mpb_cli_t *c, size_t done, size_t total,
+                         const char *what) {
+  if (c->quiet || !isatty(2))
+    return;
+  enum { W = 30 };
+  size_t fill = total ? done * W / total : W;
+  char bar[W + 1];
+  for (size_t i = 0; i < W; i++)
+    bar[i] = i < fill ? '#' : '.';
+  bar[W] = '\0';
+  fprintf(stderr, "\r\033[K[%s] %zu/%zu %s", bar, done, total, what);
+  if (done == total)
+    fputs("\r\033[K", stderr);
+  fflush(stderr);
+}
+
+static int mpb_fail_usage(const char *fmt, const char *arg) {
+  fprintf(stderr, "mpbench: ");
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, "\n(mpbench --help lists the options)\n");
+  return 2;
+}
+
+static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
+  int i = 1;
+  if (argc > 1 && argv[1][0] != '-') {
+    if (strcmp(argv[1], "run") == 0)
+      c->replay = false;
+    else if (strcmp(argv[1], "replay") == 0)
+      c->replay = true;
+    else if (strcmp(argv[1], "help") == 0) {
+      mpb_usage(stdout);
+      return 0;
+    } else if (strcmp(argv[1], "list") == 0) {
+      mpb_list(stdout);
+      return 0;
+    } else
+      return mpb_fail_usage("unknown command '%s' (run, replay, list)",
+                            argv[1]);
+    i = 2;
+  }
+  for (; i < argc; i++) {
+    const char *a = argv[i];
+    const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+    bool takes = strcmp(a, "--out") == 0 || strcmp(a, "--workload") == 0 ||
+                 strcmp(a, "--traces") == 0 || strcmp(a, "--allocator") == 0 ||
+                 strcmp(a, "--device") == 0 ||
+                 strcmp(a, "--capacity-budget") == 0;
+    if (takes && val == NULL)
+      return mpb_fail_usage("%s needs a value", a);
+    if (takes)
+      i++;
+    if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+      mpb_usage(stdout);
+      return 0;
+    } else if (strcmp(a, "--out") == 0) {
+      c->out_dir = val;
+    } else if (strcmp(a, "--workload") == 0) {
+      if (c->replay)
+        return mpb_fail_usage("%s: replay takes trace files, not workloads", a);
+      mpb_strv_push(&c->workloads, val);
+    } else if (strcmp(a, "--traces") == 0) {
+      c->traces_dir = val;
+    } else if (strcmp(a, "--allocator") == 0) {
+      if (mpb_allocator_check_name(val) != MP_OK)
+        return mpb_fail_usage("%s", mp_last_error());
+      mpb_strv_push(&c->allocators, val);
+    } else if (strcmp(a, "--device") == 0) {
+      c->device = val;
+    } else if (strcmp(a, "--capacity-budget") == 0) {
+      char *end;
+      c->budget = strtod(val, &end);
+      if (*end != '\0' || end == val || !(c->budget >= 0))
+        return mpb_fail_usage("bad --capacity-budget '%s' (seconds)", val);
+    } else if (strcmp(a, "--no-capacity") == 0) {
+      c->capacity = false;
+    } else if (strcmp(a, "--no-traces") == 0) {
+      c->no_traces = true;
+    } else if (strcmp(a, "--no-plots") == 0) {
+      c->plots = false;
+    } else if (strcmp(a, "--quiet") == 0) {
+      c->quiet = true;
+    } else if (a[0] == '-' && a[1] != '\0') {
+      return mpb_fail_usage("unknown option '%s'", a);
+    } else if (c->replay) {
+      mpb_strv_push(&c->files, a);
+    } else {
+      return mpb_fail_usage("unexpected argument '%s' (trace files go to "
+                            "`mpbench replay`)",
+                            a);
+    }
+  }
+  if (c->replay && c->files.n == 0)
+    return mpb_fail_usage("%s", "replay needs at least one trace file");
+  return -1; /* go on */
+}
+
+typedef struct mpb_job {
+  mpb_workload_t *w;
+  size_t nw;
+} mpb_jobs_t;
+
+static void mpb_jobs_free(mpb_jobs_t *j) {
+  for (size_t i = 0; i < j->nw; i++)
+    mpb_workload_free(&j->w[i]);
+  free(j->w);
+}
+
+/* Loads or generates every workload; a bad one stops everything. */
+static int mpb_load(const mpb_cli_t *c, mpb_jobs_t *jobs) {
+  mpb_strv_t traces = {0}, names = {0};
+  char dirbuf[PATH_MAX];
+  const char *dir = NULL;
+  int rc = 0;
+  if (c->replay) {
+    for (size_t i = 0; i < c->files.n; i++) {
+      const char *base = strrchr(c->files.v[i], '/');
+      char nm[PATH_MAX];
+      mpb_trace_name(base ? base + 1 : c->files.v[i], nm, sizeof nm);
+      mpb_strv_push(&traces, c->files.v[i]);
+      mpb_strv_push(&names, nm);
+    }
+  } else if (!c->no_traces && (c->workloads.n == 0 || c->traces_dir)) {
+    dir =
+        c->traces_dir ? c->traces_dir : mpb_find_traces(dirbuf, sizeof dirbuf);
+    if (dir == NULL) {
+      if (!c->quiet)
+        fprintf(stderr, "mpbench: no traces folder found (set --traces DIR "
+                        "or $MEMPOOL_TRACES); built-in workloads only\n");
+    } else {
+      mpb_strv_t rel = {0};
+      if (mpb_scan_traces(dir, &rel) != MP_OK) {
+        fprintf(stderr, "mpbench: %s\n", mp_last_error());
+        mpb_strv_free(&rel);
+        return 2;
+      }
+      for (size_t i = 0; i < rel.n; i++) {
+        char path[PATH_MAX * 2], nm[PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s", dir, rel.v[i]);
+        mpb_trace_name(rel.v[i], nm, sizeof nm);
+        mpb_strv_push(&traces, path);
+        mpb_strv_push(&names, nm);
+      }
+      mpb_strv_free(&rel);
+    }
+  }
+  size_t nbuilt = 0;
+  const char *const *specs = (const char *const *)c->workloads.v;
+  if (!c->replay) {
+    if (c->workloads.n == 0) {
+      specs = mpb_builtin_names;
+      while (specs[nbuilt] != NULL)
+        nbuilt++;
+    } else {
+      nbuilt = c->workloads.n;
+    }
+  }
+  jobs->w = calloc(nbuilt + traces.n + 1, sizeof *jobs->w);
+  if (jobs->w == NULL) {
+    rc = 1;
+    goto out;
+  }
+  for (size_t i = 0; i < nbuilt; i++) {
+    if (mpb_workload_generate(specs[i], &jobs->w[jobs->nw]) != MP_OK) {
+      fprintf(stderr, "mpbench: %s\n", mp_last_error());
+      rc = 2;
+      goto out;
+    }
+    jobs->nw++;
+  }
+  for (size_t i = 0; i < traces.n; i++) {
+    if (!c->quiet && isatty(2))
+      fprintf(stderr, "\r\033[Kloading %s", traces.v[i]);
+    if (mpb_trace_load(traces.v[i], names.v[i], &jobs->w[jobs->nw]) != MP_OK) {
+      if (!c->quiet && isatty(2))
+        fputs("\r\033[K", stderr);
+      fprintf(stderr, "mpbench: %s\n", mp_last_error());
+      rc = 2;
+      goto out;
+    }
+    jobs->nw++;
+  }
+  if (!c->quiet && isatty(2))
+    fputs("\r\033[K", stderr);
+out:
+  mpb_strv_free(&traces);
+  mpb_strv_free(&names);
+  return rc;
+}
+
+int mpb_main(int argc, char **argv) {
+  mpb_cli_t c = {
+      .out_dir = "mpbench-out", .capacity = true, .plots = true, .budget = 15};
+  int rc = mpb_parse(argc, argv, &c);
+  mpb_jobs_t jobs = {0};
+  mpb_result_t *res = NULL;
+  mp_device_t *dev = NULL;
+  mpb_strv_t unavailable = {0}, allocs = {0};
+  if (rc >= 0)
+    goto out;
+  rc = 0;
+  /* The device and the allocators, checked before any work. */
+  if (mp_device_open(c.device, &dev) != MP_OK) {
+    fprintf(stderr, "mpbench: cannot open device %s: %s\n",
+            c.device ? c.device : "(default)", mp_last_error());
+    rc = 2;
+    goto out;
+  }
+  const char *const *names = (const char *const *)c.allocators.v;
+  size_t nnames = c.allocators.n;
+  if (nnames == 0) {
+    names = mpb_default_allocators;
+    while (names[nnames] != NULL)
+      nnames++;
+  }
+  for (size_t i = 0; i < nnames; i++) {
+    char why[160], line[300];
+    if (!mpb_allocator_available(names[i], dev, why, sizeof why)) {
+      snprintf(line, sizeof line, "%s: %s", names[i], why);
+      mpb_strv_push(&unavailable, line);
+      continue;
+    }
+    mpb_allocator_t *a;
+    if (mpb_allocator_open(names[i], dev, NULL, &a) != MP_OK) {
+      fprintf(stderr, "mpbench: allocator %s: %s\n", names[i], mp_last_error());
+      rc = 2;
+      goto out;
+    }
+    mpb_allocator_close(a);
+    mpb_strv_push(&allocs, names[i]);
+  }
+  char devname[128];
+  snprintf(devname, sizeof devname, "%s", mp_device_name(dev));
+  mp_device_close(dev);
+  dev = NULL;
+  if (allocs.n == 0) {
+    fprintf(stderr, "mpbench: none of the allocators can run on %s\n", devname);
+    rc = 2;
+    goto out;
+  }
+  if ((rc = mpb_load(&c, &jobs)) != 0)
+    goto out;
+  if (jobs.nw == 0) {
+    fprintf(stderr, "mpbench: nothing to run\n");
+    rc = 2;
+    goto out;
+  }
+  size_t total = jobs.nw * allocs.n, done = 0;
+  res = calloc(total, sizeof *res);
+  if (res == NULL) {
+    fprintf(stderr, "mpbench: out of host memory\n");
+    rc = 1;
+    goto out;
+  }
+  mpb_replay_opts_t ro = {.device_spec = c.device,
+                          .capacity_search = c.capacity,
+                          .capacity_budget_s = c.budget};
+  uint64_t t0 = mpb_now_ns();
+  for (size_t w = 0; w < jobs.nw; w++) {
+    for (size_t a = 0; a < allocs.n; a++) {
+      char what[300];
+      snprintf(what, sizeof what, "%s / %s", jobs.w[w].name, allocs.v[a]);
+      mpb_progress(&c, done, total, what);
+      if (mpb_replay(&jobs.w[w], allocs.v[a], &ro, &res[done]) != MP_OK) {
+        if (!c.quiet && isatty(2))
+          fputs("\r\033[K", stderr);
+        fprintf(stderr, "mpbench: %s: %s\n", what, mp_last_error());
+        rc = 1;
+        goto out;
+      }
+      done++;
+    }
+  }
+  mpb_progress(&c, done, total, "");
+  double secs = (double)(mpb_now_ns() - t0) / 1e9;
+
+  bool plotted;
+  char why[512];
+  if (mpb_report_write(c.out_dir, res, done, c.plots, &plotted, why,
+                       sizeof why) != MP_OK) {
+    fprintf(stderr, "mpbench: writing results to %s: %s\n", c.out_dir,
+            mp_last_error());
+    rc = 1;
+    goto out;
+  }
+  printf("mpbench on %s: %zu workloads x %zu allocators in %.1f s\n\n", devname,
+         jobs.nw, allocs.n, secs);
+  mpb_report_markdown(stdout, res, done);
+  if (unavailable.n > 0) {
+    printf("\nUnavailable here:\n");
+    for (size_t i = 0; i < unavailable.n; i++)
+      printf("- %s\n", unavailable.v[i]);
+  }
+  bool noted = false;
+  for (size_t w = 0; w < jobs.nw; w++) {
+    const mpb_workload_t *x = &jobs.w[w];
+    if (x->unknown_frees + x->failure_rows + x->implicit_frees +
+            x->zero_size_allocs ==
+        0)
+      continue;
+    if (!noted)
+      printf("\nTrace notes:\n");
+    noted = true;
+    printf("- %s: %llu frees of never-allocated pointers skipped, %llu "
+           "'allocate failure' rows skipped, %llu allocations of a live "
+           "address (old block freed first), %llu zero-byte allocations\n",
+           x->name, (unsigned long long)x->unknown_frees,
+           (unsigned long long)x->failure_rows,
+           (unsigned long long)x->implicit_frees,
+           (unsigned long long)x->zero_size_allocs);
+  }
+  if (!plotted && c.plots)
+    printf("\nNo plots: %s\n", why);
+  printf("\nResults: %s/results.json, %s/results.csv, %s/results.md%s\n",
+         c.out_dir, c.out_dir, c.out_dir,
+         plotted ? ", plots bytes_*.png and ratios.png" : "");
+  fflush(stdout);
+out:
+  if (dev != NULL)
+    mp_device_close(dev);
+  free(res);
+  mpb_jobs_free(&jobs);
+  mpb_strv_free(&unavailable);
+  mpb_strv_free(&allocs);
+  mpb_strv_free(&c.workloads);
+  mpb_strv_free(&c.allocators);
+  mpb_strv_free(&c.files);
+  return rc;
+}

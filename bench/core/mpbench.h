@@ -1,0 +1,203 @@
+/* mpbench.h - the pieces of mpbench, the fragmentation benchmark, shared by
+ * its command line (bench/mpbench.c) and its tests (tests/bench/).
+ *
+ * A workload, whether parsed from an RMM-style trace or generated, is one
+ * array of events over "slots": an allocation takes the lowest free slot, its
+ * free names that slot, so a replay needs no address map and the same events
+ * drive every allocator. Results are per (workload, allocator) pair; reports
+ * and plots are written from an array of them. Nothing here calls exit():
+ * every failure is an mp_status_t with mp_last_error() saying what and where.
+ */
+#ifndef MPBENCH_H
+#define MPBENCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <mempool/mempool.h>
+
+/* ---- workload.c: event arrays and the built-in workloads --------------- */
+
+enum { MPB_ALLOC = 0, MPB_FREE = 1 };
+
+typedef struct mpb_event {
+  size_t size;     /* bytes asked for (the allocation's size, on a free too) */
+  uint32_t slot;   /* which live allocation */
+  uint16_t stream; /* index into the workload's streams (0: default) */
+  uint8_t op;      /* MPB_ALLOC or MPB_FREE */
+} mpb_event_t;
+
+typedef struct mpb_workload {
+  char name[160];
+  mpb_event_t *ev;
+  size_t n, cap;
+  uint32_t nslots;   /* slots ever used: most allocations live at once */
+  uint32_t nstreams; /* distinct streams; 1 when only the default is used */
+  /* Slot bookkeeping while events are appended. */
+  uint32_t *free_slots;
+  size_t nfree, free_cap;
+  size_t *slot_size;
+  /* What a trace had that could not be replayed as is (see trace.c). */
+  uint64_t unknown_frees;    /* frees of pointers the trace never allocated */
+  uint64_t failure_rows;     /* "allocate failure" rows, skipped */
+  uint64_t implicit_frees;   /* allocations of a still-live address */
+  uint64_t zero_size_allocs; /* replayed as NULL without calling anything */
+} mpb_workload_t;
+
+void mpb_workload_init(mpb_workload_t *w, const char *name);
+void mpb_workload_free(mpb_workload_t *w);
+/* Appends an allocation on stream index `stream`; its slot in *slot. */
+mp_status_t mpb_workload_alloc(mpb_workload_t *w, size_t size, uint16_t stream,
+                               uint32_t *slot);
+mp_status_t mpb_workload_free_slot(mpb_workload_t *w, uint32_t slot);
+/* Frees every slot still live, lowest first, so a workload ends empty. */
+mp_status_t mpb_workload_drain(mpb_workload_t *w);
+
+/* spec: "NAME" or "NAME:key=val,...", NAME one of mpb_builtin_names. */
+mp_status_t mpb_workload_generate(const char *spec, mpb_workload_t *out);
+/* NULL-terminated list of built-in workload names, and a help text. */
+extern const char *const mpb_builtin_names[];
+void mpb_workload_help(FILE *out);
+
+/* ---- trace.c: RMM-style CSV traces ------------------------------------- */
+
+/* Parses path into out (named name). A malformed line is MP_EINVAL and
+ * mp_last_error() names the file and line; a missing file is MP_EINVAL too.
+ * out is left empty on failure. */
+mp_status_t mpb_trace_load(const char *path, const char *name,
+                           mpb_workload_t *out);
+/* The same from a buffer; what names it in messages. */
+mp_status_t mpb_trace_parse(const char *text, size_t len, const char *what,
+                            const char *name, mpb_workload_t *out);
+
+/* ---- allocators.c: every allocator behind one small table -------------- */
+
+typedef struct mpb_allocator mpb_allocator_t;
+
+typedef struct mpb_sample {
+  size_t reserved;       /* device memory held now */
+  size_t free_bytes;     /* reserved but not handed out (0 if unknown) */
+  size_t largest_free;   /* biggest free block (0 if unknown) */
+  uint64_t device_calls; /* device allocations + frees so far */
+  bool has_free_info;    /* free_bytes/largest_free are known */
+} mpb_sample_t;
+
+/* Whether name is an allocator mpbench knows (syntax only). */
+mp_status_t mpb_allocator_check_name(const char *name);
+/* Whether it can run on dev; if not, why (e.g. "needs a GPU"). */
+bool mpb_allocator_available(const char *name, mp_device_t *dev, char *why,
+                             size_t why_len);
+/* Makes the mempool allocator called name on dev; tests and embedders pass
+ * their own (for instance one wrapped with mp_allocator_wrap). NULL:
+ * mp_allocator_create. */
+typedef mp_status_t (*mpb_make_fn)(mp_device_t *dev, const char *name,
+                                   mp_allocator_t **out);
+mp_status_t mpb_allocator_open(const char *name, mp_device_t *dev,
+                               mpb_make_fn make, mpb_allocator_t **out);
+mp_status_t mpb_allocator_alloc(mpb_allocator_t *a, size_t size, mp_stream_t s,
+                                void **out);
+mp_status_t mpb_allocator_free(mpb_allocator_t *a, void *ptr);
+void mpb_allocator_sample(mpb_allocator_t *a, mpb_sample_t *out);
+/* The mempool allocator under it, or NULL (jemalloc, ...). */
+mp_allocator_t *mpb_allocator_mempool(mpb_allocator_t *a);
+void mpb_allocator_close(mpb_allocator_t *a);
+extern const char *const mpb_default_allocators[];
+void mpb_allocator_help(FILE *out);
+
+/* ---- replay.c: one workload through one allocator, and its figures ----- */
+
+enum { MPB_SERIES_POINTS = 800 };
+
+typedef struct mpb_result {
+  char workload[160];
+  char allocator[96];
+  char device[128];
+  bool completed;  /* every allocation succeeded */
+  char error[256]; /* why not, when !completed */
+  uint64_t events;
+  size_t peak_live;     /* bytes requested by the workload, at most at once */
+  size_t peak_reserved; /* device memory held, at most at once */
+  double ratio;         /* peak_reserved / peak_live */
+  double utilization;   /* peak_live / peak_reserved */
+  double avg_waste;     /* mean over events of (reserved - live) / reserved */
+  double ext_frag;      /* 1 - largest free / free, at peak live */
+  bool has_ext_frag;
+  uint64_t device_calls;
+  double ns_p50, ns_p99; /* per allocate or free call */
+  /* Smallest device capacity at which the workload completed; 0: unknown. */
+  size_t min_capacity;
+  int capacity_state; /* MPB_CAP_* */
+  unsigned capacity_probes;
+  double seconds; /* wall time of this pair, capacity search included */
+  /* Bytes over time, MPB_SERIES_POINTS buckets of events (the maximum in
+   * each), for the plots. */
+  size_t npoints;
+  uint64_t point_event[MPB_SERIES_POINTS];
+  size_t point_live[MPB_SERIES_POINTS];
+  size_t point_reserved[MPB_SERIES_POINTS];
+} mpb_result_t;
+
+enum {
+  MPB_CAP_NONE = 0, /* not searched (--no-capacity, or failed run) */
+  MPB_CAP_EXACT,    /* to within the search's granularity */
+  MPB_CAP_BOUND,    /* the time budget ran out: an upper bound */
+  MPB_CAP_NA        /* the device has no capacity setting (not host) */
+};
+
+typedef struct mpb_replay_opts {
+  const char *device_spec; /* NULL: mp_device_open(NULL) */
+  mpb_make_fn make;        /* NULL: mp_allocator_create for mempool names */
+  bool capacity_search;
+  double capacity_budget_s; /* per pair; <= 0: no limit */
+} mpb_replay_opts_t;
+
+/* Replays w through allocator on a fresh device and fills r. A workload
+ * that runs out of memory is a result (completed = false), not an error;
+ * errors are a device that cannot be opened or an allocator that cannot be
+ * made. */
+mp_status_t mpb_replay(const mpb_workload_t *w, const char *allocator,
+                       const mpb_replay_opts_t *opts, mpb_result_t *r);
+/* Whether w completes through allocator on a fresh device opened from spec. */
+mp_status_t mpb_replay_fits(const mpb_workload_t *w, const char *allocator,
+                            const char *spec, mpb_make_fn make, bool *fits);
+/* Smallest capacity within [lo, hi] (hi known or assumed to fit) at which
+ * fits() holds, to within gran, probing on fresh devices made from
+ * base_spec plus ",capacity=N". Gives up after budget_s (<= 0: never) with
+ * the best upper bound and *exact = false. */
+mp_status_t mpb_capacity_search(const mpb_workload_t *w, const char *allocator,
+                                mpb_make_fn make, const char *base_spec,
+                                size_t lo, size_t hi, size_t gran,
+                                double budget_s, size_t *out, bool *exact,
+                                unsigned *probes);
+/* base_spec with "capacity=N" appended as its last option, into buf. */
+void mpb_spec_with_capacity(const char *base_spec, size_t capacity, char *buf,
+                            size_t len);
+
+/* ---- report.c: table, JSON, CSV, plots --------------------------------- */
+
+void mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n);
+mp_status_t mpb_report_json(FILE *out, const mpb_result_t *r, size_t n);
+mp_status_t mpb_report_csv(FILE *out, const mpb_result_t *r, size_t n);
+/* Writes results.json, results.csv, results.md and (with gnuplot) PNG
+ * plots into dir, each through a temporary file renamed at the end, so a
+ * failure leaves nothing half-written. *plotted: whether plots were made;
+ * why_not says why not. */
+mp_status_t mpb_report_write(const char *dir, const mpb_result_t *r, size_t n,
+                             bool want_plots, bool *plotted, char *why_not,
+                             size_t why_len);
+
+/* ---- cli.c: the command line ------------------------------------------- */
+
+/* mpbench's main: returns the process exit status. */
+int mpb_main(int argc, char **argv);
+
+/* ---- util (workload.c, replay.c) ------------------------------------------
+ */
+uint64_t mpb_now_ns(void);
+/* Makes room for n + 1 elements of elem bytes in *arr (capacity *cap,
+ * doubled as needed); false, with *arr unchanged, when out of memory. */
+bool mpb_grow(void *arr, size_t *cap, size_t n, size_t elem);
+
+#endif /* MPBENCH_H */

@@ -1,0 +1,353 @@
+/* replay.c - one workload through one allocator, and the figures it gives.
+ *
+ * Every replay runs on a fresh device, so nothing one allocator cached can
+ * help the next. Each allocate and free call is timed on its own with
+ * CLOCK_MONOTONIC; after each event the allocator's reserved bytes are
+ * sampled (outside the timed region) for the time-averaged waste and the
+ * plots. Live bytes are what the workload asked for, tracked here, the same
+ * for every allocator.
+ *
+ * The smallest capacity is found by bisection on the host device's
+ * capacity= option: a workload cannot complete below its peak live bytes,
+ * and completed at the peak reserved bytes of the unconstrained run (checked,
+ * and doubled while it does not). Each probe is a full replay on a fresh
+ * device; the search stops at a granularity, or when its time budget is
+ * spent, with the smallest capacity seen to work. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+#include "mpbench.h"
+
+uint64_t mpb_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void mpb_spec_with_capacity(const char *base_spec, size_t capacity, char *buf,
+                            size_t len) {
+  if (base_spec == NULL || base_spec[0] == '\0')
+    base_spec = "host";
+  /* Copy base_spec without any capacity= option of its own. */
+  size_t o = 0;
+  const char *colon = strchr(base_spec, ':');
+  size_t head = colon ? (size_t)(colon - base_spec) : strlen(base_spec);
+  o += (size_t)snprintf(buf, len, "%.*s", (int)head, base_spec);
+  char sep = ':';
+  for (const char *p = colon ? colon + 1 : ""; *p && o < len;) {
+    const char *end = strchr(p, ',');
+    size_t n = end ? (size_t)(end - p) : strlen(p);
+    if (!(n >= 9 && strncmp(p, "capacity=", 9) == 0)) {
+      o += (size_t)snprintf(buf + o, len - o, "%c%.*s", sep, (int)n, p);
+      sep = ',';
+    }
+    p += n + (end != NULL);
+  }
+  if (o < len)
+    snprintf(buf + o, len - o, "%ccapacity=%zu", sep, capacity);
+}
+
+static size_t mpb_peak_live(const mpb_workload_t *w) {
+  size_t live = 0, peak = 0;
+  for (size_t i = 0; i < w->n; i++) {
+    if (w->ev[i].op == MPB_ALLOC) {
+      live += w->ev[i].size;
+      if (live > peak)
+        peak = live;
+    } else {
+      live -= w->ev[i].size;
+    }
+  }
+  return peak;
+}
+
+/* A device from spec, with the workload's streams. */
+typedef struct mpb_rig {
+  mp_device_t *dev;
+  mp_stream_t *streams;
+  uint32_t nstreams;
+  mpb_allocator_t *alloc;
+  void **ptr;
+} mpb_rig_t;
+
+static void mpb_rig_close(mpb_rig_t *g) {
+  if (g->alloc != NULL) {
+    mpb_allocator_close(g->alloc);
+    g->alloc = NULL;
+  }
+  for (uint32_t i = 1; i < g->nstreams; i++)
+    if (g->streams[i] != NULL)
+      mp_stream_destroy(g->dev, g->streams[i]);
+  free(g->streams);
+  free(g->ptr);
+  mp_device_close(g->dev);
+  memset(g, 0, sizeof *g);
+}
+
+static mp_status_t mpb_rig_open(const mpb_workload_t *w, const char *allocator,
+                                const char *spec, mpb_make_fn make,
+                                mpb_rig_t *g) {
+  memset(g, 0, sizeof *g);
+  mp_status_t st = mp_device_open(spec, &g->dev);
+  if (st != MP_OK)
+    return st;
+  g->nstreams = w->nstreams ? w->nstreams : 1;
+  g->streams = calloc(g->nstreams, sizeof *g->streams);
+  g->ptr = calloc(w->nslots ? w->nslots : 1, sizeof *g->ptr);
+  if (g->streams == NULL || g->ptr == NULL)
+    st = mp__fail(MP_ENOMEM, "out of host memory");
+  for (uint32_t i = 1; i < g->nstreams && st == MP_OK; i++)
+    st = mp_stream_create(g->dev, &g->streams[i]);
+  if (st == MP_OK)
+    st = mpb_allocator_open(allocator, g->dev, make, &g->alloc);
+  if (st != MP_OK)
+    mpb_rig_close(g);
+  return st;
+}
+
+/* Frees whatever a failed replay left live, so the allocator can close. */
+static void mpb_rig_free_live(mpb_rig_t *g, const mpb_workload_t *w) {
+  for (uint32_t s = 0; s < w->nslots; s++)
+    if (g->ptr[s] != NULL) {
+      mpb_allocator_free(g->alloc, g->ptr[s]);
+      g->ptr[s] = NULL;
+    }
+}
+
+mp_status_t mpb_replay_fits(const mpb_workload_t *w, const char *allocator,
+                            const char *spec, mpb_make_fn make, bool *fits) {
+  mpb_rig_t g;
+  mp_status_t st = mpb_rig_open(w, allocator, spec, make, &g);
+  if (st != MP_OK)
+    return st;
+  *fits = true;
+  for (size_t i = 0; i < w->n; i++) {
+    const mpb_event_t *e = &w->ev[i];
+    if (e->op == MPB_ALLOC) {
+      if (e->size != 0 &&
+          mpb_allocator_alloc(g.alloc, e->size, g.streams[e->stream],
+                              &g.ptr[e->slot]) != MP_OK) {
+        g.ptr[e->slot] = NULL;
+        *fits = false;
+        break;
+      }
+    } else if (g.ptr[e->slot] != NULL) {
+      mpb_allocator_free(g.alloc, g.ptr[e->slot]);
+      g.ptr[e->slot] = NULL;
+    }
+  }
+  mpb_rig_free_live(&g, w);
+  mpb_rig_close(&g);
+  return MP_OK;
+}
+
+mp_status_t mpb_capacity_search(const mpb_workload_t *w, const char *allocator,
+                                mpb_make_fn make, const char *base_spec,
+                                size_t lo, size_t hi, size_t gran,
+                                double budget_s, size_t *out, bool *exact,
+                                unsigned *probes) {
+  uint64_t t0 = mpb_now_ns();
+  char spec[512];
+  bool fits = false;
+  mp_status_t st;
+  *out = 0;
+  *exact = false;
+  *probes = 0;
+  if (gran == 0)
+    gran = 1;
+  if (hi < lo)
+    hi = lo;
+  /* hi must be seen to work; it did in the unconstrained run, but memory
+   * the allocator got back late may need more when the device is tight. */
+  for (int tries = 0; tries < 4; tries++) {
+    mpb_spec_with_capacity(base_spec, hi, spec, sizeof spec);
+    (*probes)++;
+    if ((st = mpb_replay_fits(w, allocator, spec, make, &fits)) != MP_OK)
+      return st;
+    if (fits)
+      break;
+    hi *= 2;
+  }
+  if (!fits)
+    return MP_OK; /* unknown */
+  /* Below the peak live bytes nothing fits: fail is known not to work. */
+  size_t fail = lo > 0 ? lo - 1 : 0;
+  *exact = true;
+  while (hi - fail > gran) {
+    if (budget_s > 0 && (double)(mpb_now_ns() - t0) / 1e9 > budget_s) {
+      *exact = false;
+      break;
+    }
+    size_t mid = fail + (hi - fail) / 2;
+    mpb_spec_with_capacity(base_spec, mid, spec, sizeof spec);
+    (*probes)++;
+    if ((st = mpb_replay_fits(w, allocator, spec, make, &fits)) != MP_OK)
+      return st;
+    if (fits)
+      hi = mid;
+    else
+      fail = mid;
+  }
+  *out = hi;
+  return MP_OK;
+}
+
+static int mpb_cmp_u32(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* The device spec for the measured run: the user's, and on the host device
+ * without a capacity of its own, one roomy enough that only the allocator
+ * decides what is reserved. */
+static void mpb_measure_spec(const char *user_spec, bool is_host,
+                             size_t peak_live, char *buf, size_t len) {
+  const char *base = user_spec ? user_spec : getenv("MEMPOOL_DEVICE");
+  if (is_host && (base == NULL || strstr(base, "capacity=") == NULL)) {
+    size_t roomy = (size_t)16 << 30;
+    if (peak_live < ((size_t)1 << 60) / 4 && peak_live * 4 + (1u << 30) > roomy)
+      roomy = peak_live * 4 + (1u << 30);
+    mpb_spec_with_capacity(base, roomy, buf, len);
+  } else {
+    snprintf(buf, len, "%s", base ? base : "");
+  }
+}
+
+mp_status_t mpb_replay(const mpb_workload_t *w, const char *allocator,
+                       const mpb_replay_opts_t *opts, mpb_result_t *r) {
+  uint64_t t_start = mpb_now_ns();
+  memset(r, 0, sizeof *r);
+  snprintf(r->workload, sizeof r->workload, "%s", w->name);
+  snprintf(r->allocator, sizeof r->allocator, "%s", allocator);
+  /* Which device: open the user's once to learn whether it is host. */
+  mp_device_t *probe;
+  mp_status_t st = mp_device_open(opts->device_spec, &probe);
+  if (st != MP_OK)
+    return st;
+  snprintf(r->device, sizeof r->device, "%s", mp_device_name(probe));
+  bool is_host = strncmp(r->device, "host", 4) == 0;
+  mp_device_close(probe);
+
+  size_t peak_live_w = mpb_peak_live(w);
+  char spec[512];
+  mpb_measure_spec(opts->device_spec, is_host, peak_live_w, spec, sizeof spec);
+  mpb_rig_t g;
+  if ((st = mpb_rig_open(w, allocator, spec[0] ? spec : NULL, opts->make,
+                         &g)) != MP_OK)
+    return st;
+  uint32_t *ns = malloc((w->n ? w->n : 1) * sizeof *ns);
+  if (ns == NULL) {
+    mpb_rig_close(&g);
+    return mp__fail(MP_ENOMEM, "out of host memory");
+  }
+  size_t nns = 0, live = 0, peak_reserved = 0;
+  double waste_sum = 0;
+  size_t bucket = (w->n + MPB_SERIES_POINTS - 1) / MPB_SERIES_POINTS;
+  if (bucket == 0)
+    bucket = 1;
+  r->completed = true;
+  mpb_sample_t smp;
+  size_t i;
+  for (i = 0; i < w->n; i++) {
+    const mpb_event_t *e = &w->ev[i];
+    void **slot = &g.ptr[e->slot];
+    if (e->op == MPB_ALLOC) {
+      if (e->size != 0) {
+        uint64_t t0 = mpb_now_ns();
+        st = mpb_allocator_alloc(g.alloc, e->size, g.streams[e->stream], slot);
+        uint64_t t1 = mpb_now_ns();
+        if (st != MP_OK) {
+          *slot = NULL;
+          r->completed = false;
+          snprintf(r->error, sizeof r->error,
+                   "%s at event %zu (allocate %zu bytes): %s",
+                   mp_status_name(st), i + 1, e->size, mp_last_error());
+          break;
+        }
+        ns[nns++] = (uint32_t)(t1 - t0 > UINT32_MAX ? UINT32_MAX : t1 - t0);
+      }
+      live += e->size;
+    } else {
+      if (*slot != NULL) {
+        uint64_t t0 = mpb_now_ns();
+        mpb_allocator_free(g.alloc, *slot);
+        uint64_t t1 = mpb_now_ns();
+        ns[nns++] = (uint32_t)(t1 - t0 > UINT32_MAX ? UINT32_MAX : t1 - t0);
+        *slot = NULL;
+      }
+      live -= e->size;
+    }
+    mpb_allocator_sample(g.alloc, &smp);
+    if (smp.reserved > peak_reserved)
+      peak_reserved = smp.reserved;
+    if (live > r->peak_live) {
+      r->peak_live = live;
+      r->has_ext_frag = smp.has_free_info;
+      r->ext_frag = smp.free_bytes ? 1.0 - (double)smp.largest_free /
+                                               (double)smp.free_bytes
+                                   : 0.0;
+    }
+    if (smp.reserved > 0)
+      waste_sum += smp.reserved > live
+                       ? (double)(smp.reserved - live) / (double)smp.reserved
+                       : 0.0;
+    size_t k = i / bucket;
+    if (k >= r->npoints) {
+      r->npoints = k + 1;
+      r->point_live[k] = 0;
+      r->point_reserved[k] = 0;
+    }
+    r->point_event[k] = i + 1;
+    if (live > r->point_live[k])
+      r->point_live[k] = live;
+    if (smp.reserved > r->point_reserved[k])
+      r->point_reserved[k] = smp.reserved;
+  }
+  r->events = i;
+  /* Figures of the workload itself, read before anything is torn down. */
+  mpb_allocator_sample(g.alloc, &smp);
+  r->device_calls = smp.device_calls;
+  mp_allocator_t *mp = mpb_allocator_mempool(g.alloc);
+  mp_stats_t stats;
+  if (mp != NULL && mp_allocator_get_stats(mp, &stats) == MP_OK &&
+      stats.peak_reserved_bytes > peak_reserved)
+    peak_reserved = stats.peak_reserved_bytes;
+  r->peak_reserved = peak_reserved;
+  r->ratio = r->peak_live ? (double)peak_reserved / (double)r->peak_live : 0;
+  r->utilization =
+      peak_reserved ? (double)r->peak_live / (double)peak_reserved : 0;
+  r->avg_waste = i ? waste_sum / (double)i : 0;
+  if (nns > 0) {
+    qsort(ns, nns, sizeof *ns, mpb_cmp_u32);
+    r->ns_p50 = ns[(nns - 1) / 2];
+    r->ns_p99 = ns[(size_t)((double)(nns - 1) * 0.99)];
+  }
+  free(ns);
+  mpb_rig_free_live(&g, w);
+  mpb_rig_close(&g);
+
+  if (!opts->capacity_search || !r->completed) {
+    r->capacity_state = MPB_CAP_NONE;
+  } else if (!is_host) {
+    r->capacity_state = MPB_CAP_NA;
+  } else {
+    const char *base =
+        opts->device_spec ? opts->device_spec : getenv("MEMPOOL_DEVICE");
+    size_t gran = r->peak_live / 100;
+    if (gran < ((size_t)1 << 20))
+      gran = (size_t)1 << 20;
+    bool exact;
+    st = mpb_capacity_search(w, allocator, opts->make, base, r->peak_live,
+                             r->peak_reserved, gran, opts->capacity_budget_s,
+                             &r->min_capacity, &exact, &r->capacity_probes);
+    if (st != MP_OK)
+      return st;
+    r->capacity_state = r->min_capacity == 0 ? MPB_CAP_NONE
+                        : exact              ? MPB_CAP_EXACT
+                                             : MPB_CAP_BOUND;
+  }
+  r->seconds = (double)(mpb_now_ns() - t_start) / 1e9;
+  return MP_OK;
+}

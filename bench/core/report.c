@@ -1,0 +1,490 @@
+/* report.c - the results as a Markdown table, JSON, CSV and gnuplot PNGs.
+ *
+ * Files appear whole or not at all: everything is written into a temporary
+ * folder inside the output folder (same file system), and only once all of
+ * it is written are the files renamed into place; a failure removes the
+ * temporary folder and leaves the output folder as it was. Plots are drawn
+ * by one gnuplot process from data files in that temporary folder; without
+ * gnuplot everything else is still written and the caller is told why. */
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "mpbench.h"
+
+static const char *mpb_bytes(char *buf, size_t len, size_t b) {
+  return mp__fmt_bytes(buf, len, b);
+}
+
+static const char *mpb_capacity_text(const mpb_result_t *r, char *buf,
+                                     size_t len) {
+  char b[32];
+  switch (r->capacity_state) {
+  case MPB_CAP_EXACT:
+    snprintf(buf, len, "%s", mpb_bytes(b, sizeof b, r->min_capacity));
+    break;
+  case MPB_CAP_BOUND:
+    snprintf(buf, len, "<= %s", mpb_bytes(b, sizeof b, r->min_capacity));
+    break;
+  case MPB_CAP_NA: snprintf(buf, len, "n/a"); break;
+  default: snprintf(buf, len, "-"); break;
+  }
+  return buf;
+}
+
+void mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n) {
+  fprintf(out, "| workload | allocator | peak live | peak reserved | ratio | "
+               "utilization | avg waste | ext. frag | device calls | ns p50 "
+               "| ns p99 | min capacity |\n");
+  fprintf(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (size_t i = 0; i < n; i++) {
+    char a[32], b[32], c[48], f[16];
+    if (r[i].has_ext_frag)
+      snprintf(f, sizeof f, "%.3f", r[i].ext_frag);
+    else
+      snprintf(f, sizeof f, "n/a");
+    fprintf(out,
+            "| %s | %s%s | %s | %s | %.3f | %.3f | %.3f | %s | %llu | %.0f | "
+            "%.0f | %s |\n",
+            r[i].workload, r[i].allocator, r[i].completed ? "" : " (FAILED)",
+            mpb_bytes(a, sizeof a, r[i].peak_live),
+            mpb_bytes(b, sizeof b, r[i].peak_reserved), r[i].ratio,
+            r[i].utilization, r[i].avg_waste, f,
+            (unsigned long long)r[i].device_calls, r[i].ns_p50, r[i].ns_p99,
+            mpb_capacity_text(&r[i], c, sizeof c));
+  }
+  bool any_failed = false;
+  for (size_t i = 0; i < n; i++)
+    if (!r[i].completed) {
+      if (!any_failed)
+        fprintf(out, "\nFailed runs (figures up to the failure):\n");
+      any_failed = true;
+      fprintf(out, "- %s / %s: %s\n", r[i].workload, r[i].allocator,
+              r[i].error);
+    }
+}
+
+static void mpb_json_str(FILE *out, const char *s) {
+  fputc('"', out);
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\')
+      fprintf(out, "\\%c", c);
+    else if (c < 0x20)
+      fprintf(out, "\\u%04x", c);
+    else
+      fputc(c, out);
+  }
+  fputc('"', out);
+}
+
+static void mpb_json_num(FILE *out, double v) {
+  if (isfinite(v))
+    fprintf(out, "%.6g", v);
+  else
+    fputs("null", out);
+}
+
+mp_status_t mpb_report_json(FILE *out, const mpb_result_t *r, size_t n) {
+  fputs("[", out);
+  for (size_t i = 0; i < n; i++) {
+    const mpb_result_t *x = &r[i];
+    fputs(i ? ",\n  {" : "\n  {", out);
+    fputs("\"workload\": ", out);
+    mpb_json_str(out, x->workload);
+    fputs(", \"allocator\": ", out);
+    mpb_json_str(out, x->allocator);
+    fputs(", \"device\": ", out);
+    mpb_json_str(out, x->device);
+    fprintf(out, ", \"completed\": %s, \"error\": ",
+            x->completed ? "true" : "false");
+    mpb_json_str(out, x->error);
+    fprintf(out,
+            ", \"events\": %llu, \"peak_live_bytes\": %zu, "
+            "\"peak_reserved_bytes\": %zu, \"ratio\": ",
+            (unsigned long long)x->events, x->peak_live, x->peak_reserved);
+    mpb_json_num(out, x->ratio);
+    fputs(", \"utilization\": ", out);
+    mpb_json_num(out, x->utilization);
+    fputs(", \"avg_waste\": ", out);
+    mpb_json_num(out, x->avg_waste);
+    fputs(", \"external_fragmentation\": ", out);
+    if (x->has_ext_frag)
+      mpb_json_num(out, x->ext_frag);
+    else
+      fputs("null", out);
+    fprintf(out, ", \"device_calls\": %llu, \"ns_per_event_p50\": ",
+            (unsigned long long)x->device_calls);
+    mpb_json_num(out, x->ns_p50);
+    fputs(", \"ns_per_event_p99\": ", out);
+    mpb_json_num(out, x->ns_p99);
+    fputs(", \"min_capacity_bytes\": ", out);
+    if (x->capacity_state == MPB_CAP_EXACT ||
+        x->capacity_state == MPB_CAP_BOUND)
+      fprintf(out, "%zu", x->min_capacity);
+    else
+      fputs("null", out);
+    fprintf(out,
+            ", \"min_capacity_exact\": %s, \"capacity_probes\": %u, "
+            "\"seconds\": ",
+            x->capacity_state == MPB_CAP_EXACT ? "true" : "false",
+            x->capacity_probes);
+    mpb_json_num(out, x->seconds);
+    fputs("}", out);
+  }
+  fputs("\n]\n", out);
+  return ferror(out) ? mp__fail(MP_EINVAL, "writing JSON failed") : MP_OK;
+}
+
+static void mpb_csv_str(FILE *out, const char *s) {
+  if (strpbrk(s, ",\"\n") == NULL) {
+    fputs(s, out);
+    return;
+  }
+  fputc('"', out);
+  for (; *s; s++) {
+    if (*s == '"')
+      fputc('"', out);
+    fputc(*s, out);
+  }
+  fputc('"', out);
+}
+
+mp_status_t mpb_report_csv(FILE *out, const mpb_result_t *r, size_t n) {
+  fputs("workload,allocator,device,completed,events,peak_live_bytes,"
+        "peak_reserved_bytes,ratio,utilization,avg_waste,"
+        "external_fragmentation,device_calls,ns_per_event_p50,"
+        "ns_per_event_p99,min_capacity_bytes,min_capacity_exact,"
+        "capacity_probes,seconds,error\n",
+        out);
+  for (size_t i = 0; i < n; i++) {
+    const mpb_result_t *x = &r[i];
+    mpb_csv_str(out, x->workload);
+    fputc(',', out);
+    mpb_csv_str(out, x->allocator);
+    fputc(',', out);
+    mpb_csv_str(out, x->device);
+    fprintf(out, ",%s,%llu,%zu,%zu,%.6g,%.6g,%.6g,", x->completed ? "1" : "0",
+            (unsigned long long)x->events, x->peak_live, x->peak_reserved,
+            x->ratio, x->utilization, x->avg_waste);
+    if (x->has_ext_frag)
+      fprintf(out, "%.6g", x->ext_frag);
+    fprintf(out, ",%llu,%.0f,%.0f,", (unsigned long long)x->device_calls,
+            x->ns_p50, x->ns_p99);
+    if (x->capacity_state == MPB_CAP_EXACT ||
+        x->capacity_state == MPB_CAP_BOUND)
+      fprintf(out, "%zu", x->min_capacity);
+    fprintf(out, ",%d,%u,%.3f,", x->capacity_state == MPB_CAP_EXACT,
+            x->capacity_probes, x->seconds);
+    mpb_csv_str(out, x->error);
+    fputc('\n', out);
+  }
+  return ferror(out) ? mp__fail(MP_EINVAL, "writing CSV failed") : MP_OK;
+}
+
+/* ---- files ------------------------------------------------------------------
+ */
+
+static mp_status_t mpb_mkdir_p(const char *dir) {
+  char path[4096];
+  if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
+    return mp__fail(MP_EINVAL, "output folder name too long");
+  for (char *p = path + 1; *p; p++) {
+    if (*p != '/')
+      continue;
+    *p = '\0';
+    if (mkdir(path, 0777) != 0 && errno != EEXIST)
+      return mp__fail(MP_EINVAL, "cannot create %s: %s", path, strerror(errno));
+    *p = '/';
+  }
+  if (mkdir(path, 0777) != 0 && errno != EEXIST)
+    return mp__fail(MP_EINVAL, "cannot create %s: %s", path, strerror(errno));
+  struct stat sb;
+  if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
+    return mp__fail(MP_EINVAL, "%s is not a folder", path);
+  return MP_OK;
+}
+
+static void mpb_rm_tree(const char *dir) {
+  DIR *d = opendir(dir);
+  if (d == NULL)
+    return;
+  struct dirent *e;
+  char path[4400];
+  while ((e = readdir(d)) != NULL) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+      continue;
+    if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path)
+      unlink(path);
+  }
+  closedir(d);
+  rmdir(dir);
+}
+
+/* A file name for a workload: letters, digits, '.', '-' kept, the rest '_'. */
+static void mpb_file_stem(const char *name, char *buf, size_t len) {
+  size_t i = 0;
+  for (; name[i] && i + 1 < len; i++) {
+    char c = name[i];
+    bool keep = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                (c >= '0' && c <= '9') || c == '.' || c == '-';
+    buf[i] = keep ? c : '_';
+  }
+  buf[i] = '\0';
+}
+
+typedef struct mpb_names {
+  const char *v[256];
+  size_t n;
+} mpb_names_t;
+
+static size_t mpb_names_add(mpb_names_t *ns, const char *s) {
+  for (size_t i = 0; i < ns->n; i++)
+    if (strcmp(ns->v[i], s) == 0)
+      return i;
+  if (ns->n < 256)
+    ns->v[ns->n++] = s;
+  return ns->n - 1;
+}
+
+static void mpb_gp_quote(FILE *f, const char *s) {
+  /* gnuplot single-quoted strings: '' is a literal quote. */
+  fputc('\'', f);
+  for (; *s; s++) {
+    if (*s == '\'')
+      fputc('\'', f);
+    fputc(*s, f);
+  }
+  fputc('\'', f);
+}
+
+static bool mpb_gnuplot_terminal(char *term, size_t len) {
+  if (system("gnuplot -e 'set terminal pngcairo' >/dev/null 2>&1") == 0) {
+    snprintf(term, len, "pngcairo size 1280,720 font ',11'");
+    return true;
+  }
+  if (system("gnuplot -e 'set terminal png' >/dev/null 2>&1") == 0) {
+    snprintf(term, len, "png size 1280,720");
+    return true;
+  }
+  return false;
+}
+
+/* Writes the plot data and script into tmp, runs gnuplot; the PNG names it
+ * made are added to files. */
+static mp_status_t mpb_plot(const char *tmp, const mpb_result_t *r, size_t n,
+                            mpb_names_t *files, char *why, size_t why_len) {
+  char term[96];
+  if (!mpb_gnuplot_terminal(term, sizeof term)) {
+    snprintf(why, why_len,
+             "gnuplot (with a png or pngcairo terminal) is not installed: "
+             "no plots (install gnuplot-nox)");
+    return MP_ENOTSUP;
+  }
+  mpb_names_t wl = {0}, al = {0};
+  for (size_t i = 0; i < n; i++) {
+    mpb_names_add(&wl, r[i].workload);
+    mpb_names_add(&al, r[i].allocator);
+  }
+  char path[4400];
+  snprintf(path, sizeof path, "%s/plot.gp", tmp);
+  FILE *gp = fopen(path, "w");
+  if (gp == NULL)
+    return mp__fail(MP_EINVAL, "cannot write %s: %s", path, strerror(errno));
+  fprintf(gp,
+          "set terminal %s\nset grid\nset key top left noenhanced\n"
+          "set datafile missing 'NaN'\n",
+          term);
+  static char stems[256][200];
+  for (size_t w = 0; w < wl.n; w++) {
+    char stem[160];
+    mpb_file_stem(wl.v[w], stem, sizeof stem);
+    snprintf(path, sizeof path, "%s/bytes_%zu.dat", tmp, w);
+    FILE *d = fopen(path, "w");
+    if (d == NULL) {
+      fclose(gp);
+      return mp__fail(MP_EINVAL, "cannot write %s", path);
+    }
+    /* One block per allocator (gnuplot "index"), live and reserved. */
+    size_t blocks = 0;
+    const mpb_result_t *first = NULL;
+    for (size_t i = 0; i < n; i++) {
+      if (strcmp(r[i].workload, wl.v[w]) != 0)
+        continue;
+      if (first == NULL)
+        first = &r[i];
+      for (size_t k = 0; k < r[i].npoints; k++)
+        fprintf(d, "%llu %zu %zu\n", (unsigned long long)r[i].point_event[k],
+                r[i].point_live[k], r[i].point_reserved[k]);
+      fputs("\n\n", d);
+      blocks++;
+    }
+    fclose(d);
+    snprintf(stems[w], sizeof stems[w], "bytes_%s.png", stem);
+    fprintf(gp, "set output '%s/%s'\nset title ", tmp, stems[w]);
+    char t[256];
+    snprintf(t, sizeof t, "%s: device memory reserved vs live", wl.v[w]);
+    mpb_gp_quote(gp, t);
+    fprintf(gp, " noenhanced\nset xlabel 'event'\nset ylabel 'MiB'\n"
+                "set key below noenhanced\nset style data lines\nplot ");
+    size_t b = 0;
+    for (size_t i = 0; i < n; i++) {
+      if (strcmp(r[i].workload, wl.v[w]) != 0)
+        continue;
+      char title[160];
+      snprintf(title, sizeof title, "%s reserved%s", r[i].allocator,
+               r[i].completed ? "" : " (failed)");
+      fprintf(gp,
+              "'%s/bytes_%zu.dat' index %zu using 1:($3/1048576) lw 2 "
+              "title ",
+              tmp, w, b);
+      mpb_gp_quote(gp, title);
+      fputs(", ", gp);
+      b++;
+    }
+    fprintf(gp,
+            "'%s/bytes_%zu.dat' index 0 using 1:($2/1048576) lw 2 dt 2 "
+            "lc rgb 'black' title 'live (requested by the workload)'\n",
+            tmp, w);
+    (void)blocks;
+    (void)first;
+    mpb_names_add(files, stems[w]);
+  }
+  /* The bar chart of ratios: one cluster per workload, a bar per allocator. */
+  snprintf(path, sizeof path, "%s/ratios.dat", tmp);
+  FILE *d = fopen(path, "w");
+  if (d == NULL) {
+    fclose(gp);
+    return mp__fail(MP_EINVAL, "cannot write %s", path);
+  }
+  for (size_t w = 0; w < wl.n; w++) {
+    fputc('"', d);
+    for (const char *c = wl.v[w]; *c; c++)
+      if (*c != '"')
+        fputc(*c, d);
+    fputc('"', d);
+    for (size_t a = 0; a < al.n; a++) {
+      double v = NAN;
+      for (size_t i = 0; i < n; i++)
+        if (strcmp(r[i].workload, wl.v[w]) == 0 &&
+            strcmp(r[i].allocator, al.v[a]) == 0 && r[i].completed)
+          v = r[i].ratio;
+      if (isfinite(v))
+        fprintf(d, " %.4f", v);
+      else
+        fputs(" NaN", d);
+    }
+    fputc('\n', d);
+  }
+  fclose(d);
+  fprintf(gp,
+          "set output '%s/ratios.png'\n"
+          "set title 'peak reserved / peak live (1.0 is the limit; lower "
+          "is better)'\nset xlabel ''\nset ylabel 'ratio'\n"
+          "set style data histograms\n"
+          "set style histogram clustered gap 1\n"
+          "set style fill solid 0.85 border -1\nset boxwidth 0.9\n"
+          "set xtics rotate by 35 right noenhanced\nset yrange [0:*]\n"
+          "set key top right noenhanced\n"
+          "set bmargin 12\nset lmargin 12\nset ytics nomirror\n"
+          "set arrow 1 from graph 0, first 1 to graph 1, first 1 nohead "
+          "lc rgb 'black' dt 2 front\n",
+          tmp);
+  fputs("plot ", gp);
+  for (size_t a = 0; a < al.n; a++) {
+    fprintf(gp, "%s'%s/ratios.dat' using %zu%s title ", a ? ", " : "", tmp,
+            a + 2, a == 0 ? ":xtic(1)" : "");
+    mpb_gp_quote(gp, al.v[a]);
+  }
+  fputs("\n", gp);
+  fclose(gp);
+  mpb_names_add(files, "ratios.png");
+  char cmd[9000];
+  if (snprintf(cmd, sizeof cmd, "gnuplot '%s/plot.gp' >'%s/gnuplot.log' 2>&1",
+               tmp, tmp) >= (int)sizeof cmd ||
+      system(cmd) != 0) {
+    /* Its first message, since the temporary folder goes away. */
+    char msg[200] = "";
+    snprintf(path, sizeof path, "%s/gnuplot.log", tmp);
+    FILE *log = fopen(path, "r");
+    if (log != NULL) {
+      while (fgets(msg, sizeof msg, log) != NULL)
+        if (strspn(msg, " \t\n^") != strlen(msg))
+          break;
+      fclose(log);
+    }
+    msg[strcspn(msg, "\n")] = '\0';
+    snprintf(why, why_len, "gnuplot failed: %s", msg);
+    return MP_EINVAL;
+  }
+  return MP_OK;
+}
+
+static mp_status_t mpb_write_file(const char *tmp, const char *name,
+                                  const mpb_result_t *r, size_t n, int which) {
+  char path[4400];
+  snprintf(path, sizeof path, "%s/%s", tmp, name);
+  FILE *f = fopen(path, "w");
+  if (f == NULL)
+    return mp__fail(MP_EINVAL, "cannot write %s: %s", path, strerror(errno));
+  mp_status_t st = MP_OK;
+  if (which == 0)
+    st = mpb_report_json(f, r, n);
+  else if (which == 1)
+    st = mpb_report_csv(f, r, n);
+  else
+    mpb_report_markdown(f, r, n);
+  if (fclose(f) != 0 && st == MP_OK)
+    st = mp__fail(MP_EINVAL, "cannot write %s: %s", path, strerror(errno));
+  return st;
+}
+
+mp_status_t mpb_report_write(const char *dir, const mpb_result_t *r, size_t n,
+                             bool want_plots, bool *plotted, char *why_not,
+                             size_t why_len) {
+  *plotted = false;
+  why_not[0] = '\0';
+  mp_status_t st = mpb_mkdir_p(dir);
+  if (st != MP_OK)
+    return st;
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s/.mpbench-tmp-XXXXXX", dir);
+  if (mkdtemp(tmp) == NULL)
+    return mp__fail(MP_EINVAL, "cannot create a temporary folder in %s: %s",
+                    dir, strerror(errno));
+  mpb_names_t files = {0};
+  static const char *data[] = {"results.json", "results.csv", "results.md"};
+  for (int i = 0; i < 3 && st == MP_OK; i++) {
+    st = mpb_write_file(tmp, data[i], r, n, i);
+    mpb_names_add(&files, data[i]);
+  }
+  if (st == MP_OK && want_plots) {
+    mpb_names_t pngs = {0};
+    static char png_names[260][200];
+    mp_status_t pst = mpb_plot(tmp, r, n, &pngs, why_not, why_len);
+    if (pst == MP_OK) {
+      for (size_t i = 0; i < pngs.n; i++) {
+        snprintf(png_names[i], sizeof png_names[i], "%s", pngs.v[i]);
+        mpb_names_add(&files, png_names[i]);
+      }
+      *plotted = true;
+    } else if (why_not[0] == '\0') {
+      snprintf(why_not, why_len, "%s", mp_last_error());
+    }
+  }
+  char from[4400], to[4400];
+  for (size_t i = 0; i < files.n && st == MP_OK; i++) {
+    snprintf(from, sizeof from, "%s/%s", tmp, files.v[i]);
+    snprintf(to, sizeof to, "%s/%s", dir, files.v[i]);
+    if (rename(from, to) != 0)
+      st = mp__fail(MP_EINVAL, "cannot move %s into place: %s", to,
+                    strerror(errno));
+  }
+  mpb_rm_tree(tmp);
+  return st;
+}

@@ -1,0 +1,366 @@
+/* trace.c - the RMM-style CSV trace parser.
+ *
+ * Format (API.md): a header "Thread,Time,Action,Pointer,Size,Stream", then
+ * one row per event: decimal thread, HH:MM:SS.ffffff time, "allocate",
+ * "free" or "allocate failure", a hex pointer or "(nil)", a decimal size and
+ * a decimal (or 0x-hex) stream. Rows are strict: any other shape is an error
+ * naming the file and line, and the workload is left empty.
+ *
+ * Pointers become slots through an open-addressing map (linear probing,
+ * backward-shift deletion, load <= 1/2) from live address to slot; a free
+ * removes the address, so a log that reuses addresses after a free replays
+ * right. What a real log has that a replay cannot do, counted and skipped:
+ *  - "allocate failure" rows (the allocation never happened);
+ *  - frees of pointers the trace never allocated: a log that began mid-run
+ *    frees blocks allocated before it started; there is nothing to free;
+ *  - an allocation of an address still live: a missing free (threads logged
+ *    out of order); the old block is freed first, as the address shows the
+ *    device must have done.
+ * Streams are numbered in order of first appearance; stream 0 of the log
+ * (the default stream) is always index 0. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "mpbench.h"
+
+typedef struct mpb_addr_map {
+  uint64_t *key; /* 0: empty (a NULL pointer is never live) */
+  uint32_t *slot;
+  size_t cap, used;
+} mpb_addr_map_t;
+
+static size_t mpb_hash(uint64_t x, size_t cap) {
+  x ^= x >> 33;
+  x *= UINT64_C(0xff51afd7ed558ccd);
+  x ^= x >> 33;
+  return (size_t)x & (cap - 1);
+}
+
+static bool mpb_map_grow(mpb_addr_map_t *m) {
+  size_t cap = m->cap ? m->cap * 2 : 1024;
+  uint64_t *key = calloc(cap, sizeof *key);
+  uint32_t *slot = calloc(cap, sizeof *slot);
+  if (key == NULL || slot == NULL) {
+    free(key);
+    free(slot);
+    return false;
+  }
+  for (size_t i = 0; i < m->cap; i++) {
+    if (m->key[i] == 0)
+      continue;
+    size_t j = mpb_hash(m->key[i], cap);
+    while (key[j] != 0)
+      j = (j + 1) & (cap - 1);
+    key[j] = m->key[i];
+    slot[j] = m->slot[i];
+  }
+  free(m->key);
+  free(m->slot);
+  m->key = key;
+  m->slot = slot;
+  m->cap = cap;
+  return true;
+}
+
+/* Index of addr's entry, or of the empty entry where it would go. */
+static size_t mpb_map_find(const mpb_addr_map_t *m, uint64_t addr) {
+  size_t i = mpb_hash(addr, m->cap);
+  while (m->key[i] != 0 && m->key[i] != addr)
+    i = (i + 1) & (m->cap - 1);
+  return i;
+}
+
+static void mpb_map_remove_at(mpb_addr_map_t *m, size_t i) {
+  /* Backward shift: move later entries of the probe run into the gap. */
+  size_t j = i;
+  for (;;) {
+    j = (j + 1) & (m->cap - 1);
+    if (m->key[j] == 0)
+      break;
+    size_t home = mpb_hash(m->key[j], m->cap);
+    bool between = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
+    if (between)
+      continue;
+    m->key[i] = m->key[j];
+    m->slot[i] = m->slot[j];
+    i = j;
+  }
+  m->key[i] = 0;
+  m->used--;
+}
+
+/* ---- fields ---------------------------------------------------------------
+ */
+
+static bool mpb_all_digits(const char *s, size_t len) {
+  if (len == 0)
+    return false;
+  for (size_t i = 0; i < len; i++)
+    if (s[i] < '0' || s[i] > '9')
+      return false;
+  return true;
+}
+
+static bool mpb_parse_hex(const char *s, size_t len, uint64_t *out) {
+  if (len >= 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+    s += 2;
+    len -= 2;
+  }
+  if (len == 0 || len > 16)
+    return false;
+  uint64_t v = 0;
+  for (size_t i = 0; i < len; i++) {
+    int c = (unsigned char)s[i], d;
+    if (c >= '0' && c <= '9')
+      d = c - '0';
+    else if (c >= 'a' && c <= 'f')
+      d = c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F')
+      d = c - 'A' + 10;
+    else
+      return false;
+    v = v << 4 | (uint64_t)d;
+  }
+  *out = v;
+  return true;
+}
+
+/* HH:MM:SS.ffffff: hours of any width, minutes and seconds below 60, one
+ * to nine fraction digits. */
+static bool mpb_valid_time(const char *s, size_t len) {
+  const char *c1 = memchr(s, ':', len);
+  if (c1 == NULL || !mpb_all_digits(s, (size_t)(c1 - s)))
+    return false;
+  const char *m = c1 + 1, *end = s + len;
+  if (end - m < 6 || !mpb_all_digits(m, 2) || m[2] != ':' ||
+      !mpb_all_digits(m + 3, 2) || m[5] != '.')
+    return false;
+  if ((m[0] - '0') * 10 + (m[1] - '0') > 59 ||
+      (m[3] - '0') * 10 + (m[4] - '0') > 60) /* 60: a leap second */
+    return false;
+  size_t frac = (size_t)(end - (m + 6));
+  return frac >= 1 && frac <= 9 && mpb_all_digits(m + 6, frac);
+}
+
+static bool mpb_field_is(const char *s, size_t len, const char *word) {
+  return strlen(word) == len && memcmp(s, word, len) == 0;
+}
+
+/* ---- the parser -----------------------------------------------------------
+ */
+
+typedef struct mpb_parser {
+  const char *what;
+  mpb_workload_t *w;
+  mpb_addr_map_t map;
+  uint64_t stream_id[UINT16_MAX];
+  uint32_t nstream_ids;
+} mpb_parser_t;
+
+static mp_status_t mpb_stream_index(mpb_parser_t *p, uint64_t id, size_t line,
+                                    uint16_t *out) {
+  if (id == 0) {
+    *out = 0;
+    return MP_OK;
+  }
+  for (uint32_t i = 0; i < p->nstream_ids; i++)
+    if (p->stream_id[i] == id) {
+      *out = (uint16_t)(i + 1);
+      return MP_OK;
+    }
+  if (p->nstream_ids + 1 >= UINT16_MAX)
+    return mp__fail(MP_EINVAL, "%s:%zu: more than %d streams", p->what, line,
+                    UINT16_MAX - 1);
+  p->stream_id[p->nstream_ids++] = id;
+  *out = (uint16_t)p->nstream_ids;
+  return MP_OK;
+}
+
+static mp_status_t mpb_parse_row(mpb_parser_t *p, const char *s, size_t len,
+                                 size_t line) {
+  const char *f[6];
+  size_t fl[6], nf = 0;
+  const char *start = s, *end = s + len;
+  for (const char *c = s;; c++) {
+    if (c == end || *c == ',') {
+      if (nf < 6) {
+        f[nf] = start;
+        fl[nf] = (size_t)(c - start);
+      }
+      nf++;
+      start = c + 1;
+      if (c == end)
+        break;
+    }
+  }
+  if (nf != 6)
+    return mp__fail(MP_EINVAL,
+                    "%s:%zu: expected 6 comma-separated fields "
+                    "(Thread,Time,Action,Pointer,Size,Stream), "
+                    "found %zu",
+                    p->what, line, nf);
+  if (!mpb_all_digits(f[0], fl[0]))
+    return mp__fail(MP_EINVAL, "%s:%zu: bad thread '%.*s' (a decimal number)",
+                    p->what, line, (int)fl[0], f[0]);
+  if (!mpb_valid_time(f[1], fl[1]))
+    return mp__fail(MP_EINVAL, "%s:%zu: bad time '%.*s' (HH:MM:SS.ffffff)",
+                    p->what, line, (int)fl[1], f[1]);
+  int action;
+  if (mpb_field_is(f[2], fl[2], "allocate"))
+    action = MPB_ALLOC;
+  else if (mpb_field_is(f[2], fl[2], "free"))
+    action = MPB_FREE;
+  else if (mpb_field_is(f[2], fl[2], "allocate failure"))
+    action = -1;
+  else
+    return mp__fail(MP_EINVAL,
+                    "%s:%zu: bad action '%.*s' (allocate, free or allocate "
+                    "failure)",
+                    p->what, line, (int)fl[2], f[2]);
+  uint64_t addr = 0;
+  if (!mpb_field_is(f[3], fl[3], "(nil)") && !mpb_parse_hex(f[3], fl[3], &addr))
+    return mp__fail(MP_EINVAL,
+                    "%s:%zu: bad pointer '%.*s' (hex such as 0x7f00 or (nil))",
+                    p->what, line, (int)fl[3], f[3]);
+  uint64_t size, stream;
+  if (!mp__parse_u64(f[4], fl[4], &size) || size > SIZE_MAX)
+    return mp__fail(MP_EINVAL, "%s:%zu: bad size '%.*s' (a decimal number)",
+                    p->what, line, (int)fl[4], f[4]);
+  if (!mp__parse_u64(f[5], fl[5], &stream) &&
+      !(fl[5] > 2 && f[5][0] == '0' && f[5][1] == 'x' &&
+        mpb_parse_hex(f[5], fl[5], &stream)))
+    return mp__fail(MP_EINVAL, "%s:%zu: bad stream '%.*s' (a decimal number)",
+                    p->what, line, (int)fl[5], f[5]);
+
+  mpb_workload_t *w = p->w;
+  if (action < 0) {
+    w->failure_rows++;
+    return MP_OK;
+  }
+  if (addr == 0) {
+    if (action == MPB_FREE)
+      return MP_OK; /* free(NULL) */
+    if (size != 0)
+      return mp__fail(MP_EINVAL,
+                      "%s:%zu: allocation of %llu bytes at pointer (nil)",
+                      p->what, line, (unsigned long long)size);
+    w->zero_size_allocs++;
+    return MP_OK;
+  }
+  if (p->map.used * 2 >= p->map.cap && !mpb_map_grow(&p->map))
+    return mp__fail(MP_ENOMEM, "%s: out of host memory", p->what);
+  size_t i = mpb_map_find(&p->map, addr);
+  if (action == MPB_FREE) {
+    if (p->map.key[i] == 0) {
+      w->unknown_frees++;
+      return MP_OK;
+    }
+    uint32_t slot = p->map.slot[i];
+    mpb_map_remove_at(&p->map, i);
+    return mpb_workload_free_slot(w, slot);
+  }
+  bool was_live = p->map.key[i] != 0;
+  if (was_live) {
+    w->implicit_frees++;
+    mp_status_t st = mpb_workload_free_slot(w, p->map.slot[i]);
+    if (st != MP_OK)
+      return st;
+  }
+  if (size == 0)
+    w->zero_size_allocs++;
+  uint16_t sidx = 0;
+  mp_status_t st = mpb_stream_index(p, stream, line, &sidx);
+  uint32_t slot;
+  if (st == MP_OK)
+    st = mpb_workload_alloc(w, (size_t)size, sidx, &slot);
+  if (st != MP_OK)
+    return st;
+  p->map.key[i] = addr;
+  p->map.slot[i] = slot;
+  if (!was_live)
+    p->map.used++;
+  return MP_OK;
+}
+
+mp_status_t mpb_trace_parse(const char *text, size_t len, const char *what,
+                            const char *name, mpb_workload_t *out) {
+  if (text == NULL || out == NULL)
+    return mp__fail(MP_EINVAL, "mpb_trace_parse: NULL argument");
+  mpb_parser_t *p = calloc(1, sizeof *p);
+  if (p == NULL)
+    return mp__fail(MP_ENOMEM, "%s: out of host memory", what);
+  p->what = what;
+  p->w = out;
+  mpb_workload_init(out, name);
+  mp_status_t st = MP_OK;
+  size_t line = 0;
+  const char *s = text, *end = text + len;
+  while (s < end && st == MP_OK) {
+    const char *nl = memchr(s, '\n', (size_t)(end - s));
+    const char *le = nl ? nl : end;
+    size_t l = (size_t)(le - s);
+    if (l > 0 && s[l - 1] == '\r')
+      l--;
+    line++;
+    if (memchr(s, '\0', l) != NULL) {
+      st = mp__fail(MP_EINVAL, "%s:%zu: NUL byte in a text file", what, line);
+    } else if (line == 1) {
+      if (!mpb_field_is(s, l, "Thread,Time,Action,Pointer,Size,Stream"))
+        st = mp__fail(MP_EINVAL,
+                      "%s:1: expected the header "
+                      "'Thread,Time,Action,Pointer,Size,Stream', found '%.*s'",
+                      what, (int)(l > 60 ? 60 : l), s);
+    } else if (l > 0) {
+      st = mpb_parse_row(p, s, l, line);
+    }
+    s = nl ? nl + 1 : end;
+  }
+  if (st == MP_OK && line == 0)
+    st = mp__fail(MP_EINVAL, "%s: empty file (no header)", what);
+  /* Blocks the trace never freed are freed at its end, so every replay
+   * ends empty and allocators are compared on the same events. */
+  if (st == MP_OK)
+    st = mpb_workload_drain(out);
+  free(p->map.key);
+  free(p->map.slot);
+  free(p);
+  if (st != MP_OK)
+    mpb_workload_free(out);
+  return st;
+}
+
+mp_status_t mpb_trace_load(const char *path, const char *name,
+                           mpb_workload_t *out) {
+  if (path == NULL || out == NULL)
+    return mp__fail(MP_EINVAL, "mpb_trace_load: NULL argument");
+  FILE *f = fopen(path, "rb");
+  if (f == NULL)
+    return mp__fail(MP_EINVAL, "cannot open trace %s: %s", path,
+                    strerror(errno));
+  char *buf = NULL;
+  size_t len = 0, cap = 0;
+  for (;;) {
+    if (cap - len < 65536) {
+      cap = cap ? cap * 2 : 1 << 20;
+      char *nb = realloc(buf, cap);
+      if (nb == NULL) {
+        free(buf);
+        fclose(f);
+        return mp__fail(MP_ENOMEM, "%s: out of host memory", path);
+      }
+      buf = nb;
+    }
+    size_t got = fread(buf + len, 1, cap - len, f);
+    len += got;
+    if (got == 0)
+      break;
+  }
+  bool bad = ferror(f) != 0;
+  fclose(f);
+  mp_status_t st = bad ? mp__fail(MP_EINVAL, "cannot read trace %s", path)
+                       : mpb_trace_parse(buf, len, path, name, out);
+  free(buf);
+  return st;
+}

@@ -1,0 +1,25 @@
+# mpbench: the fragmentation benchmark (included by bench/CMakeLists.txt).
+# The parsing, workload, replay, metrics and report code is the static
+# library mpbench_core, so that tests/bench/ links the same code.
+file(GLOB _mpb_core CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/core/*.c)
+add_library(mpbench_core STATIC ${_mpb_core})
+target_include_directories(mpbench_core
+  PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/core
+  PRIVATE ${PROJECT_SOURCE_DIR}/src)
+target_link_libraries(mpbench_core PUBLIC mempool_static m)
+# jemalloc replaces malloc for the whole process, which the sanitizers'
+# interceptors cannot share: the jemalloc baseline is left out of sanitized
+# builds.
+set(_mpb_je OFF)
+if(JEMALLOC_FOUND AND NOT MEMPOOL_SANITIZE)
+  set(_mpb_je ON)
+  target_link_libraries(mpbench_core PUBLIC PkgConfig::JEMALLOC)
+endif()
+target_compile_definitions(mpbench_core PRIVATE _GNU_SOURCE
+  MPBENCH_HAVE_JEMALLOC=$<BOOL:${_mpb_je}>
+  MPBENCH_TRACES_DIR="${MEMPOOL_TRACES_DIR}")
+mempool_warnings(mpbench_core)
+
+add_executable(mpbench ${CMAKE_CURRENT_SOURCE_DIR}/mpbench.c)
+target_link_libraries(mpbench PRIVATE mpbench_core)
+mempool_warnings(mpbench)

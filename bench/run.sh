@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# bench/run.sh - the README's main command: the fragmentation benchmark.
+#   bench/run.sh [OUT_DIR] [mpbench run options...]
+# Installs what is missing (Debian packages: cmake gcc make pkg-config
+# libjemalloc-dev gnuplot-nox libcriterion-dev; through sudo when not root),
+# configures a Release build in build-bench/, builds mpbench, and runs the
+# full suite (every built-in workload and every trace in ../shared/traces,
+# through every allocator) with `mpbench run --out OUT_DIR` (default: out/
+# in the repository). Without a GPU it runs on the emulated host device.
+# Options after OUT_DIR go to `mpbench run` (see build-bench/bench/mpbench
+# --help), e.g. bench/run.sh out --allocator pool --no-capacity.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+out="$root/out"
+if [ $# -gt 0 ]; then
+  case "$1" in
+  -h | --help)
+    sed -n '2,11p' "$0"
+    exit 0
+    ;;
+  -*) ;;
+  *) out="$1"; shift ;;
+  esac
+fi
+
+if [ -f "$root/cmake/deps.sh" ]; then
+  # shellcheck source=../cmake/deps.sh
+  . "$root/cmake/deps.sh"
+  mempool_deps gnuplot-nox
+else
+  # The same check as cmake/deps.sh: install only packages that are missing.
+  missing=()
+  for p in cmake make gcc pkg-config libcriterion-dev libjemalloc-dev \
+    gnuplot-nox; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null |
+      grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "bench/run.sh: installing ${missing[*]}" >&2
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+      >/dev/null
+  fi
+fi
+
+build="$root/build-bench"
+jobs=$(nproc 2>/dev/null || echo 2)
+start=$(date +%s)
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
+  -DMEMPOOL_BUILD_TESTS=OFF -DMEMPOOL_BUILD_BENCH=ON >/dev/null
+cmake --build "$build" -j "$jobs" --target mpbench >/dev/null
+"$build/bench/mpbench" run --out "$out" "$@"
+echo "bench/run.sh: done in $(($(date +%s) - start)) s; results in $out" \
+  "(results.md, results.json, results.csv, *.png)"

@@ -1,0 +1,164 @@
+/* The smallest-capacity search: bisection over the host device's capacity,
+ * a fresh device per probe.
+ *
+ * The allocator is a toy that never reuses memory: every request is a new
+ * device allocation and frees give nothing back, so a workload completes
+ * exactly when the capacity holds the sum of all its requests. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mpbench.h"
+
+#define MiB ((size_t)1 << 20)
+
+typedef struct hoard {
+  mp_device_t *dev;
+  void *p[64];
+  int n;
+  size_t reserved;
+} hoard_t;
+
+static mp_status_t hoard_alloc(void *self, size_t bytes, mp_stream_t s,
+                               void **out) {
+  (void)s;
+  hoard_t *h = self;
+  if (h->n == 64)
+    return MP_ENOMEM;
+  mp_status_t st = mp_device_alloc(h->dev, bytes, &h->p[h->n]);
+  if (st != MP_OK)
+    return st;
+  h->reserved += bytes;
+  *out = h->p[h->n++];
+  return MP_OK;
+}
+
+static mp_status_t hoard_free(void *self, void *ptr) {
+  (void)self, (void)ptr;
+  return MP_OK;
+}
+
+static mp_status_t hoard_stats(void *self, mp_stats_t *out) {
+  hoard_t *h = self;
+  memset(out, 0, sizeof *out);
+  out->reserved_bytes = out->peak_reserved_bytes = h->reserved;
+  out->device_alloc_count = (uint64_t)h->n;
+  return MP_OK;
+}
+
+static mp_status_t hoard_destroy(void *self) {
+  hoard_t *h = self;
+  for (int i = 0; i < h->n; i++)
+    mp_device_free(h->dev, h->p[i]);
+  free(h);
+  return MP_OK;
+}
+
+static const mp_allocator_ops_t hoard_ops = {.kind = "pool",
+                                             .alloc = hoard_alloc,
+                                             .free = hoard_free,
+                                             .get_stats = hoard_stats,
+                                             .destroy = hoard_destroy};
+
+static mp_status_t make_hoard(mp_device_t *dev, const char *name,
+                              mp_allocator_t **out) {
+  hoard_t *h = calloc(1, sizeof *h);
+  h->dev = dev;
+  mp_status_t st = mp_allocator_wrap(&hoard_ops, h, name, out);
+  if (st != MP_OK)
+    free(h);
+  return st;
+}
+
+/* Allocations of 3, 5 and 7 MiB, each freed before the next: live at most
+ * 7 MiB, but the hoard needs 3 + 5 + 7 = 15 MiB (plus nothing: the host
+ * device counts exactly the bytes asked for). */
+static mpb_workload_t three_blocks(void) {
+  mpb_workload_t w;
+  mpb_workload_init(&w, "three");
+  uint32_t s;
+  for (size_t mib = 3; mib <= 7; mib += 2) {
+    cr_assert_eq(mpb_workload_alloc(&w, mib * MiB, 0, &s), MP_OK);
+    cr_assert_eq(mpb_workload_free_slot(&w, s), MP_OK);
+  }
+  return w;
+}
+
+Test(capacity_search, finds_the_capacity_to_within_the_granularity) {
+  mpb_workload_t w = three_blocks();
+  size_t cap;
+  bool exact;
+  unsigned probes;
+  cr_assert_eq(mpb_capacity_search(&w, "hoard", make_hoard, "host", 7 * MiB,
+                                   15 * MiB, 4096, 0, &cap, &exact, &probes),
+               MP_OK, "%s", mp_last_error());
+  cr_expect(exact);
+  cr_expect_geq(cap, 15 * MiB);
+  cr_expect_lt(cap, 15 * MiB + 4096);
+  /* Bisection of an 8 MiB range down to 4 KiB: about log2(2048) probes,
+   * plus the one that checks the upper bound. */
+  cr_expect_leq(probes, 14);
+  cr_expect_geq(probes, 11);
+  mpb_workload_free(&w);
+}
+
+Test(capacity_search, an_upper_bound_that_does_not_fit_is_raised) {
+  mpb_workload_t w = three_blocks();
+  size_t cap;
+  bool exact;
+  unsigned probes;
+  cr_assert_eq(mpb_capacity_search(&w, "hoard", make_hoard, "host", 7 * MiB,
+                                   8 * MiB, MiB, 0, &cap, &exact, &probes),
+               MP_OK, "%s", mp_last_error());
+  cr_expect(exact);
+  cr_expect_geq(cap, 15 * MiB);
+  cr_expect_lt(cap, 16 * MiB);
+  bool fits;
+  char spec[128];
+  mpb_spec_with_capacity("host", cap, spec, sizeof spec);
+  cr_assert_eq(mpb_replay_fits(&w, "hoard", spec, make_hoard, &fits), MP_OK);
+  cr_expect(fits);
+  mpb_spec_with_capacity("host", 15 * MiB - 1, spec, sizeof spec);
+  cr_assert_eq(mpb_replay_fits(&w, "hoard", spec, make_hoard, &fits), MP_OK);
+  cr_expect_not(fits);
+  mpb_workload_free(&w);
+}
+
+Test(capacity_search, a_spent_budget_gives_an_upper_bound) {
+  mpb_workload_t w = three_blocks();
+  size_t cap;
+  bool exact;
+  unsigned probes;
+  cr_assert_eq(mpb_capacity_search(&w, "hoard", make_hoard, "host", 7 * MiB,
+                                   20 * MiB, 4096, 1e-9, &cap, &exact, &probes),
+               MP_OK, "%s", mp_last_error());
+  cr_expect_not(exact);
+  cr_expect_eq(cap, 20 * MiB, "only the upper bound was probed");
+  mpb_workload_free(&w);
+}
+
+Test(capacity_search, replay_searches_from_its_own_figures) {
+  mpb_workload_t w = three_blocks();
+  mpb_replay_opts_t o = {
+      .device_spec = "host", .make = make_hoard, .capacity_search = true};
+  mpb_result_t *r = calloc(1, sizeof *r);
+  cr_assert_eq(mpb_replay(&w, "hoard", &o, r), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(r->peak_live, 7 * MiB);
+  cr_expect_eq(r->peak_reserved, 15 * MiB);
+  cr_expect_eq(r->capacity_state, MPB_CAP_EXACT);
+  /* Granularity max(1 MiB, 1% of peak live) = 1 MiB. */
+  cr_expect_geq(r->min_capacity, 15 * MiB);
+  cr_expect_lt(r->min_capacity, 16 * MiB);
+  free(r);
+  mpb_workload_free(&w);
+}
+
+Test(capacity_search, spec_gets_capacity_as_its_last_option) {
+  char buf[128];
+  mpb_spec_with_capacity(NULL, 100, buf, sizeof buf);
+  cr_expect_str_eq(buf, "host:capacity=100");
+  mpb_spec_with_capacity("host:latency_us=3", 5, buf, sizeof buf);
+  cr_expect_str_eq(buf, "host:latency_us=3,capacity=5");
+  mpb_spec_with_capacity("host:capacity=8G,vmm=0", 7, buf, sizeof buf);
+  cr_expect_str_eq(buf, "host:vmm=0,capacity=7");
+}

@@ -1,0 +1,237 @@
+/* The mpbench command end to end: what it writes, that the pool's figures
+ * in results.json are the pool's own statistics, and that bad input stops
+ * it with nothing written. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "mpbench.h"
+
+static char tmpdir[256];
+
+static void make_tmp(void) {
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/mpbench-test-XXXXXX");
+  cr_assert_not_null(mkdtemp(tmpdir));
+}
+
+static void rm_tree(const char *dir) {
+  DIR *d = opendir(dir);
+  if (d == NULL)
+    return;
+  struct dirent *e;
+  char p[1024];
+  while ((e = readdir(d)) != NULL) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+      continue;
+    snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+    struct stat sb;
+    if (stat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
+      rm_tree(p);
+    else
+      unlink(p);
+  }
+  closedir(d);
+  rmdir(dir);
+}
+
+static void drop_tmp(void) {
+  rm_tree(tmpdir);
+}
+
+static int run(const char **args) {
+  char *argv[32];
+  int argc = 0;
+  argv[argc++] = "mpbench";
+  for (; args[argc - 1] != NULL; argc++)
+    argv[argc] = (char *)args[argc - 1];
+  argv[argc] = NULL;
+  fflush(stdout);
+  return mpb_main(argc, argv);
+}
+
+static bool exists(const char *dir, const char *name) {
+  char p[1024];
+  snprintf(p, sizeof p, "%s/%s", dir, name);
+  return access(p, F_OK) == 0;
+}
+
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  cr_assert_not_null(f, "cannot open %s", path);
+  static char buf[1 << 20];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  return buf;
+}
+
+static unsigned long long json_u64(const char *obj, const char *key) {
+  char k[64];
+  snprintf(k, sizeof k, "\"%s\": ", key);
+  const char *p = strstr(obj, k);
+  cr_assert_not_null(p, "no %s in %s", key, obj);
+  return strtoull(p + strlen(k), NULL, 10);
+}
+
+/* A trace of odd sizes that makes the pool split, cache and grow. */
+static void write_trace(const char *path) {
+  FILE *f = fopen(path, "w");
+  cr_assert_not_null(f);
+  fputs("Thread,Time,Action,Pointer,Size,Stream\n", f);
+  static const size_t sizes[] = {3000000, 700,     25000000, 1 << 20,
+                                 123457,  9000000, 4096,     60000000};
+  unsigned long long addr[8];
+  for (int round = 0; round < 3; round++) {
+    for (int i = 0; i < 8; i++) {
+      addr[i] = 0x10000000ull * (unsigned long long)(i + 1);
+      fprintf(f, "1,00:00:%02d.%06d,allocate,0x%llx,%zu,0\n", round, i, addr[i],
+              sizes[(i + round) % 8]);
+    }
+    for (int i = 0; i < 8; i += 1 + round % 2)
+      fprintf(f, "1,00:00:%02d.%06d,free,0x%llx,0,0\n", round, 100 + i,
+              addr[i]);
+    for (int i = 1; i < 8; i += 2)
+      if (round % 2 == 0)
+        fprintf(f, "1,00:00:%02d.%06d,free,0x%llx,0,0\n", round, 200 + i,
+                addr[i]);
+  }
+  fclose(f);
+}
+
+Test(cli_results, pool_figures_in_results_json_are_the_pool_stats,
+     .init = make_tmp, .fini = drop_tmp) {
+  char trace[512], out[512], json[600];
+  snprintf(trace, sizeof trace, "%s/odd.csv", tmpdir);
+  snprintf(out, sizeof out, "%s/out", tmpdir);
+  write_trace(trace);
+  const char *args[] = {"replay",     "--out",    out,    "--allocator",
+                        "pool",       "--device", "host", "--no-capacity",
+                        "--no-plots", "--quiet",  trace,  NULL};
+  cr_assert_eq(run(args), 0);
+  snprintf(json, sizeof json, "%s/results.json", out);
+  const char *obj = strstr(slurp(json), "\"allocator\": \"pool\"");
+  cr_assert_not_null(obj);
+
+  /* The same replay straight through mp_pool_*, on the device mpbench
+   * measures on (host with a 16 GiB capacity). */
+  mpb_workload_t w;
+  cr_assert_eq(mpb_trace_load(trace, "odd", &w), MP_OK, "%s", mp_last_error());
+  mp_device_t *dev;
+  cr_assert_eq(mp_device_open("host:capacity=16G", &dev), MP_OK);
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  mp_pool_t *pool;
+  cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
+  void **ptr = calloc(w.nslots, sizeof *ptr);
+  for (size_t i = 0; i < w.n; i++) {
+    if (w.ev[i].op == MPB_ALLOC)
+      cr_assert_eq(mp_pool_alloc(pool, w.ev[i].size, NULL, &ptr[w.ev[i].slot]),
+                   MP_OK);
+    else
+      cr_assert_eq(mp_pool_free(pool, ptr[w.ev[i].slot]), MP_OK);
+  }
+  mp_stats_t st;
+  cr_assert_eq(mp_pool_get_stats(pool, &st), MP_OK);
+  cr_expect_eq(json_u64(obj, "peak_reserved_bytes"), st.peak_reserved_bytes);
+  cr_expect_eq(json_u64(obj, "peak_live_bytes"), st.peak_requested_bytes);
+  cr_expect_eq(json_u64(obj, "device_calls"),
+               st.device_alloc_count + st.device_free_count);
+  cr_expect_eq(json_u64(obj, "events"), w.n);
+  free(ptr);
+  mp_pool_destroy(pool);
+  mp_device_close(dev);
+  mpb_workload_free(&w);
+}
+
+Test(cli_results, run_writes_table_json_csv_and_plots, .init = make_tmp,
+     .fini = drop_tmp) {
+  char out[512];
+  snprintf(out, sizeof out, "%s/a/b", tmpdir); /* made as needed */
+  const char *args[] = {"run",
+                        "--out",
+                        out,
+                        "--workload",
+                        "random:n=300,max_size=1M,max_live=8M",
+                        "--allocator",
+                        "pool",
+                        "--allocator",
+                        "direct",
+                        "--device",
+                        "host",
+                        "--quiet",
+                        NULL};
+  cr_assert_eq(run(args), 0);
+  cr_expect(exists(out, "results.json"));
+  cr_expect(exists(out, "results.csv"));
+  cr_expect(exists(out, "results.md"));
+  char path[600];
+  snprintf(path, sizeof path, "%s/results.csv", out);
+  const char *csv = slurp(path);
+  cr_expect(strncmp(csv, "workload,allocator,", 19) == 0);
+  cr_expect(strstr(csv, "\nrandom:n=300,max_size=1M,max_live=8M,") == NULL,
+            "a workload name with commas must be quoted");
+  cr_expect(strstr(csv, "\"random:n=300,max_size=1M,max_live=8M\",pool,") !=
+            NULL);
+  snprintf(path, sizeof path, "%s/results.json", out);
+  const char *json = slurp(path);
+  cr_expect(strstr(json, "\"min_capacity_exact\": true") != NULL, "%s", json);
+  if (system("gnuplot -e 'set terminal png' >/dev/null 2>&1") == 0) {
+    cr_expect(exists(out, "ratios.png"));
+    cr_expect(exists(out, "bytes_random_n_300_max_size_1M_max_live_8M.png"));
+  }
+  /* No temporary folder is left behind. */
+  DIR *d = opendir(out);
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    cr_expect(strncmp(e->d_name, ".mpbench-tmp", 12) != 0, "%s left",
+              e->d_name);
+  closedir(d);
+}
+
+Test(cli_results, malformed_trace_stops_with_its_line_and_writes_nothing,
+     .init = make_tmp, .fini = drop_tmp) {
+  char trace[512], out[512];
+  snprintf(trace, sizeof trace, "%s/bad.csv", tmpdir);
+  snprintf(out, sizeof out, "%s/out", tmpdir);
+  FILE *f = fopen(trace, "w");
+  fputs("Thread,Time,Action,Pointer,Size,Stream\n"
+        "1,00:00:00.000001,allocate,0x1000,64,0\n"
+        "1,00:00:00.000002,allocate,0x2000,sixty,0\n",
+        f);
+  fclose(f);
+  const char *args[] = {"replay", "--out", out, "--quiet", trace, NULL};
+  cr_expect_eq(run(args), 2);
+  cr_expect(strstr(mp_last_error(), "bad.csv:3:") != NULL, "%s",
+            mp_last_error());
+  cr_expect_eq(access(out, F_OK), -1, "the output folder was created");
+}
+
+Test(cli_results, bad_arguments_exit_2_and_write_nothing, .init = make_tmp,
+     .fini = drop_tmp) {
+  char out[512];
+  snprintf(out, sizeof out, "%s/out", tmpdir);
+  const char *a1[] = {"run", "--out", out, "--bogus", NULL};
+  cr_expect_eq(run(a1), 2);
+  const char *a2[] = {"run", "--out", out, "--allocator", "tcmalloc", NULL};
+  cr_expect_eq(run(a2), 2);
+  const char *a3[] = {"run",          "--out",       out, "--allocator",
+                      "pool:bogus=1", "--no-traces", NULL};
+  cr_expect_eq(run(a3), 2);
+  const char *a4[] = {"replay", "--out", out, "/nonexistent/t.csv", NULL};
+  cr_expect_eq(run(a4), 2);
+  const char *a5[] = {"run", "--out", out, "--workload", "llm:bogus=1", NULL};
+  cr_expect_eq(run(a5), 2);
+  const char *a6[] = {"replay", "--out", out, NULL};
+  cr_expect_eq(run(a6), 2);
+  const char *a7[] = {"frobnicate", NULL};
+  cr_expect_eq(run(a7), 2);
+  const char *a8[] = {"run", "--capacity-budget", "soon", NULL};
+  cr_expect_eq(run(a8), 2);
+  cr_expect_eq(access(out, F_OK), -1, "the output folder was created");
+  const char *help[] = {"--help", NULL};
+  cr_expect_eq(run(help), 0);
+}

@@ -1,0 +1,134 @@
+/* The RMM-style CSV parser: good traces become the right events, bad ones
+ * fail with the file and line number and leave nothing behind. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "mpbench.h"
+
+#define HEADER "Thread,Time,Action,Pointer,Size,Stream\n"
+
+static mp_status_t parse(const char *text, mpb_workload_t *w) {
+  return mpb_trace_parse(text, strlen(text), "t.csv", "t", w);
+}
+
+/* Expects a parse failure whose message names t.csv and the line. */
+static void expect_bad(const char *text, int line, const char *words) {
+  mpb_workload_t w;
+  cr_assert_eq(parse(text, &w), MP_EINVAL, "accepted: %s", text);
+  char where[32];
+  snprintf(where, sizeof where, "t.csv:%d:", line);
+  cr_expect(strstr(mp_last_error(), where) != NULL, "'%s' lacks '%s'",
+            mp_last_error(), where);
+  cr_expect(strstr(mp_last_error(), words) != NULL, "'%s' lacks '%s'",
+            mp_last_error(), words);
+  cr_expect_eq(w.n, 0);
+  cr_expect_null(w.ev);
+}
+
+Test(trace_parse, good_trace_becomes_slot_events_with_reuse_and_streams) {
+  const char *text =
+      HEADER "1,15:47:02.841961,allocate,0x7f2c8a000000,4194304,0\n"
+             "1,15:47:02.841970,allocate,0x7f2c8b000000,1024,7\n"
+             "2,15:47:02.841990,free,0x7f2c8a000000,4194304,0\n"
+             /* The same address again after its free: a new allocation. */
+             "1,15:47:02.842000,allocate,0x7f2c8a000000,512,7\n"
+             "1,15:47:02.842010,free,0x7f2c8b000000,1024,7\n";
+  mpb_workload_t w;
+  cr_assert_eq(parse(text, &w), MP_OK, "%s", mp_last_error());
+  /* 5 rows, plus the free of the block still live at the end. */
+  cr_assert_eq(w.n, 6);
+  cr_expect_eq(w.ev[0].op, MPB_ALLOC);
+  cr_expect_eq(w.ev[0].size, 4194304);
+  cr_expect_eq(w.ev[0].stream, 0);
+  cr_expect_eq(w.ev[1].stream, 1); /* stream 7: the first non-default */
+  cr_expect_eq(w.ev[2].op, MPB_FREE);
+  cr_expect_eq(w.ev[2].slot, w.ev[0].slot);
+  cr_expect_eq(w.ev[2].size, 4194304);
+  cr_expect_eq(w.ev[3].op, MPB_ALLOC);
+  cr_expect_eq(w.ev[3].size, 512);
+  cr_expect_eq(w.ev[4].slot, w.ev[1].slot);
+  cr_expect_eq(w.ev[5].op, MPB_FREE);
+  cr_expect_eq(w.ev[5].slot, w.ev[3].slot);
+  cr_expect_eq(w.nstreams, 2);
+  cr_expect_eq(w.nslots, 2);
+  cr_expect_eq(w.unknown_frees, 0);
+  mpb_workload_free(&w);
+}
+
+Test(trace_parse, skips_failures_unknown_frees_and_nil_frees_and_counts) {
+  const char *text = HEADER
+      "1,00:00:00.000001,free,0x1000,64,0\n" /* allocated before the log */
+      "1,00:00:00.000002,allocate failure,(nil),1099511627776,0\n"
+      "1,00:00:00.000003,free,(nil),0,0\n"
+      "1,00:00:00.000004,allocate,0x2000,64,0\r\n" /* CRLF is fine */
+      "\n"
+      "1,00:00:00.000005,allocate,0x2000,128,0\n" /* live address again */
+      "1,00:00:00.000006,free,0x2000,128,0\n";
+  mpb_workload_t w;
+  cr_assert_eq(parse(text, &w), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(w.unknown_frees, 1);
+  cr_expect_eq(w.failure_rows, 1);
+  cr_expect_eq(w.implicit_frees, 1);
+  /* alloc 64, (implicit) free 64, alloc 128, free 128 */
+  cr_assert_eq(w.n, 4);
+  cr_expect_eq(w.ev[1].op, MPB_FREE);
+  cr_expect_eq(w.ev[1].size, 64);
+  cr_expect_eq(w.ev[2].size, 128);
+  cr_expect_eq(w.ev[3].slot, w.ev[2].slot);
+  mpb_workload_free(&w);
+}
+
+Test(trace_parse, bad_header_is_line_1) {
+  expect_bad("Thread,Time,Action,Pointer,Size\n", 1, "header");
+  expect_bad("1,00:00:00.000001,allocate,0x10,8,0\n", 1, "header");
+}
+
+Test(trace_parse, empty_file_is_einval) {
+  mpb_workload_t w;
+  cr_assert_eq(parse("", &w), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "t.csv") != NULL, "%s", mp_last_error());
+}
+
+Test(trace_parse, bad_rows_name_their_line) {
+  expect_bad(HEADER "1,00:00:00.000001,allocate,0x10,8,0\n"
+                    "1,00:00:00.000002,allocate,0x20,8\n",
+             3, "6 comma-separated");
+  expect_bad(HEADER "x,00:00:00.000001,allocate,0x10,8,0\n", 2, "thread");
+  expect_bad(HEADER "1,00:00:00,allocate,0x10,8,0\n", 2, "time");
+  expect_bad(HEADER "1,00:61:00.000001,allocate,0x10,8,0\n", 2, "time");
+  expect_bad(HEADER "1,00:00:00.000001,alloc,0x10,8,0\n", 2, "action");
+  expect_bad(HEADER "1,00:00:00.000001,allocate,0xZZ,8,0\n", 2, "pointer");
+  expect_bad(HEADER "1,00:00:00.000001,allocate,0x10,-8,0\n", 2, "size");
+  expect_bad(HEADER "1,00:00:00.000001,allocate,0x10,8,s\n", 2, "stream");
+  expect_bad(HEADER "\n\n1,00:00:00.000001,allocate,(nil),8,0\n", 4, "(nil)");
+}
+
+Test(trace_parse, missing_file_is_einval_naming_it) {
+  mpb_workload_t w;
+  cr_assert_eq(mpb_trace_load("/nonexistent/x.csv", "x", &w), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "/nonexistent/x.csv") != NULL, "%s",
+            mp_last_error());
+}
+
+Test(trace_parse, real_traces_load_and_end_empty) {
+  const char *dir = getenv("MEMPOOL_TEST_TRACES");
+  cr_assert_not_null(dir, "MEMPOOL_TEST_TRACES is not set");
+  char path[4096];
+  snprintf(path, sizeof path, "%s/pytorch/select_n_04d383c_llama.csv", dir);
+  mpb_workload_t w;
+  cr_assert_eq(mpb_trace_load(path, "llama", &w), MP_OK, "%s", mp_last_error());
+  size_t live = 0, allocs = 0;
+  for (size_t i = 0; i < w.n; i++) {
+    if (w.ev[i].op == MPB_ALLOC) {
+      live += w.ev[i].size;
+      allocs++;
+    } else {
+      live -= w.ev[i].size;
+    }
+  }
+  cr_expect_eq(live, 0);
+  cr_expect_eq(allocs * 2, w.n);
+  cr_expect_gt(w.nstreams, 1, "this trace uses several streams");
+  mpb_workload_free(&w);
+}
