@@ -1,13 +1,983 @@
-/* cuda.c - PLACEHOLDER: the cuda backend is being written; until it lands,
- * opening "cuda" fails with MP_ENODEV. */
+/* cuda.c - the cuda backend: the device shim on NVIDIA's driver API.
+ *
+ * libcuda.so.1 is opened with dlopen the first time a "cuda" device is
+ * opened, never linked, so mempool builds, loads and runs on machines without
+ * a GPU. Only cuGetProcAddress is found with dlsym; every other entry point
+ * comes from it at an explicit CUDA version (MP__CUDA_ABI, or the driver's own
+ * version when that is older), so the driver hands back exactly the ABI this
+ * file is written against (cuMemAlloc_v2, cuStreamDestroy_v2, ...) whatever
+ * toolkit or driver is installed. Loading and cuInit happen once per process;
+ * their outcome, and its message, is kept and repeated to later opens.
+ *
+ * A device works on its GPU's primary context, retained on open and released
+ * on close, so its memory and streams are shared with CUDA runtime users.
+ * Every call pushes that context around its driver calls, so it targets the
+ * device the handle was opened on whatever the calling thread has current.
+ *
+ * Invariant: every driver object a device made and has not given back
+ * (allocations, page-locked host memory, address reservations, mapped chunks
+ * with their physical handles, streams, events) is in one of the device's
+ * address maps. Frees of foreign or stale pointers are refused before the
+ * driver sees them, a chunk is unmapped with exactly the handle that backs
+ * it, and close releases whatever the caller left behind. */
 #include "backend.h"
 
 #if MEMPOOL_HAVE_CUDA
-static mp_status_t mp__cuda_open(mp_device_t *dev, const char *opts) {
-  (void)dev;
-  (void)opts;
-  return mp__fail(MP_ENODEV, "the cuda backend is not built yet");
+
+#include <cuda.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The CUDA version whose ABI every entry point is resolved at. */
+#define MP__CUDA_ABI 12000
+
+/* X(field, parameter list): the driver entry points this file uses, by base
+ * name without the "cu" prefix (cuGetProcAddress wants base names; the
+ * version picks the _v2 variants). */
+#define MP__CUDA_CORE_API(X)                                                   \
+  X(GetErrorName, (CUresult, const char **))                                   \
+  X(GetErrorString, (CUresult, const char **))                                 \
+  X(Init, (unsigned))                                                          \
+  X(DeviceGetCount, (int *))                                                   \
+  X(DeviceGet, (CUdevice *, int))                                              \
+  X(DeviceGetName, (char *, int, CUdevice))                                    \
+  X(DeviceGetAttribute, (int *, CUdevice_attribute, CUdevice))                 \
+  X(DevicePrimaryCtxRetain, (CUcontext *, CUdevice))                           \
+  X(DevicePrimaryCtxRelease, (CUdevice))                                       \
+  X(CtxPushCurrent, (CUcontext))                                               \
+  X(CtxPopCurrent, (CUcontext *))                                              \
+  X(CtxSynchronize, (void))                                                    \
+  X(MemGetInfo, (size_t *, size_t *))                                          \
+  X(MemAlloc, (CUdeviceptr *, size_t))                                         \
+  X(MemFree, (CUdeviceptr))                                                    \
+  X(MemHostAlloc, (void **, size_t, unsigned))                                 \
+  X(MemFreeHost, (void *))                                                     \
+  X(StreamCreate, (CUstream *, unsigned))                                      \
+  X(StreamDestroy, (CUstream))                                                 \
+  X(StreamSynchronize, (CUstream))                                             \
+  X(LaunchHostFunc, (CUstream, CUhostFn, void *))                              \
+  X(MemcpyAsync, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                 \
+  X(MemsetD8Async, (CUdeviceptr, unsigned char, size_t, CUstream))             \
+  X(EventCreate, (CUevent *, unsigned))                                        \
+  X(EventDestroy, (CUevent))                                                   \
+  X(EventRecord, (CUevent, CUstream))                                          \
+  X(EventQuery, (CUevent))                                                     \
+  X(EventSynchronize, (CUevent))                                               \
+  X(StreamWaitEvent, (CUstream, CUevent, unsigned))
+
+/* Virtual memory management: optional; without it vm_* is MP_ENOTSUP. */
+#define MP__CUDA_VMM_API(X)                                                    \
+  X(MemGetAllocationGranularity,                                               \
+    (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags)) \
+  X(MemAddressReserve,                                                         \
+    (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long))          \
+  X(MemAddressFree, (CUdeviceptr, size_t))                                     \
+  X(MemCreate, (CUmemGenericAllocationHandle *, size_t,                        \
+                const CUmemAllocationProp *, unsigned long long))              \
+  X(MemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,        \
+             unsigned long long))                                              \
+  X(MemSetAccess, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))      \
+  X(MemUnmap, (CUdeviceptr, size_t))                                           \
+  X(MemRelease, (CUmemGenericAllocationHandle))
+
+typedef struct mp__cuda_api {
+#define MP__CUDA_FIELD(f, args) CUresult(*f) args;
+  MP__CUDA_CORE_API(MP__CUDA_FIELD)
+  MP__CUDA_VMM_API(MP__CUDA_FIELD)
+#undef MP__CUDA_FIELD
+  bool has_vmm; /* every MP__CUDA_VMM_API entry point resolved */
+} mp__cuda_api_t;
+
+typedef struct mp__cuda_sym {
+  const char *name;
+  size_t offset;
+} mp__cuda_sym_t;
+
+#define MP__CUDA_SYM(f, args) {"cu" #f, offsetof(mp__cuda_api_t, f)},
+static const mp__cuda_sym_t mp__cuda_core_syms[] = {
+    MP__CUDA_CORE_API(MP__CUDA_SYM)};
+static const mp__cuda_sym_t mp__cuda_vmm_syms[] = {
+    MP__CUDA_VMM_API(MP__CUDA_SYM)};
+#undef MP__CUDA_SYM
+
+/* Written once under mp__cuda_once, read-only afterwards. */
+static pthread_once_t mp__cuda_once = PTHREAD_ONCE_INIT;
+static mp__cuda_api_t mp__cu;
+static mp_status_t mp__cuda_load_status;
+static char mp__cuda_load_msg[384];
+
+/* ---- errors -------------------------------------------------------------- */
+
+static mp_status_t mp__cuda_status_of(CUresult r) {
+  switch (r) {
+  case CUDA_SUCCESS: return MP_OK;
+  case CUDA_ERROR_OUT_OF_MEMORY: return MP_ENOMEM;
+  case CUDA_ERROR_NO_DEVICE: return MP_ENODEV;
+  case CUDA_ERROR_NOT_READY: return MP_EBUSY;
+  case CUDA_ERROR_INVALID_VALUE:
+  case CUDA_ERROR_INVALID_HANDLE: return MP_EINVAL;
+  case CUDA_ERROR_NOT_SUPPORTED: return MP_ENOTSUP;
+  default: return MP_EDRIVER;
+  }
 }
 
-const mp__backend_t mp__cuda_backend = {.name = "cuda", .open = mp__cuda_open};
-#endif
+/* "<what>: CUDA_ERROR_X (the driver's sentence)" into buf. */
+static void mp__cuda_describe(char *buf, size_t cap, CUresult r,
+                              const char *what) {
+  const char *name = NULL, *str = NULL;
+  if (mp__cu.GetErrorName == NULL || mp__cu.GetErrorName(r, &name) != 0 ||
+      name == NULL)
+    name = "unknown CUDA error";
+  if (mp__cu.GetErrorString == NULL || mp__cu.GetErrorString(r, &str) != 0 ||
+      str == NULL)
+    str = "no description";
+  snprintf(buf, cap, "%s: %s (%d: %s)", what, name, (int)r, str);
+}
+
+/* Fails with the status r maps to and a message naming the call. */
+static mp_status_t mp__cuda_fail(CUresult r, const char *fmt, ...)
+    MP__PRINTF(2, 3);
+static mp_status_t mp__cuda_fail(CUresult r, const char *fmt, ...) {
+  char what[192], msg[384];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  mp__cuda_describe(msg, sizeof msg, r, what);
+  return mp__fail(mp__cuda_status_of(r), "%s", msg);
+}
+
+/* ---- loading the driver -------------------------------------------------- */
+
+typedef CUresult (*mp__proc_v2_fn)(const char *, void **, int, cuuint64_t,
+                                   CUdriverProcAddressQueryResult *);
+typedef CUresult (*mp__proc_v1_fn)(const char *, void **, int, cuuint64_t);
+
+static void mp__cuda_load_fail(mp_status_t st, const char *fmt, ...)
+    MP__PRINTF(2, 3);
+static void mp__cuda_load_fail(mp_status_t st, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(mp__cuda_load_msg, sizeof mp__cuda_load_msg, fmt, ap);
+  va_end(ap);
+  mp__cuda_load_status = st;
+}
+
+/* Resolves syms into mp__cu; false (with *missing set) if one is absent. */
+static bool mp__cuda_resolve(mp__proc_v2_fn get_v2, mp__proc_v1_fn get_v1,
+                             int version, const mp__cuda_sym_t *syms, size_t n,
+                             const char **missing) {
+  /* The legacy default stream for NULL: mempool's own streams are
+   * non-blocking, so NULL is just one more stream, as on the host backend. */
+  const cuuint64_t flags = CU_GET_PROC_ADDRESS_LEGACY_STREAM;
+  for (size_t i = 0; i < n; i++) {
+    void *fn = NULL;
+    CUresult r = get_v2 ? get_v2(syms[i].name, &fn, version, flags, NULL)
+                        : get_v1(syms[i].name, &fn, version, flags);
+    if (r != CUDA_SUCCESS || fn == NULL) {
+      *missing = syms[i].name;
+      return false;
+    }
+    /* Function pointers travel as void * through cuGetProcAddress, as
+     * through dlsym; POSIX guarantees they have the same representation. */
+    memcpy((char *)&mp__cu + syms[i].offset, &fn, sizeof fn);
+  }
+  return true;
+}
+
+static void mp__cuda_load(void) {
+  mp__cuda_load_status = MP_OK;
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == NULL) {
+    const char *why = dlerror();
+    mp__cuda_load_fail(MP_ENODEV,
+                       "device 'cuda': no CUDA driver (cannot load "
+                       "libcuda.so.1: %s)",
+                       why ? why : "unknown reason");
+    return;
+  }
+  /* The library stays loaded for the life of the process, as the CUDA
+   * runtime keeps it: driver threads and callbacks may still run from it. */
+  mp__proc_v2_fn get_v2 = NULL;
+  mp__proc_v1_fn get_v1 = NULL;
+  void *sym = dlsym(lib, "cuGetProcAddress_v2");
+  if (sym != NULL)
+    memcpy(&get_v2, &sym, sizeof sym);
+  else if ((sym = dlsym(lib, "cuGetProcAddress")) != NULL)
+    memcpy(&get_v1, &sym, sizeof sym);
+  else {
+    mp__cuda_load_fail(MP_ENODEV,
+                       "device 'cuda': libcuda.so.1 has no cuGetProcAddress "
+                       "(the driver is older than CUDA 11.3)");
+    return;
+  }
+
+  /* Ask for the driver's own version when it is older than the ABI this
+   * file targets: cuGetProcAddress refuses versions newer than the driver,
+   * and every entry point used here kept its ABI since 11.3. */
+  int version = MP__CUDA_ABI, drv = 0;
+  void *fn = NULL;
+  CUresult r = get_v2 ? get_v2("cuDriverGetVersion", &fn, 2020, 0, NULL)
+                      : get_v1("cuDriverGetVersion", &fn, 2020, 0);
+  if (r == CUDA_SUCCESS && fn != NULL) {
+    CUresult (*get_version)(int *);
+    memcpy(&get_version, &fn, sizeof fn);
+    if (get_version(&drv) == CUDA_SUCCESS && drv > 0 && drv < version)
+      version = drv;
+  }
+
+  const char *missing = NULL;
+  if (!mp__cuda_resolve(get_v2, get_v1, version, mp__cuda_core_syms,
+                        sizeof mp__cuda_core_syms / sizeof *mp__cuda_core_syms,
+                        &missing)) {
+    memset(&mp__cu, 0, sizeof mp__cu);
+    mp__cuda_load_fail(MP_EDRIVER,
+                       "device 'cuda': the CUDA driver (version %d) has no "
+                       "usable %s at CUDA version %d",
+                       drv, missing, version);
+    return;
+  }
+  mp__cu.has_vmm = mp__cuda_resolve(
+      get_v2, get_v1, version, mp__cuda_vmm_syms,
+      sizeof mp__cuda_vmm_syms / sizeof *mp__cuda_vmm_syms, &missing);
+
+  r = mp__cu.Init(0);
+  if (r == CUDA_ERROR_NO_DEVICE) {
+    mp__cuda_load_fail(MP_ENODEV,
+                       "device 'cuda': the driver sees no CUDA-capable device "
+                       "(cuInit: CUDA_ERROR_NO_DEVICE)");
+  } else if (r != CUDA_SUCCESS) {
+    char msg[320];
+    mp__cuda_describe(msg, sizeof msg, r, "cuInit");
+    mp__cuda_load_fail(MP_EDRIVER,
+                       "device 'cuda': the CUDA driver failed to "
+                       "initialise: %s",
+                       msg);
+  }
+}
+
+/* ---- address maps -------------------------------------------------------- */
+
+/* Open addressing with linear probing keyed by address (0 is never a key);
+ * deletion shifts later entries back, so no tombstones build up. */
+typedef struct mp__cuda_entry {
+  uintptr_t key;
+  size_t size;
+  CUmemGenericAllocationHandle handle; /* chunks: the physical memory */
+} mp__cuda_entry_t;
+
+typedef struct mp__cuda_map {
+  mp__cuda_entry_t *slots;
+  size_t cap; /* a power of two, or 0 */
+  size_t count;
+} mp__cuda_map_t;
+
+static size_t mp__cuda_home(uintptr_t key, size_t cap) {
+  uint64_t h = (uint64_t)key;
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdULL;
+  h ^= h >> 33;
+  return (size_t)h & (cap - 1);
+}
+
+static bool mp__cuda_map_grow(mp__cuda_map_t *m) {
+  size_t cap = m->cap ? m->cap * 2 : 64;
+  mp__cuda_entry_t *slots = calloc(cap, sizeof *slots);
+  if (slots == NULL)
+    return false;
+  for (size_t i = 0; i < m->cap; i++) {
+    if (m->slots[i].key == 0)
+      continue;
+    size_t j = mp__cuda_home(m->slots[i].key, cap);
+    while (slots[j].key != 0)
+      j = (j + 1) & (cap - 1);
+    slots[j] = m->slots[i];
+  }
+  free(m->slots);
+  m->slots = slots;
+  m->cap = cap;
+  return true;
+}
+
+/* false when host memory for the map ran out; the key must be new. */
+static bool mp__cuda_map_put(mp__cuda_map_t *m, mp__cuda_entry_t e) {
+  if ((m->count + 1) * 2 > m->cap && !mp__cuda_map_grow(m))
+    return false;
+  size_t i = mp__cuda_home(e.key, m->cap);
+  while (m->slots[i].key != 0)
+    i = (i + 1) & (m->cap - 1);
+  m->slots[i] = e;
+  m->count++;
+  return true;
+}
+
+/* Removes key, copying its entry to *out; false when absent. */
+static bool mp__cuda_map_take(mp__cuda_map_t *m, uintptr_t key,
+                              mp__cuda_entry_t *out) {
+  if (m->cap == 0 || key == 0)
+    return false;
+  size_t mask = m->cap - 1, i = mp__cuda_home(key, m->cap);
+  while (m->slots[i].key != key) {
+    if (m->slots[i].key == 0)
+      return false;
+    i = (i + 1) & mask;
+  }
+  *out = m->slots[i];
+  /* Backward shift: move each later entry of the run into the hole unless
+   * its home lies cyclically in (hole, its slot]. */
+  for (size_t j = i;;) {
+    j = (j + 1) & mask;
+    if (m->slots[j].key == 0)
+      break;
+    size_t home = mp__cuda_home(m->slots[j].key, m->cap);
+    bool stays = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
+    if (!stays) {
+      m->slots[i] = m->slots[j];
+      i = j;
+    }
+  }
+  m->slots[i].key = 0;
+  m->count--;
+  return true;
+}
+
+/* ---- the device ---------------------------------------------------------- */
+
+typedef struct mp__cuda_dev {
+  CUdevice cudev;
+  int ordinal;
+  CUcontext ctx; /* the primary context, retained */
+  bool vmm;
+  size_t granularity;
+  CUmemAllocationProp prop; /* pinned memory on this device */
+  pthread_mutex_t lock;     /* guards the maps */
+  mp__cuda_map_t allocs, hosts, reserves, chunks, streams, events;
+} mp__cuda_dev_t;
+
+static mp__cuda_dev_t *mp__cuda_of(mp_device_t *dev) {
+  return (mp__cuda_dev_t *)dev->impl;
+}
+
+/* Makes the device's context current for the calls that follow. */
+static CUresult mp__cuda_push(const mp__cuda_dev_t *cd) {
+  return mp__cu.CtxPushCurrent(cd->ctx);
+}
+
+static void mp__cuda_pop(void) {
+  CUcontext ignored;
+  (void)mp__cu.CtxPopCurrent(&ignored);
+}
+
+/* r = call, made with cd's context current (r is the push's failure if the
+ * context cannot be made current). */
+#define MP__CU_IN_CTX(cd, r, call)                                             \
+  do {                                                                         \
+    (r) = mp__cuda_push(cd);                                                   \
+    if ((r) == CUDA_SUCCESS) {                                                 \
+      (r) = (call);                                                            \
+      mp__cuda_pop();                                                          \
+    }                                                                          \
+  } while (0)
+
+static bool mp__cuda_track(mp__cuda_dev_t *cd, mp__cuda_map_t *m, uintptr_t key,
+                           size_t size, CUmemGenericAllocationHandle handle) {
+  mp__cuda_entry_t e = {.key = key, .size = size, .handle = handle};
+  pthread_mutex_lock(&cd->lock);
+  bool ok = mp__cuda_map_put(m, e);
+  pthread_mutex_unlock(&cd->lock);
+  return ok;
+}
+
+static bool mp__cuda_untrack(mp__cuda_dev_t *cd, mp__cuda_map_t *m,
+                             uintptr_t key, mp__cuda_entry_t *out) {
+  pthread_mutex_lock(&cd->lock);
+  bool found = mp__cuda_map_take(m, key, out);
+  pthread_mutex_unlock(&cd->lock);
+  return found;
+}
+
+/* Gives one tracked object back to the driver; close's cleanup. */
+typedef void (*mp__cuda_release_fn)(const mp__cuda_entry_t *e);
+
+static void mp__cuda_release_stream(const mp__cuda_entry_t *e) {
+  (void)mp__cu.StreamDestroy((CUstream)e->key);
+}
+static void mp__cuda_release_event(const mp__cuda_entry_t *e) {
+  (void)mp__cu.EventDestroy((CUevent)e->key);
+}
+static void mp__cuda_release_chunk(const mp__cuda_entry_t *e) {
+  (void)mp__cu.MemUnmap((CUdeviceptr)e->key, e->size);
+  (void)mp__cu.MemRelease(e->handle);
+}
+static void mp__cuda_release_reserve(const mp__cuda_entry_t *e) {
+  (void)mp__cu.MemAddressFree((CUdeviceptr)e->key, e->size);
+}
+static void mp__cuda_release_alloc(const mp__cuda_entry_t *e) {
+  (void)mp__cu.MemFree((CUdeviceptr)e->key);
+}
+static void mp__cuda_release_host(const mp__cuda_entry_t *e) {
+  (void)mp__cu.MemFreeHost((void *)e->key);
+}
+
+static void mp__cuda_drain(mp__cuda_map_t *m, mp__cuda_release_fn release) {
+  for (size_t i = 0; i < m->cap; i++)
+    if (m->slots[i].key != 0)
+      release(&m->slots[i]);
+  free(m->slots);
+  memset(m, 0, sizeof *m);
+}
+
+static void mp__cuda_close(mp_device_t *dev) {
+  mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  if (mp__cuda_push(cd) == CUDA_SUCCESS) {
+    (void)mp__cu.CtxSynchronize();
+    /* Chunks before the reservations they sit in. */
+    mp__cuda_drain(&cd->streams, mp__cuda_release_stream);
+    mp__cuda_drain(&cd->events, mp__cuda_release_event);
+    mp__cuda_drain(&cd->chunks, mp__cuda_release_chunk);
+    mp__cuda_drain(&cd->reserves, mp__cuda_release_reserve);
+    mp__cuda_drain(&cd->allocs, mp__cuda_release_alloc);
+    mp__cuda_drain(&cd->hosts, mp__cuda_release_host);
+    mp__cuda_pop();
+  }
+  (void)mp__cu.DevicePrimaryCtxRelease(cd->cudev);
+  free(cd->streams.slots);
+  free(cd->events.slots);
+  free(cd->chunks.slots);
+  free(cd->reserves.slots);
+  free(cd->allocs.slots);
+  free(cd->hosts.slots);
+  pthread_mutex_destroy(&cd->lock);
+  free(cd);
+  dev->impl = NULL;
+}
+
+/* opts: "" (device 0) or a decimal device index. */
+static mp_status_t mp__cuda_parse_index(const char *opts, int *out) {
+  uint64_t n = 0;
+  if (opts[0] == '\0') {
+    *out = 0;
+    return MP_OK;
+  }
+  if (!mp__parse_u64(opts, strlen(opts), &n) || n > 1024)
+    return mp__fail(MP_EINVAL,
+                    "bad device spec 'cuda:%s': expected a device index "
+                    "('cuda' or 'cuda:N')",
+                    opts);
+  *out = (int)n;
+  return MP_OK;
+}
+
+/* Virtual memory is optional: anything missing leaves cd->vmm false. */
+static void mp__cuda_probe_vmm(mp__cuda_dev_t *cd) {
+  int supported = 0;
+  if (!mp__cu.has_vmm ||
+      mp__cu.DeviceGetAttribute(
+          &supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+          cd->cudev) != CUDA_SUCCESS ||
+      !supported)
+    return;
+  memset(&cd->prop, 0, sizeof cd->prop);
+  cd->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  cd->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  cd->prop.location.id = cd->ordinal;
+  size_t g = 0;
+  if (mp__cu.MemGetAllocationGranularity(
+          &g, &cd->prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS ||
+      g == 0)
+    return;
+  cd->granularity = g;
+  cd->vmm = true;
+}
+
+static mp_status_t mp__cuda_open(mp_device_t *dev, const char *opts) {
+  int ordinal = 0;
+  mp_status_t st = mp__cuda_parse_index(opts, &ordinal);
+  if (st != MP_OK)
+    return st;
+  pthread_once(&mp__cuda_once, mp__cuda_load);
+  if (mp__cuda_load_status != MP_OK)
+    return mp__fail(mp__cuda_load_status, "%s", mp__cuda_load_msg);
+
+  int count = 0;
+  CUresult r = mp__cu.DeviceGetCount(&count);
+  if (r != CUDA_SUCCESS)
+    return mp__cuda_fail(r, "device 'cuda:%d': cuDeviceGetCount", ordinal);
+  if (ordinal >= count)
+    return mp__fail(MP_ENODEV,
+                    "device 'cuda:%d': no such device (the driver sees %d "
+                    "CUDA device%s)",
+                    ordinal, count, count == 1 ? "" : "s");
+
+  mp__cuda_dev_t *cd = calloc(1, sizeof *cd);
+  if (cd == NULL)
+    return mp__fail(MP_ENOMEM, "out of host memory opening 'cuda:%d'", ordinal);
+  cd->ordinal = ordinal;
+  char name[96] = "";
+  if ((r = mp__cu.DeviceGet(&cd->cudev, ordinal)) != CUDA_SUCCESS ||
+      (r = mp__cu.DeviceGetName(name, (int)sizeof name - 1, cd->cudev)) !=
+          CUDA_SUCCESS) {
+    free(cd);
+    return mp__cuda_fail(r, "device 'cuda:%d'", ordinal);
+  }
+  if ((r = mp__cu.DevicePrimaryCtxRetain(&cd->ctx, cd->cudev)) !=
+      CUDA_SUCCESS) {
+    free(cd);
+    return mp__cuda_fail(r, "device 'cuda:%d': cuDevicePrimaryCtxRetain",
+                         ordinal);
+  }
+  if ((r = mp__cuda_push(cd)) != CUDA_SUCCESS) {
+    (void)mp__cu.DevicePrimaryCtxRelease(cd->cudev);
+    free(cd);
+    return mp__cuda_fail(r, "device 'cuda:%d': cuCtxPushCurrent", ordinal);
+  }
+  mp__cuda_probe_vmm(cd);
+  mp__cuda_pop();
+  pthread_mutex_init(&cd->lock, NULL);
+  snprintf(dev->name, sizeof dev->name, "cuda:%d %s", ordinal, name);
+  dev->impl = cd;
+  return MP_OK;
+}
+
+static mp_status_t mp__cuda_mem_info(mp_device_t *dev, size_t *free_b,
+                                     size_t *total_b) {
+  mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  CUresult r;
+  MP__CU_IN_CTX(cd, r, mp__cu.MemGetInfo(free_b, total_b));
+  return r == CUDA_SUCCESS ? MP_OK : mp__cuda_fail(r, "cuMemGetInfo");
+}
+
+static mp_status_t mp__cuda_alloc(mp_device_t *dev, size_t bytes, void **out) {
+  mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  CUdeviceptr p = 0;
+  CUresult r = mp__cuda_push(cd);
+  if (r == CUDA_SUCCESS) {
+    r = mp__cu.MemAlloc(&p, bytes);
+    if (r == CUDA_SUCCESS && !mp__cuda_track(cd, &cd->allocs, p, bytes, 0)) {
+      (void)mp__cu.MemFree(p);
+      mp__cuda_pop();
+      return mp__fail(MP_ENOMEM, "mp_device_alloc: out of host memory");
+    }
+    mp__cuda_pop();
+  }
+  if (r != CUDA_SUCCESS) {
+    char buf[16];
+    return mp__cuda_fail(r, "cuMemAlloc(%s) on %s",
+                         mp__fmt_bytes(buf, sizeof buf, bytes), dev->name);
+  }
+  *out = (void *)p;
+  return MP_OK;
+}
+
+static mp_status_t mp__cuda_free(mp_device_t *dev, void *ptr) {
+  mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  mp__cuda_entry_t e;
+  /* Claimed before the driver call, so two racing frees cannot both reach
+   * cuMemFree; put back if the driver refuses. */
+  if (!mp__cuda_untrack(cd, &cd->allocs, (uintptr_t)ptr, &e))
+    return mp__fail(MP_EINVAL,
+                    "mp_device_free: %p is not an allocation of %s (foreign "
+                    "or already freed)",
+                    ptr, dev->name);
+  CUresult r = mp__cuda_push(cd);
+  if (r == CUDA_SUCCESS) {
+    r = mp__cu.CtxSynchronize();
+    if (r == CUDA_SUCCESS)
+      r = mp__cu.MemFree((CUdeviceptr)ptr);
+    mp__cuda_pop();
+  }
+  if (r != CUDA_SUCCESS) {
+    (void)mp__cuda_track(cd, &cd->allocs, e.key, e.size, 0);
+    return mp__cuda_fail(r, "cuMemFree(%p)", ptr);
+  }
+  return MP_OK;
+}
+
+static mp_status_t mp__cuda_host_alloc(mp_device_t *dev, size_t bytes,
+                                       void **out) {
+  mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  void *p = NULL;
+  CUresult r = mp__cuda_push(cd);
+  if (r == CUDA_SUCCESS) {
+    r = mp__cu.MemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE);
+    if (r == CUDA_SUCCESS &&
+        !mp__cuda_track(cd, &cd->hosts, (uintptr_t)p, bytes, 0)) {
+      (void)mp__cu.MemFreeHost(p);
+      mp__cuda_pop();
+      return mp__fail(MP_ENOMEM, "mp_device_host_alloc: out of host memory");
+    }
+    mp__cuda_pop();
+  }
+  if (r != CUDA_SUCCESS) {
+    char buf[16];
+    return mp__cuda_fail(r, "cuMemHostAlloc(%s)",
+                         mp__fmt_bytes(buf, sizeof buf, bytes));
+  }
+  *out = p;
+  return MP_OK;
+}
+
+static mp_status_t mp__cuda_host_free(mp_device_t *dev, void *ptr) {
+  mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  mp__cuda_entry_t e;
+  if (!mp__cuda_untrack(cd, &cd->hosts, (uintptr_t)ptr, &e))
+    return mp__fail(MP_EINVAL,
+                    "mp_device_host_free: %p is not host memory of %s "
+                    "(foreign or already freed)",
+                    ptr, dev->name);
+  CUresult r;
+  MP__CU_IN_CTX(cd, r, mp__cu.MemFreeHost(ptr));
+  if (r != CUDA_SUCCESS) {
+    (void)mp__cuda_track(cd, &cd->hosts, e.key, e.size, 0);
+    return mp__cuda_fail(r, "cuMemFreeHost(%p)", ptr);
+  }
+  return MP_OK;
+}
+
+static mp_status_t mp__cuda_synchronize(mp_device_t *dev) {
+  CUresult r;
+  MP__CU_IN_CTX(mp__cuda_of(dev), r, mp__cu.CtxSynchronize());
+  return r == CUDA_SUCCESS ? MP_OK : mp__cuda_fail(r, "cuCtxSynchronize");
+}
+
+/* ---- streams and events -------------------------------------------------- */
+
+static mp_status_t mp__cuda_stream_create(mp_device_t *dev, mp_stream_t *out) {
+  mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  CUstream s = NULL;
+  CUresult r = mp__cuda_push(cd);
+  if (r == CUDA_SUCCESS) {
+    r = mp__cu.StreamCreate(&s, CU_STREAM_NON_BLOCKING);
+    if (r == CUDA_SUCCESS &&
+        !mp__cuda_track(cd, &cd->streams, (uintptr_t)s, 0, 0)) {
+      (void)mp__cu.StreamDestroy(s);
+      mp__cuda_pop();
+      return mp__fail(MP_ENOMEM, "mp_stream_create: out of host memory");
+    }
+    mp__cuda_pop();
+  }
+  if (r != CUDA_SUCCESS)
+    return mp__cuda_fail(r, "cuStreamCreate");
+  *out = (mp_stream_t)s;
+  return MP_OK;
+}
+
+/* A stream the runtime made may be destroyed here too: only the driver can
+ * tell a live stream from a stale one, so it is asked. */
+static mp_status_t mp__cuda_stream_destroy(mp_device_t *dev, mp_stream_t s) {
+  mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  CUresult r = mp__cuda_push(cd);
+  if (r == CUDA_SUCCESS) {
+    r = mp__cu.StreamSynchronize((CUstream)s);
+    if (r == CUDA_SUCCESS)
+      r = mp__cu.StreamDestroy((CUstream)s);
+    mp__cuda_pop();
+  }
+  if (r != CUDA_SUCCESS)
+    return mp__cuda_fail(r, "cuStreamDestroy(%p)", (void *)s);
+  mp__cuda_entry_t e;
+  (void)mp__cuda_untrack(cd, &cd->streams, (uintptr_t)s, &e);
+  return MP_OK;
+}
+
+static mp_status_t mp__cuda_stream_synchronize(mp_device_t *dev,
+                                               mp_stream_t s) {
+  CUresult r;
+  MP__CU_IN_CTX(mp__cuda_of(dev), r, mp__cu.StreamSynchronize((CUstream)s));
+  return r == CUDA_SUCCESS
+             ? MP_OK
+             : mp__cuda_fail(r, "cuStreamSynchronize(%p)", (void *)s);
+}
+
+static mp_status_t mp__cuda_launch_host(mp_device_t *dev, mp_stream_t s,
+                                        void (*fn)(void *), void *arg) {
+  CUresult r;
+  MP__CU_IN_CTX(mp__cuda_of(dev), r,
+                mp__cu.LaunchHostFunc((CUstream)s, fn, arg));
+  return r == CUDA_SUCCESS
+             ? MP_OK
+             : mp__cuda_fail(r, "cuLaunchHostFunc(%p)", (void *)s);
+}
+
+static mp_status_t mp__cuda_memcpy_async(mp_device_t *dev, void *dst,
+                                         const void *src, size_t n,
+                                         mp_stream_t s) {
+  CUresult r;
+  MP__CU_IN_CTX(
+      mp__cuda_of(dev), r,
+      mp__cu.MemcpyAsync((CUdeviceptr)dst, (CUdeviceptr)src, n, (CUstream)s));
+  return r == CUDA_SUCCESS
+             ? MP_OK
+             : mp__cuda_fail(r, "cuMemcpyAsync(%p <- %p, %zu)", dst, src, n);
+}
+
+static mp_status_t mp__cuda_memset_async(mp_device_t *dev, void *dst, int value,
+                                         size_t n, mp_stream_t s) {
+  CUresult r;
+  MP__CU_IN_CTX(mp__cuda_of(dev), r,
+                mp__cu.MemsetD8Async((CUdeviceptr)dst, (unsigned char)value, n,
+                                     (CUstream)s));
+  return r == CUDA_SUCCESS
+             ? MP_OK
+             : mp__cuda_fail(r, "cuMemsetD8Async(%p, %zu)", dst, n);
+}
+
+static mp_status_t mp__cuda_event_create(mp_device_t *dev, mp_event_t *out) {
+  mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  CUevent e = NULL;
+  CUresult r = mp__cuda_push(cd);
+  if (r == CUDA_SUCCESS) {
+    r = mp__cu.EventCreate(&e, CU_EVENT_DISABLE_TIMING);
+    if (r == CUDA_SUCCESS &&
+        !mp__cuda_track(cd, &cd->events, (uintptr_t)e, 0, 0)) {
+      (void)mp__cu.EventDestroy(e);
+      mp__cuda_pop();
+      return mp__fail(MP_ENOMEM, "mp_event_create: out of host memory");
+    }
+    mp__cuda_pop();
+  }
+  if (r != CUDA_SUCCESS)
+    return mp__cuda_fail(r, "cuEventCreate");
+  *out = (mp_event_t)e;
+  return MP_OK;
+}
+
+static mp_status_t mp__cuda_event_destroy(mp_device_t *dev, mp_event_t e) {
+  mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  mp__cuda_entry_t entry;
+  if (!mp__cuda_untrack(cd, &cd->events, (uintptr_t)e, &entry))
+    return mp__fail(MP_EINVAL,
+                    "mp_event_destroy: %p is not an event of %s (foreign or "
+                    "already destroyed)",
+                    (void *)e, dev->name);
+  CUresult r;
+  MP__CU_IN_CTX(cd, r, mp__cu.EventDestroy((CUevent)e));
+  if (r != CUDA_SUCCESS) {
+    (void)mp__cuda_track(cd, &cd->events, entry.key, 0, 0);
+    return mp__cuda_fail(r, "cuEventDestroy(%p)", (void *)e);
+  }
+  return MP_OK;
+}
+
+static mp_status_t mp__cuda_event_record(mp_device_t *dev, mp_event_t e,
+                                         mp_stream_t s) {
+  CUresult r;
+  MP__CU_IN_CTX(mp__cuda_of(dev), r,
+                mp__cu.EventRecord((CUevent)e, (CUstream)s));
+  return r == CUDA_SUCCESS ? MP_OK
+                           : mp__cuda_fail(r, "cuEventRecord(%p, stream %p)",
+                                           (void *)e, (void *)s);
+}
+
+static mp_status_t mp__cuda_event_query(mp_device_t *dev, mp_event_t e) {
+  CUresult r;
+  MP__CU_IN_CTX(mp__cuda_of(dev), r, mp__cu.EventQuery((CUevent)e));
+  /* Not ready is an answer, not a failure: no message, polled in loops. */
+  if (r == CUDA_ERROR_NOT_READY)
+    return MP_EBUSY;
+  return r == CUDA_SUCCESS ? MP_OK
+                           : mp__cuda_fail(r, "cuEventQuery(%p)", (void *)e);
+}
+
+static mp_status_t mp__cuda_event_synchronize(mp_device_t *dev, mp_event_t e) {
+  CUresult r;
+  MP__CU_IN_CTX(mp__cuda_of(dev), r, mp__cu.EventSynchronize((CUevent)e));
+  return r == CUDA_SUCCESS
+             ? MP_OK
+             : mp__cuda_fail(r, "cuEventSynchronize(%p)", (void *)e);
+}
+
+static mp_status_t mp__cuda_stream_wait_event(mp_device_t *dev, mp_stream_t s,
+                                              mp_event_t e) {
+  CUresult r;
+  MP__CU_IN_CTX(mp__cuda_of(dev), r,
+                mp__cu.StreamWaitEvent((CUstream)s, (CUevent)e, 0));
+  return r == CUDA_SUCCESS
+             ? MP_OK
+             : mp__cuda_fail(r, "cuStreamWaitEvent(stream %p, event %p)",
+                             (void *)s, (void *)e);
+}
+
+/* ---- virtual memory ------------------------------------------------------ */
+
+static mp_status_t mp__cuda_no_vmm(const mp_device_t *dev) {
+  return mp__fail(MP_ENOTSUP,
+                  "%s has no virtual memory management (cuMemCreate/cuMemMap)",
+                  dev->name);
+}
+
+static mp_status_t mp__cuda_vm_granularity(mp_device_t *dev, size_t *out) {
+  mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  if (!cd->vmm)
+    return mp__cuda_no_vmm(dev);
+  *out = cd->granularity;
+  return MP_OK;
+}
+
+static mp_status_t mp__cuda_vm_reserve(mp_device_t *dev, size_t bytes,
+                                       void **out) {
+  mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  if (!cd->vmm)
+    return mp__cuda_no_vmm(dev);
+  CUdeviceptr p = 0;
+  CUresult r = mp__cuda_push(cd);
+  if (r == CUDA_SUCCESS) {
+    r = mp__cu.MemAddressReserve(&p, bytes, cd->granularity, 0, 0);
+    if (r == CUDA_SUCCESS && !mp__cuda_track(cd, &cd->reserves, p, bytes, 0)) {
+      (void)mp__cu.MemAddressFree(p, bytes);
+      mp__cuda_pop();
+      return mp__fail(MP_ENOMEM, "vm_reserve: out of host memory");
+    }
+    mp__cuda_pop();
+  }
+  if (r != CUDA_SUCCESS) {
+    char buf[16];
+    return mp__cuda_fail(r, "cuMemAddressReserve(%s)",
+                         mp__fmt_bytes(buf, sizeof buf, bytes));
+  }
+  *out = (void *)p;
+  return MP_OK;
+}
+
+static mp_status_t mp__cuda_vm_release(mp_device_t *dev, void *base,
+                                       size_t bytes) {
+  mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  if (!cd->vmm)
+    return mp__cuda_no_vmm(dev);
+  mp__cuda_entry_t e;
+  if (!mp__cuda_untrack(cd, &cd->reserves, (uintptr_t)base, &e))
+    return mp__fail(MP_EINVAL, "vm_release: %p is not a reservation of %s",
+                    base, dev->name);
+  if (e.size != bytes) {
+    (void)mp__cuda_track(cd, &cd->reserves, e.key, e.size, 0);
+    return mp__fail(MP_EINVAL,
+                    "vm_release: the reservation at %p is %zu bytes, not %zu",
+                    base, e.size, bytes);
+  }
+  CUresult r;
+  MP__CU_IN_CTX(cd, r, mp__cu.MemAddressFree((CUdeviceptr)base, bytes));
+  if (r != CUDA_SUCCESS) {
+    (void)mp__cuda_track(cd, &cd->reserves, e.key, e.size, 0);
+    return mp__cuda_fail(r, "cuMemAddressFree(%p, %zu)", base, bytes);
+  }
+  return MP_OK;
+}
+
+/* Physical memory for [addr, addr + bytes): create, map, make it readable
+ * and writable from the device; undone step by step if a step fails. */
+static CUresult mp__cuda_map_chunk(mp__cuda_dev_t *cd, CUdeviceptr addr,
+                                   size_t bytes,
+                                   CUmemGenericAllocationHandle *out) {
+  CUmemGenericAllocationHandle h = 0;
+  CUresult r = mp__cu.MemCreate(&h, bytes, &cd->prop, 0);
+  if (r != CUDA_SUCCESS)
+    return r;
+  r = mp__cu.MemMap(addr, bytes, 0, h, 0);
+  if (r != CUDA_SUCCESS) {
+    (void)mp__cu.MemRelease(h);
+    return r;
+  }
+  CUmemAccessDesc access = {.location = cd->prop.location,
+                            .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  r = mp__cu.MemSetAccess(addr, bytes, &access, 1);
+  if (r != CUDA_SUCCESS) {
+    (void)mp__cu.MemUnmap(addr, bytes);
+    (void)mp__cu.MemRelease(h);
+    return r;
+  }
+  *out = h;
+  return CUDA_SUCCESS;
+}
+
+static mp_status_t mp__cuda_vm_map(mp_device_t *dev, void *addr, size_t bytes) {
+  mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  if (!cd->vmm)
+    return mp__cuda_no_vmm(dev);
+  CUmemGenericAllocationHandle h = 0;
+  CUresult r = mp__cuda_push(cd);
+  if (r == CUDA_SUCCESS) {
+    r = mp__cuda_map_chunk(cd, (CUdeviceptr)addr, bytes, &h);
+    if (r == CUDA_SUCCESS &&
+        !mp__cuda_track(cd, &cd->chunks, (uintptr_t)addr, bytes, h)) {
+      (void)mp__cu.MemUnmap((CUdeviceptr)addr, bytes);
+      (void)mp__cu.MemRelease(h);
+      mp__cuda_pop();
+      return mp__fail(MP_ENOMEM, "vm_map: out of host memory");
+    }
+    mp__cuda_pop();
+  }
+  if (r != CUDA_SUCCESS) {
+    char buf[16];
+    return mp__cuda_fail(r, "vm_map(%p, %s) on %s", addr,
+                         mp__fmt_bytes(buf, sizeof buf, bytes), dev->name);
+  }
+  return MP_OK;
+}
+
+static mp_status_t mp__cuda_vm_unmap(mp_device_t *dev, void *addr,
+                                     size_t bytes) {
+  mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  if (!cd->vmm)
+    return mp__cuda_no_vmm(dev);
+  mp__cuda_entry_t e;
+  if (!mp__cuda_untrack(cd, &cd->chunks, (uintptr_t)addr, &e))
+    return mp__fail(MP_EINVAL, "vm_unmap: nothing is mapped at %p on %s", addr,
+                    dev->name);
+  if (e.size != bytes) {
+    (void)mp__cuda_track(cd, &cd->chunks, e.key, e.size, e.handle);
+    return mp__fail(MP_EINVAL,
+                    "vm_unmap: the mapping at %p is %zu bytes, not %zu", addr,
+                    e.size, bytes);
+  }
+  /* As mp_device_free: work still queued may use the chunk, so the device
+   * is drained before the memory goes. */
+  CUresult r = mp__cuda_push(cd);
+  if (r == CUDA_SUCCESS) {
+    r = mp__cu.CtxSynchronize();
+    if (r == CUDA_SUCCESS)
+      r = mp__cu.MemUnmap((CUdeviceptr)addr, bytes);
+    if (r == CUDA_SUCCESS)
+      (void)mp__cu.MemRelease(e.handle); /* unmapped: cannot be in use */
+    mp__cuda_pop();
+  }
+  if (r != CUDA_SUCCESS) {
+    (void)mp__cuda_track(cd, &cd->chunks, e.key, e.size, e.handle);
+    return mp__cuda_fail(r, "cuMemUnmap(%p, %zu)", addr, bytes);
+  }
+  return MP_OK;
+}
+
+const mp__backend_t mp__cuda_backend = {
+    .name = "cuda",
+    .open = mp__cuda_open,
+    .close = mp__cuda_close,
+    .mem_info = mp__cuda_mem_info,
+    .alloc = mp__cuda_alloc,
+    .free = mp__cuda_free,
+    .host_alloc = mp__cuda_host_alloc,
+    .host_free = mp__cuda_host_free,
+    .synchronize = mp__cuda_synchronize,
+    .stream_create = mp__cuda_stream_create,
+    .stream_destroy = mp__cuda_stream_destroy,
+    .stream_synchronize = mp__cuda_stream_synchronize,
+    .launch_host = mp__cuda_launch_host,
+    .memcpy_async = mp__cuda_memcpy_async,
+    .memset_async = mp__cuda_memset_async,
+    .event_create = mp__cuda_event_create,
+    .event_destroy = mp__cuda_event_destroy,
+    .event_record = mp__cuda_event_record,
+    .event_query = mp__cuda_event_query,
+    .event_synchronize = mp__cuda_event_synchronize,
+    .stream_wait_event = mp__cuda_stream_wait_event,
+    .vm_granularity = mp__cuda_vm_granularity,
+    .vm_reserve = mp__cuda_vm_reserve,
+    .vm_release = mp__cuda_vm_release,
+    .vm_map = mp__cuda_vm_map,
+    .vm_unmap = mp__cuda_vm_unmap,
+};
+
+#endif /* MEMPOOL_HAVE_CUDA */

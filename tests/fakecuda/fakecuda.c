@@ -1,0 +1,1177 @@
+/* fakecuda.c - a test double of the CUDA driver, built as libcuda.so.1.
+ *
+ * It lets the cuda backend (and the LD_PRELOAD shim) run their driver code
+ * paths on machines without a GPU: each fake device is a mempool "host"
+ * device, opened lazily, so memory, streams, events and virtual memory
+ * behave as the host backend's do (device memory is host memory, streams
+ * run in order on worker threads). Only cu* symbols are exported (see
+ * fakecuda.map), so the copy of mempool linked in here never collides with
+ * libmempool.so.
+ *
+ * Like the real driver it keeps a context stack per thread, and every call
+ * that needs a context uses the one on top (CUDA_ERROR_INVALID_CONTEXT when
+ * there is none), so a caller that forgets to make its context current
+ * fails here as it would on a GPU. A device's primary context holds the host
+ * device open; releasing the last reference closes it, freeing everything
+ * it held, as a real primary context's destruction does.
+ *
+ * Entry points are counted (cuFakeGetCallCount) and found by base name and
+ * version through cuGetProcAddress, as the real driver does. Knobs, read at
+ * cuInit: FAKECUDA_NO_DEVICE=1, FAKECUDA_INIT_ERROR=<CUresult>,
+ * FAKECUDA_DEVICE_COUNT=N (1..8), FAKECUDA_DEVICE=<host options>,
+ * FAKECUDA_NO_VMM=1, FAKECUDA_NAME=<name>; FAKECUDA_DRIVER_VERSION=N is read
+ * by cuDriverGetVersion and cuGetProcAddress.
+ *
+ * Limits, by design: cuMemFreeAsync waits for its stream; a stream belongs
+ * to the device current when it is used; cuMemMap maps whole handles only
+ * (offset 0); the NULL stream does not synchronize with other streams. */
+#include <cuda.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/backend.h"
+
+/* Symbols the real driver exports that cuda.h renames or hides. */
+#undef cuGetProcAddress
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                          cuuint64_t flags);
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream s);
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s);
+CUresult cuStreamSynchronize_ptsz(CUstream s);
+CUresult cuStreamQuery_ptsz(CUstream s);
+CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *arg);
+CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n,
+                            CUstream s);
+CUresult cuMemsetD8Async_ptsz(CUdeviceptr dst, unsigned char v, size_t n,
+                              CUstream s);
+CUresult cuEventRecord_ptsz(CUevent e, CUstream s);
+CUresult cuStreamWaitEvent_ptsz(CUstream s, CUevent e, unsigned flags);
+CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n);
+CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n);
+CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n);
+CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n);
+CUresult cuMemsetD8_v2_ptds(CUdeviceptr dst, unsigned char v, size_t n);
+/* Test hooks. */
+long long cuFakeGetCallCount(const char *name);
+void cuFakeResetCallCounts(void);
+
+/* ---- call counts --------------------------------------------------------- */
+
+/* Every exported entry point, by its exported name. */
+#define FK_ENTRY_POINTS(X)                                                     \
+  X(cuInit)                                                                    \
+  X(cuDriverGetVersion)                                                        \
+  X(cuDeviceGet)                                                               \
+  X(cuDeviceGetCount)                                                          \
+  X(cuDeviceGetName)                                                           \
+  X(cuDeviceGetAttribute)                                                      \
+  X(cuDeviceTotalMem_v2)                                                       \
+  X(cuDevicePrimaryCtxRetain)                                                  \
+  X(cuDevicePrimaryCtxRelease_v2)                                              \
+  X(cuDevicePrimaryCtxGetState)                                                \
+  X(cuCtxPushCurrent_v2)                                                       \
+  X(cuCtxPopCurrent_v2)                                                        \
+  X(cuCtxGetCurrent)                                                           \
+  X(cuCtxSetCurrent)                                                           \
+  X(cuCtxGetDevice)                                                            \
+  X(cuCtxSynchronize)                                                          \
+  X(cuMemGetInfo_v2)                                                           \
+  X(cuMemAlloc_v2)                                                             \
+  X(cuMemFree_v2)                                                              \
+  X(cuMemAllocAsync)                                                           \
+  X(cuMemAllocAsync_ptsz)                                                      \
+  X(cuMemFreeAsync)                                                            \
+  X(cuMemFreeAsync_ptsz)                                                       \
+  X(cuMemGetAddressRange_v2)                                                   \
+  X(cuMemHostAlloc)                                                            \
+  X(cuMemAllocHost_v2)                                                         \
+  X(cuMemFreeHost)                                                             \
+  X(cuStreamCreate)                                                            \
+  X(cuStreamCreateWithPriority)                                                \
+  X(cuStreamDestroy_v2)                                                        \
+  X(cuStreamSynchronize)                                                       \
+  X(cuStreamSynchronize_ptsz)                                                  \
+  X(cuStreamQuery)                                                             \
+  X(cuStreamQuery_ptsz)                                                        \
+  X(cuLaunchHostFunc)                                                          \
+  X(cuLaunchHostFunc_ptsz)                                                     \
+  X(cuMemcpyAsync)                                                             \
+  X(cuMemcpyAsync_ptsz)                                                        \
+  X(cuMemsetD8Async)                                                           \
+  X(cuMemsetD8Async_ptsz)                                                      \
+  X(cuMemcpy)                                                                  \
+  X(cuMemcpy_ptds)                                                             \
+  X(cuMemcpyHtoD_v2)                                                           \
+  X(cuMemcpyHtoD_v2_ptds)                                                      \
+  X(cuMemcpyDtoH_v2)                                                           \
+  X(cuMemcpyDtoH_v2_ptds)                                                      \
+  X(cuMemcpyDtoD_v2)                                                           \
+  X(cuMemcpyDtoD_v2_ptds)                                                      \
+  X(cuMemsetD8_v2)                                                             \
+  X(cuMemsetD8_v2_ptds)                                                        \
+  X(cuEventCreate)                                                             \
+  X(cuEventRecord)                                                             \
+  X(cuEventRecord_ptsz)                                                        \
+  X(cuEventQuery)                                                              \
+  X(cuEventSynchronize)                                                        \
+  X(cuEventDestroy_v2)                                                         \
+  X(cuStreamWaitEvent)                                                         \
+  X(cuStreamWaitEvent_ptsz)                                                    \
+  X(cuMemGetAllocationGranularity)                                             \
+  X(cuMemAddressReserve)                                                       \
+  X(cuMemAddressFree)                                                          \
+  X(cuMemCreate)                                                               \
+  X(cuMemRelease)                                                              \
+  X(cuMemMap)                                                                  \
+  X(cuMemUnmap)                                                                \
+  X(cuMemSetAccess)                                                            \
+  X(cuGetErrorName)                                                            \
+  X(cuGetErrorString)                                                          \
+  X(cuGetProcAddress)                                                          \
+  X(cuGetProcAddress_v2)
+
+enum {
+#define FK_ENUM(name) FK_##name,
+  FK_ENTRY_POINTS(FK_ENUM)
+#undef FK_ENUM
+      FK_N_ENTRY_POINTS
+};
+
+static const char *const fk_names[FK_N_ENTRY_POINTS] = {
+#define FK_NAME(name) #name,
+    FK_ENTRY_POINTS(FK_NAME)
+#undef FK_NAME
+};
+
+static atomic_llong fk_calls[FK_N_ENTRY_POINTS];
+
+#define FK_COUNT(name)                                                         \
+  atomic_fetch_add_explicit(&fk_calls[FK_##name], 1, memory_order_relaxed)
+
+long long cuFakeGetCallCount(const char *name) {
+  for (int i = 0; name != NULL && i < FK_N_ENTRY_POINTS; i++)
+    if (strcmp(fk_names[i], name) == 0)
+      return atomic_load(&fk_calls[i]);
+  return -1;
+}
+
+void cuFakeResetCallCounts(void) {
+  for (int i = 0; i < FK_N_ENTRY_POINTS; i++)
+    atomic_store(&fk_calls[i], 0);
+}
+
+/* ---- state --------------------------------------------------------------- */
+
+#define FK_MAX_DEVICES   8
+#define FK_MAX_CTX_DEPTH 32
+#define FK_DEFAULT_NAME  "mempool fakecuda device"
+
+/* The primary context of one fake device; CUcontext points at it. */
+struct CUctx_st {
+  int ordinal;
+  int refs;                   /* primary context retains; under fk.lock */
+  _Atomic(mp_device_t *) dev; /* the host device, NULL until needed */
+};
+
+/* A physical allocation from cuMemCreate; a handle is its address. */
+typedef struct fk_phys {
+  size_t size;
+  int ordinal;
+  int maps;      /* live mappings; under fk.lock */
+  bool released; /* cuMemRelease called; freed with its last mapping */
+} fk_phys_t;
+
+/* One range of device addresses handed out: an allocation or a mapping. */
+typedef struct fk_range {
+  uintptr_t base;
+  size_t size;
+  int ordinal;
+  fk_phys_t *phys; /* mappings only */
+} fk_range_t;
+
+static struct {
+  pthread_mutex_t lock; /* everything below but `ready` */
+  atomic_int ready;     /* 1 once cuInit succeeded */
+  bool initialized;
+  CUresult init_result;
+  int count;
+  bool no_vmm;
+  char spec[512]; /* "host:<FAKECUDA_DEVICE>" */
+  char name[128];
+  struct CUctx_st ctx[FK_MAX_DEVICES];
+  fk_range_t *ranges; /* sorted by base */
+  size_t n_ranges, cap_ranges;
+} fk = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static _Thread_local struct CUctx_st *fk_stack[FK_MAX_CTX_DEPTH];
+static _Thread_local int fk_depth;
+
+static CUresult fk_result_of(mp_status_t st) {
+  switch (st) {
+  case MP_OK: return CUDA_SUCCESS;
+  case MP_EINVAL: return CUDA_ERROR_INVALID_VALUE;
+  case MP_ENOMEM:
+  case MP_ELIMIT: return CUDA_ERROR_OUT_OF_MEMORY;
+  case MP_ENODEV: return CUDA_ERROR_NO_DEVICE;
+  case MP_EBUSY: return CUDA_ERROR_NOT_READY;
+  case MP_ENOTSUP: return CUDA_ERROR_NOT_SUPPORTED;
+  default: return CUDA_ERROR_UNKNOWN;
+  }
+}
+
+static bool fk_env_flag(const char *name) {
+  const char *v = getenv(name);
+  return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
+}
+
+/* The host device behind ordinal, opened on first need. */
+static mp_device_t *fk_host(int ordinal) {
+  struct CUctx_st *c = &fk.ctx[ordinal];
+  mp_device_t *dev = atomic_load(&c->dev);
+  if (dev != NULL)
+    return dev;
+  pthread_mutex_lock(&fk.lock);
+  dev = atomic_load(&c->dev);
+  if (dev == NULL) {
+    if (mp_device_open(fk.spec, &dev) == MP_OK)
+      atomic_store(&c->dev, dev);
+    else
+      fprintf(stderr, "fakecuda: cannot open '%s': %s\n", fk.spec,
+              mp_last_error());
+  }
+  pthread_mutex_unlock(&fk.lock);
+  return dev;
+}
+
+static bool fk_valid_device(CUdevice d) {
+  return atomic_load(&fk.ready) && d >= 0 && d < fk.count;
+}
+
+/* The current context's host device, or NULL (no or a destroyed context). */
+static mp_device_t *fk_current(void) {
+  if (!atomic_load(&fk.ready) || fk_depth == 0)
+    return NULL;
+  return atomic_load(&fk_stack[fk_depth - 1]->dev);
+}
+
+#define FK_NEED_INIT()                                                         \
+  do {                                                                         \
+    if (!atomic_load(&fk.ready))                                               \
+      return CUDA_ERROR_NOT_INITIALIZED;                                       \
+  } while (0)
+
+#define FK_CURRENT(dev)                                                        \
+  mp_device_t *dev = fk_current();                                             \
+  do {                                                                         \
+    if (!atomic_load(&fk.ready))                                               \
+      return CUDA_ERROR_NOT_INITIALIZED;                                       \
+    if (dev == NULL)                                                           \
+      return CUDA_ERROR_INVALID_CONTEXT;                                       \
+  } while (0)
+
+/* CU_STREAM_LEGACY and CU_STREAM_PER_THREAD are the default stream here. */
+static mp_stream_t fk_stream(CUstream s) {
+  if (s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+    return NULL;
+  return (mp_stream_t)s;
+}
+
+/* ---- address ranges ------------------------------------------------------ */
+
+/* Index of the first range whose base is >= addr. Under fk.lock. */
+static size_t fk_range_lower(uintptr_t addr) {
+  size_t lo = 0, hi = fk.n_ranges;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (fk.ranges[mid].base < addr)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+static bool fk_range_add(fk_range_t r) {
+  pthread_mutex_lock(&fk.lock);
+  bool ok = true;
+  if (fk.n_ranges == fk.cap_ranges) {
+    size_t cap = fk.cap_ranges ? fk.cap_ranges * 2 : 64;
+    fk_range_t *p = realloc(fk.ranges, cap * sizeof *p);
+    if (p == NULL)
+      ok = false;
+    else {
+      fk.ranges = p;
+      fk.cap_ranges = cap;
+    }
+  }
+  if (ok) {
+    size_t i = fk_range_lower(r.base);
+    memmove(&fk.ranges[i + 1], &fk.ranges[i],
+            (fk.n_ranges - i) * sizeof *fk.ranges);
+    fk.ranges[i] = r;
+    fk.n_ranges++;
+  }
+  pthread_mutex_unlock(&fk.lock);
+  return ok;
+}
+
+/* Removes the range starting exactly at base; false when there is none. */
+static bool fk_range_take(uintptr_t base, fk_range_t *out) {
+  pthread_mutex_lock(&fk.lock);
+  size_t i = fk_range_lower(base);
+  bool found = i < fk.n_ranges && fk.ranges[i].base == base;
+  if (found) {
+    *out = fk.ranges[i];
+    memmove(&fk.ranges[i], &fk.ranges[i + 1],
+            (fk.n_ranges - i - 1) * sizeof *fk.ranges);
+    fk.n_ranges--;
+  }
+  pthread_mutex_unlock(&fk.lock);
+  return found;
+}
+
+/* The range holding addr. */
+static bool fk_range_find(uintptr_t addr, fk_range_t *out) {
+  pthread_mutex_lock(&fk.lock);
+  size_t i = fk_range_lower(addr + 1);
+  bool found = i > 0 && addr - fk.ranges[i - 1].base < fk.ranges[i - 1].size;
+  if (found)
+    *out = fk.ranges[i - 1];
+  pthread_mutex_unlock(&fk.lock);
+  return found;
+}
+
+/* Drops every range of a device whose host device is closing. */
+static void fk_range_drop_device(int ordinal) {
+  pthread_mutex_lock(&fk.lock);
+  size_t k = 0;
+  for (size_t i = 0; i < fk.n_ranges; i++) {
+    fk_range_t *r = &fk.ranges[i];
+    if (r->ordinal != ordinal) {
+      fk.ranges[k++] = *r;
+      continue;
+    }
+    if (r->phys != NULL && --r->phys->maps == 0 && r->phys->released)
+      free(r->phys);
+  }
+  fk.n_ranges = k;
+  pthread_mutex_unlock(&fk.lock);
+}
+
+/* ---- initialization, devices, contexts ----------------------------------- */
+
+CUresult cuInit(unsigned int flags) {
+  FK_COUNT(cuInit);
+  if (flags != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fk.lock);
+  if (!fk.initialized) {
+    fk.initialized = true;
+    fk.init_result = CUDA_SUCCESS;
+    fk.count = 1;
+    const char *v = getenv("FAKECUDA_DEVICE_COUNT");
+    if (v != NULL && v[0] != '\0') {
+      int n = atoi(v);
+      fk.count = n < 1 ? 1 : n > FK_MAX_DEVICES ? FK_MAX_DEVICES : n;
+    }
+    fk.no_vmm = fk_env_flag("FAKECUDA_NO_VMM");
+    v = getenv("FAKECUDA_DEVICE");
+    snprintf(fk.spec, sizeof fk.spec, "host:%s%s", v ? v : "",
+             !fk.no_vmm    ? ""
+             : (v && v[0]) ? ",vmm=0"
+                           : "vmm=0");
+    v = getenv("FAKECUDA_NAME");
+    snprintf(fk.name, sizeof fk.name, "%s", v && v[0] ? v : FK_DEFAULT_NAME);
+    for (int i = 0; i < FK_MAX_DEVICES; i++)
+      fk.ctx[i].ordinal = i;
+    if (fk_env_flag("FAKECUDA_NO_DEVICE"))
+      fk.init_result = CUDA_ERROR_NO_DEVICE;
+    v = getenv("FAKECUDA_INIT_ERROR");
+    if (v != NULL && atoi(v) != 0)
+      fk.init_result = (CUresult)atoi(v);
+    if (fk.init_result == CUDA_SUCCESS)
+      atomic_store(&fk.ready, 1);
+  }
+  CUresult r = fk.init_result;
+  pthread_mutex_unlock(&fk.lock);
+  return r;
+}
+
+CUresult cuDriverGetVersion(int *version) {
+  FK_COUNT(cuDriverGetVersion);
+  if (version == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  const char *v = getenv("FAKECUDA_DRIVER_VERSION");
+  *version = (v != NULL && atoi(v) > 0) ? atoi(v) : CUDA_VERSION;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetCount(int *count) {
+  FK_COUNT(cuDeviceGetCount);
+  FK_NEED_INIT();
+  if (count == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  *count = fk.count;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+  FK_COUNT(cuDeviceGet);
+  FK_NEED_INIT();
+  if (device == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!fk_valid_device(ordinal))
+    return CUDA_ERROR_INVALID_DEVICE;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
+  FK_COUNT(cuDeviceGetName);
+  FK_NEED_INIT();
+  if (name == NULL || len <= 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!fk_valid_device(dev))
+    return CUDA_ERROR_INVALID_DEVICE;
+  snprintf(name, (size_t)len, "%s", fk.name);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib,
+                              CUdevice dev) {
+  FK_COUNT(cuDeviceGetAttribute);
+  FK_NEED_INIT();
+  if (pi == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!fk_valid_device(dev))
+    return CUDA_ERROR_INVALID_DEVICE;
+  switch (attrib) {
+  case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+    *pi = !fk.no_vmm;
+    break;
+  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
+  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = 0; break;
+  case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+  case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+  case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+  case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: *pi = 1; break;
+  default: *pi = 0; break;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+  FK_COUNT(cuDeviceTotalMem_v2);
+  FK_NEED_INIT();
+  if (bytes == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!fk_valid_device(dev))
+    return CUDA_ERROR_INVALID_DEVICE;
+  mp_device_t *h = fk_host(dev);
+  if (h == NULL)
+    return CUDA_ERROR_UNKNOWN;
+  return fk_result_of(mp_device_mem_info(h, NULL, bytes));
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+  FK_COUNT(cuDevicePrimaryCtxRetain);
+  FK_NEED_INIT();
+  if (pctx == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!fk_valid_device(dev))
+    return CUDA_ERROR_INVALID_DEVICE;
+  if (fk_host(dev) == NULL)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_lock(&fk.lock);
+  fk.ctx[dev].refs++;
+  pthread_mutex_unlock(&fk.lock);
+  *pctx = &fk.ctx[dev];
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  FK_COUNT(cuDevicePrimaryCtxRelease_v2);
+  FK_NEED_INIT();
+  if (!fk_valid_device(dev))
+    return CUDA_ERROR_INVALID_DEVICE;
+  mp_device_t *closing = NULL;
+  pthread_mutex_lock(&fk.lock);
+  struct CUctx_st *c = &fk.ctx[dev];
+  if (c->refs == 0) {
+    pthread_mutex_unlock(&fk.lock);
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  if (--c->refs == 0)
+    closing = atomic_exchange(&c->dev, NULL);
+  pthread_mutex_unlock(&fk.lock);
+  if (closing != NULL) {
+    /* The context is destroyed with everything made in it. */
+    mp_device_close(closing);
+    fk_range_drop_device(dev);
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags,
+                                    int *active) {
+  FK_COUNT(cuDevicePrimaryCtxGetState);
+  FK_NEED_INIT();
+  if (flags == NULL || active == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!fk_valid_device(dev))
+    return CUDA_ERROR_INVALID_DEVICE;
+  pthread_mutex_lock(&fk.lock);
+  *active = fk.ctx[dev].refs > 0;
+  pthread_mutex_unlock(&fk.lock);
+  *flags = 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+  FK_COUNT(cuCtxPushCurrent_v2);
+  FK_NEED_INIT();
+  if (ctx == NULL || fk_depth == FK_MAX_CTX_DEPTH)
+    return CUDA_ERROR_INVALID_VALUE;
+  fk_stack[fk_depth++] = ctx;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
+  FK_COUNT(cuCtxPopCurrent_v2);
+  FK_NEED_INIT();
+  if (fk_depth == 0)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  CUcontext c = fk_stack[--fk_depth];
+  if (pctx != NULL)
+    *pctx = c;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetCurrent(CUcontext *pctx) {
+  FK_COUNT(cuCtxGetCurrent);
+  FK_NEED_INIT();
+  if (pctx == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  *pctx = fk_depth ? fk_stack[fk_depth - 1] : NULL;
+  return CUDA_SUCCESS;
+}
+
+/* Replaces the top of the stack; NULL pops it. */
+CUresult cuCtxSetCurrent(CUcontext ctx) {
+  FK_COUNT(cuCtxSetCurrent);
+  FK_NEED_INIT();
+  if (ctx == NULL) {
+    if (fk_depth > 0)
+      fk_depth--;
+  } else if (fk_depth == 0) {
+    fk_stack[fk_depth++] = ctx;
+  } else {
+    fk_stack[fk_depth - 1] = ctx;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetDevice(CUdevice *device) {
+  FK_COUNT(cuCtxGetDevice);
+  FK_NEED_INIT();
+  if (device == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (fk_depth == 0)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  *device = fk_stack[fk_depth - 1]->ordinal;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSynchronize(void) {
+  FK_COUNT(cuCtxSynchronize);
+  FK_CURRENT(dev);
+  return fk_result_of(mp_device_synchronize(dev));
+}
+
+/* ---- memory -------------------------------------------------------------- */
+
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
+  FK_COUNT(cuMemGetInfo_v2);
+  FK_CURRENT(dev);
+  if (free_bytes == NULL || total_bytes == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  return fk_result_of(mp_device_mem_info(dev, free_bytes, total_bytes));
+}
+
+static CUresult fk_alloc(mp_device_t *dev, CUdeviceptr *dptr, size_t bytes) {
+  if (dptr == NULL || bytes == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  void *p = NULL;
+  mp_status_t st = mp_device_alloc(dev, bytes, &p);
+  if (st != MP_OK)
+    return fk_result_of(st);
+  fk_range_t r = {.base = (uintptr_t)p,
+                  .size = bytes,
+                  .ordinal = fk_stack[fk_depth - 1]->ordinal};
+  if (!fk_range_add(r)) {
+    (void)mp_device_free(dev, p);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *dptr = (CUdeviceptr)p;
+  return CUDA_SUCCESS;
+}
+
+static CUresult fk_free(mp_device_t *dev, CUdeviceptr dptr) {
+  fk_range_t r;
+  if (!fk_range_take((uintptr_t)dptr, &r))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (r.phys != NULL) { /* a mapping, not an allocation */
+    (void)fk_range_add(r);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  mp_status_t st = mp_device_free(dev, (void *)dptr);
+  if (st != MP_OK)
+    (void)fk_range_add(r);
+  return fk_result_of(st);
+}
+
+/* An entry point that needs a current context: counted, refused without
+ * cuInit or a context, then `call` with dev the current context's device. */
+#define FK_IN_CTX(name, params, call)                                          \
+  CUresult name params {                                                       \
+    FK_COUNT(name);                                                            \
+    FK_CURRENT(dev);                                                           \
+    return call;                                                               \
+  }
+/* The same for a function and its per-thread-default-stream twin. */
+#define FK_IN_CTX_TWINS(name, twin, params, call)                              \
+  FK_IN_CTX(name, params, call)                                                \
+  FK_IN_CTX(twin, params, call)
+
+FK_IN_CTX(cuMemAlloc_v2, (CUdeviceptr * dptr, size_t bytes),
+          fk_alloc(dev, dptr, bytes))
+FK_IN_CTX(cuMemFree_v2, (CUdeviceptr dptr), fk_free(dev, dptr))
+
+/* Stream-ordered allocation: the memory is usable at once, so it is usable
+ * in stream order too. */
+FK_IN_CTX_TWINS(cuMemAllocAsync, cuMemAllocAsync_ptsz,
+                (CUdeviceptr * dptr, size_t bytes, CUstream s),
+                ((void)s, fk_alloc(dev, dptr, bytes)))
+
+/* Stream-ordered free: waits for the stream's work, then frees. */
+static CUresult fk_free_async(mp_device_t *dev, CUdeviceptr dptr, CUstream s) {
+  mp_status_t st = mp_stream_synchronize(dev, fk_stream(s));
+  return st == MP_OK ? fk_free(dev, dptr) : fk_result_of(st);
+}
+
+FK_IN_CTX_TWINS(cuMemFreeAsync, cuMemFreeAsync_ptsz,
+                (CUdeviceptr dptr, CUstream s), fk_free_async(dev, dptr, s))
+
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize,
+                                 CUdeviceptr dptr) {
+  FK_COUNT(cuMemGetAddressRange_v2);
+  FK_CURRENT(dev);
+  (void)dev;
+  fk_range_t r;
+  if (!fk_range_find((uintptr_t)dptr, &r))
+    return CUDA_ERROR_NOT_FOUND;
+  if (pbase != NULL)
+    *pbase = (CUdeviceptr)r.base;
+  if (psize != NULL)
+    *psize = r.size;
+  return CUDA_SUCCESS;
+}
+
+static CUresult fk_host_alloc(mp_device_t *dev, void **pp, size_t bytes) {
+  if (pp == NULL || bytes == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  return fk_result_of(mp_device_host_alloc(dev, bytes, pp));
+}
+
+FK_IN_CTX(cuMemHostAlloc, (void **pp, size_t bytes, unsigned int flags),
+          ((void)flags, fk_host_alloc(dev, pp, bytes)))
+FK_IN_CTX(cuMemAllocHost_v2, (void **pp, size_t bytes),
+          fk_host_alloc(dev, pp, bytes))
+
+CUresult cuMemFreeHost(void *p) {
+  FK_COUNT(cuMemFreeHost);
+  FK_CURRENT(dev);
+  if (p == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  return fk_result_of(mp_device_host_free(dev, p));
+}
+
+/* ---- streams, copies, events --------------------------------------------- */
+
+static CUresult fk_stream_create(mp_device_t *dev, CUstream *ps) {
+  if (ps == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  mp_stream_t s = NULL;
+  mp_status_t st = mp_stream_create(dev, &s);
+  if (st == MP_OK)
+    *ps = (CUstream)s;
+  return fk_result_of(st);
+}
+
+/* Flags and priorities do not change how the host device runs a stream. */
+FK_IN_CTX(cuStreamCreate, (CUstream * ps, unsigned int flags),
+          ((void)flags, fk_stream_create(dev, ps)))
+FK_IN_CTX(cuStreamCreateWithPriority,
+          (CUstream * ps, unsigned int flags, int priority),
+          ((void)flags, (void)priority, fk_stream_create(dev, ps)))
+
+CUresult cuStreamDestroy_v2(CUstream s) {
+  FK_COUNT(cuStreamDestroy_v2);
+  FK_CURRENT(dev);
+  if (fk_stream(s) == NULL)
+    return CUDA_ERROR_INVALID_HANDLE;
+  return fk_result_of(mp_stream_destroy(dev, fk_stream(s)));
+}
+
+FK_IN_CTX_TWINS(cuStreamSynchronize, cuStreamSynchronize_ptsz, (CUstream s),
+                fk_result_of(mp_stream_synchronize(dev, fk_stream(s))))
+
+/* The host backend has no stream query: ask an event recorded at its end. */
+static CUresult fk_stream_query(mp_device_t *dev, CUstream s) {
+  mp_event_t e = NULL;
+  mp_status_t st = mp_event_create(dev, &e);
+  if (st != MP_OK)
+    return fk_result_of(st);
+  st = mp_event_record(dev, e, fk_stream(s));
+  if (st == MP_OK)
+    st = mp_event_query(dev, e);
+  (void)mp_event_destroy(dev, e);
+  return fk_result_of(st);
+}
+
+FK_IN_CTX_TWINS(cuStreamQuery, cuStreamQuery_ptsz, (CUstream s),
+                fk_stream_query(dev, s))
+
+static CUresult fk_launch_host(mp_device_t *dev, CUstream s, CUhostFn fn,
+                               void *arg) {
+  if (fn == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  return fk_result_of(mp_stream_launch_host(dev, fk_stream(s), fn, arg));
+}
+
+FK_IN_CTX_TWINS(cuLaunchHostFunc, cuLaunchHostFunc_ptsz,
+                (CUstream s, CUhostFn fn, void *arg),
+                fk_launch_host(dev, s, fn, arg))
+
+static CUresult fk_memcpy(mp_device_t *dev, CUdeviceptr dst, CUdeviceptr src,
+                          size_t n, CUstream s, bool sync) {
+  if (n == 0)
+    return CUDA_SUCCESS;
+  if (dst == 0 || src == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  mp_status_t st =
+      mp_memcpy_async(dev, (void *)dst, (const void *)src, n, fk_stream(s));
+  if (st == MP_OK && sync)
+    st = mp_stream_synchronize(dev, fk_stream(s));
+  return fk_result_of(st);
+}
+
+static CUresult fk_memset(mp_device_t *dev, CUdeviceptr dst, unsigned char v,
+                          size_t n, CUstream s, bool sync) {
+  if (n == 0)
+    return CUDA_SUCCESS;
+  if (dst == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  mp_status_t st = mp_memset_async(dev, (void *)dst, v, n, fk_stream(s));
+  if (st == MP_OK && sync)
+    st = mp_stream_synchronize(dev, fk_stream(s));
+  return fk_result_of(st);
+}
+
+FK_IN_CTX_TWINS(cuMemcpyAsync, cuMemcpyAsync_ptsz,
+                (CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s),
+                fk_memcpy(dev, dst, src, n, s, false))
+FK_IN_CTX_TWINS(cuMemsetD8Async, cuMemsetD8Async_ptsz,
+                (CUdeviceptr dst, unsigned char v, size_t n, CUstream s),
+                fk_memset(dev, dst, v, n, s, false))
+
+/* The synchronous copies run on the default stream and wait for it. */
+FK_IN_CTX_TWINS(cuMemcpy, cuMemcpy_ptds,
+                (CUdeviceptr dst, CUdeviceptr src, size_t n),
+                fk_memcpy(dev, dst, src, n, NULL, true))
+FK_IN_CTX_TWINS(cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds,
+                (CUdeviceptr dst, const void *src, size_t n),
+                fk_memcpy(dev, dst, (CUdeviceptr)src, n, NULL, true))
+FK_IN_CTX_TWINS(cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_ptds,
+                (void *dst, CUdeviceptr src, size_t n),
+                fk_memcpy(dev, (CUdeviceptr)dst, src, n, NULL, true))
+FK_IN_CTX_TWINS(cuMemcpyDtoD_v2, cuMemcpyDtoD_v2_ptds,
+                (CUdeviceptr dst, CUdeviceptr src, size_t n),
+                fk_memcpy(dev, dst, src, n, NULL, true))
+FK_IN_CTX_TWINS(cuMemsetD8_v2, cuMemsetD8_v2_ptds,
+                (CUdeviceptr dst, unsigned char v, size_t n),
+                fk_memset(dev, dst, v, n, NULL, true))
+
+CUresult cuEventCreate(CUevent *pe, unsigned int flags) {
+  FK_COUNT(cuEventCreate);
+  FK_CURRENT(dev);
+  (void)flags;
+  if (pe == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  mp_event_t e = NULL;
+  mp_status_t st = mp_event_create(dev, &e);
+  if (st == MP_OK)
+    *pe = (CUevent)e;
+  return fk_result_of(st);
+}
+
+/* An event call: a NULL event is an invalid handle, as in the driver. */
+#define FK_EVENT_CALL(e, call)                                                 \
+  ((e) == NULL ? CUDA_ERROR_INVALID_HANDLE : fk_result_of(call))
+
+FK_IN_CTX_TWINS(cuEventRecord, cuEventRecord_ptsz, (CUevent e, CUstream s),
+                FK_EVENT_CALL(e, mp_event_record(dev, (mp_event_t)e,
+                                                 fk_stream(s))))
+FK_IN_CTX(cuEventQuery, (CUevent e),
+          FK_EVENT_CALL(e, mp_event_query(dev, (mp_event_t)e)))
+FK_IN_CTX(cuEventSynchronize, (CUevent e),
+          FK_EVENT_CALL(e, mp_event_synchronize(dev, (mp_event_t)e)))
+FK_IN_CTX(cuEventDestroy_v2, (CUevent e),
+          FK_EVENT_CALL(e, mp_event_destroy(dev, (mp_event_t)e)))
+FK_IN_CTX_TWINS(cuStreamWaitEvent, cuStreamWaitEvent_ptsz,
+                (CUstream s, CUevent e, unsigned int flags),
+                ((void)flags,
+                 FK_EVENT_CALL(e, mp_stream_wait_event(dev, fk_stream(s),
+                                                       (mp_event_t)e))))
+
+/* ---- virtual memory management ------------------------------------------- */
+
+/* The host device a prop names; NULL for a bad prop. */
+static mp_device_t *fk_prop_device(const CUmemAllocationProp *prop) {
+  if (prop == NULL || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+      !fk_valid_device(prop->location.id))
+    return NULL;
+  return fk_host(prop->location.id);
+}
+
+CUresult cuMemGetAllocationGranularity(size_t *granularity,
+                                       const CUmemAllocationProp *prop,
+                                       CUmemAllocationGranularity_flags opt) {
+  FK_COUNT(cuMemGetAllocationGranularity);
+  FK_NEED_INIT();
+  (void)opt;
+  mp_device_t *dev = fk_prop_device(prop);
+  if (granularity == NULL || dev == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  return fk_result_of(mp__device_vm_granularity(dev, granularity));
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
+                             CUdeviceptr addr, unsigned long long flags) {
+  FK_COUNT(cuMemAddressReserve);
+  FK_CURRENT(dev);
+  (void)addr; /* a hint only */
+  size_t g = 0;
+  mp_status_t st = mp__device_vm_granularity(dev, &g);
+  if (st != MP_OK)
+    return fk_result_of(st);
+  if (ptr == NULL || size == 0 || size % g != 0 || flags != 0 ||
+      (alignment != 0 && (g % alignment != 0)))
+    return CUDA_ERROR_INVALID_VALUE;
+  void *p = NULL;
+  st = mp__device_vm_reserve(dev, size, &p);
+  if (st == MP_OK)
+    *ptr = (CUdeviceptr)p;
+  return fk_result_of(st);
+}
+
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  FK_COUNT(cuMemAddressFree);
+  FK_CURRENT(dev);
+  if (ptr == 0 || size == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  return fk_result_of(mp__device_vm_release(dev, (void *)ptr, size));
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                     const CUmemAllocationProp *prop,
+                     unsigned long long flags) {
+  FK_COUNT(cuMemCreate);
+  FK_NEED_INIT();
+  mp_device_t *dev = fk_prop_device(prop);
+  size_t g = 0;
+  if (handle == NULL || dev == NULL || size == 0 || flags != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  mp_status_t st = mp__device_vm_granularity(dev, &g);
+  if (st != MP_OK)
+    return fk_result_of(st);
+  if (size % g != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  fk_phys_t *p = calloc(1, sizeof *p);
+  if (p == NULL)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  p->size = size;
+  p->ordinal = prop->location.id;
+  *handle = (CUmemGenericAllocationHandle)(uintptr_t)p;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  FK_COUNT(cuMemRelease);
+  FK_NEED_INIT();
+  fk_phys_t *p = (fk_phys_t *)(uintptr_t)handle;
+  if (p == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fk.lock);
+  bool was_released = p->released;
+  p->released = true;
+  bool free_now = !was_released && p->maps == 0;
+  pthread_mutex_unlock(&fk.lock);
+  if (was_released)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (free_now)
+    free(p);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                  CUmemGenericAllocationHandle handle,
+                  unsigned long long flags) {
+  FK_COUNT(cuMemMap);
+  FK_CURRENT(dev);
+  fk_phys_t *p = (fk_phys_t *)(uintptr_t)handle;
+  if (p == NULL || ptr == 0 || offset != 0 || flags != 0 || size != p->size)
+    return CUDA_ERROR_INVALID_VALUE;
+  mp_status_t st = mp__device_vm_map(dev, (void *)ptr, size);
+  if (st != MP_OK)
+    return fk_result_of(st);
+  fk_range_t r = {.base = (uintptr_t)ptr,
+                  .size = size,
+                  .ordinal = fk_stack[fk_depth - 1]->ordinal,
+                  .phys = p};
+  if (!fk_range_add(r)) {
+    (void)mp__device_vm_unmap(dev, (void *)ptr, size);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  pthread_mutex_lock(&fk.lock);
+  p->maps++;
+  pthread_mutex_unlock(&fk.lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  FK_COUNT(cuMemUnmap);
+  FK_CURRENT(dev);
+  fk_range_t r;
+  if (!fk_range_take((uintptr_t)ptr, &r))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (r.phys == NULL || r.size != size) {
+    (void)fk_range_add(r);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  mp_status_t st = mp__device_vm_unmap(dev, (void *)ptr, size);
+  if (st != MP_OK) {
+    (void)fk_range_add(r);
+    return fk_result_of(st);
+  }
+  pthread_mutex_lock(&fk.lock);
+  bool free_now = --r.phys->maps == 0 && r.phys->released;
+  pthread_mutex_unlock(&fk.lock);
+  if (free_now)
+    free(r.phys);
+  return CUDA_SUCCESS;
+}
+
+/* Every byte of [ptr, ptr + size) must be mapped. */
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
+                        const CUmemAccessDesc *desc, size_t count) {
+  FK_COUNT(cuMemSetAccess);
+  FK_CURRENT(dev);
+  (void)dev;
+  if (desc == NULL || count == 0 || size == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  uintptr_t at = (uintptr_t)ptr, end = at + size;
+  while (at < end) {
+    fk_range_t r;
+    if (!fk_range_find(at, &r) || r.phys == NULL)
+      return CUDA_ERROR_INVALID_VALUE;
+    at = r.base + r.size;
+  }
+  return CUDA_SUCCESS;
+}
+
+/* ---- errors -------------------------------------------------------------- */
+
+#define FK_ERRORS(X)                                                           \
+  X(CUDA_SUCCESS, "no error")                                                  \
+  X(CUDA_ERROR_INVALID_VALUE, "invalid argument")                              \
+  X(CUDA_ERROR_OUT_OF_MEMORY, "out of memory")                                 \
+  X(CUDA_ERROR_NOT_INITIALIZED, "initialization error")                        \
+  X(CUDA_ERROR_DEINITIALIZED, "driver shutting down")                          \
+  X(CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected")                \
+  X(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal")                       \
+  X(CUDA_ERROR_INVALID_CONTEXT, "invalid device context")                      \
+  X(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle")                      \
+  X(CUDA_ERROR_NOT_FOUND, "named symbol not found")                            \
+  X(CUDA_ERROR_NOT_READY, "device not ready")                                  \
+  X(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                       \
+  X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                       \
+  X(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH,                                         \
+    "system has unsupported display driver / cuda driver combination")         \
+  X(CUDA_ERROR_UNKNOWN, "unknown error")
+
+CUresult cuGetErrorName(CUresult error, const char **pstr) {
+  FK_COUNT(cuGetErrorName);
+  if (pstr == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  switch (error) {
+#define FK_ERR_NAME(code, msg)                                                 \
+  case code: *pstr = #code; return CUDA_SUCCESS;
+    FK_ERRORS(FK_ERR_NAME)
+#undef FK_ERR_NAME
+  default: *pstr = NULL; return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+CUresult cuGetErrorString(CUresult error, const char **pstr) {
+  FK_COUNT(cuGetErrorString);
+  if (pstr == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  switch (error) {
+#define FK_ERR_MSG(code, msg)                                                  \
+  case code: *pstr = msg; return CUDA_SUCCESS;
+    FK_ERRORS(FK_ERR_MSG)
+#undef FK_ERR_MSG
+  default: *pstr = NULL; return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+/* ---- entry point lookup -------------------------------------------------- */
+
+/* One ABI of a base name: the CUDA version that introduced it, the function,
+ * and its per-thread-default-stream twin if it has one. */
+typedef struct fk_proc {
+  const char *name;
+  int since;
+  void (*fn)(void);
+  void (*per_thread)(void);
+} fk_proc_t;
+
+#define FK_FN(f) ((void (*)(void))(f))
+#define FK_P(name, since, f)                                                   \
+  { name, since, FK_FN(f), NULL }
+#define FK_PT(name, since, f, pt)                                              \
+  { name, since, FK_FN(f), FK_FN(pt) }
+
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                             cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *status);
+
+static const fk_proc_t fk_procs[] = {
+    FK_P("cuInit", 2000, cuInit),
+    FK_P("cuDriverGetVersion", 2020, cuDriverGetVersion),
+    FK_P("cuDeviceGet", 2000, cuDeviceGet),
+    FK_P("cuDeviceGetCount", 2000, cuDeviceGetCount),
+    FK_P("cuDeviceGetName", 2000, cuDeviceGetName),
+    FK_P("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
+    FK_P("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
+    FK_P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
+    FK_P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
+    FK_P("cuDevicePrimaryCtxGetState", 7000, cuDevicePrimaryCtxGetState),
+    FK_P("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
+    FK_P("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
+    FK_P("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
+    FK_P("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
+    FK_P("cuCtxGetDevice", 2000, cuCtxGetDevice),
+    FK_P("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    FK_P("cuMemGetInfo", 3020, cuMemGetInfo_v2),
+    FK_P("cuMemAlloc", 3020, cuMemAlloc_v2),
+    FK_P("cuMemFree", 3020, cuMemFree_v2),
+    FK_PT("cuMemAllocAsync", 11020, cuMemAllocAsync, cuMemAllocAsync_ptsz),
+    FK_PT("cuMemFreeAsync", 11020, cuMemFreeAsync, cuMemFreeAsync_ptsz),
+    FK_P("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2),
+    FK_P("cuMemHostAlloc", 2020, cuMemHostAlloc),
+    FK_P("cuMemAllocHost", 3020, cuMemAllocHost_v2),
+    FK_P("cuMemFreeHost", 2000, cuMemFreeHost),
+    FK_P("cuStreamCreate", 2000, cuStreamCreate),
+    FK_P("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),
+    FK_P("cuStreamDestroy", 4000, cuStreamDestroy_v2),
+    FK_PT("cuStreamSynchronize", 2000, cuStreamSynchronize,
+          cuStreamSynchronize_ptsz),
+    FK_PT("cuStreamQuery", 2000, cuStreamQuery, cuStreamQuery_ptsz),
+    FK_PT("cuLaunchHostFunc", 10000, cuLaunchHostFunc, cuLaunchHostFunc_ptsz),
+    FK_PT("cuMemcpyAsync", 4000, cuMemcpyAsync, cuMemcpyAsync_ptsz),
+    FK_PT("cuMemsetD8Async", 3020, cuMemsetD8Async, cuMemsetD8Async_ptsz),
+    FK_PT("cuMemcpy", 4000, cuMemcpy, cuMemcpy_ptds),
+    FK_PT("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds),
+    FK_PT("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_ptds),
+    FK_PT("cuMemcpyDtoD", 3020, cuMemcpyDtoD_v2, cuMemcpyDtoD_v2_ptds),
+    FK_PT("cuMemsetD8", 3020, cuMemsetD8_v2, cuMemsetD8_v2_ptds),
+    FK_P("cuEventCreate", 2000, cuEventCreate),
+    FK_PT("cuEventRecord", 2000, cuEventRecord, cuEventRecord_ptsz),
+    FK_P("cuEventQuery", 2000, cuEventQuery),
+    FK_P("cuEventSynchronize", 2000, cuEventSynchronize),
+    FK_P("cuEventDestroy", 4000, cuEventDestroy_v2),
+    FK_PT("cuStreamWaitEvent", 3020, cuStreamWaitEvent, cuStreamWaitEvent_ptsz),
+    FK_P("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
+    FK_P("cuMemAddressReserve", 10020, cuMemAddressReserve),
+    FK_P("cuMemAddressFree", 10020, cuMemAddressFree),
+    FK_P("cuMemCreate", 10020, cuMemCreate),
+    FK_P("cuMemRelease", 10020, cuMemRelease),
+    FK_P("cuMemMap", 10020, cuMemMap),
+    FK_P("cuMemUnmap", 10020, cuMemUnmap),
+    FK_P("cuMemSetAccess", 10020, cuMemSetAccess),
+    FK_P("cuGetErrorName", 6000, cuGetErrorName),
+    FK_P("cuGetErrorString", 6000, cuGetErrorString),
+    FK_P("cuGetProcAddress", 11030, cuGetProcAddress),
+    FK_P("cuGetProcAddress", 12000, cuGetProcAddress_v2),
+};
+
+static int fk_driver_version(void) {
+  int v = 0;
+  const char *s = getenv("FAKECUDA_DRIVER_VERSION");
+  v = (s != NULL && atoi(s) > 0) ? atoi(s) : CUDA_VERSION;
+  return v;
+}
+
+/* The newest ABI of symbol that version allows. */
+static CUresult fk_lookup(const char *symbol, void **pfn, int version,
+                          cuuint64_t flags,
+                          CUdriverProcAddressQueryResult *status) {
+  if (symbol == NULL || pfn == NULL ||
+      (flags & ~(cuuint64_t)(CU_GET_PROC_ADDRESS_LEGACY_STREAM |
+                             CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (version > fk_driver_version())
+    return CUDA_ERROR_INVALID_VALUE;
+  const fk_proc_t *best = NULL;
+  bool named = false;
+  for (size_t i = 0; i < sizeof fk_procs / sizeof *fk_procs; i++) {
+    if (strcmp(fk_procs[i].name, symbol) != 0)
+      continue;
+    named = true;
+    if (fk_procs[i].since <= version &&
+        (best == NULL || fk_procs[i].since > best->since))
+      best = &fk_procs[i];
+  }
+  *pfn = NULL;
+  if (status != NULL)
+    *status = best    ? CU_GET_PROC_ADDRESS_SUCCESS
+              : named ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                      : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  if (best == NULL)
+    return CUDA_SUCCESS;
+  void (*fn)(void) = best->fn;
+  if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) &&
+      best->per_thread != NULL)
+    fn = best->per_thread;
+  memcpy(pfn, &fn, sizeof fn);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                             cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *status) {
+  FK_COUNT(cuGetProcAddress_v2);
+  return fk_lookup(symbol, pfn, cudaVersion, flags, status);
+}
+
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                          cuuint64_t flags) {
+  FK_COUNT(cuGetProcAddress);
+  return fk_lookup(symbol, pfn, cudaVersion, flags, NULL);
+}

@@ -1,0 +1,47 @@
+/* fakecuda_test.h - what the cuda-backend tests need from the fake driver.
+ *
+ * The tests never link the fake: mempool loads it with dlopen, and the tests
+ * reach its test hooks the same way, through the copy already loaded. */
+#ifndef MEMPOOL_FAKECUDA_TEST_H
+#define MEMPOOL_FAKECUDA_TEST_H
+
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <criterion/criterion.h>
+
+/* A symbol of the fake libcuda.so.1 (loaded on demand). */
+static inline void *fk_test_sym(const char *name) {
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  cr_assert_not_null(h, "the fake libcuda.so.1 is not on the library path");
+  void *sym = dlsym(h, name);
+  cr_assert_not_null(sym, "the fake driver has no %s", name);
+  return sym;
+}
+
+/* fp = the fake's function `name`, typed as fp is. */
+#define FK_LOAD(fp, name)                                                      \
+  do {                                                                         \
+    void *fk_sym_ = fk_test_sym(name);                                         \
+    memcpy(&(fp), &fk_sym_, sizeof fk_sym_);                                   \
+  } while (0)
+
+/* How often the driver entry point `name` (its exported name) was called. */
+static inline long long fk_calls(const char *name) {
+  long long (*get)(const char *);
+  void *sym = fk_test_sym("cuFakeGetCallCount");
+  memcpy(&get, &sym, sizeof sym);
+  long long n = get(name);
+  cr_assert_geq(n, 0, "the fake driver does not count '%s'", name);
+  return n;
+}
+
+static inline void fk_reset_calls(void) {
+  void (*reset)(void);
+  void *sym = fk_test_sym("cuFakeResetCallCounts");
+  memcpy(&reset, &sym, sizeof sym);
+  reset();
+}
+
+#endif /* MEMPOOL_FAKECUDA_TEST_H */

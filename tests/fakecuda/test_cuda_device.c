@@ -1,0 +1,258 @@
+/* The cuda backend's device, memory and error paths, run on the fake driver
+ * (tests/fakecuda), whose knobs are set per test before the first open:
+ * Criterion runs every test in a process of its own. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda.h>
+#include <mempool/mempool.h>
+
+#include "fakecuda_test.h"
+
+static mp_device_t *open_cuda(const char *spec) {
+  mp_device_t *dev = NULL;
+  mp_status_t st = mp_device_open(spec, &dev);
+  cr_assert_eq(st, MP_OK, "open '%s': %s: %s", spec, mp_status_name(st),
+               mp_last_error());
+  return dev;
+}
+
+Test(cuda_device, name_is_index_and_driver_name) {
+  setenv("FAKECUDA_NAME", "Test GPU 80GB", 1);
+  mp_device_t *dev = open_cuda("cuda");
+  cr_assert_str_eq(mp_device_name(dev), "cuda:0 Test GPU 80GB");
+  mp_device_close(dev);
+}
+
+Test(cuda_device, second_device_by_index) {
+  setenv("FAKECUDA_DEVICE_COUNT", "2", 1);
+  mp_device_t *dev = open_cuda("cuda:1");
+  cr_assert(strncmp(mp_device_name(dev), "cuda:1 ", 7) == 0, "%s",
+            mp_device_name(dev));
+  mp_device_close(dev);
+}
+
+Test(cuda_device, index_out_of_range_is_enodev) {
+  setenv("FAKECUDA_DEVICE_COUNT", "2", 1);
+  mp_device_t *dev = (mp_device_t *)&dev;
+  cr_assert_eq(mp_device_open("cuda:2", &dev), MP_ENODEV);
+  cr_assert(strstr(mp_last_error(), "cuda:2") != NULL, "%s", mp_last_error());
+  cr_assert_eq(dev, (mp_device_t *)&dev, "output written on failure");
+}
+
+Test(cuda_device, malformed_index_is_einval) {
+  const char *bad[] = {"cuda:x", "cuda:-1", "cuda:1x", "cuda: 1",
+                       "cuda:99999999999999999999"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    mp_device_t *dev = NULL;
+    mp_status_t st = mp_device_open(bad[i], &dev);
+    cr_assert_eq(st, MP_EINVAL, "'%s' gave %s", bad[i], mp_status_name(st));
+    cr_assert_null(dev);
+    cr_assert(strstr(mp_last_error(), bad[i]) != NULL, "%s", mp_last_error());
+  }
+}
+
+Test(cuda_device, no_device_is_enodev) {
+  setenv("FAKECUDA_NO_DEVICE", "1", 1);
+  mp_device_t *dev = NULL;
+  cr_assert_eq(mp_device_open("cuda", &dev), MP_ENODEV);
+  cr_assert_null(dev);
+  cr_assert(strstr(mp_last_error(), "no CUDA-capable device") != NULL, "%s",
+            mp_last_error());
+  /* The outcome of cuInit is kept: a second open says the same. */
+  cr_assert_eq(mp_device_open("cuda:0", &dev), MP_ENODEV);
+}
+
+Test(cuda_device, failing_driver_init_is_edriver_with_its_name) {
+  setenv("FAKECUDA_INIT_ERROR", "999", 1); /* CUDA_ERROR_UNKNOWN */
+  mp_device_t *dev = NULL;
+  cr_assert_eq(mp_device_open("cuda", &dev), MP_EDRIVER);
+  cr_assert(strstr(mp_last_error(), "CUDA_ERROR_UNKNOWN") != NULL, "%s",
+            mp_last_error());
+}
+
+Test(cuda_device, default_open_prefers_cuda) {
+  unsetenv("MEMPOOL_DEVICE");
+  mp_device_t *dev = open_cuda(NULL);
+  cr_assert(strncmp(mp_device_name(dev), "cuda:0", 6) == 0, "%s",
+            mp_device_name(dev));
+  mp_device_close(dev);
+}
+
+Test(cuda_device, default_open_falls_back_without_device) {
+  unsetenv("MEMPOOL_DEVICE");
+  setenv("FAKECUDA_NO_DEVICE", "1", 1);
+  mp_device_t *dev = open_cuda(NULL);
+  cr_assert(strncmp(mp_device_name(dev), "cuda", 4) != 0, "%s",
+            mp_device_name(dev));
+  mp_device_close(dev);
+}
+
+Test(cuda_device, entry_points_come_from_cuGetProcAddress) {
+  mp_device_t *dev = open_cuda("cuda");
+  void *p = NULL;
+  cr_assert_eq(mp_device_alloc(dev, 4096, &p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_device_free(dev, p), MP_OK, "%s", mp_last_error());
+  cr_assert_gt(fk_calls("cuGetProcAddress_v2"), 0);
+  /* Base names at version >= 3020 resolve to the _v2 ABIs. */
+  cr_assert_eq(fk_calls("cuMemAlloc_v2"), 1);
+  cr_assert_eq(fk_calls("cuMemFree_v2"), 1);
+  cr_assert_eq(fk_calls("cuInit"), 1);
+  mp_device_close(dev);
+}
+
+Test(cuda_device, close_releases_the_primary_context) {
+  mp_device_t *a = open_cuda("cuda");
+  mp_device_t *b = open_cuda("cuda:0");
+  cr_assert_eq(fk_calls("cuDevicePrimaryCtxRetain"), 2);
+  mp_device_close(a);
+  mp_device_close(b);
+  cr_assert_eq(fk_calls("cuDevicePrimaryCtxRelease_v2"), 2);
+  /* Every push was popped: no context is left on this thread. */
+  cr_assert_eq(fk_calls("cuCtxPushCurrent_v2"), fk_calls("cuCtxPopCurrent_v2"));
+  CUresult (*get_current)(CUcontext *);
+  FK_LOAD(get_current, "cuCtxGetCurrent");
+  CUcontext cur = (CUcontext)&cur;
+  cr_assert_eq(get_current(&cur), CUDA_SUCCESS);
+  cr_assert_null(cur);
+}
+
+/* Another device's context current on the calling thread does not redirect
+ * the calls: each targets the device its handle was opened on. */
+Test(cuda_device, calls_target_the_opened_device_whatever_is_current) {
+  setenv("FAKECUDA_DEVICE_COUNT", "2", 1);
+  setenv("FAKECUDA_DEVICE", "capacity=64M", 1);
+  mp_device_t *d0 = open_cuda("cuda:0");
+  mp_device_t *d1 = open_cuda("cuda:1");
+
+  CUresult (*retain)(CUcontext *, CUdevice);
+  CUresult (*push)(CUcontext);
+  CUresult (*pop)(CUcontext *);
+  CUresult (*release)(CUdevice);
+  FK_LOAD(retain, "cuDevicePrimaryCtxRetain");
+  FK_LOAD(push, "cuCtxPushCurrent_v2");
+  FK_LOAD(pop, "cuCtxPopCurrent_v2");
+  FK_LOAD(release, "cuDevicePrimaryCtxRelease_v2");
+  CUcontext ctx1;
+  cr_assert_eq(retain(&ctx1, 1), CUDA_SUCCESS);
+  cr_assert_eq(push(ctx1), CUDA_SUCCESS);
+
+  size_t f0, f1, f0_after, f1_after, total;
+  cr_assert_eq(mp_device_mem_info(d0, &f0, &total), MP_OK);
+  cr_assert_eq(mp_device_mem_info(d1, &f1, NULL), MP_OK);
+  void *p = NULL;
+  cr_assert_eq(mp_device_alloc(d0, 16 << 20, &p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_device_mem_info(d0, &f0_after, NULL), MP_OK);
+  cr_assert_eq(mp_device_mem_info(d1, &f1_after, NULL), MP_OK);
+  cr_assert_leq(f0_after + (16 << 20), f0, "cuda:0 did not pay for it");
+  cr_assert_eq(f1_after, f1, "cuda:1 paid for cuda:0's allocation");
+
+  /* The thread's own context is still on top. */
+  CUcontext top = NULL;
+  cr_assert_eq(pop(&top), CUDA_SUCCESS);
+  cr_assert_eq(top, ctx1);
+  cr_assert_eq(mp_device_free(d0, p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(release(1), CUDA_SUCCESS);
+  mp_device_close(d1);
+  mp_device_close(d0);
+}
+
+Test(cuda_device, mem_info_reports_the_driver_figures) {
+  setenv("FAKECUDA_DEVICE", "capacity=64M", 1);
+  mp_device_t *dev = open_cuda("cuda");
+  size_t free_b = 0, total = 0;
+  cr_assert_eq(mp_device_mem_info(dev, &free_b, &total), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(total, (size_t)64 << 20);
+  cr_assert_leq(free_b, total);
+  cr_assert_eq(fk_calls("cuMemGetInfo_v2"), 1);
+  mp_device_close(dev);
+}
+
+Test(cuda_device, alloc_then_free) {
+  mp_device_t *dev = open_cuda("cuda");
+  void *a = NULL, *b = NULL;
+  cr_assert_eq(mp_device_alloc(dev, 1000, &a), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_device_alloc(dev, 1 << 20, &b), MP_OK, "%s", mp_last_error());
+  cr_assert_not_null(a);
+  cr_assert_not_null(b);
+  cr_assert_neq(a, b);
+  cr_assert_eq(mp_device_free(dev, a), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_device_free(dev, b), MP_OK, "%s", mp_last_error());
+  /* cuMemFree is preceded by a device synchronization. */
+  cr_assert_geq(fk_calls("cuCtxSynchronize"), 2);
+  mp_device_close(dev);
+}
+
+Test(cuda_device, beyond_capacity_is_enomem) {
+  setenv("FAKECUDA_DEVICE", "capacity=64M", 1);
+  mp_device_t *dev = open_cuda("cuda");
+  void *p = (void *)&p;
+  cr_assert_eq(mp_device_alloc(dev, (size_t)128 << 20, &p), MP_ENOMEM);
+  cr_assert_eq(p, (void *)&p, "output written on failure");
+  cr_assert(strstr(mp_last_error(), "CUDA_ERROR_OUT_OF_MEMORY") != NULL, "%s",
+            mp_last_error());
+  /* The device is still usable. */
+  cr_assert_eq(mp_device_alloc(dev, 1 << 20, &p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_device_free(dev, p), MP_OK);
+  mp_device_close(dev);
+}
+
+Test(cuda_device, free_of_foreign_or_freed_pointer_is_einval) {
+  mp_device_t *dev = open_cuda("cuda");
+  int local;
+  cr_assert_eq(mp_device_free(dev, &local), MP_EINVAL);
+  cr_assert_neq(mp_last_error()[0], '\0');
+  void *p = NULL;
+  cr_assert_eq(mp_device_alloc(dev, 4096, &p), MP_OK);
+  cr_assert_eq(mp_device_free(dev, (char *)p + 16), MP_EINVAL);
+  cr_assert_eq(mp_device_free(dev, p), MP_OK);
+  long long frees = fk_calls("cuMemFree_v2");
+  cr_assert_eq(mp_device_free(dev, p), MP_EINVAL);
+  cr_assert_eq(fk_calls("cuMemFree_v2"), frees, "reached the driver");
+  mp_device_close(dev);
+}
+
+Test(cuda_device, host_alloc_is_writable_and_freed_once) {
+  mp_device_t *dev = open_cuda("cuda");
+  unsigned char *h = NULL;
+  cr_assert_eq(mp_device_host_alloc(dev, 8192, (void **)&h), MP_OK, "%s",
+               mp_last_error());
+  memset(h, 0x5a, 8192);
+  cr_assert_eq(h[8191], 0x5a);
+  cr_assert_eq(fk_calls("cuMemHostAlloc"), 1);
+  cr_assert_eq(mp_device_host_free(dev, h), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_device_host_free(dev, h), MP_EINVAL);
+  cr_assert_eq(fk_calls("cuMemFreeHost"), 1);
+  mp_device_close(dev);
+}
+
+Test(cuda_device, close_releases_what_was_left) {
+  mp_device_t *dev = open_cuda("cuda");
+  void *p = NULL, *h = NULL;
+  mp_stream_t s = NULL;
+  mp_event_t e = NULL;
+  cr_assert_eq(mp_device_alloc(dev, 4096, &p), MP_OK);
+  cr_assert_eq(mp_device_host_alloc(dev, 4096, &h), MP_OK);
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  cr_assert_eq(mp_event_create(dev, &e), MP_OK);
+  mp_device_close(dev);
+  cr_assert_eq(fk_calls("cuMemFree_v2"), 1);
+  cr_assert_eq(fk_calls("cuMemFreeHost"), 1);
+  cr_assert_eq(fk_calls("cuStreamDestroy_v2"), 1);
+  cr_assert_eq(fk_calls("cuEventDestroy_v2"), 1);
+  cr_assert_eq(fk_calls("cuDevicePrimaryCtxRelease_v2"), 1);
+}
+
+Test(cuda_device, reopen_after_close) {
+  for (int i = 0; i < 3; i++) {
+    mp_device_t *dev = open_cuda("cuda");
+    void *p = NULL;
+    cr_assert_eq(mp_device_alloc(dev, 4096, &p), MP_OK, "%s", mp_last_error());
+    cr_assert_eq(mp_device_free(dev, p), MP_OK);
+    mp_device_close(dev);
+  }
+  cr_assert_eq(fk_calls("cuInit"), 1);
+}

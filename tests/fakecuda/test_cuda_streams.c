@@ -1,0 +1,175 @@
+/* The cuda backend's streams, copies, host functions and events, run on the
+ * fake driver. A gate (a host function that blocks its stream until the
+ * test opens it) holds work back, so ordering is observed, not assumed. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include <mempool/mempool.h>
+
+#include "../support/stream_gate.h"
+#include "fakecuda_test.h"
+
+static mp_device_t *open_cuda(void) {
+  mp_device_t *dev = NULL;
+  mp_status_t st = mp_device_open("cuda", &dev);
+  cr_assert_eq(st, MP_OK, "%s: %s", mp_status_name(st), mp_last_error());
+  return dev;
+}
+
+Test(cuda_streams, memset_and_memcpy_round_trip_through_host_memory) {
+  mp_device_t *dev = open_cuda();
+  const size_t n = 1 << 16;
+  unsigned char *d = NULL, *h = NULL, *src = NULL;
+  cr_assert_eq(mp_device_alloc(dev, n, (void **)&d), MP_OK);
+  cr_assert_eq(mp_device_host_alloc(dev, n, (void **)&h), MP_OK);
+  cr_assert_eq(mp_device_host_alloc(dev, n, (void **)&src), MP_OK);
+  for (size_t i = 0; i < n; i++)
+    src[i] = (unsigned char)(i * 7 + 3);
+
+  cr_assert_eq(mp_memset_async(dev, d, 0xab, n, NULL), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_memcpy_async(dev, h, d, n, NULL), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_stream_synchronize(dev, NULL), MP_OK);
+  for (size_t i = 0; i < n; i++)
+    cr_assert_eq(h[i], 0xab, "byte %zu", i);
+
+  cr_assert_eq(mp_memcpy_async(dev, d, src, n, NULL), MP_OK);
+  cr_assert_eq(mp_memcpy_async(dev, h, d, n, NULL), MP_OK);
+  cr_assert_eq(mp_device_synchronize(dev), MP_OK);
+  cr_assert_eq(memcmp(h, src, n), 0);
+  cr_assert_eq(fk_calls("cuMemsetD8Async"), 1);
+  cr_assert_eq(fk_calls("cuMemcpyAsync"), 3);
+
+  cr_assert_eq(mp_device_host_free(dev, src), MP_OK);
+  cr_assert_eq(mp_device_host_free(dev, h), MP_OK);
+  cr_assert_eq(mp_device_free(dev, d), MP_OK);
+  mp_device_close(dev);
+}
+
+Test(cuda_streams, work_on_a_stream_runs_in_order) {
+  mp_device_t *dev = open_cuda();
+  mp_stream_t s = NULL;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK, "%s", mp_last_error());
+  cr_assert_not_null(s, "a created stream is not the default stream");
+  unsigned char *d = NULL, *h = NULL;
+  cr_assert_eq(mp_device_alloc(dev, 4096, (void **)&d), MP_OK);
+  cr_assert_eq(mp_device_host_alloc(dev, 4096, (void **)&h), MP_OK);
+  gate_t g;
+  gate_init(&g);
+  cr_assert_eq(mp_stream_launch_host(dev, s, gate_wait, &g), MP_OK);
+  for (int v = 1; v <= 5; v++)
+    cr_assert_eq(mp_memset_async(dev, d, v, 4096, s), MP_OK);
+  cr_assert_eq(mp_memcpy_async(dev, h, d, 4096, s), MP_OK);
+  gate_open(&g);
+  cr_assert_eq(mp_stream_synchronize(dev, s), MP_OK);
+  for (int i = 0; i < 4096; i++)
+    cr_assert_eq(h[i], 5, "byte %d", i);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(fk_calls("cuStreamDestroy_v2"), 1);
+  gate_destroy(&g);
+  mp_device_host_free(dev, h);
+  mp_device_free(dev, d);
+  mp_device_close(dev);
+}
+
+typedef struct probe {
+  const unsigned char *h;
+  atomic_int seen;
+} probe_t;
+
+static void read_first_byte(void *arg) {
+  probe_t *p = arg;
+  atomic_store(&p->seen, p->h[0]);
+}
+
+Test(cuda_streams, launch_host_runs_after_earlier_work) {
+  mp_device_t *dev = open_cuda();
+  mp_stream_t s = NULL;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  unsigned char *d = NULL, *h = NULL;
+  cr_assert_eq(mp_device_alloc(dev, 1 << 20, (void **)&d), MP_OK);
+  cr_assert_eq(mp_device_host_alloc(dev, 1 << 20, (void **)&h), MP_OK);
+  h[0] = 0;
+  probe_t p = {.h = h};
+  atomic_init(&p.seen, -1);
+  cr_assert_eq(mp_memset_async(dev, d, 7, 1 << 20, s), MP_OK);
+  cr_assert_eq(mp_memcpy_async(dev, h, d, 1 << 20, s), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, s, read_first_byte, &p), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_stream_synchronize(dev, s), MP_OK);
+  cr_assert_eq(atomic_load(&p.seen), 7);
+  cr_assert_eq(fk_calls("cuLaunchHostFunc"), 1);
+  mp_stream_destroy(dev, s);
+  mp_device_host_free(dev, h);
+  mp_device_free(dev, d);
+  mp_device_close(dev);
+}
+
+Test(cuda_streams, event_is_busy_until_its_stream_reaches_it) {
+  mp_device_t *dev = open_cuda();
+  mp_stream_t s = NULL;
+  mp_event_t e = NULL;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  cr_assert_eq(mp_event_create(dev, &e), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_event_query(dev, e), MP_OK, "a fresh event is complete");
+  gate_t g;
+  gate_init(&g);
+  cr_assert_eq(mp_stream_launch_host(dev, s, gate_wait, &g), MP_OK);
+  cr_assert_eq(mp_event_record(dev, e, s), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_event_query(dev, e), MP_EBUSY);
+  gate_open(&g);
+  cr_assert_eq(mp_event_synchronize(dev, e), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_event_query(dev, e), MP_OK);
+  cr_assert_eq(mp_event_destroy(dev, e), MP_OK);
+  cr_assert_eq(mp_event_destroy(dev, e), MP_EINVAL, "destroyed twice");
+  cr_assert_eq(fk_calls("cuEventDestroy_v2"), 1);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+  gate_destroy(&g);
+  mp_device_close(dev);
+}
+
+Test(cuda_streams, stream_waits_for_an_event_of_another_stream) {
+  mp_device_t *dev = open_cuda();
+  mp_stream_t a = NULL, b = NULL;
+  mp_event_t e = NULL;
+  cr_assert_eq(mp_stream_create(dev, &a), MP_OK);
+  cr_assert_eq(mp_stream_create(dev, &b), MP_OK);
+  cr_assert_eq(mp_event_create(dev, &e), MP_OK);
+  unsigned char *d = NULL, *h = NULL;
+  cr_assert_eq(mp_device_alloc(dev, 4096, (void **)&d), MP_OK);
+  cr_assert_eq(mp_device_host_alloc(dev, 4096, (void **)&h), MP_OK);
+  cr_assert_eq(mp_memset_async(dev, d, 1, 4096, NULL), MP_OK);
+  cr_assert_eq(mp_device_synchronize(dev), MP_OK);
+
+  gate_t g;
+  gate_init(&g);
+  cr_assert_eq(mp_stream_launch_host(dev, a, gate_wait, &g), MP_OK);
+  cr_assert_eq(mp_memset_async(dev, d, 2, 4096, a), MP_OK);
+  cr_assert_eq(mp_event_record(dev, e, a), MP_OK);
+  cr_assert_eq(mp_stream_wait_event(dev, b, e), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_memcpy_async(dev, h, d, 4096, b), MP_OK);
+  gate_open(&g);
+  cr_assert_eq(mp_stream_synchronize(dev, b), MP_OK);
+  cr_assert_eq(h[0], 2, "b copied before a's memset");
+  cr_assert_eq(h[4095], 2);
+  cr_assert_eq(fk_calls("cuStreamWaitEvent"), 1);
+
+  mp_event_destroy(dev, e);
+  mp_stream_destroy(dev, a);
+  mp_stream_destroy(dev, b);
+  gate_destroy(&g);
+  mp_device_host_free(dev, h);
+  mp_device_free(dev, d);
+  mp_device_close(dev);
+}
+
+Test(cuda_streams, bad_handles_are_reported_not_fatal) {
+  mp_device_t *dev = open_cuda();
+  cr_assert_eq(mp_stream_destroy(dev, NULL), MP_EINVAL);
+  cr_assert_eq(mp_event_query(dev, NULL), MP_EINVAL);
+  int not_an_event;
+  cr_assert_eq(mp_event_destroy(dev, (mp_event_t)&not_an_event), MP_EINVAL);
+  mp_device_close(dev);
+}
