@@ -1,0 +1,94 @@
+#!/bin/sh
+# run_gpu.sh - the preload checks that need a GPU (registered with ctest as
+# gpu_preload_nvcc; skipped with 77 where there is no driver or nvcc).
+#
+#   run_gpu.sh BUILD_DIR
+#
+# 1. gpu_prog.cu built with nvcc's default static runtime and with
+#    -cudart shared; each runs without the shim (baseline), then under
+#    libmempool_preload.so with a CSV trace and a report: both succeed, and
+#    their traces have the same numbers of allocate and free rows, at least
+#    as many as the program made (the runtime's own allocations are there
+#    too). The .json trace and the reports parse; passthrough mode records
+#    the same counts; mpbench replays the traces where the build has it.
+# 2. torch_smoke.py: a small PyTorch model on mp_torch_malloc / mp_torch_free
+#    from libmempool.so (skipped when torch is not installed).
+# Exit 0: pass; 1: a check failed (it says which); 77: no GPU or no nvcc.
+set -u
+build=$(cd "${1:?usage: run_gpu.sh BUILD_DIR}" && pwd)
+here=$(cd "$(dirname "$0")" && pwd)
+shim=$build/src/preload/libmempool_preload.so
+lib=$build/src/libmempool.so
+nvcc=${NVCC:-}
+[ -n "$nvcc" ] || nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+
+skip() { echo "skip: $*"; exit 77; }
+fail() { echo "FAILED: $*"; exit 1; }
+
+[ -x "$nvcc" ] || skip "no nvcc"
+[ -f "$shim" ] || fail "no $shim (build first)"
+if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1' &&
+   [ ! -e /usr/lib/x86_64-linux-gnu/libcuda.so.1 ] &&
+   [ ! -e /usr/lib64/libcuda.so.1 ]; then
+  skip "no CUDA driver (libcuda.so.1)"
+fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"$nvcc" -O2 -o "$work/prog_static" "$here/gpu_prog.cu" ||
+  fail "nvcc (static runtime)"
+"$nvcc" -O2 -cudart shared -o "$work/prog_shared" "$here/gpu_prog.cu" ||
+  fail "nvcc (shared runtime)"
+
+# The value of word KEY= in file FILE.
+word() { tr ' ' '\n' <"$2" | sed -n "s/^$1=//p" | head -n 1; }
+rows() { grep -c ",$1," "$2" || true; }
+
+if ! "$work/prog_static" >"$work/baseline.out" 2>&1; then
+  grep -qi "no CUDA-capable device\|insufficient" "$work/baseline.out" &&
+    skip "no usable GPU: $(cat "$work/baseline.out")"
+  fail "baseline without the shim: $(cat "$work/baseline.out")"
+fi
+
+for kind in static shared; do
+  LD_PRELOAD=$shim MEMPOOL_TRACE=$work/$kind.csv \
+    MEMPOOL_REPORT=$work/$kind.report.json \
+    "$work/prog_$kind" >"$work/$kind.out" 2>"$work/$kind.err" ||
+    fail "$kind under the shim: $(cat "$work/$kind.out" "$work/$kind.err")"
+  grep -q '"mode": "pool"' "$work/$kind.report.json" ||
+    fail "$kind: the pool did not serve: $(cat "$work/$kind.err")"
+  python3 -m json.tool "$work/$kind.report.json" >/dev/null ||
+    fail "$kind: report does not parse"
+  a=$(word allocs "$work/$kind.out"); f=$(word frees "$work/$kind.out")
+  ra=$(rows allocate "$work/$kind.csv"); rf=$(rows free "$work/$kind.csv")
+  echo "$kind: program allocs=$a frees=$f, trace allocate=$ra free=$rf"
+  if [ "$ra" -lt "$a" ] || [ "$rf" -lt "$f" ]; then
+    fail "$kind: trace has fewer rows than the program's calls"
+  fi
+  eval "ra_$kind=$ra rf_$kind=$rf"
+  if [ -x "$build/bench/mpbench" ]; then
+    "$build/bench/mpbench" replay "$work/$kind.csv" >/dev/null ||
+      fail "$kind: mpbench replay rejected the trace"
+  fi
+done
+# shellcheck disable=SC2154
+if [ "$ra_static" != "$ra_shared" ] || [ "$rf_static" != "$rf_shared" ]; then
+  fail "static and shared runtime traces differ in counts"
+fi
+
+LD_PRELOAD=$shim MEMPOOL_TRACE=$work/run.json "$work/prog_static" \
+  >/dev/null || fail "static runtime with a .json trace"
+python3 -m json.tool "$work/run.json" >/dev/null ||
+  fail ".json trace does not parse"
+
+LD_PRELOAD=$shim MEMPOOL_PRELOAD=passthrough MEMPOOL_TRACE=$work/pass.csv \
+  "$work/prog_shared" >/dev/null || fail "passthrough mode"
+[ "$(rows allocate "$work/pass.csv")" = "$ra_shared" ] ||
+  fail "passthrough trace counts differ from the pool's"
+
+if [ -f "$lib" ]; then
+  python3 "$here/torch_smoke.py" "$lib"
+  rc=$?
+  [ $rc -eq 0 ] || [ $rc -eq 77 ] || fail "torch_smoke.py"
+fi
+echo "ok"
