@@ -265,11 +265,11 @@ static void mpb_gp_quote(FILE *f, const char *s) {
 
 static bool mpb_gnuplot_terminal(char *term, size_t len) {
   if (system("gnuplot -e 'set terminal pngcairo' >/dev/null 2>&1") == 0) {
-    snprintf(term, len, "pngcairo size 1280,720 font ',11'");
+    snprintf(term, len, "pngcairo font ',11' size");
     return true;
   }
   if (system("gnuplot -e 'set terminal png' >/dev/null 2>&1") == 0) {
-    snprintf(term, len, "png size 1280,720");
+    snprintf(term, len, "png size");
     return true;
   }
   return false;
@@ -297,7 +297,7 @@ static mp_status_t mpb_plot(const char *tmp, const mpb_result_t *r, size_t n,
   if (gp == NULL)
     return mp__fail(MP_EINVAL, "cannot write %s: %s", path, strerror(errno));
   fprintf(gp,
-          "set terminal %s\nset grid\nset key top left noenhanced\n"
+          "set terminal %s 1280,720\nset grid\nset key top left noenhanced\n"
           "set datafile missing 'NaN'\n",
           term);
   static char stems[256][200];
@@ -383,18 +383,19 @@ static mp_status_t mpb_plot(const char *tmp, const mpb_result_t *r, size_t n,
   }
   fclose(d);
   fprintf(gp,
-          "set output '%s/ratios.png'\n"
+          "set terminal %s 1600,900\nset output '%s/ratios.png'\n"
           "set title 'peak reserved / peak live (1.0 is the limit; lower "
           "is better)'\nset xlabel ''\nset ylabel 'ratio'\n"
           "set style data histograms\n"
           "set style histogram clustered gap 1\n"
           "set style fill solid 0.85 border -1\nset boxwidth 0.9\n"
           "set xtics rotate by 35 right noenhanced\nset yrange [0:*]\n"
-          "set key top right noenhanced\n"
-          "set bmargin 12\nset lmargin 12\nset ytics nomirror\n"
+          "set offsets 0, 0, graph 0.12, 0\n"
+          "set key inside top right noenhanced\n"
+          "set bmargin 16\nset lmargin 12\nset ytics nomirror\n"
           "set arrow 1 from graph 0, first 1 to graph 1, first 1 nohead "
           "lc rgb 'black' dt 2 front\n",
-          tmp);
+          term, tmp);
   fputs("plot ", gp);
   for (size_t a = 0; a < al.n; a++) {
     fprintf(gp, "%s'%s/ratios.dat' using %zu%s title ", a ? ", " : "", tmp,
