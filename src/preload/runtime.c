@@ -253,7 +253,7 @@ mp__cudaerr cudaFreeHost(void *ptr) {
     mp__pl_table_put(b.ptr, b.size, b.stream, b.kind); /* not pinned memory */
     return MP__CUDA_INVALID_VALUE;
   }
-  if (ptr == NULL && rt->free_host == NULL)
+  if (ptr == NULL && (rt->free_host == NULL || mp__pl_get()->host))
     return MP__CUDA_SUCCESS;
   return rt->free_host ? rt->free_host(ptr) : MP__CUDA_INIT_ERROR;
 }

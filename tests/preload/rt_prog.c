@@ -9,7 +9,9 @@
  * It exits 0 when every call succeeded and 2 (naming the call) otherwise.
  * "atexit" leaves one block to an exit handler to free; "fork" also runs
  * allocations in a forked child and frees a parent's block there;
- * "threads" first has 4 threads race through N allocate/free pairs each. */
+ * "threads" first has 4 threads race through N allocate/free pairs each;
+ * "host-memory" writes to the pinned and managed blocks it makes (which it
+ * always makes and frees once, outside the counts). */
 #include <cuda_runtime_api.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -121,6 +123,17 @@ int main(int argc, char **argv) {
     check(cudaFree(p[i]), "cudaFree");
     frees++;
   }
+  /* Pinned and managed memory: not device allocations, not in the trace. */
+  char *pinned = NULL, *managed = NULL;
+  check(cudaMallocHost((void **)&pinned, 4096), "cudaMallocHost");
+  check(cudaMallocManaged((void **)&managed, 4096, cudaMemAttachGlobal),
+        "cudaMallocManaged");
+  if (strcmp(mode, "host-memory") == 0) {
+    memset(pinned, 1, 4096); /* both are host-accessible on the emulator */
+    memset(managed, 2, 4096);
+  }
+  check(cudaFreeHost(pinned), "cudaFreeHost");
+  check(cudaFree(managed), "cudaFree (managed)");
   size_t idle_free = 0;
   check(cudaMemGetInfo(&idle_free, &total), "cudaMemGetInfo");
   if (leftover != NULL)

@@ -32,7 +32,8 @@ Test(preload_runtime, without_the_shim_the_program_fails_for_want_of_a_driver) {
 }
 
 Test(preload_runtime, host_device_serves_malloc_free_async_and_meminfo) {
-  run_preloaded(prog, NULL, NULL, NULL, &r);
+  const char *argv[] = {MP_RT_PROG, N, "host-memory", NULL};
+  run_preloaded(argv, NULL, NULL, NULL, &r);
   cr_assert(r.exited && r.code == 0, "status %d\nout: %s\nerr: %s", r.code,
             r.out, r.err);
   cr_assert_eq(word_value(r.out, "allocs"), atoi(N) + 1);
@@ -113,6 +114,7 @@ Test(preload_runtime, json_trace_and_report_parse_and_agree) {
       sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
          "sys.exit(0 if d[\"mode\"]==\"pool\" and "
          "d[\"calls\"][\"allocate\"]==%lld and d[\"calls\"][\"free\"]==%lld "
+         "and d[\"calls\"][\"pinned\"]==1 and d[\"calls\"][\"managed\"]==1 "
          "and d[\"pool\"][\"alloc_count\"]>=%lld else 1)' %s",
          word_value(r.out, "allocs"), word_value(r.out, "frees"),
          word_value(r.out, "allocs"), report),
