@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# cmake/deps.sh - install what building and testing mempool needs, only what
+# is missing, from Debian's packages. Sourced by tests/run.sh and
+# bench/run.sh; safe to run again (it does nothing when all is present).
+#   mempool_deps [extra-package...]
+mempool_deps() {
+  local want=(cmake make gcc pkg-config libcriterion-dev libjemalloc-dev "$@")
+  local missing=()
+  local p
+  for p in "${want[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+      missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "mempool: installing ${missing[*]}" >&2
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq &&
+    $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
