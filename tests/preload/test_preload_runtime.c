@@ -223,3 +223,29 @@ Test(preload_runtime, unwritable_trace_says_so_and_still_serves) {
   cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
   cr_assert(strstr(r.err, "cannot write MEMPOOL_TRACE") != NULL, "%s", r.err);
 }
+
+/* MEMPOOL_CONF reaches the pool: with align=64K every block the program
+ * gets (and so every pointer in the trace) sits on a 64 KiB boundary. */
+Test(preload_runtime, conf_options_reach_the_pool) {
+  char dir[64], trace[128], e1[160];
+  scratch_dir(dir, sizeof dir);
+  snprintf(trace, sizeof trace, "%s/aligned.csv", dir);
+  snprintf(e1, sizeof e1, "MEMPOOL_TRACE=%s", trace);
+  run_preloaded(prog, e1, "MEMPOOL_CONF=align=64K", NULL, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_eq(count_lines(trace, ",allocate,"), word_value(r.out, "allocs"));
+  cr_assert_eq(sh("python3 -c 'import csv,sys; rows=list(csv.DictReader("
+                  "open(sys.argv[1]))); sys.exit(0 if rows and all("
+                  "int(x[\"Pointer\"],16)%%65536==0 for x in rows) else 1)' %s",
+                  trace),
+               0);
+  unlink(trace);
+  rmdir(dir);
+}
+
+Test(preload_runtime, unwritable_report_says_so_at_exit) {
+  run_preloaded(prog, "MEMPOOL_REPORT=/nonexistent/dir/report.json", NULL, NULL,
+                &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert(strstr(r.err, "cannot write MEMPOOL_REPORT") != NULL, "%s", r.err);
+}
