@@ -158,6 +158,64 @@ static void mp__swap_places(mp__mover_t *m, mp__block_t *b, mp__block_t *f,
   m->moved += b->size;
 }
 
+/* ---- new homes ---------------------------------------------------------- */
+
+static bool mp__avoided(const mp__block_t *f, mp__segment_t *const *avoid,
+                        size_t navoid) {
+  for (size_t i = 0; i < navoid; i++)
+    if (f->seg == avoid[i])
+      return true;
+  return false;
+}
+
+static void mp__untake_home(mp_pool_t *pool, mp__block_t *f) {
+  pool->st.free_blocks++;
+  f = mp__block_coalesce(pool, f);
+  mp__index_insert(pool, f);
+}
+
+/* Takes a free block of exactly `size` bytes out of the index, outside the
+ * segments of avoid[], that the mover's stream may write now; NULL if none.
+ * The search follows the index's best-fit order and is bounded, so it
+ * never scans the pool. */
+static mp__block_t *mp__take_home(mp__mover_t *m, size_t size,
+                                  mp__segment_t *const *avoid, size_t navoid) {
+  mp_pool_t *pool = m->pool;
+  mp__block_t *f = mp__index_best_fit(pool, size);
+  for (unsigned k = 0; f != NULL; k++, f = mp__index_next(pool, f)) {
+    if (k == 64)
+      return NULL;
+    if (!mp__avoided(f, avoid, navoid) &&
+        mp__deps_safe(pool, f, m->sidx, false))
+      break;
+  }
+  if (f == NULL)
+    return NULL;
+  mp__index_remove(pool, f);
+  pool->st.free_blocks--;
+  mp__block_split(pool, f, size);
+  if (f->size != size) { /* no record for the rest: cannot cut it */
+    mp__untake_home(pool, f);
+    return NULL;
+  }
+  return f;
+}
+
+/* Copies b into a home taken for it in another segment and swaps their
+ * places. */
+static mp_status_t mp__move_home(mp__mover_t *m, mp__block_t *b,
+                                 mp__block_t *home) {
+  mp_status_t st = mp_memcpy_async(m->pool->dev, (void *)home->addr,
+                                   (const void *)b->addr, b->size, m->s);
+  if (st != MP_OK) {
+    mp__untake_home(m->pool, home);
+    return st;
+  }
+  m->pool->st.free_blocks++; /* the home comes back as b's old place */
+  mp__swap_places(m, b, home, home->addr);
+  return MP_OK;
+}
+
 /* ---- compaction inside a segment --------------------------------------- */
 
 static bool mp__need_met(const mp__mover_t *m) {
@@ -165,7 +223,10 @@ static bool mp__need_met(const mp__mover_t *m) {
 }
 
 /* Slides every movable block above the fence onto the free block below
- * it. */
+ * it, so no free space is left between them. (Filling holes low down with
+ * blocks from the top first was tried: on bench_defrag_kv it moved as many
+ * bytes or more, since the slide still has to close what the fills leave.)
+ */
 static mp_status_t mp__compact_segment(mp__mover_t *m, mp__segment_t *seg) {
   for (mp__block_t *b = mp__above_fence(seg); b != NULL; b = b->next) {
     mp__block_t *f = b->prev;
@@ -183,39 +244,6 @@ static mp_status_t mp__compact_segment(mp__mover_t *m, mp__segment_t *seg) {
 }
 
 /* ---- evacuation of plain segments -------------------------------------- */
-
-static void mp__untake_home(mp_pool_t *pool, mp__block_t *f) {
-  pool->st.free_blocks++;
-  f = mp__block_coalesce(pool, f);
-  mp__index_insert(pool, f);
-}
-
-/* Takes a free block of exactly `size` bytes out of the index, outside the
- * segments in avoid[0..navoid), that the mover's stream may write now. */
-static mp__block_t *mp__take_home(mp__mover_t *m, size_t size,
-                                  mp__segment_t *const *avoid, size_t navoid) {
-  mp_pool_t *pool = m->pool;
-  mp__block_t *f = mp__index_best_fit(pool, size);
-  for (unsigned k = 0; f != NULL; k++, f = mp__index_next(pool, f)) {
-    if (k == 64)
-      return NULL; /* bounded search: give up rather than scan the pool */
-    bool avoided = false;
-    for (size_t i = 0; i < navoid; i++)
-      avoided |= f->seg == avoid[i];
-    if (!avoided && mp__deps_safe(pool, f, m->sidx, false))
-      break;
-  }
-  if (f == NULL)
-    return NULL;
-  mp__index_remove(pool, f);
-  pool->st.free_blocks--;
-  mp__block_split(pool, f, size);
-  if (f->size != size) { /* no record for the rest: cannot cut it */
-    mp__untake_home(pool, f);
-    return NULL;
-  }
-  return f;
-}
 
 /* Bytes of live blocks in seg, or 0 when seg is not a plain segment made
  * only of blocks that may move (nothing to evacuate). */
@@ -257,16 +285,9 @@ static mp_status_t mp__evacuate(mp__mover_t *m, mp__segment_t *seg,
       break;
   mp_status_t st = MP_OK;
   size_t i = 0;
-  if (k == n) {
-    for (; i < n; i++) {
-      st = mp_memcpy_async(pool->dev, (void *)home[i]->addr,
-                           (const void *)live[i]->addr, live[i]->size, m->s);
-      if (st != MP_OK)
-        break;
-      pool->st.free_blocks++; /* the home comes back as the old place */
-      mp__swap_places(m, live[i], home[i], home[i]->addr);
-    }
-  }
+  if (k == n)
+    for (; i < n && st == MP_OK; i++)
+      st = mp__move_home(m, live[i], home[i]);
   while (k > i)
     mp__untake_home(pool, home[--k]);
   free(live);

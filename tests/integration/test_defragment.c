@@ -327,3 +327,24 @@ Test(defrag_child, a_child_pool_defragments_inside_its_range) {
   pool = parent;
   cr_assert_eq(mp_pool_check(parent), MP_OK, "%s", mp_last_error());
 }
+
+/* With the device full, no staging buffer can be had: the overlapping slide
+ * falls back to chunks the size of its gap and still keeps every byte. */
+Test(defrag_oom, overlapping_move_without_room_for_staging) {
+  open_pool("host:capacity=4M", NULL);
+  mp_handle_t *small = movable(512, 1);
+  mp_handle_t *big = movable(3u << 20, 2);
+  size_t f, t;
+  cr_assert_eq(mp_device_mem_info(dev, &f, &t), MP_OK);
+  cr_assert_lt(f, 3u << 20, "the device has no room for a 3M buffer");
+  char *sp = mp_handle_ptr(small), *bp = mp_handle_ptr(big);
+  cr_assert_eq(mp_handle_free(small), MP_OK);
+  size_t moved = defragment();
+  if (sp + 512 == bp) {
+    cr_assert_eq((char *)mp_handle_ptr(big), sp);
+    cr_assert_eq(moved, 3u << 20);
+  }
+  expect_pattern(mp_handle_ptr(big), 3u << 20, 2);
+  cr_assert_eq(mp_handle_free(big), MP_OK);
+  check();
+}
