@@ -9,6 +9,9 @@
  * report and marked in the .json trace, never written to the CSV, so a
  * replay sees exactly the device allocations.
  * $MEMPOOL_REPORT=path|stderr: JSON statistics at exit.
+ * In both paths "%p" stands for the process id. Only a process that made a
+ * hooked call writes anything: the many processes a job starts with the
+ * variables inherited (shells, tools) leave the files alone.
  *
  * One mutex orders the lines; a line is written whole or not at all. The
  * invariant: a forked child never writes to its parent's files (the buffer
@@ -43,13 +46,34 @@ static long mp__thread_id(void) {
   return mp__tid;
 }
 
+/* $MEMPOOL_TRACE / $MEMPOOL_REPORT with "%p" replaced by the process id,
+ * so that the processes of one job (which inherit the variables) write
+ * files of their own; NULL when unset or empty. */
+static const char *mp__env_path(const char *var, char *buf, size_t cap) {
+  const char *v = getenv(var);
+  if (v == NULL || v[0] == '\0')
+    return NULL;
+  size_t n = 0;
+  for (const char *c = v; *c != '\0' && n + 1 < cap; c++) {
+    if (c[0] == '%' && c[1] == 'p') {
+      int w = snprintf(buf + n, cap - n, "%d", (int)getpid());
+      n = w > 0 && (size_t)w < cap - n ? n + (size_t)w : cap - 1;
+      c++;
+    } else {
+      buf[n++] = *c;
+    }
+  }
+  buf[n] = '\0';
+  return buf;
+}
+
 void mp__pl_record_open(const mp__pl_t *pl) {
   pthread_mutex_lock(&mp__rec.lock);
   mp__rec.pl = pl;
   clock_gettime(CLOCK_MONOTONIC, &mp__rec.t0);
-  const char *path = getenv("MEMPOOL_TRACE");
-  if (!mp__rec.child && mp__rec.trace == NULL && path != NULL &&
-      path[0] != '\0') {
+  char buf[4096];
+  const char *path = mp__env_path("MEMPOOL_TRACE", buf, sizeof buf);
+  if (!mp__rec.child && mp__rec.trace == NULL && path != NULL) {
     size_t n = strlen(path);
     mp__rec.json = n >= 5 && strcmp(path + n - 5, ".json") == 0;
     mp__rec.trace = fopen(path, "w");
@@ -189,9 +213,7 @@ void mp__pl_count_bypass(const char *why) {
 }
 
 static void mp__report(FILE *f, const mp__pl_t *pl) {
-  const char *mode = pl == NULL                ? "unused"
-                     : pl->mode == MP__PL_POOL ? "pool"
-                                               : "passthrough";
+  const char *mode = pl->mode == MP__PL_POOL ? "pool" : "passthrough";
   fprintf(f,
           "{\n  \"mode\": \"%s\",\n  \"device\": \"%s\",\n"
           "  \"calls\": {\"allocate\": %llu, \"allocate_failure\": %llu, "
@@ -199,7 +221,7 @@ static void mp__report(FILE *f, const mp__pl_t *pl) {
           "  \"bypassed\": {\"capture\": %llu, \"other_device\": %llu, "
           "\"foreign_free\": %llu},\n"
           "  \"live_bytes\": %zu,\n  \"peak_live_bytes\": %zu",
-          mode, pl && pl->dev ? mp_device_name(pl->dev) : "",
+          mode, pl->dev ? mp_device_name(pl->dev) : "",
           (unsigned long long)mp__rec.allocs,
           (unsigned long long)mp__rec.alloc_failures,
           (unsigned long long)mp__rec.frees, (unsigned long long)mp__rec.pinned,
@@ -209,8 +231,7 @@ static void mp__report(FILE *f, const mp__pl_t *pl) {
           (unsigned long long)mp__rec.foreign_frees, mp__rec.live,
           mp__rec.peak_live);
   mp_stats_t s;
-  if (pl != NULL && pl->pool != NULL &&
-      mp_pool_get_stats(pl->pool, &s) == MP_OK)
+  if (pl->pool != NULL && mp_pool_get_stats(pl->pool, &s) == MP_OK)
     fprintf(f,
             ",\n  \"pool\": {\"reserved_bytes\": %zu, "
             "\"peak_reserved_bytes\": %zu, \"allocated_bytes\": %zu, "
@@ -231,7 +252,7 @@ static void mp__report(FILE *f, const mp__pl_t *pl) {
 
 void mp__pl_record_finish(const mp__pl_t *pl) {
   pthread_mutex_lock(&mp__rec.lock);
-  if (mp__rec.child) {
+  if (mp__rec.child || pl == NULL) {
     pthread_mutex_unlock(&mp__rec.lock);
     return;
   }
@@ -244,8 +265,9 @@ void mp__pl_record_finish(const mp__pl_t *pl) {
      * made by later exit handlers. */
     fflush(mp__rec.trace);
   }
-  const char *path = getenv("MEMPOOL_REPORT");
-  if (path != NULL && path[0] != '\0') {
+  char buf[4096];
+  const char *path = mp__env_path("MEMPOOL_REPORT", buf, sizeof buf);
+  if (path != NULL) {
     bool to_stderr = strcmp(path, "stderr") == 0;
     FILE *f = to_stderr ? stderr : fopen(path, "w");
     if (f == NULL) {

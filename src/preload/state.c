@@ -346,7 +346,8 @@ const mp__pl_t *mp__pl_get(void) {
 
 /* Late among the destructors (the shim depends on nothing but libc and is
  * preloaded), so the program's and the runtime's own exit work is mostly
- * done. The pool is left alone: something may still free into it. */
+ * done. The pool is left alone: something may still free into it. A
+ * process that never made a hooked call writes nothing. */
 __attribute__((destructor)) static void mp__exit(void) {
   mp__pl_record_finish(atomic_load(&mp__started) ? &mp__state : NULL);
 }

@@ -249,3 +249,25 @@ Test(preload_runtime, unwritable_report_says_so_at_exit) {
   cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
   cr_assert(strstr(r.err, "cannot write MEMPOOL_REPORT") != NULL, "%s", r.err);
 }
+
+/* "%p" in the paths is the process id; a process that made no CUDA call
+ * (a shell, a tool the job starts with the variables inherited) writes
+ * nothing, so it cannot clobber the files of one that did. */
+Test(preload_runtime, paths_take_the_pid_and_idle_processes_write_nothing) {
+  char dir[64], e1[160], e2[160];
+  scratch_dir(dir, sizeof dir);
+  snprintf(e1, sizeof e1, "MEMPOOL_REPORT=%s/report_%%p.json", dir);
+  snprintf(e2, sizeof e2, "MEMPOOL_TRACE=%s/trace_%%p.csv", dir);
+  const char *idle[] = {"/bin/true", NULL};
+  run_preloaded(idle, e1, e2, NULL, &r);
+  cr_assert(r.exited && r.code == 0);
+  cr_assert_eq(sh("test -z \"$(ls -A %s)\"", dir), 0, "idle process wrote");
+  run_preloaded(prog, e1, e2, NULL, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_eq(sh("ls %s | grep -Eqx 'report_[0-9]+\\.json' && "
+                  "ls %s | grep -Eqx 'trace_[0-9]+\\.csv' && "
+                  "python3 -m json.tool %s/report_*.json >/dev/null",
+                  dir, dir, dir),
+               0);
+  sh("rm -rf %s", dir);
+}
