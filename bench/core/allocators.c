@@ -17,8 +17,12 @@
  * hooks, so it runs on the host device only, where device memory is host
  * memory. Invariant: reserved = sum of the device allocations in chunks[].
  *
- * "cuda-async" (cudaMallocAsync) and "cuda-malloc" (cuMemAlloc per request)
- * are listed so a run on a machine without a GPU says they were skipped. */
+ * "cuda-malloc" is the device with nothing between: mp_device_alloc per
+ * request and mp_device_free per free (cuMemAlloc/cuMemFree on CUDA), its
+ * reserved bytes the device's used memory since it was opened, as
+ * cuMemGetInfo reports it (so the driver's own rounding shows). It and
+ * "cuda-async" (cudaMallocAsync, not implemented yet) are listed on the host
+ * device so that a run without a GPU says they were skipped. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,7 +36,8 @@
 typedef enum {
   MPB_KIND_MEMPOOL,
   MPB_KIND_DIRECT,
-  MPB_KIND_JEMALLOC
+  MPB_KIND_JEMALLOC,
+  MPB_KIND_RAW
 } mpb_kind_t;
 
 typedef struct mpb_jemalloc mpb_jemalloc_t;
@@ -42,6 +47,8 @@ struct mpb_allocator {
   mp_device_t *dev;
   mp_allocator_t *mp; /* MEMPOOL, DIRECT */
   mpb_jemalloc_t *je; /* JEMALLOC */
+  size_t raw_base;    /* RAW: device memory in use when it was opened */
+  uint64_t raw_calls; /* RAW: device allocations + frees */
 };
 
 const char *const mpb_default_allocators[] = {
@@ -63,9 +70,13 @@ void mpb_allocator_help(FILE *out) {
           "                       device through extent hooks (host device "
           "only)%s\n"
           "  cuda-async           cudaMallocAsync (needs a GPU; not "
-          "implemented)\n"
-          "  cuda-malloc          cuMemAlloc per request (needs a GPU; not "
-          "implemented)\n",
+          "implemented yet)\n"
+          "  cuda-malloc          the driver itself, no library between: "
+          "cuMemAlloc\n"
+          "                       per request, cuMemFree per free; "
+          "reserved is the\n"
+          "                       device's used memory (cuMemGetInfo) "
+          "(needs a GPU)\n",
 #if MPBENCH_HAVE_JEMALLOC
           ""
 #else
@@ -102,6 +113,8 @@ static bool mpb_device_is_host(mp_device_t *dev) {
 
 bool mpb_allocator_available(const char *name, mp_device_t *dev, char *why,
                              size_t why_len) {
+  if (strcmp(name, "cuda-malloc") == 0 && !mpb_device_is_host(dev))
+    return true;
   if (mpb_is_gpu_only(name)) {
     snprintf(why, why_len, "%s",
              mpb_device_is_host(dev) ? "needs a GPU (device is host)"
@@ -275,7 +288,12 @@ mp_status_t mpb_allocator_open(const char *name, mp_device_t *dev,
   if (a == NULL)
     return mp__fail(MP_ENOMEM, "out of host memory");
   a->dev = dev;
-  if (make == NULL && strcmp(name, "jemalloc") == 0) {
+  if (make == NULL && strcmp(name, "cuda-malloc") == 0) {
+    a->kind = MPB_KIND_RAW;
+    size_t free_b, total_b;
+    st = mp_device_mem_info(dev, &free_b, &total_b);
+    a->raw_base = total_b - free_b;
+  } else if (make == NULL && strcmp(name, "jemalloc") == 0) {
     a->kind = MPB_KIND_JEMALLOC;
 #if MPBENCH_HAVE_JEMALLOC
     st = mpb_je_open(dev, &a->je);
@@ -296,6 +314,10 @@ mp_status_t mpb_allocator_open(const char *name, mp_device_t *dev,
 
 mp_status_t mpb_allocator_alloc(mpb_allocator_t *a, size_t size, mp_stream_t s,
                                 void **out) {
+  if (a->kind == MPB_KIND_RAW) {
+    a->raw_calls++;
+    return mp_device_alloc(a->dev, size, out);
+  }
 #if MPBENCH_HAVE_JEMALLOC
   if (a->kind == MPB_KIND_JEMALLOC) {
     *out = mallocx(size, MALLOCX_ARENA(a->je->arena) | MALLOCX_TCACHE_NONE);
@@ -307,6 +329,10 @@ mp_status_t mpb_allocator_alloc(mpb_allocator_t *a, size_t size, mp_stream_t s,
 }
 
 mp_status_t mpb_allocator_free(mpb_allocator_t *a, void *ptr) {
+  if (a->kind == MPB_KIND_RAW) {
+    a->raw_calls++;
+    return ptr ? mp_device_free(a->dev, ptr) : MP_OK;
+  }
 #if MPBENCH_HAVE_JEMALLOC
   if (a->kind == MPB_KIND_JEMALLOC) {
     if (ptr != NULL)
@@ -322,6 +348,14 @@ mp_status_t mpb_allocator_free(mpb_allocator_t *a, void *ptr) {
 
 void mpb_allocator_sample(mpb_allocator_t *a, mpb_sample_t *out) {
   memset(out, 0, sizeof *out);
+  if (a->kind == MPB_KIND_RAW) {
+    size_t free_b, total_b;
+    if (mp_device_mem_info(a->dev, &free_b, &total_b) == MP_OK &&
+        total_b - free_b > a->raw_base)
+      out->reserved = total_b - free_b - a->raw_base;
+    out->device_calls = a->raw_calls;
+    return;
+  }
 #if MPBENCH_HAVE_JEMALLOC
   if (a->kind == MPB_KIND_JEMALLOC) {
     out->reserved = a->je->reserved;
