@@ -8,17 +8,20 @@
  * at random lengths and new ones start, so the pool fragments the way a
  * serving engine's does.
  *
- * Every `every` steps the loop stops and defragments on its stream. For
+ * The loop runs twice on fresh pools with the same random workload. In the
+ * first run it stops every `every` steps and defragments on its stream; for
  * each stop it prints the largest free block and the free bytes before and
- * after, the bytes moved and the time the defragmentation took until its
- * copies were complete; at the end, totals and the time per moved GiB, and
- * what trim gives back after a last defragmentation.
+ * after, the bytes moved and the time until the copies were complete. Each
+ * run then prints its peak reserved bytes, the largest free block at the
+ * end and what trim gives back; the second run never defragments. Last,
+ * the total bytes moved and the time per moved GiB.
  *
  * Usage: bench_defrag_kv [--device SPEC] [--seqs N] [--steps N]
  *          [--token-bytes SIZE] [--every N] [--seed N]
  * Defaults: host:capacity=8G, 32 sequences, 2000 steps, 8 KiB per token,
  * every 250 steps. */
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,37 +158,30 @@ static void stop_and_defragment(mp_pool_t *pool, mp_device_t *dev,
   t->runs++;
 }
 
-int main(int argc, char **argv) {
-  opts_t o;
-  parse(argc, argv, &o);
-  rng_state = o.seed * 2654435761u + 1;
-  mp_device_t *dev;
+/* Runs the decode loop on a fresh pool; with defrag, stops every o->every
+ * steps and at the end to defragment. Returns the pool's last stats. */
+static mp_stats_t run(const opts_t *o, mp_device_t *dev, bool defrag,
+                      totals_t *t) {
+  rng_state = o->seed * 2654435761u + 1; /* the same workload each run */
   mp_pool_t *pool;
   mp_stream_t st;
   mp_status_t r;
-  if ((r = mp_device_open(o.device, &dev)) != MP_OK)
-    die("open device", r);
   if ((r = mp_pool_create(dev, NULL, &pool)) != MP_OK)
     die("create pool", r);
   if ((r = mp_stream_create(dev, &st)) != MP_OK)
     die("create stream", r);
-  printf("bench_defrag_kv: device %s, %u sequences, %u steps, %zu B/token, "
-         "defragment every %u steps\n",
-         mp_device_name(dev), o.seqs, o.steps, o.token_bytes, o.every);
-
-  seq_t *seqs = calloc(o.seqs, sizeof *seqs);
-  for (unsigned i = 0; i < o.seqs; i++)
+  seq_t *seqs = calloc(o->seqs, sizeof *seqs);
+  for (unsigned i = 0; i < o->seqs; i++)
     start(&seqs[i]);
-  totals_t t = {0};
   void *tmp[4];
-  for (unsigned step = 1; step <= o.steps; step++) {
+  for (unsigned step = 1; step <= o->steps; step++) {
     for (unsigned k = 0; k < 4; k++)
       if ((r = mp_pool_alloc(pool, rnd_between(64 << 10, 2 << 20), st,
                              &tmp[k])) != MP_OK)
         die("temporary", r);
-    for (unsigned i = 0; i < o.seqs; i++) {
+    for (unsigned i = 0; i < o->seqs; i++) {
       seq_t *s = &seqs[i];
-      grow(pool, dev, st, s, o.token_bytes);
+      grow(pool, dev, st, s, o->token_bytes);
       s->tokens++;
       if (s->tokens == s->end_tokens) {
         if ((r = mp_handle_free(s->kv)) != MP_OK)
@@ -195,35 +191,54 @@ int main(int argc, char **argv) {
     }
     for (unsigned k = 0; k < 4; k++)
       mp_pool_free(pool, tmp[k]);
-    if (step % o.every == 0)
-      stop_and_defragment(pool, dev, st, step, &t);
+    if (defrag && step % o->every == 0)
+      stop_and_defragment(pool, dev, st, step, t);
   }
-
+  if (defrag)
+    stop_and_defragment(pool, dev, st, o->steps, t);
   mp_stats_t a, b;
-  stop_and_defragment(pool, dev, st, o.steps, &t);
   mp_pool_get_stats(pool, &a);
   if ((r = mp_pool_trim(pool, 0)) != MP_OK)
     die("trim", r);
   mp_pool_get_stats(pool, &b);
-  char x[4][32];
-  double gib = (double)t.moved / (double)MP__GiB;
-  printf("total: %u defragmentations moved %s in %.3f ms: %.3f s per moved "
-         "GiB (%.2f GiB/s)\n",
-         t.runs, mp__fmt_bytes(x[0], 32, t.moved), t.seconds * 1e3,
-         gib > 0 ? t.seconds / gib : 0.0, t.seconds > 0 ? gib / t.seconds : 0);
-  printf("trim after the last defragmentation: reserved %s -> %s (live %s, "
-         "peak reserved %s)\n",
-         mp__fmt_bytes(x[0], 32, a.reserved_bytes),
-         mp__fmt_bytes(x[1], 32, b.reserved_bytes),
-         mp__fmt_bytes(x[2], 32, b.allocated_bytes),
-         mp__fmt_bytes(x[3], 32, b.peak_reserved_bytes));
-
-  for (unsigned i = 0; i < o.seqs; i++)
+  char x[6][32];
+  printf("%s defragmentation: peak reserved %s; at the end largest free %s "
+         "of %s free; trim: reserved %s -> %s (live %s)\n",
+         defrag ? "with   " : "without",
+         mp__fmt_bytes(x[0], 32, b.peak_reserved_bytes),
+         mp__fmt_bytes(x[1], 32, a.largest_free_bytes),
+         mp__fmt_bytes(x[2], 32, a.free_bytes),
+         mp__fmt_bytes(x[3], 32, a.reserved_bytes),
+         mp__fmt_bytes(x[4], 32, b.reserved_bytes),
+         mp__fmt_bytes(x[5], 32, b.allocated_bytes));
+  for (unsigned i = 0; i < o->seqs; i++)
     if (seqs[i].kv != NULL)
       mp_handle_free(seqs[i].kv);
   free(seqs);
   mp_stream_destroy(dev, st);
   mp_pool_destroy(pool);
+  return b;
+}
+
+int main(int argc, char **argv) {
+  opts_t o;
+  parse(argc, argv, &o);
+  mp_device_t *dev;
+  mp_status_t r;
+  if ((r = mp_device_open(o.device, &dev)) != MP_OK)
+    die("open device", r);
+  printf("bench_defrag_kv: device %s, %u sequences, %u steps, %zu B/token, "
+         "defragment every %u steps\n",
+         mp_device_name(dev), o.seqs, o.steps, o.token_bytes, o.every);
+  totals_t t = {0};
+  run(&o, dev, true, &t);
+  run(&o, dev, false, &t);
+  char x[32];
+  double gib = (double)t.moved / (double)MP__GiB;
+  printf("total: %u defragmentations moved %s in %.3f ms: %.3f s per moved "
+         "GiB (%.2f GiB/s)\n",
+         t.runs, mp__fmt_bytes(x, 32, t.moved), t.seconds * 1e3,
+         gib > 0 ? t.seconds / gib : 0.0, t.seconds > 0 ? gib / t.seconds : 0);
   mp_device_close(dev);
   return 0;
 }
