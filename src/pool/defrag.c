@@ -20,10 +20,10 @@
  * itself, so it is copied low to high in chunks no larger than the gap: a
  * chunk's destination then only covers source bytes already copied. When
  * the gap is tiny compared with the block, a staging buffer (one device
- * allocation per defragmentation) makes the chunks as large as the buffer
- * instead. The space a block leaves gets a dep on the copy stream, and the
- * block gets the copy stream as a use, so no other stream reuses either
- * before the copies are done.
+ * allocation per defragmentation, only where the pool's cap leaves room
+ * for it) makes the chunks as large as the buffer instead. The space a block
+ * leaves gets a dep on the copy stream, and the block gets the copy stream as a
+ * use, so no other stream reuses either before the copies are done.
  *
  * Invariant: the copies for a move are queued before the pool lock is
  * released, so whoever reuses the space it vacated orders after them; the
@@ -350,7 +350,15 @@ static bool mp__plan(mp_pool_t *pool, size_t *stage_bytes) {
     }
     any |= mp__evacuable(seg) > 0 && pool->segs->next != NULL;
   }
-  *stage_bytes = stage < MP__STAGE_MAX ? stage : MP__STAGE_MAX;
+  if (stage > MP__STAGE_MAX)
+    stage = MP__STAGE_MAX;
+  /* The buffer counts against the pool's cap while it lives: none when the
+   * pool is at its cap (the out-of-memory rung) or is a child (its cap is
+   * its range): gap-sized chunks then. */
+  if (pool->st.reserved_bytes > pool->cap ||
+      stage > pool->cap - pool->st.reserved_bytes)
+    stage = 0;
+  *stage_bytes = stage;
   return any;
 }
 
