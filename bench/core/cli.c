@@ -22,6 +22,13 @@
 #define MPBENCH_TRACES_DIR ""
 #endif
 
+static void mpb_list(FILE *out) {
+  fputs("Built-in workloads (NAME or NAME:key=val,...):\n", out);
+  mpb_workload_help(out);
+  fputs("\nAllocators (--allocator NAME):\n", out);
+  mpb_allocator_help(out);
+}
+
 static void mpb_usage(FILE *out) {
   fputs("mpbench - replay allocation traces and built-in workloads through "
         "every\nallocator side by side, and report fragmentation and speed.\n"
@@ -69,6 +76,11 @@ static void mpb_usage(FILE *out) {
         "                      allocator) pair (default 15); past it the "
         "result is\n"
         "                      an upper bound, shown as <= SIZE\n"
+        "  --capacity-total S  seconds all capacity searches together may take "
+        "(default\n"
+        "                      300), so the suite ends in bounded time; past "
+        "it each\n"
+        "                      search only checks its upper bound\n"
         "  --no-plots          no PNG plots\n"
         "  --quiet             no progress bar and no notes on stderr\n"
         "  -h, --help          this text\n"
@@ -86,6 +98,12 @@ static void mpb_usage(FILE *out) {
         "(logs that began mid-run). An allocation of an address still live "
         "frees\n"
         "the old block first. Blocks still live at the end are freed there.\n"
+        "Each stream of a trace gets a stream of its own on the device and "
+        "frees\n"
+        "are stream-ordered, so on traces with several streams a pool's "
+        "figures\n"
+        "may vary a little between runs (reuse across streams waits for the\n"
+        "device's streams to reach the free).\n"
         "\n"
         "Figures per (workload, allocator):\n"
         "  peak live       most bytes the workload had requested at once\n"
@@ -107,13 +125,8 @@ static void mpb_usage(FILE *out) {
         "                  reserved, to max(1 MiB, 1% of peak live), a fresh\n"
         "                  device per probe\n",
         out);
-}
-
-static void mpb_list(FILE *out) {
-  fputs("Built-in workloads (NAME or NAME:key=val,...):\n", out);
-  mpb_workload_help(out);
-  fputs("\nAllocators (--allocator NAME):\n", out);
-  mpb_allocator_help(out);
+  fputc('\n', out);
+  mpb_list(out);
 }
 
 /* ---- traces ------------------------------------------------------------ */
@@ -238,7 +251,7 @@ typedef struct mpb_cli {
   const char *traces_dir;
   const char *device;
   bool no_traces, capacity, plots, quiet, replay;
-  double budget;
+  double budget, total;
   mpb_strv_t workloads, allocators, files;
 } mpb_cli_t;
 
@@ -289,7 +302,8 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
     bool takes = strcmp(a, "--out") == 0 || strcmp(a, "--workload") == 0 ||
                  strcmp(a, "--traces") == 0 || strcmp(a, "--allocator") == 0 ||
                  strcmp(a, "--device") == 0 ||
-                 strcmp(a, "--capacity-budget") == 0;
+                 strcmp(a, "--capacity-budget") == 0 ||
+                 strcmp(a, "--capacity-total") == 0;
     if (takes && val == NULL)
       return mpb_fail_usage("%s needs a value", a);
     if (takes)
@@ -316,6 +330,11 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
       c->budget = strtod(val, &end);
       if (*end != '\0' || end == val || !(c->budget >= 0))
         return mpb_fail_usage("bad --capacity-budget '%s' (seconds)", val);
+    } else if (strcmp(a, "--capacity-total") == 0) {
+      char *end;
+      c->total = strtod(val, &end);
+      if (*end != '\0' || end == val || !(c->total >= 0))
+        return mpb_fail_usage("bad --capacity-total '%s' (seconds)", val);
     } else if (strcmp(a, "--no-capacity") == 0) {
       c->capacity = false;
     } else if (strcmp(a, "--no-traces") == 0) {
@@ -433,8 +452,11 @@ out:
 }
 
 int mpb_main(int argc, char **argv) {
-  mpb_cli_t c = {
-      .out_dir = "mpbench-out", .capacity = true, .plots = true, .budget = 15};
+  mpb_cli_t c = {.out_dir = "mpbench-out",
+                 .capacity = true,
+                 .plots = true,
+                 .budget = 15,
+                 .total = 300};
   int rc = mpb_parse(argc, argv, &c);
   mpb_jobs_t jobs = {0};
   mpb_result_t *res = NULL;
@@ -465,12 +487,16 @@ int mpb_main(int argc, char **argv) {
       continue;
     }
     mpb_allocator_t *a;
-    if (mpb_allocator_open(names[i], dev, NULL, &a) != MP_OK) {
+    /* Made once to check its name and options; a device too small for
+     * it (a child's range) is for the replays to report. */
+    mp_status_t st = mpb_allocator_open(names[i], dev, NULL, &a);
+    if (st == MP_OK) {
+      mpb_allocator_close(a);
+    } else if (st != MP_ENOMEM && st != MP_ELIMIT) {
       fprintf(stderr, "mpbench: allocator %s: %s\n", names[i], mp_last_error());
       rc = 2;
       goto out;
     }
-    mpb_allocator_close(a);
     mpb_strv_push(&allocs, names[i]);
   }
   char devname[128];
@@ -496,10 +522,12 @@ int mpb_main(int argc, char **argv) {
     rc = 1;
     goto out;
   }
+  uint64_t t0 = mpb_now_ns();
   mpb_replay_opts_t ro = {.device_spec = c.device,
                           .capacity_search = c.capacity,
-                          .capacity_budget_s = c.budget};
-  uint64_t t0 = mpb_now_ns();
+                          .capacity_budget_s = c.budget,
+                          .capacity_deadline_ns =
+                              c.total > 0 ? t0 + (uint64_t)(c.total * 1e9) : 0};
   for (size_t w = 0; w < jobs.nw; w++) {
     for (size_t a = 0; a < allocs.n; a++) {
       char what[300];

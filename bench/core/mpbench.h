@@ -151,6 +151,9 @@ typedef struct mpb_replay_opts {
   mpb_make_fn make;        /* NULL: mp_allocator_create for mempool names */
   bool capacity_search;
   double capacity_budget_s; /* per pair; <= 0: no limit */
+  /* mpb_now_ns() after which every search stops at its first probe (the
+   * whole run's budget); 0: none. */
+  uint64_t capacity_deadline_ns;
 } mpb_replay_opts_t;
 
 /* Replays w through allocator on a fresh device and fills r. A workload

@@ -120,6 +120,10 @@ mp_status_t mpb_replay_fits(const mpb_workload_t *w, const char *allocator,
                             const char *spec, mpb_make_fn make, bool *fits) {
   mpb_rig_t g;
   mp_status_t st = mpb_rig_open(w, allocator, spec, make, &g);
+  if (st == MP_ENOMEM || st == MP_ELIMIT) {
+    *fits = false; /* not even the allocator fits (a child's range) */
+    return MP_OK;
+  }
   if (st != MP_OK)
     return st;
   *fits = true;
@@ -234,8 +238,15 @@ mp_status_t mpb_replay(const mpb_workload_t *w, const char *allocator,
   char spec[512];
   mpb_measure_spec(opts->device_spec, is_host, peak_live_w, spec, sizeof spec);
   mpb_rig_t g;
-  if ((st = mpb_rig_open(w, allocator, spec[0] ? spec : NULL, opts->make,
-                         &g)) != MP_OK)
+  st = mpb_rig_open(w, allocator, spec[0] ? spec : NULL, opts->make, &g);
+  if (st == MP_ENOMEM || st == MP_ELIMIT) {
+    /* The device cannot hold the allocator itself: a result. */
+    snprintf(r->error, sizeof r->error, "%s making the allocator: %s",
+             mp_status_name(st), mp_last_error());
+    r->seconds = (double)(mpb_now_ns() - t_start) / 1e9;
+    return MP_OK;
+  }
+  if (st != MP_OK)
     return st;
   uint32_t *ns = malloc((w->n ? w->n : 1) * sizeof *ns);
   if (ns == NULL) {
@@ -339,9 +350,18 @@ mp_status_t mpb_replay(const mpb_workload_t *w, const char *allocator,
     if (gran < ((size_t)1 << 20))
       gran = (size_t)1 << 20;
     bool exact;
+    double budget = opts->capacity_budget_s;
+    if (opts->capacity_deadline_ns != 0) {
+      uint64_t now = mpb_now_ns();
+      double left = now < opts->capacity_deadline_ns
+                        ? (double)(opts->capacity_deadline_ns - now) / 1e9
+                        : 1e-9; /* spent: only the upper bound is probed */
+      if (budget <= 0 || left < budget)
+        budget = left;
+    }
     st = mpb_capacity_search(w, allocator, opts->make, base, r->peak_live,
-                             r->peak_reserved, gran, opts->capacity_budget_s,
-                             &r->min_capacity, &exact, &r->capacity_probes);
+                             r->peak_reserved, gran, budget, &r->min_capacity,
+                             &exact, &r->capacity_probes);
     if (st != MP_OK)
       return st;
     r->capacity_state = r->min_capacity == 0 ? MPB_CAP_NONE

@@ -444,14 +444,14 @@ typedef struct mpb_builtin {
 #define MPB_N(a) (sizeof(a) / sizeof((a)[0]))
 static const mpb_builtin_t mpb_builtins[] = {
     {"llm",
-     "LLM serving: weights, requests, per-layer temporaries, KV "
-     "caches grown by concatenation",
+     "LLM serving: weights, requests, per-layer temporaries, and\n"
+     "               KV caches grown by concatenation",
      mpb_llm_params, MPB_N(mpb_llm_params), mpb_gen_llm},
     {"cnn", "CNN inference with a changing batch size", mpb_cnn_params,
      MPB_N(mpb_cnn_params), mpb_gen_cnn},
     {"random",
-     "random sizes and frees under a live-bytes cap (as RMM's "
-     "random_allocations)",
+     "random sizes and frees under a live-bytes cap (as RMM's\n"
+     "               random_allocations)",
      mpb_random_params, MPB_N(mpb_random_params), mpb_gen_random},
     {"adversarial", "growing blocks fenced by pins: no hole ever fits again",
      mpb_adv_params, MPB_N(mpb_adv_params), mpb_gen_adversarial},

@@ -153,6 +153,22 @@ Test(capacity_search, replay_searches_from_its_own_figures) {
   mpb_workload_free(&w);
 }
 
+Test(capacity_search, a_spent_run_deadline_leaves_only_the_upper_bound) {
+  mpb_workload_t w = three_blocks();
+  mpb_replay_opts_t o = {.device_spec = "host",
+                         .make = make_hoard,
+                         .capacity_search = true,
+                         .capacity_budget_s = 100,
+                         .capacity_deadline_ns = 1};
+  mpb_result_t *r = calloc(1, sizeof *r);
+  cr_assert_eq(mpb_replay(&w, "hoard", &o, r), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(r->capacity_state, MPB_CAP_BOUND);
+  cr_expect_eq(r->min_capacity, 15 * MiB);
+  cr_expect_eq(r->capacity_probes, 1);
+  free(r);
+  mpb_workload_free(&w);
+}
+
 Test(capacity_search, spec_gets_capacity_as_its_last_option) {
   char buf[128];
   mpb_spec_with_capacity(NULL, 100, buf, sizeof buf);
