@@ -3,6 +3,7 @@
  * follow their data, raw-pointer blocks never move, the freed space
  * coalesces and can be trimmed, and defragmentation is a rung of the
  * out-of-memory ladder. mp_pool_check passes after every operation. */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <time.h>
@@ -347,4 +348,56 @@ Test(defrag_oom, overlapping_move_without_room_for_staging) {
   expect_pattern(mp_handle_ptr(big), 3u << 20, 2);
   cr_assert_eq(mp_handle_free(big), MP_OK);
   check();
+}
+
+/* Other threads allocate and free raw blocks on their own streams while
+ * this one defragments: the pool stays consistent and no byte is lost. */
+enum { CHURN_ROUNDS = 400 };
+
+static void *churn(void *arg) {
+  (void)arg;
+  mp_stream_t s;
+  if (mp_stream_create(dev, &s) != MP_OK)
+    return (void *)1;
+  void *mine[6] = {0};
+  for (unsigned r = 0; r < CHURN_ROUNDS; r++) {
+    unsigned k = r % 6;
+    if (mine[k] != NULL && mp_pool_free(pool, mine[k]) != MP_OK)
+      return (void *)1;
+    if (mp_pool_alloc(pool, 4096 + (r % 11) * 20000, s, &mine[k]) != MP_OK)
+      return (void *)1;
+  }
+  for (unsigned k = 0; k < 6; k++)
+    if (mp_pool_free(pool, mine[k]) != MP_OK)
+      return (void *)1;
+  return mp_stream_destroy(dev, s) == MP_OK ? NULL : (void *)1;
+}
+
+Test(defrag, defragments_while_other_threads_allocate) {
+  pthread_t t[2];
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(pthread_create(&t[i], NULL, churn, NULL), 0);
+  enum { N = 24 };
+  mp_handle_t *h[N];
+  size_t size[N];
+  for (unsigned round = 0; round < 4; round++) {
+    for (unsigned i = 0; i < N; i++) {
+      size[i] = 8192 + (size_t)((i * 7 + round) % 9) * 9000;
+      h[i] = movable(size[i], round * N + i);
+    }
+    free_all_but(h, N, 3, round % 3);
+    defragment();
+    for (unsigned i = 0; i < N; i++)
+      if (h[i] != NULL) {
+        expect_pattern(mp_handle_ptr(h[i]), size[i], round * N + i);
+        cr_assert_eq(mp_handle_free(h[i]), MP_OK);
+      }
+  }
+  for (int i = 0; i < 2; i++) {
+    void *ret;
+    pthread_join(t[i], &ret);
+    cr_assert_eq(ret, NULL, "churn thread %d: %s", i, mp_last_error());
+  }
+  check();
+  cr_assert_eq(stats().live_blocks, 0);
 }
