@@ -106,7 +106,10 @@ MP_API mp_status_t mp_pool_freeze(mp_pool_t *pool);
 typedef struct mp_handle mp_handle_t;
 MP_API mp_status_t mp_pool_alloc_movable(mp_pool_t *pool, size_t bytes,
                                          mp_stream_t s, mp_handle_t **out);
-/* Valid until the next defragmentation. */
+/* Valid until the next defragmentation, including one that the
+ * out-of-memory ladder runs inside an allocation from this pool
+ * (MP_POOL_DEFRAG_ON_OOM; its copies are ordered on the allocating
+ * stream). Read it again after anything that may defragment. */
 MP_API void *mp_handle_ptr(const mp_handle_t *h);
 /* Stream-ordered like mp_pool_free; NULL: MP_OK. mp_pool_free of a movable
  * block's pointer: MP_EINVAL. */
