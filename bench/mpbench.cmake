@@ -18,6 +18,15 @@ endif()
 target_compile_definitions(mpbench_core PRIVATE _GNU_SOURCE
   MPBENCH_HAVE_JEMALLOC=$<BOOL:${_mpb_je}>
   MPBENCH_TRACES_DIR="${MEMPOOL_TRACES_DIR}")
+if(MEMPOOL_HAVE_CUDA)
+  # cuda_async.c: CUDA's types and enums only; the driver is the one the
+  # cuda backend loads at run time.
+  target_include_directories(mpbench_core SYSTEM PRIVATE
+    ${CUDAToolkit_INCLUDE_DIRS})
+endif()
+target_compile_definitions(mpbench_core PRIVATE
+  MEMPOOL_HAVE_CUDA=$<BOOL:${MEMPOOL_HAVE_CUDA}>)
+target_link_libraries(mpbench_core PUBLIC ${CMAKE_DL_LIBS})
 mempool_warnings(mpbench_core)
 
 add_executable(mpbench ${CMAKE_CURRENT_SOURCE_DIR}/mpbench.c)

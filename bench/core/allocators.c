@@ -20,9 +20,9 @@
  * "cuda-malloc" is the device with nothing between: mp_device_alloc per
  * request and mp_device_free per free (cuMemAlloc/cuMemFree on CUDA), its
  * reserved bytes the device's used memory since it was opened, as
- * cuMemGetInfo reports it (so the driver's own rounding shows). It and
- * "cuda-async" (cudaMallocAsync, not implemented yet) are listed on the host
- * device so that a run without a GPU says they were skipped. */
+ * cuMemGetInfo reports it (so the driver's own rounding shows).
+ * "cuda-async" is CUDA's own pool (cuda_async.c). Both are listed on the
+ * host device so that a run without a GPU says they were skipped. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,7 +37,8 @@ typedef enum {
   MPB_KIND_MEMPOOL,
   MPB_KIND_DIRECT,
   MPB_KIND_JEMALLOC,
-  MPB_KIND_RAW
+  MPB_KIND_RAW,
+  MPB_KIND_CUDA_ASYNC
 } mpb_kind_t;
 
 typedef struct mpb_jemalloc mpb_jemalloc_t;
@@ -49,6 +50,7 @@ struct mpb_allocator {
   mpb_jemalloc_t *je; /* JEMALLOC */
   size_t raw_base;    /* RAW: device memory in use when it was opened */
   uint64_t raw_calls; /* RAW: device allocations + frees */
+  mpb_cuasync_t *cu;  /* CUDA_ASYNC */
 };
 
 const char *const mpb_default_allocators[] = {
@@ -69,8 +71,11 @@ void mpb_allocator_help(FILE *out) {
           "the\n"
           "                       device through extent hooks (host device "
           "only)%s\n"
-          "  cuda-async           cudaMallocAsync (needs a GPU; not "
-          "implemented yet)\n"
+          "  cuda-async           CUDA's stream-ordered pool "
+          "(cuMemAllocAsync on the\n"
+          "                       default pool, release threshold raised "
+          "to never)\n"
+          "                       (needs a GPU)\n"
           "  cuda-malloc          the driver itself, no library between: "
           "cuMemAlloc\n"
           "                       per request, cuMemFree per free; "
@@ -113,12 +118,10 @@ static bool mpb_device_is_host(mp_device_t *dev) {
 
 bool mpb_allocator_available(const char *name, mp_device_t *dev, char *why,
                              size_t why_len) {
-  if (strcmp(name, "cuda-malloc") == 0 && !mpb_device_is_host(dev))
+  if (mpb_is_gpu_only(name) && !mpb_device_is_host(dev))
     return true;
   if (mpb_is_gpu_only(name)) {
-    snprintf(why, why_len, "%s",
-             mpb_device_is_host(dev) ? "needs a GPU (device is host)"
-                                     : "not implemented yet");
+    snprintf(why, why_len, "needs a GPU (device is host)");
     return false;
   }
   if (strcmp(name, "jemalloc") == 0) {
@@ -288,7 +291,10 @@ mp_status_t mpb_allocator_open(const char *name, mp_device_t *dev,
   if (a == NULL)
     return mp__fail(MP_ENOMEM, "out of host memory");
   a->dev = dev;
-  if (make == NULL && strcmp(name, "cuda-malloc") == 0) {
+  if (make == NULL && strcmp(name, "cuda-async") == 0) {
+    a->kind = MPB_KIND_CUDA_ASYNC;
+    st = mpb_cuasync_open(dev, &a->cu);
+  } else if (make == NULL && strcmp(name, "cuda-malloc") == 0) {
     a->kind = MPB_KIND_RAW;
     size_t free_b, total_b;
     st = mp_device_mem_info(dev, &free_b, &total_b);
@@ -318,6 +324,8 @@ mp_status_t mpb_allocator_alloc(mpb_allocator_t *a, size_t size, mp_stream_t s,
     a->raw_calls++;
     return mp_device_alloc(a->dev, size, out);
   }
+  if (a->kind == MPB_KIND_CUDA_ASYNC)
+    return mpb_cuasync_alloc(a->cu, size, s, out);
 #if MPBENCH_HAVE_JEMALLOC
   if (a->kind == MPB_KIND_JEMALLOC) {
     *out = mallocx(size, MALLOCX_ARENA(a->je->arena) | MALLOCX_TCACHE_NONE);
@@ -333,6 +341,8 @@ mp_status_t mpb_allocator_free(mpb_allocator_t *a, void *ptr) {
     a->raw_calls++;
     return ptr ? mp_device_free(a->dev, ptr) : MP_OK;
   }
+  if (a->kind == MPB_KIND_CUDA_ASYNC)
+    return mpb_cuasync_free(a->cu, ptr);
 #if MPBENCH_HAVE_JEMALLOC
   if (a->kind == MPB_KIND_JEMALLOC) {
     if (ptr != NULL)
@@ -354,6 +364,11 @@ void mpb_allocator_sample(mpb_allocator_t *a, mpb_sample_t *out) {
         total_b - free_b > a->raw_base)
       out->reserved = total_b - free_b - a->raw_base;
     out->device_calls = a->raw_calls;
+    return;
+  }
+  if (a->kind == MPB_KIND_CUDA_ASYNC) {
+    out->reserved = mpb_cuasync_reserved(a->cu);
+    out->no_device_calls = true;
     return;
   }
 #if MPBENCH_HAVE_JEMALLOC
@@ -388,6 +403,8 @@ void mpb_allocator_close(mpb_allocator_t *a) {
   if (a->kind == MPB_KIND_JEMALLOC)
     mpb_je_close(a->je);
 #endif
+  if (a->kind == MPB_KIND_CUDA_ASYNC)
+    mpb_cuasync_close(a->cu);
   if (a->mp != NULL)
     mp_allocator_destroy(a->mp);
   free(a);

@@ -81,6 +81,7 @@ typedef struct mpb_sample {
   size_t free_bytes;     /* reserved but not handed out (0 if unknown) */
   size_t largest_free;   /* biggest free block (0 if unknown) */
   uint64_t device_calls; /* device allocations + frees so far */
+  bool no_device_calls;  /* the allocator cannot tell (cuda-async) */
   bool has_free_info;    /* free_bytes/largest_free are known */
 } mpb_sample_t;
 
@@ -106,6 +107,17 @@ void mpb_allocator_close(mpb_allocator_t *a);
 extern const char *const mpb_default_allocators[];
 void mpb_allocator_help(FILE *out);
 
+/* ---- cuda_async.c: cudaMallocAsync's pool (the "cuda-async" allocator) -- */
+
+typedef struct mpb_cuasync mpb_cuasync_t;
+/* MP_ENOTSUP where dev is not a CUDA device or the driver lacks the calls. */
+mp_status_t mpb_cuasync_open(mp_device_t *dev, mpb_cuasync_t **out);
+mp_status_t mpb_cuasync_alloc(mpb_cuasync_t *c, size_t size, mp_stream_t s,
+                              void **out);
+mp_status_t mpb_cuasync_free(mpb_cuasync_t *c, void *ptr);
+size_t mpb_cuasync_reserved(mpb_cuasync_t *c);
+void mpb_cuasync_close(mpb_cuasync_t *c);
+
 /* ---- replay.c: one workload through one allocator, and its figures ----- */
 
 enum { MPB_SERIES_POINTS = 800 };
@@ -125,6 +137,7 @@ typedef struct mpb_result {
   double ext_frag;      /* 1 - largest free / free, at peak live */
   bool has_ext_frag;
   uint64_t device_calls;
+  bool has_device_calls; /* false: the allocator cannot tell */
   double ns_p50, ns_p99; /* per allocate or free call */
   /* Smallest device capacity at which the workload completed; 0: unknown. */
   size_t min_capacity;

@@ -320,6 +320,7 @@ mp_status_t mpb_replay(const mpb_workload_t *w, const char *allocator,
   /* Figures of the workload itself, read before anything is torn down. */
   mpb_allocator_sample(g.alloc, &smp);
   r->device_calls = smp.device_calls;
+  r->has_device_calls = !smp.no_device_calls;
   mp_allocator_t *mp = mpb_allocator_mempool(g.alloc);
   mp_stats_t stats;
   if (mp != NULL && mp_allocator_get_stats(mp, &stats) == MP_OK &&

@@ -43,19 +43,22 @@ void mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n) {
                "| ns p99 | min capacity |\n");
   fprintf(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (size_t i = 0; i < n; i++) {
-    char a[32], b[32], c[48], f[16];
+    char a[32], b[32], c[48], f[16], d[24];
+    if (r[i].has_device_calls)
+      snprintf(d, sizeof d, "%llu", (unsigned long long)r[i].device_calls);
+    else
+      snprintf(d, sizeof d, "n/a");
     if (r[i].has_ext_frag)
       snprintf(f, sizeof f, "%.3f", r[i].ext_frag);
     else
       snprintf(f, sizeof f, "n/a");
     fprintf(out,
-            "| %s | %s%s | %s | %s | %.3f | %.3f | %.3f | %s | %llu | %.0f | "
+            "| %s | %s%s | %s | %s | %.3f | %.3f | %.3f | %s | %s | %.0f | "
             "%.0f | %s |\n",
             r[i].workload, r[i].allocator, r[i].completed ? "" : " (FAILED)",
             mpb_bytes(a, sizeof a, r[i].peak_live),
             mpb_bytes(b, sizeof b, r[i].peak_reserved), r[i].ratio,
-            r[i].utilization, r[i].avg_waste, f,
-            (unsigned long long)r[i].device_calls, r[i].ns_p50, r[i].ns_p99,
+            r[i].utilization, r[i].avg_waste, f, d, r[i].ns_p50, r[i].ns_p99,
             mpb_capacity_text(&r[i], c, sizeof c));
   }
   bool any_failed = false;
@@ -118,8 +121,12 @@ mp_status_t mpb_report_json(FILE *out, const mpb_result_t *r, size_t n) {
       mpb_json_num(out, x->ext_frag);
     else
       fputs("null", out);
-    fprintf(out, ", \"device_calls\": %llu, \"ns_per_event_p50\": ",
-            (unsigned long long)x->device_calls);
+    fputs(", \"device_calls\": ", out);
+    if (x->has_device_calls)
+      fprintf(out, "%llu", (unsigned long long)x->device_calls);
+    else
+      fputs("null", out);
+    fputs(", \"ns_per_event_p50\": ", out);
     mpb_json_num(out, x->ns_p50);
     fputs(", \"ns_per_event_p99\": ", out);
     mpb_json_num(out, x->ns_p99);
@@ -174,8 +181,10 @@ mp_status_t mpb_report_csv(FILE *out, const mpb_result_t *r, size_t n) {
             x->ratio, x->utilization, x->avg_waste);
     if (x->has_ext_frag)
       fprintf(out, "%.6g", x->ext_frag);
-    fprintf(out, ",%llu,%.0f,%.0f,", (unsigned long long)x->device_calls,
-            x->ns_p50, x->ns_p99);
+    fputc(',', out);
+    if (x->has_device_calls)
+      fprintf(out, "%llu", (unsigned long long)x->device_calls);
+    fprintf(out, ",%.0f,%.0f,", x->ns_p50, x->ns_p99);
     if (x->capacity_state == MPB_CAP_EXACT ||
         x->capacity_state == MPB_CAP_BOUND)
       fprintf(out, "%zu", x->min_capacity);

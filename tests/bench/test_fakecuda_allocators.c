@@ -1,7 +1,9 @@
 /* mpbench on the cuda backend, over the fake libcuda.so.1 of tests/fakecuda
  * (registered only where that is built, with it on LD_LIBRARY_PATH):
- * "cuda-malloc" is the driver per request, jemalloc and the capacity
- * search are host-only. */
+ * "cuda-malloc" is the driver per request, "cuda-async" the driver's
+ * stream-ordered allocator; jemalloc and the capacity search are host-only.
+ * The fake has no memory-pool attributes, so cuda-async's reserved bytes
+ * come from cuMemGetInfo here. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +32,7 @@ Test(fakecuda_allocators, cuda_malloc_is_one_driver_call_per_event) {
   char why[128];
   cr_expect(mpb_allocator_available("cuda-malloc", dev, why, sizeof why));
   cr_expect_not(mpb_allocator_available("jemalloc", dev, why, sizeof why));
-  cr_expect_not(mpb_allocator_available("cuda-async", dev, why, sizeof why));
+  cr_expect(mpb_allocator_available("cuda-async", dev, why, sizeof why));
   mp_device_close(dev);
 
   mpb_workload_t w = small();
@@ -49,11 +51,36 @@ Test(fakecuda_allocators, cuda_malloc_is_one_driver_call_per_event) {
   mpb_workload_free(&w);
 }
 
-Test(fakecuda_allocators, cuda_malloc_is_unavailable_on_the_host_device) {
+Test(fakecuda_allocators, cuda_async_replays_with_unknown_device_calls) {
+  mpb_workload_t w = small();
+  mpb_replay_opts_t o = {.device_spec = "cuda"};
+  mpb_result_t *r = calloc(1, sizeof *r);
+  cr_assert_eq(mpb_replay(&w, "cuda-async", &o, r), MP_OK, "%s",
+               mp_last_error());
+  cr_expect(r->completed, "%s", r->error);
+  cr_expect_eq(r->peak_live, 8 * MiB);
+  cr_expect_geq(r->peak_reserved, 8 * MiB);
+  cr_expect_not(r->has_device_calls);
+  /* Unknown is null in JSON, not 0. */
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  cr_assert_eq(mpb_report_json(f, r, 1), MP_OK);
+  fclose(f);
+  cr_expect(strstr(buf, "\"device_calls\": null") != NULL, "%s", buf);
+  free(buf);
+  free(r);
+  mpb_workload_free(&w);
+}
+
+Test(fakecuda_allocators, gpu_allocators_are_unavailable_on_the_host_device) {
   mp_device_t *dev;
   cr_assert_eq(mp_device_open("host", &dev), MP_OK);
   char why[128];
   cr_expect_not(mpb_allocator_available("cuda-malloc", dev, why, sizeof why));
   cr_expect(strstr(why, "GPU") != NULL, "%s", why);
+  cr_expect_not(mpb_allocator_available("cuda-async", dev, why, sizeof why));
+  mpb_allocator_t *a;
+  cr_expect_eq(mpb_allocator_open("cuda-async", dev, NULL, &a), MP_ENOTSUP);
   mp_device_close(dev);
 }
