@@ -24,28 +24,9 @@ if [ $# -gt 0 ]; then
   esac
 fi
 
-if [ -f "$root/cmake/deps.sh" ]; then
-  # shellcheck source=../cmake/deps.sh
-  . "$root/cmake/deps.sh"
-  mempool_deps gnuplot-nox
-else
-  # The same check as cmake/deps.sh: install only packages that are missing.
-  missing=()
-  for p in cmake make gcc pkg-config libcriterion-dev libjemalloc-dev \
-    gnuplot-nox; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null |
-      grep -q "install ok installed" || missing+=("$p")
-  done
-  if [ ${#missing[@]} -gt 0 ]; then
-    echo "bench/run.sh: installing ${missing[*]}" >&2
-    sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    export DEBIAN_FRONTEND=noninteractive
-    $sudo apt-get update -qq
-    $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" \
-      >/dev/null
-  fi
-fi
+# shellcheck source=../cmake/deps.sh
+. "$root/cmake/deps.sh"
+mempool_deps gnuplot-nox
 
 build="$root/build-bench"
 jobs=$(nproc 2>/dev/null || echo 2)

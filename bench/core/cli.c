@@ -45,7 +45,7 @@ static void mpb_usage(FILE *out) {
         "Options:\n"
         "  --out DIR           write results.json, results.csv, results.md and "
         "PNG\n"
-        "                      plots into DIR (default: mpbench-out); files "
+        "                      plots into DIR (default: out); files "
         "appear\n"
         "                      whole or not at all\n"
         "  --workload SPEC     (run) a built-in workload, NAME or "
@@ -452,7 +452,7 @@ out:
 }
 
 int mpb_main(int argc, char **argv) {
-  mpb_cli_t c = {.out_dir = "mpbench-out",
+  mpb_cli_t c = {.out_dir = "out",
                  .capacity = true,
                  .plots = true,
                  .budget = 15,
