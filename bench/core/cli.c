@@ -122,7 +122,7 @@ static void mpb_usage(FILE *out) {
         "  min capacity    smallest host device capacity at which the "
         "workload\n"
         "                  completes: bisection between peak live and peak\n"
-        "                  reserved, to max(1 MiB, 1% of peak live), a fresh\n"
+        "                  reserved, to max(1 MiB, 0.1% of peak live), a fresh\n"
         "                  device per probe\n",
         out);
   fputc('\n', out);

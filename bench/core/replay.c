@@ -347,7 +347,7 @@ mp_status_t mpb_replay(const mpb_workload_t *w, const char *allocator,
   } else {
     const char *base =
         opts->device_spec ? opts->device_spec : getenv("MEMPOOL_DEVICE");
-    size_t gran = r->peak_live / 100;
+    size_t gran = r->peak_live / 1000;
     if (gran < ((size_t)1 << 20))
       gran = (size_t)1 << 20;
     bool exact;

@@ -146,7 +146,7 @@ Test(capacity_search, replay_searches_from_its_own_figures) {
   cr_expect_eq(r->peak_live, 7 * MiB);
   cr_expect_eq(r->peak_reserved, 15 * MiB);
   cr_expect_eq(r->capacity_state, MPB_CAP_EXACT);
-  /* Granularity max(1 MiB, 1% of peak live) = 1 MiB. */
+  /* Granularity max(1 MiB, 0.1% of peak live) = 1 MiB. */
   cr_expect_geq(r->min_capacity, 15 * MiB);
   cr_expect_lt(r->min_capacity, 16 * MiB);
   free(r);
