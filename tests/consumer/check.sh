@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
-# check.sh CMAKE BUILD_DIR SCRATCH PROJECT_DIR CC
+# check.sh CMAKE BUILD_DIR SCRATCH PROJECT_DIR CC [CFLAGS]
 # Installs BUILD_DIR into SCRATCH/prefix, then builds and runs the consumer in
 # PROJECT_DIR three ways: find_package + shared, find_package + static, and
 # pkg-config. Any failure fails the test.
 set -euo pipefail
-cmake=$1 build=$2 scratch=$3 project=$4 cc=$5
+cmake=$1 build=$2 scratch=$3 project=$4 cc=$5 flags=${6:-}
 rm -rf "$scratch" && mkdir -p "$scratch"
 prefix="$scratch/prefix"
 "$cmake" --install "$build" --prefix "$prefix" >"$scratch/install.log"
-# Build flags of the library (sanitizers) must reach the consumer's link too.
-flags=$(sed -n 's/^CMAKE_C_FLAGS:STRING=//p' "$build/CMakeCache.txt")
 
 for kind in shared static; do
   "$cmake" -S "$project" -B "$scratch/cmake-$kind" -DCMAKE_PREFIX_PATH="$prefix" \
