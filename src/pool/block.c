@@ -173,7 +173,7 @@ mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b, size_t size) {
   r->size = b->size - size;
   r->ndeps = b->ndeps;
   memcpy(r->deps, b->deps, sizeof r->deps);
-  r->flags = b->flags & MP__B_SYNC;
+  r->flags = b->flags & (MP__B_SYNC | MP__B_UNMERGED);
   r->gen = b->gen;
   b->size = size;
   mp__block_link(b->seg, b, r);
@@ -182,25 +182,55 @@ mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b, size_t size) {
   return r;
 }
 
-static void mp__absorb(mp_pool_t *pool, mp__block_t *into, mp__block_t *gone) {
-  mp__deps_merge(pool, into, gone);
+/* Merges gone (free, out of the index) into into; false when their deps
+ * cannot share one record (both are then marked MP__B_UNMERGED). */
+static bool mp__absorb(mp_pool_t *pool, mp__block_t *into, mp__block_t *gone) {
+  if (!mp__deps_merge(pool, into, gone)) {
+    into->flags |= MP__B_UNMERGED;
+    gone->flags |= MP__B_UNMERGED;
+    return false;
+  }
   into->size += gone->size;
   mp__block_unlink(into->seg, gone);
   mp__rec_free(pool, gone);
   pool->st.free_blocks--;
+  return true;
 }
 
 mp__block_t *mp__block_coalesce(mp_pool_t *pool, mp__block_t *b) {
+  b->flags &= ~(uint32_t)MP__B_UNMERGED;
   mp__block_t *n = b->next;
   if (n != NULL && (n->flags & MP__B_FREE)) {
     mp__index_remove(pool, n);
-    mp__absorb(pool, b, n);
+    if (!mp__absorb(pool, b, n)) {
+      mp__index_insert(pool, n);
+      n->flags |= MP__B_UNMERGED;
+    }
   }
   mp__block_t *p = b->prev;
   if (p != NULL && (p->flags & MP__B_FREE)) {
     mp__index_remove(pool, p);
-    mp__absorb(pool, p, b);
-    b = p;
+    uint32_t keep = b->flags & MP__B_UNMERGED;
+    if (mp__absorb(pool, p, b)) {
+      p->flags |= keep;
+      b = p;
+    } else {
+      mp__index_insert(pool, p);
+      p->flags |= MP__B_UNMERGED;
+    }
   }
   return b;
+}
+
+void mp__block_merge_deferred(mp_pool_t *pool) {
+  for (mp__segment_t *s = pool->segs; s != NULL; s = s->next) {
+    for (mp__block_t *b = s->first; b != NULL; b = b->next) {
+      if (!(b->flags & MP__B_FREE) || b->next == NULL ||
+          !(b->next->flags & MP__B_FREE))
+        continue;
+      mp__index_remove(pool, b);
+      b = mp__block_coalesce(pool, b);
+      mp__index_insert(pool, b);
+    }
+  }
 }

@@ -41,7 +41,8 @@ static mp_status_t mp__check_segment(mp_pool_t *pool, mp__segment_t *s,
       MP__CORRUPT("block %p: size %zu or address not aligned to %zu",
                   (void *)b->addr, b->size, pool->cfg.align);
     if (b->flags & MP__B_FREE) {
-      if (prev != NULL && (prev->flags & MP__B_FREE))
+      if (prev != NULL && (prev->flags & MP__B_FREE) &&
+          !((prev->flags | b->flags) & MP__B_UNMERGED))
         MP__CORRUPT("free blocks %p and %p are adjacent, not coalesced",
                     (void *)prev->addr, (void *)b->addr);
       if (!mp__index_contains(pool, b))

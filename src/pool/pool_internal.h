@@ -46,13 +46,18 @@
 
 /* ---- blocks ------------------------------------------------------------ */
 enum {
-  MP__B_FREE = 1u << 0,     /* in the free index */
-  MP__B_CHILD = 1u << 1,    /* live: a child pool's range */
-  MP__B_MOVABLE = 1u << 2,  /* live: owned by an mp_handle_t (defrag.c) */
-  MP__B_FROZEN = 1u << 3,   /* live: fenced off from defragmentation */
-  MP__B_SYNC = 1u << 4,     /* free: too many deps; reusable by any stream
-                               only after a device sync (gen < sync_done) */
-  MP__B_MANY_USES = 1u << 5 /* live: more record_stream uses than fit */
+  MP__B_FREE = 1u << 0,      /* in the free index */
+  MP__B_CHILD = 1u << 1,     /* live: a child pool's range */
+  MP__B_MOVABLE = 1u << 2,   /* live: owned by an mp_handle_t (defrag.c) */
+  MP__B_FROZEN = 1u << 3,    /* live: fenced off from defragmentation */
+  MP__B_SYNC = 1u << 4,      /* free: too many deps; reusable by any stream
+                                only after a device sync (gen < sync_done) */
+  MP__B_MANY_USES = 1u << 5, /* live: more record_stream uses than fit */
+  MP__B_UNMERGED = 1u << 6   /* free: left apart from a free neighbour:
+                                grown next to a block another stream waits
+                                on (so the new memory is usable at once),
+                                or their pending streams do not fit one
+                                record; merged by a later free or a sync */
 };
 
 #define MP__MAX_DEPS 4
@@ -219,6 +224,9 @@ mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b, size_t size);
 /* [defrag] Merges free b (not in the index) with its free neighbours (taken
  * out of the index) and returns the merged block, still not in the index. */
 mp__block_t *mp__block_coalesce(mp_pool_t *pool, mp__block_t *b);
+/* After a device sync: merges every pair of adjacent free blocks that
+ * growth left apart (MP__B_UNMERGED). */
+void mp__block_merge_deferred(mp_pool_t *pool);
 /* Links a new block after `after` (NULL: at the head) in seg. */
 void mp__block_link(mp__segment_t *seg, mp__block_t *after, mp__block_t *b);
 void mp__block_unlink(mp__segment_t *seg, mp__block_t *b);
@@ -227,8 +235,9 @@ void mp__block_unlink(mp__segment_t *seg, mp__block_t *b);
 mp_status_t mp__stream_index(mp_pool_t *pool, mp_stream_t s, uint32_t *out);
 /* Sets b's deps for a free now: its stream and its recorded uses. */
 void mp__deps_on_free(mp_pool_t *pool, mp__block_t *b);
-/* Merges src's deps into dst (coalescing). */
-void mp__deps_merge(mp_pool_t *pool, mp__block_t *dst, const mp__block_t *src);
+/* Merges src's deps into dst (coalescing); false, nothing changed, when the
+ * union of what is still pending spans more than MP__MAX_DEPS streams. */
+bool mp__deps_merge(mp_pool_t *pool, mp__block_t *dst, const mp__block_t *src);
 /* True when a block with these deps can be reused on stream sidx now.
  * poll: query markers and close open epochs of the streams it waits on. */
 bool mp__deps_safe(mp_pool_t *pool, mp__block_t *b, uint32_t sidx, bool poll);

@@ -82,11 +82,19 @@ static void mp__reserved_sub(mp_pool_t *pool, size_t bytes) {
   pool->st.free_bytes -= bytes;
 }
 
-/* Grows the free tail of seg (or adds a free block) by bytes at its top. */
+/* Grows the free tail of seg (or adds a free block) by bytes at its top. A
+ * free tail that stream sidx may not use yet is left apart, or the new
+ * memory would inherit its wait (UINT32_MAX: merge regardless). */
 static void mp__tail_extend(mp_pool_t *pool, mp__segment_t *seg, uintptr_t addr,
-                            size_t bytes, mp__block_t *rec) {
+                            size_t bytes, mp__block_t *rec, uint32_t sidx) {
   mp__block_t *t = seg->last;
-  if (t != NULL && (t->flags & MP__B_FREE) && t->addr + t->size == addr) {
+  bool adjacent =
+      t != NULL && (t->flags & MP__B_FREE) && t->addr + t->size == addr;
+  if (adjacent && sidx != UINT32_MAX && !mp__deps_safe(pool, t, sidx, false)) {
+    rec->flags |= MP__B_UNMERGED;
+    adjacent = false;
+  }
+  if (adjacent) {
     mp__index_remove(pool, t);
     t->size += bytes;
     mp__index_insert(pool, t);
@@ -186,7 +194,7 @@ static mp_status_t mp__grow_virtual(mp_pool_t *pool, size_t size,
   pool->st.device_alloc_count++;
   pool->st.segment_count++;
   mp__reserved_add(pool, grow);
-  mp__tail_extend(pool, v, at, grow, rec);
+  mp__tail_extend(pool, v, at, grow, rec, sidx);
   return MP_OK;
 }
 
@@ -227,7 +235,7 @@ static mp_status_t mp__grow_plain(mp_pool_t *pool, size_t size) {
   pool->st.device_alloc_count++;
   pool->st.segment_count++;
   mp__reserved_add(pool, bytes);
-  mp__tail_extend(pool, s, s->base, bytes, rec);
+  mp__tail_extend(pool, s, s->base, bytes, rec, UINT32_MAX);
   return MP_OK;
 }
 
@@ -312,7 +320,7 @@ static bool mp__trim_virtual_one(mp_pool_t *pool) {
     mp__reserved_add(pool, c.size);
     mp__block_t *rec = mp__rec_new(pool);
     if (rec != NULL)
-      mp__tail_extend(pool, v, c.addr, c.size, rec);
+      mp__tail_extend(pool, v, c.addr, c.size, rec, UINT32_MAX);
     return false;
   }
   pool->st.device_free_count++;
@@ -324,6 +332,7 @@ void mp__segment_trim(mp_pool_t *pool, size_t keep) {
   if (pool->parent != NULL)
     return; /* a child's range goes back only when it is destroyed */
   mp__pool_wait_idle(pool);
+  mp__block_merge_deferred(pool);
   while (pool->st.free_bytes > keep) {
     if (!mp__trim_virtual_one(pool) && !mp__trim_plain_one(pool))
       break;

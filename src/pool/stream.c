@@ -9,12 +9,14 @@
  * completes, every epoch up to it is done. A device synchronize completes
  * every epoch open when it began.
  *
- * Markers are recorded lazily: when another stream wants a block of an open
- * epoch, when the out-of-memory ladder reclaims, and eagerly on the free of a
- * block that mp_pool_record_stream gave other uses (the issue's "record an
- * event on every stream it was used on"). So a free+alloc pair on one stream
- * makes no device call at all, and a stream's idle blocks become reusable by
- * the others after one event, never held in a per-stream list.
+ * Markers: a free records one on the block's stream (and on every stream
+ * mp_pool_record_stream added) as soon as the pool has seen more than one
+ * stream; a pool used from one stream only stays lazy and records a marker
+ * when a second stream appears, when another stream wants a block of an
+ * open epoch, or when the out-of-memory ladder reclaims. So a free+alloc
+ * pair on one stream makes no device call at all, and a stream's idle
+ * blocks become reusable by the others once its marker completed, never
+ * held in a per-stream list.
  *
  * Invariant: for every stream, done <= epoch and the markers' epochs rise
  * from head to tail; a dep (S, e) is satisfied exactly when e < S.done. */
@@ -45,6 +47,8 @@ void mp__event_put(mp_pool_t *pool, mp_event_t e) {
   pool->events[pool->nevents++] = e;
 }
 
+static void mp__stream_close(mp_pool_t *pool, mp__strm_t *st);
+
 mp_status_t mp__stream_index(mp_pool_t *pool, mp_stream_t s, uint32_t *out) {
   if (MP__LIKELY(pool->nstreams > 0 && pool->streams[pool->last_sidx].s == s)) {
     *out = pool->last_sidx;
@@ -65,6 +69,9 @@ mp_status_t mp__stream_index(mp_pool_t *pool, mp_stream_t s, uint32_t *out) {
     pool->streams = st;
     pool->streams_cap = cap;
   }
+  /* A second stream appears: blocks freed so far get their markers now. */
+  for (uint32_t i = 0; i < pool->nstreams; i++)
+    mp__stream_close(pool, &pool->streams[i]);
   mp__strm_t *n = &pool->streams[pool->nstreams];
   memset(n, 0, sizeof *n);
   n->s = s;
@@ -139,7 +146,10 @@ void mp__deps_on_free(mp_pool_t *pool, mp__block_t *b) {
     n++;
   }
   b->ndeps = n;
-  if (n > 1)
+  /* With one stream nobody else can want the block: stay lazy (no device
+   * call). With several, close the epoch now so that the marker has
+   * completed by the time another stream looks. */
+  if (n > 1 || pool->nstreams > 1)
     for (uint32_t i = 0; i < n; i++)
       mp__stream_close(pool, &pool->streams[b->deps[i].sidx]);
 }
@@ -148,35 +158,55 @@ static bool mp__dep_done(const mp_pool_t *pool, const mp__dep_t *d) {
   return d->epoch < pool->streams[d->sidx].done;
 }
 
-void mp__deps_merge(mp_pool_t *pool, mp__block_t *dst, const mp__block_t *src) {
+/* The union of a's and b's unfinished deps, latest epoch per stream, into
+ * out; false when it needs more than MP__MAX_DEPS entries. */
+static bool mp__deps_union(const mp_pool_t *pool, const mp__block_t *a,
+                           const mp__block_t *b, mp__dep_t *out,
+                           uint32_t *nout) {
+  uint32_t n = 0;
+  const mp__block_t *src[2] = {a, b};
+  for (int k = 0; k < 2; k++) {
+    for (uint32_t i = 0; i < src[k]->ndeps; i++) {
+      const mp__dep_t *d = &src[k]->deps[i];
+      if (mp__dep_done(pool, d))
+        continue;
+      uint32_t j = 0;
+      while (j < n && out[j].sidx != d->sidx)
+        j++;
+      if (j < n) {
+        if (out[j].epoch < d->epoch)
+          out[j].epoch = d->epoch;
+      } else if (n < MP__MAX_DEPS) {
+        out[n++] = *d;
+      } else {
+        return false;
+      }
+    }
+  }
+  *nout = n;
+  return true;
+}
+
+bool mp__deps_merge(mp_pool_t *pool, mp__block_t *dst, const mp__block_t *src) {
+  mp__dep_t u[MP__MAX_DEPS];
+  uint32_t n;
+  if (!mp__deps_union(pool, dst, src, u, &n)) {
+    /* Too many streams pending: ask their markers, then try once more. */
+    for (uint32_t i = 0; i < dst->ndeps; i++)
+      mp__stream_poll(pool, &pool->streams[dst->deps[i].sidx]);
+    for (uint32_t i = 0; i < src->ndeps; i++)
+      mp__stream_poll(pool, &pool->streams[src->deps[i].sidx]);
+    if (!mp__deps_union(pool, dst, src, u, &n))
+      return false;
+  }
   if (src->flags & MP__B_SYNC) {
     if (!(dst->flags & MP__B_SYNC) || dst->gen < src->gen)
       dst->gen = src->gen;
     dst->flags |= MP__B_SYNC;
   }
-  uint32_t n = 0;
-  for (uint32_t i = 0; i < dst->ndeps; i++)
-    if (!mp__dep_done(pool, &dst->deps[i]))
-      dst->deps[n++] = dst->deps[i];
-  for (uint32_t i = 0; i < src->ndeps; i++) {
-    const mp__dep_t *d = &src->deps[i];
-    if (mp__dep_done(pool, d))
-      continue;
-    uint32_t j = 0;
-    while (j < n && dst->deps[j].sidx != d->sidx)
-      j++;
-    if (j < n) {
-      if (dst->deps[j].epoch < d->epoch)
-        dst->deps[j].epoch = d->epoch;
-    } else if (n < MP__MAX_DEPS) {
-      dst->deps[n++] = *d;
-    } else {
-      /* More streams than a record holds: wait for a device sync. */
-      dst->flags |= MP__B_SYNC;
-      dst->gen = pool->sync_gen;
-    }
-  }
+  memcpy(dst->deps, u, n * sizeof u[0]);
   dst->ndeps = n;
+  return true;
 }
 
 bool mp__deps_safe(mp_pool_t *pool, mp__block_t *b, uint32_t sidx, bool poll) {
