@@ -50,7 +50,9 @@ typedef struct mp_pool_config {
   size_t segment_bytes; /* smallest device allocation the pool makes; 0: its
                            default */
   size_t max_split;     /* a free block above this is never split for a smaller
-                           request; 0: no limit */
+                           request; 0: no limit. Plain segments only: a
+                           virtual range coalesces everything, so there it
+                           would only force growth */
   unsigned flags;       /* MP_POOL_* bits */
 } mp_pool_config_t;
 

@@ -56,26 +56,34 @@ static unsigned mp__log2(size_t v) {
 }
 
 /* A block above max_split is never split for a smaller request; it goes
- * whole only to a request above max_split that it fits within 1/8. */
+ * whole only to a request above max_split that it fits within
+ * max(1/8, 2 MiB), as the large segments made for such requests do. This
+ * holds in plain segments, where a block's size tells where it came from. A
+ * virtual range coalesces everything into few large free blocks, so there
+ * the rule would only force growth (without bound): it does not apply. A
+ * free block spanning a whole small-request segment (segment_bytes) is
+ * fresh memory and exempt too, or nothing could be carved from it. */
 static bool mp__split_allowed(const mp_pool_t *pool, const mp__block_t *b,
                               size_t size) {
   size_t ms = pool->cfg.max_split;
-  if (ms == 0 || b->size <= ms || b->size == size)
+  if (ms == 0 || b->size <= ms || b->size == size ||
+      b->seg->kind == MP__SEG_VIRTUAL)
     return true;
-  return false;
+  return b->prev == NULL && b->next == NULL &&
+         b->seg->size == pool->cfg.segment_bytes;
 }
 
 static bool mp__whole_ok(const mp_pool_t *pool, const mp__block_t *b,
                          size_t size) {
-  return size > pool->cfg.max_split && b->size - size <= size / 8;
+  size_t slack = size / 8 > MP__LARGE_ROUND ? size / 8 : MP__LARGE_ROUND;
+  return size > pool->cfg.max_split && b->size - size < slack;
 }
 
 static mp__block_t *mp__search(mp_pool_t *pool, size_t size, uint32_t sidx) {
   mp__block_t *b = mp__index_best_fit(pool, size);
   for (unsigned k = 0; b != NULL && k < MP__SEARCH_LIMIT; k++) {
-    if (!mp__split_allowed(pool, b, size) && !mp__whole_ok(pool, b, size))
-      return NULL; /* every later candidate is larger still */
-    if (mp__deps_safe(pool, b, sidx, true))
+    if ((mp__split_allowed(pool, b, size) || mp__whole_ok(pool, b, size)) &&
+        mp__deps_safe(pool, b, sidx, true))
       return b;
     b = mp__index_next(pool, b);
   }
@@ -129,6 +137,16 @@ static mp_status_t mp__grow_and_search(mp_pool_t *pool, size_t size,
       return st;
     if ((*out = mp__search(pool, size, sidx)) != NULL)
       return MP_OK;
+    /* The search looks at a bounded number of candidates; the block that
+     * received the new memory is one more, and fits by construction. */
+    mp__block_t *f = pool->fresh;
+    pool->fresh = NULL;
+    if (f != NULL && (f->flags & MP__B_FREE) && f->size >= size &&
+        (mp__split_allowed(pool, f, size) || mp__whole_ok(pool, f, size)) &&
+        mp__deps_safe(pool, f, sidx, false)) {
+      *out = f;
+      return MP_OK;
+    }
   }
   return MP_ENOMEM;
 }

@@ -152,6 +152,8 @@ struct mp_pool {
   mp__segment_t *segs; /* every segment, newest first */
   mp__segment_t *vseg; /* the virtual segment, if any */
   bool vm_failed;      /* the virtual range could not be reserved */
+  mp__block_t *fresh;  /* the block the last grow put memory in; read
+                          right after mp__segment_grow, under the lock */
 
   mp__strm_t *streams;
   uint32_t nstreams, streams_cap, last_sidx;

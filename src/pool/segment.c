@@ -99,6 +99,7 @@ static void mp__tail_extend(mp_pool_t *pool, mp__segment_t *seg, uintptr_t addr,
     t->size += bytes;
     mp__index_insert(pool, t);
     mp__rec_free(pool, rec);
+    pool->fresh = t;
     return;
   }
   rec->addr = addr;
@@ -106,6 +107,7 @@ static void mp__tail_extend(mp_pool_t *pool, mp__segment_t *seg, uintptr_t addr,
   mp__block_link(seg, seg->last, rec);
   mp__index_insert(pool, rec);
   pool->st.free_blocks++;
+  pool->fresh = rec;
 }
 
 static mp_status_t mp__limit(mp_pool_t *pool) {
@@ -240,6 +242,7 @@ static mp_status_t mp__grow_plain(mp_pool_t *pool, size_t size) {
 }
 
 mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx) {
+  pool->fresh = NULL;
   if (pool->parent != NULL)
     return MP_ELIMIT; /* a child pool never grows */
   if (pool->inflight) {

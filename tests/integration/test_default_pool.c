@@ -1,0 +1,72 @@
+/* The drop-in API: one process-wide pool made on first use from
+ * $MEMPOOL_DEVICE and $MEMPOOL_CONF. Each Criterion test runs in its own
+ * process, so each sees a fresh default pool. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mempool/mempool.h>
+
+static void *grab(void *arg) {
+  *(mp_pool_t **)arg = mp_default_pool();
+  return NULL;
+}
+
+Test(default_pool, made_once_on_first_use_even_when_threads_race) {
+  setenv("MEMPOOL_DEVICE", "host", 1);
+  unsetenv("MEMPOOL_CONF");
+  pthread_t t[4];
+  mp_pool_t *got[4];
+  for (int i = 0; i < 4; i++)
+    pthread_create(&t[i], NULL, grab, &got[i]);
+  for (int i = 0; i < 4; i++)
+    pthread_join(t[i], NULL);
+  cr_assert_not_null(got[0], "%s", mp_last_error());
+  for (int i = 1; i < 4; i++)
+    cr_expect_eq(got[i], got[0]);
+  cr_expect_eq(mp_default_pool(), got[0]);
+}
+
+Test(default_pool, malloc_and_free_round_trip) {
+  setenv("MEMPOOL_DEVICE", "host", 1);
+  setenv("MEMPOOL_CONF", "align=1024", 1);
+  void *p = NULL;
+  cr_assert_eq(mp_malloc(&p, 1000), MP_OK, "%s", mp_last_error());
+  cr_expect_eq((uintptr_t)p % 1024, 0, "MEMPOOL_CONF was applied");
+  memset(p, 1, 1000);
+  mp_stats_t s;
+  cr_assert_eq(mp_pool_get_stats(mp_default_pool(), &s), MP_OK);
+  cr_expect_eq(s.requested_bytes, 1000);
+  cr_expect_eq(mp_free(p), MP_OK);
+  cr_expect_eq(mp_free(p), MP_EINVAL, "double free");
+  cr_expect_eq(mp_free(NULL), MP_OK);
+  cr_expect_eq(mp_malloc(NULL, 8), MP_EINVAL);
+}
+
+Test(default_pool, free_async_orders_reuse_after_the_stream) {
+  setenv("MEMPOOL_DEVICE", "host", 1);
+  unsetenv("MEMPOOL_CONF");
+  mp_pool_t *pool = mp_default_pool();
+  cr_assert_not_null(pool, "%s", mp_last_error());
+  mp_device_t *dev = mp_pool_device(pool);
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  void *p, *q;
+  cr_assert_eq(mp_malloc_async(&p, 2 << 20, NULL), MP_OK);
+  cr_assert_eq(mp_memset_async(dev, p, 7, 2 << 20, s), MP_OK);
+  cr_assert_eq(mp_free_async(p, s), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, s), MP_OK);
+  cr_assert_eq(mp_malloc_async(&q, 2 << 20, s), MP_OK);
+  cr_expect_eq(mp_free_async(q, s), MP_OK);
+  cr_expect_eq(mp_free_async((char *)q + 1, s), MP_EINVAL);
+  mp_stream_destroy(dev, s);
+}
+
+Test(default_pool, unusable_device_is_null_with_a_reason) {
+  setenv("MEMPOOL_DEVICE", "nosuchdevice", 1);
+  cr_expect_null(mp_default_pool());
+  cr_expect(strstr(mp_last_error(), "nosuchdevice"), "%s", mp_last_error());
+  void *p;
+  cr_expect_eq(mp_malloc(&p, 16), MP_EINVAL);
+}

@@ -1,0 +1,131 @@
+/* Child pools: a fixed range of the parent, managed with the same best fit,
+ * never growing, given back on destroy. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include <mempool/mempool.h>
+
+#define MiB ((size_t)1 << 20)
+
+static mp_device_t *dev;
+static mp_pool_t *parent;
+
+static void setup(void) {
+  cr_assert_eq(mp_device_open("host", &dev), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_create(dev, NULL, &parent), MP_OK);
+}
+static void teardown(void) {
+  mp_pool_destroy(parent);
+  mp_device_close(dev);
+}
+
+static mp_stats_t stats(mp_pool_t *p) {
+  mp_stats_t s;
+  cr_assert_eq(mp_pool_get_stats(p, &s), MP_OK);
+  return s;
+}
+
+Test(pool_child, range_is_allocated_in_parent_and_reserved_in_child,
+     .init = setup, .fini = teardown) {
+  mp_pool_t *child;
+  cr_assert_eq(mp_pool_create_child(parent, 8 * MiB, &child), MP_OK, "%s",
+               mp_last_error());
+  mp_stats_t ps = stats(parent), cs = stats(child);
+  cr_expect_eq(ps.allocated_bytes, 8 * MiB);
+  cr_expect_eq(cs.reserved_bytes, 8 * MiB);
+  cr_expect_eq(cs.allocated_bytes, 0);
+  cr_expect_eq(mp_pool_device(child), dev);
+  void *a;
+  cr_assert_eq(mp_pool_alloc(child, MiB, NULL, &a), MP_OK);
+  cs = stats(child);
+  cr_expect_eq(cs.device_alloc_count, 0, "a child makes no device calls");
+  cr_expect_eq(cs.allocated_bytes, MiB);
+  cr_expect_eq(mp_pool_check(child), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_check(parent), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_free(child, a), MP_OK);
+  cr_expect_eq(mp_pool_destroy(child), MP_OK);
+  ps = stats(parent);
+  cr_expect_eq(ps.allocated_bytes, 0, "the range went back");
+  cr_expect_eq(mp_pool_check(parent), MP_OK, "%s", mp_last_error());
+}
+
+Test(pool_child, child_never_grows_and_full_is_elimit, .init = setup,
+     .fini = teardown) {
+  mp_pool_t *child;
+  cr_assert_eq(mp_pool_create_child(parent, 4 * MiB, &child), MP_OK);
+  void *a, *b, *c;
+  cr_assert_eq(mp_pool_alloc(child, 3 * MiB, NULL, &a), MP_OK);
+  cr_expect_eq(mp_pool_alloc(child, 2 * MiB, NULL, &b), MP_ELIMIT);
+  cr_expect(strstr(mp_last_error(), "child"), "%s", mp_last_error());
+  cr_assert_eq(mp_pool_alloc(child, MiB, NULL, &b), MP_OK);
+  cr_expect_eq(mp_pool_alloc(child, 512, NULL, &c), MP_ELIMIT);
+  mp_stats_t cs = stats(child);
+  cr_expect_eq(cs.reserved_bytes, 4 * MiB);
+  cr_expect_eq(cs.oom_count, 2);
+  /* Every block lies inside the range the parent handed out. */
+  uintptr_t lo = (uintptr_t)a < (uintptr_t)b ? (uintptr_t)a : (uintptr_t)b;
+  uintptr_t hi =
+      (uintptr_t)a < (uintptr_t)b ? (uintptr_t)b + MiB : (uintptr_t)a + 3 * MiB;
+  cr_expect_eq(hi - lo, 4 * MiB);
+  cr_expect_eq(mp_pool_trim(child, 0), MP_OK);
+  cr_expect_eq(stats(child).reserved_bytes, 4 * MiB, "trim keeps the range");
+  mp_pool_free(child, a);
+  mp_pool_free(child, b);
+  cr_expect_eq(mp_pool_destroy(child), MP_OK);
+}
+
+Test(pool_child, parent_with_live_child_refuses_destroy, .init = setup,
+     .fini = teardown) {
+  mp_pool_t *child;
+  cr_assert_eq(mp_pool_create_child(parent, MiB, &child), MP_OK);
+  mp_stats_t before = stats(parent);
+  cr_expect_eq(mp_pool_destroy(parent), MP_EBUSY);
+  mp_stats_t after = stats(parent);
+  cr_expect_eq(memcmp(&before, &after, sizeof before), 0);
+  cr_expect_eq(mp_pool_destroy(child), MP_OK);
+}
+
+Test(pool_child, child_pointer_freed_through_parent_is_einval, .init = setup,
+     .fini = teardown) {
+  mp_pool_t *child;
+  cr_assert_eq(mp_pool_create_child(parent, 2 * MiB, &child), MP_OK);
+  void *a, *b;
+  cr_assert_eq(mp_pool_alloc(child, 4096, NULL, &a), MP_OK);
+  cr_assert_eq(mp_pool_alloc(child, 4096, NULL, &b), MP_OK);
+  cr_expect_eq(mp_pool_free(parent, a), MP_EINVAL, "the range's base");
+  cr_expect_eq(mp_pool_free(parent, b), MP_EINVAL, "inside the range");
+  cr_expect_eq(mp_pool_free(child, a), MP_OK);
+  cr_expect_eq(mp_pool_free(child, b), MP_OK);
+  void *pa;
+  cr_assert_eq(mp_pool_alloc(parent, 4096, NULL, &pa), MP_OK);
+  cr_expect_eq(mp_pool_free(child, pa), MP_EINVAL, "parent's block");
+  mp_pool_free(parent, pa);
+  cr_expect_eq(mp_pool_destroy(child), MP_OK);
+}
+
+Test(pool_child, children_can_have_children, .init = setup, .fini = teardown) {
+  mp_pool_t *child, *grand;
+  cr_assert_eq(mp_pool_create_child(parent, 8 * MiB, &child), MP_OK);
+  cr_assert_eq(mp_pool_create_child(child, 2 * MiB, &grand), MP_OK);
+  cr_expect_eq(stats(child).allocated_bytes, 2 * MiB);
+  cr_expect_eq(mp_pool_destroy(child), MP_EBUSY);
+  void *a;
+  cr_assert_eq(mp_pool_alloc(grand, 2 * MiB, NULL, &a), MP_OK);
+  cr_expect_eq(mp_pool_alloc(grand, 512, NULL, &a), MP_ELIMIT);
+  cr_expect_eq(mp_pool_destroy(grand), MP_OK);
+  cr_expect_eq(stats(child).allocated_bytes, 0);
+  cr_expect_eq(mp_pool_destroy(child), MP_OK);
+  cr_expect_eq(mp_pool_check(parent), MP_OK, "%s", mp_last_error());
+}
+
+Test(pool_child, child_larger_than_the_parent_can_hold_fails_cleanly,
+     .init = setup, .fini = teardown) {
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cfg.max_bytes = 16 * MiB;
+  mp_pool_t *capped, *child = NULL;
+  cr_assert_eq(mp_pool_create(dev, &cfg, &capped), MP_OK);
+  cr_expect_eq(mp_pool_create_child(capped, 32 * MiB, &child), MP_ELIMIT);
+  cr_expect_null(child);
+  cr_expect_eq(mp_pool_destroy(capped), MP_OK, "no child was left behind");
+}

@@ -1,0 +1,95 @@
+/* Many threads on one pool: allocs, frees, contiguous allocs, record_stream
+ * and trims race; contents stay intact and the invariants hold (run under
+ * TSan in CI). */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <mempool/mempool.h>
+
+enum { THREADS = 4, OPS = 20000, LIVE = 64 };
+
+static mp_device_t *dev;
+static mp_pool_t *pool;
+static mp_stream_t streams[THREADS];
+
+typedef struct worker {
+  int id;
+  int failures;
+} worker_t;
+
+static void *work(void *arg) {
+  worker_t *w = arg;
+  uint64_t s = 0x9E3779B97F4A7C15ull * (uint64_t)(w->id + 1);
+  void *live[LIVE] = {0};
+  uint64_t tags[LIVE] = {0};
+  for (int op = 0; op < OPS; op++) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    int slot = (int)(s % LIVE);
+    mp_stream_t st = streams[(s >> 8) % THREADS];
+    if (live[slot] != NULL) {
+      if (*(uint64_t *)live[slot] != tags[slot])
+        w->failures++;
+      if ((s >> 20) % 5 == 0)
+        mp_pool_record_stream(pool, live[slot], st);
+      if (mp_pool_free(pool, live[slot]) != MP_OK)
+        w->failures++;
+      live[slot] = NULL;
+    } else {
+      size_t bytes = 8 + (size_t)((s >> 24) % (1u << (4 + (s >> 40) % 17)));
+      if (mp_pool_alloc(pool, bytes, streams[w->id], &live[slot]) != MP_OK) {
+        w->failures++;
+        continue;
+      }
+      tags[slot] = s | 1;
+      *(uint64_t *)live[slot] = tags[slot];
+    }
+    if (op % 5000 == 4999)
+      mp_pool_trim(pool, (size_t)16 << 20);
+  }
+  for (int i = 0; i < LIVE; i++)
+    if (live[i] != NULL) {
+      if (*(uint64_t *)live[i] != tags[i])
+        w->failures++;
+      mp_pool_free(pool, live[i]);
+    }
+  return NULL;
+}
+
+static void run(const char *spec) {
+  cr_assert_eq(mp_device_open(spec, &dev), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_create(dev, NULL, &pool), MP_OK);
+  for (int i = 0; i < THREADS; i++)
+    cr_assert_eq(mp_stream_create(dev, &streams[i]), MP_OK);
+  pthread_t t[THREADS];
+  worker_t w[THREADS];
+  for (int i = 0; i < THREADS; i++) {
+    w[i] = (worker_t){i, 0};
+    pthread_create(&t[i], NULL, work, &w[i]);
+  }
+  for (int i = 0; i < THREADS; i++) {
+    pthread_join(t[i], NULL);
+    cr_expect_eq(w[i].failures, 0, "thread %d saw %d failures", i,
+                 w[i].failures);
+  }
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  mp_stats_t st;
+  mp_pool_get_stats(pool, &st);
+  cr_expect_eq(st.allocated_bytes, 0);
+  cr_expect_eq(st.alloc_count, st.free_count);
+  cr_expect_eq(mp_pool_destroy(pool), MP_OK);
+  for (int i = 0; i < THREADS; i++)
+    mp_stream_destroy(dev, streams[i]);
+  mp_device_close(dev);
+}
+
+Test(pool_threads, concurrent_use_keeps_contents_and_invariants_virtual) {
+  run("host");
+}
+
+Test(pool_threads, concurrent_use_keeps_contents_and_invariants_plain) {
+  run("host:vmm=0");
+}

@@ -1,0 +1,154 @@
+/* mp_pool_check finds injected corruption; mp_pool_dump writes text and
+ * JSON. White-box: corruption is injected through pool_internal.h. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool/pool_internal.h"
+#include "pool_fakedev.h"
+
+static mp_device_t *dev;
+static mp_pool_t *pool;
+static void *v[8];
+
+/* A pool with live and free blocks: v0 live, v1 free, v2 live, ... */
+static void setup(void) {
+  dev = fake_open((size_t)1 << 30, (size_t)2 << 20);
+  cr_assert_eq(mp_pool_create(dev, NULL, &pool), MP_OK);
+  for (int i = 0; i < 8; i++)
+    cr_assert_eq(mp_pool_alloc(pool, 4096 * (size_t)(i + 1), NULL, &v[i]),
+                 MP_OK);
+  for (int i = 1; i < 8; i += 2)
+    cr_assert_eq(mp_pool_free(pool, v[i]), MP_OK);
+  cr_assert_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+}
+
+static void teardown(void) {
+  mp_pool_destroy(pool);
+  fake_close(dev);
+}
+
+static void expect_corrupt(const char *what) {
+  cr_expect_eq(mp_pool_check(pool), MP_ECORRUPT, "%s went unnoticed", what);
+  cr_expect(strstr(mp_last_error(), "pool check"), "%s", mp_last_error());
+}
+
+Test(pool_check, detects_a_cleared_bitmap_bit, .init = setup,
+     .fini = teardown) {
+  mp__block_t *b = mp__index_best_fit(pool, 8192);
+  cr_assert_not_null(b);
+  unsigned fl, sl;
+  mp__class_of(pool, b->size, &fl, &sl);
+  pool->sl_bitmap[fl] ^= 1u << sl;
+  expect_corrupt("a cleared bitmap bit");
+  pool->sl_bitmap[fl] ^= 1u << sl;
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+}
+
+Test(pool_check, detects_a_block_size_that_breaks_the_tiling, .init = setup,
+     .fini = teardown) {
+  mp__block_t *b = mp__map_find(pool, (uintptr_t)v[2]);
+  cr_assert_not_null(b);
+  b->size += 512;
+  expect_corrupt("an overlapping block");
+  b->size -= 512;
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+}
+
+Test(pool_check, detects_stats_that_disagree, .init = setup, .fini = teardown) {
+  pool->st.allocated_bytes += 512;
+  expect_corrupt("a wrong allocated_bytes");
+  pool->st.allocated_bytes -= 512;
+}
+
+Test(pool_check, detects_uncoalesced_free_neighbours, .init = setup,
+     .fini = teardown) {
+  /* Make live v2 look free without coalescing it. */
+  mp__block_t *b = mp__map_find(pool, (uintptr_t)v[2]);
+  mp__map_remove(pool, b);
+  mp__index_insert(pool, b);
+  expect_corrupt("adjacent free blocks");
+  mp__index_remove(pool, b);
+  mp__map_insert(pool, b);
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+}
+
+Test(pool_check, detects_a_live_block_missing_from_the_map, .init = setup,
+     .fini = teardown) {
+  mp__block_t *b = mp__map_find(pool, (uintptr_t)v[4]);
+  mp__map_remove(pool, b);
+  expect_corrupt("a live block not in the map");
+  mp__map_insert(pool, b);
+}
+
+Test(pool_check, detects_a_free_block_in_the_wrong_class, .init = setup,
+     .fini = teardown) {
+  mp__block_t *b = mp__map_find(pool, (uintptr_t)v[0]);
+  mp__block_t *f = b->next; /* v1: free, 8 KiB */
+  cr_assert(f->flags & MP__B_FREE);
+  unsigned fl, sl;
+  mp__class_of(pool, f->size, &fl, &sl);
+  mp__index_remove(pool, f);
+  f->flags |= MP__B_FREE;
+  /* Put it in the neighbouring class by hand. */
+  pool->bins[fl][sl + 1] = f;
+  f->left = f->right = NULL;
+  pool->sl_bitmap[fl] |= 1u << (sl + 1);
+  expect_corrupt("a block in the wrong class");
+  pool->bins[fl][sl + 1] = NULL;
+  pool->sl_bitmap[fl] &= ~(1u << (sl + 1));
+  mp__index_insert(pool, f);
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+}
+
+static char *dump(const char *fmt, mp_status_t want) {
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  cr_assert_eq(mp_pool_dump(pool, f, fmt), want, "%s", mp_last_error());
+  fclose(f);
+  return buf;
+}
+
+Test(pool_dump, text_lists_segments_blocks_classes_and_fragmentation,
+     .init = setup, .fini = teardown) {
+  char *t = dump("text", MP_OK);
+  cr_expect(strstr(t, "segment"), "%s", t);
+  cr_expect(strstr(t, "block"));
+  cr_expect(strstr(t, "free lists by class"));
+  cr_expect(strstr(t, "external fragmentation"));
+  free(t);
+  t = dump(NULL, MP_OK);
+  cr_expect(strstr(t, "segment"));
+  free(t);
+}
+
+Test(pool_dump, json_is_one_object_with_the_same_facts, .init = setup,
+     .fini = teardown) {
+  char *j = dump("json", MP_OK);
+  cr_expect_eq(j[0], '{');
+  cr_expect(strstr(j, "\"segments\":["));
+  cr_expect(strstr(j, "\"free_classes\":["));
+  cr_expect(strstr(j, "\"external_fragmentation\":"));
+  /* Four free holes + the tail: fragmentation is above zero. */
+  double frag = atof(strstr(j, "\"external_fragmentation\":") + 25);
+  cr_expect_gt(frag, 0.0);
+  cr_expect_lt(frag, 1.0);
+  int opens = 0, closes = 0;
+  for (char *p = j; *p; p++) {
+    opens += *p == '{' || *p == '[';
+    closes += *p == '}' || *p == ']';
+  }
+  cr_expect_eq(opens, closes);
+  free(j);
+}
+
+Test(pool_dump, unknown_format_is_einval, .init = setup, .fini = teardown) {
+  char *x = dump("yaml", MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "yaml"));
+  cr_expect_eq(x[0], '\0', "nothing written");
+  free(x);
+  cr_expect_eq(mp_pool_dump(NULL, stdout, "text"), MP_EINVAL);
+  cr_expect_eq(mp_pool_dump(pool, NULL, "text"), MP_EINVAL);
+}

@@ -1,0 +1,106 @@
+/* Pool configuration: defaults, $MEMPOOL_CONF, option strings, validation. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool/pool_internal.h"
+#include "pool_fakedev.h"
+
+Test(pool_config, defaults_without_environment) {
+  unsetenv("MEMPOOL_CONF");
+  mp_pool_config_t c;
+  mp_pool_config_init(&c);
+  cr_expect_eq(c.max_bytes, 0);
+  cr_expect_eq(c.align, 512);
+  cr_expect_eq(c.segment_bytes, (size_t)2 << 20);
+  cr_expect_eq(c.max_split, 0);
+  cr_expect_eq(c.flags, MP_POOL_VIRTUAL | MP_POOL_DEFRAG_ON_OOM);
+}
+
+Test(pool_config, every_key_parses) {
+  unsetenv("MEMPOOL_CONF");
+  mp_pool_config_t c;
+  mp_pool_config_init(&c);
+  cr_assert_eq(mp_pool_config_parse(&c, "max_bytes=8G,align=4K,segment_bytes="
+                                        "20M,max_split=64M,virtual=0,"
+                                        "defrag_on_oom=off"),
+               MP_OK, "%s", mp_last_error());
+  cr_expect_eq(c.max_bytes, (size_t)8 << 30);
+  cr_expect_eq(c.align, 4096);
+  cr_expect_eq(c.segment_bytes, (size_t)20 << 20);
+  cr_expect_eq(c.max_split, (size_t)64 << 20);
+  cr_expect_eq(c.flags, 0);
+  cr_assert_eq(mp_pool_config_parse(&c, "virtual=yes"), MP_OK);
+  cr_expect_eq(c.flags, MP_POOL_VIRTUAL);
+  cr_expect_eq(mp_pool_config_parse(&c, ""), MP_OK);
+}
+
+Test(pool_config, bad_strings_name_the_culprit_and_change_nothing) {
+  unsetenv("MEMPOOL_CONF");
+  const char *bad[][2] = {{"max_bytez=1G", "max_bytez"},
+                          {"align=3", "align"},
+                          {"align=12X", "align"},
+                          {"virtual=maybe", "virtual"},
+                          {"segment_bytes=", "segment_bytes"},
+                          {"max_split=4M,oops", "oops"},
+                          {"align=1024,bogus=1", "bogus"}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    mp_pool_config_t c, orig;
+    mp_pool_config_init(&c);
+    orig = c;
+    cr_expect_eq(mp_pool_config_parse(&c, bad[i][0]), MP_EINVAL, "%s",
+                 bad[i][0]);
+    cr_expect(strstr(mp_last_error(), bad[i][1]), "'%s': message '%s'",
+              bad[i][0], mp_last_error());
+    cr_expect_eq(memcmp(&c, &orig, sizeof c), 0, "'%s' changed the config",
+                 bad[i][0]);
+  }
+  cr_expect_eq(mp_pool_config_parse(NULL, "align=512"), MP_EINVAL);
+}
+
+Test(pool_config, environment_overrides_defaults) {
+  setenv("MEMPOOL_CONF", "align=1024,max_bytes=1G", 1);
+  mp_pool_config_t c;
+  mp_pool_config_init(&c);
+  cr_expect_eq(c.align, 1024);
+  cr_expect_eq(c.max_bytes, (size_t)1 << 30);
+  unsetenv("MEMPOOL_CONF");
+}
+
+Test(pool_config, bad_environment_keeps_defaults_and_create_reports_it) {
+  setenv("MEMPOOL_CONF", "align=512,colour=blue", 1);
+  mp_pool_config_t c;
+  mp_pool_config_init(&c);
+  cr_expect_eq(c.align, 512);
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  mp_pool_t *p = NULL;
+  cr_expect_eq(mp_pool_create(dev, &c, &p), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "colour"), "%s", mp_last_error());
+  cr_expect_eq(mp_pool_create(dev, NULL, &p), MP_EINVAL);
+  cr_expect_null(p);
+  unsetenv("MEMPOOL_CONF");
+  fake_close(dev);
+}
+
+Test(pool_config, create_validates_the_config) {
+  unsetenv("MEMPOOL_CONF");
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  mp_pool_config_t c;
+  mp_pool_t *p = NULL;
+  mp_pool_config_init(&c);
+  c.align = 768;
+  cr_expect_eq(mp_pool_create(dev, &c, &p), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "power of two"), "%s", mp_last_error());
+  mp_pool_config_init(&c);
+  c.flags |= 0x100;
+  cr_expect_eq(mp_pool_create(dev, &c, &p), MP_EINVAL);
+  mp_pool_config_init(&c);
+  c.max_bytes = 100;
+  cr_expect_eq(mp_pool_create(dev, &c, &p), MP_EINVAL);
+  cr_expect_null(p);
+  mp_pool_config_init(&c);
+  c.align = 0; /* 0 means the default */
+  cr_assert_eq(mp_pool_create(dev, &c, &p), MP_OK);
+  mp_pool_destroy(p);
+  fake_close(dev);
+}
