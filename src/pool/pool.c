@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "pool_internal.h"
 
@@ -79,22 +80,57 @@ static bool mp__whole_ok(const mp_pool_t *pool, const mp__block_t *b,
   return size > pool->cfg.max_split && b->size - size < slack;
 }
 
-static mp__block_t *mp__search(mp_pool_t *pool, size_t size, uint32_t sidx) {
+/* pending: set when a block that fits was passed by only because another
+ * stream's work on it has not completed yet. */
+static mp__block_t *mp__search_ex(mp_pool_t *pool, size_t size, uint32_t sidx,
+                                  bool *pending) {
   mp__block_t *b = mp__index_best_fit(pool, size);
   for (unsigned k = 0; b != NULL && k < MP__SEARCH_LIMIT; k++) {
-    if ((mp__split_allowed(pool, b, size) || mp__whole_ok(pool, b, size)) &&
-        mp__deps_safe(pool, b, sidx, true))
-      return b;
+    if (mp__split_allowed(pool, b, size) || mp__whole_ok(pool, b, size)) {
+      if (mp__deps_safe(pool, b, sidx, true))
+        return b;
+      *pending = true;
+    }
     b = mp__index_next(pool, b);
   }
   return NULL;
 }
 
-static void mp__take_block(mp_pool_t *pool, mp__block_t *b, size_t size) {
+static mp__block_t *mp__search(mp_pool_t *pool, size_t size, uint32_t sidx) {
+  bool pending = false;
+  return mp__search_ex(pool, size, sidx, &pending);
+}
+
+/* Before growing for a block that another stream's recent work still holds,
+ * give that work a moment: an idle stream passes its marker within
+ * microseconds, and a device allocation costs far more than the wait. The
+ * lock is dropped while waiting; at most MP__PENDING_WAIT_US in total. */
+#define MP__PENDING_WAIT_US 200
+static mp__block_t *mp__search_patiently(mp_pool_t *pool, size_t size,
+                                         uint32_t sidx) {
+  bool pending = false;
+  mp__block_t *b = mp__search_ex(pool, size, sidx, &pending);
+  for (unsigned waited = 0;
+       b == NULL && pending && waited < MP__PENDING_WAIT_US; waited += 10) {
+    struct timespec ts = {0, 10000};
+    pthread_mutex_unlock(&pool->lock);
+    nanosleep(&ts, NULL);
+    pthread_mutex_lock(&pool->lock);
+    pending = false;
+    b = mp__search_ex(pool, size, sidx, &pending);
+  }
+  return b;
+}
+
+/* Takes b out of the index and cuts it to size; the rest (at the high end)
+ * goes back as a free block. Returns the taken block. */
+static mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
+                                   size_t size) {
   mp__index_remove(pool, b);
   pool->st.free_blocks--;
   if (b->size > size && mp__split_allowed(pool, b, size))
     mp__block_split(pool, b, size);
+  return b;
 }
 
 static mp_status_t mp__sync_device(mp_pool_t *pool) {
@@ -153,7 +189,7 @@ static mp_status_t mp__grow_and_search(mp_pool_t *pool, size_t size,
 
 mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
                           mp__block_t **out) {
-  mp__block_t *b = mp__search(pool, size, sidx);
+  mp__block_t *b = mp__search_patiently(pool, size, sidx);
   if (b != NULL)
     goto got;
   mp_status_t st = mp__grow_and_search(pool, size, sidx, &b);
@@ -194,8 +230,7 @@ mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
   }
   return mp__oom(pool, st == MP_ELIMIT ? MP_ELIMIT : MP_ENOMEM, size);
 got:
-  mp__take_block(pool, b, size);
-  *out = b;
+  *out = mp__take_block(pool, b, size);
   return MP_OK;
 }
 

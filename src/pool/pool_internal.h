@@ -70,21 +70,23 @@ typedef struct mp__dep {
 typedef struct mp__segment mp__segment_t;
 
 typedef struct mp__block {
-  uintptr_t addr;
-  size_t size;                   /* multiple of the pool's align, > 0 */
-  size_t requested;              /* live: the caller's bytes; free: 0 */
-  struct mp__block *prev, *next; /* address order within seg */
-  mp__segment_t *seg;
+  /* First cache line: what the index and the tiling touch. */
+  _Alignas(64) uintptr_t addr;
+  size_t size;                    /* multiple of the pool's align, > 0 */
   struct mp__block *left, *right; /* class treap (free) */
+  struct mp__block *prev, *next;  /* address order within seg */
   uint32_t prio;                  /* treap priority, from the address */
   uint32_t flags;                 /* MP__B_* */
   uint32_t sidx;                  /* live: allocating stream */
   uint32_t ndeps;                 /* free: deps used; live: uses used */
-  uint64_t gen;                   /* MP__B_SYNC: pool sync generation */
-  mp__dep_t deps[MP__MAX_DEPS];   /* free: deps; live: extra uses (sidx) */
-  void *handle;                   /* [defrag] movable handle back pointer */
-  mp_pool_t *child;               /* MP__B_CHILD: the child pool */
-  struct mp__block *next_rec;     /* record free list */
+  /* Then the rest. */
+  mp__segment_t *seg;
+  size_t requested;             /* live: the caller's bytes; free: 0 */
+  uint64_t gen;                 /* MP__B_SYNC: pool sync generation */
+  mp__dep_t deps[MP__MAX_DEPS]; /* free: deps; live: extra uses (sidx) */
+  void *handle;                 /* [defrag] movable handle back pointer */
+  mp_pool_t *child;             /* MP__B_CHILD: the child pool */
+  struct mp__block *next_rec;   /* record free list */
 } mp__block_t;
 
 /* ---- segments (segment.c) ---------------------------------------------- */

@@ -1,0 +1,194 @@
+/* pool_pairs - steady-state cost of one free + alloc pair in the best-fit
+ * pool, with 100 and with 10 000 live blocks, next to a jemalloc arena on the
+ * same sizes in the same run.
+ *
+ * Sizes are log-uniform in [512 B, 16 MiB]. The live set is filled first,
+ * then a warm-up of the same length as the timed phase runs, then the timed
+ * phase: free a random live block, allocate a new random size in its place.
+ * Sizes and victims are drawn before timing, so only the pair is measured.
+ * The device is the host backend with a large capacity (pages are never
+ * touched, so nothing is committed). Also printed: device allocations made
+ * during the timed phase (0 once a repeating workload is warm).
+ *
+ *   bench_pool_pairs [pairs=2000000] [device spec, default
+ *                    "host:capacity=64T"] [pool|jemalloc: run only that] */
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <mempool/mempool.h>
+
+#if MEMPOOL_HAVE_JEMALLOC
+#include <jemalloc/jemalloc.h>
+#endif
+
+typedef struct plan {
+  size_t *sizes;    /* one per pair */
+  uint32_t *victim; /* one per pair */
+  size_t *init;     /* one per live block */
+  size_t pairs, live;
+} plan_t;
+
+static uint64_t rng = 0x2545F4914F6CDD1Dull;
+static uint64_t next_u64(void) {
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  return rng;
+}
+
+static size_t log_uniform(void) {
+  double lo = log(512.0), hi = log(16.0 * 1024 * 1024);
+  double u = (double)(next_u64() >> 11) / (double)(1ull << 53);
+  return (size_t)exp(lo + u * (hi - lo));
+}
+
+static plan_t make_plan(size_t live, size_t pairs) {
+  plan_t p = {malloc(pairs * sizeof(size_t)), malloc(pairs * sizeof(uint32_t)),
+              malloc(live * sizeof(size_t)), pairs, live};
+  for (size_t i = 0; i < live; i++)
+    p.init[i] = log_uniform();
+  for (size_t i = 0; i < pairs; i++) {
+    p.sizes[i] = log_uniform();
+    p.victim[i] = (uint32_t)(next_u64() % live);
+  }
+  return p;
+}
+
+static double now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+typedef struct result {
+  double ns_per_pair;
+  unsigned long long device_allocs, device_frees;
+  double reserved_over_live;
+} result_t;
+
+static int run_pool(mp_device_t *dev, const plan_t *p, result_t *r) {
+  mp_pool_t *pool;
+  if (mp_pool_create(dev, NULL, &pool) != MP_OK) {
+    fprintf(stderr, "pool: %s\n", mp_last_error());
+    return 1;
+  }
+  void **live = malloc(p->live * sizeof(void *));
+  for (size_t i = 0; i < p->live; i++)
+    if (mp_pool_alloc(pool, p->init[i], NULL, &live[i]) != MP_OK) {
+      fprintf(stderr, "pool: %s\n", mp_last_error());
+      return 1;
+    }
+  /* Warm-up and timed phase run the same sequence: a repeating workload. */
+  mp_stats_t s0, s1;
+  double t0 = 0;
+  for (int phase = 0; phase < 2; phase++) {
+    if (phase == 1) {
+      mp_pool_get_stats(pool, &s0);
+      t0 = now_ns();
+    }
+    for (size_t i = 0; i < p->pairs; i++) {
+      uint32_t v = p->victim[i];
+      mp_pool_free(pool, live[v]);
+      if (mp_pool_alloc(pool, p->sizes[i], NULL, &live[v]) != MP_OK) {
+        fprintf(stderr, "pool: %s\n", mp_last_error());
+        return 1;
+      }
+    }
+  }
+  double t1 = now_ns();
+  mp_pool_get_stats(pool, &s1);
+  r->ns_per_pair = (t1 - t0) / (double)p->pairs;
+  r->device_allocs = s1.device_alloc_count - s0.device_alloc_count;
+  r->device_frees = s1.device_free_count - s0.device_free_count;
+  r->reserved_over_live =
+      (double)s1.peak_reserved_bytes / (double)s1.peak_requested_bytes;
+  if (mp_pool_check(pool) != MP_OK)
+    fprintf(stderr, "pool check: %s\n", mp_last_error());
+  mp_pool_destroy(pool);
+  free(live);
+  return 0;
+}
+
+#if MEMPOOL_HAVE_JEMALLOC
+static int run_jemalloc(const plan_t *p, result_t *r) {
+  unsigned arena;
+  size_t sz = sizeof arena;
+  if (mallctl("arenas.create", &arena, &sz, NULL, 0) != 0) {
+    fprintf(stderr, "jemalloc: arenas.create failed\n");
+    return 1;
+  }
+  int flags = (int)MALLOCX_ARENA(arena) | MALLOCX_TCACHE_NONE;
+  void **live = malloc(p->live * sizeof(void *));
+  for (size_t i = 0; i < p->live; i++)
+    live[i] = mallocx(p->init[i], flags);
+  double t0 = 0;
+  for (int phase = 0; phase < 2; phase++) {
+    if (phase == 1)
+      t0 = now_ns();
+    for (size_t i = 0; i < p->pairs; i++) {
+      uint32_t v = p->victim[i];
+      dallocx(live[v], flags);
+      live[v] = mallocx(p->sizes[i], flags);
+      if (live[v] == NULL) {
+        fprintf(stderr, "jemalloc: out of memory\n");
+        return 1;
+      }
+    }
+  }
+  r->ns_per_pair = (now_ns() - t0) / (double)p->pairs;
+  for (size_t i = 0; i < p->live; i++)
+    dallocx(live[i], flags);
+  free(live);
+  return 0;
+}
+#endif
+
+int main(int argc, char **argv) {
+  size_t pairs = argc > 1 ? (size_t)strtoull(argv[1], NULL, 10) : 2000000;
+  const char *spec = argc > 2 ? argv[2] : "host:capacity=64T";
+  const char *only = argc > 3 ? argv[3] : "";
+  bool do_pool = strcmp(only, "jemalloc") != 0;
+  bool do_je = strcmp(only, "pool") != 0;
+  mp_device_t *dev;
+  if (mp_device_open(spec, &dev) != MP_OK) {
+    fprintf(stderr, "device: %s\n", mp_last_error());
+    return 1;
+  }
+  printf("free+alloc pairs, sizes log-uniform 512 B .. 16 MiB, %zu pairs, "
+         "device %s\n",
+         pairs, mp_device_name(dev));
+  printf("%-10s %8s %12s %12s %14s %14s\n", "allocator", "live", "ns/pair",
+         "dev allocs", "dev frees", "peak res/req");
+  size_t lives[2] = {100, 10000};
+  double pool_ns[2] = {0, 0};
+  for (int k = 0; k < 2; k++) {
+    plan_t p = make_plan(lives[k], pairs);
+    result_t r = {0};
+    if (do_pool && run_pool(dev, &p, &r) != 0)
+      return 1;
+    pool_ns[k] = r.ns_per_pair;
+    if (do_pool)
+      printf("%-10s %8zu %12.1f %12llu %14llu %14.3f\n", "pool", lives[k],
+             r.ns_per_pair, r.device_allocs, r.device_frees,
+             r.reserved_over_live);
+#if MEMPOOL_HAVE_JEMALLOC
+    result_t j = {0};
+    if (do_je && run_jemalloc(&p, &j) != 0)
+      return 1;
+    if (do_je)
+      printf("%-10s %8zu %12.1f %12s %14s %14s\n", "jemalloc", lives[k],
+             j.ns_per_pair, "-", "-", "-");
+#endif
+    free(p.sizes);
+    free(p.victim);
+    free(p.init);
+  }
+  printf("pool: 10000-live / 100-live cost = %.2fx\n", pool_ns[1] / pool_ns[0]);
+  mp_device_close(dev);
+  return 0;
+}
