@@ -7,9 +7,33 @@
  * address on ties. Block records are host structures, never written into
  * device memory.
  *
+ * Within a class, blocks are kept in a treap ordered by (size, address),
+ * so the best fit costs O(log m) expected for m blocks in that class.
+ *
+ * Growth policy (keeps reserved memory close to live memory):
+ *  - virtual (MP_POOL_VIRTUAL and a device with virtual memory): one address
+ *    range is reserved once (the cap's size); growth maps one chunk at its
+ *    top, sized max(what the free top block lacks, segment_bytes,
+ *    reserved/32 up to 64 MiB), rounded to the granule. Free neighbours
+ *    always coalesce; trim unmaps whole chunks (each exactly one vm_map)
+ *    from the top while the free top block covers them.
+ *  - plain: requests up to segment_bytes/2 come from segment_bytes
+ *    segments (default 2 MiB); larger ones get their own segment, rounded
+ *    up to 2 MiB. Trim frees segments that are wholly free.
+ *  Near the cap, growth asks for the exact need instead.
+ *
  * Streams: a block is reusable at once on the stream it was allocated on;
  * on another stream only once every use recorded for it (its own stream at
  * the free, and every stream given to mp_pool_record_stream) has completed.
+ * The pool learns completion through marker events it records on those
+ * streams (from a per-pool event cache): at each free once it has seen a
+ * second stream, and lazily otherwise, so a pool used from one stream makes
+ * no device call on alloc/free. Free blocks of every stream sit in one
+ * index, so idle memory of one stream serves the others. An allocation
+ * that finds only blocks still pending on other streams waits up to 200 us
+ * for their markers before it grows. Streams used with a pool must stay
+ * valid while blocks freed on them are cached (until mp_pool_trim or
+ * mp_pool_destroy), as the pool may record a marker on them.
  *
  * Out of memory is a ladder: cache -> grow -> reclaim blocks whose streams
  * have finished -> synchronize, trim free segments, retry -> (pools with
@@ -18,7 +42,7 @@
  * allocated and how big the largest free block was.
  *
  * All calls are thread-safe: one lock per pool, never held across a device
- * call that can block. */
+ * call that can block (allocation, mapping, release, synchronize). */
 #ifndef MEMPOOL_POOL_H
 #define MEMPOOL_POOL_H
 
@@ -82,7 +106,9 @@ MP_API mp_status_t mp_pool_free(mp_pool_t *pool, void *ptr);
  * queued on s up to its free has completed. */
 MP_API mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr,
                                          mp_stream_t s);
-/* One block split into count adjacent pieces, each freeable on its own. */
+/* One block split into count adjacent pieces, each freeable on its own and
+ * each aligned (sizes are rounded up to the alignment). count 0, a NULL
+ * array or a 0 size is MP_EINVAL. */
 MP_API mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
                                             const size_t *sizes, mp_stream_t s,
                                             void **out /* count pointers */);

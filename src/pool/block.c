@@ -186,7 +186,7 @@ mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b, size_t size) {
 /* Merges gone (free, out of the index) into into; false when their deps
  * cannot share one record (both are then marked MP__B_UNMERGED). */
 static bool mp__absorb(mp_pool_t *pool, mp__block_t *into, mp__block_t *gone) {
-  if (!mp__deps_merge(pool, into, gone)) {
+  if (!mp__deps_try_merge(pool, into, gone)) {
     into->flags |= MP__B_UNMERGED;
     gone->flags |= MP__B_UNMERGED;
     return false;

@@ -241,6 +241,10 @@ mp_status_t mp__stream_index(mp_pool_t *pool, mp_stream_t s, uint32_t *out);
 void mp__deps_on_free(mp_pool_t *pool, mp__block_t *b);
 /* Merges src's deps into dst (coalescing); false, nothing changed, when the
  * union of what is still pending spans more than MP__MAX_DEPS streams. */
+bool mp__deps_try_merge(mp_pool_t *pool, mp__block_t *dst,
+                        const mp__block_t *src);
+/* [defrag] Adds src's deps to dst; always succeeds: past MP__MAX_DEPS
+ * streams dst waits for the next device sync (MP__B_SYNC). Returns true. */
 bool mp__deps_merge(mp_pool_t *pool, mp__block_t *dst, const mp__block_t *src);
 /* True when a block with these deps can be reused on stream sidx now.
  * poll: query markers and close open epochs of the streams it waits on. */

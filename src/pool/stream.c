@@ -187,7 +187,8 @@ static bool mp__deps_union(const mp_pool_t *pool, const mp__block_t *a,
   return true;
 }
 
-bool mp__deps_merge(mp_pool_t *pool, mp__block_t *dst, const mp__block_t *src) {
+bool mp__deps_try_merge(mp_pool_t *pool, mp__block_t *dst,
+                        const mp__block_t *src) {
   mp__dep_t u[MP__MAX_DEPS];
   uint32_t n;
   if (!mp__deps_union(pool, dst, src, u, &n)) {
@@ -206,6 +207,16 @@ bool mp__deps_merge(mp_pool_t *pool, mp__block_t *dst, const mp__block_t *src) {
   }
   memcpy(dst->deps, u, n * sizeof u[0]);
   dst->ndeps = n;
+  return true;
+}
+
+bool mp__deps_merge(mp_pool_t *pool, mp__block_t *dst, const mp__block_t *src) {
+  if (mp__deps_try_merge(pool, dst, src))
+    return true;
+  /* More streams than a record holds: wait for the next device sync. Keep
+   * the deps too, so nothing is forgotten if the flag is cleared first. */
+  dst->flags |= MP__B_SYNC;
+  dst->gen = pool->sync_gen;
   return true;
 }
 
