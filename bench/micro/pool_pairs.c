@@ -69,6 +69,7 @@ typedef struct result {
   double ns_per_pair;
   unsigned long long device_allocs, device_frees;
   double reserved_over_live;
+  unsigned long long free_blocks;
 } result_t;
 
 static int run_pool(mp_device_t *dev, const plan_t *p, result_t *r) {
@@ -105,6 +106,7 @@ static int run_pool(mp_device_t *dev, const plan_t *p, result_t *r) {
   r->ns_per_pair = (t1 - t0) / (double)p->pairs;
   r->device_allocs = s1.device_alloc_count - s0.device_alloc_count;
   r->device_frees = s1.device_free_count - s0.device_free_count;
+  r->free_blocks = s1.free_blocks;
   r->reserved_over_live =
       (double)s1.peak_reserved_bytes / (double)s1.peak_requested_bytes;
   if (mp_pool_check(pool) != MP_OK)
@@ -162,8 +164,8 @@ int main(int argc, char **argv) {
   printf("free+alloc pairs, sizes log-uniform 512 B .. 16 MiB, %zu pairs, "
          "device %s\n",
          pairs, mp_device_name(dev));
-  printf("%-10s %8s %12s %12s %14s %14s\n", "allocator", "live", "ns/pair",
-         "dev allocs", "dev frees", "peak res/req");
+  printf("%-10s %8s %12s %12s %12s %14s %12s\n", "allocator", "live", "ns/pair",
+         "dev allocs", "dev frees", "peak res/req", "free blocks");
   size_t lives[2] = {100, 10000};
   double pool_ns[2] = {0, 0};
   for (int k = 0; k < 2; k++) {
@@ -173,16 +175,16 @@ int main(int argc, char **argv) {
       return 1;
     pool_ns[k] = r.ns_per_pair;
     if (do_pool)
-      printf("%-10s %8zu %12.1f %12llu %14llu %14.3f\n", "pool", lives[k],
-             r.ns_per_pair, r.device_allocs, r.device_frees,
-             r.reserved_over_live);
+      printf("%-10s %8zu %12.1f %12llu %12llu %14.3f %12llu\n", "pool",
+             lives[k], r.ns_per_pair, r.device_allocs, r.device_frees,
+             r.reserved_over_live, r.free_blocks);
 #if MEMPOOL_HAVE_JEMALLOC
     result_t j = {0};
     if (do_je && run_jemalloc(&p, &j) != 0)
       return 1;
     if (do_je)
-      printf("%-10s %8zu %12.1f %12s %14s %14s\n", "jemalloc", lives[k],
-             j.ns_per_pair, "-", "-", "-");
+      printf("%-10s %8zu %12.1f %12s %12s %14s %12s\n", "jemalloc", lives[k],
+             j.ns_per_pair, "-", "-", "-", "-");
 #endif
     free(p.sizes);
     free(p.victim);

@@ -167,16 +167,19 @@ static bool mp__is_oom(mp_status_t st) {
 /* Grows until the cache serves or growing fails; returns the block. */
 static mp_status_t mp__grow_and_search(mp_pool_t *pool, size_t size,
                                        uint32_t sidx, mp__block_t **out) {
-  for (int tries = 0; tries < 8; tries++) {
+  /* Only growths this thread made count: waiting for another thread's
+   * grow or release is progress too, and is followed by a fresh look. */
+  for (int grown = 0; grown < 8;) {
     mp_status_t st = mp__segment_grow(pool, size, sidx);
     if (st != MP_OK)
       return st;
+    mp__block_t *f = pool->fresh;
+    pool->fresh = NULL;
+    grown += f != NULL;
     if ((*out = mp__search(pool, size, sidx)) != NULL)
       return MP_OK;
     /* The search looks at a bounded number of candidates; the block that
      * received the new memory is one more, and fits by construction. */
-    mp__block_t *f = pool->fresh;
-    pool->fresh = NULL;
     if (f != NULL && (f->flags & MP__B_FREE) && f->size >= size &&
         (mp__split_allowed(pool, f, size) || mp__whole_ok(pool, f, size)) &&
         mp__deps_safe(pool, f, sidx, false)) {
