@@ -14,7 +14,7 @@
  *  - virtual (MP_POOL_VIRTUAL and a device with virtual memory): one address
  *    range is reserved once (the cap's size); growth maps one chunk at its
  *    top, sized max(what the free top block lacks, segment_bytes,
- *    reserved/32 up to 64 MiB), rounded to the granule. Free neighbours
+ *    reserved/128 up to 16 MiB), rounded to the granule. Free neighbours
  *    always coalesce; trim unmaps whole chunks (each exactly one vm_map)
  *    from the top while the free top block covers them.
  *  - plain: requests up to segment_bytes/2 come from segment_bytes

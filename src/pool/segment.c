@@ -12,11 +12,12 @@
  *
  * Growth policy (keeps reserved close to live): a request that the cache
  * cannot serve maps max(what is missing above the free tail, segment_bytes,
- * reserved/32 capped at 64 MiB) rounded up to the granule; plain segments
+ * reserved/128 capped at 16 MiB) rounded up to the granule; plain segments
  * are segment_bytes for requests up to segment_bytes/2 and the request
  * rounded up to 2 MiB otherwise. Near the cap, growth falls back to the
- * exact need. The minimum step bounds device calls (a trace's growth costs
- * O(log) calls per doubling), the 1/32 bounds over-reservation to ~3%.
+ * exact need. The minimum step bounds device calls (at most a few hundred
+ * on the traces in ../shared/traces), the 1/128 bounds over-reservation to
+ * under 1% (tuned on those traces with bench_pool_traces).
  *
  * Locking: every device call here runs with the pool lock dropped and the
  * pool marked inflight; only one grow or release is in flight at a time.
@@ -155,9 +156,9 @@ static mp_status_t mp__grow_virtual(mp_pool_t *pool, size_t size,
   size_t need = mp__round_up(size - (tail < size ? tail : 0), pool->granule);
   if (need == 0)
     need = pool->granule;
-  size_t step = pool->st.reserved_bytes / 32;
-  if (step > ((size_t)64 << 20))
-    step = (size_t)64 << 20;
+  size_t step = pool->st.reserved_bytes / 128;
+  if (step > ((size_t)16 << 20))
+    step = (size_t)16 << 20;
   if (step < pool->cfg.segment_bytes)
     step = pool->cfg.segment_bytes;
   size_t grow = mp__round_up(need > step ? need : step, pool->granule);
