@@ -630,7 +630,7 @@ mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
     mp__pool_free_host(child);
     return mp__fail(MP_ENOMEM, "out of host memory creating a child pool");
   }
-  void *base;
+  void *base = NULL;
   pthread_mutex_lock(&parent->lock);
   st = mp__alloc_locked(parent, bytes, NULL, &base);
   if (st == MP_OK) {
