@@ -235,3 +235,6 @@ void mp__block_merge_deferred(mp_pool_t *pool) {
     }
   }
 }
+
+_Static_assert(sizeof(mp__block_t) == 128,
+               "a block record is two cache lines: hot fields, then the rest");

@@ -62,9 +62,12 @@ enum {
 
 #define MP__MAX_DEPS 4
 
+/* 8 bytes, so that a block record fits two cache lines: at most
+ * MP__MAX_STREAMS streams per pool, 2^48 epochs per stream. */
+#define MP__MAX_STREAMS 65535u
 typedef struct mp__dep {
-  uint32_t sidx;  /* index into pool->streams */
-  uint64_t epoch; /* the stream's epoch when the block was freed */
+  uint64_t sidx : 16;  /* index into pool->streams */
+  uint64_t epoch : 48; /* the stream's epoch when the block was freed */
 } mp__dep_t;
 
 typedef struct mp__segment mp__segment_t;
@@ -79,14 +82,18 @@ typedef struct mp__block {
   uint32_t flags;                 /* MP__B_* */
   uint32_t sidx;                  /* live: allocating stream */
   uint32_t ndeps;                 /* free: deps used; live: uses used */
-  /* Then the rest. */
+  /* Second cache line: the rest. */
   mp__segment_t *seg;
-  size_t requested;             /* live: the caller's bytes; free: 0 */
+  union {
+    size_t requested;           /* live: the caller's bytes; free: 0 */
+    struct mp__block *next_rec; /* idle record: the record free list */
+  };
   uint64_t gen;                 /* MP__B_SYNC: pool sync generation */
   mp__dep_t deps[MP__MAX_DEPS]; /* free: deps; live: extra uses (sidx) */
-  void *handle;                 /* [defrag] movable handle back pointer */
-  mp_pool_t *child;             /* MP__B_CHILD: the child pool */
-  struct mp__block *next_rec;   /* record free list */
+  union {
+    void *handle;     /* [defrag] MP__B_MOVABLE: handle back pointer */
+    mp_pool_t *child; /* MP__B_CHILD: the child pool */
+  };
 } mp__block_t;
 
 /* ---- segments (segment.c) ---------------------------------------------- */

@@ -61,6 +61,9 @@ mp_status_t mp__stream_index(mp_pool_t *pool, mp_stream_t s, uint32_t *out) {
       return MP_OK;
     }
   }
+  if (pool->nstreams >= MP__MAX_STREAMS)
+    return mp__fail(MP_ENOMEM, "a pool serves at most %u streams",
+                    MP__MAX_STREAMS);
   if (pool->nstreams == pool->streams_cap) {
     uint32_t cap = pool->streams_cap ? pool->streams_cap * 2 : 8;
     mp__strm_t *st = realloc(pool->streams, cap * sizeof *st);
