@@ -5,6 +5,8 @@
 
 #include <mempool/mempool.h>
 
+#include "../support/pool_helpers.h"
+
 #define MiB ((size_t)1 << 20)
 
 static mp_device_t *dev;
@@ -17,12 +19,6 @@ static void setup(void) {
 static void teardown(void) {
   mp_pool_destroy(parent);
   mp_device_close(dev);
-}
-
-static mp_stats_t stats(mp_pool_t *p) {
-  mp_stats_t s;
-  cr_assert_eq(mp_pool_get_stats(p, &s), MP_OK);
-  return s;
 }
 
 Test(pool_child, range_is_allocated_in_parent_and_reserved_in_child,

@@ -4,6 +4,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
+#include "../support/pool_helpers.h"
 #include <mempool/mempool.h>
 
 #define MiB ((size_t)1 << 20)
@@ -12,23 +13,6 @@ static mp_device_t *open_dev(const char *spec) {
   mp_device_t *dev = NULL;
   cr_assert_eq(mp_device_open(spec, &dev), MP_OK, "%s", mp_last_error());
   return dev;
-}
-
-static mp_pool_t *make_pool(mp_device_t *dev, const char *opts) {
-  mp_pool_config_t cfg;
-  mp_pool_config_init(&cfg);
-  if (opts)
-    cr_assert_eq(mp_pool_config_parse(&cfg, opts), MP_OK, "%s",
-                 mp_last_error());
-  mp_pool_t *p = NULL;
-  cr_assert_eq(mp_pool_create(dev, &cfg, &p), MP_OK, "%s", mp_last_error());
-  return p;
-}
-
-static mp_stats_t stats(mp_pool_t *p) {
-  mp_stats_t s;
-  cr_assert_eq(mp_pool_get_stats(p, &s), MP_OK);
-  return s;
 }
 
 static void

@@ -8,36 +8,18 @@
 
 #include <mempool/mempool.h>
 
+#include "../support/stream_gate.h"
+
 #define MiB ((size_t)1 << 20)
 
-typedef struct gate {
-  pthread_mutex_t m;
-  pthread_cond_t c;
-  int open;
-} gate_t;
-
-static void gate_wait(void *arg) {
-  gate_t *g = arg;
-  pthread_mutex_lock(&g->m);
-  while (!g->open)
-    pthread_cond_wait(&g->c, &g->m);
-  pthread_mutex_unlock(&g->m);
-}
-
-static void gate_open(gate_t *g) {
-  pthread_mutex_lock(&g->m);
-  g->open = 1;
-  pthread_cond_broadcast(&g->c);
-  pthread_mutex_unlock(&g->m);
-}
-
-static gate_t gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+static gate_t gate;
 
 static mp_device_t *dev;
 static mp_pool_t *pool;
 static mp_stream_t s1, s2;
 
 static void setup_with(const char *spec) {
+  gate_init(&gate);
   cr_assert_eq(mp_device_open(spec, &dev), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_pool_create(dev, NULL, &pool), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_stream_create(dev, &s1), MP_OK);

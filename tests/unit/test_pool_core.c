@@ -3,31 +3,11 @@
 #include <criterion/criterion.h>
 #include <stdint.h>
 
+#include "../support/pool_helpers.h"
 #include "pool/pool_internal.h"
 #include "pool_fakedev.h"
 
 #define MiB ((size_t)1 << 20)
-
-static mp_pool_t *make_pool(mp_device_t *dev, const char *opts) {
-  mp_pool_config_t cfg;
-  mp_pool_config_init(&cfg);
-  if (opts)
-    cr_assert_eq(mp_pool_config_parse(&cfg, opts), MP_OK, "%s",
-                 mp_last_error());
-  mp_pool_t *p = NULL;
-  cr_assert_eq(mp_pool_create(dev, &cfg, &p), MP_OK, "%s", mp_last_error());
-  return p;
-}
-
-static mp_stats_t stats(mp_pool_t *p) {
-  mp_stats_t s;
-  cr_assert_eq(mp_pool_get_stats(p, &s), MP_OK);
-  return s;
-}
-
-static void check(mp_pool_t *p) {
-  cr_assert_eq(mp_pool_check(p), MP_OK, "%s", mp_last_error());
-}
 
 Test(pool_core, blocks_are_aligned_and_counted_rounded_and_requested) {
   mp_device_t *dev = fake_open((size_t)1 << 30, 0);

@@ -1,0 +1,32 @@
+/* pool_helpers.h - shared by the pool's tests: make a pool from an option
+ * string on a device, read its stats, assert its invariants. */
+#ifndef MEMPOOL_TEST_POOL_HELPERS_H
+#define MEMPOOL_TEST_POOL_HELPERS_H
+
+#include <criterion/criterion.h>
+
+#include <mempool/mempool.h>
+
+/* opts: mp_pool_config_parse options on top of the defaults, or NULL. */
+static inline mp_pool_t *make_pool(mp_device_t *dev, const char *opts) {
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  if (opts)
+    cr_assert_eq(mp_pool_config_parse(&cfg, opts), MP_OK, "%s",
+                 mp_last_error());
+  mp_pool_t *p = NULL;
+  cr_assert_eq(mp_pool_create(dev, &cfg, &p), MP_OK, "%s", mp_last_error());
+  return p;
+}
+
+static inline mp_stats_t stats(mp_pool_t *p) {
+  mp_stats_t s;
+  cr_assert_eq(mp_pool_get_stats(p, &s), MP_OK);
+  return s;
+}
+
+static inline void check(mp_pool_t *p) {
+  cr_assert_eq(mp_pool_check(p), MP_OK, "%s", mp_last_error());
+}
+
+#endif /* MEMPOOL_TEST_POOL_HELPERS_H */
