@@ -9,10 +9,10 @@
  * device full ends the session first and retries once, as a user of
  * cudaMalloc would expect memory they freed to be usable again.
  *
- * Blocks are found by address in an open-addressing hash map (linear
- * probing, backward-shift deletion, load <= 1/2), so a free costs the same
- * with ten or a million blocks. The deferred blocks of the session are also
- * listed in an array, so ending a session costs O(deferred blocks).
+ * Blocks are found by address in an mp__ptrmap_t (ptrmap.c: O(1) per
+ * operation), so a free costs the same with ten or a million blocks. The
+ * deferred blocks of the session are also listed in an array, so ending a
+ * session costs O(deferred blocks).
  *
  * Invariant (under the mutex): every block the device gave us and we have
  * not given back is in the map, LIVE or DEFERRED; the deferred array holds
@@ -26,8 +26,9 @@
 
 enum { MP__DIRECT_LIVE = 1, MP__DIRECT_DEFERRED = 2 };
 
+/* An entry of the block map. */
 typedef struct mp__dslot {
-  void *ptr; /* NULL: empty slot */
+  uintptr_t key; /* the block's address */
   size_t bytes;
   int state;
 } mp__dslot_t;
@@ -40,78 +41,24 @@ typedef struct mp__dblock {
 struct mp_direct {
   mp_device_t *dev;
   pthread_mutex_t mu;
-  mp__dslot_t *slots;
-  size_t cap; /* power of two */
-  size_t used;
+  mp__ptrmap_t blocks; /* address -> mp__dslot_t, LIVE or DEFERRED */
   mp__dblock_t *deferred;
   size_t ndeferred, deferred_cap;
   size_t live_bytes, deferred_bytes;
   mp_stats_t st; /* counters and peaks; byte fields derived on read */
 };
 
-/* ---- the pointer map -------------------------------------------------- */
-
-static size_t mp__dhash(const void *p, size_t cap) {
-  uint64_t x = (uint64_t)(uintptr_t)p;
-  x ^= x >> 33;
-  x *= UINT64_C(0xff51afd7ed558ccd);
-  x ^= x >> 33;
-  return (size_t)x & (cap - 1);
-}
+/* ---- the block map --------------------------------------------------- */
 
 static mp__dslot_t *mp__dmap_find(mp_direct_t *d, const void *p) {
-  for (size_t i = mp__dhash(p, d->cap);; i = (i + 1) & (d->cap - 1)) {
-    if (d->slots[i].ptr == p)
-      return &d->slots[i];
-    if (d->slots[i].ptr == NULL)
-      return NULL;
-  }
+  return mp__ptrmap_find(&d->blocks, (uintptr_t)p);
 }
 
-static void mp__dmap_put(mp__dslot_t *slots, size_t cap, mp__dslot_t v) {
-  size_t i = mp__dhash(v.ptr, cap);
-  while (slots[i].ptr != NULL)
-    i = (i + 1) & (cap - 1);
-  slots[i] = v;
-}
-
-/* Makes room for one more entry; false when the host is out of memory. */
-static bool mp__dmap_reserve(mp_direct_t *d) {
-  if ((d->used + 1) * 2 <= d->cap)
-    return true;
-  size_t ncap = d->cap * 2;
-  mp__dslot_t *ns = calloc(ncap, sizeof *ns);
-  if (ns == NULL)
-    return false;
-  for (size_t i = 0; i < d->cap; i++)
-    if (d->slots[i].ptr != NULL)
-      mp__dmap_put(ns, ncap, d->slots[i]);
-  free(d->slots);
-  d->slots = ns;
-  d->cap = ncap;
-  return true;
-}
-
-/* Backward-shift deletion keeps every probe chain unbroken without
- * tombstones. */
-static void mp__dmap_remove(mp_direct_t *d, mp__dslot_t *s) {
-  size_t mask = d->cap - 1;
-  size_t hole = (size_t)(s - d->slots);
-  d->slots[hole].ptr = NULL;
-  for (size_t j = (hole + 1) & mask; d->slots[j].ptr != NULL;
-       j = (j + 1) & mask) {
-    size_t home = mp__dhash(d->slots[j].ptr, d->cap);
-    /* The entry at j may move into the hole unless its home lies
-     * cyclically in (hole, j]. */
-    bool stays =
-        (hole <= j) ? (home > hole && home <= j) : (home > hole || home <= j);
-    if (!stays) {
-      d->slots[hole] = d->slots[j];
-      d->slots[j].ptr = NULL;
-      hole = j;
-    }
-  }
-  d->used--;
+/* Adds a block; the caller made room with mp__ptrmap_reserve. */
+static void mp__dmap_put(mp_direct_t *d, void *p, size_t bytes, int state) {
+  mp__dslot_t *s = mp__ptrmap_put(&d->blocks, (uintptr_t)p);
+  s->bytes = bytes;
+  s->state = state;
 }
 
 /* ---- counters --------------------------------------------------------- */
@@ -136,10 +83,8 @@ mp_status_t mp_direct_create(mp_device_t *dev, mp_direct_t **out) {
   mp_direct_t *d = calloc(1, sizeof *d);
   if (d == NULL)
     return mp__fail(MP_ENOMEM, "mp_direct_create: out of host memory");
-  d->cap = 64;
-  d->slots = calloc(d->cap, sizeof *d->slots);
-  if (d->slots == NULL || pthread_mutex_init(&d->mu, NULL) != 0) {
-    free(d->slots);
+  mp__ptrmap_init(&d->blocks, sizeof(mp__dslot_t));
+  if (pthread_mutex_init(&d->mu, NULL) != 0) {
     free(d);
     return mp__fail(MP_ENOMEM, "mp_direct_create: out of host memory");
   }
@@ -166,11 +111,9 @@ static bool mp__direct_reserve_deferred(mp_direct_t *d) {
  * later session can retry it. Without host memory to track it the block is
  * lost to this allocator (the device still frees it when it closes). */
 static void mp__direct_restore(mp_direct_t *d, mp__dblock_t b) {
-  if (!mp__dmap_reserve(d) || !mp__direct_reserve_deferred(d))
+  if (!mp__ptrmap_reserve(&d->blocks, 1) || !mp__direct_reserve_deferred(d))
     return;
-  mp__dmap_put(d->slots, d->cap,
-               (mp__dslot_t){b.ptr, b.bytes, MP__DIRECT_DEFERRED});
-  d->used++;
+  mp__dmap_put(d, b.ptr, b.bytes, MP__DIRECT_DEFERRED);
   d->deferred[d->ndeferred++] = b;
   d->deferred_bytes += b.bytes;
 }
@@ -227,7 +170,7 @@ static mp__dblock_t *mp__direct_take_session(mp_direct_t *d, size_t *n,
   memcpy(batch, d->deferred, d->ndeferred * sizeof *batch);
   *n = d->ndeferred;
   for (size_t i = 0; i < d->ndeferred; i++)
-    mp__dmap_remove(d, mp__dmap_find(d, d->deferred[i].ptr));
+    mp__ptrmap_remove(&d->blocks, mp__dmap_find(d, d->deferred[i].ptr));
   d->ndeferred = 0;
   d->deferred_bytes = 0;
   pthread_mutex_unlock(&d->mu);
@@ -276,13 +219,12 @@ mp_status_t mp_direct_alloc(mp_direct_t *d, size_t bytes, mp_stream_t s,
     pthread_mutex_unlock(&d->mu);
     return st;
   }
-  if (!mp__dmap_reserve(d)) {
+  if (!mp__ptrmap_reserve(&d->blocks, 1)) {
     pthread_mutex_unlock(&d->mu);
     (void)mp_device_free(d->dev, p);
     return mp__fail(MP_ENOMEM, "mp_direct_alloc: out of host memory");
   }
-  mp__dmap_put(d->slots, d->cap, (mp__dslot_t){p, bytes, MP__DIRECT_LIVE});
-  d->used++;
+  mp__dmap_put(d, p, bytes, MP__DIRECT_LIVE);
   d->live_bytes += bytes;
   d->st.alloc_count++;
   d->st.device_alloc_count++;
@@ -352,8 +294,8 @@ mp_status_t mp_direct_get_stats(mp_direct_t *d, mp_stats_t *out) {
   s.requested_bytes = d->live_bytes;
   s.largest_free_bytes = 0; /* nothing is ever reused */
   s.free_bytes = d->deferred_bytes;
-  s.segment_count = d->used;
-  s.live_blocks = d->used - d->ndeferred;
+  s.segment_count = d->blocks.count;
+  s.live_blocks = d->blocks.count - d->ndeferred;
   s.free_blocks = d->ndeferred;
   pthread_mutex_unlock(&d->mu);
   *out = s;
@@ -365,12 +307,13 @@ mp_status_t mp_direct_destroy(mp_direct_t *d) {
     return mp__fail(MP_EINVAL, "mp_direct_destroy: allocator is NULL");
   /* No other thread may use d now, so the lock is not needed. */
   mp_status_t first = MP_OK;
-  if (d->used > 0) {
+  if (d->blocks.count > 0) {
     first = mp_device_synchronize(d->dev);
-    for (size_t i = 0; i < d->cap; i++) {
-      if (d->slots[i].ptr == NULL)
+    for (size_t i = 0; i < d->blocks.cap; i++) {
+      const mp__dslot_t *b = mp__ptrmap_at(&d->blocks, i);
+      if (b == NULL)
         continue;
-      mp_status_t st = mp_device_free(d->dev, d->slots[i].ptr);
+      mp_status_t st = mp_device_free(d->dev, (void *)b->key);
       if (st == MP_OK)
         d->st.device_free_count++;
       else if (first == MP_OK)
@@ -378,7 +321,7 @@ mp_status_t mp_direct_destroy(mp_direct_t *d) {
     }
   }
   pthread_mutex_destroy(&d->mu);
-  free(d->slots);
+  mp__ptrmap_destroy(&d->blocks);
   free(d->deferred);
   free(d);
   return first;

@@ -58,4 +58,33 @@ mp_status_t mp__kv_each(const char *what, const char *str, mp__kv_fn fn,
 /* Formats bytes as "1.50 GiB" into buf (at least 16 bytes); returns buf. */
 const char *mp__fmt_bytes(char *buf, size_t cap, size_t bytes);
 
+/* ---- ptrmap.c ---------------------------------------------------------- */
+
+/* A hash map from addresses to caller-defined entries, O(1) per operation.
+ * An entry is a struct whose first member is the uintptr_t key; key 0 is
+ * never stored. Entry pointers stay valid until the next put, reserve or
+ * remove. No locking: the owner guards the map. */
+typedef struct mp__ptrmap {
+  unsigned char *slots; /* cap entries of esize bytes */
+  size_t esize;
+  size_t cap; /* 0 or a power of two */
+  size_t count;
+} mp__ptrmap_t;
+
+void mp__ptrmap_init(mp__ptrmap_t *m, size_t entry_size);
+void mp__ptrmap_destroy(mp__ptrmap_t *m); /* frees the table; stays usable */
+/* The entry of key, or NULL. */
+void *mp__ptrmap_find(const mp__ptrmap_t *m, uintptr_t key);
+/* The entry of key: the existing one, or a new one with key set and the
+ * rest zeroed. NULL (map unchanged) when key is 0 or host memory ran out. */
+void *mp__ptrmap_put(mp__ptrmap_t *m, uintptr_t key);
+/* Room for `more` new keys, so that as many puts cannot fail. */
+bool mp__ptrmap_reserve(mp__ptrmap_t *m, size_t more);
+/* Removes an entry that find or put returned. */
+void mp__ptrmap_remove(mp__ptrmap_t *m, void *entry);
+/* Removes key, copying its entry to *out (if out); false when absent. */
+bool mp__ptrmap_take(mp__ptrmap_t *m, uintptr_t key, void *out);
+/* Iteration: the entry in slot i (0 <= i < m->cap), or NULL when empty. */
+void *mp__ptrmap_at(const mp__ptrmap_t *m, size_t i);
+
 #endif /* MEMPOOL_INTERNAL_H */

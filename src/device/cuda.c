@@ -262,88 +262,12 @@ static void mp__cuda_load(void) {
 
 /* ---- address maps -------------------------------------------------------- */
 
-/* Open addressing with linear probing keyed by address (0 is never a key);
- * deletion shifts later entries back, so no tombstones build up. */
+/* An entry of the device's address maps (mp__ptrmap_t, see ptrmap.c). */
 typedef struct mp__cuda_entry {
   uintptr_t key;
   size_t size;
   CUmemGenericAllocationHandle handle; /* chunks: the physical memory */
 } mp__cuda_entry_t;
-
-typedef struct mp__cuda_map {
-  mp__cuda_entry_t *slots;
-  size_t cap; /* a power of two, or 0 */
-  size_t count;
-} mp__cuda_map_t;
-
-static size_t mp__cuda_home(uintptr_t key, size_t cap) {
-  uint64_t h = (uint64_t)key;
-  h ^= h >> 33;
-  h *= 0xff51afd7ed558ccdULL;
-  h ^= h >> 33;
-  return (size_t)h & (cap - 1);
-}
-
-static bool mp__cuda_map_grow(mp__cuda_map_t *m) {
-  size_t cap = m->cap ? m->cap * 2 : 64;
-  mp__cuda_entry_t *slots = calloc(cap, sizeof *slots);
-  if (slots == NULL)
-    return false;
-  for (size_t i = 0; i < m->cap; i++) {
-    if (m->slots[i].key == 0)
-      continue;
-    size_t j = mp__cuda_home(m->slots[i].key, cap);
-    while (slots[j].key != 0)
-      j = (j + 1) & (cap - 1);
-    slots[j] = m->slots[i];
-  }
-  free(m->slots);
-  m->slots = slots;
-  m->cap = cap;
-  return true;
-}
-
-/* false when host memory for the map ran out; the key must be new. */
-static bool mp__cuda_map_put(mp__cuda_map_t *m, mp__cuda_entry_t e) {
-  if ((m->count + 1) * 2 > m->cap && !mp__cuda_map_grow(m))
-    return false;
-  size_t i = mp__cuda_home(e.key, m->cap);
-  while (m->slots[i].key != 0)
-    i = (i + 1) & (m->cap - 1);
-  m->slots[i] = e;
-  m->count++;
-  return true;
-}
-
-/* Removes key, copying its entry to *out; false when absent. */
-static bool mp__cuda_map_take(mp__cuda_map_t *m, uintptr_t key,
-                              mp__cuda_entry_t *out) {
-  if (m->cap == 0 || key == 0)
-    return false;
-  size_t mask = m->cap - 1, i = mp__cuda_home(key, m->cap);
-  while (m->slots[i].key != key) {
-    if (m->slots[i].key == 0)
-      return false;
-    i = (i + 1) & mask;
-  }
-  *out = m->slots[i];
-  /* Backward shift: move each later entry of the run into the hole unless
-   * its home lies cyclically in (hole, its slot]. */
-  for (size_t j = i;;) {
-    j = (j + 1) & mask;
-    if (m->slots[j].key == 0)
-      break;
-    size_t home = mp__cuda_home(m->slots[j].key, m->cap);
-    bool stays = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
-    if (!stays) {
-      m->slots[i] = m->slots[j];
-      i = j;
-    }
-  }
-  m->slots[i].key = 0;
-  m->count--;
-  return true;
-}
 
 /* ---- the device ---------------------------------------------------------- */
 
@@ -355,7 +279,7 @@ typedef struct mp__cuda_dev {
   size_t granularity;
   CUmemAllocationProp prop; /* pinned memory on this device */
   pthread_mutex_t lock;     /* guards the maps */
-  mp__cuda_map_t allocs, hosts, reserves, chunks, streams, events;
+  mp__ptrmap_t allocs, hosts, reserves, chunks, streams, events;
 } mp__cuda_dev_t;
 
 static mp__cuda_dev_t *mp__cuda_of(mp_device_t *dev) {
@@ -383,19 +307,22 @@ static void mp__cuda_pop(void) {
     }                                                                          \
   } while (0)
 
-static bool mp__cuda_track(mp__cuda_dev_t *cd, mp__cuda_map_t *m, uintptr_t key,
+static bool mp__cuda_track(mp__cuda_dev_t *cd, mp__ptrmap_t *m, uintptr_t key,
                            size_t size, CUmemGenericAllocationHandle handle) {
-  mp__cuda_entry_t e = {.key = key, .size = size, .handle = handle};
   pthread_mutex_lock(&cd->lock);
-  bool ok = mp__cuda_map_put(m, e);
+  mp__cuda_entry_t *e = mp__ptrmap_put(m, key);
+  if (e != NULL) {
+    e->size = size;
+    e->handle = handle;
+  }
   pthread_mutex_unlock(&cd->lock);
-  return ok;
+  return e != NULL;
 }
 
-static bool mp__cuda_untrack(mp__cuda_dev_t *cd, mp__cuda_map_t *m,
-                             uintptr_t key, mp__cuda_entry_t *out) {
+static bool mp__cuda_untrack(mp__cuda_dev_t *cd, mp__ptrmap_t *m, uintptr_t key,
+                             mp__cuda_entry_t *out) {
   pthread_mutex_lock(&cd->lock);
-  bool found = mp__cuda_map_take(m, key, out);
+  bool found = mp__ptrmap_take(m, key, out);
   pthread_mutex_unlock(&cd->lock);
   return found;
 }
@@ -423,12 +350,13 @@ static void mp__cuda_release_host(const mp__cuda_entry_t *e) {
   (void)mp__cu.MemFreeHost((void *)e->key);
 }
 
-static void mp__cuda_drain(mp__cuda_map_t *m, mp__cuda_release_fn release) {
-  for (size_t i = 0; i < m->cap; i++)
-    if (m->slots[i].key != 0)
-      release(&m->slots[i]);
-  free(m->slots);
-  memset(m, 0, sizeof *m);
+static void mp__cuda_drain(mp__ptrmap_t *m, mp__cuda_release_fn release) {
+  for (size_t i = 0; i < m->cap; i++) {
+    const mp__cuda_entry_t *e = mp__ptrmap_at(m, i);
+    if (e != NULL)
+      release(e);
+  }
+  mp__ptrmap_destroy(m);
 }
 
 static void mp__cuda_close(mp_device_t *dev) {
@@ -445,12 +373,12 @@ static void mp__cuda_close(mp_device_t *dev) {
     mp__cuda_pop();
   }
   (void)mp__cu.DevicePrimaryCtxRelease(cd->cudev);
-  free(cd->streams.slots);
-  free(cd->events.slots);
-  free(cd->chunks.slots);
-  free(cd->reserves.slots);
-  free(cd->allocs.slots);
-  free(cd->hosts.slots);
+  mp__ptrmap_destroy(&cd->streams);
+  mp__ptrmap_destroy(&cd->events);
+  mp__ptrmap_destroy(&cd->chunks);
+  mp__ptrmap_destroy(&cd->reserves);
+  mp__ptrmap_destroy(&cd->allocs);
+  mp__ptrmap_destroy(&cd->hosts);
   pthread_mutex_destroy(&cd->lock);
   free(cd);
   dev->impl = NULL;
@@ -537,6 +465,10 @@ static mp_status_t mp__cuda_open(mp_device_t *dev, const char *opts) {
   }
   mp__cuda_probe_vmm(cd);
   mp__cuda_pop();
+  mp__ptrmap_t *maps[] = {&cd->allocs, &cd->hosts,   &cd->reserves,
+                          &cd->chunks, &cd->streams, &cd->events};
+  for (size_t i = 0; i < sizeof maps / sizeof *maps; i++)
+    mp__ptrmap_init(maps[i], sizeof(mp__cuda_entry_t));
   pthread_mutex_init(&cd->lock, NULL);
   snprintf(dev->name, sizeof dev->name, "cuda:%d %s", ordinal, name);
   dev->impl = cd;

@@ -51,103 +51,12 @@
 
 #include "backend.h"
 
-/* ---- address -> size hash map ------------------------------------------ */
-
-/* Open addressing with linear probing and backward-shift deletion; key 0 is
- * the empty slot (no mapping lives at address 0). */
-typedef struct host_map {
-  uintptr_t *keys;
-  size_t *vals;
-  size_t cap; /* a power of two, or 0 */
-  size_t count;
-} host_map_t;
-
-static size_t host_map_home(const host_map_t *m, uintptr_t key) {
-  uint64_t h = (uint64_t)key * UINT64_C(0x9E3779B97F4A7C15);
-  return (size_t)(h >> 32) & (m->cap - 1);
-}
-
-/* true and *slot = its index when key is present. */
-static bool host_map_find(const host_map_t *m, uintptr_t key, size_t *slot) {
-  if (m->cap == 0)
-    return false;
-  for (size_t i = host_map_home(m, key);; i = (i + 1) & (m->cap - 1)) {
-    if (m->keys[i] == key) {
-      *slot = i;
-      return true;
-    }
-    if (m->keys[i] == 0)
-      return false;
-  }
-}
-
-static void host_map_insert_fresh(host_map_t *m, uintptr_t key, size_t val) {
-  size_t i = host_map_home(m, key);
-  while (m->keys[i] != 0)
-    i = (i + 1) & (m->cap - 1);
-  m->keys[i] = key;
-  m->vals[i] = val;
-  m->count++;
-}
-
-/* Adds a key that is not present. false when out of host memory. */
-static bool host_map_put(host_map_t *m, uintptr_t key, size_t val) {
-  if ((m->count + 1) * 4 > m->cap * 3) {
-    size_t ncap = m->cap ? m->cap * 2 : 64;
-    uintptr_t *nkeys = calloc(ncap, sizeof *nkeys);
-    size_t *nvals = calloc(ncap, sizeof *nvals);
-    if (nkeys == NULL || nvals == NULL) {
-      free(nkeys);
-      free(nvals);
-      return false;
-    }
-    host_map_t old = *m;
-    *m = (host_map_t){.keys = nkeys, .vals = nvals, .cap = ncap};
-    for (size_t i = 0; i < old.cap; i++)
-      if (old.keys[i] != 0)
-        host_map_insert_fresh(m, old.keys[i], old.vals[i]);
-    free(old.keys);
-    free(old.vals);
-  }
-  host_map_insert_fresh(m, key, val);
-  return true;
-}
-
-static void host_map_remove_at(host_map_t *m, size_t slot) {
-  size_t mask = m->cap - 1;
-  size_t hole = slot;
-  for (size_t i = (slot + 1) & mask; m->keys[i] != 0; i = (i + 1) & mask) {
-    /* Move entry i into the hole unless its home lies cyclically in
-     * (hole, i], where the probe from home would not pass the hole. */
-    size_t home = host_map_home(m, m->keys[i]);
-    bool stays =
-        (hole <= i) ? (hole < home && home <= i) : (hole < home || home <= i);
-    if (!stays) {
-      m->keys[hole] = m->keys[i];
-      m->vals[hole] = m->vals[i];
-      hole = i;
-    }
-  }
-  m->keys[hole] = 0;
-  m->count--;
-}
-
-/* Removes key; false when it is not there. *val (if val) gets its value. */
-static bool host_map_pop(host_map_t *m, uintptr_t key, size_t *val) {
-  size_t slot = 0;
-  if (!host_map_find(m, key, &slot))
-    return false;
-  if (val != NULL)
-    *val = m->vals[slot];
-  host_map_remove_at(m, slot);
-  return true;
-}
-
-static void host_map_destroy(host_map_t *m) {
-  free(m->keys);
-  free(m->vals);
-  *m = (host_map_t){0};
-}
+/* An entry of the address maps (mp__ptrmap_t, see ptrmap.c): memory maps
+ * keep their size; the stream and event registries only the handle. */
+typedef struct host_entry {
+  uintptr_t key;
+  size_t bytes;
+} host_entry_t;
 
 /* ---- device state ------------------------------------------------------ */
 
@@ -212,15 +121,15 @@ struct host_dev {
   pthread_mutex_t mem_lock; /* everything below up to the next comment */
   size_t used;
   uint64_t alloc_calls; /* device allocations attempted (fail_after) */
-  host_map_t allocs;    /* plain allocation -> bytes */
-  host_map_t pinned;    /* host_alloc -> bytes */
-  host_map_t maps;      /* vm_map address -> bytes */
+  mp__ptrmap_t allocs;  /* plain allocation -> bytes */
+  mp__ptrmap_t pinned;  /* host_alloc -> bytes */
+  mp__ptrmap_t maps;    /* vm_map address -> bytes */
   host_resv_t *resv;    /* sorted by base */
   size_t nresv, resv_cap;
 
   pthread_rwlock_t reg; /* the handle registries */
-  host_map_t streams;   /* host_stream_t * -> 1 */
-  host_map_t events;    /* host_event_t * -> 1 */
+  mp__ptrmap_t streams; /* live host_stream_t * */
+  mp__ptrmap_t events;  /* live host_event_t * */
   host_stream_t *null_stream;
 
   pthread_mutex_t ev_lock; /* markers and host_event_t.last */
@@ -369,8 +278,7 @@ static mp_status_t host_stream_push(host_stream_t *s, host_op_t *op) {
 static host_stream_t *host_stream_find(host_dev_t *h, mp_stream_t handle) {
   if (handle == NULL)
     return h->null_stream;
-  size_t slot = 0;
-  if (!host_map_find(&h->streams, (uintptr_t)handle, &slot))
+  if (mp__ptrmap_find(&h->streams, (uintptr_t)handle) == NULL)
     return NULL;
   return (host_stream_t *)handle;
 }
@@ -410,9 +318,11 @@ static mp_status_t host_sync_all(host_dev_t *h) {
                                "synchronize");
   }
   all[n++] = h->null_stream;
-  for (size_t i = 0; i < h->streams.cap; i++)
-    if (h->streams.keys[i] != 0)
-      all[n++] = (host_stream_t *)h->streams.keys[i];
+  for (size_t i = 0; i < h->streams.cap; i++) {
+    host_entry_t *e = mp__ptrmap_at(&h->streams, i);
+    if (e != NULL)
+      all[n++] = (host_stream_t *)e->key;
+  }
   for (size_t i = 0; i < n; i++)
     atomic_fetch_add(&all[i]->refs, 1);
   pthread_rwlock_unlock(&h->reg);
@@ -435,7 +345,7 @@ static mp_status_t host_stream_create(mp_device_t *dev, mp_stream_t *out) {
   if (st != MP_OK)
     return st;
   pthread_rwlock_wrlock(&h->reg);
-  bool ok = host_map_put(&h->streams, (uintptr_t)s, 1);
+  bool ok = mp__ptrmap_put(&h->streams, (uintptr_t)s) != NULL;
   pthread_rwlock_unlock(&h->reg);
   if (!ok) {
     host_stream_stop(s);
@@ -448,7 +358,7 @@ static mp_status_t host_stream_create(mp_device_t *dev, mp_stream_t *out) {
 static mp_status_t host_stream_destroy(mp_device_t *dev, mp_stream_t handle) {
   host_dev_t *h = host_of(dev);
   pthread_rwlock_wrlock(&h->reg);
-  bool found = host_map_pop(&h->streams, (uintptr_t)handle, NULL);
+  bool found = mp__ptrmap_take(&h->streams, (uintptr_t)handle, NULL);
   pthread_rwlock_unlock(&h->reg);
   if (!found)
     return host_unknown_stream("mp_stream_destroy", handle);
@@ -544,8 +454,7 @@ static mp_status_t host_memset_async(mp_device_t *dev, void *dst, int value,
 
 /* reg held. */
 static host_event_t *host_event_find(host_dev_t *h, mp_event_t handle) {
-  size_t slot = 0;
-  if (!host_map_find(&h->events, (uintptr_t)handle, &slot))
+  if (mp__ptrmap_find(&h->events, (uintptr_t)handle) == NULL)
     return NULL;
   return (host_event_t *)handle;
 }
@@ -556,7 +465,7 @@ static mp_status_t host_event_create(mp_device_t *dev, mp_event_t *out) {
   if (e == NULL)
     return mp__fail(MP_ENOMEM, "host device: out of host memory for an event");
   pthread_rwlock_wrlock(&h->reg);
-  bool ok = host_map_put(&h->events, (uintptr_t)e, 1);
+  bool ok = mp__ptrmap_put(&h->events, (uintptr_t)e) != NULL;
   pthread_rwlock_unlock(&h->reg);
   if (!ok) {
     free(e);
@@ -569,7 +478,7 @@ static mp_status_t host_event_create(mp_device_t *dev, mp_event_t *out) {
 static mp_status_t host_event_destroy(mp_device_t *dev, mp_event_t handle) {
   host_dev_t *h = host_of(dev);
   pthread_rwlock_wrlock(&h->reg);
-  bool found = host_map_pop(&h->events, (uintptr_t)handle, NULL);
+  bool found = mp__ptrmap_take(&h->events, (uintptr_t)handle, NULL);
   pthread_rwlock_unlock(&h->reg);
   if (!found)
     return host_unknown_event("mp_event_destroy", handle);
@@ -747,11 +656,13 @@ static mp_status_t host_alloc(mp_device_t *dev, size_t bytes, void **out) {
                     bytes, strerror(err));
   }
   pthread_mutex_lock(&h->mem_lock);
-  bool ok = host_map_put(&h->allocs, (uintptr_t)p, bytes);
-  if (!ok)
+  host_entry_t *e = mp__ptrmap_put(&h->allocs, (uintptr_t)p);
+  if (e != NULL)
+    e->bytes = bytes;
+  else
     h->used -= bytes;
   pthread_mutex_unlock(&h->mem_lock);
-  if (!ok) {
+  if (e == NULL) {
     munmap(p, bytes);
     return mp__fail(MP_ENOMEM, "host device: out of host memory to track an "
                                "allocation");
@@ -761,18 +672,20 @@ static mp_status_t host_alloc(mp_device_t *dev, size_t bytes, void **out) {
 }
 
 /* Removes ptr from map (mem_lock taken here); false when it is not there. */
-static bool host_map_take(host_dev_t *h, host_map_t *map, void *ptr,
+static bool host_map_take(host_dev_t *h, mp__ptrmap_t *map, void *ptr,
                           size_t *bytes) {
+  host_entry_t e;
   pthread_mutex_lock(&h->mem_lock);
-  bool found = host_map_pop(map, (uintptr_t)ptr, bytes);
+  bool found = mp__ptrmap_take(map, (uintptr_t)ptr, &e);
   pthread_mutex_unlock(&h->mem_lock);
+  if (found)
+    *bytes = e.bytes;
   return found;
 }
 
-static bool host_map_has(host_dev_t *h, host_map_t *map, const void *ptr) {
-  size_t slot = 0;
+static bool host_map_has(host_dev_t *h, mp__ptrmap_t *map, const void *ptr) {
   pthread_mutex_lock(&h->mem_lock);
-  bool found = host_map_find(map, (uintptr_t)ptr, &slot);
+  bool found = mp__ptrmap_find(map, (uintptr_t)ptr) != NULL;
   pthread_mutex_unlock(&h->mem_lock);
   return found;
 }
@@ -806,9 +719,11 @@ static mp_status_t host_host_alloc(mp_device_t *dev, size_t bytes, void **out) {
                     "mp_device_host_alloc: mmap of %zu bytes failed: %s", bytes,
                     strerror(errno));
   pthread_mutex_lock(&h->mem_lock);
-  bool ok = host_map_put(&h->pinned, (uintptr_t)p, bytes);
+  host_entry_t *e = mp__ptrmap_put(&h->pinned, (uintptr_t)p);
+  if (e != NULL)
+    e->bytes = bytes;
   pthread_mutex_unlock(&h->mem_lock);
-  if (!ok) {
+  if (e == NULL) {
     munmap(p, bytes);
     return mp__fail(MP_ENOMEM, "host device: out of host memory to track a "
                                "host allocation");
@@ -1059,12 +974,16 @@ static mp_status_t host_vm_map(mp_device_t *dev, void *addr, size_t bytes) {
                   bytes);
   if (st == MP_OK) {
     st = host_charge(h, "vm_map", bytes);
-    if (st == MP_OK && !host_map_put(&h->maps, (uintptr_t)addr, bytes)) {
+    host_entry_t *e = NULL;
+    if (st == MP_OK &&
+        (e = mp__ptrmap_put(&h->maps, (uintptr_t)addr)) == NULL) {
       h->used -= bytes;
       st = mp__fail(MP_ENOMEM, "vm_map: out of host memory");
     }
+    if (st == MP_OK)
+      e->bytes = bytes;
     if (st == MP_OK && mprotect(addr, bytes, PROT_READ | PROT_WRITE) != 0) {
-      host_map_pop(&h->maps, (uintptr_t)addr, NULL);
+      mp__ptrmap_remove(&h->maps, e);
       h->used -= bytes;
       st = mp__fail(MP_ENOMEM, "vm_map: mprotect of %zu bytes failed: %s",
                     bytes, strerror(errno));
@@ -1080,9 +999,10 @@ static mp_status_t host_vm_map(mp_device_t *dev, void *addr, size_t bytes) {
 
 /* mem_lock held. MP_OK when (addr, bytes) is exactly one live mapping. */
 static mp_status_t host_vm_mapping(host_dev_t *h, void *addr, size_t bytes,
-                                   size_t *slot) {
-  if (!host_map_find(&h->maps, (uintptr_t)addr, slot) ||
-      h->maps.vals[*slot] != bytes)
+                                   host_entry_t **out) {
+  host_entry_t *e = mp__ptrmap_find(&h->maps, (uintptr_t)addr);
+  *out = e;
+  if (e == NULL || e->bytes != bytes)
     return mp__fail(MP_EINVAL,
                     "vm_unmap: (%p, %zu bytes) is not a range that one "
                     "vm_map call mapped",
@@ -1094,9 +1014,9 @@ static mp_status_t host_vm_unmap(mp_device_t *dev, void *addr, size_t bytes) {
   host_dev_t *h = host_of(dev);
   if (!h->vmm)
     return host_no_vmm("vm_unmap");
-  size_t slot = 0;
+  host_entry_t *e = NULL;
   pthread_mutex_lock(&h->mem_lock);
-  mp_status_t st = host_vm_mapping(h, addr, bytes, &slot);
+  mp_status_t st = host_vm_mapping(h, addr, bytes, &e);
   pthread_mutex_unlock(&h->mem_lock);
   if (st != MP_OK)
     return st;
@@ -1105,9 +1025,9 @@ static mp_status_t host_vm_unmap(mp_device_t *dev, void *addr, size_t bytes) {
     return st;
   host_sleep_us(h->latency_us);
   pthread_mutex_lock(&h->mem_lock);
-  st = host_vm_mapping(h, addr, bytes, &slot);
+  st = host_vm_mapping(h, addr, bytes, &e);
   if (st == MP_OK) {
-    host_map_remove_at(&h->maps, slot);
+    mp__ptrmap_remove(&h->maps, e);
     host_resv_t *r = &h->resv[host_resv_find(h, (uintptr_t)addr)];
     host_resv_mark(r, ((uintptr_t)addr - r->base) / h->granularity,
                    bytes / h->granularity, false);
@@ -1200,11 +1120,11 @@ static mp_status_t host_opt(void *ctx, const char *key, size_t key_len,
 }
 
 static void host_free_state(host_dev_t *h) {
-  host_map_destroy(&h->allocs);
-  host_map_destroy(&h->pinned);
-  host_map_destroy(&h->maps);
-  host_map_destroy(&h->streams);
-  host_map_destroy(&h->events);
+  mp__ptrmap_destroy(&h->allocs);
+  mp__ptrmap_destroy(&h->pinned);
+  mp__ptrmap_destroy(&h->maps);
+  mp__ptrmap_destroy(&h->streams);
+  mp__ptrmap_destroy(&h->events);
   free(h->resv);
   pthread_cond_destroy(&h->ev_cv);
   pthread_mutex_destroy(&h->ev_lock);
@@ -1227,6 +1147,11 @@ static mp_status_t host_open(mp_device_t *dev, const char *opts) {
   h->fail_after = o.fail_after;
   h->vmm = o.vmm;
   h->granularity = o.granularity;
+  mp__ptrmap_init(&h->allocs, sizeof(host_entry_t));
+  mp__ptrmap_init(&h->pinned, sizeof(host_entry_t));
+  mp__ptrmap_init(&h->maps, sizeof(host_entry_t));
+  mp__ptrmap_init(&h->streams, sizeof(host_entry_t));
+  mp__ptrmap_init(&h->events, sizeof(host_entry_t));
   pthread_mutex_init(&h->mem_lock, NULL);
   pthread_rwlock_init(&h->reg, NULL);
   pthread_mutex_init(&h->ev_lock, NULL);
@@ -1246,23 +1171,30 @@ static void host_close(mp_device_t *dev) {
   /* Stopping one stream never waits on a stream stopped before it: a wait
    * only refers to records queued earlier, and the streams that hold them
    * keep running until their own turn comes. */
-  for (size_t i = 0; i < h->streams.cap; i++)
-    if (h->streams.keys[i] != 0)
-      host_stream_stop((host_stream_t *)h->streams.keys[i]);
+  for (size_t i = 0; i < h->streams.cap; i++) {
+    host_entry_t *e = mp__ptrmap_at(&h->streams, i);
+    if (e != NULL)
+      host_stream_stop((host_stream_t *)e->key);
+  }
   host_stream_stop(h->null_stream);
   for (size_t i = 0; i < h->events.cap; i++) {
-    if (h->events.keys[i] != 0) {
-      host_event_t *e = (host_event_t *)h->events.keys[i];
-      host_marker_unref(e->last);
-      free(e);
+    host_entry_t *e = mp__ptrmap_at(&h->events, i);
+    if (e != NULL) {
+      host_event_t *ev = (host_event_t *)e->key;
+      host_marker_unref(ev->last);
+      free(ev);
     }
   }
-  for (size_t i = 0; i < h->allocs.cap; i++)
-    if (h->allocs.keys[i] != 0)
-      munmap((void *)h->allocs.keys[i], h->allocs.vals[i]);
-  for (size_t i = 0; i < h->pinned.cap; i++)
-    if (h->pinned.keys[i] != 0)
-      munmap((void *)h->pinned.keys[i], h->pinned.vals[i]);
+  for (size_t i = 0; i < h->allocs.cap; i++) {
+    host_entry_t *e = mp__ptrmap_at(&h->allocs, i);
+    if (e != NULL)
+      munmap((void *)e->key, e->bytes);
+  }
+  for (size_t i = 0; i < h->pinned.cap; i++) {
+    host_entry_t *e = mp__ptrmap_at(&h->pinned, i);
+    if (e != NULL)
+      munmap((void *)e->key, e->bytes);
+  }
   for (size_t i = 0; i < h->nresv; i++) {
     munmap((void *)h->resv[i].base, h->resv[i].bytes);
     free(h->resv[i].bits);

@@ -114,96 +114,33 @@ void mp__pl_leave(void) {
 
 /* ---- the table of known pointers --------------------------------------- */
 
-/* Open addressing with linear probing and backward-shift deletion, keyed
- * by address; ptr == 0 marks an empty slot (NULL is never stored). Exact
+/* An mp__ptrmap_t of mp__pl_block_t keyed by address (ptrmap.c), so exact
  * lookups (every free) are O(1); the rare interior-pointer query of
  * cuMemGetAddressRange scans, which is fine for a call made once per
  * buffer by IPC and communication libraries. */
 static struct {
   pthread_mutex_t lock;
-  mp__pl_block_t *slots;
-  size_t cap, count; /* cap: 0 or a power of two */
-} mp__tab = {.lock = PTHREAD_MUTEX_INITIALIZER};
-
-static size_t mp__slot_of(uintptr_t ptr, size_t cap) {
-  uint64_t h = (uint64_t)(ptr >> 8) * 0x9E3779B97F4A7C15ull;
-  return (size_t)(h >> 32) & (cap - 1);
-}
-
-static void mp__tab_insert(mp__pl_block_t *slots, size_t cap,
-                           const mp__pl_block_t *b) {
-  size_t i = mp__slot_of(b->ptr, cap);
-  while (slots[i].ptr != 0 && slots[i].ptr != b->ptr)
-    i = (i + 1) & (cap - 1);
-  slots[i] = *b;
-}
-
-static bool mp__tab_grow(void) {
-  size_t cap = mp__tab.cap ? mp__tab.cap * 2 : 1024;
-  mp__pl_block_t *slots = calloc(cap, sizeof *slots);
-  if (slots == NULL)
-    return false;
-  for (size_t i = 0; i < mp__tab.cap; i++)
-    if (mp__tab.slots[i].ptr != 0)
-      mp__tab_insert(slots, cap, &mp__tab.slots[i]);
-  free(mp__tab.slots);
-  mp__tab.slots = slots;
-  mp__tab.cap = cap;
-  return true;
-}
-
-static size_t mp__tab_index(uintptr_t ptr) {
-  if (mp__tab.cap == 0)
-    return SIZE_MAX;
-  for (size_t i = mp__slot_of(ptr, mp__tab.cap);;
-       i = (i + 1) & (mp__tab.cap - 1)) {
-    if (mp__tab.slots[i].ptr == ptr)
-      return i;
-    if (mp__tab.slots[i].ptr == 0)
-      return SIZE_MAX;
-  }
-}
+  mp__ptrmap_t map;
+} mp__tab = {.lock = PTHREAD_MUTEX_INITIALIZER,
+             .map = {.esize = sizeof(mp__pl_block_t)}};
 
 void mp__pl_table_put(uintptr_t ptr, size_t size, uintptr_t stream,
                       mp__pl_kind_t kind) {
-  if (ptr == 0)
-    return;
-  mp__pl_block_t b = {.ptr = ptr, .size = size, .stream = stream, .kind = kind};
   pthread_mutex_lock(&mp__tab.lock);
-  /* Growing at half load keeps probes short. Without host memory to grow,
-   * the pointer goes unrecorded: its free then reaches the real driver,
-   * which is what happens to every pointer the shim does not know. */
-  if ((mp__tab.count + 1) * 2 <= mp__tab.cap || mp__tab_grow()) {
-    if (mp__tab_index(ptr) == SIZE_MAX)
-      mp__tab.count++;
-    mp__tab_insert(mp__tab.slots, mp__tab.cap, &b);
-  }
+  /* Without host memory for the entry the pointer goes unrecorded: its
+   * free then reaches the real driver, which is what happens to every
+   * pointer the shim does not know. A known address is overwritten: the
+   * driver handed it out again after a free the shim did not see. */
+  mp__pl_block_t *b = mp__ptrmap_put(&mp__tab.map, ptr);
+  if (b != NULL)
+    *b = (mp__pl_block_t){
+        .ptr = ptr, .size = size, .stream = stream, .kind = kind};
   pthread_mutex_unlock(&mp__tab.lock);
 }
 
 bool mp__pl_table_take(uintptr_t ptr, mp__pl_block_t *out) {
-  if (ptr == 0)
-    return false;
   pthread_mutex_lock(&mp__tab.lock);
-  size_t i = mp__tab_index(ptr);
-  bool found = i != SIZE_MAX;
-  if (found) {
-    *out = mp__tab.slots[i];
-    mp__tab.slots[i].ptr = 0;
-    mp__tab.count--;
-    /* Backward shift: pull later members of the probe run into the hole
-     * so that lookups can stop at the first empty slot. */
-    size_t mask = mp__tab.cap - 1;
-    for (size_t j = (i + 1) & mask; mp__tab.slots[j].ptr != 0;
-         j = (j + 1) & mask) {
-      size_t home = mp__slot_of(mp__tab.slots[j].ptr, mp__tab.cap);
-      if (((j - home) & mask) >= ((j - i) & mask)) {
-        mp__tab.slots[i] = mp__tab.slots[j];
-        mp__tab.slots[j].ptr = 0;
-        i = j;
-      }
-    }
-  }
+  bool found = mp__ptrmap_take(&mp__tab.map, ptr, out);
   pthread_mutex_unlock(&mp__tab.lock);
   return found;
 }
@@ -211,14 +148,14 @@ bool mp__pl_table_take(uintptr_t ptr, mp__pl_block_t *out) {
 bool mp__pl_table_find_pool(uintptr_t addr, mp__pl_block_t *out) {
   bool found = false;
   pthread_mutex_lock(&mp__tab.lock);
-  size_t i = mp__tab_index(addr);
-  if (i != SIZE_MAX && mp__tab.slots[i].kind == MP__PL_FROM_POOL) {
-    *out = mp__tab.slots[i];
+  const mp__pl_block_t *exact = mp__ptrmap_find(&mp__tab.map, addr);
+  if (exact != NULL && exact->kind == MP__PL_FROM_POOL) {
+    *out = *exact;
     found = true;
   }
-  for (size_t k = 0; !found && k < mp__tab.cap; k++) {
-    const mp__pl_block_t *b = &mp__tab.slots[k];
-    if (b->ptr != 0 && b->kind == MP__PL_FROM_POOL && addr >= b->ptr &&
+  for (size_t k = 0; !found && k < mp__tab.map.cap; k++) {
+    const mp__pl_block_t *b = mp__ptrmap_at(&mp__tab.map, k);
+    if (b != NULL && b->kind == MP__PL_FROM_POOL && addr >= b->ptr &&
         addr - b->ptr < (b->size ? b->size : 1)) {
       *out = *b;
       found = true;
@@ -261,9 +198,7 @@ static void mp__fork_parent(void) {
 static void mp__fork_child(void) {
   pthread_mutex_init(&mp__start_lock, NULL);
   pthread_mutex_init(&mp__tab.lock, NULL);
-  free(mp__tab.slots);
-  mp__tab.slots = NULL;
-  mp__tab.cap = mp__tab.count = 0;
+  mp__ptrmap_destroy(&mp__tab.map);
   mp__state = mp__passthrough;
   atomic_store(&mp__started, 0);
   mp__pl_record_child();
