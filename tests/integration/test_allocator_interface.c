@@ -160,6 +160,7 @@ Test(allocator, bad_specs_are_einval_naming_the_culprit) {
   expect_bad_spec("child:bytes=abc", "abc");
   expect_bad_spec("child:bytes=0", "bytes");
   expect_bad_spec("child:bytes=4M,wrong=2", "wrong");
+  expect_bad_spec("child:bytes=4M,bytes=8M", "bytes");
   /* Nothing was left behind on the device by the failed creations. */
   size_t f, t;
   cr_assert_eq(mp_device_mem_info(dev, &f, &t), MP_OK);
