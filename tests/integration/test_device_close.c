@@ -6,13 +6,8 @@
 
 #include <mempool/mempool.h>
 
+#include "../support/device_helpers.h"
 #include "../support/mapped_bytes.h"
-
-static mp_device_t *open_host(void) {
-  mp_device_t *dev = NULL;
-  cr_assert_eq(mp_device_open("host", &dev), MP_OK, "%s", mp_last_error());
-  return dev;
-}
 
 static void slow_increment(void *arg) {
   struct timespec ts = {.tv_sec = 0, .tv_nsec = 2000000};
@@ -21,7 +16,7 @@ static void slow_increment(void *arg) {
 }
 
 Test(device_close, close_runs_queued_work_to_completion) {
-  mp_device_t *dev = open_host();
+  mp_device_t *dev = open_dev("host");
   atomic_int count = 0;
   mp_stream_t s[2];
   for (int i = 0; i < 2; i++)
@@ -39,7 +34,7 @@ Test(device_close, close_runs_queued_work_to_completion) {
 }
 
 Test(device_close, close_waits_on_cross_stream_dependencies) {
-  mp_device_t *dev = open_host();
+  mp_device_t *dev = open_dev("host");
   atomic_int count = 0;
   mp_stream_t s[3];
   mp_event_t e[3];
@@ -60,7 +55,7 @@ Test(device_close, close_waits_on_cross_stream_dependencies) {
 }
 
 Test(device_close, close_releases_live_memory_and_handles) {
-  mp_device_t *dev = open_host();
+  mp_device_t *dev = open_dev("host");
   void *p[4];
   for (int i = 0; i < 4; i++) {
     cr_assert_eq(mp_device_alloc(dev, (size_t)1 << 20, &p[i]), MP_OK);
@@ -86,7 +81,7 @@ Test(device_close, close_releases_live_memory_and_handles) {
 
 Test(device_close, close_gives_live_allocations_back) {
   const size_t each = (size_t)1 << 30;
-  mp_device_t *dev = open_host();
+  mp_device_t *dev = open_dev("host");
   size_t before = mapped_bytes();
   void *p[4];
   for (int i = 0; i < 4; i++) {

@@ -9,12 +9,7 @@
 
 #include <mempool/mempool.h>
 
-static mp_device_t *open_dev(const char *spec) {
-  mp_device_t *dev = NULL;
-  cr_assert_eq(mp_device_open(spec, &dev), MP_OK, "%s", mp_last_error());
-  return dev;
-}
-
+#include "../support/device_helpers.h"
 typedef struct copier {
   mp_device_t *dev;
   int id;

@@ -8,19 +8,7 @@
 
 #include <mempool/mempool.h>
 
-static mp_device_t *open_dev(const char *spec) {
-  mp_device_t *dev = NULL;
-  mp_status_t st = mp_device_open(spec, &dev);
-  cr_assert_eq(st, MP_OK, "open '%s': %s", spec, mp_last_error());
-  return dev;
-}
-
-static size_t free_bytes(mp_device_t *dev) {
-  size_t f = 0, t = 0;
-  cr_assert_eq(mp_device_mem_info(dev, &f, &t), MP_OK);
-  return f;
-}
-
+#include "../support/device_helpers.h"
 Test(device_memory, device_is_named_host) {
   mp_device_t *dev = open_dev("host");
   cr_expect_str_eq(mp_device_name(dev), "host");

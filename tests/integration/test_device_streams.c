@@ -8,6 +8,7 @@
 
 #include <mempool/mempool.h>
 
+#include "../support/device_helpers.h"
 /* A host function that blocks its stream until the test opens the gate. */
 typedef struct gate {
   pthread_mutex_t mu;
@@ -67,14 +68,8 @@ static void sleep_ms(int ms) {
   nanosleep(&ts, NULL);
 }
 
-static mp_device_t *open_host(void) {
-  mp_device_t *dev = NULL;
-  cr_assert_eq(mp_device_open("host", &dev), MP_OK, "%s", mp_last_error());
-  return dev;
-}
-
 static void check_in_order(mp_stream_t s_or_null, bool create) {
-  mp_device_t *dev = open_host();
+  mp_device_t *dev = open_dev("host");
   mp_stream_t s = s_or_null;
   if (create)
     cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
@@ -102,7 +97,7 @@ Test(device_streams, default_stream_runs_in_order) {
 }
 
 Test(device_streams, copies_see_earlier_work_on_the_stream) {
-  mp_device_t *dev = open_host();
+  mp_device_t *dev = open_dev("host");
   mp_stream_t s;
   cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
   unsigned char *a, *b;
@@ -122,7 +117,7 @@ Test(device_streams, copies_see_earlier_work_on_the_stream) {
 }
 
 Test(device_streams, event_query_is_busy_until_the_stream_reaches_it) {
-  mp_device_t *dev = open_host();
+  mp_device_t *dev = open_dev("host");
   mp_stream_t s;
   mp_event_t e;
   cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
@@ -143,7 +138,7 @@ Test(device_streams, event_query_is_busy_until_the_stream_reaches_it) {
 }
 
 Test(device_streams, re_recording_an_event_re_arms_it) {
-  mp_device_t *dev = open_host();
+  mp_device_t *dev = open_dev("host");
   mp_stream_t s;
   mp_event_t e;
   cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
@@ -165,7 +160,7 @@ Test(device_streams, re_recording_an_event_re_arms_it) {
 }
 
 Test(device_streams, cross_stream_wait_enforces_order) {
-  mp_device_t *dev = open_host();
+  mp_device_t *dev = open_dev("host");
   mp_stream_t s1, s2;
   mp_event_t e, done2;
   cr_assert_eq(mp_stream_create(dev, &s1), MP_OK);
@@ -198,7 +193,7 @@ Test(device_streams, cross_stream_wait_enforces_order) {
 }
 
 Test(device_streams, wait_refers_to_the_record_current_at_the_wait) {
-  mp_device_t *dev = open_host();
+  mp_device_t *dev = open_dev("host");
   mp_stream_t s1, s2, s3;
   mp_event_t e;
   cr_assert_eq(mp_stream_create(dev, &s1), MP_OK);
@@ -230,7 +225,7 @@ Test(device_streams, wait_refers_to_the_record_current_at_the_wait) {
 }
 
 Test(device_streams, wait_on_a_never_recorded_event_does_not_block) {
-  mp_device_t *dev = open_host();
+  mp_device_t *dev = open_dev("host");
   mp_stream_t s;
   mp_event_t e;
   cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
@@ -247,7 +242,7 @@ static void slow_increment(void *arg) {
 }
 
 Test(device_streams, synchronize_waits_for_queued_work) {
-  mp_device_t *dev = open_host();
+  mp_device_t *dev = open_dev("host");
   mp_stream_t s[3];
   atomic_int count = 0;
   for (int i = 0; i < 3; i++)
@@ -275,7 +270,7 @@ Test(device_streams, synchronize_waits_for_queued_work) {
 }
 
 Test(device_streams, foreign_and_stale_handles_are_einval) {
-  mp_device_t *a = open_host(), *b = open_host();
+  mp_device_t *a = open_dev("host"), *b = open_dev("host");
   mp_stream_t sa, sb, gone;
   mp_event_t ea, eb, egone;
   cr_assert_eq(mp_stream_create(a, &sa), MP_OK);
@@ -313,7 +308,7 @@ Test(device_streams, foreign_and_stale_handles_are_einval) {
 }
 
 Test(device_streams, destroying_an_event_with_a_record_queued_is_safe) {
-  mp_device_t *dev = open_host();
+  mp_device_t *dev = open_dev("host");
   mp_stream_t s, t;
   mp_event_t e;
   cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
@@ -360,7 +355,7 @@ static void *worker_main(void *arg) {
 }
 
 Test(device_streams, many_threads_use_their_own_streams) {
-  mp_device_t *dev = open_host();
+  mp_device_t *dev = open_dev("host");
   atomic_int count = 0;
   enum { T = 4 };
   pthread_t th[T];

@@ -6,22 +6,10 @@
 
 #include "device/backend.h"
 
+#include "../support/device_helpers.h"
 #include "../support/mapped_bytes.h"
 
 #define MiB ((size_t)1 << 20)
-
-static mp_device_t *open_dev(const char *spec) {
-  mp_device_t *dev = NULL;
-  cr_assert_eq(mp_device_open(spec, &dev), MP_OK, "'%s': %s", spec,
-               mp_last_error());
-  return dev;
-}
-
-static size_t free_bytes(mp_device_t *dev) {
-  size_t f = 0, t = 0;
-  cr_assert_eq(mp_device_mem_info(dev, &f, &t), MP_OK);
-  return f;
-}
 
 Test(host_vm, granularity_defaults_to_2m_and_follows_the_spec) {
   mp_device_t *dev = open_dev("host");
