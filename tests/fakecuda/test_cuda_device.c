@@ -9,26 +9,19 @@
 #include <cuda.h>
 #include <mempool/mempool.h>
 
+#include "../support/device_helpers.h"
 #include "fakecuda_test.h"
-
-static mp_device_t *open_cuda(const char *spec) {
-  mp_device_t *dev = NULL;
-  mp_status_t st = mp_device_open(spec, &dev);
-  cr_assert_eq(st, MP_OK, "open '%s': %s: %s", spec, mp_status_name(st),
-               mp_last_error());
-  return dev;
-}
 
 Test(cuda_device, name_is_index_and_driver_name) {
   setenv("FAKECUDA_NAME", "Test GPU 80GB", 1);
-  mp_device_t *dev = open_cuda("cuda");
+  mp_device_t *dev = open_dev("cuda");
   cr_assert_str_eq(mp_device_name(dev), "cuda:0 Test GPU 80GB");
   mp_device_close(dev);
 }
 
 Test(cuda_device, second_device_by_index) {
   setenv("FAKECUDA_DEVICE_COUNT", "2", 1);
-  mp_device_t *dev = open_cuda("cuda:1");
+  mp_device_t *dev = open_dev("cuda:1");
   cr_assert(strncmp(mp_device_name(dev), "cuda:1 ", 7) == 0, "%s",
             mp_device_name(dev));
   mp_device_close(dev);
@@ -75,7 +68,7 @@ Test(cuda_device, failing_driver_init_is_edriver_with_its_name) {
 
 Test(cuda_device, default_open_prefers_cuda) {
   unsetenv("MEMPOOL_DEVICE");
-  mp_device_t *dev = open_cuda(NULL);
+  mp_device_t *dev = open_dev(NULL);
   cr_assert(strncmp(mp_device_name(dev), "cuda:0", 6) == 0, "%s",
             mp_device_name(dev));
   mp_device_close(dev);
@@ -84,14 +77,14 @@ Test(cuda_device, default_open_prefers_cuda) {
 Test(cuda_device, default_open_falls_back_without_device) {
   unsetenv("MEMPOOL_DEVICE");
   setenv("FAKECUDA_NO_DEVICE", "1", 1);
-  mp_device_t *dev = open_cuda(NULL);
+  mp_device_t *dev = open_dev(NULL);
   cr_assert(strncmp(mp_device_name(dev), "cuda", 4) != 0, "%s",
             mp_device_name(dev));
   mp_device_close(dev);
 }
 
 Test(cuda_device, entry_points_come_from_cuGetProcAddress) {
-  mp_device_t *dev = open_cuda("cuda");
+  mp_device_t *dev = open_dev("cuda");
   void *p = NULL;
   cr_assert_eq(mp_device_alloc(dev, 4096, &p), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_device_free(dev, p), MP_OK, "%s", mp_last_error());
@@ -104,8 +97,8 @@ Test(cuda_device, entry_points_come_from_cuGetProcAddress) {
 }
 
 Test(cuda_device, close_releases_the_primary_context) {
-  mp_device_t *a = open_cuda("cuda");
-  mp_device_t *b = open_cuda("cuda:0");
+  mp_device_t *a = open_dev("cuda");
+  mp_device_t *b = open_dev("cuda:0");
   cr_assert_eq(fk_calls("cuDevicePrimaryCtxRetain"), 2);
   mp_device_close(a);
   mp_device_close(b);
@@ -124,8 +117,8 @@ Test(cuda_device, close_releases_the_primary_context) {
 Test(cuda_device, calls_target_the_opened_device_whatever_is_current) {
   setenv("FAKECUDA_DEVICE_COUNT", "2", 1);
   setenv("FAKECUDA_DEVICE", "capacity=64M", 1);
-  mp_device_t *d0 = open_cuda("cuda:0");
-  mp_device_t *d1 = open_cuda("cuda:1");
+  mp_device_t *d0 = open_dev("cuda:0");
+  mp_device_t *d1 = open_dev("cuda:1");
 
   CUresult (*retain)(CUcontext *, CUdevice);
   CUresult (*push)(CUcontext);
@@ -161,7 +154,7 @@ Test(cuda_device, calls_target_the_opened_device_whatever_is_current) {
 
 Test(cuda_device, mem_info_reports_the_driver_figures) {
   setenv("FAKECUDA_DEVICE", "capacity=64M", 1);
-  mp_device_t *dev = open_cuda("cuda");
+  mp_device_t *dev = open_dev("cuda");
   size_t free_b = 0, total = 0;
   cr_assert_eq(mp_device_mem_info(dev, &free_b, &total), MP_OK, "%s",
                mp_last_error());
@@ -172,7 +165,7 @@ Test(cuda_device, mem_info_reports_the_driver_figures) {
 }
 
 Test(cuda_device, alloc_then_free) {
-  mp_device_t *dev = open_cuda("cuda");
+  mp_device_t *dev = open_dev("cuda");
   void *a = NULL, *b = NULL;
   cr_assert_eq(mp_device_alloc(dev, 1000, &a), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_device_alloc(dev, 1 << 20, &b), MP_OK, "%s", mp_last_error());
@@ -188,7 +181,7 @@ Test(cuda_device, alloc_then_free) {
 
 Test(cuda_device, beyond_capacity_is_enomem) {
   setenv("FAKECUDA_DEVICE", "capacity=64M", 1);
-  mp_device_t *dev = open_cuda("cuda");
+  mp_device_t *dev = open_dev("cuda");
   void *p = (void *)&p;
   cr_assert_eq(mp_device_alloc(dev, (size_t)128 << 20, &p), MP_ENOMEM);
   cr_assert_eq(p, (void *)&p, "output written on failure");
@@ -201,7 +194,7 @@ Test(cuda_device, beyond_capacity_is_enomem) {
 }
 
 Test(cuda_device, free_of_foreign_or_freed_pointer_is_einval) {
-  mp_device_t *dev = open_cuda("cuda");
+  mp_device_t *dev = open_dev("cuda");
   int local;
   cr_assert_eq(mp_device_free(dev, &local), MP_EINVAL);
   cr_assert_neq(mp_last_error()[0], '\0');
@@ -216,7 +209,7 @@ Test(cuda_device, free_of_foreign_or_freed_pointer_is_einval) {
 }
 
 Test(cuda_device, host_alloc_is_writable_and_freed_once) {
-  mp_device_t *dev = open_cuda("cuda");
+  mp_device_t *dev = open_dev("cuda");
   unsigned char *h = NULL;
   cr_assert_eq(mp_device_host_alloc(dev, 8192, (void **)&h), MP_OK, "%s",
                mp_last_error());
@@ -230,7 +223,7 @@ Test(cuda_device, host_alloc_is_writable_and_freed_once) {
 }
 
 Test(cuda_device, close_releases_what_was_left) {
-  mp_device_t *dev = open_cuda("cuda");
+  mp_device_t *dev = open_dev("cuda");
   void *p = NULL, *h = NULL;
   mp_stream_t s = NULL;
   mp_event_t e = NULL;
@@ -248,7 +241,7 @@ Test(cuda_device, close_releases_what_was_left) {
 
 Test(cuda_device, reopen_after_close) {
   for (int i = 0; i < 3; i++) {
-    mp_device_t *dev = open_cuda("cuda");
+    mp_device_t *dev = open_dev("cuda");
     void *p = NULL;
     cr_assert_eq(mp_device_alloc(dev, 4096, &p), MP_OK, "%s", mp_last_error());
     cr_assert_eq(mp_device_free(dev, p), MP_OK);

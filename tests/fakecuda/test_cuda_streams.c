@@ -7,18 +7,12 @@
 
 #include <mempool/mempool.h>
 
+#include "../support/device_helpers.h"
 #include "../support/stream_gate.h"
 #include "fakecuda_test.h"
 
-static mp_device_t *open_cuda(void) {
-  mp_device_t *dev = NULL;
-  mp_status_t st = mp_device_open("cuda", &dev);
-  cr_assert_eq(st, MP_OK, "%s: %s", mp_status_name(st), mp_last_error());
-  return dev;
-}
-
 Test(cuda_streams, memset_and_memcpy_round_trip_through_host_memory) {
-  mp_device_t *dev = open_cuda();
+  mp_device_t *dev = open_dev("cuda");
   const size_t n = 1 << 16;
   unsigned char *d = NULL, *h = NULL, *src = NULL;
   cr_assert_eq(mp_device_alloc(dev, n, (void **)&d), MP_OK);
@@ -49,7 +43,7 @@ Test(cuda_streams, memset_and_memcpy_round_trip_through_host_memory) {
 }
 
 Test(cuda_streams, work_on_a_stream_runs_in_order) {
-  mp_device_t *dev = open_cuda();
+  mp_device_t *dev = open_dev("cuda");
   mp_stream_t s = NULL;
   cr_assert_eq(mp_stream_create(dev, &s), MP_OK, "%s", mp_last_error());
   cr_assert_not_null(s, "a created stream is not the default stream");
@@ -85,7 +79,7 @@ static void read_first_byte(void *arg) {
 }
 
 Test(cuda_streams, launch_host_runs_after_earlier_work) {
-  mp_device_t *dev = open_cuda();
+  mp_device_t *dev = open_dev("cuda");
   mp_stream_t s = NULL;
   cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
   unsigned char *d = NULL, *h = NULL;
@@ -108,7 +102,7 @@ Test(cuda_streams, launch_host_runs_after_earlier_work) {
 }
 
 Test(cuda_streams, event_is_busy_until_its_stream_reaches_it) {
-  mp_device_t *dev = open_cuda();
+  mp_device_t *dev = open_dev("cuda");
   mp_stream_t s = NULL;
   mp_event_t e = NULL;
   cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
@@ -131,7 +125,7 @@ Test(cuda_streams, event_is_busy_until_its_stream_reaches_it) {
 }
 
 Test(cuda_streams, stream_waits_for_an_event_of_another_stream) {
-  mp_device_t *dev = open_cuda();
+  mp_device_t *dev = open_dev("cuda");
   mp_stream_t a = NULL, b = NULL;
   mp_event_t e = NULL;
   cr_assert_eq(mp_stream_create(dev, &a), MP_OK);
@@ -166,7 +160,7 @@ Test(cuda_streams, stream_waits_for_an_event_of_another_stream) {
 }
 
 Test(cuda_streams, bad_handles_are_reported_not_fatal) {
-  mp_device_t *dev = open_cuda();
+  mp_device_t *dev = open_dev("cuda");
   cr_assert_eq(mp_stream_destroy(dev, NULL), MP_EINVAL);
   cr_assert_eq(mp_event_query(dev, NULL), MP_EINVAL);
   int not_an_event;

@@ -8,10 +8,12 @@
 
 #include <mempool/mempool.h>
 
+/* spec may be NULL ($MEMPOOL_DEVICE, else cuda, else host). */
 static inline mp_device_t *open_dev(const char *spec) {
   mp_device_t *dev = NULL;
-  cr_assert_eq(mp_device_open(spec, &dev), MP_OK, "open '%s': %s", spec,
-               mp_last_error());
+  mp_status_t st = mp_device_open(spec, &dev);
+  cr_assert_eq(st, MP_OK, "open '%s': %s: %s", spec ? spec : "(NULL)",
+               mp_status_name(st), mp_last_error());
   return dev;
 }
 

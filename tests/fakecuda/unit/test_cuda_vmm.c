@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../support/device_helpers.h"
 #include "device/backend.h"
 #include "fakecuda_test.h"
 
@@ -11,10 +12,7 @@
 
 static mp_device_t *open_cuda(void) {
   setenv("FAKECUDA_DEVICE", "granularity=64K,capacity=64M", 1);
-  mp_device_t *dev = NULL;
-  mp_status_t st = mp_device_open("cuda", &dev);
-  cr_assert_eq(st, MP_OK, "%s: %s", mp_status_name(st), mp_last_error());
-  return dev;
+  return open_dev("cuda");
 }
 
 Test(cuda_vmm, granularity_is_the_drivers) {
