@@ -309,9 +309,14 @@ static mp_status_t host_stream_get(host_dev_t *h, mp_stream_t handle,
 
 /* Drains every stream of the device. */
 static mp_status_t host_sync_all(host_dev_t *h) {
+  /* Every device free and unmap comes here: a process with a few streams
+   * should not pay a heap allocation for the list of them. */
+  host_stream_t *few[32];
   pthread_rwlock_rdlock(&h->reg);
   size_t n = 0;
-  host_stream_t **all = malloc((h->streams.count + 1) * sizeof *all);
+  host_stream_t **all = few;
+  if (h->streams.count + 1 > sizeof few / sizeof *few)
+    all = malloc((h->streams.count + 1) * sizeof *all);
   if (all == NULL) {
     pthread_rwlock_unlock(&h->reg);
     return mp__fail(MP_ENOMEM, "host device: out of host memory to "
@@ -330,7 +335,8 @@ static mp_status_t host_sync_all(host_dev_t *h) {
     host_stream_drain(all[i]);
     host_stream_put(all[i]);
   }
-  free(all);
+  if (all != few)
+    free(all);
   return MP_OK;
 }
 

@@ -2,6 +2,7 @@
  * injection and latency, through the public API. */
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -160,6 +161,33 @@ Test(device_memory, latency_us_delays_allocate_and_free) {
   double t2 = now_s();
   cr_expect_geq(t1 - t0, 0.019, "alloc took %.4f s", t1 - t0);
   cr_expect_geq(t2 - t1, 0.019, "free took %.4f s", t2 - t1);
+  mp_device_close(dev);
+}
+
+static void slow_increment(void *arg) {
+  struct timespec ts = {.tv_sec = 0, .tv_nsec = 1000000};
+  nanosleep(&ts, NULL);
+  atomic_fetch_add((atomic_int *)arg, 1);
+}
+
+/* More streams than the free's list of them holds on its stack: every one
+ * must still be drained before the memory goes. */
+Test(device_memory, free_waits_for_work_on_every_stream) {
+  enum { NSTREAMS = 40 };
+  mp_device_t *dev = open_dev("host");
+  mp_stream_t s[NSTREAMS];
+  atomic_int done = 0;
+  void *p = NULL;
+  cr_assert_eq(mp_device_alloc(dev, 4096, &p), MP_OK);
+  for (int i = 0; i < NSTREAMS; i++) {
+    cr_assert_eq(mp_stream_create(dev, &s[i]), MP_OK);
+    cr_assert_eq(mp_stream_launch_host(dev, s[i], slow_increment, &done),
+                 MP_OK);
+  }
+  cr_assert_eq(mp_device_free(dev, p), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(atomic_load(&done), NSTREAMS);
+  for (int i = 0; i < NSTREAMS; i++)
+    cr_assert_eq(mp_stream_destroy(dev, s[i]), MP_OK);
   mp_device_close(dev);
 }
 
