@@ -8,7 +8,9 @@
  * device memory.
  *
  * Within a class, blocks are kept in a treap ordered by (size, address),
- * so the best fit costs O(log m) expected for m blocks in that class.
+ * so the best fit costs O(log m) expected for m blocks in that class. The
+ * rest of a block is split off when it is at least min(size/16, 1 MiB);
+ * a smaller sliver stays with the block and counts as allocated.
  *
  * Growth policy (keeps reserved memory close to live memory):
  *  - virtual (MP_POOL_VIRTUAL and a device with virtual memory): one address

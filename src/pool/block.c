@@ -30,6 +30,12 @@ mp__block_t *mp__rec_new(mp_pool_t *pool) {
     mp__block_t *slab = aligned_alloc(64, MP__SLAB_RECORDS * sizeof *slab);
     if (slab == NULL)
       return NULL;
+    /* One index node per record at most: reserve them now, so that
+     * inserting into the free index never needs memory. */
+    if (!mp__index_reserve(pool, (pool->nslabs + 1) * MP__SLAB_RECORDS)) {
+      free(slab);
+      return NULL;
+    }
     pool->slabs[pool->nslabs++] = slab;
     for (size_t i = MP__SLAB_RECORDS; i-- > 0;) {
       slab[i].next_rec = pool->rec_free;

@@ -26,13 +26,14 @@ static void mp__class_range(const mp_pool_t *pool, unsigned fl, unsigned sl,
   *hi = *lo + ((size_t)1 << shift) * a - a;
 }
 
-static void mp__class_totals(const mp__block_t *t, size_t *n, size_t *b) {
-  if (t == NULL)
+static void mp__class_totals(const mp_pool_t *pool, uint32_t t, size_t *n,
+                             size_t *b) {
+  if (t == 0)
     return;
   (*n)++;
-  *b += t->size;
-  mp__class_totals(t->left, n, b);
-  mp__class_totals(t->right, n, b);
+  *b += pool->inodes[t].size;
+  mp__class_totals(pool, pool->inodes[t].left, n, b);
+  mp__class_totals(pool, pool->inodes[t].right, n, b);
 }
 
 static void mp__dump_text(mp_pool_t *pool, FILE *out, double frag,
@@ -63,10 +64,10 @@ static void mp__dump_text(mp_pool_t *pool, FILE *out, double frag,
   fprintf(out, "  free lists by class:\n");
   for (unsigned fl = 0; fl < MP__FL_COUNT; fl++)
     for (unsigned sl = 0; sl < MP__SL_COUNT; sl++) {
-      if (pool->bins[fl][sl] == NULL)
+      if (pool->bins[fl][sl] == 0)
         continue;
       size_t n = 0, by = 0, lo, hi;
-      mp__class_totals(pool->bins[fl][sl], &n, &by);
+      mp__class_totals(pool, pool->bins[fl][sl], &n, &by);
       mp__class_range(pool, fl, sl, &lo, &hi);
       fprintf(out, "    class %u.%u [%zu, %zu]: %zu blocks, %zu bytes\n", fl,
               sl, lo, hi, n, by);
@@ -111,10 +112,10 @@ static void mp__dump_json(mp_pool_t *pool, FILE *out, double frag,
   bool first = true;
   for (unsigned fl = 0; fl < MP__FL_COUNT; fl++)
     for (unsigned sl = 0; sl < MP__SL_COUNT; sl++) {
-      if (pool->bins[fl][sl] == NULL)
+      if (pool->bins[fl][sl] == 0)
         continue;
       size_t n = 0, by = 0, lo, hi;
-      mp__class_totals(pool->bins[fl][sl], &n, &by);
+      mp__class_totals(pool, pool->bins[fl][sl], &n, &by);
       mp__class_range(pool, fl, sl, &lo, &hi);
       fprintf(out,
               "%s{\"fl\":%u,\"sl\":%u,\"min_size\":%zu,\"max_size\":%zu,"

@@ -6,9 +6,10 @@
  * the best fit usable on its stream (smallest block that fits, lowest
  * address on ties; at most MP__SEARCH_LIMIT candidates are looked at, so a
  * pile of blocks still pending on other streams cannot make it scan), splits
- * off the rest, and records the block in the live map. A free looks the
- * block up, gives it deps for the streams that used it, coalesces both
- * neighbours and puts it back in the index. No device call on either path
+ * off the rest when it is worth keeping (mp__take_block), and records the
+ * block in the live map. A free looks the block up, gives it deps for the
+ * streams that used it, coalesces both neighbours and puts it back in the
+ * index. No device call on either path
  * while the cache serves.
  *
  * The ladder when the cache cannot serve: grow -> reclaim (close and poll
@@ -123,12 +124,18 @@ static mp__block_t *mp__search_patiently(mp_pool_t *pool, size_t size,
 }
 
 /* Takes b out of the index and cuts it to size; the rest (at the high end)
- * goes back as a free block. Returns the taken block. */
+ * goes back as a free block when it is worth keeping: at least
+ * min(size/16, 1 MiB). Smaller slivers stay with the block (counted as
+ * allocated): kept apart they would only pile up in the smallest classes,
+ * slowing every insert there, and rarely serve anything. Returns the taken
+ * block. */
 static mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
                                    size_t size) {
   mp__index_remove(pool, b);
   pool->st.free_blocks--;
-  if (b->size > size && mp__split_allowed(pool, b, size))
+  size_t keep = size / 16 < MP__MiB ? size / 16 : MP__MiB;
+  if (b->size > size && b->size - size >= keep &&
+      mp__split_allowed(pool, b, size))
     mp__block_split(pool, b, size);
   return b;
 }
@@ -307,6 +314,7 @@ static mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
 static void mp__pool_free_host(mp_pool_t *pool) {
   mp__streams_release(pool);
   mp__rec_release_all(pool);
+  mp__index_release(pool);
   free(pool->map);
   pthread_cond_destroy(&pool->idle_cv);
   pthread_mutex_destroy(&pool->lock);

@@ -73,21 +73,20 @@ typedef struct mp__dep {
 typedef struct mp__segment mp__segment_t;
 
 typedef struct mp__block {
-  /* First cache line: what the index and the tiling touch. */
+  /* First cache line: what alloc, free and the tiling touch. */
   _Alignas(64) uintptr_t addr;
-  size_t size;                    /* multiple of the pool's align, > 0 */
-  struct mp__block *left, *right; /* class treap (free) */
-  struct mp__block *prev, *next;  /* address order within seg */
-  uint32_t prio;                  /* treap priority, from the address */
-  uint32_t flags;                 /* MP__B_* */
-  uint32_t sidx;                  /* live: allocating stream */
-  uint32_t ndeps;                 /* free: deps used; live: uses used */
-  /* Second cache line: the rest. */
+  size_t size;                   /* multiple of the pool's align, > 0 */
+  struct mp__block *prev, *next; /* address order within seg */
   mp__segment_t *seg;
   union {
     size_t requested;           /* live: the caller's bytes; free: 0 */
     struct mp__block *next_rec; /* idle record: the record free list */
   };
+  uint32_t inode; /* free: its node in the free index (index.c); else 0 */
+  uint32_t flags; /* MP__B_* */
+  uint32_t sidx;  /* live: allocating stream */
+  uint32_t ndeps; /* free: deps used; live: uses used */
+  /* Second cache line: the rest. */
   uint64_t gen;                 /* MP__B_SYNC: pool sync generation */
   mp__dep_t deps[MP__MAX_DEPS]; /* free: deps; live: extra uses (sidx) */
   union {
@@ -95,6 +94,18 @@ typedef struct mp__block {
     mp_pool_t *child; /* MP__B_CHILD: the child pool */
   };
 } mp__block_t;
+
+/* A free index node: a compact copy of a free block's key, so that a treap
+ * descent touches 48-byte nodes packed in one array (they stay in cache)
+ * instead of scattered block records. Links are node indices. */
+typedef struct mp__inode {
+  size_t size;
+  uintptr_t addr;
+  mp__block_t *blk;
+  uint32_t left, right; /* 0: none; left doubles as the free-node link */
+  uint32_t prio;        /* treap priority, from the address */
+  uint32_t pad;
+} mp__inode_t;
 
 /* ---- segments (segment.c) ---------------------------------------------- */
 enum { MP__SEG_PLAIN, MP__SEG_VIRTUAL, MP__SEG_RANGE };
@@ -152,7 +163,9 @@ struct mp_pool {
   /* free index */
   uint64_t fl_bitmap;
   uint32_t sl_bitmap[MP__FL_COUNT];
-  mp__block_t *bins[MP__FL_COUNT][MP__SL_COUNT];
+  uint32_t bins[MP__FL_COUNT][MP__SL_COUNT]; /* treap roots (node index) */
+  mp__inode_t *inodes;                       /* node 0 is the null node */
+  uint32_t inodes_cap, inode_free, inodes_used;
 
   /* live map: open addressing, linear probing, backward-shift delete */
   mp__block_t **map;
@@ -214,6 +227,9 @@ mp__block_t *mp__index_next(const mp_pool_t *pool, const mp__block_t *b);
 mp__block_t *mp__index_largest(const mp_pool_t *pool);
 /* True when b is in its class's treap. */
 bool mp__index_contains(const mp_pool_t *pool, const mp__block_t *b);
+/* Makes room for n more nodes, so the next n inserts cannot fail. */
+bool mp__index_reserve(mp_pool_t *pool, size_t n);
+void mp__index_release(mp_pool_t *pool);
 /* Walks a class treap checking order and heap priority; counts nodes. */
 bool mp__index_check_class(const mp_pool_t *pool, unsigned fl, unsigned sl,
                            size_t *count, size_t *bytes);

@@ -82,23 +82,25 @@ Test(pool_check, detects_a_live_block_missing_from_the_map, .init = setup,
   mp__map_insert(pool, b);
 }
 
-Test(pool_check, detects_a_free_block_in_the_wrong_class, .init = setup,
+Test(pool_check, detects_free_blocks_in_the_wrong_class, .init = setup,
      .fini = teardown) {
-  mp__block_t *b = mp__map_find(pool, (uintptr_t)v[0]);
-  mp__block_t *f = b->next; /* v1: free, 8 KiB */
-  cr_assert(f->flags & MP__B_FREE);
-  unsigned fl, sl;
-  mp__class_of(pool, f->size, &fl, &sl);
-  mp__index_remove(pool, f);
-  f->flags |= MP__B_FREE;
-  /* Put it in the neighbouring class by hand. */
-  pool->bins[fl][sl + 1] = f;
-  f->left = f->right = NULL;
-  pool->sl_bitmap[fl] |= 1u << (sl + 1);
-  expect_corrupt("a block in the wrong class");
-  pool->bins[fl][sl + 1] = NULL;
-  pool->sl_bitmap[fl] &= ~(1u << (sl + 1));
-  mp__index_insert(pool, f);
+  /* Swap the treaps of the two smallest non-empty classes. */
+  uint32_t *first = NULL, *second = NULL;
+  for (unsigned fl = 0; fl < MP__FL_COUNT && second == NULL; fl++)
+    for (unsigned sl = 0; sl < MP__SL_COUNT && second == NULL; sl++)
+      if (pool->bins[fl][sl] != 0) {
+        if (first == NULL)
+          first = &pool->bins[fl][sl];
+        else
+          second = &pool->bins[fl][sl];
+      }
+  cr_assert_not_null(second, "the setup leaves free blocks in two classes");
+  uint32_t t = *first;
+  *first = *second;
+  *second = t;
+  expect_corrupt("blocks in the wrong class");
+  *second = *first;
+  *first = t;
   cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
 }
 

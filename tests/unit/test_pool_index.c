@@ -19,6 +19,7 @@ Test(pool_index, small_sizes_have_one_class_each) {
     cr_expect_eq(fl, 0);
     cr_expect_eq(sl, u);
   }
+  mp__index_release(p);
   free(p);
 }
 
@@ -39,6 +40,7 @@ Test(pool_index, classes_rise_with_size_and_stay_narrow) {
     pfl = fl;
     psl = sl;
   }
+  mp__index_release(p);
   free(p);
 }
 
@@ -102,6 +104,7 @@ Test(pool_index, best_fit_is_smallest_then_lowest_address) {
   cr_expect_eq(total, count);
   free(v);
   free(in);
+  mp__index_release(p);
   free(p);
 }
 
@@ -128,5 +131,6 @@ Test(pool_index, next_walks_every_free_block_in_size_order) {
   cr_expect_eq(p->fl_bitmap, 0);
   cr_expect_null(mp__index_best_fit(p, 512));
   free(v);
+  mp__index_release(p);
   free(p);
 }
