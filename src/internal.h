@@ -31,8 +31,6 @@
 /* Records a one-line message for mp_last_error() in this thread and returns
  * st, so that failing paths read `return mp__fail(MP_EINVAL, "...", ...);`. */
 mp_status_t mp__fail(mp_status_t st, const char *fmt, ...) MP__PRINTF(2, 3);
-/* Clears the thread's message (called on entry by calls that may set it). */
-void mp__clear_error(void);
 
 /* ---- conf.c ------------------------------------------------------------ */
 

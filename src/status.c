@@ -2,7 +2,8 @@
  *
  * mp_last_error() holds the last failure's one-line description for the
  * calling thread; it lives in thread-local storage so that concurrent
- * callers never see each other's messages. */
+ * callers never see each other's messages. Nothing clears it: status.h
+ * promises that a later success leaves the last failure's message. */
 #include <stdarg.h>
 #include <stdio.h>
 
@@ -32,10 +33,6 @@ const char *mp_status_name(mp_status_t s) {
 
 const char *mp_last_error(void) {
   return mp__error_buf;
-}
-
-void mp__clear_error(void) {
-  mp__error_buf[0] = '\0';
 }
 
 mp_status_t mp__fail(mp_status_t st, const char *fmt, ...) {

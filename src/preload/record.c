@@ -212,7 +212,9 @@ void mp__pl_count_bypass(const char *why) {
   pthread_mutex_unlock(&mp__rec.lock);
 }
 
-static void mp__report(FILE *f, const mp__pl_t *pl) {
+/* pool: the pool's statistics, read before the record lock was taken (see
+ * mp__reserved_now); NULL in passthrough. */
+static void mp__report(FILE *f, const mp__pl_t *pl, const mp_stats_t *pool) {
   const char *mode = pl->mode == MP__PL_POOL ? "pool" : "passthrough";
   fprintf(f,
           "{\n  \"mode\": \"%s\",\n  \"device\": \"%s\",\n"
@@ -230,8 +232,8 @@ static void mp__report(FILE *f, const mp__pl_t *pl) {
           (unsigned long long)mp__rec.bypass_other_device,
           (unsigned long long)mp__rec.foreign_frees, mp__rec.live,
           mp__rec.peak_live);
-  mp_stats_t s;
-  if (pl->pool != NULL && mp_pool_get_stats(pl->pool, &s) == MP_OK)
+  if (pool != NULL) {
+    const mp_stats_t s = *pool;
     fprintf(f,
             ",\n  \"pool\": {\"reserved_bytes\": %zu, "
             "\"peak_reserved_bytes\": %zu, \"allocated_bytes\": %zu, "
@@ -247,10 +249,14 @@ static void mp__report(FILE *f, const mp__pl_t *pl) {
             (unsigned long long)s.device_alloc_count,
             (unsigned long long)s.device_free_count,
             (unsigned long long)s.oom_count);
+  }
   fputs("\n}\n", f);
 }
 
 void mp__pl_record_finish(const mp__pl_t *pl) {
+  mp_stats_t stats;
+  bool have_stats = pl != NULL && pl->pool != NULL &&
+                    mp_pool_get_stats(pl->pool, &stats) == MP_OK;
   pthread_mutex_lock(&mp__rec.lock);
   if (mp__rec.child || pl == NULL) {
     pthread_mutex_unlock(&mp__rec.lock);
@@ -274,7 +280,7 @@ void mp__pl_record_finish(const mp__pl_t *pl) {
       fprintf(stderr, "mempool preload: cannot write MEMPOOL_REPORT '%s'\n",
               path);
     } else {
-      mp__report(f, pl);
+      mp__report(f, pl, have_stats ? &stats : NULL);
       if (!to_stderr)
         fclose(f);
     }
