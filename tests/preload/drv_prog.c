@@ -19,32 +19,14 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "prog_check.h"
+
 #undef cuGetProcAddress
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
                           cuuint64_t flags);
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream s);
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s);
 long long cuFakeGetCallCount(const char *name);
-
-static int failures;
-
-static void expect(int ok, const char *what) {
-  if (!ok) {
-    printf("FAILED %s\n", what);
-    failures++;
-  }
-}
-
-static const char *owner(void *p) {
-  Dl_info info;
-  if (p == NULL || dladdr(p, &info) == 0 || info.dli_fname == NULL)
-    return "";
-  return info.dli_fname;
-}
-
-static int in_shim(void *p) {
-  return strstr(owner(p), "libmempool_preload") != NULL;
-}
 
 /* The answer of cuGetProcAddress_v2 (reached through dlsym). */
 static void *proc(void *get_v2, const char *name, int version,

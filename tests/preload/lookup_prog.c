@@ -14,29 +14,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "prog_check.h"
+
 int probe_a_next(void);
 int probe_b_id(void);
-
-static int failures;
-
-static void expect(int ok, const char *what) {
-  if (!ok) {
-    printf("FAILED %s\n", what);
-    failures++;
-  }
-}
-
-/* The file name of the object that defines p ("" when none). */
-static const char *owner(void *p) {
-  Dl_info info;
-  if (p == NULL || dladdr(p, &info) == 0 || info.dli_fname == NULL)
-    return "";
-  return info.dli_fname;
-}
-
-static int in_shim(void *p) {
-  return strstr(owner(p), "libmempool_preload") != NULL;
-}
 
 int main(int argc, char **argv) {
   int preloaded = argc > 1 && strcmp(argv[1], "preloaded") == 0;
