@@ -77,7 +77,9 @@ MP_API mp_status_t mp_stream_create(mp_device_t *dev, mp_stream_t *out);
 MP_API mp_status_t mp_stream_destroy(mp_device_t *dev, mp_stream_t s);
 MP_API mp_status_t mp_stream_synchronize(mp_device_t *dev, mp_stream_t s);
 /* Run fn(arg) on the host once all earlier work on s is done
- * (cuLaunchHostFunc). fn must not call into the device. */
+ * (cuLaunchHostFunc). fn must not call into the device; on the host device
+ * a call from fn that would wait for the device (synchronize, free, stream
+ * destroy) is MP_EINVAL instead of a hang. */
 MP_API mp_status_t mp_stream_launch_host(mp_device_t *dev, mp_stream_t s,
                                          void (*fn)(void *), void *arg);
 MP_API mp_status_t mp_memcpy_async(mp_device_t *dev, void *dst, const void *src,

@@ -27,6 +27,10 @@
  * latest when the wait was issued (CUDA's semantics), however often the
  * event is recorded afterwards.
  *
+ * A host function runs on its stream's worker, so a call from it that
+ * waits for the device would wait for itself: such calls are refused with
+ * MP_EINVAL (CUDA says cudaErrorNotPermitted) rather than hang.
+ *
  * Invariants:
  *  - used == sum of live plain allocations + sum of live mappings
  *    <= capacity; every byte counted is in exactly one of the two maps.
@@ -158,11 +162,31 @@ static void host_marker_unref(host_marker_t *m) {
 
 /* ---- streams ----------------------------------------------------------- */
 
+/* The device whose host function this thread (a stream worker) is running,
+ * NULL elsewhere. Such a function must not wait for the device: its own
+ * stream cannot move on until it returns, so the wait would never end.
+ * CUDA refuses these calls too (cudaErrorNotPermitted). */
+static _Thread_local host_dev_t *host_fn_dev;
+
+static mp_status_t host_check_waitable(host_dev_t *h, const char *fn) {
+  if (MP__UNLIKELY(host_fn_dev == h))
+    return mp__fail(MP_EINVAL,
+                    "%s: called from a host function running on a stream of "
+                    "this device, which would wait for itself (host "
+                    "functions must not call into the device)",
+                    fn);
+  return MP_OK;
+}
+
 static void host_op_run(host_dev_t *h, host_op_t *op) {
   switch (op->kind) {
   case HOST_OP_COPY: memmove(op->dst, op->src, op->n); break;
   case HOST_OP_SET: memset(op->dst, op->value, op->n); break;
-  case HOST_OP_HOST_FN: op->fn(op->arg); break;
+  case HOST_OP_HOST_FN:
+    host_fn_dev = h;
+    op->fn(op->arg);
+    host_fn_dev = NULL;
+    break;
   case HOST_OP_RECORD:
     pthread_mutex_lock(&h->ev_lock);
     op->marker->done = true;
@@ -308,7 +332,10 @@ static mp_status_t host_stream_get(host_dev_t *h, mp_stream_t handle,
 }
 
 /* Drains every stream of the device. */
-static mp_status_t host_sync_all(host_dev_t *h) {
+static mp_status_t host_sync_all(host_dev_t *h, const char *fn) {
+  mp_status_t st = host_check_waitable(h, fn);
+  if (st != MP_OK)
+    return st;
   /* Every device free and unmap comes here: a process with a few streams
    * should not pay a heap allocation for the list of them. */
   host_stream_t *few[32];
@@ -341,7 +368,7 @@ static mp_status_t host_sync_all(host_dev_t *h) {
 }
 
 static mp_status_t host_synchronize(mp_device_t *dev) {
-  return host_sync_all(host_of(dev));
+  return host_sync_all(host_of(dev), "mp_device_synchronize");
 }
 
 static mp_status_t host_stream_create(mp_device_t *dev, mp_stream_t *out) {
@@ -363,6 +390,9 @@ static mp_status_t host_stream_create(mp_device_t *dev, mp_stream_t *out) {
 
 static mp_status_t host_stream_destroy(mp_device_t *dev, mp_stream_t handle) {
   host_dev_t *h = host_of(dev);
+  mp_status_t st = host_check_waitable(h, "mp_stream_destroy");
+  if (st != MP_OK)
+    return st;
   pthread_rwlock_wrlock(&h->reg);
   bool found = mp__ptrmap_take(&h->streams, (uintptr_t)handle, NULL);
   pthread_rwlock_unlock(&h->reg);
@@ -376,7 +406,9 @@ static mp_status_t host_stream_synchronize(mp_device_t *dev,
                                            mp_stream_t handle) {
   host_dev_t *h = host_of(dev);
   host_stream_t *s = NULL;
-  mp_status_t st = host_stream_get(h, handle, &s);
+  mp_status_t st = host_check_waitable(h, "mp_stream_synchronize");
+  if (st == MP_OK)
+    st = host_stream_get(h, handle, &s);
   if (st != MP_OK)
     return st;
   host_stream_drain(s);
@@ -549,6 +581,9 @@ static mp_status_t host_event_query(mp_device_t *dev, mp_event_t handle) {
 
 static mp_status_t host_event_synchronize(mp_device_t *dev, mp_event_t handle) {
   host_dev_t *h = host_of(dev);
+  mp_status_t st = host_check_waitable(h, "mp_event_synchronize");
+  if (st != MP_OK)
+    return st;
   pthread_rwlock_rdlock(&h->reg);
   host_event_t *e = host_event_find(h, handle);
   if (e == NULL) {
@@ -703,7 +738,7 @@ static mp_status_t host_free(mp_device_t *dev, void *ptr) {
                     "mp_device_free: %p was not returned by mp_device_alloc "
                     "on this device, or was already freed",
                     ptr);
-  mp_status_t st = host_sync_all(h);
+  mp_status_t st = host_sync_all(h, "mp_device_free");
   if (st != MP_OK)
     return st;
   host_sleep_us(h->latency_us);
@@ -747,7 +782,7 @@ static mp_status_t host_host_free(mp_device_t *dev, void *ptr) {
                     "freed",
                     ptr);
   /* Queued copies may still read or write it (cuMemFreeHost syncs too). */
-  mp_status_t st = host_sync_all(h);
+  mp_status_t st = host_sync_all(h, "mp_device_host_free");
   if (st != MP_OK)
     return st;
   size_t bytes;
@@ -1027,7 +1062,7 @@ static mp_status_t host_vm_unmap(mp_device_t *dev, void *addr, size_t bytes) {
   if (st != MP_OK)
     return st;
   /* Queued work may still touch the range; unmapping makes it fault. */
-  if ((st = host_sync_all(h)) != MP_OK)
+  if ((st = host_sync_all(h, "vm_unmap")) != MP_OK)
     return st;
   host_sleep_us(h->latency_us);
   pthread_mutex_lock(&h->mem_lock);

@@ -4,38 +4,14 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 #include <mempool/mempool.h>
 
 #include "../support/device_helpers.h"
-/* A host function that blocks its stream until the test opens the gate. */
-typedef struct gate {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  bool open;
-} gate_t;
-
-static void gate_init(gate_t *g) {
-  pthread_mutex_init(&g->mu, NULL);
-  pthread_cond_init(&g->cv, NULL);
-  g->open = false;
-}
-
-static void gate_wait(void *arg) {
-  gate_t *g = arg;
-  pthread_mutex_lock(&g->mu);
-  while (!g->open)
-    pthread_cond_wait(&g->cv, &g->mu);
-  pthread_mutex_unlock(&g->mu);
-}
-
-static void gate_open(gate_t *g) {
-  pthread_mutex_lock(&g->mu);
-  g->open = true;
-  pthread_cond_broadcast(&g->cv);
-  pthread_mutex_unlock(&g->mu);
-}
+#include "../support/stream_gate.h"
 
 /* An append-only log of the order in which host functions ran. */
 typedef struct order_log {
@@ -370,5 +346,52 @@ Test(device_streams, many_threads_use_their_own_streams) {
   }
   cr_expect_eq(mp_device_synchronize(dev), MP_OK);
   cr_expect_eq(atomic_load(&count), T * 100);
+  mp_device_close(dev);
+}
+
+/* What a host function saw when it called back into its own device. */
+typedef struct reentry {
+  mp_device_t *dev;
+  mp_stream_t own;
+  mp_event_t ev;
+  mp_status_t sync_device, sync_own, sync_event, destroy_own;
+  char why[256];
+} reentry_t;
+
+static void call_back_into_the_device(void *arg) {
+  reentry_t *r = arg;
+  r->sync_device = mp_device_synchronize(r->dev);
+  snprintf(r->why, sizeof r->why, "%s", mp_last_error());
+  r->sync_own = mp_stream_synchronize(r->dev, r->own);
+  r->sync_event = mp_event_synchronize(r->dev, r->ev);
+  r->destroy_own = mp_stream_destroy(r->dev, r->own);
+}
+
+/* Such a call would wait for the host function's own stream, which cannot
+ * move on until the function returns: it is refused instead of hanging. */
+Test(device_streams, host_function_waiting_on_its_device_is_einval) {
+  mp_device_t *dev = open_dev("host");
+  reentry_t r = {.dev = dev};
+  cr_assert_eq(mp_stream_create(dev, &r.own), MP_OK);
+  cr_assert_eq(mp_event_create(dev, &r.ev), MP_OK);
+  gate_t g;
+  gate_init(&g);
+  cr_assert_eq(mp_stream_launch_host(dev, r.own, gate_wait, &g), MP_OK);
+  cr_assert_eq(mp_event_record(dev, r.ev, r.own), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, r.own, call_back_into_the_device, &r),
+               MP_OK);
+  cr_assert_eq(mp_event_record(dev, r.ev, r.own), MP_OK);
+  gate_open(&g);
+  cr_assert_eq(mp_stream_synchronize(dev, r.own), MP_OK);
+  cr_expect_eq(r.sync_device, MP_EINVAL);
+  cr_expect(strstr(r.why, "host function") != NULL, "%s", r.why);
+  cr_expect_eq(r.sync_own, MP_EINVAL);
+  cr_expect_eq(r.sync_event, MP_EINVAL);
+  cr_expect_eq(r.destroy_own, MP_EINVAL);
+  /* Nothing was changed: the stream and the event still work. */
+  cr_expect_eq(mp_event_query(dev, r.ev), MP_OK);
+  cr_expect_eq(mp_stream_destroy(dev, r.own), MP_OK);
+  cr_expect_eq(mp_event_destroy(dev, r.ev), MP_OK);
+  gate_destroy(&g);
   mp_device_close(dev);
 }
