@@ -158,8 +158,6 @@ static mp_status_t mp__child_kv(void *ctx, const char *key, size_t key_len,
                                 const char *val, size_t val_len) {
   mp__child_spec_t *c = ctx;
   if (key_len == 5 && memcmp(key, "bytes", 5) == 0) {
-    if (c->have_bytes) /* as for device options: which one was meant? */
-      return mp__fail(MP_EINVAL, "bad allocator spec: child bytes given twice");
     if (!mp__parse_size(val, val_len, &c->bytes) || c->bytes == 0)
       return mp__fail(MP_EINVAL,
                       "bad allocator spec: child bytes '%.*s' is not a "

@@ -95,6 +95,20 @@ bool mp__parse_bool(const char *s, size_t len, bool *out) {
   return false;
 }
 
+/* Whether the key at p (key_len bytes) already stands in str before p: a
+ * repeated key is ambiguous (which value was meant?), so it is an error for
+ * every option string. Option strings are short; a scan is fine. */
+static bool mp__key_seen(const char *str, const char *p, size_t key_len) {
+  for (const char *q = str; q < p;) {
+    const char *end = strchr(q, ',');
+    const char *eq = memchr(q, '=', (size_t)(end - q));
+    if (eq != NULL && (size_t)(eq - q) == key_len && memcmp(q, p, key_len) == 0)
+      return true;
+    q = end + 1;
+  }
+  return false;
+}
+
 mp_status_t mp__kv_each(const char *what, const char *str, mp__kv_fn fn,
                         void *ctx) {
   if (str == NULL)
@@ -107,8 +121,11 @@ mp_status_t mp__kv_each(const char *what, const char *str, mp__kv_fn fn,
     if (eq == NULL || eq == p)
       return mp__fail(MP_EINVAL, "bad %s: '%.*s' is not key=value", what,
                       (int)len, p);
-    mp_status_t st =
-        fn(ctx, p, (size_t)(eq - p), eq + 1, len - (size_t)(eq - p) - 1);
+    size_t key_len = (size_t)(eq - p);
+    if (mp__key_seen(str, p, key_len))
+      return mp__fail(MP_EINVAL, "bad %s: '%.*s' given twice", what,
+                      (int)key_len, p);
+    mp_status_t st = fn(ctx, p, key_len, eq + 1, len - key_len - 1);
     if (st != MP_OK)
       return st;
     if (end == NULL)

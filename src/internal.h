@@ -45,7 +45,8 @@ bool mp__parse_bool(const char *s, size_t len, bool *out);
 
 /* Walks "key=value,key=value": calls fn for each pair with pointers into the
  * string (not NUL-terminated). An empty string has no pairs. A pair without
- * '=' or with an empty key is MP_EINVAL naming it, before fn sees anything
+ * '=', with an empty key, or with a key given before is MP_EINVAL naming
+ * it, before fn sees anything
  * of it. fn returns MP_OK to go on; anything else stops the walk and is
  * returned. what names the string in messages ("device spec",
  * "MEMPOOL_CONF"). */

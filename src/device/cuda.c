@@ -598,10 +598,17 @@ static mp_status_t mp__cuda_stream_create(mp_device_t *dev, mp_stream_t *out) {
   return MP_OK;
 }
 
-/* A stream the runtime made may be destroyed here too: only the driver can
- * tell a live stream from a stale one, so it is asked. */
+/* Only streams this device created are destroyed here: a stale or foreign
+ * handle (a double destroy, a stream of the CUDA runtime, which
+ * cudaStreamDestroy owns) would reach the driver as undefined behaviour. */
 static mp_status_t mp__cuda_stream_destroy(mp_device_t *dev, mp_stream_t s) {
   mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  mp__cuda_entry_t e;
+  if (!mp__cuda_untrack(cd, &cd->streams, (uintptr_t)s, &e))
+    return mp__fail(MP_EINVAL,
+                    "mp_stream_destroy: %p was not created by "
+                    "mp_stream_create on this device (or is destroyed)",
+                    (void *)s);
   CUresult r = mp__cuda_push(cd);
   if (r == CUDA_SUCCESS) {
     r = mp__cu.StreamSynchronize((CUstream)s);
@@ -609,10 +616,10 @@ static mp_status_t mp__cuda_stream_destroy(mp_device_t *dev, mp_stream_t s) {
       r = mp__cu.StreamDestroy((CUstream)s);
     mp__cuda_pop();
   }
-  if (r != CUDA_SUCCESS)
+  if (r != CUDA_SUCCESS) {
+    (void)mp__cuda_track(cd, &cd->streams, e.key, e.size, e.handle);
     return mp__cuda_fail(r, "cuStreamDestroy(%p)", (void *)s);
-  mp__cuda_entry_t e;
-  (void)mp__cuda_untrack(cd, &cd->streams, (uintptr_t)s, &e);
+  }
   return MP_OK;
 }
 

@@ -1102,7 +1102,6 @@ typedef struct host_opts {
   uint64_t latency_us, fail_after;
   bool vmm;
   size_t granularity;
-  unsigned seen; /* bit per HOST_OPT_* */
 } host_opts_t;
 
 static mp_status_t host_bad_value(const char *key, const char *val,
@@ -1125,10 +1124,6 @@ static mp_status_t host_opt(void *ctx, const char *key, size_t key_len,
                     "capacity, latency_us, fail_after, vmm, granularity)",
                     (int)key_len, key);
   const char *name = host_opt_names[k];
-  if (o->seen & (1u << k))
-    return mp__fail(MP_EINVAL, "bad device spec: host option '%s' given twice",
-                    name);
-  o->seen |= 1u << k;
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
   switch (k) {
   case HOST_OPT_CAPACITY:

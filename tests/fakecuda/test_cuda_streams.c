@@ -120,6 +120,9 @@ Test(cuda_streams, event_is_busy_until_its_stream_reaches_it) {
   cr_assert_eq(mp_event_destroy(dev, e), MP_EINVAL, "destroyed twice");
   cr_assert_eq(fk_calls("cuEventDestroy_v2"), 1);
   cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_EINVAL, "destroyed twice");
+  cr_assert_eq(fk_calls("cuStreamDestroy_v2"), 1,
+               "a stale stream must not reach the driver");
   gate_destroy(&g);
   mp_device_close(dev);
 }

@@ -82,6 +82,18 @@ Test(conf, malformed_pairs_name_the_culprit) {
   }
 }
 
+Test(conf, repeated_keys_are_rejected_before_any_is_applied) {
+  struct kv_log log = {{0}, 0};
+  cr_expect_eq(mp__kv_each("pool options", "a=1,b=2,a=3", log_pair, &log),
+               MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "'a' given twice") != NULL, "%s",
+            mp_last_error());
+  cr_expect_eq(log.pairs, 2, "the walk stops at the repeated key");
+  struct kv_log ok = {{0}, 0};
+  cr_expect_eq(mp__kv_each("t", "ab=1,a=2,b=3", log_pair, &ok), MP_OK,
+               "keys that share a prefix are different keys");
+}
+
 Test(conf, empty_string_has_no_pairs) {
   struct kv_log log = {{0}, 0};
   cr_expect_eq(mp__kv_each("test", "", log_pair, &log), MP_OK);

@@ -43,7 +43,8 @@ Test(pool_config, bad_strings_name_the_culprit_and_change_nothing) {
                           {"virtual=maybe", "virtual"},
                           {"segment_bytes=", "segment_bytes"},
                           {"max_split=4M,oops", "oops"},
-                          {"align=1024,bogus=1", "bogus"}};
+                          {"align=1024,bogus=1", "bogus"},
+                          {"align=512,align=1024", "given twice"}};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     mp_pool_config_t c, orig;
     mp_pool_config_init(&c);
