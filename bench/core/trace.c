@@ -4,7 +4,9 @@
  * one row per event: decimal thread, HH:MM:SS.ffffff time, "allocate",
  * "free" or "allocate failure", a hex pointer or "(nil)", a decimal size and
  * a decimal (or 0x-hex) stream. Rows are strict: any other shape is an error
- * naming the file and line, and the workload is left empty.
+ * naming the file and line, and the workload is left empty. So is a trace
+ * whose live bytes would not fit a size_t (every figure is built on them),
+ * and one with no allocation of a nonzero size (nothing to measure).
  *
  * Pointers become slots through an open-addressing map (linear probing,
  * backward-shift deletion, load <= 1/2) from live address to slot; a free
@@ -157,6 +159,8 @@ typedef struct mpb_parser {
   mpb_addr_map_t map;
   uint64_t stream_id[UINT16_MAX];
   uint32_t nstream_ids;
+  size_t live;    /* bytes the trace has live now */
+  bool any_bytes; /* an allocation of a nonzero size was seen */
 } mpb_parser_t;
 
 static mp_status_t mpb_stream_index(mpb_parser_t *p, uint64_t id, size_t line,
@@ -259,15 +263,25 @@ static mp_status_t mpb_parse_row(mpb_parser_t *p, const char *s, size_t len,
     }
     uint32_t slot = p->map.slot[i];
     mpb_map_remove_at(&p->map, i);
+    p->live -= w->slot_size[slot];
     return mpb_workload_free_slot(w, slot);
   }
   bool was_live = p->map.key[i] != 0;
   if (was_live) {
     w->implicit_frees++;
+    p->live -= w->slot_size[p->map.slot[i]];
     mp_status_t st = mpb_workload_free_slot(w, p->map.slot[i]);
     if (st != MP_OK)
       return st;
   }
+  /* Live bytes must fit a size_t, or every figure built on them wraps. */
+  if (size > SIZE_MAX - p->live)
+    return mp__fail(MP_EINVAL,
+                    "%s:%zu: allocation of %llu bytes makes the live bytes "
+                    "exceed the address space",
+                    p->what, line, (unsigned long long)size);
+  p->live += (size_t)size;
+  p->any_bytes |= size != 0;
   if (size == 0)
     w->zero_size_allocs++;
   uint16_t sidx = 0;
@@ -319,6 +333,11 @@ mp_status_t mpb_trace_parse(const char *text, size_t len, const char *what,
   }
   if (st == MP_OK && line == 0)
     st = mp__fail(MP_EINVAL, "%s: empty file (no header)", what);
+  /* Nothing to replay would give figures of zero that look like results. */
+  if (st == MP_OK && !p->any_bytes)
+    st = mp__fail(MP_EINVAL,
+                  "%s: no allocation of a nonzero size: nothing to replay",
+                  what);
   /* Blocks the trace never freed are freed at its end, so every replay
    * ends empty and allocators are compared on the same events. */
   if (st == MP_OK)

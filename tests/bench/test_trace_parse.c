@@ -104,6 +104,42 @@ Test(trace_parse, bad_rows_name_their_line) {
   expect_bad(HEADER "\n\n1,00:00:00.000001,allocate,(nil),8,0\n", 4, "(nil)");
 }
 
+Test(trace_parse, live_bytes_past_the_address_space_name_their_line) {
+  /* Each size alone fits a size_t; the two live together do not. */
+  expect_bad(HEADER "1,00:00:00.000001,allocate,0x10,9223372036854775808,0\n"
+                    "1,00:00:00.000002,allocate,0x20,9223372036854775808,0\n",
+             3, "live bytes");
+}
+
+Test(trace_parse, sizes_that_fit_once_freed_are_fine) {
+  mpb_workload_t w;
+  cr_assert_eq(parse(HEADER
+                     "1,00:00:00.000001,allocate,0x10,9223372036854775808,0\n"
+                     "1,00:00:00.000002,free,0x10,9223372036854775808,0\n"
+                     "1,00:00:00.000003,allocate,0x20,9223372036854775808,0\n"
+                     "1,00:00:00.000004,allocate,0x20,9223372036854775808,0\n",
+                     &w),
+               MP_OK, "%s", mp_last_error());
+  cr_expect_eq(w.implicit_frees, 1);
+  mpb_workload_free(&w);
+}
+
+Test(trace_parse, a_trace_with_nothing_to_replay_is_einval) {
+  const char *texts[] = {HEADER, "Thread,Time,Action,Pointer,Size,Stream",
+                         HEADER
+                         "1,00:00:00.000001,free,0x1000,64,0\n"
+                         "1,00:00:00.000002,allocate failure,(nil),64,0\n"
+                         "1,00:00:00.000003,allocate,(nil),0,0\n"
+                         "1,00:00:00.000004,allocate,0x10,0,0\n"};
+  for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
+    mpb_workload_t w;
+    cr_expect_eq(parse(texts[i], &w), MP_EINVAL, "accepted: %s", texts[i]);
+    cr_expect(strstr(mp_last_error(), "t.csv: no allocation") != NULL, "%s",
+              mp_last_error());
+    cr_expect_null(w.ev);
+  }
+}
+
 Test(trace_parse, missing_file_is_einval_naming_it) {
   mpb_workload_t w;
   cr_assert_eq(mpb_trace_load("/nonexistent/x.csv", "x", &w), MP_EINVAL);
