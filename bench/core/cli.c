@@ -48,7 +48,9 @@ static void mpb_usage(FILE *out) {
       "PNG\n"
       "                      plots into DIR (default: out); files "
       "appear\n"
-      "                      whole or not at all\n"
+      "                      whole or not at all; an --out that cannot be "
+      "written\n"
+      "                      is found before the run (exit 2)\n"
       "  --workload SPEC     (run) a built-in workload, NAME or "
       "NAME:key=val,...;\n"
       "                      repeatable. Given, only these run (plus traces "
@@ -508,6 +510,11 @@ int mpb_main(int argc, char **argv) {
   dev = NULL;
   if (allocs.n == 0) {
     fprintf(stderr, "mpbench: none of the allocators can run on %s\n", devname);
+    rc = 2;
+    goto out;
+  }
+  if (mpb_report_check_dir(c.out_dir) != MP_OK) {
+    fprintf(stderr, "mpbench: --out %s: %s\n", c.out_dir, mp_last_error());
     rc = 2;
     goto out;
   }

@@ -200,6 +200,9 @@ mp_status_t mpb_report_csv(FILE *out, const mpb_result_t *r, size_t n);
  * plots into dir, each through a temporary file renamed at the end, so a
  * failure leaves nothing half-written. *plotted: whether plots were made;
  * why_not says why not. */
+/* Whether dir can be made and written into, without creating anything:
+ * checked before a run so that a bad --out fails in seconds, not after it. */
+mp_status_t mpb_report_check_dir(const char *dir);
 mp_status_t mpb_report_write(const char *dir, const mpb_result_t *r, size_t n,
                              bool want_plots, bool *plotted, char *why_not,
                              size_t why_len);

@@ -219,6 +219,40 @@ static mp_status_t mpb_mkdir_p(const char *dir) {
   return MP_OK;
 }
 
+mp_status_t mpb_report_check_dir(const char *dir) {
+  char path[4096];
+  if (dir == NULL || dir[0] == '\0')
+    return mp__fail(MP_EINVAL, "empty output folder name");
+  if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
+    return mp__fail(MP_EINVAL, "output folder name too long");
+  /* The nearest part of the path that exists decides: it must be a folder
+   * this process may create entries in. Nothing is created here. */
+  for (;;) {
+    struct stat sb;
+    if (stat(path, &sb) == 0) {
+      if (!S_ISDIR(sb.st_mode))
+        return mp__fail(MP_EINVAL, "%s is not a folder", path);
+      if (access(path, W_OK | X_OK) != 0)
+        return mp__fail(MP_EINVAL, "cannot write into %s: %s", path,
+                        strerror(errno));
+      return MP_OK;
+    }
+    if (errno != ENOENT && errno != ENOTDIR) /* ENOTDIR: found above */
+      return mp__fail(MP_EINVAL, "cannot use %s: %s", path, strerror(errno));
+    char *slash = strrchr(path, '/');
+    while (slash != NULL && slash > path && slash[1] == '\0') {
+      *slash = '\0'; /* "a/b/" is "a/b" */
+      slash = strrchr(path, '/');
+    }
+    if (slash == NULL)
+      snprintf(path, sizeof path, ".");
+    else if (slash == path)
+      snprintf(path, sizeof path, "/");
+    else
+      *slash = '\0';
+  }
+}
+
 static void mpb_rm_tree(const char *dir) {
   DIR *d = opendir(dir);
   if (d == NULL)

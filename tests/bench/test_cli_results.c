@@ -210,6 +210,37 @@ Test(cli_results, malformed_trace_stops_with_its_line_and_writes_nothing,
   cr_expect_eq(access(out, F_OK), -1, "the output folder was created");
 }
 
+Test(cli_results, unwritable_out_is_bad_usage_before_any_replay,
+     .init = make_tmp, .fini = drop_tmp) {
+  char file[512], out[600];
+  snprintf(file, sizeof file, "%s/a-file", tmpdir);
+  FILE *f = fopen(file, "w");
+  cr_assert_not_null(f);
+  fclose(f);
+  snprintf(out, sizeof out, "%s/out", file);
+  const char *args[] = {
+      "run",         "--out",         out,          "--quiet",
+      "--workload",  "random:n=2000", "--no-plots", "--no-capacity",
+      "--allocator", "pool",          NULL};
+  /* 2 (bad usage or input, found before the run) rather than 1 (a failure
+   * while writing, found after the whole run). */
+  cr_expect_eq(run(args), 2);
+  cr_expect(strstr(mp_last_error(), "a-file is not a folder") != NULL, "%s",
+            mp_last_error());
+  struct stat sb;
+  cr_expect(stat(file, &sb) == 0 && S_ISREG(sb.st_mode));
+}
+
+Test(cli_results, out_that_does_not_exist_yet_is_made) {
+  cr_expect_eq(mpb_report_check_dir("/tmp/mpbench-nonexistent/a/b/"), MP_OK,
+               "%s", mp_last_error());
+  cr_expect_eq(access("/tmp/mpbench-nonexistent", F_OK), -1,
+               "the check created something");
+  cr_expect_eq(mpb_report_check_dir("relative/x"), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(mpb_report_check_dir("/proc/self/status/x"), MP_EINVAL);
+}
+
 Test(cli_results, bad_arguments_exit_2_and_write_nothing, .init = make_tmp,
      .fini = drop_tmp) {
   char out[512];
