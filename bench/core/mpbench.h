@@ -138,7 +138,8 @@ typedef struct mpb_result {
   bool has_ext_frag;
   uint64_t device_calls;
   bool has_device_calls; /* false: the allocator cannot tell */
-  double ns_p50, ns_p99; /* per allocate or free call */
+  double ns_p50, ns_p99; /* per allocate or free call, less the clock's cost */
+  double timer_overhead_ns; /* that cost: median of back-to-back clock reads */
   /* Smallest device capacity at which the workload completed; 0: unknown. */
   size_t min_capacity;
   int capacity_state; /* MPB_CAP_* */

@@ -130,6 +130,8 @@ mp_status_t mpb_report_json(FILE *out, const mpb_result_t *r, size_t n) {
     mpb_json_num(out, x->ns_p50);
     fputs(", \"ns_per_event_p99\": ", out);
     mpb_json_num(out, x->ns_p99);
+    fputs(", \"timer_overhead_ns\": ", out);
+    mpb_json_num(out, x->timer_overhead_ns);
     fputs(", \"min_capacity_bytes\": ", out);
     if (x->capacity_state == MPB_CAP_EXACT ||
         x->capacity_state == MPB_CAP_BOUND)
@@ -167,7 +169,7 @@ mp_status_t mpb_report_csv(FILE *out, const mpb_result_t *r, size_t n) {
         "peak_reserved_bytes,ratio,utilization,avg_waste,"
         "external_fragmentation,device_calls,ns_per_event_p50,"
         "ns_per_event_p99,min_capacity_bytes,min_capacity_exact,"
-        "capacity_probes,seconds,error\n",
+        "capacity_probes,seconds,timer_overhead_ns,error\n",
         out);
   for (size_t i = 0; i < n; i++) {
     const mpb_result_t *x = &r[i];
@@ -188,8 +190,8 @@ mp_status_t mpb_report_csv(FILE *out, const mpb_result_t *r, size_t n) {
     if (x->capacity_state == MPB_CAP_EXACT ||
         x->capacity_state == MPB_CAP_BOUND)
       fprintf(out, "%zu", x->min_capacity);
-    fprintf(out, ",%d,%u,%.3f,", x->capacity_state == MPB_CAP_EXACT,
-            x->capacity_probes, x->seconds);
+    fprintf(out, ",%d,%u,%.3f,%.0f,", x->capacity_state == MPB_CAP_EXACT,
+            x->capacity_probes, x->seconds, x->timer_overhead_ns);
     mpb_csv_str(out, x->error);
     fputc('\n', out);
   }
