@@ -355,18 +355,22 @@ static mp_status_t mpb_plot(const char *tmp, const mpb_result_t *r, size_t n,
       fclose(gp);
       return mp__fail(MP_EINVAL, "cannot write %s", path);
     }
-    /* One block per allocator (gnuplot "index"), live and reserved. */
-    size_t blocks = 0;
-    const mpb_result_t *first = NULL;
+    /* One block per allocator (gnuplot "index"), live and reserved. The
+     * live line is the same for every allocator that got as far, so it is
+     * drawn once, from the block that got furthest (a failed run stops
+     * early). */
+    size_t blocks = 0, live_block = 0, live_events = 0;
     for (size_t i = 0; i < n; i++) {
       if (strcmp(r[i].workload, wl.v[w]) != 0)
         continue;
-      if (first == NULL)
-        first = &r[i];
       for (size_t k = 0; k < r[i].npoints; k++)
         fprintf(d, "%llu %zu %zu\n", (unsigned long long)r[i].point_event[k],
                 r[i].point_live[k], r[i].point_reserved[k]);
       fputs("\n\n", d);
+      if (r[i].events > live_events) {
+        live_events = r[i].events;
+        live_block = blocks;
+      }
       blocks++;
     }
     fclose(d);
@@ -375,7 +379,10 @@ static mp_status_t mpb_plot(const char *tmp, const mpb_result_t *r, size_t n,
     char t[256];
     snprintf(t, sizeof t, "%s: device memory reserved vs live", wl.v[w]);
     mpb_gp_quote(gp, t);
-    fprintf(gp, " noenhanced\nset xlabel 'event'\nset ylabel 'MiB'\n"
+    /* From 0, so heights compare as ratios; x ends with the data. */
+    fprintf(gp, " noenhanced\nset xlabel 'event (allocations and frees, in "
+                "order)'\nset ylabel 'device memory (MiB)'\n"
+                "set yrange [0:*]\nset xrange [0:*]\nset autoscale xfix\n"
                 "set key below noenhanced\nset style data lines\nplot ");
     size_t b = 0;
     for (size_t i = 0; i < n; i++) {
@@ -384,20 +391,21 @@ static mp_status_t mpb_plot(const char *tmp, const mpb_result_t *r, size_t n,
       char title[160];
       snprintf(title, sizeof title, "%s reserved%s", r[i].allocator,
                r[i].completed ? "" : " (failed)");
+      /* Each line a little thinner than the one before, so allocators
+       * whose lines coincide still show as nested bands. */
+      double lw = 1.5 + 0.9 * (double)(blocks - 1 - b);
       fprintf(gp,
-              "'%s/bytes_%zu.dat' index %zu using 1:($3/1048576) lw 2 "
+              "'%s/bytes_%zu.dat' index %zu using 1:($3/1048576) lw %.1f "
               "title ",
-              tmp, w, b);
+              tmp, w, b, lw);
       mpb_gp_quote(gp, title);
       fputs(", ", gp);
       b++;
     }
     fprintf(gp,
-            "'%s/bytes_%zu.dat' index 0 using 1:($2/1048576) lw 2 dt 2 "
+            "'%s/bytes_%zu.dat' index %zu using 1:($2/1048576) lw 2 dt 2 "
             "lc rgb 'black' title 'live (requested by the workload)'\n",
-            tmp, w);
-    (void)blocks;
-    (void)first;
+            tmp, w, live_block);
     mpb_names_add(files, stems[w]);
   }
   /* The bar chart of ratios: one cluster per workload, a bar per allocator. */
