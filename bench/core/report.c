@@ -8,10 +8,12 @@
  * gnuplot everything else is still written and the caller is told why. */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -150,18 +152,23 @@ mp_status_t mpb_report_json(FILE *out, const mpb_result_t *r, size_t n) {
   return ferror(out) ? mp__fail(MP_EINVAL, "writing JSON failed") : MP_OK;
 }
 
-static void mpb_csv_str(FILE *out, const char *s) {
-  if (strpbrk(s, ",\"\n") == NULL) {
-    fputs(s, out);
-    return;
-  }
-  fputc('"', out);
+/* s between two q, each q inside doubled: CSV's "..." and gnuplot's '...'
+ * quoting alike. */
+static void mpb_put_quoted(FILE *out, const char *s, char q) {
+  fputc(q, out);
   for (; *s; s++) {
-    if (*s == '"')
-      fputc('"', out);
+    if (*s == q)
+      fputc(q, out);
     fputc(*s, out);
   }
-  fputc('"', out);
+  fputc(q, out);
+}
+
+static void mpb_csv_str(FILE *out, const char *s) {
+  if (strpbrk(s, ",\"\r\n") == NULL)
+    fputs(s, out);
+  else
+    mpb_put_quoted(out, s, '"');
 }
 
 mp_status_t mpb_report_csv(FILE *out, const mpb_result_t *r, size_t n) {
@@ -297,17 +304,6 @@ static size_t mpb_names_add(mpb_names_t *ns, const char *s) {
   return ns->n - 1;
 }
 
-static void mpb_gp_quote(FILE *f, const char *s) {
-  /* gnuplot single-quoted strings: '' is a literal quote. */
-  fputc('\'', f);
-  for (; *s; s++) {
-    if (*s == '\'')
-      fputc('\'', f);
-    fputc(*s, f);
-  }
-  fputc('\'', f);
-}
-
 static bool mpb_gnuplot_terminal(char *term, size_t len) {
   if (system("gnuplot -e 'set terminal pngcairo' >/dev/null 2>&1") == 0) {
     snprintf(term, len, "pngcairo font ',11' size");
@@ -318,6 +314,30 @@ static bool mpb_gnuplot_terminal(char *term, size_t len) {
     return true;
   }
   return false;
+}
+
+/* Runs gnuplot on tmp/plot.gp inside tmp, its output into tmp/gnuplot.log.
+ * No shell and no folder name in the script: an output folder may have any
+ * name, quotes included. */
+static bool mpb_run_gnuplot(const char *tmp) {
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0)
+    return false;
+  if (pid == 0) {
+    int fd = -1;
+    if (chdir(tmp) == 0)
+      fd = open("gnuplot.log", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0)
+      _exit(126);
+    execlp("gnuplot", "gnuplot", "plot.gp", (char *)NULL);
+    _exit(127);
+  }
+  int status;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR)
+      return false;
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 /* Writes the plot data and script into tmp, runs gnuplot; the PNG names it
@@ -375,10 +395,10 @@ static mp_status_t mpb_plot(const char *tmp, const mpb_result_t *r, size_t n,
     }
     fclose(d);
     snprintf(stems[w], sizeof stems[w], "bytes_%s.png", stem);
-    fprintf(gp, "set output '%s/%s'\nset title ", tmp, stems[w]);
+    fprintf(gp, "set output '%s'\nset title ", stems[w]);
     char t[256];
     snprintf(t, sizeof t, "%s: device memory reserved vs live", wl.v[w]);
-    mpb_gp_quote(gp, t);
+    mpb_put_quoted(gp, t, '\'');
     /* From 0, so heights compare as ratios; x ends with the data. */
     fprintf(gp, " noenhanced\nset xlabel 'event (allocations and frees, in "
                 "order)'\nset ylabel 'device memory (MiB)'\n"
@@ -395,17 +415,17 @@ static mp_status_t mpb_plot(const char *tmp, const mpb_result_t *r, size_t n,
        * whose lines coincide still show as nested bands. */
       double lw = 1.5 + 0.9 * (double)(blocks - 1 - b);
       fprintf(gp,
-              "'%s/bytes_%zu.dat' index %zu using 1:($3/1048576) lw %.1f "
+              "'bytes_%zu.dat' index %zu using 1:($3/1048576) lw %.1f "
               "title ",
-              tmp, w, b, lw);
-      mpb_gp_quote(gp, title);
+              w, b, lw);
+      mpb_put_quoted(gp, title, '\'');
       fputs(", ", gp);
       b++;
     }
     fprintf(gp,
-            "'%s/bytes_%zu.dat' index %zu using 1:($2/1048576) lw 2 dt 2 "
+            "'bytes_%zu.dat' index %zu using 1:($2/1048576) lw 2 dt 2 "
             "lc rgb 'black' title 'live (requested by the workload)'\n",
-            tmp, w, live_block);
+            w, live_block);
     mpb_names_add(files, stems[w]);
   }
   /* The bar chart of ratios: one cluster per workload, a bar per allocator. */
@@ -436,7 +456,7 @@ static mp_status_t mpb_plot(const char *tmp, const mpb_result_t *r, size_t n,
   }
   fclose(d);
   fprintf(gp,
-          "set terminal %s 1600,900\nset output '%s/ratios.png'\n"
+          "set terminal %s 1600,900\nset output 'ratios.png'\n"
           "set title 'peak reserved / peak live (1.0 is the limit; lower "
           "is better)'\nset xlabel ''\nset ylabel 'ratio'\n"
           "set style data histograms\n"
@@ -448,20 +468,17 @@ static mp_status_t mpb_plot(const char *tmp, const mpb_result_t *r, size_t n,
           "set bmargin 16\nset lmargin 12\nset ytics nomirror\n"
           "set arrow 1 from graph 0, first 1 to graph 1, first 1 nohead "
           "lc rgb 'black' dt 2 front\n",
-          term, tmp);
+          term);
   fputs("plot ", gp);
   for (size_t a = 0; a < al.n; a++) {
-    fprintf(gp, "%s'%s/ratios.dat' using %zu%s title ", a ? ", " : "", tmp,
-            a + 2, a == 0 ? ":xtic(1)" : "");
-    mpb_gp_quote(gp, al.v[a]);
+    fprintf(gp, "%s'ratios.dat' using %zu%s title ", a ? ", " : "", a + 2,
+            a == 0 ? ":xtic(1)" : "");
+    mpb_put_quoted(gp, al.v[a], '\'');
   }
   fputs("\n", gp);
   fclose(gp);
   mpb_names_add(files, "ratios.png");
-  char cmd[9000];
-  if (snprintf(cmd, sizeof cmd, "gnuplot '%s/plot.gp' >'%s/gnuplot.log' 2>&1",
-               tmp, tmp) >= (int)sizeof cmd ||
-      system(cmd) != 0) {
+  if (!mpb_run_gnuplot(tmp)) {
     /* Its first message, since the temporary folder goes away. */
     char msg[200] = "";
     snprintf(path, sizeof path, "%s/gnuplot.log", tmp);

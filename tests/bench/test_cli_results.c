@@ -192,6 +192,20 @@ Test(cli_results, run_writes_table_json_csv_and_plots, .init = make_tmp,
   closedir(d);
 }
 
+Test(cli_results, out_folder_with_quotes_gets_its_plots, .init = make_tmp,
+     .fini = drop_tmp) {
+  if (system("gnuplot -e 'set terminal png' >/dev/null 2>&1") != 0)
+    cr_skip_test("gnuplot with a png terminal is not installed");
+  char out[512];
+  snprintf(out, sizeof out, "%s/it's \"here\"", tmpdir);
+  const char *args[] = {"run",          "--out",       out,    "--workload",
+                        "random:n=200", "--allocator", "pool", "--no-capacity",
+                        "--quiet",      NULL};
+  cr_assert_eq(run(args), 0);
+  cr_expect(exists(out, "ratios.png"));
+  cr_expect(exists(out, "bytes_random_n_200.png"));
+}
+
 Test(cli_results, malformed_trace_stops_with_its_line_and_writes_nothing,
      .init = make_tmp, .fini = drop_tmp) {
   char trace[512], out[512];
