@@ -293,11 +293,13 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
       c->replay = false;
     else if (strcmp(argv[1], "replay") == 0)
       c->replay = true;
-    else if (strcmp(argv[1], "help") == 0) {
-      mpb_usage(stdout);
-      return 0;
-    } else if (strcmp(argv[1], "list") == 0) {
-      mpb_list(stdout);
+    else if (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "list") == 0) {
+      if (argc > 2)
+        return mpb_fail_usage("unexpected argument '%s'", argv[2]);
+      if (argv[1][0] == 'h')
+        mpb_usage(stdout);
+      else
+        mpb_list(stdout);
       return 0;
     } else
       return mpb_fail_usage("unknown command '%s' (run, replay, list)",

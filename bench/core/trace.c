@@ -23,6 +23,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "internal.h"
 #include "mpbench.h"
@@ -358,6 +359,11 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
   if (f == NULL)
     return mp__fail(MP_EINVAL, "cannot open trace %s: %s", path,
                     strerror(errno));
+  struct stat sb;
+  if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    fclose(f);
+    return mp__fail(MP_EINVAL, "trace %s is a folder, not a CSV file", path);
+  }
   char *buf = NULL;
   size_t len = 0, cap = 0;
   for (;;) {

@@ -276,6 +276,12 @@ Test(cli_results, bad_arguments_exit_2_and_write_nothing, .init = make_tmp,
   cr_expect_eq(run(a7), 2);
   const char *a8[] = {"run", "--capacity-budget", "soon", NULL};
   cr_expect_eq(run(a8), 2);
+  const char *a9[] = {"list", "--out", out, NULL};
+  cr_expect_eq(run(a9), 2);
+  const char *a10[] = {"replay", "--out", out, "/tmp", NULL};
+  cr_expect_eq(run(a10), 2);
+  cr_expect(strstr(mp_last_error(), "/tmp is a folder") != NULL, "%s",
+            mp_last_error());
   cr_expect_eq(access(out, F_OK), -1, "the output folder was created");
   const char *help[] = {"--help", NULL};
   cr_expect_eq(run(help), 0);
