@@ -13,9 +13,11 @@
  * allowed (an extent may span parts of device allocations that are never
  * returned separately), decommit and purge opt out. Reserved bytes are what
  * the hooks got from the device; everything is given back when the arena is
- * destroyed. jemalloc writes its metadata into extents it gets from these
- * hooks, so it runs on the host device only, where device memory is host
- * memory. Invariant: reserved = sum of the device allocations in chunks[].
+ * destroyed. jemalloc runs with retain:false (see malloc_conf below), as
+ * its address-space reservations ahead would otherwise be device memory.
+ * jemalloc writes its metadata into extents it gets from these hooks, so it
+ * runs on the host device only, where device memory is host memory. Invariant:
+ * reserved = sum of the device allocations in chunks[].
  *
  * "cuda-malloc" is the device with nothing between: mp_device_alloc per
  * request and mp_device_free per free (cuMemAlloc/cuMemFree on CUDA), its
@@ -69,8 +71,9 @@ void mpb_allocator_help(FILE *out) {
           "                       free per free (cudaMalloc/cudaFree)\n"
           "  jemalloc             a jemalloc arena whose extents come from "
           "the\n"
-          "                       device through extent hooks (host device "
-          "only)%s\n"
+          "                       device through extent hooks, retain:false "
+          "(host\n"
+          "                       device only)%s\n"
           "  cuda-async           CUDA's stream-ordered pool "
           "(cuMemAllocAsync on the\n"
           "                       default pool, release threshold raised "
@@ -143,6 +146,15 @@ bool mpb_allocator_available(const char *name, mp_device_t *dev, char *why,
 /* ---- jemalloc arena over the device ------------------------------------- */
 
 #if MPBENCH_HAVE_JEMALLOC
+/* jemalloc reads this when it starts. With retain (its default on 64-bit
+ * Linux) it grows by reserving ever larger runs of address space,
+ * uncommitted, and commits pages as it needs them; the hooks here cannot
+ * reserve without allocating device memory, so every such run would count
+ * in full as reserved, up to twice the memory jemalloc uses. Without
+ * retain it asks the hooks for extents the size it needs. Extents it lets
+ * go still stay with it (dalloc opts out), so it caches as the pool does. */
+const char *malloc_conf = "retain:false";
+
 struct mpb_jemalloc {
   extent_hooks_t hooks; /* first: a hook's extent_hooks_t * is this struct */
   mp_device_t *dev;

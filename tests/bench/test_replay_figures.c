@@ -198,3 +198,32 @@ Test(replay_figures, out_of_memory_is_a_result_not_an_error) {
   free(r);
   mpb_workload_free(&w);
 }
+
+/* Eight 16 MiB blocks live together through the jemalloc arena. jemalloc
+ * needs 128 MiB, a page of padding per block and a little metadata; with
+ * its default "retain" it would reserve address space ahead in growing
+ * runs that the device hooks must back in full (about 1.5x here). */
+Test(replay_figures, jemalloc_reserves_what_it_uses_not_address_space_ahead) {
+  mp_device_t *dev;
+  cr_assert_eq(mp_device_open("host", &dev), MP_OK);
+  char why[160];
+  bool have = mpb_allocator_available("jemalloc", dev, why, sizeof why);
+  mp_device_close(dev);
+  if (!have)
+    cr_skip_test("%s", why);
+  mpb_workload_t w;
+  mpb_workload_init(&w, "eight");
+  uint32_t slot;
+  for (int i = 0; i < 8; i++)
+    cr_assert_eq(mpb_workload_alloc(&w, 16 * MiB, 0, &slot), MP_OK);
+  cr_assert_eq(mpb_workload_drain(&w), MP_OK);
+  mpb_replay_opts_t o = {.device_spec = "host"};
+  mpb_result_t *r = calloc(1, sizeof *r);
+  cr_assert_eq(mpb_replay(&w, "jemalloc", &o, r), MP_OK, "%s", mp_last_error());
+  cr_expect(r->completed, "%s", r->error);
+  cr_expect_eq(r->peak_live, 128 * MiB);
+  cr_expect_lt(r->peak_reserved, 128 * MiB + 128 * MiB / 8,
+               "jemalloc reserved %zu bytes for 128 MiB", r->peak_reserved);
+  free(r);
+  mpb_workload_free(&w);
+}
