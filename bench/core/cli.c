@@ -144,11 +144,15 @@ typedef struct mpb_strv {
   size_t n, cap;
 } mpb_strv_t;
 
+/* false, with s unchanged, when out of memory. */
 static bool mpb_strv_push(mpb_strv_t *s, const char *str) {
   if (!mpb_grow(&s->v, &s->cap, s->n, sizeof *s->v))
     return false;
-  s->v[s->n] = strdup(str);
-  return s->v[s->n++] != NULL;
+  char *copy = strdup(str);
+  if (copy == NULL)
+    return false;
+  s->v[s->n++] = copy;
+  return true;
 }
 
 static void mpb_strv_free(mpb_strv_t *s) {
@@ -386,12 +390,20 @@ static int mpb_load(const mpb_cli_t *c, mpb_jobs_t *jobs) {
   const char *dir = NULL;
   int rc = 0;
   if (c->replay) {
+    /* Named by file name, or by the path as given where two files share
+     * a name, so that no two rows of the results look the same. */
     for (size_t i = 0; i < c->files.n; i++) {
-      const char *base = strrchr(c->files.v[i], '/');
+      const char *f = c->files.v[i], *base = strrchr(f, '/');
+      base = base ? base + 1 : f;
+      bool shared = false;
+      for (size_t j = 0; j < c->files.n && !shared; j++) {
+        const char *o = strrchr(c->files.v[j], '/');
+        shared = j != i && strcmp(o ? o + 1 : c->files.v[j], base) == 0;
+      }
       char nm[PATH_MAX];
-      mpb_trace_name(base ? base + 1 : c->files.v[i], nm, sizeof nm);
-      mpb_strv_push(&traces, c->files.v[i]);
-      mpb_strv_push(&names, nm);
+      mpb_trace_name(shared ? f : base, nm, sizeof nm);
+      if (!mpb_strv_push(&traces, f) || !mpb_strv_push(&names, nm))
+        rc = 1;
     }
   } else if (!c->no_traces && (c->workloads.n == 0 || c->traces_dir)) {
     dir =
@@ -411,11 +423,15 @@ static int mpb_load(const mpb_cli_t *c, mpb_jobs_t *jobs) {
         char path[PATH_MAX * 2], nm[PATH_MAX];
         snprintf(path, sizeof path, "%s/%s", dir, rel.v[i]);
         mpb_trace_name(rel.v[i], nm, sizeof nm);
-        mpb_strv_push(&traces, path);
-        mpb_strv_push(&names, nm);
+        if (!mpb_strv_push(&traces, path) || !mpb_strv_push(&names, nm))
+          rc = 1;
       }
       mpb_strv_free(&rel);
     }
+  }
+  if (rc != 0) {
+    fprintf(stderr, "mpbench: out of host memory\n");
+    goto out;
   }
   size_t nbuilt = 0;
   const char *const *specs = (const char *const *)c->workloads.v;

@@ -206,6 +206,31 @@ Test(cli_results, out_folder_with_quotes_gets_its_plots, .init = make_tmp,
   cr_expect(exists(out, "bytes_random_n_200.png"));
 }
 
+Test(cli_results, traces_with_the_same_file_name_get_rows_of_their_own,
+     .init = make_tmp, .fini = drop_tmp) {
+  char d1[512], d2[512], t1[600], t2[600], out[512];
+  snprintf(d1, sizeof d1, "%s/one", tmpdir);
+  snprintf(d2, sizeof d2, "%s/two", tmpdir);
+  cr_assert_eq(mkdir(d1, 0777), 0);
+  cr_assert_eq(mkdir(d2, 0777), 0);
+  snprintf(t1, sizeof t1, "%s/odd.csv", d1);
+  snprintf(t2, sizeof t2, "%s/odd.csv", d2);
+  write_trace(t1);
+  write_trace(t2);
+  snprintf(out, sizeof out, "%s/out", tmpdir);
+  const char *args[] = {"replay", "--out",   out,          "--allocator",
+                        "pool",   "--quiet", "--no-plots", "--no-capacity",
+                        t1,       t2,        NULL};
+  cr_assert_eq(run(args), 0);
+  char path[600], w1[700], w2[700];
+  snprintf(path, sizeof path, "%s/results.json", out);
+  const char *json = slurp(path);
+  snprintf(w1, sizeof w1, "\"workload\": \"%s/odd\"", d1);
+  snprintf(w2, sizeof w2, "\"workload\": \"%s/odd\"", d2);
+  cr_expect(strstr(json, w1) != NULL, "%s", json);
+  cr_expect(strstr(json, w2) != NULL, "%s", json);
+}
+
 Test(cli_results, malformed_trace_stops_with_its_line_and_writes_nothing,
      .init = make_tmp, .fini = drop_tmp) {
   char trace[512], out[512];
