@@ -14,11 +14,16 @@
  *
  * Growth policy (keeps reserved memory close to live memory):
  *  - virtual (MP_POOL_VIRTUAL and a device with virtual memory): one address
- *    range is reserved once (the cap's size); growth maps one chunk at its
- *    top, sized max(what the free top block lacks, segment_bytes,
- *    reserved/128 up to 16 MiB), rounded to the granule. Free neighbours
- *    always coalesce; trim unmaps whole chunks (each exactly one vm_map)
- *    from the top while the free top block covers them.
+ *    range is reserved once (the cap's size) and holds mapped chunks (each
+ *    exactly one vm_map) with unmapped holes between them; blocks never span
+ *    a hole. Growth maps where the new memory best completes a fitting
+ *    block: into a hole next to free blocks (mapping only what they lack),
+ *    else at the top, sized max(what the free top block lacks,
+ *    segment_bytes, reserved/128 up to 16 MiB), rounded to the granule.
+ *    Before a growth that would lift reserved above its peak, free chunks
+ *    anywhere in the range are unmapped first ("reclaim, then grow"; only
+ *    chunks whose work is done, waiting at most 200 us for stream markers,
+ *    never a device synchronize); trim unmaps free chunks anywhere.
  *  - plain: requests up to segment_bytes/2 come from segment_bytes
  *    segments (default 2 MiB); larger ones get their own segment, rounded
  *    up to 2 MiB. Trim frees segments that are wholly free.
@@ -76,9 +81,12 @@ typedef struct mp_pool_config {
   size_t segment_bytes; /* smallest device allocation the pool makes; 0: its
                            default */
   size_t max_split;     /* a free block above this is never split for a smaller
-                           request; 0: no limit. Plain segments only: a
-                           virtual range coalesces everything, so there it
-                           would only force growth */
+                           request; 0: no limit. In a virtual range the
+                           limit is at least segment_bytes rounded to the
+                           granule; memory grown for a small request is
+                           kept apart from free neighbours it would push
+                           above it, and big free blocks go back to the
+                           device through reclaim and trim */
   unsigned flags;       /* MP_POOL_* bits */
 } mp_pool_config_t;
 

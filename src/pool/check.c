@@ -20,13 +20,47 @@ static int mp__cmp_seg(const void *a, const void *b) {
 #define MP__CORRUPT(...)                                                       \
   return mp__fail(MP_ECORRUPT, "pool check: " __VA_ARGS__)
 
+/* A virtual range's chunks are ascending and disjoint, the last ends at the
+ * top, and every gap between them (or below the first) is one hole block:
+ * so no block spans a hole and no hole hides mapped memory. */
+static mp_status_t mp__check_chunks(const mp__segment_t *s) {
+  uintptr_t c = s->base;
+  size_t gaps = 0, mapped = 0;
+  const mp__block_t *b = s->first;
+  for (size_t i = 0; i < s->nchunks; i++) {
+    uintptr_t a = s->chunks[i].addr;
+    if (a < c || s->chunks[i].size == 0)
+      MP__CORRUPT("virtual chunk %zu at %p overlaps the one below or is empty",
+                  i, (void *)a);
+    if (a > c) {
+      while (b != NULL && b->addr < c)
+        b = b->next;
+      if (b == NULL || b->addr != c || !(b->flags & MP__B_HOLE) ||
+          b->addr + b->size != a)
+        MP__CORRUPT("unmapped gap %p..%p is not exactly one hole block",
+                    (void *)c, (void *)a);
+      gaps++;
+    }
+    mapped += s->chunks[i].size;
+    c = a + s->chunks[i].size;
+  }
+  if (c != s->base + s->span || mapped != s->size || gaps != s->nholes)
+    MP__CORRUPT("virtual chunks end at %p and map %zu bytes with %zu gaps; "
+                "the range spans to %p, maps %zu with %zu holes",
+                (void *)c, mapped, gaps, (void *)(s->base + s->span), s->size,
+                s->nholes);
+  return MP_OK;
+}
+
 static mp_status_t mp__check_segment(mp_pool_t *pool, mp__segment_t *s,
                                      size_t *live_n, size_t *live_b,
                                      size_t *req_b, size_t *free_n,
                                      size_t *free_b) {
   uintptr_t at = s->base;
   mp__block_t *prev = NULL;
-  size_t guard = pool->st.live_blocks + pool->st.free_blocks + 1;
+  size_t guard =
+      pool->st.live_blocks + pool->st.free_blocks + s->nchunks + s->nholes + 1;
+  size_t holes = 0, hole_bytes = 0;
   for (mp__block_t *b = s->first; b != NULL; b = b->next) {
     if (guard-- == 0)
       MP__CORRUPT("segment %p: block list longer than the block count",
@@ -40,7 +74,23 @@ static mp_status_t mp__check_segment(mp_pool_t *pool, mp__segment_t *s,
         (b->addr & (pool->cfg.align - 1)))
       MP__CORRUPT("block %p: size %zu or address not aligned to %zu",
                   (void *)b->addr, b->size, pool->cfg.align);
-    if (b->flags & MP__B_FREE) {
+    if (b->flags & MP__B_HOLE) {
+      if (s->kind != MP__SEG_VIRTUAL || (b->flags & ~(uint32_t)MP__B_HOLE))
+        MP__CORRUPT("hole %p outside a virtual range or with other flags",
+                    (void *)b->addr);
+      if (prev != NULL && (prev->flags & MP__B_HOLE))
+        MP__CORRUPT("holes %p and %p are adjacent, not merged",
+                    (void *)prev->addr, (void *)b->addr);
+      if (b->next == NULL)
+        MP__CORRUPT("hole %p is the range's last block", (void *)b->addr);
+      if (b->sidx >= s->nholes || s->holes[b->sidx] != b)
+        MP__CORRUPT("hole %p is not in its segment's hole list",
+                    (void *)b->addr);
+      if (mp__map_find(pool, b->addr) == b)
+        MP__CORRUPT("hole %p is in the live map", (void *)b->addr);
+      holes++;
+      hole_bytes += b->size;
+    } else if (b->flags & MP__B_FREE) {
       if (prev != NULL && (prev->flags & MP__B_FREE) &&
           !((prev->flags | b->flags) & MP__B_UNMERGED))
         MP__CORRUPT("free blocks %p and %p are adjacent, not coalesced",
@@ -67,21 +117,16 @@ static mp_status_t mp__check_segment(mp_pool_t *pool, mp__segment_t *s,
   }
   if (s->last != prev)
     MP__CORRUPT("segment %p: last block link is wrong", (void *)s->base);
-  if (at != s->base + s->size)
+  if (at != s->base + s->span)
     MP__CORRUPT("segment %p: blocks cover %zu of %zu bytes", (void *)s->base,
-                (size_t)(at - s->base), s->size);
-  if (s->kind == MP__SEG_VIRTUAL) {
-    uintptr_t c = s->base;
-    for (size_t i = 0; i < s->nchunks; i++) {
-      if (s->chunks[i].addr != c)
-        MP__CORRUPT("virtual chunk %zu at %p, expected %p", i,
-                    (void *)s->chunks[i].addr, (void *)c);
-      c += s->chunks[i].size;
-    }
-    if (c != s->base + s->size)
-      MP__CORRUPT("virtual chunks cover %zu of %zu mapped bytes",
-                  (size_t)(c - s->base), s->size);
-  }
+                (size_t)(at - s->base), s->span);
+  if (holes != s->nholes || s->span - hole_bytes != s->size)
+    MP__CORRUPT("segment %p: %zu holes of %zu bytes, expected %zu and %zu "
+                "mapped of %zu",
+                (void *)s->base, holes, hole_bytes, s->nholes, s->size,
+                s->span);
+  if (s->kind == MP__SEG_VIRTUAL)
+    return mp__check_chunks(s);
   return MP_OK;
 }
 

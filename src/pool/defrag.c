@@ -409,7 +409,7 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
   if (st == MP_OK && freeze)
     for (mp__segment_t *seg = pool->segs; seg != NULL; seg = seg->next)
       for (mp__block_t *b = seg->first; b != NULL; b = b->next)
-        if (!(b->flags & MP__B_FREE))
+        if (!(b->flags & (MP__B_FREE | MP__B_HOLE)))
           b->flags |= MP__B_FROZEN;
   if (st == MP_OK && (any || need == 0)) { /* the OOM rung counts real runs */
     pool->st.defrag_count++;

@@ -59,7 +59,11 @@ static void mp__dump_text(mp_pool_t *pool, FILE *out, double frag,
             mp__seg_kind(g->kind), g->size);
     for (mp__block_t *b = g->first; b != NULL; b = b->next)
       fprintf(out, "    block %p size %zu %s requested %zu\n", (void *)b->addr,
-              b->size, (b->flags & MP__B_FREE) ? "free" : "live", b->requested);
+              b->size,
+              (b->flags & MP__B_FREE)   ? "free"
+              : (b->flags & MP__B_HOLE) ? "unmapped"
+                                        : "live",
+              b->requested);
   }
   fprintf(out, "  free lists by class:\n");
   for (unsigned fl = 0; fl < MP__FL_COUNT; fl++)
@@ -103,9 +107,10 @@ static void mp__dump_json(mp_pool_t *pool, FILE *out, double frag,
     for (mp__block_t *b = g->first; b != NULL; b = b->next)
       fprintf(out,
               "%s{\"addr\":\"%p\",\"size\":%zu,\"free\":%s,"
-              "\"requested\":%zu}",
+              "\"requested\":%zu%s}",
               b == g->first ? "" : ",", (void *)b->addr, b->size,
-              (b->flags & MP__B_FREE) ? "true" : "false", b->requested);
+              (b->flags & MP__B_FREE) ? "true" : "false", b->requested,
+              (b->flags & MP__B_HOLE) ? ",\"unmapped\":true" : "");
     fprintf(out, "]}");
   }
   fprintf(out, "],\"free_classes\":[");

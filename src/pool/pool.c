@@ -59,18 +59,30 @@ static unsigned mp__log2(size_t v) {
 
 /* A block above max_split is never split for a smaller request; it goes
  * whole only to a request above max_split that it fits within
- * max(1/8, 2 MiB), as the large segments made for such requests do. This
- * holds in plain segments, where a block's size tells where it came from. A
- * virtual range coalesces everything into few large free blocks, so there
- * the rule would only force growth (without bound): it does not apply. A
- * free block spanning a whole small-request segment (segment_bytes) is
- * fresh memory and exempt too, or nothing could be carved from it. */
+ * max(1/8, 2 MiB), as the large segments made for such requests do. In
+ * plain segments a free block spanning a whole small-request segment
+ * (segment_bytes) is fresh memory and exempt, or nothing could be carved
+ * from it; in the virtual range the limit is mp__vsplit_limit (at least
+ * one growth step), and growth for a small request keeps the new memory
+ * apart from free neighbours it would push above that limit, while the
+ * big free blocks that cannot serve small requests are what reclaim and
+ * trim unmap first. */
+size_t mp__vsplit_limit(const mp_pool_t *pool) {
+  size_t ms = pool->cfg.max_split;
+  if (ms == 0)
+    return 0;
+  size_t g = pool->granule ? pool->granule : 1;
+  size_t seg = (pool->cfg.segment_bytes + g - 1) / g * g;
+  return ms > seg ? ms : seg;
+}
+
 static bool mp__split_allowed(const mp_pool_t *pool, const mp__block_t *b,
                               size_t size) {
   size_t ms = pool->cfg.max_split;
-  if (ms == 0 || b->size <= ms || b->size == size ||
-      b->seg->kind == MP__SEG_VIRTUAL)
+  if (ms == 0 || b->size <= ms || b->size == size)
     return true;
+  if (b->seg->kind == MP__SEG_VIRTUAL)
+    return b->size <= mp__vsplit_limit(pool);
   return b->prev == NULL && b->next == NULL &&
          b->seg->size == pool->cfg.segment_bytes;
 }
@@ -140,7 +152,7 @@ static mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
   return b;
 }
 
-static mp_status_t mp__sync_device(mp_pool_t *pool) {
+mp_status_t mp__pool_sync(mp_pool_t *pool) {
   mp__pool_wait_idle(pool);
   uint64_t snap = mp__streams_sync_begin(pool);
   pool->inflight = true;
@@ -213,7 +225,7 @@ mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
     goto got;
   /* Rung: synchronize, give back every free segment, grow again. */
   if (pool->st.free_bytes > 0 || pool->nstreams > 1) {
-    if (mp__sync_device(pool) == MP_OK) {
+    if (mp__pool_sync(pool) == MP_OK) {
       if ((b = mp__search(pool, size, sidx)) != NULL)
         goto got;
       mp__segment_trim(pool, 0);
@@ -455,6 +467,11 @@ static mp_status_t mp__find_live(mp_pool_t *pool, const char *fn, void *ptr,
                       ptr);
     for (mp__block_t *x = seg->first; x != NULL; x = x->next) {
       if (p >= x->addr && p < x->addr + x->size) {
+        if (x->flags & MP__B_HOLE)
+          return mp__fail(MP_EINVAL,
+                          "%s: %p lies in memory the pool has unmapped (not "
+                          "live)",
+                          fn, ptr);
         if (x->flags & MP__B_FREE || p == x->addr)
           return mp__fail(MP_EINVAL, "%s: %p is not live (double free?)", fn,
                           ptr);
@@ -607,7 +624,7 @@ mp_status_t mp_pool_trim(mp_pool_t *pool, size_t keep_bytes) {
   pthread_mutex_lock(&pool->lock);
   mp_status_t st = MP_OK;
   if (pool->st.free_bytes > keep_bytes && pool->parent == NULL) {
-    st = mp__sync_device(pool);
+    st = mp__pool_sync(pool);
     if (st == MP_OK)
       mp__segment_trim(pool, keep_bytes);
   }
@@ -648,7 +665,7 @@ mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
     parent->children++;
     child->parent_block = b;
     seg->base = b->addr;
-    seg->size = b->size;
+    seg->size = seg->span = b->size;
   }
   pthread_mutex_unlock(&parent->lock);
   if (st != MP_OK) {

@@ -53,11 +53,16 @@ enum {
   MP__B_SYNC = 1u << 4,      /* free: too many deps; reusable by any stream
                                 only after a device sync (gen < sync_done) */
   MP__B_MANY_USES = 1u << 5, /* live: more record_stream uses than fit */
-  MP__B_UNMERGED = 1u << 6   /* free: left apart from a free neighbour:
+  MP__B_UNMERGED = 1u << 6,  /* free: left apart from a free neighbour:
                                 grown next to a block another stream waits
                                 on (so the new memory is usable at once),
-                                or their pending streams do not fit one
-                                record; merged by a later free or a sync */
+                                kept under max_split, or their pending
+                                streams do not fit one record; merged by a
+                                later free or a sync */
+  MP__B_HOLE = 1u << 7       /* an unmapped gap of the virtual range: neither
+                                free nor live, never next to another hole,
+                                never the range's last block; sidx is its
+                                slot in seg->holes */
 };
 
 #define MP__MAX_DEPS 4
@@ -84,7 +89,7 @@ typedef struct mp__block {
   };
   uint32_t inode; /* free: its node in the free index (index.c); else 0 */
   uint32_t flags; /* MP__B_* */
-  uint32_t sidx;  /* live: allocating stream */
+  uint32_t sidx;  /* live: allocating stream; hole: slot in seg->holes */
   uint32_t ndeps; /* free: deps used; live: uses used */
   /* Second cache line: the rest. */
   uint64_t gen;                 /* MP__B_SYNC: pool sync generation */
@@ -118,12 +123,17 @@ typedef struct mp__chunk {
 struct mp__segment {
   uintptr_t base;
   size_t size; /* bytes held: allocated, mapped, or the child range */
+  size_t span; /* the blocks tile [base, base + span): size, or for the
+                  virtual range up to the top of its highest chunk */
   int kind;
   mp__block_t *first, *last;
   mp__segment_t *prev, *next;
   size_t va_size;      /* virtual: reserved address range */
-  mp__chunk_t *chunks; /* virtual: mapped chunks, ascending, contiguous */
+  mp__chunk_t *chunks; /* virtual: mapped chunks, ascending; the gaps
+                          between them are exactly the hole blocks */
   size_t nchunks, chunk_cap;
+  mp__block_t **holes; /* virtual: the hole blocks, in no order */
+  size_t nholes, holes_cap;
 };
 
 /* ---- streams (stream.c) ------------------------------------------------ */
@@ -213,6 +223,14 @@ void mp__block_make_live(mp_pool_t *pool, mp__block_t *b, size_t requested,
  * coalescing, back into the index. */
 void mp__block_release(mp_pool_t *pool, mp__block_t *b);
 
+/* Synchronizes the device (lock dropped meanwhile) and marks every stream
+ * epoch before it done. */
+mp_status_t mp__pool_sync(mp_pool_t *pool);
+/* The largest free block of the virtual range that may be split for a
+ * smaller request: max(max_split, segment_bytes rounded to the granule);
+ * 0: no limit. */
+size_t mp__vsplit_limit(const mp_pool_t *pool);
+
 /* ---- index.c: size classes, bitmaps, class treaps ----------------------- */
 void mp__class_of(const mp_pool_t *pool, size_t size, unsigned *fl,
                   unsigned *sl);
@@ -286,7 +304,9 @@ void mp__event_put(mp_pool_t *pool, mp_event_t e);
 /* Makes room for a block of `size` usable on sidx. MP_ELIMIT when the cap
  * stops it, MP_ENOMEM / MP_EDRIVER from the device. */
 mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx);
-/* Releases free memory (synchronized already) until free bytes <= keep. */
+/* Releases free memory (synchronized already) until free bytes <= keep:
+ * wholly free plain segments, and free chunks anywhere in the virtual
+ * range. */
 void mp__segment_trim(mp_pool_t *pool, size_t keep);
 /* Destroy: releases every segment, live or not. */
 void mp__segment_release_all(mp_pool_t *pool);

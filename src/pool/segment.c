@@ -4,27 +4,44 @@
  * parent handed out; a child never grows. From the device, memory comes in
  * one of two shapes:
  *  - virtual (MP_POOL_VIRTUAL, device with virtual memory): one address range
- *    reserved once; growth maps a chunk at the top of the mapped prefix, so
- *    the new memory coalesces with a free block below it. A chunk is exactly
- *    one vm_map call (CUDA cannot unmap part of a mapping); trim unmaps whole
- *    chunks from the top while they lie inside the free tail block.
+ *    reserved once, holding mapped chunks with unmapped holes between them.
+ *    A chunk is exactly one vm_map call (CUDA cannot unmap part of a
+ *    mapping, and the host backend enforces the same). A hole is a block of
+ *    its own (MP__B_HOLE), so blocks never span one and free neighbours
+ *    coalesce only across mapped memory.
  *  - plain: one mp_device_alloc per segment; trim frees wholly free ones.
  *
- * Growth policy (keeps reserved close to live): a request that the cache
- * cannot serve maps max(what is missing above the free tail, segment_bytes,
- * reserved/128 capped at 16 MiB) rounded up to the granule; plain segments
- * are segment_bytes for requests up to segment_bytes/2 and the request
- * rounded up to 2 MiB otherwise. Near the cap, growth falls back to the
- * exact need. The minimum step bounds device calls (at most a few hundred
- * on the traces in ../shared/traces), the 1/128 bounds over-reservation to
- * under 1% (tuned on those traces with bench_pool_traces).
+ * Virtual growth maps where the new memory best completes a fitting block:
+ * for each hole, the free blocks on either side (usable on the stream, and
+ * within max_split) plus the hole may hold the request, and then only what
+ * they lack is mapped, at the hole's edge next to them; at the top, what the
+ * free top block lacks, preferably max(segment_bytes, reserved/128 capped
+ * at 16 MiB). The smallest need wins (the top on ties: its step saves later
+ * calls). Rounded to the granule; near the cap, the exact need.
+ *
+ * Release: a free chunk (one lying wholly inside a free block whose work is
+ * done) can be unmapped wherever it is: the block around it splits into a
+ * free piece below, a hole and a free piece above; holes next to each other
+ * merge, and a hole that reaches the top shrinks the span. Trim does this
+ * for free chunks anywhere; growth does it first (reclaim, after one device
+ * sync when the free chunks still wait for work) whenever the mapping would
+ * lift reserved above its peak, so the peak follows live memory instead of
+ * free chunks stranded in the middle of the range. Chunk sizes trade device
+ * calls against precision: a chunk goes back only when wholly free.
+ *
+ * Plain growth: segment_bytes for requests up to segment_bytes/2, else the
+ * request rounded up to 2 MiB.
  *
  * Locking: every device call here runs with the pool lock dropped and the
  * pool marked inflight; only one grow or release is in flight at a time.
- * Invariant: reserved_bytes equals the sum of segment sizes, and a virtual
- * segment's chunks tile [base, base + size). */
+ * Metadata changes before an unmap (the memory becomes a hole, unusable)
+ * and after a map. Invariant: reserved_bytes equals the sum of segment
+ * sizes; a virtual segment's chunks are ascending inside [base, base +
+ * span), the last one ends at the top, and the gaps between them are
+ * exactly its hole blocks. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "pool_internal.h"
 
@@ -50,7 +67,7 @@ static void mp__end_device(mp_pool_t *pool) {
 
 mp__segment_t *mp__segment_containing(const mp_pool_t *pool, uintptr_t p) {
   for (mp__segment_t *s = pool->segs; s != NULL; s = s->next)
-    if (p >= s->base && p < s->base + s->size)
+    if (p >= s->base && p < s->base + s->span)
       return s;
   return NULL;
 }
@@ -145,59 +162,496 @@ static bool mp__vseg_ready(mp_pool_t *pool) {
   return true;
 }
 
-static mp_status_t mp__grow_virtual(mp_pool_t *pool, size_t size,
-                                    uint32_t sidx) {
-  mp__segment_t *v = pool->vseg;
-  mp__block_t *t = v->last;
-  size_t tail = 0;
-  if (t != NULL && (t->flags & MP__B_FREE) &&
-      mp__deps_safe(pool, t, sidx, false))
-    tail = t->size;
-  size_t need = mp__round_up(size - (tail < size ? tail : 0), pool->granule);
-  if (need == 0)
-    need = pool->granule;
-  size_t step = pool->st.reserved_bytes / 128;
-  if (step > ((size_t)16 << 20))
-    step = (size_t)16 << 20;
-  if (step < pool->cfg.segment_bytes)
-    step = pool->cfg.segment_bytes;
-  size_t grow = mp__round_up(need > step ? need : step, pool->granule);
-  size_t room = pool->cap > pool->st.reserved_bytes
-                    ? pool->cap - pool->st.reserved_bytes
-                    : 0;
-  if (grow > room)
-    grow = need;
-  if (grow > room)
-    return mp__limit(pool);
-  if (v->size + grow > v->va_size)
-    return MP_ENOTSUP; /* range exhausted: the caller goes plain */
+/* ---- the virtual range: chunks and holes -------------------------------- */
+
+/* Room for one more chunk and one more hole, so that the bookkeeping of a
+ * map or an unmap cannot fail halfway. */
+static bool mp__vseg_room(mp__segment_t *v) {
   if (v->nchunks == v->chunk_cap) {
     size_t cap = v->chunk_cap ? v->chunk_cap * 2 : 16;
     mp__chunk_t *c = realloc(v->chunks, cap * sizeof *c);
     if (c == NULL)
-      return mp__fail(MP_ENOMEM, "out of host memory for chunk records");
+      return false;
     v->chunks = c;
     v->chunk_cap = cap;
   }
-  mp__block_t *rec = mp__rec_new(pool);
-  if (rec == NULL)
-    return mp__fail(MP_ENOMEM, "out of host memory for block records");
-  uintptr_t at = v->base + v->size;
+  if (v->nholes == v->holes_cap) {
+    size_t cap = v->holes_cap ? v->holes_cap * 2 : 16;
+    mp__block_t **h = realloc(v->holes, cap * sizeof *h);
+    if (h == NULL)
+      return false;
+    v->holes = h;
+    v->holes_cap = cap;
+  }
+  return true;
+}
+
+/* The first chunk at or above a. */
+static size_t mp__chunk_at(const mp__segment_t *v, uintptr_t a) {
+  size_t lo = 0, hi = v->nchunks;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (v->chunks[mid].addr < a)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+static void mp__hole_add(mp__segment_t *v, mp__block_t *h) {
+  h->flags = MP__B_HOLE;
+  h->ndeps = 0;
+  h->requested = 0;
+  h->sidx = (uint32_t)v->nholes;
+  v->holes[v->nholes++] = h;
+}
+
+static void mp__hole_drop(mp_pool_t *pool, mp__segment_t *v, mp__block_t *h) {
+  mp__block_t *last = v->holes[--v->nholes];
+  v->holes[h->sidx] = last;
+  last->sidx = h->sidx;
+  mp__block_unlink(v, h);
+  mp__rec_free(pool, h);
+}
+
+/* Merges the fresh free block r (not in the index) with the free neighbours
+ * the placement chose; a free neighbour left out is marked, so both know
+ * they lie apart on purpose. Returns the merged block, not in the index. */
+static mp__block_t *mp__join(mp_pool_t *pool, mp__block_t *r, bool jp,
+                             bool jn) {
+  mp__block_t *n = r->next;
+  if (n != NULL && (n->flags & MP__B_FREE)) {
+    if (jn) {
+      mp__index_remove(pool, n);
+      mp__deps_merge(pool, r, n);
+      if (n->flags & MP__B_SYNC) {
+        r->flags |= MP__B_SYNC;
+        r->gen = r->gen > n->gen ? r->gen : n->gen;
+      }
+      r->flags |= n->flags & MP__B_UNMERGED;
+      r->size += n->size;
+      mp__block_unlink(r->seg, n);
+      mp__rec_free(pool, n);
+      pool->st.free_blocks--;
+    } else {
+      r->flags |= MP__B_UNMERGED;
+      n->flags |= MP__B_UNMERGED;
+    }
+  }
+  mp__block_t *p = r->prev;
+  if (p != NULL && (p->flags & MP__B_FREE)) {
+    if (jp) {
+      mp__index_remove(pool, p);
+      mp__deps_merge(pool, p, r);
+      if (r->flags & MP__B_SYNC) {
+        p->flags |= MP__B_SYNC;
+        p->gen = p->gen > r->gen ? p->gen : r->gen;
+      }
+      p->flags |= r->flags & MP__B_UNMERGED;
+      p->size += r->size;
+      mp__block_unlink(r->seg, r);
+      mp__rec_free(pool, r);
+      pool->st.free_blocks--;
+      r = p;
+    } else {
+      r->flags |= MP__B_UNMERGED;
+      p->flags |= MP__B_UNMERGED;
+    }
+  }
+  return r;
+}
+
+/* Bookkeeping after [at, at + n) was mapped: inside hole h, or (h NULL) at
+ * or above the top, a gap below it becoming a hole (spare's record). The
+ * new memory is a free block, merged with the neighbours jp/jn allow. */
+static void mp__mapped(mp_pool_t *pool, mp__segment_t *v, mp__block_t *h,
+                       uintptr_t at, size_t n, mp__block_t *r,
+                       mp__block_t *spare, bool jp, bool jn) {
+  size_t i = mp__chunk_at(v, at);
+  memmove(&v->chunks[i + 1], &v->chunks[i],
+          (v->nchunks - i) * sizeof *v->chunks);
+  v->chunks[i].addr = at;
+  v->chunks[i].size = n;
+  v->nchunks++;
+  v->size += n;
+  pool->st.device_alloc_count++;
+  pool->st.segment_count++;
+  mp__reserved_add(pool, n);
+  r->addr = at;
+  r->size = n;
+  r->flags = MP__B_FREE;
+  if (h == NULL) {
+    uintptr_t top = v->base + v->span;
+    if (at > top) {
+      spare->addr = top;
+      spare->size = at - top;
+      mp__block_link(v, v->last, spare);
+      mp__hole_add(v, spare);
+      spare = NULL;
+    }
+    mp__block_link(v, v->last, r);
+    v->span = at + n - v->base;
+  } else {
+    uintptr_t hend = h->addr + h->size;
+    if (at > h->addr) {
+      h->size = at - h->addr;
+      mp__block_link(v, h, r);
+      if (at + n < hend) {
+        spare->addr = at + n;
+        spare->size = hend - (at + n);
+        mp__block_link(v, r, spare);
+        mp__hole_add(v, spare);
+        spare = NULL;
+      }
+    } else {
+      mp__block_link(v, h->prev, r);
+      if (at + n < hend) {
+        h->addr = at + n;
+        h->size = hend - h->addr;
+      } else {
+        mp__hole_drop(pool, v, h);
+      }
+    }
+  }
+  if (spare != NULL)
+    mp__rec_free(pool, spare);
+  pool->st.free_blocks++;
+  r = mp__join(pool, r, jp, jn);
+  mp__index_insert(pool, r);
+  pool->fresh = r;
+}
+
+/* Bookkeeping before chunk i, lying wholly inside free block f (out of the
+ * index), is unmapped: f splits into a free piece below, a hole, and a free
+ * piece above (r2's record, with f's deps); holes next to each other merge
+ * and a hole at the top goes, shrinking the span. */
+static void mp__unmapping(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
+                          size_t i, mp__block_t *r1, mp__block_t *r2) {
+  mp__chunk_t c = v->chunks[i];
+  uintptr_t cend = c.addr + c.size, fend = f->addr + f->size;
+  if (cend < fend) {
+    mp__block_t *hi = r2;
+    r2 = NULL;
+    hi->addr = cend;
+    hi->size = fend - cend;
+    hi->flags = f->flags & (MP__B_FREE | MP__B_SYNC | MP__B_UNMERGED);
+    hi->gen = f->gen;
+    hi->ndeps = f->ndeps;
+    memcpy(hi->deps, f->deps, sizeof hi->deps);
+    mp__block_link(v, f, hi);
+    mp__index_insert(pool, hi);
+    pool->st.free_blocks++;
+  }
+  mp__block_t *h;
+  if (c.addr > f->addr) {
+    f->size = c.addr - f->addr;
+    mp__index_insert(pool, f);
+    h = r1;
+    r1 = NULL;
+    h->addr = c.addr;
+    h->size = c.size;
+    mp__block_link(v, f, h);
+  } else {
+    h = f;
+    h->size = c.size;
+    h->gen = 0;
+    pool->st.free_blocks--;
+  }
+  mp__hole_add(v, h);
+  mp__block_t *n = h->next;
+  if (n != NULL && (n->flags & MP__B_HOLE)) {
+    h->size += n->size;
+    mp__hole_drop(pool, v, n);
+  }
+  mp__block_t *p = h->prev;
+  if (p != NULL && (p->flags & MP__B_HOLE)) {
+    p->size += h->size;
+    mp__hole_drop(pool, v, h);
+    h = p;
+  }
+  if (h->next == NULL) {
+    v->span = h->addr - v->base;
+    mp__hole_drop(pool, v, h);
+  }
+  memmove(&v->chunks[i], &v->chunks[i + 1],
+          (v->nchunks - i - 1) * sizeof *v->chunks);
+  v->nchunks--;
+  v->size -= c.size;
+  pool->st.segment_count--;
+  mp__reserved_sub(pool, c.size);
+  if (r1 != NULL)
+    mp__rec_free(pool, r1);
+  if (r2 != NULL)
+    mp__rec_free(pool, r2);
+}
+
+/* True when free block b can be given back now: no work pending on it. */
+static bool mp__releasable(mp_pool_t *pool, mp__block_t *b) {
+  return (b->flags & MP__B_FREE) && mp__deps_safe(pool, b, UINT32_MAX, false);
+}
+
+/* Unmaps chunk i of v, lying wholly inside releasable free block f. false
+ * when it could not (the memory then stays the pool's, free). */
+static bool mp__unmap_chunk(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
+                            size_t i) {
+  if (!mp__vseg_room(v))
+    return false;
+  mp__block_t *r1 = mp__rec_new(pool), *r2 = mp__rec_new(pool);
+  if (r1 == NULL || r2 == NULL) {
+    if (r1)
+      mp__rec_free(pool, r1);
+    if (r2)
+      mp__rec_free(pool, r2);
+    return false;
+  }
+  mp__chunk_t c = v->chunks[i];
+  mp__index_remove(pool, f);
+  mp__unmapping(pool, v, f, i, r1, r2);
   mp__begin_device(pool);
-  mp_status_t st = mp__device_vm_map(pool->dev, (void *)at, grow);
+  mp_status_t st = mp__device_vm_unmap(pool->dev, (void *)c.addr, c.size);
+  mp__end_device(pool);
+  if (st == MP_OK) {
+    pool->st.device_free_count++;
+    return true;
+  }
+  /* Still mapped: take it back as free memory where it was. */
+  mp__block_t *r = mp__rec_new(pool), *spare = mp__rec_new(pool);
+  mp__block_t *h = NULL;
+  for (size_t k = 0; k < v->nholes; k++)
+    if (c.addr >= v->holes[k]->addr &&
+        c.addr < v->holes[k]->addr + v->holes[k]->size)
+      h = v->holes[k];
+  if (r != NULL && spare != NULL && mp__vseg_room(v)) {
+    mp__mapped(pool, v, h, c.addr, c.size, r, spare, true, true);
+    pool->st.device_alloc_count--; /* no call was made */
+    return false;
+  }
+  /* No host memory to describe it: it stays mapped but unused until the
+   * range is released. */
+  if (r)
+    mp__rec_free(pool, r);
+  if (spare)
+    mp__rec_free(pool, spare);
+  return false;
+}
+
+/* Picks a free chunk to unmap: one lying wholly inside a free block of v
+ * other than k1/k2 and releasable now; the smallest of at least want bytes,
+ * else the largest. pending: one was passed over only for pending work. */
+static bool mp__pick_chunk(mp_pool_t *pool, mp__segment_t *v, size_t want,
+                           const mp__block_t *k1, const mp__block_t *k2,
+                           mp__block_t **fo, size_t *io, bool *pending) {
+  bool found = false;
+  size_t best = 0;
+  for (mp__block_t *b = v->first; b != NULL; b = b->next) {
+    if (!(b->flags & MP__B_FREE) || b->size < pool->granule || b == k1 ||
+        b == k2)
+      continue;
+    uintptr_t end = b->addr + b->size;
+    size_t i = mp__chunk_at(v, b->addr);
+    if (i == v->nchunks || v->chunks[i].addr + v->chunks[i].size > end)
+      continue;
+    if (!mp__deps_safe(pool, b, UINT32_MAX, true)) {
+      *pending = true;
+      continue;
+    }
+    for (; i < v->nchunks && v->chunks[i].addr + v->chunks[i].size <= end;
+         i++) {
+      size_t cs = v->chunks[i].size;
+      bool better = !found || (cs >= want ? (best < want || cs < best)
+                                          : (best < want && cs > best));
+      if (better) {
+        found = true;
+        best = cs;
+        *fo = b;
+        *io = i;
+      }
+    }
+  }
+  return found;
+}
+
+/* Unmaps free chunks of the virtual range until want bytes went back (or
+ * none is left), never one inside k1 or k2. Free chunks that still wait for
+ * stream work have markers recorded on those streams (by the poll in
+ * mp__pick_chunk); patient: give them up to MP__RECLAIM_WAIT_US to pass,
+ * with the lock dropped. Never a device synchronize here: growth must not
+ * block on work that may itself wait for the caller. Returns the bytes
+ * released. */
+#define MP__RECLAIM_WAIT_US 200
+static size_t mp__reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
+                          const mp__block_t *k2, bool patient) {
+  mp__segment_t *v = pool->vseg;
+  size_t done = 0;
+  unsigned waited = patient ? 0 : MP__RECLAIM_WAIT_US;
+  while (v != NULL && done < want) {
+    bool pending = false;
+    mp__block_t *f = NULL;
+    size_t i = 0;
+    if (!mp__pick_chunk(pool, v, want - done, k1, k2, &f, &i, &pending)) {
+      if (!pending || waited >= MP__RECLAIM_WAIT_US)
+        break;
+      struct timespec ts = {0, 10000};
+      mp__begin_device(pool);
+      nanosleep(&ts, NULL);
+      mp__end_device(pool);
+      waited += 10;
+      continue;
+    }
+    size_t cs = v->chunks[i].size;
+    if (!mp__unmap_chunk(pool, v, f, i))
+      break;
+    done += cs;
+  }
+  return done;
+}
+
+/* Where growth maps: inside hole (NULL: at the top) at `at`, `need` bytes
+ * at least and `bytes` preferably; jp/jn: merge with the free neighbour
+ * below/above; k1/k2: the free blocks it completes. */
+typedef struct mp__place {
+  mp__block_t *hole;
+  uintptr_t at;
+  size_t need, bytes;
+  bool jp, jn;
+  mp__block_t *k1, *k2;
+} mp__place_t;
+
+/* Bytes of free block b that growth on stream sidx may count on. */
+static size_t mp__usable(mp_pool_t *pool, mp__block_t *b, uint32_t sidx) {
+  return b != NULL && (b->flags & MP__B_FREE) &&
+                 mp__deps_safe(pool, b, sidx, false)
+             ? b->size
+             : 0;
+}
+
+/* Whether a merged block of m bytes suits a request of size under the
+ * split limit lim: splittable (m <= lim), or for a request above lim taken
+ * whole (within max(1/8, 2 MiB)). */
+static bool mp__merge_ok(size_t lim, size_t m, size_t size) {
+  if (lim == 0)
+    return true;
+  if (size <= lim)
+    return m <= lim;
+  size_t slack = size / 8 > MP__LARGE_ROUND ? size / 8 : MP__LARGE_ROUND;
+  return m - size < slack;
+}
+
+/* Bytes to map so that `have` free bytes next to them hold size. */
+static size_t mp__lack(const mp_pool_t *pool, size_t size, size_t have) {
+  size_t n = mp__round_up(size > have ? size - have : 0, pool->granule);
+  return n ? n : pool->granule;
+}
+
+static void mp__consider(mp__place_t *best, bool *found, mp__block_t *hole,
+                         uintptr_t at, size_t n, bool jp, bool jn,
+                         mp__block_t *k1, mp__block_t *k2) {
+  if (*found && n >= best->need)
+    return;
+  *found = true;
+  best->hole = hole;
+  best->at = at;
+  best->need = best->bytes = n;
+  best->jp = jp;
+  best->jn = jn;
+  best->k1 = jp ? k1 : NULL;
+  best->k2 = jn ? k2 : NULL;
+}
+
+/* The best place for size on sidx; false when neither the top nor a hole
+ * has room. */
+static bool mp__place(mp_pool_t *pool, mp__segment_t *v, size_t size,
+                      uint32_t sidx, mp__place_t *best) {
+  size_t lim = mp__vsplit_limit(pool);
+  bool found = false;
+  /* The top first, so that it wins ties. */
+  mp__block_t *t = v->last;
+  size_t f = mp__usable(pool, t, sidx);
+  size_t n = mp__lack(pool, size, f);
+  bool jp = f > 0 && mp__merge_ok(lim, f + n, size);
+  if (!jp)
+    n = mp__lack(pool, size, 0);
+  if (v->span + n <= v->va_size) {
+    mp__consider(best, &found, NULL, v->base + v->span, n, jp, false, t, NULL);
+    size_t step = pool->st.reserved_bytes / 128;
+    if (step > ((size_t)16 << 20))
+      step = (size_t)16 << 20;
+    if (step < pool->cfg.segment_bytes)
+      step = pool->cfg.segment_bytes;
+    step = mp__round_up(step, pool->granule);
+    if (lim != 0) {
+      /* Keep the fresh block splittable; a big request gets what it asks. */
+      size_t base = jp ? f : 0;
+      size_t room = size <= lim && lim > base ? lim - base : 0;
+      room = room / pool->granule * pool->granule;
+      step = step < room ? step : 0;
+    }
+    if (step > n && v->span + step <= v->va_size)
+      best->bytes = step;
+  }
+  for (size_t k = 0; k < v->nholes; k++) {
+    mp__block_t *h = v->holes[k];
+    mp__block_t *lo = h->prev, *up = h->next;
+    size_t fl = mp__usable(pool, lo, sidx), fu = mp__usable(pool, up, sidx);
+    uintptr_t hend = h->addr + h->size;
+    if (fl + h->size + fu >= size &&
+        mp__merge_ok(lim, fl + h->size + fu, size) && (fl || fu))
+      mp__consider(best, &found, h, h->addr, h->size, fl > 0, fu > 0, lo, up);
+    if (fl > 0 && (n = mp__lack(pool, size, fl)) <= h->size &&
+        mp__merge_ok(lim, fl + n + (n == h->size ? fu : 0), size))
+      mp__consider(best, &found, h, h->addr, n, true, n == h->size && fu > 0,
+                   lo, up);
+    if (fu > 0 && (n = mp__lack(pool, size, fu)) <= h->size &&
+        mp__merge_ok(lim, fu + n + (n == h->size ? fl : 0), size))
+      mp__consider(best, &found, h, hend - n, n, n == h->size && fl > 0, true,
+                   lo, up);
+    if ((n = mp__lack(pool, size, 0)) <= h->size)
+      mp__consider(best, &found, h, h->addr, n, false, false, NULL, NULL);
+  }
+  return found;
+}
+
+static mp_status_t mp__grow_virtual(mp_pool_t *pool, size_t size,
+                                    uint32_t sidx) {
+  mp__segment_t *v = pool->vseg;
+  mp__place_t p = {0};
+  for (int round = 0;; round++) {
+    if (!mp__place(pool, v, size, sidx, &p))
+      return MP_ENOTSUP; /* range exhausted: the caller goes plain */
+    /* Rung: reclaim free chunks, then grow, so that reserved memory does
+     * not rise above its peak while free chunks lie elsewhere. */
+    size_t after = pool->st.reserved_bytes + p.bytes;
+    if (round > 0 || after <= pool->st.peak_reserved_bytes ||
+        mp__reclaim(pool, after - pool->st.peak_reserved_bytes, p.k1, p.k2,
+                    true) == 0)
+      break;
+  }
+  size_t room = pool->cap > pool->st.reserved_bytes
+                    ? pool->cap - pool->st.reserved_bytes
+                    : 0;
+  size_t grow = p.bytes > room ? p.need : p.bytes;
+  if (grow > room)
+    return mp__limit(pool);
+  if (!mp__vseg_room(v))
+    return mp__fail(MP_ENOMEM, "out of host memory for chunk records");
+  mp__block_t *rec = mp__rec_new(pool), *spare = mp__rec_new(pool);
+  if (rec == NULL || spare == NULL) {
+    if (rec)
+      mp__rec_free(pool, rec);
+    if (spare)
+      mp__rec_free(pool, spare);
+    return mp__fail(MP_ENOMEM, "out of host memory for block records");
+  }
+  mp__begin_device(pool);
+  mp_status_t st = mp__device_vm_map(pool->dev, (void *)p.at, grow);
   mp__end_device(pool);
   if (st != MP_OK) {
     mp__rec_free(pool, rec);
+    mp__rec_free(pool, spare);
     return st;
   }
-  v->chunks[v->nchunks].addr = at;
-  v->chunks[v->nchunks].size = grow;
-  v->nchunks++;
-  v->size += grow;
-  pool->st.device_alloc_count++;
-  pool->st.segment_count++;
-  mp__reserved_add(pool, grow);
-  mp__tail_extend(pool, v, at, grow, rec, sidx);
+  mp__mapped(pool, v, p.hole, p.at, grow, rec, spare, p.jp, p.jn);
   return MP_OK;
 }
 
@@ -232,7 +686,7 @@ static mp_status_t mp__grow_plain(mp_pool_t *pool, size_t size) {
     return st;
   }
   s->base = (uintptr_t)p;
-  s->size = bytes;
+  s->size = s->span = bytes;
   s->kind = MP__SEG_PLAIN;
   mp__seg_push(pool, s);
   pool->st.device_alloc_count++;
@@ -258,11 +712,6 @@ mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx) {
       return st;
   }
   return mp__grow_plain(pool, size);
-}
-
-/* True when free block b can be given back now: no work pending on it. */
-static bool mp__releasable(mp_pool_t *pool, mp__block_t *b) {
-  return (b->flags & MP__B_FREE) && mp__deps_safe(pool, b, UINT32_MAX, false);
 }
 
 static bool mp__trim_plain_one(mp_pool_t *pool) {
@@ -293,52 +742,14 @@ static bool mp__trim_plain_one(mp_pool_t *pool) {
   return false;
 }
 
-static bool mp__trim_virtual_one(mp_pool_t *pool) {
-  mp__segment_t *v = pool->vseg;
-  if (v == NULL || v->nchunks == 0)
-    return false;
-  mp__block_t *t = v->last;
-  mp__chunk_t c = v->chunks[v->nchunks - 1];
-  if (t == NULL || !mp__releasable(pool, t) || c.addr < t->addr)
-    return false;
-  mp__index_remove(pool, t);
-  t->size -= c.size;
-  if (t->size == 0) {
-    mp__block_unlink(v, t);
-    pool->st.free_blocks--;
-    mp__rec_free(pool, t);
-    t = NULL;
-  } else {
-    mp__index_insert(pool, t);
-  }
-  v->nchunks--;
-  v->size -= c.size;
-  mp__reserved_sub(pool, c.size);
-  mp__begin_device(pool);
-  mp_status_t st = mp__device_vm_unmap(pool->dev, (void *)c.addr, c.size);
-  mp__end_device(pool);
-  if (st != MP_OK) {
-    /* Still mapped: take it back as free memory at the top. */
-    v->chunks[v->nchunks++] = c;
-    v->size += c.size;
-    mp__reserved_add(pool, c.size);
-    mp__block_t *rec = mp__rec_new(pool);
-    if (rec != NULL)
-      mp__tail_extend(pool, v, c.addr, c.size, rec, UINT32_MAX);
-    return false;
-  }
-  pool->st.device_free_count++;
-  pool->st.segment_count--;
-  return true;
-}
-
 void mp__segment_trim(mp_pool_t *pool, size_t keep) {
   if (pool->parent != NULL)
     return; /* a child's range goes back only when it is destroyed */
   mp__pool_wait_idle(pool);
   mp__block_merge_deferred(pool);
   while (pool->st.free_bytes > keep) {
-    if (!mp__trim_virtual_one(pool) && !mp__trim_plain_one(pool))
+    if (mp__reclaim(pool, pool->st.free_bytes - keep, NULL, NULL, false) == 0 &&
+        !mp__trim_plain_one(pool))
       break;
   }
 }
@@ -358,6 +769,7 @@ void mp__segment_release_all(mp_pool_t *pool) {
       }
       mp__device_vm_release(pool->dev, (void *)s->base, s->va_size);
       free(s->chunks);
+      free(s->holes);
     }
     free(s);
     s = next;

@@ -157,12 +157,15 @@ Test(defrag, movable_blocks_count_as_allocated) {
   cr_assert_eq(end.free_count, before.free_count + 1);
 }
 
+/* Every mapped chunk keeps a live block above a free one, so trim alone
+ * can return nothing (it unmaps only wholly free chunks): sliding the
+ * blocks down frees whole chunks at the top. */
 Test(defrag, freed_space_coalesces_and_can_be_trimmed) {
   enum { N = 64 };
   mp_handle_t *h[N];
   for (unsigned i = 0; i < N; i++)
     h[i] = movable(1u << 20, i);
-  free_all_but(h, N, 4, 0);
+  free_all_but(h, N, 2, 1);
   cr_assert_eq(mp_pool_trim(pool, 0), MP_OK);
   mp_stats_t before = stats();
   defragment();
@@ -172,7 +175,7 @@ Test(defrag, freed_space_coalesces_and_can_be_trimmed) {
   cr_assert_lt(after.reserved_bytes, before.reserved_bytes,
                "reserved %zu -> %zu", before.reserved_bytes,
                after.reserved_bytes);
-  for (unsigned i = 0; i < N; i += 4) {
+  for (unsigned i = 1; i < N; i += 2) {
     expect_pattern(mp_handle_ptr(h[i]), 1u << 20, i);
     cr_assert_eq(mp_handle_free(h[i]), MP_OK);
   }

@@ -1,0 +1,107 @@
+/* The pool's virtual range on the host device (2 MiB granule): trim gives
+ * back free chunks in the middle of the range, growth refills the hole next
+ * to a free block, and under max_split a mixed workload stays within 1.3x
+ * its peak live bytes. Public API only. */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mempool/mempool.h>
+
+#include "../support/pool_helpers.h"
+
+#define MiB ((size_t)1 << 20)
+
+Test(pool_vm_holes, trim_returns_a_middle_chunk_and_growth_refills_it) {
+  mp_device_t *dev;
+  cr_assert_eq(mp_device_open("host", &dev), MP_OK, "%s", mp_last_error());
+  mp_pool_t *p = make_pool(dev, NULL);
+  void *v[4];
+  for (int i = 0; i < 4; i++)
+    cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &v[i]), MP_OK);
+  cr_assert_eq(stats(p).reserved_bytes, 8 * MiB);
+  cr_assert_eq(mp_pool_free(p, v[1]), MP_OK);
+  cr_assert_eq(mp_pool_trim(p, 0), MP_OK);
+  mp_stats_t s = stats(p);
+  cr_expect_eq(s.reserved_bytes, 6 * MiB, "the middle chunk went back");
+  cr_expect_eq(s.device_free_count, 1);
+  check(p);
+  cr_assert_eq(mp_pool_free(p, v[2]), MP_OK);
+  void *x;
+  cr_assert_eq(mp_pool_alloc(p, 4 * MiB, NULL, &x), MP_OK);
+  cr_expect_eq(x, v[1], "mapped into the hole below the free block");
+  cr_expect_eq(stats(p).reserved_bytes, 8 * MiB);
+  /* The memory is real: write all of it. */
+  memset(x, 0x5A, 4 * MiB);
+  check(p);
+  mp_pool_free(p, x);
+  mp_pool_free(p, v[0]);
+  mp_pool_free(p, v[3]);
+  cr_assert_eq(mp_pool_trim(p, 0), MP_OK);
+  cr_expect_eq(stats(p).reserved_bytes, 0);
+  check(p);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+  mp_device_close(dev);
+}
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint64_t next_u64(void) {
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  return rng;
+}
+
+/* Sizes log-uniform 4 KiB .. 16 MiB (free blocks coalesce past max_split), live
+ * bytes kept under 1 GiB, on a device of 1.3 GiB: every allocation must succeed
+ * (the out-of-memory ladder may trim and retry), so the pool cannot grow
+ * without bound. */
+static void mixed_workload_fits(const char *opts) {
+  enum { OPS = 40000, SLOTS = 4096 };
+  const size_t live_cap = (size_t)1 << 30;
+  mp_device_t *dev;
+  cr_assert_eq(mp_device_open("host:capacity=1331M", &dev), MP_OK);
+  mp_pool_t *p = make_pool(dev, opts);
+  void *ptr[SLOTS] = {0};
+  size_t sz[SLOTS] = {0}, live = 0, peak = 0;
+  for (int op = 0; op < OPS; op++) {
+    unsigned k = (unsigned)(next_u64() % SLOTS);
+    if (ptr[k] != NULL) {
+      cr_assert_eq(mp_pool_free(p, ptr[k]), MP_OK);
+      live -= sz[k];
+      ptr[k] = NULL;
+      continue;
+    }
+    size_t lo = (size_t)1 << (12 + next_u64() % 12); /* 4 KiB .. 16 MiB */
+    size_t n = (lo + next_u64() % lo) & ~(size_t)511;
+    if (live + n > live_cap)
+      continue;
+    cr_assert_eq(mp_pool_alloc(p, n, NULL, &ptr[k]), MP_OK, "%s: %s", opts,
+                 mp_last_error());
+    sz[k] = n;
+    live += n;
+    if (live > peak)
+      peak = live;
+  }
+  mp_stats_t s = stats(p);
+  cr_expect_gt(peak, live_cap - live_cap / 8, "the workload reaches its cap");
+  cr_expect_leq(s.peak_reserved_bytes, (size_t)1331 << 20);
+  check(p);
+  for (unsigned k = 0; k < SLOTS; k++)
+    mp_pool_free(p, ptr[k]);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+  mp_device_close(dev);
+}
+
+Test(pool_vm_holes, max_split_workload_fits_1_3x_its_peak_live) {
+  mixed_workload_fits("max_split=64M");
+}
+
+Test(pool_vm_holes, default_workload_fits_1_3x_its_peak_live) {
+  mixed_workload_fits(NULL);
+}
+
+Test(pool_vm_holes, plain_max_split_workload_fits_1_3x_its_peak_live) {
+  mixed_workload_fits("virtual=0,max_split=64M");
+}

@@ -1,0 +1,175 @@
+/* The virtual range with holes, on the synchronous fake device: free chunks
+ * are unmapped anywhere in the range (trim, and reclaim before growing past
+ * the peak), blocks never span a hole, growth maps into a hole where that
+ * completes a free block, and max_split holds in both modes. */
+#include <criterion/criterion.h>
+#include <stdint.h>
+
+#include "../support/pool_helpers.h"
+#include "pool/pool_internal.h"
+#include "pool_fakedev.h"
+
+#define MiB ((size_t)1 << 20)
+
+static size_t holes_of(mp_pool_t *p) {
+  return p->vseg ? p->vseg->nholes : 0;
+}
+
+/* A pool on a fake device with a 2 MiB granule, holding four 2 MiB blocks,
+ * each exactly one 2 MiB chunk. */
+static mp_pool_t *four_chunks(mp_device_t **dev, void *v[4]) {
+  *dev = fake_open((size_t)1 << 30, 2 * MiB);
+  mp_pool_t *p = make_pool(*dev, NULL);
+  for (int i = 0; i < 4; i++)
+    cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &v[i]), MP_OK);
+  for (int i = 1; i < 4; i++)
+    cr_assert_eq((uintptr_t)v[i], (uintptr_t)v[i - 1] + 2 * MiB);
+  cr_assert_eq(stats(p).reserved_bytes, 8 * MiB);
+  return p;
+}
+
+/* Checks the pool, destroys it and expects everything back. */
+static void finish(mp_pool_t *p, mp_device_t *dev) {
+  check(p);
+  mp_pool_destroy(p);
+  cr_expect_eq(fake_of(dev)->used, 0);
+  cr_expect_eq(fake_of(dev)->bad_unmaps, 0);
+  fake_close(dev);
+}
+
+Test(pool_holes, trim_unmaps_a_free_chunk_in_the_middle) {
+  mp_device_t *dev;
+  void *v[4];
+  mp_pool_t *p = four_chunks(&dev, v);
+  cr_assert_eq(mp_pool_free(p, v[1]), MP_OK);
+  cr_assert_eq(mp_pool_trim(p, 0), MP_OK);
+  mp_stats_t s = stats(p);
+  cr_expect_eq(s.reserved_bytes, 6 * MiB);
+  cr_expect_eq(fake_of(dev)->unmaps, 1);
+  cr_expect_eq(fake_of(dev)->bad_unmaps, 0);
+  cr_expect_eq(fake_of(dev)->used, 6 * MiB);
+  cr_expect_eq(holes_of(p), 1);
+  check(p);
+  /* The unmapped block is neither live nor free: its pointer is refused. */
+  cr_expect_eq(mp_pool_free(p, v[1]), MP_EINVAL);
+  cr_expect_neq(strstr(mp_last_error(), "unmapped"), NULL, "%s",
+                mp_last_error());
+  finish(p, dev);
+}
+
+Test(pool_holes, free_blocks_never_coalesce_across_a_hole) {
+  mp_device_t *dev;
+  void *v[4];
+  mp_pool_t *p = four_chunks(&dev, v);
+  mp_pool_free(p, v[1]);
+  cr_assert_eq(mp_pool_trim(p, 0), MP_OK);
+  mp_pool_free(p, v[0]);
+  mp_pool_free(p, v[2]);
+  mp_stats_t s = stats(p);
+  cr_expect_eq(s.free_blocks, 2, "the hole keeps the two free blocks apart");
+  cr_expect_eq(s.largest_free_bytes, 2 * MiB);
+  check(p);
+  /* Nothing free can serve 6 MiB without mapping: the blocks around the
+   * hole are 2 and 4 MiB. Filling the hole completes one 8 MiB block. */
+  void *x;
+  cr_assert_eq(mp_pool_alloc(p, 6 * MiB, NULL, &x), MP_OK);
+  cr_expect_eq(x, v[0]);
+  cr_expect_eq(stats(p).reserved_bytes, 8 * MiB, "the hole was filled");
+  cr_expect_eq(holes_of(p), 0);
+  check(p);
+  mp_pool_free(p, x);
+  mp_pool_free(p, v[3]);
+  cr_assert_eq(mp_pool_trim(p, 0), MP_OK);
+  cr_expect_eq(stats(p).reserved_bytes, 0);
+  cr_expect_eq(fake_of(dev)->used, 0);
+  cr_expect_eq(fake_of(dev)->bad_unmaps, 0);
+  finish(p, dev);
+}
+
+Test(pool_holes, growth_maps_into_a_hole_next_to_a_free_block) {
+  mp_device_t *dev;
+  void *v[4];
+  mp_pool_t *p = four_chunks(&dev, v);
+  mp_pool_free(p, v[1]);
+  cr_assert_eq(mp_pool_trim(p, 0), MP_OK);
+  mp_pool_free(p, v[2]); /* free, just above the hole */
+  unsigned maps = fake_of(dev)->maps;
+  void *x;
+  cr_assert_eq(mp_pool_alloc(p, 4 * MiB, NULL, &x), MP_OK);
+  cr_expect_eq(x, v[1], "2 MiB mapped at the hole's top completes v[2]");
+  cr_expect_eq(fake_of(dev)->maps, maps + 1);
+  cr_expect_eq(stats(p).reserved_bytes, 8 * MiB,
+               "growing at the top would have needed 4 MiB more");
+  check(p);
+  mp_pool_free(p, x);
+  mp_pool_free(p, v[0]);
+  mp_pool_free(p, v[3]);
+  finish(p, dev);
+}
+
+Test(pool_holes, growth_past_the_peak_reclaims_free_chunks_first) {
+  mp_device_t *dev;
+  void *v[4];
+  mp_pool_t *p = four_chunks(&dev, v);
+  mp_pool_free(p, v[1]);
+  void *x;
+  cr_assert_eq(mp_pool_alloc(p, 4 * MiB, NULL, &x), MP_OK);
+  mp_stats_t s = stats(p);
+  cr_expect_eq(fake_of(dev)->unmaps, 1, "v[1]'s free chunk went back first");
+  cr_expect_eq(s.reserved_bytes, 10 * MiB);
+  cr_expect_eq(s.peak_reserved_bytes, 10 * MiB,
+               "without the reclaim the peak would be 12 MiB");
+  check(p);
+  for (int i = 0; i < 4; i++)
+    if (i != 1)
+      mp_pool_free(p, v[i]);
+  mp_pool_free(p, x);
+  finish(p, dev);
+}
+
+Test(pool_holes, trim_keeps_what_it_is_asked_to_keep_in_the_range) {
+  mp_device_t *dev;
+  void *v[4];
+  mp_pool_t *p = four_chunks(&dev, v);
+  mp_pool_free(p, v[0]);
+  mp_pool_free(p, v[2]);
+  cr_assert_eq(mp_pool_trim(p, 2 * MiB), MP_OK);
+  mp_stats_t s = stats(p);
+  cr_expect_eq(s.free_bytes, 2 * MiB);
+  cr_expect_eq(s.reserved_bytes, 6 * MiB);
+  check(p);
+  mp_pool_free(p, v[1]);
+  mp_pool_free(p, v[3]);
+  cr_assert_eq(mp_pool_trim(p, 0), MP_OK);
+  cr_expect_eq(stats(p).reserved_bytes, 0);
+  cr_expect_eq(holes_of(p), 0, "a range with nothing mapped has no hole");
+  finish(p, dev);
+}
+
+static void max_split_holds(const char *opts, size_t granule) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, granule);
+  mp_pool_t *p = make_pool(dev, opts);
+  void *big, *small;
+  cr_assert_eq(mp_pool_alloc(p, 16 * MiB, NULL, &big), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 1 * MiB, NULL, &small), MP_OK);
+  cr_assert_eq(mp_pool_free(p, big), MP_OK);
+  for (int i = 0; i < 8; i++) {
+    void *x;
+    cr_assert_eq(mp_pool_alloc(p, (size_t)3 * MiB / 2, NULL, &x), MP_OK);
+    cr_expect(!((uintptr_t)x >= (uintptr_t)big &&
+                (uintptr_t)x < (uintptr_t)big + 16 * MiB),
+              "%s: a 1.5 MiB request split the free 16 MiB block", opts);
+  }
+  /* A request above max_split may take a block above it. */
+  void *y;
+  cr_assert_eq(mp_pool_alloc(p, 15 * MiB, NULL, &y), MP_OK);
+  finish(p, dev);
+}
+
+Test(pool_holes, max_split_is_honoured_in_the_virtual_range) {
+  max_split_holds("max_split=4M", 2 * MiB);
+}
+
+Test(pool_holes, max_split_is_honoured_in_plain_segments) {
+  max_split_holds("virtual=0,max_split=4M", 0);
+}
