@@ -452,7 +452,7 @@ static bool mp__pick_chunk(mp_pool_t *pool, mp__segment_t *v, size_t want,
     size_t i = mp__chunk_at(v, b->addr);
     if (i == v->nchunks || v->chunks[i].addr + v->chunks[i].size > end)
       continue;
-    if (!mp__deps_safe(pool, b, UINT32_MAX, true)) {
+    if (!mp__deps_safe(pool, b, UINT32_MAX, pool->nstreams <= 1)) {
       *pending = true;
       continue;
     }
@@ -473,16 +473,21 @@ static bool mp__pick_chunk(mp_pool_t *pool, mp__segment_t *v, size_t want,
 }
 
 /* Unmaps free chunks of the virtual range until want bytes went back (or
- * none is left), never one inside k1 or k2. Free chunks that still wait for
- * stream work have markers recorded on those streams (by the poll in
- * mp__pick_chunk); patient: give them up to MP__RECLAIM_WAIT_US to pass,
- * with the lock dropped. Never a device synchronize here: growth must not
- * block on work that may itself wait for the caller. Returns the bytes
- * released. */
+ * none is left), never one inside k1 or k2. A pool used from several
+ * streams unmaps only chunks whose work it already knows done (markers
+ * recorded at frees and polled by searches): asking the device now would
+ * make the outcome depend on when stream threads ran, and on select_n
+ * llama it also released chunks the next phase wanted back. A pool used
+ * from one stream records no marker at frees: its open epoch is closed here
+ * and, patient, given up to MP__RECLAIM_WAIT_US to pass with the lock
+ * dropped. Never a device synchronize: growth must not block on work that
+ * may itself wait for the caller. Returns the bytes released. */
 #define MP__RECLAIM_WAIT_US 200
 static size_t mp__reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
                           const mp__block_t *k2, bool patient) {
   mp__segment_t *v = pool->vseg;
+  if (pool->nstreams > 1)
+    patient = false;
   size_t done = 0;
   unsigned waited = patient ? 0 : MP__RECLAIM_WAIT_US;
   while (v != NULL && done < want) {
@@ -563,7 +568,13 @@ static void mp__consider(mp__place_t *best, bool *found, mp__block_t *hole,
  * has room. */
 static bool mp__place(mp_pool_t *pool, mp__segment_t *v, size_t size,
                       uint32_t sidx, mp__place_t *best) {
-  size_t lim = mp__vsplit_limit(pool);
+  size_t lim = mp__vsplit_limit(pool), g = pool->granule;
+  size_t step = pool->st.reserved_bytes / 128;
+  if (step > ((size_t)16 << 20))
+    step = (size_t)16 << 20;
+  if (step < pool->cfg.segment_bytes)
+    step = pool->cfg.segment_bytes;
+  step = mp__round_up(step, g);
   bool found = false;
   /* The top first, so that it wins ties. */
   mp__block_t *t = v->last;
@@ -572,24 +583,8 @@ static bool mp__place(mp_pool_t *pool, mp__segment_t *v, size_t size,
   bool jp = f > 0 && mp__merge_ok(lim, f + n, size);
   if (!jp)
     n = mp__lack(pool, size, 0);
-  if (v->span + n <= v->va_size) {
+  if (v->span + n <= v->va_size)
     mp__consider(best, &found, NULL, v->base + v->span, n, jp, false, t, NULL);
-    size_t step = pool->st.reserved_bytes / 128;
-    if (step > ((size_t)16 << 20))
-      step = (size_t)16 << 20;
-    if (step < pool->cfg.segment_bytes)
-      step = pool->cfg.segment_bytes;
-    step = mp__round_up(step, pool->granule);
-    if (lim != 0) {
-      /* Keep the fresh block splittable; a big request gets what it asks. */
-      size_t base = jp ? f : 0;
-      size_t room = size <= lim && lim > base ? lim - base : 0;
-      room = room / pool->granule * pool->granule;
-      step = step < room ? step : 0;
-    }
-    if (step > n && v->span + step <= v->va_size)
-      best->bytes = step;
-  }
   for (size_t k = 0; k < v->nholes; k++) {
     mp__block_t *h = v->holes[k];
     mp__block_t *lo = h->prev, *up = h->next;
@@ -609,7 +604,27 @@ static bool mp__place(mp_pool_t *pool, mp__segment_t *v, size_t size,
     if ((n = mp__lack(pool, size, 0)) <= h->size)
       mp__consider(best, &found, h, h->addr, n, false, false, NULL, NULL);
   }
-  return found;
+  if (!found)
+    return false;
+  /* Map a step at least where there is room, so that small requests do not
+   * map one granule at a time; under a split limit, only as far as the
+   * fresh block stays splittable (a big request gets what it asks). */
+  size_t have =
+      (best->jp ? best->k1->size : 0) + (best->jn ? best->k2->size : 0);
+  if (lim != 0) {
+    size_t room = size <= lim && lim > have ? lim - have : 0;
+    room = room / g * g;
+    step = step < room ? step : 0;
+  }
+  size_t space = best->hole ? best->hole->size : v->va_size - v->span;
+  if (step > space)
+    step = space;
+  if (step > best->need) {
+    best->bytes = step;
+    if (best->hole != NULL && best->jn && !best->jp)
+      best->at = best->hole->addr + best->hole->size - step;
+  }
+  return true;
 }
 
 static mp_status_t mp__grow_virtual(mp_pool_t *pool, size_t size,
