@@ -5,7 +5,9 @@
  * memory) and go back to a free list, so the steady state makes no host
  * allocation. The live map is an open-addressing hash table keyed by the
  * block's address (linear probing, load <= 1/2, backward-shift deletion, so
- * no tombstones build up): pointer -> block is O(1) expected.
+ * no tombstones build up): pointer -> block is O(1) expected. Slots hold
+ * the address next to the record pointer, so a probe reads only the table,
+ * never a record (which would be a cache miss per probe).
  *
  * Invariant: the blocks of a segment tile [base, base + size) in address
  * order; a free block never has a free neighbour once coalesce returned. */
@@ -71,24 +73,25 @@ static size_t mp__map_slot(const mp_pool_t *pool, uintptr_t addr) {
 }
 
 mp__block_t *mp__map_find(const mp_pool_t *pool, uintptr_t addr) {
-  if (pool->map_cap == 0)
+  if (pool->map_cap == 0 || addr == 0)
     return NULL;
   size_t mask = pool->map_cap - 1;
   for (size_t i = mp__map_slot(pool, addr);; i = (i + 1) & mask) {
-    mp__block_t *b = pool->map[i];
-    if (b == NULL)
+    const mp__slot_t *e = &pool->map[i];
+    if (e->addr == addr)
+      return e->blk;
+    if (e->addr == 0)
       return NULL;
-    if (b->addr == addr)
-      return b;
   }
 }
 
-static void mp__map_put(mp__block_t **map, size_t mask, size_t slot,
+static void mp__map_put(mp__slot_t *map, size_t mask, size_t slot,
                         mp__block_t *b) {
   size_t i = slot;
-  while (map[i] != NULL)
+  while (map[i].addr != 0)
     i = (i + 1) & mask;
-  map[i] = b;
+  map[i].addr = b->addr;
+  map[i].blk = b;
 }
 
 bool mp__map_reserve(mp_pool_t *pool, size_t n) {
@@ -97,16 +100,16 @@ bool mp__map_reserve(mp_pool_t *pool, size_t n) {
   size_t cap = pool->map_cap ? pool->map_cap : 256;
   while ((pool->map_count + n) * 2 > cap)
     cap *= 2;
-  mp__block_t **m = calloc(cap, sizeof *m);
+  mp__slot_t *m = calloc(cap, sizeof *m);
   if (m == NULL)
     return false;
-  mp__block_t **old = pool->map;
+  mp__slot_t *old = pool->map;
   size_t old_cap = pool->map_cap;
   pool->map = m;
   pool->map_cap = cap; /* mp__map_slot depends on it */
   for (size_t i = 0; i < old_cap; i++)
-    if (old[i] != NULL)
-      mp__map_put(m, cap - 1, mp__map_slot(pool, old[i]->addr), old[i]);
+    if (old[i].addr != 0)
+      mp__map_put(m, cap - 1, mp__map_slot(pool, old[i].addr), old[i].blk);
   free(old);
   return true;
 }
@@ -122,16 +125,16 @@ bool mp__map_insert(mp_pool_t *pool, mp__block_t *b) {
 void mp__map_remove(mp_pool_t *pool, mp__block_t *b) {
   size_t mask = pool->map_cap - 1;
   size_t i = mp__map_slot(pool, b->addr);
-  while (pool->map[i] != b) {
-    if (pool->map[i] == NULL)
+  while (pool->map[i].blk != b) {
+    if (pool->map[i].addr == 0)
       return;
     i = (i + 1) & mask;
   }
   /* Backward shift: pull later entries of the probe run into the hole when
    * their home slot does not lie strictly between the hole and them. */
   size_t hole = i;
-  for (size_t j = (i + 1) & mask; pool->map[j] != NULL; j = (j + 1) & mask) {
-    size_t home = mp__map_slot(pool, pool->map[j]->addr);
+  for (size_t j = (i + 1) & mask; pool->map[j].addr != 0; j = (j + 1) & mask) {
+    size_t home = mp__map_slot(pool, pool->map[j].addr);
     bool movable =
         hole <= j ? (home <= hole || home > j) : (home <= hole && home > j);
     if (movable) {
@@ -139,7 +142,8 @@ void mp__map_remove(mp_pool_t *pool, mp__block_t *b) {
       hole = j;
     }
   }
-  pool->map[hole] = NULL;
+  pool->map[hole].addr = 0;
+  pool->map[hole].blk = NULL;
   pool->map_count--;
 }
 

@@ -136,6 +136,12 @@ struct mp__segment {
   size_t nholes, holes_cap;
 };
 
+/* A live map slot: the block's address (0: empty) and its record. */
+typedef struct mp__slot {
+  uintptr_t addr;
+  mp__block_t *blk;
+} mp__slot_t;
+
 /* ---- streams (stream.c) ------------------------------------------------ */
 #define MP__MAX_MARKS 8
 
@@ -177,8 +183,9 @@ struct mp_pool {
   mp__inode_t *inodes;                       /* node 0 is the null node */
   uint32_t inodes_cap, inode_free, inodes_used;
 
-  /* live map: open addressing, linear probing, backward-shift delete */
-  mp__block_t **map;
+  /* live map: open addressing, linear probing, backward-shift delete; keys
+   * stored in the slots, so that probes never touch block records */
+  mp__slot_t *map;
   size_t map_cap, map_count;
 
   mp__segment_t *segs; /* every segment, newest first */
@@ -296,6 +303,9 @@ void mp__streams_poll(mp_pool_t *pool, bool close);
 uint64_t mp__streams_sync_begin(mp_pool_t *pool);
 void mp__streams_sync_end(mp_pool_t *pool, uint64_t snap);
 void mp__streams_release(mp_pool_t *pool); /* destroy: events back */
+/* Synchronizes stream sidx (lock dropped, pool inflight) and marks every
+ * epoch of it opened before done. */
+mp_status_t mp__stream_sync_one(mp_pool_t *pool, uint32_t sidx);
 mp_status_t mp__event_get(mp_pool_t *pool, mp_event_t *out);
 void mp__event_put(mp_pool_t *pool, mp_event_t e);
 

@@ -41,7 +41,6 @@
  * exactly its hole blocks. */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "pool_internal.h"
 
@@ -452,7 +451,7 @@ static bool mp__pick_chunk(mp_pool_t *pool, mp__segment_t *v, size_t want,
     size_t i = mp__chunk_at(v, b->addr);
     if (i == v->nchunks || v->chunks[i].addr + v->chunks[i].size > end)
       continue;
-    if (!mp__deps_safe(pool, b, UINT32_MAX, pool->nstreams <= 1)) {
+    if (!mp__deps_safe(pool, b, UINT32_MAX, false)) {
       *pending = true;
       continue;
     }
@@ -475,33 +474,27 @@ static bool mp__pick_chunk(mp_pool_t *pool, mp__segment_t *v, size_t want,
 /* Unmaps free chunks of the virtual range until want bytes went back (or
  * none is left), never one inside k1 or k2. A pool used from several
  * streams unmaps only chunks whose work it already knows done (markers
- * recorded at frees and polled by searches): asking the device now would
- * make the outcome depend on when stream threads ran, and on select_n
- * llama it also released chunks the next phase wanted back. A pool used
- * from one stream records no marker at frees: its open epoch is closed here
- * and, patient, given up to MP__RECLAIM_WAIT_US to pass with the lock
- * dropped. Never a device synchronize: growth must not block on work that
- * may itself wait for the caller. Returns the bytes released. */
-#define MP__RECLAIM_WAIT_US 200
+ * recorded at frees and polled by searches): waiting for streams here
+ * could block on work that waits for the caller, and asking the device now
+ * would make the outcome depend on when stream threads ran. A pool used
+ * from one stream records no marker at frees; when, patient, free chunks
+ * wait only for that stream, it is synchronized once (the lock dropped),
+ * as cuMemUnmap needs the work on the memory done anyway. Never a device
+ * synchronize. Returns the bytes released. */
 static size_t mp__reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
                           const mp__block_t *k2, bool patient) {
   mp__segment_t *v = pool->vseg;
-  if (pool->nstreams > 1)
-    patient = false;
   size_t done = 0;
-  unsigned waited = patient ? 0 : MP__RECLAIM_WAIT_US;
   while (v != NULL && done < want) {
     bool pending = false;
     mp__block_t *f = NULL;
     size_t i = 0;
     if (!mp__pick_chunk(pool, v, want - done, k1, k2, &f, &i, &pending)) {
-      if (!pending || waited >= MP__RECLAIM_WAIT_US)
+      if (!pending || !patient || pool->nstreams != 1)
         break;
-      struct timespec ts = {0, 10000};
-      mp__begin_device(pool);
-      nanosleep(&ts, NULL);
-      mp__end_device(pool);
-      waited += 10;
+      patient = false;
+      if (mp__stream_sync_one(pool, 0) != MP_OK)
+        break;
       continue;
     }
     size_t cs = v->chunks[i].size;
