@@ -472,19 +472,22 @@ static bool mp__pick_chunk(mp_pool_t *pool, mp__segment_t *v, size_t want,
 }
 
 /* Unmaps free chunks of the virtual range until want bytes went back (or
- * none is left), never one inside k1 or k2. A pool used from several
- * streams unmaps only chunks whose work it already knows done (markers
- * recorded at frees and polled by searches): waiting for streams here
- * could block on work that waits for the caller, and asking the device now
- * would make the outcome depend on when stream threads ran. A pool used
- * from one stream records no marker at frees; when, patient, free chunks
- * wait only for that stream, it is synchronized once (the lock dropped),
- * as cuMemUnmap needs the work on the memory done anyway. Never a device
- * synchronize. Returns the bytes released. */
+ * none is left), never one inside k1 or k2. patient: the growth rung. A
+ * pool used from one stream records no marker at frees; when free chunks
+ * wait only for that stream, it is synchronized once (the lock dropped), as
+ * an unmap needs the work on the memory done anyway. A pool used from
+ * several streams skips the rung: which chunks it knows done depends on when
+ * the streams' markers were seen, so its figures would change from run to
+ * run (and waiting for streams could block on work that waits for the
+ * caller); trim and the out-of-memory ladder, after a device sync, still
+ * unmap free chunks anywhere. Never a device synchronize here. Returns the
+ * bytes released. */
 static size_t mp__reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
                           const mp__block_t *k2, bool patient) {
   mp__segment_t *v = pool->vseg;
   size_t done = 0;
+  if (patient && pool->nstreams > 1)
+    return 0;
   while (v != NULL && done < want) {
     bool pending = false;
     mp__block_t *f = NULL;
