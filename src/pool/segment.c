@@ -486,8 +486,17 @@ static size_t mp__reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
                           const mp__block_t *k2, bool patient) {
   mp__segment_t *v = pool->vseg;
   size_t done = 0;
-  if (patient && pool->nstreams > 1)
-    return 0;
+  if (patient && pool->nstreams > 1) {
+    /* Under a split limit, free blocks above it cannot serve small
+     * requests: once a quarter of what is reserved is free, synchronize
+     * the device (like the out-of-memory ladder) rather than grow without
+     * bound. */
+    if (mp__vsplit_limit(pool) == 0 ||
+        pool->st.free_bytes < pool->st.reserved_bytes / 4 ||
+        mp__pool_sync(pool) != MP_OK)
+      return 0;
+    patient = false;
+  }
   while (v != NULL && done < want) {
     bool pending = false;
     mp__block_t *f = NULL;
