@@ -72,17 +72,25 @@ static size_t mp__map_slot(const mp_pool_t *pool, uintptr_t addr) {
   return (size_t)(h >> 32) & (pool->map_cap - 1);
 }
 
-mp__block_t *mp__map_find(const mp_pool_t *pool, uintptr_t addr) {
+mp__block_t *mp__map_lookup(const mp_pool_t *pool, uintptr_t addr,
+                            size_t *slot) {
   if (pool->map_cap == 0 || addr == 0)
     return NULL;
   size_t mask = pool->map_cap - 1;
   for (size_t i = mp__map_slot(pool, addr);; i = (i + 1) & mask) {
     const mp__slot_t *e = &pool->map[i];
-    if (e->addr == addr)
+    if (e->addr == addr) {
+      *slot = i;
       return e->blk;
+    }
     if (e->addr == 0)
       return NULL;
   }
+}
+
+mp__block_t *mp__map_find(const mp_pool_t *pool, uintptr_t addr) {
+  size_t slot;
+  return mp__map_lookup(pool, addr, &slot);
 }
 
 static void mp__map_put(mp__slot_t *map, size_t mask, size_t slot,
@@ -122,18 +130,13 @@ bool mp__map_insert(mp_pool_t *pool, mp__block_t *b) {
   return true;
 }
 
-void mp__map_remove(mp_pool_t *pool, mp__block_t *b) {
-  size_t mask = pool->map_cap - 1;
-  size_t i = mp__map_slot(pool, b->addr);
-  while (pool->map[i].blk != b) {
-    if (pool->map[i].addr == 0)
-      return;
-    i = (i + 1) & mask;
-  }
+void mp__map_remove_slot(mp_pool_t *pool, size_t slot) {
   /* Backward shift: pull later entries of the probe run into the hole when
    * their home slot does not lie strictly between the hole and them. */
-  size_t hole = i;
-  for (size_t j = (i + 1) & mask; pool->map[j].addr != 0; j = (j + 1) & mask) {
+  size_t mask = pool->map_cap - 1;
+  size_t hole = slot;
+  for (size_t j = (slot + 1) & mask; pool->map[j].addr != 0;
+       j = (j + 1) & mask) {
     size_t home = mp__map_slot(pool, pool->map[j].addr);
     bool movable =
         hole <= j ? (home <= hole || home > j) : (home <= hole && home > j);
@@ -145,6 +148,12 @@ void mp__map_remove(mp_pool_t *pool, mp__block_t *b) {
   pool->map[hole].addr = 0;
   pool->map[hole].blk = NULL;
   pool->map_count--;
+}
+
+void mp__map_remove(mp_pool_t *pool, mp__block_t *b) {
+  size_t slot;
+  if (mp__map_lookup(pool, b->addr, &slot) == b)
+    mp__map_remove_slot(pool, slot);
 }
 
 /* ---- tiling ------------------------------------------------------------- */

@@ -457,9 +457,9 @@ mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
 /* Looks up a live block for a caller's pointer, with a message naming what
  * is wrong with it. */
 static mp_status_t mp__find_live(mp_pool_t *pool, const char *fn, void *ptr,
-                                 mp__block_t **out) {
+                                 mp__block_t **out, size_t *slot) {
   uintptr_t p = (uintptr_t)ptr;
-  mp__block_t *b = mp__map_find(pool, p);
+  mp__block_t *b = mp__map_lookup(pool, p, slot);
   if (b == NULL) {
     mp__segment_t *seg = mp__segment_containing(pool, p);
     if (seg == NULL)
@@ -501,9 +501,10 @@ mp_status_t mp_pool_free(mp_pool_t *pool, void *ptr) {
     return MP_OK;
   pthread_mutex_lock(&pool->lock);
   mp__block_t *b;
-  mp_status_t st = mp__find_live(pool, "mp_pool_free", ptr, &b);
+  size_t slot;
+  mp_status_t st = mp__find_live(pool, "mp_pool_free", ptr, &b, &slot);
   if (st == MP_OK) {
-    mp__map_remove(pool, b);
+    mp__map_remove_slot(pool, slot);
     mp__block_release(pool, b);
   }
   pthread_mutex_unlock(&pool->lock);
@@ -517,7 +518,8 @@ mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr, mp_stream_t s) {
   pthread_mutex_lock(&pool->lock);
   mp__block_t *b;
   uint32_t sidx;
-  mp_status_t st = mp__find_live(pool, "mp_pool_record_stream", ptr, &b);
+  size_t slot;
+  mp_status_t st = mp__find_live(pool, "mp_pool_record_stream", ptr, &b, &slot);
   if (st == MP_OK)
     st = mp__stream_index(pool, s, &sidx);
   if (st == MP_OK && sidx != b->sidx && !(b->flags & MP__B_MANY_USES)) {

@@ -269,6 +269,10 @@ mp__block_t *mp__map_find(const mp_pool_t *pool, uintptr_t addr);
 bool mp__map_reserve(mp_pool_t *pool, size_t n);
 bool mp__map_insert(mp_pool_t *pool, mp__block_t *b);
 void mp__map_remove(mp_pool_t *pool, mp__block_t *b);
+/* The live block at addr and its slot, for mp__map_remove_slot. */
+mp__block_t *mp__map_lookup(const mp_pool_t *pool, uintptr_t addr,
+                            size_t *slot);
+void mp__map_remove_slot(mp_pool_t *pool, size_t slot);
 /* [defrag] Cuts b (not in the index) to `size`; the rest becomes a new free
  * block after it, with b's deps, inserted in the index. Returns it or NULL
  * when the rest is empty (or no record could be made). */
