@@ -130,11 +130,19 @@ void mp__deps_on_free(mp_pool_t *pool, mp__block_t *b) {
     b->ndeps = 0;
     return;
   }
+  mp__strm_t *own = &pool->streams[b->sidx];
+  if (b->ndeps == 0 && pool->nstreams == 1) {
+    /* The common case: no recorded use, one stream, nothing to close. */
+    b->deps[0].sidx = b->sidx;
+    b->deps[0].epoch = own->epoch;
+    own->dirty = true;
+    b->ndeps = 1;
+    return;
+  }
   uint32_t uses[MP__MAX_DEPS];
   uint32_t nuses = b->ndeps;
   for (uint32_t i = 0; i < nuses; i++)
     uses[i] = b->deps[i].sidx;
-  mp__strm_t *own = &pool->streams[b->sidx];
   b->deps[0].sidx = b->sidx;
   b->deps[0].epoch = own->epoch;
   own->dirty = true;
@@ -192,6 +200,18 @@ static bool mp__deps_union(const mp_pool_t *pool, const mp__block_t *a,
 
 bool mp__deps_try_merge(mp_pool_t *pool, mp__block_t *dst,
                         const mp__block_t *src) {
+  if (!((dst->flags | src->flags) & MP__B_SYNC) && dst->ndeps <= 1 &&
+      src->ndeps <= 1 &&
+      (src->ndeps == 0 || dst->ndeps == 0 ||
+       dst->deps[0].sidx == src->deps[0].sidx)) {
+    /* At most one stream between them: the later epoch. Finished deps may
+     * stay; mp__deps_safe drops them when it looks. */
+    if (src->ndeps == 1 &&
+        (dst->ndeps == 0 || dst->deps[0].epoch < src->deps[0].epoch))
+      dst->deps[0] = src->deps[0];
+    dst->ndeps |= src->ndeps;
+    return true;
+  }
   mp__dep_t u[MP__MAX_DEPS];
   uint32_t n;
   if (!mp__deps_union(pool, dst, src, u, &n)) {
@@ -224,6 +244,8 @@ bool mp__deps_merge(mp_pool_t *pool, mp__block_t *dst, const mp__block_t *src) {
 }
 
 bool mp__deps_safe(mp_pool_t *pool, mp__block_t *b, uint32_t sidx, bool poll) {
+  if (b->ndeps == 1 && b->deps[0].sidx == sidx && !(b->flags & MP__B_SYNC))
+    return true; /* freed on the asking stream: stream order suffices */
   if (b->flags & MP__B_SYNC) {
     if (b->gen >= pool->sync_done)
       return false;
