@@ -20,10 +20,10 @@
  *    block: into a hole next to free blocks (mapping only what they lack),
  *    else at the top, sized max(what the free top block lacks,
  *    segment_bytes, reserved/128 up to 16 MiB), rounded to the granule.
- *    Before a growth that would lift reserved above its peak, free chunks
- *    anywhere in the range are unmapped first ("reclaim, then grow"; only
- *    chunks whose work is done, waiting at most 200 us for stream markers,
- *    never a device synchronize); trim unmaps free chunks anywhere.
+ *    Before a growth that would lift reserved above its peak, a pool used
+ *    from one stream unmaps free chunks anywhere in the range first
+ *    ("reclaim, then grow"; it synchronizes that stream once when they
+ *    still wait for its work); trim unmaps free chunks anywhere.
  *  - plain: requests up to segment_bytes/2 come from segment_bytes
  *    segments (default 2 MiB); larger ones get their own segment, rounded
  *    up to 2 MiB. Trim frees segments that are wholly free.

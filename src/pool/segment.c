@@ -23,11 +23,15 @@
  * done) can be unmapped wherever it is: the block around it splits into a
  * free piece below, a hole and a free piece above; holes next to each other
  * merge, and a hole that reaches the top shrinks the span. Trim does this
- * for free chunks anywhere; growth does it first (reclaim, after one device
- * sync when the free chunks still wait for work) whenever the mapping would
- * lift reserved above its peak, so the peak follows live memory instead of
- * free chunks stranded in the middle of the range. Chunk sizes trade device
- * calls against precision: a chunk goes back only when wholly free.
+ * for free chunks anywhere; growth does it first (reclaim) whenever the
+ * mapping would lift reserved above its peak, so the peak follows live
+ * memory instead of free chunks stranded in the middle of the range. The
+ * growth rung runs in pools used from one stream (synchronizing that stream
+ * once when the free chunks still wait for its work), and in multi-stream
+ * pools only under max_split once a quarter of the memory is free (after a
+ * device sync); otherwise what a multi-stream pool knows to be done depends
+ * on stream timing (see mp__reclaim). Chunk sizes trade device calls
+ * against precision: a chunk goes back only when wholly free.
  *
  * Plain growth: segment_bytes for requests up to segment_bytes/2, else the
  * request rounded up to 2 MiB.
