@@ -646,6 +646,11 @@ mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
   mp_pool_config_t cfg = parent->cfg;
   cfg.flags &= ~(unsigned)MP_POOL_VIRTUAL;
   cfg.max_bytes = 0;
+  /* max_split keeps big free blocks whole for requests that need them, and
+   * lets reclaim and trim give them back; a child's range is fixed and goes
+   * back only whole, so under the limit its one free block could never be
+   * carved for a small request. */
+  cfg.max_split = 0;
   mp_pool_t *child;
   mp_status_t st = mp__pool_new(parent->dev, &cfg, &child);
   if (st != MP_OK)

@@ -125,3 +125,26 @@ Test(pool_child, child_larger_than_the_parent_can_hold_fails_cleanly,
   cr_expect_null(child);
   cr_expect_eq(mp_pool_destroy(capped), MP_OK, "no child was left behind");
 }
+
+/* max_split keeps big free blocks of a growing pool whole; a child's range
+ * is fixed, so the limit must not stop it from carving small blocks. */
+Test(pool_child, child_of_a_pool_with_max_split_serves_small_blocks) {
+  mp_device_t *d;
+  cr_assert_eq(mp_device_open("host", &d), MP_OK, "%s", mp_last_error());
+  const char *opts[] = {"max_split=1M", "max_split=1M,virtual=0"};
+  for (int i = 0; i < 2; i++) {
+    mp_pool_t *p = make_pool(d, opts[i]), *child;
+    cr_assert_eq(mp_pool_create_child(p, 8 * MiB, &child), MP_OK, "%s",
+                 mp_last_error());
+    void *a, *b;
+    cr_expect_eq(mp_pool_alloc(child, 4096, NULL, &a), MP_OK, "%s: %s", opts[i],
+                 mp_last_error());
+    cr_expect_eq(mp_pool_alloc(child, 3 * MiB, NULL, &b), MP_OK, "%s: %s",
+                 opts[i], mp_last_error());
+    check(child);
+    cr_expect_eq(mp_pool_destroy(child), MP_OK);
+    check(p);
+    cr_expect_eq(mp_pool_destroy(p), MP_OK);
+  }
+  mp_device_close(d);
+}
