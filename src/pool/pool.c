@@ -547,22 +547,27 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
                     : sizes == NULL ? "sizes is NULL"
                     : out == NULL   ? "out is NULL"
                                     : "count is 0");
-  size_t total = 0, requested = 0;
-  for (size_t i = 0; i < count; i++) {
-    size_t r;
+  /* Bad input first: a 0 size is MP_EINVAL wherever it is, and counts as
+   * no failed allocation. */
+  for (size_t i = 0; i < count; i++)
     if (sizes[i] == 0)
       return mp__fail(MP_EINVAL, "mp_pool_alloc_contiguous: sizes[%zu] is 0",
                       i);
-    if (!mp__pool_round(pool, sizes[i], &r) || total > SIZE_MAX - r) {
-      pthread_mutex_lock(&pool->lock);
-      mp_status_t st = mp__oom(pool, MP_ENOMEM, SIZE_MAX);
-      pthread_mutex_unlock(&pool->lock);
-      return st;
-    }
-    total += r;
-    requested += sizes[i];
+  size_t total = 0;
+  bool overflow = false;
+  for (size_t i = 0; i < count && !overflow; i++) {
+    size_t r;
+    overflow = !mp__pool_round(pool, sizes[i], &r) || total > SIZE_MAX - r;
+    total += overflow ? 0 : r;
   }
   pthread_mutex_lock(&pool->lock);
+  if (overflow) {
+    /* As mp_pool_alloc does for a size that cannot be rounded. */
+    mp_status_t st =
+        mp__oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM, SIZE_MAX);
+    pthread_mutex_unlock(&pool->lock);
+    return st;
+  }
   uint32_t sidx;
   mp__block_t *b = NULL;
   mp__block_t *recs = NULL;
@@ -615,7 +620,6 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
       mp__block_make_live(pool, cur, sizes[i], sidx);
     }
   }
-  (void)requested;
   pthread_mutex_unlock(&pool->lock);
   return MP_OK;
 }
