@@ -151,3 +151,76 @@ Test(pool_streams, many_streams_do_not_fragment_the_pool, .init = setup,
   for (int i = 0; i < NS; i++)
     mp_stream_destroy(dev, s[i]);
 }
+
+/* True when [p, p + n) and [q, q + m) do not overlap. */
+static bool apart(const void *p, size_t n, const void *q, size_t m) {
+  const char *a = p, *b = q;
+  return a + n <= b || b + m <= a;
+}
+
+/* A pool that has seen one stream only records no marker at a free; the
+ * second stream to appear must still wait for the first one's work. */
+Test(pool_streams,
+     block_of_a_one_stream_pool_waits_for_it_when_a_second_appears,
+     .init = setup, .fini = teardown) {
+  void *a, *b;
+  cr_assert_eq(mp_pool_alloc(pool, 2 * MiB, s1, &a), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, s1, gate_wait, &gate), MP_OK);
+  cr_assert_eq(mp_memset_async(dev, a, 0xA1, 2 * MiB, s1), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, a), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, 2 * MiB, s2, &b), MP_OK);
+  cr_expect_neq(b, a, "s1's pending block went to a new stream");
+  gate_open(&gate);
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+  cr_expect_eq(((unsigned char *)a)[2 * MiB - 1], 0xA1);
+  mp_pool_free(pool, b);
+}
+
+/* Coalescing a block pending on a busy stream with an idle neighbour must
+ * not let another stream have the merged block. */
+Test(pool_streams, merged_block_keeps_the_wait_of_its_busy_part, .init = setup,
+     .fini = teardown) {
+  void *a, *b, *c, *x;
+  cr_assert_eq(mp_pool_alloc(pool, MiB, s1, &a), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, MiB, s2, &b), MP_OK);
+  cr_assert_eq((char *)b, (char *)a + MiB, "adjacent in the fresh segment");
+  cr_assert_eq(mp_pool_free(pool, b), MP_OK); /* idle: s2 runs nothing */
+  cr_assert_eq(mp_stream_synchronize(dev, s2), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, s1, gate_wait, &gate), MP_OK);
+  cr_assert_eq(mp_memset_async(dev, a, 0xA2, MiB, s1), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, a), MP_OK); /* merges with b's space */
+  cr_assert_eq(mp_pool_alloc(pool, 2 * MiB, s2, &c), MP_OK);
+  cr_expect(apart(c, 2 * MiB, a, MiB),
+            "s2 got memory overlapping a block s1 still writes");
+  cr_assert_eq(mp_pool_alloc(pool, MiB, s2, &x), MP_OK);
+  cr_expect(apart(x, MiB, a, MiB), "s2 got a block s1 still writes");
+  gate_open(&gate);
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+  cr_expect_eq(((unsigned char *)a)[MiB - 1], 0xA2);
+  mp_pool_free(pool, c);
+  mp_pool_free(pool, x);
+}
+
+/* Pieces of a contiguous allocation are blocks of their own: each waits for
+ * the stream that used it, whether freed alone or merged back. */
+Test(pool_streams, contiguous_pieces_freed_on_a_busy_stream_wait_for_it,
+     .init = setup, .fini = teardown) {
+  size_t sizes[3] = {MiB, MiB, 2 * MiB};
+  void *out[3], *b;
+  cr_assert_eq(mp_pool_alloc_contiguous(pool, 3, sizes, s1, out), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, s1, gate_wait, &gate), MP_OK);
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(mp_memset_async(dev, out[i], 0xA3 + i, sizes[i], s1), MP_OK);
+    cr_assert_eq(mp_pool_free(pool, out[i]), MP_OK);
+  }
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(mp_pool_alloc(pool, sizes[i], s2, &b), MP_OK);
+    cr_expect(apart(b, sizes[i], out[0], 4 * MiB),
+              "s2 got memory of pieces s1 still writes");
+    mp_pool_free(pool, b);
+  }
+  gate_open(&gate);
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+  for (int i = 0; i < 3; i++)
+    cr_expect_eq(((unsigned char *)out[i])[sizes[i] - 1], 0xA3 + i);
+}

@@ -3,6 +3,7 @@
  * TSan in CI). */
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -59,16 +60,20 @@ static void *work(void *arg) {
   return NULL;
 }
 
-static void run(const char *spec) {
+/* Runs THREADS workers on a pool made on spec with cfg (NULL: defaults);
+ * thread 0 runs first_worker. Afterwards nothing is live, the invariants
+ * hold and trim gives every byte back. */
+static void run_with(const char *spec, const mp_pool_config_t *cfg,
+                     void *(*first_worker)(void *)) {
   cr_assert_eq(mp_device_open(spec, &dev), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(mp_pool_create(dev, NULL, &pool), MP_OK);
+  cr_assert_eq(mp_pool_create(dev, cfg, &pool), MP_OK, "%s", mp_last_error());
   for (int i = 0; i < THREADS; i++)
     cr_assert_eq(mp_stream_create(dev, &streams[i]), MP_OK);
   pthread_t t[THREADS];
   worker_t w[THREADS];
   for (int i = 0; i < THREADS; i++) {
     w[i] = (worker_t){i, 0};
-    pthread_create(&t[i], NULL, work, &w[i]);
+    pthread_create(&t[i], NULL, i == 0 ? first_worker : work, &w[i]);
   }
   for (int i = 0; i < THREADS; i++) {
     pthread_join(t[i], NULL);
@@ -79,11 +84,19 @@ static void run(const char *spec) {
   mp_stats_t st;
   mp_pool_get_stats(pool, &st);
   cr_expect_eq(st.allocated_bytes, 0);
+  cr_expect_eq(st.live_blocks, 0);
   cr_expect_eq(st.alloc_count, st.free_count);
+  cr_expect_eq(mp_pool_trim(pool, 0), MP_OK);
+  mp_pool_get_stats(pool, &st);
+  cr_expect_eq(st.reserved_bytes, 0);
   cr_expect_eq(mp_pool_destroy(pool), MP_OK);
   for (int i = 0; i < THREADS; i++)
     mp_stream_destroy(dev, streams[i]);
   mp_device_close(dev);
+}
+
+static void run(const char *spec) {
+  run_with(spec, NULL, work);
 }
 
 Test(pool_threads, concurrent_use_keeps_contents_and_invariants_virtual) {
@@ -92,4 +105,69 @@ Test(pool_threads, concurrent_use_keeps_contents_and_invariants_virtual) {
 
 Test(pool_threads, concurrent_use_keeps_contents_and_invariants_plain) {
   run("host:vmm=0");
+}
+
+/* Trim, defragmentation (of the movable blocks of one thread), checks and
+ * child pools race with allocs and frees in a virtual range with a small
+ * granule and max_split, where growth reclaims and maps into holes. */
+static atomic_int housekeeping_done;
+
+static void *housekeeper(void *arg) {
+  worker_t *w = arg;
+  enum { MOVABLES = 16 };
+  mp_handle_t *h[MOVABLES] = {0};
+  uint64_t s = 0xD1B54A32D192ED03ull;
+  mp_stream_t own = streams[w->id];
+  for (int round = 0; round < 200; round++) {
+    for (int i = 0; i < MOVABLES; i++) {
+      s ^= s << 13;
+      s ^= s >> 7;
+      s ^= s << 17;
+      if (h[i] != NULL && (s & 1)) {
+        if (*(uint64_t *)mp_handle_ptr(h[i]) != (uint64_t)i * 77 + 1)
+          w->failures++;
+        if (mp_handle_free(h[i]) != MP_OK)
+          w->failures++;
+        h[i] = NULL;
+      } else if (h[i] == NULL) {
+        if (mp_pool_alloc_movable(pool, 4096 + (s >> 40) % 300000, own,
+                                  &h[i]) != MP_OK) {
+          w->failures++;
+          continue;
+        }
+        *(uint64_t *)mp_handle_ptr(h[i]) = (uint64_t)i * 77 + 1;
+      }
+    }
+    size_t moved = 0;
+    if (mp_pool_defragment(pool, own, &moved) != MP_OK ||
+        mp_stream_synchronize(dev, own) != MP_OK)
+      w->failures++;
+    if (mp_pool_trim(pool, round % 3 == 0 ? 0 : (size_t)4 << 20) != MP_OK)
+      w->failures++;
+    if (mp_pool_check(pool) != MP_OK)
+      w->failures++;
+    mp_pool_t *child;
+    void *c;
+    if (mp_pool_create_child(pool, (size_t)1 << 20, &child) == MP_OK) {
+      if (mp_pool_alloc(child, 1000, own, &c) != MP_OK ||
+          mp_pool_free(child, c) != MP_OK || mp_pool_destroy(child) != MP_OK)
+        w->failures++;
+    } else {
+      w->failures++;
+    }
+  }
+  for (int i = 0; i < MOVABLES; i++)
+    if (h[i] != NULL)
+      mp_handle_free(h[i]);
+  atomic_store(&housekeeping_done, 1);
+  return NULL;
+}
+
+Test(pool_threads, trim_defragment_and_children_race_with_alloc_and_free) {
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cfg.max_split = (size_t)1 << 20;
+  cfg.segment_bytes = (size_t)256 << 10;
+  run_with("host:granularity=64K", &cfg, housekeeper);
+  cr_expect_eq(atomic_load(&housekeeping_done), 1);
 }
