@@ -654,7 +654,14 @@ static mp_status_t mp__grow_virtual(mp_pool_t *pool, size_t size,
   size_t room = pool->cap > pool->st.reserved_bytes
                     ? pool->cap - pool->st.reserved_bytes
                     : 0;
-  size_t grow = p.bytes > room ? p.need : p.bytes;
+  size_t grow = p.bytes;
+  if (grow > room) {
+    /* Only the exact need fits: it must still touch the blocks it
+     * completes, so one placed against the hole's top edge moves up. */
+    grow = p.need;
+    if (p.hole != NULL && p.jn && !p.jp)
+      p.at = p.hole->addr + p.hole->size - grow;
+  }
   if (grow > room)
     return mp__limit(pool);
   if (!mp__vseg_room(v))

@@ -105,3 +105,49 @@ Test(pool_vm_holes, default_workload_fits_1_3x_its_peak_live) {
 Test(pool_vm_holes, plain_max_split_workload_fits_1_3x_its_peak_live) {
   mixed_workload_fits("virtual=0,max_split=64M");
 }
+
+/* Near the cap growth maps only what a block lacks. Filling a hole from
+ * its top edge, below a free block, such a short mapping must still touch
+ * the free block: it was placed a whole growth step below it, and the
+ * allocation failed with MP_ELIMIT with room to spare. max_bytes just
+ * under a granule multiple leaves less room than the hole is big. */
+Test(pool_vm_holes, near_the_cap_growth_under_a_free_block_completes_it) {
+  const size_t K = 1024;
+  mp_device_t *dev;
+  cr_assert_eq(mp_device_open("host:granularity=64K", &dev), MP_OK, "%s",
+               mp_last_error());
+  mp_pool_t *p = make_pool(dev, "segment_bytes=128K,max_bytes=654848");
+  void *a, *b, *c, *d, *e, *x = NULL;
+  cr_assert_eq(mp_pool_alloc(p, 128 * K, NULL, &a), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 128 * K, NULL, &b), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 64 * K, NULL, &c), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 64 * K, NULL, &d), MP_OK);
+  cr_assert_eq((char *)b, (char *)a + 128 * K);
+  cr_assert_eq((char *)c, (char *)b + 128 * K);
+  cr_assert_eq((char *)d, (char *)c + 64 * K);
+  /* b's chunk becomes a hole between a and c; e maps the rest at the top. */
+  cr_assert_eq(mp_pool_free(p, b), MP_OK);
+  cr_assert_eq(mp_pool_trim(p, 0), MP_OK);
+  cr_assert_eq(stats(p).reserved_bytes, 256 * K);
+  cr_assert_eq(mp_pool_alloc(p, 256 * K, NULL, &e), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq((char *)e, (char *)d + 64 * K);
+  cr_assert_eq(mp_pool_free(p, c), MP_OK);
+  check(p);
+  /* 128K = c's free 64K plus the 64K of the hole right below it. */
+  cr_expect_eq(mp_pool_alloc(p, 128 * K, NULL, &x), MP_OK, "%s",
+               mp_last_error());
+  check(p);
+  cr_expect_leq(stats(p).reserved_bytes, (size_t)654848);
+  if (x != NULL) {
+    cr_expect_eq((char *)x + 128 * K, (char *)d, "the block ends at d");
+    memset(x, 0x3C, 128 * K);
+    mp_pool_free(p, x);
+  }
+  mp_pool_free(p, a);
+  mp_pool_free(p, d);
+  mp_pool_free(p, e);
+  check(p);
+  mp_pool_destroy(p);
+  mp_device_close(dev);
+}
