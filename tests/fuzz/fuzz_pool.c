@@ -121,9 +121,9 @@ static void fz_check(mp_pool_t *p, const fz_count_t *c) {
                st.peak_allocated_bytes >= st.allocated_bytes);
 }
 
-/* An allocation on s may have defragmented (the OOM rung): its copies are
- * queued on s, and host writes into the new block (tags) are not, so they
- * wait for s (a program's own writes would be ordered on s). */
+/* An allocation on s may have defragmented (the OOM rung), even one that
+ * failed: its copies are queued on s, and host writes and reads (tags) are
+ * not, so they wait for s (a program's own work would be ordered on s). */
 static void fz_settle(mp_device_t *dev, mp_stream_t s, size_t movables) {
   if (movables > 0)
     FUZZ_REQUIRE(mp_stream_synchronize(dev, s) == MP_OK);
@@ -189,13 +189,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       void *p;
       fz_count_t *c = in_child ? &cc : &pc;
       mp_status_t st = mp_pool_alloc(in_child ? child : pool, b.bytes, s, &p);
+      fz_settle(dev, s, movables);
       FUZZ_REQUIRE(st == MP_OK || fz_is_oom(st));
       if (st != MP_OK) {
         c->ooms++;
         break;
       }
       FUZZ_REQUIRE((uintptr_t)p % cfg.align == 0);
-      fz_settle(dev, s, movables);
       b.p = p;
       fz_tag(&b);
       fz_alloced(c, b.bytes);
@@ -221,12 +221,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                          fz_size(op[1], op[2]), fz_size(op[2] ^ op[3], op[1])};
       void *out[4];
       mp_status_t st = mp_pool_alloc_contiguous(pool, count, sizes, s, out);
+      fz_settle(dev, s, movables);
       FUZZ_REQUIRE(st == MP_OK || fz_is_oom(st));
       if (st != MP_OK) {
         pc.ooms++;
         break;
       }
-      fz_settle(dev, s, movables);
       for (size_t k = 0; k < count; k++) {
         FUZZ_REQUIRE(k == 0 || (unsigned char *)out[k] >=
                                    (unsigned char *)out[k - 1] + sizes[k - 1]);
@@ -264,6 +264,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (child == NULL) {
         size_t bytes = fz_size(op[2], op[3]);
         mp_status_t st = mp_pool_create_child(pool, bytes, &child);
+        fz_settle(dev, NULL, movables);
         FUZZ_REQUIRE(st == MP_OK || fz_is_oom(st));
         if (st != MP_OK) {
           pc.ooms++;
@@ -314,13 +315,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         break;
       fz_block_t b = {NULL, NULL, fz_size(op[2], op[3]), tag++, 0};
       mp_status_t st = mp_pool_alloc_movable(pool, b.bytes, s, &b.h);
+      fz_settle(dev, s, movables + 1);
       FUZZ_REQUIRE(st == MP_OK || fz_is_oom(st));
       if (st != MP_OK) {
         pc.ooms++;
         break;
       }
       movables++;
-      fz_settle(dev, s, movables);
       fz_tag(&b);
       fz_alloced(&pc, b.bytes);
       live[n++] = b;
