@@ -455,9 +455,11 @@ mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
 }
 
 /* Looks up a live block for a caller's pointer, with a message naming what
- * is wrong with it. */
+ * is wrong with it. movable_ok: a movable block's current pointer is
+ * accepted (record_stream), not only raw blocks (free). */
 static mp_status_t mp__find_live(mp_pool_t *pool, const char *fn, void *ptr,
-                                 mp__block_t **out, size_t *slot) {
+                                 bool movable_ok, mp__block_t **out,
+                                 size_t *slot) {
   uintptr_t p = (uintptr_t)ptr;
   mp__block_t *b = mp__map_lookup(pool, p, slot);
   if (b == NULL) {
@@ -487,7 +489,7 @@ static mp_status_t mp__find_live(mp_pool_t *pool, const char *fn, void *ptr,
     return mp__fail(MP_EINVAL,
                     "%s: %p is a child pool's range: destroy the child", fn,
                     ptr);
-  if (b->flags & MP__B_MOVABLE)
+  if ((b->flags & MP__B_MOVABLE) && !movable_ok)
     return mp__fail(MP_EINVAL, "%s: %p is a movable block: use mp_handle_free",
                     fn, ptr);
   *out = b;
@@ -502,7 +504,7 @@ mp_status_t mp_pool_free(mp_pool_t *pool, void *ptr) {
   pthread_mutex_lock(&pool->lock);
   mp__block_t *b;
   size_t slot;
-  mp_status_t st = mp__find_live(pool, "mp_pool_free", ptr, &b, &slot);
+  mp_status_t st = mp__find_live(pool, "mp_pool_free", ptr, false, &b, &slot);
   if (st == MP_OK) {
     mp__map_remove_slot(pool, slot);
     mp__block_release(pool, b);
@@ -519,7 +521,8 @@ mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr, mp_stream_t s) {
   mp__block_t *b;
   uint32_t sidx;
   size_t slot;
-  mp_status_t st = mp__find_live(pool, "mp_pool_record_stream", ptr, &b, &slot);
+  mp_status_t st =
+      mp__find_live(pool, "mp_pool_record_stream", ptr, true, &b, &slot);
   if (st == MP_OK)
     st = mp__stream_index(pool, s, &sidx);
   if (st == MP_OK && sidx != b->sidx && !(b->flags & MP__B_MANY_USES)) {

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../support/stream_gate.h"
 #include "movable_fixture.h"
 
 static void setup(void) {
@@ -214,6 +215,36 @@ Test(defrag, moves_wait_for_work_queued_on_other_streams) {
   cr_assert_eq(mp_stream_synchronize(dev, other), MP_OK);
   cr_assert_eq(mp_stream_destroy(dev, other), MP_OK);
   free(pat);
+}
+
+/* A movable block used on another stream says so like any block: its
+ * current pointer is given to mp_pool_record_stream, and after
+ * mp_handle_free the block waits for that stream's work. */
+Test(defrag, movable_block_used_on_another_stream_waits_for_it) {
+  gate_t gate;
+  gate_init(&gate);
+  mp_stream_t other;
+  cr_assert_eq(mp_stream_create(dev, &other), MP_OK);
+  mp_handle_t *h;
+  cr_assert_eq(mp_pool_alloc_movable(pool, 2 << 20, stream, &h), MP_OK);
+  void *p = mp_handle_ptr(h);
+  cr_assert_eq(mp_pool_record_stream(pool, p, other), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_stream_launch_host(dev, other, gate_wait, &gate), MP_OK);
+  cr_assert_eq(mp_memset_async(dev, p, 0x6B, 2 << 20, other), MP_OK);
+  cr_assert_eq(mp_handle_free(h), MP_OK);
+  void *q;
+  cr_assert_eq(mp_pool_alloc(pool, 2 << 20, stream, &q), MP_OK);
+  cr_expect_neq(q, p,
+                "the block went back to use while another stream "
+                "still writes it");
+  gate_open(&gate);
+  cr_assert_eq(mp_stream_synchronize(dev, other), MP_OK);
+  cr_expect_eq(((unsigned char *)p)[(2 << 20) - 1], 0x6B);
+  cr_assert_eq(mp_pool_free(pool, q), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, other), MP_OK);
+  gate_destroy(&gate);
+  check();
 }
 
 Test(defrag, bad_input_is_einval_on_every_call) {
