@@ -502,7 +502,7 @@ mp_status_t mp_pool_free(mp_pool_t *pool, void *ptr) {
   if (ptr == NULL)
     return MP_OK;
   pthread_mutex_lock(&pool->lock);
-  mp__block_t *b;
+  mp__block_t *b = NULL; /* set when mp__find_live succeeds */
   size_t slot;
   mp_status_t st = mp__find_live(pool, "mp_pool_free", ptr, false, &b, &slot);
   if (st == MP_OK) {
@@ -518,7 +518,7 @@ mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr, mp_stream_t s) {
     return mp__fail(MP_EINVAL, "mp_pool_record_stream: %s is NULL",
                     pool == NULL ? "pool" : "ptr");
   pthread_mutex_lock(&pool->lock);
-  mp__block_t *b;
+  mp__block_t *b = NULL; /* set when mp__find_live succeeds */
   uint32_t sidx;
   size_t slot;
   mp_status_t st =
