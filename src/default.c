@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "internal.h"
+#include "pool/pool_internal.h"
 
 static pthread_once_t mp__default_once = PTHREAD_ONCE_INIT;
 static mp_pool_t *mp__default;
@@ -68,8 +69,5 @@ mp_status_t mp_free_async(void *ptr, mp_stream_t s) {
   mp_pool_t *pool = mp_default_pool();
   if (pool == NULL)
     return mp__default_status;
-  mp_status_t st = mp_pool_record_stream(pool, ptr, s);
-  if (st != MP_OK)
-    return st;
-  return mp_pool_free(pool, ptr);
+  return mp__pool_free_on(pool, ptr, s, "mp_free_async");
 }

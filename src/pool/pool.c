@@ -513,6 +513,20 @@ mp_status_t mp_pool_free(mp_pool_t *pool, void *ptr) {
   return st;
 }
 
+/* Records stream sidx as a use of live block b. */
+static void mp__add_use(mp__block_t *b, uint32_t sidx) {
+  if (sidx == b->sidx || (b->flags & MP__B_MANY_USES))
+    return;
+  for (uint32_t i = 0; i < b->ndeps; i++)
+    if (b->deps[i].sidx == sidx)
+      return;
+  /* One dep slot stays for the block's own stream at the free. */
+  if (b->ndeps + 1 < MP__MAX_DEPS)
+    b->deps[b->ndeps++].sidx = sidx;
+  else
+    b->flags |= MP__B_MANY_USES;
+}
+
 mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr, mp_stream_t s) {
   if (pool == NULL || ptr == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_record_stream: %s is NULL",
@@ -525,17 +539,27 @@ mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr, mp_stream_t s) {
       mp__find_live(pool, "mp_pool_record_stream", ptr, true, &b, &slot);
   if (st == MP_OK)
     st = mp__stream_index(pool, s, &sidx);
-  if (st == MP_OK && sidx != b->sidx && !(b->flags & MP__B_MANY_USES)) {
-    bool known = false;
-    for (uint32_t i = 0; i < b->ndeps; i++)
-      known |= b->deps[i].sidx == sidx;
-    if (!known) {
-      /* One dep slot stays for the block's own stream at the free. */
-      if (b->ndeps + 1 < MP__MAX_DEPS)
-        b->deps[b->ndeps++].sidx = sidx;
-      else
-        b->flags |= MP__B_MANY_USES;
-    }
+  if (st == MP_OK)
+    mp__add_use(b, sidx);
+  pthread_mutex_unlock(&pool->lock);
+  return st;
+}
+
+mp_status_t mp__pool_free_on(mp_pool_t *pool, void *ptr, mp_stream_t s,
+                             const char *fn) {
+  if (ptr == NULL)
+    return MP_OK;
+  pthread_mutex_lock(&pool->lock);
+  mp__block_t *b = NULL; /* set when mp__find_live succeeds */
+  uint32_t sidx;
+  size_t slot;
+  mp_status_t st = mp__find_live(pool, fn, ptr, false, &b, &slot);
+  if (st == MP_OK)
+    st = mp__stream_index(pool, s, &sidx);
+  if (st == MP_OK) {
+    mp__add_use(b, sidx);
+    mp__map_remove_slot(pool, slot);
+    mp__block_release(pool, b);
   }
   pthread_mutex_unlock(&pool->lock);
   return st;

@@ -230,6 +230,11 @@ void mp__block_make_live(mp_pool_t *pool, mp__block_t *b, size_t requested,
  * coalescing, back into the index. */
 void mp__block_release(mp_pool_t *pool, mp__block_t *b);
 
+/* mp_pool_free of ptr, with s recorded as a use first (mp_free_async): one
+ * locked step, so a pointer it refuses leaves no use behind. fn names the
+ * caller in messages. */
+mp_status_t mp__pool_free_on(mp_pool_t *pool, void *ptr, mp_stream_t s,
+                             const char *fn);
 /* Synchronizes the device (lock dropped meanwhile) and marks every stream
  * epoch before it done. */
 mp_status_t mp__pool_sync(mp_pool_t *pool);

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <mempool/mempool.h>
 
@@ -44,14 +45,21 @@ Test(default_pool, malloc_and_free_round_trip) {
   cr_expect_eq(mp_malloc(NULL, 8), MP_EINVAL);
 }
 
-Test(default_pool, free_async_orders_reuse_after_the_stream) {
+/* The default pool on the host device, its device and a new stream. */
+static mp_pool_t *host_pool_with_stream(mp_device_t **dev, mp_stream_t *s) {
   setenv("MEMPOOL_DEVICE", "host", 1);
   unsetenv("MEMPOOL_CONF");
   mp_pool_t *pool = mp_default_pool();
   cr_assert_not_null(pool, "%s", mp_last_error());
-  mp_device_t *dev = mp_pool_device(pool);
+  *dev = mp_pool_device(pool);
+  cr_assert_eq(mp_stream_create(*dev, s), MP_OK);
+  return pool;
+}
+
+Test(default_pool, free_async_orders_reuse_after_the_stream) {
+  mp_device_t *dev;
   mp_stream_t s;
-  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  host_pool_with_stream(&dev, &s);
   void *p, *q;
   cr_assert_eq(mp_malloc_async(&p, 2 << 20, NULL), MP_OK);
   cr_assert_eq(mp_memset_async(dev, p, 7, 2 << 20, s), MP_OK);
@@ -69,4 +77,36 @@ Test(default_pool, unusable_device_is_null_with_a_reason) {
   cr_expect(strstr(mp_last_error(), "nosuchdevice"), "%s", mp_last_error());
   void *p;
   cr_expect_eq(mp_malloc(&p, 16), MP_EINVAL);
+}
+
+/* mp_free_async of a pointer it must refuse (a movable block's) changes
+ * nothing: no use of the stream is left on the block, so once the block is
+ * freed through its handle its own stream reuses it at once, busy stream or
+ * not. */
+static void hold(void *arg) {
+  struct timespec ts = {0, 200 * 1000 * 1000};
+  (void)arg;
+  nanosleep(&ts, NULL);
+}
+
+Test(default_pool, refused_free_async_leaves_no_stream_use_behind) {
+  mp_device_t *dev;
+  mp_stream_t busy;
+  mp_pool_t *pool = host_pool_with_stream(&dev, &busy);
+  mp_handle_t *h;
+  cr_assert_eq(mp_pool_alloc_movable(pool, 2 << 20, NULL, &h), MP_OK);
+  void *p = mp_handle_ptr(h);
+  cr_assert_eq(mp_stream_launch_host(dev, busy, hold, NULL), MP_OK);
+  mp_stats_t before, after;
+  cr_assert_eq(mp_pool_get_stats(pool, &before), MP_OK);
+  cr_expect_eq(mp_free_async(p, busy), MP_EINVAL);
+  cr_assert_eq(mp_pool_get_stats(pool, &after), MP_OK);
+  cr_expect_eq(memcmp(&before, &after, sizeof before), 0);
+  cr_assert_eq(mp_handle_free(h), MP_OK);
+  void *q;
+  cr_assert_eq(mp_malloc_async(&q, 2 << 20, NULL), MP_OK);
+  cr_expect_eq(q, p, "the busy stream was left recorded as a use");
+  cr_expect_eq(mp_free(q), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, busy), MP_OK);
+  mp_stream_destroy(dev, busy);
 }
