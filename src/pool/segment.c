@@ -492,12 +492,12 @@ static size_t mp__reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
   size_t done = 0;
   if (patient && pool->nstreams > 1) {
     /* Under a split limit, free blocks above it cannot serve small
-     * requests: once a quarter of what is reserved is free, synchronize
-     * the device (like the out-of-memory ladder) rather than grow without
-     * bound. */
+     * requests: once a quarter of what is reserved is free, unmap the free
+     * chunks whose streams are known done rather than grow past them. It
+     * never waits for a stream here: another stream's work may be waiting
+     * for this very caller. */
     if (mp__vsplit_limit(pool) == 0 ||
-        pool->st.free_bytes < pool->st.reserved_bytes / 4 ||
-        mp__pool_sync(pool) != MP_OK)
+        pool->st.free_bytes < pool->st.reserved_bytes / 4)
       return 0;
     patient = false;
   }

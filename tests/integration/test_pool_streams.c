@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <mempool/mempool.h>
 
@@ -223,4 +224,91 @@ Test(pool_streams, contiguous_pieces_freed_on_a_busy_stream_wait_for_it,
   cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
   for (int i = 0; i < 3; i++)
     cr_expect_eq(((unsigned char *)out[i])[sizes[i] - 1], 0xA3 + i);
+}
+
+/* Growth must never wait for another stream's work: that work may be
+ * waiting for the very caller that is allocating (here: a gate only the
+ * test thread opens). The allocation runs in a thread; if it has not
+ * returned within seconds it is blocked, and the test opens the gate to
+ * end it and fails. */
+struct grow_arg {
+  mp_pool_t *pool;
+  mp_stream_t s;
+  void *p;
+  mp_status_t st;
+  bool done;
+  pthread_mutex_t mu;
+};
+
+static void *grow_on_stream(void *arg) {
+  struct grow_arg *g = arg;
+  void *p = NULL;
+  mp_status_t st = mp_pool_alloc(g->pool, 64 * MiB, g->s, &p);
+  pthread_mutex_lock(&g->mu);
+  g->p = p;
+  g->st = st;
+  g->done = true;
+  pthread_mutex_unlock(&g->mu);
+  return NULL;
+}
+
+static bool grow_done(struct grow_arg *g) {
+  pthread_mutex_lock(&g->mu);
+  bool done = g->done;
+  pthread_mutex_unlock(&g->mu);
+  return done;
+}
+
+static void growth_does_not_wait_for_a_busy_stream(const char *options) {
+  mp_device_t *d;
+  mp_pool_t *p;
+  mp_stream_t a, b;
+  gate_t g;
+  gate_init(&g);
+  cr_assert_eq(mp_device_open("host:capacity=1G", &d), MP_OK);
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cr_assert_eq(mp_pool_config_parse(&cfg, options), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_create(d, &cfg, &p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_stream_create(d, &a), MP_OK);
+  cr_assert_eq(mp_stream_create(d, &b), MP_OK);
+  void *keep = NULL, *big = NULL;
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, b, &keep), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 32 * MiB, a, &big), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(d, a, gate_wait, &g), MP_OK);
+  /* Freed while stream a is held: a quarter and more of the pool is free,
+   * but not yet reusable from stream b. */
+  cr_assert_eq(mp_pool_free(p, big), MP_OK);
+
+  struct grow_arg arg = {.pool = p, .s = b};
+  pthread_mutex_init(&arg.mu, NULL);
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, grow_on_stream, &arg), 0);
+  bool returned = false;
+  for (int i = 0; i < 300 && !returned; i++) {
+    usleep(10 * 1000);
+    returned = grow_done(&arg);
+  }
+  gate_open(&g);
+  pthread_join(t, NULL);
+  cr_expect(returned, "%s: an allocation on stream b waited for stream a",
+            options);
+  cr_expect_eq(arg.st, MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_free(p, arg.p), MP_OK);
+  cr_expect_eq(mp_pool_free(p, keep), MP_OK);
+  mp_device_synchronize(d);
+  cr_expect_eq(mp_pool_check(p), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_destroy(p), MP_OK);
+  mp_stream_destroy(d, a);
+  mp_stream_destroy(d, b);
+  mp_device_close(d);
+  pthread_mutex_destroy(&arg.mu);
+  gate_destroy(&g);
+}
+
+Test(pool_streams, growth_does_not_wait_for_a_busy_stream) {
+  growth_does_not_wait_for_a_busy_stream("max_split=4M");
+  growth_does_not_wait_for_a_busy_stream("virtual=1");
+  growth_does_not_wait_for_a_busy_stream("virtual=0,max_split=4M");
 }
