@@ -52,12 +52,8 @@ void mp_torch_free(void *ptr, ssize_t size, int device, mp_stream_t stream) {
   (void)device;
   if (ptr == NULL)
     return;
-  mp_pool_t *pool = mp_default_pool();
-  if (pool == NULL)
-    return;
-  /* Recording the free's stream is harmless when it is the block's own
-   * stream; it matters when PyTorch frees on another one. A failure here
-   * means the pointer is not the pool's, which mp_pool_free reports too. */
-  (void)mp_pool_record_stream(pool, ptr, stream);
-  (void)mp_pool_free(pool, ptr);
+  /* Freed in order on the free's stream (it matters when PyTorch frees on
+   * another stream than the block's), in one step: a refused pointer leaves
+   * nothing behind. */
+  (void)mp_free_async(ptr, stream);
 }

@@ -113,9 +113,15 @@ MP_API mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
  * pointer the pool did not hand out, or one already freed: MP_EINVAL. */
 MP_API mp_status_t mp_pool_free(mp_pool_t *pool, void *ptr);
 /* ptr is also used on s: it becomes reusable elsewhere only once the work
- * queued on s up to its free has completed. */
+ * queued on s up to its free has completed. A movable block's pointer
+ * (mp_handle_ptr) is accepted too. */
 MP_API mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr,
                                          mp_stream_t s);
+/* mp_pool_record_stream(pool, ptr, s) and mp_pool_free(pool, ptr) in one
+ * step: ptr may still be in use by work queued on s (cudaFreeAsync). A
+ * pointer it refuses leaves no use of s behind. */
+MP_API mp_status_t mp_pool_free_async(mp_pool_t *pool, void *ptr,
+                                      mp_stream_t s);
 /* One block split into count adjacent pieces, each freeable on its own and
  * each aligned (sizes are rounded up to the alignment). count 0, a NULL
  * array or a 0 size is MP_EINVAL. */
@@ -127,6 +133,7 @@ MP_API mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
 MP_API mp_status_t mp_pool_trim(mp_pool_t *pool, size_t keep_bytes);
 
 /* Child pools: a fixed range carved out of the parent; it never grows.
+ * A child ignores max_split (its range is one block it must split).
  * Its reserved_bytes is its range; the parent counts the range as allocated. */
 MP_API mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
                                         mp_pool_t **out);

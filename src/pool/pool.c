@@ -565,6 +565,12 @@ mp_status_t mp__pool_free_on(mp_pool_t *pool, void *ptr, mp_stream_t s,
   return st;
 }
 
+mp_status_t mp_pool_free_async(mp_pool_t *pool, void *ptr, mp_stream_t s) {
+  if (pool == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_free_async: pool is NULL");
+  return mp__pool_free_on(pool, ptr, s, "mp_pool_free_async");
+}
+
 mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
                                      const size_t *sizes, mp_stream_t s,
                                      void **out) {

@@ -130,9 +130,10 @@ static mp__curesult mp__free(mp__variant_t v, mp__cuptr p, mp__custream s) {
   } else if (b.kind == MP__PL_FROM_POOL) {
     void *ptr = (void *)(uintptr_t)p;
     if (v != MP__SYNC && (uintptr_t)s != b.stream)
-      (void)mp_pool_record_stream(pl->pool, ptr,
-                                  mp__pl_stream(pl, s, v == MP__ASYNC_PTSZ));
-    r = mp__pl_cu_error(mp_pool_free(pl->pool, ptr));
+      r = mp__pl_cu_error(mp_pool_free_async(
+          pl->pool, ptr, mp__pl_stream(pl, s, v == MP__ASYNC_PTSZ)));
+    else
+      r = mp__pl_cu_error(mp_pool_free(pl->pool, ptr));
     mp__pl_record_free(b.ptr, b.size, (uintptr_t)s);
   } else if (b.kind == MP__PL_FROM_REAL) {
     r = mp__real_free(v, p, s);

@@ -126,9 +126,10 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
     r = mp__rt_real_free(v, p, s);
   } else if (b.kind == MP__PL_FROM_POOL) {
     if (v != MP__RT_SYNC && (uintptr_t)s != b.stream)
-      (void)mp_pool_record_stream(pl->pool, p,
-                                  mp__pl_stream(pl, s, v == MP__RT_ASYNC_PTSZ));
-    r = mp__pl_cuda_error(mp_pool_free(pl->pool, p));
+      r = mp__pl_cuda_error(mp_pool_free_async(
+          pl->pool, p, mp__pl_stream(pl, s, v == MP__RT_ASYNC_PTSZ)));
+    else
+      r = mp__pl_cuda_error(mp_pool_free(pl->pool, p));
     mp__pl_record_free(b.ptr, b.size, (uintptr_t)s);
   } else if (b.kind == MP__PL_FROM_REAL) {
     r = mp__rt_real_free(v, p, s);

@@ -312,3 +312,27 @@ Test(pool_streams, growth_does_not_wait_for_a_busy_stream) {
   growth_does_not_wait_for_a_busy_stream("virtual=1");
   growth_does_not_wait_for_a_busy_stream("virtual=0,max_split=4M");
 }
+
+Test(pool_streams,
+     free_async_waits_for_the_free_stream_and_refusals_change_nothing,
+     .init = setup, .fini = teardown) {
+  void *p = NULL, *q = NULL;
+  cr_assert_eq(mp_pool_alloc(pool, 2 * MiB, s1, &p), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, s2, gate_wait, &gate), MP_OK);
+  cr_assert_eq(mp_pool_free_async(pool, p, s2), MP_OK, "%s", mp_last_error());
+  /* p may still be in use on the held stream s2: even its own stream s1
+   * must not get it back. */
+  cr_assert_eq(mp_pool_alloc(pool, 2 * MiB, s1, &q), MP_OK);
+  cr_expect_neq(q, p, "a block freed on a busy stream was reused");
+
+  mp_stats_t before, after;
+  cr_assert_eq(mp_pool_get_stats(pool, &before), MP_OK);
+  cr_expect_eq(mp_pool_free_async(pool, p, s2), MP_EINVAL, "double free");
+  cr_expect_eq(mp_pool_free_async(pool, (char *)q + 512, s2), MP_EINVAL);
+  cr_expect_eq(mp_pool_free_async(NULL, q, s2), MP_EINVAL);
+  cr_expect_eq(mp_pool_free_async(pool, NULL, s2), MP_OK);
+  cr_assert_eq(mp_pool_get_stats(pool, &after), MP_OK);
+  cr_expect_eq(memcmp(&before, &after, sizeof before), 0,
+               "a refused free_async changed the pool");
+  cr_expect_eq(mp_pool_free(pool, q), MP_OK);
+}
