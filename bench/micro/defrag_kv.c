@@ -29,6 +29,7 @@
 
 #include <mempool/mempool.h>
 
+#include "../../tests/support/xorshift.h"
 #include "internal.h"
 
 typedef struct seq {
@@ -45,10 +46,7 @@ typedef struct opts {
 
 static uint64_t rng_state;
 static uint64_t rnd(void) {
-  rng_state ^= rng_state << 13;
-  rng_state ^= rng_state >> 7;
-  rng_state ^= rng_state << 17;
-  return rng_state;
+  return xorshift64(&rng_state);
 }
 static size_t rnd_between(size_t lo, size_t hi) {
   return lo + (size_t)(rnd() % (hi - lo + 1));

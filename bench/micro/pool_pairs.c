@@ -23,6 +23,7 @@
 #include <mempool/mempool.h>
 
 #if MEMPOOL_HAVE_JEMALLOC
+#include "../../tests/support/xorshift.h"
 #include <jemalloc/jemalloc.h>
 #endif
 
@@ -35,10 +36,7 @@ typedef struct plan {
 
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
 static uint64_t next_u64(void) {
-  rng ^= rng << 13;
-  rng ^= rng >> 7;
-  rng ^= rng << 17;
-  return rng;
+  return xorshift64(&rng);
 }
 
 static size_t log_uniform(void) {

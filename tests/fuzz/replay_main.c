@@ -3,6 +3,7 @@
  *   fuzz_pool_replay [inputs=300] [first seed=1]
  * (ctest runs 150: every operation is followed by a full mp_pool_check, so
  * that is already ~150 000 checked operations.) */
+#include "../support/xorshift.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,9 +18,7 @@ int main(int argc, char **argv) {
     uint64_t x = seed * 0x9E3779B97F4A7C15ull | 1;
     size_t len = 1 + (size_t)(x % sizeof buf);
     for (size_t i = 0; i < len; i++) {
-      x ^= x << 13;
-      x ^= x >> 7;
-      x ^= x << 17;
+      xorshift64(&x);
       buf[i] = (uint8_t)(x >> 24);
     }
     LLVMFuzzerTestOneInput(buf, len);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../support/xorshift.h"
 #include <mempool/mempool.h>
 
 typedef struct live {
@@ -17,10 +18,7 @@ typedef struct live {
 
 static uint64_t rng_state;
 static uint64_t rnd(void) {
-  rng_state ^= rng_state << 13;
-  rng_state ^= rng_state >> 7;
-  rng_state ^= rng_state << 17;
-  return rng_state;
+  return xorshift64(&rng_state);
 }
 
 /* Log-uniform 1 B .. 4 MiB, so that small and large requests both matter. */

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../support/xorshift.h"
 #include <mempool/mempool.h>
 
 enum { THREADS = 4, OPS = 20000, LIVE = 64 };
@@ -26,9 +27,7 @@ static void *work(void *arg) {
   void *live[LIVE] = {0};
   uint64_t tags[LIVE] = {0};
   for (int op = 0; op < OPS; op++) {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
+    xorshift64(&s);
     int slot = (int)(s % LIVE);
     mp_stream_t st = streams[(s >> 8) % THREADS];
     if (live[slot] != NULL) {
@@ -120,9 +119,7 @@ static void *housekeeper(void *arg) {
   mp_stream_t own = streams[w->id];
   for (int round = 0; round < 200; round++) {
     for (int i = 0; i < MOVABLES; i++) {
-      s ^= s << 13;
-      s ^= s >> 7;
-      s ^= s << 17;
+      xorshift64(&s);
       if (h[i] != NULL && (s & 1)) {
         if (*(uint64_t *)mp_handle_ptr(h[i]) != (uint64_t)i * 77 + 1)
           w->failures++;

@@ -10,6 +10,7 @@
 #include <mempool/mempool.h>
 
 #include "../support/pool_helpers.h"
+#include "../support/xorshift.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -47,10 +48,7 @@ Test(pool_vm_holes, trim_returns_a_middle_chunk_and_growth_refills_it) {
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static uint64_t next_u64(void) {
-  rng ^= rng << 13;
-  rng ^= rng >> 7;
-  rng ^= rng << 17;
-  return rng;
+  return xorshift64(&rng);
 }
 
 /* Sizes log-uniform 4 KiB .. 16 MiB (free blocks coalesce past max_split), live
