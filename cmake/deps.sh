@@ -4,7 +4,8 @@
 # bench/run.sh; safe to run again (it does nothing when all is present).
 #   mempool_deps [extra-package...]
 mempool_deps() {
-  local want=(cmake make gcc pkg-config libcriterion-dev libjemalloc-dev "$@")
+  local want=(cmake make gcc pkg-config libcriterion-dev libjemalloc-dev
+    python3 python3-pytest python3-pip python3-setuptools "$@")
   local missing=()
   local p
   for p in "${want[@]}"; do

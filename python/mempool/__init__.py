@@ -1,0 +1,287 @@
+"""mempool: a caching best-fit GPU memory pool, from Python (ctypes).
+
+    import mempool
+    dev = mempool.Device("host:capacity=1G")      # or "cuda:0", or None
+    with mempool.Pool(dev, "max_bytes=512M") as pool:
+        p = pool.alloc(1 << 20)                    # an address (int)
+        pool.free(p)
+        pool.stats()["reserved_bytes.all.peak"]
+
+Errors raise MempoolError (or a subclass per status) carrying the C status,
+its name, mp_status_string() and mp_last_error(). mempool.torch.use()
+routes PyTorch's CUDA allocations through the library."""
+import ctypes
+
+from . import _lib
+from ._lib import LibraryNotFound, find_library, library_path
+from ._stats import TORCH_KEYS, Stats, to_dict
+
+__all__ = ["Device", "Pool", "Stream", "Stats", "MempoolError", "InvalidArgument",
+           "OutOfMemory", "NotSupported", "Busy", "DeviceUnavailable",
+           "DriverError", "Corrupt", "LibraryNotFound", "find_library",
+           "library_path", "default_pool_stats", "TORCH_KEYS"]
+__version__ = "0.1.0"
+
+
+class MempoolError(Exception):
+    """A call into libmempool failed: .status (int), .name ("MP_EINVAL"),
+    .message (mp_status_string) and .detail (mp_last_error)."""
+
+    def __init__(self, status, name, message, detail, call):
+        self.status, self.name, self.message, self.detail = status, name, message, detail
+        self.call = call
+        super().__init__("%s: %s (%s)%s" % (call, message, name,
+                                            ": " + detail if detail else ""))
+
+
+class InvalidArgument(MempoolError, ValueError):
+    """MP_EINVAL"""
+
+
+class OutOfMemory(MempoolError, MemoryError):
+    """MP_ENOMEM, or MP_ELIMIT (the pool's own cap)"""
+
+
+class DeviceUnavailable(MempoolError):
+    """MP_ENODEV"""
+
+
+class DriverError(MempoolError):
+    """MP_EDRIVER"""
+
+
+class Busy(MempoolError):
+    """MP_EBUSY"""
+
+
+class NotSupported(MempoolError):
+    """MP_ENOTSUP"""
+
+
+class Corrupt(MempoolError):
+    """MP_ECORRUPT"""
+
+
+# By name, so the numbering is never mirrored here: the library says which
+# name each status number has.
+_CLASSES = {"MP_EINVAL": InvalidArgument, "MP_ENOMEM": OutOfMemory,
+            "MP_ELIMIT": OutOfMemory, "MP_ENODEV": DeviceUnavailable,
+            "MP_EDRIVER": DriverError, "MP_EBUSY": Busy,
+            "MP_ENOTSUP": NotSupported, "MP_ECORRUPT": Corrupt}
+
+
+def _s(b):
+    return b.decode("utf-8", "replace") if b is not None else ""
+
+
+def _check(status, call):
+    if status == 0:
+        return
+    L = _lib.lib()
+    name = _s(L.mp_status_name(status))
+    raise _CLASSES.get(name, MempoolError)(
+        status, name, _s(L.mp_status_string(status)), _s(L.mp_last_error()), call)
+
+
+def _stream_handle(stream):
+    if stream is None:
+        return None
+    if isinstance(stream, Stream):
+        return stream.handle
+    return int(stream)  # a CUstream / cudaStream_t as an int (e.g. torch's)
+
+
+class Device:
+    """An mp_device_t. spec: "host", "host:capacity=8G,...", "cuda", "cuda:N",
+    or None ($MEMPOOL_DEVICE, else cuda where usable, else host)."""
+
+    def __init__(self, spec=None):
+        L = _lib.lib()
+        h = ctypes.c_void_p()
+        _check(L.mp_device_open(spec.encode() if spec is not None else None,
+                                ctypes.byref(h)), "mp_device_open(%r)" % (spec,))
+        self.handle = h.value
+        self._streams = []
+
+    @property
+    def name(self):
+        return _s(_lib.lib().mp_device_name(self._live()))
+
+    def _live(self):
+        if self.handle is None:
+            raise InvalidArgument(1, "MP_EINVAL", "invalid argument",
+                                  "the device is closed", "Device")
+        return self.handle
+
+    def mem_info(self):
+        """(free_bytes, total_bytes)"""
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        _check(_lib.lib().mp_device_mem_info(self._live(), ctypes.byref(free),
+                                             ctypes.byref(total)), "mp_device_mem_info")
+        return free.value, total.value
+
+    def synchronize(self):
+        _check(_lib.lib().mp_device_synchronize(self._live()), "mp_device_synchronize")
+
+    def stream(self):
+        """A new stream on this device (closed with the device if not before)."""
+        return Stream(self)
+
+    def close(self):
+        """Drains every stream and closes; pools on it must be destroyed first."""
+        if self.handle is not None:
+            _lib.lib().mp_device_close(self.handle)
+            self.handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return "<mempool.Device %s>" % (self.name if self.handle else "closed")
+
+
+class Stream:
+    """An mp_stream_t of a Device; .handle is the raw pointer (int)."""
+
+    def __init__(self, device):
+        h = ctypes.c_void_p()
+        _check(_lib.lib().mp_stream_create(device._live(), ctypes.byref(h)),
+               "mp_stream_create")
+        self.device, self.handle = device, h.value
+
+    def synchronize(self):
+        _check(_lib.lib().mp_stream_synchronize(self.device._live(), self.handle),
+               "mp_stream_synchronize")
+
+    def destroy(self):
+        if self.handle is not None and self.device.handle is not None:
+            _check(_lib.lib().mp_stream_destroy(self.device.handle, self.handle),
+                   "mp_stream_destroy")
+        self.handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.destroy()
+
+
+class _Config(ctypes.Structure):
+    # Opaque room for mp_pool_config_t, filled only by mp_pool_config_init
+    # and mp_pool_config_parse, so its layout is never mirrored here. The
+    # struct is five words today; 64 leave room for appended fields.
+    _fields_ = [("words", ctypes.c_uint64 * 64)]
+
+
+def _options(options, kwargs):
+    parts = [options] if options else []
+    for k, v in kwargs.items():
+        if isinstance(v, bool):
+            v = int(v)
+        parts.append("%s=%s" % (k, v))
+    return ",".join(parts)
+
+
+class Pool:
+    """An mp_pool_t on a Device.
+
+    options: mp_pool_config_parse's string ("max_bytes=8G,align=512,..."),
+    keyword arguments are appended to it (Pool(dev, max_bytes="1G")). The
+    defaults include $MEMPOOL_CONF, as for mp_pool_config_init."""
+
+    def __init__(self, device, options=None, **kwargs):
+        L = _lib.lib()
+        cfg = _Config()
+        L.mp_pool_config_init(ctypes.byref(cfg))
+        opts = _options(options, kwargs)
+        if opts:
+            _check(L.mp_pool_config_parse(ctypes.byref(cfg), opts.encode()),
+                   "mp_pool_config_parse(%r)" % opts)
+        h = ctypes.c_void_p()
+        _check(L.mp_pool_create(device._live(), ctypes.byref(cfg), ctypes.byref(h)),
+               "mp_pool_create")
+        self.device, self.handle = device, h.value
+
+    def _live(self):
+        if self.handle is None:
+            raise InvalidArgument(1, "MP_EINVAL", "invalid argument",
+                                  "the pool is destroyed", "Pool")
+        return self.handle
+
+    def alloc(self, nbytes, stream=None):
+        """The address (int) of a block of nbytes for use on stream; None for 0."""
+        out = ctypes.c_void_p()
+        _check(_lib.lib().mp_pool_alloc(self._live(), nbytes, _stream_handle(stream),
+                                        ctypes.byref(out)),
+               "mp_pool_alloc(%d)" % nbytes)
+        return out.value
+
+    def free(self, ptr, stream=None):
+        """Frees ptr; with stream, ordered after the work queued on it too
+        (mp_pool_free_async)."""
+        if stream is None:
+            _check(_lib.lib().mp_pool_free(self._live(), ptr), "mp_pool_free")
+        else:
+            _check(_lib.lib().mp_pool_free_async(self._live(), ptr,
+                                                 _stream_handle(stream)),
+                   "mp_pool_free_async")
+
+    def record_stream(self, ptr, stream):
+        """ptr is also used on stream (like Tensor.record_stream)."""
+        _check(_lib.lib().mp_pool_record_stream(self._live(), ptr,
+                                                _stream_handle(stream)),
+               "mp_pool_record_stream")
+
+    def trim(self, keep_bytes=0):
+        """Gives cached memory back until at most keep_bytes stay free
+        (torch.cuda.empty_cache() is trim(0))."""
+        _check(_lib.lib().mp_pool_trim(self._live(), keep_bytes), "mp_pool_trim")
+
+    empty_cache = trim
+
+    def check(self):
+        """Walks every invariant; raises Corrupt if one is broken."""
+        _check(_lib.lib().mp_pool_check(self._live()), "mp_pool_check")
+
+    def raw_stats(self):
+        """The mp_stats_t itself."""
+        s = Stats()
+        _check(_lib.lib().mp_pool_get_stats(self._live(), ctypes.byref(s)),
+               "mp_pool_get_stats")
+        return s
+
+    def stats(self):
+        """A dict: torch.cuda.memory_stats() names where they mean the same
+        (TORCH_KEYS) and every mp_stats_t field by its own name."""
+        return to_dict(self.raw_stats())
+
+    memory_stats = stats
+
+    def reset_peaks(self):
+        _check(_lib.lib().mp_pool_reset_peaks(self._live()), "mp_pool_reset_peaks")
+
+    def destroy(self):
+        if self.handle is not None:
+            _check(_lib.lib().mp_pool_destroy(self.handle), "mp_pool_destroy")
+            self.handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.destroy()
+
+
+def default_pool_stats():
+    """stats() of the process-wide pool mp_malloc and mp_torch_malloc use."""
+    L = _lib.lib()
+    h = L.mp_default_pool()
+    if not h:
+        raise MempoolError(-1, "MP_UNKNOWN", "no default pool", _s(L.mp_last_error()),
+                           "mp_default_pool")
+    s = Stats()
+    _check(L.mp_pool_get_stats(h, ctypes.byref(s)), "mp_pool_get_stats")
+    return to_dict(s)

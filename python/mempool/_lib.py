@@ -1,0 +1,108 @@
+"""Loading libmempool.so and declaring the C functions the package calls.
+
+The library is looked for, first match wins:
+  1. $MEMPOOL_LIBRARY (a path to the .so),
+  2. next to this package (a libmempool.so* copied into mempool/),
+  3. the build tree of the repository this package sits in
+     (<repo>/build*/src/libmempool.so, "build" first),
+  4. the system's library path (ctypes.util.find_library("mempool")).
+"""
+import ctypes
+import ctypes.util
+import glob
+import os
+
+_here = os.path.dirname(os.path.abspath(__file__))
+
+
+class LibraryNotFound(OSError):
+    """No libmempool.so could be found or loaded."""
+
+
+def _candidates():
+    env = os.environ.get("MEMPOOL_LIBRARY")
+    if env:
+        # An explicit choice is the only one tried: a wrong path must not be
+        # papered over by another library found elsewhere.
+        return [("$MEMPOOL_LIBRARY", env)]
+    out = [("package", p) for p in sorted(glob.glob(os.path.join(_here, "libmempool.so*")))]
+    repo = os.path.dirname(os.path.dirname(_here))
+    builds = sorted(glob.glob(os.path.join(repo, "build*", "src", "libmempool.so")),
+                    key=lambda p: (os.path.basename(os.path.dirname(os.path.dirname(p))) != "build", p))
+    out += [("build tree", p) for p in builds]
+    sysname = ctypes.util.find_library("mempool")
+    if sysname:
+        out.append(("system", sysname))
+    return out
+
+
+def find_library():
+    """The path of the libmempool.so this package would load."""
+    tried = []
+    for where, path in _candidates():
+        if where == "system" or os.path.exists(path):
+            return path
+        tried.append("%s: %s" % (where, path))
+    raise LibraryNotFound(
+        "libmempool.so not found (set MEMPOOL_LIBRARY to its path, copy it into %s, "
+        "or install it where the dynamic loader finds it)%s"
+        % (_here, "; tried " + ", ".join(tried) if tried else ""))
+
+
+_c = ctypes.c_void_p
+_st = ctypes.c_int  # mp_status_t: a C enum
+_sz = ctypes.c_size_t
+
+# name: (restype, argtypes)
+_PROTOTYPES = {
+    "mp_status_string": (ctypes.c_char_p, [_st]),
+    "mp_status_name": (ctypes.c_char_p, [_st]),
+    "mp_last_error": (ctypes.c_char_p, []),
+    "mp_device_open": (_st, [ctypes.c_char_p, ctypes.POINTER(_c)]),
+    "mp_device_close": (None, [_c]),
+    "mp_device_name": (ctypes.c_char_p, [_c]),
+    "mp_device_mem_info": (_st, [_c, ctypes.POINTER(_sz), ctypes.POINTER(_sz)]),
+    "mp_device_synchronize": (_st, [_c]),
+    "mp_stream_create": (_st, [_c, ctypes.POINTER(_c)]),
+    "mp_stream_destroy": (_st, [_c, _c]),
+    "mp_stream_synchronize": (_st, [_c, _c]),
+    "mp_pool_config_init": (None, [_c]),
+    "mp_pool_config_parse": (_st, [_c, ctypes.c_char_p]),
+    "mp_pool_create": (_st, [_c, _c, ctypes.POINTER(_c)]),
+    "mp_pool_destroy": (_st, [_c]),
+    "mp_pool_alloc": (_st, [_c, _sz, _c, ctypes.POINTER(_c)]),
+    "mp_pool_free": (_st, [_c, _c]),
+    "mp_pool_free_async": (_st, [_c, _c, _c]),
+    "mp_pool_record_stream": (_st, [_c, _c, _c]),
+    "mp_pool_trim": (_st, [_c, _sz]),
+    "mp_pool_check": (_st, [_c]),
+    "mp_pool_get_stats": (_st, [_c, _c]),
+    "mp_pool_reset_peaks": (_st, [_c]),
+    "mp_default_pool": (_c, []),
+}
+
+_lib = None
+_path = None
+
+
+def lib():
+    """The loaded library, its functions declared (loaded on first use)."""
+    global _lib, _path
+    if _lib is None:
+        path = find_library()
+        try:
+            handle = ctypes.CDLL(path)
+        except OSError as e:
+            raise LibraryNotFound("cannot load %s: %s" % (path, e)) from e
+        for name, (res, args) in _PROTOTYPES.items():
+            fn = getattr(handle, name)
+            fn.restype = res
+            fn.argtypes = args
+        _lib, _path = handle, path
+    return _lib
+
+
+def library_path():
+    """The path of the loaded libmempool.so (loads it if needed)."""
+    lib()
+    return _path

@@ -1,0 +1,124 @@
+"""The Pool and Device classes on the emulated host device."""
+import pytest
+
+import mempool
+
+
+def test_alloc_free_moves_allocated_and_peak(pool):
+    a = pool.alloc(1000)
+    b = pool.alloc(3000)
+    s = pool.stats()
+    assert a and b and a != b
+    # Blocks are rounded to the alignment (512 by default).
+    assert s["allocated_bytes.all.current"] == 1024 + 3072
+    assert s["requested_bytes.all.current"] == 4000
+    assert s["allocation.all.current"] == 2
+    assert s["reserved_bytes.all.current"] >= 4096
+    pool.free(a)
+    pool.free(b)
+    s = pool.stats()
+    assert s["allocated_bytes.all.current"] == 0
+    assert s["allocated_bytes.all.peak"] == 4096
+    assert s["allocation.all.allocated"] == 2 and s["allocation.all.freed"] == 2
+    pool.check()
+
+
+def test_stats_dict_has_torch_and_own_names_that_agree(pool):
+    p = pool.alloc(5 << 20)
+    s = pool.stats()
+    for torch_key, own in mempool.TORCH_KEYS.items():
+        assert s[torch_key] == s[own], torch_key
+    assert s["reserved_bytes.all.peak"] == s["peak_reserved_bytes"] >= 5 << 20
+    assert s["num_device_alloc"] >= 1
+    assert "num_alloc_retries" not in s  # not something mempool counts
+    pool.free(p)
+
+
+def test_trim_gives_free_memory_back(pool):
+    p = pool.alloc(8 << 20)
+    pool.free(p)
+    assert pool.stats()["reserved_bytes.all.current"] >= 8 << 20
+    pool.trim()
+    s = pool.stats()
+    assert s["reserved_bytes.all.current"] == 0
+    assert s["num_device_free"] >= 1
+    assert s["reserved_bytes.all.peak"] >= 8 << 20
+
+
+def test_record_stream_and_free_on_a_stream(device, pool):
+    with device.stream() as st:
+        p = pool.alloc(4096, stream=st)
+        pool.record_stream(p, None)
+        pool.free(p)
+        q = pool.alloc(4096, stream=st)
+        pool.free(q, stream=st)  # mp_pool_free_async
+        st.synchronize()
+    pool.check()
+    assert pool.stats()["allocation.all.current"] == 0
+
+
+def test_zero_bytes_is_none(pool):
+    assert pool.alloc(0) is None
+
+
+def test_free_of_unknown_pointer_is_invalid_argument_with_details(pool):
+    with pytest.raises(mempool.InvalidArgument) as e:
+        pool.free(0x1234)
+    err = e.value
+    assert err.name == "MP_EINVAL" and err.message == "invalid argument"
+    assert err.detail  # mp_last_error() names the pointer
+    assert isinstance(err, ValueError)
+    assert pool.stats()["allocation.all.freed"] == 0
+
+
+def test_bad_option_names_the_key(device):
+    with pytest.raises(mempool.InvalidArgument) as e:
+        mempool.Pool(device, "max_bytez=1G")
+    assert "max_bytez" in str(e.value)
+
+
+def test_keyword_options_are_applied(device):
+    with mempool.Pool(device, max_bytes="4M", align=4096) as p:
+        a = p.alloc(1)
+        assert a % 4096 == 0
+        assert p.stats()["allocated_bytes.all.current"] == 4096
+        with pytest.raises(mempool.OutOfMemory) as e:
+            p.alloc(8 << 20)
+        assert e.value.name == "MP_ELIMIT"
+        assert p.stats()["num_ooms"] == 1
+        p.free(a)
+
+
+def test_device_capacity_exhausted_is_out_of_memory(device):
+    with mempool.Pool(device) as p:
+        with pytest.raises(mempool.OutOfMemory) as e:
+            p.alloc(128 << 20)  # the device has 64M
+        assert isinstance(e.value, MemoryError)
+        assert p.stats()["num_ooms"] == 1
+
+
+def test_bad_device_spec_raises():
+    with pytest.raises(mempool.InvalidArgument) as e:
+        mempool.Device("host:capcity=1G")
+    assert "capcity" in e.value.detail
+
+
+def test_device_name_and_mem_info(device):
+    assert device.name.startswith("host")
+    free, total = device.mem_info()
+    assert total == 64 << 20 and 0 < free <= total
+
+
+def test_destroyed_pool_refuses_calls(device):
+    p = mempool.Pool(device)
+    p.destroy()
+    p.destroy()  # twice is fine
+    with pytest.raises(mempool.InvalidArgument):
+        p.alloc(10)
+
+
+def test_destroy_with_live_child_is_busy_not_a_crash(device):
+    # A pool destroyed while blocks are live is still destroyed: the C API
+    # releases everything. Busy comes only with child pools, which the
+    # Python API does not make; so check the mapping by status name.
+    assert mempool._CLASSES["MP_EBUSY"] is mempool.Busy
