@@ -61,7 +61,7 @@ mp_status_t mpb_workload_generate(const char *spec, mpb_workload_t *out);
 extern const char *const mpb_builtin_names[];
 void mpb_workload_help(FILE *out);
 
-/* ---- trace.c: RMM-style CSV traces ------------------------------------- */
+/* ---- trace.c: RMM-style CSV traces (and snapshots, by content) ---------- */
 
 /* Parses path into out (named name). A malformed line is MP_EINVAL and
  * mp_last_error() names the file and line; a missing file is MP_EINVAL too.
@@ -71,6 +71,20 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
 /* The same from a buffer; what names it in messages. */
 mp_status_t mpb_trace_parse(const char *text, size_t len, const char *what,
                             const char *name, mpb_workload_t *out);
+
+/* ---- pickle.c: PyTorch memory snapshots --------------------------------- */
+
+/* Whether buf starts like a pickle (the PROTO opcode 0x80 at byte 0):
+ * mpb_trace_parse and mpb_trace_load read such input with
+ * mpb_snapshot_parse, whatever the file is called. */
+bool mpb_snapshot_detect(const void *buf, size_t len);
+/* Reads the pickled dict of torch.cuda.memory._snapshot() (as
+ * _dump_snapshot writes it) and replays the first device trace that has an
+ * allocation: "alloc" allocates, "free_completed" frees (see pickle.c for
+ * the rules). A malformed pickle is MP_EINVAL and mp_last_error() names the
+ * byte offset; out is left empty on failure. */
+mp_status_t mpb_snapshot_parse(const void *buf, size_t len, const char *what,
+                               const char *name, mpb_workload_t *out);
 
 /* ---- allocators.c: every allocator behind one small table -------------- */
 

@@ -1,5 +1,8 @@
 /* trace.c - the RMM-style CSV trace parser.
  *
+ * A file that starts with the pickle PROTO opcode (0x80) is read as a
+ * PyTorch memory snapshot instead (pickle.c), which converts to this CSV.
+ *
  * Format (API.md): a header "Thread,Time,Action,Pointer,Size,Stream", then
  * one row per event: decimal thread, HH:MM:SS.ffffff time, "allocate",
  * "free" or "allocate failure", a hex pointer or "(nil)", a decimal size and
@@ -303,6 +306,9 @@ mp_status_t mpb_trace_parse(const char *text, size_t len, const char *what,
                             const char *name, mpb_workload_t *out) {
   if (text == NULL || out == NULL)
     return mp__fail(MP_EINVAL, "mpb_trace_parse: NULL argument");
+  /* A pickle (PyTorch memory snapshot) by content, whatever its name. */
+  if (mpb_snapshot_detect(text, len))
+    return mpb_snapshot_parse(text, len, what, name, out);
   mpb_parser_t *p = calloc(1, sizeof *p);
   if (p == NULL)
     return mp__fail(MP_ENOMEM, "%s: out of host memory", what);
@@ -362,7 +368,8 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
   struct stat sb;
   if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
     fclose(f);
-    return mp__fail(MP_EINVAL, "trace %s is a folder, not a CSV file", path);
+    return mp__fail(MP_EINVAL,
+                    "trace %s is a folder, not a CSV file or snapshot", path);
   }
   char *buf = NULL;
   size_t len = 0, cap = 0;

@@ -1,6 +1,6 @@
 /* replay_main - runs the fuzz harness on a fixed number of pseudo-random
  * inputs, so that the harness runs everywhere (ctest) without libFuzzer.
- *   fuzz_pool_replay [inputs=300] [first seed=1]
+ *   fuzz_pool_replay [inputs=300] [first seed=1]   (fuzz_snapshot_replay too)
  * (ctest runs 150: every operation is followed by a full mp_pool_check, so
  * that is already ~150 000 checked operations.) */
 #include "../support/xorshift.h"
@@ -23,6 +23,6 @@ int main(int argc, char **argv) {
     }
     LLVMFuzzerTestOneInput(buf, len);
   }
-  printf("fuzz_pool_replay: %lu inputs from seed %lu passed\n", inputs, first);
+  printf("%s: %lu inputs from seed %lu passed\n", argv[0], inputs, first);
   return 0;
 }

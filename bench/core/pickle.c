@@ -1,0 +1,671 @@
+/* pickle.c - PyTorch memory snapshots (pickles) as replayable workloads.
+ *
+ * torch.cuda.memory._dump_snapshot() pickles the dict that
+ * torch.cuda.memory._snapshot() returns: {"segments": [...],
+ * "device_traces": [[entry, ...] per device], ...}, each trace entry a dict
+ * with "action", "addr", "size", "stream", "time_us" and "frames" (the
+ * TypedDicts Segment/TraceEntry of torch/cuda/memory.py document them; the
+ * entries come from TraceEntry in c10/cuda/CUDACachingAllocator.h). That is
+ * the format followed here; no PyTorch code is used.
+ *
+ * Two parts:
+ *  - a small pickle machine for what Python's pickle protocols 2 to 5 emit
+ *    for dict, list, tuple, str, bytes, int, float, bool and None (with the
+ *    memo: MEMOIZE, BINPUT, BINGET and their long forms; FRAME). Anything
+ *    else (a class, a reduce, protocol 0/1 text opcodes) is refused with
+ *    the opcode and its byte offset; so is a truncated or inconsistent
+ *    pickle. It never recurses, so deep nesting cannot overflow the C stack,
+ *    and every allocation is bounded by the input's length.
+ *  - the conversion of one device's trace into the RMM CSV that trace.c
+ *    parses, so that both inputs replay through the same rules (unknown
+ *    frees, reused addresses, streams numbered in order of appearance).
+ *    Line k + 2 of that CSV is trace entry k (entries that do not become a
+ *    row leave an empty line), so a message "PATH:LINE" names entry LINE-2.
+ *
+ * Which events become rows (TraceEntry's actions):
+ *  - "alloc"                       -> allocate
+ *  - "free_completed"              -> free. PyTorch logs "free_requested"
+ *    when the tensor is dropped and "free_completed" when the block can be
+ *    reused, after the work of every stream recorded on it is done; the
+ *    block holds memory until then, so the completed free is its end.
+ *  - "free_requested" (and "free", its name before PyTorch 2.1) -> free,
+ *    but only in a trace that has no "free_completed" at all (older
+ *    snapshots); otherwise it is skipped, as the completion follows.
+ *  - "oom"                         -> an "allocate failure" row (counted,
+ *    not replayed: the allocation never happened)
+ *  - segment_alloc/segment_free/segment_map/segment_unmap/snapshot: what
+ *    PyTorch's own allocator did with the device, not what the program
+ *    asked for: skipped, since the replay measures each allocator's own.
+ * The replay takes the first device whose trace has an allocation.
+ * Blocks allocated before the trace began (the history is a ring buffer)
+ * appear only as frees of unknown pointers, which trace.c counts and skips.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "mpbench.h"
+
+/* ---- values ----------------------------------------------------------- */
+
+enum { PK_NONE, PK_BOOL, PK_INT, PK_FLOAT, PK_STR, PK_LIST, PK_DICT, PK_MARK };
+
+typedef struct pk_val pk_val_t;
+struct pk_val {
+  int type;
+  bool neg;      /* PK_INT: below 0 (u holds its two's complement) */
+  uint64_t u;    /* PK_INT, PK_BOOL */
+  double f;      /* PK_FLOAT */
+  const char *s; /* PK_STR: into the input, not NUL-terminated */
+  size_t n;      /* PK_STR length; PK_LIST items; PK_DICT 2 * pairs */
+  size_t cap;
+  pk_val_t **items; /* PK_LIST items; PK_DICT key, value, key, value... */
+};
+
+typedef struct pk_vm {
+  const unsigned char *buf;
+  size_t len, pos;
+  const char *what;
+  pk_val_t **all; /* every value made, to free them */
+  size_t nall, all_cap;
+  pk_val_t **stack;
+  size_t nstack, stack_cap;
+  pk_val_t **memo;
+  size_t nmemo, memo_cap;
+  pk_val_t mark; /* the MARK sentinel pushed on the stack */
+} pk_vm_t;
+
+static pk_val_t *pk_new(pk_vm_t *vm, int type) {
+  if (!mpb_grow(&vm->all, &vm->all_cap, vm->nall, sizeof *vm->all))
+    return NULL;
+  pk_val_t *v = calloc(1, sizeof *v);
+  if (v != NULL) {
+    v->type = type;
+    vm->all[vm->nall++] = v;
+  }
+  return v;
+}
+
+static void pk_free_all(pk_vm_t *vm) {
+  for (size_t i = 0; i < vm->nall; i++) {
+    free(vm->all[i]->items);
+    free(vm->all[i]);
+  }
+  free(vm->all);
+  free(vm->stack);
+  free(vm->memo);
+}
+
+static bool pk_add_item(pk_val_t *c, pk_val_t *v) {
+  if (!mpb_grow(&c->items, &c->cap, c->n, sizeof *c->items))
+    return false;
+  c->items[c->n++] = v;
+  return true;
+}
+
+/* The dict's value for the str key, or NULL. */
+static const pk_val_t *pk_get(const pk_val_t *d, const char *key) {
+  size_t kl = strlen(key);
+  for (size_t i = 0; d->type == PK_DICT && i + 1 < d->n; i += 2) {
+    const pk_val_t *k = d->items[i];
+    if (k->type == PK_STR && k->n == kl && memcmp(k->s, key, kl) == 0)
+      return d->items[i + 1];
+  }
+  return NULL;
+}
+
+/* ---- the machine ------------------------------------------------------ */
+
+static mp_status_t pk_oom(pk_vm_t *vm) {
+  return mp__fail(MP_ENOMEM, "%s: out of host memory reading the pickle",
+                  vm->what);
+}
+
+/* n bytes of operand at the current position, or an error naming op. */
+static mp_status_t pk_take(pk_vm_t *vm, size_t n, size_t op_at,
+                           const unsigned char **out) {
+  if (vm->len - vm->pos < n)
+    return mp__fail(MP_EINVAL,
+                    "%s: truncated pickle: opcode 0x%02x at byte %zu needs "
+                    "%zu more bytes, the file ends at byte %zu",
+                    vm->what, vm->buf[op_at], op_at, n, vm->len);
+  *out = vm->buf + vm->pos;
+  vm->pos += n;
+  return MP_OK;
+}
+
+static uint64_t pk_le(const unsigned char *p, size_t n) {
+  uint64_t v = 0;
+  for (size_t i = n; i-- > 0;)
+    v = v << 8 | p[i];
+  return v;
+}
+
+static mp_status_t pk_push(pk_vm_t *vm, pk_val_t *v) {
+  if (v == NULL ||
+      !mpb_grow(&vm->stack, &vm->stack_cap, vm->nstack, sizeof *vm->stack))
+    return pk_oom(vm);
+  vm->stack[vm->nstack++] = v;
+  return MP_OK;
+}
+
+/* Top of stack (not popped); NULL with an error when empty or a mark. */
+static pk_val_t *pk_top(pk_vm_t *vm, size_t at, mp_status_t *st) {
+  if (vm->nstack == 0 || vm->stack[vm->nstack - 1] == &vm->mark) {
+    *st = mp__fail(MP_EINVAL,
+                   "%s: bad pickle at byte %zu: opcode 0x%02x needs a value "
+                   "on the stack",
+                   vm->what, at, vm->buf[at]);
+    return NULL;
+  }
+  return vm->stack[vm->nstack - 1];
+}
+
+/* Index of the topmost mark, or an error. */
+static mp_status_t pk_find_mark(pk_vm_t *vm, size_t at, size_t *out) {
+  for (size_t i = vm->nstack; i-- > 0;)
+    if (vm->stack[i] == &vm->mark) {
+      *out = i;
+      return MP_OK;
+    }
+  return mp__fail(MP_EINVAL,
+                  "%s: bad pickle at byte %zu: opcode '%c' without a MARK",
+                  vm->what, at, vm->buf[at]);
+}
+
+/* Moves stack[from..] into container c (pairs for a dict). */
+static mp_status_t pk_fill(pk_vm_t *vm, pk_val_t *c, size_t from, size_t at) {
+  size_t k = vm->nstack - from;
+  if (c->type == PK_DICT && k % 2 != 0)
+    return mp__fail(MP_EINVAL,
+                    "%s: bad pickle at byte %zu: odd number of items (%zu) "
+                    "for a dict",
+                    vm->what, at, k);
+  for (size_t i = from; i < vm->nstack; i++) {
+    if (vm->stack[i] == &vm->mark)
+      return mp__fail(MP_EINVAL, "%s: bad pickle at byte %zu: stray MARK",
+                      vm->what, at);
+    if (!pk_add_item(c, vm->stack[i]))
+      return pk_oom(vm);
+  }
+  vm->nstack = from;
+  return MP_OK;
+}
+
+static mp_status_t pk_memo_put(pk_vm_t *vm, uint64_t idx, size_t at) {
+  mp_status_t st = MP_OK;
+  pk_val_t *v = pk_top(vm, at, &st);
+  if (v == NULL)
+    return st;
+  /* Each memoized value costs at least one opcode byte, so an index above
+   * the input's length is never real; refusing it bounds the memo. */
+  if (idx > vm->len)
+    return mp__fail(MP_EINVAL,
+                    "%s: bad pickle at byte %zu: memo index %" PRIu64
+                    " out of range",
+                    vm->what, at, idx);
+  while (vm->nmemo <= idx) {
+    if (!mpb_grow(&vm->memo, &vm->memo_cap, vm->nmemo, sizeof *vm->memo))
+      return pk_oom(vm);
+    vm->memo[vm->nmemo++] = NULL;
+  }
+  vm->memo[idx] = v;
+  return MP_OK;
+}
+
+static mp_status_t pk_memo_get(pk_vm_t *vm, uint64_t idx, size_t at) {
+  if (idx >= vm->nmemo || vm->memo[idx] == NULL)
+    return mp__fail(MP_EINVAL,
+                    "%s: bad pickle at byte %zu: memo index %" PRIu64
+                    " was never stored",
+                    vm->what, at, idx);
+  return pk_push(vm, vm->memo[idx]);
+}
+
+/* A little-endian two's complement integer of n bytes (LONG1/LONG4). */
+static mp_status_t pk_long(pk_vm_t *vm, const unsigned char *p, size_t n,
+                           size_t at) {
+  pk_val_t *v = pk_new(vm, PK_INT);
+  if (v == NULL)
+    return pk_oom(vm);
+  bool neg = n > 0 && (p[n - 1] & 0x80);
+  /* Strip the sign extension, then what is left must fit 64 bits. */
+  size_t m = n;
+  while (m > 0 && p[m - 1] == (neg ? 0xff : 0x00))
+    m--;
+  if (m > 8 || (neg && m == 8 && !(p[7] & 0x80)))
+    return mp__fail(MP_EINVAL,
+                    "%s: bad pickle at byte %zu: integer of %zu bytes does "
+                    "not fit 64 bits",
+                    vm->what, at, n);
+  uint64_t u = pk_le(p, m);
+  if (neg)
+    for (size_t i = m; i < 8; i++)
+      u |= (uint64_t)0xff << (8 * i);
+  v->u = u;
+  v->neg = neg;
+  return pk_push(vm, v);
+}
+
+static mp_status_t pk_int(pk_vm_t *vm, int64_t x) {
+  pk_val_t *v = pk_new(vm, PK_INT);
+  if (v == NULL)
+    return pk_oom(vm);
+  v->u = (uint64_t)x;
+  v->neg = x < 0;
+  return pk_push(vm, v);
+}
+
+static mp_status_t pk_str(pk_vm_t *vm, size_t lenbytes, size_t at) {
+  const unsigned char *p = NULL;
+  mp_status_t st = pk_take(vm, lenbytes, at, &p);
+  if (st != MP_OK)
+    return st;
+  uint64_t n = pk_le(p, lenbytes);
+  if (n > vm->len - vm->pos)
+    return mp__fail(MP_EINVAL,
+                    "%s: truncated pickle: string of %" PRIu64
+                    " bytes at byte %zu, the file ends at byte %zu",
+                    vm->what, n, at, vm->len);
+  pk_val_t *v = pk_new(vm, PK_STR);
+  if (v == NULL)
+    return pk_oom(vm);
+  v->s = (const char *)vm->buf + vm->pos;
+  v->n = (size_t)n;
+  vm->pos += (size_t)n;
+  return pk_push(vm, v);
+}
+
+/* Runs the pickle in buf to its STOP; *out is the result (owned by vm). */
+static mp_status_t pk_run(pk_vm_t *vm, const pk_val_t **out) {
+  mp_status_t st = MP_OK;
+  while (st == MP_OK) {
+    if (vm->pos >= vm->len)
+      return mp__fail(MP_EINVAL,
+                      "%s: truncated pickle: no STOP opcode before the end "
+                      "at byte %zu",
+                      vm->what, vm->len);
+    size_t at = vm->pos++;
+    unsigned char op = vm->buf[at];
+    const unsigned char *p = NULL;
+    size_t mk = 0;
+    pk_val_t *c = NULL;
+    switch (op) {
+    case 0x80: /* PROTO */
+      st = pk_take(vm, 1, at, &p);
+      if (st == MP_OK && (p[0] < 2 || p[0] > 5))
+        st = mp__fail(MP_EINVAL,
+                      "%s: bad pickle at byte %zu: protocol %u (2 to 5 are "
+                      "read)",
+                      vm->what, at, p[0]);
+      break;
+    case 0x95: /* FRAME: a length hint; the frame must lie in the file */
+      st = pk_take(vm, 8, at, &p);
+      if (st == MP_OK && pk_le(p, 8) > vm->len - vm->pos)
+        st = mp__fail(MP_EINVAL,
+                      "%s: truncated pickle: frame at byte %zu of %" PRIu64
+                      " bytes, the file ends at byte %zu",
+                      vm->what, at, pk_le(p, 8), vm->len);
+      break;
+    case '.': /* STOP */
+      if (vm->nstack != 1 || vm->stack[0] == &vm->mark)
+        return mp__fail(MP_EINVAL,
+                        "%s: bad pickle at byte %zu: STOP with %zu values "
+                        "on the stack (1 expected)",
+                        vm->what, at, vm->nstack);
+      *out = vm->stack[0];
+      return MP_OK;
+    case '}': /* EMPTY_DICT */ st = pk_push(vm, pk_new(vm, PK_DICT)); break;
+    case ']': /* EMPTY_LIST */
+    case ')': /* EMPTY_TUPLE (tuples are lists here) */
+      st = pk_push(vm, pk_new(vm, PK_LIST));
+      break;
+    case '(': /* MARK */ st = pk_push(vm, &vm->mark); break;
+    case 'N': st = pk_push(vm, pk_new(vm, PK_NONE)); break;
+    case 0x88: /* NEWTRUE */
+    case 0x89: /* NEWFALSE */
+      c = pk_new(vm, PK_BOOL);
+      if (c != NULL)
+        c->u = op == 0x88;
+      st = pk_push(vm, c);
+      break;
+    case 'J': /* BININT: 4 bytes, signed */
+      st = pk_take(vm, 4, at, &p);
+      if (st == MP_OK)
+        st = pk_int(vm, (int32_t)(uint32_t)pk_le(p, 4));
+      break;
+    case 'K': /* BININT1 */
+      st = pk_take(vm, 1, at, &p);
+      if (st == MP_OK)
+        st = pk_int(vm, p[0]);
+      break;
+    case 'M': /* BININT2 */
+      st = pk_take(vm, 2, at, &p);
+      if (st == MP_OK)
+        st = pk_int(vm, (int64_t)pk_le(p, 2));
+      break;
+    case 0x8a: /* LONG1 */
+    case 0x8b: /* LONG4 */ {
+      size_t lb = op == 0x8a ? 1 : 4;
+      st = pk_take(vm, lb, at, &p);
+      if (st != MP_OK)
+        break;
+      uint64_t n = pk_le(p, lb);
+      if (n > vm->len - vm->pos) {
+        st = mp__fail(MP_EINVAL,
+                      "%s: truncated pickle: integer of %" PRIu64
+                      " bytes at byte %zu, the file ends at byte %zu",
+                      vm->what, n, at, vm->len);
+        break;
+      }
+      p = vm->buf + vm->pos;
+      vm->pos += (size_t)n;
+      st = pk_long(vm, p, (size_t)n, at);
+      break;
+    }
+    case 'G': /* BINFLOAT: 8 bytes, big-endian IEEE 754 */
+      st = pk_take(vm, 8, at, &p);
+      if (st == MP_OK) {
+        uint64_t bits = 0;
+        for (int i = 0; i < 8; i++)
+          bits = bits << 8 | p[i];
+        c = pk_new(vm, PK_FLOAT);
+        if (c != NULL)
+          memcpy(&c->f, &bits, sizeof c->f);
+        st = pk_push(vm, c);
+      }
+      break;
+    case 0x8c: /* SHORT_BINUNICODE */
+    case 'C': /* SHORT_BINBYTES */ st = pk_str(vm, 1, at); break;
+    case 'X': /* BINUNICODE */
+    case 'B': /* BINBYTES */ st = pk_str(vm, 4, at); break;
+    case 0x8d: /* BINUNICODE8 */
+    case 0x8e: /* BINBYTES8 */ st = pk_str(vm, 8, at); break;
+    case 0x94: /* MEMOIZE */ st = pk_memo_put(vm, vm->nmemo, at); break;
+    case 'q': /* BINPUT */
+    case 'r': /* LONG_BINPUT */
+    case 'h': /* BINGET */
+    case 'j': /* LONG_BINGET */ {
+      size_t w = (op == 'q' || op == 'h') ? 1 : 4;
+      st = pk_take(vm, w, at, &p);
+      if (st == MP_OK)
+        st = (op == 'q' || op == 'r') ? pk_memo_put(vm, pk_le(p, w), at)
+                                      : pk_memo_get(vm, pk_le(p, w), at);
+      break;
+    }
+    case 0x85: /* TUPLE1 */
+    case 0x86: /* TUPLE2 */
+    case 0x87: /* TUPLE3 */ {
+      size_t k = (size_t)(op - 0x84);
+      if (vm->nstack < k) {
+        st = mp__fail(MP_EINVAL,
+                      "%s: bad pickle at byte %zu: TUPLE%zu with %zu values "
+                      "on the stack",
+                      vm->what, at, k, vm->nstack);
+        break;
+      }
+      c = pk_new(vm, PK_LIST);
+      if (c == NULL) {
+        st = pk_oom(vm);
+        break;
+      }
+      st = pk_fill(vm, c, vm->nstack - k, at);
+      if (st == MP_OK)
+        st = pk_push(vm, c);
+      break;
+    }
+    case 't': /* TUPLE */
+    case 'l': /* LIST */
+    case 'd': /* DICT */
+      st = pk_find_mark(vm, at, &mk);
+      if (st != MP_OK)
+        break;
+      c = pk_new(vm, op == 'd' ? PK_DICT : PK_LIST);
+      if (c == NULL) {
+        st = pk_oom(vm);
+        break;
+      }
+      vm->nstack--; /* the mark itself: items are above it */
+      memmove(vm->stack + mk, vm->stack + mk + 1,
+              (vm->nstack - mk) * sizeof *vm->stack);
+      st = pk_fill(vm, c, mk, at);
+      if (st == MP_OK)
+        st = pk_push(vm, c);
+      break;
+    case 'a': /* APPEND */
+    case 's': /* SETITEM */ {
+      size_t k = op == 'a' ? 1 : 2;
+      if (vm->nstack < k + 1) {
+        st = mp__fail(MP_EINVAL,
+                      "%s: bad pickle at byte %zu: opcode '%c' with %zu "
+                      "values on the stack",
+                      vm->what, at, op, vm->nstack);
+        break;
+      }
+      c = vm->stack[vm->nstack - k - 1];
+      if (c->type != (op == 'a' ? PK_LIST : PK_DICT)) {
+        st = mp__fail(MP_EINVAL,
+                      "%s: bad pickle at byte %zu: opcode '%c' on a value "
+                      "that is not a %s",
+                      vm->what, at, op, op == 'a' ? "list" : "dict");
+        break;
+      }
+      st = pk_fill(vm, c, vm->nstack - k, at);
+      break;
+    }
+    case 'e': /* APPENDS */
+    case 'u': /* SETITEMS */
+      st = pk_find_mark(vm, at, &mk);
+      if (st != MP_OK)
+        break;
+      if (mk == 0 ||
+          vm->stack[mk - 1]->type != (op == 'e' ? PK_LIST : PK_DICT)) {
+        st = mp__fail(MP_EINVAL,
+                      "%s: bad pickle at byte %zu: opcode '%c' on a value "
+                      "that is not a %s",
+                      vm->what, at, op, op == 'e' ? "list" : "dict");
+        break;
+      }
+      c = vm->stack[mk - 1];
+      vm->nstack--;
+      memmove(vm->stack + mk, vm->stack + mk + 1,
+              (vm->nstack - mk) * sizeof *vm->stack);
+      st = pk_fill(vm, c, mk, at);
+      break;
+    case '0': /* POP */
+      if (vm->nstack == 0)
+        st = mp__fail(MP_EINVAL, "%s: bad pickle at byte %zu: POP of nothing",
+                      vm->what, at);
+      else
+        vm->nstack--;
+      break;
+    case '1': /* POP_MARK */
+      st = pk_find_mark(vm, at, &mk);
+      if (st == MP_OK)
+        vm->nstack = mk;
+      break;
+    case '2': /* DUP */
+      c = pk_top(vm, at, &st);
+      if (c != NULL)
+        st = pk_push(vm, c);
+      break;
+    default:
+      return mp__fail(MP_EINVAL,
+                      "%s: bad pickle at byte %zu: opcode 0x%02x is not read "
+                      "(only dict, list, tuple, str, bytes, int, float, bool "
+                      "and None of protocols 2 to 5)",
+                      vm->what, at, op);
+    }
+  }
+  return st;
+}
+
+/* ---- the snapshot ----------------------------------------------------- */
+
+typedef struct pk_text {
+  char *s;
+  size_t n, cap;
+} pk_text_t;
+
+static bool pk_printf(pk_text_t *t, const char *fmt, ...) MP__PRINTF(2, 3);
+static bool pk_printf(pk_text_t *t, const char *fmt, ...) {
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(t->s ? t->s + t->n : NULL, t->cap - t->n, fmt, ap);
+    va_end(ap);
+    if (k < 0)
+      return false;
+    if ((size_t)k < t->cap - t->n) {
+      t->n += (size_t)k;
+      return true;
+    }
+    size_t cap = t->cap ? t->cap * 2 : 1 << 16;
+    while (cap - t->n <= (size_t)k)
+      cap *= 2;
+    char *ns = realloc(t->s, cap);
+    if (ns == NULL)
+      return false;
+    t->s = ns;
+    t->cap = cap;
+  }
+}
+
+static bool pk_is_str(const pk_val_t *v, const char *s) {
+  return v != NULL && v->type == PK_STR && v->n == strlen(s) &&
+         memcmp(v->s, s, v->n) == 0;
+}
+
+/* A non-negative int field of entry k, or an error naming it. */
+static mp_status_t pk_field(const char *what, const pk_val_t *e, size_t k,
+                            const char *key, bool required, uint64_t *out) {
+  const pk_val_t *v = pk_get(e, key);
+  if (v == NULL && !required) {
+    *out = 0;
+    return MP_OK;
+  }
+  if (v == NULL || v->type != PK_INT || v->neg)
+    return mp__fail(MP_EINVAL, "%s: device trace entry %zu: '%s' %s", what, k,
+                    key,
+                    v == NULL ? "is missing" : "is not a non-negative int");
+  *out = v->u;
+  return MP_OK;
+}
+
+static mp_status_t pk_trace_to_csv(const char *what, const pk_val_t *trace,
+                                   pk_text_t *csv) {
+  bool has_completed = false;
+  for (size_t k = 0; k < trace->n; k++)
+    has_completed |=
+        pk_is_str(pk_get(trace->items[k], "action"), "free_completed");
+  if (!pk_printf(csv, "Thread,Time,Action,Pointer,Size,Stream\n"))
+    return mp__fail(MP_ENOMEM, "%s: out of host memory", what);
+  for (size_t k = 0; k < trace->n; k++) {
+    const pk_val_t *e = trace->items[k];
+    if (e->type != PK_DICT)
+      return mp__fail(MP_EINVAL, "%s: device trace entry %zu is not a dict",
+                      what, k);
+    const pk_val_t *a = pk_get(e, "action");
+    if (a == NULL || a->type != PK_STR)
+      return mp__fail(MP_EINVAL, "%s: device trace entry %zu has no action",
+                      what, k);
+    const char *row = NULL;
+    bool oom = false;
+    if (pk_is_str(a, "alloc"))
+      row = "allocate";
+    else if (pk_is_str(a, "free_completed"))
+      row = "free";
+    else if (pk_is_str(a, "free_requested") || pk_is_str(a, "free"))
+      row = has_completed ? NULL : "free";
+    else if ((oom = pk_is_str(a, "oom")))
+      row = "allocate failure";
+    else if (!(pk_is_str(a, "segment_alloc") || pk_is_str(a, "segment_free") ||
+               pk_is_str(a, "segment_map") || pk_is_str(a, "segment_unmap") ||
+               pk_is_str(a, "snapshot")))
+      return mp__fail(MP_EINVAL,
+                      "%s: device trace entry %zu: unknown action '%.*s'", what,
+                      k, (int)(a->n > 40 ? 40 : a->n), a->s);
+    uint64_t addr = 0, size = 0, stream = 0, t = 0;
+    mp_status_t st = MP_OK;
+    if (row != NULL) {
+      if ((st = pk_field(what, e, k, "addr", !oom, &addr)) != MP_OK ||
+          (st = pk_field(what, e, k, "size", true, &size)) != MP_OK ||
+          (st = pk_field(what, e, k, "stream", false, &stream)) != MP_OK ||
+          (st = pk_field(what, e, k, "time_us", false, &t)) != MP_OK)
+        return st;
+      if (row[0] == 'a' && !oom && addr == 0 && size != 0)
+        return mp__fail(MP_EINVAL,
+                        "%s: device trace entry %zu: allocation of %" PRIu64
+                        " bytes at address 0",
+                        what, k, size);
+    }
+    bool ok =
+        row == NULL
+            ? pk_printf(csv, "\n")
+            : pk_printf(csv,
+                        "0,%" PRIu64 ":%02u:%02u.%06u,%s,0x%" PRIx64 ",%" PRIu64
+                        ",%" PRIu64 "\n",
+                        t / UINT64_C(3600000000), (unsigned)(t / 60000000 % 60),
+                        (unsigned)(t / 1000000 % 60), (unsigned)(t % 1000000),
+                        row, addr, size, stream);
+    if (!ok)
+      return mp__fail(MP_ENOMEM, "%s: out of host memory", what);
+  }
+  return MP_OK;
+}
+
+bool mpb_snapshot_detect(const void *buf, size_t len) {
+  return len > 0 && ((const unsigned char *)buf)[0] == 0x80;
+}
+
+mp_status_t mpb_snapshot_parse(const void *buf, size_t len, const char *what,
+                               const char *name, mpb_workload_t *out) {
+  if (buf == NULL || out == NULL)
+    return mp__fail(MP_EINVAL, "mpb_snapshot_parse: NULL argument");
+  mpb_workload_init(out, name);
+  if (!mpb_snapshot_detect(buf, len))
+    return mp__fail(MP_EINVAL,
+                    "%s: not a pickle (byte 0 is not the PROTO opcode 0x80)",
+                    what);
+  pk_vm_t vm = {.buf = buf, .len = len, .what = what};
+  vm.mark.type = PK_MARK;
+  const pk_val_t *root = NULL;
+  mp_status_t st = pk_run(&vm, &root);
+  const pk_val_t *traces = NULL, *trace = NULL;
+  if (st == MP_OK) {
+    traces = root->type == PK_DICT ? pk_get(root, "device_traces") : NULL;
+    if (traces == NULL || traces->type != PK_LIST)
+      st = mp__fail(MP_EINVAL,
+                    "%s: a pickle, but not a PyTorch memory snapshot (no "
+                    "'device_traces' list; record one with "
+                    "torch.cuda.memory._record_memory_history())",
+                    what);
+  }
+  for (size_t d = 0; st == MP_OK && d < traces->n && trace == NULL; d++) {
+    const pk_val_t *t = traces->items[d];
+    if (t->type != PK_LIST) {
+      st = mp__fail(MP_EINVAL, "%s: device_traces[%zu] is not a list", what, d);
+      break;
+    }
+    for (size_t k = 0; k < t->n && trace == NULL; k++)
+      if (t->items[k]->type == PK_DICT &&
+          pk_is_str(pk_get(t->items[k], "action"), "alloc"))
+        trace = t;
+  }
+  if (st == MP_OK && trace == NULL)
+    st = mp__fail(MP_EINVAL,
+                  "%s: the snapshot's device traces have no allocation: "
+                  "nothing to replay (was history recording on?)",
+                  what);
+  pk_text_t csv = {0};
+  if (st == MP_OK)
+    st = pk_trace_to_csv(what, trace, &csv);
+  pk_free_all(&vm);
+  if (st == MP_OK)
+    st = mpb_trace_parse(csv.s, csv.n, what, name, out);
+  free(csv.s);
+  return st;
+}

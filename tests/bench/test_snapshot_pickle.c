@@ -1,0 +1,273 @@
+/* PyTorch memory snapshots (pickles) as mpbench input: pickles written at
+ * test time by Python's own pickle module (tests/bench/snapshot_gen.py,
+ * protocols 2, 4 and 5) replay with the peak live bytes their events imply;
+ * truncated and garbage pickles are refused naming the byte offset; input
+ * is recognised by content, not by file name. */
+#include <criterion/criterion.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "mpbench.h"
+
+typedef struct expect {
+  uint64_t peak_live, allocs, unknown_frees, failures, streams;
+} expect_t;
+
+typedef struct blob {
+  char *data;
+  size_t len;
+} blob_t;
+
+static char *read_file(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  cr_assert_not_null(f, "cannot open %s", path);
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *buf = malloc((size_t)n + 1);
+  cr_assert_not_null(buf);
+  cr_assert_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+  fclose(f);
+  *len = (size_t)n;
+  return buf;
+}
+
+/* Runs snapshot_gen.py CASE PROTO into a temporary file named name (in a
+ * fresh folder); returns the bytes and what the events imply. */
+static blob_t gen(const char *c, int proto, const char *name, expect_t *e,
+                  char *path, size_t path_len) {
+  if (MPB_PYTHON3[0] == '\0')
+    cr_skip_test("no python3 to write pickles with");
+  char dir[] = "/tmp/mpb_snapXXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  snprintf(path, path_len, "%s/%s", dir, name);
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "'%s' '%s' %s %d '%s'", MPB_PYTHON3,
+           MPB_SNAPSHOT_GEN, c, proto, path);
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p);
+  expect_t x = {0};
+  int got = fscanf(
+      p,
+      "peak_live %" SCNu64 " allocs %" SCNu64 " unknown_frees %" SCNu64
+      " failures %" SCNu64 " streams %" SCNu64,
+      &x.peak_live, &x.allocs, &x.unknown_frees, &x.failures, &x.streams);
+  cr_assert_eq(pclose(p), 0, "%s failed", cmd);
+  cr_assert_eq(got, 5, "%s printed no expectations", cmd);
+  if (e != NULL)
+    *e = x;
+  blob_t b;
+  b.data = read_file(path, &b.len);
+  return b;
+}
+
+static void rm_gen(const char *path, blob_t *b) {
+  free(b->data);
+  unlink(path);
+  char dir[256];
+  snprintf(dir, sizeof dir, "%s", path);
+  *strrchr(dir, '/') = '\0';
+  rmdir(dir);
+}
+
+/* Peak of the bytes live over the workload's events. */
+static size_t events_peak_live(const mpb_workload_t *w, uint64_t *allocs) {
+  size_t live = 0, peak = 0;
+  *allocs = 0;
+  for (size_t i = 0; i < w->n; i++) {
+    if (w->ev[i].op == MPB_ALLOC) {
+      live += w->ev[i].size;
+      (*allocs)++;
+    } else {
+      live -= w->ev[i].size;
+    }
+    if (live > peak)
+      peak = live;
+  }
+  cr_expect_eq(live, 0, "the workload does not end empty");
+  return peak;
+}
+
+static void check_case(const char *c, int proto, bool replay) {
+  expect_t e;
+  char path[256];
+  blob_t b = gen(c, proto, "snap.pickle", &e, path, sizeof path);
+  mpb_workload_t w;
+  cr_assert_eq(mpb_trace_load(path, "snap", &w), MP_OK, "%s proto %d: %s", c,
+               proto, mp_last_error());
+  uint64_t allocs;
+  cr_expect_eq(events_peak_live(&w, &allocs), e.peak_live, "%s proto %d", c,
+               proto);
+  cr_expect_eq(allocs, e.allocs, "%s proto %d", c, proto);
+  cr_expect_eq(w.unknown_frees, e.unknown_frees);
+  cr_expect_eq(w.failure_rows, e.failures);
+  cr_expect_eq(w.nstreams, e.streams);
+  if (replay) {
+    mpb_replay_opts_t o = {.device_spec = "host", .capacity_search = false};
+    mpb_result_t *r = calloc(1, sizeof *r);
+    cr_assert_eq(mpb_replay(&w, "pool", &o, r), MP_OK, "%s", mp_last_error());
+    cr_expect(r->completed, "%s", r->error);
+    cr_expect_eq(r->peak_live, e.peak_live);
+    cr_expect_geq(r->peak_reserved, e.peak_live);
+    free(r);
+  }
+  mpb_workload_free(&w);
+  rm_gen(path, &b);
+}
+
+Test(snapshot_pickle, training_trace_replays_with_the_peak_its_events_imply) {
+  check_case("train", 2, true);
+  check_case("train", 4, false);
+  check_case("train", 5, false);
+}
+
+Test(snapshot_pickle, legacy_free_requested_counts_when_nothing_completes) {
+  check_case("legacy", 2, false);
+  check_case("legacy", 5, false);
+}
+
+Test(snapshot_pickle, frees_from_before_the_trace_are_counted_and_skipped) {
+  check_case("prehistory", 4, false);
+}
+
+Test(snapshot_pickle, addresses_above_2_63_and_big_sizes_read_right) {
+  check_case("wide", 2, false);
+  check_case("wide", 5, false);
+}
+
+Test(snapshot_pickle, a_pickle_is_found_by_content_not_by_name) {
+  expect_t e;
+  char path[256];
+  /* A snapshot called .csv is still a snapshot... */
+  blob_t b = gen("train", 4, "looks_like.csv", &e, path, sizeof path);
+  cr_assert(mpb_snapshot_detect(b.data, b.len));
+  mpb_workload_t w;
+  cr_assert_eq(mpb_trace_load(path, "x", &w), MP_OK, "%s", mp_last_error());
+  uint64_t allocs;
+  cr_expect_eq(events_peak_live(&w, &allocs), e.peak_live);
+  mpb_workload_free(&w);
+  rm_gen(path, &b);
+  /* ...and a CSV called .pickle is still a CSV. */
+  const char *csv = "Thread,Time,Action,Pointer,Size,Stream\n"
+                    "1,00:00:00.000001,allocate,0x1000,4096,0\n";
+  cr_expect_not(mpb_snapshot_detect(csv, strlen(csv)));
+  char dir[] = "/tmp/mpb_snapXXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/t.pickle", dir);
+  FILE *f = fopen(path, "w");
+  fputs(csv, f);
+  fclose(f);
+  cr_assert_eq(mpb_trace_load(path, "y", &w), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(w.n, 2);
+  mpb_workload_free(&w);
+  unlink(path);
+  rmdir(dir);
+}
+
+/* Every proper prefix of a valid pickle is refused, naming a byte offset
+ * inside the file, and leaves the workload empty. */
+Test(snapshot_pickle, every_truncation_is_refused_with_its_offset) {
+  char path[256];
+  blob_t b = gen("train", 4, "t.pickle", NULL, path, sizeof path);
+  size_t step = b.len > 4000 ? b.len / 4000 : 1;
+  for (size_t n = 1; n < b.len; n += step) {
+    mpb_workload_t w;
+    mp_status_t st = mpb_snapshot_parse(b.data, n, "t.pickle", "t", &w);
+    cr_assert_eq(st, MP_EINVAL, "prefix of %zu bytes accepted", n);
+    const char *msg = mp_last_error();
+    cr_assert(strstr(msg, "t.pickle: ") == msg, "%s", msg);
+    cr_assert(strstr(msg, "byte") != NULL, "prefix %zu: %s", n, msg);
+    cr_assert_eq(w.n, 0);
+    cr_assert_null(w.ev);
+  }
+  rm_gen(path, &b);
+}
+
+static void expect_refused(const char *bytes, size_t len, const char *words) {
+  mpb_workload_t w;
+  cr_assert_eq(mpb_snapshot_parse(bytes, len, "g.pickle", "g", &w), MP_EINVAL,
+               "accepted %s", words);
+  cr_expect(strstr(mp_last_error(), words) != NULL, "'%s' lacks '%s'",
+            mp_last_error(), words);
+  cr_expect_eq(w.n, 0);
+}
+
+Test(snapshot_pickle, garbage_is_refused_with_opcode_and_offset) {
+  /* An opcode this reader does not run (GLOBAL, a class): at byte 2. */
+  expect_refused("\x80\x04"
+                 "cos\nsystem\n.",
+                 13, "byte 2: opcode 0x63");
+  /* Protocol 1 is not what _dump_snapshot writes. */
+  expect_refused("\x80\x01}.", 4, "protocol 1");
+  /* SETITEM on a list, and STOP with two values. */
+  expect_refused("\x80\x02]K\x01K\x02s.", 9, "byte 7: opcode 's' on a value");
+  expect_refused("\x80\x02K\x01K\x02.", 7, "STOP with 2 values");
+  /* BINGET of a memo slot never stored; BINPUT far out of range. */
+  expect_refused("\x80\x02h\x05.", 5, "memo index 5 was never stored");
+  expect_refused("\x80\x02Nr\xff\xff\xff\x7f.", 9, "out of range");
+  /* A string longer than the file, and a frame longer than the file. */
+  expect_refused("\x80\x04X\xff\x00\x00\x00"
+                 "ab.",
+                 10, "string of 255 bytes");
+  expect_refused("\x80\x04\x95\x00\x00\x00\x00\x01\x00\x00\x00}.", 13,
+                 "frame at byte 2");
+  /* Integers past 64 bits; APPENDS without a mark. */
+  expect_refused("\x80\x02\x8a\x0a\x00\x00\x00\x00\x00\x00\x00\x00\x01\x01.",
+                 15, "does not fit 64 bits");
+  expect_refused("\x80\x02]K\x01"
+                 "e.",
+                 7, "without a MARK");
+  /* Not a pickle at all, and an empty file. */
+  expect_refused("Thread", 6, "byte 0 is not the PROTO opcode");
+  expect_refused("", 0, "byte 0 is not the PROTO opcode");
+}
+
+Test(snapshot_pickle, pickles_that_are_not_snapshots_say_so) {
+  char path[256];
+  blob_t b = gen("notsnap", 2, "n.pickle", NULL, path, sizeof path);
+  mpb_workload_t w;
+  cr_expect_eq(mpb_snapshot_parse(b.data, b.len, "n.pickle", "n", &w),
+               MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "not a PyTorch memory snapshot"), "%s",
+            mp_last_error());
+  rm_gen(path, &b);
+  b = gen("noalloc", 5, "e.pickle", NULL, path, sizeof path);
+  cr_expect_eq(mpb_snapshot_parse(b.data, b.len, "e.pickle", "e", &w),
+               MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "no allocation"), "%s", mp_last_error());
+  rm_gen(path, &b);
+}
+
+/* Bytes flipped anywhere in a valid pickle never crash the reader: each
+ * result is a workload that ends empty or a refusal with a message. */
+Test(snapshot_pickle, flipped_bytes_are_refused_or_read_never_crash) {
+  char path[256];
+  blob_t b = gen("train", 4, "f.pickle", NULL, path, sizeof path);
+  char *copy = malloc(b.len);
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (int round = 0; round < 2000; round++) {
+    memcpy(copy, b.data, b.len);
+    for (int k = 0; k < 3; k++) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      copy[1 + x % (b.len - 1)] = (char)(x >> 40);
+    }
+    mpb_workload_t w;
+    mp_status_t st = mpb_snapshot_parse(copy, b.len, "f.pickle", "f", &w);
+    if (st == MP_OK) {
+      uint64_t allocs;
+      events_peak_live(&w, &allocs);
+      mpb_workload_free(&w);
+    } else {
+      cr_assert_eq(st, MP_EINVAL);
+      cr_assert(mp_last_error()[0] != '\0');
+      cr_assert_eq(w.n, 0);
+    }
+  }
+  free(copy);
+  rm_gen(path, &b);
+}
