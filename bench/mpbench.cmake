@@ -3,9 +3,22 @@
 # library mpbench_core, so that tests/bench/ links the same code.
 file(GLOB _mpb_core CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/core/*.c)
 add_library(mpbench_core STATIC ${_mpb_core})
+# report.html's page (core/report.html.in) compiled in as a byte array, so
+# that mpbench writes it with no file beside the executable. Regenerated
+# when the page changes; rewritten only when its bytes do.
+set(_mpb_tpl ${CMAKE_CURRENT_SOURCE_DIR}/core/report.html.in)
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_mpb_tpl})
+file(READ ${_mpb_tpl} _mpb_hex HEX)
+string(REGEX REPLACE "([0-9a-f][0-9a-f])" "0x\\1," _mpb_hex "${_mpb_hex}")
+string(REGEX REPLACE "((0x..,){24})" "\\1\n" _mpb_hex "${_mpb_hex}")
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/report_html_template.h.tmp
+  "/* Generated from core/report.html.in by mpbench.cmake. */\n"
+  "static const char mpb_html_template[] = {\n${_mpb_hex}0};\n")
+configure_file(${CMAKE_CURRENT_BINARY_DIR}/report_html_template.h.tmp
+  ${CMAKE_CURRENT_BINARY_DIR}/report_html_template.h COPYONLY)
 target_include_directories(mpbench_core
   PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/core
-  PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  PRIVATE ${PROJECT_SOURCE_DIR}/src ${CMAKE_CURRENT_BINARY_DIR})
 target_link_libraries(mpbench_core PUBLIC mempool_static m)
 # jemalloc replaces malloc for the whole process, which the sanitizers'
 # interceptors cannot share: the jemalloc baseline is left out of sanitized

@@ -2,10 +2,12 @@
 # cmake/deps.sh - install what building and testing mempool needs, only what
 # is missing, from Debian's packages. Sourced by tests/run.sh and
 # bench/run.sh; safe to run again (it does nothing when all is present).
+# python3-pytest/pip/setuptools: the Python package's tests (python/);
+# chromium: report.html's test in headless Chromium.
 #   mempool_deps [extra-package...]
 mempool_deps() {
   local want=(cmake make gcc pkg-config libcriterion-dev libjemalloc-dev
-    python3 python3-pytest python3-pip python3-setuptools "$@")
+    python3 python3-pytest python3-pip python3-setuptools chromium "$@")
   local missing=()
   local p
   for p in "${want[@]}"; do

@@ -45,9 +45,9 @@ static void mpb_usage(FILE *out) {
       "With no arguments mpbench runs the full suite (as `mpbench run`).\n"
       "\n"
       "Options:\n"
-      "  --out DIR           write results.json, results.csv, results.md and "
-      "PNG\n"
-      "                      plots into DIR (default: out); files "
+      "  --out DIR           write results.json, results.csv, results.md, "
+      "report.html\n"
+      "                      and PNG plots into DIR (default: out); files "
       "appear\n"
       "                      whole or not at all; an --out that cannot be "
       "written\n"
@@ -85,7 +85,12 @@ static void mpb_usage(FILE *out) {
       "                      300), so the suite ends in bounded time; past "
       "it each\n"
       "                      search only checks its upper bound\n"
-      "  --no-plots          no PNG plots\n"
+      "  --no-plots          no PNG plots (report.html is still written)\n"
+      "  --blockmap NAME     the allocator whose block map (each block's "
+      "address over\n"
+      "                      time) report.html shows: one of those run; "
+      "default pool,\n"
+      "                      else the first one run; none: no block map\n"
       "  --quiet             no progress bar and no notes on stderr\n"
       "  -h, --help          this text\n"
       "\n"
@@ -278,6 +283,7 @@ typedef struct mpb_cli {
   const char *out_dir;
   const char *traces_dir;
   const char *device;
+  const char *blockmap; /* NULL: pool, else the first allocator */
   bool no_traces, capacity, plots, quiet, replay;
   double budget, total;
   mpb_strv_t workloads, allocators, files;
@@ -331,7 +337,7 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
     const char *val = i + 1 < argc ? argv[i + 1] : NULL;
     bool takes = strcmp(a, "--out") == 0 || strcmp(a, "--workload") == 0 ||
                  strcmp(a, "--traces") == 0 || strcmp(a, "--allocator") == 0 ||
-                 strcmp(a, "--device") == 0 ||
+                 strcmp(a, "--device") == 0 || strcmp(a, "--blockmap") == 0 ||
                  strcmp(a, "--capacity-budget") == 0 ||
                  strcmp(a, "--capacity-total") == 0;
     if (takes && val == NULL)
@@ -355,6 +361,8 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
       mpb_strv_push(&c->allocators, val);
     } else if (strcmp(a, "--device") == 0) {
       c->device = val;
+    } else if (strcmp(a, "--blockmap") == 0) {
+      c->blockmap = val;
     } else if (strcmp(a, "--capacity-budget") == 0) {
       char *end;
       c->budget = strtod(val, &end);
@@ -502,6 +510,8 @@ int mpb_main(int argc, char **argv) {
   int rc = mpb_parse(argc, argv, &c);
   mpb_jobs_t jobs = {0};
   mpb_result_t *res = NULL;
+  mpb_blockmap_t *maps = NULL;
+  size_t nmaps = 0;
   mp_device_t *dev = NULL;
   mpb_strv_t unavailable = {0}, allocs = {0};
   if (rc >= 0)
@@ -550,6 +560,20 @@ int mpb_main(int argc, char **argv) {
     rc = 2;
     goto out;
   }
+  /* The allocator whose block map report.html shows (SIZE_MAX: none). */
+  size_t map_alloc = SIZE_MAX;
+  for (size_t i = 0; i < allocs.n; i++)
+    if (strcmp(allocs.v[i], c.blockmap ? c.blockmap : "pool") == 0)
+      map_alloc = i;
+  if (c.blockmap == NULL && map_alloc == SIZE_MAX)
+    map_alloc = 0;
+  if (c.blockmap != NULL && strcmp(c.blockmap, "none") != 0 &&
+      map_alloc == SIZE_MAX) {
+    fprintf(stderr, "mpbench: --blockmap %s is not one of the allocators run\n",
+            c.blockmap);
+    rc = 2;
+    goto out;
+  }
   if (mpb_report_check_dir(c.out_dir) != MP_OK) {
     fprintf(stderr, "mpbench: --out %s: %s\n", c.out_dir, mp_last_error());
     rc = 2;
@@ -564,7 +588,8 @@ int mpb_main(int argc, char **argv) {
   }
   size_t total = jobs.nw * allocs.n, done = 0;
   res = calloc(total, sizeof *res);
-  if (res == NULL) {
+  maps = calloc(jobs.nw, sizeof *maps);
+  if (res == NULL || maps == NULL) {
     fprintf(stderr, "mpbench: out of host memory\n");
     rc = 1;
     goto out;
@@ -580,6 +605,17 @@ int mpb_main(int argc, char **argv) {
       char what[300];
       snprintf(what, sizeof what, "%s / %s", jobs.w[w].name, allocs.v[a]);
       mpb_progress(&c, done, total, what);
+      ro.on_block = NULL;
+      ro.on_block_ctx = NULL;
+      if (a == map_alloc) {
+        if (!mpb_blockmap_init(&maps[nmaps], &jobs.w[w], allocs.v[a])) {
+          fprintf(stderr, "mpbench: out of host memory\n");
+          rc = 1;
+          goto out;
+        }
+        ro.on_block = mpb_blockmap_on_block;
+        ro.on_block_ctx = &maps[nmaps++];
+      }
       if (mpb_replay(&jobs.w[w], allocs.v[a], &ro, &res[done]) != MP_OK) {
         if (!c.quiet && isatty(2))
           fputs("\r\033[K", stderr);
@@ -595,8 +631,8 @@ int mpb_main(int argc, char **argv) {
 
   bool plotted;
   char why[512];
-  if (mpb_report_write(c.out_dir, res, done, c.plots, &plotted, why,
-                       sizeof why) != MP_OK) {
+  if (mpb_report_write_maps(c.out_dir, res, done, maps, nmaps, c.plots,
+                            &plotted, why, sizeof why) != MP_OK) {
     fprintf(stderr, "mpbench: writing results to %s: %s\n", c.out_dir,
             mp_last_error());
     rc = 1;
@@ -630,14 +666,18 @@ int mpb_main(int argc, char **argv) {
   }
   if (!plotted && c.plots)
     printf("\nNo plots: %s\n", why);
-  printf("\nResults: %s/results.json, %s/results.csv, %s/results.md%s\n",
-         c.out_dir, c.out_dir, c.out_dir,
+  printf("\nResults: %s/results.json, %s/results.csv, %s/results.md, "
+         "%s/report.html%s\n",
+         c.out_dir, c.out_dir, c.out_dir, c.out_dir,
          plotted ? ", plots bytes_*.png and ratios.png" : "");
   fflush(stdout);
 out:
   if (dev != NULL)
     mp_device_close(dev);
   free(res);
+  for (size_t i = 0; i < nmaps; i++)
+    mpb_blockmap_free(&maps[i]);
+  free(maps);
   mpb_jobs_free(&jobs);
   mpb_strv_free(&unavailable);
   mpb_strv_free(&allocs);

@@ -182,6 +182,11 @@ typedef struct mpb_replay_opts {
   /* mpb_now_ns() after which every search stops at its first probe (the
    * whole run's budget); 0: none. */
   uint64_t capacity_deadline_ns;
+  /* Called in the measured run (not the capacity search), outside the
+   * timed calls: after each allocation that succeeded and before each
+   * free, with the event's index and the block's pointer. NULL: none. */
+  void (*on_block)(void *ctx, size_t event, const mpb_event_t *e, void *ptr);
+  void *on_block_ctx;
 } mpb_replay_opts_t;
 
 /* Replays w through allocator on a fresh device and fills r. A workload
@@ -211,16 +216,59 @@ void mpb_spec_with_capacity(const char *base_spec, size_t capacity, char *buf,
 void mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n);
 mp_status_t mpb_report_json(FILE *out, const mpb_result_t *r, size_t n);
 mp_status_t mpb_report_csv(FILE *out, const mpb_result_t *r, size_t n);
-/* Writes results.json, results.csv, results.md and (with gnuplot) PNG
- * plots into dir, each through a temporary file renamed at the end, so a
- * failure leaves nothing half-written. *plotted: whether plots were made;
- * why_not says why not. */
+/* Writes results.json, results.csv, results.md, report.html and (with
+ * gnuplot) PNG plots into dir, each through a temporary file renamed at the
+ * end, so a failure leaves nothing half-written. *plotted: whether plots were
+ * made; why_not says why not. */
 /* Whether dir can be made and written into, without creating anything:
  * checked before a run so that a bad --out fails in seconds, not after it. */
 mp_status_t mpb_report_check_dir(const char *dir);
 mp_status_t mpb_report_write(const char *dir, const mpb_result_t *r, size_t n,
                              bool want_plots, bool *plotted, char *why_not,
                              size_t why_len);
+/* A JSON string (quotes, backslashes, control characters and '<' escaped,
+ * so that it may sit inside an HTML script element). */
+void mpb_json_str(FILE *out, const char *s);
+
+/* ---- html.c: report.html, a page that draws itself -------------------- */
+
+/* One allocator's blocks over one workload: where each block lay (address)
+ * from its allocation to its free (event indices), recorded through
+ * mpb_replay_opts_t.on_block (ctx: the map). */
+typedef struct mpb_block {
+  uint64_t addr, size;
+  uint64_t t0, t1; /* event of the allocation and of the free */
+} mpb_block_t;
+
+typedef struct mpb_blockmap {
+  char workload[160];
+  char allocator[96];
+  mpb_block_t *b;
+  size_t n, cap;
+  size_t *open; /* per slot: index in b + 1 of its live block; 0 none */
+  uint32_t nslots;
+  uint64_t events;    /* the workload's events: open blocks end there */
+  bool out_of_memory; /* a block could not be recorded */
+} mpb_blockmap_t;
+
+/* A map for w's replay through allocator; false when out of memory. */
+bool mpb_blockmap_init(mpb_blockmap_t *m, const mpb_workload_t *w,
+                       const char *allocator);
+void mpb_blockmap_on_block(void *ctx, size_t event, const mpb_event_t *e,
+                           void *ptr);
+void mpb_blockmap_free(mpb_blockmap_t *m);
+/* The most blocks of one map written into report.html: beyond it the
+ * largest are kept (the page says how many were left out). */
+enum { MPB_HTML_MAX_BLOCKS = 6000 };
+/* A self-contained page (no network): the results table, the reserved
+ * and live curves of every run (zoomable) and the block maps given. */
+mp_status_t mpb_report_html(FILE *out, const mpb_result_t *r, size_t n,
+                            const mpb_blockmap_t *maps, size_t nmaps);
+/* mpb_report_write, with block maps for report.html. */
+mp_status_t mpb_report_write_maps(const char *dir, const mpb_result_t *r,
+                                  size_t n, const mpb_blockmap_t *maps,
+                                  size_t nmaps, bool want_plots, bool *plotted,
+                                  char *why_not, size_t why_len);
 
 /* ---- cli.c: the command line ------------------------------------------- */
 

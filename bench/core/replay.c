@@ -319,10 +319,14 @@ mp_status_t mpb_replay(const mpb_workload_t *w, const char *allocator,
           break;
         }
         ns[nns++] = mpb_call_ns(t0, t1, overhead);
+        if (opts->on_block != NULL)
+          opts->on_block(opts->on_block_ctx, i, e, *slot);
       }
       live += e->size;
     } else {
       if (*slot != NULL) {
+        if (opts->on_block != NULL)
+          opts->on_block(opts->on_block_ctx, i, e, *slot);
         uint64_t t0 = mpb_now_ns();
         mpb_allocator_free(g.alloc, *slot);
         uint64_t t1 = mpb_now_ns();

@@ -1,4 +1,5 @@
-/* report.c - the results as a Markdown table, JSON, CSV and gnuplot PNGs.
+/* report.c - the results as a Markdown table, JSON, CSV and gnuplot PNGs
+ * (and report.html, written by html.c).
  *
  * Files appear whole or not at all: everything is written into a temporary
  * folder inside the output folder (same file system), and only once all of
@@ -74,13 +75,13 @@ void mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n) {
     }
 }
 
-static void mpb_json_str(FILE *out, const char *s) {
+void mpb_json_str(FILE *out, const char *s) {
   fputc('"', out);
   for (; *s; s++) {
     unsigned char c = (unsigned char)*s;
     if (c == '"' || c == '\\')
       fprintf(out, "\\%c", c);
-    else if (c < 0x20)
+    else if (c < 0x20 || c == '<')
       fprintf(out, "\\u%04x", c);
     else
       fputc(c, out);
@@ -515,9 +516,31 @@ static mp_status_t mpb_write_file(const char *tmp, const char *name,
   return st;
 }
 
+static mp_status_t mpb_write_html(const char *tmp, const mpb_result_t *r,
+                                  size_t n, const mpb_blockmap_t *maps,
+                                  size_t nmaps) {
+  char path[4400];
+  snprintf(path, sizeof path, "%s/report.html", tmp);
+  FILE *f = fopen(path, "w");
+  if (f == NULL)
+    return mp__fail(MP_EINVAL, "cannot write %s: %s", path, strerror(errno));
+  mp_status_t st = mpb_report_html(f, r, n, maps, nmaps);
+  if (fclose(f) != 0 && st == MP_OK)
+    st = mp__fail(MP_EINVAL, "cannot write %s: %s", path, strerror(errno));
+  return st;
+}
+
 mp_status_t mpb_report_write(const char *dir, const mpb_result_t *r, size_t n,
                              bool want_plots, bool *plotted, char *why_not,
                              size_t why_len) {
+  return mpb_report_write_maps(dir, r, n, NULL, 0, want_plots, plotted, why_not,
+                               why_len);
+}
+
+mp_status_t mpb_report_write_maps(const char *dir, const mpb_result_t *r,
+                                  size_t n, const mpb_blockmap_t *maps,
+                                  size_t nmaps, bool want_plots, bool *plotted,
+                                  char *why_not, size_t why_len) {
   *plotted = false;
   why_not[0] = '\0';
   mp_status_t st = mpb_mkdir_p(dir);
@@ -533,6 +556,10 @@ mp_status_t mpb_report_write(const char *dir, const mpb_result_t *r, size_t n,
   for (int i = 0; i < 3 && st == MP_OK; i++) {
     st = mpb_write_file(tmp, data[i], r, n, i);
     mpb_names_add(&files, data[i]);
+  }
+  if (st == MP_OK) {
+    st = mpb_write_html(tmp, r, n, maps, nmaps);
+    mpb_names_add(&files, "report.html");
   }
   if (st == MP_OK && want_plots) {
     mpb_names_t pngs = {0};

@@ -311,3 +311,25 @@ Test(cli_results, bad_arguments_exit_2_and_write_nothing, .init = make_tmp,
   const char *help[] = {"--help", NULL};
   cr_expect_eq(run(help), 0);
 }
+
+Test(cli_results, report_html_is_written_with_the_chosen_block_map,
+     .init = make_tmp, .fini = drop_tmp) {
+  const char *args[] = {"run",         "--workload",    "cnn:batches=5",
+                        "--allocator", "direct",        "--allocator",
+                        "pool",        "--blockmap",    "direct",
+                        "--no-plots",  "--no-capacity", "--quiet",
+                        "--out",       tmpdir,          NULL};
+  cr_assert_eq(run(args), 0);
+  char path[600];
+  snprintf(path, sizeof path, "%s/report.html", tmpdir);
+  const char *maps = strstr(slurp(path), "id=\"mp-blocks\">");
+  cr_assert_not_null(maps);
+  cr_expect(strncmp(strstr(maps, "\"allocator\": "),
+                    "\"allocator\": \"direct\"", 21) == 0);
+  /* A --blockmap that is not run is bad usage. */
+  const char *bad[] = {"run",         "--workload",    "cnn:batches=5",
+                       "--allocator", "pool",          "--blockmap",
+                       "direct",      "--no-capacity", "--quiet",
+                       "--out",       tmpdir,          NULL};
+  cr_expect_eq(run(bad), 2);
+}
