@@ -31,3 +31,32 @@ def test_env_var_names_the_library_loaded():
     r = _run("import mempool; print(mempool.library_path())", {"MEMPOOL_LIBRARY": path})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == path
+
+
+def test_without_env_the_build_tree_library_is_found():
+    import glob
+    import pytest
+    repo = os.path.dirname(PKG)
+    if not glob.glob(os.path.join(repo, "build*", "src", "libmempool.so")):
+        pytest.skip("no build tree inside this checkout")
+    env = {k: v for k, v in os.environ.items() if k != "MEMPOOL_LIBRARY"}
+    r = subprocess.run([sys.executable, "-c", "import mempool; print(mempool.find_library())"],
+                       cwd=PKG, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    found = r.stdout.strip()
+    # The checkout's build*/src/libmempool.so is chosen before the system's.
+    assert found.startswith(repo + os.sep) and found.endswith(
+        os.path.join("src", "libmempool.so")), found
+
+
+def test_a_library_next_to_the_package_comes_before_the_build_tree(tmp_path):
+    import shutil
+    pkg = tmp_path / "mempool"
+    shutil.copytree(os.path.join(PKG, "mempool"), pkg,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(mempool.library_path(), pkg / "libmempool.so")
+    env = {k: v for k, v in os.environ.items() if k != "MEMPOOL_LIBRARY"}
+    r = subprocess.run([sys.executable, "-c", "import mempool; print(mempool.find_library())"],
+                       cwd=str(tmp_path), env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(pkg / "libmempool.so")
