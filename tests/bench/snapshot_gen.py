@@ -41,9 +41,6 @@ def train(rng, legacy=False, base=0x7F0000000000, scale=1):
         r = rng.random()
         if r < 0.55 or not live:
             size = rng.choice([512, 4096, 1 << 20, 3 << 20, 7 << 20]) * scale
-            if rng.random() < 0.3 and pending and not legacy:
-                # Reuse an address once its free completed (below).
-                pass
             addr, nxt = nxt, nxt + size
             st = rng.choice(streams)
             live[addr] = (size, st)
