@@ -1,9 +1,8 @@
 /* defrag.c - movable blocks, defragmentation and freeze.
  *
  * A movable block is an ordinary live block with MP__B_MOVABLE set; its
- * handle is the block's own host record (whose `handle` field points back
- * at the pool), so a move updates the handle by updating the record, and a
- * handle costs no allocation and cannot leak.
+ * handle names a slot that points at the block's host record (handle.c),
+ * so a move updates the handle by updating the record.
  *
  * Defragmentation is a sliding compaction inside each segment: walking the
  * blocks in address order, a movable block whose lower neighbour is free
@@ -46,10 +45,6 @@ typedef struct mp__mover {
   size_t need;  /* stop once a free block of this size exists; 0: never */
   size_t moved; /* bytes copied to new homes */
 } mp__mover_t;
-
-static mp__block_t *mp__hblock(const mp_handle_t *h) {
-  return (mp__block_t *)(uintptr_t)h;
-}
 
 static bool mp__is_mover(const mp__block_t *b) {
   return (b->flags & (MP__B_FREE | MP__B_MOVABLE | MP__B_FROZEN)) ==
@@ -429,58 +424,6 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
 }
 
 /* ---- public API -------------------------------------------------------- */
-
-mp_status_t mp_pool_alloc_movable(mp_pool_t *pool, size_t bytes, mp_stream_t s,
-                                  mp_handle_t **out) {
-  if (pool == NULL || out == NULL)
-    return mp__fail(MP_EINVAL, "mp_pool_alloc_movable: %s is NULL",
-                    pool == NULL ? "pool" : "out");
-  if (bytes == 0) {
-    *out = NULL;
-    return MP_OK;
-  }
-  void *p;
-  mp_status_t st = mp_pool_alloc(pool, bytes, s, &p);
-  if (st != MP_OK)
-    return st;
-  /* Nobody else knows p yet, so it is still this live, unmovable block. */
-  mp__pool_lock(pool);
-  mp__block_t *b = mp__map_find(pool, (uintptr_t)p);
-  b->flags |= MP__B_MOVABLE;
-  b->handle = pool;
-  mp__pool_unlock(pool);
-  *out = (mp_handle_t *)b;
-  return MP_OK;
-}
-
-void *mp_handle_ptr(const mp_handle_t *h) {
-  return h != NULL ? (void *)mp__hblock(h)->addr : NULL;
-}
-
-mp_status_t mp_handle_free(mp_handle_t *h) {
-  if (h == NULL)
-    return MP_OK;
-  mp__block_t *b = mp__hblock(h);
-  mp_pool_t *pool = b->handle;
-  if (pool == NULL)
-    return mp__fail(MP_EINVAL,
-                    "mp_handle_free: %p is not a live movable handle (freed "
-                    "twice?)",
-                    (void *)h);
-  mp__pool_lock(pool);
-  if ((b->flags & (MP__B_FREE | MP__B_MOVABLE)) != MP__B_MOVABLE ||
-      b->handle != pool) {
-    mp__pool_unlock(pool);
-    return mp__fail(MP_EINVAL,
-                    "mp_handle_free: %p is not a live movable handle (freed "
-                    "twice?)",
-                    (void *)h);
-  }
-  mp__map_remove(pool, b);
-  mp__block_release(pool, b);
-  mp__pool_unlock(pool);
-  return MP_OK;
-}
 
 mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
                                size_t *moved_bytes) {
