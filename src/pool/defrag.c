@@ -51,13 +51,23 @@ static bool mp__is_mover(const mp__block_t *b) {
          MP__B_MOVABLE;
 }
 
-/* The first block defragmentation may touch: the one after the last
- * frozen block (the fence), or the segment's first. */
+/* The first block defragmentation may touch: the first that starts at or
+ * above the segment's fence (the top of what was live at the last freeze),
+ * or the segment's first. The fence stays where freeze put it when frozen
+ * blocks are freed, so nothing is ever moved into the space below it. */
 static mp__block_t *mp__above_fence(const mp__segment_t *seg) {
-  for (mp__block_t *x = seg->last; x != NULL; x = x->prev)
-    if (x->flags & MP__B_FROZEN)
-      return x->next;
-  return seg->first;
+  if (seg->fence == 0)
+    return seg->first;
+  mp__block_t *x = seg->last;
+  while (x != NULL && x->addr >= seg->fence)
+    x = x->prev;
+  return x != NULL ? x->next : seg->first;
+}
+
+/* Whether free block f may receive a moved block: not below its
+ * segment's fence (a free block straddling it counts as below). */
+static bool mp__above_fence_free(const mp__block_t *f) {
+  return f->addr >= f->seg->fence;
 }
 
 /* ---- copies ----------------------------------------------------------- */
@@ -180,7 +190,7 @@ static mp__block_t *mp__take_home(mp__mover_t *m, size_t size,
   for (unsigned k = 0; f != NULL; k++, f = mp__index_next(pool, f)) {
     if (k == 64)
       return NULL;
-    if (!mp__avoided(f, avoid, navoid) &&
+    if (!mp__avoided(f, avoid, navoid) && mp__above_fence_free(f) &&
         mp__deps_safe(pool, f, m->sidx, false))
       break;
   }
@@ -226,7 +236,7 @@ static mp_status_t mp__compact_segment(mp__mover_t *m, mp__segment_t *seg) {
   for (mp__block_t *b = mp__above_fence(seg); b != NULL; b = b->next) {
     mp__block_t *f = b->prev;
     if (!mp__is_mover(b) || f == NULL || !(f->flags & MP__B_FREE) ||
-        !mp__deps_safe(m->pool, f, m->sidx, false))
+        !mp__above_fence_free(f) || !mp__deps_safe(m->pool, f, m->sidx, false))
       continue;
     uintptr_t dst = f->addr;
     mp_status_t st = mp__copy_down(m, dst, b->addr, b->size);
@@ -404,8 +414,11 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
   if (st == MP_OK && freeze)
     for (mp__segment_t *seg = pool->segs; seg != NULL; seg = seg->next)
       for (mp__block_t *b = seg->first; b != NULL; b = b->next)
-        if (!(b->flags & (MP__B_FREE | MP__B_HOLE)))
+        if (!(b->flags & (MP__B_FREE | MP__B_HOLE))) {
           b->flags |= MP__B_FROZEN;
+          if (b->addr + b->size > seg->fence)
+            seg->fence = b->addr + b->size;
+        }
   if (st == MP_OK && (any || need == 0)) { /* the OOM rung counts real runs */
     pool->st.defrag_count++;
     pool->st.moved_bytes += m.moved;

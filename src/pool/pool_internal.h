@@ -134,6 +134,8 @@ struct mp__segment {
   size_t nchunks, chunk_cap;
   mp__block_t **holes; /* virtual: the hole blocks, in no order */
   size_t nholes, holes_cap;
+  uintptr_t fence; /* [defrag] 0, or the top of what the last freeze
+                      fenced: nothing is moved below it */
 };
 
 /* A live map slot: the block's address (0: empty) and its record. */
