@@ -23,6 +23,6 @@ int main(int argc, char **argv) {
     }
     LLVMFuzzerTestOneInput(buf, len);
   }
-  printf("fuzz_pool_replay: %lu inputs from seed %lu passed\n", inputs, first);
+  printf("%s: %lu inputs from seed %lu passed\n", argv[0], inputs, first);
   return 0;
 }
