@@ -41,6 +41,10 @@ target_compile_definitions(mpbench_core PRIVATE
   MEMPOOL_HAVE_CUDA=$<BOOL:${MEMPOOL_HAVE_CUDA}>)
 target_link_libraries(mpbench_core PUBLIC ${CMAKE_DL_LIBS})
 mempool_warnings(mpbench_core)
+if(MEMPOOL_FUZZ AND CMAKE_C_COMPILER_ID MATCHES "Clang")
+  # Coverage feedback for tests/fuzz's trace reader targets.
+  target_compile_options(mpbench_core PRIVATE -fsanitize=fuzzer-no-link)
+endif()
 
 add_executable(mpbench ${CMAKE_CURRENT_SOURCE_DIR}/mpbench.c)
 target_link_libraries(mpbench PRIVATE mpbench_core)

@@ -302,6 +302,28 @@ static mp_status_t mpb_parse_row(mpb_parser_t *p, const char *s, size_t len,
   return MP_OK;
 }
 
+/* The first line (without its end of line): the header, after a UTF-8 byte
+ * order mark if there is one (spreadsheet tools write it). */
+static mp_status_t mpb_trace_header(const char *s, size_t l, const char *what) {
+  if (l >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0) {
+    s += 3;
+    l -= 3;
+  }
+  if (memchr(s, '\0', l) != NULL)
+    return mp__fail(MP_EINVAL, "%s:1: NUL byte in a text file", what);
+  if (mpb_field_is(s, l, "Thread,Time,Action,Pointer,Size,Stream"))
+    return MP_OK;
+  char shown[61];
+  size_t n = l < sizeof shown - 1 ? l : sizeof shown - 1;
+  for (size_t i = 0; i < n; i++) /* binary input shows as '?' */
+    shown[i] = s[i] >= 0x20 && s[i] < 0x7f ? s[i] : '?';
+  shown[n] = '\0';
+  return mp__fail(MP_EINVAL,
+                  "%s:1: expected the header "
+                  "'Thread,Time,Action,Pointer,Size,Stream', found '%s'",
+                  what, shown);
+}
+
 mp_status_t mpb_trace_parse(const char *text, size_t len, const char *what,
                             const char *name, mpb_workload_t *out) {
   if (text == NULL || out == NULL)
@@ -325,14 +347,10 @@ mp_status_t mpb_trace_parse(const char *text, size_t len, const char *what,
     if (l > 0 && s[l - 1] == '\r')
       l--;
     line++;
-    if (memchr(s, '\0', l) != NULL) {
+    if (line == 1) {
+      st = mpb_trace_header(s, l, what);
+    } else if (memchr(s, '\0', l) != NULL) {
       st = mp__fail(MP_EINVAL, "%s:%zu: NUL byte in a text file", what, line);
-    } else if (line == 1) {
-      if (!mpb_field_is(s, l, "Thread,Time,Action,Pointer,Size,Stream"))
-        st = mp__fail(MP_EINVAL,
-                      "%s:1: expected the header "
-                      "'Thread,Time,Action,Pointer,Size,Stream', found '%.*s'",
-                      what, (int)(l > 60 ? 60 : l), s);
     } else if (l > 0) {
       st = mpb_parse_row(p, s, l, line);
     }
@@ -357,6 +375,49 @@ mp_status_t mpb_trace_parse(const char *text, size_t len, const char *what,
   return st;
 }
 
+/* Lines counted as the file is read, so that a file with bytes no trace
+ * has stops the read where they are. */
+typedef struct mpb_scan {
+  size_t line;     /* the line being read, from 1 */
+  size_t line_len; /* its bytes so far */
+} mpb_scan_t;
+
+#define MPB_MAX_LINE 4096 /* a trace row is under 200 bytes */
+
+static mp_status_t mpb_trace_scan(mpb_scan_t *sc, const char *p, size_t n,
+                                  const char *path) {
+  for (size_t i = 0; i < n; i++) {
+    if (p[i] == '\n') {
+      sc->line++;
+      sc->line_len = 0;
+    } else if (p[i] == '\0') {
+      return mp__fail(MP_EINVAL, "%s:%zu: NUL byte in a text file", path,
+                      sc->line);
+    } else if (++sc->line_len > MPB_MAX_LINE) {
+      return mp__fail(MP_EINVAL,
+                      "%s:%zu: line longer than %d bytes: not a trace", path,
+                      sc->line, MPB_MAX_LINE);
+    }
+  }
+  return MP_OK;
+}
+
+/* Once the first line of buf[0, len) is complete (or is longer than any
+ * header), whether it can start a trace: mpb_trace_parse says exactly what
+ * is wrong with it; *ok true means read on. */
+static mp_status_t mpb_trace_head_ok(const char *buf, size_t len,
+                                     const char *path, bool *ok) {
+  const char *nl = memchr(buf, '\n', len);
+  if (nl == NULL)
+    return MP_OK; /* not complete yet (mpb_trace_scan bounds it) */
+  size_t l = (size_t)(nl - buf);
+  if (l > 0 && buf[l - 1] == '\r')
+    l--;
+  mp_status_t st = mpb_trace_header(buf, l, path);
+  *ok = st == MP_OK;
+  return st;
+}
+
 mp_status_t mpb_trace_load(const char *path, const char *name,
                            mpb_workload_t *out) {
   if (path == NULL || out == NULL)
@@ -373,26 +434,39 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
   }
   char *buf = NULL;
   size_t len = 0, cap = 0;
+  bool head_ok = false;
+  mpb_scan_t scan = {.line = 1};
+  mp_status_t st = MP_OK;
   for (;;) {
     if (cap - len < 65536) {
-      cap = cap ? cap * 2 : 1 << 20;
-      char *nb = realloc(buf, cap);
+      size_t ncap = cap ? cap * 2 : 1 << 20;
+      char *nb = ncap > cap ? realloc(buf, ncap) : NULL;
       if (nb == NULL) {
-        free(buf);
-        fclose(f);
-        return mp__fail(MP_ENOMEM, "%s: out of host memory", path);
+        st = mp__fail(MP_ENOMEM,
+                      "%s:%zu: out of host memory reading the trace (%zu "
+                      "bytes read)",
+                      path, scan.line, len);
+        break;
       }
       buf = nb;
+      cap = ncap;
     }
     size_t got = fread(buf + len, 1, cap - len, f);
-    len += got;
     if (got == 0)
       break;
+    /* What is not a trace is refused at its first bad line, not read to
+     * its end: a device or a pipe (/dev/zero) may have none. */
+    if ((st = mpb_trace_scan(&scan, buf + len, got, path)) != MP_OK)
+      break;
+    len += got;
+    if (!head_ok && (st = mpb_trace_head_ok(buf, len, path, &head_ok)) != MP_OK)
+      break;
   }
-  bool bad = ferror(f) != 0;
+  if (st == MP_OK && ferror(f) != 0)
+    st = mp__fail(MP_EINVAL, "cannot read trace %s", path);
   fclose(f);
-  mp_status_t st = bad ? mp__fail(MP_EINVAL, "cannot read trace %s", path)
-                       : mpb_trace_parse(buf, len, path, name, out);
+  if (st == MP_OK)
+    st = mpb_trace_parse(buf, len, path, name, out);
   free(buf);
   return st;
 }

@@ -141,8 +141,9 @@ MP_API mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
 /* Model memory: compact what is live now to the bottom and freeze it there.
  * Returns when its copies are complete. Every block live at the call is
  * fenced: defragmentation never moves it again and works only above the
- * highest frozen block of each segment. Frozen blocks may still be freed;
- * allocations may then reuse their space, defragmentation does not. */
+ * fence of each segment (the top of its highest block live at the freeze).
+ * Frozen blocks may still be freed; allocations may then reuse their
+ * space, defragmentation does not (the fence stays where it was). */
 MP_API mp_status_t mp_pool_freeze(mp_pool_t *pool);
 
 /* Movable blocks and defragmentation. A movable block is allocated like
@@ -151,13 +152,15 @@ MP_API mp_status_t mp_pool_freeze(mp_pool_t *pool);
 typedef struct mp_handle mp_handle_t;
 MP_API mp_status_t mp_pool_alloc_movable(mp_pool_t *pool, size_t bytes,
                                          mp_stream_t s, mp_handle_t **out);
-/* Valid until the next defragmentation, including one that the
+/* NULL for a stale handle (its block freed, or its pool destroyed).
+ * Valid until the next defragmentation, including one that the
  * out-of-memory ladder runs inside an allocation from this pool
  * (MP_POOL_DEFRAG_ON_OOM; its copies are ordered on the allocating
  * stream). Read it again after anything that may defragment. */
 MP_API void *mp_handle_ptr(const mp_handle_t *h);
-/* Stream-ordered like mp_pool_free; NULL: MP_OK. mp_pool_free of a movable
- * block's pointer: MP_EINVAL. */
+/* Stream-ordered like mp_pool_free; NULL: MP_OK. A stale handle (freed
+ * already, however often its slot was reused since): MP_EINVAL, nothing
+ * freed. mp_pool_free of a movable block's pointer: MP_EINVAL. */
 MP_API mp_status_t mp_handle_free(mp_handle_t *h);
 /* Copies are ordered on s: work queued on s afterwards sees the moved data;
  * synchronize s before touching it from the host or another stream. Work

@@ -28,7 +28,8 @@ extern "C" {
   X(MP_EDRIVER, "device driver error")                                         \
   X(MP_EBUSY, "object still in use")                                           \
   X(MP_ENOTSUP, "operation not supported by the backend")                      \
-  X(MP_ECORRUPT, "internal invariant broken")
+  X(MP_ECORRUPT, "internal invariant broken")                                  \
+  X(MP_EIO, "input/output error")
 
 typedef enum mp_status {
 #define MP__STATUS_ENUM(name, msg) name,

@@ -49,6 +49,9 @@ typedef struct mp__backend {
   mp_status_t (*stream_wait_event)(mp_device_t *dev, mp_stream_t s,
                                    mp_event_t e);
 
+  /* The alignment every alloc result is guaranteed to have; NULL:
+   * MP__DEVICE_ALLOC_ALIGN. */
+  size_t (*alloc_align)(mp_device_t *dev);
   mp_status_t (*vm_granularity)(mp_device_t *dev, size_t *out);
   mp_status_t (*vm_reserve)(mp_device_t *dev, size_t bytes, void **out);
   mp_status_t (*vm_release)(mp_device_t *dev, void *base, size_t bytes);
@@ -69,6 +72,12 @@ extern const mp__backend_t mp__cuda_backend;
 
 /* ---- device.c: internal device services for the allocators ------------ */
 
+/* What mp_device_alloc's results are aligned to at least. Without a word
+ * from the backend: 512 bytes, what cuMemAlloc returns in practice and what
+ * the pool has always assumed (the CUDA Programming Guide promises 256:
+ * "Device Memory Accesses"); the pool's default alignment. */
+#define MP__DEVICE_ALLOC_ALIGN ((size_t)512)
+size_t mp__device_alloc_align(mp_device_t *dev);
 /* MP_ENOTSUP when the device has no virtual memory. */
 mp_status_t mp__device_vm_granularity(mp_device_t *dev, size_t *out);
 mp_status_t mp__device_vm_reserve(mp_device_t *dev, size_t bytes, void **out);

@@ -209,6 +209,11 @@ mp_status_t mp_stream_wait_event(mp_device_t *dev, mp_stream_t s,
 
 /* ---- virtual memory: internal services for the pool ------------------- */
 
+size_t mp__device_alloc_align(mp_device_t *dev) {
+  return dev->ops->alloc_align ? dev->ops->alloc_align(dev)
+                               : MP__DEVICE_ALLOC_ALIGN;
+}
+
 mp_status_t mp__device_vm_granularity(mp_device_t *dev, size_t *out) {
   return dev->ops->vm_granularity(dev, out);
 }

@@ -680,6 +680,12 @@ static mp_status_t host_mem_info(mp_device_t *dev, size_t *free_b,
   return MP_OK;
 }
 
+/* Every allocation is its own mmap: page aligned. */
+static size_t host_alloc_align(mp_device_t *dev) {
+  (void)dev;
+  return (size_t)sysconf(_SC_PAGESIZE);
+}
+
 static mp_status_t host_alloc(mp_device_t *dev, size_t bytes, void **out) {
   host_dev_t *h = host_of(dev);
   host_sleep_us(h->latency_us);
@@ -1262,6 +1268,7 @@ const mp__backend_t mp__host_backend = {
     .event_synchronize = host_event_synchronize,
     .stream_wait_event = host_stream_wait_event,
     .vm_granularity = host_vm_granularity,
+    .alloc_align = host_alloc_align,
     .vm_reserve = host_vm_reserve,
     .vm_release = host_vm_release,
     .vm_map = host_vm_map,

@@ -1,9 +1,8 @@
 /* defrag.c - movable blocks, defragmentation and freeze.
  *
  * A movable block is an ordinary live block with MP__B_MOVABLE set; its
- * handle is the block's own host record (whose `handle` field points back
- * at the pool), so a move updates the handle by updating the record, and a
- * handle costs no allocation and cannot leak.
+ * handle names a slot that points at the block's host record (handle.c),
+ * so a move updates the handle by updating the record.
  *
  * Defragmentation is a sliding compaction inside each segment: walking the
  * blocks in address order, a movable block whose lower neighbour is free
@@ -47,22 +46,28 @@ typedef struct mp__mover {
   size_t moved; /* bytes copied to new homes */
 } mp__mover_t;
 
-static mp__block_t *mp__hblock(const mp_handle_t *h) {
-  return (mp__block_t *)(uintptr_t)h;
-}
-
 static bool mp__is_mover(const mp__block_t *b) {
   return (b->flags & (MP__B_FREE | MP__B_MOVABLE | MP__B_FROZEN)) ==
          MP__B_MOVABLE;
 }
 
-/* The first block defragmentation may touch: the one after the last
- * frozen block (the fence), or the segment's first. */
+/* The first block defragmentation may touch: the first that starts at or
+ * above the segment's fence (the top of what was live at the last freeze),
+ * or the segment's first. The fence stays where freeze put it when frozen
+ * blocks are freed, so nothing is ever moved into the space below it. */
 static mp__block_t *mp__above_fence(const mp__segment_t *seg) {
-  for (mp__block_t *x = seg->last; x != NULL; x = x->prev)
-    if (x->flags & MP__B_FROZEN)
-      return x->next;
-  return seg->first;
+  if (seg->fence == 0)
+    return seg->first;
+  mp__block_t *x = seg->last;
+  while (x != NULL && x->addr >= seg->fence)
+    x = x->prev;
+  return x != NULL ? x->next : seg->first;
+}
+
+/* Whether free block f may receive a moved block: not below its
+ * segment's fence (a free block straddling it counts as below). */
+static bool mp__above_fence_free(const mp__block_t *f) {
+  return f->addr >= f->seg->fence;
 }
 
 /* ---- copies ----------------------------------------------------------- */
@@ -185,7 +190,7 @@ static mp__block_t *mp__take_home(mp__mover_t *m, size_t size,
   for (unsigned k = 0; f != NULL; k++, f = mp__index_next(pool, f)) {
     if (k == 64)
       return NULL;
-    if (!mp__avoided(f, avoid, navoid) &&
+    if (!mp__avoided(f, avoid, navoid) && mp__above_fence_free(f) &&
         mp__deps_safe(pool, f, m->sidx, false))
       break;
   }
@@ -231,7 +236,7 @@ static mp_status_t mp__compact_segment(mp__mover_t *m, mp__segment_t *seg) {
   for (mp__block_t *b = mp__above_fence(seg); b != NULL; b = b->next) {
     mp__block_t *f = b->prev;
     if (!mp__is_mover(b) || f == NULL || !(f->flags & MP__B_FREE) ||
-        !mp__deps_safe(m->pool, f, m->sidx, false))
+        !mp__above_fence_free(f) || !mp__deps_safe(m->pool, f, m->sidx, false))
       continue;
     uintptr_t dst = f->addr;
     mp_status_t st = mp__copy_down(m, dst, b->addr, b->size);
@@ -409,8 +414,11 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
   if (st == MP_OK && freeze)
     for (mp__segment_t *seg = pool->segs; seg != NULL; seg = seg->next)
       for (mp__block_t *b = seg->first; b != NULL; b = b->next)
-        if (!(b->flags & (MP__B_FREE | MP__B_HOLE)))
+        if (!(b->flags & (MP__B_FREE | MP__B_HOLE))) {
           b->flags |= MP__B_FROZEN;
+          if (b->addr + b->size > seg->fence)
+            seg->fence = b->addr + b->size;
+        }
   if (st == MP_OK && (any || need == 0)) { /* the OOM rung counts real runs */
     pool->st.defrag_count++;
     pool->st.moved_bytes += m.moved;
@@ -429,58 +437,6 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
 }
 
 /* ---- public API -------------------------------------------------------- */
-
-mp_status_t mp_pool_alloc_movable(mp_pool_t *pool, size_t bytes, mp_stream_t s,
-                                  mp_handle_t **out) {
-  if (pool == NULL || out == NULL)
-    return mp__fail(MP_EINVAL, "mp_pool_alloc_movable: %s is NULL",
-                    pool == NULL ? "pool" : "out");
-  if (bytes == 0) {
-    *out = NULL;
-    return MP_OK;
-  }
-  void *p;
-  mp_status_t st = mp_pool_alloc(pool, bytes, s, &p);
-  if (st != MP_OK)
-    return st;
-  /* Nobody else knows p yet, so it is still this live, unmovable block. */
-  mp__pool_lock(pool);
-  mp__block_t *b = mp__map_find(pool, (uintptr_t)p);
-  b->flags |= MP__B_MOVABLE;
-  b->handle = pool;
-  mp__pool_unlock(pool);
-  *out = (mp_handle_t *)b;
-  return MP_OK;
-}
-
-void *mp_handle_ptr(const mp_handle_t *h) {
-  return h != NULL ? (void *)mp__hblock(h)->addr : NULL;
-}
-
-mp_status_t mp_handle_free(mp_handle_t *h) {
-  if (h == NULL)
-    return MP_OK;
-  mp__block_t *b = mp__hblock(h);
-  mp_pool_t *pool = b->handle;
-  if (pool == NULL)
-    return mp__fail(MP_EINVAL,
-                    "mp_handle_free: %p is not a live movable handle (freed "
-                    "twice?)",
-                    (void *)h);
-  mp__pool_lock(pool);
-  if ((b->flags & (MP__B_FREE | MP__B_MOVABLE)) != MP__B_MOVABLE ||
-      b->handle != pool) {
-    mp__pool_unlock(pool);
-    return mp__fail(MP_EINVAL,
-                    "mp_handle_free: %p is not a live movable handle (freed "
-                    "twice?)",
-                    (void *)h);
-  }
-  mp__map_remove(pool, b);
-  mp__block_release(pool, b);
-  mp__pool_unlock(pool);
-  return MP_OK;
-}
 
 mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
                                size_t *moved_bytes) {

@@ -4,6 +4,7 @@
  * non-empty size classes (count, bytes, size range), then external
  * fragmentation = 1 - largest free / total free (0 with no free memory).
  * Read-only; holds the lock for the walk. */
+#include <errno.h>
 #include <string.h>
 
 #include "pool_internal.h"
@@ -155,5 +156,9 @@ mp_status_t mp_pool_dump(mp_pool_t *pool, FILE *out, const char *format) {
   else
     mp__dump_text(pool, out, frag, largest);
   pthread_mutex_unlock(&pool->lock);
+  /* A full disk or a closed pipe must not pass for a dump. */
+  if (fflush(out) != 0 || ferror(out))
+    return mp__fail(MP_EIO, "mp_pool_dump: writing the dump failed: %s",
+                    strerror(errno));
   return MP_OK;
 }

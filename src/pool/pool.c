@@ -73,7 +73,18 @@ size_t mp__vsplit_limit(const mp_pool_t *pool) {
     return 0;
   size_t g = pool->granule ? pool->granule : 1;
   size_t seg = (pool->cfg.segment_bytes + g - 1) / g * g;
-  return ms > seg ? ms : seg;
+  ms = ms > seg ? ms : seg;
+  /* Growth maps whole granules: a limit between two multiples would leave
+   * the memory grown for a request just under it above it, unsplittable
+   * and too big to be taken whole. */
+  return ms > SIZE_MAX - (g - 1) ? ms : (ms + g - 1) / g * g;
+}
+
+/* The split limit of plain segments: max_split rounded up to the unit large
+ * segments are made in, for the same reason. */
+static size_t mp__plain_split_limit(const mp_pool_t *pool) {
+  size_t ms = pool->cfg.max_split, u = MP__LARGE_ROUND;
+  return ms > SIZE_MAX - (u - 1) ? ms : (ms + u - 1) / u * u;
 }
 
 static bool mp__split_allowed(const mp_pool_t *pool, const mp__block_t *b,
@@ -83,6 +94,8 @@ static bool mp__split_allowed(const mp_pool_t *pool, const mp__block_t *b,
     return true;
   if (b->seg->kind == MP__SEG_VIRTUAL)
     return b->size <= mp__vsplit_limit(pool);
+  if (b->size <= mp__plain_split_limit(pool))
+    return true;
   return b->prev == NULL && b->next == NULL &&
          b->seg->size == pool->cfg.segment_bytes;
 }
@@ -371,6 +384,17 @@ mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
     else
       mp__fail(MP_OK, "%s", saved);
   }
+  /* Blocks are aligned only as far as their segments are: the virtual
+   * range to the granularity, plain segments to what the device promises
+   * for an allocation (a virtual pool may fall back to them). */
+  size_t plain = mp__device_alloc_align(dev), most = g > plain ? g : plain;
+  if (pool->cfg.align > plain && pool->cfg.align > g) {
+    mp__pool_free_host(pool);
+    return mp__fail(MP_EINVAL,
+                    "pool config: align %zu is above what the device "
+                    "aligns its memory to (%zu)",
+                    cfg->align, most);
+  }
   *out = pool;
   return MP_OK;
 }
@@ -386,6 +410,7 @@ mp_status_t mp_pool_destroy(mp_pool_t *pool) {
                     n == 1 ? "" : "s");
   }
   mp__pool_wait_idle(pool);
+  mp__handle_retire_all(pool);
   pthread_mutex_unlock(&pool->lock);
   /* The streams that used the pool must be done before memory goes back. */
   if (pool->nstreams > 0)
@@ -416,8 +441,8 @@ mp_device_t *mp_pool_device(const mp_pool_t *pool) {
 
 /* ---- alloc / free ------------------------------------------------------- */
 
-static mp_status_t mp__alloc_locked(mp_pool_t *pool, size_t bytes,
-                                    mp_stream_t s, void **out) {
+mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
+                                  void **out) {
   uint32_t sidx;
   mp_status_t st = mp__stream_index(pool, s, &sidx);
   if (st != MP_OK)
@@ -449,7 +474,7 @@ mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
     return MP_OK;
   }
   pthread_mutex_lock(&pool->lock);
-  mp_status_t st = mp__alloc_locked(pool, bytes, s, out);
+  mp_status_t st = mp__pool_alloc_locked(pool, bytes, s, out);
   pthread_mutex_unlock(&pool->lock);
   return st;
 }
@@ -701,7 +726,7 @@ mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
   }
   void *base = NULL;
   pthread_mutex_lock(&parent->lock);
-  st = mp__alloc_locked(parent, bytes, NULL, &base);
+  st = mp__pool_alloc_locked(parent, bytes, NULL, &base);
   if (st == MP_OK) {
     mp__block_t *b = mp__map_find(parent, (uintptr_t)base);
     b->flags |= MP__B_CHILD;

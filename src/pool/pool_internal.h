@@ -95,7 +95,7 @@ typedef struct mp__block {
   uint64_t gen;                 /* MP__B_SYNC: pool sync generation */
   mp__dep_t deps[MP__MAX_DEPS]; /* free: deps; live: extra uses (sidx) */
   union {
-    void *handle;     /* [defrag] MP__B_MOVABLE: handle back pointer */
+    void *handle;     /* MP__B_MOVABLE: its handle's slot (handle.c) */
     mp_pool_t *child; /* MP__B_CHILD: the child pool */
   };
 } mp__block_t;
@@ -134,6 +134,8 @@ struct mp__segment {
   size_t nchunks, chunk_cap;
   mp__block_t **holes; /* virtual: the hole blocks, in no order */
   size_t nholes, holes_cap;
+  uintptr_t fence; /* [defrag] 0, or the top of what the last freeze
+                      fenced: nothing is moved below it */
 };
 
 /* A live map slot: the block's address (0: empty) and its record. */
@@ -208,6 +210,13 @@ struct mp_pool {
   mp_stats_t st; /* every field but largest_free_bytes, kept current */
 };
 
+/* ---- handle.c: movable-block handles ------------------------------------ */
+/* Under the lock: b's handle (every copy) is stale from now on. */
+void mp__handle_retire(mp_pool_t *pool, mp__block_t *b);
+/* Under the lock, at destroy: retires the handle of every live movable
+ * block. */
+void mp__handle_retire_all(mp_pool_t *pool);
+
 /* ---- pool.c ------------------------------------------------------------ */
 /* [defrag] The pool's lock; the public calls take it themselves. */
 void mp__pool_lock(mp_pool_t *pool);
@@ -223,6 +232,9 @@ bool mp__pool_round(const mp_pool_t *pool, size_t bytes, size_t *out);
  * a block of exactly `size` bytes, out of the index, not yet live. */
 mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
                           mp__block_t **out);
+/* mp_pool_alloc under the lock the caller holds. */
+mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
+                                  void **out);
 /* [defrag] Makes a taken block live: map, stats, stream. */
 void mp__block_make_live(mp_pool_t *pool, mp__block_t *b, size_t requested,
                          uint32_t sidx);

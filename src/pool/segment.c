@@ -711,6 +711,17 @@ static mp_status_t mp__grow_plain(mp_pool_t *pool, size_t size) {
   mp__begin_device(pool);
   mp_status_t st = mp_device_alloc(pool->dev, bytes, &p);
   mp__end_device(pool);
+  if (st == MP_OK && (uintptr_t)p % pool->cfg.align != 0) {
+    /* A virtual pool's align may exceed what plain memory promises; it
+     * gets no plain segment that would break it. */
+    mp__begin_device(pool);
+    mp_device_free(pool->dev, p);
+    mp__end_device(pool);
+    st = mp__fail(MP_ENOTSUP,
+                  "the device returned memory at %p, not aligned to the "
+                  "pool's align %zu",
+                  p, pool->cfg.align);
+  }
   if (st != MP_OK) {
     free(s);
     mp__rec_free(pool, rec);
@@ -731,6 +742,12 @@ mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx) {
   pool->fresh = NULL;
   if (pool->parent != NULL)
     return MP_ELIMIT; /* a child pool never grows */
+  /* Growth rounds up to the granule or to MP__LARGE_ROUND: a size that
+   * cannot be rounded without wrapping is more than any device holds. */
+  size_t unit =
+      pool->granule > MP__LARGE_ROUND ? pool->granule : MP__LARGE_ROUND;
+  if (size > SIZE_MAX - unit)
+    return pool->cap_is_max && size > pool->cap ? mp__limit(pool) : MP_ENOMEM;
   if (pool->inflight) {
     /* Someone else is growing or releasing: wait, then let the caller look
      * at the cache again. */

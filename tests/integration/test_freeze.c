@@ -132,6 +132,45 @@ Test(freeze, frozen_blocks_never_move_again) {
   check();
 }
 
+Test(freeze, freeing_the_top_frozen_block_does_not_lower_the_fence) {
+  mp_handle_t *w[LAYERS], *scratch[LAYERS];
+  load_model(w, scratch);
+  cr_assert_eq(mp_pool_freeze(pool), MP_OK, "%s", mp_last_error());
+  unsigned top = 0;
+  uintptr_t fence = 0;
+  for (unsigned i = 0; i < LAYERS; i++) {
+    uintptr_t end = (uintptr_t)mp_handle_ptr(w[i]) + layer_size(i);
+    if (end > fence) {
+      fence = end;
+      top = i;
+    }
+  }
+  /* Blocks made after the freeze, the lower one freed: the upper one has
+   * free space below it reaching down to the top frozen block. */
+  mp_handle_t *gap = movable(96 * 1024, 200), *late = movable(96 * 1024, 201);
+  cr_assert_geq((uintptr_t)mp_handle_ptr(gap), fence);
+  void *late_at = mp_handle_ptr(late);
+  cr_assert_eq(mp_handle_free(gap), MP_OK);
+  cr_assert_eq(mp_handle_free(w[top]), MP_OK);
+  w[top] = NULL;
+  check();
+  size_t moved = 0;
+  cr_assert_eq(mp_pool_defragment(pool, stream, &moved), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_stream_synchronize(dev, stream), MP_OK);
+  check();
+  cr_expect_geq((uintptr_t)mp_handle_ptr(late), fence,
+                "defragmentation moved a block below the fence");
+  /* It may slide down to the fence, no further. */
+  cr_expect_leq((uintptr_t)mp_handle_ptr(late), (uintptr_t)late_at);
+  expect_pattern(mp_handle_ptr(late), 96 * 1024, 201);
+  cr_assert_eq(mp_handle_free(late), MP_OK);
+  for (unsigned i = 0; i < LAYERS; i++)
+    if (w[i] != NULL)
+      cr_assert_eq(mp_handle_free(w[i]), MP_OK);
+  check();
+}
+
 Test(freeze, raw_blocks_are_frozen_in_place_and_still_freeable) {
   void *raw[4];
   mp_handle_t *h[4];

@@ -43,6 +43,12 @@ static mp_status_t fake_take(fake_dev_t *f, size_t bytes) {
   return MP_OK;
 }
 
+/* fake_alloc's posix_memalign alignment. */
+static size_t fake_alloc_align(mp_device_t *dev) {
+  (void)dev;
+  return 4096;
+}
+
 static mp_status_t fake_alloc(mp_device_t *dev, size_t bytes, void **out) {
   fake_dev_t *f = fake_of(dev);
   mp_status_t st = fake_take(f, bytes);
@@ -205,6 +211,7 @@ static const mp__backend_t fake_backend = {
     .event_query = fake_event_x,
     .event_synchronize = fake_event_x,
     .stream_wait_event = fake_wait,
+    .alloc_align = fake_alloc_align,
     .vm_granularity = fake_vm_gran,
     .vm_reserve = fake_vm_reserve,
     .vm_release = fake_vm_release,

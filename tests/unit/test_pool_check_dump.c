@@ -154,3 +154,13 @@ Test(pool_dump, unknown_format_is_einval, .init = setup, .fini = teardown) {
   cr_expect_eq(mp_pool_dump(NULL, stdout, "text"), MP_EINVAL);
   cr_expect_eq(mp_pool_dump(pool, NULL, "text"), MP_EINVAL);
 }
+
+Test(pool_dump, a_write_that_fails_is_eio, .init = setup, .fini = teardown) {
+  FILE *full = fopen("/dev/full", "w");
+  cr_assert_not_null(full);
+  cr_expect_eq(mp_pool_dump(pool, full, "text"), MP_EIO);
+  cr_expect(strstr(mp_last_error(), "writing the dump failed"), "%s",
+            mp_last_error());
+  cr_expect_eq(mp_pool_dump(pool, full, "json"), MP_EIO);
+  fclose(full);
+}

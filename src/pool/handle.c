@@ -1,0 +1,197 @@
+/* handle.c - movable-block handles that can be told stale.
+ *
+ * A handle names a slot of one process-wide table, never the block record
+ * itself: records are reused as soon as a block is freed, so a record
+ * pointer kept after mp_handle_free would silently name the next movable
+ * block to get that record. A slot holds (generation, pool, block); the
+ * handle's value packs (slot index + 1, generation), and freeing the block
+ * bumps the slot's generation, so every copy of the old handle is stale from
+ * then on: mp_handle_ptr gives NULL and mp_handle_free MP_EINVAL, however
+ * often the slot has been reused since (until 2^32 reuses of one slot).
+ *
+ * Slots live in chunks that are never freed or moved, so a stale handle's
+ * slot can always be read. The table grows under its own mutex, taken only
+ * inside a pool lock (pool lock -> table lock, never the other way). A
+ * slot's generation and pool change only under its pool's lock, so a reader
+ * that finds the generation unchanged under that lock reads a block record
+ * that defragmentation is not rewriting (mp_handle_ptr takes the lock). */
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "pool_internal.h"
+
+#define MP__SLOT_CHUNK_LOG2 12
+#define MP__SLOT_CHUNK      (1u << MP__SLOT_CHUNK_LOG2)
+#define MP__SLOT_CHUNKS     4096u /* 16M handles live at once */
+
+typedef struct mp__hslot {
+  _Atomic uint32_t gen;
+  uint32_t idx;              /* its own index */
+  uint32_t next_free;        /* index + 1 of the next free slot; 0: none */
+  _Atomic(mp_pool_t *) pool; /* NULL while the slot is free */
+  mp__block_t *block;
+} mp__hslot_t;
+
+static struct {
+  pthread_mutex_t lock;
+  _Atomic(mp__hslot_t *) chunks[MP__SLOT_CHUNKS];
+  uint32_t used;      /* slots ever handed out */
+  uint32_t free_head; /* index + 1; 0: none */
+} mp__handles = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+_Static_assert(sizeof(uintptr_t) >= 8, "handles pack 64 bits");
+
+static mp__hslot_t *mp__slot_at(uint32_t idx) {
+  if (idx >= MP__SLOT_CHUNKS * MP__SLOT_CHUNK)
+    return NULL;
+  mp__hslot_t *c = atomic_load_explicit(
+      &mp__handles.chunks[idx >> MP__SLOT_CHUNK_LOG2], memory_order_acquire);
+  return c ? &c[idx & (MP__SLOT_CHUNK - 1)] : NULL;
+}
+
+/* The slot a handle names and the generation it was made with; NULL for a
+ * value no handle ever had. */
+static mp__hslot_t *mp__slot_of(const mp_handle_t *h, uint32_t *gen) {
+  uintptr_t v = (uintptr_t)h;
+  uint64_t idx1 = (uint64_t)v >> 32;
+  *gen = (uint32_t)v;
+  return idx1 == 0 ? NULL : mp__slot_at((uint32_t)(idx1 - 1));
+}
+
+/* Under pool->lock. */
+static mp_status_t mp__handle_new(mp_pool_t *pool, mp__block_t *b,
+                                  mp_handle_t **out) {
+  pthread_mutex_lock(&mp__handles.lock);
+  uint32_t idx;
+  if (mp__handles.free_head != 0) {
+    idx = mp__handles.free_head - 1;
+    mp__handles.free_head = mp__slot_at(idx)->next_free;
+  } else {
+    idx = mp__handles.used;
+    uint32_t c = idx >> MP__SLOT_CHUNK_LOG2;
+    if (c >= MP__SLOT_CHUNKS) {
+      pthread_mutex_unlock(&mp__handles.lock);
+      return mp__fail(MP_ENOMEM, "mp_pool_alloc_movable: %u handles are live",
+                      idx);
+    }
+    if (atomic_load_explicit(&mp__handles.chunks[c], memory_order_relaxed) ==
+        NULL) {
+      mp__hslot_t *chunk = calloc(MP__SLOT_CHUNK, sizeof *chunk);
+      if (chunk == NULL) {
+        free(chunk);
+        pthread_mutex_unlock(&mp__handles.lock);
+        return mp__fail(MP_ENOMEM, "out of host memory for handles");
+      }
+      atomic_store_explicit(&mp__handles.chunks[c], chunk,
+                            memory_order_release);
+    }
+    mp__handles.used++;
+  }
+  mp__hslot_t *s = mp__slot_at(idx);
+  s->idx = idx;
+  s->next_free = 0;
+  s->block = b;
+  atomic_store_explicit(&s->pool, pool, memory_order_release);
+  uint32_t gen = atomic_load_explicit(&s->gen, memory_order_relaxed);
+  pthread_mutex_unlock(&mp__handles.lock);
+  b->handle = s;
+  *out = (mp_handle_t *)(uintptr_t)(((uint64_t)idx + 1) << 32 | gen);
+  return MP_OK;
+}
+
+/* Under pool->lock: every copy of b's handle is stale from now on. */
+void mp__handle_retire(mp_pool_t *pool, mp__block_t *b) {
+  (void)pool;
+  mp__hslot_t *s = b->handle;
+  atomic_fetch_add_explicit(&s->gen, 1, memory_order_release);
+  atomic_store_explicit(&s->pool, NULL, memory_order_relaxed);
+  s->block = NULL;
+  b->handle = NULL;
+  pthread_mutex_lock(&mp__handles.lock);
+  s->next_free = mp__handles.free_head;
+  mp__handles.free_head = s->idx + 1;
+  pthread_mutex_unlock(&mp__handles.lock);
+}
+
+/* The pool of a handle that was live when looked at, locked, with its
+ * block; NULL (nothing locked) for a stale or foreign handle. */
+static mp__block_t *mp__handle_lock(const mp_handle_t *h, mp_pool_t **pool) {
+  uint32_t gen;
+  mp__hslot_t *s = mp__slot_of(h, &gen);
+  if (s == NULL || atomic_load_explicit(&s->gen, memory_order_acquire) != gen)
+    return NULL;
+  mp_pool_t *p = atomic_load_explicit(&s->pool, memory_order_acquire);
+  if (p == NULL)
+    return NULL;
+  mp__pool_lock(p);
+  if (atomic_load_explicit(&s->gen, memory_order_relaxed) != gen ||
+      atomic_load_explicit(&s->pool, memory_order_relaxed) != p) {
+    mp__pool_unlock(p);
+    return NULL;
+  }
+  *pool = p;
+  return s->block;
+}
+
+mp_status_t mp_pool_alloc_movable(mp_pool_t *pool, size_t bytes, mp_stream_t s,
+                                  mp_handle_t **out) {
+  if (pool == NULL || out == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_alloc_movable: %s is NULL",
+                    pool == NULL ? "pool" : "out");
+  if (bytes == 0) {
+    *out = NULL;
+    return MP_OK;
+  }
+  /* One locked step: nobody can free the block as a raw pointer before it
+   * is marked movable. */
+  mp__pool_lock(pool);
+  void *p;
+  mp_status_t st = mp__pool_alloc_locked(pool, bytes, s, &p);
+  if (st == MP_OK) {
+    mp__block_t *b = mp__map_find(pool, (uintptr_t)p);
+    st = mp__handle_new(pool, b, out);
+    if (st == MP_OK) {
+      b->flags |= MP__B_MOVABLE;
+    } else {
+      mp__map_remove(pool, b);
+      mp__block_release(pool, b);
+    }
+  }
+  mp__pool_unlock(pool);
+  return st;
+}
+
+void *mp_handle_ptr(const mp_handle_t *h) {
+  mp_pool_t *pool;
+  mp__block_t *b = mp__handle_lock(h, &pool);
+  if (b == NULL)
+    return NULL;
+  void *p = (void *)b->addr;
+  mp__pool_unlock(pool);
+  return p;
+}
+
+mp_status_t mp_handle_free(mp_handle_t *h) {
+  if (h == NULL)
+    return MP_OK;
+  mp_pool_t *pool;
+  mp__block_t *b = mp__handle_lock(h, &pool);
+  if (b == NULL)
+    return mp__fail(MP_EINVAL,
+                    "mp_handle_free: %p is not a live movable handle (freed "
+                    "already, or its pool destroyed)",
+                    (void *)h);
+  mp__handle_retire(pool, b);
+  mp__map_remove(pool, b);
+  mp__block_release(pool, b);
+  mp__pool_unlock(pool);
+  return MP_OK;
+}
+
+void mp__handle_retire_all(mp_pool_t *pool) {
+  for (mp__segment_t *seg = pool->segs; seg != NULL; seg = seg->next)
+    for (mp__block_t *b = seg->first; b != NULL; b = b->next)
+      if ((b->flags & (MP__B_FREE | MP__B_MOVABLE)) == MP__B_MOVABLE &&
+          b->handle != NULL)
+        mp__handle_retire(pool, b);
+}
