@@ -455,11 +455,14 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
     if (got == 0)
       break;
     /* What is not a trace is refused at its first bad line, not read to
-     * its end: a device or a pipe (/dev/zero) may have none. */
-    if ((st = mpb_trace_scan(&scan, buf + len, got, path)) != MP_OK)
+     * its end: a device or a pipe (/dev/zero) may have none. A snapshot
+     * pickle is binary: its reader checks it. */
+    bool csv = !mpb_snapshot_detect(buf, len + got);
+    if (csv && (st = mpb_trace_scan(&scan, buf + len, got, path)) != MP_OK)
       break;
     len += got;
-    if (!head_ok && (st = mpb_trace_head_ok(buf, len, path, &head_ok)) != MP_OK)
+    if (csv && !head_ok &&
+        (st = mpb_trace_head_ok(buf, len, path, &head_ok)) != MP_OK)
       break;
   }
   if (st == MP_OK && ferror(f) != 0)
