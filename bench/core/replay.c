@@ -75,10 +75,6 @@ typedef struct mpb_rig {
   uint32_t nstreams;
   mpb_allocator_t *alloc;
   void **ptr;
-  /* Streams with work since the last settle (see mpb_rig_settle). */
-  uint16_t *slot_stream; /* the stream each live slot was allocated on */
-  uint32_t *dirty, ndirty;
-  bool *is_dirty;
 } mpb_rig_t;
 
 static void mpb_rig_close(mpb_rig_t *g) {
@@ -91,9 +87,6 @@ static void mpb_rig_close(mpb_rig_t *g) {
       mp_stream_destroy(g->dev, g->streams[i]);
   free(g->streams);
   free(g->ptr);
-  free(g->slot_stream);
-  free(g->dirty);
-  free(g->is_dirty);
   mp_device_close(g->dev);
   memset(g, 0, sizeof *g);
 }
@@ -108,11 +101,7 @@ static mp_status_t mpb_rig_open(const mpb_workload_t *w, const char *allocator,
   g->nstreams = w->nstreams ? w->nstreams : 1;
   g->streams = calloc(g->nstreams, sizeof *g->streams);
   g->ptr = calloc(w->nslots ? w->nslots : 1, sizeof *g->ptr);
-  g->slot_stream = calloc(w->nslots ? w->nslots : 1, sizeof *g->slot_stream);
-  g->dirty = calloc(g->nstreams, sizeof *g->dirty);
-  g->is_dirty = calloc(g->nstreams, sizeof *g->is_dirty);
-  if (g->streams == NULL || g->ptr == NULL || g->slot_stream == NULL ||
-      g->dirty == NULL || g->is_dirty == NULL)
+  if (g->streams == NULL || g->ptr == NULL)
     st = mp__fail(MP_ENOMEM, "out of host memory");
   for (uint32_t i = 1; i < g->nstreams && st == MP_OK; i++)
     st = mp_stream_create(g->dev, &g->streams[i]);
@@ -131,35 +120,8 @@ static mp_status_t mpb_rig_open(const mpb_workload_t *w, const char *allocator,
  * such a trace would change from run to run (by up to 14% on select_n
  * llama). Outside the timed region. */
 static void mpb_rig_settle(mpb_rig_t *g) {
-  /* Only the streams used since the last settle can have work queued (an
-   * allocator queues its own work on the streams it is given), so only they
-   * are synchronized: a device synchronize per free cost time linear in the
-   * streams ever made (81 s for a trace of 30 000 streams). */
-  for (uint32_t k = 0; k < g->ndirty; k++) {
-    mp_stream_synchronize(g->dev, g->streams[g->dirty[k]]);
-    g->is_dirty[g->dirty[k]] = false;
-  }
-  g->ndirty = 0;
-}
-
-static void mpb_rig_touch(mpb_rig_t *g, uint16_t stream) {
-  if (g->nstreams > 1 && !g->is_dirty[stream]) {
-    g->is_dirty[stream] = true;
-    g->dirty[g->ndirty++] = stream;
-  }
-}
-
-/* Bookkeeping of an event, outside the timed calls: which streams the
- * next settle must catch up with. */
-static void mpb_rig_allocated(mpb_rig_t *g, const mpb_event_t *e) {
-  g->slot_stream[e->slot] = e->stream;
-  mpb_rig_touch(g, e->stream);
-}
-
-static void mpb_rig_freed(mpb_rig_t *g, const mpb_event_t *e) {
-  mpb_rig_touch(g, g->slot_stream[e->slot]);
-  mpb_rig_touch(g, e->stream);
-  mpb_rig_settle(g);
+  if (g->nstreams > 1)
+    mp_device_synchronize(g->dev);
 }
 
 /* Frees whatever a failed replay left live, so the allocator can close. */
@@ -192,11 +154,10 @@ mp_status_t mpb_replay_fits(const mpb_workload_t *w, const char *allocator,
         *fits = false;
         break;
       }
-      mpb_rig_allocated(&g, e);
     } else if (g.ptr[e->slot] != NULL) {
       mpb_allocator_free(g.alloc, g.ptr[e->slot]);
       g.ptr[e->slot] = NULL;
-      mpb_rig_freed(&g, e);
+      mpb_rig_settle(&g);
     }
   }
   mpb_rig_free_live(&g, w);
@@ -360,7 +321,6 @@ mp_status_t mpb_replay(const mpb_workload_t *w, const char *allocator,
         ns[nns++] = mpb_call_ns(t0, t1, overhead);
         if (opts->on_block != NULL)
           opts->on_block(opts->on_block_ctx, i, e, *slot);
-        mpb_rig_allocated(&g, e);
       }
       live += e->size;
     } else {
@@ -372,7 +332,7 @@ mp_status_t mpb_replay(const mpb_workload_t *w, const char *allocator,
         uint64_t t1 = mpb_now_ns();
         ns[nns++] = mpb_call_ns(t0, t1, overhead);
         *slot = NULL;
-        mpb_rig_freed(&g, e);
+        mpb_rig_settle(&g);
       }
       live -= e->size;
     }

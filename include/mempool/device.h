@@ -76,6 +76,9 @@ MP_API mp_status_t mp_stream_create(mp_device_t *dev, mp_stream_t *out);
 /* Waits for the stream's queued work, then destroys it. */
 MP_API mp_status_t mp_stream_destroy(mp_device_t *dev, mp_stream_t s);
 MP_API mp_status_t mp_stream_synchronize(mp_device_t *dev, mp_stream_t s);
+/* MP_OK when all work queued on s so far has completed, MP_EBUSY when some
+ * has not (cuStreamQuery); never waits. */
+MP_API mp_status_t mp_stream_query(mp_device_t *dev, mp_stream_t s);
 /* Run fn(arg) on the host once all earlier work on s is done
  * (cuLaunchHostFunc). fn must not call into the device; on the host device
  * a call from fn that would wait for the device (synchronize, free, stream

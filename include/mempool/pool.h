@@ -22,8 +22,10 @@
  *    segment_bytes, reserved/128 up to 16 MiB), rounded to the granule.
  *    Before a growth that would lift reserved above its peak, a pool used
  *    from one stream unmaps free chunks anywhere in the range first
- *    ("reclaim, then grow"; it synchronizes that stream once when they
- *    still wait for its work); trim unmaps free chunks anywhere.
+ *    ("reclaim, then grow"; when they still wait for that stream's work it
+ *    asks once whether the stream is idle, and grows if not: an
+ *    allocation never waits for work it cannot know will finish); trim
+ *    unmaps free chunks anywhere.
  *  - plain: requests up to segment_bytes/2 come from segment_bytes
  *    segments (default 2 MiB); larger ones get their own segment, rounded
  *    up to 2 MiB. Trim frees segments that are wholly free.

@@ -34,6 +34,9 @@ typedef struct mp__backend {
   mp_status_t (*stream_create)(mp_device_t *dev, mp_stream_t *out);
   mp_status_t (*stream_destroy)(mp_device_t *dev, mp_stream_t s);
   mp_status_t (*stream_synchronize)(mp_device_t *dev, mp_stream_t s);
+  /* MP_OK when all work queued on s has completed, MP_EBUSY when not;
+   * never waits. */
+  mp_status_t (*stream_query)(mp_device_t *dev, mp_stream_t s);
   mp_status_t (*launch_host)(mp_device_t *dev, mp_stream_t s,
                              void (*fn)(void *), void *arg);
   mp_status_t (*memcpy_async)(mp_device_t *dev, void *dst, const void *src,

@@ -59,6 +59,7 @@
   X(StreamCreate, (CUstream *, unsigned))                                      \
   X(StreamDestroy, (CUstream))                                                 \
   X(StreamSynchronize, (CUstream))                                             \
+  X(StreamQuery, (CUstream))                                                   \
   X(LaunchHostFunc, (CUstream, CUhostFn, void *))                              \
   X(MemcpyAsync, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                 \
   X(MemsetD8Async, (CUdeviceptr, unsigned char, size_t, CUstream))             \
@@ -632,6 +633,15 @@ static mp_status_t mp__cuda_stream_synchronize(mp_device_t *dev,
              : mp__cuda_fail(r, "cuStreamSynchronize(%p)", (void *)s);
 }
 
+static mp_status_t mp__cuda_stream_query(mp_device_t *dev, mp_stream_t s) {
+  CUresult r;
+  MP__CU_IN_CTX(mp__cuda_of(dev), r, mp__cu.StreamQuery((CUstream)s));
+  if (r == CUDA_ERROR_NOT_READY)
+    return MP_EBUSY;
+  return r == CUDA_SUCCESS ? MP_OK
+                           : mp__cuda_fail(r, "cuStreamQuery(%p)", (void *)s);
+}
+
 static mp_status_t mp__cuda_launch_host(mp_device_t *dev, mp_stream_t s,
                                         void (*fn)(void *), void *arg) {
   CUresult r;
@@ -903,6 +913,7 @@ const mp__backend_t mp__cuda_backend = {
     .stream_create = mp__cuda_stream_create,
     .stream_destroy = mp__cuda_stream_destroy,
     .stream_synchronize = mp__cuda_stream_synchronize,
+    .stream_query = mp__cuda_stream_query,
     .launch_host = mp__cuda_launch_host,
     .memcpy_async = mp__cuda_memcpy_async,
     .memset_async = mp__cuda_memset_async,

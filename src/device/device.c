@@ -144,6 +144,11 @@ mp_status_t mp_stream_synchronize(mp_device_t *dev, mp_stream_t s) {
   return dev->ops->stream_synchronize(dev, s);
 }
 
+mp_status_t mp_stream_query(mp_device_t *dev, mp_stream_t s) {
+  MP__CHECK_DEV(dev);
+  return dev->ops->stream_query(dev, s);
+}
+
 mp_status_t mp_stream_launch_host(mp_device_t *dev, mp_stream_t s,
                                   void (*fn)(void *), void *arg) {
   MP__CHECK_DEV(dev);

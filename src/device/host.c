@@ -41,7 +41,8 @@
  *    queued copy can touch freed memory (as cuMemFree synchronizes).
  * Locks: reg (rwlock) may be held while taking ev_lock or a stream mutex;
  * those two are never held together; mem_lock is never held with another
- * lock, nor across a sleep or a synchronization. */
+ * lock, nor across a sleep or a synchronization; busy_mu is taken inside a
+ * stream mutex (a stream joins or leaves the busy list) or alone. */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -100,6 +101,8 @@ typedef struct host_stream {
   host_op_t *head, *tail;
   uint64_t submitted, completed; /* ops ever queued / ever finished */
   bool stopping;                 /* no more work accepted; exit when drained */
+  bool busy; /* submitted > completed: on the device's busy list */
+  struct host_stream *busy_prev, *busy_next; /* under host_dev.busy_mu */
   atomic_uint refs;
 } host_stream_t;
 
@@ -138,6 +141,11 @@ struct host_dev {
 
   pthread_mutex_t ev_lock; /* markers and host_event_t.last */
   pthread_cond_t ev_cv;    /* some marker completed */
+
+  /* Streams with queued work, so that a device synchronize costs what is
+   * busy, not every stream ever made. */
+  pthread_mutex_t busy_mu;
+  host_stream_t *busy_head;
 };
 
 static host_dev_t *host_of(mp_device_t *dev) {
@@ -204,6 +212,30 @@ static void host_op_run(host_dev_t *h, host_op_t *op) {
   }
 }
 
+/* Under s->mu. */
+static void host_stream_set_busy(host_stream_t *s, bool busy) {
+  if (s->busy == busy)
+    return;
+  host_dev_t *h = s->dev;
+  pthread_mutex_lock(&h->busy_mu);
+  if (busy) {
+    s->busy_prev = NULL;
+    s->busy_next = h->busy_head;
+    if (h->busy_head != NULL)
+      h->busy_head->busy_prev = s;
+    h->busy_head = s;
+  } else {
+    if (s->busy_prev != NULL)
+      s->busy_prev->busy_next = s->busy_next;
+    else
+      h->busy_head = s->busy_next;
+    if (s->busy_next != NULL)
+      s->busy_next->busy_prev = s->busy_prev;
+  }
+  pthread_mutex_unlock(&h->busy_mu);
+  s->busy = busy;
+}
+
 static void *host_stream_main(void *arg) {
   host_stream_t *s = arg;
   pthread_mutex_lock(&s->mu);
@@ -221,6 +253,8 @@ static void *host_stream_main(void *arg) {
     free(op);
     pthread_mutex_lock(&s->mu);
     s->completed++;
+    if (s->completed == s->submitted)
+      host_stream_set_busy(s, false);
     pthread_cond_broadcast(&s->idle_cv);
   }
   pthread_mutex_unlock(&s->mu);
@@ -293,6 +327,7 @@ static mp_status_t host_stream_push(host_stream_t *s, host_op_t *op) {
     s->head = op;
   s->tail = op;
   s->submitted++;
+  host_stream_set_busy(s, true);
   pthread_cond_signal(&s->work_cv);
   pthread_mutex_unlock(&s->mu);
   return MP_OK;
@@ -336,28 +371,27 @@ static mp_status_t host_sync_all(host_dev_t *h, const char *fn) {
   mp_status_t st = host_check_waitable(h, fn);
   if (st != MP_OK)
     return st;
-  /* Every device free and unmap comes here: a process with a few streams
-   * should not pay a heap allocation for the list of them. */
+  /* Only the streams with work queued now: what is queued later is not
+   * preceding work. Every device free and unmap comes here: a process with
+   * a few busy streams should not pay a heap allocation for the list. */
   host_stream_t *few[32];
-  pthread_rwlock_rdlock(&h->reg);
-  size_t n = 0;
+  pthread_mutex_lock(&h->busy_mu);
+  size_t n = 0, count = 0;
+  for (host_stream_t *s = h->busy_head; s != NULL; s = s->busy_next)
+    count++;
   host_stream_t **all = few;
-  if (h->streams.count + 1 > sizeof few / sizeof *few)
-    all = malloc((h->streams.count + 1) * sizeof *all);
+  if (count > sizeof few / sizeof *few)
+    all = malloc(count * sizeof *all);
   if (all == NULL) {
-    pthread_rwlock_unlock(&h->reg);
+    pthread_mutex_unlock(&h->busy_mu);
     return mp__fail(MP_ENOMEM, "host device: out of host memory to "
                                "synchronize");
   }
-  all[n++] = h->null_stream;
-  for (size_t i = 0; i < h->streams.cap; i++) {
-    host_entry_t *e = mp__ptrmap_at(&h->streams, i);
-    if (e != NULL)
-      all[n++] = (host_stream_t *)e->key;
+  for (host_stream_t *s = h->busy_head; s != NULL; s = s->busy_next) {
+    atomic_fetch_add(&s->refs, 1); /* it outlives a concurrent destroy */
+    all[n++] = s;
   }
-  for (size_t i = 0; i < n; i++)
-    atomic_fetch_add(&all[i]->refs, 1);
-  pthread_rwlock_unlock(&h->reg);
+  pthread_mutex_unlock(&h->busy_mu);
   for (size_t i = 0; i < n; i++) {
     host_stream_drain(all[i]);
     host_stream_put(all[i]);
@@ -414,6 +448,19 @@ static mp_status_t host_stream_synchronize(mp_device_t *dev,
   host_stream_drain(s);
   host_stream_put(s);
   return MP_OK;
+}
+
+static mp_status_t host_stream_query(mp_device_t *dev, mp_stream_t handle) {
+  host_dev_t *h = host_of(dev);
+  host_stream_t *s = NULL;
+  mp_status_t st = host_stream_get(h, handle, &s);
+  if (st != MP_OK)
+    return st;
+  pthread_mutex_lock(&s->mu);
+  bool idle = s->completed == s->submitted;
+  pthread_mutex_unlock(&s->mu);
+  host_stream_put(s);
+  return idle ? MP_OK : MP_EBUSY;
 }
 
 /* Queues a filled-in op on a stream of h; takes ownership of op. */
@@ -1170,6 +1217,7 @@ static void host_free_state(host_dev_t *h) {
   free(h->resv);
   pthread_cond_destroy(&h->ev_cv);
   pthread_mutex_destroy(&h->ev_lock);
+  pthread_mutex_destroy(&h->busy_mu);
   pthread_rwlock_destroy(&h->reg);
   pthread_mutex_destroy(&h->mem_lock);
   free(h);
@@ -1198,6 +1246,7 @@ static mp_status_t host_open(mp_device_t *dev, const char *opts) {
   pthread_rwlock_init(&h->reg, NULL);
   pthread_mutex_init(&h->ev_lock, NULL);
   pthread_cond_init(&h->ev_cv, NULL);
+  pthread_mutex_init(&h->busy_mu, NULL);
   st = host_stream_start(h, &h->null_stream);
   if (st != MP_OK) {
     host_free_state(h);
@@ -1258,6 +1307,7 @@ const mp__backend_t mp__host_backend = {
     .stream_create = host_stream_create,
     .stream_destroy = host_stream_destroy,
     .stream_synchronize = host_stream_synchronize,
+    .stream_query = host_stream_query,
     .launch_host = host_launch_host,
     .memcpy_async = host_memcpy_async,
     .memset_async = host_memset_async,

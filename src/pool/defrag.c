@@ -367,21 +367,18 @@ static bool mp__plan(mp_pool_t *pool, size_t *stage_bytes) {
   return any;
 }
 
-/* Synchronizes the device with the lock dropped (the pool marked in flight
- * meanwhile), then marks every stream epoch open before it as done. */
+/* Synchronizes the device with the lock dropped (mp__pool_sync_begin),
+ * then marks every stream epoch open before it as done. */
 static mp_status_t mp__sync_unlocked(mp_pool_t *pool, size_t stage_bytes,
                                      void **stage) {
-  mp__pool_wait_idle(pool);
+  mp__pool_wait_sync(pool);
   uint64_t snap = mp__streams_sync_begin(pool);
-  pool->inflight = true;
-  mp__pool_unlock(pool);
+  mp__pool_sync_begin(pool);
   mp_status_t st = mp_device_synchronize(pool->dev);
   if (st == MP_OK && stage_bytes > 0 &&
       mp_device_alloc(pool->dev, stage_bytes, stage) != MP_OK)
     *stage = NULL; /* slides fall back to chunks of their gap */
-  mp__pool_lock(pool);
-  pool->inflight = false;
-  pthread_cond_broadcast(&pool->idle_cv);
+  mp__pool_sync_end(pool);
   if (st == MP_OK)
     mp__streams_sync_end(pool, snap);
   return st;

@@ -166,14 +166,11 @@ static mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
 }
 
 mp_status_t mp__pool_sync(mp_pool_t *pool) {
-  mp__pool_wait_idle(pool);
+  mp__pool_wait_sync(pool);
   uint64_t snap = mp__streams_sync_begin(pool);
-  pool->inflight = true;
-  pthread_mutex_unlock(&pool->lock);
+  mp__pool_sync_begin(pool);
   mp_status_t st = mp_device_synchronize(pool->dev);
-  pthread_mutex_lock(&pool->lock);
-  pool->inflight = false;
-  pthread_cond_broadcast(&pool->idle_cv);
+  mp__pool_sync_end(pool);
   if (st == MP_OK)
     mp__streams_sync_end(pool, snap);
   return st;
@@ -409,7 +406,7 @@ mp_status_t mp_pool_destroy(mp_pool_t *pool) {
     return mp__fail(MP_EBUSY, "mp_pool_destroy: %zu child pool%s still live", n,
                     n == 1 ? "" : "s");
   }
-  mp__pool_wait_idle(pool);
+  mp__pool_wait_sync(pool);
   mp__handle_retire_all(pool);
   pthread_mutex_unlock(&pool->lock);
   /* The streams that used the pool must be done before memory goes back. */

@@ -165,8 +165,11 @@ typedef struct mp__strm {
 /* ---- the pool ---------------------------------------------------------- */
 struct mp_pool {
   pthread_mutex_t lock;
-  pthread_cond_t idle_cv; /* signalled when inflight drops */
+  pthread_cond_t idle_cv; /* signalled when inflight or syncing drops */
   bool inflight;          /* a grow/release is in progress with lock dropped */
+  bool syncing; /* a synchronization is in progress with the lock dropped:
+                   other syncs wait for it, growth and frees do not (the
+                   stream it waits for may be waiting for them) */
   mp_device_t *dev;
   mp_pool_config_t cfg;
   unsigned align_log2;
@@ -324,9 +327,9 @@ void mp__streams_poll(mp_pool_t *pool, bool close);
 uint64_t mp__streams_sync_begin(mp_pool_t *pool);
 void mp__streams_sync_end(mp_pool_t *pool, uint64_t snap);
 void mp__streams_release(mp_pool_t *pool); /* destroy: events back */
-/* Synchronizes stream sidx (lock dropped, pool inflight) and marks every
- * epoch of it opened before done. */
-mp_status_t mp__stream_sync_one(mp_pool_t *pool, uint32_t sidx);
+/* Whether stream sidx has finished all its work (asked without waiting);
+ * if so every epoch of it opened before is marked done. */
+bool mp__stream_idle_now(mp_pool_t *pool, uint32_t sidx);
 mp_status_t mp__event_get(mp_pool_t *pool, mp_event_t *out);
 void mp__event_put(mp_pool_t *pool, mp_event_t e);
 
@@ -344,6 +347,13 @@ void mp__segment_release_all(mp_pool_t *pool);
 mp__segment_t *mp__segment_containing(const mp_pool_t *pool, uintptr_t p);
 /* Waits until no grow/release is in flight (drops the lock meanwhile). */
 void mp__pool_wait_idle(mp_pool_t *pool);
+/* Around a synchronization with the lock dropped: one at a time, after any
+ * grow or release in flight; growth does not wait for it. wait_sync waits
+ * for the turn (call it before snapshotting stream epochs); begin waits
+ * too and returns with the lock dropped, end retakes it. */
+void mp__pool_wait_sync(mp_pool_t *pool);
+void mp__pool_sync_begin(mp_pool_t *pool);
+void mp__pool_sync_end(mp_pool_t *pool);
 
 /* ---- stats.c ------------------------------------------------------------ */
 void mp__stats_peaks(mp_pool_t *pool);

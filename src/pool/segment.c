@@ -57,6 +57,23 @@ void mp__pool_wait_idle(mp_pool_t *pool) {
     pthread_cond_wait(&pool->idle_cv, &pool->lock);
 }
 
+void mp__pool_wait_sync(mp_pool_t *pool) {
+  while (pool->inflight || pool->syncing)
+    pthread_cond_wait(&pool->idle_cv, &pool->lock);
+}
+
+void mp__pool_sync_begin(mp_pool_t *pool) {
+  mp__pool_wait_sync(pool);
+  pool->syncing = true;
+  pthread_mutex_unlock(&pool->lock);
+}
+
+void mp__pool_sync_end(mp_pool_t *pool) {
+  pthread_mutex_lock(&pool->lock);
+  pool->syncing = false;
+  pthread_cond_broadcast(&pool->idle_cv);
+}
+
 static void mp__begin_device(mp_pool_t *pool) {
   pool->inflight = true;
   pthread_mutex_unlock(&pool->lock);
@@ -478,11 +495,12 @@ static bool mp__pick_chunk(mp_pool_t *pool, mp__segment_t *v, size_t want,
 /* Unmaps free chunks of the virtual range until want bytes went back (or
  * none is left), never one inside k1 or k2. patient: the growth rung. A
  * pool used from one stream records no marker at frees; when free chunks
- * wait only for that stream, it is synchronized once (the lock dropped), as
- * an unmap needs the work on the memory done anyway. A pool used from
- * several streams skips the rung: which chunks it knows done depends on when
- * the streams' markers were seen, so its figures would change from run to
- * run (and waiting for streams could block on work that waits for the
+ * wait only for that stream, it is asked once whether it is idle
+ * (mp_stream_query, never a wait: the stream may hold the application's
+ * own work, even work waiting for this caller); if not, the pool grows. A pool
+ * used from several streams skips the rung: which chunks it knows done depends
+ * on when the streams' markers were seen, so its figures would change from run
+ * to run (and waiting for streams could block on work that waits for the
  * caller); trim and the out-of-memory ladder, after a device sync, still
  * unmap free chunks anywhere. Never a device synchronize here. Returns the
  * bytes released. */
@@ -509,7 +527,9 @@ static size_t mp__reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
       if (!pending || !patient || pool->nstreams != 1)
         break;
       patient = false;
-      if (mp__stream_sync_one(pool, 0) != MP_OK)
+      /* Never wait: the stream may hold the application's own work, even
+       * work that waits for this very caller. */
+      if (!mp__stream_idle_now(pool, 0))
         break;
       continue;
     }

@@ -301,23 +301,17 @@ void mp__streams_sync_end(mp_pool_t *pool, uint64_t snap) {
     pool->sync_done = snap + 1;
 }
 
-mp_status_t mp__stream_sync_one(mp_pool_t *pool, uint32_t sidx) {
-  mp__pool_wait_idle(pool);
+bool mp__stream_idle_now(mp_pool_t *pool, uint32_t sidx) {
   mp__strm_t *st = &pool->streams[sidx];
+  /* Under the lock: nothing is freed on the stream while it is asked. */
+  if (mp_stream_query(pool->dev, st->s) != MP_OK)
+    return false;
   uint64_t snap = st->epoch++;
   st->dirty = false;
-  mp_stream_t s = st->s;
-  pool->inflight = true;
-  pthread_mutex_unlock(&pool->lock);
-  mp_status_t rc = mp_stream_synchronize(pool->dev, s);
-  pthread_mutex_lock(&pool->lock);
-  pool->inflight = false;
-  pthread_cond_broadcast(&pool->idle_cv);
-  st = &pool->streams[sidx]; /* the table may have grown meanwhile */
-  if (rc == MP_OK && snap + 1 > st->done)
+  if (snap + 1 > st->done)
     st->done = snap + 1;
   mp__stream_poll(pool, st);
-  return rc;
+  return true;
 }
 
 void mp__streams_release(mp_pool_t *pool) {

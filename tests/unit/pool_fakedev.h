@@ -202,6 +202,7 @@ static const mp__backend_t fake_backend = {
     .stream_create = fake_stream_create,
     .stream_destroy = fake_stream_x,
     .stream_synchronize = fake_stream_x,
+    .stream_query = fake_stream_x,
     .launch_host = fake_launch,
     .memcpy_async = fake_memcpy,
     .memset_async = fake_memset,
