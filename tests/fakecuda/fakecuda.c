@@ -22,9 +22,25 @@
  * FAKECUDA_NO_VMM=1, FAKECUDA_NAME=<name>; FAKECUDA_DRIVER_VERSION=N is read
  * by cuDriverGetVersion and cuGetProcAddress.
  *
- * Limits, by design: cuMemFreeAsync waits for its stream; a stream belongs
- * to the device current when it is used; cuMemMap maps whole handles only
- * (offset 0); the NULL stream does not synchronize with other streams. */
+ * CUDA's rules it keeps strictly (each with a test in
+ * test_fakecuda_rules.c, the source cited where it is modelled):
+ *  - the legacy NULL stream and blocking streams wait for each other;
+ *    CU_STREAM_NON_BLOCKING streams wait for nothing implicitly;
+ *  - CU_STREAM_PER_THREAD, and NULL for the _ptsz/_ptds entry points, is
+ *    a different (blocking) stream in every thread;
+ *  - cuMemFree and cuCtxSynchronize wait for all work of the context, the
+ *    application's streams included;
+ *  - cuStreamDestroy returns at once, queued work still runs; the handle is
+ *    then invalid: CUDA_ERROR_INVALID_HANDLE, counted
+ *    (cuFakeGetErrorCount), never a crash;
+ *  - a host function's CUDA calls get CUDA_ERROR_NOT_PERMITTED (counted).
+ * Limits (rules it cannot or does not model): no kernels, so nothing runs
+ * on the device but copies, memsets and host functions, and a race a GPU
+ * would show appears only as far as host threads interleave; memory is
+ * host memory, so a use after free reads stale data instead of faulting;
+ * cuMemFreeAsync waits for its stream; a thread's per-thread stream lives
+ * until its context is destroyed; cuMemMap maps whole handles only
+ * (offset 0); event flags (timing, blocking sync) are ignored. */
 #include <cuda.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -148,8 +164,18 @@ static const char *const fk_names[FK_N_ENTRY_POINTS] = {
 
 static atomic_llong fk_calls[FK_N_ENTRY_POINTS];
 
+/* Counts a call; a call from a host function is refused: "The host function
+ * must not make any CUDA API calls" (cuda.h, cuLaunchHostFunc; the
+ * Programming Guide's "Host Functions (Callbacks)"), the real driver's answer
+ * being CUDA_ERROR_NOT_PERMITTED. */
 #define FK_COUNT(name)                                                         \
-  atomic_fetch_add_explicit(&fk_calls[FK_##name], 1, memory_order_relaxed)
+  do {                                                                         \
+    atomic_fetch_add_explicit(&fk_calls[FK_##name], 1, memory_order_relaxed);  \
+    if (fk_in_host_fn) {                                                       \
+      atomic_fetch_add(&fk_not_permitted, 1);                                  \
+      return CUDA_ERROR_NOT_PERMITTED;                                         \
+    }                                                                          \
+  } while (0)
 
 long long cuFakeGetCallCount(const char *name) {
   for (int i = 0; name != NULL && i < FK_N_ENTRY_POINTS; i++)
@@ -163,6 +189,20 @@ void cuFakeResetCallCounts(void) {
     atomic_store(&fk_calls[i], 0);
 }
 
+/* FAKECUDA_CALL_REPORT=1: at exit, every entry point called at least once
+ * and how often, one "fakecuda: calls NAME N" line each on stderr (counts
+ * for programs the tests cannot reach, such as mpbench). */
+__attribute__((destructor)) static void fk_call_report(void) {
+  const char *v = getenv("FAKECUDA_CALL_REPORT");
+  if (v == NULL || v[0] == '\0' || strcmp(v, "0") == 0)
+    return;
+  for (int i = 0; i < FK_N_ENTRY_POINTS; i++) {
+    long long n = atomic_load(&fk_calls[i]);
+    if (n > 0)
+      fprintf(stderr, "fakecuda: calls %s %lld\n", fk_names[i], n);
+  }
+}
+
 /* ---- state --------------------------------------------------------------- */
 
 #define FK_MAX_DEVICES   8
@@ -170,10 +210,18 @@ void cuFakeResetCallCounts(void) {
 #define FK_DEFAULT_NAME  "mempool fakecuda device"
 
 /* The primary context of one fake device; CUcontext points at it. */
+struct fk_stream;
 struct CUctx_st {
   int ordinal;
   int refs;                   /* primary context retains; under fk.lock */
   _Atomic(mp_device_t *) dev; /* the host device, NULL until needed */
+  /* Under fk.lock: the streams made in the context (CUstream points at
+   * one), those destroyed whose work may still run, the event re-recorded
+   * at the legacy stream's end, and a count of the context's lives (a
+   * thread's per-thread stream of an earlier life is gone). */
+  struct fk_stream *live, *retired;
+  mp_event_t legacy_tail;
+  unsigned generation;
 };
 
 /* A physical allocation from cuMemCreate; a handle is its address. */
@@ -208,6 +256,27 @@ static struct {
 
 static _Thread_local struct CUctx_st *fk_stack[FK_MAX_CTX_DEPTH];
 static _Thread_local int fk_depth;
+
+/* Set while a host function (cuLaunchHostFunc) runs on this thread. */
+static _Thread_local bool fk_in_host_fn;
+
+/* Errors a test may count (cuFakeGetErrorCount): uses of invalid handles,
+ * CUDA calls from host functions, unsafe calls during a capture. */
+static atomic_llong fk_bad_handles, fk_not_permitted;
+
+long long cuFakeGetErrorCount(CUresult code);
+long long cuFakeGetErrorCount(CUresult code) {
+  switch (code) {
+  case CUDA_ERROR_INVALID_HANDLE: return atomic_load(&fk_bad_handles);
+  case CUDA_ERROR_NOT_PERMITTED: return atomic_load(&fk_not_permitted);
+  default: return -1;
+  }
+}
+
+static CUresult fk_bad_handle(void) {
+  atomic_fetch_add(&fk_bad_handles, 1);
+  return CUDA_ERROR_INVALID_HANDLE;
+}
 
 static CUresult fk_result_of(mp_status_t st) {
   switch (st) {
@@ -272,11 +341,187 @@ static mp_device_t *fk_current(void) {
       return CUDA_ERROR_INVALID_CONTEXT;                                       \
   } while (0)
 
-/* CU_STREAM_LEGACY and CU_STREAM_PER_THREAD are the default stream here. */
-static mp_stream_t fk_stream(CUstream s) {
-  if (s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
-    return NULL;
-  return (mp_stream_t)s;
+/* ---- streams as CUDA orders them ---------------------------------------- */
+
+/* A stream made by cuStreamCreate, or a thread's per-thread default stream;
+ * CUstream points at one. Blocking streams (flags 0, and every per-thread
+ * stream) are ordered with the legacy NULL stream; CU_STREAM_NON_BLOCKING
+ * ones are not. */
+typedef struct fk_stream {
+  mp_stream_t s;   /* the host stream that runs it */
+  mp_event_t tail; /* re-recorded at its end when the legacy stream waits */
+  bool blocking;
+  struct fk_stream *next; /* in its context's live or retired list */
+} fk_stream_t;
+
+/* This thread's per-thread default stream in each device's primary context
+ * (valid while the context's generation is the one it was made in). */
+static _Thread_local struct {
+  unsigned generation;
+  fk_stream_t *st;
+} fk_per_thread[FK_MAX_DEVICES];
+
+/* The context current on this thread; fk_depth > 0. */
+static struct CUctx_st *fk_ctx(void) {
+  return fk_stack[fk_depth - 1];
+}
+
+/* Makes a stream of the current context and lists it. Under fk.lock. */
+static CUresult fk_stream_new(mp_device_t *dev, bool blocking,
+                              fk_stream_t **out) {
+  fk_stream_t *st = calloc(1, sizeof *st);
+  if (st == NULL)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  mp_status_t rc = mp_stream_create(dev, &st->s);
+  if (rc == MP_OK) {
+    rc = mp_event_create(dev, &st->tail);
+    if (rc != MP_OK)
+      (void)mp_stream_destroy(dev, st->s);
+  }
+  if (rc != MP_OK) {
+    free(st);
+    return fk_result_of(rc);
+  }
+  st->blocking = blocking;
+  struct CUctx_st *c = fk_ctx();
+  st->next = c->live;
+  c->live = st;
+  *out = st;
+  return CUDA_SUCCESS;
+}
+
+/* Frees the retired streams whose work has finished. Under fk.lock. */
+static void fk_reap(mp_device_t *dev, struct CUctx_st *c) {
+  for (fk_stream_t **at = &c->retired; *at != NULL;) {
+    fk_stream_t *st = *at;
+    if (mp_event_query(dev, st->tail) != MP_OK) {
+      at = &st->next;
+      continue;
+    }
+    *at = st->next;
+    (void)mp_stream_destroy(dev, st->s);
+    (void)mp_event_destroy(dev, st->tail);
+    free(st);
+  }
+}
+
+/* Forgets every stream of a context being destroyed (closing its host
+ * device frees what they held). Under fk.lock. */
+static void fk_forget_streams(struct CUctx_st *c) {
+  for (fk_stream_t **list = &c->live; list != NULL;
+       list = list == &c->live ? &c->retired : NULL)
+    while (*list != NULL) {
+      fk_stream_t *st = *list;
+      *list = st->next;
+      free(st);
+    }
+  c->legacy_tail = NULL;
+  c->generation++;
+}
+
+/* The stream a handle names in the current context: *out is NULL for the
+ * legacy stream. A handle that is not a live stream of this context (a
+ * destroyed one, another context's) is CUDA_ERROR_INVALID_HANDLE, as the
+ * driver answers. Handles, after cuda.h ("Stream handles"): NULL is the
+ * legacy stream, or the per-thread stream for the _ptsz/_ptds entry points
+ * (what --default-stream per-thread compiles to); CU_STREAM_LEGACY (0x1)
+ * and CU_STREAM_PER_THREAD (0x2) name them whatever the entry point.
+ * Under fk.lock. */
+static CUresult fk_resolve(mp_device_t *dev, CUstream h, bool ptsz,
+                           fk_stream_t **out) {
+  struct CUctx_st *c = fk_ctx();
+  if (h == CU_STREAM_LEGACY || (h == NULL && !ptsz)) {
+    *out = NULL;
+    return CUDA_SUCCESS;
+  }
+  if (h == CU_STREAM_PER_THREAD || h == NULL) {
+    /* The Programming Guide ("Per-thread default stream"): each host thread
+     * has its own, which is not non-blocking: it synchronizes with the
+     * legacy stream. */
+    if (fk_per_thread[c->ordinal].st == NULL ||
+        fk_per_thread[c->ordinal].generation != c->generation) {
+      fk_stream_t *st = NULL;
+      CUresult r = fk_stream_new(dev, true, &st);
+      if (r != CUDA_SUCCESS)
+        return r;
+      fk_per_thread[c->ordinal].st = st;
+      fk_per_thread[c->ordinal].generation = c->generation;
+    }
+    *out = fk_per_thread[c->ordinal].st;
+    return CUDA_SUCCESS;
+  }
+  for (fk_stream_t *st = c->live; st != NULL; st = st->next)
+    if ((CUstream)st == h) {
+      *out = st;
+      return CUDA_SUCCESS;
+    }
+  return fk_bad_handle();
+}
+
+/* The host stream of a resolved stream (NULL: the legacy stream). */
+static mp_stream_t fk_host_stream(const fk_stream_t *st) {
+  return st == NULL ? NULL : st->s;
+}
+
+/* Before an operation goes on stream st: the implicit synchronization of
+ * the legacy stream (CUDA driver API, "Stream synchronization behavior"):
+ * work on the legacy stream waits for all work already queued on every
+ * blocking stream of the context, and work on a blocking stream waits for
+ * all work already queued on the legacy stream. Non-blocking streams wait
+ * for nothing. Under fk.lock. */
+static CUresult fk_order(mp_device_t *dev, const fk_stream_t *st) {
+  struct CUctx_st *c = fk_ctx();
+  mp_status_t rc = MP_OK;
+  if (st == NULL) {
+    for (const fk_stream_t *o = c->live; o != NULL && rc == MP_OK; o = o->next)
+      if (o->blocking) {
+        rc = mp_event_record(dev, o->tail, o->s);
+        if (rc == MP_OK)
+          rc = mp_stream_wait_event(dev, NULL, o->tail);
+      }
+  } else if (st->blocking) {
+    if (c->legacy_tail == NULL)
+      rc = mp_event_create(dev, &c->legacy_tail);
+    if (rc == MP_OK)
+      rc = mp_event_record(dev, c->legacy_tail, NULL);
+    if (rc == MP_OK)
+      rc = mp_stream_wait_event(dev, st->s, c->legacy_tail);
+  }
+  return fk_result_of(rc);
+}
+
+/* Starts an operation on handle h: resolves it, orders it with the legacy
+ * stream and, on success, returns with fk.lock held (fk_end releases it),
+ * so that the ordering and the operation are queued together. */
+static CUresult fk_begin(mp_device_t *dev, CUstream h, bool ptsz,
+                         mp_stream_t *out) {
+  pthread_mutex_lock(&fk.lock);
+  fk_reap(dev, fk_ctx());
+  fk_stream_t *st = NULL;
+  CUresult r = fk_resolve(dev, h, ptsz, &st);
+  if (r == CUDA_SUCCESS)
+    r = fk_order(dev, st);
+  if (r != CUDA_SUCCESS) {
+    pthread_mutex_unlock(&fk.lock);
+    return r;
+  }
+  *out = fk_host_stream(st);
+  return CUDA_SUCCESS;
+}
+
+static void fk_end(void) {
+  pthread_mutex_unlock(&fk.lock);
+}
+
+/* The host stream of h, for a call that waits on it (not under the lock). */
+static CUresult fk_lookup_stream(mp_device_t *dev, CUstream h, bool ptsz,
+                                 mp_stream_t *out) {
+  pthread_mutex_lock(&fk.lock);
+  fk_stream_t *st = NULL;
+  CUresult r = fk_resolve(dev, h, ptsz, &st);
+  pthread_mutex_unlock(&fk.lock);
+  *out = fk_host_stream(st);
+  return r;
 }
 
 /* ---- address ranges ------------------------------------------------------ */
@@ -504,8 +749,10 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     pthread_mutex_unlock(&fk.lock);
     return CUDA_ERROR_INVALID_CONTEXT;
   }
-  if (--c->refs == 0)
+  if (--c->refs == 0) {
     closing = atomic_exchange(&c->dev, NULL);
+    fk_forget_streams(c);
+  }
   pthread_mutex_unlock(&fk.lock);
   if (closing != NULL) {
     /* The context is destroyed with everything made in it. */
@@ -634,36 +881,53 @@ static CUresult fk_free(mp_device_t *dev, CUdeviceptr dptr) {
 }
 
 /* An entry point that needs a current context: counted, refused without
- * cuInit or a context, then `call` with dev the current context's device. */
-#define FK_IN_CTX(name, params, call)                                          \
+ * cuInit or a context, then `call` with dev the current context's device
+ * and ptsz true in a per-thread-default-stream twin (_ptsz, _ptds). */
+#define FK_IN_CTX_PT(name, pt, params, call)                                   \
   CUresult name params {                                                       \
     FK_COUNT(name);                                                            \
     FK_CURRENT(dev);                                                           \
+    const bool ptsz = (pt);                                                    \
+    (void)ptsz;                                                                \
     return call;                                                               \
   }
+#define FK_IN_CTX(name, params, call) FK_IN_CTX_PT(name, false, params, call)
 /* The same for a function and its per-thread-default-stream twin. */
 #define FK_IN_CTX_TWINS(name, twin, params, call)                              \
-  FK_IN_CTX(name, params, call)                                                \
-  FK_IN_CTX(twin, params, call)
+  FK_IN_CTX_PT(name, false, params, call)                                      \
+  FK_IN_CTX_PT(twin, true, params, call)
 
 FK_IN_CTX(cuMemAlloc_v2, (CUdeviceptr * dptr, size_t bytes),
           fk_alloc(dev, dptr, bytes))
 FK_IN_CTX(cuMemFree_v2, (CUdeviceptr dptr), fk_free(dev, dptr))
 
 /* Stream-ordered allocation: the memory is usable at once, so it is usable
- * in stream order too. */
+ * in stream order too. The stream must be valid. */
+static CUresult fk_alloc_async(mp_device_t *dev, CUdeviceptr *dptr,
+                               size_t bytes, CUstream s, bool ptsz) {
+  mp_stream_t hs = NULL;
+  CUresult r = fk_lookup_stream(dev, s, ptsz, &hs);
+  return r == CUDA_SUCCESS ? fk_alloc(dev, dptr, bytes) : r;
+}
+
 FK_IN_CTX_TWINS(cuMemAllocAsync, cuMemAllocAsync_ptsz,
                 (CUdeviceptr * dptr, size_t bytes, CUstream s),
-                ((void)s, fk_alloc(dev, dptr, bytes)))
+                fk_alloc_async(dev, dptr, bytes, s, ptsz))
 
 /* Stream-ordered free: waits for the stream's work, then frees. */
-static CUresult fk_free_async(mp_device_t *dev, CUdeviceptr dptr, CUstream s) {
-  mp_status_t st = mp_stream_synchronize(dev, fk_stream(s));
+static CUresult fk_free_async(mp_device_t *dev, CUdeviceptr dptr, CUstream s,
+                              bool ptsz) {
+  mp_stream_t hs = NULL;
+  CUresult r = fk_lookup_stream(dev, s, ptsz, &hs);
+  if (r != CUDA_SUCCESS)
+    return r;
+  mp_status_t st = mp_stream_synchronize(dev, hs);
   return st == MP_OK ? fk_free(dev, dptr) : fk_result_of(st);
 }
 
 FK_IN_CTX_TWINS(cuMemFreeAsync, cuMemFreeAsync_ptsz,
-                (CUdeviceptr dptr, CUstream s), fk_free_async(dev, dptr, s))
+                (CUdeviceptr dptr, CUstream s),
+                fk_free_async(dev, dptr, s, ptsz))
 
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize,
                                  CUdeviceptr dptr) {
@@ -701,109 +965,178 @@ CUresult cuMemFreeHost(void *p) {
 
 /* ---- streams, copies, events --------------------------------------------- */
 
-static CUresult fk_stream_create(mp_device_t *dev, CUstream *ps) {
-  if (ps == NULL)
+/* cuStreamCreate's flags: CU_STREAM_DEFAULT (a blocking stream) or
+ * CU_STREAM_NON_BLOCKING; priorities do not change how the host runs it. */
+static CUresult fk_stream_create(mp_device_t *dev, CUstream *ps,
+                                 unsigned flags) {
+  if (ps == NULL || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING) != 0)
     return CUDA_ERROR_INVALID_VALUE;
-  mp_stream_t s = NULL;
-  mp_status_t st = mp_stream_create(dev, &s);
-  if (st == MP_OK)
-    *ps = (CUstream)s;
-  return fk_result_of(st);
+  pthread_mutex_lock(&fk.lock);
+  fk_reap(dev, fk_ctx());
+  fk_stream_t *st = NULL;
+  CUresult r = fk_stream_new(dev, !(flags & CU_STREAM_NON_BLOCKING), &st);
+  pthread_mutex_unlock(&fk.lock);
+  if (r == CUDA_SUCCESS)
+    *ps = (CUstream)st;
+  return r;
 }
 
-/* Flags and priorities do not change how the host device runs a stream. */
 FK_IN_CTX(cuStreamCreate, (CUstream * ps, unsigned int flags),
-          ((void)flags, fk_stream_create(dev, ps)))
+          fk_stream_create(dev, ps, flags))
 FK_IN_CTX(cuStreamCreateWithPriority,
           (CUstream * ps, unsigned int flags, int priority),
-          ((void)flags, (void)priority, fk_stream_create(dev, ps)))
+          ((void)priority, fk_stream_create(dev, ps, flags)))
 
-CUresult cuStreamDestroy_v2(CUstream s) {
+/* cuda.h, cuStreamDestroy: "In case the device is still doing work in the
+ * stream hStream when cuStreamDestroy() is called, the function will return
+ * immediately and the resources associated with hStream will be released
+ * automatically once the device has completed all work in hStream." The
+ * handle is dead at once: a later use is CUDA_ERROR_INVALID_HANDLE. The
+ * default streams cannot be destroyed. */
+CUresult cuStreamDestroy_v2(CUstream h) {
   FK_COUNT(cuStreamDestroy_v2);
   FK_CURRENT(dev);
-  if (fk_stream(s) == NULL)
-    return CUDA_ERROR_INVALID_HANDLE;
-  return fk_result_of(mp_stream_destroy(dev, fk_stream(s)));
+  if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD)
+    return fk_bad_handle();
+  struct CUctx_st *c = fk_ctx();
+  pthread_mutex_lock(&fk.lock);
+  fk_stream_t **at = &c->live;
+  while (*at != NULL && (CUstream)*at != h)
+    at = &(*at)->next;
+  fk_stream_t *st = *at;
+  if (st != NULL) {
+    *at = st->next;
+    st->next = c->retired;
+    c->retired = st;
+    (void)mp_event_record(dev, st->tail, st->s); /* its end, for fk_reap */
+    fk_reap(dev, c);
+  }
+  pthread_mutex_unlock(&fk.lock);
+  return st != NULL ? CUDA_SUCCESS : fk_bad_handle();
+}
+
+/* Waits for a stream's work (not holding fk.lock). */
+static CUresult fk_stream_sync(mp_device_t *dev, CUstream s, bool ptsz) {
+  mp_stream_t hs = NULL;
+  CUresult r = fk_lookup_stream(dev, s, ptsz, &hs);
+  return r == CUDA_SUCCESS ? fk_result_of(mp_stream_synchronize(dev, hs)) : r;
 }
 
 FK_IN_CTX_TWINS(cuStreamSynchronize, cuStreamSynchronize_ptsz, (CUstream s),
-                fk_result_of(mp_stream_synchronize(dev, fk_stream(s))))
+                fk_stream_sync(dev, s, ptsz))
 
 /* The host backend has no stream query: ask an event recorded at its end. */
-static CUresult fk_stream_query(mp_device_t *dev, CUstream s) {
+static CUresult fk_stream_query(mp_device_t *dev, CUstream s, bool ptsz) {
   mp_event_t e = NULL;
   mp_status_t st = mp_event_create(dev, &e);
   if (st != MP_OK)
     return fk_result_of(st);
-  st = mp_event_record(dev, e, fk_stream(s));
-  if (st == MP_OK)
-    st = mp_event_query(dev, e);
+  mp_stream_t hs = NULL;
+  CUresult r = fk_lookup_stream(dev, s, ptsz, &hs);
+  if (r == CUDA_SUCCESS) {
+    st = mp_event_record(dev, e, hs);
+    if (st == MP_OK)
+      st = mp_event_query(dev, e);
+    r = fk_result_of(st);
+  }
   (void)mp_event_destroy(dev, e);
-  return fk_result_of(st);
+  return r;
 }
 
 FK_IN_CTX_TWINS(cuStreamQuery, cuStreamQuery_ptsz, (CUstream s),
-                fk_stream_query(dev, s))
+                fk_stream_query(dev, s, ptsz))
 
-static CUresult fk_launch_host(mp_device_t *dev, CUstream s, CUhostFn fn,
-                               void *arg) {
+/* A host function as it runs: CUDA calls from it are refused (FK_COUNT). */
+typedef struct fk_host_call {
+  CUhostFn fn;
+  void *arg;
+} fk_host_call_t;
+
+static void fk_host_trampoline(void *p) {
+  fk_host_call_t call = *(fk_host_call_t *)p;
+  free(p);
+  fk_in_host_fn = true;
+  call.fn(call.arg);
+  fk_in_host_fn = false;
+}
+
+static CUresult fk_launch_host(mp_device_t *dev, CUstream s, bool ptsz,
+                               CUhostFn fn, void *arg) {
   if (fn == NULL)
     return CUDA_ERROR_INVALID_VALUE;
-  return fk_result_of(mp_stream_launch_host(dev, fk_stream(s), fn, arg));
+  fk_host_call_t *call = malloc(sizeof *call);
+  if (call == NULL)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  *call = (fk_host_call_t){fn, arg};
+  mp_stream_t hs = NULL;
+  CUresult r = fk_begin(dev, s, ptsz, &hs);
+  if (r == CUDA_SUCCESS) {
+    r = fk_result_of(mp_stream_launch_host(dev, hs, fk_host_trampoline, call));
+    fk_end();
+  }
+  if (r != CUDA_SUCCESS)
+    free(call);
+  return r;
 }
 
 FK_IN_CTX_TWINS(cuLaunchHostFunc, cuLaunchHostFunc_ptsz,
                 (CUstream s, CUhostFn fn, void *arg),
-                fk_launch_host(dev, s, fn, arg))
+                fk_launch_host(dev, s, ptsz, fn, arg))
 
-static CUresult fk_memcpy(mp_device_t *dev, CUdeviceptr dst, CUdeviceptr src,
-                          size_t n, CUstream s, bool sync) {
+/* A copy (set: a memset of value v) on stream s; sync waits for it. */
+static CUresult fk_copy(mp_device_t *dev, CUdeviceptr dst, CUdeviceptr src,
+                        bool set, unsigned char v, size_t n, CUstream s,
+                        bool ptsz, bool sync) {
   if (n == 0)
     return CUDA_SUCCESS;
-  if (dst == 0 || src == 0)
+  if (dst == 0 || (!set && src == 0))
     return CUDA_ERROR_INVALID_VALUE;
+  mp_stream_t hs = NULL;
+  CUresult r = fk_begin(dev, s, ptsz, &hs);
+  if (r != CUDA_SUCCESS)
+    return r;
   mp_status_t st =
-      mp_memcpy_async(dev, (void *)dst, (const void *)src, n, fk_stream(s));
+      set ? mp_memset_async(dev, (void *)dst, v, n, hs)
+          : mp_memcpy_async(dev, (void *)dst, (const void *)src, n, hs);
+  fk_end();
   if (st == MP_OK && sync)
-    st = mp_stream_synchronize(dev, fk_stream(s));
+    st = mp_stream_synchronize(dev, hs);
   return fk_result_of(st);
 }
 
+static CUresult fk_memcpy(mp_device_t *dev, CUdeviceptr dst, CUdeviceptr src,
+                          size_t n, CUstream s, bool ptsz, bool sync) {
+  return fk_copy(dev, dst, src, false, 0, n, s, ptsz, sync);
+}
+
 static CUresult fk_memset(mp_device_t *dev, CUdeviceptr dst, unsigned char v,
-                          size_t n, CUstream s, bool sync) {
-  if (n == 0)
-    return CUDA_SUCCESS;
-  if (dst == 0)
-    return CUDA_ERROR_INVALID_VALUE;
-  mp_status_t st = mp_memset_async(dev, (void *)dst, v, n, fk_stream(s));
-  if (st == MP_OK && sync)
-    st = mp_stream_synchronize(dev, fk_stream(s));
-  return fk_result_of(st);
+                          size_t n, CUstream s, bool ptsz, bool sync) {
+  return fk_copy(dev, dst, 0, true, v, n, s, ptsz, sync);
 }
 
 FK_IN_CTX_TWINS(cuMemcpyAsync, cuMemcpyAsync_ptsz,
                 (CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s),
-                fk_memcpy(dev, dst, src, n, s, false))
+                fk_memcpy(dev, dst, src, n, s, ptsz, false))
 FK_IN_CTX_TWINS(cuMemsetD8Async, cuMemsetD8Async_ptsz,
                 (CUdeviceptr dst, unsigned char v, size_t n, CUstream s),
-                fk_memset(dev, dst, v, n, s, false))
+                fk_memset(dev, dst, v, n, s, ptsz, false))
 
 /* The synchronous copies run on the default stream and wait for it. */
 FK_IN_CTX_TWINS(cuMemcpy, cuMemcpy_ptds,
                 (CUdeviceptr dst, CUdeviceptr src, size_t n),
-                fk_memcpy(dev, dst, src, n, NULL, true))
+                fk_memcpy(dev, dst, src, n, NULL, ptsz, true))
 FK_IN_CTX_TWINS(cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds,
                 (CUdeviceptr dst, const void *src, size_t n),
-                fk_memcpy(dev, dst, (CUdeviceptr)src, n, NULL, true))
+                fk_memcpy(dev, dst, (CUdeviceptr)src, n, NULL, ptsz, true))
 FK_IN_CTX_TWINS(cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_ptds,
                 (void *dst, CUdeviceptr src, size_t n),
-                fk_memcpy(dev, (CUdeviceptr)dst, src, n, NULL, true))
+                fk_memcpy(dev, (CUdeviceptr)dst, src, n, NULL, ptsz, true))
 FK_IN_CTX_TWINS(cuMemcpyDtoD_v2, cuMemcpyDtoD_v2_ptds,
                 (CUdeviceptr dst, CUdeviceptr src, size_t n),
-                fk_memcpy(dev, dst, src, n, NULL, true))
+                fk_memcpy(dev, dst, src, n, NULL, ptsz, true))
 FK_IN_CTX_TWINS(cuMemsetD8_v2, cuMemsetD8_v2_ptds,
                 (CUdeviceptr dst, unsigned char v, size_t n),
-                fk_memset(dev, dst, v, n, NULL, true))
+                fk_memset(dev, dst, v, n, NULL, ptsz, true))
 
 CUresult cuEventCreate(CUevent *pe, unsigned int flags) {
   FK_COUNT(cuEventCreate);
@@ -820,11 +1153,25 @@ CUresult cuEventCreate(CUevent *pe, unsigned int flags) {
 
 /* An event call: a NULL event is an invalid handle, as in the driver. */
 #define FK_EVENT_CALL(e, call)                                                 \
-  ((e) == NULL ? CUDA_ERROR_INVALID_HANDLE : fk_result_of(call))
+  ((e) == NULL ? fk_bad_handle() : fk_result_of(call))
+
+/* An operation on a stream (an event record, a wait) in stream order. */
+static CUresult fk_event_op(mp_device_t *dev, CUevent e, CUstream s, bool ptsz,
+                            bool wait) {
+  if (e == NULL)
+    return fk_bad_handle();
+  mp_stream_t hs = NULL;
+  CUresult r = fk_begin(dev, s, ptsz, &hs);
+  if (r != CUDA_SUCCESS)
+    return r;
+  mp_status_t st = wait ? mp_stream_wait_event(dev, hs, (mp_event_t)e)
+                        : mp_event_record(dev, (mp_event_t)e, hs);
+  fk_end();
+  return fk_result_of(st);
+}
 
 FK_IN_CTX_TWINS(cuEventRecord, cuEventRecord_ptsz, (CUevent e, CUstream s),
-                FK_EVENT_CALL(e, mp_event_record(dev, (mp_event_t)e,
-                                                 fk_stream(s))))
+                fk_event_op(dev, e, s, ptsz, false))
 FK_IN_CTX(cuEventQuery, (CUevent e),
           FK_EVENT_CALL(e, mp_event_query(dev, (mp_event_t)e)))
 FK_IN_CTX(cuEventSynchronize, (CUevent e),
@@ -833,9 +1180,7 @@ FK_IN_CTX(cuEventDestroy_v2, (CUevent e),
           FK_EVENT_CALL(e, mp_event_destroy(dev, (mp_event_t)e)))
 FK_IN_CTX_TWINS(cuStreamWaitEvent, cuStreamWaitEvent_ptsz,
                 (CUstream s, CUevent e, unsigned int flags),
-                ((void)flags,
-                 FK_EVENT_CALL(e, mp_stream_wait_event(dev, fk_stream(s),
-                                                       (mp_event_t)e))))
+                ((void)flags, fk_event_op(dev, e, s, ptsz, true)))
 
 /* ---- virtual memory management ------------------------------------------- */
 
