@@ -33,14 +33,31 @@
  *  - cuStreamDestroy returns at once, queued work still runs; the handle is
  *    then invalid: CUDA_ERROR_INVALID_HANDLE, counted
  *    (cuFakeGetErrorCount), never a crash;
- *  - a host function's CUDA calls get CUDA_ERROR_NOT_PERMITTED (counted).
+ *  - a host function's CUDA calls get CUDA_ERROR_NOT_PERMITTED (counted);
+ *  - stream capture (test_fakecuda_capture.c): work on a capturing stream
+ *    is recorded into an opaque graph (host functions, memsets, copies,
+ *    cuMemAllocAsync/cuMemFreeAsync as allocation and free nodes), not
+ *    run; cuGraphInstantiate/cuGraphLaunch replay it; potentially unsafe
+ *    calls (cuMemAlloc, cuMemFree, host allocations, cuCtxSynchronize,
+ *    synchronous copies, waiting on the legacy stream) are refused with
+ *    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED as the calling thread's mode
+ *    (cuThreadExchangeStreamCaptureMode) and the captures' modes say, and
+ *    invalidate those captures (cuStreamEndCapture then says
+ *    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED); waiting on a capturing stream
+ *    or on an event recorded in a capture is refused in every mode.
  * Limits (rules it cannot or does not model): no kernels, so nothing runs
  * on the device but copies, memsets and host functions, and a race a GPU
  * would show appears only as far as host threads interleave; memory is
  * host memory, so a use after free reads stale data instead of faulting;
  * cuMemFreeAsync waits for its stream; a thread's per-thread stream lives
  * until its context is destroyed; cuMemMap maps whole handles only
- * (offset 0); event flags (timing, blocking sync) are ignored. */
+ * (offset 0); event flags (timing, blocking sync) are ignored. Capture:
+ * a graph is one stream's chain (cross-stream capture through events, and
+ * implicit legacy-stream conflicts, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+ * are not modelled); memory of an allocation node is allocated once, at
+ * capture, and freed with the graph if a free node releases it; the VMM
+ * calls (cuMemMap, cuMemUnmap, cuMemCreate...) are not treated as unsafe;
+ * cuStreamGetCaptureInfo gives no graph or dependencies. */
 #include <cuda.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -65,6 +82,24 @@ CUresult cuMemsetD8Async_ptsz(CUdeviceptr dst, unsigned char v, size_t n,
                               CUstream s);
 CUresult cuEventRecord_ptsz(CUevent e, CUstream s);
 CUresult cuStreamWaitEvent_ptsz(CUstream s, CUevent e, unsigned flags);
+#undef cuStreamBeginCapture
+#undef cuStreamGetCaptureInfo
+CUresult cuStreamBeginCapture(CUstream s);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode);
+CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g);
+CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *st);
+CUresult cuStreamGetCaptureInfo_v2(CUstream s, CUstreamCaptureStatus *st,
+                                   cuuint64_t *id, CUgraph *g,
+                                   const CUgraphNode **deps, size_t *n);
+CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream s, CUstreamCaptureStatus *st,
+                                        cuuint64_t *id, CUgraph *g,
+                                        const CUgraphNode **deps, size_t *n);
+CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream s, CUstreamCaptureStatus *st,
+                                        cuuint64_t *id, CUgraph *g,
+                                        const CUgraphNode **deps,
+                                        const CUgraphEdgeData **edges,
+                                        size_t *n);
+CUresult cuGraphLaunch_ptsz(CUgraphExec x, CUstream s);
 CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n);
 CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n);
 CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n);
@@ -136,6 +171,25 @@ void cuFakeResetCallCounts(void);
   X(cuEventDestroy_v2)                                                         \
   X(cuStreamWaitEvent)                                                         \
   X(cuStreamWaitEvent_ptsz)                                                    \
+  X(cuStreamBeginCapture)                                                      \
+  X(cuStreamBeginCapture_v2)                                                   \
+  X(cuStreamBeginCapture_v2_ptsz)                                              \
+  X(cuStreamEndCapture)                                                        \
+  X(cuStreamEndCapture_ptsz)                                                   \
+  X(cuStreamIsCapturing)                                                       \
+  X(cuStreamIsCapturing_ptsz)                                                  \
+  X(cuStreamGetCaptureInfo_v2)                                                 \
+  X(cuStreamGetCaptureInfo_v2_ptsz)                                            \
+  X(cuStreamGetCaptureInfo_v3)                                                 \
+  X(cuStreamGetCaptureInfo_v3_ptsz)                                            \
+  X(cuThreadExchangeStreamCaptureMode)                                         \
+  X(cuGraphDestroy)                                                            \
+  X(cuGraphGetNodes)                                                           \
+  X(cuGraphNodeGetType)                                                        \
+  X(cuGraphInstantiateWithFlags)                                               \
+  X(cuGraphExecDestroy)                                                        \
+  X(cuGraphLaunch)                                                             \
+  X(cuGraphLaunch_ptsz)                                                        \
   X(cuMemGetAllocationGranularity)                                             \
   X(cuMemAddressReserve)                                                       \
   X(cuMemAddressFree)                                                          \
@@ -262,13 +316,15 @@ static _Thread_local bool fk_in_host_fn;
 
 /* Errors a test may count (cuFakeGetErrorCount): uses of invalid handles,
  * CUDA calls from host functions, unsafe calls during a capture. */
-static atomic_llong fk_bad_handles, fk_not_permitted;
+static atomic_llong fk_bad_handles, fk_not_permitted, fk_capture_refusals;
 
 long long cuFakeGetErrorCount(CUresult code);
 long long cuFakeGetErrorCount(CUresult code) {
   switch (code) {
   case CUDA_ERROR_INVALID_HANDLE: return atomic_load(&fk_bad_handles);
   case CUDA_ERROR_NOT_PERMITTED: return atomic_load(&fk_not_permitted);
+  case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
+    return atomic_load(&fk_capture_refusals);
   default: return -1;
   }
 }
@@ -352,7 +408,145 @@ typedef struct fk_stream {
   mp_event_t tail; /* re-recorded at its end when the legacy stream waits */
   bool blocking;
   struct fk_stream *next; /* in its context's live or retired list */
+  /* Stream capture (under fk.lock): status, the mode it began with, the
+   * thread that began it, its id, the graph being built, the events
+   * recorded into it, and the next capturing stream (fk_capturing). */
+  CUstreamCaptureStatus cap;
+  CUstreamCaptureMode cap_mode;
+  pthread_t cap_thread;
+  cuuint64_t cap_id;
+  struct CUgraph_st *graph;
+  CUevent *cap_events;
+  size_t n_cap_events, cap_cap_events;
+  struct fk_stream *cap_next;
 } fk_stream_t;
+
+/* ---- graphs (opaque; what stream capture records) ------------------------ */
+
+/* One captured operation. */
+typedef struct fk_node {
+  CUgraphNodeType type; /* HOST, MEMSET, MEMCPY, MEM_ALLOC, MEM_FREE */
+  CUhostFn fn;
+  void *arg;
+  CUdeviceptr dst, src; /* MEM_ALLOC, MEM_FREE: the memory in dst */
+  unsigned char value;
+  size_t n;
+} fk_node_t;
+
+/* A graph is its nodes in capture order (a linear chain: one stream's
+ * capture); an executable graph is a copy of them. */
+struct CUgraph_st {
+  fk_node_t **nodes;
+  size_t n, cap;
+};
+struct CUgraphExec_st {
+  fk_node_t *nodes;
+  size_t n;
+};
+
+static bool fk_graph_add(struct CUgraph_st *g, const fk_node_t *node) {
+  if (g->n == g->cap) {
+    size_t cap = g->cap ? 2 * g->cap : 8;
+    fk_node_t **p = realloc(g->nodes, cap * sizeof *p);
+    if (p == NULL)
+      return false;
+    g->nodes = p;
+    g->cap = cap;
+  }
+  fk_node_t *copy = malloc(sizeof *copy);
+  if (copy == NULL)
+    return false;
+  *copy = *node;
+  g->nodes[g->n++] = copy;
+  return true;
+}
+
+static void fk_graph_free(struct CUgraph_st *g) {
+  if (g == NULL)
+    return;
+  for (size_t i = 0; i < g->n; i++)
+    free(g->nodes[i]);
+  free(g->nodes);
+  free(g);
+}
+
+/* Capturing streams of every context, and how many there are. */
+static fk_stream_t *fk_capturing;
+static atomic_int fk_n_captures;
+static atomic_ullong fk_next_capture_id = 1;
+/* This thread's capture mode (cuThreadExchangeStreamCaptureMode). */
+static _Thread_local CUstreamCaptureMode fk_thread_mode =
+    CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+/* Ends st's capture, its graph returned (NULL: dropped). Under fk.lock. */
+static struct CUgraph_st *fk_capture_end(fk_stream_t *st, bool keep) {
+  for (fk_stream_t **at = &fk_capturing; *at != NULL; at = &(*at)->cap_next)
+    if (*at == st) {
+      *at = st->cap_next;
+      atomic_fetch_sub(&fk_n_captures, 1);
+      break;
+    }
+  struct CUgraph_st *g = st->graph;
+  st->graph = NULL;
+  st->cap = CU_STREAM_CAPTURE_STATUS_NONE;
+  st->cap_next = NULL;
+  free(st->cap_events);
+  st->cap_events = NULL;
+  st->n_cap_events = st->cap_cap_events = 0;
+  if (!keep) {
+    fk_graph_free(g);
+    g = NULL;
+  }
+  return g;
+}
+
+/* A potentially unsafe call during stream capture (cuda.h,
+ * cuThreadExchangeStreamCaptureMode: allocation and free through
+ * cuMemAlloc/cuMemFree and the host allocators, cuCtxSynchronize,
+ * synchronous copies, waiting on the legacy stream): refused with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED when this thread's mode prohibits
+ * it, and the captures that prohibit it are invalidated (cuStreamEndCapture
+ * then says CUDA_ERROR_STREAM_CAPTURE_INVALIDATED). Global mode: this
+ * thread's own capture not begun relaxed, or any other thread's capture
+ * begun global; thread-local: only this thread's own; relaxed: never. */
+static CUresult fk_unsafe(void) {
+  if (atomic_load(&fk_n_captures) == 0 ||
+      fk_thread_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+    return CUDA_SUCCESS;
+  bool refused = false;
+  pthread_mutex_lock(&fk.lock);
+  for (fk_stream_t *st = fk_capturing; st != NULL; st = st->cap_next) {
+    bool mine = pthread_equal(st->cap_thread, pthread_self());
+    bool prohibits = mine ? st->cap_mode != CU_STREAM_CAPTURE_MODE_RELAXED
+                          : fk_thread_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+                                st->cap_mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+    if (prohibits) {
+      refused = true;
+      st->cap = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+    }
+  }
+  pthread_mutex_unlock(&fk.lock);
+  if (!refused)
+    return CUDA_SUCCESS;
+  atomic_fetch_add(&fk_capture_refusals, 1);
+  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+/* A refusal that invalidates st's capture (waiting on a capturing stream,
+ * querying a captured event): these conflict with capture in every mode.
+ * Under fk.lock. */
+static CUresult fk_capture_conflict(fk_stream_t *st) {
+  st->cap = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+  atomic_fetch_add(&fk_capture_refusals, 1);
+  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+#define FK_UNSAFE()                                                            \
+  do {                                                                         \
+    CUresult fk_unsafe_r_ = fk_unsafe();                                       \
+    if (fk_unsafe_r_ != CUDA_SUCCESS)                                          \
+      return fk_unsafe_r_;                                                     \
+  } while (0)
 
 /* This thread's per-thread default stream in each device's primary context
  * (valid while the context's generation is the one it was made in). */
@@ -413,6 +607,7 @@ static void fk_forget_streams(struct CUctx_st *c) {
     while (*list != NULL) {
       fk_stream_t *st = *list;
       *list = st->next;
+      (void)fk_capture_end(st, false);
       free(st);
     }
   c->legacy_tail = NULL;
@@ -490,15 +685,50 @@ static CUresult fk_order(mp_device_t *dev, const fk_stream_t *st) {
   return fk_result_of(rc);
 }
 
+/* An operation on a capturing stream is recorded, not run (the
+ * Programming Guide, "Stream Capture"): node (NULL: nothing to replay, as
+ * an event wait) joins the graph, an event record is remembered (ev). A
+ * stream whose capture was invalidated refuses it. Under fk.lock. */
+static CUresult fk_capture_op(fk_stream_t *st, const fk_node_t *node,
+                              CUevent ev) {
+  if (st->cap == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+    return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  if (node != NULL && !fk_graph_add(st->graph, node))
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  if (ev != NULL) {
+    if (st->n_cap_events == st->cap_cap_events) {
+      size_t cap = st->cap_cap_events ? 2 * st->cap_cap_events : 4;
+      CUevent *p = realloc(st->cap_events, cap * sizeof *p);
+      if (p == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+      st->cap_events = p;
+      st->cap_cap_events = cap;
+    }
+    st->cap_events[st->n_cap_events++] = ev;
+  }
+  return CUDA_SUCCESS;
+}
+
 /* Starts an operation on handle h: resolves it, orders it with the legacy
  * stream and, on success, returns with fk.lock held (fk_end releases it),
- * so that the ordering and the operation are queued together. */
+ * so that the ordering and the operation are queued together. On a
+ * capturing stream the operation is recorded instead (node, ev: see
+ * fk_capture_op), *captured is set and the lock is not held. */
 static CUresult fk_begin(mp_device_t *dev, CUstream h, bool ptsz,
-                         mp_stream_t *out) {
+                         const fk_node_t *node, CUevent ev, mp_stream_t *out,
+                         bool *captured) {
   pthread_mutex_lock(&fk.lock);
   fk_reap(dev, fk_ctx());
   fk_stream_t *st = NULL;
+  *captured = false;
   CUresult r = fk_resolve(dev, h, ptsz, &st);
+  if (r == CUDA_SUCCESS && st != NULL &&
+      st->cap != CU_STREAM_CAPTURE_STATUS_NONE) {
+    r = fk_capture_op(st, node, ev);
+    *captured = r == CUDA_SUCCESS;
+    pthread_mutex_unlock(&fk.lock);
+    return r;
+  }
   if (r == CUDA_SUCCESS)
     r = fk_order(dev, st);
   if (r != CUDA_SUCCESS) {
@@ -513,14 +743,37 @@ static void fk_end(void) {
   pthread_mutex_unlock(&fk.lock);
 }
 
-/* The host stream of h, for a call that waits on it (not under the lock). */
+/* The host stream of h, for a call that waits on it (not under the lock):
+ * waiting on a capturing stream is refused and invalidates its capture
+ * (cuda.h, cuStreamSynchronize / cuStreamQuery: "This function is not
+ * allowed during stream capture"), waiting on the legacy stream is an
+ * unsafe call. */
 static CUresult fk_lookup_stream(mp_device_t *dev, CUstream h, bool ptsz,
                                  mp_stream_t *out) {
   pthread_mutex_lock(&fk.lock);
   fk_stream_t *st = NULL;
   CUresult r = fk_resolve(dev, h, ptsz, &st);
+  if (r == CUDA_SUCCESS && st != NULL &&
+      st->cap != CU_STREAM_CAPTURE_STATUS_NONE)
+    r = fk_capture_conflict(st);
   pthread_mutex_unlock(&fk.lock);
+  if (r == CUDA_SUCCESS && st == NULL)
+    r = fk_unsafe();
   *out = fk_host_stream(st);
+  return r;
+}
+
+/* The stream of h, or NULL, with fk.lock held when it captures (for
+ * cuMemAllocAsync/cuMemFreeAsync, which become graph nodes then). */
+static CUresult fk_capturing_stream(mp_device_t *dev, CUstream h, bool ptsz,
+                                    fk_stream_t **out) {
+  pthread_mutex_lock(&fk.lock);
+  CUresult r = fk_resolve(dev, h, ptsz, out);
+  if (r != CUDA_SUCCESS || *out == NULL ||
+      (*out)->cap == CU_STREAM_CAPTURE_STATUS_NONE) {
+    *out = NULL;
+    pthread_mutex_unlock(&fk.lock);
+  }
   return r;
 }
 
@@ -835,6 +1088,7 @@ CUresult cuCtxGetDevice(CUdevice *device) {
 CUresult cuCtxSynchronize(void) {
   FK_COUNT(cuCtxSynchronize);
   FK_CURRENT(dev);
+  FK_UNSAFE();
   return fk_result_of(mp_device_synchronize(dev));
 }
 
@@ -897,32 +1151,80 @@ static CUresult fk_free(mp_device_t *dev, CUdeviceptr dptr) {
   FK_IN_CTX_PT(name, false, params, call)                                      \
   FK_IN_CTX_PT(twin, true, params, call)
 
+static CUresult fk_alloc_sync(mp_device_t *dev, CUdeviceptr *dptr,
+                              size_t bytes) {
+  CUresult r = fk_unsafe();
+  return r == CUDA_SUCCESS ? fk_alloc(dev, dptr, bytes) : r;
+}
+
+static CUresult fk_free_sync(mp_device_t *dev, CUdeviceptr dptr) {
+  CUresult r = fk_unsafe();
+  return r == CUDA_SUCCESS ? fk_free(dev, dptr) : r;
+}
+
 FK_IN_CTX(cuMemAlloc_v2, (CUdeviceptr * dptr, size_t bytes),
-          fk_alloc(dev, dptr, bytes))
-FK_IN_CTX(cuMemFree_v2, (CUdeviceptr dptr), fk_free(dev, dptr))
+          fk_alloc_sync(dev, dptr, bytes))
+FK_IN_CTX(cuMemFree_v2, (CUdeviceptr dptr), fk_free_sync(dev, dptr))
 
 /* Stream-ordered allocation: the memory is usable at once, so it is usable
- * in stream order too. The stream must be valid. */
+ * in stream order too. The stream must be valid. On a capturing stream it
+ * is a memory allocation node (cuda.h, cuMemAllocAsync: "During stream
+ * capture, this function results in the creation of an allocation node");
+ * the fake allocates at capture and the graph's replays reuse it. */
 static CUresult fk_alloc_async(mp_device_t *dev, CUdeviceptr *dptr,
                                size_t bytes, CUstream s, bool ptsz) {
-  mp_stream_t hs = NULL;
-  CUresult r = fk_lookup_stream(dev, s, ptsz, &hs);
-  return r == CUDA_SUCCESS ? fk_alloc(dev, dptr, bytes) : r;
+  fk_stream_t *cap = NULL;
+  CUresult r = fk_capturing_stream(dev, s, ptsz, &cap);
+  if (r != CUDA_SUCCESS)
+    return r;
+  if (cap != NULL) {
+    bool valid = cap->cap == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    pthread_mutex_unlock(&fk.lock); /* fk_alloc takes it */
+    if (!valid)
+      return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  }
+  r = fk_alloc(dev, dptr, bytes);
+  if (r != CUDA_SUCCESS || cap == NULL)
+    return r;
+  r = fk_capturing_stream(dev, s, ptsz, &cap);
+  if (r == CUDA_SUCCESS && cap != NULL) {
+    fk_node_t node = {
+        .type = CU_GRAPH_NODE_TYPE_MEM_ALLOC, .dst = *dptr, .n = bytes};
+    r = fk_capture_op(cap, &node, NULL);
+    pthread_mutex_unlock(&fk.lock);
+  }
+  if (r != CUDA_SUCCESS)
+    (void)fk_free(dev, *dptr);
+  return r;
 }
 
 FK_IN_CTX_TWINS(cuMemAllocAsync, cuMemAllocAsync_ptsz,
                 (CUdeviceptr * dptr, size_t bytes, CUstream s),
                 fk_alloc_async(dev, dptr, bytes, s, ptsz))
 
-/* Stream-ordered free: waits for the stream's work, then frees. */
+/* Stream-ordered free: waits for the stream's work, then frees. On a
+ * capturing stream it is a memory free node (cuda.h, cuMemFreeAsync);
+ * the memory goes when the graph is destroyed. */
 static CUresult fk_free_async(mp_device_t *dev, CUdeviceptr dptr, CUstream s,
                               bool ptsz) {
-  mp_stream_t hs = NULL;
-  CUresult r = fk_lookup_stream(dev, s, ptsz, &hs);
+  fk_stream_t *cap = NULL;
+  CUresult r = fk_capturing_stream(dev, s, ptsz, &cap);
   if (r != CUDA_SUCCESS)
     return r;
-  mp_status_t st = mp_stream_synchronize(dev, hs);
-  return st == MP_OK ? fk_free(dev, dptr) : fk_result_of(st);
+  if (cap != NULL) {
+    fk_node_t node = {.type = CU_GRAPH_NODE_TYPE_MEM_FREE, .dst = dptr};
+    r = fk_capture_op(cap, &node, NULL);
+    pthread_mutex_unlock(&fk.lock);
+    return r;
+  }
+  pthread_mutex_lock(&fk.lock);
+  fk_stream_t *st = NULL;
+  r = fk_resolve(dev, s, ptsz, &st);
+  pthread_mutex_unlock(&fk.lock);
+  if (r != CUDA_SUCCESS)
+    return r;
+  mp_status_t rc = mp_stream_synchronize(dev, fk_host_stream(st));
+  return rc == MP_OK ? fk_free(dev, dptr) : fk_result_of(rc);
 }
 
 FK_IN_CTX_TWINS(cuMemFreeAsync, cuMemFreeAsync_ptsz,
@@ -947,6 +1249,7 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize,
 static CUresult fk_host_alloc(mp_device_t *dev, void **pp, size_t bytes) {
   if (pp == NULL || bytes == 0)
     return CUDA_ERROR_INVALID_VALUE;
+  FK_UNSAFE();
   return fk_result_of(mp_device_host_alloc(dev, bytes, pp));
 }
 
@@ -958,6 +1261,7 @@ FK_IN_CTX(cuMemAllocHost_v2, (void **pp, size_t bytes),
 CUresult cuMemFreeHost(void *p) {
   FK_COUNT(cuMemFreeHost);
   FK_CURRENT(dev);
+  FK_UNSAFE();
   if (p == NULL)
     return CUDA_ERROR_INVALID_VALUE;
   return fk_result_of(mp_device_host_free(dev, p));
@@ -1006,6 +1310,7 @@ CUresult cuStreamDestroy_v2(CUstream h) {
   fk_stream_t *st = *at;
   if (st != NULL) {
     *at = st->next;
+    (void)fk_capture_end(st, false);
     st->next = c->retired;
     c->retired = st;
     (void)mp_event_record(dev, st->tail, st->s); /* its end, for fk_reap */
@@ -1069,13 +1374,16 @@ static CUresult fk_launch_host(mp_device_t *dev, CUstream s, bool ptsz,
     return CUDA_ERROR_OUT_OF_MEMORY;
   *call = (fk_host_call_t){fn, arg};
   mp_stream_t hs = NULL;
-  CUresult r = fk_begin(dev, s, ptsz, &hs);
-  if (r == CUDA_SUCCESS) {
+  bool captured = false;
+  fk_node_t node = {.type = CU_GRAPH_NODE_TYPE_HOST, .fn = fn, .arg = arg};
+  CUresult r = fk_begin(dev, s, ptsz, &node, NULL, &hs, &captured);
+  if (r == CUDA_SUCCESS && !captured) {
     r = fk_result_of(mp_stream_launch_host(dev, hs, fk_host_trampoline, call));
     fk_end();
+    if (r == CUDA_SUCCESS)
+      return r;
   }
-  if (r != CUDA_SUCCESS)
-    free(call);
+  free(call);
   return r;
 }
 
@@ -1091,9 +1399,18 @@ static CUresult fk_copy(mp_device_t *dev, CUdeviceptr dst, CUdeviceptr src,
     return CUDA_SUCCESS;
   if (dst == 0 || (!set && src == 0))
     return CUDA_ERROR_INVALID_VALUE;
+  if (sync)
+    FK_UNSAFE();
   mp_stream_t hs = NULL;
-  CUresult r = fk_begin(dev, s, ptsz, &hs);
-  if (r != CUDA_SUCCESS)
+  bool captured = false;
+  fk_node_t node = {.type = set ? CU_GRAPH_NODE_TYPE_MEMSET
+                                : CU_GRAPH_NODE_TYPE_MEMCPY,
+                    .dst = dst,
+                    .src = src,
+                    .value = v,
+                    .n = n};
+  CUresult r = fk_begin(dev, s, ptsz, &node, NULL, &hs, &captured);
+  if (r != CUDA_SUCCESS || captured)
     return r;
   mp_status_t st =
       set ? mp_memset_async(dev, (void *)dst, v, n, hs)
@@ -1161,8 +1478,9 @@ static CUresult fk_event_op(mp_device_t *dev, CUevent e, CUstream s, bool ptsz,
   if (e == NULL)
     return fk_bad_handle();
   mp_stream_t hs = NULL;
-  CUresult r = fk_begin(dev, s, ptsz, &hs);
-  if (r != CUDA_SUCCESS)
+  bool captured = false;
+  CUresult r = fk_begin(dev, s, ptsz, NULL, wait ? NULL : e, &hs, &captured);
+  if (r != CUDA_SUCCESS || captured)
     return r;
   mp_status_t st = wait ? mp_stream_wait_event(dev, hs, (mp_event_t)e)
                         : mp_event_record(dev, (mp_event_t)e, hs);
@@ -1172,15 +1490,262 @@ static CUresult fk_event_op(mp_device_t *dev, CUevent e, CUstream s, bool ptsz,
 
 FK_IN_CTX_TWINS(cuEventRecord, cuEventRecord_ptsz, (CUevent e, CUstream s),
                 fk_event_op(dev, e, s, ptsz, false))
-FK_IN_CTX(cuEventQuery, (CUevent e),
-          FK_EVENT_CALL(e, mp_event_query(dev, (mp_event_t)e)))
-FK_IN_CTX(cuEventSynchronize, (CUevent e),
-          FK_EVENT_CALL(e, mp_event_synchronize(dev, (mp_event_t)e)))
+/* An event last recorded inside a capture cannot be waited for or queried,
+ * whatever the mode (cuda.h, cuThreadExchangeStreamCaptureMode); doing so
+ * invalidates the capture. */
+static CUresult fk_event_wait(mp_device_t *dev, CUevent e, bool query) {
+  if (e == NULL)
+    return fk_bad_handle();
+  if (atomic_load(&fk_n_captures) > 0) {
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&fk.lock);
+    for (fk_stream_t *st = fk_capturing; st != NULL; st = st->cap_next)
+      for (size_t i = 0; i < st->n_cap_events; i++)
+        if (st->cap_events[i] == e)
+          r = fk_capture_conflict(st);
+    pthread_mutex_unlock(&fk.lock);
+    if (r != CUDA_SUCCESS)
+      return r;
+  }
+  return fk_result_of(query ? mp_event_query(dev, (mp_event_t)e)
+                            : mp_event_synchronize(dev, (mp_event_t)e));
+}
+
+FK_IN_CTX(cuEventQuery, (CUevent e), fk_event_wait(dev, e, true))
+FK_IN_CTX(cuEventSynchronize, (CUevent e), fk_event_wait(dev, e, false))
 FK_IN_CTX(cuEventDestroy_v2, (CUevent e),
           FK_EVENT_CALL(e, mp_event_destroy(dev, (mp_event_t)e)))
 FK_IN_CTX_TWINS(cuStreamWaitEvent, cuStreamWaitEvent_ptsz,
                 (CUstream s, CUevent e, unsigned int flags),
                 ((void)flags, fk_event_op(dev, e, s, ptsz, true)))
+
+/* ---- stream capture and graphs ------------------------------------------- */
+
+/* cuda.h, cuStreamBeginCapture: "Capture may not be initiated if stream is
+ * CU_STREAM_LEGACY"; a stream already capturing is refused too. */
+static CUresult fk_begin_capture(mp_device_t *dev, CUstream h, bool ptsz,
+                                 CUstreamCaptureMode mode) {
+  if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL &&
+      mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+      mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+    return CUDA_ERROR_INVALID_VALUE;
+  struct CUgraph_st *g = calloc(1, sizeof *g);
+  if (g == NULL)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_lock(&fk.lock);
+  fk_stream_t *st = NULL;
+  CUresult r = fk_resolve(dev, h, ptsz, &st);
+  if (r == CUDA_SUCCESS && st == NULL)
+    r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  else if (r == CUDA_SUCCESS && st->cap != CU_STREAM_CAPTURE_STATUS_NONE)
+    r = CUDA_ERROR_ILLEGAL_STATE;
+  if (r == CUDA_SUCCESS) {
+    st->cap = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    st->cap_mode = mode;
+    st->cap_thread = pthread_self();
+    st->cap_id = atomic_fetch_add(&fk_next_capture_id, 1);
+    st->graph = g;
+    st->cap_next = fk_capturing;
+    fk_capturing = st;
+    atomic_fetch_add(&fk_n_captures, 1);
+    g = NULL;
+  }
+  pthread_mutex_unlock(&fk.lock);
+  free(g);
+  return r;
+}
+
+FK_IN_CTX(cuStreamBeginCapture, (CUstream s),
+          fk_begin_capture(dev, s, false, CU_STREAM_CAPTURE_MODE_GLOBAL))
+FK_IN_CTX_TWINS(cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz,
+                (CUstream s, CUstreamCaptureMode mode),
+                fk_begin_capture(dev, s, ptsz, mode))
+
+/* cuda.h, cuStreamEndCapture: a capture not begun relaxed must end in the
+ * thread that began it (CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD); an
+ * invalidated one ends with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and no
+ * graph. */
+static CUresult fk_end_capture(mp_device_t *dev, CUstream h, bool ptsz,
+                               CUgraph *out) {
+  if (out == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fk.lock);
+  fk_stream_t *st = NULL;
+  CUresult r = fk_resolve(dev, h, ptsz, &st);
+  if (r == CUDA_SUCCESS &&
+      (st == NULL || st->cap == CU_STREAM_CAPTURE_STATUS_NONE))
+    r = CUDA_ERROR_ILLEGAL_STATE;
+  else if (r == CUDA_SUCCESS &&
+           st->cap_mode != CU_STREAM_CAPTURE_MODE_RELAXED &&
+           !pthread_equal(st->cap_thread, pthread_self()))
+    r = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+  if (r == CUDA_SUCCESS) {
+    bool valid = st->cap == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    *out = fk_capture_end(st, valid);
+    if (!valid)
+      r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  }
+  pthread_mutex_unlock(&fk.lock);
+  return r;
+}
+
+FK_IN_CTX_TWINS(cuStreamEndCapture, cuStreamEndCapture_ptsz,
+                (CUstream s, CUgraph *g), fk_end_capture(dev, s, ptsz, g))
+
+/* Capture status and id of a stream (legacy: never capturing). */
+static CUresult fk_capture_info(mp_device_t *dev, CUstream h, bool ptsz,
+                                CUstreamCaptureStatus *status, cuuint64_t *id) {
+  if (status == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fk.lock);
+  fk_stream_t *st = NULL;
+  CUresult r = fk_resolve(dev, h, ptsz, &st);
+  if (r == CUDA_SUCCESS) {
+    *status = st != NULL ? st->cap : CU_STREAM_CAPTURE_STATUS_NONE;
+    if (id != NULL && *status != CU_STREAM_CAPTURE_STATUS_NONE)
+      *id = st->cap_id;
+  }
+  pthread_mutex_unlock(&fk.lock);
+  return r;
+}
+
+FK_IN_CTX_TWINS(cuStreamIsCapturing, cuStreamIsCapturing_ptsz,
+                (CUstream s, CUstreamCaptureStatus *status),
+                fk_capture_info(dev, s, ptsz, status, NULL))
+
+/* The graph of an active capture is opaque here: no graph handle or
+ * dependency list is given (NULL, 0). */
+static CUresult fk_capture_info_v3(mp_device_t *dev, CUstream h, bool ptsz,
+                                   CUstreamCaptureStatus *status,
+                                   cuuint64_t *id, CUgraph *graph,
+                                   const CUgraphNode **deps,
+                                   const CUgraphEdgeData **edges,
+                                   size_t *ndeps) {
+  if (graph != NULL)
+    *graph = NULL;
+  if (deps != NULL)
+    *deps = NULL;
+  if (edges != NULL)
+    *edges = NULL;
+  if (ndeps != NULL)
+    *ndeps = 0;
+  return fk_capture_info(dev, h, ptsz, status, id);
+}
+
+FK_IN_CTX_TWINS(cuStreamGetCaptureInfo_v3, cuStreamGetCaptureInfo_v3_ptsz,
+                (CUstream s, CUstreamCaptureStatus *status, cuuint64_t *id,
+                 CUgraph *graph, const CUgraphNode **deps,
+                 const CUgraphEdgeData **edges, size_t *ndeps),
+                fk_capture_info_v3(dev, s, ptsz, status, id, graph, deps, edges,
+                                   ndeps))
+FK_IN_CTX_TWINS(cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v2_ptsz,
+                (CUstream s, CUstreamCaptureStatus *status, cuuint64_t *id,
+                 CUgraph *graph, const CUgraphNode **deps, size_t *ndeps),
+                fk_capture_info_v3(dev, s, ptsz, status, id, graph, deps, NULL,
+                                   ndeps))
+
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
+  FK_COUNT(cuThreadExchangeStreamCaptureMode);
+  FK_NEED_INIT();
+  if (mode == NULL || (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL &&
+                       *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+                       *mode != CU_STREAM_CAPTURE_MODE_RELAXED))
+    return CUDA_ERROR_INVALID_VALUE;
+  CUstreamCaptureMode old = fk_thread_mode;
+  fk_thread_mode = *mode;
+  *mode = old;
+  return CUDA_SUCCESS;
+}
+
+/* Destroying a graph frees the memory its free nodes released (the fake
+ * keeps it until then, so replays can use it). */
+CUresult cuGraphDestroy(CUgraph g) {
+  FK_COUNT(cuGraphDestroy);
+  FK_CURRENT(dev);
+  if (g == NULL)
+    return fk_bad_handle();
+  for (size_t i = 0; i < g->n; i++)
+    if (g->nodes[i]->type == CU_GRAPH_NODE_TYPE_MEM_FREE)
+      (void)fk_free(dev, g->nodes[i]->dst);
+  fk_graph_free(g);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n) {
+  FK_COUNT(cuGraphGetNodes);
+  FK_NEED_INIT();
+  if (g == NULL)
+    return fk_bad_handle();
+  if (n == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (nodes != NULL)
+    for (size_t i = 0; i < *n && i < g->n; i++)
+      nodes[i] = (CUgraphNode)g->nodes[i];
+  *n = g->n;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType *type) {
+  FK_COUNT(cuGraphNodeGetType);
+  FK_NEED_INIT();
+  if (node == NULL || type == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  *type = ((const fk_node_t *)node)->type;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *out, CUgraph g,
+                                     unsigned long long flags) {
+  FK_COUNT(cuGraphInstantiateWithFlags);
+  FK_NEED_INIT();
+  (void)flags;
+  if (out == NULL || g == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  struct CUgraphExec_st *x = calloc(1, sizeof *x);
+  if (x == NULL ||
+      (g->n > 0 && (x->nodes = calloc(g->n, sizeof *x->nodes)) == NULL)) {
+    free(x);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  for (size_t i = 0; i < g->n; i++)
+    x->nodes[i] = *g->nodes[i];
+  x->n = g->n;
+  *out = x;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphExecDestroy(CUgraphExec x) {
+  FK_COUNT(cuGraphExecDestroy);
+  FK_NEED_INIT();
+  if (x == NULL)
+    return fk_bad_handle();
+  free(x->nodes);
+  free(x);
+  return CUDA_SUCCESS;
+}
+
+/* Replays the graph's operations, in order, on stream s. */
+static CUresult fk_graph_launch(mp_device_t *dev, CUgraphExec x, CUstream s,
+                                bool ptsz) {
+  if (x == NULL)
+    return fk_bad_handle();
+  for (size_t i = 0; i < x->n; i++) {
+    const fk_node_t *nd = &x->nodes[i];
+    CUresult r = CUDA_SUCCESS;
+    if (nd->type == CU_GRAPH_NODE_TYPE_HOST)
+      r = fk_launch_host(dev, s, ptsz, nd->fn, nd->arg);
+    else if (nd->type == CU_GRAPH_NODE_TYPE_MEMSET ||
+             nd->type == CU_GRAPH_NODE_TYPE_MEMCPY)
+      r = fk_copy(dev, nd->dst, nd->src, nd->type == CU_GRAPH_NODE_TYPE_MEMSET,
+                  nd->value, nd->n, s, ptsz, false);
+    if (r != CUDA_SUCCESS)
+      return r;
+  }
+  return CUDA_SUCCESS;
+}
+
+FK_IN_CTX_TWINS(cuGraphLaunch, cuGraphLaunch_ptsz, (CUgraphExec x, CUstream s),
+                fk_graph_launch(dev, x, s, ptsz))
 
 /* ---- virtual memory management ------------------------------------------- */
 
@@ -1355,6 +1920,14 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
   X(CUDA_ERROR_NOT_READY, "device not ready")                                  \
   X(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                       \
   X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                       \
+  X(CUDA_ERROR_ILLEGAL_STATE, "the operation is not permitted in this state")  \
+  X(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,                                     \
+    "operation not permitted when stream is capturing")                        \
+  X(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,                                     \
+    "operation failed due to a previous error during capture")                 \
+  X(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,                                    \
+    "attempt to terminate a thread-local capture sequence from another "       \
+    "thread")                                                                  \
   X(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH,                                         \
     "system has unsupported display driver / cuda driver combination")         \
   X(CUDA_ERROR_UNKNOWN, "unknown error")
@@ -1452,6 +2025,25 @@ static const fk_proc_t fk_procs[] = {
     FK_P("cuEventSynchronize", 2000, cuEventSynchronize),
     FK_P("cuEventDestroy", 4000, cuEventDestroy_v2),
     FK_PT("cuStreamWaitEvent", 3020, cuStreamWaitEvent, cuStreamWaitEvent_ptsz),
+    FK_P("cuStreamBeginCapture", 10000, cuStreamBeginCapture),
+    FK_PT("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2,
+          cuStreamBeginCapture_v2_ptsz),
+    FK_PT("cuStreamEndCapture", 10000, cuStreamEndCapture,
+          cuStreamEndCapture_ptsz),
+    FK_PT("cuStreamIsCapturing", 10000, cuStreamIsCapturing,
+          cuStreamIsCapturing_ptsz),
+    FK_PT("cuStreamGetCaptureInfo", 11030, cuStreamGetCaptureInfo_v2,
+          cuStreamGetCaptureInfo_v2_ptsz),
+    FK_PT("cuStreamGetCaptureInfo", 12030, cuStreamGetCaptureInfo_v3,
+          cuStreamGetCaptureInfo_v3_ptsz),
+    FK_P("cuThreadExchangeStreamCaptureMode", 10010,
+         cuThreadExchangeStreamCaptureMode),
+    FK_P("cuGraphDestroy", 10000, cuGraphDestroy),
+    FK_P("cuGraphGetNodes", 10000, cuGraphGetNodes),
+    FK_P("cuGraphNodeGetType", 10000, cuGraphNodeGetType),
+    FK_P("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
+    FK_PT("cuGraphLaunch", 10000, cuGraphLaunch, cuGraphLaunch_ptsz),
+    FK_P("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
     FK_P("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
     FK_P("cuMemAddressReserve", 10020, cuMemAddressReserve),
     FK_P("cuMemAddressFree", 10020, cuMemAddressFree),
