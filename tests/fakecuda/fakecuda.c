@@ -45,6 +45,12 @@
  *    invalidate those captures (cuStreamEndCapture then says
  *    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED); waiting on a capturing stream
  *    or on an event recorded in a capture is refused in every mode.
+ *  - contexts (test_fakecuda_contexts.c): a context made by cuCtxCreate,
+ *    and each device's primary context (FAKECUDA_DEVICE_COUNT devices),
+ *    has its own memory, streams and work: cuCtxSynchronize waits for the
+ *    current context only, a stream of another context is an invalid
+ *    handle; cuDevicePrimaryCtxReset destroys everything the primary
+ *    context held; a destroyed context is CUDA_ERROR_INVALID_CONTEXT.
  * Limits (rules it cannot or does not model): no kernels, so nothing runs
  * on the device but copies, memsets and host functions, and a race a GPU
  * would show appears only as far as host threads interleave; memory is
@@ -82,6 +88,8 @@ CUresult cuMemsetD8Async_ptsz(CUdeviceptr dst, unsigned char v, size_t n,
                               CUstream s);
 CUresult cuEventRecord_ptsz(CUevent e, CUstream s);
 CUresult cuStreamWaitEvent_ptsz(CUstream s, CUevent e, unsigned flags);
+#undef cuCtxCreate
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
 #undef cuStreamBeginCapture
 #undef cuStreamGetCaptureInfo
 CUresult cuStreamBeginCapture(CUstream s);
@@ -123,6 +131,10 @@ void cuFakeResetCallCounts(void);
   X(cuDevicePrimaryCtxRetain)                                                  \
   X(cuDevicePrimaryCtxRelease_v2)                                              \
   X(cuDevicePrimaryCtxGetState)                                                \
+  X(cuDevicePrimaryCtxReset_v2)                                                \
+  X(cuCtxCreate_v2)                                                            \
+  X(cuCtxCreate_v4)                                                            \
+  X(cuCtxDestroy_v2)                                                           \
   X(cuCtxPushCurrent_v2)                                                       \
   X(cuCtxPopCurrent_v2)                                                        \
   X(cuCtxGetCurrent)                                                           \
@@ -268,6 +280,7 @@ struct fk_stream;
 struct CUctx_st {
   int ordinal;
   int refs;                   /* primary context retains; under fk.lock */
+  bool created;               /* by cuCtxCreate, not a primary context */
   _Atomic(mp_device_t *) dev; /* the host device, NULL until needed */
   /* Under fk.lock: the streams made in the context (CUstream points at
    * one), those destroyed whose work may still run, the event re-recorded
@@ -290,8 +303,8 @@ typedef struct fk_phys {
 typedef struct fk_range {
   uintptr_t base;
   size_t size;
-  int ordinal;
-  fk_phys_t *phys; /* mappings only */
+  const struct CUctx_st *ctx; /* the context it was made in */
+  fk_phys_t *phys;            /* mappings only */
 } fk_range_t;
 
 static struct {
@@ -548,12 +561,14 @@ static CUresult fk_capture_conflict(fk_stream_t *st) {
       return fk_unsafe_r_;                                                     \
   } while (0)
 
-/* This thread's per-thread default stream in each device's primary context
- * (valid while the context's generation is the one it was made in). */
+/* This thread's per-thread default stream in each context it used (valid
+ * while the context's generation is the one it was made in). */
+#define FK_PER_THREAD_SLOTS 16
 static _Thread_local struct {
+  const struct CUctx_st *ctx;
   unsigned generation;
   fk_stream_t *st;
-} fk_per_thread[FK_MAX_DEVICES];
+} fk_per_thread[FK_PER_THREAD_SLOTS];
 
 /* The context current on this thread; fk_depth > 0. */
 static struct CUctx_st *fk_ctx(void) {
@@ -633,16 +648,22 @@ static CUresult fk_resolve(mp_device_t *dev, CUstream h, bool ptsz,
     /* The Programming Guide ("Per-thread default stream"): each host thread
      * has its own, which is not non-blocking: it synchronizes with the
      * legacy stream. */
-    if (fk_per_thread[c->ordinal].st == NULL ||
-        fk_per_thread[c->ordinal].generation != c->generation) {
+    size_t slot = 0; /* its slot, else a free one, else the first */
+    for (size_t i = FK_PER_THREAD_SLOTS; i-- > 0;)
+      if (fk_per_thread[i].ctx == c ||
+          (fk_per_thread[i].ctx == NULL && fk_per_thread[slot].ctx != c))
+        slot = i;
+    if (fk_per_thread[slot].ctx != c ||
+        fk_per_thread[slot].generation != c->generation) {
       fk_stream_t *st = NULL;
       CUresult r = fk_stream_new(dev, true, &st);
       if (r != CUDA_SUCCESS)
         return r;
-      fk_per_thread[c->ordinal].st = st;
-      fk_per_thread[c->ordinal].generation = c->generation;
+      fk_per_thread[slot].ctx = c;
+      fk_per_thread[slot].st = st;
+      fk_per_thread[slot].generation = c->generation;
     }
-    *out = fk_per_thread[c->ordinal].st;
+    *out = fk_per_thread[slot].st;
     return CUDA_SUCCESS;
   }
   for (fk_stream_t *st = c->live; st != NULL; st = st->next)
@@ -843,12 +864,12 @@ static bool fk_range_find(uintptr_t addr, fk_range_t *out) {
 }
 
 /* Drops every range of a device whose host device is closing. */
-static void fk_range_drop_device(int ordinal) {
+static void fk_range_drop_ctx(const struct CUctx_st *ctx) {
   pthread_mutex_lock(&fk.lock);
   size_t k = 0;
   for (size_t i = 0; i < fk.n_ranges; i++) {
     fk_range_t *r = &fk.ranges[i];
-    if (r->ordinal != ordinal) {
+    if (r->ctx != ctx) {
       fk.ranges[k++] = *r;
       continue;
     }
@@ -990,6 +1011,15 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
+/* Closes a context's host device (freeing everything made in it) after
+ * forgetting its streams. */
+static void fk_ctx_close(struct CUctx_st *c, mp_device_t *closing) {
+  if (closing == NULL)
+    return;
+  mp_device_close(closing);
+  fk_range_drop_ctx(c);
+}
+
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   FK_COUNT(cuDevicePrimaryCtxRelease_v2);
   FK_NEED_INIT();
@@ -1007,11 +1037,88 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     fk_forget_streams(c);
   }
   pthread_mutex_unlock(&fk.lock);
-  if (closing != NULL) {
-    /* The context is destroyed with everything made in it. */
-    mp_device_close(closing);
-    fk_range_drop_device(dev);
+  fk_ctx_close(c, closing); /* destroyed with everything made in it */
+  return CUDA_SUCCESS;
+}
+
+/* cuda.h, cuDevicePrimaryCtxReset: "Destroy all allocations and reset all
+ * state on the primary context", whoever still holds it; a later retain
+ * starts a new one. */
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  FK_COUNT(cuDevicePrimaryCtxReset_v2);
+  FK_NEED_INIT();
+  if (!fk_valid_device(dev))
+    return CUDA_ERROR_INVALID_DEVICE;
+  struct CUctx_st *c = &fk.ctx[dev];
+  pthread_mutex_lock(&fk.lock);
+  c->refs = 0;
+  mp_device_t *closing = atomic_exchange(&c->dev, NULL);
+  fk_forget_streams(c);
+  pthread_mutex_unlock(&fk.lock);
+  fk_ctx_close(c, closing);
+  return CUDA_SUCCESS;
+}
+
+/* cuCtxCreate: a context of its own (its own memory, streams and work),
+ * pushed on the calling thread's stack. */
+static CUresult fk_ctx_create(CUcontext *pctx, CUdevice dev) {
+  FK_NEED_INIT();
+  if (pctx == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!fk_valid_device(dev))
+    return CUDA_ERROR_INVALID_DEVICE;
+  if (fk_depth == FK_MAX_CTX_DEPTH)
+    return CUDA_ERROR_INVALID_VALUE;
+  struct CUctx_st *c = calloc(1, sizeof *c);
+  if (c == NULL)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  mp_device_t *h = NULL;
+  if (mp_device_open(fk.spec, &h) != MP_OK) {
+    free(c);
+    return CUDA_ERROR_OUT_OF_MEMORY;
   }
+  c->ordinal = dev;
+  c->refs = 1;
+  c->created = true;
+  atomic_store(&c->dev, h);
+  fk_stack[fk_depth++] = c;
+  *pctx = c;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+  FK_COUNT(cuCtxCreate_v2);
+  (void)flags;
+  return fk_ctx_create(pctx, dev);
+}
+
+CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params,
+                        unsigned int flags, CUdevice dev) {
+  FK_COUNT(cuCtxCreate_v4);
+  (void)params;
+  (void)flags;
+  return fk_ctx_create(pctx, dev);
+}
+
+/* cuda.h, cuCtxDestroy: destroys a context made by cuCtxCreate (not a
+ * primary one) and what it holds, popping it if it is this thread's
+ * current one. Its handle stays a dead context (CUDA_ERROR_INVALID_CONTEXT
+ * in any thread that still has it current), never freed memory. */
+CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  FK_COUNT(cuCtxDestroy_v2);
+  FK_NEED_INIT();
+  if (ctx == NULL || !ctx->created)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  pthread_mutex_lock(&fk.lock);
+  mp_device_t *closing = atomic_exchange(&ctx->dev, NULL);
+  if (closing != NULL)
+    fk_forget_streams(ctx);
+  pthread_mutex_unlock(&fk.lock);
+  if (closing == NULL)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  fk_ctx_close(ctx, closing);
+  if (fk_depth > 0 && fk_stack[fk_depth - 1] == ctx)
+    fk_depth--;
   return CUDA_SUCCESS;
 }
 
@@ -1109,9 +1216,8 @@ static CUresult fk_alloc(mp_device_t *dev, CUdeviceptr *dptr, size_t bytes) {
   mp_status_t st = mp_device_alloc(dev, bytes, &p);
   if (st != MP_OK)
     return fk_result_of(st);
-  fk_range_t r = {.base = (uintptr_t)p,
-                  .size = bytes,
-                  .ordinal = fk_stack[fk_depth - 1]->ordinal};
+  fk_range_t r = {
+      .base = (uintptr_t)p, .size = bytes, .ctx = fk_stack[fk_depth - 1]};
   if (!fk_range_add(r)) {
     (void)mp_device_free(dev, p);
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1851,7 +1957,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     return fk_result_of(st);
   fk_range_t r = {.base = (uintptr_t)ptr,
                   .size = size,
-                  .ordinal = fk_stack[fk_depth - 1]->ordinal,
+                  .ctx = fk_stack[fk_depth - 1],
                   .phys = p};
   if (!fk_range_add(r)) {
     (void)mp__device_vm_unmap(dev, (void *)ptr, size);
@@ -1990,6 +2096,10 @@ static const fk_proc_t fk_procs[] = {
     FK_P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
     FK_P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
     FK_P("cuDevicePrimaryCtxGetState", 7000, cuDevicePrimaryCtxGetState),
+    FK_P("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),
+    FK_P("cuCtxCreate", 3020, cuCtxCreate_v2),
+    FK_P("cuCtxCreate", 12050, cuCtxCreate_v4),
+    FK_P("cuCtxDestroy", 4000, cuCtxDestroy_v2),
     FK_P("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
     FK_P("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
     FK_P("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
