@@ -10,8 +10,17 @@
 
 #include "fakecuda_test.h"
 
+/* The fake's hook, weak: tests/gpu runs this file against a real
+ * libcuda.so.1 too (gpu_twin.sh), where it is absent and fk_real() holds;
+ * what only the fake promises is then skipped. */
+long long cuFakeGetErrorCount(CUresult code) __attribute__((weak));
+static bool fk_real(void) {
+  return cuFakeGetErrorCount == NULL;
+}
+
 static void two_devices(void) {
-  cr_assert_eq(setenv("FAKECUDA_DEVICE_COUNT", "2", 1), 0);
+  if (!fk_real())
+    cr_assert_eq(setenv("FAKECUDA_DEVICE_COUNT", "2", 1), 0);
   cr_assert_eq(cuInit(0), CUDA_SUCCESS);
 }
 
@@ -63,7 +72,9 @@ Test(fakecuda_contexts, a_created_context_has_its_own_streams_and_work) {
 Test(fakecuda_contexts, each_device_has_its_own_primary_context) {
   int n = 0;
   cr_assert_eq(cuDeviceGetCount(&n), CUDA_SUCCESS);
-  cr_assert_eq(n, 2);
+  if (fk_real() && n < 2)
+    cr_skip_test("one GPU");
+  cr_assert_eq(n, fk_real() ? n : 2);
   CUcontext a = primary(0), b = primary(1);
   cr_assert_neq(a, b);
   cr_assert_eq(cuCtxPushCurrent(b), CUDA_SUCCESS);
@@ -91,6 +102,8 @@ Test(fakecuda_contexts, primary_context_reset_destroys_what_it_held) {
   cr_assert_eq(active, 0);
   cr_assert_eq(cuMemAlloc(&mem, 64), CUDA_ERROR_INVALID_CONTEXT);
   cr_assert_eq(cuDevicePrimaryCtxRetain(&p, 0), CUDA_SUCCESS);
+  if (fk_real()) /* stale handles: undefined on a real driver */
+    return;
   cr_assert_eq(cuStreamSynchronize(s), CUDA_ERROR_INVALID_HANDLE);
   cr_assert_eq(cuMemGetAddressRange(NULL, NULL, mem), CUDA_ERROR_NOT_FOUND);
   cr_assert_eq(cuMemFree(mem), CUDA_ERROR_INVALID_VALUE);
@@ -107,6 +120,8 @@ Test(fakecuda_contexts, a_destroyed_context_is_invalid) {
   CUcontext cur = c;
   cr_assert_eq(cuCtxGetCurrent(&cur), CUDA_SUCCESS);
   cr_assert_null(cur, "the destroyed current context was not popped");
+  if (fk_real()) /* a destroyed handle: undefined on a real driver */
+    return;
   cr_assert_eq(cuCtxDestroy(c), CUDA_ERROR_INVALID_CONTEXT);
   cr_assert_eq(cuCtxPushCurrent(c), CUDA_SUCCESS);
   cr_assert_eq(cuMemAlloc(&mem, 64), CUDA_ERROR_INVALID_CONTEXT);
