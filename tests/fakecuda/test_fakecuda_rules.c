@@ -75,15 +75,25 @@ static void set_flag(void *flag) {
   atomic_store((atomic_int *)flag, 1);
 }
 
-/* Stream A's slow kernel, then a probe on stream B: did B wait for A? */
-static int b_waited_for_a(CUstream a, CUstream b) {
+/* Kernel `first` on stream a, then `second` on stream b; the one that
+ * probes (first when first_probes) watches the other's flag. Returns what
+ * the probe saw: 2 when the flag was up. */
+static int run_pair(CUstream a, CUhostFn first, bool first_probes, CUstream b,
+                    CUhostFn second) {
   atomic_int flag = 0;
   probe_t pr = {.flag = &flag};
-  cr_assert_eq(cuLaunchHostFunc(a, slow_set, &flag), CUDA_SUCCESS);
-  cr_assert_eq(cuLaunchHostFunc(b, probe, &pr), CUDA_SUCCESS);
+  cr_assert_eq(cuLaunchHostFunc(a, first, first_probes ? (void *)&pr : &flag),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuLaunchHostFunc(b, second, first_probes ? (void *)&flag : &pr),
+               CUDA_SUCCESS);
   cr_assert_eq(cuCtxSynchronize(), CUDA_SUCCESS);
   cr_assert_neq(atomic_load(&pr.seen), 0, "the probe never ran");
-  return atomic_load(&pr.seen) == 2;
+  return atomic_load(&pr.seen);
+}
+
+/* Stream A's slow kernel, then a probe on stream B: did B wait for A? */
+static bool b_waited_for_a(CUstream a, CUstream b) {
+  return run_pair(a, slow_set, false, b, probe) == 2;
 }
 
 /* cuda.h "Stream synchronization behavior": the legacy default stream
@@ -104,12 +114,8 @@ Test(fakecuda_rules, legacy_stream_and_blocking_streams_wait_for_each_other) {
 Test(fakecuda_rules, non_blocking_streams_run_beside_the_legacy_stream) {
   CUstream n;
   cr_assert_eq(cuStreamCreate(&n, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  atomic_int flag = 0;
-  probe_t pr = {.flag = &flag};
-  cr_assert_eq(cuLaunchHostFunc(NULL, wait_for_flag, &pr), CUDA_SUCCESS);
-  cr_assert_eq(cuLaunchHostFunc(n, set_flag, &flag), CUDA_SUCCESS);
-  cr_assert_eq(cuCtxSynchronize(), CUDA_SUCCESS);
-  cr_assert_eq(atomic_load(&pr.seen), 2, "the non-blocking stream waited");
+  cr_assert_eq(run_pair(NULL, wait_for_flag, true, n, set_flag), 2,
+               "the non-blocking stream waited");
   cr_assert_not(b_waited_for_a(n, NULL));
   cr_assert_eq(cuStreamDestroy(n), CUDA_SUCCESS);
 }
