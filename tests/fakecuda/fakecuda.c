@@ -44,7 +44,9 @@
  *    (cuThreadExchangeStreamCaptureMode) and the captures' modes say, and
  *    invalidate those captures (cuStreamEndCapture then says
  *    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED); waiting on a capturing stream
- *    or on an event recorded in a capture is refused in every mode.
+ *    or on an event recorded in a capture is refused in every mode, and
+ *    legacy-stream work while a blocking stream captures is
+ *    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (the capture invalidated).
  *  - contexts (test_fakecuda_contexts.c): a context made by cuCtxCreate,
  *    and each device's primary context (FAKECUDA_DEVICE_COUNT devices),
  *    has its own memory, streams and work: cuCtxSynchronize waits for the
@@ -58,9 +60,8 @@
  * cuMemFreeAsync waits for its stream; a thread's per-thread stream lives
  * until its context is destroyed; cuMemMap maps whole handles only
  * (offset 0); event flags (timing, blocking sync) are ignored. Capture:
- * a graph is one stream's chain (cross-stream capture through events, and
- * implicit legacy-stream conflicts, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
- * are not modelled); memory of an allocation node is allocated once, at
+ * a graph is one stream's chain (cross-stream capture through events is
+ * not modelled); memory of an allocation node is allocated once, at
  * capture, and freed with the graph if a free node releases it; the VMM
  * calls (cuMemMap, cuMemUnmap, cuMemCreate...) are not treated as unsafe;
  * cuStreamGetCaptureInfo gives no graph or dependencies. */
@@ -689,6 +690,15 @@ static CUresult fk_order(mp_device_t *dev, const fk_stream_t *st) {
   struct CUctx_st *c = fk_ctx();
   mp_status_t rc = MP_OK;
   if (st == NULL) {
+    /* The legacy stream would wait for a blocking stream that captures:
+     * refused, the capture invalidated (cuda.h,
+     * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: "a disallowed implicit dependency
+     * on a current capture sequence from cudaStreamLegacy"). */
+    for (fk_stream_t *o = c->live; o != NULL; o = o->next)
+      if (o->blocking && o->cap != CU_STREAM_CAPTURE_STATUS_NONE) {
+        o->cap = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+        return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+      }
     for (const fk_stream_t *o = c->live; o != NULL && rc == MP_OK; o = o->next)
       if (o->blocking) {
         rc = mp_event_record(dev, o->tail, o->s);
@@ -2031,6 +2041,9 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
     "operation not permitted when stream is capturing")                        \
   X(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,                                     \
     "operation failed due to a previous error during capture")                 \
+  X(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,                                        \
+    "operation would make the legacy stream depend on a capturing blocking "   \
+    "stream")                                                                  \
   X(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,                                    \
     "attempt to terminate a thread-local capture sequence from another "       \
     "thread")                                                                  \

@@ -287,3 +287,27 @@ Test(fakecuda_capture, capture_misuse_is_refused) {
   cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
   cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
 }
+
+/* cuda.h, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: legacy-stream work would wait
+ * for a capturing blocking stream, which is refused and invalidates the
+ * capture; a capturing non-blocking stream is not concerned. */
+Test(fakecuda_capture, legacy_work_beside_a_capturing_blocking_stream) {
+  atomic_int runs = 0;
+  CUgraph g;
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuLaunchHostFunc(NULL, bump, &runs), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+  CUstream b;
+  cr_assert_eq(cuStreamCreate(&b, CU_STREAM_DEFAULT), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamBeginCapture(b, CU_STREAM_CAPTURE_MODE_RELAXED),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuLaunchHostFunc(NULL, bump, &runs),
+               CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+  cr_assert_eq(cuStreamEndCapture(b, &g),
+               CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  cr_assert_eq(cuStreamDestroy(b), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxSynchronize(), CUDA_SUCCESS);
+  cr_assert_eq(atomic_load(&runs), 1);
+}
