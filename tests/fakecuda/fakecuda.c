@@ -20,7 +20,8 @@
  * cuInit: FAKECUDA_NO_DEVICE=1, FAKECUDA_INIT_ERROR=<CUresult>,
  * FAKECUDA_DEVICE_COUNT=N (1..8), FAKECUDA_DEVICE=<host options>,
  * FAKECUDA_NO_VMM=1, FAKECUDA_NAME=<name>; FAKECUDA_DRIVER_VERSION=N is read
- * by cuDriverGetVersion and cuGetProcAddress.
+ * by cuDriverGetVersion and cuGetProcAddress; FAKECUDA_CALL_REPORT=1 prints
+ * the call counts at exit. Errors a test may count: cuFakeGetErrorCount.
  *
  * CUDA's rules it keeps strictly (each with a test in
  * test_fakecuda_rules.c, the source cited where it is modelled):
@@ -46,7 +47,7 @@
  *    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED); waiting on a capturing stream
  *    or on an event recorded in a capture is refused in every mode, and
  *    legacy-stream work while a blocking stream captures is
- *    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (the capture invalidated).
+ *    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (the capture invalidated);
  *  - contexts (test_fakecuda_contexts.c): a context made by cuCtxCreate,
  *    and each device's primary context (FAKECUDA_DEVICE_COUNT devices),
  *    has its own memory, streams and work: cuCtxSynchronize waits for the
@@ -58,13 +59,15 @@
  * would show appears only as far as host threads interleave; memory is
  * host memory, so a use after free reads stale data instead of faulting;
  * cuMemFreeAsync waits for its stream; a thread's per-thread stream lives
- * until its context is destroyed; cuMemMap maps whole handles only
- * (offset 0); event flags (timing, blocking sync) are ignored. Capture:
- * a graph is one stream's chain (cross-stream capture through events is
- * not modelled); memory of an allocation node is allocated once, at
+ * until its context is destroyed (16 contexts per thread keep theirs); cuMemMap
+ * maps whole handles only (offset 0); event flags (timing, blocking sync) are
+ * ignored. Capture: a graph is one stream's chain (cross-stream capture through
+ * events is not modelled); memory of an allocation node is allocated once, at
  * capture, and freed with the graph if a free node releases it; the VMM
  * calls (cuMemMap, cuMemUnmap, cuMemCreate...) are not treated as unsafe;
- * cuStreamGetCaptureInfo gives no graph or dependencies. */
+ * cuStreamGetCaptureInfo gives no graph or dependencies; a captured event
+ * record or wait makes no node. Events are plain host-device events: one
+ * of another context is CUDA_ERROR_INVALID_VALUE, not an invalid handle. */
 #include <cuda.h>
 #include <pthread.h>
 #include <stdatomic.h>
