@@ -68,7 +68,8 @@
   X(EventRecord, (CUevent, CUstream))                                          \
   X(EventQuery, (CUevent))                                                     \
   X(EventSynchronize, (CUevent))                                               \
-  X(StreamWaitEvent, (CUstream, CUevent, unsigned))
+  X(StreamWaitEvent, (CUstream, CUevent, unsigned))                            \
+  X(ThreadExchangeStreamCaptureMode, (CUstreamCaptureMode *))
 
 /* Virtual memory management: optional; without it vm_* is MP_ENOTSUP. */
 #define MP__CUDA_VMM_API(X)                                                    \
@@ -484,12 +485,27 @@ static mp_status_t mp__cuda_mem_info(mp_device_t *dev, size_t *free_b,
   return r == CUDA_SUCCESS ? MP_OK : mp__cuda_fail(r, "cuMemGetInfo");
 }
 
+/* cuMemAlloc in this thread's relaxed capture mode: under the default
+ * (global) mode it is a "potentially unsafe" call that fails and invalidates
+ * a capture another thread has underway (cuda.h,
+ * cuThreadExchangeStreamCaptureMode). A pool growing for one thread must
+ * not break another's capture; PyTorch's caching allocator likewise
+ * allocates in relaxed mode. The allocation is not part of any capture. */
+static CUresult mp__cuda_mem_alloc_relaxed(CUdeviceptr *p, size_t bytes) {
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  bool swapped = mp__cu.ThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS;
+  CUresult r = mp__cu.MemAlloc(p, bytes);
+  if (swapped)
+    (void)mp__cu.ThreadExchangeStreamCaptureMode(&mode);
+  return r;
+}
+
 static mp_status_t mp__cuda_alloc(mp_device_t *dev, size_t bytes, void **out) {
   mp__cuda_dev_t *cd = mp__cuda_of(dev);
   CUdeviceptr p = 0;
   CUresult r = mp__cuda_push(cd);
   if (r == CUDA_SUCCESS) {
-    r = mp__cu.MemAlloc(&p, bytes);
+    r = mp__cuda_mem_alloc_relaxed(&p, bytes);
     if (r == CUDA_SUCCESS && !mp__cuda_track(cd, &cd->allocs, p, bytes, 0)) {
       (void)mp__cu.MemFree(p);
       mp__cuda_pop();

@@ -41,9 +41,13 @@ mp_status_t mp_device_open(const char *spec, mp_device_t **out) {
     spec = getenv("MEMPOOL_DEVICE");
     if (spec == NULL || spec[0] == '\0') {
 #if MEMPOOL_HAVE_CUDA
-      /* "cuda" where a GPU is usable, else "host". */
-      if (mp__open_backend(&mp__cuda_backend, "", out) == MP_OK)
-        return MP_OK;
+      /* "cuda" where a GPU is usable, else "host": only a machine without
+       * a driver or a device (MP_ENODEV) gets host. A driver that fails
+       * otherwise is the caller's error, with the driver's reason, never a
+       * silent host device where a GPU was meant. */
+      mp_status_t st = mp__open_backend(&mp__cuda_backend, "", out);
+      if (st != MP_ENODEV)
+        return st;
 #endif
       spec = "host";
     }

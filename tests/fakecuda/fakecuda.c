@@ -20,11 +20,54 @@
  * cuInit: FAKECUDA_NO_DEVICE=1, FAKECUDA_INIT_ERROR=<CUresult>,
  * FAKECUDA_DEVICE_COUNT=N (1..8), FAKECUDA_DEVICE=<host options>,
  * FAKECUDA_NO_VMM=1, FAKECUDA_NAME=<name>; FAKECUDA_DRIVER_VERSION=N is read
- * by cuDriverGetVersion and cuGetProcAddress.
+ * by cuDriverGetVersion and cuGetProcAddress; FAKECUDA_CALL_REPORT=1 prints
+ * the call counts at exit. Errors a test may count: cuFakeGetErrorCount.
  *
- * Limits, by design: cuMemFreeAsync waits for its stream; a stream belongs
- * to the device current when it is used; cuMemMap maps whole handles only
- * (offset 0); the NULL stream does not synchronize with other streams. */
+ * CUDA's rules it keeps strictly (each with a test in
+ * test_fakecuda_rules.c, the source cited where it is modelled):
+ *  - the legacy NULL stream and blocking streams wait for each other;
+ *    CU_STREAM_NON_BLOCKING streams wait for nothing implicitly;
+ *  - CU_STREAM_PER_THREAD, and NULL for the _ptsz/_ptds entry points, is
+ *    a different (blocking) stream in every thread;
+ *  - cuMemFree and cuCtxSynchronize wait for all work of the context, the
+ *    application's streams included;
+ *  - cuStreamDestroy returns at once, queued work still runs; the handle is
+ *    then invalid: CUDA_ERROR_INVALID_HANDLE, counted
+ *    (cuFakeGetErrorCount), never a crash;
+ *  - a host function's CUDA calls get CUDA_ERROR_NOT_PERMITTED (counted);
+ *  - stream capture (test_fakecuda_capture.c): work on a capturing stream
+ *    is recorded into an opaque graph (host functions, memsets, copies,
+ *    cuMemAllocAsync/cuMemFreeAsync as allocation and free nodes), not
+ *    run; cuGraphInstantiate/cuGraphLaunch replay it; potentially unsafe
+ *    calls (cuMemAlloc, cuMemFree, host allocations, cuCtxSynchronize,
+ *    synchronous copies, waiting on the legacy stream) are refused with
+ *    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED as the calling thread's mode
+ *    (cuThreadExchangeStreamCaptureMode) and the captures' modes say, and
+ *    invalidate those captures (cuStreamEndCapture then says
+ *    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED); waiting on a capturing stream
+ *    or on an event recorded in a capture is refused in every mode, and
+ *    legacy-stream work while a blocking stream captures is
+ *    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (the capture invalidated);
+ *  - contexts (test_fakecuda_contexts.c): a context made by cuCtxCreate,
+ *    and each device's primary context (FAKECUDA_DEVICE_COUNT devices),
+ *    has its own memory, streams and work: cuCtxSynchronize waits for the
+ *    current context only, a stream of another context is an invalid
+ *    handle; cuDevicePrimaryCtxReset destroys everything the primary
+ *    context held; a destroyed context is CUDA_ERROR_INVALID_CONTEXT.
+ * Limits (rules it cannot or does not model): no kernels, so nothing runs
+ * on the device but copies, memsets and host functions, and a race a GPU
+ * would show appears only as far as host threads interleave; memory is
+ * host memory, so a use after free reads stale data instead of faulting;
+ * cuMemFreeAsync waits for its stream; a thread's per-thread stream lives
+ * until its context is destroyed (16 contexts per thread keep theirs); cuMemMap
+ * maps whole handles only (offset 0); event flags (timing, blocking sync) are
+ * ignored. Capture: a graph is one stream's chain (cross-stream capture through
+ * events is not modelled); memory of an allocation node is allocated once, at
+ * capture, and freed with the graph if a free node releases it; the VMM
+ * calls (cuMemMap, cuMemUnmap, cuMemCreate...) are not treated as unsafe;
+ * cuStreamGetCaptureInfo gives no graph or dependencies; a captured event
+ * record or wait makes no node. Events are plain host-device events: one
+ * of another context is CUDA_ERROR_INVALID_VALUE, not an invalid handle. */
 #include <cuda.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -49,6 +92,26 @@ CUresult cuMemsetD8Async_ptsz(CUdeviceptr dst, unsigned char v, size_t n,
                               CUstream s);
 CUresult cuEventRecord_ptsz(CUevent e, CUstream s);
 CUresult cuStreamWaitEvent_ptsz(CUstream s, CUevent e, unsigned flags);
+#undef cuCtxCreate
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
+#undef cuStreamBeginCapture
+#undef cuStreamGetCaptureInfo
+CUresult cuStreamBeginCapture(CUstream s);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode);
+CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g);
+CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *st);
+CUresult cuStreamGetCaptureInfo_v2(CUstream s, CUstreamCaptureStatus *st,
+                                   cuuint64_t *id, CUgraph *g,
+                                   const CUgraphNode **deps, size_t *n);
+CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream s, CUstreamCaptureStatus *st,
+                                        cuuint64_t *id, CUgraph *g,
+                                        const CUgraphNode **deps, size_t *n);
+CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream s, CUstreamCaptureStatus *st,
+                                        cuuint64_t *id, CUgraph *g,
+                                        const CUgraphNode **deps,
+                                        const CUgraphEdgeData **edges,
+                                        size_t *n);
+CUresult cuGraphLaunch_ptsz(CUgraphExec x, CUstream s);
 CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n);
 CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n);
 CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n);
@@ -72,6 +135,10 @@ void cuFakeResetCallCounts(void);
   X(cuDevicePrimaryCtxRetain)                                                  \
   X(cuDevicePrimaryCtxRelease_v2)                                              \
   X(cuDevicePrimaryCtxGetState)                                                \
+  X(cuDevicePrimaryCtxReset_v2)                                                \
+  X(cuCtxCreate_v2)                                                            \
+  X(cuCtxCreate_v4)                                                            \
+  X(cuCtxDestroy_v2)                                                           \
   X(cuCtxPushCurrent_v2)                                                       \
   X(cuCtxPopCurrent_v2)                                                        \
   X(cuCtxGetCurrent)                                                           \
@@ -120,6 +187,25 @@ void cuFakeResetCallCounts(void);
   X(cuEventDestroy_v2)                                                         \
   X(cuStreamWaitEvent)                                                         \
   X(cuStreamWaitEvent_ptsz)                                                    \
+  X(cuStreamBeginCapture)                                                      \
+  X(cuStreamBeginCapture_v2)                                                   \
+  X(cuStreamBeginCapture_v2_ptsz)                                              \
+  X(cuStreamEndCapture)                                                        \
+  X(cuStreamEndCapture_ptsz)                                                   \
+  X(cuStreamIsCapturing)                                                       \
+  X(cuStreamIsCapturing_ptsz)                                                  \
+  X(cuStreamGetCaptureInfo_v2)                                                 \
+  X(cuStreamGetCaptureInfo_v2_ptsz)                                            \
+  X(cuStreamGetCaptureInfo_v3)                                                 \
+  X(cuStreamGetCaptureInfo_v3_ptsz)                                            \
+  X(cuThreadExchangeStreamCaptureMode)                                         \
+  X(cuGraphDestroy)                                                            \
+  X(cuGraphGetNodes)                                                           \
+  X(cuGraphNodeGetType)                                                        \
+  X(cuGraphInstantiateWithFlags)                                               \
+  X(cuGraphExecDestroy)                                                        \
+  X(cuGraphLaunch)                                                             \
+  X(cuGraphLaunch_ptsz)                                                        \
   X(cuMemGetAllocationGranularity)                                             \
   X(cuMemAddressReserve)                                                       \
   X(cuMemAddressFree)                                                          \
@@ -148,8 +234,18 @@ static const char *const fk_names[FK_N_ENTRY_POINTS] = {
 
 static atomic_llong fk_calls[FK_N_ENTRY_POINTS];
 
+/* Counts a call; a call from a host function is refused: "The host function
+ * must not make any CUDA API calls" (cuda.h, cuLaunchHostFunc; the
+ * Programming Guide's "Host Functions (Callbacks)"), the real driver's answer
+ * being CUDA_ERROR_NOT_PERMITTED. */
 #define FK_COUNT(name)                                                         \
-  atomic_fetch_add_explicit(&fk_calls[FK_##name], 1, memory_order_relaxed)
+  do {                                                                         \
+    atomic_fetch_add_explicit(&fk_calls[FK_##name], 1, memory_order_relaxed);  \
+    if (fk_in_host_fn) {                                                       \
+      atomic_fetch_add(&fk_not_permitted, 1);                                  \
+      return CUDA_ERROR_NOT_PERMITTED;                                         \
+    }                                                                          \
+  } while (0)
 
 long long cuFakeGetCallCount(const char *name) {
   for (int i = 0; name != NULL && i < FK_N_ENTRY_POINTS; i++)
@@ -163,6 +259,20 @@ void cuFakeResetCallCounts(void) {
     atomic_store(&fk_calls[i], 0);
 }
 
+/* FAKECUDA_CALL_REPORT=1: at exit, every entry point called at least once
+ * and how often, one "fakecuda: calls NAME N" line each on stderr (counts
+ * for programs the tests cannot reach, such as mpbench). */
+__attribute__((destructor)) static void fk_call_report(void) {
+  const char *v = getenv("FAKECUDA_CALL_REPORT");
+  if (v == NULL || v[0] == '\0' || strcmp(v, "0") == 0)
+    return;
+  for (int i = 0; i < FK_N_ENTRY_POINTS; i++) {
+    long long n = atomic_load(&fk_calls[i]);
+    if (n > 0)
+      fprintf(stderr, "fakecuda: calls %s %lld\n", fk_names[i], n);
+  }
+}
+
 /* ---- state --------------------------------------------------------------- */
 
 #define FK_MAX_DEVICES   8
@@ -170,10 +280,19 @@ void cuFakeResetCallCounts(void) {
 #define FK_DEFAULT_NAME  "mempool fakecuda device"
 
 /* The primary context of one fake device; CUcontext points at it. */
+struct fk_stream;
 struct CUctx_st {
   int ordinal;
   int refs;                   /* primary context retains; under fk.lock */
+  bool created;               /* by cuCtxCreate, not a primary context */
   _Atomic(mp_device_t *) dev; /* the host device, NULL until needed */
+  /* Under fk.lock: the streams made in the context (CUstream points at
+   * one), those destroyed whose work may still run, the event re-recorded
+   * at the legacy stream's end, and a count of the context's lives (a
+   * thread's per-thread stream of an earlier life is gone). */
+  struct fk_stream *live, *retired;
+  mp_event_t legacy_tail;
+  unsigned generation;
 };
 
 /* A physical allocation from cuMemCreate; a handle is its address. */
@@ -188,8 +307,8 @@ typedef struct fk_phys {
 typedef struct fk_range {
   uintptr_t base;
   size_t size;
-  int ordinal;
-  fk_phys_t *phys; /* mappings only */
+  const struct CUctx_st *ctx; /* the context it was made in */
+  fk_phys_t *phys;            /* mappings only */
 } fk_range_t;
 
 static struct {
@@ -208,6 +327,29 @@ static struct {
 
 static _Thread_local struct CUctx_st *fk_stack[FK_MAX_CTX_DEPTH];
 static _Thread_local int fk_depth;
+
+/* Set while a host function (cuLaunchHostFunc) runs on this thread. */
+static _Thread_local bool fk_in_host_fn;
+
+/* Errors a test may count (cuFakeGetErrorCount): uses of invalid handles,
+ * CUDA calls from host functions, unsafe calls during a capture. */
+static atomic_llong fk_bad_handles, fk_not_permitted, fk_capture_refusals;
+
+long long cuFakeGetErrorCount(CUresult code);
+long long cuFakeGetErrorCount(CUresult code) {
+  switch (code) {
+  case CUDA_ERROR_INVALID_HANDLE: return atomic_load(&fk_bad_handles);
+  case CUDA_ERROR_NOT_PERMITTED: return atomic_load(&fk_not_permitted);
+  case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
+    return atomic_load(&fk_capture_refusals);
+  default: return -1;
+  }
+}
+
+static CUresult fk_bad_handle(void) {
+  atomic_fetch_add(&fk_bad_handles, 1);
+  return CUDA_ERROR_INVALID_HANDLE;
+}
 
 static CUresult fk_result_of(mp_status_t st) {
   switch (st) {
@@ -272,11 +414,401 @@ static mp_device_t *fk_current(void) {
       return CUDA_ERROR_INVALID_CONTEXT;                                       \
   } while (0)
 
-/* CU_STREAM_LEGACY and CU_STREAM_PER_THREAD are the default stream here. */
-static mp_stream_t fk_stream(CUstream s) {
-  if (s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
-    return NULL;
-  return (mp_stream_t)s;
+/* ---- streams as CUDA orders them ---------------------------------------- */
+
+/* A stream made by cuStreamCreate, or a thread's per-thread default stream;
+ * CUstream points at one. Blocking streams (flags 0, and every per-thread
+ * stream) are ordered with the legacy NULL stream; CU_STREAM_NON_BLOCKING
+ * ones are not. */
+typedef struct fk_stream {
+  mp_stream_t s;   /* the host stream that runs it */
+  mp_event_t tail; /* re-recorded at its end when the legacy stream waits */
+  bool blocking;
+  struct fk_stream *next; /* in its context's live or retired list */
+  /* Stream capture (under fk.lock): status, the mode it began with, the
+   * thread that began it, its id, the graph being built, the events
+   * recorded into it, and the next capturing stream (fk_capturing). */
+  CUstreamCaptureStatus cap;
+  CUstreamCaptureMode cap_mode;
+  pthread_t cap_thread;
+  cuuint64_t cap_id;
+  struct CUgraph_st *graph;
+  CUevent *cap_events;
+  size_t n_cap_events, cap_cap_events;
+  struct fk_stream *cap_next;
+} fk_stream_t;
+
+/* ---- graphs (opaque; what stream capture records) ------------------------ */
+
+/* One captured operation. */
+typedef struct fk_node {
+  CUgraphNodeType type; /* HOST, MEMSET, MEMCPY, MEM_ALLOC, MEM_FREE */
+  CUhostFn fn;
+  void *arg;
+  CUdeviceptr dst, src; /* MEM_ALLOC, MEM_FREE: the memory in dst */
+  unsigned char value;
+  size_t n;
+} fk_node_t;
+
+/* A graph is its nodes in capture order (a linear chain: one stream's
+ * capture); an executable graph is a copy of them. */
+struct CUgraph_st {
+  fk_node_t **nodes;
+  size_t n, cap;
+};
+struct CUgraphExec_st {
+  fk_node_t *nodes;
+  size_t n;
+};
+
+static bool fk_graph_add(struct CUgraph_st *g, const fk_node_t *node) {
+  if (g->n == g->cap) {
+    size_t cap = g->cap ? 2 * g->cap : 8;
+    fk_node_t **p = realloc(g->nodes, cap * sizeof *p);
+    if (p == NULL)
+      return false;
+    g->nodes = p;
+    g->cap = cap;
+  }
+  fk_node_t *copy = malloc(sizeof *copy);
+  if (copy == NULL)
+    return false;
+  *copy = *node;
+  g->nodes[g->n++] = copy;
+  return true;
+}
+
+static void fk_graph_free(struct CUgraph_st *g) {
+  if (g == NULL)
+    return;
+  for (size_t i = 0; i < g->n; i++)
+    free(g->nodes[i]);
+  free(g->nodes);
+  free(g);
+}
+
+/* Capturing streams of every context, and how many there are. */
+static fk_stream_t *fk_capturing;
+static atomic_int fk_n_captures;
+static atomic_ullong fk_next_capture_id = 1;
+/* This thread's capture mode (cuThreadExchangeStreamCaptureMode). */
+static _Thread_local CUstreamCaptureMode fk_thread_mode =
+    CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+/* Ends st's capture, its graph returned (NULL: dropped). Under fk.lock. */
+static struct CUgraph_st *fk_capture_end(fk_stream_t *st, bool keep) {
+  for (fk_stream_t **at = &fk_capturing; *at != NULL; at = &(*at)->cap_next)
+    if (*at == st) {
+      *at = st->cap_next;
+      atomic_fetch_sub(&fk_n_captures, 1);
+      break;
+    }
+  struct CUgraph_st *g = st->graph;
+  st->graph = NULL;
+  st->cap = CU_STREAM_CAPTURE_STATUS_NONE;
+  st->cap_next = NULL;
+  free(st->cap_events);
+  st->cap_events = NULL;
+  st->n_cap_events = st->cap_cap_events = 0;
+  if (!keep) {
+    fk_graph_free(g);
+    g = NULL;
+  }
+  return g;
+}
+
+/* A potentially unsafe call during stream capture (cuda.h,
+ * cuThreadExchangeStreamCaptureMode: allocation and free through
+ * cuMemAlloc/cuMemFree and the host allocators, cuCtxSynchronize,
+ * synchronous copies, waiting on the legacy stream): refused with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED when this thread's mode prohibits
+ * it, and the captures that prohibit it are invalidated (cuStreamEndCapture
+ * then says CUDA_ERROR_STREAM_CAPTURE_INVALIDATED). Global mode: this
+ * thread's own capture not begun relaxed, or any other thread's capture
+ * begun global; thread-local: only this thread's own; relaxed: never. */
+static CUresult fk_unsafe(void) {
+  if (atomic_load(&fk_n_captures) == 0 ||
+      fk_thread_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+    return CUDA_SUCCESS;
+  bool refused = false;
+  pthread_mutex_lock(&fk.lock);
+  for (fk_stream_t *st = fk_capturing; st != NULL; st = st->cap_next) {
+    bool mine = pthread_equal(st->cap_thread, pthread_self());
+    bool prohibits = mine ? st->cap_mode != CU_STREAM_CAPTURE_MODE_RELAXED
+                          : fk_thread_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+                                st->cap_mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+    if (prohibits) {
+      refused = true;
+      st->cap = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+    }
+  }
+  pthread_mutex_unlock(&fk.lock);
+  if (!refused)
+    return CUDA_SUCCESS;
+  atomic_fetch_add(&fk_capture_refusals, 1);
+  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+/* A refusal that invalidates st's capture (waiting on a capturing stream,
+ * querying a captured event): these conflict with capture in every mode.
+ * Under fk.lock. */
+static CUresult fk_capture_conflict(fk_stream_t *st) {
+  st->cap = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+  atomic_fetch_add(&fk_capture_refusals, 1);
+  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+#define FK_UNSAFE()                                                            \
+  do {                                                                         \
+    CUresult fk_unsafe_r_ = fk_unsafe();                                       \
+    if (fk_unsafe_r_ != CUDA_SUCCESS)                                          \
+      return fk_unsafe_r_;                                                     \
+  } while (0)
+
+/* This thread's per-thread default stream in each context it used (valid
+ * while the context's generation is the one it was made in). */
+#define FK_PER_THREAD_SLOTS 16
+static _Thread_local struct {
+  const struct CUctx_st *ctx;
+  unsigned generation;
+  fk_stream_t *st;
+} fk_per_thread[FK_PER_THREAD_SLOTS];
+
+/* The context current on this thread; fk_depth > 0. */
+static struct CUctx_st *fk_ctx(void) {
+  return fk_stack[fk_depth - 1];
+}
+
+/* Makes a stream of the current context and lists it. Under fk.lock. */
+static CUresult fk_stream_new(mp_device_t *dev, bool blocking,
+                              fk_stream_t **out) {
+  fk_stream_t *st = calloc(1, sizeof *st);
+  if (st == NULL)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  mp_status_t rc = mp_stream_create(dev, &st->s);
+  if (rc == MP_OK) {
+    rc = mp_event_create(dev, &st->tail);
+    if (rc != MP_OK)
+      (void)mp_stream_destroy(dev, st->s);
+  }
+  if (rc != MP_OK) {
+    free(st);
+    return fk_result_of(rc);
+  }
+  st->blocking = blocking;
+  struct CUctx_st *c = fk_ctx();
+  st->next = c->live;
+  c->live = st;
+  *out = st;
+  return CUDA_SUCCESS;
+}
+
+/* Frees the retired streams whose work has finished. Under fk.lock. */
+static void fk_reap(mp_device_t *dev, struct CUctx_st *c) {
+  for (fk_stream_t **at = &c->retired; *at != NULL;) {
+    fk_stream_t *st = *at;
+    if (mp_event_query(dev, st->tail) != MP_OK) {
+      at = &st->next;
+      continue;
+    }
+    *at = st->next;
+    (void)mp_stream_destroy(dev, st->s);
+    (void)mp_event_destroy(dev, st->tail);
+    free(st);
+  }
+}
+
+/* Forgets every stream of a context being destroyed (closing its host
+ * device frees what they held). Under fk.lock. */
+static void fk_forget_streams(struct CUctx_st *c) {
+  for (fk_stream_t **list = &c->live; list != NULL;
+       list = list == &c->live ? &c->retired : NULL)
+    while (*list != NULL) {
+      fk_stream_t *st = *list;
+      *list = st->next;
+      (void)fk_capture_end(st, false);
+      free(st);
+    }
+  c->legacy_tail = NULL;
+  c->generation++;
+}
+
+/* The stream a handle names in the current context: *out is NULL for the
+ * legacy stream. A handle that is not a live stream of this context (a
+ * destroyed one, another context's) is CUDA_ERROR_INVALID_HANDLE, as the
+ * driver answers. Handles, after cuda.h ("Stream handles"): NULL is the
+ * legacy stream, or the per-thread stream for the _ptsz/_ptds entry points
+ * (what --default-stream per-thread compiles to); CU_STREAM_LEGACY (0x1)
+ * and CU_STREAM_PER_THREAD (0x2) name them whatever the entry point.
+ * Under fk.lock. */
+static CUresult fk_resolve(mp_device_t *dev, CUstream h, bool ptsz,
+                           fk_stream_t **out) {
+  struct CUctx_st *c = fk_ctx();
+  if (h == CU_STREAM_LEGACY || (h == NULL && !ptsz)) {
+    *out = NULL;
+    return CUDA_SUCCESS;
+  }
+  if (h == CU_STREAM_PER_THREAD || h == NULL) {
+    /* The Programming Guide ("Per-thread default stream"): each host thread
+     * has its own, which is not non-blocking: it synchronizes with the
+     * legacy stream. */
+    size_t slot = 0; /* its slot, else a free one, else the first */
+    for (size_t i = FK_PER_THREAD_SLOTS; i-- > 0;)
+      if (fk_per_thread[i].ctx == c ||
+          (fk_per_thread[i].ctx == NULL && fk_per_thread[slot].ctx != c))
+        slot = i;
+    if (fk_per_thread[slot].ctx != c ||
+        fk_per_thread[slot].generation != c->generation) {
+      fk_stream_t *st = NULL;
+      CUresult r = fk_stream_new(dev, true, &st);
+      if (r != CUDA_SUCCESS)
+        return r;
+      fk_per_thread[slot].ctx = c;
+      fk_per_thread[slot].st = st;
+      fk_per_thread[slot].generation = c->generation;
+    }
+    *out = fk_per_thread[slot].st;
+    return CUDA_SUCCESS;
+  }
+  for (fk_stream_t *st = c->live; st != NULL; st = st->next)
+    if ((CUstream)st == h) {
+      *out = st;
+      return CUDA_SUCCESS;
+    }
+  return fk_bad_handle();
+}
+
+/* The host stream of a resolved stream (NULL: the legacy stream). */
+static mp_stream_t fk_host_stream(const fk_stream_t *st) {
+  return st == NULL ? NULL : st->s;
+}
+
+/* Before an operation goes on stream st: the implicit synchronization of
+ * the legacy stream (CUDA driver API, "Stream synchronization behavior"):
+ * work on the legacy stream waits for all work already queued on every
+ * blocking stream of the context, and work on a blocking stream waits for
+ * all work already queued on the legacy stream. Non-blocking streams wait
+ * for nothing. Under fk.lock. */
+static CUresult fk_order(mp_device_t *dev, const fk_stream_t *st) {
+  struct CUctx_st *c = fk_ctx();
+  mp_status_t rc = MP_OK;
+  if (st == NULL) {
+    /* The legacy stream would wait for a blocking stream that captures:
+     * refused, the capture invalidated (cuda.h,
+     * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: "a disallowed implicit dependency
+     * on a current capture sequence from cudaStreamLegacy"). */
+    for (fk_stream_t *o = c->live; o != NULL; o = o->next)
+      if (o->blocking && o->cap != CU_STREAM_CAPTURE_STATUS_NONE) {
+        o->cap = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+        return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+      }
+    for (const fk_stream_t *o = c->live; o != NULL && rc == MP_OK; o = o->next)
+      if (o->blocking) {
+        rc = mp_event_record(dev, o->tail, o->s);
+        if (rc == MP_OK)
+          rc = mp_stream_wait_event(dev, NULL, o->tail);
+      }
+  } else if (st->blocking) {
+    if (c->legacy_tail == NULL)
+      rc = mp_event_create(dev, &c->legacy_tail);
+    if (rc == MP_OK)
+      rc = mp_event_record(dev, c->legacy_tail, NULL);
+    if (rc == MP_OK)
+      rc = mp_stream_wait_event(dev, st->s, c->legacy_tail);
+  }
+  return fk_result_of(rc);
+}
+
+/* An operation on a capturing stream is recorded, not run (the
+ * Programming Guide, "Stream Capture"): node (NULL: nothing to replay, as
+ * an event wait) joins the graph, an event record is remembered (ev). A
+ * stream whose capture was invalidated refuses it. Under fk.lock. */
+static CUresult fk_capture_op(fk_stream_t *st, const fk_node_t *node,
+                              CUevent ev) {
+  if (st->cap == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+    return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  if (node != NULL && !fk_graph_add(st->graph, node))
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  if (ev != NULL) {
+    if (st->n_cap_events == st->cap_cap_events) {
+      size_t cap = st->cap_cap_events ? 2 * st->cap_cap_events : 4;
+      CUevent *p = realloc(st->cap_events, cap * sizeof *p);
+      if (p == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+      st->cap_events = p;
+      st->cap_cap_events = cap;
+    }
+    st->cap_events[st->n_cap_events++] = ev;
+  }
+  return CUDA_SUCCESS;
+}
+
+/* Starts an operation on handle h: resolves it, orders it with the legacy
+ * stream and, on success, returns with fk.lock held (fk_end releases it),
+ * so that the ordering and the operation are queued together. On a
+ * capturing stream the operation is recorded instead (node, ev: see
+ * fk_capture_op), *captured is set and the lock is not held. */
+static CUresult fk_begin(mp_device_t *dev, CUstream h, bool ptsz,
+                         const fk_node_t *node, CUevent ev, mp_stream_t *out,
+                         bool *captured) {
+  pthread_mutex_lock(&fk.lock);
+  fk_reap(dev, fk_ctx());
+  fk_stream_t *st = NULL;
+  *captured = false;
+  CUresult r = fk_resolve(dev, h, ptsz, &st);
+  if (r == CUDA_SUCCESS && st != NULL &&
+      st->cap != CU_STREAM_CAPTURE_STATUS_NONE) {
+    r = fk_capture_op(st, node, ev);
+    *captured = r == CUDA_SUCCESS;
+    pthread_mutex_unlock(&fk.lock);
+    return r;
+  }
+  if (r == CUDA_SUCCESS)
+    r = fk_order(dev, st);
+  if (r != CUDA_SUCCESS) {
+    pthread_mutex_unlock(&fk.lock);
+    return r;
+  }
+  *out = fk_host_stream(st);
+  return CUDA_SUCCESS;
+}
+
+static void fk_end(void) {
+  pthread_mutex_unlock(&fk.lock);
+}
+
+/* The host stream of h, for a call that waits on it (not under the lock):
+ * waiting on a capturing stream is refused and invalidates its capture
+ * (cuda.h, cuStreamSynchronize / cuStreamQuery: "This function is not
+ * allowed during stream capture"), waiting on the legacy stream is an
+ * unsafe call. */
+static CUresult fk_lookup_stream(mp_device_t *dev, CUstream h, bool ptsz,
+                                 mp_stream_t *out) {
+  pthread_mutex_lock(&fk.lock);
+  fk_stream_t *st = NULL;
+  CUresult r = fk_resolve(dev, h, ptsz, &st);
+  if (r == CUDA_SUCCESS && st != NULL &&
+      st->cap != CU_STREAM_CAPTURE_STATUS_NONE)
+    r = fk_capture_conflict(st);
+  pthread_mutex_unlock(&fk.lock);
+  if (r == CUDA_SUCCESS && st == NULL)
+    r = fk_unsafe();
+  *out = fk_host_stream(st);
+  return r;
+}
+
+/* The stream of h, or NULL, with fk.lock held when it captures (for
+ * cuMemAllocAsync/cuMemFreeAsync, which become graph nodes then). */
+static CUresult fk_capturing_stream(mp_device_t *dev, CUstream h, bool ptsz,
+                                    fk_stream_t **out) {
+  pthread_mutex_lock(&fk.lock);
+  CUresult r = fk_resolve(dev, h, ptsz, out);
+  if (r != CUDA_SUCCESS || *out == NULL ||
+      (*out)->cap == CU_STREAM_CAPTURE_STATUS_NONE) {
+    *out = NULL;
+    pthread_mutex_unlock(&fk.lock);
+  }
+  return r;
 }
 
 /* ---- address ranges ------------------------------------------------------ */
@@ -345,12 +877,12 @@ static bool fk_range_find(uintptr_t addr, fk_range_t *out) {
 }
 
 /* Drops every range of a device whose host device is closing. */
-static void fk_range_drop_device(int ordinal) {
+static void fk_range_drop_ctx(const struct CUctx_st *ctx) {
   pthread_mutex_lock(&fk.lock);
   size_t k = 0;
   for (size_t i = 0; i < fk.n_ranges; i++) {
     fk_range_t *r = &fk.ranges[i];
-    if (r->ordinal != ordinal) {
+    if (r->ctx != ctx) {
       fk.ranges[k++] = *r;
       continue;
     }
@@ -492,6 +1024,15 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
+/* Closes a context's host device (freeing everything made in it) after
+ * forgetting its streams. */
+static void fk_ctx_close(struct CUctx_st *c, mp_device_t *closing) {
+  if (closing == NULL)
+    return;
+  mp_device_close(closing);
+  fk_range_drop_ctx(c);
+}
+
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   FK_COUNT(cuDevicePrimaryCtxRelease_v2);
   FK_NEED_INIT();
@@ -504,14 +1045,93 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     pthread_mutex_unlock(&fk.lock);
     return CUDA_ERROR_INVALID_CONTEXT;
   }
-  if (--c->refs == 0)
+  if (--c->refs == 0) {
     closing = atomic_exchange(&c->dev, NULL);
-  pthread_mutex_unlock(&fk.lock);
-  if (closing != NULL) {
-    /* The context is destroyed with everything made in it. */
-    mp_device_close(closing);
-    fk_range_drop_device(dev);
+    fk_forget_streams(c);
   }
+  pthread_mutex_unlock(&fk.lock);
+  fk_ctx_close(c, closing); /* destroyed with everything made in it */
+  return CUDA_SUCCESS;
+}
+
+/* cuda.h, cuDevicePrimaryCtxReset: "Destroy all allocations and reset all
+ * state on the primary context", whoever still holds it; a later retain
+ * starts a new one. */
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  FK_COUNT(cuDevicePrimaryCtxReset_v2);
+  FK_NEED_INIT();
+  if (!fk_valid_device(dev))
+    return CUDA_ERROR_INVALID_DEVICE;
+  struct CUctx_st *c = &fk.ctx[dev];
+  pthread_mutex_lock(&fk.lock);
+  c->refs = 0;
+  mp_device_t *closing = atomic_exchange(&c->dev, NULL);
+  fk_forget_streams(c);
+  pthread_mutex_unlock(&fk.lock);
+  fk_ctx_close(c, closing);
+  return CUDA_SUCCESS;
+}
+
+/* cuCtxCreate: a context of its own (its own memory, streams and work),
+ * pushed on the calling thread's stack. */
+static CUresult fk_ctx_create(CUcontext *pctx, CUdevice dev) {
+  FK_NEED_INIT();
+  if (pctx == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!fk_valid_device(dev))
+    return CUDA_ERROR_INVALID_DEVICE;
+  if (fk_depth == FK_MAX_CTX_DEPTH)
+    return CUDA_ERROR_INVALID_VALUE;
+  struct CUctx_st *c = calloc(1, sizeof *c);
+  if (c == NULL)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  mp_device_t *h = NULL;
+  if (mp_device_open(fk.spec, &h) != MP_OK) {
+    free(c);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  c->ordinal = dev;
+  c->refs = 1;
+  c->created = true;
+  atomic_store(&c->dev, h);
+  fk_stack[fk_depth++] = c;
+  *pctx = c;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+  FK_COUNT(cuCtxCreate_v2);
+  (void)flags;
+  return fk_ctx_create(pctx, dev);
+}
+
+CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params,
+                        unsigned int flags, CUdevice dev) {
+  FK_COUNT(cuCtxCreate_v4);
+  (void)params;
+  (void)flags;
+  return fk_ctx_create(pctx, dev);
+}
+
+/* cuda.h, cuCtxDestroy: destroys a context made by cuCtxCreate (not a
+ * primary one) and what it holds, popping it if it is this thread's
+ * current one. Its handle stays a dead context (CUDA_ERROR_INVALID_CONTEXT
+ * in any thread that still has it current), never freed memory. */
+CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  FK_COUNT(cuCtxDestroy_v2);
+  FK_NEED_INIT();
+  if (ctx == NULL || !ctx->created)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  pthread_mutex_lock(&fk.lock);
+  mp_device_t *closing = atomic_exchange(&ctx->dev, NULL);
+  if (closing != NULL)
+    fk_forget_streams(ctx);
+  pthread_mutex_unlock(&fk.lock);
+  if (closing == NULL)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  fk_ctx_close(ctx, closing);
+  if (fk_depth > 0 && fk_stack[fk_depth - 1] == ctx)
+    fk_depth--;
   return CUDA_SUCCESS;
 }
 
@@ -588,6 +1208,7 @@ CUresult cuCtxGetDevice(CUdevice *device) {
 CUresult cuCtxSynchronize(void) {
   FK_COUNT(cuCtxSynchronize);
   FK_CURRENT(dev);
+  FK_UNSAFE();
   return fk_result_of(mp_device_synchronize(dev));
 }
 
@@ -608,9 +1229,8 @@ static CUresult fk_alloc(mp_device_t *dev, CUdeviceptr *dptr, size_t bytes) {
   mp_status_t st = mp_device_alloc(dev, bytes, &p);
   if (st != MP_OK)
     return fk_result_of(st);
-  fk_range_t r = {.base = (uintptr_t)p,
-                  .size = bytes,
-                  .ordinal = fk_stack[fk_depth - 1]->ordinal};
+  fk_range_t r = {
+      .base = (uintptr_t)p, .size = bytes, .ctx = fk_stack[fk_depth - 1]};
   if (!fk_range_add(r)) {
     (void)mp_device_free(dev, p);
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -634,36 +1254,101 @@ static CUresult fk_free(mp_device_t *dev, CUdeviceptr dptr) {
 }
 
 /* An entry point that needs a current context: counted, refused without
- * cuInit or a context, then `call` with dev the current context's device. */
-#define FK_IN_CTX(name, params, call)                                          \
+ * cuInit or a context, then `call` with dev the current context's device
+ * and ptsz true in a per-thread-default-stream twin (_ptsz, _ptds). */
+#define FK_IN_CTX_PT(name, pt, params, call)                                   \
   CUresult name params {                                                       \
     FK_COUNT(name);                                                            \
     FK_CURRENT(dev);                                                           \
+    const bool ptsz = (pt);                                                    \
+    (void)ptsz;                                                                \
     return call;                                                               \
   }
+#define FK_IN_CTX(name, params, call) FK_IN_CTX_PT(name, false, params, call)
 /* The same for a function and its per-thread-default-stream twin. */
 #define FK_IN_CTX_TWINS(name, twin, params, call)                              \
-  FK_IN_CTX(name, params, call)                                                \
-  FK_IN_CTX(twin, params, call)
+  FK_IN_CTX_PT(name, false, params, call)                                      \
+  FK_IN_CTX_PT(twin, true, params, call)
+
+static CUresult fk_alloc_sync(mp_device_t *dev, CUdeviceptr *dptr,
+                              size_t bytes) {
+  CUresult r = fk_unsafe();
+  return r == CUDA_SUCCESS ? fk_alloc(dev, dptr, bytes) : r;
+}
+
+static CUresult fk_free_sync(mp_device_t *dev, CUdeviceptr dptr) {
+  CUresult r = fk_unsafe();
+  return r == CUDA_SUCCESS ? fk_free(dev, dptr) : r;
+}
 
 FK_IN_CTX(cuMemAlloc_v2, (CUdeviceptr * dptr, size_t bytes),
-          fk_alloc(dev, dptr, bytes))
-FK_IN_CTX(cuMemFree_v2, (CUdeviceptr dptr), fk_free(dev, dptr))
+          fk_alloc_sync(dev, dptr, bytes))
+FK_IN_CTX(cuMemFree_v2, (CUdeviceptr dptr), fk_free_sync(dev, dptr))
 
 /* Stream-ordered allocation: the memory is usable at once, so it is usable
- * in stream order too. */
+ * in stream order too. The stream must be valid. On a capturing stream it
+ * is a memory allocation node (cuda.h, cuMemAllocAsync: "During stream
+ * capture, this function results in the creation of an allocation node");
+ * the fake allocates at capture and the graph's replays reuse it. */
+static CUresult fk_alloc_async(mp_device_t *dev, CUdeviceptr *dptr,
+                               size_t bytes, CUstream s, bool ptsz) {
+  fk_stream_t *cap = NULL;
+  CUresult r = fk_capturing_stream(dev, s, ptsz, &cap);
+  if (r != CUDA_SUCCESS)
+    return r;
+  if (cap != NULL) {
+    bool valid = cap->cap == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    pthread_mutex_unlock(&fk.lock); /* fk_alloc takes it */
+    if (!valid)
+      return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  }
+  r = fk_alloc(dev, dptr, bytes);
+  if (r != CUDA_SUCCESS || cap == NULL)
+    return r;
+  r = fk_capturing_stream(dev, s, ptsz, &cap);
+  if (r == CUDA_SUCCESS && cap != NULL) {
+    fk_node_t node = {
+        .type = CU_GRAPH_NODE_TYPE_MEM_ALLOC, .dst = *dptr, .n = bytes};
+    r = fk_capture_op(cap, &node, NULL);
+    pthread_mutex_unlock(&fk.lock);
+  }
+  if (r != CUDA_SUCCESS)
+    (void)fk_free(dev, *dptr);
+  return r;
+}
+
 FK_IN_CTX_TWINS(cuMemAllocAsync, cuMemAllocAsync_ptsz,
                 (CUdeviceptr * dptr, size_t bytes, CUstream s),
-                ((void)s, fk_alloc(dev, dptr, bytes)))
+                fk_alloc_async(dev, dptr, bytes, s, ptsz))
 
-/* Stream-ordered free: waits for the stream's work, then frees. */
-static CUresult fk_free_async(mp_device_t *dev, CUdeviceptr dptr, CUstream s) {
-  mp_status_t st = mp_stream_synchronize(dev, fk_stream(s));
-  return st == MP_OK ? fk_free(dev, dptr) : fk_result_of(st);
+/* Stream-ordered free: waits for the stream's work, then frees. On a
+ * capturing stream it is a memory free node (cuda.h, cuMemFreeAsync);
+ * the memory goes when the graph is destroyed. */
+static CUresult fk_free_async(mp_device_t *dev, CUdeviceptr dptr, CUstream s,
+                              bool ptsz) {
+  fk_stream_t *cap = NULL;
+  CUresult r = fk_capturing_stream(dev, s, ptsz, &cap);
+  if (r != CUDA_SUCCESS)
+    return r;
+  if (cap != NULL) {
+    fk_node_t node = {.type = CU_GRAPH_NODE_TYPE_MEM_FREE, .dst = dptr};
+    r = fk_capture_op(cap, &node, NULL);
+    pthread_mutex_unlock(&fk.lock);
+    return r;
+  }
+  pthread_mutex_lock(&fk.lock);
+  fk_stream_t *st = NULL;
+  r = fk_resolve(dev, s, ptsz, &st);
+  pthread_mutex_unlock(&fk.lock);
+  if (r != CUDA_SUCCESS)
+    return r;
+  mp_status_t rc = mp_stream_synchronize(dev, fk_host_stream(st));
+  return rc == MP_OK ? fk_free(dev, dptr) : fk_result_of(rc);
 }
 
 FK_IN_CTX_TWINS(cuMemFreeAsync, cuMemFreeAsync_ptsz,
-                (CUdeviceptr dptr, CUstream s), fk_free_async(dev, dptr, s))
+                (CUdeviceptr dptr, CUstream s),
+                fk_free_async(dev, dptr, s, ptsz))
 
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize,
                                  CUdeviceptr dptr) {
@@ -683,6 +1368,7 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize,
 static CUresult fk_host_alloc(mp_device_t *dev, void **pp, size_t bytes) {
   if (pp == NULL || bytes == 0)
     return CUDA_ERROR_INVALID_VALUE;
+  FK_UNSAFE();
   return fk_result_of(mp_device_host_alloc(dev, bytes, pp));
 }
 
@@ -694,6 +1380,7 @@ FK_IN_CTX(cuMemAllocHost_v2, (void **pp, size_t bytes),
 CUresult cuMemFreeHost(void *p) {
   FK_COUNT(cuMemFreeHost);
   FK_CURRENT(dev);
+  FK_UNSAFE();
   if (p == NULL)
     return CUDA_ERROR_INVALID_VALUE;
   return fk_result_of(mp_device_host_free(dev, p));
@@ -701,109 +1388,191 @@ CUresult cuMemFreeHost(void *p) {
 
 /* ---- streams, copies, events --------------------------------------------- */
 
-static CUresult fk_stream_create(mp_device_t *dev, CUstream *ps) {
-  if (ps == NULL)
+/* cuStreamCreate's flags: CU_STREAM_DEFAULT (a blocking stream) or
+ * CU_STREAM_NON_BLOCKING; priorities do not change how the host runs it. */
+static CUresult fk_stream_create(mp_device_t *dev, CUstream *ps,
+                                 unsigned flags) {
+  if (ps == NULL || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING) != 0)
     return CUDA_ERROR_INVALID_VALUE;
-  mp_stream_t s = NULL;
-  mp_status_t st = mp_stream_create(dev, &s);
-  if (st == MP_OK)
-    *ps = (CUstream)s;
-  return fk_result_of(st);
+  pthread_mutex_lock(&fk.lock);
+  fk_reap(dev, fk_ctx());
+  fk_stream_t *st = NULL;
+  CUresult r = fk_stream_new(dev, !(flags & CU_STREAM_NON_BLOCKING), &st);
+  pthread_mutex_unlock(&fk.lock);
+  if (r == CUDA_SUCCESS)
+    *ps = (CUstream)st;
+  return r;
 }
 
-/* Flags and priorities do not change how the host device runs a stream. */
 FK_IN_CTX(cuStreamCreate, (CUstream * ps, unsigned int flags),
-          ((void)flags, fk_stream_create(dev, ps)))
+          fk_stream_create(dev, ps, flags))
 FK_IN_CTX(cuStreamCreateWithPriority,
           (CUstream * ps, unsigned int flags, int priority),
-          ((void)flags, (void)priority, fk_stream_create(dev, ps)))
+          ((void)priority, fk_stream_create(dev, ps, flags)))
 
-CUresult cuStreamDestroy_v2(CUstream s) {
+/* cuda.h, cuStreamDestroy: "In case the device is still doing work in the
+ * stream hStream when cuStreamDestroy() is called, the function will return
+ * immediately and the resources associated with hStream will be released
+ * automatically once the device has completed all work in hStream." The
+ * handle is dead at once: a later use is CUDA_ERROR_INVALID_HANDLE. The
+ * default streams cannot be destroyed. */
+CUresult cuStreamDestroy_v2(CUstream h) {
   FK_COUNT(cuStreamDestroy_v2);
   FK_CURRENT(dev);
-  if (fk_stream(s) == NULL)
-    return CUDA_ERROR_INVALID_HANDLE;
-  return fk_result_of(mp_stream_destroy(dev, fk_stream(s)));
+  if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD)
+    return fk_bad_handle();
+  struct CUctx_st *c = fk_ctx();
+  pthread_mutex_lock(&fk.lock);
+  fk_stream_t **at = &c->live;
+  while (*at != NULL && (CUstream)*at != h)
+    at = &(*at)->next;
+  fk_stream_t *st = *at;
+  if (st != NULL) {
+    *at = st->next;
+    (void)fk_capture_end(st, false);
+    st->next = c->retired;
+    c->retired = st;
+    (void)mp_event_record(dev, st->tail, st->s); /* its end, for fk_reap */
+    fk_reap(dev, c);
+  }
+  pthread_mutex_unlock(&fk.lock);
+  return st != NULL ? CUDA_SUCCESS : fk_bad_handle();
+}
+
+/* Waits for a stream's work (not holding fk.lock). */
+static CUresult fk_stream_sync(mp_device_t *dev, CUstream s, bool ptsz) {
+  mp_stream_t hs = NULL;
+  CUresult r = fk_lookup_stream(dev, s, ptsz, &hs);
+  return r == CUDA_SUCCESS ? fk_result_of(mp_stream_synchronize(dev, hs)) : r;
 }
 
 FK_IN_CTX_TWINS(cuStreamSynchronize, cuStreamSynchronize_ptsz, (CUstream s),
-                fk_result_of(mp_stream_synchronize(dev, fk_stream(s))))
+                fk_stream_sync(dev, s, ptsz))
 
 /* The host backend has no stream query: ask an event recorded at its end. */
-static CUresult fk_stream_query(mp_device_t *dev, CUstream s) {
+static CUresult fk_stream_query(mp_device_t *dev, CUstream s, bool ptsz) {
   mp_event_t e = NULL;
   mp_status_t st = mp_event_create(dev, &e);
   if (st != MP_OK)
     return fk_result_of(st);
-  st = mp_event_record(dev, e, fk_stream(s));
-  if (st == MP_OK)
-    st = mp_event_query(dev, e);
+  mp_stream_t hs = NULL;
+  CUresult r = fk_lookup_stream(dev, s, ptsz, &hs);
+  if (r == CUDA_SUCCESS) {
+    st = mp_event_record(dev, e, hs);
+    if (st == MP_OK)
+      st = mp_event_query(dev, e);
+    r = fk_result_of(st);
+  }
   (void)mp_event_destroy(dev, e);
-  return fk_result_of(st);
+  return r;
 }
 
 FK_IN_CTX_TWINS(cuStreamQuery, cuStreamQuery_ptsz, (CUstream s),
-                fk_stream_query(dev, s))
+                fk_stream_query(dev, s, ptsz))
 
-static CUresult fk_launch_host(mp_device_t *dev, CUstream s, CUhostFn fn,
-                               void *arg) {
+/* A host function as it runs: CUDA calls from it are refused (FK_COUNT). */
+typedef struct fk_host_call {
+  CUhostFn fn;
+  void *arg;
+} fk_host_call_t;
+
+static void fk_host_trampoline(void *p) {
+  fk_host_call_t call = *(fk_host_call_t *)p;
+  free(p);
+  fk_in_host_fn = true;
+  call.fn(call.arg);
+  fk_in_host_fn = false;
+}
+
+static CUresult fk_launch_host(mp_device_t *dev, CUstream s, bool ptsz,
+                               CUhostFn fn, void *arg) {
   if (fn == NULL)
     return CUDA_ERROR_INVALID_VALUE;
-  return fk_result_of(mp_stream_launch_host(dev, fk_stream(s), fn, arg));
+  fk_host_call_t *call = malloc(sizeof *call);
+  if (call == NULL)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  *call = (fk_host_call_t){fn, arg};
+  mp_stream_t hs = NULL;
+  bool captured = false;
+  fk_node_t node = {.type = CU_GRAPH_NODE_TYPE_HOST, .fn = fn, .arg = arg};
+  CUresult r = fk_begin(dev, s, ptsz, &node, NULL, &hs, &captured);
+  if (r == CUDA_SUCCESS && !captured) {
+    r = fk_result_of(mp_stream_launch_host(dev, hs, fk_host_trampoline, call));
+    fk_end();
+    if (r == CUDA_SUCCESS)
+      return r;
+  }
+  free(call);
+  return r;
 }
 
 FK_IN_CTX_TWINS(cuLaunchHostFunc, cuLaunchHostFunc_ptsz,
                 (CUstream s, CUhostFn fn, void *arg),
-                fk_launch_host(dev, s, fn, arg))
+                fk_launch_host(dev, s, ptsz, fn, arg))
 
-static CUresult fk_memcpy(mp_device_t *dev, CUdeviceptr dst, CUdeviceptr src,
-                          size_t n, CUstream s, bool sync) {
+/* A copy (set: a memset of value v) on stream s; sync waits for it. */
+static CUresult fk_copy(mp_device_t *dev, CUdeviceptr dst, CUdeviceptr src,
+                        bool set, unsigned char v, size_t n, CUstream s,
+                        bool ptsz, bool sync) {
   if (n == 0)
     return CUDA_SUCCESS;
-  if (dst == 0 || src == 0)
+  if (dst == 0 || (!set && src == 0))
     return CUDA_ERROR_INVALID_VALUE;
+  if (sync)
+    FK_UNSAFE();
+  mp_stream_t hs = NULL;
+  bool captured = false;
+  fk_node_t node = {.type = set ? CU_GRAPH_NODE_TYPE_MEMSET
+                                : CU_GRAPH_NODE_TYPE_MEMCPY,
+                    .dst = dst,
+                    .src = src,
+                    .value = v,
+                    .n = n};
+  CUresult r = fk_begin(dev, s, ptsz, &node, NULL, &hs, &captured);
+  if (r != CUDA_SUCCESS || captured)
+    return r;
   mp_status_t st =
-      mp_memcpy_async(dev, (void *)dst, (const void *)src, n, fk_stream(s));
+      set ? mp_memset_async(dev, (void *)dst, v, n, hs)
+          : mp_memcpy_async(dev, (void *)dst, (const void *)src, n, hs);
+  fk_end();
   if (st == MP_OK && sync)
-    st = mp_stream_synchronize(dev, fk_stream(s));
+    st = mp_stream_synchronize(dev, hs);
   return fk_result_of(st);
 }
 
+static CUresult fk_memcpy(mp_device_t *dev, CUdeviceptr dst, CUdeviceptr src,
+                          size_t n, CUstream s, bool ptsz, bool sync) {
+  return fk_copy(dev, dst, src, false, 0, n, s, ptsz, sync);
+}
+
 static CUresult fk_memset(mp_device_t *dev, CUdeviceptr dst, unsigned char v,
-                          size_t n, CUstream s, bool sync) {
-  if (n == 0)
-    return CUDA_SUCCESS;
-  if (dst == 0)
-    return CUDA_ERROR_INVALID_VALUE;
-  mp_status_t st = mp_memset_async(dev, (void *)dst, v, n, fk_stream(s));
-  if (st == MP_OK && sync)
-    st = mp_stream_synchronize(dev, fk_stream(s));
-  return fk_result_of(st);
+                          size_t n, CUstream s, bool ptsz, bool sync) {
+  return fk_copy(dev, dst, 0, true, v, n, s, ptsz, sync);
 }
 
 FK_IN_CTX_TWINS(cuMemcpyAsync, cuMemcpyAsync_ptsz,
                 (CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s),
-                fk_memcpy(dev, dst, src, n, s, false))
+                fk_memcpy(dev, dst, src, n, s, ptsz, false))
 FK_IN_CTX_TWINS(cuMemsetD8Async, cuMemsetD8Async_ptsz,
                 (CUdeviceptr dst, unsigned char v, size_t n, CUstream s),
-                fk_memset(dev, dst, v, n, s, false))
+                fk_memset(dev, dst, v, n, s, ptsz, false))
 
 /* The synchronous copies run on the default stream and wait for it. */
 FK_IN_CTX_TWINS(cuMemcpy, cuMemcpy_ptds,
                 (CUdeviceptr dst, CUdeviceptr src, size_t n),
-                fk_memcpy(dev, dst, src, n, NULL, true))
+                fk_memcpy(dev, dst, src, n, NULL, ptsz, true))
 FK_IN_CTX_TWINS(cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds,
                 (CUdeviceptr dst, const void *src, size_t n),
-                fk_memcpy(dev, dst, (CUdeviceptr)src, n, NULL, true))
+                fk_memcpy(dev, dst, (CUdeviceptr)src, n, NULL, ptsz, true))
 FK_IN_CTX_TWINS(cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_ptds,
                 (void *dst, CUdeviceptr src, size_t n),
-                fk_memcpy(dev, (CUdeviceptr)dst, src, n, NULL, true))
+                fk_memcpy(dev, (CUdeviceptr)dst, src, n, NULL, ptsz, true))
 FK_IN_CTX_TWINS(cuMemcpyDtoD_v2, cuMemcpyDtoD_v2_ptds,
                 (CUdeviceptr dst, CUdeviceptr src, size_t n),
-                fk_memcpy(dev, dst, src, n, NULL, true))
+                fk_memcpy(dev, dst, src, n, NULL, ptsz, true))
 FK_IN_CTX_TWINS(cuMemsetD8_v2, cuMemsetD8_v2_ptds,
                 (CUdeviceptr dst, unsigned char v, size_t n),
-                fk_memset(dev, dst, v, n, NULL, true))
+                fk_memset(dev, dst, v, n, NULL, ptsz, true))
 
 CUresult cuEventCreate(CUevent *pe, unsigned int flags) {
   FK_COUNT(cuEventCreate);
@@ -820,22 +1589,282 @@ CUresult cuEventCreate(CUevent *pe, unsigned int flags) {
 
 /* An event call: a NULL event is an invalid handle, as in the driver. */
 #define FK_EVENT_CALL(e, call)                                                 \
-  ((e) == NULL ? CUDA_ERROR_INVALID_HANDLE : fk_result_of(call))
+  ((e) == NULL ? fk_bad_handle() : fk_result_of(call))
+
+/* An operation on a stream (an event record, a wait) in stream order. */
+static CUresult fk_event_op(mp_device_t *dev, CUevent e, CUstream s, bool ptsz,
+                            bool wait) {
+  if (e == NULL)
+    return fk_bad_handle();
+  mp_stream_t hs = NULL;
+  bool captured = false;
+  CUresult r = fk_begin(dev, s, ptsz, NULL, wait ? NULL : e, &hs, &captured);
+  if (r != CUDA_SUCCESS || captured)
+    return r;
+  mp_status_t st = wait ? mp_stream_wait_event(dev, hs, (mp_event_t)e)
+                        : mp_event_record(dev, (mp_event_t)e, hs);
+  fk_end();
+  return fk_result_of(st);
+}
 
 FK_IN_CTX_TWINS(cuEventRecord, cuEventRecord_ptsz, (CUevent e, CUstream s),
-                FK_EVENT_CALL(e, mp_event_record(dev, (mp_event_t)e,
-                                                 fk_stream(s))))
-FK_IN_CTX(cuEventQuery, (CUevent e),
-          FK_EVENT_CALL(e, mp_event_query(dev, (mp_event_t)e)))
-FK_IN_CTX(cuEventSynchronize, (CUevent e),
-          FK_EVENT_CALL(e, mp_event_synchronize(dev, (mp_event_t)e)))
+                fk_event_op(dev, e, s, ptsz, false))
+/* An event last recorded inside a capture cannot be waited for or queried,
+ * whatever the mode (cuda.h, cuThreadExchangeStreamCaptureMode); doing so
+ * invalidates the capture. */
+static CUresult fk_event_wait(mp_device_t *dev, CUevent e, bool query) {
+  if (e == NULL)
+    return fk_bad_handle();
+  if (atomic_load(&fk_n_captures) > 0) {
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&fk.lock);
+    for (fk_stream_t *st = fk_capturing; st != NULL; st = st->cap_next)
+      for (size_t i = 0; i < st->n_cap_events; i++)
+        if (st->cap_events[i] == e)
+          r = fk_capture_conflict(st);
+    pthread_mutex_unlock(&fk.lock);
+    if (r != CUDA_SUCCESS)
+      return r;
+  }
+  return fk_result_of(query ? mp_event_query(dev, (mp_event_t)e)
+                            : mp_event_synchronize(dev, (mp_event_t)e));
+}
+
+FK_IN_CTX(cuEventQuery, (CUevent e), fk_event_wait(dev, e, true))
+FK_IN_CTX(cuEventSynchronize, (CUevent e), fk_event_wait(dev, e, false))
 FK_IN_CTX(cuEventDestroy_v2, (CUevent e),
           FK_EVENT_CALL(e, mp_event_destroy(dev, (mp_event_t)e)))
 FK_IN_CTX_TWINS(cuStreamWaitEvent, cuStreamWaitEvent_ptsz,
                 (CUstream s, CUevent e, unsigned int flags),
-                ((void)flags,
-                 FK_EVENT_CALL(e, mp_stream_wait_event(dev, fk_stream(s),
-                                                       (mp_event_t)e))))
+                ((void)flags, fk_event_op(dev, e, s, ptsz, true)))
+
+/* ---- stream capture and graphs ------------------------------------------- */
+
+/* cuda.h, cuStreamBeginCapture: "Capture may not be initiated if stream is
+ * CU_STREAM_LEGACY"; a stream already capturing is refused too. */
+static CUresult fk_begin_capture(mp_device_t *dev, CUstream h, bool ptsz,
+                                 CUstreamCaptureMode mode) {
+  if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL &&
+      mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+      mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+    return CUDA_ERROR_INVALID_VALUE;
+  struct CUgraph_st *g = calloc(1, sizeof *g);
+  if (g == NULL)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_lock(&fk.lock);
+  fk_stream_t *st = NULL;
+  CUresult r = fk_resolve(dev, h, ptsz, &st);
+  if (r == CUDA_SUCCESS && st == NULL)
+    r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  else if (r == CUDA_SUCCESS && st->cap != CU_STREAM_CAPTURE_STATUS_NONE)
+    r = CUDA_ERROR_ILLEGAL_STATE;
+  if (r == CUDA_SUCCESS) {
+    st->cap = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    st->cap_mode = mode;
+    st->cap_thread = pthread_self();
+    st->cap_id = atomic_fetch_add(&fk_next_capture_id, 1);
+    st->graph = g;
+    st->cap_next = fk_capturing;
+    fk_capturing = st;
+    atomic_fetch_add(&fk_n_captures, 1);
+    g = NULL;
+  }
+  pthread_mutex_unlock(&fk.lock);
+  free(g);
+  return r;
+}
+
+FK_IN_CTX(cuStreamBeginCapture, (CUstream s),
+          fk_begin_capture(dev, s, false, CU_STREAM_CAPTURE_MODE_GLOBAL))
+FK_IN_CTX_TWINS(cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz,
+                (CUstream s, CUstreamCaptureMode mode),
+                fk_begin_capture(dev, s, ptsz, mode))
+
+/* cuda.h, cuStreamEndCapture: a capture not begun relaxed must end in the
+ * thread that began it (CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD); an
+ * invalidated one ends with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and no
+ * graph. */
+static CUresult fk_end_capture(mp_device_t *dev, CUstream h, bool ptsz,
+                               CUgraph *out) {
+  if (out == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fk.lock);
+  fk_stream_t *st = NULL;
+  CUresult r = fk_resolve(dev, h, ptsz, &st);
+  if (r == CUDA_SUCCESS &&
+      (st == NULL || st->cap == CU_STREAM_CAPTURE_STATUS_NONE))
+    r = CUDA_ERROR_ILLEGAL_STATE;
+  else if (r == CUDA_SUCCESS &&
+           st->cap_mode != CU_STREAM_CAPTURE_MODE_RELAXED &&
+           !pthread_equal(st->cap_thread, pthread_self()))
+    r = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+  if (r == CUDA_SUCCESS) {
+    bool valid = st->cap == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    *out = fk_capture_end(st, valid);
+    if (!valid)
+      r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  }
+  pthread_mutex_unlock(&fk.lock);
+  return r;
+}
+
+FK_IN_CTX_TWINS(cuStreamEndCapture, cuStreamEndCapture_ptsz,
+                (CUstream s, CUgraph *g), fk_end_capture(dev, s, ptsz, g))
+
+/* Capture status and id of a stream (legacy: never capturing). */
+static CUresult fk_capture_info(mp_device_t *dev, CUstream h, bool ptsz,
+                                CUstreamCaptureStatus *status, cuuint64_t *id) {
+  if (status == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fk.lock);
+  fk_stream_t *st = NULL;
+  CUresult r = fk_resolve(dev, h, ptsz, &st);
+  if (r == CUDA_SUCCESS) {
+    *status = st != NULL ? st->cap : CU_STREAM_CAPTURE_STATUS_NONE;
+    if (id != NULL && *status != CU_STREAM_CAPTURE_STATUS_NONE)
+      *id = st->cap_id;
+  }
+  pthread_mutex_unlock(&fk.lock);
+  return r;
+}
+
+FK_IN_CTX_TWINS(cuStreamIsCapturing, cuStreamIsCapturing_ptsz,
+                (CUstream s, CUstreamCaptureStatus *status),
+                fk_capture_info(dev, s, ptsz, status, NULL))
+
+/* The graph of an active capture is opaque here: no graph handle or
+ * dependency list is given (NULL, 0). */
+static CUresult fk_capture_info_v3(mp_device_t *dev, CUstream h, bool ptsz,
+                                   CUstreamCaptureStatus *status,
+                                   cuuint64_t *id, CUgraph *graph,
+                                   const CUgraphNode **deps,
+                                   const CUgraphEdgeData **edges,
+                                   size_t *ndeps) {
+  if (graph != NULL)
+    *graph = NULL;
+  if (deps != NULL)
+    *deps = NULL;
+  if (edges != NULL)
+    *edges = NULL;
+  if (ndeps != NULL)
+    *ndeps = 0;
+  return fk_capture_info(dev, h, ptsz, status, id);
+}
+
+FK_IN_CTX_TWINS(cuStreamGetCaptureInfo_v3, cuStreamGetCaptureInfo_v3_ptsz,
+                (CUstream s, CUstreamCaptureStatus *status, cuuint64_t *id,
+                 CUgraph *graph, const CUgraphNode **deps,
+                 const CUgraphEdgeData **edges, size_t *ndeps),
+                fk_capture_info_v3(dev, s, ptsz, status, id, graph, deps, edges,
+                                   ndeps))
+FK_IN_CTX_TWINS(cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v2_ptsz,
+                (CUstream s, CUstreamCaptureStatus *status, cuuint64_t *id,
+                 CUgraph *graph, const CUgraphNode **deps, size_t *ndeps),
+                fk_capture_info_v3(dev, s, ptsz, status, id, graph, deps, NULL,
+                                   ndeps))
+
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
+  FK_COUNT(cuThreadExchangeStreamCaptureMode);
+  FK_NEED_INIT();
+  if (mode == NULL || (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL &&
+                       *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+                       *mode != CU_STREAM_CAPTURE_MODE_RELAXED))
+    return CUDA_ERROR_INVALID_VALUE;
+  CUstreamCaptureMode old = fk_thread_mode;
+  fk_thread_mode = *mode;
+  *mode = old;
+  return CUDA_SUCCESS;
+}
+
+/* Destroying a graph frees the memory its free nodes released (the fake
+ * keeps it until then, so replays can use it). */
+CUresult cuGraphDestroy(CUgraph g) {
+  FK_COUNT(cuGraphDestroy);
+  FK_CURRENT(dev);
+  if (g == NULL)
+    return fk_bad_handle();
+  for (size_t i = 0; i < g->n; i++)
+    if (g->nodes[i]->type == CU_GRAPH_NODE_TYPE_MEM_FREE)
+      (void)fk_free(dev, g->nodes[i]->dst);
+  fk_graph_free(g);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n) {
+  FK_COUNT(cuGraphGetNodes);
+  FK_NEED_INIT();
+  if (g == NULL)
+    return fk_bad_handle();
+  if (n == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (nodes != NULL)
+    for (size_t i = 0; i < *n && i < g->n; i++)
+      nodes[i] = (CUgraphNode)g->nodes[i];
+  *n = g->n;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType *type) {
+  FK_COUNT(cuGraphNodeGetType);
+  FK_NEED_INIT();
+  if (node == NULL || type == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  *type = ((const fk_node_t *)node)->type;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *out, CUgraph g,
+                                     unsigned long long flags) {
+  FK_COUNT(cuGraphInstantiateWithFlags);
+  FK_NEED_INIT();
+  (void)flags;
+  if (out == NULL || g == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  struct CUgraphExec_st *x = calloc(1, sizeof *x);
+  if (x == NULL ||
+      (g->n > 0 && (x->nodes = calloc(g->n, sizeof *x->nodes)) == NULL)) {
+    free(x);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  for (size_t i = 0; i < g->n; i++)
+    x->nodes[i] = *g->nodes[i];
+  x->n = g->n;
+  *out = x;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphExecDestroy(CUgraphExec x) {
+  FK_COUNT(cuGraphExecDestroy);
+  FK_NEED_INIT();
+  if (x == NULL)
+    return fk_bad_handle();
+  free(x->nodes);
+  free(x);
+  return CUDA_SUCCESS;
+}
+
+/* Replays the graph's operations, in order, on stream s. */
+static CUresult fk_graph_launch(mp_device_t *dev, CUgraphExec x, CUstream s,
+                                bool ptsz) {
+  if (x == NULL)
+    return fk_bad_handle();
+  for (size_t i = 0; i < x->n; i++) {
+    const fk_node_t *nd = &x->nodes[i];
+    CUresult r = CUDA_SUCCESS;
+    if (nd->type == CU_GRAPH_NODE_TYPE_HOST)
+      r = fk_launch_host(dev, s, ptsz, nd->fn, nd->arg);
+    else if (nd->type == CU_GRAPH_NODE_TYPE_MEMSET ||
+             nd->type == CU_GRAPH_NODE_TYPE_MEMCPY)
+      r = fk_copy(dev, nd->dst, nd->src, nd->type == CU_GRAPH_NODE_TYPE_MEMSET,
+                  nd->value, nd->n, s, ptsz, false);
+    if (r != CUDA_SUCCESS)
+      return r;
+  }
+  return CUDA_SUCCESS;
+}
+
+FK_IN_CTX_TWINS(cuGraphLaunch, cuGraphLaunch_ptsz, (CUgraphExec x, CUstream s),
+                fk_graph_launch(dev, x, s, ptsz))
 
 /* ---- virtual memory management ------------------------------------------- */
 
@@ -941,7 +1970,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     return fk_result_of(st);
   fk_range_t r = {.base = (uintptr_t)ptr,
                   .size = size,
-                  .ordinal = fk_stack[fk_depth - 1]->ordinal,
+                  .ctx = fk_stack[fk_depth - 1],
                   .phys = p};
   if (!fk_range_add(r)) {
     (void)mp__device_vm_unmap(dev, (void *)ptr, size);
@@ -1010,6 +2039,17 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
   X(CUDA_ERROR_NOT_READY, "device not ready")                                  \
   X(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                       \
   X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                       \
+  X(CUDA_ERROR_ILLEGAL_STATE, "the operation is not permitted in this state")  \
+  X(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,                                     \
+    "operation not permitted when stream is capturing")                        \
+  X(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,                                     \
+    "operation failed due to a previous error during capture")                 \
+  X(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,                                        \
+    "operation would make the legacy stream depend on a capturing blocking "   \
+    "stream")                                                                  \
+  X(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,                                    \
+    "attempt to terminate a thread-local capture sequence from another "       \
+    "thread")                                                                  \
   X(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH,                                         \
     "system has unsupported display driver / cuda driver combination")         \
   X(CUDA_ERROR_UNKNOWN, "unknown error")
@@ -1072,6 +2112,10 @@ static const fk_proc_t fk_procs[] = {
     FK_P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
     FK_P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
     FK_P("cuDevicePrimaryCtxGetState", 7000, cuDevicePrimaryCtxGetState),
+    FK_P("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),
+    FK_P("cuCtxCreate", 3020, cuCtxCreate_v2),
+    FK_P("cuCtxCreate", 12050, cuCtxCreate_v4),
+    FK_P("cuCtxDestroy", 4000, cuCtxDestroy_v2),
     FK_P("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
     FK_P("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
     FK_P("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
@@ -1107,6 +2151,25 @@ static const fk_proc_t fk_procs[] = {
     FK_P("cuEventSynchronize", 2000, cuEventSynchronize),
     FK_P("cuEventDestroy", 4000, cuEventDestroy_v2),
     FK_PT("cuStreamWaitEvent", 3020, cuStreamWaitEvent, cuStreamWaitEvent_ptsz),
+    FK_P("cuStreamBeginCapture", 10000, cuStreamBeginCapture),
+    FK_PT("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2,
+          cuStreamBeginCapture_v2_ptsz),
+    FK_PT("cuStreamEndCapture", 10000, cuStreamEndCapture,
+          cuStreamEndCapture_ptsz),
+    FK_PT("cuStreamIsCapturing", 10000, cuStreamIsCapturing,
+          cuStreamIsCapturing_ptsz),
+    FK_PT("cuStreamGetCaptureInfo", 11030, cuStreamGetCaptureInfo_v2,
+          cuStreamGetCaptureInfo_v2_ptsz),
+    FK_PT("cuStreamGetCaptureInfo", 12030, cuStreamGetCaptureInfo_v3,
+          cuStreamGetCaptureInfo_v3_ptsz),
+    FK_P("cuThreadExchangeStreamCaptureMode", 10010,
+         cuThreadExchangeStreamCaptureMode),
+    FK_P("cuGraphDestroy", 10000, cuGraphDestroy),
+    FK_P("cuGraphGetNodes", 10000, cuGraphGetNodes),
+    FK_P("cuGraphNodeGetType", 10000, cuGraphNodeGetType),
+    FK_P("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
+    FK_PT("cuGraphLaunch", 10000, cuGraphLaunch, cuGraphLaunch_ptsz),
+    FK_P("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
     FK_P("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
     FK_P("cuMemAddressReserve", 10020, cuMemAddressReserve),
     FK_P("cuMemAddressFree", 10020, cuMemAddressFree),

@@ -83,6 +83,17 @@ Test(cuda_device, default_open_falls_back_without_device) {
   mp_device_close(dev);
 }
 
+Test(cuda_device, default_open_does_not_hide_a_failing_driver) {
+  unsetenv("MEMPOOL_DEVICE");
+  setenv("FAKECUDA_INIT_ERROR", "999", 1); /* CUDA_ERROR_UNKNOWN */
+  mp_device_t *dev = NULL;
+  cr_assert_eq(mp_device_open(NULL, &dev), MP_EDRIVER, "%s",
+               dev ? mp_device_name(dev) : mp_last_error());
+  cr_assert_null(dev);
+  cr_assert(strstr(mp_last_error(), "CUDA_ERROR_UNKNOWN") != NULL, "%s",
+            mp_last_error());
+}
+
 Test(cuda_device, entry_points_come_from_cuGetProcAddress) {
   mp_device_t *dev = open_dev("cuda");
   void *p = NULL;

@@ -4,6 +4,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <unistd.h>
+
+#include <cuda.h>
 
 #include <mempool/mempool.h>
 
@@ -168,5 +171,44 @@ Test(cuda_streams, bad_handles_are_reported_not_fatal) {
   cr_assert_eq(mp_event_query(dev, NULL), MP_EINVAL);
   int not_an_event;
   cr_assert_eq(mp_event_destroy(dev, (mp_event_t)&not_an_event), MP_EINVAL);
+  mp_device_close(dev);
+}
+
+static void sleep_then_set(void *flag) {
+  usleep(150000);
+  atomic_store((atomic_int *)flag, 1);
+}
+
+/* mp_device_free keeps cuMemFree's meaning (cuda.h: it "may perform
+ * implicit synchronization", cudaFree does): work the application queued on
+ * a stream of its own, which mempool never saw, is done before the memory
+ * goes. */
+Test(cuda_streams, device_free_waits_for_the_applications_own_streams) {
+  CUresult (*retain)(CUcontext *, CUdevice), (*release)(CUdevice);
+  CUresult (*push)(CUcontext), (*pop)(CUcontext *);
+  CUresult (*create)(CUstream *, unsigned), (*destroy)(CUstream);
+  CUresult (*launch)(CUstream, CUhostFn, void *);
+  FK_LOAD(retain, "cuDevicePrimaryCtxRetain");
+  FK_LOAD(release, "cuDevicePrimaryCtxRelease_v2");
+  FK_LOAD(push, "cuCtxPushCurrent_v2");
+  FK_LOAD(pop, "cuCtxPopCurrent_v2");
+  FK_LOAD(create, "cuStreamCreate");
+  FK_LOAD(destroy, "cuStreamDestroy_v2");
+  FK_LOAD(launch, "cuLaunchHostFunc");
+  mp_device_t *dev = open_dev("cuda");
+  void *p = NULL;
+  cr_assert_eq(mp_device_alloc(dev, 4096, &p), MP_OK);
+  CUcontext ctx;
+  CUstream s;
+  atomic_int flag = 0;
+  cr_assert_eq(retain(&ctx, 0), CUDA_SUCCESS);
+  cr_assert_eq(push(ctx), CUDA_SUCCESS);
+  cr_assert_eq(create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(launch(s, sleep_then_set, &flag), CUDA_SUCCESS);
+  cr_assert_eq(mp_device_free(dev, p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(atomic_load(&flag), 1, "freed under the application's work");
+  cr_assert_eq(destroy(s), CUDA_SUCCESS);
+  cr_assert_eq(pop(NULL), CUDA_SUCCESS);
+  cr_assert_eq(release(0), CUDA_SUCCESS);
   mp_device_close(dev);
 }

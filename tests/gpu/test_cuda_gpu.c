@@ -172,28 +172,34 @@ Test(cuda_gpu, bad_index_is_enodev) {
   cr_assert_null(dev);
 }
 
-/* 0 when a GPU is usable, checked in a child so this process stays clean. */
+/* 0 when a GPU is usable, 77 when there is no driver or no device (the
+ * only reason to skip), 1 when the open fails otherwise (a broken driver or
+ * backend is a failure, not a skip). Checked in a child so this process
+ * stays clean. */
 static int probe_gpu(void) {
   pid_t pid = fork();
   if (pid < 0)
-    return -1;
+    return 1;
   if (pid == 0) {
     mp_device_t *dev = NULL;
     mp_status_t st = mp_device_open("cuda", &dev);
     if (st != MP_OK)
-      fprintf(stderr, "test_cuda_gpu: skipped: %s\n", mp_last_error());
+      fprintf(stderr, "test_cuda_gpu: %s: %s\n",
+              st == MP_ENODEV ? "skipped" : "FAILED to open cuda",
+              mp_last_error());
     mp_device_close(dev);
-    _exit(st == MP_OK ? 0 : 1);
+    _exit(st == MP_OK ? 0 : st == MP_ENODEV ? 77 : 1);
   }
   int status = 0;
-  if (waitpid(pid, &status, 0) != pid)
-    return -1;
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
+    return 1;
+  return WEXITSTATUS(status);
 }
 
 int main(int argc, char *argv[]) {
-  if (probe_gpu() != 0)
-    return 77;
+  int probe = probe_gpu();
+  if (probe != 0)
+    return probe;
   struct criterion_test_set *tests = criterion_initialize();
   int result = 0;
   if (criterion_handle_args(argc, argv, true))

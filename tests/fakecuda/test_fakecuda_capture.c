@@ -1,0 +1,313 @@
+/* Stream capture as the fake driver keeps CUDA's rules (cuda.h,
+ * cuStreamBeginCapture, cuThreadExchangeStreamCaptureMode; the Programming
+ * Guide, "CUDA Graphs"): work on a capturing stream is recorded, not run;
+ * potentially unsafe calls are refused by mode and invalidate the capture;
+ * graphs replay host-function, memset and memcpy nodes. */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include <cuda.h>
+
+#include "fakecuda_test.h"
+
+/* The fake's hook, weak: tests/gpu runs this file against a real
+ * libcuda.so.1 too (gpu_twin.sh), where it is absent and fk_real() holds;
+ * what only the fake promises is then skipped. */
+long long cuFakeGetErrorCount(CUresult code) __attribute__((weak));
+static bool fk_real(void) {
+  return cuFakeGetErrorCount == NULL;
+}
+
+static CUcontext ctx;
+static CUstream s;
+
+static void open_ctx(void) {
+  cr_assert_eq(cuInit(0), CUDA_SUCCESS);
+  cr_assert_eq(cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxPushCurrent(ctx), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+}
+
+static void close_ctx(void) {
+  (void)cuStreamDestroy(s);
+  (void)cuCtxSynchronize();
+  (void)cuCtxPopCurrent(NULL);
+  (void)cuDevicePrimaryCtxRelease(0);
+}
+
+TestSuite(fakecuda_capture, .init = open_ctx, .fini = close_ctx);
+
+static void bump(void *n) {
+  atomic_fetch_add((atomic_int *)n, 1);
+}
+
+static CUgraphNodeType node_type(CUgraph g, size_t i) {
+  CUgraphNode nodes[8];
+  size_t n = 8;
+  cr_assert_eq(cuGraphGetNodes(g, nodes, &n), CUDA_SUCCESS);
+  cr_assert_lt(i, n);
+  CUgraphNodeType t;
+  cr_assert_eq(cuGraphNodeGetType(nodes[i], &t), CUDA_SUCCESS);
+  return t;
+}
+
+static size_t node_count(CUgraph g) {
+  size_t n = 0;
+  cr_assert_eq(cuGraphGetNodes(g, NULL, &n), CUDA_SUCCESS);
+  return n;
+}
+
+Test(fakecuda_capture, captured_work_runs_only_when_the_graph_is_launched) {
+  CUdeviceptr buf, copy;
+  cr_assert_eq(cuMemAlloc(&buf, 256), CUDA_SUCCESS);
+  cr_assert_eq(cuMemAlloc(&copy, 256), CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8(buf, 0, 256), CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8(copy, 0, 256), CUDA_SUCCESS);
+  atomic_int runs = 0;
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  CUstreamCaptureStatus st;
+  cuuint64_t id = 0;
+  cr_assert_eq(cuStreamIsCapturing(s, &st), CUDA_SUCCESS);
+  cr_assert_eq(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  cr_assert_eq(cuStreamGetCaptureInfo(s, &st, &id, NULL, NULL, NULL, NULL),
+               CUDA_SUCCESS);
+  cr_assert_neq(id, 0);
+  cr_assert_eq(cuLaunchHostFunc(s, bump, &runs), CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8Async(buf, 7, 256, s), CUDA_SUCCESS);
+  cr_assert_eq(cuMemcpyAsync(copy, buf, 256, s), CUDA_SUCCESS);
+  CUgraph g = NULL;
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  cr_assert_not_null(g);
+  cr_assert_eq(cuStreamIsCapturing(s, &st), CUDA_SUCCESS);
+  cr_assert_eq(st, CU_STREAM_CAPTURE_STATUS_NONE);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  unsigned char host[256];
+  cr_assert_eq(cuMemcpyDtoH(host, copy, 256), CUDA_SUCCESS);
+  cr_assert_eq(atomic_load(&runs), 0, "captured work ran at capture");
+  cr_assert_eq(host[0], 0);
+  cr_assert_eq(node_count(g), 3);
+  cr_assert_eq(node_type(g, 0), CU_GRAPH_NODE_TYPE_HOST);
+  cr_assert_eq(node_type(g, 1), CU_GRAPH_NODE_TYPE_MEMSET);
+  cr_assert_eq(node_type(g, 2), CU_GRAPH_NODE_TYPE_MEMCPY);
+  CUgraphExec x;
+  cr_assert_eq(cuGraphInstantiate(&x, g, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphLaunch(x, s), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphLaunch(x, s), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  cr_assert_eq(atomic_load(&runs), 2);
+  cr_assert_eq(cuMemcpyDtoH(host, copy, 256), CUDA_SUCCESS);
+  cr_assert_eq(host[0], 7);
+  cr_assert_eq(host[255], 7);
+  cr_assert_eq(cuGraphExecDestroy(x), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFree(buf), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFree(copy), CUDA_SUCCESS);
+}
+
+/* An unsafe call made by this thread: it must get `expect`. */
+typedef CUresult (*call_t)(void);
+
+static CUresult alloc_call(void) {
+  CUdeviceptr p;
+  CUresult r = cuMemAlloc(&p, 64);
+  if (r == CUDA_SUCCESS)
+    cr_assert_eq(cuMemFree(p), CUDA_SUCCESS);
+  return r;
+}
+
+static CUresult sync_call(void) {
+  return cuCtxSynchronize();
+}
+
+static CUresult legacy_sync_call(void) {
+  return cuStreamSynchronize(NULL);
+}
+
+typedef struct {
+  call_t call;
+  CUstreamCaptureMode mode; /* this thread's */
+  CUresult got;
+} other_t;
+
+static void *other_thread(void *p) {
+  other_t *o = p;
+  cr_assert_eq(cuCtxPushCurrent(ctx), CUDA_SUCCESS);
+  CUstreamCaptureMode m = o->mode;
+  cr_assert_eq(cuThreadExchangeStreamCaptureMode(&m), CUDA_SUCCESS);
+  cr_assert_eq(m, CU_STREAM_CAPTURE_MODE_GLOBAL, "a thread starts global");
+  o->got = o->call();
+  (void)cuCtxPopCurrent(NULL);
+  return NULL;
+}
+
+/* Capture on s begun in cap_mode; call runs in another thread whose mode
+ * is thread_mode. Returns what the call got; the capture then ends with
+ * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED exactly when the call was refused. */
+static CUresult call_beside_capture(CUstreamCaptureMode cap_mode,
+                                    CUstreamCaptureMode thread_mode,
+                                    call_t call) {
+  cr_assert_eq(cuStreamBeginCapture(s, cap_mode), CUDA_SUCCESS);
+  other_t o = {.call = call, .mode = thread_mode};
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, other_thread, &o), 0);
+  pthread_join(t, NULL);
+  CUgraph g = (CUgraph)&g;
+  CUresult end = cuStreamEndCapture(s, &g);
+  if (o.got == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) {
+    cr_assert_eq(end, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    cr_assert_null(g);
+  } else {
+    cr_assert_eq(end, CUDA_SUCCESS);
+    cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+  }
+  return o.got;
+}
+
+Test(fakecuda_capture, global_capture_refuses_unsafe_calls_of_other_threads) {
+  long long before =
+      fk_real() ? 0
+                : cuFakeGetErrorCount(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  const CUstreamCaptureMode g = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  cr_assert_eq(call_beside_capture(g, g, alloc_call),
+               CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  cr_assert_eq(call_beside_capture(g, g, sync_call),
+               CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  cr_assert_eq(call_beside_capture(g, g, legacy_sync_call),
+               CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  if (!fk_real())
+    cr_assert_eq(
+        cuFakeGetErrorCount(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) - before, 3);
+}
+
+Test(fakecuda_capture, other_threads_unaffected_unless_both_are_global) {
+  cr_assert_eq(call_beside_capture(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                                   CU_STREAM_CAPTURE_MODE_GLOBAL, alloc_call),
+               CUDA_SUCCESS);
+  cr_assert_eq(call_beside_capture(CU_STREAM_CAPTURE_MODE_RELAXED,
+                                   CU_STREAM_CAPTURE_MODE_GLOBAL, sync_call),
+               CUDA_SUCCESS);
+  cr_assert_eq(call_beside_capture(CU_STREAM_CAPTURE_MODE_GLOBAL,
+                                   CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                                   alloc_call),
+               CUDA_SUCCESS);
+  cr_assert_eq(call_beside_capture(CU_STREAM_CAPTURE_MODE_GLOBAL,
+                                   CU_STREAM_CAPTURE_MODE_RELAXED, sync_call),
+               CUDA_SUCCESS);
+}
+
+Test(fakecuda_capture, own_capture_refuses_unsafe_calls_unless_relaxed) {
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+               CUDA_SUCCESS);
+  cr_assert_eq(alloc_call(), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CUstreamCaptureStatus st;
+  cr_assert_eq(cuStreamIsCapturing(s, &st), CUDA_SUCCESS);
+  cr_assert_eq(st, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+  atomic_int runs = 0;
+  cr_assert_eq(cuLaunchHostFunc(s, bump, &runs),
+               CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CUgraph g;
+  cr_assert_eq(cuStreamEndCapture(s, &g),
+               CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  cr_assert_null(g);
+  /* The stream is usable again, and nothing captured ever ran. */
+  cr_assert_eq(alloc_call(), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED),
+               CUDA_SUCCESS);
+  cr_assert_eq(alloc_call(), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+  cr_assert_eq(atomic_load(&runs), 0);
+}
+
+Test(fakecuda_capture, waiting_on_the_capture_invalidates_it_in_any_mode) {
+  CUgraph g;
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  cr_assert_eq(cuStreamEndCapture(s, &g),
+               CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CUevent e;
+  cr_assert_eq(cuEventCreate(&e, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuEventRecord(e, s), CUDA_SUCCESS);
+  cr_assert_eq(cuEventQuery(e), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  cr_assert_eq(cuStreamEndCapture(s, &g),
+               CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  cr_assert_eq(cuEventDestroy(e), CUDA_SUCCESS);
+}
+
+Test(fakecuda_capture, stream_ordered_allocation_becomes_graph_nodes) {
+  long long allocs = fk_real() ? 0 : fk_calls("cuMemAlloc_v2");
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  CUdeviceptr p = 0;
+  cr_assert_eq(cuMemAllocAsync(&p, 4096, s), CUDA_SUCCESS);
+  cr_assert_neq(p, 0);
+  cr_assert_eq(cuMemsetD8Async(p, 1, 4096, s), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFreeAsync(p, s), CUDA_SUCCESS);
+  CUgraph g;
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  cr_assert_eq(node_count(g), 3);
+  cr_assert_eq(node_type(g, 0), CU_GRAPH_NODE_TYPE_MEM_ALLOC);
+  cr_assert_eq(node_type(g, 2), CU_GRAPH_NODE_TYPE_MEM_FREE);
+  if (!fk_real())
+    cr_assert_eq(fk_calls("cuMemAlloc_v2"), allocs);
+  CUgraphExec x;
+  cr_assert_eq(cuGraphInstantiate(&x, g, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphLaunch(x, s), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphExecDestroy(x), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+}
+
+static void *end_elsewhere(void *p) {
+  cr_assert_eq(cuCtxPushCurrent(ctx), CUDA_SUCCESS);
+  CUgraph g;
+  *(CUresult *)p = cuStreamEndCapture(s, &g);
+  (void)cuCtxPopCurrent(NULL);
+  return NULL;
+}
+
+Test(fakecuda_capture, capture_misuse_is_refused) {
+  cr_assert_eq(cuStreamBeginCapture(NULL, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CUgraph g;
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_ERROR_ILLEGAL_STATE);
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_ERROR_ILLEGAL_STATE);
+  CUresult r = CUDA_SUCCESS;
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, end_elsewhere, &r), 0);
+  pthread_join(t, NULL);
+  cr_assert_eq(r, CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+}
+
+/* cuda.h, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: legacy-stream work would wait
+ * for a capturing blocking stream, which is refused and invalidates the
+ * capture; a capturing non-blocking stream is not concerned. */
+Test(fakecuda_capture, legacy_work_beside_a_capturing_blocking_stream) {
+  atomic_int runs = 0;
+  CUgraph g;
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuLaunchHostFunc(NULL, bump, &runs), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+  CUstream b;
+  cr_assert_eq(cuStreamCreate(&b, CU_STREAM_DEFAULT), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamBeginCapture(b, CU_STREAM_CAPTURE_MODE_RELAXED),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuLaunchHostFunc(NULL, bump, &runs),
+               CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+  cr_assert_eq(cuStreamEndCapture(b, &g),
+               CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  cr_assert_eq(cuStreamDestroy(b), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxSynchronize(), CUDA_SUCCESS);
+  cr_assert_eq(atomic_load(&runs), 1);
+}

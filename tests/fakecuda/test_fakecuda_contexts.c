@@ -1,0 +1,134 @@
+/* Contexts as the fake driver keeps CUDA's rules (cuda.h, "Context
+ * Management", "Primary Context Management"): a context made with
+ * cuCtxCreate has its own streams, memory and work; each device of
+ * FAKECUDA_DEVICE_COUNT has its own primary context; cuDevicePrimaryCtxReset
+ * destroys what the context held; a destroyed context is invalid. */
+#include <stdatomic.h>
+#include <unistd.h>
+
+#include <cuda.h>
+
+#include "fakecuda_test.h"
+
+/* The fake's hook, weak: tests/gpu runs this file against a real
+ * libcuda.so.1 too (gpu_twin.sh), where it is absent and fk_real() holds;
+ * what only the fake promises is then skipped. */
+long long cuFakeGetErrorCount(CUresult code) __attribute__((weak));
+static bool fk_real(void) {
+  return cuFakeGetErrorCount == NULL;
+}
+
+static void two_devices(void) {
+  if (!fk_real())
+    cr_assert_eq(setenv("FAKECUDA_DEVICE_COUNT", "2", 1), 0);
+  cr_assert_eq(cuInit(0), CUDA_SUCCESS);
+}
+
+TestSuite(fakecuda_contexts, .init = two_devices);
+
+static void slow_set(void *flag) {
+  usleep(150000);
+  atomic_store((atomic_int *)flag, 1);
+}
+
+static CUcontext primary(int dev) {
+  CUcontext c;
+  cr_assert_eq(cuDevicePrimaryCtxRetain(&c, dev), CUDA_SUCCESS);
+  return c;
+}
+
+/* Work in `busy`'s stream; with `other` current, cuCtxSynchronize must not
+ * wait for it and the stream is not a stream of `other`. */
+static void contexts_are_apart(CUcontext busy, CUcontext other) {
+  cr_assert_eq(cuCtxPushCurrent(busy), CUDA_SUCCESS);
+  CUstream s;
+  cr_assert_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  atomic_int flag = 0;
+  cr_assert_eq(cuLaunchHostFunc(s, slow_set, &flag), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxPushCurrent(other), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxSynchronize(), CUDA_SUCCESS);
+  cr_assert_eq(atomic_load(&flag), 0, "another context's work was waited");
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_ERROR_INVALID_HANDLE);
+  cr_assert_eq(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  cr_assert_eq(atomic_load(&flag), 1);
+  cr_assert_eq(cuStreamDestroy(s), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
+}
+
+Test(fakecuda_contexts, a_created_context_has_its_own_streams_and_work) {
+  CUcontext p = primary(0), c;
+  cr_assert_eq(cuCtxCreate(&c, NULL, 0, 0), CUDA_SUCCESS);
+  CUcontext cur;
+  cr_assert_eq(cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+  cr_assert_eq(cur, c, "cuCtxCreate makes the new context current");
+  cr_assert_eq(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
+  contexts_are_apart(p, c);
+  contexts_are_apart(c, p);
+  cr_assert_eq(cuCtxDestroy(c), CUDA_SUCCESS);
+  cr_assert_eq(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+}
+
+Test(fakecuda_contexts, each_device_has_its_own_primary_context) {
+  int n = 0;
+  cr_assert_eq(cuDeviceGetCount(&n), CUDA_SUCCESS);
+  if (fk_real() && n < 2)
+    cr_skip_test("one GPU");
+  cr_assert_eq(n, fk_real() ? n : 2);
+  CUcontext a = primary(0), b = primary(1);
+  cr_assert_neq(a, b);
+  cr_assert_eq(cuCtxPushCurrent(b), CUDA_SUCCESS);
+  CUdevice d = -1;
+  cr_assert_eq(cuCtxGetDevice(&d), CUDA_SUCCESS);
+  cr_assert_eq(d, 1);
+  cr_assert_eq(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
+  contexts_are_apart(a, b);
+  contexts_are_apart(b, a);
+  cr_assert_eq(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+  cr_assert_eq(cuDevicePrimaryCtxRelease(1), CUDA_SUCCESS);
+}
+
+Test(fakecuda_contexts, primary_context_reset_destroys_what_it_held) {
+  CUcontext p = primary(0);
+  cr_assert_eq(cuCtxPushCurrent(p), CUDA_SUCCESS);
+  CUdeviceptr mem;
+  CUstream s;
+  cr_assert_eq(cuMemAlloc(&mem, 4096), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(cuDevicePrimaryCtxReset(0), CUDA_SUCCESS);
+  unsigned flags;
+  int active = 1;
+  cr_assert_eq(cuDevicePrimaryCtxGetState(0, &flags, &active), CUDA_SUCCESS);
+  cr_assert_eq(active, 0);
+  cr_assert_eq(cuMemAlloc(&mem, 64), CUDA_ERROR_INVALID_CONTEXT);
+  cr_assert_eq(cuDevicePrimaryCtxRetain(&p, 0), CUDA_SUCCESS);
+  if (fk_real()) /* stale handles: undefined on a real driver */
+    return;
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_ERROR_INVALID_HANDLE);
+  cr_assert_eq(cuMemGetAddressRange(NULL, NULL, mem), CUDA_ERROR_NOT_FOUND);
+  cr_assert_eq(cuMemFree(mem), CUDA_ERROR_INVALID_VALUE);
+  cr_assert_eq(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
+  cr_assert_eq(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+}
+
+Test(fakecuda_contexts, a_destroyed_context_is_invalid) {
+  CUcontext c;
+  cr_assert_eq(cuCtxCreate(&c, NULL, 0, 1), CUDA_SUCCESS);
+  CUdeviceptr mem;
+  cr_assert_eq(cuMemAlloc(&mem, 4096), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxDestroy(c), CUDA_SUCCESS);
+  CUcontext cur = c;
+  cr_assert_eq(cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+  cr_assert_null(cur, "the destroyed current context was not popped");
+  if (fk_real()) /* a destroyed handle: undefined on a real driver */
+    return;
+  cr_assert_eq(cuCtxDestroy(c), CUDA_ERROR_INVALID_CONTEXT);
+  cr_assert_eq(cuCtxPushCurrent(c), CUDA_SUCCESS);
+  cr_assert_eq(cuMemAlloc(&mem, 64), CUDA_ERROR_INVALID_CONTEXT);
+  cr_assert_eq(cuCtxSynchronize(), CUDA_ERROR_INVALID_CONTEXT);
+  cr_assert_eq(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
+  CUcontext p = primary(0);
+  cr_assert_eq(cuCtxDestroy(p), CUDA_ERROR_INVALID_CONTEXT,
+               "a primary context is released, not destroyed");
+  cr_assert_eq(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+}

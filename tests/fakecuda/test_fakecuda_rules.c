@@ -1,0 +1,264 @@
+/* CUDA's documented rules, as the fake driver keeps them: programs call the
+ * driver API directly (this test links the fake libcuda.so.1). A "kernel" is
+ * a host function (cuLaunchHostFunc) that sleeps or waits for a flag; a
+ * rule's test fails on a fake that is kinder than a GPU. tests/gpu has the
+ * same rules on real hardware. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cuda.h>
+
+#include "fakecuda_test.h"
+
+long long cuFakeGetCallCount(const char *name);
+/* The fake's hook, weak: tests/gpu runs this file against a real
+ * libcuda.so.1 too (gpu_twin.sh), where it is absent and fk_real() holds;
+ * what only the fake promises is then skipped. */
+long long cuFakeGetErrorCount(CUresult code) __attribute__((weak));
+static bool fk_real(void) {
+  return cuFakeGetErrorCount == NULL;
+}
+CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *arg);
+CUresult cuStreamSynchronize_ptsz(CUstream s);
+
+static CUcontext ctx;
+
+static void open_ctx(void) {
+  cr_assert_eq(cuInit(0), CUDA_SUCCESS);
+  cr_assert_eq(cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxPushCurrent(ctx), CUDA_SUCCESS);
+}
+
+static void close_ctx(void) {
+  (void)cuCtxSynchronize();
+  (void)cuCtxPopCurrent(NULL);
+  (void)cuDevicePrimaryCtxRelease(0);
+}
+
+TestSuite(fakecuda_rules, .init = open_ctx, .fini = close_ctx);
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* A kernel that sleeps 150 ms, then raises its flag. */
+static void slow_set(void *flag) {
+  usleep(150000);
+  atomic_store((atomic_int *)flag, 1);
+}
+
+/* What a later kernel saw of an earlier one's flag. */
+typedef struct {
+  atomic_int *flag;
+  atomic_int seen;
+} probe_t;
+
+static void probe(void *p) {
+  probe_t *pr = p;
+  atomic_store(&pr->seen, atomic_load(pr->flag) + 1); /* 1: not set, 2: set */
+}
+
+/* A kernel that waits (up to 2 s) for a flag another stream raises. */
+static void wait_for_flag(void *p) {
+  probe_t *pr = p;
+  double end = now_s() + 2.0;
+  while (atomic_load(pr->flag) == 0 && now_s() < end)
+    usleep(1000);
+  atomic_store(&pr->seen, atomic_load(pr->flag) + 1);
+}
+
+static void set_flag(void *flag) {
+  atomic_store((atomic_int *)flag, 1);
+}
+
+/* Kernel `first` on stream a, then `second` on stream b; the one that
+ * probes (first when first_probes) watches the other's flag. Returns what
+ * the probe saw: 2 when the flag was up. */
+static int run_pair(CUstream a, CUhostFn first, bool first_probes, CUstream b,
+                    CUhostFn second) {
+  atomic_int flag = 0;
+  probe_t pr = {.flag = &flag};
+  cr_assert_eq(cuLaunchHostFunc(a, first, first_probes ? (void *)&pr : &flag),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuLaunchHostFunc(b, second, first_probes ? (void *)&flag : &pr),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuCtxSynchronize(), CUDA_SUCCESS);
+  cr_assert_neq(atomic_load(&pr.seen), 0, "the probe never ran");
+  return atomic_load(&pr.seen);
+}
+
+/* Stream A's slow kernel, then a probe on stream B: did B wait for A? */
+static bool b_waited_for_a(CUstream a, CUstream b) {
+  return run_pair(a, slow_set, false, b, probe) == 2;
+}
+
+/* cuda.h "Stream synchronization behavior": the legacy default stream
+ * waits for blocking streams and they wait for it. */
+Test(fakecuda_rules, legacy_stream_and_blocking_streams_wait_for_each_other) {
+  CUstream s;
+  cr_assert_eq(cuStreamCreate(&s, CU_STREAM_DEFAULT), CUDA_SUCCESS);
+  cr_assert(b_waited_for_a(s, NULL), "legacy work overtook a blocking stream");
+  cr_assert(b_waited_for_a(NULL, s), "a blocking stream overtook legacy work");
+  cr_assert(b_waited_for_a(s, CU_STREAM_LEGACY));
+  cr_assert_eq(cuStreamDestroy(s), CUDA_SUCCESS);
+}
+
+/* "CU_STREAM_NON_BLOCKING: work running in the created stream may run
+ * concurrently with work in stream 0 (the NULL stream), and the created
+ * stream should perform no implicit synchronization with stream 0": a
+ * legacy kernel that waits for a non-blocking stream's kernel must see it. */
+Test(fakecuda_rules, non_blocking_streams_run_beside_the_legacy_stream) {
+  CUstream n;
+  cr_assert_eq(cuStreamCreate(&n, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(run_pair(NULL, wait_for_flag, true, n, set_flag), 2,
+               "the non-blocking stream waited");
+  cr_assert_not(b_waited_for_a(n, NULL));
+  cr_assert_eq(cuStreamDestroy(n), CUDA_SUCCESS);
+}
+
+/* The per-thread default stream (CU_STREAM_PER_THREAD, or NULL for the
+ * _ptsz entry points) is a different stream in every thread. */
+typedef struct {
+  atomic_int *gate;
+  bool ptsz;
+} pt_arg_t;
+
+static void *raise_on_per_thread_stream(void *p) {
+  pt_arg_t *a = p;
+  cr_assert_eq(cuCtxPushCurrent(ctx), CUDA_SUCCESS);
+  CUresult r = a->ptsz
+                   ? cuLaunchHostFunc_ptsz(NULL, set_flag, a->gate)
+                   : cuLaunchHostFunc(CU_STREAM_PER_THREAD, set_flag, a->gate);
+  cr_assert_eq(r, CUDA_SUCCESS);
+  cr_assert_eq(a->ptsz ? cuStreamSynchronize_ptsz(NULL)
+                       : cuStreamSynchronize(CU_STREAM_PER_THREAD),
+               CUDA_SUCCESS);
+  (void)cuCtxPopCurrent(NULL);
+  return NULL;
+}
+
+static void per_thread_streams_are_apart(bool ptsz) {
+  atomic_int gate = 0;
+  probe_t pr = {.flag = &gate};
+  CUresult r = ptsz
+                   ? cuLaunchHostFunc_ptsz(NULL, wait_for_flag, &pr)
+                   : cuLaunchHostFunc(CU_STREAM_PER_THREAD, wait_for_flag, &pr);
+  cr_assert_eq(r, CUDA_SUCCESS);
+  pthread_t t;
+  pt_arg_t a = {.gate = &gate, .ptsz = ptsz};
+  cr_assert_eq(pthread_create(&t, NULL, raise_on_per_thread_stream, &a), 0);
+  pthread_join(t, NULL);
+  cr_assert_eq(cuCtxSynchronize(), CUDA_SUCCESS);
+  cr_assert_eq(atomic_load(&pr.seen), 2,
+               "two threads' per-thread streams were one stream");
+}
+
+Test(fakecuda_rules, per_thread_stream_is_a_different_stream_in_each_thread) {
+  per_thread_streams_are_apart(false);
+}
+
+Test(fakecuda_rules, ptsz_entry_points_use_the_threads_own_stream) {
+  per_thread_streams_are_apart(true);
+}
+
+/* Programming Guide: the per-thread default stream "is not a non-blocking
+ * stream and will synchronize with the legacy default stream". */
+Test(fakecuda_rules, per_thread_stream_synchronizes_with_the_legacy_stream) {
+  cr_assert(b_waited_for_a(NULL, CU_STREAM_PER_THREAD));
+  cr_assert(b_waited_for_a(CU_STREAM_PER_THREAD, NULL));
+}
+
+/* cuda.h, cuMemFree / cuCtxSynchronize: both wait for all work of the
+ * context, streams the application made included (the Programming Guide:
+ * a device memory free is an implicit synchronization). */
+static void free_or_sync_waits_for_app_stream(bool free_it) {
+  CUstream s;
+  cr_assert_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  CUdeviceptr p;
+  cr_assert_eq(cuMemAlloc(&p, 4096), CUDA_SUCCESS);
+  atomic_int flag = 0;
+  cr_assert_eq(cuLaunchHostFunc(s, slow_set, &flag), CUDA_SUCCESS);
+  cr_assert_eq(free_it ? cuMemFree(p) : cuCtxSynchronize(), CUDA_SUCCESS);
+  cr_assert_eq(atomic_load(&flag), 1, "returned before the stream's work");
+  if (!free_it)
+    cr_assert_eq(cuMemFree(p), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamDestroy(s), CUDA_SUCCESS);
+}
+
+Test(fakecuda_rules, mem_free_waits_for_the_applications_streams) {
+  free_or_sync_waits_for_app_stream(true);
+}
+
+Test(fakecuda_rules, ctx_synchronize_waits_for_the_applications_streams) {
+  free_or_sync_waits_for_app_stream(false);
+}
+
+/* cuda.h, cuStreamDestroy: returns at once while the stream still has
+ * work, which completes; the handle is invalid afterwards. */
+Test(fakecuda_rules, stream_destroy_returns_at_once_and_kills_the_handle) {
+  CUstream s;
+  cr_assert_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  atomic_int flag = 0;
+  cr_assert_eq(cuLaunchHostFunc(s, slow_set, &flag), CUDA_SUCCESS);
+  double t0 = now_s();
+  cr_assert_eq(cuStreamDestroy(s), CUDA_SUCCESS);
+  cr_assert_lt(now_s() - t0, 0.1, "cuStreamDestroy waited for the stream");
+  cr_assert_eq(atomic_load(&flag), 0);
+  /* A real driver leaves the use of a destroyed handle undefined. */
+  if (fk_real()) {
+    cr_assert_eq(cuCtxSynchronize(), CUDA_SUCCESS);
+    cr_assert_eq(atomic_load(&flag), 1);
+    return;
+  }
+  long long bad = cuFakeGetErrorCount(CUDA_ERROR_INVALID_HANDLE);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_ERROR_INVALID_HANDLE);
+  cr_assert_eq(cuLaunchHostFunc(s, set_flag, &flag), CUDA_ERROR_INVALID_HANDLE);
+  cr_assert_eq(cuStreamQuery(s), CUDA_ERROR_INVALID_HANDLE);
+  cr_assert_eq(cuStreamDestroy(s), CUDA_ERROR_INVALID_HANDLE);
+  cr_assert_eq(cuFakeGetErrorCount(CUDA_ERROR_INVALID_HANDLE) - bad, 4);
+  cr_assert_eq(cuCtxSynchronize(), CUDA_SUCCESS);
+  cr_assert_eq(atomic_load(&flag), 1, "the destroyed stream's work was lost");
+}
+
+Test(fakecuda_rules, default_streams_cannot_be_destroyed) {
+  cr_assert_eq(cuStreamDestroy(NULL), CUDA_ERROR_INVALID_HANDLE);
+  cr_assert_eq(cuStreamDestroy(CU_STREAM_PER_THREAD),
+               CUDA_ERROR_INVALID_HANDLE);
+  CUstream s;
+  cr_assert_eq(cuStreamCreate(&s, 0x40), CUDA_ERROR_INVALID_VALUE);
+}
+
+/* cuda.h, cuLaunchHostFunc: "The host function must not make any CUDA API
+ * calls. Attempting to use a CUDA API may result in
+ * CUDA_ERROR_NOT_PERMITTED". */
+typedef struct {
+  CUresult alloc, ctx;
+} in_host_t;
+
+static void call_cuda(void *p) {
+  in_host_t *r = p;
+  CUdeviceptr d;
+  CUcontext c;
+  r->alloc = cuMemAlloc(&d, 64);
+  r->ctx = cuCtxGetCurrent(&c);
+}
+
+Test(fakecuda_rules, cuda_calls_from_a_host_function_are_refused) {
+  if (fk_real())
+    cr_skip_test("a real driver only \"may\" refuse (or hang)");
+  in_host_t r = {CUDA_SUCCESS, CUDA_SUCCESS};
+  long long before = cuFakeGetErrorCount(CUDA_ERROR_NOT_PERMITTED);
+  cr_assert_eq(cuLaunchHostFunc(NULL, call_cuda, &r), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxSynchronize(), CUDA_SUCCESS);
+  cr_assert_eq(r.alloc, CUDA_ERROR_NOT_PERMITTED);
+  cr_assert_eq(r.ctx, CUDA_ERROR_NOT_PERMITTED);
+  cr_assert_eq(cuFakeGetErrorCount(CUDA_ERROR_NOT_PERMITTED) - before, 2);
+  /* The stream's thread is an ordinary thread again afterwards. */
+  CUdeviceptr d;
+  cr_assert_eq(cuMemAlloc(&d, 64), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
+}

@@ -1,0 +1,69 @@
+/* rules_prog.c - the issue-9 reproducer: a driver-API program that relies
+ * on cuMemFree keeping CUDA's ordering, linked with the fake libcuda.so.1
+ * (tests/fakecuda), run with or without the shim.
+ *
+ * A "kernel" (a host function on non-blocking stream n1) sleeps, then reads
+ * its buffer; the program frees the buffer (cuMemFree waits for all work
+ * of the context, or may: cuda.h), allocates the same size again and
+ * memsets the new buffer on a second non-blocking stream n2. The kernel
+ * must still read what was there before the free.
+ * Prints "ok" and exits 0, or says what broke and exits 1. */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#define MP_BYTES (1u << 20)
+
+typedef struct {
+  CUdeviceptr p;
+  atomic_int seen;
+} read_t;
+
+static void slow_read(void *arg) {
+  read_t *r = arg;
+  usleep(150000);
+  atomic_store(&r->seen, *(volatile unsigned char *)(uintptr_t)r->p);
+}
+
+#define MP_TRY(call)                                                           \
+  do {                                                                         \
+    CUresult r_ = (call);                                                      \
+    if (r_ != CUDA_SUCCESS) {                                                  \
+      printf("%s: error %d\n", #call, (int)r_);                                \
+      return 1;                                                                \
+    }                                                                          \
+  } while (0)
+
+int main(void) {
+  CUcontext ctx;
+  CUstream n1, n2;
+  CUdeviceptr q;
+  read_t rd = {0};
+  MP_TRY(cuInit(0));
+  MP_TRY(cuDevicePrimaryCtxRetain(&ctx, 0));
+  MP_TRY(cuCtxPushCurrent(ctx));
+  MP_TRY(cuStreamCreate(&n1, CU_STREAM_NON_BLOCKING));
+  MP_TRY(cuStreamCreate(&n2, CU_STREAM_NON_BLOCKING));
+  MP_TRY(cuMemAlloc(&rd.p, MP_BYTES));
+  MP_TRY(cuMemsetD8(rd.p, 1, MP_BYTES));
+  MP_TRY(cuLaunchHostFunc(n1, slow_read, &rd));
+  MP_TRY(cuMemFree(rd.p));
+  MP_TRY(cuMemAlloc(&q, MP_BYTES));
+  MP_TRY(cuMemsetD8Async(q, 2, MP_BYTES, n2));
+  MP_TRY(cuCtxSynchronize());
+  if (atomic_load(&rd.seen) != 1) {
+    printf("the kernel on n1 read %d, not 1: the freed buffer was reused "
+           "(new buffer %s the old) and overwritten on n2 under it\n",
+           atomic_load(&rd.seen), q == rd.p ? "==" : "!=");
+    return 1;
+  }
+  MP_TRY(cuMemFree(q));
+  MP_TRY(cuStreamDestroy(n1));
+  MP_TRY(cuStreamDestroy(n2));
+  MP_TRY(cuCtxPopCurrent(NULL));
+  MP_TRY(cuDevicePrimaryCtxRelease(0));
+  puts("ok");
+  return 0;
+}
