@@ -6,13 +6,14 @@
  *
  * Served from the pool: an outer call in pool mode without the
  * write-combined flag (write-combined memory is a different memory type;
- * it goes to the driver). Portable and mapped requests are served: the
- * pool's chunks are cuMemHostAlloc(CU_MEMHOSTALLOC_PORTABLE), and with
- * unified addressing all page-locked memory from cuMemHostAlloc is mapped
- * into every device at the same address (CUDA Driver API, "Unified
- * Addressing"). A free goes to the pool when the shim's table says the
- * pool handed the pointer out; any other pointer (the driver's, memory
- * from cudaHostRegister is never freed here) goes to the real entry point.
+ * it goes to the driver; the host device has none, its pool serves all).
+ * Portable and mapped requests are served: the pool's chunks are
+ * cuMemHostAlloc(CU_MEMHOSTALLOC_PORTABLE), and with unified addressing all
+ * page-locked memory from cuMemHostAlloc is mapped into every device at the
+ * same address (CUDA Driver API, "Unified Addressing"). A free goes to the pool
+ * when the shim's table says the pool handed the pointer out; any other pointer
+ * (the driver's, memory from cudaHostRegister is never freed here) goes to the
+ * real entry point.
  *
  * cudaFreeHost and cuMemFreeHost synchronize the device before the memory
  * goes (the driver's do, as an implicit synchronization); the shim keeps
@@ -130,8 +131,9 @@ static unsigned int mp__h_alloc(mp__hvariant_t v, void **p, size_t bytes,
   bool outer = mp__pl_enter();
   const mp__pl_t *pl = outer ? mp__pl_get() : NULL;
   mp_host_pool_t *hp = NULL;
+  /* The emulated device has no write-combined memory: the pool serves all. */
   if (pl != NULL && pl->mode == MP__PL_POOL &&
-      (flags & MP__HOST_WRITECOMBINED) == 0)
+      (pl->host || (flags & MP__HOST_WRITECOMBINED) == 0))
     hp = mp__hpl_get(pl);
   unsigned int r;
   if (hp != NULL) {

@@ -1,7 +1,8 @@
 /* pinned_rt_prog.c - page-locked staging buffers through the shared CUDA
  * runtime, for the preload tests: N cudaHostAlloc and N cudaMallocHost
  * allocations of assorted sizes, each filled and checked, then freed with
- * cudaFreeHost; cudaFreeHost(NULL) succeeds. Prints "pinned=2N" and exits
+ * cudaFreeHost; one write-combined buffer too; cudaFreeHost(NULL) succeeds.
+ * Prints "pinned=2N+1" and exits
  * 0, or names the failed call and exits 2. */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
@@ -36,6 +37,12 @@ int main(int argc, char **argv) {
     check(cudaFreeHost(p), "cudaFreeHost");
     done++;
   }
+  /* Write-combined: the driver's on a GPU; the host device serves it. */
+  void *wc = NULL;
+  check(cudaHostAlloc(&wc, 4096, cudaHostAllocWriteCombined),
+        "cudaHostAlloc(write-combined)");
+  check(cudaFreeHost(wc), "cudaFreeHost(write-combined)");
+  done++;
   check(cudaFreeHost(NULL), "cudaFreeHost(NULL)");
   printf("pinned=%d\n", done);
   return 0;
