@@ -24,7 +24,14 @@
  * reserved bytes the device's used memory since it was opened, as
  * cuMemGetInfo reports it (so the driver's own rounding shows).
  * "cuda-async" is CUDA's own pool (cuda_async.c). Both are listed on the
- * host device so that a run without a GPU says they were skipped. */
+ * host device so that a run without a GPU says they were skipped.
+ *
+ * Page-locked host memory (a staging workload's buffers): "host-pool" and
+ * "host-pool:OPTS" are mempool's host pool (mempool/host_pool.h; OPTS as a
+ * pool's: max_bytes, align, segment_bytes, max_split), measured from its
+ * stats; "host-pow2" is PyTorch's CachingHostAllocator's policy
+ * (host_pow2.c); "host-direct" is one mp_device_host_alloc per request and
+ * one mp_device_host_free per free (cudaHostAlloc/cudaFreeHost). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,7 +47,10 @@ typedef enum {
   MPB_KIND_DIRECT,
   MPB_KIND_JEMALLOC,
   MPB_KIND_RAW,
-  MPB_KIND_CUDA_ASYNC
+  MPB_KIND_CUDA_ASYNC,
+  MPB_KIND_HOST_POOL,
+  MPB_KIND_HOST_POW2,
+  MPB_KIND_HOST_DIRECT
 } mpb_kind_t;
 
 typedef struct mpb_jemalloc mpb_jemalloc_t;
@@ -53,7 +63,16 @@ struct mpb_allocator {
   size_t raw_base;    /* RAW: device memory in use when it was opened */
   uint64_t raw_calls; /* RAW: device allocations + frees */
   mpb_cuasync_t *cu;  /* CUDA_ASYNC */
+  mp_host_pool_t *hp; /* HOST_POOL */
+  mpb_pow2_t *pow2;   /* HOST_POW2 */
+  size_t raw_held;    /* HOST_DIRECT: page-locked bytes held now */
+  mp__ptrmap_t held;  /* HOST_DIRECT: ptr -> bytes (mpb_held_t) */
 };
+
+typedef struct mpb_held {
+  uintptr_t key;
+  size_t bytes;
+} mpb_held_t;
 
 const char *const mpb_default_allocators[] = {
     "pool",     "pool:virtual=0", "pool:max_split=64M", "direct",
@@ -84,7 +103,16 @@ void mpb_allocator_help(FILE *out) {
           "                       per request, cuMemFree per free; "
           "reserved is the\n"
           "                       device's used memory (cuMemGetInfo) "
-          "(needs a GPU)\n",
+          "(needs a GPU)\n"
+          "  host-pool[:KEY=VAL]  page-locked host memory: mempool's host "
+          "pool\n"
+          "  host-pow2            page-locked, PyTorch CachingHostAllocator's "
+          "policy:\n"
+          "                       power-of-two sizes, cached, never split\n"
+          "  host-direct          page-locked, one host_alloc per request, "
+          "one\n"
+          "                       host_free per free "
+          "(cudaHostAlloc/cudaFreeHost)\n",
 #if MPBENCH_HAVE_JEMALLOC
           ""
 #else
@@ -98,6 +126,11 @@ static bool mpb_prefix(const char *name, const char *word) {
   return strncmp(name, word, n) == 0 && (name[n] == '\0' || name[n] == ':');
 }
 
+bool mpb_allocator_is_pinned(const char *name) {
+  return mpb_prefix(name, "host-pool") || strcmp(name, "host-pow2") == 0 ||
+         strcmp(name, "host-direct") == 0;
+}
+
 static bool mpb_is_gpu_only(const char *name) {
   return strcmp(name, "cuda-async") == 0 || strcmp(name, "cuda-malloc") == 0;
 }
@@ -107,11 +140,12 @@ mp_status_t mpb_allocator_check_name(const char *name) {
     return mp__fail(MP_EINVAL, "empty allocator name");
   if (mpb_prefix(name, "pool") || mpb_prefix(name, "child") ||
       strcmp(name, "direct") == 0 || strcmp(name, "jemalloc") == 0 ||
-      mpb_is_gpu_only(name))
+      mpb_is_gpu_only(name) || mpb_allocator_is_pinned(name))
     return MP_OK;
   return mp__fail(MP_EINVAL,
                   "unknown allocator '%s' (pool, pool:OPTS, child:bytes=SIZE, "
-                  "direct, jemalloc, cuda-async, cuda-malloc)",
+                  "direct, jemalloc, cuda-async, cuda-malloc, host-pool, "
+                  "host-pool:OPTS, host-pow2, host-direct)",
                   name);
 }
 
@@ -311,6 +345,18 @@ mp_status_t mpb_allocator_open(const char *name, mp_device_t *dev,
     size_t free_b, total_b;
     st = mp_device_mem_info(dev, &free_b, &total_b);
     a->raw_base = total_b - free_b;
+  } else if (make == NULL && mpb_prefix(name, "host-pool")) {
+    a->kind = MPB_KIND_HOST_POOL;
+    mp_pool_config_t cfg = {0};
+    st = name[9] == ':' ? mp_pool_config_parse(&cfg, name + 10) : MP_OK;
+    if (st == MP_OK)
+      st = mp_host_pool_create(dev, &cfg, &a->hp);
+  } else if (make == NULL && strcmp(name, "host-pow2") == 0) {
+    a->kind = MPB_KIND_HOST_POW2;
+    st = mpb_pow2_open(dev, &a->pow2);
+  } else if (make == NULL && strcmp(name, "host-direct") == 0) {
+    a->kind = MPB_KIND_HOST_DIRECT;
+    mp__ptrmap_init(&a->held, sizeof(mpb_held_t));
   } else if (make == NULL && strcmp(name, "jemalloc") == 0) {
     a->kind = MPB_KIND_JEMALLOC;
 #if MPBENCH_HAVE_JEMALLOC
@@ -330,6 +376,35 @@ mp_status_t mpb_allocator_open(const char *name, mp_device_t *dev,
   return MP_OK;
 }
 
+/* ---- host-direct: the driver's page-locked calls, nothing between ---- */
+
+static mp_status_t mpb_host_direct_alloc(mpb_allocator_t *a, size_t size,
+                                         void **out) {
+  a->raw_calls++;
+  mp_status_t st = mp_device_host_alloc(a->dev, size, out);
+  if (st != MP_OK)
+    return st;
+  mpb_held_t *e = mp__ptrmap_put(&a->held, (uintptr_t)*out);
+  if (e == NULL) {
+    mp_device_host_free(a->dev, *out);
+    return mp__fail(MP_ENOMEM, "host-direct: out of host memory");
+  }
+  e->bytes = size;
+  a->raw_held += size;
+  return MP_OK;
+}
+
+static mp_status_t mpb_host_direct_free(mpb_allocator_t *a, void *ptr) {
+  if (ptr == NULL)
+    return MP_OK;
+  mpb_held_t e;
+  if (!mp__ptrmap_take(&a->held, (uintptr_t)ptr, &e))
+    return mp__fail(MP_EINVAL, "host-direct: %p is not live", ptr);
+  a->raw_calls++;
+  a->raw_held -= e.bytes;
+  return mp_device_host_free(a->dev, ptr);
+}
+
 mp_status_t mpb_allocator_alloc(mpb_allocator_t *a, size_t size, mp_stream_t s,
                                 void **out) {
   if (a->kind == MPB_KIND_RAW) {
@@ -338,6 +413,12 @@ mp_status_t mpb_allocator_alloc(mpb_allocator_t *a, size_t size, mp_stream_t s,
   }
   if (a->kind == MPB_KIND_CUDA_ASYNC)
     return mpb_cuasync_alloc(a->cu, size, s, out);
+  if (a->kind == MPB_KIND_HOST_POOL)
+    return mp_host_pool_alloc(a->hp, size, s, out);
+  if (a->kind == MPB_KIND_HOST_POW2)
+    return mpb_pow2_alloc(a->pow2, size, out);
+  if (a->kind == MPB_KIND_HOST_DIRECT)
+    return mpb_host_direct_alloc(a, size, out);
 #if MPBENCH_HAVE_JEMALLOC
   if (a->kind == MPB_KIND_JEMALLOC) {
     *out = mallocx(size, MALLOCX_ARENA(a->je->arena) | MALLOCX_TCACHE_NONE);
@@ -355,6 +436,12 @@ mp_status_t mpb_allocator_free(mpb_allocator_t *a, void *ptr) {
   }
   if (a->kind == MPB_KIND_CUDA_ASYNC)
     return mpb_cuasync_free(a->cu, ptr);
+  if (a->kind == MPB_KIND_HOST_POOL)
+    return mp_host_pool_free(a->hp, ptr);
+  if (a->kind == MPB_KIND_HOST_POW2)
+    return mpb_pow2_free(a->pow2, ptr);
+  if (a->kind == MPB_KIND_HOST_DIRECT)
+    return mpb_host_direct_free(a, ptr);
 #if MPBENCH_HAVE_JEMALLOC
   if (a->kind == MPB_KIND_JEMALLOC) {
     if (ptr != NULL)
@@ -378,6 +465,15 @@ void mpb_allocator_sample(mpb_allocator_t *a, mpb_sample_t *out) {
     out->device_calls = a->raw_calls;
     return;
   }
+  if (a->kind == MPB_KIND_HOST_POW2) {
+    mpb_pow2_sample(a->pow2, &out->reserved, &out->device_calls);
+    return;
+  }
+  if (a->kind == MPB_KIND_HOST_DIRECT) {
+    out->reserved = a->raw_held;
+    out->device_calls = a->raw_calls;
+    return;
+  }
   if (a->kind == MPB_KIND_CUDA_ASYNC) {
     out->reserved = mpb_cuasync_reserved(a->cu);
     out->no_device_calls = true;
@@ -391,11 +487,13 @@ void mpb_allocator_sample(mpb_allocator_t *a, mpb_sample_t *out) {
   }
 #endif
   mp_stats_t s;
-  if (mp_allocator_get_stats(a->mp, &s) != MP_OK)
+  if ((a->kind == MPB_KIND_HOST_POOL
+           ? mp_host_pool_get_stats(a->hp, &s)
+           : mp_allocator_get_stats(a->mp, &s)) != MP_OK)
     return;
   out->reserved = s.reserved_bytes;
   out->device_calls = s.device_alloc_count + s.device_free_count;
-  if (a->kind == MPB_KIND_MEMPOOL) {
+  if (a->kind == MPB_KIND_MEMPOOL || a->kind == MPB_KIND_HOST_POOL) {
     out->has_free_info = true;
     out->free_bytes = s.reserved_bytes > s.allocated_bytes
                           ? s.reserved_bytes - s.allocated_bytes
@@ -417,6 +515,17 @@ void mpb_allocator_close(mpb_allocator_t *a) {
 #endif
   if (a->kind == MPB_KIND_CUDA_ASYNC)
     mpb_cuasync_close(a->cu);
+  if (a->hp != NULL)
+    mp_host_pool_destroy(a->hp);
+  mpb_pow2_close(a->pow2);
+  if (a->kind == MPB_KIND_HOST_DIRECT) {
+    for (size_t i = 0; i < a->held.cap; i++) {
+      mpb_held_t *e = mp__ptrmap_at(&a->held, i);
+      if (e != NULL)
+        mp_device_host_free(a->dev, (void *)e->key);
+    }
+    mp__ptrmap_destroy(&a->held);
+  }
   if (a->mp != NULL)
     mp_allocator_destroy(a->mp);
   free(a);

@@ -117,6 +117,9 @@ mp_status_t mpb_allocator_free(mpb_allocator_t *a, void *ptr);
 void mpb_allocator_sample(mpb_allocator_t *a, mpb_sample_t *out);
 /* The mempool allocator under it, or NULL (jemalloc, ...). */
 mp_allocator_t *mpb_allocator_mempool(mpb_allocator_t *a);
+/* Whether name serves page-locked host memory (host-pool, host-pow2,
+ * host-direct): the host device's capacity= does not bound it. */
+bool mpb_allocator_is_pinned(const char *name);
 void mpb_allocator_close(mpb_allocator_t *a);
 extern const char *const mpb_default_allocators[];
 void mpb_allocator_help(FILE *out);
@@ -131,6 +134,15 @@ mp_status_t mpb_cuasync_alloc(mpb_cuasync_t *c, size_t size, mp_stream_t s,
 mp_status_t mpb_cuasync_free(mpb_cuasync_t *c, void *ptr);
 size_t mpb_cuasync_reserved(mpb_cuasync_t *c);
 void mpb_cuasync_close(mpb_cuasync_t *c);
+
+/* ---- host_pow2.c: PyTorch-like power-of-two pinned cache ("host-pow2") - */
+
+typedef struct mpb_pow2 mpb_pow2_t;
+mp_status_t mpb_pow2_open(mp_device_t *dev, mpb_pow2_t **out);
+mp_status_t mpb_pow2_alloc(mpb_pow2_t *p, size_t size, void **out);
+mp_status_t mpb_pow2_free(mpb_pow2_t *p, void *ptr);
+void mpb_pow2_sample(mpb_pow2_t *p, size_t *reserved, uint64_t *calls);
+void mpb_pow2_close(mpb_pow2_t *p);
 
 /* ---- replay.c: one workload through one allocator, and its figures ----- */
 

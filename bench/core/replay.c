@@ -388,7 +388,8 @@ mp_status_t mpb_replay(const mpb_workload_t *w, const char *allocator,
 
   if (!opts->capacity_search || !r->completed) {
     r->capacity_state = MPB_CAP_NONE;
-  } else if (!is_host) {
+  } else if (!is_host || mpb_allocator_is_pinned(allocator)) {
+    /* capacity= bounds device memory, not page-locked host memory. */
     r->capacity_state = MPB_CAP_NA;
   } else {
     const char *base =

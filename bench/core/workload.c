@@ -18,7 +18,12 @@
  *  - random: RMM's random_allocations pattern: random sizes, random frees,
  *    bounded live bytes.
  *  - adversarial: big blocks interleaved with small long-lived ones, freed,
- *    then asked for again slightly bigger, so no earlier hole fits. */
+ *    then asked for again slightly bigger, so no earlier hole fits.
+ *  - staging: what a serving engine puts through page-locked host buffers
+ *    (run it with the host-* allocators): per step, input ids and positions
+ *    staged in, sampled ids and sometimes log-probabilities staged out,
+ *    and now and then a run of KV-cache blocks offloaded to host memory
+ *    that stays there for some steps before it is swapped back in. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -430,6 +435,81 @@ static mp_status_t mpb_gen_adversarial(mpb_workload_t *w,
   return st;
 }
 
+/* ---- staging -------------------------------------------------------------
+ */
+
+static mpb_param_t mpb_staging_params[] = {
+    {"seed", false, 1, 0, UINT64_MAX, "PRNG seed"},
+    {"steps", false, 2000, 1, 10000000, "engine steps"},
+    {"max_batch", false, 64, 1, 4096, "sequences per step from 1..max_batch"},
+    {"max_tokens", false, 2048, 1, 1000000,
+     "tokens per sequence staged in, from 1..max_tokens"},
+    {"vocab", false, 32000, 1, 1000000, "vocabulary (log-probs staged out)"},
+    {"kv_block", true, (uint64_t)160 << 10, 1, (uint64_t)1 << 30,
+     "bytes of one offloaded KV block"},
+    {"max_blocks", false, 48, 1, 100000, "blocks per offload from 1..max"},
+    {"max_hold", false, 64, 1, 100000,
+     "steps an offload stays, from 1..max_hold"},
+};
+
+typedef struct mpb_offload {
+  uint32_t slot;
+  uint64_t until; /* the step it is swapped back in */
+} mpb_offload_t;
+
+static mp_status_t mpb_gen_staging(mpb_workload_t *w, const mpb_params_t *ps) {
+  uint64_t rng = mpb_param(ps, "seed");
+  uint64_t steps = mpb_param(ps, "steps");
+  size_t max_hold = mpb_param(ps, "max_hold");
+  /* At most one offload starts per step, so max_hold bound the live ones. */
+  mpb_offload_t *off = malloc((max_hold + 1) * sizeof *off);
+  if (off == NULL)
+    return mp__fail(MP_ENOMEM, "staging: out of host memory");
+  size_t noff = 0;
+  mp_status_t st = MP_OK;
+  for (uint64_t step = 0; step < steps && st == MP_OK; step++) {
+    size_t batch = mpb_rand_range(&rng, 1, mpb_param(ps, "max_batch"));
+    size_t tokens = mpb_rand_range(&rng, 1, mpb_param(ps, "max_tokens"));
+    /* Prefill steps stage many tokens; most steps decode one each. */
+    if (mpb_rand(&rng) % 4 != 0)
+      tokens = 1;
+    uint32_t ids, pos, out, lp = 0;
+    bool logprobs = mpb_rand(&rng) % 8 == 0;
+    if ((st = mpb_workload_alloc(w, batch * tokens * 8, 0, &ids)) != MP_OK ||
+        (st = mpb_workload_alloc(w, batch * tokens * 4, 0, &pos)) != MP_OK ||
+        (st = mpb_workload_alloc(w, batch * 8, 0, &out)) != MP_OK)
+      break;
+    if (logprobs &&
+        (st = mpb_workload_alloc(w, batch * mpb_param(ps, "vocab") * 4, 0,
+                                 &lp)) != MP_OK)
+      break;
+    /* Swap-ins due now, then maybe an offload of a run of blocks. */
+    for (size_t i = 0; i < noff && st == MP_OK;) {
+      if (off[i].until <= step) {
+        st = mpb_workload_free_slot(w, off[i].slot);
+        off[i] = off[--noff];
+      } else {
+        i++;
+      }
+    }
+    if (st == MP_OK && noff < max_hold && mpb_rand(&rng) % 4 == 0) {
+      size_t blocks = mpb_rand_range(&rng, 1, mpb_param(ps, "max_blocks"));
+      off[noff].until = step + mpb_rand_range(&rng, 1, max_hold);
+      st = mpb_workload_alloc(w, blocks * mpb_param(ps, "kv_block"), 0,
+                              &off[noff].slot);
+      noff += st == MP_OK;
+    }
+    /* The step's copies are done: its staging buffers go. */
+    if (st == MP_OK && logprobs)
+      st = mpb_workload_free_slot(w, lp);
+    if (st == MP_OK && (st = mpb_workload_free_slot(w, out)) == MP_OK &&
+        (st = mpb_workload_free_slot(w, pos)) == MP_OK)
+      st = mpb_workload_free_slot(w, ids);
+  }
+  free(off);
+  return st;
+}
+
 /* ---- the table ------------------------------------------------------------
  */
 
@@ -455,10 +535,14 @@ static const mpb_builtin_t mpb_builtins[] = {
      mpb_random_params, MPB_N(mpb_random_params), mpb_gen_random},
     {"adversarial", "growing blocks fenced by pins: no hole ever fits again",
      mpb_adv_params, MPB_N(mpb_adv_params), mpb_gen_adversarial},
+    {"staging",
+     "a serving engine's page-locked staging buffers: inputs,\n"
+     "               outputs and offloaded KV blocks (host-* allocators)",
+     mpb_staging_params, MPB_N(mpb_staging_params), mpb_gen_staging},
 };
 
-const char *const mpb_builtin_names[] = {"llm", "cnn", "random", "adversarial",
-                                         NULL};
+const char *const mpb_builtin_names[] = {"llm",         "cnn",     "random",
+                                         "adversarial", "staging", NULL};
 
 void mpb_workload_help(FILE *out) {
   for (size_t i = 0; i < MPB_N(mpb_builtins); i++) {
@@ -489,7 +573,7 @@ mp_status_t mpb_workload_generate(const char *spec, mpb_workload_t *out) {
   if (b == NULL)
     return mp__fail(MP_EINVAL,
                     "unknown workload '%.*s' (built-in: llm, cnn, random, "
-                    "adversarial)",
+                    "adversarial, staging)",
                     (int)len, spec);
   mpb_param_t params[16];
   memcpy(params, b->params, b->nparams * sizeof *params);

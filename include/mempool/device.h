@@ -14,7 +14,8 @@
  *                       16G). Plain allocations and mapped virtual memory
  *                       count; reservations and host_alloc memory do not.
  *      latency_us=N     sleep added to every device allocate and free (and
- *                       virtual-memory map and unmap); 0 to 10000000
+ *                       virtual-memory map and unmap, and page-locked
+ *                       host_alloc and host_free); 0 to 10000000
  *      fail_after=N     the N-th device allocation (1-based; mp_device_alloc
  *                       and virtual-memory maps both count) and every later
  *                       one fail with MP_ENOMEM; 0 disables

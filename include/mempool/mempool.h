@@ -12,6 +12,7 @@
 #include <mempool/allocator.h>
 #include <mempool/device.h>
 #include <mempool/direct.h>
+#include <mempool/host_pool.h>
 #include <mempool/pool.h>
 #include <mempool/stats.h>
 #include <mempool/status.h>

@@ -88,4 +88,11 @@ mp_status_t mp__device_vm_release(mp_device_t *dev, void *base, size_t bytes);
 mp_status_t mp__device_vm_map(mp_device_t *dev, void *addr, size_t bytes);
 mp_status_t mp__device_vm_unmap(mp_device_t *dev, void *addr, size_t bytes);
 
+/* ---- pinned.c: the page-locked host memory of a device as a device ---- */
+
+/* A device whose alloc/free are under's host_alloc/host_free and whose
+ * streams and events are under's; no virtual memory. mp_device_close
+ * closes the view only; under must outlive it. */
+mp_status_t mp__device_pinned_open(mp_device_t *under, mp_device_t **out);
+
 #endif /* MEMPOOL_DEVICE_BACKEND_H */

@@ -806,6 +806,8 @@ static mp_status_t host_free(mp_device_t *dev, void *ptr) {
 
 static mp_status_t host_host_alloc(mp_device_t *dev, size_t bytes, void **out) {
   host_dev_t *h = host_of(dev);
+  /* Pinning pages is a driver call like any other (cuMemHostAlloc). */
+  host_sleep_us(h->latency_us);
   void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED)
@@ -838,6 +840,7 @@ static mp_status_t host_host_free(mp_device_t *dev, void *ptr) {
   mp_status_t st = host_sync_all(h, "mp_device_host_free");
   if (st != MP_OK)
     return st;
+  host_sleep_us(h->latency_us);
   size_t bytes;
   if (!host_map_take(h, &h->pinned, ptr, &bytes))
     return mp__fail(MP_EINVAL, "mp_device_host_free: %p was already freed",

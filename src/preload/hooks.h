@@ -40,9 +40,15 @@ MP__EXPORT mp__cudaerr cudaFreeAsync_ptsz(void *devPtr, mp__custream hStream);
 MP__EXPORT mp__cudaerr cudaMemGetInfo(size_t *free, size_t *total);
 MP__EXPORT mp__cudaerr cudaMallocManaged(void **devPtr, size_t size,
                                          unsigned int flags);
+
+/* host.c */
 MP__EXPORT mp__cudaerr cudaMallocHost(void **ptr, size_t size);
 MP__EXPORT mp__cudaerr cudaHostAlloc(void **pHost, size_t size,
                                      unsigned int flags);
 MP__EXPORT mp__cudaerr cudaFreeHost(void *ptr);
+MP__EXPORT mp__curesult cuMemHostAlloc(void **pp, size_t bytesize,
+                                       unsigned int Flags);
+MP__EXPORT mp__curesult cuMemAllocHost_v2(void **pp, size_t bytesize);
+MP__EXPORT mp__curesult cuMemFreeHost(void *p);
 
 #endif /* MEMPOOL_PRELOAD_HOOKS_H */

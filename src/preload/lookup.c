@@ -96,17 +96,18 @@ typedef struct mp__hook_name {
 #define MP__HOOK(f)                                                            \
   { #f, (void *)&f }
 static const mp__hook_name_t mp__hooks[] = {
-    MP__HOOK(cuMemAlloc_v2),    MP__HOOK(cuMemFree_v2),
-    MP__HOOK(cuMemAllocAsync),  MP__HOOK(cuMemAllocAsync_ptsz),
-    MP__HOOK(cuMemFreeAsync),   MP__HOOK(cuMemFreeAsync_ptsz),
-    MP__HOOK(cuMemGetInfo_v2),  MP__HOOK(cuMemGetAddressRange_v2),
-    MP__HOOK(cuGetProcAddress), MP__HOOK(cuGetProcAddress_v2),
-    MP__HOOK(cudaMalloc),       MP__HOOK(cudaFree),
-    MP__HOOK(cudaMallocAsync),  MP__HOOK(cudaMallocAsync_ptsz),
-    MP__HOOK(cudaFreeAsync),    MP__HOOK(cudaFreeAsync_ptsz),
-    MP__HOOK(cudaMemGetInfo),   MP__HOOK(cudaMallocManaged),
-    MP__HOOK(cudaMallocHost),   MP__HOOK(cudaHostAlloc),
-    MP__HOOK(cudaFreeHost),
+    MP__HOOK(cuMemAlloc_v2),     MP__HOOK(cuMemFree_v2),
+    MP__HOOK(cuMemAllocAsync),   MP__HOOK(cuMemAllocAsync_ptsz),
+    MP__HOOK(cuMemFreeAsync),    MP__HOOK(cuMemFreeAsync_ptsz),
+    MP__HOOK(cuMemGetInfo_v2),   MP__HOOK(cuMemGetAddressRange_v2),
+    MP__HOOK(cuGetProcAddress),  MP__HOOK(cuGetProcAddress_v2),
+    MP__HOOK(cudaMalloc),        MP__HOOK(cudaFree),
+    MP__HOOK(cudaMallocAsync),   MP__HOOK(cudaMallocAsync_ptsz),
+    MP__HOOK(cudaFreeAsync),     MP__HOOK(cudaFreeAsync_ptsz),
+    MP__HOOK(cudaMemGetInfo),    MP__HOOK(cudaMallocManaged),
+    MP__HOOK(cudaMallocHost),    MP__HOOK(cudaHostAlloc),
+    MP__HOOK(cudaFreeHost),      MP__HOOK(cuMemHostAlloc),
+    MP__HOOK(cuMemAllocHost_v2), MP__HOOK(cuMemFreeHost),
 };
 #undef MP__HOOK
 

@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "../internal.h"
 
@@ -63,6 +64,9 @@ typedef struct mp__real_cuda {
   mp__curesult (*ctx_get_device)(int *);
   mp__curesult (*stream_is_capturing)(mp__custream, unsigned int *);
   mp__curesult (*stream_is_capturing_ptsz)(mp__custream, unsigned int *);
+  mp__curesult (*mem_host_alloc)(void **, size_t, unsigned int);
+  mp__curesult (*mem_alloc_host)(void **, size_t);
+  mp__curesult (*mem_free_host)(void *);
 } mp__real_cuda_t;
 
 typedef struct mp__real_cudart {
@@ -148,6 +152,12 @@ void mp__pl_record_finish(const mp__pl_t *pl);
 void mp__pl_record_prepare(void);
 void mp__pl_record_parent(void);
 void mp__pl_record_child(void);
+
+/* ---- host.c ------------------------------------------------------------- */
+
+/* The report's "host_pool" object (",\n  \"host_pool\": {...}"), nothing
+ * when no host pool was made. */
+void mp__pl_host_report(FILE *f);
 
 /* ---- lookup.c ----------------------------------------------------------- */
 

@@ -189,7 +189,7 @@ void mp__pl_record_other(const char *what, uintptr_t ptr, size_t size) {
   pthread_mutex_lock(&mp__rec.lock);
   if (strcmp(what, "managed") == 0)
     mp__rec.managed++;
-  else
+  else if (strcmp(what, "pinned") == 0)
     mp__rec.pinned++;
   if (mp__rec.json && mp__rec.trace != NULL && !mp__rec.closed)
     fprintf(mp__rec.trace,
@@ -250,6 +250,7 @@ static void mp__report(FILE *f, const mp__pl_t *pl, const mp_stats_t *pool) {
             (unsigned long long)s.device_free_count,
             (unsigned long long)s.oom_count);
   }
+  mp__pl_host_report(f);
   fputs("\n}\n", f);
 }
 

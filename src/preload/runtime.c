@@ -237,24 +237,4 @@ mp__cudaerr cudaMallocManaged(void **devPtr, size_t size, unsigned int flags) {
   return mp__rt_other_alloc(MP__PL_FROM_DEVICE, devPtr, size, flags, false);
 }
 
-mp__cudaerr cudaMallocHost(void **ptr, size_t size) {
-  return mp__rt_other_alloc(MP__PL_FROM_HOSTMEM, ptr, size, 0, false);
-}
-
-mp__cudaerr cudaHostAlloc(void **pHost, size_t size, unsigned int flags) {
-  return mp__rt_other_alloc(MP__PL_FROM_HOSTMEM, pHost, size, flags, true);
-}
-
-mp__cudaerr cudaFreeHost(void *ptr) {
-  const mp__real_cudart_t *rt = mp__pl_real_cudart();
-  mp__pl_block_t b;
-  if (mp__pl_table_take((uintptr_t)ptr, &b)) {
-    if (b.kind == MP__PL_FROM_HOSTMEM)
-      return mp__pl_cuda_error(mp_device_host_free(mp__pl_get()->dev, ptr));
-    mp__pl_table_put(b.ptr, b.size, b.stream, b.kind); /* not pinned memory */
-    return MP__CUDA_INVALID_VALUE;
-  }
-  if (ptr == NULL && (rt->free_host == NULL || mp__pl_get()->host))
-    return MP__CUDA_SUCCESS;
-  return rt->free_host ? rt->free_host(ptr) : MP__CUDA_INIT_ERROR;
-}
+/* cudaMallocHost, cudaHostAlloc, cudaFreeHost: host.c. */

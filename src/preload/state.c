@@ -52,6 +52,9 @@ static void mp__rc_start(void) {
   MP__RESOLVE(mp__rc, h, ctx_get_device, "cuCtxGetDevice");
   MP__RESOLVE(mp__rc, h, stream_is_capturing, "cuStreamIsCapturing");
   MP__RESOLVE(mp__rc, h, stream_is_capturing_ptsz, "cuStreamIsCapturing_ptsz");
+  MP__RESOLVE(mp__rc, h, mem_host_alloc, "cuMemHostAlloc");
+  MP__RESOLVE(mp__rc, h, mem_alloc_host, "cuMemAllocHost_v2");
+  MP__RESOLVE(mp__rc, h, mem_free_host, "cuMemFreeHost");
 }
 
 const mp__real_cuda_t *mp__pl_real_cuda(void) {

@@ -164,6 +164,20 @@ Test(device_memory, latency_us_delays_allocate_and_free) {
   mp_device_close(dev);
 }
 
+/* Pinning pages is a driver call too (cuMemHostAlloc): it pays the same. */
+Test(device_memory, latency_us_delays_page_locked_allocate_and_free) {
+  mp_device_t *dev = open_dev("host:latency_us=20000");
+  void *p = NULL;
+  double t0 = now_s();
+  cr_assert_eq(mp_device_host_alloc(dev, 4096, &p), MP_OK);
+  double t1 = now_s();
+  cr_assert_eq(mp_device_host_free(dev, p), MP_OK);
+  double t2 = now_s();
+  cr_expect_geq(t1 - t0, 0.019, "host_alloc took %.4f s", t1 - t0);
+  cr_expect_geq(t2 - t1, 0.019, "host_free took %.4f s", t2 - t1);
+  mp_device_close(dev);
+}
+
 static void slow_increment(void *arg) {
   struct timespec ts = {.tv_sec = 0, .tv_nsec = 1000000};
   nanosleep(&ts, NULL);

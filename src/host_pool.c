@@ -1,0 +1,100 @@
+/* host_pool.c - the host pool: a caching allocator for page-locked host
+ * memory, made of the device pool (src/pool) over the pinned view of a
+ * device (device/pinned.c). Nothing here allocates: every call goes to the
+ * mp_pool_t, which brings best fit, stream-ordered reuse, the cap, trim,
+ * stats, dump and check; this file only owns the view's lifetime and fixes
+ * the configuration a page-locked pool needs.
+ *
+ * Invariant: hp->pool draws from hp->view, which lives until the pool is
+ * destroyed. */
+#include <stdlib.h>
+
+#include "device/backend.h"
+
+struct mp_host_pool {
+  mp_pool_t *pool;
+  mp_device_t *view;
+};
+
+#define MP__CHECK_HP(hp)                                                       \
+  do {                                                                         \
+    if (MP__UNLIKELY((hp) == NULL))                                            \
+      return mp__fail(MP_EINVAL, "%s: host pool is NULL", __func__);           \
+  } while (0)
+
+mp_status_t mp_host_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
+                                mp_host_pool_t **out) {
+  if (out == NULL)
+    return mp__fail(MP_EINVAL, "mp_host_pool_create: out is NULL");
+  if (dev == NULL)
+    return mp__fail(MP_EINVAL, "mp_host_pool_create: device is NULL");
+  mp_pool_config_t c = {0};
+  if (cfg != NULL)
+    c = *cfg;
+  /* Page-locked memory cannot be mapped into a reserved range, and host
+   * buffers are raw pointers that must never move. */
+  c.flags = 0;
+  mp_host_pool_t *hp = calloc(1, sizeof *hp);
+  if (hp == NULL)
+    return mp__fail(MP_ENOMEM, "out of host memory creating a host pool");
+  mp_status_t st = mp__device_pinned_open(dev, &hp->view);
+  if (st == MP_OK) {
+    st = mp_pool_create(hp->view, &c, &hp->pool);
+    if (st != MP_OK)
+      mp_device_close(hp->view);
+  }
+  if (st != MP_OK) {
+    free(hp);
+    return st;
+  }
+  *out = hp;
+  return MP_OK;
+}
+
+mp_status_t mp_host_pool_destroy(mp_host_pool_t *hp) {
+  MP__CHECK_HP(hp);
+  mp_status_t st = mp_pool_destroy(hp->pool);
+  if (st != MP_OK)
+    return st;
+  mp_device_close(hp->view);
+  free(hp);
+  return MP_OK;
+}
+
+mp_status_t mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes, mp_stream_t s,
+                               void **out) {
+  MP__CHECK_HP(hp);
+  return mp_pool_alloc(hp->pool, bytes, s, out);
+}
+
+mp_status_t mp_host_pool_free(mp_host_pool_t *hp, void *ptr) {
+  MP__CHECK_HP(hp);
+  return mp_pool_free(hp->pool, ptr);
+}
+
+mp_status_t mp_host_pool_record_stream(mp_host_pool_t *hp, void *ptr,
+                                       mp_stream_t s) {
+  MP__CHECK_HP(hp);
+  return mp_pool_record_stream(hp->pool, ptr, s);
+}
+
+mp_status_t mp_host_pool_trim(mp_host_pool_t *hp, size_t keep_bytes) {
+  MP__CHECK_HP(hp);
+  return mp_pool_trim(hp->pool, keep_bytes);
+}
+
+mp_status_t mp_host_pool_get_stats(mp_host_pool_t *hp, mp_stats_t *out) {
+  MP__CHECK_HP(hp);
+  return mp_pool_get_stats(hp->pool, out);
+}
+
+mp_status_t mp_host_pool_dump(mp_host_pool_t *hp, FILE *out,
+                              const char *format) {
+  MP__CHECK_HP(hp);
+  return mp_pool_dump(hp->pool, out, format);
+}
+
+mp_status_t mp_host_pool_check(mp_host_pool_t *hp) {
+  MP__CHECK_HP(hp);
+  return mp_pool_check(hp->pool);
+}

@@ -1,0 +1,208 @@
+/* host.c - the page-locked host memory hooks: cudaMallocHost,
+ * cudaHostAlloc, cudaFreeHost, cuMemHostAlloc, cuMemAllocHost_v2 and
+ * cuMemFreeHost, served from a host pool (mempool/host_pool.h) on the
+ * shim's device, so that a program that pins and unpins staging buffers
+ * makes a driver call per 2 MiB chunk instead of one per request.
+ *
+ * Served from the pool: an outer call in pool mode without the
+ * write-combined flag (write-combined memory is a different memory type;
+ * it goes to the driver; the host device has none, its pool serves all).
+ * Portable and mapped requests are served: the pool's chunks are
+ * cuMemHostAlloc(CU_MEMHOSTALLOC_PORTABLE), and with unified addressing all
+ * page-locked memory from cuMemHostAlloc is mapped into every device at the
+ * same address (CUDA Driver API, "Unified Addressing"). A free goes to the pool
+ * when the shim's table says the pool handed the pointer out; any other pointer
+ * (the driver's, memory from cudaHostRegister is never freed here) goes to the
+ * real entry point.
+ *
+ * cudaFreeHost and cuMemFreeHost synchronize the device before the memory
+ * goes (the driver's do, as an implicit synchronization); the shim keeps
+ * that, so a buffer an async copy still reads is never handed out again.
+ *
+ * The host pool is made on the first served call, on the device of the
+ * shim's state; a forked child makes its own (its parent's device is not
+ * its device). */
+#include <dlfcn.h>
+
+#include "hooks.h"
+
+/* CU_MEMHOSTALLOC_WRITECOMBINED == cudaHostAllocWriteCombined (cuda.h,
+ * cuda_runtime_api.h). */
+#define MP__HOST_WRITECOMBINED 0x04u
+
+static struct {
+  pthread_mutex_t lock;
+  mp_device_t *dev; /* the device hp was made on */
+  mp_host_pool_t *hp;
+} mp__hpl = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void mp__hpl_child(void) {
+  pthread_mutex_init(&mp__hpl.lock, NULL);
+  mp__hpl.dev = NULL;
+  mp__hpl.hp = NULL; /* the parent's, left alone */
+}
+
+/* The host pool of pl's device, made on first use; NULL when it cannot be
+ * made (the call then goes to the driver). */
+static mp_host_pool_t *mp__hpl_get(const mp__pl_t *pl) {
+  static bool atfork_done;
+  pthread_mutex_lock(&mp__hpl.lock);
+  if (mp__hpl.dev != pl->dev) {
+    if (!atfork_done)
+      atfork_done = pthread_atfork(NULL, NULL, mp__hpl_child) == 0;
+    mp_host_pool_t *hp = NULL;
+    if (mp_host_pool_create(pl->dev, NULL, &hp) == MP_OK) {
+      mp__hpl.hp = hp;
+      mp__hpl.dev = pl->dev;
+    }
+  }
+  mp_host_pool_t *hp = mp__hpl.hp;
+  pthread_mutex_unlock(&mp__hpl.lock);
+  return hp;
+}
+
+void mp__pl_host_report(FILE *f) {
+  pthread_mutex_lock(&mp__hpl.lock);
+  mp_host_pool_t *hp = mp__hpl.hp;
+  pthread_mutex_unlock(&mp__hpl.lock);
+  mp_stats_t s;
+  if (hp == NULL || mp_host_pool_get_stats(hp, &s) != MP_OK)
+    return;
+  fprintf(f,
+          ",\n  \"host_pool\": {\"alloc_count\": %llu, \"free_count\": %llu, "
+          "\"device_alloc_count\": %llu, \"device_free_count\": %llu, "
+          "\"reserved_bytes\": %zu, \"peak_reserved_bytes\": %zu, "
+          "\"allocated_bytes\": %zu, \"requested_bytes\": %zu}",
+          (unsigned long long)s.alloc_count, (unsigned long long)s.free_count,
+          (unsigned long long)s.device_alloc_count,
+          (unsigned long long)s.device_free_count, s.reserved_bytes,
+          s.peak_reserved_bytes, s.allocated_bytes, s.requested_bytes);
+}
+
+/* ---- the real entry points --------------------------------------------- */
+
+typedef enum {
+  MP__H_RT_MALLOC_HOST,
+  MP__H_RT_HOST_ALLOC,
+  MP__H_CU_HOST_ALLOC,
+  MP__H_CU_ALLOC_HOST
+} mp__hvariant_t;
+
+/* Status codes: the runtime's and the driver's agree on 0, 1 (invalid
+ * value) and 2 (out of memory), the only ones the pool path returns. */
+static unsigned int mp__h_real_alloc(mp__hvariant_t v, void **p, size_t bytes,
+                                     unsigned int flags) {
+  const mp__real_cudart_t *rt = mp__pl_real_cudart();
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  switch (v) {
+  case MP__H_RT_MALLOC_HOST:
+    return rt->malloc_host ? rt->malloc_host(p, bytes) : MP__CUDA_INIT_ERROR;
+  case MP__H_RT_HOST_ALLOC:
+    return rt->host_alloc ? rt->host_alloc(p, bytes, flags)
+                          : MP__CUDA_INIT_ERROR;
+  case MP__H_CU_HOST_ALLOC:
+    return rc->mem_host_alloc ? rc->mem_host_alloc(p, bytes, flags)
+                              : MP__CU_NOT_INITIALIZED;
+  case MP__H_CU_ALLOC_HOST:
+    return rc->mem_alloc_host ? rc->mem_alloc_host(p, bytes)
+                              : MP__CU_NOT_INITIALIZED;
+  }
+  return MP__CU_NOT_INITIALIZED;
+}
+
+static unsigned int mp__h_real_free(bool runtime, void *p) {
+  if (runtime) {
+    const mp__real_cudart_t *rt = mp__pl_real_cudart();
+    return rt->free_host ? rt->free_host(p) : MP__CUDA_INIT_ERROR;
+  }
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  return rc->mem_free_host ? rc->mem_free_host(p) : MP__CU_NOT_INITIALIZED;
+}
+
+static unsigned int mp__h_error(bool runtime, mp_status_t st) {
+  return runtime ? mp__pl_cuda_error(st) : mp__pl_cu_error(st);
+}
+
+/* ---- the hooks ----------------------------------------------------------- */
+
+static unsigned int mp__h_alloc(mp__hvariant_t v, void **p, size_t bytes,
+                                unsigned int flags) {
+  bool runtime = v == MP__H_RT_MALLOC_HOST || v == MP__H_RT_HOST_ALLOC;
+  bool outer = mp__pl_enter();
+  const mp__pl_t *pl = outer ? mp__pl_get() : NULL;
+  mp_host_pool_t *hp = NULL;
+  /* The emulated device has no write-combined memory: the pool serves all. */
+  if (pl != NULL && pl->mode == MP__PL_POOL &&
+      (pl->host || (flags & MP__HOST_WRITECOMBINED) == 0))
+    hp = mp__hpl_get(pl);
+  unsigned int r;
+  if (hp != NULL) {
+    mp_status_t st = p == NULL || bytes == 0
+                         ? MP_EINVAL
+                         : mp_host_pool_alloc(hp, bytes, NULL, p);
+    if (st == MP_OK)
+      mp__pl_table_put((uintptr_t)*p, bytes, 0, MP__PL_FROM_HOSTMEM);
+    r = mp__h_error(runtime, st);
+  } else if (pl != NULL && pl->host) {
+    r = mp__h_error(runtime, MP_ENOMEM); /* no driver behind the host device */
+  } else {
+    r = mp__h_real_alloc(v, p, bytes, flags);
+  }
+  if (outer && r == 0)
+    mp__pl_record_other("pinned", (uintptr_t)*p, bytes);
+  mp__pl_leave();
+  return r;
+}
+
+static unsigned int mp__h_free(bool runtime, void *ptr) {
+  bool outer = mp__pl_enter();
+  mp__pl_block_t b;
+  unsigned int r;
+  if (outer && ptr != NULL && mp__pl_table_take((uintptr_t)ptr, &b)) {
+    if (b.kind == MP__PL_FROM_HOSTMEM) {
+      const mp__pl_t *pl = mp__pl_get();
+      mp_host_pool_t *hp = mp__hpl_get(pl);
+      mp_status_t st = mp_device_synchronize(pl->dev);
+      if (st == MP_OK)
+        st = hp ? mp_host_pool_free(hp, ptr) : MP_EINVAL;
+      if (st == MP_OK)
+        mp__pl_record_other("pinned_free", b.ptr, b.size);
+      else
+        mp__pl_table_put(b.ptr, b.size, b.stream, b.kind);
+      r = mp__h_error(runtime, st);
+    } else {
+      mp__pl_table_put(b.ptr, b.size, b.stream, b.kind); /* not pinned */
+      r = mp__h_error(runtime, MP_EINVAL);
+    }
+  } else if (ptr == NULL && outer && mp__pl_get()->host) {
+    r = 0;
+  } else {
+    r = mp__h_real_free(runtime, ptr);
+  }
+  mp__pl_leave();
+  return r;
+}
+
+mp__cudaerr cudaMallocHost(void **ptr, size_t size) {
+  return mp__h_alloc(MP__H_RT_MALLOC_HOST, ptr, size, 0);
+}
+
+mp__cudaerr cudaHostAlloc(void **pHost, size_t size, unsigned int flags) {
+  return mp__h_alloc(MP__H_RT_HOST_ALLOC, pHost, size, flags);
+}
+
+mp__cudaerr cudaFreeHost(void *ptr) {
+  return mp__h_free(true, ptr);
+}
+
+mp__curesult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
+  return mp__h_alloc(MP__H_CU_HOST_ALLOC, pp, bytesize, Flags);
+}
+
+mp__curesult cuMemAllocHost_v2(void **pp, size_t bytesize) {
+  return mp__h_alloc(MP__H_CU_ALLOC_HOST, pp, bytesize, 0);
+}
+
+mp__curesult cuMemFreeHost(void *p) {
+  return mp__h_free(false, p);
+}

@@ -1,0 +1,125 @@
+/* The host pool: page-locked buffers cached with the device pool's best
+ * fit. A buffer freed while a copy on its stream is still held back by a
+ * gate is not handed to another stream or to the host until the stream
+ * reaches the free; the cap is MP_ELIMIT; bad pointers are MP_EINVAL and
+ * change nothing; stats, trim and check follow the cache. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include <mempool/mempool.h>
+
+#include "../support/stream_gate.h"
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+
+static mp_device_t *dev;
+static mp_host_pool_t *hp;
+static mp_stream_t s1, s2;
+static gate_t gate;
+
+static void setup(void) {
+  gate_init(&gate);
+  cr_assert_eq(mp_device_open("host", &dev), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_host_pool_create(dev, NULL, &hp), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_stream_create(dev, &s1), MP_OK);
+  cr_assert_eq(mp_stream_create(dev, &s2), MP_OK);
+}
+
+static void teardown(void) {
+  gate_open(&gate);
+  mp_stream_synchronize(dev, s1);
+  mp_stream_synchronize(dev, s2);
+  cr_expect_eq(mp_host_pool_check(hp), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_host_pool_destroy(hp), MP_OK, "%s", mp_last_error());
+  mp_stream_destroy(dev, s1);
+  mp_stream_destroy(dev, s2);
+  mp_device_close(dev);
+  gate_destroy(&gate);
+}
+
+static mp_stats_t stats(void) {
+  mp_stats_t st;
+  cr_assert_eq(mp_host_pool_get_stats(hp, &st), MP_OK);
+  return st;
+}
+
+/* A staging buffer allocated for `owner`, filled with `byte` by the host,
+ * and a copy of it into new device memory *dst queued on `copier` behind
+ * the gate. */
+static void *stage_gated_copy(mp_stream_t owner, mp_stream_t copier, size_t n,
+                              int byte, void **dst) {
+  void *stage;
+  cr_assert_eq(mp_device_alloc(dev, n, dst), MP_OK);
+  cr_assert_eq(mp_host_pool_alloc(hp, n, owner, &stage), MP_OK);
+  memset(stage, byte, n);
+  cr_assert_eq(mp_stream_launch_host(dev, copier, gate_wait, &gate), MP_OK);
+  cr_assert_eq(mp_memcpy_async(dev, *dst, stage, n, copier), MP_OK);
+  return stage;
+}
+
+TestSuite(host_pool_streams, .init = setup, .fini = teardown);
+
+/* A staging buffer: the host fills it, a copy on s1 (held by the gate)
+ * reads it into device memory, and the buffer is freed right after the copy
+ * is queued. Another stream must not get it while the copy has not run, so
+ * the copy moves what the host wrote. */
+Test(host_pool_streams, content_survives_until_the_streams_copy_ran) {
+  const size_t n = 256 * KiB;
+  void *dst, *other;
+  void *stage = stage_gated_copy(s1, s1, n, 0x5A, &dst);
+  cr_assert_eq(mp_host_pool_free(hp, stage), MP_OK);
+  /* Same size on s2 and on the host: neither may get the pending buffer. */
+  cr_assert_eq(mp_host_pool_alloc(hp, n, s2, &other), MP_OK);
+  cr_expect_neq(other, stage, "a buffer pending on s1 went to s2");
+  memset(other, 0xEE, n);
+  void *host_use;
+  cr_assert_eq(mp_host_pool_alloc(hp, n, NULL, &host_use), MP_OK);
+  cr_expect_neq(host_use, stage, "a buffer pending on s1 went to the host");
+  memset(host_use, 0xEE, n);
+  gate_open(&gate);
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+  unsigned char *d = dst;
+  for (size_t i = 0; i < n; i += 4 * KiB)
+    cr_assert_eq(d[i], 0x5A, "byte %zu of the copy was overwritten", i);
+  cr_expect_eq(d[n - 1], 0x5A);
+  cr_expect_eq(mp_host_pool_free(hp, other), MP_OK);
+  cr_expect_eq(mp_host_pool_free(hp, host_use), MP_OK);
+  cr_expect_eq(mp_device_free(dev, dst), MP_OK);
+}
+
+/* Once the copy has run, the buffer is reused by another stream (the cache
+ * works) instead of a new driver call. */
+Test(host_pool_streams, buffer_is_reused_once_the_stream_reached_the_free) {
+  void *a, *b;
+  cr_assert_eq(mp_host_pool_alloc(hp, 64 * KiB, s1, &a), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, s1, gate_wait, &gate), MP_OK);
+  cr_assert_eq(mp_memset_async(dev, a, 1, 64 * KiB, s1), MP_OK);
+  cr_assert_eq(mp_host_pool_free(hp, a), MP_OK);
+  gate_open(&gate);
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+  uint64_t calls = stats().device_alloc_count;
+  cr_assert_eq(mp_host_pool_alloc(hp, 64 * KiB, s2, &b), MP_OK);
+  cr_expect_eq(b, a);
+  cr_expect_eq(stats().device_alloc_count, calls);
+  cr_expect_eq(mp_host_pool_free(hp, b), MP_OK);
+}
+
+/* record_stream: a buffer allocated for s1 but also read by a copy on s2
+ * stays away from s1 and the host until s2 reached the free. */
+Test(host_pool_streams, recorded_stream_holds_the_buffer_back) {
+  const size_t n = 128 * KiB;
+  void *dst, *again;
+  void *stage = stage_gated_copy(s1, s2, n, 0x33, &dst);
+  cr_assert_eq(mp_host_pool_record_stream(hp, stage, s2), MP_OK);
+  cr_assert_eq(mp_host_pool_free(hp, stage), MP_OK);
+  cr_assert_eq(mp_host_pool_alloc(hp, n, NULL, &again), MP_OK);
+  cr_expect_neq(again, stage, "a buffer still read on s2 was reused");
+  memset(again, 0, n);
+  gate_open(&gate);
+  cr_assert_eq(mp_stream_synchronize(dev, s2), MP_OK);
+  cr_expect_eq(((unsigned char *)dst)[n / 2], 0x33);
+  cr_expect_eq(mp_host_pool_free(hp, again), MP_OK);
+  cr_expect_eq(mp_device_free(dev, dst), MP_OK);
+}

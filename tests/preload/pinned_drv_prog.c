@@ -1,0 +1,67 @@
+/* pinned_drv_prog.c - page-locked memory through the driver API, linked
+ * with the fake libcuda.so.1 (tests/fakecuda), for the preload tests:
+ *
+ *   pinned_drv_prog N
+ * makes N cuMemHostAlloc and N cuMemAllocHost_v2 allocations of assorted
+ * sizes (each filled and checked) and frees them with cuMemFreeHost; then
+ * one write-combined cuMemHostAlloc and its free, which must reach the
+ * driver (one call each). Prints "driver_host_allocs=A driver_host_frees=F"
+ * (the fake's counts of its own entry points) and "ok", or names each
+ * failed check and exits 1. */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "prog_check.h"
+
+long long cuFakeGetCallCount(const char *name);
+
+static long long calls(const char *name) {
+  return cuFakeGetCallCount(name);
+}
+
+int main(int argc, char **argv) {
+  int n = argc > 1 ? atoi(argv[1]) : 32;
+  if (n < 1 || n > 100000)
+    n = 32;
+  CUdevice dev;
+  CUcontext ctx;
+  expect(cuInit(0) == CUDA_SUCCESS, "cuInit");
+  expect(cuDeviceGet(&dev, 0) == CUDA_SUCCESS, "cuDeviceGet");
+  expect(cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS, "ctx");
+  expect(cuCtxSetCurrent(ctx) == CUDA_SUCCESS, "set ctx");
+  const char *pre = getenv("LD_PRELOAD");
+  expect(in_shim(dlsym(RTLD_DEFAULT, "cuMemHostAlloc")) ==
+             (pre != NULL && pre[0] != '\0'),
+         "cuMemHostAlloc resolves to the shim exactly when it is preloaded");
+  for (int i = 0; i < 2 * n && failures == 0; i++) {
+    size_t bytes = (size_t)(i % 5 + 1) * 12345;
+    void *p = NULL;
+    CUresult r = i % 2 ? cuMemAllocHost(&p, bytes)
+                       : cuMemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE);
+    expect(r == CUDA_SUCCESS && p != NULL, "page-locked allocation");
+    if (p == NULL)
+      break;
+    memset(p, 0x5c, bytes);
+    expect(((unsigned char *)p)[bytes - 1] == 0x5c, "contents");
+    expect(cuMemFreeHost(p) == CUDA_SUCCESS, "cuMemFreeHost");
+  }
+  long long a0 = calls("cuMemHostAlloc"), f0 = calls("cuMemFreeHost");
+  void *wc = NULL;
+  expect(cuMemHostAlloc(&wc, 4096, CU_MEMHOSTALLOC_WRITECOMBINED) ==
+             CUDA_SUCCESS,
+         "write-combined cuMemHostAlloc");
+  expect(calls("cuMemHostAlloc") == a0 + 1,
+         "write-combined memory comes from the driver");
+  expect(cuMemFreeHost(wc) == CUDA_SUCCESS, "cuMemFreeHost(write-combined)");
+  expect(calls("cuMemFreeHost") == f0 + 1,
+         "a pointer the pool did not hand out goes to the driver");
+  printf("driver_host_allocs=%lld driver_host_frees=%lld\n",
+         calls("cuMemHostAlloc") + calls("cuMemAllocHost_v2"),
+         calls("cuMemFreeHost"));
+  if (failures == 0)
+    printf("ok\n");
+  return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,50 @@
+/* test_preload_pinned_driver.c - cuMemHostAlloc, cuMemAllocHost_v2 and
+ * cuMemFreeHost of a driver-API program on the fake libcuda.so.1, under
+ * the shim on the cuda backend: the host pool serves them with a few
+ * page-locked chunks from the driver, write-combined memory and pointers
+ * the pool did not hand out go to the driver, and the report counts them.
+ * Without the shim every request is a driver call. */
+#include "spawn.h"
+
+#define N 40
+
+static spawn_result_t r;
+
+static void run(bool shim, const char *report) {
+  char env_report[256], n[16];
+  snprintf(env_report, sizeof env_report, "MEMPOOL_REPORT=%s", report);
+  snprintf(n, sizeof n, "%d", N);
+  const char *argv[] = {MP_PINNED_DRV_PROG, n, NULL};
+  const char *env[] = {shim ? "LD_PRELOAD=" MP_SHIM : "LD_PRELOAD=",
+                       "MEMPOOL_DEVICE=cuda", env_report, NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert(strstr(r.out, "ok\n") != NULL, "%s", r.out);
+}
+
+Test(preload_pinned_driver, without_the_shim_every_request_is_a_driver_call) {
+  run(false, "/dev/null");
+  cr_assert_eq(word_value(r.out, "driver_host_allocs"), 2 * N + 1);
+}
+
+Test(preload_pinned_driver, host_pool_serves_pinned_memory_on_the_fake) {
+  char dir[64], report[128];
+  scratch_dir(dir, sizeof dir);
+  snprintf(report, sizeof report, "%s/report.json", dir);
+  run(true, report);
+  /* The pool's own chunk(s), plus the write-combined one. */
+  long long drv = word_value(r.out, "driver_host_allocs");
+  cr_assert(drv >= 2 && drv <= 3, "%lld driver allocations: %s", drv, r.out);
+  cr_assert_eq(
+      sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+         "h=d[\"host_pool\"]; "
+         "sys.exit(0 if d[\"device\"].startswith(\"cuda\") and "
+         "d[\"calls\"][\"pinned\"]==%d and "
+         "h[\"alloc_count\"]==%d and h[\"free_count\"]==%d and "
+         "h[\"device_alloc_count\"]==%lld and "
+         "h[\"peak_reserved_bytes\"]>=h[\"reserved_bytes\"]>0 else 1)' %s",
+         2 * N + 1, 2 * N, 2 * N, drv - 1, report),
+      0, "report: %s", (slurp(report, r.out, sizeof r.out), r.out));
+  unlink(report);
+  rmdir(dir);
+}

@@ -1,0 +1,46 @@
+/* test_preload_pinned_runtime.c - cudaHostAlloc, cudaMallocHost and
+ * cudaFreeHost of a program on the shared CUDA runtime, under the shim with
+ * MEMPOOL_DEVICE=host: the host pool serves them (a few page-locked chunks
+ * for many requests), the JSON trace marks each one and its free, and the
+ * report's "host_pool" object counts them. */
+#include "spawn.h"
+
+#define N 40
+
+static spawn_result_t r;
+
+Test(preload_pinned_runtime, host_pool_serves_and_records_pinned_memory) {
+  char dir[64], trace[128], report[128], e1[160], e2[160], n[16];
+  scratch_dir(dir, sizeof dir);
+  snprintf(trace, sizeof trace, "%s/run.json", dir);
+  snprintf(report, sizeof report, "%s/report.json", dir);
+  snprintf(e1, sizeof e1, "MEMPOOL_TRACE=%s", trace);
+  snprintf(e2, sizeof e2, "MEMPOOL_REPORT=%s", report);
+  snprintf(n, sizeof n, "%d", N);
+  const char *argv[] = {MP_PINNED_RT_PROG, n, NULL};
+  const char *env[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=host", e1, e2,
+                       NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_eq(word_value(r.out, "pinned"), 2 * N + 1);
+  cr_assert_eq(
+      sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+         "h=d[\"host_pool\"]; "
+         "sys.exit(0 if d[\"calls\"][\"pinned\"]==%d and "
+         "h[\"alloc_count\"]==%d and h[\"free_count\"]==%d and "
+         "1<=h[\"device_alloc_count\"]<=2 and h[\"reserved_bytes\"]>0 and "
+         "h[\"peak_reserved_bytes\"]>=h[\"reserved_bytes\"] else 1)' %s",
+         2 * N + 1, 2 * N + 1, 2 * N + 1, report),
+      0, "report: %s", (slurp(report, r.out, sizeof r.out), r.out));
+  cr_assert_eq(
+      sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+         "ev=d[\"traceEvents\"]; "
+         "a=sum(1 for e in ev if e.get(\"name\")==\"pinned\"); "
+         "f=sum(1 for e in ev if e.get(\"name\")==\"pinned_free\"); "
+         "sys.exit(0 if a==%d and f==%d else 1)' %s",
+         2 * N + 1, 2 * N + 1, trace),
+      0);
+  unlink(trace);
+  unlink(report);
+  rmdir(dir);
+}
