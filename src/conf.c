@@ -95,13 +95,20 @@ bool mp__parse_bool(const char *s, size_t len, bool *out) {
   return false;
 }
 
+/* The separator of a key=value pair of len bytes at p: '=', or ':' for
+ * strings written the way PYTORCH_CUDA_ALLOC_CONF is ("key:value"). */
+static const char *mp__kv_sep(const char *p, size_t len) {
+  const char *eq = memchr(p, '=', len);
+  return eq != NULL ? eq : memchr(p, ':', len);
+}
+
 /* Whether the key at p (key_len bytes) already stands in str before p: a
  * repeated key is ambiguous (which value was meant?), so it is an error for
  * every option string. Option strings are short; a scan is fine. */
 static bool mp__key_seen(const char *str, const char *p, size_t key_len) {
   for (const char *q = str; q < p;) {
     const char *end = strchr(q, ',');
-    const char *eq = memchr(q, '=', (size_t)(end - q));
+    const char *eq = mp__kv_sep(q, (size_t)(end - q));
     if (eq != NULL && (size_t)(eq - q) == key_len && memcmp(q, p, key_len) == 0)
       return true;
     q = end + 1;
@@ -117,7 +124,7 @@ mp_status_t mp__kv_each(const char *what, const char *str, mp__kv_fn fn,
   while (*p) {
     const char *end = strchr(p, ',');
     size_t len = end ? (size_t)(end - p) : strlen(p);
-    const char *eq = memchr(p, '=', len);
+    const char *eq = mp__kv_sep(p, len);
     if (eq == NULL || eq == p)
       return mp__fail(MP_EINVAL, "bad %s: '%.*s' is not key=value", what,
                       (int)len, p);

@@ -1,71 +1,120 @@
 /* config.c - pool configuration: defaults, $MEMPOOL_CONF, option strings and
  * validation.
  *
- * Keys: max_bytes, align, segment_bytes, max_split (sizes with K/M/G/T),
- * virtual, defrag_on_oom (booleans). A string is applied to a copy and the
+ * Keys (mp__conf_keys): max_bytes, align, segment_bytes, max_split (sizes
+ * with K/M/G/T), virtual, defrag_on_oom (booleans), and PyTorch's
+ * expandable_segments and max_split_size_mb; "key=value" or PyTorch's
+ * "key:value". A string is applied to a copy and the
  * copy is committed only when every pair parsed, so a rejected string leaves
  * the caller's config unchanged. A bad $MEMPOOL_CONF in mp_pool_config_init
  * leaves the defaults and sets a private flag that mp_pool_create reports. */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "pool_internal.h"
 
-static bool mp__key_is(const char *k, size_t kl, const char *name) {
-  return strlen(name) == kl && memcmp(k, name, kl) == 0;
-}
+/* Every key, in one table that the parser and its error message read.
+ * PyTorch's PYTORCH_CUDA_ALLOC_CONF names are accepted where they mean the
+ * same thing here (c10/cuda/CUDAAllocatorConfig: expandable_segments maps
+ * growing segments in place, max_split_size_mb keeps bigger blocks whole). */
+typedef enum { MP__KEY_SIZE, MP__KEY_MIB, MP__KEY_FLAG } mp__key_kind_t;
+
+typedef struct mp__conf_key {
+  const char *name;
+  mp__key_kind_t kind;
+  size_t field; /* SIZE, MIB: offsetof the size_t field */
+  unsigned bit; /* FLAG: the MP_POOL_* bit */
+} mp__conf_key_t;
+
+#define MP__SIZE_KEY(f, kind)                                                  \
+  { #f, kind, offsetof(mp_pool_config_t, f), 0 }
+static const mp__conf_key_t mp__conf_keys[] = {
+    MP__SIZE_KEY(max_bytes, MP__KEY_SIZE),
+    MP__SIZE_KEY(align, MP__KEY_SIZE),
+    MP__SIZE_KEY(segment_bytes, MP__KEY_SIZE),
+    MP__SIZE_KEY(max_split, MP__KEY_SIZE),
+    {"virtual", MP__KEY_FLAG, 0, MP_POOL_VIRTUAL},
+    {"defrag_on_oom", MP__KEY_FLAG, 0, MP_POOL_DEFRAG_ON_OOM},
+    /* PyTorch's names */
+    {"expandable_segments", MP__KEY_FLAG, 0, MP_POOL_VIRTUAL},
+    {"max_split_size_mb", MP__KEY_MIB, offsetof(mp_pool_config_t, max_split),
+     0},
+};
+#define MP__NKEYS (sizeof mp__conf_keys / sizeof *mp__conf_keys)
 
 typedef struct {
   mp_pool_config_t *cfg;
   const char *what;
+  unsigned set; /* bit k: key k given (aliases of one setting collide) */
 } mp__conf_ctx_t;
+
+/* Whether keys a and b set the same thing. */
+static bool mp__same_setting(const mp__conf_key_t *a, const mp__conf_key_t *b) {
+  return a->kind == MP__KEY_FLAG
+             ? b->kind == MP__KEY_FLAG && a->bit == b->bit
+             : b->kind != MP__KEY_FLAG && a->field == b->field;
+}
+
+static mp_status_t mp__unknown_key(const char *what, const char *k, size_t kl) {
+  char known[256] = "";
+  size_t n = 0;
+  for (size_t i = 0; i < MP__NKEYS && n < sizeof known; i++)
+    n += (size_t)snprintf(known + n, sizeof known - n, "%s%s", i ? ", " : "",
+                          mp__conf_keys[i].name);
+  return mp__fail(MP_EINVAL, "bad %s: unknown key '%.*s' (expected %s)", what,
+                  (int)kl, k, known);
+}
 
 static mp_status_t mp__conf_pair(void *vctx, const char *k, size_t kl,
                                  const char *v, size_t vl) {
   mp__conf_ctx_t *ctx = vctx;
+  size_t i = 0;
+  while (i < MP__NKEYS && !(strlen(mp__conf_keys[i].name) == kl &&
+                            memcmp(mp__conf_keys[i].name, k, kl) == 0))
+    i++;
+  if (i == MP__NKEYS)
+    return mp__unknown_key(ctx->what, k, kl);
+  const mp__conf_key_t *key = &mp__conf_keys[i];
+  for (size_t j = 0; j < MP__NKEYS; j++)
+    if ((ctx->set >> j & 1u) && mp__same_setting(key, &mp__conf_keys[j]))
+      return mp__fail(MP_EINVAL, "bad %s: %s and %s set the same thing",
+                      ctx->what, mp__conf_keys[j].name, key->name);
+  ctx->set |= 1u << i;
   mp_pool_config_t *c = ctx->cfg;
-  size_t *field = NULL;
-  if (mp__key_is(k, kl, "max_bytes"))
-    field = &c->max_bytes;
-  else if (mp__key_is(k, kl, "align"))
-    field = &c->align;
-  else if (mp__key_is(k, kl, "segment_bytes"))
-    field = &c->segment_bytes;
-  else if (mp__key_is(k, kl, "max_split"))
-    field = &c->max_split;
-  if (field != NULL) {
-    size_t val;
-    if (!mp__parse_size(v, vl, &val))
-      return mp__fail(MP_EINVAL, "bad %s: %.*s='%.*s' is not a size", ctx->what,
-                      (int)kl, k, (int)vl, v);
-    if (field == &c->align && val != 0 && (val & (val - 1)) != 0)
-      return mp__fail(MP_EINVAL, "bad %s: align='%.*s' is not a power of two",
-                      ctx->what, (int)vl, v);
-    *field = val;
+  if (key->kind == MP__KEY_FLAG) {
+    bool on;
+    if (!mp__parse_bool(v, vl, &on))
+      return mp__fail(MP_EINVAL, "bad %s: %s='%.*s' is not a boolean",
+                      ctx->what, key->name, (int)vl, v);
+    c->flags = on ? (c->flags | key->bit) : (c->flags & ~key->bit);
     return MP_OK;
   }
-  unsigned bit = 0;
-  if (mp__key_is(k, kl, "virtual"))
-    bit = MP_POOL_VIRTUAL;
-  else if (mp__key_is(k, kl, "defrag_on_oom"))
-    bit = MP_POOL_DEFRAG_ON_OOM;
-  if (bit == 0)
-    return mp__fail(MP_EINVAL,
-                    "bad %s: unknown key '%.*s' (expected max_bytes, align, "
-                    "segment_bytes, max_split, virtual, defrag_on_oom)",
-                    ctx->what, (int)kl, k);
-  bool on;
-  if (!mp__parse_bool(v, vl, &on))
-    return mp__fail(MP_EINVAL, "bad %s: %.*s='%.*s' is not a boolean",
-                    ctx->what, (int)kl, k, (int)vl, v);
-  c->flags = on ? (c->flags | bit) : (c->flags & ~bit);
+  size_t val;
+  uint64_t mib;
+  if (key->kind == MP__KEY_MIB) {
+    if (!mp__parse_u64(v, vl, &mib) || mib > SIZE_MAX / MP__MiB)
+      return mp__fail(MP_EINVAL, "bad %s: %s='%.*s' is not a count of MiB",
+                      ctx->what, key->name, (int)vl, v);
+    val = (size_t)mib * MP__MiB;
+  } else if (!mp__parse_size(v, vl, &val)) {
+    return mp__fail(MP_EINVAL, "bad %s: %s='%.*s' is not a size", ctx->what,
+                    key->name, (int)vl, v);
+  }
+  if (key->field == offsetof(mp_pool_config_t, align) && val != 0 &&
+      (val & (val - 1)) != 0)
+    return mp__fail(MP_EINVAL, "bad %s: align='%.*s' is not a power of two",
+                    ctx->what, (int)vl, v);
+  memcpy((char *)c + key->field, &val, sizeof val);
   return MP_OK;
 }
 
 static mp_status_t mp__conf_apply(mp_pool_config_t *cfg, const char *what,
                                   const char *options) {
   mp_pool_config_t tmp = *cfg;
-  mp__conf_ctx_t ctx = {&tmp, what};
+  mp__conf_ctx_t ctx = {&tmp, what, 0};
   mp_status_t st = mp__kv_each(what, options, mp__conf_pair, &ctx);
   if (st == MP_OK)
     *cfg = tmp;

@@ -105,3 +105,37 @@ Test(pool_config, create_validates_the_config) {
   mp_pool_destroy(p);
   fake_close(dev);
 }
+
+Test(pool_config, pytorch_option_names_mean_the_same_here) {
+  unsetenv("MEMPOOL_CONF");
+  mp_pool_config_t c;
+  mp_pool_config_init(&c);
+  /* Written as PYTORCH_CUDA_ALLOC_CONF is: key:value. */
+  cr_assert_eq(mp_pool_config_parse(
+                   &c, "expandable_segments:False,max_split_size_mb:128"),
+               MP_OK, "%s", mp_last_error());
+  cr_expect_eq(c.flags & MP_POOL_VIRTUAL, 0);
+  cr_expect_eq(c.max_split, (size_t)128 << 20);
+  cr_assert_eq(mp_pool_config_parse(&c, "expandable_segments=True"), MP_OK);
+  cr_expect_neq(c.flags & MP_POOL_VIRTUAL, 0);
+}
+
+Test(pool_config, two_names_for_one_setting_are_einval_and_change_nothing) {
+  unsetenv("MEMPOOL_CONF");
+  mp_pool_config_t c, before;
+  mp_pool_config_init(&c);
+  before = c;
+  cr_expect_eq(mp_pool_config_parse(&c, "virtual=1,expandable_segments=0"),
+               MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "same thing"), "%s", mp_last_error());
+  cr_expect_eq(mp_pool_config_parse(&c, "max_split_size_mb:1,max_split=2M"),
+               MP_EINVAL);
+  cr_expect_eq(mp_pool_config_parse(&c, "max_split_size_mb:1.5"), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "max_split_size_mb"), "%s",
+            mp_last_error());
+  cr_expect_eq(mp_pool_config_parse(&c, "garbage_collection_threshold:0.6"),
+               MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "expandable_segments"),
+            "the message lists the known keys: %s", mp_last_error());
+  cr_expect_eq(memcmp(&c, &before, sizeof c), 0);
+}
