@@ -28,12 +28,15 @@ typedef struct mp_stats {
   uint64_t device_alloc_count, device_free_count; /* calls into the driver */
   uint64_t oom_count; /* allocations that ended in MP_ENOMEM or MP_ELIMIT */
   /* Appended fields. */
-  size_t free_bytes;     /* reserved but not allocated: the cache */
-  size_t segment_count;  /* segments (or mapped chunks) held now */
-  uint64_t live_blocks;  /* blocks handed out now */
-  uint64_t free_blocks;  /* free blocks in the cache now */
-  uint64_t defrag_count; /* defragmentations run */
-  uint64_t moved_bytes;  /* bytes moved by defragmentation */
+  size_t free_bytes;          /* reserved but not allocated: the cache */
+  size_t segment_count;       /* segments (or mapped chunks) held now */
+  uint64_t live_blocks;       /* blocks handed out now */
+  uint64_t free_blocks;       /* free blocks in the cache now */
+  uint64_t defrag_count;      /* defragmentations run */
+  uint64_t moved_bytes;       /* bytes moved by defragmentation */
+  uint64_t alloc_retry_count; /* allocations that gave cached memory back
+                                 to the device and retried (PyTorch's
+                                 num_alloc_retries) */
 } mp_stats_t;
 
 MP_API mp_status_t mp_pool_get_stats(mp_pool_t *pool, mp_stats_t *out);
@@ -41,6 +44,12 @@ MP_API mp_status_t mp_pool_get_stats(mp_pool_t *pool, mp_stats_t *out);
 MP_API mp_status_t mp_pool_reset_peaks(mp_pool_t *pool);
 /* format "text" or "json" (NULL: "text"): segments, blocks, free lists by
  * class, external fragmentation = 1 - largest free / total free. */
+/* format: "text" (NULL), "json" (stats, segments with their blocks, free
+ * classes), or "torch": one JSON object with torch.cuda.memory_stats()'s key
+ * names where they mean the same here (allocated_bytes.all.current, ...,
+ * inactive_split_bytes.all.current: free bytes that cannot go back to the
+ * device while their neighbours live, num_alloc_retries, num_ooms). A
+ * write that fails: MP_EIO. */
 MP_API mp_status_t mp_pool_dump(mp_pool_t *pool, FILE *out, const char *format);
 
 #ifdef __cplusplus

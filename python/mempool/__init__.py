@@ -260,6 +260,34 @@ class Pool:
 
     memory_stats = stats
 
+    def dump(self, format="text"):
+        """mp_pool_dump as a string: "text", "json" or "torch" (one JSON
+        object with torch.cuda.memory_stats() names, inactive_split_bytes
+        included)."""
+        libc = ctypes.CDLL(None)
+        libc.tmpfile.restype = ctypes.c_void_p
+        libc.fclose.argtypes = [ctypes.c_void_p]
+        libc.rewind.argtypes = [ctypes.c_void_p]
+        libc.fread.argtypes = [ctypes.c_void_p, ctypes.c_size_t,
+                               ctypes.c_size_t, ctypes.c_void_p]
+        f = libc.tmpfile()
+        if not f:
+            raise OSError("tmpfile() failed")
+        try:
+            _check(_lib.lib().mp_pool_dump(self._live(), f, format.encode()),
+                   "mp_pool_dump")
+            libc.rewind(f)
+            chunks = []
+            buf = ctypes.create_string_buffer(65536)
+            while True:
+                n = libc.fread(buf, 1, len(buf), f)
+                if n == 0:
+                    break
+                chunks.append(buf.raw[:n])
+            return b"".join(chunks).decode()
+        finally:
+            libc.fclose(f)
+
     def reset_peaks(self):
         _check(_lib.lib().mp_pool_reset_peaks(self._live()), "mp_pool_reset_peaks")
 

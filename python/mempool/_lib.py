@@ -78,6 +78,7 @@ _PROTOTYPES = {
     "mp_pool_check": (_st, [_c]),
     "mp_pool_get_stats": (_st, [_c, _c]),
     "mp_pool_reset_peaks": (_st, [_c]),
+    "mp_pool_dump": (_st, [_c, _c, ctypes.c_char_p]),
     "mp_default_pool": (_c, []),
 }
 

@@ -22,14 +22,17 @@ class Stats(ctypes.Structure):
         ("free_bytes", _S), ("segment_count", _S),
         ("live_blocks", _U), ("free_blocks", _U),
         ("defrag_count", _U), ("moved_bytes", _U),
+        ("alloc_retry_count", _U),
     ]
 
 
 # torch.cuda.memory_stats() key -> mp_stats_t field, only where the two mean
 # the same thing (PyTorch's meanings: the docstring of
-# torch.cuda.memory_stats). Keys PyTorch has and mempool cannot say
-# (num_alloc_retries, active_*, inactive_split*, the per-pool
-# small_pool/large_pool splits) are left out rather than guessed.
+# torch.cuda.memory_stats); the C library's mp_pool_dump(..., "torch")
+# writes the same keys (a test compares them) plus inactive_split*, which
+# need a walk of the pool. Keys PyTorch has and mempool cannot say
+# (active_*, the per-pool small_pool/large_pool splits) are left out
+# rather than guessed.
 TORCH_KEYS = {
     "allocated_bytes.all.current": "allocated_bytes",
     "allocated_bytes.all.peak": "peak_allocated_bytes",
@@ -44,6 +47,7 @@ TORCH_KEYS = {
     "num_device_alloc": "device_alloc_count",
     "num_device_free": "device_free_count",
     "num_ooms": "oom_count",
+    "num_alloc_retries": "alloc_retry_count",
 }
 
 

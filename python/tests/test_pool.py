@@ -30,8 +30,26 @@ def test_stats_dict_has_torch_and_own_names_that_agree(pool):
         assert s[torch_key] == s[own], torch_key
     assert s["reserved_bytes.all.peak"] == s["peak_reserved_bytes"] >= 5 << 20
     assert s["num_device_alloc"] >= 1
-    assert "num_alloc_retries" not in s  # not something mempool counts
+    assert s["num_alloc_retries"] == 0
     pool.free(p)
+
+
+def test_torch_keys_agree_with_the_c_librarys_torch_dump(pool):
+    import json
+    keep = pool.alloc(1 << 20)
+    gap = pool.alloc(1 << 20)
+    top = pool.alloc(1 << 20)
+    pool.free(gap)  # free between live blocks: cached, not releasable
+    c = json.loads(pool.dump("torch"))
+    s = pool.stats()
+    for key in mempool.TORCH_KEYS:
+        assert c[key] == s[key], key
+    assert set(c) - set(mempool.TORCH_KEYS) == {
+        "inactive_split_bytes.all.current", "inactive_split.all.current"}
+    assert c["inactive_split_bytes.all.current"] >= 1 << 20
+    assert c["inactive_split.all.current"] >= 1
+    pool.free(keep)
+    pool.free(top)
 
 
 def test_trim_gives_free_memory_back(pool):

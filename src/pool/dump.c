@@ -132,18 +132,75 @@ static void mp__dump_json(mp_pool_t *pool, FILE *out, double frag,
   fprintf(out, "]}\n");
 }
 
+/* Bytes of free block b that cannot go back to the device while its
+ * neighbours live: all of it in a plain segment that holds a live block,
+ * in the virtual range what is not whole chunks (PyTorch's "inactive
+ * split": cached, free, and not releasable). */
+static size_t mp__inactive_split(const mp__block_t *b) {
+  const mp__segment_t *g = b->seg;
+  if (g->kind != MP__SEG_VIRTUAL)
+    return g->first == b && g->last == b ? 0 : b->size;
+  size_t whole = 0;
+  for (size_t i = 0; i < g->nchunks; i++)
+    if (g->chunks[i].addr >= b->addr &&
+        g->chunks[i].addr + g->chunks[i].size <= b->addr + b->size)
+      whole += g->chunks[i].size;
+  return b->size - whole;
+}
+
+/* torch.cuda.memory_stats()'s key names, where they mean the same here
+ * (python/mempool/_stats.py's TORCH_KEYS, which a test compares). */
+static void mp__dump_torch(mp_pool_t *pool, FILE *out) {
+  const mp_stats_t *s = &pool->st;
+  size_t split_bytes = 0, split_blocks = 0;
+  for (mp__segment_t *g = pool->segs; g != NULL; g = g->next)
+    for (mp__block_t *b = g->first; b != NULL; b = b->next)
+      if (b->flags & MP__B_FREE) {
+        size_t n = mp__inactive_split(b);
+        split_bytes += n;
+        split_blocks += n > 0;
+      }
+  fprintf(out,
+          "{\"allocated_bytes.all.current\":%zu,"
+          "\"allocated_bytes.all.peak\":%zu,"
+          "\"reserved_bytes.all.current\":%zu,"
+          "\"reserved_bytes.all.peak\":%zu,"
+          "\"requested_bytes.all.current\":%zu,"
+          "\"requested_bytes.all.peak\":%zu,"
+          "\"allocation.all.current\":%llu,"
+          "\"allocation.all.allocated\":%llu,"
+          "\"allocation.all.freed\":%llu,"
+          "\"segment.all.current\":%zu,"
+          "\"inactive_split_bytes.all.current\":%zu,"
+          "\"inactive_split.all.current\":%zu,"
+          "\"num_device_alloc\":%llu,\"num_device_free\":%llu,"
+          "\"num_ooms\":%llu,\"num_alloc_retries\":%llu}\n",
+          s->allocated_bytes, s->peak_allocated_bytes, s->reserved_bytes,
+          s->peak_reserved_bytes, s->requested_bytes, s->peak_requested_bytes,
+          (unsigned long long)s->live_blocks,
+          (unsigned long long)s->alloc_count, (unsigned long long)s->free_count,
+          s->segment_count, split_bytes, split_blocks,
+          (unsigned long long)s->device_alloc_count,
+          (unsigned long long)s->device_free_count,
+          (unsigned long long)s->oom_count,
+          (unsigned long long)s->alloc_retry_count);
+}
+
 mp_status_t mp_pool_dump(mp_pool_t *pool, FILE *out, const char *format) {
   if (pool == NULL || out == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_dump: %s is NULL",
                     pool == NULL ? "pool" : "out");
-  bool json;
+  int kind; /* 0 text, 1 json, 2 torch */
   if (format == NULL || strcmp(format, "text") == 0)
-    json = false;
+    kind = 0;
   else if (strcmp(format, "json") == 0)
-    json = true;
+    kind = 1;
+  else if (strcmp(format, "torch") == 0)
+    kind = 2;
   else
     return mp__fail(MP_EINVAL,
-                    "mp_pool_dump: unknown format '%s' (expected text or json)",
+                    "mp_pool_dump: unknown format '%s' (expected text, json "
+                    "or torch)",
                     format);
   pthread_mutex_lock(&pool->lock);
   mp__pool_wait_idle(pool);
@@ -151,8 +208,10 @@ mp_status_t mp_pool_dump(mp_pool_t *pool, FILE *out, const char *format) {
   double frag = pool->st.free_bytes
                     ? 1.0 - (double)largest / (double)pool->st.free_bytes
                     : 0.0;
-  if (json)
+  if (kind == 1)
     mp__dump_json(pool, out, frag, largest);
+  else if (kind == 2)
+    mp__dump_torch(pool, out);
   else
     mp__dump_text(pool, out, frag, largest);
   pthread_mutex_unlock(&pool->lock);

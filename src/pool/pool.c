@@ -235,6 +235,7 @@ mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
     goto got;
   /* Rung: synchronize, give back every free segment, grow again. */
   if (pool->st.free_bytes > 0 || pool->nstreams > 1) {
+    pool->st.alloc_retry_count++;
     if (mp__pool_sync(pool) == MP_OK) {
       if ((b = mp__search(pool, size, sidx)) != NULL)
         goto got;

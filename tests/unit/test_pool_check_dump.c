@@ -164,3 +164,33 @@ Test(pool_dump, a_write_that_fails_is_eio, .init = setup, .fini = teardown) {
   cr_expect_eq(mp_pool_dump(pool, full, "json"), MP_EIO);
   fclose(full);
 }
+
+Test(pool_dump, torch_names_carry_the_stats_and_inactive_split_bytes,
+     .init = setup, .fini = teardown) {
+  void *a, *b, *c;
+  cr_assert_eq(mp_pool_alloc(pool, 1 << 20, NULL, &a), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, 1 << 20, NULL, &b), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, 1 << 20, NULL, &c), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, b), MP_OK);
+  char *t = dump("torch", MP_OK);
+  mp_stats_t s;
+  cr_assert_eq(mp_pool_get_stats(pool, &s), MP_OK);
+  char want[96];
+  snprintf(want, sizeof want, "\"allocated_bytes.all.current\":%zu,",
+           s.allocated_bytes);
+  cr_expect(strstr(t, want), "%s lacks %s", t, want);
+  snprintf(want, sizeof want, "\"reserved_bytes.all.peak\":%zu,",
+           s.peak_reserved_bytes);
+  cr_expect(strstr(t, want), "%s lacks %s", t, want);
+  /* b's megabyte lies between live blocks: it cannot go back. */
+  const char *k = strstr(t, "\"inactive_split_bytes.all.current\":");
+  cr_assert_not_null(k, "%s", t);
+  size_t split =
+      strtoull(k + strlen("\"inactive_split_bytes.all.current\":"), NULL, 10);
+  cr_expect_geq(split, (size_t)1 << 20);
+  cr_expect_leq(split, s.free_bytes);
+  cr_expect(strstr(t, "\"num_alloc_retries\":0}"), "%s", t);
+  free(t);
+  mp_pool_free(pool, a);
+  mp_pool_free(pool, c);
+}
