@@ -174,6 +174,18 @@ MP_API mp_status_t mp_handle_free(mp_handle_t *h);
 MP_API mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
                                       size_t *moved_bytes /* may be NULL */);
 
+/* Out-of-memory handler, for engines that react to running out (free a
+ * cache, dump a snapshot, log): called when mp_pool_alloc or
+ * mp_pool_alloc_movable is about to fail with MP_ENOMEM or MP_ELIMIT, after
+ * the pool's own ladder, on the allocating thread with the pool unlocked
+ * (it may free, trim, dump or allocate from the pool; mp_last_error() says
+ * what failed). A nonzero return tries the allocation once more; zero lets
+ * it fail. fn NULL removes the handler. */
+typedef int (*mp_pool_oom_handler_t)(mp_pool_t *pool, size_t bytes,
+                                     mp_status_t status, void *ctx);
+MP_API mp_status_t mp_pool_set_oom_handler(mp_pool_t *pool,
+                                           mp_pool_oom_handler_t fn, void *ctx);
+
 /* Walks every invariant: MP_OK or MP_ECORRUPT (mp_last_error() says which). */
 MP_API mp_status_t mp_pool_check(mp_pool_t *pool);
 

@@ -147,6 +147,8 @@ mp_status_t mp_pool_alloc_movable(mp_pool_t *pool, size_t bytes, mp_stream_t s,
   mp__pool_lock(pool);
   void *p;
   mp_status_t st = mp__pool_alloc_locked(pool, bytes, s, &p);
+  if (mp__pool_oom_retry(pool, st, bytes))
+    st = mp__pool_alloc_locked(pool, bytes, s, &p);
   if (st == MP_OK) {
     mp__block_t *b = mp__map_find(pool, (uintptr_t)p);
     st = mp__handle_new(pool, b, out);

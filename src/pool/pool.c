@@ -473,8 +473,36 @@ mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
   }
   pthread_mutex_lock(&pool->lock);
   mp_status_t st = mp__pool_alloc_locked(pool, bytes, s, out);
+  if (mp__pool_oom_retry(pool, st, bytes))
+    st = mp__pool_alloc_locked(pool, bytes, s, out);
   pthread_mutex_unlock(&pool->lock);
   return st;
+}
+
+bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes) {
+  if ((st != MP_ENOMEM && st != MP_ELIMIT) || pool->oom_fn == NULL)
+    return false;
+  mp_pool_oom_handler_t fn = pool->oom_fn;
+  void *ctx = pool->oom_ctx;
+  char why[256];
+  snprintf(why, sizeof why, "%s", mp_last_error());
+  pthread_mutex_unlock(&pool->lock);
+  int again = fn(pool, bytes, st, ctx);
+  pthread_mutex_lock(&pool->lock);
+  if (!again)
+    mp__fail(st, "%s", why); /* the failure, not what the handler did */
+  return again != 0;
+}
+
+mp_status_t mp_pool_set_oom_handler(mp_pool_t *pool, mp_pool_oom_handler_t fn,
+                                    void *ctx) {
+  if (pool == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_set_oom_handler: pool is NULL");
+  pthread_mutex_lock(&pool->lock);
+  pool->oom_fn = fn;
+  pool->oom_ctx = fn != NULL ? ctx : NULL;
+  pthread_mutex_unlock(&pool->lock);
+  return MP_OK;
 }
 
 /* Looks up a live block for a caller's pointer, with a message naming what

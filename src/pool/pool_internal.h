@@ -172,6 +172,8 @@ struct mp_pool {
                    stream it waits for may be waiting for them) */
   mp_device_t *dev;
   mp_pool_config_t cfg;
+  mp_pool_oom_handler_t oom_fn; /* mp_pool_set_oom_handler */
+  void *oom_ctx;
   unsigned align_log2;
   size_t cap;      /* effective cap on reserved bytes */
   bool cap_is_max; /* cap came from cfg.max_bytes (MP_ELIMIT) */
@@ -235,6 +237,10 @@ bool mp__pool_round(const mp_pool_t *pool, size_t bytes, size_t *out);
  * a block of exactly `size` bytes, out of the index, not yet live. */
 mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
                           mp__block_t **out);
+/* Under the lock, after an allocation of bytes failed with st: calls the
+ * pool's out-of-memory handler (lock dropped) if st is out of memory and
+ * one is set; true: the caller tries once more. */
+bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes);
 /* mp_pool_alloc under the lock the caller holds. */
 mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out);
