@@ -174,6 +174,25 @@ MP_API mp_status_t mp_handle_free(mp_handle_t *h);
 MP_API mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
                                       size_t *moved_bytes /* may be NULL */);
 
+/* Pause and resume (an RLHF trainer and an inference engine taking turns
+ * on one GPU). Pause synchronizes the device, then gives every mapped byte
+ * back to the device while keeping the pool's virtual addresses reserved
+ * (with MP_PAUSE_KEEP_CONTENT, the live blocks are first copied to one
+ * page-locked host buffer). Afterwards reserved_bytes and free_bytes are 0;
+ * every call on the pool but resume, stats, dump, destroy and
+ * mp_handle_ptr is MP_EBUSY. A pool that holds plain segments (no virtual
+ * memory, or virtual=0) or is a child: MP_ENOTSUP; live child pools or a
+ * pool paused already: MP_EBUSY. A pause that fails leaves the pool as it
+ * was. One pool per tag (weights, KV cache) pauses each separately. */
+#define MP_PAUSE_KEEP_CONTENT 0x1u
+MP_API mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags);
+/* Maps the memory again at the same addresses, content back if it was kept
+ * (byte for byte); without it the content is undefined. On failure (the
+ * device has no room: another tenant still holds it) nothing is lost: the
+ * pool is still paused, its host copy kept, and resume may be tried again.
+ * Not paused: MP_EINVAL. */
+MP_API mp_status_t mp_pool_resume(mp_pool_t *pool);
+
 /* Out-of-memory handler, for engines that react to running out (free a
  * cache, dump a snapshot, log): called when mp_pool_alloc or
  * mp_pool_alloc_movable is about to fail with MP_ENOMEM or MP_ELIMIT, after

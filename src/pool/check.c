@@ -211,7 +211,9 @@ mp_status_t mp_pool_check(mp_pool_t *pool) {
     return mp__fail(MP_EINVAL, "mp_pool_check: pool is NULL");
   pthread_mutex_lock(&pool->lock);
   mp__pool_wait_idle(pool);
-  mp_status_t st = mp__pool_check_locked(pool);
+  mp_status_t st = mp__pool_paused(pool, "mp_pool_check");
+  if (st == MP_OK)
+    st = mp__pool_check_locked(pool);
   pthread_mutex_unlock(&pool->lock);
   return st;
 }

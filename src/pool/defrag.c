@@ -392,7 +392,10 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
   void *stage = NULL;
   mp__pool_lock(pool);
   mp__pool_wait_idle(pool);
-  mp_status_t st = mp__stream_index(pool, s, &m.sidx);
+  mp_status_t st =
+      mp__pool_paused(pool, freeze ? "mp_pool_freeze" : "mp_pool_defragment");
+  if (st == MP_OK)
+    st = mp__stream_index(pool, s, &m.sidx);
   size_t stage_bytes = 0;
   bool any = st == MP_OK && mp__plan(pool, &stage_bytes);
   if (any) {

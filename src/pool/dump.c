@@ -153,7 +153,8 @@ static size_t mp__inactive_split(const mp__block_t *b) {
 static void mp__dump_torch(mp_pool_t *pool, FILE *out) {
   const mp_stats_t *s = &pool->st;
   size_t split_bytes = 0, split_blocks = 0;
-  for (mp__segment_t *g = pool->segs; g != NULL; g = g->next)
+  for (mp__segment_t *g = pool->paused ? NULL : pool->segs; g != NULL;
+       g = g->next)
     for (mp__block_t *b = g->first; b != NULL; b = b->next)
       if (b->flags & MP__B_FREE) {
         size_t n = mp__inactive_split(b);

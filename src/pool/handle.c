@@ -183,6 +183,11 @@ mp_status_t mp_handle_free(mp_handle_t *h) {
                     "mp_handle_free: %p is not a live movable handle (freed "
                     "already, or its pool destroyed)",
                     (void *)h);
+  mp_status_t st = mp__pool_paused(pool, "mp_handle_free");
+  if (st != MP_OK) {
+    mp__pool_unlock(pool);
+    return st;
+  }
   mp__handle_retire(pool, b);
   mp__map_remove(pool, b);
   mp__block_release(pool, b);

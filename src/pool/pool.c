@@ -409,6 +409,7 @@ mp_status_t mp_pool_destroy(mp_pool_t *pool) {
   }
   mp__pool_wait_sync(pool);
   mp__handle_retire_all(pool);
+  mp__pool_pause_release(pool);
   pthread_mutex_unlock(&pool->lock);
   /* The streams that used the pool must be done before memory goes back. */
   if (pool->nstreams > 0)
@@ -442,7 +443,9 @@ mp_device_t *mp_pool_device(const mp_pool_t *pool) {
 mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out) {
   uint32_t sidx;
-  mp_status_t st = mp__stream_index(pool, s, &sidx);
+  mp_status_t st = mp__pool_paused(pool, "allocation");
+  if (st == MP_OK)
+    st = mp__stream_index(pool, s, &sidx);
   if (st != MP_OK)
     return st;
   size_t size;
@@ -555,7 +558,9 @@ mp_status_t mp_pool_free(mp_pool_t *pool, void *ptr) {
   pthread_mutex_lock(&pool->lock);
   mp__block_t *b = NULL; /* set when mp__find_live succeeds */
   size_t slot;
-  mp_status_t st = mp__find_live(pool, "mp_pool_free", ptr, false, &b, &slot);
+  mp_status_t st = mp__pool_paused(pool, "mp_pool_free");
+  if (st == MP_OK)
+    st = mp__find_live(pool, "mp_pool_free", ptr, false, &b, &slot);
   if (st == MP_OK) {
     mp__map_remove_slot(pool, slot);
     mp__block_release(pool, b);
@@ -586,8 +591,9 @@ mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr, mp_stream_t s) {
   mp__block_t *b = NULL; /* set when mp__find_live succeeds */
   uint32_t sidx;
   size_t slot;
-  mp_status_t st =
-      mp__find_live(pool, "mp_pool_record_stream", ptr, true, &b, &slot);
+  mp_status_t st = mp__pool_paused(pool, "mp_pool_record_stream");
+  if (st == MP_OK)
+    st = mp__find_live(pool, "mp_pool_record_stream", ptr, true, &b, &slot);
   if (st == MP_OK)
     st = mp__stream_index(pool, s, &sidx);
   if (st == MP_OK)
@@ -604,7 +610,9 @@ mp_status_t mp__pool_free_on(mp_pool_t *pool, void *ptr, mp_stream_t s,
   mp__block_t *b = NULL; /* set when mp__find_live succeeds */
   uint32_t sidx;
   size_t slot;
-  mp_status_t st = mp__find_live(pool, fn, ptr, false, &b, &slot);
+  mp_status_t st = mp__pool_paused(pool, fn);
+  if (st == MP_OK)
+    st = mp__find_live(pool, fn, ptr, false, &b, &slot);
   if (st == MP_OK)
     st = mp__stream_index(pool, s, &sidx);
   if (st == MP_OK) {
@@ -645,6 +653,11 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
     total += overflow ? 0 : r;
   }
   pthread_mutex_lock(&pool->lock);
+  mp_status_t pst = mp__pool_paused(pool, "mp_pool_alloc_contiguous");
+  if (pst != MP_OK) {
+    pthread_mutex_unlock(&pool->lock);
+    return pst;
+  }
   if (overflow) {
     /* As mp_pool_alloc does for a size that cannot be rounded. */
     mp_status_t st =
@@ -712,8 +725,8 @@ mp_status_t mp_pool_trim(mp_pool_t *pool, size_t keep_bytes) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_trim: pool is NULL");
   pthread_mutex_lock(&pool->lock);
-  mp_status_t st = MP_OK;
-  if (pool->st.free_bytes > keep_bytes && pool->parent == NULL) {
+  mp_status_t st = mp__pool_paused(pool, "mp_pool_trim");
+  if (st == MP_OK && pool->st.free_bytes > keep_bytes && pool->parent == NULL) {
     st = mp__pool_sync(pool);
     if (st == MP_OK)
       mp__segment_trim(pool, keep_bytes);

@@ -172,7 +172,10 @@ struct mp_pool {
                    stream it waits for may be waiting for them) */
   mp_device_t *dev;
   mp_pool_config_t cfg;
-  mp_pool_oom_handler_t oom_fn; /* mp_pool_set_oom_handler */
+  bool paused;      /* pause.c: memory given back, addresses kept */
+  void *pause_copy; /* MP_PAUSE_KEEP_CONTENT: the live blocks, in order */
+  size_t paused_reserved, paused_free; /* st's figures before the pause */
+  mp_pool_oom_handler_t oom_fn;        /* mp_pool_set_oom_handler */
   void *oom_ctx;
   unsigned align_log2;
   size_t cap;      /* effective cap on reserved bytes */
@@ -214,6 +217,12 @@ struct mp_pool {
 
   mp_stats_t st; /* every field but largest_free_bytes, kept current */
 };
+
+/* ---- pause.c ------------------------------------------------------------ */
+/* MP_EBUSY naming fn while the pool is paused, else MP_OK. */
+mp_status_t mp__pool_paused(const mp_pool_t *pool, const char *fn);
+/* Destroy: frees what a paused pool holds beside its reservation. */
+void mp__pool_pause_release(mp_pool_t *pool);
 
 /* ---- handle.c: movable-block handles ------------------------------------ */
 /* Under the lock: b's handle (every copy) is stale from now on. */

@@ -830,7 +830,7 @@ void mp__segment_release_all(mp_pool_t *pool) {
       mp_device_free(pool->dev, (void *)s->base);
       pool->st.device_free_count++;
     } else if (s->kind == MP__SEG_VIRTUAL) {
-      for (size_t i = s->nchunks; i-- > 0;) {
+      for (size_t i = pool->paused ? 0 : s->nchunks; i-- > 0;) {
         mp__device_vm_unmap(pool->dev, (void *)s->chunks[i].addr,
                             s->chunks[i].size);
         pool->st.device_free_count++;

@@ -27,7 +27,8 @@ mp_status_t mp_pool_get_stats(mp_pool_t *pool, mp_stats_t *out) {
                     pool == NULL ? "pool" : "out");
   pthread_mutex_lock(&pool->lock);
   *out = pool->st;
-  out->largest_free_bytes = mp__stats_largest_free(pool);
+  /* A paused pool has no memory to serve from. */
+  out->largest_free_bytes = pool->paused ? 0 : mp__stats_largest_free(pool);
   pthread_mutex_unlock(&pool->lock);
   return MP_OK;
 }

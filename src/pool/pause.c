@@ -1,0 +1,185 @@
+/* pause.c - mp_pool_pause / mp_pool_resume: give a pool's physical memory
+ * back to the device while keeping every virtual address, then map it again
+ * at the same addresses (RLHF engines take turns on one GPU this way).
+ *
+ * Only the virtual range can do it (plain segments have no address without
+ * their memory): a pool holding plain segments or live child pools is
+ * refused. Pausing keeps every block record as it is and unmaps each mapped
+ * chunk (the exact (addr, size) of one vm_map, as CUDA requires); with
+ * MP_PAUSE_KEEP_CONTENT the live blocks are first copied, in address order,
+ * into one page-locked host buffer, and resume copies them back. While
+ * paused, reserved and free bytes read 0 and every call on the pool but
+ * resume, stats, dump and destroy is MP_EBUSY (mp__pool_paused).
+ *
+ * Failure halfway leaves nothing lost: a pause that cannot unmap maps back
+ * what it had unmapped (and copies the content back), a resume that cannot
+ * map unmaps what it had mapped and stays paused with the host copy kept.
+ * Device calls run with the lock dropped and the pool marked in flight. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool_internal.h"
+
+mp_status_t mp__pool_paused(const mp_pool_t *pool, const char *fn) {
+  return pool->paused ? mp__fail(MP_EBUSY, "%s: the pool is paused", fn)
+                      : MP_OK;
+}
+
+static void mp__device_begin(mp_pool_t *pool) {
+  pool->inflight = true;
+  pthread_mutex_unlock(&pool->lock);
+}
+
+static void mp__device_end(mp_pool_t *pool) {
+  pthread_mutex_lock(&pool->lock);
+  pool->inflight = false;
+  pthread_cond_broadcast(&pool->idle_cv);
+}
+
+/* Copies every live block between the device and the host buffer (to_host:
+ * device to host), in address order, then waits for the copies. Lock
+ * dropped (the caller marked the pool in flight). */
+static mp_status_t mp__copy_live(mp_pool_t *pool, bool to_host) {
+  uintptr_t off = (uintptr_t)pool->pause_copy;
+  mp_status_t st = MP_OK;
+  for (mp__segment_t *g = pool->segs; g != NULL && st == MP_OK; g = g->next)
+    for (mp__block_t *b = g->first; b != NULL && st == MP_OK; b = b->next) {
+      if (b->flags & (MP__B_FREE | MP__B_HOLE))
+        continue;
+      st = to_host ? mp_memcpy_async(pool->dev, (void *)off,
+                                     (const void *)b->addr, b->size, NULL)
+                   : mp_memcpy_async(pool->dev, (void *)b->addr,
+                                     (const void *)off, b->size, NULL);
+      off += b->size;
+    }
+  mp_status_t sy = mp_stream_synchronize(pool->dev, NULL);
+  return st != MP_OK ? st : sy;
+}
+
+/* Maps (map) or unmaps chunks [0, n) of v; on a failure undoes the ones it
+ * did and returns the failure. Lock dropped. */
+static mp_status_t mp__chunks(mp_pool_t *pool, mp__segment_t *v, bool map,
+                              size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    mp__chunk_t c = v->chunks[i];
+    mp_status_t st =
+        map ? mp__device_vm_map(pool->dev, (void *)c.addr, c.size)
+            : mp__device_vm_unmap(pool->dev, (void *)c.addr, c.size);
+    if (st != MP_OK) {
+      char why[256];
+      snprintf(why, sizeof why, "%s", mp_last_error());
+      (void)mp__chunks(pool, v, !map, i);
+      return mp__fail(st, "%s", why);
+    }
+  }
+  return MP_OK;
+}
+
+/* What pause may not handle: EBUSY/ENOTSUP with a message, or MP_OK. */
+static mp_status_t mp__pause_check(const mp_pool_t *pool) {
+  if (pool->paused)
+    return mp__fail(MP_EBUSY, "mp_pool_pause: the pool is paused already");
+  if (pool->parent != NULL)
+    return mp__fail(MP_ENOTSUP, "mp_pool_pause: a child pool's range belongs "
+                                "to its parent: pause the parent");
+  if (pool->children > 0)
+    return mp__fail(MP_EBUSY, "mp_pool_pause: %zu child pools live",
+                    pool->children);
+  for (const mp__segment_t *g = pool->segs; g != NULL; g = g->next)
+    if (g->kind != MP__SEG_VIRTUAL)
+      return mp__fail(MP_ENOTSUP,
+                      "mp_pool_pause: the pool holds plain segments (no "
+                      "virtual memory, or virtual=0): their addresses cannot "
+                      "be kept");
+  return MP_OK;
+}
+
+mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
+  if (pool == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_pause: pool is NULL");
+  if (flags & ~MP_PAUSE_KEEP_CONTENT)
+    return mp__fail(MP_EINVAL, "mp_pool_pause: unknown flags 0x%x",
+                    flags & ~MP_PAUSE_KEEP_CONTENT);
+  pthread_mutex_lock(&pool->lock);
+  mp__pool_wait_sync(pool);
+  mp_status_t st = mp__pause_check(pool);
+  if (st != MP_OK) {
+    pthread_mutex_unlock(&pool->lock);
+    return st;
+  }
+  /* From here every other call is MP_EBUSY, so nothing changes under us. */
+  pool->paused = true;
+  mp__segment_t *v = pool->vseg;
+  size_t live = pool->st.allocated_bytes;
+  bool keep = (flags & MP_PAUSE_KEEP_CONTENT) && live > 0;
+  mp__device_begin(pool);
+  /* The streams that used the pool must be done with its memory. */
+  st = mp_device_synchronize(pool->dev);
+  if (st == MP_OK && keep) {
+    st = mp_device_host_alloc(pool->dev, live, &pool->pause_copy);
+    if (st == MP_OK && (st = mp__copy_live(pool, true)) != MP_OK) {
+      mp_device_host_free(pool->dev, pool->pause_copy);
+      pool->pause_copy = NULL;
+    }
+  }
+  if (st == MP_OK && v != NULL &&
+      (st = mp__chunks(pool, v, false, v->nchunks)) != MP_OK && keep) {
+    mp_device_host_free(pool->dev, pool->pause_copy);
+    pool->pause_copy = NULL;
+  }
+  mp__device_end(pool);
+  if (st != MP_OK) {
+    pool->paused = false;
+    pthread_mutex_unlock(&pool->lock);
+    return st;
+  }
+  pool->st.device_free_count += v ? v->nchunks : 0;
+  pool->paused_reserved = pool->st.reserved_bytes;
+  pool->paused_free = pool->st.free_bytes;
+  pool->st.reserved_bytes = pool->st.free_bytes = 0;
+  pthread_mutex_unlock(&pool->lock);
+  return MP_OK;
+}
+
+mp_status_t mp_pool_resume(mp_pool_t *pool) {
+  if (pool == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_resume: pool is NULL");
+  pthread_mutex_lock(&pool->lock);
+  mp__pool_wait_sync(pool);
+  if (!pool->paused) {
+    pthread_mutex_unlock(&pool->lock);
+    return mp__fail(MP_EINVAL, "mp_pool_resume: the pool is not paused");
+  }
+  mp__segment_t *v = pool->vseg;
+  if (pool->cap < pool->paused_reserved) {
+    pthread_mutex_unlock(&pool->lock);
+    return mp__fail(MP_ELIMIT, "mp_pool_resume: the pool's cap is below "
+                               "what it held");
+  }
+  mp__device_begin(pool);
+  mp_status_t st = v != NULL ? mp__chunks(pool, v, true, v->nchunks) : MP_OK;
+  if (st == MP_OK && pool->pause_copy != NULL &&
+      (st = mp__copy_live(pool, false)) != MP_OK)
+    (void)mp__chunks(pool, v, false, v->nchunks);
+  if (st == MP_OK && pool->pause_copy != NULL) {
+    mp_device_host_free(pool->dev, pool->pause_copy);
+    pool->pause_copy = NULL;
+  }
+  mp__device_end(pool);
+  if (st == MP_OK) {
+    pool->paused = false;
+    pool->st.device_alloc_count += v ? v->nchunks : 0;
+    pool->st.reserved_bytes = pool->paused_reserved;
+    pool->st.free_bytes = pool->paused_free;
+  }
+  pthread_mutex_unlock(&pool->lock);
+  return st;
+}
+
+/* At destroy: what a paused pool still holds beside its reservation. */
+void mp__pool_pause_release(mp_pool_t *pool) {
+  if (pool->pause_copy != NULL) {
+    mp_device_host_free(pool->dev, pool->pause_copy);
+    pool->pause_copy = NULL;
+  }
+}
