@@ -1,0 +1,150 @@
+/* pause_resume - what mp_pool_pause and mp_pool_resume cost per GiB on a
+ * device, with and without MP_PAUSE_KEEP_CONTENT, and two pools taking
+ * turns on a device too small for both (the RLHF colocation pattern: a
+ * "trainer" and an "engine" pool, each filled to most of the device,
+ * alternately paused and resumed with their content kept and checked).
+ *
+ * The pool is filled with blocks whose pages are touched (so the host
+ * device really commits and copies them), then paused and resumed
+ * `rounds` times; the median of each phase is reported in ms and ms/GiB.
+ *
+ *   bench_pause_resume [GiB=1] [rounds=5] [device spec, default
+ *                      "host:capacity=<3/2 of GiB>"] */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <mempool/mempool.h>
+
+#define MiB ((size_t)1 << 20)
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_d);
+  return v[n / 2];
+}
+
+#define CHECK(call)                                                            \
+  do {                                                                         \
+    mp_status_t st_ = (call);                                                  \
+    if (st_ != MP_OK) {                                                        \
+      fprintf(stderr, "%s: %s: %s\n", #call, mp_status_name(st_),              \
+              mp_last_error());                                                \
+      exit(1);                                                                 \
+    }                                                                          \
+  } while (0)
+
+/* Fills a pool with 32 MiB blocks up to bytes, each block's first byte its
+ * tag (pages touched: the memory is really there). */
+static size_t fill(mp_pool_t *p, size_t bytes, void **v, unsigned tag) {
+  size_t n = bytes / (32 * MiB);
+  for (size_t i = 0; i < n; i++) {
+    CHECK(mp_pool_alloc(p, 32 * MiB, NULL, &v[i]));
+    memset(v[i], (int)(tag + i), 32 * MiB);
+  }
+  return n;
+}
+
+static int same(void **v, size_t n, unsigned tag) {
+  for (size_t i = 0; i < n; i++)
+    if (((unsigned char *)v[i])[32 * MiB - 1] != (unsigned char)(tag + i))
+      return 0;
+  return 1;
+}
+
+int main(int argc, char **argv) {
+  size_t gib = argc > 1 ? strtoull(argv[1], NULL, 10) : 1;
+  int rounds = argc > 2 ? atoi(argv[2]) : 5;
+  char spec[128];
+  if (argc > 3)
+    snprintf(spec, sizeof spec, "%s", argv[3]);
+  else
+    snprintf(spec, sizeof spec, "host:capacity=%zuM", gib * 1024 * 3 / 2);
+  if (gib == 0 || rounds < 1 || rounds > 100) {
+    fprintf(stderr, "usage: bench_pause_resume [GiB>=1] [rounds 1..100] "
+                    "[device spec]\n");
+    return 2;
+  }
+  size_t bytes = gib << 30;
+  mp_device_t *dev;
+  CHECK(mp_device_open(spec, &dev));
+  void **a = calloc(bytes / (32 * MiB), sizeof *a);
+  void **b = calloc(bytes / (32 * MiB), sizeof *b);
+  if (a == NULL || b == NULL)
+    return 1;
+  printf("device %s, %zu GiB of live blocks per pool, %d rounds\n",
+         mp_device_name(dev), gib, rounds);
+  printf("| phase | keep content | ms (median) | ms per GiB |\n|---|---|---:|"
+         "---:|\n");
+  double t[4][100];
+  for (int keep = 0; keep < 2; keep++) {
+    mp_pool_t *p;
+    CHECK(mp_pool_create(dev, NULL, &p));
+    size_t n = fill(p, bytes, a, 1);
+    for (int r = 0; r < rounds; r++) {
+      double t0 = now_ms();
+      CHECK(mp_pool_pause(p, keep ? MP_PAUSE_KEEP_CONTENT : 0));
+      double t1 = now_ms();
+      CHECK(mp_pool_resume(p));
+      double t2 = now_ms();
+      t[2 * keep][r] = t1 - t0;
+      t[2 * keep + 1][r] = t2 - t1;
+      if (keep && !same(a, n, 1)) {
+        fprintf(stderr, "content lost across pause/resume\n");
+        return 1;
+      }
+      for (size_t i = 0; !keep && i < n; i++) /* touch again, as a user would */
+        memset(a[i], (int)(1 + i), 32 * MiB);
+    }
+    for (int ph = 0; ph < 2; ph++) {
+      double m = median(t[2 * keep + ph], rounds);
+      printf("| %s | %s | %.1f | %.1f |\n", ph ? "resume" : "pause",
+             keep ? "yes" : "no", m, m / (double)gib);
+    }
+    for (size_t i = 0; i < n; i++)
+      CHECK(mp_pool_free(p, a[i]));
+    CHECK(mp_pool_destroy(p));
+  }
+  /* Colocation: two pools that do not fit together take turns. */
+  mp_pool_t *trainer, *engine;
+  CHECK(mp_pool_create(dev, NULL, &trainer));
+  CHECK(mp_pool_create(dev, NULL, &engine));
+  size_t na = fill(trainer, bytes, a, 3);
+  CHECK(mp_pool_pause(trainer, MP_PAUSE_KEEP_CONTENT));
+  size_t nb = fill(engine, bytes, b, 7);
+  double t0 = now_ms();
+  for (int r = 0; r < rounds; r++) {
+    CHECK(mp_pool_pause(engine, MP_PAUSE_KEEP_CONTENT));
+    CHECK(mp_pool_resume(trainer));
+    CHECK(mp_pool_pause(trainer, MP_PAUSE_KEEP_CONTENT));
+    CHECK(mp_pool_resume(engine));
+  }
+  double per = (now_ms() - t0) / rounds;
+  int ok = same(b, nb, 7);
+  CHECK(mp_pool_pause(engine, MP_PAUSE_KEEP_CONTENT));
+  CHECK(mp_pool_resume(trainer));
+  ok = ok && same(a, na, 3);
+  for (size_t i = 0; i < na; i++)
+    CHECK(mp_pool_free(trainer, a[i]));
+  CHECK(mp_pool_destroy(trainer));
+  CHECK(mp_pool_destroy(engine));
+  printf("\ncolocate: two pools of %zu GiB on %s take turns: %.1f ms per "
+         "round trip (%.1f ms per GiB moved), content %s\n",
+         gib, spec, per, per / (2.0 * (double)gib), ok ? "kept" : "LOST");
+  free(a);
+  free(b);
+  mp_device_close(dev);
+  return ok ? 0 : 1;
+}
