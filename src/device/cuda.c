@@ -649,13 +649,18 @@ static mp_status_t mp__cuda_stream_synchronize(mp_device_t *dev,
              : mp__cuda_fail(r, "cuStreamSynchronize(%p)", (void *)s);
 }
 
+/* A query's answer: not ready is an answer, not a failure (no message:
+ * queries are polled). */
+static mp_status_t mp__cuda_ready(CUresult r, const char *fn, void *h) {
+  if (r == CUDA_ERROR_NOT_READY)
+    return MP_EBUSY;
+  return r == CUDA_SUCCESS ? MP_OK : mp__cuda_fail(r, "%s(%p)", fn, h);
+}
+
 static mp_status_t mp__cuda_stream_query(mp_device_t *dev, mp_stream_t s) {
   CUresult r;
   MP__CU_IN_CTX(mp__cuda_of(dev), r, mp__cu.StreamQuery((CUstream)s));
-  if (r == CUDA_ERROR_NOT_READY)
-    return MP_EBUSY;
-  return r == CUDA_SUCCESS ? MP_OK
-                           : mp__cuda_fail(r, "cuStreamQuery(%p)", (void *)s);
+  return mp__cuda_ready(r, "cuStreamQuery", (void *)s);
 }
 
 static mp_status_t mp__cuda_launch_host(mp_device_t *dev, mp_stream_t s,
@@ -741,11 +746,7 @@ static mp_status_t mp__cuda_event_record(mp_device_t *dev, mp_event_t e,
 static mp_status_t mp__cuda_event_query(mp_device_t *dev, mp_event_t e) {
   CUresult r;
   MP__CU_IN_CTX(mp__cuda_of(dev), r, mp__cu.EventQuery((CUevent)e));
-  /* Not ready is an answer, not a failure: no message, polled in loops. */
-  if (r == CUDA_ERROR_NOT_READY)
-    return MP_EBUSY;
-  return r == CUDA_SUCCESS ? MP_OK
-                           : mp__cuda_fail(r, "cuEventQuery(%p)", (void *)e);
+  return mp__cuda_ready(r, "cuEventQuery", (void *)e);
 }
 
 static mp_status_t mp__cuda_event_synchronize(mp_device_t *dev, mp_event_t e) {

@@ -22,19 +22,12 @@
 
 #include <mempool/mempool.h>
 
+#include "fuzz_require.h"
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define FUZZ_LIVE    64
 #define FUZZ_STREAMS 3
-
-#define FUZZ_REQUIRE(cond)                                                     \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      fprintf(stderr, "fuzz_pool: %s failed at %s:%d (%s)\n", #cond, __FILE__, \
-              __LINE__, mp_last_error());                                      \
-      __builtin_trap();                                                        \
-    }                                                                          \
-  } while (0)
 
 typedef struct fz_block {
   unsigned char *p; /* raw blocks; NULL for movable ones */
@@ -62,9 +55,9 @@ static void fz_open(void) {
       "host:capacity=256M", "host:capacity=256M,granularity=64K",
       "host:capacity=256M,vmm=0"};
   for (int i = 0; i < FUZZ_DEVS; i++) {
-    FUZZ_REQUIRE(mp_device_open(specs[i], &fz_dev[i]) == MP_OK);
+    FZ_REQUIRE(mp_device_open(specs[i], &fz_dev[i]) == MP_OK);
     for (int k = 0; k < FUZZ_STREAMS - 1; k++)
-      FUZZ_REQUIRE(mp_stream_create(fz_dev[i], &fz_stream[i][k]) == MP_OK);
+      FZ_REQUIRE(mp_stream_create(fz_dev[i], &fz_stream[i][k]) == MP_OK);
   }
 }
 
@@ -87,7 +80,7 @@ static void fz_tag(fz_block_t *b) {
 
 static void fz_verify(const fz_block_t *b) {
   const unsigned char *p = fz_ptr(b);
-  FUZZ_REQUIRE(p[0] == b->tag && p[b->bytes - 1] == b->tag);
+  FZ_REQUIRE(p[0] == b->tag && p[b->bytes - 1] == b->tag);
 }
 
 static void fz_alloced(fz_count_t *c, size_t bytes) {
@@ -106,19 +99,19 @@ static void fz_freed(fz_count_t *c, size_t bytes) {
 
 /* The pool's invariants and its stats against the harness's own count. */
 static void fz_check(mp_pool_t *p, const fz_count_t *c) {
-  FUZZ_REQUIRE(mp_pool_check(p) == MP_OK);
+  FZ_REQUIRE(mp_pool_check(p) == MP_OK);
   mp_stats_t st;
-  FUZZ_REQUIRE(mp_pool_get_stats(p, &st) == MP_OK);
-  FUZZ_REQUIRE(st.live_blocks == c->live);
-  FUZZ_REQUIRE(st.requested_bytes == c->requested);
-  FUZZ_REQUIRE(st.peak_requested_bytes == c->peak_requested);
-  FUZZ_REQUIRE(st.alloc_count == c->allocs && st.free_count == c->frees);
-  FUZZ_REQUIRE(st.oom_count == c->ooms);
-  FUZZ_REQUIRE(st.allocated_bytes >= st.requested_bytes);
-  FUZZ_REQUIRE(st.allocated_bytes + st.free_bytes == st.reserved_bytes);
-  FUZZ_REQUIRE(st.largest_free_bytes <= st.free_bytes);
-  FUZZ_REQUIRE(st.peak_reserved_bytes >= st.reserved_bytes &&
-               st.peak_allocated_bytes >= st.allocated_bytes);
+  FZ_REQUIRE(mp_pool_get_stats(p, &st) == MP_OK);
+  FZ_REQUIRE(st.live_blocks == c->live);
+  FZ_REQUIRE(st.requested_bytes == c->requested);
+  FZ_REQUIRE(st.peak_requested_bytes == c->peak_requested);
+  FZ_REQUIRE(st.alloc_count == c->allocs && st.free_count == c->frees);
+  FZ_REQUIRE(st.oom_count == c->ooms);
+  FZ_REQUIRE(st.allocated_bytes >= st.requested_bytes);
+  FZ_REQUIRE(st.allocated_bytes + st.free_bytes == st.reserved_bytes);
+  FZ_REQUIRE(st.largest_free_bytes <= st.free_bytes);
+  FZ_REQUIRE(st.peak_reserved_bytes >= st.reserved_bytes &&
+             st.peak_allocated_bytes >= st.allocated_bytes);
 }
 
 /* An allocation on s may have defragmented (the OOM rung), even one that
@@ -126,7 +119,7 @@ static void fz_check(mp_pool_t *p, const fz_count_t *c) {
  * not, so they wait for s (a program's own work would be ordered on s). */
 static void fz_settle(mp_device_t *dev, mp_stream_t s, size_t movables) {
   if (movables > 0)
-    FUZZ_REQUIRE(mp_stream_synchronize(dev, s) == MP_OK);
+    FZ_REQUIRE(mp_stream_synchronize(dev, s) == MP_OK);
 }
 
 static int fz_is_oom(mp_status_t st) {
@@ -139,11 +132,11 @@ static void fz_drop(fz_block_t *live, size_t *n, size_t k, mp_pool_t *pool,
   fz_block_t *b = &live[k];
   fz_verify(b);
   if (b->h != NULL) {
-    FUZZ_REQUIRE(mp_handle_free(b->h) == MP_OK);
-    FUZZ_REQUIRE(mp_handle_free(b->h) == MP_EINVAL);
+    FZ_REQUIRE(mp_handle_free(b->h) == MP_OK);
+    FZ_REQUIRE(mp_handle_free(b->h) == MP_EINVAL);
   } else {
     mp_pool_t *owner = b->in_child ? child : pool;
-    FUZZ_REQUIRE(mp_pool_free(owner, b->p) == MP_OK);
+    FZ_REQUIRE(mp_pool_free(owner, b->p) == MP_OK);
   }
   fz_freed(b->in_child ? cc : pc, b->bytes);
   live[k] = live[--*n];
@@ -169,7 +162,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   static const size_t segs[4] = {0, (size_t)1 << 20, (size_t)64 << 10, 0};
   cfg.segment_bytes = segs[data[1] & 3];
   mp_pool_t *pool, *child = NULL;
-  FUZZ_REQUIRE(mp_pool_create(dev, &cfg, &pool) == MP_OK);
+  FZ_REQUIRE(mp_pool_create(dev, &cfg, &pool) == MP_OK);
   fz_count_t pc = {0}, cc = {0};
   size_t child_bytes = 0;
   fz_block_t live[FUZZ_LIVE];
@@ -190,12 +183,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       fz_count_t *c = in_child ? &cc : &pc;
       mp_status_t st = mp_pool_alloc(in_child ? child : pool, b.bytes, s, &p);
       fz_settle(dev, s, movables);
-      FUZZ_REQUIRE(st == MP_OK || fz_is_oom(st));
+      FZ_REQUIRE(st == MP_OK || fz_is_oom(st));
       if (st != MP_OK) {
         c->ooms++;
         break;
       }
-      FUZZ_REQUIRE((uintptr_t)p % cfg.align == 0);
+      FZ_REQUIRE((uintptr_t)p % cfg.align == 0);
       b.p = p;
       fz_tag(&b);
       fz_alloced(c, b.bytes);
@@ -210,7 +203,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       fz_block_t b = live[k];
       fz_drop(live, &n, k, pool, child, &pc, &cc);
       if ((op[3] & 1) && b.p != NULL)
-        FUZZ_REQUIRE(mp_pool_free(b.in_child ? child : pool, b.p) == MP_EINVAL);
+        FZ_REQUIRE(mp_pool_free(b.in_child ? child : pool, b.p) == MP_EINVAL);
       break;
     }
     case 5: { /* contiguous: 1 to 4 pieces */
@@ -222,14 +215,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       void *out[4];
       mp_status_t st = mp_pool_alloc_contiguous(pool, count, sizes, s, out);
       fz_settle(dev, s, movables);
-      FUZZ_REQUIRE(st == MP_OK || fz_is_oom(st));
+      FZ_REQUIRE(st == MP_OK || fz_is_oom(st));
       if (st != MP_OK) {
         pc.ooms++;
         break;
       }
       for (size_t k = 0; k < count; k++) {
-        FUZZ_REQUIRE(k == 0 || (unsigned char *)out[k] >=
-                                   (unsigned char *)out[k - 1] + sizes[k - 1]);
+        FZ_REQUIRE(k == 0 || (unsigned char *)out[k] >=
+                                 (unsigned char *)out[k - 1] + sizes[k - 1]);
         fz_block_t b = {out[k], NULL, sizes[k], tag++, 0};
         fz_tag(&b);
         fz_alloced(&pc, sizes[k]);
@@ -241,7 +234,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (n > 0) {
         fz_block_t *b = &live[op[2] % n];
         mp_pool_t *owner = b->in_child ? child : pool;
-        FUZZ_REQUIRE(mp_pool_record_stream(owner, fz_ptr(b), s) == MP_OK);
+        FZ_REQUIRE(mp_pool_record_stream(owner, fz_ptr(b), s) == MP_OK);
       }
       break;
     case 7: { /* trim, keeping 0, some or everything */
@@ -250,13 +243,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         ? (size_t)op[3] << 16
                         : (op[2] < 250 ? (size_t)op[3] << 12 : SIZE_MAX);
       mp_stats_t before, after;
-      FUZZ_REQUIRE(mp_pool_get_stats(pool, &before) == MP_OK);
-      FUZZ_REQUIRE(mp_pool_trim(pool, keep) == MP_OK);
-      FUZZ_REQUIRE(mp_pool_get_stats(pool, &after) == MP_OK);
-      FUZZ_REQUIRE(after.allocated_bytes == before.allocated_bytes &&
-                   after.reserved_bytes <= before.reserved_bytes);
+      FZ_REQUIRE(mp_pool_get_stats(pool, &before) == MP_OK);
+      FZ_REQUIRE(mp_pool_trim(pool, keep) == MP_OK);
+      FZ_REQUIRE(mp_pool_get_stats(pool, &after) == MP_OK);
+      FZ_REQUIRE(after.allocated_bytes == before.allocated_bytes &&
+                 after.reserved_bytes <= before.reserved_bytes);
       if (child != NULL)
-        FUZZ_REQUIRE(mp_pool_trim(child, keep) == MP_OK);
+        FZ_REQUIRE(mp_pool_trim(child, keep) == MP_OK);
       break;
     }
     case 8: { /* child lifecycle */
@@ -264,7 +257,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         size_t bytes = fz_size(op[2], op[3]);
         mp_status_t st = mp_pool_create_child(pool, bytes, &child);
         fz_settle(dev, NULL, movables);
-        FUZZ_REQUIRE(st == MP_OK || fz_is_oom(st));
+        FZ_REQUIRE(st == MP_OK || fz_is_oom(st));
         if (st != MP_OK) {
           pc.ooms++;
           child = NULL;
@@ -274,7 +267,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         child_bytes = bytes;
         memset(&cc, 0, sizeof cc);
       } else {
-        FUZZ_REQUIRE(mp_pool_destroy(pool) == MP_EBUSY);
+        FZ_REQUIRE(mp_pool_destroy(pool) == MP_EBUSY);
         if (op[2] & 1) { /* destroy with its blocks still live */
           for (size_t k = 0; k < n;)
             if (live[k].in_child)
@@ -289,7 +282,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
               k++;
           fz_check(child, &cc);
         }
-        FUZZ_REQUIRE(mp_pool_destroy(child) == MP_OK);
+        FZ_REQUIRE(mp_pool_destroy(child) == MP_OK);
         fz_freed(&pc, child_bytes);
         child = NULL;
       }
@@ -300,13 +293,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fz_block_t *b = &live[op[2] % n];
         mp_pool_t *owner = b->in_child ? child : pool;
         if (b->bytes > 1)
-          FUZZ_REQUIRE(mp_pool_free(owner, fz_ptr(b) + 1) == MP_EINVAL);
+          FZ_REQUIRE(mp_pool_free(owner, fz_ptr(b) + 1) == MP_EINVAL);
         if (b->h != NULL)
-          FUZZ_REQUIRE(mp_pool_free(pool, fz_ptr(b)) == MP_EINVAL);
+          FZ_REQUIRE(mp_pool_free(pool, fz_ptr(b)) == MP_EINVAL);
         if (b->in_child)
-          FUZZ_REQUIRE(mp_pool_free(pool, b->p) == MP_EINVAL);
+          FZ_REQUIRE(mp_pool_free(pool, b->p) == MP_EINVAL);
       }
-      FUZZ_REQUIRE(mp_pool_free(pool, (void *)&tag) == MP_EINVAL);
+      FZ_REQUIRE(mp_pool_free(pool, (void *)&tag) == MP_EINVAL);
       break;
     case 10:
     case 11: { /* movable alloc */
@@ -315,7 +308,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       fz_block_t b = {NULL, NULL, fz_size(op[2], op[3]), tag++, 0};
       mp_status_t st = mp_pool_alloc_movable(pool, b.bytes, s, &b.h);
       fz_settle(dev, s, movables + 1);
-      FUZZ_REQUIRE(st == MP_OK || fz_is_oom(st));
+      FZ_REQUIRE(st == MP_OK || fz_is_oom(st));
       if (st != MP_OK) {
         pc.ooms++;
         break;
@@ -328,35 +321,34 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     case 12: { /* defragment on s; the moved data is there once s is done */
       size_t moved = 0;
-      FUZZ_REQUIRE(mp_pool_defragment(pool, s, &moved) == MP_OK);
-      FUZZ_REQUIRE(mp_stream_synchronize(dev, s) == MP_OK);
+      FZ_REQUIRE(mp_pool_defragment(pool, s, &moved) == MP_OK);
+      FZ_REQUIRE(mp_stream_synchronize(dev, s) == MP_OK);
       for (size_t k = 0; k < n; k++)
         fz_verify(&live[k]);
       break;
     }
     case 13: /* freeze (rarely), else reset the peaks */
       if (op[2] < 32) {
-        FUZZ_REQUIRE(mp_pool_freeze(pool) == MP_OK);
+        FZ_REQUIRE(mp_pool_freeze(pool) == MP_OK);
         for (size_t k = 0; k < n; k++)
           fz_verify(&live[k]);
       } else {
-        FUZZ_REQUIRE(mp_pool_reset_peaks(pool) == MP_OK);
+        FZ_REQUIRE(mp_pool_reset_peaks(pool) == MP_OK);
         pc.peak_requested = pc.requested;
       }
       break;
     case 14: /* the device finishes everything queued */
-      FUZZ_REQUIRE(mp_device_synchronize(dev) == MP_OK);
+      FZ_REQUIRE(mp_device_synchronize(dev) == MP_OK);
       break;
     case 15: /* absurd sizes fail, count as OOM and change nothing else */
       if (op[2] & 1) {
         void *p;
-        FUZZ_REQUIRE(
+        FZ_REQUIRE(
             fz_is_oom(mp_pool_alloc(pool, SIZE_MAX - (op[3] & 0x7f), s, &p)));
       } else {
         size_t sizes[2] = {SIZE_MAX / 2 + op[3], SIZE_MAX / 2};
         void *out[2];
-        FUZZ_REQUIRE(
-            fz_is_oom(mp_pool_alloc_contiguous(pool, 2, sizes, s, out)));
+        FZ_REQUIRE(fz_is_oom(mp_pool_alloc_contiguous(pool, 2, sizes, s, out)));
       }
       pc.ooms++;
       break;
@@ -367,22 +359,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   /* Movable data can be moved by an OOM rung on any stream; everything is
    * settled once the device is. */
-  FUZZ_REQUIRE(mp_device_synchronize(dev) == MP_OK);
+  FZ_REQUIRE(mp_device_synchronize(dev) == MP_OK);
   while (n > 0)
     fz_drop(live, &n, n - 1, pool, child, &pc, &cc);
   fz_check(pool, &pc);
   if (child != NULL) {
     fz_check(child, &cc);
-    FUZZ_REQUIRE(mp_pool_destroy(child) == MP_OK);
+    FZ_REQUIRE(mp_pool_destroy(child) == MP_OK);
     fz_freed(&pc, child_bytes);
   }
   fz_check(pool, &pc);
   mp_stats_t st;
-  FUZZ_REQUIRE(mp_pool_get_stats(pool, &st) == MP_OK);
-  FUZZ_REQUIRE(st.allocated_bytes == 0 && st.live_blocks == 0);
-  FUZZ_REQUIRE(mp_pool_trim(pool, 0) == MP_OK);
-  FUZZ_REQUIRE(mp_pool_get_stats(pool, &st) == MP_OK);
-  FUZZ_REQUIRE(st.reserved_bytes == 0 && st.free_bytes == 0);
-  FUZZ_REQUIRE(mp_pool_destroy(pool) == MP_OK);
+  FZ_REQUIRE(mp_pool_get_stats(pool, &st) == MP_OK);
+  FZ_REQUIRE(st.allocated_bytes == 0 && st.live_blocks == 0);
+  FZ_REQUIRE(mp_pool_trim(pool, 0) == MP_OK);
+  FZ_REQUIRE(mp_pool_get_stats(pool, &st) == MP_OK);
+  FZ_REQUIRE(st.reserved_bytes == 0 && st.free_bytes == 0);
+  FZ_REQUIRE(mp_pool_destroy(pool) == MP_OK);
   return 0;
 }

@@ -12,16 +12,9 @@
 
 #include "mpbench.h"
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+#include "fuzz_require.h"
 
-#define FZ_REQUIRE(cond)                                                       \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      fprintf(stderr, "fuzz_snapshot: %s failed at %s:%d (%s)\n", #cond,       \
-              __FILE__, __LINE__, mp_last_error());                            \
-      __builtin_trap();                                                        \
-    }                                                                          \
-  } while (0)
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* pickle.dumps({"segments": [], "device_traces": [[alloc, alloc,
  * free_requested, free_completed, oom]]}, protocol=4) */
