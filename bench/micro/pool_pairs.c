@@ -208,7 +208,9 @@ int main(int argc, char **argv) {
     free(p.victim);
     free(p.init);
   }
-  printf("pool: 10000-live / 100-live cost = %.2fx\n", pool_ns[1] / pool_ns[0]);
+  if (!history)
+    printf("pool: 10000-live / 100-live cost = %.2fx\n",
+           pool_ns[1] / pool_ns[0]);
   mp_device_close(dev);
   return 0;
 }

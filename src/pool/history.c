@@ -15,8 +15,8 @@
 
 #include "pool_internal.h"
 
-/* Frames of the recording machinery itself (mp__history_record and the
- * pool function that called it) are dropped from the stack. */
+/* Frames of the recording machinery itself (mp__hist_record and its
+ * caller here) are dropped from the stack. */
 #define MP__HIST_SKIP 2
 
 mp_status_t mp__history_init(mp_pool_t *pool) {
@@ -49,28 +49,53 @@ void mp__history_release(mp_pool_t *pool) {
   memset(&pool->hist, 0, sizeof pool->hist);
 }
 
-void mp__history_record(mp_pool_t *pool, unsigned action, uintptr_t addr,
-                        size_t size, uintptr_t stream) {
-  mp__history_t *h = &pool->hist;
+/* Appends one event with the given time and stack. */
+static void mp__hist_put(mp__history_t *h, unsigned action, uintptr_t addr,
+                         size_t size, uintptr_t stream, uint64_t time_us,
+                         void *const *frames, int nframes) {
   size_t i = h->next;
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
   mp__hevent_t *e = &h->ev[i];
-  e->time_us = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+  e->time_us = time_us;
   e->addr = addr;
   e->size = size;
   e->stream = stream;
   e->action = (uint8_t)action;
-  e->nframes = 0;
-  if (h->frames != NULL) {
-    void *raw[MP__HIST_FRAMES + MP__HIST_SKIP];
-    int n = backtrace(raw, MP__HIST_FRAMES + MP__HIST_SKIP);
-    if (n > MP__HIST_SKIP) {
-      e->nframes = (uint8_t)(n - MP__HIST_SKIP);
-      memcpy(&h->frames[i * MP__HIST_FRAMES], raw + MP__HIST_SKIP,
-             e->nframes * sizeof(void *));
-    }
-  }
+  e->nframes = (uint8_t)nframes;
+  if (nframes > 0)
+    memcpy(&h->frames[i * MP__HIST_FRAMES], frames,
+           (size_t)nframes * sizeof(void *));
   h->next = i + 1 == h->cap ? 0 : i + 1;
   h->total++;
+}
+
+/* Records actions[0..n) of one block with one clock read and (stacks) one
+ * backtrace: a free's requested and completed events share them. */
+__attribute__((noinline)) static void
+mp__hist_record(mp_pool_t *pool, const unsigned *actions, int n, uintptr_t addr,
+                size_t size, uintptr_t stream) {
+  mp__history_t *h = &pool->hist;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t us = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+  void *raw[MP__HIST_FRAMES + MP__HIST_SKIP];
+  int nf = 0;
+  if (h->frames != NULL) {
+    nf = backtrace(raw, MP__HIST_FRAMES + MP__HIST_SKIP) - MP__HIST_SKIP;
+    if (nf < 0)
+      nf = 0;
+  }
+  for (int k = 0; k < n; k++)
+    mp__hist_put(h, actions[k], addr, size, stream, us, raw + MP__HIST_SKIP,
+                 nf);
+}
+
+void mp__history_record(mp_pool_t *pool, unsigned action, uintptr_t addr,
+                        size_t size, uintptr_t stream) {
+  mp__hist_record(pool, &action, 1, addr, size, stream);
+}
+
+void mp__history_free(mp_pool_t *pool, uintptr_t addr, size_t size,
+                      uintptr_t stream) {
+  static const unsigned both[2] = {MP__H_FREE_REQUESTED, MP__H_FREE_COMPLETED};
+  mp__hist_record(pool, both, 2, addr, size, stream);
 }

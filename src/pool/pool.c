@@ -298,12 +298,8 @@ void mp__block_make_live(mp_pool_t *pool, mp__block_t *b, size_t requested,
 }
 
 void mp__block_release(mp_pool_t *pool, mp__block_t *b) {
-  if (MP__UNLIKELY(pool->hist.ev != NULL)) {
-    /* Reusable at once on its own stream: requested and completed now. */
-    uintptr_t s = MP__HIST_STREAM(pool, b->sidx);
-    mp__history_record(pool, MP__H_FREE_REQUESTED, b->addr, b->size, s);
-    mp__history_record(pool, MP__H_FREE_COMPLETED, b->addr, b->size, s);
-  }
+  if (MP__UNLIKELY(pool->hist.ev != NULL))
+    mp__history_free(pool, b->addr, b->size, MP__HIST_STREAM(pool, b->sidx));
   pool->st.allocated_bytes -= b->size;
   pool->st.free_bytes += b->size;
   pool->st.requested_bytes -= b->requested;

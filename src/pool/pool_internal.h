@@ -402,6 +402,10 @@ void mp__history_release(mp_pool_t *pool);
 /* Under the lock: appends one event, overwriting the oldest when full. */
 void mp__history_record(mp_pool_t *pool, unsigned action, uintptr_t addr,
                         size_t size, uintptr_t stream);
+/* A free: free_requested and free_completed with one clock read and one
+ * stack (a block is reusable on its own stream at once). */
+void mp__history_free(mp_pool_t *pool, uintptr_t addr, size_t size,
+                      uintptr_t stream);
 /* The hot-path hook: one predictable branch when history is off. */
 #define MP__HIST(pool, action, addr, size, stream)                             \
   do {                                                                         \
