@@ -78,7 +78,8 @@ def test_snapshot_has_the_fields_the_viewer_reads(device, tmp_path, virtual):
     t = traces[0]
     assert t, "no trace entries"
     for e in t:
-        assert set(e) == TRACE_KEYS
+        assert set(e) == TRACE_KEYS | ({"device_free"} if e["action"] == "oom"
+                                       else set())
         assert e["action"] in ACTIONS
         assert e["frames"] == []  # no history_stacks
     allocs = [e for e in t if e["action"] == "alloc"]
@@ -108,6 +109,22 @@ def test_stacks_come_symbolized_only_with_history_stacks(device, tmp_path):
     block = [b for seg in s["segments"] for b in seg["blocks"]
              if b["state"] == "active_allocated"][0]
     assert block["frames"] == alloc["frames"]
+    p.free(a)
+    p.destroy()
+
+
+def test_an_oom_entry_has_device_free(device, tmp_path):
+    # _memory_viz.py's trace() reads e['device_free'] for an oom entry.
+    p = mempool.Pool(device, max_bytes="4M", history=16)
+    a = p.alloc(1 << 20)
+    with pytest.raises(mempool.OutOfMemory):
+        p.alloc(64 << 20)
+    p.snapshot(str(tmp_path / "s.pickle"))
+    t = _load(tmp_path / "s.pickle")["device_traces"][0]
+    oom = [e for e in t if e["action"] == "oom"]
+    assert len(oom) == 1
+    assert oom[0]["size"] == 64 << 20
+    assert oom[0]["device_free"] == (4 << 20) - p.stats()["reserved_bytes"]
     p.free(a)
     p.destroy()
 
@@ -162,3 +179,26 @@ def test_replay_of_a_snapshot_reproduces_peak_live_bytes(device, tmp_path, virtu
     assert pool[0]["peak_live_bytes"] == st["peak_allocated_bytes"]
     # The same allocator on the same sequence reserves the same peak.
     assert pool[0]["peak_reserved_bytes"] == st["peak_reserved_bytes"]
+
+
+# The opcodes the unpickler of PyTorch's memory_viz page
+# (torch/utils/viz/MemoryViz.js, function unpickle) handles; a snapshot that
+# used any other would load in Python but not in the page.
+VIEWER_OPCODES = {"PROTO", "FRAME", "EMPTY_DICT", "EMPTY_LIST", "EMPTY_TUPLE",
+                  "MARK", "SETITEMS", "APPENDS", "APPEND", "BINUNICODE",
+                  "SHORT_BINUNICODE", "BININT", "BININT1", "BININT2", "LONG1",
+                  "NEWTRUE", "NEWFALSE", "NONE", "TUPLE2", "BINFLOAT",
+                  "MEMOIZE", "BINPUT", "BINGET", "LONG_BINGET", "STOP"}
+
+
+def test_snapshot_uses_only_opcodes_the_memory_viz_page_reads(device, tmp_path):
+    import pickletools
+    p = mempool.Pool(device, max_bytes="16M", history=256, history_stacks=1)
+    for a in _run(p, SIZES[:8]):
+        p.free(a)
+    p.snapshot(str(tmp_path / "s.pickle"))
+    data = (tmp_path / "s.pickle").read_bytes()
+    used = {op.name for op, _, _ in pickletools.genops(data)}
+    assert used <= VIEWER_OPCODES, used - VIEWER_OPCODES
+    assert data[:2] == b"\x80\x02"
+    p.destroy()

@@ -11,6 +11,8 @@
  *                            frames}]}],
  *    "device_traces": [[{action, addr, size, stream, time_us,
  *                        frames: [{filename, line, name}]}]]}
+ * (an oom entry also has device_free, here what the pool could still
+ * reserve under its cap; its addr holds the same, as in PyTorch).
  * No PyTorch code is used; the pickle (protocol 2: dict, list, tuple, str,
  * int, bool) is written here.
  *
@@ -350,6 +352,8 @@ static void mp__write_snapshot(mp__pk_t *w, const mp__snap_t *s) {
     mp__pk_kint(w, "size", ev->size);
     mp__pk_kint(w, "stream", ev->stream);
     mp__pk_kint(w, "time_us", ev->time_us);
+    if (ev->action == MP__H_OOM) /* _memory_viz.py's trace() reads it */
+      mp__pk_kint(w, "device_free", ev->addr);
     mp__write_frames(w, s, e);
     mp__pk_dict_end(w);
   }
