@@ -2,6 +2,7 @@
  * mp_pool_snapshot's error paths. The pickle's content is checked by
  * python/tests/test_snapshot.py (Python's own pickle, and mpbench replay). */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -195,5 +196,51 @@ Test(pool_history, snapshot_replaces_a_file_whole) {
   cr_expect_eq(stop, '.'); /* STOP */
   unlink(path);
   cr_expect_eq(rmdir(dir), 0, "the temporary was left behind");
+  mp_pool_destroy(p);
+}
+
+typedef struct {
+  mp_pool_t *pool;
+  int pairs;
+} churn_t;
+
+static void *churn(void *arg) {
+  churn_t *c = arg;
+  for (int i = 0; i < c->pairs; i++) {
+    void *p = NULL;
+    if (mp_pool_alloc(c->pool, 512 * (size_t)(1 + i % 64), NULL, &p) != MP_OK ||
+        mp_pool_free(c->pool, p) != MP_OK)
+      return (void *)1;
+  }
+  return NULL;
+}
+
+Test(pool_history, threads_record_while_snapshots_are_written) {
+  mp_pool_t *p = make_pool("max_bytes=32M,history=512,history_stacks=1");
+  enum { NT = 4, PAIRS = 2000 };
+  pthread_t t[NT];
+  churn_t c = {p, PAIRS};
+  for (int i = 0; i < NT; i++)
+    cr_assert_eq(pthread_create(&t[i], NULL, churn, &c), 0);
+  FILE *sink = fopen("/dev/null", "wb");
+  cr_assert_not_null(sink);
+  for (int i = 0; i < 20; i++)
+    cr_expect_eq(mp_pool_snapshot_file(p, sink), MP_OK, "%s", mp_last_error());
+  fclose(sink);
+  for (int i = 0; i < NT; i++) {
+    void *r;
+    pthread_join(t[i], &r);
+    cr_expect_null(r);
+  }
+  /* Every pair is three events; growth adds segment events. */
+  uint64_t blocks = 0;
+  for (size_t i = 0; i < p->hist.cap; i++)
+    blocks += oldest(p, i)->action <= MP__H_FREE_COMPLETED;
+  cr_expect_geq(p->hist.total, (uint64_t)NT * PAIRS * 3);
+  cr_expect_leq(p->hist.total - (uint64_t)NT * PAIRS * 3,
+                p->st.device_alloc_count + p->st.device_free_count);
+  cr_expect_geq(blocks, p->hist.cap - (p->st.device_alloc_count +
+                                       p->st.device_free_count));
+  cr_expect_eq(mp_pool_check(p), MP_OK, "%s", mp_last_error());
   mp_pool_destroy(p);
 }
