@@ -7,7 +7,11 @@
  * 40-byte store under the pool lock the caller already holds; the ring is
  * allocated once at create, so recording never allocates. With
  * history_stacks=1 it also costs a backtrace() of the allocating thread:
- * raw return addresses only, symbolized when a snapshot is written. */
+ * raw return addresses only, symbolized when a snapshot is written.
+ * Measured (bench_pool_pairs 1000000 host:capacity=64T history, 2-core
+ * VM): ns per free+alloc pair with 100 / 10 000 live blocks: off 130 / 177,
+ * history=65536 171 / 225, with stacks 2640 / 3000 (two backtrace() calls
+ * a pair: a free's two events share one stack and one clock read). */
 #include <execinfo.h>
 #include <stdlib.h>
 #include <string.h>
