@@ -11,7 +11,11 @@
  * during the timed phase (0 once a repeating workload is warm).
  *
  *   bench_pool_pairs [pairs=2000000] [device spec, default
- *                    "host:capacity=64T"] [pool|jemalloc: run only that] */
+ *                    "host:capacity=64T"] [pool|jemalloc: run only that]
+ *
+ * Mode "history" (third argument) runs the pool alone, side by side with its
+ * event history off, on (history=65536) and on with stacks
+ * (history_stacks=1): the cost of recording per pair (3 events a pair). */
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -70,9 +74,13 @@ typedef struct result {
   unsigned long long free_blocks;
 } result_t;
 
-static int run_pool(mp_device_t *dev, const plan_t *p, result_t *r) {
+static int run_pool(mp_device_t *dev, const plan_t *p, const char *opts,
+                    result_t *r) {
   mp_pool_t *pool;
-  if (mp_pool_create(dev, NULL, &pool) != MP_OK) {
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  if ((opts[0] != '\0' && mp_pool_config_parse(&cfg, opts) != MP_OK) ||
+      mp_pool_create(dev, &cfg, &pool) != MP_OK) {
     fprintf(stderr, "pool: %s\n", mp_last_error());
     return 1;
   }
@@ -152,8 +160,9 @@ int main(int argc, char **argv) {
   size_t pairs = argc > 1 ? (size_t)strtoull(argv[1], NULL, 10) : 2000000;
   const char *spec = argc > 2 ? argv[2] : "host:capacity=64T";
   const char *only = argc > 3 ? argv[3] : "";
+  bool history = strcmp(only, "history") == 0;
   bool do_pool = strcmp(only, "jemalloc") != 0;
-  bool do_je = strcmp(only, "pool") != 0;
+  bool do_je = strcmp(only, "pool") != 0 && !history;
   mp_device_t *dev;
   if (mp_device_open(spec, &dev) != MP_OK) {
     fprintf(stderr, "device: %s\n", mp_last_error());
@@ -169,7 +178,18 @@ int main(int argc, char **argv) {
   for (int k = 0; k < 2; k++) {
     plan_t p = make_plan(lives[k], pairs);
     result_t r = {0};
-    if (do_pool && run_pool(dev, &p, &r) != 0)
+    if (history) {
+      const char *modes[] = {"", "history=65536",
+                             "history=65536,history_stacks=1"};
+      for (int m = 0; m < 3; m++) {
+        if (run_pool(dev, &p, modes[m], &r) != 0)
+          return 1;
+        printf("%-10s %8zu %12.1f  %s\n", "pool", lives[k], r.ns_per_pair,
+               m ? modes[m] : "history off");
+      }
+      do_pool = false;
+    }
+    if (do_pool && run_pool(dev, &p, "", &r) != 0)
       return 1;
     pool_ns[k] = r.ns_per_pair;
     if (do_pool)
@@ -188,7 +208,9 @@ int main(int argc, char **argv) {
     free(p.victim);
     free(p.init);
   }
-  printf("pool: 10000-live / 100-live cost = %.2fx\n", pool_ns[1] / pool_ns[0]);
+  if (!history)
+    printf("pool: 10000-live / 100-live cost = %.2fx\n",
+           pool_ns[1] / pool_ns[0]);
   mp_device_close(dev);
   return 0;
 }

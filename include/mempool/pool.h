@@ -56,6 +56,7 @@
 #define MEMPOOL_POOL_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include <mempool/device.h>
 #include <mempool/status.h>
@@ -75,6 +76,10 @@ typedef struct mp_pool mp_pool_t;
 /* Defragment movable blocks as a rung of the out-of-memory ladder. On by
  * default. */
 #define MP_POOL_DEFRAG_ON_OOM 0x2u
+/* With history: record the allocating thread's stack (raw return addresses
+ * from backtrace(); symbolized only when a snapshot is written). Option
+ * history_stacks=1; needs history > 0. Off by default. */
+#define MP_POOL_HISTORY_STACKS 0x4u
 
 typedef struct mp_pool_config {
   size_t
@@ -90,6 +95,8 @@ typedef struct mp_pool_config {
                            above it, and big free blocks go back to the
                            device through reclaim and trim */
   unsigned flags;       /* MP_POOL_* bits */
+  size_t history;       /* events the history ring keeps (option history=N, at
+                           most 2^24); 0: no history (the default) */
 } mp_pool_config_t;
 
 /* Defaults, then $MEMPOOL_CONF overrides ("max_bytes=8G,align=512,..."). A
@@ -204,6 +211,23 @@ typedef int (*mp_pool_oom_handler_t)(mp_pool_t *pool, size_t bytes,
                                      mp_status_t status, void *ctx);
 MP_API mp_status_t mp_pool_set_oom_handler(mp_pool_t *pool,
                                            mp_pool_oom_handler_t fn, void *ctx);
+
+/* Writes the pool's state as the dictionary PyTorch's
+ * torch.cuda.memory._snapshot() returns, pickled (protocol 2), so that
+ * torch/cuda/_memory_viz.py, the memory_viz page and `mpbench replay` read
+ * it: "segments" (mapped runs of the virtual range and plain segments, with
+ * their blocks) and "device_traces" (one list: the history ring, oldest
+ * first; empty without history=N). Trace actions: alloc, free_requested and
+ * free_completed (both at mp_pool_free: the block is reusable at once on
+ * its own stream; other streams wait for its markers, which the history
+ * does not record), segment_map / segment_unmap (virtual chunks),
+ * segment_alloc / segment_free (plain segments) and oom. Trace sizes are
+ * block sizes (rounded), as in PyTorch. The file is written whole or not
+ * at all (a temporary beside it, renamed): a NULL or unwritable path is
+ * MP_EINVAL / MP_EIO with a message. */
+MP_API mp_status_t mp_pool_snapshot(mp_pool_t *pool, const char *path);
+/* The same pickle written to an open stream (not closed). */
+MP_API mp_status_t mp_pool_snapshot_file(mp_pool_t *pool, FILE *out);
 
 /* Walks every invariant: MP_OK or MP_ECORRUPT (mp_last_error() says which). */
 MP_API mp_status_t mp_pool_check(mp_pool_t *pool);

@@ -11,6 +11,7 @@ Errors raise MempoolError (or a subclass per status) carrying the C status,
 its name, mp_status_string() and mp_last_error(). mempool.torch.use()
 routes PyTorch's CUDA allocations through the library."""
 import ctypes
+import os
 
 from . import _lib
 from ._lib import LibraryNotFound, find_library, library_path
@@ -241,6 +242,14 @@ class Pool:
         _check(_lib.lib().mp_pool_trim(self._live(), keep_bytes), "mp_pool_trim")
 
     empty_cache = trim
+
+    def snapshot(self, path):
+        """Writes PyTorch's memory snapshot pickle to path (mp_pool_snapshot):
+        open it with torch.cuda._memory_viz or the memory_viz page, or replay
+        it with `mpbench replay`. Events come only from a pool made with
+        history=N (history_stacks=1 adds stacks)."""
+        _check(_lib.lib().mp_pool_snapshot(self._live(), os.fsencode(path)),
+               "mp_pool_snapshot(%r)" % (path,))
 
     def check(self):
         """Walks every invariant; raises Corrupt if one is broken."""

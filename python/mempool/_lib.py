@@ -75,6 +75,7 @@ _PROTOTYPES = {
     "mp_pool_free_async": (_st, [_c, _c, _c]),
     "mp_pool_record_stream": (_st, [_c, _c, _c]),
     "mp_pool_trim": (_st, [_c, _sz]),
+    "mp_pool_snapshot": (_st, [_c, ctypes.c_char_p]),
     "mp_pool_check": (_st, [_c]),
     "mp_pool_get_stats": (_st, [_c, _c]),
     "mp_pool_reset_peaks": (_st, [_c]),

@@ -2,7 +2,8 @@
  * validation.
  *
  * Keys (mp__conf_keys): max_bytes, align, segment_bytes, max_split (sizes
- * with K/M/G/T), virtual, defrag_on_oom (booleans), and PyTorch's
+ * with K/M/G/T), virtual, defrag_on_oom (booleans), history (events the
+ * history ring keeps), history_stacks (boolean), and PyTorch's
  * expandable_segments and max_split_size_mb; "key=value" or PyTorch's
  * "key:value". A string is applied to a copy and the
  * copy is committed only when every pair parsed, so a rejected string leaves
@@ -20,12 +21,17 @@
  * PyTorch's PYTORCH_CUDA_ALLOC_CONF names are accepted where they mean the
  * same thing here (c10/cuda/CUDAAllocatorConfig: expandable_segments maps
  * growing segments in place, max_split_size_mb keeps bigger blocks whole). */
-typedef enum { MP__KEY_SIZE, MP__KEY_MIB, MP__KEY_FLAG } mp__key_kind_t;
+typedef enum {
+  MP__KEY_SIZE,
+  MP__KEY_MIB,
+  MP__KEY_COUNT,
+  MP__KEY_FLAG
+} mp__key_kind_t;
 
 typedef struct mp__conf_key {
   const char *name;
   mp__key_kind_t kind;
-  size_t field; /* SIZE, MIB: offsetof the size_t field */
+  size_t field; /* SIZE, MIB, COUNT: offsetof the size_t field */
   unsigned bit; /* FLAG: the MP_POOL_* bit */
 } mp__conf_key_t;
 
@@ -38,6 +44,8 @@ static const mp__conf_key_t mp__conf_keys[] = {
     MP__SIZE_KEY(max_split, MP__KEY_SIZE),
     {"virtual", MP__KEY_FLAG, 0, MP_POOL_VIRTUAL},
     {"defrag_on_oom", MP__KEY_FLAG, 0, MP_POOL_DEFRAG_ON_OOM},
+    {"history", MP__KEY_COUNT, offsetof(mp_pool_config_t, history), 0},
+    {"history_stacks", MP__KEY_FLAG, 0, MP_POOL_HISTORY_STACKS},
     /* PyTorch's names */
     {"expandable_segments", MP__KEY_FLAG, 0, MP_POOL_VIRTUAL},
     {"max_split_size_mb", MP__KEY_MIB, offsetof(mp_pool_config_t, max_split),
@@ -94,7 +102,13 @@ static mp_status_t mp__conf_pair(void *vctx, const char *k, size_t kl,
   }
   size_t val;
   uint64_t mib;
-  if (key->kind == MP__KEY_MIB) {
+  if (key->kind == MP__KEY_COUNT) {
+    if (!mp__parse_u64(v, vl, &mib) || mib > MP__HIST_MAX)
+      return mp__fail(MP_EINVAL,
+                      "bad %s: %s='%.*s' is not a count of events (0 to %zu)",
+                      ctx->what, key->name, (int)vl, v, MP__HIST_MAX);
+    val = (size_t)mib;
+  } else if (key->kind == MP__KEY_MIB) {
     if (!mp__parse_u64(v, vl, &mib) || mib > SIZE_MAX / MP__MiB)
       return mp__fail(MP_EINVAL, "bad %s: %s='%.*s' is not a count of MiB",
                       ctx->what, key->name, (int)vl, v);
@@ -159,6 +173,12 @@ mp_status_t mp__config_validate(const mp_pool_config_t *cfg) {
   if (cfg->align > MP__GiB)
     return mp__fail(MP_EINVAL, "pool config: align %zu is above 1 GiB",
                     cfg->align);
+  if (cfg->history > MP__HIST_MAX)
+    return mp__fail(MP_EINVAL, "pool config: history %zu is above %zu events",
+                    cfg->history, MP__HIST_MAX);
+  if ((cfg->flags & MP_POOL_HISTORY_STACKS) && cfg->history == 0)
+    return mp__fail(MP_EINVAL,
+                    "pool config: history_stacks=1 needs history=N (N > 0)");
   size_t align = cfg->align ? cfg->align : MP__DEFAULT_ALIGN;
   if (cfg->max_bytes != 0 && cfg->max_bytes < align)
     return mp__fail(MP_EINVAL,

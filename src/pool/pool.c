@@ -179,6 +179,11 @@ mp_status_t mp__pool_sync(mp_pool_t *pool) {
 static mp_status_t mp__oom(mp_pool_t *pool, mp_status_t st, size_t asked) {
   char a[32], r[32], al[32], lf[32];
   pool->st.oom_count++;
+  MP__HIST(pool, MP__H_OOM,
+           pool->cap > pool->st.reserved_bytes
+               ? pool->cap - pool->st.reserved_bytes
+               : 0,
+           asked, 0);
   return mp__fail(
       st, "%s: asked %s, reserved %s, allocated %s, largest free block %s",
       st == MP_ELIMIT ? (pool->parent ? "child pool full" : "pool max_bytes")
@@ -289,9 +294,12 @@ void mp__block_make_live(mp_pool_t *pool, mp__block_t *b, size_t requested,
   pool->st.live_blocks++;
   pool->st.alloc_count++;
   mp__stats_peaks(pool);
+  MP__HIST(pool, MP__H_ALLOC, b->addr, b->size, MP__HIST_STREAM(pool, sidx));
 }
 
 void mp__block_release(mp_pool_t *pool, mp__block_t *b) {
+  if (MP__UNLIKELY(pool->hist.ev != NULL))
+    mp__history_free(pool, b->addr, b->size, MP__HIST_STREAM(pool, b->sidx));
   pool->st.allocated_bytes -= b->size;
   pool->st.free_bytes += b->size;
   pool->st.requested_bytes -= b->requested;
@@ -330,11 +338,19 @@ static mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
   pool->align_log2 = mp__log2(pool->cfg.align);
   pool->sync_gen = 1;
   pool->sync_done = 1;
+  mp_status_t st = mp__history_init(pool);
+  if (st != MP_OK) {
+    pthread_cond_destroy(&pool->idle_cv);
+    pthread_mutex_destroy(&pool->lock);
+    free(pool);
+    return st;
+  }
   *out = pool;
   return MP_OK;
 }
 
 static void mp__pool_free_host(mp_pool_t *pool) {
+  mp__history_release(pool);
   mp__streams_release(pool);
   mp__rec_release_all(pool);
   mp__index_release(pool);

@@ -42,7 +42,8 @@
 /* Private config flag: set by mp_pool_config_init when $MEMPOOL_CONF did not
  * parse; mp_pool_create then reports it. */
 #define MP__POOL_CONF_BAD 0x80000000u
-#define MP__POOL_FLAGS    (MP_POOL_VIRTUAL | MP_POOL_DEFRAG_ON_OOM)
+#define MP__POOL_FLAGS                                                         \
+  (MP_POOL_VIRTUAL | MP_POOL_DEFRAG_ON_OOM | MP_POOL_HISTORY_STACKS)
 
 /* ---- blocks ------------------------------------------------------------ */
 enum {
@@ -162,6 +163,38 @@ typedef struct mp__strm {
   unsigned mark_head, nmarks;
 } mp__strm_t;
 
+/* ---- history (history.c) ----------------------------------------------- */
+enum {
+  MP__H_ALLOC,
+  MP__H_FREE_REQUESTED,
+  MP__H_FREE_COMPLETED,
+  MP__H_SEGMENT_MAP,
+  MP__H_SEGMENT_UNMAP,
+  MP__H_SEGMENT_ALLOC,
+  MP__H_SEGMENT_FREE,
+  MP__H_OOM,
+  MP__H_NACTIONS
+};
+#define MP__HIST_MAX    ((size_t)1 << 24) /* most events a ring keeps */
+#define MP__HIST_FRAMES 16                /* return addresses per event */
+
+typedef struct mp__hevent {
+  uint64_t time_us; /* CLOCK_REALTIME, as PyTorch's trace */
+  uintptr_t addr;   /* oom: what the pool could still reserve */
+  size_t size;
+  uintptr_t stream;
+  uint8_t action; /* MP__H_* */
+  uint8_t nframes;
+} mp__hevent_t;
+
+typedef struct mp__history {
+  mp__hevent_t *ev; /* NULL: no history */
+  void **frames;    /* stacks: MP__HIST_FRAMES per event, else NULL */
+  size_t cap;       /* events kept */
+  size_t next;      /* slot the next event goes to */
+  uint64_t total;   /* events ever recorded (total > cap: wrapped) */
+} mp__history_t;
+
 /* ---- the pool ---------------------------------------------------------- */
 struct mp_pool {
   pthread_mutex_t lock;
@@ -216,6 +249,7 @@ struct mp_pool {
   size_t nslabs, slabs_cap;
 
   mp_stats_t st; /* every field but largest_free_bytes, kept current */
+  mp__history_t hist;
 };
 
 /* ---- pause.c ------------------------------------------------------------ */
@@ -369,6 +403,28 @@ void mp__pool_wait_idle(mp_pool_t *pool);
 void mp__pool_wait_sync(mp_pool_t *pool);
 void mp__pool_sync_begin(mp_pool_t *pool);
 void mp__pool_sync_end(mp_pool_t *pool);
+
+/* ---- history.c ---------------------------------------------------------- */
+/* At create: the ring for cfg.history events (none when 0). */
+mp_status_t mp__history_init(mp_pool_t *pool);
+void mp__history_release(mp_pool_t *pool);
+/* Under the lock: appends one event, overwriting the oldest when full. */
+void mp__history_record(mp_pool_t *pool, unsigned action, uintptr_t addr,
+                        size_t size, uintptr_t stream);
+/* A free: free_requested and free_completed with one clock read and one
+ * stack (a block is reusable on its own stream at once). */
+void mp__history_free(mp_pool_t *pool, uintptr_t addr, size_t size,
+                      uintptr_t stream);
+/* The hot-path hook: one predictable branch when history is off. */
+#define MP__HIST(pool, action, addr, size, stream)                             \
+  do {                                                                         \
+    if (MP__UNLIKELY((pool)->hist.ev != NULL))                                 \
+      mp__history_record((pool), (action), (uintptr_t)(addr), (size),          \
+                         (uintptr_t)(stream));                                 \
+  } while (0)
+/* The stream handle of stream index sidx, for events. */
+#define MP__HIST_STREAM(pool, sidx)                                            \
+  ((sidx) < (pool)->nstreams ? (uintptr_t)(pool)->streams[(sidx)].s : 0)
 
 /* ---- stats.c ------------------------------------------------------------ */
 void mp__stats_peaks(mp_pool_t *pool);

@@ -298,6 +298,7 @@ static void mp__mapped(mp_pool_t *pool, mp__segment_t *v, mp__block_t *h,
   pool->st.device_alloc_count++;
   pool->st.segment_count++;
   mp__reserved_add(pool, n);
+  MP__HIST(pool, MP__H_SEGMENT_MAP, at, n, 0);
   r->addr = at;
   r->size = n;
   r->flags = MP__B_FREE;
@@ -433,6 +434,7 @@ static bool mp__unmap_chunk(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
   mp__end_device(pool);
   if (st == MP_OK) {
     pool->st.device_free_count++;
+    MP__HIST(pool, MP__H_SEGMENT_UNMAP, c.addr, c.size, 0);
     return true;
   }
   /* Still mapped: take it back as free memory where it was. */
@@ -754,6 +756,7 @@ static mp_status_t mp__grow_plain(mp_pool_t *pool, size_t size) {
   pool->st.device_alloc_count++;
   pool->st.segment_count++;
   mp__reserved_add(pool, bytes);
+  MP__HIST(pool, MP__H_SEGMENT_ALLOC, s->base, bytes, 0);
   mp__tail_extend(pool, s, s->base, bytes, rec, UINT32_MAX);
   return MP_OK;
 }
@@ -804,6 +807,7 @@ static bool mp__trim_plain_one(mp_pool_t *pool) {
     pool->st.device_free_count++;
     pool->st.segment_count--;
     mp__reserved_sub(pool, s->size);
+    MP__HIST(pool, MP__H_SEGMENT_FREE, s->base, s->size, 0);
     free(s);
     return true;
   }

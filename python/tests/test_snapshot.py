@@ -1,0 +1,204 @@
+"""Pool.snapshot / mp_pool_snapshot: PyTorch's memory snapshot pickle.
+
+Checked against the documented format (the TypedDicts Segment, Block, Frame
+and TraceEntry of torch/cuda/memory.py, which torch/cuda/_memory_viz.py
+reads; no torch here), with Python's own pickle, and replayed with mpbench.
+"""
+import json
+import os
+import pickle
+import subprocess
+
+import pytest
+
+import mempool
+
+SEGMENT_KEYS = {"device", "address", "total_size", "allocated_size",
+                "active_size", "requested_size", "stream", "segment_type",
+                "segment_pool_id", "is_expandable", "frames", "blocks"}
+BLOCK_KEYS = {"address", "size", "requested_size", "state", "frames"}
+TRACE_KEYS = {"action", "addr", "size", "stream", "time_us", "frames"}
+ACTIONS = {"alloc", "free_requested", "free_completed", "segment_map",
+           "segment_unmap", "segment_alloc", "segment_free", "oom"}
+
+
+def _run(pool, sizes):
+    """Allocates and frees in a pattern with several live blocks."""
+    live = []
+    for i, n in enumerate(sizes):
+        live.append(pool.alloc(n))
+        if i % 3 == 2:
+            pool.free(live.pop(0))
+    return live
+
+
+def _load(path):
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+SIZES = [1000, 70000, 3 << 20, 512, 9000, 1 << 20, 300, 5 << 20, 4096,
+         123457, 2 << 20, 64]
+
+
+@pytest.mark.parametrize("virtual", [0, 1])
+def test_snapshot_has_the_fields_the_viewer_reads(device, tmp_path, virtual):
+    p = mempool.Pool(device, max_bytes="32M", history=1000, virtual=virtual)
+    live = _run(p, SIZES)
+    path = tmp_path / "snap.pickle"
+    p.snapshot(str(path))
+    s = _load(path)
+    assert {"segments", "device_traces"} <= set(s)
+    st = p.stats()
+    assert sum(seg["total_size"] for seg in s["segments"]) == st["reserved_bytes"]
+    assert sum(seg["allocated_size"] for seg in s["segments"]) == st["allocated_bytes"]
+    nlive = 0
+    for seg in s["segments"]:
+        assert set(seg) == SEGMENT_KEYS
+        assert seg["segment_type"] in ("small", "large")
+        assert seg["is_expandable"] is bool(virtual)
+        assert isinstance(seg["segment_pool_id"], tuple)
+        # Blocks tile the segment in address order, as memory_viz draws them.
+        at = seg["address"]
+        for b in seg["blocks"]:
+            assert set(b) == BLOCK_KEYS
+            assert b["address"] == at
+            at += b["size"]
+            assert b["state"] in ("active_allocated", "inactive")
+            if b["state"] == "active_allocated":
+                nlive += 1
+                assert b["address"] in live
+                assert 0 < b["requested_size"] <= b["size"]
+            else:
+                assert b["requested_size"] == 0
+        assert at == seg["address"] + seg["total_size"]
+    assert nlive == len(live)
+    traces = s["device_traces"]
+    assert isinstance(traces, list) and len(traces) == 1
+    t = traces[0]
+    assert t, "no trace entries"
+    for e in t:
+        assert set(e) == TRACE_KEYS | ({"device_free"} if e["action"] == "oom"
+                                       else set())
+        assert e["action"] in ACTIONS
+        assert e["frames"] == []  # no history_stacks
+    allocs = [e for e in t if e["action"] == "alloc"]
+    assert len(allocs) == len(SIZES)
+    assert [e["time_us"] for e in t] == sorted(e["time_us"] for e in t)
+    grow = "segment_map" if virtual else "segment_alloc"
+    assert t[0]["action"] == grow
+    frees = [e["addr"] for e in t if e["action"] == "free_completed"]
+    assert len(frees) == len(SIZES) - len(live)
+    for a in live:
+        p.free(a)
+    p.destroy()
+
+
+def test_stacks_come_symbolized_only_with_history_stacks(device, tmp_path):
+    p = mempool.Pool(device, max_bytes="8M", history=64, history_stacks=1)
+    a = p.alloc(4096)
+    p.snapshot(str(tmp_path / "s.pickle"))
+    s = _load(tmp_path / "s.pickle")
+    alloc = [e for e in s["device_traces"][0] if e["action"] == "alloc"][0]
+    assert alloc["frames"], "no frames with history_stacks=1"
+    for fr in alloc["frames"]:
+        assert set(fr) == {"filename", "line", "name"}
+        assert isinstance(fr["filename"], str) and isinstance(fr["line"], int)
+    names = " ".join(fr["name"] for fr in alloc["frames"])
+    assert "mp_pool_alloc" in names
+    block = [b for seg in s["segments"] for b in seg["blocks"]
+             if b["state"] == "active_allocated"][0]
+    assert block["frames"] == alloc["frames"]
+    p.free(a)
+    p.destroy()
+
+
+def test_an_oom_entry_has_device_free(device, tmp_path):
+    # _memory_viz.py's trace() reads e['device_free'] for an oom entry.
+    p = mempool.Pool(device, max_bytes="4M", history=16)
+    a = p.alloc(1 << 20)
+    with pytest.raises(mempool.OutOfMemory):
+        p.alloc(64 << 20)
+    p.snapshot(str(tmp_path / "s.pickle"))
+    t = _load(tmp_path / "s.pickle")["device_traces"][0]
+    oom = [e for e in t if e["action"] == "oom"]
+    assert len(oom) == 1
+    assert oom[0]["size"] == 64 << 20
+    assert oom[0]["device_free"] == (4 << 20) - p.stats()["reserved_bytes"]
+    p.free(a)
+    p.destroy()
+
+
+def test_without_history_the_trace_is_empty_but_segments_are_there(device, tmp_path):
+    p = mempool.Pool(device, max_bytes="8M")
+    a = p.alloc(4096)
+    p.snapshot(str(tmp_path / "s.pickle"))
+    s = _load(tmp_path / "s.pickle")
+    assert s["device_traces"] == [[]]
+    assert len(s["segments"]) == 1
+    p.free(a)
+    p.destroy()
+
+
+def test_bad_path_raises_and_writes_nothing(device, tmp_path):
+    p = mempool.Pool(device, max_bytes="8M", history=8)
+    with pytest.raises(mempool.MempoolError) as ei:
+        p.snapshot(str(tmp_path / "missing" / "s.pickle"))
+    assert "missing" in str(ei.value)
+    assert os.listdir(tmp_path) == []
+    p.destroy()
+
+
+def _mpbench():
+    b = os.environ.get("MEMPOOL_TEST_BINARY_DIR")
+    path = os.path.join(b, "bench", "mpbench") if b else None
+    if not path or not os.access(path, os.X_OK):
+        pytest.skip("mpbench not built (MEMPOOL_TEST_BINARY_DIR unset)")
+    return path
+
+
+@pytest.mark.parametrize("virtual", [0, 1])
+def test_replay_of_a_snapshot_reproduces_peak_live_bytes(device, tmp_path, virtual):
+    p = mempool.Pool(device, max_bytes="48M", history=1000, virtual=virtual)
+    for a in _run(p, SIZES * 3):
+        p.free(a)
+    st = p.stats()
+    p.snapshot(str(tmp_path / "run.pickle"))
+    p.destroy()
+    out = tmp_path / "out"
+    r = subprocess.run([_mpbench(), "replay", str(tmp_path / "run.pickle"),
+                        "--out", str(out)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads((out / "results.json").read_text())
+    pool = [x for x in rows if x["allocator"] == ("pool" if virtual else
+                                                   "pool:virtual=0")]
+    assert pool and pool[0]["completed"]
+    # Trace sizes are block sizes: the replay's live bytes are the pool's
+    # allocated bytes, and its peak is the run's.
+    assert pool[0]["peak_live_bytes"] == st["peak_allocated_bytes"]
+    # The same allocator on the same sequence reserves the same peak.
+    assert pool[0]["peak_reserved_bytes"] == st["peak_reserved_bytes"]
+
+
+# The opcodes the unpickler of PyTorch's memory_viz page
+# (torch/utils/viz/MemoryViz.js, function unpickle) handles; a snapshot that
+# used any other would load in Python but not in the page.
+VIEWER_OPCODES = {"PROTO", "FRAME", "EMPTY_DICT", "EMPTY_LIST", "EMPTY_TUPLE",
+                  "MARK", "SETITEMS", "APPENDS", "APPEND", "BINUNICODE",
+                  "SHORT_BINUNICODE", "BININT", "BININT1", "BININT2", "LONG1",
+                  "NEWTRUE", "NEWFALSE", "NONE", "TUPLE2", "BINFLOAT",
+                  "MEMOIZE", "BINPUT", "BINGET", "LONG_BINGET", "STOP"}
+
+
+def test_snapshot_uses_only_opcodes_the_memory_viz_page_reads(device, tmp_path):
+    import pickletools
+    p = mempool.Pool(device, max_bytes="16M", history=256, history_stacks=1)
+    for a in _run(p, SIZES[:8]):
+        p.free(a)
+    p.snapshot(str(tmp_path / "s.pickle"))
+    data = (tmp_path / "s.pickle").read_bytes()
+    used = {op.name for op, _, _ in pickletools.genops(data)}
+    assert used <= VIEWER_OPCODES, used - VIEWER_OPCODES
+    assert data[:2] == b"\x80\x02"
+    p.destroy()

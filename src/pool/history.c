@@ -1,0 +1,105 @@
+/* history.c - the pool's event history: a ring of the last cfg.history
+ * events (alloc, frees, segment map/unmap/alloc/free, oom), for snapshots
+ * (snapshot.c).
+ *
+ * Off by default (history=0): the hooks in pool.c and segment.c are one
+ * predictable branch (MP__HIST). On, an event costs a clock read and a
+ * 40-byte store under the pool lock the caller already holds; the ring is
+ * allocated once at create, so recording never allocates. With
+ * history_stacks=1 it also costs a backtrace() of the allocating thread:
+ * raw return addresses only, symbolized when a snapshot is written.
+ * Measured (bench_pool_pairs 1000000 host:capacity=64T history, 2-core
+ * VM): ns per free+alloc pair with 100 / 10 000 live blocks: off 130 / 177,
+ * history=65536 171 / 225, with stacks 2640 / 3000 (two backtrace() calls
+ * a pair: a free's two events share one stack and one clock read). */
+#include <execinfo.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "pool_internal.h"
+
+/* Frames of the recording machinery itself (mp__hist_record and its
+ * caller here) are dropped from the stack. */
+#define MP__HIST_SKIP 2
+
+mp_status_t mp__history_init(mp_pool_t *pool) {
+  size_t n = pool->cfg.history;
+  if (n == 0)
+    return MP_OK;
+  pool->hist.ev = calloc(n, sizeof *pool->hist.ev);
+  if (pool->hist.ev == NULL)
+    return mp__fail(MP_ENOMEM, "out of host memory for a history of %zu events",
+                    n);
+  if (pool->cfg.flags & MP_POOL_HISTORY_STACKS) {
+    pool->hist.frames = calloc(n * MP__HIST_FRAMES, sizeof(void *));
+    if (pool->hist.frames == NULL) {
+      mp__history_release(pool);
+      return mp__fail(MP_ENOMEM,
+                      "out of host memory for the stacks of %zu events", n);
+    }
+    /* The first backtrace() loads the unwinder (it may allocate): do it
+     * now rather than inside the first allocation. */
+    void *warm[4];
+    (void)backtrace(warm, 4);
+  }
+  pool->hist.cap = n;
+  return MP_OK;
+}
+
+void mp__history_release(mp_pool_t *pool) {
+  free(pool->hist.ev);
+  free(pool->hist.frames);
+  memset(&pool->hist, 0, sizeof pool->hist);
+}
+
+/* Appends one event with the given time and stack. */
+static void mp__hist_put(mp__history_t *h, unsigned action, uintptr_t addr,
+                         size_t size, uintptr_t stream, uint64_t time_us,
+                         void *const *frames, int nframes) {
+  size_t i = h->next;
+  mp__hevent_t *e = &h->ev[i];
+  e->time_us = time_us;
+  e->addr = addr;
+  e->size = size;
+  e->stream = stream;
+  e->action = (uint8_t)action;
+  e->nframes = (uint8_t)nframes;
+  if (nframes > 0)
+    memcpy(&h->frames[i * MP__HIST_FRAMES], frames,
+           (size_t)nframes * sizeof(void *));
+  h->next = i + 1 == h->cap ? 0 : i + 1;
+  h->total++;
+}
+
+/* Records actions[0..n) of one block with one clock read and (stacks) one
+ * backtrace: a free's requested and completed events share them. */
+__attribute__((noinline)) static void
+mp__hist_record(mp_pool_t *pool, const unsigned *actions, int n, uintptr_t addr,
+                size_t size, uintptr_t stream) {
+  mp__history_t *h = &pool->hist;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t us = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+  void *raw[MP__HIST_FRAMES + MP__HIST_SKIP];
+  int nf = 0;
+  if (h->frames != NULL) {
+    nf = backtrace(raw, MP__HIST_FRAMES + MP__HIST_SKIP) - MP__HIST_SKIP;
+    if (nf < 0)
+      nf = 0;
+  }
+  for (int k = 0; k < n; k++)
+    mp__hist_put(h, actions[k], addr, size, stream, us, raw + MP__HIST_SKIP,
+                 nf);
+}
+
+void mp__history_record(mp_pool_t *pool, unsigned action, uintptr_t addr,
+                        size_t size, uintptr_t stream) {
+  mp__hist_record(pool, &action, 1, addr, size, stream);
+}
+
+void mp__history_free(mp_pool_t *pool, uintptr_t addr, size_t size,
+                      uintptr_t stream) {
+  static const unsigned both[2] = {MP__H_FREE_REQUESTED, MP__H_FREE_COMPLETED};
+  mp__hist_record(pool, both, 2, addr, size, stream);
+}

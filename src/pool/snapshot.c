@@ -1,0 +1,420 @@
+/* snapshot.c - mp_pool_snapshot: the pool as PyTorch's memory snapshot.
+ *
+ * The format is the dictionary torch.cuda.memory._snapshot() returns and
+ * _dump_snapshot() pickles, as documented by the TypedDicts of
+ * torch/cuda/memory.py (Segment, Block, Frame, TraceEntry) and read by
+ * torch/cuda/_memory_viz.py and the memory_viz page:
+ *   {"segments": [{device, address, total_size, allocated_size,
+ *                  active_size, requested_size, stream, segment_type,
+ *                  segment_pool_id, is_expandable, frames,
+ *                  blocks: [{address, size, requested_size, state,
+ *                            frames}]}],
+ *    "device_traces": [[{action, addr, size, stream, time_us,
+ *                        frames: [{filename, line, name}]}]]}
+ * (an oom entry also has device_free, here what the pool could still
+ * reserve under its cap; its addr holds the same, as in PyTorch).
+ * No PyTorch code is used; the pickle (protocol 2: dict, list, tuple, str,
+ * int, bool) is written here.
+ *
+ * Segments: each plain segment, and each run of mapped memory of the
+ * virtual range between two holes (is_expandable True, as PyTorch's
+ * expandable segments). A block's state is "active_allocated" when live,
+ * "inactive" when free; its frames are those of the last alloc event of
+ * its address still in the history. Frames are symbolized with dladdr():
+ * filename is the object file, name the nearest dynamic symbol ("??" when
+ * none) with the offset, line 0.
+ *
+ * The pool lock is held only while the state is copied; symbolizing and
+ * writing happen after. */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "pool_internal.h"
+
+/* ---- a protocol-2 pickle writer ----------------------------------------- */
+
+typedef struct {
+  FILE *f;
+  bool bad;
+} mp__pk_t;
+
+static void mp__pk_bytes(mp__pk_t *w, const void *p, size_t n) {
+  if (!w->bad && fwrite(p, 1, n, w->f) != n)
+    w->bad = true;
+}
+static void mp__pk_op(mp__pk_t *w, unsigned char op) {
+  mp__pk_bytes(w, &op, 1);
+}
+
+static void mp__pk_int(mp__pk_t *w, uint64_t v) {
+  unsigned char b[11];
+  if (v < 0x80000000u) { /* BININT: 4 bytes, signed, little-endian */
+    b[0] = 'J';
+    for (int i = 0; i < 4; i++)
+      b[1 + i] = (unsigned char)(v >> (8 * i));
+    mp__pk_bytes(w, b, 5);
+    return;
+  }
+  /* LONG1: n bytes of two's complement, little-endian; a ninth zero byte
+   * keeps a value with the top bit set positive. */
+  unsigned n = 0;
+  while (n < 8 && (v >> (8 * n)) != 0)
+    n++;
+  b[0] = 0x8a;
+  for (unsigned i = 0; i < n; i++)
+    b[2 + i] = (unsigned char)(v >> (8 * i));
+  if (b[1 + n] & 0x80)
+    b[2 + n++] = 0;
+  b[1] = (unsigned char)n;
+  mp__pk_bytes(w, b, 2 + n);
+}
+
+/* BINUNICODE; bytes outside ASCII become '?', so the text is valid UTF-8
+ * whatever a file name holds. */
+static void mp__pk_str(mp__pk_t *w, const char *s) {
+  size_t n = strlen(s);
+  unsigned char h[5] = {'X', (unsigned char)n, (unsigned char)(n >> 8),
+                        (unsigned char)(n >> 16), (unsigned char)(n >> 24)};
+  mp__pk_bytes(w, h, 5);
+  for (size_t i = 0; i < n; i++)
+    mp__pk_op(w, (unsigned char)s[i] < 0x80 ? (unsigned char)s[i] : '?');
+}
+
+static void mp__pk_bool(mp__pk_t *w, bool v) {
+  mp__pk_op(w, v ? 0x88 : 0x89);
+}
+/* EMPTY_DICT/EMPTY_LIST then MARK; the items follow; then SETITEMS/APPENDS. */
+static void mp__pk_dict(mp__pk_t *w) {
+  mp__pk_op(w, '}');
+  mp__pk_op(w, '(');
+}
+static void mp__pk_list(mp__pk_t *w) {
+  mp__pk_op(w, ']');
+  mp__pk_op(w, '(');
+}
+static void mp__pk_dict_end(mp__pk_t *w) {
+  mp__pk_op(w, 'u');
+}
+static void mp__pk_list_end(mp__pk_t *w) {
+  mp__pk_op(w, 'e');
+}
+static void mp__pk_kint(mp__pk_t *w, const char *k, uint64_t v) {
+  mp__pk_str(w, k);
+  mp__pk_int(w, v);
+}
+static void mp__pk_kstr(mp__pk_t *w, const char *k, const char *v) {
+  mp__pk_str(w, k);
+  mp__pk_str(w, v);
+}
+
+/* ---- the copy taken under the lock ----------------------------------- */
+
+typedef struct {
+  uintptr_t addr;
+  size_t size, requested;
+  bool live, hole;
+  size_t ev; /* last alloc event of this address, or SIZE_MAX */
+} mp__sblock_t;
+
+typedef struct {
+  size_t first, nblocks; /* into blocks[] */
+  int kind;              /* MP__SEG_* */
+} mp__sseg_t;
+
+typedef struct {
+  mp__sblock_t *blocks;
+  size_t nblocks;
+  mp__sseg_t *segs;
+  size_t nsegs;
+  mp__hevent_t *ev; /* oldest first */
+  void **frames;    /* MP__HIST_FRAMES per event, or NULL */
+  size_t nev;
+  size_t segment_bytes;
+} mp__snap_t;
+
+static void mp__snap_free(mp__snap_t *s) {
+  free(s->blocks);
+  free(s->segs);
+  free(s->ev);
+  free(s->frames);
+}
+
+static int mp__sblock_cmp(const void *a, const void *b) {
+  const mp__sblock_t *x = *(mp__sblock_t *const *)a,
+                     *y = *(mp__sblock_t *const *)b;
+  return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+/* Gives each live block the index of its last alloc event in the ring. */
+static mp_status_t mp__snap_link_events(mp__snap_t *s) {
+  size_t nlive = 0;
+  for (size_t i = 0; i < s->nblocks; i++)
+    nlive += s->blocks[i].live;
+  if (nlive == 0 || s->nev == 0)
+    return MP_OK;
+  mp__sblock_t **by = malloc(nlive * sizeof *by);
+  if (by == NULL)
+    return mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
+  nlive = 0;
+  for (size_t i = 0; i < s->nblocks; i++)
+    if (s->blocks[i].live)
+      by[nlive++] = &s->blocks[i];
+  qsort(by, nlive, sizeof *by, mp__sblock_cmp);
+  for (size_t e = 0; e < s->nev; e++) {
+    if (s->ev[e].action != MP__H_ALLOC)
+      continue;
+    size_t lo = 0, hi = nlive;
+    while (lo < hi) {
+      size_t mid = lo + (hi - lo) / 2;
+      if (by[mid]->addr < s->ev[e].addr)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    if (lo < nlive && by[lo]->addr == s->ev[e].addr)
+      by[lo]->ev = e;
+  }
+  free(by);
+  return MP_OK;
+}
+
+static mp_status_t mp__snap_take(mp_pool_t *pool, mp__snap_t *s) {
+  memset(s, 0, sizeof *s);
+  s->segment_bytes = pool->cfg.segment_bytes;
+  size_t nb = 0, ns = 0;
+  for (mp__segment_t *g = pool->segs; g != NULL; g = g->next, ns++)
+    for (mp__block_t *b = g->first; b != NULL; b = b->next)
+      nb++;
+  const mp__history_t *h = &pool->hist;
+  size_t nev = h->total < h->cap ? (size_t)h->total : h->cap;
+  s->blocks = malloc((nb ? nb : 1) * sizeof *s->blocks);
+  s->segs = malloc((ns ? ns : 1) * sizeof *s->segs);
+  s->ev = malloc((nev ? nev : 1) * sizeof *s->ev);
+  if (h->frames != NULL)
+    s->frames = malloc((nev ? nev : 1) * MP__HIST_FRAMES * sizeof(void *));
+  if (s->blocks == NULL || s->segs == NULL || s->ev == NULL ||
+      (h->frames != NULL && s->frames == NULL)) {
+    mp__snap_free(s);
+    return mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
+  }
+  /* Segments oldest first (the list is newest first). */
+  mp__segment_t *last = pool->segs;
+  while (last != NULL && last->next != NULL)
+    last = last->next;
+  for (mp__segment_t *g = last; g != NULL; g = g->prev) {
+    mp__sseg_t *ss = &s->segs[s->nsegs++];
+    ss->first = s->nblocks;
+    ss->kind = g->kind;
+    for (mp__block_t *b = g->first; b != NULL; b = b->next) {
+      mp__sblock_t *sb = &s->blocks[s->nblocks++];
+      sb->addr = b->addr;
+      sb->size = b->size;
+      sb->hole = (b->flags & MP__B_HOLE) != 0;
+      sb->live = !sb->hole && !(b->flags & MP__B_FREE);
+      sb->requested = sb->live ? b->requested : 0;
+      sb->ev = SIZE_MAX;
+    }
+    ss->nblocks = s->nblocks - ss->first;
+  }
+  /* Events oldest first: the ring from next when it has wrapped. */
+  size_t start = h->total > h->cap ? h->next : 0;
+  for (size_t k = 0; k < nev; k++) {
+    size_t i = (start + k) % h->cap;
+    s->ev[k] = h->ev[i];
+    if (s->frames != NULL)
+      memcpy(&s->frames[k * MP__HIST_FRAMES], &h->frames[i * MP__HIST_FRAMES],
+             MP__HIST_FRAMES * sizeof(void *));
+  }
+  s->nev = nev;
+  return MP_OK;
+}
+
+/* ---- writing ---------------------------------------------------------- */
+
+static void mp__write_frames(mp__pk_t *w, const mp__snap_t *s, size_t e) {
+  mp__pk_str(w, "frames");
+  mp__pk_list(w);
+  if (s->frames != NULL && e != SIZE_MAX) {
+    for (unsigned k = 0; k < s->ev[e].nframes; k++) {
+      void *pc = s->frames[e * MP__HIST_FRAMES + k];
+      Dl_info di;
+      char name[512];
+      const char *file = "??";
+      if (dladdr(pc, &di) != 0) {
+        if (di.dli_fname != NULL)
+          file = di.dli_fname;
+        if (di.dli_sname != NULL)
+          snprintf(name, sizeof name, "%s+0x%zx", di.dli_sname,
+                   (size_t)((uintptr_t)pc - (uintptr_t)di.dli_saddr));
+        else
+          snprintf(name, sizeof name, "?? (%p)", pc);
+      } else {
+        snprintf(name, sizeof name, "?? (%p)", pc);
+      }
+      mp__pk_dict(w);
+      mp__pk_kstr(w, "filename", file);
+      mp__pk_kint(w, "line", 0);
+      mp__pk_kstr(w, "name", name);
+      mp__pk_dict_end(w);
+    }
+  }
+  mp__pk_list_end(w);
+}
+
+/* One PyTorch segment: blocks [b0, b1) of s, none a hole. */
+static void mp__write_segment(mp__pk_t *w, const mp__snap_t *s, size_t b0,
+                              size_t b1, int kind) {
+  size_t total = 0, allocated = 0, requested = 0;
+  for (size_t i = b0; i < b1; i++) {
+    total += s->blocks[i].size;
+    if (s->blocks[i].live) {
+      allocated += s->blocks[i].size;
+      requested += s->blocks[i].requested;
+    }
+  }
+  mp__pk_dict(w);
+  mp__pk_kint(w, "device", 0);
+  mp__pk_kint(w, "address", s->blocks[b0].addr);
+  mp__pk_kint(w, "total_size", total);
+  mp__pk_kint(w, "allocated_size", allocated);
+  mp__pk_kint(w, "active_size", allocated);
+  mp__pk_kint(w, "requested_size", requested);
+  mp__pk_kint(w, "stream", 0);
+  mp__pk_kstr(w, "segment_type",
+              kind == MP__SEG_PLAIN && total <= s->segment_bytes ? "small"
+                                                                 : "large");
+  mp__pk_str(w, "segment_pool_id");
+  mp__pk_int(w, 0);
+  mp__pk_int(w, 0);
+  mp__pk_op(w, 0x86); /* TUPLE2 */
+  mp__pk_str(w, "is_expandable");
+  mp__pk_bool(w, kind == MP__SEG_VIRTUAL);
+  mp__write_frames(w, s, SIZE_MAX);
+  mp__pk_str(w, "blocks");
+  mp__pk_list(w);
+  for (size_t i = b0; i < b1; i++) {
+    const mp__sblock_t *b = &s->blocks[i];
+    mp__pk_dict(w);
+    mp__pk_kint(w, "address", b->addr);
+    mp__pk_kint(w, "size", b->size);
+    mp__pk_kint(w, "requested_size", b->requested);
+    mp__pk_kstr(w, "state", b->live ? "active_allocated" : "inactive");
+    mp__write_frames(w, s, b->live ? b->ev : SIZE_MAX);
+    mp__pk_dict_end(w);
+  }
+  mp__pk_list_end(w);
+  mp__pk_dict_end(w);
+}
+
+static const char *const mp__hist_names[MP__H_NACTIONS] = {
+    [MP__H_ALLOC] = "alloc",
+    [MP__H_FREE_REQUESTED] = "free_requested",
+    [MP__H_FREE_COMPLETED] = "free_completed",
+    [MP__H_SEGMENT_MAP] = "segment_map",
+    [MP__H_SEGMENT_UNMAP] = "segment_unmap",
+    [MP__H_SEGMENT_ALLOC] = "segment_alloc",
+    [MP__H_SEGMENT_FREE] = "segment_free",
+    [MP__H_OOM] = "oom",
+};
+
+static void mp__write_snapshot(mp__pk_t *w, const mp__snap_t *s) {
+  mp__pk_op(w, 0x80); /* PROTO 2 */
+  mp__pk_op(w, 2);
+  mp__pk_dict(w);
+  mp__pk_str(w, "segments");
+  mp__pk_list(w);
+  for (size_t g = 0; g < s->nsegs; g++) {
+    /* Runs of blocks between holes. */
+    size_t i = s->segs[g].first, end = i + s->segs[g].nblocks;
+    while (i < end) {
+      while (i < end && s->blocks[i].hole)
+        i++;
+      size_t j = i;
+      while (j < end && !s->blocks[j].hole)
+        j++;
+      if (j > i)
+        mp__write_segment(w, s, i, j, s->segs[g].kind);
+      i = j;
+    }
+  }
+  mp__pk_list_end(w);
+  mp__pk_str(w, "device_traces");
+  mp__pk_list(w);
+  mp__pk_list(w);
+  for (size_t e = 0; e < s->nev; e++) {
+    const mp__hevent_t *ev = &s->ev[e];
+    mp__pk_dict(w);
+    mp__pk_kstr(w, "action", mp__hist_names[ev->action]);
+    mp__pk_kint(w, "addr", ev->addr);
+    mp__pk_kint(w, "size", ev->size);
+    mp__pk_kint(w, "stream", ev->stream);
+    mp__pk_kint(w, "time_us", ev->time_us);
+    if (ev->action == MP__H_OOM) /* _memory_viz.py's trace() reads it */
+      mp__pk_kint(w, "device_free", ev->addr);
+    mp__write_frames(w, s, e);
+    mp__pk_dict_end(w);
+  }
+  mp__pk_list_end(w);
+  mp__pk_list_end(w);
+  mp__pk_dict_end(w);
+  mp__pk_op(w, '.'); /* STOP */
+}
+
+mp_status_t mp_pool_snapshot_file(mp_pool_t *pool, FILE *out) {
+  if (pool == NULL || out == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_snapshot: %s is NULL",
+                    pool == NULL ? "pool" : "out");
+  mp__snap_t s;
+  pthread_mutex_lock(&pool->lock);
+  mp_status_t st = mp__snap_take(pool, &s);
+  pthread_mutex_unlock(&pool->lock);
+  if (st != MP_OK)
+    return st;
+  if ((st = mp__snap_link_events(&s)) != MP_OK) {
+    mp__snap_free(&s);
+    return st;
+  }
+  mp__pk_t w = {out, false};
+  mp__write_snapshot(&w, &s);
+  mp__snap_free(&s);
+  if (w.bad || fflush(out) != 0)
+    return mp__fail(MP_EIO, "mp_pool_snapshot: write error");
+  return MP_OK;
+}
+
+mp_status_t mp_pool_snapshot(mp_pool_t *pool, const char *path) {
+  if (pool == NULL || path == NULL || path[0] == '\0')
+    return mp__fail(MP_EINVAL, "mp_pool_snapshot: %s",
+                    pool == NULL ? "pool is NULL" : "path is NULL or empty");
+  /* A temporary beside path, renamed over it once complete: a failed
+   * snapshot leaves whatever was at path untouched. */
+  size_t n = strlen(path) + 16;
+  char *tmp = malloc(n);
+  if (tmp == NULL)
+    return mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
+  snprintf(tmp, n, "%s.tmp.XXXXXX", path);
+  int fd = mkstemp(tmp);
+  FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+  if (f == NULL) {
+    mp_status_t st =
+        mp__fail(MP_EIO, "mp_pool_snapshot: cannot write '%s'", path);
+    if (fd >= 0) {
+      close(fd);
+      unlink(tmp);
+    }
+    free(tmp);
+    return st;
+  }
+  mp_status_t st = mp_pool_snapshot_file(pool, f);
+  if (fclose(f) != 0 && st == MP_OK)
+    st = mp__fail(MP_EIO, "mp_pool_snapshot: write error on '%s'", path);
+  if (st == MP_OK && rename(tmp, path) != 0)
+    st = mp__fail(MP_EIO, "mp_pool_snapshot: cannot rename onto '%s'", path);
+  if (st != MP_OK)
+    unlink(tmp);
+  free(tmp);
+  return st;
+}

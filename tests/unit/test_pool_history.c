@@ -1,0 +1,246 @@
+/* The pool's history ring (history=N, history_stacks=1) and
+ * mp_pool_snapshot's error paths. The pickle's content is checked by
+ * python/tests/test_snapshot.py (Python's own pickle, and mpbench replay). */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "pool/pool_internal.h"
+
+static mp_device_t *dev;
+
+static void open_host(void) {
+  cr_assert_eq(mp_device_open("host:capacity=64M", &dev), MP_OK, "%s",
+               mp_last_error());
+}
+
+static void close_host(void) {
+  mp_device_close(dev);
+}
+
+TestSuite(pool_history, .init = open_host, .fini = close_host);
+
+static mp_pool_t *make_pool(const char *opts) {
+  unsetenv("MEMPOOL_CONF");
+  mp_pool_config_t c;
+  mp_pool_config_init(&c);
+  cr_assert_eq(mp_pool_config_parse(&c, opts), MP_OK, "%s", mp_last_error());
+  mp_pool_t *p = NULL;
+  cr_assert_eq(mp_pool_create(dev, &c, &p), MP_OK, "%s", mp_last_error());
+  return p;
+}
+
+/* The i-th oldest event the ring holds. */
+static const mp__hevent_t *oldest(const mp_pool_t *p, size_t i) {
+  const mp__history_t *h = &p->hist;
+  size_t start = h->total > h->cap ? h->next : 0;
+  return &h->ev[(start + i) % h->cap];
+}
+
+Test(pool_history, off_by_default_records_nothing) {
+  mp_pool_t *p = make_pool("max_bytes=16M");
+  void *a;
+  cr_assert_eq(mp_pool_alloc(p, 4096, NULL, &a), MP_OK);
+  cr_assert_eq(mp_pool_free(p, a), MP_OK);
+  cr_expect_null(p->hist.ev);
+  cr_expect_eq(p->hist.total, 0);
+  mp_pool_destroy(p);
+}
+
+Test(pool_history, records_alloc_and_both_frees_in_order) {
+  mp_pool_t *p = make_pool("max_bytes=16M,history=64,virtual=0");
+  void *a;
+  cr_assert_eq(mp_pool_alloc(p, 1000, NULL, &a), MP_OK);
+  cr_assert_eq(mp_pool_free(p, a), MP_OK);
+  /* segment_alloc (first growth), alloc, free_requested, free_completed */
+  cr_assert_eq(p->hist.total, 4);
+  unsigned want[] = {MP__H_SEGMENT_ALLOC, MP__H_ALLOC, MP__H_FREE_REQUESTED,
+                     MP__H_FREE_COMPLETED};
+  for (size_t i = 0; i < 4; i++)
+    cr_expect_eq(oldest(p, i)->action, want[i], "event %zu", i);
+  cr_expect_eq(oldest(p, 1)->addr, (uintptr_t)a);
+  cr_expect_eq(oldest(p, 1)->size, 1024); /* the block's (rounded) size */
+  cr_expect_eq(oldest(p, 3)->addr, (uintptr_t)a);
+  cr_expect_eq(oldest(p, 0)->size, p->st.reserved_bytes);
+  cr_expect_leq(oldest(p, 0)->time_us, oldest(p, 3)->time_us);
+  cr_assert_eq(mp_pool_trim(p, 0), MP_OK);
+  cr_expect_eq(oldest(p, 4)->action, MP__H_SEGMENT_FREE);
+  mp_pool_destroy(p);
+}
+
+Test(pool_history, ring_wraps_at_n_keeping_the_newest) {
+  mp_pool_t *p = make_pool("max_bytes=16M,history=7");
+  void *last = NULL;
+  for (int i = 0; i < 10; i++) {
+    cr_assert_eq(mp_pool_alloc(p, 512 * (size_t)(i + 1), NULL, &last), MP_OK);
+    cr_assert_eq(mp_pool_free(p, last), MP_OK);
+  }
+  cr_expect_gt(p->hist.total, 30); /* 30 block events and a segment_map */
+  cr_expect_eq(p->hist.cap, 7);
+  /* Newest last: the last pair's alloc, free_requested, free_completed. */
+  cr_expect_eq(oldest(p, 6)->action, MP__H_FREE_COMPLETED);
+  cr_expect_eq(oldest(p, 5)->action, MP__H_FREE_REQUESTED);
+  cr_expect_eq(oldest(p, 4)->action, MP__H_ALLOC);
+  cr_expect_eq(oldest(p, 4)->size, 5120);
+  cr_expect_eq(oldest(p, 4)->addr, (uintptr_t)last);
+  cr_expect_eq(oldest(p, 3)->action, MP__H_FREE_COMPLETED);
+  cr_expect_eq(oldest(p, 1)->action, MP__H_ALLOC);
+  cr_expect_eq(oldest(p, 1)->size, 4608);
+  mp_pool_destroy(p);
+}
+
+Test(pool_history, stacks_only_with_history_stacks) {
+  mp_pool_t *plain = make_pool("max_bytes=8M,history=16");
+  mp_pool_t *deep = make_pool("max_bytes=8M,history=16,history_stacks=1");
+  void *a, *b;
+  cr_assert_eq(mp_pool_alloc(plain, 4096, NULL, &a), MP_OK);
+  cr_assert_eq(mp_pool_alloc(deep, 4096, NULL, &b), MP_OK);
+  cr_expect_null(plain->hist.frames);
+  for (size_t i = 0; i < plain->hist.total; i++)
+    cr_expect_eq(oldest(plain, i)->nframes, 0);
+  cr_assert_not_null(deep->hist.frames);
+  const mp__hevent_t *e = oldest(deep, deep->hist.total - 1);
+  cr_assert_eq(e->action, MP__H_ALLOC);
+  cr_expect_gt(e->nframes, 0);
+  cr_expect_leq(e->nframes, MP__HIST_FRAMES);
+  mp_pool_free(plain, a);
+  mp_pool_free(deep, b);
+  mp_pool_destroy(plain);
+  mp_pool_destroy(deep);
+}
+
+Test(pool_history, an_oom_is_an_event) {
+  mp_pool_t *p = make_pool("max_bytes=4M,history=8");
+  void *a = NULL;
+  cr_assert_eq(mp_pool_alloc(p, (size_t)64 << 20, NULL, &a), MP_ELIMIT);
+  const mp__hevent_t *e = oldest(p, p->hist.total - 1);
+  cr_expect_eq(e->action, MP__H_OOM);
+  cr_expect_eq(e->size, (size_t)64 << 20);
+  mp_pool_destroy(p);
+}
+
+Test(pool_history, bad_options_are_refused_and_change_nothing) {
+  unsetenv("MEMPOOL_CONF");
+  const char *bad[] = {"history=-1", "history=abc", "history=16777217",
+                       "history=", "history_stacks=maybe"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    mp_pool_config_t c, before;
+    mp_pool_config_init(&c);
+    before = c;
+    cr_expect_eq(mp_pool_config_parse(&c, bad[i]), MP_EINVAL, "%s", bad[i]);
+    cr_expect_not_null(strstr(mp_last_error(), "history"), "%s: %s", bad[i],
+                       mp_last_error());
+    cr_expect_eq(memcmp(&c, &before, sizeof c), 0, "%s", bad[i]);
+  }
+  /* Stacks without a history, or a history above the limit, at create. */
+  mp_pool_config_t c;
+  mp_pool_config_init(&c);
+  cr_assert_eq(mp_pool_config_parse(&c, "history_stacks=1"), MP_OK);
+  mp_pool_t *p = NULL;
+  cr_expect_eq(mp_pool_create(dev, &c, &p), MP_EINVAL);
+  cr_expect_null(p);
+  cr_expect_not_null(strstr(mp_last_error(), "history_stacks"));
+  mp_pool_config_init(&c);
+  c.history = MP__HIST_MAX + 1;
+  cr_expect_eq(mp_pool_create(dev, &c, &p), MP_EINVAL);
+  cr_expect_null(p);
+}
+
+Test(pool_history, snapshot_bad_paths_fail_and_leave_nothing) {
+  mp_pool_t *p = make_pool("max_bytes=8M,history=8");
+  void *a;
+  cr_assert_eq(mp_pool_alloc(p, 4096, NULL, &a), MP_OK);
+  uint64_t total = p->hist.total;
+  cr_expect_eq(mp_pool_snapshot(p, NULL), MP_EINVAL);
+  cr_expect_eq(mp_pool_snapshot(p, ""), MP_EINVAL);
+  cr_expect_eq(mp_pool_snapshot(NULL, "/tmp/x.pickle"), MP_EINVAL);
+  cr_expect_eq(mp_pool_snapshot_file(p, NULL), MP_EINVAL);
+  cr_expect_eq(mp_pool_snapshot(p, "/nonexistent-dir/snap.pickle"), MP_EIO);
+  cr_expect_not_null(strstr(mp_last_error(), "/nonexistent-dir/snap.pickle"),
+                     "%s", mp_last_error());
+  FILE *full = fopen("/dev/full", "wb");
+  if (full != NULL) {
+    cr_expect_eq(mp_pool_snapshot_file(p, full), MP_EIO);
+    fclose(full);
+  }
+  /* The pool is as it was: same events, the block still live. */
+  cr_expect_eq(p->hist.total, total);
+  cr_expect_eq(p->st.live_blocks, 1);
+  cr_expect_eq(mp_pool_check(p), MP_OK);
+  mp_pool_free(p, a);
+  mp_pool_destroy(p);
+}
+
+Test(pool_history, snapshot_replaces_a_file_whole) {
+  mp_pool_t *p = make_pool("max_bytes=8M,history=8");
+  char dir[] = "/tmp/mp_snap_XXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  char path[64];
+  snprintf(path, sizeof path, "%s/s.pickle", dir);
+  FILE *f = fopen(path, "wb");
+  fputs("old", f);
+  fclose(f);
+  cr_assert_eq(mp_pool_snapshot(p, path), MP_OK, "%s", mp_last_error());
+  f = fopen(path, "rb");
+  unsigned char head[2] = {0};
+  cr_assert_eq(fread(head, 1, 2, f), 2);
+  fseek(f, -1, SEEK_END);
+  int stop = fgetc(f);
+  fclose(f);
+  cr_expect_eq(head[0], 0x80); /* PROTO */
+  cr_expect_eq(head[1], 2);
+  cr_expect_eq(stop, '.'); /* STOP */
+  unlink(path);
+  cr_expect_eq(rmdir(dir), 0, "the temporary was left behind");
+  mp_pool_destroy(p);
+}
+
+typedef struct {
+  mp_pool_t *pool;
+  int pairs;
+} churn_t;
+
+static void *churn(void *arg) {
+  churn_t *c = arg;
+  for (int i = 0; i < c->pairs; i++) {
+    void *p = NULL;
+    if (mp_pool_alloc(c->pool, 512 * (size_t)(1 + i % 64), NULL, &p) != MP_OK ||
+        mp_pool_free(c->pool, p) != MP_OK)
+      return (void *)1;
+  }
+  return NULL;
+}
+
+Test(pool_history, threads_record_while_snapshots_are_written) {
+  mp_pool_t *p = make_pool("max_bytes=32M,history=512,history_stacks=1");
+  enum { NT = 4, PAIRS = 2000 };
+  pthread_t t[NT];
+  churn_t c = {p, PAIRS};
+  for (int i = 0; i < NT; i++)
+    cr_assert_eq(pthread_create(&t[i], NULL, churn, &c), 0);
+  FILE *sink = fopen("/dev/null", "wb");
+  cr_assert_not_null(sink);
+  for (int i = 0; i < 20; i++)
+    cr_expect_eq(mp_pool_snapshot_file(p, sink), MP_OK, "%s", mp_last_error());
+  fclose(sink);
+  for (int i = 0; i < NT; i++) {
+    void *r;
+    pthread_join(t[i], &r);
+    cr_expect_null(r);
+  }
+  /* Every pair is three events; growth adds segment events. */
+  uint64_t blocks = 0;
+  for (size_t i = 0; i < p->hist.cap; i++)
+    blocks += oldest(p, i)->action <= MP__H_FREE_COMPLETED;
+  cr_expect_geq(p->hist.total, (uint64_t)NT * PAIRS * 3);
+  cr_expect_leq(p->hist.total - (uint64_t)NT * PAIRS * 3,
+                p->st.device_alloc_count + p->st.device_free_count);
+  cr_expect_geq(blocks, p->hist.cap - (p->st.device_alloc_count +
+                                       p->st.device_free_count));
+  cr_expect_eq(mp_pool_check(p), MP_OK, "%s", mp_last_error());
+  mp_pool_destroy(p);
+}
