@@ -74,8 +74,20 @@ MP_API mp_status_t mp_device_host_free(mp_device_t *dev, void *ptr);
 MP_API mp_status_t mp_device_synchronize(mp_device_t *dev);
 
 MP_API mp_status_t mp_stream_create(mp_device_t *dev, mp_stream_t *out);
-/* Waits for the stream's queued work, then destroys it. */
+/* Destroys the stream (the host device waits for its queued work first;
+ * CUDA lets queued work finish after the call returns). Every pool on the
+ * device forgets the handle first (see mp_stream_forget). */
 MP_API mp_status_t mp_stream_destroy(mp_device_t *dev, mp_stream_t s);
+/* Tells the pools on dev that the application is about to destroy s, a
+ * stream mempool did not create (the LD_PRELOAD shim calls it from its
+ * cuStreamDestroy / cudaStreamDestroy hooks); call it while s is still
+ * valid. Each pool closes what s still owes with a marker event and stops
+ * matching the handle, so that a new stream given the same handle is a new
+ * stream to the pool; blocks freed on s stay unusable by others until the
+ * work queued on s before this call has completed. The pool's slot for s
+ * is reused once that is so and no live block names s. NULL and unknown
+ * handles: MP_OK, nothing to do. */
+MP_API mp_status_t mp_stream_forget(mp_device_t *dev, mp_stream_t s);
 MP_API mp_status_t mp_stream_synchronize(mp_device_t *dev, mp_stream_t s);
 /* MP_OK when all work queued on s so far has completed, MP_EBUSY when some
  * has not (cuStreamQuery); never waits. */

@@ -37,6 +37,10 @@ typedef struct mp__backend {
   /* MP_OK when all work queued on s has completed, MP_EBUSY when not;
    * never waits. */
   mp_status_t (*stream_query)(mp_device_t *dev, mp_stream_t s);
+  /* What s is (mp__stream_kind_t), asked once when a pool first meets s;
+   * never waits and makes no call CUDA forbids during a capture. NULL: every
+   * handle is a stream shared by all threads. */
+  int (*stream_kind)(mp_device_t *dev, mp_stream_t s);
   mp_status_t (*launch_host)(mp_device_t *dev, mp_stream_t s,
                              void (*fn)(void *), void *arg);
   mp_status_t (*memcpy_async)(mp_device_t *dev, void *dst, const void *src,
@@ -62,13 +66,23 @@ typedef struct mp__backend {
   mp_status_t (*vm_unmap)(mp_device_t *dev, void *addr, size_t bytes);
 } mp__backend_t;
 
+typedef struct mp__watch {
+  void (*fn)(void *ctx, mp_stream_t s);
+  void *ctx;
+} mp__watch_t;
+
 struct mp_device {
   const mp__backend_t *ops;
   void *impl;     /* the backend's state */
   char name[128]; /* mp_device_name() */
+  /* Who is told when a stream of the device goes away (device.c), under
+   * one process-wide mutex. */
+  mp__watch_t *watch;
+  size_t nwatch, watch_cap;
 };
 
 extern const mp__backend_t mp__host_backend;
+extern const mp__backend_t mp__pinned_backend;
 #if MEMPOOL_HAVE_CUDA
 extern const mp__backend_t mp__cuda_backend;
 #endif
@@ -87,6 +101,24 @@ mp_status_t mp__device_vm_reserve(mp_device_t *dev, size_t bytes, void **out);
 mp_status_t mp__device_vm_release(mp_device_t *dev, void *base, size_t bytes);
 mp_status_t mp__device_vm_map(mp_device_t *dev, void *addr, size_t bytes);
 mp_status_t mp__device_vm_unmap(mp_device_t *dev, void *addr, size_t bytes);
+
+/* What a pool is told about a stream handle it has not seen before. */
+typedef enum mp__stream_kind {
+  MP__STREAM_BAD,        /* not a stream of the device: MP_EINVAL */
+  MP__STREAM_SHARED,     /* one stream, whichever thread names it */
+  MP__STREAM_PER_THREAD, /* a different stream in every thread (CUDA's
+                            CU_STREAM_PER_THREAD) */
+} mp__stream_kind_t;
+mp__stream_kind_t mp__device_stream_kind(mp_device_t *dev, mp_stream_t s);
+
+/* Stream watchers: fn(ctx, s) runs before s is destroyed (mp_stream_destroy)
+ * or when the application says it is going (mp_stream_forget), on the
+ * calling thread, with no pool lock held. A pinned view's watchers are its
+ * underlying device's (the streams are the same). */
+mp_status_t mp__device_watch(mp_device_t *dev, void (*fn)(void *, mp_stream_t),
+                             void *ctx);
+void mp__device_unwatch(mp_device_t *dev, void (*fn)(void *, mp_stream_t),
+                        void *ctx);
 
 /* ---- pinned.c: the page-locked host memory of a device as a device ---- */
 

@@ -663,6 +663,16 @@ static mp_status_t mp__cuda_stream_query(mp_device_t *dev, mp_stream_t s) {
   return mp__cuda_ready(r, "cuStreamQuery", (void *)s);
 }
 
+/* CU_STREAM_PER_THREAD names the calling thread's own default stream
+ * (cuda.h: "Per-thread stream handle"). Nothing else can be told without a
+ * call: a stale handle is undefined behaviour in the driver, and
+ * cuStreamQuery is not allowed on a capturing stream. */
+static int mp__cuda_stream_kind(mp_device_t *dev, mp_stream_t s) {
+  (void)dev;
+  return s == (mp_stream_t)CU_STREAM_PER_THREAD ? MP__STREAM_PER_THREAD
+                                                 : MP__STREAM_SHARED;
+}
+
 static mp_status_t mp__cuda_launch_host(mp_device_t *dev, mp_stream_t s,
                                         void (*fn)(void *), void *arg) {
   CUresult r;
@@ -931,6 +941,7 @@ const mp__backend_t mp__cuda_backend = {
     .stream_destroy = mp__cuda_stream_destroy,
     .stream_synchronize = mp__cuda_stream_synchronize,
     .stream_query = mp__cuda_stream_query,
+    .stream_kind = mp__cuda_stream_kind,
     .launch_host = mp__cuda_launch_host,
     .memcpy_async = mp__cuda_memcpy_async,
     .memset_async = mp__cuda_memset_async,

@@ -4,6 +4,7 @@
  * Everything a caller can pass in is checked here, so a backend may trust
  * its arguments: non-NULL handles and outputs, non-zero sizes. A failing
  * call returns before the backend is reached and changes nothing. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -75,7 +76,73 @@ void mp_device_close(mp_device_t *dev) {
   if (dev == NULL)
     return;
   dev->ops->close(dev);
+  free(dev->watch);
   free(dev);
+}
+
+/* ---- stream watchers ---------------------------------------------------- */
+
+/* One mutex for every device's list: watchers change when pools are made
+ * and destroyed, and are told when a stream goes, all rare. Held while the
+ * watchers run, so that an unwatch returns only once no call of its fn is
+ * under way (the pool it names may be freed right after). Order: this
+ * mutex, then a pool's lock. */
+static pthread_mutex_t mp__watch_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static mp_device_t *mp__watch_root(mp_device_t *dev) {
+  return dev->ops == &mp__pinned_backend ? (mp_device_t *)dev->impl : dev;
+}
+
+mp_status_t mp__device_watch(mp_device_t *dev, void (*fn)(void *, mp_stream_t),
+                             void *ctx) {
+  dev = mp__watch_root(dev);
+  mp_status_t st = MP_OK;
+  pthread_mutex_lock(&mp__watch_mu);
+  if (dev->nwatch == dev->watch_cap) {
+    size_t cap = dev->watch_cap ? dev->watch_cap * 2 : 4;
+    mp__watch_t *w = realloc(dev->watch, cap * sizeof *w);
+    if (w == NULL) {
+      st = mp__fail(MP_ENOMEM, "out of host memory for stream watchers");
+    } else {
+      dev->watch = w;
+      dev->watch_cap = cap;
+    }
+  }
+  if (st == MP_OK)
+    dev->watch[dev->nwatch++] = (mp__watch_t){fn, ctx};
+  pthread_mutex_unlock(&mp__watch_mu);
+  return st;
+}
+
+void mp__device_unwatch(mp_device_t *dev, void (*fn)(void *, mp_stream_t),
+                        void *ctx) {
+  dev = mp__watch_root(dev);
+  pthread_mutex_lock(&mp__watch_mu);
+  for (size_t i = 0; i < dev->nwatch; i++) {
+    if (dev->watch[i].fn == fn && dev->watch[i].ctx == ctx) {
+      dev->watch[i] = dev->watch[--dev->nwatch];
+      break;
+    }
+  }
+  pthread_mutex_unlock(&mp__watch_mu);
+}
+
+mp_status_t mp_stream_forget(mp_device_t *dev, mp_stream_t s) {
+  MP__CHECK_DEV(dev);
+  if (s == NULL)
+    return MP_OK;
+  dev = mp__watch_root(dev);
+  pthread_mutex_lock(&mp__watch_mu);
+  for (size_t i = 0; i < dev->nwatch; i++)
+    dev->watch[i].fn(dev->watch[i].ctx, s);
+  pthread_mutex_unlock(&mp__watch_mu);
+  return MP_OK;
+}
+
+mp__stream_kind_t mp__device_stream_kind(mp_device_t *dev, mp_stream_t s) {
+  return dev->ops->stream_kind != NULL
+             ? (mp__stream_kind_t)dev->ops->stream_kind(dev, s)
+             : MP__STREAM_SHARED;
 }
 
 const char *mp_device_name(const mp_device_t *dev) {
@@ -140,6 +207,10 @@ mp_status_t mp_stream_destroy(mp_device_t *dev, mp_stream_t s) {
   if (s == NULL)
     return mp__fail(MP_EINVAL, "mp_stream_destroy: the default stream "
                                "cannot be destroyed");
+  if (mp__device_stream_kind(dev, s) == MP__STREAM_BAD)
+    return mp__fail(MP_EINVAL, "mp_stream_destroy: %p is not a live stream of "
+                               "this device", (void *)s);
+  mp_stream_forget(dev, s);
   return dev->ops->stream_destroy(dev, s);
 }
 

@@ -69,6 +69,7 @@ PINNED_FORWARD(synchronize, (mp_device_t * dev), (u))
 PINNED_FORWARD(stream_create, (mp_device_t * dev, mp_stream_t *out), (u, out))
 PINNED_FORWARD(stream_destroy, (mp_device_t * dev, mp_stream_t s), (u, s))
 PINNED_FORWARD(stream_synchronize, (mp_device_t * dev, mp_stream_t s), (u, s))
+PINNED_FORWARD(stream_query, (mp_device_t * dev, mp_stream_t s), (u, s))
 PINNED_FORWARD(launch_host,
                (mp_device_t * dev, mp_stream_t s, void (*fn)(void *),
                 void *arg),
@@ -90,6 +91,10 @@ PINNED_FORWARD(event_synchronize, (mp_device_t * dev, mp_event_t e), (u, e))
 PINNED_FORWARD(stream_wait_event,
                (mp_device_t * dev, mp_stream_t s, mp_event_t e), (u, s, e))
 #undef PINNED_FORWARD
+
+static int pinned_stream_kind(mp_device_t *dev, mp_stream_t s) {
+  return (int)mp__device_stream_kind(pinned_under(dev), s);
+}
 
 static mp_status_t pinned_no_vm(void) {
   return mp__fail(MP_ENOTSUP, "pinned host memory has no virtual memory");
@@ -116,7 +121,7 @@ static mp_status_t pinned_vm_range(mp_device_t *dev, void *addr, size_t bytes) {
   return pinned_no_vm();
 }
 
-static const mp__backend_t mp__pinned_backend = {
+const mp__backend_t mp__pinned_backend = {
     .name = "pinned",
     .open = pinned_open,
     .close = pinned_close,
@@ -129,6 +134,8 @@ static const mp__backend_t mp__pinned_backend = {
     .stream_create = pinned_stream_create,
     .stream_destroy = pinned_stream_destroy,
     .stream_synchronize = pinned_stream_synchronize,
+    .stream_query = pinned_stream_query,
+    .stream_kind = pinned_stream_kind,
     .launch_host = pinned_launch_host,
     .memcpy_async = pinned_memcpy_async,
     .memset_async = pinned_memset_async,

@@ -119,20 +119,6 @@ static void mp__vacated(mp__mover_t *m, mp__block_t *f) {
   mp__index_insert(pool, f);
 }
 
-/* The moved block was written on the mover's stream: record it as a use,
- * so that after its free no other stream reuses it before the copy. */
-static void mp__moved_use(mp__mover_t *m, mp__block_t *b) {
-  if (m->sidx == b->sidx || (b->flags & MP__B_MANY_USES))
-    return;
-  for (uint32_t i = 0; i < b->ndeps; i++)
-    if (b->deps[i].sidx == m->sidx)
-      return;
-  if (b->ndeps + 1 < MP__MAX_DEPS) /* one slot is the own stream's */
-    b->deps[b->ndeps++].sidx = m->sidx;
-  else
-    b->flags |= MP__B_MANY_USES;
-}
-
 /* Exchanges the places of live b and free f (out of the index; the same
  * size as b, or b's lower neighbour) in their segments' address lists and
  * gives b the address new_addr; f then covers b's old bytes. The live map
@@ -158,7 +144,9 @@ static void mp__swap_places(mp__mover_t *m, mp__block_t *b, mp__block_t *f,
   b->addr = new_addr;
   f->addr = free_addr;
   mp__map_insert(pool, b);
-  mp__moved_use(m, b);
+  /* The moved block was written on the mover's stream: after its free no
+   * other stream may reuse it before the copy. */
+  mp__stream_add_use(m->pool, b, m->sidx);
   mp__vacated(m, f);
   m->moved += b->size;
 }

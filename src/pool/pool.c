@@ -284,6 +284,7 @@ void mp__block_make_live(mp_pool_t *pool, mp__block_t *b, size_t requested,
   b->flags = 0;
   b->requested = requested;
   b->sidx = sidx;
+  pool->streams[sidx].refs++;
   b->ndeps = 0;
   b->handle = NULL;
   b->child = NULL;
@@ -339,6 +340,11 @@ static mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
   pool->sync_gen = 1;
   pool->sync_done = 1;
   mp_status_t st = mp__history_init(pool);
+  if (st == MP_OK) {
+    st = mp__device_watch(dev, mp__stream_gone, pool);
+    if (st != MP_OK)
+      mp__history_release(pool);
+  }
   if (st != MP_OK) {
     pthread_cond_destroy(&pool->idle_cv);
     pthread_mutex_destroy(&pool->lock);
@@ -350,6 +356,7 @@ static mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
 }
 
 static void mp__pool_free_host(mp_pool_t *pool) {
+  mp__device_unwatch(pool->dev, mp__stream_gone, pool);
   mp__history_release(pool);
   mp__streams_release(pool);
   mp__rec_release_all(pool);
@@ -585,20 +592,6 @@ mp_status_t mp_pool_free(mp_pool_t *pool, void *ptr) {
   return st;
 }
 
-/* Records stream sidx as a use of live block b. */
-static void mp__add_use(mp__block_t *b, uint32_t sidx) {
-  if (sidx == b->sidx || (b->flags & MP__B_MANY_USES))
-    return;
-  for (uint32_t i = 0; i < b->ndeps; i++)
-    if (b->deps[i].sidx == sidx)
-      return;
-  /* One dep slot stays for the block's own stream at the free. */
-  if (b->ndeps + 1 < MP__MAX_DEPS)
-    b->deps[b->ndeps++].sidx = sidx;
-  else
-    b->flags |= MP__B_MANY_USES;
-}
-
 mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr, mp_stream_t s) {
   if (pool == NULL || ptr == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_record_stream: %s is NULL",
@@ -613,7 +606,7 @@ mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr, mp_stream_t s) {
   if (st == MP_OK)
     st = mp__stream_index(pool, s, &sidx);
   if (st == MP_OK)
-    mp__add_use(b, sidx);
+    mp__stream_add_use(pool, b, sidx);
   pthread_mutex_unlock(&pool->lock);
   return st;
 }
@@ -632,7 +625,7 @@ mp_status_t mp__pool_free_on(mp_pool_t *pool, void *ptr, mp_stream_t s,
   if (st == MP_OK)
     st = mp__stream_index(pool, s, &sidx);
   if (st == MP_OK) {
-    mp__add_use(b, sidx);
+    mp__stream_add_use(pool, b, sidx);
     mp__map_remove_slot(pool, slot);
     mp__block_release(pool, b);
   }

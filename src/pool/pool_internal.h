@@ -154,10 +154,16 @@ typedef struct mp__marker {
 } mp__marker_t;
 
 typedef struct mp__strm {
-  mp_stream_t s;
+  mp_stream_t s;      /* MP__STREAM_GONE once forgotten */
+  uint64_t owner;     /* per-thread default stream: its thread; else 0 */
   uint64_t epoch;     /* open epoch: blocks freed now get it */
   uint64_t done;      /* every epoch < done has completed */
+  uint32_t refs;      /* live blocks allocated on it or using it */
   bool dirty;         /* a block was freed in the open epoch */
+  bool want_close;    /* per-thread: another thread needs its epoch closed */
+  bool gone;          /* forgotten (mp_stream_forget): never matched again;
+                         the slot is reused once refs is 0 and every epoch
+                         is done, its epoch counter carrying on */
   uint64_t sync_snap; /* epoch closed by the device sync in flight */
   mp__marker_t marks[MP__MAX_MARKS]; /* FIFO of recorded markers */
   unsigned mark_head, nmarks;
@@ -239,6 +245,14 @@ struct mp_pool {
 
   mp__strm_t *streams;
   uint32_t nstreams, streams_cap, last_sidx;
+  uint32_t *shash;    /* (handle, owner) -> sidx + 1; 0 empty; linear probing,
+                         backward-shift delete; never more than half full */
+  uint32_t shash_cap; /* power of two, or 0 */
+  uint32_t *gone;     /* forgotten slots not yet reusable (room for
+                         streams_cap) */
+  uint32_t ngone;
+  mp_stream_t pt_handle; /* the handle the device calls per-thread, if met */
+  bool has_pt;
   uint64_t sync_gen, sync_done; /* device-sync generations (MP__B_SYNC) */
 
   mp_event_t *events; /* idle events */
@@ -358,6 +372,10 @@ void mp__block_unlink(mp__segment_t *seg, mp__block_t *b);
 
 /* ---- stream.c: stream table, epochs, markers, events -------------------- */
 mp_status_t mp__stream_index(mp_pool_t *pool, mp_stream_t s, uint32_t *out);
+/* Live block b is also used on stream sidx (record_stream, a move). */
+void mp__stream_add_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx);
+/* The device watcher: s is going away (mp_stream_forget). */
+void mp__stream_gone(void *pool, mp_stream_t s);
 /* Sets b's deps for a free now: its stream and its recorded uses. */
 void mp__deps_on_free(mp_pool_t *pool, mp__block_t *b);
 /* Merges src's deps into dst (coalescing); false, nothing changed, when the

@@ -20,6 +20,8 @@
  *
  * Invariant: for every stream, done <= epoch and the markers' epochs rise
  * from head to tail; a dep (S, e) is satisfied exactly when e < S.done. */
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,42 +50,207 @@ void mp__event_put(mp_pool_t *pool, mp_event_t e) {
 }
 
 static void mp__stream_close(mp_pool_t *pool, mp__strm_t *st);
+static void mp__stream_poll(mp_pool_t *pool, mp__strm_t *st);
 
-mp_status_t mp__stream_index(mp_pool_t *pool, mp_stream_t s, uint32_t *out) {
-  if (MP__LIKELY(pool->nstreams > 0 && pool->streams[pool->last_sidx].s == s)) {
-    *out = pool->last_sidx;
-    return MP_OK;
+/* A forgotten slot's handle: no stream is ever at this address. */
+#define MP__STREAM_GONE ((mp_stream_t)UINTPTR_MAX)
+
+/* ---- the handle table --------------------------------------------------- */
+
+/* The calling thread, for per-thread default streams: a number never given
+ * to another thread (a reused TLS address would let a new thread inherit
+ * an exited thread's unfinished stream). */
+static uint64_t mp__self(void) {
+  static _Atomic uint64_t next = 1;
+  static _Thread_local uint64_t self;
+  if (MP__UNLIKELY(self == 0))
+    self = atomic_fetch_add(&next, 1);
+  return self;
+}
+
+static uint32_t mp__shash_at(const mp_pool_t *pool, mp_stream_t s,
+                             uint64_t owner) {
+  uint64_t k = ((uint64_t)(uintptr_t)s ^ (owner * 0x9e3779b97f4a7c15u)) *
+               0xff51afd7ed558ccdu;
+  return (uint32_t)(k >> 32) & (pool->shash_cap - 1);
+}
+
+/* sidx of (s, owner), or UINT32_MAX. */
+static uint32_t mp__shash_find(const mp_pool_t *pool, mp_stream_t s,
+                               uint64_t owner) {
+  if (pool->shash_cap == 0)
+    return UINT32_MAX;
+  for (uint32_t i = mp__shash_at(pool, s, owner);;
+       i = (i + 1) & (pool->shash_cap - 1)) {
+    uint32_t v = pool->shash[i];
+    if (v == 0)
+      return UINT32_MAX;
+    const mp__strm_t *st = &pool->streams[v - 1];
+    if (st->s == s && st->owner == owner)
+      return v - 1;
   }
-  for (uint32_t i = 0; i < pool->nstreams; i++) {
-    if (pool->streams[i].s == s) {
-      pool->last_sidx = i;
+}
+
+static void mp__shash_put(mp_pool_t *pool, uint32_t sidx) {
+  const mp__strm_t *st = &pool->streams[sidx];
+  uint32_t i = mp__shash_at(pool, st->s, st->owner);
+  while (pool->shash[i] != 0)
+    i = (i + 1) & (pool->shash_cap - 1);
+  pool->shash[i] = sidx + 1;
+}
+
+/* Room for one more entry at most half full; false: out of host memory. */
+static bool mp__shash_reserve(mp_pool_t *pool, uint32_t live) {
+  if ((uint64_t)(live + 1) * 2 <= pool->shash_cap)
+    return true;
+  uint32_t cap = pool->shash_cap ? pool->shash_cap * 2 : 16;
+  uint32_t *h = calloc(cap, sizeof *h);
+  if (h == NULL)
+    return false;
+  free(pool->shash);
+  pool->shash = h;
+  pool->shash_cap = cap;
+  for (uint32_t i = 0; i < pool->nstreams; i++)
+    if (!pool->streams[i].gone)
+      mp__shash_put(pool, i);
+  return true;
+}
+
+static void mp__shash_remove(mp_pool_t *pool, uint32_t sidx) {
+  uint32_t mask = pool->shash_cap - 1;
+  const mp__strm_t *st = &pool->streams[sidx];
+  uint32_t i = mp__shash_at(pool, st->s, st->owner);
+  while (pool->shash[i] != sidx + 1)
+    i = (i + 1) & mask;
+  /* Backward shift: pull later entries of the run into the hole when their
+   * home is at or before it. */
+  for (uint32_t j = (i + 1) & mask; pool->shash[j] != 0; j = (j + 1) & mask) {
+    const mp__strm_t *o = &pool->streams[pool->shash[j] - 1];
+    uint32_t home = mp__shash_at(pool, o->s, o->owner);
+    if (((j - home) & mask) >= ((j - i) & mask)) {
+      pool->shash[i] = pool->shash[j];
+      i = j;
+    }
+  }
+  pool->shash[i] = 0;
+}
+
+/* A forgotten slot no block waits on and no live block names. */
+static bool mp__slot_reusable(mp_pool_t *pool, mp__strm_t *st) {
+  mp__stream_poll(pool, st);
+  return st->refs == 0 && !st->dirty && st->nmarks == 0 && st->done >= st->epoch;
+}
+
+/* A slot for a new stream: a forgotten one whose work is all done (its
+ * epoch counter carries on, so the deps of old free blocks stay done), or
+ * a new one. Only a few forgotten slots are looked at per call. */
+static mp_status_t mp__slot_new(mp_pool_t *pool, uint32_t *out) {
+  uint32_t look = pool->ngone < 8 ? pool->ngone : 8;
+  for (uint32_t k = 0; k < look; k++) {
+    uint32_t i = pool->gone[k];
+    if (mp__slot_reusable(pool, &pool->streams[i])) {
+      pool->gone[k] = pool->gone[--pool->ngone];
       *out = i;
       return MP_OK;
     }
   }
   if (pool->nstreams >= MP__MAX_STREAMS)
-    return mp__fail(MP_ENOMEM, "a pool serves at most %u streams",
+    return mp__fail(MP_ENOMEM,
+                    "a pool serves at most %u streams at once (destroyed "
+                    "streams count until their work is done)",
                     MP__MAX_STREAMS);
   if (pool->nstreams == pool->streams_cap) {
+    /* The forgotten list gets room for every slot, so that forgetting
+     * never fails. */
     uint32_t cap = pool->streams_cap ? pool->streams_cap * 2 : 8;
-    mp__strm_t *st = realloc(pool->streams, cap * sizeof *st);
+    uint32_t *g = realloc(pool->gone, cap * sizeof *g);
+    if (g != NULL)
+      pool->gone = g;
+    mp__strm_t *st = g ? realloc(pool->streams, cap * sizeof *st) : NULL;
     if (st == NULL)
       return mp__fail(MP_ENOMEM, "out of host memory for the stream table");
     pool->streams = st;
     pool->streams_cap = cap;
   }
-  /* A second stream appears: blocks freed so far get their markers now. */
-  for (uint32_t i = 0; i < pool->nstreams; i++)
-    mp__stream_close(pool, &pool->streams[i]);
   mp__strm_t *n = &pool->streams[pool->nstreams];
   memset(n, 0, sizeof *n);
-  n->s = s;
   /* Epoch 0 is "before the pool knew the stream", so a sync snapshot of 0
    * (a stream added while a sync was in flight) completes nothing new. */
   n->epoch = n->done = 1;
-  pool->last_sidx = pool->nstreams;
   *out = pool->nstreams++;
   return MP_OK;
+}
+
+static mp_status_t mp__stream_add(mp_pool_t *pool, mp_stream_t s,
+                                  uint64_t owner, uint32_t *out) {
+  mp__stream_kind_t kind = mp__device_stream_kind(pool->dev, s);
+  if (kind == MP__STREAM_BAD)
+    return mp__fail(MP_EINVAL, "stream %p is not a live stream of device '%s'",
+                    (void *)s, mp_device_name(pool->dev));
+  if (kind == MP__STREAM_PER_THREAD && owner == 0) {
+    pool->pt_handle = s;
+    pool->has_pt = true;
+    owner = mp__self();
+  }
+  uint32_t live = pool->nstreams - pool->ngone;
+  if (!mp__shash_reserve(pool, live))
+    return mp__fail(MP_ENOMEM, "out of host memory for the stream table");
+  /* A second stream appears: blocks freed so far get their markers now
+   * (with two or more, every free closes its epoch at once). */
+  if (live == 1)
+    for (uint32_t i = 0; i < pool->nstreams; i++)
+      mp__stream_close(pool, &pool->streams[i]);
+  uint32_t i = 0;
+  mp_status_t st = mp__slot_new(pool, &i);
+  if (st != MP_OK)
+    return st;
+  mp__strm_t *n = &pool->streams[i];
+  uint64_t epoch = n->epoch, done = n->done;
+  memset(n, 0, sizeof *n);
+  n->s = s;
+  n->owner = owner;
+  n->epoch = epoch;
+  n->done = done;
+  mp__shash_put(pool, i);
+  pool->last_sidx = i;
+  *out = i;
+  return MP_OK;
+}
+
+mp_status_t mp__stream_index(mp_pool_t *pool, mp_stream_t s, uint32_t *out) {
+  uint64_t owner =
+      MP__UNLIKELY(pool->has_pt && s == pool->pt_handle) ? mp__self() : 0;
+  uint32_t i = pool->last_sidx;
+  if (!(MP__LIKELY(i < pool->nstreams) && pool->streams[i].s == s &&
+        pool->streams[i].owner == owner)) {
+    i = mp__shash_find(pool, s, owner);
+    if (i == UINT32_MAX)
+      return mp__stream_add(pool, s, owner, out);
+    pool->last_sidx = i;
+  }
+  if (MP__UNLIKELY(pool->streams[i].want_close))
+    mp__stream_close(pool, &pool->streams[i]); /* its owner, at last */
+  *out = i;
+  return MP_OK;
+}
+
+void mp__stream_gone(void *ctx, mp_stream_t s) {
+  mp_pool_t *pool = ctx;
+  pthread_mutex_lock(&pool->lock);
+  uint32_t i = mp__shash_find(pool, s, 0);
+  if (i != UINT32_MAX) {
+    mp__strm_t *st = &pool->streams[i];
+    /* Whatever was queued on s may still use blocks freed on it, or blocks
+     * it allocated: close the epoch with a marker while s is still valid
+     * (without one it waits for a device sync). */
+    st->dirty = true;
+    mp__stream_close(pool, st);
+    mp__shash_remove(pool, i);
+    st->s = MP__STREAM_GONE;
+    st->gone = true;
+    pool->gone[pool->ngone++] = i;
+  }
+  pthread_mutex_unlock(&pool->lock);
 }
 
 static void mp__stream_poll(mp_pool_t *pool, mp__strm_t *st) {
@@ -100,10 +267,17 @@ static void mp__stream_poll(mp_pool_t *pool, mp__strm_t *st) {
 }
 
 /* Closes the open epoch by recording a marker; leaves it open when no event
- * can be had (the ladder's device sync still completes it). */
+ * can be had (the ladder's device sync still completes it). A forgotten
+ * stream is never recorded on (its handle is dead); a per-thread default
+ * stream only by its own thread (the handle names the caller's stream), so
+ * another thread leaves a request its owner serves on its next call. */
 static void mp__stream_close(mp_pool_t *pool, mp__strm_t *st) {
-  if (!st->dirty)
+  if (!st->dirty || st->gone)
     return;
+  if (MP__UNLIKELY(st->owner != 0) && st->owner != mp__self()) {
+    st->want_close = true;
+    return;
+  }
   if (st->nmarks == MP__MAX_MARKS)
     mp__stream_poll(pool, st);
   if (st->nmarks == MP__MAX_MARKS)
@@ -121,16 +295,41 @@ static void mp__stream_close(mp_pool_t *pool, mp__strm_t *st) {
   st->nmarks++;
   st->epoch++;
   st->dirty = false;
+  st->want_close = false;
+}
+
+/* dep on stream sidx for a free now. A forgotten stream gets no new work:
+ * its last epoch is the one closed when it was forgotten. */
+static void mp__dep_now(mp_pool_t *pool, mp__dep_t *d, uint32_t sidx) {
+  mp__strm_t *st = &pool->streams[sidx];
+  d->sidx = sidx;
+  if (MP__UNLIKELY(st->gone)) {
+    d->epoch = st->dirty ? st->epoch : st->epoch - 1;
+    return;
+  }
+  d->epoch = st->epoch;
+  st->dirty = true;
+}
+
+void mp__stream_add_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx) {
+  if (sidx == b->sidx || (b->flags & MP__B_MANY_USES))
+    return;
+  for (uint32_t i = 0; i < b->ndeps; i++)
+    if (b->deps[i].sidx == sidx)
+      return;
+  /* One dep slot stays for the block's own stream at the free. A use that
+   * does not fit is not named: the block then waits for a device sync. */
+  if (b->ndeps + 1 < MP__MAX_DEPS) {
+    b->deps[b->ndeps++].sidx = sidx;
+    pool->streams[sidx].refs++;
+  } else {
+    b->flags |= MP__B_MANY_USES;
+  }
 }
 
 void mp__deps_on_free(mp_pool_t *pool, mp__block_t *b) {
-  if (b->flags & MP__B_MANY_USES) {
-    b->flags = (b->flags & ~(uint32_t)MP__B_MANY_USES) | MP__B_SYNC;
-    b->gen = pool->sync_gen;
-    b->ndeps = 0;
-    return;
-  }
   mp__strm_t *own = &pool->streams[b->sidx];
+  own->refs--;
   if (b->ndeps == 0 && pool->nstreams == 1) {
     /* The common case: no recorded use, one stream, nothing to close. */
     b->deps[0].sidx = b->sidx;
@@ -139,23 +338,23 @@ void mp__deps_on_free(mp_pool_t *pool, mp__block_t *b) {
     b->ndeps = 1;
     return;
   }
+  for (uint32_t i = 0; i < b->ndeps; i++)
+    pool->streams[b->deps[i].sidx].refs--;
+  if (b->flags & MP__B_MANY_USES) {
+    b->flags = (b->flags & ~(uint32_t)MP__B_MANY_USES) | MP__B_SYNC;
+    b->gen = pool->sync_gen;
+    b->ndeps = 0;
+    return;
+  }
   uint32_t uses[MP__MAX_DEPS];
   uint32_t nuses = b->ndeps;
   for (uint32_t i = 0; i < nuses; i++)
     uses[i] = b->deps[i].sidx;
-  b->deps[0].sidx = b->sidx;
-  b->deps[0].epoch = own->epoch;
-  own->dirty = true;
+  mp__dep_now(pool, &b->deps[0], b->sidx);
   uint32_t n = 1;
-  for (uint32_t i = 0; i < nuses && n < MP__MAX_DEPS; i++) {
-    if (uses[i] == b->sidx)
-      continue;
-    mp__strm_t *u = &pool->streams[uses[i]];
-    b->deps[n].sidx = uses[i];
-    b->deps[n].epoch = u->epoch;
-    u->dirty = true;
-    n++;
-  }
+  for (uint32_t i = 0; i < nuses && n < MP__MAX_DEPS; i++)
+    if (uses[i] != b->sidx)
+      mp__dep_now(pool, &b->deps[n++], uses[i]);
   b->ndeps = n;
   /* With one stream nobody else can want the block: stay lazy (no device
    * call). With several, close the epoch now so that the marker has
@@ -303,6 +502,8 @@ void mp__streams_sync_end(mp_pool_t *pool, uint64_t snap) {
 
 bool mp__stream_idle_now(mp_pool_t *pool, uint32_t sidx) {
   mp__strm_t *st = &pool->streams[sidx];
+  if (st->gone || (st->owner != 0 && st->owner != mp__self()))
+    return false;
   /* Under the lock: nothing is freed on the stream while it is asked. */
   if (mp_stream_query(pool->dev, st->s) != MP_OK)
     return false;
@@ -326,8 +527,13 @@ void mp__streams_release(mp_pool_t *pool) {
     mp_event_destroy(pool->dev, pool->events[i]);
   free(pool->events);
   free(pool->streams);
+  free(pool->shash);
+  free(pool->gone);
   pool->events = NULL;
   pool->streams = NULL;
+  pool->shash = NULL;
+  pool->gone = NULL;
+  pool->shash_cap = pool->ngone = 0;
   pool->nevents = pool->events_cap = 0;
   pool->nstreams = pool->streams_cap = 0;
 }
