@@ -131,6 +131,20 @@ MP_API mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr,
  * pointer it refuses leaves no use of s behind. */
 MP_API mp_status_t mp_pool_free_async(mp_pool_t *pool, void *ptr,
                                       mp_stream_t s);
+/* cuMemFree's meaning without its device synchronize: ptr may still be in
+ * use by work queued on any stream the pool knows (streams it served,
+ * those named by mp_pool_record_stream or mp_pool_add_stream, destroyed
+ * ones whose work may still run); no stream reuses it before all of that
+ * has completed. Up to MP_POOL_FREE_AFTER_ALL_STREAMS streams the block
+ * waits for their marker events; beyond, for the pool's next device
+ * synchronize (trim, defragment, the out-of-memory ladder). */
+MP_API mp_status_t mp_pool_free_after_all(mp_pool_t *pool, void *ptr);
+#define MP_POOL_FREE_AFTER_ALL_STREAMS 4
+/* Makes s known to the pool without allocating on it, so that
+ * mp_pool_free_after_all waits for its work (the LD_PRELOAD shim adds
+ * every stream the program creates). A handle the device can tell is not
+ * one of its streams: MP_EINVAL. */
+MP_API mp_status_t mp_pool_add_stream(mp_pool_t *pool, mp_stream_t s);
 /* One block split into count adjacent pieces, each freeable on its own and
  * each aligned (sizes are rounded up to the alignment). count 0, a NULL
  * array or a 0 size is MP_EINVAL. */

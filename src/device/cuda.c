@@ -670,7 +670,7 @@ static mp_status_t mp__cuda_stream_query(mp_device_t *dev, mp_stream_t s) {
 static int mp__cuda_stream_kind(mp_device_t *dev, mp_stream_t s) {
   (void)dev;
   return s == (mp_stream_t)CU_STREAM_PER_THREAD ? MP__STREAM_PER_THREAD
-                                                 : MP__STREAM_SHARED;
+                                                : MP__STREAM_SHARED;
 }
 
 static mp_status_t mp__cuda_launch_host(mp_device_t *dev, mp_stream_t s,

@@ -208,8 +208,10 @@ mp_status_t mp_stream_destroy(mp_device_t *dev, mp_stream_t s) {
     return mp__fail(MP_EINVAL, "mp_stream_destroy: the default stream "
                                "cannot be destroyed");
   if (mp__device_stream_kind(dev, s) == MP__STREAM_BAD)
-    return mp__fail(MP_EINVAL, "mp_stream_destroy: %p is not a live stream of "
-                               "this device", (void *)s);
+    return mp__fail(MP_EINVAL,
+                    "mp_stream_destroy: %p is not a live stream of "
+                    "this device",
+                    (void *)s);
   mp_stream_forget(dev, s);
   return dev->ops->stream_destroy(dev, s);
 }

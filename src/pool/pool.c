@@ -633,6 +633,38 @@ mp_status_t mp__pool_free_on(mp_pool_t *pool, void *ptr, mp_stream_t s,
   return st;
 }
 
+mp_status_t mp_pool_free_after_all(mp_pool_t *pool, void *ptr) {
+  if (MP__UNLIKELY(pool == NULL))
+    return mp__fail(MP_EINVAL, "mp_pool_free_after_all: pool is NULL");
+  if (ptr == NULL)
+    return MP_OK;
+  pthread_mutex_lock(&pool->lock);
+  mp__block_t *b = NULL; /* set when mp__find_live succeeds */
+  size_t slot;
+  mp_status_t st = mp__pool_paused(pool, "mp_pool_free_after_all");
+  if (st == MP_OK)
+    st = mp__find_live(pool, "mp_pool_free_after_all", ptr, false, &b, &slot);
+  if (st == MP_OK) {
+    mp__stream_use_all(pool, b);
+    mp__map_remove_slot(pool, slot);
+    mp__block_release(pool, b);
+  }
+  pthread_mutex_unlock(&pool->lock);
+  return st;
+}
+
+mp_status_t mp_pool_add_stream(mp_pool_t *pool, mp_stream_t s) {
+  if (pool == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_add_stream: pool is NULL");
+  pthread_mutex_lock(&pool->lock);
+  uint32_t sidx;
+  mp_status_t st = mp__pool_paused(pool, "mp_pool_add_stream");
+  if (st == MP_OK)
+    st = mp__stream_index(pool, s, &sidx);
+  pthread_mutex_unlock(&pool->lock);
+  return st;
+}
+
 mp_status_t mp_pool_free_async(mp_pool_t *pool, void *ptr, mp_stream_t s) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_free_async: pool is NULL");

@@ -374,6 +374,9 @@ void mp__block_unlink(mp__segment_t *seg, mp__block_t *b);
 mp_status_t mp__stream_index(mp_pool_t *pool, mp_stream_t s, uint32_t *out);
 /* Live block b is also used on stream sidx (record_stream, a move). */
 void mp__stream_add_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx);
+/* Live block b may be in use on every stream whose work is not known done
+ * (mp_pool_free_after_all). */
+void mp__stream_use_all(mp_pool_t *pool, mp__block_t *b);
 /* The device watcher: s is going away (mp_stream_forget). */
 void mp__stream_gone(void *pool, mp_stream_t s);
 /* Sets b's deps for a free now: its stream and its recorded uses. */

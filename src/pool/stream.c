@@ -52,6 +52,9 @@ void mp__event_put(mp_pool_t *pool, mp_event_t e) {
 static void mp__stream_close(mp_pool_t *pool, mp__strm_t *st);
 static void mp__stream_poll(mp_pool_t *pool, mp__strm_t *st);
 
+_Static_assert(MP_POOL_FREE_AFTER_ALL_STREAMS == MP__MAX_DEPS,
+               "pool.h promises what a block record holds");
+
 /* A forgotten slot's handle: no stream is ever at this address. */
 #define MP__STREAM_GONE ((mp_stream_t)UINTPTR_MAX)
 
@@ -138,7 +141,8 @@ static void mp__shash_remove(mp_pool_t *pool, uint32_t sidx) {
 /* A forgotten slot no block waits on and no live block names. */
 static bool mp__slot_reusable(mp_pool_t *pool, mp__strm_t *st) {
   mp__stream_poll(pool, st);
-  return st->refs == 0 && !st->dirty && st->nmarks == 0 && st->done >= st->epoch;
+  return st->refs == 0 && !st->dirty && st->nmarks == 0 &&
+         st->done >= st->epoch;
 }
 
 /* A slot for a new stream: a forgotten one whose work is all done (its
@@ -232,6 +236,20 @@ mp_status_t mp__stream_index(mp_pool_t *pool, mp_stream_t s, uint32_t *out) {
     mp__stream_close(pool, &pool->streams[i]); /* its owner, at last */
   *out = i;
   return MP_OK;
+}
+
+void mp__stream_use_all(mp_pool_t *pool, mp__block_t *b) {
+  for (uint32_t i = 0; i < pool->nstreams && !(b->flags & MP__B_MANY_USES);
+       i++) {
+    mp__strm_t *st = &pool->streams[i];
+    /* A destroyed stream gets no new work: skip it once its work is done. */
+    if (st->gone) {
+      mp__stream_poll(pool, st);
+      if (!st->dirty && st->done >= st->epoch)
+        continue;
+    }
+    mp__stream_add_use(pool, b, i);
+  }
 }
 
 void mp__stream_gone(void *ctx, mp_stream_t s) {

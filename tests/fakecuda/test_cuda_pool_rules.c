@@ -1,10 +1,7 @@
 /* A pool on the cuda backend keeps CUDA's rules on the strict fake driver:
  * what it does for one thread must not break another thread's stream
- * capture, and (pending the pool/shim work of issue 9, see
- * /work/notes/issue9-library-todo.md) per-thread default streams are kept
- * apart. (Destroyed streams: the pool's contract, include/mempool/pool.h,
- * wants them alive while blocks freed on them are cached; forgetting them
- * is the shim's job, tested under the shim.) */
+ * capture, per-thread default streams are kept apart, and a destroyed
+ * stream is forgotten: no event is ever recorded on its dead handle. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -14,13 +11,8 @@
 #include <mempool/mempool.h>
 
 #include "../support/device_helpers.h"
+#include "../support/stream_gate.h"
 #include "fakecuda_test.h"
-
-/* Tests that fail on today's pool and shim: enabled by the change that
- * fixes them (build with -DMP_ISSUE9_POOL_FIXED=1 to run them now). */
-#ifndef MP_ISSUE9_POOL_FIXED
-#define MP_ISSUE9_POOL_FIXED 0
-#endif
 
 static struct {
   CUresult (*retain)(CUcontext *, CUdevice), (*release)(CUdevice);
@@ -113,7 +105,7 @@ Test(cuda_pool_rules, growth_keeps_another_threads_global_capture,
   mp_device_close(dev);
 }
 
-/* ---- pending: per-thread streams ----------------------------------------- */
+/* ---- per-thread streams ------------------------------------------------- */
 
 static void slow_read(void *p) {
   usleep(150000);
@@ -142,7 +134,7 @@ static void *alloc_and_write_on_own_per_thread_stream(void *p) {
  * on thread A's while A's kernel still reads it is not thread B's to
  * overwrite at once. */
 Test(cuda_pool_rules, per_thread_streams_of_two_threads_are_kept_apart,
-     .init = load_driver, .disabled = !MP_ISSUE9_POOL_FIXED) {
+     .init = load_driver) {
   mp_device_t *dev = open_dev("cuda");
   mp_pool_t *pool = NULL;
   cr_assert_eq(mp_pool_create(dev, NULL, &pool), MP_OK);
@@ -165,5 +157,49 @@ Test(cuda_pool_rules, per_thread_streams_of_two_threads_are_kept_apart,
   leave_ctx();
   cr_assert_eq(mp_pool_free(pool, b.got), MP_OK);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(dev);
+}
+
+/* ---- destroyed streams ----------------------------------------------------
+ */
+
+/* cuStreamDestroy returns while the stream's work still runs, and the
+ * handle is dead afterwards. The pool, told by mp_stream_forget, closes the
+ * stream's epoch while the handle is valid, never records on it again, and
+ * still keeps the block freed on it from the next stream until that work
+ * is done. */
+Test(cuda_pool_rules,
+     a_destroyed_stream_gets_no_event_and_its_work_is_waited_for,
+     .init = load_driver) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_pool_t *pool = NULL;
+  cr_assert_eq(mp_pool_create(dev, NULL, &pool), MP_OK);
+  enter_ctx();
+  gate_t gate;
+  gate_init(&gate);
+  CUstream s, s2;
+  cr_assert_eq(cu.create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  void *a = NULL, *b = NULL;
+  cr_assert_eq(mp_pool_alloc(pool, 1u << 20, (mp_stream_t)s, &a), MP_OK);
+  cr_assert_eq(cu.launch(s, gate_wait, &gate), CUDA_SUCCESS);
+  cr_assert_eq(mp_pool_free(pool, a), MP_OK);
+  long long bad = cu.errors(CUDA_ERROR_INVALID_HANDLE);
+  cr_assert_eq(mp_stream_forget(dev, (mp_stream_t)s), MP_OK);
+  cr_assert_eq(cu.destroy(s), CUDA_SUCCESS);
+  cr_assert_eq(cu.create(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(mp_pool_alloc(pool, 1u << 20, (mp_stream_t)s2, &b), MP_OK);
+  cr_assert_neq(b, a,
+                "the block was reused while the destroyed stream's "
+                "work still held it");
+  cr_assert_eq(mp_pool_free(pool, b), MP_OK);
+  cr_assert_eq(cu.errors(CUDA_ERROR_INVALID_HANDLE), bad,
+               "the pool used the destroyed handle");
+  gate_open(&gate);
+  cr_assert_eq(mp_device_synchronize(dev), MP_OK);
+  cr_assert_eq(cu.destroy(s2), CUDA_SUCCESS);
+  cr_assert_eq(mp_pool_check(pool), MP_OK);
+  leave_ctx();
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  gate_destroy(&gate);
   mp_device_close(dev);
 }
