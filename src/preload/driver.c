@@ -49,7 +49,7 @@ static mp__curesult mp__real_free(mp__variant_t v, mp__cuptr p,
 
 /* The current context's device is the pool's (no context: let the driver
  * say so). A driver without cuCtxGetDevice (a test double) has one. */
-static bool mp__on_pool_device(const mp__pl_t *pl) {
+bool mp__pl_on_pool_device(const mp__pl_t *pl) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   if (pl->host || rc->ctx_get_device == NULL)
     return true;
@@ -87,7 +87,7 @@ static mp__curesult mp__alloc(mp__variant_t v, mp__cuptr *dptr, size_t bytes,
     if (dptr == NULL || bytes == 0) {
       r = MP__CU_INVALID_VALUE;
       served = true;
-    } else if (!mp__on_pool_device(pl)) {
+    } else if (!mp__pl_on_pool_device(pl)) {
       mp__pl_count_bypass("other_device");
     } else if (mp__capturing(pl, v == MP__SYNC ? NULL : s, ptsz)) {
       mp__pl_count_bypass("capture");
@@ -128,13 +128,8 @@ static mp__curesult mp__free(mp__variant_t v, mp__cuptr p, mp__custream s) {
   if (!mp__pl_table_take((uintptr_t)p, &b)) {
     r = mp__real_free(v, p, s); /* not the shim's: the driver's business */
   } else if (b.kind == MP__PL_FROM_POOL) {
-    void *ptr = (void *)(uintptr_t)p;
-    if (v != MP__SYNC && (uintptr_t)s != b.stream)
-      r = mp__pl_cu_error(mp_pool_free_async(
-          pl->pool, ptr, mp__pl_stream(pl, s, v == MP__ASYNC_PTSZ)));
-    else
-      r = mp__pl_cu_error(mp_pool_free(pl->pool, ptr));
-    mp__pl_record_free(b.ptr, b.size, (uintptr_t)s);
+    r = mp__pl_cu_error(
+        mp__pl_pool_free(pl, &b, v == MP__SYNC, s, v == MP__ASYNC_PTSZ));
   } else if (b.kind == MP__PL_FROM_REAL) {
     r = mp__real_free(v, p, s);
     if (r == MP__CU_SUCCESS)
@@ -185,7 +180,7 @@ mp__curesult cuMemGetInfo_v2(size_t *free, size_t *total) {
   bool outer = mp__pl_enter();
   const mp__pl_t *pl = outer ? mp__pl_get() : NULL;
   mp__curesult r;
-  if (pl != NULL && pl->mode == MP__PL_POOL && mp__on_pool_device(pl) &&
+  if (pl != NULL && pl->mode == MP__PL_POOL && mp__pl_on_pool_device(pl) &&
       free != NULL && total != NULL) {
     size_t f = 0, t = 0;
     if (pl->host)

@@ -41,6 +41,14 @@ MP__EXPORT mp__cudaerr cudaMemGetInfo(size_t *free, size_t *total);
 MP__EXPORT mp__cudaerr cudaMallocManaged(void **devPtr, size_t size,
                                          unsigned int flags);
 
+/* streams.c */
+MP__EXPORT mp__curesult cuStreamCreate(mp__custream *phStream,
+                                       unsigned int Flags);
+MP__EXPORT mp__curesult cuStreamCreateWithPriority(mp__custream *phStream,
+                                                   unsigned int flags,
+                                                   int priority);
+MP__EXPORT mp__curesult cuStreamDestroy_v2(mp__custream hStream);
+
 /* host.c */
 MP__EXPORT mp__cudaerr cudaMallocHost(void **ptr, size_t size);
 MP__EXPORT mp__cudaerr cudaHostAlloc(void **pHost, size_t size,

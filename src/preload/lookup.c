@@ -96,18 +96,20 @@ typedef struct mp__hook_name {
 #define MP__HOOK(f)                                                            \
   { #f, (void *)&f }
 static const mp__hook_name_t mp__hooks[] = {
-    MP__HOOK(cuMemAlloc_v2),     MP__HOOK(cuMemFree_v2),
-    MP__HOOK(cuMemAllocAsync),   MP__HOOK(cuMemAllocAsync_ptsz),
-    MP__HOOK(cuMemFreeAsync),    MP__HOOK(cuMemFreeAsync_ptsz),
-    MP__HOOK(cuMemGetInfo_v2),   MP__HOOK(cuMemGetAddressRange_v2),
-    MP__HOOK(cuGetProcAddress),  MP__HOOK(cuGetProcAddress_v2),
-    MP__HOOK(cudaMalloc),        MP__HOOK(cudaFree),
-    MP__HOOK(cudaMallocAsync),   MP__HOOK(cudaMallocAsync_ptsz),
-    MP__HOOK(cudaFreeAsync),     MP__HOOK(cudaFreeAsync_ptsz),
-    MP__HOOK(cudaMemGetInfo),    MP__HOOK(cudaMallocManaged),
-    MP__HOOK(cudaMallocHost),    MP__HOOK(cudaHostAlloc),
-    MP__HOOK(cudaFreeHost),      MP__HOOK(cuMemHostAlloc),
-    MP__HOOK(cuMemAllocHost_v2), MP__HOOK(cuMemFreeHost),
+    MP__HOOK(cuMemAlloc_v2),      MP__HOOK(cuMemFree_v2),
+    MP__HOOK(cuMemAllocAsync),    MP__HOOK(cuMemAllocAsync_ptsz),
+    MP__HOOK(cuMemFreeAsync),     MP__HOOK(cuMemFreeAsync_ptsz),
+    MP__HOOK(cuMemGetInfo_v2),    MP__HOOK(cuMemGetAddressRange_v2),
+    MP__HOOK(cuGetProcAddress),   MP__HOOK(cuGetProcAddress_v2),
+    MP__HOOK(cudaMalloc),         MP__HOOK(cudaFree),
+    MP__HOOK(cudaMallocAsync),    MP__HOOK(cudaMallocAsync_ptsz),
+    MP__HOOK(cudaFreeAsync),      MP__HOOK(cudaFreeAsync_ptsz),
+    MP__HOOK(cudaMemGetInfo),     MP__HOOK(cudaMallocManaged),
+    MP__HOOK(cudaMallocHost),     MP__HOOK(cudaHostAlloc),
+    MP__HOOK(cudaFreeHost),       MP__HOOK(cuMemHostAlloc),
+    MP__HOOK(cuMemAllocHost_v2),  MP__HOOK(cuMemFreeHost),
+    MP__HOOK(cuStreamCreate),     MP__HOOK(cuStreamCreateWithPriority),
+    MP__HOOK(cuStreamDestroy_v2),
 };
 #undef MP__HOOK
 
@@ -155,6 +157,13 @@ void *mp__pl_proc_hook(const char *symbol, int cuda_version, uint64_t flags) {
     if (strcmp(symbol, "cuMemGetAddressRange") == 0)
       return (void *)&cuMemGetAddressRange_v2;
   }
+  /* cuStreamDestroy_v2 came with CUDA 4.0. */
+  if (cuda_version >= 4000 && strcmp(symbol, "cuStreamDestroy") == 0)
+    return (void *)&cuStreamDestroy_v2;
+  if (strcmp(symbol, "cuStreamCreate") == 0)
+    return (void *)&cuStreamCreate;
+  if (strcmp(symbol, "cuStreamCreateWithPriority") == 0)
+    return (void *)&cuStreamCreateWithPriority;
   if (strcmp(symbol, "cuMemAllocAsync") == 0)
     return ptsz ? (void *)&cuMemAllocAsync_ptsz : (void *)&cuMemAllocAsync;
   if (strcmp(symbol, "cuMemFreeAsync") == 0)

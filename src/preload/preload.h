@@ -9,6 +9,8 @@
  *   lookup.c   dlsym and cuGetProcAddress: which names resolve to the shim
  *   driver.c   the driver-API hooks (cuMemAlloc_v2 ...)
  *   runtime.c  the runtime-API hooks (cudaMalloc ...)
+ *   streams.c  the stream hooks: the pool learns and forgets streams
+ *   host.c     page-locked host memory (cudaHostAlloc ...)
  *
  * CUDA's types are spelled here with plain C types of the same ABI, so the
  * shim builds without the toolkit; sigcheck.c compares them with the
@@ -67,6 +69,10 @@ typedef struct mp__real_cuda {
   mp__curesult (*mem_host_alloc)(void **, size_t, unsigned int);
   mp__curesult (*mem_alloc_host)(void **, size_t);
   mp__curesult (*mem_free_host)(void *);
+  mp__curesult (*stream_create)(mp__custream *, unsigned int);
+  mp__curesult (*stream_create_with_priority)(mp__custream *, unsigned int,
+                                              int);
+  mp__curesult (*stream_destroy)(mp__custream);
 } mp__real_cuda_t;
 
 typedef struct mp__real_cudart {
@@ -172,6 +178,12 @@ mp__curesult mp__pl_cu_error(mp_status_t st);
 mp__cudaerr mp__pl_cuda_error(mp_status_t st);
 /* The stream the pool sees for a caller's stream (host mode: always NULL). */
 mp_stream_t mp__pl_stream(const mp__pl_t *pl, mp__custream s, bool ptsz);
+/* Frees a pool block the table gave back: sync (cuMemFree, cudaFree) waits
+ * for every stream's work, async on s; traced before the pool has it. */
+mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
+                             bool sync, mp__custream s, bool ptsz);
+/* The calling thread's context is on the pool's device (driver API). */
+bool mp__pl_on_pool_device(const mp__pl_t *pl);
 /* The pool's idle cache, added to free-memory answers. */
 size_t mp__pl_pool_cache(const mp__pl_t *pl);
 

@@ -17,6 +17,7 @@
  * invariant: a forked child never writes to its parent's files (the buffer
  * is flushed before the fork and the child drops the stream), and the .json
  * trace is closed exactly once, at exit; later events are counted only. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -269,8 +270,16 @@ void mp__pl_record_finish(const mp__pl_t *pl) {
       mp__rec.closed = true;
     }
     /* The CSV stays open: exit's stdio cleanup writes the lines of frees
-     * made by later exit handlers. */
-    fflush(mp__rec.trace);
+     * made by later exit handlers. A write that failed (a full disk) is
+     * said once, here: the trace is incomplete. */
+    if (fflush(mp__rec.trace) != 0 || ferror(mp__rec.trace)) {
+      char tb[4096];
+      const char *tp = mp__env_path("MEMPOOL_TRACE", tb, sizeof tb);
+      fprintf(stderr,
+              "mempool preload: writing MEMPOOL_TRACE '%s' failed (%s); the "
+              "trace is incomplete\n",
+              tp ? tp : "", strerror(errno ? errno : EIO));
+    }
   }
   char buf[4096];
   const char *path = mp__env_path("MEMPOOL_REPORT", buf, sizeof buf);

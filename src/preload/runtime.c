@@ -121,16 +121,15 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
   if (p == NULL && pl->host) {
     r = MP__CUDA_SUCCESS;
   } else if (!mp__pl_table_take((uintptr_t)p, &b)) {
+    /* On the host device there is no runtime memory to free: a pointer
+     * the shim does not know (double free, interior pointer) is invalid. */
     if (pl->host && p != NULL)
       mp__pl_count_bypass("foreign_free");
-    r = mp__rt_real_free(v, p, s);
+    r = pl->mode == MP__PL_POOL && pl->host ? MP__CUDA_INVALID_VALUE
+                                            : mp__rt_real_free(v, p, s);
   } else if (b.kind == MP__PL_FROM_POOL) {
-    if (v != MP__RT_SYNC && (uintptr_t)s != b.stream)
-      r = mp__pl_cuda_error(mp_pool_free_async(
-          pl->pool, p, mp__pl_stream(pl, s, v == MP__RT_ASYNC_PTSZ)));
-    else
-      r = mp__pl_cuda_error(mp_pool_free(pl->pool, p));
-    mp__pl_record_free(b.ptr, b.size, (uintptr_t)s);
+    r = mp__pl_cuda_error(
+        mp__pl_pool_free(pl, &b, v == MP__RT_SYNC, s, v == MP__RT_ASYNC_PTSZ));
   } else if (b.kind == MP__PL_FROM_REAL) {
     r = mp__rt_real_free(v, p, s);
     if (r == MP__CUDA_SUCCESS)
@@ -189,6 +188,8 @@ mp__cudaerr cudaMemGetInfo(size_t *free, size_t *total) {
       *free = f < t ? f : t;
       *total = t;
     }
+  } else if (pl != NULL && pl->mode == MP__PL_POOL && pl->host) {
+    r = MP__CUDA_INVALID_VALUE; /* a NULL output; no runtime to ask */
   } else {
     r = rt->mem_get_info ? rt->mem_get_info(free, total) : MP__CUDA_INIT_ERROR;
   }

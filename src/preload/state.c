@@ -55,6 +55,10 @@ static void mp__rc_start(void) {
   MP__RESOLVE(mp__rc, h, mem_host_alloc, "cuMemHostAlloc");
   MP__RESOLVE(mp__rc, h, mem_alloc_host, "cuMemAllocHost_v2");
   MP__RESOLVE(mp__rc, h, mem_free_host, "cuMemFreeHost");
+  MP__RESOLVE(mp__rc, h, stream_create, "cuStreamCreate");
+  MP__RESOLVE(mp__rc, h, stream_create_with_priority,
+              "cuStreamCreateWithPriority");
+  MP__RESOLVE(mp__rc, h, stream_destroy, "cuStreamDestroy_v2");
 }
 
 const mp__real_cuda_t *mp__pl_real_cuda(void) {
@@ -262,6 +266,9 @@ static void mp__start(mp__pl_t *pl) {
     pl->dev = dev;
     pl->host = strncmp(mp_device_name(dev), "host", 4) == 0;
     pl->ordinal = mp__spec_ordinal(spec);
+    /* cuMemFree waits for the legacy NULL stream's work too. */
+    if (!pl->host)
+      (void)mp_pool_add_stream(pool, NULL);
   }
   mp__pl_record_open(pl);
 }
@@ -324,6 +331,28 @@ mp_stream_t mp__pl_stream(const mp__pl_t *pl, mp__custream s, bool ptsz) {
   if (ptsz && s == NULL)
     return (mp_stream_t)MP__CU_STREAM_PER_THREAD;
   return (mp_stream_t)s;
+}
+
+mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
+                             bool sync, mp__custream s, bool ptsz) {
+  void *ptr = (void *)b->ptr;
+  /* The trace says "free" before the block can be handed out again: once
+   * the pool has it, another thread's allocation of the same address may
+   * be logged first, and a replay would free the wrong block. */
+  mp__pl_record_free(b->ptr, b->size, (uintptr_t)s);
+  mp_status_t st;
+  if (sync) /* cuMemFree / cudaFree: after the work of every stream */
+    st = pl->host ? mp_pool_free(pl->pool, ptr)
+                  : mp_pool_free_after_all(pl->pool, ptr);
+  else if ((uintptr_t)s != b->stream)
+    st = mp_pool_free_async(pl->pool, ptr, mp__pl_stream(pl, s, ptsz));
+  else
+    st = mp_pool_free(pl->pool, ptr);
+  if (st != MP_OK) { /* still the program's (a paused pool): say so */
+    mp__pl_table_put(b->ptr, b->size, b->stream, b->kind);
+    mp__pl_record_alloc(b->ptr, b->size, b->stream, true);
+  }
+  return st;
 }
 
 size_t mp__pl_pool_cache(const mp__pl_t *pl) {

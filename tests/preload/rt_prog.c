@@ -9,9 +9,12 @@
  * It exits 0 when every call succeeded and 2 (naming the call) otherwise.
  * "atexit" leaves one block to an exit handler to free; "fork" also runs
  * allocations in a forked child and frees a parent's block there;
- * "threads" first has 4 threads race through N allocate/free pairs each;
+ * "threads" first has 4 threads race through N allocate/free pairs each
+ * (then goes on with at most 64);
  * "host-memory" writes to the pinned and managed blocks it makes (which it
- * always makes and frees once, outside the counts). */
+ * always makes and frees once, outside the counts); "errors" first checks
+ * that misuse is cudaErrorInvalidValue (a double free, an interior
+ * pointer, cudaMemGetInfo with a NULL output). */
 #include <cuda_runtime_api.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -69,6 +72,18 @@ int main(int argc, char **argv) {
   const char *mode = argc > 2 ? argv[2] : "";
   if (n < 1 || n > 100000)
     n = 16;
+  if (strcmp(mode, "errors") == 0) {
+    char *q = NULL;
+    size_t t = 0;
+    check(cudaMalloc((void **)&q, 1 << 16), "cudaMalloc");
+    if (cudaFree(q + 256) != cudaErrorInvalidValue)
+      check(cudaErrorUnknown, "cudaFree of an interior pointer");
+    check(cudaFree(q), "cudaFree");
+    if (cudaFree(q) != cudaErrorInvalidValue)
+      check(cudaErrorUnknown, "a second cudaFree");
+    if (cudaMemGetInfo(NULL, &t) != cudaErrorInvalidValue)
+      check(cudaErrorUnknown, "cudaMemGetInfo(NULL, ...)");
+  }
   if (strcmp(mode, "threads") == 0) {
     pthread_t t[4];
     per_thread = n;
@@ -77,6 +92,8 @@ int main(int argc, char **argv) {
         return 1;
     for (int i = 0; i < 4; i++)
       pthread_join(t[i], NULL);
+    if (n > 64)
+      n = 64; /* N is the threads' count; the rest stays small */
   }
   void **p = calloc((size_t)n, sizeof *p);
   if (p == NULL)

@@ -7,11 +7,17 @@
  * of the context, or may: cuda.h), allocates the same size again and
  * memsets the new buffer on a second non-blocking stream n2. The kernel
  * must still read what was there before the free.
+ * With the argument "streams" it instead creates, uses (cuMemAllocAsync and
+ * cuMemFreeAsync) and destroys 70 000 streams one after another, more than
+ * a pool's stream table holds at once, with a cuMemAlloc / cuMemFree pair
+ * now and then, and checks with the fake's error counter that nobody used
+ * a destroyed handle.
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 #define MP_BYTES (1u << 20)
@@ -36,7 +42,35 @@ static void slow_read(void *arg) {
     }                                                                          \
   } while (0)
 
-int main(void) {
+long long cuFakeGetErrorCount(CUresult r); /* the fake's test hook */
+
+static int many_streams(void) {
+  long long bad = cuFakeGetErrorCount(CUDA_ERROR_INVALID_HANDLE);
+  for (int i = 0; i < 70000; i++) {
+    CUstream s;
+    CUdeviceptr p;
+    MP_TRY(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    MP_TRY(cuMemAllocAsync(&p, 4096, s));
+    MP_TRY(cuMemFreeAsync(p, s));
+    MP_TRY(cuStreamDestroy(s));
+    /* cuMemFree waits for every stream the pool knows: none of them may
+     * be a destroyed one. */
+    if (i % 1000 == 0) {
+      MP_TRY(cuMemAlloc(&p, 4096));
+      MP_TRY(cuMemFree(p));
+    }
+  }
+  MP_TRY(cuCtxSynchronize());
+  if (cuFakeGetErrorCount(CUDA_ERROR_INVALID_HANDLE) != bad) {
+    printf("a destroyed stream's handle was used %lld times\n",
+           cuFakeGetErrorCount(CUDA_ERROR_INVALID_HANDLE) - bad);
+    return 1;
+  }
+  puts("ok");
+  return 0;
+}
+
+int main(int argc, char **argv) {
   CUcontext ctx;
   CUstream n1, n2;
   CUdeviceptr q;
@@ -44,6 +78,8 @@ int main(void) {
   MP_TRY(cuInit(0));
   MP_TRY(cuDevicePrimaryCtxRetain(&ctx, 0));
   MP_TRY(cuCtxPushCurrent(ctx));
+  if (argc > 1 && strcmp(argv[1], "streams") == 0)
+    return many_streams();
   MP_TRY(cuStreamCreate(&n1, CU_STREAM_NON_BLOCKING));
   MP_TRY(cuStreamCreate(&n2, CU_STREAM_NON_BLOCKING));
   MP_TRY(cuMemAlloc(&rd.p, MP_BYTES));

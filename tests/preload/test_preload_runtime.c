@@ -224,6 +224,45 @@ Test(preload_runtime, unwritable_trace_says_so_and_still_serves) {
   cr_assert(strstr(r.err, "cannot write MEMPOOL_TRACE") != NULL, "%s", r.err);
 }
 
+/* A trace the disk cannot take is reported at exit, not lost in silence. */
+Test(preload_runtime, trace_write_errors_are_reported_at_exit) {
+  run_preloaded(prog, "MEMPOOL_TRACE=/dev/full", NULL, NULL, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert(strstr(r.err, "MEMPOOL_TRACE") != NULL &&
+                strstr(r.err, "/dev/full") != NULL,
+            "nothing said: %s", r.err);
+}
+
+/* Misuse gets the runtime's own answer, invalid value, on the host device
+ * (not "insufficient driver" from a runtime that has no GPU under it). */
+Test(preload_runtime, misuse_is_invalid_value_on_the_host_device) {
+  const char *argv[] = {MP_RT_PROG, "4", "errors", NULL};
+  run_preloaded(argv, NULL, NULL, NULL, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+}
+
+/* Under threads, a free is in the trace before its block can be handed out
+ * again: replaying the rows in order, no address is allocated while live
+ * and none is freed while not. */
+Test(preload_runtime, trace_under_threads_frees_before_reuse, .timeout = 300) {
+  char dir[64], trace[128], e1[160];
+  scratch_dir(dir, sizeof dir);
+  snprintf(trace, sizeof trace, "%s/threads.csv", dir);
+  snprintf(e1, sizeof e1, "MEMPOOL_TRACE=%s", trace);
+  const char *argv[] = {MP_RT_PROG, "20000", "threads", NULL};
+  run_preloaded(argv, e1, NULL, NULL, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_gt(count_lines(trace, ",free,"), 80000);
+  cr_assert_eq(sh("awk -F, 'NR>1 && $3==\"allocate\" {if (live[$4]) bad++; "
+                  "live[$4]=1} NR>1 && $3==\"free\" {if (!live[$4]) bad++; "
+                  "delete live[$4]} END {if (bad) print bad \" rows out of "
+                  "order\"; exit bad > 0}' %s",
+                  trace),
+               0, "the trace frees after reuse");
+  unlink(trace);
+  rmdir(dir);
+}
+
 /* MEMPOOL_CONF reaches the pool: with align=64K every block the program
  * gets (and so every pointer in the trace) sits on a 64 KiB boundary. */
 Test(preload_runtime, conf_options_reach_the_pool) {

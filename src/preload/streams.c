@@ -1,0 +1,60 @@
+/* streams.c - the stream hooks: cuStreamCreate, cuStreamCreateWithPriority
+ * and cuStreamDestroy_v2 (the runtime's cudaStreamCreate* and
+ * cudaStreamDestroy reach them through cuGetProcAddress).
+ *
+ * They keep the pool's view of the program's streams true:
+ *  - a stream the program creates on the pool's device is added to the pool
+ *    (mp_pool_add_stream), so that cuMemFree/cudaFree of a pool pointer,
+ *    served by mp_pool_free_after_all, waits for the work queued on it as
+ *    CUDA's free would ("cuMemFree ... synchronizes", cuda.h) without a
+ *    device synchronize;
+ *  - a stream the program destroys is forgotten first, while its handle is
+ *    still valid (mp_stream_forget): the pool closes its epoch with one
+ *    marker event, never touches the handle again, and meets a new stream
+ *    that the driver gives the same handle as a new stream.
+ * What the shim cannot see: streams created before it started (none under
+ * LD_PRELOAD) and per-thread default streams of threads that never
+ * allocated through the shim; a kernel there is not waited for by a free. */
+#include "hooks.h"
+
+static void mp__stream_made(mp__curesult r, mp__custream *ps) {
+  if (r != MP__CU_SUCCESS || ps == NULL || !mp__pl_enter()) {
+    mp__pl_leave();
+    return;
+  }
+  const mp__pl_t *pl = mp__pl_get();
+  if (pl->mode == MP__PL_POOL && !pl->host && mp__pl_on_pool_device(pl))
+    (void)mp_pool_add_stream(pl->pool, (mp_stream_t)*ps);
+  mp__pl_leave();
+}
+
+mp__curesult cuStreamCreate(mp__custream *phStream, unsigned int Flags) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__curesult r = rc->stream_create ? rc->stream_create(phStream, Flags)
+                                     : MP__CU_NOT_INITIALIZED;
+  mp__stream_made(r, phStream);
+  return r;
+}
+
+mp__curesult cuStreamCreateWithPriority(mp__custream *phStream,
+                                        unsigned int flags, int priority) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__curesult r =
+      rc->stream_create_with_priority
+          ? rc->stream_create_with_priority(phStream, flags, priority)
+          : MP__CU_NOT_INITIALIZED;
+  mp__stream_made(r, phStream);
+  return r;
+}
+
+mp__curesult cuStreamDestroy_v2(mp__custream hStream) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  if (mp__pl_enter()) {
+    const mp__pl_t *pl = mp__pl_get();
+    if (pl->mode == MP__PL_POOL && !pl->host && hStream != NULL)
+      (void)mp_stream_forget(pl->dev, (mp_stream_t)hStream);
+  }
+  mp__pl_leave();
+  return rc->stream_destroy ? rc->stream_destroy(hStream)
+                            : MP__CU_NOT_INITIALIZED;
+}
