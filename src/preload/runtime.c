@@ -64,6 +64,36 @@ static bool mp__rt_capturing(const mp__pl_t *pl, mp__custream s, bool ptsz) {
   return rt->stream_is_capturing(s, &status) != MP__CUDA_SUCCESS || status != 0;
 }
 
+/* What the runtime's own cudaMalloc leaves behind, kept when the pool
+ * serves it instead (cuda mode; the host device has no runtime under it):
+ *  - the thread's current context: the runtime makes the device's primary
+ *    context current on a thread's first call if none is; cudaFree(NULL),
+ *    the documented way to start the runtime, does that once per thread;
+ *  - the runtime's last error (cudaGetLastError, cudaPeekAtLastError): a
+ *    failure the shim answers is raised again by a call the runtime refuses
+ *    the same way and that changes nothing (cudaMalloc with a NULL output;
+ *    cudaMalloc of SIZE_MAX). */
+static _Thread_local bool mp__rt_started;
+
+static void mp__rt_start_thread(const mp__pl_t *pl) {
+  const mp__real_cudart_t *rt = mp__pl_real_cudart();
+  if (pl->host || mp__rt_started || rt->free == NULL)
+    return;
+  mp__rt_started = true;
+  (void)rt->free(NULL);
+}
+
+static void mp__rt_set_last_error(const mp__pl_t *pl, mp__cudaerr r) {
+  const mp__real_cudart_t *rt = mp__pl_real_cudart();
+  if (pl->host || rt->malloc == NULL)
+    return;
+  void *x = NULL;
+  if (r == MP__CUDA_INVALID_VALUE)
+    (void)rt->malloc(NULL, 1);
+  else if (r == MP__CUDA_MEMORY_ALLOCATION && rt->malloc(&x, SIZE_MAX) == 0)
+    (void)rt->free(x); /* cannot happen; never leak if it does */
+}
+
 static mp__cudaerr mp__rt_alloc(mp__rt_variant_t v, void **p, size_t bytes,
                                 mp__custream s) {
   if (!mp__pl_enter()) {
@@ -73,6 +103,8 @@ static mp__cudaerr mp__rt_alloc(mp__rt_variant_t v, void **p, size_t bytes,
   const mp__pl_t *pl = mp__pl_get();
   mp__cudaerr r = MP__CUDA_SUCCESS;
   bool ptsz = v == MP__RT_ASYNC_PTSZ, served = false;
+  if (pl->mode == MP__PL_POOL)
+    mp__rt_start_thread(pl);
   if (pl->mode == MP__PL_POOL) {
     if (p == NULL) {
       r = MP__CUDA_INVALID_VALUE;
@@ -96,6 +128,8 @@ static mp__cudaerr mp__rt_alloc(mp__rt_variant_t v, void **p, size_t bytes,
       r = mp__pl_cuda_error(st);
       served = true;
     }
+    if (served && r != MP__CUDA_SUCCESS)
+      mp__rt_set_last_error(pl, r);
   }
   if (!served) {
     r = mp__rt_real_alloc(v, p, bytes, s);

@@ -14,6 +14,7 @@
 // Exit 0: all good; 2: a CUDA call failed (named); 3: wrong data.
 #include <cstdio>
 #include <cstdlib>
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <vector>
 
@@ -43,10 +44,44 @@ static bool verify(const int *dev, size_t n, int v) {
   return true;
 }
 
+// What the runtime's cudaMalloc leaves behind holds when the shim serves
+// it: the primary context is current afterwards (a driver-API call made
+// next finds it), and a failure is the runtime's last error.
+static int runtime_state_kept() {
+  void *q = nullptr;
+  CHECK(cudaMalloc(&q, 1 << 20));
+  allocs++;
+  CUcontext cur = nullptr, primary = nullptr;
+  if (cuCtxGetCurrent(&cur) != CUDA_SUCCESS || cur == nullptr) {
+    std::printf("FAILED no current context after cudaMalloc\n");
+    return 2;
+  }
+  if (cuDevicePrimaryCtxRetain(&primary, 0) != CUDA_SUCCESS ||
+      primary != cur) {
+    std::printf("FAILED the current context is not the primary one\n");
+    return 2;
+  }
+  cuDevicePrimaryCtxRelease(0);
+  CHECK(cudaFree(q));
+  frees++;
+  void *huge = nullptr;
+  if (cudaMalloc(&huge, (size_t)1 << 60) == cudaSuccess) {
+    std::printf("FAILED cudaMalloc(2^60) succeeded\n");
+    return 2;
+  }
+  if (cudaGetLastError() != cudaErrorMemoryAllocation) {
+    std::printf("FAILED cudaGetLastError does not see the failure\n");
+    return 2;
+  }
+  return 0;
+}
+
 int main() {
   const int n = 32;
   std::vector<int *> p(n);
   std::vector<size_t> len(n);
+  if (int rc = runtime_state_kept())
+    return rc;
   for (int i = 0; i < n; i++) {
     len[i] = (size_t)(i % 7 + 1) * 10000 + (size_t)i * 333;
     CHECK(cudaMalloc(&p[i], len[i] * sizeof(int)));

@@ -35,9 +35,9 @@ fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-"$nvcc" -O2 -o "$work/prog_static" "$here/gpu_prog.cu" ||
+"$nvcc" -O2 -o "$work/prog_static" "$here/gpu_prog.cu" -lcuda ||
   fail "nvcc (static runtime)"
-"$nvcc" -O2 -cudart shared -o "$work/prog_shared" "$here/gpu_prog.cu" ||
+"$nvcc" -O2 -cudart shared -o "$work/prog_shared" "$here/gpu_prog.cu" -lcuda ||
   fail "nvcc (shared runtime)"
 
 # The value of word KEY= in file FILE.
