@@ -2,10 +2,12 @@
  * cuMemAllocAsync, cuMemFreeAsync (and their _ptsz forms), cuMemGetInfo_v2,
  * cuMemGetAddressRange_v2.
  *
- * An allocation is served by the pool when the shim is in pool mode, the
- * calling thread's context is on the pool's device and the stream is not
- * being captured into a graph (the pool's own stream work must not end up
- * in a graph); otherwise it goes to the real driver and is only recorded.
+ * An allocation is served, in pool mode, by the pool of the device the
+ * calling thread's context is on (one pool per device, made on first use)
+ * when the stream is not being captured into a graph (the pool's own
+ * stream work must not end up in a graph); otherwise (no context, no pool
+ * for the device, a capture) it goes to the real driver and is only
+ * recorded.
  * A free goes wherever its pointer came from, found in the shim's table;
  * pointers the shim never saw go to the real driver untouched. A call made
  * from inside another hook (the runtime's cudaMalloc calling cuMemAlloc_v2
@@ -47,14 +49,16 @@ static mp__curesult mp__real_free(mp__variant_t v, mp__cuptr p,
   return MP__CU_NOT_INITIALIZED;
 }
 
-/* The current context's device is the pool's (no context: let the driver
- * say so). A driver without cuCtxGetDevice (a test double) has one. */
-bool mp__pl_on_pool_device(const mp__pl_t *pl) {
+/* The current context's device's pool (no context: let the driver say
+ * so). A driver without cuCtxGetDevice (a test double) has one device. */
+mp_pool_t *mp__pl_pool_here(const mp__pl_t *pl) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   if (pl->host || rc->ctx_get_device == NULL)
-    return true;
+    return mp__pl_pool_of(pl, pl->ordinal);
   int d = -1;
-  return rc->ctx_get_device(&d) == MP__CU_SUCCESS && d == pl->ordinal;
+  if (rc->ctx_get_device(&d) != MP__CU_SUCCESS)
+    return NULL;
+  return mp__pl_pool_of(pl, d);
 }
 
 /* A synchronous call asks about the legacy NULL stream, which reports a
@@ -83,21 +87,22 @@ static mp__curesult mp__alloc(mp__variant_t v, mp__cuptr *dptr, size_t bytes,
   const mp__pl_t *pl = mp__pl_get();
   mp__curesult r = MP__CU_SUCCESS;
   bool ptsz = v == MP__ASYNC_PTSZ, served = false;
+  mp_pool_t *pool = NULL;
   if (pl->mode == MP__PL_POOL) {
     if (dptr == NULL || bytes == 0) {
       r = MP__CU_INVALID_VALUE;
       served = true;
-    } else if (!mp__pl_on_pool_device(pl)) {
+    } else if ((pool = mp__pl_pool_here(pl)) == NULL) {
       mp__pl_count_bypass("other_device");
     } else if (mp__capturing(pl, v == MP__SYNC ? NULL : s, ptsz)) {
       mp__pl_count_bypass("capture");
     } else {
       void *p = NULL;
       mp_status_t st =
-          mp_pool_alloc(pl->pool, bytes, mp__pl_stream(pl, s, ptsz), &p);
+          mp_pool_alloc(pool, bytes, mp__pl_stream(pl, s, ptsz), &p);
       if (st == MP_OK) {
         *dptr = (mp__cuptr)(uintptr_t)p;
-        mp__pl_table_put((uintptr_t)p, bytes, (uintptr_t)s, MP__PL_FROM_POOL);
+        mp__pl_table_put_pool((uintptr_t)p, bytes, (uintptr_t)s, pool);
       }
       mp__pl_record_alloc((uintptr_t)p, bytes, (uintptr_t)s, st == MP_OK);
       r = mp__pl_cu_error(st);
@@ -180,15 +185,15 @@ mp__curesult cuMemGetInfo_v2(size_t *free, size_t *total) {
   bool outer = mp__pl_enter();
   const mp__pl_t *pl = outer ? mp__pl_get() : NULL;
   mp__curesult r;
-  if (pl != NULL && pl->mode == MP__PL_POOL && mp__pl_on_pool_device(pl) &&
-      free != NULL && total != NULL) {
+  mp_pool_t *pool = pl != NULL ? mp__pl_pool_here(pl) : NULL;
+  if (pool != NULL && free != NULL && total != NULL) {
     size_t f = 0, t = 0;
     if (pl->host)
       r = mp__pl_cu_error(mp_device_mem_info(pl->dev, &f, &t));
     else
       r = rc->mem_get_info ? rc->mem_get_info(&f, &t) : MP__CU_NOT_INITIALIZED;
     if (r == MP__CU_SUCCESS) {
-      f += mp__pl_pool_cache(pl);
+      f += mp__pl_pool_cache(pool);
       *free = f < t ? f : t;
       *total = t;
     }

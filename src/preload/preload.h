@@ -104,11 +104,23 @@ typedef enum mp__pl_mode {
 
 typedef struct mp__pl {
   mp__pl_mode_t mode;
-  mp_pool_t *pool;  /* MP__PL_POOL only */
-  mp_device_t *dev; /* the pool's device */
+  mp_pool_t *pool;  /* MP__PL_POOL only: the first device's pool */
+  mp_device_t *dev; /* its device */
   bool host;        /* the emulated device: no driver behind the pool */
-  int ordinal;      /* the CUDA device the pool serves (cuda mode) */
+  int ordinal;      /* the CUDA device of MEMPOOL_DEVICE (cuda mode); the
+                       others get pools of their own on first use */
 } mp__pl_t;
+
+/* The most CUDA devices the shim keeps pools for; past it the driver
+ * serves. */
+#define MP__PL_MAX_DEVICES 64
+
+/* The pool of CUDA device `ordinal` (made on first use with MEMPOOL_CONF's
+ * options), or NULL when it cannot be had (the reason said once on
+ * stderr). Host mode: the one pool, whatever ordinal says. */
+mp_pool_t *mp__pl_pool_of(const mp__pl_t *pl, int ordinal);
+/* Calls fn(dev, ctx) for every device that has a pool. */
+void mp__pl_each_device(void (*fn)(mp_device_t *, void *), void *ctx);
 
 /* The started state (starting it on first use). Never NULL. */
 const mp__pl_t *mp__pl_get(void);
@@ -133,10 +145,14 @@ typedef struct mp__pl_block {
   size_t size;
   uintptr_t stream;
   mp__pl_kind_t kind;
+  mp_pool_t *pool; /* MP__PL_FROM_POOL: the device's pool it came from */
 } mp__pl_block_t;
 
 void mp__pl_table_put(uintptr_t ptr, size_t size, uintptr_t stream,
                       mp__pl_kind_t kind);
+/* A block of pool (MP__PL_FROM_POOL). */
+void mp__pl_table_put_pool(uintptr_t ptr, size_t size, uintptr_t stream,
+                           mp_pool_t *pool);
 /* Removes ptr's entry into *out; false when ptr is not a known start. */
 bool mp__pl_table_take(uintptr_t ptr, mp__pl_block_t *out);
 /* The pool block containing addr (its start or inside it). */
@@ -182,9 +198,10 @@ mp_stream_t mp__pl_stream(const mp__pl_t *pl, mp__custream s, bool ptsz);
  * for every stream's work, async on s; traced before the pool has it. */
 mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
                              bool sync, mp__custream s, bool ptsz);
-/* The calling thread's context is on the pool's device (driver API). */
-bool mp__pl_on_pool_device(const mp__pl_t *pl);
+/* The pool of the calling thread's current context's device (driver API),
+ * or NULL: no context (the driver answers), or no pool for it. */
+mp_pool_t *mp__pl_pool_here(const mp__pl_t *pl);
 /* The pool's idle cache, added to free-memory answers. */
-size_t mp__pl_pool_cache(const mp__pl_t *pl);
+size_t mp__pl_pool_cache(mp_pool_t *pool);
 
 #endif /* MEMPOOL_PRELOAD_H */

@@ -46,12 +46,15 @@ static mp__cudaerr mp__rt_real_free(mp__rt_variant_t v, void *p,
   return MP__CUDA_INIT_ERROR;
 }
 
-static bool mp__rt_on_pool_device(const mp__pl_t *pl) {
+/* The pool of the runtime's current device (cudaGetDevice). */
+static mp_pool_t *mp__rt_pool_here(const mp__pl_t *pl) {
   const mp__real_cudart_t *rt = mp__pl_real_cudart();
   if (pl->host || rt->get_device == NULL)
-    return true;
+    return mp__pl_pool_of(pl, pl->ordinal);
   int d = -1;
-  return rt->get_device(&d) == MP__CUDA_SUCCESS && d == pl->ordinal;
+  if (rt->get_device(&d) != MP__CUDA_SUCCESS)
+    return NULL;
+  return mp__pl_pool_of(pl, d);
 }
 
 static bool mp__rt_capturing(const mp__pl_t *pl, mp__custream s, bool ptsz) {
@@ -103,6 +106,7 @@ static mp__cudaerr mp__rt_alloc(mp__rt_variant_t v, void **p, size_t bytes,
   const mp__pl_t *pl = mp__pl_get();
   mp__cudaerr r = MP__CUDA_SUCCESS;
   bool ptsz = v == MP__RT_ASYNC_PTSZ, served = false;
+  mp_pool_t *pool = NULL;
   if (pl->mode == MP__PL_POOL)
     mp__rt_start_thread(pl);
   if (pl->mode == MP__PL_POOL) {
@@ -112,17 +116,17 @@ static mp__cudaerr mp__rt_alloc(mp__rt_variant_t v, void **p, size_t bytes,
     } else if (bytes == 0) {
       *p = NULL;
       served = true;
-    } else if (!mp__rt_on_pool_device(pl)) {
+    } else if ((pool = mp__rt_pool_here(pl)) == NULL) {
       mp__pl_count_bypass("other_device");
     } else if (mp__rt_capturing(pl, v == MP__RT_SYNC ? NULL : s, ptsz)) {
       mp__pl_count_bypass("capture");
     } else {
       void *ptr = NULL;
       mp_status_t st =
-          mp_pool_alloc(pl->pool, bytes, mp__pl_stream(pl, s, ptsz), &ptr);
+          mp_pool_alloc(pool, bytes, mp__pl_stream(pl, s, ptsz), &ptr);
       if (st == MP_OK) {
         *p = ptr;
-        mp__pl_table_put((uintptr_t)ptr, bytes, (uintptr_t)s, MP__PL_FROM_POOL);
+        mp__pl_table_put_pool((uintptr_t)ptr, bytes, (uintptr_t)s, pool);
       }
       mp__pl_record_alloc((uintptr_t)ptr, bytes, (uintptr_t)s, st == MP_OK);
       r = mp__pl_cuda_error(st);
@@ -210,15 +214,15 @@ mp__cudaerr cudaMemGetInfo(size_t *free, size_t *total) {
   bool outer = mp__pl_enter();
   const mp__pl_t *pl = outer ? mp__pl_get() : NULL;
   mp__cudaerr r;
-  if (pl != NULL && pl->mode == MP__PL_POOL && mp__rt_on_pool_device(pl) &&
-      free != NULL && total != NULL) {
+  mp_pool_t *pool = pl != NULL ? mp__rt_pool_here(pl) : NULL;
+  if (pool != NULL && free != NULL && total != NULL) {
     size_t f = 0, t = 0;
     if (pl->host)
       r = mp__pl_cuda_error(mp_device_mem_info(pl->dev, &f, &t));
     else
       r = rt->mem_get_info ? rt->mem_get_info(&f, &t) : MP__CUDA_INIT_ERROR;
     if (r == MP__CUDA_SUCCESS) {
-      f += mp__pl_pool_cache(pl);
+      f += mp__pl_pool_cache(pool);
       *free = f < t ? f : t;
       *total = t;
     }

@@ -145,6 +145,19 @@ void mp__pl_table_put(uintptr_t ptr, size_t size, uintptr_t stream,
   pthread_mutex_unlock(&mp__tab.lock);
 }
 
+void mp__pl_table_put_pool(uintptr_t ptr, size_t size, uintptr_t stream,
+                           mp_pool_t *pool) {
+  pthread_mutex_lock(&mp__tab.lock);
+  mp__pl_block_t *b = mp__ptrmap_put(&mp__tab.map, ptr);
+  if (b != NULL)
+    *b = (mp__pl_block_t){.ptr = ptr,
+                          .size = size,
+                          .stream = stream,
+                          .kind = MP__PL_FROM_POOL,
+                          .pool = pool};
+  pthread_mutex_unlock(&mp__tab.lock);
+}
+
 bool mp__pl_table_take(uintptr_t ptr, mp__pl_block_t *out) {
   pthread_mutex_lock(&mp__tab.lock);
   bool found = mp__ptrmap_take(&mp__tab.map, ptr, out);
@@ -173,6 +186,19 @@ bool mp__pl_table_find_pool(uintptr_t addr, mp__pl_block_t *out) {
 }
 
 /* ---- the start ---------------------------------------------------------- */
+
+/* ---- one pool per device ------------------------------------------------ */
+
+/* The pools of the CUDA devices by ordinal: written once each, under
+ * mp__devs_lock, read without it. A device whose pool could not be made
+ * is marked failed and left to the driver from then on. */
+static struct {
+  _Atomic(mp_pool_t *) pool;
+  mp_device_t *dev;
+  atomic_bool failed;
+} mp__devs[MP__PL_MAX_DEVICES];
+static pthread_mutex_t mp__devs_lock = PTHREAD_MUTEX_INITIALIZER;
+static mp_pool_config_t mp__cfg; /* MEMPOOL_CONF, for every device's pool */
 
 static atomic_int mp__started; /* 0: not yet, 1: complete */
 static pthread_mutex_t mp__start_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -205,6 +231,12 @@ static void mp__fork_parent(void) {
 static void mp__fork_child(void) {
   pthread_mutex_init(&mp__start_lock, NULL);
   pthread_mutex_init(&mp__tab.lock, NULL);
+  pthread_mutex_init(&mp__devs_lock, NULL);
+  for (int i = 0; i < MP__PL_MAX_DEVICES; i++) {
+    atomic_store(&mp__devs[i].pool, NULL);
+    mp__devs[i].dev = NULL;
+    atomic_store(&mp__devs[i].failed, false);
+  }
   mp__ptrmap_destroy(&mp__tab.map);
   mp__state = mp__passthrough;
   atomic_store(&mp__started, 0);
@@ -238,6 +270,7 @@ static void mp__start(mp__pl_t *pl) {
   }
   mp_pool_config_t cfg;
   mp_pool_config_init(&cfg);
+  mp__cfg = cfg;
   const char *conf = getenv("MEMPOOL_CONF");
   if (conf != NULL && mp_pool_config_parse(&cfg, conf) != MP_OK) {
     MP__SAY("bad MEMPOOL_CONF: %s; passing every call through to CUDA",
@@ -266,9 +299,14 @@ static void mp__start(mp__pl_t *pl) {
     pl->dev = dev;
     pl->host = strncmp(mp_device_name(dev), "host", 4) == 0;
     pl->ordinal = mp__spec_ordinal(spec);
+    mp__cfg = cfg;
     /* cuMemFree waits for the legacy NULL stream's work too. */
     if (!pl->host)
       (void)mp_pool_add_stream(pool, NULL);
+    if (!pl->host && pl->ordinal < MP__PL_MAX_DEVICES) {
+      mp__devs[pl->ordinal].dev = dev;
+      atomic_store(&mp__devs[pl->ordinal].pool, pool);
+    }
   }
   mp__pl_record_open(pl);
 }
@@ -333,6 +371,48 @@ mp_stream_t mp__pl_stream(const mp__pl_t *pl, mp__custream s, bool ptsz) {
   return (mp_stream_t)s;
 }
 
+mp_pool_t *mp__pl_pool_of(const mp__pl_t *pl, int ordinal) {
+  if (pl->mode != MP__PL_POOL)
+    return NULL;
+  if (pl->host)
+    return pl->pool;
+  if (ordinal < 0 || ordinal >= MP__PL_MAX_DEVICES)
+    return NULL;
+  mp_pool_t *pool =
+      atomic_load_explicit(&mp__devs[ordinal].pool, memory_order_acquire);
+  if (MP__LIKELY(pool != NULL) || atomic_load(&mp__devs[ordinal].failed))
+    return pool;
+  pthread_mutex_lock(&mp__devs_lock);
+  pool = atomic_load(&mp__devs[ordinal].pool);
+  if (pool == NULL && !atomic_load(&mp__devs[ordinal].failed)) {
+    char spec[32];
+    snprintf(spec, sizeof spec, "cuda:%d", ordinal);
+    mp_device_t *dev = NULL;
+    mp_status_t st = mp_device_open(spec, &dev);
+    if (st == MP_OK && (st = mp_pool_create(dev, &mp__cfg, &pool)) != MP_OK)
+      mp_device_close(dev);
+    if (st != MP_OK) {
+      MP__SAY("no pool for CUDA device %d (%s); the driver serves it", ordinal,
+              mp_last_error());
+      atomic_store(&mp__devs[ordinal].failed, true);
+      pool = NULL;
+    } else {
+      (void)mp_pool_add_stream(pool, NULL);
+      mp__devs[ordinal].dev = dev;
+      atomic_store_explicit(&mp__devs[ordinal].pool, pool,
+                            memory_order_release);
+    }
+  }
+  pthread_mutex_unlock(&mp__devs_lock);
+  return pool;
+}
+
+void mp__pl_each_device(void (*fn)(mp_device_t *, void *), void *ctx) {
+  for (int i = 0; i < MP__PL_MAX_DEVICES; i++)
+    if (atomic_load_explicit(&mp__devs[i].pool, memory_order_acquire) != NULL)
+      fn(mp__devs[i].dev, ctx);
+}
+
 mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
                              bool sync, mp__custream s, bool ptsz) {
   void *ptr = (void *)b->ptr;
@@ -342,22 +422,22 @@ mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
   mp__pl_record_free(b->ptr, b->size, (uintptr_t)s);
   mp_status_t st;
   if (sync) /* cuMemFree / cudaFree: after the work of every stream */
-    st = pl->host ? mp_pool_free(pl->pool, ptr)
-                  : mp_pool_free_after_all(pl->pool, ptr);
+    st = pl->host ? mp_pool_free(b->pool, ptr)
+                  : mp_pool_free_after_all(b->pool, ptr);
   else if ((uintptr_t)s != b->stream)
-    st = mp_pool_free_async(pl->pool, ptr, mp__pl_stream(pl, s, ptsz));
+    st = mp_pool_free_async(b->pool, ptr, mp__pl_stream(pl, s, ptsz));
   else
-    st = mp_pool_free(pl->pool, ptr);
+    st = mp_pool_free(b->pool, ptr);
   if (st != MP_OK) { /* still the program's (a paused pool): say so */
-    mp__pl_table_put(b->ptr, b->size, b->stream, b->kind);
+    mp__pl_table_put_pool(b->ptr, b->size, b->stream, b->pool);
     mp__pl_record_alloc(b->ptr, b->size, b->stream, true);
   }
   return st;
 }
 
-size_t mp__pl_pool_cache(const mp__pl_t *pl) {
+size_t mp__pl_pool_cache(mp_pool_t *pool) {
   mp_stats_t s;
-  if (pl->pool == NULL || mp_pool_get_stats(pl->pool, &s) != MP_OK)
+  if (pool == NULL || mp_pool_get_stats(pool, &s) != MP_OK)
     return 0;
   return s.reserved_bytes > s.allocated_bytes
              ? s.reserved_bytes - s.allocated_bytes

@@ -23,8 +23,9 @@ static void mp__stream_made(mp__curesult r, mp__custream *ps) {
     return;
   }
   const mp__pl_t *pl = mp__pl_get();
-  if (pl->mode == MP__PL_POOL && !pl->host && mp__pl_on_pool_device(pl))
-    (void)mp_pool_add_stream(pl->pool, (mp_stream_t)*ps);
+  mp_pool_t *pool = pl->host ? NULL : mp__pl_pool_here(pl);
+  if (pool != NULL)
+    (void)mp_pool_add_stream(pool, (mp_stream_t)*ps);
   mp__pl_leave();
 }
 
@@ -47,12 +48,16 @@ mp__curesult cuStreamCreateWithPriority(mp__custream *phStream,
   return r;
 }
 
+static void mp__forget_on(mp_device_t *dev, void *s) {
+  (void)mp_stream_forget(dev, (mp_stream_t)s);
+}
+
 mp__curesult cuStreamDestroy_v2(mp__custream hStream) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   if (mp__pl_enter()) {
     const mp__pl_t *pl = mp__pl_get();
     if (pl->mode == MP__PL_POOL && !pl->host && hStream != NULL)
-      (void)mp_stream_forget(pl->dev, (mp_stream_t)hStream);
+      mp__pl_each_device(mp__forget_on, hStream);
   }
   mp__pl_leave();
   return rc->stream_destroy ? rc->stream_destroy(hStream)
