@@ -1,20 +1,31 @@
-/* default.c - the drop-in replacement for cudaMalloc: one process-wide pool.
+/* default.c - the drop-in replacement for cudaMalloc: process-wide pools.
  *
- * The pool is made on first use, exactly once even when threads race
+ * The first pool is made on first use, exactly once even when threads race
  * (pthread_once), on mp_device_open(NULL) (which honours $MEMPOOL_DEVICE)
  * with mp_pool_config_init ($MEMPOOL_CONF). When it cannot be made the
- * reason is kept and every later call fails with it; the pool and device
+ * reason is kept and every later call fails with it. On a backend with
+ * several devices (CUDA) the calling thread's device is served, as
+ * cudaMalloc serves the current context's: every other device gets a pool
+ * of its own on first use, opened as "cuda:N" with the same options. A
+ * free goes to the pool whose memory holds the pointer. Pools and devices
  * live until the process exits. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 
 #include "internal.h"
 #include "pool/pool_internal.h"
 
+#define MP__DEFAULT_DEVICES 64
+
 static pthread_once_t mp__default_once = PTHREAD_ONCE_INIT;
 static mp_pool_t *mp__default;
+static int mp__default_ordinal;
 static mp_status_t mp__default_status = MP_OK;
 static char mp__default_error[256];
+/* The other devices' pools: written once each under the lock. */
+static _Atomic(mp_pool_t *) mp__others[MP__DEFAULT_DEVICES];
+static pthread_mutex_t mp__others_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void mp__default_make(void) {
   mp_device_t *dev = NULL;
@@ -30,15 +41,74 @@ static void mp__default_make(void) {
     mp__default_status = st;
     snprintf(mp__default_error, sizeof mp__default_error, "%s",
              mp_last_error());
+    return;
   }
+  /* -1: a backend of one device, nothing more to serve. */
+  int here;
+  mp__default_ordinal = mp__device_current_ordinal(dev, &here) != MP_ENOTSUP
+                            ? mp__device_ordinal(dev)
+                            : -1;
+}
+
+/* Device ordinal's pool, made now if need be; NULL with the error set. */
+static mp_pool_t *mp__default_other(int ordinal) {
+  if (ordinal >= MP__DEFAULT_DEVICES) {
+    mp__fail(MP_ENODEV, "default pool: device %d is past the %d served",
+             ordinal, MP__DEFAULT_DEVICES);
+    return NULL;
+  }
+  mp_pool_t *pool =
+      atomic_load_explicit(&mp__others[ordinal], memory_order_acquire);
+  if (pool != NULL)
+    return pool;
+  pthread_mutex_lock(&mp__others_lock);
+  pool = atomic_load(&mp__others[ordinal]);
+  if (pool == NULL) {
+    char spec[32];
+    snprintf(spec, sizeof spec, "cuda:%d", ordinal);
+    mp_device_t *dev = NULL;
+    mp_pool_config_t cfg;
+    mp_pool_config_init(&cfg);
+    mp_status_t st = mp_device_open(spec, &dev);
+    if (st == MP_OK && mp_pool_create(dev, &cfg, &pool) != MP_OK) {
+      mp_device_close(dev);
+      pool = NULL;
+    }
+    if (pool != NULL)
+      atomic_store_explicit(&mp__others[ordinal], pool, memory_order_release);
+  }
+  pthread_mutex_unlock(&mp__others_lock);
+  return pool;
 }
 
 mp_pool_t *mp_default_pool(void) {
   pthread_once(&mp__default_once, mp__default_make);
-  if (mp__default == NULL)
+  if (mp__default == NULL) {
     mp__fail(mp__default_status, "default pool unavailable: %s",
              mp__default_error);
-  return mp__default;
+    return NULL;
+  }
+  int here = -1;
+  if (mp__default_ordinal < 0 ||
+      mp__device_current_ordinal(mp_pool_device(mp__default), &here) != MP_OK ||
+      here == mp__default_ordinal || here < 0)
+    return mp__default;
+  return mp__default_other(here);
+}
+
+/* The pool whose memory holds ptr: the calling thread's device's first. */
+static mp_pool_t *mp__default_owner(void *ptr) {
+  mp_pool_t *pool = mp_default_pool();
+  if (pool == NULL || mp__default_ordinal < 0 || mp__pool_contains(pool, ptr))
+    return pool;
+  if (mp__pool_contains(mp__default, ptr))
+    return mp__default;
+  for (int i = 0; i < MP__DEFAULT_DEVICES; i++) {
+    mp_pool_t *o = atomic_load_explicit(&mp__others[i], memory_order_acquire);
+    if (o != NULL && mp__pool_contains(o, ptr))
+      return o;
+  }
+  return pool; /* nobody's: that pool says so */
 }
 
 mp_status_t mp_malloc(void **ptr, size_t bytes) {
@@ -50,24 +120,24 @@ mp_status_t mp_malloc_async(void **ptr, size_t bytes, mp_stream_t s) {
     return mp__fail(MP_EINVAL, "mp_malloc: ptr is NULL");
   mp_pool_t *pool = mp_default_pool();
   if (pool == NULL)
-    return mp__default_status;
+    return mp__default ? MP_ENODEV : mp__default_status;
   return mp_pool_alloc(pool, bytes, s, ptr);
 }
 
 mp_status_t mp_free(void *ptr) {
   if (ptr == NULL)
     return MP_OK;
-  mp_pool_t *pool = mp_default_pool();
+  mp_pool_t *pool = mp__default_owner(ptr);
   if (pool == NULL)
-    return mp__default_status;
+    return mp__default ? MP_ENODEV : mp__default_status;
   return mp_pool_free(pool, ptr);
 }
 
 mp_status_t mp_free_async(void *ptr, mp_stream_t s) {
   if (ptr == NULL)
     return MP_OK;
-  mp_pool_t *pool = mp_default_pool();
+  mp_pool_t *pool = mp__default_owner(ptr);
   if (pool == NULL)
-    return mp__default_status;
+    return mp__default ? MP_ENODEV : mp__default_status;
   return mp__pool_free_on(pool, ptr, s, "mp_free_async");
 }

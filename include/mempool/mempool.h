@@ -27,13 +27,17 @@ extern "C" {
 #endif
 
 /* One process-wide pool per device, made on first use from $MEMPOOL_DEVICE
- * and $MEMPOOL_CONF. */
+ * and $MEMPOOL_CONF. On CUDA the calling thread's device is served (its
+ * current context's, as cudaMalloc; a thread without a context gets the
+ * first pool's device); mp_free finds the pool that holds the pointer,
+ * whatever context is current. */
 MP_API mp_status_t mp_malloc(void **ptr, size_t bytes);
 MP_API mp_status_t mp_malloc_async(void **ptr, size_t bytes, mp_stream_t s);
 MP_API mp_status_t mp_free(void *ptr);
 /* The block may still be in use by work on s. */
 MP_API mp_status_t mp_free_async(void *ptr, mp_stream_t s);
-/* NULL if it cannot be made (mp_last_error() says why). */
+/* The calling thread's device's pool; NULL if it cannot be made
+ * (mp_last_error() says why). */
 MP_API mp_pool_t *mp_default_pool(void);
 
 #ifdef __cplusplus

@@ -41,6 +41,10 @@ typedef struct mp__backend {
    * never waits and makes no call CUDA forbids during a capture. NULL: every
    * handle is a stream shared by all threads. */
   int (*stream_kind)(mp_device_t *dev, mp_stream_t s);
+  /* Which device of this kind the calling thread works on (CUDA: its
+   * current context's); no message on failure. NULL: one device only. */
+  mp_status_t (*current_ordinal)(mp_device_t *dev, int *out);
+  int (*ordinal)(mp_device_t *dev); /* dev's own, for current_ordinal */
   mp_status_t (*launch_host)(mp_device_t *dev, mp_stream_t s,
                              void (*fn)(void *), void *arg);
   mp_status_t (*memcpy_async)(mp_device_t *dev, void *dst, const void *src,
@@ -110,6 +114,12 @@ typedef enum mp__stream_kind {
                             CU_STREAM_PER_THREAD) */
 } mp__stream_kind_t;
 mp__stream_kind_t mp__device_stream_kind(mp_device_t *dev, mp_stream_t s);
+/* The ordinal of the device of dev's kind the calling thread works on;
+ * MP_ENOTSUP when the backend has one device only, MP_ENODEV when the
+ * thread is on none. */
+mp_status_t mp__device_current_ordinal(mp_device_t *dev, int *out);
+/* dev's own ordinal among the devices of its kind (0 with one device). */
+int mp__device_ordinal(mp_device_t *dev);
 
 /* Stream watchers: fn(ctx, s) runs before s is destroyed (mp_stream_destroy)
  * or when the application says it is going (mp_stream_forget), on the

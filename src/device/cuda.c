@@ -50,6 +50,7 @@
   X(DevicePrimaryCtxRelease, (CUdevice))                                       \
   X(CtxPushCurrent, (CUcontext))                                               \
   X(CtxPopCurrent, (CUcontext *))                                              \
+  X(CtxGetDevice, (CUdevice *))                                                \
   X(CtxSynchronize, (void))                                                    \
   X(MemGetInfo, (size_t *, size_t *))                                          \
   X(MemAlloc, (CUdeviceptr *, size_t))                                         \
@@ -663,6 +664,21 @@ static mp_status_t mp__cuda_stream_query(mp_device_t *dev, mp_stream_t s) {
   return mp__cuda_ready(r, "cuStreamQuery", (void *)s);
 }
 
+/* The device of the calling thread's current context (cuCtxGetDevice);
+ * MP_ENODEV when the thread has none. */
+static mp_status_t mp__cuda_current_ordinal(mp_device_t *dev, int *out) {
+  (void)dev;
+  CUdevice d = 0;
+  if (mp__cu.CtxGetDevice(&d) != CUDA_SUCCESS)
+    return MP_ENODEV;
+  *out = (int)d;
+  return MP_OK;
+}
+
+static int mp__cuda_ordinal(mp_device_t *dev) {
+  return mp__cuda_of(dev)->ordinal;
+}
+
 /* CU_STREAM_PER_THREAD names the calling thread's own default stream
  * (cuda.h: "Per-thread stream handle"). Nothing else can be told without a
  * call: a stale handle is undefined behaviour in the driver, and
@@ -942,6 +958,8 @@ const mp__backend_t mp__cuda_backend = {
     .stream_synchronize = mp__cuda_stream_synchronize,
     .stream_query = mp__cuda_stream_query,
     .stream_kind = mp__cuda_stream_kind,
+    .current_ordinal = mp__cuda_current_ordinal,
+    .ordinal = mp__cuda_ordinal,
     .launch_host = mp__cuda_launch_host,
     .memcpy_async = mp__cuda_memcpy_async,
     .memset_async = mp__cuda_memset_async,

@@ -139,6 +139,15 @@ mp_status_t mp_stream_forget(mp_device_t *dev, mp_stream_t s) {
   return MP_OK;
 }
 
+mp_status_t mp__device_current_ordinal(mp_device_t *dev, int *out) {
+  return dev->ops->current_ordinal != NULL ? dev->ops->current_ordinal(dev, out)
+                                           : MP_ENOTSUP;
+}
+
+int mp__device_ordinal(mp_device_t *dev) {
+  return dev->ops->ordinal != NULL ? dev->ops->ordinal(dev) : 0;
+}
+
 mp__stream_kind_t mp__device_stream_kind(mp_device_t *dev, mp_stream_t s) {
   return dev->ops->stream_kind != NULL
              ? (mp__stream_kind_t)dev->ops->stream_kind(dev, s)

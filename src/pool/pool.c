@@ -457,6 +457,13 @@ mp_status_t mp_pool_destroy(mp_pool_t *pool) {
   return MP_OK;
 }
 
+bool mp__pool_contains(mp_pool_t *pool, const void *ptr) {
+  pthread_mutex_lock(&pool->lock);
+  bool in = mp__segment_containing(pool, (uintptr_t)ptr) != NULL;
+  pthread_mutex_unlock(&pool->lock);
+  return in;
+}
+
 mp_device_t *mp_pool_device(const mp_pool_t *pool) {
   return pool ? pool->dev : NULL;
 }

@@ -415,6 +415,8 @@ void mp__segment_trim(mp_pool_t *pool, size_t keep);
 /* Destroy: releases every segment, live or not. */
 void mp__segment_release_all(mp_pool_t *pool);
 mp__segment_t *mp__segment_containing(const mp_pool_t *pool, uintptr_t p);
+/* Whether ptr lies in one of pool's segments (takes the lock). */
+bool mp__pool_contains(mp_pool_t *pool, const void *ptr);
 /* Waits until no grow/release is in flight (drops the lock meanwhile). */
 void mp__pool_wait_idle(mp_pool_t *pool);
 /* Around a synchronization with the lock dropped: one at a time, after any

@@ -1,0 +1,70 @@
+/* test_cuda_default_pool.c - mp_malloc and mp_default_pool serve the device
+ * the calling thread's context is on, as cudaMalloc does: on a machine of
+ * two devices (FAKECUDA_DEVICE_COUNT=2, the strict fake), device 1's
+ * context gets memory of device 1 from a pool of its own, and mp_free finds
+ * a pointer's pool whatever context is current. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda.h>
+#include <mempool/mempool.h>
+
+#include "fakecuda_test.h"
+
+static struct {
+  CUresult (*retain)(CUcontext *, CUdevice), (*release)(CUdevice);
+  CUresult (*set)(CUcontext);
+  CUresult (*init)(unsigned);
+} cu;
+
+static void two_devices(void) {
+  setenv("FAKECUDA_DEVICE_COUNT", "2", 1);
+  setenv("MEMPOOL_DEVICE", "cuda", 1);
+  FK_LOAD(cu.retain, "cuDevicePrimaryCtxRetain");
+  FK_LOAD(cu.release, "cuDevicePrimaryCtxRelease_v2");
+  FK_LOAD(cu.set, "cuCtxSetCurrent");
+  FK_LOAD(cu.init, "cuInit");
+  cr_assert_eq(cu.init(0), CUDA_SUCCESS);
+}
+
+static CUcontext on_device(int d) {
+  CUcontext c = NULL;
+  cr_assert_eq(cu.retain(&c, d), CUDA_SUCCESS);
+  cr_assert_eq(cu.set(c), CUDA_SUCCESS);
+  return c;
+}
+
+Test(cuda_default_pool, serves_the_device_of_the_current_context,
+     .init = two_devices) {
+  on_device(1);
+  void *p = NULL;
+  cr_assert_eq(mp_malloc(&p, 1u << 20), MP_OK, "%s", mp_last_error());
+  mp_pool_t *pool1 = mp_default_pool();
+  cr_assert_not_null(pool1);
+  const char *name = mp_device_name(mp_pool_device(pool1));
+  cr_assert(strncmp(name, "cuda:1", 6) == 0, "device 1 got '%s'", name);
+  on_device(0);
+  mp_pool_t *pool0 = mp_default_pool();
+  cr_assert_neq(pool0, pool1);
+  name = mp_device_name(mp_pool_device(pool0));
+  cr_assert(strncmp(name, "cuda:0", 6) == 0, "device 0 got '%s'", name);
+  /* A device-1 pointer freed with device 0 current goes to its own pool. */
+  mp_stats_t s;
+  cr_assert_eq(mp_pool_get_stats(pool1, &s), MP_OK);
+  cr_assert_eq(s.live_blocks, 1);
+  cr_assert_eq(mp_free(p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_get_stats(pool1, &s), MP_OK);
+  cr_assert_eq(s.live_blocks, 0);
+  cr_assert_eq(mp_free(p), MP_EINVAL, "a double free was accepted");
+  cr_assert_eq(cu.release(0), CUDA_SUCCESS);
+  cr_assert_eq(cu.release(1), CUDA_SUCCESS);
+}
+
+Test(cuda_default_pool, a_thread_without_a_context_gets_the_first_device,
+     .init = two_devices) {
+  void *p = NULL;
+  cr_assert_eq(mp_malloc(&p, 4096), MP_OK, "%s", mp_last_error());
+  const char *name = mp_device_name(mp_pool_device(mp_default_pool()));
+  cr_assert(strncmp(name, "cuda:0", 6) == 0, "got '%s'", name);
+  cr_assert_eq(mp_free(p), MP_OK);
+}
