@@ -10,9 +10,11 @@
  * multiples of the granularity. vm_unmap takes exactly an (addr, bytes) pair
  * that one vm_map call mapped (CUDA cannot unmap part of a mapping), and
  * vm_release takes a whole reservation with nothing mapped in it (the host
- * backend answers MP_EBUSY otherwise). A backend without virtual memory
- * returns MP_ENOTSUP from vm_granularity and the pool falls back to plain
- * allocations. */
+ * backend answers MP_EBUSY otherwise). vm_unmap does not wait for the
+ * device: the caller has made sure no queued work still uses the range (the
+ * pool unmaps only chunks whose streams it has seen finish). A backend without
+ * virtual memory returns MP_ENOTSUP from vm_granularity and the pool falls back
+ * to plain allocations. */
 #ifndef MEMPOOL_DEVICE_BACKEND_H
 #define MEMPOOL_DEVICE_BACKEND_H
 

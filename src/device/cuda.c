@@ -533,11 +533,12 @@ static mp_status_t mp__cuda_free(mp_device_t *dev, void *ptr) {
                     "mp_device_free: %p is not an allocation of %s (foreign "
                     "or already freed)",
                     ptr, dev->name);
+  /* cuMemFree waits for the context's work itself (the Programming Guide:
+   * cudaFree synchronizes; the strict fake models it): no separate
+   * cuCtxSynchronize before it. */
   CUresult r = mp__cuda_push(cd);
   if (r == CUDA_SUCCESS) {
-    r = mp__cu.CtxSynchronize();
-    if (r == CUDA_SUCCESS)
-      r = mp__cu.MemFree((CUdeviceptr)ptr);
+    r = mp__cu.MemFree((CUdeviceptr)ptr);
     mp__cuda_pop();
   }
   if (r != CUDA_SUCCESS) {
@@ -925,13 +926,13 @@ static mp_status_t mp__cuda_vm_unmap(mp_device_t *dev, void *addr,
                     "vm_unmap: the mapping at %p is %zu bytes, not %zu", addr,
                     e.size, bytes);
   }
-  /* As mp_device_free: work still queued may use the chunk, so the device
-   * is drained before the memory goes. */
+  /* No device synchronize: the pool unmaps only chunks whose streams it
+   * has seen finish (their marker events, or a wait for every stream it
+   * knows; backend.h), and a cuCtxSynchronize here would be the call CUDA
+   * forbids while another thread captures a graph in global mode. */
   CUresult r = mp__cuda_push(cd);
   if (r == CUDA_SUCCESS) {
-    r = mp__cu.CtxSynchronize();
-    if (r == CUDA_SUCCESS)
-      r = mp__cu.MemUnmap((CUdeviceptr)addr, bytes);
+    r = mp__cu.MemUnmap((CUdeviceptr)addr, bytes);
     if (r == CUDA_SUCCESS)
       (void)mp__cu.MemRelease(e.handle); /* unmapped: cannot be in use */
     mp__cuda_pop();

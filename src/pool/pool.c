@@ -165,12 +165,23 @@ static mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
   return b;
 }
 
+/* Waits for the work of every stream the pool knows, by an event on each:
+ * what the pool's blocks can be in use by (pool.h: a block used on another
+ * stream is named by mp_pool_record_stream). No device synchronize, which
+ * would also be a call CUDA forbids while another thread captures a graph
+ * in global mode; only when a stream cannot be marked does it fall back to
+ * one. */
 mp_status_t mp__pool_sync(mp_pool_t *pool) {
   mp__pool_wait_sync(pool);
   uint64_t snap = mp__streams_sync_begin(pool);
+  mp__sync_set_t set;
+  bool by_events = mp__streams_sync_events(pool, &set);
   mp__pool_sync_begin(pool);
-  mp_status_t st = mp_device_synchronize(pool->dev);
+  mp_status_t st = by_events ? mp__sync_set_wait(pool->dev, &set)
+                             : mp_device_synchronize(pool->dev);
   mp__pool_sync_end(pool);
+  if (by_events)
+    mp__sync_set_release(pool, &set);
   if (st == MP_OK)
     mp__streams_sync_end(pool, snap);
   return st;

@@ -397,6 +397,19 @@ void mp__streams_poll(mp_pool_t *pool, bool close);
 uint64_t mp__streams_sync_begin(mp_pool_t *pool);
 void mp__streams_sync_end(mp_pool_t *pool, uint64_t snap);
 void mp__streams_release(mp_pool_t *pool); /* destroy: events back */
+/* A synchronization of the streams the pool knows, without a device
+ * synchronize: an event recorded on each live stream (under the lock),
+ * waited for with the lock dropped. */
+typedef struct mp__sync_set {
+  mp_event_t *ev;
+  size_t n;
+} mp__sync_set_t;
+/* Between mp__streams_sync_begin and dropping the lock. False (nothing
+ * held) when only a device synchronize will do: a stream that could not
+ * be marked, another thread's per-thread stream, no events. */
+bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set);
+mp_status_t mp__sync_set_wait(mp_device_t *dev, const mp__sync_set_t *set);
+void mp__sync_set_release(mp_pool_t *pool, mp__sync_set_t *set); /* locked */
 /* Whether stream sidx has finished all its work (asked without waiting);
  * if so every epoch of it opened before is marked done. */
 bool mp__stream_idle_now(mp_pool_t *pool, uint32_t sidx);

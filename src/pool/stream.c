@@ -518,6 +518,61 @@ void mp__streams_sync_end(mp_pool_t *pool, uint64_t snap) {
     pool->sync_done = snap + 1;
 }
 
+bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set) {
+  set->ev = malloc((pool->nstreams + 1) * sizeof *set->ev);
+  set->n = 0;
+  if (set->ev == NULL)
+    return false;
+  uint64_t self = mp__self();
+  for (uint32_t i = 0; i < pool->nstreams; i++) {
+    mp__strm_t *st = &pool->streams[i];
+    if (st->gone) {
+      /* Its work is behind its last marker (FIFO on one stream); without
+       * one (closing failed) only a device synchronize covers it. */
+      if (st->dirty)
+        goto device;
+      for (unsigned k = 0; k < st->nmarks; k++) {
+        mp__marker_t *m = &st->marks[(st->mark_head + k) % MP__MAX_MARKS];
+        if (k + 1 == st->nmarks)
+          set->ev[set->n++] = m->ev;
+        else
+          mp__event_put(pool, m->ev);
+      }
+      st->nmarks = 0;
+      continue;
+    }
+    if (st->owner != 0 && st->owner != self)
+      goto device; /* another thread's per-thread stream */
+    mp_event_t ev;
+    if (mp__event_get(pool, &ev) != MP_OK)
+      goto device;
+    if (mp_event_record(pool->dev, ev, st->s) != MP_OK) {
+      mp__event_put(pool, ev);
+      goto device;
+    }
+    set->ev[set->n++] = ev;
+  }
+  return true;
+device:
+  mp__sync_set_release(pool, set);
+  return false;
+}
+
+mp_status_t mp__sync_set_wait(mp_device_t *dev, const mp__sync_set_t *set) {
+  mp_status_t st = MP_OK;
+  for (size_t i = 0; i < set->n && st == MP_OK; i++)
+    st = mp_event_synchronize(dev, set->ev[i]);
+  return st;
+}
+
+void mp__sync_set_release(mp_pool_t *pool, mp__sync_set_t *set) {
+  for (size_t i = 0; i < set->n; i++)
+    mp__event_put(pool, set->ev[i]);
+  free(set->ev);
+  set->ev = NULL;
+  set->n = 0;
+}
+
 bool mp__stream_idle_now(mp_pool_t *pool, uint32_t sidx) {
   mp__strm_t *st = &pool->streams[sidx];
   if (st->gone || (st->owner != 0 && st->owner != mp__self()))

@@ -105,6 +105,119 @@ Test(cuda_pool_rules, growth_keeps_another_threads_global_capture,
   mp_device_close(dev);
 }
 
+/* Everything the pool does on its streams while another thread captures
+ * in global mode: frees that record marker events, reuse that queries
+ * them, record_stream, a free after all streams, trim. None of it may be
+ * an unsafe call or touch the capture (cuda.h, cuStreamBeginCapture_v2:
+ * in global mode "potentially unsafe API calls" from any thread are
+ * prohibited). */
+Test(cuda_pool_rules, stream_work_keeps_another_threads_global_capture,
+     .init = load_driver) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_pool_t *pool = NULL;
+  cr_assert_eq(mp_pool_create(dev, NULL, &pool), MP_OK, "%s", mp_last_error());
+  enter_ctx();
+  CUstream a, b;
+  cr_assert_eq(cu.create(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(cu.create(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  void *warm = NULL;
+  cr_assert_eq(mp_pool_alloc(pool, 8u << 20, (mp_stream_t)a, &warm), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, warm), MP_OK);
+  capture_t c = {.end = CUDA_ERROR_UNKNOWN};
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, capture_beside, &c), 0);
+  while (atomic_load(&c.stage) != 1)
+    usleep(1000);
+  long long refused = cu.errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  mp_status_t st = MP_OK;
+  for (int i = 0; i < 64 && st == MP_OK; i++) {
+    void *p = NULL, *q = NULL;
+    mp_stream_t s = (mp_stream_t)(i % 2 ? a : b);
+    st = mp_pool_alloc(pool, 4096u << (i % 5), s, &p);
+    if (st == MP_OK)
+      st = mp_pool_alloc(pool, 1u << 20, s, &q);
+    if (st == MP_OK)
+      st = mp_pool_record_stream(pool, p, (mp_stream_t)(i % 2 ? b : a));
+    if (st == MP_OK)
+      st = mp_pool_free(pool, p);
+    if (st == MP_OK)
+      st = mp_pool_free_after_all(pool, q);
+  }
+  mp_status_t trim = mp_pool_trim(pool, 0);
+  atomic_store(&c.stage, 2);
+  pthread_join(t, NULL);
+  cr_assert_eq(st, MP_OK, "%s", mp_last_error());
+  cr_assert_eq(trim, MP_OK, "%s", mp_last_error());
+  cr_assert_eq(c.end, CUDA_SUCCESS, "the pool invalidated the capture");
+  cr_assert_eq(cu.errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), refused);
+  cr_assert_eq(mp_pool_check(pool), MP_OK);
+  cr_assert_eq(cu.destroy(a), CUDA_SUCCESS);
+  cr_assert_eq(cu.destroy(b), CUDA_SUCCESS);
+  leave_ctx();
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(dev);
+}
+
+/* No whole-device synchronize on the allocation path or in trim: a
+ * multi-stream run (record_stream, frees after all streams, reuse across
+ * streams, a cap that makes the out-of-memory ladder reclaim) and a trim
+ * wait only for the pool's own streams' events. (A plain segment given
+ * back goes through cuMemFree, which waits for the context by itself: the
+ * driver does that, not the pool.) */
+Test(cuda_pool_rules, no_device_synchronize_when_allocating_freeing_or_trimming,
+     .init = load_driver) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_pool_t *pool = NULL;
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cfg.max_bytes = 32u << 20;
+  cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
+  enter_ctx();
+  CUstream s[4];
+  for (int i = 0; i < 4; i++)
+    cr_assert_eq(cu.create(&s[i], CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  fk_reset_calls();
+  void *live[8] = {0};
+  long long allocs = 0;
+  for (int i = 0; i < 2000; i++) {
+    int k = i % 8;
+    mp_stream_t on = (mp_stream_t)s[i % 4];
+    if (live[k] != NULL) {
+      cr_assert_eq(i % 3 ? mp_pool_free(pool, live[k])
+                         : mp_pool_free_after_all(pool, live[k]),
+                   MP_OK);
+      live[k] = NULL;
+    }
+    size_t bytes = (size_t)(1 + (i * 7919) % 6) << 20;
+    mp_status_t st = mp_pool_alloc(pool, bytes, on, &live[k]);
+    cr_assert(st == MP_OK || st == MP_ELIMIT, "%d: %s", i, mp_last_error());
+    if (st != MP_OK) {
+      live[k] = NULL; /* the cap, after the ladder tried */
+      continue;
+    }
+    allocs++;
+    if (i % 5 == 0)
+      cr_assert_eq(
+          mp_pool_record_stream(pool, live[k], (mp_stream_t)s[(i + 1) % 4]),
+          MP_OK);
+  }
+  for (int k = 0; k < 8; k++)
+    cr_assert_eq(mp_pool_free(pool, live[k]), MP_OK); /* NULL: MP_OK */
+  cr_assert_eq(mp_pool_trim(pool, 0), MP_OK);
+  cr_assert_eq(fk_calls("cuCtxSynchronize"), 0,
+               "%lld device synchronizations for %lld allocations",
+               fk_calls("cuCtxSynchronize"), allocs);
+  mp_stats_t st;
+  cr_assert_eq(mp_pool_get_stats(pool, &st), MP_OK);
+  cr_assert_eq(st.reserved_bytes, 0, "trim left %zu bytes", st.reserved_bytes);
+  cr_assert_gt(st.alloc_retry_count, 0, "the ladder never ran");
+  for (int i = 0; i < 4; i++)
+    cr_assert_eq(cu.destroy(s[i]), CUDA_SUCCESS);
+  leave_ctx();
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(dev);
+}
+
 /* ---- per-thread streams ------------------------------------------------- */
 
 static void slow_read(void *p) {
