@@ -6,6 +6,7 @@
 #define MEMPOOL_FAKECUDA_TEST_H
 
 #include <dlfcn.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +19,18 @@ static inline void *fk_test_sym(const char *name) {
   void *sym = dlsym(h, name);
   cr_assert_not_null(sym, "the fake driver has no %s", name);
   return sym;
+}
+
+/* A symbol of the loaded libcuda.so.1, or NULL where it lacks it. */
+static inline void *fk_test_sym_opt(const char *name) {
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  return h != NULL ? dlsym(h, name) : NULL;
+}
+
+/* The test runs against a real driver (its GPU twin, tests/gpu/gpu_twin.sh):
+ * what only the fake can tell (call and error counts) is not asked. */
+static inline bool fk_is_real(void) {
+  return fk_test_sym_opt("cuFakeGetCallCount") == NULL;
 }
 
 /* fp = the fake's function `name`, typed as fp is. */

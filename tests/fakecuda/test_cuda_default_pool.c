@@ -25,6 +25,12 @@ static void two_devices(void) {
   FK_LOAD(cu.set, "cuCtxSetCurrent");
   FK_LOAD(cu.init, "cuInit");
   cr_assert_eq(cu.init(0), CUDA_SUCCESS);
+  CUresult (*count)(int *);
+  FK_LOAD(count, "cuDeviceGetCount");
+  int n = 0;
+  cr_assert_eq(count(&n), CUDA_SUCCESS);
+  if (n < 2)
+    cr_skip_test("one device only (a GPU twin on a one-GPU machine)");
 }
 
 static CUcontext on_device(int d) {

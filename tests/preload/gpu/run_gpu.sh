@@ -11,7 +11,7 @@
 #    as many as the program made (the runtime's own allocations are there
 #    too). The .json trace and the reports parse; passthrough mode records
 #    the same counts; mpbench replays the traces where the build has it.
-# 2. torch_smoke.py: a small PyTorch model on mp_torch_malloc / mp_torch_free
+# 2. torch_smoke.py (run last): a small PyTorch model on mp_torch_malloc / mp_torch_free
 #    from libmempool.so (skipped when torch is not installed).
 # Exit 0: pass; 1: a check failed (it says which); 77: no GPU or no nvcc.
 set -u
@@ -85,6 +85,20 @@ LD_PRELOAD=$shim MEMPOOL_PRELOAD=passthrough MEMPOOL_TRACE=$work/pass.csv \
   "$work/prog_shared" >/dev/null || fail "passthrough mode"
 [ "$(rows allocate "$work/pass.csv")" = "$ra_shared" ] ||
   fail "passthrough trace counts differ from the pool's"
+
+# 3. CUDA's rules under the shim on the real driver: rules_prog (built
+#    against the fake, run here with the real libcuda.so.1 first on the
+#    path): cuMemFree's ordering, and streams made and destroyed past the
+#    pool's table size.
+rules=$build/tests/preload/preload_rules_prog
+if [ -x "$rules" ]; then
+  real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
+  for arg in "" streams; do
+    LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$shim \
+      MEMPOOL_DEVICE=cuda "$rules" $arg >"$work/rules.out" 2>&1 ||
+      fail "rules_prog $arg under the shim: $(cat "$work/rules.out")"
+  done
+fi
 
 if [ -f "$lib" ]; then
   python3 "$here/torch_smoke.py" "$lib"
