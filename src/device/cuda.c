@@ -486,18 +486,35 @@ static mp_status_t mp__cuda_mem_info(mp_device_t *dev, size_t *free_b,
   return r == CUDA_SUCCESS ? MP_OK : mp__cuda_fail(r, "cuMemGetInfo");
 }
 
-/* cuMemAlloc in this thread's relaxed capture mode: under the default
- * (global) mode it is a "potentially unsafe" call that fails and invalidates
- * a capture another thread has underway (cuda.h,
- * cuThreadExchangeStreamCaptureMode). A pool growing for one thread must
- * not break another's capture; PyTorch's caching allocator likewise
- * allocates in relaxed mode. The allocation is not part of any capture. */
+/* Driver allocation and mapping calls (cuMemAlloc, cuMemFree, cuMemCreate,
+ * cuMemMap, cuMemUnmap, ...) are made in this thread's relaxed capture
+ * mode: under the default (global) mode a "potentially unsafe" call fails
+ * and invalidates a capture another thread has underway (cuda.h,
+ * cuThreadExchangeStreamCaptureMode). A pool growing or shrinking for one
+ * thread must not break another's capture; PyTorch's caching allocator
+ * likewise allocates in relaxed mode. None of it is part of any capture.
+ * The fake models the rule for cuMemAlloc/cuMemFree; for the virtual
+ * memory calls only a GPU can tell (tests/gpu). */
+typedef struct mp__cuda_relaxed {
+  CUstreamCaptureMode mode;
+  bool swapped;
+} mp__cuda_relaxed_t;
+
+static mp__cuda_relaxed_t mp__cuda_relax(void) {
+  mp__cuda_relaxed_t r = {.mode = CU_STREAM_CAPTURE_MODE_RELAXED};
+  r.swapped = mp__cu.ThreadExchangeStreamCaptureMode(&r.mode) == CUDA_SUCCESS;
+  return r;
+}
+
+static void mp__cuda_unrelax(mp__cuda_relaxed_t *r) {
+  if (r->swapped)
+    (void)mp__cu.ThreadExchangeStreamCaptureMode(&r->mode);
+}
+
 static CUresult mp__cuda_mem_alloc_relaxed(CUdeviceptr *p, size_t bytes) {
-  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-  bool swapped = mp__cu.ThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS;
+  mp__cuda_relaxed_t rx = mp__cuda_relax();
   CUresult r = mp__cu.MemAlloc(p, bytes);
-  if (swapped)
-    (void)mp__cu.ThreadExchangeStreamCaptureMode(&mode);
+  mp__cuda_unrelax(&rx);
   return r;
 }
 
@@ -538,7 +555,9 @@ static mp_status_t mp__cuda_free(mp_device_t *dev, void *ptr) {
    * cuCtxSynchronize before it. */
   CUresult r = mp__cuda_push(cd);
   if (r == CUDA_SUCCESS) {
+    mp__cuda_relaxed_t rx = mp__cuda_relax();
     r = mp__cu.MemFree((CUdeviceptr)ptr);
+    mp__cuda_unrelax(&rx);
     mp__cuda_pop();
   }
   if (r != CUDA_SUCCESS) {
@@ -893,7 +912,9 @@ static mp_status_t mp__cuda_vm_map(mp_device_t *dev, void *addr, size_t bytes) {
   CUmemGenericAllocationHandle h = 0;
   CUresult r = mp__cuda_push(cd);
   if (r == CUDA_SUCCESS) {
+    mp__cuda_relaxed_t rx = mp__cuda_relax();
     r = mp__cuda_map_chunk(cd, (CUdeviceptr)addr, bytes, &h);
+    mp__cuda_unrelax(&rx);
     if (r == CUDA_SUCCESS &&
         !mp__cuda_track(cd, &cd->chunks, (uintptr_t)addr, bytes, h)) {
       (void)mp__cu.MemUnmap((CUdeviceptr)addr, bytes);
@@ -932,9 +953,11 @@ static mp_status_t mp__cuda_vm_unmap(mp_device_t *dev, void *addr,
    * forbids while another thread captures a graph in global mode. */
   CUresult r = mp__cuda_push(cd);
   if (r == CUDA_SUCCESS) {
+    mp__cuda_relaxed_t rx = mp__cuda_relax();
     r = mp__cu.MemUnmap((CUdeviceptr)addr, bytes);
     if (r == CUDA_SUCCESS)
       (void)mp__cu.MemRelease(e.handle); /* unmapped: cannot be in use */
+    mp__cuda_unrelax(&rx);
     mp__cuda_pop();
   }
   if (r != CUDA_SUCCESS) {
