@@ -124,6 +124,11 @@ void mp__device_unwatch(mp_device_t *dev, void (*fn)(void *, mp_stream_t),
       break;
     }
   }
+  if (dev->nwatch == 0) { /* the last pool gone: nothing kept */
+    free(dev->watch);
+    dev->watch = NULL;
+    dev->watch_cap = 0;
+  }
   pthread_mutex_unlock(&mp__watch_mu);
 }
 
