@@ -591,25 +591,6 @@ static mp_status_t mp__find_live(mp_pool_t *pool, const char *fn, void *ptr,
   return MP_OK;
 }
 
-mp_status_t mp_pool_free(mp_pool_t *pool, void *ptr) {
-  if (MP__UNLIKELY(pool == NULL))
-    return mp__fail(MP_EINVAL, "mp_pool_free: pool is NULL");
-  if (ptr == NULL)
-    return MP_OK;
-  pthread_mutex_lock(&pool->lock);
-  mp__block_t *b = NULL; /* set when mp__find_live succeeds */
-  size_t slot;
-  mp_status_t st = mp__pool_paused(pool, "mp_pool_free");
-  if (st == MP_OK)
-    st = mp__find_live(pool, "mp_pool_free", ptr, false, &b, &slot);
-  if (st == MP_OK) {
-    mp__map_remove_slot(pool, slot);
-    mp__block_release(pool, b);
-  }
-  pthread_mutex_unlock(&pool->lock);
-  return st;
-}
-
 mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr, mp_stream_t s) {
   if (pool == NULL || ptr == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_record_stream: %s is NULL",
@@ -629,21 +610,29 @@ mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr, mp_stream_t s) {
   return st;
 }
 
-mp_status_t mp__pool_free_on(mp_pool_t *pool, void *ptr, mp_stream_t s,
-                             const char *fn) {
+/* The frees: ordered on the block's own stream, also on s, or after every
+ * stream the pool knows. */
+typedef enum { MP__FREE_OWN, MP__FREE_ON, MP__FREE_ALL } mp__free_how_t;
+
+static mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
+                                    mp__free_how_t how, mp_stream_t s,
+                                    const char *fn) {
   if (ptr == NULL)
     return MP_OK;
   pthread_mutex_lock(&pool->lock);
   mp__block_t *b = NULL; /* set when mp__find_live succeeds */
-  uint32_t sidx;
+  uint32_t sidx = 0;
   size_t slot;
   mp_status_t st = mp__pool_paused(pool, fn);
   if (st == MP_OK)
     st = mp__find_live(pool, fn, ptr, false, &b, &slot);
-  if (st == MP_OK)
+  if (st == MP_OK && how == MP__FREE_ON)
     st = mp__stream_index(pool, s, &sidx);
   if (st == MP_OK) {
-    mp__stream_add_use(pool, b, sidx);
+    if (how == MP__FREE_ON)
+      mp__stream_add_use(pool, b, sidx);
+    else if (how == MP__FREE_ALL)
+      mp__stream_use_all(pool, b);
     mp__map_remove_slot(pool, slot);
     mp__block_release(pool, b);
   }
@@ -651,24 +640,22 @@ mp_status_t mp__pool_free_on(mp_pool_t *pool, void *ptr, mp_stream_t s,
   return st;
 }
 
+mp_status_t mp_pool_free(mp_pool_t *pool, void *ptr) {
+  if (MP__UNLIKELY(pool == NULL))
+    return mp__fail(MP_EINVAL, "mp_pool_free: pool is NULL");
+  return mp__pool_free_as(pool, ptr, MP__FREE_OWN, NULL, "mp_pool_free");
+}
+
+mp_status_t mp__pool_free_on(mp_pool_t *pool, void *ptr, mp_stream_t s,
+                             const char *fn) {
+  return mp__pool_free_as(pool, ptr, MP__FREE_ON, s, fn);
+}
+
 mp_status_t mp_pool_free_after_all(mp_pool_t *pool, void *ptr) {
   if (MP__UNLIKELY(pool == NULL))
     return mp__fail(MP_EINVAL, "mp_pool_free_after_all: pool is NULL");
-  if (ptr == NULL)
-    return MP_OK;
-  pthread_mutex_lock(&pool->lock);
-  mp__block_t *b = NULL; /* set when mp__find_live succeeds */
-  size_t slot;
-  mp_status_t st = mp__pool_paused(pool, "mp_pool_free_after_all");
-  if (st == MP_OK)
-    st = mp__find_live(pool, "mp_pool_free_after_all", ptr, false, &b, &slot);
-  if (st == MP_OK) {
-    mp__stream_use_all(pool, b);
-    mp__map_remove_slot(pool, slot);
-    mp__block_release(pool, b);
-  }
-  pthread_mutex_unlock(&pool->lock);
-  return st;
+  return mp__pool_free_as(pool, ptr, MP__FREE_ALL, NULL,
+                          "mp_pool_free_after_all");
 }
 
 mp_status_t mp_pool_add_stream(mp_pool_t *pool, mp_stream_t s) {

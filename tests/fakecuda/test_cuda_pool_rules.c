@@ -63,6 +63,8 @@ static void leave_ctx(void) {
 typedef struct {
   atomic_int stage; /* 1: capture begun, 2: the pool is done */
   CUresult end;
+  pthread_t thread;
+  long long refused; /* the fake's refusals when it began */
 } capture_t;
 
 static void *capture_beside(void *p) {
@@ -83,6 +85,24 @@ static void *capture_beside(void *p) {
   return NULL;
 }
 
+/* Starts the capture on another thread and waits until it is underway. */
+static void capture_start(capture_t *c) {
+  c->end = CUDA_ERROR_UNKNOWN;
+  atomic_store(&c->stage, 0);
+  cr_assert_eq(pthread_create(&c->thread, NULL, capture_beside, c), 0);
+  while (atomic_load(&c->stage) != 1)
+    usleep(1000);
+  c->refused = errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+}
+
+/* Ends it: the capture must have stayed valid, nothing refused. */
+static void capture_finish(capture_t *c) {
+  atomic_store(&c->stage, 2);
+  pthread_join(c->thread, NULL);
+  cr_assert_eq(c->end, CUDA_SUCCESS, "the pool invalidated the capture");
+  cr_assert_eq(errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), c->refused);
+}
+
 /* Pool growth through cuMemAlloc (a device without virtual memory) while
  * another thread captures in global mode: cuMemAlloc is a potentially
  * unsafe call there (cuda.h, cuThreadExchangeStreamCaptureMode), so the
@@ -94,19 +114,12 @@ Test(cuda_pool_rules, growth_keeps_another_threads_global_capture,
   mp_device_t *dev = open_dev("cuda");
   mp_pool_t *pool = NULL;
   cr_assert_eq(mp_pool_create(dev, NULL, &pool), MP_OK, "%s", mp_last_error());
-  capture_t c = {.end = CUDA_ERROR_UNKNOWN};
-  pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, capture_beside, &c), 0);
-  while (atomic_load(&c.stage) != 1)
-    usleep(1000);
-  long long refused = errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  capture_t c;
+  capture_start(&c);
   void *p = NULL;
   mp_status_t st = mp_pool_alloc(pool, 32u << 20, NULL, &p);
-  atomic_store(&c.stage, 2);
-  pthread_join(t, NULL);
+  capture_finish(&c);
   cr_assert_eq(st, MP_OK, "%s", mp_last_error());
-  cr_assert_eq(c.end, CUDA_SUCCESS, "the pool invalidated the capture");
-  cr_assert_eq(errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), refused);
   cr_assert_eq(mp_pool_free(pool, p), MP_OK);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
   mp_device_close(dev);
@@ -130,12 +143,8 @@ Test(cuda_pool_rules, stream_work_keeps_another_threads_global_capture,
   void *warm = NULL;
   cr_assert_eq(mp_pool_alloc(pool, 8u << 20, (mp_stream_t)a, &warm), MP_OK);
   cr_assert_eq(mp_pool_free(pool, warm), MP_OK);
-  capture_t c = {.end = CUDA_ERROR_UNKNOWN};
-  pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, capture_beside, &c), 0);
-  while (atomic_load(&c.stage) != 1)
-    usleep(1000);
-  long long refused = errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  capture_t c;
+  capture_start(&c);
   mp_status_t st = MP_OK;
   for (int i = 0; i < 64 && st == MP_OK; i++) {
     void *p = NULL, *q = NULL;
@@ -151,12 +160,9 @@ Test(cuda_pool_rules, stream_work_keeps_another_threads_global_capture,
       st = mp_pool_free_after_all(pool, q);
   }
   mp_status_t trim = mp_pool_trim(pool, 0);
-  atomic_store(&c.stage, 2);
-  pthread_join(t, NULL);
+  capture_finish(&c);
   cr_assert_eq(st, MP_OK, "%s", mp_last_error());
   cr_assert_eq(trim, MP_OK, "%s", mp_last_error());
-  cr_assert_eq(c.end, CUDA_SUCCESS, "the pool invalidated the capture");
-  cr_assert_eq(errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), refused);
   cr_assert_eq(mp_pool_check(pool), MP_OK);
   cr_assert_eq(cu.destroy(a), CUDA_SUCCESS);
   cr_assert_eq(cu.destroy(b), CUDA_SUCCESS);

@@ -12,16 +12,7 @@
 
 #define MiB ((size_t)1 << 20)
 
-static mp_device_t *dev;
-
-static void setup(void) {
-  cr_assert_eq(mp_device_open("host:capacity=1G", &dev), MP_OK, "%s",
-               mp_last_error());
-}
-static void teardown(void) {
-  mp_device_close(dev);
-}
-TestSuite(pool_contract, .init = setup, .fini = teardown);
+MP_DEVICE_SUITE(pool_contract, "host:capacity=1G");
 
 static void expect_same(const mp_stats_t *a, const mp_stats_t *b,
                         const char *what) {

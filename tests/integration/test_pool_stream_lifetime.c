@@ -14,16 +14,7 @@
 
 #define KiB ((size_t)1 << 10)
 
-static mp_device_t *dev;
-
-static void setup(void) {
-  cr_assert_eq(mp_device_open("host:capacity=1G", &dev), MP_OK, "%s",
-               mp_last_error());
-}
-static void teardown(void) {
-  mp_device_close(dev);
-}
-TestSuite(stream_lifetime, .init = setup, .fini = teardown);
+MP_DEVICE_SUITE(stream_lifetime, "host:capacity=1G");
 
 Test(stream_lifetime, a_handle_the_device_never_made_is_refused) {
   mp_pool_t *p = make_pool(dev, NULL);

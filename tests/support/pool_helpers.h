@@ -8,6 +8,18 @@
 #include <mempool/mempool.h>
 
 /* opts: mp_pool_config_parse options on top of the defaults, or NULL. */
+/* A suite whose tests share one device `dev`, opened from spec before each
+ * test and closed after. */
+#define MP_DEVICE_SUITE(suite, spec)                                           \
+  static mp_device_t *dev;                                                     \
+  static void suite##_open(void) {                                             \
+    cr_assert_eq(mp_device_open(spec, &dev), MP_OK, "%s", mp_last_error());    \
+  }                                                                            \
+  static void suite##_close(void) {                                            \
+    mp_device_close(dev);                                                      \
+  }                                                                            \
+  TestSuite(suite, .init = suite##_open, .fini = suite##_close)
+
 static inline mp_pool_t *make_pool(mp_device_t *dev, const char *opts) {
   mp_pool_config_t cfg;
   mp_pool_config_init(&cfg);
