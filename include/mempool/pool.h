@@ -97,6 +97,10 @@ typedef struct mp_pool_config {
   unsigned flags;       /* MP_POOL_* bits */
   size_t history;       /* events the history ring keeps (option history=N, at
                            most 2^24); 0: no history (the default) */
+  double max_fraction;  /* cap as a fraction (0, 1] of the device's memory
+                           (option max_fraction=0.5; PyTorch's
+                           per_process_memory_fraction); 0: none. With
+                           max_bytes: MP_EINVAL, give one */
 } mp_pool_config_t;
 
 /* Defaults, then $MEMPOOL_CONF overrides ("max_bytes=8G,align=512,..."). A
@@ -111,6 +115,13 @@ MP_API mp_status_t mp_pool_config_parse(mp_pool_config_t *cfg,
 /* cfg NULL: defaults (mp_pool_config_init). */
 MP_API mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
                                   mp_pool_t **out);
+/* What a program that allocates only from this pool may still get, as
+ * cudaMemGetInfo would say it: total is the device's memory, or the cap
+ * (max_bytes, max_fraction) when lower; free is the device's free memory
+ * plus the pool's idle cache, and at most what the cap leaves above the
+ * pool's live blocks. Either output may be NULL. */
+MP_API mp_status_t mp_pool_mem_info(mp_pool_t *pool, size_t *free_bytes,
+                                    size_t *total_bytes);
 /* MP_EBUSY while a child pool lives; else synchronizes the streams that used
  * the pool, releases everything and frees the pool. */
 MP_API mp_status_t mp_pool_destroy(mp_pool_t *pool);

@@ -3,7 +3,8 @@
  *
  * Keys (mp__conf_keys): max_bytes, align, segment_bytes, max_split (sizes
  * with K/M/G/T), virtual, defrag_on_oom (booleans), history (events the
- * history ring keeps), history_stacks (boolean), and PyTorch's
+ * history ring keeps), history_stacks (boolean), max_fraction (of the
+ * device's memory, in (0, 1]), and PyTorch's
  * expandable_segments and max_split_size_mb; "key=value" or PyTorch's
  * "key:value". A string is applied to a copy and the
  * copy is committed only when every pair parsed, so a rejected string leaves
@@ -25,13 +26,15 @@ typedef enum {
   MP__KEY_SIZE,
   MP__KEY_MIB,
   MP__KEY_COUNT,
-  MP__KEY_FLAG
+  MP__KEY_FLAG,
+  MP__KEY_FRACTION /* a double in (0, 1] */
 } mp__key_kind_t;
 
 typedef struct mp__conf_key {
   const char *name;
   mp__key_kind_t kind;
-  size_t field; /* SIZE, MIB, COUNT: offsetof the size_t field */
+  size_t field; /* SIZE, MIB, COUNT: offsetof the size_t field; FRACTION:
+                   of the double */
   unsigned bit; /* FLAG: the MP_POOL_* bit */
 } mp__conf_key_t;
 
@@ -46,6 +49,8 @@ static const mp__conf_key_t mp__conf_keys[] = {
     {"defrag_on_oom", MP__KEY_FLAG, 0, MP_POOL_DEFRAG_ON_OOM},
     {"history", MP__KEY_COUNT, offsetof(mp_pool_config_t, history), 0},
     {"history_stacks", MP__KEY_FLAG, 0, MP_POOL_HISTORY_STACKS},
+    {"max_fraction", MP__KEY_FRACTION, offsetof(mp_pool_config_t, max_fraction),
+     0},
     /* PyTorch's names */
     {"expandable_segments", MP__KEY_FLAG, 0, MP_POOL_VIRTUAL},
     {"max_split_size_mb", MP__KEY_MIB, offsetof(mp_pool_config_t, max_split),
@@ -98,6 +103,22 @@ static mp_status_t mp__conf_pair(void *vctx, const char *k, size_t kl,
       return mp__fail(MP_EINVAL, "bad %s: %s='%.*s' is not a boolean",
                       ctx->what, key->name, (int)vl, v);
     c->flags = on ? (c->flags | key->bit) : (c->flags & ~key->bit);
+    return MP_OK;
+  }
+  if (key->kind == MP__KEY_FRACTION) {
+    char buf[32];
+    char *end = NULL;
+    double f = 0;
+    if (vl > 0 && vl < sizeof buf) {
+      memcpy(buf, v, vl);
+      buf[vl] = '\0';
+      f = strtod(buf, &end);
+    }
+    if (end == NULL || *end != '\0' || !(f > 0 && f <= 1))
+      return mp__fail(MP_EINVAL,
+                      "bad %s: %s='%.*s' is not a fraction in (0, 1]",
+                      ctx->what, key->name, (int)vl, v);
+    memcpy((char *)c + key->field, &f, sizeof f);
     return MP_OK;
   }
   size_t val;
@@ -173,6 +194,12 @@ mp_status_t mp__config_validate(const mp_pool_config_t *cfg) {
   if (cfg->align > MP__GiB)
     return mp__fail(MP_EINVAL, "pool config: align %zu is above 1 GiB",
                     cfg->align);
+  if (!(cfg->max_fraction >= 0 && cfg->max_fraction <= 1))
+    return mp__fail(MP_EINVAL, "pool config: max_fraction %g is not in (0, 1]",
+                    cfg->max_fraction);
+  if (cfg->max_fraction > 0 && cfg->max_bytes != 0)
+    return mp__fail(MP_EINVAL, "pool config: max_bytes and max_fraction both "
+                               "cap the pool: give one");
   if (cfg->history > MP__HIST_MAX)
     return mp__fail(MP_EINVAL, "pool config: history %zu is above %zu events",
                     cfg->history, MP__HIST_MAX);

@@ -399,6 +399,15 @@ mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
   if (cfg->max_bytes != 0) {
     pool->cap = cfg->max_bytes;
     pool->cap_is_max = true;
+  } else if (cfg->max_fraction > 0) {
+    if (mp_device_mem_info(dev, NULL, &total) != MP_OK || total == 0) {
+      mp__pool_free_host(pool);
+      return mp__fail(MP_EINVAL, "pool config: max_fraction needs the "
+                                 "device's size, which it does not tell");
+    }
+    pool->cap = (size_t)((double)total * cfg->max_fraction);
+    pool->cap &= ~(pool->cfg.align - 1);
+    pool->cap_is_max = true;
   } else if (mp_device_mem_info(dev, NULL, &total) == MP_OK && total > 0) {
     pool->cap = total;
   } else {
@@ -465,6 +474,34 @@ mp_status_t mp_pool_destroy(mp_pool_t *pool) {
     mp__segment_release_all(pool);
   }
   mp__pool_free_host(pool);
+  return MP_OK;
+}
+
+mp_status_t mp_pool_mem_info(mp_pool_t *pool, size_t *free_bytes,
+                             size_t *total_bytes) {
+  if (pool == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_mem_info: pool is NULL");
+  size_t f = 0, t = 0;
+  mp_status_t st = mp_device_mem_info(pool->dev, &f, &t);
+  if (st != MP_OK)
+    return st;
+  pthread_mutex_lock(&pool->lock);
+  size_t idle = pool->st.reserved_bytes - pool->st.allocated_bytes;
+  size_t used = pool->st.allocated_bytes;
+  size_t cap = pool->cap_is_max ? pool->cap : SIZE_MAX;
+  pthread_mutex_unlock(&pool->lock);
+  f = f > SIZE_MAX - idle ? SIZE_MAX : f + idle;
+  if (cap < t)
+    t = cap;
+  size_t left = cap > used ? cap - used : 0;
+  if (f > left)
+    f = left;
+  if (f > t)
+    f = t;
+  if (free_bytes != NULL)
+    *free_bytes = f;
+  if (total_bytes != NULL)
+    *total_bytes = t;
   return MP_OK;
 }
 

@@ -187,16 +187,9 @@ mp__curesult cuMemGetInfo_v2(size_t *free, size_t *total) {
   mp__curesult r;
   mp_pool_t *pool = pl != NULL ? mp__pl_pool_here(pl) : NULL;
   if (pool != NULL && free != NULL && total != NULL) {
-    size_t f = 0, t = 0;
-    if (pl->host)
-      r = mp__pl_cu_error(mp_device_mem_info(pl->dev, &f, &t));
-    else
-      r = rc->mem_get_info ? rc->mem_get_info(&f, &t) : MP__CU_NOT_INITIALIZED;
-    if (r == MP__CU_SUCCESS) {
-      f += mp__pl_pool_cache(pool);
-      *free = f < t ? f : t;
-      *total = t;
-    }
+    /* The device as the pool sees it: its idle cache counts as free (it
+     * goes back when an allocation needs it) and a cap is the total. */
+    r = mp__pl_cu_error(mp_pool_mem_info(pool, free, total));
   } else {
     r = rc->mem_get_info ? rc->mem_get_info(free, total)
                          : MP__CU_NOT_INITIALIZED;

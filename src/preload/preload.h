@@ -201,7 +201,5 @@ mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
 /* The pool of the calling thread's current context's device (driver API),
  * or NULL: no context (the driver answers), or no pool for it. */
 mp_pool_t *mp__pl_pool_here(const mp__pl_t *pl);
-/* The pool's idle cache, added to free-memory answers. */
-size_t mp__pl_pool_cache(mp_pool_t *pool);
 
 #endif /* MEMPOOL_PRELOAD_H */

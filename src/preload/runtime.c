@@ -216,16 +216,9 @@ mp__cudaerr cudaMemGetInfo(size_t *free, size_t *total) {
   mp__cudaerr r;
   mp_pool_t *pool = pl != NULL ? mp__rt_pool_here(pl) : NULL;
   if (pool != NULL && free != NULL && total != NULL) {
-    size_t f = 0, t = 0;
-    if (pl->host)
-      r = mp__pl_cuda_error(mp_device_mem_info(pl->dev, &f, &t));
-    else
-      r = rt->mem_get_info ? rt->mem_get_info(&f, &t) : MP__CUDA_INIT_ERROR;
-    if (r == MP__CUDA_SUCCESS) {
-      f += mp__pl_pool_cache(pool);
-      *free = f < t ? f : t;
-      *total = t;
-    }
+    /* The device as the pool sees it: its idle cache counts as free (it
+     * goes back when an allocation needs it) and a cap is the total. */
+    r = mp__pl_cuda_error(mp_pool_mem_info(pool, free, total));
   } else if (pl != NULL && pl->mode == MP__PL_POOL && pl->host) {
     r = MP__CUDA_INVALID_VALUE; /* a NULL output; no runtime to ask */
   } else {

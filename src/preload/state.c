@@ -434,12 +434,3 @@ mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
   }
   return st;
 }
-
-size_t mp__pl_pool_cache(mp_pool_t *pool) {
-  mp_stats_t s;
-  if (pool == NULL || mp_pool_get_stats(pool, &s) != MP_OK)
-    return 0;
-  return s.reserved_bytes > s.allocated_bytes
-             ? s.reserved_bytes - s.allocated_bytes
-             : 0;
-}

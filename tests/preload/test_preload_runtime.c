@@ -224,6 +224,23 @@ Test(preload_runtime, unwritable_trace_says_so_and_still_serves) {
   cr_assert(strstr(r.err, "cannot write MEMPOOL_TRACE") != NULL, "%s", r.err);
 }
 
+/* A cap is what cudaMemGetInfo says (frameworks size their caches from
+ * it): the total is the cap, not the device. */
+Test(preload_runtime, mem_info_reports_the_cap) {
+  const char *env[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=host:capacity=4G",
+                       "MEMPOOL_CONF=max_bytes=1G", NULL};
+  spawn(prog, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_eq(word_value(r.out, "total"), 1ll << 30, "%s", r.out);
+  cr_assert_leq(word_value(r.out, "free"), 1ll << 30, "%s", r.out);
+  const char *frac[] = {"LD_PRELOAD=" MP_SHIM,
+                        "MEMPOOL_DEVICE=host:capacity=4G",
+                        "MEMPOOL_CONF=max_fraction=0.5", NULL};
+  spawn(prog, frac, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_eq(word_value(r.out, "total"), 2ll << 30, "%s", r.out);
+}
+
 /* A trace the disk cannot take is reported at exit, not lost in silence. */
 Test(preload_runtime, trace_write_errors_are_reported_at_exit) {
   run_preloaded(prog, "MEMPOOL_TRACE=/dev/full", NULL, NULL, &r);

@@ -1,0 +1,76 @@
+/* test_pool_visible_cap.c - a pool's cap is what a program sees: with
+ * max_bytes or max_fraction, mp_pool_mem_info reports the cap as total and
+ * what is left under it above the live blocks as free (frameworks size
+ * their caches from cudaMemGetInfo, which the shim answers with it), and
+ * the next allocation that fits what it says succeeds. */
+#include <criterion/criterion.h>
+
+#include <mempool/mempool.h>
+
+#include "../support/pool_helpers.h"
+
+#define MiB ((size_t)1 << 20)
+#define GiB ((size_t)1 << 30)
+
+MP_DEVICE_SUITE(visible_cap, "host:capacity=4G");
+
+Test(visible_cap, without_a_cap_the_device_is_the_total) {
+  mp_pool_t *p = make_pool(dev, NULL);
+  size_t f = 0, t = 0;
+  cr_assert_eq(mp_pool_mem_info(p, &f, &t), MP_OK);
+  cr_assert_eq(t, 4 * GiB);
+  cr_assert_eq(f, 4 * GiB);
+  void *a;
+  cr_assert_eq(mp_pool_alloc(p, 100 * MiB, NULL, &a), MP_OK);
+  cr_assert_eq(mp_pool_free(p, a), MP_OK);
+  /* The idle cache is free memory to the program. */
+  cr_assert_eq(mp_pool_mem_info(p, &f, &t), MP_OK);
+  cr_assert_eq(f, 4 * GiB);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+}
+
+static void cap_is_seen(const char *opts, size_t cap) {
+  mp_pool_t *p = make_pool(dev, opts);
+  size_t f = 0, t = 0;
+  cr_assert_eq(mp_pool_mem_info(p, &f, &t), MP_OK);
+  cr_assert_eq(t, cap, "total %zu, cap %zu", t, cap);
+  cr_assert_eq(f, cap);
+  void *a, *b;
+  cr_assert_eq(mp_pool_alloc(p, 300 * MiB, NULL, &a), MP_OK);
+  cr_assert_eq(mp_pool_mem_info(p, &f, NULL), MP_OK);
+  cr_assert_leq(f, cap - 300 * MiB);
+  cr_assert_geq(f, cap - 300 * MiB - 2 * MiB, "free %zu", f);
+  /* What it says is free can be had; more cannot. */
+  cr_assert_eq(mp_pool_alloc(p, f - 2 * MiB, NULL, &b), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_free(p, b), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, f + 4 * MiB, NULL, &b), MP_ELIMIT);
+  cr_assert_eq(mp_pool_free(p, a), MP_OK);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+}
+
+Test(visible_cap, max_bytes_is_the_total_and_bounds_free) {
+  cap_is_seen("max_bytes=1G", GiB);
+}
+
+Test(visible_cap, max_fraction_caps_a_share_of_the_device) {
+  cap_is_seen("max_fraction=0.25", GiB);
+}
+
+Test(visible_cap, bad_fractions_and_two_caps_are_refused) {
+  mp_pool_config_t c;
+  mp_pool_config_init(&c);
+  const char *bad[] = {"max_fraction=0",    "max_fraction=1.5",
+                       "max_fraction=-1",   "max_fraction=half",
+                       "max_fraction=0.5x", "max_fraction="};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    cr_assert_eq(mp_pool_config_parse(&c, bad[i]), MP_EINVAL, "%s", bad[i]);
+    cr_assert_eq(c.max_fraction, 0.0, "%s changed the config", bad[i]);
+  }
+  cr_assert_eq(mp_pool_config_parse(&c, "max_fraction=0.5,max_bytes=1G"),
+               MP_OK);
+  mp_pool_t *p = NULL;
+  cr_assert_eq(mp_pool_create(dev, &c, &p), MP_EINVAL);
+  cr_assert_null(p);
+  cr_assert_eq(mp_pool_mem_info(NULL, NULL, NULL), MP_EINVAL);
+}
