@@ -486,7 +486,10 @@ mp_status_t mp_pool_mem_info(mp_pool_t *pool, size_t *free_bytes,
   if (st != MP_OK)
     return st;
   pthread_mutex_lock(&pool->lock);
-  size_t idle = pool->st.reserved_bytes - pool->st.allocated_bytes;
+  /* Paused: nothing reserved while the live blocks still count. */
+  size_t idle = pool->st.reserved_bytes > pool->st.allocated_bytes
+                    ? pool->st.reserved_bytes - pool->st.allocated_bytes
+                    : 0;
   size_t used = pool->st.allocated_bytes;
   size_t cap = pool->cap_is_max ? pool->cap : SIZE_MAX;
   pthread_mutex_unlock(&pool->lock);

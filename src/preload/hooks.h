@@ -49,6 +49,10 @@ MP__EXPORT mp__curesult cuStreamCreateWithPriority(mp__custream *phStream,
                                                    int priority);
 MP__EXPORT mp__curesult cuStreamDestroy_v2(mp__custream hStream);
 
+/* pause.c: not CUDA's, the shim's own (see the file) */
+MP__EXPORT int mempool_preload_pause(unsigned flags);
+MP__EXPORT int mempool_preload_resume(void);
+
 /* host.c */
 MP__EXPORT mp__cudaerr cudaMallocHost(void **ptr, size_t size);
 MP__EXPORT mp__cudaerr cudaHostAlloc(void **pHost, size_t size,

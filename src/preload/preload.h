@@ -10,6 +10,7 @@
  *   driver.c   the driver-API hooks (cuMemAlloc_v2 ...)
  *   runtime.c  the runtime-API hooks (cudaMalloc ...)
  *   streams.c  the stream hooks: the pool learns and forgets streams
+ *   pause.c    mempool_preload_pause / _resume for the whole process
  *   host.c     page-locked host memory (cudaHostAlloc ...)
  *
  * CUDA's types are spelled here with plain C types of the same ABI, so the
@@ -121,6 +122,8 @@ typedef struct mp__pl {
 mp_pool_t *mp__pl_pool_of(const mp__pl_t *pl, int ordinal);
 /* Calls fn(dev, ctx) for every device that has a pool. */
 void mp__pl_each_device(void (*fn)(mp_device_t *, void *), void *ctx);
+/* Calls fn(pool, ctx) for every pool (host mode: the one). */
+void mp__pl_each_pool(void (*fn)(mp_pool_t *, void *), void *ctx);
 
 /* The started state (starting it on first use). Never NULL. */
 const mp__pl_t *mp__pl_get(void);

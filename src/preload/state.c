@@ -413,6 +413,20 @@ void mp__pl_each_device(void (*fn)(mp_device_t *, void *), void *ctx) {
       fn(mp__devs[i].dev, ctx);
 }
 
+void mp__pl_each_pool(void (*fn)(mp_pool_t *, void *), void *ctx) {
+  const mp__pl_t *pl = mp__pl_get();
+  if (pl->mode == MP__PL_POOL && pl->host) {
+    fn(pl->pool, ctx);
+    return;
+  }
+  for (int i = 0; i < MP__PL_MAX_DEVICES; i++) {
+    mp_pool_t *p =
+        atomic_load_explicit(&mp__devs[i].pool, memory_order_acquire);
+    if (p != NULL)
+      fn(p, ctx);
+  }
+}
+
 mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
                              bool sync, mp__custream s, bool ptsz) {
   void *ptr = (void *)b->ptr;

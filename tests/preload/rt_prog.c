@@ -14,8 +14,12 @@
  * "host-memory" writes to the pinned and managed blocks it makes (which it
  * always makes and frees once, outside the counts); "errors" first checks
  * that misuse is cudaErrorInvalidValue (a double free, an interior
- * pointer, cudaMemGetInfo with a NULL output). */
+ * pointer, cudaMemGetInfo with a NULL output); "pause" pauses the whole
+ * process through the shim's mempool_preload_pause (content kept), checks
+ * that the memory went back and allocations wait for the resume, resumes
+ * and checks the content (prints paused_gain=bytes). */
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -83,6 +87,33 @@ int main(int argc, char **argv) {
       check(cudaErrorUnknown, "a second cudaFree");
     if (cudaMemGetInfo(NULL, &t) != cudaErrorInvalidValue)
       check(cudaErrorUnknown, "cudaMemGetInfo(NULL, ...)");
+  }
+  if (strcmp(mode, "pause") == 0) {
+    int (*pause_all)(unsigned);
+    int (*resume_all)(void);
+    *(void **)&pause_all = dlsym(RTLD_DEFAULT, "mempool_preload_pause");
+    *(void **)&resume_all = dlsym(RTLD_DEFAULT, "mempool_preload_resume");
+    if (pause_all == NULL || resume_all == NULL)
+      check(cudaErrorUnknown, "the shim's pause entry points");
+    unsigned char *q = NULL, *r = NULL;
+    size_t f0 = 0, f1 = 0, t = 0;
+    check(cudaMalloc((void **)&q, 8 << 20), "cudaMalloc");
+    memset(q, 7, 8 << 20); /* host-accessible on the emulated device */
+    check(cudaMemGetInfo(&f0, &t), "cudaMemGetInfo");
+    if (pause_all(1) != 0)
+      check(cudaErrorUnknown, "mempool_preload_pause");
+    check(cudaMemGetInfo(&f1, &t), "cudaMemGetInfo (paused)");
+    if (cudaMalloc((void **)&r, 4096) == cudaSuccess)
+      check(cudaErrorUnknown, "cudaMalloc while paused succeeded");
+    if (pause_all(1) == 0)
+      check(cudaErrorUnknown, "a second pause succeeded");
+    if (resume_all() != 0)
+      check(cudaErrorUnknown, "mempool_preload_resume");
+    for (size_t i = 0; i < (8u << 20); i++)
+      if (q[i] != 7)
+        check(cudaErrorUnknown, "content after resume");
+    check(cudaFree(q), "cudaFree");
+    printf("paused_gain=%zu ", f1 > f0 ? f1 - f0 : 0);
   }
   if (strcmp(mode, "threads") == 0) {
     pthread_t t[4];

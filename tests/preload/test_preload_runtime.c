@@ -241,6 +241,17 @@ Test(preload_runtime, mem_info_reports_the_cap) {
   cr_assert_eq(word_value(r.out, "total"), 2ll << 30, "%s", r.out);
 }
 
+/* The whole process paused from outside mempool's API (as a Python
+ * program would through ctypes): the pool's memory goes back to the device
+ * (free memory grows by at least the live block), allocations wait for the
+ * resume, and the content is back at the same address after it. */
+Test(preload_runtime, process_pause_gives_memory_back_and_resume_restores_it) {
+  const char *argv[] = {MP_RT_PROG, "4", "pause", NULL};
+  run_preloaded(argv, NULL, NULL, NULL, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_geq(word_value(r.out, "paused_gain"), 8ll << 20, "%s", r.out);
+}
+
 /* A trace the disk cannot take is reported at exit, not lost in silence. */
 Test(preload_runtime, trace_write_errors_are_reported_at_exit) {
   run_preloaded(prog, "MEMPOOL_TRACE=/dev/full", NULL, NULL, &r);
