@@ -97,10 +97,16 @@ typedef struct mp_pool_config {
   unsigned flags;       /* MP_POOL_* bits */
   size_t history;       /* events the history ring keeps (option history=N, at
                            most 2^24); 0: no history (the default) */
-  double max_fraction;  /* cap as a fraction (0, 1] of the device's memory
-                           (option max_fraction=0.5; PyTorch's
-                           per_process_memory_fraction); 0: none. With
-                           max_bytes: MP_EINVAL, give one */
+  size_t release_threshold; /* idle memory the pool keeps: above it, free
+                               chunks whose streams are done go back to the
+                               device as frees happen, without a trim call
+                               (cudaMemPoolAttrReleaseThreshold, PyTorch's
+                               garbage_collection_threshold); 0: keep all
+                               until trim (the default) */
+  double max_fraction;      /* cap as a fraction (0, 1] of the device's memory
+                               (option max_fraction=0.5; PyTorch's
+                               per_process_memory_fraction); 0: none. With
+                               max_bytes: MP_EINVAL, give one */
 } mp_pool_config_t;
 
 /* Defaults, then $MEMPOOL_CONF overrides ("max_bytes=8G,align=512,..."). A

@@ -1,7 +1,8 @@
 /* config.c - pool configuration: defaults, $MEMPOOL_CONF, option strings and
  * validation.
  *
- * Keys (mp__conf_keys): max_bytes, align, segment_bytes, max_split (sizes
+ * Keys (mp__conf_keys): max_bytes, align, segment_bytes, max_split,
+ * release_threshold (sizes
  * with K/M/G/T), virtual, defrag_on_oom (booleans), history (events the
  * history ring keeps), history_stacks (boolean), max_fraction (of the
  * device's memory, in (0, 1]), and PyTorch's
@@ -45,6 +46,7 @@ static const mp__conf_key_t mp__conf_keys[] = {
     MP__SIZE_KEY(align, MP__KEY_SIZE),
     MP__SIZE_KEY(segment_bytes, MP__KEY_SIZE),
     MP__SIZE_KEY(max_split, MP__KEY_SIZE),
+    MP__SIZE_KEY(release_threshold, MP__KEY_SIZE),
     {"virtual", MP__KEY_FLAG, 0, MP_POOL_VIRTUAL},
     {"defrag_on_oom", MP__KEY_FLAG, 0, MP_POOL_DEFRAG_ON_OOM},
     {"history", MP__KEY_COUNT, offsetof(mp_pool_config_t, history), 0},

@@ -674,6 +674,9 @@ static mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
     else if (how == MP__FREE_ALL)
       mp__stream_use_all(pool, b);
     mp__map_remove_slot(pool, slot);
+    /* Before b joins its free neighbours: the new block's own stream has
+     * not reached the free yet, and merged in it would hold them back. */
+    mp__segment_release_above(pool);
     mp__block_release(pool, b);
   }
   pthread_mutex_unlock(&pool->lock);

@@ -263,6 +263,8 @@ struct mp_pool {
   size_t nslabs, slabs_cap;
 
   mp_stats_t st; /* every field but largest_free_bytes, kept current */
+  uint64_t release_next_free; /* release_threshold: the free_count at which
+                                 a try to release may come again */
   mp__history_t hist;
 };
 
@@ -413,6 +415,9 @@ void mp__sync_set_release(mp_pool_t *pool, mp__sync_set_t *set); /* locked */
 /* Whether stream sidx has finished all its work (asked without waiting);
  * if so every epoch of it opened before is marked done. */
 bool mp__stream_idle_now(mp_pool_t *pool, uint32_t sidx);
+/* mp__stream_idle_now for every stream (destroyed ones: their markers);
+ * true when all of them are done. Never waits. */
+bool mp__streams_all_idle_now(mp_pool_t *pool);
 mp_status_t mp__event_get(mp_pool_t *pool, mp_event_t *out);
 void mp__event_put(mp_pool_t *pool, mp_event_t e);
 
@@ -425,6 +430,9 @@ mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx);
  * wholly free plain segments, and free chunks anywhere in the virtual
  * range. */
 void mp__segment_trim(mp_pool_t *pool, size_t keep);
+/* release_threshold: after a free, gives idle memory above the threshold
+ * back to the device where its streams are known done; never waits. */
+void mp__segment_release_above(mp_pool_t *pool);
 /* Destroy: releases every segment, live or not. */
 void mp__segment_release_all(mp_pool_t *pool);
 mp__segment_t *mp__segment_containing(const mp_pool_t *pool, uintptr_t p);

@@ -826,6 +826,28 @@ void mp__segment_trim(mp_pool_t *pool, size_t keep) {
   }
 }
 
+#define MP__RELEASE_EVERY 8 /* frees between tries that left memory above */
+
+void mp__segment_release_above(mp_pool_t *pool) {
+  size_t th = pool->cfg.release_threshold;
+  if (MP__LIKELY(th == 0) || pool->st.free_bytes <= th ||
+      pool->st.free_count < pool->release_next_free || pool->inflight ||
+      pool->syncing || pool->paused)
+    return;
+  /* Which streams have finished their work: a query each (before any new
+   * marker, which would make an idle stream busy), never a wait. */
+  if (mp__streams_all_idle_now(pool)) {
+    /* Every stream the pool knows has finished: what waits for a sync
+     * (blocks whose streams did not fit one record) is free to go too. */
+    mp__streams_sync_end(pool, mp__streams_sync_begin(pool));
+  }
+  mp__segment_trim(pool, th);
+  /* Memory still above the threshold is in use by a stream (or not whole
+   * chunks): the next try waits a few frees. */
+  if (pool->st.free_bytes > th)
+    pool->release_next_free = pool->st.free_count + MP__RELEASE_EVERY;
+}
+
 void mp__segment_release_all(mp_pool_t *pool) {
   mp__segment_t *s = pool->segs;
   while (s != NULL) {

@@ -588,6 +588,19 @@ bool mp__stream_idle_now(mp_pool_t *pool, uint32_t sidx) {
   return true;
 }
 
+bool mp__streams_all_idle_now(mp_pool_t *pool) {
+  bool all = true;
+  for (uint32_t i = 0; i < pool->nstreams; i++) {
+    mp__strm_t *st = &pool->streams[i];
+    mp__stream_poll(pool, st); /* the markers that completed, at least */
+    if (st->gone)
+      all = all && !st->dirty && st->done >= st->epoch;
+    else if (!mp__stream_idle_now(pool, i))
+      all = false;
+  }
+  return all;
+}
+
 void mp__streams_release(mp_pool_t *pool) {
   for (uint32_t i = 0; i < pool->nstreams; i++) {
     mp__strm_t *st = &pool->streams[i];

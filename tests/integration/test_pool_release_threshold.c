@@ -1,0 +1,107 @@
+/* test_pool_release_threshold.c - release_threshold=SIZE: idle memory above
+ * SIZE goes back to the device as frees happen, without a trim call, once
+ * the streams that used it are done (a query, never a wait); in single-
+ * and multi-stream pools. Without the option the pool keeps its cache. */
+#include <criterion/criterion.h>
+#include <unistd.h>
+
+#include <mempool/mempool.h>
+
+#include "../support/pool_helpers.h"
+#include "../support/stream_gate.h"
+
+#define MiB ((size_t)1 << 20)
+
+MP_DEVICE_SUITE(release_threshold, "host:capacity=2G");
+
+/* Allocates n blocks of `each` round-robin on the streams, frees them all,
+ * lets the device finish, then makes a few small pairs (a free is when the
+ * pool looks; after a try that found memory in use, every 8th). Returns
+ * the stats after. */
+/* Frees spaced as work would space them: each free's marker event has
+ * completed by the next (the pool never waits for one). */
+static void small_pairs(mp_pool_t *p, mp_stream_t s) {
+  for (int i = 0; i < 9; i++) {
+    void *x;
+    cr_assert_eq(mp_pool_alloc(p, 4096, s, &x), MP_OK);
+    usleep(2000);
+    cr_assert_eq(mp_pool_free(p, x), MP_OK);
+  }
+}
+
+static mp_stats_t churn(mp_pool_t *p, mp_stream_t *s, int ns, int n,
+                        size_t each) {
+  void *b[16];
+  cr_assert_leq(n, 16);
+  for (int i = 0; i < n; i++)
+    cr_assert_eq(mp_pool_alloc(p, each, s[i % ns], &b[i]), MP_OK, "%s",
+                 mp_last_error());
+  for (int i = 0; i < n; i++)
+    cr_assert_eq(mp_pool_free(p, b[i]), MP_OK);
+  cr_assert_eq(mp_device_synchronize(dev), MP_OK);
+  small_pairs(p, s[0]);
+  return stats(p);
+}
+
+Test(release_threshold, single_stream_cache_shrinks_to_the_threshold) {
+  mp_pool_t *p = make_pool(dev, "release_threshold=64M");
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  mp_stats_t st = churn(p, &s, 1, 10, 32 * MiB);
+  cr_assert_gt(st.peak_reserved_bytes, 300 * MiB);
+  cr_assert_leq(st.reserved_bytes, 64 * MiB + 2 * MiB,
+                "reserved %zu after the frees", st.reserved_bytes);
+  cr_assert_gt(st.device_free_count, 0);
+  cr_assert_eq(mp_pool_check(p), MP_OK);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+}
+
+Test(release_threshold, multi_stream_cache_shrinks_once_the_streams_are_done) {
+  mp_pool_t *p = make_pool(dev, "release_threshold=32M");
+  mp_stream_t s[3];
+  for (int i = 0; i < 3; i++)
+    cr_assert_eq(mp_stream_create(dev, &s[i]), MP_OK);
+  mp_stats_t st = churn(p, s, 3, 12, 16 * MiB);
+  cr_assert_gt(st.peak_reserved_bytes, 180 * MiB);
+  cr_assert_leq(st.reserved_bytes, 32 * MiB + 2 * MiB,
+                "reserved %zu after the frees", st.reserved_bytes);
+  cr_assert_eq(mp_pool_check(p), MP_OK);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+  for (int i = 0; i < 3; i++)
+    cr_assert_eq(mp_stream_destroy(dev, s[i]), MP_OK);
+}
+
+/* Memory a stream still uses stays (no wait), and goes at a later free. */
+Test(release_threshold, busy_streams_keep_their_memory_until_done) {
+  mp_pool_t *p = make_pool(dev, "release_threshold=16M");
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  gate_t g;
+  gate_init(&g);
+  void *a, *c;
+  cr_assert_eq(mp_pool_alloc(p, 128 * MiB, s, &a), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 8 * MiB, s, &c), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, s, gate_wait, &g), MP_OK);
+  cr_assert_eq(mp_pool_free(p, a), MP_OK); /* returns: never waits */
+  cr_assert_geq(stats(p).reserved_bytes, 136 * MiB);
+  gate_open(&g);
+  cr_assert_eq(mp_stream_synchronize(dev, s), MP_OK);
+  cr_assert_eq(mp_pool_free(p, c), MP_OK); /* the later free */
+  cr_assert_leq(stats(p).reserved_bytes, 16 * MiB + 8 * MiB, "reserved %zu",
+                stats(p).reserved_bytes);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+  gate_destroy(&g);
+}
+
+Test(release_threshold, without_the_option_the_cache_stays) {
+  mp_pool_t *p = make_pool(dev, NULL);
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  mp_stats_t st = churn(p, &s, 1, 10, 32 * MiB);
+  cr_assert_geq(st.reserved_bytes, 320 * MiB);
+  cr_assert_eq(st.device_free_count, 0);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+}
