@@ -416,6 +416,21 @@ static void mp__cuda_probe_vmm(mp__cuda_dev_t *cd) {
   cd->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   cd->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   cd->prop.location.id = cd->ordinal;
+  /* What users do with device memory, where the device can: share it
+   * with another process by a POSIX file descriptor (IPC), and register
+   * it for GPUDirect RDMA (cuda.h: CUmemAllocationProp). A device without
+   * them gets plain memory. */
+  int fd = 0, rdma = 0;
+  if (mp__cu.DeviceGetAttribute(
+          &fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+          cd->cudev) == CUDA_SUCCESS &&
+      fd)
+    cd->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  if (mp__cu.DeviceGetAttribute(
+          &rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+          cd->cudev) == CUDA_SUCCESS &&
+      rdma)
+    cd->prop.allocFlags.gpuDirectRDMACapable = 1;
   size_t g = 0;
   if (mp__cu.MemGetAllocationGranularity(
           &g, &cd->prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS ||

@@ -19,7 +19,10 @@
  * version through cuGetProcAddress, as the real driver does. Knobs, read at
  * cuInit: FAKECUDA_NO_DEVICE=1, FAKECUDA_INIT_ERROR=<CUresult>,
  * FAKECUDA_DEVICE_COUNT=N (1..8), FAKECUDA_DEVICE=<host options>,
- * FAKECUDA_NO_VMM=1, FAKECUDA_NAME=<name>; FAKECUDA_DRIVER_VERSION=N is read
+ * FAKECUDA_NO_VMM=1, FAKECUDA_NO_SHAREABLE=1 (no POSIX-fd handles and no
+ * GPUDirect RDMA on VMM memory: cuMemCreate refuses a prop asking for them,
+ * as a driver that lacks them does), FAKECUDA_NAME=<name>;
+ * FAKECUDA_DRIVER_VERSION=N is read
  * by cuDriverGetVersion and cuGetProcAddress; FAKECUDA_CALL_REPORT=1 prints
  * the call counts at exit. Errors a test may count: cuFakeGetErrorCount.
  *
@@ -318,6 +321,10 @@ static struct {
   CUresult init_result;
   int count;
   bool no_vmm;
+  bool no_shareable;
+  /* The last cuMemCreate's prop (cuFakeLastMemCreate), under fk.lock. */
+  CUmemAllocationHandleType last_handle_types;
+  int last_rdma;
   char spec[512]; /* "host:<FAKECUDA_DEVICE>" */
   char name[128];
   struct CUctx_st ctx[FK_MAX_DEVICES];
@@ -334,6 +341,15 @@ static _Thread_local bool fk_in_host_fn;
 /* Errors a test may count (cuFakeGetErrorCount): uses of invalid handles,
  * CUDA calls from host functions, unsafe calls during a capture. */
 static atomic_llong fk_bad_handles, fk_not_permitted, fk_capture_refusals;
+
+/* Test hook: what the last cuMemCreate asked for. */
+void cuFakeLastMemCreate(int *handle_types, int *rdma);
+void cuFakeLastMemCreate(int *handle_types, int *rdma) {
+  pthread_mutex_lock(&fk.lock);
+  *handle_types = (int)fk.last_handle_types;
+  *rdma = fk.last_rdma;
+  pthread_mutex_unlock(&fk.lock);
+}
 
 long long cuFakeGetErrorCount(CUresult code);
 long long cuFakeGetErrorCount(CUresult code) {
@@ -910,6 +926,7 @@ CUresult cuInit(unsigned int flags) {
       fk.count = n < 1 ? 1 : n > FK_MAX_DEVICES ? FK_MAX_DEVICES : n;
     }
     fk.no_vmm = fk_env_flag("FAKECUDA_NO_VMM");
+    fk.no_shareable = fk_env_flag("FAKECUDA_NO_SHAREABLE");
     v = getenv("FAKECUDA_DEVICE");
     snprintf(fk.spec, sizeof fk.spec, "host:%s%s", v ? v : "",
              !fk.no_vmm    ? ""
@@ -983,6 +1000,10 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib,
   switch (attrib) {
   case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
     *pi = !fk.no_vmm;
+    break;
+  case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+  case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
+    *pi = !fk.no_vmm && !fk.no_shareable;
     break;
   case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
   case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = 0; break;
@@ -1930,6 +1951,14 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     return fk_result_of(st);
   if (size % g != 0)
     return CUDA_ERROR_INVALID_VALUE;
+  bool wants_fd = (prop->requestedHandleTypes &
+                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
+  if (fk.no_shareable && (wants_fd || prop->allocFlags.gpuDirectRDMACapable))
+    return CUDA_ERROR_NOT_SUPPORTED;
+  pthread_mutex_lock(&fk.lock);
+  fk.last_handle_types = prop->requestedHandleTypes;
+  fk.last_rdma = prop->allocFlags.gpuDirectRDMACapable;
+  pthread_mutex_unlock(&fk.lock);
   fk_phys_t *p = calloc(1, sizeof *p);
   if (p == NULL)
     return CUDA_ERROR_OUT_OF_MEMORY;
