@@ -121,6 +121,15 @@ MP_API mp_status_t mp_pool_config_parse(mp_pool_config_t *cfg,
 /* cfg NULL: defaults (mp_pool_config_init). */
 MP_API mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
                                   mp_pool_t **out);
+/* Lets device peer (another device of the same kind, e.g. "cuda:1") read
+ * and write the pool's memory: every chunk mapped now and every chunk
+ * mapped later (PyTorch's expandable segments do the same per peer;
+ * cudaDeviceEnablePeerAccess does not cover virtual-memory mappings). The
+ * pool's own device, or a peer already added: MP_OK, nothing to do. A
+ * peer of another kind: MP_EINVAL. At most 32 peers. Plain segments
+ * (cuMemAlloc memory) follow the contexts' peer access instead. */
+MP_API mp_status_t mp_pool_set_access(mp_pool_t *pool, mp_device_t *peer);
+
 /* What a program that allocates only from this pool may still get, as
  * cudaMemGetInfo would say it: total is the device's memory, or the cap
  * (max_bytes, max_fraction) when lower; free is the device's free memory

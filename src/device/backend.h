@@ -70,6 +70,10 @@ typedef struct mp__backend {
   mp_status_t (*vm_release)(mp_device_t *dev, void *base, size_t bytes);
   mp_status_t (*vm_map)(mp_device_t *dev, void *addr, size_t bytes);
   mp_status_t (*vm_unmap)(mp_device_t *dev, void *addr, size_t bytes);
+  /* Lets device peer (of the same backend) read and write a mapped range
+   * (cuMemSetAccess); NULL: every device of the kind shares memory. */
+  mp_status_t (*vm_access)(mp_device_t *dev, void *addr, size_t bytes,
+                           mp_device_t *peer);
 } mp__backend_t;
 
 typedef struct mp__watch {
@@ -107,6 +111,8 @@ mp_status_t mp__device_vm_reserve(mp_device_t *dev, size_t bytes, void **out);
 mp_status_t mp__device_vm_release(mp_device_t *dev, void *base, size_t bytes);
 mp_status_t mp__device_vm_map(mp_device_t *dev, void *addr, size_t bytes);
 mp_status_t mp__device_vm_unmap(mp_device_t *dev, void *addr, size_t bytes);
+mp_status_t mp__device_vm_access(mp_device_t *dev, void *addr, size_t bytes,
+                                 mp_device_t *peer);
 
 /* What a pool is told about a stream handle it has not seen before. */
 typedef enum mp__stream_kind {

@@ -947,6 +947,25 @@ static mp_status_t mp__cuda_vm_map(mp_device_t *dev, void *addr, size_t bytes) {
   return MP_OK;
 }
 
+/* Peer access to a mapped range: cuMemSetAccess for the peer's location
+ * (cudaDeviceEnablePeerAccess does not cover virtual-memory mappings; the
+ * CUDA Programming Guide, "Virtual Memory Management: Access Control"). */
+static mp_status_t mp__cuda_vm_access(mp_device_t *dev, void *addr,
+                                      size_t bytes, mp_device_t *peer) {
+  mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  CUmemAccessDesc d = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE,
+                                    .id = mp__cuda_of(peer)->ordinal},
+                       .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  CUresult r;
+  mp__cuda_relaxed_t rx = mp__cuda_relax();
+  MP__CU_IN_CTX(cd, r, mp__cu.MemSetAccess((CUdeviceptr)addr, bytes, &d, 1));
+  mp__cuda_unrelax(&rx);
+  return r == CUDA_SUCCESS
+             ? MP_OK
+             : mp__cuda_fail(r, "cuMemSetAccess(%p, %zu, peer %d)", addr, bytes,
+                             d.location.id);
+}
+
 static mp_status_t mp__cuda_vm_unmap(mp_device_t *dev, void *addr,
                                      size_t bytes) {
   mp__cuda_dev_t *cd = mp__cuda_of(dev);
@@ -1013,6 +1032,7 @@ const mp__backend_t mp__cuda_backend = {
     .vm_release = mp__cuda_vm_release,
     .vm_map = mp__cuda_vm_map,
     .vm_unmap = mp__cuda_vm_unmap,
+    .vm_access = mp__cuda_vm_access,
 };
 
 #endif /* MEMPOOL_HAVE_CUDA */

@@ -329,3 +329,10 @@ mp_status_t mp__device_vm_map(mp_device_t *dev, void *addr, size_t bytes) {
 mp_status_t mp__device_vm_unmap(mp_device_t *dev, void *addr, size_t bytes) {
   return dev->ops->vm_unmap(dev, addr, bytes);
 }
+
+mp_status_t mp__device_vm_access(mp_device_t *dev, void *addr, size_t bytes,
+                                 mp_device_t *peer) {
+  return dev->ops->vm_access != NULL
+             ? dev->ops->vm_access(dev, addr, bytes, peer)
+             : MP_OK;
+}

@@ -63,7 +63,7 @@ static mp_status_t mp__chunks(mp_pool_t *pool, mp__segment_t *v, bool map,
   for (size_t i = 0; i < n; i++) {
     mp__chunk_t c = v->chunks[i];
     mp_status_t st =
-        map ? mp__device_vm_map(pool->dev, (void *)c.addr, c.size)
+        map ? mp__pool_vm_map(pool, (void *)c.addr, c.size)
             : mp__device_vm_unmap(pool->dev, (void *)c.addr, c.size);
     if (st != MP_OK) {
       char why[256];

@@ -477,6 +477,43 @@ mp_status_t mp_pool_destroy(mp_pool_t *pool) {
   return MP_OK;
 }
 
+mp_status_t mp_pool_set_access(mp_pool_t *pool, mp_device_t *peer) {
+  if (pool == NULL || peer == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_set_access: %s is NULL",
+                    pool == NULL ? "pool" : "peer");
+  if (peer->ops != pool->dev->ops)
+    return mp__fail(MP_EINVAL,
+                    "mp_pool_set_access: '%s' is not a device of the pool's "
+                    "kind ('%s')",
+                    mp_device_name(peer), mp_device_name(pool->dev));
+  if (peer == pool->dev ||
+      mp__device_ordinal(peer) == mp__device_ordinal(pool->dev))
+    return MP_OK;
+  pthread_mutex_lock(&pool->lock);
+  mp__pool_wait_idle(pool); /* no map in flight misses the new peer */
+  unsigned n = atomic_load(&pool->npeers);
+  mp_status_t st = MP_OK;
+  for (unsigned i = 0; i < n; i++)
+    if (mp__device_ordinal(pool->peers[i]) == mp__device_ordinal(peer))
+      goto out; /* already */
+  if (n == sizeof pool->peers / sizeof *pool->peers) {
+    st = mp__fail(MP_ENOMEM, "mp_pool_set_access: at most %u peers",
+                  (unsigned)(sizeof pool->peers / sizeof *pool->peers));
+    goto out;
+  }
+  /* The chunks mapped now, then the peer for every later map. */
+  mp__segment_t *v = pool->vseg;
+  for (size_t i = 0; v != NULL && !pool->paused && i < v->nchunks; i++)
+    if ((st = mp__device_vm_access(pool->dev, (void *)v->chunks[i].addr,
+                                   v->chunks[i].size, peer)) != MP_OK)
+      goto out;
+  pool->peers[n] = peer;
+  atomic_store_explicit(&pool->npeers, n + 1, memory_order_release);
+out:
+  pthread_mutex_unlock(&pool->lock);
+  return st;
+}
+
 mp_status_t mp_pool_mem_info(mp_pool_t *pool, size_t *free_bytes,
                              size_t *total_bytes) {
   if (pool == NULL)

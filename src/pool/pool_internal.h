@@ -20,6 +20,7 @@
 #define MEMPOOL_POOL_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "../device/backend.h"
 #include "../internal.h"
@@ -263,6 +264,10 @@ struct mp_pool {
   size_t nslabs, slabs_cap;
 
   mp_stats_t st; /* every field but largest_free_bytes, kept current */
+  /* mp_pool_set_access: append-only, so that a map made with the lock
+   * dropped reads a prefix that was complete when it began. */
+  mp_device_t *peers[32];
+  _Atomic unsigned npeers;
   uint64_t release_next_free; /* release_threshold: the free_count at which
                                  a try to release may come again */
   mp__history_t hist;
@@ -430,6 +435,9 @@ mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx);
  * wholly free plain segments, and free chunks anywhere in the virtual
  * range. */
 void mp__segment_trim(mp_pool_t *pool, size_t keep);
+/* vm_map, then the peers' access (mp_pool_set_access); unmapped again if
+ * that fails. Callable with the lock dropped. */
+mp_status_t mp__pool_vm_map(mp_pool_t *pool, void *addr, size_t bytes);
 /* release_threshold: after a free, gives idle memory above the threshold
  * back to the device where its streams are known done; never waits. */
 void mp__segment_release_above(mp_pool_t *pool);

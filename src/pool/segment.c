@@ -697,7 +697,7 @@ static mp_status_t mp__grow_virtual(mp_pool_t *pool, size_t size,
     return mp__fail(MP_ENOMEM, "out of host memory for block records");
   }
   mp__begin_device(pool);
-  mp_status_t st = mp__device_vm_map(pool->dev, (void *)p.at, grow);
+  mp_status_t st = mp__pool_vm_map(pool, (void *)p.at, grow);
   mp__end_device(pool);
   if (st != MP_OK) {
     mp__rec_free(pool, rec);
@@ -846,6 +846,21 @@ void mp__segment_release_above(mp_pool_t *pool) {
    * chunks): the next try waits a few frees. */
   if (pool->st.free_bytes > th)
     pool->release_next_free = pool->st.free_count + MP__RELEASE_EVERY;
+}
+
+mp_status_t mp__pool_vm_map(mp_pool_t *pool, void *addr, size_t bytes) {
+  mp_status_t st = mp__device_vm_map(pool->dev, addr, bytes);
+  unsigned n = atomic_load_explicit(&pool->npeers, memory_order_acquire);
+  for (unsigned i = 0; st == MP_OK && i < n; i++) {
+    st = mp__device_vm_access(pool->dev, addr, bytes, pool->peers[i]);
+    if (st != MP_OK) {
+      char why[256];
+      snprintf(why, sizeof why, "%s", mp_last_error());
+      (void)mp__device_vm_unmap(pool->dev, addr, bytes);
+      mp__fail(st, "%s", why);
+    }
+  }
+  return st;
 }
 
 void mp__segment_release_all(mp_pool_t *pool) {

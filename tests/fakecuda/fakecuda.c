@@ -312,6 +312,8 @@ typedef struct fk_range {
   size_t size;
   const struct CUctx_st *ctx; /* the context it was made in */
   fk_phys_t *phys;            /* mappings only */
+  unsigned access;            /* mappings: devices given access (a bit per
+                                 ordinal, cuMemSetAccess) */
 } fk_range_t;
 
 static struct {
@@ -2042,14 +2044,45 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
   (void)dev;
   if (desc == NULL || count == 0 || size == 0)
     return CUDA_ERROR_INVALID_VALUE;
-  uintptr_t at = (uintptr_t)ptr, end = at + size;
-  while (at < end) {
-    fk_range_t r;
-    if (!fk_range_find(at, &r) || r.phys == NULL)
+  unsigned grant = 0;
+  for (size_t i = 0; i < count; i++) {
+    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
       return CUDA_ERROR_INVALID_VALUE;
-    at = r.base + r.size;
+    if (!fk_valid_device(desc[i].location.id))
+      return CUDA_ERROR_INVALID_DEVICE;
+    if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE)
+      grant |= 1u << desc[i].location.id;
   }
-  return CUDA_SUCCESS;
+  /* Every byte must lie in mappings (cuda.h); then the grant is recorded
+   * on each (cuFakeAccessMask). */
+  pthread_mutex_lock(&fk.lock);
+  uintptr_t at = (uintptr_t)ptr, end = at + size;
+  CUresult r = CUDA_SUCCESS;
+  while (at < end && r == CUDA_SUCCESS) {
+    size_t i = fk_range_lower(at + 1);
+    if (i == 0 || at - fk.ranges[i - 1].base >= fk.ranges[i - 1].size ||
+        fk.ranges[i - 1].phys == NULL)
+      r = CUDA_ERROR_INVALID_VALUE;
+    else
+      at = fk.ranges[i - 1].base + fk.ranges[i - 1].size;
+  }
+  for (at = (uintptr_t)ptr; r == CUDA_SUCCESS && at < end;) {
+    fk_range_t *g = &fk.ranges[fk_range_lower(at + 1) - 1];
+    g->access |= grant;
+    at = g->base + g->size;
+  }
+  pthread_mutex_unlock(&fk.lock);
+  return r;
+}
+
+/* Test hook: the devices given access to the mapping holding addr, or -1
+ * where nothing is mapped. */
+int cuFakeAccessMask(CUdeviceptr addr);
+int cuFakeAccessMask(CUdeviceptr addr) {
+  fk_range_t r;
+  if (!fk_range_find((uintptr_t)addr, &r) || r.phys == NULL)
+    return -1;
+  return (int)r.access;
 }
 
 /* ---- errors -------------------------------------------------------------- */

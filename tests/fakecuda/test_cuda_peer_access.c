@@ -1,0 +1,70 @@
+/* test_cuda_peer_access.c - mp_pool_set_access(pool, peer): another device
+ * may read and write the pool's memory, on the chunks mapped already and on
+ * those mapped later (cuMemSetAccess per chunk; peer access of contexts
+ * does not cover virtual-memory mappings). The fake records which devices
+ * each mapping was opened to (cuFakeAccessMask); on a real driver (the GPU
+ * twin) only the calls' answers are checked, and one GPU skips. */
+#include <stdlib.h>
+
+#include <cuda.h>
+#include <mempool/mempool.h>
+
+#include "../support/device_helpers.h"
+#include "fakecuda_test.h"
+
+static int access_mask(void *p) {
+  int (*mask)(CUdeviceptr);
+  void *sym = fk_test_sym_opt("cuFakeAccessMask");
+  if (sym == NULL)
+    return -2; /* a real driver: not asked */
+  memcpy(&mask, &sym, sizeof sym);
+  return mask((CUdeviceptr)(uintptr_t)p);
+}
+
+static void two_devices(void) {
+  setenv("FAKECUDA_DEVICE_COUNT", "2", 1);
+}
+
+Test(cuda_peer_access, a_peer_gets_access_to_mapped_and_later_chunks,
+     .init = two_devices) {
+  mp_device_t *d0 = open_dev("cuda:0");
+  mp_device_t *d1 = NULL;
+  if (mp_device_open("cuda:1", &d1) != MP_OK) {
+    mp_device_close(d0);
+    cr_skip_test("one device only");
+  }
+  mp_pool_t *pool = NULL;
+  cr_assert_eq(mp_pool_create(d0, NULL, &pool), MP_OK, "%s", mp_last_error());
+  void *a = NULL, *b = NULL;
+  cr_assert_eq(mp_pool_alloc(pool, 4u << 20, NULL, &a), MP_OK);
+  int before = access_mask(a);
+  if (before != -2)
+    cr_assert_eq(before, 1, "only device 0 before: %d", before);
+  cr_assert_eq(mp_pool_set_access(pool, d1), MP_OK, "%s", mp_last_error());
+  if (before != -2)
+    cr_assert_eq(access_mask(a), 3, "the mapped chunk: %d", access_mask(a));
+  /* Growth after: the new chunk is opened to the peer too. */
+  cr_assert_eq(mp_pool_alloc(pool, 64u << 20, NULL, &b), MP_OK);
+  if (before != -2)
+    cr_assert_eq(access_mask(b), 3, "a later chunk: %d", access_mask(b));
+  cr_assert_eq(mp_pool_set_access(pool, d1), MP_OK, "twice is once");
+  cr_assert_eq(mp_pool_set_access(pool, d0), MP_OK, "its own device");
+  cr_assert_eq(mp_pool_free(pool, a), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, b), MP_OK);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(d1);
+  mp_device_close(d0);
+}
+
+Test(cuda_peer_access, bad_peers_are_refused) {
+  mp_device_t *d0 = open_dev("cuda:0");
+  mp_device_t *h = open_dev("host:capacity=64M");
+  mp_pool_t *pool = NULL;
+  cr_assert_eq(mp_pool_create(d0, NULL, &pool), MP_OK);
+  cr_assert_eq(mp_pool_set_access(pool, h), MP_EINVAL);
+  cr_assert_eq(mp_pool_set_access(pool, NULL), MP_EINVAL);
+  cr_assert_eq(mp_pool_set_access(NULL, d0), MP_EINVAL);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(h);
+  mp_device_close(d0);
+}
