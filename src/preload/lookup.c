@@ -18,6 +18,14 @@
  *    how mempool's cuda backend, compiled into the shim, gets the driver's
  *    real functions from its own dlopen handle (and the real
  *    cuGetProcAddress from there) without ever meeting a hook.
+ * A sanitizer runtime preloaded before the shim (ASan, TSan: a sanitized
+ * shim needs its runtime first in LD_PRELOAD) resolves its interceptors'
+ * real functions with dlsym(RTLD_NEXT, ...) while it starts, before its
+ * shadow memory and interceptors work: the path those lookups take here
+ * calls nothing a sanitizer intercepts (no pthread_once, and the shim's
+ * range comes from the linker, not from dl_iterate_phdr) and is built
+ * without ASan's and TSan's instrumentation (MP__UNSANITIZED, which changes
+ * nothing in other builds).
  * cuGetProcAddress asks the real driver first and only swaps the answer for
  * the shim's function when the driver found the variant the shim replaces
  * (cuMemAlloc at 3.2 or later is cuMemAlloc_v2, flags with the per-thread
@@ -36,49 +44,36 @@
 
 MP__EXPORT void *dlsym(void *handle, const char *name);
 
+/* Code that may run before a sanitizer runtime has started: see the top. */
+#define MP__UNSANITIZED __attribute__((no_sanitize("address", "thread")))
+
+/* The shim's mapped image, from its ELF header to the end of its bss, as
+ * the linker placed them (GNU ld, gold and lld all define both). */
+extern const ElfW(Ehdr) __ehdr_start __attribute__((visibility("hidden")));
+extern const char _end[] __attribute__((visibility("hidden")));
+
 typedef void *(*mp__dlsym_fn)(void *, const char *);
 static _Atomic(mp__dlsym_fn) mp__real_dlsym_fn;
-static pthread_once_t mp__lookup_once = PTHREAD_ONCE_INIT;
-static uintptr_t mp__self_lo, mp__self_hi; /* the shim's mapped range */
-
-static int mp__self_phdr(struct dl_phdr_info *info, size_t size, void *ctx) {
-  (void)size;
-  uintptr_t base = (uintptr_t)ctx;
-  if ((uintptr_t)info->dlpi_addr != base)
-    return 0;
-  for (int i = 0; i < info->dlpi_phnum; i++) {
-    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-    if (ph->p_type != PT_LOAD)
-      continue;
-    uintptr_t lo = base + ph->p_vaddr, hi = lo + ph->p_memsz;
-    if (mp__self_lo == 0 || lo < mp__self_lo)
-      mp__self_lo = lo;
-    if (hi > mp__self_hi)
-      mp__self_hi = hi;
-  }
-  return 1;
-}
 
 /* glibc 2.34 moved dlsym into libc as dlsym@GLIBC_2.34 and kept the older
  * version names as aliases; one of these is always there. */
-static void mp__lookup_start(void) {
+MP__UNSANITIZED static mp__dlsym_fn mp__find_real(void) {
   static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5",
                                          "GLIBC_2.17", "GLIBC_2.0"};
   mp__dlsym_fn fn = NULL;
   for (size_t i = 0; fn == NULL && i < sizeof versions / sizeof *versions; i++)
     fn = (mp__dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
-  Dl_info info;
-  if (dladdr((const void *)&mp__lookup_start, &info) != 0)
-    dl_iterate_phdr(mp__self_phdr, info.dli_fbase);
-  atomic_store(&mp__real_dlsym_fn, fn);
+  return fn;
 }
 
-static mp__dlsym_fn mp__real(void) {
+/* No pthread_once (TSan's interceptor of it needs TSan started): threads
+ * that race on the first lookup each find the same function and store it. */
+MP__UNSANITIZED static mp__dlsym_fn mp__real(void) {
   mp__dlsym_fn fn =
       atomic_load_explicit(&mp__real_dlsym_fn, memory_order_acquire);
   if (MP__UNLIKELY(fn == NULL)) {
-    pthread_once(&mp__lookup_once, mp__lookup_start);
-    fn = atomic_load(&mp__real_dlsym_fn);
+    fn = mp__find_real();
+    atomic_store_explicit(&mp__real_dlsym_fn, fn, memory_order_release);
   }
   return fn;
 }
@@ -115,7 +110,7 @@ static const mp__hook_name_t mp__hooks[] = {
 
 /* Every hooked name starts "cu"; most names a program looks up do not, so
  * the common case costs two byte compares. */
-static void *mp__hook_for(const char *name) {
+MP__UNSANITIZED static void *mp__hook_for(const char *name) {
   if (name[0] != 'c' || name[1] != 'u')
     return NULL;
   for (size_t i = 0; i < sizeof mp__hooks / sizeof *mp__hooks; i++)
@@ -124,12 +119,12 @@ static void *mp__hook_for(const char *name) {
   return NULL;
 }
 
-static bool mp__from_self(const void *ret) {
+MP__UNSANITIZED static bool mp__from_self(const void *ret) {
   uintptr_t a = (uintptr_t)ret;
-  return a >= mp__self_lo && a < mp__self_hi;
+  return a >= (uintptr_t)&__ehdr_start && a < (uintptr_t)_end;
 }
 
-void *dlsym(void *handle, const char *name) {
+MP__UNSANITIZED void *dlsym(void *handle, const char *name) {
   mp__dlsym_fn real = mp__real();
   if (MP__UNLIKELY(real == NULL))
     return NULL;

@@ -150,8 +150,11 @@ int main(int argc, char **argv) {
   if (strcmp(mode, "fork") == 0) {
     fflush(stdout);
     pid_t pid = fork();
-    if (pid == 0)
-      exit(child_work(p[1])); /* exit, not _exit: the shim's exit runs */
+    if (pid == 0) {
+      int rc = child_work(p[1]);
+      free(p);
+      exit(rc); /* exit, not _exit: the shim's exit runs */
+    }
     int status = 0;
     if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
         WEXITSTATUS(status) != 0) {

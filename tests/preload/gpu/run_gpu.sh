@@ -18,6 +18,9 @@ set -u
 build=$(cd "${1:?usage: run_gpu.sh BUILD_DIR}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 shim=$build/src/preload/libmempool_preload.so
+# What LD_PRELOAD gets: ctest passes the sanitizer's runtime before the shim
+# in sanitizer builds (tests/preload/CMakeLists.txt).
+preload=${MEMPOOL_TEST_PRELOAD:-$shim}
 lib=$build/src/libmempool.so
 nvcc=${NVCC:-}
 [ -n "$nvcc" ] || nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
@@ -51,7 +54,7 @@ if ! "$work/prog_static" >"$work/baseline.out" 2>&1; then
 fi
 
 for kind in static shared; do
-  LD_PRELOAD=$shim MEMPOOL_TRACE=$work/$kind.csv \
+  LD_PRELOAD=$preload MEMPOOL_TRACE=$work/$kind.csv \
     MEMPOOL_REPORT=$work/$kind.report.json \
     "$work/prog_$kind" >"$work/$kind.out" 2>"$work/$kind.err" ||
     fail "$kind under the shim: $(cat "$work/$kind.out" "$work/$kind.err")"
@@ -76,12 +79,12 @@ if [ "$ra_static" != "$ra_shared" ] || [ "$rf_static" != "$rf_shared" ]; then
   fail "static and shared runtime traces differ in counts"
 fi
 
-LD_PRELOAD=$shim MEMPOOL_TRACE=$work/run.json "$work/prog_static" \
+LD_PRELOAD=$preload MEMPOOL_TRACE=$work/run.json "$work/prog_static" \
   >/dev/null || fail "static runtime with a .json trace"
 python3 -m json.tool "$work/run.json" >/dev/null ||
   fail ".json trace does not parse"
 
-LD_PRELOAD=$shim MEMPOOL_PRELOAD=passthrough MEMPOOL_TRACE=$work/pass.csv \
+LD_PRELOAD=$preload MEMPOOL_PRELOAD=passthrough MEMPOOL_TRACE=$work/pass.csv \
   "$work/prog_shared" >/dev/null || fail "passthrough mode"
 [ "$(rows allocate "$work/pass.csv")" = "$ra_shared" ] ||
   fail "passthrough trace counts differ from the pool's"
@@ -94,7 +97,7 @@ rules=$build/tests/preload/preload_rules_prog
 if [ -x "$rules" ]; then
   real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
   for arg in "" streams; do
-    LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$shim \
+    LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
       MEMPOOL_DEVICE=cuda "$rules" $arg >"$work/rules.out" 2>&1 ||
       fail "rules_prog $arg under the shim: $(cat "$work/rules.out")"
   done
