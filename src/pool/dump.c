@@ -55,6 +55,8 @@ static void mp__dump_text(mp_pool_t *pool, FILE *out, double frag,
           (unsigned long long)s->device_alloc_count,
           (unsigned long long)s->device_free_count,
           (unsigned long long)s->oom_count);
+  fprintf(out, "  streams %u (%u destroyed, kept until their work is done)\n",
+          pool->nstreams - pool->ngone, pool->ngone);
   for (mp__segment_t *g = pool->segs; g != NULL; g = g->next) {
     fprintf(out, "  segment %p %s size %zu\n", (void *)g->base,
             mp__seg_kind(g->kind), g->size);
@@ -91,7 +93,7 @@ static void mp__dump_json(mp_pool_t *pool, FILE *out, double frag,
           "\"device_alloc_count\":%llu,\"device_free_count\":%llu,"
           "\"oom_count\":%llu,\"segment_count\":%zu,\"live_blocks\":%llu,"
           "\"free_blocks\":%llu},\"external_fragmentation\":%.6f,"
-          "\"segments\":[",
+          "\"streams\":{\"live\":%u,\"destroyed\":%u},\"segments\":[",
           pool->parent ? "child" : "pool", s->reserved_bytes,
           s->peak_reserved_bytes, s->allocated_bytes, s->peak_allocated_bytes,
           s->requested_bytes, s->peak_requested_bytes, largest, s->free_bytes,
@@ -100,7 +102,8 @@ static void mp__dump_json(mp_pool_t *pool, FILE *out, double frag,
           (unsigned long long)s->device_free_count,
           (unsigned long long)s->oom_count, s->segment_count,
           (unsigned long long)s->live_blocks,
-          (unsigned long long)s->free_blocks, frag);
+          (unsigned long long)s->free_blocks, frag,
+          pool->nstreams - pool->ngone, pool->ngone);
   for (mp__segment_t *g = pool->segs; g != NULL; g = g->next) {
     fprintf(out, "%s{\"base\":\"%p\",\"kind\":\"%s\",\"size\":%zu,\"blocks\":[",
             g == pool->segs ? "" : ",", (void *)g->base, mp__seg_kind(g->kind),

@@ -254,6 +254,8 @@ struct mp_pool {
   uint32_t ngone;
   mp_stream_t pt_handle; /* the handle the device calls per-thread, if met */
   bool has_pt;
+  bool pt_registered; /* in stream.c's list of pools whose threads' slots
+                         go at thread exit */
   uint64_t sync_gen, sync_done; /* device-sync generations (MP__B_SYNC) */
 
   mp_event_t *events; /* idle events */

@@ -50,6 +50,7 @@ void mp__event_put(mp_pool_t *pool, mp_event_t e) {
 }
 
 static void mp__stream_close(mp_pool_t *pool, mp__strm_t *st);
+static bool mp__pt_register(mp_pool_t *pool);
 static void mp__stream_poll(mp_pool_t *pool, mp__strm_t *st);
 
 _Static_assert(MP_POOL_FREE_AFTER_ALL_STREAMS == MP__MAX_DEPS,
@@ -196,6 +197,10 @@ static mp_status_t mp__stream_add(mp_pool_t *pool, mp_stream_t s,
     pool->has_pt = true;
     owner = mp__self();
   }
+  /* A thread's slot goes when the thread does (best effort: without host
+   * memory it stays, as any stream the program never destroys). */
+  if (owner != 0)
+    (void)mp__pt_register(pool);
   uint32_t live = pool->nstreams - pool->ngone;
   if (!mp__shash_reserve(pool, live))
     return mp__fail(MP_ENOMEM, "out of host memory for the stream table");
@@ -252,23 +257,104 @@ void mp__stream_use_all(mp_pool_t *pool, mp__block_t *b) {
   }
 }
 
+/* Forgets slot i: closes its epoch with a marker while the handle is
+ * still valid, then never matches or records on it again. */
+static void mp__stream_retire(mp_pool_t *pool, uint32_t i) {
+  mp__strm_t *st = &pool->streams[i];
+  /* Whatever was queued on it may still use blocks freed on it, or blocks
+   * it allocated: close the epoch (without a marker it waits for a sync). */
+  st->dirty = true;
+  mp__stream_close(pool, st);
+  mp__shash_remove(pool, i);
+  st->s = MP__STREAM_GONE;
+  st->gone = true;
+  pool->gone[pool->ngone++] = i;
+}
+
 void mp__stream_gone(void *ctx, mp_stream_t s) {
   mp_pool_t *pool = ctx;
   pthread_mutex_lock(&pool->lock);
   uint32_t i = mp__shash_find(pool, s, 0);
-  if (i != UINT32_MAX) {
-    mp__strm_t *st = &pool->streams[i];
-    /* Whatever was queued on s may still use blocks freed on it, or blocks
-     * it allocated: close the epoch with a marker while s is still valid
-     * (without one it waits for a device sync). */
-    st->dirty = true;
-    mp__stream_close(pool, st);
-    mp__shash_remove(pool, i);
-    st->s = MP__STREAM_GONE;
-    st->gone = true;
-    pool->gone[pool->ngone++] = i;
-  }
+  if (i != UINT32_MAX)
+    mp__stream_retire(pool, i);
   pthread_mutex_unlock(&pool->lock);
+}
+
+/* ---- per-thread default streams of threads that exit ------------------- */
+
+/* The pools holding per-thread slots, told by a thread-exit destructor:
+ * the exiting thread retires its own slot in each (it may still record on
+ * its own per-thread stream). Order: this mutex, then a pool's lock. */
+static pthread_mutex_t mp__pt_mu = PTHREAD_MUTEX_INITIALIZER;
+static mp_pool_t **mp__pt_pools;
+static size_t mp__pt_n, mp__pt_cap;
+static pthread_key_t mp__pt_key;
+static pthread_once_t mp__pt_once = PTHREAD_ONCE_INIT;
+static bool mp__pt_key_ok;
+
+static void mp__pt_thread_exit(void *unused) {
+  (void)unused;
+  uint64_t self = mp__self();
+  pthread_mutex_lock(&mp__pt_mu);
+  for (size_t k = 0; k < mp__pt_n; k++) {
+    mp_pool_t *pool = mp__pt_pools[k];
+    pthread_mutex_lock(&pool->lock);
+    uint32_t i = mp__shash_find(pool, pool->pt_handle, self);
+    if (i != UINT32_MAX)
+      mp__stream_retire(pool, i);
+    pthread_mutex_unlock(&pool->lock);
+  }
+  pthread_mutex_unlock(&mp__pt_mu);
+}
+
+static void mp__pt_key_make(void) {
+  mp__pt_key_ok = pthread_key_create(&mp__pt_key, mp__pt_thread_exit) == 0;
+}
+
+/* The calling thread will retire its per-thread slot in pool at exit.
+ * Under pool->lock; false: out of host memory. */
+static bool mp__pt_register(mp_pool_t *pool) {
+  static _Thread_local bool armed;
+  pthread_once(&mp__pt_once, mp__pt_key_make);
+  if (!mp__pt_key_ok)
+    return false;
+  if (!armed)
+    armed = pthread_setspecific(mp__pt_key, (void *)1) == 0;
+  if (pool->pt_registered)
+    return armed;
+  /* pool->lock is held: a thread exiting now would take mp__pt_mu, then
+   * this lock; trylock avoids the inversion and retries on the next new
+   * per-thread slot. */
+  if (pthread_mutex_trylock(&mp__pt_mu) != 0)
+    return armed;
+  if (mp__pt_n == mp__pt_cap) {
+    size_t cap = mp__pt_cap ? mp__pt_cap * 2 : 4;
+    mp_pool_t **p = realloc(mp__pt_pools, cap * sizeof *p);
+    if (p == NULL) {
+      pthread_mutex_unlock(&mp__pt_mu);
+      return false;
+    }
+    mp__pt_pools = p;
+    mp__pt_cap = cap;
+  }
+  mp__pt_pools[mp__pt_n++] = pool;
+  pool->pt_registered = true;
+  pthread_mutex_unlock(&mp__pt_mu);
+  return armed;
+}
+
+/* Destroy: the pool leaves the registry (no pool lock held). */
+static void mp__pt_unregister(mp_pool_t *pool) {
+  if (!pool->pt_registered)
+    return;
+  pthread_mutex_lock(&mp__pt_mu);
+  for (size_t k = 0; k < mp__pt_n; k++)
+    if (mp__pt_pools[k] == pool) {
+      mp__pt_pools[k] = mp__pt_pools[--mp__pt_n];
+      break;
+    }
+  pthread_mutex_unlock(&mp__pt_mu);
+  pool->pt_registered = false;
 }
 
 static void mp__stream_poll(mp_pool_t *pool, mp__strm_t *st) {
@@ -602,6 +688,7 @@ bool mp__streams_all_idle_now(mp_pool_t *pool) {
 }
 
 void mp__streams_release(mp_pool_t *pool) {
+  mp__pt_unregister(pool);
   for (uint32_t i = 0; i < pool->nstreams; i++) {
     mp__strm_t *st = &pool->streams[i];
     for (unsigned k = 0; k < st->nmarks; k++)

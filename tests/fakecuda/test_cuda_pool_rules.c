@@ -4,6 +4,8 @@
  * stream is forgotten: no event is ever recorded on its dead handle. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -284,6 +286,48 @@ Test(cuda_pool_rules, per_thread_streams_of_two_threads_are_kept_apart,
             "thread B overwrote the block under thread A's kernel");
   leave_ctx();
   cr_assert_eq(mp_pool_free(pool, b.got), MP_OK);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(dev);
+}
+
+/* A thread's per-thread stream goes with the thread: 40 threads that each
+ * allocate on CU_STREAM_PER_THREAD and exit leave no live slot behind
+ * (the pool's dump counts its streams). */
+static void *alloc_on_own_stream_and_exit(void *p) {
+  mp_pool_t *pool = p;
+  enter_ctx();
+  void *b = NULL;
+  cr_assert_eq(mp_pool_alloc(pool, 4096, (mp_stream_t)CU_STREAM_PER_THREAD, &b),
+               MP_OK);
+  cr_assert_eq(mp_pool_free(pool, b), MP_OK);
+  leave_ctx();
+  return NULL;
+}
+
+static unsigned live_streams(mp_pool_t *pool) {
+  char buf[8192] = "";
+  FILE *f = fmemopen(buf, sizeof buf - 1, "w");
+  cr_assert_not_null(f);
+  cr_assert_eq(mp_pool_dump(pool, f, "json"), MP_OK);
+  fclose(f);
+  const char *at = strstr(buf, "\"streams\":{\"live\":");
+  cr_assert_not_null(at, "%s", buf);
+  return (unsigned)strtoul(at + strlen("\"streams\":{\"live\":"), NULL, 10);
+}
+
+Test(cuda_pool_rules, an_exited_threads_per_thread_stream_is_forgotten,
+     .init = load_driver) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_pool_t *pool = NULL;
+  cr_assert_eq(mp_pool_create(dev, NULL, &pool), MP_OK);
+  for (int i = 0; i < 40; i++) {
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, alloc_on_own_stream_and_exit, pool),
+                 0);
+    pthread_join(t, NULL);
+  }
+  cr_assert_eq(live_streams(pool), 0, "slots of exited threads stayed");
+  cr_assert_eq(mp_pool_check(pool), MP_OK);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
   mp_device_close(dev);
 }
