@@ -52,6 +52,8 @@ MP__EXPORT mp__curesult cuStreamDestroy_v2(mp__custream hStream);
 /* pause.c: not CUDA's, the shim's own (see the file) */
 MP__EXPORT int mempool_preload_pause(unsigned flags);
 MP__EXPORT int mempool_preload_resume(void);
+/* record.c: the pool's snapshot pickle, now */
+MP__EXPORT int mempool_preload_snapshot(const char *path);
 
 /* host.c */
 MP__EXPORT mp__cudaerr cudaMallocHost(void **ptr, size_t size);

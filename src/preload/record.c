@@ -9,6 +9,10 @@
  * report and marked in the .json trace, never written to the CSV, so a
  * replay sees exactly the device allocations.
  * $MEMPOOL_REPORT=path|stderr: JSON statistics at exit.
+ * $MEMPOOL_SNAPSHOT=path: the pool as PyTorch's snapshot pickle at exit
+ * (mp_pool_snapshot; open it in memory_viz; with MEMPOOL_CONF=history=N it
+ * carries the last N events), and mempool_preload_snapshot(path) writes
+ * one whenever the program asks (through ctypes, say).
  * In both paths "%p" stands for the process id. Only a process that made a
  * hooked call writes anything: the many processes a job starts with the
  * variables inherited (shells, tools) leave the files alone.
@@ -25,7 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "preload.h"
+#include "hooks.h"
 
 static struct {
   pthread_mutex_t lock;
@@ -255,7 +259,22 @@ static void mp__report(FILE *f, const mp__pl_t *pl, const mp_stats_t *pool) {
   fputs("\n}\n", f);
 }
 
+int mempool_preload_snapshot(const char *path) {
+  const mp__pl_t *pl = mp__pl_get();
+  if (path == NULL || pl->mode != MP__PL_POOL || pl->pool == NULL)
+    return MP_EINVAL;
+  mp_status_t st = mp_pool_snapshot(pl->pool, path);
+  if (st != MP_OK)
+    fprintf(stderr, "mempool preload: snapshot '%s': %s\n", path,
+            mp_last_error());
+  return (int)st;
+}
+
 void mp__pl_record_finish(const mp__pl_t *pl) {
+  char sbuf[4096];
+  const char *spath = mp__env_path("MEMPOOL_SNAPSHOT", sbuf, sizeof sbuf);
+  if (spath != NULL && pl != NULL && !mp__rec.child)
+    (void)mempool_preload_snapshot(spath);
   mp_stats_t stats;
   bool have_stats = pl != NULL && pl->pool != NULL &&
                     mp_pool_get_stats(pl->pool, &stats) == MP_OK;

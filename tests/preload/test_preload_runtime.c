@@ -268,6 +268,27 @@ Test(preload_runtime, process_pause_gives_memory_back_and_resume_restores_it) {
   cr_assert_geq(word_value(r.out, "paused_gain"), 8ll << 20, "%s", r.out);
 }
 
+/* MEMPOOL_SNAPSHOT: PyTorch's snapshot pickle at exit, with the history
+ * MEMPOOL_CONF asked for: it loads with pickle and holds the segments and
+ * the run's allocations as trace events. */
+Test(preload_runtime, snapshot_at_exit_is_a_pytorch_pickle) {
+  char dir[64], snap[128], e1[160];
+  scratch_dir(dir, sizeof dir);
+  snprintf(snap, sizeof snap, "%s/run.pickle", dir);
+  snprintf(e1, sizeof e1, "MEMPOOL_SNAPSHOT=%s", snap);
+  run_preloaded(prog, e1, "MEMPOOL_CONF=history=1000", NULL, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_eq(
+      sh("python3 -c 'import pickle,sys; d=pickle.load(open(sys.argv[1],"
+         "\"rb\")); t=d[\"device_traces\"][0]; "
+         "n=sum(1 for e in t if e[\"action\"]==\"alloc\"); "
+         "sys.exit(0 if d[\"segments\"] and n==%lld else 1)' %s",
+         word_value(r.out, "allocs"), snap),
+      0, "snapshot %s", snap);
+  unlink(snap);
+  rmdir(dir);
+}
+
 /* A trace the disk cannot take is reported at exit, not lost in silence. */
 Test(preload_runtime, trace_write_errors_are_reported_at_exit) {
   run_preloaded(prog, "MEMPOOL_TRACE=/dev/full", NULL, NULL, &r);
