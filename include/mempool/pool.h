@@ -222,7 +222,8 @@ MP_API mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
                                       size_t *moved_bytes /* may be NULL */);
 
 /* Pause and resume (an RLHF trainer and an inference engine taking turns
- * on one GPU). Pause synchronizes the device, then gives every mapped byte
+ * on one GPU). Pause waits for the streams that used the pool (an event
+ * on each, no device synchronize), then gives every mapped byte
  * back to the device while keeping the pool's virtual addresses reserved
  * (with MP_PAUSE_KEEP_CONTENT, the live blocks are first copied to one
  * page-locked host buffer). Afterwards reserved_bytes and free_bytes are 0;

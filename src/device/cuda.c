@@ -502,11 +502,11 @@ static mp_status_t mp__cuda_mem_info(mp_device_t *dev, size_t *free_b,
 }
 
 /* Driver allocation and mapping calls (cuMemAlloc, cuMemFree, cuMemCreate,
- * cuMemMap, cuMemUnmap, ...) are made in this thread's relaxed capture
- * mode: under the default (global) mode a "potentially unsafe" call fails
- * and invalidates a capture another thread has underway (cuda.h,
- * cuThreadExchangeStreamCaptureMode). A pool growing or shrinking for one
- * thread must not break another's capture; PyTorch's caching allocator
+ * cuMemMap, cuMemUnmap, cuMemHostAlloc, cuMemFreeHost, ...) are made in this
+ * thread's relaxed capture mode: under the default (global) mode a "potentially
+ * unsafe" call fails and invalidates a capture another thread has underway
+ * (cuda.h, cuThreadExchangeStreamCaptureMode). A pool growing or shrinking for
+ * one thread must not break another's capture; PyTorch's caching allocator
  * likewise allocates in relaxed mode. None of it is part of any capture.
  * The fake models the rule for cuMemAlloc/cuMemFree; for the virtual
  * memory calls only a GPU can tell (tests/gpu). */
@@ -588,7 +588,9 @@ static mp_status_t mp__cuda_host_alloc(mp_device_t *dev, size_t bytes,
   void *p = NULL;
   CUresult r = mp__cuda_push(cd);
   if (r == CUDA_SUCCESS) {
+    mp__cuda_relaxed_t rx = mp__cuda_relax();
     r = mp__cu.MemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE);
+    mp__cuda_unrelax(&rx);
     if (r == CUDA_SUCCESS &&
         !mp__cuda_track(cd, &cd->hosts, (uintptr_t)p, bytes, 0)) {
       (void)mp__cu.MemFreeHost(p);
@@ -615,7 +617,9 @@ static mp_status_t mp__cuda_host_free(mp_device_t *dev, void *ptr) {
                     "(foreign or already freed)",
                     ptr, dev->name);
   CUresult r;
+  mp__cuda_relaxed_t rx = mp__cuda_relax();
   MP__CU_IN_CTX(cd, r, mp__cu.MemFreeHost(ptr));
+  mp__cuda_unrelax(&rx);
   if (r != CUDA_SUCCESS) {
     (void)mp__cuda_track(cd, &cd->hosts, e.key, e.size, 0);
     return mp__cuda_fail(r, "cuMemFreeHost(%p)", ptr);

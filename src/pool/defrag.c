@@ -355,23 +355,6 @@ static bool mp__plan(mp_pool_t *pool, size_t *stage_bytes) {
   return any;
 }
 
-/* Synchronizes the device with the lock dropped (mp__pool_sync_begin),
- * then marks every stream epoch open before it as done. */
-static mp_status_t mp__sync_unlocked(mp_pool_t *pool, size_t stage_bytes,
-                                     void **stage) {
-  mp__pool_wait_sync(pool);
-  uint64_t snap = mp__streams_sync_begin(pool);
-  mp__pool_sync_begin(pool);
-  mp_status_t st = mp_device_synchronize(pool->dev);
-  if (st == MP_OK && stage_bytes > 0 &&
-      mp_device_alloc(pool->dev, stage_bytes, stage) != MP_OK)
-    *stage = NULL; /* slides fall back to chunks of their gap */
-  mp__pool_sync_end(pool);
-  if (st == MP_OK)
-    mp__streams_sync_end(pool, snap);
-  return st;
-}
-
 /* Defragments pool on s; with freeze, then fences every live block. Takes
  * and releases the lock. need: see mp__mover_t. */
 static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
@@ -387,7 +370,7 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
   size_t stage_bytes = 0;
   bool any = st == MP_OK && mp__plan(pool, &stage_bytes);
   if (any) {
-    st = mp__sync_unlocked(pool, stage_bytes, &stage);
+    st = mp__pool_sync_alloc(pool, stage_bytes, &stage);
     m.stage = (uintptr_t)stage;
     m.stage_size = stage_bytes;
     for (mp__segment_t *seg = pool->segs; st == MP_OK && seg != NULL;
@@ -440,11 +423,19 @@ mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
 mp_status_t mp_pool_freeze(mp_pool_t *pool) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_freeze: pool is NULL");
+  /* The copies go on a stream of freeze's own, waited for and destroyed
+   * (which makes the pool forget it): the legacy stream would order them
+   * with the application's blocking streams, and waiting on it is a call
+   * CUDA refuses while another thread captures a graph in global mode. */
+  mp_stream_t s = NULL;
+  mp_status_t st = mp_stream_create(pool->dev, &s);
+  if (st != MP_OK)
+    return st;
   size_t moved = 0;
-  mp_status_t st = mp__defragment(pool, NULL, 0, true, &moved);
-  if (st == MP_OK && moved > 0)
-    st = mp_stream_synchronize(pool->dev, NULL);
-  return st;
+  st = mp__defragment(pool, s, 0, true, &moved);
+  mp_status_t sy = mp_stream_synchronize(pool->dev, s);
+  mp_status_t de = mp_stream_destroy(pool->dev, s);
+  return st != MP_OK ? st : sy != MP_OK ? sy : de;
 }
 
 size_t mp__pool_defrag_on_oom(mp_pool_t *pool, size_t need, mp_stream_t s) {

@@ -37,23 +37,29 @@ static void mp__device_end(mp_pool_t *pool) {
 }
 
 /* Copies every live block between the device and the host buffer (to_host:
- * device to host), in address order, then waits for the copies. Lock
+ * device to host), in address order, then waits for the copies. They run
+ * on a stream of their own: a wait on the legacy stream is a call CUDA
+ * refuses while another thread captures a graph in global mode. Lock
  * dropped (the caller marked the pool in flight). */
 static mp_status_t mp__copy_live(mp_pool_t *pool, bool to_host) {
   uintptr_t off = (uintptr_t)pool->pause_copy;
-  mp_status_t st = MP_OK;
+  mp_stream_t s = NULL;
+  mp_status_t st = mp_stream_create(pool->dev, &s);
+  if (st != MP_OK)
+    return st;
   for (mp__segment_t *g = pool->segs; g != NULL && st == MP_OK; g = g->next)
     for (mp__block_t *b = g->first; b != NULL && st == MP_OK; b = b->next) {
       if (b->flags & (MP__B_FREE | MP__B_HOLE))
         continue;
       st = to_host ? mp_memcpy_async(pool->dev, (void *)off,
-                                     (const void *)b->addr, b->size, NULL)
+                                     (const void *)b->addr, b->size, s)
                    : mp_memcpy_async(pool->dev, (void *)b->addr,
-                                     (const void *)off, b->size, NULL);
+                                     (const void *)off, b->size, s);
       off += b->size;
     }
-  mp_status_t sy = mp_stream_synchronize(pool->dev, NULL);
-  return st != MP_OK ? st : sy;
+  mp_status_t sy = mp_stream_synchronize(pool->dev, s);
+  mp_status_t de = mp_stream_destroy(pool->dev, s);
+  return st != MP_OK ? st : sy != MP_OK ? sy : de;
 }
 
 /* Maps (map) or unmaps chunks [0, n) of v; on a failure undoes the ones it
@@ -112,9 +118,12 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
   mp__segment_t *v = pool->vseg;
   size_t live = pool->st.allocated_bytes;
   bool keep = (flags & MP_PAUSE_KEEP_CONTENT) && live > 0;
+  /* The streams that used the pool must be done with its memory: an event
+   * on each, not a device synchronize (another thread may be capturing). */
+  mp__sync_set_t set;
+  mp__streams_sync_events(pool, &set);
   mp__device_begin(pool);
-  /* The streams that used the pool must be done with its memory. */
-  st = mp_device_synchronize(pool->dev);
+  st = mp__sync_set_wait(pool->dev, &set);
   if (st == MP_OK && keep) {
     st = mp_device_host_alloc(pool->dev, live, &pool->pause_copy);
     if (st == MP_OK && (st = mp__copy_live(pool, true)) != MP_OK) {
@@ -128,6 +137,7 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
     pool->pause_copy = NULL;
   }
   mp__device_end(pool);
+  mp__sync_set_release(pool, &set);
   if (st != MP_OK) {
     pool->paused = false;
     pthread_mutex_unlock(&pool->lock);

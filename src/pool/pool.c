@@ -170,21 +170,28 @@ static mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
  * stream is named by mp_pool_record_stream). No device synchronize, which
  * would also be a call CUDA forbids while another thread captures a graph
  * in global mode; only when a stream cannot be marked does it fall back to
- * one. */
-mp_status_t mp__pool_sync(mp_pool_t *pool) {
+ * one. With buf_bytes > 0 it also allocates a device buffer of that size
+ * while the lock is down (defragmentation's staging buffer; *buf is NULL
+ * when the device has no room). */
+mp_status_t mp__pool_sync_alloc(mp_pool_t *pool, size_t buf_bytes, void **buf) {
   mp__pool_wait_sync(pool);
   uint64_t snap = mp__streams_sync_begin(pool);
   mp__sync_set_t set;
-  bool by_events = mp__streams_sync_events(pool, &set);
+  mp__streams_sync_events(pool, &set);
   mp__pool_sync_begin(pool);
-  mp_status_t st = by_events ? mp__sync_set_wait(pool->dev, &set)
-                             : mp_device_synchronize(pool->dev);
+  mp_status_t st = mp__sync_set_wait(pool->dev, &set);
+  if (st == MP_OK && buf_bytes > 0 &&
+      mp_device_alloc(pool->dev, buf_bytes, buf) != MP_OK)
+    *buf = NULL;
   mp__pool_sync_end(pool);
-  if (by_events)
-    mp__sync_set_release(pool, &set);
+  mp__sync_set_release(pool, &set);
   if (st == MP_OK)
     mp__streams_sync_end(pool, snap);
   return st;
+}
+
+mp_status_t mp__pool_sync(mp_pool_t *pool) {
+  return mp__pool_sync_alloc(pool, 0, NULL);
 }
 
 static mp_status_t mp__oom(mp_pool_t *pool, mp_status_t st, size_t asked) {
@@ -453,10 +460,18 @@ mp_status_t mp_pool_destroy(mp_pool_t *pool) {
   mp__pool_wait_sync(pool);
   mp__handle_retire_all(pool);
   mp__pool_pause_release(pool);
-  pthread_mutex_unlock(&pool->lock);
-  /* The streams that used the pool must be done before memory goes back. */
+  /* The streams that used the pool must be done before memory goes back:
+   * an event on each, not a device synchronize (another thread may be
+   * capturing a graph). */
+  mp__sync_set_t set = {0};
   if (pool->nstreams > 0)
-    mp_device_synchronize(pool->dev);
+    mp__streams_sync_events(pool, &set);
+  pthread_mutex_unlock(&pool->lock);
+  if (pool->nstreams > 0)
+    mp__sync_set_wait(pool->dev, &set);
+  pthread_mutex_lock(&pool->lock);
+  mp__sync_set_release(pool, &set);
+  pthread_mutex_unlock(&pool->lock);
   if (pool->parent != NULL) {
     mp_pool_t *parent = pool->parent;
     pthread_mutex_lock(&parent->lock);

@@ -322,9 +322,13 @@ void mp__block_release(mp_pool_t *pool, mp__block_t *b);
  * caller in messages. */
 mp_status_t mp__pool_free_on(mp_pool_t *pool, void *ptr, mp_stream_t s,
                              const char *fn);
-/* Synchronizes the device (lock dropped meanwhile) and marks every stream
- * epoch before it done. */
+/* Waits for every stream the pool knows, by an event each (a device
+ * synchronize only where a stream cannot be marked), with the lock dropped
+ * meanwhile, and marks every stream epoch before it done. _alloc also
+ * takes a device buffer of buf_bytes while the lock is down (*buf NULL
+ * when there is no room). */
 mp_status_t mp__pool_sync(mp_pool_t *pool);
+mp_status_t mp__pool_sync_alloc(mp_pool_t *pool, size_t buf_bytes, void **buf);
 /* The largest free block of the virtual range that may be split for a
  * smaller request: max(max_split, segment_bytes rounded to the granule);
  * 0: no limit. */
@@ -417,6 +421,8 @@ typedef struct mp__sync_set {
  * held) when only a device synchronize will do: a stream that could not
  * be marked, another thread's per-thread stream, no events. */
 bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set);
+/* Waits for the set's events; a set that mp__streams_sync_events gave up on
+ * (no events held) synchronizes the device instead. Lock dropped. */
 mp_status_t mp__sync_set_wait(mp_device_t *dev, const mp__sync_set_t *set);
 void mp__sync_set_release(mp_pool_t *pool, mp__sync_set_t *set); /* locked */
 /* Whether stream sidx has finished all its work (asked without waiting);

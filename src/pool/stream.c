@@ -645,6 +645,8 @@ device:
 }
 
 mp_status_t mp__sync_set_wait(mp_device_t *dev, const mp__sync_set_t *set) {
+  if (set->ev == NULL)
+    return mp_device_synchronize(dev);
   mp_status_t st = MP_OK;
   for (size_t i = 0; i < set->n && st == MP_OK; i++)
     st = mp_event_synchronize(dev, set->ev[i]);

@@ -173,6 +173,82 @@ Test(cuda_pool_rules, stream_work_keeps_another_threads_global_capture,
   mp_device_close(dev);
 }
 
+/* Movable blocks in conf's pool, half of them freed so that every segment
+ * is half full: the allocation of a block bigger than any hole runs the
+ * out-of-memory ladder down to its defragmentation rung, then the pool is
+ * defragmented, frozen, paused and resumed where it can be, and destroyed.
+ * Each of those waited for the device with cuCtxSynchronize, which CUDA
+ * refuses while another thread captures in global mode (cuda.h,
+ * cuStreamBeginCapture_v2: potentially unsafe calls are prohibited; the
+ * capture is invalidated). Fails on main: the capture ended
+ * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and cuCtxSynchronize was called. */
+static void syncs_beside_a_capture(const char *conf) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cr_assert_eq(mp_pool_config_parse(&cfg, conf), MP_OK, "%s", mp_last_error());
+  cfg.max_bytes = 32u << 20;
+  mp_pool_t *pool = NULL;
+  cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
+  enter_ctx();
+  CUstream s;
+  cr_assert_eq(cu.create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  enum { N = 32 };
+  mp_handle_t *h[N] = {0};
+  for (int i = 0; i < N; i++)
+    cr_assert_eq(mp_pool_alloc_movable(pool, 1u << 20, (mp_stream_t)s, &h[i]),
+                 MP_OK, "%d: %s", i, mp_last_error());
+  for (int i = 0; i < N; i += 2) {
+    cr_assert_eq(mp_handle_free(h[i]), MP_OK);
+    h[i] = NULL;
+  }
+  if (!fk_is_real())
+    fk_reset_calls();
+  capture_t c;
+  capture_start(&c);
+  mp_stats_t before, after;
+  cr_assert_eq(mp_pool_get_stats(pool, &before), MP_OK);
+  void *big = NULL;
+  mp_status_t st = mp_pool_alloc(pool, 8u << 20, (mp_stream_t)s, &big);
+  cr_assert_eq(mp_pool_get_stats(pool, &after), MP_OK);
+  mp_status_t frag = st == MP_OK ? mp_pool_free(pool, big) : st;
+  if (frag == MP_OK)
+    frag = mp_pool_defragment(pool, (mp_stream_t)s, NULL);
+  if (frag == MP_OK)
+    frag = mp_pool_freeze(pool);
+  mp_status_t pause = MP_OK;
+  if (frag == MP_OK && (cfg.flags & MP_POOL_VIRTUAL)) {
+    pause = mp_pool_pause(pool, MP_PAUSE_KEEP_CONTENT);
+    if (pause == MP_OK)
+      pause = mp_pool_resume(pool);
+  }
+  for (int i = 1; i < N; i += 2)
+    cr_assert_eq(mp_handle_free(h[i]), MP_OK);
+  mp_status_t destroy = mp_pool_destroy(pool);
+  capture_finish(&c);
+  cr_assert_eq(st, MP_OK, "%s", mp_last_error());
+  cr_assert_gt(after.defrag_count, before.defrag_count,
+               "the ladder never reached its defragmentation rung");
+  cr_assert_eq(frag, MP_OK, "%s", mp_last_error());
+  cr_assert_eq(pause, MP_OK, "%s", mp_last_error());
+  cr_assert_eq(destroy, MP_OK, "%s", mp_last_error());
+  if (!fk_is_real())
+    cr_assert_eq(fk_calls("cuCtxSynchronize"), 0);
+  cr_assert_eq(cu.destroy(s), CUDA_SUCCESS);
+  leave_ctx();
+  mp_device_close(dev);
+}
+
+Test(cuda_pool_rules, ladder_defragment_freeze_destroy_keep_a_global_capture,
+     .init = load_driver) {
+  syncs_beside_a_capture("virtual=0,segment_bytes=8M");
+}
+
+Test(cuda_pool_rules, virtual_pool_pause_and_ladder_keep_a_global_capture,
+     .init = load_driver) {
+  syncs_beside_a_capture("virtual=1");
+}
+
 /* No whole-device synchronize on the allocation path or in trim: a
  * multi-stream run (record_stream, frees after all streams, reuse across
  * streams, a cap that makes the out-of-memory ladder reclaim) and a trim
@@ -237,10 +313,9 @@ Test(cuda_pool_rules, no_device_synchronize_when_allocating_freeing_or_trimming,
 
 /* ---- per-thread streams ------------------------------------------------- */
 
-static void slow_read(void *p) {
+static void slow_start(void *unused) {
+  (void)unused;
   usleep(150000);
-  unsigned char *b = p;
-  b[1] = b[0]; /* what the kernel read, kept beside it */
 }
 
 typedef struct {
@@ -262,7 +337,9 @@ static void *alloc_and_write_on_own_per_thread_stream(void *p) {
 
 /* CU_STREAM_PER_THREAD is a different stream in each thread: a block freed
  * on thread A's while A's kernel still reads it is not thread B's to
- * overwrite at once. */
+ * overwrite at once. The "kernel" starts late (a host function that
+ * sleeps) and reads the block into page-locked memory, so the host never
+ * touches device memory and the test runs on a GPU too. */
 Test(cuda_pool_rules, per_thread_streams_of_two_threads_are_kept_apart,
      .init = load_driver) {
   mp_device_t *dev = open_dev("cuda");
@@ -270,10 +347,12 @@ Test(cuda_pool_rules, per_thread_streams_of_two_threads_are_kept_apart,
   cr_assert_eq(mp_pool_create(dev, NULL, &pool), MP_OK);
   enter_ctx();
   mp_stream_t pt = (mp_stream_t)CU_STREAM_PER_THREAD;
-  unsigned char *p = NULL;
+  unsigned char *p = NULL, *seen = NULL;
+  cr_assert_eq(mp_device_host_alloc(dev, 1, (void **)&seen), MP_OK);
   cr_assert_eq(mp_pool_alloc(pool, 4096, pt, (void **)&p), MP_OK);
-  cr_assert_eq(mp_memset_async(dev, p, 1, 2, pt), MP_OK);
-  cr_assert_eq(mp_stream_launch_host(dev, pt, slow_read, p), MP_OK);
+  cr_assert_eq(mp_memset_async(dev, p, 1, 1, pt), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, pt, slow_start, NULL), MP_OK);
+  cr_assert_eq(mp_memcpy_async(dev, seen, p, 1, pt), MP_OK);
   cr_assert_eq(mp_pool_free(pool, p), MP_OK);
   pt_t b = {.pool = pool, .dev = dev};
   pthread_t t;
@@ -282,8 +361,11 @@ Test(cuda_pool_rules, per_thread_streams_of_two_threads_are_kept_apart,
       0);
   pthread_join(t, NULL);
   cr_assert_eq(mp_device_synchronize(dev), MP_OK);
-  cr_assert(b.got != p || p[1] == 1,
-            "thread B overwrote the block under thread A's kernel");
+  cr_assert_eq(*seen, 1,
+               "thread B overwrote the block under thread A's kernel "
+               "(B's block %s A's)",
+               b.got == p ? "==" : "!=");
+  cr_assert_eq(mp_device_host_free(dev, seen), MP_OK);
   leave_ctx();
   cr_assert_eq(mp_pool_free(pool, b.got), MP_OK);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);

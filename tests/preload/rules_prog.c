@@ -2,11 +2,13 @@
  * on cuMemFree keeping CUDA's ordering, linked with the fake libcuda.so.1
  * (tests/fakecuda), run with or without the shim.
  *
- * A "kernel" (a host function on non-blocking stream n1) sleeps, then reads
- * its buffer; the program frees the buffer (cuMemFree waits for all work
- * of the context, or may: cuda.h), allocates the same size again and
- * memsets the new buffer on a second non-blocking stream n2. The kernel
- * must still read what was there before the free.
+ * A "kernel" on non-blocking stream n1 (a host function that sleeps, then
+ * a copy of the buffer into page-locked memory: what the kernel read; the
+ * host never touches device memory, so the same program runs on a GPU)
+ * runs late; the program frees the buffer (cuMemFree waits for all work of
+ * the context, or may: cuda.h), allocates the same size again and memsets
+ * the new buffer on a second non-blocking stream n2. The kernel must still
+ * read what was there before the free.
  * With the argument "streams" it instead creates, uses (cuMemAllocAsync and
  * cuMemFreeAsync) and destroys 70 000 streams one after another, more than
  * a pool's stream table holds at once, with a cuMemAlloc / cuMemFree pair
@@ -15,22 +17,16 @@
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
-#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #define MP_BYTES (1u << 20)
 
-typedef struct {
-  CUdeviceptr p;
-  atomic_int seen;
-} read_t;
-
-static void slow_read(void *arg) {
-  read_t *r = arg;
+static void slow_start(void *arg) {
+  (void)arg;
   usleep(150000);
-  atomic_store(&r->seen, *(volatile unsigned char *)(uintptr_t)r->p);
 }
 
 #define MP_TRY(call)                                                           \
@@ -79,8 +75,8 @@ static int many_streams(void) {
 int main(int argc, char **argv) {
   CUcontext ctx;
   CUstream n1, n2;
-  CUdeviceptr q;
-  read_t rd = {0};
+  CUdeviceptr p, q;
+  unsigned char *seen = NULL;
   MP_TRY(cuInit(0));
   MP_TRY(cuDevicePrimaryCtxRetain(&ctx, 0));
   MP_TRY(cuCtxPushCurrent(ctx));
@@ -88,19 +84,22 @@ int main(int argc, char **argv) {
     return many_streams();
   MP_TRY(cuStreamCreate(&n1, CU_STREAM_NON_BLOCKING));
   MP_TRY(cuStreamCreate(&n2, CU_STREAM_NON_BLOCKING));
-  MP_TRY(cuMemAlloc(&rd.p, MP_BYTES));
-  MP_TRY(cuMemsetD8(rd.p, 1, MP_BYTES));
-  MP_TRY(cuLaunchHostFunc(n1, slow_read, &rd));
-  MP_TRY(cuMemFree(rd.p));
+  MP_TRY(cuMemAllocHost((void **)&seen, 1));
+  MP_TRY(cuMemAlloc(&p, MP_BYTES));
+  MP_TRY(cuMemsetD8(p, 1, MP_BYTES));
+  MP_TRY(cuLaunchHostFunc(n1, slow_start, NULL));
+  MP_TRY(cuMemcpyAsync((CUdeviceptr)(uintptr_t)seen, p, 1, n1));
+  MP_TRY(cuMemFree(p));
   MP_TRY(cuMemAlloc(&q, MP_BYTES));
   MP_TRY(cuMemsetD8Async(q, 2, MP_BYTES, n2));
   MP_TRY(cuCtxSynchronize());
-  if (atomic_load(&rd.seen) != 1) {
+  if (*seen != 1) {
     printf("the kernel on n1 read %d, not 1: the freed buffer was reused "
            "(new buffer %s the old) and overwritten on n2 under it\n",
-           atomic_load(&rd.seen), q == rd.p ? "==" : "!=");
+           *seen, q == p ? "==" : "!=");
     return 1;
   }
+  MP_TRY(cuMemFreeHost(seen));
   MP_TRY(cuMemFree(q));
   MP_TRY(cuStreamDestroy(n1));
   MP_TRY(cuStreamDestroy(n2));
