@@ -70,7 +70,11 @@
  * calls (cuMemMap, cuMemUnmap, cuMemCreate...) are not treated as unsafe;
  * cuStreamGetCaptureInfo gives no graph or dependencies; a captured event
  * record or wait makes no node. Events are plain host-device events: one
- * of another context is CUDA_ERROR_INVALID_VALUE, not an invalid handle. */
+ * of another context is CUDA_ERROR_INVALID_VALUE, not an invalid handle.
+ * There is no runtime (libcudart) over it, so the runtime's own state
+ * after the shim serves a cudaMalloc (the primary context current, the
+ * shim's failures in cudaGetLastError) is checked only on a GPU
+ * (tests/preload/gpu/gpu_prog.cu). */
 #include <cuda.h>
 #include <pthread.h>
 #include <stdatomic.h>

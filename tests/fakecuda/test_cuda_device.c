@@ -8,6 +8,7 @@
 
 #include <cuda.h>
 #include <mempool/mempool.h>
+#include <mempool/torch.h>
 
 #include "../support/device_helpers.h"
 #include "fakecuda_test.h"
@@ -90,6 +91,23 @@ Test(cuda_device, default_open_does_not_hide_a_failing_driver) {
   cr_assert_eq(mp_device_open(NULL, &dev), MP_EDRIVER, "%s",
                dev ? mp_device_name(dev) : mp_last_error());
   cr_assert_null(dev);
+  cr_assert(strstr(mp_last_error(), "CUDA_ERROR_UNKNOWN") != NULL, "%s",
+            mp_last_error());
+}
+
+/* The default pool, mp_malloc and PyTorch's entry point ask for the GPU
+ * when MEMPOOL_DEVICE is unset: a failing driver is their failure, with
+ * its reason, never memory of the emulated host device. */
+Test(cuda_device, default_pool_and_torch_do_not_hide_a_failing_driver) {
+  unsetenv("MEMPOOL_DEVICE");
+  setenv("FAKECUDA_INIT_ERROR", "999", 1); /* CUDA_ERROR_UNKNOWN */
+  cr_assert_null(mp_torch_malloc(4096, 0, NULL));
+  cr_assert(strstr(mp_last_error(), "CUDA_ERROR_UNKNOWN") != NULL, "%s",
+            mp_last_error());
+  void *p = NULL;
+  cr_assert_eq(mp_malloc(&p, 4096), MP_EDRIVER, "%s", mp_last_error());
+  cr_assert_null(p);
+  cr_assert_null(mp_default_pool());
   cr_assert(strstr(mp_last_error(), "CUDA_ERROR_UNKNOWN") != NULL, "%s",
             mp_last_error());
 }

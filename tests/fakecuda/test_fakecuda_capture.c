@@ -124,6 +124,15 @@ static CUresult legacy_sync_call(void) {
   return cuStreamSynchronize(NULL);
 }
 
+/* cuMemFree of memory allocated before the capture began. */
+static CUdeviceptr to_free;
+static CUresult free_call(void) {
+  CUresult r = cuMemFree(to_free);
+  if (r == CUDA_SUCCESS)
+    to_free = 0;
+  return r;
+}
+
 typedef struct {
   call_t call;
   CUstreamCaptureMode mode; /* this thread's */
@@ -175,9 +184,14 @@ Test(fakecuda_capture, global_capture_refuses_unsafe_calls_of_other_threads) {
                CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   cr_assert_eq(call_beside_capture(g, g, legacy_sync_call),
                CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  cr_assert_eq(cuMemAlloc(&to_free, 64), CUDA_SUCCESS);
+  cr_assert_eq(call_beside_capture(g, g, free_call),
+               CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  cr_assert_neq(to_free, 0, "the refused free freed");
+  cr_assert_eq(cuMemFree(to_free), CUDA_SUCCESS);
   if (!fk_real())
     cr_assert_eq(
-        cuFakeGetErrorCount(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) - before, 3);
+        cuFakeGetErrorCount(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) - before, 4);
 }
 
 Test(fakecuda_capture, other_threads_unaffected_unless_both_are_global) {
@@ -233,6 +247,12 @@ Test(fakecuda_capture, waiting_on_the_capture_invalidates_it_in_any_mode) {
                CUDA_SUCCESS);
   cr_assert_eq(cuEventRecord(e, s), CUDA_SUCCESS);
   cr_assert_eq(cuEventQuery(e), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  cr_assert_eq(cuStreamEndCapture(s, &g),
+               CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuEventRecord(e, s), CUDA_SUCCESS);
+  cr_assert_eq(cuEventSynchronize(e), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   cr_assert_eq(cuStreamEndCapture(s, &g),
                CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
   cr_assert_eq(cuEventDestroy(e), CUDA_SUCCESS);

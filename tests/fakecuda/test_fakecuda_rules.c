@@ -22,6 +22,7 @@ static bool fk_real(void) {
 }
 CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *arg);
 CUresult cuStreamSynchronize_ptsz(CUstream s);
+CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n);
 
 static CUcontext ctx;
 
@@ -163,6 +164,45 @@ Test(fakecuda_rules, per_thread_stream_is_a_different_stream_in_each_thread) {
 
 Test(fakecuda_rules, ptsz_entry_points_use_the_threads_own_stream) {
   per_thread_streams_are_apart(true);
+}
+
+/* The _ptds entry points (synchronous calls made on the calling thread's
+ * per-thread default stream, cuda.h's CUDA_API_PER_THREAD_DEFAULT_STREAM)
+ * wait for that stream only: another thread's synchronous copy returns
+ * while this thread's per-thread stream is held by a kernel, and the
+ * kernel sees what the other thread did after its copy. */
+typedef struct {
+  atomic_int *gate;
+  CUresult copy;
+} ptds_arg_t;
+
+static void *copy_ptds_then_raise(void *p) {
+  ptds_arg_t *a = p;
+  cr_assert_eq(cuCtxPushCurrent(ctx), CUDA_SUCCESS);
+  CUdeviceptr d;
+  cr_assert_eq(cuMemAlloc(&d, 64), CUDA_SUCCESS);
+  unsigned char host[64] = {1};
+  a->copy = cuMemcpyHtoD_v2_ptds(d, host, sizeof host);
+  atomic_store(a->gate, 1);
+  cr_assert_eq(cuStreamSynchronize_ptsz(NULL), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
+  (void)cuCtxPopCurrent(NULL);
+  return NULL;
+}
+
+Test(fakecuda_rules, ptds_entry_points_wait_for_the_threads_own_stream_only) {
+  atomic_int gate = 0;
+  probe_t pr = {.flag = &gate};
+  cr_assert_eq(cuLaunchHostFunc_ptsz(NULL, wait_for_flag, &pr), CUDA_SUCCESS);
+  pthread_t t;
+  ptds_arg_t a = {.gate = &gate, .copy = CUDA_ERROR_UNKNOWN};
+  cr_assert_eq(pthread_create(&t, NULL, copy_ptds_then_raise, &a), 0);
+  pthread_join(t, NULL);
+  cr_assert_eq(cuStreamSynchronize_ptsz(NULL), CUDA_SUCCESS);
+  cr_assert_eq(a.copy, CUDA_SUCCESS);
+  cr_assert_eq(atomic_load(&pr.seen), 2,
+               "the other thread's synchronous copy waited for this "
+               "thread's per-thread stream");
 }
 
 /* Programming Guide: the per-thread default stream "is not a non-blocking

@@ -53,3 +53,22 @@ Test(preload_driver, pool_on_the_cuda_backend_reaches_the_real_driver) {
   unlink(report);
   rmdir(dir);
 }
+
+/* With MEMPOOL_DEVICE unset the shim asks for the GPU: a driver that fails
+ * to start is said on stderr, with the driver's reason, and every call
+ * goes to CUDA; the shim never quietly serves from the emulated host
+ * device instead. */
+Test(preload_driver, a_failing_driver_is_said_not_hidden_behind_host) {
+  const char *argv[] = {MP_DRV_PROG, "plain", NULL};
+  const char *env[] = {"LD_PRELOAD=" MP_SHIM,
+                       "MEMPOOL_DEVICE=", "MEMPOOL_REPORT=stderr",
+                       "FAKECUDA_INIT_ERROR=999", NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited, "err: %s", r.err);
+  cr_assert(strstr(r.err, "cannot open MEMPOOL_DEVICE 'cuda'") != NULL &&
+                strstr(r.err, "CUDA_ERROR_UNKNOWN") != NULL,
+            "err: %s", r.err);
+  cr_assert(strstr(r.err, "\"mode\": \"passthrough\"") != NULL, "err: %s",
+            r.err);
+  cr_assert_null(strstr(r.err, "\"device\": \"host"), "err: %s", r.err);
+}
