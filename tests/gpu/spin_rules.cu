@@ -1,0 +1,201 @@
+/* spin_rules.cu - issue 9's pool rules on a real GPU, with kernels that
+ * spin instead of host functions: a kernel holds a pool block (it waits on
+ * a flag in mapped page-locked memory, then copies the block's first byte
+ * out), the host frees the block and lets another stream (or thread) ask
+ * for memory and overwrite what it gets, then raises the flag. The
+ * kernel must read what was there before the free.
+ *
+ *   free_after_all    mp_pool_free_after_all (cuMemFree's meaning): no
+ *                     stream reuses the block before the kernel is done
+ *   per_thread        a block freed on thread A's per-thread default stream
+ *                     is not thread B's (its per-thread stream is another)
+ *   destroyed_stream  a block freed on a stream the program then destroys
+ *                     (mp_stream_forget, cuStreamDestroy returns at once)
+ *
+ * Built and run by tests/gpu/run_spin.sh (ctest gpu_spin_rules) against
+ * libmempool.so; exits 0 when every rule held, 1 naming the one that did
+ * not, 77 without a usable GPU. A kernel gives up after 5 s (it then
+ * reports 255), so a rule broken the other way, a deadlock, fails too. */
+#include <cuda_runtime.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <mempool/mempool.h>
+
+#define BYTES (1u << 20)
+
+static int failures;
+#define CHECK(cond, ...)                                                       \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      printf("FAILED %s:%d: ", __FILE__, __LINE__);                            \
+      printf(__VA_ARGS__);                                                     \
+      printf("\n");                                                            \
+      failures++;                                                              \
+    }                                                                          \
+  } while (0)
+
+__device__ static unsigned long long now_ns(void) {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+/* Waits for *flag (5 s at most), then copies src[0] to *out (255: gave
+ * up waiting). */
+__global__ void hold_then_read(const volatile int *flag,
+                               const unsigned char *src, unsigned char *out) {
+  unsigned long long end = now_ns() + 5000000000ull;
+  while (*flag == 0 && now_ns() < end) {
+  }
+  __threadfence_system();
+  *out = *flag != 0 ? src[0] : 255;
+}
+
+typedef struct {
+  volatile int *flag; /* host view */
+  int *dflag;         /* device view */
+  unsigned char *out; /* mapped too: what the kernel read */
+  unsigned char *dout;
+} gate_t;
+
+static int gate_open(gate_t *g) {
+  if (cudaHostAlloc((void **)&g->flag, sizeof(int), cudaHostAllocMapped) !=
+          cudaSuccess ||
+      cudaHostAlloc((void **)&g->out, 1, cudaHostAllocMapped) != cudaSuccess)
+    return 0;
+  *g->flag = 0;
+  *g->out = 0;
+  return cudaHostGetDevicePointer((void **)&g->dflag, (void *)g->flag, 0) ==
+             cudaSuccess &&
+         cudaHostGetDevicePointer((void **)&g->dout, g->out, 0) == cudaSuccess;
+}
+
+static void gate_close(gate_t *g) {
+  cudaFreeHost((void *)g->flag);
+  cudaFreeHost(g->out);
+}
+
+/* Fills p with v on s, then queues the holding kernel on s. */
+static void hold(gate_t *g, void *p, cudaStream_t s) {
+  CHECK(cudaMemsetAsync(p, 1, BYTES, s) == cudaSuccess, "memset");
+  hold_then_read<<<1, 1, 0, s>>>(g->dflag, (const unsigned char *)p, g->dout);
+  CHECK(cudaGetLastError() == cudaSuccess, "launch");
+}
+
+/* Another stream takes a block of the same size and overwrites it (not
+ * waiting for it: the kernel still spins). */
+static void *take_and_overwrite(mp_pool_t *pool, cudaStream_t s) {
+  void *q = NULL;
+  CHECK(mp_pool_alloc(pool, BYTES, (mp_stream_t)s, &q) == MP_OK, "alloc: %s",
+        mp_last_error());
+  if (q != NULL)
+    CHECK(cudaMemsetAsync(q, 2, BYTES, s) == cudaSuccess, "memset");
+  return q;
+}
+
+static void release_and_check(gate_t *g, const char *rule) {
+  __atomic_store_n(g->flag, 1, __ATOMIC_SEQ_CST);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess, "%s: sync", rule);
+  CHECK(*g->out == 1,
+        "%s: the kernel read %d, not 1 (255: it waited in vain; 2: the block "
+        "was overwritten under it)",
+        rule, *g->out);
+  *g->flag = 0;
+  *g->out = 0;
+}
+
+static void free_after_all(mp_pool_t *pool, gate_t *g) {
+  cudaStream_t a, b;
+  cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
+  cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
+  void *p = NULL;
+  CHECK(mp_pool_alloc(pool, BYTES, (mp_stream_t)a, &p) == MP_OK, "alloc");
+  hold(g, p, a);
+  CHECK(mp_pool_free_after_all(pool, p) == MP_OK, "free: %s", mp_last_error());
+  void *q = take_and_overwrite(pool, b);
+  release_and_check(g, "free_after_all");
+  mp_pool_free(pool, q);
+  cudaStreamDestroy(a);
+  cudaStreamDestroy(b);
+}
+
+typedef struct {
+  mp_pool_t *pool;
+  void *q;
+} thread_arg_t;
+
+static void *other_thread(void *p) {
+  thread_arg_t *t = (thread_arg_t *)p;
+  cudaSetDevice(0);
+  t->q = take_and_overwrite(t->pool, cudaStreamPerThread);
+  return NULL;
+}
+
+static void per_thread(mp_pool_t *pool, gate_t *g) {
+  void *p = NULL;
+  CHECK(mp_pool_alloc(pool, BYTES, (mp_stream_t)cudaStreamPerThread, &p) ==
+            MP_OK,
+        "alloc");
+  hold(g, p, cudaStreamPerThread);
+  CHECK(mp_pool_free(pool, p) == MP_OK, "free");
+  thread_arg_t t = {pool, NULL};
+  pthread_t th;
+  pthread_create(&th, NULL, other_thread, &t);
+  pthread_join(th, NULL);
+  release_and_check(g, "per_thread");
+  mp_pool_free(pool, t.q);
+}
+
+static void destroyed_stream(mp_device_t *dev, mp_pool_t *pool, gate_t *g) {
+  cudaStream_t a, b;
+  cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
+  cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
+  void *p = NULL;
+  CHECK(mp_pool_alloc(pool, BYTES, (mp_stream_t)a, &p) == MP_OK, "alloc");
+  hold(g, p, a);
+  CHECK(mp_pool_free(pool, p) == MP_OK, "free");
+  CHECK(mp_stream_forget(dev, (mp_stream_t)a) == MP_OK, "forget");
+  CHECK(cudaStreamDestroy(a) == cudaSuccess, "destroy");
+  void *q = take_and_overwrite(pool, b);
+  release_and_check(g, "destroyed_stream");
+  mp_pool_free(pool, q);
+  cudaStreamDestroy(b);
+}
+
+int main(int argc, char **argv) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    printf("skip: no usable GPU\n");
+    return 77;
+  }
+  cudaSetDevice(0);
+  cudaFree(0); /* the primary context, shared with the pool's backend */
+  mp_device_t *dev = NULL;
+  mp_pool_t *pool = NULL;
+  if (mp_device_open("cuda:0", &dev) != MP_OK ||
+      mp_pool_create(dev, NULL, &pool) != MP_OK) {
+    printf("FAILED: %s\n", mp_last_error());
+    return 1;
+  }
+  gate_t g;
+  if (!gate_open(&g)) {
+    printf("FAILED: mapped page-locked memory\n");
+    return 1;
+  }
+  const char *only = argc > 1 ? argv[1] : NULL;
+  if (only == NULL || strcmp(only, "free_after_all") == 0)
+    free_after_all(pool, &g);
+  if (only == NULL || strcmp(only, "per_thread") == 0)
+    per_thread(pool, &g);
+  if (only == NULL || strcmp(only, "destroyed_stream") == 0)
+    destroyed_stream(dev, pool, &g);
+  CHECK(mp_pool_check(pool) == MP_OK, "check: %s", mp_last_error());
+  gate_close(&g);
+  mp_pool_destroy(pool);
+  mp_device_close(dev);
+  if (failures == 0)
+    printf("ok\n");
+  return failures == 0 ? 0 : 1;
+}
