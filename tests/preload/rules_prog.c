@@ -14,9 +14,14 @@
  * a pool's stream table holds at once, with a cuMemAlloc / cuMemFree pair
  * now and then, and checks with the fake's error counter that nobody used
  * a destroyed handle.
+ * With "per_thread", the same reproducer on CU_STREAM_PER_THREAD: thread
+ * A's kernel reads a block A freed with cuMemFreeAsync on its per-thread
+ * stream while thread B allocates with cuMemAllocAsync on its own
+ * per-thread stream (another stream) and overwrites what it gets.
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -72,8 +77,50 @@ static int many_streams(void) {
   return 0;
 }
 
+static CUcontext ctx;
+
+static void *overwrite_on_own_per_thread_stream(void *unused) {
+  (void)unused;
+  CUdeviceptr q;
+  if (cuCtxSetCurrent(ctx) != CUDA_SUCCESS ||
+      cuMemAllocAsync(&q, MP_BYTES, CU_STREAM_PER_THREAD) != CUDA_SUCCESS ||
+      cuMemsetD8Async(q, 2, MP_BYTES, CU_STREAM_PER_THREAD) != CUDA_SUCCESS ||
+      cuMemFreeAsync(q, CU_STREAM_PER_THREAD) != CUDA_SUCCESS ||
+      cuStreamSynchronize(CU_STREAM_PER_THREAD) != CUDA_SUCCESS)
+    return (void *)1;
+  return NULL;
+}
+
+static int per_thread(void) {
+  CUstream pt = CU_STREAM_PER_THREAD;
+  CUdeviceptr p;
+  unsigned char *seen = NULL;
+  MP_TRY(cuMemAllocHost((void **)&seen, 1));
+  MP_TRY(cuMemAllocAsync(&p, MP_BYTES, pt));
+  MP_TRY(cuMemsetD8Async(p, 1, MP_BYTES, pt));
+  MP_TRY(cuLaunchHostFunc(pt, slow_start, NULL));
+  MP_TRY(cuMemcpyAsync((CUdeviceptr)(uintptr_t)seen, p, 1, pt));
+  MP_TRY(cuMemFreeAsync(p, pt));
+  pthread_t t;
+  void *failed = NULL;
+  if (pthread_create(&t, NULL, overwrite_on_own_per_thread_stream, NULL) != 0 ||
+      pthread_join(t, &failed) != 0 || failed != NULL) {
+    puts("thread B's allocation on its per-thread stream failed");
+    return 1;
+  }
+  MP_TRY(cuStreamSynchronize(pt));
+  if (*seen != 1) {
+    printf("the kernel on thread A's per-thread stream read %d, not 1: "
+           "thread B got the block A freed and overwrote it under it\n",
+           *seen);
+    return 1;
+  }
+  MP_TRY(cuMemFreeHost(seen));
+  puts("ok");
+  return 0;
+}
+
 int main(int argc, char **argv) {
-  CUcontext ctx;
   CUstream n1, n2;
   CUdeviceptr p, q;
   unsigned char *seen = NULL;
@@ -82,6 +129,8 @@ int main(int argc, char **argv) {
   MP_TRY(cuCtxPushCurrent(ctx));
   if (argc > 1 && strcmp(argv[1], "streams") == 0)
     return many_streams();
+  if (argc > 1 && strcmp(argv[1], "per_thread") == 0)
+    return per_thread();
   MP_TRY(cuStreamCreate(&n1, CU_STREAM_NON_BLOCKING));
   MP_TRY(cuStreamCreate(&n2, CU_STREAM_NON_BLOCKING));
   MP_TRY(cuMemAllocHost((void **)&seen, 1));

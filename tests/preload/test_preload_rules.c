@@ -34,3 +34,22 @@ Test(preload_rules, under_the_shim_destroyed_streams_are_forgotten,
   cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
   cr_assert_str_eq(r.out, "ok\n");
 }
+
+/* CU_STREAM_PER_THREAD is another stream in each thread, under the shim as
+ * without it: a block thread A freed on its per-thread stream while A's
+ * kernel still reads it is not thread B's to overwrite. */
+static void per_thread_rules(const char *preload) {
+  const char *argv[] = {MP_RULES_PROG, "per_thread", NULL};
+  const char *env[] = {preload, "MEMPOOL_DEVICE=cuda", NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_str_eq(r.out, "ok\n");
+}
+
+Test(preload_rules, without_the_shim_per_thread_streams_are_apart) {
+  per_thread_rules("LD_PRELOAD=");
+}
+
+Test(preload_rules, under_the_shim_per_thread_streams_are_apart) {
+  per_thread_rules("LD_PRELOAD=" MP_SHIM);
+}
