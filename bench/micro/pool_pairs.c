@@ -15,7 +15,12 @@
  *
  * Mode "history" (third argument) runs the pool alone, side by side with its
  * event history off, on (history=65536) and on with stacks
- * (history_stacks=1): the cost of recording per pair (3 events a pair). */
+ * (history_stacks=1): the cost of recording per pair (3 events a pair).
+ *
+ * Instructions per pair: run under callgrind with --instr-atstart=no
+ * (bench/micro/count_pairs.sh does it and prints them beside ns): each
+ * timed phase, and only that, is instrumented and dumped as "ALLOCATOR
+ * LIVE", so the count is the pairs' own, without set-up or the plan. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -25,6 +30,34 @@
 #include <time.h>
 
 #include <mempool/mempool.h>
+
+#if defined(__has_include)
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>
+#define MP_HAVE_CALLGRIND 1
+#endif
+#endif
+
+/* Around a timed phase: under callgrind, count only it (a no-op
+ * otherwise; the client requests cost a few instructions each). */
+static void count_begin(void) {
+#ifdef MP_HAVE_CALLGRIND
+  CALLGRIND_ZERO_STATS;
+  CALLGRIND_START_INSTRUMENTATION;
+#endif
+}
+
+static void count_end(const char *what, size_t live) {
+#ifdef MP_HAVE_CALLGRIND
+  CALLGRIND_STOP_INSTRUMENTATION;
+  char name[64];
+  snprintf(name, sizeof name, "%s %zu", what, live);
+  CALLGRIND_DUMP_STATS_AT(name);
+#else
+  (void)what;
+  (void)live;
+#endif
+}
 
 #if MEMPOOL_HAVE_JEMALLOC
 #include "../../tests/support/xorshift.h"
@@ -96,6 +129,7 @@ static int run_pool(mp_device_t *dev, const plan_t *p, const char *opts,
   for (int phase = 0; phase < 2; phase++) {
     if (phase == 1) {
       mp_pool_get_stats(pool, &s0);
+      count_begin();
       t0 = now_ns();
     }
     for (size_t i = 0; i < p->pairs; i++) {
@@ -108,6 +142,7 @@ static int run_pool(mp_device_t *dev, const plan_t *p, const char *opts,
     }
   }
   double t1 = now_ns();
+  count_end(opts[0] != '\0' ? opts : "pool", p->live);
   mp_pool_get_stats(pool, &s1);
   r->ns_per_pair = (t1 - t0) / (double)p->pairs;
   r->device_allocs = s1.device_alloc_count - s0.device_alloc_count;
@@ -136,8 +171,10 @@ static int run_jemalloc(const plan_t *p, result_t *r) {
     live[i] = mallocx(p->init[i], flags);
   double t0 = 0;
   for (int phase = 0; phase < 2; phase++) {
-    if (phase == 1)
+    if (phase == 1) {
+      count_begin();
       t0 = now_ns();
+    }
     for (size_t i = 0; i < p->pairs; i++) {
       uint32_t v = p->victim[i];
       dallocx(live[v], flags);
@@ -149,6 +186,7 @@ static int run_jemalloc(const plan_t *p, result_t *r) {
     }
   }
   r->ns_per_pair = (now_ns() - t0) / (double)p->pairs;
+  count_end("jemalloc", p->live);
   for (size_t i = 0; i < p->live; i++)
     dallocx(live[i], flags);
   free(live);
