@@ -435,6 +435,8 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
                            mpb_workload_t *out) {
   if (path == NULL || out == NULL)
     return mp__fail(MP_EINVAL, "mpb_trace_load: NULL argument");
+  /* Empty on every failure, the read's too (mpbench.h). */
+  mpb_workload_init(out, name);
   FILE *f = fopen(path, "rb");
   if (f == NULL)
     return mp__fail(MP_EINVAL, "cannot open trace %s: %s", path,
