@@ -57,6 +57,11 @@ mp_status_t mpb_workload_drain(mpb_workload_t *w);
 
 /* spec: "NAME" or "NAME:key=val,...", NAME one of mpb_builtin_names. */
 mp_status_t mpb_workload_generate(const char *spec, mpb_workload_t *out);
+/* Whether spec names a built-in workload with known parameters, each
+ * well formed and in its range, without generating it (MP_EINVAL naming
+ * what is wrong). Constraints between parameters (random's max_size above
+ * max_live) are the generator's to refuse. */
+mp_status_t mpb_workload_check(const char *spec);
 /* NULL-terminated list of built-in workload names, and a help text. */
 extern const char *const mpb_builtin_names[];
 void mpb_workload_help(FILE *out);

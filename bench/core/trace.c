@@ -324,6 +324,17 @@ static mp_status_t mpb_trace_header(const char *s, size_t l, const char *what) {
                   what, shown);
 }
 
+/* Out of host memory at line of what (at_end: freeing, after its last
+ * line, the blocks it left live): which line made the trace too big, with
+ * the cause. */
+static mp_status_t mpb_too_big(const char *what, size_t line, bool at_end) {
+  char why[256];
+  snprintf(why, sizeof why, "%s", mp_last_error());
+  return mp__fail(
+      MP_ENOMEM, "%s:%zu: trace too big for host memory%s (%s)", what, line,
+      at_end ? ", freeing the blocks still live at its end" : "", why);
+}
+
 mp_status_t mpb_trace_parse(const char *text, size_t len, const char *what,
                             const char *name, mpb_workload_t *out) {
   if (text == NULL || out == NULL)
@@ -356,6 +367,8 @@ mp_status_t mpb_trace_parse(const char *text, size_t len, const char *what,
     }
     s = nl ? nl + 1 : end;
   }
+  if (st == MP_ENOMEM)
+    st = mpb_too_big(what, line, false);
   if (st == MP_OK && line == 0)
     st = mp__fail(MP_EINVAL, "%s: empty file (no header)", what);
   /* Nothing to replay would give figures of zero that look like results. */
@@ -365,8 +378,8 @@ mp_status_t mpb_trace_parse(const char *text, size_t len, const char *what,
                   what);
   /* Blocks the trace never freed are freed at its end, so every replay
    * ends empty and allocators are compared on the same events. */
-  if (st == MP_OK)
-    st = mpb_workload_drain(out);
+  if (st == MP_OK && (st = mpb_workload_drain(out)) == MP_ENOMEM)
+    st = mpb_too_big(what, line, true);
   free(p->map.key);
   free(p->map.slot);
   free(p);
@@ -422,6 +435,8 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
                            mpb_workload_t *out) {
   if (path == NULL || out == NULL)
     return mp__fail(MP_EINVAL, "mpb_trace_load: NULL argument");
+  /* Empty on every failure, the read's too (mpbench.h). */
+  mpb_workload_init(out, name);
   FILE *f = fopen(path, "rb");
   if (f == NULL)
     return mp__fail(MP_EINVAL, "cannot open trace %s: %s", path,

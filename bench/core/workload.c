@@ -560,9 +560,12 @@ void mpb_workload_help(FILE *out) {
   }
 }
 
-mp_status_t mpb_workload_generate(const char *spec, mpb_workload_t *out) {
-  if (spec == NULL || out == NULL)
-    return mp__fail(MP_EINVAL, "mpb_workload_generate: NULL argument");
+/* The built-in workload spec names (*out) and its parameters, defaults
+ * overridden by spec's, into ps (params: room for 16); MP_EINVAL naming
+ * what is wrong. */
+static mp_status_t mpb_workload_spec(const char *spec,
+                                     const mpb_builtin_t **out,
+                                     mpb_param_t *params, mpb_params_t *ps) {
   const char *colon = strchr(spec, ':');
   size_t len = colon ? (size_t)(colon - spec) : strlen(spec);
   const mpb_builtin_t *b = NULL;
@@ -575,11 +578,29 @@ mp_status_t mpb_workload_generate(const char *spec, mpb_workload_t *out) {
                     "unknown workload '%.*s' (built-in: llm, cnn, random, "
                     "adversarial, staging)",
                     (int)len, spec);
-  mpb_param_t params[16];
   memcpy(params, b->params, b->nparams * sizeof *params);
-  mpb_params_t ps = {b->name, params, b->nparams};
-  MPB_TRY(mp__kv_each("workload parameters", colon ? colon + 1 : NULL,
-                      mpb_param_set, &ps));
+  *ps = (mpb_params_t){b->name, params, b->nparams};
+  *out = b;
+  return mp__kv_each("workload parameters", colon ? colon + 1 : NULL,
+                     mpb_param_set, ps);
+}
+
+mp_status_t mpb_workload_check(const char *spec) {
+  if (spec == NULL)
+    return mp__fail(MP_EINVAL, "mpb_workload_check: NULL argument");
+  const mpb_builtin_t *b;
+  mpb_param_t params[16];
+  mpb_params_t ps;
+  return mpb_workload_spec(spec, &b, params, &ps);
+}
+
+mp_status_t mpb_workload_generate(const char *spec, mpb_workload_t *out) {
+  if (spec == NULL || out == NULL)
+    return mp__fail(MP_EINVAL, "mpb_workload_generate: NULL argument");
+  const mpb_builtin_t *b;
+  mpb_param_t params[16];
+  mpb_params_t ps;
+  MPB_TRY(mpb_workload_spec(spec, &b, params, &ps));
   mpb_workload_init(out, spec);
   mp_status_t st = b->gen(out, &ps);
   if (st == MP_OK)

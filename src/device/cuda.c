@@ -61,6 +61,7 @@
   X(StreamDestroy, (CUstream))                                                 \
   X(StreamSynchronize, (CUstream))                                             \
   X(StreamQuery, (CUstream))                                                   \
+  X(StreamGetFlags, (CUstream, unsigned *))                                    \
   X(LaunchHostFunc, (CUstream, CUhostFn, void *))                              \
   X(MemcpyAsync, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                 \
   X(MemsetD8Async, (CUdeviceptr, unsigned char, size_t, CUstream))             \
@@ -719,13 +720,27 @@ static int mp__cuda_ordinal(mp_device_t *dev) {
 }
 
 /* CU_STREAM_PER_THREAD names the calling thread's own default stream
- * (cuda.h: "Per-thread stream handle"). Nothing else can be told without a
- * call: a stale handle is undefined behaviour in the driver, and
- * cuStreamQuery is not allowed on a capturing stream. */
+ * (cuda.h: "Per-thread stream handle"); NULL and CU_STREAM_LEGACY the legacy
+ * one. Any other handle is asked with cuStreamGetFlags, once, when a pool
+ * first meets it: a pure query (no wait, no work queued, so nothing stream
+ * capture forbids; cuda.h lists no capture error for it), which the driver
+ * answers with CUDA_ERROR_INVALID_HANDLE for a handle that is no stream of
+ * the context (cuda.h lists it; the fake driver models it). Only that answer
+ * refuses the handle; any other failure (a host function's call, not
+ * permitted) leaves it to the calls that use it, as before. A handle that
+ * never was a stream (a stale one after cuStreamDestroy, a random pointer)
+ * is still undefined behaviour in a real driver: where the driver can tell,
+ * the pool says MP_EINVAL instead of taking it. */
 static int mp__cuda_stream_kind(mp_device_t *dev, mp_stream_t s) {
-  (void)dev;
-  return s == (mp_stream_t)CU_STREAM_PER_THREAD ? MP__STREAM_PER_THREAD
-                                                : MP__STREAM_SHARED;
+  if (s == (mp_stream_t)CU_STREAM_PER_THREAD)
+    return MP__STREAM_PER_THREAD;
+  if (s == NULL || s == (mp_stream_t)CU_STREAM_LEGACY)
+    return MP__STREAM_SHARED;
+  CUresult r;
+  unsigned flags = 0;
+  MP__CU_IN_CTX(mp__cuda_of(dev), r,
+                mp__cu.StreamGetFlags((CUstream)s, &flags));
+  return r == CUDA_ERROR_INVALID_HANDLE ? MP__STREAM_BAD : MP__STREAM_SHARED;
 }
 
 static mp_status_t mp__cuda_launch_host(mp_device_t *dev, mp_stream_t s,

@@ -1,10 +1,15 @@
 /* Loading a trace file: what is not a trace is refused at its first bad
  * line (a device, a pipe of binary data, a line no trace has) instead of
  * being read to its end, with the file and line in the message; a header
- * behind a UTF-8 byte order mark is a header. */
+ * behind a UTF-8 byte order mark is a header; a trace too big for host
+ * memory is refused with the line it reached, whether reading or parsing
+ * ran out. */
 #include <criterion/criterion.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "mpbench.h"
@@ -26,9 +31,18 @@ static void write_file(const void *head, size_t n, char fill, size_t nfill) {
   fclose(f);
 }
 
+/* A refusal leaves the workload empty (mpbench.h), whatever it held: also
+ * when the read stops before the parser runs. */
+static void expect_empty(const mpb_workload_t *w) {
+  cr_expect(w->n == 0 && w->ev == NULL && w->nslots == 0,
+            "a refused load left events behind");
+}
+
 static void expect_refused(const char *where, const char *words) {
   mpb_workload_t w;
+  memset(&w, 0xa5, sizeof w);
   cr_assert_eq(mpb_trace_load(path, "t", &w), MP_EINVAL, "accepted %s", path);
+  expect_empty(&w);
   char at[96];
   snprintf(at, sizeof at, "%s:%s", path, where);
   cr_expect(strstr(mp_last_error(), at) != NULL, "'%s' lacks '%s'",
@@ -40,7 +54,9 @@ static void expect_refused(const char *where, const char *words) {
 
 Test(trace_load, a_device_of_zeros_is_refused_at_line_one) {
   mpb_workload_t w;
+  memset(&w, 0xa5, sizeof w);
   cr_assert_eq(mpb_trace_load("/dev/zero", "z", &w), MP_EINVAL);
+  expect_empty(&w);
   cr_expect(strstr(mp_last_error(), "/dev/zero:1:") != NULL, "%s",
             mp_last_error());
 }
@@ -70,4 +86,129 @@ Test(trace_load, utf8_byte_order_mark_before_the_header_is_accepted) {
   cr_expect_eq(w.ev[0].size, 4096);
   mpb_workload_free(&w);
   unlink(path);
+}
+
+/* ---- out of host memory ------------------------------------------------ */
+
+/* RLIMIT_AS cannot bound a sanitizer build (its shadow memory alone is
+ * terabytes of address space). */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define MPB_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define MPB_SANITIZED 1
+#endif
+#endif
+
+enum { BIG_ROWS = 600000 };
+
+/* Rows that are all live allocations: the parser's tables grow with every
+ * one of them. */
+static void write_big_trace(void) {
+  strcpy(path, "/tmp/mp_trace_big_XXXXXX");
+  int fd = mkstemp(path);
+  cr_assert_geq(fd, 0);
+  FILE *f = fdopen(fd, "wb");
+  cr_assert_not_null(f);
+  fputs(HEADER, f);
+  for (unsigned long i = 0; i < BIG_ROWS; i++)
+    fprintf(f, "1,15:47:02.%06lu,allocate,0x%lx,%lu,%lu\n", i % 1000000,
+            0x7f0000000000ul + i * 4096, 4096 + i % 512, i % 4);
+  cr_assert_eq(fclose(f), 0);
+}
+
+typedef struct load_result {
+  mp_status_t st;
+  size_t n;
+  char msg[512];
+} load_result_t;
+
+/* mpb_trace_load(path) in a child whose address space may grow by at most
+ * extra bytes over what it has at the call. */
+static load_result_t load_with_headroom(size_t extra) {
+  int fds[2];
+  cr_assert_eq(pipe(fds), 0);
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    close(fds[0]);
+    load_result_t r = {0};
+    unsigned long pages = 0;
+    FILE *sm = fopen("/proc/self/statm", "r");
+    if (sm == NULL || fscanf(sm, "%lu", &pages) != 1)
+      _exit(2);
+    fclose(sm);
+    size_t vm = pages * (size_t)sysconf(_SC_PAGESIZE);
+    struct rlimit rl = {vm + extra, vm + extra};
+    if (setrlimit(RLIMIT_AS, &rl) != 0)
+      _exit(3);
+    mpb_workload_t w;
+    r.st = mpb_trace_load(path, "big", &w);
+    if (r.st == MP_OK) {
+      r.n = w.n;
+      mpb_workload_free(&w);
+    } else {
+      snprintf(r.msg, sizeof r.msg, "%s", mp_last_error());
+    }
+    _exit(write(fds[1], &r, sizeof r) == (ssize_t)sizeof r ? 0 : 4);
+  }
+  close(fds[1]);
+  load_result_t r;
+  ssize_t got = read(fds[0], &r, sizeof r);
+  close(fds[0]);
+  int ws;
+  cr_assert_eq(waitpid(pid, &ws, 0), pid);
+  cr_assert(WIFEXITED(ws) && WEXITSTATUS(ws) == 0,
+            "the loader with %zu bytes of headroom died (status %#x)", extra,
+            ws);
+  cr_assert_eq(got, (ssize_t)sizeof r);
+  return r;
+}
+
+/* The line a message names after "path:"; 0 when it names none. */
+static size_t line_named(const char *msg) {
+  char at[80];
+  snprintf(at, sizeof at, "%s:", path);
+  const char *p = strstr(msg, at);
+  if (p == NULL)
+    return 0;
+  char *end;
+  unsigned long line = strtoul(p + strlen(at), &end, 10);
+  return *end == ':' ? line : 0;
+}
+
+Test(trace_load, running_out_of_host_memory_names_the_line_reached) {
+#ifdef MPB_SANITIZED
+  cr_skip_test("RLIMIT_AS cannot bound a sanitizer build");
+#endif
+  write_big_trace();
+  bool reading = false, parsing = false, loaded = false;
+  /* From too little to read the file to enough to load it. */
+  for (size_t extra = (size_t)4 << 20; extra <= (size_t)1 << 30 && !loaded;
+       extra *= 2) {
+    load_result_t r = load_with_headroom(extra);
+    if (r.st == MP_OK) {
+      cr_expect_eq(r.n, 2 * (size_t)BIG_ROWS, "every row and its drain");
+      loaded = true;
+      continue;
+    }
+    cr_assert_eq(r.st, MP_ENOMEM, "%zu bytes of headroom: %s", extra, r.msg);
+    cr_log_info("%zu bytes of headroom: %s", extra, r.msg);
+    size_t line = line_named(r.msg);
+    cr_expect(line >= 1 && line <= BIG_ROWS + 2,
+              "%zu bytes of headroom: '%s' names no line of %s", extra, r.msg,
+              path);
+    if (strstr(r.msg, "reading the trace") != NULL) {
+      reading = true;
+      cr_expect_gt(line, 1, "'%s': the read went past line 1", r.msg);
+    } else {
+      parsing = true;
+    }
+  }
+  unlink(path);
+  cr_expect(loaded, "the trace never loaded, even with 1 GiB of headroom");
+  cr_expect(reading, "no headroom ran out while reading: the test proves "
+                     "less than it says");
+  cr_expect(parsing, "no headroom ran out while parsing: the test proves "
+                     "less than it says");
 }

@@ -116,3 +116,20 @@ Test(workloads, bad_names_and_parameters_are_einval_naming_them) {
   cr_expect_eq(mpb_workload_generate("random:max_size=8M,max_live=1M", &w),
                MP_EINVAL);
 }
+
+/* mpb_workload_check: the same refusals without generating anything, and
+ * a spec that would take hours to generate is checked at once. */
+Test(workloads, specs_are_checked_without_generating) {
+  cr_expect_eq(mpb_workload_check("lmm"), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "lmm") != NULL, "%s", mp_last_error());
+  cr_expect_eq(mpb_workload_check("llm:layrs=3"), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "layrs") != NULL, "%s", mp_last_error());
+  cr_expect_eq(mpb_workload_check("cnn:batches=x"), MP_EINVAL);
+  cr_expect_eq(mpb_workload_check("llm:requests=100001"), MP_EINVAL);
+  cr_expect_eq(mpb_workload_check(NULL), MP_EINVAL);
+  for (const char *const *n = mpb_builtin_names; *n != NULL; n++)
+    cr_expect_eq(mpb_workload_check(*n), MP_OK, "%s: %s", *n, mp_last_error());
+  cr_expect_eq(mpb_workload_check("llm:requests=100000,layers=1000,"
+                                  "max_gen=100000,max_prompt=1000000"),
+               MP_OK, "%s", mp_last_error());
+}

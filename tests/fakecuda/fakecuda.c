@@ -92,6 +92,7 @@ CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream s);
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s);
 CUresult cuStreamSynchronize_ptsz(CUstream s);
 CUresult cuStreamQuery_ptsz(CUstream s);
+CUresult cuStreamGetFlags_ptsz(CUstream s, unsigned int *flags);
 CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *arg);
 CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n,
                             CUstream s);
@@ -170,6 +171,8 @@ void cuFakeResetCallCounts(void);
   X(cuStreamSynchronize_ptsz)                                                  \
   X(cuStreamQuery)                                                             \
   X(cuStreamQuery_ptsz)                                                        \
+  X(cuStreamGetFlags)                                                          \
+  X(cuStreamGetFlags_ptsz)                                                     \
   X(cuLaunchHostFunc)                                                          \
   X(cuLaunchHostFunc_ptsz)                                                     \
   X(cuMemcpyAsync)                                                             \
@@ -1497,6 +1500,28 @@ static CUresult fk_stream_query(mp_device_t *dev, CUstream s, bool ptsz) {
 FK_IN_CTX_TWINS(cuStreamQuery, cuStreamQuery_ptsz, (CUstream s),
                 fk_stream_query(dev, s, ptsz))
 
+/* cuda.h, cuStreamGetFlags: the flags the stream was created with (a
+ * per-thread or legacy default stream: CU_STREAM_DEFAULT); a handle that is
+ * not a live stream of the current context is CUDA_ERROR_INVALID_HANDLE
+ * (fk_resolve), one of the codes cuda.h lists for it. */
+static CUresult fk_stream_flags(mp_device_t *dev, CUstream h, bool ptsz,
+                                unsigned int *flags) {
+  if (flags == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fk.lock);
+  fk_stream_t *st = NULL;
+  CUresult r = fk_resolve(dev, h, ptsz, &st);
+  pthread_mutex_unlock(&fk.lock);
+  if (r == CUDA_SUCCESS)
+    *flags =
+        st == NULL || st->blocking ? CU_STREAM_DEFAULT : CU_STREAM_NON_BLOCKING;
+  return r;
+}
+
+FK_IN_CTX_TWINS(cuStreamGetFlags, cuStreamGetFlags_ptsz,
+                (CUstream s, unsigned int *flags),
+                fk_stream_flags(dev, s, ptsz, flags))
+
 /* A host function as it runs: CUDA calls from it are refused (FK_COUNT). */
 typedef struct fk_host_call {
   CUhostFn fn;
@@ -2203,6 +2228,7 @@ static const fk_proc_t fk_procs[] = {
     FK_PT("cuStreamSynchronize", 2000, cuStreamSynchronize,
           cuStreamSynchronize_ptsz),
     FK_PT("cuStreamQuery", 2000, cuStreamQuery, cuStreamQuery_ptsz),
+    FK_PT("cuStreamGetFlags", 5050, cuStreamGetFlags, cuStreamGetFlags_ptsz),
     FK_PT("cuLaunchHostFunc", 10000, cuLaunchHostFunc, cuLaunchHostFunc_ptsz),
     FK_PT("cuMemcpyAsync", 4000, cuMemcpyAsync, cuMemcpyAsync_ptsz),
     FK_PT("cuMemsetD8Async", 3020, cuMemsetD8Async, cuMemsetD8Async_ptsz),

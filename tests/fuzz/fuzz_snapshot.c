@@ -5,16 +5,7 @@
  * Python's pickle, protocol 4) and may cut it short, so mutations reach the
  * trace conversion. Each result must be a workload that ends empty, or a
  * refusal with a message that leaves the workload empty. */
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "mpbench.h"
-
-#include "fuzz_require.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+#include "fuzz_workload.h"
 
 /* pickle.dumps({"segments": [], "device_traces": [[alloc, alloc,
  * free_requested, free_completed, oom]]}, protocol=4) */
@@ -41,17 +32,7 @@ static const char SEED[] =
 static void fz_check(const uint8_t *buf, size_t len) {
   mpb_workload_t w;
   mp_status_t st = mpb_snapshot_parse(buf, len, "fuzz", "fuzz", &w);
-  if (st == MP_OK) {
-    size_t live = 0;
-    for (size_t i = 0; i < w.n; i++)
-      live += w.ev[i].op == MPB_ALLOC ? w.ev[i].size : -w.ev[i].size;
-    FZ_REQUIRE(live == 0);
-    mpb_workload_free(&w);
-  } else {
-    FZ_REQUIRE(st == MP_EINVAL || st == MP_ENOMEM);
-    FZ_REQUIRE(mp_last_error()[0] != '\0');
-    FZ_REQUIRE(w.n == 0 && w.ev == NULL);
-  }
+  fz_workload_ok(st, &w, NULL);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

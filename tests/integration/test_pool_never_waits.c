@@ -1,13 +1,15 @@
 /* test_pool_never_waits.c - an allocation never waits for work it cannot
  * know will finish: not for the application's own work on its stream (a
- * gated host function holds it), not behind another thread's trim or
- * defragmentation that is inside a device synchronization, and not behind
+ * gated host function holds it), not behind another thread's trim,
+ * defragmentation, freeze or out-of-memory ladder that is inside a device
+ * synchronization (virtual and plain pools), and not behind
  * a trim that waits for the very stream the allocating host function runs
  * on. Each case holds a gate closed until a watchdog opens it 20 s later;
  * the allocation must have returned while the gate was still closed. */
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -86,23 +88,42 @@ Test(never_waits,
 }
 
 /* Another thread's call that synchronizes the device while a gated stream
- * holds it. */
+ * holds it: trim, defragment, freeze, or an allocation that the pool's cap
+ * sends down the out-of-memory ladder to its synchronize-and-trim rung. */
+typedef enum { TRIM, DEFRAGMENT, FREEZE, LADDER } busy_what_t;
+static const char *const busy_name[] = {"trim", "defragment", "freeze",
+                                        "out-of-memory ladder"};
+
 typedef struct busy {
   mp_pool_t *pool;
   mp_stream_t s;
-  int what; /* 0 trim, 1 defragment */
+  busy_what_t what;
   mp_status_t st;
+  void *p; /* LADDER: its allocation */
 } busy_t;
+
+/* The ladder's request: over the cap until the free blocks are trimmed. */
+#define LADDER_CAP     (512 * MiB)
+#define LADDER_REQUEST (LADDER_CAP - 8 * MiB)
 
 static void *busy_call(void *arg) {
   busy_t *b = arg;
   size_t moved;
-  b->st = b->what == 0 ? mp_pool_trim(b->pool, 0)
-                       : mp_pool_defragment(b->pool, b->s, &moved);
+  switch (b->what) {
+  case TRIM: b->st = mp_pool_trim(b->pool, 0); break;
+  case DEFRAGMENT: b->st = mp_pool_defragment(b->pool, b->s, &moved); break;
+  case FREEZE: b->st = mp_pool_freeze(b->pool); break;
+  case LADDER:
+    b->st = mp_pool_alloc(b->pool, LADDER_REQUEST, b->s, &b->p);
+    break;
+  }
   return NULL;
 }
 
-static void growth_beside_a_sync(const char *opts, int what) {
+static void growth_beside_a_sync(bool plain, busy_what_t what) {
+  char opts[64];
+  snprintf(opts, sizeof opts, "virtual=%d%s", plain ? 0 : 1,
+           what == LADDER ? ",max_bytes=512M" : "");
   mp_pool_t *p = make_pool(dev, opts);
   mp_stream_t s, other;
   cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
@@ -113,20 +134,38 @@ static void growth_beside_a_sync(const char *opts, int what) {
     cr_assert_eq(mp_pool_alloc_movable(p, 8 * MiB, s, &h[i]), MP_OK);
   cr_assert_eq(mp_handle_free(h[0]), MP_OK);
   cr_assert_eq(mp_handle_free(h[2]), MP_OK);
+  mp_stats_t before = stats(p);
   start_watchdog();
   cr_assert_eq(mp_stream_launch_host(dev, s, gate_wait, &gate), MP_OK);
   busy_t b = {.pool = p, .s = s, .what = what};
   pthread_t t;
   pthread_create(&t, NULL, busy_call, &b);
   settle();
+  /* The ladder's pool has room for this growth only beside what it holds. */
+  size_t x_bytes = what == LADDER ? 16 * MiB : 256 * MiB;
   void *x;
-  cr_assert_eq(mp_pool_alloc(p, 256 * MiB, other, &x), MP_OK, "%s",
+  mp_stats_t mid = stats(p);
+  /* The ladder is on its synchronize rung now (and waits there). */
+  if (what == LADDER)
+    cr_expect_gt(mid.alloc_retry_count, before.alloc_retry_count,
+                 "%s: the ladder did not reach its synchronize rung", opts);
+  size_t reserved = mid.reserved_bytes;
+  cr_assert_eq(mp_pool_alloc(p, x_bytes, other, &x), MP_OK, "%s",
                mp_last_error());
+  cr_expect_gt(stats(p).reserved_bytes, reserved,
+               "the allocation did not grow the pool: the test proves nothing");
   cr_expect(!gate_is_open(), "%s %s: the allocation waited behind the sync",
-            opts ? opts : "default", what ? "defragment" : "trim");
+            opts, busy_name[what]);
   gate_open(&gate);
   pthread_join(t, NULL);
-  cr_expect_eq(b.st, MP_OK, "%s", mp_last_error());
+  if (what == LADDER) {
+    if (b.st == MP_OK)
+      cr_assert_eq(mp_pool_free(p, b.p), MP_OK);
+    else
+      cr_expect_eq(b.st, MP_ELIMIT, "%s", mp_status_name(b.st));
+  } else {
+    cr_expect_eq(b.st, MP_OK, "%s", mp_last_error());
+  }
   cr_assert_eq(mp_stream_synchronize(dev, other), MP_OK);
   cr_assert_eq(mp_pool_free(p, x), MP_OK);
   cr_assert_eq(mp_handle_free(h[1]), MP_OK);
@@ -138,16 +177,28 @@ static void growth_beside_a_sync(const char *opts, int what) {
 }
 
 Test(never_waits, growth_does_not_wait_behind_another_threads_trim) {
-  growth_beside_a_sync(NULL, 0);
+  growth_beside_a_sync(false, TRIM);
 }
 Test(never_waits, growth_does_not_wait_behind_a_plain_pools_trim) {
-  growth_beside_a_sync("virtual=0", 0);
+  growth_beside_a_sync(true, TRIM);
 }
 Test(never_waits, growth_does_not_wait_behind_another_threads_defragment) {
-  growth_beside_a_sync(NULL, 1);
+  growth_beside_a_sync(false, DEFRAGMENT);
 }
 Test(never_waits, growth_does_not_wait_behind_a_plain_pools_defragment) {
-  growth_beside_a_sync("virtual=0", 1);
+  growth_beside_a_sync(true, DEFRAGMENT);
+}
+Test(never_waits, growth_does_not_wait_behind_another_threads_freeze) {
+  growth_beside_a_sync(false, FREEZE);
+}
+Test(never_waits, growth_does_not_wait_behind_a_plain_pools_freeze) {
+  growth_beside_a_sync(true, FREEZE);
+}
+Test(never_waits, growth_does_not_wait_behind_another_threads_oom_ladder) {
+  growth_beside_a_sync(false, LADDER);
+}
+Test(never_waits, growth_does_not_wait_behind_a_plain_pools_oom_ladder) {
+  growth_beside_a_sync(true, LADDER);
 }
 
 /* A host function on s allocates (needing growth) while another thread's
