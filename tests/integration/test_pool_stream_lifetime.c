@@ -100,7 +100,10 @@ static void free_while_another_stream_reads(bool after_all, bool *reused) {
   cr_assert_eq(mp_pool_add_stream(p, r), MP_OK);
   reader_t rd = {.seen = 0};
   gate_init(&rd.gate);
-  cr_assert_eq(mp_pool_alloc(p, 64 * KiB, NULL, (void **)&rd.buf), MP_OK);
+  /* The block lives on w, where the next allocation asks: a stream-ordered
+   * free makes it w's again at once, with no event to wait for, so the
+   * control below does not depend on stream-thread timing. */
+  cr_assert_eq(mp_pool_alloc(p, 64 * KiB, w, (void **)&rd.buf), MP_OK);
   memset(rd.buf, 1, 64 * KiB);
   cr_assert_eq(mp_stream_launch_host(dev, r, read_after_gate, &rd), MP_OK);
   cr_assert_eq(after_all ? mp_pool_free_after_all(p, rd.buf)
