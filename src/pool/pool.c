@@ -413,6 +413,17 @@ mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
   } else {
     pool->cap = SIZE_MAX;
   }
+  if (cfg->release_fraction > 0) {
+    if (pool->cap == SIZE_MAX) {
+      mp__pool_free_host(pool);
+      return mp__fail(MP_EINVAL,
+                      "pool config: garbage_collection_threshold "
+                      "(release_fraction) needs a cap or the device's size, "
+                      "which it does not tell");
+    }
+    pool->cfg.release_threshold =
+        (size_t)((double)pool->cap * cfg->release_fraction);
+  }
   size_t g = 0;
   if (cfg->flags & MP_POOL_VIRTUAL) {
     /* A device without virtual memory is not a failure of this call: keep
