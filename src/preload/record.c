@@ -8,7 +8,9 @@
  * memory is not device memory the pool could serve: it is counted in the
  * report and marked in the .json trace, never written to the CSV, so a
  * replay sees exactly the device allocations.
- * $MEMPOOL_REPORT=path|stderr: JSON statistics at exit.
+ * $MEMPOOL_REPORT=path|stderr: JSON statistics at exit; "torch" holds every
+ * pool's torch.cuda.memory_stats() names, keyed by device, as
+ * mp_pool_dump(pool, f, "torch") writes them.
  * $MEMPOOL_SNAPSHOT=path: the pool as PyTorch's snapshot pickle at exit
  * (mp_pool_snapshot; open it in memory_viz; with MEMPOOL_CONF=history=N it
  * carries the last N events), and mempool_preload_snapshot(path) writes
@@ -217,9 +219,38 @@ void mp__pl_count_bypass(const char *why) {
   pthread_mutex_unlock(&mp__rec.lock);
 }
 
+static void mp__torch_one(mp_pool_t *pool, void *ctx) {
+  FILE *f = ctx;
+  fprintf(f, "%s\n    \"%s\": ", ftell(f) > 0 ? "," : "",
+          mp_device_name(mp_pool_device(pool)));
+  if (mp_pool_dump(pool, f, "torch") != MP_OK)
+    fputs("null", f);
+}
+
+/* The members of the report's "torch" object: mp_pool_dump's "torch" view
+ * of every pool, keyed by device, written before the record lock is taken
+ * (the dump takes each pool's lock; see mp__reserved_now). NULL when there
+ * is no pool; free() it. */
+static char *mp__torch_views(const mp__pl_t *pl) {
+  char *buf = NULL;
+  size_t len = 0;
+  if (pl == NULL || pl->mode != MP__PL_POOL)
+    return NULL;
+  FILE *f = open_memstream(&buf, &len);
+  if (f == NULL)
+    return NULL;
+  mp__pl_each_pool(mp__torch_one, f);
+  if (fclose(f) != 0 || len == 0) {
+    free(buf);
+    return NULL;
+  }
+  return buf;
+}
+
 /* pool: the pool's statistics, read before the record lock was taken (see
- * mp__reserved_now); NULL in passthrough. */
-static void mp__report(FILE *f, const mp__pl_t *pl, const mp_stats_t *pool) {
+ * mp__reserved_now); NULL in passthrough. torch: mp__torch_views. */
+static void mp__report(FILE *f, const mp__pl_t *pl, const mp_stats_t *pool,
+                       const char *torch) {
   const char *mode = pl->mode == MP__PL_POOL ? "pool" : "passthrough";
   fprintf(f,
           "{\n  \"mode\": \"%s\",\n  \"device\": \"%s\",\n"
@@ -255,6 +286,8 @@ static void mp__report(FILE *f, const mp__pl_t *pl, const mp_stats_t *pool) {
             (unsigned long long)s.device_free_count,
             (unsigned long long)s.oom_count);
   }
+  if (torch != NULL)
+    fprintf(f, ",\n  \"torch\": {%s  }", torch);
   mp__pl_host_report(f);
   fputs("\n}\n", f);
 }
@@ -278,9 +311,11 @@ void mp__pl_record_finish(const mp__pl_t *pl) {
   mp_stats_t stats;
   bool have_stats = pl != NULL && pl->pool != NULL &&
                     mp_pool_get_stats(pl->pool, &stats) == MP_OK;
+  char *torch = mp__rec.child ? NULL : mp__torch_views(pl);
   pthread_mutex_lock(&mp__rec.lock);
   if (mp__rec.child || pl == NULL) {
     pthread_mutex_unlock(&mp__rec.lock);
+    free(torch);
     return;
   }
   if (mp__rec.trace != NULL && !mp__rec.closed) {
@@ -309,12 +344,13 @@ void mp__pl_record_finish(const mp__pl_t *pl) {
       fprintf(stderr, "mempool preload: cannot write MEMPOOL_REPORT '%s'\n",
               path);
     } else {
-      mp__report(f, pl, have_stats ? &stats : NULL);
+      mp__report(f, pl, have_stats ? &stats : NULL, torch);
       if (!to_stderr)
         fclose(f);
     }
   }
   pthread_mutex_unlock(&mp__rec.lock);
+  free(torch);
 }
 
 void mp__pl_record_prepare(void) {

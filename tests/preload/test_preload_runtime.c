@@ -119,6 +119,20 @@ Test(preload_runtime, json_trace_and_report_parse_and_agree) {
          word_value(r.out, "allocs"), word_value(r.out, "frees"),
          word_value(r.out, "allocs"), report),
       0, "report:\n%s", (slurp(report, r.out, sizeof r.out), r.out));
+  /* torch.cuda.memory_stats()'s names, one object per pool, agreeing with
+   * the pool's own numbers. */
+  cr_assert_eq(
+      sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+         "t=d[\"torch\"]; p=d[\"pool\"]; s=t[d[\"device\"]]; "
+         "sys.exit(0 if len(t)==1 and "
+         "s[\"reserved_bytes.all.peak\"]==p[\"peak_reserved_bytes\"] and "
+         "s[\"allocated_bytes.all.peak\"]==p[\"peak_allocated_bytes\"] and "
+         "s[\"allocation.all.allocated\"]==p[\"alloc_count\"] and "
+         "s[\"num_device_alloc\"]==p[\"device_alloc_count\"] and "
+         "s[\"num_alloc_retries\"]==0 and s[\"num_ooms\"]==p[\"oom_count\"] "
+         "and \"inactive_split_bytes.all.current\" in s else 1)' %s",
+         report),
+      0, "report:\n%s", (slurp(report, r.out, sizeof r.out), r.out));
   unlink(trace);
   unlink(report);
   rmdir(dir);
