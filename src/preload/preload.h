@@ -146,10 +146,12 @@ void mp__pl_leave(void);
 /* The pointers the shim knows of: what it handed out from the pool or the
  * device, and what it recorded on the way to the real entry point. */
 typedef enum mp__pl_kind {
-  MP__PL_FROM_POOL,    /* mp_pool_alloc */
-  MP__PL_FROM_DEVICE,  /* mp_device_alloc (managed memory, host mode) */
-  MP__PL_FROM_HOSTMEM, /* mp_device_host_alloc (pinned memory, host mode) */
-  MP__PL_FROM_REAL,    /* the real entry point; only recorded */
+  MP__PL_FROM_POOL,      /* mp_pool_alloc */
+  MP__PL_FROM_DEVICE,    /* mp_device_alloc (managed memory, host mode) */
+  MP__PL_FROM_HOSTMEM,   /* mp_device_host_alloc (pinned memory, host mode) */
+  MP__PL_FROM_REAL,      /* the real entry point; only recorded */
+  MP__PL_FROM_REAL_HOST, /* page-locked memory from the real entry point
+                            (write-combined); only recorded */
 } mp__pl_kind_t;
 
 typedef struct mp__pl_block {
