@@ -20,10 +20,16 @@
 
 #include "prog_check.h"
 
-long long cuFakeGetCallCount(const char *name);
+/* The fake's count of its own entry point; absent on a real driver (the
+ * GPU twin in gpu/run_gpu.sh), where the checks on counts are left out. */
+__attribute__((weak)) long long cuFakeGetCallCount(const char *name);
 
 static long long calls(const char *name) {
-  return cuFakeGetCallCount(name);
+  return cuFakeGetCallCount ? cuFakeGetCallCount(name) : -1;
+}
+
+static int counted(void) {
+  return cuFakeGetCallCount != NULL;
 }
 
 int main(int argc, char **argv) {
@@ -57,13 +63,13 @@ int main(int argc, char **argv) {
   expect(cuMemHostAlloc(&wc, 4096, CU_MEMHOSTALLOC_WRITECOMBINED) ==
              CUDA_SUCCESS,
          "write-combined cuMemHostAlloc");
-  expect(calls("cuMemHostAlloc") == a0 + 1,
+  expect(!counted() || calls("cuMemHostAlloc") == a0 + 1,
          "write-combined memory comes from the driver");
   expect(cuMemFreeHost(wc) == CUDA_SUCCESS, "cuMemFreeHost(write-combined)");
-  expect(calls("cuMemFreeHost") == f0 + 1,
+  expect(!counted() || calls("cuMemFreeHost") == f0 + 1,
          "a pointer the pool did not hand out goes to the driver");
   size_t rn = 3 * 4096;
-  unsigned char *reg = malloc(rn);
+  unsigned char *reg = aligned_alloc(4096, rn);
   CUdeviceptr d = 0;
   long long r0 = calls("cuMemHostRegister_v2"),
             u0 = calls("cuMemHostUnregister");
@@ -71,7 +77,7 @@ int main(int argc, char **argv) {
              cuMemHostRegister(reg, rn, CU_MEMHOSTREGISTER_PORTABLE) ==
                  CUDA_SUCCESS,
          "cuMemHostRegister");
-  expect(calls("cuMemHostRegister_v2") == r0 + 1,
+  expect(!counted() || calls("cuMemHostRegister_v2") == r0 + 1,
          "cuMemHostRegister reaches the driver");
   expect(cuMemHostRegister(reg, rn, 0) ==
              CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
@@ -84,7 +90,7 @@ int main(int argc, char **argv) {
   expect(reg[0] == 0xa7 && reg[rn - 1] == 0xa7, "registered contents");
   expect(cuMemFree(d) == CUDA_SUCCESS, "cuMemFree");
   expect(cuMemHostUnregister(reg) == CUDA_SUCCESS, "cuMemHostUnregister");
-  expect(calls("cuMemHostUnregister") == u0 + 1,
+  expect(!counted() || calls("cuMemHostUnregister") == u0 + 1,
          "cuMemHostUnregister reaches the driver");
   printf("registered=%llu ", (unsigned long long)(uintptr_t)reg);
   free(reg);
