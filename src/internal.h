@@ -57,6 +57,14 @@ mp_status_t mp__kv_each(const char *what, const char *str, mp__kv_fn fn,
 /* Formats bytes as "1.50 GiB" into buf (at least 16 bytes); returns buf. */
 const char *mp__fmt_bytes(char *buf, size_t cap, size_t bytes);
 
+/* ---- pool/snapshot.c --------------------------------------------------- */
+
+/* mp_pool_snapshot of several pools in one pickle, pool k written as CUDA
+ * device devices[k] (its segments' "device", device_traces[devices[k]]);
+ * replaces path whole or leaves it untouched. */
+mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
+                                   size_t n, const char *path);
+
 /* ---- ptrmap.c ---------------------------------------------------------- */
 
 /* A hash map from addresses to caller-defined entries, O(1) per operation.

@@ -18,6 +18,10 @@
  * jemalloc writes its metadata into extents it gets from these hooks, so it
  * runs on the host device only, where device memory is host memory. Invariant:
  * reserved = sum of the device allocations in chunks[].
+ * "host-jemalloc" is the same arena over page-locked host memory: its hooks
+ * draw chunks with mp_device_host_alloc (cuMemHostAlloc on CUDA) instead,
+ * so it compares with the host pool on the staging workload, on any device
+ * (the metadata lives in host memory).
  *
  * "cuda-malloc" is the device with nothing between: mp_device_alloc per
  * request and mp_device_free per free (cuMemAlloc/cuMemFree on CUDA), its
@@ -31,7 +35,8 @@
  * pool's: max_bytes, align, segment_bytes, max_split), measured from its
  * stats; "host-pow2" is PyTorch's CachingHostAllocator's policy
  * (host_pow2.c); "host-direct" is one mp_device_host_alloc per request and
- * one mp_device_host_free per free (cudaHostAlloc/cudaFreeHost). */
+ * one mp_device_host_free per free (cudaHostAlloc/cudaFreeHost);
+ * "host-jemalloc" is above. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -112,11 +117,15 @@ void mpb_allocator_help(FILE *out) {
           "  host-direct          page-locked, one host_alloc per request, "
           "one\n"
           "                       host_free per free "
-          "(cudaHostAlloc/cudaFreeHost)\n",
+          "(cudaHostAlloc/cudaFreeHost)\n"
+          "  host-jemalloc        page-locked: the jemalloc arena with its "
+          "extents\n"
+          "                       from host_alloc (cuMemHostAlloc)%s\n",
 #if MPBENCH_HAVE_JEMALLOC
-          ""
+          "", ""
 #else
-          "\n                       (not in this build: no libjemalloc)"
+          "\n                       (not in this build: no libjemalloc)",
+          " (not in this build)"
 #endif
   );
 }
@@ -128,7 +137,7 @@ static bool mpb_prefix(const char *name, const char *word) {
 
 bool mpb_allocator_is_pinned(const char *name) {
   return mpb_prefix(name, "host-pool") || strcmp(name, "host-pow2") == 0 ||
-         strcmp(name, "host-direct") == 0;
+         strcmp(name, "host-direct") == 0 || strcmp(name, "host-jemalloc") == 0;
 }
 
 static bool mpb_is_gpu_only(const char *name) {
@@ -145,7 +154,7 @@ mp_status_t mpb_allocator_check_name(const char *name) {
   return mp__fail(MP_EINVAL,
                   "unknown allocator '%s' (pool, pool:OPTS, child:bytes=SIZE, "
                   "direct, jemalloc, cuda-async, cuda-malloc, host-pool, "
-                  "host-pool:OPTS, host-pow2, host-direct)",
+                  "host-pool:OPTS, host-pow2, host-direct, host-jemalloc)",
                   name);
 }
 
@@ -161,9 +170,9 @@ bool mpb_allocator_available(const char *name, mp_device_t *dev, char *why,
     snprintf(why, why_len, "needs a GPU (device is host)");
     return false;
   }
-  if (strcmp(name, "jemalloc") == 0) {
+  if (strcmp(name, "jemalloc") == 0 || strcmp(name, "host-jemalloc") == 0) {
 #if MPBENCH_HAVE_JEMALLOC
-    if (!mpb_device_is_host(dev)) {
+    if (name[0] == 'j' && !mpb_device_is_host(dev)) {
       snprintf(why, why_len,
                "runs on the host device only (its metadata "
                "lives in the memory it manages)");
@@ -192,12 +201,26 @@ const char *malloc_conf = "retain:false";
 struct mpb_jemalloc {
   extent_hooks_t hooks; /* first: a hook's extent_hooks_t * is this struct */
   mp_device_t *dev;
+  bool pinned; /* chunks from mp_device_host_alloc, not mp_device_alloc */
   unsigned arena;
   size_t reserved;
   uint64_t device_calls;
   void **chunks;
   size_t nchunks, cap;
 };
+
+/* A chunk from the device: device memory, or page-locked host memory. */
+static mp_status_t mpb_je_get(mpb_jemalloc_t *j, size_t size, void **p) {
+  return j->pinned ? mp_device_host_alloc(j->dev, size, p)
+                   : mp_device_alloc(j->dev, size, p);
+}
+
+static void mpb_je_put(mpb_jemalloc_t *j, void *p) {
+  if (j->pinned)
+    mp_device_host_free(j->dev, p);
+  else
+    mp_device_free(j->dev, p);
+}
 
 static bool mpb_je_track(mpb_jemalloc_t *j, void *p) {
   if (!mpb_grow(&j->chunks, &j->cap, j->nchunks, sizeof *j->chunks))
@@ -216,27 +239,26 @@ static void *mpb_je_alloc(extent_hooks_t *h, void *new_addr, size_t size,
   void *p;
   size_t got = size;
   j->device_calls++;
-  if (mp_device_alloc(j->dev, size, &p) != MP_OK)
+  if (mpb_je_get(j, size, &p) != MP_OK)
     return NULL;
   if (((uintptr_t)p & (alignment - 1)) != 0) {
     /* Not aligned enough: ask again with room to align inside. */
     j->device_calls += 2;
-    mp_device_free(j->dev, p);
-    if (size + alignment < size ||
-        mp_device_alloc(j->dev, size + alignment, &p) != MP_OK)
+    mpb_je_put(j, p);
+    if (size + alignment < size || mpb_je_get(j, size + alignment, &p) != MP_OK)
       return NULL;
     got = size + alignment;
   }
   if (!mpb_je_track(j, p)) {
     j->device_calls++;
-    mp_device_free(j->dev, p);
+    mpb_je_put(j, p);
     return NULL;
   }
   j->reserved += got;
   void *ret =
       (void *)(((uintptr_t)p + alignment - 1) & ~(uintptr_t)(alignment - 1));
   if (*zero)
-    memset(ret, 0, size); /* host device: device memory is host memory */
+    memset(ret, 0, size); /* host memory: pinned, or the host device's */
   *commit = true;
   return ret;
 }
@@ -285,12 +307,13 @@ static void mpb_je_close(mpb_jemalloc_t *j) {
   snprintf(cmd, sizeof cmd, "arena.%u.destroy", j->arena);
   mallctl(cmd, NULL, NULL, NULL, 0);
   for (size_t i = 0; i < j->nchunks; i++)
-    mp_device_free(j->dev, j->chunks[i]);
+    mpb_je_put(j, j->chunks[i]);
   free(j->chunks);
   free(j);
 }
 
-static mp_status_t mpb_je_open(mp_device_t *dev, mpb_jemalloc_t **out) {
+static mp_status_t mpb_je_open(mp_device_t *dev, bool pinned,
+                               mpb_jemalloc_t **out) {
   mpb_jemalloc_t *j = calloc(1, sizeof *j);
   if (j == NULL)
     return mp__fail(MP_ENOMEM, "jemalloc: out of host memory");
@@ -304,12 +327,13 @@ static mp_status_t mpb_je_open(mp_device_t *dev, mpb_jemalloc_t **out) {
       .merge = mpb_je_merge,
   };
   j->dev = dev;
+  j->pinned = pinned;
   extent_hooks_t *hp = &j->hooks;
   size_t sz = sizeof j->arena;
   if (mallctl("arenas.create", &j->arena, &sz, &hp, sizeof hp) != 0) {
     /* The hooks may have run (arena metadata) before it failed. */
     for (size_t i = 0; i < j->nchunks; i++)
-      mp_device_free(dev, j->chunks[i]);
+      mpb_je_put(j, j->chunks[i]);
     free(j->chunks);
     free(j);
     return mp__fail(MP_ENOMEM, "jemalloc: arenas.create failed (the device "
@@ -357,10 +381,11 @@ mp_status_t mpb_allocator_open(const char *name, mp_device_t *dev,
   } else if (make == NULL && strcmp(name, "host-direct") == 0) {
     a->kind = MPB_KIND_HOST_DIRECT;
     mp__ptrmap_init(&a->held, sizeof(mpb_held_t));
-  } else if (make == NULL && strcmp(name, "jemalloc") == 0) {
+  } else if (make == NULL && (strcmp(name, "jemalloc") == 0 ||
+                              strcmp(name, "host-jemalloc") == 0)) {
     a->kind = MPB_KIND_JEMALLOC;
 #if MPBENCH_HAVE_JEMALLOC
-    st = mpb_je_open(dev, &a->je);
+    st = mpb_je_open(dev, name[0] == 'h', &a->je);
 #endif
   } else {
     a->kind = make == NULL && strcmp(name, "direct") == 0 ? MPB_KIND_DIRECT

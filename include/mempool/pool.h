@@ -107,6 +107,20 @@ typedef struct mp_pool_config {
                                (option max_fraction=0.5; PyTorch's
                                per_process_memory_fraction); 0: none. With
                                max_bytes: MP_EINVAL, give one */
+  double release_fraction;  /* release_threshold as a fraction (0, 1) of the
+                               memory the pool may hold (option
+                               garbage_collection_threshold=0.8, PyTorch's
+                               name), fixed when the pool is made:
+                               fraction x max_bytes, or x max_fraction of the
+                               device's memory, or, without a cap, x the
+                               device's memory (PyTorch's allowed memory is
+                               the device's total x
+                               per_process_memory_fraction). A device that
+                               does not tell its size: MP_EINVAL at create.
+                               PyTorch frees cached blocks once reserved
+                               memory passes it; here idle memory above it
+                               goes back. With release_threshold: MP_EINVAL,
+                               give one. 0: none (the default) */
 } mp_pool_config_t;
 
 /* Defaults, then $MEMPOOL_CONF overrides ("max_bytes=8G,align=512,..."). A

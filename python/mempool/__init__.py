@@ -20,7 +20,8 @@ from ._stats import TORCH_KEYS, Stats, to_dict
 __all__ = ["Device", "Pool", "Stream", "Stats", "MempoolError", "InvalidArgument",
            "OutOfMemory", "NotSupported", "Busy", "DeviceUnavailable",
            "DriverError", "Corrupt", "LibraryNotFound", "find_library",
-           "library_path", "default_pool_stats", "TORCH_KEYS"]
+           "library_path", "default_pool_stats", "TORCH_KEYS",
+           "preload_pause", "preload_resume", "PreloadNotFound"]
 __version__ = "0.1.0"
 
 
@@ -297,6 +298,23 @@ class Pool:
         finally:
             libc.fclose(f)
 
+    def pause(self, keep_content=True):
+        """Gives every mapped byte back to the device and keeps the pool's
+        addresses (mp_pool_pause); with keep_content the live blocks are
+        copied to page-locked host memory first and come back byte for byte
+        on resume, without it their content is undefined afterwards. While
+        paused every call but resume, stats, dump and destroy raises Busy.
+        A pool with plain segments (virtual=0, or a device without virtual
+        memory) raises NotSupported; paused already: Busy."""
+        _check(_lib.lib().mp_pool_pause(self._live(), 1 if keep_content else 0),
+               "mp_pool_pause")
+
+    def resume(self):
+        """Maps the memory again at the same addresses (mp_pool_resume). If
+        the device has no room the pool stays paused, nothing lost, and
+        resume may be tried again; not paused: InvalidArgument."""
+        _check(_lib.lib().mp_pool_resume(self._live()), "mp_pool_resume")
+
     def reset_peaks(self):
         _check(_lib.lib().mp_pool_reset_peaks(self._live()), "mp_pool_reset_peaks")
 
@@ -322,3 +340,46 @@ def default_pool_stats():
     s = Stats()
     _check(L.mp_pool_get_stats(h, ctypes.byref(s)), "mp_pool_get_stats")
     return to_dict(s)
+
+
+class PreloadNotFound(MempoolError):
+    """mempool_preload_pause/resume called in a process without
+    libmempool_preload.so (LD_PRELOAD)."""
+
+
+def _preload_call(name, *args):
+    try:
+        fn = getattr(ctypes.CDLL(None), name)
+    except AttributeError:
+        raise PreloadNotFound(-1, "MP_UNKNOWN", "the shim is not loaded",
+                              "%s: start the process with "
+                              "LD_PRELOAD=libmempool_preload.so" % name, name) from None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_uint] * len(args)
+    st = fn(*args)
+    if st != 0:
+        # The shim links its own copy of the library: the status names are
+        # the same, its last error is its own (it says it on stderr).
+        L = _lib.lib()
+        name_ = _s(L.mp_status_name(st))
+        raise _CLASSES.get(name_, MempoolError)(
+            st, name_, _s(L.mp_status_string(st)), "see the shim's message on stderr",
+            name)
+
+
+def preload_pause(keep_content=True):
+    """In a process running under the shim (LD_PRELOAD=libmempool_preload.so),
+    pauses every device's pool the shim serves cudaMalloc & co. from, all or
+    none (mempool_preload_pause): the program's device memory goes back to
+    the driver, its addresses stay reserved. While paused the program's
+    allocations and frees fail and change nothing. Raises PreloadNotFound
+    without the shim, Busy when paused already, NotSupported for pools
+    without virtual memory, InvalidArgument when the shim passes calls
+    through (no pool)."""
+    _preload_call("mempool_preload_pause", 1 if keep_content else 0)
+
+
+def preload_resume():
+    """Maps every paused pool of the shim again at the same addresses
+    (mempool_preload_resume), content back if it was kept."""
+    _preload_call("mempool_preload_resume")

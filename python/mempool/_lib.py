@@ -80,6 +80,8 @@ _PROTOTYPES = {
     "mp_pool_get_stats": (_st, [_c, _c]),
     "mp_pool_reset_peaks": (_st, [_c]),
     "mp_pool_dump": (_st, [_c, _c, ctypes.c_char_p]),
+    "mp_pool_pause": (_st, [_c, ctypes.c_uint]),
+    "mp_pool_resume": (_st, [_c]),
     "mp_default_pool": (_c, []),
 }
 

@@ -5,9 +5,10 @@
  * release_threshold (sizes
  * with K/M/G/T), virtual, defrag_on_oom (booleans), history (events the
  * history ring keeps), history_stacks (boolean), max_fraction (of the
- * device's memory, in (0, 1]), and PyTorch's
- * expandable_segments and max_split_size_mb; "key=value" or PyTorch's
- * "key:value". A string is applied to a copy and the
+ * device's memory, in (0, 1]), and PyTorch's expandable_segments,
+ * max_split_size_mb, per_process_memory_fraction (max_fraction) and
+ * garbage_collection_threshold (release_fraction, in (0, 1)); "key=value"
+ * or PyTorch's "key:value". A string is applied to a copy and the
  * copy is committed only when every pair parsed, so a rejected string leaves
  * the caller's config unchanged. A bad $MEMPOOL_CONF in mp_pool_config_init
  * leaves the defaults and sets a private flag that mp_pool_create reports. */
@@ -28,7 +29,8 @@ typedef enum {
   MP__KEY_MIB,
   MP__KEY_COUNT,
   MP__KEY_FLAG,
-  MP__KEY_FRACTION /* a double in (0, 1] */
+  MP__KEY_FRACTION,      /* a double in (0, 1] */
+  MP__KEY_FRACTION_BELOW /* a double in (0, 1) */
 } mp__key_kind_t;
 
 typedef struct mp__conf_key {
@@ -57,6 +59,10 @@ static const mp__conf_key_t mp__conf_keys[] = {
     {"expandable_segments", MP__KEY_FLAG, 0, MP_POOL_VIRTUAL},
     {"max_split_size_mb", MP__KEY_MIB, offsetof(mp_pool_config_t, max_split),
      0},
+    {"per_process_memory_fraction", MP__KEY_FRACTION,
+     offsetof(mp_pool_config_t, max_fraction), 0},
+    {"garbage_collection_threshold", MP__KEY_FRACTION_BELOW,
+     offsetof(mp_pool_config_t, release_fraction), 0},
 };
 #define MP__NKEYS (sizeof mp__conf_keys / sizeof *mp__conf_keys)
 
@@ -74,7 +80,7 @@ static bool mp__same_setting(const mp__conf_key_t *a, const mp__conf_key_t *b) {
 }
 
 static mp_status_t mp__unknown_key(const char *what, const char *k, size_t kl) {
-  char known[256] = "";
+  char known[512] = "";
   size_t n = 0;
   for (size_t i = 0; i < MP__NKEYS && n < sizeof known; i++)
     n += (size_t)snprintf(known + n, sizeof known - n, "%s%s", i ? ", " : "",
@@ -107,7 +113,8 @@ static mp_status_t mp__conf_pair(void *vctx, const char *k, size_t kl,
     c->flags = on ? (c->flags | key->bit) : (c->flags & ~key->bit);
     return MP_OK;
   }
-  if (key->kind == MP__KEY_FRACTION) {
+  if (key->kind == MP__KEY_FRACTION || key->kind == MP__KEY_FRACTION_BELOW) {
+    bool below = key->kind == MP__KEY_FRACTION_BELOW;
     char buf[32];
     char *end = NULL;
     double f = 0;
@@ -116,10 +123,10 @@ static mp_status_t mp__conf_pair(void *vctx, const char *k, size_t kl,
       buf[vl] = '\0';
       f = strtod(buf, &end);
     }
-    if (end == NULL || *end != '\0' || !(f > 0 && f <= 1))
+    if (end == NULL || *end != '\0' || !(f > 0 && (below ? f < 1 : f <= 1)))
       return mp__fail(MP_EINVAL,
-                      "bad %s: %s='%.*s' is not a fraction in (0, 1]",
-                      ctx->what, key->name, (int)vl, v);
+                      "bad %s: %s='%.*s' is not a fraction in (0, 1%c",
+                      ctx->what, key->name, (int)vl, v, below ? ')' : ']');
     memcpy((char *)c + key->field, &f, sizeof f);
     return MP_OK;
   }
@@ -202,6 +209,14 @@ mp_status_t mp__config_validate(const mp_pool_config_t *cfg) {
   if (cfg->max_fraction > 0 && cfg->max_bytes != 0)
     return mp__fail(MP_EINVAL, "pool config: max_bytes and max_fraction both "
                                "cap the pool: give one");
+  if (!(cfg->release_fraction >= 0 && cfg->release_fraction < 1))
+    return mp__fail(MP_EINVAL,
+                    "pool config: release_fraction %g is not in (0, 1)",
+                    cfg->release_fraction);
+  if (cfg->release_fraction > 0 && cfg->release_threshold != 0)
+    return mp__fail(MP_EINVAL,
+                    "pool config: release_threshold and release_fraction "
+                    "(garbage_collection_threshold) both set it: give one");
   if (cfg->history > MP__HIST_MAX)
     return mp__fail(MP_EINVAL, "pool config: history %zu is above %zu events",
                     cfg->history, MP__HIST_MAX);

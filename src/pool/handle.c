@@ -144,6 +144,7 @@ mp_status_t mp_pool_alloc_movable(mp_pool_t *pool, size_t bytes, mp_stream_t s,
   }
   /* One locked step: nobody can free the block as a raw pointer before it
    * is marked movable. */
+  MP__HIST_ENTRY(pool);
   mp__pool_lock(pool);
   void *p;
   mp_status_t st = mp__pool_alloc_locked(pool, bytes, s, &p);

@@ -19,9 +19,14 @@
 
 #include "pool_internal.h"
 
-/* Frames of the recording machinery itself (mp__hist_record and its
- * caller here) are dropped from the stack. */
-#define MP__HIST_SKIP 2
+/* A stack starts at the caller of the public entry point (MP__HIST_ENTRY),
+ * searched for in the first MP__HIST_DEPTH frames; the pool's own frames
+ * above it (entry point, locked core, block and segment code, this file)
+ * are dropped. Without the mark, only this file's two frames are. */
+#define MP__HIST_SKIP  2
+#define MP__HIST_DEPTH 32
+
+_Thread_local void *mp__hist_caller;
 
 mp_status_t mp__history_init(mp_pool_t *pool) {
   size_t n = pool->cfg.history;
@@ -81,16 +86,21 @@ mp__hist_record(mp_pool_t *pool, const unsigned *actions, int n, uintptr_t addr,
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   uint64_t us = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-  void *raw[MP__HIST_FRAMES + MP__HIST_SKIP];
-  int nf = 0;
+  void *raw[MP__HIST_DEPTH + MP__HIST_FRAMES];
+  int nf = 0, skip = 0;
   if (h->frames != NULL) {
-    nf = backtrace(raw, MP__HIST_FRAMES + MP__HIST_SKIP) - MP__HIST_SKIP;
-    if (nf < 0)
-      nf = 0;
+    int got = backtrace(raw, MP__HIST_DEPTH + MP__HIST_FRAMES);
+    skip = MP__HIST_SKIP;
+    for (int i = 0; i < got && i < MP__HIST_DEPTH; i++)
+      if (raw[i] == mp__hist_caller) {
+        skip = i;
+        break;
+      }
+    nf = got - skip;
+    nf = nf < 0 ? 0 : nf > MP__HIST_FRAMES ? MP__HIST_FRAMES : nf;
   }
   for (int k = 0; k < n; k++)
-    mp__hist_put(h, actions[k], addr, size, stream, us, raw + MP__HIST_SKIP,
-                 nf);
+    mp__hist_put(h, actions[k], addr, size, stream, us, raw + skip, nf);
 }
 
 void mp__history_record(mp_pool_t *pool, unsigned action, uintptr_t addr,

@@ -420,6 +420,17 @@ mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
   } else {
     pool->cap = SIZE_MAX;
   }
+  if (cfg->release_fraction > 0) {
+    if (pool->cap == SIZE_MAX) {
+      mp__pool_free_host(pool);
+      return mp__fail(MP_EINVAL,
+                      "pool config: garbage_collection_threshold "
+                      "(release_fraction) needs a cap or the device's size, "
+                      "which it does not tell");
+    }
+    pool->cfg.release_threshold =
+        (size_t)((double)pool->cap * cfg->release_fraction);
+  }
   size_t g = 0;
   if (cfg->flags & MP_POOL_VIRTUAL) {
     /* A device without virtual memory is not a failure of this call: keep
@@ -607,6 +618,7 @@ mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
     *out = NULL;
     return MP_OK;
   }
+  MP__HIST_ENTRY(pool);
   pthread_mutex_lock(&pool->lock);
   mp_status_t st = mp__pool_alloc_locked(pool, bytes, s, out);
   if (mp__pool_oom_retry(pool, st, bytes))
@@ -738,6 +750,7 @@ static mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
 mp_status_t mp_pool_free(mp_pool_t *pool, void *ptr) {
   if (MP__UNLIKELY(pool == NULL))
     return mp__fail(MP_EINVAL, "mp_pool_free: pool is NULL");
+  MP__HIST_ENTRY(pool);
   return mp__pool_free_as(pool, ptr, MP__FREE_OWN, NULL, "mp_pool_free");
 }
 
@@ -749,6 +762,7 @@ mp_status_t mp__pool_free_on(mp_pool_t *pool, void *ptr, mp_stream_t s,
 mp_status_t mp_pool_free_after_all(mp_pool_t *pool, void *ptr) {
   if (MP__UNLIKELY(pool == NULL))
     return mp__fail(MP_EINVAL, "mp_pool_free_after_all: pool is NULL");
+  MP__HIST_ENTRY(pool);
   return mp__pool_free_as(pool, ptr, MP__FREE_ALL, NULL,
                           "mp_pool_free_after_all");
 }
@@ -768,6 +782,7 @@ mp_status_t mp_pool_add_stream(mp_pool_t *pool, mp_stream_t s) {
 mp_status_t mp_pool_free_async(mp_pool_t *pool, void *ptr, mp_stream_t s) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_free_async: pool is NULL");
+  MP__HIST_ENTRY(pool);
   return mp__pool_free_on(pool, ptr, s, "mp_pool_free_async");
 }
 
@@ -793,6 +808,7 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
     overflow = !mp__pool_round(pool, sizes[i], &r) || total > SIZE_MAX - r;
     total += overflow ? 0 : r;
   }
+  MP__HIST_ENTRY(pool);
   pthread_mutex_lock(&pool->lock);
   mp_status_t pst = mp__pool_paused(pool, "mp_pool_alloc_contiguous");
   if (pst != MP_OK) {
@@ -865,6 +881,7 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
 mp_status_t mp_pool_trim(mp_pool_t *pool, size_t keep_bytes) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_trim: pool is NULL");
+  MP__HIST_ENTRY(pool);
   pthread_mutex_lock(&pool->lock);
   mp_status_t st = mp__pool_paused(pool, "mp_pool_trim");
   if (st == MP_OK && pool->st.free_bytes > keep_bytes && pool->parent == NULL) {

@@ -482,6 +482,16 @@ void mp__history_free(mp_pool_t *pool, uintptr_t addr, size_t size,
       mp__history_record((pool), (action), (uintptr_t)(addr), (size),          \
                          (uintptr_t)(stream));                                 \
   } while (0)
+/* Where the public entry point running on this thread returns to: a
+ * recorded stack starts at that frame, the pool's caller, however deep the
+ * pool's own frames went. Stored only when stacks are recorded; an event
+ * whose stack does not hold it (a stale value) drops a fixed count. */
+extern _Thread_local void *mp__hist_caller;
+#define MP__HIST_ENTRY(pool)                                                   \
+  do {                                                                         \
+    if (MP__UNLIKELY((pool)->hist.frames != NULL))                             \
+      mp__hist_caller = __builtin_return_address(0);                           \
+  } while (0)
 /* The stream handle of stream index sidx, for events. */
 #define MP__HIST_STREAM(pool, sidx)                                            \
   ((sidx) < (pool)->nstreams ? (uintptr_t)(pool)->streams[(sidx)].s : 0)

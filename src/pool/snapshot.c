@@ -25,7 +25,11 @@
  * none) with the offset, line 0.
  *
  * The pool lock is held only while the state is copied; symbolizing and
- * writing happen after. */
+ * writing happen after. One snapshot may hold several pools, one per CUDA
+ * device (mp__pool_snapshot_many, for the shim): each segment says its
+ * device, and device_traces has one list per ordinal up to the highest,
+ * empty for a device without a pool. Each pool is copied under its own
+ * lock in turn, so the pools are not caught at one instant. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -133,6 +137,7 @@ typedef struct {
   void **frames;    /* MP__HIST_FRAMES per event, or NULL */
   size_t nev;
   size_t segment_bytes;
+  int device; /* the CUDA ordinal it is written as */
 } mp__snap_t;
 
 static void mp__snap_free(mp__snap_t *s) {
@@ -276,7 +281,7 @@ static void mp__write_segment(mp__pk_t *w, const mp__snap_t *s, size_t b0,
     }
   }
   mp__pk_dict(w);
-  mp__pk_kint(w, "device", 0);
+  mp__pk_kint(w, "device", (uint64_t)s->device);
   mp__pk_kint(w, "address", s->blocks[b0].addr);
   mp__pk_kint(w, "total_size", total);
   mp__pk_kint(w, "allocated_size", allocated);
@@ -320,14 +325,9 @@ static const char *const mp__hist_names[MP__H_NACTIONS] = {
     [MP__H_OOM] = "oom",
 };
 
-static void mp__write_snapshot(mp__pk_t *w, const mp__snap_t *s) {
-  mp__pk_op(w, 0x80); /* PROTO 2 */
-  mp__pk_op(w, 2);
-  mp__pk_dict(w);
-  mp__pk_str(w, "segments");
-  mp__pk_list(w);
+/* Segments: runs of blocks between holes. */
+static void mp__write_segments(mp__pk_t *w, const mp__snap_t *s) {
   for (size_t g = 0; g < s->nsegs; g++) {
-    /* Runs of blocks between holes. */
     size_t i = s->segs[g].first, end = i + s->segs[g].nblocks;
     while (i < end) {
       while (i < end && s->blocks[i].hole)
@@ -340,10 +340,9 @@ static void mp__write_snapshot(mp__pk_t *w, const mp__snap_t *s) {
       i = j;
     }
   }
-  mp__pk_list_end(w);
-  mp__pk_str(w, "device_traces");
-  mp__pk_list(w);
-  mp__pk_list(w);
+}
+
+static void mp__write_trace(mp__pk_t *w, const mp__snap_t *s) {
   for (size_t e = 0; e < s->nev; e++) {
     const mp__hevent_t *ev = &s->ev[e];
     mp__pk_dict(w);
@@ -357,45 +356,95 @@ static void mp__write_snapshot(mp__pk_t *w, const mp__snap_t *s) {
     mp__write_frames(w, s, e);
     mp__pk_dict_end(w);
   }
+}
+
+static void mp__write_snapshot(mp__pk_t *w, const mp__snap_t *snaps, size_t n) {
+  mp__pk_op(w, 0x80); /* PROTO 2 */
+  mp__pk_op(w, 2);
+  mp__pk_dict(w);
+  mp__pk_str(w, "segments");
+  mp__pk_list(w);
+  int top = 0;
+  for (size_t k = 0; k < n; k++) {
+    mp__write_segments(w, &snaps[k]);
+    top = snaps[k].device > top ? snaps[k].device : top;
+  }
   mp__pk_list_end(w);
+  /* device_traces[d] is device d's (PyTorch indexes it by ordinal). */
+  mp__pk_str(w, "device_traces");
+  mp__pk_list(w);
+  for (int d = 0; d <= top; d++) {
+    mp__pk_list(w);
+    for (size_t k = 0; k < n; k++)
+      if (snaps[k].device == d)
+        mp__write_trace(w, &snaps[k]);
+    mp__pk_list_end(w);
+  }
   mp__pk_list_end(w);
   mp__pk_dict_end(w);
   mp__pk_op(w, '.'); /* STOP */
+}
+
+static void mp__snaps_free(mp__snap_t *snaps, size_t n) {
+  for (size_t k = 0; k < n; k++)
+    mp__snap_free(&snaps[k]);
+  free(snaps);
+}
+
+static mp_status_t mp__snapshot_write(mp_pool_t *const *pools,
+                                      const int *devices, size_t n, FILE *out) {
+  mp__snap_t *snaps = calloc(n ? n : 1, sizeof *snaps);
+  if (snaps == NULL)
+    return mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
+  mp_status_t st = MP_OK;
+  size_t got = 0;
+  for (; st == MP_OK && got < n; got++) {
+    pthread_mutex_lock(&pools[got]->lock);
+    st = mp__snap_take(pools[got], &snaps[got]);
+    pthread_mutex_unlock(&pools[got]->lock);
+    if (st != MP_OK)
+      break;
+    snaps[got].device = devices[got];
+    st = mp__snap_link_events(&snaps[got]);
+  }
+  if (st == MP_OK) {
+    mp__pk_t w = {out, false};
+    mp__write_snapshot(&w, snaps, n);
+    if (w.bad || fflush(out) != 0)
+      st = mp__fail(MP_EIO, "mp_pool_snapshot: write error");
+  }
+  mp__snaps_free(snaps, n);
+  return st;
 }
 
 mp_status_t mp_pool_snapshot_file(mp_pool_t *pool, FILE *out) {
   if (pool == NULL || out == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_snapshot: %s is NULL",
                     pool == NULL ? "pool" : "out");
-  mp__snap_t s;
-  pthread_mutex_lock(&pool->lock);
-  mp_status_t st = mp__snap_take(pool, &s);
-  pthread_mutex_unlock(&pool->lock);
-  if (st != MP_OK)
-    return st;
-  if ((st = mp__snap_link_events(&s)) != MP_OK) {
-    mp__snap_free(&s);
-    return st;
-  }
-  mp__pk_t w = {out, false};
-  mp__write_snapshot(&w, &s);
-  mp__snap_free(&s);
-  if (w.bad || fflush(out) != 0)
-    return mp__fail(MP_EIO, "mp_pool_snapshot: write error");
-  return MP_OK;
+  static const int device0 = 0;
+  return mp__snapshot_write(&pool, &device0, 1, out);
 }
 
-mp_status_t mp_pool_snapshot(mp_pool_t *pool, const char *path) {
-  if (pool == NULL || path == NULL || path[0] == '\0')
+mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
+                                   size_t n, const char *path) {
+  if (n == 0 || pools == NULL || devices == NULL || path == NULL ||
+      path[0] == '\0')
     return mp__fail(MP_EINVAL, "mp_pool_snapshot: %s",
-                    pool == NULL ? "pool is NULL" : "path is NULL or empty");
+                    path == NULL || path[0] == '\0' ? "path is NULL or empty"
+                                                    : "no pool");
+  for (size_t k = 0; k < n; k++)
+    if (pools[k] == NULL || devices[k] < 0 || devices[k] >= 1 << 16)
+      return mp__fail(MP_EINVAL,
+                      "mp_pool_snapshot: pool %zu is NULL or its "
+                      "device ordinal is out of range",
+                      k);
   /* A temporary beside path, renamed over it once complete: a failed
    * snapshot leaves whatever was at path untouched. */
-  size_t n = strlen(path) + 16;
-  char *tmp = malloc(n);
+  size_t tn = strlen(path) + 16;
+  char *tmp = malloc(tn);
   if (tmp == NULL)
     return mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
-  snprintf(tmp, n, "%s.tmp.XXXXXX", path);
+  snprintf(tmp, tn, "%s.tmp.XXXXXX", path);
   int fd = mkstemp(tmp);
   FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
   if (f == NULL) {
@@ -408,7 +457,7 @@ mp_status_t mp_pool_snapshot(mp_pool_t *pool, const char *path) {
     free(tmp);
     return st;
   }
-  mp_status_t st = mp_pool_snapshot_file(pool, f);
+  mp_status_t st = mp__snapshot_write(pools, devices, n, f);
   if (fclose(f) != 0 && st == MP_OK)
     st = mp__fail(MP_EIO, "mp_pool_snapshot: write error on '%s'", path);
   if (st == MP_OK && rename(tmp, path) != 0)
@@ -417,4 +466,11 @@ mp_status_t mp_pool_snapshot(mp_pool_t *pool, const char *path) {
     unlink(tmp);
   free(tmp);
   return st;
+}
+
+mp_status_t mp_pool_snapshot(mp_pool_t *pool, const char *path) {
+  if (pool == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_snapshot: pool is NULL");
+  static const int device0 = 0;
+  return mp__pool_snapshot_many(&pool, &device0, 1, path);
 }

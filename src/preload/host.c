@@ -13,7 +13,10 @@
  * same address (CUDA Driver API, "Unified Addressing"). A free goes to the pool
  * when the shim's table says the pool handed the pointer out; any other pointer
  * (the driver's, memory from cudaHostRegister is never freed here) goes to the
- * real entry point.
+ * real entry point. Write-combined memory the driver handed out is in the
+ * table too (MP__PL_FROM_REAL_HOST), so its free is marked in the trace
+ * like its allocation. cudaHostRegister / cuMemHostRegister are not hooked:
+ * registered memory is the program's, never counted or traced.
  *
  * cudaFreeHost and cuMemFreeHost synchronize the device before the memory
  * goes (the driver's do, as an implicit synchronization); the shim keeps
@@ -147,6 +150,9 @@ static unsigned int mp__h_alloc(mp__hvariant_t v, void **p, size_t bytes,
     r = mp__h_error(runtime, MP_ENOMEM); /* no driver behind the host device */
   } else {
     r = mp__h_real_alloc(v, p, bytes, flags);
+    /* Known, so that its free is recorded too. */
+    if (outer && r == 0)
+      mp__pl_table_put((uintptr_t)*p, bytes, 0, MP__PL_FROM_REAL_HOST);
   }
   if (outer && r == 0)
     mp__pl_record_other("pinned", (uintptr_t)*p, bytes);
@@ -170,6 +176,12 @@ static unsigned int mp__h_free(bool runtime, void *ptr) {
       else
         mp__pl_table_put(b.ptr, b.size, b.stream, b.kind);
       r = mp__h_error(runtime, st);
+    } else if (b.kind == MP__PL_FROM_REAL_HOST) {
+      r = mp__h_real_free(runtime, ptr);
+      if (r == 0)
+        mp__pl_record_other("pinned_free", b.ptr, b.size);
+      else
+        mp__pl_table_put(b.ptr, b.size, b.stream, b.kind);
     } else {
       mp__pl_table_put(b.ptr, b.size, b.stream, b.kind); /* not pinned */
       r = mp__h_error(runtime, MP_EINVAL);

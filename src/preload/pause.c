@@ -18,19 +18,6 @@
  * and change nothing; the shim's own page-locked host pool is not paused. */
 #include "hooks.h"
 
-#define MP__PAUSE_MAX MP__PL_MAX_DEVICES
-
-typedef struct {
-  mp_pool_t *pool[MP__PAUSE_MAX];
-  int n;
-} mp__pools_t;
-
-static void mp__collect(mp_pool_t *pool, void *ctx) {
-  mp__pools_t *ps = ctx;
-  if (ps->n < MP__PAUSE_MAX)
-    ps->pool[ps->n++] = pool;
-}
-
 static pthread_mutex_t mp__pause_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int mp__pause_all(bool pause, unsigned flags) {
@@ -39,9 +26,9 @@ static int mp__pause_all(bool pause, unsigned flags) {
     return MP_EBUSY;
   }
   const mp__pl_t *pl = mp__pl_get();
-  mp__pools_t ps = {.n = 0};
+  mp__pl_pools_t ps = {.n = 0};
   if (pl->mode == MP__PL_POOL)
-    mp__pl_each_pool(mp__collect, &ps);
+    mp__pl_pools(&ps);
   mp_status_t st = ps.n > 0 ? MP_OK : MP_EINVAL;
   pthread_mutex_lock(&mp__pause_lock);
   int done = 0;

@@ -122,8 +122,17 @@ typedef struct mp__pl {
 mp_pool_t *mp__pl_pool_of(const mp__pl_t *pl, int ordinal);
 /* Calls fn(dev, ctx) for every device that has a pool. */
 void mp__pl_each_device(void (*fn)(mp_device_t *, void *), void *ctx);
-/* Calls fn(pool, ctx) for every pool (host mode: the one). */
-void mp__pl_each_pool(void (*fn)(mp_pool_t *, void *), void *ctx);
+/* Calls fn(pool, ordinal, ctx) for every pool, by CUDA ordinal (host
+ * mode: the one, as ordinal 0). */
+void mp__pl_each_pool(void (*fn)(mp_pool_t *, int, void *), void *ctx);
+
+/* Every pool and its ordinal, collected by mp__pl_each_pool. */
+typedef struct mp__pl_pools {
+  mp_pool_t *pool[MP__PL_MAX_DEVICES];
+  int ordinal[MP__PL_MAX_DEVICES];
+  int n;
+} mp__pl_pools_t;
+void mp__pl_pools(mp__pl_pools_t *out);
 
 /* The started state (starting it on first use). Never NULL. */
 const mp__pl_t *mp__pl_get(void);
@@ -137,10 +146,12 @@ void mp__pl_leave(void);
 /* The pointers the shim knows of: what it handed out from the pool or the
  * device, and what it recorded on the way to the real entry point. */
 typedef enum mp__pl_kind {
-  MP__PL_FROM_POOL,    /* mp_pool_alloc */
-  MP__PL_FROM_DEVICE,  /* mp_device_alloc (managed memory, host mode) */
-  MP__PL_FROM_HOSTMEM, /* mp_device_host_alloc (pinned memory, host mode) */
-  MP__PL_FROM_REAL,    /* the real entry point; only recorded */
+  MP__PL_FROM_POOL,      /* mp_pool_alloc */
+  MP__PL_FROM_DEVICE,    /* mp_device_alloc (managed memory, host mode) */
+  MP__PL_FROM_HOSTMEM,   /* mp_device_host_alloc (pinned memory, host mode) */
+  MP__PL_FROM_REAL,      /* the real entry point; only recorded */
+  MP__PL_FROM_REAL_HOST, /* page-locked memory from the real entry point
+                            (write-combined); only recorded */
 } mp__pl_kind_t;
 
 typedef struct mp__pl_block {
@@ -163,7 +174,8 @@ bool mp__pl_table_find_pool(uintptr_t addr, mp__pl_block_t *out);
 
 /* ---- record.c ----------------------------------------------------------- */
 
-/* Opens $MEMPOOL_TRACE (called once from the start). */
+/* Opens $MEMPOOL_TRACE and, in pool mode, arms $MEMPOOL_SNAPSHOT_SIGNAL
+ * (called once from the start). */
 void mp__pl_record_open(const mp__pl_t *pl);
 void mp__pl_record_alloc(uintptr_t ptr, size_t size, uintptr_t stream, bool ok);
 void mp__pl_record_free(uintptr_t ptr, size_t size, uintptr_t stream);

@@ -8,11 +8,22 @@
  * memory is not device memory the pool could serve: it is counted in the
  * report and marked in the .json trace, never written to the CSV, so a
  * replay sees exactly the device allocations.
- * $MEMPOOL_REPORT=path|stderr: JSON statistics at exit.
- * $MEMPOOL_SNAPSHOT=path: the pool as PyTorch's snapshot pickle at exit
- * (mp_pool_snapshot; open it in memory_viz; with MEMPOOL_CONF=history=N it
- * carries the last N events), and mempool_preload_snapshot(path) writes
- * one whenever the program asks (through ctypes, say).
+ * $MEMPOOL_REPORT=path|stderr: JSON statistics at exit; "torch" holds every
+ * pool's torch.cuda.memory_stats() names, keyed by device, as
+ * mp_pool_dump(pool, f, "torch") writes them.
+ * $MEMPOOL_SNAPSHOT=path: every device's pool as one PyTorch snapshot
+ * pickle at exit (each segment's "device" and device_traces[ordinal]; open
+ * it in memory_viz; with MEMPOOL_CONF=history=N it carries the last N
+ * events per pool), and mempool_preload_snapshot(path) writes one whenever
+ * the program asks (through ctypes, say). $MEMPOOL_SNAPSHOT_SIGNAL=USR1
+ * (USR2, or a signal number) writes one each time the process gets that
+ * signal: the handler only writes a byte to a pipe (async-signal-safe);
+ * a helper thread, started with the shim in pool mode and blocking every
+ * signal, reads it and writes the snapshot, so a program stuck or asleep
+ * outside any CUDA call still answers. Signals that come faster than
+ * snapshots are written coalesce. The handler replaces the program's own
+ * for that signal (installed at the first hooked call): choose one it does
+ * not use.
  * In both paths "%p" stands for the process id. Only a process that made a
  * hooked call writes anything: the many processes a job starts with the
  * variables inherited (shells, tools) leave the files alone.
@@ -22,6 +33,8 @@
  * is flushed before the fork and the child drops the stream), and the .json
  * trace is closed exactly once, at exit; later events are counted only. */
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +55,8 @@ static struct {
   uint64_t bypass_capture, bypass_other_device, foreign_frees;
   size_t live, peak_live;
 } mp__rec = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void mp__snapshot_signal_arm(void);
 
 static _Thread_local long mp__tid;
 
@@ -98,6 +113,8 @@ void mp__pl_record_open(const mp__pl_t *pl) {
     }
   }
   pthread_mutex_unlock(&mp__rec.lock);
+  if (pl->mode == MP__PL_POOL && !mp__rec.child)
+    mp__snapshot_signal_arm();
 }
 
 /* Microseconds since the start, for the .json trace. */
@@ -217,9 +234,39 @@ void mp__pl_count_bypass(const char *why) {
   pthread_mutex_unlock(&mp__rec.lock);
 }
 
+static void mp__torch_one(mp_pool_t *pool, int ordinal, void *ctx) {
+  (void)ordinal;
+  FILE *f = ctx;
+  fprintf(f, "%s\n    \"%s\": ", ftell(f) > 0 ? "," : "",
+          mp_device_name(mp_pool_device(pool)));
+  if (mp_pool_dump(pool, f, "torch") != MP_OK)
+    fputs("null", f);
+}
+
+/* The members of the report's "torch" object: mp_pool_dump's "torch" view
+ * of every pool, keyed by device, written before the record lock is taken
+ * (the dump takes each pool's lock; see mp__reserved_now). NULL when there
+ * is no pool; free() it. */
+static char *mp__torch_views(const mp__pl_t *pl) {
+  char *buf = NULL;
+  size_t len = 0;
+  if (pl == NULL || pl->mode != MP__PL_POOL)
+    return NULL;
+  FILE *f = open_memstream(&buf, &len);
+  if (f == NULL)
+    return NULL;
+  mp__pl_each_pool(mp__torch_one, f);
+  if (fclose(f) != 0 || len == 0) {
+    free(buf);
+    return NULL;
+  }
+  return buf;
+}
+
 /* pool: the pool's statistics, read before the record lock was taken (see
- * mp__reserved_now); NULL in passthrough. */
-static void mp__report(FILE *f, const mp__pl_t *pl, const mp_stats_t *pool) {
+ * mp__reserved_now); NULL in passthrough. torch: mp__torch_views. */
+static void mp__report(FILE *f, const mp__pl_t *pl, const mp_stats_t *pool,
+                       const char *torch) {
   const char *mode = pl->mode == MP__PL_POOL ? "pool" : "passthrough";
   fprintf(f,
           "{\n  \"mode\": \"%s\",\n  \"device\": \"%s\",\n"
@@ -255,15 +302,21 @@ static void mp__report(FILE *f, const mp__pl_t *pl, const mp_stats_t *pool) {
             (unsigned long long)s.device_free_count,
             (unsigned long long)s.oom_count);
   }
+  if (torch != NULL)
+    fprintf(f, ",\n  \"torch\": {%s  }", torch);
   mp__pl_host_report(f);
   fputs("\n}\n", f);
 }
 
 int mempool_preload_snapshot(const char *path) {
   const mp__pl_t *pl = mp__pl_get();
-  if (path == NULL || pl->mode != MP__PL_POOL || pl->pool == NULL)
+  if (path == NULL || pl->mode != MP__PL_POOL)
     return MP_EINVAL;
-  mp_status_t st = mp_pool_snapshot(pl->pool, path);
+  mp__pl_pools_t ps;
+  mp__pl_pools(&ps);
+  mp_status_t st = ps.n == 0 ? MP_EINVAL
+                             : mp__pool_snapshot_many(ps.pool, ps.ordinal,
+                                                      (size_t)ps.n, path);
   if (st != MP_OK)
     fprintf(stderr, "mempool preload: snapshot '%s': %s\n", path,
             mp_last_error());
@@ -278,9 +331,11 @@ void mp__pl_record_finish(const mp__pl_t *pl) {
   mp_stats_t stats;
   bool have_stats = pl != NULL && pl->pool != NULL &&
                     mp_pool_get_stats(pl->pool, &stats) == MP_OK;
+  char *torch = mp__rec.child ? NULL : mp__torch_views(pl);
   pthread_mutex_lock(&mp__rec.lock);
   if (mp__rec.child || pl == NULL) {
     pthread_mutex_unlock(&mp__rec.lock);
+    free(torch);
     return;
   }
   if (mp__rec.trace != NULL && !mp__rec.closed) {
@@ -309,12 +364,122 @@ void mp__pl_record_finish(const mp__pl_t *pl) {
       fprintf(stderr, "mempool preload: cannot write MEMPOOL_REPORT '%s'\n",
               path);
     } else {
-      mp__report(f, pl, have_stats ? &stats : NULL);
+      mp__report(f, pl, have_stats ? &stats : NULL, torch);
       if (!to_stderr)
         fclose(f);
     }
   }
   pthread_mutex_unlock(&mp__rec.lock);
+  free(torch);
+}
+
+/* ---- the snapshot signal ------------------------------------------------ */
+
+/* The pipe's write end, -1 when no signal is armed (and in a forked child
+ * until its own start arms a new one). Read by the handler. */
+static volatile sig_atomic_t mp__snap_wfd = -1;
+static int mp__snap_rfd = -1;
+
+static void mp__snap_signal(int sig) {
+  (void)sig;
+  int saved = errno;
+  int fd = (int)mp__snap_wfd;
+  if (fd >= 0) {
+    char c = 1;
+    ssize_t n = write(fd, &c, 1); /* full pipe: a snapshot is pending */
+    (void)n;
+  }
+  errno = saved;
+}
+
+static void *mp__snap_thread(void *arg) {
+  int fd = (int)(intptr_t)arg;
+  char c[64];
+  for (;;) {
+    ssize_t n = read(fd, c, sizeof c); /* a burst of signals: one snapshot */
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0) {
+      close(fd);
+      return NULL;
+    }
+    char buf[4096];
+    const char *path = mp__env_path("MEMPOOL_SNAPSHOT", buf, sizeof buf);
+    if (path != NULL)
+      (void)mempool_preload_snapshot(path);
+  }
+}
+
+/* "USR1", "SIGUSR1", "USR2" or a number; 0 when it is none of these or a
+ * signal that cannot be caught. */
+static int mp__signal_number(const char *v) {
+  if (strncmp(v, "SIG", 3) == 0)
+    v += 3;
+  if (strcmp(v, "USR1") == 0)
+    return SIGUSR1;
+  if (strcmp(v, "USR2") == 0)
+    return SIGUSR2;
+  char *end = NULL;
+  long n = strtol(v, &end, 10);
+  if (end == v || *end != '\0' || n <= 0 || n > SIGRTMAX || n == SIGKILL ||
+      n == SIGSTOP)
+    return 0;
+  return (int)n;
+}
+
+static void mp__snapshot_signal_arm(void) {
+  const char *v = getenv("MEMPOOL_SNAPSHOT_SIGNAL");
+  if (v == NULL || v[0] == '\0' || mp__snap_wfd >= 0)
+    return;
+  int sig = mp__signal_number(v);
+  const char *why = NULL;
+  int fds[2] = {-1, -1};
+  pthread_t t;
+  sigset_t all, old;
+  if (sig == 0)
+    why = "not USR1, USR2 or a signal number that can be caught";
+  else if (getenv("MEMPOOL_SNAPSHOT") == NULL)
+    why = "MEMPOOL_SNAPSHOT (the path) is not set";
+  else if (pipe2(fds, O_CLOEXEC) != 0 ||
+           fcntl(fds[1], F_SETFL, O_NONBLOCK) != 0)
+    why = "no pipe";
+  if (why == NULL) {
+    /* The helper takes no signal: they go to the program's threads. */
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc =
+        pthread_create(&t, NULL, mp__snap_thread, (void *)(intptr_t)fds[0]);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0)
+      why = "no helper thread";
+    else
+      pthread_detach(t);
+  }
+  if (why == NULL) {
+    mp__snap_rfd = fds[0];
+    mp__snap_wfd = fds[1];
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = mp__snap_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(sig, &sa, NULL) != 0) {
+      why = "sigaction failed";
+      mp__snap_wfd = -1;
+      mp__snap_rfd = -1;
+      close(fds[1]); /* the helper reads the end and goes */
+    }
+  } else {
+    if (fds[0] >= 0)
+      close(fds[0]);
+    if (fds[1] >= 0)
+      close(fds[1]);
+  }
+  if (why != NULL)
+    fprintf(stderr,
+            "mempool preload: MEMPOOL_SNAPSHOT_SIGNAL='%s': %s; no snapshot "
+            "on a signal\n",
+            v, why);
 }
 
 void mp__pl_record_prepare(void) {
@@ -334,4 +499,13 @@ void mp__pl_record_child(void) {
   mp__rec.trace = NULL;
   mp__rec.child = true;
   mp__rec.pl = NULL;
+  /* The parent's helper thread did not come along: the child's signal
+   * must not reach the parent's pipe. Its own start arms a new one. */
+  if (mp__snap_wfd >= 0) {
+    int w = (int)mp__snap_wfd;
+    mp__snap_wfd = -1;
+    close(w);
+    close(mp__snap_rfd);
+    mp__snap_rfd = -1;
+  }
 }

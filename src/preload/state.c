@@ -419,18 +419,31 @@ void mp__pl_each_device(void (*fn)(mp_device_t *, void *), void *ctx) {
       fn(mp__devs[i].dev, ctx);
 }
 
-void mp__pl_each_pool(void (*fn)(mp_pool_t *, void *), void *ctx) {
+void mp__pl_each_pool(void (*fn)(mp_pool_t *, int, void *), void *ctx) {
   const mp__pl_t *pl = mp__pl_get();
   if (pl->mode == MP__PL_POOL && pl->host) {
-    fn(pl->pool, ctx);
+    fn(pl->pool, 0, ctx);
     return;
   }
   for (int i = 0; i < MP__PL_MAX_DEVICES; i++) {
     mp_pool_t *p =
         atomic_load_explicit(&mp__devs[i].pool, memory_order_acquire);
     if (p != NULL)
-      fn(p, ctx);
+      fn(p, i, ctx);
   }
+}
+
+static void mp__collect(mp_pool_t *pool, int ordinal, void *ctx) {
+  mp__pl_pools_t *ps = ctx;
+  if (ps->n < MP__PL_MAX_DEVICES) {
+    ps->pool[ps->n] = pool;
+    ps->ordinal[ps->n++] = ordinal;
+  }
+}
+
+void mp__pl_pools(mp__pl_pools_t *out) {
+  out->n = 0;
+  mp__pl_each_pool(mp__collect, out);
 }
 
 mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,

@@ -1,7 +1,8 @@
 /* mpbench's page-locked allocators on the staging workload: the host pool
  * holds fewer bytes than power-of-two rounding and makes far fewer driver
  * calls than one per request; host-direct makes exactly two per request
- * and holds exactly what is live; the capacity search does not apply. */
+ * and holds exactly what is live; the capacity search does not apply;
+ * host-jemalloc's arena draws page-locked chunks, not device memory. */
 #include <criterion/criterion.h>
 #include <string.h>
 
@@ -65,4 +66,49 @@ Test(host_allocators, unknown_host_allocator_is_einval) {
                MP_EINVAL);
   cr_expect_null(a);
   mp_device_close(dev);
+}
+
+/* host-jemalloc exists where mpbench has jemalloc (not in sanitizer
+ * builds). */
+static void need_jemalloc(void) {
+  mp_device_t *dev;
+  char why[160];
+  cr_assert_eq(mp_device_open("host", &dev), MP_OK);
+  bool have = mpb_allocator_available("host-jemalloc", dev, why, sizeof why);
+  mp_device_close(dev);
+  if (!have)
+    cr_skip_test("%s", why);
+}
+
+/* On a device of 1 MiB, host-jemalloc serves 4 MiB: its chunks are
+ * page-locked host memory, and the device's memory is untouched. */
+Test(host_allocators, host_jemalloc_draws_page_locked_chunks) {
+  need_jemalloc();
+  mp_device_t *dev;
+  cr_assert_eq(mp_device_open("host:capacity=1M", &dev), MP_OK);
+  size_t free0, total, free1;
+  cr_assert_eq(mp_device_mem_info(dev, &free0, &total), MP_OK);
+  mpb_allocator_t *a = NULL;
+  cr_assert_eq(mpb_allocator_open("host-jemalloc", dev, NULL, &a), MP_OK, "%s",
+               mp_last_error());
+  void *p;
+  cr_assert_eq(mpb_allocator_alloc(a, 4u << 20, NULL, &p), MP_OK, "%s",
+               mp_last_error());
+  memset(p, 0x3c, 4u << 20);
+  cr_assert_eq(mp_device_mem_info(dev, &free1, &total), MP_OK);
+  cr_expect_eq(free1, free0, "device memory was used");
+  mpb_sample_t smp;
+  mpb_allocator_sample(a, &smp);
+  cr_expect_geq(smp.reserved, (size_t)4 << 20);
+  cr_expect_gt(smp.device_calls, 0);
+  cr_expect_eq(mpb_allocator_free(a, p), MP_OK);
+  mpb_allocator_close(a);
+  mp_device_close(dev);
+}
+
+Test(host_allocators, host_jemalloc_runs_the_staging_workload) {
+  need_jemalloc();
+  mpb_result_t r = run("host-jemalloc");
+  cr_expect_geq(r.peak_reserved, r.peak_live);
+  cr_expect_lt(r.device_calls, allocations());
 }

@@ -164,6 +164,8 @@ void cuFakeResetCallCounts(void);
   X(cuMemHostAlloc)                                                            \
   X(cuMemAllocHost_v2)                                                         \
   X(cuMemFreeHost)                                                             \
+  X(cuMemHostRegister_v2)                                                      \
+  X(cuMemHostUnregister)                                                       \
   X(cuStreamCreate)                                                            \
   X(cuStreamCreateWithPriority)                                                \
   X(cuStreamDestroy_v2)                                                        \
@@ -1416,6 +1418,65 @@ CUresult cuMemFreeHost(void *p) {
   return fk_result_of(mp_device_host_free(dev, p));
 }
 
+/* cuMemHostRegister / cuMemHostUnregister (cuda.h's documentation): a
+ * range already registered (overlapping one) is
+ * CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, unregistering a pointer that
+ * does not start a registered range CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
+ * flags other than PORTABLE | DEVICEMAP | IOMEMORY | READ_ONLY
+ * CUDA_ERROR_INVALID_VALUE. The host device needs nothing pinned: the
+ * ranges are only remembered, under fk.lock. */
+#define FK_MAX_REGISTERED 64
+static struct {
+  uintptr_t base;
+  size_t size;
+} fk_registered[FK_MAX_REGISTERED];
+
+static CUresult fk_host_register(void *p, size_t bytes, unsigned flags) {
+  const unsigned known =
+      CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
+      CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY;
+  if (p == NULL || bytes == 0 || (flags & ~known) != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  uintptr_t b = (uintptr_t)p;
+  CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_lock(&fk.lock);
+  int slot = -1;
+  for (int i = 0; i < FK_MAX_REGISTERED; i++) {
+    if (fk_registered[i].size == 0) {
+      slot = slot < 0 ? i : slot;
+    } else if (b < fk_registered[i].base + fk_registered[i].size &&
+               fk_registered[i].base < b + bytes) {
+      r = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+      slot = -1;
+      break;
+    }
+  }
+  if (slot >= 0) {
+    fk_registered[slot].base = b;
+    fk_registered[slot].size = bytes;
+    r = CUDA_SUCCESS;
+  }
+  pthread_mutex_unlock(&fk.lock);
+  return r;
+}
+
+static CUresult fk_host_unregister(void *p) {
+  CUresult r = CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  pthread_mutex_lock(&fk.lock);
+  for (int i = 0; p != NULL && i < FK_MAX_REGISTERED; i++)
+    if (fk_registered[i].size != 0 && fk_registered[i].base == (uintptr_t)p) {
+      fk_registered[i].size = 0;
+      r = CUDA_SUCCESS;
+      break;
+    }
+  pthread_mutex_unlock(&fk.lock);
+  return r;
+}
+
+FK_IN_CTX(cuMemHostRegister_v2, (void *p, size_t bytes, unsigned int flags),
+          ((void)dev, fk_host_register(p, bytes, flags)))
+FK_IN_CTX(cuMemHostUnregister, (void *p), ((void)dev, fk_host_unregister(p)))
+
 /* ---- streams, copies, events --------------------------------------------- */
 
 /* cuStreamCreate's flags: CU_STREAM_DEFAULT (a blocking stream) or
@@ -2222,6 +2283,8 @@ static const fk_proc_t fk_procs[] = {
     FK_P("cuMemHostAlloc", 2020, cuMemHostAlloc),
     FK_P("cuMemAllocHost", 3020, cuMemAllocHost_v2),
     FK_P("cuMemFreeHost", 2000, cuMemFreeHost),
+    FK_P("cuMemHostRegister", 6050, cuMemHostRegister_v2),
+    FK_P("cuMemHostUnregister", 4000, cuMemHostUnregister),
     FK_P("cuStreamCreate", 2000, cuStreamCreate),
     FK_P("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),
     FK_P("cuStreamDestroy", 4000, cuStreamDestroy_v2),

@@ -89,6 +89,31 @@ Test(host_pool_streams, content_survives_until_the_streams_copy_ran) {
   cr_expect_eq(mp_device_free(dev, dst), MP_OK);
 }
 
+/* The stream the buffer was freed on gets it straight back, while its
+ * copy is still held by the gate: the stream's own order puts the new use
+ * after the copy, so nothing waits and no driver call is made. Work the new
+ * owner queues on s1 runs after the copy read the old content. */
+Test(host_pool_streams, same_stream_gets_the_pending_buffer_back_at_once) {
+  const size_t n = 256 * KiB;
+  void *dst, *again;
+  void *stage = stage_gated_copy(s1, s1, n, 0x5A, &dst);
+  cr_assert_eq(mp_host_pool_free(hp, stage), MP_OK);
+  uint64_t calls = stats().device_alloc_count;
+  cr_assert_eq(mp_host_pool_alloc(hp, n, s1, &again), MP_OK);
+  cr_expect_eq(again, stage, "s1 did not get its own pending buffer back");
+  cr_expect_eq(stats().device_alloc_count, calls, "a driver call was made");
+  cr_assert_eq(mp_memset_async(dev, again, 0x11, n, s1), MP_OK);
+  gate_open(&gate);
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+  unsigned char *d = dst, *b = again;
+  for (size_t i = 0; i < n; i += 4 * KiB) {
+    cr_assert_eq(d[i], 0x5A, "the copy read byte %zu after the reuse", i);
+    cr_assert_eq(b[i], 0x11);
+  }
+  cr_expect_eq(mp_host_pool_free(hp, again), MP_OK);
+  cr_expect_eq(mp_device_free(dev, dst), MP_OK);
+}
+
 /* Once the copy has run, the buffer is reused by another stream (the cache
  * works) instead of a new driver call. */
 Test(host_pool_streams, buffer_is_reused_once_the_stream_reached_the_free) {

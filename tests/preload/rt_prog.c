@@ -17,9 +17,14 @@
  * pointer, cudaMemGetInfo with a NULL output); "pause" pauses the whole
  * process through the shim's mempool_preload_pause (content kept), checks
  * that the memory went back and allocations wait for the resume, resumes
- * and checks the content (prints paused_gain=bytes). */
+ * and checks the content (prints paused_gain=bytes); "wait-snapshot PATH"
+ * makes three blocks (1 MiB, 3 MiB, 12345 bytes), prints "ready", waits up
+ * to 30 s for a snapshot to appear at PATH (a signal's, written while the
+ * blocks are live), moves it to PATH.signal, prints snapshot_seen=0|1 and
+ * frees them. */
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -114,6 +119,30 @@ int main(int argc, char **argv) {
         check(cudaErrorUnknown, "content after resume");
     check(cudaFree(q), "cudaFree");
     printf("paused_gain=%zu ", f1 > f0 ? f1 - f0 : 0);
+  }
+  if (strcmp(mode, "wait-snapshot") == 0 && argc > 3) {
+    static const size_t sizes[3] = {1 << 20, 3 << 20, 12345};
+    void *b[3];
+    for (int i = 0; i < 3; i++) {
+      check(cudaMalloc(&b[i], sizes[i]), "cudaMalloc");
+      allocs++;
+    }
+    printf("ready\n");
+    fflush(stdout);
+    char moved[4096];
+    snprintf(moved, sizeof moved, "%s.signal", argv[3]);
+    int seen = 0;
+    for (int t = 0; t < 3000 && !seen; t++) {
+      if (rename(argv[3], moved) == 0)
+        seen = 1;
+      else
+        poll(NULL, 0, 10); /* 10 ms */
+    }
+    printf("snapshot_seen=%d ", seen);
+    for (int i = 0; i < 3; i++) {
+      check(cudaFree(b[i]), "cudaFree");
+      frees++;
+    }
   }
   if (strcmp(mode, "threads") == 0) {
     pthread_t t[4];

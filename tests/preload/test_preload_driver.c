@@ -15,17 +15,28 @@ Test(preload_driver, without_the_shim_direct_calls_reach_the_driver) {
   cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
 }
 
-static void preloaded(const char *device, const char *report) {
+/* extra: one more "K=V" for the environment, or NULL. */
+static void preloaded_with(const char *device, const char *report,
+                           const char *extra, const char *extra2) {
   char env_device[64], env_report[256];
   snprintf(env_device, sizeof env_device, "MEMPOOL_DEVICE=%s", device);
   snprintf(env_report, sizeof env_report, "MEMPOOL_REPORT=%s", report);
   const char *argv[] = {MP_DRV_PROG, "preloaded", device, NULL};
-  const char *env[] = {"LD_PRELOAD=" MP_SHIM, env_device, env_report,
-                       "FAKECUDA_DEVICE_COUNT=2", NULL};
+  const char *env[] = {"LD_PRELOAD=" MP_SHIM,
+                       env_device,
+                       env_report,
+                       "FAKECUDA_DEVICE_COUNT=2",
+                       extra,
+                       extra2,
+                       NULL};
   spawn(argv, env, &r);
   cr_assert(r.exited && r.code == 0, "%s: out: %s\nerr: %s", device, r.out,
             r.err);
   cr_assert_str_eq(r.out, "ok\n");
+}
+
+static void preloaded(const char *device, const char *report) {
+  preloaded_with(device, report, NULL, NULL);
 }
 
 Test(preload_driver, every_route_ends_in_the_shim_on_the_host_device) {
@@ -71,4 +82,27 @@ Test(preload_driver, a_failing_driver_is_said_not_hidden_behind_host) {
   cr_assert(strstr(r.err, "\"mode\": \"passthrough\"") != NULL, "err: %s",
             r.err);
   cr_assert_null(strstr(r.err, "\"device\": \"host"), "err: %s", r.err);
+}
+
+/* MEMPOOL_SNAPSHOT with two CUDA devices in use: one pickle holds both
+ * pools, each segment says its device and device_traces has one list per
+ * ordinal, each with that device's allocations. */
+Test(preload_driver, snapshot_holds_every_devices_pool) {
+  char dir[64], snap[128], e1[160];
+  scratch_dir(dir, sizeof dir);
+  snprintf(snap, sizeof snap, "%s/two.pickle", dir);
+  snprintf(e1, sizeof e1, "MEMPOOL_SNAPSHOT=%s", snap);
+  preloaded_with("cuda", "/dev/null", e1, "MEMPOOL_CONF=history=256");
+  cr_assert_eq(
+      sh("python3 -c 'import pickle,sys; d=pickle.load(open(sys.argv[1],"
+         "\"rb\")); tr=d[\"device_traces\"]; "
+         "a=[sum(1 for e in t if e[\"action\"]==\"alloc\") for t in tr]; "
+         "devs={s[\"device\"] for s in d[\"segments\"]}; "
+         "print(a, devs); "
+         "sys.exit(0 if len(tr)==2 and a[0]>0 and a[1]>0 and devs=={0,1} "
+         "else 1)' %s",
+         snap),
+      0, "snapshot %s", snap);
+  unlink(snap);
+  rmdir(dir);
 }

@@ -2,7 +2,9 @@
  * cuMemFreeHost of a driver-API program on the fake libcuda.so.1, under
  * the shim on the cuda backend: the host pool serves them with a few
  * page-locked chunks from the driver, write-combined memory and pointers
- * the pool did not hand out go to the driver, and the report counts them.
+ * the pool did not hand out go to the driver, the report counts them and
+ * the JSON trace marks each. Memory the program registers
+ * (cuMemHostRegister) stays the driver's: neither counted nor traced.
  * Without the shim every request is a driver call. */
 #include "spawn.h"
 
@@ -10,28 +12,30 @@
 
 static spawn_result_t r;
 
-static void run(bool shim, const char *report) {
-  char env_report[256], n[16];
+static void run(bool shim, const char *report, const char *trace) {
+  char env_report[256], env_trace[256], n[16];
   snprintf(env_report, sizeof env_report, "MEMPOOL_REPORT=%s", report);
+  snprintf(env_trace, sizeof env_trace, "MEMPOOL_TRACE=%s", trace);
   snprintf(n, sizeof n, "%d", N);
   const char *argv[] = {MP_PINNED_DRV_PROG, n, NULL};
   const char *env[] = {shim ? "LD_PRELOAD=" MP_SHIM : "LD_PRELOAD=",
-                       "MEMPOOL_DEVICE=cuda", env_report, NULL};
+                       "MEMPOOL_DEVICE=cuda", env_report, env_trace, NULL};
   spawn(argv, env, &r);
   cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
   cr_assert(strstr(r.out, "ok\n") != NULL, "%s", r.out);
 }
 
 Test(preload_pinned_driver, without_the_shim_every_request_is_a_driver_call) {
-  run(false, "/dev/null");
+  run(false, "/dev/null", "");
   cr_assert_eq(word_value(r.out, "driver_host_allocs"), 2 * N + 1);
 }
 
 Test(preload_pinned_driver, host_pool_serves_pinned_memory_on_the_fake) {
-  char dir[64], report[128];
+  char dir[64], report[128], trace[128];
   scratch_dir(dir, sizeof dir);
   snprintf(report, sizeof report, "%s/report.json", dir);
-  run(true, report);
+  snprintf(trace, sizeof trace, "%s/trace.json", dir);
+  run(true, report, trace);
   /* The pool's own chunk(s), plus the write-combined one. */
   long long drv = word_value(r.out, "driver_host_allocs");
   cr_assert(drv >= 2 && drv <= 3, "%lld driver allocations: %s", drv, r.out);
@@ -45,6 +49,24 @@ Test(preload_pinned_driver, host_pool_serves_pinned_memory_on_the_fake) {
          "h[\"peak_reserved_bytes\"]>=h[\"reserved_bytes\"]>0 else 1)' %s",
          2 * N + 1, 2 * N, 2 * N, drv - 1, report),
       0, "report: %s", (slurp(report, r.out, sizeof r.out), r.out));
+  /* Every pinned allocation and free is an event of the trace, with its
+   * address and size: the same addresses freed as allocated. The
+   * registered buffer is none of them. */
+  long long reg = word_value(r.out, "registered");
+  cr_assert_gt(reg, 0, "%s", r.out);
+  cr_assert_eq(
+      sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+         "ev=d[\"traceEvents\"]; "
+         "a=[e[\"args\"] for e in ev if e.get(\"name\")==\"pinned\"]; "
+         "f=[e[\"args\"] for e in ev if e.get(\"name\")==\"pinned_free\"]; "
+         "ok=len(a)==%d and len(f)==%d and all(x[\"size\"]>0 for x in a); "
+         "ok=ok and sorted(x[\"ptr\"] for x in a)==sorted(x[\"ptr\"] for x "
+         "in f); "
+         "ok=ok and all(int(x[\"ptr\"],16)!=%lld for x in a+f); "
+         "sys.exit(0 if ok else 1)' %s",
+         2 * N + 1, 2 * N + 1, reg, trace),
+      0, "trace: %s", trace);
+  unlink(trace);
   unlink(report);
   rmdir(dir);
 }

@@ -3,6 +3,8 @@
  * MEMPOOL_DEVICE=host the pool serves cudaMalloc & co. and the program
  * works; without the shim it cannot. Traces, reports, fork, exit and bad
  * settings are checked from the outside, as a user would see them. */
+#include <signal.h>
+
 #include "spawn.h"
 
 #define N "24"
@@ -118,6 +120,20 @@ Test(preload_runtime, json_trace_and_report_parse_and_agree) {
          "and d[\"pool\"][\"alloc_count\"]>=%lld else 1)' %s",
          word_value(r.out, "allocs"), word_value(r.out, "frees"),
          word_value(r.out, "allocs"), report),
+      0, "report:\n%s", (slurp(report, r.out, sizeof r.out), r.out));
+  /* torch.cuda.memory_stats()'s names, one object per pool, agreeing with
+   * the pool's own numbers. */
+  cr_assert_eq(
+      sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+         "t=d[\"torch\"]; p=d[\"pool\"]; s=t[d[\"device\"]]; "
+         "sys.exit(0 if len(t)==1 and "
+         "s[\"reserved_bytes.all.peak\"]==p[\"peak_reserved_bytes\"] and "
+         "s[\"allocated_bytes.all.peak\"]==p[\"peak_allocated_bytes\"] and "
+         "s[\"allocation.all.allocated\"]==p[\"alloc_count\"] and "
+         "s[\"num_device_alloc\"]==p[\"device_alloc_count\"] and "
+         "s[\"num_alloc_retries\"]==0 and s[\"num_ooms\"]==p[\"oom_count\"] "
+         "and \"inactive_split_bytes.all.current\" in s else 1)' %s",
+         report),
       0, "report:\n%s", (slurp(report, r.out, sizeof r.out), r.out));
   unlink(trace);
   unlink(report);
@@ -287,6 +303,79 @@ Test(preload_runtime, snapshot_at_exit_is_a_pytorch_pickle) {
       0, "snapshot %s", snap);
   unlink(snap);
   rmdir(dir);
+}
+
+/* MEMPOOL_SNAPSHOT_SIGNAL: a signal sent from outside while the program
+ * holds three blocks writes the snapshot then (the program moves it aside
+ * once it appears), with those blocks live and their allocations in the
+ * trace; the one at exit follows, with none live. */
+Test(preload_runtime, snapshot_on_a_signal_while_blocks_are_live) {
+  char dir[64], snap[128], e1[160];
+  scratch_dir(dir, sizeof dir);
+  snprintf(snap, sizeof snap, "%s/sig.pickle", dir);
+  snprintf(e1, sizeof e1, "MEMPOOL_SNAPSHOT=%s", snap);
+  int out[2];
+  cr_assert_eq(pipe(out), 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  cr_assert(pid >= 0);
+  if (pid == 0) {
+    dup2(out[1], 1);
+    close(out[0]);
+    setenv("LD_PRELOAD", MP_SHIM, 1);
+    setenv("MEMPOOL_DEVICE", "host", 1);
+    setenv("MEMPOOL_CONF", "history=1000", 1);
+    setenv("MEMPOOL_SNAPSHOT_SIGNAL", "USR1", 1);
+    putenv(e1);
+    execl(MP_RT_PROG, MP_RT_PROG, "2", "wait-snapshot", snap, (char *)NULL);
+    _exit(127);
+  }
+  close(out[1]);
+  FILE *from = fdopen(out[0], "r");
+  char line[4096] = "";
+  cr_assert_not_null(fgets(line, sizeof line, from));
+  cr_assert_str_eq(line, "ready\n");
+  cr_assert_eq(kill(pid, SIGUSR1), 0);
+  size_t n = fread(line, 1, sizeof line - 1, from);
+  line[n] = '\0';
+  fclose(from);
+  int status = 0;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d: %s",
+            status, line);
+  cr_assert_eq(word_value(line, "snapshot_seen"), 1, "%s", line);
+  cr_assert_eq(
+      sh("python3 -c 'import pickle,sys; d=pickle.load(open(sys.argv[1],"
+         "\"rb\")); t=d[\"device_traces\"][0]; "
+         "live=sorted(b[\"requested_size\"] for s in d[\"segments\"] for b "
+         "in s[\"blocks\"] if b[\"state\"]==\"active_allocated\"); "
+         "a=sum(1 for e in t if e[\"action\"]==\"alloc\"); "
+         "f=sum(1 for e in t if e[\"action\"]==\"free_requested\"); "
+         "sys.exit(0 if live==[12345,1<<20,3<<20] and a==3 and f==0 "
+         "else 1)' %s.signal",
+         snap),
+      0, "the signal's snapshot");
+  cr_assert_eq(
+      sh("python3 -c 'import pickle,sys; d=pickle.load(open(sys.argv[1],"
+         "\"rb\")); sys.exit(0 if not [b for s in d[\"segments\"] for b in "
+         "s[\"blocks\"] if b[\"state\"]==\"active_allocated\"] else 1)' %s",
+         snap),
+      0, "the snapshot at exit");
+  char moved[160];
+  snprintf(moved, sizeof moved, "%s.signal", snap);
+  unlink(moved);
+  unlink(snap);
+  rmdir(dir);
+}
+
+/* A signal that cannot be caught is refused with a message; the program
+ * runs as without it. */
+Test(preload_runtime, bad_snapshot_signal_is_said_and_ignored) {
+  run_preloaded(prog, "MEMPOOL_SNAPSHOT=/nonexistent/x.pickle",
+                "MEMPOOL_SNAPSHOT_SIGNAL=KILL", NULL, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert(strstr(r.err, "MEMPOOL_SNAPSHOT_SIGNAL='KILL'") != NULL, "%s",
+            r.err);
 }
 
 /* A trace the disk cannot take is reported at exit, not lost in silence. */

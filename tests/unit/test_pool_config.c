@@ -133,9 +133,94 @@ Test(pool_config, two_names_for_one_setting_are_einval_and_change_nothing) {
   cr_expect_eq(mp_pool_config_parse(&c, "max_split_size_mb:1.5"), MP_EINVAL);
   cr_expect(strstr(mp_last_error(), "max_split_size_mb"), "%s",
             mp_last_error());
-  cr_expect_eq(mp_pool_config_parse(&c, "garbage_collection_threshold:0.6"),
+  cr_expect_eq(mp_pool_config_parse(&c, "roundup_power2_divisions:4"),
                MP_EINVAL);
   cr_expect(strstr(mp_last_error(), "expandable_segments"),
             "the message lists the known keys: %s", mp_last_error());
   cr_expect_eq(memcmp(&c, &before, sizeof c), 0);
+}
+
+Test(pool_config, per_process_memory_fraction_is_max_fraction) {
+  unsetenv("MEMPOOL_CONF");
+  mp_pool_config_t c, before;
+  mp_pool_config_init(&c);
+  cr_assert_eq(mp_pool_config_parse(&c, "per_process_memory_fraction:0.5"),
+               MP_OK, "%s", mp_last_error());
+  cr_expect_eq(c.max_fraction, 0.5);
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  mp_pool_t *p = NULL;
+  cr_assert_eq(mp_pool_create(dev, &c, &p), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(p->cap, (size_t)512 << 20);
+  mp_pool_destroy(p);
+  fake_close(dev);
+  /* Both names at once: one setting given twice. */
+  mp_pool_config_init(&c);
+  before = c;
+  cr_expect_eq(mp_pool_config_parse(
+                   &c, "max_fraction=0.5,per_process_memory_fraction:0.5"),
+               MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "same thing"), "%s", mp_last_error());
+  cr_expect_eq(mp_pool_config_parse(&c, "per_process_memory_fraction:1.5"),
+               MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "per_process_memory_fraction"), "%s",
+            mp_last_error());
+  cr_expect_eq(memcmp(&c, &before, sizeof c), 0);
+}
+
+/* garbage_collection_threshold=f gives release_threshold = f x the memory
+ * the pool may hold, fixed at create. */
+static size_t release_threshold_of(mp_device_t *dev, const char *opts) {
+  mp_pool_config_t c;
+  mp_pool_config_init(&c);
+  cr_assert_eq(mp_pool_config_parse(&c, opts), MP_OK, "%s: %s", opts,
+               mp_last_error());
+  mp_pool_t *p = NULL;
+  cr_assert_eq(mp_pool_create(dev, &c, &p), MP_OK, "%s: %s", opts,
+               mp_last_error());
+  size_t th = p->cfg.release_threshold;
+  mp_pool_destroy(p);
+  return th;
+}
+
+Test(pool_config, garbage_collection_threshold_is_a_share_of_the_cap) {
+  unsetenv("MEMPOOL_CONF");
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  cr_expect_eq(release_threshold_of(
+                   dev, "max_bytes=256M,garbage_collection_threshold:0.5"),
+               (size_t)128 << 20);
+  cr_expect_eq(release_threshold_of(dev, "per_process_memory_fraction:0.5,"
+                                         "garbage_collection_threshold:0.25"),
+               (size_t)128 << 20);
+  /* No cap: the device's memory is what the pool may hold. */
+  cr_expect_eq(release_threshold_of(dev, "garbage_collection_threshold:0.75"),
+               (size_t)768 << 20);
+  fake_close(dev);
+}
+
+Test(pool_config, bad_garbage_collection_threshold_is_einval) {
+  unsetenv("MEMPOOL_CONF");
+  mp_pool_config_t c, before;
+  mp_pool_config_init(&c);
+  before = c;
+  /* PyTorch's range: strictly between 0 and 1. */
+  const char *bad[] = {
+      "garbage_collection_threshold:1", "garbage_collection_threshold:0",
+      "garbage_collection_threshold:-0.5", "garbage_collection_threshold:most"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    cr_expect_eq(mp_pool_config_parse(&c, bad[i]), MP_EINVAL, "%s", bad[i]);
+    cr_expect(strstr(mp_last_error(), "garbage_collection_threshold"), "%s",
+              mp_last_error());
+  }
+  cr_expect_eq(memcmp(&c, &before, sizeof c), 0);
+  /* Both ways of setting the threshold: refused at create. */
+  cr_assert_eq(
+      mp_pool_config_parse(
+          &c, "release_threshold=64M,garbage_collection_threshold:0.5"),
+      MP_OK);
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  mp_pool_t *p = NULL;
+  cr_expect_eq(mp_pool_create(dev, &c, &p), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "give one"), "%s", mp_last_error());
+  cr_expect_null(p);
+  fake_close(dev);
 }

@@ -2,6 +2,7 @@
  * mp_pool_snapshot's error paths. The pickle's content is checked by
  * python/tests/test_snapshot.py (Python's own pickle, and mpbench replay). */
 #include <criterion/criterion.h>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,6 +112,51 @@ Test(pool_history, stacks_only_with_history_stacks) {
   mp_pool_free(deep, b);
   mp_pool_destroy(plain);
   mp_pool_destroy(deep);
+}
+
+/* The dynamic symbol a recorded return address lies in ("" when none). */
+static const char *frame_symbol(const mp_pool_t *p, const mp__hevent_t *e,
+                                unsigned k) {
+  size_t i = (size_t)(e - p->hist.ev);
+  Dl_info di;
+  void *pc = p->hist.frames[i * MP__HIST_FRAMES + k];
+  if (dladdr(pc, &di) == 0 || di.dli_sname == NULL)
+    return "";
+  return di.dli_sname;
+}
+
+/* Not static, and the executable exports its symbols (ENABLE_EXPORTS in
+ * tests/CMakeLists.txt), so dladdr names them; the asserts after the calls
+ * keep them from being tail calls. */
+__attribute__((noinline)) void history_caller_allocates(mp_pool_t *p,
+                                                        void **out) {
+  cr_assert_eq(mp_pool_alloc(p, 4096, NULL, out), MP_OK);
+}
+
+__attribute__((noinline)) void history_caller_frees(mp_pool_t *p, void *ptr) {
+  cr_assert_eq(mp_pool_free(p, ptr), MP_OK);
+}
+
+Test(pool_history, a_stack_starts_at_the_pools_caller) {
+  mp_pool_t *p = make_pool("max_bytes=8M,history=16,history_stacks=1");
+  void *a;
+  history_caller_allocates(p, &a);
+  /* The first growth (segment_map or segment_alloc) and the alloc: both
+   * made inside mp_pool_alloc, both start at its caller. */
+  cr_assert_geq(p->hist.total, 2);
+  for (size_t i = 0; i < p->hist.total; i++) {
+    const mp__hevent_t *e = oldest(p, i);
+    cr_assert_gt(e->nframes, 0);
+    cr_expect_str_eq(frame_symbol(p, e, 0), "history_caller_allocates",
+                     "event %zu (action %u)", i, e->action);
+  }
+  size_t before = p->hist.total;
+  history_caller_frees(p, a);
+  cr_assert_eq(p->hist.total, before + 2);
+  const mp__hevent_t *e = oldest(p, before);
+  cr_assert_eq(e->action, MP__H_FREE_REQUESTED);
+  cr_expect_str_eq(frame_symbol(p, e, 0), "history_caller_frees");
+  mp_pool_destroy(p);
 }
 
 Test(pool_history, an_oom_is_an_event) {

@@ -103,6 +103,35 @@ if [ -x "$rules" ]; then
   done
 fi
 
+# 4. Page-locked memory of a driver-API program on the real driver (the
+#    twin of integration_preload_pinned_driver): the host pool serves
+#    cuMemHostAlloc / cuMemAllocHost, the report counts them, the .json
+#    trace marks each allocation and free, and a cuMemHostRegister'd
+#    buffer is neither counted nor traced.
+pinned=$build/tests/preload/preload_pinned_drv_prog
+if [ -x "$pinned" ]; then
+  real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
+  LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
+    MEMPOOL_DEVICE=cuda MEMPOOL_REPORT=$work/pinned.report.json \
+    MEMPOOL_TRACE=$work/pinned.json "$pinned" 40 >"$work/pinned.out" 2>&1 ||
+    fail "pinned_drv_prog under the shim: $(cat "$work/pinned.out")"
+  reg=$(word registered "$work/pinned.out")
+  python3 - "$work/pinned.report.json" "$work/pinned.json" "$reg" <<'PY' ||
+import json, sys
+rep = json.load(open(sys.argv[1]))
+ev = json.load(open(sys.argv[2]))["traceEvents"]
+reg = int(sys.argv[3])
+h = rep["host_pool"]
+a = [e["args"] for e in ev if e.get("name") == "pinned"]
+f = [e["args"] for e in ev if e.get("name") == "pinned_free"]
+ok = (rep["calls"]["pinned"] == 81 and h["alloc_count"] == 80 and
+      h["free_count"] == 80 and len(a) == 81 and len(f) == 81 and
+      all(int(x["ptr"], 16) != reg for x in a + f))
+sys.exit(0 if ok else 1)
+PY
+    fail "pinned_drv_prog: report or trace: $(cat "$work/pinned.report.json")"
+fi
+
 if [ -f "$lib" ]; then
   python3 "$here/torch_smoke.py" "$lib"
   rc=$?
