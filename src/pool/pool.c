@@ -172,6 +172,10 @@ static mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
  * in global mode; only when a stream cannot be marked does it fall back to
  * one. */
 mp_status_t mp__pool_sync(mp_pool_t *pool) {
+  if (MP__UNLIKELY(pool->ncapturing > 0))
+    return mp__fail(MP_EBUSY,
+                    "a stream of the pool is being captured (graph pool): no "
+                    "synchronize until mp_pool_graph_end");
   mp__pool_wait_sync(pool);
   uint64_t snap = mp__streams_sync_begin(pool);
   mp__sync_set_t set;
@@ -263,8 +267,9 @@ mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
         return st;
     }
   }
-  /* Rung: defragment movable blocks. */
-  if (pool->cfg.flags & MP_POOL_DEFRAG_ON_OOM) {
+  /* Rung: defragment movable blocks (it synchronizes the device: not while
+   * a stream of the pool is captured). */
+  if ((pool->cfg.flags & MP_POOL_DEFRAG_ON_OOM) && pool->ncapturing == 0) {
     mp_stream_t s = pool->streams[sidx].s;
     pthread_mutex_unlock(&pool->lock);
     size_t moved = mp__pool_defrag_on_oom(pool, size, s);
@@ -329,8 +334,8 @@ void mp__block_release(mp_pool_t *pool, mp__block_t *b) {
 
 /* ---- create / destroy --------------------------------------------------- */
 
-static mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
-                                mp_pool_t **out) {
+mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
+                         mp_pool_t **out) {
   mp_pool_t *pool = calloc(1, sizeof *pool);
   if (pool == NULL)
     return mp__fail(MP_ENOMEM, "out of host memory creating a pool");
@@ -366,13 +371,15 @@ static mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
   return MP_OK;
 }
 
-static void mp__pool_free_host(mp_pool_t *pool) {
+void mp__pool_free_host(mp_pool_t *pool) {
   mp__device_unwatch(pool->dev, mp__stream_gone, pool);
   mp__history_release(pool);
   mp__streams_release(pool);
   mp__rec_release_all(pool);
   mp__index_release(pool);
   free(pool->map);
+  free(pool->routes);
+  free(pool->granges);
   pthread_cond_destroy(&pool->idle_cv);
   pthread_mutex_destroy(&pool->lock);
   free(pool);
@@ -443,6 +450,8 @@ mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
 mp_status_t mp_pool_destroy(mp_pool_t *pool) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_destroy: pool is NULL");
+  if (pool->graph)
+    return mp_pool_graph_release(pool);
   pthread_mutex_lock(&pool->lock);
   if (pool->children > 0) {
     size_t n = pool->children;
@@ -593,6 +602,13 @@ mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
     return MP_OK;
   }
   pthread_mutex_lock(&pool->lock);
+  if (MP__UNLIKELY(pool->nroutes > 0)) {
+    mp_pool_t *g = mp__graph_route(pool, s);
+    if (g != NULL) {
+      pthread_mutex_unlock(&pool->lock);
+      return mp_pool_alloc(g, bytes, s, out);
+    }
+  }
   mp_status_t st = mp__pool_alloc_locked(pool, bytes, s, out);
   if (mp__pool_oom_retry(pool, st, bytes))
     st = mp__pool_alloc_locked(pool, bytes, s, out);
@@ -673,6 +689,13 @@ mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr, mp_stream_t s) {
     return mp__fail(MP_EINVAL, "mp_pool_record_stream: %s is NULL",
                     pool == NULL ? "pool" : "ptr");
   pthread_mutex_lock(&pool->lock);
+  if (MP__UNLIKELY(pool->ngranges > 0)) {
+    mp_pool_t *g = mp__graph_owner(pool, (uintptr_t)ptr);
+    if (g != NULL) {
+      pthread_mutex_unlock(&pool->lock);
+      return mp_pool_record_stream(g, ptr, s);
+    }
+  }
   mp__block_t *b = NULL; /* set when mp__find_live succeeds */
   uint32_t sidx;
   size_t slot;
@@ -697,6 +720,13 @@ static mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
   if (ptr == NULL)
     return MP_OK;
   pthread_mutex_lock(&pool->lock);
+  if (MP__UNLIKELY(pool->ngranges > 0)) {
+    mp_pool_t *g = mp__graph_owner(pool, (uintptr_t)ptr);
+    if (g != NULL) {
+      pthread_mutex_unlock(&pool->lock);
+      return mp__pool_free_as(g, ptr, how, s, fn);
+    }
+  }
   mp__block_t *b = NULL; /* set when mp__find_live succeeds */
   uint32_t sidx = 0;
   size_t slot;
@@ -716,7 +746,10 @@ static mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
     mp__segment_release_above(pool);
     mp__block_release(pool, b);
   }
+  bool graph_check = pool->graph && pool->released;
   pthread_mutex_unlock(&pool->lock);
+  if (MP__UNLIKELY(graph_check))
+    mp__graph_after_free(pool);
   return st;
 }
 

@@ -376,7 +376,9 @@ static void mp__stream_poll(mp_pool_t *pool, mp__strm_t *st) {
  * stream only by its own thread (the handle names the caller's stream), so
  * another thread leaves a request its owner serves on its next call. */
 static void mp__stream_close(mp_pool_t *pool, mp__strm_t *st) {
-  if (!st->dirty || st->gone)
+  /* A capturing stream: a marker recorded on it would be part of the graph
+   * and never complete outside it (graph.c). */
+  if (!st->dirty || st->gone || st->capturing)
     return;
   if (MP__UNLIKELY(st->owner != 0) && st->owner != mp__self()) {
     st->want_close = true;
@@ -661,7 +663,7 @@ void mp__sync_set_release(mp_pool_t *pool, mp__sync_set_t *set) {
 
 bool mp__stream_idle_now(mp_pool_t *pool, uint32_t sidx) {
   mp__strm_t *st = &pool->streams[sidx];
-  if (st->gone || (st->owner != 0 && st->owner != mp__self()))
+  if (st->gone || st->capturing || (st->owner != 0 && st->owner != mp__self()))
     return false;
   /* Under the lock: nothing is freed on the stream while it is asked. */
   if (mp_stream_query(pool->dev, st->s) != MP_OK)
