@@ -102,6 +102,15 @@ if [ -x "$rules" ]; then
       fail "rules_prog $arg under the shim: $(cat "$work/rules.out")"
   done
 fi
+# graph_prog (issue 10): a capture with cuMemAllocAsync/cuMemFreeAsync in
+# it, served by a graph-private pool, replayed on the real driver.
+graph=$build/tests/preload/preload_graph_prog
+if [ -x "$graph" ]; then
+  real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
+  LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
+    MEMPOOL_DEVICE=cuda "$graph" pool >"$work/graph.out" 2>&1 ||
+    fail "graph_prog under the shim: $(cat "$work/graph.out")"
+fi
 
 if [ -f "$lib" ]; then
   python3 "$here/torch_smoke.py" "$lib"
