@@ -57,6 +57,16 @@ mp_status_t mp__kv_each(const char *what, const char *str, mp__kv_fn fn,
 /* Formats bytes as "1.50 GiB" into buf (at least 16 bytes); returns buf. */
 const char *mp__fmt_bytes(char *buf, size_t cap, size_t bytes);
 
+/* ---- default.c --------------------------------------------------------- */
+/* The default pool of device ordinal `device` (made on first use), or NULL
+ * with the error set: a device the backend does not have. */
+mp_pool_t *mp__default_pool_for(int device);
+/* fn on every default pool made so far. */
+void mp__default_each(void (*fn)(mp_pool_t *pool));
+/* The default pool whose memory holds ptr (the calling thread's device's
+ * when none does: that pool then says so). NULL: no default pool. */
+mp_pool_t *mp__default_owner(void *ptr);
+
 /* ---- ptrmap.c ---------------------------------------------------------- */
 
 /* A hash map from addresses to caller-defined entries, O(1) per operation.

@@ -137,6 +137,11 @@ MP_API mp_status_t mp_pool_set_access(mp_pool_t *pool, mp_device_t *peer);
  * pool's live blocks. Either output may be NULL. */
 MP_API mp_status_t mp_pool_mem_info(mp_pool_t *pool, size_t *free_bytes,
                                     size_t *total_bytes);
+/* Changes the cap to fraction (0, 1] of the device's memory, as
+ * max_fraction does at create (PyTorch's set_per_process_memory_fraction);
+ * 0 lifts it. Memory reserved above a new, lower cap stays until trimmed;
+ * growth stops there. Not in [0, 1], or a child or graph pool: MP_EINVAL. */
+MP_API mp_status_t mp_pool_set_max_fraction(mp_pool_t *pool, double fraction);
 /* MP_EBUSY while a child pool lives; else synchronizes the streams that used
  * the pool, releases everything and frees the pool. */
 MP_API mp_status_t mp_pool_destroy(mp_pool_t *pool);

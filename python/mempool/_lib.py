@@ -81,6 +81,10 @@ _PROTOTYPES = {
     "mp_pool_reset_peaks": (_st, [_c]),
     "mp_pool_dump": (_st, [_c, _c, ctypes.c_char_p]),
     "mp_default_pool": (_c, []),
+    "mp_torch_init": (None, [ctypes.c_int]),
+    "mp_torch_reset": (None, []),
+    "mp_torch_memory_fraction": (None, [ctypes.c_double, ctypes.c_int]),
+    "mp_torch_record_stream": (None, [_c, _c]),
 }
 
 _lib = None

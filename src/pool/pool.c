@@ -385,6 +385,52 @@ void mp__pool_free_host(mp_pool_t *pool) {
   free(pool);
 }
 
+/* The cap that max_bytes or max_fraction (of the device's memory) give,
+ * else the device's size, else none. */
+static mp_status_t mp__pool_cap_for(const mp_pool_t *pool, size_t max_bytes,
+                                    double fraction, size_t *cap,
+                                    bool *is_max) {
+  size_t total = 0;
+  bool told = mp_device_mem_info(pool->dev, NULL, &total) == MP_OK && total > 0;
+  *is_max = max_bytes != 0 || fraction > 0;
+  if (max_bytes != 0) {
+    *cap = max_bytes;
+  } else if (fraction > 0) {
+    if (!told)
+      return mp__fail(MP_EINVAL, "pool config: max_fraction needs the "
+                                 "device's size, which it does not tell");
+    *cap = (size_t)((double)total * fraction) & ~(pool->cfg.align - 1);
+  } else {
+    *cap = told ? total : SIZE_MAX;
+  }
+  return MP_OK;
+}
+
+mp_status_t mp_pool_set_max_fraction(mp_pool_t *pool, double fraction) {
+  if (pool == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_set_max_fraction: pool is NULL");
+  if (!(fraction >= 0 && fraction <= 1))
+    return mp__fail(MP_EINVAL, "mp_pool_set_max_fraction: %g is not in [0, 1]",
+                    fraction);
+  if (pool->parent != NULL)
+    return mp__fail(MP_EINVAL,
+                    "mp_pool_set_max_fraction: a %s pool draws "
+                    "from its parent's cap",
+                    pool->graph ? "graph" : "child");
+  size_t cap;
+  bool is_max;
+  mp_status_t st = mp__pool_cap_for(pool, 0, fraction, &cap, &is_max);
+  if (st != MP_OK)
+    return st;
+  pthread_mutex_lock(&pool->lock);
+  pool->cap = cap;
+  pool->cap_is_max = is_max;
+  pool->cfg.max_bytes = 0;
+  pool->cfg.max_fraction = fraction;
+  pthread_mutex_unlock(&pool->lock);
+  return MP_OK;
+}
+
 mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
                            mp_pool_t **out) {
   if (out == NULL)
@@ -402,23 +448,10 @@ mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
   mp_pool_t *pool;
   if ((st = mp__pool_new(dev, cfg, &pool)) != MP_OK)
     return st;
-  size_t total = 0;
-  if (cfg->max_bytes != 0) {
-    pool->cap = cfg->max_bytes;
-    pool->cap_is_max = true;
-  } else if (cfg->max_fraction > 0) {
-    if (mp_device_mem_info(dev, NULL, &total) != MP_OK || total == 0) {
-      mp__pool_free_host(pool);
-      return mp__fail(MP_EINVAL, "pool config: max_fraction needs the "
-                                 "device's size, which it does not tell");
-    }
-    pool->cap = (size_t)((double)total * cfg->max_fraction);
-    pool->cap &= ~(pool->cfg.align - 1);
-    pool->cap_is_max = true;
-  } else if (mp_device_mem_info(dev, NULL, &total) == MP_OK && total > 0) {
-    pool->cap = total;
-  } else {
-    pool->cap = SIZE_MAX;
+  if ((st = mp__pool_cap_for(pool, cfg->max_bytes, cfg->max_fraction,
+                             &pool->cap, &pool->cap_is_max)) != MP_OK) {
+    mp__pool_free_host(pool);
+    return st;
   }
   size_t g = 0;
   if (cfg->flags & MP_POOL_VIRTUAL) {
@@ -682,6 +715,24 @@ static mp_status_t mp__find_live(mp_pool_t *pool, const char *fn, void *ptr,
                     fn, ptr);
   *out = b;
   return MP_OK;
+}
+
+bool mp__pool_block_of(mp_pool_t *pool, const void *ptr, void **base,
+                       size_t *size) {
+  uintptr_t p = (uintptr_t)ptr;
+  bool found = false;
+  pthread_mutex_lock(&pool->lock);
+  mp_pool_t *g = pool->ngranges ? mp__graph_owner(pool, p) : NULL;
+  mp__segment_t *seg = g == NULL ? mp__segment_containing(pool, p) : NULL;
+  for (mp__block_t *x = seg ? seg->first : NULL; x != NULL; x = x->next)
+    if (p >= x->addr && p - x->addr < x->size) {
+      found = !(x->flags & (MP__B_FREE | MP__B_HOLE | MP__B_CHILD));
+      *base = (void *)x->addr;
+      *size = x->size;
+      break;
+    }
+  pthread_mutex_unlock(&pool->lock);
+  return g != NULL ? mp__pool_block_of(g, ptr, base, size) : found;
 }
 
 mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr, mp_stream_t s) {

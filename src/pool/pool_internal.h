@@ -352,6 +352,11 @@ void mp__block_make_live(mp_pool_t *pool, mp__block_t *b, size_t requested,
  * coalescing, back into the index. */
 void mp__block_release(mp_pool_t *pool, mp__block_t *b);
 
+/* The live block holding ptr (its start or inside it), through graph
+ * pools: its start and size. Takes the lock; false when none is live
+ * there. */
+bool mp__pool_block_of(mp_pool_t *pool, const void *ptr, void **base,
+                       size_t *size);
 /* mp__pool_new with cfg (no checks; the caller fills in cap and memory). */
 mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
                          mp_pool_t **out);
