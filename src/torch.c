@@ -15,8 +15,8 @@
  * routes. A program that cannot set these hooks (Python sets only malloc
  * and free) still captures correctly: while no begin hook was ever called,
  * a stream the device reports capturing is routed to a graph pool of its
- * own, ended when the stream is next seen not capturing, and released at
- * mp_torch_reset.
+ * own, ended at the first call (here or mp_torch_reset) that finds the
+ * stream no longer captured, and released at mp_torch_reset.
  *
  * Invariant: a pointer returned by mp_torch_malloc is a live block of a
  * default pool (or of one of its graph pools), and only mp_torch_free (or
@@ -116,6 +116,19 @@ static void mp__tpool_release(mp__tpool_t *t) {
   memset(t, 0, sizeof *t);
 }
 
+/* An automatic entry whose stream is no longer captured (or cannot be
+ * told) stops routing; its graph pool stays pinned until mp_torch_reset.
+ * Under the lock. */
+static void mp__tpool_auto_check(mp__tpool_t *t) {
+  if (!t->used || !t->automatic || !t->open)
+    return;
+  for (unsigned k = 0; k < t->nstreams; k++)
+    if (mp__device_stream_capturing(mp_pool_device(t->parent), t->streams[k]) ==
+        1)
+      return;
+  mp__tpool_end(t);
+}
+
 /* Before pool serves or frees on stream: the stream allocates to the
  * capture it belongs to, if any (see the top). */
 static void mp__torch_capture_route(mp_pool_t *pool, int device,
@@ -133,12 +146,11 @@ static void mp__torch_capture_route(mp_pool_t *pool, int device,
     mp__tpool_t *t = &mp__t.pools[i];
     if (!t->used || !t->open || t->device != device)
       continue;
-    if (t->automatic && mp__tpool_routes(t, stream)) {
-      mine = t;
-      if (capturing == 0) /* its capture ended: the pool stays pinned */
-        mp__tpool_end(t);
-    } else if (!t->automatic && !mp__tpool_routes(t, stream) &&
-               t->filter(stream, t->ctx)) {
+    if (t->automatic) {
+      mp__tpool_auto_check(t); /* its capture ended: the pool stays pinned */
+      if (t->open && mp__tpool_routes(t, stream))
+        mine = t;
+    } else if (!mp__tpool_routes(t, stream) && t->filter(stream, t->ctx)) {
       mp__tpool_route(t, stream);
     }
   }
@@ -191,9 +203,11 @@ static void mp__torch_trim(mp_pool_t *pool) {
 
 void mp_torch_reset(void) {
   pthread_mutex_lock(&mp__t.lock);
-  for (size_t i = 0; i < MP__TORCH_POOLS; i++)
+  for (size_t i = 0; i < MP__TORCH_POOLS; i++) {
+    mp__tpool_auto_check(&mp__t.pools[i]);
     if (mp__t.pools[i].used && mp__t.pools[i].automatic && !mp__t.pools[i].open)
       mp__tpool_release(&mp__t.pools[i]);
+  }
   pthread_mutex_unlock(&mp__t.lock);
   mp__default_each(mp__torch_trim);
 }

@@ -69,8 +69,11 @@ Test(cuda_torch_capture, a_capture_with_only_malloc_and_free_hooked_succeeds) {
   cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS,
                "the pool invalidated the capture");
   cr_expect_eq(refusals(), refused);
-  /* After the capture, the graph's memory is nobody else's. */
-  void *c = mp_torch_malloc(MiB, 0, ms), *d = mp_torch_malloc(MiB, 0, NULL);
+  /* After the capture, the graph's memory is nobody else's; the first
+   * call, on any stream, sees the capture has ended. */
+  void *d = mp_torch_malloc(MiB, 0, NULL);
+  cr_expect_null(mp_pool_graph_of(mp_default_pool(), ms), "route not ended");
+  void *c = mp_torch_malloc(MiB, 0, ms);
   cr_expect(c != a && d != a, "graph memory reused outside the capture");
   CUgraphExec x;
   cr_assert_eq(cuGraphInstantiate(&x, g, 0), CUDA_SUCCESS);

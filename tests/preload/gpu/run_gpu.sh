@@ -116,5 +116,10 @@ if [ -f "$lib" ]; then
   python3 "$here/torch_smoke.py" "$lib"
   rc=$?
   [ $rc -eq 0 ] || [ $rc -eq 77 ] || fail "torch_smoke.py"
+  # torch.cuda.graph with the pluggable allocator (issue 10), a process of
+  # its own: PyTorch takes an allocator only before its first tensor.
+  python3 "$here/torch_graph.py" "$lib"
+  rc=$?
+  [ $rc -eq 0 ] || [ $rc -eq 77 ] || fail "torch_graph.py"
 fi
 echo "ok"
