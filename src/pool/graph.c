@@ -27,8 +27,25 @@
 
 #include "pool_internal.h"
 
+/* arr (n used of *cap elements of elem bytes) with room for one more:
+ * itself, or a copy twice as big; NULL (error set, arr untouched) without
+ * host memory. */
+static void *mp__graph_room(void *arr, size_t n, size_t *cap, size_t elem,
+                            const char *what) {
+  if (n < *cap)
+    return arr;
+  size_t c = *cap ? *cap * 2 : 8;
+  void *a = realloc(arr, c * elem);
+  if (a == NULL) {
+    mp__fail(MP_ENOMEM, "out of host memory for graph %s", what);
+    return NULL;
+  }
+  *cap = c;
+  return a;
+}
+
 mp_pool_t *mp__graph_route(const mp_pool_t *parent, mp_stream_t s) {
-  for (uint32_t i = 0; i < parent->nroutes; i++)
+  for (size_t i = 0; i < parent->nroutes; i++)
     if (parent->routes[i].s == s)
       return parent->routes[i].graph;
   return NULL;
@@ -129,15 +146,13 @@ mp_status_t mp_pool_graph_begin(mp_pool_t *parent, mp_pool_t *graph,
                   "mp_pool_graph_begin: stream %p already allocates to a "
                   "graph pool",
                   (void *)s);
-  } else if (parent->nroutes == parent->routes_cap) {
-    uint32_t cap = parent->routes_cap ? parent->routes_cap * 2 : 4;
-    mp__route_t *r = realloc(parent->routes, cap * sizeof *r);
+  } else {
+    mp__route_t *r = mp__graph_room(parent->routes, parent->nroutes,
+                                    &parent->routes_cap, sizeof *r, "routes");
     if (r == NULL)
-      st = mp__fail(MP_ENOMEM, "out of host memory for graph routes");
-    else {
+      st = MP_ENOMEM;
+    else
       parent->routes = r;
-      parent->routes_cap = cap;
-    }
   }
   if (st == MP_OK)
     st = mp__graph_mark(parent, s, true);
@@ -157,7 +172,7 @@ mp_status_t mp_pool_graph_end(mp_pool_t *parent, mp_stream_t s) {
     return mp__fail(MP_EINVAL, "mp_pool_graph_end: parent is NULL");
   mp_pool_t *graph = NULL;
   pthread_mutex_lock(&parent->lock);
-  for (uint32_t i = 0; i < parent->nroutes; i++)
+  for (size_t i = 0; i < parent->nroutes; i++)
     if (parent->routes[i].s == s) {
       graph = parent->routes[i].graph;
       parent->routes[i] = parent->routes[--parent->nroutes];
@@ -188,19 +203,12 @@ mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes, mp_stream_t s,
                              void **out) {
   mp_pool_t *parent = graph->parent;
   pthread_mutex_lock(&parent->lock);
-  mp_status_t st = MP_OK;
-  if (parent->ngranges == parent->granges_cap) {
-    size_t cap = parent->granges_cap ? parent->granges_cap * 2 : 8;
-    mp__grange_t *r = realloc(parent->granges, cap * sizeof *r);
-    if (r == NULL)
-      st = mp__fail(MP_ENOMEM, "out of host memory for graph ranges");
-    else {
-      parent->granges = r;
-      parent->granges_cap = cap;
-    }
-  }
-  if (st == MP_OK)
-    st = mp__pool_alloc_locked(parent, bytes, s, out);
+  mp__grange_t *r = mp__graph_room(parent->granges, parent->ngranges,
+                                   &parent->granges_cap, sizeof *r, "ranges");
+  if (r != NULL)
+    parent->granges = r;
+  mp_status_t st =
+      r != NULL ? mp__pool_alloc_locked(parent, bytes, s, out) : MP_ENOMEM;
   if (st == MP_OK) {
     mp__block_t *b = mp__map_find(parent, (uintptr_t)*out);
     b->flags |= MP__B_CHILD;

@@ -235,7 +235,7 @@ struct mp_pool {
                           goes with its last live block */
   uint32_t ncapturing; /* stream slots marked capturing */
   struct mp__route *routes; /* parent: streams allocating to graph pools */
-  uint32_t nroutes, routes_cap;
+  size_t nroutes, routes_cap;
   struct mp__grange *granges; /* parent: ranges lent to graph pools */
   size_t ngranges, granges_cap;
 

@@ -15,14 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#define MP_TRY(call)                                                           \
-  do {                                                                         \
-    CUresult r_ = (call);                                                      \
-    if (r_ != CUDA_SUCCESS) {                                                  \
-      printf("%s: error %d\n", #call, (int)r_);                                \
-      return 1;                                                                \
-    }                                                                          \
-  } while (0)
+#include "prog_try.h"
 
 #define NTMP   6
 #define BYTES  ((size_t)1 << 20)

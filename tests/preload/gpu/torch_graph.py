@@ -11,23 +11,10 @@ and that mempool.torch.empty_cache() gives it back once the graph is gone.
 Prints "ok ..." and exits 0; exits 77 when torch or a GPU is missing (the
 ctest skip code)."""
 import gc
-import os
-import sys
 
-try:
-    import torch
-except ImportError:
-    print("skip: no torch")
-    sys.exit(77)
-if not torch.cuda.is_available():
-    print("skip: no GPU")
-    sys.exit(77)
+from torch_common import start
 
-os.environ["MEMPOOL_LIBRARY"] = sys.argv[1]
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                "..", "..", "..", "python"))
-import mempool  # noqa: E402
-import mempool.torch  # noqa: E402
+torch, mempool = start()
 
 mempool.torch.use()
 torch.manual_seed(0)
