@@ -111,6 +111,12 @@ bool mp__pl_capture_route(const mp__pl_t *pl, mp_pool_t *pool, mp__custream s,
   return ok;
 }
 
+void mp__pl_graphs_child(void) {
+  memset(mp__gr.caps, 0, sizeof mp__gr.caps);
+  mp__gr.nexecs = mp__gr.live = 0;
+  pthread_mutex_init(&mp__gr.lock, NULL);
+}
+
 size_t mp__pl_graph_pools(void) {
   pthread_mutex_lock(&mp__gr.lock);
   size_t n = mp__gr.live;

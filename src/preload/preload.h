@@ -206,6 +206,8 @@ bool mp__pl_capture_route(const mp__pl_t *pl, mp_pool_t *pool, mp__custream s,
                           bool ptsz);
 /* Live graph pools the shim made (for the report). */
 size_t mp__pl_graph_pools(void);
+/* fork() child: the parent's captures and graphs are not the child's. */
+void mp__pl_graphs_child(void);
 
 /* ---- host.c ------------------------------------------------------------- */
 

@@ -255,6 +255,7 @@ static void mp__fork_child(void) {
   mp__parents = mp__state;
   mp__state = mp__passthrough;
   atomic_store(&mp__started, 0);
+  mp__pl_graphs_child();
   mp__pl_record_child();
 }
 
