@@ -96,8 +96,41 @@ mp_pool_t *mp_default_pool(void) {
   return mp__default_other(here);
 }
 
+mp_pool_t *mp__default_pool_for(int device) {
+  pthread_once(&mp__default_once, mp__default_make);
+  if (mp__default == NULL) {
+    mp__fail(mp__default_status, "default pool unavailable: %s",
+             mp__default_error);
+    return NULL;
+  }
+  /* A backend of one device (the emulated one answers to 0). */
+  int only = mp__default_ordinal < 0 ? mp__device_ordinal(mp__default->dev)
+                                     : mp__default_ordinal;
+  if (device == only)
+    return mp__default;
+  if (mp__default_ordinal < 0 || device < 0) {
+    mp__fail(MP_ENODEV,
+             "default pool: device %d asked, but '%s' is the only "
+             "one served",
+             device, mp_device_name(mp__default->dev));
+    return NULL;
+  }
+  return mp__default_other(device);
+}
+
+void mp__default_each(void (*fn)(mp_pool_t *pool)) {
+  pthread_once(&mp__default_once, mp__default_make);
+  if (mp__default != NULL)
+    fn(mp__default);
+  for (int i = 0; i < MP__DEFAULT_DEVICES; i++) {
+    mp_pool_t *o = atomic_load_explicit(&mp__others[i], memory_order_acquire);
+    if (o != NULL)
+      fn(o);
+  }
+}
+
 /* The pool whose memory holds ptr: the calling thread's device's first. */
-static mp_pool_t *mp__default_owner(void *ptr) {
+mp_pool_t *mp__default_owner(void *ptr) {
   mp_pool_t *pool = mp_default_pool();
   if (pool == NULL || mp__default_ordinal < 0 || mp__pool_contains(pool, ptr))
     return pool;

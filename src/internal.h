@@ -65,6 +65,16 @@ const char *mp__fmt_bytes(char *buf, size_t cap, size_t bytes);
 mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
                                    size_t n, const char *path);
 
+/* ---- default.c --------------------------------------------------------- */
+/* The default pool of device ordinal `device` (made on first use), or NULL
+ * with the error set: a device the backend does not have. */
+mp_pool_t *mp__default_pool_for(int device);
+/* fn on every default pool made so far. */
+void mp__default_each(void (*fn)(mp_pool_t *pool));
+/* The default pool whose memory holds ptr (the calling thread's device's
+ * when none does: that pool then says so). NULL: no default pool. */
+mp_pool_t *mp__default_owner(void *ptr);
+
 /* ---- ptrmap.c ---------------------------------------------------------- */
 
 /* A hash map from addresses to caller-defined entries, O(1) per operation.

@@ -1,28 +1,166 @@
 /* torch.c - PyTorch's pluggable-allocator entry points (mempool/torch.h).
  *
- * Both calls are thin: they check what PyTorch passes, then go to the
- * default pool. PyTorch frees a block with the stream it was allocated on;
- * a different stream is recorded on the block first, so the block is reused
- * elsewhere only after the work on both streams is done. The invariant: a
- * pointer returned here is a live block of mp_default_pool(), and only
- * mp_torch_free (or mp_free) ends it. */
+ * malloc and free go to the default pool of the device PyTorch names (one
+ * pool per device, src/default.c). PyTorch frees a block with the stream it
+ * was allocated on; a different stream is recorded on the block first, so
+ * the block is reused elsewhere only after the work on both streams is done.
+ *
+ * Graph capture: PyTorch names a capture's private pool by a MempoolId_t
+ * and a stream filter (beginAllocateToPool). Each id gets one graph pool of
+ * the device's pool (mp_pool_graph_create), counted in uses: one per begin,
+ * one less per release_pool; the last release releases it. While a begin
+ * is open, an allocation or free on a stream its filter accepts first
+ * routes that stream to the graph pool (mp_pool_graph_begin), so the pool
+ * never records on the capturing stream; end_allocate_to_pool ends the
+ * routes. A program that cannot set these hooks (Python sets only malloc
+ * and free) still captures correctly: while no begin hook was ever called,
+ * a stream the device reports capturing is routed to a graph pool of its
+ * own, ended at the first call (here or mp_torch_reset) that finds the
+ * stream no longer captured, and released at mp_torch_reset.
+ *
+ * Invariant: a pointer returned by mp_torch_malloc is a live block of a
+ * default pool (or of one of its graph pools), and only mp_torch_free (or
+ * mp_free) ends it; every route begun here is ended here exactly once. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
+#include "pool/pool_internal.h"
 
-/* The device ordinal the pool serves: N for "cuda:N ...", 0 for the host
- * device, -1 when the name says neither. */
-static int mp__torch_pool_ordinal(mp_pool_t *pool) {
-  const char *name = mp_device_name(mp_pool_device(pool));
-  if (strncmp(name, "host", 4) == 0)
-    return 0;
-  if (strncmp(name, "cuda:", 5) != 0)
-    return -1;
-  char *end = NULL;
-  long n = strtol(name + 5, &end, 10);
-  return (end != name + 5 && n >= 0 && n < 1 << 20) ? (int)n : -1;
+#define MP__TORCH_POOLS   64 /* private pools alive at once */
+#define MP__TORCH_STREAMS 8  /* streams one capture routes */
+
+typedef struct mp__tpool {
+  bool used;
+  bool automatic; /* made for a capture seen without the hooks */
+  bool open;      /* between begin and end */
+  int device;
+  mp_torch_pool_id_t id;
+  mp_pool_t *parent, *graph;
+  unsigned uses;
+  mp_torch_stream_filter_t filter;
+  void *ctx;
+  void (*drop)(void *);
+  mp_stream_t streams[MP__TORCH_STREAMS];
+  unsigned nstreams;
+} mp__tpool_t;
+
+static struct {
+  pthread_mutex_t lock;
+  mp__tpool_t pools[MP__TORCH_POOLS];
+  atomic_uint open;   /* entries open (begun, or automatic and routed) */
+  atomic_bool hooked; /* a begin hook was called: no automatic capture */
+} mp__t = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static mp__tpool_t *mp__tpool_find(int device, mp_torch_pool_id_t id) {
+  for (size_t i = 0; i < MP__TORCH_POOLS; i++) {
+    mp__tpool_t *t = &mp__t.pools[i];
+    if (t->used && !t->automatic && t->device == device &&
+        t->id.first == id.first && t->id.second == id.second)
+      return t;
+  }
+  return NULL;
+}
+
+/* A new entry with a graph pool of parent, or NULL (error set). */
+static mp__tpool_t *mp__tpool_new(mp_pool_t *parent, int device) {
+  for (size_t i = 0; i < MP__TORCH_POOLS; i++) {
+    mp__tpool_t *t = &mp__t.pools[i];
+    if (t->used)
+      continue;
+    if (mp_pool_graph_create(parent, &t->graph) != MP_OK)
+      return NULL;
+    t->used = true;
+    t->parent = parent;
+    t->device = device;
+    return t;
+  }
+  mp__fail(MP_ENOMEM, "torch: more than %d private pools alive",
+           MP__TORCH_POOLS);
+  return NULL;
+}
+
+static bool mp__tpool_routes(const mp__tpool_t *t, mp_stream_t s) {
+  for (unsigned k = 0; k < t->nstreams; k++)
+    if (t->streams[k] == s)
+      return true;
+  return false;
+}
+
+static void mp__tpool_route(mp__tpool_t *t, mp_stream_t s) {
+  if (t->nstreams < MP__TORCH_STREAMS &&
+      mp_pool_graph_begin(t->parent, t->graph, s) == MP_OK)
+    t->streams[t->nstreams++] = s;
+}
+
+static void mp__tpool_end(mp__tpool_t *t) {
+  for (unsigned k = 0; k < t->nstreams; k++)
+    (void)mp_pool_graph_end(t->parent, t->streams[k]);
+  t->nstreams = 0;
+  if (t->open)
+    atomic_fetch_sub(&mp__t.open, 1);
+  t->open = false;
+  if (t->drop != NULL)
+    t->drop(t->ctx);
+  t->filter = NULL;
+  t->drop = NULL;
+  t->ctx = NULL;
+}
+
+static void mp__tpool_release(mp__tpool_t *t) {
+  mp__tpool_end(t);
+  (void)mp_pool_graph_release(t->graph);
+  memset(t, 0, sizeof *t);
+}
+
+/* An automatic entry whose stream is no longer captured (or cannot be
+ * told) stops routing; its graph pool stays pinned until mp_torch_reset.
+ * Under the lock. */
+static void mp__tpool_auto_check(mp__tpool_t *t) {
+  if (!t->used || !t->automatic || !t->open)
+    return;
+  for (unsigned k = 0; k < t->nstreams; k++)
+    if (mp__device_stream_capturing(mp_pool_device(t->parent), t->streams[k]) ==
+        1)
+      return;
+  mp__tpool_end(t);
+}
+
+/* Before pool serves or frees on stream: the stream allocates to the
+ * capture it belongs to, if any (see the top). */
+static void mp__torch_capture_route(mp_pool_t *pool, int device,
+                                    mp_stream_t stream) {
+  bool hooked = atomic_load_explicit(&mp__t.hooked, memory_order_relaxed);
+  if (hooked && atomic_load_explicit(&mp__t.open, memory_order_acquire) == 0)
+    return;
+  int capturing =
+      hooked ? 0 : mp__device_stream_capturing(mp_pool_device(pool), stream);
+  if (capturing == 0 && atomic_load(&mp__t.open) == 0)
+    return;
+  pthread_mutex_lock(&mp__t.lock);
+  mp__tpool_t *mine = NULL;
+  for (size_t i = 0; i < MP__TORCH_POOLS; i++) {
+    mp__tpool_t *t = &mp__t.pools[i];
+    if (!t->used || !t->open || t->device != device)
+      continue;
+    if (t->automatic) {
+      mp__tpool_auto_check(t); /* its capture ended: the pool stays pinned */
+      if (t->open && mp__tpool_routes(t, stream))
+        mine = t;
+    } else if (!mp__tpool_routes(t, stream) && t->filter(stream, t->ctx)) {
+      mp__tpool_route(t, stream);
+    }
+  }
+  if (capturing == 1 && mine == NULL &&
+      (mine = mp__tpool_new(pool, device)) != NULL) {
+    mine->automatic = mine->open = true;
+    atomic_fetch_add(&mp__t.open, 1);
+    mp__tpool_route(mine, stream);
+  }
+  pthread_mutex_unlock(&mp__t.lock);
 }
 
 void *mp_torch_malloc(ssize_t size, int device, mp_stream_t stream) {
@@ -30,17 +168,10 @@ void *mp_torch_malloc(ssize_t size, int device, mp_stream_t stream) {
     mp__fail(MP_EINVAL, "mp_torch_malloc: size %zd is not positive", size);
     return NULL;
   }
-  mp_pool_t *pool = mp_default_pool();
+  mp_pool_t *pool = mp__default_pool_for(device);
   if (pool == NULL)
-    return NULL; /* mp_last_error() says why the pool could not be made */
-  int ordinal = mp__torch_pool_ordinal(pool);
-  if (device != ordinal) {
-    mp__fail(MP_EINVAL,
-             "mp_torch_malloc: device %d asked, but the default pool serves "
-             "'%s'",
-             device, mp_device_name(mp_pool_device(pool)));
-    return NULL;
-  }
+    return NULL; /* mp_last_error() says why */
+  mp__torch_capture_route(pool, device, stream);
   void *ptr = NULL;
   if (mp_pool_alloc(pool, (size_t)size, stream, &ptr) != MP_OK)
     return NULL;
@@ -49,11 +180,116 @@ void *mp_torch_malloc(ssize_t size, int device, mp_stream_t stream) {
 
 void mp_torch_free(void *ptr, ssize_t size, int device, mp_stream_t stream) {
   (void)size;
-  (void)device;
   if (ptr == NULL)
     return;
+  mp_pool_t *pool = mp__default_owner(ptr);
+  if (pool == NULL)
+    return;
+  mp__torch_capture_route(pool, device, stream);
   /* Freed in order on the free's stream (it matters when PyTorch frees on
    * another stream than the block's), in one step: a refused pointer leaves
    * nothing behind. */
-  (void)mp_free_async(ptr, stream);
+  (void)mp_pool_free_async(pool, ptr, stream);
+}
+
+void mp_torch_init(int device_count) {
+  (void)device_count; /* the other devices' pools come on first use */
+  (void)mp_default_pool();
+}
+
+static void mp__torch_trim(mp_pool_t *pool) {
+  (void)mp_pool_trim(pool, 0);
+}
+
+void mp_torch_reset(void) {
+  pthread_mutex_lock(&mp__t.lock);
+  for (size_t i = 0; i < MP__TORCH_POOLS; i++) {
+    mp__tpool_auto_check(&mp__t.pools[i]);
+    if (mp__t.pools[i].used && mp__t.pools[i].automatic && !mp__t.pools[i].open)
+      mp__tpool_release(&mp__t.pools[i]);
+  }
+  pthread_mutex_unlock(&mp__t.lock);
+  mp__default_each(mp__torch_trim);
+}
+
+void mp_torch_memory_fraction(double fraction, int device) {
+  mp_pool_t *pool = mp__default_pool_for(device);
+  if (pool != NULL)
+    (void)mp_pool_set_max_fraction(pool, fraction);
+}
+
+void *mp_torch_base_alloc(void *ptr, size_t *size) {
+  mp_pool_t *pool = ptr != NULL ? mp__default_owner(ptr) : NULL;
+  void *base = NULL;
+  size_t bytes = 0;
+  if (pool == NULL || !mp__pool_block_of(pool, ptr, &base, &bytes)) {
+    mp__fail(MP_EINVAL, "mp_torch_base_alloc: %p is in no live block", ptr);
+    return ptr;
+  }
+  if (size != NULL)
+    *size = bytes;
+  return base;
+}
+
+void mp_torch_record_stream(void *ptr, mp_stream_t stream) {
+  mp_pool_t *pool = ptr != NULL ? mp__default_owner(ptr) : NULL;
+  if (pool == NULL) {
+    mp__fail(MP_EINVAL, "mp_torch_record_stream: %p is no pool's", ptr);
+    return;
+  }
+  (void)mp_pool_record_stream(pool, ptr, stream);
+}
+
+void mp_torch_begin_allocate_to_pool(int device, mp_torch_pool_id_t id,
+                                     mp_torch_stream_filter_t filter, void *ctx,
+                                     void (*drop)(void *)) {
+  mp_pool_t *pool = filter != NULL ? mp__default_pool_for(device) : NULL;
+  atomic_store(&mp__t.hooked, true);
+  pthread_mutex_lock(&mp__t.lock);
+  mp__tpool_t *t = pool != NULL ? mp__tpool_find(device, id) : NULL;
+  if (filter == NULL)
+    mp__fail(MP_EINVAL, "mp_torch_begin_allocate_to_pool: filter is NULL");
+  else if (t != NULL && t->open)
+    t = NULL, mp__fail(MP_EBUSY,
+                       "mp_torch_begin_allocate_to_pool: pool (%llu, %llu) "
+                       "is being allocated to already",
+                       id.first, id.second);
+  else if (t == NULL && pool != NULL && (t = mp__tpool_new(pool, device)))
+    t->id = id;
+  if (t != NULL) {
+    t->uses++;
+    t->open = true;
+    t->filter = filter;
+    t->ctx = ctx;
+    t->drop = drop;
+    atomic_fetch_add(&mp__t.open, 1);
+  }
+  pthread_mutex_unlock(&mp__t.lock);
+  if (t == NULL && drop != NULL)
+    drop(ctx);
+}
+
+void mp_torch_end_allocate_to_pool(int device, mp_torch_pool_id_t id) {
+  pthread_mutex_lock(&mp__t.lock);
+  mp__tpool_t *t = mp__tpool_find(device, id);
+  if (t != NULL && t->open)
+    mp__tpool_end(t);
+  else
+    mp__fail(MP_EINVAL,
+             "mp_torch_end_allocate_to_pool: pool (%llu, %llu) of device %d "
+             "is not being allocated to",
+             id.first, id.second, device);
+  pthread_mutex_unlock(&mp__t.lock);
+}
+
+void mp_torch_release_pool(int device, mp_torch_pool_id_t id) {
+  pthread_mutex_lock(&mp__t.lock);
+  mp__tpool_t *t = mp__tpool_find(device, id);
+  if (t == NULL)
+    mp__fail(MP_EINVAL,
+             "mp_torch_release_pool: no pool (%llu, %llu) on device %d",
+             id.first, id.second, device);
+  else if (--t->uses == 0)
+    mp__tpool_release(t);
+  pthread_mutex_unlock(&mp__t.lock);
 }

@@ -36,7 +36,19 @@
  * stats; "host-pow2" is PyTorch's CachingHostAllocator's policy
  * (host_pow2.c); "host-direct" is one mp_device_host_alloc per request and
  * one mp_device_host_free per free (cudaHostAlloc/cudaFreeHost);
- * "host-jemalloc" is above. */
+ * "host-jemalloc" is above.
+ *
+ * Graph events (the "graph" workload): a mempool pool gives the captures a
+ * graph-private pool (mp_pool_graph_create once, begin/end per capture,
+ * released at MPB_GRAPH_RELEASE), so what a graph pins is its graph pool's
+ * reserved bytes, inside the pool's own. "pool-nograph" is the pool
+ * without graph awareness, as the shim was before graph pools: every
+ * allocation on a capturing stream comes from the device directly
+ * (mp_device_alloc, cuMemAlloc in relaxed capture mode) and stays the
+ * graph's until the release, even when freed inside the capture (the
+ * replays still use it), so it pins the capture's every allocation, never
+ * reused (CUDA's own graph memory nodes may reuse inside one graph; this
+ * baseline does not model that). Other allocators ignore graph events. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -72,7 +84,21 @@ struct mpb_allocator {
   mpb_pow2_t *pow2;   /* HOST_POW2 */
   size_t raw_held;    /* HOST_DIRECT: page-locked bytes held now */
   mp__ptrmap_t held;  /* HOST_DIRECT: ptr -> bytes (mpb_held_t) */
+  /* graph events */
+  mp_pool_t *graph;      /* MEMPOOL: the captures' graph pool */
+  bool nograph;          /* "pool-nograph" */
+  bool capturing;        /* between begin and end (nograph) */
+  bool glive;            /* nograph: captured graphs not yet released */
+  mp_stream_t cap;       /* the capturing stream (both) */
+  struct mpb_gblock *gb; /* nograph: the captures' device allocations */
+  size_t ngb, gb_cap, gb_bytes;
 };
+
+typedef struct mpb_gblock {
+  void *ptr;
+  size_t bytes;
+  bool freed; /* by the program; kept while the graph lives */
+} mpb_gblock_t;
 
 typedef struct mpb_held {
   uintptr_t key;
@@ -86,6 +112,10 @@ const char *const mpb_default_allocators[] = {
 void mpb_allocator_help(FILE *out) {
   fprintf(out,
           "  pool                 mempool's best-fit caching pool, defaults\n"
+          "  pool-nograph         the pool without graph pools: a capture's\n"
+          "                       allocations straight from the device, "
+          "kept until\n"
+          "                       its graphs go (graph workload)\n"
           "  pool:KEY=VAL,...     the pool with options, e.g. virtual=0 "
           "(plain\n"
           "                       segments), max_split=64M, segment_bytes=20M\n"
@@ -148,11 +178,13 @@ mp_status_t mpb_allocator_check_name(const char *name) {
   if (name == NULL || name[0] == '\0')
     return mp__fail(MP_EINVAL, "empty allocator name");
   if (mpb_prefix(name, "pool") || mpb_prefix(name, "child") ||
-      strcmp(name, "direct") == 0 || strcmp(name, "jemalloc") == 0 ||
-      mpb_is_gpu_only(name) || mpb_allocator_is_pinned(name))
+      strcmp(name, "pool-nograph") == 0 || strcmp(name, "direct") == 0 ||
+      strcmp(name, "jemalloc") == 0 || mpb_is_gpu_only(name) ||
+      mpb_allocator_is_pinned(name))
     return MP_OK;
   return mp__fail(MP_EINVAL,
-                  "unknown allocator '%s' (pool, pool:OPTS, child:bytes=SIZE, "
+                  "unknown allocator '%s' (pool, pool:OPTS, pool-nograph, "
+                  "child:bytes=SIZE, "
                   "direct, jemalloc, cuda-async, cuda-malloc, host-pool, "
                   "host-pool:OPTS, host-pow2, host-direct, host-jemalloc)",
                   name);
@@ -387,6 +419,10 @@ mp_status_t mpb_allocator_open(const char *name, mp_device_t *dev,
 #if MPBENCH_HAVE_JEMALLOC
     st = mpb_je_open(dev, name[0] == 'h', &a->je);
 #endif
+  } else if (make == NULL && strcmp(name, "pool-nograph") == 0) {
+    a->kind = MPB_KIND_MEMPOOL;
+    a->nograph = true;
+    st = mp_allocator_create(dev, "pool", &a->mp);
   } else {
     a->kind = make == NULL && strcmp(name, "direct") == 0 ? MPB_KIND_DIRECT
                                                           : MPB_KIND_MEMPOOL;
@@ -430,8 +466,95 @@ static mp_status_t mpb_host_direct_free(mpb_allocator_t *a, void *ptr) {
   return mp_device_host_free(a->dev, ptr);
 }
 
+/* ---- graph events -------------------------------------------------------
+ */
+
+static mp_status_t mpb_nograph_alloc(mpb_allocator_t *a, size_t size,
+                                     void **out) {
+  if (a->ngb == a->gb_cap) {
+    size_t cap = a->gb_cap ? a->gb_cap * 2 : 64;
+    mpb_gblock_t *gb = realloc(a->gb, cap * sizeof *gb);
+    if (gb == NULL)
+      return mp__fail(MP_ENOMEM, "pool-nograph: out of host memory");
+    a->gb = gb;
+    a->gb_cap = cap;
+  }
+  mp_status_t st = mp_device_alloc(a->dev, size, out);
+  if (st == MP_OK) {
+    a->gb[a->ngb++] = (mpb_gblock_t){*out, size, false};
+    a->gb_bytes += size;
+  }
+  return st;
+}
+
+/* A graph's block freed: kept while the graph lives. false: not one. */
+static bool mpb_nograph_free(mpb_allocator_t *a, void *ptr) {
+  for (size_t i = 0; i < a->ngb; i++)
+    if (a->gb[i].ptr == ptr && !a->gb[i].freed) {
+      a->gb[i].freed = true;
+      return true;
+    }
+  return false;
+}
+
+/* The graphs are gone: their freed blocks go back to the device. */
+static void mpb_nograph_release(mpb_allocator_t *a, bool all) {
+  size_t k = 0;
+  for (size_t i = 0; i < a->ngb; i++) {
+    if (a->gb[i].freed || all) {
+      mp_device_free(a->dev, a->gb[i].ptr);
+      a->gb_bytes -= a->gb[i].bytes;
+    } else {
+      a->gb[k++] = a->gb[i];
+    }
+  }
+  a->ngb = k;
+}
+
+mp_status_t mpb_allocator_graph(mpb_allocator_t *a, unsigned what,
+                                mp_stream_t s) {
+  mp_pool_t *pool =
+      a->kind == MPB_KIND_MEMPOOL ? mp_allocator_pool(a->mp) : NULL;
+  if (pool == NULL)
+    return MP_OK; /* not graph-aware */
+  mp_status_t st = MP_OK;
+  switch (what) {
+  case MPB_CAPTURE_BEGIN:
+    a->cap = s;
+    if (a->nograph) {
+      a->capturing = a->glive = true;
+      return MP_OK;
+    }
+    if (a->graph == NULL &&
+        (st = mp_pool_graph_create(pool, &a->graph)) != MP_OK)
+      return st == MP_EINVAL ? MP_OK : st; /* a child: not graph-aware */
+    return mp_pool_graph_begin(pool, a->graph, s);
+  case MPB_CAPTURE_END:
+    a->capturing = false;
+    return a->graph != NULL ? mp_pool_graph_end(pool, s) : MP_OK;
+  case MPB_GRAPH_RELEASE:
+    if (a->nograph)
+      mpb_nograph_release(a, false);
+    a->glive = false;
+    if (a->graph != NULL)
+      st = mp_pool_graph_release(a->graph);
+    a->graph = NULL;
+    return st;
+  }
+  return mp__fail(MP_EINVAL, "graph event %u", what);
+}
+
+size_t mpb_allocator_graph_bytes(mpb_allocator_t *a) {
+  mp_stats_t s;
+  if (a->graph != NULL && mp_pool_get_stats(a->graph, &s) == MP_OK)
+    return s.reserved_bytes;
+  return a->gb_bytes;
+}
+
 mp_status_t mpb_allocator_alloc(mpb_allocator_t *a, size_t size, mp_stream_t s,
                                 void **out) {
+  if (MP__UNLIKELY(a->capturing) && s == a->cap)
+    return mpb_nograph_alloc(a, size, out);
   if (a->kind == MPB_KIND_RAW) {
     a->raw_calls++;
     return mp_device_alloc(a->dev, size, out);
@@ -455,6 +578,11 @@ mp_status_t mpb_allocator_alloc(mpb_allocator_t *a, size_t size, mp_stream_t s,
 }
 
 mp_status_t mpb_allocator_free(mpb_allocator_t *a, void *ptr) {
+  if (MP__UNLIKELY(a->ngb > 0) && mpb_nograph_free(a, ptr)) {
+    if (!a->glive)
+      mpb_nograph_release(a, false); /* freed after the release */
+    return MP_OK;
+  }
   if (a->kind == MPB_KIND_RAW) {
     a->raw_calls++;
     return ptr ? mp_device_free(a->dev, ptr) : MP_OK;
@@ -516,7 +644,7 @@ void mpb_allocator_sample(mpb_allocator_t *a, mpb_sample_t *out) {
            ? mp_host_pool_get_stats(a->hp, &s)
            : mp_allocator_get_stats(a->mp, &s)) != MP_OK)
     return;
-  out->reserved = s.reserved_bytes;
+  out->reserved = s.reserved_bytes + a->gb_bytes;
   out->device_calls = s.device_alloc_count + s.device_free_count;
   if (a->kind == MPB_KIND_MEMPOOL || a->kind == MPB_KIND_HOST_POOL) {
     out->has_free_info = true;
@@ -550,6 +678,14 @@ void mpb_allocator_close(mpb_allocator_t *a) {
         mp_device_host_free(a->dev, (void *)e->key);
     }
     mp__ptrmap_destroy(&a->held);
+  }
+  mpb_nograph_release(a, true);
+  free(a->gb);
+  if (a->graph != NULL) { /* a run that stopped inside a capture */
+    mp_pool_t *pool = mp_allocator_pool(a->mp);
+    if (mp_pool_graph_of(pool, a->cap) == a->graph)
+      (void)mp_pool_graph_end(pool, a->cap);
+    (void)mp_pool_graph_release(a->graph);
   }
   if (a->mp != NULL)
     mp_allocator_destroy(a->mp);

@@ -20,7 +20,9 @@
 
 /* ---- workload.c: event arrays and the built-in workloads --------------- */
 
-enum { MPB_ALLOC = 0, MPB_FREE = 1 };
+enum { MPB_ALLOC = 0, MPB_FREE = 1, MPB_GRAPH = 2 };
+/* MPB_GRAPH events: slot says which (stream: the capturing stream). */
+enum { MPB_CAPTURE_BEGIN = 0, MPB_CAPTURE_END = 1, MPB_GRAPH_RELEASE = 2 };
 
 typedef struct mpb_event {
   size_t size;     /* bytes asked for (the allocation's size, on a free too) */
@@ -35,6 +37,7 @@ typedef struct mpb_workload {
   size_t n, cap;
   uint32_t nslots;   /* slots ever used: most allocations live at once */
   uint32_t nstreams; /* distinct streams; 1 when only the default is used */
+  bool has_graph;    /* has MPB_GRAPH events */
   /* Slot bookkeeping while events are appended. */
   uint32_t *free_slots;
   size_t nfree, free_cap;
@@ -52,6 +55,10 @@ void mpb_workload_free(mpb_workload_t *w);
 mp_status_t mpb_workload_alloc(mpb_workload_t *w, size_t size, uint16_t stream,
                                uint32_t *slot);
 mp_status_t mpb_workload_free_slot(mpb_workload_t *w, uint32_t slot);
+/* Appends a graph event (MPB_CAPTURE_BEGIN / _END on stream, or
+ * MPB_GRAPH_RELEASE: the captured graphs are destroyed). */
+mp_status_t mpb_workload_graph(mpb_workload_t *w, unsigned what,
+                               uint16_t stream);
 /* Frees every slot still live, lowest first, so a workload ends empty. */
 mp_status_t mpb_workload_drain(mpb_workload_t *w);
 
@@ -119,6 +126,15 @@ mp_status_t mpb_allocator_open(const char *name, mp_device_t *dev,
 mp_status_t mpb_allocator_alloc(mpb_allocator_t *a, size_t size, mp_stream_t s,
                                 void **out);
 mp_status_t mpb_allocator_free(mpb_allocator_t *a, void *ptr);
+/* A graph event (MPB_CAPTURE_BEGIN...) on stream s: mempool pools give the
+ * capture a graph pool (mp_pool_graph_*); "pool-nograph" serves a capture
+ * from the device directly and keeps it until the release; the others
+ * ignore it. */
+mp_status_t mpb_allocator_graph(mpb_allocator_t *a, unsigned what,
+                                mp_stream_t s);
+/* Bytes the captured graphs hold now (graph pools' reserved bytes, or the
+ * device memory "pool-nograph" keeps for them). */
+size_t mpb_allocator_graph_bytes(mpb_allocator_t *a);
 void mpb_allocator_sample(mpb_allocator_t *a, mpb_sample_t *out);
 /* The mempool allocator under it, or NULL (jemalloc, ...). */
 mp_allocator_t *mpb_allocator_mempool(mpb_allocator_t *a);
@@ -162,6 +178,7 @@ typedef struct mpb_result {
   uint64_t events;
   size_t peak_live;     /* bytes requested by the workload, at most at once */
   size_t peak_reserved; /* device memory held, at most at once */
+  size_t graph_pinned;  /* most bytes captured graphs held (graph events) */
   double ratio;         /* peak_reserved / peak_live */
   double utilization;   /* peak_live / peak_reserved */
   double avg_waste;     /* mean over events of (reserved - live) / reserved */

@@ -57,6 +57,8 @@ void mpb_spec_with_capacity(const char *base_spec, size_t capacity, char *buf,
 static size_t mpb_peak_live(const mpb_workload_t *w) {
   size_t live = 0, peak = 0;
   for (size_t i = 0; i < w->n; i++) {
+    if (w->ev[i].op == MPB_GRAPH)
+      continue;
     if (w->ev[i].op == MPB_ALLOC) {
       live += w->ev[i].size;
       if (live > peak)
@@ -146,7 +148,13 @@ mp_status_t mpb_replay_fits(const mpb_workload_t *w, const char *allocator,
   *fits = true;
   for (size_t i = 0; i < w->n; i++) {
     const mpb_event_t *e = &w->ev[i];
-    if (e->op == MPB_ALLOC) {
+    if (e->op == MPB_GRAPH) {
+      if (mpb_allocator_graph(g.alloc, e->slot, g.streams[e->stream]) !=
+          MP_OK) {
+        *fits = false;
+        break;
+      }
+    } else if (e->op == MPB_ALLOC) {
       if (e->size != 0 &&
           mpb_allocator_alloc(g.alloc, e->size, g.streams[e->stream],
                               &g.ptr[e->slot]) != MP_OK) {
@@ -305,7 +313,15 @@ mp_status_t mpb_replay(const mpb_workload_t *w, const char *allocator,
   for (i = 0; i < w->n; i++) {
     const mpb_event_t *e = &w->ev[i];
     void **slot = &g.ptr[e->slot];
-    if (e->op == MPB_ALLOC) {
+    if (e->op == MPB_GRAPH) {
+      if ((st = mpb_allocator_graph(g.alloc, e->slot, g.streams[e->stream])) !=
+          MP_OK) {
+        r->completed = false;
+        snprintf(r->error, sizeof r->error, "%s at event %zu (graph): %s",
+                 mp_status_name(st), i + 1, mp_last_error());
+        break;
+      }
+    } else if (e->op == MPB_ALLOC) {
       if (e->size != 0) {
         uint64_t t0 = mpb_now_ns();
         st = mpb_allocator_alloc(g.alloc, e->size, g.streams[e->stream], slot);
@@ -339,6 +355,11 @@ mp_status_t mpb_replay(const mpb_workload_t *w, const char *allocator,
     mpb_allocator_sample(g.alloc, &smp);
     if (smp.reserved > peak_reserved)
       peak_reserved = smp.reserved;
+    if (MP__UNLIKELY(w->has_graph)) {
+      size_t pinned = mpb_allocator_graph_bytes(g.alloc);
+      if (pinned > r->graph_pinned)
+        r->graph_pinned = pinned;
+    }
     if (live > r->peak_live) {
       r->peak_live = live;
       r->has_ext_frag = smp.has_free_info;

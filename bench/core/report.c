@@ -64,6 +64,16 @@ void mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n) {
             r[i].utilization, r[i].avg_waste, f, d, r[i].ns_p50, r[i].ns_p99,
             mpb_capacity_text(&r[i], c, sizeof c));
   }
+  bool any_graph = false;
+  for (size_t i = 0; i < n; i++)
+    if (r[i].graph_pinned > 0) {
+      char a[32];
+      if (!any_graph)
+        fprintf(out, "\nMemory captured graphs pinned (at most at once):\n");
+      any_graph = true;
+      fprintf(out, "- %s / %s: %s\n", r[i].workload, r[i].allocator,
+              mpb_bytes(a, sizeof a, r[i].graph_pinned));
+    }
   bool any_failed = false;
   for (size_t i = 0; i < n; i++)
     if (!r[i].completed) {
@@ -112,8 +122,10 @@ mp_status_t mpb_report_json(FILE *out, const mpb_result_t *r, size_t n) {
     mpb_json_str(out, x->error);
     fprintf(out,
             ", \"events\": %llu, \"peak_live_bytes\": %zu, "
-            "\"peak_reserved_bytes\": %zu, \"ratio\": ",
-            (unsigned long long)x->events, x->peak_live, x->peak_reserved);
+            "\"peak_reserved_bytes\": %zu, \"graph_pinned_bytes\": %zu, "
+            "\"ratio\": ",
+            (unsigned long long)x->events, x->peak_live, x->peak_reserved,
+            x->graph_pinned);
     mpb_json_num(out, x->ratio);
     fputs(", \"utilization\": ", out);
     mpb_json_num(out, x->utilization);

@@ -113,12 +113,23 @@ mp_status_t mpb_workload_free_slot(mpb_workload_t *w, uint32_t slot) {
   return st;
 }
 
+mp_status_t mpb_workload_graph(mpb_workload_t *w, unsigned what,
+                               uint16_t stream) {
+  mp_status_t st = mpb_push(
+      w, (mpb_event_t){.slot = what, .stream = stream, .op = MPB_GRAPH});
+  if (st == MP_OK && (uint32_t)stream + 1 > w->nstreams)
+    w->nstreams = (uint32_t)stream + 1;
+  w->has_graph |= st == MP_OK;
+  return st;
+}
+
 mp_status_t mpb_workload_drain(mpb_workload_t *w) {
   bool *live = calloc(w->nslots ? w->nslots : 1, sizeof *live);
   if (live == NULL)
     return mp__fail(MP_ENOMEM, "%s: out of host memory", w->name);
   for (size_t i = 0; i < w->n; i++)
-    live[w->ev[i].slot] = w->ev[i].op == MPB_ALLOC;
+    if (w->ev[i].op != MPB_GRAPH)
+      live[w->ev[i].slot] = w->ev[i].op == MPB_ALLOC;
   mp_status_t st = MP_OK;
   for (uint32_t s = 0; s < w->nslots && st == MP_OK; s++)
     if (live[s])
@@ -510,6 +521,90 @@ static mp_status_t mpb_gen_staging(mpb_workload_t *w, const mpb_params_t *ps) {
   return st;
 }
 
+/* ---- graph ---------------------------------------------------------------
+ * A serving engine with CUDA graphs (vLLM's, SGLang's): weights and a KV
+ * cache first, then one decode step captured per batch size (largest
+ * first, all into one graph pool, as vLLM shares one), each step's layer
+ * temporaries allocated and freed on the capturing stream and its logits
+ * kept as the graph's output; then serving on the eager stream (prefills of
+ * random length, whose temporaries come and go; decode steps are replays,
+ * which allocate nothing) until the graphs are destroyed, and a few steps
+ * after that. Stream 0 serves, stream 1 captures. */
+
+static mpb_param_t mpb_graph_params[] = {
+    {"seed", false, 1, 0, UINT64_MAX, "PRNG seed"},
+    {"steps", false, 400, 1, 10000000, "serving steps"},
+    {"layers", false, 16, 1, 1000, "transformer layers"},
+    {"hidden", false, 1024, 64, 65536, "hidden size (fp16 elements)"},
+    {"vocab", false, 32000, 1, 1000000, "vocabulary (logits per token)"},
+    {"max_batch", false, 64, 1, 4096,
+     "largest captured batch (1, 2, 4, ... up to it)"},
+    {"max_prompt", false, 512, 1, 1000000, "prefill tokens from 1..max_prompt"},
+    {"kv_cache", true, (uint64_t)256 << 20, 1, (uint64_t)1 << 44,
+     "KV cache bytes"},
+};
+
+/* One decode (or prefill) step over `tokens` tokens on stream: per layer a
+ * qkv, an attention output and an MLP activation, the previous layer's
+ * freed as the next one's are made; the logits stay (*out). */
+static mp_status_t mpb_graph_step(mpb_workload_t *w, const mpb_params_t *ps,
+                                  size_t tokens, uint16_t stream,
+                                  uint32_t *out) {
+  size_t h = mpb_param(ps, "hidden") * 2 * tokens;
+  uint32_t prev[3], cur[3];
+  bool have = false;
+  for (uint64_t l = 0; l < mpb_param(ps, "layers"); l++) {
+    MPB_TRY(mpb_workload_alloc(w, 3 * h, stream, &cur[0]));
+    MPB_TRY(mpb_workload_alloc(w, h, stream, &cur[1]));
+    MPB_TRY(mpb_workload_alloc(w, 4 * h, stream, &cur[2]));
+    for (int k = 0; have && k < 3; k++)
+      MPB_TRY(mpb_workload_free_slot(w, prev[k]));
+    memcpy(prev, cur, sizeof prev);
+    have = true;
+  }
+  MPB_TRY(
+      mpb_workload_alloc(w, tokens * mpb_param(ps, "vocab") * 4, stream, out));
+  for (int k = 0; have && k < 3; k++)
+    MPB_TRY(mpb_workload_free_slot(w, prev[k]));
+  return MP_OK;
+}
+
+static mp_status_t mpb_gen_graph(mpb_workload_t *w, const mpb_params_t *ps) {
+  uint64_t rng = mpb_param(ps, "seed");
+  size_t hidden = mpb_param(ps, "hidden");
+  uint32_t weights, kv, logits, outs[16];
+  unsigned nout = 0;
+  MPB_TRY(mpb_workload_alloc(
+      w, mpb_param(ps, "layers") * 12 * hidden * hidden * 2, 0, &weights));
+  MPB_TRY(mpb_workload_alloc(w, mpb_param(ps, "kv_cache"), 0, &kv));
+  /* Warm-up on the capturing stream, then the captures. */
+  size_t top = 1;
+  while (top * 2 <= mpb_param(ps, "max_batch"))
+    top *= 2;
+  MPB_TRY(mpb_graph_step(w, ps, top, 1, &logits));
+  MPB_TRY(mpb_workload_free_slot(w, logits));
+  for (size_t b = top; b >= 1 && nout < 16; b /= 2) {
+    MPB_TRY(mpb_workload_graph(w, MPB_CAPTURE_BEGIN, 1));
+    MPB_TRY(mpb_graph_step(w, ps, b, 1, &outs[nout++]));
+    MPB_TRY(mpb_workload_graph(w, MPB_CAPTURE_END, 1));
+  }
+  uint64_t steps = mpb_param(ps, "steps");
+  for (uint64_t i = 0; i < steps + steps / 8; i++) {
+    if (i == steps) { /* the engine drops its graphs */
+      for (unsigned k = 0; k < nout; k++)
+        MPB_TRY(mpb_workload_free_slot(w, outs[k]));
+      MPB_TRY(mpb_workload_graph(w, MPB_GRAPH_RELEASE, 1));
+    }
+    if (mpb_rand(&rng) % 4 != 0)
+      continue; /* a decode step: a replay, nothing allocated */
+    size_t tokens = mpb_rand_range(&rng, 1, mpb_param(ps, "max_prompt"));
+    MPB_TRY(mpb_graph_step(w, ps, tokens, 0, &logits));
+    MPB_TRY(mpb_workload_free_slot(w, logits));
+  }
+  MPB_TRY(mpb_workload_free_slot(w, kv));
+  return mpb_workload_free_slot(w, weights);
+}
+
 /* ---- the table ------------------------------------------------------------
  */
 
@@ -539,10 +634,14 @@ static const mpb_builtin_t mpb_builtins[] = {
      "a serving engine's page-locked staging buffers: inputs,\n"
      "               outputs and offloaded KV blocks (host-* allocators)",
      mpb_staging_params, MPB_N(mpb_staging_params), mpb_gen_staging},
+    {"graph",
+     "a serving engine that captures its decode steps in CUDA\n"
+     "               graphs (one graph pool) and replays them while serving",
+     mpb_graph_params, MPB_N(mpb_graph_params), mpb_gen_graph},
 };
 
-const char *const mpb_builtin_names[] = {"llm",         "cnn",     "random",
-                                         "adversarial", "staging", NULL};
+const char *const mpb_builtin_names[] = {
+    "llm", "cnn", "random", "adversarial", "staging", "graph", NULL};
 
 void mpb_workload_help(FILE *out) {
   for (size_t i = 0; i < MPB_N(mpb_builtins); i++) {

@@ -151,6 +151,11 @@ MP_API mp_status_t mp_pool_set_access(mp_pool_t *pool, mp_device_t *peer);
  * pool's live blocks. Either output may be NULL. */
 MP_API mp_status_t mp_pool_mem_info(mp_pool_t *pool, size_t *free_bytes,
                                     size_t *total_bytes);
+/* Changes the cap to fraction (0, 1] of the device's memory, as
+ * max_fraction does at create (PyTorch's set_per_process_memory_fraction);
+ * 0 lifts it. Memory reserved above a new, lower cap stays until trimmed;
+ * growth stops there. Not in [0, 1], or a child or graph pool: MP_EINVAL. */
+MP_API mp_status_t mp_pool_set_max_fraction(mp_pool_t *pool, double fraction);
 /* MP_EBUSY while a child pool lives; else synchronizes the streams that used
  * the pool, releases everything and frees the pool. */
 MP_API mp_status_t mp_pool_destroy(mp_pool_t *pool);
@@ -200,6 +205,62 @@ MP_API mp_status_t mp_pool_trim(mp_pool_t *pool, size_t keep_bytes);
  * Its reserved_bytes is its range; the parent counts the range as allocated. */
 MP_API mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
                                         mp_pool_t **out);
+
+/* Graph-private pools (CUDA graphs: PyTorch's graph_pool_handle and
+ * MemPool, cudaMallocAsync's graph memory nodes). Memory that a captured
+ * graph uses must keep its address across replays and go to no one else
+ * while the graph lives. A graph pool is a pool of its own (mp_pool_alloc,
+ * mp_pool_free, mp_pool_stats and mp_pool_check work on it) that grows by
+ * borrowing ranges of its parent (each counted as allocated there, like a
+ * child pool's range) and never gives them back before
+ * mp_pool_graph_release; its reserved_bytes is what the graph pins.
+ *
+ * Capture rules: while a stream allocates to a graph pool (between
+ * mp_pool_graph_begin and mp_pool_graph_end), neither pool records an
+ * event on it, queries it, or synchronizes: CUDA forbids waiting on a
+ * capturing stream and querying events captured on it, and in global mode
+ * a device synchronize by any thread. So a block freed on that stream is
+ * reusable at once on the same stream (later captured work runs after the
+ * free), by another stream only after the capture ended; and an
+ * out-of-memory ladder in either pool skips its synchronize rung
+ * (mp_pool_trim of the parent is MP_EBUSY meanwhile; a graph pool's trim
+ * gives nothing back before its release). Growth during capture is memory
+ * taken from the device in the calling thread's relaxed capture mode (the
+ * cuda backend swaps it around every allocation and mapping, as PyTorch's
+ * cudaMallocMaybeCapturing does), not memory reserved ahead: no graph
+ * pool reserves anything before its first allocation. */
+
+/* A new, empty graph pool drawing from parent (a pool that is neither a
+ * child nor a graph pool: else MP_EINVAL). The parent counts it as a child:
+ * mp_pool_destroy(parent) is MP_EBUSY until it is released. */
+MP_API mp_status_t mp_pool_graph_create(mp_pool_t *parent, mp_pool_t **out);
+/* From now on mp_pool_alloc(parent, bytes, s, ...) is served by graph, and
+ * s is capturing for both pools (the rules above). Call it before
+ * cuStreamBeginCapture on s (or right after, before any allocation on s);
+ * call it again for other streams that join the capture (a fork through
+ * events), or for later captures sharing graph (PyTorch's pool=). Frees
+ * and mp_pool_record_stream through parent of graph memory are passed to
+ * graph wherever they come from. s already routed: MP_EBUSY; graph not a
+ * graph pool of parent, or released: MP_EINVAL. */
+MP_API mp_status_t mp_pool_graph_begin(mp_pool_t *parent, mp_pool_t *graph,
+                                       mp_stream_t s);
+/* Stops routing s (after cuStreamEndCapture): allocations on s come from
+ * parent again, and both pools may again record and query on s. Blocks
+ * freed during the capture become reusable by graph's other streams once
+ * their work passed. s not routed: MP_EINVAL. */
+MP_API mp_status_t mp_pool_graph_end(mp_pool_t *parent, mp_stream_t s);
+/* The graph pool s allocates to, or NULL. */
+MP_API mp_pool_t *mp_pool_graph_of(mp_pool_t *parent, mp_stream_t s);
+/* The graph is gone (its last executable destroyed): graph's memory goes
+ * back to its parent as free blocks, reusable there once the work queued
+ * on every stream the parent knows has passed (mp_pool_free_after_all; a
+ * replay on a stream the parent never saw must be complete). Blocks still
+ * live (a graph's outputs) keep the pool until their last free, which
+ * returns everything. graph is invalid after the last block goes; it is
+ * MP_EBUSY (nothing done) while a stream still allocates to it, MP_EINVAL
+ * when it is no graph pool or released already. mp_pool_destroy of a graph
+ * pool does the same. */
+MP_API mp_status_t mp_pool_graph_release(mp_pool_t *graph);
 
 /* Model memory: compact what is live now to the bottom and freeze it there.
  * Returns when its copies are complete. Every block live at the call is

@@ -1,24 +1,35 @@
 /* mempool/torch.h - entry points for PyTorch's pluggable CUDA allocator.
  *
- * PyTorch loads these two functions by name from libmempool.so and sends
- * every tensor allocation to mempool's default pool (mp_default_pool, made
- * from $MEMPOOL_DEVICE and $MEMPOOL_CONF on first use):
+ * PyTorch loads the first two by name from libmempool.so and sends every
+ * tensor allocation to mempool's default pool of the tensor's device
+ * (mp_default_pool's per-device pools, made from $MEMPOOL_DEVICE and
+ * $MEMPOOL_CONF on first use):
  *
  *   import torch
  *   a = torch.cuda.memory.CUDAPluggableAllocator(
  *       "/path/to/libmempool.so", "mp_torch_malloc", "mp_torch_free")
  *   torch.cuda.memory.change_current_allocator(a)
  *
- * The signatures are PyTorch's (void *(ssize_t, int, cudaStream_t) and
- * void (void *, ssize_t, int, cudaStream_t)) with mp_stream_t in place of
- * cudaStream_t: both are pointers to an opaque struct, passed the same way,
- * so this header needs no CUDA header.
+ * The rest are what CUDAPluggableAllocator's C++ setters take
+ * (torch/csrc/cuda/CUDAPluggableAllocator.h): set_init_fn, set_reset_fn
+ * (torch.cuda.empty_cache), set_memory_fraction_fn, set_base_alloc_fn and
+ * set_record_stream_fn take these functions as they are; the graph-capture
+ * setters (set_begin_allocate_to_pool, set_end_allocate_to_pool_fn,
+ * set_release_pool) take C++ callables, which mempool/torch_hooks.hpp
+ * makes from the C functions below. Without them (Python can set only
+ * malloc and free) a capture still works: allocations on a stream that
+ * the device reports capturing come from a graph pool of that capture,
+ * released at mp_torch_reset (the pool of a capture is known only by its
+ * stream, so memory stays pinned until then).
  *
- * The default pool serves one device (cuda:N, or the emulated host device,
- * which answers to device 0): a request for another device, a negative or
- * zero size, or a failure returns NULL, which PyTorch reports as out of
- * memory; mp_last_error() says why. mp_torch_free of NULL or of a pointer the
- * pool did not hand out does nothing but set mp_last_error(). */
+ * The signatures are PyTorch's with mp_stream_t in place of cudaStream_t:
+ * both are pointers to an opaque struct, passed the same way, so this
+ * header needs no CUDA header. A device the backend does not have (the
+ * emulated host device answers to 0 only), a negative or zero size, or a
+ * failure returns NULL, which PyTorch reports as out of memory;
+ * mp_last_error() says why. The void calls report failures through
+ * mp_last_error() only. mp_torch_free of NULL or of a pointer no pool
+ * handed out does nothing but set mp_last_error(). */
 #ifndef MEMPOOL_TORCH_H
 #define MEMPOOL_TORCH_H
 
@@ -39,6 +50,50 @@ MP_API void *mp_torch_malloc(ssize_t size, int device, mp_stream_t stream);
  * knows each block's size. */
 MP_API void mp_torch_free(void *ptr, ssize_t size, int device,
                           mp_stream_t stream);
+
+/* set_init_fn: makes the default pool (PyTorch calls it once with the
+ * device count). */
+MP_API void mp_torch_init(int device_count);
+/* set_reset_fn (torch.cuda.empty_cache): gives every default pool's idle
+ * memory back to the device (mp_pool_trim to 0), and releases the graph
+ * pools of captures seen without the capture hooks. */
+MP_API void mp_torch_reset(void);
+/* set_memory_fraction_fn (torch.cuda.set_per_process_memory_fraction):
+ * mp_pool_set_max_fraction on device's pool. */
+MP_API void mp_torch_memory_fraction(double fraction, int device);
+/* set_base_alloc_fn: the live block holding ptr, its start returned and its
+ * size in *size (PyTorch asks for the allocation a tensor's storage lies
+ * in); ptr itself and *size unchanged when no pool holds it. */
+MP_API void *mp_torch_base_alloc(void *ptr, size_t *size);
+/* set_record_stream_fn (tensor.record_stream): mp_pool_record_stream. */
+MP_API void mp_torch_record_stream(void *ptr, mp_stream_t stream);
+
+/* PyTorch's MempoolId_t (std::pair<unsigned long long, unsigned long long>)
+ * as two numbers; a graph's capture and graphs sharing a pool (pool=) name
+ * the same id. */
+typedef struct mp_torch_pool_id {
+  unsigned long long first, second;
+} mp_torch_pool_id_t;
+/* The capture's stream test (PyTorch's std::function<bool(cudaStream_t)>):
+ * nonzero when an allocation on stream belongs to the capture. */
+typedef int (*mp_torch_stream_filter_t)(mp_stream_t stream, void *ctx);
+
+/* set_begin_allocate_to_pool: from now until the matching end,
+ * allocations (and frees) on device whose stream filter accepts come from
+ * the graph pool of id (made at its first begin; each begin is one use of
+ * it), at addresses that stay while the pool lives. drop(ctx), if not
+ * NULL, is called when the filter is no longer needed (at the end, or at
+ * once when the call fails). */
+MP_API void mp_torch_begin_allocate_to_pool(int device, mp_torch_pool_id_t id,
+                                            mp_torch_stream_filter_t filter,
+                                            void *ctx, void (*drop)(void *));
+/* set_end_allocate_to_pool_fn: the capture is about to end; its streams
+ * allocate from the device's pool again. */
+MP_API void mp_torch_end_allocate_to_pool(int device, mp_torch_pool_id_t id);
+/* set_release_pool: one use of id ends (a graph reset or destroyed); at the
+ * last, the graph pool is released (mp_pool_graph_release): its memory
+ * returns to the device's pool once its live blocks are freed. */
+MP_API void mp_torch_release_pool(int device, mp_torch_pool_id_t id);
 
 #ifdef __cplusplus
 }

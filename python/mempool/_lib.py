@@ -83,6 +83,10 @@ _PROTOTYPES = {
     "mp_pool_pause": (_st, [_c, ctypes.c_uint]),
     "mp_pool_resume": (_st, [_c]),
     "mp_default_pool": (_c, []),
+    "mp_torch_init": (None, [ctypes.c_int]),
+    "mp_torch_reset": (None, []),
+    "mp_torch_memory_fraction": (None, [ctypes.c_double, ctypes.c_int]),
+    "mp_torch_record_stream": (None, [_c, _c]),
 }
 
 _lib = None

@@ -5,8 +5,21 @@
 
 installs torch.cuda.memory.CUDAPluggableAllocator(libmempool.so,
 "mp_torch_malloc", "mp_torch_free") (include/mempool/torch.h). The tensors
-then come from mempool's default pool; mempool.default_pool_stats() reads
-it. PyTorch accepts a new allocator only before it has allocated anything."""
+then come from mempool's default pool of their device;
+mempool.default_pool_stats() reads it. PyTorch accepts a new allocator only
+before it has allocated anything.
+
+From Python, PyTorch lets an allocator set only malloc and free; the other
+hooks of CUDAPluggableAllocator are C++ setters (include/mempool/
+torch_hooks.hpp installs them all from C++). So here:
+  - torch.cuda.graph works as it is: an allocation on a stream the device
+    reports capturing comes from a graph pool of that capture (addresses
+    kept for replays, reused by nobody else); empty_cache() below releases
+    the pools of finished captures;
+  - empty_cache() and set_memory_fraction() are this module's (PyTorch's
+    own calls do not reach a pluggable allocator's pool from Python);
+  - record_stream(tensor, stream) stands for tensor.record_stream(stream),
+    which PyTorch drops for a pluggable allocator set from Python."""
 import os
 
 from . import _lib
@@ -36,3 +49,22 @@ def use(device=None):
     alloc = CUDAPluggableAllocator(_lib.library_path(), "mp_torch_malloc", "mp_torch_free")
     change_current_allocator(alloc)
     return alloc
+
+
+def empty_cache():
+    """torch.cuda.empty_cache() for mempool: every default pool gives its
+    idle memory back to the device, and graph pools of captures that ended
+    are released (mp_torch_reset)."""
+    _lib.lib().mp_torch_reset()
+
+
+def set_memory_fraction(fraction, device=0):
+    """torch.cuda.set_per_process_memory_fraction() for mempool: caps the
+    default pool of device at fraction of its memory; 0 lifts the cap."""
+    _lib.lib().mp_torch_memory_fraction(float(fraction), int(device))
+
+
+def record_stream(tensor, stream):
+    """tensor.record_stream(stream) for mempool: the tensor's block is
+    reused elsewhere only after the work queued on stream has completed."""
+    _lib.lib().mp_torch_record_stream(tensor.data_ptr(), stream.cuda_stream)

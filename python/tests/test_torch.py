@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+import mempool
 import mempool.torch
 
 
@@ -16,3 +17,47 @@ def test_use_without_torch_says_what_is_missing():
     assert "needs PyTorch" in str(e.value)
     assert isinstance(e.value, ImportError)
     assert os.environ.get("MEMPOOL_DEVICE") == before  # nothing changed
+
+
+def _run(code):
+    import subprocess
+    import sys
+    env = dict(os.environ, MEMPOOL_DEVICE="host:capacity=1G",
+               MEMPOOL_LIBRARY=mempool.library_path())
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=pkg,
+                          capture_output=True, text=True)
+
+
+_MALLOC = """
+import ctypes, mempool, mempool.torch
+lib = ctypes.CDLL(mempool.library_path())
+lib.mp_torch_malloc.restype = ctypes.c_void_p
+lib.mp_torch_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+lib.mp_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+"""
+
+
+def test_empty_cache_gives_the_default_pools_idle_memory_back():
+    r = _run(_MALLOC + """
+p = lib.mp_torch_malloc(8 << 20, 0, None)
+lib.mp_torch_free(p, 8 << 20, 0, None)
+before = mempool.default_pool_stats()["reserved_bytes.all.current"]
+mempool.torch.empty_cache()
+print(before, mempool.default_pool_stats()["reserved_bytes.all.current"])
+""")
+    assert r.returncode == 0, r.stderr
+    before, after = map(int, r.stdout.split())
+    assert before >= 8 << 20 and after == 0
+
+
+def test_set_memory_fraction_caps_the_default_pool():
+    r = _run(_MALLOC + """
+mempool.torch.set_memory_fraction(16 / 1024, 0)   # 16 MiB of 1 GiB
+capped = lib.mp_torch_malloc(32 << 20, 0, None)
+mempool.torch.set_memory_fraction(0, 0)
+lifted = lib.mp_torch_malloc(32 << 20, 0, None)
+print(capped is None, lifted is not None)
+""")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "True"]

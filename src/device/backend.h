@@ -43,6 +43,9 @@ typedef struct mp__backend {
    * never waits and makes no call CUDA forbids during a capture. NULL: every
    * handle is a stream shared by all threads. */
   int (*stream_kind)(mp_device_t *dev, mp_stream_t s);
+  /* 1 when s is being captured into a graph, 0 when not, -1 when it cannot
+   * be told; allowed during capture, never waits. NULL: no capture. */
+  int (*stream_capturing)(mp_device_t *dev, mp_stream_t s);
   /* Which device of this kind the calling thread works on (CUDA: its
    * current context's); no message on failure. NULL: one device only. */
   mp_status_t (*current_ordinal)(mp_device_t *dev, int *out);
@@ -122,6 +125,8 @@ typedef enum mp__stream_kind {
                             CU_STREAM_PER_THREAD) */
 } mp__stream_kind_t;
 mp__stream_kind_t mp__device_stream_kind(mp_device_t *dev, mp_stream_t s);
+/* ops->stream_capturing, 0 where the backend has none. */
+int mp__device_stream_capturing(mp_device_t *dev, mp_stream_t s);
 /* The ordinal of the device of dev's kind the calling thread works on;
  * MP_ENOTSUP when the backend has one device only, MP_ENODEV when the
  * thread is on none. */

@@ -62,6 +62,7 @@
   X(StreamSynchronize, (CUstream))                                             \
   X(StreamQuery, (CUstream))                                                   \
   X(StreamGetFlags, (CUstream, unsigned *))                                    \
+  X(StreamIsCapturing, (CUstream, CUstreamCaptureStatus *))                    \
   X(LaunchHostFunc, (CUstream, CUhostFn, void *))                              \
   X(MemcpyAsync, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                 \
   X(MemsetD8Async, (CUdeviceptr, unsigned char, size_t, CUstream))             \
@@ -743,6 +744,18 @@ static int mp__cuda_stream_kind(mp_device_t *dev, mp_stream_t s) {
   return r == CUDA_ERROR_INVALID_HANDLE ? MP__STREAM_BAD : MP__STREAM_SHARED;
 }
 
+/* cuStreamIsCapturing: allowed during capture (it is how PyTorch and the
+ * CUDA samples ask), never waits. */
+static int mp__cuda_stream_capturing(mp_device_t *dev, mp_stream_t s) {
+  CUresult r;
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  MP__CU_IN_CTX(mp__cuda_of(dev), r,
+                mp__cu.StreamIsCapturing((CUstream)s, &st));
+  if (r != CUDA_SUCCESS)
+    return -1;
+  return st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 static mp_status_t mp__cuda_launch_host(mp_device_t *dev, mp_stream_t s,
                                         void (*fn)(void *), void *arg) {
   CUresult r;
@@ -1035,6 +1048,7 @@ const mp__backend_t mp__cuda_backend = {
     .stream_synchronize = mp__cuda_stream_synchronize,
     .stream_query = mp__cuda_stream_query,
     .stream_kind = mp__cuda_stream_kind,
+    .stream_capturing = mp__cuda_stream_capturing,
     .current_ordinal = mp__cuda_current_ordinal,
     .ordinal = mp__cuda_ordinal,
     .launch_host = mp__cuda_launch_host,

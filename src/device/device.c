@@ -153,6 +153,11 @@ int mp__device_ordinal(mp_device_t *dev) {
   return dev->ops->ordinal != NULL ? dev->ops->ordinal(dev) : 0;
 }
 
+int mp__device_stream_capturing(mp_device_t *dev, mp_stream_t s) {
+  return dev->ops->stream_capturing != NULL ? dev->ops->stream_capturing(dev, s)
+                                            : 0;
+}
+
 mp__stream_kind_t mp__device_stream_kind(mp_device_t *dev, mp_stream_t s) {
   return dev->ops->stream_kind != NULL
              ? (mp__stream_kind_t)dev->ops->stream_kind(dev, s)

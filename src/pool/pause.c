@@ -91,6 +91,10 @@ static mp_status_t mp__pause_check(const mp_pool_t *pool) {
   if (pool->children > 0)
     return mp__fail(MP_EBUSY, "mp_pool_pause: %zu child pools live",
                     pool->children);
+  if (pool->ncapturing > 0) /* waiting for a capturing stream is refused */
+    return mp__fail(MP_EBUSY, "mp_pool_pause: a stream of the pool is being "
+                              "captured (graph pool): pause after "
+                              "mp_pool_graph_end");
   for (const mp__segment_t *g = pool->segs; g != NULL; g = g->next)
     if (g->kind != MP__SEG_VIRTUAL)
       return mp__fail(MP_ENOTSUP,

@@ -174,6 +174,10 @@ static mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
  * while the lock is down (defragmentation's staging buffer; *buf is NULL
  * when the device has no room). */
 mp_status_t mp__pool_sync_alloc(mp_pool_t *pool, size_t buf_bytes, void **buf) {
+  if (MP__UNLIKELY(pool->ncapturing > 0))
+    return mp__fail(MP_EBUSY,
+                    "a stream of the pool is being captured (graph pool): no "
+                    "synchronize until mp_pool_graph_end");
   mp__pool_wait_sync(pool);
   uint64_t snap = mp__streams_sync_begin(pool);
   mp__sync_set_t set;
@@ -270,8 +274,9 @@ mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
         return st;
     }
   }
-  /* Rung: defragment movable blocks. */
-  if (pool->cfg.flags & MP_POOL_DEFRAG_ON_OOM) {
+  /* Rung: defragment movable blocks (it synchronizes the device: not while
+   * a stream of the pool is captured). */
+  if ((pool->cfg.flags & MP_POOL_DEFRAG_ON_OOM) && pool->ncapturing == 0) {
     mp_stream_t s = pool->streams[sidx].s;
     pthread_mutex_unlock(&pool->lock);
     size_t moved = mp__pool_defrag_on_oom(pool, size, s);
@@ -336,8 +341,8 @@ void mp__block_release(mp_pool_t *pool, mp__block_t *b) {
 
 /* ---- create / destroy --------------------------------------------------- */
 
-static mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
-                                mp_pool_t **out) {
+mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
+                         mp_pool_t **out) {
   mp_pool_t *pool = calloc(1, sizeof *pool);
   if (pool == NULL)
     return mp__fail(MP_ENOMEM, "out of host memory creating a pool");
@@ -373,16 +378,64 @@ static mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
   return MP_OK;
 }
 
-static void mp__pool_free_host(mp_pool_t *pool) {
+void mp__pool_free_host(mp_pool_t *pool) {
   mp__device_unwatch(pool->dev, mp__stream_gone, pool);
   mp__history_release(pool);
   mp__streams_release(pool);
   mp__rec_release_all(pool);
   mp__index_release(pool);
   free(pool->map);
+  free(pool->routes);
+  free(pool->granges);
   pthread_cond_destroy(&pool->idle_cv);
   pthread_mutex_destroy(&pool->lock);
   free(pool);
+}
+
+/* The cap that max_bytes or max_fraction (of the device's memory) give,
+ * else the device's size, else none. */
+static mp_status_t mp__pool_cap_for(const mp_pool_t *pool, size_t max_bytes,
+                                    double fraction, size_t *cap,
+                                    bool *is_max) {
+  size_t total = 0;
+  bool told = mp_device_mem_info(pool->dev, NULL, &total) == MP_OK && total > 0;
+  *is_max = max_bytes != 0 || fraction > 0;
+  if (max_bytes != 0) {
+    *cap = max_bytes;
+  } else if (fraction > 0) {
+    if (!told)
+      return mp__fail(MP_EINVAL, "pool config: max_fraction needs the "
+                                 "device's size, which it does not tell");
+    *cap = (size_t)((double)total * fraction) & ~(pool->cfg.align - 1);
+  } else {
+    *cap = told ? total : SIZE_MAX;
+  }
+  return MP_OK;
+}
+
+mp_status_t mp_pool_set_max_fraction(mp_pool_t *pool, double fraction) {
+  if (pool == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_set_max_fraction: pool is NULL");
+  if (!(fraction >= 0 && fraction <= 1))
+    return mp__fail(MP_EINVAL, "mp_pool_set_max_fraction: %g is not in [0, 1]",
+                    fraction);
+  if (pool->parent != NULL)
+    return mp__fail(MP_EINVAL,
+                    "mp_pool_set_max_fraction: a %s pool draws "
+                    "from its parent's cap",
+                    pool->graph ? "graph" : "child");
+  size_t cap;
+  bool is_max;
+  mp_status_t st = mp__pool_cap_for(pool, 0, fraction, &cap, &is_max);
+  if (st != MP_OK)
+    return st;
+  pthread_mutex_lock(&pool->lock);
+  pool->cap = cap;
+  pool->cap_is_max = is_max;
+  pool->cfg.max_bytes = 0;
+  pool->cfg.max_fraction = fraction;
+  pthread_mutex_unlock(&pool->lock);
+  return MP_OK;
 }
 
 mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
@@ -402,23 +455,10 @@ mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
   mp_pool_t *pool;
   if ((st = mp__pool_new(dev, cfg, &pool)) != MP_OK)
     return st;
-  size_t total = 0;
-  if (cfg->max_bytes != 0) {
-    pool->cap = cfg->max_bytes;
-    pool->cap_is_max = true;
-  } else if (cfg->max_fraction > 0) {
-    if (mp_device_mem_info(dev, NULL, &total) != MP_OK || total == 0) {
-      mp__pool_free_host(pool);
-      return mp__fail(MP_EINVAL, "pool config: max_fraction needs the "
-                                 "device's size, which it does not tell");
-    }
-    pool->cap = (size_t)((double)total * cfg->max_fraction);
-    pool->cap &= ~(pool->cfg.align - 1);
-    pool->cap_is_max = true;
-  } else if (mp_device_mem_info(dev, NULL, &total) == MP_OK && total > 0) {
-    pool->cap = total;
-  } else {
-    pool->cap = SIZE_MAX;
+  if ((st = mp__pool_cap_for(pool, cfg->max_bytes, cfg->max_fraction,
+                             &pool->cap, &pool->cap_is_max)) != MP_OK) {
+    mp__pool_free_host(pool);
+    return st;
   }
   if (cfg->release_fraction > 0) {
     if (pool->cap == SIZE_MAX) {
@@ -461,6 +501,8 @@ mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
 mp_status_t mp_pool_destroy(mp_pool_t *pool) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_destroy: pool is NULL");
+  if (pool->graph)
+    return mp_pool_graph_release(pool);
   pthread_mutex_lock(&pool->lock);
   if (pool->children > 0) {
     size_t n = pool->children;
@@ -620,6 +662,13 @@ mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
   }
   MP__HIST_ENTRY(pool);
   pthread_mutex_lock(&pool->lock);
+  if (MP__UNLIKELY(pool->nroutes > 0)) {
+    mp_pool_t *g = mp__graph_route(pool, s);
+    if (g != NULL) {
+      pthread_mutex_unlock(&pool->lock);
+      return mp_pool_alloc(g, bytes, s, out);
+    }
+  }
   mp_status_t st = mp__pool_alloc_locked(pool, bytes, s, out);
   if (mp__pool_oom_retry(pool, st, bytes))
     st = mp__pool_alloc_locked(pool, bytes, s, out);
@@ -695,11 +744,36 @@ static mp_status_t mp__find_live(mp_pool_t *pool, const char *fn, void *ptr,
   return MP_OK;
 }
 
+bool mp__pool_block_of(mp_pool_t *pool, const void *ptr, void **base,
+                       size_t *size) {
+  uintptr_t p = (uintptr_t)ptr;
+  bool found = false;
+  pthread_mutex_lock(&pool->lock);
+  mp_pool_t *g = pool->ngranges ? mp__graph_owner(pool, p) : NULL;
+  mp__segment_t *seg = g == NULL ? mp__segment_containing(pool, p) : NULL;
+  for (mp__block_t *x = seg ? seg->first : NULL; x != NULL; x = x->next)
+    if (p >= x->addr && p - x->addr < x->size) {
+      found = !(x->flags & (MP__B_FREE | MP__B_HOLE | MP__B_CHILD));
+      *base = (void *)x->addr;
+      *size = x->size;
+      break;
+    }
+  pthread_mutex_unlock(&pool->lock);
+  return g != NULL ? mp__pool_block_of(g, ptr, base, size) : found;
+}
+
 mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr, mp_stream_t s) {
   if (pool == NULL || ptr == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_record_stream: %s is NULL",
                     pool == NULL ? "pool" : "ptr");
   pthread_mutex_lock(&pool->lock);
+  if (MP__UNLIKELY(pool->ngranges > 0)) {
+    mp_pool_t *g = mp__graph_owner(pool, (uintptr_t)ptr);
+    if (g != NULL) {
+      pthread_mutex_unlock(&pool->lock);
+      return mp_pool_record_stream(g, ptr, s);
+    }
+  }
   mp__block_t *b = NULL; /* set when mp__find_live succeeds */
   uint32_t sidx;
   size_t slot;
@@ -724,6 +798,13 @@ static mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
   if (ptr == NULL)
     return MP_OK;
   pthread_mutex_lock(&pool->lock);
+  if (MP__UNLIKELY(pool->ngranges > 0)) {
+    mp_pool_t *g = mp__graph_owner(pool, (uintptr_t)ptr);
+    if (g != NULL) {
+      pthread_mutex_unlock(&pool->lock);
+      return mp__pool_free_as(g, ptr, how, s, fn);
+    }
+  }
   mp__block_t *b = NULL; /* set when mp__find_live succeeds */
   uint32_t sidx = 0;
   size_t slot;
@@ -743,7 +824,10 @@ static mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
     mp__segment_release_above(pool);
     mp__block_release(pool, b);
   }
+  bool graph_check = pool->graph && pool->released;
   pthread_mutex_unlock(&pool->lock);
+  if (MP__UNLIKELY(graph_check))
+    mp__graph_after_free(pool);
   return st;
 }
 

@@ -165,6 +165,8 @@ typedef struct mp__strm {
   bool gone;          /* forgotten (mp_stream_forget): never matched again;
                          the slot is reused once refs is 0 and every epoch
                          is done, its epoch counter carrying on */
+  bool capturing;     /* graph.c: allocating to a graph pool (being
+                         captured): never recorded on nor queried */
   uint64_t sync_snap; /* epoch closed by the device sync in flight */
   mp__marker_t marks[MP__MAX_MARKS]; /* FIFO of recorded markers */
   unsigned mark_head, nmarks;
@@ -224,7 +226,18 @@ struct mp_pool {
 
   mp_pool_t *parent;         /* child pools: the parent */
   mp__block_t *parent_block; /* child pools: the range's block in parent */
-  size_t children;           /* live child pools */
+  size_t children;           /* live child pools (graph pools included) */
+
+  /* graph.c */
+  bool graph;          /* a graph-private pool: grows by borrowing ranges of
+                          parent (MP__SEG_RANGE segments) */
+  bool released;       /* graph: mp_pool_graph_release called; the pool
+                          goes with its last live block */
+  uint32_t ncapturing; /* stream slots marked capturing */
+  struct mp__route *routes; /* parent: streams allocating to graph pools */
+  size_t nroutes, routes_cap;
+  struct mp__grange *granges; /* parent: ranges lent to graph pools */
+  size_t ngranges, granges_cap;
 
   /* free index */
   uint64_t fl_bitmap;
@@ -281,6 +294,28 @@ mp_status_t mp__pool_paused(const mp_pool_t *pool, const char *fn);
 /* Destroy: frees what a paused pool holds beside its reservation. */
 void mp__pool_pause_release(mp_pool_t *pool);
 
+/* ---- graph.c: graph-private pools -------------------------------------- */
+typedef struct mp__route {
+  mp_stream_t s;
+  mp_pool_t *graph;
+} mp__route_t;
+typedef struct mp__grange {
+  uintptr_t base;
+  size_t size;
+  mp_pool_t *graph;
+} mp__grange_t;
+/* Under parent's lock: the graph pool stream s allocates to, or NULL. */
+mp_pool_t *mp__graph_route(const mp_pool_t *parent, mp_stream_t s);
+/* Under parent's lock: the graph pool whose range holds p, or NULL. */
+mp_pool_t *mp__graph_owner(const mp_pool_t *parent, uintptr_t p);
+/* Graph growth, with graph's lock dropped (inflight): borrows bytes of the
+ * parent on stream s for a new range of graph. */
+mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes, mp_stream_t s,
+                             void **out);
+/* After a free from graph with the lock dropped: a released graph pool
+ * whose last block went gives its ranges back and is freed. */
+void mp__graph_after_free(mp_pool_t *graph);
+
 /* ---- handle.c: movable-block handles ------------------------------------ */
 /* Under the lock: b's handle (every copy) is stale from now on. */
 void mp__handle_retire(mp_pool_t *pool, mp__block_t *b);
@@ -316,6 +351,17 @@ void mp__block_make_live(mp_pool_t *pool, mp__block_t *b, size_t requested,
 /* [defrag] Frees a live block (already removed from the map): deps, stats,
  * coalescing, back into the index. */
 void mp__block_release(mp_pool_t *pool, mp__block_t *b);
+
+/* The live block holding ptr (its start or inside it), through graph
+ * pools: its start and size. Takes the lock; false when none is live
+ * there. */
+bool mp__pool_block_of(mp_pool_t *pool, const void *ptr, void **base,
+                       size_t *size);
+/* mp__pool_new with cfg (no checks; the caller fills in cap and memory). */
+mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
+                         mp_pool_t **out);
+/* Frees a pool's host structures (it holds no memory any more). */
+void mp__pool_free_host(mp_pool_t *pool);
 
 /* mp_pool_free of ptr, with s recorded as a use first (mp_free_async): one
  * locked step, so a pointer it refuses leaves no use behind. fn names the

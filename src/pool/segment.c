@@ -708,7 +708,16 @@ static mp_status_t mp__grow_virtual(mp_pool_t *pool, size_t size,
   return MP_OK;
 }
 
-static mp_status_t mp__grow_plain(mp_pool_t *pool, size_t size) {
+/* A new plain segment's memory: from the device, or for a graph pool a
+ * range borrowed from its parent (graph.c). */
+static mp_status_t mp__plain_source(mp_pool_t *pool, size_t bytes,
+                                    mp_stream_t s, void **p) {
+  if (pool->graph)
+    return mp__graph_borrow(pool, bytes, s, p);
+  return mp_device_alloc(pool->dev, bytes, p);
+}
+
+static mp_status_t mp__grow_plain(mp_pool_t *pool, size_t size, uint32_t sidx) {
   size_t bytes = size <= pool->cfg.segment_bytes / 2
                      ? pool->cfg.segment_bytes
                      : mp__round_up(size, MP__LARGE_ROUND);
@@ -730,8 +739,9 @@ static mp_status_t mp__grow_plain(mp_pool_t *pool, size_t size) {
     return mp__fail(MP_ENOMEM, "out of host memory for a segment record");
   }
   void *p = NULL;
+  mp_stream_t strm = pool->streams[sidx].s;
   mp__begin_device(pool);
-  mp_status_t st = mp_device_alloc(pool->dev, bytes, &p);
+  mp_status_t st = mp__plain_source(pool, bytes, strm, &p);
   mp__end_device(pool);
   if (st == MP_OK && (uintptr_t)p % pool->cfg.align != 0) {
     /* A virtual pool's align may exceed what plain memory promises; it
@@ -751,7 +761,7 @@ static mp_status_t mp__grow_plain(mp_pool_t *pool, size_t size) {
   }
   s->base = (uintptr_t)p;
   s->size = s->span = bytes;
-  s->kind = MP__SEG_PLAIN;
+  s->kind = pool->graph ? MP__SEG_RANGE : MP__SEG_PLAIN;
   mp__seg_push(pool, s);
   pool->st.device_alloc_count++;
   pool->st.segment_count++;
@@ -763,7 +773,7 @@ static mp_status_t mp__grow_plain(mp_pool_t *pool, size_t size) {
 
 mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx) {
   pool->fresh = NULL;
-  if (pool->parent != NULL)
+  if (pool->parent != NULL && !pool->graph)
     return MP_ELIMIT; /* a child pool never grows */
   /* Growth rounds up to the granule or to MP__LARGE_ROUND: a size that
    * cannot be rounded without wrapping is more than any device holds. */
@@ -782,7 +792,7 @@ mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx) {
     if (st != MP_ENOTSUP)
       return st;
   }
-  return mp__grow_plain(pool, size);
+  return mp__grow_plain(pool, size, sidx);
 }
 
 static bool mp__trim_plain_one(mp_pool_t *pool) {

@@ -376,7 +376,9 @@ static void mp__stream_poll(mp_pool_t *pool, mp__strm_t *st) {
  * stream only by its own thread (the handle names the caller's stream), so
  * another thread leaves a request its owner serves on its next call. */
 static void mp__stream_close(mp_pool_t *pool, mp__strm_t *st) {
-  if (!st->dirty || st->gone)
+  /* A capturing stream: a marker recorded on it would be part of the graph
+   * and never complete outside it (graph.c). */
+  if (!st->dirty || st->gone || st->capturing)
     return;
   if (MP__UNLIKELY(st->owner != 0) && st->owner != mp__self()) {
     st->want_close = true;
@@ -612,6 +614,11 @@ bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set) {
   uint64_t self = mp__self();
   for (uint32_t i = 0; i < pool->nstreams; i++) {
     mp__strm_t *st = &pool->streams[i];
+    /* A capturing stream cannot be waited for (an event recorded on it
+     * would be a node of the graph): mp__pool_sync and pause refuse to run
+     * while one is; destroy goes on without it. */
+    if (st->capturing)
+      continue;
     if (st->gone) {
       /* Its work is behind its last marker (FIFO on one stream); without
        * one (closing failed) only a device synchronize covers it. */
@@ -663,7 +670,7 @@ void mp__sync_set_release(mp_pool_t *pool, mp__sync_set_t *set) {
 
 bool mp__stream_idle_now(mp_pool_t *pool, uint32_t sidx) {
   mp__strm_t *st = &pool->streams[sidx];
-  if (st->gone || (st->owner != 0 && st->owner != mp__self()))
+  if (st->gone || st->capturing || (st->owner != 0 && st->owner != mp__self()))
     return false;
   /* Under the lock: nothing is freed on the stream while it is asked. */
   if (mp_stream_query(pool->dev, st->s) != MP_OK)

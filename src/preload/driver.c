@@ -3,11 +3,11 @@
  * cuMemGetAddressRange_v2.
  *
  * An allocation is served, in pool mode, by the pool of the device the
- * calling thread's context is on (one pool per device, made on first use)
- * when the stream is not being captured into a graph (the pool's own
- * stream work must not end up in a graph); otherwise (no context, no pool
- * for the device, a capture) it goes to the real driver and is only
- * recorded.
+ * calling thread's context is on (one pool per device, made on first use);
+ * a stream-ordered one on a stream being captured into a graph by the
+ * capture's graph pool (graphs.c). Otherwise (no context, no pool for the
+ * device, cuMemAlloc during a capture, whose rules the driver applies) it
+ * goes to the real driver and is only recorded.
  * A free goes wherever its pointer came from, found in the shim's table;
  * pointers the shim never saw go to the real driver untouched. A call made
  * from inside another hook (the runtime's cudaMalloc calling cuMemAlloc_v2
@@ -94,7 +94,10 @@ static mp__curesult mp__alloc(mp__variant_t v, mp__cuptr *dptr, size_t bytes,
       served = true;
     } else if ((pool = mp__pl_pool_here(pl)) == NULL) {
       mp__pl_count_bypass("other_device");
-    } else if (mp__capturing(pl, v == MP__SYNC ? NULL : s, ptsz)) {
+    } else if (mp__capturing(pl, v == MP__SYNC ? NULL : s, ptsz) &&
+               (v == MP__SYNC || !mp__pl_capture_route(pl, pool, s, ptsz))) {
+      /* cuMemAlloc during a capture: the driver applies the capture mode's
+       * rules; stream-ordered allocations go to the graph pool. */
       mp__pl_count_bypass("capture");
     } else {
       void *p = NULL;

@@ -49,6 +49,16 @@ MP__EXPORT mp__curesult cuStreamCreateWithPriority(mp__custream *phStream,
                                                    int priority);
 MP__EXPORT mp__curesult cuStreamDestroy_v2(mp__custream hStream);
 
+/* graphs.c */
+MP__EXPORT mp__curesult cuStreamEndCapture(mp__custream hStream,
+                                           mp__cugraph *phGraph);
+MP__EXPORT mp__curesult cuStreamEndCapture_ptsz(mp__custream hStream,
+                                                mp__cugraph *phGraph);
+MP__EXPORT mp__curesult cuGraphInstantiateWithFlags(
+    mp__cugraphexec *phGraphExec, mp__cugraph hGraph, unsigned long long flags);
+MP__EXPORT mp__curesult cuGraphExecDestroy(mp__cugraphexec hGraphExec);
+MP__EXPORT mp__curesult cuGraphDestroy(mp__cugraph hGraph);
+
 /* pause.c: not CUDA's, the shim's own (see the file) */
 MP__EXPORT int mempool_preload_pause(unsigned flags);
 MP__EXPORT int mempool_preload_resume(void);

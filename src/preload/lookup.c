@@ -91,20 +91,38 @@ typedef struct mp__hook_name {
 #define MP__HOOK(f)                                                            \
   { #f, (void *)&f }
 static const mp__hook_name_t mp__hooks[] = {
-    MP__HOOK(cuMemAlloc_v2),      MP__HOOK(cuMemFree_v2),
-    MP__HOOK(cuMemAllocAsync),    MP__HOOK(cuMemAllocAsync_ptsz),
-    MP__HOOK(cuMemFreeAsync),     MP__HOOK(cuMemFreeAsync_ptsz),
-    MP__HOOK(cuMemGetInfo_v2),    MP__HOOK(cuMemGetAddressRange_v2),
-    MP__HOOK(cuGetProcAddress),   MP__HOOK(cuGetProcAddress_v2),
-    MP__HOOK(cudaMalloc),         MP__HOOK(cudaFree),
-    MP__HOOK(cudaMallocAsync),    MP__HOOK(cudaMallocAsync_ptsz),
-    MP__HOOK(cudaFreeAsync),      MP__HOOK(cudaFreeAsync_ptsz),
-    MP__HOOK(cudaMemGetInfo),     MP__HOOK(cudaMallocManaged),
-    MP__HOOK(cudaMallocHost),     MP__HOOK(cudaHostAlloc),
-    MP__HOOK(cudaFreeHost),       MP__HOOK(cuMemHostAlloc),
-    MP__HOOK(cuMemAllocHost_v2),  MP__HOOK(cuMemFreeHost),
-    MP__HOOK(cuStreamCreate),     MP__HOOK(cuStreamCreateWithPriority),
+    MP__HOOK(cuMemAlloc_v2),
+    MP__HOOK(cuMemFree_v2),
+    MP__HOOK(cuMemAllocAsync),
+    MP__HOOK(cuMemAllocAsync_ptsz),
+    MP__HOOK(cuMemFreeAsync),
+    MP__HOOK(cuMemFreeAsync_ptsz),
+    MP__HOOK(cuMemGetInfo_v2),
+    MP__HOOK(cuMemGetAddressRange_v2),
+    MP__HOOK(cuGetProcAddress),
+    MP__HOOK(cuGetProcAddress_v2),
+    MP__HOOK(cudaMalloc),
+    MP__HOOK(cudaFree),
+    MP__HOOK(cudaMallocAsync),
+    MP__HOOK(cudaMallocAsync_ptsz),
+    MP__HOOK(cudaFreeAsync),
+    MP__HOOK(cudaFreeAsync_ptsz),
+    MP__HOOK(cudaMemGetInfo),
+    MP__HOOK(cudaMallocManaged),
+    MP__HOOK(cudaMallocHost),
+    MP__HOOK(cudaHostAlloc),
+    MP__HOOK(cudaFreeHost),
+    MP__HOOK(cuMemHostAlloc),
+    MP__HOOK(cuMemAllocHost_v2),
+    MP__HOOK(cuMemFreeHost),
+    MP__HOOK(cuStreamCreate),
+    MP__HOOK(cuStreamCreateWithPriority),
     MP__HOOK(cuStreamDestroy_v2),
+    MP__HOOK(cuStreamEndCapture),
+    MP__HOOK(cuStreamEndCapture_ptsz),
+    MP__HOOK(cuGraphInstantiateWithFlags),
+    MP__HOOK(cuGraphExecDestroy),
+    MP__HOOK(cuGraphDestroy),
 };
 #undef MP__HOOK
 
@@ -163,6 +181,18 @@ void *mp__pl_proc_hook(const char *symbol, int cuda_version, uint64_t flags) {
     return ptsz ? (void *)&cuMemAllocAsync_ptsz : (void *)&cuMemAllocAsync;
   if (strcmp(symbol, "cuMemFreeAsync") == 0)
     return ptsz ? (void *)&cuMemFreeAsync_ptsz : (void *)&cuMemFreeAsync;
+  if (strcmp(symbol, "cuStreamEndCapture") == 0)
+    return ptsz ? (void *)&cuStreamEndCapture_ptsz
+                : (void *)&cuStreamEndCapture;
+  /* cuGraphInstantiate at 12.0 or later is the flags form (cuda.h); below
+   * it takes an error node and a log buffer and stays real. */
+  if (strcmp(symbol, "cuGraphInstantiateWithFlags") == 0 ||
+      (cuda_version >= 12000 && strcmp(symbol, "cuGraphInstantiate") == 0))
+    return (void *)&cuGraphInstantiateWithFlags;
+  if (strcmp(symbol, "cuGraphExecDestroy") == 0)
+    return (void *)&cuGraphExecDestroy;
+  if (strcmp(symbol, "cuGraphDestroy") == 0)
+    return (void *)&cuGraphDestroy;
   if (strcmp(symbol, "cuGetProcAddress") == 0)
     return cuda_version >= 12000 ? (void *)&cuGetProcAddress_v2
                                  : (void *)&cuGetProcAddress;

@@ -10,6 +10,7 @@
  *   driver.c   the driver-API hooks (cuMemAlloc_v2 ...)
  *   runtime.c  the runtime-API hooks (cudaMalloc ...)
  *   streams.c  the stream hooks: the pool learns and forgets streams
+ *   graphs.c   stream capture: graph-private pools and the graph hooks
  *   pause.c    mempool_preload_pause / _resume for the whole process
  *   host.c     page-locked host memory (cudaHostAlloc ...)
  *
@@ -32,7 +33,9 @@
 typedef unsigned int mp__curesult;    /* CUresult (an enum of non-negatives) */
 typedef unsigned int mp__cudaerr;     /* cudaError_t */
 typedef unsigned long long mp__cuptr; /* CUdeviceptr (_v2, 64-bit) */
-typedef struct CUstream_st *mp__custream; /* CUstream == cudaStream_t */
+typedef struct CUstream_st *mp__custream;       /* CUstream == cudaStream_t */
+typedef struct CUgraph_st *mp__cugraph;         /* CUgraph == cudaGraph_t */
+typedef struct CUgraphExec_st *mp__cugraphexec; /* CUgraphExec */
 #define MP__CU_SUCCESS             0u
 #define MP__CU_INVALID_VALUE       1u
 #define MP__CU_OUT_OF_MEMORY       2u
@@ -74,6 +77,20 @@ typedef struct mp__real_cuda {
   mp__curesult (*stream_create_with_priority)(mp__custream *, unsigned int,
                                               int);
   mp__curesult (*stream_destroy)(mp__custream);
+  /* graphs.c */
+  mp__curesult (*stream_get_capture_info)(mp__custream, unsigned int *,
+                                          unsigned long long *, mp__cugraph *,
+                                          const void **, size_t *);
+  mp__curesult (*stream_get_capture_info_ptsz)(mp__custream, unsigned int *,
+                                               unsigned long long *,
+                                               mp__cugraph *, const void **,
+                                               size_t *);
+  mp__curesult (*stream_end_capture)(mp__custream, mp__cugraph *);
+  mp__curesult (*stream_end_capture_ptsz)(mp__custream, mp__cugraph *);
+  mp__curesult (*graph_instantiate_with_flags)(mp__cugraphexec *, mp__cugraph,
+                                               unsigned long long);
+  mp__curesult (*graph_exec_destroy)(mp__cugraphexec);
+  mp__curesult (*graph_destroy)(mp__cugraph);
 } mp__real_cuda_t;
 
 typedef struct mp__real_cudart {
@@ -189,6 +206,20 @@ void mp__pl_record_finish(const mp__pl_t *pl);
 void mp__pl_record_prepare(void);
 void mp__pl_record_parent(void);
 void mp__pl_record_child(void);
+
+/* ---- graphs.c ----------------------------------------------------------- */
+
+/* Stream-ordered work of pool on stream s (ptsz: a per-thread call) while s
+ * is being captured: routes s to the capture's graph pool (made on first
+ * use, one per capture; mp_pool_graph_begin), so that the pool serves the
+ * allocation from it and never records on s. False when s is not being
+ * captured or the capture cannot be told (then nothing changed). */
+bool mp__pl_capture_route(const mp__pl_t *pl, mp_pool_t *pool, mp__custream s,
+                          bool ptsz);
+/* Live graph pools the shim made (for the report). */
+size_t mp__pl_graph_pools(void);
+/* fork() child: the parent's captures and graphs are not the child's. */
+void mp__pl_graphs_child(void);
 
 /* ---- host.c ------------------------------------------------------------- */
 

@@ -274,6 +274,7 @@ static void mp__report(FILE *f, const mp__pl_t *pl, const mp_stats_t *pool,
           "\"free\": %llu, \"pinned\": %llu, \"managed\": %llu},\n"
           "  \"bypassed\": {\"capture\": %llu, \"other_device\": %llu, "
           "\"foreign_free\": %llu},\n"
+          "  \"graph_pools\": %zu,\n"
           "  \"live_bytes\": %zu,\n  \"peak_live_bytes\": %zu",
           mode, pl->dev ? mp_device_name(pl->dev) : "",
           (unsigned long long)mp__rec.allocs,
@@ -282,8 +283,8 @@ static void mp__report(FILE *f, const mp__pl_t *pl, const mp_stats_t *pool,
           (unsigned long long)mp__rec.managed,
           (unsigned long long)mp__rec.bypass_capture,
           (unsigned long long)mp__rec.bypass_other_device,
-          (unsigned long long)mp__rec.foreign_frees, mp__rec.live,
-          mp__rec.peak_live);
+          (unsigned long long)mp__rec.foreign_frees, mp__pl_graph_pools(),
+          mp__rec.live, mp__rec.peak_live);
   if (pool != NULL) {
     const mp_stats_t s = *pool;
     fprintf(f,

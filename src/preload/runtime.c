@@ -7,7 +7,8 @@
  * pinned memory as the device's host memory), so no driver is needed.
  *
  * The rules are the driver hooks' (driver.c): the pool serves the pool's
- * device outside stream capture, frees go where their pointer came from,
+ * device (a capture's stream-ordered allocations from its graph pool),
+ * frees go where their pointer came from,
  * unknown pointers go to the real runtime, nested calls are not recorded.
  * The runtime's conventions hold: 0 bytes is success with a NULL pointer,
  * cudaFree(NULL) is the real runtime's (programs call it to create their
@@ -118,8 +119,9 @@ static mp__cudaerr mp__rt_alloc(mp__rt_variant_t v, void **p, size_t bytes,
       served = true;
     } else if ((pool = mp__rt_pool_here(pl)) == NULL) {
       mp__pl_count_bypass("other_device");
-    } else if (mp__rt_capturing(pl, v == MP__RT_SYNC ? NULL : s, ptsz)) {
-      mp__pl_count_bypass("capture");
+    } else if (mp__rt_capturing(pl, v == MP__RT_SYNC ? NULL : s, ptsz) &&
+               (v == MP__RT_SYNC || !mp__pl_capture_route(pl, pool, s, ptsz))) {
+      mp__pl_count_bypass("capture"); /* see driver.c */
     } else {
       void *ptr = NULL;
       mp_status_t st =

@@ -59,6 +59,15 @@ static void mp__rc_start(void) {
   MP__RESOLVE(mp__rc, h, stream_create_with_priority,
               "cuStreamCreateWithPriority");
   MP__RESOLVE(mp__rc, h, stream_destroy, "cuStreamDestroy_v2");
+  MP__RESOLVE(mp__rc, h, stream_get_capture_info, "cuStreamGetCaptureInfo_v2");
+  MP__RESOLVE(mp__rc, h, stream_get_capture_info_ptsz,
+              "cuStreamGetCaptureInfo_v2_ptsz");
+  MP__RESOLVE(mp__rc, h, stream_end_capture, "cuStreamEndCapture");
+  MP__RESOLVE(mp__rc, h, stream_end_capture_ptsz, "cuStreamEndCapture_ptsz");
+  MP__RESOLVE(mp__rc, h, graph_instantiate_with_flags,
+              "cuGraphInstantiateWithFlags");
+  MP__RESOLVE(mp__rc, h, graph_exec_destroy, "cuGraphExecDestroy");
+  MP__RESOLVE(mp__rc, h, graph_destroy, "cuGraphDestroy");
 }
 
 const mp__real_cuda_t *mp__pl_real_cuda(void) {
@@ -246,6 +255,7 @@ static void mp__fork_child(void) {
   mp__parents = mp__state;
   mp__state = mp__passthrough;
   atomic_store(&mp__started, 0);
+  mp__pl_graphs_child();
   mp__pl_record_child();
 }
 
@@ -454,6 +464,10 @@ mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
    * be logged first, and a replay would free the wrong block. */
   mp__pl_record_free(b->ptr, b->size, (uintptr_t)s);
   mp_status_t st;
+  /* A free on a capturing stream: the stream allocates to the capture's
+   * graph pool from now on, and neither pool records on it. */
+  if (!sync && !pl->host)
+    (void)mp__pl_capture_route(pl, b->pool, s, ptsz);
   if (sync) /* cuMemFree / cudaFree: after the work of every stream */
     st = pl->host ? mp_pool_free(b->pool, ptr)
                   : mp_pool_free_after_all(b->pool, ptr);

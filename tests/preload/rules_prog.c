@@ -27,21 +27,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "prog_try.h"
+
 #define MP_BYTES (1u << 20)
 
 static void slow_start(void *arg) {
   (void)arg;
   usleep(150000);
 }
-
-#define MP_TRY(call)                                                           \
-  do {                                                                         \
-    CUresult r_ = (call);                                                      \
-    if (r_ != CUDA_SUCCESS) {                                                  \
-      printf("%s: error %d\n", #call, (int)r_);                                \
-      return 1;                                                                \
-    }                                                                          \
-  } while (0)
 
 /* The fake's test hook; absent from a real driver (the GPU run). */
 __attribute__((weak)) long long cuFakeGetErrorCount(CUresult r);

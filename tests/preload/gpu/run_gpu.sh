@@ -102,6 +102,15 @@ if [ -x "$rules" ]; then
       fail "rules_prog $arg under the shim: $(cat "$work/rules.out")"
   done
 fi
+# graph_prog (issue 10): a capture with cuMemAllocAsync/cuMemFreeAsync in
+# it, served by a graph-private pool, replayed on the real driver.
+graph=$build/tests/preload/preload_graph_prog
+if [ -x "$graph" ]; then
+  real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
+  LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
+    MEMPOOL_DEVICE=cuda "$graph" pool >"$work/graph.out" 2>&1 ||
+    fail "graph_prog under the shim: $(cat "$work/graph.out")"
+fi
 
 # 4. Page-locked memory of a driver-API program on the real driver (the
 #    twin of integration_preload_pinned_driver): the host pool serves
@@ -136,5 +145,10 @@ if [ -f "$lib" ]; then
   python3 "$here/torch_smoke.py" "$lib"
   rc=$?
   [ $rc -eq 0 ] || [ $rc -eq 77 ] || fail "torch_smoke.py"
+  # torch.cuda.graph with the pluggable allocator (issue 10), a process of
+  # its own: PyTorch takes an allocator only before its first tensor.
+  python3 "$here/torch_graph.py" "$lib"
+  rc=$?
+  [ $rc -eq 0 ] || [ $rc -eq 77 ] || fail "torch_graph.py"
 fi
 echo "ok"

@@ -7,24 +7,9 @@ mp_torch_malloc / mp_torch_free, then reads the default pool's statistics
 through the mempool Python package (python/) to show that the pool served
 them. Prints "ok ..." and exits
 0; exits 77 when torch or a GPU is missing (the ctest skip code)."""
-import os
-import sys
+from torch_common import start
 
-try:
-    import torch
-except ImportError:
-    print("skip: no torch")
-    sys.exit(77)
-if not torch.cuda.is_available():
-    print("skip: no GPU")
-    sys.exit(77)
-
-# The package of this checkout, on the library given.
-os.environ["MEMPOOL_LIBRARY"] = sys.argv[1]
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                "..", "..", "..", "python"))
-import mempool  # noqa: E402
-import mempool.torch  # noqa: E402
+torch, mempool = start()
 
 # Equivalent to torch.cuda.memory.CUDAPluggableAllocator(lib_path,
 # "mp_torch_malloc", "mp_torch_free") and change_current_allocator.

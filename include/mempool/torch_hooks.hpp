@@ -1,0 +1,93 @@
+/* mempool/torch_hooks.hpp - the C++ side of PyTorch's pluggable allocator:
+ * the hooks whose signatures are C++ (std::function, MempoolId_t), made
+ * from mempool/torch.h's C functions, and one call that sets every hook on
+ * a torch::cuda::CUDAPluggableAllocator. Header-only; needs neither torch
+ * nor CUDA headers (the allocator is a template parameter, cudaStream_t is
+ * CUstream_st *, as cuda_runtime_api.h defines it):
+ *
+ *   #include <mempool/torch_hooks.hpp>
+ *   #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+ *   namespace tp = torch::cuda::CUDAPluggableAllocator;
+ *   auto a = std::static_pointer_cast<tp::CUDAPluggableAllocator>(
+ *       tp::createCustomAllocator(mempool::torch_hooks::malloc,
+ *                                 mempool::torch_hooks::free));
+ *   mempool::torch_hooks::install(*a);   // record_stream, empty_cache,
+ *   tp::changeCurrentAllocator(a);       // graph pools, memory fraction
+ *
+ * The begin adapter keeps PyTorch's filter alive until the matching end. */
+#ifndef MEMPOOL_TORCH_HOOKS_HPP
+#define MEMPOOL_TORCH_HOOKS_HPP
+
+#include <cstddef>
+#include <functional>
+#include <utility>
+
+#include <mempool/torch.h>
+
+struct CUstream_st;
+
+namespace mempool {
+namespace torch_hooks {
+
+using stream_t = CUstream_st *; /* cudaStream_t */
+/* c10::cuda::MempoolId_t */
+using mempool_id = std::pair<unsigned long long, unsigned long long>;
+using stream_filter = std::function<bool(stream_t)>;
+
+inline mp_stream_t to_mp(stream_t s) {
+  return reinterpret_cast<mp_stream_t>(s);
+}
+
+/* std::function<void*(size_t, int, cudaStream_t)> */
+inline void *malloc(std::size_t size, int device, stream_t stream) {
+  return mp_torch_malloc(static_cast<ssize_t>(size), device, to_mp(stream));
+}
+/* std::function<void(void*, size_t, int, cudaStream_t)> */
+inline void free(void *ptr, std::size_t size, int device, stream_t stream) {
+  mp_torch_free(ptr, static_cast<ssize_t>(size), device, to_mp(stream));
+}
+/* std::function<void(void*, cudaStream_t)> */
+inline void record_stream(void *ptr, stream_t stream) {
+  mp_torch_record_stream(ptr, to_mp(stream));
+}
+
+/* std::function<void(int, MempoolId_t, std::function<bool(cudaStream_t)>)> */
+inline void begin_allocate_to_pool(int device, mempool_id id,
+                                   stream_filter filter) {
+  auto *kept = new stream_filter(std::move(filter));
+  mp_torch_begin_allocate_to_pool(
+      device, mp_torch_pool_id_t{id.first, id.second},
+      [](mp_stream_t s, void *ctx) -> int {
+        return (*static_cast<stream_filter *>(ctx))(
+                   reinterpret_cast<stream_t>(s))
+                   ? 1
+                   : 0;
+      },
+      kept, [](void *ctx) { delete static_cast<stream_filter *>(ctx); });
+}
+/* std::function<void(int, MempoolId_t)> */
+inline void end_allocate_to_pool(int device, mempool_id id) {
+  mp_torch_end_allocate_to_pool(device,
+                                mp_torch_pool_id_t{id.first, id.second});
+}
+/* std::function<void(int, MempoolId_t)> */
+inline void release_pool(int device, mempool_id id) {
+  mp_torch_release_pool(device, mp_torch_pool_id_t{id.first, id.second});
+}
+
+/* Sets every hook CUDAPluggableAllocator takes besides malloc and free. */
+template <class Allocator> void install(Allocator &a) {
+  a.set_init_fn(mp_torch_init);
+  a.set_reset_fn(mp_torch_reset);
+  a.set_memory_fraction_fn(mp_torch_memory_fraction);
+  a.set_base_alloc_fn(mp_torch_base_alloc);
+  a.set_record_stream_fn(record_stream);
+  a.set_begin_allocate_to_pool(begin_allocate_to_pool);
+  a.set_end_allocate_to_pool_fn(end_allocate_to_pool);
+  a.set_release_pool(release_pool);
+}
+
+} // namespace torch_hooks
+} // namespace mempool
+
+#endif /* MEMPOOL_TORCH_HOOKS_HPP */

@@ -1,0 +1,281 @@
+/* graph.c - graph-private pools: memory a captured CUDA graph keeps.
+ *
+ * A graph pool is an mp_pool_t like any other, with one difference in where
+ * its memory comes from: it grows (segment.c, plain growth) by borrowing a
+ * range of its parent, a live parent block marked MP__B_CHILD whose child is
+ * the graph pool, and it gives its ranges back only when released and
+ * empty. So a block freed into it is reusable only by allocations routed to
+ * it (the same capture, or later captures sharing the pool: PyTorch's
+ * rule), and addresses stay put across replays.
+ *
+ * Routing: the parent keeps a small table of streams that allocate to a
+ * graph pool (mp_pool_graph_begin/end) and of the ranges it lent, so that
+ * mp_pool_alloc on such a stream, and frees of graph memory through the
+ * parent, land in the graph pool. Both pools mark the stream capturing in
+ * their stream tables (stream.c then never records on it nor queries it,
+ * and pool.c's synchronize refuses): the calls CUDA forbids during
+ * capture.
+ *
+ * Locks: never two pool locks at once. The parent's lock is taken with
+ * the graph pool's dropped (growth runs with it dropped and the pool
+ * marked inflight), and a call routed to the graph pool drops the parent's
+ * first. Invariant: every range in parent->granges is a live parent block
+ * of graph->segs, and a graph pool's ncapturing counts the routes naming it
+ * (begin marks the slot, end clears it, in both pools). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool_internal.h"
+
+/* arr (n used of *cap elements of elem bytes) with room for one more:
+ * itself, or a copy twice as big; NULL (error set, arr untouched) without
+ * host memory. */
+static void *mp__graph_room(void *arr, size_t n, size_t *cap, size_t elem,
+                            const char *what) {
+  if (n < *cap)
+    return arr;
+  size_t c = *cap ? *cap * 2 : 8;
+  void *a = realloc(arr, c * elem);
+  if (a == NULL) {
+    mp__fail(MP_ENOMEM, "out of host memory for graph %s", what);
+    return NULL;
+  }
+  *cap = c;
+  return a;
+}
+
+mp_pool_t *mp__graph_route(const mp_pool_t *parent, mp_stream_t s) {
+  for (size_t i = 0; i < parent->nroutes; i++)
+    if (parent->routes[i].s == s)
+      return parent->routes[i].graph;
+  return NULL;
+}
+
+mp_pool_t *mp__graph_owner(const mp_pool_t *parent, uintptr_t p) {
+  for (size_t i = 0; i < parent->ngranges; i++) {
+    const mp__grange_t *r = &parent->granges[i];
+    if (p >= r->base && p - r->base < r->size)
+      return r->graph;
+  }
+  return NULL;
+}
+
+mp_status_t mp_pool_graph_create(mp_pool_t *parent, mp_pool_t **out) {
+  if (parent == NULL || out == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_graph_create: %s is NULL",
+                    parent == NULL ? "parent" : "out");
+  if (parent->parent != NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_graph_create: the parent is a %s pool",
+                    parent->graph ? "graph" : "child");
+  mp_pool_config_t cfg = parent->cfg;
+  /* Ranges borrowed from the parent are plain segments of the graph pool;
+   * they are never split for reuse elsewhere, so no split limit either. */
+  cfg.flags &= ~(unsigned)MP_POOL_VIRTUAL;
+  cfg.max_bytes = 0;
+  cfg.max_fraction = 0;
+  cfg.max_split = 0;
+  cfg.release_threshold = 0;
+  mp_pool_t *g;
+  mp_status_t st = mp__pool_new(parent->dev, &cfg, &g);
+  if (st != MP_OK)
+    return st;
+  pthread_mutex_lock(&parent->lock);
+  if ((st = mp__pool_paused(parent, "mp_pool_graph_create")) == MP_OK) {
+    g->parent = parent;
+    g->graph = true;
+    g->cap = parent->cap;
+    g->cap_is_max = parent->cap_is_max;
+    parent->children++;
+  }
+  pthread_mutex_unlock(&parent->lock);
+  if (st != MP_OK) {
+    mp__pool_free_host(g);
+    return st;
+  }
+  *out = g;
+  return MP_OK;
+}
+
+/* Marks (or clears) s capturing in pool's stream table. */
+static mp_status_t mp__graph_mark(mp_pool_t *pool, mp_stream_t s, bool on) {
+  uint32_t sidx;
+  mp_status_t st = mp__stream_index(pool, s, &sidx);
+  if (st != MP_OK)
+    return st;
+  mp__strm_t *t = &pool->streams[sidx];
+  if (t->capturing != on) {
+    t->capturing = on;
+    if (on)
+      pool->ncapturing++;
+    else
+      pool->ncapturing--;
+  }
+  return MP_OK;
+}
+
+static mp_status_t mp__graph_check(mp_pool_t *parent, mp_pool_t *graph,
+                                   const char *fn) {
+  if (parent == NULL || graph == NULL)
+    return mp__fail(MP_EINVAL, "%s: %s is NULL", fn,
+                    parent == NULL ? "parent" : "graph");
+  if (!graph->graph || graph->parent != parent)
+    return mp__fail(MP_EINVAL, "%s: %p is not a graph pool of %p", fn,
+                    (void *)graph, (void *)parent);
+  return MP_OK;
+}
+
+mp_status_t mp_pool_graph_begin(mp_pool_t *parent, mp_pool_t *graph,
+                                mp_stream_t s) {
+  mp_status_t st = mp__graph_check(parent, graph, "mp_pool_graph_begin");
+  if (st != MP_OK)
+    return st;
+  /* The graph side first: a released pool refuses, and the slot is marked
+   * before any allocation can be routed to it. */
+  pthread_mutex_lock(&graph->lock);
+  if (graph->released)
+    st = mp__fail(MP_EINVAL, "mp_pool_graph_begin: graph pool %p is released",
+                  (void *)graph);
+  else
+    st = mp__graph_mark(graph, s, true);
+  pthread_mutex_unlock(&graph->lock);
+  if (st != MP_OK)
+    return st;
+  pthread_mutex_lock(&parent->lock);
+  if (mp__graph_route(parent, s) != NULL) {
+    st = mp__fail(MP_EBUSY,
+                  "mp_pool_graph_begin: stream %p already allocates to a "
+                  "graph pool",
+                  (void *)s);
+  } else {
+    mp__route_t *r = mp__graph_room(parent->routes, parent->nroutes,
+                                    &parent->routes_cap, sizeof *r, "routes");
+    if (r == NULL)
+      st = MP_ENOMEM;
+    else
+      parent->routes = r;
+  }
+  if (st == MP_OK)
+    st = mp__graph_mark(parent, s, true);
+  if (st == MP_OK)
+    parent->routes[parent->nroutes++] = (mp__route_t){s, graph};
+  pthread_mutex_unlock(&parent->lock);
+  if (st != MP_OK && st != MP_EBUSY) {
+    pthread_mutex_lock(&graph->lock);
+    (void)mp__graph_mark(graph, s, false);
+    pthread_mutex_unlock(&graph->lock);
+  }
+  return st;
+}
+
+mp_status_t mp_pool_graph_end(mp_pool_t *parent, mp_stream_t s) {
+  if (parent == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_graph_end: parent is NULL");
+  mp_pool_t *graph = NULL;
+  pthread_mutex_lock(&parent->lock);
+  for (size_t i = 0; i < parent->nroutes; i++)
+    if (parent->routes[i].s == s) {
+      graph = parent->routes[i].graph;
+      parent->routes[i] = parent->routes[--parent->nroutes];
+      (void)mp__graph_mark(parent, s, false); /* known: cannot fail */
+      break;
+    }
+  pthread_mutex_unlock(&parent->lock);
+  if (graph == NULL)
+    return mp__fail(MP_EINVAL,
+                    "mp_pool_graph_end: stream %p allocates to no graph pool",
+                    (void *)s);
+  pthread_mutex_lock(&graph->lock);
+  (void)mp__graph_mark(graph, s, false);
+  pthread_mutex_unlock(&graph->lock);
+  return MP_OK;
+}
+
+mp_pool_t *mp_pool_graph_of(mp_pool_t *parent, mp_stream_t s) {
+  if (parent == NULL)
+    return NULL;
+  pthread_mutex_lock(&parent->lock);
+  mp_pool_t *g = parent->nroutes ? mp__graph_route(parent, s) : NULL;
+  pthread_mutex_unlock(&parent->lock);
+  return g;
+}
+
+mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes, mp_stream_t s,
+                             void **out) {
+  mp_pool_t *parent = graph->parent;
+  pthread_mutex_lock(&parent->lock);
+  mp__grange_t *r = mp__graph_room(parent->granges, parent->ngranges,
+                                   &parent->granges_cap, sizeof *r, "ranges");
+  if (r != NULL)
+    parent->granges = r;
+  mp_status_t st =
+      r != NULL ? mp__pool_alloc_locked(parent, bytes, s, out) : MP_ENOMEM;
+  if (st == MP_OK) {
+    mp__block_t *b = mp__map_find(parent, (uintptr_t)*out);
+    b->flags |= MP__B_CHILD;
+    b->child = graph;
+    parent->granges[parent->ngranges++] =
+        (mp__grange_t){b->addr, b->size, graph};
+  }
+  pthread_mutex_unlock(&parent->lock);
+  return st;
+}
+
+/* Gives every range of a released, empty graph pool back to its parent and
+ * frees it. */
+static void mp__graph_finish(mp_pool_t *graph) {
+  mp_pool_t *parent = graph->parent;
+  pthread_mutex_lock(&parent->lock);
+  for (mp__segment_t *s = graph->segs; s != NULL; s = s->next) {
+    for (size_t i = 0; i < parent->ngranges; i++)
+      if (parent->granges[i].base == s->base) {
+        parent->granges[i] = parent->granges[--parent->ngranges];
+        break;
+      }
+    size_t slot;
+    mp__block_t *b = mp__map_lookup(parent, s->base, &slot);
+    mp__stream_use_all(parent, b); /* replays may still run anywhere */
+    mp__map_remove_slot(parent, slot);
+    mp__block_release(parent, b);
+  }
+  parent->children--;
+  pthread_mutex_unlock(&parent->lock);
+  for (mp__segment_t *s = graph->segs; s != NULL;) {
+    mp__segment_t *n = s->next;
+    free(s);
+    s = n;
+  }
+  graph->segs = NULL;
+  mp__pool_free_host(graph);
+}
+
+void mp__graph_after_free(mp_pool_t *graph) {
+  pthread_mutex_lock(&graph->lock);
+  bool last = graph->released && graph->st.live_blocks == 0 &&
+              graph->ncapturing == 0 && !graph->inflight;
+  if (last)
+    graph->released = false; /* only one caller finishes it */
+  pthread_mutex_unlock(&graph->lock);
+  if (last)
+    mp__graph_finish(graph);
+}
+
+mp_status_t mp_pool_graph_release(mp_pool_t *graph) {
+  if (graph == NULL || !graph->graph)
+    return mp__fail(MP_EINVAL, "mp_pool_graph_release: %p is not a graph pool",
+                    (void *)graph);
+  pthread_mutex_lock(&graph->lock);
+  mp_status_t st = MP_OK;
+  if (graph->released)
+    st = mp__fail(MP_EINVAL, "mp_pool_graph_release: released already");
+  else if (graph->ncapturing > 0)
+    st = mp__fail(MP_EBUSY,
+                  "mp_pool_graph_release: %u stream%s still allocate to it "
+                  "(mp_pool_graph_end first)",
+                  graph->ncapturing, graph->ncapturing == 1 ? "" : "s");
+  else
+    graph->released = true;
+  pthread_mutex_unlock(&graph->lock);
+  if (st == MP_OK)
+    mp__graph_after_free(graph);
+  return st;
+}

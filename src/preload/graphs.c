@@ -1,0 +1,248 @@
+/* graphs.c - stream capture under the shim: graph-private pools, and the
+ * graph hooks cuStreamEndCapture(_ptsz), cuGraphInstantiateWithFlags,
+ * cuGraphExecDestroy and cuGraphDestroy (the runtime's cudaStreamEndCapture,
+ * cudaGraphInstantiate, cudaGraphExecDestroy and cudaGraphDestroy reach
+ * them through cuGetProcAddress).
+ *
+ * A stream-ordered allocation or free on a stream being captured makes the
+ * stream allocate to the capture's graph pool (mp_pool_graph_create, one per
+ * capture id, mp_pool_graph_begin for each of its streams the program
+ * allocates or frees on), so the pool serves it at an address the graph
+ * keeps across replays, reuses what the capture frees only inside the same
+ * graph pool, and never records on or queries the capturing stream. The
+ * capture's end stops the routing and ties the graph pool to the graph;
+ * each executable instantiated from the graph holds it too, and when the
+ * graph and its last executable are destroyed the graph pool is released
+ * (its memory back to the device's pool). A capture that ends in failure
+ * releases it at once. Graph pools of graphs never destroyed live until
+ * exit, left alone like the pool itself (something may still free into
+ * them).
+ *
+ * Invariant: every slot in use names a live graph pool; `streams` are the
+ * routes begun for it and are ended exactly once, at the capture's end. */
+#include <string.h>
+
+#include "hooks.h"
+
+#define MP__PL_CAPTURES    64 /* graphs alive at once the shim tracks */
+#define MP__PL_CAP_STREAMS 8  /* streams of one capture it routes */
+#define MP__PL_EXECS       256
+#define MP__CAPTURE_ACTIVE 1u /* CU_STREAM_CAPTURE_STATUS_ACTIVE */
+
+typedef struct mp__pl_capture {
+  bool used;
+  bool capturing;          /* between the first route and the end */
+  unsigned long long id;   /* the capture's id (cuStreamGetCaptureInfo) */
+  mp_pool_t *pool, *graph; /* the device's pool and the graph pool */
+  mp__custream streams[MP__PL_CAP_STREAMS];
+  bool ptsz[MP__PL_CAP_STREAMS];
+  unsigned nstreams;
+  mp__cugraph g; /* after the end: the graph, until destroyed */
+  unsigned execs;
+} mp__pl_capture_t;
+
+static struct {
+  pthread_mutex_t lock;
+  mp__pl_capture_t caps[MP__PL_CAPTURES];
+  struct {
+    mp__cugraphexec x;
+    unsigned cap;
+  } execs[MP__PL_EXECS];
+  size_t nexecs, live;
+} mp__gr = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* The capture id of s, or false when s is not being captured. */
+static bool mp__capture_id(mp__custream s, bool ptsz, unsigned long long *id) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__curesult (*fn)(mp__custream, unsigned int *, unsigned long long *,
+                     mp__cugraph *, const void **, size_t *) =
+      ptsz && rc->stream_get_capture_info_ptsz
+          ? rc->stream_get_capture_info_ptsz
+          : rc->stream_get_capture_info;
+  unsigned int status = 0;
+  if (fn == NULL || fn(s, &status, id, NULL, NULL, NULL) != MP__CU_SUCCESS)
+    return false;
+  return status == MP__CAPTURE_ACTIVE;
+}
+
+/* Releases slot i's graph pool and frees the slot. Under the lock. */
+static void mp__capture_drop(mp__pl_capture_t *c) {
+  (void)mp_pool_graph_release(c->graph);
+  memset(c, 0, sizeof *c);
+  mp__gr.live--;
+}
+
+bool mp__pl_capture_route(const mp__pl_t *pl, mp_pool_t *pool, mp__custream s,
+                          bool ptsz) {
+  unsigned long long id;
+  if (pl->host || pool == NULL || !mp__capture_id(s, ptsz, &id))
+    return false;
+  mp_stream_t ms = mp__pl_stream(pl, s, ptsz);
+  bool ok = false;
+  pthread_mutex_lock(&mp__gr.lock);
+  mp__pl_capture_t *c = NULL, *free_slot = NULL;
+  for (size_t i = 0; i < MP__PL_CAPTURES; i++) {
+    mp__pl_capture_t *x = &mp__gr.caps[i];
+    if (x->used && x->capturing && x->id == id && x->pool == pool)
+      c = x;
+    else if (!x->used && free_slot == NULL)
+      free_slot = x;
+  }
+  if (c == NULL && free_slot != NULL &&
+      mp_pool_graph_create(pool, &free_slot->graph) == MP_OK) {
+    c = free_slot;
+    c->used = c->capturing = true;
+    c->id = id;
+    c->pool = pool;
+    mp__gr.live++;
+  }
+  if (c != NULL) {
+    ok = mp_pool_graph_of(pool, ms) == c->graph;
+    if (!ok && c->nstreams < MP__PL_CAP_STREAMS &&
+        mp_pool_graph_begin(pool, c->graph, ms) == MP_OK) {
+      c->streams[c->nstreams] = s;
+      c->ptsz[c->nstreams++] = ptsz;
+      ok = true;
+    }
+    if (c->nstreams == 0) /* made here and never routed: not kept */
+      mp__capture_drop(c);
+  }
+  pthread_mutex_unlock(&mp__gr.lock);
+  return ok;
+}
+
+void mp__pl_graphs_child(void) {
+  memset(mp__gr.caps, 0, sizeof mp__gr.caps);
+  mp__gr.nexecs = mp__gr.live = 0;
+  pthread_mutex_init(&mp__gr.lock, NULL);
+}
+
+size_t mp__pl_graph_pools(void) {
+  pthread_mutex_lock(&mp__gr.lock);
+  size_t n = mp__gr.live;
+  pthread_mutex_unlock(&mp__gr.lock);
+  return n;
+}
+
+/* The capture whose routes include s, begun and not yet ended. */
+static mp__pl_capture_t *mp__capture_of_stream(mp__custream s, bool ptsz) {
+  for (size_t i = 0; i < MP__PL_CAPTURES; i++) {
+    mp__pl_capture_t *c = &mp__gr.caps[i];
+    for (unsigned k = 0; c->used && c->capturing && k < c->nstreams; k++)
+      if (c->streams[k] == s && c->ptsz[k] == ptsz)
+        return c;
+  }
+  return NULL;
+}
+
+static mp__pl_capture_t *mp__capture_of_graph(mp__cugraph g) {
+  for (size_t i = 0; g != NULL && i < MP__PL_CAPTURES; i++)
+    if (mp__gr.caps[i].used && !mp__gr.caps[i].capturing &&
+        mp__gr.caps[i].g == g)
+      return &mp__gr.caps[i];
+  return NULL;
+}
+
+/* After the real cuStreamEndCapture: routes end; the graph, if any, keeps
+ * the graph pool. */
+static void mp__capture_ended(mp__custream s, bool ptsz, mp__curesult r,
+                              mp__cugraph *g) {
+  if (!mp__pl_enter()) {
+    mp__pl_leave();
+    return;
+  }
+  const mp__pl_t *pl = mp__pl_get();
+  pthread_mutex_lock(&mp__gr.lock);
+  mp__pl_capture_t *c = mp__capture_of_stream(s, ptsz);
+  if (c != NULL) {
+    for (unsigned k = 0; k < c->nstreams; k++)
+      (void)mp_pool_graph_end(c->pool,
+                              mp__pl_stream(pl, c->streams[k], c->ptsz[k]));
+    c->nstreams = 0;
+    c->capturing = false;
+    if (r == MP__CU_SUCCESS && g != NULL && *g != NULL)
+      c->g = *g;
+    else
+      mp__capture_drop(c);
+  }
+  pthread_mutex_unlock(&mp__gr.lock);
+  mp__pl_leave();
+}
+
+mp__curesult cuStreamEndCapture(mp__custream hStream, mp__cugraph *phGraph) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__curesult r = rc->stream_end_capture
+                       ? rc->stream_end_capture(hStream, phGraph)
+                       : MP__CU_NOT_INITIALIZED;
+  mp__capture_ended(hStream, false, r, phGraph);
+  return r;
+}
+
+mp__curesult cuStreamEndCapture_ptsz(mp__custream hStream,
+                                     mp__cugraph *phGraph) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__curesult r = rc->stream_end_capture_ptsz
+                       ? rc->stream_end_capture_ptsz(hStream, phGraph)
+                       : MP__CU_NOT_INITIALIZED;
+  mp__capture_ended(hStream, true, r, phGraph);
+  return r;
+}
+
+mp__curesult cuGraphInstantiateWithFlags(mp__cugraphexec *phGraphExec,
+                                         mp__cugraph hGraph,
+                                         unsigned long long flags) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__curesult r =
+      rc->graph_instantiate_with_flags
+          ? rc->graph_instantiate_with_flags(phGraphExec, hGraph, flags)
+          : MP__CU_NOT_INITIALIZED;
+  if (r != MP__CU_SUCCESS || phGraphExec == NULL)
+    return r;
+  pthread_mutex_lock(&mp__gr.lock);
+  mp__pl_capture_t *c = mp__capture_of_graph(hGraph);
+  /* Past MP__PL_EXECS executables the graph pool lives until exit. */
+  if (c != NULL && mp__gr.nexecs < MP__PL_EXECS) {
+    mp__gr.execs[mp__gr.nexecs].x = *phGraphExec;
+    mp__gr.execs[mp__gr.nexecs++].cap = (unsigned)(c - mp__gr.caps);
+    c->execs++;
+  }
+  pthread_mutex_unlock(&mp__gr.lock);
+  return r;
+}
+
+mp__curesult cuGraphExecDestroy(mp__cugraphexec hGraphExec) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__curesult r = rc->graph_exec_destroy ? rc->graph_exec_destroy(hGraphExec)
+                                          : MP__CU_NOT_INITIALIZED;
+  if (r != MP__CU_SUCCESS)
+    return r;
+  pthread_mutex_lock(&mp__gr.lock);
+  for (size_t i = 0; i < mp__gr.nexecs; i++) {
+    if (mp__gr.execs[i].x != hGraphExec)
+      continue;
+    mp__pl_capture_t *c = &mp__gr.caps[mp__gr.execs[i].cap];
+    mp__gr.execs[i] = mp__gr.execs[--mp__gr.nexecs];
+    if (--c->execs == 0 && c->g == NULL)
+      mp__capture_drop(c);
+    break;
+  }
+  pthread_mutex_unlock(&mp__gr.lock);
+  return r;
+}
+
+mp__curesult cuGraphDestroy(mp__cugraph hGraph) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__curesult r =
+      rc->graph_destroy ? rc->graph_destroy(hGraph) : MP__CU_NOT_INITIALIZED;
+  if (r != MP__CU_SUCCESS)
+    return r;
+  pthread_mutex_lock(&mp__gr.lock);
+  mp__pl_capture_t *c = mp__capture_of_graph(hGraph);
+  if (c != NULL) {
+    c->g = NULL;
+    if (c->execs == 0)
+      mp__capture_drop(c);
+  }
+  pthread_mutex_unlock(&mp__gr.lock);
+  return r;
+}

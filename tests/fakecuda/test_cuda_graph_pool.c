@@ -1,0 +1,198 @@
+/* Graph-private pools on the strict fake driver: a global-mode capture on
+ * one thread, with the pool allocating and freeing on the capturing stream
+ * (through a graph pool) and on another thread's streams at the same time,
+ * ends with CUDA_SUCCESS; the graph's replays find their memory at the
+ * same addresses, nobody else gets it until the graph pool is released,
+ * and then the parent does. Run on a real GPU too (gpu_cuda_graph_pool). */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cuda.h>
+#include <mempool/mempool.h>
+
+#include "../support/device_helpers.h"
+#include "fakecuda_test.h"
+
+#define MiB  ((size_t)1 << 20)
+#define NCAP 16
+
+static long long refusals(void) {
+  long long (*count)(CUresult);
+  void *sym = fk_test_sym_opt("cuFakeGetErrorCount");
+  if (sym == NULL)
+    return 0; /* a real driver: the capture's own status stands alone */
+  memcpy(&count, &sym, sizeof sym);
+  return count(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+}
+
+static CUcontext enter_ctx(void) {
+  CUcontext c;
+  cr_assert_eq(cuInit(0), CUDA_SUCCESS);
+  cr_assert_eq(cuDevicePrimaryCtxRetain(&c, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxPushCurrent(c), CUDA_SUCCESS);
+  return c;
+}
+
+static void leave_ctx(void) {
+  cr_assert_eq(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
+  cr_assert_eq(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+}
+
+/* The other thread: allocates and frees on two streams of its own (record
+ * stream, frees after all streams) while the capture runs. */
+typedef struct {
+  mp_pool_t *pool;
+  atomic_int stop;
+  mp_status_t st;
+  void *seen[256];
+  int nseen;
+} beside_t;
+
+static void *work_beside(void *p) {
+  beside_t *b = p;
+  enter_ctx();
+  CUstream s[2];
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(cuStreamCreate(&s[i], CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  b->st = MP_OK;
+  for (int i = 0; b->st == MP_OK && (i < 64 || !atomic_load(&b->stop)); i++) {
+    void *x = NULL, *y = NULL;
+    mp_stream_t on = (mp_stream_t)s[i % 2];
+    b->st = mp_pool_alloc(b->pool, (64u << 10) << (i % 6), on, &x);
+    if (b->st == MP_OK)
+      b->st = mp_pool_alloc(b->pool, MiB, on, &y);
+    if (b->st == MP_OK && b->nseen < 255) {
+      b->seen[b->nseen++] = x;
+      b->seen[b->nseen++] = y;
+    }
+    if (b->st == MP_OK)
+      b->st = mp_pool_record_stream(b->pool, x, (mp_stream_t)s[(i + 1) % 2]);
+    if (b->st == MP_OK)
+      b->st = mp_pool_free(b->pool, x);
+    if (b->st == MP_OK)
+      b->st = mp_pool_free_after_all(b->pool, y);
+  }
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(cuStreamSynchronize(s[i]), CUDA_SUCCESS);
+    cr_assert_eq(cuStreamDestroy(s[i]), CUDA_SUCCESS);
+  }
+  leave_ctx();
+  return NULL;
+}
+
+static bool in_ranges(void *p, void *const *ptrs, const size_t *sizes, int n) {
+  for (int i = 0; i < n; i++)
+    if ((uintptr_t)p >= (uintptr_t)ptrs[i] &&
+        (uintptr_t)p < (uintptr_t)ptrs[i] + sizes[i])
+      return true;
+  return false;
+}
+
+Test(cuda_graph_pool,
+     global_capture_with_the_pool_on_its_stream_and_another_thread_succeeds) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_pool_t *pool = NULL, *g = NULL;
+  cr_assert_eq(mp_pool_create(dev, NULL, &pool), MP_OK, "%s", mp_last_error());
+  enter_ctx();
+  CUstream cap;
+  cr_assert_eq(cuStreamCreate(&cap, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  /* Warm-up on the stream (PyTorch's warm-up iterations): the parent then
+   * holds free blocks whose epochs on cap are still open. */
+  void *warm[4];
+  for (int i = 0; i < 4; i++)
+    cr_assert_eq(mp_pool_alloc(pool, MiB << i, (mp_stream_t)cap, &warm[i]),
+                 MP_OK);
+  for (int i = 0; i < 4; i++)
+    cr_assert_eq(mp_pool_free(pool, warm[i]), MP_OK);
+
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(pool, g, (mp_stream_t)cap), MP_OK);
+  beside_t b = {.pool = pool};
+  pthread_t t;
+  long long refused = refusals();
+  cr_assert_eq(cuStreamBeginCapture(cap, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  cr_assert_eq(pthread_create(&t, NULL, work_beside, &b), 0);
+  /* The "decode step": temporaries allocated, written and freed on the
+   * capturing stream, one output kept. */
+  void *out = NULL, *ptrs[NCAP];
+  size_t sizes[NCAP];
+  mp_status_t st = mp_pool_alloc(pool, 4096, (mp_stream_t)cap, &out);
+  CUresult r = CUDA_SUCCESS;
+  for (int i = 0; i < NCAP && st == MP_OK && r == CUDA_SUCCESS; i++) {
+    sizes[i] = (256u << 10) << (i % 4);
+    st = mp_pool_alloc(pool, sizes[i], (mp_stream_t)cap, &ptrs[i]);
+    if (st == MP_OK)
+      r = cuMemsetD8Async((CUdeviceptr)ptrs[i], (unsigned char)i, sizes[i],
+                          cap);
+    if (st == MP_OK && i % 2 == 1)
+      st = mp_pool_free(pool, ptrs[i - 1]);
+  }
+  if (st == MP_OK && r == CUDA_SUCCESS)
+    r = cuMemsetD8Async((CUdeviceptr)out, 42, 4096, cap);
+  usleep(20000); /* let the other thread work during the capture */
+  CUgraph graph = NULL;
+  CUresult end = cuStreamEndCapture(cap, &graph);
+  cr_assert_eq(mp_pool_graph_end(pool, (mp_stream_t)cap), MP_OK);
+  atomic_store(&b.stop, 1);
+  pthread_join(t, NULL);
+  cr_assert_eq(st, MP_OK, "%s", mp_last_error());
+  cr_assert_eq(r, CUDA_SUCCESS);
+  cr_assert_eq(b.st, MP_OK, "the other thread: %s", mp_last_error());
+  cr_assert_eq(end, CUDA_SUCCESS, "the pool invalidated the capture");
+  cr_assert_eq(refusals(), refused, "an unsafe call during the capture");
+
+  /* Nobody outside the capture got its memory, during it or after it. */
+  mp_stats_t gs;
+  cr_assert_eq(mp_pool_get_stats(g, &gs), MP_OK);
+  cr_expect_gt(gs.reserved_bytes, 0);
+  for (int i = 0; i < b.nseen; i++)
+    cr_expect_not(in_ranges(b.seen[i], ptrs, sizes, NCAP),
+                  "%p given to the other thread during the capture", b.seen[i]);
+  for (int i = 0; i < 8; i++) {
+    void *p;
+    cr_assert_eq(
+        mp_pool_alloc(pool, (256u << 10) << (i % 4), (mp_stream_t)cap, &p),
+        MP_OK);
+    cr_expect_not(in_ranges(p, ptrs, sizes, NCAP) || p == out,
+                  "graph memory %p reused outside the capture", p);
+    cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  }
+
+  /* Replays write the same addresses. */
+  CUgraphExec x;
+  cr_assert_eq(cuMemsetD8((CUdeviceptr)out, 0, 4096), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphInstantiate(&x, graph, 0), CUDA_SUCCESS);
+  unsigned char host[4096];
+  for (int k = 0; k < 2; k++) {
+    cr_assert_eq(cuGraphLaunch(x, cap), CUDA_SUCCESS);
+    cr_assert_eq(cuStreamSynchronize(cap), CUDA_SUCCESS);
+    cr_assert_eq(cuMemcpyDtoH(host, (CUdeviceptr)out, sizeof host),
+                 CUDA_SUCCESS);
+    cr_expect_eq(host[0], 42);
+    cr_expect_eq(host[4095], 42);
+  }
+  cr_expect_eq(mp_pool_check(g), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+
+  /* The graph goes: its memory returns to the parent, reserved there. */
+  cr_assert_eq(cuGraphExecDestroy(x), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(graph), CUDA_SUCCESS);
+  for (int i = 1; i < NCAP; i += 2)
+    cr_assert_eq(mp_pool_free(pool, ptrs[i]), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, out), MP_OK);
+  mp_stats_t before, after;
+  cr_assert_eq(mp_pool_get_stats(pool, &before), MP_OK);
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_get_stats(pool, &after), MP_OK);
+  cr_expect_eq(after.reserved_bytes, before.reserved_bytes);
+  cr_expect_eq(after.allocated_bytes, 0);
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(cuStreamDestroy(cap), CUDA_SUCCESS);
+  leave_ctx();
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  mp_device_close(dev);
+}

@@ -1,0 +1,196 @@
+/* Graph-private pools on the host device: allocations on a stream that
+ * allocates to a graph pool come from it, its memory goes to no one else
+ * until the graph pool is released, several captures share one graph pool,
+ * and released memory returns to the parent. */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <mempool/mempool.h>
+
+#include "../support/pool_helpers.h"
+
+#define MiB ((size_t)1 << 20)
+
+static mp_device_t *dev;
+static mp_pool_t *parent;
+static mp_stream_t s1, s2;
+
+static void setup(void) {
+  cr_assert_eq(mp_device_open("host", &dev), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_create(dev, NULL, &parent), MP_OK);
+  cr_assert_eq(mp_stream_create(dev, &s1), MP_OK);
+  cr_assert_eq(mp_stream_create(dev, &s2), MP_OK);
+}
+static void teardown(void) {
+  cr_expect_eq(mp_pool_destroy(parent), MP_OK, "%s", mp_last_error());
+  mp_stream_destroy(dev, s1);
+  mp_stream_destroy(dev, s2);
+  mp_device_close(dev);
+}
+
+static bool inside(const void *p, const void *base, size_t bytes) {
+  return (uintptr_t)p >= (uintptr_t)base &&
+         (uintptr_t)p < (uintptr_t)base + bytes;
+}
+
+Test(pool_graph, allocations_on_a_begun_stream_come_from_the_graph_pool,
+     .init = setup, .fini = teardown) {
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(parent, &g), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(stats(g).reserved_bytes, 0, "nothing reserved ahead");
+  cr_assert_eq(mp_pool_graph_begin(parent, g, s1), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(mp_pool_graph_of(parent, s1), g);
+  cr_expect_null(mp_pool_graph_of(parent, s2));
+  void *a, *b;
+  cr_assert_eq(mp_pool_alloc(parent, 3 * MiB, s1, &a), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_alloc(parent, MiB, s2, &b), MP_OK);
+  mp_stats_t gs = stats(g), ps = stats(parent);
+  cr_expect_eq(gs.live_blocks, 1);
+  cr_expect_geq(gs.reserved_bytes, 3 * MiB);
+  cr_expect_eq(ps.live_blocks, 2, "the graph's range and b");
+  cr_expect_eq(ps.allocated_bytes, gs.reserved_bytes + MiB);
+  cr_expect_eq(mp_pool_check(g), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_check(parent), MP_OK, "%s", mp_last_error());
+  /* A free through the parent lands in the graph pool. */
+  cr_assert_eq(mp_pool_free(parent, a), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(stats(g).live_blocks, 0);
+  cr_assert_eq(mp_pool_free(parent, b), MP_OK);
+  cr_assert_eq(mp_pool_graph_end(parent, s1), MP_OK);
+  cr_expect_null(mp_pool_graph_of(parent, s1));
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+}
+
+Test(pool_graph, memory_freed_in_a_capture_is_reused_only_by_the_graph_pool,
+     .init = setup, .fini = teardown) {
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(parent, &g), MP_OK);
+  cr_assert_eq(mp_pool_graph_begin(parent, g, s1), MP_OK);
+  void *a, *again;
+  cr_assert_eq(mp_pool_alloc(parent, MiB, s1, &a), MP_OK);
+  cr_assert_eq(mp_pool_free(parent, a), MP_OK);
+  /* Inside the capture, on its stream: reused at once (stream order). */
+  cr_assert_eq(mp_pool_alloc(parent, MiB, s1, &again), MP_OK);
+  cr_expect_eq(again, a);
+  cr_assert_eq(mp_pool_free(parent, again), MP_OK);
+  cr_assert_eq(mp_pool_graph_end(parent, s1), MP_OK);
+  size_t pinned = stats(g).reserved_bytes;
+  /* Outside the capture nobody gets it, on any stream, even after a trim
+   * of the parent. */
+  cr_assert_eq(mp_pool_trim(parent, 0), MP_OK, "%s", mp_last_error());
+  void *p[8];
+  for (int i = 0; i < 8; i++) {
+    cr_assert_eq(mp_pool_alloc(parent, MiB, i % 2 ? s1 : s2, &p[i]), MP_OK);
+    cr_expect_not(inside(p[i], a, pinned),
+                  "graph memory %p handed out outside the capture", p[i]);
+  }
+  cr_expect_eq(stats(g).reserved_bytes, pinned, "the graph keeps its memory");
+  for (int i = 0; i < 8; i++)
+    cr_assert_eq(mp_pool_free(parent, p[i]), MP_OK);
+  /* A later capture sharing the graph pool reuses it (PyTorch's pool=). */
+  cr_assert_eq(mp_pool_graph_begin(parent, g, s2), MP_OK);
+  void *b;
+  cr_assert_eq(mp_pool_alloc(parent, MiB, s2, &b), MP_OK);
+  cr_expect(inside(b, a, pinned), "a shared graph pool serves the next one");
+  cr_expect_eq(stats(g).reserved_bytes, pinned);
+  cr_assert_eq(mp_pool_free(parent, b), MP_OK);
+  cr_assert_eq(mp_pool_graph_end(parent, s2), MP_OK);
+  cr_expect_eq(mp_pool_check(g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK);
+}
+
+Test(pool_graph, released_graph_memory_returns_to_the_parent, .init = setup,
+     .fini = teardown) {
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(parent, &g), MP_OK);
+  cr_assert_eq(mp_pool_graph_begin(parent, g, s1), MP_OK);
+  void *a;
+  cr_assert_eq(mp_pool_alloc(parent, 4 * MiB, s1, &a), MP_OK);
+  cr_assert_eq(mp_pool_free(parent, a), MP_OK);
+  cr_assert_eq(mp_pool_graph_end(parent, s1), MP_OK);
+  mp_stats_t before = stats(parent);
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  mp_stats_t after = stats(parent);
+  cr_expect_eq(after.reserved_bytes, before.reserved_bytes,
+               "the memory stays with the parent");
+  cr_expect_eq(after.allocated_bytes, 0);
+  cr_expect_eq(after.live_blocks, 0);
+  cr_expect_eq(mp_pool_check(parent), MP_OK, "%s", mp_last_error());
+  /* The host device's streams are idle: the parent hands it out again. */
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+  void *b;
+  cr_assert_eq(mp_pool_alloc(parent, 4 * MiB, s2, &b), MP_OK);
+  cr_expect_eq(b, a, "the released range serves the parent");
+  cr_expect_eq(stats(parent).reserved_bytes, before.reserved_bytes);
+  cr_assert_eq(mp_pool_free(parent, b), MP_OK);
+}
+
+Test(pool_graph, a_released_graph_pool_goes_with_its_last_live_block,
+     .init = setup, .fini = teardown) {
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(parent, &g), MP_OK);
+  cr_assert_eq(mp_pool_graph_begin(parent, g, s1), MP_OK);
+  void *out, *tmp;
+  cr_assert_eq(mp_pool_alloc(parent, MiB, s1, &out), MP_OK);
+  cr_assert_eq(mp_pool_alloc(parent, MiB, s1, &tmp), MP_OK);
+  cr_assert_eq(mp_pool_free(parent, tmp), MP_OK);
+  cr_assert_eq(mp_pool_graph_end(parent, s1), MP_OK);
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK);
+  /* The graph's output is still live: its range stays lent. */
+  cr_expect_gt(stats(parent).allocated_bytes, 0);
+  cr_expect_eq(mp_pool_destroy(parent), MP_EBUSY);
+  cr_assert_eq(mp_pool_free(parent, out), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(stats(parent).allocated_bytes, 0);
+  cr_expect_eq(mp_pool_check(parent), MP_OK, "%s", mp_last_error());
+}
+
+Test(pool_graph, bad_calls_are_refused_and_change_nothing, .init = setup,
+     .fini = teardown) {
+  mp_pool_t *g, *g2, *child;
+  cr_expect_eq(mp_pool_graph_create(NULL, &g), MP_EINVAL);
+  cr_expect_eq(mp_pool_graph_create(parent, NULL), MP_EINVAL);
+  cr_assert_eq(mp_pool_graph_create(parent, &g), MP_OK);
+  cr_expect_eq(mp_pool_graph_create(g, &g2), MP_EINVAL, "not from a graph");
+  cr_assert_eq(mp_pool_create_child(parent, 4 * MiB, &child), MP_OK);
+  cr_expect_eq(mp_pool_graph_create(child, &g2), MP_EINVAL, "not a child");
+  cr_expect_eq(mp_pool_graph_begin(child, g, s1), MP_EINVAL,
+               "g is not child's graph pool");
+  cr_expect_eq(mp_pool_graph_begin(parent, parent, s1), MP_EINVAL);
+  cr_expect_eq(mp_pool_graph_end(parent, s1), MP_EINVAL, "never begun");
+  cr_assert_eq(mp_pool_graph_begin(parent, g, s1), MP_OK);
+  cr_expect_eq(mp_pool_graph_begin(parent, g, s1), MP_EBUSY);
+  cr_expect_eq(mp_pool_graph_release(g), MP_EBUSY, "s1 still allocates");
+  cr_expect_eq(mp_pool_graph_release(parent), MP_EINVAL);
+  cr_expect_eq(mp_pool_destroy(parent), MP_EBUSY);
+  cr_assert_eq(mp_pool_graph_end(parent, s1), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_graph_end(parent, s1), MP_EINVAL, "ended already");
+  cr_assert_eq(mp_pool_destroy(child), MP_OK);
+  cr_assert_eq(mp_pool_destroy(g), MP_OK, "destroy releases a graph pool");
+  cr_expect_eq(stats(parent).allocated_bytes, 0);
+}
+
+/* Two captures at once, each with its graph pool: each stream gets its own
+ * pool's memory, and a block freed in one is never given to the other. */
+Test(pool_graph, two_captures_keep_their_memory_apart, .init = setup,
+     .fini = teardown) {
+  mp_pool_t *g1, *g2;
+  cr_assert_eq(mp_pool_graph_create(parent, &g1), MP_OK);
+  cr_assert_eq(mp_pool_graph_create(parent, &g2), MP_OK);
+  cr_assert_eq(mp_pool_graph_begin(parent, g1, s1), MP_OK);
+  cr_assert_eq(mp_pool_graph_begin(parent, g2, s2), MP_OK);
+  void *a, *b;
+  cr_assert_eq(mp_pool_alloc(parent, MiB, s1, &a), MP_OK);
+  cr_assert_eq(mp_pool_free(parent, a), MP_OK);
+  cr_assert_eq(mp_pool_alloc(parent, MiB, s2, &b), MP_OK);
+  cr_expect_neq(a, b);
+  cr_expect_eq(stats(g1).live_blocks, 0);
+  cr_expect_eq(stats(g2).live_blocks, 1);
+  cr_assert_eq(mp_pool_free(parent, b), MP_OK);
+  cr_assert_eq(mp_pool_graph_end(parent, s1), MP_OK);
+  cr_assert_eq(mp_pool_graph_end(parent, s2), MP_OK);
+  cr_assert_eq(mp_pool_graph_release(g1), MP_OK);
+  cr_assert_eq(mp_pool_graph_release(g2), MP_OK);
+  cr_expect_eq(mp_pool_check(parent), MP_OK, "%s", mp_last_error());
+}

@@ -1,0 +1,185 @@
+/* test_torch_hooks.c - the hooks CUDAPluggableAllocator's C++ setters take
+ * (init, reset, memory fraction, base allocation, record_stream, and the
+ * graph-capture trio), each called through a pointer of PyTorch's C
+ * signature (torch/csrc/cuda/CUDAPluggableAllocator.h, cudaStream_t as
+ * mp_stream_t), on the emulated device through the default pool. */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mempool/mempool.h>
+
+#include "../support/stream_gate.h"
+
+#define MiB ((size_t)1 << 20)
+
+/* PyTorch's signatures: set_init_fn, set_reset_fn, set_memory_fraction_fn,
+ * set_base_alloc_fn, set_record_stream_fn. */
+static void (*const init_fn)(int) = mp_torch_init;
+static void (*const reset_fn)(void) = mp_torch_reset;
+static void (*const fraction_fn)(double, int) = mp_torch_memory_fraction;
+static void *(*const base_alloc_fn)(void *, size_t *) = mp_torch_base_alloc;
+static void (*const record_stream_fn)(void *,
+                                      mp_stream_t) = mp_torch_record_stream;
+static void *(*const alloc_fn)(ssize_t, int, mp_stream_t) = mp_torch_malloc;
+static void (*const free_fn)(void *, ssize_t, int, mp_stream_t) = mp_torch_free;
+
+static mp_device_t *dev;
+
+static void on_host(void) {
+  setenv("MEMPOOL_DEVICE", "host", 1);
+  init_fn(1);
+  cr_assert_not_null(mp_default_pool(), "%s", mp_last_error());
+  dev = mp_pool_device(mp_default_pool());
+}
+
+static mp_stats_t stats(mp_pool_t *p) {
+  mp_stats_t s;
+  cr_assert_eq(mp_pool_get_stats(p, &s), MP_OK);
+  return s;
+}
+
+TestSuite(torch_hooks, .init = on_host);
+
+Test(torch_hooks, init_makes_the_default_pool) {
+  cr_expect_eq(stats(mp_default_pool()).live_blocks, 0);
+}
+
+Test(torch_hooks, reset_gives_idle_memory_back) {
+  void *p = alloc_fn(8 * MiB, 0, NULL);
+  cr_assert_not_null(p, "%s", mp_last_error());
+  free_fn(p, 8 * MiB, 0, NULL);
+  cr_assert_geq(stats(mp_default_pool()).reserved_bytes, 8 * MiB);
+  reset_fn();
+  cr_expect_eq(stats(mp_default_pool()).reserved_bytes, 0);
+}
+
+Test(torch_hooks, memory_fraction_caps_the_pool_and_zero_lifts_it) {
+  size_t total = 0;
+  cr_assert_eq(mp_device_mem_info(dev, NULL, &total), MP_OK);
+  double f = (double)(16 * MiB) / (double)total;
+  fraction_fn(f, 0);
+  void *p = alloc_fn(32 * MiB, 0, NULL);
+  cr_expect_null(p, "32 MiB past a 16 MiB cap");
+  fraction_fn(0, 0);
+  p = alloc_fn(32 * MiB, 0, NULL);
+  cr_assert_not_null(p, "%s", mp_last_error());
+  free_fn(p, 32 * MiB, 0, NULL);
+  fraction_fn(2.0, 0); /* refused, nothing changed */
+  cr_expect(strstr(mp_last_error(), "not in [0, 1]") != NULL, "%s",
+            mp_last_error());
+  p = alloc_fn(32 * MiB, 0, NULL);
+  cr_expect_not_null(p);
+  free_fn(p, 32 * MiB, 0, NULL);
+}
+
+Test(torch_hooks, base_alloc_is_the_block_holding_the_pointer) {
+  char *p = alloc_fn(MiB, 0, NULL);
+  cr_assert_not_null(p);
+  size_t size = 0;
+  cr_expect_eq(base_alloc_fn(p + 1000, &size), p);
+  cr_expect_geq(size, MiB);
+  int local;
+  size = 7;
+  cr_expect_eq(base_alloc_fn(&local, &size), &local, "not a pool's: as is");
+  cr_expect_eq(size, 7);
+  free_fn(p, MiB, 0, NULL);
+}
+
+/* record_stream: the block waits for the recorded stream's work before
+ * another stream reuses it. */
+Test(torch_hooks, record_stream_holds_the_block_for_the_streams_work) {
+  mp_stream_t a, b, c;
+  cr_assert_eq(mp_stream_create(dev, &a), MP_OK);
+  cr_assert_eq(mp_stream_create(dev, &b), MP_OK);
+  cr_assert_eq(mp_stream_create(dev, &c), MP_OK);
+  gate_t g;
+  gate_init(&g);
+  cr_assert_eq(mp_stream_launch_host(dev, b, gate_wait, &g), MP_OK);
+  void *p = alloc_fn(MiB, 0, a);
+  cr_assert_not_null(p);
+  record_stream_fn(p, b);
+  free_fn(p, MiB, 0, a);
+  /* p's 2 MiB segment is one free block now, waiting for a and b. */
+  void *q = alloc_fn(2 * MiB, 0, c);
+  cr_expect_neq(q, p, "reused while b's work is still queued");
+  gate_open(&g);
+  cr_assert_eq(mp_stream_synchronize(dev, b), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, a), MP_OK);
+  void *r = alloc_fn(2 * MiB, 0, c);
+  cr_expect_eq(r, p, "reusable once b's work is done");
+  free_fn(q, 2 * MiB, 0, c);
+  free_fn(r, 2 * MiB, 0, c);
+  record_stream_fn(NULL, a); /* nothing to record: a message only */
+  cr_expect(strstr(mp_last_error(), "mp_torch_record_stream") != NULL);
+  gate_destroy(&g);
+  mp_stream_destroy(dev, a);
+  mp_stream_destroy(dev, b);
+  mp_stream_destroy(dev, c);
+}
+
+/* ---- graph capture: begin / end / release ----------------------------- */
+
+static mp_stream_t captured;
+static int drops;
+static int capture_filter(mp_stream_t s, void *ctx) {
+  return s == *(mp_stream_t *)ctx;
+}
+static void drop(void *ctx) {
+  (void)ctx;
+  drops++;
+}
+
+Test(torch_hooks, a_private_pool_serves_its_capture_until_released) {
+  mp_pool_t *pool = mp_default_pool();
+  mp_stream_t other;
+  cr_assert_eq(mp_stream_create(dev, &captured), MP_OK);
+  cr_assert_eq(mp_stream_create(dev, &other), MP_OK);
+  mp_torch_pool_id_t id = {1, 7};
+  drops = 0;
+  mp_torch_begin_allocate_to_pool(0, id, capture_filter, &captured, drop);
+  void *a = alloc_fn(MiB, 0, captured);
+  cr_assert_not_null(a, "%s", mp_last_error());
+  cr_assert_not_null(mp_pool_graph_of(pool, captured));
+  free_fn(a, MiB, 0, captured); /* freed inside the capture */
+  void *o = alloc_fn(MiB, 0, other);
+  cr_expect_neq(o, a, "the other stream is not the capture's");
+  mp_torch_end_allocate_to_pool(0, id);
+  cr_expect_eq(drops, 1, "the filter is dropped at the end");
+  cr_expect_null(mp_pool_graph_of(pool, captured));
+  void *after = alloc_fn(MiB, 0, captured);
+  cr_expect_neq(after, a, "graph memory outside the capture");
+  free_fn(after, MiB, 0, captured);
+  free_fn(o, MiB, 0, other);
+  /* A second capture into the same pool (pool=) gets the same memory. */
+  mp_torch_begin_allocate_to_pool(0, id, capture_filter, &captured, drop);
+  void *again = alloc_fn(MiB, 0, captured);
+  cr_expect_eq(again, a);
+  free_fn(again, MiB, 0, captured);
+  mp_torch_end_allocate_to_pool(0, id);
+  size_t lent = stats(pool).allocated_bytes;
+  cr_expect_geq(lent, MiB, "the private pool's range is lent");
+  mp_torch_release_pool(0, id); /* one graph of two */
+  cr_expect_eq(stats(pool).allocated_bytes, lent);
+  mp_torch_release_pool(0, id);
+  cr_expect_eq(stats(pool).allocated_bytes, 0, "back to the device's pool");
+  mp_torch_release_pool(0, id);
+  cr_expect(strstr(mp_last_error(), "no pool (1, 7)") != NULL, "%s",
+            mp_last_error());
+  mp_torch_end_allocate_to_pool(0, id);
+  cr_expect(strstr(mp_last_error(), "not being allocated to") != NULL);
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  mp_stream_destroy(dev, captured);
+  mp_stream_destroy(dev, other);
+}
+
+Test(torch_hooks, a_begin_without_a_filter_is_refused_and_dropped) {
+  drops = 0;
+  mp_torch_pool_id_t id = {2, 0};
+  mp_torch_begin_allocate_to_pool(0, id, NULL, NULL, drop);
+  cr_expect_eq(drops, 1);
+  cr_expect(strstr(mp_last_error(), "filter is NULL") != NULL);
+  mp_torch_begin_allocate_to_pool(5, id, capture_filter, &captured, drop);
+  cr_expect_eq(drops, 2, "device 5 does not exist here");
+}

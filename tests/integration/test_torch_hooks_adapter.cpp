@@ -1,0 +1,118 @@
+// test_torch_hooks_adapter.cpp - mempool/torch_hooks.hpp from C++: install()
+// sets every hook on an allocator whose setters take exactly the
+// std::function types of torch::cuda::CUDAPluggableAllocator (a stand-in:
+// no torch here), and a graph capture driven through those std::functions,
+// as CUDAGraph::capture_begin/capture_end/reset drive them, gets a private
+// pool, on the emulated device.
+#include <criterion/criterion.h>
+
+#include <cstdlib>
+#include <functional>
+#include <utility>
+
+#include <mempool/mempool.h>
+#include <mempool/torch_hooks.hpp>
+
+namespace {
+
+using cudaStream_t = CUstream_st *;
+using MempoolId_t = std::pair<unsigned long long, unsigned long long>;
+
+// The setters' parameter types, as PyTorch declares them.
+struct PluggableStandIn {
+  std::function<void(int)> init;
+  std::function<void()> reset;
+  std::function<void(double, int)> fraction;
+  std::function<void *(void *, size_t *)> base_alloc;
+  std::function<void(void *, cudaStream_t)> record_stream;
+  std::function<void(int, MempoolId_t, std::function<bool(cudaStream_t)>)>
+      begin;
+  std::function<void(int, MempoolId_t)> end, release;
+
+  void set_init_fn(std::function<void(int)> f) {
+    init = std::move(f);
+  }
+  void set_reset_fn(std::function<void()> f) {
+    reset = std::move(f);
+  }
+  void set_memory_fraction_fn(std::function<void(double, int)> f) {
+    fraction = std::move(f);
+  }
+  void set_base_alloc_fn(std::function<void *(void *, size_t *)> f) {
+    base_alloc = std::move(f);
+  }
+  void set_record_stream_fn(std::function<void(void *, cudaStream_t)> f) {
+    record_stream = std::move(f);
+  }
+  void set_begin_allocate_to_pool(
+      std::function<void(int, MempoolId_t, std::function<bool(cudaStream_t)>)>
+          f) {
+    begin = std::move(f);
+  }
+  void set_end_allocate_to_pool_fn(std::function<void(int, MempoolId_t)> f) {
+    end = std::move(f);
+  }
+  void set_release_pool(std::function<void(int, MempoolId_t)> f) {
+    release = std::move(f);
+  }
+};
+
+std::function<void *(size_t, int, cudaStream_t)> alloc_fn =
+    mempool::torch_hooks::malloc;
+std::function<void(void *, size_t, int, cudaStream_t)> free_fn =
+    mempool::torch_hooks::free;
+
+void on_host() {
+  setenv("MEMPOOL_DEVICE", "host", 1);
+}
+
+} // namespace
+
+Test(torch_hooks_adapter, install_sets_every_hook, .init = on_host) {
+  PluggableStandIn a;
+  mempool::torch_hooks::install(a);
+  cr_assert(a.init && a.reset && a.fraction && a.base_alloc &&
+            a.record_stream && a.begin && a.end && a.release);
+  a.init(1);
+  void *p = alloc_fn(4096, 0, nullptr);
+  cr_assert_not_null(p, "%s", mp_last_error());
+  size_t size = 0;
+  cr_expect_eq(a.base_alloc(static_cast<char *>(p) + 8, &size), p);
+  cr_expect_geq(size, 4096u);
+  free_fn(p, 4096, 0, nullptr);
+  a.reset();
+  mp_stats_t st;
+  cr_assert_eq(mp_pool_get_stats(mp_default_pool(), &st), MP_OK);
+  cr_expect_eq(st.reserved_bytes, 0u, "reset gave the cache back");
+}
+
+Test(torch_hooks_adapter, a_capture_through_the_std_functions_gets_a_pool,
+     .init = on_host) {
+  PluggableStandIn a;
+  mempool::torch_hooks::install(a);
+  mp_device_t *dev = mp_pool_device(mp_default_pool());
+  mp_stream_t ms;
+  cr_assert_eq(mp_stream_create(dev, &ms), MP_OK);
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(ms);
+  MempoolId_t id{0, 1};
+  int asked = 0;
+  a.begin(0, id, [s, &asked](cudaStream_t x) {
+    asked++;
+    return x == s;
+  });
+  void *p = alloc_fn(1 << 20, 0, s);
+  cr_assert_not_null(p);
+  cr_expect_gt(asked, 0, "PyTorch's filter was asked");
+  cr_expect_not_null(mp_pool_graph_of(mp_default_pool(), ms));
+  free_fn(p, 1 << 20, 0, s);
+  a.end(0, id);
+  cr_expect_null(mp_pool_graph_of(mp_default_pool(), ms));
+  void *q = alloc_fn(1 << 20, 0, s);
+  cr_expect_neq(q, p, "the private pool's memory stays the graph's");
+  free_fn(q, 1 << 20, 0, s);
+  a.release(0, id);
+  mp_stats_t st;
+  cr_assert_eq(mp_pool_get_stats(mp_default_pool(), &st), MP_OK);
+  cr_expect_eq(st.allocated_bytes, 0u, "released back to the pool");
+  mp_stream_destroy(dev, ms);
+}

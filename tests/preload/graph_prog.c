@@ -1,0 +1,122 @@
+/* graph_prog.c - a driver-API program that captures a graph with
+ * stream-ordered allocations in it (a decode step: temporaries allocated,
+ * written and freed on the capturing stream, an output kept), replays it,
+ * and lets it go; linked with the fake libcuda.so.1 (tests/fakecuda), run
+ * with or without the shim. Checks, whoever serves the memory:
+ *  - the global-mode capture ends with CUDA_SUCCESS;
+ *  - replays write the output at its captured address;
+ *  - (under the shim, argument "pool") memory handed out during the
+ *    capture is not handed out after it until the graph and its executable
+ *    are destroyed; afterwards it is.
+ * Prints "ok" and exits 0, or says what broke and exits 1. */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "prog_try.h"
+
+#define NTMP   6
+#define BYTES  ((size_t)1 << 20)
+#define NPROBE 24
+
+static CUdeviceptr lo = ~(CUdeviceptr)0, hi;
+
+static void note(CUdeviceptr p, size_t n) {
+  if (p < lo)
+    lo = p;
+  if (p + n > hi)
+    hi = p + n;
+}
+
+/* Allocates NPROBE buffers on s and frees them: how many land in the
+ * memory the capture got. */
+static int probe(CUstream s, int *inside) {
+  CUdeviceptr p[NPROBE];
+  *inside = 0;
+  for (int i = 0; i < NPROBE; i++) {
+    MP_TRY(cuMemAllocAsync(&p[i], BYTES, s));
+    *inside += p[i] >= lo && p[i] < hi;
+  }
+  for (int i = 0; i < NPROBE; i++)
+    MP_TRY(cuMemFreeAsync(p[i], s));
+  MP_TRY(cuStreamSynchronize(s));
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  bool pool = argc > 1 && strcmp(argv[1], "pool") == 0;
+  CUcontext ctx;
+  CUdevice dev;
+  MP_TRY(cuInit(0));
+  MP_TRY(cuDeviceGet(&dev, 0));
+  MP_TRY(cuDevicePrimaryCtxRetain(&ctx, dev));
+  MP_TRY(cuCtxSetCurrent(ctx));
+  CUstream s, other;
+  MP_TRY(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  MP_TRY(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  /* Warm-up, as engines do before capturing. */
+  CUdeviceptr w;
+  MP_TRY(cuMemAllocAsync(&w, BYTES, s));
+  MP_TRY(cuMemFreeAsync(w, s));
+  MP_TRY(cuStreamSynchronize(s));
+
+  CUdeviceptr out, tmp[NTMP];
+  MP_TRY(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  MP_TRY(cuMemAllocAsync(&out, 4096, s));
+  note(out, 4096);
+  for (int i = 0; i < NTMP; i++) {
+    MP_TRY(cuMemAllocAsync(&tmp[i], BYTES, s));
+    note(tmp[i], BYTES);
+    MP_TRY(cuMemsetD8Async(tmp[i], (unsigned char)i, BYTES, s));
+    if (i > 0)
+      MP_TRY(cuMemFreeAsync(tmp[i - 1], s));
+  }
+  MP_TRY(cuMemsetD8Async(out, 42, 4096, s));
+  MP_TRY(cuMemFreeAsync(tmp[NTMP - 1], s));
+  CUgraph g;
+  MP_TRY(cuStreamEndCapture(s, &g));
+  CUgraphExec x;
+  MP_TRY(cuGraphInstantiate(&x, g, 0));
+  /* A free of the output outside the graph is the program's: before the
+   * first replay the fake's graph may not own it (allocation nodes). */
+  for (int k = 0; k < 3; k++) {
+    unsigned char h[4096];
+    MP_TRY(cuMemsetD8Async(out, 0, 4096, s));
+    MP_TRY(cuGraphLaunch(x, s));
+    MP_TRY(cuStreamSynchronize(s));
+    MP_TRY(cuMemcpyDtoH(h, out, sizeof h));
+    if (h[0] != 42 || h[4095] != 42) {
+      printf("replay %d did not write the output (%d)\n", k, h[0]);
+      return 1;
+    }
+  }
+  int inside = 0;
+  if (pool) {
+    if (probe(other, &inside) != 0)
+      return 1;
+    if (inside != 0) {
+      printf("%d of %d allocations got the graph's memory while it lives\n",
+             inside, NPROBE);
+      return 1;
+    }
+  }
+  MP_TRY(cuGraphExecDestroy(x));
+  MP_TRY(cuGraphDestroy(g));
+  if (pool) {
+    MP_TRY(cuMemFreeAsync(out, s)); /* the graph's output, still live */
+    MP_TRY(cuStreamSynchronize(s));
+    if (probe(other, &inside) != 0)
+      return 1;
+    if (inside == 0) {
+      printf("the graph's memory did not come back after the graph went\n");
+      return 1;
+    }
+  }
+  MP_TRY(cuStreamDestroy(s));
+  MP_TRY(cuStreamDestroy(other));
+  MP_TRY(cuDevicePrimaryCtxRelease(dev));
+  puts("ok");
+  return 0;
+}

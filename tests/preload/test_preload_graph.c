@@ -1,0 +1,42 @@
+/* test_preload_graph.c - stream capture under the shim, on the strict fake
+ * libcuda.so.1 (tests/fakecuda): graph_prog captures a step with
+ * cuMemAllocAsync/cuMemFreeAsync on the capturing stream. Without the shim
+ * the fake makes them graph memory nodes; under it the pool serves them
+ * from a graph-private pool (the report counts no capture bypass), keeps
+ * that memory from everyone else while the graph lives and takes it back
+ * when the graph and its executable are destroyed. */
+#include "spawn.h"
+
+static spawn_result_t r;
+
+Test(preload_graph, without_the_shim_the_capture_replays) {
+  const char *argv[] = {MP_GRAPH_PROG, NULL};
+  const char *env[] = {"LD_PRELOAD=", NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_str_eq(r.out, "ok\n");
+}
+
+Test(preload_graph, under_the_shim_capture_allocations_come_from_a_graph_pool) {
+  char dir[64], report[128], env_report[160];
+  scratch_dir(dir, sizeof dir);
+  snprintf(report, sizeof report, "%s/report.json", dir);
+  snprintf(env_report, sizeof env_report, "MEMPOOL_REPORT=%s", report);
+  const char *argv[] = {MP_GRAPH_PROG, "pool", NULL};
+  const char *env[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=cuda", env_report,
+                       NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_str_eq(r.out, "ok\n");
+  /* 2 + 1 + 6 in the capture, 2 * 24 probes; as many frees. */
+  cr_assert_eq(
+      sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+         "sys.exit(0 if d[\"mode\"]==\"pool\" and "
+         "d[\"bypassed\"][\"capture\"]==0 and d[\"graph_pools\"]==0 and "
+         "d[\"calls\"][\"allocate\"]==56 and d[\"calls\"][\"free\"]==56 "
+         "else 1)' %s",
+         report),
+      0, "report: %s", (slurp(report, r.out, sizeof r.out), r.out));
+  unlink(report);
+  rmdir(dir);
+}
