@@ -1,8 +1,9 @@
 /* graphs.c - stream capture under the shim: graph-private pools, and the
  * graph hooks cuStreamEndCapture(_ptsz), cuGraphInstantiateWithFlags,
- * cuGraphExecDestroy and cuGraphDestroy (the runtime's cudaStreamEndCapture,
- * cudaGraphInstantiate, cudaGraphExecDestroy and cudaGraphDestroy reach
- * them through cuGetProcAddress).
+ * cuGraphInstantiateWithParams(_ptsz), cuGraphExecDestroy and
+ * cuGraphDestroy (the runtime's cudaStreamEndCapture, cudaGraphInstantiate,
+ * cudaGraphInstantiateWithFlags/WithParams, cudaGraphExecDestroy and
+ * cudaGraphDestroy reach them through cuGetProcAddress).
  *
  * A stream-ordered allocation or free on a stream being captured makes the
  * stream allocate to the capture's graph pool (mp_pool_graph_create, one per
@@ -188,14 +189,10 @@ mp__curesult cuStreamEndCapture_ptsz(mp__custream hStream,
   return r;
 }
 
-mp__curesult cuGraphInstantiateWithFlags(mp__cugraphexec *phGraphExec,
-                                         mp__cugraph hGraph,
-                                         unsigned long long flags) {
-  const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  mp__curesult r =
-      rc->graph_instantiate_with_flags
-          ? rc->graph_instantiate_with_flags(phGraphExec, hGraph, flags)
-          : MP__CU_NOT_INITIALIZED;
+/* After an instantiation that returned r: the executable holds its
+ * graph's graph pool. Returns r. */
+static mp__curesult mp__exec_made(mp__curesult r, mp__cugraphexec *phGraphExec,
+                                  mp__cugraph hGraph) {
   if (r != MP__CU_SUCCESS || phGraphExec == NULL)
     return r;
   pthread_mutex_lock(&mp__gr.lock);
@@ -208,6 +205,39 @@ mp__curesult cuGraphInstantiateWithFlags(mp__cugraphexec *phGraphExec,
   }
   pthread_mutex_unlock(&mp__gr.lock);
   return r;
+}
+
+mp__curesult cuGraphInstantiateWithFlags(mp__cugraphexec *phGraphExec,
+                                         mp__cugraph hGraph,
+                                         unsigned long long flags) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  return mp__exec_made(
+      rc->graph_instantiate_with_flags
+          ? rc->graph_instantiate_with_flags(phGraphExec, hGraph, flags)
+          : MP__CU_NOT_INITIALIZED,
+      phGraphExec, hGraph);
+}
+
+mp__curesult cuGraphInstantiateWithParams(mp__cugraphexec *phGraphExec,
+                                          mp__cugraph hGraph,
+                                          mp__cugraphparams params) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  return mp__exec_made(
+      rc->graph_instantiate_with_params
+          ? rc->graph_instantiate_with_params(phGraphExec, hGraph, params)
+          : MP__CU_NOT_INITIALIZED,
+      phGraphExec, hGraph);
+}
+
+mp__curesult cuGraphInstantiateWithParams_ptsz(mp__cugraphexec *phGraphExec,
+                                               mp__cugraph hGraph,
+                                               mp__cugraphparams params) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  return mp__exec_made(
+      rc->graph_instantiate_with_params_ptsz
+          ? rc->graph_instantiate_with_params_ptsz(phGraphExec, hGraph, params)
+          : MP__CU_NOT_INITIALIZED,
+      phGraphExec, hGraph);
 }
 
 mp__curesult cuGraphExecDestroy(mp__cugraphexec hGraphExec) {

@@ -56,6 +56,10 @@ MP__EXPORT mp__curesult cuStreamEndCapture_ptsz(mp__custream hStream,
                                                 mp__cugraph *phGraph);
 MP__EXPORT mp__curesult cuGraphInstantiateWithFlags(
     mp__cugraphexec *phGraphExec, mp__cugraph hGraph, unsigned long long flags);
+MP__EXPORT mp__curesult cuGraphInstantiateWithParams(
+    mp__cugraphexec *phGraphExec, mp__cugraph hGraph, mp__cugraphparams params);
+MP__EXPORT mp__curesult cuGraphInstantiateWithParams_ptsz(
+    mp__cugraphexec *phGraphExec, mp__cugraph hGraph, mp__cugraphparams params);
 MP__EXPORT mp__curesult cuGraphExecDestroy(mp__cugraphexec hGraphExec);
 MP__EXPORT mp__curesult cuGraphDestroy(mp__cugraph hGraph);
 

@@ -121,6 +121,8 @@ static const mp__hook_name_t mp__hooks[] = {
     MP__HOOK(cuStreamEndCapture),
     MP__HOOK(cuStreamEndCapture_ptsz),
     MP__HOOK(cuGraphInstantiateWithFlags),
+    MP__HOOK(cuGraphInstantiateWithParams),
+    MP__HOOK(cuGraphInstantiateWithParams_ptsz),
     MP__HOOK(cuGraphExecDestroy),
     MP__HOOK(cuGraphDestroy),
 };
@@ -189,6 +191,9 @@ void *mp__pl_proc_hook(const char *symbol, int cuda_version, uint64_t flags) {
   if (strcmp(symbol, "cuGraphInstantiateWithFlags") == 0 ||
       (cuda_version >= 12000 && strcmp(symbol, "cuGraphInstantiate") == 0))
     return (void *)&cuGraphInstantiateWithFlags;
+  if (strcmp(symbol, "cuGraphInstantiateWithParams") == 0)
+    return ptsz ? (void *)&cuGraphInstantiateWithParams_ptsz
+                : (void *)&cuGraphInstantiateWithParams;
   if (strcmp(symbol, "cuGraphExecDestroy") == 0)
     return (void *)&cuGraphExecDestroy;
   if (strcmp(symbol, "cuGraphDestroy") == 0)

@@ -36,6 +36,8 @@ typedef unsigned long long mp__cuptr; /* CUdeviceptr (_v2, 64-bit) */
 typedef struct CUstream_st *mp__custream;       /* CUstream == cudaStream_t */
 typedef struct CUgraph_st *mp__cugraph;         /* CUgraph == cudaGraph_t */
 typedef struct CUgraphExec_st *mp__cugraphexec; /* CUgraphExec */
+/* CUDA_GRAPH_INSTANTIATE_PARAMS *, passed through untouched */
+typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st *mp__cugraphparams;
 #define MP__CU_SUCCESS             0u
 #define MP__CU_INVALID_VALUE       1u
 #define MP__CU_OUT_OF_MEMORY       2u
@@ -89,6 +91,11 @@ typedef struct mp__real_cuda {
   mp__curesult (*stream_end_capture_ptsz)(mp__custream, mp__cugraph *);
   mp__curesult (*graph_instantiate_with_flags)(mp__cugraphexec *, mp__cugraph,
                                                unsigned long long);
+  mp__curesult (*graph_instantiate_with_params)(mp__cugraphexec *, mp__cugraph,
+                                                mp__cugraphparams);
+  mp__curesult (*graph_instantiate_with_params_ptsz)(mp__cugraphexec *,
+                                                     mp__cugraph,
+                                                     mp__cugraphparams);
   mp__curesult (*graph_exec_destroy)(mp__cugraphexec);
   mp__curesult (*graph_destroy)(mp__cugraph);
 } mp__real_cuda_t;

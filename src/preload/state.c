@@ -66,6 +66,10 @@ static void mp__rc_start(void) {
   MP__RESOLVE(mp__rc, h, stream_end_capture_ptsz, "cuStreamEndCapture_ptsz");
   MP__RESOLVE(mp__rc, h, graph_instantiate_with_flags,
               "cuGraphInstantiateWithFlags");
+  MP__RESOLVE(mp__rc, h, graph_instantiate_with_params,
+              "cuGraphInstantiateWithParams");
+  MP__RESOLVE(mp__rc, h, graph_instantiate_with_params_ptsz,
+              "cuGraphInstantiateWithParams_ptsz");
   MP__RESOLVE(mp__rc, h, graph_exec_destroy, "cuGraphExecDestroy");
   MP__RESOLVE(mp__rc, h, graph_destroy, "cuGraphDestroy");
 }

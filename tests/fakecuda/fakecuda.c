@@ -120,6 +120,8 @@ CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream s, CUstreamCaptureStatus *st,
                                         const CUgraphEdgeData **edges,
                                         size_t *n);
 CUresult cuGraphLaunch_ptsz(CUgraphExec x, CUstream s);
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *out, CUgraph g,
+                                           CUDA_GRAPH_INSTANTIATE_PARAMS *p);
 CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n);
 CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n);
 CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n);
@@ -215,6 +217,8 @@ void cuFakeResetCallCounts(void);
   X(cuGraphGetNodes)                                                           \
   X(cuGraphNodeGetType)                                                        \
   X(cuGraphInstantiateWithFlags)                                               \
+  X(cuGraphInstantiateWithParams)                                              \
+  X(cuGraphInstantiateWithParams_ptsz)                                         \
   X(cuGraphExecDestroy)                                                        \
   X(cuGraphLaunch)                                                             \
   X(cuGraphLaunch_ptsz)                                                        \
@@ -1926,11 +1930,7 @@ CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType *type) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuGraphInstantiateWithFlags(CUgraphExec *out, CUgraph g,
-                                     unsigned long long flags) {
-  FK_COUNT(cuGraphInstantiateWithFlags);
-  FK_NEED_INIT();
-  (void)flags;
+static CUresult fk_instantiate(CUgraphExec *out, CUgraph g) {
   if (out == NULL || g == NULL)
     return CUDA_ERROR_INVALID_VALUE;
   struct CUgraphExec_st *x = calloc(1, sizeof *x);
@@ -1944,6 +1944,42 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *out, CUgraph g,
   x->n = g->n;
   *out = x;
   return CUDA_SUCCESS;
+}
+
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *out, CUgraph g,
+                                     unsigned long long flags) {
+  FK_COUNT(cuGraphInstantiateWithFlags);
+  FK_NEED_INIT();
+  (void)flags;
+  return fk_instantiate(out, g);
+}
+
+/* cuda.h, cuGraphInstantiateWithParams: the flags as for WithFlags (an
+ * upload stream is not modelled: nothing is uploaded ahead); the result is
+ * also said in result_out. */
+static CUresult fk_instantiate_params(CUgraphExec *out, CUgraph g,
+                                      CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
+  if (p == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  CUresult r = fk_instantiate(out, g);
+  p->hErrNode_out = NULL;
+  p->result_out = r == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS
+                                    : CUDA_GRAPH_INSTANTIATE_ERROR;
+  return r;
+}
+
+CUresult cuGraphInstantiateWithParams(CUgraphExec *out, CUgraph g,
+                                      CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
+  FK_COUNT(cuGraphInstantiateWithParams);
+  FK_NEED_INIT();
+  return fk_instantiate_params(out, g, p);
+}
+
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *out, CUgraph g,
+                                           CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
+  FK_COUNT(cuGraphInstantiateWithParams_ptsz);
+  FK_NEED_INIT();
+  return fk_instantiate_params(out, g, p);
 }
 
 CUresult cuGraphExecDestroy(CUgraphExec x) {
@@ -2323,6 +2359,8 @@ static const fk_proc_t fk_procs[] = {
     FK_P("cuGraphGetNodes", 10000, cuGraphGetNodes),
     FK_P("cuGraphNodeGetType", 10000, cuGraphNodeGetType),
     FK_P("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
+    FK_PT("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams,
+          cuGraphInstantiateWithParams_ptsz),
     FK_PT("cuGraphLaunch", 10000, cuGraphLaunch, cuGraphLaunch_ptsz),
     FK_P("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
     FK_P("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),

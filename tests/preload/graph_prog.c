@@ -7,7 +7,9 @@
  *  - replays write the output at its captured address;
  *  - (under the shim, argument "pool") memory handed out during the
  *    capture is not handed out after it until the graph and its executable
- *    are destroyed; afterwards it is.
+ *    are destroyed; afterwards it is. A second argument "params"
+ *    instantiates with cuGraphInstantiateWithParams instead and destroys
+ *    the graph at once: the executable alone must hold the memory.
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -47,6 +49,7 @@ static int probe(CUstream s, int *inside) {
 
 int main(int argc, char **argv) {
   bool pool = argc > 1 && strcmp(argv[1], "pool") == 0;
+  bool params = argc > 2 && strcmp(argv[2], "params") == 0;
   CUcontext ctx;
   CUdevice dev;
   MP_TRY(cuInit(0));
@@ -78,7 +81,18 @@ int main(int argc, char **argv) {
   CUgraph g;
   MP_TRY(cuStreamEndCapture(s, &g));
   CUgraphExec x;
-  MP_TRY(cuGraphInstantiate(&x, g, 0));
+  if (params) {
+    CUDA_GRAPH_INSTANTIATE_PARAMS ip = {.flags = 0};
+    MP_TRY(cuGraphInstantiateWithParams(&x, g, &ip));
+    if (ip.result_out != CUDA_GRAPH_INSTANTIATE_SUCCESS) {
+      printf("instantiation said %d\n", (int)ip.result_out);
+      return 1;
+    }
+    MP_TRY(cuGraphDestroy(g)); /* the executable stands alone (cuda.h) */
+    g = NULL;
+  } else {
+    MP_TRY(cuGraphInstantiate(&x, g, 0));
+  }
   /* A free of the output outside the graph is the program's: before the
    * first replay the fake's graph may not own it (allocation nodes). */
   for (int k = 0; k < 3; k++) {
@@ -94,6 +108,12 @@ int main(int argc, char **argv) {
   }
   int inside = 0;
   if (pool) {
+    /* With the graph gone, only the executable holds what the capture got:
+     * with the output freed too, nothing else would. */
+    if (params) {
+      MP_TRY(cuMemFreeAsync(out, s));
+      MP_TRY(cuStreamSynchronize(s));
+    }
     if (probe(other, &inside) != 0)
       return 1;
     if (inside != 0) {
@@ -103,10 +123,13 @@ int main(int argc, char **argv) {
     }
   }
   MP_TRY(cuGraphExecDestroy(x));
-  MP_TRY(cuGraphDestroy(g));
+  if (g != NULL)
+    MP_TRY(cuGraphDestroy(g));
   if (pool) {
-    MP_TRY(cuMemFreeAsync(out, s)); /* the graph's output, still live */
-    MP_TRY(cuStreamSynchronize(s));
+    if (!params) {
+      MP_TRY(cuMemFreeAsync(out, s)); /* the graph's output, still live */
+      MP_TRY(cuStreamSynchronize(s));
+    }
     if (probe(other, &inside) != 0)
       return 1;
     if (inside == 0) {

@@ -17,12 +17,14 @@ Test(preload_graph, without_the_shim_the_capture_replays) {
   cr_assert_str_eq(r.out, "ok\n");
 }
 
-Test(preload_graph, under_the_shim_capture_allocations_come_from_a_graph_pool) {
+/* how: NULL (cuGraphInstantiate) or "params" (cuGraphInstantiateWithParams):
+ * either way the executable holds the graph pool until it is destroyed. */
+static void capture_under_the_shim(const char *how) {
   char dir[64], report[128], env_report[160];
   scratch_dir(dir, sizeof dir);
   snprintf(report, sizeof report, "%s/report.json", dir);
   snprintf(env_report, sizeof env_report, "MEMPOOL_REPORT=%s", report);
-  const char *argv[] = {MP_GRAPH_PROG, "pool", NULL};
+  const char *argv[] = {MP_GRAPH_PROG, "pool", how, NULL};
   const char *env[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=cuda", env_report,
                        NULL};
   spawn(argv, env, &r);
@@ -39,4 +41,12 @@ Test(preload_graph, under_the_shim_capture_allocations_come_from_a_graph_pool) {
       0, "report: %s", (slurp(report, r.out, sizeof r.out), r.out));
   unlink(report);
   rmdir(dir);
+}
+
+Test(preload_graph, under_the_shim_capture_allocations_come_from_a_graph_pool) {
+  capture_under_the_shim(NULL);
+}
+
+Test(preload_graph, instantiated_with_params_the_graph_pool_is_held_and_freed) {
+  capture_under_the_shim("params");
 }
