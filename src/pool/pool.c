@@ -424,8 +424,8 @@ mp_status_t mp_pool_set_max_fraction(mp_pool_t *pool, double fraction) {
                     "mp_pool_set_max_fraction: a %s pool draws "
                     "from its parent's cap",
                     pool->graph ? "graph" : "child");
-  size_t cap;
-  bool is_max;
+  size_t cap = 0;
+  bool is_max = false;
   mp_status_t st = mp__pool_cap_for(pool, 0, fraction, &cap, &is_max);
   if (st != MP_OK)
     return st;
