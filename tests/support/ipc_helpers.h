@@ -1,0 +1,182 @@
+/* ipc_helpers.h - the IPC scenario shared by the host, fake-driver and GPU
+ * tests: a forked child (the importer) opens its own device, receives a
+ * handle over a Unix socket, checks what the parent (the exporter) wrote,
+ * writes its own pattern and closes the import; the parent reads what the
+ * child wrote. Device memory is read and written through device copies
+ * only, so the same code holds on a GPU.
+ *
+ * The child speaks in bytes on the socket: 'I' imported, 'D' done (import
+ * closed); it waits for 'G' before closing when asked to. Its exit status
+ * says which step failed (0: none). Fork before the parent opens any
+ * device: the child must not inherit a driver's state. */
+#ifndef MEMPOOL_TEST_IPC_HELPERS_H
+#define MEMPOOL_TEST_IPC_HELPERS_H
+
+#include <criterion/criterion.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <mempool/mempool.h>
+
+enum { IPC_PARENT_TAG = 0x5a, IPC_CHILD_TAG = 0xa5 };
+
+typedef enum ipc_child_mode {
+  IPC_CHILD_CLOSE,      /* import, write, close, report */
+  IPC_CHILD_WAIT_CLOSE, /* as CLOSE, but wait for 'G' before closing */
+  IPC_CHILD_WAIT_EXIT   /* wait for 'G', then exit without closing */
+} ipc_child_mode_t;
+
+static inline unsigned char ipc_byte(size_t i, unsigned tag) {
+  return (unsigned char)(i * 7 + (i >> 12) + tag);
+}
+
+/* Host buffer <-> device memory, through the device's NULL stream. */
+static inline bool ipc_copy(mp_device_t *d, void *dst, const void *src,
+                            size_t n) {
+  return mp_memcpy_async(d, dst, src, n, NULL) == MP_OK &&
+         mp_stream_synchronize(d, NULL) == MP_OK;
+}
+
+static inline void ipc_pattern(unsigned char *buf, size_t n, unsigned tag) {
+  for (size_t i = 0; i < n; i++)
+    buf[i] = ipc_byte(i, tag);
+}
+
+static inline size_t ipc_mismatch(const unsigned char *buf, size_t n,
+                                  unsigned tag) {
+  for (size_t i = 0; i < n; i++)
+    if (buf[i] != ipc_byte(i, tag))
+      return i;
+  return n;
+}
+
+static inline bool ipc_put(int sock, char c) {
+  return send(sock, &c, 1, MSG_NOSIGNAL) == 1;
+}
+
+static inline bool ipc_get(int sock, char want) {
+  char c = 0;
+  return recv(sock, &c, 1, MSG_WAITALL) == 1 && c == want;
+}
+
+/* The importer's life; returns its exit status. */
+static inline int ipc_child(int sock, const char *spec, ipc_child_mode_t mode) {
+  mp_device_t *d = NULL;
+  if (mp_device_open(spec, &d) != MP_OK)
+    return 10;
+  mp_ipc_handle_t h;
+  void *p = NULL;
+  if (mp_ipc_recv(sock, &h) != MP_OK)
+    return 11;
+  if (mp_ipc_import(d, &h, &p) != MP_OK)
+    return 12;
+  if (!ipc_put(sock, 'I'))
+    return 13;
+  unsigned char *buf = malloc(h.bytes);
+  if (buf == NULL || !ipc_copy(d, buf, p, h.bytes))
+    return 14;
+  if (ipc_mismatch(buf, h.bytes, IPC_PARENT_TAG) != h.bytes)
+    return 15;
+  ipc_pattern(buf, h.bytes, IPC_CHILD_TAG);
+  if (!ipc_copy(d, p, buf, h.bytes))
+    return 16;
+  free(buf);
+  if (mode != IPC_CHILD_CLOSE && !ipc_get(sock, 'G'))
+    return 17;
+  if (mode == IPC_CHILD_WAIT_EXIT)
+    return 0; /* the lease goes with the process */
+  if (mp_ipc_close(d, p) != MP_OK)
+    return 18;
+  if (!ipc_put(sock, 'D'))
+    return 19;
+  mp_device_close(d);
+  return 0;
+}
+
+/* Forks the importer; *sock is the parent's end. */
+static inline pid_t ipc_fork_child(const char *spec, ipc_child_mode_t mode,
+                                   int *sock) {
+  int sv[2];
+  cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0, "fork failed");
+  if (pid == 0) {
+    close(sv[0]);
+    _exit(ipc_child(sv[1], spec, mode));
+  }
+  close(sv[1]);
+  *sock = sv[0];
+  return pid;
+}
+
+static inline void ipc_wait_child(pid_t pid) {
+  int status = 0;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  cr_assert(WIFEXITED(status), "the importer died (status %d)", status);
+  cr_assert_eq(WEXITSTATUS(status), 0,
+               "the importer failed at step %d (see ipc_child)",
+               WEXITSTATUS(status));
+}
+
+/* Writes the parent's pattern into [p, p + n) through dev. */
+static inline void ipc_fill(mp_device_t *dev, void *p, size_t n, unsigned tag) {
+  unsigned char *buf = malloc(n);
+  cr_assert_not_null(buf);
+  ipc_pattern(buf, n, tag);
+  cr_assert(ipc_copy(dev, p, buf, n), "%s", mp_last_error());
+  free(buf);
+}
+
+/* Asserts that [p, p + n) holds tag's pattern. */
+static inline void ipc_expect(mp_device_t *dev, const void *p, size_t n,
+                              unsigned tag) {
+  unsigned char *buf = malloc(n);
+  cr_assert_not_null(buf);
+  cr_assert(ipc_copy(dev, buf, p, n), "%s", mp_last_error());
+  size_t at = ipc_mismatch(buf, n, tag);
+  free(buf);
+  cr_assert_eq(at, n, "byte %zu of %zu is not what was written", at, n);
+}
+
+/* The whole round trip on spec, with a pool made from pool_opts: a block
+ * at a nonzero offset of its device allocation goes to the child, which
+ * writes it; the parent reads what the child wrote. */
+static inline void ipc_round_trip(const char *spec, const char *pool_opts) {
+  int sock;
+  pid_t pid = ipc_fork_child(spec, IPC_CHILD_CLOSE, &sock);
+  mp_device_t *dev = NULL;
+  cr_assert_eq(mp_device_open(spec, &dev), MP_OK, "%s", mp_last_error());
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  if (pool_opts != NULL)
+    cr_assert_eq(mp_pool_config_parse(&cfg, pool_opts), MP_OK);
+  mp_pool_t *pool = NULL;
+  cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
+  void *before, *p;
+  const size_t n = ((size_t)1 << 19) + 4096 + 512; /* shares a segment */
+  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &before), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, n, NULL, &p), MP_OK, "%s", mp_last_error());
+  ipc_fill(dev, p, n, IPC_PARENT_TAG);
+  mp_ipc_handle_t h;
+  cr_assert_eq(mp_pool_ipc_export(pool, p, &h), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(h.bytes, n);
+  cr_expect_gt(h.offset, 0, "the block should not start its allocation");
+  cr_assert_eq(mp_ipc_send(sock, &h), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_ipc_handle_close(&h), MP_OK);
+  bool done = ipc_get(sock, 'I') && ipc_get(sock, 'D');
+  ipc_wait_child(pid); /* its status says where it stopped */
+  cr_assert(done, "the importer did not finish");
+  ipc_expect(dev, p, n, IPC_CHILD_TAG);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, before), MP_OK);
+  cr_assert_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(dev);
+  close(sock);
+}
+
+#endif /* MEMPOOL_TEST_IPC_HELPERS_H */
