@@ -25,65 +25,12 @@ Test(pool_ipc, forked_child_writes_a_plain_segment_block_the_parent_reads_it) {
   ipc_round_trip(SPEC, "virtual=0");
 }
 
-/* The parent exports b, frees it while the child still imports it, and
- * checks that the pool does not hand it out again until the child lets go
- * (by mp_ipc_close, or by exiting without it). */
-static void held_until_released(ipc_child_mode_t mode) {
-  int sock;
-  pid_t pid = ipc_fork_child(SPEC, mode, &sock);
-  mp_device_t *dev = open_dev(SPEC);
-  mp_pool_t *pool = make_pool(dev, NULL);
-  void *b, *spacer, *other;
-  cr_assert_eq(mp_pool_alloc(pool, MiB, NULL, &b), MP_OK);
-  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &spacer), MP_OK);
-  ipc_fill(dev, b, MiB, IPC_PARENT_TAG);
-  mp_ipc_handle_t h;
-  cr_assert_eq(mp_pool_ipc_export(pool, b, &h), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(mp_ipc_send(sock, &h), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(mp_ipc_handle_close(&h), MP_OK);
-  cr_assert(ipc_get(sock, 'I'), "the importer did not import");
-
-  mp_stats_t live = stats(pool);
-  cr_assert_eq(mp_pool_free(pool, b), MP_OK, "%s", mp_last_error());
-  size_t held = 0;
-  cr_assert_eq(mp_pool_ipc_poll(pool, &held), MP_OK);
-  cr_expect_eq(held, 1);
-  cr_expect_eq(stats(pool).allocated_bytes, live.allocated_bytes,
-               "a held block still counts as allocated");
-  cr_expect_eq(mp_pool_free(pool, b), MP_EINVAL, "a held block is freed");
-  cr_expect_eq(mp_pool_ipc_export(pool, b, &h), MP_EINVAL);
-  cr_assert_eq(mp_pool_alloc(pool, MiB, NULL, &other), MP_OK);
-  cr_expect_neq(other, b, "a block imported elsewhere was handed out again");
-  cr_expect_eq(mp_pool_pause(pool, 0), MP_EBUSY,
-               "pause while a block is imported elsewhere");
-  check(pool);
-  cr_assert_eq(mp_pool_free(pool, other), MP_OK);
-
-  cr_assert(ipc_put(sock, 'G'));
-  if (mode == IPC_CHILD_WAIT_CLOSE)
-    cr_assert(ipc_get(sock, 'D'), "the importer did not finish");
-  ipc_wait_child(pid);
-  ipc_expect(dev, b, MiB, IPC_CHILD_TAG);
-  cr_assert_eq(mp_pool_ipc_poll(pool, &held), MP_OK);
-  cr_expect_eq(held, 0);
-  cr_expect_eq(stats(pool).allocated_bytes, live.allocated_bytes - MiB);
-  /* Free again: the same size comes back at the same (lowest, exact) place. */
-  cr_assert_eq(mp_pool_alloc(pool, MiB, NULL, &other), MP_OK);
-  cr_expect_eq(other, b);
-  check(pool);
-  cr_assert_eq(mp_pool_pause(pool, 0), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(mp_pool_resume(pool), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
-  mp_device_close(dev);
-  close(sock);
-}
-
 Test(pool_ipc, imported_block_is_not_reused_until_the_importer_closes_it) {
-  held_until_released(IPC_CHILD_WAIT_CLOSE);
+  ipc_held_until_released(SPEC, IPC_CHILD_WAIT_CLOSE);
 }
 
 Test(pool_ipc, imported_block_is_released_when_the_importer_exits) {
-  held_until_released(IPC_CHILD_WAIT_EXIT);
+  ipc_held_until_released(SPEC, IPC_CHILD_WAIT_EXIT);
 }
 
 MP_DEVICE_SUITE(pool_ipc_args, SPEC);

@@ -179,4 +179,68 @@ static inline void ipc_round_trip(const char *spec, const char *pool_opts) {
   close(sock);
 }
 
+#define IPC_MiB ((size_t)1 << 20)
+
+static inline mp_stats_t ipc_stats(mp_pool_t *p) {
+  mp_stats_t s;
+  cr_assert_eq(mp_pool_get_stats(p, &s), MP_OK);
+  return s;
+}
+
+/* The parent exports b, frees it while the child still imports it, and
+ * checks that the pool does not hand it out again until the child lets go
+ * (by mp_ipc_close, or by exiting without it). */
+static inline void ipc_held_until_released(const char *spec,
+                                           ipc_child_mode_t mode) {
+  int sock;
+  pid_t pid = ipc_fork_child(spec, mode, &sock);
+  mp_device_t *dev = NULL;
+  cr_assert_eq(mp_device_open(spec, &dev), MP_OK, "%s", mp_last_error());
+  mp_pool_t *pool = NULL;
+  cr_assert_eq(mp_pool_create(dev, NULL, &pool), MP_OK, "%s", mp_last_error());
+  void *b, *spacer, *other;
+  cr_assert_eq(mp_pool_alloc(pool, IPC_MiB, NULL, &b), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &spacer), MP_OK);
+  ipc_fill(dev, b, IPC_MiB, IPC_PARENT_TAG);
+  mp_ipc_handle_t h;
+  cr_assert_eq(mp_pool_ipc_export(pool, b, &h), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_ipc_send(sock, &h), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_ipc_handle_close(&h), MP_OK);
+  cr_assert(ipc_get(sock, 'I'), "the importer did not import");
+
+  mp_stats_t live = ipc_stats(pool);
+  cr_assert_eq(mp_pool_free(pool, b), MP_OK, "%s", mp_last_error());
+  size_t held = 0;
+  cr_assert_eq(mp_pool_ipc_poll(pool, &held), MP_OK);
+  cr_expect_eq(held, 1);
+  cr_expect_eq(ipc_stats(pool).allocated_bytes, live.allocated_bytes,
+               "a held block still counts as allocated");
+  cr_expect_eq(mp_pool_free(pool, b), MP_EINVAL, "a held block is freed");
+  cr_expect_eq(mp_pool_ipc_export(pool, b, &h), MP_EINVAL);
+  cr_assert_eq(mp_pool_alloc(pool, IPC_MiB, NULL, &other), MP_OK);
+  cr_expect_neq(other, b, "a block imported elsewhere was handed out again");
+  cr_expect_eq(mp_pool_pause(pool, 0), MP_EBUSY,
+               "pause while a block is imported elsewhere");
+  cr_assert_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, other), MP_OK);
+
+  cr_assert(ipc_put(sock, 'G'));
+  if (mode == IPC_CHILD_WAIT_CLOSE)
+    cr_assert(ipc_get(sock, 'D'), "the importer did not finish");
+  ipc_wait_child(pid);
+  ipc_expect(dev, b, IPC_MiB, IPC_CHILD_TAG);
+  cr_assert_eq(mp_pool_ipc_poll(pool, &held), MP_OK);
+  cr_expect_eq(held, 0);
+  cr_expect_eq(ipc_stats(pool).allocated_bytes, live.allocated_bytes - IPC_MiB);
+  /* Free again: the same size comes back at the same (lowest, exact) place. */
+  cr_assert_eq(mp_pool_alloc(pool, IPC_MiB, NULL, &other), MP_OK);
+  cr_expect_eq(other, b);
+  cr_assert_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_pause(pool, 0), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_resume(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(dev);
+  close(sock);
+}
+
 #endif /* MEMPOOL_TEST_IPC_HELPERS_H */
