@@ -59,6 +59,7 @@ static void check_lookups(void *h) {
       {"cuMemFree", "cuMemFree_v2", 3020, 0},
       {"cuMemGetInfo", "cuMemGetInfo_v2", 3020, 0},
       {"cuMemGetAddressRange", "cuMemGetAddressRange_v2", 3020, 0},
+      {"cuPointerGetAttribute", "cuPointerGetAttribute", 4000, 0},
       {"cuMemAllocAsync", "cuMemAllocAsync", 11020, 0},
       {"cuMemAllocAsync", "cuMemAllocAsync_ptsz", 11020, 2},
       {"cuMemFreeAsync", "cuMemFreeAsync", 11020, 0},
@@ -125,6 +126,14 @@ static void check_serving(int preloaded, int cuda) {
   expect(cuMemGetAddressRange_v2(&base, &size, d[0] + 4096) == CUDA_SUCCESS &&
              base == d[0] && size == 1 << 20,
          "address range of an interior pointer is its block");
+  CUdeviceptr start = 0;
+  size_t range = 0;
+  expect(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                               d[0] + 4096) == CUDA_SUCCESS &&
+             cuPointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                   d[0] + 4096) == CUDA_SUCCESS &&
+             start == base && range == size,
+         "cuPointerGetAttribute's range agrees with cuMemGetAddressRange");
   size_t free_b = 0, total_b = 0;
   expect(cuMemGetInfo_v2(&free_b, &total_b) == CUDA_SUCCESS && total_b > 0 &&
              free_b <= total_b,
