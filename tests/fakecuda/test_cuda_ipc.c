@@ -15,23 +15,20 @@
 #include "../support/ipc_helpers.h"
 #include "fakecuda_test.h"
 
-static long long calls(const char *name) {
-  long long (*count)(const char *);
-  void *sym = fk_test_sym_opt("cuFakeGetCallCount");
-  if (sym == NULL)
-    return -1; /* a real driver: not asked */
-  memcpy(&count, &sym, sizeof sym);
-  return count(name);
+/* A pool on "cuda" with one small block, exported into *h. */
+static mp_status_t export_small(mp_device_t *d, mp_pool_t **pool, void **p,
+                                mp_ipc_handle_t *h) {
+  cr_assert_eq(mp_pool_create(d, NULL, pool), MP_OK);
+  cr_assert_eq(mp_pool_alloc(*pool, 4096, NULL, p), MP_OK);
+  return mp_pool_ipc_export(*pool, *p, h);
 }
 
 static void skip_without_vmm_fd(void) {
   mp_device_t *d = open_dev("cuda");
-  mp_pool_t *pool = NULL;
-  cr_assert_eq(mp_pool_create(d, NULL, &pool), MP_OK);
+  mp_pool_t *pool;
   void *p;
   mp_ipc_handle_t h;
-  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p), MP_OK);
-  mp_status_t st = mp_pool_ipc_export(pool, p, &h);
+  mp_status_t st = export_small(d, &pool, &p, &h);
   if (st == MP_OK)
     mp_ipc_handle_close(&h);
   mp_pool_destroy(pool);
@@ -44,8 +41,8 @@ static void skip_without_vmm_fd(void) {
 Test(cuda_ipc, forked_child_writes_a_virtual_block_the_parent_reads_it) {
   if (!fk_is_real()) {
     ipc_round_trip("cuda", NULL);
-    cr_expect_eq(calls("cuMemExportToShareableHandle"), 1);
-    cr_expect_eq(calls("cuIpcGetMemHandle"), 0);
+    cr_expect_eq(fk_calls("cuMemExportToShareableHandle"), 1);
+    cr_expect_eq(fk_calls("cuIpcGetMemHandle"), 0);
     return;
   }
   ipc_round_trip("cuda", NULL);
@@ -54,8 +51,8 @@ Test(cuda_ipc, forked_child_writes_a_virtual_block_the_parent_reads_it) {
 Test(cuda_ipc, forked_child_writes_a_plain_segment_block_the_parent_reads_it) {
   ipc_round_trip("cuda", "virtual=0");
   if (!fk_is_real()) {
-    cr_expect_eq(calls("cuIpcGetMemHandle"), 1);
-    cr_expect_eq(calls("cuMemExportToShareableHandle"), 0);
+    cr_expect_eq(fk_calls("cuIpcGetMemHandle"), 1);
+    cr_expect_eq(fk_calls("cuMemExportToShareableHandle"), 0);
   }
 }
 
@@ -76,13 +73,11 @@ Test(cuda_ipc, virtual_block_without_shareable_memory_is_enotsup,
   if (fk_is_real())
     cr_skip_test("the knob is the fake's");
   mp_device_t *d = open_dev("cuda");
-  mp_pool_t *pool = NULL;
-  cr_assert_eq(mp_pool_create(d, NULL, &pool), MP_OK);
+  mp_pool_t *pool;
   void *p;
   mp_ipc_handle_t h;
-  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p), MP_OK);
-  cr_expect_eq(mp_pool_ipc_export(pool, p, &h), MP_ENOTSUP);
-  cr_expect_eq(calls("cuMemExportToShareableHandle"), 0);
+  cr_expect_eq(export_small(d, &pool, &p, &h), MP_ENOTSUP);
+  cr_expect_eq(fk_calls("cuMemExportToShareableHandle"), 0);
   cr_assert_eq(mp_pool_free(pool, p), MP_OK);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
   mp_device_close(d);
@@ -91,12 +86,10 @@ Test(cuda_ipc, virtual_block_without_shareable_memory_is_enotsup,
 Test(cuda_ipc, a_handle_from_another_device_kind_is_einval) {
   skip_without_vmm_fd();
   mp_device_t *d = open_dev("cuda"), *host = open_dev("host");
-  mp_pool_t *pool = NULL;
-  cr_assert_eq(mp_pool_create(d, NULL, &pool), MP_OK);
+  mp_pool_t *pool;
   void *p, *q;
   mp_ipc_handle_t h;
-  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p), MP_OK);
-  cr_assert_eq(mp_pool_ipc_export(pool, p, &h), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(export_small(d, &pool, &p, &h), MP_OK, "%s", mp_last_error());
   cr_expect_eq(mp_ipc_import(host, &h, &q), MP_EINVAL);
   cr_expect_geq(h.fd, 0, "a refused import closed the descriptor");
   cr_assert_eq(mp_ipc_handle_close(&h), MP_OK);
