@@ -92,6 +92,36 @@ void mp__export_release_all(mp_pool_t *pool) {
   pool->nheld = 0;
 }
 
+mp_status_t mp__export_check(const mp_pool_t *pool) {
+  size_t held = 0;
+  for (size_t i = 0; i < pool->nexports; i++) {
+    const mp__block_t *b = pool->exports[i].b;
+    if (mp__map_find(pool, b->addr) != b || !(b->flags & MP__B_EXPORTED))
+      return mp__fail(MP_ECORRUPT,
+                      "pool check: export %zu names %p, not a live exported "
+                      "block",
+                      i, (void *)b->addr);
+  }
+  for (size_t i = 0; i < pool->map_cap; i++) {
+    const mp__block_t *b = pool->map[i].blk;
+    if (pool->map[i].addr == 0 || b == NULL)
+      continue;
+    if ((b->flags & MP__B_EXPORTED) && !mp__export_has(pool, b))
+      return mp__fail(MP_ECORRUPT,
+                      "pool check: block %p is marked exported without a "
+                      "lease",
+                      (void *)b->addr);
+    if ((b->flags & MP__B_HELD) && !(b->flags & MP__B_EXPORTED))
+      return mp__fail(MP_ECORRUPT, "pool check: block %p is held, not exported",
+                      (void *)b->addr);
+    held += (b->flags & MP__B_HELD) != 0;
+  }
+  if (held != pool->nheld)
+    return mp__fail(MP_ECORRUPT, "pool check: %zu blocks held, %zu counted",
+                    held, pool->nheld);
+  return MP_OK;
+}
+
 /* The device allocation holding b: one mapped chunk of the virtual range,
  * or a plain segment. */
 static mp_status_t mp__export_memory(const mp_pool_t *pool,

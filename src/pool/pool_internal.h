@@ -296,6 +296,9 @@ bool mp__export_hold(mp_pool_t *pool, mp__block_t *b);
 void mp__export_reap(mp_pool_t *pool);
 /* Destroy: closes every lease. */
 void mp__export_release_all(mp_pool_t *pool);
+/* mp_pool_check: every record names a live exported block, every exported
+ * block has a record, nheld counts the held ones. */
+mp_status_t mp__export_check(const mp_pool_t *pool);
 
 /* ---- handle.c: movable-block handles ------------------------------------ */
 /* Under the lock: b's handle (every copy) is stale from now on. */
