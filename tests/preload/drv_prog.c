@@ -13,11 +13,14 @@
  *                         device's context are served by that device's own
  *                         pool (FAKECUDA_DEVICE_COUNT=2 expected). The host
  *                         device serves every context.
+ *                         With DRV_PROG_TOTAL=N, cuMemGetInfo_v2 must say
+ *                         N bytes total (a cap in MEMPOOL_CONF).
  * Prints "ok" and exits 0, or names each failed check and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "prog_check.h"
@@ -138,6 +141,10 @@ static void check_serving(int preloaded, int cuda) {
   expect(cuMemGetInfo_v2(&free_b, &total_b) == CUDA_SUCCESS && total_b > 0 &&
              free_b <= total_b,
          "cuMemGetInfo_v2");
+  /* DRV_PROG_TOTAL: what the total must be (the pool's cap). */
+  const char *want = getenv("DRV_PROG_TOTAL");
+  expect(want == NULL || strtoull(want, NULL, 10) == total_b,
+         "cuMemGetInfo_v2's total is the cap");
   expect(cuMemFreeAsync(d[1], NULL) == CUDA_SUCCESS, "async free");
   expect(cuMemFreeAsync_ptsz(d[2], NULL) == CUDA_SUCCESS, "ptsz free");
   expect(cuMemFree_v2(d[0]) == CUDA_SUCCESS, "free");
