@@ -7,13 +7,17 @@
  *
  * The child speaks in bytes on the socket: 'I' imported, 'D' done (import
  * closed); it waits for 'G' before closing when asked to. Its exit status
- * says which step failed (0: none). Fork before the parent opens any
- * device: the child must not inherit a driver's state. */
+ * says which step failed (0: none). It is a fresh process (ipc_importer,
+ * started by fork and exec, MP_IPC_IMPORTER its path), as an importer is:
+ * nothing of the parent's driver or threads (TSan refuses threads started
+ * in a forked copy of a threaded process). */
 #ifndef MEMPOOL_TEST_IPC_HELPERS_H
 #define MEMPOOL_TEST_IPC_HELPERS_H
 
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -22,96 +26,7 @@
 
 #include <mempool/mempool.h>
 
-enum { IPC_PARENT_TAG = 0x5a, IPC_CHILD_TAG = 0xa5 };
-
-typedef enum ipc_child_mode {
-  IPC_CHILD_CLOSE,      /* import, write, close, report */
-  IPC_CHILD_WAIT_CLOSE, /* as CLOSE, but wait for 'G' before closing */
-  IPC_CHILD_WAIT_EXIT   /* wait for 'G', then exit without closing */
-} ipc_child_mode_t;
-
-static inline unsigned char ipc_byte(size_t i, unsigned tag) {
-  return (unsigned char)(i * 7 + (i >> 12) + tag);
-}
-
-/* Host buffer <-> device memory, through the device's NULL stream. */
-static inline bool ipc_copy(mp_device_t *d, void *dst, const void *src,
-                            size_t n) {
-  return mp_memcpy_async(d, dst, src, n, NULL) == MP_OK &&
-         mp_stream_synchronize(d, NULL) == MP_OK;
-}
-
-static inline void ipc_pattern(unsigned char *buf, size_t n, unsigned tag) {
-  for (size_t i = 0; i < n; i++)
-    buf[i] = ipc_byte(i, tag);
-}
-
-static inline size_t ipc_mismatch(const unsigned char *buf, size_t n,
-                                  unsigned tag) {
-  for (size_t i = 0; i < n; i++)
-    if (buf[i] != ipc_byte(i, tag))
-      return i;
-  return n;
-}
-
-static inline bool ipc_put(int sock, char c) {
-  return send(sock, &c, 1, MSG_NOSIGNAL) == 1;
-}
-
-static inline bool ipc_get(int sock, char want) {
-  char c = 0;
-  return recv(sock, &c, 1, MSG_WAITALL) == 1 && c == want;
-}
-
-/* The importer's life; returns its exit status. */
-static inline int ipc_child(int sock, const char *spec, ipc_child_mode_t mode) {
-  mp_device_t *d = NULL;
-  if (mp_device_open(spec, &d) != MP_OK)
-    return 10;
-  mp_ipc_handle_t h;
-  void *p = NULL;
-  if (mp_ipc_recv(sock, &h) != MP_OK)
-    return 11;
-  if (mp_ipc_import(d, &h, &p) != MP_OK)
-    return 12;
-  if (!ipc_put(sock, 'I'))
-    return 13;
-  unsigned char *buf = malloc(h.bytes);
-  if (buf == NULL || !ipc_copy(d, buf, p, h.bytes))
-    return 14;
-  if (ipc_mismatch(buf, h.bytes, IPC_PARENT_TAG) != h.bytes)
-    return 15;
-  ipc_pattern(buf, h.bytes, IPC_CHILD_TAG);
-  if (!ipc_copy(d, p, buf, h.bytes))
-    return 16;
-  free(buf);
-  if (mode != IPC_CHILD_CLOSE && !ipc_get(sock, 'G'))
-    return 17;
-  if (mode == IPC_CHILD_WAIT_EXIT)
-    return 0; /* the lease goes with the process */
-  if (mp_ipc_close(d, p) != MP_OK)
-    return 18;
-  if (!ipc_put(sock, 'D'))
-    return 19;
-  mp_device_close(d);
-  return 0;
-}
-
-/* Forks the importer; *sock is the parent's end. */
-static inline pid_t ipc_fork_child(const char *spec, ipc_child_mode_t mode,
-                                   int *sock) {
-  int sv[2];
-  cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  pid_t pid = fork();
-  cr_assert_geq(pid, 0, "fork failed");
-  if (pid == 0) {
-    close(sv[0]);
-    _exit(ipc_child(sv[1], spec, mode));
-  }
-  close(sv[1]);
-  *sock = sv[0];
-  return pid;
-}
+#include "ipc_child.h"
 
 static inline void ipc_wait_child(pid_t pid) {
   int status = 0;
@@ -140,6 +55,29 @@ static inline void ipc_expect(mp_device_t *dev, const void *p, size_t n,
   size_t at = ipc_mismatch(buf, n, tag);
   free(buf);
   cr_assert_eq(at, n, "byte %zu of %zu is not what was written", at, n);
+}
+
+#ifdef MP_IPC_IMPORTER /* tests that start the importer (CMake:                \
+                          mempool_ipc_test) */
+
+/* Forks the importer; *sock is the parent's end. */
+static inline pid_t ipc_fork_child(const char *spec, ipc_child_mode_t mode,
+                                   int *sock) {
+  int sv[2];
+  cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  char fd[16], how[16];
+  snprintf(fd, sizeof fd, "%d", sv[1]);
+  snprintf(how, sizeof how, "%d", (int)mode);
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0, "fork failed");
+  if (pid == 0) {
+    (void)fcntl(sv[1], F_SETFD, 0); /* the importer's end survives exec */
+    execl(MP_IPC_IMPORTER, "ipc_importer", fd, spec, how, (char *)NULL);
+    _exit(127);
+  }
+  close(sv[1]);
+  *sock = sv[0];
+  return pid;
 }
 
 /* The whole round trip on spec, with a pool made from pool_opts: a block
@@ -242,5 +180,7 @@ static inline void ipc_held_until_released(const char *spec,
   mp_device_close(dev);
   close(sock);
 }
+
+#endif /* MP_IPC_IMPORTER */
 
 #endif /* MEMPOOL_TEST_IPC_HELPERS_H */
