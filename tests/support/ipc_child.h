@@ -79,7 +79,8 @@ static inline int ipc_child(int sock, const char *spec, ipc_child_mode_t mode) {
   if (mode != IPC_CHILD_CLOSE && !ipc_get(sock, 'G'))
     return 17;
   if (mode == IPC_CHILD_WAIT_EXIT)
-    return 0; /* the lease goes with the process */
+    _exit(0); /* as a crash would: no cleanup, the lease goes with the
+                 process */
   if (mp_ipc_close(d, p) != MP_OK)
     return 18;
   if (!ipc_put(sock, 'D'))
