@@ -1500,21 +1500,14 @@ FK_IN_CTX_TWINS(cuStreamSynchronize, cuStreamSynchronize_ptsz, (CUstream s),
                 fk_stream_sync(dev, s, ptsz))
 
 /* The host backend has no stream query: ask an event recorded at its end. */
+/* CUDA_SUCCESS when all work queued on s so far has completed (cuda.h,
+ * cuStreamQuery). Asked of the host stream itself: recording a marker and
+ * querying it at once asked whether the worker had already reached the new
+ * marker, which it rarely had, so an idle stream read as busy. */
 static CUresult fk_stream_query(mp_device_t *dev, CUstream s, bool ptsz) {
-  mp_event_t e = NULL;
-  mp_status_t st = mp_event_create(dev, &e);
-  if (st != MP_OK)
-    return fk_result_of(st);
   mp_stream_t hs = NULL;
   CUresult r = fk_lookup_stream(dev, s, ptsz, &hs);
-  if (r == CUDA_SUCCESS) {
-    st = mp_event_record(dev, e, hs);
-    if (st == MP_OK)
-      st = mp_event_query(dev, e);
-    r = fk_result_of(st);
-  }
-  (void)mp_event_destroy(dev, e);
-  return r;
+  return r == CUDA_SUCCESS ? fk_result_of(mp_stream_query(dev, hs)) : r;
 }
 
 FK_IN_CTX_TWINS(cuStreamQuery, cuStreamQuery_ptsz, (CUstream s),

@@ -1,9 +1,10 @@
-/* test_cuda_pause.c - pause/resume through the
+/* test_cuda_pause.c - pause/resume and the release threshold through the
  * cuda backend on the strict fake (cuMemUnmap/cuMemMap of each chunk):
  * pause gives the device's memory to a second pool, resume maps the same
  * addresses again with the content kept byte for byte (or not); a resume
  * that finds no room, or whose device fails halfway (fail_after), stays
- * paused and consistent with nothing leaked. Content is read and written
+ * paused and consistent with nothing leaked; release_threshold unmaps idle
+ * memory without a trim call. Content is read and written
  * through device copies, so the GPU twin (gpu_cuda_pause) runs the same checks
  * on a real driver, less what only the fake can do (counts, fault injection).
  */
@@ -14,6 +15,7 @@
 
 #include "../support/device_helpers.h"
 #include "../support/ipc_helpers.h"
+#include "../support/pool_helpers.h"
 #include "fakecuda_test.h"
 
 #define MiB ((size_t)1 << 20)
@@ -136,5 +138,33 @@ Test(cuda_pause, a_driver_failing_halfway_through_resume_leaves_it_paused,
   cr_expect_eq(mp_pool_alloc(p, 4096, NULL, &a), MP_EBUSY, "not paused");
   cr_assert_eq(mp_pool_destroy(p), MP_OK);
   cr_expect_eq(free_bytes(d), 64 * MiB, "destroy left memory behind");
+  mp_device_close(d);
+}
+
+Test(cuda_pause, release_threshold_unmaps_idle_memory_without_trim) {
+  mp_device_t *d = open_dev("cuda");
+  mp_pool_t *p = pool_on(d, "release_threshold=4M");
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(d, &s), MP_OK);
+  void *v[3];
+  for (int i = 0; i < 3; i++)
+    cr_assert_eq(mp_pool_alloc(p, 8 * MiB, s, &v[i]), MP_OK);
+  size_t full = reserved(p);
+  long long unmaps = calls("cuMemUnmap");
+  for (int i = 0; i < 3; i++)
+    cr_assert_eq(mp_pool_free(p, v[i]), MP_OK);
+  cr_assert_eq(mp_device_synchronize(d), MP_OK);
+  /* Each try looks once, never waiting: frees go on (bounded) until one
+   * finds the stream done. */
+  for (int round = 0; round < 40 && reserved(p) > 12 * MiB; round++)
+    release_pairs(p, s);
+  /* At most the threshold and the chunk the small pairs use. */
+  cr_expect_leq(reserved(p), 4 * MiB + 8 * MiB, "%zu of %zu still reserved",
+                reserved(p), full);
+  if (!fk_is_real())
+    cr_expect_gt(calls("cuMemUnmap"), unmaps);
+  cr_assert_eq(mp_pool_check(p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+  cr_assert_eq(mp_stream_destroy(d, s), MP_OK);
   mp_device_close(d);
 }
