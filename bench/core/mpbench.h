@@ -20,15 +20,26 @@
 
 /* ---- workload.c: event arrays and the built-in workloads --------------- */
 
-enum { MPB_ALLOC = 0, MPB_FREE = 1, MPB_GRAPH = 2 };
-/* MPB_GRAPH events: slot says which (stream: the capturing stream). */
+/* MPB_GRAPH events: slot says which (stream: the capturing stream).
+ * MPB_PAUSE / MPB_RESUME: the event's tenant pauses (keeping its content)
+ * or resumes; only allocators with mp_pool_pause can replay them. */
+enum {
+  MPB_ALLOC = 0,
+  MPB_FREE = 1,
+  MPB_GRAPH = 2,
+  MPB_PAUSE = 3,
+  MPB_RESUME = 4
+};
 enum { MPB_CAPTURE_BEGIN = 0, MPB_CAPTURE_END = 1, MPB_GRAPH_RELEASE = 2 };
+enum { MPB_MAX_TENANTS = 2 };
 
 typedef struct mpb_event {
   size_t size;     /* bytes asked for (the allocation's size, on a free too) */
   uint32_t slot;   /* which live allocation */
   uint16_t stream; /* index into the workload's streams (0: default) */
-  uint8_t op;      /* MPB_ALLOC or MPB_FREE */
+  uint8_t op;      /* MPB_ALLOC, MPB_FREE, MPB_GRAPH, MPB_PAUSE, MPB_RESUME */
+  uint8_t tenant;  /* which of the replay's allocators (0: the first); a
+                      free goes to the allocator its slot came from */
 } mpb_event_t;
 
 typedef struct mpb_workload {
@@ -38,6 +49,9 @@ typedef struct mpb_workload {
   uint32_t nslots;   /* slots ever used: most allocations live at once */
   uint32_t nstreams; /* distinct streams; 1 when only the default is used */
   bool has_graph;    /* has MPB_GRAPH events */
+  uint8_t ntenants;  /* allocators the replay makes on one device (1, or 2
+                        for colocate); tenant: the one events go to now */
+  uint8_t tenant;
   /* Slot bookkeeping while events are appended. */
   uint32_t *free_slots;
   size_t nfree, free_cap;
@@ -61,6 +75,9 @@ mp_status_t mpb_workload_graph(mpb_workload_t *w, unsigned what,
                                uint16_t stream);
 /* Frees every slot still live, lowest first, so a workload ends empty. */
 mp_status_t mpb_workload_drain(mpb_workload_t *w);
+
+/* Appends a pause (MPB_PAUSE) or resume (MPB_RESUME) of tenant. */
+mp_status_t mpb_workload_turn(mpb_workload_t *w, uint8_t op, uint8_t tenant);
 
 /* spec: "NAME" or "NAME:key=val,...", NAME one of mpb_builtin_names. */
 mp_status_t mpb_workload_generate(const char *spec, mpb_workload_t *out);
@@ -165,6 +182,18 @@ mp_status_t mpb_pow2_free(mpb_pow2_t *p, void *ptr);
 void mpb_pow2_sample(mpb_pow2_t *p, size_t *reserved, uint64_t *calls);
 void mpb_pow2_close(mpb_pow2_t *p);
 
+/* ---- pause.c: pause and resume of a pool, timed -------------------------
+ * (mpbench's colocate workload and bench_pause_resume measure the same
+ * way). bytes: what went back to the device (reserved before the pause) or
+ * was mapped again (reserved after the resume). */
+mp_status_t mpb_pool_pause_timed(mp_pool_t *pool, unsigned flags, double *ms,
+                                 size_t *bytes);
+mp_status_t mpb_pool_resume_timed(mp_pool_t *pool, double *ms, size_t *bytes);
+/* Milliseconds per GiB moved; 0 when nothing moved. */
+double mpb_ms_per_gib(double ms, size_t bytes);
+/* The median of v[0..n) (sorts v); 0 when n is 0. */
+double mpb_median(double *v, size_t n);
+
 /* ---- replay.c: one workload through one allocator, and its figures ----- */
 
 enum { MPB_SERIES_POINTS = 800 };
@@ -193,6 +222,12 @@ typedef struct mpb_result {
   int capacity_state; /* MPB_CAP_* */
   unsigned capacity_probes;
   double seconds; /* wall time of this pair, capacity search included */
+  /* Workloads with MPB_PAUSE/MPB_RESUME (colocate): how many pauses ran,
+   * and the median ms per GiB of a pause (content kept) and a resume. Live
+   * bytes of a paused tenant do not count as live (they are not on the
+   * device). */
+  unsigned pauses;
+  double pause_ms_per_gib, resume_ms_per_gib;
   /* Bytes over time, MPB_SERIES_POINTS buckets of events (the maximum in
    * each), for the plots. */
   size_t npoints;

@@ -54,19 +54,53 @@ void mpb_spec_with_capacity(const char *base_spec, size_t capacity, char *buf,
     snprintf(buf + o, len - o, "%ccapacity=%zu", sep, capacity);
 }
 
-static size_t mpb_peak_live(const mpb_workload_t *w) {
-  size_t live = 0, peak = 0;
-  for (size_t i = 0; i < w->n; i++) {
-    if (w->ev[i].op == MPB_GRAPH)
-      continue;
-    if (w->ev[i].op == MPB_ALLOC) {
-      live += w->ev[i].size;
-      if (live > peak)
-        peak = live;
-    } else {
-      live -= w->ev[i].size;
-    }
+/* Live bytes on the device as events go: a paused tenant's blocks are not
+ * on the device, so they leave the count at its pause and come back at its
+ * resume. */
+typedef struct mpb_live {
+  size_t on_device;
+  size_t tenant[MPB_MAX_TENANTS];
+  bool paused[MPB_MAX_TENANTS];
+} mpb_live_t;
+
+/* tenant: whose block (an allocation's event tenant, a free's slot's). */
+static void mpb_live_event(mpb_live_t *l, const mpb_event_t *e,
+                           uint8_t tenant) {
+  switch (e->op) {
+  case MPB_ALLOC:
+    l->tenant[tenant] += e->size;
+    l->on_device += l->paused[tenant] ? 0 : e->size;
+    break;
+  case MPB_FREE:
+    l->tenant[tenant] -= e->size;
+    l->on_device -= l->paused[tenant] ? 0 : e->size;
+    break;
+  case MPB_PAUSE:
+    if (!l->paused[e->tenant])
+      l->on_device -= l->tenant[e->tenant];
+    l->paused[e->tenant] = true;
+    break;
+  case MPB_RESUME:
+    if (l->paused[e->tenant])
+      l->on_device += l->tenant[e->tenant];
+    l->paused[e->tenant] = false;
+    break;
   }
+}
+
+static size_t mpb_peak_live(const mpb_workload_t *w) {
+  size_t peak = 0;
+  mpb_live_t l = {0};
+  uint8_t *owner = calloc(w->nslots ? w->nslots : 1, 1);
+  for (size_t i = 0; i < w->n && owner != NULL; i++) {
+    const mpb_event_t *e = &w->ev[i];
+    if (e->op == MPB_ALLOC)
+      owner[e->slot] = e->tenant;
+    mpb_live_event(&l, e, e->op == MPB_FREE ? owner[e->slot] : e->tenant);
+    if (l.on_device > peak)
+      peak = l.on_device;
+  }
+  free(owner);
   return peak;
 }
 
@@ -75,20 +109,24 @@ typedef struct mpb_rig {
   mp_device_t *dev;
   mp_stream_t *streams;
   uint32_t nstreams;
-  mpb_allocator_t *alloc;
+  mpb_allocator_t *alloc; /* tenant 0's: every workload's but colocate's */
+  mpb_allocator_t *tenant[MPB_MAX_TENANTS]; /* [0] is alloc */
+  uint8_t ntenants;
   void **ptr;
+  uint8_t *owner; /* per slot: the tenant it came from */
 } mpb_rig_t;
 
 static void mpb_rig_close(mpb_rig_t *g) {
-  if (g->alloc != NULL) {
-    mpb_allocator_close(g->alloc);
-    g->alloc = NULL;
-  }
+  for (uint8_t t = 0; t < g->ntenants; t++)
+    if (g->tenant[t] != NULL)
+      mpb_allocator_close(g->tenant[t]);
+  g->alloc = NULL;
   for (uint32_t i = 1; i < g->nstreams; i++)
     if (g->streams[i] != NULL)
       mp_stream_destroy(g->dev, g->streams[i]);
   free(g->streams);
   free(g->ptr);
+  free(g->owner);
   mp_device_close(g->dev);
   memset(g, 0, sizeof *g);
 }
@@ -103,15 +141,60 @@ static mp_status_t mpb_rig_open(const mpb_workload_t *w, const char *allocator,
   g->nstreams = w->nstreams ? w->nstreams : 1;
   g->streams = calloc(g->nstreams, sizeof *g->streams);
   g->ptr = calloc(w->nslots ? w->nslots : 1, sizeof *g->ptr);
-  if (g->streams == NULL || g->ptr == NULL)
+  g->owner = calloc(w->nslots ? w->nslots : 1, 1);
+  if (g->streams == NULL || g->ptr == NULL || g->owner == NULL)
     st = mp__fail(MP_ENOMEM, "out of host memory");
   for (uint32_t i = 1; i < g->nstreams && st == MP_OK; i++)
     st = mp_stream_create(g->dev, &g->streams[i]);
-  if (st == MP_OK)
-    st = mpb_allocator_open(allocator, g->dev, make, &g->alloc);
+  g->ntenants = w->ntenants > 1 ? w->ntenants : 1;
+  for (uint8_t t = 0; t < g->ntenants && st == MP_OK; t++)
+    st = mpb_allocator_open(allocator, g->dev, make, &g->tenant[t]);
+  g->alloc = g->tenant[0];
   if (st != MP_OK)
     mpb_rig_close(g);
   return st;
+}
+
+/* One allocation event: the block goes into its slot, remembered as its
+ * tenant's. */
+static mp_status_t mpb_rig_alloc(mpb_rig_t *g, const mpb_event_t *e) {
+  g->owner[e->slot] = e->tenant;
+  return mpb_allocator_alloc(g->tenant[e->tenant], e->size,
+                             g->streams[e->stream], &g->ptr[e->slot]);
+}
+
+static void mpb_rig_free(mpb_rig_t *g, const mpb_event_t *e) {
+  mpb_allocator_free(g->tenant[g->owner[e->slot]], g->ptr[e->slot]);
+  g->ptr[e->slot] = NULL;
+}
+
+/* A pause (content kept) or resume event, timed; MP_ENOTSUP where the
+ * tenant's allocator is not a pool that can pause. */
+static mp_status_t mpb_rig_turn(mpb_rig_t *g, const mpb_event_t *e, double *ms,
+                                size_t *bytes) {
+  mp_allocator_t *mp = mpb_allocator_mempool(g->tenant[e->tenant]);
+  mp_pool_t *pool = mp != NULL ? mp_allocator_pool(mp) : NULL;
+  if (pool == NULL)
+    return mp__fail(MP_ENOTSUP, "this allocator has no pool to pause");
+  return e->op == MPB_PAUSE
+             ? mpb_pool_pause_timed(pool, MP_PAUSE_KEEP_CONTENT, ms, bytes)
+             : mpb_pool_resume_timed(pool, ms, bytes);
+}
+
+/* Every tenant's sample, added up. */
+static void mpb_rig_sample(mpb_rig_t *g, mpb_sample_t *out) {
+  mpb_allocator_sample(g->tenant[0], out);
+  for (uint8_t t = 1; t < g->ntenants; t++) {
+    mpb_sample_t s;
+    mpb_allocator_sample(g->tenant[t], &s);
+    out->reserved += s.reserved;
+    out->free_bytes += s.free_bytes;
+    if (s.largest_free > out->largest_free)
+      out->largest_free = s.largest_free;
+    out->device_calls += s.device_calls;
+    out->no_device_calls |= s.no_device_calls;
+    out->has_free_info &= s.has_free_info;
+  }
 }
 
 /* After a free on a workload with several streams: lets the device catch
@@ -126,11 +209,12 @@ static void mpb_rig_settle(mpb_rig_t *g) {
     mp_device_synchronize(g->dev);
 }
 
-/* Frees whatever a failed replay left live, so the allocator can close. */
+/* Frees whatever a failed replay left live, so the allocator can close
+ * (a paused tenant refuses; its pool is destroyed with the blocks). */
 static void mpb_rig_free_live(mpb_rig_t *g, const mpb_workload_t *w) {
   for (uint32_t s = 0; s < w->nslots; s++)
     if (g->ptr[s] != NULL) {
-      mpb_allocator_free(g->alloc, g->ptr[s]);
+      mpb_allocator_free(g->tenant[g->owner[s]], g->ptr[s]);
       g->ptr[s] = NULL;
     }
 }
@@ -155,16 +239,20 @@ mp_status_t mpb_replay_fits(const mpb_workload_t *w, const char *allocator,
         break;
       }
     } else if (e->op == MPB_ALLOC) {
-      if (e->size != 0 &&
-          mpb_allocator_alloc(g.alloc, e->size, g.streams[e->stream],
-                              &g.ptr[e->slot]) != MP_OK) {
+      if (e->size != 0 && mpb_rig_alloc(&g, e) != MP_OK) {
         g.ptr[e->slot] = NULL;
         *fits = false;
         break;
       }
+    } else if (e->op == MPB_PAUSE || e->op == MPB_RESUME) {
+      double ms;
+      size_t bytes;
+      if (mpb_rig_turn(&g, e, &ms, &bytes) != MP_OK) {
+        *fits = false;
+        break;
+      }
     } else if (g.ptr[e->slot] != NULL) {
-      mpb_allocator_free(g.alloc, g.ptr[e->slot]);
-      g.ptr[e->slot] = NULL;
+      mpb_rig_free(&g, e);
       mpb_rig_settle(&g);
     }
   }
@@ -300,7 +388,21 @@ mp_status_t mpb_replay(const mpb_workload_t *w, const char *allocator,
     mpb_rig_close(&g);
     return mp__fail(MP_ENOMEM, "out of host memory");
   }
-  size_t nns = 0, live = 0, peak_reserved = 0;
+  size_t nns = 0, peak_reserved = 0;
+  mpb_live_t lv = {0};
+  double *turn_ms[2] = {NULL, NULL}; /* pause, resume: ms per GiB */
+  size_t nturn[2] = {0, 0};
+  if (w->ntenants > 1) {
+    turn_ms[0] = malloc((w->n ? w->n : 1) * sizeof(double));
+    turn_ms[1] = malloc((w->n ? w->n : 1) * sizeof(double));
+    if (turn_ms[0] == NULL || turn_ms[1] == NULL) {
+      free(turn_ms[0]);
+      free(turn_ms[1]);
+      free(ns);
+      mpb_rig_close(&g);
+      return mp__fail(MP_ENOMEM, "out of host memory");
+    }
+  }
   uint32_t overhead = mpb_timer_overhead();
   r->timer_overhead_ns = overhead;
   double waste_sum = 0;
@@ -321,10 +423,27 @@ mp_status_t mpb_replay(const mpb_workload_t *w, const char *allocator,
                  mp_status_name(st), i + 1, mp_last_error());
         break;
       }
+    } else if (e->op == MPB_PAUSE || e->op == MPB_RESUME) {
+      double ms;
+      size_t bytes;
+      st = mpb_rig_turn(&g, e, &ms, &bytes);
+      if (st != MP_OK) {
+        r->completed = false;
+        snprintf(r->error, sizeof r->error,
+                 "%s at event %zu (%s tenant %u): %s", mp_status_name(st),
+                 i + 1, e->op == MPB_PAUSE ? "pause" : "resume", e->tenant,
+                 mp_last_error());
+        break;
+      }
+      int k = e->op == MPB_RESUME;
+      if (bytes > 0)
+        turn_ms[k][nturn[k]++] = mpb_ms_per_gib(ms, bytes);
+      r->pauses += e->op == MPB_PAUSE;
+      mpb_live_event(&lv, e, e->tenant);
     } else if (e->op == MPB_ALLOC) {
       if (e->size != 0) {
         uint64_t t0 = mpb_now_ns();
-        st = mpb_allocator_alloc(g.alloc, e->size, g.streams[e->stream], slot);
+        st = mpb_rig_alloc(&g, e);
         uint64_t t1 = mpb_now_ns();
         if (st != MP_OK) {
           *slot = NULL;
@@ -338,21 +457,22 @@ mp_status_t mpb_replay(const mpb_workload_t *w, const char *allocator,
         if (opts->on_block != NULL)
           opts->on_block(opts->on_block_ctx, i, e, *slot);
       }
-      live += e->size;
+      mpb_live_event(&lv, e, e->tenant);
     } else {
+      uint8_t owner = g.owner[e->slot];
       if (*slot != NULL) {
         if (opts->on_block != NULL)
           opts->on_block(opts->on_block_ctx, i, e, *slot);
         uint64_t t0 = mpb_now_ns();
-        mpb_allocator_free(g.alloc, *slot);
+        mpb_rig_free(&g, e);
         uint64_t t1 = mpb_now_ns();
         ns[nns++] = mpb_call_ns(t0, t1, overhead);
-        *slot = NULL;
         mpb_rig_settle(&g);
       }
-      live -= e->size;
+      mpb_live_event(&lv, e, owner);
     }
-    mpb_allocator_sample(g.alloc, &smp);
+    size_t live = lv.on_device;
+    mpb_rig_sample(&g, &smp);
     if (smp.reserved > peak_reserved)
       peak_reserved = smp.reserved;
     if (MP__UNLIKELY(w->has_graph)) {
@@ -384,13 +504,19 @@ mp_status_t mpb_replay(const mpb_workload_t *w, const char *allocator,
       r->point_reserved[k] = smp.reserved;
   }
   r->events = i;
+  r->pause_ms_per_gib = mpb_median(turn_ms[0], nturn[0]);
+  r->resume_ms_per_gib = mpb_median(turn_ms[1], nturn[1]);
+  free(turn_ms[0]);
+  free(turn_ms[1]);
   /* Figures of the workload itself, read before anything is torn down. */
-  mpb_allocator_sample(g.alloc, &smp);
+  mpb_rig_sample(&g, &smp);
   r->device_calls = smp.device_calls;
   r->has_device_calls = !smp.no_device_calls;
   mp_allocator_t *mp = mpb_allocator_mempool(g.alloc);
   mp_stats_t stats;
-  if (mp != NULL && mp_allocator_get_stats(mp, &stats) == MP_OK &&
+  /* One allocator's own peak is the device's only when it is alone. */
+  if (g.ntenants == 1 && mp != NULL &&
+      mp_allocator_get_stats(mp, &stats) == MP_OK &&
       stats.peak_reserved_bytes > peak_reserved)
     peak_reserved = stats.peak_reserved_bytes;
   r->peak_reserved = peak_reserved;

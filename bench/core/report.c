@@ -74,6 +74,18 @@ void mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n) {
       fprintf(out, "- %s / %s: %s\n", r[i].workload, r[i].allocator,
               mpb_bytes(a, sizeof a, r[i].graph_pinned));
     }
+  bool any_pause = false;
+  for (size_t i = 0; i < n; i++)
+    if (r[i].pauses > 0) {
+      if (!any_pause)
+        fprintf(out, "\nPause and resume (content kept), median per GiB "
+                     "moved:\n\n| workload | allocator | pauses | pause "
+                     "ms/GiB | resume ms/GiB |\n|---|---|---:|---:|---:|\n");
+      any_pause = true;
+      fprintf(out, "| %s | %s | %u | %.1f | %.1f |\n", r[i].workload,
+              r[i].allocator, r[i].pauses, r[i].pause_ms_per_gib,
+              r[i].resume_ms_per_gib);
+    }
   bool any_failed = false;
   for (size_t i = 0; i < n; i++)
     if (!r[i].completed) {
@@ -159,6 +171,16 @@ mp_status_t mpb_report_json(FILE *out, const mpb_result_t *r, size_t n) {
             x->capacity_state == MPB_CAP_EXACT ? "true" : "false",
             x->capacity_probes);
     mpb_json_num(out, x->seconds);
+    fprintf(out, ", \"pauses\": %u, \"pause_ms_per_gib\": ", x->pauses);
+    if (x->pauses > 0)
+      mpb_json_num(out, x->pause_ms_per_gib);
+    else
+      fputs("null", out);
+    fputs(", \"resume_ms_per_gib\": ", out);
+    if (x->pauses > 0)
+      mpb_json_num(out, x->resume_ms_per_gib);
+    else
+      fputs("null", out);
     fputs("}", out);
   }
   fputs("\n]\n", out);
@@ -189,7 +211,8 @@ mp_status_t mpb_report_csv(FILE *out, const mpb_result_t *r, size_t n) {
         "peak_reserved_bytes,ratio,utilization,avg_waste,"
         "external_fragmentation,device_calls,ns_per_event_p50,"
         "ns_per_event_p99,min_capacity_bytes,min_capacity_exact,"
-        "capacity_probes,seconds,timer_overhead_ns,error\n",
+        "capacity_probes,seconds,timer_overhead_ns,pauses,pause_ms_per_gib,"
+        "resume_ms_per_gib,error\n",
         out);
   for (size_t i = 0; i < n; i++) {
     const mpb_result_t *x = &r[i];
@@ -210,8 +233,13 @@ mp_status_t mpb_report_csv(FILE *out, const mpb_result_t *r, size_t n) {
     if (x->capacity_state == MPB_CAP_EXACT ||
         x->capacity_state == MPB_CAP_BOUND)
       fprintf(out, "%zu", x->min_capacity);
-    fprintf(out, ",%d,%u,%.3f,%.0f,", x->capacity_state == MPB_CAP_EXACT,
-            x->capacity_probes, x->seconds, x->timer_overhead_ns);
+    fprintf(out, ",%d,%u,%.3f,%.0f,%u,", x->capacity_state == MPB_CAP_EXACT,
+            x->capacity_probes, x->seconds, x->timer_overhead_ns, x->pauses);
+    if (x->pauses > 0)
+      fprintf(out, "%.6g,%.6g", x->pause_ms_per_gib, x->resume_ms_per_gib);
+    else
+      fputc(',', out);
+    fputc(',', out);
     mpb_csv_str(out, x->error);
     fputc('\n', out);
   }

@@ -23,7 +23,11 @@
  *    (run it with the host-* allocators): per step, input ids and positions
  *    staged in, sampled ids and sometimes log-probabilities staged out,
  *    and now and then a run of KV-cache blocks offloaded to host memory
- *    that stays there for some steps before it is swapped back in. */
+ *    that stays there for some steps before it is swapped back in.
+ *  - colocate: two tenants (an RLHF trainer and an inference engine) take
+ *    turns on one device through pause and resume, each replacing some of
+ *    its blocks in its turn; only pools with virtual memory can replay it
+ *    (MPB_PAUSE/MPB_RESUME events). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,6 +40,7 @@ void mpb_workload_init(mpb_workload_t *w, const char *name) {
   memset(w, 0, sizeof *w);
   snprintf(w->name, sizeof w->name, "%s", name ? name : "");
   w->nstreams = 1;
+  w->ntenants = 1;
 }
 
 void mpb_workload_free(mpb_workload_t *w) {
@@ -62,8 +67,22 @@ bool mpb_grow(void *arr, size_t *cap, size_t n, size_t elem) {
 static mp_status_t mpb_push(mpb_workload_t *w, mpb_event_t e) {
   if (!mpb_grow(&w->ev, &w->cap, w->n, sizeof *w->ev))
     return mp__fail(MP_ENOMEM, "%s: out of host memory for events", w->name);
+  e.tenant = w->tenant;
   w->ev[w->n++] = e;
   return MP_OK;
+}
+
+mp_status_t mpb_workload_turn(mpb_workload_t *w, uint8_t op, uint8_t tenant) {
+  if ((op != MPB_PAUSE && op != MPB_RESUME) || tenant >= MPB_MAX_TENANTS)
+    return mp__fail(MP_EINVAL, "%s: bad pause/resume event (op %u, tenant %u)",
+                    w->name, op, tenant);
+  uint8_t cur = w->tenant;
+  w->tenant = tenant;
+  mp_status_t st = mpb_push(w, (mpb_event_t){.op = op});
+  w->tenant = cur;
+  if (st == MP_OK && tenant + 1u > w->ntenants)
+    w->ntenants = (uint8_t)(tenant + 1);
+  return st;
 }
 
 mp_status_t mpb_workload_alloc(mpb_workload_t *w, size_t size, uint16_t stream,
@@ -128,7 +147,7 @@ mp_status_t mpb_workload_drain(mpb_workload_t *w) {
   if (live == NULL)
     return mp__fail(MP_ENOMEM, "%s: out of host memory", w->name);
   for (size_t i = 0; i < w->n; i++)
-    if (w->ev[i].op != MPB_GRAPH)
+    if (w->ev[i].op == MPB_ALLOC || w->ev[i].op == MPB_FREE)
       live[w->ev[i].slot] = w->ev[i].op == MPB_ALLOC;
   mp_status_t st = MP_OK;
   for (uint32_t s = 0; s < w->nslots && st == MP_OK; s++)
@@ -605,6 +624,100 @@ static mp_status_t mpb_gen_graph(mpb_workload_t *w, const mpb_params_t *ps) {
   return mpb_workload_free_slot(w, weights);
 }
 
+/* ---- colocate ------------------------------------------------------------
+ * Two tenants (an RLHF trainer and an inference engine) take turns on one
+ * device: each fills its pool, and at each turn the active one pauses
+ * (content kept) and the other resumes and replaces some of its blocks. */
+
+static mpb_param_t mpb_colocate_params[] = {
+    {"seed", false, 1, 0, UINT64_MAX, "PRNG seed"},
+    {"size", true, (uint64_t)256 << 20, (uint64_t)1 << 20, (uint64_t)1 << 40,
+     "live bytes of each tenant"},
+    {"rounds", false, 3, 1, 10000, "turns each tenant takes"},
+    {"churn", false, 8, 0, 100000, "blocks a tenant replaces in its turn"},
+};
+
+typedef struct mpb_tenant_set {
+  uint32_t *slot;
+  size_t n;
+} mpb_tenant_set_t;
+
+/* A block size a tenant uses: mostly 1-8 MiB, a quarter 16-64 MiB. */
+static size_t mpb_colocate_size(uint64_t *rng) {
+  size_t mib = mpb_rand(rng) % 4 == 0 ? mpb_rand_range(rng, 16, 64)
+                                      : mpb_rand_range(rng, 1, 8);
+  return mib << 20;
+}
+
+static mp_status_t mpb_colocate_add(mpb_workload_t *w, mpb_tenant_set_t *t,
+                                    size_t bytes, size_t cap) {
+  uint32_t slot;
+  MPB_TRY(mpb_workload_alloc(w, bytes, 0, &slot));
+  if (t->n == cap)
+    return mp__fail(MP_EINVAL, "colocate: too many blocks");
+  t->slot[t->n++] = slot;
+  return MP_OK;
+}
+
+static mp_status_t mpb_gen_colocate(mpb_workload_t *w, const mpb_params_t *ps) {
+  uint64_t rng = mpb_param(ps, "seed");
+  size_t size = mpb_param(ps, "size");
+  size_t cap = size / ((size_t)1 << 20) + 2;
+  mpb_tenant_set_t t[2] = {{calloc(cap, sizeof(uint32_t)), 0},
+                           {calloc(cap, sizeof(uint32_t)), 0}};
+  mp_status_t st = t[0].slot && t[1].slot
+                       ? MP_OK
+                       : mp__fail(MP_ENOMEM, "colocate: out of host memory");
+  /* Fill: the trainer, paused, then the engine. */
+  for (uint8_t k = 0; k < 2 && st == MP_OK; k++) {
+    w->tenant = k;
+    size_t filled = 0;
+    while (st == MP_OK && filled < size) {
+      size_t b = mpb_colocate_size(&rng);
+      if (b > size - filled)
+        b = size - filled;
+      st = mpb_colocate_add(w, &t[k], b, cap);
+      filled += b;
+    }
+    if (st == MP_OK && k == 0)
+      st = mpb_workload_turn(w, MPB_PAUSE, 0);
+  }
+  /* Turns: the active tenant pauses, the other resumes and churns. */
+  uint64_t turns = 2 * mpb_param(ps, "rounds");
+  for (uint64_t r = 0; r < turns && st == MP_OK; r++) {
+    uint8_t on = (uint8_t)(r % 2 == 0 ? 0 : 1), off = (uint8_t)(1 - on);
+    st = mpb_workload_turn(w, MPB_PAUSE, off);
+    if (st == MP_OK)
+      st = mpb_workload_turn(w, MPB_RESUME, on);
+    w->tenant = on;
+    for (uint64_t c = 0; c < mpb_param(ps, "churn") && st == MP_OK; c++) {
+      if (t[on].n == 0)
+        break;
+      size_t i = mpb_rand(&rng) % t[on].n;
+      size_t b = w->slot_size[t[on].slot[i]];
+      st = mpb_workload_free_slot(w, t[on].slot[i]);
+      t[on].slot[i] = t[on].slot[--t[on].n];
+      if (st == MP_OK) /* the same bytes, cut differently */
+        st = mpb_colocate_add(w, &t[on], b, cap);
+    }
+  }
+  /* The active tenant (the engine after the last turn) finishes first and
+   * pauses, which gives its cache back, so the two are never on the device
+   * together. */
+  uint8_t last = turns % 2 == 0 ? 1 : 0;
+  w->tenant = last;
+  for (size_t i = 0; i < t[last].n && st == MP_OK; i++)
+    st = mpb_workload_free_slot(w, t[last].slot[i]);
+  if (st == MP_OK)
+    st = mpb_workload_turn(w, MPB_PAUSE, last);
+  if (st == MP_OK)
+    st = mpb_workload_turn(w, MPB_RESUME, (uint8_t)(1 - last));
+  w->tenant = (uint8_t)(1 - last);
+  free(t[0].slot);
+  free(t[1].slot);
+  return st;
+}
+
 /* ---- the table ------------------------------------------------------------
  */
 
@@ -638,10 +751,16 @@ static const mpb_builtin_t mpb_builtins[] = {
      "a serving engine that captures its decode steps in CUDA\n"
      "               graphs (one graph pool) and replays them while serving",
      mpb_graph_params, MPB_N(mpb_graph_params), mpb_gen_graph},
+    {"colocate",
+     "two pools take turns on one device through pause and resume\n"
+     "               (content kept; an RLHF trainer and an engine): the\n"
+     "               figures include ms per GiB of a pause and a resume",
+     mpb_colocate_params, MPB_N(mpb_colocate_params), mpb_gen_colocate},
 };
 
-const char *const mpb_builtin_names[] = {
-    "llm", "cnn", "random", "adversarial", "staging", "graph", NULL};
+const char *const mpb_builtin_names[] = {"llm",         "cnn",     "random",
+                                         "adversarial", "staging", "graph",
+                                         "colocate",    NULL};
 
 void mpb_workload_help(FILE *out) {
   for (size_t i = 0; i < MPB_N(mpb_builtins); i++) {
@@ -675,7 +794,7 @@ static mp_status_t mpb_workload_spec(const char *spec,
   if (b == NULL)
     return mp__fail(MP_EINVAL,
                     "unknown workload '%.*s' (built-in: llm, cnn, random, "
-                    "adversarial, staging)",
+                    "adversarial, staging, colocate)",
                     (int)len, spec);
   memcpy(params, b->params, b->nparams * sizeof *params);
   *ps = (mpb_params_t){b->name, params, b->nparams};

@@ -7,6 +7,8 @@
  * The pool is filled with blocks whose pages are touched (so the host
  * device really commits and copies them), then paused and resumed
  * `rounds` times; the median of each phase is reported in ms and ms/GiB.
+ * Timing and medians are mpbench's (bench/core/pause.c), which its
+ * colocate workload reports the same way.
  *
  *   bench_pause_resume [GiB=1] [rounds=5] [device spec, default
  *                      "host:capacity=<3/2 of GiB>"] */
@@ -14,26 +16,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <mempool/mempool.h>
+
+#include "mpbench.h"
 
 #define MiB ((size_t)1 << 20)
 
 static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_d);
-  return v[n / 2];
+  return (double)mpb_now_ns() / 1e6;
 }
 
 #define CHECK(call)                                                            \
@@ -94,13 +85,10 @@ int main(int argc, char **argv) {
     CHECK(mp_pool_create(dev, NULL, &p));
     size_t n = fill(p, bytes, a, 1);
     for (int r = 0; r < rounds; r++) {
-      double t0 = now_ms();
-      CHECK(mp_pool_pause(p, keep ? MP_PAUSE_KEEP_CONTENT : 0));
-      double t1 = now_ms();
-      CHECK(mp_pool_resume(p));
-      double t2 = now_ms();
-      t[2 * keep][r] = t1 - t0;
-      t[2 * keep + 1][r] = t2 - t1;
+      size_t moved;
+      CHECK(mpb_pool_pause_timed(p, keep ? MP_PAUSE_KEEP_CONTENT : 0,
+                                 &t[2 * keep][r], &moved));
+      CHECK(mpb_pool_resume_timed(p, &t[2 * keep + 1][r], &moved));
       if (keep && !same(a, n, 1)) {
         fprintf(stderr, "content lost across pause/resume\n");
         return 1;
@@ -109,7 +97,7 @@ int main(int argc, char **argv) {
         memset(a[i], (int)(1 + i), 32 * MiB);
     }
     for (int ph = 0; ph < 2; ph++) {
-      double m = median(t[2 * keep + ph], rounds);
+      double m = mpb_median(t[2 * keep + ph], (size_t)rounds);
       printf("| %s | %s | %.1f | %.1f |\n", ph ? "resume" : "pause",
              keep ? "yes" : "no", m, m / (double)gib);
     }

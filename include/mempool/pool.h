@@ -316,6 +316,95 @@ MP_API mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags);
  * Not paused: MP_EINVAL. */
 MP_API mp_status_t mp_pool_resume(mp_pool_t *pool);
 
+/* IPC: a pool block shared with another process (an inference engine's
+ * KV cache read by a separate server, a trainer's weights by an engine).
+ *
+ * The exporter calls mp_pool_ipc_export on a live block and sends the
+ * handle (mp_ipc_send over a Unix socket: the handle's bytes plus its
+ * descriptors by SCM_RIGHTS); the importer receives it (mp_ipc_recv),
+ * maps it with mp_ipc_import on a device of the same kind, uses the
+ * pointer, and unmaps it with mp_ipc_close. What travels:
+ *  - virtual-memory blocks (the default pool on CUDA and on the host
+ *    device): the physical allocation (one mapped chunk) as a POSIX file
+ *    descriptor (cuMemExportToShareableHandle; the importer reserves an
+ *    address range and maps it, cuMemImportFromShareableHandle + cuMemMap);
+ *  - plain segments on CUDA: a CUipcMemHandle (cuIpcGetMemHandle of the
+ *    segment; cuIpcOpenMemHandle in the importer);
+ *  in both cases with the block's offset inside that memory. The importer
+ *  can reach the rest of the exported allocation too (as with CUDA's own
+ *  IPC); only the block is the caller's.
+ *
+ * The release rule: every export makes a lease, a socket pair whose
+ * importer end travels in the handle (lease_fd) and is kept open by the
+ * import until mp_ipc_close (or until the importing process exits). A
+ * block freed by its owner (mp_pool_free and the other frees) while a
+ * lease of it is still open is held: it stays allocated (its bytes count
+ * in allocated_bytes), a second free of it is MP_EINVAL, and it is not
+ * reused until every importer has let go; the pool checks its leases
+ * (one poll each, never waiting) at allocations while it holds blocks, at
+ * trim, pause and mp_pool_ipc_poll. A lease that never reaches an
+ * importer must be closed by the exporter (mp_ipc_handle_close), or the
+ * block stays held until the pool is destroyed. mp_pool_pause refuses
+ * (MP_EBUSY) while any lease is open: the memory would not go back to the
+ * device. Destroying the pool closes its leases; what importers still map
+ * stays valid on their side (CUDA keeps imported physical memory alive;
+ * the host device keeps exported pages).
+ *
+ * Limits: a block must lie in one device allocation (a virtual block that
+ * spans two mapped chunks, or a block of a child pool: MP_ENOTSUP);
+ * movable blocks (mp_pool_alloc_movable) are MP_EINVAL (they move). The
+ * importer's device must be of the exporter's kind ("host" with "host",
+ * "cuda" with "cuda"). */
+#define MP_IPC_FD   1u /* fd: a descriptor of the exported memory */
+#define MP_IPC_CUDA 2u /* opaque: a CUipcMemHandle (plain CUDA segments) */
+typedef struct mp_ipc_handle {
+  unsigned kind;            /* MP_IPC_FD or MP_IPC_CUDA; 0: empty */
+  int fd;                   /* MP_IPC_FD: the memory; -1 otherwise */
+  int lease_fd;             /* the importer's end of the lease; -1: none */
+  size_t mem_bytes;         /* size of the exported device allocation */
+  size_t offset;            /* the block's offset inside it */
+  size_t bytes;             /* the block's size (rounded, as allocated) */
+  unsigned char opaque[64]; /* MP_IPC_CUDA: the CUipcMemHandle */
+  char backend[16];         /* the exporting device's kind: "host", "cuda" */
+} mp_ipc_handle_t;
+
+/* Exports the live block that starts at ptr. On MP_OK *out holds new
+ * descriptors (the memory's, for MP_IPC_FD, and the lease's) owned by the
+ * caller: send them, then close them with mp_ipc_handle_close. A block may
+ * be exported any number of times (a lease each). NULL arguments, a
+ * pointer that is not the start of a live block of this pool, a movable
+ * block: MP_EINVAL; paused: MP_EBUSY; see Limits for MP_ENOTSUP. A failed
+ * export changes nothing and leaves *out untouched. */
+MP_API mp_status_t mp_pool_ipc_export(mp_pool_t *pool, void *ptr,
+                                      mp_ipc_handle_t *out);
+/* Releases every held block whose importers have all let go (one poll per
+ * lease, never waiting) and says how many blocks are still held (held may
+ * be NULL). */
+MP_API mp_status_t mp_pool_ipc_poll(mp_pool_t *pool, size_t *held);
+/* Maps the memory h names into this process through dev and sets *out to
+ * the block (its first byte). On MP_OK the import owns h's descriptors (h
+ * keeps its sizes, its fd and lease_fd become -1); keep the import until
+ * mp_ipc_close, which tells the exporter the block is free to reuse. A
+ * handle that is empty, of another device kind, of an unknown kind,
+ * without its descriptors, or whose block does not lie inside its memory:
+ * MP_EINVAL, and h is left as it was (its descriptors still open). */
+MP_API mp_status_t mp_ipc_import(mp_device_t *dev, mp_ipc_handle_t *h,
+                                 void **out);
+/* Unmaps an import (ptr as mp_ipc_import gave it) after the device's
+ * queued work, and closes its lease. Anything else: MP_EINVAL. Imports
+ * left open are closed by mp_device_close. */
+MP_API mp_status_t mp_ipc_close(mp_device_t *dev, void *ptr);
+/* Sends h over the connected Unix socket sock: its bytes in one message
+ * with its open descriptors attached (SCM_RIGHTS). h is not changed: its
+ * descriptors are still the sender's to close. A bad socket: MP_EIO. */
+MP_API mp_status_t mp_ipc_send(int sock, const mp_ipc_handle_t *h);
+/* Receives what mp_ipc_send sent into *out, with descriptors of this
+ * process (close-on-exec). The peer gone before a whole handle came, or a
+ * message that is not one: MP_EIO, with nothing received left open. */
+MP_API mp_status_t mp_ipc_recv(int sock, mp_ipc_handle_t *out);
+/* Closes the descriptors h still holds and empties it (kind 0, -1s). */
+MP_API mp_status_t mp_ipc_handle_close(mp_ipc_handle_t *h);
+
 /* Out-of-memory handler, for engines that react to running out (free a
  * cache, dump a snapshot, log): called when mp_pool_alloc or
  * mp_pool_alloc_movable is about to fail with MP_ENOMEM or MP_ELIMIT, after

@@ -77,6 +77,19 @@ typedef struct mp__backend {
    * (cuMemSetAccess); NULL: every device of the kind shares memory. */
   mp_status_t (*vm_access)(mp_device_t *dev, void *addr, size_t bytes,
                            mp_device_t *peer);
+
+  /* IPC (src/ipc.c, src/pool/export.c). ipc_export: a handle for exactly
+   * one allocation (vm false: one alloc) or one vm_map mapping (vm true),
+   * (base, bytes); fills h->kind and h->fd or h->opaque, nothing else.
+   * ipc_open maps what h names (h->mem_bytes bytes) into this process and
+   * leaves h's descriptors to the caller; ipc_close undoes it. NULL: the
+   * backend cannot share memory (MP_ENOTSUP). */
+  mp_status_t (*ipc_export)(mp_device_t *dev, void *base, size_t bytes, bool vm,
+                            mp_ipc_handle_t *h);
+  mp_status_t (*ipc_open)(mp_device_t *dev, const mp_ipc_handle_t *h,
+                          void **out);
+  mp_status_t (*ipc_close)(mp_device_t *dev, void *base, size_t bytes,
+                           unsigned kind);
 } mp__backend_t;
 
 typedef struct mp__watch {
@@ -84,10 +97,16 @@ typedef struct mp__watch {
   void *ctx;
 } mp__watch_t;
 
+struct mp__import;
+
 struct mp_device {
   const mp__backend_t *ops;
   void *impl;     /* the backend's state */
   char name[128]; /* mp_device_name() */
+  /* Memory of other processes mapped here (mp_ipc_import), under ipc.c's
+   * mutex. */
+  struct mp__import *imports;
+  size_t nimports, imports_cap;
   /* Who is told when a stream of the device goes away (device.c), under
    * one process-wide mutex. */
   mp__watch_t *watch;
@@ -142,6 +161,19 @@ mp_status_t mp__device_watch(mp_device_t *dev, void (*fn)(void *, mp_stream_t),
                              void *ctx);
 void mp__device_unwatch(mp_device_t *dev, void (*fn)(void *, mp_stream_t),
                         void *ctx);
+
+/* ipc_export of device memory (the pool, the fake driver): MP_ENOTSUP
+ * when the backend cannot share memory. */
+mp_status_t mp__device_ipc_export(mp_device_t *dev, void *base, size_t bytes,
+                                  bool vm, mp_ipc_handle_t *h);
+/* Host backend only: vm_map, inside a reservation of dev, of bytes of the
+ * memory a descriptor from ipc_export names (at its file offset), not
+ * charged to dev; vm_unmap undoes it (the fake driver's
+ * cuMemImportFromShareableHandle + cuMemMap). */
+mp_status_t mp__host_vm_map_file(mp_device_t *dev, void *addr, size_t bytes,
+                                 int fd);
+/* ipc.c, at mp_device_close: closes what is still imported. */
+void mp__ipc_close_all(mp_device_t *dev);
 
 /* ---- pinned.c: the page-locked host memory of a device as a device ---- */
 

@@ -89,12 +89,25 @@
   X(MemUnmap, (CUdeviceptr, size_t))                                           \
   X(MemRelease, (CUmemGenericAllocationHandle))
 
+/* IPC: optional; without it ipc_* is MP_ENOTSUP. */
+#define MP__CUDA_IPC_API(X)                                                    \
+  X(IpcGetMemHandle, (CUipcMemHandle *, CUdeviceptr))                          \
+  X(IpcOpenMemHandle, (CUdeviceptr *, CUipcMemHandle, unsigned))               \
+  X(IpcCloseMemHandle, (CUdeviceptr))                                          \
+  X(MemExportToShareableHandle,                                                \
+    (void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType,          \
+     unsigned long long))                                                      \
+  X(MemImportFromShareableHandle,                                              \
+    (CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType))
+
 typedef struct mp__cuda_api {
 #define MP__CUDA_FIELD(f, args) CUresult(*f) args;
   MP__CUDA_CORE_API(MP__CUDA_FIELD)
   MP__CUDA_VMM_API(MP__CUDA_FIELD)
+  MP__CUDA_IPC_API(MP__CUDA_FIELD)
 #undef MP__CUDA_FIELD
   bool has_vmm; /* every MP__CUDA_VMM_API entry point resolved */
+  bool has_ipc; /* every MP__CUDA_IPC_API entry point resolved */
 } mp__cuda_api_t;
 
 typedef struct mp__cuda_sym {
@@ -107,6 +120,8 @@ static const mp__cuda_sym_t mp__cuda_core_syms[] = {
     MP__CUDA_CORE_API(MP__CUDA_SYM)};
 static const mp__cuda_sym_t mp__cuda_vmm_syms[] = {
     MP__CUDA_VMM_API(MP__CUDA_SYM)};
+static const mp__cuda_sym_t mp__cuda_ipc_syms[] = {
+    MP__CUDA_IPC_API(MP__CUDA_SYM)};
 #undef MP__CUDA_SYM
 
 /* Written once under mp__cuda_once, read-only afterwards. */
@@ -249,6 +264,9 @@ static void mp__cuda_load(void) {
   mp__cu.has_vmm = mp__cuda_resolve(
       get_v2, get_v1, version, mp__cuda_vmm_syms,
       sizeof mp__cuda_vmm_syms / sizeof *mp__cuda_vmm_syms, &missing);
+  mp__cu.has_ipc = mp__cuda_resolve(
+      get_v2, get_v1, version, mp__cuda_ipc_syms,
+      sizeof mp__cuda_ipc_syms / sizeof *mp__cuda_ipc_syms, &missing);
 
   r = mp__cu.Init(0);
   if (r == CUDA_ERROR_NO_DEVICE) {
@@ -1033,6 +1051,140 @@ static mp_status_t mp__cuda_vm_unmap(mp_device_t *dev, void *addr,
   return MP_OK;
 }
 
+/* ---- IPC ------------------------------------------------------------------
+ */
+
+static mp_status_t mp__cuda_no_ipc(const mp_device_t *dev) {
+  return mp__fail(MP_ENOTSUP, "%s: the driver has no IPC entry points",
+                  dev->name);
+}
+
+/* A virtual chunk: its physical allocation as a POSIX descriptor (it was
+ * created shareable where the device allows: mp__cuda_probe_vmm). A plain
+ * allocation: cuIpcGetMemHandle of its base. */
+static mp_status_t mp__cuda_ipc_export(mp_device_t *dev, void *base,
+                                       size_t bytes, bool vm,
+                                       mp_ipc_handle_t *h) {
+  mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  if (!mp__cu.has_ipc)
+    return mp__cuda_no_ipc(dev);
+  CUresult r;
+  if (!vm) {
+    CUipcMemHandle ih;
+    MP__CU_IN_CTX(cd, r, mp__cu.IpcGetMemHandle(&ih, (CUdeviceptr)base));
+    if (r != CUDA_SUCCESS)
+      return mp__cuda_fail(r, "cuIpcGetMemHandle(%p)", base);
+    _Static_assert(sizeof ih <= sizeof h->opaque, "CUipcMemHandle fits");
+    memcpy(h->opaque, &ih, sizeof ih);
+    h->kind = MP_IPC_CUDA;
+    return MP_OK;
+  }
+  if (!(cd->prop.requestedHandleTypes &
+        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+    return mp__fail(MP_ENOTSUP,
+                    "%s cannot export virtual memory by file descriptor "
+                    "(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_"
+                    "SUPPORTED is 0)",
+                    dev->name);
+  pthread_mutex_lock(&cd->lock);
+  const mp__cuda_entry_t *e = mp__ptrmap_find(&cd->chunks, (uintptr_t)base);
+  bool ok = e != NULL && e->size == bytes;
+  CUmemGenericAllocationHandle gh = ok ? e->handle : 0;
+  pthread_mutex_unlock(&cd->lock);
+  if (!ok)
+    return mp__fail(MP_EINVAL, "ipc_export: (%p, %zu) is not one mapping of %s",
+                    base, bytes, dev->name);
+  int fd = -1;
+  MP__CU_IN_CTX(cd, r,
+                mp__cu.MemExportToShareableHandle(
+                    &fd, gh, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  if (r != CUDA_SUCCESS)
+    return mp__cuda_fail(r, "cuMemExportToShareableHandle(%p)", base);
+  h->kind = MP_IPC_FD;
+  h->fd = fd;
+  return MP_OK;
+}
+
+/* Imports a descriptor's allocation and maps it at a fresh reservation,
+ * readable and writable from this device; undone step by step on failure. */
+static CUresult mp__cuda_import_fd(mp__cuda_dev_t *cd, int fd, size_t bytes,
+                                   CUdeviceptr *out) {
+  CUmemGenericAllocationHandle gh = 0;
+  CUdeviceptr va = 0;
+  CUresult r = mp__cu.MemImportFromShareableHandle(
+      &gh, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  if (r != CUDA_SUCCESS)
+    return r;
+  r = mp__cu.MemAddressReserve(&va, bytes, cd->granularity, 0, 0);
+  if (r == CUDA_SUCCESS) {
+    r = mp__cu.MemMap(va, bytes, 0, gh, 0);
+    CUmemAccessDesc access = {.location = cd->prop.location,
+                              .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    if (r == CUDA_SUCCESS &&
+        (r = mp__cu.MemSetAccess(va, bytes, &access, 1)) != CUDA_SUCCESS)
+      (void)mp__cu.MemUnmap(va, bytes);
+    if (r != CUDA_SUCCESS)
+      (void)mp__cu.MemAddressFree(va, bytes);
+  }
+  (void)mp__cu.MemRelease(gh); /* the mapping keeps the memory */
+  if (r == CUDA_SUCCESS)
+    *out = va;
+  return r;
+}
+
+static mp_status_t mp__cuda_ipc_open(mp_device_t *dev, const mp_ipc_handle_t *h,
+                                     void **out) {
+  mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  if (!mp__cu.has_ipc)
+    return mp__cuda_no_ipc(dev);
+  CUdeviceptr p = 0;
+  CUresult r;
+  if (h->kind == MP_IPC_CUDA) {
+    CUipcMemHandle ih;
+    memcpy(&ih, h->opaque, sizeof ih);
+    MP__CU_IN_CTX(
+        cd, r,
+        mp__cu.IpcOpenMemHandle(&p, ih, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+    if (r != CUDA_SUCCESS)
+      return mp__cuda_fail(r, "cuIpcOpenMemHandle on %s", dev->name);
+  } else {
+    if (!cd->vmm)
+      return mp__cuda_no_vmm(dev);
+    if (h->mem_bytes % cd->granularity != 0)
+      return mp__fail(MP_EINVAL,
+                      "mp_ipc_import: %zu bytes is not a multiple of %s's "
+                      "granularity (%zu)",
+                      h->mem_bytes, dev->name, cd->granularity);
+    MP__CU_IN_CTX(cd, r, mp__cuda_import_fd(cd, h->fd, h->mem_bytes, &p));
+    if (r != CUDA_SUCCESS)
+      return mp__cuda_fail(r,
+                           "mp_ipc_import of descriptor %d (%zu bytes) on %s",
+                           h->fd, h->mem_bytes, dev->name);
+  }
+  *out = (void *)p;
+  return MP_OK;
+}
+
+static mp_status_t mp__cuda_ipc_close(mp_device_t *dev, void *base,
+                                      size_t bytes, unsigned kind) {
+  mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  /* Work queued on this device may still use it. */
+  mp_status_t st = mp__cuda_synchronize(dev);
+  if (st != MP_OK)
+    return st;
+  CUresult r;
+  if (kind == MP_IPC_CUDA) {
+    MP__CU_IN_CTX(cd, r, mp__cu.IpcCloseMemHandle((CUdeviceptr)base));
+  } else {
+    MP__CU_IN_CTX(cd, r, mp__cu.MemUnmap((CUdeviceptr)base, bytes));
+    if (r == CUDA_SUCCESS)
+      MP__CU_IN_CTX(cd, r, mp__cu.MemAddressFree((CUdeviceptr)base, bytes));
+  }
+  return r == CUDA_SUCCESS
+             ? MP_OK
+             : mp__cuda_fail(r, "mp_ipc_close(%p) on %s", base, dev->name);
+}
+
 const mp__backend_t mp__cuda_backend = {
     .name = "cuda",
     .open = mp__cuda_open,
@@ -1066,6 +1218,9 @@ const mp__backend_t mp__cuda_backend = {
     .vm_map = mp__cuda_vm_map,
     .vm_unmap = mp__cuda_vm_unmap,
     .vm_access = mp__cuda_vm_access,
+    .ipc_export = mp__cuda_ipc_export,
+    .ipc_open = mp__cuda_ipc_open,
+    .ipc_close = mp__cuda_ipc_close,
 };
 
 #endif /* MEMPOOL_HAVE_CUDA */

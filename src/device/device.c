@@ -75,6 +75,7 @@ mp_status_t mp_device_open(const char *spec, mp_device_t **out) {
 void mp_device_close(mp_device_t *dev) {
   if (dev == NULL)
     return;
+  mp__ipc_close_all(dev);
   dev->ops->close(dev);
   free(dev->watch);
   free(dev);
@@ -340,4 +341,12 @@ mp_status_t mp__device_vm_access(mp_device_t *dev, void *addr, size_t bytes,
   return dev->ops->vm_access != NULL
              ? dev->ops->vm_access(dev, addr, bytes, peer)
              : MP_OK;
+}
+
+mp_status_t mp__device_ipc_export(mp_device_t *dev, void *base, size_t bytes,
+                                  bool vm, mp_ipc_handle_t *h) {
+  if (dev->ops->ipc_export == NULL)
+    return mp__fail(MP_ENOTSUP, "%s cannot share memory with another process",
+                    dev->name);
+  return dev->ops->ipc_export(dev, base, bytes, vm, h);
 }

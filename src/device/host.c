@@ -1,23 +1,34 @@
 /* host.c - the "host" backend: an emulated device made of host memory and
  * threads, so that pools, benchmarks and tests run where there is no GPU.
  *
- * Memory. Every device allocation is its own anonymous mmap with
- * MAP_NORESERVE: the OS commits pages only when they are touched, so a
- * capacity of terabytes costs nothing for workloads that never write their
- * memory. Live allocations are kept in an address -> size hash map, which is
- * what makes a free of an unknown or already freed pointer MP_EINVAL instead
- * of a crash. Virtual memory is emulated the way CUDA does it: a reservation
- * is a PROT_NONE mapping aligned to the granularity; vm_map commits a
- * granule-aligned range of it with mprotect, vm_unmap drops the pages
- * (madvise DONTNEED) and protects them again. A per-reservation bitmap of
- * mapped granules rejects overlapping maps; a hash map of (addr -> bytes)
- * makes vm_unmap accept only exactly what one vm_map mapped. vm_release of
- * a reservation that still has mappings is MP_EBUSY (the pool must unmap
- * first, as it must on CUDA); device close releases whatever is left.
- * Copies and memsets that reach into a reservation must stay on mapped
- * granules, or they are MP_EINVAL when queued instead of a fault later.
- * Like cuMemFree, mp_device_free, host_free and vm_unmap synchronize the
- * device before the memory goes.
+ * Memory. The device's memory is one memfd (a sparse shared-memory file,
+ * the emulated "physical memory"); every device allocation and every
+ * vm_map is its own MAP_SHARED|MAP_NORESERVE mapping of a fresh range of
+ * that file (offsets are handed out upwards and never reused; a range is
+ * given back with a hole punch). The OS commits pages only when they are
+ * touched, so a capacity of terabytes costs nothing for workloads that
+ * never write their memory. Because the memory is a file, another process
+ * can map it: ipc_export hands out a new open file description of the
+ * memfd positioned at the range's offset (what a CUDA shareable handle
+ * is to cuMemMap), and ipc_open maps such a descriptor. A range once
+ * exported is not hole-punched when freed or unmapped (an importer may
+ * still map it, as CUDA keeps exported physical memory alive until every
+ * importer lets go); its pages go when the last mapping of the file does.
+ * An emulation limit: the descriptor opens the whole device file, where a
+ * CUDA handle names one allocation. Live allocations are kept in an address ->
+ * size hash map, which is what makes a free of an unknown or already freed
+ * pointer MP_EINVAL instead of a crash. Virtual memory is emulated the way CUDA
+ * does it: a reservation is a PROT_NONE mapping aligned to the granularity;
+ * vm_map maps a granule-aligned range of the device file over it (MAP_FIXED),
+ * vm_unmap fences the range again with a PROT_NONE anonymous mapping and
+ * punches the file range out. A per-reservation bitmap of mapped granules
+ * rejects overlapping maps; a hash map of (addr -> bytes) makes vm_unmap accept
+ * only exactly what one vm_map mapped. vm_release of a reservation that still
+ * has mappings is MP_EBUSY (the pool must unmap first, as it must on CUDA);
+ * device close releases whatever is left. Copies and memsets that reach into a
+ * reservation must stay on mapped granules, or they are MP_EINVAL when queued
+ * instead of a fault later. Like cuMemFree, mp_device_free, host_free and
+ * vm_unmap synchronize the device before the memory goes.
  *
  * Streams. Each stream, and the default (NULL) stream, is a worker thread
  * that runs its FIFO queue of operations strictly in order. An event record
@@ -44,6 +55,7 @@
  * lock, nor across a sleep or a synchronization; busy_mu is taken inside a
  * stream mutex (a stream joins or leaves the busy list) or alone. */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -51,6 +63,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -61,7 +74,15 @@
 typedef struct host_entry {
   uintptr_t key;
   size_t bytes;
+  uint64_t off;   /* memory maps: the range's offset in the device file */
+  unsigned flags; /* HOST_MEM_* */
 } host_entry_t;
+
+enum {
+  HOST_MEM_EXPORTED = 1u << 0, /* handed to ipc_export: never punched out */
+  HOST_MEM_FOREIGN = 1u << 1   /* vm_map_file: another device's memory, not
+                                  charged to this one, never punched out */
+};
 
 /* ---- device state ------------------------------------------------------ */
 
@@ -125,8 +146,11 @@ struct host_dev {
   bool vmm;
   size_t granularity;
 
+  int memfd; /* the device's memory (a sparse memfd) */
+
   pthread_mutex_t mem_lock; /* everything below up to the next comment */
   size_t used;
+  uint64_t file_next;   /* the next unused offset of memfd (page aligned) */
   uint64_t alloc_calls; /* device allocations attempted (fail_after) */
   mp__ptrmap_t allocs;  /* plain allocation -> bytes */
   mp__ptrmap_t pinned;  /* host_alloc -> bytes */
@@ -719,6 +743,40 @@ static mp_status_t host_charge(host_dev_t *h, const char *what, size_t bytes) {
   return MP_OK;
 }
 
+/* ---- the device file -------------------------------------------------- */
+
+static uint64_t host_page_round(uint64_t bytes) {
+  uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+  return (bytes + page - 1) & ~(page - 1);
+}
+
+/* mem_lock held. A fresh page-aligned range of the device file for bytes
+ * (the file grows as ranges are handed out; it stays sparse). */
+static mp_status_t host_file_range(host_dev_t *h, const char *what,
+                                   size_t bytes, uint64_t *off) {
+  uint64_t len = host_page_round(bytes);
+  if (h->file_next > (uint64_t)INT64_MAX / 2 - len)
+    return mp__fail(MP_ENOMEM, "host device: %s: the device file is full",
+                    what);
+  if (ftruncate(h->memfd, (off_t)(h->file_next + len)) != 0)
+    return mp__fail(MP_ENOMEM,
+                    "host device: %s: cannot grow the device file: "
+                    "%s",
+                    what, strerror(errno));
+  *off = h->file_next;
+  h->file_next += len;
+  return MP_OK;
+}
+
+/* Gives a range of the device file back (its pages go), unless another
+ * process may still map it. */
+static void host_file_release(host_dev_t *h, const host_entry_t *e) {
+  if (e->flags & (HOST_MEM_EXPORTED | HOST_MEM_FOREIGN))
+    return;
+  (void)fallocate(h->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                  (off_t)e->off, (off_t)host_page_round(e->bytes));
+}
+
 static void host_uncharge(host_dev_t *h, size_t bytes) {
   pthread_mutex_lock(&h->mem_lock);
   h->used -= bytes;
@@ -745,12 +803,16 @@ static mp_status_t host_alloc(mp_device_t *dev, size_t bytes, void **out) {
   host_dev_t *h = host_of(dev);
   host_sleep_us(h->latency_us);
   pthread_mutex_lock(&h->mem_lock);
+  uint64_t off = 0;
   mp_status_t st = host_charge(h, "mp_device_alloc", bytes);
+  if (st == MP_OK &&
+      (st = host_file_range(h, "mp_device_alloc", bytes, &off)) != MP_OK)
+    h->used -= bytes;
   pthread_mutex_unlock(&h->mem_lock);
   if (st != MP_OK)
     return st;
   void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+                 MAP_SHARED | MAP_NORESERVE, h->memfd, (off_t)off);
   if (p == MAP_FAILED) {
     int err = errno;
     host_uncharge(h, bytes);
@@ -759,10 +821,13 @@ static mp_status_t host_alloc(mp_device_t *dev, size_t bytes, void **out) {
   }
   pthread_mutex_lock(&h->mem_lock);
   host_entry_t *e = mp__ptrmap_put(&h->allocs, (uintptr_t)p);
-  if (e != NULL)
+  if (e != NULL) {
     e->bytes = bytes;
-  else
+    e->off = off;
+    e->flags = 0;
+  } else {
     h->used -= bytes;
+  }
   pthread_mutex_unlock(&h->mem_lock);
   if (e == NULL) {
     munmap(p, bytes);
@@ -775,13 +840,10 @@ static mp_status_t host_alloc(mp_device_t *dev, size_t bytes, void **out) {
 
 /* Removes ptr from map (mem_lock taken here); false when it is not there. */
 static bool host_map_take(host_dev_t *h, mp__ptrmap_t *map, void *ptr,
-                          size_t *bytes) {
-  host_entry_t e;
+                          host_entry_t *out) {
   pthread_mutex_lock(&h->mem_lock);
-  bool found = mp__ptrmap_take(map, (uintptr_t)ptr, &e);
+  bool found = mp__ptrmap_take(map, (uintptr_t)ptr, out);
   pthread_mutex_unlock(&h->mem_lock);
-  if (found)
-    *bytes = e.bytes;
   return found;
 }
 
@@ -803,12 +865,13 @@ static mp_status_t host_free(mp_device_t *dev, void *ptr) {
   if (st != MP_OK)
     return st;
   host_sleep_us(h->latency_us);
-  size_t bytes;
+  host_entry_t e;
   /* Checked again: another thread may have freed it meanwhile. */
-  if (!host_map_take(h, &h->allocs, ptr, &bytes))
+  if (!host_map_take(h, &h->allocs, ptr, &e))
     return mp__fail(MP_EINVAL, "mp_device_free: %p was already freed", ptr);
-  munmap(ptr, bytes);
-  host_uncharge(h, bytes);
+  munmap(ptr, e.bytes);
+  host_file_release(h, &e);
+  host_uncharge(h, e.bytes);
   return MP_OK;
 }
 
@@ -849,11 +912,11 @@ static mp_status_t host_host_free(mp_device_t *dev, void *ptr) {
   if (st != MP_OK)
     return st;
   host_sleep_us(h->latency_us);
-  size_t bytes;
-  if (!host_map_take(h, &h->pinned, ptr, &bytes))
+  host_entry_t e;
+  if (!host_map_take(h, &h->pinned, ptr, &e))
     return mp__fail(MP_EINVAL, "mp_device_host_free: %p was already freed",
                     ptr);
-  munmap(ptr, bytes);
+  munmap(ptr, e.bytes);
   return MP_OK;
 }
 
@@ -1064,7 +1127,10 @@ static mp_status_t host_vm_range(host_dev_t *h, const char *fn, void *addr,
   return MP_OK;
 }
 
-static mp_status_t host_vm_map(mp_device_t *dev, void *addr, size_t bytes) {
+/* vm_map of fresh device memory (fd < 0), or of the range of another
+ * device's file that fd names at foreign_off (vm_map_file). */
+static mp_status_t host_vm_map_at(mp_device_t *dev, void *addr, size_t bytes,
+                                  int fd, uint64_t foreign_off) {
   host_dev_t *h = host_of(dev);
   if (!h->vmm)
     return host_no_vmm("vm_map");
@@ -1078,20 +1144,35 @@ static mp_status_t host_vm_map(mp_device_t *dev, void *addr, size_t bytes) {
     st = mp__fail(MP_EINVAL, "vm_map: (%p, %zu bytes) overlaps a mapping", addr,
                   bytes);
   if (st == MP_OK) {
-    st = host_charge(h, "vm_map", bytes);
+    /* Another device's memory (vm_map_file) is not charged here. */
+    bool own = fd < 0;
+    uint64_t off = 0;
+    if (own) {
+      st = host_charge(h, "vm_map", bytes);
+      if (st == MP_OK &&
+          (st = host_file_range(h, "vm_map", bytes, &off)) != MP_OK)
+        h->used -= bytes;
+    } else {
+      off = foreign_off;
+    }
     host_entry_t *e = NULL;
     if (st == MP_OK &&
         (e = mp__ptrmap_put(&h->maps, (uintptr_t)addr)) == NULL) {
-      h->used -= bytes;
+      h->used -= own ? bytes : 0;
       st = mp__fail(MP_ENOMEM, "vm_map: out of host memory");
     }
     if (st == MP_OK)
-      e->bytes = bytes;
-    if (st == MP_OK && mprotect(addr, bytes, PROT_READ | PROT_WRITE) != 0) {
+      *e = (host_entry_t){.key = (uintptr_t)addr,
+                          .bytes = bytes,
+                          .off = off,
+                          .flags = own ? 0 : HOST_MEM_FOREIGN};
+    if (st == MP_OK && mmap(addr, bytes, PROT_READ | PROT_WRITE,
+                            MAP_SHARED | MAP_FIXED | MAP_NORESERVE,
+                            own ? h->memfd : fd, (off_t)off) == MAP_FAILED) {
       mp__ptrmap_remove(&h->maps, e);
-      h->used -= bytes;
-      st = mp__fail(MP_ENOMEM, "vm_map: mprotect of %zu bytes failed: %s",
-                    bytes, strerror(errno));
+      h->used -= own ? bytes : 0;
+      st = mp__fail(MP_ENOMEM, "vm_map: mmap of %zu bytes failed: %s", bytes,
+                    strerror(errno));
     }
     if (st == MP_OK)
       r->mapped += bytes;
@@ -1100,6 +1181,37 @@ static mp_status_t host_vm_map(mp_device_t *dev, void *addr, size_t bytes) {
   }
   pthread_mutex_unlock(&h->mem_lock);
   return st;
+}
+
+static mp_status_t host_vm_map(mp_device_t *dev, void *addr, size_t bytes) {
+  return host_vm_map_at(dev, addr, bytes, -1, 0);
+}
+
+/* The descriptor's file offset, and whether (offset, bytes) lies in it:
+ * what a descriptor from ipc_export names. */
+static mp_status_t host_fd_range(const char *fn, int fd, size_t bytes,
+                                 uint64_t *off) {
+  struct stat sb;
+  off_t at = fd >= 0 ? lseek(fd, 0, SEEK_CUR) : -1;
+  if (at < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) ||
+      (uint64_t)sb.st_size < (uint64_t)at ||
+      (uint64_t)sb.st_size - (uint64_t)at < bytes)
+    return mp__fail(MP_EINVAL,
+                    "%s: descriptor %d does not hold %zu bytes of host device "
+                    "memory",
+                    fn, fd, bytes);
+  *off = (uint64_t)at;
+  return MP_OK;
+}
+
+mp_status_t mp__host_vm_map_file(mp_device_t *dev, void *addr, size_t bytes,
+                                 int fd) {
+  if (dev->ops != &mp__host_backend)
+    return mp__fail(MP_ENOTSUP, "vm_map_file: %s is not a host device",
+                    dev->name);
+  uint64_t off = 0;
+  mp_status_t st = host_fd_range("vm_map_file", fd, bytes, &off);
+  return st == MP_OK ? host_vm_map_at(dev, addr, bytes, fd, off) : st;
 }
 
 /* mem_lock held. MP_OK when (addr, bytes) is exactly one live mapping. */
@@ -1132,17 +1244,90 @@ static mp_status_t host_vm_unmap(mp_device_t *dev, void *addr, size_t bytes) {
   pthread_mutex_lock(&h->mem_lock);
   st = host_vm_mapping(h, addr, bytes, &e);
   if (st == MP_OK) {
+    host_entry_t gone = *e;
     mp__ptrmap_remove(&h->maps, e);
     host_resv_t *r = &h->resv[host_resv_find(h, (uintptr_t)addr)];
     host_resv_mark(r, ((uintptr_t)addr - r->base) / h->granularity,
                    bytes / h->granularity, false);
     r->mapped -= bytes;
-    h->used -= bytes;
-    /* Drop the pages (the next map reads zeros) and fence the range. */
-    madvise(addr, bytes, MADV_DONTNEED);
-    mprotect(addr, bytes, PROT_NONE);
+    if (!(gone.flags & HOST_MEM_FOREIGN))
+      h->used -= bytes;
+    /* Fence the range again and give the file range back (the next map
+     * reads zeros). */
+    mmap(addr, bytes, PROT_NONE,
+         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    host_file_release(h, &gone);
   }
   pthread_mutex_unlock(&h->mem_lock);
+  return st;
+}
+
+/* ---- IPC ---------------------------------------------------------------- */
+
+/* A new open file description of the device file positioned at the
+ * range's offset, so that the descriptor alone names the memory (as a
+ * CUDA shareable handle does); exporting twice gives two descriptors. */
+static mp_status_t host_ipc_export(mp_device_t *dev, void *base, size_t bytes,
+                                   bool vm, mp_ipc_handle_t *h) {
+  host_dev_t *hd = host_of(dev);
+  pthread_mutex_lock(&hd->mem_lock);
+  host_entry_t *e =
+      mp__ptrmap_find(vm ? &hd->maps : &hd->allocs, (uintptr_t)base);
+  uint64_t off = 0;
+  bool ok = e != NULL && e->bytes == bytes && !(e->flags & HOST_MEM_FOREIGN);
+  if (ok) {
+    e->flags |= HOST_MEM_EXPORTED; /* conservative if the rest fails */
+    off = e->off;
+  }
+  pthread_mutex_unlock(&hd->mem_lock);
+  if (!ok)
+    return mp__fail(MP_EINVAL,
+                    "ipc_export: (%p, %zu bytes) is not one %s of this device",
+                    base, bytes, vm ? "mapping" : "allocation");
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", hd->memfd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0 || lseek(fd, (off_t)off, SEEK_SET) != (off_t)off) {
+    int err = errno;
+    if (fd >= 0)
+      close(fd);
+    return mp__fail(MP_EIO, "ipc_export: cannot open the device file: %s",
+                    strerror(err));
+  }
+  h->kind = MP_IPC_FD;
+  h->fd = fd;
+  return MP_OK;
+}
+
+static mp_status_t host_ipc_open(mp_device_t *dev, const mp_ipc_handle_t *h,
+                                 void **out) {
+  (void)dev;
+  uint64_t off = 0;
+  mp_status_t st =
+      h->kind == MP_IPC_FD
+          ? host_fd_range("mp_ipc_import", h->fd, h->mem_bytes, &off)
+          : mp__fail(MP_EINVAL,
+                     "mp_ipc_import: a host device imports "
+                     "descriptors only (kind %u)",
+                     h->kind);
+  if (st != MP_OK)
+    return st;
+  void *p = mmap(NULL, h->mem_bytes, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_NORESERVE, h->fd, (off_t)off);
+  if (p == MAP_FAILED)
+    return mp__fail(MP_ENOMEM, "mp_ipc_import: mmap of %zu bytes failed: %s",
+                    h->mem_bytes, strerror(errno));
+  *out = p;
+  return MP_OK;
+}
+
+static mp_status_t host_ipc_close(mp_device_t *dev, void *base, size_t bytes,
+                                  unsigned kind) {
+  (void)kind;
+  /* Queued copies may still touch it, as before any free. */
+  mp_status_t st = host_sync_all(host_of(dev), "mp_ipc_close");
+  if (st == MP_OK)
+    munmap(base, bytes);
   return st;
 }
 
@@ -1220,6 +1405,7 @@ static mp_status_t host_opt(void *ctx, const char *key, size_t key_len,
 }
 
 static void host_free_state(host_dev_t *h) {
+  close(h->memfd);
   mp__ptrmap_destroy(&h->allocs);
   mp__ptrmap_destroy(&h->pinned);
   mp__ptrmap_destroy(&h->maps);
@@ -1248,6 +1434,13 @@ static mp_status_t host_open(mp_device_t *dev, const char *opts) {
   h->fail_after = o.fail_after;
   h->vmm = o.vmm;
   h->granularity = o.granularity;
+  h->memfd = memfd_create("mempool-host-device", MFD_CLOEXEC);
+  if (h->memfd < 0) {
+    int err = errno;
+    free(h);
+    return mp__fail(MP_ENOMEM, "host device: memfd_create failed: %s",
+                    strerror(err));
+  }
   mp__ptrmap_init(&h->allocs, sizeof(host_entry_t));
   mp__ptrmap_init(&h->pinned, sizeof(host_entry_t));
   mp__ptrmap_init(&h->maps, sizeof(host_entry_t));
@@ -1335,4 +1528,7 @@ const mp__backend_t mp__host_backend = {
     .vm_release = host_vm_release,
     .vm_map = host_vm_map,
     .vm_unmap = host_vm_unmap,
+    .ipc_export = host_ipc_export,
+    .ipc_open = host_ipc_open,
+    .ipc_close = host_ipc_close,
 };

@@ -203,7 +203,7 @@ mp_status_t mp__pool_check_locked(mp_pool_t *pool) {
       s->peak_allocated_bytes < s->allocated_bytes ||
       s->peak_requested_bytes < s->requested_bytes)
     MP__CORRUPT("a peak is below its current value");
-  return MP_OK;
+  return mp__export_check(pool);
 }
 
 mp_status_t mp_pool_check(mp_pool_t *pool) {

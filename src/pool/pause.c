@@ -95,6 +95,12 @@ static mp_status_t mp__pause_check(const mp_pool_t *pool) {
     return mp__fail(MP_EBUSY, "mp_pool_pause: a stream of the pool is being "
                               "captured (graph pool): pause after "
                               "mp_pool_graph_end");
+  if (pool->nexports > 0)
+    return mp__fail(MP_EBUSY,
+                    "mp_pool_pause: %zu exported block%s still imported by "
+                    "another process (or handles not closed): its memory "
+                    "would not go back to the device",
+                    pool->nexports, pool->nexports == 1 ? " is" : "s are");
   for (const mp__segment_t *g = pool->segs; g != NULL; g = g->next)
     if (g->kind != MP__SEG_VIRTUAL)
       return mp__fail(MP_ENOTSUP,
@@ -112,6 +118,8 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
                     flags & ~MP_PAUSE_KEEP_CONTENT);
   pthread_mutex_lock(&pool->lock);
   mp__pool_wait_sync(pool);
+  if (!pool->paused && pool->nexports > 0)
+    mp__export_reap(pool);
   mp_status_t st = mp__pause_check(pool);
   if (st != MP_OK) {
     pthread_mutex_unlock(&pool->lock);

@@ -513,6 +513,7 @@ mp_status_t mp_pool_destroy(mp_pool_t *pool) {
   mp__pool_wait_sync(pool);
   mp__handle_retire_all(pool);
   mp__pool_pause_release(pool);
+  mp__export_release_all(pool);
   /* The streams that used the pool must be done before memory goes back:
    * an event on each, not a device synchronize (another thread may be
    * capturing a graph). */
@@ -630,6 +631,8 @@ mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out) {
   uint32_t sidx;
   mp_status_t st = mp__pool_paused(pool, "allocation");
+  if (MP__UNLIKELY(pool->nheld > 0) && st == MP_OK)
+    mp__export_reap(pool);
   if (st == MP_OK)
     st = mp__stream_index(pool, s, &sidx);
   if (st != MP_OK)
@@ -705,9 +708,9 @@ mp_status_t mp_pool_set_oom_handler(mp_pool_t *pool, mp_pool_oom_handler_t fn,
 /* Looks up a live block for a caller's pointer, with a message naming what
  * is wrong with it. movable_ok: a movable block's current pointer is
  * accepted (record_stream), not only raw blocks (free). */
-static mp_status_t mp__find_live(mp_pool_t *pool, const char *fn, void *ptr,
-                                 bool movable_ok, mp__block_t **out,
-                                 size_t *slot) {
+mp_status_t mp__pool_find_live(mp_pool_t *pool, const char *fn, void *ptr,
+                               bool movable_ok, mp__block_t **out,
+                               size_t *slot) {
   uintptr_t p = (uintptr_t)ptr;
   mp__block_t *b = mp__map_lookup(pool, p, slot);
   if (b == NULL) {
@@ -739,6 +742,11 @@ static mp_status_t mp__find_live(mp_pool_t *pool, const char *fn, void *ptr,
                     ptr);
   if ((b->flags & MP__B_MOVABLE) && !movable_ok)
     return mp__fail(MP_EINVAL, "%s: %p is a movable block: use mp_handle_free",
+                    fn, ptr);
+  if (MP__UNLIKELY(b->flags & MP__B_HELD))
+    return mp__fail(MP_EINVAL,
+                    "%s: %p was freed already (held until the processes "
+                    "that imported it let go)",
                     fn, ptr);
   *out = b;
   return MP_OK;
@@ -779,7 +787,8 @@ mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr, mp_stream_t s) {
   size_t slot;
   mp_status_t st = mp__pool_paused(pool, "mp_pool_record_stream");
   if (st == MP_OK)
-    st = mp__find_live(pool, "mp_pool_record_stream", ptr, true, &b, &slot);
+    st =
+        mp__pool_find_live(pool, "mp_pool_record_stream", ptr, true, &b, &slot);
   if (st == MP_OK)
     st = mp__stream_index(pool, s, &sidx);
   if (st == MP_OK)
@@ -810,7 +819,7 @@ static mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
   size_t slot;
   mp_status_t st = mp__pool_paused(pool, fn);
   if (st == MP_OK)
-    st = mp__find_live(pool, fn, ptr, false, &b, &slot);
+    st = mp__pool_find_live(pool, fn, ptr, false, &b, &slot);
   if (st == MP_OK && how == MP__FREE_ON)
     st = mp__stream_index(pool, s, &sidx);
   if (st == MP_OK) {
@@ -818,11 +827,15 @@ static mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
       mp__stream_add_use(pool, b, sidx);
     else if (how == MP__FREE_ALL)
       mp__stream_use_all(pool, b);
-    mp__map_remove_slot(pool, slot);
-    /* Before b joins its free neighbours: the new block's own stream has
-     * not reached the free yet, and merged in it would hold them back. */
-    mp__segment_release_above(pool);
-    mp__block_release(pool, b);
+    if (MP__UNLIKELY(b->flags & MP__B_EXPORTED) && mp__export_hold(pool, b)) {
+      /* imported elsewhere: released when its leases close */
+    } else {
+      mp__map_remove_slot(pool, slot);
+      /* Before b joins its free neighbours: the new block's own stream has
+       * not reached the free yet, and merged in it would hold them back. */
+      mp__segment_release_above(pool);
+      mp__block_release(pool, b);
+    }
   }
   bool graph_check = pool->graph && pool->released;
   pthread_mutex_unlock(&pool->lock);
@@ -968,6 +981,8 @@ mp_status_t mp_pool_trim(mp_pool_t *pool, size_t keep_bytes) {
   MP__HIST_ENTRY(pool);
   pthread_mutex_lock(&pool->lock);
   mp_status_t st = mp__pool_paused(pool, "mp_pool_trim");
+  if (st == MP_OK && pool->nexports > 0)
+    mp__export_reap(pool);
   if (st == MP_OK && pool->st.free_bytes > keep_bytes && pool->parent == NULL) {
     st = mp__pool_sync(pool);
     if (st == MP_OK)

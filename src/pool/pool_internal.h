@@ -61,10 +61,13 @@ enum {
                                 kept under max_split, or their pending
                                 streams do not fit one record; merged by a
                                 later free or a sync */
-  MP__B_HOLE = 1u << 7       /* an unmapped gap of the virtual range: neither
+  MP__B_HOLE = 1u << 7,      /* an unmapped gap of the virtual range: neither
                                 free nor live, never next to another hole,
                                 never the range's last block; sidx is its
                                 slot in seg->holes */
+  MP__B_EXPORTED = 1u << 8,  /* live: exported, leases in pool->exports */
+  MP__B_HELD = 1u << 9       /* live: freed by its owner while imported
+                                elsewhere; released when its leases close */
 };
 
 #define MP__MAX_DEPS 4
@@ -285,6 +288,9 @@ struct mp_pool {
   _Atomic unsigned npeers;
   uint64_t release_next_free; /* release_threshold: the free_count at which
                                  a try to release may come again */
+  struct mp__export *exports; /* export.c: open leases */
+  size_t nexports, exports_cap;
+  size_t nheld; /* blocks MP__B_HELD */
   mp__history_t hist;
 };
 
@@ -315,6 +321,18 @@ mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes, mp_stream_t s,
 /* After a free from graph with the lock dropped: a released graph pool
  * whose last block went gives its ranges back and is freed. */
 void mp__graph_after_free(mp_pool_t *graph);
+/* ---- export.c: IPC exports and their leases ------------------------------ */
+/* A free of exported b (lock held): true when b is still imported
+ * elsewhere and is now held instead of freed. */
+bool mp__export_hold(mp_pool_t *pool, mp__block_t *b);
+/* Closes the leases whose importers have let go (one poll each) and
+ * releases held blocks left with none. */
+void mp__export_reap(mp_pool_t *pool);
+/* Destroy: closes every lease. */
+void mp__export_release_all(mp_pool_t *pool);
+/* mp_pool_check: every record names a live exported block, every exported
+ * block has a record, nheld counts the held ones. */
+mp_status_t mp__export_check(const mp_pool_t *pool);
 
 /* ---- handle.c: movable-block handles ------------------------------------ */
 /* Under the lock: b's handle (every copy) is stale from now on. */
@@ -342,6 +360,12 @@ mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
  * pool's out-of-memory handler (lock dropped) if st is out of memory and
  * one is set; true: the caller tries once more. */
 bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes);
+/* The live block at ptr for a caller's fn, with a message naming what is
+ * wrong with it; movable_ok: a movable block's pointer is accepted. A held
+ * block is not live to callers. */
+mp_status_t mp__pool_find_live(mp_pool_t *pool, const char *fn, void *ptr,
+                               bool movable_ok, mp__block_t **out,
+                               size_t *slot);
 /* mp_pool_alloc under the lock the caller holds. */
 mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out);
@@ -498,6 +522,9 @@ void mp__segment_release_above(mp_pool_t *pool);
 /* Destroy: releases every segment, live or not. */
 void mp__segment_release_all(mp_pool_t *pool);
 mp__segment_t *mp__segment_containing(const mp_pool_t *pool, uintptr_t p);
+/* The mapped chunk of virtual segment v holding address a; false if none. */
+bool mp__segment_chunk_of(const mp__segment_t *v, uintptr_t a,
+                          mp__chunk_t *out);
 /* Whether ptr lies in one of pool's segments (takes the lock). */
 bool mp__pool_contains(mp_pool_t *pool, const void *ptr);
 /* Waits until no grow/release is in flight (drops the lock meanwhile). */

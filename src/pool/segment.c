@@ -219,6 +219,15 @@ static size_t mp__chunk_at(const mp__segment_t *v, uintptr_t a) {
   return lo;
 }
 
+bool mp__segment_chunk_of(const mp__segment_t *v, uintptr_t a,
+                          mp__chunk_t *out) {
+  size_t i = mp__chunk_at(v, a + 1); /* the first chunk above a */
+  if (i == 0 || a - v->chunks[i - 1].addr >= v->chunks[i - 1].size)
+    return false;
+  *out = v->chunks[i - 1];
+  return true;
+}
+
 static void mp__hole_add(mp__segment_t *v, mp__block_t *h) {
   h->flags = MP__B_HOLE;
   h->ndeps = 0;

@@ -202,7 +202,8 @@ mp__curesult cuMemGetInfo_v2(size_t *free, size_t *total) {
 }
 
 /* A sub-allocated pointer's range is its block, not the pool's segment:
- * what the program asked for is what it gets back. */
+ * what the program asked for is what it gets back; cuPointerGetAttribute's
+ * range start and size say the same. */
 mp__curesult cuMemGetAddressRange_v2(mp__cuptr *pbase, size_t *psize,
                                      mp__cuptr dptr) {
   mp__pl_block_t b;
@@ -216,5 +217,24 @@ mp__curesult cuMemGetAddressRange_v2(mp__cuptr *pbase, size_t *psize,
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   return rc->mem_get_address_range
              ? rc->mem_get_address_range(pbase, psize, dptr)
+             : MP__CU_NOT_INITIALIZED;
+}
+
+mp__curesult cuPointerGetAttribute(void *data, unsigned int attribute,
+                                   mp__cuptr ptr) {
+  mp__pl_block_t b;
+  if (data != NULL &&
+      (attribute == MP__CU_POINTER_RANGE_START ||
+       attribute == MP__CU_POINTER_RANGE_SIZE) &&
+      mp__pl_table_find_pool((uintptr_t)ptr, &b)) {
+    if (attribute == MP__CU_POINTER_RANGE_START)
+      *(mp__cuptr *)data = (mp__cuptr)b.ptr;
+    else
+      *(size_t *)data = b.size;
+    return MP__CU_SUCCESS;
+  }
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  return rc->pointer_get_attribute
+             ? rc->pointer_get_attribute(data, attribute, ptr)
              : MP__CU_NOT_INITIALIZED;
 }

@@ -22,6 +22,9 @@ MP__EXPORT mp__curesult cuMemFreeAsync_ptsz(mp__cuptr dptr,
 MP__EXPORT mp__curesult cuMemGetInfo_v2(size_t *free, size_t *total);
 MP__EXPORT mp__curesult cuMemGetAddressRange_v2(mp__cuptr *pbase, size_t *psize,
                                                 mp__cuptr dptr);
+MP__EXPORT mp__curesult cuPointerGetAttribute(void *data,
+                                              unsigned int attribute,
+                                              mp__cuptr ptr);
 MP__EXPORT mp__curesult cuGetProcAddress(const char *symbol, void **pfn,
                                          int cudaVersion, uint64_t flags);
 MP__EXPORT mp__curesult cuGetProcAddress_v2(const char *symbol, void **pfn,

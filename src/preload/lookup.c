@@ -125,6 +125,7 @@ static const mp__hook_name_t mp__hooks[] = {
     MP__HOOK(cuGraphInstantiateWithParams_ptsz),
     MP__HOOK(cuGraphExecDestroy),
     MP__HOOK(cuGraphDestroy),
+    MP__HOOK(cuPointerGetAttribute),
 };
 #undef MP__HOOK
 
@@ -177,6 +178,8 @@ void *mp__pl_proc_hook(const char *symbol, int cuda_version, uint64_t flags) {
     return (void *)&cuStreamDestroy_v2;
   if (strcmp(symbol, "cuStreamCreate") == 0)
     return (void *)&cuStreamCreate;
+  if (strcmp(symbol, "cuPointerGetAttribute") == 0)
+    return (void *)&cuPointerGetAttribute;
   if (strcmp(symbol, "cuStreamCreateWithPriority") == 0)
     return (void *)&cuStreamCreateWithPriority;
   if (strcmp(symbol, "cuMemAllocAsync") == 0)

@@ -50,8 +50,11 @@ typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st *mp__cugraphparams;
 #define MP__CUDA_INIT_ERROR        3u
 #define MP__CUDA_NO_DEVICE         100u
 #define MP__CUDA_UNKNOWN           999u
-#define MP__CU_PROC_PER_THREAD     2u /* CU_GET_PROC_ADDRESS_PER_THREAD_... */
-#define MP__CU_STREAM_PER_THREAD   ((mp__custream)0x2)
+#define MP__CU_POINTER_RANGE_START                                             \
+  11u /* CU_POINTER_ATTRIBUTE_RANGE_START_ADDR */
+#define MP__CU_POINTER_RANGE_SIZE 12u /* CU_POINTER_ATTRIBUTE_RANGE_SIZE */
+#define MP__CU_PROC_PER_THREAD    2u  /* CU_GET_PROC_ADDRESS_PER_THREAD_... */
+#define MP__CU_STREAM_PER_THREAD  ((mp__custream)0x2)
 
 /* ---- state.c ------------------------------------------------------------ */
 
@@ -66,6 +69,7 @@ typedef struct mp__real_cuda {
   mp__curesult (*mem_free_async_ptsz)(mp__cuptr, mp__custream);
   mp__curesult (*mem_get_info)(size_t *, size_t *);
   mp__curesult (*mem_get_address_range)(mp__cuptr *, size_t *, mp__cuptr);
+  mp__curesult (*pointer_get_attribute)(void *, unsigned int, mp__cuptr);
   mp__curesult (*get_proc_address)(const char *, void **, int, uint64_t);
   mp__curesult (*get_proc_address_v2)(const char *, void **, int, uint64_t,
                                       unsigned int *);

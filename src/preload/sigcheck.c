@@ -20,6 +20,10 @@ _Static_assert(sizeof(CUdeviceptr) == sizeof(mp__cuptr), "CUdeviceptr");
 _Static_assert(CUDA_ERROR_OUT_OF_MEMORY == MP__CU_OUT_OF_MEMORY, "errors");
 _Static_assert(cudaErrorMemoryAllocation == MP__CUDA_MEMORY_ALLOCATION,
                "errors");
+_Static_assert(CU_POINTER_ATTRIBUTE_RANGE_START_ADDR ==
+                       MP__CU_POINTER_RANGE_START &&
+                   CU_POINTER_ATTRIBUTE_RANGE_SIZE == MP__CU_POINTER_RANGE_SIZE,
+               "pointer attributes");
 _Static_assert(CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM ==
                    MP__CU_PROC_PER_THREAD,
                "flags");

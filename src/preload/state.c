@@ -47,6 +47,7 @@ static void mp__rc_start(void) {
   MP__RESOLVE(mp__rc, h, mem_free_async_ptsz, "cuMemFreeAsync_ptsz");
   MP__RESOLVE(mp__rc, h, mem_get_info, "cuMemGetInfo_v2");
   MP__RESOLVE(mp__rc, h, mem_get_address_range, "cuMemGetAddressRange_v2");
+  MP__RESOLVE(mp__rc, h, pointer_get_attribute, "cuPointerGetAttribute");
   MP__RESOLVE(mp__rc, h, get_proc_address, "cuGetProcAddress");
   MP__RESOLVE(mp__rc, h, get_proc_address_v2, "cuGetProcAddress_v2");
   MP__RESOLVE(mp__rc, h, ctx_get_device, "cuCtxGetDevice");

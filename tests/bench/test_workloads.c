@@ -17,6 +17,10 @@ static void expect_well_formed(const mpb_workload_t *w) {
                     e->slot);
       continue;
     }
+    if (e->op == MPB_PAUSE || e->op == MPB_RESUME) {
+      cr_assert_lt(e->tenant, w->ntenants, "%s: no such tenant", w->name);
+      continue; /* colocate's turns: test_colocate.c */
+    }
     cr_assert_lt(e->slot, w->nslots);
     if (e->op == MPB_ALLOC) {
       cr_assert_not(live[e->slot], "%s: slot %u reused while live", w->name,
@@ -42,7 +46,8 @@ static bool same_events(const mpb_workload_t *a, const mpb_workload_t *b) {
     return false;
   for (size_t i = 0; i < a->n; i++)
     if (a->ev[i].size != b->ev[i].size || a->ev[i].slot != b->ev[i].slot ||
-        a->ev[i].stream != b->ev[i].stream || a->ev[i].op != b->ev[i].op)
+        a->ev[i].stream != b->ev[i].stream || a->ev[i].op != b->ev[i].op ||
+        a->ev[i].tenant != b->ev[i].tenant)
       return false;
   return true;
 }

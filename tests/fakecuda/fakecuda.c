@@ -76,11 +76,15 @@
  * shim's failures in cudaGetLastError) is checked only on a GPU
  * (tests/preload/gpu/gpu_prog.cu). */
 #include <cuda.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "device/backend.h"
 
@@ -230,6 +234,12 @@ void cuFakeResetCallCounts(void);
   X(cuMemMap)                                                                  \
   X(cuMemUnmap)                                                                \
   X(cuMemSetAccess)                                                            \
+  X(cuMemExportToShareableHandle)                                              \
+  X(cuMemImportFromShareableHandle)                                            \
+  X(cuIpcGetMemHandle)                                                         \
+  X(cuIpcOpenMemHandle_v2)                                                     \
+  X(cuIpcCloseMemHandle)                                                       \
+  X(cuPointerGetAttribute)                                                     \
   X(cuGetErrorName)                                                            \
   X(cuGetErrorString)                                                          \
   X(cuGetProcAddress)                                                          \
@@ -313,10 +323,12 @@ struct CUctx_st {
 
 /* A physical allocation from cuMemCreate; a handle is its address. */
 typedef struct fk_phys {
-  size_t size;
+  size_t size; /* 0 for an imported handle: the importer gives the size */
   int ordinal;
   int maps;      /* live mappings; under fk.lock */
   bool released; /* cuMemRelease called; freed with its last mapping */
+  CUmemAllocationHandleType types; /* requestedHandleTypes at cuMemCreate */
+  int import_fd; /* cuMemImportFromShareableHandle: the memory; else -1 */
 } fk_phys_t;
 
 /* One range of device addresses handed out: an allocation or a mapping. */
@@ -327,6 +339,9 @@ typedef struct fk_range {
   fk_phys_t *phys;            /* mappings only */
   unsigned access;            /* mappings: devices given access (a bit per
                                  ordinal, cuMemSetAccess) */
+  int ipc_fd;                 /* allocations: the descriptor cuIpcGetMemHandle
+                                 exported (closed at cuMemFree), or -1 */
+  bool ipc_open;              /* a cuIpcOpenMemHandle mapping */
 } fk_range_t;
 
 static struct {
@@ -844,6 +859,12 @@ static CUresult fk_capturing_stream(mp_device_t *dev, CUstream h, bool ptsz,
 
 /* ---- address ranges ------------------------------------------------------ */
 
+static void fk_phys_free(fk_phys_t *p) {
+  if (p->import_fd >= 0)
+    close(p->import_fd);
+  free(p);
+}
+
 /* Index of the first range whose base is >= addr. Under fk.lock. */
 static size_t fk_range_lower(uintptr_t addr) {
   size_t lo = 0, hi = fk.n_ranges;
@@ -918,7 +939,9 @@ static void fk_range_drop_ctx(const struct CUctx_st *ctx) {
       continue;
     }
     if (r->phys != NULL && --r->phys->maps == 0 && r->phys->released)
-      free(r->phys);
+      fk_phys_free(r->phys);
+    if (r->ipc_fd >= 0)
+      close(r->ipc_fd);
   }
   fk.n_ranges = k;
   pthread_mutex_unlock(&fk.lock);
@@ -1265,8 +1288,10 @@ static CUresult fk_alloc(mp_device_t *dev, CUdeviceptr *dptr, size_t bytes) {
   mp_status_t st = mp_device_alloc(dev, bytes, &p);
   if (st != MP_OK)
     return fk_result_of(st);
-  fk_range_t r = {
-      .base = (uintptr_t)p, .size = bytes, .ctx = fk_stack[fk_depth - 1]};
+  fk_range_t r = {.base = (uintptr_t)p,
+                  .size = bytes,
+                  .ctx = fk_stack[fk_depth - 1],
+                  .ipc_fd = -1};
   if (!fk_range_add(r)) {
     (void)mp_device_free(dev, p);
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1279,13 +1304,15 @@ static CUresult fk_free(mp_device_t *dev, CUdeviceptr dptr) {
   fk_range_t r;
   if (!fk_range_take((uintptr_t)dptr, &r))
     return CUDA_ERROR_INVALID_VALUE;
-  if (r.phys != NULL) { /* a mapping, not an allocation */
+  if (r.phys != NULL || r.ipc_open) { /* a mapping, not an allocation */
     (void)fk_range_add(r);
     return CUDA_ERROR_INVALID_VALUE;
   }
   mp_status_t st = mp_device_free(dev, (void *)dptr);
   if (st != MP_OK)
     (void)fk_range_add(r);
+  else if (r.ipc_fd >= 0)
+    close(r.ipc_fd);
   return fk_result_of(st);
 }
 
@@ -1545,21 +1572,14 @@ FK_IN_CTX_TWINS(cuStreamSynchronize, cuStreamSynchronize_ptsz, (CUstream s),
                 fk_stream_sync(dev, s, ptsz))
 
 /* The host backend has no stream query: ask an event recorded at its end. */
+/* CUDA_SUCCESS when all work queued on s so far has completed (cuda.h,
+ * cuStreamQuery). Asked of the host stream itself: recording a marker and
+ * querying it at once asked whether the worker had already reached the new
+ * marker, which it rarely had, so an idle stream read as busy. */
 static CUresult fk_stream_query(mp_device_t *dev, CUstream s, bool ptsz) {
-  mp_event_t e = NULL;
-  mp_status_t st = mp_event_create(dev, &e);
-  if (st != MP_OK)
-    return fk_result_of(st);
   mp_stream_t hs = NULL;
   CUresult r = fk_lookup_stream(dev, s, ptsz, &hs);
-  if (r == CUDA_SUCCESS) {
-    st = mp_event_record(dev, e, hs);
-    if (st == MP_OK)
-      st = mp_event_query(dev, e);
-    r = fk_result_of(st);
-  }
-  (void)mp_event_destroy(dev, e);
-  return r;
+  return r == CUDA_SUCCESS ? fk_result_of(mp_stream_query(dev, hs)) : r;
 }
 
 FK_IN_CTX_TWINS(cuStreamQuery, cuStreamQuery_ptsz, (CUstream s),
@@ -2092,6 +2112,8 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     return CUDA_ERROR_OUT_OF_MEMORY;
   p->size = size;
   p->ordinal = prop->location.id;
+  p->types = prop->requestedHandleTypes;
+  p->import_fd = -1;
   *handle = (CUmemGenericAllocationHandle)(uintptr_t)p;
   return CUDA_SUCCESS;
 }
@@ -2110,7 +2132,7 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   if (was_released)
     return CUDA_ERROR_INVALID_VALUE;
   if (free_now)
-    free(p);
+    fk_phys_free(p);
   return CUDA_SUCCESS;
 }
 
@@ -2120,15 +2142,22 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
   FK_COUNT(cuMemMap);
   FK_CURRENT(dev);
   fk_phys_t *p = (fk_phys_t *)(uintptr_t)handle;
-  if (p == NULL || ptr == 0 || offset != 0 || flags != 0 || size != p->size)
+  if (p == NULL || ptr == 0 || offset != 0 || flags != 0 ||
+      (p->import_fd < 0 && size != p->size))
     return CUDA_ERROR_INVALID_VALUE;
-  mp_status_t st = mp__device_vm_map(dev, (void *)ptr, size);
+  /* An imported handle maps the exporter's memory (its file range); the
+   * host backend checks that size fits in it. */
+  mp_status_t st =
+      p->import_fd >= 0
+          ? mp__host_vm_map_file(dev, (void *)ptr, size, p->import_fd)
+          : mp__device_vm_map(dev, (void *)ptr, size);
   if (st != MP_OK)
     return fk_result_of(st);
   fk_range_t r = {.base = (uintptr_t)ptr,
                   .size = size,
                   .ctx = fk_stack[fk_depth - 1],
-                  .phys = p};
+                  .phys = p,
+                  .ipc_fd = -1};
   if (!fk_range_add(r)) {
     (void)mp__device_vm_unmap(dev, (void *)ptr, size);
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -2158,7 +2187,7 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   bool free_now = --r.phys->maps == 0 && r.phys->released;
   pthread_mutex_unlock(&fk.lock);
   if (free_now)
-    free(r.phys);
+    fk_phys_free(r.phys);
   return CUDA_SUCCESS;
 }
 
@@ -2201,6 +2230,214 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
   return r;
 }
 
+/* ---- IPC ------------------------------------------------------------------
+ * Memory is the host device's memfd, so a shareable handle is a descriptor
+ * of it positioned at the allocation (what the host backend's ipc_export
+ * gives), and a CUipcMemHandle names the exporter's descriptor by process
+ * and number (opened through /proc/<pid>/fd) with the offset and size.
+ * Rules kept (cuda.h): cuMemExportToShareableHandle needs flags 0 and a
+ * handle created with the requested type in requestedHandleTypes
+ * (CUmemAllocationProp: "bitmask indicating intended handle types");
+ * cuIpcGetMemHandle takes the base of a cuMemAlloc allocation only;
+ * cuIpcOpenMemHandle's flags must be CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS and
+ * its memory is released with cuIpcCloseMemHandle, never cuMemFree.
+ * Limits: a cuMemCreate handle can be exported only while it is mapped
+ * (physical memory exists here only in a mapping); an imported handle maps
+ * any size that fits in the exporter's file range, not only the exported
+ * allocation's; a handle opened twice in one context gives two mappings
+ * instead of one counted one; opening a handle in its exporting process
+ * is refused (CUDA_ERROR_INVALID_CONTEXT), as the runtime documents for
+ * cudaIpcOpenMemHandle. */
+
+typedef struct fk_ipc {
+  char magic[8]; /* "fkipc1" */
+  int32_t pid;   /* the exporter */
+  int32_t fd;    /* its descriptor of the memory, positioned at off */
+  uint64_t off, size;
+} fk_ipc_t;
+_Static_assert(sizeof(fk_ipc_t) <= CU_IPC_HANDLE_SIZE, "fits the handle");
+
+/* The range a mapping of p lies at in the current context's device. */
+static bool fk_phys_mapping(const fk_phys_t *p, fk_range_t *out) {
+  pthread_mutex_lock(&fk.lock);
+  bool found = false;
+  for (size_t i = 0; i < fk.n_ranges && !found; i++)
+    if (fk.ranges[i].phys == p) {
+      *out = fk.ranges[i];
+      found = true;
+    }
+  pthread_mutex_unlock(&fk.lock);
+  return found;
+}
+
+CUresult cuMemExportToShareableHandle(void *shareableHandle,
+                                      CUmemGenericAllocationHandle handle,
+                                      CUmemAllocationHandleType handleType,
+                                      unsigned long long flags) {
+  FK_COUNT(cuMemExportToShareableHandle);
+  FK_CURRENT(dev);
+  fk_phys_t *p = (fk_phys_t *)(uintptr_t)handle;
+  if (shareableHandle == NULL || p == NULL || flags != 0 ||
+      handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!(p->types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+    return CUDA_ERROR_NOT_PERMITTED;
+  fk_range_t r;
+  if (p->import_fd >= 0 || !fk_phys_mapping(p, &r))
+    return CUDA_ERROR_NOT_SUPPORTED; /* the fake's limit, see above */
+  mp_ipc_handle_t h;
+  mp_status_t st = mp__device_ipc_export(dev, (void *)r.base, r.size, true, &h);
+  if (st != MP_OK)
+    return fk_result_of(st);
+  *(int *)shareableHandle = h.fd;
+  return CUDA_SUCCESS;
+}
+
+CUresult
+cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                               void *osHandle,
+                               CUmemAllocationHandleType shHandleType) {
+  FK_COUNT(cuMemImportFromShareableHandle);
+  FK_CURRENT(dev);
+  (void)dev;
+  if (handle == NULL ||
+      shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    return CUDA_ERROR_INVALID_VALUE;
+  /* The driver keeps its own reference: the caller may close osHandle. */
+  int fd = fcntl((int)(intptr_t)osHandle, F_DUPFD_CLOEXEC, 0);
+  struct stat sb;
+  if (fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    if (fd >= 0)
+      close(fd);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  fk_phys_t *p = calloc(1, sizeof *p);
+  if (p == NULL) {
+    close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  p->import_fd = fd;
+  p->types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  *handle = (CUmemGenericAllocationHandle)(uintptr_t)p;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
+  FK_COUNT(cuIpcGetMemHandle);
+  FK_CURRENT(dev);
+  if (pHandle == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  fk_range_t r;
+  if (!fk_range_find((uintptr_t)dptr, &r) || r.base != (uintptr_t)dptr ||
+      r.phys != NULL || r.ipc_open)
+    return CUDA_ERROR_INVALID_VALUE; /* the base of a cuMemAlloc only */
+  int fd = r.ipc_fd;
+  if (fd < 0) {
+    mp_ipc_handle_t h;
+    mp_status_t st =
+        mp__device_ipc_export(dev, (void *)r.base, r.size, false, &h);
+    if (st != MP_OK)
+      return fk_result_of(st);
+    fd = h.fd;
+    pthread_mutex_lock(&fk.lock);
+    size_t i = fk_range_lower(r.base);
+    if (i < fk.n_ranges && fk.ranges[i].base == r.base &&
+        fk.ranges[i].ipc_fd < 0)
+      fk.ranges[i].ipc_fd = fd;
+    else {
+      close(fd);
+      fd = i < fk.n_ranges && fk.ranges[i].base == r.base ? fk.ranges[i].ipc_fd
+                                                          : -1;
+    }
+    pthread_mutex_unlock(&fk.lock);
+    if (fd < 0)
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  fk_ipc_t e = {.magic = "fkipc1",
+                .pid = (int32_t)getpid(),
+                .fd = fd,
+                .off = (uint64_t)lseek(fd, 0, SEEK_CUR),
+                .size = r.size};
+  memset(pHandle, 0, sizeof *pHandle);
+  memcpy(pHandle->reserved, &e, sizeof e);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                               unsigned int Flags) {
+  FK_COUNT(cuIpcOpenMemHandle_v2);
+  FK_CURRENT(dev);
+  (void)dev;
+  fk_ipc_t e;
+  memcpy(&e, handle.reserved, sizeof e);
+  if (pdptr == NULL || Flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (memcmp(e.magic, "fkipc1", 7) != 0 || e.size == 0)
+    return CUDA_ERROR_INVALID_HANDLE;
+  if (e.pid == (int32_t)getpid())
+    return CUDA_ERROR_INVALID_CONTEXT;
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)e.pid, (int)e.fd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0)
+    return CUDA_ERROR_INVALID_HANDLE;
+  void *p =
+      mmap(NULL, e.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)e.off);
+  close(fd);
+  if (p == MAP_FAILED)
+    return CUDA_ERROR_MAP_FAILED;
+  fk_range_t r = {.base = (uintptr_t)p,
+                  .size = e.size,
+                  .ctx = fk_stack[fk_depth - 1],
+                  .ipc_fd = -1,
+                  .ipc_open = true};
+  if (!fk_range_add(r)) {
+    munmap(p, e.size);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *pdptr = (CUdeviceptr)p;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+  FK_COUNT(cuIpcCloseMemHandle);
+  FK_CURRENT(dev);
+  (void)dev;
+  fk_range_t r;
+  if (!fk_range_take((uintptr_t)dptr, &r))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!r.ipc_open) {
+    (void)fk_range_add(r);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  munmap((void *)r.base, r.size);
+  return CUDA_SUCCESS;
+}
+
+/* The attributes the shim answers for pool memory (cuda.h,
+ * CUpointer_attribute): RANGE_START_ADDR and RANGE_SIZE are the
+ * allocation or mapping holding ptr, as cuMemGetAddressRange says; other
+ * attributes are not modelled. */
+CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute,
+                               CUdeviceptr ptr) {
+  FK_COUNT(cuPointerGetAttribute);
+  FK_NEED_INIT();
+  if (data == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  fk_range_t r;
+  if (!fk_range_find((uintptr_t)ptr, &r))
+    return CUDA_ERROR_INVALID_VALUE;
+  switch (attribute) {
+  case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+    *(CUdeviceptr *)data = (CUdeviceptr)r.base;
+    return CUDA_SUCCESS;
+  case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+    *(size_t *)data = r.size;
+    return CUDA_SUCCESS;
+  default: return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
+
 /* Test hook: the devices given access to the mapping holding addr, or -1
  * where nothing is mapped. */
 int cuFakeAccessMask(CUdeviceptr addr);
@@ -2227,6 +2464,7 @@ int cuFakeAccessMask(CUdeviceptr addr) {
   X(CUDA_ERROR_NOT_READY, "device not ready")                                  \
   X(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                       \
   X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                       \
+  X(CUDA_ERROR_MAP_FAILED, "mapping of buffer object failed")                  \
   X(CUDA_ERROR_ILLEGAL_STATE, "the operation is not permitted in this state")  \
   X(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,                                     \
     "operation not permitted when stream is capturing")                        \
@@ -2369,6 +2607,13 @@ static const fk_proc_t fk_procs[] = {
     FK_P("cuMemCreate", 10020, cuMemCreate),
     FK_P("cuMemRelease", 10020, cuMemRelease),
     FK_P("cuMemMap", 10020, cuMemMap),
+    FK_P("cuMemExportToShareableHandle", 10020, cuMemExportToShareableHandle),
+    FK_P("cuMemImportFromShareableHandle", 10020,
+         cuMemImportFromShareableHandle),
+    FK_P("cuIpcGetMemHandle", 4010, cuIpcGetMemHandle),
+    FK_P("cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2),
+    FK_P("cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle),
+    FK_P("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
     FK_P("cuMemUnmap", 10020, cuMemUnmap),
     FK_P("cuMemSetAccess", 10020, cuMemSetAccess),
     FK_P("cuGetErrorName", 6000, cuGetErrorName),

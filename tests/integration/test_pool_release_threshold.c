@@ -18,16 +18,6 @@ MP_DEVICE_SUITE(release_threshold, "host:capacity=2G");
  * lets the device finish, then makes a few small pairs (a free is when the
  * pool looks; after a try that found memory in use, every 8th). Returns
  * the stats after. */
-/* Frees spaced as work would space them: each free's marker event has
- * completed by the next (the pool never waits for one). */
-static void small_pairs(mp_pool_t *p, mp_stream_t s) {
-  for (int i = 0; i < 9; i++) {
-    void *x;
-    cr_assert_eq(mp_pool_alloc(p, 4096, s, &x), MP_OK);
-    usleep(2000);
-    cr_assert_eq(mp_pool_free(p, x), MP_OK);
-  }
-}
 
 static mp_stats_t churn(mp_pool_t *p, mp_stream_t *s, int ns, int n,
                         size_t each) {
@@ -39,7 +29,7 @@ static mp_stats_t churn(mp_pool_t *p, mp_stream_t *s, int ns, int n,
   for (int i = 0; i < n; i++)
     cr_assert_eq(mp_pool_free(p, b[i]), MP_OK);
   cr_assert_eq(mp_device_synchronize(dev), MP_OK);
-  small_pairs(p, s[0]);
+  release_pairs(p, s[0]);
   return stats(p);
 }
 

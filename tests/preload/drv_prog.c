@@ -13,11 +13,14 @@
  *                         device's context are served by that device's own
  *                         pool (FAKECUDA_DEVICE_COUNT=2 expected). The host
  *                         device serves every context.
+ *                         With DRV_PROG_TOTAL=N, cuMemGetInfo_v2 must say
+ *                         N bytes total (a cap in MEMPOOL_CONF).
  * Prints "ok" and exits 0, or names each failed check and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "prog_check.h"
@@ -59,6 +62,7 @@ static void check_lookups(void *h) {
       {"cuMemFree", "cuMemFree_v2", 3020, 0},
       {"cuMemGetInfo", "cuMemGetInfo_v2", 3020, 0},
       {"cuMemGetAddressRange", "cuMemGetAddressRange_v2", 3020, 0},
+      {"cuPointerGetAttribute", "cuPointerGetAttribute", 4000, 0},
       {"cuMemAllocAsync", "cuMemAllocAsync", 11020, 0},
       {"cuMemAllocAsync", "cuMemAllocAsync_ptsz", 11020, 2},
       {"cuMemFreeAsync", "cuMemFreeAsync", 11020, 0},
@@ -125,10 +129,22 @@ static void check_serving(int preloaded, int cuda) {
   expect(cuMemGetAddressRange_v2(&base, &size, d[0] + 4096) == CUDA_SUCCESS &&
              base == d[0] && size == 1 << 20,
          "address range of an interior pointer is its block");
+  CUdeviceptr start = 0;
+  size_t range = 0;
+  expect(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                               d[0] + 4096) == CUDA_SUCCESS &&
+             cuPointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                   d[0] + 4096) == CUDA_SUCCESS &&
+             start == base && range == size,
+         "cuPointerGetAttribute's range agrees with cuMemGetAddressRange");
   size_t free_b = 0, total_b = 0;
   expect(cuMemGetInfo_v2(&free_b, &total_b) == CUDA_SUCCESS && total_b > 0 &&
              free_b <= total_b,
          "cuMemGetInfo_v2");
+  /* DRV_PROG_TOTAL: what the total must be (the pool's cap). */
+  const char *want = getenv("DRV_PROG_TOTAL");
+  expect(want == NULL || strtoull(want, NULL, 10) == total_b,
+         "cuMemGetInfo_v2's total is the cap");
   expect(cuMemFreeAsync(d[1], NULL) == CUDA_SUCCESS, "async free");
   expect(cuMemFreeAsync_ptsz(d[2], NULL) == CUDA_SUCCESS, "ptsz free");
   expect(cuMemFree_v2(d[0]) == CUDA_SUCCESS, "free");

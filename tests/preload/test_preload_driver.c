@@ -44,6 +44,18 @@ Test(preload_driver, every_route_ends_in_the_shim_on_the_host_device) {
   cr_assert(strstr(r.err, "\"mode\": \"pool\"") != NULL, "%s", r.err);
 }
 
+/* A cap is what cuMemGetInfo_v2 says on the cuda backend too (the fake's
+ * device is 16 GiB, the pool's cap 64 MiB). */
+Test(preload_driver, mem_info_reports_the_cap_on_the_cuda_backend) {
+  const char *argv[] = {MP_DRV_PROG, "preloaded", "cuda", NULL};
+  const char *env[] = {"LD_PRELOAD=" MP_SHIM,        "MEMPOOL_DEVICE=cuda",
+                       "MEMPOOL_CONF=max_bytes=64M", "FAKECUDA_DEVICE_COUNT=2",
+                       "DRV_PROG_TOTAL=67108864",    NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_str_eq(r.out, "ok\n");
+}
+
 /* The pool's cuda backend opens the same libcuda.so.1 and resolves it from
  * inside the shim: it must get the driver's functions, or every allocation
  * would recurse into the hooks. */

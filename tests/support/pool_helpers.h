@@ -4,6 +4,7 @@
 #define MEMPOOL_TEST_POOL_HELPERS_H
 
 #include <criterion/criterion.h>
+#include <unistd.h>
 
 #include <mempool/mempool.h>
 
@@ -39,6 +40,19 @@ static inline mp_stats_t stats(mp_pool_t *p) {
 
 static inline void check(mp_pool_t *p) {
   cr_assert_eq(mp_pool_check(p), MP_OK, "%s", mp_last_error());
+}
+
+/* Small alloc/free pairs spaced as work would space them, each free's
+ * marker event completed by the next (the pool never waits for one): a
+ * free is when release_threshold looks, every 8th after a try that found
+ * memory in use. */
+static inline void release_pairs(mp_pool_t *p, mp_stream_t s) {
+  for (int i = 0; i < 9; i++) {
+    void *x;
+    cr_assert_eq(mp_pool_alloc(p, 4096, s, &x), MP_OK);
+    usleep(2000);
+    cr_assert_eq(mp_pool_free(p, x), MP_OK);
+  }
 }
 
 #endif /* MEMPOOL_TEST_POOL_HELPERS_H */

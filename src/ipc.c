@@ -1,0 +1,265 @@
+/* ipc.c - the importing side of IPC: mapping a block another process
+ * exported (mp_ipc_import / mp_ipc_close), and moving handles between
+ * processes over a Unix socket (mp_ipc_send / mp_ipc_recv).
+ *
+ * An import keeps the lease's importer end open until it is closed: the
+ * exporter learns that the block is free to reuse when every copy of that
+ * end is gone (src/pool/export.c), which also happens when the importing
+ * process dies. Imports are listed per device (an array, under one
+ * process-wide mutex: imports are rare) so that mp_ipc_close can find
+ * what it maps and mp_device_close can close what was left.
+ *
+ * Invariant: a handle that fails to import keeps its descriptors; one
+ * that imports gives them to the import (the memory's descriptor is closed
+ * once mapped, the lease kept). */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "device/backend.h"
+
+struct mp__import {
+  uintptr_t ptr; /* what mp_ipc_import returned */
+  void *base;    /* what the backend mapped */
+  size_t bytes;
+  unsigned kind;
+  int lease;
+};
+
+static pthread_mutex_t mp__ipc_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static mp_status_t mp__ipc_check(const mp_device_t *dev,
+                                 const mp_ipc_handle_t *h) {
+  if (h->kind != MP_IPC_FD && h->kind != MP_IPC_CUDA)
+    return mp__fail(MP_EINVAL,
+                    "mp_ipc_import: the handle is empty or of unknown kind %u",
+                    h->kind);
+  if (h->kind == MP_IPC_FD && h->fd < 0)
+    return mp__fail(MP_EINVAL, "mp_ipc_import: the handle has no memory "
+                               "descriptor (closed already, or imported?)");
+  if (h->lease_fd < 0)
+    return mp__fail(MP_EINVAL, "mp_ipc_import: the handle has no lease "
+                               "descriptor (closed already, or imported?)");
+  if (h->bytes == 0 || h->mem_bytes == 0 || h->offset > h->mem_bytes ||
+      h->bytes > h->mem_bytes - h->offset)
+    return mp__fail(MP_EINVAL,
+                    "mp_ipc_import: a block of %zu bytes at offset %zu does "
+                    "not lie in %zu bytes of memory",
+                    h->bytes, h->offset, h->mem_bytes);
+  if (strncmp(h->backend, dev->ops->name, sizeof h->backend) != 0)
+    return mp__fail(MP_EINVAL,
+                    "mp_ipc_import: a handle from a '%.*s' device cannot be "
+                    "imported on %s",
+                    (int)strnlen(h->backend, sizeof h->backend), h->backend,
+                    dev->name);
+  if (dev->ops->ipc_open == NULL)
+    return mp__fail(MP_ENOTSUP,
+                    "mp_ipc_import: %s cannot map memory of "
+                    "another process",
+                    dev->name);
+  return MP_OK;
+}
+
+mp_status_t mp_ipc_import(mp_device_t *dev, mp_ipc_handle_t *h, void **out) {
+  if (dev == NULL || h == NULL || out == NULL)
+    return mp__fail(MP_EINVAL, "mp_ipc_import: %s is NULL",
+                    dev == NULL ? "dev"
+                    : h == NULL ? "h"
+                                : "out");
+  mp_status_t st = mp__ipc_check(dev, h);
+  if (st != MP_OK)
+    return st;
+  pthread_mutex_lock(&mp__ipc_mu);
+  if (dev->nimports == dev->imports_cap) {
+    size_t cap = dev->imports_cap ? 2 * dev->imports_cap : 8;
+    struct mp__import *n = realloc(dev->imports, cap * sizeof *n);
+    if (n != NULL) {
+      dev->imports = n;
+      dev->imports_cap = cap;
+    }
+  }
+  bool room = dev->nimports < dev->imports_cap;
+  pthread_mutex_unlock(&mp__ipc_mu);
+  if (!room)
+    return mp__fail(MP_ENOMEM, "mp_ipc_import: out of host memory");
+  void *base = NULL;
+  st = dev->ops->ipc_open(dev, h, &base);
+  if (st != MP_OK)
+    return st;
+  struct mp__import im = {.ptr = (uintptr_t)base + h->offset,
+                          .base = base,
+                          .bytes = h->mem_bytes,
+                          .kind = h->kind,
+                          .lease = h->lease_fd};
+  pthread_mutex_lock(&mp__ipc_mu);
+  room = dev->nimports < dev->imports_cap; /* another import took it? */
+  if (room)
+    dev->imports[dev->nimports++] = im;
+  pthread_mutex_unlock(&mp__ipc_mu);
+  if (!room) {
+    (void)dev->ops->ipc_close(dev, base, h->mem_bytes, h->kind);
+    return mp__fail(MP_ENOMEM, "mp_ipc_import: out of host memory");
+  }
+  if (h->fd >= 0)
+    close(h->fd);
+  h->fd = -1;
+  h->lease_fd = -1;
+  *out = (void *)im.ptr;
+  return MP_OK;
+}
+
+/* Takes the import at ptr out of dev's list; false when there is none. */
+static bool mp__ipc_take(mp_device_t *dev, void *ptr, struct mp__import *out) {
+  pthread_mutex_lock(&mp__ipc_mu);
+  bool found = false;
+  for (size_t i = 0; i < dev->nimports && !found; i++)
+    if (dev->imports[i].ptr == (uintptr_t)ptr) {
+      *out = dev->imports[i];
+      dev->imports[i] = dev->imports[--dev->nimports];
+      found = true;
+    }
+  pthread_mutex_unlock(&mp__ipc_mu);
+  return found;
+}
+
+static mp_status_t mp__ipc_unmap(mp_device_t *dev,
+                                 const struct mp__import *im) {
+  mp_status_t st = dev->ops->ipc_close(dev, im->base, im->bytes, im->kind);
+  close(im->lease); /* the exporter may reuse the block from now on */
+  return st;
+}
+
+mp_status_t mp_ipc_close(mp_device_t *dev, void *ptr) {
+  if (dev == NULL)
+    return mp__fail(MP_EINVAL, "mp_ipc_close: dev is NULL");
+  struct mp__import im;
+  if (!mp__ipc_take(dev, ptr, &im))
+    return mp__fail(MP_EINVAL,
+                    "mp_ipc_close: %p is not memory mp_ipc_import mapped on "
+                    "%s (closed already?)",
+                    ptr, dev->name);
+  return mp__ipc_unmap(dev, &im);
+}
+
+void mp__ipc_close_all(mp_device_t *dev) {
+  struct mp__import im;
+  while (dev->nimports > 0 &&
+         mp__ipc_take(dev, (void *)dev->imports[0].ptr, &im))
+    (void)mp__ipc_unmap(dev, &im);
+  free(dev->imports);
+  dev->imports = NULL;
+  dev->imports_cap = 0;
+}
+
+/* ---- handles over a Unix socket ---------------------------------------- */
+
+/* The descriptors a handle carries, in the order they travel. */
+static size_t mp__ipc_fds(const mp_ipc_handle_t *h, int fds[2]) {
+  size_t n = 0;
+  if (h->kind == MP_IPC_FD && h->fd >= 0)
+    fds[n++] = h->fd;
+  if (h->lease_fd >= 0)
+    fds[n++] = h->lease_fd;
+  return n;
+}
+
+mp_status_t mp_ipc_send(int sock, const mp_ipc_handle_t *h) {
+  if (h == NULL)
+    return mp__fail(MP_EINVAL, "mp_ipc_send: h is NULL");
+  int fds[2];
+  size_t nfds = mp__ipc_fds(h, fds);
+  union {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(sizeof fds)];
+  } ctl;
+  memset(&ctl, 0, sizeof ctl);
+  struct iovec iov = {.iov_base = (void *)h, .iov_len = sizeof *h};
+  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+  if (nfds > 0) {
+    msg.msg_control = ctl.buf;
+    msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+    memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
+  }
+  ssize_t n;
+  do
+    n = sendmsg(sock, &msg, MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  if (n != (ssize_t)sizeof *h)
+    return mp__fail(MP_EIO, "mp_ipc_send: socket %d: %s", sock,
+                    n < 0 ? strerror(errno) : "short send");
+  return MP_OK;
+}
+
+mp_status_t mp_ipc_recv(int sock, mp_ipc_handle_t *out) {
+  if (out == NULL)
+    return mp__fail(MP_EINVAL, "mp_ipc_recv: out is NULL");
+  mp_ipc_handle_t h;
+  int fds[2];
+  union {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(sizeof fds)];
+  } ctl;
+  struct iovec iov = {.iov_base = &h, .iov_len = sizeof h};
+  struct msghdr msg = {.msg_iov = &iov,
+                       .msg_iovlen = 1,
+                       .msg_control = ctl.buf,
+                       .msg_controllen = sizeof ctl.buf};
+  ssize_t n;
+  do
+    n = recvmsg(sock, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC);
+  while (n < 0 && errno == EINTR);
+  int err = errno;
+  size_t nfds = 0;
+  for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL;
+       c = CMSG_NXTHDR(&msg, c))
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < k; i++) {
+        int fd;
+        memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+        if (nfds < 2)
+          fds[nfds++] = fd;
+        else
+          close(fd);
+      }
+    }
+  mp_ipc_handle_t want = h;
+  size_t expect =
+      n == (ssize_t)sizeof h ? mp__ipc_fds(&want, (int[2]){0}) : (size_t)-1;
+  if (expect != nfds || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+    for (size_t i = 0; i < nfds; i++)
+      close(fds[i]);
+    return mp__fail(MP_EIO, "mp_ipc_recv: socket %d: %s", sock,
+                    n < 0    ? strerror(err)
+                    : n == 0 ? "the peer closed the connection"
+                             : "not a handle sent by mp_ipc_send");
+  }
+  size_t i = 0;
+  if (h.kind == MP_IPC_FD && h.fd >= 0)
+    h.fd = fds[i++];
+  else
+    h.fd = -1;
+  h.lease_fd = h.lease_fd >= 0 ? fds[i++] : -1;
+  *out = h;
+  return MP_OK;
+}
+
+mp_status_t mp_ipc_handle_close(mp_ipc_handle_t *h) {
+  if (h == NULL)
+    return mp__fail(MP_EINVAL, "mp_ipc_handle_close: h is NULL");
+  if (h->fd >= 0)
+    close(h->fd);
+  if (h->lease_fd >= 0)
+    close(h->lease_fd);
+  h->kind = 0;
+  h->fd = -1;
+  h->lease_fd = -1;
+  return MP_OK;
+}

@@ -1,0 +1,225 @@
+/* export.c - the exporting side of IPC: mp_pool_ipc_export hands a live
+ * block's device memory to another process, and a lease tells the pool
+ * when that process has let go, so that the block is never reused while
+ * it is imported elsewhere.
+ *
+ * A lease is a Unix socket pair: the pool keeps one end, the other travels
+ * in the handle and is kept open by the import (src/ipc.c). When every copy
+ * of the importer's end is closed (mp_ipc_close, mp_ipc_handle_close, the
+ * process exiting) the pool's end polls as hung up. That needs no protocol
+ * and no message: a crashed importer releases its blocks too.
+ *
+ * Invariants: every record in pool->exports names a live block flagged
+ * MP__B_EXPORTED, and every such block has at least one record; a block
+ * freed while a record of it is still open is MP__B_HELD (still in the live
+ * map, still counted allocated) and pool->nheld counts those. Polls never
+ * wait. */
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "pool_internal.h"
+
+struct mp__export {
+  mp__block_t *b;
+  int lease; /* the pool's end */
+};
+
+/* Whether the importer's end of a lease is closed everywhere. */
+static bool mp__lease_gone(int fd) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR | POLLNVAL));
+}
+
+/* Closes record i (swapped with the last). */
+static void mp__export_drop(mp_pool_t *pool, size_t i) {
+  close(pool->exports[i].lease);
+  pool->exports[i] = pool->exports[--pool->nexports];
+}
+
+static bool mp__export_has(const mp_pool_t *pool, const mp__block_t *b) {
+  for (size_t i = 0; i < pool->nexports; i++)
+    if (pool->exports[i].b == b)
+      return true;
+  return false;
+}
+
+/* Frees held block b now that nobody imports it. */
+static void mp__export_release(mp_pool_t *pool, mp__block_t *b) {
+  pool->nheld--;
+  mp__map_remove(pool, b);
+  mp__segment_release_above(pool);
+  mp__block_release(pool, b);
+}
+
+void mp__export_reap(mp_pool_t *pool) {
+  for (size_t i = 0; i < pool->nexports;) {
+    mp__block_t *b = pool->exports[i].b;
+    if (!mp__lease_gone(pool->exports[i].lease)) {
+      i++;
+      continue;
+    }
+    mp__export_drop(pool, i);
+    if (mp__export_has(pool, b))
+      continue;
+    if (b->flags & MP__B_HELD)
+      mp__export_release(pool, b);
+    else
+      b->flags &= ~(uint32_t)MP__B_EXPORTED;
+  }
+}
+
+bool mp__export_hold(mp_pool_t *pool, mp__block_t *b) {
+  mp__export_reap(pool);
+  if (!mp__export_has(pool, b)) {
+    b->flags &= ~(uint32_t)MP__B_EXPORTED;
+    return false;
+  }
+  b->flags |= MP__B_HELD;
+  pool->nheld++;
+  return true;
+}
+
+void mp__export_release_all(mp_pool_t *pool) {
+  while (pool->nexports > 0)
+    mp__export_drop(pool, pool->nexports - 1);
+  free(pool->exports);
+  pool->exports = NULL;
+  pool->exports_cap = 0;
+  pool->nheld = 0;
+}
+
+mp_status_t mp__export_check(const mp_pool_t *pool) {
+  size_t held = 0;
+  for (size_t i = 0; i < pool->nexports; i++) {
+    const mp__block_t *b = pool->exports[i].b;
+    if (mp__map_find(pool, b->addr) != b || !(b->flags & MP__B_EXPORTED))
+      return mp__fail(MP_ECORRUPT,
+                      "pool check: export %zu names %p, not a live exported "
+                      "block",
+                      i, (void *)b->addr);
+  }
+  for (size_t i = 0; i < pool->map_cap; i++) {
+    const mp__block_t *b = pool->map[i].blk;
+    if (pool->map[i].addr == 0 || b == NULL)
+      continue;
+    if ((b->flags & MP__B_EXPORTED) && !mp__export_has(pool, b))
+      return mp__fail(MP_ECORRUPT,
+                      "pool check: block %p is marked exported without a "
+                      "lease",
+                      (void *)b->addr);
+    if ((b->flags & MP__B_HELD) && !(b->flags & MP__B_EXPORTED))
+      return mp__fail(MP_ECORRUPT, "pool check: block %p is held, not exported",
+                      (void *)b->addr);
+    held += (b->flags & MP__B_HELD) != 0;
+  }
+  if (held != pool->nheld)
+    return mp__fail(MP_ECORRUPT, "pool check: %zu blocks held, %zu counted",
+                    held, pool->nheld);
+  return MP_OK;
+}
+
+/* The device allocation holding b: one mapped chunk of the virtual range,
+ * or a plain segment. */
+static mp_status_t mp__export_memory(const mp_pool_t *pool,
+                                     const mp__block_t *b, uintptr_t *base,
+                                     size_t *bytes, bool *vm) {
+  const mp__segment_t *g = b->seg;
+  if (pool->parent != NULL || g->kind == MP__SEG_RANGE)
+    return mp__fail(MP_ENOTSUP,
+                    "mp_pool_ipc_export: %p is in a child pool; export from "
+                    "the parent",
+                    (void *)b->addr);
+  if (g->kind == MP__SEG_PLAIN) {
+    *base = g->base;
+    *bytes = g->size;
+    *vm = false;
+    return MP_OK;
+  }
+  mp__chunk_t c;
+  if (!mp__segment_chunk_of(g, b->addr, &c) ||
+      b->addr + b->size > c.addr + c.size)
+    return mp__fail(MP_ENOTSUP,
+                    "mp_pool_ipc_export: the block at %p (%zu bytes) spans "
+                    "more than one mapped chunk; only a block inside one "
+                    "device allocation can be exported",
+                    (void *)b->addr, b->size);
+  *base = c.addr;
+  *bytes = c.size;
+  *vm = true;
+  return MP_OK;
+}
+
+mp_status_t mp_pool_ipc_export(mp_pool_t *pool, void *ptr,
+                               mp_ipc_handle_t *out) {
+  if (pool == NULL || ptr == NULL || out == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_ipc_export: %s is NULL",
+                    pool == NULL  ? "pool"
+                    : ptr == NULL ? "ptr"
+                                  : "out");
+  pthread_mutex_lock(&pool->lock);
+  mp__block_t *b = NULL;
+  size_t slot;
+  uintptr_t base = 0;
+  size_t bytes = 0;
+  bool vm = false;
+  mp_status_t st = mp__pool_paused(pool, "mp_pool_ipc_export");
+  if (st == MP_OK)
+    st = mp__pool_find_live(pool, "mp_pool_ipc_export", ptr, false, &b, &slot);
+  if (st == MP_OK)
+    st = mp__export_memory(pool, b, &base, &bytes, &vm);
+  if (st == MP_OK && pool->nexports == pool->exports_cap) {
+    size_t cap = pool->exports_cap ? 2 * pool->exports_cap : 8;
+    struct mp__export *n = realloc(pool->exports, cap * sizeof *n);
+    if (n == NULL) {
+      st = mp__fail(MP_ENOMEM, "mp_pool_ipc_export: out of host memory");
+    } else {
+      pool->exports = n;
+      pool->exports_cap = cap;
+    }
+  }
+  int lease[2] = {-1, -1};
+  if (st == MP_OK &&
+      socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, lease) != 0)
+    st = mp__fail(MP_EIO, "mp_pool_ipc_export: cannot make a lease: %s",
+                  strerror(errno));
+  mp_ipc_handle_t h;
+  memset(&h, 0, sizeof h);
+  h.fd = -1;
+  /* The block is live, so its memory stays mapped while the lock is
+   * held; exporting a handle waits for no device work. */
+  if (st == MP_OK)
+    st = mp__device_ipc_export(pool->dev, (void *)base, bytes, vm, &h);
+  if (st != MP_OK) {
+    if (lease[0] >= 0) {
+      close(lease[0]);
+      close(lease[1]);
+    }
+    pthread_mutex_unlock(&pool->lock);
+    return st;
+  }
+  pool->exports[pool->nexports++] = (struct mp__export){b, lease[0]};
+  b->flags |= MP__B_EXPORTED;
+  pthread_mutex_unlock(&pool->lock);
+  h.lease_fd = lease[1];
+  h.mem_bytes = bytes;
+  h.offset = b->addr - base;
+  h.bytes = b->size;
+  snprintf(h.backend, sizeof h.backend, "%s", pool->dev->ops->name);
+  *out = h;
+  return MP_OK;
+}
+
+mp_status_t mp_pool_ipc_poll(mp_pool_t *pool, size_t *held) {
+  if (pool == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_ipc_poll: pool is NULL");
+  pthread_mutex_lock(&pool->lock);
+  mp__export_reap(pool);
+  if (held != NULL)
+    *held = pool->nheld;
+  pthread_mutex_unlock(&pool->lock);
+  return MP_OK;
+}

@@ -1,0 +1,100 @@
+/* test_cuda_ipc.c - IPC through the cuda backend: a forked child imports a
+ * pool block over a Unix socket (virtual chunks by POSIX file descriptor,
+ * cuMemExportToShareableHandle / cuMemImportFromShareableHandle + cuMemMap;
+ * plain segments by cuIpcGetMemHandle / cuIpcOpenMemHandle), writes it, and
+ * the parent reads what it wrote; a block imported elsewhere is held until
+ * the importer lets go; without shareable memory a virtual block is
+ * MP_ENOTSUP. On the fake the export calls are counted; the GPU twin
+ * (gpu_cuda_ipc) runs the same on a real driver. */
+#include <stdlib.h>
+
+#include <cuda.h>
+#include <mempool/mempool.h>
+
+#include "../support/device_helpers.h"
+#include "../support/ipc_helpers.h"
+#include "fakecuda_test.h"
+
+/* A pool on "cuda" with one small block, exported into *h. */
+static mp_status_t export_small(mp_device_t *d, mp_pool_t **pool, void **p,
+                                mp_ipc_handle_t *h) {
+  cr_assert_eq(mp_pool_create(d, NULL, pool), MP_OK);
+  cr_assert_eq(mp_pool_alloc(*pool, 4096, NULL, p), MP_OK);
+  return mp_pool_ipc_export(*pool, *p, h);
+}
+
+static void skip_without_vmm_fd(void) {
+  mp_device_t *d = open_dev("cuda");
+  mp_pool_t *pool;
+  void *p;
+  mp_ipc_handle_t h;
+  mp_status_t st = export_small(d, &pool, &p, &h);
+  if (st == MP_OK)
+    mp_ipc_handle_close(&h);
+  mp_pool_destroy(pool);
+  mp_device_close(d);
+  if (st == MP_ENOTSUP)
+    cr_skip_test("this device cannot export virtual memory: %s",
+                 mp_last_error());
+}
+
+Test(cuda_ipc, forked_child_writes_a_virtual_block_the_parent_reads_it) {
+  if (!fk_is_real()) {
+    ipc_round_trip("cuda", NULL);
+    cr_expect_eq(fk_calls("cuMemExportToShareableHandle"), 1);
+    cr_expect_eq(fk_calls("cuIpcGetMemHandle"), 0);
+    return;
+  }
+  ipc_round_trip("cuda", NULL);
+}
+
+Test(cuda_ipc, forked_child_writes_a_plain_segment_block_the_parent_reads_it) {
+  ipc_round_trip("cuda", "virtual=0");
+  if (!fk_is_real()) {
+    cr_expect_eq(fk_calls("cuIpcGetMemHandle"), 1);
+    cr_expect_eq(fk_calls("cuMemExportToShareableHandle"), 0);
+  }
+}
+
+Test(cuda_ipc, imported_block_is_not_reused_until_the_importer_closes_it) {
+  ipc_held_until_released("cuda", IPC_CHILD_WAIT_CLOSE);
+}
+
+Test(cuda_ipc, imported_block_is_released_when_the_importer_exits) {
+  ipc_held_until_released("cuda", IPC_CHILD_WAIT_EXIT);
+}
+
+static void no_shareable(void) {
+  setenv("FAKECUDA_NO_SHAREABLE", "1", 1);
+}
+
+Test(cuda_ipc, virtual_block_without_shareable_memory_is_enotsup,
+     .init = no_shareable) {
+  if (fk_is_real())
+    cr_skip_test("the knob is the fake's");
+  mp_device_t *d = open_dev("cuda");
+  mp_pool_t *pool;
+  void *p;
+  mp_ipc_handle_t h;
+  cr_expect_eq(export_small(d, &pool, &p, &h), MP_ENOTSUP);
+  cr_expect_eq(fk_calls("cuMemExportToShareableHandle"), 0);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(d);
+}
+
+Test(cuda_ipc, a_handle_from_another_device_kind_is_einval) {
+  skip_without_vmm_fd();
+  mp_device_t *d = open_dev("cuda"), *host = open_dev("host");
+  mp_pool_t *pool;
+  void *p, *q;
+  mp_ipc_handle_t h;
+  cr_assert_eq(export_small(d, &pool, &p, &h), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_ipc_import(host, &h, &q), MP_EINVAL);
+  cr_expect_geq(h.fd, 0, "a refused import closed the descriptor");
+  cr_assert_eq(mp_ipc_handle_close(&h), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(host);
+  mp_device_close(d);
+}

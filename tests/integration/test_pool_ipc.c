@@ -1,0 +1,165 @@
+/* test_pool_ipc.c - IPC on the host device (its memory is a memfd, so
+ * another process can map it): a forked child imports a pool block over a
+ * Unix socket, writes it, and the parent reads what it wrote, for virtual
+ * and plain segments; a block still imported elsewhere is not reused until
+ * the importer lets go (mp_ipc_close, or its exit); bad handles, pointers
+ * and sockets are refused with nothing changed. */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <string.h>
+
+#include <mempool/mempool.h>
+
+#include "../support/device_helpers.h"
+#include "../support/ipc_helpers.h"
+#include "../support/pool_helpers.h"
+
+#define MiB  ((size_t)1 << 20)
+#define SPEC "host:capacity=256M"
+
+Test(pool_ipc, forked_child_writes_a_virtual_block_the_parent_reads_it) {
+  ipc_round_trip(SPEC, NULL);
+}
+
+Test(pool_ipc, forked_child_writes_a_plain_segment_block_the_parent_reads_it) {
+  ipc_round_trip(SPEC, "virtual=0");
+}
+
+Test(pool_ipc, imported_block_is_not_reused_until_the_importer_closes_it) {
+  ipc_held_until_released(SPEC, IPC_CHILD_WAIT_CLOSE);
+}
+
+Test(pool_ipc, imported_block_is_released_when_the_importer_exits) {
+  ipc_held_until_released(SPEC, IPC_CHILD_WAIT_EXIT);
+}
+
+MP_DEVICE_SUITE(pool_ipc_args, SPEC);
+
+static bool fd_open(int fd) {
+  return fcntl(fd, F_GETFD) != -1;
+}
+
+/* A handle of this process's own block, to spoil field by field. */
+static mp_ipc_handle_t exported(mp_pool_t *pool, void **p) {
+  mp_ipc_handle_t h;
+  cr_assert_eq(mp_pool_alloc(pool, 3 * MiB, NULL, p), MP_OK);
+  cr_assert_eq(mp_pool_ipc_export(pool, *p, &h), MP_OK, "%s", mp_last_error());
+  return h;
+}
+
+Test(pool_ipc_args, bad_handles_are_einval_and_keep_their_descriptors) {
+  mp_pool_t *pool = make_pool(dev, NULL);
+  void *p, *q;
+  mp_ipc_handle_t good = exported(pool, &p);
+  int pipefd[2];
+  cr_assert_eq(pipe(pipefd), 0);
+  mp_ipc_handle_t bad[7];
+  for (int i = 0; i < 7; i++)
+    bad[i] = good;
+  bad[0].kind = 0;
+  bad[1].kind = 99;
+  bad[2].fd = -1;
+  bad[3].lease_fd = -1;
+  bad[4].offset = good.mem_bytes; /* the block would lie outside */
+  snprintf(bad[5].backend, sizeof bad[5].backend, "cuda");
+  bad[6].fd = pipefd[0]; /* not device memory */
+  for (int i = 0; i < 7; i++) {
+    cr_expect_eq(mp_ipc_import(dev, &bad[i], &q), MP_EINVAL, "bad handle %d",
+                 i);
+    cr_expect_eq(bad[i].lease_fd,
+                 good.lease_fd == -1 || i == 3 ? -1 : good.lease_fd);
+  }
+  cr_expect(fd_open(pipefd[0]) && fd_open(good.fd) && fd_open(good.lease_fd),
+            "a refused import closed a descriptor");
+  cr_expect_eq(mp_ipc_import(NULL, &good, &q), MP_EINVAL);
+  cr_expect_eq(mp_ipc_import(dev, NULL, &q), MP_EINVAL);
+  cr_expect_eq(mp_ipc_import(dev, &good, NULL), MP_EINVAL);
+
+  /* The genuine one maps the same memory (here, in this process). */
+  int fd = good.fd, lease = good.lease_fd;
+  cr_assert_eq(mp_ipc_import(dev, &good, &q), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(good.fd, -1);
+  cr_expect_eq(good.lease_fd, -1);
+  cr_expect(!fd_open(fd), "the memory's descriptor stays open once mapped");
+  cr_expect(fd_open(lease), "the import must keep its lease");
+  ipc_fill(dev, q, 3 * MiB, 3);
+  ipc_expect(dev, p, 3 * MiB, 3);
+  cr_expect_eq(mp_ipc_close(dev, p == q ? NULL : p), MP_EINVAL);
+  cr_assert_eq(mp_ipc_close(dev, q), MP_OK, "%s", mp_last_error());
+  cr_expect(!fd_open(lease), "close keeps the lease open");
+  cr_expect_eq(mp_ipc_close(dev, q), MP_EINVAL, "closed twice");
+  cr_expect_eq(mp_ipc_close(NULL, q), MP_EINVAL);
+  close(pipefd[0]);
+  close(pipefd[1]);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  size_t held = 1;
+  cr_assert_eq(mp_pool_ipc_poll(pool, &held), MP_OK);
+  cr_expect_eq(held, 0);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+Test(pool_ipc_args, bad_exports_are_refused_and_change_nothing) {
+  mp_pool_t *pool = make_pool(dev, NULL);
+  void *p, *gone;
+  mp_ipc_handle_t h, untouched;
+  memset(&untouched, 0x7b, sizeof untouched);
+  h = untouched;
+  cr_assert_eq(mp_pool_alloc(pool, 2 * MiB, NULL, &p), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, MiB, NULL, &gone), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, gone), MP_OK);
+  mp_handle_t *mv;
+  cr_assert_eq(mp_pool_alloc_movable(pool, MiB, NULL, &mv), MP_OK);
+  mp_stats_t before = stats(pool);
+  cr_expect_eq(mp_pool_ipc_export(NULL, p, &h), MP_EINVAL);
+  cr_expect_eq(mp_pool_ipc_export(pool, NULL, &h), MP_EINVAL);
+  cr_expect_eq(mp_pool_ipc_export(pool, p, NULL), MP_EINVAL);
+  cr_expect_eq(mp_pool_ipc_export(pool, (char *)p + 512, &h), MP_EINVAL);
+  cr_expect_eq(mp_pool_ipc_export(pool, gone, &h), MP_EINVAL);
+  cr_expect_eq(mp_pool_ipc_export(pool, mp_handle_ptr(mv), &h), MP_EINVAL);
+  cr_expect_eq(memcmp(&h, &untouched, sizeof h), 0, "a refusal wrote *out");
+  mp_stats_t after = stats(pool);
+  cr_expect_eq(after.allocated_bytes, before.allocated_bytes);
+  cr_expect_eq(after.reserved_bytes, before.reserved_bytes);
+
+  /* Paused: MP_EBUSY. */
+  cr_assert_eq(mp_pool_pause(pool, 0), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_ipc_export(pool, p, &h), MP_EBUSY);
+  cr_assert_eq(mp_pool_resume(pool), MP_OK);
+  /* A handle that never reaches an importer keeps pause away until it is
+   * closed. */
+  cr_assert_eq(mp_pool_ipc_export(pool, p, &h), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_pause(pool, 0), MP_EBUSY);
+  cr_assert_eq(mp_ipc_handle_close(&h), MP_OK);
+  cr_expect_eq(h.kind, 0);
+  cr_expect_eq(mp_pool_pause(pool, 0), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_resume(pool), MP_OK);
+
+  /* A child pool's block: not supported. */
+  mp_pool_t *child;
+  void *c;
+  cr_assert_eq(mp_pool_create_child(pool, 4 * MiB, &child), MP_OK);
+  cr_assert_eq(mp_pool_alloc(child, MiB, NULL, &c), MP_OK);
+  cr_expect_eq(mp_pool_ipc_export(child, c, &h), MP_ENOTSUP);
+  cr_assert_eq(mp_pool_destroy(child), MP_OK);
+  cr_assert_eq(mp_handle_free(mv), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+Test(pool_ipc_args, a_socket_that_carries_no_handle_is_eio) {
+  int sv[2];
+  cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  mp_ipc_handle_t h;
+  cr_assert_eq(write(sv[0], "not a handle", 12), 12);
+  shutdown(sv[0], SHUT_WR);
+  cr_expect_eq(mp_ipc_recv(sv[1], &h), MP_EIO);
+  cr_expect_eq(mp_ipc_recv(sv[1], &h), MP_EIO, "peer gone");
+  cr_expect_eq(mp_ipc_recv(sv[1], NULL), MP_EINVAL);
+  cr_expect_eq(mp_ipc_send(-1, &h), MP_EIO);
+  cr_expect_eq(mp_ipc_send(sv[1], NULL), MP_EINVAL);
+  cr_expect_eq(mp_ipc_handle_close(NULL), MP_EINVAL);
+  close(sv[0]);
+  close(sv[1]);
+}

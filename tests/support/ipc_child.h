@@ -1,0 +1,92 @@
+/* ipc_child.h - the importer's side of the IPC tests (ipc_helpers.h),
+ * shared by the tests and by ipc_importer, the program the tests start as
+ * the importing process. No Criterion here: the importer reports through
+ * its exit status. */
+#ifndef MEMPOOL_TEST_IPC_CHILD_H
+#define MEMPOOL_TEST_IPC_CHILD_H
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <mempool/mempool.h>
+
+enum { IPC_PARENT_TAG = 0x5a, IPC_CHILD_TAG = 0xa5 };
+
+typedef enum ipc_child_mode {
+  IPC_CHILD_CLOSE,      /* import, write, close, report */
+  IPC_CHILD_WAIT_CLOSE, /* as CLOSE, but wait for 'G' before closing */
+  IPC_CHILD_WAIT_EXIT   /* wait for 'G', then exit without closing */
+} ipc_child_mode_t;
+
+static inline unsigned char ipc_byte(size_t i, unsigned tag) {
+  return (unsigned char)(i * 7 + (i >> 12) + tag);
+}
+
+/* Host buffer <-> device memory, through the device's NULL stream. */
+static inline bool ipc_copy(mp_device_t *d, void *dst, const void *src,
+                            size_t n) {
+  return mp_memcpy_async(d, dst, src, n, NULL) == MP_OK &&
+         mp_stream_synchronize(d, NULL) == MP_OK;
+}
+
+static inline void ipc_pattern(unsigned char *buf, size_t n, unsigned tag) {
+  for (size_t i = 0; i < n; i++)
+    buf[i] = ipc_byte(i, tag);
+}
+
+static inline size_t ipc_mismatch(const unsigned char *buf, size_t n,
+                                  unsigned tag) {
+  for (size_t i = 0; i < n; i++)
+    if (buf[i] != ipc_byte(i, tag))
+      return i;
+  return n;
+}
+
+static inline bool ipc_put(int sock, char c) {
+  return send(sock, &c, 1, MSG_NOSIGNAL) == 1;
+}
+
+static inline bool ipc_get(int sock, char want) {
+  char c = 0;
+  return recv(sock, &c, 1, MSG_WAITALL) == 1 && c == want;
+}
+
+/* The importer's life; returns its exit status. */
+static inline int ipc_child(int sock, const char *spec, ipc_child_mode_t mode) {
+  mp_device_t *d = NULL;
+  if (mp_device_open(spec, &d) != MP_OK)
+    return 10;
+  mp_ipc_handle_t h;
+  void *p = NULL;
+  if (mp_ipc_recv(sock, &h) != MP_OK)
+    return 11;
+  if (mp_ipc_import(d, &h, &p) != MP_OK)
+    return 12;
+  if (!ipc_put(sock, 'I'))
+    return 13;
+  unsigned char *buf = malloc(h.bytes);
+  if (buf == NULL || !ipc_copy(d, buf, p, h.bytes))
+    return 14;
+  if (ipc_mismatch(buf, h.bytes, IPC_PARENT_TAG) != h.bytes)
+    return 15;
+  ipc_pattern(buf, h.bytes, IPC_CHILD_TAG);
+  if (!ipc_copy(d, p, buf, h.bytes))
+    return 16;
+  free(buf);
+  if (mode != IPC_CHILD_CLOSE && !ipc_get(sock, 'G'))
+    return 17;
+  if (mode == IPC_CHILD_WAIT_EXIT)
+    _exit(0); /* as a crash would: no cleanup, the lease goes with the
+                 process */
+  if (mp_ipc_close(d, p) != MP_OK)
+    return 18;
+  if (!ipc_put(sock, 'D'))
+    return 19;
+  mp_device_close(d);
+  return 0;
+}
+
+#endif /* MEMPOOL_TEST_IPC_CHILD_H */
