@@ -66,7 +66,12 @@ static unsigned mp__log2(size_t v) {
  * one growth step), and growth for a small request keeps the new memory
  * apart from free neighbours it would push above that limit, while the
  * big free blocks that cannot serve small requests are what reclaim and
- * trim unmap first. */
+ * trim unmap first. One exception: in a pool used from several streams
+ * the free block at the top of the virtual range may be split whatever its
+ * size. Reclaim there cannot wait for its streams, and a top block whose
+ * last use is still running would otherwise swallow every chunk grown
+ * above it once freed, so the range grew without bound (a graph workload
+ * under max_split=64M: 14x its live bytes). */
 size_t mp__vsplit_limit(const mp_pool_t *pool) {
   size_t ms = pool->cfg.max_split;
   if (ms == 0)
@@ -93,7 +98,8 @@ static bool mp__split_allowed(const mp_pool_t *pool, const mp__block_t *b,
   if (ms == 0 || b->size <= ms || b->size == size)
     return true;
   if (b->seg->kind == MP__SEG_VIRTUAL)
-    return b->size <= mp__vsplit_limit(pool);
+    return b->size <= mp__vsplit_limit(pool) ||
+           (b->next == NULL && pool->nstreams > 1);
   if (b->size <= mp__plain_split_limit(pool))
     return true;
   return b->prev == NULL && b->next == NULL &&

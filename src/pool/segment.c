@@ -26,10 +26,11 @@
  * for free chunks anywhere; growth does it first (reclaim) whenever the
  * mapping would lift reserved above its peak, so the peak follows live
  * memory instead of free chunks stranded in the middle of the range. The
- * growth rung runs in pools used from one stream (synchronizing that stream
- * once when the free chunks still wait for its work), and in multi-stream
- * pools only under max_split once a quarter of the memory is free (after a
- * device sync); otherwise what a multi-stream pool knows to be done depends
+ * growth rung runs in pools used from one stream (asking that stream once
+ * whether it is idle when the free chunks still wait for its work), and in
+ * multi-stream pools only under max_split once a quarter of the memory is
+ * free (asking every stream whether it is idle; chunks of streams still
+ * busy stay); otherwise what a multi-stream pool knows to be done depends
  * on stream timing (see mp__reclaim). Chunk sizes trade device calls
  * against precision: a chunk goes back only when wholly free.
  *
@@ -509,12 +510,14 @@ static bool mp__pick_chunk(mp_pool_t *pool, mp__segment_t *v, size_t want,
  * wait only for that stream, it is asked once whether it is idle
  * (mp_stream_query, never a wait: the stream may hold the application's
  * own work, even work waiting for this caller); if not, the pool grows. A pool
- * used from several streams skips the rung: which chunks it knows done depends
- * on when the streams' markers were seen, so its figures would change from run
- * to run (and waiting for streams could block on work that waits for the
- * caller); trim and the out-of-memory ladder, after a device sync, still
- * unmap free chunks anywhere. Never a device synchronize here. Returns the
- * bytes released. */
+ * used from several streams skips the rung (which chunks it knows done would
+ * depend on when the streams' markers were seen, so its figures would change
+ * from run to run, and waiting for streams could block on work that waits for
+ * the caller), except under a split limit, where it asks every stream whether
+ * it is idle (the same answer whenever the streams have caught up); trim and
+ * the out-of-memory ladder, after waiting for the streams, still unmap free
+ * chunks anywhere. Never a device synchronize here. Returns the bytes
+ * released. */
 static size_t mp__reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
                           const mp__block_t *k2, bool patient) {
   mp__segment_t *v = pool->vseg;
@@ -528,6 +531,10 @@ static size_t mp__reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
     if (mp__vsplit_limit(pool) == 0 ||
         pool->st.free_bytes < pool->st.reserved_bytes / 4)
       return 0;
+    /* Which streams are idle now (a query each, no marker to wait for: the
+     * same answer whenever the streams have caught up): what they freed is
+     * done and can go back. */
+    (void)mp__streams_all_idle_now(pool);
     patient = false;
   }
   while (v != NULL && done < want) {
