@@ -218,26 +218,33 @@ mp__curesult cuGraphInstantiateWithFlags(mp__cugraphexec *phGraphExec,
       phGraphExec, hGraph);
 }
 
+typedef mp__curesult (*mp__instantiate_params_fn)(mp__cugraphexec *,
+                                                  mp__cugraph,
+                                                  mp__cugraphparams);
+
+static mp__curesult mp__instantiate_params(mp__instantiate_params_fn real,
+                                           mp__cugraphexec *phGraphExec,
+                                           mp__cugraph hGraph,
+                                           mp__cugraphparams params) {
+  return mp__exec_made(real ? real(phGraphExec, hGraph, params)
+                            : MP__CU_NOT_INITIALIZED,
+                       phGraphExec, hGraph);
+}
+
 mp__curesult cuGraphInstantiateWithParams(mp__cugraphexec *phGraphExec,
                                           mp__cugraph hGraph,
                                           mp__cugraphparams params) {
-  const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  return mp__exec_made(
-      rc->graph_instantiate_with_params
-          ? rc->graph_instantiate_with_params(phGraphExec, hGraph, params)
-          : MP__CU_NOT_INITIALIZED,
-      phGraphExec, hGraph);
+  return mp__instantiate_params(
+      mp__pl_real_cuda()->graph_instantiate_with_params, phGraphExec, hGraph,
+      params);
 }
 
 mp__curesult cuGraphInstantiateWithParams_ptsz(mp__cugraphexec *phGraphExec,
                                                mp__cugraph hGraph,
                                                mp__cugraphparams params) {
-  const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  return mp__exec_made(
-      rc->graph_instantiate_with_params_ptsz
-          ? rc->graph_instantiate_with_params_ptsz(phGraphExec, hGraph, params)
-          : MP__CU_NOT_INITIALIZED,
-      phGraphExec, hGraph);
+  return mp__instantiate_params(
+      mp__pl_real_cuda()->graph_instantiate_with_params_ptsz, phGraphExec,
+      hGraph, params);
 }
 
 mp__curesult cuGraphExecDestroy(mp__cugraphexec hGraphExec) {

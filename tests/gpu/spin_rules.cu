@@ -106,13 +106,20 @@ static void release_and_check(gate_t *g, const char *rule) {
   *g->out = 0;
 }
 
+/* Two non-blocking streams, and a block on the first held by a kernel. */
+static void *held_on_first(mp_pool_t *pool, gate_t *g, cudaStream_t *a,
+                           cudaStream_t *b) {
+  cudaStreamCreateWithFlags(a, cudaStreamNonBlocking);
+  cudaStreamCreateWithFlags(b, cudaStreamNonBlocking);
+  void *p = NULL;
+  CHECK(mp_pool_alloc(pool, BYTES, (mp_stream_t)*a, &p) == MP_OK, "alloc");
+  hold(g, p, *a);
+  return p;
+}
+
 static void free_after_all(mp_pool_t *pool, gate_t *g) {
   cudaStream_t a, b;
-  cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
-  cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
-  void *p = NULL;
-  CHECK(mp_pool_alloc(pool, BYTES, (mp_stream_t)a, &p) == MP_OK, "alloc");
-  hold(g, p, a);
+  void *p = held_on_first(pool, g, &a, &b);
   CHECK(mp_pool_free_after_all(pool, p) == MP_OK, "free: %s", mp_last_error());
   void *q = take_and_overwrite(pool, b);
   release_and_check(g, "free_after_all");
@@ -150,11 +157,7 @@ static void per_thread(mp_pool_t *pool, gate_t *g) {
 
 static void destroyed_stream(mp_device_t *dev, mp_pool_t *pool, gate_t *g) {
   cudaStream_t a, b;
-  cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
-  cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
-  void *p = NULL;
-  CHECK(mp_pool_alloc(pool, BYTES, (mp_stream_t)a, &p) == MP_OK, "alloc");
-  hold(g, p, a);
+  void *p = held_on_first(pool, g, &a, &b);
   CHECK(mp_pool_free(pool, p) == MP_OK, "free");
   CHECK(mp_stream_forget(dev, (mp_stream_t)a) == MP_OK, "forget");
   CHECK(cudaStreamDestroy(a) == cudaSuccess, "destroy");

@@ -56,8 +56,7 @@ static int runtime_state_kept() {
     std::printf("FAILED no current context after cudaMalloc\n");
     return 2;
   }
-  if (cuDevicePrimaryCtxRetain(&primary, 0) != CUDA_SUCCESS ||
-      primary != cur) {
+  if (cuDevicePrimaryCtxRetain(&primary, 0) != CUDA_SUCCESS || primary != cur) {
     std::printf("FAILED the current context is not the primary one\n");
     return 2;
   }
@@ -148,7 +147,7 @@ int main() {
   CHECK(cudaMemGetInfo(&free_b, &total_b));
   for (auto &st : s)
     CHECK(cudaStreamDestroy(st));
-  std::printf("allocs=%d frees=%d free=%zu total=%zu\n", allocs, frees,
-              free_b, total_b);
+  std::printf("allocs=%d frees=%d free=%zu total=%zu\n", allocs, frees, free_b,
+              total_b);
   return 0;
 }
