@@ -52,6 +52,12 @@ mp_pool_t *mp__graph_route(const mp_pool_t *parent, mp_stream_t s) {
 }
 
 mp_pool_t *mp__graph_owner(const mp_pool_t *parent, uintptr_t p) {
+  /* The common case first, in O(1): a live block of the parent's own (not a
+   * range it lent) is no graph pool's, so frees of ordinary blocks do not
+   * walk the ranges while graphs live. */
+  const mp__block_t *b = mp__map_find(parent, p);
+  if (b != NULL && !(b->flags & MP__B_CHILD))
+    return NULL;
   for (size_t i = 0; i < parent->ngranges; i++) {
     const mp__grange_t *r = &parent->granges[i];
     if (p >= r->base && p - r->base < r->size)
