@@ -717,7 +717,15 @@ static mp_status_t mp__cuda_ready(CUresult r, const char *fn, void *h) {
   return r == CUDA_SUCCESS ? MP_OK : mp__cuda_fail(r, "%s(%p)", fn, h);
 }
 
+static int mp__cuda_stream_capturing(mp_device_t *dev, mp_stream_t s);
+
+/* A stream being captured is busy, and is not asked: cuStreamQuery is "not
+ * allowed during stream capture" (cuda.h) and would invalidate the capture
+ * of a stream the pool was never told captures (one that joined a capture
+ * through an event, say). */
 static mp_status_t mp__cuda_stream_query(mp_device_t *dev, mp_stream_t s) {
+  if (mp__cuda_stream_capturing(dev, s) > 0)
+    return MP_EBUSY;
   CUresult r;
   MP__CU_IN_CTX(mp__cuda_of(dev), r, mp__cu.StreamQuery((CUstream)s));
   return mp__cuda_ready(r, "cuStreamQuery", (void *)s);

@@ -102,13 +102,17 @@ mp_status_t mp_pool_graph_create(mp_pool_t *parent, mp_pool_t **out) {
   return MP_OK;
 }
 
-/* Marks (or clears) s capturing in pool's stream table. */
-static mp_status_t mp__graph_mark(mp_pool_t *pool, mp_stream_t s, bool on) {
+/* Marks (or clears) s capturing in pool's stream table; *was (may be NULL):
+ * whether it was marked before. */
+static mp_status_t mp__graph_mark_was(mp_pool_t *pool, mp_stream_t s, bool on,
+                                      bool *was) {
   uint32_t sidx;
   mp_status_t st = mp__stream_index(pool, s, &sidx);
   if (st != MP_OK)
     return st;
   mp__strm_t *t = &pool->streams[sidx];
+  if (was != NULL)
+    *was = t->capturing;
   if (t->capturing != on) {
     t->capturing = on;
     if (on)
@@ -117,6 +121,10 @@ static mp_status_t mp__graph_mark(mp_pool_t *pool, mp_stream_t s, bool on) {
       pool->ncapturing--;
   }
   return MP_OK;
+}
+
+static mp_status_t mp__graph_mark(mp_pool_t *pool, mp_stream_t s, bool on) {
+  return mp__graph_mark_was(pool, s, on, NULL);
 }
 
 static mp_status_t mp__graph_check(mp_pool_t *parent, mp_pool_t *graph,
@@ -137,12 +145,13 @@ mp_status_t mp_pool_graph_begin(mp_pool_t *parent, mp_pool_t *graph,
     return st;
   /* The graph side first: a released pool refuses, and the slot is marked
    * before any allocation can be routed to it. */
+  bool was = false; /* s already marked in graph (a repeated begin) */
   pthread_mutex_lock(&graph->lock);
   if (graph->released)
     st = mp__fail(MP_EINVAL, "mp_pool_graph_begin: graph pool %p is released",
                   (void *)graph);
   else
-    st = mp__graph_mark(graph, s, true);
+    st = mp__graph_mark_was(graph, s, true, &was);
   pthread_mutex_unlock(&graph->lock);
   if (st != MP_OK)
     return st;
@@ -165,7 +174,8 @@ mp_status_t mp_pool_graph_begin(mp_pool_t *parent, mp_pool_t *graph,
   if (st == MP_OK)
     parent->routes[parent->nroutes++] = (mp__route_t){s, graph};
   pthread_mutex_unlock(&parent->lock);
-  if (st != MP_OK && st != MP_EBUSY) {
+  /* A refusal changes nothing: the mark goes unless it was there before. */
+  if (st != MP_OK && !was) {
     pthread_mutex_lock(&graph->lock);
     (void)mp__graph_mark(graph, s, false);
     pthread_mutex_unlock(&graph->lock);
@@ -216,11 +226,23 @@ mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes, mp_stream_t s,
   mp_status_t st =
       r != NULL ? mp__pool_alloc_locked(parent, bytes, s, out) : MP_ENOMEM;
   if (st == MP_OK) {
-    mp__block_t *b = mp__map_find(parent, (uintptr_t)*out);
-    b->flags |= MP__B_CHILD;
-    b->child = graph;
-    parent->granges[parent->ngranges++] =
-        (mp__grange_t){b->addr, b->size, graph};
+    /* The allocation may have dropped the lock (growth) while another graph
+     * pool borrowed: the room is asked again. */
+    r = mp__graph_room(parent->granges, parent->ngranges, &parent->granges_cap,
+                       sizeof *r, "ranges");
+    size_t slot;
+    mp__block_t *b = mp__map_lookup(parent, (uintptr_t)*out, &slot);
+    if (r == NULL) {
+      mp__map_remove_slot(parent, slot);
+      mp__block_release(parent, b);
+      st = MP_ENOMEM;
+    } else {
+      parent->granges = r;
+      b->flags |= MP__B_CHILD;
+      b->child = graph;
+      parent->granges[parent->ngranges++] =
+          (mp__grange_t){b->addr, b->size, graph};
+    }
   }
   pthread_mutex_unlock(&parent->lock);
   return st;
@@ -254,13 +276,15 @@ static void mp__graph_finish(mp_pool_t *graph) {
   mp__pool_free_host(graph);
 }
 
-void mp__graph_after_free(mp_pool_t *graph) {
-  pthread_mutex_lock(&graph->lock);
-  bool last = graph->released && graph->st.live_blocks == 0 &&
+bool mp__graph_take_last(mp_pool_t *graph) {
+  bool last = graph->graph && graph->released && graph->st.live_blocks == 0 &&
               graph->ncapturing == 0 && !graph->inflight;
   if (last)
-    graph->released = false; /* only one caller finishes it */
-  pthread_mutex_unlock(&graph->lock);
+    graph->released = false; /* only the caller that saw it finishes it */
+  return last;
+}
+
+void mp__graph_finish_if(mp_pool_t *graph, bool last) {
   if (last)
     mp__graph_finish(graph);
 }
@@ -280,8 +304,8 @@ mp_status_t mp_pool_graph_release(mp_pool_t *graph) {
                   graph->ncapturing, graph->ncapturing == 1 ? "" : "s");
   else
     graph->released = true;
+  bool last = st == MP_OK && mp__graph_take_last(graph);
   pthread_mutex_unlock(&graph->lock);
-  if (st == MP_OK)
-    mp__graph_after_free(graph);
+  mp__graph_finish_if(graph, last);
   return st;
 }

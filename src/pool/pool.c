@@ -843,10 +843,9 @@ static mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
       mp__block_release(pool, b);
     }
   }
-  bool graph_check = pool->graph && pool->released;
+  bool last = MP__UNLIKELY(pool->graph) && mp__graph_take_last(pool);
   pthread_mutex_unlock(&pool->lock);
-  if (MP__UNLIKELY(graph_check))
-    mp__graph_after_free(pool);
+  mp__graph_finish_if(pool, last);
   return st;
 }
 

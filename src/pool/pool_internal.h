@@ -318,9 +318,13 @@ mp_pool_t *mp__graph_owner(const mp_pool_t *parent, uintptr_t p);
  * parent on stream s for a new range of graph. */
 mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes, mp_stream_t s,
                              void **out);
-/* After a free from graph with the lock dropped: a released graph pool
- * whose last block went gives its ranges back and is freed. */
-void mp__graph_after_free(mp_pool_t *graph);
+/* Under graph's lock: whether it is released and empty, its last block
+ * gone; true for one caller only, which then calls mp__graph_finish_if with
+ * the lock dropped: the ranges go back to the parent and the pool is freed.
+ * Deciding under the lock of the free that emptied it keeps two frees (or a
+ * free and the release) from both finishing it. */
+bool mp__graph_take_last(mp_pool_t *graph);
+void mp__graph_finish_if(mp_pool_t *graph, bool last);
 /* ---- export.c: IPC exports and their leases ------------------------------ */
 /* A free of exported b (lock held): true when b is still imported
  * elsewhere and is now held instead of freed. */

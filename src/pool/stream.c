@@ -388,6 +388,12 @@ static void mp__stream_close(mp_pool_t *pool, mp__strm_t *st) {
     mp__stream_poll(pool, st);
   if (st->nmarks == MP__MAX_MARKS)
     return;
+  /* Nor one the application captures without telling the pool (a stream
+   * that joined a capture through an event): the marker would be a node of
+   * its graph, and asking about it would invalidate the capture. The epoch
+   * stays open; a later close marks it. */
+  if (MP__UNLIKELY(mp__device_stream_capturing(pool->dev, st->s) > 0))
+    return;
   mp_event_t ev;
   if (mp__event_get(pool, &ev) != MP_OK)
     return;
@@ -690,7 +696,8 @@ bool mp__streams_all_idle_now(mp_pool_t *pool) {
     mp__stream_poll(pool, st); /* the markers that completed, at least */
     if (st->gone)
       all = all && !st->dirty && st->done >= st->epoch;
-    else if (!mp__stream_idle_now(pool, i))
+    else if ((st->dirty || st->done < st->epoch) && /* else nothing owed */
+             !mp__stream_idle_now(pool, i))
       all = false;
   }
   return all;

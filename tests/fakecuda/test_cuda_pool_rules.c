@@ -311,6 +311,50 @@ Test(cuda_pool_rules, no_device_synchronize_when_allocating_freeing_or_trimming,
   mp_device_close(dev);
 }
 
+/* A stream the pool knows starts a capture of the application's own, and
+ * the pool is not told (no mp_pool_graph_begin: a stream that joined a
+ * capture, say). The release threshold's look at its streams, at frees on
+ * another stream, must not ask it: cuStreamQuery is not allowed during
+ * capture (cuda.h) and invalidates it. Failed before: the capture ended
+ * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED. */
+Test(cuda_pool_rules, a_capturing_stream_the_pool_was_not_told_of_is_not_asked,
+     .init = load_driver) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cfg.release_threshold = 1;
+  mp_pool_t *pool = NULL;
+  cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
+  enter_ctx();
+  CUstream a, b;
+  cr_assert_eq(cu.create(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(cu.create(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  void *p = NULL;
+  cr_assert_eq(mp_pool_alloc(pool, 4u << 20, (mp_stream_t)a, &p), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK); /* a owes a free now */
+  long long refused = errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  cr_assert_eq(cu.begin(a, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  mp_status_t st = MP_OK;
+  for (int i = 0; i < 32 && st == MP_OK; i++) {
+    void *q = NULL;
+    st = mp_pool_alloc(pool, (size_t)(1 + i % 4) << 20, (mp_stream_t)b, &q);
+    if (st == MP_OK)
+      st = mp_pool_free(pool, q);
+  }
+  CUgraph g = NULL;
+  CUresult end = cu.end(a, &g);
+  if (g != NULL)
+    cr_assert_eq(cu.graph_destroy(g), CUDA_SUCCESS);
+  cr_assert_eq(st, MP_OK, "%s", mp_last_error());
+  cr_assert_eq(end, CUDA_SUCCESS, "the pool invalidated the capture");
+  cr_assert_eq(errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), refused);
+  cr_assert_eq(cu.destroy(a), CUDA_SUCCESS);
+  cr_assert_eq(cu.destroy(b), CUDA_SUCCESS);
+  leave_ctx();
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(dev);
+}
+
 /* ---- per-thread streams ------------------------------------------------- */
 
 static void slow_start(void *unused) {

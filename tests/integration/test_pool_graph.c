@@ -3,6 +3,7 @@
  * until the graph pool is released, several captures share one graph pool,
  * and released memory returns to the parent. */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -194,4 +195,61 @@ Test(pool_graph, two_captures_keep_their_memory_apart, .init = setup,
   cr_assert_eq(mp_pool_graph_release(g1), MP_OK);
   cr_assert_eq(mp_pool_graph_release(g2), MP_OK);
   cr_expect_eq(mp_pool_check(parent), MP_OK, "%s", mp_last_error());
+}
+
+/* A begin refused because the stream already allocates to another graph
+ * pool changes nothing: the second graph pool is not left believing the
+ * stream captures for it, so both release and the parent goes (teardown).
+ * Failed before: the refused pool stayed marked, its release was MP_EBUSY
+ * and the parent could never be destroyed. */
+Test(pool_graph, a_refused_begin_changes_nothing, .init = setup,
+     .fini = teardown) {
+  mp_pool_t *g1, *g2;
+  cr_assert_eq(mp_pool_graph_create(parent, &g1), MP_OK);
+  cr_assert_eq(mp_pool_graph_create(parent, &g2), MP_OK);
+  cr_assert_eq(mp_pool_graph_begin(parent, g1, s1), MP_OK);
+  cr_assert_eq(mp_pool_graph_begin(parent, g2, s1), MP_EBUSY);
+  cr_assert_eq(mp_pool_graph_of(parent, s1), g1);
+  cr_assert_eq(mp_pool_graph_end(parent, s1), MP_OK);
+  cr_assert_eq(mp_pool_graph_release(g1), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_release(g2), MP_OK, "%s", mp_last_error());
+}
+
+/* Threads free the last blocks of a released graph pool, or release it,
+ * at the same time: exactly one of them gives the pool back (under ASan a
+ * second one would touch freed memory). */
+typedef struct {
+  mp_pool_t *pool;
+  void *p;
+} free_arg_t;
+
+static void *free_one(void *a) {
+  free_arg_t *f = a;
+  cr_assert_eq(mp_pool_free(f->pool, f->p), MP_OK);
+  return NULL;
+}
+
+Test(pool_graph, racing_last_frees_finish_the_graph_pool_once, .init = setup,
+     .fini = teardown) {
+  for (int round = 0; round < 200; round++) {
+    mp_pool_t *g;
+    cr_assert_eq(mp_pool_graph_create(parent, &g), MP_OK);
+    cr_assert_eq(mp_pool_graph_begin(parent, g, s1), MP_OK);
+    free_arg_t f[2] = {{parent, NULL}, {parent, NULL}};
+    for (int i = 0; i < 2; i++)
+      cr_assert_eq(mp_pool_alloc(parent, MiB, s1, &f[i].p), MP_OK);
+    cr_assert_eq(mp_pool_graph_end(parent, s1), MP_OK);
+    pthread_t t[2];
+    bool release_first = round % 2 == 0;
+    if (release_first)
+      cr_assert_eq(mp_pool_graph_release(g), MP_OK);
+    for (int i = 0; i < 2; i++)
+      cr_assert_eq(pthread_create(&t[i], NULL, free_one, &f[i]), 0);
+    if (!release_first)
+      cr_assert_eq(mp_pool_graph_release(g), MP_OK);
+    for (int i = 0; i < 2; i++)
+      pthread_join(t[i], NULL);
+  }
+  cr_assert_eq(mp_pool_check(parent), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(stats(parent).live_blocks, 0);
 }
