@@ -30,13 +30,8 @@
  * instead of a fault later. Like cuMemFree, mp_device_free, host_free and
  * vm_unmap synchronize the device before the memory goes.
  *
- * Streams. Each stream, and the default (NULL) stream, has a worker thread
- * that runs its FIFO queue of operations strictly in order. The worker is
- * started by the first operation queued on an idle stream and ends after
- * HOST_IDLE_MS without work, so a process with tens of thousands of streams
- * holds threads only for the ones in use (every parked thread is a futex
- * waiter, and the kernel's futex hash grows slow with tens of thousands of
- * them: a 30 000-stream replay spent its time in futex_wake). An event record
+ * Streams. Each stream, and the default (NULL) stream, is a worker thread
+ * that runs its FIFO queue of operations strictly in order. An event record
  * enqueues a "marker": a small refcounted flag that the worker sets when the
  * stream reaches it. The event points at the marker of its latest record, so
  * re-recording re-arms it, and a stream wait holds on to the marker that was
@@ -120,10 +115,10 @@ typedef struct host_dev host_dev_t;
 
 typedef struct host_stream {
   host_dev_t *dev;
+  pthread_t thread;
   pthread_mutex_t mu;
   pthread_cond_t work_cv; /* work queued, or stopping */
-  pthread_cond_t idle_cv; /* completed moved, or the worker ended */
-  bool running;           /* a worker (detached, holding a ref) is alive */
+  pthread_cond_t idle_cv; /* completed moved */
   host_op_t *head, *tail;
   uint64_t submitted, completed; /* ops ever queued / ever finished */
   bool stopping;                 /* no more work accepted; exit when drained */
@@ -265,32 +260,15 @@ static void host_stream_set_busy(host_stream_t *s, bool busy) {
   s->busy = busy;
 }
 
-#define HOST_IDLE_MS 20
-
-static void host_stream_put(host_stream_t *s);
-
-/* The worker: runs what is queued; ends when the stream is stopping and
- * drained, or after HOST_IDLE_MS with nothing queued (the next push starts
- * another). It holds a reference to s, dropped as it ends. */
 static void *host_stream_main(void *arg) {
   host_stream_t *s = arg;
   pthread_mutex_lock(&s->mu);
   for (;;) {
-    while (s->head == NULL && !s->stopping) {
-      struct timespec until;
-      clock_gettime(CLOCK_REALTIME, &until);
-      until.tv_nsec += HOST_IDLE_MS * 1000000L;
-      if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-      }
-      if (pthread_cond_timedwait(&s->work_cv, &s->mu, &until) == ETIMEDOUT &&
-          s->head == NULL)
-        break; /* idle: end here */
-    }
+    while (s->head == NULL && !s->stopping)
+      pthread_cond_wait(&s->work_cv, &s->mu);
     host_op_t *op = s->head;
     if (op == NULL)
-      break; /* stopping and drained, or idle */
+      break; /* stopping, and everything queued has run */
     s->head = op->next;
     if (s->head == NULL)
       s->tail = NULL;
@@ -303,32 +281,8 @@ static void *host_stream_main(void *arg) {
       host_stream_set_busy(s, false);
     pthread_cond_broadcast(&s->idle_cv);
   }
-  s->running = false;
-  pthread_cond_broadcast(&s->idle_cv);
   pthread_mutex_unlock(&s->mu);
-  host_stream_put(s);
   return NULL;
-}
-
-/* Under s->mu, with no worker running: starts one (detached; it takes a
- * reference). MP_ENOMEM when the system has no thread to give. */
-static mp_status_t host_stream_spawn(host_stream_t *s) {
-  pthread_attr_t attr;
-  if (pthread_attr_init(&attr) != 0)
-    return mp__fail(MP_ENOMEM, "host device: cannot start a stream thread");
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  atomic_fetch_add(&s->refs, 1);
-  s->running = true;
-  pthread_t t;
-  int rc = pthread_create(&t, &attr, host_stream_main, s);
-  pthread_attr_destroy(&attr);
-  if (rc != 0) {
-    s->running = false;
-    atomic_fetch_sub(&s->refs, 1); /* the caller still holds one */
-    return mp__fail(MP_ENOMEM, "host device: cannot start a stream thread: %s",
-                    strerror(rc));
-  }
-  return MP_OK;
 }
 
 static mp_status_t host_stream_start(host_dev_t *h, host_stream_t **out) {
@@ -340,6 +294,15 @@ static mp_status_t host_stream_start(host_dev_t *h, host_stream_t **out) {
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->work_cv, NULL);
   pthread_cond_init(&s->idle_cv, NULL);
+  int rc = pthread_create(&s->thread, NULL, host_stream_main, s);
+  if (rc != 0) {
+    pthread_cond_destroy(&s->idle_cv);
+    pthread_cond_destroy(&s->work_cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+    return mp__fail(MP_ENOMEM, "host device: cannot start a stream thread: %s",
+                    strerror(rc));
+  }
   *out = s;
   return MP_OK;
 }
@@ -353,15 +316,13 @@ static void host_stream_put(host_stream_t *s) {
   }
 }
 
-/* Lets the queued work finish, waits for the worker to end, drops the
- * caller's ref. */
+/* Lets the queued work finish, joins the worker, drops the caller's ref. */
 static void host_stream_stop(host_stream_t *s) {
   pthread_mutex_lock(&s->mu);
   s->stopping = true;
   pthread_cond_broadcast(&s->work_cv);
-  while (s->running)
-    pthread_cond_wait(&s->idle_cv, &s->mu);
   pthread_mutex_unlock(&s->mu);
+  pthread_join(s->thread, NULL);
   host_stream_put(s);
 }
 
@@ -382,14 +343,6 @@ static mp_status_t host_stream_push(host_stream_t *s, host_op_t *op) {
     free(op);
     return mp__fail(MP_EINVAL, "host device: stream %p is being destroyed",
                     (void *)s);
-  }
-  if (!s->running) {
-    mp_status_t st = host_stream_spawn(s);
-    if (st != MP_OK) {
-      pthread_mutex_unlock(&s->mu);
-      free(op);
-      return st;
-    }
   }
   op->next = NULL;
   if (s->tail)
