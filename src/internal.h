@@ -22,6 +22,19 @@
 #define MP__PRINTF(f, a)
 #endif
 
+/* Internal invariants (TLSF's tlsf_assert, mimalloc's mi_assert_internal):
+ * checked when built with MP_DEBUG (CMAKE_BUILD_TYPE=Debug, or
+ * -DMEMPOOL_ASSERT=ON), compiled out otherwise. A failed check is a bug in
+ * mempool, never bad input: bad input gets a status and an error message.
+ * The condition is not evaluated in other builds, so it must not have side
+ * effects. */
+#if defined(MP_DEBUG) && MP_DEBUG
+#define MP__ASSERT(c)                                                          \
+  (MP__LIKELY(c) ? (void)0 : mp__assert_fail(#c, __FILE__, __LINE__, __func__))
+#else
+#define MP__ASSERT(c) ((void)sizeof(!(c)))
+#endif
+
 #define MP__KiB ((size_t)1 << 10)
 #define MP__MiB ((size_t)1 << 20)
 #define MP__GiB ((size_t)1 << 30)
@@ -31,6 +44,11 @@
 /* Records a one-line message for mp_last_error() in this thread and returns
  * st, so that failing paths read `return mp__fail(MP_EINVAL, "...", ...);`. */
 mp_status_t mp__fail(mp_status_t st, const char *fmt, ...) MP__PRINTF(2, 3);
+
+/* Prints "mempool: internal check failed: cond (file:line, func)" to stderr
+ * and aborts; reached only through MP__ASSERT in MP_DEBUG builds. */
+_Noreturn void mp__assert_fail(const char *cond, const char *file, int line,
+                               const char *func);
 
 /* ---- conf.c ------------------------------------------------------------ */
 

@@ -6,6 +6,7 @@
  * promises that a later success leaves the last failure's message. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "internal.h"
 
@@ -41,4 +42,12 @@ mp_status_t mp__fail(mp_status_t st, const char *fmt, ...) {
   vsnprintf(mp__error_buf, sizeof mp__error_buf, fmt, ap);
   va_end(ap);
   return st;
+}
+
+void mp__assert_fail(const char *cond, const char *file, int line,
+                     const char *func) {
+  fprintf(stderr, "mempool: internal check failed: %s (%s:%d, %s)\n", cond,
+          file, line, func);
+  fflush(stderr);
+  abort();
 }
