@@ -50,6 +50,19 @@ mp_status_t mp__fail(mp_status_t st, const char *fmt, ...) MP__PRINTF(2, 3);
 _Noreturn void mp__assert_fail(const char *cond, const char *file, int line,
                                const char *func);
 
+/* ---- fault.c ----------------------------------------------------------- */
+
+/* malloc, calloc and realloc for mempool's own bookkeeping (free() frees
+ * them): the same, except that a test may make one fail. */
+void *mp__host_alloc(size_t n);
+void *mp__host_calloc(size_t count, size_t size);
+void *mp__host_realloc(void *p, size_t n);
+/* Makes the allocation after the next n succeed fail once (n = 0: the next
+ * one); n < 0 disarms. For tests of the failure branches. */
+void mp__fault_host_after(long n);
+/* true while a failure is armed and has not happened yet. */
+bool mp__fault_host_pending(void);
+
 /* ---- conf.c ------------------------------------------------------------ */
 
 /* Parses "123", "64K", "8M", "2G", "1T" (case-insensitive, optional "iB"/"B"
