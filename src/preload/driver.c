@@ -23,12 +23,13 @@ static mp__curesult mp__real_alloc(mp__variant_t v, mp__cuptr *dptr,
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   switch (v) {
   case MP__SYNC:
-    return rc->mem_alloc ? rc->mem_alloc(dptr, bytes) : MP__CU_NOT_INITIALIZED;
+    return rc->cuMemAlloc_v2 ? rc->cuMemAlloc_v2(dptr, bytes)
+                             : MP__CU_NOT_INITIALIZED;
   case MP__ASYNC:
-    return rc->mem_alloc_async ? rc->mem_alloc_async(dptr, bytes, s)
+    return rc->cuMemAllocAsync ? rc->cuMemAllocAsync(dptr, bytes, s)
                                : MP__CU_NOT_INITIALIZED;
   case MP__ASYNC_PTSZ:
-    return rc->mem_alloc_async_ptsz ? rc->mem_alloc_async_ptsz(dptr, bytes, s)
+    return rc->cuMemAllocAsync_ptsz ? rc->cuMemAllocAsync_ptsz(dptr, bytes, s)
                                     : MP__CU_NOT_INITIALIZED;
   }
   return MP__CU_NOT_INITIALIZED;
@@ -38,12 +39,13 @@ static mp__curesult mp__real_free(mp__variant_t v, mp__cuptr p,
                                   mp__custream s) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   switch (v) {
-  case MP__SYNC: return rc->mem_free ? rc->mem_free(p) : MP__CU_NOT_INITIALIZED;
+  case MP__SYNC:
+    return rc->cuMemFree_v2 ? rc->cuMemFree_v2(p) : MP__CU_NOT_INITIALIZED;
   case MP__ASYNC:
-    return rc->mem_free_async ? rc->mem_free_async(p, s)
+    return rc->cuMemFreeAsync ? rc->cuMemFreeAsync(p, s)
                               : MP__CU_NOT_INITIALIZED;
   case MP__ASYNC_PTSZ:
-    return rc->mem_free_async_ptsz ? rc->mem_free_async_ptsz(p, s)
+    return rc->cuMemFreeAsync_ptsz ? rc->cuMemFreeAsync_ptsz(p, s)
                                    : MP__CU_NOT_INITIALIZED;
   }
   return MP__CU_NOT_INITIALIZED;
@@ -53,10 +55,10 @@ static mp__curesult mp__real_free(mp__variant_t v, mp__cuptr p,
  * so). A driver without cuCtxGetDevice (a test double) has one device. */
 mp_pool_t *mp__pl_pool_here(const mp__pl_t *pl) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  if (pl->host || rc->ctx_get_device == NULL)
+  if (pl->host || rc->cuCtxGetDevice == NULL)
     return mp__pl_pool_of(pl, pl->ordinal);
   int d = -1;
-  if (rc->ctx_get_device(&d) != MP__CU_SUCCESS)
+  if (rc->cuCtxGetDevice(&d) != MP__CU_SUCCESS)
     return NULL;
   return mp__pl_pool_of(pl, d);
 }
@@ -70,8 +72,8 @@ static bool mp__capturing(const mp__pl_t *pl, mp__custream s, bool ptsz) {
   if (pl->host)
     return false;
   mp__curesult (*fn)(mp__custream, unsigned int *) =
-      ptsz && rc->stream_is_capturing_ptsz ? rc->stream_is_capturing_ptsz
-                                           : rc->stream_is_capturing;
+      ptsz && rc->cuStreamIsCapturing_ptsz ? rc->cuStreamIsCapturing_ptsz
+                                           : rc->cuStreamIsCapturing;
   if (fn == NULL)
     return false;
   unsigned int status = 0;
@@ -194,8 +196,8 @@ mp__curesult cuMemGetInfo_v2(size_t *free, size_t *total) {
      * goes back when an allocation needs it) and a cap is the total. */
     r = mp__pl_cu_error(mp_pool_mem_info(pool, free, total));
   } else {
-    r = rc->mem_get_info ? rc->mem_get_info(free, total)
-                         : MP__CU_NOT_INITIALIZED;
+    r = rc->cuMemGetInfo_v2 ? rc->cuMemGetInfo_v2(free, total)
+                            : MP__CU_NOT_INITIALIZED;
   }
   mp__pl_leave();
   return r;
@@ -215,8 +217,8 @@ mp__curesult cuMemGetAddressRange_v2(mp__cuptr *pbase, size_t *psize,
     return MP__CU_SUCCESS;
   }
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  return rc->mem_get_address_range
-             ? rc->mem_get_address_range(pbase, psize, dptr)
+  return rc->cuMemGetAddressRange_v2
+             ? rc->cuMemGetAddressRange_v2(pbase, psize, dptr)
              : MP__CU_NOT_INITIALIZED;
 }
 
@@ -234,7 +236,7 @@ mp__curesult cuPointerGetAttribute(void *data, unsigned int attribute,
     return MP__CU_SUCCESS;
   }
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  return rc->pointer_get_attribute
-             ? rc->pointer_get_attribute(data, attribute, ptr)
+  return rc->cuPointerGetAttribute
+             ? rc->cuPointerGetAttribute(data, attribute, ptr)
              : MP__CU_NOT_INITIALIZED;
 }

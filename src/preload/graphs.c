@@ -57,9 +57,9 @@ static bool mp__capture_id(mp__custream s, bool ptsz, unsigned long long *id) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   mp__curesult (*fn)(mp__custream, unsigned int *, unsigned long long *,
                      mp__cugraph *, const void **, size_t *) =
-      ptsz && rc->stream_get_capture_info_ptsz
-          ? rc->stream_get_capture_info_ptsz
-          : rc->stream_get_capture_info;
+      ptsz && rc->cuStreamGetCaptureInfo_v2_ptsz
+          ? rc->cuStreamGetCaptureInfo_v2_ptsz
+          : rc->cuStreamGetCaptureInfo_v2;
   unsigned int status = 0;
   if (fn == NULL || fn(s, &status, id, NULL, NULL, NULL) != MP__CU_SUCCESS)
     return false;
@@ -172,8 +172,8 @@ static void mp__capture_ended(mp__custream s, bool ptsz, mp__curesult r,
 
 mp__curesult cuStreamEndCapture(mp__custream hStream, mp__cugraph *phGraph) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  mp__curesult r = rc->stream_end_capture
-                       ? rc->stream_end_capture(hStream, phGraph)
+  mp__curesult r = rc->cuStreamEndCapture
+                       ? rc->cuStreamEndCapture(hStream, phGraph)
                        : MP__CU_NOT_INITIALIZED;
   mp__capture_ended(hStream, false, r, phGraph);
   return r;
@@ -182,8 +182,8 @@ mp__curesult cuStreamEndCapture(mp__custream hStream, mp__cugraph *phGraph) {
 mp__curesult cuStreamEndCapture_ptsz(mp__custream hStream,
                                      mp__cugraph *phGraph) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  mp__curesult r = rc->stream_end_capture_ptsz
-                       ? rc->stream_end_capture_ptsz(hStream, phGraph)
+  mp__curesult r = rc->cuStreamEndCapture_ptsz
+                       ? rc->cuStreamEndCapture_ptsz(hStream, phGraph)
                        : MP__CU_NOT_INITIALIZED;
   mp__capture_ended(hStream, true, r, phGraph);
   return r;
@@ -212,8 +212,8 @@ mp__curesult cuGraphInstantiateWithFlags(mp__cugraphexec *phGraphExec,
                                          unsigned long long flags) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   return mp__exec_made(
-      rc->graph_instantiate_with_flags
-          ? rc->graph_instantiate_with_flags(phGraphExec, hGraph, flags)
+      rc->cuGraphInstantiateWithFlags
+          ? rc->cuGraphInstantiateWithFlags(phGraphExec, hGraph, flags)
           : MP__CU_NOT_INITIALIZED,
       phGraphExec, hGraph);
 }
@@ -235,7 +235,7 @@ mp__curesult cuGraphInstantiateWithParams(mp__cugraphexec *phGraphExec,
                                           mp__cugraph hGraph,
                                           mp__cugraphparams params) {
   return mp__instantiate_params(
-      mp__pl_real_cuda()->graph_instantiate_with_params, phGraphExec, hGraph,
+      mp__pl_real_cuda()->cuGraphInstantiateWithParams, phGraphExec, hGraph,
       params);
 }
 
@@ -243,13 +243,13 @@ mp__curesult cuGraphInstantiateWithParams_ptsz(mp__cugraphexec *phGraphExec,
                                                mp__cugraph hGraph,
                                                mp__cugraphparams params) {
   return mp__instantiate_params(
-      mp__pl_real_cuda()->graph_instantiate_with_params_ptsz, phGraphExec,
+      mp__pl_real_cuda()->cuGraphInstantiateWithParams_ptsz, phGraphExec,
       hGraph, params);
 }
 
 mp__curesult cuGraphExecDestroy(mp__cugraphexec hGraphExec) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  mp__curesult r = rc->graph_exec_destroy ? rc->graph_exec_destroy(hGraphExec)
+  mp__curesult r = rc->cuGraphExecDestroy ? rc->cuGraphExecDestroy(hGraphExec)
                                           : MP__CU_NOT_INITIALIZED;
   if (r != MP__CU_SUCCESS)
     return r;
@@ -270,7 +270,7 @@ mp__curesult cuGraphExecDestroy(mp__cugraphexec hGraphExec) {
 mp__curesult cuGraphDestroy(mp__cugraph hGraph) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   mp__curesult r =
-      rc->graph_destroy ? rc->graph_destroy(hGraph) : MP__CU_NOT_INITIALIZED;
+      rc->cuGraphDestroy ? rc->cuGraphDestroy(hGraph) : MP__CU_NOT_INITIALIZED;
   if (r != MP__CU_SUCCESS)
     return r;
   pthread_mutex_lock(&mp__gr.lock);

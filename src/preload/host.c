@@ -99,16 +99,17 @@ static unsigned int mp__h_real_alloc(mp__hvariant_t v, void **p, size_t bytes,
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   switch (v) {
   case MP__H_RT_MALLOC_HOST:
-    return rt->malloc_host ? rt->malloc_host(p, bytes) : MP__CUDA_INIT_ERROR;
+    return rt->cudaMallocHost ? rt->cudaMallocHost(p, bytes)
+                              : MP__CUDA_INIT_ERROR;
   case MP__H_RT_HOST_ALLOC:
-    return rt->host_alloc ? rt->host_alloc(p, bytes, flags)
-                          : MP__CUDA_INIT_ERROR;
+    return rt->cudaHostAlloc ? rt->cudaHostAlloc(p, bytes, flags)
+                             : MP__CUDA_INIT_ERROR;
   case MP__H_CU_HOST_ALLOC:
-    return rc->mem_host_alloc ? rc->mem_host_alloc(p, bytes, flags)
+    return rc->cuMemHostAlloc ? rc->cuMemHostAlloc(p, bytes, flags)
                               : MP__CU_NOT_INITIALIZED;
   case MP__H_CU_ALLOC_HOST:
-    return rc->mem_alloc_host ? rc->mem_alloc_host(p, bytes)
-                              : MP__CU_NOT_INITIALIZED;
+    return rc->cuMemAllocHost_v2 ? rc->cuMemAllocHost_v2(p, bytes)
+                                 : MP__CU_NOT_INITIALIZED;
   }
   return MP__CU_NOT_INITIALIZED;
 }
@@ -116,10 +117,10 @@ static unsigned int mp__h_real_alloc(mp__hvariant_t v, void **p, size_t bytes,
 static unsigned int mp__h_real_free(bool runtime, void *p) {
   if (runtime) {
     const mp__real_cudart_t *rt = mp__pl_real_cudart();
-    return rt->free_host ? rt->free_host(p) : MP__CUDA_INIT_ERROR;
+    return rt->cudaFreeHost ? rt->cudaFreeHost(p) : MP__CUDA_INIT_ERROR;
   }
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  return rc->mem_free_host ? rc->mem_free_host(p) : MP__CU_NOT_INITIALIZED;
+  return rc->cuMemFreeHost ? rc->cuMemFreeHost(p) : MP__CU_NOT_INITIALIZED;
 }
 
 static unsigned int mp__h_error(bool runtime, mp_status_t st) {

@@ -7,7 +7,7 @@
  * point, cuGetProcAddress itself included). This file answers the last two.
  *
  * dlsym is replaced by a function that stays cheap and predictable:
- *  - it only ever compares the name with the exact names of hooks.h;
+ *  - it only ever compares the name with the exact names of hooklist.h;
  *  - RTLD_NEXT lookups are never touched, and reach glibc by a tail call so
  *    that glibc still sees the original caller's return address and
  *    searches after the caller, not after the shim (the file is always built
@@ -23,7 +23,7 @@
  * real functions with dlsym(RTLD_NEXT, ...) while it starts, before its
  * shadow memory and interceptors work: the path those lookups take here
  * calls nothing a sanitizer intercepts (no pthread_once, and the shim's
- * range comes from the linker, not from dl_iterate_phdr) and is built
+ * range comes from the linker, not from dl_iterate_phdr: real.c) and is built
  * without ASan's and TSan's instrumentation (MP__UNSANITIZED, which changes
  * nothing in other builds).
  * cuGetProcAddress asks the real driver first and only swaps the answer for
@@ -37,97 +37,24 @@
 #define dlsym mp__dlsym_as_glibc_declares_it
 #include <dlfcn.h>
 #undef dlsym
-#include <link.h>
 #include <string.h>
 
 #include "hooks.h"
 
 MP__EXPORT void *dlsym(void *handle, const char *name);
 
-/* Code that may run before a sanitizer runtime has started: see the top. */
-#define MP__UNSANITIZED __attribute__((no_sanitize("address", "thread")))
-
-/* The shim's mapped image, from its ELF header to the end of its bss, as
- * the linker placed them (GNU ld, gold and lld all define both). */
-extern const ElfW(Ehdr) __ehdr_start __attribute__((visibility("hidden")));
-extern const char _end[] __attribute__((visibility("hidden")));
-
-typedef void *(*mp__dlsym_fn)(void *, const char *);
-static _Atomic(mp__dlsym_fn) mp__real_dlsym_fn;
-
-/* glibc 2.34 moved dlsym into libc as dlsym@GLIBC_2.34 and kept the older
- * version names as aliases; one of these is always there. */
-MP__UNSANITIZED static mp__dlsym_fn mp__find_real(void) {
-  static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5",
-                                         "GLIBC_2.17", "GLIBC_2.0"};
-  mp__dlsym_fn fn = NULL;
-  for (size_t i = 0; fn == NULL && i < sizeof versions / sizeof *versions; i++)
-    fn = (mp__dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
-  return fn;
-}
-
-/* No pthread_once (TSan's interceptor of it needs TSan started): threads
- * that race on the first lookup each find the same function and store it. */
-MP__UNSANITIZED static mp__dlsym_fn mp__real(void) {
-  mp__dlsym_fn fn =
-      atomic_load_explicit(&mp__real_dlsym_fn, memory_order_acquire);
-  if (MP__UNLIKELY(fn == NULL)) {
-    fn = mp__find_real();
-    atomic_store_explicit(&mp__real_dlsym_fn, fn, memory_order_release);
-  }
-  return fn;
-}
-
-void *mp__pl_real_dlsym(void *handle, const char *name) {
-  mp__dlsym_fn fn = mp__real();
-  return fn ? fn(handle, name) : NULL;
-}
-
 typedef struct mp__hook_name {
   const char *name;
   void *fn;
 } mp__hook_name_t;
 
-#define MP__HOOK(f)                                                            \
-  { #f, (void *)&f }
-static const mp__hook_name_t mp__hooks[] = {
-    MP__HOOK(cuMemAlloc_v2),
-    MP__HOOK(cuMemFree_v2),
-    MP__HOOK(cuMemAllocAsync),
-    MP__HOOK(cuMemAllocAsync_ptsz),
-    MP__HOOK(cuMemFreeAsync),
-    MP__HOOK(cuMemFreeAsync_ptsz),
-    MP__HOOK(cuMemGetInfo_v2),
-    MP__HOOK(cuMemGetAddressRange_v2),
-    MP__HOOK(cuGetProcAddress),
-    MP__HOOK(cuGetProcAddress_v2),
-    MP__HOOK(cudaMalloc),
-    MP__HOOK(cudaFree),
-    MP__HOOK(cudaMallocAsync),
-    MP__HOOK(cudaMallocAsync_ptsz),
-    MP__HOOK(cudaFreeAsync),
-    MP__HOOK(cudaFreeAsync_ptsz),
-    MP__HOOK(cudaMemGetInfo),
-    MP__HOOK(cudaMallocManaged),
-    MP__HOOK(cudaMallocHost),
-    MP__HOOK(cudaHostAlloc),
-    MP__HOOK(cudaFreeHost),
-    MP__HOOK(cuMemHostAlloc),
-    MP__HOOK(cuMemAllocHost_v2),
-    MP__HOOK(cuMemFreeHost),
-    MP__HOOK(cuStreamCreate),
-    MP__HOOK(cuStreamCreateWithPriority),
-    MP__HOOK(cuStreamDestroy_v2),
-    MP__HOOK(cuStreamEndCapture),
-    MP__HOOK(cuStreamEndCapture_ptsz),
-    MP__HOOK(cuGraphInstantiateWithFlags),
-    MP__HOOK(cuGraphInstantiateWithParams),
-    MP__HOOK(cuGraphInstantiateWithParams_ptsz),
-    MP__HOOK(cuGraphExecDestroy),
-    MP__HOOK(cuGraphDestroy),
-    MP__HOOK(cuPointerGetAttribute),
-};
-#undef MP__HOOK
+/* Every CUDA hook of hooklist.h (not the shim's own exports). */
+#define MP__PL_NAMED(lib, result, name, params) MP__PL_NAMED_##lib(name)
+#define MP__PL_NAMED_cu(name)                   {#name, (void *)&name},
+#define MP__PL_NAMED_rt(name)                   {#name, (void *)&name},
+#define MP__PL_NAMED_own(name)
+static const mp__hook_name_t mp__hooks[] = {MP__PL_HOOKS(MP__PL_NAMED)};
+#undef MP__PL_NAMED
 
 /* Every hooked name starts "cu"; most names a program looks up do not, so
  * the common case costs two byte compares. */
@@ -140,18 +67,13 @@ MP__UNSANITIZED static void *mp__hook_for(const char *name) {
   return NULL;
 }
 
-MP__UNSANITIZED static bool mp__from_self(const void *ret) {
-  uintptr_t a = (uintptr_t)ret;
-  return a >= (uintptr_t)&__ehdr_start && a < (uintptr_t)_end;
-}
-
 MP__UNSANITIZED void *dlsym(void *handle, const char *name) {
-  mp__dlsym_fn real = mp__real();
+  mp__dlsym_fn real = mp__pl_glibc_dlsym();
   if (MP__UNLIKELY(real == NULL))
     return NULL;
   if (handle != RTLD_NEXT && name != NULL) {
     void *hook = mp__hook_for(name);
-    if (hook != NULL && !mp__from_self(__builtin_return_address(0)))
+    if (hook != NULL && !mp__pl_from_self(__builtin_return_address(0)))
       return real(handle, name) != NULL ? hook : NULL;
   }
   return real(handle, name); /* a tail call: see the top of the file */
@@ -224,13 +146,13 @@ mp__curesult cuGetProcAddress_v2(const char *symbol, void **pfn,
                                  int cudaVersion, uint64_t flags,
                                  unsigned int *symbolStatus) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  if (rc->get_proc_address_v2 != NULL)
+  if (rc->cuGetProcAddress_v2 != NULL)
     return mp__swap_answer(
-        rc->get_proc_address_v2(symbol, pfn, cudaVersion, flags, symbolStatus),
+        rc->cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, symbolStatus),
         symbol, pfn, cudaVersion, flags);
-  if (rc->get_proc_address != NULL)
+  if (rc->cuGetProcAddress != NULL)
     return mp__swap_answer(
-        rc->get_proc_address(symbol, pfn, cudaVersion, flags), symbol, pfn,
+        rc->cuGetProcAddress(symbol, pfn, cudaVersion, flags), symbol, pfn,
         cudaVersion, flags);
   return MP__CU_NOT_INITIALIZED;
 }
@@ -238,9 +160,9 @@ mp__curesult cuGetProcAddress_v2(const char *symbol, void **pfn,
 mp__curesult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
                               uint64_t flags) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  if (rc->get_proc_address != NULL)
+  if (rc->cuGetProcAddress != NULL)
     return mp__swap_answer(
-        rc->get_proc_address(symbol, pfn, cudaVersion, flags), symbol, pfn,
+        rc->cuGetProcAddress(symbol, pfn, cudaVersion, flags), symbol, pfn,
         cudaVersion, flags);
   return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
 }

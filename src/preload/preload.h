@@ -1,10 +1,12 @@
 /* preload.h - what the files of libmempool_preload.so share.
  *
  * The shim is one shared object built from mempool's own objects plus these
- * files; only the CUDA entry points it replaces (and dlsym) are exported, see
- * exports.map. Files, each with one job:
- *   state.c    environment, lazy thread-safe start, fork and exit, the real
- *              entry points, and the table of pointers the shim handed out
+ * files; only the CUDA entry points it replaces (and dlsym) are exported:
+ * hooklist.h lists them, one line each. Files, each with one job:
+ *   real.c     the real entry points: glibc's dlsym, the real driver's and
+ *              runtime's functions, the shim's own address range
+ *   state.c    environment, lazy thread-safe start, fork and exit, and the
+ *              table of pointers the shim handed out
  *   record.c   the CSV / Chrome-trace recording and the JSON report
  *   lookup.c   dlsym and cuGetProcAddress: which names resolve to the shim
  *   driver.c   the driver-API hooks (cuMemAlloc_v2 ...)
@@ -28,6 +30,7 @@
 #include <stdio.h>
 
 #include "../internal.h"
+#include "hooklist.h"
 
 /* ---- CUDA's ABI, as far as the hooks need it ---------------------------- */
 typedef unsigned int mp__curesult;    /* CUresult (an enum of non-negatives) */
@@ -56,74 +59,48 @@ typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st *mp__cugraphparams;
 #define MP__CU_PROC_PER_THREAD    2u  /* CU_GET_PROC_ADDRESS_PER_THREAD_... */
 #define MP__CU_STREAM_PER_THREAD  ((mp__custream)0x2)
 
-/* ---- state.c ------------------------------------------------------------ */
+/* ---- real.c ------------------------------------------------------------- */
 
-/* The real entry points, resolved once, lazily. A NULL member: that library
+/* The real entry points (real.c), resolved once, lazily, one member per
+ * line of hooklist.h, named as the function. A NULL member: that library
  * or symbol is not there (no driver, no shared runtime). */
+#define MP__PL_MEMBER(lib, result, name, params)                               \
+  MP__PL_MEMBER_##lib(result, name, params)
+#define MP__PL_MEMBER_cu(result, name, params) result(*name) params;
+#define MP__PL_MEMBER_rt(result, name, params)
+#define MP__PL_MEMBER_own(result, name, params)
 typedef struct mp__real_cuda {
-  mp__curesult (*mem_alloc)(mp__cuptr *, size_t);
-  mp__curesult (*mem_free)(mp__cuptr);
-  mp__curesult (*mem_alloc_async)(mp__cuptr *, size_t, mp__custream);
-  mp__curesult (*mem_alloc_async_ptsz)(mp__cuptr *, size_t, mp__custream);
-  mp__curesult (*mem_free_async)(mp__cuptr, mp__custream);
-  mp__curesult (*mem_free_async_ptsz)(mp__cuptr, mp__custream);
-  mp__curesult (*mem_get_info)(size_t *, size_t *);
-  mp__curesult (*mem_get_address_range)(mp__cuptr *, size_t *, mp__cuptr);
-  mp__curesult (*pointer_get_attribute)(void *, unsigned int, mp__cuptr);
-  mp__curesult (*get_proc_address)(const char *, void **, int, uint64_t);
-  mp__curesult (*get_proc_address_v2)(const char *, void **, int, uint64_t,
-                                      unsigned int *);
-  mp__curesult (*ctx_get_device)(int *);
-  mp__curesult (*stream_is_capturing)(mp__custream, unsigned int *);
-  mp__curesult (*stream_is_capturing_ptsz)(mp__custream, unsigned int *);
-  mp__curesult (*mem_host_alloc)(void **, size_t, unsigned int);
-  mp__curesult (*mem_alloc_host)(void **, size_t);
-  mp__curesult (*mem_free_host)(void *);
-  mp__curesult (*stream_create)(mp__custream *, unsigned int);
-  mp__curesult (*stream_create_with_priority)(mp__custream *, unsigned int,
-                                              int);
-  mp__curesult (*stream_destroy)(mp__custream);
-  /* graphs.c */
-  mp__curesult (*stream_get_capture_info)(mp__custream, unsigned int *,
-                                          unsigned long long *, mp__cugraph *,
-                                          const void **, size_t *);
-  mp__curesult (*stream_get_capture_info_ptsz)(mp__custream, unsigned int *,
-                                               unsigned long long *,
-                                               mp__cugraph *, const void **,
-                                               size_t *);
-  mp__curesult (*stream_end_capture)(mp__custream, mp__cugraph *);
-  mp__curesult (*stream_end_capture_ptsz)(mp__custream, mp__cugraph *);
-  mp__curesult (*graph_instantiate_with_flags)(mp__cugraphexec *, mp__cugraph,
-                                               unsigned long long);
-  mp__curesult (*graph_instantiate_with_params)(mp__cugraphexec *, mp__cugraph,
-                                                mp__cugraphparams);
-  mp__curesult (*graph_instantiate_with_params_ptsz)(mp__cugraphexec *,
-                                                     mp__cugraph,
-                                                     mp__cugraphparams);
-  mp__curesult (*graph_exec_destroy)(mp__cugraphexec);
-  mp__curesult (*graph_destroy)(mp__cugraph);
+  MP__PL_HOOKS(MP__PL_MEMBER) MP__PL_REAL(MP__PL_MEMBER)
 } mp__real_cuda_t;
-
+#undef MP__PL_MEMBER_cu
+#undef MP__PL_MEMBER_rt
+#define MP__PL_MEMBER_cu(result, name, params)
+#define MP__PL_MEMBER_rt(result, name, params) result(*name) params;
 typedef struct mp__real_cudart {
-  mp__cudaerr (*malloc)(void **, size_t);
-  mp__cudaerr (*free)(void *);
-  mp__cudaerr (*malloc_async)(void **, size_t, mp__custream);
-  mp__cudaerr (*malloc_async_ptsz)(void **, size_t, mp__custream);
-  mp__cudaerr (*free_async)(void *, mp__custream);
-  mp__cudaerr (*free_async_ptsz)(void *, mp__custream);
-  mp__cudaerr (*mem_get_info)(size_t *, size_t *);
-  mp__cudaerr (*malloc_managed)(void **, size_t, unsigned int);
-  mp__cudaerr (*malloc_host)(void **, size_t);
-  mp__cudaerr (*host_alloc)(void **, size_t, unsigned int);
-  mp__cudaerr (*free_host)(void *);
-  mp__cudaerr (*get_device)(int *);
-  mp__cudaerr (*stream_is_capturing)(mp__custream, unsigned int *);
+  MP__PL_HOOKS(MP__PL_MEMBER) MP__PL_REAL(MP__PL_MEMBER)
 } mp__real_cudart_t;
+#undef MP__PL_MEMBER
+#undef MP__PL_MEMBER_cu
+#undef MP__PL_MEMBER_rt
+#undef MP__PL_MEMBER_own
 
 const mp__real_cuda_t *mp__pl_real_cuda(void);
 const mp__real_cudart_t *mp__pl_real_cudart(void);
-/* glibc's own dlsym; never NULL once lookup.c has started. */
+
+/* glibc's own dlsym, found without pthread_once or dl_iterate_phdr (see
+ * lookup.c); NULL only if glibc has none. */
+typedef void *(*mp__dlsym_fn)(void *, const char *);
+mp__dlsym_fn mp__pl_glibc_dlsym(void);
+/* glibc's dlsym(handle, name); NULL when it has none. */
 void *mp__pl_real_dlsym(void *handle, const char *name);
+/* Whether addr lies in the shim's own mapped image. */
+bool mp__pl_from_self(const void *addr);
+
+/* Code that may run before a sanitizer runtime has started (lookup.c):
+ * built without ASan's and TSan's instrumentation. */
+#define MP__UNSANITIZED __attribute__((no_sanitize("address", "thread")))
+
+/* ---- state.c ------------------------------------------------------------ */
 
 /* How a call is served, decided once at the first hooked call. */
 typedef enum mp__pl_mode {

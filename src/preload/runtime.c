@@ -22,13 +22,13 @@ static mp__cudaerr mp__rt_real_alloc(mp__rt_variant_t v, void **p, size_t bytes,
   const mp__real_cudart_t *rt = mp__pl_real_cudart();
   switch (v) {
   case MP__RT_SYNC:
-    return rt->malloc ? rt->malloc(p, bytes) : MP__CUDA_INIT_ERROR;
+    return rt->cudaMalloc ? rt->cudaMalloc(p, bytes) : MP__CUDA_INIT_ERROR;
   case MP__RT_ASYNC:
-    return rt->malloc_async ? rt->malloc_async(p, bytes, s)
-                            : MP__CUDA_INIT_ERROR;
+    return rt->cudaMallocAsync ? rt->cudaMallocAsync(p, bytes, s)
+                               : MP__CUDA_INIT_ERROR;
   case MP__RT_ASYNC_PTSZ:
-    return rt->malloc_async_ptsz ? rt->malloc_async_ptsz(p, bytes, s)
-                                 : MP__CUDA_INIT_ERROR;
+    return rt->cudaMallocAsync_ptsz ? rt->cudaMallocAsync_ptsz(p, bytes, s)
+                                    : MP__CUDA_INIT_ERROR;
   }
   return MP__CUDA_INIT_ERROR;
 }
@@ -37,12 +37,12 @@ static mp__cudaerr mp__rt_real_free(mp__rt_variant_t v, void *p,
                                     mp__custream s) {
   const mp__real_cudart_t *rt = mp__pl_real_cudart();
   switch (v) {
-  case MP__RT_SYNC: return rt->free ? rt->free(p) : MP__CUDA_INIT_ERROR;
+  case MP__RT_SYNC: return rt->cudaFree ? rt->cudaFree(p) : MP__CUDA_INIT_ERROR;
   case MP__RT_ASYNC:
-    return rt->free_async ? rt->free_async(p, s) : MP__CUDA_INIT_ERROR;
+    return rt->cudaFreeAsync ? rt->cudaFreeAsync(p, s) : MP__CUDA_INIT_ERROR;
   case MP__RT_ASYNC_PTSZ:
-    return rt->free_async_ptsz ? rt->free_async_ptsz(p, s)
-                               : MP__CUDA_INIT_ERROR;
+    return rt->cudaFreeAsync_ptsz ? rt->cudaFreeAsync_ptsz(p, s)
+                                  : MP__CUDA_INIT_ERROR;
   }
   return MP__CUDA_INIT_ERROR;
 }
@@ -50,22 +50,23 @@ static mp__cudaerr mp__rt_real_free(mp__rt_variant_t v, void *p,
 /* The pool of the runtime's current device (cudaGetDevice). */
 static mp_pool_t *mp__rt_pool_here(const mp__pl_t *pl) {
   const mp__real_cudart_t *rt = mp__pl_real_cudart();
-  if (pl->host || rt->get_device == NULL)
+  if (pl->host || rt->cudaGetDevice == NULL)
     return mp__pl_pool_of(pl, pl->ordinal);
   int d = -1;
-  if (rt->get_device(&d) != MP__CUDA_SUCCESS)
+  if (rt->cudaGetDevice(&d) != MP__CUDA_SUCCESS)
     return NULL;
   return mp__pl_pool_of(pl, d);
 }
 
 static bool mp__rt_capturing(const mp__pl_t *pl, mp__custream s, bool ptsz) {
   const mp__real_cudart_t *rt = mp__pl_real_cudart();
-  if (pl->host || rt->stream_is_capturing == NULL)
+  if (pl->host || rt->cudaStreamIsCapturing == NULL)
     return false;
   if (ptsz && s == NULL)
     s = MP__CU_STREAM_PER_THREAD; /* cudaStreamPerThread */
   unsigned int status = 0;
-  return rt->stream_is_capturing(s, &status) != MP__CUDA_SUCCESS || status != 0;
+  return rt->cudaStreamIsCapturing(s, &status) != MP__CUDA_SUCCESS ||
+         status != 0;
 }
 
 /* What the runtime's own cudaMalloc leaves behind, kept when the pool
@@ -81,21 +82,21 @@ static _Thread_local bool mp__rt_started;
 
 static void mp__rt_start_thread(const mp__pl_t *pl) {
   const mp__real_cudart_t *rt = mp__pl_real_cudart();
-  if (pl->host || mp__rt_started || rt->free == NULL)
+  if (pl->host || mp__rt_started || rt->cudaFree == NULL)
     return;
   mp__rt_started = true;
-  (void)rt->free(NULL);
+  (void)rt->cudaFree(NULL);
 }
 
 static void mp__rt_set_last_error(const mp__pl_t *pl, mp__cudaerr r) {
   const mp__real_cudart_t *rt = mp__pl_real_cudart();
-  if (pl->host || rt->malloc == NULL)
+  if (pl->host || rt->cudaMalloc == NULL)
     return;
   void *x = NULL;
   if (r == MP__CUDA_INVALID_VALUE)
-    (void)rt->malloc(NULL, 1);
-  else if (r == MP__CUDA_MEMORY_ALLOCATION && rt->malloc(&x, SIZE_MAX) == 0)
-    (void)rt->free(x); /* cannot happen; never leak if it does */
+    (void)rt->cudaMalloc(NULL, 1);
+  else if (r == MP__CUDA_MEMORY_ALLOCATION && rt->cudaMalloc(&x, SIZE_MAX) == 0)
+    (void)rt->cudaFree(x); /* cannot happen; never leak if it does */
 }
 
 static mp__cudaerr mp__rt_alloc(mp__rt_variant_t v, void **p, size_t bytes,
@@ -224,7 +225,8 @@ mp__cudaerr cudaMemGetInfo(size_t *free, size_t *total) {
   } else if (pl != NULL && pl->mode == MP__PL_POOL && pl->host) {
     r = MP__CUDA_INVALID_VALUE; /* a NULL output; no runtime to ask */
   } else {
-    r = rt->mem_get_info ? rt->mem_get_info(free, total) : MP__CUDA_INIT_ERROR;
+    r = rt->cudaMemGetInfo ? rt->cudaMemGetInfo(free, total)
+                           : MP__CUDA_INIT_ERROR;
   }
   mp__pl_leave();
   return r;
@@ -253,12 +255,13 @@ static mp__cudaerr mp__rt_other_alloc(mp__pl_kind_t kind, void **p,
       r = mp__pl_cuda_error(st);
     }
   } else if (kind == MP__PL_FROM_DEVICE) {
-    r = rt->malloc_managed ? rt->malloc_managed(p, bytes, flags)
-                           : MP__CUDA_INIT_ERROR;
+    r = rt->cudaMallocManaged ? rt->cudaMallocManaged(p, bytes, flags)
+                              : MP__CUDA_INIT_ERROR;
   } else if (host_alloc) {
-    r = rt->host_alloc ? rt->host_alloc(p, bytes, flags) : MP__CUDA_INIT_ERROR;
+    r = rt->cudaHostAlloc ? rt->cudaHostAlloc(p, bytes, flags)
+                          : MP__CUDA_INIT_ERROR;
   } else {
-    r = rt->malloc_host ? rt->malloc_host(p, bytes) : MP__CUDA_INIT_ERROR;
+    r = rt->cudaMallocHost ? rt->cudaMallocHost(p, bytes) : MP__CUDA_INIT_ERROR;
   }
   if (outer && r == MP__CUDA_SUCCESS)
     mp__pl_record_other(kind == MP__PL_FROM_DEVICE ? "managed" : "pinned",

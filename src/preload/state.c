@@ -1,5 +1,5 @@
 /* state.c - the shim's state: environment, lazy start, fork, exit, the real
- * entry points, and the table of pointers the shim knows.
+ * the table of pointers the shim knows.
  *
  * The start is lazy (the first hooked call), thread-safe (one mutex, after
  * which the state is read-only), and cannot recurse: a hook reached from
@@ -12,114 +12,11 @@
  * child starts over with nothing of the parent's pool (its locks and
  * threads did not survive the fork); at exit nothing is torn down, because
  * the runtime's own exit handlers may still free memory after ours ran. */
-#include <dlfcn.h>
-#include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "preload.h"
-
-/* ---- the real entry points -------------------------------------------- */
-
-static mp__real_cuda_t mp__rc;
-static pthread_once_t mp__rc_once = PTHREAD_ONCE_INIT;
-static mp__real_cudart_t mp__rrt;
-static pthread_once_t mp__rrt_once = PTHREAD_ONCE_INIT;
-
-#define MP__RESOLVE(tbl, h, field, name)                                       \
-  ((tbl).field = (__typeof__((tbl).field))mp__pl_real_dlsym((h), (name)))
-
-/* The driver is whatever libcuda.so.1 the process has (or would load); the
- * lookups are made from the shim, so dlsym returns the driver's own
- * functions, never the hooks. */
-static void mp__rc_start(void) {
-  void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-  if (h == NULL)
-    h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
-  if (h == NULL)
-    return;
-  MP__RESOLVE(mp__rc, h, mem_alloc, "cuMemAlloc_v2");
-  MP__RESOLVE(mp__rc, h, mem_free, "cuMemFree_v2");
-  MP__RESOLVE(mp__rc, h, mem_alloc_async, "cuMemAllocAsync");
-  MP__RESOLVE(mp__rc, h, mem_alloc_async_ptsz, "cuMemAllocAsync_ptsz");
-  MP__RESOLVE(mp__rc, h, mem_free_async, "cuMemFreeAsync");
-  MP__RESOLVE(mp__rc, h, mem_free_async_ptsz, "cuMemFreeAsync_ptsz");
-  MP__RESOLVE(mp__rc, h, mem_get_info, "cuMemGetInfo_v2");
-  MP__RESOLVE(mp__rc, h, mem_get_address_range, "cuMemGetAddressRange_v2");
-  MP__RESOLVE(mp__rc, h, pointer_get_attribute, "cuPointerGetAttribute");
-  MP__RESOLVE(mp__rc, h, get_proc_address, "cuGetProcAddress");
-  MP__RESOLVE(mp__rc, h, get_proc_address_v2, "cuGetProcAddress_v2");
-  MP__RESOLVE(mp__rc, h, ctx_get_device, "cuCtxGetDevice");
-  MP__RESOLVE(mp__rc, h, stream_is_capturing, "cuStreamIsCapturing");
-  MP__RESOLVE(mp__rc, h, stream_is_capturing_ptsz, "cuStreamIsCapturing_ptsz");
-  MP__RESOLVE(mp__rc, h, mem_host_alloc, "cuMemHostAlloc");
-  MP__RESOLVE(mp__rc, h, mem_alloc_host, "cuMemAllocHost_v2");
-  MP__RESOLVE(mp__rc, h, mem_free_host, "cuMemFreeHost");
-  MP__RESOLVE(mp__rc, h, stream_create, "cuStreamCreate");
-  MP__RESOLVE(mp__rc, h, stream_create_with_priority,
-              "cuStreamCreateWithPriority");
-  MP__RESOLVE(mp__rc, h, stream_destroy, "cuStreamDestroy_v2");
-  MP__RESOLVE(mp__rc, h, stream_get_capture_info, "cuStreamGetCaptureInfo_v2");
-  MP__RESOLVE(mp__rc, h, stream_get_capture_info_ptsz,
-              "cuStreamGetCaptureInfo_v2_ptsz");
-  MP__RESOLVE(mp__rc, h, stream_end_capture, "cuStreamEndCapture");
-  MP__RESOLVE(mp__rc, h, stream_end_capture_ptsz, "cuStreamEndCapture_ptsz");
-  MP__RESOLVE(mp__rc, h, graph_instantiate_with_flags,
-              "cuGraphInstantiateWithFlags");
-  MP__RESOLVE(mp__rc, h, graph_instantiate_with_params,
-              "cuGraphInstantiateWithParams");
-  MP__RESOLVE(mp__rc, h, graph_instantiate_with_params_ptsz,
-              "cuGraphInstantiateWithParams_ptsz");
-  MP__RESOLVE(mp__rc, h, graph_exec_destroy, "cuGraphExecDestroy");
-  MP__RESOLVE(mp__rc, h, graph_destroy, "cuGraphDestroy");
-}
-
-const mp__real_cuda_t *mp__pl_real_cuda(void) {
-  pthread_once(&mp__rc_once, mp__rc_start);
-  return &mp__rc;
-}
-
-static int mp__find_cudart(struct dl_phdr_info *info, size_t size, void *ctx) {
-  (void)size;
-  const char *name = info->dlpi_name;
-  if (name == NULL || strstr(name, "libcudart.so") == NULL)
-    return 0;
-  *(void **)ctx = dlopen(name, RTLD_LAZY | RTLD_NOLOAD);
-  return *(void **)ctx != NULL;
-}
-
-/* The shared runtime is normally next after the shim in the global scope.
- * A runtime loaded privately (a Python extension's dependency, opened
- * RTLD_LOCAL) is not, though its calls still reach the shim: it is then
- * found among the loaded objects by name. */
-static void mp__rrt_start(void) {
-  void *h = RTLD_NEXT;
-  if (mp__pl_real_dlsym(h, "cudaMalloc") == NULL) {
-    h = NULL;
-    dl_iterate_phdr(mp__find_cudart, &h);
-    if (h == NULL)
-      return;
-  }
-  MP__RESOLVE(mp__rrt, h, malloc, "cudaMalloc");
-  MP__RESOLVE(mp__rrt, h, free, "cudaFree");
-  MP__RESOLVE(mp__rrt, h, malloc_async, "cudaMallocAsync");
-  MP__RESOLVE(mp__rrt, h, malloc_async_ptsz, "cudaMallocAsync_ptsz");
-  MP__RESOLVE(mp__rrt, h, free_async, "cudaFreeAsync");
-  MP__RESOLVE(mp__rrt, h, free_async_ptsz, "cudaFreeAsync_ptsz");
-  MP__RESOLVE(mp__rrt, h, mem_get_info, "cudaMemGetInfo");
-  MP__RESOLVE(mp__rrt, h, malloc_managed, "cudaMallocManaged");
-  MP__RESOLVE(mp__rrt, h, malloc_host, "cudaMallocHost");
-  MP__RESOLVE(mp__rrt, h, host_alloc, "cudaHostAlloc");
-  MP__RESOLVE(mp__rrt, h, free_host, "cudaFreeHost");
-  MP__RESOLVE(mp__rrt, h, get_device, "cudaGetDevice");
-  MP__RESOLVE(mp__rrt, h, stream_is_capturing, "cudaStreamIsCapturing");
-}
-
-const mp__real_cudart_t *mp__pl_real_cudart(void) {
-  pthread_once(&mp__rrt_once, mp__rrt_start);
-  return &mp__rrt;
-}
 
 /* ---- nesting ---------------------------------------------------------- */
 

@@ -31,8 +31,8 @@ static void mp__stream_made(mp__curesult r, mp__custream *ps) {
 
 mp__curesult cuStreamCreate(mp__custream *phStream, unsigned int Flags) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  mp__curesult r = rc->stream_create ? rc->stream_create(phStream, Flags)
-                                     : MP__CU_NOT_INITIALIZED;
+  mp__curesult r = rc->cuStreamCreate ? rc->cuStreamCreate(phStream, Flags)
+                                      : MP__CU_NOT_INITIALIZED;
   mp__stream_made(r, phStream);
   return r;
 }
@@ -41,8 +41,8 @@ mp__curesult cuStreamCreateWithPriority(mp__custream *phStream,
                                         unsigned int flags, int priority) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   mp__curesult r =
-      rc->stream_create_with_priority
-          ? rc->stream_create_with_priority(phStream, flags, priority)
+      rc->cuStreamCreateWithPriority
+          ? rc->cuStreamCreateWithPriority(phStream, flags, priority)
           : MP__CU_NOT_INITIALIZED;
   mp__stream_made(r, phStream);
   return r;
@@ -60,6 +60,6 @@ mp__curesult cuStreamDestroy_v2(mp__custream hStream) {
       mp__pl_each_device(mp__forget_on, hStream);
   }
   mp__pl_leave();
-  return rc->stream_destroy ? rc->stream_destroy(hStream)
-                            : MP__CU_NOT_INITIALIZED;
+  return rc->cuStreamDestroy_v2 ? rc->cuStreamDestroy_v2(hStream)
+                                : MP__CU_NOT_INITIALIZED;
 }
