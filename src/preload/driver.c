@@ -51,18 +51,6 @@ static mp__curesult mp__real_free(mp__variant_t v, mp__cuptr p,
   return MP__CU_NOT_INITIALIZED;
 }
 
-/* The current context's device's pool (no context: let the driver say
- * so). A driver without cuCtxGetDevice (a test double) has one device. */
-mp_pool_t *mp__pl_pool_here(const mp__pl_t *pl) {
-  const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  if (pl->host || rc->cuCtxGetDevice == NULL)
-    return mp__pl_pool_of(pl, pl->ordinal);
-  int d = -1;
-  if (rc->cuCtxGetDevice(&d) != MP__CU_SUCCESS)
-    return NULL;
-  return mp__pl_pool_of(pl, d);
-}
-
 /* A synchronous call asks about the legacy NULL stream, which reports a
  * capture in progress anywhere that would forbid it. An error answer (for
  * instance CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) also means: let the driver

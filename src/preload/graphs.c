@@ -52,6 +52,27 @@ static struct {
   size_t nexecs, live;
 } mp__gr = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
+/* fork() child: the parent's captures and graphs are not the child's. */
+static void mp__graphs_child(void) {
+  memset(mp__gr.caps, 0, sizeof mp__gr.caps);
+  mp__gr.nexecs = mp__gr.live = 0;
+  pthread_mutex_init(&mp__gr.lock, NULL);
+}
+
+static pthread_once_t mp__gr_once = PTHREAD_ONCE_INIT;
+
+static void mp__gr_atfork(void) {
+  pthread_atfork(NULL, NULL, mp__graphs_child);
+}
+
+/* Takes mp__gr.lock; the first time, registers mp__graphs_child, so a
+ * child forked while another thread held the lock or after a capture
+ * starts over. */
+static void mp__gr_lock(void) {
+  pthread_once(&mp__gr_once, mp__gr_atfork);
+  pthread_mutex_lock(&mp__gr.lock);
+}
+
 /* The capture id of s, or false when s is not being captured. */
 static bool mp__capture_id(mp__custream s, bool ptsz, unsigned long long *id) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
@@ -80,7 +101,7 @@ bool mp__pl_capture_route(const mp__pl_t *pl, mp_pool_t *pool, mp__custream s,
     return false;
   mp_stream_t ms = mp__pl_stream(pl, s, ptsz);
   bool ok = false;
-  pthread_mutex_lock(&mp__gr.lock);
+  mp__gr_lock();
   mp__pl_capture_t *c = NULL, *free_slot = NULL;
   for (size_t i = 0; i < MP__PL_CAPTURES; i++) {
     mp__pl_capture_t *x = &mp__gr.caps[i];
@@ -112,14 +133,8 @@ bool mp__pl_capture_route(const mp__pl_t *pl, mp_pool_t *pool, mp__custream s,
   return ok;
 }
 
-void mp__pl_graphs_child(void) {
-  memset(mp__gr.caps, 0, sizeof mp__gr.caps);
-  mp__gr.nexecs = mp__gr.live = 0;
-  pthread_mutex_init(&mp__gr.lock, NULL);
-}
-
 size_t mp__pl_graph_pools(void) {
-  pthread_mutex_lock(&mp__gr.lock);
+  mp__gr_lock();
   size_t n = mp__gr.live;
   pthread_mutex_unlock(&mp__gr.lock);
   return n;
@@ -153,7 +168,7 @@ static void mp__capture_ended(mp__custream s, bool ptsz, mp__curesult r,
     return;
   }
   const mp__pl_t *pl = mp__pl_get();
-  pthread_mutex_lock(&mp__gr.lock);
+  mp__gr_lock();
   mp__pl_capture_t *c = mp__capture_of_stream(s, ptsz);
   if (c != NULL) {
     for (unsigned k = 0; k < c->nstreams; k++)
@@ -195,7 +210,7 @@ static mp__curesult mp__exec_made(mp__curesult r, mp__cugraphexec *phGraphExec,
                                   mp__cugraph hGraph) {
   if (r != MP__CU_SUCCESS || phGraphExec == NULL)
     return r;
-  pthread_mutex_lock(&mp__gr.lock);
+  mp__gr_lock();
   mp__pl_capture_t *c = mp__capture_of_graph(hGraph);
   /* Past MP__PL_EXECS executables the graph pool lives until exit. */
   if (c != NULL && mp__gr.nexecs < MP__PL_EXECS) {
@@ -253,7 +268,7 @@ mp__curesult cuGraphExecDestroy(mp__cugraphexec hGraphExec) {
                                           : MP__CU_NOT_INITIALIZED;
   if (r != MP__CU_SUCCESS)
     return r;
-  pthread_mutex_lock(&mp__gr.lock);
+  mp__gr_lock();
   for (size_t i = 0; i < mp__gr.nexecs; i++) {
     if (mp__gr.execs[i].x != hGraphExec)
       continue;
@@ -273,7 +288,7 @@ mp__curesult cuGraphDestroy(mp__cugraph hGraph) {
       rc->cuGraphDestroy ? rc->cuGraphDestroy(hGraph) : MP__CU_NOT_INITIALIZED;
   if (r != MP__CU_SUCCESS)
     return r;
-  pthread_mutex_lock(&mp__gr.lock);
+  mp__gr_lock();
   mp__pl_capture_t *c = mp__capture_of_graph(hGraph);
   if (c != NULL) {
     c->g = NULL;

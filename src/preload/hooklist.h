@@ -76,7 +76,7 @@
   /* pause.c: not CUDA's, the shim's own (see the file) */                     \
   X(own, int, mempool_preload_pause, (unsigned))                               \
   X(own, int, mempool_preload_resume, (void))                                  \
-  /* record.c: the pool's snapshot pickle, now */                              \
+  /* report.c: the pools' snapshot pickle, now */                              \
   X(own, int, mempool_preload_snapshot, (const char *))
 
 #define MP__PL_REAL(X)                                                         \

@@ -28,7 +28,7 @@ static int mp__pause_all(bool pause, unsigned flags) {
   const mp__pl_t *pl = mp__pl_get();
   mp__pl_pools_t ps = {.n = 0};
   if (pl->mode == MP__PL_POOL)
-    mp__pl_pools(&ps);
+    mp__pl_pools(pl, &ps);
   mp_status_t st = ps.n > 0 ? MP_OK : MP_EINVAL;
   pthread_mutex_lock(&mp__pause_lock);
   int done = 0;

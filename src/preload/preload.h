@@ -2,19 +2,25 @@
  *
  * The shim is one shared object built from mempool's own objects plus these
  * files; only the CUDA entry points it replaces (and dlsym) are exported:
- * hooklist.h lists them, one line each. Files, each with one job:
+ * hooklist.h lists them, one line each. Files, each with one job, bottom
+ * first (a file calls only files listed before it; cmake/layers.py
+ * checks it, test src_preload_layers):
  *   real.c     the real entry points: glibc's dlsym, the real driver's and
  *              runtime's functions, the shim's own address range
- *   state.c    environment, lazy thread-safe start, fork and exit, and the
+ *   devices.c  one pool per CUDA device, and the snapshot of them all
+ *   record.c   the CSV / Chrome-trace recording, its counters, the
+ *              snapshot signal
+ *   state.c    environment, lazy thread-safe start, fork, hook nesting, the
  *              table of pointers the shim handed out
- *   record.c   the CSV / Chrome-trace recording and the JSON report
- *   lookup.c   dlsym and cuGetProcAddress: which names resolve to the shim
+ *   graphs.c   stream capture: graph-private pools and the graph hooks
+ *   host.c     page-locked host memory (cudaHostAlloc ...)
+ *   free.c     a pool block's way back (the free hooks share it)
  *   driver.c   the driver-API hooks (cuMemAlloc_v2 ...)
  *   runtime.c  the runtime-API hooks (cudaMalloc ...)
  *   streams.c  the stream hooks: the pool learns and forgets streams
- *   graphs.c   stream capture: graph-private pools and the graph hooks
  *   pause.c    mempool_preload_pause / _resume for the whole process
- *   host.c     page-locked host memory (cudaHostAlloc ...)
+ *   report.c   the report and snapshot at exit, mempool_preload_snapshot
+ *   lookup.c   dlsym and cuGetProcAddress: which names resolve to the shim
  *
  * CUDA's types are spelled here with plain C types of the same ABI, so the
  * shim builds without the toolkit; sigcheck.c compares them with the
@@ -100,7 +106,14 @@ bool mp__pl_from_self(const void *addr);
  * built without ASan's and TSan's instrumentation. */
 #define MP__UNSANITIZED __attribute__((no_sanitize("address", "thread")))
 
-/* ---- state.c ------------------------------------------------------------ */
+/* ---- what every file shares -----------------------------------------------
+ */
+
+#define MP__PL_SAY(...)                                                        \
+  do {                                                                         \
+    fprintf(stderr, "mempool preload: " __VA_ARGS__);                          \
+    fputc('\n', stderr);                                                       \
+  } while (0)
 
 /* How a call is served, decided once at the first hooked call. */
 typedef enum mp__pl_mode {
@@ -121,6 +134,15 @@ typedef struct mp__pl {
  * serves. */
 #define MP__PL_MAX_DEVICES 64
 
+/* Every pool and its ordinal (mp__pl_pools). */
+typedef struct mp__pl_pools {
+  mp_pool_t *pool[MP__PL_MAX_DEVICES];
+  int ordinal[MP__PL_MAX_DEVICES];
+  int n;
+} mp__pl_pools_t;
+
+/* ---- devices.c ---------------------------------------------------------- */
+
 /* The pool of CUDA device `ordinal` (made on first use with MEMPOOL_CONF's
  * options), or NULL when it cannot be had (the reason said once on
  * stderr). Host mode: the one pool, whatever ordinal says. */
@@ -129,18 +151,60 @@ mp_pool_t *mp__pl_pool_of(const mp__pl_t *pl, int ordinal);
 void mp__pl_each_device(void (*fn)(mp_device_t *, void *), void *ctx);
 /* Calls fn(pool, ordinal, ctx) for every pool, by CUDA ordinal (host
  * mode: the one, as ordinal 0). */
-void mp__pl_each_pool(void (*fn)(mp_pool_t *, int, void *), void *ctx);
+void mp__pl_each_pool(const mp__pl_t *pl, void (*fn)(mp_pool_t *, int, void *),
+                      void *ctx);
+/* Every pool of pl and its ordinal, collected by mp__pl_each_pool. */
+void mp__pl_pools(const mp__pl_t *pl, mp__pl_pools_t *out);
+/* The pool of the calling thread's current context's device (driver API),
+ * or NULL: no context (the driver answers), or no pool for it. */
+mp_pool_t *mp__pl_pool_here(const mp__pl_t *pl);
+/* Every pool of pl as one snapshot pickle at path (mp_status_t; MP_EINVAL
+ * outside pool mode), a failure said on stderr. */
+int mp__pl_snapshot(const mp__pl_t *pl, const char *path);
+/* The start: MEMPOOL_CONF's options for the pools made later, and the
+ * first device's pool. */
+void mp__pl_devices_config(const mp_pool_config_t *cfg);
+void mp__pl_devices_put(int ordinal, mp_device_t *dev, mp_pool_t *pool);
+/* fork() child: no pools (the parent's are left alone). */
+void mp__pl_devices_child(void);
 
-/* Every pool and its ordinal, collected by mp__pl_each_pool. */
-typedef struct mp__pl_pools {
-  mp_pool_t *pool[MP__PL_MAX_DEVICES];
-  int ordinal[MP__PL_MAX_DEVICES];
-  int n;
-} mp__pl_pools_t;
-void mp__pl_pools(mp__pl_pools_t *out);
+/* ---- record.c ----------------------------------------------------------- */
+
+/* Opens $MEMPOOL_TRACE and, in pool mode, arms $MEMPOOL_SNAPSHOT_SIGNAL
+ * (called once from the start). */
+void mp__pl_record_open(const mp__pl_t *pl);
+void mp__pl_record_alloc(uintptr_t ptr, size_t size, uintptr_t stream, bool ok);
+void mp__pl_record_free(uintptr_t ptr, size_t size, uintptr_t stream);
+/* Pinned and managed memory: counted and marked, never in the CSV. */
+void mp__pl_record_other(const char *what, uintptr_t ptr, size_t size);
+/* Bypasses of the pool: "capture", "other_device", "foreign_free". */
+void mp__pl_count_bypass(const char *why);
+/* The counters of the report. */
+typedef struct mp__pl_counts {
+  uint64_t allocs, alloc_failures, frees, pinned, managed;
+  uint64_t bypass_capture, bypass_other_device, foreign_frees;
+  size_t live, peak_live;
+} mp__pl_counts_t;
+/* At exit: closes the .json trace, flushes the CSV (saying once if that
+ * failed) and copies the counters to *out; false in a forked child, which
+ * writes nothing. */
+bool mp__pl_record_close(mp__pl_counts_t *out);
+/* Whether this process is a forked child of the one that started. */
+bool mp__pl_record_forked(void);
+/* $var with "%p" replaced by the process id, in buf; NULL when unset or
+ * empty. */
+const char *mp__pl_env_path(const char *var, char *buf, size_t cap);
+/* fork(): flush before, drop in the child. */
+void mp__pl_record_prepare(void);
+void mp__pl_record_parent(void);
+void mp__pl_record_child(void);
+
+/* ---- state.c ------------------------------------------------------------ */
 
 /* The started state (starting it on first use). Never NULL. */
 const mp__pl_t *mp__pl_get(void);
+/* The state if it was started (a hooked call was made), else NULL. */
+const mp__pl_t *mp__pl_started(void);
 
 /* Hook nesting in this thread: a hook that calls a real entry point which
  * comes back into another hook (cudaMalloc -> cuMemAlloc_v2) must see the
@@ -177,23 +241,11 @@ bool mp__pl_table_take(uintptr_t ptr, mp__pl_block_t *out);
 /* The pool block containing addr (its start or inside it). */
 bool mp__pl_table_find_pool(uintptr_t addr, mp__pl_block_t *out);
 
-/* ---- record.c ----------------------------------------------------------- */
-
-/* Opens $MEMPOOL_TRACE and, in pool mode, arms $MEMPOOL_SNAPSHOT_SIGNAL
- * (called once from the start). */
-void mp__pl_record_open(const mp__pl_t *pl);
-void mp__pl_record_alloc(uintptr_t ptr, size_t size, uintptr_t stream, bool ok);
-void mp__pl_record_free(uintptr_t ptr, size_t size, uintptr_t stream);
-/* Pinned and managed memory: counted and marked, never in the CSV. */
-void mp__pl_record_other(const char *what, uintptr_t ptr, size_t size);
-/* Bypasses of the pool: "capture", "other_device", "foreign_free". */
-void mp__pl_count_bypass(const char *why);
-/* At exit: the report and the trace's tail. */
-void mp__pl_record_finish(const mp__pl_t *pl);
-/* fork(): flush before, drop in the child. */
-void mp__pl_record_prepare(void);
-void mp__pl_record_parent(void);
-void mp__pl_record_child(void);
+/* Maps a pool status to the API's error code. */
+mp__curesult mp__pl_cu_error(mp_status_t st);
+mp__cudaerr mp__pl_cuda_error(mp_status_t st);
+/* The stream the pool sees for a caller's stream (host mode: always NULL). */
+mp_stream_t mp__pl_stream(const mp__pl_t *pl, mp__custream s, bool ptsz);
 
 /* ---- graphs.c ----------------------------------------------------------- */
 
@@ -206,8 +258,6 @@ bool mp__pl_capture_route(const mp__pl_t *pl, mp_pool_t *pool, mp__custream s,
                           bool ptsz);
 /* Live graph pools the shim made (for the report). */
 size_t mp__pl_graph_pools(void);
-/* fork() child: the parent's captures and graphs are not the child's. */
-void mp__pl_graphs_child(void);
 
 /* ---- host.c ------------------------------------------------------------- */
 
@@ -215,25 +265,17 @@ void mp__pl_graphs_child(void);
  * when no host pool was made. */
 void mp__pl_host_report(FILE *f);
 
+/* ---- free.c ------------------------------------------------------------- */
+
+/* Frees a pool block the table gave back: sync (cuMemFree, cudaFree) waits
+ * for every stream's work, async on s; traced before the pool has it. */
+mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
+                             bool sync, mp__custream s, bool ptsz);
+
 /* ---- lookup.c ----------------------------------------------------------- */
 
 /* The shim's hook for a cuGetProcAddress query the real driver answered
  * with a function, or NULL to keep the driver's answer. */
 void *mp__pl_proc_hook(const char *symbol, int cuda_version, uint64_t flags);
-
-/* ---- the hooks: driver.c, runtime.c ------------------------------------- */
-
-/* Maps a pool status to the API's error code. */
-mp__curesult mp__pl_cu_error(mp_status_t st);
-mp__cudaerr mp__pl_cuda_error(mp_status_t st);
-/* The stream the pool sees for a caller's stream (host mode: always NULL). */
-mp_stream_t mp__pl_stream(const mp__pl_t *pl, mp__custream s, bool ptsz);
-/* Frees a pool block the table gave back: sync (cuMemFree, cudaFree) waits
- * for every stream's work, async on s; traced before the pool has it. */
-mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
-                             bool sync, mp__custream s, bool ptsz);
-/* The pool of the calling thread's current context's device (driver API),
- * or NULL: no context (the driver answers), or no pool for it. */
-mp_pool_t *mp__pl_pool_here(const mp__pl_t *pl);
 
 #endif /* MEMPOOL_PRELOAD_H */

@@ -1,22 +1,16 @@
-/* record.c - what the shim writes: the trace and the report.
+/* record.c - the trace the shim writes, its counters, and the snapshot
+ * signal.
  *
  * $MEMPOOL_TRACE=path.csv: every device allocation and free, one line each,
  * in RMM's logging format (API.md): Thread,Time,Action,Pointer,Size,Stream,
  * which `mpbench replay` and RMM's replay benchmark read. A path ending in
  * ".json" gets a Chrome / Perfetto trace instead: an instant event per call
  * and two counter tracks, reserved and live bytes. Pinned and managed
- * memory is not device memory the pool could serve: it is counted in the
- * report and marked in the .json trace, never written to the CSV, so a
- * replay sees exactly the device allocations.
- * $MEMPOOL_REPORT=path|stderr: JSON statistics at exit; "torch" holds every
- * pool's torch.cuda.memory_stats() names, keyed by device, as
- * mp_pool_dump(pool, f, "torch") writes them.
- * $MEMPOOL_SNAPSHOT=path: every device's pool as one PyTorch snapshot
- * pickle at exit (each segment's "device" and device_traces[ordinal]; open
- * it in memory_viz; with MEMPOOL_CONF=history=N it carries the last N
- * events per pool), and mempool_preload_snapshot(path) writes one whenever
- * the program asks (through ctypes, say). $MEMPOOL_SNAPSHOT_SIGNAL=USR1
- * (USR2, or a signal number) writes one each time the process gets that
+ * memory is not device memory the pool could serve: it is counted for the
+ * report (report.c) and marked in the .json trace, never written to the
+ * CSV, so a replay sees exactly the device allocations.
+ * $MEMPOOL_SNAPSHOT_SIGNAL=USR1 (USR2, or a signal number) writes the
+ * snapshot of $MEMPOOL_SNAPSHOT (devices.c) each time the process gets that
  * signal: the handler only writes a byte to a pipe (async-signal-safe);
  * a helper thread, started with the shim in pool mode and blocking every
  * signal, reads it and writes the snapshot, so a program stuck or asleep
@@ -24,14 +18,15 @@
  * snapshots are written coalesce. The handler replaces the program's own
  * for that signal (installed at the first hooked call): choose one it does
  * not use.
- * In both paths "%p" stands for the process id. Only a process that made a
+ * In the paths "%p" stands for the process id. Only a process that made a
  * hooked call writes anything: the many processes a job starts with the
  * variables inherited (shells, tools) leave the files alone.
  *
  * One mutex orders the lines; a line is written whole or not at all. The
  * invariant: a forked child never writes to its parent's files (the buffer
  * is flushed before the fork and the child drops the stream), and the .json
- * trace is closed exactly once, at exit; later events are counted only. */
+ * trace is closed exactly once, at exit; later events are counted only.
+ * Calls devices.c (the snapshot) and nothing else of the shim. */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -50,10 +45,7 @@ static struct {
   bool json, first, closed, child;
   const mp__pl_t *pl;
   struct timespec t0;
-  /* counters, under lock */
-  uint64_t allocs, alloc_failures, frees, pinned, managed;
-  uint64_t bypass_capture, bypass_other_device, foreign_frees;
-  size_t live, peak_live;
+  mp__pl_counts_t n; /* under lock */
 } mp__rec = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void mp__snapshot_signal_arm(void);
@@ -69,7 +61,7 @@ static long mp__thread_id(void) {
 /* $MEMPOOL_TRACE / $MEMPOOL_REPORT with "%p" replaced by the process id,
  * so that the processes of one job (which inherit the variables) write
  * files of their own; NULL when unset or empty. */
-static const char *mp__env_path(const char *var, char *buf, size_t cap) {
+const char *mp__pl_env_path(const char *var, char *buf, size_t cap) {
   const char *v = getenv(var);
   if (v == NULL || v[0] == '\0')
     return NULL;
@@ -92,7 +84,7 @@ void mp__pl_record_open(const mp__pl_t *pl) {
   mp__rec.pl = pl;
   clock_gettime(CLOCK_MONOTONIC, &mp__rec.t0);
   char buf[4096];
-  const char *path = mp__env_path("MEMPOOL_TRACE", buf, sizeof buf);
+  const char *path = mp__pl_env_path("MEMPOOL_TRACE", buf, sizeof buf);
   if (!mp__rec.child && mp__rec.trace == NULL && path != NULL) {
     size_t n = strlen(path);
     mp__rec.json = n >= 5 && strcmp(path + n - 5, ".json") == 0;
@@ -156,7 +148,7 @@ static void mp__json_event(const char *name, uintptr_t ptr, size_t size,
           "\"pid\":%d,\"args\":{\"bytes\":%zu}}"
           ",\n{\"name\":\"live bytes\",\"ph\":\"C\",\"ts\":%.3f,"
           "\"pid\":%d,\"args\":{\"bytes\":%zu}}",
-          ts, pid, reserved, ts, pid, mp__rec.live);
+          ts, pid, reserved, ts, pid, mp__rec.n.live);
 }
 
 /* Reserved bytes: the pool's, or (passthrough) the live ones. Read before
@@ -178,7 +170,7 @@ static void mp__write(const char *action, uintptr_t ptr, size_t size,
     mp__csv_line(action, ptr, size, stream);
   else
     mp__json_event(action, ptr, size, stream,
-                   reserved == SIZE_MAX ? mp__rec.live : reserved);
+                   reserved == SIZE_MAX ? mp__rec.n.live : reserved);
 }
 
 void mp__pl_record_alloc(uintptr_t ptr, size_t size, uintptr_t stream,
@@ -186,12 +178,12 @@ void mp__pl_record_alloc(uintptr_t ptr, size_t size, uintptr_t stream,
   size_t reserved = mp__rec.json ? mp__reserved_now() : 0;
   pthread_mutex_lock(&mp__rec.lock);
   if (ok) {
-    mp__rec.allocs++;
-    mp__rec.live += size;
-    if (mp__rec.live > mp__rec.peak_live)
-      mp__rec.peak_live = mp__rec.live;
+    mp__rec.n.allocs++;
+    mp__rec.n.live += size;
+    if (mp__rec.n.live > mp__rec.n.peak_live)
+      mp__rec.n.peak_live = mp__rec.n.live;
   } else {
-    mp__rec.alloc_failures++;
+    mp__rec.n.alloc_failures++;
   }
   mp__write(ok ? "allocate" : "allocate failure", ok ? ptr : 0, size, stream,
             reserved);
@@ -201,8 +193,8 @@ void mp__pl_record_alloc(uintptr_t ptr, size_t size, uintptr_t stream,
 void mp__pl_record_free(uintptr_t ptr, size_t size, uintptr_t stream) {
   size_t reserved = mp__rec.json ? mp__reserved_now() : 0;
   pthread_mutex_lock(&mp__rec.lock);
-  mp__rec.frees++;
-  mp__rec.live -= size <= mp__rec.live ? size : mp__rec.live;
+  mp__rec.n.frees++;
+  mp__rec.n.live -= size <= mp__rec.n.live ? size : mp__rec.n.live;
   mp__write("free", ptr, size, stream, reserved);
   pthread_mutex_unlock(&mp__rec.lock);
 }
@@ -210,9 +202,9 @@ void mp__pl_record_free(uintptr_t ptr, size_t size, uintptr_t stream) {
 void mp__pl_record_other(const char *what, uintptr_t ptr, size_t size) {
   pthread_mutex_lock(&mp__rec.lock);
   if (strcmp(what, "managed") == 0)
-    mp__rec.managed++;
+    mp__rec.n.managed++;
   else if (strcmp(what, "pinned") == 0)
-    mp__rec.pinned++;
+    mp__rec.n.pinned++;
   if (mp__rec.json && mp__rec.trace != NULL && !mp__rec.closed)
     fprintf(mp__rec.trace,
             ",\n{\"name\":\"%s\",\"cat\":\"mempool\",\"ph\":\"i\",\"s\":\"t\","
@@ -226,118 +218,23 @@ void mp__pl_record_other(const char *what, uintptr_t ptr, size_t size) {
 void mp__pl_count_bypass(const char *why) {
   pthread_mutex_lock(&mp__rec.lock);
   if (strcmp(why, "capture") == 0)
-    mp__rec.bypass_capture++;
+    mp__rec.n.bypass_capture++;
   else if (strcmp(why, "other_device") == 0)
-    mp__rec.bypass_other_device++;
+    mp__rec.n.bypass_other_device++;
   else
-    mp__rec.foreign_frees++;
+    mp__rec.n.foreign_frees++;
   pthread_mutex_unlock(&mp__rec.lock);
 }
 
-static void mp__torch_one(mp_pool_t *pool, int ordinal, void *ctx) {
-  (void)ordinal;
-  FILE *f = ctx;
-  fprintf(f, "%s\n    \"%s\": ", ftell(f) > 0 ? "," : "",
-          mp_device_name(mp_pool_device(pool)));
-  if (mp_pool_dump(pool, f, "torch") != MP_OK)
-    fputs("null", f);
+bool mp__pl_record_forked(void) {
+  return mp__rec.child;
 }
 
-/* The members of the report's "torch" object: mp_pool_dump's "torch" view
- * of every pool, keyed by device, written before the record lock is taken
- * (the dump takes each pool's lock; see mp__reserved_now). NULL when there
- * is no pool; free() it. */
-static char *mp__torch_views(const mp__pl_t *pl) {
-  char *buf = NULL;
-  size_t len = 0;
-  if (pl == NULL || pl->mode != MP__PL_POOL)
-    return NULL;
-  FILE *f = open_memstream(&buf, &len);
-  if (f == NULL)
-    return NULL;
-  mp__pl_each_pool(mp__torch_one, f);
-  if (fclose(f) != 0 || len == 0) {
-    free(buf);
-    return NULL;
-  }
-  return buf;
-}
-
-/* pool: the pool's statistics, read before the record lock was taken (see
- * mp__reserved_now); NULL in passthrough. torch: mp__torch_views. */
-static void mp__report(FILE *f, const mp__pl_t *pl, const mp_stats_t *pool,
-                       const char *torch) {
-  const char *mode = pl->mode == MP__PL_POOL ? "pool" : "passthrough";
-  fprintf(f,
-          "{\n  \"mode\": \"%s\",\n  \"device\": \"%s\",\n"
-          "  \"calls\": {\"allocate\": %llu, \"allocate_failure\": %llu, "
-          "\"free\": %llu, \"pinned\": %llu, \"managed\": %llu},\n"
-          "  \"bypassed\": {\"capture\": %llu, \"other_device\": %llu, "
-          "\"foreign_free\": %llu},\n"
-          "  \"graph_pools\": %zu,\n"
-          "  \"live_bytes\": %zu,\n  \"peak_live_bytes\": %zu",
-          mode, pl->dev ? mp_device_name(pl->dev) : "",
-          (unsigned long long)mp__rec.allocs,
-          (unsigned long long)mp__rec.alloc_failures,
-          (unsigned long long)mp__rec.frees, (unsigned long long)mp__rec.pinned,
-          (unsigned long long)mp__rec.managed,
-          (unsigned long long)mp__rec.bypass_capture,
-          (unsigned long long)mp__rec.bypass_other_device,
-          (unsigned long long)mp__rec.foreign_frees, mp__pl_graph_pools(),
-          mp__rec.live, mp__rec.peak_live);
-  if (pool != NULL) {
-    const mp_stats_t s = *pool;
-    fprintf(f,
-            ",\n  \"pool\": {\"reserved_bytes\": %zu, "
-            "\"peak_reserved_bytes\": %zu, \"allocated_bytes\": %zu, "
-            "\"peak_allocated_bytes\": %zu, \"requested_bytes\": %zu, "
-            "\"peak_requested_bytes\": %zu, \"largest_free_bytes\": %zu, "
-            "\"alloc_count\": %llu, \"free_count\": %llu, "
-            "\"device_alloc_count\": %llu, \"device_free_count\": %llu, "
-            "\"oom_count\": %llu}",
-            s.reserved_bytes, s.peak_reserved_bytes, s.allocated_bytes,
-            s.peak_allocated_bytes, s.requested_bytes, s.peak_requested_bytes,
-            s.largest_free_bytes, (unsigned long long)s.alloc_count,
-            (unsigned long long)s.free_count,
-            (unsigned long long)s.device_alloc_count,
-            (unsigned long long)s.device_free_count,
-            (unsigned long long)s.oom_count);
-  }
-  if (torch != NULL)
-    fprintf(f, ",\n  \"torch\": {%s  }", torch);
-  mp__pl_host_report(f);
-  fputs("\n}\n", f);
-}
-
-int mempool_preload_snapshot(const char *path) {
-  const mp__pl_t *pl = mp__pl_get();
-  if (path == NULL || pl->mode != MP__PL_POOL)
-    return MP_EINVAL;
-  mp__pl_pools_t ps;
-  mp__pl_pools(&ps);
-  mp_status_t st = ps.n == 0 ? MP_EINVAL
-                             : mp__pool_snapshot_many(ps.pool, ps.ordinal,
-                                                      (size_t)ps.n, path);
-  if (st != MP_OK)
-    fprintf(stderr, "mempool preload: snapshot '%s': %s\n", path,
-            mp_last_error());
-  return (int)st;
-}
-
-void mp__pl_record_finish(const mp__pl_t *pl) {
-  char sbuf[4096];
-  const char *spath = mp__env_path("MEMPOOL_SNAPSHOT", sbuf, sizeof sbuf);
-  if (spath != NULL && pl != NULL && !mp__rec.child)
-    (void)mempool_preload_snapshot(spath);
-  mp_stats_t stats;
-  bool have_stats = pl != NULL && pl->pool != NULL &&
-                    mp_pool_get_stats(pl->pool, &stats) == MP_OK;
-  char *torch = mp__rec.child ? NULL : mp__torch_views(pl);
+bool mp__pl_record_close(mp__pl_counts_t *out) {
   pthread_mutex_lock(&mp__rec.lock);
-  if (mp__rec.child || pl == NULL) {
+  if (mp__rec.child) {
     pthread_mutex_unlock(&mp__rec.lock);
-    free(torch);
-    return;
+    return false;
   }
   if (mp__rec.trace != NULL && !mp__rec.closed) {
     if (mp__rec.json) {
@@ -349,29 +246,16 @@ void mp__pl_record_finish(const mp__pl_t *pl) {
      * said once, here: the trace is incomplete. */
     if (fflush(mp__rec.trace) != 0 || ferror(mp__rec.trace)) {
       char tb[4096];
-      const char *tp = mp__env_path("MEMPOOL_TRACE", tb, sizeof tb);
+      const char *tp = mp__pl_env_path("MEMPOOL_TRACE", tb, sizeof tb);
       fprintf(stderr,
               "mempool preload: writing MEMPOOL_TRACE '%s' failed (%s); the "
               "trace is incomplete\n",
               tp ? tp : "", strerror(errno ? errno : EIO));
     }
   }
-  char buf[4096];
-  const char *path = mp__env_path("MEMPOOL_REPORT", buf, sizeof buf);
-  if (path != NULL) {
-    bool to_stderr = strcmp(path, "stderr") == 0;
-    FILE *f = to_stderr ? stderr : fopen(path, "w");
-    if (f == NULL) {
-      fprintf(stderr, "mempool preload: cannot write MEMPOOL_REPORT '%s'\n",
-              path);
-    } else {
-      mp__report(f, pl, have_stats ? &stats : NULL, torch);
-      if (!to_stderr)
-        fclose(f);
-    }
-  }
+  *out = mp__rec.n;
   pthread_mutex_unlock(&mp__rec.lock);
-  free(torch);
+  return true;
 }
 
 /* ---- the snapshot signal ------------------------------------------------ */
@@ -405,9 +289,9 @@ static void *mp__snap_thread(void *arg) {
       return NULL;
     }
     char buf[4096];
-    const char *path = mp__env_path("MEMPOOL_SNAPSHOT", buf, sizeof buf);
+    const char *path = mp__pl_env_path("MEMPOOL_SNAPSHOT", buf, sizeof buf);
     if (path != NULL)
-      (void)mempool_preload_snapshot(path);
+      (void)mp__pl_snapshot(mp__rec.pl, path);
   }
 }
 

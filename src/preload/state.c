@@ -1,5 +1,9 @@
-/* state.c - the shim's state: environment, lazy start, fork, exit, the real
- * the table of pointers the shim knows.
+/* state.c - the shim's state: environment, lazy start, fork, the nesting
+ * of hooks, the table of pointers the shim knows, and the small helpers
+ * every hook uses (error codes, streams). Calls devices.c and record.c
+ * (the start opens the trace; fork), below it; the files above that keep
+ * state of their own and must forget it in a forked child (graphs.c,
+ * host.c) register their own handler.
  *
  * The start is lazy (the first hooked call), thread-safe (one mutex, after
  * which the state is read-only), and cannot recurse: a hook reached from
@@ -98,30 +102,11 @@ bool mp__pl_table_find_pool(uintptr_t addr, mp__pl_block_t *out) {
 
 /* ---- the start ---------------------------------------------------------- */
 
-/* ---- one pool per device ------------------------------------------------ */
-
-/* The pools of the CUDA devices by ordinal: written once each, under
- * mp__devs_lock, read without it. A device whose pool could not be made
- * is marked failed and left to the driver from then on. */
-static struct {
-  _Atomic(mp_pool_t *) pool;
-  mp_device_t *dev;
-  atomic_bool failed;
-} mp__devs[MP__PL_MAX_DEVICES];
-static pthread_mutex_t mp__devs_lock = PTHREAD_MUTEX_INITIALIZER;
-static mp_pool_config_t mp__cfg; /* MEMPOOL_CONF, for every device's pool */
-
 static atomic_int mp__started; /* 0: not yet, 1: complete */
 static pthread_mutex_t mp__start_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Thread_local bool mp__starting_here;
 static mp__pl_t mp__state = {.mode = MP__PL_PASSTHROUGH};
 static const mp__pl_t mp__passthrough = {.mode = MP__PL_PASSTHROUGH};
-
-#define MP__SAY(...)                                                           \
-  do {                                                                         \
-    fprintf(stderr, "mempool preload: " __VA_ARGS__);                          \
-    fputc('\n', stderr);                                                       \
-  } while (0)
 
 static void mp__fork_prepare(void) {
   pthread_mutex_lock(&mp__start_lock);
@@ -147,17 +132,11 @@ __attribute__((used)) static mp__pl_t mp__parents;
 static void mp__fork_child(void) {
   pthread_mutex_init(&mp__start_lock, NULL);
   pthread_mutex_init(&mp__tab.lock, NULL);
-  pthread_mutex_init(&mp__devs_lock, NULL);
-  for (int i = 0; i < MP__PL_MAX_DEVICES; i++) {
-    atomic_store(&mp__devs[i].pool, NULL);
-    mp__devs[i].dev = NULL;
-    atomic_store(&mp__devs[i].failed, false);
-  }
+  mp__pl_devices_child();
   mp__ptrmap_destroy(&mp__tab.map);
   mp__parents = mp__state;
   mp__state = mp__passthrough;
   atomic_store(&mp__started, 0);
-  mp__pl_graphs_child();
   mp__pl_record_child();
 }
 
@@ -180,19 +159,19 @@ static void mp__start(mp__pl_t *pl) {
   const char *mode = getenv("MEMPOOL_PRELOAD");
   if (mode != NULL && mode[0] != '\0' && strcmp(mode, "pool") != 0) {
     if (strcmp(mode, "passthrough") != 0)
-      MP__SAY("MEMPOOL_PRELOAD='%s' is neither 'pool' nor 'passthrough'; "
-              "passing every call through to CUDA",
-              mode);
+      MP__PL_SAY("MEMPOOL_PRELOAD='%s' is neither 'pool' nor 'passthrough'; "
+                 "passing every call through to CUDA",
+                 mode);
     mp__pl_record_open(pl);
     return;
   }
   mp_pool_config_t cfg;
   mp_pool_config_init(&cfg);
-  mp__cfg = cfg;
+  mp__pl_devices_config(&cfg);
   const char *conf = getenv("MEMPOOL_CONF");
   if (conf != NULL && mp_pool_config_parse(&cfg, conf) != MP_OK) {
-    MP__SAY("bad MEMPOOL_CONF: %s; passing every call through to CUDA",
-            mp_last_error());
+    MP__PL_SAY("bad MEMPOOL_CONF: %s; passing every call through to CUDA",
+               mp_last_error());
     mp__pl_record_open(pl);
     return;
   }
@@ -203,13 +182,13 @@ static void mp__start(mp__pl_t *pl) {
   mp_pool_t *pool = NULL;
   mp_status_t st = mp_device_open(spec, &dev);
   if (st != MP_OK) {
-    MP__SAY("cannot open MEMPOOL_DEVICE '%s': %s; passing every call "
-            "through to CUDA",
-            spec, mp_last_error());
+    MP__PL_SAY("cannot open MEMPOOL_DEVICE '%s': %s; passing every call "
+               "through to CUDA",
+               spec, mp_last_error());
   } else if ((st = mp_pool_create(dev, &cfg, &pool)) != MP_OK) {
-    MP__SAY("cannot create the pool on '%s': %s; passing every call "
-            "through to CUDA",
-            mp_device_name(dev), mp_last_error());
+    MP__PL_SAY("cannot create the pool on '%s': %s; passing every call "
+               "through to CUDA",
+               mp_device_name(dev), mp_last_error());
     mp_device_close(dev);
   } else {
     pl->mode = MP__PL_POOL;
@@ -217,14 +196,12 @@ static void mp__start(mp__pl_t *pl) {
     pl->dev = dev;
     pl->host = strncmp(mp_device_name(dev), "host", 4) == 0;
     pl->ordinal = mp__spec_ordinal(spec);
-    mp__cfg = cfg;
+    mp__pl_devices_config(&cfg);
     /* cuMemFree waits for the legacy NULL stream's work too. */
     if (!pl->host)
       (void)mp_pool_add_stream(pool, NULL);
-    if (!pl->host && pl->ordinal < MP__PL_MAX_DEVICES) {
-      mp__devs[pl->ordinal].dev = dev;
-      atomic_store(&mp__devs[pl->ordinal].pool, pool);
-    }
+    if (!pl->host)
+      mp__pl_devices_put(pl->ordinal, dev, pool);
   }
   mp__pl_record_open(pl);
 }
@@ -245,12 +222,8 @@ const mp__pl_t *mp__pl_get(void) {
   return &mp__state;
 }
 
-/* Late among the destructors (the shim depends on nothing but libc and is
- * preloaded), so the program's and the runtime's own exit work is mostly
- * done. The pool is left alone: something may still free into it. A
- * process that never made a hooked call writes nothing. */
-__attribute__((destructor)) static void mp__exit(void) {
-  mp__pl_record_finish(atomic_load(&mp__started) ? &mp__state : NULL);
+const mp__pl_t *mp__pl_started(void) {
+  return atomic_load(&mp__started) ? &mp__state : NULL;
 }
 
 /* ---- helpers of the hooks ---------------------------------------------- */
@@ -287,99 +260,4 @@ mp_stream_t mp__pl_stream(const mp__pl_t *pl, mp__custream s, bool ptsz) {
   if (ptsz && s == NULL)
     return (mp_stream_t)MP__CU_STREAM_PER_THREAD;
   return (mp_stream_t)s;
-}
-
-mp_pool_t *mp__pl_pool_of(const mp__pl_t *pl, int ordinal) {
-  if (pl->mode != MP__PL_POOL)
-    return NULL;
-  if (pl->host)
-    return pl->pool;
-  if (ordinal < 0 || ordinal >= MP__PL_MAX_DEVICES)
-    return NULL;
-  mp_pool_t *pool =
-      atomic_load_explicit(&mp__devs[ordinal].pool, memory_order_acquire);
-  if (MP__LIKELY(pool != NULL) || atomic_load(&mp__devs[ordinal].failed))
-    return pool;
-  pthread_mutex_lock(&mp__devs_lock);
-  pool = atomic_load(&mp__devs[ordinal].pool);
-  if (pool == NULL && !atomic_load(&mp__devs[ordinal].failed)) {
-    char spec[32];
-    snprintf(spec, sizeof spec, "cuda:%d", ordinal);
-    mp_device_t *dev = NULL;
-    mp_status_t st = mp_device_open(spec, &dev);
-    if (st == MP_OK && (st = mp_pool_create(dev, &mp__cfg, &pool)) != MP_OK)
-      mp_device_close(dev);
-    if (st != MP_OK) {
-      MP__SAY("no pool for CUDA device %d (%s); the driver serves it", ordinal,
-              mp_last_error());
-      atomic_store(&mp__devs[ordinal].failed, true);
-      pool = NULL;
-    } else {
-      (void)mp_pool_add_stream(pool, NULL);
-      mp__devs[ordinal].dev = dev;
-      atomic_store_explicit(&mp__devs[ordinal].pool, pool,
-                            memory_order_release);
-    }
-  }
-  pthread_mutex_unlock(&mp__devs_lock);
-  return pool;
-}
-
-void mp__pl_each_device(void (*fn)(mp_device_t *, void *), void *ctx) {
-  for (int i = 0; i < MP__PL_MAX_DEVICES; i++)
-    if (atomic_load_explicit(&mp__devs[i].pool, memory_order_acquire) != NULL)
-      fn(mp__devs[i].dev, ctx);
-}
-
-void mp__pl_each_pool(void (*fn)(mp_pool_t *, int, void *), void *ctx) {
-  const mp__pl_t *pl = mp__pl_get();
-  if (pl->mode == MP__PL_POOL && pl->host) {
-    fn(pl->pool, 0, ctx);
-    return;
-  }
-  for (int i = 0; i < MP__PL_MAX_DEVICES; i++) {
-    mp_pool_t *p =
-        atomic_load_explicit(&mp__devs[i].pool, memory_order_acquire);
-    if (p != NULL)
-      fn(p, i, ctx);
-  }
-}
-
-static void mp__collect(mp_pool_t *pool, int ordinal, void *ctx) {
-  mp__pl_pools_t *ps = ctx;
-  if (ps->n < MP__PL_MAX_DEVICES) {
-    ps->pool[ps->n] = pool;
-    ps->ordinal[ps->n++] = ordinal;
-  }
-}
-
-void mp__pl_pools(mp__pl_pools_t *out) {
-  out->n = 0;
-  mp__pl_each_pool(mp__collect, out);
-}
-
-mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
-                             bool sync, mp__custream s, bool ptsz) {
-  void *ptr = (void *)b->ptr;
-  /* The trace says "free" before the block can be handed out again: once
-   * the pool has it, another thread's allocation of the same address may
-   * be logged first, and a replay would free the wrong block. */
-  mp__pl_record_free(b->ptr, b->size, (uintptr_t)s);
-  mp_status_t st;
-  /* A free on a capturing stream: the stream allocates to the capture's
-   * graph pool from now on, and neither pool records on it. */
-  if (!sync && !pl->host)
-    (void)mp__pl_capture_route(pl, b->pool, s, ptsz);
-  if (sync) /* cuMemFree / cudaFree: after the work of every stream */
-    st = pl->host ? mp_pool_free(b->pool, ptr)
-                  : mp_pool_free_after_all(b->pool, ptr);
-  else if ((uintptr_t)s != b->stream)
-    st = mp_pool_free_async(b->pool, ptr, mp__pl_stream(pl, s, ptsz));
-  else
-    st = mp_pool_free(b->pool, ptr);
-  if (st != MP_OK) { /* still the program's (a paused pool): say so */
-    mp__pl_table_put_pool(b->ptr, b->size, b->stream, b->pool);
-    mp__pl_record_alloc(b->ptr, b->size, b->stream, true);
-  }
-  return st;
 }

@@ -1,0 +1,136 @@
+/* devices.c - one pool per CUDA device: made on first use with
+ * MEMPOOL_CONF's options, found by ordinal or by the calling thread's
+ * context, walked for the report, pause and the snapshot.
+ *
+ * The pools are written once each, under one mutex, and read without it; a
+ * device whose pool could not be made is marked failed and left to the
+ * driver from then on. The first device's pool is made by the start
+ * (state.c) and handed here. A forked child forgets them all (their locks
+ * and threads did not survive the fork): mp__pl_devices_child. Calls only
+ * real.c. */
+#include <stdio.h>
+
+#include "preload.h"
+
+static struct {
+  _Atomic(mp_pool_t *) pool;
+  mp_device_t *dev;
+  atomic_bool failed;
+} mp__devs[MP__PL_MAX_DEVICES];
+static pthread_mutex_t mp__devs_lock = PTHREAD_MUTEX_INITIALIZER;
+static mp_pool_config_t mp__cfg; /* MEMPOOL_CONF, for every device's pool */
+
+void mp__pl_devices_config(const mp_pool_config_t *cfg) {
+  mp__cfg = *cfg;
+}
+
+void mp__pl_devices_put(int ordinal, mp_device_t *dev, mp_pool_t *pool) {
+  if (ordinal < 0 || ordinal >= MP__PL_MAX_DEVICES)
+    return;
+  mp__devs[ordinal].dev = dev;
+  atomic_store(&mp__devs[ordinal].pool, pool);
+}
+
+void mp__pl_devices_child(void) {
+  pthread_mutex_init(&mp__devs_lock, NULL);
+  for (int i = 0; i < MP__PL_MAX_DEVICES; i++) {
+    atomic_store(&mp__devs[i].pool, NULL);
+    mp__devs[i].dev = NULL;
+    atomic_store(&mp__devs[i].failed, false);
+  }
+}
+
+mp_pool_t *mp__pl_pool_of(const mp__pl_t *pl, int ordinal) {
+  if (pl->mode != MP__PL_POOL)
+    return NULL;
+  if (pl->host)
+    return pl->pool;
+  if (ordinal < 0 || ordinal >= MP__PL_MAX_DEVICES)
+    return NULL;
+  mp_pool_t *pool =
+      atomic_load_explicit(&mp__devs[ordinal].pool, memory_order_acquire);
+  if (MP__LIKELY(pool != NULL) || atomic_load(&mp__devs[ordinal].failed))
+    return pool;
+  pthread_mutex_lock(&mp__devs_lock);
+  pool = atomic_load(&mp__devs[ordinal].pool);
+  if (pool == NULL && !atomic_load(&mp__devs[ordinal].failed)) {
+    char spec[32];
+    snprintf(spec, sizeof spec, "cuda:%d", ordinal);
+    mp_device_t *dev = NULL;
+    mp_status_t st = mp_device_open(spec, &dev);
+    if (st == MP_OK && (st = mp_pool_create(dev, &mp__cfg, &pool)) != MP_OK)
+      mp_device_close(dev);
+    if (st != MP_OK) {
+      MP__PL_SAY("no pool for CUDA device %d (%s); the driver serves it",
+                 ordinal, mp_last_error());
+      atomic_store(&mp__devs[ordinal].failed, true);
+      pool = NULL;
+    } else {
+      (void)mp_pool_add_stream(pool, NULL);
+      mp__devs[ordinal].dev = dev;
+      atomic_store_explicit(&mp__devs[ordinal].pool, pool,
+                            memory_order_release);
+    }
+  }
+  pthread_mutex_unlock(&mp__devs_lock);
+  return pool;
+}
+
+/* The current context's device's pool (no context: let the driver say
+ * so). A driver without cuCtxGetDevice (a test double) has one device. */
+mp_pool_t *mp__pl_pool_here(const mp__pl_t *pl) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  if (pl->host || rc->cuCtxGetDevice == NULL)
+    return mp__pl_pool_of(pl, pl->ordinal);
+  int d = -1;
+  if (rc->cuCtxGetDevice(&d) != MP__CU_SUCCESS)
+    return NULL;
+  return mp__pl_pool_of(pl, d);
+}
+
+void mp__pl_each_device(void (*fn)(mp_device_t *, void *), void *ctx) {
+  for (int i = 0; i < MP__PL_MAX_DEVICES; i++)
+    if (atomic_load_explicit(&mp__devs[i].pool, memory_order_acquire) != NULL)
+      fn(mp__devs[i].dev, ctx);
+}
+
+void mp__pl_each_pool(const mp__pl_t *pl, void (*fn)(mp_pool_t *, int, void *),
+                      void *ctx) {
+  if (pl->mode == MP__PL_POOL && pl->host) {
+    fn(pl->pool, 0, ctx);
+    return;
+  }
+  for (int i = 0; i < MP__PL_MAX_DEVICES; i++) {
+    mp_pool_t *p =
+        atomic_load_explicit(&mp__devs[i].pool, memory_order_acquire);
+    if (p != NULL)
+      fn(p, i, ctx);
+  }
+}
+
+static void mp__collect(mp_pool_t *pool, int ordinal, void *ctx) {
+  mp__pl_pools_t *ps = ctx;
+  if (ps->n < MP__PL_MAX_DEVICES) {
+    ps->pool[ps->n] = pool;
+    ps->ordinal[ps->n++] = ordinal;
+  }
+}
+
+void mp__pl_pools(const mp__pl_t *pl, mp__pl_pools_t *out) {
+  out->n = 0;
+  mp__pl_each_pool(pl, mp__collect, out);
+}
+
+int mp__pl_snapshot(const mp__pl_t *pl, const char *path) {
+  if (path == NULL || pl == NULL || pl->mode != MP__PL_POOL)
+    return MP_EINVAL;
+  mp__pl_pools_t ps;
+  mp__pl_pools(pl, &ps);
+  mp_status_t st = ps.n == 0 ? MP_EINVAL
+                             : mp__pool_snapshot_many(ps.pool, ps.ordinal,
+                                                      (size_t)ps.n, path);
+  if (st != MP_OK)
+    fprintf(stderr, "mempool preload: snapshot '%s': %s\n", path,
+            mp_last_error());
+  return (int)st;
+}
