@@ -76,16 +76,19 @@ mp_pool_t *mp__pl_pool_of(const mp__pl_t *pl, int ordinal) {
   return pool;
 }
 
-/* The current context's device's pool (no context: let the driver say
- * so). A driver without cuCtxGetDevice (a test double) has one device. */
-mp_pool_t *mp__pl_pool_here(const mp__pl_t *pl) {
-  const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  if (pl->host || rc->cuCtxGetDevice == NULL)
+mp_pool_t *mp__pl_pool_current(const mp__pl_t *pl,
+                               unsigned int (*current)(int *)) {
+  if (pl->host || current == NULL)
     return mp__pl_pool_of(pl, pl->ordinal);
   int d = -1;
-  if (rc->cuCtxGetDevice(&d) != MP__CU_SUCCESS)
+  if (current(&d) != 0) /* CUDA_SUCCESS, cudaSuccess */
     return NULL;
   return mp__pl_pool_of(pl, d);
+}
+
+/* A driver without cuCtxGetDevice (a test double) has one device. */
+mp_pool_t *mp__pl_pool_here(const mp__pl_t *pl) {
+  return mp__pl_pool_current(pl, mp__pl_real_cuda()->cuCtxGetDevice);
 }
 
 void mp__pl_each_device(void (*fn)(mp_device_t *, void *), void *ctx) {

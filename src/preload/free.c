@@ -3,7 +3,7 @@
  * to a capture's graph pool when its stream is being captured, then freed
  * after every stream's work (sync) or on the caller's stream; a block the
  * pool refuses stays the program's. */
-#include "hooks.h"
+#include "preload.h"
 
 mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
                              bool sync, mp__custream s, bool ptsz) {

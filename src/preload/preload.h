@@ -155,8 +155,14 @@ void mp__pl_each_pool(const mp__pl_t *pl, void (*fn)(mp_pool_t *, int, void *),
                       void *ctx);
 /* Every pool of pl and its ordinal, collected by mp__pl_each_pool. */
 void mp__pl_pools(const mp__pl_t *pl, mp__pl_pools_t *out);
-/* The pool of the calling thread's current context's device (driver API),
- * or NULL: no context (the driver answers), or no pool for it. */
+/* The pool of the device current(&ordinal) names (cuCtxGetDevice,
+ * cudaGetDevice; both answer 0 on success), or NULL: no current device (the
+ * real entry point answers), or no pool for it. current NULL or host mode:
+ * pl's own device. */
+mp_pool_t *mp__pl_pool_current(const mp__pl_t *pl,
+                               unsigned int (*current)(int *));
+/* The pool of the calling thread's current context's device (driver API):
+ * mp__pl_pool_current with cuCtxGetDevice. */
 mp_pool_t *mp__pl_pool_here(const mp__pl_t *pl);
 /* Every pool of pl as one snapshot pickle at path (mp_status_t; MP_EINVAL
  * outside pool mode), a failure said on stderr. */

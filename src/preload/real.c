@@ -66,10 +66,20 @@ static pthread_once_t mp__rc_once = PTHREAD_ONCE_INIT;
 static mp__real_cudart_t mp__rrt;
 static pthread_once_t mp__rrt_once = PTHREAD_ONCE_INIT;
 
-/* Each table's member `name` from handle h: MP__PL_RESOLVE_<lib>. */
+/* Every member of the driver's table (cu) or the runtime's (!cu), looked
+ * up in handle h. */
 #define MP__PL_RESOLVE(lib, result, name, params) MP__PL_RESOLVE_##lib(name)
-#define MP__PL_RESOLVE_ONE(tbl, name)                                          \
-  ((tbl).name = (__typeof__((tbl).name))mp__pl_real_dlsym(h, #name));
+#define MP__PL_RESOLVE_cu(name)                                                \
+  if (cu)                                                                      \
+    mp__rc.name = (__typeof__(mp__rc.name))mp__pl_real_dlsym(h, #name);
+#define MP__PL_RESOLVE_rt(name)                                                \
+  if (!cu)                                                                     \
+    mp__rrt.name = (__typeof__(mp__rrt.name))mp__pl_real_dlsym(h, #name);
+#define MP__PL_RESOLVE_own(name) /* the shim's own */
+static void mp__resolve(void *h, bool cu) {
+  MP__PL_HOOKS(MP__PL_RESOLVE)
+  MP__PL_REAL(MP__PL_RESOLVE)
+}
 
 /* The driver is whatever libcuda.so.1 the process has (or would load). */
 static void mp__rc_start(void) {
@@ -78,13 +88,7 @@ static void mp__rc_start(void) {
     h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
   if (h == NULL)
     return;
-#define MP__PL_RESOLVE_cu(name)  MP__PL_RESOLVE_ONE(mp__rc, name)
-#define MP__PL_RESOLVE_rt(name)  /* the runtime's: mp__rrt_start */
-#define MP__PL_RESOLVE_own(name) /* the shim's own */
-  MP__PL_HOOKS(MP__PL_RESOLVE)
-  MP__PL_REAL(MP__PL_RESOLVE)
-#undef MP__PL_RESOLVE_cu
-#undef MP__PL_RESOLVE_rt
+  mp__resolve(h, true);
 }
 
 const mp__real_cuda_t *mp__pl_real_cuda(void) {
@@ -113,12 +117,7 @@ static void mp__rrt_start(void) {
     if (h == NULL)
       return;
   }
-#define MP__PL_RESOLVE_cu(name) /* the driver's: mp__rc_start */
-#define MP__PL_RESOLVE_rt(name) MP__PL_RESOLVE_ONE(mp__rrt, name)
-  MP__PL_HOOKS(MP__PL_RESOLVE)
-  MP__PL_REAL(MP__PL_RESOLVE)
-#undef MP__PL_RESOLVE_cu
-#undef MP__PL_RESOLVE_rt
+  mp__resolve(h, false);
 }
 
 const mp__real_cudart_t *mp__pl_real_cudart(void) {

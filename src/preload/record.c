@@ -37,7 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "hooks.h"
+#include "preload.h"
 
 static struct {
   pthread_mutex_t lock;

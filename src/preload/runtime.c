@@ -49,13 +49,7 @@ static mp__cudaerr mp__rt_real_free(mp__rt_variant_t v, void *p,
 
 /* The pool of the runtime's current device (cudaGetDevice). */
 static mp_pool_t *mp__rt_pool_here(const mp__pl_t *pl) {
-  const mp__real_cudart_t *rt = mp__pl_real_cudart();
-  if (pl->host || rt->cudaGetDevice == NULL)
-    return mp__pl_pool_of(pl, pl->ordinal);
-  int d = -1;
-  if (rt->cudaGetDevice(&d) != MP__CUDA_SUCCESS)
-    return NULL;
-  return mp__pl_pool_of(pl, d);
+  return mp__pl_pool_current(pl, mp__pl_real_cudart()->cudaGetDevice);
 }
 
 static bool mp__rt_capturing(const mp__pl_t *pl, mp__custream s, bool ptsz) {
