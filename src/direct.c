@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "structs.h"
 
 enum { MP__DIRECT_LIVE = 1, MP__DIRECT_DEFERRED = 2 };
 
@@ -282,7 +283,8 @@ mp_status_t mp_direct_record_stream(mp_direct_t *d, void *ptr, mp_stream_t s) {
   return MP_OK;
 }
 
-mp_status_t mp_direct_get_stats(mp_direct_t *d, mp_stats_t *out) {
+mp_status_t mp_direct_get_stats_sized(mp_direct_t *d, mp_stats_t *out,
+                                      size_t size) {
   if (d == NULL)
     return mp__fail(MP_EINVAL, "mp_direct_get_stats: allocator is NULL");
   if (out == NULL)
@@ -298,8 +300,12 @@ mp_status_t mp_direct_get_stats(mp_direct_t *d, mp_stats_t *out) {
   s.live_blocks = d->blocks.count - d->ndeferred;
   s.free_blocks = d->ndeferred;
   pthread_mutex_unlock(&d->mu);
-  *out = s;
-  return MP_OK;
+  return mp__stats_put("mp_direct_get_stats", &s, out, size);
+}
+
+/* The symbol itself, for callers that do not see the header's macro. */
+mp_status_t(mp_direct_get_stats)(mp_direct_t *d, mp_stats_t *out) {
+  return mp_direct_get_stats_sized(d, out, MP_STATS_SIZE_V1);
 }
 
 mp_status_t mp_direct_destroy(mp_direct_t *d) {

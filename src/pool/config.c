@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../structs.h"
 #include "pool_internal.h"
 
 /* Every key, in one table that the parser and its error message read.
@@ -165,27 +166,48 @@ static mp_status_t mp__conf_apply(mp_pool_config_t *cfg, const char *what,
   return st;
 }
 
-void mp_pool_config_init(mp_pool_config_t *cfg) {
+mp_status_t mp_pool_config_init_sized(mp_pool_config_t *cfg, size_t size) {
   if (cfg == NULL)
-    return;
-  memset(cfg, 0, sizeof *cfg);
-  cfg->align = MP__DEFAULT_ALIGN;
-  cfg->segment_bytes = MP__DEFAULT_SEGMENT;
-  cfg->flags = MP_POOL_VIRTUAL | MP_POOL_DEFRAG_ON_OOM;
+    return mp__fail(MP_EINVAL, "mp_pool_config_init: cfg is NULL");
+  mp_status_t st = mp__config_size_check("mp_pool_config_init", size);
+  if (st != MP_OK)
+    return st;
+  mp_pool_config_t c;
+  memset(&c, 0, sizeof c);
+  c.struct_size = size ? size : MP_POOL_CONFIG_SIZE_V1;
+  c.align = MP__DEFAULT_ALIGN;
+  c.segment_bytes = MP__DEFAULT_SEGMENT;
+  c.flags = MP_POOL_VIRTUAL | MP_POOL_DEFRAG_ON_OOM;
   const char *env = getenv("MEMPOOL_CONF");
   if (env != NULL && env[0] != '\0' &&
-      mp__conf_apply(cfg, "MEMPOOL_CONF", env) != MP_OK)
-    cfg->flags |= MP__POOL_CONF_BAD;
+      mp__conf_apply(&c, "MEMPOOL_CONF", env) != MP_OK)
+    c.flags |= MP__POOL_CONF_BAD;
+  mp__config_out(&c, cfg);
+  return MP_OK;
+}
+
+/* The symbol itself, for callers that do not see the header's macro. */
+void(mp_pool_config_init)(mp_pool_config_t *cfg) {
+  if (cfg != NULL)
+    (void)mp_pool_config_init_sized(cfg, MP_POOL_CONFIG_SIZE_V1);
 }
 
 mp_status_t mp_pool_config_parse(mp_pool_config_t *cfg, const char *options) {
   if (cfg == NULL || options == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_config_parse: %s is NULL",
                     cfg == NULL ? "cfg" : "options");
-  return mp__conf_apply(cfg, "pool options", options);
+  mp_pool_config_t full;
+  mp_status_t st = mp__config_in("mp_pool_config_parse", cfg, &full);
+  if (st == MP_OK &&
+      (st = mp__conf_apply(&full, "pool options", options)) == MP_OK)
+    mp__config_out(&full, cfg);
+  return st;
 }
 
 mp_status_t mp__config_validate(const mp_pool_config_t *cfg) {
+  mp_status_t st = mp__config_size_check("pool config", cfg->struct_size);
+  if (st != MP_OK)
+    return st;
   if (cfg->flags & MP__POOL_CONF_BAD) {
     /* Parse again only to name the culprit in the message. */
     mp_pool_config_t scratch = *cfg;
