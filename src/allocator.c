@@ -135,7 +135,7 @@ static mp_status_t mp__allocator_new(const mp_allocator_ops_t *ops, void *self,
                                      mp_pool_t *pool, const char *name,
                                      mp_allocator_t **out) {
   size_t len = strlen(name);
-  mp_allocator_t *a = malloc(sizeof *a + len + 1);
+  mp_allocator_t *a = mp__host_alloc(sizeof *a + len + 1);
   if (a == NULL)
     return mp__fail(MP_ENOMEM, "mp_allocator: out of host memory");
   a->ops = *ops;
@@ -188,7 +188,7 @@ static mp_status_t mp__make_pool(mp_device_t *dev, const char *opts,
 static mp_status_t mp__make_child(mp_device_t *dev, const char *spec,
                                   const char *opts, mp_allocator_t **out) {
   mp__child_spec_t c = {0};
-  c.rest = malloc(strlen(opts) + 1);
+  c.rest = mp__host_alloc(strlen(opts) + 1);
   if (c.rest == NULL)
     return mp__fail(MP_ENOMEM, "mp_allocator_create: out of host memory");
   c.rest[0] = '\0';
@@ -198,7 +198,7 @@ static mp_status_t mp__make_child(mp_device_t *dev, const char *spec,
                   spec);
   mp__child_alloc_t *ca = NULL;
   if (st == MP_OK) {
-    ca = calloc(1, sizeof *ca);
+    ca = mp__host_calloc(1, sizeof *ca);
     if (ca == NULL)
       st = mp__fail(MP_ENOMEM, "mp_allocator_create: out of host memory");
   }

@@ -81,7 +81,7 @@ mp_status_t mp_direct_create(mp_device_t *dev, mp_direct_t **out) {
     return mp__fail(MP_EINVAL, "mp_direct_create: out is NULL");
   if (dev == NULL)
     return mp__fail(MP_EINVAL, "mp_direct_create: device is NULL");
-  mp_direct_t *d = calloc(1, sizeof *d);
+  mp_direct_t *d = mp__host_calloc(1, sizeof *d);
   if (d == NULL)
     return mp__fail(MP_ENOMEM, "mp_direct_create: out of host memory");
   mp__ptrmap_init(&d->blocks, sizeof(mp__dslot_t));
@@ -100,7 +100,7 @@ static bool mp__direct_reserve_deferred(mp_direct_t *d) {
   if (d->ndeferred < d->deferred_cap)
     return true;
   size_t ncap = d->deferred_cap ? d->deferred_cap * 2 : 64;
-  mp__dblock_t *nd = realloc(d->deferred, ncap * sizeof *nd);
+  mp__dblock_t *nd = mp__host_realloc(d->deferred, ncap * sizeof *nd);
   if (nd == NULL)
     return false;
   d->deferred = nd;
@@ -162,7 +162,7 @@ static mp__dblock_t *mp__direct_take_session(mp_direct_t *d, size_t *n,
     pthread_mutex_unlock(&d->mu);
     return NULL;
   }
-  mp__dblock_t *batch = malloc(d->ndeferred * sizeof *batch);
+  mp__dblock_t *batch = mp__host_alloc(d->ndeferred * sizeof *batch);
   if (batch == NULL) {
     pthread_mutex_unlock(&d->mu);
     *st = mp__fail(MP_ENOMEM, "mp_direct_free_session: out of host memory");

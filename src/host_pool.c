@@ -30,12 +30,16 @@ mp_status_t mp_host_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
   if (dev == NULL)
     return mp__fail(MP_EINVAL, "mp_host_pool_create: device is NULL");
   mp_pool_config_t c = {0};
-  if (cfg != NULL)
-    c = *cfg;
+  if (cfg != NULL) {
+    /* Only as much of *cfg as the caller's header has. */
+    mp_status_t st = mp__config_in("mp_host_pool_create", cfg, &c);
+    if (st != MP_OK)
+      return st;
+  }
   /* Page-locked memory cannot be mapped into a reserved range, and host
    * buffers are raw pointers that must never move. */
   c.flags = 0;
-  mp_host_pool_t *hp = calloc(1, sizeof *hp);
+  mp_host_pool_t *hp = mp__host_calloc(1, sizeof *hp);
   if (hp == NULL)
     return mp__fail(MP_ENOMEM, "out of host memory creating a host pool");
   mp_status_t st = mp__device_pinned_open(dev, &hp->view);
