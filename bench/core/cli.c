@@ -27,6 +27,10 @@ static void mpb_list(FILE *out) {
   mpb_workload_help(out);
   fputs("\nAllocators (--allocator NAME):\n", out);
   mpb_allocator_help(out);
+  fputs("\nPool options (pool:KEY=VAL,..., host-pool:KEY=VAL,..., "
+        "$MEMPOOL_CONF):\n",
+        out);
+  (void)mp_pool_config_help(out, "text");
 }
 
 static void mpb_usage(FILE *out) {

@@ -159,6 +159,13 @@ MP_API mp_status_t mp_pool_config_init_sized(mp_pool_config_t *cfg,
  * unchanged. */
 MP_API mp_status_t mp_pool_config_parse(mp_pool_config_t *cfg,
                                         const char *options);
+/* The option keys, from the one table the parser reads: the i-th key's
+ * name, NULL past the last (aliases such as PyTorch's names included). */
+MP_API const char *mp_pool_config_key_name(size_t i);
+/* Writes every option key with what it takes and what it means: format
+ * "text" (NULL; as mpbench --help prints it) or "markdown" (a table, as the
+ * README shows it). A write that fails: MP_EIO. */
+MP_API mp_status_t mp_pool_config_help(FILE *out, const char *format);
 
 /* cfg NULL: defaults (mp_pool_config_init). */
 MP_API mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
