@@ -36,16 +36,23 @@ Test(pool_config_docs, readme_table_is_what_the_key_table_writes) {
   snprintf(path, sizeof path, "%s/README.md", dir);
   FILE *f = fopen(path, "r");
   cr_assert_not_null(f, "%s", path);
-  static char readme[1 << 20];
-  size_t n = fread(readme, 1, sizeof readme - 1, f);
+  /* The lines between the two markers. */
+  static char block[1 << 16];
+  char line[1024];
+  size_t used = 0;
+  int state = 0; /* 0 before, 1 inside, 2 after */
+  while (state < 2 && fgets(line, sizeof line, f) != NULL) {
+    if (state == 0 && strcmp(line, BEGIN) == 0)
+      state = 1;
+    else if (state == 1 && strncmp(line, END, strlen(END)) == 0)
+      state = 2;
+    else if (state == 1 && used + strlen(line) < sizeof block)
+      used += (size_t)snprintf(block + used, sizeof block - used, "%s", line);
+  }
   fclose(f);
-  readme[n] = '\0';
-  char *begin = strstr(readme, BEGIN);
-  cr_assert_not_null(begin, "README.md has no '%s' marker", BEGIN);
-  begin += strlen(BEGIN);
-  char *end = strstr(begin, END);
-  cr_assert_not_null(end, "README.md has no '%s' marker", END);
-  *end = '\0';
+  cr_assert_eq(state, 2, "README.md lacks the markers '%s' ... '%s'", BEGIN,
+               END);
+  char *begin = block;
   char *want = help("markdown");
   cr_expect_str_eq(begin, want,
                    "README.md's pool options differ from the key table; put "
