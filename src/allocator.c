@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "structs.h"
 
 /* A "child" allocator owns both its child pool and the parent it is carved
  * from; destroying it destroys them in that order. */
@@ -134,7 +135,7 @@ static mp_status_t mp__allocator_new(const mp_allocator_ops_t *ops, void *self,
                                      mp_pool_t *pool, const char *name,
                                      mp_allocator_t **out) {
   size_t len = strlen(name);
-  mp_allocator_t *a = malloc(sizeof *a + len + 1);
+  mp_allocator_t *a = mp__host_alloc(sizeof *a + len + 1);
   if (a == NULL)
     return mp__fail(MP_ENOMEM, "mp_allocator: out of host memory");
   a->ops = *ops;
@@ -187,7 +188,7 @@ static mp_status_t mp__make_pool(mp_device_t *dev, const char *opts,
 static mp_status_t mp__make_child(mp_device_t *dev, const char *spec,
                                   const char *opts, mp_allocator_t **out) {
   mp__child_spec_t c = {0};
-  c.rest = malloc(strlen(opts) + 1);
+  c.rest = mp__host_alloc(strlen(opts) + 1);
   if (c.rest == NULL)
     return mp__fail(MP_ENOMEM, "mp_allocator_create: out of host memory");
   c.rest[0] = '\0';
@@ -197,7 +198,7 @@ static mp_status_t mp__make_child(mp_device_t *dev, const char *spec,
                   spec);
   mp__child_alloc_t *ca = NULL;
   if (st == MP_OK) {
-    ca = calloc(1, sizeof *ca);
+    ca = mp__host_calloc(1, sizeof *ca);
     if (ca == NULL)
       st = mp__fail(MP_ENOMEM, "mp_allocator_create: out of host memory");
   }
@@ -322,12 +323,25 @@ mp_status_t mp_allocator_record_stream(mp_allocator_t *a, void *ptr,
   return a->ops.record_stream(a->self, ptr, s);
 }
 
-mp_status_t mp_allocator_get_stats(mp_allocator_t *a, mp_stats_t *out) {
+mp_status_t mp_allocator_get_stats_sized(mp_allocator_t *a, mp_stats_t *out,
+                                         size_t size) {
   MP__CHECK_ALLOCATOR(a);
   if (out == NULL)
     return mp__fail(MP_EINVAL, "mp_allocator_get_stats: out is NULL");
   MP__CHECK_OP(a, get_stats);
-  return a->ops.get_stats(a->self, out);
+  /* The ops (this library's own, or an application's through
+   * mp_allocator_wrap, built against this header) fill a whole struct. */
+  mp_stats_t s;
+  memset(&s, 0, sizeof s);
+  mp_status_t st = a->ops.get_stats(a->self, &s);
+  if (st != MP_OK)
+    return st;
+  return mp__stats_put("mp_allocator_get_stats", &s, out, size);
+}
+
+/* The symbol itself, for callers that do not see the header's macro. */
+mp_status_t(mp_allocator_get_stats)(mp_allocator_t *a, mp_stats_t *out) {
+  return mp_allocator_get_stats_sized(a, out, MP_STATS_SIZE_V1);
 }
 
 mp_status_t mp_allocator_release(mp_allocator_t *a) {

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "structs.h"
 
 enum { MP__DIRECT_LIVE = 1, MP__DIRECT_DEFERRED = 2 };
 
@@ -80,7 +81,7 @@ mp_status_t mp_direct_create(mp_device_t *dev, mp_direct_t **out) {
     return mp__fail(MP_EINVAL, "mp_direct_create: out is NULL");
   if (dev == NULL)
     return mp__fail(MP_EINVAL, "mp_direct_create: device is NULL");
-  mp_direct_t *d = calloc(1, sizeof *d);
+  mp_direct_t *d = mp__host_calloc(1, sizeof *d);
   if (d == NULL)
     return mp__fail(MP_ENOMEM, "mp_direct_create: out of host memory");
   mp__ptrmap_init(&d->blocks, sizeof(mp__dslot_t));
@@ -99,7 +100,7 @@ static bool mp__direct_reserve_deferred(mp_direct_t *d) {
   if (d->ndeferred < d->deferred_cap)
     return true;
   size_t ncap = d->deferred_cap ? d->deferred_cap * 2 : 64;
-  mp__dblock_t *nd = realloc(d->deferred, ncap * sizeof *nd);
+  mp__dblock_t *nd = mp__host_realloc(d->deferred, ncap * sizeof *nd);
   if (nd == NULL)
     return false;
   d->deferred = nd;
@@ -161,7 +162,7 @@ static mp__dblock_t *mp__direct_take_session(mp_direct_t *d, size_t *n,
     pthread_mutex_unlock(&d->mu);
     return NULL;
   }
-  mp__dblock_t *batch = malloc(d->ndeferred * sizeof *batch);
+  mp__dblock_t *batch = mp__host_alloc(d->ndeferred * sizeof *batch);
   if (batch == NULL) {
     pthread_mutex_unlock(&d->mu);
     *st = mp__fail(MP_ENOMEM, "mp_direct_free_session: out of host memory");
@@ -282,7 +283,8 @@ mp_status_t mp_direct_record_stream(mp_direct_t *d, void *ptr, mp_stream_t s) {
   return MP_OK;
 }
 
-mp_status_t mp_direct_get_stats(mp_direct_t *d, mp_stats_t *out) {
+mp_status_t mp_direct_get_stats_sized(mp_direct_t *d, mp_stats_t *out,
+                                      size_t size) {
   if (d == NULL)
     return mp__fail(MP_EINVAL, "mp_direct_get_stats: allocator is NULL");
   if (out == NULL)
@@ -298,8 +300,12 @@ mp_status_t mp_direct_get_stats(mp_direct_t *d, mp_stats_t *out) {
   s.live_blocks = d->blocks.count - d->ndeferred;
   s.free_blocks = d->ndeferred;
   pthread_mutex_unlock(&d->mu);
-  *out = s;
-  return MP_OK;
+  return mp__stats_put("mp_direct_get_stats", &s, out, size);
+}
+
+/* The symbol itself, for callers that do not see the header's macro. */
+mp_status_t(mp_direct_get_stats)(mp_direct_t *d, mp_stats_t *out) {
+  return mp_direct_get_stats_sized(d, out, MP_STATS_SIZE_V1);
 }
 
 mp_status_t mp_direct_destroy(mp_direct_t *d) {

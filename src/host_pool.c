@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "device/backend.h"
+#include "structs.h"
 
 struct mp_host_pool {
   mp_pool_t *pool;
@@ -29,12 +30,16 @@ mp_status_t mp_host_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
   if (dev == NULL)
     return mp__fail(MP_EINVAL, "mp_host_pool_create: device is NULL");
   mp_pool_config_t c = {0};
-  if (cfg != NULL)
-    c = *cfg;
+  if (cfg != NULL) {
+    /* Only as much of *cfg as the caller's header has. */
+    mp_status_t st = mp__config_in("mp_host_pool_create", cfg, &c);
+    if (st != MP_OK)
+      return st;
+  }
   /* Page-locked memory cannot be mapped into a reserved range, and host
    * buffers are raw pointers that must never move. */
   c.flags = 0;
-  mp_host_pool_t *hp = calloc(1, sizeof *hp);
+  mp_host_pool_t *hp = mp__host_calloc(1, sizeof *hp);
   if (hp == NULL)
     return mp__fail(MP_ENOMEM, "out of host memory creating a host pool");
   mp_status_t st = mp__device_pinned_open(dev, &hp->view);
@@ -83,9 +88,20 @@ mp_status_t mp_host_pool_trim(mp_host_pool_t *hp, size_t keep_bytes) {
   return mp_pool_trim(hp->pool, keep_bytes);
 }
 
-mp_status_t mp_host_pool_get_stats(mp_host_pool_t *hp, mp_stats_t *out) {
+mp_status_t mp_host_pool_get_stats_sized(mp_host_pool_t *hp, mp_stats_t *out,
+                                         size_t size) {
   MP__CHECK_HP(hp);
-  return mp_pool_get_stats(hp->pool, out);
+  if (out == NULL)
+    return mp__fail(MP_EINVAL, "mp_host_pool_get_stats: out is NULL");
+  mp_stats_t s;
+  mp_status_t st = mp_pool_get_stats(hp->pool, &s);
+  return st != MP_OK ? st
+                     : mp__stats_put("mp_host_pool_get_stats", &s, out, size);
+}
+
+/* The symbol itself, for callers that do not see the header's macro. */
+mp_status_t(mp_host_pool_get_stats)(mp_host_pool_t *hp, mp_stats_t *out) {
+  return mp_host_pool_get_stats_sized(hp, out, MP_STATS_SIZE_V1);
 }
 
 mp_status_t mp_host_pool_dump(mp_host_pool_t *hp, FILE *out,

@@ -75,7 +75,7 @@ mp_status_t mp_ipc_import(mp_device_t *dev, mp_ipc_handle_t *h, void **out) {
   pthread_mutex_lock(&mp__ipc_mu);
   if (dev->nimports == dev->imports_cap) {
     size_t cap = dev->imports_cap ? 2 * dev->imports_cap : 8;
-    struct mp__import *n = realloc(dev->imports, cap * sizeof *n);
+    struct mp__import *n = mp__host_realloc(dev->imports, cap * sizeof *n);
     if (n != NULL) {
       dev->imports = n;
       dev->imports_cap = cap;

@@ -90,7 +90,7 @@ bool mp__ptrmap_reserve(mp__ptrmap_t *m, size_t more) {
       return false;
     cap *= 2;
   }
-  unsigned char *slots = calloc(cap, m->esize);
+  unsigned char *slots = mp__host_calloc(cap, m->esize);
   if (slots == NULL)
     return false;
   mp__ptrmap_t old = *m;

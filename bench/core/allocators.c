@@ -52,6 +52,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* internal.h for: mp__fail (errors through mp_last_error), mp__ptrmap_* (the
+ * jemalloc adaptor's extent table). */
 #include "internal.h"
 #include "mpbench.h"
 

@@ -15,18 +15,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "internal.h" /* mp__fail (usage errors through mp_last_error) */
 #include "mpbench.h"
-
-#ifndef MPBENCH_TRACES_DIR
-#define MPBENCH_TRACES_DIR ""
-#endif
 
 static void mpb_list(FILE *out) {
   fputs("Built-in workloads (NAME or NAME:key=val,...):\n", out);
   mpb_workload_help(out);
   fputs("\nAllocators (--allocator NAME):\n", out);
   mpb_allocator_help(out);
+  fputs("\nPool options (pool:KEY=VAL,..., host-pool:KEY=VAL,..., "
+        "$MEMPOOL_CONF):\n",
+        out);
+  (void)mp_pool_config_help(out, "text");
 }
 
 static void mpb_usage(FILE *out) {
@@ -181,91 +181,6 @@ static void mpb_strv_free(mpb_strv_t *s) {
     free(s->v[i]);
   free(s->v);
   memset(s, 0, sizeof *s);
-}
-
-static int mpb_cmp_str(const void *a, const void *b) {
-  return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-static bool mpb_is_dir(const char *p) {
-  struct stat sb;
-  return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-
-static bool mpb_ends_with(const char *s, const char *suf) {
-  size_t n = strlen(s), m = strlen(suf);
-  return n > m && strcmp(s + n - m, suf) == 0;
-}
-
-/* Relative paths of the *.csv files in dir and its direct subfolders. */
-static mp_status_t mpb_scan_traces(const char *dir, mpb_strv_t *out) {
-  DIR *d = opendir(dir);
-  if (d == NULL)
-    return mp__fail(MP_EINVAL, "cannot open traces folder %s: %s", dir,
-                    strerror(errno));
-  struct dirent *e;
-  char path[PATH_MAX];
-  mp_status_t st = MP_OK;
-  while ((e = readdir(d)) != NULL && st == MP_OK) {
-    if (e->d_name[0] == '.')
-      continue;
-    if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >=
-        (int)sizeof path)
-      continue;
-    if (mpb_is_dir(path)) {
-      DIR *sd = opendir(path);
-      if (sd == NULL)
-        continue;
-      struct dirent *se;
-      while ((se = readdir(sd)) != NULL && st == MP_OK) {
-        if (se->d_name[0] != '.' && mpb_ends_with(se->d_name, ".csv")) {
-          char rel[PATH_MAX];
-          snprintf(rel, sizeof rel, "%s/%s", e->d_name, se->d_name);
-          if (!mpb_strv_push(out, rel))
-            st = mp__fail(MP_ENOMEM, "out of host memory");
-        }
-      }
-      closedir(sd);
-    } else if (mpb_ends_with(e->d_name, ".csv")) {
-      if (!mpb_strv_push(out, e->d_name))
-        st = mp__fail(MP_ENOMEM, "out of host memory");
-    }
-  }
-  closedir(d);
-  if (out->n > 1)
-    qsort(out->v, out->n, sizeof *out->v, mpb_cmp_str);
-  return st;
-}
-
-/* The traces folder when none was given, or NULL. */
-static const char *mpb_find_traces(char *buf, size_t len) {
-  const char *env = getenv("MEMPOOL_TRACES");
-  if (env != NULL && env[0] != '\0') {
-    snprintf(buf, len, "%s", env);
-    return buf;
-  }
-  if (MPBENCH_TRACES_DIR[0] != '\0' && mpb_is_dir(MPBENCH_TRACES_DIR)) {
-    snprintf(buf, len, "%s", MPBENCH_TRACES_DIR);
-    return buf;
-  }
-  char exe[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n <= 0)
-    return NULL;
-  exe[n] = '\0';
-  for (int up = 0; up < 6; up++) {
-    char *slash = strrchr(exe, '/');
-    if (slash == NULL || slash == exe)
-      break;
-    *slash = '\0';
-    if (snprintf(buf, len, "%s/../shared/traces", exe) < (int)len &&
-        mpb_is_dir(buf))
-      return buf;
-    if (snprintf(buf, len, "%s/shared/traces", exe) < (int)len &&
-        mpb_is_dir(buf))
-      return buf;
-  }
-  return NULL;
 }
 
 /* "pytorch/decomfl.csv" -> "pytorch/decomfl". */
@@ -430,27 +345,26 @@ static int mpb_load(const mpb_cli_t *c, mpb_jobs_t *jobs) {
         rc = 1;
     }
   } else if (!c->no_traces && (c->workloads.n == 0 || c->traces_dir)) {
-    dir =
-        c->traces_dir ? c->traces_dir : mpb_find_traces(dirbuf, sizeof dirbuf);
+    dir = c->traces_dir ? c->traces_dir : mpb_traces_dir(dirbuf, sizeof dirbuf);
     if (dir == NULL) {
       if (!c->quiet)
         fprintf(stderr, "mpbench: no traces folder found (set --traces DIR "
                         "or $MEMPOOL_TRACES); built-in workloads only\n");
     } else {
-      mpb_strv_t rel = {0};
-      if (mpb_scan_traces(dir, &rel) != MP_OK) {
+      char **rel = NULL;
+      size_t nrel = 0;
+      if (mpb_traces_scan(dir, &rel, &nrel) != MP_OK) {
         fprintf(stderr, "mpbench: %s\n", mp_last_error());
-        mpb_strv_free(&rel);
         return 2;
       }
-      for (size_t i = 0; i < rel.n; i++) {
+      for (size_t i = 0; i < nrel; i++) {
         char path[PATH_MAX * 2], nm[PATH_MAX];
-        snprintf(path, sizeof path, "%s/%s", dir, rel.v[i]);
-        mpb_trace_name(rel.v[i], nm, sizeof nm);
+        snprintf(path, sizeof path, "%s/%s", dir, rel[i]);
+        mpb_trace_name(rel[i], nm, sizeof nm);
         if (!mpb_strv_push(&traces, path) || !mpb_strv_push(&names, nm))
           rc = 1;
       }
-      mpb_strv_free(&rel);
+      mpb_traces_free(rel, nrel);
     }
   }
   if (rc != 0) {

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "internal.h" /* mp__fail (errors through mp_last_error) */
 #include "mpbench.h"
 
 #if MEMPOOL_HAVE_CUDA

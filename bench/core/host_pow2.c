@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* internal.h for: mp__fail, mp__ptrmap_* (the power-of-two pool's block table).
+ */
 #include "internal.h"
 #include "mpbench.h"
 

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "internal.h" /* mp__fail (errors through mp_last_error) */
 #include "mpbench.h"
 #include "report_html_template.h"
 

@@ -100,6 +100,15 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
 /* The same from a buffer; what names it in messages. */
 mp_status_t mpb_trace_parse(const char *text, size_t len, const char *what,
                             const char *name, mpb_workload_t *out);
+/* The traces folder when none is named: $MEMPOOL_TRACES, else the build's
+ * MEMPOOL_TRACES_DIR, else shared/traces next to or above the executable's
+ * folders; written to buf. NULL when there is none. */
+const char *mpb_traces_dir(char *buf, size_t len);
+/* The *.csv files of dir and of its direct subfolders, as paths relative to
+ * dir ("pytorch/x.csv"), sorted by name: *out holds *n of them, freed with
+ * mpb_traces_free. A folder that cannot be opened: MP_EINVAL. */
+mp_status_t mpb_traces_scan(const char *dir, char ***out, size_t *n);
+void mpb_traces_free(char **v, size_t n);
 
 /* ---- pickle.c: PyTorch memory snapshots --------------------------------- */
 

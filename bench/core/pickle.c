@@ -46,7 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "internal.h" /* mp__fail, MP__PRINTF (errors through mp_last_error) */
 #include "mpbench.h"
 
 /* ---- values ----------------------------------------------------------- */

@@ -22,7 +22,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "internal.h"
+#include "internal.h" /* mp__fail, MP__UNLIKELY */
 #include "mpbench.h"
 
 uint64_t mpb_now_ns(void) {

@@ -17,6 +17,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* internal.h for: mp__fail, mp__fmt_bytes (sizes written as the library writes
+ * them). */
 #include "internal.h"
 #include "mpbench.h"
 

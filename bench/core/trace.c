@@ -11,8 +11,8 @@
  * whose live bytes would not fit a size_t (every figure is built on them),
  * and one with no allocation of a nonzero size (nothing to measure).
  *
- * Pointers become slots through an open-addressing map (linear probing,
- * backward-shift deletion, load <= 1/2) from live address to slot; a free
+ * Pointers become slots through the library's address map (src/ptrmap.c)
+ * from live address to slot; a free
  * removes the address, so a log that reuses addresses after a free replays
  * right. What a real log has that a replay cannot do, counted and skipped:
  *  - "allocate failure" rows (the allocation never happened);
@@ -22,80 +22,32 @@
  *    out of order); the old block is freed first, as the address shows the
  *    device must have done.
  * Streams are numbered in order of first appearance; stream 0 of the log
- * (the default stream) is always index 0. */
+ * (the default stream) is always index 0.
+ *
+ * Finding trace files (mpb_traces_dir, mpb_traces_scan) lives here too:
+ * which folder holds the traces when none is named, and the *.csv files of
+ * it and its direct subfolders (pytorch/, mindspore/), in name order. */
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+/* internal.h for: mp__fail, mp__parse_u64, mp__ptrmap_* (the live-address map).
+ */
 #include "internal.h"
 #include "mpbench.h"
 
-typedef struct mpb_addr_map {
-  uint64_t *key; /* 0: empty (a NULL pointer is never live) */
-  uint32_t *slot;
-  size_t cap, used;
-} mpb_addr_map_t;
-
-static size_t mpb_hash(uint64_t x, size_t cap) {
-  x ^= x >> 33;
-  x *= UINT64_C(0xff51afd7ed558ccd);
-  x ^= x >> 33;
-  return (size_t)x & (cap - 1);
-}
-
-static bool mpb_map_grow(mpb_addr_map_t *m) {
-  size_t cap = m->cap ? m->cap * 2 : 1024;
-  uint64_t *key = calloc(cap, sizeof *key);
-  uint32_t *slot = calloc(cap, sizeof *slot);
-  if (key == NULL || slot == NULL) {
-    free(key);
-    free(slot);
-    return false;
-  }
-  for (size_t i = 0; i < m->cap; i++) {
-    if (m->key[i] == 0)
-      continue;
-    size_t j = mpb_hash(m->key[i], cap);
-    while (key[j] != 0)
-      j = (j + 1) & (cap - 1);
-    key[j] = m->key[i];
-    slot[j] = m->slot[i];
-  }
-  free(m->key);
-  free(m->slot);
-  m->key = key;
-  m->slot = slot;
-  m->cap = cap;
-  return true;
-}
-
-/* Index of addr's entry, or of the empty entry where it would go. */
-static size_t mpb_map_find(const mpb_addr_map_t *m, uint64_t addr) {
-  size_t i = mpb_hash(addr, m->cap);
-  while (m->key[i] != 0 && m->key[i] != addr)
-    i = (i + 1) & (m->cap - 1);
-  return i;
-}
-
-static void mpb_map_remove_at(mpb_addr_map_t *m, size_t i) {
-  /* Backward shift: move later entries of the probe run into the gap. */
-  size_t j = i;
-  for (;;) {
-    j = (j + 1) & (m->cap - 1);
-    if (m->key[j] == 0)
-      break;
-    size_t home = mpb_hash(m->key[j], m->cap);
-    bool between = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
-    if (between)
-      continue;
-    m->key[i] = m->key[j];
-    m->slot[i] = m->slot[j];
-    i = j;
-  }
-  m->key[i] = 0;
-  m->used--;
-}
+/* The live-address map is the library's own (src/ptrmap.c: the same murmur3
+ * finalizer, linear probing and backward-shift deletion this file once kept
+ * a copy of): address -> the workload slot of the block there. */
+typedef struct mpb_addr_entry {
+  uintptr_t key; /* the address; 0 never stored (a NULL pointer is never
+                    live) */
+  uint32_t slot;
+} mpb_addr_entry_t;
 
 /* ---- fields ---------------------------------------------------------------
  */
@@ -160,7 +112,7 @@ static bool mpb_field_is(const char *s, size_t len, const char *word) {
 typedef struct mpb_parser {
   const char *what;
   mpb_workload_t *w;
-  mpb_addr_map_t map;
+  mp__ptrmap_t map; /* of mpb_addr_entry_t */
   uint64_t stream_id[UINT16_MAX];
   uint32_t nstream_ids;
   size_t live;    /* bytes the trace has live now */
@@ -257,24 +209,31 @@ static mp_status_t mpb_parse_row(mpb_parser_t *p, const char *s, size_t len,
     w->zero_size_allocs++;
     return MP_OK;
   }
-  if (p->map.used * 2 >= p->map.cap && !mpb_map_grow(&p->map))
+#if UINTPTR_MAX < UINT64_MAX /* the map's keys are addresses of this machine   \
+                              */
+  if (addr > UINTPTR_MAX)
+    return mp__fail(MP_EINVAL,
+                    "%s:%zu: pointer 0x%llx is wider than this machine's "
+                    "addresses",
+                    p->what, line, (unsigned long long)addr);
+#endif
+  if (!mp__ptrmap_reserve(&p->map, 1))
     return mp__fail(MP_ENOMEM, "%s: out of host memory", p->what);
-  size_t i = mpb_map_find(&p->map, addr);
+  mpb_addr_entry_t *e = mp__ptrmap_find(&p->map, (uintptr_t)addr);
   if (action == MPB_FREE) {
-    if (p->map.key[i] == 0) {
+    if (e == NULL) {
       w->unknown_frees++;
       return MP_OK;
     }
-    uint32_t slot = p->map.slot[i];
-    mpb_map_remove_at(&p->map, i);
+    uint32_t slot = e->slot;
+    mp__ptrmap_remove(&p->map, e);
     p->live -= w->slot_size[slot];
     return mpb_workload_free_slot(w, slot);
   }
-  bool was_live = p->map.key[i] != 0;
-  if (was_live) {
+  if (e != NULL) {
     w->implicit_frees++;
-    p->live -= w->slot_size[p->map.slot[i]];
-    mp_status_t st = mpb_workload_free_slot(w, p->map.slot[i]);
+    p->live -= w->slot_size[e->slot];
+    mp_status_t st = mpb_workload_free_slot(w, e->slot);
     if (st != MP_OK)
       return st;
   }
@@ -295,10 +254,10 @@ static mp_status_t mpb_parse_row(mpb_parser_t *p, const char *s, size_t len,
     st = mpb_workload_alloc(w, (size_t)size, sidx, &slot);
   if (st != MP_OK)
     return st;
-  p->map.key[i] = addr;
-  p->map.slot[i] = slot;
-  if (!was_live)
-    p->map.used++;
+  /* Room was reserved above and nothing touched the map since. */
+  if (e == NULL)
+    e = mp__ptrmap_put(&p->map, (uintptr_t)addr);
+  e->slot = slot;
   return MP_OK;
 }
 
@@ -347,6 +306,7 @@ mp_status_t mpb_trace_parse(const char *text, size_t len, const char *what,
     return mp__fail(MP_ENOMEM, "%s: out of host memory", what);
   p->what = what;
   p->w = out;
+  mp__ptrmap_init(&p->map, sizeof(mpb_addr_entry_t));
   mpb_workload_init(out, name);
   mp_status_t st = MP_OK;
   size_t line = 0;
@@ -380,8 +340,7 @@ mp_status_t mpb_trace_parse(const char *text, size_t len, const char *what,
    * ends empty and allocators are compared on the same events. */
   if (st == MP_OK && (st = mpb_workload_drain(out)) == MP_ENOMEM)
     st = mpb_too_big(what, line, true);
-  free(p->map.key);
-  free(p->map.slot);
+  mp__ptrmap_destroy(&p->map);
   free(p);
   if (st != MP_OK)
     mpb_workload_free(out);
@@ -487,4 +446,121 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
     st = mpb_trace_parse(buf, len, path, name, out);
   free(buf);
   return st;
+}
+
+/* ---- finding trace files ---------------------------------------------- */
+
+#ifndef MPBENCH_TRACES_DIR
+#define MPBENCH_TRACES_DIR ""
+#endif
+
+static bool mpb_is_dir(const char *p) {
+  struct stat sb;
+  return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static bool mpb_is_csv(const char *name) {
+  size_t n = strlen(name);
+  return name[0] != '.' && n > 4 && strcmp(name + n - 4, ".csv") == 0;
+}
+
+static int mpb_cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Appends a copy of str to *v (n, capacity *cap); false when out of
+ * memory, with *v unchanged. */
+static bool mpb_push_copy(char ***v, size_t *n, size_t *cap, const char *str) {
+  if (!mpb_grow(v, cap, *n, sizeof **v))
+    return false;
+  char *copy = strdup(str);
+  if (copy == NULL)
+    return false;
+  (*v)[(*n)++] = copy;
+  return true;
+}
+
+void mpb_traces_free(char **v, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    free(v[i]);
+  free(v);
+}
+
+mp_status_t mpb_traces_scan(const char *dir, char ***out, size_t *nout) {
+  *out = NULL;
+  *nout = 0;
+  DIR *d = opendir(dir);
+  if (d == NULL)
+    return mp__fail(MP_EINVAL, "cannot open traces folder %s: %s", dir,
+                    strerror(errno));
+  char **v = NULL;
+  size_t n = 0, cap = 0;
+  struct dirent *e;
+  char path[PATH_MAX];
+  mp_status_t st = MP_OK;
+  while ((e = readdir(d)) != NULL && st == MP_OK) {
+    if (e->d_name[0] == '.')
+      continue;
+    if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >=
+        (int)sizeof path)
+      continue;
+    if (mpb_is_dir(path)) {
+      DIR *sd = opendir(path);
+      if (sd == NULL)
+        continue;
+      struct dirent *se;
+      while ((se = readdir(sd)) != NULL && st == MP_OK) {
+        if (mpb_is_csv(se->d_name)) {
+          char rel[PATH_MAX];
+          snprintf(rel, sizeof rel, "%s/%s", e->d_name, se->d_name);
+          if (!mpb_push_copy(&v, &n, &cap, rel))
+            st = mp__fail(MP_ENOMEM, "out of host memory");
+        }
+      }
+      closedir(sd);
+    } else if (mpb_is_csv(e->d_name)) {
+      if (!mpb_push_copy(&v, &n, &cap, e->d_name))
+        st = mp__fail(MP_ENOMEM, "out of host memory");
+    }
+  }
+  closedir(d);
+  if (st != MP_OK) {
+    mpb_traces_free(v, n);
+    return st;
+  }
+  if (n > 1)
+    qsort(v, n, sizeof *v, mpb_cmp_str);
+  *out = v;
+  *nout = n;
+  return MP_OK;
+}
+
+const char *mpb_traces_dir(char *buf, size_t len) {
+  const char *env = getenv("MEMPOOL_TRACES");
+  if (env != NULL && env[0] != '\0') {
+    snprintf(buf, len, "%s", env);
+    return buf;
+  }
+  if (MPBENCH_TRACES_DIR[0] != '\0' && mpb_is_dir(MPBENCH_TRACES_DIR)) {
+    snprintf(buf, len, "%s", MPBENCH_TRACES_DIR);
+    return buf;
+  }
+  char exe[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0)
+    return NULL;
+  exe[n] = '\0';
+  for (int up = 0; up < 6; up++) {
+    char *slash = strrchr(exe, '/');
+    if (slash == NULL || slash == exe)
+      break;
+    *slash = '\0';
+    if (snprintf(buf, len, "%s/../shared/traces", exe) < (int)len &&
+        mpb_is_dir(buf))
+      return buf;
+    if (snprintf(buf, len, "%s/shared/traces", exe) < (int)len &&
+        mpb_is_dir(buf))
+      return buf;
+  }
+  return NULL;
 }

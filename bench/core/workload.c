@@ -31,6 +31,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* internal.h for: mp__fail, mp__kv_each, mp__parse_size, mp__parse_u64 (specs
+ * parsed as pool options are), mp__fmt_bytes. */
 #include "internal.h"
 #include "mpbench.h"
 

@@ -29,8 +29,8 @@
 
 #include <mempool/mempool.h>
 
-#include "../../tests/support/xorshift.h"
-#include "internal.h"
+#include "../core/xorshift.h"
+#include "internal.h" /* mp__parse_size, mp__fmt_bytes, MP__GiB */
 
 typedef struct seq {
   mp_handle_t *kv;

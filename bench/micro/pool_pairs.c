@@ -60,7 +60,7 @@ static void count_end(const char *what, size_t live) {
 }
 
 #if MEMPOOL_HAVE_JEMALLOC
-#include "../../tests/support/xorshift.h"
+#include "../core/xorshift.h"
 #include <jemalloc/jemalloc.h>
 #endif
 

@@ -121,16 +121,51 @@ typedef struct mp_pool_config {
                                memory passes it; here idle memory above it
                                goes back. With release_threshold: MP_EINVAL,
                                give one. 0: none (the default) */
+  size_t struct_size;       /* sizeof(mp_pool_config_t) of the header the caller
+                               was built against: mp_pool_config_init sets it;
+                               0 (a config made without it): MP_POOL_CONFIG_SIZE_V1.
+                               See "Growing" below */
 } mp_pool_config_t;
+
+/* Growing: mp_pool_config_t only ever gains fields at its end, after
+ * struct_size, so struct_size sits at the same place in every layout that
+ * has it. mp_pool_config_init is a macro that passes sizeof(mp_pool_config_t)
+ * (as the caller's header knows it) to mp_pool_config_init_sized, which
+ * writes exactly that many bytes and records the size in struct_size;
+ * mp_pool_config_parse and mp_pool_create then read and write only
+ * struct_size bytes, and a field a shorter struct lacks keeps its default
+ * (new fields default to 0). So a program built against an older header
+ * keeps working with a newer library. A struct_size this library does not
+ * know (smaller than MP_POOL_CONFIG_SIZE_V1, not on a field's end, or from a
+ * newer header than the library) is MP_EINVAL, names the sizes it knows in
+ * mp_last_error(), and changes nothing. The function mp_pool_config_init
+ * itself (through a pointer, or from another language) writes
+ * MP_POOL_CONFIG_SIZE_V1 bytes: the struct as it was when struct_size came. */
+#define MP_POOL_CONFIG_SIZE_V1                                                 \
+  (offsetof(mp_pool_config_t, struct_size) + sizeof(size_t))
 
 /* Defaults, then $MEMPOOL_CONF overrides ("max_bytes=8G,align=512,..."). A
  * bad $MEMPOOL_CONF leaves the defaults and is reported by mp_pool_create. */
 MP_API void mp_pool_config_init(mp_pool_config_t *cfg);
+/* mp_pool_config_init for a caller whose mp_pool_config_t is size bytes:
+ * MP_EINVAL (cfg NULL, or a size this library does not know) writes
+ * nothing. */
+MP_API mp_status_t mp_pool_config_init_sized(mp_pool_config_t *cfg,
+                                             size_t size);
+#define mp_pool_config_init(cfg)                                               \
+  ((void)mp_pool_config_init_sized((cfg), sizeof(mp_pool_config_t)))
 /* Applies a "key=value,key=value" string on top of cfg. Unknown keys and bad
  * values are MP_EINVAL, name the culprit in mp_last_error(), and leave cfg
  * unchanged. */
 MP_API mp_status_t mp_pool_config_parse(mp_pool_config_t *cfg,
                                         const char *options);
+/* The option keys, from the one table the parser reads: the i-th key's
+ * name, NULL past the last (aliases such as PyTorch's names included). */
+MP_API const char *mp_pool_config_key_name(size_t i);
+/* Writes every option key with what it takes and what it means: format
+ * "text" (NULL; as mpbench --help prints it) or "markdown" (a table, as the
+ * README shows it). A write that fails: MP_EIO. */
+MP_API mp_status_t mp_pool_config_help(FILE *out, const char *format);
 
 /* cfg NULL: defaults (mp_pool_config_init). */
 MP_API mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,

@@ -259,7 +259,9 @@ class Pool:
     def raw_stats(self):
         """The mp_stats_t itself."""
         s = Stats()
-        _check(_lib.lib().mp_pool_get_stats(self._live(), ctypes.byref(s)),
+        # The sized call: the library writes only as much as Stats holds.
+        _check(_lib.lib().mp_pool_get_stats_sized(self._live(), ctypes.byref(s),
+                                                  ctypes.sizeof(s)),
                "mp_pool_get_stats")
         return s
 
@@ -338,7 +340,8 @@ def default_pool_stats():
         raise MempoolError(-1, "MP_UNKNOWN", "no default pool", _s(L.mp_last_error()),
                            "mp_default_pool")
     s = Stats()
-    _check(L.mp_pool_get_stats(h, ctypes.byref(s)), "mp_pool_get_stats")
+    _check(L.mp_pool_get_stats_sized(h, ctypes.byref(s), ctypes.sizeof(s)),
+           "mp_pool_get_stats")
     return to_dict(s)
 
 

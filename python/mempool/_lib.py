@@ -77,7 +77,7 @@ _PROTOTYPES = {
     "mp_pool_trim": (_st, [_c, _sz]),
     "mp_pool_snapshot": (_st, [_c, ctypes.c_char_p]),
     "mp_pool_check": (_st, [_c]),
-    "mp_pool_get_stats": (_st, [_c, _c]),
+    "mp_pool_get_stats_sized": (_st, [_c, _c, _sz]),
     "mp_pool_reset_peaks": (_st, [_c]),
     "mp_pool_dump": (_st, [_c, _c, ctypes.c_char_p]),
     "mp_pool_pause": (_st, [_c, ctypes.c_uint]),

@@ -23,6 +23,7 @@ class Stats(ctypes.Structure):
         ("live_blocks", _U), ("free_blocks", _U),
         ("defrag_count", _U), ("moved_bytes", _U),
         ("alloc_retry_count", _U),
+        ("struct_size", _S),  # the bytes the library wrote (stats.h "Growing")
     ]
 
 

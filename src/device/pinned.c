@@ -153,7 +153,7 @@ const mp__backend_t mp__pinned_backend = {
 };
 
 mp_status_t mp__device_pinned_open(mp_device_t *under, mp_device_t **out) {
-  mp_device_t *dev = calloc(1, sizeof *dev);
+  mp_device_t *dev = mp__host_calloc(1, sizeof *dev);
   if (dev == NULL)
     return mp__fail(MP_ENOMEM, "out of host memory opening a pinned view");
   dev->ops = &mp__pinned_backend;

@@ -1,34 +1,33 @@
 /* config.c - pool configuration: defaults, $MEMPOOL_CONF, option strings and
  * validation.
  *
- * Keys (mp__conf_keys): max_bytes, align, segment_bytes, max_split,
- * release_threshold (sizes
- * with K/M/G/T), virtual, defrag_on_oom (booleans), history (events the
- * history ring keeps), history_stacks (boolean), max_fraction (of the
- * device's memory, in (0, 1]), and PyTorch's expandable_segments,
- * max_split_size_mb, per_process_memory_fraction (max_fraction) and
- * garbage_collection_threshold (release_fraction, in (0, 1)); "key=value"
- * or PyTorch's "key:value". A string is applied to a copy and the
- * copy is committed only when every pair parsed, so a rejected string leaves
- * the caller's config unchanged. A bad $MEMPOOL_CONF in mp_pool_config_init
- * leaves the defaults and sets a private flag that mp_pool_create reports. */
+ * Keys: the table mp__conf_keys below, each with what it takes and what it
+ * means; "key=value" or PyTorch's "key:value". A string is applied to a copy
+ * and the copy is committed only when every pair parsed, so a rejected string
+ * leaves the caller's config unchanged. A bad $MEMPOOL_CONF in
+ * mp_pool_config_init leaves the defaults and sets a private flag that
+ * mp_pool_create reports. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../structs.h"
 #include "pool_internal.h"
 
-/* Every key, in one table that the parser and its error message read.
- * PyTorch's PYTORCH_CUDA_ALLOC_CONF names are accepted where they mean the
- * same thing here (c10/cuda/CUDAAllocatorConfig: expandable_segments maps
- * growing segments in place, max_split_size_mb keeps bigger blocks whole). */
+/* Every key, in one table that the parser, its error messages (the known
+ * keys, each key's values and bounds) and the documentation
+ * (mp_pool_config_help: `mpbench --help`, the README's list, which
+ * test_pool_config_docs checks against it) read. PyTorch's
+ * PYTORCH_CUDA_ALLOC_CONF names are accepted where they mean the same thing
+ * here (c10/cuda/CUDAAllocatorConfig: expandable_segments maps growing
+ * segments in place, max_split_size_mb keeps bigger blocks whole). */
 typedef enum {
-  MP__KEY_SIZE,
-  MP__KEY_MIB,
-  MP__KEY_COUNT,
-  MP__KEY_FLAG,
+  MP__KEY_SIZE,          /* a size with K/M/G/T, up to max */
+  MP__KEY_MIB,           /* a count of MiB, up to max */
+  MP__KEY_COUNT,         /* a count, up to max */
+  MP__KEY_FLAG,          /* a boolean: the MP_POOL_* bit */
   MP__KEY_FRACTION,      /* a double in (0, 1] */
   MP__KEY_FRACTION_BELOW /* a double in (0, 1) */
 } mp__key_kind_t;
@@ -39,32 +38,97 @@ typedef struct mp__conf_key {
   size_t field; /* SIZE, MIB, COUNT: offsetof the size_t field; FRACTION:
                    of the double */
   unsigned bit; /* FLAG: the MP_POOL_* bit */
+  size_t max;   /* SIZE, MIB, COUNT: the largest value */
+  bool pow2;    /* SIZE: a power of two (or 0) */
+  const char *help;
 } mp__conf_key_t;
 
-#define MP__SIZE_KEY(f, kind)                                                  \
-  { #f, kind, offsetof(mp_pool_config_t, f), 0 }
+#define MP__SIZE_KEY(f, pow2, help)                                            \
+  { #f, MP__KEY_SIZE, offsetof(mp_pool_config_t, f), 0, SIZE_MAX, pow2, help }
+#define MP__FLAG_KEY(name, bit, help)                                          \
+  { name, MP__KEY_FLAG, 0, bit, 0, 0, help }
+#define MP__FIELD(f) offsetof(mp_pool_config_t, f)
 static const mp__conf_key_t mp__conf_keys[] = {
-    MP__SIZE_KEY(max_bytes, MP__KEY_SIZE),
-    MP__SIZE_KEY(align, MP__KEY_SIZE),
-    MP__SIZE_KEY(segment_bytes, MP__KEY_SIZE),
-    MP__SIZE_KEY(max_split, MP__KEY_SIZE),
-    MP__SIZE_KEY(release_threshold, MP__KEY_SIZE),
-    {"virtual", MP__KEY_FLAG, 0, MP_POOL_VIRTUAL},
-    {"defrag_on_oom", MP__KEY_FLAG, 0, MP_POOL_DEFRAG_ON_OOM},
-    {"history", MP__KEY_COUNT, offsetof(mp_pool_config_t, history), 0},
-    {"history_stacks", MP__KEY_FLAG, 0, MP_POOL_HISTORY_STACKS},
-    {"max_fraction", MP__KEY_FRACTION, offsetof(mp_pool_config_t, max_fraction),
-     0},
+    MP__SIZE_KEY(max_bytes, false,
+                 "cap on reserved device memory; 0: the device's capacity"),
+    MP__SIZE_KEY(align, true, "every block's address and size; 0: 512"),
+    MP__SIZE_KEY(segment_bytes, false,
+                 "smallest device allocation the pool makes; 0: 2 MiB"),
+    MP__SIZE_KEY(max_split, false,
+                 "a free block above this is never split for a smaller "
+                 "request; 0: no limit"),
+    MP__SIZE_KEY(release_threshold, false,
+                 "idle memory kept; above it free chunks go back to the "
+                 "device as frees happen; 0: keep all until trim"),
+    MP__FLAG_KEY("virtual", MP_POOL_VIRTUAL,
+                 "grow one reserved virtual range (default on)"),
+    MP__FLAG_KEY("defrag_on_oom", MP_POOL_DEFRAG_ON_OOM,
+                 "defragment movable blocks before MP_ENOMEM (default on)"),
+    {"history", MP__KEY_COUNT, MP__FIELD(history), 0, MP__HIST_MAX, false,
+     "events the history ring keeps; 0: no history"},
+    MP__FLAG_KEY("history_stacks", MP_POOL_HISTORY_STACKS,
+                 "record each allocation's stack (needs history)"),
+    {"max_fraction", MP__KEY_FRACTION, MP__FIELD(max_fraction), 0, 0, false,
+     "cap as a share of the device's memory (or max_bytes, not both)"},
     /* PyTorch's names */
-    {"expandable_segments", MP__KEY_FLAG, 0, MP_POOL_VIRTUAL},
-    {"max_split_size_mb", MP__KEY_MIB, offsetof(mp_pool_config_t, max_split),
-     0},
-    {"per_process_memory_fraction", MP__KEY_FRACTION,
-     offsetof(mp_pool_config_t, max_fraction), 0},
+    MP__FLAG_KEY("expandable_segments", MP_POOL_VIRTUAL,
+                 "PyTorch's name for virtual"),
+    {"max_split_size_mb", MP__KEY_MIB, MP__FIELD(max_split), 0,
+     SIZE_MAX / MP__MiB, false, "PyTorch's name for max_split, in MiB"},
+    {"per_process_memory_fraction", MP__KEY_FRACTION, MP__FIELD(max_fraction),
+     0, 0, false, "PyTorch's name for max_fraction"},
     {"garbage_collection_threshold", MP__KEY_FRACTION_BELOW,
-     offsetof(mp_pool_config_t, release_fraction), 0},
+     MP__FIELD(release_fraction), 0, 0, false,
+     "release_threshold as a share of the memory the pool may hold (PyTorch's "
+     "name)"},
 };
 #define MP__NKEYS (sizeof mp__conf_keys / sizeof *mp__conf_keys)
+
+/* What a key takes, as the help and the error messages say it. */
+static void mp__key_values(const mp__conf_key_t *k, char *buf, size_t n) {
+  switch (k->kind) {
+  case MP__KEY_SIZE:
+    snprintf(buf, n, "%s",
+             k->pow2 ? "a power of two (512, 4K, 2M)"
+                     : "a size (123, 64K, 8M, 2G, 1T)");
+    break;
+  case MP__KEY_MIB: /* its bound is only what fits in a size_t */
+    snprintf(buf, n, "a whole number of MiB");
+    break;
+  case MP__KEY_COUNT: snprintf(buf, n, "a count (0 to %zu)", k->max); break;
+  case MP__KEY_FLAG:
+    snprintf(buf, n, "a boolean (1/0, true/false, yes/no, on/off)");
+    break;
+  case MP__KEY_FRACTION: snprintf(buf, n, "a fraction in (0, 1]"); break;
+  case MP__KEY_FRACTION_BELOW: snprintf(buf, n, "a fraction in (0, 1)"); break;
+  }
+}
+
+const char *mp_pool_config_key_name(size_t i) {
+  return i < MP__NKEYS ? mp__conf_keys[i].name : NULL;
+}
+
+mp_status_t mp_pool_config_help(FILE *out, const char *format) {
+  bool md = format != NULL && strcmp(format, "markdown") == 0;
+  if (out == NULL || !(md || format == NULL || strcmp(format, "text") == 0))
+    return mp__fail(MP_EINVAL, "mp_pool_config_help: %s",
+                    out == NULL ? "out is NULL"
+                                : "format is not \"text\" or \"markdown\"");
+  int bad =
+      md ? fputs("| key | value | meaning |\n|---|---|---|\n", out) < 0 : 0;
+  for (size_t i = 0; i < MP__NKEYS; i++) {
+    char values[96];
+    mp__key_values(&mp__conf_keys[i], values, sizeof values);
+    int r = md ? fprintf(out, "| `%s` | %s | %s |\n", mp__conf_keys[i].name,
+                         values, mp__conf_keys[i].help)
+               : fprintf(out, "  %-29s %s\n  %-29s %s\n", mp__conf_keys[i].name,
+                         mp__conf_keys[i].help, "", values);
+    bad |= r < 0;
+  }
+  if (bad || ferror(out))
+    return mp__fail(MP_EIO, "mp_pool_config_help: write failed");
+  return MP_OK;
+}
 
 typedef struct {
   mp_pool_config_t *cfg;
@@ -85,8 +149,18 @@ static mp_status_t mp__unknown_key(const char *what, const char *k, size_t kl) {
   for (size_t i = 0; i < MP__NKEYS && n < sizeof known; i++)
     n += (size_t)snprintf(known + n, sizeof known - n, "%s%s", i ? ", " : "",
                           mp__conf_keys[i].name);
-  return mp__fail(MP_EINVAL, "bad %s: unknown key '%.*s' (expected %s)", what,
-                  (int)kl, k, known);
+  return mp__fail(MP_EINVAL, "bad %s: unknown key '%.*s' (expected one of %s)",
+                  what, (int)kl, k, known);
+}
+
+/* "bad <what>: key='value' is not <what the table says it takes>". */
+static mp_status_t mp__bad_value(const mp__conf_ctx_t *ctx,
+                                 const mp__conf_key_t *key, const char *v,
+                                 size_t vl) {
+  char values[96];
+  mp__key_values(key, values, sizeof values);
+  return mp__fail(MP_EINVAL, "bad %s: %s='%.*s' is not %s", ctx->what,
+                  key->name, (int)vl, v, values);
 }
 
 static mp_status_t mp__conf_pair(void *vctx, const char *k, size_t kl,
@@ -108,8 +182,7 @@ static mp_status_t mp__conf_pair(void *vctx, const char *k, size_t kl,
   if (key->kind == MP__KEY_FLAG) {
     bool on;
     if (!mp__parse_bool(v, vl, &on))
-      return mp__fail(MP_EINVAL, "bad %s: %s='%.*s' is not a boolean",
-                      ctx->what, key->name, (int)vl, v);
+      return mp__bad_value(ctx, key, v, vl);
     c->flags = on ? (c->flags | key->bit) : (c->flags & ~key->bit);
     return MP_OK;
   }
@@ -124,33 +197,21 @@ static mp_status_t mp__conf_pair(void *vctx, const char *k, size_t kl,
       f = strtod(buf, &end);
     }
     if (end == NULL || *end != '\0' || !(f > 0 && (below ? f < 1 : f <= 1)))
-      return mp__fail(MP_EINVAL,
-                      "bad %s: %s='%.*s' is not a fraction in (0, 1%c",
-                      ctx->what, key->name, (int)vl, v, below ? ')' : ']');
+      return mp__bad_value(ctx, key, v, vl);
     memcpy((char *)c + key->field, &f, sizeof f);
     return MP_OK;
   }
   size_t val;
-  uint64_t mib;
-  if (key->kind == MP__KEY_COUNT) {
-    if (!mp__parse_u64(v, vl, &mib) || mib > MP__HIST_MAX)
-      return mp__fail(MP_EINVAL,
-                      "bad %s: %s='%.*s' is not a count of events (0 to %zu)",
-                      ctx->what, key->name, (int)vl, v, MP__HIST_MAX);
-    val = (size_t)mib;
-  } else if (key->kind == MP__KEY_MIB) {
-    if (!mp__parse_u64(v, vl, &mib) || mib > SIZE_MAX / MP__MiB)
-      return mp__fail(MP_EINVAL, "bad %s: %s='%.*s' is not a count of MiB",
-                      ctx->what, key->name, (int)vl, v);
-    val = (size_t)mib * MP__MiB;
-  } else if (!mp__parse_size(v, vl, &val)) {
-    return mp__fail(MP_EINVAL, "bad %s: %s='%.*s' is not a size", ctx->what,
-                    key->name, (int)vl, v);
+  uint64_t n;
+  if (key->kind == MP__KEY_SIZE) {
+    if (!mp__parse_size(v, vl, &val) || val > key->max ||
+        (key->pow2 && (val & (val - 1)) != 0))
+      return mp__bad_value(ctx, key, v, vl);
+  } else {
+    if (!mp__parse_u64(v, vl, &n) || n > key->max)
+      return mp__bad_value(ctx, key, v, vl);
+    val = key->kind == MP__KEY_MIB ? (size_t)n * MP__MiB : (size_t)n;
   }
-  if (key->field == offsetof(mp_pool_config_t, align) && val != 0 &&
-      (val & (val - 1)) != 0)
-    return mp__fail(MP_EINVAL, "bad %s: align='%.*s' is not a power of two",
-                    ctx->what, (int)vl, v);
   memcpy((char *)c + key->field, &val, sizeof val);
   return MP_OK;
 }
@@ -165,27 +226,48 @@ static mp_status_t mp__conf_apply(mp_pool_config_t *cfg, const char *what,
   return st;
 }
 
-void mp_pool_config_init(mp_pool_config_t *cfg) {
+mp_status_t mp_pool_config_init_sized(mp_pool_config_t *cfg, size_t size) {
   if (cfg == NULL)
-    return;
-  memset(cfg, 0, sizeof *cfg);
-  cfg->align = MP__DEFAULT_ALIGN;
-  cfg->segment_bytes = MP__DEFAULT_SEGMENT;
-  cfg->flags = MP_POOL_VIRTUAL | MP_POOL_DEFRAG_ON_OOM;
+    return mp__fail(MP_EINVAL, "mp_pool_config_init: cfg is NULL");
+  mp_status_t st = mp__config_size_check("mp_pool_config_init", size);
+  if (st != MP_OK)
+    return st;
+  mp_pool_config_t c;
+  memset(&c, 0, sizeof c);
+  c.struct_size = size ? size : MP_POOL_CONFIG_SIZE_V1;
+  c.align = MP__DEFAULT_ALIGN;
+  c.segment_bytes = MP__DEFAULT_SEGMENT;
+  c.flags = MP_POOL_VIRTUAL | MP_POOL_DEFRAG_ON_OOM;
   const char *env = getenv("MEMPOOL_CONF");
   if (env != NULL && env[0] != '\0' &&
-      mp__conf_apply(cfg, "MEMPOOL_CONF", env) != MP_OK)
-    cfg->flags |= MP__POOL_CONF_BAD;
+      mp__conf_apply(&c, "MEMPOOL_CONF", env) != MP_OK)
+    c.flags |= MP__POOL_CONF_BAD;
+  mp__config_out(&c, cfg);
+  return MP_OK;
+}
+
+/* The symbol itself, for callers that do not see the header's macro. */
+void(mp_pool_config_init)(mp_pool_config_t *cfg) {
+  if (cfg != NULL)
+    (void)mp_pool_config_init_sized(cfg, MP_POOL_CONFIG_SIZE_V1);
 }
 
 mp_status_t mp_pool_config_parse(mp_pool_config_t *cfg, const char *options) {
   if (cfg == NULL || options == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_config_parse: %s is NULL",
                     cfg == NULL ? "cfg" : "options");
-  return mp__conf_apply(cfg, "pool options", options);
+  mp_pool_config_t full;
+  mp_status_t st = mp__config_in("mp_pool_config_parse", cfg, &full);
+  if (st == MP_OK &&
+      (st = mp__conf_apply(&full, "pool options", options)) == MP_OK)
+    mp__config_out(&full, cfg);
+  return st;
 }
 
 mp_status_t mp__config_validate(const mp_pool_config_t *cfg) {
+  mp_status_t st = mp__config_size_check("pool config", cfg->struct_size);
+  if (st != MP_OK)
+    return st;
   if (cfg->flags & MP__POOL_CONF_BAD) {
     /* Parse again only to name the culprit in the message. */
     mp_pool_config_t scratch = *cfg;

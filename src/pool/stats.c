@@ -4,6 +4,7 @@
  * changes it (pool.c, segment.c, block.c); largest_free_bytes is read from
  * the free index at the time of the call (the top class's largest block), so
  * no operation pays for it. Invariant: free_bytes = reserved - allocated. */
+#include "../structs.h"
 #include "pool_internal.h"
 
 void mp__stats_peaks(mp_pool_t *pool) {
@@ -21,16 +22,22 @@ size_t mp__stats_largest_free(const mp_pool_t *pool) {
   return b ? b->size : 0;
 }
 
-mp_status_t mp_pool_get_stats(mp_pool_t *pool, mp_stats_t *out) {
+mp_status_t mp_pool_get_stats_sized(mp_pool_t *pool, mp_stats_t *out,
+                                    size_t size) {
   if (pool == NULL || out == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_get_stats: %s is NULL",
                     pool == NULL ? "pool" : "out");
   pthread_mutex_lock(&pool->lock);
-  *out = pool->st;
+  mp_stats_t s = pool->st;
   /* A paused pool has no memory to serve from. */
-  out->largest_free_bytes = pool->paused ? 0 : mp__stats_largest_free(pool);
+  s.largest_free_bytes = pool->paused ? 0 : mp__stats_largest_free(pool);
   pthread_mutex_unlock(&pool->lock);
-  return MP_OK;
+  return mp__stats_put("mp_pool_get_stats", &s, out, size);
+}
+
+/* The symbol itself, for callers that do not see the header's macro. */
+mp_status_t(mp_pool_get_stats)(mp_pool_t *pool, mp_stats_t *out) {
+  return mp_pool_get_stats_sized(pool, out, MP_STATS_SIZE_V1);
 }
 
 mp_status_t mp_pool_reset_peaks(mp_pool_t *pool) {

@@ -3,7 +3,7 @@
  *   fuzz_pool_replay [inputs=300] [first seed=1]   (fuzz_snapshot_replay too)
  * (ctest runs 150: every operation is followed by a full mp_pool_check, so
  * that is already ~150 000 checked operations.) */
-#include "../support/xorshift.h"
+#include "../../bench/core/xorshift.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

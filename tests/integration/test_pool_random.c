@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../support/xorshift.h"
+#include "../../bench/core/xorshift.h"
 #include <mempool/mempool.h>
 
 typedef struct live {

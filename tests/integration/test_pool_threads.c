@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../support/xorshift.h"
+#include "../../bench/core/xorshift.h"
 #include <mempool/mempool.h>
 
 enum { THREADS = 4, OPS = 20000, LIVE = 64 };

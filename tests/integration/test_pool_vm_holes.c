@@ -10,7 +10,7 @@
 #include <mempool/mempool.h>
 
 #include "../support/pool_helpers.h"
-#include "../support/xorshift.h"
+#include "../../bench/core/xorshift.h"
 
 #define MiB ((size_t)1 << 20)
 
