@@ -1,0 +1,228 @@
+/* pool_threads - how free + alloc pairs scale with threads: T threads on one
+ * shared pool, T threads each with a pool of its own, and a shared jemalloc
+ * arena without thread caches, for T = 1, 2, 4, 8, side by side in one run.
+ *
+ * Each thread keeps its own live set (100 blocks by default) and runs its
+ * own plan: sizes log-uniform in [512 B, 16 MiB], victims uniform, drawn
+ * before timing. The threads start together at a barrier; the time is from
+ * the barrier to the last thread's end. Printed per row: pairs per second
+ * (all threads together), the speed-up over the same mode with one thread,
+ * and for the pool rows peak reserved / peak live (sharing a pool must not
+ * raise fragmentation). The device is the host backend with a large
+ * capacity, whose pages are never touched.
+ *
+ *   bench_pool_threads [pairs per thread=300000] [live per thread=100]
+ *                      [max threads=8]
+ *
+ * A speed-up is only meaningful up to the machine's core count; past it the
+ * rows show what oversubscription costs (a lock held by a descheduled
+ * thread). */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <mempool/mempool.h>
+
+#include "../core/xorshift.h"
+
+#if MEMPOOL_HAVE_JEMALLOC
+#include <jemalloc/jemalloc.h>
+#endif
+
+enum mode { SHARED, PER_THREAD, JEMALLOC, MODES };
+static const char *const mode_name[MODES] = {"pool shared", "pool per thread",
+                                             "jemalloc arena"};
+
+typedef struct worker {
+  pthread_t tid;
+  mp_pool_t *pool; /* SHARED, PER_THREAD */
+  unsigned arena;  /* JEMALLOC */
+  size_t pairs, live;
+  size_t *sizes, *init;
+  uint32_t *victim;
+  void **slots;
+  pthread_barrier_t *start;
+  int failed;
+} worker_t;
+
+static size_t log_uniform(uint64_t *rng) {
+  double lo = log(512.0), hi = log(16.0 * 1024 * 1024);
+  double u = (double)(xorshift64(rng) >> 11) / (double)(1ull << 53);
+  return (size_t)exp(lo + u * (hi - lo));
+}
+
+static double now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static void *run_pool(void *arg) {
+  worker_t *w = arg;
+  for (size_t i = 0; i < w->live; i++)
+    if (mp_pool_alloc(w->pool, w->init[i], NULL, &w->slots[i]) != MP_OK)
+      w->failed = 1;
+  pthread_barrier_wait(w->start);
+  for (size_t i = 0; i < w->pairs && !w->failed; i++) {
+    uint32_t v = w->victim[i];
+    mp_pool_free(w->pool, w->slots[v]);
+    if (mp_pool_alloc(w->pool, w->sizes[i], NULL, &w->slots[v]) != MP_OK)
+      w->failed = 1;
+  }
+  pthread_barrier_wait(w->start);
+  for (size_t i = 0; i < w->live; i++)
+    mp_pool_free(w->pool, w->slots[i]);
+  return NULL;
+}
+
+#if MEMPOOL_HAVE_JEMALLOC
+static void *run_jemalloc(void *arg) {
+  worker_t *w = arg;
+  int flags = (int)MALLOCX_ARENA(w->arena) | MALLOCX_TCACHE_NONE;
+  for (size_t i = 0; i < w->live; i++)
+    if ((w->slots[i] = mallocx(w->init[i], flags)) == NULL)
+      w->failed = 1;
+  pthread_barrier_wait(w->start);
+  for (size_t i = 0; i < w->pairs && !w->failed; i++) {
+    uint32_t v = w->victim[i];
+    dallocx(w->slots[v], flags);
+    if ((w->slots[v] = mallocx(w->sizes[i], flags)) == NULL)
+      w->failed = 1;
+  }
+  pthread_barrier_wait(w->start);
+  for (size_t i = 0; i < w->live; i++)
+    if (w->slots[i] != NULL)
+      dallocx(w->slots[i], flags);
+  return NULL;
+}
+#endif
+
+/* Runs mode with n threads; pairs per second, or 0 on failure. ratio: the
+ * pools' peak reserved / peak live (summed over pools), 0 for jemalloc. */
+static double run(mp_device_t *dev, enum mode m, worker_t *w, unsigned n,
+                  double *ratio) {
+  pthread_barrier_t start;
+  pthread_barrier_init(&start, NULL, n + 1);
+  mp_pool_t *pools[64] = {0};
+  unsigned npools = m == SHARED ? 1 : m == PER_THREAD ? n : 0;
+  for (unsigned i = 0; i < npools; i++)
+    if (mp_pool_create(dev, NULL, &pools[i]) != MP_OK) {
+      fprintf(stderr, "pool: %s\n", mp_last_error());
+      return 0;
+    }
+#if MEMPOOL_HAVE_JEMALLOC
+  unsigned arena = 0;
+  size_t sz = sizeof arena;
+  if (m == JEMALLOC && mallctl("arenas.create", &arena, &sz, NULL, 0) != 0)
+    return 0;
+#endif
+  for (unsigned t = 0; t < n; t++) {
+    w[t].pool = pools[m == SHARED ? 0 : t];
+    w[t].start = &start;
+    w[t].failed = 0;
+    void *(*fn)(void *) = run_pool;
+#if MEMPOOL_HAVE_JEMALLOC
+    w[t].arena = arena;
+    if (m == JEMALLOC)
+      fn = run_jemalloc;
+#endif
+    pthread_create(&w[t].tid, NULL, fn, &w[t]);
+  }
+  pthread_barrier_wait(&start);
+  double t0 = now_ns();
+  pthread_barrier_wait(&start);
+  double t1 = now_ns();
+  int failed = 0;
+  for (unsigned t = 0; t < n; t++) {
+    pthread_join(w[t].tid, NULL);
+    failed |= w[t].failed;
+  }
+  pthread_barrier_destroy(&start);
+  double reserved = 0, live = 0;
+  for (unsigned i = 0; i < npools; i++) {
+    mp_stats_t s;
+    mp_pool_get_stats(pools[i], &s);
+    reserved += (double)s.peak_reserved_bytes;
+    live += (double)s.peak_requested_bytes;
+    mp_pool_destroy(pools[i]);
+  }
+  *ratio = live > 0 ? reserved / live : 0;
+  if (failed) {
+    fprintf(stderr, "%s: an allocation failed: %s\n", mode_name[m],
+            mp_last_error());
+    return 0;
+  }
+  return (double)w[0].pairs * n / ((t1 - t0) * 1e-9);
+}
+
+int main(int argc, char **argv) {
+  size_t pairs = argc > 1 ? (size_t)strtoull(argv[1], NULL, 10) : 300000;
+  size_t live = argc > 2 ? (size_t)strtoull(argv[2], NULL, 10) : 100;
+  unsigned maxt = argc > 3 ? (unsigned)strtoul(argv[3], NULL, 10) : 8;
+  if (pairs == 0 || live == 0 || live > UINT32_MAX || maxt == 0 || maxt > 64) {
+    fprintf(stderr, "usage: bench_pool_threads [pairs per thread] [live per "
+                    "thread] [max threads, 1 to 64]\n");
+    return 2;
+  }
+  mp_device_t *dev;
+  if (mp_device_open("host:capacity=64T", &dev) != MP_OK) {
+    fprintf(stderr, "device: %s\n", mp_last_error());
+    return 1;
+  }
+  worker_t *w = calloc(maxt, sizeof *w);
+  uint64_t rng = 0x9E3779B97F4A7C15ull;
+  for (unsigned t = 0; t < maxt; t++) {
+    w[t].pairs = pairs;
+    w[t].live = live;
+    w[t].sizes = malloc(pairs * sizeof(size_t));
+    w[t].victim = malloc(pairs * sizeof(uint32_t));
+    w[t].init = malloc(live * sizeof(size_t));
+    w[t].slots = calloc(live, sizeof(void *));
+    for (size_t i = 0; i < live; i++)
+      w[t].init[i] = log_uniform(&rng);
+    for (size_t i = 0; i < pairs; i++) {
+      w[t].sizes[i] = log_uniform(&rng);
+      w[t].victim[i] = (uint32_t)(xorshift64(&rng) % live);
+    }
+  }
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  printf("%zu pairs per thread, %zu live per thread, %ld cores\n", pairs, live,
+         cores);
+  printf("%-16s %7s %14s %9s %16s\n", "mode", "threads", "pairs/s", "speed-up",
+         "reserved/live");
+  int rc = 0;
+  for (int m = 0; m < MODES; m++) {
+#if !MEMPOOL_HAVE_JEMALLOC
+    if (m == JEMALLOC)
+      continue;
+#endif
+    double one = 0;
+    for (unsigned n = 1; n <= maxt; n *= 2) {
+      double ratio = 0, rate = run(dev, (enum mode)m, w, n, &ratio);
+      if (rate == 0) {
+        rc = 1;
+        break;
+      }
+      if (n == 1)
+        one = rate;
+      printf("%-16s %7u %14.0f %8.2fx", mode_name[m], n, rate, rate / one);
+      if (m != JEMALLOC)
+        printf(" %16.3f", ratio);
+      printf("\n");
+    }
+  }
+  for (unsigned t = 0; t < maxt; t++) {
+    free(w[t].sizes);
+    free(w[t].victim);
+    free(w[t].init);
+    free(w[t].slots);
+  }
+  free(w);
+  mp_device_close(dev);
+  return rc;
+}
