@@ -438,7 +438,7 @@ mp_status_t mp_pool_freeze(mp_pool_t *pool) {
   return st != MP_OK ? st : sy != MP_OK ? sy : de;
 }
 
-size_t mp__pool_defrag_on_oom(mp_pool_t *pool, size_t need, mp_stream_t s) {
+size_t mp__defrag_on_oom(mp_pool_t *pool, size_t need, mp_stream_t s) {
   size_t moved = 0;
   (void)mp__defragment(pool, s, need, false, &moved);
   return moved;

@@ -160,7 +160,7 @@ mp_status_t mp_pool_ipc_export(mp_pool_t *pool, void *ptr,
                     pool == NULL  ? "pool"
                     : ptr == NULL ? "ptr"
                                   : "out");
-  pthread_mutex_lock(&pool->lock);
+  mp__pool_lock(pool);
   mp__block_t *b = NULL;
   size_t slot;
   uintptr_t base = 0;
@@ -198,12 +198,12 @@ mp_status_t mp_pool_ipc_export(mp_pool_t *pool, void *ptr,
       close(lease[0]);
       close(lease[1]);
     }
-    pthread_mutex_unlock(&pool->lock);
+    mp__pool_unlock(pool);
     return st;
   }
   pool->exports[pool->nexports++] = (struct mp__export){b, lease[0]};
   b->flags |= MP__B_EXPORTED;
-  pthread_mutex_unlock(&pool->lock);
+  mp__pool_unlock(pool);
   h.lease_fd = lease[1];
   h.mem_bytes = bytes;
   h.offset = b->addr - base;
@@ -216,10 +216,10 @@ mp_status_t mp_pool_ipc_export(mp_pool_t *pool, void *ptr,
 mp_status_t mp_pool_ipc_poll(mp_pool_t *pool, size_t *held) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_ipc_poll: pool is NULL");
-  pthread_mutex_lock(&pool->lock);
+  mp__pool_lock(pool);
   mp__export_reap(pool);
   if (held != NULL)
     *held = pool->nheld;
-  pthread_mutex_unlock(&pool->lock);
+  mp__pool_unlock(pool);
   return MP_OK;
 }

@@ -53,39 +53,6 @@ static size_t mp__round_up(size_t v, size_t to) {
   return (v + to - 1) / to * to;
 }
 
-void mp__pool_wait_idle(mp_pool_t *pool) {
-  while (pool->inflight)
-    pthread_cond_wait(&pool->idle_cv, &pool->lock);
-}
-
-void mp__pool_wait_sync(mp_pool_t *pool) {
-  while (pool->inflight || pool->syncing)
-    pthread_cond_wait(&pool->idle_cv, &pool->lock);
-}
-
-void mp__pool_sync_begin(mp_pool_t *pool) {
-  mp__pool_wait_sync(pool);
-  pool->syncing = true;
-  pthread_mutex_unlock(&pool->lock);
-}
-
-void mp__pool_sync_end(mp_pool_t *pool) {
-  pthread_mutex_lock(&pool->lock);
-  pool->syncing = false;
-  pthread_cond_broadcast(&pool->idle_cv);
-}
-
-static void mp__begin_device(mp_pool_t *pool) {
-  pool->inflight = true;
-  pthread_mutex_unlock(&pool->lock);
-}
-
-static void mp__end_device(mp_pool_t *pool) {
-  pthread_mutex_lock(&pool->lock);
-  pool->inflight = false;
-  pthread_cond_broadcast(&pool->idle_cv);
-}
-
 mp__segment_t *mp__segment_containing(const mp_pool_t *pool, uintptr_t p) {
   for (mp__segment_t *s = pool->segs; s != NULL; s = s->next)
     if (p >= s->base && p < s->base + s->span)
@@ -124,8 +91,9 @@ static void mp__reserved_sub(mp_pool_t *pool, size_t bytes) {
 /* Grows the free tail of seg (or adds a free block) by bytes at its top. A
  * free tail that stream sidx may not use yet is left apart, or the new
  * memory would inherit its wait (UINT32_MAX: merge regardless). */
-static void mp__tail_extend(mp_pool_t *pool, mp__segment_t *seg, uintptr_t addr,
-                            size_t bytes, mp__block_t *rec, uint32_t sidx) {
+static mp__block_t *mp__tail_extend(mp_pool_t *pool, mp__segment_t *seg,
+                                    uintptr_t addr, size_t bytes,
+                                    mp__block_t *rec, uint32_t sidx) {
   mp__block_t *t = seg->last;
   bool adjacent =
       t != NULL && (t->flags & MP__B_FREE) && t->addr + t->size == addr;
@@ -138,15 +106,14 @@ static void mp__tail_extend(mp_pool_t *pool, mp__segment_t *seg, uintptr_t addr,
     t->size += bytes;
     mp__index_insert(pool, t);
     mp__rec_free(pool, rec);
-    pool->fresh = t;
-    return;
+    return t;
   }
   rec->addr = addr;
   rec->size = bytes;
   mp__block_link(seg, seg->last, rec);
   mp__index_insert(pool, rec);
   pool->st.free_blocks++;
-  pool->fresh = rec;
+  return rec;
 }
 
 static mp_status_t mp__limit(mp_pool_t *pool) {
@@ -167,9 +134,9 @@ static bool mp__vseg_ready(mp_pool_t *pool) {
   if (s == NULL)
     return false;
   void *base = NULL;
-  mp__begin_device(pool);
+  mp__pool_device_begin(pool);
   mp_status_t st = mp__device_vm_reserve(pool->dev, va, &base);
-  mp__end_device(pool);
+  mp__pool_device_end(pool);
   if (st != MP_OK) {
     free(s);
     pool->vm_failed = true;
@@ -295,9 +262,10 @@ static mp__block_t *mp__join(mp_pool_t *pool, mp__block_t *r, bool jp,
 /* Bookkeeping after [at, at + n) was mapped: inside hole h, or (h NULL) at
  * or above the top, a gap below it becoming a hole (spare's record). The
  * new memory is a free block, merged with the neighbours jp/jn allow. */
-static void mp__mapped(mp_pool_t *pool, mp__segment_t *v, mp__block_t *h,
-                       uintptr_t at, size_t n, mp__block_t *r,
-                       mp__block_t *spare, bool jp, bool jn) {
+static mp__block_t *mp__mapped(mp_pool_t *pool, mp__segment_t *v,
+                               mp__block_t *h, uintptr_t at, size_t n,
+                               mp__block_t *r, mp__block_t *spare, bool jp,
+                               bool jn) {
   size_t i = mp__chunk_at(v, at);
   memmove(&v->chunks[i + 1], &v->chunks[i],
           (v->nchunks - i) * sizeof *v->chunks);
@@ -350,7 +318,7 @@ static void mp__mapped(mp_pool_t *pool, mp__segment_t *v, mp__block_t *h,
   pool->st.free_blocks++;
   r = mp__join(pool, r, jp, jn);
   mp__index_insert(pool, r);
-  pool->fresh = r;
+  return r;
 }
 
 /* Bookkeeping before chunk i, lying wholly inside free block f (out of the
@@ -439,9 +407,9 @@ static bool mp__unmap_chunk(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
   mp__chunk_t c = v->chunks[i];
   mp__index_remove(pool, f);
   mp__unmapping(pool, v, f, i, r1, r2);
-  mp__begin_device(pool);
+  mp__pool_device_begin(pool);
   mp_status_t st = mp__device_vm_unmap(pool->dev, (void *)c.addr, c.size);
-  mp__end_device(pool);
+  mp__pool_device_end(pool);
   if (st == MP_OK) {
     pool->st.device_free_count++;
     MP__HIST(pool, MP__H_SEGMENT_UNMAP, c.addr, c.size, 0);
@@ -455,7 +423,7 @@ static bool mp__unmap_chunk(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
         c.addr < v->holes[k]->addr + v->holes[k]->size)
       h = v->holes[k];
   if (r != NULL && spare != NULL && mp__vseg_room(v)) {
-    mp__mapped(pool, v, h, c.addr, c.size, r, spare, true, true);
+    (void)mp__mapped(pool, v, h, c.addr, c.size, r, spare, true, true);
     pool->st.device_alloc_count--; /* no call was made */
     return false;
   }
@@ -578,18 +546,6 @@ static size_t mp__usable(mp_pool_t *pool, mp__block_t *b, uint32_t sidx) {
              : 0;
 }
 
-/* Whether a merged block of m bytes suits a request of size under the
- * split limit lim: splittable (m <= lim), or for a request above lim taken
- * whole (within max(1/8, 2 MiB)). */
-static bool mp__merge_ok(size_t lim, size_t m, size_t size) {
-  if (lim == 0)
-    return true;
-  if (size <= lim)
-    return m <= lim;
-  size_t slack = size / 8 > MP__LARGE_ROUND ? size / 8 : MP__LARGE_ROUND;
-  return m - size < slack;
-}
-
 /* Bytes to map so that `have` free bytes next to them hold size. */
 static size_t mp__lack(const mp_pool_t *pool, size_t size, size_t have) {
   size_t n = mp__round_up(size > have ? size - have : 0, pool->granule);
@@ -674,8 +630,8 @@ static bool mp__place(mp_pool_t *pool, mp__segment_t *v, size_t size,
   return true;
 }
 
-static mp_status_t mp__grow_virtual(mp_pool_t *pool, size_t size,
-                                    uint32_t sidx) {
+static mp_status_t mp__grow_virtual(mp_pool_t *pool, size_t size, uint32_t sidx,
+                                    mp__block_t **fresh) {
   mp__segment_t *v = pool->vseg;
   mp__place_t p = {0};
   for (int round = 0;; round++) {
@@ -712,28 +668,29 @@ static mp_status_t mp__grow_virtual(mp_pool_t *pool, size_t size,
       mp__rec_free(pool, spare);
     return mp__fail(MP_ENOMEM, "out of host memory for block records");
   }
-  mp__begin_device(pool);
+  mp__pool_device_begin(pool);
   mp_status_t st = mp__pool_vm_map(pool, (void *)p.at, grow);
-  mp__end_device(pool);
+  mp__pool_device_end(pool);
   if (st != MP_OK) {
     mp__rec_free(pool, rec);
     mp__rec_free(pool, spare);
     return st;
   }
-  mp__mapped(pool, v, p.hole, p.at, grow, rec, spare, p.jp, p.jn);
+  *fresh = mp__mapped(pool, v, p.hole, p.at, grow, rec, spare, p.jp, p.jn);
   return MP_OK;
 }
 
-/* A new plain segment's memory: from the device, or for a graph pool a
- * range borrowed from its parent (graph.c). */
+/* A new plain segment's memory: from the device, or from the pool's
+ * upstream (a graph pool borrows a range of its parent; graph.c sets it). */
 static mp_status_t mp__plain_source(mp_pool_t *pool, size_t bytes,
                                     mp_stream_t s, void **p) {
-  if (pool->graph)
-    return mp__graph_borrow(pool, bytes, s, p);
+  if (pool->upstream != NULL)
+    return pool->upstream(pool, bytes, s, p);
   return mp_device_alloc(pool->dev, bytes, p);
 }
 
-static mp_status_t mp__grow_plain(mp_pool_t *pool, size_t size, uint32_t sidx) {
+static mp_status_t mp__grow_plain(mp_pool_t *pool, size_t size, uint32_t sidx,
+                                  mp__block_t **fresh) {
   size_t bytes = size <= pool->cfg.segment_bytes / 2
                      ? pool->cfg.segment_bytes
                      : mp__round_up(size, MP__LARGE_ROUND);
@@ -756,15 +713,15 @@ static mp_status_t mp__grow_plain(mp_pool_t *pool, size_t size, uint32_t sidx) {
   }
   void *p = NULL;
   mp_stream_t strm = pool->streams[sidx].s;
-  mp__begin_device(pool);
+  mp__pool_device_begin(pool);
   mp_status_t st = mp__plain_source(pool, bytes, strm, &p);
-  mp__end_device(pool);
+  mp__pool_device_end(pool);
   if (st == MP_OK && (uintptr_t)p % pool->cfg.align != 0) {
     /* A virtual pool's align may exceed what plain memory promises; it
      * gets no plain segment that would break it. */
-    mp__begin_device(pool);
+    mp__pool_device_begin(pool);
     mp_device_free(pool->dev, p);
-    mp__end_device(pool);
+    mp__pool_device_end(pool);
     st = mp__fail(MP_ENOTSUP,
                   "the device returned memory at %p, not aligned to the "
                   "pool's align %zu",
@@ -783,12 +740,14 @@ static mp_status_t mp__grow_plain(mp_pool_t *pool, size_t size, uint32_t sidx) {
   pool->st.segment_count++;
   mp__reserved_add(pool, bytes);
   MP__HIST(pool, MP__H_SEGMENT_ALLOC, s->base, bytes, 0);
-  mp__tail_extend(pool, s, s->base, bytes, rec, UINT32_MAX);
+  *fresh = mp__tail_extend(pool, s, s->base, bytes, rec, UINT32_MAX);
   return MP_OK;
 }
 
-mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx) {
-  pool->fresh = NULL;
+mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
+                             mp__block_t **fresh) {
+  MP__ASSERT_LOCKED(pool);
+  *fresh = NULL;
   if (pool->parent != NULL && !pool->graph)
     return MP_ELIMIT; /* a child pool never grows */
   /* Growth rounds up to the granule or to MP__LARGE_ROUND: a size that
@@ -804,11 +763,11 @@ mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx) {
     return MP_OK;
   }
   if ((pool->cfg.flags & MP_POOL_VIRTUAL) && mp__vseg_ready(pool)) {
-    mp_status_t st = mp__grow_virtual(pool, size, sidx);
+    mp_status_t st = mp__grow_virtual(pool, size, sidx, fresh);
     if (st != MP_ENOTSUP)
       return st;
   }
-  return mp__grow_plain(pool, size, sidx);
+  return mp__grow_plain(pool, size, sidx, fresh);
 }
 
 static bool mp__trim_plain_one(mp_pool_t *pool) {
@@ -819,9 +778,9 @@ static bool mp__trim_plain_one(mp_pool_t *pool) {
     mp__block_t *b = s->first;
     mp__index_remove(pool, b);
     mp__seg_unlink(pool, s);
-    mp__begin_device(pool);
+    mp__pool_device_begin(pool);
     mp_status_t st = mp_device_free(pool->dev, (void *)s->base);
-    mp__end_device(pool);
+    mp__pool_device_end(pool);
     if (st != MP_OK) {
       /* Keep it: the pool still owns the memory. */
       mp__seg_push(pool, s);

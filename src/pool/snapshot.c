@@ -399,9 +399,9 @@ static mp_status_t mp__snapshot_write(mp_pool_t *const *pools,
   mp_status_t st = MP_OK;
   size_t got = 0;
   for (; st == MP_OK && got < n; got++) {
-    pthread_mutex_lock(&pools[got]->lock);
+    mp__pool_lock(pools[got]);
     st = mp__snap_take(pools[got], &snaps[got]);
-    pthread_mutex_unlock(&pools[got]->lock);
+    mp__pool_unlock(pools[got]);
     if (st != MP_OK)
       break;
     snaps[got].device = devices[got];

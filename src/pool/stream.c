@@ -273,11 +273,11 @@ static void mp__stream_retire(mp_pool_t *pool, uint32_t i) {
 
 void mp__stream_gone(void *ctx, mp_stream_t s) {
   mp_pool_t *pool = ctx;
-  pthread_mutex_lock(&pool->lock);
+  mp__pool_lock(pool);
   uint32_t i = mp__shash_find(pool, s, 0);
   if (i != UINT32_MAX)
     mp__stream_retire(pool, i);
-  pthread_mutex_unlock(&pool->lock);
+  mp__pool_unlock(pool);
 }
 
 /* ---- per-thread default streams of threads that exit ------------------- */
@@ -298,11 +298,11 @@ static void mp__pt_thread_exit(void *unused) {
   pthread_mutex_lock(&mp__pt_mu);
   for (size_t k = 0; k < mp__pt_n; k++) {
     mp_pool_t *pool = mp__pt_pools[k];
-    pthread_mutex_lock(&pool->lock);
+    mp__pool_lock(pool);
     uint32_t i = mp__shash_find(pool, pool->pt_handle, self);
     if (i != UINT32_MAX)
       mp__stream_retire(pool, i);
-    pthread_mutex_unlock(&pool->lock);
+    mp__pool_unlock(pool);
   }
   pthread_mutex_unlock(&mp__pt_mu);
 }
@@ -725,4 +725,37 @@ void mp__streams_release(mp_pool_t *pool) {
   pool->shash_cap = pool->ngone = 0;
   pool->nevents = pool->events_cap = 0;
   pool->nstreams = pool->streams_cap = 0;
+}
+
+/* Waits for the work of every stream the pool knows, by an event on each:
+ * what the pool's blocks can be in use by (pool.h: a block used on another
+ * stream is named by mp_pool_record_stream). No device synchronize, which
+ * would also be a call CUDA forbids while another thread captures a graph
+ * in global mode; only when a stream cannot be marked does it fall back to
+ * one. With buf_bytes > 0 it also allocates a device buffer of that size
+ * while the lock is down (defragmentation's staging buffer; *buf is NULL
+ * when the device has no room). */
+mp_status_t mp__pool_sync_alloc(mp_pool_t *pool, size_t buf_bytes, void **buf) {
+  if (MP__UNLIKELY(pool->ncapturing > 0))
+    return mp__fail(MP_EBUSY,
+                    "a stream of the pool is being captured (graph pool): no "
+                    "synchronize until mp_pool_graph_end");
+  mp__pool_wait_sync(pool);
+  uint64_t snap = mp__streams_sync_begin(pool);
+  mp__sync_set_t set;
+  mp__streams_sync_events(pool, &set);
+  mp__pool_sync_begin(pool);
+  mp_status_t st = mp__sync_set_wait(pool->dev, &set);
+  if (st == MP_OK && buf_bytes > 0 &&
+      mp_device_alloc(pool->dev, buf_bytes, buf) != MP_OK)
+    *buf = NULL;
+  mp__pool_sync_end(pool);
+  mp__sync_set_release(pool, &set);
+  if (st == MP_OK)
+    mp__streams_sync_end(pool, snap);
+  return st;
+}
+
+mp_status_t mp__pool_sync(mp_pool_t *pool) {
+  return mp__pool_sync_alloc(pool, 0, NULL);
 }
