@@ -202,14 +202,18 @@ mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b, size_t size) {
   return r;
 }
 
-/* Merges gone (free, out of the index) into into; false when their deps
- * cannot share one record (both are then marked MP__B_UNMERGED). */
-static bool mp__absorb(mp_pool_t *pool, mp__block_t *into, mp__block_t *gone) {
-  if (!mp__deps_try_merge(pool, into, gone)) {
+bool mp__block_absorb(mp_pool_t *pool, mp__block_t *into, mp__block_t *gone,
+                      bool force) {
+  MP__ASSERT(into->next == gone && gone->prev == into);
+  MP__ASSERT(into->addr + into->size == gone->addr && into->seg == gone->seg);
+  if (force) {
+    (void)mp__deps_merge(pool, into, gone);
+  } else if (!mp__deps_try_merge(pool, into, gone)) {
     into->flags |= MP__B_UNMERGED;
     gone->flags |= MP__B_UNMERGED;
     return false;
   }
+  into->flags |= gone->flags & MP__B_UNMERGED;
   into->size += gone->size;
   mp__block_unlink(into->seg, gone);
   mp__rec_free(pool, gone);
@@ -222,22 +226,16 @@ mp__block_t *mp__block_coalesce(mp_pool_t *pool, mp__block_t *b) {
   mp__block_t *n = b->next;
   if (n != NULL && (n->flags & MP__B_FREE)) {
     mp__index_remove(pool, n);
-    if (!mp__absorb(pool, b, n)) {
+    if (!mp__block_absorb(pool, b, n, false))
       mp__index_insert(pool, n);
-      n->flags |= MP__B_UNMERGED;
-    }
   }
   mp__block_t *p = b->prev;
   if (p != NULL && (p->flags & MP__B_FREE)) {
     mp__index_remove(pool, p);
-    uint32_t keep = b->flags & MP__B_UNMERGED;
-    if (mp__absorb(pool, p, b)) {
-      p->flags |= keep;
+    if (mp__block_absorb(pool, p, b, false))
       b = p;
-    } else {
+    else
       mp__index_insert(pool, p);
-      p->flags |= MP__B_UNMERGED;
-    }
   }
   return b;
 }

@@ -140,7 +140,7 @@ static mp_status_t mp__export_memory(const mp_pool_t *pool,
     return MP_OK;
   }
   mp__chunk_t c;
-  if (!mp__segment_chunk_of(g, b->addr, &c) ||
+  if (!mp__vrange_chunk_of(g, b->addr, &c) ||
       b->addr + b->size > c.addr + c.size)
     return mp__fail(MP_ENOTSUP,
                     "mp_pool_ipc_export: the block at %p (%zu bytes) spans "

@@ -508,6 +508,13 @@ void mp__map_remove_slot(mp_pool_t *pool, size_t slot);
  * block after it, with b's deps, inserted in the index. Returns it or NULL
  * when the rest is empty (or no record could be made). */
 mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b, size_t size);
+/* The one merge of two free blocks: gone (into's next, both out of the
+ * index) joins into: deps merged, into keeps gone's MP__B_UNMERGED mark,
+ * gone's record freed. force: past MP__MAX_DEPS pending streams into waits
+ * for the next device sync (MP__B_SYNC); else such a pair stays apart,
+ * both marked MP__B_UNMERGED, and the result is false. */
+bool mp__block_absorb(mp_pool_t *pool, mp__block_t *into, mp__block_t *gone,
+                      bool force);
 /* [defrag] Merges free b (not in the index) with its free neighbours (taken
  * out of the index) and returns the merged block, still not in the index. */
 mp__block_t *mp__block_coalesce(mp_pool_t *pool, mp__block_t *b);
@@ -576,8 +583,47 @@ bool mp__streams_all_idle_now(mp_pool_t *pool);
 mp_status_t mp__event_get(mp_pool_t *pool, mp_event_t *out);
 void mp__event_put(mp_pool_t *pool, mp_event_t e);
 
-/* ---- segment.c: growth and release --------------------------------------
- * Called with the lock held; they drop it around device calls (inflight). */
+/* ---- segment.c: the segment list and plain segments ---------------------
+ * Called with the lock held; growth drops it around device calls (lock.c). */
+mp__segment_t *mp__segment_containing(const mp_pool_t *pool, uintptr_t p);
+/* Adds s at the head of the pool's segment list. */
+void mp__segment_push(mp_pool_t *pool, mp__segment_t *s);
+/* Reserved (and free) bytes grow / shrink by bytes; peaks follow. */
+void mp__reserved_add(mp_pool_t *pool, size_t bytes);
+void mp__reserved_sub(mp_pool_t *pool, size_t bytes);
+/* What growth stopped by the cap returns: MP_ELIMIT under max_bytes (or a
+ * child's range), else MP_ENOMEM. */
+mp_status_t mp__segment_limit(mp_pool_t *pool);
+/* A new plain segment for a block of size on sidx; *fresh: the free block
+ * holding its memory. */
+mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
+                           mp__block_t **fresh);
+/* Gives one wholly free, releasable plain segment back; false if none. */
+bool mp__plain_trim_one(mp_pool_t *pool);
+
+/* ---- vrange.c: the virtual range ----------------------------------------- */
+/* Reserves the virtual range on first use; false: use plain segments. */
+bool mp__vrange_ready(mp_pool_t *pool);
+/* Maps memory for a block of size on sidx where it best completes a fitting
+ * block (reclaiming free chunks first when the map would lift reserved
+ * above its peak); *fresh: the free block holding it. MP_ENOTSUP: the range
+ * is exhausted (the caller goes plain). */
+mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
+                            mp__block_t **fresh);
+/* Unmaps free chunks until want bytes went back, never one inside k1 or k2
+ * (patient: the growth rung); returns the bytes released. */
+size_t mp__vrange_reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
+                          const mp__block_t *k2, bool patient);
+/* The mapped chunk of virtual segment v holding address a; false if none. */
+bool mp__vrange_chunk_of(const mp__segment_t *v, uintptr_t a, mp__chunk_t *out);
+/* vm_map, then the peers' access (mp_pool_set_access); unmapped again if
+ * that fails. Callable with the lock dropped. */
+mp_status_t mp__pool_vm_map(mp_pool_t *pool, void *addr, size_t bytes);
+/* Destroy: unmaps (unless paused) and releases virtual segment s and frees
+ * its tables. */
+void mp__vrange_release(mp_pool_t *pool, mp__segment_t *s);
+
+/* ---- grow.c: growth and release dispatch --------------------------------- */
 /* Makes room for a block of `size` usable on sidx. MP_ELIMIT when the cap
  * stops it, MP_ENOMEM / MP_EDRIVER from the device. On MP_OK *fresh is the
  * free block the new memory went to, or NULL when another thread's grow or
@@ -588,18 +634,11 @@ mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
  * wholly free plain segments, and free chunks anywhere in the virtual
  * range. */
 void mp__segment_trim(mp_pool_t *pool, size_t keep);
-/* vm_map, then the peers' access (mp_pool_set_access); unmapped again if
- * that fails. Callable with the lock dropped. */
-mp_status_t mp__pool_vm_map(mp_pool_t *pool, void *addr, size_t bytes);
 /* release_threshold: after a free, gives idle memory above the threshold
  * back to the device where its streams are known done; never waits. */
 void mp__segment_release_above(mp_pool_t *pool);
 /* Destroy: releases every segment, live or not. */
 void mp__segment_release_all(mp_pool_t *pool);
-mp__segment_t *mp__segment_containing(const mp_pool_t *pool, uintptr_t p);
-/* The mapped chunk of virtual segment v holding address a; false if none. */
-bool mp__segment_chunk_of(const mp__segment_t *v, uintptr_t a,
-                          mp__chunk_t *out);
 
 /* ---- history.c ---------------------------------------------------------- */
 /* At create: the ring for cfg.history events (none when 0). */
@@ -640,6 +679,16 @@ size_t mp__stats_largest_free(const mp_pool_t *pool);
 mp_status_t mp__pool_check_locked(mp_pool_t *pool);
 /* ---- config.c ----------------------------------------------------------- */
 mp_status_t mp__config_validate(const mp_pool_config_t *cfg);
+
+/* True when free block b can be given back now: no work pending on it. */
+static inline bool mp__releasable(mp_pool_t *pool, mp__block_t *b) {
+  return (b->flags & MP__B_FREE) && mp__deps_safe(pool, b, UINT32_MAX, false);
+}
+
+/* v rounded up to a multiple of to. */
+static inline size_t mp__round_up(size_t v, size_t to) {
+  return (v + to - 1) / to * to;
+}
 
 /* ---- fit and split policy (inline rules; no file of their own) ----------
  * A block above max_split is never split for a smaller request; it goes
