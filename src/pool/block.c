@@ -22,23 +22,27 @@ mp__block_t *mp__rec_new(mp_pool_t *pool) {
   if (pool->rec_free == NULL) {
     if (pool->nslabs == pool->slabs_cap) {
       size_t cap = pool->slabs_cap ? pool->slabs_cap * 2 : 16;
-      void **s = realloc(pool->slabs, cap * sizeof *s);
+      void **s = mp__host_realloc(pool->slabs, cap * sizeof *s);
       if (s == NULL)
         return NULL;
       pool->slabs = s;
       pool->slabs_cap = cap;
     }
-    /* Cache-line aligned, so each record's hot fields share one line. */
-    mp__block_t *slab = aligned_alloc(64, MP__SLAB_RECORDS * sizeof *slab);
-    if (slab == NULL)
+    /* Cache-line aligned, so each record's hot fields share one line: 63
+     * bytes more than the records, aligned by hand (mp__host_alloc, through
+     * which a test can make it fail, has no aligned form); slabs[] keeps
+     * what free() takes. */
+    void *raw = mp__host_alloc(MP__SLAB_RECORDS * sizeof(mp__block_t) + 63);
+    if (raw == NULL)
       return NULL;
+    mp__block_t *slab = (mp__block_t *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
     /* One index node per record at most: reserve them now, so that
      * inserting into the free index never needs memory. */
     if (!mp__index_reserve(pool, (pool->nslabs + 1) * MP__SLAB_RECORDS)) {
-      free(slab);
+      free(raw);
       return NULL;
     }
-    pool->slabs[pool->nslabs++] = slab;
+    pool->slabs[pool->nslabs++] = raw;
     for (size_t i = MP__SLAB_RECORDS; i-- > 0;) {
       slab[i].next_rec = pool->rec_free;
       pool->rec_free = &slab[i];
@@ -108,7 +112,7 @@ bool mp__map_reserve(mp_pool_t *pool, size_t n) {
   size_t cap = pool->map_cap ? pool->map_cap : 256;
   while ((pool->map_count + n) * 2 > cap)
     cap *= 2;
-  mp__slot_t *m = calloc(cap, sizeof *m);
+  mp__slot_t *m = mp__host_calloc(cap, sizeof *m);
   if (m == NULL)
     return false;
   mp__slot_t *old = pool->map;

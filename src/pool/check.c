@@ -137,7 +137,7 @@ mp_status_t mp__pool_check_locked(mp_pool_t *pool) {
     reserved += s->size;
     chunks += s->kind == MP__SEG_VIRTUAL ? s->nchunks : 1;
   }
-  mp__segment_t **v = malloc((nseg ? nseg : 1) * sizeof *v);
+  mp__segment_t **v = mp__host_alloc((nseg ? nseg : 1) * sizeof *v);
   if (v == NULL)
     return mp__fail(MP_ENOMEM, "pool check: out of host memory");
   size_t i = 0;

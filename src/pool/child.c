@@ -30,7 +30,7 @@ mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
   mp_status_t st = mp__pool_new(parent->dev, &cfg, &child);
   if (st != MP_OK)
     return st;
-  mp__segment_t *seg = calloc(1, sizeof *seg);
+  mp__segment_t *seg = mp__host_calloc(1, sizeof *seg);
   mp__block_t *rec = mp__rec_new(child);
   if (seg == NULL || rec == NULL) {
     free(seg);

@@ -124,6 +124,12 @@ static bool mp__is_oom(mp_status_t st) {
   return st == MP_ENOMEM || st == MP_ELIMIT;
 }
 
+/* What the ladder returns for a growth failure no rung can help: a host
+ * failure (MP__EHOST) is MP_ENOMEM to callers, its message kept. */
+static mp_status_t mp__stop(mp_status_t st) {
+  return st == MP__EHOST ? MP_ENOMEM : st;
+}
+
 /* Grows until the cache serves or growing fails; returns the block. */
 static mp_status_t mp__grow_and_search(mp_pool_t *pool, size_t size,
                                        uint32_t sidx, mp__block_t **out) {
@@ -157,7 +163,7 @@ mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
   if (st == MP_OK)
     goto got;
   if (!mp__is_oom(st))
-    return st;
+    return mp__stop(st);
   /* Rung: reclaim blocks whose streams have moved on. */
   mp__streams_poll(pool, true);
   if ((b = mp__search(pool, size, sidx)) != NULL)
@@ -173,7 +179,7 @@ mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
       if (st == MP_OK)
         goto got;
       if (!mp__is_oom(st))
-        return st;
+        return mp__stop(st);
     }
   }
   /* Rung: defragment movable blocks (defrag.c; it synchronizes the device:
@@ -189,6 +195,8 @@ mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
       st = mp__grow_and_search(pool, size, sidx, &b);
       if (st == MP_OK)
         goto got;
+      if (st == MP__EHOST)
+        return mp__stop(st);
     }
   }
   return mp__pool_oom(pool, st == MP_ELIMIT ? MP_ELIMIT : MP_ENOMEM, size);
@@ -243,7 +251,7 @@ void mp__block_release(mp_pool_t *pool, mp__block_t *b) {
 
 mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
                          mp_pool_t **out) {
-  mp_pool_t *pool = calloc(1, sizeof *pool);
+  mp_pool_t *pool = mp__host_calloc(1, sizeof *pool);
   if (pool == NULL)
     return mp__fail(MP_ENOMEM, "out of host memory creating a pool");
   if (pthread_mutex_init(&pool->lock, NULL) != 0) {

@@ -173,7 +173,7 @@ mp_status_t mp_pool_ipc_export(mp_pool_t *pool, void *ptr,
     st = mp__export_memory(pool, b, &base, &bytes, &vm);
   if (st == MP_OK && pool->nexports == pool->exports_cap) {
     size_t cap = pool->exports_cap ? 2 * pool->exports_cap : 8;
-    struct mp__export *n = realloc(pool->exports, cap * sizeof *n);
+    struct mp__export *n = mp__host_realloc(pool->exports, cap * sizeof *n);
     if (n == NULL) {
       st = mp__fail(MP_ENOMEM, "mp_pool_ipc_export: out of host memory");
     } else {

@@ -35,7 +35,7 @@ static void *mp__graph_room(void *arr, size_t n, size_t *cap, size_t elem,
   if (n < *cap)
     return arr;
   size_t c = *cap ? *cap * 2 : 8;
-  void *a = realloc(arr, c * elem);
+  void *a = mp__host_realloc(arr, c * elem);
   if (a == NULL) {
     mp__fail(MP_ENOMEM, "out of host memory for graph %s", what);
     return NULL;

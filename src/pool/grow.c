@@ -32,8 +32,10 @@ mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
     mp__pool_wait_idle(pool);
     return MP_OK;
   }
-  if ((pool->cfg.flags & MP_POOL_VIRTUAL) && mp__vrange_ready(pool)) {
-    mp_status_t st = mp__vrange_grow(pool, size, sidx, fresh);
+  if (pool->cfg.flags & MP_POOL_VIRTUAL) {
+    mp_status_t st = mp__vrange_ready(pool);
+    if (st == MP_OK)
+      st = mp__vrange_grow(pool, size, sidx, fresh);
     if (st != MP_ENOTSUP)
       return st;
   }

@@ -32,12 +32,12 @@ mp_status_t mp__history_init(mp_pool_t *pool) {
   size_t n = pool->cfg.history;
   if (n == 0)
     return MP_OK;
-  pool->hist.ev = calloc(n, sizeof *pool->hist.ev);
+  pool->hist.ev = mp__host_calloc(n, sizeof *pool->hist.ev);
   if (pool->hist.ev == NULL)
     return mp__fail(MP_ENOMEM, "out of host memory for a history of %zu events",
                     n);
   if (pool->cfg.flags & MP_POOL_HISTORY_STACKS) {
-    pool->hist.frames = calloc(n * MP__HIST_FRAMES, sizeof(void *));
+    pool->hist.frames = mp__host_calloc(n * MP__HIST_FRAMES, sizeof(void *));
     if (pool->hist.frames == NULL) {
       mp__history_release(pool);
       return mp__fail(MP_ENOMEM,

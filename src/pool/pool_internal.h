@@ -46,6 +46,12 @@
 #define MP__POOL_FLAGS                                                         \
   (MP_POOL_VIRTUAL | MP_POOL_DEFRAG_ON_OOM | MP_POOL_HISTORY_STACKS)
 
+/* Internal status, never returned to a caller: growth ran out of host
+ * memory for its bookkeeping (the message says so). The out-of-memory
+ * ladder stops at once and reports MP_ENOMEM with that message: the device
+ * is not what failed, and no rung would help. */
+#define MP__EHOST ((mp_status_t)0x4854)
+
 /* ---- blocks ------------------------------------------------------------ */
 enum {
   MP__B_FREE = 1u << 0,      /* in the free index */
@@ -602,8 +608,9 @@ mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
 bool mp__plain_trim_one(mp_pool_t *pool);
 
 /* ---- vrange.c: the virtual range ----------------------------------------- */
-/* Reserves the virtual range on first use; false: use plain segments. */
-bool mp__vrange_ready(mp_pool_t *pool);
+/* Reserves the virtual range on first use: MP_OK; MP_ENOTSUP: use plain
+ * segments (no virtual memory); MP__EHOST. */
+mp_status_t mp__vrange_ready(mp_pool_t *pool);
 /* Maps memory for a block of size on sidx where it best completes a fitting
  * block (reclaiming free chunks first when the map would lift reserved
  * above its peak); *fresh: the free block holding it. MP_ENOTSUP: the range
@@ -625,7 +632,8 @@ void mp__vrange_release(mp_pool_t *pool, mp__segment_t *s);
 
 /* ---- grow.c: growth and release dispatch --------------------------------- */
 /* Makes room for a block of `size` usable on sidx. MP_ELIMIT when the cap
- * stops it, MP_ENOMEM / MP_EDRIVER from the device. On MP_OK *fresh is the
+ * stops it, MP_ENOMEM / MP_EDRIVER from the device, MP__EHOST without host
+ * memory for the records. On MP_OK *fresh is the
  * free block the new memory went to, or NULL when another thread's grow or
  * release was waited for instead (the caller looks at the cache again). */
 mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx,

@@ -109,13 +109,13 @@ mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
     bytes = size;
   if (bytes > room)
     return mp__segment_limit(pool);
-  mp__segment_t *s = calloc(1, sizeof *s);
+  mp__segment_t *s = mp__host_calloc(1, sizeof *s);
   mp__block_t *rec = mp__rec_new(pool);
   if (s == NULL || rec == NULL) {
     free(s);
     if (rec)
       mp__rec_free(pool, rec);
-    return mp__fail(MP_ENOMEM, "out of host memory for a segment record");
+    return mp__fail(MP__EHOST, "out of host memory for a segment record");
   }
   void *p = NULL;
   mp_stream_t strm = pool->streams[sidx].s;

@@ -38,7 +38,7 @@ mp_status_t mp__event_get(mp_pool_t *pool, mp_event_t *out) {
 void mp__event_put(mp_pool_t *pool, mp_event_t e) {
   if (pool->nevents == pool->events_cap) {
     size_t cap = pool->events_cap ? pool->events_cap * 2 : 16;
-    mp_event_t *ev = realloc(pool->events, cap * sizeof *ev);
+    mp_event_t *ev = mp__host_realloc(pool->events, cap * sizeof *ev);
     if (ev == NULL) {
       mp_event_destroy(pool->dev, e);
       return;
@@ -108,7 +108,7 @@ static bool mp__shash_reserve(mp_pool_t *pool, uint32_t live) {
   if ((uint64_t)(live + 1) * 2 <= pool->shash_cap)
     return true;
   uint32_t cap = pool->shash_cap ? pool->shash_cap * 2 : 16;
-  uint32_t *h = calloc(cap, sizeof *h);
+  uint32_t *h = mp__host_calloc(cap, sizeof *h);
   if (h == NULL)
     return false;
   free(pool->shash);
@@ -168,10 +168,11 @@ static mp_status_t mp__slot_new(mp_pool_t *pool, uint32_t *out) {
     /* The forgotten list gets room for every slot, so that forgetting
      * never fails. */
     uint32_t cap = pool->streams_cap ? pool->streams_cap * 2 : 8;
-    uint32_t *g = realloc(pool->gone, cap * sizeof *g);
+    uint32_t *g = mp__host_realloc(pool->gone, cap * sizeof *g);
     if (g != NULL)
       pool->gone = g;
-    mp__strm_t *st = g ? realloc(pool->streams, cap * sizeof *st) : NULL;
+    mp__strm_t *st =
+        g ? mp__host_realloc(pool->streams, cap * sizeof *st) : NULL;
     if (st == NULL)
       return mp__fail(MP_ENOMEM, "out of host memory for the stream table");
     pool->streams = st;
@@ -329,7 +330,7 @@ static bool mp__pt_register(mp_pool_t *pool) {
     return armed;
   if (mp__pt_n == mp__pt_cap) {
     size_t cap = mp__pt_cap ? mp__pt_cap * 2 : 4;
-    mp_pool_t **p = realloc(mp__pt_pools, cap * sizeof *p);
+    mp_pool_t **p = mp__host_realloc(mp__pt_pools, cap * sizeof *p);
     if (p == NULL) {
       pthread_mutex_unlock(&mp__pt_mu);
       return false;
@@ -613,7 +614,7 @@ void mp__streams_sync_end(mp_pool_t *pool, uint64_t snap) {
 }
 
 bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set) {
-  set->ev = malloc((pool->nstreams + 1) * sizeof *set->ev);
+  set->ev = mp__host_alloc((pool->nstreams + 1) * sizeof *set->ev);
   set->n = 0;
   if (set->ev == NULL)
     return false;

@@ -42,18 +42,18 @@
 
 #include "pool_internal.h"
 
-bool mp__vrange_ready(mp_pool_t *pool) {
+mp_status_t mp__vrange_ready(mp_pool_t *pool) {
   if (pool->vseg != NULL)
-    return true;
+    return MP_OK;
   if (pool->vm_failed || pool->granule == 0)
-    return false;
+    return MP_ENOTSUP;
   size_t va = pool->cap;
   if (va > ((size_t)1 << 42))
     va = (size_t)1 << 42;
   va = mp__round_up(va, pool->granule);
-  mp__segment_t *s = calloc(1, sizeof *s);
+  mp__segment_t *s = mp__host_calloc(1, sizeof *s);
   if (s == NULL)
-    return false;
+    return mp__fail(MP__EHOST, "out of host memory for the virtual range");
   void *base = NULL;
   mp__pool_device_begin(pool);
   mp_status_t st = mp__device_vm_reserve(pool->dev, va, &base);
@@ -61,14 +61,14 @@ bool mp__vrange_ready(mp_pool_t *pool) {
   if (st != MP_OK) {
     free(s);
     pool->vm_failed = true;
-    return false;
+    return MP_ENOTSUP;
   }
   s->base = (uintptr_t)base;
   s->va_size = va;
   s->kind = MP__SEG_VIRTUAL;
   mp__segment_push(pool, s);
   pool->vseg = s;
-  return true;
+  return MP_OK;
 }
 
 /* Room for one more chunk and one more hole, so that the bookkeeping of a
@@ -76,7 +76,7 @@ bool mp__vrange_ready(mp_pool_t *pool) {
 static bool mp__vrange_room(mp__segment_t *v) {
   if (v->nchunks == v->chunk_cap) {
     size_t cap = v->chunk_cap ? v->chunk_cap * 2 : 16;
-    mp__chunk_t *c = realloc(v->chunks, cap * sizeof *c);
+    mp__chunk_t *c = mp__host_realloc(v->chunks, cap * sizeof *c);
     if (c == NULL)
       return false;
     v->chunks = c;
@@ -84,7 +84,7 @@ static bool mp__vrange_room(mp__segment_t *v) {
   }
   if (v->nholes == v->holes_cap) {
     size_t cap = v->holes_cap ? v->holes_cap * 2 : 16;
-    mp__block_t **h = realloc(v->holes, cap * sizeof *h);
+    mp__block_t **h = mp__host_realloc(v->holes, cap * sizeof *h);
     if (h == NULL)
       return false;
     v->holes = h;
@@ -563,14 +563,14 @@ mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
   if (grow > room)
     return mp__segment_limit(pool);
   if (!mp__vrange_room(v))
-    return mp__fail(MP_ENOMEM, "out of host memory for chunk records");
+    return mp__fail(MP__EHOST, "out of host memory for chunk records");
   mp__block_t *rec = mp__rec_new(pool), *spare = mp__rec_new(pool);
   if (rec == NULL || spare == NULL) {
     if (rec)
       mp__rec_free(pool, rec);
     if (spare)
       mp__rec_free(pool, spare);
-    return mp__fail(MP_ENOMEM, "out of host memory for block records");
+    return mp__fail(MP__EHOST, "out of host memory for block records");
   }
   mp__pool_device_begin(pool);
   mp_status_t st = mp__pool_vm_map(pool, (void *)p.at, grow);
