@@ -8,6 +8,7 @@
 
 mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out) {
+  MP__ASSERT_LOCKED(pool);
   uint32_t sidx;
   mp_status_t st = mp__pool_paused(pool, "allocation");
   if (MP__UNLIKELY(pool->nheld > 0) && st == MP_OK)

@@ -188,6 +188,7 @@ void mp__block_unlink(mp__segment_t *seg, mp__block_t *b) {
 }
 
 mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b, size_t size) {
+  MP__ASSERT(b->inode == 0 && size % pool->cfg.align == 0);
   if (b->size <= size)
     return NULL;
   mp__block_t *r = mp__rec_new(pool);

@@ -93,6 +93,7 @@ static mp__block_t *mp__search_patiently(mp_pool_t *pool, size_t size,
  * block. */
 static mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
                                    size_t size) {
+  MP__ASSERT((b->flags & MP__B_FREE) && b->size >= size);
   mp__index_remove(pool, b);
   pool->st.free_blocks--;
   size_t keep = size / 16 < MP__MiB ? size / 16 : MP__MiB;
@@ -156,6 +157,8 @@ static mp_status_t mp__grow_and_search(mp_pool_t *pool, size_t size,
 
 mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
                           mp__block_t **out) {
+  MP__ASSERT_LOCKED(pool);
+  MP__ASSERT(sidx < pool->nstreams && size % pool->cfg.align == 0);
   mp__block_t *b = mp__search_patiently(pool, size, sidx);
   if (b != NULL)
     goto got;
@@ -214,6 +217,9 @@ void mp__block_untake(mp_pool_t *pool, mp__block_t *b) {
 
 void mp__block_make_live(mp_pool_t *pool, mp__block_t *b, size_t requested,
                          uint32_t sidx) {
+  MP__ASSERT_LOCKED(pool);
+  MP__ASSERT(!(b->flags & MP__B_HOLE) && b->inode == 0);
+  MP__ASSERT(b->size >= requested && pool->st.free_bytes >= b->size);
   b->flags = 0;
   b->requested = requested;
   b->sidx = sidx;
@@ -232,6 +238,9 @@ void mp__block_make_live(mp_pool_t *pool, mp__block_t *b, size_t requested,
 }
 
 void mp__block_release(mp_pool_t *pool, mp__block_t *b) {
+  MP__ASSERT_LOCKED(pool);
+  MP__ASSERT(!(b->flags & (MP__B_FREE | MP__B_HOLE)) && b->inode == 0);
+  MP__ASSERT(pool->st.live_blocks > 0 && pool->st.allocated_bytes >= b->size);
   if (MP__UNLIKELY(pool->hist.ev != NULL))
     mp__history_free(pool, b->addr, b->size, MP__HIST_STREAM(pool, b->sidx));
   pool->st.allocated_bytes -= b->size;

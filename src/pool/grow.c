@@ -43,6 +43,7 @@ mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
 }
 
 void mp__segment_trim(mp_pool_t *pool, size_t keep) {
+  MP__ASSERT_LOCKED(pool);
   if (pool->parent != NULL)
     return; /* a child's range goes back only when it is destroyed */
   mp__pool_wait_idle(pool);

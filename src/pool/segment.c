@@ -50,6 +50,7 @@ void mp__reserved_add(mp_pool_t *pool, size_t bytes) {
 }
 
 void mp__reserved_sub(mp_pool_t *pool, size_t bytes) {
+  MP__ASSERT(pool->st.reserved_bytes >= bytes && pool->st.free_bytes >= bytes);
   pool->st.reserved_bytes -= bytes;
   pool->st.free_bytes -= bytes;
 }

@@ -124,6 +124,8 @@ static void mp__hole_add(mp__segment_t *v, mp__block_t *h) {
 }
 
 static void mp__hole_drop(mp_pool_t *pool, mp__segment_t *v, mp__block_t *h) {
+  MP__ASSERT((h->flags & MP__B_HOLE) && h->sidx < v->nholes &&
+             v->holes[h->sidx] == h);
   mp__block_t *last = v->holes[--v->nholes];
   v->holes[h->sidx] = last;
   last->sidx = h->sidx;
@@ -170,6 +172,14 @@ static mp__block_t *mp__after_map(mp_pool_t *pool, mp__segment_t *v,
                                   mp__block_t *r, mp__block_t *spare, bool jp,
                                   bool jn) {
   size_t i = mp__chunk_at(v, at);
+  /* The new chunk lies between its neighbours, inside the range, and in
+   * hole h (or at or above the top). */
+  MP__ASSERT(v->nchunks < v->chunk_cap && v->nholes < v->holes_cap);
+  MP__ASSERT(i == 0 || v->chunks[i - 1].addr + v->chunks[i - 1].size <= at);
+  MP__ASSERT(i == v->nchunks || at + n <= v->chunks[i].addr);
+  MP__ASSERT(at + n <= v->base + v->va_size);
+  MP__ASSERT(h == NULL ? at >= v->base + v->span
+                       : at >= h->addr && at + n <= h->addr + h->size);
   memmove(&v->chunks[i + 1], &v->chunks[i],
           (v->nchunks - i) * sizeof *v->chunks);
   v->chunks[i].addr = at;
@@ -232,6 +242,9 @@ static void mp__before_unmap(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
                              size_t i, mp__block_t *r1, mp__block_t *r2) {
   mp__chunk_t c = v->chunks[i];
   uintptr_t cend = c.addr + c.size, fend = f->addr + f->size;
+  /* The chunk lies wholly inside free block f, taken out of the index. */
+  MP__ASSERT(!(f->flags & MP__B_HOLE) && f->inode == 0);
+  MP__ASSERT(c.addr >= f->addr && cend <= fend);
   if (cend < fend) {
     mp__block_t *hi = r2;
     r2 = NULL;
