@@ -2,7 +2,7 @@
  * parent's allocator and managed by a pool of its own.
  *
  * The range is one live parent block marked MP__B_CHILD; the child holds it
- * as its one segment (MP__SEG_RANGE) and never grows (segment.c refuses:
+ * as its one segment (MP__SEG_RANGE) and never grows (grow.c refuses:
  * MP_ELIMIT, "child pool full"). Destroy gives the block back to the
  * parent (mp__child_release). Locks: never both at once: the child is made
  * before the parent's lock is taken, and released after its own lock is

@@ -13,7 +13,7 @@
  * mp_pool_alloc on such a stream, and frees of graph memory through the
  * parent, land in the graph pool. Both pools mark the stream capturing in
  * their stream tables (stream.c then never records on it nor queries it,
- * and pool.c's synchronize refuses): the calls CUDA forbids during
+ * and stream.c's mp__pool_sync refuses): the calls CUDA forbids during
  * capture.
  *
  * Locks: never two pool locks at once. The parent's lock is taken with

@@ -2,8 +2,8 @@
  * events (alloc, frees, segment map/unmap/alloc/free, oom), for snapshots
  * (snapshot.c).
  *
- * Off by default (history=0): the hooks in pool.c and segment.c are one
- * predictable branch (MP__HIST). On, an event costs a clock read and a
+ * Off by default (history=0): the hooks in core.c, segment.c and vrange.c are
+ * one predictable branch (MP__HIST). On, an event costs a clock read and a
  * 40-byte store under the pool lock the caller already holds; the ring is
  * allocated once at create, so recording never allocates. With
  * history_stacks=1 it also costs a backtrace() of the allocating thread:

@@ -48,29 +48,35 @@ void mp__pool_wait_sync(mp_pool_t *pool) {
     mp__pool_wait(pool);
 }
 
-void mp__pool_device_begin(mp_pool_t *pool) {
+/* The drop of both flagged kinds: *flag marks what is in flight while the
+ * lock is down; the retake clears it and wakes whoever waits for it. */
+static void mp__pool_drop_flagged(mp_pool_t *pool, bool *flag) {
   MP__ASSERT_LOCKED(pool);
-  MP__ASSERT(!pool->inflight);
-  pool->inflight = true;
+  MP__ASSERT(!*flag);
+  *flag = true;
   mp__pool_unlock(pool);
 }
 
-void mp__pool_device_end(mp_pool_t *pool) {
+static void mp__pool_retake_flagged(mp_pool_t *pool, bool *flag) {
   mp__pool_lock(pool);
-  MP__ASSERT(pool->inflight);
-  pool->inflight = false;
+  MP__ASSERT(*flag);
+  *flag = false;
   pthread_cond_broadcast(&pool->idle_cv);
+}
+
+void mp__pool_device_begin(mp_pool_t *pool) {
+  mp__pool_drop_flagged(pool, &pool->inflight);
+}
+
+void mp__pool_device_end(mp_pool_t *pool) {
+  mp__pool_retake_flagged(pool, &pool->inflight);
 }
 
 void mp__pool_sync_begin(mp_pool_t *pool) {
   mp__pool_wait_sync(pool);
-  pool->syncing = true;
-  mp__pool_unlock(pool);
+  mp__pool_drop_flagged(pool, &pool->syncing);
 }
 
 void mp__pool_sync_end(mp_pool_t *pool) {
-  mp__pool_lock(pool);
-  MP__ASSERT(pool->syncing);
-  pool->syncing = false;
-  pthread_cond_broadcast(&pool->idle_cv);
+  mp__pool_retake_flagged(pool, &pool->syncing);
 }

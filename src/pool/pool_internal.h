@@ -1,6 +1,50 @@
 /* pool_internal.h - the pool's private structures, shared by src/pool/ files
  * and by the white-box unit tests. Never installed.
  *
+ * Map of src/pool, bottom first: each file, its one job, and the files it
+ * may call (only files below it; ctest src_pool_layers checks that no file
+ * calls, directly or not, a file that calls it: cmake/layers.py --show).
+ *   lock.c      the pool lock and the one protocol for dropping it around a
+ *               device call or a synchronization (invariant stated there).
+ *               Calls nothing.
+ *   index.c     size classes, bitmaps, class treaps of free blocks. Nothing.
+ *   history.c   the event ring of mp_pool_history. Nothing.
+ *   config.c    config defaults, parsing, validation. Nothing.
+ *   stats.c     peaks and the largest free block. index.
+ *   stream.c    stream table, epochs, markers, events, deps of free blocks,
+ *               the pool's synchronization (mp__pool_sync). lock.
+ *   block.c     block records, the live map, split and the one merge
+ *               (mp__block_absorb, coalesce). index, stream.
+ *   segment.c   the segment list and plain segments. block, index, stream,
+ *               history, stats, lock.
+ *   vrange.c    the virtual range: chunks, holes, placement, map/unmap
+ *               bookkeeping, reclaim. segment and what it calls.
+ *   grow.c      grow / trim / release dispatch. vrange, segment, block,
+ *               stream, lock.
+ *   defrag.c    defragmentation and freeze. block, index, stream, stats,
+ *               lock.
+ *   core.c      the allocation core: search, take (the out-of-memory
+ *               ladder, defrag its last rung), make live, release; a
+ *               pool's host structures. grow, segment, defrag, block,
+ *               index, stream, history, stats.
+ *   export.c    IPC exports and the leases the free path needs (hold, reap,
+ *               release all). core, grow, vrange, block.
+ *   alloc.c     an allocation under the lock. core, export, block, stream.
+ *   check.c     mp_pool_check. export, block, index, lock.
+ *   dump.c      mp_pool_dump. stats, lock.
+ *   snapshot.c  mp_pool_snapshot. Nothing (the lock is inline).
+ *   pause.c     pause and resume. export, vrange, stream, lock.
+ *   child.c     child pools. alloc, core, block, index.
+ *   graph.c     graph-private pools. alloc, core, block, stream.
+ *   handle.c    movable-block handles. alloc, core, block, history.
+ *   pool.c      the public entry points (create, destroy, alloc, free,
+ *               record_stream, trim, ...): route to graph pools, leases,
+ *               pause, handles, children, then the core. Any file above.
+ * The one call downwards-up: a graph pool's growth (segment.c) borrows
+ * from its parent through pool->upstream, a function pointer graph.c sets
+ * (as an RMM resource's upstream). The fit and split rules, the paused
+ * check and the lock itself are inline functions of this header.
+ *
  * Object model:
  *   mp_pool_t     one lock, a free index, a live-block map, segments, a
  *                 stream table and an event cache.
@@ -130,7 +174,7 @@ typedef struct mp__inode {
   uint32_t pad;
 } mp__inode_t;
 
-/* ---- segments (segment.c) ---------------------------------------------- */
+/* ---- segments (segment.c, vrange.c) ------------------------------------ */
 enum { MP__SEG_PLAIN, MP__SEG_VIRTUAL, MP__SEG_RANGE };
 
 typedef struct mp__chunk {
