@@ -216,8 +216,9 @@ mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b, size_t size) {
   return r;
 }
 
-bool mp__block_absorb(mp_pool_t *pool, mp__block_t *into, mp__block_t *gone,
-                      bool force) {
+/* mp__block_absorb's body, inline in coalesce (on every free). */
+static inline bool mp__absorb(mp_pool_t *pool, mp__block_t *into,
+                              mp__block_t *gone, bool force) {
   MP__ASSERT(into->next == gone && gone->prev == into);
   MP__ASSERT(into->addr + into->size == gone->addr && into->seg == gone->seg);
   if (force) {
@@ -235,18 +236,23 @@ bool mp__block_absorb(mp_pool_t *pool, mp__block_t *into, mp__block_t *gone,
   return true;
 }
 
+bool mp__block_absorb(mp_pool_t *pool, mp__block_t *into, mp__block_t *gone,
+                      bool force) {
+  return mp__absorb(pool, into, gone, force);
+}
+
 mp__block_t *mp__block_coalesce(mp_pool_t *pool, mp__block_t *b) {
   b->flags &= ~(uint32_t)MP__B_UNMERGED;
   mp__block_t *n = b->next;
   if (n != NULL && (n->flags & MP__B_FREE)) {
     mp__index_remove(pool, n);
-    if (!mp__block_absorb(pool, b, n, false))
+    if (!mp__absorb(pool, b, n, false))
       mp__index_insert(pool, n);
   }
   mp__block_t *p = b->prev;
   if (p != NULL && (p->flags & MP__B_FREE)) {
     mp__index_remove(pool, p);
-    if (mp__block_absorb(pool, p, b, false))
+    if (mp__absorb(pool, p, b, false))
       b = p;
     else
       mp__index_insert(pool, p);

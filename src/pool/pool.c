@@ -258,7 +258,7 @@ mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
     }
   }
   mp_status_t st = mp__pool_alloc_locked(pool, bytes, s, out);
-  if (mp__pool_oom_retry(pool, st, bytes))
+  if (MP__UNLIKELY(st != MP_OK) && mp__pool_oom_retry(pool, st, bytes))
     st = mp__pool_alloc_locked(pool, bytes, s, out);
   mp__pool_unlock(pool);
   return st;
