@@ -137,7 +137,7 @@ mp_status_t mp__pool_check_locked(mp_pool_t *pool) {
     reserved += s->size;
     chunks += s->kind == MP__SEG_VIRTUAL ? s->nchunks : 1;
   }
-  mp__segment_t **v = malloc((nseg ? nseg : 1) * sizeof *v);
+  mp__segment_t **v = mp__host_alloc((nseg ? nseg : 1) * sizeof *v);
   if (v == NULL)
     return mp__fail(MP_ENOMEM, "pool check: out of host memory");
   size_t i = 0;
@@ -209,11 +209,11 @@ mp_status_t mp__pool_check_locked(mp_pool_t *pool) {
 mp_status_t mp_pool_check(mp_pool_t *pool) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_check: pool is NULL");
-  pthread_mutex_lock(&pool->lock);
+  mp__pool_lock(pool);
   mp__pool_wait_idle(pool);
   mp_status_t st = mp__pool_paused(pool, "mp_pool_check");
   if (st == MP_OK)
     st = mp__pool_check_locked(pool);
-  pthread_mutex_unlock(&pool->lock);
+  mp__pool_unlock(pool);
   return st;
 }

@@ -264,7 +264,7 @@ static mp_status_t mp__evacuate(mp__mover_t *m, mp__segment_t *seg,
     n += !(b->flags & MP__B_FREE);
   /* The live blocks first: coalescing around a vacated place frees the
    * records of free neighbours, never those of live blocks. */
-  mp__block_t **live = malloc(2 * n * sizeof *live);
+  mp__block_t **live = mp__host_alloc(2 * n * sizeof *live);
   if (live == NULL)
     return MP_OK; /* no host memory: simply do not evacuate */
   mp__block_t **home = live + n;
@@ -294,7 +294,7 @@ static mp_status_t mp__evacuate_all(mp__mover_t *m) {
     nseg++;
   if (nseg < 2)
     return MP_OK;
-  mp__segment_t **done = malloc(nseg * sizeof *done);
+  mp__segment_t **done = mp__host_alloc(nseg * sizeof *done);
   if (done == NULL)
     return MP_OK;
   size_t ndone = 0;
@@ -438,7 +438,7 @@ mp_status_t mp_pool_freeze(mp_pool_t *pool) {
   return st != MP_OK ? st : sy != MP_OK ? sy : de;
 }
 
-size_t mp__pool_defrag_on_oom(mp_pool_t *pool, size_t need, mp_stream_t s) {
+size_t mp__defrag_on_oom(mp_pool_t *pool, size_t need, mp_stream_t s) {
   size_t moved = 0;
   (void)mp__defragment(pool, s, need, false, &moved);
   return moved;

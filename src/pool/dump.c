@@ -206,7 +206,7 @@ mp_status_t mp_pool_dump(mp_pool_t *pool, FILE *out, const char *format) {
                     "mp_pool_dump: unknown format '%s' (expected text, json "
                     "or torch)",
                     format);
-  pthread_mutex_lock(&pool->lock);
+  mp__pool_lock(pool);
   mp__pool_wait_idle(pool);
   size_t largest = mp__stats_largest_free(pool);
   double frag = pool->st.free_bytes
@@ -218,7 +218,7 @@ mp_status_t mp_pool_dump(mp_pool_t *pool, FILE *out, const char *format) {
     mp__dump_torch(pool, out);
   else
     mp__dump_text(pool, out, frag, largest);
-  pthread_mutex_unlock(&pool->lock);
+  mp__pool_unlock(pool);
   /* A full disk or a closed pipe must not pass for a dump. */
   if (fflush(out) != 0 || ferror(out))
     return mp__fail(MP_EIO, "mp_pool_dump: writing the dump failed: %s",

@@ -140,7 +140,7 @@ static mp_status_t mp__export_memory(const mp_pool_t *pool,
     return MP_OK;
   }
   mp__chunk_t c;
-  if (!mp__segment_chunk_of(g, b->addr, &c) ||
+  if (!mp__vrange_chunk_of(g, b->addr, &c) ||
       b->addr + b->size > c.addr + c.size)
     return mp__fail(MP_ENOTSUP,
                     "mp_pool_ipc_export: the block at %p (%zu bytes) spans "
@@ -160,7 +160,7 @@ mp_status_t mp_pool_ipc_export(mp_pool_t *pool, void *ptr,
                     pool == NULL  ? "pool"
                     : ptr == NULL ? "ptr"
                                   : "out");
-  pthread_mutex_lock(&pool->lock);
+  mp__pool_lock(pool);
   mp__block_t *b = NULL;
   size_t slot;
   uintptr_t base = 0;
@@ -173,7 +173,7 @@ mp_status_t mp_pool_ipc_export(mp_pool_t *pool, void *ptr,
     st = mp__export_memory(pool, b, &base, &bytes, &vm);
   if (st == MP_OK && pool->nexports == pool->exports_cap) {
     size_t cap = pool->exports_cap ? 2 * pool->exports_cap : 8;
-    struct mp__export *n = realloc(pool->exports, cap * sizeof *n);
+    struct mp__export *n = mp__host_realloc(pool->exports, cap * sizeof *n);
     if (n == NULL) {
       st = mp__fail(MP_ENOMEM, "mp_pool_ipc_export: out of host memory");
     } else {
@@ -198,12 +198,12 @@ mp_status_t mp_pool_ipc_export(mp_pool_t *pool, void *ptr,
       close(lease[0]);
       close(lease[1]);
     }
-    pthread_mutex_unlock(&pool->lock);
+    mp__pool_unlock(pool);
     return st;
   }
   pool->exports[pool->nexports++] = (struct mp__export){b, lease[0]};
   b->flags |= MP__B_EXPORTED;
-  pthread_mutex_unlock(&pool->lock);
+  mp__pool_unlock(pool);
   h.lease_fd = lease[1];
   h.mem_bytes = bytes;
   h.offset = b->addr - base;
@@ -216,10 +216,10 @@ mp_status_t mp_pool_ipc_export(mp_pool_t *pool, void *ptr,
 mp_status_t mp_pool_ipc_poll(mp_pool_t *pool, size_t *held) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_ipc_poll: pool is NULL");
-  pthread_mutex_lock(&pool->lock);
+  mp__pool_lock(pool);
   mp__export_reap(pool);
   if (held != NULL)
     *held = pool->nheld;
-  pthread_mutex_unlock(&pool->lock);
+  mp__pool_unlock(pool);
   return MP_OK;
 }

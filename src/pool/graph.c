@@ -13,7 +13,7 @@
  * mp_pool_alloc on such a stream, and frees of graph memory through the
  * parent, land in the graph pool. Both pools mark the stream capturing in
  * their stream tables (stream.c then never records on it nor queries it,
- * and pool.c's synchronize refuses): the calls CUDA forbids during
+ * and stream.c's mp__pool_sync refuses): the calls CUDA forbids during
  * capture.
  *
  * Locks: never two pool locks at once. The parent's lock is taken with
@@ -35,7 +35,7 @@ static void *mp__graph_room(void *arr, size_t n, size_t *cap, size_t elem,
   if (n < *cap)
     return arr;
   size_t c = *cap ? *cap * 2 : 8;
-  void *a = realloc(arr, c * elem);
+  void *a = mp__host_realloc(arr, c * elem);
   if (a == NULL) {
     mp__fail(MP_ENOMEM, "out of host memory for graph %s", what);
     return NULL;
@@ -43,6 +43,12 @@ static void *mp__graph_room(void *arr, size_t n, size_t *cap, size_t elem,
   *cap = c;
   return a;
 }
+
+/* Graph growth, the graph pool's upstream: with graph's lock dropped
+ * (inflight), borrows bytes of the parent on stream s for a new range of
+ * graph. */
+static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes,
+                                    mp_stream_t s, void **out);
 
 mp_pool_t *mp__graph_route(const mp_pool_t *parent, mp_stream_t s) {
   for (size_t i = 0; i < parent->nroutes; i++)
@@ -85,15 +91,19 @@ mp_status_t mp_pool_graph_create(mp_pool_t *parent, mp_pool_t **out) {
   mp_status_t st = mp__pool_new(parent->dev, &cfg, &g);
   if (st != MP_OK)
     return st;
-  pthread_mutex_lock(&parent->lock);
+  mp__pool_lock(parent);
   if ((st = mp__pool_paused(parent, "mp_pool_graph_create")) == MP_OK) {
     g->parent = parent;
     g->graph = true;
+    /* The one call down-to-up in src/pool (pool_internal.h's map): plain
+     * growth of g (segment.c) borrows from parent through it, as an RMM
+     * resource asks its upstream. */
+    g->upstream = mp__graph_borrow;
     g->cap = parent->cap;
     g->cap_is_max = parent->cap_is_max;
     parent->children++;
   }
-  pthread_mutex_unlock(&parent->lock);
+  mp__pool_unlock(parent);
   if (st != MP_OK) {
     mp__pool_free_host(g);
     return st;
@@ -146,16 +156,16 @@ mp_status_t mp_pool_graph_begin(mp_pool_t *parent, mp_pool_t *graph,
   /* The graph side first: a released pool refuses, and the slot is marked
    * before any allocation can be routed to it. */
   bool was = false; /* s already marked in graph (a repeated begin) */
-  pthread_mutex_lock(&graph->lock);
+  mp__pool_lock(graph);
   if (graph->released)
     st = mp__fail(MP_EINVAL, "mp_pool_graph_begin: graph pool %p is released",
                   (void *)graph);
   else
     st = mp__graph_mark_was(graph, s, true, &was);
-  pthread_mutex_unlock(&graph->lock);
+  mp__pool_unlock(graph);
   if (st != MP_OK)
     return st;
-  pthread_mutex_lock(&parent->lock);
+  mp__pool_lock(parent);
   if (mp__graph_route(parent, s) != NULL) {
     st = mp__fail(MP_EBUSY,
                   "mp_pool_graph_begin: stream %p already allocates to a "
@@ -173,12 +183,12 @@ mp_status_t mp_pool_graph_begin(mp_pool_t *parent, mp_pool_t *graph,
     st = mp__graph_mark(parent, s, true);
   if (st == MP_OK)
     parent->routes[parent->nroutes++] = (mp__route_t){s, graph};
-  pthread_mutex_unlock(&parent->lock);
+  mp__pool_unlock(parent);
   /* A refusal changes nothing: the mark goes unless it was there before. */
   if (st != MP_OK && !was) {
-    pthread_mutex_lock(&graph->lock);
+    mp__pool_lock(graph);
     (void)mp__graph_mark(graph, s, false);
-    pthread_mutex_unlock(&graph->lock);
+    mp__pool_unlock(graph);
   }
   return st;
 }
@@ -187,7 +197,7 @@ mp_status_t mp_pool_graph_end(mp_pool_t *parent, mp_stream_t s) {
   if (parent == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_graph_end: parent is NULL");
   mp_pool_t *graph = NULL;
-  pthread_mutex_lock(&parent->lock);
+  mp__pool_lock(parent);
   for (size_t i = 0; i < parent->nroutes; i++)
     if (parent->routes[i].s == s) {
       graph = parent->routes[i].graph;
@@ -195,30 +205,30 @@ mp_status_t mp_pool_graph_end(mp_pool_t *parent, mp_stream_t s) {
       (void)mp__graph_mark(parent, s, false); /* known: cannot fail */
       break;
     }
-  pthread_mutex_unlock(&parent->lock);
+  mp__pool_unlock(parent);
   if (graph == NULL)
     return mp__fail(MP_EINVAL,
                     "mp_pool_graph_end: stream %p allocates to no graph pool",
                     (void *)s);
-  pthread_mutex_lock(&graph->lock);
+  mp__pool_lock(graph);
   (void)mp__graph_mark(graph, s, false);
-  pthread_mutex_unlock(&graph->lock);
+  mp__pool_unlock(graph);
   return MP_OK;
 }
 
 mp_pool_t *mp_pool_graph_of(mp_pool_t *parent, mp_stream_t s) {
   if (parent == NULL)
     return NULL;
-  pthread_mutex_lock(&parent->lock);
+  mp__pool_lock(parent);
   mp_pool_t *g = parent->nroutes ? mp__graph_route(parent, s) : NULL;
-  pthread_mutex_unlock(&parent->lock);
+  mp__pool_unlock(parent);
   return g;
 }
 
-mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes, mp_stream_t s,
-                             void **out) {
+static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes,
+                                    mp_stream_t s, void **out) {
   mp_pool_t *parent = graph->parent;
-  pthread_mutex_lock(&parent->lock);
+  mp__pool_lock(parent);
   mp__grange_t *r = mp__graph_room(parent->granges, parent->ngranges,
                                    &parent->granges_cap, sizeof *r, "ranges");
   if (r != NULL)
@@ -244,7 +254,7 @@ mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes, mp_stream_t s,
           (mp__grange_t){b->addr, b->size, graph};
     }
   }
-  pthread_mutex_unlock(&parent->lock);
+  mp__pool_unlock(parent);
   return st;
 }
 
@@ -252,7 +262,7 @@ mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes, mp_stream_t s,
  * frees it. */
 static void mp__graph_finish(mp_pool_t *graph) {
   mp_pool_t *parent = graph->parent;
-  pthread_mutex_lock(&parent->lock);
+  mp__pool_lock(parent);
   for (mp__segment_t *s = graph->segs; s != NULL; s = s->next) {
     for (size_t i = 0; i < parent->ngranges; i++)
       if (parent->granges[i].base == s->base) {
@@ -266,7 +276,7 @@ static void mp__graph_finish(mp_pool_t *graph) {
     mp__block_release(parent, b);
   }
   parent->children--;
-  pthread_mutex_unlock(&parent->lock);
+  mp__pool_unlock(parent);
   for (mp__segment_t *s = graph->segs; s != NULL;) {
     mp__segment_t *n = s->next;
     free(s);
@@ -293,7 +303,7 @@ mp_status_t mp_pool_graph_release(mp_pool_t *graph) {
   if (graph == NULL || !graph->graph)
     return mp__fail(MP_EINVAL, "mp_pool_graph_release: %p is not a graph pool",
                     (void *)graph);
-  pthread_mutex_lock(&graph->lock);
+  mp__pool_lock(graph);
   mp_status_t st = MP_OK;
   if (graph->released)
     st = mp__fail(MP_EINVAL, "mp_pool_graph_release: released already");
@@ -305,7 +315,7 @@ mp_status_t mp_pool_graph_release(mp_pool_t *graph) {
   else
     graph->released = true;
   bool last = st == MP_OK && mp__graph_take_last(graph);
-  pthread_mutex_unlock(&graph->lock);
+  mp__pool_unlock(graph);
   mp__graph_finish_if(graph, last);
   return st;
 }

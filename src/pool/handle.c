@@ -76,7 +76,7 @@ static mp_status_t mp__handle_new(mp_pool_t *pool, mp__block_t *b,
     }
     if (atomic_load_explicit(&mp__handles.chunks[c], memory_order_relaxed) ==
         NULL) {
-      mp__hslot_t *chunk = calloc(MP__SLOT_CHUNK, sizeof *chunk);
+      mp__hslot_t *chunk = mp__host_calloc(MP__SLOT_CHUNK, sizeof *chunk);
       if (chunk == NULL) {
         free(chunk);
         pthread_mutex_unlock(&mp__handles.lock);

@@ -2,8 +2,8 @@
  * events (alloc, frees, segment map/unmap/alloc/free, oom), for snapshots
  * (snapshot.c).
  *
- * Off by default (history=0): the hooks in pool.c and segment.c are one
- * predictable branch (MP__HIST). On, an event costs a clock read and a
+ * Off by default (history=0): the hooks in core.c, segment.c and vrange.c are
+ * one predictable branch (MP__HIST). On, an event costs a clock read and a
  * 40-byte store under the pool lock the caller already holds; the ring is
  * allocated once at create, so recording never allocates. With
  * history_stacks=1 it also costs a backtrace() of the allocating thread:
@@ -32,12 +32,12 @@ mp_status_t mp__history_init(mp_pool_t *pool) {
   size_t n = pool->cfg.history;
   if (n == 0)
     return MP_OK;
-  pool->hist.ev = calloc(n, sizeof *pool->hist.ev);
+  pool->hist.ev = mp__host_calloc(n, sizeof *pool->hist.ev);
   if (pool->hist.ev == NULL)
     return mp__fail(MP_ENOMEM, "out of host memory for a history of %zu events",
                     n);
   if (pool->cfg.flags & MP_POOL_HISTORY_STACKS) {
-    pool->hist.frames = calloc(n * MP__HIST_FRAMES, sizeof(void *));
+    pool->hist.frames = mp__host_calloc(n * MP__HIST_FRAMES, sizeof(void *));
     if (pool->hist.frames == NULL) {
       mp__history_release(pool);
       return mp__fail(MP_ENOMEM,

@@ -59,7 +59,7 @@ bool mp__index_reserve(mp_pool_t *pool, size_t n) {
     cap *= 2;
   if (cap > UINT32_MAX)
     cap = UINT32_MAX;
-  mp__inode_t *v = realloc(pool->inodes, cap * sizeof *v);
+  mp__inode_t *v = mp__host_realloc(pool->inodes, cap * sizeof *v);
   if (v == NULL)
     return false;
   if (pool->inodes == NULL)

@@ -20,22 +20,6 @@
 
 #include "pool_internal.h"
 
-mp_status_t mp__pool_paused(const mp_pool_t *pool, const char *fn) {
-  return pool->paused ? mp__fail(MP_EBUSY, "%s: the pool is paused", fn)
-                      : MP_OK;
-}
-
-static void mp__device_begin(mp_pool_t *pool) {
-  pool->inflight = true;
-  pthread_mutex_unlock(&pool->lock);
-}
-
-static void mp__device_end(mp_pool_t *pool) {
-  pthread_mutex_lock(&pool->lock);
-  pool->inflight = false;
-  pthread_cond_broadcast(&pool->idle_cv);
-}
-
 /* Copies every live block between the device and the host buffer (to_host:
  * device to host), in address order, then waits for the copies. They run
  * on a stream of their own: a wait on the legacy stream is a call CUDA
@@ -116,13 +100,13 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
   if (flags & ~MP_PAUSE_KEEP_CONTENT)
     return mp__fail(MP_EINVAL, "mp_pool_pause: unknown flags 0x%x",
                     flags & ~MP_PAUSE_KEEP_CONTENT);
-  pthread_mutex_lock(&pool->lock);
+  mp__pool_lock(pool);
   mp__pool_wait_sync(pool);
   if (!pool->paused && pool->nexports > 0)
     mp__export_reap(pool);
   mp_status_t st = mp__pause_check(pool);
   if (st != MP_OK) {
-    pthread_mutex_unlock(&pool->lock);
+    mp__pool_unlock(pool);
     return st;
   }
   /* From here every other call is MP_EBUSY, so nothing changes under us. */
@@ -134,7 +118,7 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
    * on each, not a device synchronize (another thread may be capturing). */
   mp__sync_set_t set;
   mp__streams_sync_events(pool, &set);
-  mp__device_begin(pool);
+  mp__pool_device_begin(pool);
   st = mp__sync_set_wait(pool->dev, &set);
   if (st == MP_OK && keep) {
     st = mp_device_host_alloc(pool->dev, live, &pool->pause_copy);
@@ -148,37 +132,37 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
     mp_device_host_free(pool->dev, pool->pause_copy);
     pool->pause_copy = NULL;
   }
-  mp__device_end(pool);
+  mp__pool_device_end(pool);
   mp__sync_set_release(pool, &set);
   if (st != MP_OK) {
     pool->paused = false;
-    pthread_mutex_unlock(&pool->lock);
+    mp__pool_unlock(pool);
     return st;
   }
   pool->st.device_free_count += v ? v->nchunks : 0;
   pool->paused_reserved = pool->st.reserved_bytes;
   pool->paused_free = pool->st.free_bytes;
   pool->st.reserved_bytes = pool->st.free_bytes = 0;
-  pthread_mutex_unlock(&pool->lock);
+  mp__pool_unlock(pool);
   return MP_OK;
 }
 
 mp_status_t mp_pool_resume(mp_pool_t *pool) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_resume: pool is NULL");
-  pthread_mutex_lock(&pool->lock);
+  mp__pool_lock(pool);
   mp__pool_wait_sync(pool);
   if (!pool->paused) {
-    pthread_mutex_unlock(&pool->lock);
+    mp__pool_unlock(pool);
     return mp__fail(MP_EINVAL, "mp_pool_resume: the pool is not paused");
   }
   mp__segment_t *v = pool->vseg;
   if (pool->cap < pool->paused_reserved) {
-    pthread_mutex_unlock(&pool->lock);
+    mp__pool_unlock(pool);
     return mp__fail(MP_ELIMIT, "mp_pool_resume: the pool's cap is below "
                                "what it held");
   }
-  mp__device_begin(pool);
+  mp__pool_device_begin(pool);
   mp_status_t st = v != NULL ? mp__chunks(pool, v, true, v->nchunks) : MP_OK;
   if (st == MP_OK && pool->pause_copy != NULL &&
       (st = mp__copy_live(pool, false)) != MP_OK)
@@ -187,14 +171,14 @@ mp_status_t mp_pool_resume(mp_pool_t *pool) {
     mp_device_host_free(pool->dev, pool->pause_copy);
     pool->pause_copy = NULL;
   }
-  mp__device_end(pool);
+  mp__pool_device_end(pool);
   if (st == MP_OK) {
     pool->paused = false;
     pool->st.device_alloc_count += v ? v->nchunks : 0;
     pool->st.reserved_bytes = pool->paused_reserved;
     pool->st.free_bytes = pool->paused_free;
   }
-  pthread_mutex_unlock(&pool->lock);
+  mp__pool_unlock(pool);
   return st;
 }
 

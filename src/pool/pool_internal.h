@@ -1,6 +1,50 @@
 /* pool_internal.h - the pool's private structures, shared by src/pool/ files
  * and by the white-box unit tests. Never installed.
  *
+ * Map of src/pool, bottom first: each file, its one job, and the files it
+ * may call (only files below it; ctest src_pool_layers checks that no file
+ * calls, directly or not, a file that calls it: cmake/layers.py --show).
+ *   lock.c      the pool lock and the one protocol for dropping it around a
+ *               device call or a synchronization (invariant stated there).
+ *               Calls nothing.
+ *   index.c     size classes, bitmaps, class treaps of free blocks. Nothing.
+ *   history.c   the event ring of mp_pool_history. Nothing.
+ *   config.c    config defaults, parsing, validation. Nothing.
+ *   stats.c     peaks and the largest free block. index.
+ *   stream.c    stream table, epochs, markers, events, deps of free blocks,
+ *               the pool's synchronization (mp__pool_sync). lock.
+ *   block.c     block records, the live map, split and the one merge
+ *               (mp__block_absorb, coalesce). index, stream.
+ *   segment.c   the segment list and plain segments. block, index, stream,
+ *               history, stats, lock.
+ *   vrange.c    the virtual range: chunks, holes, placement, map/unmap
+ *               bookkeeping, reclaim. segment and what it calls.
+ *   grow.c      grow / trim / release dispatch. vrange, segment, block,
+ *               stream, lock.
+ *   defrag.c    defragmentation and freeze. block, index, stream, stats,
+ *               lock.
+ *   core.c      the allocation core: search, take (the out-of-memory
+ *               ladder, defrag its last rung), make live, release; a
+ *               pool's host structures. grow, segment, defrag, block,
+ *               index, stream, history, stats.
+ *   export.c    IPC exports and the leases the free path needs (hold, reap,
+ *               release all). core, grow, vrange, block.
+ *   alloc.c     an allocation under the lock. core, export, block, stream.
+ *   check.c     mp_pool_check. export, block, index, lock.
+ *   dump.c      mp_pool_dump. stats, lock.
+ *   snapshot.c  mp_pool_snapshot. Nothing (the lock is inline).
+ *   pause.c     pause and resume. export, vrange, stream, lock.
+ *   child.c     child pools. alloc, core, block, index.
+ *   graph.c     graph-private pools. alloc, core, block, stream.
+ *   handle.c    movable-block handles. alloc, core, block, history.
+ *   pool.c      the public entry points (create, destroy, alloc, free,
+ *               record_stream, trim, ...): route to graph pools, leases,
+ *               pause, handles, children, then the core. Any file above.
+ * The one call downwards-up: a graph pool's growth (segment.c) borrows
+ * from its parent through pool->upstream, a function pointer graph.c sets
+ * (as an RMM resource's upstream). The fit and split rules, the paused
+ * check and the lock itself are inline functions of this header.
+ *
  * Object model:
  *   mp_pool_t     one lock, a free index, a live-block map, segments, a
  *                 stream table and an event cache.
@@ -46,6 +90,12 @@
 #define MP__POOL_FLAGS                                                         \
   (MP_POOL_VIRTUAL | MP_POOL_DEFRAG_ON_OOM | MP_POOL_HISTORY_STACKS)
 
+/* Internal status, never returned to a caller: growth ran out of host
+ * memory for its bookkeeping (the message says so). The out-of-memory
+ * ladder stops at once and reports MP_ENOMEM with that message: the device
+ * is not what failed, and no rung would help. */
+#define MP__EHOST ((mp_status_t)0x4854)
+
 /* ---- blocks ------------------------------------------------------------ */
 enum {
   MP__B_FREE = 1u << 0,      /* in the free index */
@@ -71,6 +121,13 @@ enum {
 };
 
 #define MP__MAX_DEPS 4
+
+/* MP_DEBUG builds track the pool lock's owner (lock.c). */
+#if defined(MP_DEBUG) && MP_DEBUG
+#define MP__LOCK_OWNER 1
+#else
+#define MP__LOCK_OWNER 0
+#endif
 
 /* 8 bytes, so that a block record fits two cache lines: at most
  * MP__MAX_STREAMS streams per pool, 2^48 epochs per stream. */
@@ -117,7 +174,7 @@ typedef struct mp__inode {
   uint32_t pad;
 } mp__inode_t;
 
-/* ---- segments (segment.c) ---------------------------------------------- */
+/* ---- segments (segment.c, vrange.c) ------------------------------------ */
 enum { MP__SEG_PLAIN, MP__SEG_VIRTUAL, MP__SEG_RANGE };
 
 typedef struct mp__chunk {
@@ -209,7 +266,11 @@ typedef struct mp__history {
 
 /* ---- the pool ---------------------------------------------------------- */
 struct mp_pool {
-  pthread_mutex_t lock;
+  pthread_mutex_t lock; /* lock.c */
+#if MP__LOCK_OWNER
+  pthread_t lock_owner; /* MP_DEBUG: the thread holding lock, if owned */
+  bool lock_owned;
+#endif
   pthread_cond_t idle_cv; /* signalled when inflight or syncing drops */
   bool inflight;          /* a grow/release is in progress with lock dropped */
   bool syncing; /* a synchronization is in progress with the lock dropped:
@@ -230,6 +291,12 @@ struct mp_pool {
   mp_pool_t *parent;         /* child pools: the parent */
   mp__block_t *parent_block; /* child pools: the range's block in parent */
   size_t children;           /* live child pools (graph pools included) */
+
+  /* Growth from the parent instead of the device (graph pools, set in
+   * graph.c): called with the lock dropped (inflight) for a new plain
+   * segment of bytes on stream s. NULL: the device. */
+  mp_status_t (*upstream)(mp_pool_t *pool, size_t bytes, mp_stream_t s,
+                          void **out);
 
   /* graph.c */
   bool graph;          /* a graph-private pool: grows by borrowing ranges of
@@ -257,8 +324,6 @@ struct mp_pool {
   mp__segment_t *segs; /* every segment, newest first */
   mp__segment_t *vseg; /* the virtual segment, if any */
   bool vm_failed;      /* the virtual range could not be reserved */
-  mp__block_t *fresh;  /* the block the last grow put memory in; read
-                          right after mp__segment_grow, under the lock */
 
   mp__strm_t *streams;
   uint32_t nstreams, streams_cap, last_sidx;
@@ -294,9 +359,56 @@ struct mp_pool {
   mp__history_t hist;
 };
 
+/* ---- lock.c: the pool lock and the one way to drop it ------------------- */
+/* Takes / drops the pool's lock (inline: the hot path takes it once per
+ * call). MP_DEBUG builds record the owner for MP__ASSERT_LOCKED. */
+static inline void mp__pool_lock(mp_pool_t *pool) {
+  pthread_mutex_lock(&pool->lock);
+#if MP__LOCK_OWNER
+  pool->lock_owner = pthread_self();
+  pool->lock_owned = true;
+#endif
+}
+/* Whether the calling thread holds pool's lock (MP_DEBUG builds; true
+ * otherwise, where MP__ASSERT never evaluates it). */
+static inline bool mp__pool_held(const mp_pool_t *pool) {
+#if MP__LOCK_OWNER
+  return pool->lock_owned && pthread_equal(pool->lock_owner, pthread_self());
+#else
+  (void)pool;
+  return true;
+#endif
+}
+#define MP__ASSERT_LOCKED(pool) MP__ASSERT(mp__pool_held(pool))
+static inline void mp__pool_unlock(mp_pool_t *pool) {
+  MP__ASSERT_LOCKED(pool);
+#if MP__LOCK_OWNER
+  pool->lock_owned = false;
+#endif
+  pthread_mutex_unlock(&pool->lock);
+}
+/* Around a device call that changes what the pool holds: sets inflight and
+ * drops the lock; _end retakes it, clears inflight and wakes waiters. */
+void mp__pool_device_begin(mp_pool_t *pool);
+void mp__pool_device_end(mp_pool_t *pool);
+/* Waits until no grow/release is in flight (drops the lock meanwhile). */
+void mp__pool_wait_idle(mp_pool_t *pool);
+/* Around a synchronization with the lock dropped: one at a time, after any
+ * grow or release in flight; growth does not wait for it. wait_sync waits
+ * for the turn (call it before snapshotting stream epochs); begin waits
+ * too and returns with the lock dropped, end retakes it. */
+void mp__pool_wait_sync(mp_pool_t *pool);
+void mp__pool_sync_begin(mp_pool_t *pool);
+void mp__pool_sync_end(mp_pool_t *pool);
+
+/* MP_EBUSY naming fn while the pool is paused (pause.c), else MP_OK. */
+static inline mp_status_t mp__pool_paused(const mp_pool_t *pool,
+                                          const char *fn) {
+  return pool->paused ? mp__fail(MP_EBUSY, "%s: the pool is paused", fn)
+                      : MP_OK;
+}
+
 /* ---- pause.c ------------------------------------------------------------ */
-/* MP_EBUSY naming fn while the pool is paused, else MP_OK. */
-mp_status_t mp__pool_paused(const mp_pool_t *pool, const char *fn);
 /* Destroy: frees what a paused pool holds beside its reservation. */
 void mp__pool_pause_release(mp_pool_t *pool);
 
@@ -314,10 +426,6 @@ typedef struct mp__grange {
 mp_pool_t *mp__graph_route(const mp_pool_t *parent, mp_stream_t s);
 /* Under parent's lock: the graph pool whose range holds p, or NULL. */
 mp_pool_t *mp__graph_owner(const mp_pool_t *parent, uintptr_t p);
-/* Graph growth, with graph's lock dropped (inflight): borrows bytes of the
- * parent on stream s for a new range of graph. */
-mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes, mp_stream_t s,
-                             void **out);
 /* Under graph's lock: whether it is released and empty, its last block
  * gone; true for one caller only, which then calls mp__graph_finish_if with
  * the lock dropped: the ranges go back to the parent and the pool is freed.
@@ -345,21 +453,19 @@ void mp__handle_retire(mp_pool_t *pool, mp__block_t *b);
  * block. */
 void mp__handle_retire_all(mp_pool_t *pool);
 
-/* ---- pool.c ------------------------------------------------------------ */
-/* [defrag] The pool's lock; the public calls take it themselves. */
-void mp__pool_lock(mp_pool_t *pool);
-void mp__pool_unlock(mp_pool_t *pool);
-/* [defrag] Out-of-memory rung: move movable blocks so that a free block of
- * at least `need` bytes forms. Called without the lock. Returns bytes moved;
- * the weak default in pool.c moves nothing (returns 0). */
-size_t mp__pool_defrag_on_oom(mp_pool_t *pool, size_t need, mp_stream_t s);
+/* ---- core.c: the allocation core --------------------------------------- */
 /* [defrag] Rounds bytes up to the pool's align; false on overflow. */
 bool mp__pool_round(const mp_pool_t *pool, size_t bytes, size_t *out);
-/* [defrag] Best fit for `size` (rounded) usable on stream sidx, through the
- * whole out-of-memory ladder (drops and retakes the lock). On MP_OK *out is
- * a block of exactly `size` bytes, out of the index, not yet live. */
+/* Best fit for `size` (rounded) usable on stream sidx, through the whole
+ * out-of-memory ladder (drops and retakes the lock). On MP_OK *out is a
+ * block of at least `size` bytes, out of the index, not yet live. */
 mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
                           mp__block_t **out);
+/* Puts a taken, never-live block back. */
+void mp__block_untake(mp_pool_t *pool, mp__block_t *b);
+/* Counts an out-of-memory failure of a request of `asked` bytes and
+ * returns st (MP_ENOMEM or MP_ELIMIT) with a message naming the figures. */
+mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked);
 /* Under the lock, after an allocation of bytes failed with st: calls the
  * pool's out-of-memory handler (lock dropped) if st is out of memory and
  * one is set; true: the caller tries once more. */
@@ -370,43 +476,48 @@ bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes);
 mp_status_t mp__pool_find_live(mp_pool_t *pool, const char *fn, void *ptr,
                                bool movable_ok, mp__block_t **out,
                                size_t *slot);
-/* mp_pool_alloc under the lock the caller holds. */
-mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
-                                  void **out);
 /* [defrag] Makes a taken block live: map, stats, stream. */
 void mp__block_make_live(mp_pool_t *pool, mp__block_t *b, size_t requested,
                          uint32_t sidx);
 /* [defrag] Frees a live block (already removed from the map): deps, stats,
  * coalescing, back into the index. */
 void mp__block_release(mp_pool_t *pool, mp__block_t *b);
-
-/* The live block holding ptr (its start or inside it), through graph
- * pools: its start and size. Takes the lock; false when none is live
- * there. */
-bool mp__pool_block_of(mp_pool_t *pool, const void *ptr, void **base,
-                       size_t *size);
-/* mp__pool_new with cfg (no checks; the caller fills in cap and memory). */
+/* A pool's host structures with cfg (no checks; the caller fills in cap and
+ * memory). */
 mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
                          mp_pool_t **out);
 /* Frees a pool's host structures (it holds no memory any more). */
 void mp__pool_free_host(mp_pool_t *pool);
 
+/* ---- alloc.c ------------------------------------------------------------ */
+/* mp_pool_alloc under the lock the caller holds. */
+mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
+                                  void **out);
+
+/* ---- defrag.c ----------------------------------------------------------- */
+/* Out-of-memory rung (core.c's ladder): moves movable blocks so that a free
+ * block of at least `need` bytes forms. Called without the lock. Returns
+ * bytes moved. */
+size_t mp__defrag_on_oom(mp_pool_t *pool, size_t need, mp_stream_t s);
+
+/* ---- child.c ------------------------------------------------------------ */
+/* Destroy of a child pool: its range back to the parent, its segment record
+ * freed (the caller then frees the pool's host structures). */
+void mp__child_release(mp_pool_t *pool);
+
+/* ---- pool.c ------------------------------------------------------------- */
+/* The live block holding ptr (its start or inside it), through graph
+ * pools: its start and size. Takes the lock; false when none is live
+ * there. */
+bool mp__pool_block_of(mp_pool_t *pool, const void *ptr, void **base,
+                       size_t *size);
 /* mp_pool_free of ptr, with s recorded as a use first (mp_free_async): one
  * locked step, so a pointer it refuses leaves no use behind. fn names the
  * caller in messages. */
 mp_status_t mp__pool_free_on(mp_pool_t *pool, void *ptr, mp_stream_t s,
                              const char *fn);
-/* Waits for every stream the pool knows, by an event each (a device
- * synchronize only where a stream cannot be marked), with the lock dropped
- * meanwhile, and marks every stream epoch before it done. _alloc also
- * takes a device buffer of buf_bytes while the lock is down (*buf NULL
- * when there is no room). */
-mp_status_t mp__pool_sync(mp_pool_t *pool);
-mp_status_t mp__pool_sync_alloc(mp_pool_t *pool, size_t buf_bytes, void **buf);
-/* The largest free block of the virtual range that may be split for a
- * smaller request: max(max_split, segment_bytes rounded to the granule);
- * 0: no limit. */
-size_t mp__vsplit_limit(const mp_pool_t *pool);
+/* Whether ptr lies in one of pool's segments (takes the lock). */
+bool mp__pool_contains(mp_pool_t *pool, const void *ptr);
 
 /* ---- index.c: size classes, bitmaps, class treaps ----------------------- */
 void mp__class_of(const mp_pool_t *pool, size_t size, unsigned *fl,
@@ -447,6 +558,13 @@ void mp__map_remove_slot(mp_pool_t *pool, size_t slot);
  * block after it, with b's deps, inserted in the index. Returns it or NULL
  * when the rest is empty (or no record could be made). */
 mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b, size_t size);
+/* The one merge of two free blocks: gone (into's next, both out of the
+ * index) joins into: deps merged, into keeps gone's MP__B_UNMERGED mark,
+ * gone's record freed. force: past MP__MAX_DEPS pending streams into waits
+ * for the next device sync (MP__B_SYNC); else such a pair stays apart,
+ * both marked MP__B_UNMERGED, and the result is false. */
+bool mp__block_absorb(mp_pool_t *pool, mp__block_t *into, mp__block_t *gone,
+                      bool force);
 /* [defrag] Merges free b (not in the index) with its free neighbours (taken
  * out of the index) and returns the merged block, still not in the index. */
 mp__block_t *mp__block_coalesce(mp_pool_t *pool, mp__block_t *b);
@@ -484,6 +602,13 @@ void mp__streams_poll(mp_pool_t *pool, bool close);
 uint64_t mp__streams_sync_begin(mp_pool_t *pool);
 void mp__streams_sync_end(mp_pool_t *pool, uint64_t snap);
 void mp__streams_release(mp_pool_t *pool); /* destroy: events back */
+/* Waits for every stream the pool knows, by an event each (a device
+ * synchronize only where a stream cannot be marked), with the lock dropped
+ * meanwhile (lock.c's sync protocol), and marks every stream epoch before
+ * it done. _alloc also takes a device buffer of buf_bytes while the lock is
+ * down (*buf NULL when there is no room). */
+mp_status_t mp__pool_sync(mp_pool_t *pool);
+mp_status_t mp__pool_sync_alloc(mp_pool_t *pool, size_t buf_bytes, void **buf);
 /* A synchronization of the streams the pool knows, without a device
  * synchronize: an event recorded on each live stream (under the lock),
  * waited for with the lock dropped. */
@@ -508,38 +633,64 @@ bool mp__streams_all_idle_now(mp_pool_t *pool);
 mp_status_t mp__event_get(mp_pool_t *pool, mp_event_t *out);
 void mp__event_put(mp_pool_t *pool, mp_event_t e);
 
-/* ---- segment.c: growth and release --------------------------------------
- * Called with the lock held; they drop it around device calls (inflight). */
+/* ---- segment.c: the segment list and plain segments ---------------------
+ * Called with the lock held; growth drops it around device calls (lock.c). */
+mp__segment_t *mp__segment_containing(const mp_pool_t *pool, uintptr_t p);
+/* Adds s at the head of the pool's segment list. */
+void mp__segment_push(mp_pool_t *pool, mp__segment_t *s);
+/* Reserved (and free) bytes grow / shrink by bytes; peaks follow. */
+void mp__reserved_add(mp_pool_t *pool, size_t bytes);
+void mp__reserved_sub(mp_pool_t *pool, size_t bytes);
+/* What growth stopped by the cap returns: MP_ELIMIT under max_bytes (or a
+ * child's range), else MP_ENOMEM. */
+mp_status_t mp__segment_limit(mp_pool_t *pool);
+/* A new plain segment for a block of size on sidx; *fresh: the free block
+ * holding its memory. */
+mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
+                           mp__block_t **fresh);
+/* Gives one wholly free, releasable plain segment back; false if none. */
+bool mp__plain_trim_one(mp_pool_t *pool);
+
+/* ---- vrange.c: the virtual range ----------------------------------------- */
+/* Reserves the virtual range on first use: MP_OK; MP_ENOTSUP: use plain
+ * segments (no virtual memory); MP__EHOST. */
+mp_status_t mp__vrange_ready(mp_pool_t *pool);
+/* Maps memory for a block of size on sidx where it best completes a fitting
+ * block (reclaiming free chunks first when the map would lift reserved
+ * above its peak); *fresh: the free block holding it. MP_ENOTSUP: the range
+ * is exhausted (the caller goes plain). */
+mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
+                            mp__block_t **fresh);
+/* Unmaps free chunks until want bytes went back, never one inside k1 or k2
+ * (patient: the growth rung); returns the bytes released. */
+size_t mp__vrange_reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
+                          const mp__block_t *k2, bool patient);
+/* The mapped chunk of virtual segment v holding address a; false if none. */
+bool mp__vrange_chunk_of(const mp__segment_t *v, uintptr_t a, mp__chunk_t *out);
+/* vm_map, then the peers' access (mp_pool_set_access); unmapped again if
+ * that fails. Callable with the lock dropped. */
+mp_status_t mp__pool_vm_map(mp_pool_t *pool, void *addr, size_t bytes);
+/* Destroy: unmaps (unless paused) and releases virtual segment s and frees
+ * its tables. */
+void mp__vrange_release(mp_pool_t *pool, mp__segment_t *s);
+
+/* ---- grow.c: growth and release dispatch --------------------------------- */
 /* Makes room for a block of `size` usable on sidx. MP_ELIMIT when the cap
- * stops it, MP_ENOMEM / MP_EDRIVER from the device. */
-mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx);
+ * stops it, MP_ENOMEM / MP_EDRIVER from the device, MP__EHOST without host
+ * memory for the records. On MP_OK *fresh is the
+ * free block the new memory went to, or NULL when another thread's grow or
+ * release was waited for instead (the caller looks at the cache again). */
+mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
+                             mp__block_t **fresh);
 /* Releases free memory (synchronized already) until free bytes <= keep:
  * wholly free plain segments, and free chunks anywhere in the virtual
  * range. */
 void mp__segment_trim(mp_pool_t *pool, size_t keep);
-/* vm_map, then the peers' access (mp_pool_set_access); unmapped again if
- * that fails. Callable with the lock dropped. */
-mp_status_t mp__pool_vm_map(mp_pool_t *pool, void *addr, size_t bytes);
 /* release_threshold: after a free, gives idle memory above the threshold
  * back to the device where its streams are known done; never waits. */
 void mp__segment_release_above(mp_pool_t *pool);
 /* Destroy: releases every segment, live or not. */
 void mp__segment_release_all(mp_pool_t *pool);
-mp__segment_t *mp__segment_containing(const mp_pool_t *pool, uintptr_t p);
-/* The mapped chunk of virtual segment v holding address a; false if none. */
-bool mp__segment_chunk_of(const mp__segment_t *v, uintptr_t a,
-                          mp__chunk_t *out);
-/* Whether ptr lies in one of pool's segments (takes the lock). */
-bool mp__pool_contains(mp_pool_t *pool, const void *ptr);
-/* Waits until no grow/release is in flight (drops the lock meanwhile). */
-void mp__pool_wait_idle(mp_pool_t *pool);
-/* Around a synchronization with the lock dropped: one at a time, after any
- * grow or release in flight; growth does not wait for it. wait_sync waits
- * for the turn (call it before snapshotting stream epochs); begin waits
- * too and returns with the lock dropped, end retakes it. */
-void mp__pool_wait_sync(mp_pool_t *pool);
-void mp__pool_sync_begin(mp_pool_t *pool);
-void mp__pool_sync_end(mp_pool_t *pool);
 
 /* ---- history.c ---------------------------------------------------------- */
 /* At create: the ring for cfg.history events (none when 0). */
@@ -580,5 +731,101 @@ size_t mp__stats_largest_free(const mp_pool_t *pool);
 mp_status_t mp__pool_check_locked(mp_pool_t *pool);
 /* ---- config.c ----------------------------------------------------------- */
 mp_status_t mp__config_validate(const mp_pool_config_t *cfg);
+
+/* True when free block b can be given back now: no work pending on it. */
+static inline bool mp__releasable(mp_pool_t *pool, mp__block_t *b) {
+  return (b->flags & MP__B_FREE) && mp__deps_safe(pool, b, UINT32_MAX, false);
+}
+
+/* v rounded up to a multiple of to. */
+static inline size_t mp__round_up(size_t v, size_t to) {
+  return (v + to - 1) / to * to;
+}
+
+/* ---- fit and split policy (inline rules; no file of their own) ----------
+ * A block above max_split is never split for a smaller request; it goes
+ * whole only to a request above max_split that it fits within the slack
+ * max(1/8, 2 MiB), as the large segments made for such requests do. In
+ * plain segments a free block spanning a whole small-request segment
+ * (segment_bytes) is fresh memory and exempt, or nothing could be carved
+ * from it; in the virtual range the limit is mp__vsplit_limit (at least
+ * one growth step), and growth for a small request keeps the new memory
+ * apart from free neighbours it would push above that limit
+ * (mp__merge_ok), while the big free blocks that cannot serve small
+ * requests are what reclaim and trim unmap first. One exception: in a pool
+ * used from several streams the free block at the top of the virtual range
+ * may be split whatever its size. Reclaim there cannot wait for its
+ * streams, and a top block whose last use is still running would otherwise
+ * swallow every chunk grown above it once freed, so the range grew without
+ * bound (a graph workload under max_split=64M: 14x its live bytes). */
+
+/* How far a block taken whole may exceed a request above the split limit:
+ * max(size/8, 2 MiB). */
+static inline size_t mp__whole_slack(size_t size) {
+  return size / 8 > MP__LARGE_ROUND ? size / 8 : MP__LARGE_ROUND;
+}
+
+/* The largest free block of the virtual range that may be split for a
+ * smaller request: max(max_split, segment_bytes rounded to the granule);
+ * 0: no limit. */
+static inline size_t mp__vsplit_limit(const mp_pool_t *pool) {
+  size_t ms = pool->cfg.max_split;
+  if (ms == 0)
+    return 0;
+  size_t g = pool->granule ? pool->granule : 1;
+  size_t seg = (pool->cfg.segment_bytes + g - 1) / g * g;
+  ms = ms > seg ? ms : seg;
+  /* Growth maps whole granules: a limit between two multiples would leave
+   * the memory grown for a request just under it above it, unsplittable
+   * and too big to be taken whole. */
+  return ms > SIZE_MAX - (g - 1) ? ms : (ms + g - 1) / g * g;
+}
+
+/* The split limit of plain segments: max_split rounded up to the unit large
+ * segments are made in, for the same reason. */
+static inline size_t mp__plain_split_limit(const mp_pool_t *pool) {
+  size_t ms = pool->cfg.max_split, u = MP__LARGE_ROUND;
+  return ms > SIZE_MAX - (u - 1) ? ms : (ms + u - 1) / u * u;
+}
+
+/* Whether free block b may be split for a request of size. */
+static inline bool mp__split_allowed(const mp_pool_t *pool,
+                                     const mp__block_t *b, size_t size) {
+  size_t ms = pool->cfg.max_split;
+  if (ms == 0 || b->size <= ms || b->size == size)
+    return true;
+  if (b->seg->kind == MP__SEG_VIRTUAL)
+    return b->size <= mp__vsplit_limit(pool) ||
+           (b->next == NULL && pool->nstreams > 1);
+  if (b->size <= mp__plain_split_limit(pool))
+    return true;
+  return b->prev == NULL && b->next == NULL &&
+         b->seg->size == pool->cfg.segment_bytes;
+}
+
+/* Whether free block b may be taken whole by a request of size above
+ * max_split. */
+static inline bool mp__whole_ok(const mp_pool_t *pool, const mp__block_t *b,
+                                size_t size) {
+  return size > pool->cfg.max_split && b->size - size < mp__whole_slack(size);
+}
+
+/* Whether free block b can serve a request of size at all (split or
+ * whole). */
+static inline bool mp__fits(const mp_pool_t *pool, const mp__block_t *b,
+                            size_t size) {
+  return mp__split_allowed(pool, b, size) || mp__whole_ok(pool, b, size);
+}
+
+/* Growth: whether a merged block of m bytes suits a request of size under
+ * the split limit lim: splittable (m <= lim), or for a request above lim
+ * taken whole (within the slack). */
+static inline bool mp__merge_ok(size_t lim, size_t m, size_t size) {
+  if (lim == 0)
+    return true;
+  if (size <= lim)
+    return m <= lim;
+  return m - size < mp__whole_slack(size);
+}
 
 #endif /* MEMPOOL_POOL_INTERNAL_H */

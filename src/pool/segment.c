@@ -1,90 +1,23 @@
-/* segment.c - where a pool's memory comes from and how it goes back.
+/* segment.c - the segment list and plain segments.
  *
  * Sources: a pool draws from its device, or (a child pool) from a range its
  * parent handed out; a child never grows. From the device, memory comes in
- * one of two shapes:
- *  - virtual (MP_POOL_VIRTUAL, device with virtual memory): one address range
- *    reserved once, holding mapped chunks with unmapped holes between them.
- *    A chunk is exactly one vm_map call (CUDA cannot unmap part of a
- *    mapping, and the host backend enforces the same). A hole is a block of
- *    its own (MP__B_HOLE), so blocks never span one and free neighbours
- *    coalesce only across mapped memory.
- *  - plain: one mp_device_alloc per segment; trim frees wholly free ones.
- *
- * Virtual growth maps where the new memory best completes a fitting block:
- * for each hole, the free blocks on either side (usable on the stream, and
- * within max_split) plus the hole may hold the request, and then only what
- * they lack is mapped, at the hole's edge next to them; at the top, what the
- * free top block lacks, preferably max(segment_bytes, reserved/128 capped
- * at 16 MiB). The smallest need wins (the top on ties: its step saves later
- * calls). Rounded to the granule; near the cap, the exact need.
- *
- * Release: a free chunk (one lying wholly inside a free block whose work is
- * done) can be unmapped wherever it is: the block around it splits into a
- * free piece below, a hole and a free piece above; holes next to each other
- * merge, and a hole that reaches the top shrinks the span. Trim does this
- * for free chunks anywhere; growth does it first (reclaim) whenever the
- * mapping would lift reserved above its peak, so the peak follows live
- * memory instead of free chunks stranded in the middle of the range. The
- * growth rung runs in pools used from one stream (asking that stream once
- * whether it is idle when the free chunks still wait for its work), and in
- * multi-stream pools only under max_split once a quarter of the memory is
- * free (asking every stream whether it is idle; chunks of streams still
- * busy stay); otherwise what a multi-stream pool knows to be done depends
- * on stream timing (see mp__reclaim). Chunk sizes trade device calls
- * against precision: a chunk goes back only when wholly free.
+ * one of two shapes: the virtual range (vrange.c) or plain segments, one
+ * mp_device_alloc each (or, for a graph pool, one range borrowed from its
+ * parent through the pool's upstream). Trim frees wholly free plain
+ * segments.
  *
  * Plain growth: segment_bytes for requests up to segment_bytes/2, else the
  * request rounded up to 2 MiB.
  *
  * Locking: every device call here runs with the pool lock dropped and the
- * pool marked inflight; only one grow or release is in flight at a time.
- * Metadata changes before an unmap (the memory becomes a hole, unusable)
- * and after a map. Invariant: reserved_bytes equals the sum of segment
- * sizes; a virtual segment's chunks are ascending inside [base, base +
- * span), the last one ends at the top, and the gaps between them are
- * exactly its hole blocks. */
+ * pool marked inflight (lock.c); only one grow or release is in flight at a
+ * time. Invariant: reserved_bytes equals the sum of segment sizes, and the
+ * blocks of a segment tile it. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "pool_internal.h"
-
-static size_t mp__round_up(size_t v, size_t to) {
-  return (v + to - 1) / to * to;
-}
-
-void mp__pool_wait_idle(mp_pool_t *pool) {
-  while (pool->inflight)
-    pthread_cond_wait(&pool->idle_cv, &pool->lock);
-}
-
-void mp__pool_wait_sync(mp_pool_t *pool) {
-  while (pool->inflight || pool->syncing)
-    pthread_cond_wait(&pool->idle_cv, &pool->lock);
-}
-
-void mp__pool_sync_begin(mp_pool_t *pool) {
-  mp__pool_wait_sync(pool);
-  pool->syncing = true;
-  pthread_mutex_unlock(&pool->lock);
-}
-
-void mp__pool_sync_end(mp_pool_t *pool) {
-  pthread_mutex_lock(&pool->lock);
-  pool->syncing = false;
-  pthread_cond_broadcast(&pool->idle_cv);
-}
-
-static void mp__begin_device(mp_pool_t *pool) {
-  pool->inflight = true;
-  pthread_mutex_unlock(&pool->lock);
-}
-
-static void mp__end_device(mp_pool_t *pool) {
-  pthread_mutex_lock(&pool->lock);
-  pool->inflight = false;
-  pthread_cond_broadcast(&pool->idle_cv);
-}
 
 mp__segment_t *mp__segment_containing(const mp_pool_t *pool, uintptr_t p) {
   for (mp__segment_t *s = pool->segs; s != NULL; s = s->next)
@@ -93,7 +26,7 @@ mp__segment_t *mp__segment_containing(const mp_pool_t *pool, uintptr_t p) {
   return NULL;
 }
 
-static void mp__seg_push(mp_pool_t *pool, mp__segment_t *s) {
+void mp__segment_push(mp_pool_t *pool, mp__segment_t *s) {
   s->prev = NULL;
   s->next = pool->segs;
   if (pool->segs)
@@ -101,7 +34,7 @@ static void mp__seg_push(mp_pool_t *pool, mp__segment_t *s) {
   pool->segs = s;
 }
 
-static void mp__seg_unlink(mp_pool_t *pool, mp__segment_t *s) {
+static void mp__segment_unlink(mp_pool_t *pool, mp__segment_t *s) {
   if (s->prev)
     s->prev->next = s->next;
   else
@@ -110,13 +43,14 @@ static void mp__seg_unlink(mp_pool_t *pool, mp__segment_t *s) {
     s->next->prev = s->prev;
 }
 
-static void mp__reserved_add(mp_pool_t *pool, size_t bytes) {
+void mp__reserved_add(mp_pool_t *pool, size_t bytes) {
   pool->st.reserved_bytes += bytes;
   pool->st.free_bytes += bytes;
   mp__stats_peaks(pool);
 }
 
-static void mp__reserved_sub(mp_pool_t *pool, size_t bytes) {
+void mp__reserved_sub(mp_pool_t *pool, size_t bytes) {
+  MP__ASSERT(pool->st.reserved_bytes >= bytes && pool->st.free_bytes >= bytes);
   pool->st.reserved_bytes -= bytes;
   pool->st.free_bytes -= bytes;
 }
@@ -124,8 +58,9 @@ static void mp__reserved_sub(mp_pool_t *pool, size_t bytes) {
 /* Grows the free tail of seg (or adds a free block) by bytes at its top. A
  * free tail that stream sidx may not use yet is left apart, or the new
  * memory would inherit its wait (UINT32_MAX: merge regardless). */
-static void mp__tail_extend(mp_pool_t *pool, mp__segment_t *seg, uintptr_t addr,
-                            size_t bytes, mp__block_t *rec, uint32_t sidx) {
+static mp__block_t *mp__tail_extend(mp_pool_t *pool, mp__segment_t *seg,
+                                    uintptr_t addr, size_t bytes,
+                                    mp__block_t *rec, uint32_t sidx) {
   mp__block_t *t = seg->last;
   bool adjacent =
       t != NULL && (t->flags & MP__B_FREE) && t->addr + t->size == addr;
@@ -138,602 +73,31 @@ static void mp__tail_extend(mp_pool_t *pool, mp__segment_t *seg, uintptr_t addr,
     t->size += bytes;
     mp__index_insert(pool, t);
     mp__rec_free(pool, rec);
-    pool->fresh = t;
-    return;
+    return t;
   }
   rec->addr = addr;
   rec->size = bytes;
   mp__block_link(seg, seg->last, rec);
   mp__index_insert(pool, rec);
   pool->st.free_blocks++;
-  pool->fresh = rec;
+  return rec;
 }
 
-static mp_status_t mp__limit(mp_pool_t *pool) {
+mp_status_t mp__segment_limit(mp_pool_t *pool) {
   return pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM;
 }
 
-/* Reserves the virtual range on first use; false: use plain segments. */
-static bool mp__vseg_ready(mp_pool_t *pool) {
-  if (pool->vseg != NULL)
-    return true;
-  if (pool->vm_failed || pool->granule == 0)
-    return false;
-  size_t va = pool->cap;
-  if (va > ((size_t)1 << 42))
-    va = (size_t)1 << 42;
-  va = mp__round_up(va, pool->granule);
-  mp__segment_t *s = calloc(1, sizeof *s);
-  if (s == NULL)
-    return false;
-  void *base = NULL;
-  mp__begin_device(pool);
-  mp_status_t st = mp__device_vm_reserve(pool->dev, va, &base);
-  mp__end_device(pool);
-  if (st != MP_OK) {
-    free(s);
-    pool->vm_failed = true;
-    return false;
-  }
-  s->base = (uintptr_t)base;
-  s->va_size = va;
-  s->kind = MP__SEG_VIRTUAL;
-  mp__seg_push(pool, s);
-  pool->vseg = s;
-  return true;
-}
-
-/* ---- the virtual range: chunks and holes -------------------------------- */
-
-/* Room for one more chunk and one more hole, so that the bookkeeping of a
- * map or an unmap cannot fail halfway. */
-static bool mp__vseg_room(mp__segment_t *v) {
-  if (v->nchunks == v->chunk_cap) {
-    size_t cap = v->chunk_cap ? v->chunk_cap * 2 : 16;
-    mp__chunk_t *c = realloc(v->chunks, cap * sizeof *c);
-    if (c == NULL)
-      return false;
-    v->chunks = c;
-    v->chunk_cap = cap;
-  }
-  if (v->nholes == v->holes_cap) {
-    size_t cap = v->holes_cap ? v->holes_cap * 2 : 16;
-    mp__block_t **h = realloc(v->holes, cap * sizeof *h);
-    if (h == NULL)
-      return false;
-    v->holes = h;
-    v->holes_cap = cap;
-  }
-  return true;
-}
-
-/* The first chunk at or above a. */
-static size_t mp__chunk_at(const mp__segment_t *v, uintptr_t a) {
-  size_t lo = 0, hi = v->nchunks;
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    if (v->chunks[mid].addr < a)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
-}
-
-bool mp__segment_chunk_of(const mp__segment_t *v, uintptr_t a,
-                          mp__chunk_t *out) {
-  size_t i = mp__chunk_at(v, a + 1); /* the first chunk above a */
-  if (i == 0 || a - v->chunks[i - 1].addr >= v->chunks[i - 1].size)
-    return false;
-  *out = v->chunks[i - 1];
-  return true;
-}
-
-static void mp__hole_add(mp__segment_t *v, mp__block_t *h) {
-  h->flags = MP__B_HOLE;
-  h->ndeps = 0;
-  h->requested = 0;
-  h->sidx = (uint32_t)v->nholes;
-  v->holes[v->nholes++] = h;
-}
-
-static void mp__hole_drop(mp_pool_t *pool, mp__segment_t *v, mp__block_t *h) {
-  mp__block_t *last = v->holes[--v->nholes];
-  v->holes[h->sidx] = last;
-  last->sidx = h->sidx;
-  mp__block_unlink(v, h);
-  mp__rec_free(pool, h);
-}
-
-/* Merges the fresh free block r (not in the index) with the free neighbours
- * the placement chose; a free neighbour left out is marked, so both know
- * they lie apart on purpose. Returns the merged block, not in the index. */
-static mp__block_t *mp__join(mp_pool_t *pool, mp__block_t *r, bool jp,
-                             bool jn) {
-  mp__block_t *n = r->next;
-  if (n != NULL && (n->flags & MP__B_FREE)) {
-    if (jn) {
-      mp__index_remove(pool, n);
-      mp__deps_merge(pool, r, n);
-      if (n->flags & MP__B_SYNC) {
-        r->flags |= MP__B_SYNC;
-        r->gen = r->gen > n->gen ? r->gen : n->gen;
-      }
-      r->flags |= n->flags & MP__B_UNMERGED;
-      r->size += n->size;
-      mp__block_unlink(r->seg, n);
-      mp__rec_free(pool, n);
-      pool->st.free_blocks--;
-    } else {
-      r->flags |= MP__B_UNMERGED;
-      n->flags |= MP__B_UNMERGED;
-    }
-  }
-  mp__block_t *p = r->prev;
-  if (p != NULL && (p->flags & MP__B_FREE)) {
-    if (jp) {
-      mp__index_remove(pool, p);
-      mp__deps_merge(pool, p, r);
-      if (r->flags & MP__B_SYNC) {
-        p->flags |= MP__B_SYNC;
-        p->gen = p->gen > r->gen ? p->gen : r->gen;
-      }
-      p->flags |= r->flags & MP__B_UNMERGED;
-      p->size += r->size;
-      mp__block_unlink(r->seg, r);
-      mp__rec_free(pool, r);
-      pool->st.free_blocks--;
-      r = p;
-    } else {
-      r->flags |= MP__B_UNMERGED;
-      p->flags |= MP__B_UNMERGED;
-    }
-  }
-  return r;
-}
-
-/* Bookkeeping after [at, at + n) was mapped: inside hole h, or (h NULL) at
- * or above the top, a gap below it becoming a hole (spare's record). The
- * new memory is a free block, merged with the neighbours jp/jn allow. */
-static void mp__mapped(mp_pool_t *pool, mp__segment_t *v, mp__block_t *h,
-                       uintptr_t at, size_t n, mp__block_t *r,
-                       mp__block_t *spare, bool jp, bool jn) {
-  size_t i = mp__chunk_at(v, at);
-  memmove(&v->chunks[i + 1], &v->chunks[i],
-          (v->nchunks - i) * sizeof *v->chunks);
-  v->chunks[i].addr = at;
-  v->chunks[i].size = n;
-  v->nchunks++;
-  v->size += n;
-  pool->st.device_alloc_count++;
-  pool->st.segment_count++;
-  mp__reserved_add(pool, n);
-  MP__HIST(pool, MP__H_SEGMENT_MAP, at, n, 0);
-  r->addr = at;
-  r->size = n;
-  r->flags = MP__B_FREE;
-  if (h == NULL) {
-    uintptr_t top = v->base + v->span;
-    if (at > top) {
-      spare->addr = top;
-      spare->size = at - top;
-      mp__block_link(v, v->last, spare);
-      mp__hole_add(v, spare);
-      spare = NULL;
-    }
-    mp__block_link(v, v->last, r);
-    v->span = at + n - v->base;
-  } else {
-    uintptr_t hend = h->addr + h->size;
-    if (at > h->addr) {
-      h->size = at - h->addr;
-      mp__block_link(v, h, r);
-      if (at + n < hend) {
-        spare->addr = at + n;
-        spare->size = hend - (at + n);
-        mp__block_link(v, r, spare);
-        mp__hole_add(v, spare);
-        spare = NULL;
-      }
-    } else {
-      mp__block_link(v, h->prev, r);
-      if (at + n < hend) {
-        h->addr = at + n;
-        h->size = hend - h->addr;
-      } else {
-        mp__hole_drop(pool, v, h);
-      }
-    }
-  }
-  if (spare != NULL)
-    mp__rec_free(pool, spare);
-  pool->st.free_blocks++;
-  r = mp__join(pool, r, jp, jn);
-  mp__index_insert(pool, r);
-  pool->fresh = r;
-}
-
-/* Bookkeeping before chunk i, lying wholly inside free block f (out of the
- * index), is unmapped: f splits into a free piece below, a hole, and a free
- * piece above (r2's record, with f's deps); holes next to each other merge
- * and a hole at the top goes, shrinking the span. */
-static void mp__unmapping(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
-                          size_t i, mp__block_t *r1, mp__block_t *r2) {
-  mp__chunk_t c = v->chunks[i];
-  uintptr_t cend = c.addr + c.size, fend = f->addr + f->size;
-  if (cend < fend) {
-    mp__block_t *hi = r2;
-    r2 = NULL;
-    hi->addr = cend;
-    hi->size = fend - cend;
-    hi->flags = f->flags & (MP__B_FREE | MP__B_SYNC | MP__B_UNMERGED);
-    hi->gen = f->gen;
-    hi->ndeps = f->ndeps;
-    memcpy(hi->deps, f->deps, sizeof hi->deps);
-    mp__block_link(v, f, hi);
-    mp__index_insert(pool, hi);
-    pool->st.free_blocks++;
-  }
-  mp__block_t *h;
-  if (c.addr > f->addr) {
-    f->size = c.addr - f->addr;
-    mp__index_insert(pool, f);
-    h = r1;
-    r1 = NULL;
-    h->addr = c.addr;
-    h->size = c.size;
-    mp__block_link(v, f, h);
-  } else {
-    h = f;
-    h->size = c.size;
-    h->gen = 0;
-    pool->st.free_blocks--;
-  }
-  mp__hole_add(v, h);
-  mp__block_t *n = h->next;
-  if (n != NULL && (n->flags & MP__B_HOLE)) {
-    h->size += n->size;
-    mp__hole_drop(pool, v, n);
-  }
-  mp__block_t *p = h->prev;
-  if (p != NULL && (p->flags & MP__B_HOLE)) {
-    p->size += h->size;
-    mp__hole_drop(pool, v, h);
-    h = p;
-  }
-  if (h->next == NULL) {
-    v->span = h->addr - v->base;
-    mp__hole_drop(pool, v, h);
-  }
-  memmove(&v->chunks[i], &v->chunks[i + 1],
-          (v->nchunks - i - 1) * sizeof *v->chunks);
-  v->nchunks--;
-  v->size -= c.size;
-  pool->st.segment_count--;
-  mp__reserved_sub(pool, c.size);
-  if (r1 != NULL)
-    mp__rec_free(pool, r1);
-  if (r2 != NULL)
-    mp__rec_free(pool, r2);
-}
-
-/* True when free block b can be given back now: no work pending on it. */
-static bool mp__releasable(mp_pool_t *pool, mp__block_t *b) {
-  return (b->flags & MP__B_FREE) && mp__deps_safe(pool, b, UINT32_MAX, false);
-}
-
-/* Unmaps chunk i of v, lying wholly inside releasable free block f. false
- * when it could not (the memory then stays the pool's, free). */
-static bool mp__unmap_chunk(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
-                            size_t i) {
-  if (!mp__vseg_room(v))
-    return false;
-  mp__block_t *r1 = mp__rec_new(pool), *r2 = mp__rec_new(pool);
-  if (r1 == NULL || r2 == NULL) {
-    if (r1)
-      mp__rec_free(pool, r1);
-    if (r2)
-      mp__rec_free(pool, r2);
-    return false;
-  }
-  mp__chunk_t c = v->chunks[i];
-  mp__index_remove(pool, f);
-  mp__unmapping(pool, v, f, i, r1, r2);
-  mp__begin_device(pool);
-  mp_status_t st = mp__device_vm_unmap(pool->dev, (void *)c.addr, c.size);
-  mp__end_device(pool);
-  if (st == MP_OK) {
-    pool->st.device_free_count++;
-    MP__HIST(pool, MP__H_SEGMENT_UNMAP, c.addr, c.size, 0);
-    return true;
-  }
-  /* Still mapped: take it back as free memory where it was. */
-  mp__block_t *r = mp__rec_new(pool), *spare = mp__rec_new(pool);
-  mp__block_t *h = NULL;
-  for (size_t k = 0; k < v->nholes; k++)
-    if (c.addr >= v->holes[k]->addr &&
-        c.addr < v->holes[k]->addr + v->holes[k]->size)
-      h = v->holes[k];
-  if (r != NULL && spare != NULL && mp__vseg_room(v)) {
-    mp__mapped(pool, v, h, c.addr, c.size, r, spare, true, true);
-    pool->st.device_alloc_count--; /* no call was made */
-    return false;
-  }
-  /* No host memory to describe it: it stays mapped but unused until the
-   * range is released. */
-  if (r)
-    mp__rec_free(pool, r);
-  if (spare)
-    mp__rec_free(pool, spare);
-  return false;
-}
-
-/* Picks a free chunk to unmap: one lying wholly inside a free block of v
- * other than k1/k2 and releasable now; the smallest of at least want bytes,
- * else the largest. pending: one was passed over only for pending work. */
-static bool mp__pick_chunk(mp_pool_t *pool, mp__segment_t *v, size_t want,
-                           const mp__block_t *k1, const mp__block_t *k2,
-                           mp__block_t **fo, size_t *io, bool *pending) {
-  bool found = false;
-  size_t best = 0;
-  for (mp__block_t *b = v->first; b != NULL; b = b->next) {
-    if (!(b->flags & MP__B_FREE) || b->size < pool->granule || b == k1 ||
-        b == k2)
-      continue;
-    uintptr_t end = b->addr + b->size;
-    size_t i = mp__chunk_at(v, b->addr);
-    if (i == v->nchunks || v->chunks[i].addr + v->chunks[i].size > end)
-      continue;
-    if (!mp__deps_safe(pool, b, UINT32_MAX, false)) {
-      *pending = true;
-      continue;
-    }
-    for (; i < v->nchunks && v->chunks[i].addr + v->chunks[i].size <= end;
-         i++) {
-      size_t cs = v->chunks[i].size;
-      bool better = !found || (cs >= want ? (best < want || cs < best)
-                                          : (best < want && cs > best));
-      if (better) {
-        found = true;
-        best = cs;
-        *fo = b;
-        *io = i;
-      }
-    }
-  }
-  return found;
-}
-
-/* Unmaps free chunks of the virtual range until want bytes went back (or
- * none is left), never one inside k1 or k2. patient: the growth rung. A
- * pool used from one stream records no marker at frees; when free chunks
- * wait only for that stream, it is asked once whether it is idle
- * (mp_stream_query, never a wait: the stream may hold the application's
- * own work, even work waiting for this caller); if not, the pool grows. A pool
- * used from several streams skips the rung (which chunks it knows done would
- * depend on when the streams' markers were seen, so its figures would change
- * from run to run, and waiting for streams could block on work that waits for
- * the caller), except under a split limit, where it asks every stream whether
- * it is idle (the same answer whenever the streams have caught up); trim and
- * the out-of-memory ladder, after waiting for the streams, still unmap free
- * chunks anywhere. Never a device synchronize here. Returns the bytes
- * released. */
-static size_t mp__reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
-                          const mp__block_t *k2, bool patient) {
-  mp__segment_t *v = pool->vseg;
-  size_t done = 0;
-  if (patient && pool->nstreams > 1) {
-    /* Under a split limit, free blocks above it cannot serve small
-     * requests: once a quarter of what is reserved is free, unmap the free
-     * chunks whose streams are known done rather than grow past them. It
-     * never waits for a stream here: another stream's work may be waiting
-     * for this very caller. */
-    if (mp__vsplit_limit(pool) == 0 ||
-        pool->st.free_bytes < pool->st.reserved_bytes / 4)
-      return 0;
-    /* Which streams are idle now (a query each, no marker to wait for: the
-     * same answer whenever the streams have caught up): what they freed is
-     * done and can go back. */
-    (void)mp__streams_all_idle_now(pool);
-    patient = false;
-  }
-  while (v != NULL && done < want) {
-    bool pending = false;
-    mp__block_t *f = NULL;
-    size_t i = 0;
-    if (!mp__pick_chunk(pool, v, want - done, k1, k2, &f, &i, &pending)) {
-      if (!pending || !patient || pool->nstreams != 1)
-        break;
-      patient = false;
-      /* Never wait: the stream may hold the application's own work, even
-       * work that waits for this very caller. */
-      if (!mp__stream_idle_now(pool, 0))
-        break;
-      continue;
-    }
-    size_t cs = v->chunks[i].size;
-    if (!mp__unmap_chunk(pool, v, f, i))
-      break;
-    done += cs;
-  }
-  return done;
-}
-
-/* Where growth maps: inside hole (NULL: at the top) at `at`, `need` bytes
- * at least and `bytes` preferably; jp/jn: merge with the free neighbour
- * below/above; k1/k2: the free blocks it completes. */
-typedef struct mp__place {
-  mp__block_t *hole;
-  uintptr_t at;
-  size_t need, bytes;
-  bool jp, jn;
-  mp__block_t *k1, *k2;
-} mp__place_t;
-
-/* Bytes of free block b that growth on stream sidx may count on. */
-static size_t mp__usable(mp_pool_t *pool, mp__block_t *b, uint32_t sidx) {
-  return b != NULL && (b->flags & MP__B_FREE) &&
-                 mp__deps_safe(pool, b, sidx, false)
-             ? b->size
-             : 0;
-}
-
-/* Whether a merged block of m bytes suits a request of size under the
- * split limit lim: splittable (m <= lim), or for a request above lim taken
- * whole (within max(1/8, 2 MiB)). */
-static bool mp__merge_ok(size_t lim, size_t m, size_t size) {
-  if (lim == 0)
-    return true;
-  if (size <= lim)
-    return m <= lim;
-  size_t slack = size / 8 > MP__LARGE_ROUND ? size / 8 : MP__LARGE_ROUND;
-  return m - size < slack;
-}
-
-/* Bytes to map so that `have` free bytes next to them hold size. */
-static size_t mp__lack(const mp_pool_t *pool, size_t size, size_t have) {
-  size_t n = mp__round_up(size > have ? size - have : 0, pool->granule);
-  return n ? n : pool->granule;
-}
-
-static void mp__consider(mp__place_t *best, bool *found, mp__block_t *hole,
-                         uintptr_t at, size_t n, bool jp, bool jn,
-                         mp__block_t *k1, mp__block_t *k2) {
-  if (*found && n >= best->need)
-    return;
-  *found = true;
-  best->hole = hole;
-  best->at = at;
-  best->need = best->bytes = n;
-  best->jp = jp;
-  best->jn = jn;
-  best->k1 = jp ? k1 : NULL;
-  best->k2 = jn ? k2 : NULL;
-}
-
-/* The best place for size on sidx; false when neither the top nor a hole
- * has room. */
-static bool mp__place(mp_pool_t *pool, mp__segment_t *v, size_t size,
-                      uint32_t sidx, mp__place_t *best) {
-  size_t lim = mp__vsplit_limit(pool), g = pool->granule;
-  size_t step = pool->st.reserved_bytes / 128;
-  if (step > ((size_t)16 << 20))
-    step = (size_t)16 << 20;
-  if (step < pool->cfg.segment_bytes)
-    step = pool->cfg.segment_bytes;
-  step = mp__round_up(step, g);
-  bool found = false;
-  /* The top first, so that it wins ties. */
-  mp__block_t *t = v->last;
-  size_t f = mp__usable(pool, t, sidx);
-  size_t n = mp__lack(pool, size, f);
-  bool jp = f > 0 && mp__merge_ok(lim, f + n, size);
-  if (!jp)
-    n = mp__lack(pool, size, 0);
-  if (v->span + n <= v->va_size)
-    mp__consider(best, &found, NULL, v->base + v->span, n, jp, false, t, NULL);
-  for (size_t k = 0; k < v->nholes; k++) {
-    mp__block_t *h = v->holes[k];
-    mp__block_t *lo = h->prev, *up = h->next;
-    size_t fl = mp__usable(pool, lo, sidx), fu = mp__usable(pool, up, sidx);
-    uintptr_t hend = h->addr + h->size;
-    if (fl + h->size + fu >= size &&
-        mp__merge_ok(lim, fl + h->size + fu, size) && (fl || fu))
-      mp__consider(best, &found, h, h->addr, h->size, fl > 0, fu > 0, lo, up);
-    if (fl > 0 && (n = mp__lack(pool, size, fl)) <= h->size &&
-        mp__merge_ok(lim, fl + n + (n == h->size ? fu : 0), size))
-      mp__consider(best, &found, h, h->addr, n, true, n == h->size && fu > 0,
-                   lo, up);
-    if (fu > 0 && (n = mp__lack(pool, size, fu)) <= h->size &&
-        mp__merge_ok(lim, fu + n + (n == h->size ? fl : 0), size))
-      mp__consider(best, &found, h, hend - n, n, n == h->size && fl > 0, true,
-                   lo, up);
-    if ((n = mp__lack(pool, size, 0)) <= h->size)
-      mp__consider(best, &found, h, h->addr, n, false, false, NULL, NULL);
-  }
-  if (!found)
-    return false;
-  /* Map a step at least where there is room, so that small requests do not
-   * map one granule at a time; under a split limit, only as far as the
-   * fresh block stays splittable (a big request gets what it asks). */
-  size_t have =
-      (best->jp ? best->k1->size : 0) + (best->jn ? best->k2->size : 0);
-  if (lim != 0) {
-    size_t room = size <= lim && lim > have ? lim - have : 0;
-    room = room / g * g;
-    step = step < room ? step : 0;
-  }
-  size_t space = best->hole ? best->hole->size : v->va_size - v->span;
-  if (step > space)
-    step = space;
-  if (step > best->need) {
-    best->bytes = step;
-    if (best->hole != NULL && best->jn && !best->jp)
-      best->at = best->hole->addr + best->hole->size - step;
-  }
-  return true;
-}
-
-static mp_status_t mp__grow_virtual(mp_pool_t *pool, size_t size,
-                                    uint32_t sidx) {
-  mp__segment_t *v = pool->vseg;
-  mp__place_t p = {0};
-  for (int round = 0;; round++) {
-    if (!mp__place(pool, v, size, sidx, &p))
-      return MP_ENOTSUP; /* range exhausted: the caller goes plain */
-    /* Rung: reclaim free chunks, then grow, so that reserved memory does
-     * not rise above its peak while free chunks lie elsewhere. */
-    size_t after = pool->st.reserved_bytes + p.bytes;
-    if (round > 0 || after <= pool->st.peak_reserved_bytes ||
-        mp__reclaim(pool, after - pool->st.peak_reserved_bytes, p.k1, p.k2,
-                    true) == 0)
-      break;
-  }
-  size_t room = pool->cap > pool->st.reserved_bytes
-                    ? pool->cap - pool->st.reserved_bytes
-                    : 0;
-  size_t grow = p.bytes;
-  if (grow > room) {
-    /* Only the exact need fits: it must still touch the blocks it
-     * completes, so one placed against the hole's top edge moves up. */
-    grow = p.need;
-    if (p.hole != NULL && p.jn && !p.jp)
-      p.at = p.hole->addr + p.hole->size - grow;
-  }
-  if (grow > room)
-    return mp__limit(pool);
-  if (!mp__vseg_room(v))
-    return mp__fail(MP_ENOMEM, "out of host memory for chunk records");
-  mp__block_t *rec = mp__rec_new(pool), *spare = mp__rec_new(pool);
-  if (rec == NULL || spare == NULL) {
-    if (rec)
-      mp__rec_free(pool, rec);
-    if (spare)
-      mp__rec_free(pool, spare);
-    return mp__fail(MP_ENOMEM, "out of host memory for block records");
-  }
-  mp__begin_device(pool);
-  mp_status_t st = mp__pool_vm_map(pool, (void *)p.at, grow);
-  mp__end_device(pool);
-  if (st != MP_OK) {
-    mp__rec_free(pool, rec);
-    mp__rec_free(pool, spare);
-    return st;
-  }
-  mp__mapped(pool, v, p.hole, p.at, grow, rec, spare, p.jp, p.jn);
-  return MP_OK;
-}
-
-/* A new plain segment's memory: from the device, or for a graph pool a
- * range borrowed from its parent (graph.c). */
+/* A new plain segment's memory: from the device, or from the pool's
+ * upstream (a graph pool borrows a range of its parent; graph.c sets it). */
 static mp_status_t mp__plain_source(mp_pool_t *pool, size_t bytes,
                                     mp_stream_t s, void **p) {
-  if (pool->graph)
-    return mp__graph_borrow(pool, bytes, s, p);
+  if (pool->upstream != NULL)
+    return pool->upstream(pool, bytes, s, p);
   return mp_device_alloc(pool->dev, bytes, p);
 }
 
-static mp_status_t mp__grow_plain(mp_pool_t *pool, size_t size, uint32_t sidx) {
+mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
+                           mp__block_t **fresh) {
   size_t bytes = size <= pool->cfg.segment_bytes / 2
                      ? pool->cfg.segment_bytes
                      : mp__round_up(size, MP__LARGE_ROUND);
@@ -745,26 +109,26 @@ static mp_status_t mp__grow_plain(mp_pool_t *pool, size_t size, uint32_t sidx) {
   if (bytes > room)
     bytes = size;
   if (bytes > room)
-    return mp__limit(pool);
-  mp__segment_t *s = calloc(1, sizeof *s);
+    return mp__segment_limit(pool);
+  mp__segment_t *s = mp__host_calloc(1, sizeof *s);
   mp__block_t *rec = mp__rec_new(pool);
   if (s == NULL || rec == NULL) {
     free(s);
     if (rec)
       mp__rec_free(pool, rec);
-    return mp__fail(MP_ENOMEM, "out of host memory for a segment record");
+    return mp__fail(MP__EHOST, "out of host memory for a segment record");
   }
   void *p = NULL;
   mp_stream_t strm = pool->streams[sidx].s;
-  mp__begin_device(pool);
+  mp__pool_device_begin(pool);
   mp_status_t st = mp__plain_source(pool, bytes, strm, &p);
-  mp__end_device(pool);
+  mp__pool_device_end(pool);
   if (st == MP_OK && (uintptr_t)p % pool->cfg.align != 0) {
     /* A virtual pool's align may exceed what plain memory promises; it
      * gets no plain segment that would break it. */
-    mp__begin_device(pool);
+    mp__pool_device_begin(pool);
     mp_device_free(pool->dev, p);
-    mp__end_device(pool);
+    mp__pool_device_end(pool);
     st = mp__fail(MP_ENOTSUP,
                   "the device returned memory at %p, not aligned to the "
                   "pool's align %zu",
@@ -778,53 +142,29 @@ static mp_status_t mp__grow_plain(mp_pool_t *pool, size_t size, uint32_t sidx) {
   s->base = (uintptr_t)p;
   s->size = s->span = bytes;
   s->kind = pool->graph ? MP__SEG_RANGE : MP__SEG_PLAIN;
-  mp__seg_push(pool, s);
+  mp__segment_push(pool, s);
   pool->st.device_alloc_count++;
   pool->st.segment_count++;
   mp__reserved_add(pool, bytes);
   MP__HIST(pool, MP__H_SEGMENT_ALLOC, s->base, bytes, 0);
-  mp__tail_extend(pool, s, s->base, bytes, rec, UINT32_MAX);
+  *fresh = mp__tail_extend(pool, s, s->base, bytes, rec, UINT32_MAX);
   return MP_OK;
 }
 
-mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx) {
-  pool->fresh = NULL;
-  if (pool->parent != NULL && !pool->graph)
-    return MP_ELIMIT; /* a child pool never grows */
-  /* Growth rounds up to the granule or to MP__LARGE_ROUND: a size that
-   * cannot be rounded without wrapping is more than any device holds. */
-  size_t unit =
-      pool->granule > MP__LARGE_ROUND ? pool->granule : MP__LARGE_ROUND;
-  if (size > SIZE_MAX - unit)
-    return pool->cap_is_max && size > pool->cap ? mp__limit(pool) : MP_ENOMEM;
-  if (pool->inflight) {
-    /* Someone else is growing or releasing: wait, then let the caller look
-     * at the cache again. */
-    mp__pool_wait_idle(pool);
-    return MP_OK;
-  }
-  if ((pool->cfg.flags & MP_POOL_VIRTUAL) && mp__vseg_ready(pool)) {
-    mp_status_t st = mp__grow_virtual(pool, size, sidx);
-    if (st != MP_ENOTSUP)
-      return st;
-  }
-  return mp__grow_plain(pool, size, sidx);
-}
-
-static bool mp__trim_plain_one(mp_pool_t *pool) {
+bool mp__plain_trim_one(mp_pool_t *pool) {
   for (mp__segment_t *s = pool->segs; s != NULL; s = s->next) {
     if (s->kind != MP__SEG_PLAIN || s->first != s->last ||
         !mp__releasable(pool, s->first))
       continue;
     mp__block_t *b = s->first;
     mp__index_remove(pool, b);
-    mp__seg_unlink(pool, s);
-    mp__begin_device(pool);
+    mp__segment_unlink(pool, s);
+    mp__pool_device_begin(pool);
     mp_status_t st = mp_device_free(pool->dev, (void *)s->base);
-    mp__end_device(pool);
+    mp__pool_device_end(pool);
     if (st != MP_OK) {
       /* Keep it: the pool still owns the memory. */
-      mp__seg_push(pool, s);
+      mp__segment_push(pool, s);
       mp__index_insert(pool, b);
       return false;
     }
@@ -838,77 +178,4 @@ static bool mp__trim_plain_one(mp_pool_t *pool) {
     return true;
   }
   return false;
-}
-
-void mp__segment_trim(mp_pool_t *pool, size_t keep) {
-  if (pool->parent != NULL)
-    return; /* a child's range goes back only when it is destroyed */
-  mp__pool_wait_idle(pool);
-  mp__block_merge_deferred(pool);
-  while (pool->st.free_bytes > keep) {
-    if (mp__reclaim(pool, pool->st.free_bytes - keep, NULL, NULL, false) == 0 &&
-        !mp__trim_plain_one(pool))
-      break;
-  }
-}
-
-#define MP__RELEASE_EVERY 8 /* frees between tries that left memory above */
-
-void mp__segment_release_above(mp_pool_t *pool) {
-  size_t th = pool->cfg.release_threshold;
-  if (MP__LIKELY(th == 0) || pool->st.free_bytes <= th ||
-      pool->st.free_count < pool->release_next_free || pool->inflight ||
-      pool->syncing || pool->paused)
-    return;
-  /* Which streams have finished their work: a query each (before any new
-   * marker, which would make an idle stream busy), never a wait. */
-  if (mp__streams_all_idle_now(pool)) {
-    /* Every stream the pool knows has finished: what waits for a sync
-     * (blocks whose streams did not fit one record) is free to go too. */
-    mp__streams_sync_end(pool, mp__streams_sync_begin(pool));
-  }
-  mp__segment_trim(pool, th);
-  /* Memory still above the threshold is in use by a stream (or not whole
-   * chunks): the next try waits a few frees. */
-  if (pool->st.free_bytes > th)
-    pool->release_next_free = pool->st.free_count + MP__RELEASE_EVERY;
-}
-
-mp_status_t mp__pool_vm_map(mp_pool_t *pool, void *addr, size_t bytes) {
-  mp_status_t st = mp__device_vm_map(pool->dev, addr, bytes);
-  unsigned n = atomic_load_explicit(&pool->npeers, memory_order_acquire);
-  for (unsigned i = 0; st == MP_OK && i < n; i++) {
-    st = mp__device_vm_access(pool->dev, addr, bytes, pool->peers[i]);
-    if (st != MP_OK) {
-      char why[256];
-      snprintf(why, sizeof why, "%s", mp_last_error());
-      (void)mp__device_vm_unmap(pool->dev, addr, bytes);
-      mp__fail(st, "%s", why);
-    }
-  }
-  return st;
-}
-
-void mp__segment_release_all(mp_pool_t *pool) {
-  mp__segment_t *s = pool->segs;
-  while (s != NULL) {
-    mp__segment_t *next = s->next;
-    if (s->kind == MP__SEG_PLAIN) {
-      mp_device_free(pool->dev, (void *)s->base);
-      pool->st.device_free_count++;
-    } else if (s->kind == MP__SEG_VIRTUAL) {
-      for (size_t i = pool->paused ? 0 : s->nchunks; i-- > 0;) {
-        mp__device_vm_unmap(pool->dev, (void *)s->chunks[i].addr,
-                            s->chunks[i].size);
-        pool->st.device_free_count++;
-      }
-      mp__device_vm_release(pool->dev, (void *)s->base, s->va_size);
-      free(s->chunks);
-      free(s->holes);
-    }
-    free(s);
-    s = next;
-  }
-  pool->segs = NULL;
-  pool->vseg = NULL;
 }

@@ -160,7 +160,7 @@ static mp_status_t mp__snap_link_events(mp__snap_t *s) {
     nlive += s->blocks[i].live;
   if (nlive == 0 || s->nev == 0)
     return MP_OK;
-  mp__sblock_t **by = malloc(nlive * sizeof *by);
+  mp__sblock_t **by = mp__host_alloc(nlive * sizeof *by);
   if (by == NULL)
     return mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
   nlive = 0;
@@ -195,11 +195,12 @@ static mp_status_t mp__snap_take(mp_pool_t *pool, mp__snap_t *s) {
       nb++;
   const mp__history_t *h = &pool->hist;
   size_t nev = h->total < h->cap ? (size_t)h->total : h->cap;
-  s->blocks = malloc((nb ? nb : 1) * sizeof *s->blocks);
-  s->segs = malloc((ns ? ns : 1) * sizeof *s->segs);
-  s->ev = malloc((nev ? nev : 1) * sizeof *s->ev);
+  s->blocks = mp__host_alloc((nb ? nb : 1) * sizeof *s->blocks);
+  s->segs = mp__host_alloc((ns ? ns : 1) * sizeof *s->segs);
+  s->ev = mp__host_alloc((nev ? nev : 1) * sizeof *s->ev);
   if (h->frames != NULL)
-    s->frames = malloc((nev ? nev : 1) * MP__HIST_FRAMES * sizeof(void *));
+    s->frames =
+        mp__host_alloc((nev ? nev : 1) * MP__HIST_FRAMES * sizeof(void *));
   if (s->blocks == NULL || s->segs == NULL || s->ev == NULL ||
       (h->frames != NULL && s->frames == NULL)) {
     mp__snap_free(s);
@@ -393,15 +394,15 @@ static void mp__snaps_free(mp__snap_t *snaps, size_t n) {
 
 static mp_status_t mp__snapshot_write(mp_pool_t *const *pools,
                                       const int *devices, size_t n, FILE *out) {
-  mp__snap_t *snaps = calloc(n ? n : 1, sizeof *snaps);
+  mp__snap_t *snaps = mp__host_calloc(n ? n : 1, sizeof *snaps);
   if (snaps == NULL)
     return mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
   mp_status_t st = MP_OK;
   size_t got = 0;
   for (; st == MP_OK && got < n; got++) {
-    pthread_mutex_lock(&pools[got]->lock);
+    mp__pool_lock(pools[got]);
     st = mp__snap_take(pools[got], &snaps[got]);
-    pthread_mutex_unlock(&pools[got]->lock);
+    mp__pool_unlock(pools[got]);
     if (st != MP_OK)
       break;
     snaps[got].device = devices[got];
@@ -441,7 +442,7 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
   /* A temporary beside path, renamed over it once complete: a failed
    * snapshot leaves whatever was at path untouched. */
   size_t tn = strlen(path) + 16;
-  char *tmp = malloc(tn);
+  char *tmp = mp__host_alloc(tn);
   if (tmp == NULL)
     return mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
   snprintf(tmp, tn, "%s.tmp.XXXXXX", path);

@@ -38,7 +38,7 @@ mp_status_t mp__event_get(mp_pool_t *pool, mp_event_t *out) {
 void mp__event_put(mp_pool_t *pool, mp_event_t e) {
   if (pool->nevents == pool->events_cap) {
     size_t cap = pool->events_cap ? pool->events_cap * 2 : 16;
-    mp_event_t *ev = realloc(pool->events, cap * sizeof *ev);
+    mp_event_t *ev = mp__host_realloc(pool->events, cap * sizeof *ev);
     if (ev == NULL) {
       mp_event_destroy(pool->dev, e);
       return;
@@ -108,7 +108,7 @@ static bool mp__shash_reserve(mp_pool_t *pool, uint32_t live) {
   if ((uint64_t)(live + 1) * 2 <= pool->shash_cap)
     return true;
   uint32_t cap = pool->shash_cap ? pool->shash_cap * 2 : 16;
-  uint32_t *h = calloc(cap, sizeof *h);
+  uint32_t *h = mp__host_calloc(cap, sizeof *h);
   if (h == NULL)
     return false;
   free(pool->shash);
@@ -168,10 +168,11 @@ static mp_status_t mp__slot_new(mp_pool_t *pool, uint32_t *out) {
     /* The forgotten list gets room for every slot, so that forgetting
      * never fails. */
     uint32_t cap = pool->streams_cap ? pool->streams_cap * 2 : 8;
-    uint32_t *g = realloc(pool->gone, cap * sizeof *g);
+    uint32_t *g = mp__host_realloc(pool->gone, cap * sizeof *g);
     if (g != NULL)
       pool->gone = g;
-    mp__strm_t *st = g ? realloc(pool->streams, cap * sizeof *st) : NULL;
+    mp__strm_t *st =
+        g ? mp__host_realloc(pool->streams, cap * sizeof *st) : NULL;
     if (st == NULL)
       return mp__fail(MP_ENOMEM, "out of host memory for the stream table");
     pool->streams = st;
@@ -273,11 +274,11 @@ static void mp__stream_retire(mp_pool_t *pool, uint32_t i) {
 
 void mp__stream_gone(void *ctx, mp_stream_t s) {
   mp_pool_t *pool = ctx;
-  pthread_mutex_lock(&pool->lock);
+  mp__pool_lock(pool);
   uint32_t i = mp__shash_find(pool, s, 0);
   if (i != UINT32_MAX)
     mp__stream_retire(pool, i);
-  pthread_mutex_unlock(&pool->lock);
+  mp__pool_unlock(pool);
 }
 
 /* ---- per-thread default streams of threads that exit ------------------- */
@@ -298,11 +299,11 @@ static void mp__pt_thread_exit(void *unused) {
   pthread_mutex_lock(&mp__pt_mu);
   for (size_t k = 0; k < mp__pt_n; k++) {
     mp_pool_t *pool = mp__pt_pools[k];
-    pthread_mutex_lock(&pool->lock);
+    mp__pool_lock(pool);
     uint32_t i = mp__shash_find(pool, pool->pt_handle, self);
     if (i != UINT32_MAX)
       mp__stream_retire(pool, i);
-    pthread_mutex_unlock(&pool->lock);
+    mp__pool_unlock(pool);
   }
   pthread_mutex_unlock(&mp__pt_mu);
 }
@@ -329,7 +330,7 @@ static bool mp__pt_register(mp_pool_t *pool) {
     return armed;
   if (mp__pt_n == mp__pt_cap) {
     size_t cap = mp__pt_cap ? mp__pt_cap * 2 : 4;
-    mp_pool_t **p = realloc(mp__pt_pools, cap * sizeof *p);
+    mp_pool_t **p = mp__host_realloc(mp__pt_pools, cap * sizeof *p);
     if (p == NULL) {
       pthread_mutex_unlock(&mp__pt_mu);
       return false;
@@ -613,7 +614,7 @@ void mp__streams_sync_end(mp_pool_t *pool, uint64_t snap) {
 }
 
 bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set) {
-  set->ev = malloc((pool->nstreams + 1) * sizeof *set->ev);
+  set->ev = mp__host_alloc((pool->nstreams + 1) * sizeof *set->ev);
   set->n = 0;
   if (set->ev == NULL)
     return false;
@@ -725,4 +726,37 @@ void mp__streams_release(mp_pool_t *pool) {
   pool->shash_cap = pool->ngone = 0;
   pool->nevents = pool->events_cap = 0;
   pool->nstreams = pool->streams_cap = 0;
+}
+
+/* Waits for the work of every stream the pool knows, by an event on each:
+ * what the pool's blocks can be in use by (pool.h: a block used on another
+ * stream is named by mp_pool_record_stream). No device synchronize, which
+ * would also be a call CUDA forbids while another thread captures a graph
+ * in global mode; only when a stream cannot be marked does it fall back to
+ * one. With buf_bytes > 0 it also allocates a device buffer of that size
+ * while the lock is down (defragmentation's staging buffer; *buf is NULL
+ * when the device has no room). */
+mp_status_t mp__pool_sync_alloc(mp_pool_t *pool, size_t buf_bytes, void **buf) {
+  if (MP__UNLIKELY(pool->ncapturing > 0))
+    return mp__fail(MP_EBUSY,
+                    "a stream of the pool is being captured (graph pool): no "
+                    "synchronize until mp_pool_graph_end");
+  mp__pool_wait_sync(pool);
+  uint64_t snap = mp__streams_sync_begin(pool);
+  mp__sync_set_t set;
+  mp__streams_sync_events(pool, &set);
+  mp__pool_sync_begin(pool);
+  mp_status_t st = mp__sync_set_wait(pool->dev, &set);
+  if (st == MP_OK && buf_bytes > 0 &&
+      mp_device_alloc(pool->dev, buf_bytes, buf) != MP_OK)
+    *buf = NULL;
+  mp__pool_sync_end(pool);
+  mp__sync_set_release(pool, &set);
+  if (st == MP_OK)
+    mp__streams_sync_end(pool, snap);
+  return st;
+}
+
+mp_status_t mp__pool_sync(mp_pool_t *pool) {
+  return mp__pool_sync_alloc(pool, 0, NULL);
 }

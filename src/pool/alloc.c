@@ -1,0 +1,35 @@
+/* alloc.c - an allocation under the lock: what mp_pool_alloc, handles,
+ * child pools and graph pools' borrowing share. Refuses while paused,
+ * closes the IPC leases whose importers let go (export.c) when blocks are
+ * held, rounds, takes a block through the out-of-memory ladder (core.c)
+ * and makes it live. The live map's room is asked for before the block is
+ * made live, so that nothing can fail after. */
+#include "pool_internal.h"
+
+mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
+                                  void **out) {
+  MP__ASSERT_LOCKED(pool);
+  uint32_t sidx;
+  mp_status_t st = mp__pool_paused(pool, "allocation");
+  if (MP__UNLIKELY(pool->nheld > 0) && st == MP_OK)
+    mp__export_reap(pool);
+  if (st == MP_OK)
+    st = mp__stream_index(pool, s, &sidx);
+  if (st != MP_OK)
+    return st;
+  size_t size;
+  if (!mp__pool_round(pool, bytes, &size) || size > pool->cap) {
+    size_t asked = bytes;
+    return mp__pool_oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM, asked);
+  }
+  mp__block_t *b;
+  if ((st = mp__pool_take(pool, size, sidx, &b)) != MP_OK)
+    return st;
+  if (!mp__map_reserve(pool, 1)) {
+    mp__block_untake(pool, b);
+    return mp__fail(MP_ENOMEM, "out of host memory for the block map");
+  }
+  mp__block_make_live(pool, b, bytes, sidx);
+  *out = (void *)b->addr;
+  return MP_OK;
+}

@@ -1,0 +1,91 @@
+/* child.c - child pools: a fixed range of a parent pool, carved by the
+ * parent's allocator and managed by a pool of its own.
+ *
+ * The range is one live parent block marked MP__B_CHILD; the child holds it
+ * as its one segment (MP__SEG_RANGE) and never grows (grow.c refuses:
+ * MP_ELIMIT, "child pool full"). Destroy gives the block back to the
+ * parent (mp__child_release). Locks: never both at once: the child is made
+ * before the parent's lock is taken, and released after its own lock is
+ * dropped. */
+#include <stdlib.h>
+
+#include "pool_internal.h"
+
+mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
+                                 mp_pool_t **out) {
+  if (parent == NULL || out == NULL || bytes == 0)
+    return mp__fail(MP_EINVAL, "mp_pool_create_child: %s",
+                    parent == NULL ? "parent is NULL"
+                    : out == NULL  ? "out is NULL"
+                                   : "0 bytes");
+  mp_pool_config_t cfg = parent->cfg;
+  cfg.flags &= ~(unsigned)MP_POOL_VIRTUAL;
+  cfg.max_bytes = 0;
+  /* max_split keeps big free blocks whole for requests that need them, and
+   * lets reclaim and trim give them back; a child's range is fixed and goes
+   * back only whole, so under the limit its one free block could never be
+   * carved for a small request. */
+  cfg.max_split = 0;
+  mp_pool_t *child;
+  mp_status_t st = mp__pool_new(parent->dev, &cfg, &child);
+  if (st != MP_OK)
+    return st;
+  mp__segment_t *seg = mp__host_calloc(1, sizeof *seg);
+  mp__block_t *rec = mp__rec_new(child);
+  if (seg == NULL || rec == NULL) {
+    free(seg);
+    mp__pool_free_host(child);
+    return mp__fail(MP_ENOMEM, "out of host memory creating a child pool");
+  }
+  void *base = NULL;
+  mp__pool_lock(parent);
+  st = mp__pool_alloc_locked(parent, bytes, NULL, &base);
+  if (st == MP_OK) {
+    mp__block_t *b = mp__map_find(parent, (uintptr_t)base);
+    b->flags |= MP__B_CHILD;
+    b->child = child;
+    parent->children++;
+    child->parent_block = b;
+    seg->base = b->addr;
+    seg->size = seg->span = b->size;
+  }
+  mp__pool_unlock(parent);
+  if (st != MP_OK) {
+    free(seg);
+    mp__pool_free_host(child);
+    return st;
+  }
+  child->parent = parent;
+  child->cap = seg->size;
+  child->cap_is_max = true;
+  child->cfg.max_bytes = seg->size;
+  seg->kind = MP__SEG_RANGE;
+  child->segs = seg;
+  child->st.reserved_bytes = child->st.peak_reserved_bytes = seg->size;
+  child->st.free_bytes = seg->size;
+  child->st.segment_count = 1;
+  rec->addr = seg->base;
+  rec->size = seg->size;
+  mp__block_link(seg, NULL, rec);
+  mp__index_insert(child, rec);
+  child->st.free_blocks = 1;
+  *out = child;
+  return MP_OK;
+}
+
+void mp__child_release(mp_pool_t *pool) {
+  mp_pool_t *parent = pool->parent;
+  mp__pool_lock(parent);
+  mp__block_t *b = pool->parent_block;
+  MP__ASSERT((b->flags & MP__B_CHILD) && b->child == pool);
+  mp__map_remove(parent, b);
+  mp__block_release(parent, b);
+  MP__ASSERT(parent->children > 0);
+  parent->children--;
+  mp__pool_unlock(parent);
+  for (mp__segment_t *s = pool->segs; s != NULL;) {
+    mp__segment_t *n = s->next;
+    free(s);
+    s = n;
+  }
+}

@@ -1,0 +1,372 @@
+/* core.c - the allocation core: take, search, grow and release blocks.
+ *
+ * An allocation rounds the request to the alignment, asks the free index for
+ * the best fit usable on its stream (smallest block that fits, lowest
+ * address on ties; at most MP__SEARCH_LIMIT candidates are looked at, so a
+ * pile of blocks still pending on other streams cannot make it scan), splits
+ * off the rest when it is worth keeping (mp__take_block; the fit and split
+ * rules are pool_internal.h's), and the caller makes it live in the live
+ * map. A free gives the block deps for the streams that used it, coalesces
+ * both neighbours and puts it back in the index. No device call on either
+ * path while the cache serves.
+ *
+ * The ladder when the cache cannot serve (mp__pool_take): grow -> reclaim
+ * (close and poll stream epochs) -> synchronize the device, trim every free
+ * segment, grow again -> defragment (defrag.c) -> MP_ENOMEM, or MP_ELIMIT
+ * when max_bytes (or a child's range) is what stops it.
+ *
+ * Also here: a pool's host structures (mp__pool_new, mp__pool_free_host),
+ * which every kind of pool (plain, child, graph) is made and freed with.
+ *
+ * Invariant: between calls every block is either live (in the map) or free
+ * (in the index), and stats equal what the blocks add up to (mp_pool_check
+ * walks it). Everything here expects the pool lock held but pool_new and
+ * free_host; the ladder drops it (lock.c's protocol). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "pool_internal.h"
+
+#define MP__SEARCH_LIMIT 16
+
+bool mp__pool_round(const mp_pool_t *pool, size_t bytes, size_t *out) {
+  size_t a = pool->cfg.align;
+  if (bytes > SIZE_MAX - (a - 1))
+    return false;
+  *out = (bytes + a - 1) & ~(a - 1);
+  return true;
+}
+
+static unsigned mp__log2(size_t v) {
+  return 63u - (unsigned)__builtin_clzll((unsigned long long)v);
+}
+
+/* pending: set when a block that fits was passed by only because another
+ * stream's work on it has not completed yet. */
+static mp__block_t *mp__search_ex(mp_pool_t *pool, size_t size, uint32_t sidx,
+                                  bool *pending) {
+  mp__block_t *b = mp__index_best_fit(pool, size);
+  for (unsigned k = 0; b != NULL && k < MP__SEARCH_LIMIT; k++) {
+    if (mp__fits(pool, b, size)) {
+      if (mp__deps_safe(pool, b, sidx, true))
+        return b;
+      *pending = true;
+    }
+    b = mp__index_next(pool, b);
+  }
+  return NULL;
+}
+
+static mp__block_t *mp__search(mp_pool_t *pool, size_t size, uint32_t sidx) {
+  bool pending = false;
+  return mp__search_ex(pool, size, sidx, &pending);
+}
+
+/* Before growing for a block that another stream's recent work still holds,
+ * give that work a moment: an idle stream passes its marker within
+ * microseconds, and a device allocation costs far more than the wait. The
+ * lock is dropped while waiting; at most MP__PENDING_WAIT_US in total. */
+#define MP__PENDING_WAIT_US 200
+static mp__block_t *mp__search_patiently(mp_pool_t *pool, size_t size,
+                                         uint32_t sidx) {
+  bool pending = false;
+  mp__block_t *b = mp__search_ex(pool, size, sidx, &pending);
+  for (unsigned waited = 0;
+       b == NULL && pending && waited < MP__PENDING_WAIT_US; waited += 10) {
+    struct timespec ts = {0, 10000};
+    mp__pool_unlock(pool);
+    nanosleep(&ts, NULL);
+    mp__pool_lock(pool);
+    pending = false;
+    b = mp__search_ex(pool, size, sidx, &pending);
+  }
+  return b;
+}
+
+/* Takes b out of the index and cuts it to size; the rest (at the high end)
+ * goes back as a free block when it is worth keeping: at least
+ * min(size/16, 1 MiB). Smaller slivers stay with the block (counted as
+ * allocated): kept apart they would only pile up in the smallest classes,
+ * slowing every insert there, and rarely serve anything. Returns the taken
+ * block. */
+static mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
+                                   size_t size) {
+  MP__ASSERT((b->flags & MP__B_FREE) && b->size >= size);
+  mp__index_remove(pool, b);
+  pool->st.free_blocks--;
+  size_t keep = size / 16 < MP__MiB ? size / 16 : MP__MiB;
+  if (b->size > size && b->size - size >= keep &&
+      mp__split_allowed(pool, b, size))
+    mp__block_split(pool, b, size);
+  return b;
+}
+
+mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked) {
+  char a[32], r[32], al[32], lf[32];
+  pool->st.oom_count++;
+  MP__HIST(pool, MP__H_OOM,
+           pool->cap > pool->st.reserved_bytes
+               ? pool->cap - pool->st.reserved_bytes
+               : 0,
+           asked, 0);
+  return mp__fail(
+      st, "%s: asked %s, reserved %s, allocated %s, largest free block %s",
+      st == MP_ELIMIT ? (pool->parent ? "child pool full" : "pool max_bytes")
+                      : "out of device memory",
+      mp__fmt_bytes(a, sizeof a, asked),
+      mp__fmt_bytes(r, sizeof r, pool->st.reserved_bytes),
+      mp__fmt_bytes(al, sizeof al, pool->st.allocated_bytes),
+      mp__fmt_bytes(lf, sizeof lf, mp__stats_largest_free(pool)));
+}
+
+static bool mp__is_oom(mp_status_t st) {
+  return st == MP_ENOMEM || st == MP_ELIMIT;
+}
+
+/* What the ladder returns for a growth failure no rung can help: a host
+ * failure (MP__EHOST) is MP_ENOMEM to callers, its message kept. */
+static mp_status_t mp__stop(mp_status_t st) {
+  return st == MP__EHOST ? MP_ENOMEM : st;
+}
+
+/* Grows until the cache serves or growing fails; returns the block. */
+static mp_status_t mp__grow_and_search(mp_pool_t *pool, size_t size,
+                                       uint32_t sidx, mp__block_t **out) {
+  /* Only growths this thread made count: waiting for another thread's
+   * grow or release is progress too, and is followed by a fresh look. */
+  for (int grown = 0; grown < 8;) {
+    mp__block_t *f;
+    mp_status_t st = mp__segment_grow(pool, size, sidx, &f);
+    if (st != MP_OK)
+      return st;
+    grown += f != NULL;
+    if ((*out = mp__search(pool, size, sidx)) != NULL)
+      return MP_OK;
+    /* The search looks at a bounded number of candidates; the block that
+     * received the new memory is one more, and fits by construction. */
+    if (f != NULL && (f->flags & MP__B_FREE) && f->size >= size &&
+        mp__fits(pool, f, size) && mp__deps_safe(pool, f, sidx, false)) {
+      *out = f;
+      return MP_OK;
+    }
+  }
+  return MP_ENOMEM;
+}
+
+mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
+                          mp__block_t **out) {
+  MP__ASSERT_LOCKED(pool);
+  MP__ASSERT(sidx < pool->nstreams && size % pool->cfg.align == 0);
+  mp__block_t *b = mp__search_patiently(pool, size, sidx);
+  if (b != NULL)
+    goto got;
+  mp_status_t st = mp__grow_and_search(pool, size, sidx, &b);
+  if (st == MP_OK)
+    goto got;
+  if (!mp__is_oom(st))
+    return mp__stop(st);
+  /* Rung: reclaim blocks whose streams have moved on. */
+  mp__streams_poll(pool, true);
+  if ((b = mp__search(pool, size, sidx)) != NULL)
+    goto got;
+  /* Rung: synchronize, give back every free segment, grow again. */
+  if (pool->st.free_bytes > 0 || pool->nstreams > 1) {
+    pool->st.alloc_retry_count++;
+    if (mp__pool_sync(pool) == MP_OK) {
+      if ((b = mp__search(pool, size, sidx)) != NULL)
+        goto got;
+      mp__segment_trim(pool, 0);
+      st = mp__grow_and_search(pool, size, sidx, &b);
+      if (st == MP_OK)
+        goto got;
+      if (!mp__is_oom(st))
+        return mp__stop(st);
+    }
+  }
+  /* Rung: defragment movable blocks (defrag.c; it synchronizes the device:
+   * not while a stream of the pool is captured). */
+  if ((pool->cfg.flags & MP_POOL_DEFRAG_ON_OOM) && pool->ncapturing == 0) {
+    mp_stream_t s = pool->streams[sidx].s;
+    mp__pool_unlock(pool);
+    size_t moved = mp__defrag_on_oom(pool, size, s);
+    mp__pool_lock(pool);
+    if (moved > 0) {
+      if ((b = mp__search(pool, size, sidx)) != NULL)
+        goto got;
+      st = mp__grow_and_search(pool, size, sidx, &b);
+      if (st == MP_OK)
+        goto got;
+      if (st == MP__EHOST)
+        return mp__stop(st);
+    }
+  }
+  return mp__pool_oom(pool, st == MP_ELIMIT ? MP_ELIMIT : MP_ENOMEM, size);
+got:
+  *out = mp__take_block(pool, b, size);
+  return MP_OK;
+}
+
+/* Puts a taken, never-live block back. */
+void mp__block_untake(mp_pool_t *pool, mp__block_t *b) {
+  pool->st.free_blocks++;
+  b = mp__block_coalesce(pool, b);
+  mp__index_insert(pool, b);
+}
+
+void mp__block_make_live(mp_pool_t *pool, mp__block_t *b, size_t requested,
+                         uint32_t sidx) {
+  MP__ASSERT_LOCKED(pool);
+  MP__ASSERT(!(b->flags & MP__B_HOLE) && b->inode == 0);
+  MP__ASSERT(b->size >= requested && pool->st.free_bytes >= b->size);
+  b->flags = 0;
+  b->requested = requested;
+  b->sidx = sidx;
+  pool->streams[sidx].refs++;
+  b->ndeps = 0;
+  b->handle = NULL;
+  b->child = NULL;
+  mp__map_insert(pool, b); /* room was reserved before the take */
+  pool->st.allocated_bytes += b->size;
+  pool->st.free_bytes -= b->size;
+  pool->st.requested_bytes += requested;
+  pool->st.live_blocks++;
+  pool->st.alloc_count++;
+  mp__stats_peaks(pool);
+  MP__HIST(pool, MP__H_ALLOC, b->addr, b->size, MP__HIST_STREAM(pool, sidx));
+}
+
+void mp__block_release(mp_pool_t *pool, mp__block_t *b) {
+  MP__ASSERT_LOCKED(pool);
+  MP__ASSERT(!(b->flags & (MP__B_FREE | MP__B_HOLE)) && b->inode == 0);
+  MP__ASSERT(pool->st.live_blocks > 0 && pool->st.allocated_bytes >= b->size);
+  if (MP__UNLIKELY(pool->hist.ev != NULL))
+    mp__history_free(pool, b->addr, b->size, MP__HIST_STREAM(pool, b->sidx));
+  pool->st.allocated_bytes -= b->size;
+  pool->st.free_bytes += b->size;
+  pool->st.requested_bytes -= b->requested;
+  pool->st.live_blocks--;
+  pool->st.free_count++;
+  b->requested = 0;
+  b->handle = NULL;
+  b->child = NULL;
+  mp__deps_on_free(pool, b);
+  b->flags &= MP__B_SYNC;
+  pool->st.free_blocks++;
+  b = mp__block_coalesce(pool, b);
+  mp__index_insert(pool, b);
+}
+
+mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
+                         mp_pool_t **out) {
+  mp_pool_t *pool = mp__host_calloc(1, sizeof *pool);
+  if (pool == NULL)
+    return mp__fail(MP_ENOMEM, "out of host memory creating a pool");
+  if (pthread_mutex_init(&pool->lock, NULL) != 0) {
+    free(pool);
+    return mp__fail(MP_ENOMEM, "cannot create the pool's lock");
+  }
+  pthread_cond_init(&pool->idle_cv, NULL);
+  pool->dev = dev;
+  pool->cfg = *cfg;
+  if (pool->cfg.align == 0)
+    pool->cfg.align = MP__DEFAULT_ALIGN;
+  if (pool->cfg.segment_bytes == 0)
+    pool->cfg.segment_bytes = MP__DEFAULT_SEGMENT;
+  pool->cfg.segment_bytes =
+      (pool->cfg.segment_bytes + pool->cfg.align - 1) & ~(pool->cfg.align - 1);
+  pool->align_log2 = mp__log2(pool->cfg.align);
+  pool->sync_gen = 1;
+  pool->sync_done = 1;
+  mp_status_t st = mp__history_init(pool);
+  if (st == MP_OK) {
+    st = mp__device_watch(dev, mp__stream_gone, pool);
+    if (st != MP_OK)
+      mp__history_release(pool);
+  }
+  if (st != MP_OK) {
+    pthread_cond_destroy(&pool->idle_cv);
+    pthread_mutex_destroy(&pool->lock);
+    free(pool);
+    return st;
+  }
+  *out = pool;
+  return MP_OK;
+}
+
+void mp__pool_free_host(mp_pool_t *pool) {
+  mp__device_unwatch(pool->dev, mp__stream_gone, pool);
+  mp__history_release(pool);
+  mp__streams_release(pool);
+  mp__rec_release_all(pool);
+  mp__index_release(pool);
+  free(pool->map);
+  free(pool->routes);
+  free(pool->granges);
+  pthread_cond_destroy(&pool->idle_cv);
+  pthread_mutex_destroy(&pool->lock);
+  free(pool);
+}
+
+bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes) {
+  if ((st != MP_ENOMEM && st != MP_ELIMIT) || pool->oom_fn == NULL)
+    return false;
+  mp_pool_oom_handler_t fn = pool->oom_fn;
+  void *ctx = pool->oom_ctx;
+  char why[256];
+  snprintf(why, sizeof why, "%s", mp_last_error());
+  mp__pool_unlock(pool);
+  int again = fn(pool, bytes, st, ctx);
+  mp__pool_lock(pool);
+  if (!again)
+    mp__fail(st, "%s", why); /* the failure, not what the handler did */
+  return again != 0;
+}
+
+/* Looks up a live block for a caller's pointer, with a message naming what
+ * is wrong with it. movable_ok: a movable block's current pointer is
+ * accepted (record_stream), not only raw blocks (free). */
+mp_status_t mp__pool_find_live(mp_pool_t *pool, const char *fn, void *ptr,
+                               bool movable_ok, mp__block_t **out,
+                               size_t *slot) {
+  uintptr_t p = (uintptr_t)ptr;
+  mp__block_t *b = mp__map_lookup(pool, p, slot);
+  if (b == NULL) {
+    mp__segment_t *seg = mp__segment_containing(pool, p);
+    if (seg == NULL)
+      return mp__fail(MP_EINVAL, "%s: %p was not allocated from this pool", fn,
+                      ptr);
+    for (mp__block_t *x = seg->first; x != NULL; x = x->next) {
+      if (p >= x->addr && p < x->addr + x->size) {
+        if (x->flags & MP__B_HOLE)
+          return mp__fail(MP_EINVAL,
+                          "%s: %p lies in memory the pool has unmapped (not "
+                          "live)",
+                          fn, ptr);
+        if (x->flags & MP__B_FREE || p == x->addr)
+          return mp__fail(MP_EINVAL, "%s: %p is not live (double free?)", fn,
+                          ptr);
+        return mp__fail(MP_EINVAL,
+                        "%s: %p points inside the block at %p, not at its "
+                        "start",
+                        fn, ptr, (void *)x->addr);
+      }
+    }
+    return mp__fail(MP_EINVAL, "%s: %p is not live", fn, ptr);
+  }
+  if (b->flags & MP__B_CHILD)
+    return mp__fail(MP_EINVAL,
+                    "%s: %p is a child pool's range: destroy the child", fn,
+                    ptr);
+  if ((b->flags & MP__B_MOVABLE) && !movable_ok)
+    return mp__fail(MP_EINVAL, "%s: %p is a movable block: use mp_handle_free",
+                    fn, ptr);
+  if (MP__UNLIKELY(b->flags & MP__B_HELD))
+    return mp__fail(MP_EINVAL,
+                    "%s: %p was freed already (held until the processes "
+                    "that imported it let go)",
+                    fn, ptr);
+  *out = b;
+  return MP_OK;
+}

@@ -1,0 +1,94 @@
+/* grow.c - growth and release dispatch: which source a pool grows from
+ * (the virtual range first, where it has one, else plain segments; a child
+ * pool never grows), trim and release_threshold (free chunks of the virtual
+ * range anywhere, then wholly free plain segments), and destroy's release
+ * of every segment.
+ *
+ * Called with the lock held; the sources drop it around their device calls
+ * (lock.c). A grow or release already in flight is waited for instead, and
+ * the caller looks at the cache again. */
+#include <stdlib.h>
+
+#include "pool_internal.h"
+
+#define MP__RELEASE_EVERY 8 /* frees between tries that left memory above */
+
+mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
+                             mp__block_t **fresh) {
+  MP__ASSERT_LOCKED(pool);
+  *fresh = NULL;
+  if (pool->parent != NULL && !pool->graph)
+    return MP_ELIMIT; /* a child pool never grows */
+  /* Growth rounds up to the granule or to MP__LARGE_ROUND: a size that
+   * cannot be rounded without wrapping is more than any device holds. */
+  size_t unit =
+      pool->granule > MP__LARGE_ROUND ? pool->granule : MP__LARGE_ROUND;
+  if (size > SIZE_MAX - unit)
+    return pool->cap_is_max && size > pool->cap ? mp__segment_limit(pool)
+                                                : MP_ENOMEM;
+  if (pool->inflight) {
+    /* Someone else is growing or releasing: wait, then let the caller look
+     * at the cache again. */
+    mp__pool_wait_idle(pool);
+    return MP_OK;
+  }
+  if (pool->cfg.flags & MP_POOL_VIRTUAL) {
+    mp_status_t st = mp__vrange_ready(pool);
+    if (st == MP_OK)
+      st = mp__vrange_grow(pool, size, sidx, fresh);
+    if (st != MP_ENOTSUP)
+      return st;
+  }
+  return mp__plain_grow(pool, size, sidx, fresh);
+}
+
+void mp__segment_trim(mp_pool_t *pool, size_t keep) {
+  MP__ASSERT_LOCKED(pool);
+  if (pool->parent != NULL)
+    return; /* a child's range goes back only when it is destroyed */
+  mp__pool_wait_idle(pool);
+  mp__block_merge_deferred(pool);
+  while (pool->st.free_bytes > keep) {
+    if (mp__vrange_reclaim(pool, pool->st.free_bytes - keep, NULL, NULL,
+                           false) == 0 &&
+        !mp__plain_trim_one(pool))
+      break;
+  }
+}
+
+void mp__segment_release_above(mp_pool_t *pool) {
+  size_t th = pool->cfg.release_threshold;
+  if (MP__LIKELY(th == 0) || pool->st.free_bytes <= th ||
+      pool->st.free_count < pool->release_next_free || pool->inflight ||
+      pool->syncing || pool->paused)
+    return;
+  /* Which streams have finished their work: a query each (before any new
+   * marker, which would make an idle stream busy), never a wait. */
+  if (mp__streams_all_idle_now(pool)) {
+    /* Every stream the pool knows has finished: what waits for a sync
+     * (blocks whose streams did not fit one record) is free to go too. */
+    mp__streams_sync_end(pool, mp__streams_sync_begin(pool));
+  }
+  mp__segment_trim(pool, th);
+  /* Memory still above the threshold is in use by a stream (or not whole
+   * chunks): the next try waits a few frees. */
+  if (pool->st.free_bytes > th)
+    pool->release_next_free = pool->st.free_count + MP__RELEASE_EVERY;
+}
+
+void mp__segment_release_all(mp_pool_t *pool) {
+  mp__segment_t *s = pool->segs;
+  while (s != NULL) {
+    mp__segment_t *next = s->next;
+    if (s->kind == MP__SEG_PLAIN) {
+      mp_device_free(pool->dev, (void *)s->base);
+      pool->st.device_free_count++;
+    } else if (s->kind == MP__SEG_VIRTUAL) {
+      mp__vrange_release(pool, s);
+    }
+    free(s);
+    s = next;
+  }
+  pool->segs = NULL;
+  pool->vseg = NULL;
+}

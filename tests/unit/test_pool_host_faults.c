@@ -1,0 +1,256 @@
+/* Host-memory failures in the pool's bookkeeping (fault.c): for k = 0, 1,
+ * 2, ... the k-th host allocation of an operation fails, until one k lets
+ * it through. Every failure must be MP_ENOMEM with a message that says host
+ * memory ran out, change nothing a caller sees (live blocks, bytes
+ * allocated), leave the pool consistent (mp_pool_check), leak nothing (the
+ * ASan run), and the same operation must work once the fault is gone.
+ * Covered: pool create (with a history ring), the first allocation
+ * (stream table, segment and block records, live map), virtual-range
+ * growth (chunk and hole tables), record slabs and live-map growth under
+ * many live blocks, stream-table growth, and frees (which need no host
+ * memory: they always succeed). */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "../support/pool_helpers.h"
+#include "pool/pool_internal.h"
+#include "pool_fakedev.h"
+
+#define MiB ((size_t)1 << 20)
+
+typedef mp_status_t (*op_fn)(mp_pool_t *p, void *ctx);
+
+/* What a failed operation must leave as it was. */
+typedef struct seen {
+  size_t live_blocks, allocated_bytes, requested_bytes;
+} seen_t;
+
+static seen_t seen_of(mp_pool_t *p) {
+  mp_stats_t s = stats(p);
+  return (seen_t){s.live_blocks, s.allocated_bytes, s.requested_bytes};
+}
+
+/* Runs op with the k-th host allocation failing, k = 0, 1, ..., until it
+ * succeeds (the fault then may not have fired: it is disarmed). Returns how
+ * many tries failed. */
+static int until_ok(mp_pool_t *p, op_fn op, void *ctx) {
+  for (long k = 0; k < 10000; k++) {
+    seen_t before = seen_of(p);
+    mp__fault_host_after(k);
+    mp_status_t st = op(p, ctx);
+    bool fired = !mp__fault_host_pending();
+    mp__fault_host_after(-1);
+    if (st == MP_OK)
+      return (int)k;
+    cr_assert(fired, "k=%ld: status %d without the fault firing: %s", k, st,
+              mp_last_error());
+    cr_assert_eq(st, MP_ENOMEM, "k=%ld: status %d: %s", k, st, mp_last_error());
+    cr_assert(strstr(mp_last_error(), "host memory") != NULL,
+              "k=%ld: unclear message '%s'", k, mp_last_error());
+    check(p);
+    seen_t after = seen_of(p);
+    cr_assert(memcmp(&before, &after, sizeof before) == 0,
+              "k=%ld: a failed operation changed the live blocks", k);
+  }
+  cr_assert_fail("the operation never succeeded");
+  return -1;
+}
+
+typedef struct allocs {
+  void **ptrs;
+  size_t n, size;
+  mp_stream_t *streams; /* NULL: the default stream */
+} allocs_t;
+
+/* Allocates the next block of a->ptrs. */
+static mp_status_t alloc_next(mp_pool_t *p, void *ctx) {
+  allocs_t *a = ctx;
+  mp_stream_t s = a->streams ? a->streams[a->n] : NULL;
+  mp_status_t st = mp_pool_alloc(p, a->size, s, &a->ptrs[a->n]);
+  if (st == MP_OK)
+    a->n++;
+  return st;
+}
+
+static void free_all(mp_pool_t *p, allocs_t *a) {
+  for (size_t i = 0; i < a->n; i++)
+    cr_assert_eq(mp_pool_free(p, a->ptrs[i]), MP_OK, "%s", mp_last_error());
+  a->n = 0;
+}
+
+Test(pool_host_faults, create_fails_cleanly_until_host_memory_suffices) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 2 * MiB);
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cr_assert_eq(mp_pool_config_parse(&cfg, "history=64,history_stacks=1"), MP_OK,
+               "%s", mp_last_error());
+  int failed = 0;
+  mp_pool_t *p = NULL;
+  for (long k = 0;; k++) {
+    mp__fault_host_after(k);
+    mp_status_t st = mp_pool_create(dev, &cfg, &p);
+    mp__fault_host_after(-1);
+    if (st == MP_OK)
+      break;
+    cr_assert_eq(st, MP_ENOMEM, "k=%ld: %s", k, mp_last_error());
+    cr_assert(strstr(mp_last_error(), "host memory") != NULL, "'%s'",
+              mp_last_error());
+    cr_assert_eq(fake_of(dev)->used, 0);
+    failed++;
+  }
+  cr_expect_geq(failed, 3, "the pool, its history and its stacks");
+  void *x;
+  cr_assert_eq(mp_pool_alloc(p, 4096, NULL, &x), MP_OK);
+  cr_assert_eq(mp_pool_free(p, x), MP_OK);
+  check(p);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+  cr_expect_eq(fake_of(dev)->used, 0);
+  fake_close(dev);
+}
+
+/* The first allocation of a pool: its stream table, the segment, the block
+ * records (slab and index nodes) and the live map all come then. */
+static void first_alloc(size_t granule, const char *opts) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, granule);
+  mp_pool_t *p = make_pool(dev, opts);
+  void *ptrs[1];
+  allocs_t a = {ptrs, 0, 4096, NULL};
+  int failed = until_ok(p, alloc_next, &a);
+  cr_expect_geq(failed, 3, "stream table, records, map at least");
+  cr_assert_eq(a.n, 1);
+  check(p);
+  free_all(p, &a);
+  check(p);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+  cr_expect_eq(fake_of(dev)->used, 0);
+  fake_close(dev);
+}
+
+Test(pool_host_faults, first_alloc_of_a_plain_pool) {
+  first_alloc(0, NULL);
+}
+
+Test(pool_host_faults, first_alloc_of_a_virtual_pool) {
+  first_alloc(2 * MiB, "virtual=1");
+}
+
+/* Many live blocks: record slabs (256 records each) and the live map
+ * (doubling at half full) grow; every allocation goes through the ladder
+ * of faults. */
+static void many_live(size_t granule, const char *opts, size_t size, size_t n) {
+  mp_device_t *dev = fake_open((size_t)8 << 30, granule);
+  mp_pool_t *p = make_pool(dev, opts);
+  void **ptrs = calloc(n, sizeof *ptrs);
+  allocs_t a = {ptrs, 0, size, NULL};
+  int failed = 0;
+  while (a.n < n)
+    failed += until_ok(p, alloc_next, &a);
+  cr_expect_geq(failed, 4, "growth of the tables failed %d times", failed);
+  check(p);
+  free_all(p, &a);
+  check(p);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+  cr_expect_eq(fake_of(dev)->used, 0);
+  free(ptrs);
+  fake_close(dev);
+}
+
+Test(pool_host_faults, record_slabs_and_live_map_grow_under_faults) {
+  many_live(0, NULL, 4096, 600);
+}
+
+Test(pool_host_faults, virtual_range_tables_grow_under_faults) {
+  /* 2 MiB blocks in a pool of 2 MiB steps: a mapped chunk each, so the
+   * chunk table (16, then doubling) grows. */
+  many_live(2 * MiB, "virtual=1,segment_bytes=2M", 2 * MiB, 40);
+}
+
+Test(pool_host_faults, virtual_range_holes_under_faults) {
+  /* Unmapping chunks in the middle of the range makes holes (the hole
+   * table); growth then maps into them, under faults each time. */
+  mp_device_t *dev = fake_open((size_t)8 << 30, 2 * MiB);
+  mp_pool_t *p = make_pool(dev, "virtual=1,segment_bytes=2M");
+  enum { N = 40 };
+  void *ptrs[N];
+  allocs_t a = {ptrs, 0, 2 * MiB, NULL};
+  int failed = 0;
+  while (a.n < N)
+    failed += until_ok(p, alloc_next, &a);
+  cr_expect_geq(failed, 2, "the chunk table grew (16, 32) under faults");
+  for (size_t i = 0; i < N; i += 2)
+    cr_assert_eq(mp_pool_free(p, ptrs[i]), MP_OK);
+  cr_assert_eq(mp_pool_trim(p, 0), MP_OK, "%s", mp_last_error());
+  check(p);
+  mp_stats_t s = stats(p);
+  cr_expect_eq(s.reserved_bytes, (size_t)(N / 2) * 2 * MiB,
+               "the free chunks went back");
+  void *again[N / 2];
+  allocs_t b = {again, 0, 2 * MiB, NULL};
+  while (b.n < N / 2)
+    (void)until_ok(p, alloc_next, &b);
+  check(p);
+  free_all(p, &b);
+  for (size_t i = 1; i < N; i += 2)
+    cr_assert_eq(mp_pool_free(p, ptrs[i]), MP_OK);
+  check(p);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+  cr_expect_eq(fake_of(dev)->used, 0);
+  fake_close(dev);
+}
+
+Test(pool_host_faults, stream_table_grows_under_faults) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  mp_pool_t *p = make_pool(dev, NULL);
+  enum { N = 40 };
+  mp_stream_t streams[N];
+  for (size_t i = 0; i < N; i++)
+    cr_assert_eq(mp_stream_create(dev, &streams[i]), MP_OK);
+  void *ptrs[N];
+  allocs_t a = {ptrs, 0, 4096, streams};
+  int failed = 0;
+  while (a.n < N)
+    failed += until_ok(p, alloc_next, &a);
+  cr_expect_geq(failed, 3, "the table grew (slots, hash) under faults");
+  check(p);
+  free_all(p, &a);
+  check(p);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+  for (size_t i = 0; i < N; i++)
+    mp_stream_destroy(dev, streams[i]);
+  cr_expect_eq(fake_of(dev)->used, 0);
+  fake_close(dev);
+}
+
+Test(pool_host_faults, frees_need_no_host_memory) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 2 * MiB);
+  mp_pool_t *p = make_pool(dev, "virtual=1");
+  enum { N = 64 };
+  mp_stream_t s[2];
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(mp_stream_create(dev, &s[i]), MP_OK);
+  void *ptrs[N];
+  for (size_t i = 0; i < N; i++)
+    cr_assert_eq(mp_pool_alloc(p, 4096 * (i + 1), s[i % 2], &ptrs[i]), MP_OK);
+  for (size_t i = 0; i < N; i++) {
+    mp__fault_host_after((long)(i % 4));
+    mp_status_t st = i % 3 == 0   ? mp_pool_free(p, ptrs[i])
+                     : i % 3 == 1 ? mp_pool_free_async(p, ptrs[i], s[0])
+                                  : mp_pool_free_after_all(p, ptrs[i]);
+    mp__fault_host_after(-1);
+    cr_assert_eq(st, MP_OK, "free %zu: %s", i, mp_last_error());
+  }
+  check(p);
+  mp_stats_t st = stats(p);
+  cr_expect_eq(st.live_blocks, 0);
+  cr_expect_eq(st.allocated_bytes, 0);
+  /* What was freed serves again. */
+  void *x;
+  cr_assert_eq(mp_pool_alloc(p, 4096, s[0], &x), MP_OK);
+  cr_assert_eq(mp_pool_free(p, x), MP_OK);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+  for (int i = 0; i < 2; i++)
+    mp_stream_destroy(dev, s[i]);
+  cr_expect_eq(fake_of(dev)->used, 0);
+  fake_close(dev);
+}
