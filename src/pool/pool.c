@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../structs.h"
 #include "pool_internal.h"
 
 /* ---- create / destroy --------------------------------------------------- */
@@ -67,14 +68,17 @@ mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
     return mp__fail(MP_EINVAL, "mp_pool_create: out is NULL");
   if (dev == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_create: device is NULL");
+  /* The caller's struct, as long as its header made it, read into this
+   * library's whole one (fields it lacks keep their defaults). */
   mp_pool_config_t c;
-  if (cfg == NULL) {
+  mp_status_t st = MP_OK;
+  if (cfg == NULL)
     mp_pool_config_init(&c);
-    cfg = &c;
-  }
-  mp_status_t st = mp__config_validate(cfg);
-  if (st != MP_OK)
+  else
+    st = mp__config_in("mp_pool_create: pool config", cfg, &c);
+  if (st != MP_OK || (st = mp__config_validate(&c)) != MP_OK)
     return st;
+  cfg = &c;
   mp_pool_t *pool;
   if ((st = mp__pool_new(dev, cfg, &pool)) != MP_OK)
     return st;
