@@ -140,7 +140,10 @@ typedef struct mp_pool_config {
  * newer header than the library) is MP_EINVAL, names the sizes it knows in
  * mp_last_error(), and changes nothing. The function mp_pool_config_init
  * itself (through a pointer, or from another language) writes
- * MP_POOL_CONFIG_SIZE_V1 bytes: the struct as it was when struct_size came. */
+ * MP_POOL_CONFIG_SIZE_V1 bytes: the struct as it was when struct_size came.
+ * A config filled by hand keeps struct_size 0 and reads as V1: to use a
+ * field appended after V1, set struct_size = sizeof(mp_pool_config_t) (or
+ * start from mp_pool_config_init). */
 #define MP_POOL_CONFIG_SIZE_V1                                                 \
   (offsetof(mp_pool_config_t, struct_size) + sizeof(size_t))
 

@@ -174,7 +174,7 @@ class Stream:
 class _Config(ctypes.Structure):
     # Opaque room for mp_pool_config_t, filled only by mp_pool_config_init
     # and mp_pool_config_parse, so its layout is never mirrored here. The
-    # struct is five words today; 64 leave room for appended fields.
+    # struct is ten words today; 64 leave room for appended fields.
     _fields_ = [("words", ctypes.c_uint64 * 64)]
 
 

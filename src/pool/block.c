@@ -12,11 +12,10 @@
  * Why not src/ptrmap.c (issue 15): the same algorithm, but generic: entries
  * of any size (a multiply per slot address), the murmur3 finalizer as hash
  * (here one multiply of the address shifted by the pool's alignment, whose
- * low bits are always 0), a call per operation, and plain calloc (the pool's
- * map grows through mp__host_calloc, so a test can make it fail). Measured
- * with bench/micro/count_pairs.sh (Release, callgrind, 200 000 free+alloc
- * pairs): this map 1245 / 1114 instructions per pair at 100 / 10 000 live
- * blocks, the pool on ptrmap.c 1450 / 1311 (+16% / +18%).
+ * low bits are always 0) and a call per operation. Measured with
+ * bench/micro/count_pairs.sh (Release, callgrind, 200 000 free+alloc pairs,
+ * in one session): this map 1245 / 1114 instructions per pair at 100 /
+ * 10 000 live blocks, the pool on ptrmap.c 1450 / 1311 (+16% / +18%).
  *
  * Invariant: the blocks of a segment tile [base, base + size) in address
  * order; a free block never has a free neighbour once coalesce returned. */
@@ -203,6 +202,13 @@ mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b, size_t size) {
   mp__block_t *r = mp__rec_new(pool);
   if (r == NULL)
     return NULL; /* b stays whole: correct, just less economical */
+  mp__block_split_into(pool, b, size, r);
+  return r;
+}
+
+void mp__block_split_into(mp_pool_t *pool, mp__block_t *b, size_t size,
+                          mp__block_t *r) {
+  MP__ASSERT(b->inode == 0 && size < b->size);
   r->addr = b->addr + size;
   r->size = b->size - size;
   r->ndeps = b->ndeps;
@@ -213,7 +219,6 @@ mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b, size_t size) {
   mp__block_link(b->seg, b, r);
   mp__index_insert(pool, r);
   pool->st.free_blocks++;
-  return r;
 }
 
 /* mp__block_absorb's body, inline in coalesce (on every free). */
@@ -242,6 +247,7 @@ bool mp__block_absorb(mp_pool_t *pool, mp__block_t *into, mp__block_t *gone,
 }
 
 mp__block_t *mp__block_coalesce(mp_pool_t *pool, mp__block_t *b) {
+  MP__ASSERT_LOCKED(pool);
   b->flags &= ~(uint32_t)MP__B_UNMERGED;
   mp__block_t *n = b->next;
   if (n != NULL && (n->flags & MP__B_FREE)) {
@@ -261,6 +267,7 @@ mp__block_t *mp__block_coalesce(mp_pool_t *pool, mp__block_t *b) {
 }
 
 void mp__block_merge_deferred(mp_pool_t *pool) {
+  MP__ASSERT_LOCKED(pool);
   for (mp__segment_t *s = pool->segs; s != NULL; s = s->next) {
     for (mp__block_t *b = s->first; b != NULL; b = b->next) {
       if (!(b->flags & MP__B_FREE) || b->next == NULL ||

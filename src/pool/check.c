@@ -131,6 +131,7 @@ static mp_status_t mp__check_segment(mp_pool_t *pool, mp__segment_t *s,
 }
 
 mp_status_t mp__pool_check_locked(mp_pool_t *pool) {
+  MP__ASSERT_LOCKED(pool);
   size_t nseg = 0, reserved = 0, chunks = 0;
   for (mp__segment_t *s = pool->segs; s != NULL; s = s->next) {
     nseg++;

@@ -439,6 +439,7 @@ mp_status_t mp_pool_freeze(mp_pool_t *pool) {
 }
 
 size_t mp__defrag_on_oom(mp_pool_t *pool, size_t need, mp_stream_t s) {
+  MP__ASSERT(!mp__pool_held(pool)); /* the ladder drops it for this rung */
   size_t moved = 0;
   (void)mp__defragment(pool, s, need, false, &moved);
   return moved;

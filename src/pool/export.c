@@ -56,6 +56,7 @@ static void mp__export_release(mp_pool_t *pool, mp__block_t *b) {
 }
 
 void mp__export_reap(mp_pool_t *pool) {
+  MP__ASSERT_LOCKED(pool);
   for (size_t i = 0; i < pool->nexports;) {
     mp__block_t *b = pool->exports[i].b;
     if (!mp__lease_gone(pool->exports[i].lease)) {
@@ -73,6 +74,7 @@ void mp__export_reap(mp_pool_t *pool) {
 }
 
 bool mp__export_hold(mp_pool_t *pool, mp__block_t *b) {
+  MP__ASSERT_LOCKED(pool);
   mp__export_reap(pool);
   if (!mp__export_has(pool, b)) {
     b->flags &= ~(uint32_t)MP__B_EXPORTED;

@@ -309,7 +309,7 @@ mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr, mp_stream_t s) {
       return mp_pool_record_stream(g, ptr, s);
     }
   }
-  mp__block_t *b = NULL; /* set when mp__find_live succeeds */
+  mp__block_t *b = NULL; /* set when mp__pool_find_live succeeds */
   uint32_t sidx;
   size_t slot;
   mp_status_t st = mp__pool_paused(pool, "mp_pool_record_stream");
@@ -341,7 +341,7 @@ static mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
       return mp__pool_free_as(g, ptr, how, s, fn);
     }
   }
-  mp__block_t *b = NULL; /* set when mp__find_live succeeds */
+  mp__block_t *b = NULL; /* set when mp__pool_find_live succeeds */
   uint32_t sidx = 0;
   size_t slot;
   mp_status_t st = mp__pool_paused(pool, fn);

@@ -558,6 +558,11 @@ void mp__map_remove_slot(mp_pool_t *pool, size_t slot);
  * block after it, with b's deps, inserted in the index. Returns it or NULL
  * when the rest is empty (or no record could be made). */
 mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b, size_t size);
+/* mp__block_split with the upper piece's record r given (it cannot fail):
+ * b (out of the index) keeps [addr, addr + size), r takes the rest with b's
+ * deps and sync marks and goes into the index. */
+void mp__block_split_into(mp_pool_t *pool, mp__block_t *b, size_t size,
+                          mp__block_t *r);
 /* The one merge of two free blocks: gone (into's next, both out of the
  * index) joins into: deps merged, into keeps gone's MP__B_UNMERGED mark,
  * gone's record freed. force: past MP__MAX_DEPS pending streams into waits

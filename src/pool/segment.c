@@ -44,12 +44,14 @@ static void mp__segment_unlink(mp_pool_t *pool, mp__segment_t *s) {
 }
 
 void mp__reserved_add(mp_pool_t *pool, size_t bytes) {
+  MP__ASSERT_LOCKED(pool);
   pool->st.reserved_bytes += bytes;
   pool->st.free_bytes += bytes;
   mp__stats_peaks(pool);
 }
 
 void mp__reserved_sub(mp_pool_t *pool, size_t bytes) {
+  MP__ASSERT_LOCKED(pool);
   MP__ASSERT(pool->st.reserved_bytes >= bytes && pool->st.free_bytes >= bytes);
   pool->st.reserved_bytes -= bytes;
   pool->st.free_bytes -= bytes;
@@ -98,6 +100,7 @@ static mp_status_t mp__plain_source(mp_pool_t *pool, size_t bytes,
 
 mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
                            mp__block_t **fresh) {
+  MP__ASSERT_LOCKED(pool);
   size_t bytes = size <= pool->cfg.segment_bytes / 2
                      ? pool->cfg.segment_bytes
                      : mp__round_up(size, MP__LARGE_ROUND);
@@ -152,6 +155,7 @@ mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
 }
 
 bool mp__plain_trim_one(mp_pool_t *pool) {
+  MP__ASSERT_LOCKED(pool);
   for (mp__segment_t *s = pool->segs; s != NULL; s = s->next) {
     if (s->kind != MP__SEG_PLAIN || s->first != s->last ||
         !mp__releasable(pool, s->first))

@@ -1,9 +1,10 @@
 /* stats.c - the pool's counters: reading them, peaks.
  *
  * Every counter but largest_free_bytes is kept current by the operation that
- * changes it (pool.c, segment.c, block.c); largest_free_bytes is read from
- * the free index at the time of the call (the top class's largest block), so
- * no operation pays for it. Invariant: free_bytes = reserved - allocated. */
+ * changes it (core.c, block.c, segment.c, vrange.c, grow.c, defrag.c, pause.c);
+ * largest_free_bytes is read from the free index at the time of the call (the
+ * top class's largest block), so no operation pays for it. Invariant:
+ * free_bytes = reserved - allocated. */
 #include "../structs.h"
 #include "pool_internal.h"
 
@@ -27,11 +28,11 @@ mp_status_t mp_pool_get_stats_sized(mp_pool_t *pool, mp_stats_t *out,
   if (pool == NULL || out == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_get_stats: %s is NULL",
                     pool == NULL ? "pool" : "out");
-  pthread_mutex_lock(&pool->lock);
+  mp__pool_lock(pool);
   mp_stats_t s = pool->st;
   /* A paused pool has no memory to serve from. */
   s.largest_free_bytes = pool->paused ? 0 : mp__stats_largest_free(pool);
-  pthread_mutex_unlock(&pool->lock);
+  mp__pool_unlock(pool);
   return mp__stats_put("mp_pool_get_stats", &s, out, size);
 }
 
@@ -43,10 +44,10 @@ mp_status_t(mp_pool_get_stats)(mp_pool_t *pool, mp_stats_t *out) {
 mp_status_t mp_pool_reset_peaks(mp_pool_t *pool) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_reset_peaks: pool is NULL");
-  pthread_mutex_lock(&pool->lock);
+  mp__pool_lock(pool);
   pool->st.peak_reserved_bytes = pool->st.reserved_bytes;
   pool->st.peak_allocated_bytes = pool->st.allocated_bytes;
   pool->st.peak_requested_bytes = pool->st.requested_bytes;
-  pthread_mutex_unlock(&pool->lock);
+  mp__pool_unlock(pool);
   return MP_OK;
 }

@@ -59,7 +59,13 @@ _Static_assert(MP_POOL_FREE_AFTER_ALL_STREAMS == MP__MAX_DEPS,
 /* A forgotten slot's handle: no stream is ever at this address. */
 #define MP__STREAM_GONE ((mp_stream_t)UINTPTR_MAX)
 
-/* ---- the handle table --------------------------------------------------- */
+/* ---- the handle table ---------------------------------------------------
+ * Open addressing with linear probing and backward-shift deletion, as
+ * src/ptrmap.c, but not on it (issue 15): the key is a pair (handle, owning
+ * thread for per-thread default streams), not one address, and a slot holds
+ * a 32-bit index into pool->streams, whose records the rebuild walks; on
+ * ptrmap.c every entry would carry a copy of the key pair beside the record
+ * that already holds it. */
 
 /* The calling thread, for per-thread default streams: a number never given
  * to another thread (a reused TLS address would let a new thread inherit
@@ -228,6 +234,7 @@ static mp_status_t mp__stream_add(mp_pool_t *pool, mp_stream_t s,
 }
 
 mp_status_t mp__stream_index(mp_pool_t *pool, mp_stream_t s, uint32_t *out) {
+  MP__ASSERT_LOCKED(pool);
   uint64_t owner =
       MP__UNLIKELY(pool->has_pt && s == pool->pt_handle) ? mp__self() : 0;
   uint32_t i = pool->last_sidx;
@@ -425,6 +432,7 @@ static void mp__dep_now(mp_pool_t *pool, mp__dep_t *d, uint32_t sidx) {
 }
 
 void mp__stream_add_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx) {
+  MP__ASSERT_LOCKED(pool);
   if (sidx == b->sidx || (b->flags & MP__B_MANY_USES))
     return;
   for (uint32_t i = 0; i < b->ndeps; i++)
@@ -441,6 +449,7 @@ void mp__stream_add_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx) {
 }
 
 void mp__deps_on_free(mp_pool_t *pool, mp__block_t *b) {
+  MP__ASSERT_LOCKED(pool);
   mp__strm_t *own = &pool->streams[b->sidx];
   own->refs--;
   if (b->ndeps == 0 && pool->nstreams == 1) {

@@ -246,17 +246,8 @@ static void mp__before_unmap(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
   MP__ASSERT(!(f->flags & MP__B_HOLE) && f->inode == 0);
   MP__ASSERT(c.addr >= f->addr && cend <= fend);
   if (cend < fend) {
-    mp__block_t *hi = r2;
+    mp__block_split_into(pool, f, cend - f->addr, r2);
     r2 = NULL;
-    hi->addr = cend;
-    hi->size = fend - cend;
-    hi->flags = f->flags & (MP__B_FREE | MP__B_SYNC | MP__B_UNMERGED);
-    hi->gen = f->gen;
-    hi->ndeps = f->ndeps;
-    memcpy(hi->deps, f->deps, sizeof hi->deps);
-    mp__block_link(v, f, hi);
-    mp__index_insert(pool, hi);
-    pool->st.free_blocks++;
   }
   mp__block_t *h;
   if (c.addr > f->addr) {
@@ -399,6 +390,7 @@ static bool mp__pick_chunk(mp_pool_t *pool, mp__segment_t *v, size_t want,
  * released. */
 size_t mp__vrange_reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
                           const mp__block_t *k2, bool patient) {
+  MP__ASSERT_LOCKED(pool);
   mp__segment_t *v = pool->vseg;
   size_t done = 0;
   if (patient && pool->nstreams > 1) {
@@ -549,6 +541,7 @@ static bool mp__find_placement(mp_pool_t *pool, mp__segment_t *v, size_t size,
 
 mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
                             mp__block_t **fresh) {
+  MP__ASSERT_LOCKED(pool);
   mp__segment_t *v = pool->vseg;
   mp__placement_t p = {0};
   for (int round = 0;; round++) {
