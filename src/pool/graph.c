@@ -125,10 +125,12 @@ static mp_status_t mp__graph_mark_was(mp_pool_t *pool, mp_stream_t s, bool on,
     *was = t->capturing;
   if (t->capturing != on) {
     t->capturing = on;
-    if (on)
+    if (on) {
       pool->ncapturing++;
-    else
+    } else {
       pool->ncapturing--;
+      mp__stream_capture_ended(pool, sidx);
+    }
   }
   return MP_OK;
 }

@@ -582,6 +582,11 @@ void mp__block_unlink(mp__segment_t *seg, mp__block_t *b);
 
 /* ---- stream.c: stream table, epochs, markers, events -------------------- */
 mp_status_t mp__stream_index(mp_pool_t *pool, mp_stream_t s, uint32_t *out);
+/* s stopped capturing (sidx in pool's table): closes the epoch its
+ * capture left open (no marker can be recorded on a capturing stream), so
+ * that by the time another stream asks about what the capture freed, the
+ * marker has had time to complete. */
+void mp__stream_capture_ended(mp_pool_t *pool, uint32_t sidx);
 /* Live block b is also used on stream sidx (record_stream, a move). */
 void mp__stream_add_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx);
 /* Live block b may be in use on every stream whose work is not known done

@@ -486,6 +486,11 @@ void mp__deps_on_free(mp_pool_t *pool, mp__block_t *b) {
       mp__stream_close(pool, &pool->streams[b->deps[i].sidx]);
 }
 
+void mp__stream_capture_ended(mp_pool_t *pool, uint32_t sidx) {
+  MP__ASSERT_LOCKED(pool);
+  mp__stream_close(pool, &pool->streams[sidx]);
+}
+
 static bool mp__dep_done(const mp_pool_t *pool, const mp__dep_t *d) {
   return d->epoch < pool->streams[d->sidx].done;
 }
