@@ -9,8 +9,8 @@
 
 #include <mempool/mempool.h>
 
-#include "../support/pool_helpers.h"
 #include "../../bench/core/xorshift.h"
+#include "../support/pool_helpers.h"
 
 #define MiB ((size_t)1 << 20)
 
