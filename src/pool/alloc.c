@@ -18,10 +18,8 @@ mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
   if (st != MP_OK)
     return st;
   size_t size;
-  if (!mp__pool_round(pool, bytes, &size) || size > pool->cap) {
-    size_t asked = bytes;
-    return mp__pool_oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM, asked);
-  }
+  if (!mp__pool_round(pool, bytes, &size) || size > pool->cap)
+    return mp__pool_oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM, bytes);
   mp__block_t *b;
   if ((st = mp__pool_take(pool, size, sidx, &b)) != MP_OK)
     return st;
