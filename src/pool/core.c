@@ -263,11 +263,8 @@ mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
   mp_pool_t *pool = mp__host_calloc(1, sizeof *pool);
   if (pool == NULL)
     return mp__fail(MP_ENOMEM, "out of host memory creating a pool");
-  if (pthread_mutex_init(&pool->lock, NULL) != 0) {
-    free(pool);
-    return mp__fail(MP_ENOMEM, "cannot create the pool's lock");
-  }
-  pthread_cond_init(&pool->idle_cv, NULL);
+  atomic_init(&pool->lock, 0);
+  atomic_init(&pool->idle_seq, 0);
   pool->dev = dev;
   pool->cfg = *cfg;
   if (pool->cfg.align == 0)
@@ -286,8 +283,6 @@ mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
       mp__history_release(pool);
   }
   if (st != MP_OK) {
-    pthread_cond_destroy(&pool->idle_cv);
-    pthread_mutex_destroy(&pool->lock);
     free(pool);
     return st;
   }
@@ -304,8 +299,6 @@ void mp__pool_free_host(mp_pool_t *pool) {
   free(pool->map);
   free(pool->routes);
   free(pool->granges);
-  pthread_cond_destroy(&pool->idle_cv);
-  pthread_mutex_destroy(&pool->lock);
   free(pool);
 }
 

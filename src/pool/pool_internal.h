@@ -266,16 +266,20 @@ typedef struct mp__history {
 
 /* ---- the pool ---------------------------------------------------------- */
 struct mp_pool {
-  pthread_mutex_t lock; /* lock.c */
+  /* lock.c: 0 free, 1 held, 2 held and a thread may sleep on it. */
+  _Atomic uint32_t lock;
 #if MP__LOCK_OWNER
   pthread_t lock_owner; /* MP_DEBUG: the thread holding lock, if owned */
   bool lock_owned;
 #endif
-  pthread_cond_t idle_cv; /* signalled when inflight or syncing drops */
-  bool inflight;          /* a grow/release is in progress with lock dropped */
-  bool syncing; /* a synchronization is in progress with the lock dropped:
-                   other syncs wait for it, growth and frees do not (the
-                   stream it waits for may be waiting for them) */
+  /* lock.c: bumped, and its sleepers woken, when inflight or syncing
+   * drops; idle_waiters (under the lock) counts those sleepers. */
+  _Atomic uint32_t idle_seq;
+  uint32_t idle_waiters;
+  bool inflight; /* a grow/release is in progress with lock dropped */
+  bool syncing;  /* a synchronization is in progress with the lock dropped:
+                    other syncs wait for it, growth and frees do not (the
+                    stream it waits for may be waiting for them) */
   mp_device_t *dev;
   mp_pool_config_t cfg;
   bool paused;      /* pause.c: memory given back, addresses kept */
@@ -360,10 +364,19 @@ struct mp_pool {
 };
 
 /* ---- lock.c: the pool lock and the one way to drop it ------------------- */
+/* The contended halves of the lock (lock.c): sleep until the lock is
+ * taken; wake one sleeper. */
+void mp__pool_lock_wait(mp_pool_t *pool);
+void mp__pool_lock_wake(mp_pool_t *pool);
 /* Takes / drops the pool's lock (inline: the hot path takes it once per
- * call). MP_DEBUG builds record the owner for MP__ASSERT_LOCKED. */
+ * call; uncontended, each is one atomic instruction). MP_DEBUG builds
+ * record the owner for MP__ASSERT_LOCKED. */
 static inline void mp__pool_lock(mp_pool_t *pool) {
-  pthread_mutex_lock(&pool->lock);
+  uint32_t free_word = 0;
+  if (MP__UNLIKELY(!atomic_compare_exchange_strong_explicit(
+          &pool->lock, &free_word, 1, memory_order_acquire,
+          memory_order_relaxed)))
+    mp__pool_lock_wait(pool);
 #if MP__LOCK_OWNER
   pool->lock_owner = pthread_self();
   pool->lock_owned = true;
@@ -385,7 +398,9 @@ static inline void mp__pool_unlock(mp_pool_t *pool) {
 #if MP__LOCK_OWNER
   pool->lock_owned = false;
 #endif
-  pthread_mutex_unlock(&pool->lock);
+  if (MP__UNLIKELY(
+          atomic_exchange_explicit(&pool->lock, 0, memory_order_release) == 2))
+    mp__pool_lock_wake(pool);
 }
 /* Around a device call that changes what the pool holds: sets inflight and
  * drops the lock; _end retakes it, clears inflight and wakes waiters. */
