@@ -85,6 +85,16 @@ static void mpb_usage(FILE *out) {
       "                      300), so the suite ends in bounded time; past "
       "it each\n"
       "                      search only checks its upper bound\n"
+      "  --stream-work US    on workloads with several streams: after each "
+      "event,\n"
+      "                      US microseconds of work on its stream and no "
+      "catching\n"
+      "                      up after frees, so streams run behind the host "
+      "(the\n"
+      "                      measured run; the capacity search still catches "
+      "up).\n"
+      "                      Default 0: the device catches up after each "
+      "free\n"
       "  --no-plots          no PNG plots (report.html is still written)\n"
       "  --blockmap NAME     the allocator whose block map (each block's "
       "address over\n"
@@ -201,6 +211,7 @@ typedef struct mpb_cli {
   const char *blockmap; /* NULL: pool, else the first allocator */
   bool no_traces, capacity, plots, quiet, replay;
   double budget, total;
+  unsigned stream_work_us;
   mpb_strv_t workloads, allocators, files;
 } mpb_cli_t;
 
@@ -254,7 +265,8 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
                  strcmp(a, "--traces") == 0 || strcmp(a, "--allocator") == 0 ||
                  strcmp(a, "--device") == 0 || strcmp(a, "--blockmap") == 0 ||
                  strcmp(a, "--capacity-budget") == 0 ||
-                 strcmp(a, "--capacity-total") == 0;
+                 strcmp(a, "--capacity-total") == 0 ||
+                 strcmp(a, "--stream-work") == 0;
     if (takes && val == NULL)
       return mpb_fail_usage("%s needs a value", a);
     if (takes)
@@ -288,6 +300,15 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
       c->total = strtod(val, &end);
       if (*end != '\0' || end == val || !(c->total >= 0))
         return mpb_fail_usage("bad --capacity-total '%s' (seconds)", val);
+    } else if (strcmp(a, "--stream-work") == 0) {
+      char *end;
+      errno = 0;
+      unsigned long us = strtoul(val, &end, 10);
+      if (*end != '\0' || end == val || val[0] == '-' || errno != 0 ||
+          us > 1000000)
+        return mpb_fail_usage(
+            "bad --stream-work '%s' (microseconds, 0 to 1000000)", val);
+      c->stream_work_us = (unsigned)us;
     } else if (strcmp(a, "--no-capacity") == 0) {
       c->capacity = false;
     } else if (strcmp(a, "--no-traces") == 0) {
@@ -512,6 +533,7 @@ int mpb_main(int argc, char **argv) {
   mpb_replay_opts_t ro = {.device_spec = c.device,
                           .capacity_search = c.capacity,
                           .capacity_budget_s = c.budget,
+                          .stream_work_us = c.stream_work_us,
                           .capacity_deadline_ns =
                               c.total > 0 ? t0 + (uint64_t)(c.total * 1e9) : 0};
   for (size_t w = 0; w < jobs.nw; w++) {

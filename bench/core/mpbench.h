@@ -265,6 +265,12 @@ typedef struct mpb_replay_opts {
    * free, with the event's index and the block's pointer. NULL: none. */
   void (*on_block)(void *ctx, size_t event, const mpb_event_t *e, void *ptr);
   void *on_block_ctx;
+  /* > 0, on a workload with several streams (measured run only): after
+   * each allocation and free, work of this many microseconds (a host
+   * function that sleeps) on the event's stream, and no catching up after
+   * frees, so that the streams really run behind the host. 0: the device
+   * catches up after each free (the default). */
+  unsigned stream_work_us;
 } mpb_replay_opts_t;
 
 /* Replays w through allocator on a fresh device and fills r. A workload

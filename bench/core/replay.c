@@ -209,6 +209,30 @@ static void mpb_rig_settle(mpb_rig_t *g) {
     mp_device_synchronize(g->dev);
 }
 
+/* mpb_replay_opts_t.stream_work_us: the stream's kernel, as a host
+ * function that sleeps (a sleeping worker leaves the CPU to the replay). */
+static void mpb_work(void *arg) {
+  uintptr_t us = (uintptr_t)arg;
+  struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
+  nanosleep(&ts, NULL);
+}
+
+/* After an event on a workload with several streams: queue the event's
+ * work on its stream (work_us > 0), or let the device catch up after a
+ * free (work_us == 0). */
+static void mpb_rig_after(mpb_rig_t *g, const mpb_event_t *e, bool freed,
+                          unsigned work_us) {
+  if (g->nstreams <= 1)
+    return;
+  if (work_us == 0) {
+    if (freed)
+      mpb_rig_settle(g);
+    return;
+  }
+  (void)mp_stream_launch_host(g->dev, g->streams[e->stream], mpb_work,
+                              (void *)(uintptr_t)work_us);
+}
+
 /* Frees whatever a failed replay left live, so the allocator can close
  * (a paused tenant refuses; its pool is destroyed with the blocks). */
 static void mpb_rig_free_live(mpb_rig_t *g, const mpb_workload_t *w) {
@@ -456,6 +480,7 @@ mp_status_t mpb_replay(const mpb_workload_t *w, const char *allocator,
         ns[nns++] = mpb_call_ns(t0, t1, overhead);
         if (opts->on_block != NULL)
           opts->on_block(opts->on_block_ctx, i, e, *slot);
+        mpb_rig_after(&g, e, false, opts->stream_work_us);
       }
       mpb_live_event(&lv, e, e->tenant);
     } else {
@@ -467,7 +492,7 @@ mp_status_t mpb_replay(const mpb_workload_t *w, const char *allocator,
         mpb_rig_free(&g, e);
         uint64_t t1 = mpb_now_ns();
         ns[nns++] = mpb_call_ns(t0, t1, overhead);
-        mpb_rig_settle(&g);
+        mpb_rig_after(&g, e, true, opts->stream_work_us);
       }
       mpb_live_event(&lv, e, owner);
     }

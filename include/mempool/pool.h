@@ -80,6 +80,16 @@ typedef struct mp_pool mp_pool_t;
  * from backtrace(); symbolized only when a snapshot is written). Option
  * history_stacks=1; needs history > 0. Off by default. */
 #define MP_POOL_HISTORY_STACKS 0x4u
+/* Stream waits (option stream_waits=1): a free block that another stream's
+ * queued work may still use is handed to the allocating stream at once,
+ * after making that stream wait on the device for the work (an event the
+ * pool recorded at the free, cuStreamWaitEvent), instead of being passed
+ * over until the work completes. As CUDA's own pools do by default
+ * (CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, cuda.h). Which block
+ * an allocation gets then no longer depends on how far the streams have
+ * run, at the price of the new dependency between the two streams. Never
+ * on a stream being captured. Off by default. */
+#define MP_POOL_STREAM_WAITS 0x8u
 
 typedef struct mp_pool_config {
   size_t

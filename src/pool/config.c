@@ -68,6 +68,9 @@ static const mp__conf_key_t mp__conf_keys[] = {
      "events the history ring keeps; 0: no history"},
     MP__FLAG_KEY("history_stacks", MP_POOL_HISTORY_STACKS,
                  "record each allocation's stack (needs history)"),
+    MP__FLAG_KEY("stream_waits", MP_POOL_STREAM_WAITS,
+                 "reuse a block other streams' queued work still uses by "
+                 "making the allocating stream wait for that work"),
     {"max_fraction", MP__KEY_FRACTION, MP__FIELD(max_fraction), 0, 0, false,
      "cap as a share of the device's memory (or max_bytes, not both)"},
     /* PyTorch's names */

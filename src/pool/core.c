@@ -50,7 +50,9 @@ static mp__block_t *mp__search_ex(mp_pool_t *pool, size_t size, uint32_t sidx,
   mp__block_t *b = mp__index_best_fit(pool, size);
   for (unsigned k = 0; b != NULL && k < MP__SEARCH_LIMIT; k++) {
     if (mp__fits(pool, b, size)) {
-      if (mp__deps_safe(pool, b, sidx, true))
+      if (mp__deps_safe(pool, b, sidx, true) ||
+          ((pool->cfg.flags & MP_POOL_STREAM_WAITS) &&
+           mp__deps_order(pool, b, sidx)))
         return b;
       *pending = true;
     }

@@ -88,7 +88,8 @@
  * parse; mp_pool_create then reports it. */
 #define MP__POOL_CONF_BAD 0x80000000u
 #define MP__POOL_FLAGS                                                         \
-  (MP_POOL_VIRTUAL | MP_POOL_DEFRAG_ON_OOM | MP_POOL_HISTORY_STACKS)
+  (MP_POOL_VIRTUAL | MP_POOL_DEFRAG_ON_OOM | MP_POOL_HISTORY_STACKS |          \
+   MP_POOL_STREAM_WAITS)
 
 /* Internal status, never returned to a caller: growth ran out of host
  * memory for its bookkeeping (the message says so). The out-of-memory
@@ -361,6 +362,7 @@ struct mp_pool {
   size_t nexports, exports_cap;
   size_t nheld; /* blocks MP__B_HELD */
   mp__history_t hist;
+  uint64_t stream_waits; /* stream.c: waits made by mp__deps_order */
 };
 
 /* ---- lock.c: the pool lock and the one way to drop it ------------------- */
@@ -621,6 +623,12 @@ bool mp__deps_merge(mp_pool_t *pool, mp__block_t *dst, const mp__block_t *src);
 /* True when a block with these deps can be reused on stream sidx now.
  * poll: query markers and close open epochs of the streams it waits on. */
 bool mp__deps_safe(mp_pool_t *pool, mp__block_t *b, uint32_t sidx, bool poll);
+/* MP_POOL_STREAM_WAITS: makes stream sidx wait, on the device, for the
+ * markers of every unfinished dep of b (closing open epochs to get them),
+ * so that sidx may use b at once; false, with no wait made (or only some,
+ * when a wait failed), when a dep has no marker to wait on (a capturing or
+ * unaware-captured stream, a block waiting for a device sync, no event). */
+bool mp__deps_order(mp_pool_t *pool, mp__block_t *b, uint32_t sidx);
 /* Polls every stream's markers; closes open epochs when close is set. */
 void mp__streams_poll(mp_pool_t *pool, bool close);
 /* Snapshot before a device sync, and completion after it. */

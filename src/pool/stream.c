@@ -394,14 +394,29 @@ static void mp__stream_close(mp_pool_t *pool, mp__strm_t *st) {
   }
   if (st->nmarks == MP__MAX_MARKS)
     mp__stream_poll(pool, st);
-  if (st->nmarks == MP__MAX_MARKS)
-    return;
   /* Nor one the application captures without telling the pool (a stream
    * that joined a capture through an event): the marker would be a node of
    * its graph, and asking about it would invalidate the capture. The epoch
    * stays open; a later close marks it. */
   if (MP__UNLIKELY(mp__device_stream_capturing(pool->dev, st->s) > 0))
     return;
+  if (st->nmarks == MP__MAX_MARKS) {
+    /* Every marker still pending (a stream far behind the host): record
+     * the newest one again, here. It then stands for this epoch and the
+     * one it closed before (stream order: its new point comes after that
+     * epoch's work), so the open epoch is closed without a ninth event;
+     * waits already made on its old point keep that point (cuStreamWait-
+     * Event uses the record current at the call: cuda.h). */
+    mp__marker_t *m =
+        &st->marks[(st->mark_head + st->nmarks - 1) % MP__MAX_MARKS];
+    if (mp_event_record(pool->dev, m->ev, st->s) != MP_OK)
+      return;
+    m->epoch = st->epoch;
+    st->epoch++;
+    st->dirty = false;
+    st->want_close = false;
+    return;
+  }
   mp_event_t ev;
   if (mp__event_get(pool, &ev) != MP_OK)
     return;
@@ -596,6 +611,56 @@ bool mp__deps_safe(mp_pool_t *pool, mp__block_t *b, uint32_t sidx, bool poll) {
   }
   b->ndeps = n;
   return safe;
+}
+
+/* The marker of st whose completion means epoch e is done: the first one
+ * recorded when an epoch >= e closed (markers complete in stream order, so
+ * a later one covers e too), or NULL. */
+static const mp__marker_t *mp__marker_covering(const mp__strm_t *st,
+                                               uint64_t e) {
+  for (unsigned k = 0; k < st->nmarks; k++) {
+    const mp__marker_t *m = &st->marks[(st->mark_head + k) % MP__MAX_MARKS];
+    if (m->epoch >= e)
+      return m;
+  }
+  return NULL;
+}
+
+bool mp__deps_order(mp_pool_t *pool, mp__block_t *b, uint32_t sidx) {
+  MP__ASSERT_LOCKED(pool);
+  mp__strm_t *me = &pool->streams[sidx];
+  /* A block waiting for a device sync names no marker; a capturing stream
+   * may not wait on an event recorded outside its capture (nor may one the
+   * application captures without telling the pool). */
+  if ((b->flags & MP__B_SYNC) || me->gone || me->capturing ||
+      mp__device_stream_capturing(pool->dev, me->s) > 0)
+    return false;
+  /* First every unfinished dep gets a marker (closing an open epoch), so
+   * that nothing is waited on unless everything can be. */
+  for (uint32_t i = 0; i < b->ndeps; i++) {
+    const mp__dep_t *d = &b->deps[i];
+    if (d->sidx == sidx || mp__dep_done(pool, d))
+      continue;
+    mp__strm_t *st = &pool->streams[d->sidx];
+    if (st->capturing)
+      return false;
+    if (d->epoch == st->epoch)
+      mp__stream_close(pool, st);
+    if (!mp__dep_done(pool, d) && mp__marker_covering(st, d->epoch) == NULL)
+      return false;
+  }
+  for (uint32_t i = 0; i < b->ndeps; i++) {
+    const mp__dep_t *d = &b->deps[i];
+    if (d->sidx == sidx || mp__dep_done(pool, d))
+      continue;
+    const mp__marker_t *m =
+        mp__marker_covering(&pool->streams[d->sidx], d->epoch);
+    /* A failed wait leaves the waits made so far: only extra ordering. */
+    if (mp_stream_wait_event(pool->dev, me->s, m->ev) != MP_OK)
+      return false;
+    pool->stream_waits++;
+  }
+  return true;
 }
 
 void mp__streams_poll(mp_pool_t *pool, bool close) {

@@ -317,12 +317,12 @@ Test(cuda_pool_rules, no_device_synchronize_when_allocating_freeing_or_trimming,
  * another stream, must not ask it: cuStreamQuery is not allowed during
  * capture (cuda.h) and invalidates it. Failed before: the capture ended
  * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED. */
-Test(cuda_pool_rules, a_capturing_stream_the_pool_was_not_told_of_is_not_asked,
-     .init = load_driver) {
+static void unaware_capture_is_not_asked(unsigned flags) {
   mp_device_t *dev = open_dev("cuda");
   mp_pool_config_t cfg;
   mp_pool_config_init(&cfg);
   cfg.release_threshold = 1;
+  cfg.flags |= flags;
   mp_pool_t *pool = NULL;
   cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
   enter_ctx();
@@ -350,6 +350,79 @@ Test(cuda_pool_rules, a_capturing_stream_the_pool_was_not_told_of_is_not_asked,
   cr_assert_eq(errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), refused);
   cr_assert_eq(cu.destroy(a), CUDA_SUCCESS);
   cr_assert_eq(cu.destroy(b), CUDA_SUCCESS);
+  leave_ctx();
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(dev);
+}
+
+Test(cuda_pool_rules, a_capturing_stream_the_pool_was_not_told_of_is_not_asked,
+     .init = load_driver) {
+  unaware_capture_is_not_asked(0);
+}
+
+/* The same with stream waits, where a block a owes a free of is what b
+ * would get: the pool must neither record on the captured a nor ask
+ * about it (the capture would be invalidated). */
+Test(cuda_pool_rules, stream_waits_leave_an_unaware_capture_alone,
+     .init = load_driver) {
+  unaware_capture_is_not_asked(MP_POOL_STREAM_WAITS);
+}
+
+static void open_gate(void *g) {
+  gate_open(g);
+}
+
+/* stream_waits=1: the block a's kernel still writes is handed to b at
+ * once, and b's copy of it runs after a's write (a cuStreamWaitEvent on
+ * the marker the free recorded). a's kernel is a memset queued behind a
+ * gated host function; b copies the block into page-locked memory, so the
+ * host never touches device memory and the test runs on a GPU too. */
+Test(cuda_pool_rules, stream_waits_order_the_reusing_stream_after_the_free,
+     .init = load_driver) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_pool_t *pool = NULL;
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cr_assert_eq(mp_pool_config_parse(&cfg, "stream_waits=1"), MP_OK);
+  cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
+  enter_ctx();
+  CUstream a, b;
+  cr_assert_eq(cu.create(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(cu.create(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  unsigned char *h = NULL;
+  cr_assert_eq(mp_device_host_alloc(dev, 4096, (void **)&h), MP_OK);
+  memset(h, 0, 4096);
+  void *t = NULL, *x = NULL, *guard = NULL, *y = NULL;
+  /* The pool meets b first, so a's free records its marker at once. */
+  cr_assert_eq(mp_pool_alloc(pool, 1u << 20, (mp_stream_t)b, &t), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, t), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, 8u << 20, (mp_stream_t)a, &x), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, 2u << 20, (mp_stream_t)a, &guard), MP_OK);
+  cr_assert_eq(mp_memset_async(dev, x, 1, 4096, (mp_stream_t)a), MP_OK);
+  gate_t g;
+  gate_init(&g);
+  cr_assert_eq(cu.launch(a, gate_wait, &g), CUDA_SUCCESS);
+  cr_assert_eq(mp_memset_async(dev, x, 2, 4096, (mp_stream_t)a), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, x), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, 8u << 20, (mp_stream_t)b, &y), MP_OK);
+  cr_expect_eq(y, x, "the block a still writes was passed over");
+  cr_assert_eq(mp_memcpy_async(dev, h, y, 4096, (mp_stream_t)b), MP_OK);
+  /* The gate opens from a third stream, so b's wait is what orders it. */
+  CUstream c;
+  cr_assert_eq(cu.create(&c, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  usleep(50000);
+  cr_assert_eq(cu.launch(c, open_gate, &g), CUDA_SUCCESS);
+  cr_assert_eq(mp_stream_synchronize(dev, (mp_stream_t)b), MP_OK);
+  cr_expect_eq(h[0], 2, "b read the block before a's write");
+  cr_expect_eq(h[4095], 2);
+  cr_assert_eq(mp_device_synchronize(dev), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, y), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, guard), MP_OK);
+  cr_assert_eq(cu.destroy(a), CUDA_SUCCESS);
+  cr_assert_eq(cu.destroy(b), CUDA_SUCCESS);
+  cr_assert_eq(cu.destroy(c), CUDA_SUCCESS);
+  mp_device_host_free(dev, h);
+  gate_destroy(&g);
   leave_ctx();
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
   mp_device_close(dev);

@@ -1,0 +1,193 @@
+/* test_pool_stream_waits.c - stream_waits=1 (MP_POOL_STREAM_WAITS): a free
+ * block that another stream's queued work may still use goes to the
+ * allocating stream at once, and that stream's later work waits on the
+ * device for exactly the work queued before the free; without the option
+ * the block is passed over until the work completes. Gated host functions
+ * hold the streams, so that ordering is observed, not assumed. */
+#include <criterion/criterion.h>
+#include <stdatomic.h>
+#include <time.h>
+
+#include <mempool/mempool.h>
+
+#include "../support/pool_helpers.h"
+#include "../support/stream_gate.h"
+
+#define MiB ((size_t)1 << 20)
+
+static mp_device_t *dev;
+static mp_stream_t a, b;
+static gate_t g1, g2;
+
+static void setup(void) {
+  cr_assert_eq(mp_device_open("host:capacity=2G", &dev), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_stream_create(dev, &a), MP_OK);
+  cr_assert_eq(mp_stream_create(dev, &b), MP_OK);
+  gate_init(&g1);
+  gate_init(&g2);
+}
+static void teardown(void) {
+  gate_open(&g1);
+  gate_open(&g2);
+  mp_device_synchronize(dev);
+  mp_device_close(dev);
+}
+TestSuite(stream_waits, .init = setup, .fini = teardown);
+
+/* A host function on b: records whether each gate was open when it ran. */
+typedef struct probe {
+  atomic_bool ran, g1_open, g2_open;
+} probe_t;
+
+static bool is_open(gate_t *g) {
+  pthread_mutex_lock(&g->mu);
+  bool o = g->open;
+  pthread_mutex_unlock(&g->mu);
+  return o;
+}
+
+static void probe_run(void *arg) {
+  probe_t *p = arg;
+  atomic_store(&p->g1_open, is_open(&g1));
+  atomic_store(&p->g2_open, is_open(&g2));
+  atomic_store(&p->ran, true);
+}
+
+static void pause_ms(long ms) {
+  struct timespec ts = {0, ms * 1000 * 1000};
+  nanosleep(&ts, NULL);
+}
+
+/* The pool has met both streams (so a free records its marker at once),
+ * and x (64 MiB, on a) sits below a live guard block. */
+static mp_pool_t *pool_with_block_on_a(const char *opts, void **x) {
+  mp_pool_t *p = make_pool(dev, opts);
+  void *t, *guard;
+  cr_assert_eq(mp_pool_alloc(p, MiB, b, &t), MP_OK);
+  cr_assert_eq(mp_pool_free(p, t), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 64 * MiB, a, x), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, a, &guard), MP_OK);
+  return p;
+}
+
+Test(stream_waits, a_block_busy_on_another_stream_is_reused_at_once) {
+  void *x, *y;
+  mp_pool_t *p = pool_with_block_on_a("stream_waits=1", &x);
+  size_t reserved = stats(p).reserved_bytes;
+  /* a's kernel still reads x when the application frees it. */
+  cr_assert_eq(mp_stream_launch_host(dev, a, gate_wait, &g1), MP_OK);
+  cr_assert_eq(mp_pool_free(p, x), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 64 * MiB, b, &y), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(y, x, "the busy block was passed over");
+  cr_expect_eq(stats(p).reserved_bytes, reserved, "the pool grew");
+  /* b's next kernel may touch y: it must run after a's work on x. */
+  probe_t pr = {0};
+  cr_assert_eq(mp_stream_launch_host(dev, b, probe_run, &pr), MP_OK);
+  pause_ms(50);
+  cr_expect(!atomic_load(&pr.ran), "b ran before a's work on the block");
+  gate_open(&g1);
+  cr_assert_eq(mp_stream_synchronize(dev, b), MP_OK);
+  cr_expect(atomic_load(&pr.ran));
+  cr_expect(atomic_load(&pr.g1_open));
+  cr_assert_eq(mp_pool_free(p, y), MP_OK);
+  mp_pool_destroy(p);
+}
+
+Test(stream_waits, the_wait_is_for_work_queued_before_the_free_only) {
+  void *x, *y;
+  mp_pool_t *p = pool_with_block_on_a("stream_waits=1", &x);
+  cr_assert_eq(mp_stream_launch_host(dev, a, gate_wait, &g1), MP_OK);
+  cr_assert_eq(mp_pool_free(p, x), MP_OK);
+  /* Work a queues after the free does not touch x. */
+  cr_assert_eq(mp_stream_launch_host(dev, a, gate_wait, &g2), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 64 * MiB, b, &y), MP_OK);
+  cr_expect_eq(y, x);
+  probe_t pr = {0};
+  cr_assert_eq(mp_stream_launch_host(dev, b, probe_run, &pr), MP_OK);
+  pause_ms(50);
+  cr_expect(!atomic_load(&pr.ran), "b ran before a's work on the block");
+  gate_open(&g1);
+  cr_assert_eq(mp_stream_synchronize(dev, b), MP_OK);
+  cr_expect(atomic_load(&pr.ran));
+  cr_expect(atomic_load(&pr.g1_open));
+  cr_expect(!atomic_load(&pr.g2_open), "b waited for a's later work");
+  gate_open(&g2);
+  mp_pool_free(p, y);
+  mp_pool_destroy(p);
+}
+
+Test(stream_waits, the_same_stream_never_waits_on_itself) {
+  void *x, *y;
+  mp_pool_t *p = pool_with_block_on_a("stream_waits=1", &x);
+  cr_assert_eq(mp_stream_launch_host(dev, a, gate_wait, &g1), MP_OK);
+  cr_assert_eq(mp_pool_free(p, x), MP_OK);
+  /* Stream order already covers a reuse on a: no wait, same block. */
+  cr_assert_eq(mp_pool_alloc(p, 64 * MiB, a, &y), MP_OK);
+  cr_expect_eq(y, x);
+  probe_t pr = {0};
+  cr_assert_eq(mp_stream_launch_host(dev, b, probe_run, &pr), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, b), MP_OK);
+  cr_expect(atomic_load(&pr.ran), "b was made to wait");
+  cr_expect(!atomic_load(&pr.g1_open));
+  gate_open(&g1);
+  mp_pool_free(p, y);
+  mp_pool_destroy(p);
+}
+
+Test(stream_waits, without_the_option_the_busy_block_is_passed_over) {
+  void *x, *y;
+  mp_pool_t *p = pool_with_block_on_a(NULL, &x);
+  size_t reserved = stats(p).reserved_bytes;
+  cr_assert_eq(mp_stream_launch_host(dev, a, gate_wait, &g1), MP_OK);
+  cr_assert_eq(mp_pool_free(p, x), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 64 * MiB, b, &y), MP_OK);
+  cr_expect_neq(y, x);
+  cr_expect_gt(stats(p).reserved_bytes, reserved);
+  probe_t pr = {0};
+  cr_assert_eq(mp_stream_launch_host(dev, b, probe_run, &pr), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, b), MP_OK);
+  cr_expect(atomic_load(&pr.ran), "b was made to wait");
+  gate_open(&g1);
+  mp_pool_free(p, y);
+  mp_pool_destroy(p);
+}
+
+Test(stream_waits, the_option_parses_and_reads_back) {
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cr_expect_eq(cfg.flags & MP_POOL_STREAM_WAITS, 0u, "on by default");
+  cr_assert_eq(mp_pool_config_parse(&cfg, "stream_waits=1"), MP_OK);
+  cr_expect_neq(cfg.flags & MP_POOL_STREAM_WAITS, 0u);
+  cr_expect_neq(mp_pool_config_parse(&cfg, "stream_waits=maybe"), MP_OK);
+  cr_expect_neq(cfg.flags & MP_POOL_STREAM_WAITS, 0u,
+                "a bad string changed it");
+}
+
+Test(stream_waits, a_stream_far_behind_still_hands_its_blocks_over) {
+  void *x, *y;
+  mp_pool_t *p = pool_with_block_on_a("stream_waits=1", &x);
+  cr_assert_eq(mp_stream_launch_host(dev, a, gate_wait, &g1), MP_OK);
+  /* More frees on a than the pool keeps markers pending for one stream:
+   * each closes an epoch that a's blocked work keeps from completing. */
+  enum { N = 12 };
+  void *blk[N];
+  for (int i = 0; i < N; i++)
+    cr_assert_eq(mp_pool_alloc(p, (size_t)(i + 1) * MiB, a, &blk[i]), MP_OK);
+  for (int i = 0; i < N; i++)
+    cr_assert_eq(mp_pool_free(p, blk[i]), MP_OK);
+  cr_assert_eq(mp_pool_free(p, x), MP_OK);
+  size_t reserved = stats(p).reserved_bytes;
+  cr_assert_eq(mp_pool_alloc(p, 64 * MiB, b, &y), MP_OK);
+  cr_expect_eq(y, x, "the last block freed on a was passed over");
+  cr_expect_eq(stats(p).reserved_bytes, reserved, "the pool grew");
+  probe_t pr = {0};
+  cr_assert_eq(mp_stream_launch_host(dev, b, probe_run, &pr), MP_OK);
+  pause_ms(50);
+  cr_expect(!atomic_load(&pr.ran), "b ran before a's work on the block");
+  gate_open(&g1);
+  cr_assert_eq(mp_stream_synchronize(dev, b), MP_OK);
+  cr_expect(atomic_load(&pr.g1_open));
+  mp_pool_free(p, y);
+  mp_pool_destroy(p);
+}
