@@ -138,23 +138,35 @@ static mp_status_t mp__grow_and_search(mp_pool_t *pool, size_t size,
                                        uint32_t sidx, mp__block_t **out) {
   /* Only growths this thread made count: waiting for another thread's
    * grow or release is progress too, and is followed by a fresh look. */
+  mp_status_t st = MP_ENOMEM;
   for (int grown = 0; grown < 8;) {
     mp__block_t *f;
-    mp_status_t st = mp__segment_grow(pool, size, sidx, &f);
-    if (st != MP_OK)
-      return st;
+    if ((st = mp__segment_grow(pool, size, sidx, &f)) != MP_OK)
+      break;
+    st = MP_ENOMEM;
     grown += f != NULL;
-    if ((*out = mp__search(pool, size, sidx)) != NULL)
-      return MP_OK;
+    if ((*out = mp__search(pool, size, sidx)) != NULL) {
+      st = MP_OK;
+      break;
+    }
     /* The search looks at a bounded number of candidates; the block that
      * received the new memory is one more, and fits by construction. */
     if (f != NULL && (f->flags & MP__B_FREE) && f->size >= size &&
-        mp__fits(pool, f, size) && mp__deps_safe(pool, f, sidx, false)) {
-      *out = f;
-      return MP_OK;
+        mp__fits(pool, f, size)) {
+      if (mp__deps_safe(pool, f, sidx, false) ||
+          ((pool->cfg.flags & MP_POOL_STREAM_WAITS) &&
+           mp__deps_order(pool, f, sidx))) {
+        *out = f;
+        st = MP_OK;
+        break;
+      }
+      /* Growth counted on waiting for a busy neighbour and the wait could
+       * not be made: grow without such neighbours from now on. */
+      pool->growth_no_waits = true;
     }
   }
-  return MP_ENOMEM;
+  pool->growth_no_waits = false;
+  return st;
 }
 
 mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,

@@ -363,6 +363,9 @@ struct mp_pool {
   size_t nheld; /* blocks MP__B_HELD */
   mp__history_t hist;
   uint64_t stream_waits; /* stream.c: waits made by mp__deps_order */
+  bool growth_no_waits;  /* core.c: growth in this take counted on a wait
+                            that could not be made; mp__deps_usable then
+                            counts no busy block */
 };
 
 /* ---- lock.c: the pool lock and the one way to drop it ------------------- */
@@ -629,6 +632,18 @@ bool mp__deps_safe(mp_pool_t *pool, mp__block_t *b, uint32_t sidx, bool poll);
  * when a wait failed), when a dep has no marker to wait on (a capturing or
  * unaware-captured stream, a block waiting for a device sync, no event). */
 bool mp__deps_order(mp_pool_t *pool, mp__block_t *b, uint32_t sidx);
+/* Whether mp__deps_order would likely succeed, with no device call: every
+ * unfinished dep has a marker or an open epoch this thread can close. */
+bool mp__deps_orderable(mp_pool_t *pool, const mp__block_t *b, uint32_t sidx);
+/* Whether stream sidx may use free block b now: no unfinished work of
+ * other streams on it, or (MP_POOL_STREAM_WAITS) work it can be ordered
+ * after (growth counts such a block as its own). */
+static inline bool mp__deps_usable(mp_pool_t *pool, mp__block_t *b,
+                                   uint32_t sidx) {
+  return mp__deps_safe(pool, b, sidx, false) ||
+         (sidx != UINT32_MAX && (pool->cfg.flags & MP_POOL_STREAM_WAITS) &&
+          !pool->growth_no_waits && mp__deps_orderable(pool, b, sidx));
+}
 /* Polls every stream's markers; closes open epochs when close is set. */
 void mp__streams_poll(mp_pool_t *pool, bool close);
 /* Snapshot before a device sync, and completion after it. */

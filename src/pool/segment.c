@@ -66,7 +66,7 @@ static mp__block_t *mp__tail_extend(mp_pool_t *pool, mp__segment_t *seg,
   mp__block_t *t = seg->last;
   bool adjacent =
       t != NULL && (t->flags & MP__B_FREE) && t->addr + t->size == addr;
-  if (adjacent && sidx != UINT32_MAX && !mp__deps_safe(pool, t, sidx, false)) {
+  if (adjacent && sidx != UINT32_MAX && !mp__deps_usable(pool, t, sidx)) {
     rec->flags |= MP__B_UNMERGED;
     adjacent = false;
   }

@@ -626,6 +626,33 @@ static const mp__marker_t *mp__marker_covering(const mp__strm_t *st,
   return NULL;
 }
 
+bool mp__deps_orderable(mp_pool_t *pool, const mp__block_t *b, uint32_t sidx) {
+  const mp__strm_t *me = &pool->streams[sidx];
+  if ((b->flags & MP__B_SYNC) || me->gone || me->capturing)
+    return false;
+  bool asked = false; /* whether me's capture state was asked */
+  for (uint32_t i = 0; i < b->ndeps; i++) {
+    const mp__dep_t *d = &b->deps[i];
+    if (d->sidx == sidx || mp__dep_done(pool, d))
+      continue;
+    const mp__strm_t *st = &pool->streams[d->sidx];
+    if (st->capturing)
+      return false;
+    /* The same conditions as mp__deps_order's, but for an event: an open
+     * epoch gets its marker when the block is taken, unless its stream is
+     * gone, another thread's per-thread stream, or captured unawares. */
+    if (d->epoch == st->epoch
+            ? st->gone || (st->owner != 0 && st->owner != mp__self()) ||
+                  mp__device_stream_capturing(pool->dev, st->s) > 0
+            : mp__marker_covering(st, d->epoch) == NULL)
+      return false;
+    if (!asked && mp__device_stream_capturing(pool->dev, me->s) > 0)
+      return false;
+    asked = true;
+  }
+  return true;
+}
+
 bool mp__deps_order(mp_pool_t *pool, mp__block_t *b, uint32_t sidx) {
   MP__ASSERT_LOCKED(pool);
   mp__strm_t *me = &pool->streams[sidx];

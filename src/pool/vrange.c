@@ -443,8 +443,7 @@ typedef struct mp__placement {
 
 /* Bytes of free block b that growth on stream sidx may count on. */
 static size_t mp__usable_bytes(mp_pool_t *pool, mp__block_t *b, uint32_t sidx) {
-  return b != NULL && (b->flags & MP__B_FREE) &&
-                 mp__deps_safe(pool, b, sidx, false)
+  return b != NULL && (b->flags & MP__B_FREE) && mp__deps_usable(pool, b, sidx)
              ? b->size
              : 0;
 }

@@ -191,3 +191,30 @@ Test(stream_waits, a_stream_far_behind_still_hands_its_blocks_over) {
   mp_pool_free(p, y);
   mp_pool_destroy(p);
 }
+
+Test(stream_waits, growth_extends_a_busy_free_block_the_stream_can_wait_for) {
+  mp_pool_t *p = make_pool(dev, "stream_waits=1");
+  void *t, *x, *y;
+  cr_assert_eq(mp_pool_alloc(p, MiB, b, &t), MP_OK);
+  cr_assert_eq(mp_pool_free(p, t), MP_OK);
+  /* x is the top of what the pool holds; a's kernel still uses it. */
+  cr_assert_eq(mp_pool_alloc(p, 64 * MiB, a, &x), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, a, gate_wait, &g1), MP_OK);
+  cr_assert_eq(mp_pool_free(p, x), MP_OK);
+  size_t reserved = stats(p).reserved_bytes;
+  /* Bigger than x: growth maps only what x lacks, above it, and b gets
+   * the joined block once it waits for a. */
+  cr_assert_eq(mp_pool_alloc(p, 96 * MiB, b, &y), MP_OK);
+  cr_expect_eq(y, x, "the busy block was left apart");
+  cr_expect_leq(stats(p).reserved_bytes, reserved + 32 * MiB,
+                "growth mapped the whole request");
+  probe_t pr = {0};
+  cr_assert_eq(mp_stream_launch_host(dev, b, probe_run, &pr), MP_OK);
+  pause_ms(50);
+  cr_expect(!atomic_load(&pr.ran), "b ran before a's work on the block");
+  gate_open(&g1);
+  cr_assert_eq(mp_stream_synchronize(dev, b), MP_OK);
+  cr_expect(atomic_load(&pr.g1_open));
+  mp_pool_free(p, y);
+  mp_pool_destroy(p);
+}
