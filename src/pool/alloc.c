@@ -3,7 +3,7 @@
  * closes the IPC leases whose importers let go (export.c) when blocks are
  * held, rounds, takes a block through the out-of-memory ladder (core.c)
  * and makes it live. The live map's room is asked for before the block is
- * made live, so that nothing can fail after. */
+ * taken, so that a host failure there changes nothing. */
 #include "pool_internal.h"
 
 mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
@@ -20,10 +20,15 @@ mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
   size_t size;
   if (!mp__pool_round(pool, bytes, &size) || size > pool->cap)
     return mp__pool_oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM, bytes);
+  /* Room in the live map first, so that a host failure there leaves the
+   * device memory as it was; taking may drop the lock (growth), and
+   * another thread may fill the room meanwhile: looked at again after. */
   mp__block_t *b;
+  if (!mp__map_reserve(pool, 1))
+    return mp__fail(MP_ENOMEM, "out of host memory for the block map");
   if ((st = mp__pool_take(pool, size, sidx, &b)) != MP_OK)
     return st;
-  if (!mp__map_reserve(pool, 1)) {
+  if (MP__UNLIKELY(!mp__map_has_room(pool, 1)) && !mp__map_reserve(pool, 1)) {
     mp__block_untake(pool, b);
     return mp__fail(MP_ENOMEM, "out of host memory for the block map");
   }

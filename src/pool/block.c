@@ -115,7 +115,7 @@ static void mp__map_put(mp__slot_t *map, size_t mask, size_t slot,
 }
 
 bool mp__map_reserve(mp_pool_t *pool, size_t n) {
-  if ((pool->map_count + n) * 2 <= pool->map_cap)
+  if (mp__map_has_room(pool, n))
     return true;
   size_t cap = pool->map_cap ? pool->map_cap : 256;
   while ((pool->map_count + n) * 2 > cap)

@@ -254,3 +254,39 @@ Test(pool_host_faults, frees_need_no_host_memory) {
   cr_expect_eq(fake_of(dev)->used, 0);
   fake_close(dev);
 }
+
+/* The live map must grow (128 blocks live, doubling at half of 256) on an
+ * allocation that also needs new device memory: a failure to grow the map
+ * leaves the device memory as it was, whichever host allocation fails. */
+Test(pool_host_faults, a_live_map_failure_leaves_the_device_memory_alone) {
+  mp_device_t *dev = fake_open((size_t)8 << 30, 2 * MiB);
+  mp_pool_t *p = make_pool(dev, NULL);
+  enum { LIVE = 128 };
+  void *ptrs[LIVE + 1];
+  for (int i = 0; i < LIVE; i++)
+    cr_assert_eq(mp_pool_alloc(p, 4096, NULL, &ptrs[i]), MP_OK);
+  int map_failed = 0;
+  for (long k = 0; k < 100; k++) {
+    size_t used = fake_of(dev)->used, reserved = stats(p).reserved_bytes;
+    mp__fault_host_after(k);
+    mp_status_t st = mp_pool_alloc(p, 64 * MiB, NULL, &ptrs[LIVE]);
+    mp__fault_host_after(-1);
+    if (st == MP_OK)
+      break;
+    cr_assert_eq(st, MP_ENOMEM, "%s", mp_last_error());
+    if (strstr(mp_last_error(), "block map") == NULL)
+      continue; /* another table: growth's own faults are covered above */
+    map_failed++;
+    cr_expect_eq(fake_of(dev)->used, used, "k=%ld: device memory taken", k);
+    cr_expect_eq(stats(p).reserved_bytes, reserved,
+                 "k=%ld: reserved bytes changed", k);
+    check(p);
+  }
+  cr_expect_geq(map_failed, 1, "the map never failed to grow");
+  cr_assert_eq(mp_pool_free(p, ptrs[LIVE]), MP_OK);
+  for (int i = 0; i < LIVE; i++)
+    cr_assert_eq(mp_pool_free(p, ptrs[i]), MP_OK);
+  check(p);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+  fake_close(dev);
+}
