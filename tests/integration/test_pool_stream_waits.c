@@ -59,6 +59,30 @@ static void pause_ms(long ms) {
   nanosleep(&ts, NULL);
 }
 
+/* b's next kernel, queued now, may touch the block b just got: it must
+ * not run before a's work queued before the free (behind g1), and must run
+ * once g1 opens. Opens g1. Returns what the kernel saw. */
+static probe_t b_runs_after_g1(void) {
+  probe_t pr = {0};
+  cr_assert_eq(mp_stream_launch_host(dev, b, probe_run, &pr), MP_OK);
+  pause_ms(50);
+  cr_expect(!atomic_load(&pr.ran), "b ran before a's work on the block");
+  gate_open(&g1);
+  cr_assert_eq(mp_stream_synchronize(dev, b), MP_OK);
+  cr_expect(atomic_load(&pr.ran));
+  cr_expect(atomic_load(&pr.g1_open));
+  return pr;
+}
+
+/* b's next kernel runs at once (g1 still closed): no wait was made. */
+static void b_runs_at_once(void) {
+  probe_t pr = {0};
+  cr_assert_eq(mp_stream_launch_host(dev, b, probe_run, &pr), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, b), MP_OK);
+  cr_expect(atomic_load(&pr.ran), "b was made to wait");
+  cr_expect(!atomic_load(&pr.g1_open));
+}
+
 /* The pool has met both streams (so a free records its marker at once),
  * and x (64 MiB, on a) sits below a live guard block. */
 static mp_pool_t *pool_with_block_on_a(const char *opts, void **x) {
@@ -82,14 +106,7 @@ Test(stream_waits, a_block_busy_on_another_stream_is_reused_at_once) {
   cr_expect_eq(y, x, "the busy block was passed over");
   cr_expect_eq(stats(p).reserved_bytes, reserved, "the pool grew");
   /* b's next kernel may touch y: it must run after a's work on x. */
-  probe_t pr = {0};
-  cr_assert_eq(mp_stream_launch_host(dev, b, probe_run, &pr), MP_OK);
-  pause_ms(50);
-  cr_expect(!atomic_load(&pr.ran), "b ran before a's work on the block");
-  gate_open(&g1);
-  cr_assert_eq(mp_stream_synchronize(dev, b), MP_OK);
-  cr_expect(atomic_load(&pr.ran));
-  cr_expect(atomic_load(&pr.g1_open));
+  (void)b_runs_after_g1();
   cr_assert_eq(mp_pool_free(p, y), MP_OK);
   mp_pool_destroy(p);
 }
@@ -103,14 +120,7 @@ Test(stream_waits, the_wait_is_for_work_queued_before_the_free_only) {
   cr_assert_eq(mp_stream_launch_host(dev, a, gate_wait, &g2), MP_OK);
   cr_assert_eq(mp_pool_alloc(p, 64 * MiB, b, &y), MP_OK);
   cr_expect_eq(y, x);
-  probe_t pr = {0};
-  cr_assert_eq(mp_stream_launch_host(dev, b, probe_run, &pr), MP_OK);
-  pause_ms(50);
-  cr_expect(!atomic_load(&pr.ran), "b ran before a's work on the block");
-  gate_open(&g1);
-  cr_assert_eq(mp_stream_synchronize(dev, b), MP_OK);
-  cr_expect(atomic_load(&pr.ran));
-  cr_expect(atomic_load(&pr.g1_open));
+  probe_t pr = b_runs_after_g1();
   cr_expect(!atomic_load(&pr.g2_open), "b waited for a's later work");
   gate_open(&g2);
   mp_pool_free(p, y);
@@ -125,11 +135,7 @@ Test(stream_waits, the_same_stream_never_waits_on_itself) {
   /* Stream order already covers a reuse on a: no wait, same block. */
   cr_assert_eq(mp_pool_alloc(p, 64 * MiB, a, &y), MP_OK);
   cr_expect_eq(y, x);
-  probe_t pr = {0};
-  cr_assert_eq(mp_stream_launch_host(dev, b, probe_run, &pr), MP_OK);
-  cr_assert_eq(mp_stream_synchronize(dev, b), MP_OK);
-  cr_expect(atomic_load(&pr.ran), "b was made to wait");
-  cr_expect(!atomic_load(&pr.g1_open));
+  b_runs_at_once();
   gate_open(&g1);
   mp_pool_free(p, y);
   mp_pool_destroy(p);
@@ -144,10 +150,7 @@ Test(stream_waits, without_the_option_the_busy_block_is_passed_over) {
   cr_assert_eq(mp_pool_alloc(p, 64 * MiB, b, &y), MP_OK);
   cr_expect_neq(y, x);
   cr_expect_gt(stats(p).reserved_bytes, reserved);
-  probe_t pr = {0};
-  cr_assert_eq(mp_stream_launch_host(dev, b, probe_run, &pr), MP_OK);
-  cr_assert_eq(mp_stream_synchronize(dev, b), MP_OK);
-  cr_expect(atomic_load(&pr.ran), "b was made to wait");
+  b_runs_at_once();
   gate_open(&g1);
   mp_pool_free(p, y);
   mp_pool_destroy(p);
@@ -181,13 +184,7 @@ Test(stream_waits, a_stream_far_behind_still_hands_its_blocks_over) {
   cr_assert_eq(mp_pool_alloc(p, 64 * MiB, b, &y), MP_OK);
   cr_expect_eq(y, x, "the last block freed on a was passed over");
   cr_expect_eq(stats(p).reserved_bytes, reserved, "the pool grew");
-  probe_t pr = {0};
-  cr_assert_eq(mp_stream_launch_host(dev, b, probe_run, &pr), MP_OK);
-  pause_ms(50);
-  cr_expect(!atomic_load(&pr.ran), "b ran before a's work on the block");
-  gate_open(&g1);
-  cr_assert_eq(mp_stream_synchronize(dev, b), MP_OK);
-  cr_expect(atomic_load(&pr.g1_open));
+  (void)b_runs_after_g1();
   mp_pool_free(p, y);
   mp_pool_destroy(p);
 }
@@ -208,13 +205,7 @@ Test(stream_waits, growth_extends_a_busy_free_block_the_stream_can_wait_for) {
   cr_expect_eq(y, x, "the busy block was left apart");
   cr_expect_leq(stats(p).reserved_bytes, reserved + 32 * MiB,
                 "growth mapped the whole request");
-  probe_t pr = {0};
-  cr_assert_eq(mp_stream_launch_host(dev, b, probe_run, &pr), MP_OK);
-  pause_ms(50);
-  cr_expect(!atomic_load(&pr.ran), "b ran before a's work on the block");
-  gate_open(&g1);
-  cr_assert_eq(mp_stream_synchronize(dev, b), MP_OK);
-  cr_expect(atomic_load(&pr.g1_open));
+  (void)b_runs_after_g1();
   mp_pool_free(p, y);
   mp_pool_destroy(p);
 }
