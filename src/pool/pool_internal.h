@@ -228,6 +228,8 @@ typedef struct mp__strm {
                          is done, its epoch counter carrying on */
   bool capturing;     /* graph.c: allocating to a graph pool (being
                          captured): never recorded on nor queried */
+  bool join;          /* the pool's own join stream (stream.c), on which
+                         nothing runs but waits */
   uint64_t sync_snap; /* epoch closed by the device sync in flight */
   mp__marker_t marks[MP__MAX_MARKS]; /* FIFO of recorded markers */
   unsigned mark_head, nmarks;
@@ -363,6 +365,10 @@ struct mp_pool {
   size_t nheld; /* blocks MP__B_HELD */
   mp__history_t hist;
   uint64_t stream_waits; /* stream.c: waits made by mp__deps_order */
+  mp_stream_t join;      /* stream.c (stream_waits): the pool's own stream
+                            that joins more streams' deps than a block
+                            record holds; NULL until needed */
+  uint64_t joins;        /* stream.c: deps joined on it */
   bool growth_no_waits;  /* core.c: growth in this take counted on a wait
                             that could not be made; mp__deps_usable then
                             counts no busy block */

@@ -18,6 +18,16 @@
  * blocks become reusable by the others once its marker completed, never
  * held in a per-stream list.
  *
+ * Stream waits (MP_POOL_STREAM_WAITS): a block whose deps are not done is
+ * still handed to a stream T, after T is made to wait on the device for a
+ * marker covering each dep (mp__deps_order); growth counts such blocks as
+ * usable (mp__deps_orderable). When two free neighbours together name more
+ * streams than a record holds, the pool's own join stream waits for all
+ * their markers and one marker on it stands for them (mp__deps_join), so
+ * they still merge. What a stream far behind cannot hold as a ninth marker
+ * is folded into its newest (mp__stream_close). With these, which block
+ * an allocation gets does not depend on how far the streams have run.
+ *
  * Invariant: for every stream, done <= epoch and the markers' epochs rise
  * from head to tail; a dep (S, e) is satisfied exactly when e < S.done. */
 #include <stdatomic.h>
@@ -255,6 +265,8 @@ void mp__stream_use_all(mp_pool_t *pool, mp__block_t *b) {
   for (uint32_t i = 0; i < pool->nstreams && !(b->flags & MP__B_MANY_USES);
        i++) {
     mp__strm_t *st = &pool->streams[i];
+    if (st->join)
+      continue; /* nothing of the application's runs on it */
     /* A destroyed stream gets no new work: skip it once its work is done. */
     if (st->gone) {
       mp__stream_poll(pool, st);
@@ -510,6 +522,19 @@ static bool mp__dep_done(const mp_pool_t *pool, const mp__dep_t *d) {
   return d->epoch < pool->streams[d->sidx].done;
 }
 
+/* The marker of st whose completion means epoch e is done: the first one
+ * recorded when an epoch >= e closed (markers complete in stream order, so
+ * a later one covers e too), or NULL. */
+static const mp__marker_t *mp__marker_covering(const mp__strm_t *st,
+                                               uint64_t e) {
+  for (unsigned k = 0; k < st->nmarks; k++) {
+    const mp__marker_t *m = &st->marks[(st->mark_head + k) % MP__MAX_MARKS];
+    if (m->epoch >= e)
+      return m;
+  }
+  return NULL;
+}
+
 /* The union of a's and b's unfinished deps, latest epoch per stream, into
  * out; false when it needs more than MP__MAX_DEPS entries. */
 static bool mp__deps_union(const mp_pool_t *pool, const mp__block_t *a,
@@ -539,6 +564,92 @@ static bool mp__deps_union(const mp_pool_t *pool, const mp__block_t *a,
   return true;
 }
 
+/* The join stream's slot in the stream table, made on first use. */
+static bool mp__join_index(mp_pool_t *pool, uint32_t *out) {
+  if (pool->join == NULL) {
+    mp_stream_t s;
+    if (mp_stream_create(pool->dev, &s) != MP_OK)
+      return false;
+    if (mp__stream_index(pool, s, out) != MP_OK) {
+      mp_stream_destroy(pool->dev, s);
+      return false;
+    }
+    pool->join = s;
+    pool->streams[*out].join = true;
+    return true;
+  }
+  return mp__stream_index(pool, pool->join, out) == MP_OK;
+}
+
+/* The unfinished deps of blocks a and b (b may be NULL), but those on
+ * stream skip, each with a marker (open epochs closed): calls fn (if any)
+ * on each marker; false when one has none (a capturing stream, or no
+ * event to be had) or fn says so. */
+typedef bool (*mp__marker_fn)(mp_pool_t *pool, const mp__marker_t *m,
+                              void *ctx);
+static bool mp__each_marker(mp_pool_t *pool, const mp__block_t *a,
+                            const mp__block_t *b, uint32_t skip,
+                            mp__marker_fn fn, void *ctx) {
+  const mp__block_t *blk[2] = {a, b};
+  for (int k = 0; k < 2 && blk[k] != NULL; k++)
+    for (uint32_t i = 0; i < blk[k]->ndeps; i++) {
+      const mp__dep_t *d = &blk[k]->deps[i];
+      if (d->sidx == skip || mp__dep_done(pool, d))
+        continue;
+      mp__strm_t *st = &pool->streams[d->sidx];
+      if (st->capturing)
+        return false;
+      if (d->epoch == st->epoch)
+        mp__stream_close(pool, st);
+      if (mp__dep_done(pool, d))
+        continue;
+      const mp__marker_t *m = mp__marker_covering(st, d->epoch);
+      if (m == NULL || (fn != NULL && !fn(pool, m, ctx)))
+        return false;
+    }
+  return true;
+}
+
+/* mp__marker_fn: the stream *ctx waits on the device for marker m. */
+static bool mp__stream_wait(mp_pool_t *pool, const mp__marker_t *m, void *ctx) {
+  if (mp_stream_wait_event(pool->dev, *(mp_stream_t *)ctx, m->ev) != MP_OK)
+    return false;
+  pool->stream_waits++;
+  return true;
+}
+
+/* MP_POOL_STREAM_WAITS, when dst and src together wait for more streams
+ * than a record holds: the pool's join stream waits on the device for
+ * every one of their markers, and a marker recorded on it after those
+ * waits stands for all of them, so that dst can take src in. No
+ * application stream gets a new dependency, and the host never waits.
+ * False, dst unchanged (waits already made only hold the join stream),
+ * when a dep has no marker or a device call fails. */
+static bool mp__deps_join(mp_pool_t *pool, mp__block_t *dst,
+                          const mp__block_t *src) {
+  uint32_t j;
+  if (!(pool->cfg.flags & MP_POOL_STREAM_WAITS) ||
+      ((dst->flags | src->flags) & MP__B_SYNC) || !mp__join_index(pool, &j))
+    return false;
+  /* Markers first for all, so that nothing is waited on unless all can
+   * be; the table may have grown (a new join slot): take pointers now. */
+  if (!mp__each_marker(pool, dst, src, UINT32_MAX, NULL, NULL))
+    return false;
+  mp_stream_t js = pool->join;
+  if (!mp__each_marker(pool, dst, src, UINT32_MAX, mp__stream_wait, &js))
+    return false;
+  mp__strm_t *jst = &pool->streams[j];
+  uint64_t e = jst->epoch;
+  jst->dirty = true;
+  mp__stream_close(pool, jst);
+  if (jst->epoch == e)
+    return false; /* no marker on the join stream: it stays dirty */
+  dst->deps[0] = (mp__dep_t){.sidx = j, .epoch = e};
+  dst->ndeps = 1;
+  pool->joins++;
+  return true;
+}
+
 bool mp__deps_try_merge(mp_pool_t *pool, mp__block_t *dst,
                         const mp__block_t *src) {
   if (!((dst->flags | src->flags) & MP__B_SYNC) && dst->ndeps <= 1 &&
@@ -562,7 +673,7 @@ bool mp__deps_try_merge(mp_pool_t *pool, mp__block_t *dst,
     for (uint32_t i = 0; i < src->ndeps; i++)
       mp__stream_poll(pool, &pool->streams[src->deps[i].sidx]);
     if (!mp__deps_union(pool, dst, src, u, &n))
-      return false;
+      return mp__deps_join(pool, dst, src);
   }
   if (src->flags & MP__B_SYNC) {
     if (!(dst->flags & MP__B_SYNC) || dst->gen < src->gen)
@@ -613,19 +724,6 @@ bool mp__deps_safe(mp_pool_t *pool, mp__block_t *b, uint32_t sidx, bool poll) {
   return safe;
 }
 
-/* The marker of st whose completion means epoch e is done: the first one
- * recorded when an epoch >= e closed (markers complete in stream order, so
- * a later one covers e too), or NULL. */
-static const mp__marker_t *mp__marker_covering(const mp__strm_t *st,
-                                               uint64_t e) {
-  for (unsigned k = 0; k < st->nmarks; k++) {
-    const mp__marker_t *m = &st->marks[(st->mark_head + k) % MP__MAX_MARKS];
-    if (m->epoch >= e)
-      return m;
-  }
-  return NULL;
-}
-
 bool mp__deps_orderable(mp_pool_t *pool, const mp__block_t *b, uint32_t sidx) {
   const mp__strm_t *me = &pool->streams[sidx];
   if ((b->flags & MP__B_SYNC) || me->gone || me->capturing)
@@ -663,31 +761,11 @@ bool mp__deps_order(mp_pool_t *pool, mp__block_t *b, uint32_t sidx) {
       mp__device_stream_capturing(pool->dev, me->s) > 0)
     return false;
   /* First every unfinished dep gets a marker (closing an open epoch), so
-   * that nothing is waited on unless everything can be. */
-  for (uint32_t i = 0; i < b->ndeps; i++) {
-    const mp__dep_t *d = &b->deps[i];
-    if (d->sidx == sidx || mp__dep_done(pool, d))
-      continue;
-    mp__strm_t *st = &pool->streams[d->sidx];
-    if (st->capturing)
-      return false;
-    if (d->epoch == st->epoch)
-      mp__stream_close(pool, st);
-    if (!mp__dep_done(pool, d) && mp__marker_covering(st, d->epoch) == NULL)
-      return false;
-  }
-  for (uint32_t i = 0; i < b->ndeps; i++) {
-    const mp__dep_t *d = &b->deps[i];
-    if (d->sidx == sidx || mp__dep_done(pool, d))
-      continue;
-    const mp__marker_t *m =
-        mp__marker_covering(&pool->streams[d->sidx], d->epoch);
-    /* A failed wait leaves the waits made so far: only extra ordering. */
-    if (mp_stream_wait_event(pool->dev, me->s, m->ev) != MP_OK)
-      return false;
-    pool->stream_waits++;
-  }
-  return true;
+   * that nothing is waited on unless everything can be. A failed wait
+   * leaves the waits made so far: only extra ordering. */
+  mp_stream_t s = me->s;
+  return mp__each_marker(pool, b, NULL, sidx, NULL, NULL) &&
+         mp__each_marker(pool, b, NULL, sidx, mp__stream_wait, &s);
 }
 
 void mp__streams_poll(mp_pool_t *pool, bool close) {
@@ -821,6 +899,9 @@ void mp__streams_release(mp_pool_t *pool) {
   }
   for (size_t i = 0; i < pool->nevents; i++)
     mp_event_destroy(pool->dev, pool->events[i]);
+  if (pool->join != NULL)
+    mp_stream_destroy(pool->dev, pool->join);
+  pool->join = NULL;
   free(pool->events);
   free(pool->streams);
   free(pool->shash);

@@ -301,6 +301,12 @@ Test(cli_results, bad_arguments_exit_2_and_write_nothing, .init = make_tmp,
   cr_expect_eq(run(a7), 2);
   const char *a8[] = {"run", "--capacity-budget", "soon", NULL};
   cr_expect_eq(run(a8), 2);
+  const char *a11[] = {"run", "--stream-work", "-1", NULL};
+  cr_expect_eq(run(a11), 2);
+  const char *a12[] = {"run", "--stream-work", "2000000", NULL};
+  cr_expect_eq(run(a12), 2);
+  const char *a13[] = {"run", "--stream-work", "5us", NULL};
+  cr_expect_eq(run(a13), 2);
   const char *a9[] = {"list", "--out", out, NULL};
   cr_expect_eq(run(a9), 2);
   const char *a10[] = {"replay", "--out", out, "/tmp", NULL};

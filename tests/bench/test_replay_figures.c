@@ -255,3 +255,36 @@ Test(replay_figures, several_streams_give_the_same_figures_every_run) {
   free(r);
   mpb_workload_free(&w);
 }
+
+/* The same trace with streams that run behind the host (stream_work_us:
+ * work queued on each event's stream, no catching up after frees): with
+ * stream_waits=1 the pool's choices no longer depend on how far behind
+ * they are, so the figures equal those of a device that caught up after
+ * every free. (The default pool's figure moves with the lag: 2.3 to 4.2
+ * times the live bytes over 5 us to 1 ms per event, README.) */
+Test(replay_figures, with_stream_waits_streams_running_behind_change_nothing) {
+  const char *dir = getenv("MEMPOOL_TEST_TRACES");
+  cr_assert_not_null(dir, "MEMPOOL_TEST_TRACES is not set");
+  char path[4096];
+  snprintf(path, sizeof path, "%s/pytorch/select_n_04d383c_llama.csv", dir);
+  mpb_workload_t w;
+  cr_assert_eq(mpb_trace_load(path, "llama", &w), MP_OK, "%s", mp_last_error());
+  mpb_replay_opts_t o = {.device_spec = "host"};
+  mpb_result_t *caught_up = calloc(1, sizeof *caught_up);
+  mpb_result_t *r = calloc(1, sizeof *r);
+  const char *a = "pool:stream_waits=1";
+  cr_assert_eq(mpb_replay(&w, a, &o, caught_up), MP_OK, "%s", mp_last_error());
+  const unsigned lag_us[] = {10, 100};
+  for (int i = 0; i < 2; i++) {
+    o.stream_work_us = lag_us[i];
+    cr_assert_eq(mpb_replay(&w, a, &o, r), MP_OK, "%s", mp_last_error());
+    cr_expect(r->completed);
+    cr_expect_eq(r->peak_reserved, caught_up->peak_reserved,
+                 "%u us behind: %zu vs %zu", lag_us[i], r->peak_reserved,
+                 caught_up->peak_reserved);
+    cr_expect_eq(r->peak_live, caught_up->peak_live);
+  }
+  free(caught_up);
+  free(r);
+  mpb_workload_free(&w);
+}

@@ -209,3 +209,58 @@ Test(stream_waits, growth_extends_a_busy_free_block_the_stream_can_wait_for) {
   mp_pool_free(p, y);
   mp_pool_destroy(p);
 }
+
+/* Free neighbours freed on more streams than a block record names (4):
+ * the pool joins their work on a stream of its own, so they still merge
+ * into one block b can have at once; b then waits for every one of them. */
+enum { NS = 5 };
+static gate_t gs[NS];
+
+static void count_open(void *arg) {
+  int n = 0;
+  for (int i = 0; i < NS; i++)
+    n += is_open(&gs[i]);
+  atomic_store((atomic_int *)arg, n + 1); /* +1: it ran */
+}
+
+Test(stream_waits, neighbours_freed_on_many_streams_still_merge) {
+  mp_pool_t *p = make_pool(dev, "stream_waits=1");
+  mp_stream_t s[NS];
+  void *x[NS], *t, *guard, *y;
+  for (int i = 0; i < NS; i++) {
+    cr_assert_eq(mp_stream_create(dev, &s[i]), MP_OK);
+    gate_init(&gs[i]);
+    /* The pool meets every stream before the frees that matter. */
+    cr_assert_eq(mp_pool_alloc(p, MiB, s[i], &t), MP_OK);
+    cr_assert_eq(mp_pool_free(p, t), MP_OK);
+  }
+  cr_assert_eq(mp_pool_alloc(p, MiB, b, &t), MP_OK);
+  cr_assert_eq(mp_pool_free(p, t), MP_OK);
+  for (int i = 0; i < NS; i++)
+    cr_assert_eq(mp_pool_alloc(p, 8 * MiB, s[i], &x[i]), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, b, &guard), MP_OK);
+  for (int i = 0; i < NS; i++) {
+    cr_assert_eq((char *)x[i], (char *)x[0] + (size_t)i * 8 * MiB,
+                 "the blocks are not neighbours");
+    cr_assert_eq(mp_stream_launch_host(dev, s[i], gate_wait, &gs[i]), MP_OK);
+    cr_assert_eq(mp_pool_free(p, x[i]), MP_OK);
+  }
+  size_t reserved = stats(p).reserved_bytes;
+  cr_assert_eq(mp_pool_alloc(p, NS * 8 * MiB, b, &y), MP_OK);
+  cr_expect_eq(y, x[0], "the neighbours were left apart");
+  cr_expect_eq(stats(p).reserved_bytes, reserved, "the pool grew");
+  atomic_int seen = 0;
+  cr_assert_eq(mp_stream_launch_host(dev, b, count_open, &seen), MP_OK);
+  for (int i = 0; i < NS; i++) {
+    pause_ms(20);
+    cr_expect_eq(atomic_load(&seen), 0, "b ran with %d gates open", i);
+    gate_open(&gs[i]);
+  }
+  cr_assert_eq(mp_stream_synchronize(dev, b), MP_OK);
+  cr_expect_eq(atomic_load(&seen), NS + 1);
+  cr_assert_eq(mp_pool_free(p, y), MP_OK);
+  cr_assert_eq(mp_pool_free(p, guard), MP_OK);
+  mp_pool_destroy(p);
+  for (int i = 0; i < NS; i++)
+    mp_stream_destroy(dev, s[i]);
+}
