@@ -428,6 +428,71 @@ Test(cuda_pool_rules, stream_waits_order_the_reusing_stream_after_the_free,
   mp_device_close(dev);
 }
 
+/* stream_waits=1 with neighbours freed on five streams (more than a block
+ * record names): they merge through the pool's join stream, b gets the
+ * joined block at once, and b's copy of it sees every stream's last write
+ * (each queued behind one gate; the gates open from a sixth stream). */
+Test(cuda_pool_rules, stream_waits_join_more_streams_than_a_record_names,
+     .init = load_driver) {
+  enum { NS = 5, BLK = 2u << 20 };
+  mp_device_t *dev = open_dev("cuda");
+  mp_pool_t *pool = NULL;
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cr_assert_eq(mp_pool_config_parse(&cfg, "stream_waits=1"), MP_OK);
+  cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
+  enter_ctx();
+  CUstream s[NS], b, c;
+  void *x[NS], *t, *guard, *y;
+  cr_assert_eq(cu.create(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(cu.create(&c, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  for (int i = 0; i < NS; i++) {
+    cr_assert_eq(cu.create(&s[i], CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    cr_assert_eq(mp_pool_alloc(pool, 4096, (mp_stream_t)s[i], &t), MP_OK);
+    cr_assert_eq(mp_pool_free(pool, t), MP_OK);
+  }
+  cr_assert_eq(mp_pool_alloc(pool, 4096, (mp_stream_t)b, &t), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, t), MP_OK);
+  for (int i = 0; i < NS; i++)
+    cr_assert_eq(mp_pool_alloc(pool, BLK, (mp_stream_t)s[i], &x[i]), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, BLK, (mp_stream_t)b, &guard), MP_OK);
+  gate_t g;
+  gate_init(&g);
+  for (int i = 0; i < NS; i++) {
+    cr_assert_eq((char *)x[i], (char *)x[0] + (size_t)i * BLK);
+    cr_assert_eq(mp_memset_async(dev, x[i], 1, 4096, (mp_stream_t)s[i]), MP_OK);
+    cr_assert_eq(cu.launch(s[i], gate_wait, &g), CUDA_SUCCESS);
+    cr_assert_eq(mp_memset_async(dev, x[i], 2, 4096, (mp_stream_t)s[i]), MP_OK);
+    cr_assert_eq(mp_pool_free(pool, x[i]), MP_OK);
+  }
+  cr_assert_eq(mp_pool_alloc(pool, NS * BLK, (mp_stream_t)b, &y), MP_OK);
+  cr_expect_eq(y, x[0], "the neighbours were left apart");
+  unsigned char *h = NULL;
+  cr_assert_eq(mp_device_host_alloc(dev, NS * 4096, (void **)&h), MP_OK);
+  memset(h, 0, NS * 4096);
+  for (int i = 0; i < NS; i++)
+    cr_assert_eq(mp_memcpy_async(dev, h + i * 4096, (char *)y + (size_t)i * BLK,
+                                 4096, (mp_stream_t)b),
+                 MP_OK);
+  usleep(50000);
+  cr_assert_eq(cu.launch(c, open_gate, &g), CUDA_SUCCESS);
+  cr_assert_eq(mp_stream_synchronize(dev, (mp_stream_t)b), MP_OK);
+  for (int i = 0; i < NS; i++)
+    cr_expect_eq(h[i * 4096], 2, "b read block %d before its write", i);
+  cr_assert_eq(mp_device_synchronize(dev), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, y), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, guard), MP_OK);
+  mp_device_host_free(dev, h);
+  gate_destroy(&g);
+  for (int i = 0; i < NS; i++)
+    cr_assert_eq(cu.destroy(s[i]), CUDA_SUCCESS);
+  cr_assert_eq(cu.destroy(b), CUDA_SUCCESS);
+  cr_assert_eq(cu.destroy(c), CUDA_SUCCESS);
+  leave_ctx();
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(dev);
+}
+
 /* ---- per-thread streams ------------------------------------------------- */
 
 static void slow_start(void *unused) {
