@@ -22,8 +22,8 @@
  * arena's virtual range is reserved before the arena is published and is
  * fixed until the pool is destroyed, so the ranges are read without a lock
  * (the calling thread's arena first); a pointer in a plain segment (no
- * virtual memory, or a range used up) is looked up under each arena's
- * lock in turn.
+ * virtual memory, or a range used up) is looked up in each arena's live
+ * map, under its lock, in turn.
  *
  * Out of memory: memory cached in one arena must not be stuck there. When
  * an arena's allocation fails (MP_ENOMEM, MP_ELIMIT), first (capped pools)
@@ -200,12 +200,16 @@ mp_pool_t *mp__arena_owner(mp_pool_t *pool, const void *ptr) {
     if (a != NULL && p - pool->arenas[i].vbase < pool->arenas[i].vsize)
       return a;
   }
-  for (size_t i = 0; i < n; i++) {
+  /* Plain segments: a block starting at p in an arena's live map (a hash
+   * probe; a walk of the segment list would cost as many steps as there
+   * are large blocks). */
+  for (size_t k = 0; k < n; k++) {
+    size_t i = mine + k < n ? mine + k : mine + k - n;
     mp_pool_t *a = mp__arena_at(pool, i);
     if (a == NULL)
       continue;
     mp__pool_lock(a);
-    bool in = mp__segment_containing(a, p) != NULL;
+    bool in = mp__map_find(a, p) != NULL;
     mp__pool_unlock(a);
     if (in)
       return a;

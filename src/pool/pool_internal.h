@@ -40,7 +40,7 @@
  *   arena.c     per-thread arenas (arenas=N): a thread's arena, the
  *               arena holding a pointer, sharing the cap, reclaiming the
  *               other arenas' cache on out-of-memory, trim. alloc, core,
- *               grow, vrange, segment, stream, stats.
+ *               grow, vrange, block, stream, stats.
  *   pool.c      the public entry points (create, destroy, alloc, free,
  *               record_stream, trim, ...): route to graph pools, leases,
  *               pause, handles, children, then the core. Any file above.

@@ -260,6 +260,29 @@ Test(pool_arenas, foreign_and_double_frees_are_einval_and_change_nothing) {
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
 }
 
+/* Without virtual memory an arena's blocks lie in plain segments, outside
+ * any range: a free still finds their arena (by its live map). */
+Test(pool_arenas, plain_segment_blocks_are_freed_in_their_arena) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2,virtual=0");
+  job_t a = {.pool = pool, .bytes = 3 * MiB, .count = 4};
+  job_t b = {.pool = pool, .bytes = 4096, .count = 4};
+  on_thread(alloc_job, &a);
+  on_thread(alloc_job, &b);
+  cr_assert(a.st == MP_OK && b.st == MP_OK, "%s", mp_last_error());
+  cr_assert_neq(arena_holding(pool, a.ptrs[0]), arena_holding(pool, b.ptrs[0]));
+  cr_expect_eq(pool->arenas[0].vsize, 0, "no virtual range");
+  on_thread(free_job, &a); /* from a thread with no arena */
+  cr_expect_eq(a.st, MP_OK, "%s", mp_last_error());
+  for (int i = 0; i < 4; i++)
+    cr_expect_eq(mp_pool_free(pool, b.ptrs[i]), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_free(pool, b.ptrs[0]), MP_EINVAL);
+  mp_stats_t s = stats(pool);
+  cr_expect_eq(s.live_blocks, 0);
+  cr_expect_eq(s.free_count, 8);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
 /* free_async and record_stream through the pool reach the owning arena. */
 Test(pool_arenas, stream_frees_reach_the_owning_arena) {
   mp_pool_t *pool = make_pool(dev, "arenas=2");
