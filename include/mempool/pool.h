@@ -151,7 +151,10 @@ typedef struct mp_pool_config {
  *    failing; then the pool's out-of-memory handler runs (with the pool).
  *  - max_bytes / max_fraction cap the sum of the arenas' reserved bytes:
  *    each arena holds a share of the cap, handed out and taken back under
- *    the pool's lock only when an arena reaches its share.
+ *    the pool's lock only when an arena reaches its share. Free memory
+ *    split among arenas cannot serve one request, so near a tight cap an
+ *    allocation may fail where a pool without arenas would fit it (the
+ *    fragmentation of a pool per thread).
  *  - mp_pool_trim and mp_pool_get_stats / mp_pool_reset_peaks /
  *    mp_pool_mem_info / mp_pool_check cover every arena. Stats are sums;
  *    peaks are sums of each arena's peak (at least the true peak of the

@@ -252,8 +252,12 @@ static mp_status_t mp__arena_alloc_slow(mp_pool_t *pool, mp_pool_t *a,
     }
     if (pool->cap_is_max)
       mp__arena_share(pool, a, deep);
-    mp__pool_unlock(pool);
+    /* The retry runs with the pool's lock held: another arena's slow path
+     * would otherwise take back the share just given before it is used
+     * (arenas at the cap stealing from each other). The fast paths never
+     * take the pool's lock, and an arena's own ladder never does. */
     st = mp__arena_retry(a, bytes, s, out);
+    mp__pool_unlock(pool);
   }
   if (!mp__arena_oom(st))
     return st;
