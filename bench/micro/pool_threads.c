@@ -1,6 +1,9 @@
 /* pool_threads - how free + alloc pairs scale with threads: T threads on one
  * shared pool, T threads each with a pool of its own, and a shared jemalloc
- * arena without thread caches, for T = 1, 2, 4, 8, side by side in one run.
+ * arena without thread caches, for T = 1, 2, 4, 8, side by side in one run;
+ * and T threads on one shared pool made with arenas=8 (per-thread arenas:
+ * each thread allocates from one of 8 private sub-pools, up to 8 threads
+ * one each).
  *
  * Each thread keeps its own live set (100 blocks by default) and runs its
  * own plan: sizes log-uniform in [512 B, 16 MiB], victims uniform, drawn
@@ -34,9 +37,12 @@
 #include <jemalloc/jemalloc.h>
 #endif
 
-enum mode { SHARED, PER_THREAD, JEMALLOC, MODES };
-static const char *const mode_name[MODES] = {"pool shared", "pool per thread",
-                                             "jemalloc arena"};
+enum mode { SHARED, ARENAS, PER_THREAD, JEMALLOC, MODES };
+static const char *const mode_name[MODES] = {
+    "pool shared", "pool arenas", "pool per thread", "jemalloc arena"};
+/* The ARENAS row: one shared pool made with arenas=8 (the pool's per-thread
+ * arenas), whatever the thread count. */
+#define ARENAS_N 8
 
 typedef struct worker {
   pthread_t tid;
@@ -109,9 +115,12 @@ static double run(mp_device_t *dev, enum mode m, worker_t *w, unsigned n,
   pthread_barrier_t start;
   pthread_barrier_init(&start, NULL, n + 1);
   mp_pool_t *pools[64] = {0};
-  unsigned npools = m == SHARED ? 1 : m == PER_THREAD ? n : 0;
+  unsigned npools = m == SHARED || m == ARENAS ? 1 : m == PER_THREAD ? n : 0;
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cfg.arenas = m == ARENAS ? ARENAS_N : 0;
   for (unsigned i = 0; i < npools; i++)
-    if (mp_pool_create(dev, NULL, &pools[i]) != MP_OK) {
+    if (mp_pool_create(dev, &cfg, &pools[i]) != MP_OK) {
       fprintf(stderr, "pool: %s\n", mp_last_error());
       return 0;
     }
@@ -122,7 +131,7 @@ static double run(mp_device_t *dev, enum mode m, worker_t *w, unsigned n,
     return 0;
 #endif
   for (unsigned t = 0; t < n; t++) {
-    w[t].pool = pools[m == SHARED ? 0 : t];
+    w[t].pool = pools[m == PER_THREAD ? t : 0];
     w[t].start = &start;
     w[t].failed = 0;
     void *(*fn)(void *) = run_pool;

@@ -135,7 +135,45 @@ typedef struct mp_pool_config {
                                was built against: mp_pool_config_init sets it;
                                0 (a config made without it): MP_POOL_CONFIG_SIZE_V1.
                                See "Growing" below */
+  size_t arenas;            /* per-thread arenas (option arenas=N, at most
+                               MP_POOL_MAX_ARENAS); 0: none (the default).
+                               With N > 0 each thread allocates from one of N
+                               private sub-pools (its arena, picked once per
+                               thread), so threads sharing the pool do not
+                               share its lock or its data; frees from any
+                               thread go to the owning arena. See "Arenas"
+                               below */
 } mp_pool_config_t;
+#define MP_POOL_MAX_ARENAS 64
+
+/* Arenas (arenas=N): a pool shared by threads that allocate at the same
+ * time. Each arena is an ordinary pool of its own (lock, free index, live
+ * map, virtual range) made on first use; a thread takes arena (k mod N),
+ * k counting the threads that ever used one. Fragmentation is that of a
+ * pool per thread. What works on the pool as a whole:
+ *  - mp_pool_alloc, mp_pool_free, mp_pool_free_async,
+ *    mp_pool_free_after_all, mp_pool_record_stream: from any thread; a
+ *    free goes to the arena that holds the pointer. free_after_all waits
+ *    for the streams the owning arena knows (those it served, and every
+ *    stream given to mp_pool_add_stream).
+ *  - an arena that runs out (MP_ENOMEM, MP_ELIMIT) trims the other arenas'
+ *    cache, takes back their unused share of the cap, and retries before
+ *    failing; then the pool's out-of-memory handler runs (with the pool).
+ *  - max_bytes / max_fraction cap the sum of the arenas' reserved bytes:
+ *    each arena holds a share of the cap, handed out and taken back under
+ *    the pool's lock only when an arena reaches its share. Free memory
+ *    split among arenas cannot serve one request, so near a tight cap an
+ *    allocation may fail where a pool without arenas would fit it (the
+ *    fragmentation of a pool per thread).
+ *  - mp_pool_trim and mp_pool_get_stats / mp_pool_reset_peaks /
+ *    mp_pool_mem_info / mp_pool_check cover every arena. Stats are sums;
+ *    peaks are sums of each arena's peak (at least the true peak of the
+ *    sum: arenas peak at different times), largest_free_bytes is the
+ *    largest of any arena. release_threshold is split evenly among them.
+ * Refused with MP_EINVAL (the message names arenas): child and graph
+ * pools, movable blocks, defragment, freeze, pause/resume, IPC export,
+ * alloc_contiguous, set_max_fraction, set_access, snapshot and dump, and
+ * history=N at create. */
 
 /* Growing: mp_pool_config_t only ever gains fields at its end, after
  * struct_size, so struct_size sits at the same place in every layout that

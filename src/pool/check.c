@@ -216,5 +216,9 @@ mp_status_t mp_pool_check(mp_pool_t *pool) {
   if (st == MP_OK)
     st = mp__pool_check_locked(pool);
   mp__pool_unlock(pool);
+  /* A pool with arenas (arena.c): each arena is a pool of its own. */
+  for (size_t i = 0; st == MP_OK && pool->arenas && i < pool->cfg.arenas; i++)
+    if (mp__arena_at(pool, i) != NULL)
+      st = mp_pool_check(mp__arena_at(pool, i));
   return st;
 }

@@ -18,6 +18,9 @@ mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
                     parent == NULL ? "parent is NULL"
                     : out == NULL  ? "out is NULL"
                                    : "0 bytes");
+  mp_status_t nst = mp__no_arenas(parent, "mp_pool_create_child");
+  if (nst != MP_OK)
+    return nst;
   mp_pool_config_t cfg = parent->cfg;
   cfg.flags &= ~(unsigned)MP_POOL_VIRTUAL;
   cfg.max_bytes = 0;

@@ -73,6 +73,9 @@ static const mp__conf_key_t mp__conf_keys[] = {
                  "making the allocating stream wait for that work"),
     {"max_fraction", MP__KEY_FRACTION, MP__FIELD(max_fraction), 0, 0, false,
      "cap as a share of the device's memory (or max_bytes, not both)"},
+    {"arenas", MP__KEY_COUNT, MP__FIELD(arenas), 0, MP_POOL_MAX_ARENAS, false,
+     "per-thread arenas: each thread allocates from one of N private "
+     "sub-pools; 0: none (see pool.h, Arenas)"},
     /* PyTorch's names */
     MP__FLAG_KEY("expandable_segments", MP_POOL_VIRTUAL,
                  "PyTorch's name for virtual"),
@@ -308,6 +311,13 @@ mp_status_t mp__config_validate(const mp_pool_config_t *cfg) {
   if ((cfg->flags & MP_POOL_HISTORY_STACKS) && cfg->history == 0)
     return mp__fail(MP_EINVAL,
                     "pool config: history_stacks=1 needs history=N (N > 0)");
+  if (cfg->arenas > MP_POOL_MAX_ARENAS)
+    return mp__fail(MP_EINVAL, "pool config: arenas %zu is above %d",
+                    cfg->arenas, MP_POOL_MAX_ARENAS);
+  if (cfg->arenas > 0 && cfg->history > 0)
+    return mp__fail(MP_EINVAL,
+                    "pool config: history=N does not work with arenas=N (each "
+                    "arena would keep a ring of its own): give one");
   size_t align = cfg->align ? cfg->align : MP__DEFAULT_ALIGN;
   if (cfg->max_bytes != 0 && cfg->max_bytes < align)
     return mp__fail(MP_EINVAL,

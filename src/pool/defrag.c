@@ -414,7 +414,9 @@ mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_defragment: pool is NULL");
   size_t moved = 0;
-  mp_status_t st = mp__defragment(pool, s, 0, false, &moved);
+  mp_status_t st = mp__no_arenas(pool, "mp_pool_defragment");
+  if (st == MP_OK)
+    st = mp__defragment(pool, s, 0, false, &moved);
   if (moved_bytes != NULL)
     *moved_bytes = moved;
   return st;
@@ -423,6 +425,9 @@ mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
 mp_status_t mp_pool_freeze(mp_pool_t *pool) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_freeze: pool is NULL");
+  mp_status_t nst = mp__no_arenas(pool, "mp_pool_freeze");
+  if (nst != MP_OK)
+    return nst;
   /* The copies go on a stream of freeze's own, waited for and destroyed
    * (which makes the pool forget it): the legacy stream would order them
    * with the application's blocking streams, and waiting on it is a call

@@ -194,6 +194,9 @@ mp_status_t mp_pool_dump(mp_pool_t *pool, FILE *out, const char *format) {
   if (pool == NULL || out == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_dump: %s is NULL",
                     pool == NULL ? "pool" : "out");
+  mp_status_t nst = mp__no_arenas(pool, "mp_pool_dump");
+  if (nst != MP_OK)
+    return nst;
   int kind; /* 0 text, 1 json, 2 torch */
   if (format == NULL || strcmp(format, "text") == 0)
     kind = 0;

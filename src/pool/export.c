@@ -162,6 +162,9 @@ mp_status_t mp_pool_ipc_export(mp_pool_t *pool, void *ptr,
                     pool == NULL  ? "pool"
                     : ptr == NULL ? "ptr"
                                   : "out");
+  mp_status_t nst = mp__no_arenas(pool, "mp_pool_ipc_export");
+  if (nst != MP_OK)
+    return nst;
   mp__pool_lock(pool);
   mp__block_t *b = NULL;
   size_t slot;

@@ -79,6 +79,9 @@ mp_status_t mp_pool_graph_create(mp_pool_t *parent, mp_pool_t **out) {
   if (parent->parent != NULL)
     return mp__fail(MP_EINVAL, "mp_pool_graph_create: the parent is a %s pool",
                     parent->graph ? "graph" : "child");
+  mp_status_t nst = mp__no_arenas(parent, "mp_pool_graph_create");
+  if (nst != MP_OK)
+    return nst;
   mp_pool_config_t cfg = parent->cfg;
   /* Ranges borrowed from the parent are plain segments of the graph pool;
    * they are never split for reuse elsewhere, so no split limit either. */

@@ -138,6 +138,9 @@ mp_status_t mp_pool_alloc_movable(mp_pool_t *pool, size_t bytes, mp_stream_t s,
   if (pool == NULL || out == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_alloc_movable: %s is NULL",
                     pool == NULL ? "pool" : "out");
+  mp_status_t nst = mp__no_arenas(pool, "mp_pool_alloc_movable");
+  if (nst != MP_OK)
+    return nst;
   if (bytes == 0) {
     *out = NULL;
     return MP_OK;

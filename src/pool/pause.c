@@ -100,6 +100,9 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
   if (flags & ~MP_PAUSE_KEEP_CONTENT)
     return mp__fail(MP_EINVAL, "mp_pool_pause: unknown flags 0x%x",
                     flags & ~MP_PAUSE_KEEP_CONTENT);
+  mp_status_t nst = mp__no_arenas(pool, "mp_pool_pause");
+  if (nst != MP_OK)
+    return nst;
   mp__pool_lock(pool);
   mp__pool_wait_sync(pool);
   if (!pool->paused && pool->nexports > 0)
@@ -150,6 +153,9 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
 mp_status_t mp_pool_resume(mp_pool_t *pool) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_resume: pool is NULL");
+  mp_status_t nst = mp__no_arenas(pool, "mp_pool_resume");
+  if (nst != MP_OK)
+    return nst;
   mp__pool_lock(pool);
   mp__pool_wait_sync(pool);
   if (!pool->paused) {

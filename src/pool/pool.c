@@ -43,6 +43,9 @@ mp_status_t mp_pool_set_max_fraction(mp_pool_t *pool, double fraction) {
   if (!(fraction >= 0 && fraction <= 1))
     return mp__fail(MP_EINVAL, "mp_pool_set_max_fraction: %g is not in [0, 1]",
                     fraction);
+  mp_status_t nst = mp__no_arenas(pool, "mp_pool_set_max_fraction");
+  if (nst != MP_OK)
+    return nst;
   if (pool->parent != NULL)
     return mp__fail(MP_EINVAL,
                     "mp_pool_set_max_fraction: a %s pool draws "
@@ -121,6 +124,10 @@ mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
                     "aligns its memory to (%zu)",
                     cfg->align, most);
   }
+  if (cfg->arenas > 0 && (st = mp__arenas_init(pool)) != MP_OK) {
+    mp__pool_free_host(pool);
+    return st;
+  }
   *out = pool;
   return MP_OK;
 }
@@ -130,6 +137,13 @@ mp_status_t mp_pool_destroy(mp_pool_t *pool) {
     return mp__fail(MP_EINVAL, "mp_pool_destroy: pool is NULL");
   if (pool->graph)
     return mp_pool_graph_release(pool);
+  /* Arenas (arena.c): each an ordinary pool (never with children); the
+   * pool itself holds none of their memory. */
+  for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas; i++)
+    if (mp__arena_at(pool, i) != NULL)
+      (void)mp_pool_destroy(mp__arena_at(pool, i));
+  free(pool->arenas);
+  pool->arenas = NULL;
   mp__pool_lock(pool);
   if (pool->children > 0) {
     size_t n = pool->children;
@@ -171,6 +185,9 @@ mp_status_t mp_pool_set_access(mp_pool_t *pool, mp_device_t *peer) {
                     "mp_pool_set_access: '%s' is not a device of the pool's "
                     "kind ('%s')",
                     mp_device_name(peer), mp_device_name(pool->dev));
+  mp_status_t nst = mp__no_arenas(pool, "mp_pool_set_access");
+  if (nst != MP_OK)
+    return nst;
   if (peer == pool->dev ||
       mp__device_ordinal(peer) == mp__device_ordinal(pool->dev))
     return MP_OK;
@@ -207,14 +224,14 @@ mp_status_t mp_pool_mem_info(mp_pool_t *pool, size_t *free_bytes,
   mp_status_t st = mp_device_mem_info(pool->dev, &f, &t);
   if (st != MP_OK)
     return st;
-  mp__pool_lock(pool);
+  mp_stats_t sum; /* summed over arenas, if any */
+  mp__stats_read(pool, &sum);
   /* Paused: nothing reserved while the live blocks still count. */
-  size_t idle = pool->st.reserved_bytes > pool->st.allocated_bytes
-                    ? pool->st.reserved_bytes - pool->st.allocated_bytes
+  size_t idle = sum.reserved_bytes > sum.allocated_bytes
+                    ? sum.reserved_bytes - sum.allocated_bytes
                     : 0;
-  size_t used = pool->st.allocated_bytes;
+  size_t used = sum.allocated_bytes;
   size_t cap = pool->cap_is_max ? pool->cap : SIZE_MAX;
-  mp__pool_unlock(pool);
   f = f > SIZE_MAX - idle ? SIZE_MAX : f + idle;
   if (cap < t)
     t = cap;
@@ -252,6 +269,8 @@ mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
     *out = NULL;
     return MP_OK;
   }
+  if (MP__UNLIKELY(pool->arenas != NULL))
+    return mp__arena_alloc(pool, bytes, s, out);
   MP__HIST_ENTRY(pool);
   mp__pool_lock(pool);
   if (MP__UNLIKELY(pool->nroutes > 0)) {
@@ -301,6 +320,11 @@ mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr, mp_stream_t s) {
   if (pool == NULL || ptr == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_record_stream: %s is NULL",
                     pool == NULL ? "pool" : "ptr");
+  if (MP__UNLIKELY(pool->arenas != NULL)) {
+    mp_pool_t *a = mp__arena_owner(pool, ptr);
+    if (a != NULL)
+      return mp_pool_record_stream(a, ptr, s);
+  }
   mp__pool_lock(pool);
   if (MP__UNLIKELY(pool->ngranges > 0)) {
     mp_pool_t *g = mp__graph_owner(pool, (uintptr_t)ptr);
@@ -333,6 +357,12 @@ static mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
                                     const char *fn) {
   if (ptr == NULL)
     return MP_OK;
+  if (MP__UNLIKELY(pool->arenas != NULL)) {
+    /* Not in an arena: the pool's own path says what is wrong with it. */
+    mp_pool_t *a = mp__arena_owner(pool, ptr);
+    if (a != NULL)
+      return mp__pool_free_as(a, ptr, how, s, fn);
+  }
   mp__pool_lock(pool);
   if (MP__UNLIKELY(pool->ngranges > 0)) {
     mp_pool_t *g = mp__graph_owner(pool, (uintptr_t)ptr);
@@ -393,6 +423,8 @@ mp_status_t mp_pool_free_after_all(mp_pool_t *pool, void *ptr) {
 mp_status_t mp_pool_add_stream(mp_pool_t *pool, mp_stream_t s) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_add_stream: pool is NULL");
+  if (MP__UNLIKELY(pool->arenas != NULL))
+    return mp__arena_add_stream(pool, s);
   mp__pool_lock(pool);
   uint32_t sidx;
   mp_status_t st = mp__pool_paused(pool, "mp_pool_add_stream");
@@ -418,6 +450,9 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
                     : sizes == NULL ? "sizes is NULL"
                     : out == NULL   ? "out is NULL"
                                     : "count is 0");
+  mp_status_t nst = mp__no_arenas(pool, "mp_pool_alloc_contiguous");
+  if (nst != MP_OK)
+    return nst;
   /* Bad input first: a 0 size is MP_EINVAL wherever it is, and counts as
    * no failed allocation. */
   for (size_t i = 0; i < count; i++)
@@ -504,6 +539,8 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
 mp_status_t mp_pool_trim(mp_pool_t *pool, size_t keep_bytes) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_trim: pool is NULL");
+  if (pool->arenas != NULL)
+    return mp__arena_trim(pool, keep_bytes);
   MP__HIST_ENTRY(pool);
   mp__pool_lock(pool);
   mp_status_t st = mp__pool_paused(pool, "mp_pool_trim");

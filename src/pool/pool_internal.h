@@ -37,6 +37,10 @@
  *   child.c     child pools. alloc, core, block, index.
  *   graph.c     graph-private pools. alloc, core, block, stream.
  *   handle.c    movable-block handles. alloc, core, block, history.
+ *   arena.c     per-thread arenas (arenas=N): a thread's arena, the
+ *               arena holding a pointer, sharing the cap, reclaiming the
+ *               other arenas' cache on out-of-memory, trim. alloc, core,
+ *               grow, vrange, block, stream, stats.
  *   pool.c      the public entry points (create, destroy, alloc, free,
  *               record_stream, trim, ...): route to graph pools, leases,
  *               pause, handles, children, then the core. Any file above.
@@ -360,6 +364,9 @@ struct mp_pool {
   _Atomic unsigned npeers;
   uint64_t release_next_free; /* release_threshold: the free_count at which
                                  a try to release may come again */
+  /* arena.c: cfg.arenas entries (NULL: no arenas). An arena is a pool of
+   * its own with arenas NULL; the pool itself then holds no memory. */
+  struct mp__arena *arenas;
   struct mp__export *exports; /* export.c: open leases */
   size_t nexports, exports_cap;
   size_t nheld; /* blocks MP__B_HELD */
@@ -433,6 +440,43 @@ static inline mp_status_t mp__pool_paused(const mp_pool_t *pool,
   return pool->paused ? mp__fail(MP_EBUSY, "%s: the pool is paused", fn)
                       : MP_OK;
 }
+
+/* ---- arena.c: per-thread arenas ----------------------------------------- */
+typedef struct mp__arena {
+  /* Set once, by the first thread that picks this arena (release, under
+   * the pool's lock); read without a lock (acquire). */
+  _Atomic(mp_pool_t *) pool;
+  /* Its virtual range, reserved before pool is published and kept until
+   * the pool is destroyed: [vbase, vbase + vsize); 0, 0: none. */
+  uintptr_t vbase;
+  size_t vsize;
+} mp__arena_t;
+/* Arena i of pool, or NULL while no thread has used it. */
+static inline mp_pool_t *mp__arena_at(const mp_pool_t *pool, size_t i) {
+  return atomic_load_explicit(&pool->arenas[i].pool, memory_order_acquire);
+}
+/* MP_EINVAL naming fn when pool has arenas (a feature they refuse). */
+static inline mp_status_t mp__no_arenas(const mp_pool_t *pool, const char *fn) {
+  return MP__UNLIKELY(pool->arenas != NULL)
+             ? mp__fail(MP_EINVAL,
+                        "%s: not on a pool with arenas (arenas=%zu; see "
+                        "mempool/pool.h, Arenas)",
+                        fn, pool->cfg.arenas)
+             : MP_OK;
+}
+/* At create: the table of cfg.arenas empty arenas. */
+mp_status_t mp__arenas_init(mp_pool_t *pool);
+/* mp_pool_alloc on a pool with arenas: from the calling thread's arena
+ * (made on first use); out of memory there, the other arenas' cache and
+ * share of the cap are taken back and it tries again. No lock held. */
+mp_status_t mp__arena_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
+                            void **out);
+/* The arena whose memory holds ptr (the calling thread's first), or NULL.
+ * No lock held. */
+mp_pool_t *mp__arena_owner(mp_pool_t *pool, const void *ptr);
+/* mp_pool_trim / mp_pool_add_stream on a pool with arenas (no lock held). */
+mp_status_t mp__arena_trim(mp_pool_t *pool, size_t keep_bytes);
+mp_status_t mp__arena_add_stream(mp_pool_t *pool, mp_stream_t s);
 
 /* ---- pause.c ------------------------------------------------------------ */
 /* Destroy: frees what a paused pool holds beside its reservation. */
@@ -785,6 +829,9 @@ extern _Thread_local void *mp__hist_caller;
 
 /* ---- stats.c ------------------------------------------------------------ */
 void mp__stats_peaks(mp_pool_t *pool);
+/* The pool's counters now (takes the lock), summed over its arenas if it
+ * has them (pool.h, Arenas: peaks are sums of the arenas' peaks). */
+void mp__stats_read(mp_pool_t *pool, mp_stats_t *out);
 size_t mp__stats_largest_free(const mp_pool_t *pool);
 /* ---- check.c ------------------------------------------------------------ */
 mp_status_t mp__pool_check_locked(mp_pool_t *pool);

@@ -422,6 +422,9 @@ mp_status_t mp_pool_snapshot_file(mp_pool_t *pool, FILE *out) {
   if (pool == NULL || out == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_snapshot: %s is NULL",
                     pool == NULL ? "pool" : "out");
+  mp_status_t nst = mp__no_arenas(pool, "mp_pool_snapshot");
+  if (nst != MP_OK)
+    return nst;
   static const int device0 = 0;
   return mp__snapshot_write(&pool, &device0, 1, out);
 }
@@ -439,6 +442,9 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
                       "mp_pool_snapshot: pool %zu is NULL or its "
                       "device ordinal is out of range",
                       k);
+  for (size_t k = 0; k < n; k++)
+    if (mp__no_arenas(pools[k], "mp_pool_snapshot") != MP_OK)
+      return MP_EINVAL;
   /* A temporary beside path, renamed over it once complete: a failed
    * snapshot leaves whatever was at path untouched. */
   size_t tn = strlen(path) + 16;

@@ -4,7 +4,8 @@
  * changes it (core.c, block.c, segment.c, vrange.c, grow.c, defrag.c, pause.c);
  * largest_free_bytes is read from the free index at the time of the call (the
  * top class's largest block), so no operation pays for it. Invariant:
- * free_bytes = reserved - allocated. */
+ * free_bytes = reserved - allocated. A pool with arenas reads as the sum of
+ * its arenas (arena.c). */
 #include "../structs.h"
 #include "pool_internal.h"
 
@@ -23,16 +24,59 @@ size_t mp__stats_largest_free(const mp_pool_t *pool) {
   return b ? b->size : 0;
 }
 
+/* One pool's counters now, under its lock. */
+static void mp__stats_one(mp_pool_t *pool, mp_stats_t *out) {
+  mp__pool_lock(pool);
+  *out = pool->st;
+  /* A paused pool has no memory to serve from. */
+  out->largest_free_bytes = pool->paused ? 0 : mp__stats_largest_free(pool);
+  mp__pool_unlock(pool);
+}
+
+/* Adds b's counters to a: sums, peaks summed too (pool.h, Arenas), the
+ * largest free block the largest of both. */
+static void mp__stats_add(mp_stats_t *a, const mp_stats_t *b) {
+  a->reserved_bytes += b->reserved_bytes;
+  a->peak_reserved_bytes += b->peak_reserved_bytes;
+  a->allocated_bytes += b->allocated_bytes;
+  a->peak_allocated_bytes += b->peak_allocated_bytes;
+  a->requested_bytes += b->requested_bytes;
+  a->peak_requested_bytes += b->peak_requested_bytes;
+  if (b->largest_free_bytes > a->largest_free_bytes)
+    a->largest_free_bytes = b->largest_free_bytes;
+  a->alloc_count += b->alloc_count;
+  a->free_count += b->free_count;
+  a->device_alloc_count += b->device_alloc_count;
+  a->device_free_count += b->device_free_count;
+  a->oom_count += b->oom_count;
+  a->free_bytes += b->free_bytes;
+  a->segment_count += b->segment_count;
+  a->live_blocks += b->live_blocks;
+  a->free_blocks += b->free_blocks;
+  a->defrag_count += b->defrag_count;
+  a->moved_bytes += b->moved_bytes;
+  a->alloc_retry_count += b->alloc_retry_count;
+}
+
+void mp__stats_read(mp_pool_t *pool, mp_stats_t *out) {
+  mp__stats_one(pool, out);
+  for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    mp_stats_t s;
+    if (a == NULL)
+      continue;
+    mp__stats_one(a, &s);
+    mp__stats_add(out, &s);
+  }
+}
+
 mp_status_t mp_pool_get_stats_sized(mp_pool_t *pool, mp_stats_t *out,
                                     size_t size) {
   if (pool == NULL || out == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_get_stats: %s is NULL",
                     pool == NULL ? "pool" : "out");
-  mp__pool_lock(pool);
-  mp_stats_t s = pool->st;
-  /* A paused pool has no memory to serve from. */
-  s.largest_free_bytes = pool->paused ? 0 : mp__stats_largest_free(pool);
-  mp__pool_unlock(pool);
+  mp_stats_t s;
+  mp__stats_read(pool, &s);
   return mp__stats_put("mp_pool_get_stats", &s, out, size);
 }
 
@@ -44,10 +88,17 @@ mp_status_t(mp_pool_get_stats)(mp_pool_t *pool, mp_stats_t *out) {
 mp_status_t mp_pool_reset_peaks(mp_pool_t *pool) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_reset_peaks: pool is NULL");
-  mp__pool_lock(pool);
-  pool->st.peak_reserved_bytes = pool->st.reserved_bytes;
-  pool->st.peak_allocated_bytes = pool->st.allocated_bytes;
-  pool->st.peak_requested_bytes = pool->st.requested_bytes;
-  mp__pool_unlock(pool);
+  /* The arenas (if any), then the pool. */
+  size_t n = pool->arenas != NULL ? pool->cfg.arenas : 0;
+  for (size_t i = 0; i <= n; i++) {
+    mp_pool_t *p = i < n ? mp__arena_at(pool, i) : pool;
+    if (p == NULL)
+      continue;
+    mp__pool_lock(p);
+    p->st.peak_reserved_bytes = p->st.reserved_bytes;
+    p->st.peak_allocated_bytes = p->st.allocated_bytes;
+    p->st.peak_requested_bytes = p->st.requested_bytes;
+    mp__pool_unlock(p);
+  }
   return MP_OK;
 }

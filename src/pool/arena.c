@@ -1,0 +1,304 @@
+/* arena.c - per-thread arenas (config arenas=N): a pool that threads share
+ * without sharing its lock or its data.
+ *
+ * Why: one best-fit core behind one lock cannot scale with threads. Two
+ * threads doing free+alloc pairs on one pool ran at 0.26-0.33x one thread
+ * on two cores: the lock covers most of a pair, and the pool's data (class
+ * treaps, live map, block records) moves between the cores' caches at
+ * every hand-off. A pool per thread ran at 1.8-2.0x.
+ *
+ * So a pool with arenas is a table of N ordinary pools (the arenas), each
+ * made on the first allocation of a thread that picks it, with the pool's
+ * device and config (arenas 0), its own lock, live map and virtual range.
+ * A thread picks arena (k mod N) once, k counting the threads that ever
+ * used arenas (a thread-local number), so with N at least the thread count
+ * every thread has an arena of its own, and its allocations and frees of
+ * its own blocks take only that arena's lock. The pool itself holds no
+ * memory; its lock orders the rare work across arenas: making one, sharing
+ * the cap, reclaiming, trim, add_stream. Lock order: the pool's, then one
+ * arena's at a time; the hot path takes only an arena's.
+ *
+ * Finding a pointer's arena (free, record_stream from any thread): each
+ * arena's virtual range is reserved before the arena is published and is
+ * fixed until the pool is destroyed, so the ranges are read without a lock
+ * (the calling thread's arena first); a pointer in a plain segment (no
+ * virtual memory, or a range used up) is looked up in each arena's live
+ * map, under its lock, in turn.
+ *
+ * Out of memory: memory cached in one arena must not be stuck there. When
+ * an arena's allocation fails (MP_ENOMEM, MP_ELIMIT), first (capped pools)
+ * the other arenas' unused share of the cap comes back and the arena gets
+ * half of what is left; then every other arena is synchronized and
+ * trimmed, the arena gets all the room, and it tries once more; only then
+ * the pool's out-of-memory handler, then the failure.
+ *
+ * The cap (max_bytes, max_fraction) bounds the sum of the arenas' reserved
+ * bytes. Invariant, under the pool's lock: the arenas' caps add up to at
+ * most the pool's cap, and each arena's cap is at least what it reserved
+ * when it was last set (growth never lifts reserved above an arena's cap,
+ * and shares are changed only with no growth in flight). So no atomic is
+ * shared on the hot path: an arena grows within its share, and asks for
+ * more only when it runs out. Uncapped pools give each arena the device's
+ * size and let the device say no. */
+#include <stdlib.h>
+
+#include "pool_internal.h"
+
+/* 0: the thread has used no arena yet; else its number k + 1. */
+static _Thread_local unsigned mp__arena_thread;
+static _Atomic unsigned mp__arena_threads;
+
+static size_t mp__arena_index(const mp_pool_t *pool) {
+  unsigned k = mp__arena_thread;
+  if (MP__UNLIKELY(k == 0)) {
+    k = atomic_fetch_add_explicit(&mp__arena_threads, 1, memory_order_relaxed);
+    k = k % (1u << 30) + 1;
+    mp__arena_thread = k;
+  }
+  return (k - 1) % pool->cfg.arenas;
+}
+
+mp_status_t mp__arenas_init(mp_pool_t *pool) {
+  pool->arenas = mp__host_calloc(pool->cfg.arenas, sizeof *pool->arenas);
+  if (pool->arenas == NULL)
+    return mp__fail(MP_ENOMEM, "out of host memory for %zu arenas",
+                    pool->cfg.arenas);
+  for (size_t i = 0; i < pool->cfg.arenas; i++)
+    atomic_init(&pool->arenas[i].pool, NULL);
+  return MP_OK;
+}
+
+/* Under the pool's lock: arena i made (its virtual range reserved, the
+ * streams given to mp_pool_add_stream known) and published. */
+static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
+  MP__ASSERT_LOCKED(pool);
+  if ((*out = mp__arena_at(pool, i)) != NULL)
+    return MP_OK; /* another thread made it meanwhile */
+  mp_pool_config_t cfg = pool->cfg;
+  cfg.arenas = 0;
+  /* The pool's idle memory, split evenly (0 would mean keep all). */
+  if (cfg.release_threshold > 0) {
+    cfg.release_threshold /= pool->cfg.arenas;
+    cfg.release_threshold += cfg.release_threshold == 0;
+  }
+  mp_pool_t *a;
+  mp_status_t st = mp__pool_new(pool->dev, &cfg, &a);
+  if (st != MP_OK)
+    return st;
+  a->cap = pool->cap; /* the virtual range is the cap's size */
+  a->cap_is_max = pool->cap_is_max;
+  a->granule = pool->granule;
+  mp__pool_lock(a);
+  if ((cfg.flags & MP_POOL_VIRTUAL) && a->granule != 0) {
+    st = mp__vrange_ready(a);
+    st = st == MP_ENOTSUP ? MP_OK : st; /* plain segments then */
+  }
+  for (uint32_t k = 0; st == MP_OK && k < pool->nstreams; k++) {
+    uint32_t sidx;
+    if (!pool->streams[k].gone && pool->streams[k].owner == 0)
+      st = mp__stream_index(a, pool->streams[k].s, &sidx);
+  }
+  /* A capped pool's arena starts with no share: its first allocation asks
+   * for one (mp__arena_share). */
+  if (a->cap_is_max)
+    a->cap = 0;
+  mp__pool_unlock(a);
+  if (st != MP_OK) {
+    mp__segment_release_all(a);
+    mp__pool_free_host(a);
+    return st;
+  }
+  if (a->vseg != NULL) {
+    pool->arenas[i].vbase = a->vseg->base;
+    pool->arenas[i].vsize = a->vseg->va_size;
+  }
+  atomic_store_explicit(&pool->arenas[i].pool, a, memory_order_release);
+  *out = a;
+  return MP_OK;
+}
+
+/* Under the pool's lock: takes back every other arena's unused share of
+ * the cap, and gives arena a what is left (all of it, or half). Each arena
+ * is looked at with no growth or release in flight. */
+static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
+  MP__ASSERT_LOCKED(pool);
+  size_t held = 0;
+  for (size_t i = 0; i < pool->cfg.arenas; i++) {
+    mp_pool_t *b = mp__arena_at(pool, i);
+    if (b == NULL || b == a)
+      continue;
+    mp__pool_lock(b);
+    mp__pool_wait_idle(b);
+    b->cap = b->st.reserved_bytes;
+    held += b->cap;
+    mp__pool_unlock(b);
+  }
+  mp__pool_lock(a);
+  mp__pool_wait_idle(a);
+  size_t room = pool->cap > held ? pool->cap - held : 0;
+  size_t r = a->st.reserved_bytes;
+  a->cap = all || room <= r ? room : r + (room - r) / 2;
+  mp__pool_unlock(a);
+}
+
+/* Gives arena a's cached memory back until at most keep bytes of it stay
+ * (as mp_pool_trim: synchronize, then trim); *left: its free bytes after. */
+static mp_status_t mp__arena_trim_one(mp_pool_t *a, size_t keep, size_t *left) {
+  mp_status_t st = MP_OK;
+  mp__pool_lock(a);
+  if (a->st.free_bytes > keep) {
+    st = mp__pool_sync(a);
+    if (st == MP_OK)
+      mp__segment_trim(a, keep);
+  }
+  *left = a->st.free_bytes;
+  mp__pool_unlock(a);
+  return st;
+}
+
+mp_status_t mp__arena_trim(mp_pool_t *pool, size_t keep_bytes) {
+  mp_status_t st = MP_OK;
+  mp__pool_lock(pool);
+  for (size_t i = 0; i < pool->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    size_t left = 0;
+    if (a == NULL)
+      continue;
+    mp_status_t s = mp__arena_trim_one(a, keep_bytes, &left);
+    st = st == MP_OK ? s : st;
+    keep_bytes -= left < keep_bytes ? left : keep_bytes;
+  }
+  mp__pool_unlock(pool);
+  return st;
+}
+
+mp_status_t mp__arena_add_stream(mp_pool_t *pool, mp_stream_t s) {
+  uint32_t sidx;
+  mp__pool_lock(pool);
+  /* The pool's own table remembers it for arenas made later. */
+  mp_status_t st = mp__stream_index(pool, s, &sidx);
+  for (size_t i = 0; st == MP_OK && i < pool->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    if (a == NULL)
+      continue;
+    mp__pool_lock(a);
+    st = mp__stream_index(a, s, &sidx);
+    mp__pool_unlock(a);
+  }
+  mp__pool_unlock(pool);
+  return st;
+}
+
+mp_pool_t *mp__arena_owner(mp_pool_t *pool, const void *ptr) {
+  uintptr_t p = (uintptr_t)ptr;
+  /* A thread that never allocated from arenas takes no number here. */
+  size_t n = pool->cfg.arenas,
+         mine = mp__arena_thread ? (mp__arena_thread - 1) % n : 0;
+  for (size_t k = 0; k < n; k++) {
+    size_t i = mine + k < n ? mine + k : mine + k - n;
+    mp_pool_t *a = mp__arena_at(pool, i);
+    if (a != NULL && p - pool->arenas[i].vbase < pool->arenas[i].vsize)
+      return a;
+  }
+  /* Plain segments: a block starting at p in an arena's live map (a hash
+   * probe; a walk of the segment list would cost as many steps as there
+   * are large blocks). */
+  for (size_t k = 0; k < n; k++) {
+    size_t i = mine + k < n ? mine + k : mine + k - n;
+    mp_pool_t *a = mp__arena_at(pool, i);
+    if (a == NULL)
+      continue;
+    mp__pool_lock(a);
+    bool in = mp__map_find(a, p) != NULL;
+    mp__pool_unlock(a);
+    if (in)
+      return a;
+  }
+  return NULL;
+}
+
+static bool mp__arena_oom(mp_status_t st) {
+  return st == MP_ENOMEM || st == MP_ELIMIT;
+}
+
+/* One more try in arena a after a failed one, whose failure no longer
+ * counts (an allocation that fails counts once in oom_count). */
+static mp_status_t mp__arena_retry(mp_pool_t *a, size_t bytes, mp_stream_t s,
+                                   void **out) {
+  mp__pool_lock(a);
+  if (a->st.oom_count > 0)
+    a->st.oom_count--;
+  mp_status_t st = mp__pool_alloc_locked(a, bytes, s, out);
+  mp__pool_unlock(a);
+  return st;
+}
+
+/* The arena's allocation failed with st: reclaim across arenas and retry
+ * (the opening comment's order), then the pool's out-of-memory handler. */
+static mp_status_t mp__arena_alloc_slow(mp_pool_t *pool, mp_pool_t *a,
+                                        size_t bytes, mp_stream_t s, void **out,
+                                        mp_status_t st) {
+  if (!mp__arena_oom(st))
+    return st;
+  /* More than the whole pool may hold: no reclaim would help. */
+  int deep = bytes > pool->cap ? 2 : pool->cap_is_max ? 0 : 1;
+  for (; deep < 2 && mp__arena_oom(st); deep++) {
+    mp__pool_lock(pool);
+    for (size_t i = 0; deep && i < pool->cfg.arenas; i++) {
+      mp_pool_t *b = mp__arena_at(pool, i);
+      size_t left;
+      if (b != NULL && b != a)
+        (void)mp__arena_trim_one(b, 0, &left);
+    }
+    if (pool->cap_is_max)
+      mp__arena_share(pool, a, deep);
+    /* The retry runs with the pool's lock held: another arena's slow path
+     * would otherwise take back the share just given before it is used
+     * (arenas at the cap stealing from each other). The fast paths never
+     * take the pool's lock, and an arena's own ladder never does. */
+    st = mp__arena_retry(a, bytes, s, out);
+    mp__pool_unlock(pool);
+  }
+  if (!mp__arena_oom(st))
+    return st;
+  mp__pool_lock(pool);
+  mp_pool_oom_handler_t fn = pool->oom_fn;
+  void *ctx = pool->oom_ctx;
+  mp__pool_unlock(pool);
+  if (fn != NULL && fn(pool, bytes, st, ctx) != 0)
+    st = mp__arena_retry(a, bytes, s, out);
+  if (!mp__arena_oom(st))
+    return st;
+  /* The arena's message named its own figures: name the pool's. */
+  mp_stats_t sum;
+  char as[32], r[32], al[32];
+  mp__stats_read(pool, &sum);
+  return mp__fail(st,
+                  "%s: asked %s; the pool's %zu arenas reserved %s, allocated "
+                  "%s, largest free block %zu",
+                  st == MP_ELIMIT ? "pool max_bytes" : "out of device memory",
+                  mp__fmt_bytes(as, sizeof as, bytes), pool->cfg.arenas,
+                  mp__fmt_bytes(r, sizeof r, sum.reserved_bytes),
+                  mp__fmt_bytes(al, sizeof al, sum.allocated_bytes),
+                  sum.largest_free_bytes);
+}
+
+mp_status_t mp__arena_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
+                            void **out) {
+  size_t i = mp__arena_index(pool);
+  mp_pool_t *a = mp__arena_at(pool, i);
+  mp_status_t st = MP_OK;
+  if (MP__UNLIKELY(a == NULL)) {
+    mp__pool_lock(pool);
+    st = mp__arena_make(pool, i, &a);
+    mp__pool_unlock(pool);
+    if (st != MP_OK)
+      return st;
+  }
+  mp__pool_lock(a);
+  st = mp__pool_alloc_locked(a, bytes, s, out);
+  mp__pool_unlock(a);
+  if (MP__UNLIKELY(st != MP_OK))
+    st = mp__arena_alloc_slow(pool, a, bytes, s, out, st);
+  return st;
+}

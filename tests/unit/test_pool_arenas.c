@@ -1,0 +1,465 @@
+/* Per-thread arenas (config arenas=N, src/pool/arena.c): threads get arenas
+ * of their own and free each other's blocks; stats are sums; trim and the
+ * out-of-memory path take back what other arenas cache; the cap bounds the
+ * sum; bad pointers change nothing; the features arenas refuse say so;
+ * arenas=0 is the pool as it was. White-box: it looks at which arena holds
+ * a block. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../support/pool_helpers.h"
+#include "pool/pool_internal.h"
+
+#define MiB ((size_t)1 << 20)
+
+MP_DEVICE_SUITE(pool_arenas, "host:capacity=64M");
+
+/* ---- running a function on a thread of its own ------------------------- */
+typedef struct job {
+  mp_pool_t *pool;
+  size_t bytes;
+  int count;
+  void *ptrs[64];
+  mp_status_t st;
+} job_t;
+
+static void *alloc_job(void *arg) {
+  job_t *j = arg;
+  j->st = MP_OK;
+  for (int i = 0; i < j->count && j->st == MP_OK; i++)
+    j->st = mp_pool_alloc(j->pool, j->bytes, NULL, &j->ptrs[i]);
+  return NULL;
+}
+
+static void *free_job(void *arg) {
+  job_t *j = arg;
+  j->st = MP_OK;
+  for (int i = 0; i < j->count && j->st == MP_OK; i++)
+    j->st = mp_pool_free(j->pool, j->ptrs[i]);
+  return NULL;
+}
+
+/* Runs fn(j) on a new thread and waits for it. */
+static void on_thread(void *(*fn)(void *), job_t *j) {
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, fn, j), 0);
+  pthread_join(t, NULL);
+}
+
+/* The index of the arena whose memory holds p, or -1. */
+static int arena_holding(mp_pool_t *pool, const void *p) {
+  for (size_t i = 0; i < pool->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    if (a == NULL)
+      continue;
+    mp__pool_lock(a);
+    bool in = mp__map_find(a, (uintptr_t)p) != NULL;
+    mp__pool_unlock(a);
+    if (in)
+      return (int)i;
+  }
+  return -1;
+}
+
+Test(pool_arenas, threads_get_different_arenas_and_free_each_others_blocks) {
+  mp_pool_t *pool = make_pool(dev, "arenas=4");
+  job_t a = {.pool = pool, .bytes = 4096, .count = 16};
+  job_t b = {.pool = pool, .bytes = 8192, .count = 16};
+  on_thread(alloc_job, &a);
+  on_thread(alloc_job, &b);
+  cr_assert_eq(a.st, MP_OK, "%s", mp_last_error());
+  cr_assert_eq(b.st, MP_OK, "%s", mp_last_error());
+  int ia = arena_holding(pool, a.ptrs[0]), ib = arena_holding(pool, b.ptrs[0]);
+  cr_assert(ia >= 0 && ib >= 0, "blocks are in arenas (%d, %d)", ia, ib);
+  cr_expect_neq(ia, ib, "two threads share arena %d", ia);
+  for (int i = 1; i < 16; i++) {
+    cr_expect_eq(arena_holding(pool, a.ptrs[i]), ia);
+    cr_expect_eq(arena_holding(pool, b.ptrs[i]), ib);
+  }
+  /* The pool itself holds nothing: everything is in the arenas. */
+  cr_expect_eq(pool->st.alloc_count, 0);
+  cr_expect_eq(pool->segs, NULL);
+  /* Each thread frees the other's blocks (and the main thread, with no
+   * arena of its own yet, could too). */
+  job_t fa = a, fb = b;
+  on_thread(free_job, &fb); /* frees b's blocks from a third thread */
+  cr_assert_eq(fb.st, MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp__arena_at(pool, (size_t)ib)->st.live_blocks, 0);
+  cr_assert_eq(mp__arena_at(pool, (size_t)ia)->st.live_blocks, 16);
+  for (int i = 0; i < 16; i++)
+    cr_assert_eq(mp_pool_free(pool, fa.ptrs[i]), MP_OK, "%s", mp_last_error());
+  mp_stats_t s = stats(pool);
+  cr_expect_eq(s.live_blocks, 0);
+  cr_expect_eq(s.allocated_bytes, 0);
+  cr_expect_eq(s.free_count, 32);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+Test(pool_arenas, stats_are_the_sums_of_the_arenas) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  job_t a = {.pool = pool, .bytes = 1000, .count = 10};
+  job_t b = {.pool = pool, .bytes = 3 * MiB, .count = 2};
+  on_thread(alloc_job, &a);
+  on_thread(alloc_job, &b);
+  cr_assert(a.st == MP_OK && b.st == MP_OK, "%s", mp_last_error());
+  mp_stats_t s = stats(pool), sum = {0};
+  size_t made = 0;
+  for (size_t i = 0; i < 2; i++) {
+    mp_pool_t *ar = mp__arena_at(pool, i);
+    if (ar == NULL)
+      continue;
+    made++;
+    sum.reserved_bytes += ar->st.reserved_bytes;
+    sum.allocated_bytes += ar->st.allocated_bytes;
+    sum.alloc_count += ar->st.alloc_count;
+    sum.device_alloc_count += ar->st.device_alloc_count;
+  }
+  cr_expect_eq(made, 2);
+  cr_expect_eq(s.requested_bytes, 10 * 1000 + 2 * 3 * MiB);
+  cr_expect_eq(s.peak_requested_bytes, 10 * 1000 + 2 * 3 * MiB);
+  cr_expect_eq(s.alloc_count, 12);
+  cr_expect_eq(s.live_blocks, 12);
+  cr_expect_eq(s.alloc_count, sum.alloc_count);
+  cr_expect_eq(s.allocated_bytes, sum.allocated_bytes);
+  cr_expect_eq(s.reserved_bytes, sum.reserved_bytes);
+  cr_expect_eq(s.device_alloc_count, sum.device_alloc_count);
+  cr_expect_eq(s.free_bytes, s.reserved_bytes - s.allocated_bytes);
+  cr_expect_geq(s.reserved_bytes, 10 * 1024 + 6 * MiB);
+  /* reset_peaks reaches every arena. */
+  on_thread(free_job, &b);
+  cr_assert_eq(mp_pool_reset_peaks(pool), MP_OK);
+  s = stats(pool);
+  cr_expect_eq(s.peak_requested_bytes, 10 * 1000);
+  on_thread(free_job, &a);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+Test(pool_arenas, trim_gives_every_arenas_cache_back) {
+  mp_pool_t *pool = make_pool(dev, "arenas=3");
+  job_t j[3];
+  for (int t = 0; t < 3; t++) {
+    j[t] = (job_t){.pool = pool, .bytes = (size_t)(t + 1) * MiB, .count = 3};
+    on_thread(alloc_job, &j[t]);
+    cr_assert_eq(j[t].st, MP_OK, "%s", mp_last_error());
+    on_thread(free_job, &j[t]);
+  }
+  mp_stats_t s = stats(pool);
+  cr_assert_eq(s.allocated_bytes, 0);
+  cr_assert_geq(s.reserved_bytes, 18 * MiB, "cached: %zu", s.reserved_bytes);
+  /* A keep bounds what stays over all arenas together. */
+  cr_assert_eq(mp_pool_trim(pool, 4 * MiB), MP_OK, "%s", mp_last_error());
+  s = stats(pool);
+  cr_expect_leq(s.free_bytes, 4 * MiB, "kept %zu", s.free_bytes);
+  cr_assert_eq(mp_pool_trim(pool, 0), MP_OK, "%s", mp_last_error());
+  s = stats(pool);
+  cr_expect_eq(s.reserved_bytes, 0);
+  for (size_t i = 0; i < 3; i++)
+    if (mp__arena_at(pool, i) != NULL)
+      cr_expect_eq(mp__arena_at(pool, i)->st.reserved_bytes, 0, "arena %zu", i);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+/* The device holds 64 MiB: one arena's 48 MiB cache must serve another
+ * arena's 48 MiB request. */
+Test(pool_arenas, out_of_memory_in_one_arena_reclaims_another_arenas_cache) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  job_t a = {.pool = pool, .bytes = 48 * MiB, .count = 1};
+  on_thread(alloc_job, &a);
+  cr_assert_eq(a.st, MP_OK, "%s", mp_last_error());
+  int ia = arena_holding(pool, a.ptrs[0]);
+  on_thread(free_job, &a);
+  cr_assert_geq(stats(pool).reserved_bytes, 48 * MiB);
+  job_t b = {.pool = pool, .bytes = 48 * MiB, .count = 1};
+  on_thread(alloc_job, &b);
+  cr_assert_eq(b.st, MP_OK, "%s", mp_last_error());
+  int ib = arena_holding(pool, b.ptrs[0]);
+  cr_assert(ia >= 0 && ib >= 0 && ia != ib, "arenas %d and %d", ia, ib);
+  cr_expect_eq(mp__arena_at(pool, (size_t)ia)->st.reserved_bytes, 0,
+               "the other arena's cache went back");
+  mp_stats_t s = stats(pool);
+  cr_expect_eq(s.oom_count, 0, "a served allocation counts no failure");
+  cr_expect_leq(s.reserved_bytes, 64 * MiB);
+  /* Beyond the device: a failure counted once, with the pool's figures. */
+  job_t c = {.pool = pool, .bytes = 32 * MiB, .count = 1};
+  on_thread(alloc_job, &c);
+  cr_expect_eq(c.st, MP_ENOMEM);
+  cr_expect_eq(stats(pool).oom_count, 1);
+  on_thread(free_job, &b);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+static void *alloc_hold_job(void *arg) {
+  return alloc_job(arg);
+}
+
+Test(pool_arenas, max_bytes_caps_the_sum_of_the_arenas) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2,max_bytes=48M");
+  job_t a = {.pool = pool, .bytes = 30 * MiB, .count = 1};
+  on_thread(alloc_hold_job, &a);
+  cr_assert_eq(a.st, MP_OK, "%s", mp_last_error());
+  /* 30 + 30 > 48: refused though the device has room. */
+  job_t b = {.pool = pool, .bytes = 30 * MiB, .count = 1};
+  on_thread(alloc_job, &b);
+  cr_expect_eq(b.st, MP_ELIMIT, "%s", mp_last_error());
+  cr_expect_leq(stats(pool).reserved_bytes, 48 * MiB);
+  job_t c = {.pool = pool, .bytes = 16 * MiB, .count = 1};
+  on_thread(alloc_job, &c);
+  cr_expect_eq(c.st, MP_OK, "%s", mp_last_error());
+  cr_expect_leq(stats(pool).reserved_bytes, 48 * MiB);
+  /* a's 30 MiB freed stays cached in its arena; another arena's 30 MiB
+   * comes from taking it back. */
+  on_thread(free_job, &a);
+  on_thread(alloc_job, &b);
+  cr_expect_eq(b.st, MP_OK, "%s", mp_last_error());
+  mp_stats_t s = stats(pool);
+  cr_expect_leq(s.reserved_bytes, 48 * MiB, "reserved %zu", s.reserved_bytes);
+  cr_expect_eq(s.allocated_bytes, 46 * MiB);
+  on_thread(free_job, &b);
+  on_thread(free_job, &c);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+Test(pool_arenas, foreign_and_double_frees_are_einval_and_change_nothing) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  mp_pool_t *other = make_pool(dev, NULL);
+  job_t a = {.pool = pool, .bytes = 4096, .count = 2};
+  on_thread(alloc_job, &a);
+  cr_assert_eq(a.st, MP_OK);
+  void *foreign;
+  cr_assert_eq(mp_pool_alloc(other, 4096, NULL, &foreign), MP_OK);
+  mp_stats_t before = stats(pool);
+  cr_expect_eq(mp_pool_free(pool, foreign), MP_EINVAL);
+  cr_expect_eq(mp_pool_free(pool, (char *)a.ptrs[0] + 512), MP_EINVAL);
+  int stack_word;
+  cr_expect_eq(mp_pool_free(pool, &stack_word), MP_EINVAL);
+  cr_expect_eq(mp_pool_free_async(pool, foreign, NULL), MP_EINVAL);
+  cr_expect_eq(mp_pool_free_after_all(pool, foreign), MP_EINVAL);
+  cr_expect_eq(mp_pool_record_stream(pool, foreign, NULL), MP_EINVAL);
+  mp_stats_t after = stats(pool);
+  cr_expect_eq(memcmp(&before, &after, sizeof before), 0);
+  cr_assert_eq(mp_pool_free(pool, a.ptrs[0]), MP_OK);
+  before = stats(pool);
+  job_t again = {.pool = pool, .count = 1, .ptrs = {a.ptrs[0]}};
+  on_thread(free_job, &again); /* a double free from another thread */
+  cr_expect_eq(again.st, MP_EINVAL);
+  after = stats(pool);
+  cr_expect_eq(memcmp(&before, &after, sizeof before), 0);
+  cr_assert_eq(mp_pool_free(pool, a.ptrs[1]), MP_OK);
+  cr_assert_eq(mp_pool_free(other, foreign), MP_OK);
+  check(pool);
+  mp_pool_destroy(other);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+/* Without virtual memory an arena's blocks lie in plain segments, outside
+ * any range: a free still finds their arena (by its live map). */
+Test(pool_arenas, plain_segment_blocks_are_freed_in_their_arena) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2,virtual=0");
+  job_t a = {.pool = pool, .bytes = 3 * MiB, .count = 4};
+  job_t b = {.pool = pool, .bytes = 4096, .count = 4};
+  on_thread(alloc_job, &a);
+  on_thread(alloc_job, &b);
+  cr_assert(a.st == MP_OK && b.st == MP_OK, "%s", mp_last_error());
+  cr_assert_neq(arena_holding(pool, a.ptrs[0]), arena_holding(pool, b.ptrs[0]));
+  cr_expect_eq(pool->arenas[0].vsize, 0, "no virtual range");
+  on_thread(free_job, &a); /* from a thread with no arena */
+  cr_expect_eq(a.st, MP_OK, "%s", mp_last_error());
+  for (int i = 0; i < 4; i++)
+    cr_expect_eq(mp_pool_free(pool, b.ptrs[i]), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_free(pool, b.ptrs[0]), MP_EINVAL);
+  mp_stats_t s = stats(pool);
+  cr_expect_eq(s.live_blocks, 0);
+  cr_expect_eq(s.free_count, 8);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+/* free_async and record_stream through the pool reach the owning arena. */
+Test(pool_arenas, stream_frees_reach_the_owning_arena) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  cr_assert_eq(mp_pool_add_stream(pool, s), MP_OK, "%s", mp_last_error());
+  job_t a = {.pool = pool, .bytes = 65536, .count = 3};
+  on_thread(alloc_job, &a);
+  cr_assert_eq(a.st, MP_OK);
+  mp_pool_t *ar = mp__arena_at(pool, (size_t)arena_holding(pool, a.ptrs[0]));
+  cr_expect_geq(ar->nstreams, 2, "the added stream is known to the arena");
+  cr_expect_eq(mp_pool_record_stream(pool, a.ptrs[0], s), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(mp_pool_free_async(pool, a.ptrs[1], s), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(mp_pool_free(pool, a.ptrs[0]), MP_OK);
+  cr_expect_eq(mp_pool_free_after_all(pool, a.ptrs[2]), MP_OK);
+  cr_expect_eq(ar->st.live_blocks, 0);
+  mp_stream_synchronize(dev, s);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_stream_destroy(dev, s);
+}
+
+static int handler_calls;
+static mp_pool_t *handler_pool;
+static int count_oom(mp_pool_t *pool, size_t bytes, mp_status_t st, void *ctx) {
+  (void)bytes, (void)st, (void)ctx;
+  handler_calls++;
+  handler_pool = pool;
+  return 0;
+}
+
+Test(pool_arenas, out_of_memory_handler_gets_the_pool) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  cr_assert_eq(mp_pool_set_oom_handler(pool, count_oom, NULL), MP_OK);
+  void *p = NULL;
+  cr_expect_eq(mp_pool_alloc(pool, 100 * MiB, NULL, &p), MP_ENOMEM);
+  cr_expect_eq(handler_calls, 1);
+  cr_expect_eq(handler_pool, pool);
+  cr_expect_eq(stats(pool).oom_count, 1);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+static void expect_refused(mp_status_t st, const char *what) {
+  cr_expect_eq(st, MP_EINVAL, "%s: %d", what, st);
+  cr_expect(strstr(mp_last_error(), "arenas") != NULL, "%s: '%s'", what,
+            mp_last_error());
+}
+
+Test(pool_arenas, features_arenas_do_not_support_are_refused_by_name) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p), MP_OK);
+  mp_stats_t before = stats(pool);
+  mp_pool_t *child = NULL, *graph = NULL;
+  mp_handle_t *h = NULL;
+  void *pieces[2];
+  size_t sizes[2] = {512, 512};
+  mp_ipc_handle_t ipc;
+  mp_device_t *peer;
+  cr_assert_eq(mp_device_open("host", &peer), MP_OK);
+  expect_refused(mp_pool_create_child(pool, MiB, &child), "child");
+  expect_refused(mp_pool_graph_create(pool, &graph), "graph");
+  expect_refused(mp_pool_alloc_movable(pool, 4096, NULL, &h), "movable");
+  expect_refused(mp_pool_defragment(pool, NULL, NULL), "defragment");
+  expect_refused(mp_pool_freeze(pool), "freeze");
+  expect_refused(mp_pool_pause(pool, 0), "pause");
+  expect_refused(mp_pool_resume(pool), "resume");
+  expect_refused(mp_pool_ipc_export(pool, p, &ipc), "ipc_export");
+  expect_refused(mp_pool_alloc_contiguous(pool, 2, sizes, NULL, pieces),
+                 "contiguous");
+  expect_refused(mp_pool_set_max_fraction(pool, 0.5), "set_max_fraction");
+  expect_refused(mp_pool_set_access(pool, peer), "set_access");
+  expect_refused(mp_pool_snapshot(pool, "/tmp/mp_arena_snapshot.pickle"),
+                 "snapshot");
+  expect_refused(mp_pool_snapshot_file(pool, stderr), "snapshot_file");
+  expect_refused(mp_pool_dump(pool, stderr, "text"), "dump");
+  cr_expect_eq(child, NULL);
+  cr_expect_eq(graph, NULL);
+  cr_expect_eq(h, NULL);
+  mp_stats_t after = stats(pool);
+  cr_expect_eq(memcmp(&before, &after, sizeof before), 0);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  mp_device_close(peer);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+Test(pool_arenas, config_bounds_and_history_are_checked) {
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cr_expect_eq(cfg.arenas, 0, "off by default");
+  cr_expect_eq(mp_pool_config_parse(&cfg, "arenas=65"), MP_EINVAL);
+  cr_expect_eq(cfg.arenas, 0);
+  cr_expect_eq(mp_pool_config_parse(&cfg, "arenas=64"), MP_OK);
+  cr_expect_eq(cfg.arenas, 64);
+  mp_pool_t *pool = NULL;
+  cfg.arenas = 65;
+  cr_expect_eq(mp_pool_create(dev, &cfg, &pool), MP_EINVAL);
+  cfg.arenas = 2;
+  cfg.history = 100;
+  cr_expect_eq(mp_pool_create(dev, &cfg, &pool), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "arenas") != NULL, "%s", mp_last_error());
+  cr_expect_eq(pool, NULL);
+}
+
+Test(pool_arenas, arenas_zero_is_the_pool_itself) {
+  mp_pool_t *pool = make_pool(dev, "arenas=0");
+  cr_expect_eq(pool->arenas, NULL);
+  job_t a = {.pool = pool, .bytes = 4096, .count = 4};
+  on_thread(alloc_job, &a);
+  cr_assert_eq(a.st, MP_OK);
+  cr_expect_eq(pool->st.alloc_count, 4, "served by the pool's own core");
+  cr_expect_neq(mp__map_find(pool, (uintptr_t)a.ptrs[0]), NULL);
+  on_thread(free_job, &a);
+  cr_expect_eq(pool->st.free_count, 4);
+  /* Its features work as before. */
+  mp_pool_t *child = NULL;
+  cr_expect_eq(mp_pool_create_child(pool, MiB, &child), MP_OK);
+  mp_pool_destroy(child);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+/* ---- many threads, fewer arenas: blocks cross threads -------------------- */
+enum { T = 4, ROUNDS = 4000, SLOTS = 32 };
+typedef struct race {
+  mp_pool_t *pool;
+  _Atomic(void *) slots[SLOTS]; /* blocks any thread may free */
+  atomic_int failures;
+} race_t;
+typedef struct racer {
+  race_t *r;
+  uint64_t seed;
+} racer_t;
+
+static void *race_job(void *arg) {
+  racer_t *me = arg;
+  race_t *r = me->r;
+  uint64_t s = me->seed;
+  for (int i = 0; i < ROUNDS; i++) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    size_t k = s % SLOTS, bytes = 512 + (s >> 8) % (2 * MiB);
+    void *mine = NULL;
+    if (mp_pool_alloc(r->pool, bytes, NULL, &mine) != MP_OK) {
+      atomic_fetch_add(&r->failures, 1);
+      continue;
+    }
+    memset(mine, (int)(k & 0xff), 64);
+    void *old = atomic_exchange(&r->slots[k], mine);
+    if (old != NULL && mp_pool_free(r->pool, old) != MP_OK)
+      atomic_fetch_add(&r->failures, 1);
+  }
+  return NULL;
+}
+
+Test(pool_arenas, threads_sharing_arenas_free_each_others_blocks_safely) {
+  mp_device_t *big;
+  cr_assert_eq(mp_device_open("host:capacity=8G", &big), MP_OK);
+  race_t r = {.pool = make_pool(big, "arenas=2")};
+  pthread_t t[T];
+  racer_t who[T];
+  for (int i = 0; i < T; i++) {
+    who[i] = (racer_t){&r, 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1)};
+    pthread_create(&t[i], NULL, race_job, &who[i]);
+  }
+  for (int i = 0; i < T; i++)
+    pthread_join(t[i], NULL);
+  cr_expect_eq(atomic_load(&r.failures), 0, "%s", mp_last_error());
+  for (int k = 0; k < SLOTS; k++)
+    if (r.slots[k] != NULL)
+      cr_expect_eq(mp_pool_free(r.pool, r.slots[k]), MP_OK);
+  mp_stats_t s = stats(r.pool);
+  cr_expect_eq(s.live_blocks, 0);
+  cr_expect_eq(s.alloc_count, (uint64_t)T * ROUNDS);
+  cr_expect_eq(s.free_count, (uint64_t)T * ROUNDS);
+  check(r.pool);
+  cr_assert_eq(mp_pool_destroy(r.pool), MP_OK);
+  mp_device_close(big);
+}
