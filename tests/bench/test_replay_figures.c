@@ -228,6 +228,15 @@ Test(replay_figures, jemalloc_reserves_what_it_uses_not_address_space_ahead) {
   mpb_workload_free(&w);
 }
 
+/* The 10-stream select_n llama trace of ../shared/traces. */
+static void load_llama(mpb_workload_t *w) {
+  const char *dir = getenv("MEMPOOL_TEST_TRACES");
+  cr_assert_not_null(dir, "MEMPOOL_TEST_TRACES is not set");
+  char path[4096];
+  snprintf(path, sizeof path, "%s/pytorch/select_n_04d383c_llama.csv", dir);
+  cr_assert_eq(mpb_trace_load(path, "llama", w), MP_OK, "%s", mp_last_error());
+}
+
 /* select_n llama (several streams, blocks freed on one stream and asked
  * for on another) through the pool, again and again: the same figures each
  * time. Before the device was let catch up after each free, whether a
@@ -235,12 +244,8 @@ Test(replay_figures, jemalloc_reserves_what_it_uses_not_address_space_ahead) {
  * the emulated device's stream threads ran, and the peak reserved bytes
  * ranged over 7.2 to 8.2 GiB from run to run. */
 Test(replay_figures, several_streams_give_the_same_figures_every_run) {
-  const char *dir = getenv("MEMPOOL_TEST_TRACES");
-  cr_assert_not_null(dir, "MEMPOOL_TEST_TRACES is not set");
-  char path[4096];
-  snprintf(path, sizeof path, "%s/pytorch/select_n_04d383c_llama.csv", dir);
   mpb_workload_t w;
-  cr_assert_eq(mpb_trace_load(path, "llama", &w), MP_OK, "%s", mp_last_error());
+  load_llama(&w);
   cr_assert_gt(w.nstreams, 1);
   mpb_replay_opts_t o = {.device_spec = "host"};
   mpb_result_t *first = calloc(1, sizeof *first), *r = calloc(1, sizeof *r);
@@ -263,12 +268,8 @@ Test(replay_figures, several_streams_give_the_same_figures_every_run) {
  * every free. (The default pool's figure moves with the lag: 2.3 to 4.2
  * times the live bytes over 5 us to 1 ms per event, README.) */
 Test(replay_figures, with_stream_waits_streams_running_behind_change_nothing) {
-  const char *dir = getenv("MEMPOOL_TEST_TRACES");
-  cr_assert_not_null(dir, "MEMPOOL_TEST_TRACES is not set");
-  char path[4096];
-  snprintf(path, sizeof path, "%s/pytorch/select_n_04d383c_llama.csv", dir);
   mpb_workload_t w;
-  cr_assert_eq(mpb_trace_load(path, "llama", &w), MP_OK, "%s", mp_last_error());
+  load_llama(&w);
   mpb_replay_opts_t o = {.device_spec = "host"};
   mpb_result_t *caught_up = calloc(1, sizeof *caught_up);
   mpb_result_t *r = calloc(1, sizeof *r);

@@ -372,6 +372,16 @@ static void open_gate(void *g) {
   gate_open(g);
 }
 
+/* A pool of dev with stream_waits=1. */
+static mp_pool_t *stream_waits_pool(mp_device_t *dev) {
+  mp_pool_t *pool = NULL;
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cr_assert_eq(mp_pool_config_parse(&cfg, "stream_waits=1"), MP_OK);
+  cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
+  return pool;
+}
+
 /* stream_waits=1: the block a's kernel still writes is handed to b at
  * once, and b's copy of it runs after a's write (a cuStreamWaitEvent on
  * the marker the free recorded). a's kernel is a memset queued behind a
@@ -380,11 +390,7 @@ static void open_gate(void *g) {
 Test(cuda_pool_rules, stream_waits_order_the_reusing_stream_after_the_free,
      .init = load_driver) {
   mp_device_t *dev = open_dev("cuda");
-  mp_pool_t *pool = NULL;
-  mp_pool_config_t cfg;
-  mp_pool_config_init(&cfg);
-  cr_assert_eq(mp_pool_config_parse(&cfg, "stream_waits=1"), MP_OK);
-  cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
+  mp_pool_t *pool = stream_waits_pool(dev);
   enter_ctx();
   CUstream a, b;
   cr_assert_eq(cu.create(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
@@ -436,11 +442,7 @@ Test(cuda_pool_rules, stream_waits_join_more_streams_than_a_record_names,
      .init = load_driver) {
   enum { NS = 5, BLK = 2u << 20 };
   mp_device_t *dev = open_dev("cuda");
-  mp_pool_t *pool = NULL;
-  mp_pool_config_t cfg;
-  mp_pool_config_init(&cfg);
-  cr_assert_eq(mp_pool_config_parse(&cfg, "stream_waits=1"), MP_OK);
-  cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
+  mp_pool_t *pool = stream_waits_pool(dev);
   enter_ctx();
   CUstream s[NS], b, c;
   void *x[NS], *t, *guard, *y;
