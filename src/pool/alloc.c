@@ -24,7 +24,7 @@ mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
    * device memory as it was; taking may drop the lock (growth), and
    * another thread may fill the room meanwhile: looked at again after. */
   mp__block_t *b;
-  if (!mp__map_reserve(pool, 1))
+  if (MP__UNLIKELY(!mp__map_has_room(pool, 1)) && !mp__map_reserve(pool, 1))
     return mp__fail(MP_ENOMEM, "out of host memory for the block map");
   if ((st = mp__pool_take(pool, size, sidx, &b)) != MP_OK)
     return st;

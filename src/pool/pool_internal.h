@@ -371,14 +371,12 @@ struct mp_pool {
   size_t nexports, exports_cap;
   size_t nheld; /* blocks MP__B_HELD */
   mp__history_t hist;
-  uint64_t stream_waits; /* stream.c: waits made by mp__deps_order */
-  mp_stream_t join;      /* stream.c (stream_waits): the pool's own stream
-                            that joins more streams' deps than a block
-                            record holds; NULL until needed */
-  uint64_t joins;        /* stream.c: deps joined on it */
-  bool growth_no_waits;  /* core.c: growth in this take counted on a wait
-                            that could not be made; mp__deps_usable then
-                            counts no busy block */
+  mp_stream_t join;     /* stream.c (stream_waits): the pool's own stream
+                           that joins more streams' deps than a block
+                           record holds; NULL until needed */
+  bool growth_no_waits; /* core.c: growth in this take counted on a wait
+                           that could not be made; mp__deps_usable then
+                           counts no busy block */
 };
 
 /* ---- lock.c: the pool lock and the one way to drop it ------------------- */

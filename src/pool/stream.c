@@ -612,10 +612,7 @@ static bool mp__each_marker(mp_pool_t *pool, const mp__block_t *a,
 
 /* mp__marker_fn: the stream *ctx waits on the device for marker m. */
 static bool mp__stream_wait(mp_pool_t *pool, const mp__marker_t *m, void *ctx) {
-  if (mp_stream_wait_event(pool->dev, *(mp_stream_t *)ctx, m->ev) != MP_OK)
-    return false;
-  pool->stream_waits++;
-  return true;
+  return mp_stream_wait_event(pool->dev, *(mp_stream_t *)ctx, m->ev) == MP_OK;
 }
 
 /* MP_POOL_STREAM_WAITS, when dst and src together wait for more streams
@@ -646,7 +643,6 @@ static bool mp__deps_join(mp_pool_t *pool, mp__block_t *dst,
     return false; /* no marker on the join stream: it stays dirty */
   dst->deps[0] = (mp__dep_t){.sidx = j, .epoch = e};
   dst->ndeps = 1;
-  pool->joins++;
   return true;
 }
 
