@@ -245,7 +245,7 @@ static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes,
      * pool borrowed: the room is asked again. */
     r = mp__graph_room(parent->granges, parent->ngranges, &parent->granges_cap,
                        sizeof *r, "ranges");
-    size_t slot;
+    size_t slot = 0;
     mp__block_t *b = mp__map_lookup(parent, (uintptr_t)*out, &slot);
     if (r == NULL) {
       mp__map_remove_slot(parent, slot);
@@ -274,7 +274,7 @@ static void mp__graph_finish(mp_pool_t *graph) {
         parent->granges[i] = parent->granges[--parent->ngranges];
         break;
       }
-    size_t slot;
+    size_t slot = 0;
     mp__block_t *b = mp__map_lookup(parent, s->base, &slot);
     mp__stream_use_all(parent, b); /* replays may still run anywhere */
     mp__map_remove_slot(parent, slot);
