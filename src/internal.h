@@ -6,6 +6,7 @@
 #ifndef MEMPOOL_INTERNAL_H
 #define MEMPOOL_INTERNAL_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -49,6 +50,12 @@ mp_status_t mp__fail(mp_status_t st, const char *fmt, ...) MP__PRINTF(2, 3);
  * and aborts; reached only through MP__ASSERT in MP_DEBUG builds. */
 _Noreturn void mp__assert_fail(const char *cond, const char *file, int line,
                                const char *func);
+
+/* ---- thread.c ---------------------------------------------------------- */
+
+/* pthread_create(t, NULL, fn, arg) for a thread of mempool's own: it starts
+ * with every asynchronous signal blocked (a fault's own signals open). */
+int mp__thread_start(pthread_t *t, void *(*fn)(void *), void *arg);
 
 /* ---- fault.c ----------------------------------------------------------- */
 

@@ -294,7 +294,7 @@ static mp_status_t host_stream_start(host_dev_t *h, host_stream_t **out) {
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->work_cv, NULL);
   pthread_cond_init(&s->idle_cv, NULL);
-  int rc = pthread_create(&s->thread, NULL, host_stream_main, s);
+  int rc = mp__thread_start(&s->thread, host_stream_main, s);
   if (rc != 0) {
     pthread_cond_destroy(&s->idle_cv);
     pthread_cond_destroy(&s->work_cv);

@@ -320,7 +320,6 @@ static void mp__snapshot_signal_arm(void) {
   const char *why = NULL;
   int fds[2] = {-1, -1};
   pthread_t t;
-  sigset_t all, old;
   if (sig == 0)
     why = "not USR1, USR2 or a signal number that can be caught";
   else if (getenv("MEMPOOL_SNAPSHOT") == NULL)
@@ -330,11 +329,7 @@ static void mp__snapshot_signal_arm(void) {
     why = "no pipe";
   if (why == NULL) {
     /* The helper takes no signal: they go to the program's threads. */
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int rc =
-        pthread_create(&t, NULL, mp__snap_thread, (void *)(intptr_t)fds[0]);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int rc = mp__thread_start(&t, mp__snap_thread, (void *)(intptr_t)fds[0]);
     if (rc != 0)
       why = "no helper thread";
     else
