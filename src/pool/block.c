@@ -118,7 +118,7 @@ bool mp__map_reserve(mp_pool_t *pool, size_t n) {
   if (mp__map_has_room(pool, n))
     return true;
   size_t cap = pool->map_cap ? pool->map_cap : 256;
-  while ((pool->map_count + n) * 2 > cap)
+  while ((pool->map_count + n) * 4 > cap)
     cap *= 2;
   mp__slot_t *m = mp__host_calloc(cap, sizeof *m);
   if (m == NULL)

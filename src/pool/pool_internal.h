@@ -617,9 +617,9 @@ mp__block_t *mp__map_find(const mp_pool_t *pool, uintptr_t addr);
 /* Makes room for n more entries, so that the next n inserts cannot fail. */
 bool mp__map_reserve(mp_pool_t *pool, size_t n);
 /* Whether n more entries fit without growing the map (its load stays at
- * most one half: mp__map_reserve's rule). */
+ * most one quarter, so probe runs stay short: mp__map_reserve's rule). */
 static inline bool mp__map_has_room(const mp_pool_t *pool, size_t n) {
-  return (pool->map_count + n) * 2 <= pool->map_cap;
+  return (pool->map_count + n) * 4 <= pool->map_cap;
 }
 bool mp__map_insert(mp_pool_t *pool, mp__block_t *b);
 void mp__map_remove(mp_pool_t *pool, mp__block_t *b);
