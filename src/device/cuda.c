@@ -479,7 +479,7 @@ static mp_status_t mp__cuda_open(mp_device_t *dev, const char *opts) {
                     "CUDA device%s)",
                     ordinal, count, count == 1 ? "" : "s");
 
-  mp__cuda_dev_t *cd = calloc(1, sizeof *cd);
+  mp__cuda_dev_t *cd = mp__host_calloc(1, sizeof *cd);
   if (cd == NULL)
     return mp__fail(MP_ENOMEM, "out of host memory opening 'cuda:%d'", ordinal);
   cd->ordinal = ordinal;

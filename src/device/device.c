@@ -23,7 +23,7 @@
 
 static mp_status_t mp__open_backend(const mp__backend_t *ops, const char *opts,
                                     mp_device_t **out) {
-  mp_device_t *dev = calloc(1, sizeof *dev);
+  mp_device_t *dev = mp__host_calloc(1, sizeof *dev);
   if (dev == NULL)
     return mp__fail(MP_ENOMEM, "out of host memory opening a device");
   dev->ops = ops;
@@ -101,7 +101,7 @@ mp_status_t mp__device_watch(mp_device_t *dev, void (*fn)(void *, mp_stream_t),
   pthread_mutex_lock(&mp__watch_mu);
   if (dev->nwatch == dev->watch_cap) {
     size_t cap = dev->watch_cap ? dev->watch_cap * 2 : 4;
-    mp__watch_t *w = realloc(dev->watch, cap * sizeof *w);
+    mp__watch_t *w = mp__host_realloc(dev->watch, cap * sizeof *w);
     if (w == NULL) {
       st = mp__fail(MP_ENOMEM, "out of host memory for stream watchers");
     } else {

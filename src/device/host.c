@@ -286,7 +286,7 @@ static void *host_stream_main(void *arg) {
 }
 
 static mp_status_t host_stream_start(host_dev_t *h, host_stream_t **out) {
-  host_stream_t *s = calloc(1, sizeof *s);
+  host_stream_t *s = mp__host_calloc(1, sizeof *s);
   if (s == NULL)
     return mp__fail(MP_ENOMEM, "host device: out of host memory for a stream");
   s->dev = h;
@@ -405,7 +405,7 @@ static mp_status_t host_sync_all(host_dev_t *h, const char *fn) {
     count++;
   host_stream_t **all = few;
   if (count > sizeof few / sizeof *few)
-    all = malloc(count * sizeof *all);
+    all = mp__host_alloc(count * sizeof *all);
   if (all == NULL) {
     pthread_mutex_unlock(&h->busy_mu);
     return mp__fail(MP_ENOMEM, "host device: out of host memory to "
@@ -512,7 +512,7 @@ static mp_status_t host_enqueue(host_dev_t *h, const char *fn,
 }
 
 static host_op_t *host_op_new(host_op_kind_t kind) {
-  host_op_t *op = calloc(1, sizeof *op);
+  host_op_t *op = mp__host_calloc(1, sizeof *op);
   if (op != NULL)
     op->kind = kind;
   return op;
@@ -578,7 +578,7 @@ static host_event_t *host_event_find(host_dev_t *h, mp_event_t handle) {
 
 static mp_status_t host_event_create(mp_device_t *dev, mp_event_t *out) {
   host_dev_t *h = host_of(dev);
-  host_event_t *e = calloc(1, sizeof *e);
+  host_event_t *e = mp__host_calloc(1, sizeof *e);
   if (e == NULL)
     return mp__fail(MP_ENOMEM, "host device: out of host memory for an event");
   pthread_rwlock_wrlock(&h->reg);
@@ -611,7 +611,7 @@ static mp_status_t host_event_destroy(mp_device_t *dev, mp_event_t handle) {
 static mp_status_t host_event_record(mp_device_t *dev, mp_event_t handle,
                                      mp_stream_t stream) {
   host_dev_t *h = host_of(dev);
-  host_marker_t *m = malloc(sizeof *m);
+  host_marker_t *m = mp__host_alloc(sizeof *m);
   host_op_t *op = host_op_new(HOST_OP_RECORD);
   if (m == NULL || op == NULL) {
     free(m);
@@ -1011,7 +1011,7 @@ static mp_status_t host_vm_reserve(mp_device_t *dev, size_t bytes, void **out) {
                     "granularity (%zu)",
                     bytes, g);
   size_t nbits = bytes / g;
-  uint64_t *bits = calloc((nbits + 63) / 64, sizeof *bits);
+  uint64_t *bits = mp__host_calloc((nbits + 63) / 64, sizeof *bits);
   /* Over-reserve by a granule so that the base can be aligned to it. */
   char *raw = bits ? mmap(NULL, bytes + g, PROT_NONE,
                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
@@ -1031,7 +1031,7 @@ static mp_status_t host_vm_reserve(mp_device_t *dev, size_t bytes, void **out) {
   bool ok = true;
   if (h->nresv == h->resv_cap) {
     size_t ncap = h->resv_cap ? h->resv_cap * 2 : 16;
-    host_resv_t *n = realloc(h->resv, ncap * sizeof *n);
+    host_resv_t *n = mp__host_realloc(h->resv, ncap * sizeof *n);
     if (n == NULL) {
       ok = false;
     } else {
@@ -1426,7 +1426,7 @@ static mp_status_t host_open(mp_device_t *dev, const char *opts) {
   mp_status_t st = mp__kv_each("device spec", opts, host_opt, &o);
   if (st != MP_OK)
     return st;
-  host_dev_t *h = calloc(1, sizeof *h);
+  host_dev_t *h = mp__host_calloc(1, sizeof *h);
   if (h == NULL)
     return mp__fail(MP_ENOMEM, "out of host memory opening the host device");
   h->capacity = o.capacity;
