@@ -98,7 +98,9 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
   mp__pool_lock(a);
   if ((cfg.flags & MP_POOL_VIRTUAL) && a->granule != 0) {
     st = mp__vrange_ready(a);
-    st = st == MP_ENOTSUP ? MP_OK : st; /* plain segments then */
+    /* ENOTSUP: plain segments then; a host failure is MP_ENOMEM to the
+     * caller (its message kept), as the ladder's. */
+    st = st == MP_ENOTSUP ? MP_OK : st == MP__EHOST ? MP_ENOMEM : st;
   }
   for (uint32_t k = 0; st == MP_OK && k < pool->nstreams; k++) {
     uint32_t sidx;
