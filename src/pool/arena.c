@@ -68,12 +68,12 @@ mp_status_t mp__arenas_init(mp_pool_t *pool) {
   return MP_OK;
 }
 
-/* Under the pool's lock: arena i made (its virtual range reserved, the
- * streams given to mp_pool_add_stream known) and published. */
+/* No lock held: arena i made (its virtual range reserved, the streams
+ * given to mp_pool_add_stream known) and published. The new pool is made
+ * and, if unused, freed with the pool's lock dropped: both take the
+ * device's watcher lock, which mp_stream_forget holds while it takes each
+ * pool's lock (device.c's order). */
 static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
-  MP__ASSERT_LOCKED(pool);
-  if ((*out = mp__arena_at(pool, i)) != NULL)
-    return MP_OK; /* another thread made it meanwhile */
   mp_pool_config_t cfg = pool->cfg;
   cfg.arenas = 0;
   /* The pool's idle memory, split evenly (0 would mean keep all). */
@@ -85,13 +85,22 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
   mp_status_t st = mp__pool_new(pool->dev, &cfg, &a);
   if (st != MP_OK)
     return st;
+  mp__pool_lock(pool);
+  if ((*out = mp__arena_at(pool, i)) != NULL) {
+    /* another thread made it meanwhile */
+    mp__pool_unlock(pool);
+    mp__pool_free_host(a);
+    return MP_OK;
+  }
   a->cap = pool->cap; /* the virtual range is the cap's size */
   a->cap_is_max = pool->cap_is_max;
   a->granule = pool->granule;
   mp__pool_lock(a);
   if ((cfg.flags & MP_POOL_VIRTUAL) && a->granule != 0) {
     st = mp__vrange_ready(a);
-    st = st == MP_ENOTSUP ? MP_OK : st; /* plain segments then */
+    /* ENOTSUP: plain segments then; a host failure is MP_ENOMEM to the
+     * caller (its message kept), as the ladder's. */
+    st = st == MP_ENOTSUP ? MP_OK : st == MP__EHOST ? MP_ENOMEM : st;
   }
   for (uint32_t k = 0; st == MP_OK && k < pool->nstreams; k++) {
     uint32_t sidx;
@@ -104,6 +113,7 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
     a->cap = 0;
   mp__pool_unlock(a);
   if (st != MP_OK) {
+    mp__pool_unlock(pool);
     mp__segment_release_all(a);
     mp__pool_free_host(a);
     return st;
@@ -113,6 +123,7 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
     pool->arenas[i].vsize = a->vseg->va_size;
   }
   atomic_store_explicit(&pool->arenas[i].pool, a, memory_order_release);
+  mp__pool_unlock(pool);
   *out = a;
   return MP_OK;
 }
@@ -289,9 +300,7 @@ mp_status_t mp__arena_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
   mp_pool_t *a = mp__arena_at(pool, i);
   mp_status_t st = MP_OK;
   if (MP__UNLIKELY(a == NULL)) {
-    mp__pool_lock(pool);
     st = mp__arena_make(pool, i, &a);
-    mp__pool_unlock(pool);
     if (st != MP_OK)
       return st;
   }

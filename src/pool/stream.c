@@ -564,21 +564,21 @@ static bool mp__deps_union(const mp_pool_t *pool, const mp__block_t *a,
   return true;
 }
 
-/* The join stream's slot in the stream table, made on first use. */
+/* The join stream's slot in the stream table, made on first use. A stream
+ * the table cannot take yet is kept for the next try: destroying it here
+ * would tell every pool's watcher (mp_stream_forget), this pool's too,
+ * whose lock is held. mp__streams_release destroys it. */
 static bool mp__join_index(mp_pool_t *pool, uint32_t *out) {
   if (pool->join == NULL) {
     mp_stream_t s;
     if (mp_stream_create(pool->dev, &s) != MP_OK)
       return false;
-    if (mp__stream_index(pool, s, out) != MP_OK) {
-      mp_stream_destroy(pool->dev, s);
-      return false;
-    }
     pool->join = s;
-    pool->streams[*out].join = true;
-    return true;
   }
-  return mp__stream_index(pool, pool->join, out) == MP_OK;
+  if (mp__stream_index(pool, pool->join, out) != MP_OK)
+    return false;
+  pool->streams[*out].join = true;
+  return true;
 }
 
 /* The unfinished deps of blocks a and b (b may be NULL), but those on

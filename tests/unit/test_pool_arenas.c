@@ -463,3 +463,72 @@ Test(pool_arenas, threads_sharing_arenas_free_each_others_blocks_safely) {
   cr_assert_eq(mp_pool_destroy(r.pool), MP_OK);
   mp_device_close(big);
 }
+
+/* ---- making an arena while a stream is forgotten ------------------------ */
+/* mp_stream_forget holds the device's watcher list while it takes each
+ * pool's lock; making an arena adds the arena to that list. */
+#define FILLERS 200
+
+typedef struct forgetter {
+  mp_device_t *dev;
+  mp_stream_t s;
+  atomic_bool stop;
+} forgetter_t;
+
+static void *forget_job(void *arg) {
+  forgetter_t *f = arg;
+  /* A pause between forgets: the list is free most of the time. */
+  while (!atomic_load(&f->stop)) {
+    (void)mp_stream_forget(f->dev, f->s);
+    usleep(50);
+  }
+  return NULL;
+}
+
+typedef struct maker {
+  mp_pool_t *pool;
+  atomic_int done;
+  atomic_int failures;
+} maker_t;
+
+static void *make_arena_job(void *arg) {
+  maker_t *m = arg;
+  void *p;
+  if (mp_pool_alloc(m->pool, 4096, NULL, &p) != MP_OK ||
+      mp_pool_free(m->pool, p) != MP_OK)
+    atomic_fetch_add(&m->failures, 1);
+  atomic_fetch_add(&m->done, 1);
+  return NULL;
+}
+
+Test(pool_arenas, making_arenas_while_streams_are_forgotten_does_not_deadlock,
+     .timeout = 60) {
+  /* Pools made before the arenas' pool come first in the watcher list, so
+   * that a forget spends its time there, before the pool's lock. */
+  mp_pool_t *fillers[FILLERS];
+  for (int i = 0; i < FILLERS; i++)
+    fillers[i] = make_pool(dev, NULL);
+  maker_t m = {.pool = make_pool(dev, "arenas=64")};
+  forgetter_t f = {.dev = dev};
+  cr_assert_eq(mp_stream_create(dev, &f.s), MP_OK, "%s", mp_last_error());
+  pthread_t ft, t[64];
+  cr_assert_eq(pthread_create(&ft, NULL, forget_job, &f), 0);
+  for (int i = 0; i < 64; i++) {
+    cr_assert_eq(pthread_create(&t[i], NULL, make_arena_job, &m), 0);
+    pthread_detach(t[i]);
+  }
+  /* Deadlocked threads never finish: wait a while, not forever. */
+  for (int ms = 0; ms < 20000 && atomic_load(&m.done) < 64; ms++)
+    usleep(1000);
+  cr_assert_eq(atomic_load(&m.done), 64,
+               "%d of 64 threads making arenas still blocked after 20 s",
+               64 - atomic_load(&m.done));
+  atomic_store(&f.stop, true);
+  pthread_join(ft, NULL);
+  cr_expect_eq(atomic_load(&m.failures), 0, "%s", mp_last_error());
+  check(m.pool);
+  cr_assert_eq(mp_pool_destroy(m.pool), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, f.s), MP_OK);
+  for (int i = 0; i < FILLERS; i++)
+    cr_assert_eq(mp_pool_destroy(fillers[i]), MP_OK);
+}
