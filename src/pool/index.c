@@ -108,6 +108,7 @@ void mp__index_insert(mp_pool_t *pool, mp__block_t *b) {
   b->flags |= MP__B_FREE;
   unsigned fl, sl;
   mp__class_of(pool, b->size, &fl, &sl);
+  nn->cls = fl * MP__SL_COUNT + sl;
   /* Descend to the leaf position, remembering the deepest 64 links of the
    * path (a new node rising more than 64 levels has probability below
    * 2^-64), then rotate it up while its priority beats its parent's. */
@@ -145,8 +146,7 @@ void mp__index_remove(mp_pool_t *pool, mp__block_t *b) {
     return; /* not indexed: mp_pool_check reports such states */
   mp__inode_t *nodes = pool->inodes;
   mp__inode_t *nn = &nodes[ni];
-  unsigned fl, sl;
-  mp__class_of(pool, nn->size, &fl, &sl);
+  unsigned fl = nn->cls / MP__SL_COUNT, sl = nn->cls % MP__SL_COUNT;
   uint32_t *link = &pool->bins[fl][sl];
   while (*link != 0 && *link != ni)
     link = mp__key_cmp(&nodes[*link], nn->size, nn->addr) > 0
@@ -288,8 +288,9 @@ static bool mp__treap_walk(const mp_pool_t *pool, uint32_t t, unsigned fl,
   unsigned f, s;
   mp__class_of(pool, n->size, &f, &s);
   const mp__block_t *b = n->blk;
-  if (f != fl || s != sl || b == NULL || !(b->flags & MP__B_FREE) ||
-      b->inode != t || b->size != n->size || b->addr != n->addr)
+  if (f != fl || s != sl || n->cls != fl * MP__SL_COUNT + sl || b == NULL ||
+      !(b->flags & MP__B_FREE) || b->inode != t || b->size != n->size ||
+      b->addr != n->addr)
     return false;
   if (*prev != NULL && mp__key_cmp(*prev, n->size, n->addr) >= 0)
     return false;

@@ -176,7 +176,7 @@ typedef struct mp__inode {
   mp__block_t *blk;
   uint32_t left, right; /* 0: none; left doubles as the free-node link */
   uint32_t prio;        /* treap priority, from the address */
-  uint32_t pad;
+  uint32_t cls;         /* its class, fl * MP__SL_COUNT + sl */
 } mp__inode_t;
 
 /* ---- segments (segment.c, vrange.c) ------------------------------------ */

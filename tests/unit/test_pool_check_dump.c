@@ -46,6 +46,19 @@ Test(pool_check, detects_a_cleared_bitmap_bit, .init = setup,
   cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
 }
 
+Test(pool_check, detects_an_index_node_that_names_another_class, .init = setup,
+     .fini = teardown) {
+  /* A removal finds the block's treap through the class its node names. */
+  mp__block_t *b = mp__index_best_fit(pool, 8192);
+  cr_assert_not_null(b);
+  mp__inode_t *n = &pool->inodes[b->inode];
+  uint32_t cls = n->cls;
+  n->cls = cls ^ 1u;
+  expect_corrupt("an index node naming another class");
+  n->cls = cls;
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+}
+
 Test(pool_check, detects_a_block_size_that_breaks_the_tiling, .init = setup,
      .fini = teardown) {
   mp__block_t *b = mp__map_find(pool, (uintptr_t)v[2]);
