@@ -1,0 +1,75 @@
+#!/bin/sh
+# compare_builds.sh OLD_BUILD NEW_BUILD [PAIRS] - the three performance
+# figures of two builds side by side, in one run:
+#   1. fragmentation: peak reserved / peak live of the `pool` allocator on
+#      every built-in workload and trace (mpbench, default config, no
+#      capacity search), old and new per row, and rows that got worse;
+#   2. instructions per free+alloc pair at 100 and 10 000 live blocks
+#      (bench/micro/count_pairs.sh: callgrind, the same on a busy machine);
+#   3. threads: bench_pool_threads' speed-ups at 2, 4 and 8 threads, the two
+#      builds run alternately twice (wall-clock figures: meaningful only on
+#      a quiet machine, which the script cannot check; it prints the load).
+# Both builds must be Release builds of the same tree layout (cmake
+# -DCMAKE_BUILD_TYPE=Release); an old one comes from `git worktree add`.
+set -eu
+old=${1:?usage: compare_builds.sh OLD_BUILD NEW_BUILD [PAIRS]}
+new=${2:?usage: compare_builds.sh OLD_BUILD NEW_BUILD [PAIRS]}
+pairs=${3:-200000}
+here=$(cd "$(dirname "$0")" && pwd)
+for b in "$old" "$new"; do
+  for x in mpbench bench_pool_pairs bench_pool_threads; do
+    [ -x "$b/bench/$x" ] || {
+      echo "compare_builds: no $b/bench/$x (build it first)" >&2
+      exit 2
+    }
+  done
+done
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+echo "## 1. Fragmentation: peak reserved / peak live, allocator pool"
+for side in old new; do
+  eval b=\$$side
+  "$b/bench/mpbench" run --allocator pool --no-capacity --out "$work/$side" \
+    >"$work/$side.log" 2>&1 || {
+    echo "compare_builds: mpbench failed in $b:" >&2
+    tail -5 "$work/$side.log" >&2
+    exit 1
+  }
+done
+# results.csv: workload,allocator,...,ratio is the 8th column.
+awk -F, 'FNR == 1 { f++; next }
+  $2 == "pool" { r[f, $1] = $8; if (f == 1) order[++n] = $1 }
+  END {
+    printf "| workload | old | new |\n|---|---:|---:|\n"
+    for (i = 1; i <= n; i++) {
+      w = order[i]
+      mark = (r[2, w] + 0 > r[1, w] + 0) ? " (worse)" : ""
+      if (mark != "") worse++
+      printf "| %s | %s | %s%s |\n", w, r[1, w], r[2, w], mark
+    }
+    printf "\n%d of %d rows worse\n", worse, n
+  }' "$work/old/results.csv" "$work/new/results.csv"
+
+echo
+echo "## 2. Instructions per pair (callgrind)"
+for side in old new; do
+  eval b=\$$side
+  "$here/micro/count_pairs.sh" "$b" "$pairs" | awk -v s="$side" \
+    '$1 == "pool" { printf "%-4s live %6s: %8s instr/pair, %8s ns/pair\n", s, $2, $3, $4 }'
+done
+
+echo
+echo "## 3. Threads: speed-up over one thread (load: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo ?))"
+for run in 1 2; do
+  for side in old new; do
+    eval b=\$$side
+    "$b/bench/bench_pool_threads" $((pairs + pairs / 2)) 100 8 |
+      awk -v s="$side" -v r="$run" '
+        $1 == "pool" && $2 == "shared" { sh[$3] = $5 }
+        $1 == "pool" && $2 == "arenas" { ar[$3] = $5 }
+        $1 == "pool" && $2 == "shared" && $3 == 1 { one = $4 }
+        END { printf "run %s %-4s shared 2/4/8: %s %s %s  arenas 2/4/8: %s %s %s  one thread %s pairs/s\n",
+              r, s, sh[2], sh[4], sh[8], ar[2], ar[4], ar[8], one }'
+  done
+done
