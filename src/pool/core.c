@@ -331,14 +331,13 @@ bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes) {
   return again != 0;
 }
 
-/* Looks up a live block for a caller's pointer, with a message naming what
- * is wrong with it. movable_ok: a movable block's current pointer is
- * accepted (record_stream), not only raw blocks (free). */
-mp_status_t mp__pool_find_live(mp_pool_t *pool, const char *fn, void *ptr,
-                               bool movable_ok, mp__block_t **out,
-                               size_t *slot) {
+/* Why a caller's pointer is not a live block (mp__pool_find_live, inline
+ * in pool_internal.h, looked it up): a message naming what is wrong with
+ * it. movable_ok: a movable block's current pointer is accepted
+ * (record_stream), not only raw blocks (free). */
+mp_status_t mp__pool_find_live_why(mp_pool_t *pool, const char *fn, void *ptr,
+                                   bool movable_ok, const mp__block_t *b) {
   uintptr_t p = (uintptr_t)ptr;
-  mp__block_t *b = mp__map_lookup(pool, p, slot);
   if (b == NULL) {
     mp__segment_t *seg = mp__segment_containing(pool, p);
     if (seg == NULL)
@@ -369,11 +368,8 @@ mp_status_t mp__pool_find_live(mp_pool_t *pool, const char *fn, void *ptr,
   if ((b->flags & MP__B_MOVABLE) && !movable_ok)
     return mp__fail(MP_EINVAL, "%s: %p is a movable block: use mp_handle_free",
                     fn, ptr);
-  if (MP__UNLIKELY(b->flags & MP__B_HELD))
-    return mp__fail(MP_EINVAL,
-                    "%s: %p was freed already (held until the processes "
-                    "that imported it let go)",
-                    fn, ptr);
-  *out = b;
-  return MP_OK;
+  return mp__fail(MP_EINVAL,
+                  "%s: %p was freed already (held until the processes "
+                  "that imported it let go)",
+                  fn, ptr);
 }
