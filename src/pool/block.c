@@ -108,7 +108,7 @@ bool mp__map_reserve(mp_pool_t *pool, size_t n) {
   return true;
 }
 
-bool mp__map_insert(mp_pool_t *pool, mp__block_t *b) {
+MP__HOT bool mp__map_insert(mp_pool_t *pool, mp__block_t *b) {
   if (MP__UNLIKELY(!mp__map_has_room(pool, 1)) && !mp__map_reserve(pool, 1))
     return false;
   mp__map_put(pool->map, pool->map_cap - 1, mp__map_slot(pool, b->addr), b);
@@ -116,7 +116,7 @@ bool mp__map_insert(mp_pool_t *pool, mp__block_t *b) {
   return true;
 }
 
-void mp__map_remove_slot(mp_pool_t *pool, size_t slot) {
+MP__HOT void mp__map_remove_slot(mp_pool_t *pool, size_t slot) {
   /* Backward shift: pull later entries of the probe run into the hole when
    * their home slot does not lie strictly between the hole and them. */
   size_t mask = pool->map_cap - 1;
@@ -169,7 +169,8 @@ void mp__block_unlink(mp__segment_t *seg, mp__block_t *b) {
     seg->last = b->prev;
 }
 
-mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b, size_t size) {
+MP__HOT mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b,
+                                     size_t size) {
   MP__ASSERT(b->inode == 0 && size % pool->cfg.align == 0);
   if (b->size <= size)
     return NULL;
@@ -180,8 +181,8 @@ mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b, size_t size) {
   return r;
 }
 
-void mp__block_split_into(mp_pool_t *pool, mp__block_t *b, size_t size,
-                          mp__block_t *r) {
+MP__HOT void mp__block_split_into(mp_pool_t *pool, mp__block_t *b, size_t size,
+                                  mp__block_t *r) {
   MP__ASSERT(b->inode == 0 && size < b->size);
   r->addr = b->addr + size;
   r->size = b->size - size;
@@ -224,7 +225,7 @@ bool mp__block_absorb(mp_pool_t *pool, mp__block_t *into, mp__block_t *gone,
   return mp__absorb(pool, into, gone, force);
 }
 
-mp__block_t *mp__block_coalesce(mp_pool_t *pool, mp__block_t *b) {
+MP__HOT mp__block_t *mp__block_coalesce(mp_pool_t *pool, mp__block_t *b) {
   MP__ASSERT_LOCKED(pool);
   b->flags &= ~(uint32_t)MP__B_UNMERGED;
   mp__block_t *n = b->next;

@@ -778,9 +778,19 @@ static inline bool mp__deps_try_merge(mp_pool_t *pool, mp__block_t *dst,
 /* [defrag] Adds src's deps to dst; always succeeds: past MP__MAX_DEPS
  * streams dst waits for the next device sync (MP__B_SYNC). Returns true. */
 bool mp__deps_merge(mp_pool_t *pool, mp__block_t *dst, const mp__block_t *src);
+/* mp__deps_safe but for a block freed on sidx alone: drops the finished
+ * deps, and asks (poll) the streams of the rest. */
+bool mp__deps_check(mp_pool_t *pool, mp__block_t *b, uint32_t sidx, bool poll);
 /* True when a block with these deps can be reused on stream sidx now.
- * poll: query markers and close open epochs of the streams it waits on. */
-bool mp__deps_safe(mp_pool_t *pool, mp__block_t *b, uint32_t sidx, bool poll);
+ * poll: query markers and close open epochs of the streams it waits on.
+ * Inline: a block freed on the asking stream needs nothing more (stream
+ * order suffices). */
+static inline bool mp__deps_safe(mp_pool_t *pool, mp__block_t *b, uint32_t sidx,
+                                 bool poll) {
+  if (b->ndeps == 1 && b->deps[0].sidx == sidx && !(b->flags & MP__B_SYNC))
+    return true;
+  return mp__deps_check(pool, b, sidx, poll);
+}
 /* MP_POOL_STREAM_WAITS: makes stream sidx wait, on the device, for the
  * markers of every unfinished dep of b (closing open epochs to get them),
  * so that sidx may use b at once; false, with no wait made (or only some,

@@ -670,9 +670,7 @@ bool mp__deps_merge(mp_pool_t *pool, mp__block_t *dst, const mp__block_t *src) {
   return true;
 }
 
-bool mp__deps_safe(mp_pool_t *pool, mp__block_t *b, uint32_t sidx, bool poll) {
-  if (b->ndeps == 1 && b->deps[0].sidx == sidx && !(b->flags & MP__B_SYNC))
-    return true; /* freed on the asking stream: stream order suffices */
+bool mp__deps_check(mp_pool_t *pool, mp__block_t *b, uint32_t sidx, bool poll) {
   if (b->flags & MP__B_SYNC) {
     if (b->gen >= pool->sync_done)
       return false;
