@@ -405,10 +405,11 @@ static MP__HOT mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
 }
 
 /* mp__pool_free_as in the arena or graph pool holding ptr: a call (the
- * inline body cannot hold itself). */
-static MP__COLD mp_status_t mp__pool_free_in(mp_pool_t *pool, void *ptr,
-                                             mp__free_how_t how, mp_stream_t s,
-                                             const char *fn) {
+ * inline body cannot hold itself). Not cold: with arenas every free comes
+ * this way. */
+__attribute__((noinline)) static mp_status_t
+mp__pool_free_in(mp_pool_t *pool, void *ptr, mp__free_how_t how, mp_stream_t s,
+                 const char *fn) {
   return mp__pool_free_as(pool, ptr, how, s, fn);
 }
 
