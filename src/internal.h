@@ -13,14 +13,24 @@
 
 #include <mempool/mempool.h>
 
+/* MP__HOT: a function of the free+alloc path, inlined into every caller
+ * that sees its body (the whole library, in the unity build): its own
+ * frame would cost more than its work. Given on the definition only (the
+ * header's declaration stays plain, so the definition is an external one
+ * and callers elsewhere call it). MP__COLD: a rare path kept out of line,
+ * so that its registers and stack do not weigh on the hot caller. */
 #if defined(__GNUC__)
 #define MP__LIKELY(x)    __builtin_expect(!!(x), 1)
 #define MP__UNLIKELY(x)  __builtin_expect(!!(x), 0)
 #define MP__PRINTF(f, a) __attribute__((format(printf, f, a)))
+#define MP__HOT          __attribute__((always_inline)) inline
+#define MP__COLD         __attribute__((noinline, cold))
 #else
 #define MP__LIKELY(x)   (x)
 #define MP__UNLIKELY(x) (x)
 #define MP__PRINTF(f, a)
+#define MP__HOT inline
+#define MP__COLD
 #endif
 
 /* Internal invariants (TLSF's tlsf_assert, mimalloc's mi_assert_internal):

@@ -26,40 +26,35 @@
 
 #define MP__SLAB_RECORDS 256
 
-mp__block_t *mp__rec_new(mp_pool_t *pool) {
-  if (pool->rec_free == NULL) {
-    if (pool->nslabs == pool->slabs_cap) {
-      size_t cap = pool->slabs_cap ? pool->slabs_cap * 2 : 16;
-      void **s = mp__host_realloc(pool->slabs, cap * sizeof *s);
-      if (s == NULL)
-        return NULL;
-      pool->slabs = s;
-      pool->slabs_cap = cap;
-    }
-    /* Cache-line aligned, so each record's hot fields share one line: 63
-     * bytes more than the records, aligned by hand (mp__host_alloc, through
-     * which a test can make it fail, has no aligned form); slabs[] keeps
-     * what free() takes. */
-    void *raw = mp__host_alloc(MP__SLAB_RECORDS * sizeof(mp__block_t) + 63);
-    if (raw == NULL)
-      return NULL;
-    mp__block_t *slab = (mp__block_t *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
-    /* One index node per record at most: reserve them now, so that
-     * inserting into the free index never needs memory. */
-    if (!mp__index_reserve(pool, (pool->nslabs + 1) * MP__SLAB_RECORDS)) {
-      free(raw);
-      return NULL;
-    }
-    pool->slabs[pool->nslabs++] = raw;
-    for (size_t i = MP__SLAB_RECORDS; i-- > 0;) {
-      slab[i].next_rec = pool->rec_free;
-      pool->rec_free = &slab[i];
-    }
+bool mp__rec_refill(mp_pool_t *pool) {
+  if (pool->nslabs == pool->slabs_cap) {
+    size_t cap = pool->slabs_cap ? pool->slabs_cap * 2 : 16;
+    void **s = mp__host_realloc(pool->slabs, cap * sizeof *s);
+    if (s == NULL)
+      return false;
+    pool->slabs = s;
+    pool->slabs_cap = cap;
   }
-  mp__block_t *b = pool->rec_free;
-  pool->rec_free = b->next_rec;
-  memset(b, 0, sizeof *b);
-  return b;
+  /* Cache-line aligned, so each record's hot fields share one line: 63
+   * bytes more than the records, aligned by hand (mp__host_alloc, through
+   * which a test can make it fail, has no aligned form); slabs[] keeps
+   * what free() takes. */
+  void *raw = mp__host_alloc(MP__SLAB_RECORDS * sizeof(mp__block_t) + 63);
+  if (raw == NULL)
+    return false;
+  mp__block_t *slab = (mp__block_t *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
+  /* One index node per record at most: reserve them now, so that
+   * inserting into the free index never needs memory. */
+  if (!mp__index_reserve(pool, (pool->nslabs + 1) * MP__SLAB_RECORDS)) {
+    free(raw);
+    return false;
+  }
+  pool->slabs[pool->nslabs++] = raw;
+  for (size_t i = MP__SLAB_RECORDS; i-- > 0;) {
+    slab[i].next_rec = pool->rec_free;
+    pool->rec_free = &slab[i];
+  }
+  return true;
 }
 
 void mp__rec_free(mp_pool_t *pool, mp__block_t *b) {
@@ -78,27 +73,6 @@ void mp__rec_release_all(mp_pool_t *pool) {
 }
 
 /* ---- live map ----------------------------------------------------------- */
-
-static size_t mp__map_slot(const mp_pool_t *pool, uintptr_t addr) {
-  uint64_t h = ((uint64_t)addr >> pool->align_log2) * 0x9E3779B97F4A7C15ull;
-  return (size_t)(h >> 32) & (pool->map_cap - 1);
-}
-
-mp__block_t *mp__map_lookup(const mp_pool_t *pool, uintptr_t addr,
-                            size_t *slot) {
-  if (pool->map_cap == 0 || addr == 0)
-    return NULL;
-  size_t mask = pool->map_cap - 1;
-  for (size_t i = mp__map_slot(pool, addr);; i = (i + 1) & mask) {
-    const mp__slot_t *e = &pool->map[i];
-    if (e->addr == addr) {
-      *slot = i;
-      return e->blk;
-    }
-    if (e->addr == 0)
-      return NULL;
-  }
-}
 
 mp__block_t *mp__map_find(const mp_pool_t *pool, uintptr_t addr) {
   size_t slot;
@@ -134,7 +108,7 @@ bool mp__map_reserve(mp_pool_t *pool, size_t n) {
   return true;
 }
 
-bool mp__map_insert(mp_pool_t *pool, mp__block_t *b) {
+MP__HOT bool mp__map_insert(mp_pool_t *pool, mp__block_t *b) {
   if (MP__UNLIKELY(!mp__map_has_room(pool, 1)) && !mp__map_reserve(pool, 1))
     return false;
   mp__map_put(pool->map, pool->map_cap - 1, mp__map_slot(pool, b->addr), b);
@@ -142,7 +116,7 @@ bool mp__map_insert(mp_pool_t *pool, mp__block_t *b) {
   return true;
 }
 
-void mp__map_remove_slot(mp_pool_t *pool, size_t slot) {
+MP__HOT void mp__map_remove_slot(mp_pool_t *pool, size_t slot) {
   /* Backward shift: pull later entries of the probe run into the hole when
    * their home slot does not lie strictly between the hole and them. */
   size_t mask = pool->map_cap - 1;
@@ -195,26 +169,31 @@ void mp__block_unlink(mp__segment_t *seg, mp__block_t *b) {
     seg->last = b->prev;
 }
 
-mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b, size_t size) {
+MP__HOT mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b,
+                                     size_t size) {
   MP__ASSERT(b->inode == 0 && size % pool->cfg.align == 0);
   if (b->size <= size)
     return NULL;
-  mp__block_t *r = mp__rec_new(pool);
+  mp__block_t *r = mp__rec_pop(pool); /* split_into sets every field */
   if (r == NULL)
     return NULL; /* b stays whole: correct, just less economical */
   mp__block_split_into(pool, b, size, r);
   return r;
 }
 
-void mp__block_split_into(mp_pool_t *pool, mp__block_t *b, size_t size,
-                          mp__block_t *r) {
+MP__HOT void mp__block_split_into(mp_pool_t *pool, mp__block_t *b, size_t size,
+                                  mp__block_t *r) {
   MP__ASSERT(b->inode == 0 && size < b->size);
   r->addr = b->addr + size;
   r->size = b->size - size;
-  r->ndeps = b->ndeps;
-  memcpy(r->deps, b->deps, sizeof r->deps);
+  r->requested = 0;
+  r->inode = 0;
   r->flags = b->flags & (MP__B_SYNC | MP__B_UNMERGED);
+  r->sidx = 0;
+  r->ndeps = b->ndeps;
   r->gen = b->gen;
+  memcpy(r->deps, b->deps, sizeof r->deps);
+  r->handle = NULL;
   b->size = size;
   mp__block_link(b->seg, b, r);
   mp__index_insert(pool, r);
@@ -246,7 +225,7 @@ bool mp__block_absorb(mp_pool_t *pool, mp__block_t *into, mp__block_t *gone,
   return mp__absorb(pool, into, gone, force);
 }
 
-mp__block_t *mp__block_coalesce(mp_pool_t *pool, mp__block_t *b) {
+MP__HOT mp__block_t *mp__block_coalesce(mp_pool_t *pool, mp__block_t *b) {
   MP__ASSERT_LOCKED(pool);
   b->flags &= ~(uint32_t)MP__B_UNMERGED;
   mp__block_t *n = b->next;

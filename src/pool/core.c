@@ -45,8 +45,8 @@ static unsigned mp__log2(size_t v) {
 
 /* pending: set when a block that fits was passed by only because another
  * stream's work on it has not completed yet. */
-static mp__block_t *mp__search_ex(mp_pool_t *pool, size_t size, uint32_t sidx,
-                                  bool *pending) {
+static MP__HOT mp__block_t *mp__search_ex(mp_pool_t *pool, size_t size,
+                                          uint32_t sidx, bool *pending) {
   mp__block_t *b = mp__index_best_fit(pool, size);
   for (unsigned k = 0; b != NULL && k < MP__SEARCH_LIMIT; k++) {
     if (mp__fits(pool, b, size)) {
@@ -66,15 +66,15 @@ static mp__block_t *mp__search(mp_pool_t *pool, size_t size, uint32_t sidx) {
   return mp__search_ex(pool, size, sidx, &pending);
 }
 
-/* Before growing for a block that another stream's recent work still holds,
- * give that work a moment: an idle stream passes its marker within
- * microseconds, and a device allocation costs far more than the wait. The
- * lock is dropped while waiting; at most MP__PENDING_WAIT_US in total. */
+/* Before growing for a block that another stream's recent work still holds
+ * (pending: the first search passed one by), give that work a moment: an
+ * idle stream passes its marker within microseconds, and a device
+ * allocation costs far more than the wait. The lock is dropped while
+ * waiting; at most MP__PENDING_WAIT_US in total. */
 #define MP__PENDING_WAIT_US 200
 static mp__block_t *mp__search_patiently(mp_pool_t *pool, size_t size,
-                                         uint32_t sidx) {
-  bool pending = false;
-  mp__block_t *b = mp__search_ex(pool, size, sidx, &pending);
+                                         uint32_t sidx, bool pending) {
+  mp__block_t *b = NULL;
   for (unsigned waited = 0;
        b == NULL && pending && waited < MP__PENDING_WAIT_US; waited += 10) {
     struct timespec ts = {0, 10000};
@@ -93,8 +93,8 @@ static mp__block_t *mp__search_patiently(mp_pool_t *pool, size_t size,
  * allocated): kept apart they would only pile up in the smallest classes,
  * slowing every insert there, and rarely serve anything. Returns the taken
  * block. */
-static mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
-                                   size_t size) {
+static MP__HOT mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
+                                           size_t size) {
   MP__ASSERT((b->flags & MP__B_FREE) && b->size >= size);
   mp__index_remove(pool, b);
   pool->st.free_blocks--;
@@ -169,11 +169,13 @@ static mp_status_t mp__grow_and_search(mp_pool_t *pool, size_t size,
   return st;
 }
 
-mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
-                          mp__block_t **out) {
-  MP__ASSERT_LOCKED(pool);
-  MP__ASSERT(sidx < pool->nstreams && size % pool->cfg.align == 0);
-  mp__block_t *b = mp__search_patiently(pool, size, sidx);
+/* The ladder, when the first search found nothing (pending: it passed by
+ * a block only another stream's work holds): *out is the block found, not
+ * yet taken. */
+static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
+                                            uint32_t sidx, bool pending,
+                                            mp__block_t **out) {
+  mp__block_t *b = mp__search_patiently(pool, size, sidx, pending);
   if (b != NULL)
     goto got;
   mp_status_t st = mp__grow_and_search(pool, size, sidx, &b);
@@ -218,6 +220,21 @@ mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
   }
   return mp__pool_oom(pool, st == MP_ELIMIT ? MP_ELIMIT : MP_ENOMEM, size);
 got:
+  *out = b;
+  return MP_OK;
+}
+
+MP__HOT mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
+                                  mp__block_t **out) {
+  MP__ASSERT_LOCKED(pool);
+  MP__ASSERT(sidx < pool->nstreams && size % pool->cfg.align == 0);
+  bool pending = false;
+  mp__block_t *b = mp__search_ex(pool, size, sidx, &pending);
+  if (MP__UNLIKELY(b == NULL)) {
+    mp_status_t st = mp__pool_ladder(pool, size, sidx, pending, &b);
+    if (st != MP_OK)
+      return st;
+  }
   *out = mp__take_block(pool, b, size);
   return MP_OK;
 }
@@ -229,8 +246,8 @@ void mp__block_untake(mp_pool_t *pool, mp__block_t *b) {
   mp__index_insert(pool, b);
 }
 
-void mp__block_make_live(mp_pool_t *pool, mp__block_t *b, size_t requested,
-                         uint32_t sidx) {
+MP__HOT void mp__block_make_live(mp_pool_t *pool, mp__block_t *b,
+                                 size_t requested, uint32_t sidx) {
   MP__ASSERT_LOCKED(pool);
   MP__ASSERT(!(b->flags & MP__B_HOLE) && b->inode == 0);
   MP__ASSERT(b->size >= requested && pool->st.free_bytes >= b->size);
@@ -251,7 +268,7 @@ void mp__block_make_live(mp_pool_t *pool, mp__block_t *b, size_t requested,
   MP__HIST(pool, MP__H_ALLOC, b->addr, b->size, MP__HIST_STREAM(pool, sidx));
 }
 
-void mp__block_release(mp_pool_t *pool, mp__block_t *b) {
+MP__HOT void mp__block_release(mp_pool_t *pool, mp__block_t *b) {
   MP__ASSERT_LOCKED(pool);
   MP__ASSERT(!(b->flags & (MP__B_FREE | MP__B_HOLE)) && b->inode == 0);
   MP__ASSERT(pool->st.live_blocks > 0 && pool->st.allocated_bytes >= b->size);
@@ -331,14 +348,13 @@ bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes) {
   return again != 0;
 }
 
-/* Looks up a live block for a caller's pointer, with a message naming what
- * is wrong with it. movable_ok: a movable block's current pointer is
- * accepted (record_stream), not only raw blocks (free). */
-mp_status_t mp__pool_find_live(mp_pool_t *pool, const char *fn, void *ptr,
-                               bool movable_ok, mp__block_t **out,
-                               size_t *slot) {
+/* Why a caller's pointer is not a live block (mp__pool_find_live, inline
+ * in pool_internal.h, looked it up): a message naming what is wrong with
+ * it. movable_ok: a movable block's current pointer is accepted
+ * (record_stream), not only raw blocks (free). */
+mp_status_t mp__pool_find_live_why(mp_pool_t *pool, const char *fn, void *ptr,
+                                   bool movable_ok, const mp__block_t *b) {
   uintptr_t p = (uintptr_t)ptr;
-  mp__block_t *b = mp__map_lookup(pool, p, slot);
   if (b == NULL) {
     mp__segment_t *seg = mp__segment_containing(pool, p);
     if (seg == NULL)
@@ -369,11 +385,8 @@ mp_status_t mp__pool_find_live(mp_pool_t *pool, const char *fn, void *ptr,
   if ((b->flags & MP__B_MOVABLE) && !movable_ok)
     return mp__fail(MP_EINVAL, "%s: %p is a movable block: use mp_handle_free",
                     fn, ptr);
-  if (MP__UNLIKELY(b->flags & MP__B_HELD))
-    return mp__fail(MP_EINVAL,
-                    "%s: %p was freed already (held until the processes "
-                    "that imported it let go)",
-                    fn, ptr);
-  *out = b;
-  return MP_OK;
+  return mp__fail(MP_EINVAL,
+                  "%s: %p was freed already (held until the processes "
+                  "that imported it let go)",
+                  fn, ptr);
 }

@@ -167,7 +167,7 @@ mp_status_t mp_pool_ipc_export(mp_pool_t *pool, void *ptr,
     return nst;
   mp__pool_lock(pool);
   mp__block_t *b = NULL;
-  size_t slot;
+  size_t slot = 0;
   uintptr_t base = 0;
   size_t bytes = 0;
   bool vm = false;

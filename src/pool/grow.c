@@ -56,9 +56,9 @@ void mp__segment_trim(mp_pool_t *pool, size_t keep) {
   }
 }
 
-void mp__segment_release_above(mp_pool_t *pool) {
+void mp__segment_release_over(mp_pool_t *pool) {
   size_t th = pool->cfg.release_threshold;
-  if (MP__LIKELY(th == 0) || pool->st.free_bytes <= th ||
+  if (th == 0 || pool->st.free_bytes <= th ||
       pool->st.free_count < pool->release_next_free || pool->inflight ||
       pool->syncing || pool->paused)
     return;

@@ -335,7 +335,7 @@ mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr, mp_stream_t s) {
   }
   mp__block_t *b = NULL; /* set when mp__pool_find_live succeeds */
   uint32_t sidx;
-  size_t slot;
+  size_t slot = 0;
   mp_status_t st = mp__pool_paused(pool, "mp_pool_record_stream");
   if (st == MP_OK)
     st =
@@ -352,28 +352,32 @@ mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr, mp_stream_t s) {
  * stream the pool knows. */
 typedef enum { MP__FREE_OWN, MP__FREE_ON, MP__FREE_ALL } mp__free_how_t;
 
-static mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
+static mp_status_t mp__pool_free_in(mp_pool_t *pool, void *ptr,
                                     mp__free_how_t how, mp_stream_t s,
-                                    const char *fn) {
+                                    const char *fn);
+
+static MP__HOT mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
+                                            mp__free_how_t how, mp_stream_t s,
+                                            const char *fn) {
   if (ptr == NULL)
     return MP_OK;
   if (MP__UNLIKELY(pool->arenas != NULL)) {
     /* Not in an arena: the pool's own path says what is wrong with it. */
     mp_pool_t *a = mp__arena_owner(pool, ptr);
     if (a != NULL)
-      return mp__pool_free_as(a, ptr, how, s, fn);
+      return mp__pool_free_in(a, ptr, how, s, fn);
   }
   mp__pool_lock(pool);
   if (MP__UNLIKELY(pool->ngranges > 0)) {
     mp_pool_t *g = mp__graph_owner(pool, (uintptr_t)ptr);
     if (g != NULL) {
       mp__pool_unlock(pool);
-      return mp__pool_free_as(g, ptr, how, s, fn);
+      return mp__pool_free_in(g, ptr, how, s, fn);
     }
   }
   mp__block_t *b = NULL; /* set when mp__pool_find_live succeeds */
   uint32_t sidx = 0;
-  size_t slot;
+  size_t slot = 0;
   mp_status_t st = mp__pool_paused(pool, fn);
   if (st == MP_OK)
     st = mp__pool_find_live(pool, fn, ptr, false, &b, &slot);
@@ -398,6 +402,15 @@ static mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
   mp__pool_unlock(pool);
   mp__graph_finish_if(pool, last);
   return st;
+}
+
+/* mp__pool_free_as in the arena or graph pool holding ptr: a call (the
+ * inline body cannot hold itself). Not cold: with arenas every free comes
+ * this way. */
+__attribute__((noinline)) static mp_status_t
+mp__pool_free_in(mp_pool_t *pool, void *ptr, mp__free_how_t how, mp_stream_t s,
+                 const char *fn) {
+  return mp__pool_free_as(pool, ptr, how, s, fn);
 }
 
 mp_status_t mp_pool_free(mp_pool_t *pool, void *ptr) {

@@ -69,6 +69,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <string.h>
 
 #include "../device/backend.h"
 #include "../internal.h"
@@ -538,12 +539,11 @@ mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked);
  * pool's out-of-memory handler (lock dropped) if st is out of memory and
  * one is set; true: the caller tries once more. */
 bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes);
-/* The live block at ptr for a caller's fn, with a message naming what is
- * wrong with it; movable_ok: a movable block's pointer is accepted. A held
- * block is not live to callers. */
-mp_status_t mp__pool_find_live(mp_pool_t *pool, const char *fn, void *ptr,
-                               bool movable_ok, mp__block_t **out,
-                               size_t *slot);
+/* Why ptr is not a live block for a caller's fn (b: the map's block at
+ * ptr, or NULL): the failure, with a message naming what is wrong with it.
+ * mp__pool_find_live's slow half (inline below the live map's). */
+mp_status_t mp__pool_find_live_why(mp_pool_t *pool, const char *fn, void *ptr,
+                                   bool movable_ok, const mp__block_t *b);
 /* [defrag] Makes a taken block live: map, stats, stream. */
 void mp__block_make_live(mp_pool_t *pool, mp__block_t *b, size_t requested,
                          uint32_t sidx);
@@ -609,7 +609,25 @@ bool mp__index_check_class(const mp_pool_t *pool, unsigned fl, unsigned sl,
                            size_t *count, size_t *bytes);
 
 /* ---- block.c: records, live map, split, coalesce ------------------------ */
-mp__block_t *mp__rec_new(mp_pool_t *pool);
+/* Puts a new slab of records on the free list; false: out of host memory. */
+bool mp__rec_refill(mp_pool_t *pool);
+/* A record off the free list with whatever it held (the caller sets every
+ * field), or NULL without host memory. Inline: a split on every other
+ * allocation takes one, and the free list almost always has it. */
+static inline mp__block_t *mp__rec_pop(mp_pool_t *pool) {
+  if (MP__UNLIKELY(pool->rec_free == NULL) && !mp__rec_refill(pool))
+    return NULL;
+  mp__block_t *b = pool->rec_free;
+  pool->rec_free = b->next_rec;
+  return b;
+}
+/* A zeroed record, or NULL without host memory. */
+static inline mp__block_t *mp__rec_new(mp_pool_t *pool) {
+  mp__block_t *b = mp__rec_pop(pool);
+  if (b != NULL)
+    memset(b, 0, sizeof *b);
+  return b;
+}
 void mp__rec_free(mp_pool_t *pool, mp__block_t *b);
 void mp__rec_release_all(mp_pool_t *pool);
 /* [defrag] The live block starting at addr, or NULL. */
@@ -623,9 +641,42 @@ static inline bool mp__map_has_room(const mp_pool_t *pool, size_t n) {
 }
 bool mp__map_insert(mp_pool_t *pool, mp__block_t *b);
 void mp__map_remove(mp_pool_t *pool, mp__block_t *b);
-/* The live block at addr and its slot, for mp__map_remove_slot. */
-mp__block_t *mp__map_lookup(const mp_pool_t *pool, uintptr_t addr,
-                            size_t *slot);
+/* addr's home slot: one multiply of the address shifted by the pool's
+ * alignment (its low bits are always 0). */
+static inline size_t mp__map_slot(const mp_pool_t *pool, uintptr_t addr) {
+  uint64_t h = ((uint64_t)addr >> pool->align_log2) * 0x9E3779B97F4A7C15ull;
+  return (size_t)(h >> 32) & (pool->map_cap - 1);
+}
+/* The live block at addr and its slot, for mp__map_remove_slot (inline:
+ * every free looks its pointer up). */
+static inline mp__block_t *mp__map_lookup(const mp_pool_t *pool, uintptr_t addr,
+                                          size_t *slot) {
+  if (pool->map_cap == 0 || addr == 0)
+    return NULL;
+  size_t mask = pool->map_cap - 1;
+  for (size_t i = mp__map_slot(pool, addr);; i = (i + 1) & mask) {
+    const mp__slot_t *e = &pool->map[i];
+    if (e->addr == addr) {
+      *slot = i;
+      return e->blk;
+    }
+    if (e->addr == 0)
+      return NULL;
+  }
+}
+/* (core.c) The live block at ptr for a caller's fn, with a message naming
+ * what is wrong with it; movable_ok: a movable block's pointer is
+ * accepted. A held block is not live to callers. */
+static inline mp_status_t mp__pool_find_live(mp_pool_t *pool, const char *fn,
+                                             void *ptr, bool movable_ok,
+                                             mp__block_t **out, size_t *slot) {
+  mp__block_t *b = mp__map_lookup(pool, (uintptr_t)ptr, slot);
+  uint32_t bad = MP__B_CHILD | MP__B_HELD | (movable_ok ? 0 : MP__B_MOVABLE);
+  if (MP__UNLIKELY(b == NULL || (b->flags & bad)))
+    return mp__pool_find_live_why(pool, fn, ptr, movable_ok, b);
+  *out = b;
+  return MP_OK;
+}
 void mp__map_remove_slot(mp_pool_t *pool, size_t slot);
 /* [defrag] Cuts b (not in the index) to `size`; the rest becomes a new free
  * block after it, with b's deps, inserted in the index. Returns it or NULL
@@ -633,7 +684,8 @@ void mp__map_remove_slot(mp_pool_t *pool, size_t slot);
 mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b, size_t size);
 /* mp__block_split with the upper piece's record r given (it cannot fail):
  * b (out of the index) keeps [addr, addr + size), r takes the rest with b's
- * deps and sync marks and goes into the index. */
+ * deps and sync marks and goes into the index; every field of r is set
+ * (it may come straight off the record free list). */
 void mp__block_split_into(mp_pool_t *pool, mp__block_t *b, size_t size,
                           mp__block_t *r);
 /* The one merge of two free blocks: gone (into's next, both out of the
@@ -654,7 +706,24 @@ void mp__block_link(mp__segment_t *seg, mp__block_t *after, mp__block_t *b);
 void mp__block_unlink(mp__segment_t *seg, mp__block_t *b);
 
 /* ---- stream.c: stream table, epochs, markers, events -------------------- */
-mp_status_t mp__stream_index(mp_pool_t *pool, mp_stream_t s, uint32_t *out);
+/* mp__stream_index's general case: any stream, added on first use. */
+mp_status_t mp__stream_lookup(mp_pool_t *pool, mp_stream_t s, uint32_t *out);
+/* The slot of stream s in the table, added on first use. Inline: the
+ * stream of the pool's last call, the common case, costs a few loads.
+ * Without per-thread streams every slot's owner is 0, the owner the
+ * lookup would ask for. */
+static inline mp_status_t mp__stream_index(mp_pool_t *pool, mp_stream_t s,
+                                           uint32_t *out) {
+  uint32_t i = pool->last_sidx;
+  if (MP__LIKELY(i < pool->nstreams && !pool->has_pt)) {
+    const mp__strm_t *st = &pool->streams[i];
+    if (MP__LIKELY(st->s == s && !st->want_close)) {
+      *out = i;
+      return MP_OK;
+    }
+  }
+  return mp__stream_lookup(pool, s, out);
+}
 /* s stopped capturing (sidx in pool's table): closes the epoch its
  * capture left open (no marker can be recorded on a capturing stream), so
  * that by the time another stream asks about what the capture freed, the
@@ -667,18 +736,61 @@ void mp__stream_add_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx);
 void mp__stream_use_all(mp_pool_t *pool, mp__block_t *b);
 /* The device watcher: s is going away (mp_stream_forget). */
 void mp__stream_gone(void *pool, mp_stream_t s);
-/* Sets b's deps for a free now: its stream and its recorded uses. */
-void mp__deps_on_free(mp_pool_t *pool, mp__block_t *b);
+/* mp__deps_on_free for a block with recorded uses, or in a pool of
+ * several streams. */
+void mp__deps_on_free_uses(mp_pool_t *pool, mp__block_t *b);
+/* Sets b's deps for a free now: its stream and its recorded uses. Inline:
+ * the common case (no recorded use, one stream, nothing to close) is a
+ * few stores. */
+static inline void mp__deps_on_free(mp_pool_t *pool, mp__block_t *b) {
+  if (MP__UNLIKELY(b->ndeps != 0 || pool->nstreams != 1)) {
+    mp__deps_on_free_uses(pool, b);
+    return;
+  }
+  mp__strm_t *own = &pool->streams[b->sidx];
+  own->refs--;
+  b->deps[0].sidx = b->sidx;
+  b->deps[0].epoch = own->epoch;
+  own->dirty = true;
+  b->ndeps = 1;
+}
+/* mp__deps_try_merge when the two name more than one stream, or one waits
+ * for a device sync: the union of what is still pending. */
+bool mp__deps_try_union(mp_pool_t *pool, mp__block_t *dst,
+                        const mp__block_t *src);
 /* Merges src's deps into dst (coalescing); false, nothing changed, when the
  * union of what is still pending spans more than MP__MAX_DEPS streams. */
-bool mp__deps_try_merge(mp_pool_t *pool, mp__block_t *dst,
-                        const mp__block_t *src);
+static inline bool mp__deps_try_merge(mp_pool_t *pool, mp__block_t *dst,
+                                      const mp__block_t *src) {
+  if (MP__UNLIKELY(((dst->flags | src->flags) & MP__B_SYNC) || dst->ndeps > 1 ||
+                   src->ndeps > 1 ||
+                   (src->ndeps == 1 && dst->ndeps == 1 &&
+                    dst->deps[0].sidx != src->deps[0].sidx)))
+    return mp__deps_try_union(pool, dst, src);
+  /* At most one stream between them: the later epoch. Finished deps may
+   * stay; mp__deps_safe drops them when it looks. */
+  if (src->ndeps == 1 &&
+      (dst->ndeps == 0 || dst->deps[0].epoch < src->deps[0].epoch))
+    dst->deps[0] = src->deps[0];
+  dst->ndeps |= src->ndeps;
+  return true;
+}
 /* [defrag] Adds src's deps to dst; always succeeds: past MP__MAX_DEPS
  * streams dst waits for the next device sync (MP__B_SYNC). Returns true. */
 bool mp__deps_merge(mp_pool_t *pool, mp__block_t *dst, const mp__block_t *src);
+/* mp__deps_safe but for a block freed on sidx alone: drops the finished
+ * deps, and asks (poll) the streams of the rest. */
+bool mp__deps_check(mp_pool_t *pool, mp__block_t *b, uint32_t sidx, bool poll);
 /* True when a block with these deps can be reused on stream sidx now.
- * poll: query markers and close open epochs of the streams it waits on. */
-bool mp__deps_safe(mp_pool_t *pool, mp__block_t *b, uint32_t sidx, bool poll);
+ * poll: query markers and close open epochs of the streams it waits on.
+ * Inline: a block freed on the asking stream needs nothing more (stream
+ * order suffices). */
+static inline bool mp__deps_safe(mp_pool_t *pool, mp__block_t *b, uint32_t sidx,
+                                 bool poll) {
+  if (b->ndeps == 1 && b->deps[0].sidx == sidx && !(b->flags & MP__B_SYNC))
+    return true;
+  return mp__deps_check(pool, b, sidx, poll);
+}
 /* MP_POOL_STREAM_WAITS: makes stream sidx wait, on the device, for the
  * markers of every unfinished dep of b (closing open epochs to get them),
  * so that sidx may use b at once; false, with no wait made (or only some,
@@ -789,7 +901,12 @@ mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
 void mp__segment_trim(mp_pool_t *pool, size_t keep);
 /* release_threshold: after a free, gives idle memory above the threshold
  * back to the device where its streams are known done; never waits. */
-void mp__segment_release_above(mp_pool_t *pool);
+void mp__segment_release_over(mp_pool_t *pool);
+/* Inline: without a threshold (the default) a free pays one test. */
+static inline void mp__segment_release_above(mp_pool_t *pool) {
+  if (MP__UNLIKELY(pool->cfg.release_threshold != 0))
+    mp__segment_release_over(pool);
+}
 /* Destroy: releases every segment, live or not. */
 void mp__segment_release_all(mp_pool_t *pool);
 

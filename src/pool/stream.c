@@ -243,7 +243,7 @@ static mp_status_t mp__stream_add(mp_pool_t *pool, mp_stream_t s,
   return MP_OK;
 }
 
-mp_status_t mp__stream_index(mp_pool_t *pool, mp_stream_t s, uint32_t *out) {
+mp_status_t mp__stream_lookup(mp_pool_t *pool, mp_stream_t s, uint32_t *out) {
   MP__ASSERT_LOCKED(pool);
   uint64_t owner =
       MP__UNLIKELY(pool->has_pt && s == pool->pt_handle) ? mp__self() : 0;
@@ -475,18 +475,9 @@ void mp__stream_add_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx) {
   }
 }
 
-void mp__deps_on_free(mp_pool_t *pool, mp__block_t *b) {
+void mp__deps_on_free_uses(mp_pool_t *pool, mp__block_t *b) {
   MP__ASSERT_LOCKED(pool);
-  mp__strm_t *own = &pool->streams[b->sidx];
-  own->refs--;
-  if (b->ndeps == 0 && pool->nstreams == 1) {
-    /* The common case: no recorded use, one stream, nothing to close. */
-    b->deps[0].sidx = b->sidx;
-    b->deps[0].epoch = own->epoch;
-    own->dirty = true;
-    b->ndeps = 1;
-    return;
-  }
+  pool->streams[b->sidx].refs--;
   for (uint32_t i = 0; i < b->ndeps; i++)
     pool->streams[b->deps[i].sidx].refs--;
   if (b->flags & MP__B_MANY_USES) {
@@ -646,20 +637,8 @@ static bool mp__deps_join(mp_pool_t *pool, mp__block_t *dst,
   return true;
 }
 
-bool mp__deps_try_merge(mp_pool_t *pool, mp__block_t *dst,
+bool mp__deps_try_union(mp_pool_t *pool, mp__block_t *dst,
                         const mp__block_t *src) {
-  if (!((dst->flags | src->flags) & MP__B_SYNC) && dst->ndeps <= 1 &&
-      src->ndeps <= 1 &&
-      (src->ndeps == 0 || dst->ndeps == 0 ||
-       dst->deps[0].sidx == src->deps[0].sidx)) {
-    /* At most one stream between them: the later epoch. Finished deps may
-     * stay; mp__deps_safe drops them when it looks. */
-    if (src->ndeps == 1 &&
-        (dst->ndeps == 0 || dst->deps[0].epoch < src->deps[0].epoch))
-      dst->deps[0] = src->deps[0];
-    dst->ndeps |= src->ndeps;
-    return true;
-  }
   mp__dep_t u[MP__MAX_DEPS];
   uint32_t n;
   if (!mp__deps_union(pool, dst, src, u, &n)) {
@@ -691,9 +670,7 @@ bool mp__deps_merge(mp_pool_t *pool, mp__block_t *dst, const mp__block_t *src) {
   return true;
 }
 
-bool mp__deps_safe(mp_pool_t *pool, mp__block_t *b, uint32_t sidx, bool poll) {
-  if (b->ndeps == 1 && b->deps[0].sidx == sidx && !(b->flags & MP__B_SYNC))
-    return true; /* freed on the asking stream: stream order suffices */
+bool mp__deps_check(mp_pool_t *pool, mp__block_t *b, uint32_t sidx, bool poll) {
   if (b->flags & MP__B_SYNC) {
     if (b->gen >= pool->sync_done)
       return false;
