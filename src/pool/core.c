@@ -47,7 +47,7 @@ static unsigned mp__log2(size_t v) {
  * stream's work on it has not completed yet. */
 static MP__HOT mp__block_t *mp__search_ex(mp_pool_t *pool, size_t size,
                                           uint32_t sidx, bool *pending) {
-  mp__block_t *b = mp__index_best_fit(pool, size);
+  mp__block_t *b = mp__index_best_fit_hot(pool, size);
   for (unsigned k = 0; b != NULL && k < MP__SEARCH_LIMIT; k++) {
     if (mp__fits(pool, b, size)) {
       if (mp__deps_safe(pool, b, sidx, true) ||

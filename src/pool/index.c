@@ -226,7 +226,8 @@ static mp__block_t *mp__class_above(const mp_pool_t *pool, unsigned fl,
   return mp__treap_min(pool, pool->bins[fl][sl]);
 }
 
-mp__block_t *mp__index_best_fit(const mp_pool_t *pool, size_t size) {
+MP__HOT mp__block_t *mp__index_best_fit_hot(const mp_pool_t *pool,
+                                            size_t size) {
   unsigned fl, sl;
   mp__class_of(pool, size, &fl, &sl);
   if (pool->sl_bitmap[fl] & (1u << sl)) {
@@ -235,6 +236,11 @@ mp__block_t *mp__index_best_fit(const mp_pool_t *pool, size_t size) {
       return b;
   }
   return mp__class_above(pool, fl, sl);
+}
+
+/* The out-of-line copy, for every caller off the free+alloc path. */
+mp__block_t *mp__index_best_fit(const mp_pool_t *pool, size_t size) {
+  return mp__index_best_fit_hot(pool, size);
 }
 
 mp__block_t *mp__index_next(const mp_pool_t *pool, const mp__block_t *b) {
