@@ -183,6 +183,8 @@ mp_status_t mp_pool_resume(mp_pool_t *pool) {
     pool->st.device_alloc_count += v ? v->nchunks : 0;
     pool->st.reserved_bytes = pool->paused_reserved;
     pool->st.free_bytes = pool->paused_free;
+    /* mp_pool_reset_peaks while paused set the peak to 0. */
+    mp__stats_peaks(pool);
   }
   mp__pool_unlock(pool);
   return st;

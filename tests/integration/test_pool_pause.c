@@ -213,3 +213,24 @@ Test(pool_pause, plain_segments_child_pools_and_bad_input_are_refused) {
   mp_pool_destroy(p);
   mp_device_close(dev);
 }
+
+Test(pool_pause, peaks_reset_while_paused_cover_what_resume_maps_again) {
+  mp_device_t *dev = open_dev("host:capacity=64M");
+  void *v[N];
+  mp_pool_t *p = loaded(dev, v);
+  mp_stats_t held = stats(p);
+  cr_assert_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_reset_peaks(p), MP_OK);
+  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+  mp_stats_t s = stats(p);
+  cr_expect_eq(s.reserved_bytes, held.reserved_bytes);
+  cr_expect_geq(s.peak_reserved_bytes, s.reserved_bytes,
+                "peak %zu below reserved %zu", s.peak_reserved_bytes,
+                s.reserved_bytes);
+  check(p);
+  for (unsigned i = 0; i < N; i++)
+    cr_assert_eq(mp_pool_free(p, v[i]), MP_OK);
+  mp_pool_destroy(p);
+  mp_device_close(dev);
+}
