@@ -12,7 +12,9 @@
  * resume, stats, dump and destroy is MP_EBUSY (mp__pool_paused).
  *
  * Failure halfway leaves nothing lost: a pause that cannot unmap maps back
- * what it had unmapped (and copies the content back), a resume that cannot
+ * what it had unmapped (and copies the content back; without
+ * MP_PAUSE_KEEP_CONTENT there is no copy, and what was mapped back reads
+ * as fresh memory, the content the caller gave up), a resume that cannot
  * map unmaps what it had mapped and stays paused with the host copy kept.
  * Device calls run with the lock dropped and the pool marked in flight. */
 #include <stdlib.h>
@@ -132,6 +134,9 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
   }
   if (st == MP_OK && v != NULL &&
       (st = mp__chunks(pool, v, false, v->nchunks)) != MP_OK && keep) {
+    /* The chunks unmapped before the failure are mapped again, empty: the
+     * content goes back (a copy succeeding leaves the error as it is). */
+    (void)mp__copy_live(pool, false);
     mp_device_host_free(pool->dev, pool->pause_copy);
     pool->pause_copy = NULL;
   }
