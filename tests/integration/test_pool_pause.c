@@ -5,6 +5,8 @@
  * room (another tenant) or a failing device stays paused with nothing lost
  * or leaked. */
 #include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include <mempool/mempool.h>
@@ -231,6 +233,96 @@ Test(pool_pause, peaks_reset_while_paused_cover_what_resume_maps_again) {
   check(p);
   for (unsigned i = 0; i < N; i++)
     cr_assert_eq(mp_pool_free(p, v[i]), MP_OK);
+  mp_pool_destroy(p);
+  mp_device_close(dev);
+}
+
+/* Threads allocate, record and free (never touching the memory, which a
+ * pause takes away) while another pauses and resumes the pool over and
+ * over: every call is MP_OK or MP_EBUSY and the pool ends consistent. */
+
+typedef struct {
+  mp_pool_t *p;
+  mp_device_t *dev;
+  _Atomic int *stop;
+  _Atomic long done; /* calls made */
+  int bad;
+} worker_t;
+
+static void *churn(void *arg) {
+  worker_t *w = arg;
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(w->dev, &s), MP_OK);
+  void *held[8] = {0};
+  for (unsigned i = 0; !atomic_load(w->stop); i++) {
+    atomic_fetch_add(&w->done, 1);
+    unsigned k = i % 8;
+    if (held[k] != NULL) {
+      mp_status_t st = mp_pool_free(w->p, held[k]);
+      if (st == MP_EBUSY)
+        continue;
+      if (st != MP_OK)
+        w->bad++;
+      held[k] = NULL;
+    }
+    size_t n = 4096 + (size_t)((i * 7919u) % 2048) * 1024;
+    void *x;
+    mp_status_t st = mp_pool_alloc(w->p, n, k % 2 ? s : NULL, &x);
+    if (st == MP_EBUSY)
+      continue;
+    if (st != MP_OK) {
+      w->bad++;
+      continue;
+    }
+    st = mp_pool_record_stream(w->p, x, s);
+    if (st != MP_OK && st != MP_EBUSY)
+      w->bad++;
+    held[k] = x;
+  }
+  for (unsigned k = 0; k < 8; k++)
+    while (held[k] != NULL && mp_pool_free(w->p, held[k]) == MP_EBUSY)
+      ;
+  mp_stream_synchronize(w->dev, s);
+  mp_stream_destroy(w->dev, s);
+  return NULL;
+}
+
+Test(pool_pause, allocations_racing_pauses_get_ebusy_and_map_nothing) {
+  mp_device_t *dev = open_dev("host:capacity=512M");
+  mp_pool_t *p = make_pool(dev, NULL);
+  _Atomic int stop = 0;
+  enum { T = 3 };
+  worker_t w[T];
+  pthread_t t[T];
+  for (unsigned i = 0; i < T; i++) {
+    w[i] = (worker_t){.p = p, .dev = dev, .stop = &stop};
+    cr_assert_eq(pthread_create(&t[i], NULL, churn, &w[i]), 0);
+  }
+  int paused = 0;
+  /* 1000 rounds, and until every thread has made 5000 calls. */
+  for (int round = 0;; round++) {
+    bool enough = round >= 1000;
+    for (unsigned i = 0; i < T; i++)
+      enough = enough && atomic_load(&w[i].done) >= 5000;
+    if (enough)
+      break;
+    mp_status_t st = mp_pool_pause(p, round % 2 ? MP_PAUSE_KEEP_CONTENT : 0);
+    if (st == MP_OK) {
+      paused++;
+      cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+    } else {
+      cr_assert_eq(st, MP_ENOTSUP, "round %d: %d %s", round, st,
+                   mp_last_error());
+    }
+  }
+  atomic_store(&stop, 1);
+  for (unsigned i = 0; i < T; i++) {
+    pthread_join(t[i], NULL);
+    cr_expect_eq(w[i].bad, 0, "thread %u: %d bad results", i, w[i].bad);
+  }
+  cr_expect_gt(paused, 0);
+  check(p);
+  cr_expect_eq(stats(p).live_blocks, 0);
   mp_pool_destroy(p);
   mp_device_close(dev);
 }
