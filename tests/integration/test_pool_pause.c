@@ -247,7 +247,16 @@ typedef struct {
   _Atomic int *stop;
   _Atomic long done; /* calls made */
   int bad;
+  char why[200]; /* the first bad result */
 } worker_t;
+
+/* Counts a result that is neither MP_OK nor MP_EBUSY, keeping the first. */
+static void expect_ok_or_busy(worker_t *w, mp_status_t st, const char *call) {
+  if (st == MP_OK || st == MP_EBUSY)
+    return;
+  if (w->bad++ == 0)
+    snprintf(w->why, sizeof w->why, "%s: %d %s", call, st, mp_last_error());
+}
 
 static void *churn(void *arg) {
   worker_t *w = arg;
@@ -321,6 +330,80 @@ Test(pool_pause, allocations_racing_pauses_get_ebusy_and_map_nothing) {
     cr_expect_eq(w[i].bad, 0, "thread %u: %d bad results", i, w[i].bad);
   }
   cr_expect_gt(paused, 0);
+  check(p);
+  cr_expect_eq(stats(p).live_blocks, 0);
+  mp_pool_destroy(p);
+  mp_device_close(dev);
+}
+
+/* Threads defragment movable blocks (mp_pool_defragment synchronizes the
+ * pool's streams with the lock dropped) while another pauses and resumes:
+ * a defragmentation is MP_OK or MP_EBUSY, never a copy into memory the
+ * pause unmapped. */
+static void *defrag_churn(void *arg) {
+  worker_t *w = arg;
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(w->dev, &s), MP_OK);
+  mp_handle_t *h[8] = {0};
+  for (unsigned i = 0; !atomic_load(w->stop); i++) {
+    atomic_fetch_add(&w->done, 1);
+    unsigned k = i % 8;
+    mp_status_t st;
+    if (h[k] != NULL) {
+      if ((st = mp_handle_free(h[k])) == MP_EBUSY)
+        continue;
+      expect_ok_or_busy(w, st, "mp_handle_free");
+      h[k] = NULL;
+    }
+    if (k % 4 == 3) {
+      expect_ok_or_busy(w, mp_pool_defragment(w->p, s, NULL),
+                        "mp_pool_defragment");
+      continue;
+    }
+    size_t n = 4096 + (size_t)((i * 7919u) % 1024) * 1024;
+    st = mp_pool_alloc_movable(w->p, n, s, &h[k]);
+    expect_ok_or_busy(w, st, "mp_pool_alloc_movable");
+    if (st != MP_OK)
+      h[k] = NULL;
+  }
+  for (unsigned k = 0; k < 8; k++)
+    while (h[k] != NULL && mp_handle_free(h[k]) == MP_EBUSY)
+      ;
+  mp_stream_synchronize(w->dev, s);
+  mp_stream_destroy(w->dev, s);
+  return NULL;
+}
+
+Test(pool_pause, defragmentation_racing_pauses_is_ebusy_and_copies_nothing) {
+  mp_device_t *dev = open_dev("host:capacity=512M");
+  mp_pool_t *p = make_pool(dev, NULL);
+  _Atomic int stop = 0;
+  enum { T = 2 };
+  worker_t w[T];
+  pthread_t t[T];
+  for (unsigned i = 0; i < T; i++) {
+    w[i] = (worker_t){.p = p, .dev = dev, .stop = &stop};
+    cr_assert_eq(pthread_create(&t[i], NULL, defrag_churn, &w[i]), 0);
+  }
+  for (int round = 0;; round++) {
+    bool enough = round >= 1000;
+    for (unsigned i = 0; i < T; i++)
+      enough = enough && atomic_load(&w[i].done) >= 5000;
+    if (enough)
+      break;
+    mp_status_t st = mp_pool_pause(p, round % 2 ? MP_PAUSE_KEEP_CONTENT : 0);
+    if (st == MP_OK)
+      cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+    else
+      cr_assert_eq(st, MP_ENOTSUP, "round %d: %d %s", round, st,
+                   mp_last_error());
+  }
+  atomic_store(&stop, 1);
+  for (unsigned i = 0; i < T; i++) {
+    pthread_join(t[i], NULL);
+    cr_expect_eq(w[i].bad, 0, "thread %u: %d bad results, first %s", i,
+                 w[i].bad, w[i].why);
+  }
   check(p);
   cr_expect_eq(stats(p).live_blocks, 0);
   mp_pool_destroy(p);
