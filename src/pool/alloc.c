@@ -2,9 +2,24 @@
  * child pools and graph pools' borrowing share. Refuses while paused,
  * closes the IPC leases whose importers let go (export.c) when blocks are
  * held, rounds, takes a block through the out-of-memory ladder (core.c)
- * and makes it live. The live map's room is asked for before the block is
- * taken, so that a host failure there changes nothing. */
+ * and makes it live. The ladder drops the lock, and a pause may run
+ * meanwhile: a take that ends in a paused pool is undone (MP_EBUSY). The live
+ * map's room is asked for before the block is taken, so that a host failure
+ * there changes nothing. */
 #include "pool_internal.h"
+
+mp_status_t mp__pool_take_unpaused(mp_pool_t *pool, size_t size, uint32_t sidx,
+                                   mp__block_t **out, const char *fn) {
+  mp_status_t st = mp__pool_take(pool, size, sidx, out);
+  if (MP__LIKELY(!pool->paused))
+    return st;
+  /* A pause ran while the ladder had the lock dropped (a wait for another
+   * thread's growth, a synchronization, a short sleep): the memory the
+   * block lies in is unmapped now. */
+  if (st == MP_OK)
+    mp__block_untake(pool, *out);
+  return mp__pool_paused(pool, fn);
+}
 
 mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out) {
@@ -26,7 +41,8 @@ mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
   mp__block_t *b;
   if (MP__UNLIKELY(!mp__map_has_room(pool, 1)) && !mp__map_reserve(pool, 1))
     return mp__fail(MP_ENOMEM, "out of host memory for the block map");
-  if ((st = mp__pool_take(pool, size, sidx, &b)) != MP_OK)
+  if ((st = mp__pool_take_unpaused(pool, size, sidx, &b, "allocation")) !=
+      MP_OK)
     return st;
   if (MP__UNLIKELY(!mp__map_has_room(pool, 1)) && !mp__map_reserve(pool, 1)) {
     mp__block_untake(pool, b);

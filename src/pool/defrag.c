@@ -363,14 +363,17 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
   void *stage = NULL;
   mp__pool_lock(pool);
   mp__pool_wait_idle(pool);
-  mp_status_t st =
-      mp__pool_paused(pool, freeze ? "mp_pool_freeze" : "mp_pool_defragment");
+  const char *fn = freeze ? "mp_pool_freeze" : "mp_pool_defragment";
+  mp_status_t st = mp__pool_paused(pool, fn);
   if (st == MP_OK)
     st = mp__stream_index(pool, s, &m.sidx);
   size_t stage_bytes = 0;
   bool any = st == MP_OK && mp__plan(pool, &stage_bytes);
   if (any) {
     st = mp__pool_sync_alloc(pool, stage_bytes, &stage);
+    /* The synchronization drops the lock: a pause may have run. */
+    if (st == MP_OK)
+      st = mp__pool_paused(pool, fn);
     m.stage = (uintptr_t)stage;
     m.stage_size = stage_bytes;
     for (mp__segment_t *seg = pool->segs; st == MP_OK && seg != NULL;

@@ -238,8 +238,15 @@ static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes,
                                    &parent->granges_cap, sizeof *r, "ranges");
   if (r != NULL)
     parent->granges = r;
+  uint64_t ooms = parent->st.oom_count;
   mp_status_t st =
-      r != NULL ? mp__pool_alloc_locked(parent, bytes, s, out) : MP_ENOMEM;
+      r != NULL ? mp__pool_alloc_locked(parent, bytes, s, out) : MP__EHOST;
+  /* The parent's MP_ENOMEM without an out-of-memory count is host memory
+   * running out (its message says so): MP__EHOST, so that the graph pool's
+   * ladder stops with that message instead of taking it for a full
+   * device. */
+  if (st == MP_ENOMEM && parent->st.oom_count == ooms)
+    st = MP__EHOST;
   if (st == MP_OK) {
     /* The allocation may have dropped the lock (growth) while another graph
      * pool borrowed: the room is asked again. */
@@ -250,7 +257,7 @@ static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes,
     if (r == NULL) {
       mp__map_remove_slot(parent, slot);
       mp__block_release(parent, b);
-      st = MP_ENOMEM;
+      st = MP__EHOST;
     } else {
       parent->granges = r;
       b->flags |= MP__B_CHILD;

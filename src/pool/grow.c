@@ -19,6 +19,10 @@ mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
   *fresh = NULL;
   if (pool->parent != NULL && !pool->graph)
     return MP_ELIMIT; /* a child pool never grows */
+  /* Paused while the caller had the lock dropped: no map into the range
+   * the pause gave back (resume maps exactly the chunks it unmapped). */
+  if (pool->paused)
+    return mp__pool_paused(pool, "allocation");
   /* Growth rounds up to the granule or to MP__LARGE_ROUND: a size that
    * cannot be rounded without wrapping is more than any device holds. */
   size_t unit =
@@ -47,6 +51,8 @@ void mp__segment_trim(mp_pool_t *pool, size_t keep) {
   if (pool->parent != NULL)
     return; /* a child's range goes back only when it is destroyed */
   mp__pool_wait_idle(pool);
+  if (pool->paused)
+    return; /* paused meanwhile: nothing is mapped */
   mp__block_merge_deferred(pool);
   while (pool->st.free_bytes > keep) {
     if (mp__vrange_reclaim(pool, pool->st.free_bytes - keep, NULL, NULL,

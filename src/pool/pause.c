@@ -12,7 +12,9 @@
  * resume, stats, dump and destroy is MP_EBUSY (mp__pool_paused).
  *
  * Failure halfway leaves nothing lost: a pause that cannot unmap maps back
- * what it had unmapped (and copies the content back), a resume that cannot
+ * what it had unmapped (and copies the content back; without
+ * MP_PAUSE_KEEP_CONTENT there is no copy, and what was mapped back reads
+ * as fresh memory, the content the caller gave up), a resume that cannot
  * map unmaps what it had mapped and stays paused with the host copy kept.
  * Device calls run with the lock dropped and the pool marked in flight. */
 #include <stdlib.h>
@@ -20,27 +22,52 @@
 
 #include "pool_internal.h"
 
-/* Copies every live block between the device and the host buffer (to_host:
- * device to host), in address order, then waits for the copies. They run
+/* The live blocks, in address order: what the copies move. */
+typedef struct mp__spans {
+  mp__chunk_t *v; /* (addr, size) of each */
+  size_t n;
+} mp__spans_t;
+
+/* Lists the live blocks, under the lock: the copies run with it dropped,
+ * and a thread whose allocation dropped the lock before the pause may then
+ * take free blocks and put them back (alloc.c), so the block lists are
+ * not walked meanwhile. MP_ENOMEM without host memory. */
+static mp_status_t mp__live_spans(const mp_pool_t *pool, mp__spans_t *out) {
+  size_t n = 0;
+  for (const mp__segment_t *g = pool->segs; g != NULL; g = g->next)
+    for (const mp__block_t *b = g->first; b != NULL; b = b->next)
+      n += !(b->flags & (MP__B_FREE | MP__B_HOLE));
+  out->n = 0;
+  out->v = mp__host_alloc((n ? n : 1) * sizeof *out->v);
+  if (out->v == NULL)
+    return mp__fail(MP_ENOMEM, "out of host memory listing the live blocks "
+                               "to copy");
+  for (const mp__segment_t *g = pool->segs; g != NULL; g = g->next)
+    for (const mp__block_t *b = g->first; b != NULL; b = b->next)
+      if (!(b->flags & (MP__B_FREE | MP__B_HOLE)))
+        out->v[out->n++] = (mp__chunk_t){b->addr, b->size};
+  return MP_OK;
+}
+
+/* Copies every live block of sp between the device and the host buffer
+ * (to_host: device to host), in order, then waits for the copies. They run
  * on a stream of their own: a wait on the legacy stream is a call CUDA
  * refuses while another thread captures a graph in global mode. Lock
  * dropped (the caller marked the pool in flight). */
-static mp_status_t mp__copy_live(mp_pool_t *pool, bool to_host) {
+static mp_status_t mp__copy_live(mp_pool_t *pool, const mp__spans_t *sp,
+                                 bool to_host) {
   uintptr_t off = (uintptr_t)pool->pause_copy;
   mp_stream_t s = NULL;
   mp_status_t st = mp_stream_create(pool->dev, &s);
   if (st != MP_OK)
     return st;
-  for (mp__segment_t *g = pool->segs; g != NULL && st == MP_OK; g = g->next)
-    for (mp__block_t *b = g->first; b != NULL && st == MP_OK; b = b->next) {
-      if (b->flags & (MP__B_FREE | MP__B_HOLE))
-        continue;
-      st = to_host ? mp_memcpy_async(pool->dev, (void *)off,
-                                     (const void *)b->addr, b->size, s)
-                   : mp_memcpy_async(pool->dev, (void *)b->addr,
-                                     (const void *)off, b->size, s);
-      off += b->size;
-    }
+  for (size_t i = 0; i < sp->n && st == MP_OK; i++) {
+    void *dev_at = (void *)sp->v[i].addr, *host_at = (void *)off;
+    st = to_host
+             ? mp_memcpy_async(pool->dev, host_at, dev_at, sp->v[i].size, s)
+             : mp_memcpy_async(pool->dev, dev_at, host_at, sp->v[i].size, s);
+    off += sp->v[i].size;
+  }
   mp_status_t sy = mp_stream_synchronize(pool->dev, s);
   mp_status_t de = mp_stream_destroy(pool->dev, s);
   return st != MP_OK ? st : sy != MP_OK ? sy : de;
@@ -117,6 +144,12 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
   mp__segment_t *v = pool->vseg;
   size_t live = pool->st.allocated_bytes;
   bool keep = (flags & MP_PAUSE_KEEP_CONTENT) && live > 0;
+  mp__spans_t sp = {0};
+  if (keep && (st = mp__live_spans(pool, &sp)) != MP_OK) {
+    pool->paused = false;
+    mp__pool_unlock(pool);
+    return st;
+  }
   /* The streams that used the pool must be done with its memory: an event
    * on each, not a device synchronize (another thread may be capturing). */
   mp__sync_set_t set;
@@ -125,17 +158,21 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
   st = mp__sync_set_wait(pool->dev, &set);
   if (st == MP_OK && keep) {
     st = mp_device_host_alloc(pool->dev, live, &pool->pause_copy);
-    if (st == MP_OK && (st = mp__copy_live(pool, true)) != MP_OK) {
+    if (st == MP_OK && (st = mp__copy_live(pool, &sp, true)) != MP_OK) {
       mp_device_host_free(pool->dev, pool->pause_copy);
       pool->pause_copy = NULL;
     }
   }
   if (st == MP_OK && v != NULL &&
       (st = mp__chunks(pool, v, false, v->nchunks)) != MP_OK && keep) {
+    /* The chunks unmapped before the failure are mapped again, empty: the
+     * content goes back (a copy succeeding leaves the error as it is). */
+    (void)mp__copy_live(pool, &sp, false);
     mp_device_host_free(pool->dev, pool->pause_copy);
     pool->pause_copy = NULL;
   }
   mp__pool_device_end(pool);
+  free(sp.v);
   mp__sync_set_release(pool, &set);
   if (st != MP_OK) {
     pool->paused = false;
@@ -168,21 +205,30 @@ mp_status_t mp_pool_resume(mp_pool_t *pool) {
     return mp__fail(MP_ELIMIT, "mp_pool_resume: the pool's cap is below "
                                "what it held");
   }
+  mp__spans_t sp = {0};
+  mp_status_t st = MP_OK;
+  if (pool->pause_copy != NULL && (st = mp__live_spans(pool, &sp)) != MP_OK) {
+    mp__pool_unlock(pool);
+    return st;
+  }
   mp__pool_device_begin(pool);
-  mp_status_t st = v != NULL ? mp__chunks(pool, v, true, v->nchunks) : MP_OK;
+  st = v != NULL ? mp__chunks(pool, v, true, v->nchunks) : MP_OK;
   if (st == MP_OK && pool->pause_copy != NULL &&
-      (st = mp__copy_live(pool, false)) != MP_OK)
+      (st = mp__copy_live(pool, &sp, false)) != MP_OK)
     (void)mp__chunks(pool, v, false, v->nchunks);
   if (st == MP_OK && pool->pause_copy != NULL) {
     mp_device_host_free(pool->dev, pool->pause_copy);
     pool->pause_copy = NULL;
   }
   mp__pool_device_end(pool);
+  free(sp.v);
   if (st == MP_OK) {
     pool->paused = false;
     pool->st.device_alloc_count += v ? v->nchunks : 0;
     pool->st.reserved_bytes = pool->paused_reserved;
     pool->st.free_bytes = pool->paused_free;
+    /* mp_pool_reset_peaks while paused set the peak to 0. */
+    mp__stats_peaks(pool);
   }
   mp__pool_unlock(pool);
   return st;

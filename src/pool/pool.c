@@ -511,7 +511,8 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
     recs = r;
   }
   if (st == MP_OK)
-    st = mp__pool_take(pool, total, sidx, &b);
+    st = mp__pool_take_unpaused(pool, total, sidx, &b,
+                                "mp_pool_alloc_contiguous");
   if (st == MP_OK && !mp__map_reserve(pool, count)) {
     mp__block_untake(pool, b);
     st = mp__fail(MP_ENOMEM, "out of host memory for the block map");

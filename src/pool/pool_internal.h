@@ -561,6 +561,10 @@ void mp__pool_free_host(mp_pool_t *pool);
 /* mp_pool_alloc under the lock the caller holds. */
 mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out);
+/* mp__pool_take for fn, answering MP_EBUSY (with nothing taken) when the
+ * pool was paused while the ladder had the lock dropped. */
+mp_status_t mp__pool_take_unpaused(mp_pool_t *pool, size_t size, uint32_t sidx,
+                                   mp__block_t **out, const char *fn);
 
 /* ---- defrag.c ----------------------------------------------------------- */
 /* Out-of-memory rung (core.c's ladder): moves movable blocks so that a free

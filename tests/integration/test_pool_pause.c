@@ -5,6 +5,9 @@
  * room (another tenant) or a failing device stays paused with nothing lost
  * or leaked. */
 #include <criterion/criterion.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include <mempool/mempool.h>
@@ -212,4 +215,175 @@ Test(pool_pause, plain_segments_child_pools_and_bad_input_are_refused) {
   check(p);
   mp_pool_destroy(p);
   mp_device_close(dev);
+}
+
+Test(pool_pause, peaks_reset_while_paused_cover_what_resume_maps_again) {
+  mp_device_t *dev = open_dev("host:capacity=64M");
+  void *v[N];
+  mp_pool_t *p = loaded(dev, v);
+  mp_stats_t held = stats(p);
+  cr_assert_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_reset_peaks(p), MP_OK);
+  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+  mp_stats_t s = stats(p);
+  cr_expect_eq(s.reserved_bytes, held.reserved_bytes);
+  cr_expect_geq(s.peak_reserved_bytes, s.reserved_bytes,
+                "peak %zu below reserved %zu", s.peak_reserved_bytes,
+                s.reserved_bytes);
+  check(p);
+  for (unsigned i = 0; i < N; i++)
+    cr_assert_eq(mp_pool_free(p, v[i]), MP_OK);
+  mp_pool_destroy(p);
+  mp_device_close(dev);
+}
+
+/* Racing pauses: worker threads call into the pool (never touching its
+ * memory, which a pause takes away) while the test's thread pauses and
+ * resumes it over and over. Every call must be MP_OK or MP_EBUSY, and the
+ * pool must end consistent. */
+typedef struct {
+  mp_pool_t *p;
+  mp_device_t *dev;
+  _Atomic int *stop;
+  _Atomic long done; /* calls made */
+  int bad;
+  char why[200]; /* the first bad result */
+} worker_t;
+
+/* Counts a result that is neither MP_OK nor MP_EBUSY, keeping the first;
+ * MP_EBUSY yields the processor to the pausing thread. */
+static void expect_ok_or_busy(worker_t *w, mp_status_t st, const char *call) {
+  if (st == MP_EBUSY)
+    sched_yield();
+  if (st == MP_OK || st == MP_EBUSY)
+    return;
+  if (w->bad++ == 0)
+    snprintf(w->why, sizeof w->why, "%s: %d %s", call, st, mp_last_error());
+}
+
+/* Runs nthreads (at most 4) threads of fn on a fresh pool while pausing and
+ * resuming it: 300 rounds, and until every thread has made 2000 calls. */
+static void race_pauses(void *(*fn)(void *), unsigned nthreads) {
+  mp_device_t *dev = open_dev("host:capacity=512M");
+  mp_pool_t *p = make_pool(dev, NULL);
+  _Atomic int stop = 0;
+  worker_t w[4];
+  pthread_t t[4];
+  cr_assert_leq(nthreads, 4);
+  for (unsigned i = 0; i < nthreads; i++) {
+    w[i] = (worker_t){.p = p, .dev = dev, .stop = &stop};
+    cr_assert_eq(pthread_create(&t[i], NULL, fn, &w[i]), 0);
+  }
+  int paused = 0;
+  for (int round = 0;; round++) {
+    bool enough = round >= 300;
+    for (unsigned i = 0; i < nthreads; i++)
+      enough = enough && atomic_load(&w[i].done) >= 2000;
+    if (enough)
+      break;
+    mp_status_t st = mp_pool_pause(p, round % 2 ? MP_PAUSE_KEEP_CONTENT : 0);
+    if (st == MP_OK) {
+      paused++;
+      cr_assert_eq(mp_pool_resume(p), MP_OK, "round %d: %s", round,
+                   mp_last_error());
+    } else {
+      cr_assert_eq(st, MP_ENOTSUP, "round %d: %d %s", round, st,
+                   mp_last_error());
+    }
+  }
+  atomic_store(&stop, 1);
+  for (unsigned i = 0; i < nthreads; i++) {
+    pthread_join(t[i], NULL);
+    cr_expect_eq(w[i].bad, 0, "thread %u: %d bad results, first %s", i,
+                 w[i].bad, w[i].why);
+  }
+  cr_expect_gt(paused, 0);
+  check(p);
+  cr_expect_eq(stats(p).live_blocks, 0);
+  mp_pool_destroy(p);
+  mp_device_close(dev);
+}
+
+/* Allocates on two streams, records and frees. */
+static void *churn(void *arg) {
+  worker_t *w = arg;
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(w->dev, &s), MP_OK);
+  void *held[8] = {0};
+  for (unsigned i = 0; !atomic_load(w->stop); i++) {
+    atomic_fetch_add(&w->done, 1);
+    unsigned k = i % 8;
+    mp_status_t st;
+    if (held[k] != NULL) {
+      expect_ok_or_busy(w, st = mp_pool_free(w->p, held[k]), "mp_pool_free");
+      if (st == MP_EBUSY)
+        continue;
+      held[k] = NULL;
+    }
+    size_t n = 4096 + (size_t)((i * 7919u) % 2048) * 1024;
+    void *x;
+    st = mp_pool_alloc(w->p, n, k % 2 ? s : NULL, &x);
+    expect_ok_or_busy(w, st, "mp_pool_alloc");
+    if (st != MP_OK)
+      continue;
+    expect_ok_or_busy(w, mp_pool_record_stream(w->p, x, s),
+                      "mp_pool_record_stream");
+    held[k] = x;
+  }
+  for (unsigned k = 0; k < 8; k++)
+    while (held[k] != NULL && mp_pool_free(w->p, held[k]) == MP_EBUSY)
+      ;
+  mp_stream_synchronize(w->dev, s);
+  mp_stream_destroy(w->dev, s);
+  return NULL;
+}
+
+/* The allocation's out-of-memory ladder drops the lock (waiting for another
+ * thread's growth, for pending blocks, for a synchronization): a pause
+ * running then must not leave it a block in unmapped memory, nor let it map
+ * a chunk into the paused range. */
+Test(pool_pause, allocations_racing_pauses_get_ebusy_and_map_nothing) {
+  race_pauses(churn, 3);
+}
+
+/* Allocates movable blocks, frees them and defragments. */
+static void *defrag_churn(void *arg) {
+  worker_t *w = arg;
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(w->dev, &s), MP_OK);
+  mp_handle_t *h[8] = {0};
+  for (unsigned i = 0; !atomic_load(w->stop); i++) {
+    atomic_fetch_add(&w->done, 1);
+    unsigned k = i % 8;
+    mp_status_t st;
+    if (h[k] != NULL) {
+      expect_ok_or_busy(w, st = mp_handle_free(h[k]), "mp_handle_free");
+      if (st == MP_EBUSY)
+        continue;
+      h[k] = NULL;
+    }
+    if (k % 4 == 3) {
+      expect_ok_or_busy(w, mp_pool_defragment(w->p, s, NULL),
+                        "mp_pool_defragment");
+      continue;
+    }
+    size_t n = 4096 + (size_t)((i * 7919u) % 1024) * 1024;
+    st = mp_pool_alloc_movable(w->p, n, s, &h[k]);
+    expect_ok_or_busy(w, st, "mp_pool_alloc_movable");
+    if (st != MP_OK)
+      h[k] = NULL;
+  }
+  for (unsigned k = 0; k < 8; k++)
+    while (h[k] != NULL && mp_handle_free(h[k]) == MP_EBUSY)
+      ;
+  mp_stream_synchronize(w->dev, s);
+  mp_stream_destroy(w->dev, s);
+  return NULL;
+}
+
+/* mp_pool_defragment synchronizes the pool's streams with the lock dropped:
+ * a pause running then must not leave it copying into unmapped memory. */
+Test(pool_pause, defragmentation_racing_pauses_is_ebusy_and_copies_nothing) {
+  race_pauses(defrag_churn, 2);
 }

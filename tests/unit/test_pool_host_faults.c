@@ -7,8 +7,9 @@
  * Covered: pool create (with a history ring), the first allocation
  * (stream table, segment and block records, live map), virtual-range
  * growth (chunk and hole tables), record slabs and live-map growth under
- * many live blocks, stream-table growth, and frees (which need no host
- * memory: they always succeed). */
+ * many live blocks, stream-table growth, graph pools (create, begin,
+ * growth borrowed from the parent), and frees (which need no host memory:
+ * they always succeed). */
 #include <criterion/criterion.h>
 #include <stdint.h>
 #include <string.h>
@@ -366,4 +367,58 @@ Test(pool_host_faults, a_free_whose_join_stream_cannot_be_added_succeeds,
   for (int i = 0; i < NO; i++)
     mp_stream_destroy(dev, os[i]);
   mp_device_close(dev);
+}
+
+/* A graph pool grows by borrowing a range of its parent: a host failure in
+ * the parent (its stream table, records, live map) or in the graph's range
+ * table is host memory running out, reported as such, not a full device
+ * (the graph pool's ladder used to take it for one and replace the message
+ * with "out of device memory"). Begin and create fail cleanly too. */
+Test(pool_host_faults, graph_pool_growth_under_faults_says_host_memory) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 2 * MiB);
+  mp_pool_t *p = make_pool(dev, NULL);
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  mp_pool_t *g = NULL;
+  for (long k = 0;; k++) {
+    mp__fault_host_after(k);
+    mp_status_t st = mp_pool_graph_create(p, &g);
+    mp__fault_host_after(-1);
+    if (st == MP_OK)
+      break;
+    cr_assert_eq(st, MP_ENOMEM, "k=%ld: %s", k, mp_last_error());
+    check(p);
+  }
+  for (long k = 0;; k++) {
+    mp__fault_host_after(k);
+    mp_status_t st = mp_pool_graph_begin(p, g, s);
+    mp__fault_host_after(-1);
+    if (st == MP_OK)
+      break;
+    cr_assert_eq(st, MP_ENOMEM, "k=%ld: %s", k, mp_last_error());
+    cr_assert_null(mp_pool_graph_of(p, s), "a failed begin routes nothing");
+    check(p);
+  }
+  enum { N = 8 };
+  void *ptrs[N];
+  mp_stream_t streams[N];
+  for (size_t i = 0; i < N; i++)
+    streams[i] = s;
+  allocs_t a = {ptrs, 0, 3 * MiB, streams};
+  int failed = 0;
+  while (a.n < N) {
+    failed += until_ok(p, alloc_next, &a);
+    check(g);
+  }
+  cr_expect_geq(failed, 3, "graph ranges, parent records and map");
+  cr_expect_eq(stats(g).live_blocks, N);
+  free_all(p, &a);
+  check(g);
+  cr_assert_eq(mp_pool_graph_end(p, s), MP_OK);
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK);
+  check(p);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+  mp_stream_destroy(dev, s);
+  cr_expect_eq(fake_of(dev)->used, 0);
+  fake_close(dev);
 }
