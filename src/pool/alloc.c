@@ -8,8 +8,9 @@
  * there changes nothing. */
 #include "pool_internal.h"
 
-mp_status_t mp__pool_take_unpaused(mp_pool_t *pool, size_t size, uint32_t sidx,
-                                   mp__block_t **out, const char *fn) {
+MP__HOT mp_status_t mp__pool_take_unpaused(mp_pool_t *pool, size_t size,
+                                           uint32_t sidx, mp__block_t **out,
+                                           const char *fn) {
   mp_status_t st = mp__pool_take(pool, size, sidx, out);
   if (MP__LIKELY(!pool->paused))
     return st;
@@ -38,7 +39,7 @@ mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
   /* Room in the live map first, so that a host failure there leaves the
    * device memory as it was; taking may drop the lock (growth), and
    * another thread may fill the room meanwhile: looked at again after. */
-  mp__block_t *b;
+  mp__block_t *b = NULL; /* set by a take that succeeds */
   if (MP__UNLIKELY(!mp__map_has_room(pool, 1)) && !mp__map_reserve(pool, 1))
     return mp__fail(MP_ENOMEM, "out of host memory for the block map");
   if ((st = mp__pool_take_unpaused(pool, size, sidx, &b, "allocation")) !=
