@@ -9,6 +9,7 @@
  * free(). The countdown is one process-wide atomic: Criterion runs each
  * test in a process of its own. */
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "internal.h"
@@ -49,4 +50,16 @@ void *mp__host_calloc(size_t count, size_t size) {
 
 void *mp__host_realloc(void *p, size_t n) {
   return mp__fault_now() ? NULL : realloc(p, n);
+}
+
+void *mp__host_room(void *v, size_t *cap, size_t n, size_t elem) {
+  if (n < *cap)
+    return v;
+  size_t c = *cap ? *cap * 2 : 16;
+  if (c > SIZE_MAX / elem)
+    return NULL;
+  void *g = mp__host_realloc(v, c * elem);
+  if (g != NULL)
+    *cap = c;
+  return g;
 }

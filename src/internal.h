@@ -74,6 +74,11 @@ int mp__thread_start(pthread_t *t, void *(*fn)(void *), void *arg);
 void *mp__host_alloc(size_t n);
 void *mp__host_calloc(size_t count, size_t size);
 void *mp__host_realloc(void *p, size_t n);
+/* Room for one more element in a growable array v of *cap elements of elem
+ * bytes, n of them used: v itself when n < *cap, else v grown to twice
+ * *cap (16 at first) and *cap raised; NULL, v and *cap as they were, when
+ * host memory runs out. */
+void *mp__host_room(void *v, size_t *cap, size_t n, size_t elem);
 /* Makes the allocation after the next n succeed fail once (n = 0: the next
  * one); n < 0 disarms. For tests of the failure branches. */
 void mp__fault_host_after(long n);

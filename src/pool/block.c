@@ -27,14 +27,11 @@
 #define MP__SLAB_RECORDS 256
 
 bool mp__rec_refill(mp_pool_t *pool) {
-  if (pool->nslabs == pool->slabs_cap) {
-    size_t cap = pool->slabs_cap ? pool->slabs_cap * 2 : 16;
-    void **s = mp__host_realloc(pool->slabs, cap * sizeof *s);
-    if (s == NULL)
-      return false;
-    pool->slabs = s;
-    pool->slabs_cap = cap;
-  }
+  void **s =
+      mp__host_room(pool->slabs, &pool->slabs_cap, pool->nslabs, sizeof *s);
+  if (s == NULL)
+    return false;
+  pool->slabs = s;
   /* Cache-line aligned, so each record's hot fields share one line: 63
    * bytes more than the records, aligned by hand (mp__host_alloc, through
    * which a test can make it fail, has no aligned form); slabs[] keeps

@@ -46,16 +46,13 @@ mp_status_t mp__event_get(mp_pool_t *pool, mp_event_t *out) {
 }
 
 void mp__event_put(mp_pool_t *pool, mp_event_t e) {
-  if (pool->nevents == pool->events_cap) {
-    size_t cap = pool->events_cap ? pool->events_cap * 2 : 16;
-    mp_event_t *ev = mp__host_realloc(pool->events, cap * sizeof *ev);
-    if (ev == NULL) {
-      mp_event_destroy(pool->dev, e);
-      return;
-    }
-    pool->events = ev;
-    pool->events_cap = cap;
+  mp_event_t *ev =
+      mp__host_room(pool->events, &pool->events_cap, pool->nevents, sizeof *ev);
+  if (ev == NULL) {
+    mp_event_destroy(pool->dev, e);
+    return;
   }
+  pool->events = ev;
   pool->events[pool->nevents++] = e;
 }
 

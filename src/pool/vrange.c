@@ -74,22 +74,16 @@ mp_status_t mp__vrange_ready(mp_pool_t *pool) {
 /* Room for one more chunk and one more hole, so that the bookkeeping of a
  * map or an unmap cannot fail halfway. */
 static bool mp__vrange_room(mp__segment_t *v) {
-  if (v->nchunks == v->chunk_cap) {
-    size_t cap = v->chunk_cap ? v->chunk_cap * 2 : 16;
-    mp__chunk_t *c = mp__host_realloc(v->chunks, cap * sizeof *c);
-    if (c == NULL)
-      return false;
-    v->chunks = c;
-    v->chunk_cap = cap;
-  }
-  if (v->nholes == v->holes_cap) {
-    size_t cap = v->holes_cap ? v->holes_cap * 2 : 16;
-    mp__block_t **h = mp__host_realloc(v->holes, cap * sizeof *h);
-    if (h == NULL)
-      return false;
-    v->holes = h;
-    v->holes_cap = cap;
-  }
+  mp__chunk_t *c =
+      mp__host_room(v->chunks, &v->chunk_cap, v->nchunks, sizeof *c);
+  if (c == NULL)
+    return false;
+  v->chunks = c;
+  mp__block_t **h =
+      mp__host_room(v->holes, &v->holes_cap, v->nholes, sizeof *h);
+  if (h == NULL)
+    return false;
+  v->holes = h;
   return true;
 }
 
