@@ -23,8 +23,15 @@
 #define MP__LIKELY(x)    __builtin_expect(!!(x), 1)
 #define MP__UNLIKELY(x)  __builtin_expect(!!(x), 0)
 #define MP__PRINTF(f, a) __attribute__((format(printf, f, a)))
-#define MP__HOT          __attribute__((always_inline)) inline
-#define MP__COLD         __attribute__((noinline, cold))
+#if defined(__clang__)
+/* clang inlines always_inline without the keyword, and with it warns of
+ * static helpers called from an inline function with external linkage
+ * (-Wstatic-in-inline); GCC wants the keyword (-Wattributes). */
+#define MP__HOT __attribute__((always_inline))
+#else
+#define MP__HOT __attribute__((always_inline)) inline
+#endif
+#define MP__COLD __attribute__((noinline, cold))
 #else
 #define MP__LIKELY(x)   (x)
 #define MP__UNLIKELY(x) (x)
