@@ -71,8 +71,12 @@ _Noreturn void mp__assert_fail(const char *cond, const char *file, int line,
 /* ---- thread.c ---------------------------------------------------------- */
 
 /* pthread_create(t, NULL, fn, arg) for a thread of mempool's own: it starts
- * with every asynchronous signal blocked (a fault's own signals open). */
+ * with every asynchronous signal blocked (a fault's own signals open), and
+ * this returns once the thread runs fn (its start is over). */
 int mp__thread_start(pthread_t *t, void *(*fn)(void *), void *arg);
+/* How many threads mp__thread_start ever started have passed their start
+ * (and are about to run, or ran, their function). */
+unsigned long mp__threads_started(void);
 
 /* ---- fault.c ----------------------------------------------------------- */
 

@@ -89,6 +89,7 @@ enum {
 typedef struct host_marker {
   unsigned refs; /* the record op + the event; guarded by ev_lock */
   bool done;     /* the stream reached the record */
+  struct host_marker *next_dead; /* on host_dev.dead_markers */
 } host_marker_t;
 
 typedef enum host_op_kind {
@@ -120,6 +121,7 @@ typedef struct host_stream {
   pthread_cond_t work_cv; /* work queued, or stopping */
   pthread_cond_t idle_cv; /* completed moved */
   host_op_t *head, *tail;
+  host_op_t *done; /* run, freed by the next push or drain (not the worker) */
   uint64_t submitted, completed; /* ops ever queued / ever finished */
   bool stopping;                 /* no more work accepted; exit when drained */
   bool busy; /* submitted > completed: on the device's busy list */
@@ -163,8 +165,9 @@ struct host_dev {
   mp__ptrmap_t events;  /* live host_event_t * */
   host_stream_t *null_stream;
 
-  pthread_mutex_t ev_lock; /* markers and host_event_t.last */
-  pthread_cond_t ev_cv;    /* some marker completed */
+  pthread_mutex_t ev_lock;     /* markers and host_event_t.last */
+  pthread_cond_t ev_cv;        /* some marker completed */
+  host_marker_t *dead_markers; /* unreferenced on a worker; ev_lock */
 
   /* Streams with queued work, so that a device synchronize costs what is
    * busy, not every stream ever made. */
@@ -187,9 +190,50 @@ static void host_sleep_us(uint64_t us) {
 
 /* ---- markers (ev_lock held) -------------------------------------------- */
 
-static void host_marker_unref(host_marker_t *m) {
-  if (m != NULL && --m->refs == 0)
+/* Whether this thread is a stream worker. A worker never calls malloc or
+ * free (what it is done with is freed by the next API call that comes by):
+ * a process that forks while a worker is inside the allocator leaves the
+ * allocator's lock held in the child, and not every allocator takes care
+ * of that. glibc's malloc does (its fork handlers); the AddressSanitizer
+ * runtime of GCC 12 does not (LLVM added one in pull request 75290,
+ * LLVM 18), and a forked child hung at its first allocation. Host
+ * functions are the application's code and may still allocate. */
+static _Thread_local bool host_on_worker;
+
+static void host_marker_unref(host_dev_t *h, host_marker_t *m) {
+  if (m == NULL || --m->refs != 0)
+    return;
+  if (host_on_worker) {
+    m->next_dead = h->dead_markers;
+    h->dead_markers = m;
+  } else {
     free(m);
+  }
+}
+
+/* The markers workers let go of, taken off the device for the caller to
+ * free once ev_lock is dropped. */
+static host_marker_t *host_markers_take_dead(host_dev_t *h) {
+  host_marker_t *dead = h->dead_markers;
+  h->dead_markers = NULL;
+  return dead;
+}
+
+/* Without ev_lock. */
+static void host_markers_free(host_marker_t *m) {
+  while (m != NULL) {
+    host_marker_t *next = m->next_dead;
+    free(m);
+    m = next;
+  }
+}
+
+static void host_ops_free(host_op_t *op) {
+  while (op != NULL) {
+    host_op_t *next = op->next;
+    free(op);
+    op = next;
+  }
 }
 
 /* ---- streams ----------------------------------------------------------- */
@@ -223,14 +267,14 @@ static void host_op_run(host_dev_t *h, host_op_t *op) {
     pthread_mutex_lock(&h->ev_lock);
     op->marker->done = true;
     pthread_cond_broadcast(&h->ev_cv);
-    host_marker_unref(op->marker);
+    host_marker_unref(h, op->marker);
     pthread_mutex_unlock(&h->ev_lock);
     break;
   case HOST_OP_WAIT:
     pthread_mutex_lock(&h->ev_lock);
     while (!op->marker->done)
       pthread_cond_wait(&h->ev_cv, &h->ev_lock);
-    host_marker_unref(op->marker);
+    host_marker_unref(h, op->marker);
     pthread_mutex_unlock(&h->ev_lock);
     break;
   }
@@ -262,6 +306,7 @@ static void host_stream_set_busy(host_stream_t *s, bool busy) {
 
 static void *host_stream_main(void *arg) {
   host_stream_t *s = arg;
+  host_on_worker = true;
   pthread_mutex_lock(&s->mu);
   for (;;) {
     while (s->head == NULL && !s->stopping)
@@ -274,8 +319,9 @@ static void *host_stream_main(void *arg) {
       s->tail = NULL;
     pthread_mutex_unlock(&s->mu);
     host_op_run(s->dev, op);
-    free(op);
     pthread_mutex_lock(&s->mu);
+    op->next = s->done; /* see host_on_worker */
+    s->done = op;
     s->completed++;
     if (s->completed == s->submitted)
       host_stream_set_busy(s, false);
@@ -309,6 +355,7 @@ static mp_status_t host_stream_start(host_dev_t *h, host_stream_t **out) {
 
 static void host_stream_put(host_stream_t *s) {
   if (atomic_fetch_sub(&s->refs, 1) == 1) {
+    host_ops_free(s->done);
     pthread_cond_destroy(&s->idle_cv);
     pthread_cond_destroy(&s->work_cv);
     pthread_mutex_destroy(&s->mu);
@@ -331,7 +378,10 @@ static void host_stream_drain(host_stream_t *s) {
   uint64_t target = s->submitted;
   while (s->completed < target)
     pthread_cond_wait(&s->idle_cv, &s->mu);
+  host_op_t *done = s->done;
+  s->done = NULL;
   pthread_mutex_unlock(&s->mu);
+  host_ops_free(done);
 }
 
 /* Takes ownership of op: queues it, or frees it when the stream is being
@@ -353,7 +403,10 @@ static mp_status_t host_stream_push(host_stream_t *s, host_op_t *op) {
   s->submitted++;
   host_stream_set_busy(s, true);
   pthread_cond_signal(&s->work_cv);
+  host_op_t *done = s->done;
+  s->done = NULL;
   pthread_mutex_unlock(&s->mu);
+  host_ops_free(done);
   return MP_OK;
 }
 
@@ -602,8 +655,10 @@ static mp_status_t host_event_destroy(mp_device_t *dev, mp_event_t handle) {
   /* A record still queued keeps its marker alive through its own ref. */
   host_event_t *e = (host_event_t *)handle;
   pthread_mutex_lock(&h->ev_lock);
-  host_marker_unref(e->last);
+  host_marker_unref(h, e->last);
+  host_marker_t *dead = host_markers_take_dead(h);
   pthread_mutex_unlock(&h->ev_lock);
+  host_markers_free(dead);
   free(e);
   return MP_OK;
 }
@@ -633,9 +688,11 @@ static mp_status_t host_event_record(mp_device_t *dev, mp_event_t handle,
     free(m);
   } else {
     pthread_mutex_lock(&h->ev_lock);
-    host_marker_unref(e->last);
+    host_marker_unref(h, e->last);
     e->last = m;
+    host_marker_t *dead = host_markers_take_dead(h);
     pthread_mutex_unlock(&h->ev_lock);
+    host_markers_free(dead);
   }
   pthread_rwlock_unlock(&h->reg);
   return st;
@@ -677,7 +734,7 @@ static mp_status_t host_event_synchronize(mp_device_t *dev, mp_event_t handle) {
   pthread_rwlock_unlock(&h->reg);
   while (m != NULL && !m->done)
     pthread_cond_wait(&h->ev_cv, &h->ev_lock);
-  host_marker_unref(m);
+  host_marker_unref(h, m);
   pthread_mutex_unlock(&h->ev_lock);
   return MP_OK;
 }
@@ -710,7 +767,7 @@ static mp_status_t host_stream_wait_event(mp_device_t *dev, mp_stream_t stream,
       st = host_stream_push(s, op);
       if (st != MP_OK) {
         pthread_mutex_lock(&h->ev_lock);
-        host_marker_unref(m);
+        host_marker_unref(h, m);
         pthread_mutex_unlock(&h->ev_lock);
       }
     }
@@ -1476,7 +1533,7 @@ static void host_close(mp_device_t *dev) {
     host_entry_t *e = mp__ptrmap_at(&h->events, i);
     if (e != NULL) {
       host_event_t *ev = (host_event_t *)e->key;
-      host_marker_unref(ev->last);
+      host_marker_unref(h, ev->last);
       free(ev);
     }
   }
@@ -1494,6 +1551,7 @@ static void host_close(mp_device_t *dev) {
     munmap((void *)h->resv[i].base, h->resv[i].bytes);
     free(h->resv[i].bits);
   }
+  host_markers_free(h->dead_markers); /* every worker has stopped */
   host_free_state(h);
   dev->impl = NULL;
 }

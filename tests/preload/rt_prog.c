@@ -177,18 +177,15 @@ int main(int argc, char **argv) {
     frees++;
   }
   if (strcmp(mode, "fork") == 0) {
-    /* The device idle first, as a program that forks would make it: the
-     * emulated device's stream threads call malloc and free as they run
-     * the queued work, and a fork while one is inside the allocator leaves
-     * its lock held in the child. glibc's malloc takes care of that; the
-     * AddressSanitizer runtime of GCC 12 does not (it gained a fork handler
-     * in LLVM 18, llvm-project pull request 75290), so the child hung at
-     * its first allocation about once in 40 runs. cudaFreeHost
-     * synchronizes the device (an implicit synchronization, as the
-     * driver's does); pinned memory is not in the trace. */
-    char *sync = NULL;
-    check(cudaMallocHost((void **)&sync, 64), "cudaMallocHost");
-    check(cudaFreeHost(sync), "cudaFreeHost");
+    /* Pinned memory first, so that the child starts with its parent's
+     * host pool, which the shim's fork reset must leave reachable (a leak
+     * checker in the child reported it). The free's stream-ordered
+     * bookkeeping queues work on the device, so the fork also lands while
+     * a stream worker may be running it: the child must not inherit an
+     * allocator lock from it (src/device/host.c, host_on_worker). */
+    char *pinned = NULL;
+    check(cudaMallocHost((void **)&pinned, 64), "cudaMallocHost");
+    check(cudaFreeHost(pinned), "cudaFreeHost");
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) {
