@@ -324,8 +324,9 @@ struct mp_pool {
   /* free index */
   uint64_t fl_bitmap;
   uint32_t sl_bitmap[MP__FL_COUNT];
-  uint32_t bins[MP__FL_COUNT][MP__SL_COUNT]; /* treap roots (node index) */
-  mp__inode_t *inodes;                       /* node 0 is the null node */
+  uint32_t bins[MP__FL_COUNT * MP__SL_COUNT]; /* treap roots (node index),
+                                                by class fl * SL_COUNT + sl */
+  mp__inode_t *inodes;                        /* node 0 is the null node */
   uint32_t inodes_cap, inode_free, inodes_used;
 
   /* live map: open addressing, linear probing, backward-shift delete; keys
