@@ -90,7 +90,7 @@ static MP__COLD bool mp__node_refill(mp_pool_t *pool) {
   return true;
 }
 
-void mp__index_insert(mp_pool_t *pool, mp__block_t *b) {
+MP__HOT void mp__index_insert_hot(mp_pool_t *pool, mp__block_t *b) {
   if (MP__UNLIKELY(pool->inode_free == 0) && !mp__node_refill(pool))
     return; /* no host memory: b stays out of the index (check says so) */
   mp__inode_t *nodes = pool->inodes;
@@ -135,7 +135,7 @@ void mp__index_insert(mp_pool_t *pool, mp__block_t *b) {
   pool->fl_bitmap |= 1ull << (c / MP__SL_COUNT);
 }
 
-void mp__index_remove(mp_pool_t *pool, mp__block_t *b) {
+MP__HOT void mp__index_remove_hot(mp_pool_t *pool, mp__block_t *b) {
   uint32_t ni = b->inode;
   mp__inode_t *nodes = pool->inodes;
   if (ni == 0 || ni >= pool->inodes_cap || nodes[ni].blk != b)
@@ -175,6 +175,15 @@ void mp__index_remove(mp_pool_t *pool, mp__block_t *b) {
     if ((pool->sl_bitmap[fl] &= ~(1u << (c % MP__SL_COUNT))) == 0)
       pool->fl_bitmap &= ~(1ull << fl);
   }
+}
+
+/* The out-of-line copies, for every caller off the free+alloc path. */
+void mp__index_insert(mp_pool_t *pool, mp__block_t *b) {
+  mp__index_insert_hot(pool, b);
+}
+
+void mp__index_remove(mp_pool_t *pool, mp__block_t *b) {
+  mp__index_remove_hot(pool, b);
 }
 
 static mp__block_t *mp__treap_min(const mp_pool_t *pool, uint32_t t) {
