@@ -113,6 +113,14 @@ MP__HOT void mp__index_insert_hot(mp_pool_t *pool, mp__block_t *b) {
    * subtree by the key into its two children. */
   uint32_t *link = &pool->bins[c];
   uint32_t t;
+  if (*link == 0) {
+    /* The class was empty (common: most hold a block or two). */
+    *link = ni;
+    nn->left = nn->right = 0;
+    pool->sl_bitmap[c / MP__SL_COUNT] |= 1u << (c % MP__SL_COUNT);
+    pool->fl_bitmap |= 1ull << (c / MP__SL_COUNT);
+    return;
+  }
   while ((t = *link) != 0 && nodes[t].prio >= prio)
     link = mp__key_cmp(&nodes[t], size, addr) > 0 ? &nodes[t].left
                                                   : &nodes[t].right;
@@ -131,8 +139,6 @@ MP__HOT void mp__index_insert_hot(mp_pool_t *pool, mp__block_t *b) {
     }
   }
   *l = *r = 0;
-  pool->sl_bitmap[c / MP__SL_COUNT] |= 1u << (c % MP__SL_COUNT);
-  pool->fl_bitmap |= 1ull << (c / MP__SL_COUNT);
 }
 
 MP__HOT void mp__index_remove_hot(mp_pool_t *pool, mp__block_t *b) {

@@ -172,8 +172,8 @@ typedef struct mp__block {
  * descent touches 48-byte nodes packed in one array (they stay in cache)
  * instead of scattered block records. Links are node indices. */
 typedef struct mp__inode {
-  size_t size;
-  uintptr_t addr;
+  uintptr_t addr; /* addr and size in the block record's order: copied */
+  size_t size;    /* as one 16-byte move */
   mp__block_t *blk;
   uint32_t left, right; /* 0: none; left doubles as the free-node link */
   uint32_t prio;        /* treap priority, from the address */
