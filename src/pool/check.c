@@ -169,9 +169,9 @@ mp_status_t mp__pool_check_locked(mp_pool_t *pool) {
       MP__CORRUPT("first-level bit %u disagrees with its second level", fl);
     for (unsigned sl = 0; sl < MP__SL_COUNT; sl++) {
       bool bit = (pool->sl_bitmap[fl] >> sl) & 1;
-      if (bit != (pool->bins[fl][sl] != 0))
+      if (bit != (pool->bins[fl * MP__SL_COUNT + sl] != 0))
         MP__CORRUPT("class (%u,%u): bitmap bit %d but list %s", fl, sl, bit,
-                    pool->bins[fl][sl] ? "non-empty" : "empty");
+                    pool->bins[fl * MP__SL_COUNT + sl] ? "non-empty" : "empty");
       size_t n, by;
       if (!mp__index_check_class(pool, fl, sl, &n, &by))
         MP__CORRUPT("class (%u,%u): treap out of order or holds a block of "

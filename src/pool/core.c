@@ -96,7 +96,7 @@ static mp__block_t *mp__search_patiently(mp_pool_t *pool, size_t size,
 static MP__HOT mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
                                            size_t size) {
   MP__ASSERT((b->flags & MP__B_FREE) && b->size >= size);
-  mp__index_remove(pool, b);
+  mp__index_remove_hot(pool, b);
   pool->st.free_blocks--;
   size_t keep = size / 16 < MP__MiB ? size / 16 : MP__MiB;
   if (b->size > size && b->size - size >= keep &&
@@ -268,7 +268,7 @@ MP__HOT void mp__block_make_live(mp_pool_t *pool, mp__block_t *b,
   MP__HIST(pool, MP__H_ALLOC, b->addr, b->size, MP__HIST_STREAM(pool, sidx));
 }
 
-MP__HOT void mp__block_release(mp_pool_t *pool, mp__block_t *b) {
+MP__HOT mp__block_t *mp__block_release_merged(mp_pool_t *pool, mp__block_t *b) {
   MP__ASSERT_LOCKED(pool);
   MP__ASSERT(!(b->flags & (MP__B_FREE | MP__B_HOLE)) && b->inode == 0);
   MP__ASSERT(pool->st.live_blocks > 0 && pool->st.allocated_bytes >= b->size);
@@ -285,8 +285,11 @@ MP__HOT void mp__block_release(mp_pool_t *pool, mp__block_t *b) {
   mp__deps_on_free(pool, b);
   b->flags &= MP__B_SYNC;
   pool->st.free_blocks++;
-  b = mp__block_coalesce(pool, b);
-  mp__index_insert(pool, b);
+  return mp__block_coalesce(pool, b);
+}
+
+MP__HOT void mp__block_release(mp_pool_t *pool, mp__block_t *b) {
+  mp__index_insert(pool, mp__block_release_merged(pool, b));
 }
 
 mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,

@@ -71,10 +71,10 @@ static void mp__dump_text(mp_pool_t *pool, FILE *out, double frag,
   fprintf(out, "  free lists by class:\n");
   for (unsigned fl = 0; fl < MP__FL_COUNT; fl++)
     for (unsigned sl = 0; sl < MP__SL_COUNT; sl++) {
-      if (pool->bins[fl][sl] == 0)
+      if (pool->bins[fl * MP__SL_COUNT + sl] == 0)
         continue;
       size_t n = 0, by = 0, lo, hi;
-      mp__class_totals(pool, pool->bins[fl][sl], &n, &by);
+      mp__class_totals(pool, pool->bins[fl * MP__SL_COUNT + sl], &n, &by);
       mp__class_range(pool, fl, sl, &lo, &hi);
       fprintf(out, "    class %u.%u [%zu, %zu]: %zu blocks, %zu bytes\n", fl,
               sl, lo, hi, n, by);
@@ -121,10 +121,10 @@ static void mp__dump_json(mp_pool_t *pool, FILE *out, double frag,
   bool first = true;
   for (unsigned fl = 0; fl < MP__FL_COUNT; fl++)
     for (unsigned sl = 0; sl < MP__SL_COUNT; sl++) {
-      if (pool->bins[fl][sl] == 0)
+      if (pool->bins[fl * MP__SL_COUNT + sl] == 0)
         continue;
       size_t n = 0, by = 0, lo, hi;
-      mp__class_totals(pool, pool->bins[fl][sl], &n, &by);
+      mp__class_totals(pool, pool->bins[fl * MP__SL_COUNT + sl], &n, &by);
       mp__class_range(pool, fl, sl, &lo, &hi);
       fprintf(out,
               "%s{\"fl\":%u,\"sl\":%u,\"min_size\":%zu,\"max_size\":%zu,"

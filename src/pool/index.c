@@ -21,17 +21,20 @@ static unsigned mp__fls64(uint64_t x) {
   return 63u - (unsigned)__builtin_clzll(x);
 }
 
+/* The class of a size, fl * MP__SL_COUNT + sl, with one count of leading
+ * zeros and no branch: below 2 * MP__SL_COUNT units a class per unit
+ * (fl 0 and 1), above it the top MP__SL_LOG2 + 1 bits of the size. */
+static inline unsigned mp__cls(const mp_pool_t *pool, size_t size) {
+  uint64_t u = (uint64_t)(size >> pool->align_log2);
+  unsigned s = mp__fls64(u | MP__SL_COUNT) - MP__SL_LOG2;
+  return (s << MP__SL_LOG2) + (unsigned)(u >> s);
+}
+
 void mp__class_of(const mp_pool_t *pool, size_t size, unsigned *fl,
                   unsigned *sl) {
-  uint64_t u = (uint64_t)(size >> pool->align_log2);
-  if (u < MP__SL_COUNT) {
-    *fl = 0;
-    *sl = (unsigned)u;
-    return;
-  }
-  unsigned f = mp__fls64(u);
-  *fl = f - MP__SL_LOG2 + 1;
-  *sl = (unsigned)(u >> (f - MP__SL_LOG2)) - MP__SL_COUNT;
+  unsigned c = mp__cls(pool, size);
+  *fl = c / MP__SL_COUNT;
+  *sl = c % MP__SL_COUNT;
 }
 
 static uint32_t mp__prio(uintptr_t addr) {
@@ -75,112 +78,118 @@ void mp__index_release(mp_pool_t *pool) {
   pool->inodes_cap = pool->inode_free = pool->inodes_used = 0;
 }
 
-static uint32_t mp__node_new(mp_pool_t *pool) {
-  if (pool->inode_free != 0) {
-    uint32_t i = pool->inode_free;
-    pool->inode_free = pool->inodes[i].left;
-    return i;
-  }
+/* A fresh node on the free-node list, for an insert that found it empty:
+ * false without host memory. */
+static MP__COLD bool mp__node_refill(mp_pool_t *pool) {
   if (!mp__index_reserve(pool, 1))
-    return 0;
-  /* Slots 1..inodes_used were handed out once; take the next. */
-  return ++pool->inodes_used;
-}
-
-static void mp__node_free(mp_pool_t *pool, uint32_t i) {
-  pool->inodes[i].left = pool->inode_free;
-  pool->inodes[i].blk = NULL;
+    return false;
+  /* Slots 1..inodes_used were handed out once; the next one. */
+  uint32_t i = ++pool->inodes_used;
+  pool->inodes[i].left = 0;
   pool->inode_free = i;
+  return true;
 }
 
-void mp__index_insert(mp_pool_t *pool, mp__block_t *b) {
-  uint32_t ni = mp__node_new(pool);
-  if (ni == 0)
+MP__HOT void mp__index_insert_hot(mp_pool_t *pool, mp__block_t *b) {
+  if (MP__UNLIKELY(pool->inode_free == 0) && !mp__node_refill(pool))
     return; /* no host memory: b stays out of the index (check says so) */
   mp__inode_t *nodes = pool->inodes;
+  uint32_t ni = pool->inode_free;
   mp__inode_t *nn = &nodes[ni];
-  nn->size = b->size;
-  nn->addr = b->addr;
+  pool->inode_free = nn->left;
+  size_t size = b->size;
+  uintptr_t addr = b->addr;
+  uint32_t prio = mp__prio(addr);
+  unsigned c = mp__cls(pool, size);
+  nn->size = size;
+  nn->addr = addr;
   nn->blk = b;
-  nn->left = nn->right = 0;
-  nn->prio = mp__prio(b->addr);
+  nn->prio = prio;
+  nn->cls = c;
   b->inode = ni;
   b->flags |= MP__B_FREE;
-  unsigned fl, sl;
-  mp__class_of(pool, b->size, &fl, &sl);
-  nn->cls = fl * MP__SL_COUNT + sl;
-  /* Descend to the leaf position, remembering the deepest 64 links of the
-   * path (a new node rising more than 64 levels has probability below
-   * 2^-64), then rotate it up while its priority beats its parent's. */
-  uint32_t *path[64];
-  unsigned depth = 0;
-  uint32_t *link = &pool->bins[fl][sl];
-  while (*link != 0) {
-    path[depth++ % 64] = link;
-    mp__inode_t *n = &nodes[*link];
-    link = mp__key_cmp(n, nn->size, nn->addr) > 0 ? &n->left : &n->right;
+  /* Top down, no stack: descend past the nodes that outrank the new one,
+   * put it in the place of the first that does not, and split that
+   * subtree by the key into its two children. */
+  uint32_t *link = &pool->bins[c];
+  uint32_t t;
+  if (*link == 0) {
+    /* The class was empty (common: most hold a block or two). */
+    *link = ni;
+    nn->left = nn->right = 0;
+    pool->sl_bitmap[c / MP__SL_COUNT] |= 1u << (c % MP__SL_COUNT);
+    pool->fl_bitmap |= 1ull << (c / MP__SL_COUNT);
+    return;
   }
+  while ((t = *link) != 0 && nodes[t].prio >= prio)
+    link = mp__key_cmp(&nodes[t], size, addr) > 0 ? &nodes[t].left
+                                                  : &nodes[t].right;
   *link = ni;
-  for (unsigned up = 0; up < 64 && depth > 0; up++) {
-    uint32_t *plink = path[--depth % 64];
-    mp__inode_t *p = &nodes[*plink];
-    if (p->prio >= nn->prio)
-      break;
-    uint32_t pi = *plink;
-    if (p->left == ni) {
-      p->left = nn->right;
-      nn->right = pi;
+  uint32_t *l = &nn->left, *r = &nn->right;
+  while (t != 0) {
+    mp__inode_t *n = &nodes[t];
+    if (mp__key_cmp(n, size, addr) < 0) {
+      *l = t;
+      l = &n->right;
+      t = n->right;
     } else {
-      p->right = nn->left;
-      nn->left = pi;
+      *r = t;
+      r = &n->left;
+      t = n->left;
     }
-    *plink = ni;
   }
-  pool->sl_bitmap[fl] |= 1u << sl;
-  pool->fl_bitmap |= 1ull << fl;
+  *l = *r = 0;
+}
+
+MP__HOT void mp__index_remove_hot(mp_pool_t *pool, mp__block_t *b) {
+  uint32_t ni = b->inode;
+  mp__inode_t *nodes = pool->inodes;
+  if (ni == 0 || ni >= pool->inodes_cap || nodes[ni].blk != b)
+    return; /* not indexed: mp_pool_check reports such states */
+  mp__inode_t *nn = &nodes[ni];
+  unsigned c = nn->cls;
+  uint32_t *link = &pool->bins[c];
+  uint32_t t;
+  while ((t = *link) != ni) {
+    if (t == 0)
+      return;
+    link = mp__key_cmp(&nodes[t], nn->size, nn->addr) > 0 ? &nodes[t].left
+                                                          : &nodes[t].right;
+  }
+  /* Its two subtrees merge into its place, the root of higher priority
+   * first at each step. */
+  uint32_t l = nn->left, r = nn->right;
+  while (l != 0 && r != 0) {
+    if (nodes[r].prio > nodes[l].prio) {
+      *link = r;
+      link = &nodes[r].left;
+      r = *link;
+    } else {
+      *link = l;
+      link = &nodes[l].right;
+      l = *link;
+    }
+  }
+  *link = l | r;
+  nn->left = pool->inode_free;
+  nn->blk = NULL;
+  pool->inode_free = ni;
+  b->inode = 0;
+  b->flags &= ~(uint32_t)MP__B_FREE;
+  if (pool->bins[c] == 0) {
+    unsigned fl = c / MP__SL_COUNT;
+    if ((pool->sl_bitmap[fl] &= ~(1u << (c % MP__SL_COUNT))) == 0)
+      pool->fl_bitmap &= ~(1ull << fl);
+  }
+}
+
+/* The out-of-line copies, for every caller off the free+alloc path. */
+void mp__index_insert(mp_pool_t *pool, mp__block_t *b) {
+  mp__index_insert_hot(pool, b);
 }
 
 void mp__index_remove(mp_pool_t *pool, mp__block_t *b) {
-  uint32_t ni = b->inode;
-  if (ni == 0 || ni >= pool->inodes_cap || pool->inodes[ni].blk != b)
-    return; /* not indexed: mp_pool_check reports such states */
-  mp__inode_t *nodes = pool->inodes;
-  mp__inode_t *nn = &nodes[ni];
-  unsigned fl = nn->cls / MP__SL_COUNT, sl = nn->cls % MP__SL_COUNT;
-  uint32_t *link = &pool->bins[fl][sl];
-  while (*link != 0 && *link != ni)
-    link = mp__key_cmp(&nodes[*link], nn->size, nn->addr) > 0
-               ? &nodes[*link].left
-               : &nodes[*link].right;
-  if (*link == 0)
-    return;
-  /* Rotate the node down towards the child of higher priority until it is
-   * a leaf, then cut it off. */
-  while (nn->left != 0 || nn->right != 0) {
-    if (nn->left == 0 ||
-        (nn->right != 0 && nodes[nn->right].prio > nodes[nn->left].prio)) {
-      uint32_t ri = nn->right;
-      nn->right = nodes[ri].left;
-      nodes[ri].left = ni;
-      *link = ri;
-      link = &nodes[ri].left;
-    } else {
-      uint32_t li = nn->left;
-      nn->left = nodes[li].right;
-      nodes[li].right = ni;
-      *link = li;
-      link = &nodes[li].right;
-    }
-  }
-  *link = 0;
-  mp__node_free(pool, ni);
-  b->inode = 0;
-  b->flags &= ~(uint32_t)MP__B_FREE;
-  if (pool->bins[fl][sl] == 0) {
-    pool->sl_bitmap[fl] &= ~(1u << sl);
-    if (pool->sl_bitmap[fl] == 0)
-      pool->fl_bitmap &= ~(1ull << fl);
-  }
+  mp__index_remove_hot(pool, b);
 }
 
 static mp__block_t *mp__treap_min(const mp_pool_t *pool, uint32_t t) {
@@ -191,15 +200,13 @@ static mp__block_t *mp__treap_min(const mp_pool_t *pool, uint32_t t) {
   return pool->inodes[t].blk;
 }
 
-/* First node with key > (size, addr), or >= when inclusive. */
+/* First node with key > (size, addr). */
 static mp__block_t *mp__treap_after(const mp_pool_t *pool, uint32_t t,
-                                    size_t size, uintptr_t addr,
-                                    bool inclusive) {
+                                    size_t size, uintptr_t addr) {
   uint32_t best = 0;
   while (t != 0) {
     const mp__inode_t *n = &pool->inodes[t];
-    int c = mp__key_cmp(n, size, addr);
-    if (c > 0 || (inclusive && c == 0)) {
+    if (mp__key_cmp(n, size, addr) > 0) {
       best = t;
       t = n->left;
     } else {
@@ -209,33 +216,37 @@ static mp__block_t *mp__treap_after(const mp_pool_t *pool, uint32_t t,
   return best ? pool->inodes[best].blk : NULL;
 }
 
-/* Minimum of the first non-empty class strictly above (fl, sl). */
-static mp__block_t *mp__class_above(const mp_pool_t *pool, unsigned fl,
-                                    unsigned sl) {
-  uint32_t sm =
-      sl + 1 < MP__SL_COUNT ? pool->sl_bitmap[fl] & (~0u << (sl + 1)) : 0;
+/* Minimum of the first non-empty class strictly above class c. */
+static mp__block_t *mp__class_above(const mp_pool_t *pool, unsigned c) {
+  unsigned fl = c / MP__SL_COUNT;
+  uint32_t sm = pool->sl_bitmap[fl] & (~1u << (c % MP__SL_COUNT));
   if (sm == 0) {
-    uint64_t fm =
-        fl + 1 < MP__FL_COUNT ? pool->fl_bitmap & (~0ull << (fl + 1)) : 0;
+    uint64_t fm = pool->fl_bitmap & (~1ull << fl);
     if (fm == 0)
       return NULL;
     fl = (unsigned)__builtin_ctzll(fm);
     sm = pool->sl_bitmap[fl];
   }
-  sl = (unsigned)__builtin_ctz(sm);
-  return mp__treap_min(pool, pool->bins[fl][sl]);
+  return mp__treap_min(
+      pool, pool->bins[fl * MP__SL_COUNT + (unsigned)__builtin_ctz(sm)]);
 }
 
 MP__HOT mp__block_t *mp__index_best_fit_hot(const mp_pool_t *pool,
                                             size_t size) {
-  unsigned fl, sl;
-  mp__class_of(pool, size, &fl, &sl);
-  if (pool->sl_bitmap[fl] & (1u << sl)) {
-    mp__block_t *b = mp__treap_after(pool, pool->bins[fl][sl], size, 0, true);
-    if (b != NULL)
-      return b;
+  unsigned c = mp__cls(pool, size);
+  /* The first node of size >= size in the request's own class (the key
+   * (size, 0) is below every block of that size). */
+  uint32_t best = 0;
+  for (uint32_t t = pool->bins[c]; t != 0;) {
+    const mp__inode_t *n = &pool->inodes[t];
+    if (n->size >= size) {
+      best = t;
+      t = n->left;
+    } else {
+      t = n->right;
+    }
   }
-  return mp__class_above(pool, fl, sl);
+  return best != 0 ? pool->inodes[best].blk : mp__class_above(pool, c);
 }
 
 /* The out-of-line copy, for every caller off the free+alloc path. */
@@ -244,11 +255,9 @@ mp__block_t *mp__index_best_fit(const mp_pool_t *pool, size_t size) {
 }
 
 mp__block_t *mp__index_next(const mp_pool_t *pool, const mp__block_t *b) {
-  unsigned fl, sl;
-  mp__class_of(pool, b->size, &fl, &sl);
-  mp__block_t *n =
-      mp__treap_after(pool, pool->bins[fl][sl], b->size, b->addr, false);
-  return n != NULL ? n : mp__class_above(pool, fl, sl);
+  unsigned c = mp__cls(pool, b->size);
+  mp__block_t *n = mp__treap_after(pool, pool->bins[c], b->size, b->addr);
+  return n != NULL ? n : mp__class_above(pool, c);
 }
 
 mp__block_t *mp__index_largest(const mp_pool_t *pool) {
@@ -256,7 +265,7 @@ mp__block_t *mp__index_largest(const mp_pool_t *pool) {
     return NULL;
   unsigned fl = mp__fls64(pool->fl_bitmap);
   unsigned sl = 31u - (unsigned)__builtin_clz(pool->sl_bitmap[fl]);
-  uint32_t t = pool->bins[fl][sl];
+  uint32_t t = pool->bins[fl * MP__SL_COUNT + sl];
   while (t != 0 && pool->inodes[t].right != 0)
     t = pool->inodes[t].right;
   return t ? pool->inodes[t].blk : NULL;
@@ -265,9 +274,7 @@ mp__block_t *mp__index_largest(const mp_pool_t *pool) {
 bool mp__index_contains(const mp_pool_t *pool, const mp__block_t *b) {
   if (b->inode == 0 || b->inode >= pool->inodes_cap)
     return false;
-  unsigned fl, sl;
-  mp__class_of(pool, b->size, &fl, &sl);
-  uint32_t t = pool->bins[fl][sl];
+  uint32_t t = pool->bins[mp__cls(pool, b->size)];
   while (t != 0 && t != b->inode)
     t = mp__key_cmp(&pool->inodes[t], b->size, b->addr) > 0
             ? pool->inodes[t].left
@@ -311,7 +318,8 @@ bool mp__index_check_class(const mp_pool_t *pool, unsigned fl, unsigned sl,
   const mp__inode_t *prev = NULL;
   size_t n = 0, by = 0;
   size_t limit = (size_t)pool->st.free_blocks + 1;
-  if (!mp__treap_walk(pool, pool->bins[fl][sl], fl, sl, &prev, &n, &by, limit))
+  if (!mp__treap_walk(pool, pool->bins[fl * MP__SL_COUNT + sl], fl, sl, &prev,
+                      &n, &by, limit))
     return false;
   *count = n;
   *bytes = by;

@@ -395,7 +395,7 @@ static MP__HOT mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
       /* Before b joins its free neighbours: the new block's own stream has
        * not reached the free yet, and merged in it would hold them back. */
       mp__segment_release_above(pool);
-      mp__block_release(pool, b);
+      mp__index_insert_hot(pool, mp__block_release_merged(pool, b));
     }
   }
   bool last = MP__UNLIKELY(pool->graph) && mp__graph_take_last(pool);

@@ -101,11 +101,11 @@ Test(pool_check, detects_free_blocks_in_the_wrong_class, .init = setup,
   uint32_t *first = NULL, *second = NULL;
   for (unsigned fl = 0; fl < MP__FL_COUNT && second == NULL; fl++)
     for (unsigned sl = 0; sl < MP__SL_COUNT && second == NULL; sl++)
-      if (pool->bins[fl][sl] != 0) {
+      if (pool->bins[fl * MP__SL_COUNT + sl] != 0) {
         if (first == NULL)
-          first = &pool->bins[fl][sl];
+          first = &pool->bins[fl * MP__SL_COUNT + sl];
         else
-          second = &pool->bins[fl][sl];
+          second = &pool->bins[fl * MP__SL_COUNT + sl];
       }
   cr_assert_not_null(second, "the setup leaves free blocks in two classes");
   uint32_t t = *first;

@@ -44,6 +44,30 @@ Test(pool_index, classes_rise_with_size_and_stay_narrow) {
   free(p);
 }
 
+/* TLSF's mapping, written out: below 32 units a class per unit; above,
+ * fl = floor(log2(units)) - 4 and sl the next 5 bits below the top one. */
+Test(pool_index, class_is_the_tlsf_mapping) {
+  mp_pool_t *p = index_pool();
+  for (unsigned k = 0; k < 55; k++)
+    for (uint64_t d = 0; d < 70; d++) {
+      uint64_t u = ((uint64_t)1 << k) + d * (k > 12 ? (1ull << (k - 12)) : 1);
+      unsigned fl, sl, efl, esl;
+      mp__class_of(p, (size_t)u * 512, &fl, &sl);
+      if (u < MP__SL_COUNT) {
+        efl = 0;
+        esl = (unsigned)u;
+      } else {
+        unsigned top = 63u - (unsigned)__builtin_clzll(u);
+        efl = top - 4;
+        esl = (unsigned)(u >> (top - 5)) - MP__SL_COUNT;
+      }
+      cr_assert(fl == efl && sl == esl, "units %llu: (%u,%u), expected (%u,%u)",
+                (unsigned long long)u, fl, sl, efl, esl);
+    }
+  mp__index_release(p);
+  free(p);
+}
+
 static size_t brute_best(mp__block_t *v, size_t n, const bool *in,
                          size_t want) {
   size_t best = n;
