@@ -26,6 +26,11 @@
 
 #define MP__SLAB_RECORDS 256
 
+/* A slab's first record: raw rounded up to a cache line. */
+static const mp__block_t *mp__slab_first(const void *raw) {
+  return (const mp__block_t *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
+}
+
 bool mp__rec_refill(mp_pool_t *pool) {
   void **s =
       mp__host_room(pool->slabs, &pool->slabs_cap, pool->nslabs, sizeof *s);
@@ -39,19 +44,39 @@ bool mp__rec_refill(mp_pool_t *pool) {
   void *raw = mp__host_alloc(MP__SLAB_RECORDS * sizeof(mp__block_t) + 63);
   if (raw == NULL)
     return false;
-  mp__block_t *slab = (mp__block_t *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
-  /* One index node per record at most: reserve them now, so that
-   * inserting into the free index never needs memory. */
-  if (!mp__index_reserve(pool, (pool->nslabs + 1) * MP__SLAB_RECORDS)) {
-    free(raw);
-    return false;
+  mp__block_t *slab = (mp__block_t *)mp__slab_first(raw);
+  /* slabs[] stays in address order, for mp__rec_owned's binary search. */
+  size_t at = pool->nslabs;
+  while (at > 0 && (uintptr_t)pool->slabs[at - 1] > (uintptr_t)raw) {
+    pool->slabs[at] = pool->slabs[at - 1];
+    at--;
   }
-  pool->slabs[pool->nslabs++] = raw;
+  pool->slabs[at] = raw;
+  pool->nslabs++;
   for (size_t i = MP__SLAB_RECORDS; i-- > 0;) {
     slab[i].next_rec = pool->rec_free;
     pool->rec_free = &slab[i];
   }
   return true;
+}
+
+bool mp__rec_owned(const mp_pool_t *pool, const void *p) {
+  /* The last slab that starts at or below p, then p's place in it. */
+  size_t lo = 0, hi = pool->nslabs;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if ((uintptr_t)pool->slabs[mid] <= (uintptr_t)p)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == 0)
+    return false;
+  uintptr_t first = (uintptr_t)mp__slab_first(pool->slabs[lo - 1]);
+  uintptr_t off = (uintptr_t)p - first;
+  return (uintptr_t)p >= first &&
+         off < MP__SLAB_RECORDS * sizeof(mp__block_t) &&
+         off % sizeof(mp__block_t) == 0;
 }
 
 void mp__rec_free(mp_pool_t *pool, mp__block_t *b) {
@@ -168,7 +193,7 @@ void mp__block_unlink(mp__segment_t *seg, mp__block_t *b) {
 
 MP__HOT mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b,
                                      size_t size) {
-  MP__ASSERT(b->inode == 0 && size % pool->cfg.align == 0);
+  MP__ASSERT(!(b->flags & MP__B_FREE) && size % pool->cfg.align == 0);
   if (b->size <= size)
     return NULL;
   mp__block_t *r = mp__rec_pop(pool); /* split_into sets every field */
@@ -180,11 +205,10 @@ MP__HOT mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b,
 
 MP__HOT void mp__block_split_into(mp_pool_t *pool, mp__block_t *b, size_t size,
                                   mp__block_t *r) {
-  MP__ASSERT(b->inode == 0 && size < b->size);
+  MP__ASSERT(!(b->flags & MP__B_FREE) && size < b->size);
   r->addr = b->addr + size;
   r->size = b->size - size;
   r->requested = 0;
-  r->inode = 0;
   r->flags = b->flags & (MP__B_SYNC | MP__B_UNMERGED);
   r->sidx = 0;
   r->ndeps = b->ndeps;

@@ -95,7 +95,7 @@ static mp_status_t mp__check_segment(mp_pool_t *pool, mp__segment_t *s,
           !((prev->flags | b->flags) & MP__B_UNMERGED))
         MP__CORRUPT("free blocks %p and %p are adjacent, not coalesced",
                     (void *)prev->addr, (void *)b->addr);
-      if (!mp__index_contains(pool, b))
+      if (!mp__index_contains(pool, b, mp__rec_owned))
         MP__CORRUPT("free block %p (%zu bytes) is not in its size class",
                     (void *)b->addr, b->size);
       if (mp__map_find(pool, b->addr) == b)
@@ -169,11 +169,11 @@ mp_status_t mp__pool_check_locked(mp_pool_t *pool) {
       MP__CORRUPT("first-level bit %u disagrees with its second level", fl);
     for (unsigned sl = 0; sl < MP__SL_COUNT; sl++) {
       bool bit = (pool->sl_bitmap[fl] >> sl) & 1;
-      if (bit != (pool->bins[fl * MP__SL_COUNT + sl] != 0))
+      if (bit != (pool->bins[fl * MP__SL_COUNT + sl] != NULL))
         MP__CORRUPT("class (%u,%u): bitmap bit %d but list %s", fl, sl, bit,
                     pool->bins[fl * MP__SL_COUNT + sl] ? "non-empty" : "empty");
       size_t n, by;
-      if (!mp__index_check_class(pool, fl, sl, &n, &by))
+      if (!mp__index_check_class(pool, fl, sl, mp__rec_owned, &n, &by))
         MP__CORRUPT("class (%u,%u): treap out of order or holds a block of "
                     "another class",
                     fl, sl);

@@ -249,7 +249,7 @@ void mp__block_untake(mp_pool_t *pool, mp__block_t *b) {
 MP__HOT void mp__block_make_live(mp_pool_t *pool, mp__block_t *b,
                                  size_t requested, uint32_t sidx) {
   MP__ASSERT_LOCKED(pool);
-  MP__ASSERT(!(b->flags & MP__B_HOLE) && b->inode == 0);
+  MP__ASSERT(!(b->flags & (MP__B_FREE | MP__B_HOLE)));
   MP__ASSERT(b->size >= requested && pool->st.free_bytes >= b->size);
   b->flags = 0;
   b->requested = requested;
@@ -270,7 +270,7 @@ MP__HOT void mp__block_make_live(mp_pool_t *pool, mp__block_t *b,
 
 MP__HOT mp__block_t *mp__block_release_merged(mp_pool_t *pool, mp__block_t *b) {
   MP__ASSERT_LOCKED(pool);
-  MP__ASSERT(!(b->flags & (MP__B_FREE | MP__B_HOLE)) && b->inode == 0);
+  MP__ASSERT(!(b->flags & (MP__B_FREE | MP__B_HOLE)));
   MP__ASSERT(pool->st.live_blocks > 0 && pool->st.allocated_bytes >= b->size);
   if (MP__UNLIKELY(pool->hist.ev != NULL))
     mp__history_free(pool, b->addr, b->size, MP__HIST_STREAM(pool, b->sidx));
@@ -329,7 +329,6 @@ void mp__pool_free_host(mp_pool_t *pool) {
   mp__history_release(pool);
   mp__streams_release(pool);
   mp__rec_release_all(pool);
-  mp__index_release(pool);
   free(pool->map);
   free(pool->routes);
   free(pool->granges);

@@ -27,14 +27,13 @@ static void mp__class_range(const mp_pool_t *pool, unsigned fl, unsigned sl,
   *hi = *lo + ((size_t)1 << shift) * a - a;
 }
 
-static void mp__class_totals(const mp_pool_t *pool, uint32_t t, size_t *n,
-                             size_t *b) {
-  if (t == 0)
+static void mp__class_totals(const mp__block_t *t, size_t *n, size_t *b) {
+  if (t == NULL)
     return;
   (*n)++;
-  *b += pool->inodes[t].size;
-  mp__class_totals(pool, pool->inodes[t].left, n, b);
-  mp__class_totals(pool, pool->inodes[t].right, n, b);
+  *b += t->size;
+  mp__class_totals(t->left, n, b);
+  mp__class_totals(t->right, n, b);
 }
 
 static void mp__dump_text(mp_pool_t *pool, FILE *out, double frag,
@@ -71,10 +70,10 @@ static void mp__dump_text(mp_pool_t *pool, FILE *out, double frag,
   fprintf(out, "  free lists by class:\n");
   for (unsigned fl = 0; fl < MP__FL_COUNT; fl++)
     for (unsigned sl = 0; sl < MP__SL_COUNT; sl++) {
-      if (pool->bins[fl * MP__SL_COUNT + sl] == 0)
+      if (pool->bins[fl * MP__SL_COUNT + sl] == NULL)
         continue;
       size_t n = 0, by = 0, lo, hi;
-      mp__class_totals(pool, pool->bins[fl * MP__SL_COUNT + sl], &n, &by);
+      mp__class_totals(pool->bins[fl * MP__SL_COUNT + sl], &n, &by);
       mp__class_range(pool, fl, sl, &lo, &hi);
       fprintf(out, "    class %u.%u [%zu, %zu]: %zu blocks, %zu bytes\n", fl,
               sl, lo, hi, n, by);
@@ -121,10 +120,10 @@ static void mp__dump_json(mp_pool_t *pool, FILE *out, double frag,
   bool first = true;
   for (unsigned fl = 0; fl < MP__FL_COUNT; fl++)
     for (unsigned sl = 0; sl < MP__SL_COUNT; sl++) {
-      if (pool->bins[fl * MP__SL_COUNT + sl] == 0)
+      if (pool->bins[fl * MP__SL_COUNT + sl] == NULL)
         continue;
       size_t n = 0, by = 0, lo, hi;
-      mp__class_totals(pool, pool->bins[fl * MP__SL_COUNT + sl], &n, &by);
+      mp__class_totals(pool->bins[fl * MP__SL_COUNT + sl], &n, &by);
       mp__class_range(pool, fl, sl, &lo, &hi);
       fprintf(out,
               "%s{\"fl\":%u,\"sl\":%u,\"min_size\":%zu,\"max_size\":%zu,"

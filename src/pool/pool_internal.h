@@ -146,20 +146,24 @@ typedef struct mp__dep {
 typedef struct mp__segment mp__segment_t;
 
 typedef struct mp__block {
-  /* First cache line: what alloc, free and the tiling touch. */
+  /* First cache line: what alloc, free, the tiling and a free index
+   * descent touch. */
   _Alignas(64) uintptr_t addr;
-  size_t size;                   /* multiple of the pool's align, > 0 */
+  size_t size; /* multiple of the pool's align, > 0 */
+  /* free: the block's own node in its class's treap (index.c), keyed by
+   * (size, addr), priority from addr: no node to allocate or copy. */
+  struct mp__block *left, *right;
   struct mp__block *prev, *next; /* address order within seg */
+  uint32_t cls;   /* free: its class in the free index, fl * SL_COUNT + sl */
+  uint32_t flags; /* MP__B_* */
+  uint32_t sidx;  /* live: allocating stream; hole: slot in seg->holes */
+  uint32_t ndeps; /* free: deps used; live: uses used */
+  /* Second cache line: the rest. */
   mp__segment_t *seg;
   union {
     size_t requested;           /* live: the caller's bytes; free: 0 */
     struct mp__block *next_rec; /* idle record: the record free list */
   };
-  uint32_t inode; /* free: its node in the free index (index.c); else 0 */
-  uint32_t flags; /* MP__B_* */
-  uint32_t sidx;  /* live: allocating stream; hole: slot in seg->holes */
-  uint32_t ndeps; /* free: deps used; live: uses used */
-  /* Second cache line: the rest. */
   uint64_t gen;                 /* MP__B_SYNC: pool sync generation */
   mp__dep_t deps[MP__MAX_DEPS]; /* free: deps; live: extra uses (sidx) */
   union {
@@ -167,18 +171,6 @@ typedef struct mp__block {
     mp_pool_t *child; /* MP__B_CHILD: the child pool */
   };
 } mp__block_t;
-
-/* A free index node: a compact copy of a free block's key, so that a treap
- * descent touches 48-byte nodes packed in one array (they stay in cache)
- * instead of scattered block records. Links are node indices. */
-typedef struct mp__inode {
-  uintptr_t addr; /* addr and size in the block record's order: copied */
-  size_t size;    /* as one 16-byte move */
-  mp__block_t *blk;
-  uint32_t left, right; /* 0: none; left doubles as the free-node link */
-  uint32_t prio;        /* treap priority, from the address */
-  uint32_t cls;         /* its class, fl * MP__SL_COUNT + sl */
-} mp__inode_t;
 
 /* ---- segments (segment.c, vrange.c) ------------------------------------ */
 enum { MP__SEG_PLAIN, MP__SEG_VIRTUAL, MP__SEG_RANGE };
@@ -324,10 +316,8 @@ struct mp_pool {
   /* free index */
   uint64_t fl_bitmap;
   uint32_t sl_bitmap[MP__FL_COUNT];
-  uint32_t bins[MP__FL_COUNT * MP__SL_COUNT]; /* treap roots (node index),
-                                                by class fl * SL_COUNT + sl */
-  mp__inode_t *inodes;                        /* node 0 is the null node */
-  uint32_t inodes_cap, inode_free, inodes_used;
+  mp__block_t *bins[MP__FL_COUNT * MP__SL_COUNT]; /* treap roots, by class
+                                                    fl * SL_COUNT + sl */
 
   /* live map: open addressing, linear probing, backward-shift delete; keys
    * stored in the slots, so that probes never touch block records */
@@ -620,18 +610,24 @@ mp__block_t *mp__index_best_fit_hot(const mp_pool_t *pool, size_t size);
 mp__block_t *mp__index_next(const mp_pool_t *pool, const mp__block_t *b);
 /* The largest free block; NULL if none. */
 mp__block_t *mp__index_largest(const mp_pool_t *pool);
+/* Whether p names one of pool's block records (mp__rec_owned): the index
+ * follows no link it does not vouch for when it checks itself. */
+typedef bool (*mp__rec_owned_fn)(const mp_pool_t *pool, const void *p);
 /* True when b is in its class's treap. */
-bool mp__index_contains(const mp_pool_t *pool, const mp__block_t *b);
-/* Makes room for n more nodes, so the next n inserts cannot fail. */
-bool mp__index_reserve(mp_pool_t *pool, size_t n);
-void mp__index_release(mp_pool_t *pool);
-/* Walks a class treap checking order and heap priority; counts nodes. */
+bool mp__index_contains(const mp_pool_t *pool, const mp__block_t *b,
+                        mp__rec_owned_fn owned);
+/* Walks a class treap checking its links (records of this pool), order,
+ * heap priority and classes; counts nodes. */
 bool mp__index_check_class(const mp_pool_t *pool, unsigned fl, unsigned sl,
-                           size_t *count, size_t *bytes);
+                           mp__rec_owned_fn owned, size_t *count,
+                           size_t *bytes);
 
 /* ---- block.c: records, live map, split, coalesce ------------------------ */
 /* Puts a new slab of records on the free list; false: out of host memory. */
 bool mp__rec_refill(mp_pool_t *pool);
+/* Whether p names a record in one of pool's slabs (for mp_pool_check, before
+ * it follows a free index link: a binary search of the slabs). */
+bool mp__rec_owned(const mp_pool_t *pool, const void *p);
 /* A record off the free list with whatever it held (the caller sets every
  * field), or NULL without host memory. Inline: a split on every other
  * allocation takes one, and the free list almost always has it. */

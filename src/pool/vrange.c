@@ -237,7 +237,7 @@ static void mp__before_unmap(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
   mp__chunk_t c = v->chunks[i];
   uintptr_t cend = c.addr + c.size, fend = f->addr + f->size;
   /* The chunk lies wholly inside free block f, taken out of the index. */
-  MP__ASSERT(!(f->flags & MP__B_HOLE) && f->inode == 0);
+  MP__ASSERT(!(f->flags & (MP__B_FREE | MP__B_HOLE)));
   MP__ASSERT(c.addr >= f->addr && cend <= fend);
   if (cend < fend) {
     mp__block_split_into(pool, f, cend - f->addr, r2);

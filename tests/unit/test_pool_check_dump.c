@@ -51,11 +51,42 @@ Test(pool_check, detects_an_index_node_that_names_another_class, .init = setup,
   /* A removal finds the block's treap through the class its node names. */
   mp__block_t *b = mp__index_best_fit(pool, 8192);
   cr_assert_not_null(b);
-  mp__inode_t *n = &pool->inodes[b->inode];
-  uint32_t cls = n->cls;
-  n->cls = cls ^ 1u;
+  uint32_t cls = b->cls;
+  b->cls = cls ^ 1u;
   expect_corrupt("an index node naming another class");
-  n->cls = cls;
+  b->cls = cls;
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+}
+
+/* The free index's links live in the block records: a link that names no
+ * record of the pool is reported, not followed (the junk it names would
+ * send the walk to 0xa5a5... if it were read). */
+Test(pool_check, detects_an_index_link_that_names_no_record, .init = setup,
+     .fini = teardown) {
+  mp__block_t *b = mp__index_best_fit(pool, 8192);
+  cr_assert_not_null(b);
+  mp__block_t *junk = malloc(sizeof *junk);
+  memset(junk, 0xa5, sizeof *junk);
+  mp__block_t *left = b->left, *right = b->right;
+  b->left = junk;
+  expect_corrupt("a left link to memory that is no record");
+  b->left = left;
+  b->right = junk;
+  expect_corrupt("a right link to memory that is no record");
+  b->right = right;
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  free(junk);
+}
+
+Test(pool_check, detects_an_index_link_to_a_live_block, .init = setup,
+     .fini = teardown) {
+  mp__block_t *b = mp__index_best_fit(pool, 8192);
+  mp__block_t *live = mp__map_find(pool, (uintptr_t)v[2]);
+  cr_assert(b != NULL && live != NULL);
+  mp__block_t *left = b->left;
+  b->left = live;
+  expect_corrupt("a free index link to a live block");
+  b->left = left;
   cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
 }
 
@@ -98,7 +129,7 @@ Test(pool_check, detects_a_live_block_missing_from_the_map, .init = setup,
 Test(pool_check, detects_free_blocks_in_the_wrong_class, .init = setup,
      .fini = teardown) {
   /* Swap the treaps of the two smallest non-empty classes. */
-  uint32_t *first = NULL, *second = NULL;
+  mp__block_t **first = NULL, **second = NULL;
   for (unsigned fl = 0; fl < MP__FL_COUNT && second == NULL; fl++)
     for (unsigned sl = 0; sl < MP__SL_COUNT && second == NULL; sl++)
       if (pool->bins[fl * MP__SL_COUNT + sl] != 0) {
@@ -108,7 +139,7 @@ Test(pool_check, detects_free_blocks_in_the_wrong_class, .init = setup,
           second = &pool->bins[fl * MP__SL_COUNT + sl];
       }
   cr_assert_not_null(second, "the setup leaves free blocks in two classes");
-  uint32_t t = *first;
+  mp__block_t *t = *first;
   *first = *second;
   *second = t;
   expect_corrupt("blocks in the wrong class");

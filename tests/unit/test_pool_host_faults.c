@@ -112,7 +112,8 @@ Test(pool_host_faults, create_fails_cleanly_until_host_memory_suffices) {
 }
 
 /* The first allocation of a pool: its stream table, the segment, the block
- * records (slab and index nodes) and the live map all come then. */
+ * records (a slab; the free index's nodes are the records) and the live
+ * map all come then. */
 static void first_alloc(size_t granule, const char *opts, int min_failed) {
   mp_device_t *dev = fake_open((size_t)1 << 30, granule);
   mp_pool_t *p = make_pool(dev, opts);

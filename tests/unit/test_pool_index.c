@@ -4,6 +4,15 @@
 
 #include "pool/pool_internal.h"
 
+/* n records from the pool's own slabs: mp__index_check_class accepts only
+ * links to those. */
+static mp__block_t **index_records(mp_pool_t *p, size_t n) {
+  mp__block_t **v = calloc(n, sizeof *v);
+  for (size_t i = 0; i < n; i++)
+    cr_assert_not_null(v[i] = mp__rec_new(p));
+  return v;
+}
+
 static mp_pool_t *index_pool(void) {
   mp_pool_t *p = calloc(1, sizeof *p);
   p->cfg.align = 512;
@@ -19,7 +28,7 @@ Test(pool_index, small_sizes_have_one_class_each) {
     cr_expect_eq(fl, 0);
     cr_expect_eq(sl, u);
   }
-  mp__index_release(p);
+  mp__rec_release_all(p);
   free(p);
 }
 
@@ -40,7 +49,7 @@ Test(pool_index, classes_rise_with_size_and_stay_narrow) {
     pfl = fl;
     psl = sl;
   }
-  mp__index_release(p);
+  mp__rec_release_all(p);
   free(p);
 }
 
@@ -64,18 +73,18 @@ Test(pool_index, class_is_the_tlsf_mapping) {
       cr_assert(fl == efl && sl == esl, "units %llu: (%u,%u), expected (%u,%u)",
                 (unsigned long long)u, fl, sl, efl, esl);
     }
-  mp__index_release(p);
+  mp__rec_release_all(p);
   free(p);
 }
 
-static size_t brute_best(mp__block_t *v, size_t n, const bool *in,
+static size_t brute_best(mp__block_t **v, size_t n, const bool *in,
                          size_t want) {
   size_t best = n;
   for (size_t i = 0; i < n; i++) {
-    if (!in[i] || v[i].size < want)
+    if (!in[i] || v[i]->size < want)
       continue;
-    if (best == n || v[i].size < v[best].size ||
-        (v[i].size == v[best].size && v[i].addr < v[best].addr))
+    if (best == n || v[i]->size < v[best]->size ||
+        (v[i]->size == v[best]->size && v[i]->addr < v[best]->addr))
       best = i;
   }
   return best;
@@ -84,24 +93,24 @@ static size_t brute_best(mp__block_t *v, size_t n, const bool *in,
 Test(pool_index, best_fit_is_smallest_then_lowest_address) {
   mp_pool_t *p = index_pool();
   enum { N = 3000 };
-  mp__block_t *v = calloc(N, sizeof *v);
+  mp__block_t **v = index_records(p, N);
   bool *in = calloc(N, sizeof *in);
   srand(7);
   for (size_t i = 0; i < N; i++) {
     /* Few distinct sizes, so ties on size are common. */
-    v[i].size = (size_t)(1 + rand() % 400) * 512 * (rand() % 3 ? 1 : 64);
-    v[i].addr = (uintptr_t)(i + 1) * ((uintptr_t)1 << 30) -
-                (uintptr_t)(rand() % 1000) * 4096;
+    v[i]->size = (size_t)(1 + rand() % 400) * 512 * (rand() % 3 ? 1 : 64);
+    v[i]->addr = (uintptr_t)(i + 1) * ((uintptr_t)1 << 30) -
+                 (uintptr_t)(rand() % 1000) * 4096;
   }
   size_t count = 0;
   for (int step = 0; step < 20000; step++) {
     size_t i = (size_t)rand() % N;
     if (in[i]) {
-      mp__index_remove(p, &v[i]);
+      mp__index_remove(p, v[i]);
       in[i] = false;
       count--;
     } else {
-      mp__index_insert(p, &v[i]);
+      mp__index_insert(p, v[i]);
       in[i] = true;
       count++;
     }
@@ -113,33 +122,33 @@ Test(pool_index, best_fit_is_smallest_then_lowest_address) {
       cr_assert_null(got, "want %zu: nothing fits, got %zu", want,
                      got ? got->size : 0);
     else
-      cr_assert_eq(got, &v[b], "want %zu: expected size %zu got %zu", want,
-                   v[b].size, got ? got->size : 0);
+      cr_assert_eq(got, v[b], "want %zu: expected size %zu got %zu", want,
+                   v[b]->size, got ? got->size : 0);
   }
   /* The bitmaps and treaps agree with what was inserted. */
   size_t total = 0;
   for (unsigned fl = 0; fl < MP__FL_COUNT; fl++)
     for (unsigned sl = 0; sl < MP__SL_COUNT; sl++) {
       size_t n = 0, by = 0;
-      cr_assert(mp__index_check_class(p, fl, sl, &n, &by));
+      cr_assert(mp__index_check_class(p, fl, sl, mp__rec_owned, &n, &by));
       cr_assert_eq(n > 0, ((p->sl_bitmap[fl] >> sl) & 1) == 1);
       total += n;
     }
   cr_expect_eq(total, count);
   free(v);
   free(in);
-  mp__index_release(p);
+  mp__rec_release_all(p);
   free(p);
 }
 
 Test(pool_index, next_walks_every_free_block_in_size_order) {
   mp_pool_t *p = index_pool();
   enum { N = 500 };
-  mp__block_t *v = calloc(N, sizeof *v);
+  mp__block_t **v = index_records(p, N);
   for (size_t i = 0; i < N; i++) {
-    v[i].size = (size_t)(1 + (i * 7919) % 2000) * 512;
-    v[i].addr = (uintptr_t)(N - i) << 24;
-    mp__index_insert(p, &v[i]);
+    v[i]->size = (size_t)(1 + (i * 7919) % 2000) * 512;
+    v[i]->addr = (uintptr_t)(N - i) << 24;
+    mp__index_insert(p, v[i]);
   }
   size_t n = 0, prev = 0;
   for (mp__block_t *b = mp__index_best_fit(p, 512); b != NULL;
@@ -151,10 +160,10 @@ Test(pool_index, next_walks_every_free_block_in_size_order) {
   cr_expect_eq(n, N);
   cr_expect_eq(mp__index_largest(p)->size, prev);
   for (size_t i = 0; i < N; i++)
-    mp__index_remove(p, &v[i]);
+    mp__index_remove(p, v[i]);
   cr_expect_eq(p->fl_bitmap, 0);
   cr_expect_null(mp__index_best_fit(p, 512));
   free(v);
-  mp__index_release(p);
+  mp__rec_release_all(p);
   free(p);
 }
