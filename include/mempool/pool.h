@@ -477,8 +477,12 @@ MP_API mp_status_t mp_pool_ipc_poll(mp_pool_t *pool, size_t *held);
 MP_API mp_status_t mp_ipc_import(mp_device_t *dev, mp_ipc_handle_t *h,
                                  void **out);
 /* Unmaps an import (ptr as mp_ipc_import gave it) after the device's
- * queued work, and closes its lease. Anything else: MP_EINVAL. Imports
- * left open are closed by mp_device_close. */
+ * queued work, and closes its lease. Anything else: MP_EINVAL. A close the
+ * device fails (a call from a host function, a driver error) changes
+ * nothing: the import stays mapped and leased and may be closed again;
+ * only when the device had unmapped the memory before failing is the
+ * import closed anyway (the message says so). Imports left open are
+ * closed by mp_device_close. */
 MP_API mp_status_t mp_ipc_close(mp_device_t *dev, void *ptr);
 /* Sends h over the connected Unix socket sock: its bytes in one message
  * with its open descriptors attached (SCM_RIGHTS). h is not changed: its
