@@ -396,7 +396,8 @@ Test(pool_pause, defragmentation_racing_pauses_is_ebusy_and_copies_nothing) {
 typedef struct {
   mp_pool_t *p;
   _Atomic int *stop;
-  long busy, ooms, miscounted, other;
+  _Atomic long busy, ooms; /* read by the pausing thread */
+  long miscounted, other;
   mp_status_t other_st;
 } oom_racer_t;
 
@@ -410,11 +411,11 @@ static void *alloc_too_much(void *arg) {
     mp_pool_get_stats(r->p, &after);
     uint64_t counted = after.oom_count - before.oom_count;
     if (st == MP_EBUSY) {
-      r->busy++;
+      atomic_fetch_add(&r->busy, 1);
       r->miscounted += counted != 0;
       sched_yield();
     } else if (st == MP_ENOMEM) {
-      r->ooms++;
+      atomic_fetch_add(&r->ooms, 1);
       r->miscounted += counted != 1;
     } else {
       r->other++;
@@ -437,7 +438,9 @@ Test(pool_pause, an_allocation_answered_ebusy_by_a_pause_counts_no_oom) {
   oom_racer_t r = {.p = p, .stop = &stop};
   pthread_t t;
   cr_assert_eq(pthread_create(&t, NULL, alloc_too_much, &r), 0);
-  for (int round = 0; round < 400 || r.busy + r.ooms < 400; round++) {
+  for (int round = 0;
+       round < 400 || atomic_load(&r.busy) + atomic_load(&r.ooms) < 400;
+       round++) {
     cr_assert_eq(mp_pool_pause(p, 0), MP_OK, "round %d: %s", round,
                  mp_last_error());
     sched_yield();
@@ -452,8 +455,8 @@ Test(pool_pause, an_allocation_answered_ebusy_by_a_pause_counts_no_oom) {
   cr_expect_eq(r.miscounted, 0,
                "%ld of %ld MP_EBUSY and %ld MP_ENOMEM answers moved oom_count "
                "wrongly",
-               r.miscounted, r.busy, r.ooms);
-  cr_expect_eq(stats(p).oom_count, (uint64_t)r.ooms);
+               r.miscounted, atomic_load(&r.busy), atomic_load(&r.ooms));
+  cr_expect_eq(stats(p).oom_count, (uint64_t)atomic_load(&r.ooms));
   cr_assert_eq(mp_pool_free(p, big), MP_OK);
   check(p);
   mp_pool_destroy(p);
