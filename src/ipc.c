@@ -27,6 +27,7 @@ struct mp__import {
   size_t bytes;
   unsigned kind;
   int lease;
+  bool closing; /* an mp_ipc_close of it is under way */
 };
 
 static pthread_mutex_t mp__ipc_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -100,7 +101,8 @@ mp_status_t mp_ipc_import(mp_device_t *dev, mp_ipc_handle_t *h, void **out) {
     dev->imports[dev->nimports++] = im;
   pthread_mutex_unlock(&mp__ipc_mu);
   if (!room) {
-    (void)dev->ops->ipc_close(dev, base, h->mem_bytes, h->kind);
+    bool unmapped;
+    (void)dev->ops->ipc_close(dev, base, h->mem_bytes, h->kind, &unmapped);
     return mp__fail(MP_ENOMEM, "mp_ipc_import: out of host memory");
   }
   if (h->fd >= 0)
@@ -111,24 +113,61 @@ mp_status_t mp_ipc_import(mp_device_t *dev, mp_ipc_handle_t *h, void **out) {
   return MP_OK;
 }
 
-/* Takes the import at ptr out of dev's list; false when there is none. */
-static bool mp__ipc_take(mp_device_t *dev, void *ptr, struct mp__import *out) {
-  pthread_mutex_lock(&mp__ipc_mu);
-  bool found = false;
-  for (size_t i = 0; i < dev->nimports && !found; i++)
-    if (dev->imports[i].ptr == (uintptr_t)ptr) {
-      *out = dev->imports[i];
-      dev->imports[i] = dev->imports[--dev->nimports];
-      found = true;
-    }
-  pthread_mutex_unlock(&mp__ipc_mu);
-  return found;
+/* The index of the import at ptr in dev's list whose closing flag is
+ * closing, or SIZE_MAX. mp__ipc_mu held. */
+static size_t mp__ipc_find(const mp_device_t *dev, void *ptr, bool closing) {
+  for (size_t i = 0; i < dev->nimports; i++)
+    if (dev->imports[i].ptr == (uintptr_t)ptr &&
+        dev->imports[i].closing == closing)
+      return i;
+  return SIZE_MAX;
 }
 
-static mp_status_t mp__ipc_unmap(mp_device_t *dev,
-                                 const struct mp__import *im) {
-  mp_status_t st = dev->ops->ipc_close(dev, im->base, im->bytes, im->kind);
+/* Marks the import at ptr as closing and copies it to *out; false when
+ * there is none (or another close of it is under way). */
+static bool mp__ipc_take(mp_device_t *dev, void *ptr, struct mp__import *out) {
+  pthread_mutex_lock(&mp__ipc_mu);
+  size_t i = mp__ipc_find(dev, ptr, false);
+  if (i != SIZE_MAX) {
+    dev->imports[i].closing = true;
+    *out = dev->imports[i];
+  }
+  pthread_mutex_unlock(&mp__ipc_mu);
+  return i != SIZE_MAX;
+}
+
+/* Ends the close of the import at ptr: drops it from the list (gone) or
+ * leaves it there, not closing any more. */
+static void mp__ipc_done(mp_device_t *dev, void *ptr, bool gone) {
+  pthread_mutex_lock(&mp__ipc_mu);
+  size_t i = mp__ipc_find(dev, ptr, true);
+  if (gone)
+    dev->imports[i] = dev->imports[--dev->nimports];
+  else
+    dev->imports[i].closing = false;
+  pthread_mutex_unlock(&mp__ipc_mu);
+}
+
+/* Unmaps an import mp__ipc_take marked and closes its lease. A close the
+ * backend failed before the memory was unmapped changes nothing (unless
+ * force: the device is closing): the import stays listed with its lease
+ * open (the exporter must not reuse a block still mapped here), and may be
+ * closed again. */
+static mp_status_t mp__ipc_unmap(mp_device_t *dev, const struct mp__import *im,
+                                 bool force) {
+  bool unmapped = false;
+  mp_status_t st =
+      dev->ops->ipc_close(dev, im->base, im->bytes, im->kind, &unmapped);
+  mp__ipc_done(dev, (void *)im->ptr, unmapped || force);
+  if (!unmapped && !force)
+    return mp__fail(st,
+                    "%s (the import is still mapped and leased: close it "
+                    "again)",
+                    mp_last_error());
   close(im->lease); /* the exporter may reuse the block from now on */
+  if (st != MP_OK && unmapped)
+    return mp__fail(st, "%s (the memory is unmapped and the import closed)",
+                    mp_last_error());
   return st;
 }
 
@@ -141,14 +180,14 @@ mp_status_t mp_ipc_close(mp_device_t *dev, void *ptr) {
                     "mp_ipc_close: %p is not memory mp_ipc_import mapped on "
                     "%s (closed already?)",
                     ptr, dev->name);
-  return mp__ipc_unmap(dev, &im);
+  return mp__ipc_unmap(dev, &im, false);
 }
 
 void mp__ipc_close_all(mp_device_t *dev) {
   struct mp__import im;
   while (dev->nimports > 0 &&
          mp__ipc_take(dev, (void *)dev->imports[0].ptr, &im))
-    (void)mp__ipc_unmap(dev, &im);
+    (void)mp__ipc_unmap(dev, &im, true);
   free(dev->imports);
   dev->imports = NULL;
   dev->imports_cap = 0;

@@ -388,11 +388,14 @@ MP_API mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
  * back to the device while keeping the pool's virtual addresses reserved
  * (with MP_PAUSE_KEEP_CONTENT, the live blocks are first copied to one
  * page-locked host buffer). Afterwards reserved_bytes and free_bytes are 0;
- * every call on the pool but resume, stats, dump, destroy and
- * mp_handle_ptr is MP_EBUSY. A pool that holds plain segments (no virtual
- * memory, or virtual=0) or is a child: MP_ENOTSUP; live child pools or a
- * pool paused already: MP_EBUSY. A pause that fails leaves the pool as it
- * was. One pool per tag (weights, KV cache) pauses each separately. */
+ * every call on the pool but resume, stats, dump, snapshot, destroy and
+ * mp_handle_ptr is MP_EBUSY (a snapshot of a paused pool lists no segment;
+ * with history=N its trace has a segment_unmap per chunk the pause gave
+ * back and a segment_map per chunk resume maps again). A pool that holds plain
+ * segments (no virtual memory, or virtual=0) or is a child: MP_ENOTSUP; live
+ * child pools or a pool paused already: MP_EBUSY. A pause that fails leaves the
+ * pool as it was. One pool per tag (weights, KV cache) pauses each separately.
+ */
 #define MP_PAUSE_KEEP_CONTENT 0x1u
 MP_API mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags);
 /* Maps the memory again at the same addresses, content back if it was kept
@@ -477,8 +480,12 @@ MP_API mp_status_t mp_pool_ipc_poll(mp_pool_t *pool, size_t *held);
 MP_API mp_status_t mp_ipc_import(mp_device_t *dev, mp_ipc_handle_t *h,
                                  void **out);
 /* Unmaps an import (ptr as mp_ipc_import gave it) after the device's
- * queued work, and closes its lease. Anything else: MP_EINVAL. Imports
- * left open are closed by mp_device_close. */
+ * queued work, and closes its lease. Anything else: MP_EINVAL. A close the
+ * device fails (a call from a host function, a driver error) changes
+ * nothing: the import stays mapped and leased and may be closed again;
+ * only when the device had unmapped the memory before failing is the
+ * import closed anyway (the message says so). Imports left open are
+ * closed by mp_device_close. */
 MP_API mp_status_t mp_ipc_close(mp_device_t *dev, void *ptr);
 /* Sends h over the connected Unix socket sock: its bytes in one message
  * with its open descriptors attached (SCM_RIGHTS). h is not changed: its

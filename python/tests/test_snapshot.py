@@ -206,3 +206,40 @@ def test_snapshot_uses_only_opcodes_the_memory_viz_page_reads(device, tmp_path):
     assert used <= VIEWER_OPCODES, used - VIEWER_OPCODES
     assert data[:2] == b"\x80\x02"
     p.destroy()
+
+
+@pytest.mark.parametrize("keep_content", [False, True])
+def test_a_paused_pool_lists_no_mapped_memory(device, tmp_path, keep_content):
+    # Pause gives every mapped byte back to the device: a snapshot then
+    # holds no segment (memory_viz draws segments as reserved memory, and
+    # stats say 0 reserved), and the trace says where the memory went
+    # (segment_unmap at the pause, segment_map again at resume), so that
+    # the viewer's segment timeline, replayed from the segments, agrees.
+    p = mempool.Pool(device, max_bytes="32M", history=1000)
+    live = _run(p, SIZES)
+    p.snapshot(str(tmp_path / "before.pickle"))
+    before = _load(tmp_path / "before.pickle")
+    mapped = sorted((seg["address"], seg["total_size"])
+                    for seg in before["segments"])
+    assert mapped
+    p.pause(keep_content=keep_content)
+    assert p.stats()["reserved_bytes"] == 0
+    p.snapshot(str(tmp_path / "paused.pickle"))
+    paused = _load(tmp_path / "paused.pickle")
+    assert paused["segments"] == []
+    t = paused["device_traces"][0]
+    n = len(before["device_traces"][0])
+    unmapped = sorted((e["addr"], e["size"]) for e in t[n:])
+    assert [e["action"] for e in t[n:]] == ["segment_unmap"] * len(t[n:])
+    assert unmapped and sum(s for _, s in unmapped) == sum(s for _, s in mapped)
+    p.resume()
+    p.snapshot(str(tmp_path / "resumed.pickle"))
+    resumed = _load(tmp_path / "resumed.pickle")
+    assert sorted((seg["address"], seg["total_size"])
+                  for seg in resumed["segments"]) == mapped
+    t = resumed["device_traces"][0][len(t):]
+    assert [e["action"] for e in t] == ["segment_map"] * len(unmapped)
+    assert sorted((e["addr"], e["size"]) for e in t) == unmapped
+    for a in live:
+        p.free(a)
+    p.destroy()

@@ -82,14 +82,17 @@ typedef struct mp__backend {
    * one allocation (vm false: one alloc) or one vm_map mapping (vm true),
    * (base, bytes); fills h->kind and h->fd or h->opaque, nothing else.
    * ipc_open maps what h names (h->mem_bytes bytes) into this process and
-   * leaves h's descriptors to the caller; ipc_close undoes it. NULL: the
+   * leaves h's descriptors to the caller; ipc_close undoes it, setting
+   * *unmapped when the memory is no longer mapped: always on MP_OK; on a
+   * failure only when it came after the unmap (the mapping is gone, what
+   * failed is cleanup), else the mapping is left as it was. NULL: the
    * backend cannot share memory (MP_ENOTSUP). */
   mp_status_t (*ipc_export)(mp_device_t *dev, void *base, size_t bytes, bool vm,
                             mp_ipc_handle_t *h);
   mp_status_t (*ipc_open)(mp_device_t *dev, const mp_ipc_handle_t *h,
                           void **out);
   mp_status_t (*ipc_close)(mp_device_t *dev, void *base, size_t bytes,
-                           unsigned kind);
+                           unsigned kind, bool *unmapped);
 } mp__backend_t;
 
 typedef struct mp__watch {

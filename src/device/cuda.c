@@ -1174,8 +1174,10 @@ static mp_status_t mp__cuda_ipc_open(mp_device_t *dev, const mp_ipc_handle_t *h,
 }
 
 static mp_status_t mp__cuda_ipc_close(mp_device_t *dev, void *base,
-                                      size_t bytes, unsigned kind) {
+                                      size_t bytes, unsigned kind,
+                                      bool *unmapped) {
   mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  *unmapped = false;
   /* Work queued on this device may still use it. */
   mp_status_t st = mp__cuda_synchronize(dev);
   if (st != MP_OK)
@@ -1183,8 +1185,12 @@ static mp_status_t mp__cuda_ipc_close(mp_device_t *dev, void *base,
   CUresult r;
   if (kind == MP_IPC_CUDA) {
     MP__CU_IN_CTX(cd, r, mp__cu.IpcCloseMemHandle((CUdeviceptr)base));
+    *unmapped = r == CUDA_SUCCESS;
   } else {
     MP__CU_IN_CTX(cd, r, mp__cu.MemUnmap((CUdeviceptr)base, bytes));
+    /* Unmapped, the memory is gone: a failing address free after it
+     * leaves only the reservation behind. */
+    *unmapped = r == CUDA_SUCCESS;
     if (r == CUDA_SUCCESS)
       MP__CU_IN_CTX(cd, r, mp__cu.MemAddressFree((CUdeviceptr)base, bytes));
   }

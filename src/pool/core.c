@@ -187,6 +187,10 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
   mp__streams_poll(pool, true);
   if ((b = mp__search(pool, size, sidx)) != NULL)
     goto got;
+  /* Paused while a rung had the lock dropped: no retry, no OOM counted
+   * (alloc.c answers MP_EBUSY). */
+  if (pool->paused)
+    return mp__pool_paused(pool, "allocation");
   /* Rung: synchronize, give back every free segment, grow again. */
   if (pool->st.free_bytes > 0 || pool->nstreams > 1) {
     pool->st.alloc_retry_count++;
@@ -218,6 +222,8 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
         return mp__stop(st);
     }
   }
+  if (pool->paused)
+    return mp__pool_paused(pool, "allocation");
   return mp__pool_oom(pool, st == MP_ELIMIT ? MP_ELIMIT : MP_ENOMEM, size);
 got:
   *out = b;

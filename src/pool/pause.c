@@ -9,7 +9,10 @@
  * MP_PAUSE_KEEP_CONTENT the live blocks are first copied, in address order,
  * into one page-locked host buffer, and resume copies them back. While
  * paused, reserved and free bytes read 0 and every call on the pool but
- * resume, stats, dump and destroy is MP_EBUSY (mp__pool_paused).
+ * resume, stats, dump, snapshot and destroy is MP_EBUSY (mp__pool_paused).
+ * The history records each chunk unmapped (segment_unmap) and mapped
+ * again (segment_map), and a snapshot of a paused pool lists no segment
+ * (snapshot.c).
  *
  * Failure halfway leaves nothing lost: a pause that cannot unmap maps back
  * what it had unmapped (and copies the content back; without
@@ -90,6 +93,14 @@ static mp_status_t mp__chunks(mp_pool_t *pool, mp__segment_t *v, bool map,
     }
   }
   return MP_OK;
+}
+
+/* Records what a pause unmapped or a resume mapped (action: segment_unmap
+ * or segment_map), so that a snapshot's trace leads to its segments. */
+static void mp__chunks_history(mp_pool_t *pool, const mp__segment_t *v,
+                               int action) {
+  for (size_t i = 0; v != NULL && i < v->nchunks; i++)
+    MP__HIST(pool, action, v->chunks[i].addr, v->chunks[i].size, 0);
 }
 
 /* What pause may not handle: EBUSY/ENOTSUP with a message, or MP_OK. */
@@ -180,6 +191,7 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
     return st;
   }
   pool->st.device_free_count += v ? v->nchunks : 0;
+  mp__chunks_history(pool, v, MP__H_SEGMENT_UNMAP);
   pool->paused_reserved = pool->st.reserved_bytes;
   pool->paused_free = pool->st.free_bytes;
   pool->st.reserved_bytes = pool->st.free_bytes = 0;
@@ -225,6 +237,7 @@ mp_status_t mp_pool_resume(mp_pool_t *pool) {
   if (st == MP_OK) {
     pool->paused = false;
     pool->st.device_alloc_count += v ? v->nchunks : 0;
+    mp__chunks_history(pool, v, MP__H_SEGMENT_MAP);
     pool->st.reserved_bytes = pool->paused_reserved;
     pool->st.free_bytes = pool->paused_free;
     /* mp_pool_reset_peaks while paused set the peak to 0. */

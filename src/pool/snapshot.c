@@ -18,7 +18,8 @@
  *
  * Segments: each plain segment, and each run of mapped memory of the
  * virtual range between two holes (is_expandable True, as PyTorch's
- * expandable segments). A block's state is "active_allocated" when live,
+ * expandable segments); none while the pool is paused (pause.c). A
+ * block's state is "active_allocated" when live,
  * "inactive" when free; its frames are those of the last alloc event of
  * its address still in the history. Frames are symbolized with dladdr():
  * filename is the object file, name the nearest dynamic symbol ("??" when
@@ -190,7 +191,10 @@ static mp_status_t mp__snap_take(mp_pool_t *pool, mp__snap_t *s) {
   memset(s, 0, sizeof *s);
   s->segment_bytes = pool->cfg.segment_bytes;
   size_t nb = 0, ns = 0;
-  for (mp__segment_t *g = pool->segs; g != NULL; g = g->next, ns++)
+  /* Paused, the pool maps nothing: no segment, as stats say 0 reserved
+   * (the trace's segment_unmap events say where the memory went). */
+  mp__segment_t *segs = pool->paused ? NULL : pool->segs;
+  for (mp__segment_t *g = segs; g != NULL; g = g->next, ns++)
     for (mp__block_t *b = g->first; b != NULL; b = b->next)
       nb++;
   const mp__history_t *h = &pool->hist;
@@ -207,7 +211,7 @@ static mp_status_t mp__snap_take(mp_pool_t *pool, mp__snap_t *s) {
     return mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
   }
   /* Segments oldest first (the list is newest first). */
-  mp__segment_t *last = pool->segs;
+  mp__segment_t *last = segs;
   while (last != NULL && last->next != NULL)
     last = last->next;
   for (mp__segment_t *g = last; g != NULL; g = g->prev) {

@@ -98,3 +98,38 @@ Test(cuda_ipc, a_handle_from_another_device_kind_is_einval) {
   mp_device_close(host);
   mp_device_close(d);
 }
+
+/* mp_ipc_close from a host function: cuCtxSynchronize there is a call CUDA
+ * forbids (cuda.h, cuLaunchHostFunc: "The host function must not make any
+ * CUDA API calls"; the fake answers CUDA_ERROR_NOT_PERMITTED). The close
+ * fails before anything is unmapped, so it must change nothing: the import
+ * stays mapped and leased, and a later close unmaps it. Not on a GPU,
+ * where the forbidden call may hang. */
+Test(cuda_ipc, a_close_that_fails_keeps_the_import_and_its_lease) {
+  if (fk_is_real())
+    cr_skip_test("a driver call from a host function may hang a GPU");
+  skip_without_vmm_fd();
+  mp_device_t *d = open_dev("cuda");
+  mp_pool_t *pool;
+  void *p, *q;
+  mp_ipc_handle_t h;
+  cr_assert_eq(export_small(d, &pool, &p, &h), MP_OK, "%s", mp_last_error());
+  int lease = h.lease_fd;
+  cr_assert_eq(mp_ipc_import(d, &h, &q), MP_OK, "%s", mp_last_error());
+  long long unmaps = fk_calls("cuMemUnmap");
+  cr_expect_neq(ipc_close_in_host_fn(d, q), MP_OK,
+                "a close from a host function succeeded");
+  cr_expect_eq(fk_calls("cuMemUnmap"), unmaps, "the failed close unmapped");
+  cr_expect_neq(fcntl(lease, F_GETFD), -1,
+                "a failed close let the exporter reuse the block");
+  cr_expect_eq(mp_ipc_close(d, q), MP_OK,
+               "the import was dropped by the failed close: %s",
+               mp_last_error());
+  cr_expect_eq(fcntl(lease, F_GETFD), -1, "close keeps the lease open");
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  size_t held = 1;
+  cr_assert_eq(mp_pool_ipc_poll(pool, &held), MP_OK);
+  cr_expect_eq(held, 0);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(d);
+}

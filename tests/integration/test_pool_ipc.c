@@ -47,6 +47,16 @@ static mp_ipc_handle_t exported(mp_pool_t *pool, void **p) {
   return h;
 }
 
+/* Frees p, whose imports are all closed: nothing is held after a poll. */
+static void free_released_and_destroy(mp_pool_t *pool, void *p) {
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  size_t held = 1;
+  cr_assert_eq(mp_pool_ipc_poll(pool, &held), MP_OK);
+  cr_expect_eq(held, 0);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
 Test(pool_ipc_args, bad_handles_are_einval_and_keep_their_descriptors) {
   mp_pool_t *pool = make_pool(dev, NULL);
   void *p, *q;
@@ -91,12 +101,7 @@ Test(pool_ipc_args, bad_handles_are_einval_and_keep_their_descriptors) {
   cr_expect_eq(mp_ipc_close(NULL, q), MP_EINVAL);
   close(pipefd[0]);
   close(pipefd[1]);
-  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
-  size_t held = 1;
-  cr_assert_eq(mp_pool_ipc_poll(pool, &held), MP_OK);
-  cr_expect_eq(held, 0);
-  check(pool);
-  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  free_released_and_destroy(pool, p);
 }
 
 Test(pool_ipc_args, bad_exports_are_refused_and_change_nothing) {
@@ -146,6 +151,29 @@ Test(pool_ipc_args, bad_exports_are_refused_and_change_nothing) {
   cr_assert_eq(mp_pool_free(pool, p), MP_OK);
   check(pool);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+/* mp_ipc_close from a host function: the host device refuses the wait for
+ * its own streams (MP_EINVAL), so the close fails before anything is
+ * unmapped. */
+Test(pool_ipc_args, a_close_that_fails_keeps_the_import_and_its_lease) {
+  mp_pool_t *pool = make_pool(dev, NULL);
+  void *p, *q;
+  mp_ipc_handle_t h = exported(pool, &p);
+  int lease = h.lease_fd;
+  cr_assert_eq(mp_ipc_import(dev, &h, &q), MP_OK, "%s", mp_last_error());
+  mp_status_t st = ipc_close_in_host_fn(dev, q);
+  cr_expect_eq(st, MP_EINVAL, "a close from a host function: %d", st);
+  /* Nothing changed: still mapped, still leased (the exporter must not
+   * reuse the block), and a later close does it. */
+  cr_expect(fd_open(lease), "a failed close let the exporter reuse the block");
+  ipc_fill(dev, q, 3 * MiB, 5);
+  ipc_expect(dev, p, 3 * MiB, 5);
+  cr_expect_eq(mp_ipc_close(dev, q), MP_OK,
+               "the import was dropped by the failed close: %s",
+               mp_last_error());
+  cr_expect(!fd_open(lease), "close keeps the lease open");
+  free_released_and_destroy(pool, p);
 }
 
 Test(pool_ipc_args, a_socket_that_carries_no_handle_is_eio) {

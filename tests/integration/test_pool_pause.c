@@ -387,3 +387,78 @@ static void *defrag_churn(void *arg) {
 Test(pool_pause, defragmentation_racing_pauses_is_ebusy_and_copies_nothing) {
   race_pauses(defrag_churn, 2);
 }
+
+/* An allocation that cannot be served (the device is full) while pauses
+ * run: its ladder drops the lock (the failing device call, the
+ * synchronization, defragmentation) and a pause may run meanwhile. A
+ * request answered MP_EBUSY did not fail for lack of memory: oom_count
+ * (PyTorch's num_ooms) must count only the MP_ENOMEM answers. */
+typedef struct {
+  mp_pool_t *p;
+  _Atomic int *stop;
+  _Atomic long busy, ooms; /* read by the pausing thread */
+  long miscounted, other;
+  mp_status_t other_st;
+} oom_racer_t;
+
+static void *alloc_too_much(void *arg) {
+  oom_racer_t *r = arg;
+  while (!atomic_load(r->stop)) {
+    mp_stats_t before, after;
+    mp_pool_get_stats(r->p, &before);
+    void *x;
+    mp_status_t st = mp_pool_alloc(r->p, 48 * MiB, NULL, &x);
+    mp_pool_get_stats(r->p, &after);
+    uint64_t counted = after.oom_count - before.oom_count;
+    if (st == MP_EBUSY) {
+      atomic_fetch_add(&r->busy, 1);
+      r->miscounted += counted != 0;
+      sched_yield();
+    } else if (st == MP_ENOMEM) {
+      atomic_fetch_add(&r->ooms, 1);
+      r->miscounted += counted != 1;
+    } else {
+      r->other++;
+      r->other_st = st;
+      if (st == MP_OK)
+        mp_pool_free(r->p, x);
+    }
+  }
+  return NULL;
+}
+
+Test(pool_pause, an_allocation_answered_ebusy_by_a_pause_counts_no_oom) {
+  /* Each device call takes 200 us: the ladder's lock drops are wide. */
+  mp_device_t *dev = open_dev("host:capacity=64M,latency_us=200");
+  mp_pool_t *p = make_pool(dev, NULL);
+  void *big;
+  cr_assert_eq(mp_pool_alloc(p, 40 * MiB, NULL, &big), MP_OK, "%s",
+               mp_last_error());
+  _Atomic int stop = 0;
+  oom_racer_t r = {.p = p, .stop = &stop};
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, alloc_too_much, &r), 0);
+  for (int round = 0;
+       round < 400 || atomic_load(&r.busy) + atomic_load(&r.ooms) < 400;
+       round++) {
+    cr_assert_eq(mp_pool_pause(p, 0), MP_OK, "round %d: %s", round,
+                 mp_last_error());
+    sched_yield();
+    cr_assert_eq(mp_pool_resume(p), MP_OK, "round %d: %s", round,
+                 mp_last_error());
+    sched_yield();
+  }
+  atomic_store(&stop, 1);
+  pthread_join(t, NULL);
+  cr_expect_eq(r.other, 0, "%ld answers neither MP_EBUSY nor MP_ENOMEM (%d)",
+               r.other, r.other_st);
+  cr_expect_eq(r.miscounted, 0,
+               "%ld of %ld MP_EBUSY and %ld MP_ENOMEM answers moved oom_count "
+               "wrongly",
+               r.miscounted, atomic_load(&r.busy), atomic_load(&r.ooms));
+  cr_expect_eq(stats(p).oom_count, (uint64_t)atomic_load(&r.ooms));
+  cr_assert_eq(mp_pool_free(p, big), MP_OK);
+  check(p);
+  mp_pool_destroy(p);
+  mp_device_close(dev);
+}

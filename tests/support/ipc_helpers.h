@@ -57,6 +57,29 @@ static inline void ipc_expect(mp_device_t *dev, const void *p, size_t n,
   cr_assert_eq(at, n, "byte %zu of %zu is not what was written", at, n);
 }
 
+/* mp_ipc_close(dev, ptr) called by a host function on a new stream of
+ * dev (a call that may not wait for the device): its status. */
+typedef struct {
+  mp_device_t *dev;
+  void *ptr;
+  mp_status_t st;
+} ipc_close_call_t;
+
+static inline void ipc_close_call(void *arg) {
+  ipc_close_call_t *c = arg;
+  c->st = mp_ipc_close(c->dev, c->ptr);
+}
+
+static inline mp_status_t ipc_close_in_host_fn(mp_device_t *dev, void *ptr) {
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK, "%s", mp_last_error());
+  ipc_close_call_t c = {.dev = dev, .ptr = ptr, .st = MP_OK};
+  cr_assert_eq(mp_stream_launch_host(dev, s, ipc_close_call, &c), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, s), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+  return c.st;
+}
+
 #ifdef MP_IPC_IMPORTER /* tests that start the importer (CMake:                \
                           mempool_ipc_test) */
 
