@@ -141,6 +141,7 @@ static bool mp__ipc_take(mp_device_t *dev, void *ptr, struct mp__import *out) {
 static void mp__ipc_done(mp_device_t *dev, void *ptr, bool gone) {
   pthread_mutex_lock(&mp__ipc_mu);
   size_t i = mp__ipc_find(dev, ptr, true);
+  MP__ASSERT(i != SIZE_MAX); /* mp__ipc_take marked it; only this unmarks */
   if (gone)
     dev->imports[i] = dev->imports[--dev->nimports];
   else

@@ -92,6 +92,10 @@ MP__HOT void mp__index_insert_hot(mp_pool_t *pool, mp__block_t *b) {
   *l = *r = NULL;
 }
 
+_Static_assert(((MP__FL_COUNT * MP__SL_COUNT) &
+                (MP__FL_COUNT * MP__SL_COUNT - 1)) == 0,
+               "mp__index_remove_hot masks a class into bins[]");
+
 MP__HOT void mp__index_remove_hot(mp_pool_t *pool, mp__block_t *b) {
   /* The mask keeps a record that was never indexed (cls unset) inside
    * bins[]; the descent then does not find it. */
