@@ -244,6 +244,31 @@ static mp_status_t mp__arena_retry(mp_pool_t *a, size_t bytes, mp_stream_t s,
   return st;
 }
 
+/* Under no lock: one reclaim step for arena a, then its retry. deep 0:
+ * (capped pools) the other arenas' unused share comes back and a gets half
+ * of what is left; 1: every other arena is trimmed too and a gets all the
+ * room; 2: no reclaim (more than the whole pool may hold), just the retry. */
+static mp_status_t mp__arena_reclaim_retry(mp_pool_t *pool, mp_pool_t *a,
+                                           int deep, size_t bytes,
+                                           mp_stream_t s, void **out) {
+  mp__pool_lock(pool);
+  for (size_t i = 0; deep == 1 && i < pool->cfg.arenas; i++) {
+    mp_pool_t *b = mp__arena_at(pool, i);
+    size_t left;
+    if (b != NULL && b != a)
+      (void)mp__arena_trim_one(b, 0, &left);
+  }
+  if (pool->cap_is_max && deep < 2)
+    mp__arena_share(pool, a, deep == 1);
+  /* The retry runs with the pool's lock held: another arena's slow path
+   * would otherwise take back the share just given before it is used
+   * (arenas at the cap stealing from each other). The fast paths never
+   * take the pool's lock, and an arena's own ladder never does. */
+  mp_status_t st = mp__arena_retry(a, bytes, s, out);
+  mp__pool_unlock(pool);
+  return st;
+}
+
 /* The arena's allocation failed with st: reclaim across arenas and retry
  * (the opening comment's order), then the pool's out-of-memory handler. */
 static mp_status_t mp__arena_alloc_slow(mp_pool_t *pool, mp_pool_t *a,
@@ -253,31 +278,19 @@ static mp_status_t mp__arena_alloc_slow(mp_pool_t *pool, mp_pool_t *a,
     return st;
   /* More than the whole pool may hold: no reclaim would help. */
   int deep = bytes > pool->cap ? 2 : pool->cap_is_max ? 0 : 1;
-  for (; deep < 2 && mp__arena_oom(st); deep++) {
-    mp__pool_lock(pool);
-    for (size_t i = 0; deep && i < pool->cfg.arenas; i++) {
-      mp_pool_t *b = mp__arena_at(pool, i);
-      size_t left;
-      if (b != NULL && b != a)
-        (void)mp__arena_trim_one(b, 0, &left);
-    }
-    if (pool->cap_is_max)
-      mp__arena_share(pool, a, deep);
-    /* The retry runs with the pool's lock held: another arena's slow path
-     * would otherwise take back the share just given before it is used
-     * (arenas at the cap stealing from each other). The fast paths never
-     * take the pool's lock, and an arena's own ladder never does. */
-    st = mp__arena_retry(a, bytes, s, out);
-    mp__pool_unlock(pool);
-  }
+  for (; deep < 2 && mp__arena_oom(st); deep++)
+    st = mp__arena_reclaim_retry(pool, a, deep, bytes, s, out);
   if (!mp__arena_oom(st))
     return st;
   mp__pool_lock(pool);
   mp_pool_oom_handler_t fn = pool->oom_fn;
   void *ctx = pool->oom_ctx;
   mp__pool_unlock(pool);
+  /* What the handler freed went to the arenas holding it (their cache,
+   * their share of the cap): the retry reclaims it as the full step does. */
   if (fn != NULL && fn(pool, bytes, st, ctx) != 0)
-    st = mp__arena_retry(a, bytes, s, out);
+    st = mp__arena_reclaim_retry(pool, a, bytes > pool->cap ? 2 : 1, bytes, s,
+                                 out);
   if (!mp__arena_oom(st))
     return st;
   /* The arena's message named its own figures: name the pool's. */

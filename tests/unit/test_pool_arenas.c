@@ -327,6 +327,50 @@ Test(pool_arenas, out_of_memory_handler_gets_the_pool) {
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
 }
 
+/* A handler that frees the block in *ctx (held by another thread's arena)
+ * and asks for a retry. */
+static int free_held(mp_pool_t *pool, size_t bytes, mp_status_t st, void *ctx) {
+  (void)bytes, (void)st;
+  void **held = ctx;
+  handler_calls++;
+  if (*held == NULL || mp_pool_free(pool, *held) != MP_OK)
+    return 0;
+  *held = NULL;
+  return 1;
+}
+
+/* What the handler frees lands in the arena that held it: the retry must
+ * be able to use it (its cache, its share of the cap), as a pool without
+ * arenas would. opts: the pool; 40 MiB twice does not fit either way. */
+static void handler_frees_another_arenas_block(const char *opts) {
+  mp_pool_t *pool = make_pool(dev, opts);
+  job_t a = {.pool = pool, .bytes = 40 * MiB, .count = 1};
+  on_thread(alloc_job, &a);
+  cr_assert_eq(a.st, MP_OK, "%s", mp_last_error());
+  void *held = a.ptrs[0];
+  cr_assert_eq(mp_pool_set_oom_handler(pool, free_held, &held), MP_OK);
+  void *p = NULL;
+  mp_status_t st = mp_pool_alloc(pool, 40 * MiB, NULL, &p);
+  cr_expect_eq(handler_calls, 1);
+  cr_expect_eq(held, NULL, "the handler freed the other arena's block");
+  cr_expect_eq(st, MP_OK, "%s: %s", opts, mp_last_error());
+  mp_stats_t s = stats(pool);
+  cr_expect_eq(s.oom_count, 0, "a served allocation counts no failure");
+  cr_expect_leq(s.reserved_bytes, 48 * MiB);
+  if (st == MP_OK)
+    cr_expect_eq(mp_pool_free(pool, p), MP_OK);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+Test(pool_arenas, out_of_memory_handler_frees_reach_the_retry_on_the_device) {
+  handler_frees_another_arenas_block("arenas=2");
+}
+
+Test(pool_arenas, out_of_memory_handler_frees_reach_the_retry_under_the_cap) {
+  handler_frees_another_arenas_block("arenas=2,max_bytes=48M");
+}
+
 static void expect_refused(mp_status_t st, const char *what) {
   cr_expect_eq(st, MP_EINVAL, "%s: %d", what, st);
   cr_expect(strstr(mp_last_error(), "arenas") != NULL, "%s: '%s'", what,
