@@ -213,18 +213,22 @@ mp_pool_t *mp__arena_owner(mp_pool_t *pool, const void *ptr) {
   }
   /* Plain segments: a block starting at p in an arena's live map (a hash
    * probe; a walk of the segment list would cost as many steps as there
-   * are large blocks). */
-  for (size_t k = 0; k < n; k++) {
-    size_t i = mine + k < n ? mine + k : mine + k - n;
-    mp_pool_t *a = mp__arena_at(pool, i);
-    if (a == NULL)
-      continue;
-    mp__pool_lock(a);
-    bool in = mp__map_find(a, p) != NULL;
-    mp__pool_unlock(a);
-    if (in)
-      return a;
-  }
+   * are large blocks), then (not a live block's start: an interior,
+   * freed or foreign pointer, or base_alloc's) the arena whose segments
+   * hold p, so that its own path says what p is. */
+  for (int walk = 0; walk < 2; walk++)
+    for (size_t k = 0; k < n; k++) {
+      size_t i = mine + k < n ? mine + k : mine + k - n;
+      mp_pool_t *a = mp__arena_at(pool, i);
+      if (a == NULL)
+        continue;
+      mp__pool_lock(a);
+      bool in = walk ? mp__segment_containing(a, p) != NULL
+                     : mp__map_find(a, p) != NULL;
+      mp__pool_unlock(a);
+      if (in)
+        return a;
+    }
   return NULL;
 }
 

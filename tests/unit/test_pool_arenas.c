@@ -283,6 +283,33 @@ Test(pool_arenas, plain_segment_blocks_are_freed_in_their_arena) {
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
 }
 
+/* A bad pointer into an arena's plain segment gets the message a pool
+ * without arenas gives it (what is wrong with it), and changes nothing. */
+Test(pool_arenas, bad_pointers_into_plain_segments_say_what_is_wrong) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2,virtual=0");
+  job_t a = {.pool = pool, .bytes = 3 * MiB, .count = 2};
+  on_thread(alloc_job, &a);
+  cr_assert_eq(a.st, MP_OK, "%s", mp_last_error());
+  cr_assert_eq(pool->arenas[0].vsize + pool->arenas[1].vsize, 0);
+  cr_assert_eq(mp_pool_free(pool, a.ptrs[1]), MP_OK, "%s", mp_last_error());
+  mp_stats_t before = stats(pool);
+  char *inner = (char *)a.ptrs[0] + 4096;
+  cr_expect_eq(mp_pool_free(pool, inner), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "points inside the block") != NULL, "'%s'",
+            mp_last_error());
+  cr_expect_eq(mp_pool_record_stream(pool, inner, NULL), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "points inside the block") != NULL, "'%s'",
+            mp_last_error());
+  cr_expect_eq(mp_pool_free(pool, a.ptrs[1]), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "double free") != NULL, "'%s'",
+            mp_last_error());
+  mp_stats_t after = stats(pool);
+  cr_expect_eq(memcmp(&before, &after, sizeof before), 0);
+  cr_assert_eq(mp_pool_free(pool, a.ptrs[0]), MP_OK, "%s", mp_last_error());
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
 /* free_async and record_stream through the pool reach the owning arena. */
 Test(pool_arenas, stream_frees_reach_the_owning_arena) {
   mp_pool_t *pool = make_pool(dev, "arenas=2");
