@@ -133,6 +133,7 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
  * is looked at with no growth or release in flight. */
 static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
   MP__ASSERT_LOCKED(pool);
+  atomic_fetch_add_explicit(&pool->share_seq, 1, memory_order_acq_rel);
   size_t held = 0;
   for (size_t i = 0; i < pool->cfg.arenas; i++) {
     mp_pool_t *b = mp__arena_at(pool, i);
@@ -150,6 +151,7 @@ static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
   size_t r = a->st.reserved_bytes;
   a->cap = all || room <= r ? room : r + (room - r) / 2;
   mp__pool_unlock(a);
+  atomic_fetch_add_explicit(&pool->share_seq, 1, memory_order_acq_rel);
 }
 
 /* Gives arena a's cached memory back until at most keep bytes of it stay
@@ -196,6 +198,35 @@ mp_status_t mp__arena_add_stream(mp_pool_t *pool, mp_stream_t s) {
     st = mp__stream_index(a, s, &sidx);
     mp__pool_unlock(a);
   }
+  mp__pool_unlock(pool);
+  return st;
+}
+
+mp_status_t mp__arena_check(mp_pool_t *pool) {
+  mp__pool_lock(pool);
+  size_t caps = 0, reserved = 0;
+  mp_status_t st = MP_OK;
+  for (size_t i = 0; st == MP_OK && i < pool->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    if (a == NULL)
+      continue;
+    mp__pool_lock(a);
+    mp__pool_wait_idle(a);
+    if (pool->cap_is_max && a->st.reserved_bytes > a->cap)
+      st = mp__fail(MP_ECORRUPT,
+                    "pool check: arena %zu reserved %zu bytes, above its "
+                    "share of the cap (%zu)",
+                    i, a->st.reserved_bytes, a->cap);
+    caps += a->cap;
+    reserved += a->st.reserved_bytes;
+    mp__pool_unlock(a);
+  }
+  if (st == MP_OK && pool->cap_is_max &&
+      (caps > pool->cap || reserved > pool->cap))
+    st = mp__fail(MP_ECORRUPT,
+                  "pool check: the arenas' shares add up to %zu bytes and "
+                  "their reserved to %zu, above the cap (%zu)",
+                  caps, reserved, pool->cap);
   mp__pool_unlock(pool);
   return st;
 }

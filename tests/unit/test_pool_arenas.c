@@ -9,7 +9,9 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../support/pool_helpers.h"
 #include "pool/pool_internal.h"
@@ -533,6 +535,94 @@ Test(pool_arenas, threads_sharing_arenas_free_each_others_blocks_safely) {
   check(r.pool);
   cr_assert_eq(mp_pool_destroy(r.pool), MP_OK);
   mp_device_close(big);
+}
+
+/* ---- the cap while arenas hand its share back and forth ---------------- */
+/* Four threads on two arenas allocate and free on two streams under a
+ * tight cap (shares taken back, other arenas trimmed, failures expected);
+ * a fifth reads the stats, trims and checks. What the stats say the arenas
+ * reserved is never above the cap, nor is any arena above its share. */
+#define CAP_THREADS 4
+#define CAP_BYTES   (24 * MiB)
+
+typedef struct cap_race {
+  mp_pool_t *pool;
+  mp_stream_t s[2];
+  atomic_bool stop;
+  atomic_int bad;  /* answers other than OK / ELIMIT / ENOMEM */
+  atomic_int over; /* reads above the cap */
+  size_t worst;    /* the highest such read */
+  atomic_int served;
+} cap_race_t;
+
+static void *cap_alloc_job(void *arg) {
+  cap_race_t *r = arg;
+  static atomic_uint seeds;
+  unsigned seed = atomic_fetch_add(&seeds, 1) * 7919u + 1;
+  void *held[8] = {0};
+  while (!atomic_load(&r->stop)) {
+    int k = rand_r(&seed) % 8;
+    if (held[k] != NULL && mp_pool_free(r->pool, held[k]) != MP_OK)
+      atomic_fetch_add(&r->bad, 1);
+    held[k] = NULL;
+    size_t bytes = (size_t)(rand_r(&seed) % (3 << 20)) + 4096;
+    mp_status_t st =
+        mp_pool_alloc(r->pool, bytes, r->s[rand_r(&seed) % 2], &held[k]);
+    if (st == MP_OK)
+      atomic_fetch_add(&r->served, 1);
+    else if (st != MP_ELIMIT && st != MP_ENOMEM)
+      atomic_fetch_add(&r->bad, 1);
+    if (st != MP_OK)
+      held[k] = NULL;
+  }
+  for (int k = 0; k < 8; k++)
+    if (held[k] != NULL && mp_pool_free(r->pool, held[k]) != MP_OK)
+      atomic_fetch_add(&r->bad, 1);
+  return NULL;
+}
+
+Test(pool_arenas, reserved_never_reads_above_the_cap_while_shares_move,
+     .timeout = 60) {
+  cap_race_t r = {.pool = make_pool(dev, "arenas=2,max_bytes=24M")};
+  cr_assert_eq(mp_stream_create(dev, &r.s[0]), MP_OK);
+  cr_assert_eq(mp_stream_create(dev, &r.s[1]), MP_OK);
+  pthread_t t[CAP_THREADS];
+  for (int i = 0; i < CAP_THREADS; i++)
+    cr_assert_eq(pthread_create(&t[i], NULL, cap_alloc_job, &r), 0);
+  /* A few seconds: a read above the cap needs a share to move between
+   * the reads of the two arenas. */
+  struct timespec t0, now;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (int i = 0;; i++) {
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (now.tv_sec - t0.tv_sec >= 4)
+      break;
+    mp_stats_t s = stats(r.pool);
+    if (s.reserved_bytes > CAP_BYTES) {
+      atomic_fetch_add(&r.over, 1);
+      if (s.reserved_bytes > r.worst)
+        r.worst = s.reserved_bytes;
+    }
+    if (i % 8 == 0)
+      check(r.pool);
+    if (i % 16 == 0)
+      cr_assert_eq(mp_pool_trim(r.pool, 0), MP_OK, "%s", mp_last_error());
+  }
+  atomic_store(&r.stop, true);
+  for (int i = 0; i < CAP_THREADS; i++)
+    pthread_join(t[i], NULL);
+  cr_expect_eq(atomic_load(&r.bad), 0, "%s", mp_last_error());
+  cr_expect_gt(atomic_load(&r.served), 0);
+  cr_expect_eq(atomic_load(&r.over), 0,
+               "%d reads of the stats above the cap (%zu), the highest %zu",
+               atomic_load(&r.over), (size_t)CAP_BYTES, r.worst);
+  cr_expect_leq(stats(r.pool).reserved_bytes, CAP_BYTES);
+  check(r.pool);
+  cr_assert_eq(mp_stream_synchronize(dev, r.s[0]), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, r.s[1]), MP_OK);
+  cr_assert_eq(mp_pool_destroy(r.pool), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, r.s[0]), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, r.s[1]), MP_OK);
 }
 
 /* ---- making an arena while a stream is forgotten ------------------------ */
