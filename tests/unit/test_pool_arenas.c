@@ -540,8 +540,9 @@ Test(pool_arenas, threads_sharing_arenas_free_each_others_blocks_safely) {
 /* ---- the cap while arenas hand its share back and forth ---------------- */
 /* Four threads on two arenas allocate and free on two streams under a
  * tight cap (shares taken back, other arenas trimmed, failures expected);
- * a fifth reads the stats, trims and checks. What the stats say the arenas
- * reserved is never above the cap, nor is any arena above its share. */
+ * a fifth reads the stats and mem_info, trims and checks. What the stats
+ * say the arenas reserved is never above the cap, nor is any arena above
+ * its share. */
 #define CAP_THREADS 4
 #define CAP_BYTES   (24 * MiB)
 
@@ -603,6 +604,10 @@ Test(pool_arenas, reserved_never_reads_above_the_cap_while_shares_move,
       if (s.reserved_bytes > r.worst)
         r.worst = s.reserved_bytes;
     }
+    size_t free_b = 0, total_b = 0;
+    cr_assert_eq(mp_pool_mem_info(r.pool, &free_b, &total_b), MP_OK);
+    cr_assert(total_b <= CAP_BYTES && free_b <= total_b, "mem_info %zu of %zu",
+              free_b, total_b);
     if (i % 8 == 0)
       check(r.pool);
     if (i % 16 == 0)
