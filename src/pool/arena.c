@@ -133,6 +133,7 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
  * is looked at with no growth or release in flight. */
 static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
   MP__ASSERT_LOCKED(pool);
+  atomic_fetch_add_explicit(&pool->share_seq, 1, memory_order_acq_rel);
   size_t held = 0;
   for (size_t i = 0; i < pool->cfg.arenas; i++) {
     mp_pool_t *b = mp__arena_at(pool, i);
@@ -150,6 +151,7 @@ static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
   size_t r = a->st.reserved_bytes;
   a->cap = all || room <= r ? room : r + (room - r) / 2;
   mp__pool_unlock(a);
+  atomic_fetch_add_explicit(&pool->share_seq, 1, memory_order_acq_rel);
 }
 
 /* Gives arena a's cached memory back until at most keep bytes of it stay
@@ -200,6 +202,35 @@ mp_status_t mp__arena_add_stream(mp_pool_t *pool, mp_stream_t s) {
   return st;
 }
 
+mp_status_t mp__arena_check(mp_pool_t *pool) {
+  mp__pool_lock(pool);
+  size_t caps = 0, reserved = 0;
+  mp_status_t st = MP_OK;
+  for (size_t i = 0; st == MP_OK && i < pool->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    if (a == NULL)
+      continue;
+    mp__pool_lock(a);
+    mp__pool_wait_idle(a);
+    if (pool->cap_is_max && a->st.reserved_bytes > a->cap)
+      st = mp__fail(MP_ECORRUPT,
+                    "pool check: arena %zu reserved %zu bytes, above its "
+                    "share of the cap (%zu)",
+                    i, a->st.reserved_bytes, a->cap);
+    caps += a->cap;
+    reserved += a->st.reserved_bytes;
+    mp__pool_unlock(a);
+  }
+  if (st == MP_OK && pool->cap_is_max &&
+      (caps > pool->cap || reserved > pool->cap))
+    st = mp__fail(MP_ECORRUPT,
+                  "pool check: the arenas' shares add up to %zu bytes and "
+                  "their reserved to %zu, above the cap (%zu)",
+                  caps, reserved, pool->cap);
+  mp__pool_unlock(pool);
+  return st;
+}
+
 mp_pool_t *mp__arena_owner(mp_pool_t *pool, const void *ptr) {
   uintptr_t p = (uintptr_t)ptr;
   /* A thread that never allocated from arenas takes no number here. */
@@ -213,18 +244,22 @@ mp_pool_t *mp__arena_owner(mp_pool_t *pool, const void *ptr) {
   }
   /* Plain segments: a block starting at p in an arena's live map (a hash
    * probe; a walk of the segment list would cost as many steps as there
-   * are large blocks). */
-  for (size_t k = 0; k < n; k++) {
-    size_t i = mine + k < n ? mine + k : mine + k - n;
-    mp_pool_t *a = mp__arena_at(pool, i);
-    if (a == NULL)
-      continue;
-    mp__pool_lock(a);
-    bool in = mp__map_find(a, p) != NULL;
-    mp__pool_unlock(a);
-    if (in)
-      return a;
-  }
+   * are large blocks), then (not a live block's start: an interior,
+   * freed or foreign pointer, or base_alloc's) the arena whose segments
+   * hold p, so that its own path says what p is. */
+  for (int walk = 0; walk < 2; walk++)
+    for (size_t k = 0; k < n; k++) {
+      size_t i = mine + k < n ? mine + k : mine + k - n;
+      mp_pool_t *a = mp__arena_at(pool, i);
+      if (a == NULL)
+        continue;
+      mp__pool_lock(a);
+      bool in = walk ? mp__segment_containing(a, p) != NULL
+                     : mp__map_find(a, p) != NULL;
+      mp__pool_unlock(a);
+      if (in)
+        return a;
+    }
   return NULL;
 }
 
@@ -244,6 +279,31 @@ static mp_status_t mp__arena_retry(mp_pool_t *a, size_t bytes, mp_stream_t s,
   return st;
 }
 
+/* Under no lock: one reclaim step for arena a, then its retry. deep 0:
+ * (capped pools) the other arenas' unused share comes back and a gets half
+ * of what is left; 1: every other arena is trimmed too and a gets all the
+ * room; 2: no reclaim (more than the whole pool may hold), just the retry. */
+static mp_status_t mp__arena_reclaim_retry(mp_pool_t *pool, mp_pool_t *a,
+                                           int deep, size_t bytes,
+                                           mp_stream_t s, void **out) {
+  mp__pool_lock(pool);
+  for (size_t i = 0; deep == 1 && i < pool->cfg.arenas; i++) {
+    mp_pool_t *b = mp__arena_at(pool, i);
+    size_t left;
+    if (b != NULL && b != a)
+      (void)mp__arena_trim_one(b, 0, &left);
+  }
+  if (pool->cap_is_max && deep < 2)
+    mp__arena_share(pool, a, deep == 1);
+  /* The retry runs with the pool's lock held: another arena's slow path
+   * would otherwise take back the share just given before it is used
+   * (arenas at the cap stealing from each other). The fast paths never
+   * take the pool's lock, and an arena's own ladder never does. */
+  mp_status_t st = mp__arena_retry(a, bytes, s, out);
+  mp__pool_unlock(pool);
+  return st;
+}
+
 /* The arena's allocation failed with st: reclaim across arenas and retry
  * (the opening comment's order), then the pool's out-of-memory handler. */
 static mp_status_t mp__arena_alloc_slow(mp_pool_t *pool, mp_pool_t *a,
@@ -253,31 +313,19 @@ static mp_status_t mp__arena_alloc_slow(mp_pool_t *pool, mp_pool_t *a,
     return st;
   /* More than the whole pool may hold: no reclaim would help. */
   int deep = bytes > pool->cap ? 2 : pool->cap_is_max ? 0 : 1;
-  for (; deep < 2 && mp__arena_oom(st); deep++) {
-    mp__pool_lock(pool);
-    for (size_t i = 0; deep && i < pool->cfg.arenas; i++) {
-      mp_pool_t *b = mp__arena_at(pool, i);
-      size_t left;
-      if (b != NULL && b != a)
-        (void)mp__arena_trim_one(b, 0, &left);
-    }
-    if (pool->cap_is_max)
-      mp__arena_share(pool, a, deep);
-    /* The retry runs with the pool's lock held: another arena's slow path
-     * would otherwise take back the share just given before it is used
-     * (arenas at the cap stealing from each other). The fast paths never
-     * take the pool's lock, and an arena's own ladder never does. */
-    st = mp__arena_retry(a, bytes, s, out);
-    mp__pool_unlock(pool);
-  }
+  for (; deep < 2 && mp__arena_oom(st); deep++)
+    st = mp__arena_reclaim_retry(pool, a, deep, bytes, s, out);
   if (!mp__arena_oom(st))
     return st;
   mp__pool_lock(pool);
   mp_pool_oom_handler_t fn = pool->oom_fn;
   void *ctx = pool->oom_ctx;
   mp__pool_unlock(pool);
+  /* What the handler freed went to the arenas holding it (their cache,
+   * their share of the cap): the retry reclaims it as the full step does. */
   if (fn != NULL && fn(pool, bytes, st, ctx) != 0)
-    st = mp__arena_retry(a, bytes, s, out);
+    st = mp__arena_reclaim_retry(pool, a, bytes > pool->cap ? 2 : 1, bytes, s,
+                                 out);
   if (!mp__arena_oom(st))
     return st;
   /* The arena's message named its own figures: name the pool's. */

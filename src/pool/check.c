@@ -217,6 +217,8 @@ mp_status_t mp_pool_check(mp_pool_t *pool) {
     st = mp__pool_check_locked(pool);
   mp__pool_unlock(pool);
   /* A pool with arenas (arena.c): each arena is a pool of its own. */
+  if (st == MP_OK && pool->arenas != NULL)
+    st = mp__arena_check(pool);
   for (size_t i = 0; st == MP_OK && pool->arenas && i < pool->cfg.arenas; i++)
     if (mp__arena_at(pool, i) != NULL)
       st = mp_pool_check(mp__arena_at(pool, i));

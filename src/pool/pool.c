@@ -248,6 +248,9 @@ mp_status_t mp_pool_mem_info(mp_pool_t *pool, size_t *free_bytes,
 }
 
 bool mp__pool_contains(mp_pool_t *pool, const void *ptr) {
+  /* With arenas the pool itself holds no memory (arena.c). */
+  if (MP__UNLIKELY(pool->arenas != NULL))
+    return mp__arena_owner(pool, ptr) != NULL;
   mp__pool_lock(pool);
   bool in = mp__segment_containing(pool, (uintptr_t)ptr) != NULL;
   mp__pool_unlock(pool);
@@ -302,6 +305,10 @@ bool mp__pool_block_of(mp_pool_t *pool, const void *ptr, void **base,
                        size_t *size) {
   uintptr_t p = (uintptr_t)ptr;
   bool found = false;
+  if (MP__UNLIKELY(pool->arenas != NULL)) {
+    mp_pool_t *a = mp__arena_owner(pool, ptr);
+    return a != NULL && mp__pool_block_of(a, ptr, base, size);
+  }
   mp__pool_lock(pool);
   mp_pool_t *g = pool->ngranges ? mp__graph_owner(pool, p) : NULL;
   mp__segment_t *seg = g == NULL ? mp__segment_containing(pool, p) : NULL;

@@ -359,6 +359,10 @@ struct mp_pool {
   /* arena.c: cfg.arenas entries (NULL: no arenas). An arena is a pool of
    * its own with arenas NULL; the pool itself then holds no memory. */
   struct mp__arena *arenas;
+  /* arena.c: odd while mp__arena_share moves the cap's shares (under the
+   * pool's lock), bumped again when done: a stats read across arenas that
+   * saw it change reads again (stats.c). */
+  _Atomic uint64_t share_seq;
   struct mp__export *exports; /* export.c: open leases */
   size_t nexports, exports_cap;
   size_t nheld; /* blocks MP__B_HELD */
@@ -461,6 +465,10 @@ mp_status_t mp__arenas_init(mp_pool_t *pool);
  * share of the cap are taken back and it tries again. No lock held. */
 mp_status_t mp__arena_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                             void **out);
+/* mp_pool_check on a pool with arenas, beyond each arena's own check
+ * (no lock held): under the pool's lock, no arena above its share of the
+ * cap, and the shares within the cap. */
+mp_status_t mp__arena_check(mp_pool_t *pool);
 /* The arena whose memory holds ptr (the calling thread's first), or NULL.
  * No lock held. */
 mp_pool_t *mp__arena_owner(mp_pool_t *pool, const void *ptr);

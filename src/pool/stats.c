@@ -58,9 +58,11 @@ static void mp__stats_add(mp_stats_t *a, const mp_stats_t *b) {
   a->alloc_retry_count += b->alloc_retry_count;
 }
 
-void mp__stats_read(mp_pool_t *pool, mp_stats_t *out) {
-  mp__stats_one(pool, out);
-  for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas; i++) {
+/* The arenas' counters summed once; false when the cap's shares moved
+ * meanwhile (share_seq). */
+static bool mp__stats_sum_arenas(mp_pool_t *pool, mp_stats_t *out) {
+  uint64_t seq = atomic_load_explicit(&pool->share_seq, memory_order_acquire);
+  for (size_t i = 0; i < pool->cfg.arenas; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);
     mp_stats_t s;
     if (a == NULL)
@@ -68,6 +70,30 @@ void mp__stats_read(mp_pool_t *pool, mp_stats_t *out) {
     mp__stats_one(a, &s);
     mp__stats_add(out, &s);
   }
+  return (seq & 1) == 0 &&
+         atomic_load_explicit(&pool->share_seq, memory_order_acquire) == seq;
+}
+
+void mp__stats_read(mp_pool_t *pool, mp_stats_t *out) {
+  mp__stats_one(pool, out);
+  if (pool->arenas == NULL)
+    return;
+  /* The arenas one after another. Each holds at most its share of the cap
+   * when read, and the shares add up to at most the cap; but a share moved
+   * from an arena already read to one read later would count twice (the
+   * reserved bytes read above max_bytes). So a read that saw the shares
+   * move reads again; after a few tries, under the pool's lock, under
+   * which they move (not at first: trim holds it across synchronizes). */
+  mp_stats_t own = *out;
+  for (int tries = 0; tries < 4; tries++) {
+    *out = own;
+    if (mp__stats_sum_arenas(pool, out))
+      return;
+  }
+  mp__pool_lock(pool);
+  *out = own;
+  (void)mp__stats_sum_arenas(pool, out);
+  mp__pool_unlock(pool);
 }
 
 mp_status_t mp_pool_get_stats_sized(mp_pool_t *pool, mp_stats_t *out,

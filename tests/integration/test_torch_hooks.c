@@ -87,6 +87,26 @@ Test(torch_hooks, base_alloc_is_the_block_holding_the_pointer) {
   free_fn(p, MiB, 0, NULL);
 }
 
+/* The default pool made with arenas ($MEMPOOL_CONF=arenas=2): its blocks
+ * are in the arenas, not the pool itself; base_alloc still finds them. */
+static void on_host_arenas(void) {
+  setenv("MEMPOOL_CONF", "arenas=2", 1);
+  on_host();
+}
+TestSuite(torch_hooks_arenas, .init = on_host_arenas);
+
+Test(torch_hooks_arenas, base_alloc_finds_the_block_in_an_arena) {
+  char *p = alloc_fn(MiB, 0, NULL);
+  cr_assert_not_null(p, "%s", mp_last_error());
+  size_t size = 0;
+  cr_expect_eq(base_alloc_fn(p + 1000, &size), p, "%s", mp_last_error());
+  cr_expect_geq(size, MiB);
+  free_fn(p, MiB, 0, NULL);
+  size = 7;
+  cr_expect_eq(base_alloc_fn(p, &size), p, "freed: as is");
+  cr_expect_eq(size, 7);
+}
+
 /* record_stream: the block waits for the recorded stream's work before
  * another stream reuses it. */
 Test(torch_hooks, record_stream_holds_the_block_for_the_streams_work) {

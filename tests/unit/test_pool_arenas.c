@@ -9,7 +9,9 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../support/pool_helpers.h"
 #include "pool/pool_internal.h"
@@ -283,6 +285,33 @@ Test(pool_arenas, plain_segment_blocks_are_freed_in_their_arena) {
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
 }
 
+/* A bad pointer into an arena's plain segment gets the message a pool
+ * without arenas gives it (what is wrong with it), and changes nothing. */
+Test(pool_arenas, bad_pointers_into_plain_segments_say_what_is_wrong) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2,virtual=0");
+  job_t a = {.pool = pool, .bytes = 3 * MiB, .count = 2};
+  on_thread(alloc_job, &a);
+  cr_assert_eq(a.st, MP_OK, "%s", mp_last_error());
+  cr_assert_eq(pool->arenas[0].vsize + pool->arenas[1].vsize, 0);
+  cr_assert_eq(mp_pool_free(pool, a.ptrs[1]), MP_OK, "%s", mp_last_error());
+  mp_stats_t before = stats(pool);
+  char *inner = (char *)a.ptrs[0] + 4096;
+  cr_expect_eq(mp_pool_free(pool, inner), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "points inside the block") != NULL, "'%s'",
+            mp_last_error());
+  cr_expect_eq(mp_pool_record_stream(pool, inner, NULL), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "points inside the block") != NULL, "'%s'",
+            mp_last_error());
+  cr_expect_eq(mp_pool_free(pool, a.ptrs[1]), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "double free") != NULL, "'%s'",
+            mp_last_error());
+  mp_stats_t after = stats(pool);
+  cr_expect_eq(memcmp(&before, &after, sizeof before), 0);
+  cr_assert_eq(mp_pool_free(pool, a.ptrs[0]), MP_OK, "%s", mp_last_error());
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
 /* free_async and record_stream through the pool reach the owning arena. */
 Test(pool_arenas, stream_frees_reach_the_owning_arena) {
   mp_pool_t *pool = make_pool(dev, "arenas=2");
@@ -325,6 +354,50 @@ Test(pool_arenas, out_of_memory_handler_gets_the_pool) {
   cr_expect_eq(handler_pool, pool);
   cr_expect_eq(stats(pool).oom_count, 1);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+/* A handler that frees the block in *ctx (held by another thread's arena)
+ * and asks for a retry. */
+static int free_held(mp_pool_t *pool, size_t bytes, mp_status_t st, void *ctx) {
+  (void)bytes, (void)st;
+  void **held = ctx;
+  handler_calls++;
+  if (*held == NULL || mp_pool_free(pool, *held) != MP_OK)
+    return 0;
+  *held = NULL;
+  return 1;
+}
+
+/* What the handler frees lands in the arena that held it: the retry must
+ * be able to use it (its cache, its share of the cap), as a pool without
+ * arenas would. opts: the pool; 40 MiB twice does not fit either way. */
+static void handler_frees_another_arenas_block(const char *opts) {
+  mp_pool_t *pool = make_pool(dev, opts);
+  job_t a = {.pool = pool, .bytes = 40 * MiB, .count = 1};
+  on_thread(alloc_job, &a);
+  cr_assert_eq(a.st, MP_OK, "%s", mp_last_error());
+  void *held = a.ptrs[0];
+  cr_assert_eq(mp_pool_set_oom_handler(pool, free_held, &held), MP_OK);
+  void *p = NULL;
+  mp_status_t st = mp_pool_alloc(pool, 40 * MiB, NULL, &p);
+  cr_expect_eq(handler_calls, 1);
+  cr_expect_eq(held, NULL, "the handler freed the other arena's block");
+  cr_expect_eq(st, MP_OK, "%s: %s", opts, mp_last_error());
+  mp_stats_t s = stats(pool);
+  cr_expect_eq(s.oom_count, 0, "a served allocation counts no failure");
+  cr_expect_leq(s.reserved_bytes, 48 * MiB);
+  if (st == MP_OK)
+    cr_expect_eq(mp_pool_free(pool, p), MP_OK);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+Test(pool_arenas, out_of_memory_handler_frees_reach_the_retry_on_the_device) {
+  handler_frees_another_arenas_block("arenas=2");
+}
+
+Test(pool_arenas, out_of_memory_handler_frees_reach_the_retry_under_the_cap) {
+  handler_frees_another_arenas_block("arenas=2,max_bytes=48M");
 }
 
 static void expect_refused(mp_status_t st, const char *what) {
@@ -462,6 +535,99 @@ Test(pool_arenas, threads_sharing_arenas_free_each_others_blocks_safely) {
   check(r.pool);
   cr_assert_eq(mp_pool_destroy(r.pool), MP_OK);
   mp_device_close(big);
+}
+
+/* ---- the cap while arenas hand its share back and forth ---------------- */
+/* Four threads on two arenas allocate and free on two streams under a
+ * tight cap (shares taken back, other arenas trimmed, failures expected);
+ * a fifth reads the stats and mem_info, trims and checks. What the stats
+ * say the arenas reserved is never above the cap, nor is any arena above
+ * its share. */
+#define CAP_THREADS 4
+#define CAP_BYTES   (24 * MiB)
+
+typedef struct cap_race {
+  mp_pool_t *pool;
+  mp_stream_t s[2];
+  atomic_bool stop;
+  atomic_int bad;  /* answers other than OK / ELIMIT / ENOMEM */
+  atomic_int over; /* reads above the cap */
+  size_t worst;    /* the highest such read */
+  atomic_int served;
+} cap_race_t;
+
+static void *cap_alloc_job(void *arg) {
+  cap_race_t *r = arg;
+  static atomic_uint seeds;
+  unsigned seed = atomic_fetch_add(&seeds, 1) * 7919u + 1;
+  void *held[8] = {0};
+  while (!atomic_load(&r->stop)) {
+    int k = rand_r(&seed) % 8;
+    if (held[k] != NULL && mp_pool_free(r->pool, held[k]) != MP_OK)
+      atomic_fetch_add(&r->bad, 1);
+    held[k] = NULL;
+    size_t bytes = (size_t)(rand_r(&seed) % (3 << 20)) + 4096;
+    mp_status_t st =
+        mp_pool_alloc(r->pool, bytes, r->s[rand_r(&seed) % 2], &held[k]);
+    if (st == MP_OK)
+      atomic_fetch_add(&r->served, 1);
+    else if (st != MP_ELIMIT && st != MP_ENOMEM)
+      atomic_fetch_add(&r->bad, 1);
+    if (st != MP_OK)
+      held[k] = NULL;
+  }
+  for (int k = 0; k < 8; k++)
+    if (held[k] != NULL && mp_pool_free(r->pool, held[k]) != MP_OK)
+      atomic_fetch_add(&r->bad, 1);
+  return NULL;
+}
+
+Test(pool_arenas, reserved_never_reads_above_the_cap_while_shares_move,
+     .timeout = 60) {
+  cap_race_t r = {.pool = make_pool(dev, "arenas=2,max_bytes=24M")};
+  cr_assert_eq(mp_stream_create(dev, &r.s[0]), MP_OK);
+  cr_assert_eq(mp_stream_create(dev, &r.s[1]), MP_OK);
+  pthread_t t[CAP_THREADS];
+  for (int i = 0; i < CAP_THREADS; i++)
+    cr_assert_eq(pthread_create(&t[i], NULL, cap_alloc_job, &r), 0);
+  /* A few seconds: a read above the cap needs a share to move between
+   * the reads of the two arenas. */
+  struct timespec t0, now;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (int i = 0;; i++) {
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (now.tv_sec - t0.tv_sec >= 4)
+      break;
+    mp_stats_t s = stats(r.pool);
+    if (s.reserved_bytes > CAP_BYTES) {
+      atomic_fetch_add(&r.over, 1);
+      if (s.reserved_bytes > r.worst)
+        r.worst = s.reserved_bytes;
+    }
+    size_t free_b = 0, total_b = 0;
+    cr_assert_eq(mp_pool_mem_info(r.pool, &free_b, &total_b), MP_OK);
+    cr_assert(total_b <= CAP_BYTES && free_b <= total_b, "mem_info %zu of %zu",
+              free_b, total_b);
+    if (i % 8 == 0)
+      check(r.pool);
+    if (i % 16 == 0)
+      cr_assert_eq(mp_pool_trim(r.pool, 0), MP_OK, "%s", mp_last_error());
+  }
+  atomic_store(&r.stop, true);
+  for (int i = 0; i < CAP_THREADS; i++)
+    pthread_join(t[i], NULL);
+  cr_expect_eq(atomic_load(&r.bad), 0, "%s", mp_last_error());
+  cr_expect_gt(atomic_load(&r.served), 0);
+  cr_expect_eq(atomic_load(&r.over), 0,
+               "%d reads of the stats above the cap (%zu), the highest %zu",
+               atomic_load(&r.over), (size_t)CAP_BYTES, r.worst);
+  cr_expect_leq(stats(r.pool).reserved_bytes, CAP_BYTES);
+  check(r.pool);
+  cr_assert_eq(mp_stream_synchronize(dev, r.s[0]), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, r.s[1]), MP_OK);
+  cr_assert_eq(mp_pool_destroy(r.pool), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, r.s[0]), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, r.s[1]), MP_OK);
 }
 
 /* ---- making an arena while a stream is forgotten ------------------------ */
