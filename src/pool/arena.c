@@ -45,17 +45,13 @@
 #include "pool_internal.h"
 
 /* 0: the thread has used no arena yet; else its number k + 1. */
-static _Thread_local unsigned mp__arena_thread;
+_Thread_local unsigned mp__arena_thread;
 static _Atomic unsigned mp__arena_threads;
 
-static size_t mp__arena_index(const mp_pool_t *pool) {
-  unsigned k = mp__arena_thread;
-  if (MP__UNLIKELY(k == 0)) {
-    k = atomic_fetch_add_explicit(&mp__arena_threads, 1, memory_order_relaxed);
-    k = k % (1u << 30) + 1;
-    mp__arena_thread = k;
-  }
-  return (k - 1) % pool->cfg.arenas;
+static void mp__arena_number(void) {
+  unsigned k =
+      atomic_fetch_add_explicit(&mp__arena_threads, 1, memory_order_relaxed);
+  mp__arena_thread = k % (1u << 30) + 1;
 }
 
 mp_status_t mp__arenas_init(mp_pool_t *pool) {
@@ -231,12 +227,10 @@ mp_status_t mp__arena_check(mp_pool_t *pool) {
   return st;
 }
 
-mp_pool_t *mp__arena_owner(mp_pool_t *pool, const void *ptr) {
-  uintptr_t p = (uintptr_t)ptr;
-  /* A thread that never allocated from arenas takes no number here. */
-  size_t n = pool->cfg.arenas,
-         mine = mp__arena_thread ? (mp__arena_thread - 1) % n : 0;
-  for (size_t k = 0; k < n; k++) {
+mp_pool_t *mp__arena_owner_slow(mp_pool_t *pool, uintptr_t p, size_t mine) {
+  size_t n = pool->cfg.arenas;
+  /* The calling thread's arena was looked at (mp__arena_owner). */
+  for (size_t k = 1; k < n; k++) {
     size_t i = mine + k < n ? mine + k : mine + k - n;
     mp_pool_t *a = mp__arena_at(pool, i);
     if (a != NULL && p - pool->arenas[i].vbase < pool->arenas[i].vsize)
@@ -344,14 +338,13 @@ static mp_status_t mp__arena_alloc_slow(mp_pool_t *pool, mp_pool_t *a,
 
 mp_status_t mp__arena_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                             void **out) {
-  size_t i = mp__arena_index(pool);
+  if (MP__UNLIKELY(mp__arena_thread == 0))
+    mp__arena_number();
+  size_t i = mp__arena_mine(pool);
   mp_pool_t *a = mp__arena_at(pool, i);
-  mp_status_t st = MP_OK;
-  if (MP__UNLIKELY(a == NULL)) {
-    st = mp__arena_make(pool, i, &a);
-    if (st != MP_OK)
-      return st;
-  }
+  mp_status_t st;
+  if (MP__UNLIKELY(a == NULL) && (st = mp__arena_make(pool, i, &a)) != MP_OK)
+    return st;
   mp__pool_lock(a);
   st = mp__pool_alloc_locked(a, bytes, s, out);
   mp__pool_unlock(a);

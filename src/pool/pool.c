@@ -369,10 +369,12 @@ static MP__HOT mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
   if (ptr == NULL)
     return MP_OK;
   if (MP__UNLIKELY(pool->arenas != NULL)) {
-    /* Not in an arena: the pool's own path says what is wrong with it. */
+    /* The rest is the arena's free (an arena has no arenas or graph
+     * pools), here rather than through a call. Not in an arena: the
+     * pool's own path says what is wrong with it. */
     mp_pool_t *a = mp__arena_owner(pool, ptr);
     if (a != NULL)
-      return mp__pool_free_in(a, ptr, how, s, fn);
+      pool = a;
   }
   mp__pool_lock(pool);
   if (MP__UNLIKELY(pool->ngranges > 0)) {
@@ -411,9 +413,8 @@ static MP__HOT mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
   return st;
 }
 
-/* mp__pool_free_as in the arena or graph pool holding ptr: a call (the
- * inline body cannot hold itself). Not cold: with arenas every free comes
- * this way. */
+/* mp__pool_free_as in the graph pool holding ptr: a call (the inline body
+ * cannot hold itself). */
 __attribute__((noinline)) static mp_status_t
 mp__pool_free_in(mp_pool_t *pool, void *ptr, mp__free_how_t how, mp_stream_t s,
                  const char *fn) {

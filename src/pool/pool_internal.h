@@ -460,18 +460,36 @@ static inline mp_status_t mp__no_arenas(const mp_pool_t *pool, const char *fn) {
 }
 /* At create: the table of cfg.arenas empty arenas. */
 mp_status_t mp__arenas_init(mp_pool_t *pool);
-/* mp_pool_alloc on a pool with arenas: from the calling thread's arena
- * (made on first use); out of memory there, the other arenas' cache and
- * share of the cap are taken back and it tries again. No lock held. */
-mp_status_t mp__arena_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
-                            void **out);
 /* mp_pool_check on a pool with arenas, beyond each arena's own check
  * (no lock held): under the pool's lock, no arena above its share of the
  * cap, and the shares within the cap. */
 mp_status_t mp__arena_check(mp_pool_t *pool);
-/* The arena whose memory holds ptr (the calling thread's first), or NULL.
- * No lock held. */
-mp_pool_t *mp__arena_owner(mp_pool_t *pool, const void *ptr);
+/* The calling thread's number among the threads that ever used arenas,
+ * plus 1; 0: it has used none yet (arena.c numbers it at its first
+ * allocation). */
+extern _Thread_local unsigned mp__arena_thread;
+/* The calling thread's arena in pool: its number mod the arena count
+ * (arena 0 for a thread without a number). No division while the number
+ * is below the count, the case of a thread with an arena of its own. */
+static inline size_t mp__arena_mine(const mp_pool_t *pool) {
+  size_t k = mp__arena_thread, n = pool->cfg.arenas;
+  return k == 0 ? 0 : k - 1 < n ? k - 1 : (k - 1) % n;
+}
+/* mp__arena_owner's other half: every arena but mine, by virtual range,
+ * then each arena's live map (under its lock) for plain segments. */
+mp_pool_t *mp__arena_owner_slow(mp_pool_t *pool, uintptr_t p, size_t mine);
+/* The arena whose memory holds ptr (the calling thread's first, inline: a
+ * thread freeing what it allocated), or NULL. No lock held; an arena's
+ * range is read after the arena itself (published with release). */
+static inline mp_pool_t *mp__arena_owner(mp_pool_t *pool, const void *ptr) {
+  uintptr_t p = (uintptr_t)ptr;
+  size_t i = mp__arena_mine(pool);
+  mp_pool_t *a = mp__arena_at(pool, i);
+  if (MP__LIKELY(a != NULL &&
+                 p - pool->arenas[i].vbase < pool->arenas[i].vsize))
+    return a;
+  return mp__arena_owner_slow(pool, p, i);
+}
 /* mp_pool_trim / mp_pool_add_stream on a pool with arenas (no lock held). */
 mp_status_t mp__arena_trim(mp_pool_t *pool, size_t keep_bytes);
 mp_status_t mp__arena_add_stream(mp_pool_t *pool, mp_stream_t s);
@@ -565,6 +583,11 @@ void mp__pool_free_host(mp_pool_t *pool);
 /* mp_pool_alloc under the lock the caller holds. */
 mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out);
+/* mp_pool_alloc on a pool with arenas: from the calling thread's arena
+ * (made on first use); out of memory there, mp__arena_alloc_slow. No lock
+ * held. */
+mp_status_t mp__arena_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
+                            void **out);
 /* mp__pool_take for fn, answering MP_EBUSY (with nothing taken) when the
  * pool was paused while the ladder had the lock dropped. */
 mp_status_t mp__pool_take_unpaused(mp_pool_t *pool, size_t size, uint32_t sidx,
