@@ -263,7 +263,7 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
       if (!mp__is_oom(st))
         return mp__stop(st);
       /* Rung: wait for a block that fits but work of another stream, newer
-       * than the synchronization, holds. */
+       * than the synchronization, holds (before moving blocks for room). */
       if (mp__take_after_wait(pool, size, sidx, out) == MP_OK)
         return MP_OK;
     }
@@ -285,6 +285,11 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
         return mp__stop(st);
     }
   }
+  /* The last look, under the lock the answer is given with: a block freed
+   * while defragmentation had the lock dropped serves the request, at once
+   * or once its streams' work is waited for. */
+  if (!pool->paused && mp__take_after_wait(pool, size, sidx, out) == MP_OK)
+    return MP_OK;
   if (pool->paused)
     return mp__pool_paused(pool, "allocation");
   return mp__pool_oom(pool, st == MP_ELIMIT ? MP_ELIMIT : MP_ENOMEM, size);
