@@ -12,8 +12,10 @@
  *
  * The ladder when the cache cannot serve (mp__pool_take): grow -> reclaim
  * (close and poll stream epochs) -> synchronize the device, trim every free
- * segment, grow again -> defragment (defrag.c) -> MP_ENOMEM, or MP_ELIMIT
- * when max_bytes (or a child's range) is what stops it.
+ * segment, grow again -> take a block that fits but that newer work of
+ * another stream holds, and wait for the streams again -> defragment
+ * (defrag.c) -> MP_ENOMEM, or MP_ELIMIT when max_bytes (or a child's
+ * range) is what stops it.
  *
  * Also here: a pool's host structures (mp__pool_new, mp__pool_free_host),
  * which every kind of pool (plain, child, graph) is made and freed with.
@@ -43,10 +45,12 @@ static unsigned mp__log2(size_t v) {
   return 63u - (unsigned)__builtin_clzll((unsigned long long)v);
 }
 
-/* pending: set when a block that fits was passed by only because another
- * stream's work on it has not completed yet. */
+/* *pending: set, when still NULL, to a block that fits but was passed by
+ * only because another stream's work on it has not completed yet (the
+ * first such block: the best fit among them). */
 static MP__HOT mp__block_t *mp__search_ex(mp_pool_t *pool, size_t size,
-                                          uint32_t sidx, bool *pending) {
+                                          uint32_t sidx,
+                                          mp__block_t **pending) {
   mp__block_t *b = mp__index_best_fit_hot(pool, size);
   for (unsigned k = 0; b != NULL && k < MP__SEARCH_LIMIT; k++) {
     if (mp__fits(pool, b, size)) {
@@ -54,7 +58,8 @@ static MP__HOT mp__block_t *mp__search_ex(mp_pool_t *pool, size_t size,
           ((pool->cfg.flags & MP_POOL_STREAM_WAITS) &&
            mp__deps_order(pool, b, sidx)))
         return b;
-      *pending = true;
+      if (*pending == NULL)
+        *pending = b;
     }
     b = mp__index_next(pool, b);
   }
@@ -62,7 +67,7 @@ static MP__HOT mp__block_t *mp__search_ex(mp_pool_t *pool, size_t size,
 }
 
 static mp__block_t *mp__search(mp_pool_t *pool, size_t size, uint32_t sidx) {
-  bool pending = false;
+  mp__block_t *pending = NULL;
   return mp__search_ex(pool, size, sidx, &pending);
 }
 
@@ -81,8 +86,9 @@ static mp__block_t *mp__search_patiently(mp_pool_t *pool, size_t size,
     mp__pool_unlock(pool);
     nanosleep(&ts, NULL);
     mp__pool_lock(pool);
-    pending = false;
-    b = mp__search_ex(pool, size, sidx, &pending);
+    mp__block_t *passed = NULL;
+    b = mp__search_ex(pool, size, sidx, &passed);
+    pending = passed != NULL;
   }
   return b;
 }
@@ -169,9 +175,62 @@ static mp_status_t mp__grow_and_search(mp_pool_t *pool, size_t size,
   return st;
 }
 
+/* A taken block held while the ladder waits for the streams (on) or given
+ * back to being taken (off): live in the map and the stats, requested 0,
+ * so that no free merges newer work into it meanwhile and a check, stats,
+ * pause or trim from another thread sees a consistent pool. The peak it
+ * may lift is the allocation it is about to become. */
+static void mp__block_hold(mp_pool_t *pool, mp__block_t *b, bool on) {
+  if (on) {
+    (void)mp__map_insert(pool, b); /* room was made before the take */
+    pool->st.allocated_bytes += b->size;
+    pool->st.free_bytes -= b->size;
+    pool->st.live_blocks++;
+    mp__stats_peaks(pool);
+  } else {
+    mp__map_remove(pool, b);
+    pool->st.allocated_bytes -= b->size;
+    pool->st.free_bytes += b->size;
+    pool->st.live_blocks--;
+  }
+}
+
+/* The last rung before out of memory: a free block that fits but that
+ * another stream's work still holds. The earlier rungs waited for the
+ * streams, but with the lock dropped (their wait, trim, growth), and a free
+ * meanwhile on another stream gives the block it merges into work newer
+ * than that wait (a stream churning through its blocks can do so to every
+ * one). So the block is taken and held first, then the pool waits for
+ * every stream once more: whatever work the block had is behind that wait,
+ * and nothing can join it meanwhile. On MP_OK *out is the block, taken and
+ * usable on sidx; MP_ENOMEM (nothing changed): no such block, no room in
+ * the live map, or no wait can be made (a stream being captured). */
+static MP__COLD mp_status_t mp__take_after_wait(mp_pool_t *pool, size_t size,
+                                                uint32_t sidx,
+                                                mp__block_t **out) {
+  mp__block_t *pending = NULL;
+  mp__block_t *b = mp__search_ex(pool, size, sidx, &pending);
+  if (b != NULL) {
+    *out = mp__take_block(pool, b, size);
+    return MP_OK;
+  }
+  if (pending == NULL || pool->ncapturing > 0 ||
+      (!mp__map_has_room(pool, 1) && !mp__map_reserve(pool, 1)))
+    return MP_ENOMEM;
+  b = mp__take_block(pool, pending, size);
+  mp__block_hold(pool, b, true);
+  mp_status_t st = mp__pool_sync(pool);
+  mp__block_hold(pool, b, false);
+  if (st != MP_OK) {
+    mp__block_untake(pool, b);
+    return MP_ENOMEM;
+  }
+  *out = b;
+  return MP_OK;
+}
+
 /* The ladder, when the first search found nothing (pending: it passed by
- * a block only another stream's work holds): *out is the block found, not
- * yet taken. */
+ * a block only another stream's work holds): *out is the block, taken. */
 static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
                                             uint32_t sidx, bool pending,
                                             mp__block_t **out) {
@@ -203,6 +262,10 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
         goto got;
       if (!mp__is_oom(st))
         return mp__stop(st);
+      /* Rung: wait for a block that fits but work of another stream, newer
+       * than the synchronization, holds (before moving blocks for room). */
+      if (mp__take_after_wait(pool, size, sidx, out) == MP_OK)
+        return MP_OK;
     }
   }
   /* Rung: defragment movable blocks (defrag.c; it synchronizes the device:
@@ -222,11 +285,16 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
         return mp__stop(st);
     }
   }
+  /* The last look, under the lock the answer is given with: a block freed
+   * while defragmentation had the lock dropped serves the request, at once
+   * or once its streams' work is waited for. */
+  if (!pool->paused && mp__take_after_wait(pool, size, sidx, out) == MP_OK)
+    return MP_OK;
   if (pool->paused)
     return mp__pool_paused(pool, "allocation");
   return mp__pool_oom(pool, st == MP_ELIMIT ? MP_ELIMIT : MP_ENOMEM, size);
 got:
-  *out = b;
+  *out = mp__take_block(pool, b, size);
   return MP_OK;
 }
 
@@ -234,13 +302,10 @@ MP__HOT mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
                                   mp__block_t **out) {
   MP__ASSERT_LOCKED(pool);
   MP__ASSERT(sidx < pool->nstreams && size % pool->cfg.align == 0);
-  bool pending = false;
+  mp__block_t *pending = NULL;
   mp__block_t *b = mp__search_ex(pool, size, sidx, &pending);
-  if (MP__UNLIKELY(b == NULL)) {
-    mp_status_t st = mp__pool_ladder(pool, size, sidx, pending, &b);
-    if (st != MP_OK)
-      return st;
-  }
+  if (MP__UNLIKELY(b == NULL))
+    return mp__pool_ladder(pool, size, sidx, pending != NULL, out);
   *out = mp__take_block(pool, b, size);
   return MP_OK;
 }
