@@ -17,6 +17,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "internal.h"
 #include "mempool/mempool.h"
@@ -129,4 +130,68 @@ Test(host_workers, a_thread_is_past_its_start_when_its_start_returns) {
     cr_assert_eq(after, before + 1, "start %d returned before the thread ran",
                  i);
   }
+}
+
+/* Streams that wait on each other's events in a ring, with the host
+ * synchronizing on the same events: every stream worker waits on markers
+ * while others complete them, all on the device's one marker condition
+ * variable, so a lost wake-up would stop the ring. A watchdog turns such a
+ * hang into a failure (a run takes about 1.3 s here). */
+#define RING   4
+#define ROUNDS 20000
+
+typedef struct ring_run {
+  mp_device_t *dev;
+  mp_stream_t s[RING];
+  mp_event_t ev[RING];
+  atomic_int rounds;
+  atomic_bool done;
+} ring_run_t;
+
+static void *ring_main(void *arg) {
+  ring_run_t *r = arg;
+  for (int k = 0; k < ROUNDS; k++) {
+    for (int i = 0; i < RING; i++) {
+      if (mp_event_record(r->dev, r->ev[i], r->s[i]) != MP_OK ||
+          mp_stream_wait_event(r->dev, r->s[(i + 1) % RING], r->ev[i]) != MP_OK)
+        return NULL;
+    }
+    if (k % 8 == 0 && mp_event_synchronize(r->dev, r->ev[k % RING]) != MP_OK)
+      return NULL;
+    atomic_store(&r->rounds, k + 1);
+  }
+  for (int i = 0; i < RING; i++)
+    if (mp_stream_synchronize(r->dev, r->s[i]) != MP_OK)
+      return NULL;
+  atomic_store(&r->done, true);
+  return NULL;
+}
+
+Test(host_workers, streams_waiting_on_each_others_events_all_finish) {
+  ring_run_t r = {0};
+  cr_assert_eq(mp_device_open("host:capacity=64M", &r.dev), MP_OK);
+  for (int i = 0; i < RING; i++) {
+    cr_assert_eq(mp_stream_create(r.dev, &r.s[i]), MP_OK);
+    cr_assert_eq(mp_event_create(r.dev, &r.ev[i]), MP_OK);
+  }
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, ring_main, &r), 0);
+  /* 60 s without a round done is a hang (a run takes well under 10 s). */
+  int last = -1;
+  for (int idle = 0; !atomic_load(&r.done) && idle < 600;) {
+    struct timespec ts = {0, 100 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    int now = atomic_load(&r.rounds);
+    idle = now == last ? idle + 1 : 0;
+    last = now;
+  }
+  cr_assert(atomic_load(&r.done),
+            "the ring stopped at round %d of %d: a stream worker never woke",
+            atomic_load(&r.rounds), ROUNDS);
+  pthread_join(t, NULL);
+  for (int i = 0; i < RING; i++) {
+    cr_assert_eq(mp_event_destroy(r.dev, r.ev[i]), MP_OK);
+    cr_assert_eq(mp_stream_destroy(r.dev, r.s[i]), MP_OK);
+  }
+  mp_device_close(r.dev);
 }
