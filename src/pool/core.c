@@ -181,13 +181,17 @@ static mp_status_t mp__grow_and_search(mp_pool_t *pool, size_t size,
  * pause or trim from another thread sees a consistent pool. The peak it
  * may lift is the allocation it is about to become. */
 static void mp__block_hold(mp_pool_t *pool, mp__block_t *b, bool on) {
+  /* Marked, so that a stale pointer to its address (a double free, a
+   * record_stream) is refused meanwhile instead of freeing it. */
   if (on) {
+    b->flags |= MP__B_LADDER;
     (void)mp__map_insert(pool, b); /* room was made before the take */
     pool->st.allocated_bytes += b->size;
     pool->st.free_bytes -= b->size;
     pool->st.live_blocks++;
     mp__stats_peaks(pool);
   } else {
+    b->flags &= ~(uint32_t)MP__B_LADDER;
     mp__map_remove(pool, b);
     pool->st.allocated_bytes -= b->size;
     pool->st.free_bytes += b->size;
@@ -458,6 +462,8 @@ mp_status_t mp__pool_find_live_why(mp_pool_t *pool, const char *fn, void *ptr,
   if ((b->flags & MP__B_MOVABLE) && !movable_ok)
     return mp__fail(MP_EINVAL, "%s: %p is a movable block: use mp_handle_free",
                     fn, ptr);
+  if (b->flags & MP__B_LADDER)
+    return mp__fail(MP_EINVAL, "%s: %p is not live (double free?)", fn, ptr);
   return mp__fail(MP_EINVAL,
                   "%s: %p was freed already (held until the processes "
                   "that imported it let go)",

@@ -122,8 +122,11 @@ enum {
                                 never the range's last block; sidx is its
                                 slot in seg->holes */
   MP__B_EXPORTED = 1u << 8,  /* live: exported, leases in pool->exports */
-  MP__B_HELD = 1u << 9       /* live: freed by its owner while imported
+  MP__B_HELD = 1u << 9,      /* live: freed by its owner while imported
                                 elsewhere; released when its leases close */
+  MP__B_LADDER = 1u << 10    /* in the live map but no caller's: taken by the
+                                out-of-memory ladder while it waits for the
+                                streams (core.c, mp__block_hold) */
 };
 
 #define MP__MAX_DEPS 4
@@ -719,7 +722,8 @@ static inline mp_status_t mp__pool_find_live(mp_pool_t *pool, const char *fn,
                                              void *ptr, bool movable_ok,
                                              mp__block_t **out, size_t *slot) {
   mp__block_t *b = mp__map_lookup(pool, (uintptr_t)ptr, slot);
-  uint32_t bad = MP__B_CHILD | MP__B_HELD | (movable_ok ? 0 : MP__B_MOVABLE);
+  uint32_t bad = MP__B_CHILD | MP__B_HELD | MP__B_LADDER |
+                 (movable_ok ? 0 : MP__B_MOVABLE);
   if (MP__UNLIKELY(b == NULL || (b->flags & bad)))
     return mp__pool_find_live_why(pool, fn, ptr, movable_ok, b);
   *out = b;

@@ -115,6 +115,18 @@ free_block_pending_during_ladder_sync_is_waited_for(const char *spec) {
   cr_assert_eq(mp_pool_free(p, yp), MP_OK);
   gate_open(&g1);
 
+  /* While the ladder holds the merged block (live in the stats, no
+   * caller's), a stale pointer to it is refused, not freed. */
+  for (int i = 0; i < 5000 && stats(p).live_blocks != NBLOCKS - 1 &&
+                  !atomic_load(&ak.done);
+       i++)
+    sleep_ms(1);
+  if (!atomic_load(&ak.done)) {
+    cr_expect_eq(mp_pool_free(p, xp), MP_EINVAL,
+                 "a double free took the block the ladder holds");
+    cr_expect_eq(mp_pool_record_stream(p, xp, a), MP_EINVAL);
+  }
+
   /* The ladder's wait ends; b's last work still runs until g2 opens: once
    * the allocation returned, or after half a second. */
   for (int i = 0; i < 500 && !atomic_load(&ak.done); i++)
