@@ -17,7 +17,9 @@
  * outside any CUDA call still answers. Signals that come faster than
  * snapshots are written coalesce. The handler replaces the program's own
  * for that signal (installed at the first hooked call): choose one it does
- * not use.
+ * not use. Under ThreadSanitizer the handler may never run (TSan defers
+ * asynchronous handlers and, under load, sometimes drops one): send the
+ * signal again.
  * In the paths "%p" stands for the process id. Only a process that made a
  * hooked call writes anything: the many processes a job starts with the
  * variables inherited (shells, tools) leave the files alone.
