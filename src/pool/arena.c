@@ -15,8 +15,10 @@
  * every thread has an arena of its own, and its allocations and frees of
  * its own blocks take only that arena's lock. The pool itself holds no
  * memory; its lock orders the rare work across arenas: making one, sharing
- * the cap, reclaiming, trim, add_stream. Lock order: the pool's, then one
- * arena's at a time; the hot path takes only an arena's.
+ * the cap, add_stream. It is never held while an arena waits for its
+ * streams (trim, reclaim's trims): a host function on one of them may call
+ * into the pool. Lock order: the pool's, then one arena's at a time; the
+ * hot path takes only an arena's.
  *
  * Finding a pointer's arena (free, record_stream from any thread): each
  * arena's virtual range is reserved before the arena is published and is
@@ -165,9 +167,12 @@ static mp_status_t mp__arena_trim_one(mp_pool_t *a, size_t keep, size_t *left) {
   return st;
 }
 
+/* Without the pool's lock: each arena's synchronization waits for its
+ * streams, whose host functions may call into the pool (make an arena,
+ * reclaim, read the stats under the lock). Trim moves no share of the cap
+ * (it lowers reserved bytes only), and the arena table is fixed. */
 mp_status_t mp__arena_trim(mp_pool_t *pool, size_t keep_bytes) {
   mp_status_t st = MP_OK;
-  mp__pool_lock(pool);
   for (size_t i = 0; i < pool->cfg.arenas; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);
     size_t left = 0;
@@ -177,7 +182,6 @@ mp_status_t mp__arena_trim(mp_pool_t *pool, size_t keep_bytes) {
     st = st == MP_OK ? s : st;
     keep_bytes -= left < keep_bytes ? left : keep_bytes;
   }
-  mp__pool_unlock(pool);
   return st;
 }
 
@@ -280,13 +284,15 @@ static mp_status_t mp__arena_retry(mp_pool_t *a, size_t bytes, mp_stream_t s,
 static mp_status_t mp__arena_reclaim_retry(mp_pool_t *pool, mp_pool_t *a,
                                            int deep, size_t bytes,
                                            mp_stream_t s, void **out) {
-  mp__pool_lock(pool);
+  /* The trims wait for the other arenas' streams: without the pool's lock
+   * (as mp__arena_trim). */
   for (size_t i = 0; deep == 1 && i < pool->cfg.arenas; i++) {
     mp_pool_t *b = mp__arena_at(pool, i);
     size_t left;
     if (b != NULL && b != a)
       (void)mp__arena_trim_one(b, 0, &left);
   }
+  mp__pool_lock(pool);
   if (pool->cap_is_max && deep < 2)
     mp__arena_share(pool, a, deep == 1);
   /* The retry runs with the pool's lock held: another arena's slow path

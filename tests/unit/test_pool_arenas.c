@@ -698,3 +698,97 @@ Test(pool_arenas, making_arenas_while_streams_are_forgotten_does_not_deadlock,
   for (int i = 0; i < FILLERS; i++)
     cr_assert_eq(mp_pool_destroy(fillers[i]), MP_OK);
 }
+
+/* ---- host functions calling the pool beside a synchronization ---------- */
+/* A host function on stream s (the host device runs it on s's worker
+ * thread, as cuLaunchHostFunc runs it) calls into the pool while another
+ * thread's trim or out-of-memory reclaim waits for s: the waiter must not
+ * hold a lock the host function needs, or neither ever returns. The
+ * worker thread is new to arenas, so its allocation makes an arena. Each
+ * case has a private device: a deadlocked one is left behind (its threads
+ * never return), and the watchdog fails the test after 10 s instead of
+ * hanging. */
+typedef struct hostcall {
+  mp_pool_t *pool;
+  atomic_bool running, done;
+  mp_status_t st;
+  void *p;
+} hostcall_t;
+
+static void sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static void alloc_from_host_fn(void *arg) {
+  hostcall_t *h = arg;
+  atomic_store(&h->running, true);
+  sleep_ms(100); /* the other thread is now waiting for this stream */
+  h->st = mp_pool_alloc(h->pool, 4096, NULL, &h->p);
+  atomic_store(&h->done, true);
+}
+
+static void *trim_job(void *arg) {
+  (void)mp_pool_trim(arg, 0);
+  return NULL;
+}
+
+/* Another thread's 48 MiB: out of memory in its arena until arena 0's
+ * cache (48 MiB of the device's 64) is trimmed, which waits for s. */
+static void *reclaim_job(void *arg) {
+  void *p;
+  if (mp_pool_alloc(arg, 48 * MiB, NULL, &p) == MP_OK)
+    (void)mp_pool_free(arg, p);
+  return NULL;
+}
+
+/* Runs the host function on a stream arena 0 knows (and caches a block
+ * freed on), and fn(pool) on another thread meanwhile; the host function's
+ * allocation must return within 10 s. */
+static void host_fn_calls_pool_beside(const char *opts, void *(*fn)(void *),
+                                      size_t cached) {
+  mp_device_t *d;
+  cr_assert_eq(mp_device_open("host:capacity=64M", &d), MP_OK);
+  mp_pool_t *pool = make_pool(d, opts);
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(d, &s), MP_OK);
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, cached, s, &p), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  hostcall_t h = {.pool = pool};
+  cr_assert_eq(mp_stream_launch_host(d, s, alloc_from_host_fn, &h), MP_OK);
+  while (!atomic_load(&h.running))
+    sched_yield();
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, fn, pool), 0);
+  for (int i = 0; i < 1000 && !atomic_load(&h.done); i++)
+    sleep_ms(10);
+  cr_assert(atomic_load(&h.done),
+            "the host function's allocation is still blocked after 10 s "
+            "(deadlock with the other thread's wait for its stream)");
+  pthread_join(t, NULL);
+  cr_expect(h.st == MP_OK || h.st == MP_EINVAL, "%s: %s", mp_status_name(h.st),
+            mp_last_error());
+  if (h.st == MP_OK)
+    cr_expect_eq(mp_pool_free(pool, h.p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_stream_synchronize(d, s), MP_OK);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  cr_assert_eq(mp_stream_destroy(d, s), MP_OK);
+  mp_device_close(d);
+}
+
+Test(pool_arenas,
+     host_function_allocating_beside_an_arena_trim_does_not_deadlock,
+     .timeout = 60) {
+  host_fn_calls_pool_beside("arenas=2", trim_job, 8 * MiB);
+}
+
+/* Three arenas: the main thread's, the reclaiming thread's and the host
+ * function's (made then). */
+Test(pool_arenas,
+     host_function_allocating_beside_an_arena_reclaim_does_not_deadlock,
+     .timeout = 60) {
+  host_fn_calls_pool_beside("arenas=3", reclaim_job, 48 * MiB);
+}
