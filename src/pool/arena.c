@@ -100,10 +100,13 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
      * caller (its message kept), as the ladder's. */
     st = st == MP_ENOTSUP ? MP_OK : st == MP__EHOST ? MP_ENOMEM : st;
   }
+  /* Each with its owner: a per-thread stream is the adding thread's, not
+   * this one's. */
   for (uint32_t k = 0; st == MP_OK && k < pool->nstreams; k++) {
     uint32_t sidx;
-    if (!pool->streams[k].gone && pool->streams[k].owner == 0)
-      st = mp__stream_index(a, pool->streams[k].s, &sidx);
+    const mp__strm_t *ps = &pool->streams[k];
+    if (!ps->gone)
+      st = mp__stream_index_owned(a, ps->s, ps->owner, &sidx);
   }
   /* A capped pool's arena starts with no share: its first allocation asks
    * for one (mp__arena_share). */
