@@ -712,6 +712,8 @@ Test(pool_arenas, making_arenas_while_streams_are_forgotten_does_not_deadlock,
  * hanging. */
 typedef struct hostcall {
   mp_pool_t *pool;
+  size_t waited; /* the arena whose synchronization waits for s */
+  bool saw_wait; /* the host function saw it waiting */
   atomic_bool running, done;
   mp_status_t st;
   void *p;
@@ -722,10 +724,23 @@ static void sleep_ms(long ms) {
   nanosleep(&ts, NULL);
 }
 
+/* Whether arena i's synchronization is in flight (its lock is down
+ * meanwhile). */
+static bool arena_syncing(mp_pool_t *pool, size_t i) {
+  mp_pool_t *a = mp__arena_at(pool, i);
+  mp__pool_lock(a);
+  bool s = a->syncing;
+  mp__pool_unlock(a);
+  return s;
+}
+
 static void alloc_from_host_fn(void *arg) {
   hostcall_t *h = arg;
   atomic_store(&h->running, true);
-  sleep_ms(100); /* the other thread is now waiting for this stream */
+  /* Until the other thread waits for this stream (at most 5 s). */
+  for (int i = 0; i < 5000 && !arena_syncing(h->pool, h->waited); i++)
+    sleep_ms(1);
+  h->saw_wait = arena_syncing(h->pool, h->waited);
   h->st = mp_pool_alloc(h->pool, 4096, NULL, &h->p);
   atomic_store(&h->done, true);
 }
@@ -735,8 +750,9 @@ static void *trim_job(void *arg) {
   return NULL;
 }
 
-/* Another thread's 48 MiB: out of memory in its arena until arena 0's
- * cache (48 MiB of the device's 64) is trimmed, which waits for s. */
+/* Another thread's 48 MiB: out of memory in its arena until the first
+ * arena's cache (48 MiB of the device's 64) is trimmed, which waits for
+ * s. */
 static void *reclaim_job(void *arg) {
   void *p;
   if (mp_pool_alloc(arg, 48 * MiB, NULL, &p) == MP_OK)
@@ -744,9 +760,10 @@ static void *reclaim_job(void *arg) {
   return NULL;
 }
 
-/* Runs the host function on a stream arena 0 knows (and caches a block
- * freed on), and fn(pool) on another thread meanwhile; the host function's
- * allocation must return within 10 s. */
+/* Runs the host function on a stream the calling thread's arena knows
+ * (and caches a block freed on), and fn(pool) on another thread, whose
+ * wait for s the host function waits for; the host function's allocation
+ * must return within 10 s. */
 static void host_fn_calls_pool_beside(const char *opts, void *(*fn)(void *),
                                       size_t cached) {
   mp_device_t *d;
@@ -757,8 +774,8 @@ static void host_fn_calls_pool_beside(const char *opts, void *(*fn)(void *),
   void *p;
   cr_assert_eq(mp_pool_alloc(pool, cached, s, &p), MP_OK, "%s",
                mp_last_error());
+  hostcall_t h = {.pool = pool, .waited = (size_t)arena_holding(pool, p)};
   cr_assert_eq(mp_pool_free(pool, p), MP_OK);
-  hostcall_t h = {.pool = pool};
   cr_assert_eq(mp_stream_launch_host(d, s, alloc_from_host_fn, &h), MP_OK);
   while (!atomic_load(&h.running))
     sched_yield();
@@ -770,6 +787,7 @@ static void host_fn_calls_pool_beside(const char *opts, void *(*fn)(void *),
             "the host function's allocation is still blocked after 10 s "
             "(deadlock with the other thread's wait for its stream)");
   pthread_join(t, NULL);
+  cr_expect(h.saw_wait, "the other thread never waited for s");
   cr_expect(h.st == MP_OK || h.st == MP_EINVAL, "%s: %s", mp_status_name(h.st),
             mp_last_error());
   if (h.st == MP_OK)
@@ -812,14 +830,6 @@ static void *reclaim_40m(void *arg) {
   r->st = mp_pool_alloc(r->pool, 40 * MiB, NULL, &r->p);
   snprintf(r->why, sizeof r->why, "%s", mp_last_error());
   return NULL;
-}
-
-static bool arena_syncing(mp_pool_t *pool, size_t i) {
-  mp_pool_t *a = mp__arena_at(pool, i);
-  mp__pool_lock(a);
-  bool s = a->syncing;
-  mp__pool_unlock(a);
-  return s;
 }
 
 Test(pool_arenas, reclaim_retries_when_a_trimmed_arena_caches_again_meanwhile,
