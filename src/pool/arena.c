@@ -31,8 +31,10 @@
  * an arena's allocation fails (MP_ENOMEM, MP_ELIMIT), first (capped pools)
  * the other arenas' unused share of the cap comes back and the arena gets
  * half of what is left; then every other arena is synchronized and
- * trimmed, the arena gets all the room, and it tries once more; only then
- * the pool's out-of-memory handler, then the failure.
+ * trimmed, the arena gets all the room, and it tries once more (again,
+ * while the trims give memory back: another arena may have grown into it
+ * meanwhile); only then the pool's out-of-memory handler, then the
+ * failure.
  *
  * The cap (max_bytes, max_fraction) bounds the sum of the arenas' reserved
  * bytes. Invariant, under the pool's lock: the arenas' caps add up to at
