@@ -15,8 +15,10 @@
  * every thread has an arena of its own, and its allocations and frees of
  * its own blocks take only that arena's lock. The pool itself holds no
  * memory; its lock orders the rare work across arenas: making one, sharing
- * the cap, reclaiming, trim, add_stream. Lock order: the pool's, then one
- * arena's at a time; the hot path takes only an arena's.
+ * the cap, add_stream. It is never held while an arena waits for its
+ * streams (trim, reclaim's trims): a host function on one of them may call
+ * into the pool. Lock order: the pool's, then one arena's at a time; the
+ * hot path takes only an arena's.
  *
  * Finding a pointer's arena (free, record_stream from any thread): each
  * arena's virtual range is reserved before the arena is published and is
@@ -29,8 +31,10 @@
  * an arena's allocation fails (MP_ENOMEM, MP_ELIMIT), first (capped pools)
  * the other arenas' unused share of the cap comes back and the arena gets
  * half of what is left; then every other arena is synchronized and
- * trimmed, the arena gets all the room, and it tries once more; only then
- * the pool's out-of-memory handler, then the failure.
+ * trimmed, the arena gets all the room, and it tries once more (again,
+ * while the trims give memory back: another arena may have grown into it
+ * meanwhile); only then the pool's out-of-memory handler, then the
+ * failure.
  *
  * The cap (max_bytes, max_fraction) bounds the sum of the arenas' reserved
  * bytes. Invariant, under the pool's lock: the arenas' caps add up to at
@@ -98,10 +102,13 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
      * caller (its message kept), as the ladder's. */
     st = st == MP_ENOTSUP ? MP_OK : st == MP__EHOST ? MP_ENOMEM : st;
   }
+  /* Each with its owner: a per-thread stream is the adding thread's, not
+   * this one's. */
   for (uint32_t k = 0; st == MP_OK && k < pool->nstreams; k++) {
     uint32_t sidx;
-    if (!pool->streams[k].gone && pool->streams[k].owner == 0)
-      st = mp__stream_index(a, pool->streams[k].s, &sidx);
+    const mp__strm_t *ps = &pool->streams[k];
+    if (!ps->gone)
+      st = mp__stream_index_owned(a, ps->s, ps->owner, &sidx);
   }
   /* A capped pool's arena starts with no share: its first allocation asks
    * for one (mp__arena_share). */
@@ -151,33 +158,42 @@ static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
 }
 
 /* Gives arena a's cached memory back until at most keep bytes of it stay
- * (as mp_pool_trim: synchronize, then trim); *left: its free bytes after. */
-static mp_status_t mp__arena_trim_one(mp_pool_t *a, size_t keep, size_t *left) {
+ * (as mp_pool_trim: synchronize, then trim); *left: its free bytes after;
+ * *gave: the reserved bytes it gave back. */
+static mp_status_t mp__arena_trim_one(mp_pool_t *a, size_t keep, size_t *left,
+                                      size_t *gave) {
   mp_status_t st = MP_OK;
+  *gave = 0;
   mp__pool_lock(a);
   if (a->st.free_bytes > keep) {
     st = mp__pool_sync(a);
+    size_t before = a->st.reserved_bytes;
     if (st == MP_OK)
       mp__segment_trim(a, keep);
+    /* At least (growth may run while a release has the lock down). */
+    if (before > a->st.reserved_bytes)
+      *gave = before - a->st.reserved_bytes;
   }
   *left = a->st.free_bytes;
   mp__pool_unlock(a);
   return st;
 }
 
+/* Without the pool's lock: each arena's synchronization waits for its
+ * streams, whose host functions may call into the pool (make an arena,
+ * reclaim, read the stats under the lock). Trim moves no share of the cap
+ * (it lowers reserved bytes only), and the arena table is fixed. */
 mp_status_t mp__arena_trim(mp_pool_t *pool, size_t keep_bytes) {
   mp_status_t st = MP_OK;
-  mp__pool_lock(pool);
   for (size_t i = 0; i < pool->cfg.arenas; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);
-    size_t left = 0;
+    size_t left = 0, gave;
     if (a == NULL)
       continue;
-    mp_status_t s = mp__arena_trim_one(a, keep_bytes, &left);
+    mp_status_t s = mp__arena_trim_one(a, keep_bytes, &left, &gave);
     st = st == MP_OK ? s : st;
     keep_bytes -= left < keep_bytes ? left : keep_bytes;
   }
-  mp__pool_unlock(pool);
   return st;
 }
 
@@ -273,6 +289,9 @@ static mp_status_t mp__arena_retry(mp_pool_t *a, size_t bytes, mp_stream_t s,
   return st;
 }
 
+/* Rounds of trims and retry at most, in one full reclaim step. */
+#define MP__ARENA_RECLAIM_ROUNDS 4
+
 /* Under no lock: one reclaim step for arena a, then its retry. deep 0:
  * (capped pools) the other arenas' unused share comes back and a gets half
  * of what is left; 1: every other arena is trimmed too and a gets all the
@@ -280,22 +299,32 @@ static mp_status_t mp__arena_retry(mp_pool_t *a, size_t bytes, mp_stream_t s,
 static mp_status_t mp__arena_reclaim_retry(mp_pool_t *pool, mp_pool_t *a,
                                            int deep, size_t bytes,
                                            mp_stream_t s, void **out) {
-  mp__pool_lock(pool);
-  for (size_t i = 0; deep == 1 && i < pool->cfg.arenas; i++) {
-    mp_pool_t *b = mp__arena_at(pool, i);
-    size_t left;
-    if (b != NULL && b != a)
-      (void)mp__arena_trim_one(b, 0, &left);
+  for (int round = 1;; round++) {
+    /* The trims wait for the other arenas' streams: without the pool's
+     * lock (as mp__arena_trim). */
+    size_t gave = 0;
+    for (size_t i = 0; deep == 1 && i < pool->cfg.arenas; i++) {
+      mp_pool_t *b = mp__arena_at(pool, i);
+      size_t left, g;
+      if (b != NULL && b != a && mp__arena_trim_one(b, 0, &left, &g) == MP_OK)
+        gave += g;
+    }
+    mp__pool_lock(pool);
+    if (pool->cap_is_max && deep < 2)
+      mp__arena_share(pool, a, deep == 1);
+    /* The retry runs with the pool's lock held: another arena's slow path
+     * would otherwise take back the share just given before it is used
+     * (arenas at the cap stealing from each other). The fast paths never
+     * take the pool's lock, and an arena's own ladder never does. */
+    mp_status_t st = mp__arena_retry(a, bytes, s, out);
+    mp__pool_unlock(pool);
+    /* Another arena's fast path may have grown into what the trims gave
+     * back, before the retry (while a later trim waited for its streams),
+     * and cached it again: trim again while the trims give memory back. */
+    if (!mp__arena_oom(st) || deep != 1 || gave == 0 ||
+        round == MP__ARENA_RECLAIM_ROUNDS)
+      return st;
   }
-  if (pool->cap_is_max && deep < 2)
-    mp__arena_share(pool, a, deep == 1);
-  /* The retry runs with the pool's lock held: another arena's slow path
-   * would otherwise take back the share just given before it is used
-   * (arenas at the cap stealing from each other). The fast paths never
-   * take the pool's lock, and an arena's own ladder never does. */
-  mp_status_t st = mp__arena_retry(a, bytes, s, out);
-  mp__pool_unlock(pool);
-  return st;
 }
 
 /* The arena's allocation failed with st: reclaim across arenas and retry

@@ -760,6 +760,11 @@ void mp__block_unlink(mp__segment_t *seg, mp__block_t *b);
 /* ---- stream.c: stream table, epochs, markers, events -------------------- */
 /* mp__stream_index's general case: any stream, added on first use. */
 mp_status_t mp__stream_lookup(mp_pool_t *pool, mp_stream_t s, uint32_t *out);
+/* The slot of (s, owner), added on first use: another pool's slot with its
+ * owner (arena.c: a per-thread stream given to mp_pool_add_stream is the
+ * adding thread's in an arena another thread makes later). */
+mp_status_t mp__stream_index_owned(mp_pool_t *pool, mp_stream_t s,
+                                   uint64_t owner, uint32_t *out);
 /* The slot of stream s in the table, added on first use. Inline: the
  * stream of the pool's last call, the common case, costs a few loads.
  * Without per-thread streams every slot's owner is 0, the owner the

@@ -83,7 +83,7 @@ void mp__stats_read(mp_pool_t *pool, mp_stats_t *out) {
    * from an arena already read to one read later would count twice (the
    * reserved bytes read above max_bytes). So a read that saw the shares
    * move reads again; after a few tries, under the pool's lock, under
-   * which they move (not at first: trim holds it across synchronizes). */
+   * which they move (not at first: the lock is for rare work). */
   mp_stats_t own = *out;
   for (int tries = 0; tries < 4; tries++) {
     *out = own;

@@ -206,10 +206,11 @@ static mp_status_t mp__stream_add(mp_pool_t *pool, mp_stream_t s,
   if (kind == MP__STREAM_BAD)
     return mp__fail(MP_EINVAL, "stream %p is not a live stream of device '%s'",
                     (void *)s, mp_device_name(pool->dev));
-  if (kind == MP__STREAM_PER_THREAD && owner == 0) {
+  if (kind == MP__STREAM_PER_THREAD) {
     pool->pt_handle = s;
     pool->has_pt = true;
-    owner = mp__self();
+    if (owner == 0)
+      owner = mp__self();
   }
   /* A thread's slot goes when the thread does (best effort: without host
    * memory it stays, as any stream the program never destroys). */
@@ -254,6 +255,16 @@ mp_status_t mp__stream_lookup(mp_pool_t *pool, mp_stream_t s, uint32_t *out) {
   }
   if (MP__UNLIKELY(pool->streams[i].want_close))
     mp__stream_close(pool, &pool->streams[i]); /* its owner, at last */
+  *out = i;
+  return MP_OK;
+}
+
+mp_status_t mp__stream_index_owned(mp_pool_t *pool, mp_stream_t s,
+                                   uint64_t owner, uint32_t *out) {
+  MP__ASSERT_LOCKED(pool);
+  uint32_t i = mp__shash_find(pool, s, owner);
+  if (i == UINT32_MAX)
+    return mp__stream_add(pool, s, owner, out);
   *out = i;
   return MP_OK;
 }

@@ -641,3 +641,72 @@ Test(cuda_pool_rules,
   gate_destroy(&gate);
   mp_device_close(dev);
 }
+
+/* ---- arenas and a per-thread stream given to mp_pool_add_stream -------- */
+typedef struct {
+  mp_pool_t *pool;
+  mp_device_t *dev;
+  mp_stream_t x;
+  unsigned char *got;
+} arena_maker_t;
+
+/* Makes the pool's arena (its first allocation) on another thread: a
+ * block on stream x, set to 1 there. */
+static void *first_arena_alloc(void *p) {
+  arena_maker_t *m = p;
+  enter_ctx();
+  cr_assert_eq(mp_pool_alloc(m->pool, 4096, m->x, (void **)&m->got), MP_OK);
+  cr_assert_eq(mp_memset_async(m->dev, m->got, 1, 1, m->x), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(m->dev, m->x), MP_OK);
+  leave_ctx();
+  return NULL;
+}
+
+/* mp_pool_add_stream(CU_STREAM_PER_THREAD) names the calling thread's own
+ * stream; on a pool with arenas it reaches every arena, those made later
+ * too (pool.h, Arenas). Here the arena is made after the call, by another
+ * thread: a block freed with free_after_all while this thread's stream
+ * (held by a gate) still reads it is not reused by x meanwhile. */
+Test(cuda_pool_rules, added_per_thread_stream_reaches_arenas_made_later,
+     .init = load_driver) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cr_assert_eq(mp_pool_config_parse(&cfg, "arenas=1"), MP_OK);
+  mp_pool_t *pool = NULL;
+  cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
+  enter_ctx();
+  mp_stream_t pt = (mp_stream_t)CU_STREAM_PER_THREAD;
+  cr_assert_eq(mp_pool_add_stream(pool, pt), MP_OK, "%s", mp_last_error());
+  arena_maker_t m = {.pool = pool, .dev = dev};
+  cr_assert_eq(mp_stream_create(dev, &m.x), MP_OK);
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, first_arena_alloc, &m), 0);
+  pthread_join(t, NULL);
+  unsigned char *seen = NULL, *q = NULL;
+  cr_assert_eq(mp_device_host_alloc(dev, 1, (void **)&seen), MP_OK);
+  gate_t g;
+  gate_init(&g);
+  /* This thread's "kernel" reads the block once the gate opens. */
+  cr_assert_eq(mp_stream_launch_host(dev, pt, gate_wait, &g), MP_OK);
+  cr_assert_eq(mp_memcpy_async(dev, seen, m.got, 1, pt), MP_OK);
+  cr_assert_eq(mp_pool_free_after_all(pool, m.got), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_alloc(pool, 4096, m.x, (void **)&q), MP_OK);
+  cr_assert_eq(mp_memset_async(dev, q, 2, 1, m.x), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, m.x), MP_OK);
+  gate_open(&g);
+  cr_assert_eq(mp_stream_synchronize(dev, pt), MP_OK);
+  cr_expect_eq(*seen, 1,
+               "x overwrote the block under this thread's per-thread "
+               "stream's work (the new block %s the freed one)",
+               q == m.got ? "is" : "is not");
+  cr_assert_eq(mp_pool_free(pool, q), MP_OK);
+  cr_assert_eq(mp_device_host_free(dev, seen), MP_OK);
+  gate_destroy(&g);
+  leave_ctx();
+  cr_assert_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, m.x), MP_OK);
+  mp_device_close(dev);
+}

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "../support/pool_helpers.h"
+#include "../support/stream_gate.h"
 #include "pool/pool_internal.h"
 
 #define MiB ((size_t)1 << 20)
@@ -24,6 +25,7 @@ MP_DEVICE_SUITE(pool_arenas, "host:capacity=64M");
 typedef struct job {
   mp_pool_t *pool;
   size_t bytes;
+  mp_stream_t s; /* alloc_job's stream (NULL: the default) */
   int count;
   void *ptrs[64];
   mp_status_t st;
@@ -33,7 +35,7 @@ static void *alloc_job(void *arg) {
   job_t *j = arg;
   j->st = MP_OK;
   for (int i = 0; i < j->count && j->st == MP_OK; i++)
-    j->st = mp_pool_alloc(j->pool, j->bytes, NULL, &j->ptrs[i]);
+    j->st = mp_pool_alloc(j->pool, j->bytes, j->s, &j->ptrs[i]);
   return NULL;
 }
 
@@ -697,4 +699,184 @@ Test(pool_arenas, making_arenas_while_streams_are_forgotten_does_not_deadlock,
   cr_assert_eq(mp_stream_destroy(dev, f.s), MP_OK);
   for (int i = 0; i < FILLERS; i++)
     cr_assert_eq(mp_pool_destroy(fillers[i]), MP_OK);
+}
+
+/* ---- host functions calling the pool beside a synchronization ---------- */
+/* A host function on stream s (the host device runs it on s's worker
+ * thread, as cuLaunchHostFunc runs it) calls into the pool while another
+ * thread's trim or out-of-memory reclaim waits for s: the waiter must not
+ * hold a lock the host function needs, or neither ever returns. The
+ * worker thread is new to arenas, so its allocation makes an arena. Each
+ * case has a private device: a deadlocked one is left behind (its threads
+ * never return), and the watchdog fails the test after 10 s instead of
+ * hanging. */
+typedef struct hostcall {
+  mp_pool_t *pool;
+  size_t waited; /* the arena whose synchronization waits for s */
+  bool saw_wait; /* the host function saw it waiting */
+  atomic_bool running, done;
+  mp_status_t st;
+  void *p;
+} hostcall_t;
+
+static void sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* Whether arena i's synchronization is in flight (its lock is down
+ * meanwhile). */
+static bool arena_syncing(mp_pool_t *pool, size_t i) {
+  mp_pool_t *a = mp__arena_at(pool, i);
+  mp__pool_lock(a);
+  bool s = a->syncing;
+  mp__pool_unlock(a);
+  return s;
+}
+
+static void alloc_from_host_fn(void *arg) {
+  hostcall_t *h = arg;
+  atomic_store(&h->running, true);
+  /* Until the other thread waits for this stream (at most 5 s). */
+  for (int i = 0; i < 5000 && !arena_syncing(h->pool, h->waited); i++)
+    sleep_ms(1);
+  h->saw_wait = arena_syncing(h->pool, h->waited);
+  h->st = mp_pool_alloc(h->pool, 4096, NULL, &h->p);
+  atomic_store(&h->done, true);
+}
+
+static void *trim_job(void *arg) {
+  (void)mp_pool_trim(arg, 0);
+  return NULL;
+}
+
+/* Another thread's 48 MiB: out of memory in its arena until the first
+ * arena's cache (48 MiB of the device's 64) is trimmed, which waits for
+ * s. */
+static void *reclaim_job(void *arg) {
+  void *p;
+  if (mp_pool_alloc(arg, 48 * MiB, NULL, &p) == MP_OK)
+    (void)mp_pool_free(arg, p);
+  return NULL;
+}
+
+/* Runs the host function on a stream the calling thread's arena knows
+ * (and caches a block freed on), and fn(pool) on another thread, whose
+ * wait for s the host function waits for; the host function's allocation
+ * must return within 10 s. */
+static void host_fn_calls_pool_beside(const char *opts, void *(*fn)(void *),
+                                      size_t cached) {
+  mp_device_t *d;
+  cr_assert_eq(mp_device_open("host:capacity=64M", &d), MP_OK);
+  mp_pool_t *pool = make_pool(d, opts);
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(d, &s), MP_OK);
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, cached, s, &p), MP_OK, "%s",
+               mp_last_error());
+  hostcall_t h = {.pool = pool, .waited = (size_t)arena_holding(pool, p)};
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(d, s, alloc_from_host_fn, &h), MP_OK);
+  while (!atomic_load(&h.running))
+    sched_yield();
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, fn, pool), 0);
+  for (int i = 0; i < 1000 && !atomic_load(&h.done); i++)
+    sleep_ms(10);
+  cr_assert(atomic_load(&h.done),
+            "the host function's allocation is still blocked after 10 s "
+            "(deadlock with the other thread's wait for its stream)");
+  pthread_join(t, NULL);
+  cr_expect(h.saw_wait, "the other thread never waited for s");
+  cr_expect(h.st == MP_OK || h.st == MP_EINVAL, "%s: %s", mp_status_name(h.st),
+            mp_last_error());
+  if (h.st == MP_OK)
+    cr_expect_eq(mp_pool_free(pool, h.p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_stream_synchronize(d, s), MP_OK);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  cr_assert_eq(mp_stream_destroy(d, s), MP_OK);
+  mp_device_close(d);
+}
+
+Test(pool_arenas,
+     host_function_allocating_beside_an_arena_trim_does_not_deadlock,
+     .timeout = 60) {
+  host_fn_calls_pool_beside("arenas=2", trim_job, 8 * MiB);
+}
+
+/* Three arenas: the main thread's, the reclaiming thread's and the host
+ * function's (made then). */
+Test(pool_arenas,
+     host_function_allocating_beside_an_arena_reclaim_does_not_deadlock,
+     .timeout = 60) {
+  host_fn_calls_pool_beside("arenas=3", reclaim_job, 48 * MiB);
+}
+
+/* ---- reclaim overtaken by another arena's growth ------------------------ */
+/* An arena out of device memory trims the other arenas and retries. While
+ * it waits for one arena's stream (a gate holds it), an arena it trimmed
+ * already grows and frees 30 MiB, which stays in its cache: the retry must
+ * still get the memory (nothing is live), not fail beside that cache. */
+typedef struct reclaimer {
+  mp_pool_t *pool;
+  void *p;
+  mp_status_t st;
+  char why[256];
+} reclaimer_t;
+
+static void *reclaim_40m(void *arg) {
+  reclaimer_t *r = arg;
+  r->st = mp_pool_alloc(r->pool, 40 * MiB, NULL, &r->p);
+  snprintf(r->why, sizeof r->why, "%s", mp_last_error());
+  return NULL;
+}
+
+Test(pool_arenas, reclaim_retries_when_a_trimmed_arena_caches_again_meanwhile,
+     .timeout = 60) {
+  mp_pool_t *pool = make_pool(dev, "arenas=3");
+  /* This thread's arena caches 40 MiB of the device's 64. */
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, 40 * MiB, NULL, &p), MP_OK);
+  int ib = arena_holding(pool, p);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  /* A second arena caches a block freed on s, which a gate then holds. */
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  job_t c = {.pool = pool, .bytes = MiB, .s = s, .count = 1};
+  on_thread(alloc_job, &c);
+  cr_assert_eq(c.st, MP_OK, "%s", mp_last_error());
+  int ic = arena_holding(pool, c.ptrs[0]);
+  on_thread(free_job, &c);
+  /* The reclaim trims the arenas in index order: this thread's first. */
+  cr_assert(ib >= 0 && ic > ib, "arenas %d and %d", ib, ic);
+  gate_t g;
+  gate_init(&g);
+  cr_assert_eq(mp_stream_launch_host(dev, s, gate_wait, &g), MP_OK);
+  reclaimer_t r = {.pool = pool};
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, reclaim_40m, &r), 0);
+  /* The third arena's reclaim trimmed this thread's arena and waits for
+   * s in the second's trim. */
+  for (int i = 0; i < 5000 && !arena_syncing(pool, (size_t)ic); i++)
+    usleep(1000);
+  bool waiting = arena_syncing(pool, (size_t)ic);
+  if (waiting) {
+    cr_expect_eq(mp__arena_at(pool, (size_t)ib)->st.reserved_bytes, 0,
+                 "the first arena was trimmed");
+    cr_expect_eq(mp_pool_alloc(pool, 30 * MiB, NULL, &p), MP_OK, "%s",
+                 mp_last_error());
+    cr_expect_eq(mp_pool_free(pool, p), MP_OK);
+  }
+  gate_open(&g);
+  pthread_join(t, NULL);
+  cr_assert(waiting, "the reclaim never waited for s (%d: %s)", r.st, r.why);
+  cr_expect_eq(r.st, MP_OK, "40 MiB with nothing live: %s", r.why);
+  if (r.st == MP_OK)
+    cr_expect_eq(mp_pool_free(pool, r.p), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, s), MP_OK);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+  gate_destroy(&g);
 }
