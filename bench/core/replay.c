@@ -262,6 +262,8 @@ mp_status_t mpb_replay_fits(const mpb_workload_t *w, const char *allocator,
         *fits = false;
         break;
       }
+      if (e->slot == MPB_GRAPH_RELEASE)
+        mpb_rig_settle(&g); /* as after a free (mpb_replay) */
     } else if (e->op == MPB_ALLOC) {
       if (e->size != 0 && mpb_rig_alloc(&g, e) != MP_OK) {
         g.ptr[e->slot] = NULL;
@@ -447,6 +449,11 @@ mp_status_t mpb_replay(const mpb_workload_t *w, const char *allocator,
                  mp_status_name(st), i + 1, mp_last_error());
         break;
       }
+      /* Releasing the graphs frees their pool's memory: as after a free,
+       * the device catches up (never during a capture, which a device
+       * synchronization would break). */
+      if (e->slot == MPB_GRAPH_RELEASE)
+        mpb_rig_after(&g, e, true, opts->stream_work_us);
     } else if (e->op == MPB_PAUSE || e->op == MPB_RESUME) {
       double ms;
       size_t bytes;
