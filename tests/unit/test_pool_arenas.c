@@ -813,6 +813,30 @@ Test(pool_arenas,
   host_fn_calls_pool_beside("arenas=3", reclaim_job, 48 * MiB);
 }
 
+/* The arena's own retry: a thread that shares the first arena (as a
+ * thread numbered N later would) asks for 60 MiB under a 64 MiB cap. Its
+ * share is too small at once (no synchronization yet); the full reclaim
+ * gives it the whole cap and retries, and that retry's ladder waits for s
+ * (the 8 MiB cached there): without the pool's lock, or the host
+ * function's new arena never gets it. */
+static void *same_arena_reclaim_job(void *arg) {
+  mp_pool_t *pool = arg;
+  for (size_t i = 0; i < pool->cfg.arenas; i++)
+    if (mp__arena_at(pool, i) != NULL)
+      mp__arena_thread = (unsigned)i + 1;
+  void *p;
+  if (mp_pool_alloc(pool, 60 * MiB, NULL, &p) == MP_OK)
+    (void)mp_pool_free(pool, p);
+  return NULL;
+}
+
+Test(pool_arenas,
+     host_function_allocating_beside_an_arenas_own_retry_does_not_deadlock,
+     .timeout = 60) {
+  host_fn_calls_pool_beside("arenas=2,max_bytes=64M", same_arena_reclaim_job,
+                            8 * MiB);
+}
+
 /* ---- reclaim overtaken by another arena's growth ------------------------ */
 /* An arena out of device memory trims the other arenas and retries. While
  * it waits for one arena's stream (a gate holds it), an arena it trimmed
