@@ -132,8 +132,12 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
 }
 
 /* Under the pool's lock: takes back every other arena's unused share of
- * the cap, and gives arena a what is left (all of it, or half). Each arena
- * is looked at with no growth or release in flight. */
+ * the cap, and gives arena a what is left (all of it, or half). An arena's
+ * share changes only with no growth or release in flight: another arena
+ * with one keeps its share (counted whole), not waited for. A release
+ * synchronizes the device (a plain segment's free, as cuMemFree), which
+ * waits for host functions, and one of them may be waiting for this lock,
+ * or be this share (a new arena's first allocation). */
 static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
   MP__ASSERT_LOCKED(pool);
   atomic_fetch_add_explicit(&pool->share_seq, 1, memory_order_acq_rel);
@@ -143,8 +147,8 @@ static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
     if (b == NULL || b == a)
       continue;
     mp__pool_lock(b);
-    mp__pool_wait_idle(b);
-    b->cap = b->st.reserved_bytes;
+    if (!b->inflight)
+      b->cap = b->st.reserved_bytes;
     held += b->cap;
     mp__pool_unlock(b);
   }
