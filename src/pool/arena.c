@@ -16,9 +16,9 @@
  * its own blocks take only that arena's lock. The pool itself holds no
  * memory; its lock orders the rare work across arenas: making one, sharing
  * the cap, add_stream. It is never held while an arena waits for its
- * streams (trim, reclaim's trims): a host function on one of them may call
- * into the pool. Lock order: the pool's, then one arena's at a time; the
- * hot path takes only an arena's.
+ * streams (trim, the reclaim's trims and its retry's ladder): a host
+ * function on one of them may call into the pool. Lock order: the pool's, then
+ * one arena's at a time; the hot path takes only an arena's.
  *
  * Finding a pointer's arena (free, record_stream from any thread): each
  * arena's virtual range is reserved before the arena is published and is
@@ -132,8 +132,12 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
 }
 
 /* Under the pool's lock: takes back every other arena's unused share of
- * the cap, and gives arena a what is left (all of it, or half). Each arena
- * is looked at with no growth or release in flight. */
+ * the cap, and gives arena a what is left (all of it, or half). An arena's
+ * share changes only with no growth or release in flight: another arena
+ * with one keeps its share (counted whole), not waited for. A release
+ * synchronizes the device (a plain segment's free, as cuMemFree), which
+ * waits for host functions, and one of them may be waiting for this lock,
+ * or be this share (a new arena's first allocation). */
 static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
   MP__ASSERT_LOCKED(pool);
   atomic_fetch_add_explicit(&pool->share_seq, 1, memory_order_acq_rel);
@@ -143,8 +147,8 @@ static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
     if (b == NULL || b == a)
       continue;
     mp__pool_lock(b);
-    mp__pool_wait_idle(b);
-    b->cap = b->st.reserved_bytes;
+    if (!b->inflight)
+      b->cap = b->st.reserved_bytes;
     held += b->cap;
     mp__pool_unlock(b);
   }
@@ -289,19 +293,21 @@ static mp_status_t mp__arena_retry(mp_pool_t *a, size_t bytes, mp_stream_t s,
   return st;
 }
 
-/* Rounds of trims and retry at most, in one full reclaim step. */
+/* Rounds of reclaim and retry at most, in one reclaim step. */
 #define MP__ARENA_RECLAIM_ROUNDS 4
 
 /* Under no lock: one reclaim step for arena a, then its retry. deep 0:
  * (capped pools) the other arenas' unused share comes back and a gets half
  * of what is left; 1: every other arena is trimmed too and a gets all the
- * room; 2: no reclaim (more than the whole pool may hold), just the retry. */
+ * room; 2: no reclaim (more than the whole pool may hold), just the retry.
+ * The trims and the retry run without the pool's lock: they wait for
+ * streams (the other arenas' trims, a's own ladder), whose host functions
+ * may call into the pool (make an arena, ask for a share). */
 static mp_status_t mp__arena_reclaim_retry(mp_pool_t *pool, mp_pool_t *a,
                                            int deep, size_t bytes,
                                            mp_stream_t s, void **out) {
+  bool share = pool->cap_is_max && deep < 2;
   for (int round = 1;; round++) {
-    /* The trims wait for the other arenas' streams: without the pool's
-     * lock (as mp__arena_trim). */
     size_t gave = 0;
     for (size_t i = 0; deep == 1 && i < pool->cfg.arenas; i++) {
       mp_pool_t *b = mp__arena_at(pool, i);
@@ -309,20 +315,24 @@ static mp_status_t mp__arena_reclaim_retry(mp_pool_t *pool, mp_pool_t *a,
       if (b != NULL && b != a && mp__arena_trim_one(b, 0, &left, &g) == MP_OK)
         gave += g;
     }
-    mp__pool_lock(pool);
-    if (pool->cap_is_max && deep < 2)
+    uint64_t seq = 0;
+    if (share) {
+      mp__pool_lock(pool);
       mp__arena_share(pool, a, deep == 1);
-    /* The retry runs with the pool's lock held: another arena's slow path
-     * would otherwise take back the share just given before it is used
-     * (arenas at the cap stealing from each other). The fast paths never
-     * take the pool's lock, and an arena's own ladder never does. */
+      seq = atomic_load_explicit(&pool->share_seq, memory_order_acquire);
+      mp__pool_unlock(pool);
+    }
     mp_status_t st = mp__arena_retry(a, bytes, s, out);
-    mp__pool_unlock(pool);
-    /* Another arena's fast path may have grown into what the trims gave
-     * back, before the retry (while a later trim waited for its streams),
-     * and cached it again: trim again while the trims give memory back. */
-    if (!mp__arena_oom(st) || deep != 1 || gave == 0 ||
-        round == MP__ARENA_RECLAIM_ROUNDS)
+    if (!mp__arena_oom(st) || round == MP__ARENA_RECLAIM_ROUNDS)
+      return st;
+    /* Again, while something may have overtaken the retry: another
+     * arena's slow path took back the share just given before it was
+     * used (arenas at the cap stealing from each other), or another
+     * arena's fast path grew into what the trims gave back (while a later
+     * trim waited for its streams) and cached it again. */
+    bool moved = share && atomic_load_explicit(&pool->share_seq,
+                                               memory_order_acquire) != seq;
+    if (!moved && (deep != 1 || gave == 0))
       return st;
   }
 }

@@ -712,7 +712,10 @@ Test(pool_arenas, making_arenas_while_streams_are_forgotten_does_not_deadlock,
  * hanging. */
 typedef struct hostcall {
   mp_pool_t *pool;
-  size_t waited; /* the arena whose synchronization waits for s */
+  size_t waited; /* the arena that caches the block freed on s */
+  /* Whether the other thread waits for s now (arena_syncing(pool, waited):
+   * waited's synchronization). */
+  bool (*waiting)(mp_pool_t *pool, size_t waited);
   bool saw_wait; /* the host function saw it waiting */
   atomic_bool running, done;
   mp_status_t st;
@@ -738,9 +741,9 @@ static void alloc_from_host_fn(void *arg) {
   hostcall_t *h = arg;
   atomic_store(&h->running, true);
   /* Until the other thread waits for this stream (at most 5 s). */
-  for (int i = 0; i < 5000 && !arena_syncing(h->pool, h->waited); i++)
+  for (int i = 0; i < 5000 && !h->waiting(h->pool, h->waited); i++)
     sleep_ms(1);
-  h->saw_wait = arena_syncing(h->pool, h->waited);
+  h->saw_wait = h->waiting(h->pool, h->waited);
   h->st = mp_pool_alloc(h->pool, 4096, NULL, &h->p);
   atomic_store(&h->done, true);
 }
@@ -762,10 +765,11 @@ static void *reclaim_job(void *arg) {
 
 /* Runs the host function on a stream the calling thread's arena knows
  * (and caches a block freed on), and fn(pool) on another thread, whose
- * wait for s the host function waits for; the host function's allocation
- * must return within 10 s. */
+ * wait for s (waiting says when it is in flight) the host function waits
+ * for; the host function's allocation must return within 10 s. */
 static void host_fn_calls_pool_beside(const char *opts, void *(*fn)(void *),
-                                      size_t cached) {
+                                      size_t cached,
+                                      bool (*waiting)(mp_pool_t *, size_t)) {
   mp_device_t *d;
   cr_assert_eq(mp_device_open("host:capacity=64M", &d), MP_OK);
   mp_pool_t *pool = make_pool(d, opts);
@@ -774,7 +778,9 @@ static void host_fn_calls_pool_beside(const char *opts, void *(*fn)(void *),
   void *p;
   cr_assert_eq(mp_pool_alloc(pool, cached, s, &p), MP_OK, "%s",
                mp_last_error());
-  hostcall_t h = {.pool = pool, .waited = (size_t)arena_holding(pool, p)};
+  hostcall_t h = {.pool = pool,
+                  .waited = (size_t)arena_holding(pool, p),
+                  .waiting = waiting};
   cr_assert_eq(mp_pool_free(pool, p), MP_OK);
   cr_assert_eq(mp_stream_launch_host(d, s, alloc_from_host_fn, &h), MP_OK);
   while (!atomic_load(&h.running))
@@ -802,7 +808,7 @@ static void host_fn_calls_pool_beside(const char *opts, void *(*fn)(void *),
 Test(pool_arenas,
      host_function_allocating_beside_an_arena_trim_does_not_deadlock,
      .timeout = 60) {
-  host_fn_calls_pool_beside("arenas=2", trim_job, 8 * MiB);
+  host_fn_calls_pool_beside("arenas=2", trim_job, 8 * MiB, arena_syncing);
 }
 
 /* Three arenas: the main thread's, the reclaiming thread's and the host
@@ -810,7 +816,81 @@ Test(pool_arenas,
 Test(pool_arenas,
      host_function_allocating_beside_an_arena_reclaim_does_not_deadlock,
      .timeout = 60) {
-  host_fn_calls_pool_beside("arenas=3", reclaim_job, 48 * MiB);
+  host_fn_calls_pool_beside("arenas=3", reclaim_job, 48 * MiB, arena_syncing);
+}
+
+/* The arena's own retry: a thread that shares the first arena (as a
+ * thread numbered N later would) asks for 60 MiB under a 64 MiB cap. Its
+ * share is too small at once (no synchronization yet); the full reclaim
+ * gives it the whole cap and retries, and that retry's ladder waits for s
+ * (the 8 MiB cached there): without the pool's lock, or the host
+ * function's new arena never gets it. */
+static void *same_arena_reclaim_job(void *arg) {
+  mp_pool_t *pool = arg;
+  for (size_t i = 0; i < pool->cfg.arenas; i++)
+    if (mp__arena_at(pool, i) != NULL)
+      mp__arena_thread = (unsigned)i + 1;
+  void *p;
+  if (mp_pool_alloc(pool, 60 * MiB, NULL, &p) == MP_OK)
+    (void)mp_pool_free(pool, p);
+  return NULL;
+}
+
+Test(pool_arenas,
+     host_function_allocating_beside_an_arenas_own_retry_does_not_deadlock,
+     .timeout = 60) {
+  host_fn_calls_pool_beside("arenas=2,max_bytes=64M", same_arena_reclaim_job,
+                            8 * MiB, arena_syncing);
+}
+
+/* A release beside a share of the cap: another thread's free gives its
+ * arena's 8 MiB back (release_threshold), and the host device synchronizes
+ * before memory goes (as cuMemFree does: plain segments), so the release
+ * waits for s. The
+ * host function's new arena asks for a share meanwhile: the share must
+ * not wait for that release. Three arenas: the main thread's, the freeing
+ * thread's and the host function's. */
+static atomic_bool release_begun;
+
+static void *release_job(void *arg) {
+  mp_pool_t *pool = arg;
+  void *p, *q;
+  /* Both fill plain segments of their own: the first free leaves nothing
+   * above the threshold to release (and no later try put off). */
+  if (mp_pool_alloc(pool, 8 * MiB, NULL, &p) != MP_OK)
+    return NULL;
+  if (mp_pool_alloc(pool, 2 * MiB, NULL, &q) == MP_OK) {
+    (void)mp_pool_free(pool, p);
+    /* The next free releases p's segment (a free releases before its own
+     * block joins the cache). */
+    atomic_store(&release_begun, true);
+    p = q;
+  }
+  (void)mp_pool_free(pool, p);
+  return NULL;
+}
+
+/* Whether, once release_job frees, an arena other than waited has a
+ * release in flight (its lock is down meanwhile). */
+static bool other_arena_releasing(mp_pool_t *pool, size_t waited) {
+  bool r = false;
+  for (size_t i = 0; atomic_load(&release_begun) && i < pool->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    if (i == waited || a == NULL)
+      continue;
+    mp__pool_lock(a);
+    r = r || a->inflight;
+    mp__pool_unlock(a);
+  }
+  return r;
+}
+
+Test(pool_arenas,
+     host_function_asking_a_share_beside_an_arena_release_does_not_deadlock,
+     .timeout = 60) {
+  host_fn_calls_pool_beside(
+      "arenas=3,max_bytes=64M,release_threshold=3,virtual=0", release_job,
+      8 * MiB, other_arena_releasing);
 }
 
 /* ---- reclaim overtaken by another arena's growth ------------------------ */
