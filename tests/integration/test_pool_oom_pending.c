@@ -9,7 +9,7 @@
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <time.h>
+#include <unistd.h>
 
 #include "../support/pool_helpers.h"
 #include "../support/stream_gate.h"
@@ -52,11 +52,6 @@ static void last_gate_wait(void *arg) {
   atomic_store(&lg->done, true);
 }
 
-static void sleep_ms(long ms) {
-  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
 /* Waits (up to 5 s) until the asker's ladder reached its synchronization
  * of the streams: the pool counts the retry before it waits, and the lock
  * this stats call takes is free only while the wait runs. */
@@ -64,7 +59,7 @@ static void wait_for_retry(mp_pool_t *p, const asker_t *a) {
   for (int i = 0; i < 5000 && stats(p).alloc_retry_count == 0; i++) {
     cr_assert(!atomic_load(&a->done), "the allocation returned early: %d %s",
               a->st, a->why);
-    sleep_ms(1);
+    usleep(1000);
   }
   cr_assert_eq(stats(p).alloc_retry_count, 1,
                "the ladder never reached its synchronization");
@@ -120,7 +115,7 @@ free_block_pending_during_ladder_sync_is_waited_for(const char *spec) {
   for (int i = 0; i < 5000 && stats(p).live_blocks != NBLOCKS - 1 &&
                   !atomic_load(&ak.done);
        i++)
-    sleep_ms(1);
+    usleep(1000);
   if (!atomic_load(&ak.done)) {
     cr_expect_eq(mp_pool_free(p, xp), MP_EINVAL,
                  "a double free took the block the ladder holds");
@@ -130,7 +125,7 @@ free_block_pending_during_ladder_sync_is_waited_for(const char *spec) {
   /* The ladder's wait ends; b's last work still runs until g2 opens: once
    * the allocation returned, or after half a second. */
   for (int i = 0; i < 500 && !atomic_load(&ak.done); i++)
-    sleep_ms(1);
+    usleep(1000);
   gate_open(&g2.g);
   pthread_join(t, NULL);
 

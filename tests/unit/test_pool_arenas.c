@@ -722,11 +722,6 @@ typedef struct hostcall {
   void *p;
 } hostcall_t;
 
-static void sleep_ms(long ms) {
-  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
 /* Whether arena i's synchronization is in flight (its lock is down
  * meanwhile). */
 static bool arena_syncing(mp_pool_t *pool, size_t i) {
@@ -742,7 +737,7 @@ static void alloc_from_host_fn(void *arg) {
   atomic_store(&h->running, true);
   /* Until the other thread waits for this stream (at most 5 s). */
   for (int i = 0; i < 5000 && !h->waiting(h->pool, h->waited); i++)
-    sleep_ms(1);
+    usleep(1000);
   h->saw_wait = h->waiting(h->pool, h->waited);
   h->st = mp_pool_alloc(h->pool, 4096, NULL, &h->p);
   atomic_store(&h->done, true);
@@ -788,7 +783,7 @@ static void host_fn_calls_pool_beside(const char *opts, void *(*fn)(void *),
   pthread_t t;
   cr_assert_eq(pthread_create(&t, NULL, fn, pool), 0);
   for (int i = 0; i < 1000 && !atomic_load(&h.done); i++)
-    sleep_ms(10);
+    usleep(10000);
   cr_assert(atomic_load(&h.done),
             "the host function's allocation is still blocked after 10 s "
             "(deadlock with the other thread's wait for its stream)");
