@@ -10,9 +10,13 @@
  * before timing. The threads start together at a barrier; the time is from
  * the barrier to the last thread's end. Printed per row: pairs per second
  * (all threads together), the speed-up over the same mode with one thread,
- * and for the pool rows peak reserved / peak live (sharing a pool must not
- * raise fragmentation). The device is the host backend with a large
- * capacity, whose pages are never touched.
+ * for the pool rows peak reserved / peak live (sharing a pool must not
+ * raise fragmentation), and how evenly the threads got through: the
+ * slowest run of 256 pairs in any thread ("worst run"; one thread alone
+ * does one in about 35 us) and when the first thread ended, as a fraction
+ * of the whole run ("first end": near 1 when the threads share fairly, 1/T
+ * when one thread ran while the others waited). The device is the host
+ * backend with a large capacity, whose pages are never touched.
  *
  *   bench_pool_threads [pairs per thread=300000] [live per thread=100]
  *                      [max threads=8]
@@ -54,7 +58,13 @@ typedef struct worker {
   void **slots;
   pthread_barrier_t *start;
   int failed;
+  double end_ns;       /* when this thread's last pair ended */
+  double worst_run_ns; /* the slowest run of BATCH pairs */
 } worker_t;
+
+/* Pairs per timed run: the slowest run shows a thread kept waiting (a
+ * starved lock taker), at a clock read per BATCH pairs. */
+#define BATCH 256
 
 static size_t log_uniform(uint64_t *rng) {
   double lo = log(512.0), hi = log(16.0 * 1024 * 1024);
@@ -68,17 +78,30 @@ static double now_ns(void) {
   return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
+/* Called after pair i: times each run of BATCH pairs (*t: the run's start). */
+static void batch_tick(worker_t *w, size_t i, double *t) {
+  if ((i + 1) % BATCH != 0 && i + 1 != w->pairs)
+    return;
+  double now = now_ns();
+  if (now - *t > w->worst_run_ns)
+    w->worst_run_ns = now - *t;
+  *t = now;
+  w->end_ns = now;
+}
+
 static void *run_pool(void *arg) {
   worker_t *w = arg;
   for (size_t i = 0; i < w->live; i++)
     if (mp_pool_alloc(w->pool, w->init[i], NULL, &w->slots[i]) != MP_OK)
       w->failed = 1;
   pthread_barrier_wait(w->start);
+  double t = now_ns();
   for (size_t i = 0; i < w->pairs && !w->failed; i++) {
     uint32_t v = w->victim[i];
     mp_pool_free(w->pool, w->slots[v]);
     if (mp_pool_alloc(w->pool, w->sizes[i], NULL, &w->slots[v]) != MP_OK)
       w->failed = 1;
+    batch_tick(w, i, &t);
   }
   pthread_barrier_wait(w->start);
   for (size_t i = 0; i < w->live; i++)
@@ -94,11 +117,13 @@ static void *run_jemalloc(void *arg) {
     if ((w->slots[i] = mallocx(w->init[i], flags)) == NULL)
       w->failed = 1;
   pthread_barrier_wait(w->start);
+  double t = now_ns();
   for (size_t i = 0; i < w->pairs && !w->failed; i++) {
     uint32_t v = w->victim[i];
     dallocx(w->slots[v], flags);
     if ((w->slots[v] = mallocx(w->sizes[i], flags)) == NULL)
       w->failed = 1;
+    batch_tick(w, i, &t);
   }
   pthread_barrier_wait(w->start);
   for (size_t i = 0; i < w->live; i++)
@@ -108,10 +133,16 @@ static void *run_jemalloc(void *arg) {
 }
 #endif
 
-/* Runs mode with n threads; pairs per second, or 0 on failure. ratio: the
- * pools' peak reserved / peak live (summed over pools), 0 for jemalloc. */
+/* What a run measured besides pairs per second. */
+typedef struct outcome {
+  double ratio;      /* pools' peak reserved / peak live; 0 for jemalloc */
+  double worst_us;   /* the slowest run of BATCH pairs in any thread */
+  double first_done; /* the first thread's end / the last thread's end */
+} outcome_t;
+
+/* Runs mode with n threads; pairs per second, or 0 on failure. */
 static double run(mp_device_t *dev, enum mode m, worker_t *w, unsigned n,
-                  double *ratio) {
+                  outcome_t *o) {
   pthread_barrier_t start;
   pthread_barrier_init(&start, NULL, n + 1);
   mp_pool_t *pools[64] = {0};
@@ -134,6 +165,7 @@ static double run(mp_device_t *dev, enum mode m, worker_t *w, unsigned n,
     w[t].pool = pools[m == PER_THREAD ? t : 0];
     w[t].start = &start;
     w[t].failed = 0;
+    w[t].end_ns = w[t].worst_run_ns = 0;
     void *(*fn)(void *) = run_pool;
 #if MEMPOOL_HAVE_JEMALLOC
     w[t].arena = arena;
@@ -147,10 +179,17 @@ static double run(mp_device_t *dev, enum mode m, worker_t *w, unsigned n,
   pthread_barrier_wait(&start);
   double t1 = now_ns();
   int failed = 0;
+  double first = t1, last = t0;
+  o->worst_us = 0;
   for (unsigned t = 0; t < n; t++) {
     pthread_join(w[t].tid, NULL);
     failed |= w[t].failed;
+    first = w[t].end_ns < first ? w[t].end_ns : first;
+    last = w[t].end_ns > last ? w[t].end_ns : last;
+    if (w[t].worst_run_ns / 1e3 > o->worst_us)
+      o->worst_us = w[t].worst_run_ns / 1e3;
   }
+  o->first_done = last > t0 ? (first - t0) / (last - t0) : 1;
   pthread_barrier_destroy(&start);
   double reserved = 0, live = 0;
   for (unsigned i = 0; i < npools; i++) {
@@ -160,7 +199,7 @@ static double run(mp_device_t *dev, enum mode m, worker_t *w, unsigned n,
     live += (double)s.peak_requested_bytes;
     mp_pool_destroy(pools[i]);
   }
-  *ratio = live > 0 ? reserved / live : 0;
+  o->ratio = live > 0 ? reserved / live : 0;
   if (failed) {
     fprintf(stderr, "%s: an allocation failed: %s\n", mode_name[m],
             mp_last_error());
@@ -202,8 +241,8 @@ int main(int argc, char **argv) {
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   printf("%zu pairs per thread, %zu live per thread, %ld cores\n", pairs, live,
          cores);
-  printf("%-16s %7s %14s %9s %16s\n", "mode", "threads", "pairs/s", "speed-up",
-         "reserved/live");
+  printf("%-16s %7s %14s %9s %16s %11s %10s\n", "mode", "threads", "pairs/s",
+         "speed-up", "reserved/live", "worst run", "first end");
   int rc = 0;
   for (int m = 0; m < MODES; m++) {
 #if !MEMPOOL_HAVE_JEMALLOC
@@ -212,7 +251,8 @@ int main(int argc, char **argv) {
 #endif
     double one = 0;
     for (unsigned n = 1; n <= maxt; n *= 2) {
-      double ratio = 0, rate = run(dev, (enum mode)m, w, n, &ratio);
+      outcome_t o = {0};
+      double rate = run(dev, (enum mode)m, w, n, &o);
       if (rate == 0) {
         rc = 1;
         break;
@@ -221,8 +261,10 @@ int main(int argc, char **argv) {
         one = rate;
       printf("%-16s %7u %14.0f %8.2fx", mode_name[m], n, rate, rate / one);
       if (m != JEMALLOC)
-        printf(" %16.3f", ratio);
-      printf("\n");
+        printf(" %16.3f", o.ratio);
+      else
+        printf(" %16s", "");
+      printf(" %8.0f us %10.2f\n", o.worst_us, o.first_done);
     }
   }
   for (unsigned t = 0; t < maxt; t++) {

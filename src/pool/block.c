@@ -222,8 +222,8 @@ MP__HOT void mp__block_split_into(mp_pool_t *pool, mp__block_t *b, size_t size,
 }
 
 /* mp__block_absorb's body, inline in coalesce (on every free). */
-static inline bool mp__absorb(mp_pool_t *pool, mp__block_t *into,
-                              mp__block_t *gone, bool force) {
+static MP__HOT bool mp__absorb(mp_pool_t *pool, mp__block_t *into,
+                               mp__block_t *gone, bool force) {
   MP__ASSERT(into->next == gone && gone->prev == into);
   MP__ASSERT(into->addr + into->size == gone->addr && into->seg == gone->seg);
   if (force) {

@@ -373,6 +373,7 @@ mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
   if (pool == NULL)
     return mp__fail(MP_ENOMEM, "out of host memory creating a pool");
   atomic_init(&pool->lock, 0);
+  atomic_init(&pool->lock_seq, 0);
   atomic_init(&pool->idle_seq, 0);
   pool->dev = dev;
   pool->cfg = *cfg;

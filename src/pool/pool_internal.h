@@ -269,8 +269,10 @@ typedef struct mp__history {
 
 /* ---- the pool ---------------------------------------------------------- */
 struct mp_pool {
-  /* lock.c: 0 free, 1 held, 2 held and a thread may sleep on it. */
+  /* lock.c: MP__LOCK_HELD | MP__LOCK_WOKEN | sleepers * MP__LOCK_SLEEPER;
+   * the sleepers sleep on lock_seq, which a wake bumps. */
   _Atomic uint32_t lock;
+  _Atomic uint32_t lock_seq;
 #if MP__LOCK_OWNER
   pthread_t lock_owner; /* MP_DEBUG: the thread holding lock, if owned */
   bool lock_owned;
@@ -386,11 +388,14 @@ void mp__pool_lock_wake(mp_pool_t *pool);
 /* Takes / drops the pool's lock (inline: the hot path takes it once per
  * call; uncontended, each is one atomic instruction). MP_DEBUG builds
  * record the owner for MP__ASSERT_LOCKED. */
+/* The lock word (lock.c): held, a wake in flight, sleepers above. */
+#define MP__LOCK_HELD    1u
+#define MP__LOCK_WOKEN   2u
+#define MP__LOCK_SLEEPER 4u
 static inline void mp__pool_lock(mp_pool_t *pool) {
-  uint32_t free_word = 0;
-  if (MP__UNLIKELY(!atomic_compare_exchange_strong_explicit(
-          &pool->lock, &free_word, 1, memory_order_acquire,
-          memory_order_relaxed)))
+  if (MP__UNLIKELY(atomic_fetch_or_explicit(&pool->lock, MP__LOCK_HELD,
+                                            memory_order_acquire) &
+                   MP__LOCK_HELD))
     mp__pool_lock_wait(pool);
 #if MP__LOCK_OWNER
   pool->lock_owner = pthread_self();
@@ -413,8 +418,9 @@ static inline void mp__pool_unlock(mp_pool_t *pool) {
 #if MP__LOCK_OWNER
   pool->lock_owned = false;
 #endif
-  if (MP__UNLIKELY(
-          atomic_exchange_explicit(&pool->lock, 0, memory_order_release) == 2))
+  if (MP__UNLIKELY(atomic_fetch_sub_explicit(&pool->lock, MP__LOCK_HELD,
+                                             memory_order_release) !=
+                   MP__LOCK_HELD))
     mp__pool_lock_wake(pool);
 }
 /* Around a device call that changes what the pool holds: sets inflight and
