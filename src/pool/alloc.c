@@ -22,8 +22,8 @@ MP__HOT mp_status_t mp__pool_take_unpaused(mp_pool_t *pool, size_t size,
   return mp__pool_paused(pool, fn);
 }
 
-mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
-                                  void **out) {
+MP__HOT mp_status_t mp__pool_alloc_locked_hot(mp_pool_t *pool, size_t bytes,
+                                              mp_stream_t s, void **out) {
   MP__ASSERT_LOCKED(pool);
   uint32_t sidx;
   mp_status_t st = mp__pool_paused(pool, "allocation");
@@ -52,4 +52,9 @@ mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
   mp__block_make_live(pool, b, bytes, sidx);
   *out = (void *)b->addr;
   return MP_OK;
+}
+
+mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
+                                  void **out) {
+  return mp__pool_alloc_locked_hot(pool, bytes, s, out);
 }

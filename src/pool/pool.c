@@ -283,7 +283,7 @@ mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
       return mp_pool_alloc(g, bytes, s, out);
     }
   }
-  mp_status_t st = mp__pool_alloc_locked(pool, bytes, s, out);
+  mp_status_t st = mp__pool_alloc_locked_hot(pool, bytes, s, out);
   if (MP__UNLIKELY(st != MP_OK) && mp__pool_oom_retry(pool, st, bytes))
     st = mp__pool_alloc_locked(pool, bytes, s, out);
   mp__pool_unlock(pool);

@@ -589,9 +589,13 @@ mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
 void mp__pool_free_host(mp_pool_t *pool);
 
 /* ---- alloc.c ------------------------------------------------------------ */
-/* mp_pool_alloc under the lock the caller holds. */
+/* mp_pool_alloc under the lock the caller holds; _hot is the same, inline
+ * (mp_pool_alloc's first try: a call's frame costs some 20 instructions a
+ * pair). */
 mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out);
+mp_status_t mp__pool_alloc_locked_hot(mp_pool_t *pool, size_t bytes,
+                                      mp_stream_t s, void **out);
 /* mp_pool_alloc on a pool with arenas: from the calling thread's arena
  * (made on first use); out of memory there, mp__arena_alloc_slow. No lock
  * held. */
