@@ -6,37 +6,48 @@
  * record which thread holds it, so that a function that expects the lock
  * held says so with MP__ASSERT_LOCKED.
  *
- * The lock is one 32-bit word: MP__LOCK_HELD, MP__LOCK_WOKEN (a wake is
- * in flight) and, above them, how many takers are counted as sleepers.
- * Taking a free lock is one atomic OR and dropping it one atomic
- * subtraction, against some 55 instructions for a pthread mutex round trip
- * (callgrind, bench_pool_pairs): a pair of free + alloc takes it twice.
- * The contended path is built for throughput, because a hand-off costs
- * more than the critical section: the pool's data moves to the other core
- * with the lock. A taker that finds the lock held tries a few times
- * (MP__LOCK_SPINS), then counts itself a sleeper and sleeps on lock_seq
- * (not on the word, which every take and drop changes). A drop that finds
- * sleepers counted, no wake in flight and the lock still free sets WOKEN,
- * bumps lock_seq and wakes one; the woken sleeper uncounts itself and
- * clears WOKEN. So a holder that retakes the lock at once sends at most
- * one wake per sleeper's round trip, instead of one per drop. A taker that
- * was woken and still lost the lock (another thread retook it back to
- * back) sleeps MP__LOCK_PATIENT_US uncounted before it tries again: the
- * holder then drops without a system call, and the taker, not woken,
- * cannot lose a wake-up. The previous lock (Drepper's three-state futex
- * mutex, in which a taker sleeps on the word itself and every drop that
- * finds it contended wakes one) gave two threads on one pool 0.15x-0.29x
- * of one thread's pairs per second in bench_pool_threads; this one
- * 0.68x-0.80x (README, Threads).
- * No wake-up is lost: a sleeper is counted (an atomic add on the word)
- * after it read lock_seq and before its last try; a drop that comes after
- * the count in the word's order sees it (one word: every change to it is
- * ordered), and its bump of lock_seq makes that sleeper's FUTEX_WAIT
- * return at once if it is not asleep yet, while a drop before the count
- * left the lock free for the last try. WOKEN only skips a wake while the
- * one before is sure to land: it is set with sleepers counted, each of
- * them read lock_seq before the bump, so one is woken or finds the seq
- * moved, and whoever returns clears it.
+ * The lock is one 32-bit word: MP__LOCK_HELD, MP__LOCK_WOKEN (a wake is in
+ * flight) and, above them, how many takers are counted as sleepers. Taking a
+ * free lock is one atomic OR and dropping it one atomic subtraction, against
+ * some 55 instructions for a pthread mutex round trip (callgrind,
+ * bench_pool_pairs): a pair of free + alloc takes it twice. The contended path
+ * is built for throughput, because a hand-off costs more than the critical
+ * section: the pool's data moves to the other core with the lock. A taker that
+ * finds the lock held tries a few times (MP__LOCK_SPINS), then counts itself a
+ * sleeper and sleeps on lock_seq (not on the word, which every take and drop
+ * changes). A drop that finds sleepers counted, no wake in flight and the lock
+ * still free sets WOKEN, bumps lock_seq and wakes one. Whoever uncounts itself
+ * (the woken sleeper, or any counted taker back from its sleep or its last try)
+ * clears WOKEN, so a spare wake may follow, never a missing one. So a holder
+ * that retakes the lock at once sends at most one wake per sleeper's round
+ * trip, instead of one per drop. A taker that was woken and still lost the lock
+ * (another thread retook it back to back) sleeps MP__LOCK_PATIENT_US uncounted
+ * before it tries again: the holder then drops without a system call, and the
+ * taker, not woken, cannot lose a wake-up. The price: when that holder leaves
+ * for good, the taker finds the lock free only when its sleep ends, 50 us plus
+ * the timer slack (a reviewer's harness measured 80-100 us from the drop,
+ * against 9 us with the old lock). Polling the word instead (a read every 32
+ * pauses, taking it only when free at two reads) cost the shared pool most of
+ * the gain: 0.28x-0.39x with two threads, as reading the word moves its line
+ * away from the holder. The previous lock (Drepper's three-state futex mutex,
+ * in which a taker sleeps on the word itself and every drop that finds it
+ * contended wakes one) gave two threads on one pool 0.13x-0.29x of one
+ * thread's pairs per second in bench_pool_threads; this one 0.65x-0.83x
+ * (README, Threads).
+ * No wake-up is lost: a sleeper is counted (an atomic add on the word) after it
+ * read lock_seq and before its last try; a drop that comes after the count in
+ * the word's order sees it (one word: every change to it is ordered). That drop
+ * bumps lock_seq and wakes one, which makes the sleeper's FUTEX_WAIT return at
+ * once if it is not asleep yet; or it leaves the wake to the thread that retook
+ * the lock (whose drop comes after, and sees the count) or to the wake in
+ * flight (whose sleeper clears WOKEN and then takes the lock or finds it held,
+ * and so on). A drop before the count left the lock free for the last try.
+ * WOKEN only skips a wake while the one before is sure to land: it is set with
+ * sleepers counted, each of them read lock_seq before the bump, so one is woken
+ * or finds the seq moved, and whoever returns clears it.
+ * Fork: a child inherits the word as it was, counts of its parent's sleepers
+ * included; like a lock held at the fork, that makes the pool unusable in the
+ * child (the preload shim makes the child a pool of its own).
  * Waiting for a flag to drop (mp__pool_wait) sleeps on idle_seq, a counter
  * the flag's clearer bumps: read under the lock, so a bump after the
  * lock is dropped makes FUTEX_WAIT return at once (no lost wake-up).
@@ -83,6 +94,15 @@ static void mp__futex_wait(_Atomic uint32_t *word, uint32_t expected) {
 static void mp__futex_wake(_Atomic uint32_t *word, int n) {
   syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
 }
+
+/* Sleeps us microseconds (plus the thread's timer slack, 50 us by
+ * default): the system call itself, as nanosleep(3) is a cancellation
+ * point and a thread cancelled in the pool's lock would leave the pool
+ * half changed. */
+static void mp__lock_nap(unsigned us) {
+  struct timespec ts = {0, (long)us * 1000};
+  syscall(SYS_clock_nanosleep, CLOCK_MONOTONIC, 0, &ts, NULL);
+}
 #else
 static void mp__futex_wait(_Atomic uint32_t *word, uint32_t expected) {
   if (atomic_load_explicit(word, memory_order_relaxed) == expected)
@@ -92,6 +112,11 @@ static void mp__futex_wait(_Atomic uint32_t *word, uint32_t expected) {
 static void mp__futex_wake(_Atomic uint32_t *word, int n) {
   (void)word;
   (void)n;
+}
+
+static void mp__lock_nap(unsigned us) {
+  (void)us;
+  sched_yield();
 }
 #endif
 
@@ -111,7 +136,7 @@ static void mp__cpu_relax(void) {
 }
 
 /* How long a taker that was woken and lost the lock again sleeps before
- * its next try, uncounted. */
+ * its next try, uncounted (plus the timer slack). */
 #define MP__LOCK_PATIENT_US 50
 
 void mp__pool_lock_wait(mp_pool_t *pool) {
@@ -126,15 +151,14 @@ void mp__pool_lock_wait(mp_pool_t *pool) {
     if (mp__lock_try(w))
       return;
     if (patient) {
-      struct timespec ts = {0, MP__LOCK_PATIENT_US * 1000};
-      nanosleep(&ts, NULL);
+      mp__lock_nap(MP__LOCK_PATIENT_US);
       patient = false;
       continue;
     }
     /* Counted as a sleeper, then a last try: a drop ordered after the
-     * count (one word, so every change to it is) sees the sleeper and
-     * bumps lock_seq, read before the count, so the sleep below does not
-     * miss it. */
+     * count (one word, so every change to it is) sees the sleeper, and
+     * it, the holder after it or the wake in flight bumps lock_seq, read
+     * before the count, so the sleep below does not miss it. */
     uint32_t seq = atomic_load_explicit(&pool->lock_seq, memory_order_acquire);
     atomic_fetch_add_explicit(w, MP__LOCK_SLEEPER, memory_order_seq_cst);
     bool got = mp__lock_try(w);

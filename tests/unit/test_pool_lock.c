@@ -251,8 +251,13 @@ typedef struct hammer2 {
 
 static void *hammer_until_stopped(void *arg) {
   hammer2_t *h = arg;
+  volatile unsigned work = 0;
   while (!atomic_load_explicit(&h->stop, memory_order_relaxed)) {
     mp__pool_lock(h->pool);
+    /* A hold of a microsecond or so: a taker woken by the drop before
+     * mostly finds the lock retaken, and takes the patient path. */
+    for (unsigned i = 0; i < 1000; i++)
+      work = work + 1;
     mp__pool_unlock(h->pool);
   }
   return NULL;
