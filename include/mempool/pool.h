@@ -88,7 +88,10 @@ typedef struct mp_pool mp_pool_t;
  * (CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, cuda.h). Which block
  * an allocation gets then no longer depends on how far the streams have
  * run, at the price of the new dependency between the two streams. Never
- * on a stream being captured. Off by default. */
+ * on a stream being captured. Off by default: with it on, a program that
+ * holds one stream back on a condition of its own (a kernel waiting for a
+ * flag or a peer, a host function waiting for the host) and then waits for
+ * another stream can deadlock, where without it the pool would grow. */
 #define MP_POOL_STREAM_WAITS 0x8u
 
 typedef struct mp_pool_config {
