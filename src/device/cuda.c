@@ -329,6 +329,13 @@ static void mp__cuda_pop(void) {
       mp__cuda_pop();                                                          \
     }                                                                          \
   } while (0)
+/* The same in this thread's relaxed capture mode (mp__cuda_relax below). */
+#define MP__CU_IN_CTX_RELAXED(cd, r, call)                                     \
+  do {                                                                         \
+    mp__cuda_relaxed_t rx_ = mp__cuda_relax();                                 \
+    MP__CU_IN_CTX(cd, r, call);                                                \
+    mp__cuda_unrelax(&rx_);                                                    \
+  } while (0)
 
 static bool mp__cuda_track(mp__cuda_dev_t *cd, mp__ptrmap_t *m, uintptr_t key,
                            size_t size, CUmemGenericAllocationHandle handle) {
@@ -528,8 +535,17 @@ static mp_status_t mp__cuda_mem_info(mp_device_t *dev, size_t *free_b,
  * (cuda.h, cuThreadExchangeStreamCaptureMode). A pool growing or shrinking for
  * one thread must not break another's capture; PyTorch's caching allocator
  * likewise allocates in relaxed mode. None of it is part of any capture.
- * The fake models the rule for cuMemAlloc/cuMemFree; for the virtual
- * memory calls only a GPU can tell (tests/gpu). */
+ * So are the waits and queries of streams and events (cuStreamSynchronize,
+ * cuStreamQuery, cuEventSynchronize, cuEventQuery), which the pool makes to
+ * learn whether a freed block's work is done: on an H200 (driver
+ * 580.159.04, 2026-11-28) each of them, made in global mode on a stream or
+ * event outside the capture while another thread captured in global mode,
+ * failed with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidated that
+ * capture (gpu_cuda_graph_pool failed so); in relaxed mode they succeeded
+ * and the capture held (PyTorch queries its events in relaxed mode for the
+ * same reason). The fake models the rule for all of these; the virtual
+ * memory calls were seen safe in global mode on that driver, and are
+ * relaxed anyway. */
 typedef struct mp__cuda_relaxed {
   CUstreamCaptureMode mode;
   bool swapped;
@@ -688,7 +704,9 @@ static mp_status_t mp__cuda_stream_destroy(mp_device_t *dev, mp_stream_t s) {
                     (void *)s);
   CUresult r = mp__cuda_push(cd);
   if (r == CUDA_SUCCESS) {
+    mp__cuda_relaxed_t rx = mp__cuda_relax();
     r = mp__cu.StreamSynchronize((CUstream)s);
+    mp__cuda_unrelax(&rx);
     if (r == CUDA_SUCCESS)
       r = mp__cu.StreamDestroy((CUstream)s);
     mp__cuda_pop();
@@ -703,7 +721,8 @@ static mp_status_t mp__cuda_stream_destroy(mp_device_t *dev, mp_stream_t s) {
 static mp_status_t mp__cuda_stream_synchronize(mp_device_t *dev,
                                                mp_stream_t s) {
   CUresult r;
-  MP__CU_IN_CTX(mp__cuda_of(dev), r, mp__cu.StreamSynchronize((CUstream)s));
+  MP__CU_IN_CTX_RELAXED(mp__cuda_of(dev), r,
+                        mp__cu.StreamSynchronize((CUstream)s));
   return r == CUDA_SUCCESS
              ? MP_OK
              : mp__cuda_fail(r, "cuStreamSynchronize(%p)", (void *)s);
@@ -727,7 +746,7 @@ static mp_status_t mp__cuda_stream_query(mp_device_t *dev, mp_stream_t s) {
   if (mp__cuda_stream_capturing(dev, s) > 0)
     return MP_EBUSY;
   CUresult r;
-  MP__CU_IN_CTX(mp__cuda_of(dev), r, mp__cu.StreamQuery((CUstream)s));
+  MP__CU_IN_CTX_RELAXED(mp__cuda_of(dev), r, mp__cu.StreamQuery((CUstream)s));
   return mp__cuda_ready(r, "cuStreamQuery", (void *)s);
 }
 
@@ -864,13 +883,14 @@ static mp_status_t mp__cuda_event_record(mp_device_t *dev, mp_event_t e,
 
 static mp_status_t mp__cuda_event_query(mp_device_t *dev, mp_event_t e) {
   CUresult r;
-  MP__CU_IN_CTX(mp__cuda_of(dev), r, mp__cu.EventQuery((CUevent)e));
+  MP__CU_IN_CTX_RELAXED(mp__cuda_of(dev), r, mp__cu.EventQuery((CUevent)e));
   return mp__cuda_ready(r, "cuEventQuery", (void *)e);
 }
 
 static mp_status_t mp__cuda_event_synchronize(mp_device_t *dev, mp_event_t e) {
   CUresult r;
-  MP__CU_IN_CTX(mp__cuda_of(dev), r, mp__cu.EventSynchronize((CUevent)e));
+  MP__CU_IN_CTX_RELAXED(mp__cuda_of(dev), r,
+                        mp__cu.EventSynchronize((CUevent)e));
   return r == CUDA_SUCCESS
              ? MP_OK
              : mp__cuda_fail(r, "cuEventSynchronize(%p)", (void *)e);

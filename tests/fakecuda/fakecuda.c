@@ -826,8 +826,13 @@ static void fk_end(void) {
 /* The host stream of h, for a call that waits on it (not under the lock):
  * waiting on a capturing stream is refused and invalidates its capture
  * (cuda.h, cuStreamSynchronize / cuStreamQuery: "This function is not
- * allowed during stream capture"), waiting on the legacy stream is an
- * unsafe call. */
+ * allowed during stream capture"), and waiting on any other stream is an
+ * unsafe call (fk_unsafe): on an H200 (driver 580.159.04, 2026-11-28)
+ * cuStreamQuery and cuStreamSynchronize of a stream outside the capture,
+ * made in global mode while another thread captured in global mode,
+ * returned CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and the capture ended
+ * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED; in relaxed and thread-local mode
+ * they succeeded. */
 static CUresult fk_lookup_stream(mp_device_t *dev, CUstream h, bool ptsz,
                                  mp_stream_t *out) {
   pthread_mutex_lock(&fk.lock);
@@ -837,7 +842,7 @@ static CUresult fk_lookup_stream(mp_device_t *dev, CUstream h, bool ptsz,
       st->cap != CU_STREAM_CAPTURE_STATUS_NONE)
     r = fk_capture_conflict(st);
   pthread_mutex_unlock(&fk.lock);
-  if (r == CUDA_SUCCESS && st == NULL)
+  if (r == CUDA_SUCCESS)
     r = fk_unsafe();
   *out = fk_host_stream(st);
   return r;
@@ -1264,10 +1269,25 @@ CUresult cuCtxGetDevice(CUdevice *device) {
   return CUDA_SUCCESS;
 }
 
+/* It waits for every stream, a capturing one too, so it conflicts with a
+ * capture in every mode: on an H200 (driver 580.159.04, 2026-11-28) it
+ * returned CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidated another
+ * thread's capture also when the caller was in relaxed mode, and when the
+ * capture was begun relaxed. (Every capture here counts, not only those in
+ * the current context: the tests capture in one context.) */
 CUresult cuCtxSynchronize(void) {
   FK_COUNT(cuCtxSynchronize);
   FK_CURRENT(dev);
   FK_UNSAFE();
+  if (atomic_load(&fk_n_captures) > 0) {
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&fk.lock);
+    for (fk_stream_t *st = fk_capturing; st != NULL; st = st->cap_next)
+      r = fk_capture_conflict(st);
+    pthread_mutex_unlock(&fk.lock);
+    if (r != CUDA_SUCCESS)
+      return r;
+  }
   return fk_result_of(mp_device_synchronize(dev));
 }
 
@@ -1748,7 +1768,9 @@ FK_IN_CTX_TWINS(cuEventRecord, cuEventRecord_ptsz, (CUevent e, CUstream s),
                 fk_event_op(dev, e, s, ptsz, false))
 /* An event last recorded inside a capture cannot be waited for or queried,
  * whatever the mode (cuda.h, cuThreadExchangeStreamCaptureMode); doing so
- * invalidates the capture. */
+ * invalidates the capture. Waiting for or querying any other event is an
+ * unsafe call (fk_unsafe): seen on an H200 (driver 580.159.04, 2026-11-28)
+ * as for streams (fk_lookup_stream). */
 static CUresult fk_event_wait(mp_device_t *dev, CUevent e, bool query) {
   if (e == NULL)
     return fk_bad_handle();
@@ -1760,6 +1782,8 @@ static CUresult fk_event_wait(mp_device_t *dev, CUevent e, bool query) {
         if (st->cap_events[i] == e)
           r = fk_capture_conflict(st);
     pthread_mutex_unlock(&fk.lock);
+    if (r == CUDA_SUCCESS)
+      r = fk_unsafe();
     if (r != CUDA_SUCCESS)
       return r;
   }

@@ -124,6 +124,22 @@ static CUresult legacy_sync_call(void) {
   return cuStreamSynchronize(NULL);
 }
 
+/* A stream and an event outside the capture, made by the test. */
+static CUstream outside;
+static CUevent outside_ev;
+static CUresult stream_query_call(void) {
+  return cuStreamQuery(outside);
+}
+static CUresult stream_sync_call(void) {
+  return cuStreamSynchronize(outside);
+}
+static CUresult event_query_call(void) {
+  return cuEventQuery(outside_ev);
+}
+static CUresult event_sync_call(void) {
+  return cuEventSynchronize(outside_ev);
+}
+
 /* cuMemFree of memory allocated before the capture began. */
 static CUdeviceptr to_free;
 static CUresult free_call(void) {
@@ -199,15 +215,62 @@ Test(fakecuda_capture, other_threads_unaffected_unless_both_are_global) {
                                    CU_STREAM_CAPTURE_MODE_GLOBAL, alloc_call),
                CUDA_SUCCESS);
   cr_assert_eq(call_beside_capture(CU_STREAM_CAPTURE_MODE_RELAXED,
-                                   CU_STREAM_CAPTURE_MODE_GLOBAL, sync_call),
+                                   CU_STREAM_CAPTURE_MODE_GLOBAL, alloc_call),
                CUDA_SUCCESS);
   cr_assert_eq(call_beside_capture(CU_STREAM_CAPTURE_MODE_GLOBAL,
                                    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
                                    alloc_call),
                CUDA_SUCCESS);
   cr_assert_eq(call_beside_capture(CU_STREAM_CAPTURE_MODE_GLOBAL,
-                                   CU_STREAM_CAPTURE_MODE_RELAXED, sync_call),
+                                   CU_STREAM_CAPTURE_MODE_RELAXED, alloc_call),
                CUDA_SUCCESS);
+}
+
+/* cuCtxSynchronize waits for the capturing stream too: refused, and the
+ * capture invalidated, whatever either mode. Seen on an H200 (driver
+ * 580.159.04, 2026-11-28) for a relaxed capture beside a global caller
+ * (where this test's earlier form expected success, and failed) and for a
+ * global capture beside a relaxed caller; both relaxed follows from the
+ * wait (not run there). */
+Test(fakecuda_capture,
+     a_context_synchronize_conflicts_with_a_capture_in_any_mode) {
+  const CUstreamCaptureMode g = CU_STREAM_CAPTURE_MODE_GLOBAL,
+                            r = CU_STREAM_CAPTURE_MODE_RELAXED;
+  cr_assert_eq(call_beside_capture(r, g, sync_call),
+               CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  cr_assert_eq(call_beside_capture(g, r, sync_call),
+               CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  cr_assert_eq(call_beside_capture(r, r, sync_call),
+               CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+}
+
+/* Waiting for or querying a stream or an event outside the capture is a
+ * potentially unsafe call: refused beside another thread's global capture
+ * in global mode (and the capture invalidated), allowed in relaxed and
+ * thread-local mode. Seen on an H200 (driver 580.159.04, 2026-11-28) for
+ * all four calls in global and relaxed mode and for the two queries in
+ * thread-local mode; the two waits in thread-local mode follow cuda.h. */
+Test(fakecuda_capture,
+     waiting_for_other_work_is_unsafe_beside_a_global_capture) {
+  const CUstreamCaptureMode g = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  cr_assert_eq(cuStreamCreate(&outside, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(cuEventCreate(&outside_ev, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuEventRecord(outside_ev, outside), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(outside), CUDA_SUCCESS);
+  call_t calls[] = {stream_query_call, stream_sync_call, event_query_call,
+                    event_sync_call};
+  for (size_t i = 0; i < sizeof calls / sizeof *calls; i++) {
+    cr_assert_eq(call_beside_capture(g, g, calls[i]),
+                 CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "call %zu", i);
+    cr_assert_eq(
+        call_beside_capture(g, CU_STREAM_CAPTURE_MODE_RELAXED, calls[i]),
+        CUDA_SUCCESS, "call %zu", i);
+    cr_assert_eq(
+        call_beside_capture(g, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, calls[i]),
+        CUDA_SUCCESS, "call %zu", i);
+  }
+  cr_assert_eq(cuEventDestroy(outside_ev), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamDestroy(outside), CUDA_SUCCESS);
 }
 
 Test(fakecuda_capture, own_capture_refuses_unsafe_calls_unless_relaxed) {
