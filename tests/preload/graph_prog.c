@@ -59,11 +59,18 @@ int main(int argc, char **argv) {
   CUstream s, other;
   MP_TRY(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   MP_TRY(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
-  /* Warm-up, as engines do before capturing. */
-  CUdeviceptr w;
+  /* Warm-up, as engines do before capturing, on both streams: the
+   * capture's allocations then meet blocks freed on the other stream, whose
+   * work the pool asks about (an event query) during the capture. In global
+   * mode that query invalidated the capture on a GPU (gpu_prog.cu under the
+   * shim, 2026-11-28), and the fake now refuses it as a real driver does. */
+  CUdeviceptr w, wo;
   MP_TRY(cuMemAllocAsync(&w, BYTES, s));
+  MP_TRY(cuMemAllocAsync(&wo, 2 * BYTES, other));
   MP_TRY(cuMemFreeAsync(w, s));
+  MP_TRY(cuMemFreeAsync(wo, other));
   MP_TRY(cuStreamSynchronize(s));
+  MP_TRY(cuStreamSynchronize(other));
 
   CUdeviceptr out, tmp[NTMP];
   MP_TRY(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
