@@ -100,11 +100,16 @@
   X(MemImportFromShareableHandle,                                              \
     (CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType))
 
+/* A stream's context: optional; without it a stream of another context is
+ * not told apart (mp__cuda_stream_kind). */
+#define MP__CUDA_CTX_API(X) X(StreamGetCtx, (CUstream, CUcontext *))
+
 typedef struct mp__cuda_api {
 #define MP__CUDA_FIELD(f, args) CUresult(*f) args;
   MP__CUDA_CORE_API(MP__CUDA_FIELD)
   MP__CUDA_VMM_API(MP__CUDA_FIELD)
   MP__CUDA_IPC_API(MP__CUDA_FIELD)
+  MP__CUDA_CTX_API(MP__CUDA_FIELD)
 #undef MP__CUDA_FIELD
   bool has_vmm; /* every MP__CUDA_VMM_API entry point resolved */
   bool has_ipc; /* every MP__CUDA_IPC_API entry point resolved */
@@ -122,6 +127,8 @@ static const mp__cuda_sym_t mp__cuda_vmm_syms[] = {
     MP__CUDA_VMM_API(MP__CUDA_SYM)};
 static const mp__cuda_sym_t mp__cuda_ipc_syms[] = {
     MP__CUDA_IPC_API(MP__CUDA_SYM)};
+static const mp__cuda_sym_t mp__cuda_ctx_syms[] = {
+    MP__CUDA_CTX_API(MP__CUDA_SYM)};
 #undef MP__CUDA_SYM
 
 /* Written once under mp__cuda_once, read-only afterwards. */
@@ -267,6 +274,10 @@ static void mp__cuda_load(void) {
   mp__cu.has_ipc = mp__cuda_resolve(
       get_v2, get_v1, version, mp__cuda_ipc_syms,
       sizeof mp__cuda_ipc_syms / sizeof *mp__cuda_ipc_syms, &missing);
+  if (!mp__cuda_resolve(get_v2, get_v1, version, mp__cuda_ctx_syms,
+                        sizeof mp__cuda_ctx_syms / sizeof *mp__cuda_ctx_syms,
+                        &missing))
+    mp__cu.StreamGetCtx = NULL;
 
   r = mp__cu.Init(0);
   if (r == CUDA_ERROR_NO_DEVICE) {
@@ -784,9 +795,24 @@ static int mp__cuda_stream_kind(mp_device_t *dev, mp_stream_t s) {
     return MP__STREAM_SHARED;
   CUresult r;
   unsigned flags = 0;
-  MP__CU_IN_CTX(mp__cuda_of(dev), r,
-                mp__cu.StreamGetFlags((CUstream)s, &flags));
-  return r == CUDA_ERROR_INVALID_HANDLE ? MP__STREAM_BAD : MP__STREAM_SHARED;
+  mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  MP__CU_IN_CTX(cd, r, mp__cu.StreamGetFlags((CUstream)s, &flags));
+  if (r == CUDA_ERROR_INVALID_HANDLE)
+    return MP__STREAM_BAD;
+  /* A stream of another context (another device's, or one made with
+   * cuCtxCreate) is answered too: an H200 (driver 580.159.04, 2026-11-28)
+   * gave its flags with the pool's context current. But an event of the
+   * pool's context cannot be recorded on it (cuda.h, cuEventRecord: "must
+   * be from the same context", CUDA_ERROR_INVALID_HANDLE, seen there too)
+   * and a synchronization of the pool's context does not wait for it, so
+   * the pool would hand its blocks on unordered: refused. */
+  CUcontext owner = NULL;
+  if (mp__cu.StreamGetCtx != NULL) {
+    MP__CU_IN_CTX(cd, r, mp__cu.StreamGetCtx((CUstream)s, &owner));
+    if (r == CUDA_SUCCESS && owner != cd->ctx)
+      return MP__STREAM_BAD;
+  }
+  return MP__STREAM_SHARED;
 }
 
 /* cuStreamIsCapturing: allowed during capture (it is how PyTorch and the

@@ -181,6 +181,7 @@ void cuFakeResetCallCounts(void);
   X(cuStreamQuery_ptsz)                                                        \
   X(cuStreamGetFlags)                                                          \
   X(cuStreamGetFlags_ptsz)                                                     \
+  X(cuStreamGetCtx)                                                            \
   X(cuLaunchHostFunc)                                                          \
   X(cuLaunchHostFunc_ptsz)                                                     \
   X(cuMemcpyAsync)                                                             \
@@ -1609,6 +1610,22 @@ FK_IN_CTX_TWINS(cuStreamQuery, cuStreamQuery_ptsz, (CUstream s),
  * per-thread or legacy default stream: CU_STREAM_DEFAULT); a handle that is
  * not a live stream of the current context is CUDA_ERROR_INVALID_HANDLE
  * (fk_resolve), one of the codes cuda.h lists for it. */
+/* A stream made in another device's primary context, or NULL. Under
+ * fk.lock. */
+static fk_stream_t *fk_foreign_stream(CUstream h, struct CUctx_st **ctx) {
+  for (int i = 0; i < fk.count; i++)
+    for (fk_stream_t *st = fk.ctx[i].live; st != NULL; st = st->next)
+      if ((CUstream)st == h) {
+        *ctx = &fk.ctx[i];
+        return st;
+      }
+  return NULL;
+}
+
+/* A stream of another context is answered as the real driver answers it: on
+ * an H200 (driver 580.159.04, 2026-11-28) cuStreamGetFlags gave its flags
+ * (CUDA_SUCCESS) with another context current. (Only other devices'
+ * primary contexts are searched here.) */
 static CUresult fk_stream_flags(mp_device_t *dev, CUstream h, bool ptsz,
                                 unsigned int *flags) {
   if (flags == NULL)
@@ -1616,6 +1633,9 @@ static CUresult fk_stream_flags(mp_device_t *dev, CUstream h, bool ptsz,
   pthread_mutex_lock(&fk.lock);
   fk_stream_t *st = NULL;
   CUresult r = fk_resolve(dev, h, ptsz, &st);
+  struct CUctx_st *other = NULL;
+  if (r == CUDA_ERROR_INVALID_HANDLE && (st = fk_foreign_stream(h, &other)))
+    r = CUDA_SUCCESS;
   pthread_mutex_unlock(&fk.lock);
   if (r == CUDA_SUCCESS)
     *flags =
@@ -1623,6 +1643,25 @@ static CUresult fk_stream_flags(mp_device_t *dev, CUstream h, bool ptsz,
   return r;
 }
 
+/* cuda.h, cuStreamGetCtx: the context the stream belongs to; for the
+ * legacy and per-thread default streams, the current context. */
+static CUresult fk_stream_ctx(mp_device_t *dev, CUstream h, CUcontext *pctx) {
+  if (pctx == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fk.lock);
+  fk_stream_t *st = NULL;
+  struct CUctx_st *c = fk_ctx();
+  CUresult r = fk_resolve(dev, h, false, &st);
+  if (r == CUDA_ERROR_INVALID_HANDLE && fk_foreign_stream(h, &c) != NULL)
+    r = CUDA_SUCCESS;
+  pthread_mutex_unlock(&fk.lock);
+  if (r == CUDA_SUCCESS)
+    *pctx = c;
+  return r;
+}
+
+FK_IN_CTX(cuStreamGetCtx, (CUstream h, CUcontext *pctx),
+          fk_stream_ctx(dev, h, pctx))
 FK_IN_CTX_TWINS(cuStreamGetFlags, cuStreamGetFlags_ptsz,
                 (CUstream s, unsigned int *flags),
                 fk_stream_flags(dev, s, ptsz, flags))
@@ -2590,6 +2629,7 @@ static const fk_proc_t fk_procs[] = {
           cuStreamSynchronize_ptsz),
     FK_PT("cuStreamQuery", 2000, cuStreamQuery, cuStreamQuery_ptsz),
     FK_PT("cuStreamGetFlags", 5050, cuStreamGetFlags, cuStreamGetFlags_ptsz),
+    FK_P("cuStreamGetCtx", 9020, cuStreamGetCtx),
     FK_PT("cuLaunchHostFunc", 10000, cuLaunchHostFunc, cuLaunchHostFunc_ptsz),
     FK_PT("cuMemcpyAsync", 4000, cuMemcpyAsync, cuMemcpyAsync_ptsz),
     FK_PT("cuMemsetD8Async", 3020, cuMemsetD8Async, cuMemsetD8Async_ptsz),

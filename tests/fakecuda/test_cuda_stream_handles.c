@@ -110,3 +110,43 @@ Test(cuda_stream_handles, live_and_default_streams_are_taken) {
   cr_assert_eq(mp_stream_destroy(dev, s), MP_OK, "%s", mp_last_error());
   mp_device_close(dev);
 }
+
+/* A stream of another device's context: the driver answers
+ * cuStreamGetFlags for it (an H200 did, 2026-11-28, and the fake now
+ * does), but the pool's events cannot be recorded on it and a
+ * synchronization of the pool's context does not wait for it, so it is
+ * refused by its context (cuStreamGetCtx), and the pool is as it was. */
+Test(cuda_stream_handles, a_stream_of_another_device_is_refused) {
+  if (!fk_is_real())
+    setenv("FAKECUDA_DEVICE_COUNT", "2", 1);
+  mp_device_t *dev0 = open_dev("cuda:0"), *dev1 = NULL;
+  if (mp_device_open("cuda:1", &dev1) != MP_OK) {
+    mp_device_close(dev0);
+    cr_skip_test("one GPU");
+  }
+  mp_stream_t s1 = NULL;
+  cr_assert_eq(mp_stream_create(dev1, &s1), MP_OK, "%s", mp_last_error());
+  mp_pool_t *p = make_cuda_pool(dev0);
+  int sentinel;
+  void *out = &sentinel;
+  cr_expect_eq(mp_pool_alloc(p, 4096, s1, &out), MP_EINVAL,
+               "another device's stream was taken");
+  cr_expect(strstr(mp_last_error(), "not a live stream") != NULL, "%s",
+            mp_last_error());
+  cr_expect_eq(out, &sentinel, "the output was written");
+  cr_expect_eq(mp_pool_add_stream(p, s1), MP_EINVAL);
+  mp_stats_t st;
+  cr_assert_eq(mp_pool_get_stats(p, &st), MP_OK);
+  cr_expect_eq(st.alloc_count, 0);
+  cr_expect_eq(st.reserved_bytes, 0);
+  /* Its own device's pool takes it. */
+  mp_pool_t *p1 = make_cuda_pool(dev1);
+  void *a = NULL;
+  cr_expect_eq(mp_pool_alloc(p1, 4096, s1, &a), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_free(p1, a), MP_OK);
+  cr_expect_eq(mp_pool_destroy(p1), MP_OK);
+  cr_expect_eq(mp_pool_destroy(p), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev1, s1), MP_OK, "%s", mp_last_error());
+  mp_device_close(dev1);
+  mp_device_close(dev0);
+}
