@@ -8,15 +8,20 @@
  *
  * The lock is one 32-bit word: MP__LOCK_HELD, MP__LOCK_WOKEN (a wake is in
  * flight) and, above them, how many takers are counted as sleepers. Taking a
- * free lock is one atomic OR and dropping it one atomic subtraction, against
+ * free lock is one atomic OR and dropping it one compare-and-swap, against
  * some 55 instructions for a pthread mutex round trip (callgrind,
  * bench_pool_pairs): a pair of free + alloc takes it twice. The contended path
  * is built for throughput, because a hand-off costs more than the critical
  * section: the pool's data moves to the other core with the lock. A taker that
  * finds the lock held tries a few times (MP__LOCK_SPINS), then counts itself a
  * sleeper and sleeps on lock_seq (not on the word, which every take and drop
- * changes). A drop that finds sleepers counted, no wake in flight and the lock
- * still free sets WOKEN, bumps lock_seq and wakes one. Whoever uncounts itself
+ * changes). A drop that finds sleepers counted and no wake in flight sets
+ * WOKEN and bumps lock_seq while it still holds the lock, then drops it and
+ * wakes one; after the drop it touches no memory of the pool, only the futex
+ * system call's address (as a mutex's unlock must: the next holder may free
+ * the pool at once, a graph pool's last free does, and TSan caught the
+ * earlier drop, which set WOKEN and bumped the seq after dropping, writing
+ * into a graph pool another thread had freed). Whoever uncounts itself
  * (the woken sleeper, or any counted taker back from its sleep or its last try)
  * clears WOKEN, so a spare wake may follow, never a missing one. So a holder
  * that retakes the lock at once sends at most one wake per sleeper's round
@@ -36,12 +41,13 @@
  * (README, Threads).
  * No wake-up is lost: a sleeper is counted (an atomic add on the word) after it
  * read lock_seq and before its last try; a drop that comes after the count in
- * the word's order sees it (one word: every change to it is ordered). That drop
- * bumps lock_seq and wakes one, which makes the sleeper's FUTEX_WAIT return at
- * once if it is not asleep yet; or it leaves the wake to the thread that retook
- * the lock (whose drop comes after, and sees the count) or to the wake in
- * flight (whose sleeper clears WOKEN and then takes the lock or finds it held,
- * and so on). A drop before the count left the lock free for the last try.
+ * the word's order sees it (one word: every change to it is ordered, and the
+ * drop itself is a compare-and-swap from the value it looked at, so a count
+ * made meanwhile makes it look again). That drop bumps lock_seq and wakes one,
+ * which makes the sleeper's FUTEX_WAIT return at once if it is not asleep yet;
+ * or it leaves the wake to the wake in flight (whose sleeper clears WOKEN and
+ * then takes the lock or finds it held, and so on). A drop before the count
+ * left the lock free for the last try.
  * WOKEN only skips a wake while the one before is sure to land: it is set with
  * sleepers counted, each of them read lock_seq before the bump, so one is woken
  * or finds the seq moved, and whoever returns clears it.
@@ -139,7 +145,7 @@ static void mp__cpu_relax(void) {
  * its next try, uncounted (plus the timer slack). */
 #define MP__LOCK_PATIENT_US 50
 
-void mp__pool_lock_wait(mp_pool_t *pool) {
+MP__COLD void mp__pool_lock_wait(mp_pool_t *pool) {
   _Atomic uint32_t *w = &pool->lock;
   bool patient = false;
   for (;;) {
@@ -178,23 +184,37 @@ void mp__pool_lock_wait(mp_pool_t *pool) {
   }
 }
 
-void mp__pool_lock_wake(mp_pool_t *pool) {
+MP__COLD void mp__pool_unlock_contended(mp_pool_t *pool, uint32_t v) {
   _Atomic uint32_t *w = &pool->lock;
-  uint32_t v = atomic_load_explicit(w, memory_order_relaxed);
   for (;;) {
-    /* Nobody counted; or a new holder, whose drop comes here in turn; or a
-     * wake in flight, whose sleeper clears WOKEN when it runs. */
-    if (v < MP__LOCK_SLEEPER || (v & (MP__LOCK_HELD | MP__LOCK_WOKEN)))
-      return;
-    if (atomic_compare_exchange_weak_explicit(w, &v, v | MP__LOCK_WOKEN,
-                                              memory_order_seq_cst,
-                                              memory_order_relaxed))
-      break;
+    MP__ASSERT(v & MP__LOCK_HELD);
+    if (v < MP__LOCK_SLEEPER || (v & MP__LOCK_WOKEN)) {
+      /* Nobody counted, or a wake in flight whose sleeper clears WOKEN when
+       * it runs: only the drop, in one step with what was looked at (a
+       * sleeper counted meanwhile makes it look again). */
+      if (atomic_compare_exchange_weak_explicit(w, &v, v - MP__LOCK_HELD,
+                                                memory_order_release,
+                                                memory_order_relaxed))
+        return;
+      continue;
+    }
+    /* Sleepers and no wake in flight: WOKEN and the bump are made while the
+     * lock is still held. Every sleeper counted before the WOKEN read
+     * lock_seq before the bump: it is asleep (one is woken) or it will find
+     * the seq moved. */
+    if (!atomic_compare_exchange_weak_explicit(w, &v, v | MP__LOCK_WOKEN,
+                                               memory_order_seq_cst,
+                                               memory_order_relaxed))
+      continue;
+    atomic_fetch_add_explicit(&pool->lock_seq, 1, memory_order_release);
+    atomic_fetch_sub_explicit(w, MP__LOCK_HELD, memory_order_release);
+    /* After the drop only the system call names the pool (its address, not
+     * its memory): the next holder may free the pool at once (a graph
+     * pool's last free, graph.c), and a wake on a freed address wakes
+     * nobody or, if the address is reused, someone whose wait loops. */
+    mp__futex_wake(&pool->lock_seq, 1);
+    return;
   }
-  /* Every sleeper counted before the WOKEN above read lock_seq before this
-   * bump: it is asleep (one is woken) or it will find the seq moved. */
-  atomic_fetch_add_explicit(&pool->lock_seq, 1, memory_order_release);
-  mp__futex_wake(&pool->lock_seq, 1);
 }
 
 static void mp__pool_wait(mp_pool_t *pool) {

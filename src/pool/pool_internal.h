@@ -382,9 +382,10 @@ struct mp_pool {
 
 /* ---- lock.c: the pool lock and the one way to drop it ------------------- */
 /* The contended halves of the lock (lock.c): sleep until the lock is
- * taken; wake one sleeper. */
+ * taken; drop it when the word is v (held, with sleepers or a wake in
+ * flight), waking one sleeper if need be. */
 void mp__pool_lock_wait(mp_pool_t *pool);
-void mp__pool_lock_wake(mp_pool_t *pool);
+void mp__pool_unlock_contended(mp_pool_t *pool, uint32_t v);
 /* Takes / drops the pool's lock (inline: the hot path takes it once per
  * call; uncontended, each is one atomic instruction). MP_DEBUG builds
  * record the owner for MP__ASSERT_LOCKED. */
@@ -418,10 +419,10 @@ static inline void mp__pool_unlock(mp_pool_t *pool) {
 #if MP__LOCK_OWNER
   pool->lock_owned = false;
 #endif
-  if (MP__UNLIKELY(atomic_fetch_sub_explicit(&pool->lock, MP__LOCK_HELD,
-                                             memory_order_release) !=
-                   MP__LOCK_HELD))
-    mp__pool_lock_wake(pool);
+  uint32_t v = MP__LOCK_HELD;
+  if (MP__UNLIKELY(!atomic_compare_exchange_strong_explicit(
+          &pool->lock, &v, 0, memory_order_release, memory_order_relaxed)))
+    mp__pool_unlock_contended(pool, v);
 }
 /* Around a device call that changes what the pool holds: sets inflight and
  * drops the lock; _end retakes it, clears inflight and wakes waiters. */
