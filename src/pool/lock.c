@@ -186,35 +186,39 @@ MP__COLD void mp__pool_lock_wait(mp_pool_t *pool) {
 
 MP__COLD void mp__pool_unlock_contended(mp_pool_t *pool, uint32_t v) {
   _Atomic uint32_t *w = &pool->lock;
+  bool bumped = false;
   for (;;) {
     MP__ASSERT(v & MP__LOCK_HELD);
-    if (v < MP__LOCK_SLEEPER || (v & MP__LOCK_WOKEN)) {
-      /* Nobody counted, or a wake in flight whose sleeper clears WOKEN when
-       * it runs: only the drop, in one step with what was looked at (a
-       * sleeper counted meanwhile makes it look again). */
-      if (atomic_compare_exchange_weak_explicit(w, &v, v - MP__LOCK_HELD,
-                                                memory_order_release,
-                                                memory_order_relaxed))
-        return;
-      continue;
+    if (v >= MP__LOCK_SLEEPER && !(v & MP__LOCK_WOKEN)) {
+      /* Sleepers and no wake in flight: WOKEN and a bump while the lock is
+       * still held. Every sleeper counted before the WOKEN read lock_seq
+       * before the bump: it is asleep (one is woken) or it will find the
+       * seq moved. */
+      if (!atomic_compare_exchange_weak_explicit(w, &v, v | MP__LOCK_WOKEN,
+                                                 memory_order_seq_cst,
+                                                 memory_order_relaxed))
+        continue;
+      atomic_fetch_add_explicit(&pool->lock_seq, 1, memory_order_release);
+      bumped = true;
+      v |= MP__LOCK_WOKEN;
     }
-    /* Sleepers and no wake in flight: WOKEN and the bump are made while the
-     * lock is still held. Every sleeper counted before the WOKEN read
-     * lock_seq before the bump: it is asleep (one is woken) or it will find
-     * the seq moved. */
-    if (!atomic_compare_exchange_weak_explicit(w, &v, v | MP__LOCK_WOKEN,
-                                               memory_order_seq_cst,
-                                               memory_order_relaxed))
-      continue;
-    atomic_fetch_add_explicit(&pool->lock_seq, 1, memory_order_release);
-    atomic_fetch_sub_explicit(w, MP__LOCK_HELD, memory_order_release);
-    /* After the drop only the system call names the pool (its address, not
-     * its memory): the next holder may free the pool at once (a graph
-     * pool's last free, graph.c), and a wake on a freed address wakes
-     * nobody or, if the address is reused, someone whose wait loops. */
-    mp__futex_wake(&pool->lock_seq, 1);
-    return;
+    /* The release, from exactly the word looked at: a sleeper counted or
+     * uncounted meanwhile (one that cleared this WOKEN and counted itself
+     * again, say) makes the drop look again, and set WOKEN and bump again
+     * if need be. A plain subtraction here lost that sleeper's wake-up (a
+     * model of every interleaving found it, and a stress run with the
+     * window widened hung). */
+    if (atomic_compare_exchange_weak_explicit(w, &v, v - MP__LOCK_HELD,
+                                              memory_order_release,
+                                              memory_order_relaxed))
+      break;
   }
+  /* After the drop only the system call names the pool (its address, not
+   * its memory): the next holder may free the pool at once (a graph pool's
+   * last free, graph.c), and a wake on a freed address wakes nobody or, if
+   * the address is reused, someone whose wait loops. */
+  if (bumped)
+    mp__futex_wake(&pool->lock_seq, 1);
 }
 
 static void mp__pool_wait(mp_pool_t *pool) {
