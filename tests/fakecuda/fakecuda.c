@@ -1606,10 +1606,6 @@ static CUresult fk_stream_query(mp_device_t *dev, CUstream s, bool ptsz) {
 FK_IN_CTX_TWINS(cuStreamQuery, cuStreamQuery_ptsz, (CUstream s),
                 fk_stream_query(dev, s, ptsz))
 
-/* cuda.h, cuStreamGetFlags: the flags the stream was created with (a
- * per-thread or legacy default stream: CU_STREAM_DEFAULT); a handle that is
- * not a live stream of the current context is CUDA_ERROR_INVALID_HANDLE
- * (fk_resolve), one of the codes cuda.h lists for it. */
 /* A stream made in another device's primary context, or NULL. Under
  * fk.lock. */
 static fk_stream_t *fk_foreign_stream(CUstream h, struct CUctx_st **ctx) {
@@ -1622,10 +1618,13 @@ static fk_stream_t *fk_foreign_stream(CUstream h, struct CUctx_st **ctx) {
   return NULL;
 }
 
-/* A stream of another context is answered as the real driver answers it: on
- * an H200 (driver 580.159.04, 2026-11-28) cuStreamGetFlags gave its flags
- * (CUDA_SUCCESS) with another context current. (Only other devices'
- * primary contexts are searched here.) */
+/* cuda.h, cuStreamGetFlags: the flags the stream was created with (a
+ * per-thread or legacy default stream: CU_STREAM_DEFAULT). A stream of
+ * another context is answered as the real driver answers it: on an H200
+ * (driver 580.159.04, 2026-11-28) cuStreamGetFlags gave its flags
+ * (CUDA_SUCCESS) with another context current (only other devices' primary
+ * contexts are searched here); a handle that is no live stream at all is
+ * CUDA_ERROR_INVALID_HANDLE (fk_resolve), one of the codes cuda.h lists. */
 static CUresult fk_stream_flags(mp_device_t *dev, CUstream h, bool ptsz,
                                 unsigned int *flags) {
   if (flags == NULL)
