@@ -153,7 +153,11 @@ typedef struct mp_pool_config {
  * time. Each arena is an ordinary pool of its own (lock, free index, live
  * map, virtual range) made on first use; a thread takes arena (k mod N),
  * k counting the threads that ever used one. Fragmentation is that of a
- * pool per thread. What works on the pool as a whole:
+ * pool per thread, but for large requests (2 MiB and up): before its arena
+ * grows for one, a thread takes a fitting block that an idle arena (at
+ * least half of what it reserved free) caches, so memory one thread freed
+ * serves another thread's next large request; the block stays in the
+ * arena that holds it. What works on the pool as a whole:
  *  - mp_pool_alloc, mp_pool_free, mp_pool_free_async,
  *    mp_pool_free_after_all, mp_pool_record_stream: from any thread; a
  *    free goes to the arena that holds the pointer. free_after_all waits

@@ -58,3 +58,20 @@ mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out) {
   return mp__pool_alloc_locked_hot(pool, bytes, s, out);
 }
+
+mp_status_t mp__pool_alloc_cached(mp_pool_t *pool, size_t bytes, mp_stream_t s,
+                                  void **out) {
+  MP__ASSERT_LOCKED(pool);
+  uint32_t sidx;
+  size_t size;
+  mp__block_t *b;
+  if (pool->paused || pool->nheld > 0 ||
+      mp__stream_index(pool, s, &sidx) != MP_OK ||
+      !mp__pool_round(pool, bytes, &size) ||
+      (!mp__map_has_room(pool, 1) && !mp__map_reserve(pool, 1)) ||
+      !mp__pool_take_cached(pool, size, sidx, &b))
+    return MP__EMISS;
+  mp__block_make_live(pool, b, bytes, sidx);
+  *out = (void *)b->addr;
+  return MP_OK;
+}

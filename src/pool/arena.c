@@ -27,6 +27,10 @@
  * virtual memory, or a range used up) is looked up in each arena's live
  * map, under its lock, in turn.
  *
+ * Before an arena grows for a large request, it borrows a block that an
+ * idle arena caches (mp__arena_borrow says which and why), so what one
+ * thread freed serves another thread's next large request without growth.
+ *
  * Out of memory: memory cached in one arena must not be stuck there. When
  * an arena's allocation fails (MP_ENOMEM, MP_ELIMIT), first (capped pools)
  * the other arenas' unused share of the cap comes back and the arena gets
@@ -375,6 +379,39 @@ static mp_status_t mp__arena_alloc_slow(mp_pool_t *pool, mp_pool_t *a,
                   sum.largest_free_bytes);
 }
 
+/* No lock held: a request of at least MP__LARGE_ROUND served from what
+ * another arena than mine caches, before mine grows for it: memory one
+ * thread freed serves another thread's next large request, as in a pool
+ * without arenas (a training step's backward pass, on a thread of its own,
+ * reuses what its forward pass freed). Only an idle arena lends (at least
+ * half of what it reserved free): threads busy with blocks of their own
+ * keep to their arenas, and taking each other's blocks would bring back
+ * the shared lock's traffic (two threads doing pairs ran at 0.9x one
+ * thread when every arena lent). Smaller requests never borrow: growth for
+ * one costs at most a granule. The arenas after mine in turn, one lock at
+ * a time, the block taken as it is (no growth, no wait); MP__EMISS when
+ * none can. The block stays that arena's (its range, its live map): a
+ * free from any thread finds it there. */
+static mp_status_t mp__arena_borrow(mp_pool_t *pool, size_t mine, size_t bytes,
+                                    mp_stream_t s, void **out) {
+  size_t n = pool->cfg.arenas;
+  if (bytes < MP__LARGE_ROUND)
+    return MP__EMISS;
+  for (size_t k = 1; k < n; k++) {
+    mp_pool_t *b = mp__arena_at(pool, mine + k < n ? mine + k : mine + k - n);
+    if (b == NULL)
+      continue;
+    mp__pool_lock(b);
+    mp_status_t st = b->st.free_bytes >= b->st.allocated_bytes
+                         ? mp__pool_alloc_cached(b, bytes, s, out)
+                         : MP__EMISS;
+    mp__pool_unlock(b);
+    if (st == MP_OK)
+      return st;
+  }
+  return MP__EMISS;
+}
+
 mp_status_t mp__arena_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                             void **out) {
   if (MP__UNLIKELY(mp__arena_thread == 0))
@@ -384,6 +421,15 @@ mp_status_t mp__arena_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
   mp_status_t st;
   if (MP__UNLIKELY(a == NULL) && (st = mp__arena_make(pool, i, &a)) != MP_OK)
     return st;
+  mp__pool_lock(a);
+  st = mp__pool_alloc_cached(a, bytes, s, out);
+  mp__pool_unlock(a);
+  if (MP__LIKELY(st == MP_OK))
+    return st;
+  /* Before a grows (or waits for its streams): a block another arena
+   * caches. */
+  if (mp__arena_borrow(pool, i, bytes, s, out) == MP_OK)
+    return MP_OK;
   mp__pool_lock(a);
   st = mp__pool_alloc_locked(a, bytes, s, out);
   mp__pool_unlock(a);

@@ -314,6 +314,17 @@ MP__HOT mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
   return MP_OK;
 }
 
+MP__HOT bool mp__pool_take_cached(mp_pool_t *pool, size_t size, uint32_t sidx,
+                                  mp__block_t **out) {
+  MP__ASSERT_LOCKED(pool);
+  mp__block_t *pending = NULL;
+  mp__block_t *b = mp__search_ex(pool, size, sidx, &pending);
+  if (b == NULL)
+    return false;
+  *out = mp__take_block(pool, b, size);
+  return true;
+}
+
 /* Puts a taken, never-live block back. */
 void mp__block_untake(mp_pool_t *pool, mp__block_t *b) {
   pool->st.free_blocks++;

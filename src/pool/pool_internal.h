@@ -101,6 +101,9 @@
  * ladder stops at once and reports MP_ENOMEM with that message: the device
  * is not what failed, and no rung would help. */
 #define MP__EHOST ((mp_status_t)0x4854)
+/* Internal status, never returned to a caller: mp__pool_alloc_cached found
+ * nothing cached to serve the request (not a failure). */
+#define MP__EMISS ((mp_status_t)0x4d53)
 
 /* ---- blocks ------------------------------------------------------------ */
 enum {
@@ -557,6 +560,11 @@ bool mp__pool_round(const mp_pool_t *pool, size_t bytes, size_t *out);
  * block of at least `size` bytes, out of the index, not yet live. */
 mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
                           mp__block_t **out);
+/* The cache's answer alone: the best fit for `size` usable on sidx, taken
+ * (as mp__pool_take's first look), or false: no ladder, no growth, no
+ * wait, nothing counted (an arena asking its siblings, arena.c). */
+bool mp__pool_take_cached(mp_pool_t *pool, size_t size, uint32_t sidx,
+                          mp__block_t **out);
 /* Puts a taken, never-live block back. */
 void mp__block_untake(mp_pool_t *pool, mp__block_t *b);
 /* Counts an out-of-memory failure of a request of `asked` bytes and
@@ -597,6 +605,12 @@ mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out);
 mp_status_t mp__pool_alloc_locked_hot(mp_pool_t *pool, size_t bytes,
                                       mp_stream_t s, void **out);
+/* Under the lock: an allocation the pool's cache serves as it is, or
+ * MP__EMISS with nothing changed and no message (paused, an unknown stream
+ * it cannot take, no free block that fits and is usable on s now): no
+ * ladder, no growth, no wait, no failure counted. */
+mp_status_t mp__pool_alloc_cached(mp_pool_t *pool, size_t bytes, mp_stream_t s,
+                                  void **out);
 /* mp_pool_alloc on a pool with arenas: from the calling thread's arena
  * (made on first use); out of memory there, mp__arena_alloc_slow. No lock
  * held. */

@@ -69,6 +69,21 @@ static int arena_holding(mp_pool_t *pool, const void *p) {
   return -1;
 }
 
+/* A thread's arena made to cache one block of `bytes`: allocated and freed
+ * on a new thread. Returns the arena's index; *addr: the block. */
+static int cache_on_thread(mp_pool_t *pool, size_t bytes, void **addr) {
+  job_t j = {.pool = pool, .bytes = bytes, .count = 1};
+  on_thread(alloc_job, &j);
+  cr_assert_eq(j.st, MP_OK, "%s", mp_last_error());
+  int i = arena_holding(pool, j.ptrs[0]);
+  cr_assert_geq(i, 0);
+  on_thread(free_job, &j);
+  cr_assert_eq(j.st, MP_OK, "%s", mp_last_error());
+  if (addr != NULL)
+    *addr = j.ptrs[0];
+  return i;
+}
+
 Test(pool_arenas, threads_get_different_arenas_and_free_each_others_blocks) {
   mp_pool_t *pool = make_pool(dev, "arenas=4");
   job_t a = {.pool = pool, .bytes = 4096, .count = 16};
@@ -147,12 +162,15 @@ Test(pool_arenas, stats_are_the_sums_of_the_arenas) {
 Test(pool_arenas, trim_gives_every_arenas_cache_back) {
   mp_pool_t *pool = make_pool(dev, "arenas=3");
   job_t j[3];
+  /* All live at once, so that no arena is idle and none borrows another's
+   * cache: each grows its own. */
   for (int t = 0; t < 3; t++) {
     j[t] = (job_t){.pool = pool, .bytes = (size_t)(t + 1) * MiB, .count = 3};
     on_thread(alloc_job, &j[t]);
     cr_assert_eq(j[t].st, MP_OK, "%s", mp_last_error());
-    on_thread(free_job, &j[t]);
   }
+  for (int t = 0; t < 3; t++)
+    on_thread(free_job, &j[t]);
   mp_stats_t s = stats(pool);
   cr_assert_eq(s.allocated_bytes, 0);
   cr_assert_geq(s.reserved_bytes, 18 * MiB, "cached: %zu", s.reserved_bytes);
@@ -170,16 +188,12 @@ Test(pool_arenas, trim_gives_every_arenas_cache_back) {
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
 }
 
-/* The device holds 64 MiB: one arena's 48 MiB cache must serve another
- * arena's 48 MiB request. */
+/* The device holds 64 MiB: one arena's 40 MiB cache must make room for
+ * another arena's 48 MiB request (too big to borrow the cached block). */
 Test(pool_arenas, out_of_memory_in_one_arena_reclaims_another_arenas_cache) {
   mp_pool_t *pool = make_pool(dev, "arenas=2");
-  job_t a = {.pool = pool, .bytes = 48 * MiB, .count = 1};
-  on_thread(alloc_job, &a);
-  cr_assert_eq(a.st, MP_OK, "%s", mp_last_error());
-  int ia = arena_holding(pool, a.ptrs[0]);
-  on_thread(free_job, &a);
-  cr_assert_geq(stats(pool).reserved_bytes, 48 * MiB);
+  int ia = cache_on_thread(pool, 40 * MiB, NULL);
+  cr_assert_geq(stats(pool).reserved_bytes, 40 * MiB);
   job_t b = {.pool = pool, .bytes = 48 * MiB, .count = 1};
   on_thread(alloc_job, &b);
   cr_assert_eq(b.st, MP_OK, "%s", mp_last_error());
@@ -198,6 +212,95 @@ Test(pool_arenas, out_of_memory_in_one_arena_reclaims_another_arenas_cache) {
   on_thread(free_job, &b);
   check(pool);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+/* ---- borrowing another arena's cache ----------------------------------- */
+/* What one thread freed serves another thread's next large request, as in
+ * a pool without arenas: no growth, no device call. */
+Test(pool_arenas, a_large_request_borrows_what_an_idle_arena_caches) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  void *cached;
+  int ia = cache_on_thread(pool, 16 * MiB, &cached);
+  mp_stats_t before = stats(pool);
+  job_t b = {.pool = pool, .bytes = 16 * MiB, .count = 1};
+  on_thread(alloc_job, &b);
+  cr_assert_eq(b.st, MP_OK, "%s", mp_last_error());
+  mp_stats_t after = stats(pool);
+  cr_expect_eq(b.ptrs[0], cached, "the other arena's cached block served it");
+  cr_expect_eq(arena_holding(pool, b.ptrs[0]), ia, "and stays in its arena");
+  cr_expect_eq(after.reserved_bytes, before.reserved_bytes,
+               "reserved went from %zu to %zu", before.reserved_bytes,
+               after.reserved_bytes);
+  cr_expect_eq(after.device_alloc_count, before.device_alloc_count);
+  /* Any thread frees it (it is found in the arena that holds it). */
+  on_thread(free_job, &b);
+  cr_assert_eq(b.st, MP_OK, "%s", mp_last_error());
+  cr_expect_eq(stats(pool).live_blocks, 0);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+/* Small requests grow their own arena (a granule at most), and an arena
+ * busy with blocks of its own (less than half of it free) lends nothing:
+ * threads keep to their arenas. */
+Test(pool_arenas, small_requests_and_busy_arenas_do_not_borrow) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  int ia = cache_on_thread(pool, 16 * MiB, NULL);
+  job_t small = {.pool = pool, .bytes = MiB, .count = 1};
+  on_thread(alloc_job, &small);
+  cr_assert_eq(small.st, MP_OK, "%s", mp_last_error());
+  cr_expect_neq(arena_holding(pool, small.ptrs[0]), ia,
+                "a 1 MiB request borrowed from the idle arena");
+  /* Three 8 MiB blocks live in one arena, one of them freed: 8 MiB free
+   * beside 16 allocated. */
+  job_t busy = {.pool = pool, .bytes = 8 * MiB, .count = 3};
+  on_thread(alloc_job, &busy);
+  cr_assert_eq(busy.st, MP_OK, "%s", mp_last_error());
+  int ib = arena_holding(pool, busy.ptrs[0]);
+  cr_assert_eq(arena_holding(pool, busy.ptrs[2]), ib);
+  cr_assert_eq(mp_pool_free(pool, busy.ptrs[2]), MP_OK);
+  job_t c = {.pool = pool, .bytes = 8 * MiB, .count = 1};
+  on_thread(alloc_job, &c);
+  cr_assert_eq(c.st, MP_OK, "%s", mp_last_error());
+  cr_expect_neq(c.ptrs[0], busy.ptrs[2], "a busy arena lent its free block");
+  cr_expect_neq(arena_holding(pool, c.ptrs[0]), ib);
+  busy.count = 2; /* the third is freed */
+  job_t *left[] = {&c, &busy, &small};
+  for (size_t k = 0; k < sizeof left / sizeof *left; k++) {
+    on_thread(free_job, left[k]);
+    cr_expect_eq(left[k]->st, MP_OK, "%s", mp_last_error());
+  }
+  cr_expect_eq(stats(pool).live_blocks, 0);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+/* A cached block whose free another stream's work still holds is not
+ * borrowed (the stream rules hold across arenas). */
+Test(pool_arenas, borrowing_never_takes_a_block_another_stream_still_uses) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  job_t a = {.pool = pool, .bytes = 16 * MiB, .s = s, .count = 1};
+  on_thread(alloc_job, &a);
+  cr_assert_eq(a.st, MP_OK, "%s", mp_last_error());
+  gate_t g;
+  gate_init(&g);
+  cr_assert_eq(mp_stream_launch_host(dev, s, gate_wait, &g), MP_OK);
+  on_thread(free_job, &a); /* ordered on s, behind the gate */
+  cr_assert_eq(a.st, MP_OK, "%s", mp_last_error());
+  job_t b = {.pool = pool, .bytes = 16 * MiB, .count = 1};
+  on_thread(alloc_job, &b);
+  cr_assert_eq(b.st, MP_OK, "%s", mp_last_error());
+  cr_expect_neq(b.ptrs[0], a.ptrs[0],
+                "the block s still uses was given to the default stream");
+  gate_open(&g);
+  cr_assert_eq(mp_stream_synchronize(dev, s), MP_OK);
+  on_thread(free_job, &b);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+  gate_destroy(&g);
 }
 
 static void *alloc_hold_job(void *arg) {
@@ -892,7 +995,9 @@ Test(pool_arenas,
 /* An arena out of device memory trims the other arenas and retries. While
  * it waits for one arena's stream (a gate holds it), an arena it trimmed
  * already grows and frees 30 MiB, which stays in its cache: the retry must
- * still get the memory (nothing is live), not fail beside that cache. */
+ * still get the memory (nothing is live), not fail beside that cache. The
+ * request (48 MiB) is larger than any cached block, so it cannot borrow
+ * one instead. */
 typedef struct reclaimer {
   mp_pool_t *pool;
   void *p;
@@ -900,9 +1005,9 @@ typedef struct reclaimer {
   char why[256];
 } reclaimer_t;
 
-static void *reclaim_40m(void *arg) {
+static void *reclaim_48m(void *arg) {
   reclaimer_t *r = arg;
-  r->st = mp_pool_alloc(r->pool, 40 * MiB, NULL, &r->p);
+  r->st = mp_pool_alloc(r->pool, 48 * MiB, NULL, &r->p);
   snprintf(r->why, sizeof r->why, "%s", mp_last_error());
   return NULL;
 }
@@ -930,7 +1035,7 @@ Test(pool_arenas, reclaim_retries_when_a_trimmed_arena_caches_again_meanwhile,
   cr_assert_eq(mp_stream_launch_host(dev, s, gate_wait, &g), MP_OK);
   reclaimer_t r = {.pool = pool};
   pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, reclaim_40m, &r), 0);
+  cr_assert_eq(pthread_create(&t, NULL, reclaim_48m, &r), 0);
   /* The third arena's reclaim trimmed this thread's arena and waits for
    * s in the second's trim. */
   for (int i = 0; i < 5000 && !arena_syncing(pool, (size_t)ic); i++)
@@ -946,7 +1051,7 @@ Test(pool_arenas, reclaim_retries_when_a_trimmed_arena_caches_again_meanwhile,
   gate_open(&g);
   pthread_join(t, NULL);
   cr_assert(waiting, "the reclaim never waited for s (%d: %s)", r.st, r.why);
-  cr_expect_eq(r.st, MP_OK, "40 MiB with nothing live: %s", r.why);
+  cr_expect_eq(r.st, MP_OK, "48 MiB with nothing live: %s", r.why);
   if (r.st == MP_OK)
     cr_expect_eq(mp_pool_free(pool, r.p), MP_OK);
   cr_assert_eq(mp_stream_synchronize(dev, s), MP_OK);
