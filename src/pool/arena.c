@@ -412,8 +412,8 @@ static mp_status_t mp__arena_borrow(mp_pool_t *pool, size_t mine, size_t bytes,
   return MP__EMISS;
 }
 
-mp_status_t mp__arena_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
-                            void **out) {
+mp_status_t mp__arena_alloc_miss(mp_pool_t *pool, size_t bytes, mp_stream_t s,
+                                 void **out, bool tried) {
   if (MP__UNLIKELY(mp__arena_thread == 0))
     mp__arena_number();
   size_t i = mp__arena_mine(pool);
@@ -421,11 +421,13 @@ mp_status_t mp__arena_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
   mp_status_t st;
   if (MP__UNLIKELY(a == NULL) && (st = mp__arena_make(pool, i, &a)) != MP_OK)
     return st;
-  mp__pool_lock(a);
-  st = mp__pool_alloc_cached(a, bytes, s, out);
-  mp__pool_unlock(a);
-  if (MP__LIKELY(st == MP_OK))
-    return st;
+  if (!tried) {
+    mp__pool_lock(a);
+    st = mp__pool_alloc_cached(a, bytes, s, out);
+    mp__pool_unlock(a);
+    if (st == MP_OK)
+      return st;
+  }
   /* Before a grows (or waits for its streams): a block another arena
    * caches. */
   if (mp__arena_borrow(pool, i, bytes, s, out) == MP_OK)

@@ -45,6 +45,11 @@ static unsigned mp__log2(size_t v) {
   return 63u - (unsigned)__builtin_clzll((unsigned long long)v);
 }
 
+MP__COLD bool mp__whole_ok(const mp_pool_t *pool, const mp__block_t *b,
+                           size_t size) {
+  return size > pool->cfg.max_split && b->size - size < mp__whole_slack(size);
+}
+
 /* *pending: set, when still NULL, to a block that fits but was passed by
  * only because another stream's work on it has not completed yet (the
  * first such block: the best fit among them). */

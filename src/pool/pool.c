@@ -272,8 +272,20 @@ mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
     *out = NULL;
     return MP_OK;
   }
-  if (MP__UNLIKELY(pool->arenas != NULL))
-    return mp__arena_alloc(pool, bytes, s, out);
+  if (MP__UNLIKELY(pool->arenas != NULL)) {
+    /* The calling thread's arena, when it has one, from its cache (inline:
+     * two frames fewer); the rest out of line. */
+    mp_pool_t *a =
+        mp__arena_thread != 0 ? mp__arena_at(pool, mp__arena_mine(pool)) : NULL;
+    if (a != NULL) {
+      mp__pool_lock(a);
+      mp_status_t st = mp__pool_alloc_cached(a, bytes, s, out);
+      mp__pool_unlock(a);
+      if (MP__LIKELY(st == MP_OK))
+        return st;
+    }
+    return mp__arena_alloc_miss(pool, bytes, s, out, a != NULL);
+  }
   MP__HIST_ENTRY(pool);
   mp__pool_lock(pool);
   if (MP__UNLIKELY(pool->nroutes > 0)) {

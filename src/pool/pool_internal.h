@@ -611,11 +611,13 @@ mp_status_t mp__pool_alloc_locked_hot(mp_pool_t *pool, size_t bytes,
  * ladder, no growth, no wait, no failure counted. */
 mp_status_t mp__pool_alloc_cached(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out);
-/* mp_pool_alloc on a pool with arenas: from the calling thread's arena
- * (made on first use); out of memory there, mp__arena_alloc_slow. No lock
- * held. */
-mp_status_t mp__arena_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
-                            void **out);
+/* mp_pool_alloc on a pool with arenas, past what the calling thread's
+ * arena caches (tried: mp_pool_alloc asked that already, inline): the
+ * arena made on first use, a block an idle arena lends (mp__arena_borrow),
+ * the arena's own ladder, and out of memory there, mp__arena_alloc_slow.
+ * No lock held. */
+mp_status_t mp__arena_alloc_miss(mp_pool_t *pool, size_t bytes, mp_stream_t s,
+                                 void **out, bool tried);
 /* mp__pool_take for fn, answering MP_EBUSY (with nothing taken) when the
  * pool was paused while the ladder had the lock dropped. */
 mp_status_t mp__pool_take_unpaused(mp_pool_t *pool, size_t size, uint32_t sidx,
@@ -1107,11 +1109,11 @@ static inline bool mp__split_allowed(const mp_pool_t *pool,
 }
 
 /* Whether free block b may be taken whole by a request of size above
- * max_split. */
-static inline bool mp__whole_ok(const mp_pool_t *pool, const mp__block_t *b,
-                                size_t size) {
-  return size > pool->cfg.max_split && b->size - size < mp__whole_slack(size);
-}
+ * max_split. Out of line (core.c): asked only where a split limit refuses
+ * the split, and inline its slack, the same for every block a search looks
+ * at, was computed ahead of every search (12 instructions per allocation
+ * without a split limit). */
+bool mp__whole_ok(const mp_pool_t *pool, const mp__block_t *b, size_t size);
 
 /* Whether free block b can serve a request of size at all (split or
  * whole). */
