@@ -59,18 +59,26 @@ mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
   return mp__pool_alloc_locked_hot(pool, bytes, s, out);
 }
 
-mp_status_t mp__pool_alloc_cached(mp_pool_t *pool, size_t bytes, mp_stream_t s,
-                                  void **out) {
+MP__HOT mp_status_t mp__pool_alloc_cached(mp_pool_t *pool, size_t bytes,
+                                          mp_stream_t s, void **out,
+                                          bool lend) {
   MP__ASSERT_LOCKED(pool);
-  uint32_t sidx;
+  uint32_t sidx = UINT32_MAX;
   size_t size;
   mp__block_t *b;
-  if (pool->paused || pool->nheld > 0 ||
-      mp__stream_index(pool, s, &sidx) != MP_OK ||
-      !mp__pool_round(pool, bytes, &size) ||
+  if (pool->paused || pool->nheld > 0 || !mp__pool_round(pool, bytes, &size) ||
+      (lend && pool->st.free_bytes < size) ||
+      (!(lend && !mp__stream_known(pool, s)) &&
+       mp__stream_index(pool, s, &sidx) != MP_OK) ||
       (!mp__map_has_room(pool, 1) && !mp__map_reserve(pool, 1)) ||
       !mp__pool_take_cached(pool, size, sidx, &b))
     return MP__EMISS;
+  /* Lent to a stream it did not know: the block's work is done on every
+   * stream; now the stream gets its slot. */
+  if (sidx == UINT32_MAX && mp__stream_index(pool, s, &sidx) != MP_OK) {
+    mp__block_untake(pool, b);
+    return MP__EMISS;
+  }
   mp__block_make_live(pool, b, bytes, sidx);
   *out = (void *)b->addr;
   return MP_OK;

@@ -379,8 +379,10 @@ static mp_status_t mp__arena_alloc_slow(mp_pool_t *pool, mp_pool_t *a,
                   sum.largest_free_bytes);
 }
 
-/* No lock held: a request of at least MP__LARGE_ROUND served from what
- * another arena than mine caches, before mine grows for it: memory one
+/* No lock held: a request of at least MP__LARGE_ROUND that mine cannot
+ * serve from its cache, served from what another arena caches before mine
+ * runs its out-of-memory path (its wait for its own pending blocks, its
+ * growth): memory one
  * thread freed serves another thread's next large request, as in a pool
  * without arenas (a training step's backward pass, on a thread of its own,
  * reuses what its forward pass freed). Only an idle arena lends (at least
@@ -390,8 +392,9 @@ static mp_status_t mp__arena_alloc_slow(mp_pool_t *pool, mp_pool_t *a,
  * thread when every arena lent). Smaller requests never borrow: growth for
  * one costs at most a granule. The arenas after mine in turn, one lock at
  * a time, the block taken as it is (no growth, no wait); MP__EMISS when
- * none can. The block stays that arena's (its range, its live map): a
- * free from any thread finds it there. */
+ * none can. An arena learns the request's stream only when it lends (see
+ * mp__pool_alloc_cached). The block stays that arena's (its range, its live
+ * map): a free from any thread finds it there. */
 static mp_status_t mp__arena_borrow(mp_pool_t *pool, size_t mine, size_t bytes,
                                     mp_stream_t s, void **out) {
   size_t n = pool->cfg.arenas;
@@ -403,7 +406,7 @@ static mp_status_t mp__arena_borrow(mp_pool_t *pool, size_t mine, size_t bytes,
       continue;
     mp__pool_lock(b);
     mp_status_t st = b->st.free_bytes >= b->st.allocated_bytes
-                         ? mp__pool_alloc_cached(b, bytes, s, out)
+                         ? mp__pool_alloc_cached(b, bytes, s, out, true)
                          : MP__EMISS;
     mp__pool_unlock(b);
     if (st == MP_OK)
@@ -423,7 +426,7 @@ mp_status_t mp__arena_alloc_miss(mp_pool_t *pool, size_t bytes, mp_stream_t s,
     return st;
   if (!tried) {
     mp__pool_lock(a);
-    st = mp__pool_alloc_cached(a, bytes, s, out);
+    st = mp__pool_alloc_cached(a, bytes, s, out, false);
     mp__pool_unlock(a);
     if (st == MP_OK)
       return st;

@@ -60,7 +60,7 @@ static MP__HOT mp__block_t *mp__search_ex(mp_pool_t *pool, size_t size,
   for (unsigned k = 0; b != NULL && k < MP__SEARCH_LIMIT; k++) {
     if (mp__fits(pool, b, size)) {
       if (mp__deps_safe(pool, b, sidx, true) ||
-          ((pool->cfg.flags & MP_POOL_STREAM_WAITS) &&
+          ((pool->cfg.flags & MP_POOL_STREAM_WAITS) && sidx != UINT32_MAX &&
            mp__deps_order(pool, b, sidx)))
         return b;
       if (*pending == NULL)

@@ -606,11 +606,14 @@ mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
 mp_status_t mp__pool_alloc_locked_hot(mp_pool_t *pool, size_t bytes,
                                       mp_stream_t s, void **out);
 /* Under the lock: an allocation the pool's cache serves as it is, or
- * MP__EMISS with nothing changed and no message (paused, an unknown stream
- * it cannot take, no free block that fits and is usable on s now): no
- * ladder, no growth, no wait, no failure counted. */
+ * MP__EMISS with no message (paused, a stream it cannot take, no free
+ * block that fits and is usable on s now): no ladder, no growth, no wait,
+ * no failure counted. lend: for another arena's thread (arena.c); a stream
+ * the pool does not know then gets a slot only once a block serves it (one
+ * whose work is done on every stream: searched for as stream UINT32_MAX),
+ * and a miss changes nothing. */
 mp_status_t mp__pool_alloc_cached(mp_pool_t *pool, size_t bytes, mp_stream_t s,
-                                  void **out);
+                                  void **out, bool lend);
 /* mp_pool_alloc on a pool with arenas, past what the calling thread's
  * arena caches (tried: mp_pool_alloc asked that already, inline): the
  * arena made on first use, a block an idle arena lends (mp__arena_borrow),
@@ -787,6 +790,9 @@ void mp__block_unlink(mp__segment_t *seg, mp__block_t *b);
 /* ---- stream.c: stream table, epochs, markers, events -------------------- */
 /* mp__stream_index's general case: any stream, added on first use. */
 mp_status_t mp__stream_lookup(mp_pool_t *pool, mp_stream_t s, uint32_t *out);
+/* Whether stream s (the calling thread's, for a per-thread stream) has a
+ * slot in the table; adds nothing. */
+bool mp__stream_known(const mp_pool_t *pool, mp_stream_t s);
 /* The slot of (s, owner), added on first use: another pool's slot with its
  * owner (arena.c: a per-thread stream given to mp_pool_add_stream is the
  * adding thread's in an arena another thread makes later). */

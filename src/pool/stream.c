@@ -259,6 +259,12 @@ mp_status_t mp__stream_lookup(mp_pool_t *pool, mp_stream_t s, uint32_t *out) {
   return MP_OK;
 }
 
+bool mp__stream_known(const mp_pool_t *pool, mp_stream_t s) {
+  uint64_t owner =
+      MP__UNLIKELY(pool->has_pt && s == pool->pt_handle) ? mp__self() : 0;
+  return mp__shash_find(pool, s, owner) != UINT32_MAX;
+}
+
 mp_status_t mp__stream_index_owned(mp_pool_t *pool, mp_stream_t s,
                                    uint64_t owner, uint32_t *out) {
   MP__ASSERT_LOCKED(pool);

@@ -275,6 +275,47 @@ Test(pool_arenas, small_requests_and_busy_arenas_do_not_borrow) {
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
 }
 
+/* The streams an arena knows are those it served: every free in an arena
+ * that knows two streams records a marker on the device, so asking an
+ * idle arena for a block must not teach it the asking stream unless it
+ * lends one. */
+static uint32_t arena_streams(mp_pool_t *pool, int i) {
+  mp_pool_t *a = mp__arena_at(pool, (size_t)i);
+  mp__pool_lock(a);
+  uint32_t n = a->nstreams;
+  mp__pool_unlock(a);
+  return n;
+}
+
+Test(pool_arenas, a_borrow_that_misses_teaches_the_other_arena_no_stream) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  int ia = cache_on_thread(pool, 16 * MiB, NULL);
+  uint32_t known = arena_streams(pool, ia);
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  /* Larger than what it caches: no block, and no stream learnt. */
+  job_t big = {.pool = pool, .bytes = 32 * MiB, .s = s, .count = 1};
+  on_thread(alloc_job, &big);
+  cr_assert_eq(big.st, MP_OK, "%s", mp_last_error());
+  cr_expect_neq(arena_holding(pool, big.ptrs[0]), ia);
+  cr_expect_eq(arena_streams(pool, ia), known,
+               "the idle arena learnt the stream of a request it did not "
+               "serve (%u streams, %u before)",
+               arena_streams(pool, ia), known);
+  /* A request it serves: the stream gets its slot there. */
+  job_t fit = {.pool = pool, .bytes = 16 * MiB, .s = s, .count = 1};
+  on_thread(alloc_job, &fit);
+  cr_assert_eq(fit.st, MP_OK, "%s", mp_last_error());
+  cr_expect_eq(arena_holding(pool, fit.ptrs[0]), ia);
+  cr_expect_eq(arena_streams(pool, ia), known + 1);
+  on_thread(free_job, &fit);
+  on_thread(free_job, &big);
+  cr_assert_eq(mp_stream_synchronize(dev, s), MP_OK);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+}
+
 /* A cached block whose free another stream's work still holds is not
  * borrowed (the stream rules hold across arenas). */
 Test(pool_arenas, borrowing_never_takes_a_block_another_stream_still_uses) {
