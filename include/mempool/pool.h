@@ -177,10 +177,12 @@ typedef struct mp_pool_config {
  *    peaks are sums of each arena's peak (at least the true peak of the
  *    sum: arenas peak at different times), largest_free_bytes is the
  *    largest of any arena. release_threshold is split evenly among them.
+ *  - mp_pool_snapshot shows every arena's segments and blocks (the pool
+ *    itself holds none).
  * Refused with MP_EINVAL (the message names arenas): child and graph
  * pools, movable blocks, defragment, freeze, pause/resume, IPC export,
- * alloc_contiguous, set_max_fraction, set_access, snapshot and dump, and
- * history=N at create. */
+ * alloc_contiguous, set_max_fraction, set_access and dump, and history=N
+ * at create. */
 
 /* Growing: mp_pool_config_t only ever gains fields at its end, after
  * struct_size, so struct_size sits at the same place in every layout that
@@ -212,8 +214,14 @@ MP_API mp_status_t mp_pool_config_init_sized(mp_pool_config_t *cfg,
                                              size_t size);
 #define mp_pool_config_init(cfg)                                               \
   ((void)mp_pool_config_init_sized((cfg), sizeof(mp_pool_config_t)))
-/* Applies a "key=value,key=value" string on top of cfg. Unknown keys and bad
- * values are MP_EINVAL, name the culprit in mp_last_error(), and leave cfg
+/* sizeof(mp_pool_config_t) as this library was built: for callers from
+ * another language (Python's ctypes), which hold at least that many bytes
+ * and pass it to mp_pool_config_init_sized, to reach every option. */
+MP_API size_t mp_pool_config_sizeof(void);
+/* Applies a "key=value,key=value" string on top of cfg. Unknown keys, bad
+ * values and keys whose field lies past cfg's struct_size (a config made
+ * for an older header, or by the mp_pool_config_init symbol) are
+ * MP_EINVAL, name the culprit in mp_last_error(), and leave cfg
  * unchanged. */
 MP_API mp_status_t mp_pool_config_parse(mp_pool_config_t *cfg,
                                         const char *options);
@@ -529,7 +537,8 @@ MP_API mp_status_t mp_pool_set_oom_handler(mp_pool_t *pool,
  * segment_alloc / segment_free (plain segments) and oom. Trace sizes are
  * block sizes (rounded), as in PyTorch. The file is written whole or not
  * at all (a temporary beside it, renamed): a NULL or unwritable path is
- * MP_EINVAL / MP_EIO with a message. */
+ * MP_EINVAL / MP_EIO with a message. A pool with arenas: the segments of
+ * every arena made so far, on the pool's device. */
 MP_API mp_status_t mp_pool_snapshot(mp_pool_t *pool, const char *path);
 /* The same pickle written to an open stream (not closed). */
 MP_API mp_status_t mp_pool_snapshot_file(mp_pool_t *pool, FILE *out);

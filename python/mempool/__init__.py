@@ -172,9 +172,13 @@ class Stream:
 
 
 class _Config(ctypes.Structure):
-    # Opaque room for mp_pool_config_t, filled only by mp_pool_config_init
-    # and mp_pool_config_parse, so its layout is never mirrored here. The
-    # struct is ten words today; 64 leave room for appended fields.
+    # Opaque room for mp_pool_config_t, filled only by
+    # mp_pool_config_init_sized and mp_pool_config_parse, so its layout is
+    # never mirrored here. The struct is eleven words today; 64 leave room
+    # for appended fields. It is made at the library's own size
+    # (mp_pool_config_sizeof): the mp_pool_config_init symbol makes the
+    # first size, which lacks the fields appended since (arenas), and an
+    # option for one of those was then dropped.
     _fields_ = [("words", ctypes.c_uint64 * 64)]
 
 
@@ -197,7 +201,13 @@ class Pool:
     def __init__(self, device, options=None, **kwargs):
         L = _lib.lib()
         cfg = _Config()
-        L.mp_pool_config_init(ctypes.byref(cfg))
+        size = L.mp_pool_config_sizeof()
+        if size > ctypes.sizeof(cfg):
+            raise RuntimeError("mp_pool_config_t is %d bytes in this library, "
+                               "more than the %d this package holds"
+                               % (size, ctypes.sizeof(cfg)))
+        _check(L.mp_pool_config_init_sized(ctypes.byref(cfg), size),
+               "mp_pool_config_init_sized")
         opts = _options(options, kwargs)
         if opts:
             _check(L.mp_pool_config_parse(ctypes.byref(cfg), opts.encode()),

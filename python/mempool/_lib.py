@@ -67,6 +67,8 @@ _PROTOTYPES = {
     "mp_stream_destroy": (_st, [_c, _c]),
     "mp_stream_synchronize": (_st, [_c, _c]),
     "mp_pool_config_init": (None, [_c]),
+    "mp_pool_config_init_sized": (_st, [_c, _sz]),
+    "mp_pool_config_sizeof": (_sz, []),
     "mp_pool_config_parse": (_st, [_c, ctypes.c_char_p]),
     "mp_pool_create": (_st, [_c, _c, ctypes.POINTER(_c)]),
     "mp_pool_destroy": (_st, [_c]),

@@ -134,3 +134,15 @@ def test_destroyed_pool_refuses_calls(device):
     with pytest.raises(mempool.InvalidArgument):
         p.alloc(10)
 
+
+
+def test_options_appended_after_the_first_config_size_reach_the_pool(device):
+    # arenas is a field appended after struct_size: a config made at the
+    # first size dropped it (the pool had no arenas). A pool with arenas
+    # refuses pause by name.
+    p = mempool.Pool(device, max_bytes="8M", arenas=2)
+    a = p.alloc(4096)
+    with pytest.raises(mempool.InvalidArgument, match="arenas"):
+        p.pause()
+    p.free(a)
+    p.destroy()

@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import subprocess
+import threading
 
 import pytest
 
@@ -242,4 +243,35 @@ def test_a_paused_pool_lists_no_mapped_memory(device, tmp_path, keep_content):
     assert sorted((e["addr"], e["size"]) for e in t) == unmapped
     for a in live:
         p.free(a)
+    p.destroy()
+
+
+def test_a_pool_with_arenas_shows_every_arenas_blocks(device, tmp_path):
+    # Each thread allocates in an arena of its own; the pool itself holds no
+    # memory, so the snapshot is made of the arenas' segments.
+    p = mempool.Pool(device, max_bytes="48M", arenas=2)
+    got = {}
+
+    def work(k):
+        got[k] = p.alloc((k + 2) << 20)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    path = tmp_path / "arenas.pickle"
+    p.snapshot(str(path))
+    s = _load(path)
+    st = p.stats()
+    assert sum(seg["total_size"] for seg in s["segments"]) == st["reserved_bytes"]
+    assert sum(seg["allocated_size"] for seg in s["segments"]) == st["allocated_bytes"]
+    live = {b["address"]: b["size"] for seg in s["segments"]
+            for b in seg["blocks"] if b["state"] == "active_allocated"}
+    assert set(live) == set(got.values())
+    for k, addr in got.items():
+        assert live[addr] >= (k + 2) << 20
+        p.free(addr)
+    with pytest.raises(mempool.InvalidArgument, match="arenas"):
+        p.pause()  # it is a pool with arenas
     p.destroy()

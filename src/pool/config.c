@@ -140,6 +140,7 @@ typedef struct {
   mp_pool_config_t *cfg;
   const char *what;
   unsigned set; /* bit k: key k given (aliases of one setting collide) */
+  size_t room;  /* bytes of the caller's config (its struct_size) */
 } mp__conf_ctx_t;
 
 /* Whether keys a and b set the same thing. */
@@ -179,6 +180,16 @@ static mp_status_t mp__conf_pair(void *vctx, const char *k, size_t kl,
   if (i == MP__NKEYS)
     return mp__unknown_key(ctx->what, k, kl);
   const mp__conf_key_t *key = &mp__conf_keys[i];
+  /* A field the caller's config does not have: dropped silently, the
+   * option would do nothing (every field is 8 bytes). */
+  if (key->kind != MP__KEY_FLAG && key->field + 8 > ctx->room)
+    return mp__fail(MP_EINVAL,
+                    "bad %s: %s needs a config of at least %zu bytes, and "
+                    "this one has %zu (struct_size: a caller built against "
+                    "an older header, or the mp_pool_config_init symbol, "
+                    "which makes the first size; make it with "
+                    "mp_pool_config_init_sized and mp_pool_config_sizeof())",
+                    ctx->what, key->name, key->field + 8, ctx->room);
   for (size_t j = 0; j < MP__NKEYS; j++)
     if ((ctx->set >> j & 1u) && mp__same_setting(key, &mp__conf_keys[j]))
       return mp__fail(MP_EINVAL, "bad %s: %s and %s set the same thing",
@@ -223,9 +234,9 @@ static mp_status_t mp__conf_pair(void *vctx, const char *k, size_t kl,
 }
 
 static mp_status_t mp__conf_apply(mp_pool_config_t *cfg, const char *what,
-                                  const char *options) {
+                                  const char *options, size_t room) {
   mp_pool_config_t tmp = *cfg;
-  mp__conf_ctx_t ctx = {&tmp, what, 0};
+  mp__conf_ctx_t ctx = {&tmp, what, 0, room};
   mp_status_t st = mp__kv_each(what, options, mp__conf_pair, &ctx);
   if (st == MP_OK)
     *cfg = tmp;
@@ -246,10 +257,14 @@ mp_status_t mp_pool_config_init_sized(mp_pool_config_t *cfg, size_t size) {
   c.flags = MP_POOL_VIRTUAL | MP_POOL_DEFRAG_ON_OOM;
   const char *env = getenv("MEMPOOL_CONF");
   if (env != NULL && env[0] != '\0' &&
-      mp__conf_apply(&c, "MEMPOOL_CONF", env) != MP_OK)
+      mp__conf_apply(&c, "MEMPOOL_CONF", env, sizeof c) != MP_OK)
     c.flags |= MP__POOL_CONF_BAD;
   mp__config_out(&c, cfg);
   return MP_OK;
+}
+
+size_t mp_pool_config_sizeof(void) {
+  return sizeof(mp_pool_config_t);
 }
 
 /* The symbol itself, for callers that do not see the header's macro. */
@@ -265,7 +280,9 @@ mp_status_t mp_pool_config_parse(mp_pool_config_t *cfg, const char *options) {
   mp_pool_config_t full;
   mp_status_t st = mp__config_in("mp_pool_config_parse", cfg, &full);
   if (st == MP_OK &&
-      (st = mp__conf_apply(&full, "pool options", options)) == MP_OK)
+      (st = mp__conf_apply(&full, "pool options", options,
+                           cfg->struct_size ? cfg->struct_size
+                                            : MP_POOL_CONFIG_SIZE_V1)) == MP_OK)
     mp__config_out(&full, cfg);
   return st;
 }
@@ -278,7 +295,8 @@ mp_status_t mp__config_validate(const mp_pool_config_t *cfg) {
     /* Parse again only to name the culprit in the message. */
     mp_pool_config_t scratch = *cfg;
     const char *env = getenv("MEMPOOL_CONF");
-    if (env == NULL || mp__conf_apply(&scratch, "MEMPOOL_CONF", env) == MP_OK)
+    if (env == NULL ||
+        mp__conf_apply(&scratch, "MEMPOOL_CONF", env, sizeof scratch) == MP_OK)
       return mp__fail(MP_EINVAL, "bad MEMPOOL_CONF when the config was made");
     return MP_EINVAL;
   }

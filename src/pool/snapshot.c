@@ -422,15 +422,45 @@ static mp_status_t mp__snapshot_write(mp_pool_t *const *pools,
   return st;
 }
 
+/* mp__snapshot_write over what the pools hold: a pool with arenas holds
+ * nothing itself, so each arena made so far stands in for it (its
+ * segments, with the pool's device ordinal). */
+static mp_status_t mp__snapshot_write_all(mp_pool_t *const *pools,
+                                          const int *devices, size_t n,
+                                          FILE *out) {
+  size_t m = 0;
+  for (size_t k = 0; k < n; k++)
+    m += pools[k]->arenas != NULL ? pools[k]->cfg.arenas : 1;
+  mp_pool_t **xp = mp__host_calloc(m, sizeof *xp);
+  int *xd = mp__host_calloc(m, sizeof *xd);
+  mp_status_t st = MP_OK;
+  if (xp == NULL || xd == NULL) {
+    st = mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
+  } else {
+    size_t x = 0;
+    for (size_t k = 0; k < n; k++) {
+      if (pools[k]->arenas == NULL) {
+        xd[x] = devices[k];
+        xp[x++] = pools[k];
+        continue;
+      }
+      for (size_t i = 0; i < pools[k]->cfg.arenas; i++)
+        if ((xp[x] = mp__arena_at(pools[k], i)) != NULL)
+          xd[x++] = devices[k];
+    }
+    st = mp__snapshot_write(xp, xd, x, out);
+  }
+  free(xp);
+  free(xd);
+  return st;
+}
+
 mp_status_t mp_pool_snapshot_file(mp_pool_t *pool, FILE *out) {
   if (pool == NULL || out == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_snapshot: %s is NULL",
                     pool == NULL ? "pool" : "out");
-  mp_status_t nst = mp__no_arenas(pool, "mp_pool_snapshot");
-  if (nst != MP_OK)
-    return nst;
   static const int device0 = 0;
-  return mp__snapshot_write(&pool, &device0, 1, out);
+  return mp__snapshot_write_all(&pool, &device0, 1, out);
 }
 
 mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
@@ -446,9 +476,6 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
                       "mp_pool_snapshot: pool %zu is NULL or its "
                       "device ordinal is out of range",
                       k);
-  for (size_t k = 0; k < n; k++)
-    if (mp__no_arenas(pools[k], "mp_pool_snapshot") != MP_OK)
-      return MP_EINVAL;
   /* A temporary beside path, renamed over it once complete: a failed
    * snapshot leaves whatever was at path untouched. */
   size_t tn = strlen(path) + 16;
@@ -468,7 +495,7 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
     free(tmp);
     return st;
   }
-  mp_status_t st = mp__snapshot_write(pools, devices, n, f);
+  mp_status_t st = mp__snapshot_write_all(pools, devices, n, f);
   if (fclose(f) != 0 && st == MP_OK)
     st = mp__fail(MP_EIO, "mp_pool_snapshot: write error on '%s'", path);
   if (st == MP_OK && rename(tmp, path) != 0)

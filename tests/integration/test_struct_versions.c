@@ -253,3 +253,27 @@ Test(struct_versions, config_made_without_init_reads_as_v1) {
   cr_assert_eq(mp_pool_create(dev, &c, &pool), MP_OK, "%s", mp_last_error());
   cr_expect_eq(mp_pool_destroy(pool), MP_OK);
 }
+
+/* An option whose field a V1 config lacks (arenas, appended after
+ * struct_size) would be dropped on the way out: it is refused by name and
+ * the config stays as it was. The Python package made its configs with
+ * the mp_pool_config_init symbol (V1) and so lost arenas=N silently; it
+ * now makes them at mp_pool_config_sizeof(). */
+Test(struct_versions, an_option_a_short_config_lacks_is_refused_unchanged) {
+  cr_expect_eq(mp_pool_config_sizeof(), sizeof(mp_pool_config_t));
+  mp_pool_config_t c, before;
+  (mp_pool_config_init)(&c);
+  cr_assert_eq(c.struct_size, MP_POOL_CONFIG_SIZE_V1);
+  before = c;
+  cr_expect_eq(mp_pool_config_parse(&c, "max_bytes=8M,arenas=2"), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "arenas") != NULL &&
+                strstr(mp_last_error(), "mp_pool_config_init_sized") != NULL,
+            "%s", mp_last_error());
+  cr_expect_eq(memcmp(&c, &before, sizeof c), 0);
+  /* The same options in a config of this header's size. */
+  cr_assert_eq(mp_pool_config_init_sized(&c, mp_pool_config_sizeof()), MP_OK);
+  cr_assert_eq(mp_pool_config_parse(&c, "max_bytes=8M,arenas=2"), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(c.arenas, 2);
+  cr_expect_eq(c.max_bytes, (size_t)8 << 20);
+}
