@@ -191,7 +191,8 @@ typedef struct mp_pool_config {
  * writes exactly that many bytes and records the size in struct_size;
  * mp_pool_config_parse and mp_pool_create then read and write only
  * struct_size bytes, and a field a shorter struct lacks keeps its default
- * (new fields default to 0). So a program built against an older header
+ * (new fields default to 0; $MEMPOOL_CONF may name it, but an option
+ * given to mp_pool_config_parse for it is MP_EINVAL). So a program built against an older header
  * keeps working with a newer library. A struct_size this library does not
  * know (smaller than MP_POOL_CONFIG_SIZE_V1, not on a field's end, or from a
  * newer header than the library) is MP_EINVAL, names the sizes it knows in

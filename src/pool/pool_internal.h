@@ -610,8 +610,9 @@ mp_status_t mp__pool_alloc_locked_hot(mp_pool_t *pool, size_t bytes,
  * block that fits and is usable on s now): no ladder, no growth, no wait,
  * no failure counted. lend: for another arena's thread (arena.c); a stream
  * the pool does not know then gets a slot only once a block serves it (one
- * whose work is done on every stream: searched for as stream UINT32_MAX),
- * and a miss changes nothing. */
+ * whose work is done on every stream: searched for as stream UINT32_MAX,
+ * so with MP_POOL_STREAM_WAITS no wait is made for it), and a miss adds no
+ * stream (its search may still close and poll epochs, as any search). */
 mp_status_t mp__pool_alloc_cached(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out, bool lend);
 /* mp_pool_alloc on a pool with arenas, past what the calling thread's

@@ -424,7 +424,8 @@ static mp_status_t mp__snapshot_write(mp_pool_t *const *pools,
 
 /* mp__snapshot_write over what the pools hold: a pool with arenas holds
  * nothing itself, so each arena made so far stands in for it (its
- * segments, with the pool's device ordinal). */
+ * segments, with the pool's device ordinal); room for the arenas, or for
+ * the pool itself when none is made. */
 static mp_status_t mp__snapshot_write_all(mp_pool_t *const *pools,
                                           const int *devices, size_t n,
                                           FILE *out) {
@@ -444,9 +445,16 @@ static mp_status_t mp__snapshot_write_all(mp_pool_t *const *pools,
         xp[x++] = pools[k];
         continue;
       }
+      size_t first = x;
       for (size_t i = 0; i < pools[k]->cfg.arenas; i++)
         if ((xp[x] = mp__arena_at(pools[k], i)) != NULL)
           xd[x++] = devices[k];
+      /* No arena yet: the pool itself (no segment, no event), so that its
+       * device still has its list of traces. */
+      if (x == first) {
+        xd[x] = devices[k];
+        xp[x++] = pools[k];
+      }
     }
     st = mp__snapshot_write(xp, xd, x, out);
   }
