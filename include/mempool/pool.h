@@ -192,14 +192,14 @@ typedef struct mp_pool_config {
  * mp_pool_config_parse and mp_pool_create then read and write only
  * struct_size bytes, and a field a shorter struct lacks keeps its default
  * (new fields default to 0; $MEMPOOL_CONF may name it, but an option
- * given to mp_pool_config_parse for it is MP_EINVAL). So a program built against an older header
- * keeps working with a newer library. A struct_size this library does not
- * know (smaller than MP_POOL_CONFIG_SIZE_V1, not on a field's end, or from a
- * newer header than the library) is MP_EINVAL, names the sizes it knows in
- * mp_last_error(), and changes nothing. The function mp_pool_config_init
- * itself (through a pointer, or from another language) writes
- * MP_POOL_CONFIG_SIZE_V1 bytes: the struct as it was when struct_size came.
- * A config filled by hand keeps struct_size 0 and reads as V1: to use a
+ * given to mp_pool_config_parse for it is MP_EINVAL). So a program built
+ * against an older header keeps working with a newer library. A struct_size
+ * this library does not know (smaller than MP_POOL_CONFIG_SIZE_V1, not on a
+ * field's end, or from a newer header than the library) is MP_EINVAL, names the
+ * sizes it knows in mp_last_error(), and changes nothing. The function
+ * mp_pool_config_init itself (through a pointer, or from another language)
+ * writes MP_POOL_CONFIG_SIZE_V1 bytes: the struct as it was when struct_size
+ * came. A config filled by hand keeps struct_size 0 and reads as V1: to use a
  * field appended after V1, set struct_size = sizeof(mp_pool_config_t) (or
  * start from mp_pool_config_init). */
 #define MP_POOL_CONFIG_SIZE_V1                                                 \
