@@ -63,19 +63,21 @@ MP__HOT mp_status_t mp__pool_alloc_cached(mp_pool_t *pool, size_t bytes,
                                           mp_stream_t s, void **out,
                                           bool lend) {
   MP__ASSERT_LOCKED(pool);
-  uint32_t sidx = UINT32_MAX;
+  MP__ASSERT(!pool->paused && pool->nheld == 0);
+  uint32_t sidx = UINT32_MAX; /* stays so for a stranger */
   size_t size;
   mp__block_t *b;
-  if (pool->paused || pool->nheld > 0 || !mp__pool_round(pool, bytes, &size) ||
-      (lend && pool->st.free_bytes < size) ||
-      (!(lend && !mp__stream_known(pool, s)) &&
-       mp__stream_index(pool, s, &sidx) != MP_OK) ||
+  if (!mp__pool_round(pool, bytes, &size) ||
+      (lend && pool->st.free_bytes < size))
+    return MP__EMISS;
+  bool stranger = lend && !mp__stream_known(pool, s);
+  if ((!stranger && mp__stream_index(pool, s, &sidx) != MP_OK) ||
       (!mp__map_has_room(pool, 1) && !mp__map_reserve(pool, 1)) ||
       !mp__pool_take_cached(pool, size, sidx, &b))
     return MP__EMISS;
   /* Lent to a stream it did not know: the block's work is done on every
    * stream; now the stream gets its slot. */
-  if (sidx == UINT32_MAX && mp__stream_index(pool, s, &sidx) != MP_OK) {
+  if (stranger && mp__stream_index(pool, s, &sidx) != MP_OK) {
     mp__block_untake(pool, b);
     return MP__EMISS;
   }

@@ -415,28 +415,23 @@ static mp_status_t mp__arena_borrow(mp_pool_t *pool, size_t mine, size_t bytes,
   return MP__EMISS;
 }
 
-mp_status_t mp__arena_alloc_miss(mp_pool_t *pool, size_t bytes, mp_stream_t s,
-                                 void **out, bool tried) {
+mp_status_t mp__arena_mine_made(mp_pool_t *pool, mp_pool_t **out) {
   if (MP__UNLIKELY(mp__arena_thread == 0))
     mp__arena_number();
   size_t i = mp__arena_mine(pool);
-  mp_pool_t *a = mp__arena_at(pool, i);
-  mp_status_t st;
-  if (MP__UNLIKELY(a == NULL) && (st = mp__arena_make(pool, i, &a)) != MP_OK)
-    return st;
-  if (!tried) {
-    mp__pool_lock(a);
-    st = mp__pool_alloc_cached(a, bytes, s, out, false);
-    mp__pool_unlock(a);
-    if (st == MP_OK)
-      return st;
-  }
+  if ((*out = mp__arena_at(pool, i)) != NULL)
+    return MP_OK;
+  return mp__arena_make(pool, i, out);
+}
+
+mp_status_t mp__arena_alloc_miss(mp_pool_t *pool, mp_pool_t *a, size_t bytes,
+                                 mp_stream_t s, void **out) {
   /* Before a grows (or waits for its streams): a block another arena
    * caches. */
-  if (mp__arena_borrow(pool, i, bytes, s, out) == MP_OK)
+  if (mp__arena_borrow(pool, mp__arena_mine(pool), bytes, s, out) == MP_OK)
     return MP_OK;
   mp__pool_lock(a);
-  st = mp__pool_alloc_locked(a, bytes, s, out);
+  mp_status_t st = mp__pool_alloc_locked(a, bytes, s, out);
   mp__pool_unlock(a);
   if (MP__UNLIKELY(st != MP_OK))
     st = mp__arena_alloc_slow(pool, a, bytes, s, out, st);

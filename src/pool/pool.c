@@ -263,22 +263,23 @@ mp_device_t *mp_pool_device(const mp_pool_t *pool) {
 
 /* ---- alloc / free ------------------------------------------------------- */
 
-/* mp_pool_alloc on a pool with arenas: the calling thread's arena, when it
- * has one, from its cache (inline here: one frame, not three, and not in
- * mp_pool_alloc itself, whose path without arenas it slowed by 7
- * instructions a pair), the rest out of line. */
+/* mp_pool_alloc on a pool with arenas: the calling thread's arena's cache
+ * (inline here: one frame, not three, and not in mp_pool_alloc itself,
+ * whose path without arenas it slowed by 7 instructions a pair), the rest
+ * out of line. */
 __attribute__((noinline)) static mp_status_t
 mp__arena_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s, void **out) {
+  mp_status_t st;
   mp_pool_t *a =
       mp__arena_thread != 0 ? mp__arena_at(pool, mp__arena_mine(pool)) : NULL;
-  if (a != NULL) {
-    mp__pool_lock(a);
-    mp_status_t st = mp__pool_alloc_cached(a, bytes, s, out, false);
-    mp__pool_unlock(a);
-    if (MP__LIKELY(st == MP_OK))
-      return st;
-  }
-  return mp__arena_alloc_miss(pool, bytes, s, out, a != NULL);
+  if (MP__UNLIKELY(a == NULL) && (st = mp__arena_mine_made(pool, &a)) != MP_OK)
+    return st;
+  mp__pool_lock(a);
+  st = mp__pool_alloc_cached(a, bytes, s, out, false);
+  mp__pool_unlock(a);
+  if (MP__LIKELY(st == MP_OK))
+    return st;
+  return mp__arena_alloc_miss(pool, a, bytes, s, out);
 }
 
 mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,

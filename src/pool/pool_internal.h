@@ -605,23 +605,26 @@ mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out);
 mp_status_t mp__pool_alloc_locked_hot(mp_pool_t *pool, size_t bytes,
                                       mp_stream_t s, void **out);
-/* Under the lock: an allocation the pool's cache serves as it is, or
- * MP__EMISS with no message (paused, a stream it cannot take, no free
- * block that fits and is usable on s now): no ladder, no growth, no wait,
- * no failure counted. lend: for another arena's thread (arena.c); a stream
+/* Under the lock, in an arena (which is never paused and exports nothing):
+ * an allocation the arena's cache serves as it is, or MP__EMISS with no
+ * message (a stream it cannot take, no free block that fits and is usable
+ * on s now): no ladder, no growth, no wait, no failure counted. lend: for
+ * another arena's thread (arena.c); a stream
  * the pool does not know then gets a slot only once a block serves it (one
  * whose work is done on every stream: searched for as stream UINT32_MAX,
  * so with MP_POOL_STREAM_WAITS no wait is made for it), and a miss adds no
  * stream (its search may still close and poll epochs, as any search). */
 mp_status_t mp__pool_alloc_cached(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out, bool lend);
+/* The calling thread's arena in pool (no lock held): the thread numbered
+ * and the arena made on first use. */
+mp_status_t mp__arena_mine_made(mp_pool_t *pool, mp_pool_t **out);
 /* mp_pool_alloc on a pool with arenas, past what the calling thread's
- * arena caches (tried: mp_pool_alloc asked that already, inline): the
- * arena made on first use, a block an idle arena lends (mp__arena_borrow),
- * the arena's own ladder, and out of memory there, mp__arena_alloc_slow.
- * No lock held. */
-mp_status_t mp__arena_alloc_miss(mp_pool_t *pool, size_t bytes, mp_stream_t s,
-                                 void **out, bool tried);
+ * arena a caches (mp_pool_alloc asked that, inline): a block an idle arena
+ * lends (mp__arena_borrow), a's own ladder, and out of memory there,
+ * mp__arena_alloc_slow. No lock held. */
+mp_status_t mp__arena_alloc_miss(mp_pool_t *pool, mp_pool_t *a, size_t bytes,
+                                 mp_stream_t s, void **out);
 /* mp__pool_take for fn, answering MP_EBUSY (with nothing taken) when the
  * pool was paused while the ladder had the lock dropped. */
 mp_status_t mp__pool_take_unpaused(mp_pool_t *pool, size_t size, uint32_t sidx,
