@@ -175,14 +175,14 @@ static mp_status_t mp__child_kv(void *ctx, const char *key, size_t key_len,
   return MP_OK;
 }
 
+/* A pool made with opts; *cfg: its config. */
 static mp_status_t mp__make_pool(mp_device_t *dev, const char *opts,
-                                 mp_pool_t **out) {
-  mp_pool_config_t cfg;
-  mp_pool_config_init(&cfg);
-  mp_status_t st = mp_pool_config_parse(&cfg, opts);
+                                 mp_pool_config_t *cfg, mp_pool_t **out) {
+  mp_pool_config_init(cfg);
+  mp_status_t st = mp_pool_config_parse(cfg, opts);
   if (st != MP_OK)
     return st;
-  return mp_pool_create(dev, &cfg, out);
+  return mp_pool_create(dev, cfg, out);
 }
 
 static mp_status_t mp__make_child(mp_device_t *dev, const char *spec,
@@ -202,10 +202,19 @@ static mp_status_t mp__make_child(mp_device_t *dev, const char *spec,
     if (ca == NULL)
       st = mp__fail(MP_ENOMEM, "mp_allocator_create: out of host memory");
   }
+  mp_pool_config_t cfg;
   if (st == MP_OK)
-    st = mp__make_pool(dev, c.rest, &ca->parent);
+    st = mp__make_pool(dev, c.rest, &cfg, &ca->parent);
   if (st == MP_OK) {
     st = mp_pool_create_child(ca->parent, c.bytes, &ca->child);
+    /* The parent is new and empty: only its cap can stop the child, and
+     * the spec set that cap. */
+    if (st == MP_ELIMIT)
+      st = mp__fail(MP_EINVAL,
+                    "bad allocator spec '%s': child bytes %zu are above the "
+                    "parent's cap (its %s)",
+                    spec, c.bytes,
+                    cfg.max_bytes != 0 ? "max_bytes" : "max_fraction");
     if (st != MP_OK)
       (void)mp_pool_destroy(ca->parent);
   }
@@ -236,7 +245,8 @@ mp_status_t mp_allocator_create(mp_device_t *dev, const char *spec,
   mp_status_t st;
   if (name_len == 4 && memcmp(spec, "pool", 4) == 0) {
     mp_pool_t *pool;
-    st = mp__make_pool(dev, opts, &pool);
+    mp_pool_config_t cfg;
+    st = mp__make_pool(dev, opts, &cfg, &pool);
     if (st != MP_OK)
       return st;
     st = mp__allocator_new(&mp__pool_ops, pool, pool, spec, out);

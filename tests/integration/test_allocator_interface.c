@@ -161,6 +161,10 @@ Test(allocator, bad_specs_are_einval_naming_the_culprit) {
   expect_bad_spec("child:bytes=0", "bytes");
   expect_bad_spec("child:bytes=4M,wrong=2", "wrong");
   expect_bad_spec("child:bytes=4M,bytes=8M", "bytes");
+  /* A child its own parent's cap can never hold (the fuzzer's find: it was
+   * MP_ELIMIT, as if memory had run out). */
+  expect_bad_spec("child:max_bytes=9M,bytes=99M", "max_bytes");
+  expect_bad_spec("child:bytes=99M,max_fraction=0.01", "max_fraction");
   /* Nothing was left behind on the device by the failed creations. */
   size_t f, t;
   cr_assert_eq(mp_device_mem_info(dev, &f, &t), MP_OK);
