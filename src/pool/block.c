@@ -122,7 +122,8 @@ bool mp__map_reserve(mp_pool_t *pool, size_t n) {
   mp__slot_t *old = pool->map;
   size_t old_cap = pool->map_cap;
   pool->map = m;
-  pool->map_cap = cap; /* mp__map_slot depends on it */
+  pool->map_cap = cap; /* mp__map_slot depends on both */
+  pool->map_shift = 64u - (unsigned)__builtin_ctzll((unsigned long long)cap);
   for (size_t i = 0; i < old_cap; i++)
     if (old[i].addr != 0)
       mp__map_put(m, cap - 1, mp__map_slot(pool, old[i].addr), old[i].blk);

@@ -41,10 +41,6 @@ bool mp__pool_round(const mp_pool_t *pool, size_t bytes, size_t *out) {
   return true;
 }
 
-static unsigned mp__log2(size_t v) {
-  return 63u - (unsigned)__builtin_clzll((unsigned long long)v);
-}
-
 MP__COLD bool mp__whole_ok(const mp_pool_t *pool, const mp__block_t *b,
                            size_t size) {
   return size > pool->cfg.max_split && b->size - size < mp__whole_slack(size);
@@ -355,7 +351,7 @@ MP__HOT void mp__block_make_live(mp_pool_t *pool, mp__block_t *b,
   pool->st.requested_bytes += requested;
   pool->st.live_blocks++;
   pool->st.alloc_count++;
-  mp__stats_peaks(pool);
+  mp__stats_live_peaks(pool);
   MP__HIST(pool, MP__H_ALLOC, b->addr, b->size, MP__HIST_STREAM(pool, sidx));
 }
 
@@ -399,7 +395,6 @@ mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
     pool->cfg.segment_bytes = MP__DEFAULT_SEGMENT;
   pool->cfg.segment_bytes =
       (pool->cfg.segment_bytes + pool->cfg.align - 1) & ~(pool->cfg.align - 1);
-  pool->align_log2 = mp__log2(pool->cfg.align);
   pool->sync_gen = 1;
   pool->sync_done = 1;
   mp_status_t st = mp__history_init(pool);

@@ -20,10 +20,14 @@ static unsigned mp__fls64(uint64_t x) {
 }
 
 /* The class of a size, fl * MP__SL_COUNT + sl, with one count of leading
- * zeros and no branch: below 2 * MP__SL_COUNT units a class per unit
- * (fl 0 and 1), above it the top MP__SL_LOG2 + 1 bits of the size. */
+ * zeros and no branch: below 2 * MP__SL_COUNT units of 512 bytes a class
+ * per unit (fl 0 and 1), above it the top MP__SL_LOG2 + 1 bits of the size.
+ * The unit is fixed, not the pool's alignment: best fit is exact whatever
+ * the classes (a lower-bound search in the request's class, else the next
+ * class's minimum), and a constant shift costs two instructions less. */
 static inline unsigned mp__cls(const mp_pool_t *pool, size_t size) {
-  uint64_t u = (uint64_t)(size >> pool->align_log2);
+  (void)pool;
+  uint64_t u = (uint64_t)(size >> MP__CLS_UNIT_LOG2);
   unsigned s = mp__fls64(u | MP__SL_COUNT) - MP__SL_LOG2;
   return (s << MP__SL_LOG2) + (unsigned)(u >> s);
 }

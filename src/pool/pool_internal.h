@@ -79,9 +79,10 @@
  * MP__SL_COUNT map one class per size; above, each power of two (first
  * level) is cut into MP__SL_COUNT equal classes (second level), so a class
  * spans at most 1/32 of its sizes. */
-#define MP__SL_LOG2  5
-#define MP__SL_COUNT (1u << MP__SL_LOG2)
-#define MP__FL_COUNT 64
+#define MP__SL_LOG2       5
+#define MP__SL_COUNT      (1u << MP__SL_LOG2)
+#define MP__FL_COUNT      64
+#define MP__CLS_UNIT_LOG2 9 /* the classes count sizes in 512-byte units */
 
 #define MP__DEFAULT_ALIGN   ((size_t)512)
 #define MP__DEFAULT_SEGMENT ((size_t)2 << 20)
@@ -295,7 +296,6 @@ struct mp_pool {
   size_t paused_reserved, paused_free; /* st's figures before the pause */
   mp_pool_oom_handler_t oom_fn;        /* mp_pool_set_oom_handler */
   void *oom_ctx;
-  unsigned align_log2;
   size_t cap;      /* effective cap on reserved bytes */
   bool cap_is_max; /* cap came from cfg.max_bytes (MP_ELIMIT) */
   size_t granule;  /* virtual memory granule; 0: plain segments */
@@ -331,6 +331,7 @@ struct mp_pool {
    * stored in the slots, so that probes never touch block records */
   mp__slot_t *map;
   size_t map_cap, map_count;
+  unsigned map_shift; /* 64 - log2(map_cap): mp__map_slot's shift */
 
   mp__segment_t *segs; /* every segment, newest first */
   mp__segment_t *vseg; /* the virtual segment, if any */
@@ -726,11 +727,10 @@ static inline bool mp__map_has_room(const mp_pool_t *pool, size_t n) {
 }
 bool mp__map_insert(mp_pool_t *pool, mp__block_t *b);
 void mp__map_remove(mp_pool_t *pool, mp__block_t *b);
-/* addr's home slot: one multiply of the address shifted by the pool's
- * alignment (its low bits are always 0). */
+/* addr's home slot: the top log2(map_cap) bits of one multiply (Knuth's
+ * multiplicative hashing; the address's low zero bits do not matter). */
 static inline size_t mp__map_slot(const mp_pool_t *pool, uintptr_t addr) {
-  uint64_t h = ((uint64_t)addr >> pool->align_log2) * 0x9E3779B97F4A7C15ull;
-  return (size_t)(h >> 32) & (pool->map_cap - 1);
+  return (size_t)(((uint64_t)addr * 0x9E3779B97F4A7C15ull) >> pool->map_shift);
 }
 /* The live block at addr and its slot, for mp__map_remove_slot (inline:
  * every free looks its pointer up). */
@@ -1038,6 +1038,9 @@ extern _Thread_local void *mp__hist_caller;
 
 /* ---- stats.c ------------------------------------------------------------ */
 void mp__stats_peaks(mp_pool_t *pool);
+/* The peaks an allocation can lift (allocated, requested): reserved moves
+ * only in mp__reserved_add and at resume, which check its peak. */
+void mp__stats_live_peaks(mp_pool_t *pool);
 /* The pool's counters now (takes the lock), summed over its arenas if it
  * has them (pool.h, Arenas: peaks are sums of the arenas' peaks). */
 void mp__stats_read(mp_pool_t *pool, mp_stats_t *out);

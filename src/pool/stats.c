@@ -13,6 +13,11 @@ void mp__stats_peaks(mp_pool_t *pool) {
   mp_stats_t *s = &pool->st;
   if (s->reserved_bytes > s->peak_reserved_bytes)
     s->peak_reserved_bytes = s->reserved_bytes;
+  mp__stats_live_peaks(pool);
+}
+
+void mp__stats_live_peaks(mp_pool_t *pool) {
+  mp_stats_t *s = &pool->st;
   if (s->allocated_bytes > s->peak_allocated_bytes)
     s->peak_allocated_bytes = s->allocated_bytes;
   if (s->requested_bytes > s->peak_requested_bytes)

@@ -16,7 +16,6 @@ static mp__block_t **index_records(mp_pool_t *p, size_t n) {
 static mp_pool_t *index_pool(void) {
   mp_pool_t *p = calloc(1, sizeof *p);
   p->cfg.align = 512;
-  p->align_log2 = 9;
   return p;
 }
 
