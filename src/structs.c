@@ -23,6 +23,7 @@ static const size_t mp__stats_sizes[] = {
 static const size_t mp__config_sizes[] = {
     MP__END(mp_pool_config_t, struct_size),
     MP__END(mp_pool_config_t, arenas),
+    MP__END(mp_pool_config_t, map_piece),
 };
 #define MP__COUNT(a) (sizeof(a) / sizeof *(a))
 

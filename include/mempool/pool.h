@@ -146,6 +146,16 @@ typedef struct mp_pool_config {
                                share its lock or its data; frees from any
                                thread go to the owning arena. See "Arenas"
                                below */
+  size_t map_piece; /* largest device mapping growth makes in the virtual
+                       range (option map_piece=2M, rounded up to the
+                       granule); 0: one mapping per growth (the default).
+                       Memory goes back to the device (trim, the reclaim
+                       before growing past the peak) only as whole
+                       mappings, so smaller pieces give back more of a
+                       partly used range, for more device calls. A block
+                       spanning pieces cannot be exported
+                       (mp_pool_ipc_export: MP_ENOTSUP). README, "Mapping
+                       in pieces" */
 } mp_pool_config_t;
 #define MP_POOL_MAX_ARENAS 64
 

@@ -85,6 +85,28 @@ void mp__rec_free(mp_pool_t *pool, mp__block_t *b) {
   pool->rec_free = b;
 }
 
+mp__block_t *mp__recs_new(mp_pool_t *pool, size_t n) {
+  mp__block_t *chain = NULL;
+  for (size_t i = 0; i < n; i++) {
+    mp__block_t *r = mp__rec_new(pool);
+    if (r == NULL) {
+      mp__recs_free(pool, chain);
+      return NULL;
+    }
+    r->next_rec = chain;
+    chain = r;
+  }
+  return chain;
+}
+
+void mp__recs_free(mp_pool_t *pool, mp__block_t *chain) {
+  while (chain != NULL) {
+    mp__block_t *n = chain->next_rec;
+    mp__rec_free(pool, chain);
+    chain = n;
+  }
+}
+
 void mp__rec_release_all(mp_pool_t *pool) {
   for (size_t i = 0; i < pool->nslabs; i++)
     free(pool->slabs[i]);

@@ -76,6 +76,10 @@ static const mp__conf_key_t mp__conf_keys[] = {
     {"arenas", MP__KEY_COUNT, MP__FIELD(arenas), 0, MP_POOL_MAX_ARENAS, false,
      "per-thread arenas: each thread allocates from one of N private "
      "sub-pools; 0: none (see pool.h, Arenas)"},
+    MP__SIZE_KEY(map_piece, false,
+                 "largest device mapping a growth makes (rounded up to the "
+                 "granule): memory goes back in pieces this size, for more "
+                 "device calls; 0: one mapping per growth"),
     /* PyTorch's names */
     MP__FLAG_KEY("expandable_segments", MP_POOL_VIRTUAL,
                  "PyTorch's name for virtual"),
@@ -329,6 +333,9 @@ mp_status_t mp__config_validate(const mp_pool_config_t *cfg) {
   if ((cfg->flags & MP_POOL_HISTORY_STACKS) && cfg->history == 0)
     return mp__fail(MP_EINVAL,
                     "pool config: history_stacks=1 needs history=N (N > 0)");
+  if (cfg->map_piece > SIZE_MAX / 2)
+    return mp__fail(MP_EINVAL, "pool config: map_piece %zu is absurd",
+                    cfg->map_piece);
   if (cfg->arenas > MP_POOL_MAX_ARENAS)
     return mp__fail(MP_EINVAL, "pool config: arenas %zu is above %d",
                     cfg->arenas, MP_POOL_MAX_ARENAS);

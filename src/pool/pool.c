@@ -528,15 +528,9 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
     st = mp__pool_oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM, total);
   /* Records for the pieces first, so that nothing can fail once the block
    * is cut. */
-  for (size_t i = 1; st == MP_OK && i < count; i++) {
-    mp__block_t *r = mp__rec_new(pool);
-    if (r == NULL) {
-      st = mp__fail(MP_ENOMEM, "out of host memory for block records");
-      break;
-    }
-    r->next_rec = recs;
-    recs = r;
-  }
+  if (st == MP_OK && count > 1 &&
+      (recs = mp__recs_new(pool, count - 1)) == NULL)
+    st = mp__fail(MP_ENOMEM, "out of host memory for block records");
   if (st == MP_OK)
     st = mp__pool_take_unpaused(pool, total, sidx, &b,
                                 "mp_pool_alloc_contiguous");
@@ -545,11 +539,7 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
     st = mp__fail(MP_ENOMEM, "out of host memory for the block map");
   }
   if (st != MP_OK) {
-    while (recs != NULL) {
-      mp__block_t *n = recs->next_rec;
-      mp__rec_free(pool, recs);
-      recs = n;
-    }
+    mp__recs_free(pool, recs);
     mp__pool_unlock(pool);
     return st;
   }
@@ -561,8 +551,7 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
     mp__pool_round(pool, sizes[i], &r);
     out[i] = (void *)cur->addr;
     if (i + 1 < count) {
-      mp__block_t *rest = recs;
-      recs = recs->next_rec;
+      mp__block_t *rest = mp__recs_pop(&recs);
       rest->addr = cur->addr + r;
       rest->size = cur->size - r;
       cur->size = r;

@@ -715,6 +715,19 @@ static inline mp__block_t *mp__rec_new(mp_pool_t *pool) {
   return b;
 }
 void mp__rec_free(mp_pool_t *pool, mp__block_t *b);
+/* n fresh records chained by next_rec (taken with mp__recs_pop), so that
+ * work needing several cannot fail halfway; NULL (none kept) when host
+ * memory runs out. */
+mp__block_t *mp__recs_new(mp_pool_t *pool, size_t n);
+/* Gives back what is left of a chain. */
+void mp__recs_free(mp_pool_t *pool, mp__block_t *chain);
+/* The next record of a chain, as mp__rec_new gives it (zeroed). */
+static inline mp__block_t *mp__recs_pop(mp__block_t **chain) {
+  mp__block_t *b = *chain;
+  *chain = b->next_rec;
+  b->next_rec = NULL;
+  return b;
+}
 void mp__rec_release_all(mp_pool_t *pool);
 /* [defrag] The live block starting at addr, or NULL. */
 mp__block_t *mp__map_find(const mp_pool_t *pool, uintptr_t addr);

@@ -14,7 +14,9 @@
  * lack is mapped, at the hole's edge next to them; at the top, what the
  * free top block lacks, preferably max(segment_bytes, reserved/128 capped
  * at 16 MiB). The smallest need wins (the top on ties: its step saves later
- * calls). Rounded to the granule; near the cap, the exact need.
+ * calls). Rounded to the granule; near the cap, the exact need. What is
+ * mapped is one chunk, or (map_piece) adjacent chunks of at most map_piece
+ * each, which can go back one by one.
  *
  * Release: a free chunk (one lying wholly inside a free block whose work is
  * done) can be unmapped wherever it is: the block around it splits into a
@@ -71,20 +73,33 @@ mp_status_t mp__vrange_ready(mp_pool_t *pool) {
   return MP_OK;
 }
 
-/* Room for one more chunk and one more hole, so that the bookkeeping of a
- * map or an unmap cannot fail halfway. */
-static bool mp__vrange_room(mp__segment_t *v) {
-  mp__chunk_t *c =
-      mp__host_room(v->chunks, &v->chunk_cap, v->nchunks, sizeof *c);
-  if (c == NULL)
-    return false;
-  v->chunks = c;
-  mp__block_t **h =
-      mp__host_room(v->holes, &v->holes_cap, v->nholes, sizeof *h);
-  if (h == NULL)
-    return false;
-  v->holes = h;
+/* Room for k more chunks and k more holes, so that the bookkeeping of k
+ * maps or an unmap cannot fail halfway. */
+static bool mp__vrange_room(mp__segment_t *v, size_t k) {
+  while (v->chunk_cap < v->nchunks + k) {
+    mp__chunk_t *c =
+        mp__host_room(v->chunks, &v->chunk_cap, v->chunk_cap, sizeof *c);
+    if (c == NULL)
+      return false;
+    v->chunks = c;
+  }
+  while (v->holes_cap < v->nholes + k) {
+    mp__block_t **h =
+        mp__host_room(v->holes, &v->holes_cap, v->holes_cap, sizeof *h);
+    if (h == NULL)
+      return false;
+    v->holes = h;
+  }
   return true;
+}
+
+/* The hole holding address a; NULL: none (a is mapped, or at or above the
+ * top). */
+static mp__block_t *mp__hole_at(const mp__segment_t *v, uintptr_t a) {
+  for (size_t k = 0; k < v->nholes; k++)
+    if (a >= v->holes[k]->addr && a - v->holes[k]->addr < v->holes[k]->size)
+      return v->holes[k];
+  return NULL;
 }
 
 /* The first chunk at or above a. */
@@ -290,7 +305,7 @@ static void mp__before_unmap(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
  * when it could not (the memory then stays the pool's, free). */
 static bool mp__unmap_chunk(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
                             size_t i) {
-  if (!mp__vrange_room(v))
+  if (!mp__vrange_room(v, 1))
     return false;
   mp__block_t *r1 = mp__rec_new(pool), *r2 = mp__rec_new(pool);
   if (r1 == NULL || r2 == NULL) {
@@ -313,12 +328,8 @@ static bool mp__unmap_chunk(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
   }
   /* Still mapped: take it back as free memory where it was. */
   mp__block_t *r = mp__rec_new(pool), *spare = mp__rec_new(pool);
-  mp__block_t *h = NULL;
-  for (size_t k = 0; k < v->nholes; k++)
-    if (c.addr >= v->holes[k]->addr &&
-        c.addr < v->holes[k]->addr + v->holes[k]->size)
-      h = v->holes[k];
-  if (r != NULL && spare != NULL && mp__vrange_room(v)) {
+  mp__block_t *h = mp__hole_at(v, c.addr);
+  if (r != NULL && spare != NULL && mp__vrange_room(v, 1)) {
     (void)mp__after_map(pool, v, h, c.addr, c.size, r, spare, true, true);
     pool->st.device_alloc_count--; /* no call was made */
     return false;
@@ -561,26 +572,44 @@ mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
   }
   if (grow > room)
     return mp__segment_limit(pool);
-  if (!mp__vrange_room(v))
+  /* One mapping, or (map_piece) pieces of at most map_piece, each its own
+   * mapping: CUDA unmaps only whole mappings, so a piece can go back
+   * (reclaim, trim) once it alone is free, where one big mapping waits
+   * until all of it is. Room and records for every piece first, so that
+   * the bookkeeping after the device calls cannot fail. */
+  size_t piece = pool->cfg.map_piece != 0
+                     ? mp__round_up(pool->cfg.map_piece, pool->granule)
+                     : grow;
+  size_t npieces = grow / piece + (grow % piece != 0);
+  if (!mp__vrange_room(v, npieces))
     return mp__fail(MP__EHOST, "out of host memory for chunk records");
-  mp__block_t *rec = mp__rec_new(pool), *spare = mp__rec_new(pool);
-  if (rec == NULL || spare == NULL) {
-    if (rec)
-      mp__rec_free(pool, rec);
-    if (spare)
-      mp__rec_free(pool, spare);
+  mp__block_t *recs = mp__recs_new(pool, 2 * npieces);
+  if (recs == NULL)
     return mp__fail(MP__EHOST, "out of host memory for block records");
-  }
+  /* The pieces are mapped in one go, the lock dropped once. A piece the
+   * device refuses ends it: those mapped before it stay the pool's, as
+   * free memory (the out-of-memory ladder may trim them), and the call
+   * fails. */
+  size_t mapped = 0;
   mp__pool_device_begin(pool);
-  mp_status_t st = mp__pool_vm_map(pool, (void *)p.at, grow);
-  mp__pool_device_end(pool);
-  if (st != MP_OK) {
-    mp__rec_free(pool, rec);
-    mp__rec_free(pool, spare);
-    return st;
+  mp_status_t st = MP_OK;
+  while (mapped < grow && st == MP_OK) {
+    size_t n = grow - mapped < piece ? grow - mapped : piece;
+    if ((st = mp__pool_vm_map(pool, (void *)(p.at + mapped), n)) == MP_OK)
+      mapped += n;
   }
-  *fresh = mp__after_map(pool, v, p.hole, p.at, grow, rec, spare, p.jp, p.jn);
-  return MP_OK;
+  mp__pool_device_end(pool);
+  for (size_t off = 0; off < mapped; off += piece) {
+    size_t n = mapped - off < piece ? mapped - off : piece;
+    mp__block_t *rec = mp__recs_pop(&recs), *spare = mp__recs_pop(&recs);
+    /* Each piece after the first joins the one below it; only the last
+     * touches the free neighbour above. */
+    *fresh = mp__after_map(
+        pool, v, off == 0 ? p.hole : mp__hole_at(v, p.at + off), p.at + off, n,
+        rec, spare, off == 0 ? p.jp : true, off + n == grow ? p.jn : false);
+  }
+  mp__recs_free(pool, recs);
+  return st;
 }
 
 mp_status_t mp__pool_vm_map(mp_pool_t *pool, void *addr, size_t bytes) {

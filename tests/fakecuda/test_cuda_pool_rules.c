@@ -60,6 +60,16 @@ static void leave_ctx(void) {
   cr_assert_eq(cu.release(0), CUDA_SUCCESS);
 }
 
+/* A pool on the cuda device with options opts. */
+static mp_pool_t *cuda_pool(mp_device_t *dev, const char *opts) {
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cr_assert_eq(mp_pool_config_parse(&cfg, opts), MP_OK, "%s", mp_last_error());
+  mp_pool_t *pool = NULL;
+  cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
+  return pool;
+}
+
 /* ---- another thread's global-mode capture -------------------------------- */
 
 typedef struct {
@@ -664,11 +674,7 @@ static void *first_arena_alloc(void *p) {
 Test(cuda_pool_rules, added_per_thread_stream_reaches_arenas_made_later,
      .init = load_driver) {
   mp_device_t *dev = open_dev("cuda");
-  mp_pool_config_t cfg;
-  mp_pool_config_init(&cfg);
-  cr_assert_eq(mp_pool_config_parse(&cfg, "arenas=1"), MP_OK);
-  mp_pool_t *pool = NULL;
-  cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
+  mp_pool_t *pool = cuda_pool(dev, "arenas=1");
   enter_ctx();
   mp_stream_t pt = (mp_stream_t)CU_STREAM_PER_THREAD;
   cr_assert_eq(mp_pool_add_stream(pool, pt), MP_OK, "%s", mp_last_error());
@@ -702,5 +708,43 @@ Test(cuda_pool_rules, added_per_thread_stream_reaches_arenas_made_later,
   cr_assert_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
   cr_assert_eq(mp_stream_destroy(dev, m.x), MP_OK);
+  mp_device_close(dev);
+}
+
+/* map_piece on the driver: each piece is a cuMemCreate handle mapped on
+ * its own, and trim gives the free ones back with cuMemUnmap of exactly
+ * one mapping each (cuda.h: cuMemUnmap's range must be a whole mapping;
+ * the fake refuses any other). On a GPU the twin shows the real driver
+ * takes the pieces back one by one (its granule is 2 MiB on the GPUs the
+ * pool has met). */
+Test(cuda_pool_rules, map_pieces_are_whole_mappings_trim_unmaps_one_by_one,
+     .init = load_driver) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_pool_t *pool = cuda_pool(dev, "map_piece=2M");
+  if (!fk_is_real())
+    fk_reset_calls();
+  long long refused = errors(CUDA_ERROR_INVALID_VALUE);
+  void *a, *b;
+  cr_assert_eq(mp_pool_alloc(pool, 8u << 20, NULL, &a), MP_OK, "%s",
+               mp_last_error());
+  mp_stats_t st;
+  cr_assert_eq(mp_pool_get_stats(pool, &st), MP_OK);
+  cr_assert_eq(st.reserved_bytes, 8u << 20);
+  cr_expect_eq(st.device_alloc_count, 4);
+  if (!fk_is_real())
+    cr_expect_eq(fk_calls("cuMemMap"), 4);
+  cr_assert_eq(mp_pool_free(pool, a), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, 2u << 20, NULL, &b), MP_OK);
+  cr_assert_eq(mp_pool_trim(pool, 0), MP_OK);
+  cr_assert_eq(mp_pool_get_stats(pool, &st), MP_OK);
+  cr_expect_eq(st.reserved_bytes, 2u << 20,
+               "trim kept %zu bytes: a free piece did not go back",
+               st.reserved_bytes);
+  cr_expect_eq(st.device_free_count, 3);
+  if (!fk_is_real())
+    cr_expect_eq(fk_calls("cuMemUnmap"), 3);
+  cr_expect_eq(errors(CUDA_ERROR_INVALID_VALUE), refused);
+  cr_assert_eq(mp_pool_free(pool, b), MP_OK);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
   mp_device_close(dev);
 }

@@ -240,4 +240,16 @@ static void fake_close(mp_device_t *dev) {
   free(dev);
 }
 
+#ifdef MEMPOOL_TEST_POOL_HELPERS_H
+/* Checks the pool, destroys it and expects everything back: nothing left
+ * in use on the device, every unmap one whole map. */
+static inline void fake_pool_finish(mp_pool_t *p, mp_device_t *dev) {
+  check(p);
+  mp_pool_destroy(p);
+  cr_expect_eq(fake_of(dev)->used, 0);
+  cr_expect_eq(fake_of(dev)->bad_unmaps, 0);
+  fake_close(dev);
+}
+#endif
+
 #endif

@@ -28,15 +28,6 @@ static mp_pool_t *four_chunks(mp_device_t **dev, void *v[4]) {
   return p;
 }
 
-/* Checks the pool, destroys it and expects everything back. */
-static void finish(mp_pool_t *p, mp_device_t *dev) {
-  check(p);
-  mp_pool_destroy(p);
-  cr_expect_eq(fake_of(dev)->used, 0);
-  cr_expect_eq(fake_of(dev)->bad_unmaps, 0);
-  fake_close(dev);
-}
-
 Test(pool_holes, trim_unmaps_a_free_chunk_in_the_middle) {
   mp_device_t *dev;
   void *v[4];
@@ -54,7 +45,7 @@ Test(pool_holes, trim_unmaps_a_free_chunk_in_the_middle) {
   cr_expect_eq(mp_pool_free(p, v[1]), MP_EINVAL);
   cr_expect_neq(strstr(mp_last_error(), "unmapped"), NULL, "%s",
                 mp_last_error());
-  finish(p, dev);
+  fake_pool_finish(p, dev);
 }
 
 Test(pool_holes, free_blocks_never_coalesce_across_a_hole) {
@@ -83,7 +74,7 @@ Test(pool_holes, free_blocks_never_coalesce_across_a_hole) {
   cr_expect_eq(stats(p).reserved_bytes, 0);
   cr_expect_eq(fake_of(dev)->used, 0);
   cr_expect_eq(fake_of(dev)->bad_unmaps, 0);
-  finish(p, dev);
+  fake_pool_finish(p, dev);
 }
 
 Test(pool_holes, growth_maps_into_a_hole_next_to_a_free_block) {
@@ -104,7 +95,7 @@ Test(pool_holes, growth_maps_into_a_hole_next_to_a_free_block) {
   mp_pool_free(p, x);
   mp_pool_free(p, v[0]);
   mp_pool_free(p, v[3]);
-  finish(p, dev);
+  fake_pool_finish(p, dev);
 }
 
 Test(pool_holes, growth_past_the_peak_reclaims_free_chunks_first) {
@@ -124,7 +115,7 @@ Test(pool_holes, growth_past_the_peak_reclaims_free_chunks_first) {
     if (i != 1)
       mp_pool_free(p, v[i]);
   mp_pool_free(p, x);
-  finish(p, dev);
+  fake_pool_finish(p, dev);
 }
 
 Test(pool_holes, trim_keeps_what_it_is_asked_to_keep_in_the_range) {
@@ -143,7 +134,7 @@ Test(pool_holes, trim_keeps_what_it_is_asked_to_keep_in_the_range) {
   cr_assert_eq(mp_pool_trim(p, 0), MP_OK);
   cr_expect_eq(stats(p).reserved_bytes, 0);
   cr_expect_eq(holes_of(p), 0, "a range with nothing mapped has no hole");
-  finish(p, dev);
+  fake_pool_finish(p, dev);
 }
 
 static void max_split_holds(const char *opts, size_t granule) {
@@ -163,7 +154,7 @@ static void max_split_holds(const char *opts, size_t granule) {
   /* A request above max_split may take a block above it. */
   void *y;
   cr_assert_eq(mp_pool_alloc(p, 15 * MiB, NULL, &y), MP_OK);
-  finish(p, dev);
+  fake_pool_finish(p, dev);
 }
 
 Test(pool_holes, max_split_is_honoured_in_the_virtual_range) {

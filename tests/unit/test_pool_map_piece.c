@@ -1,0 +1,143 @@
+/* map_piece: growth in the virtual range maps at most map_piece per device
+ * mapping, so memory goes back (trim, the reclaim before growing past the
+ * peak) a piece at a time, where one mapping per growth goes back only once
+ * all of it is free. On the synchronous fake device, which checks that
+ * every unmap matches one map exactly. */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "../support/pool_helpers.h"
+#include "pool/pool_internal.h"
+#include "pool_fakedev.h"
+
+#define MiB ((size_t)1 << 20)
+
+/* Device maps an 8 MiB allocation takes under opts. */
+static unsigned maps_for_8m(const char *opts) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 2 * MiB);
+  mp_pool_t *p = make_pool(dev, opts);
+  void *a;
+  cr_assert_eq(mp_pool_alloc(p, 8 * MiB, NULL, &a), MP_OK, "%s",
+               mp_last_error());
+  memset(a, 0x5a, 8 * MiB); /* one block across the pieces */
+  unsigned maps = fake_of(dev)->maps;
+  cr_expect_eq(stats(p).reserved_bytes, 8 * MiB);
+  cr_expect_eq(stats(p).device_alloc_count, maps);
+  cr_assert_eq(mp_pool_free(p, a), MP_OK);
+  fake_pool_finish(p, dev);
+  return maps;
+}
+
+Test(pool_map_piece, a_growth_maps_one_mapping_per_piece) {
+  cr_expect_eq(maps_for_8m(NULL), 1);
+  cr_expect_eq(maps_for_8m("map_piece=2M"), 4);
+  /* Rounded up to the granule: 3 MiB pieces are 4 MiB. */
+  cr_expect_eq(maps_for_8m("map_piece=3M"), 2);
+  cr_expect_eq(maps_for_8m("map_piece=64M"), 1);
+}
+
+/* An 8 MiB growth freed, 2 MiB of it used again, then a trim: what is
+ * reserved after. */
+static size_t reserved_after_trim(const char *opts, unsigned *unmaps) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 2 * MiB);
+  mp_pool_t *p = make_pool(dev, opts);
+  void *a, *b;
+  cr_assert_eq(mp_pool_alloc(p, 8 * MiB, NULL, &a), MP_OK);
+  cr_assert_eq(mp_pool_free(p, a), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &b), MP_OK);
+  cr_assert_eq(b, a, "best fit takes the low end of the free block");
+  cr_assert_eq(mp_pool_trim(p, 0), MP_OK);
+  size_t r = stats(p).reserved_bytes;
+  *unmaps = fake_of(dev)->unmaps;
+  memset(b, 0x5a, 2 * MiB); /* still mapped */
+  check(p);
+  cr_assert_eq(mp_pool_free(p, b), MP_OK);
+  fake_pool_finish(p, dev);
+  return r;
+}
+
+Test(pool_map_piece, trim_gives_back_the_free_pieces_of_a_partly_used_growth) {
+  unsigned unmaps;
+  cr_expect_eq(reserved_after_trim(NULL, &unmaps), 8 * MiB,
+               "one mapping cannot go back while 2 MiB of it is used");
+  cr_expect_eq(unmaps, 0);
+  cr_expect_eq(reserved_after_trim("map_piece=2M", &unmaps), 2 * MiB);
+  cr_expect_eq(unmaps, 3);
+}
+
+/* A and B (8 MiB each), A freed and 2 MiB of it used again, then 12 MiB:
+ * the peak reserved. */
+static size_t peak_after_growth(const char *opts) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 2 * MiB);
+  mp_pool_t *p = make_pool(dev, opts);
+  void *a, *b, *c, *d;
+  cr_assert_eq(mp_pool_alloc(p, 8 * MiB, NULL, &a), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 8 * MiB, NULL, &b), MP_OK);
+  cr_assert_eq(mp_pool_free(p, a), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &c), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 12 * MiB, NULL, &d), MP_OK);
+  memset(d, 0x5a, 12 * MiB);
+  size_t peak = stats(p).peak_reserved_bytes;
+  cr_expect_eq(stats(p).allocated_bytes, 22 * MiB);
+  check(p);
+  cr_assert_eq(mp_pool_free(p, b), MP_OK);
+  cr_assert_eq(mp_pool_free(p, c), MP_OK);
+  cr_assert_eq(mp_pool_free(p, d), MP_OK);
+  fake_pool_finish(p, dev);
+  return peak;
+}
+
+Test(pool_map_piece, growth_past_the_peak_first_gives_back_free_pieces) {
+  cr_expect_eq(peak_after_growth(NULL), 28 * MiB);
+  /* The three free pieces of A's growth go back before the 12 MiB are
+   * mapped: the peak is what is live. */
+  cr_expect_eq(peak_after_growth("map_piece=2M"), 22 * MiB);
+}
+
+Test(pool_map_piece, a_piece_the_device_refuses_fails_the_growth_cleanly) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 2 * MiB);
+  mp_pool_t *p = make_pool(dev, "map_piece=2M");
+  fake_dev_t *f = fake_of(dev);
+  f->fail_after = f->allocs + 3; /* the third piece and every later call */
+  void *a;
+  cr_expect_eq(mp_pool_alloc(p, 8 * MiB, NULL, &a), MP_ENOMEM);
+  cr_expect_eq(f->maps, 2);
+  /* The two pieces mapped before the refusal were the pool's free memory;
+   * the out-of-memory ladder's trim gave them back. */
+  check(p);
+  cr_expect_eq(stats(p).allocated_bytes, 0);
+  cr_expect_eq(stats(p).reserved_bytes, f->used);
+  cr_expect_eq(f->bad_unmaps, 0);
+  f->fail_after = 0;
+  cr_assert_eq(mp_pool_alloc(p, 8 * MiB, NULL, &a), MP_OK, "%s",
+               mp_last_error());
+  memset(a, 0x5a, 8 * MiB);
+  cr_assert_eq(mp_pool_free(p, a), MP_OK);
+  fake_pool_finish(p, dev);
+}
+
+Test(pool_map_piece, bad_values_are_refused_and_change_nothing) {
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cr_assert_eq(mp_pool_config_parse(&cfg, "map_piece=6M"), MP_OK);
+  cr_expect_eq(cfg.map_piece, 6 * MiB);
+  cr_expect_eq(mp_pool_config_parse(&cfg, "map_piece=lots"), MP_EINVAL);
+  cr_expect_neq(strstr(mp_last_error(), "map_piece"), NULL, "%s",
+                mp_last_error());
+  cr_expect_eq(cfg.map_piece, 6 * MiB);
+  /* A config for the header before map_piece: the option is past it. */
+  mp_pool_config_t old;
+  cr_assert_eq(
+      mp_pool_config_init_sized(&old, offsetof(mp_pool_config_t, map_piece)),
+      MP_OK);
+  cr_expect_eq(mp_pool_config_parse(&old, "map_piece=2M"), MP_EINVAL);
+  mp_device_t *dev = fake_open((size_t)1 << 30, 2 * MiB);
+  mp_pool_t *p = NULL;
+  cfg.map_piece = SIZE_MAX;
+  cr_expect_eq(mp_pool_create(dev, &cfg, &p), MP_EINVAL);
+  cr_expect_null(p);
+  cr_expect_neq(strstr(mp_last_error(), "map_piece"), NULL, "%s",
+                mp_last_error());
+  fake_close(dev);
+}
