@@ -15,16 +15,19 @@ static const char *mp__seg_kind(int k) {
                               : "plain";
 }
 
+/* The sizes class (fl, sl) holds: its 512-byte units (index.c, mp__cls),
+ * as multiples of the pool's alignment. */
 static void mp__class_range(const mp_pool_t *pool, unsigned fl, unsigned sl,
                             size_t *lo, size_t *hi) {
   size_t a = pool->cfg.align;
-  if (fl == 0) {
-    *lo = *hi = (size_t)sl * a;
-    return;
-  }
-  unsigned shift = fl - 1;
-  *lo = (((size_t)MP__SL_COUNT + sl) << shift) * a;
-  *hi = *lo + ((size_t)1 << shift) * a - a;
+  size_t u = fl == 0 ? sl : ((size_t)MP__SL_COUNT + sl) << (fl - 1);
+  size_t n = fl == 0 ? 1 : (size_t)1 << (fl - 1); /* units in the class */
+  size_t first = u << MP__CLS_UNIT_LOG2;
+  size_t last = first + (n << MP__CLS_UNIT_LOG2) - 1;
+  *lo = mp__round_up(first, a);
+  *hi = last / a * a;
+  if (*hi < *lo)
+    *hi = *lo;
 }
 
 static void mp__class_totals(const mp__block_t *t, size_t *n, size_t *b) {

@@ -75,7 +75,8 @@
 #include "../internal.h"
 
 /* ---- size classes (index.c) --------------------------------------------
- * Sizes are counted in units of the pool's alignment. Units below
+ * Sizes are counted in 512-byte units, whatever the pool's alignment (best
+ * fit is exact whatever the classes; a constant shift is cheaper). Units below
  * MP__SL_COUNT map one class per size; above, each power of two (first
  * level) is cut into MP__SL_COUNT equal classes (second level), so a class
  * spans at most 1/32 of its sizes. */

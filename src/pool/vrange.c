@@ -73,8 +73,9 @@ mp_status_t mp__vrange_ready(mp_pool_t *pool) {
   return MP_OK;
 }
 
-/* Room for k more chunks and k more holes, so that the bookkeeping of k
- * maps or an unmap cannot fail halfway. */
+/* Room for k more chunks and one more hole (one growth, however many
+ * pieces, or one unmap adds at most one), so that the bookkeeping of a
+ * growth or an unmap cannot fail halfway. */
 static bool mp__vrange_room(mp__segment_t *v, size_t k) {
   while (v->chunk_cap < v->nchunks + k) {
     mp__chunk_t *c =
@@ -83,7 +84,7 @@ static bool mp__vrange_room(mp__segment_t *v, size_t k) {
       return false;
     v->chunks = c;
   }
-  while (v->holes_cap < v->nholes + k) {
+  while (v->holes_cap < v->nholes + 1) {
     mp__block_t **h =
         mp__host_room(v->holes, &v->holes_cap, v->holes_cap, sizeof *h);
     if (h == NULL)
@@ -174,7 +175,8 @@ static mp__block_t *mp__join_placed(mp_pool_t *pool, mp__block_t *r, bool jp,
 }
 
 /* Bookkeeping after [at, at + n) was mapped: inside hole h, or (h NULL) at
- * or above the top, a gap below it becoming a hole (spare's record). The
+ * or above the top, a gap below it becoming a hole (spare's record; spare
+ * may be NULL when at is the top or h's start, and no gap is left). The
  * new memory is a free block, merged with the neighbours jp/jn allow. */
 static mp__block_t *mp__after_map(mp_pool_t *pool, mp__segment_t *v,
                                   mp__block_t *h, uintptr_t at, size_t n,
@@ -205,6 +207,7 @@ static mp__block_t *mp__after_map(mp_pool_t *pool, mp__segment_t *v,
   if (h == NULL) {
     uintptr_t top = v->base + v->span;
     if (at > top) {
+      MP__ASSERT(spare != NULL);
       spare->addr = top;
       spare->size = at - top;
       mp__block_link(v, v->last, spare);
@@ -219,6 +222,7 @@ static mp__block_t *mp__after_map(mp_pool_t *pool, mp__segment_t *v,
       h->size = at - h->addr;
       mp__block_link(v, h, r);
       if (at + n < hend) {
+        MP__ASSERT(spare != NULL);
         spare->addr = at + n;
         spare->size = hend - (at + n);
         mp__block_link(v, r, spare);
@@ -379,6 +383,54 @@ static bool mp__pick_chunk(mp_pool_t *pool, mp__segment_t *v, size_t want,
   return found;
 }
 
+/* The highest chunk lying wholly inside free block b, in *i; false: none.
+ * The chunks under a free block are adjacent, so at most the top one
+ * reaches past its end. */
+static bool mp__top_chunk_in(const mp__segment_t *v, const mp__block_t *b,
+                             size_t *i) {
+  uintptr_t end = b->addr + b->size;
+  size_t j = mp__chunk_at(v, end);
+  if (j > 0 && v->chunks[j - 1].addr + v->chunks[j - 1].size > end)
+    j--;
+  if (j == 0 || v->chunks[j - 1].addr < b->addr)
+    return false;
+  *i = j - 1;
+  return true;
+}
+
+/* Trim's case, every releasable chunk: one walk down from the top. An
+ * unmap changes only the blocks around its chunk, which the walk has
+ * reached, so nothing below needs a second look, where picking chunk after
+ * chunk would rescan the range for each (quadratic in a range of many
+ * small chunks: map_piece). The walk goes on from the free piece below the
+ * chunk (b itself, cut short), from the block below b when b became the
+ * hole, or from the new top when the hole reached it (and took the block
+ * below with it, if that was a hole). Returns the bytes released. */
+static size_t mp__vrange_release_all(mp_pool_t *pool, mp__segment_t *v,
+                                     const mp__block_t *k1,
+                                     const mp__block_t *k2) {
+  size_t done = 0, i = 0;
+  mp__block_t *b = v->last;
+  while (b != NULL) {
+    if (!(b->flags & MP__B_FREE) || b->size < pool->granule || b == k1 ||
+        b == k2 || !mp__top_chunk_in(v, b, &i) ||
+        !mp__deps_safe(pool, b, UINT32_MAX, false)) {
+      b = b->prev;
+      continue;
+    }
+    mp__chunk_t c = v->chunks[i];
+    bool whole = c.addr == b->addr;
+    bool top = c.addr + c.size == v->base + v->span;
+    mp__block_t *below = b->prev;
+    if (!mp__unmap_chunk(pool, v, b, i))
+      break;
+    done += c.size;
+    if (whole)
+      b = top ? v->last : below;
+  }
+  return done;
+}
+
 /* Unmaps free chunks of the virtual range until want bytes went back (or
  * none is left), never one inside k1 or k2. patient: the growth rung. A
  * pool used from one stream records no marker at frees; when free chunks
@@ -398,6 +450,8 @@ size_t mp__vrange_reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
   MP__ASSERT_LOCKED(pool);
   mp__segment_t *v = pool->vseg;
   size_t done = 0;
+  if (!patient && v != NULL && want >= pool->st.free_bytes)
+    return mp__vrange_release_all(pool, v, k1, k2);
   if (patient && pool->nstreams > 1) {
     /* Under a split limit, free blocks above it cannot serve small
      * requests: once a quarter of what is reserved is free, unmap the free
@@ -583,7 +637,7 @@ mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
   size_t npieces = grow / piece + (grow % piece != 0);
   if (!mp__vrange_room(v, npieces))
     return mp__fail(MP__EHOST, "out of host memory for chunk records");
-  mp__block_t *recs = mp__recs_new(pool, 2 * npieces);
+  mp__block_t *recs = mp__recs_new(pool, npieces + 1);
   if (recs == NULL)
     return mp__fail(MP__EHOST, "out of host memory for block records");
   /* The pieces are mapped in one go, the lock dropped once. A piece the
@@ -601,9 +655,13 @@ mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
   mp__pool_device_end(pool);
   for (size_t off = 0; off < mapped; off += piece) {
     size_t n = mapped - off < piece ? mapped - off : piece;
-    mp__block_t *rec = mp__recs_pop(&recs), *spare = mp__recs_pop(&recs);
-    /* Each piece after the first joins the one below it; only the last
-     * touches the free neighbour above. */
+    /* Each piece after the first starts where the one below it ended (at
+     * the top, or at the start of what is left of the hole), so only the
+     * first can leave a gap that needs a hole record (spare); each joins
+     * the one below it, and only the last touches the free neighbour
+     * above. */
+    mp__block_t *rec = mp__recs_pop(&recs);
+    mp__block_t *spare = off == 0 ? mp__recs_pop(&recs) : NULL;
     *fresh = mp__after_map(
         pool, v, off == 0 ? p.hole : mp__hole_at(v, p.at + off), p.at + off, n,
         rec, spare, off == 0 ? p.jp : true, off + n == grow ? p.jn : false);

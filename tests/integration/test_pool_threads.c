@@ -168,3 +168,15 @@ Test(pool_threads, trim_defragment_and_children_race_with_alloc_and_free) {
   run_with("host:granularity=64K", &cfg, housekeeper);
   cr_expect_eq(atomic_load(&housekeeping_done), 1);
 }
+
+/* The same races with growth mapped in pieces (map_piece): trim and the
+ * reclaim unmap pieces while other threads allocate and free. */
+Test(pool_threads, the_same_races_with_growth_mapped_in_pieces) {
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cfg.max_split = (size_t)1 << 20;
+  cfg.segment_bytes = (size_t)1 << 20;
+  cfg.map_piece = (size_t)64 << 10;
+  run_with("host:granularity=64K", &cfg, housekeeper);
+  cr_expect_eq(atomic_load(&housekeeping_done), 1);
+}

@@ -1,6 +1,7 @@
 /* mp_pool_check finds injected corruption; mp_pool_dump writes text and
  * JSON. White-box: corruption is injected through pool_internal.h. */
 #include <criterion/criterion.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -237,4 +238,62 @@ Test(pool_dump, torch_names_carry_the_stats_and_inactive_split_bytes,
   free(t);
   mp_pool_free(pool, a);
   mp_pool_free(pool, c);
+}
+
+/* Every free block's size lies in the range the text dump gives some
+ * class ("class F.S [LO, HI]: ..."), whatever the pool's alignment. Failed
+ * when the classes counted 512-byte units and the dump still counted the
+ * alignment: a free 8192-byte block under align=4096 showed as [65536,
+ * 65536]. */
+static void class_ranges_hold(size_t align, size_t size) {
+  mp_device_t *d = fake_open((size_t)1 << 30, 0);
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cfg.align = align;
+  mp_pool_t *p = NULL;
+  cr_assert_eq(mp_pool_create(d, &cfg, &p), MP_OK, "%s", mp_last_error());
+  void *a, *b, *c;
+  cr_assert_eq(mp_pool_alloc(p, 4096, NULL, &a), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, size, NULL, &b), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 4096, NULL, &c), MP_OK);
+  cr_assert_eq(mp_pool_free(p, b), MP_OK); /* fenced: stays this size */
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  cr_assert_eq(mp_pool_dump(p, f, "text"), MP_OK);
+  fclose(f);
+  const char *classes = strstr(buf, "free lists by class");
+  cr_assert_not_null(classes);
+  size_t nfree = 0;
+  for (const char *l = buf; (l = strstr(l, " free requested")) != NULL; l++) {
+    const char *z = l;
+    while (z > buf && z[-1] != ' ')
+      z--; /* the size before " free" */
+    size_t bs = strtoull(z, NULL, 10);
+    nfree++;
+    bool held = false;
+    for (const char *k = classes; (k = strstr(k, "\n    class ")) != NULL;) {
+      k++;
+      unsigned long long lo, hi;
+      cr_assert_eq(sscanf(k, " class %*u.%*u [%llu, %llu]", &lo, &hi), 2);
+      held = held || (lo <= bs && bs <= hi);
+    }
+    cr_expect(held, "align %zu: no class range holds a free %zu:\n%s", align,
+              bs, classes);
+  }
+  cr_expect_geq(nfree, 1, "%s", buf);
+  free(buf);
+  cr_assert_eq(mp_pool_free(p, a), MP_OK);
+  cr_assert_eq(mp_pool_free(p, c), MP_OK);
+  mp_pool_destroy(p);
+  fake_close(d);
+}
+
+Test(pool_dump, class_ranges_hold_the_free_blocks_whatever_the_alignment) {
+  const size_t aligns[] = {512, 2048, 4096};
+  for (size_t i = 0; i < 3; i++) {
+    class_ranges_hold(aligns[i], 8192);
+    class_ranges_hold(aligns[i], 2072576);
+    class_ranges_hold(aligns[i], (size_t)192 << 20);
+  }
 }

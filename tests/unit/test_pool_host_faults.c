@@ -176,37 +176,42 @@ Test(pool_host_faults, virtual_range_tables_grow_under_faults) {
   many_live(2 * MiB, "virtual=1,segment_bytes=2M", 2 * MiB, 40);
 }
 
-Test(pool_host_faults, virtual_range_holes_under_faults) {
-  /* Unmapping chunks in the middle of the range makes holes (the hole
-   * table); growth then maps into them, under faults each time. */
+/* n blocks of size, every other one freed and the free chunks trimmed
+ * (holes in the middle of the range: the hole table), then n/2 blocks of
+ * size2 grown into them, under faults each time. */
+static void holes_under_faults(const char *opts, size_t n, size_t size,
+                               size_t size2) {
   mp_device_t *dev = fake_open((size_t)8 << 30, 2 * MiB);
-  mp_pool_t *p = make_pool(dev, "virtual=1,segment_bytes=2M");
-  enum { N = 40 };
-  void *ptrs[N];
-  allocs_t a = {ptrs, 0, 2 * MiB, NULL};
+  mp_pool_t *p = make_pool(dev, opts);
+  void **ptrs = calloc(n, sizeof *ptrs), **again = calloc(n, sizeof *again);
+  allocs_t a = {ptrs, 0, size, NULL};
   int failed = 0;
-  while (a.n < N)
+  while (a.n < n)
     failed += until_ok(p, alloc_next, &a);
   cr_expect_geq(failed, 2, "the chunk table grew (16, 32) under faults");
-  for (size_t i = 0; i < N; i += 2)
+  for (size_t i = 0; i < n; i += 2)
     cr_assert_eq(mp_pool_free(p, ptrs[i]), MP_OK);
   cr_assert_eq(mp_pool_trim(p, 0), MP_OK, "%s", mp_last_error());
   check(p);
-  mp_stats_t s = stats(p);
-  cr_expect_eq(s.reserved_bytes, (size_t)(N / 2) * 2 * MiB,
+  cr_expect_eq(stats(p).reserved_bytes, n / 2 * size,
                "the free chunks went back");
-  void *again[N / 2];
-  allocs_t b = {again, 0, 2 * MiB, NULL};
-  while (b.n < N / 2)
+  allocs_t b = {again, 0, size2, NULL};
+  while (b.n < n / 2)
     (void)until_ok(p, alloc_next, &b);
   check(p);
   free_all(p, &b);
-  for (size_t i = 1; i < N; i += 2)
+  for (size_t i = 1; i < n; i += 2)
     cr_assert_eq(mp_pool_free(p, ptrs[i]), MP_OK);
   check(p);
   cr_assert_eq(mp_pool_destroy(p), MP_OK);
   cr_expect_eq(fake_of(dev)->used, 0);
   fake_close(dev);
+  free(ptrs);
+  free(again);
+}
+
+Test(pool_host_faults, virtual_range_holes_under_faults) {
+  holes_under_faults("virtual=1,segment_bytes=2M", 40, 2 * MiB, 2 * MiB);
 }
 
 Test(pool_host_faults, stream_table_grows_under_faults) {
@@ -422,4 +427,17 @@ Test(pool_host_faults, graph_pool_growth_under_faults_says_host_memory) {
   mp_stream_destroy(dev, s);
   cr_expect_eq(fake_of(dev)->used, 0);
   fake_close(dev);
+}
+
+/* Growth in pieces (map_piece) when host memory for its records runs out
+ * at each point in turn. */
+Test(pool_host_faults, growth_in_pieces_under_faults) {
+  many_live(2 * MiB, "virtual=1,segment_bytes=2M,map_piece=2M", 8 * MiB, 12);
+}
+
+/* Trim leaving holes between pieces, then growth into them, under the same
+ * faults. */
+Test(pool_host_faults, pieces_into_holes_under_faults) {
+  holes_under_faults("virtual=1,segment_bytes=2M,map_piece=2M", 12, 8 * MiB,
+                     6 * MiB);
 }

@@ -141,3 +141,181 @@ Test(pool_map_piece, bad_values_are_refused_and_change_nothing) {
                 mp_last_error());
   fake_close(dev);
 }
+
+static size_t holes_of(mp_pool_t *p) {
+  return p->vseg ? p->vseg->nholes : 0;
+}
+
+/* The block holding address a. */
+static mp__block_t *block_at(mp_pool_t *p, void *a) {
+  for (mp__block_t *b = p->vseg->first; b; b = b->next)
+    if (b->addr <= (uintptr_t)a && (uintptr_t)a < b->addr + b->size)
+      return b;
+  return NULL;
+}
+
+/* Live 2 MiB a, a hole of `hole` bytes where b was, live 2 MiB c. */
+static mp_pool_t *hole_between(mp_device_t **dev, const char *opts, size_t hole,
+                               void **a, void **b, void **c) {
+  *dev = fake_open((size_t)1 << 30, 2 * MiB);
+  mp_pool_t *p = make_pool(*dev, opts);
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, a), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, hole, NULL, b), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, c), MP_OK);
+  cr_assert_eq(mp_pool_free(p, *b), MP_OK);
+  cr_assert_eq(mp_pool_trim(p, 0), MP_OK);
+  cr_assert_eq(holes_of(p), 1);
+  return p;
+}
+
+Test(pool_map_piece, pieces_fill_a_hole_from_its_free_neighbour_below) {
+  mp_device_t *dev;
+  void *a, *b, *c, *x;
+  mp_pool_t *p = hole_between(&dev, "map_piece=2M", 8 * MiB, &a, &b, &c);
+  cr_assert_eq(mp_pool_free(p, a), MP_OK);
+  unsigned maps = fake_of(dev)->maps;
+  cr_assert_eq(mp_pool_alloc(p, 10 * MiB, NULL, &x), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(x, a, "a's free 2 MiB and the whole hole");
+  cr_expect_eq(fake_of(dev)->maps - maps, 4);
+  cr_expect_eq(holes_of(p), 0);
+  memset(x, 1, 10 * MiB);
+  check(p);
+  cr_assert_eq(mp_pool_free(p, x), MP_OK);
+  cr_expect_eq(block_at(p, x)->size, 10 * MiB, "one free block");
+  cr_assert_eq(mp_pool_trim(p, 0), MP_OK);
+  cr_expect_eq(stats(p).reserved_bytes, 2 * MiB);
+  cr_assert_eq(mp_pool_free(p, c), MP_OK);
+  fake_pool_finish(p, dev);
+}
+
+/* A hole with a free block above it: the growth lies against the hole's
+ * top edge, so the first piece splits the hole and the last takes the
+ * upper part of it. */
+static void against_a_holes_top_edge(const char *opts, unsigned want_maps) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 2 * MiB);
+  mp_pool_t *p = make_pool(dev, opts);
+  void *a, *b, *c, *d, *x;
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &a), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 16 * MiB, NULL, &b), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &c), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &d), MP_OK);
+  cr_assert_eq(mp_pool_free(p, b), MP_OK);
+  cr_assert_eq(mp_pool_trim(p, 0), MP_OK);
+  cr_assert_eq(mp_pool_free(p, c), MP_OK);
+  unsigned maps = fake_of(dev)->maps;
+  cr_assert_eq(mp_pool_alloc(p, 6 * MiB, NULL, &x), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(fake_of(dev)->maps - maps, want_maps, "%s", opts);
+  check(p);
+  memset(x, 1, 6 * MiB);
+  cr_assert_eq(mp_pool_free(p, x), MP_OK);
+  mp__block_t *f = block_at(p, x);
+  cr_expect_eq(f->addr + f->size, (uintptr_t)c + 2 * MiB,
+               "the growth and c's block are one free block");
+  check(p);
+  cr_assert_eq(mp_pool_trim(p, 0), MP_OK);
+  cr_expect_eq(stats(p).reserved_bytes, 4 * MiB);
+  cr_expect_eq(holes_of(p), 1);
+  cr_assert_eq(mp_pool_free(p, a), MP_OK);
+  cr_assert_eq(mp_pool_free(p, d), MP_OK);
+  fake_pool_finish(p, dev);
+}
+
+Test(pool_map_piece, pieces_against_a_holes_top_edge) {
+  against_a_holes_top_edge("map_piece=2M", 2);
+  /* A growth step of 8 MiB: four pieces, the first splitting the hole. */
+  against_a_holes_top_edge("map_piece=2M,segment_bytes=8M", 4);
+}
+
+Test(pool_map_piece, pieces_in_a_hole_without_free_neighbours) {
+  mp_device_t *dev;
+  void *a, *b, *c, *x;
+  /* The cap leaves no room at the top. */
+  mp_pool_t *p =
+      hole_between(&dev, "map_piece=2M,max_bytes=24M", 16 * MiB, &a, &b, &c);
+  cr_assert_eq(mp_pool_alloc(p, 6 * MiB, NULL, &x), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(x, b);
+  check(p);
+  cr_assert_eq(mp_pool_free(p, x), MP_OK);
+  cr_expect_eq(block_at(p, x)->size, 6 * MiB);
+  cr_assert_eq(mp_pool_free(p, a), MP_OK);
+  cr_assert_eq(mp_pool_free(p, c), MP_OK);
+  fake_pool_finish(p, dev);
+}
+
+/* One growth of bytes under opts: its chunks, one per device map, n of
+ * them, the first and the last of these sizes, one block across them. */
+static void one_growth(const char *opts, size_t bytes, size_t n, size_t first,
+                       size_t last) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 2 * MiB);
+  mp_pool_t *p = make_pool(dev, opts);
+  void *x;
+  cr_assert_eq(mp_pool_alloc(p, bytes, NULL, &x), MP_OK);
+  cr_expect_eq(fake_of(dev)->maps, n, "%s", opts);
+  cr_assert_eq(p->vseg->nchunks, n, "%s", opts);
+  cr_expect_eq(p->vseg->chunks[0].size, first, "%s", opts);
+  cr_expect_eq(p->vseg->chunks[n - 1].size, last, "%s", opts);
+  memset(x, 1, bytes);
+  check(p);
+  cr_assert_eq(mp_pool_free(p, x), MP_OK);
+  fake_pool_finish(p, dev);
+}
+
+Test(pool_map_piece, a_piece_size_that_does_not_divide_the_growth) {
+  one_growth("map_piece=4M", 6 * MiB, 2, 4 * MiB, 2 * MiB);
+}
+
+Test(pool_map_piece, more_pieces_than_the_chunk_table_held) {
+  /* The chunk table starts at 16 and doubles. */
+  one_growth("map_piece=2M", 64 * MiB, 32, 2 * MiB, 2 * MiB);
+}
+
+/* Without the out-of-memory ladder: a growth whose third piece the device
+ * refuses fails, and the two pieces mapped before it are the pool's free
+ * memory, counted as reserved and as two device maps. */
+Test(pool_map_piece, a_refused_piece_leaves_the_pieces_before_it_free) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 2 * MiB);
+  mp_pool_t *p = make_pool(dev, "map_piece=2M");
+  fake_dev_t *f = fake_of(dev);
+  void *a;
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &a), MP_OK);
+  f->fail_after = f->allocs + 3;
+  mp__pool_lock(p);
+  mp__block_t *fresh = NULL;
+  mp_status_t st = mp__segment_grow(p, 8 * MiB, 0, &fresh);
+  mp__pool_unlock(p);
+  cr_expect_neq(st, MP_OK);
+  check(p);
+  cr_expect_eq(stats(p).reserved_bytes, 6 * MiB);
+  cr_expect_eq(stats(p).device_alloc_count, 3);
+  cr_expect_eq(stats(p).free_bytes, 4 * MiB);
+  f->fail_after = 0;
+  cr_assert_eq(mp_pool_free(p, a), MP_OK);
+  fake_pool_finish(p, dev);
+}
+
+/* Trim over many pieces, every other one still holding a live block: each
+ * free piece goes back, in one walk of the range. */
+Test(pool_map_piece, trim_gives_back_every_free_piece_of_many) {
+  enum { N = 512 };
+  mp_device_t *dev = fake_open((size_t)4 << 30, 2 * MiB);
+  mp_pool_t *p = make_pool(dev, "map_piece=2M");
+  void *big, *v[N];
+  cr_assert_eq(mp_pool_alloc(p, N * MiB, NULL, &big), MP_OK);
+  cr_assert_eq(mp_pool_free(p, big), MP_OK);
+  for (size_t i = 0; i < N; i++)
+    cr_assert_eq(mp_pool_alloc(p, MiB, NULL, &v[i]), MP_OK);
+  for (size_t i = 0; i < N; i++)
+    if (i % 4 != 0)
+      cr_assert_eq(mp_pool_free(p, v[i]), MP_OK);
+  cr_assert_eq(mp_pool_trim(p, 0), MP_OK);
+  check(p);
+  /* Every fourth MiB is live: every other 2 MiB piece holds one. */
+  cr_expect_eq(stats(p).reserved_bytes, N / 2 * MiB);
+  cr_expect_eq(fake_of(dev)->unmaps, N / 4);
+  for (size_t i = 0; i < N; i += 4)
+    cr_assert_eq(mp_pool_free(p, v[i]), MP_OK);
+  fake_pool_finish(p, dev);
+}
