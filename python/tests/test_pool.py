@@ -146,3 +146,18 @@ def test_options_appended_after_the_first_config_size_reach_the_pool(device):
         p.pause()
     p.free(a)
     p.destroy()
+
+
+def test_map_piece_reaches_the_pool_and_trim_gives_back_free_pieces(device):
+    # map_piece is a field appended after arenas: growth maps 2 MiB pieces
+    # (four device maps for 8 MiB), and trim gives back the three free
+    # pieces of a growth whose first 2 MiB are used again.
+    p = mempool.Pool(device, max_bytes="32M", map_piece="2M")
+    a = p.alloc(8 << 20)
+    assert p.stats()["device_alloc_count"] == 4
+    p.free(a)
+    b = p.alloc(2 << 20)
+    p.trim()
+    assert p.stats()["reserved_bytes"] == 2 << 20
+    p.free(b)
+    p.destroy()

@@ -185,7 +185,8 @@ static mp__block_t *mp__after_map(mp_pool_t *pool, mp__segment_t *v,
   size_t i = mp__chunk_at(v, at);
   /* The new chunk lies between its neighbours, inside the range, and in
    * hole h (or at or above the top). */
-  MP__ASSERT(v->nchunks < v->chunk_cap && v->nholes < v->holes_cap);
+  MP__ASSERT(v->nchunks < v->chunk_cap &&
+             (spare == NULL || v->nholes < v->holes_cap));
   MP__ASSERT(i == 0 || v->chunks[i - 1].addr + v->chunks[i - 1].size <= at);
   MP__ASSERT(i == v->nchunks || at + n <= v->chunks[i].addr);
   MP__ASSERT(at + n <= v->base + v->va_size);
