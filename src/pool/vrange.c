@@ -310,16 +310,10 @@ static void mp__before_unmap(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
  * when it could not (the memory then stays the pool's, free). */
 static bool mp__unmap_chunk(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
                             size_t i) {
-  if (!mp__vrange_room(v, 1))
+  mp__block_t *recs;
+  if (!mp__vrange_room(v, 1) || (recs = mp__recs_new(pool, 2)) == NULL)
     return false;
-  mp__block_t *r1 = mp__rec_new(pool), *r2 = mp__rec_new(pool);
-  if (r1 == NULL || r2 == NULL) {
-    if (r1)
-      mp__rec_free(pool, r1);
-    if (r2)
-      mp__rec_free(pool, r2);
-    return false;
-  }
+  mp__block_t *r1 = mp__recs_pop(&recs), *r2 = mp__recs_pop(&recs);
   mp__chunk_t c = v->chunks[i];
   mp__index_remove(pool, f);
   mp__before_unmap(pool, v, f, i, r1, r2);
@@ -332,19 +326,16 @@ static bool mp__unmap_chunk(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
     return true;
   }
   /* Still mapped: take it back as free memory where it was. */
-  mp__block_t *r = mp__rec_new(pool), *spare = mp__rec_new(pool);
-  mp__block_t *h = mp__hole_at(v, c.addr);
-  if (r != NULL && spare != NULL && mp__vrange_room(v, 1)) {
-    (void)mp__after_map(pool, v, h, c.addr, c.size, r, spare, true, true);
+  if ((recs = mp__recs_new(pool, 2)) != NULL && mp__vrange_room(v, 1)) {
+    mp__block_t *r = mp__recs_pop(&recs), *spare = mp__recs_pop(&recs);
+    (void)mp__after_map(pool, v, mp__hole_at(v, c.addr), c.addr, c.size, r,
+                        spare, true, true);
     pool->st.device_alloc_count--; /* no call was made */
     return false;
   }
   /* No host memory to describe it: it stays mapped but unused until the
    * range is released. */
-  if (r)
-    mp__rec_free(pool, r);
-  if (spare)
-    mp__rec_free(pool, spare);
+  mp__recs_free(pool, recs);
   return false;
 }
 
@@ -654,18 +645,22 @@ mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
       mapped += n;
   }
   mp__pool_device_end(pool);
+  mp__block_t *h = p.hole;
   for (size_t off = 0; off < mapped; off += piece) {
     size_t n = mapped - off < piece ? mapped - off : piece;
-    /* Each piece after the first starts where the one below it ended (at
-     * the top, or at the start of what is left of the hole), so only the
-     * first can leave a gap that needs a hole record (spare); each joins
-     * the one below it, and only the last touches the free neighbour
-     * above. */
+    /* Each piece after the first starts where the one below it ended: at
+     * the top (h NULL), or at the start of what is left of the hole, the
+     * block right above the one the pieces so far made. So only the first
+     * can leave a gap that needs a hole record (spare); each joins the one
+     * below it, and only the last touches the free neighbour above. */
     mp__block_t *rec = mp__recs_pop(&recs);
     mp__block_t *spare = off == 0 ? mp__recs_pop(&recs) : NULL;
-    *fresh = mp__after_map(
-        pool, v, off == 0 ? p.hole : mp__hole_at(v, p.at + off), p.at + off, n,
-        rec, spare, off == 0 ? p.jp : true, off + n == grow ? p.jn : false);
+    *fresh =
+        mp__after_map(pool, v, h, p.at + off, n, rec, spare,
+                      off == 0 ? p.jp : true, off + n == grow ? p.jn : false);
+    h = h != NULL ? (*fresh)->next : NULL;
+    MP__ASSERT(off + n == mapped || h == NULL ||
+               ((h->flags & MP__B_HOLE) && h->addr == p.at + off + n));
   }
   mp__recs_free(pool, recs);
   return st;
