@@ -200,6 +200,20 @@ static mp_status_t mp__slot_new(mp_pool_t *pool, uint32_t *out) {
   return MP_OK;
 }
 
+/* Closes stream sidx's open epoch when it has frees in it: done at once
+ * when the stream is idle now (one query), else by a marker. A stream the
+ * application has already waited for (cuStreamSynchronize) needs no
+ * marker, and one recorded now would complete only when the device gets to
+ * it: an allocation asking right after would find it pending and grow
+ * instead of reusing (on the host device, until the stream's thread is
+ * scheduled; a busy CI machine took more than the 200 us search_patiently
+ * gives). */
+static void mp__stream_settle(mp_pool_t *pool, uint32_t sidx) {
+  mp__strm_t *st = &pool->streams[sidx];
+  if (st->dirty && !mp__stream_idle_now(pool, sidx))
+    mp__stream_close(pool, st);
+}
+
 static mp_status_t mp__stream_add(mp_pool_t *pool, mp_stream_t s,
                                   uint64_t owner, uint32_t *out) {
   mp__stream_kind_t kind = mp__device_stream_kind(pool->dev, s);
@@ -219,11 +233,12 @@ static mp_status_t mp__stream_add(mp_pool_t *pool, mp_stream_t s,
   uint32_t live = pool->nstreams - pool->ngone;
   if (!mp__shash_reserve(pool, live))
     return mp__fail(MP_ENOMEM, "out of host memory for the stream table");
-  /* A second stream appears: blocks freed so far get their markers now
-   * (with two or more, every free closes its epoch at once). */
+  /* A second stream appears: blocks freed so far get their epochs closed
+   * now, done at once where the stream is idle (with two or more, every
+   * free closes its epoch at once). */
   if (live == 1)
     for (uint32_t i = 0; i < pool->nstreams; i++)
-      mp__stream_close(pool, &pool->streams[i]);
+      mp__stream_settle(pool, i);
   uint32_t i = 0;
   mp_status_t st = mp__slot_new(pool, &i);
   if (st != MP_OK)
@@ -698,7 +713,7 @@ bool mp__deps_check(mp_pool_t *pool, mp__block_t *b, uint32_t sidx, bool poll) {
       if (poll) {
         mp__strm_t *st = &pool->streams[d->sidx];
         if (d->epoch == st->epoch)
-          mp__stream_close(pool, st);
+          mp__stream_settle(pool, d->sidx);
         mp__stream_poll(pool, st);
       }
       if (!mp__dep_done(pool, d))
@@ -758,7 +773,7 @@ bool mp__deps_order(mp_pool_t *pool, mp__block_t *b, uint32_t sidx) {
 void mp__streams_poll(mp_pool_t *pool, bool close) {
   for (uint32_t i = 0; i < pool->nstreams; i++) {
     if (close)
-      mp__stream_close(pool, &pool->streams[i]);
+      mp__stream_settle(pool, i);
     mp__stream_poll(pool, &pool->streams[i]);
   }
 }
