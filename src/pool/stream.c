@@ -527,10 +527,23 @@ void mp__deps_on_free_uses(mp_pool_t *pool, mp__block_t *b) {
   b->ndeps = n;
   /* With one stream nobody else can want the block: stay lazy (no device
    * call). With several, close the epoch now so that the marker has
-   * completed by the time another stream looks. */
-  if (n > 1 || pool->nstreams > 1)
-    for (uint32_t i = 0; i < n; i++)
-      mp__stream_close(pool, &pool->streams[b->deps[i].sidx]);
+   * completed by the time another stream looks. A free that is about to
+   * look for memory to give back (release_threshold) closes it at once
+   * where the stream is idle: that look asks the streams whether they are
+   * idle, and a marker recorded just before keeps its stream busy until the
+   * device reaches it, so the memory would stay (every look, when frees
+   * come faster than the device takes a record). */
+  if (n > 1 || pool->nstreams > 1) {
+    bool look = MP__UNLIKELY(pool->cfg.release_threshold != 0) &&
+                pool->st.free_bytes > pool->cfg.release_threshold &&
+                pool->st.free_count >= pool->release_next_free;
+    for (uint32_t i = 0; i < n; i++) {
+      if (look)
+        mp__stream_settle(pool, b->deps[i].sidx);
+      else
+        mp__stream_close(pool, &pool->streams[b->deps[i].sidx]);
+    }
+  }
 }
 
 void mp__stream_capture_ended(mp_pool_t *pool, uint32_t sidx) {
