@@ -16,6 +16,11 @@
  *      latency_us=N     sleep added to every device allocate and free (and
  *                       virtual-memory map and unmap, and page-locked
  *                       host_alloc and host_free); 0 to 10000000
+ *      stream_latency_us=N  a stream reaches each queued operation (copy,
+ *                       memset, host function, event record) N us after it
+ *                       was queued, as a GPU takes a while to reach its
+ *                       launch queue: an event recorded on an idle stream
+ *                       is pending meanwhile; 0 (default) to 10000000
  *      fail_after=N     the N-th device allocation (1-based; mp_device_alloc
  *                       and virtual-memory maps both count) and every later
  *                       one fail with MP_ENOMEM; 0 disables

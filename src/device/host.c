@@ -110,6 +110,7 @@ typedef struct host_op {
   void (*fn)(void *);
   void *arg;
   host_marker_t *marker;
+  struct timespec start; /* stream_latency_us: not run before (monotonic) */
 } host_op_t;
 
 typedef struct host_dev host_dev_t;
@@ -144,6 +145,7 @@ struct host_dev {
   /* options, fixed at open */
   size_t capacity;
   uint64_t latency_us;
+  uint64_t stream_latency_us;
   uint64_t fail_after;
   bool vmm;
   size_t granularity;
@@ -318,6 +320,13 @@ static void *host_stream_main(void *arg) {
     if (s->head == NULL)
       s->tail = NULL;
     pthread_mutex_unlock(&s->mu);
+    /* stream_latency_us: the device reaches the operation only that long
+     * after it was queued (the queue still runs in order, and operations
+     * queued together wait together, as on a GPU's launch queue). */
+    if (s->dev->stream_latency_us != 0)
+      while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &op->start,
+                             NULL) == EINTR) {
+      }
     host_op_run(s->dev, op);
     pthread_mutex_lock(&s->mu);
     op->next = s->done; /* see host_on_worker */
@@ -395,6 +404,13 @@ static mp_status_t host_stream_push(host_stream_t *s, host_op_t *op) {
                     (void *)s);
   }
   op->next = NULL;
+  uint64_t lat = s->dev->stream_latency_us;
+  if (lat != 0) {
+    clock_gettime(CLOCK_MONOTONIC, &op->start);
+    uint64_t ns = (uint64_t)op->start.tv_nsec + lat % 1000000 * 1000;
+    op->start.tv_sec += (time_t)(lat / 1000000 + ns / 1000000000);
+    op->start.tv_nsec = (long)(ns % 1000000000);
+  }
   if (s->tail)
     s->tail->next = op;
   else
@@ -1394,19 +1410,21 @@ static mp_status_t host_ipc_close(mp_device_t *dev, void *base, size_t bytes,
 enum {
   HOST_OPT_CAPACITY,
   HOST_OPT_LATENCY,
+  HOST_OPT_STREAM_LATENCY,
   HOST_OPT_FAIL_AFTER,
   HOST_OPT_VMM,
   HOST_OPT_GRANULARITY,
   HOST_OPT_COUNT
 };
 static const char *const host_opt_names[HOST_OPT_COUNT] = {
-    "capacity", "latency_us", "fail_after", "vmm", "granularity"};
+    "capacity",   "latency_us", "stream_latency_us",
+    "fail_after", "vmm",        "granularity"};
 
 #define HOST_MAX_LATENCY_US UINT64_C(10000000) /* 10 s */
 
 typedef struct host_opts {
   size_t capacity;
-  uint64_t latency_us, fail_after;
+  uint64_t latency_us, stream_latency_us, fail_after;
   bool vmm;
   size_t granularity;
 } host_opts_t;
@@ -1428,7 +1446,8 @@ static mp_status_t host_opt(void *ctx, const char *key, size_t key_len,
   if (k == HOST_OPT_COUNT)
     return mp__fail(MP_EINVAL,
                     "bad device spec: unknown host option '%.*s' (known: "
-                    "capacity, latency_us, fail_after, vmm, granularity)",
+                    "capacity, latency_us, stream_latency_us, fail_after, vmm, "
+                    "granularity)",
                     (int)key_len, key);
   const char *name = host_opt_names[k];
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
@@ -1438,11 +1457,14 @@ static mp_status_t host_opt(void *ctx, const char *key, size_t key_len,
       return host_bad_value(name, val, val_len, "a size above 0 (e.g. 16G)");
     break;
   case HOST_OPT_LATENCY:
-    if (!mp__parse_u64(val, val_len, &o->latency_us) ||
-        o->latency_us > HOST_MAX_LATENCY_US)
+  case HOST_OPT_STREAM_LATENCY: {
+    uint64_t *us =
+        k == HOST_OPT_LATENCY ? &o->latency_us : &o->stream_latency_us;
+    if (!mp__parse_u64(val, val_len, us) || *us > HOST_MAX_LATENCY_US)
       return host_bad_value(name, val, val_len,
                             "microseconds from 0 to 10000000");
     break;
+  }
   case HOST_OPT_FAIL_AFTER:
     if (!mp__parse_u64(val, val_len, &o->fail_after))
       return host_bad_value(name, val, val_len, "a count (0: never)");
@@ -1489,6 +1511,7 @@ static mp_status_t host_open(mp_device_t *dev, const char *opts) {
     return mp__fail(MP_ENOMEM, "out of host memory opening the host device");
   h->capacity = o.capacity;
   h->latency_us = o.latency_us;
+  h->stream_latency_us = o.stream_latency_us;
   h->fail_after = o.fail_after;
   h->vmm = o.vmm;
   h->granularity = o.granularity;

@@ -43,6 +43,8 @@ Test(device_spec, bad_values_are_einval) {
   expect_rejected("host:capacity=-1", "-1");
   expect_rejected("host:latency_us=fast", "fast");
   expect_rejected("host:latency_us=99999999999", "latency_us");
+  expect_rejected("host:stream_latency_us=soon", "soon");
+  expect_rejected("host:stream_latency_us=10000001", "stream_latency_us");
   expect_rejected("host:fail_after=-3", "fail_after");
   expect_rejected("host:vmm=2", "vmm");
   expect_rejected("host:granularity=3000", "3000");
@@ -75,7 +77,7 @@ Test(device_spec, good_specs_open_the_host_device) {
   cr_expect_eq(total_of("host:"), (size_t)16 << 30);
   cr_expect_eq(total_of("host:capacity=1T"), (size_t)1 << 40);
   cr_expect_eq(total_of("host:capacity=8MiB,latency_us=0,fail_after=0,vmm=0,"
-                        "granularity=4M"),
+                        "granularity=4M,stream_latency_us=0"),
                (size_t)8 << 20);
   cr_expect_eq(total_of("host:vmm=off,capacity=512k"), (size_t)512 << 10);
 }

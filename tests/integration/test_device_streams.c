@@ -113,6 +113,35 @@ Test(device_streams, event_query_is_busy_until_the_stream_reaches_it) {
   mp_device_close(dev);
 }
 
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* stream_latency_us: an idle stream reaches a record only that long after
+ * it was queued; meanwhile the event and the stream are busy, and a
+ * synchronize waits for it (not before the latency has passed). */
+Test(device_streams, stream_latency_keeps_a_record_on_an_idle_stream_pending) {
+  mp_device_t *dev = open_dev("host:stream_latency_us=200000");
+  mp_stream_t s;
+  mp_event_t e;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  cr_assert_eq(mp_event_create(dev, &e), MP_OK);
+  cr_expect_eq(mp_stream_query(dev, s), MP_OK, "nothing queued: idle");
+  double t0 = now_s();
+  cr_assert_eq(mp_event_record(dev, e, s), MP_OK);
+  cr_expect_eq(mp_event_query(dev, e), MP_EBUSY);
+  cr_expect_eq(mp_stream_query(dev, s), MP_EBUSY);
+  cr_expect_eq(mp_event_synchronize(dev, e), MP_OK);
+  cr_expect_geq(now_s() - t0, 0.19, "the record ran before its latency");
+  cr_expect_eq(mp_event_query(dev, e), MP_OK);
+  cr_expect_eq(mp_stream_query(dev, s), MP_OK);
+  cr_expect_eq(mp_event_destroy(dev, e), MP_OK);
+  cr_expect_eq(mp_stream_destroy(dev, s), MP_OK);
+  mp_device_close(dev);
+}
+
 Test(device_streams, re_recording_an_event_re_arms_it) {
   mp_device_t *dev = open_dev("host");
   mp_stream_t s;
