@@ -92,12 +92,25 @@ Test(device_streams, copies_see_earlier_work_on_the_stream) {
   mp_device_close(dev); /* releases a and b */
 }
 
+/* A device from spec with one stream and one event on it. */
+static mp_device_t *open_with_event(const char *spec, mp_stream_t *s,
+                                    mp_event_t *e) {
+  mp_device_t *dev = open_dev(spec);
+  cr_assert_eq(mp_stream_create(dev, s), MP_OK);
+  cr_assert_eq(mp_event_create(dev, e), MP_OK);
+  return dev;
+}
+
+static void close_with_event(mp_device_t *dev, mp_stream_t s, mp_event_t e) {
+  cr_expect_eq(mp_event_destroy(dev, e), MP_OK);
+  cr_expect_eq(mp_stream_destroy(dev, s), MP_OK);
+  mp_device_close(dev);
+}
+
 Test(device_streams, event_query_is_busy_until_the_stream_reaches_it) {
-  mp_device_t *dev = open_dev("host");
   mp_stream_t s;
   mp_event_t e;
-  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
-  cr_assert_eq(mp_event_create(dev, &e), MP_OK);
+  mp_device_t *dev = open_with_event("host", &s, &e);
   cr_expect_eq(mp_event_query(dev, e), MP_OK, "never recorded: done");
   gate_t g;
   gate_init(&g);
@@ -108,9 +121,7 @@ Test(device_streams, event_query_is_busy_until_the_stream_reaches_it) {
   gate_open(&g);
   cr_expect_eq(mp_event_synchronize(dev, e), MP_OK);
   cr_expect_eq(mp_event_query(dev, e), MP_OK);
-  cr_expect_eq(mp_event_destroy(dev, e), MP_OK);
-  cr_expect_eq(mp_stream_destroy(dev, s), MP_OK);
-  mp_device_close(dev);
+  close_with_event(dev, s, e);
 }
 
 static double now_s(void) {
@@ -123,11 +134,9 @@ static double now_s(void) {
  * it was queued; meanwhile the event and the stream are busy, and a
  * synchronize waits for it (not before the latency has passed). */
 Test(device_streams, stream_latency_keeps_a_record_on_an_idle_stream_pending) {
-  mp_device_t *dev = open_dev("host:stream_latency_us=200000");
   mp_stream_t s;
   mp_event_t e;
-  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
-  cr_assert_eq(mp_event_create(dev, &e), MP_OK);
+  mp_device_t *dev = open_with_event("host:stream_latency_us=200000", &s, &e);
   cr_expect_eq(mp_stream_query(dev, s), MP_OK, "nothing queued: idle");
   double t0 = now_s();
   cr_assert_eq(mp_event_record(dev, e, s), MP_OK);
@@ -137,9 +146,7 @@ Test(device_streams, stream_latency_keeps_a_record_on_an_idle_stream_pending) {
   cr_expect_geq(now_s() - t0, 0.19, "the record ran before its latency");
   cr_expect_eq(mp_event_query(dev, e), MP_OK);
   cr_expect_eq(mp_stream_query(dev, s), MP_OK);
-  cr_expect_eq(mp_event_destroy(dev, e), MP_OK);
-  cr_expect_eq(mp_stream_destroy(dev, s), MP_OK);
-  mp_device_close(dev);
+  close_with_event(dev, s, e);
 }
 
 Test(device_streams, re_recording_an_event_re_arms_it) {
