@@ -513,6 +513,15 @@ void mp__deps_on_free_uses(mp_pool_t *pool, mp__block_t *b) {
     b->flags = (b->flags & ~(uint32_t)MP__B_MANY_USES) | MP__B_SYNC;
     b->gen = pool->sync_gen;
     b->ndeps = 0;
+    /* Which streams used it is not known any more: every live one may
+     * still have work on it, as a dep would say (mp__dep_now). A look at
+     * which streams are idle (release_threshold, growth) asks the dirty
+     * ones only, and with every stream clean it found them all idle and
+     * completed the sync: the block went back to the device while a use
+     * was still running. */
+    for (uint32_t i = 0; i < pool->nstreams; i++)
+      if (!pool->streams[i].gone)
+        pool->streams[i].dirty = true;
     return;
   }
   uint32_t uses[MP__MAX_DEPS];
@@ -527,12 +536,14 @@ void mp__deps_on_free_uses(mp_pool_t *pool, mp__block_t *b) {
   b->ndeps = n;
   /* With one stream nobody else can want the block: stay lazy (no device
    * call). With several, close the epoch now so that the marker has
-   * completed by the time another stream looks. A free that is about to
-   * look for memory to give back (release_threshold) closes it at once
-   * where the stream is idle: that look asks the streams whether they are
-   * idle, and a marker recorded just before keeps its stream busy until the
-   * device reaches it, so the memory would stay (every look, when frees
-   * come faster than the device takes a record). */
+   * completed by the time another stream looks. When the next free will
+   * look for memory to give back (release_threshold; a free looks before
+   * its own block is released, pool.c), the epoch is closed at once where
+   * the stream is idle: that look asks the streams whether they are idle,
+   * and a marker recorded here could still be pending then, keeping the
+   * stream busy until the device reaches it, so the memory would stay
+   * (every look, when frees come about as fast as the device takes a
+   * record). */
   if (n > 1 || pool->nstreams > 1) {
     bool look = MP__UNLIKELY(pool->cfg.release_threshold != 0) &&
                 pool->st.free_bytes > pool->cfg.release_threshold &&
@@ -883,6 +894,7 @@ bool mp__stream_idle_now(mp_pool_t *pool, uint32_t sidx) {
     return false;
   uint64_t snap = st->epoch++;
   st->dirty = false;
+  st->want_close = false;
   if (snap + 1 > st->done)
     st->done = snap + 1;
   mp__stream_poll(pool, st);

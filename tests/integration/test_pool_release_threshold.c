@@ -62,6 +62,42 @@ Test(release_threshold, multi_stream_cache_shrinks_once_the_streams_are_done) {
     cr_assert_eq(mp_stream_destroy(dev, s[i]), MP_OK);
 }
 
+/* A block used on more streams than its record names (four
+ * record_stream calls) waits for a device sync once freed; the streams it
+ * was used on are not known any more, so a free that looks for memory to
+ * give back must find one of them busy, and keep it, while a use still
+ * runs (it gave it back: every stream looked clean). */
+Test(release_threshold, block_of_many_streams_stays_while_a_use_runs) {
+  mp_pool_t *p = make_pool(dev, "release_threshold=16M");
+  mp_stream_t s[5];
+  for (int i = 0; i < 5; i++)
+    cr_assert_eq(mp_stream_create(dev, &s[i]), MP_OK);
+  gate_t g;
+  gate_init(&g);
+  void *a, *c;
+  cr_assert_eq(mp_pool_alloc(p, 128 * MiB, s[0], &a), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, MiB, s[0], &c), MP_OK);
+  for (int i = 1; i < 5; i++)
+    cr_assert_eq(mp_pool_record_stream(p, a, s[i]), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, s[4], gate_wait, &g), MP_OK);
+  cr_assert_eq(mp_pool_free(p, a), MP_OK);
+  cr_assert_eq(mp_pool_free(p, c), MP_OK); /* this free looks */
+  mp_stats_t st = stats(p);
+  gate_open(&g);
+  cr_assert_eq(mp_device_synchronize(dev), MP_OK);
+  cr_expect_geq(st.reserved_bytes, 128 * MiB,
+                "given back while s[4] still ran: reserved %zu, %llu frees",
+                st.reserved_bytes, (unsigned long long)st.device_free_count);
+  /* Once the streams are done, a later look gives it back. */
+  release_pairs(p, s[0]);
+  cr_expect_leq(stats(p).reserved_bytes, 16 * MiB + 2 * MiB);
+  cr_assert_eq(mp_pool_check(p), MP_OK);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+  for (int i = 0; i < 5; i++)
+    cr_assert_eq(mp_stream_destroy(dev, s[i]), MP_OK);
+  gate_destroy(&g);
+}
+
 /* Memory a stream still uses stays (no wait), and goes at a later free. */
 Test(release_threshold, busy_streams_keep_their_memory_until_done) {
   mp_pool_t *p = make_pool(dev, "release_threshold=16M");
