@@ -11,6 +11,9 @@
 # Each step is bounded (MEMPOOL_GPU_TEST_TIMEOUT per test, default 150 s,
 # MEMPOOL_GPU_JOBS tests at a time, default 3; MEMPOOL_GPU_BENCH_TIMEOUT for
 # mpbench, default 240 s), so a hang costs a bounded share of the lease.
+# The tests named in MEMPOOL_GPU_ALONE (default gpu_cuda_pause, which fills
+# the device's memory) run after the others, one at a time, so that no other
+# test meets a full device.
 # Each test runs under timeout(1): ctest's own --timeout does not apply to
 # tests with a TIMEOUT property (the gpu tests have 600 s), and in the first
 # GPU run (2026-11-28) one hung test used up the whole call that way.
@@ -28,12 +31,27 @@ start=$(date +%s)
   nvcc --version 2>&1 | tail -n 2
 } >"$out/gpu.txt"
 t=${MEMPOOL_GPU_TEST_TIMEOUT:-150}
+alone=" ${MEMPOOL_GPU_ALONE-gpu_cuda_pause} "
 (cd "$build" && ctest -L gpu -N | sed -n 's/^ *Test *#[0-9]*: //p') \
   >"$out/tests.txt"
+: >"$out/together.txt"
+: >"$out/alone.txt"
+while read -r name; do
+  case "$alone" in
+  *" $name "*) echo "$name" >>"$out/alone.txt" ;;
+  *) echo "$name" >>"$out/together.txt" ;;
+  esac
+done <"$out/tests.txt"
 # One ctest per test, each bounded; its output is kept per test.
-(cd "$build" && xargs -P "${MEMPOOL_GPU_JOBS:-3}" -I{} sh -c \
-  'timeout -k 5 '"$t"' ctest -R "^{}\$" --output-on-failure >"$0/{}.log" 2>&1;
-   echo "{} rc=$?"' "$out" <"$out/tests.txt") >"$out/summary.txt"
+run_tests() { # run_tests JOBS LIST
+  (cd "$build" && xargs -P "$1" -I{} sh -c \
+    'timeout -k 5 '"$t"' ctest -R "^{}\$" --output-on-failure >"$0/{}.log" 2>&1;
+     echo "{} rc=$?"' "$out" <"$2")
+}
+{
+  run_tests "${MEMPOOL_GPU_JOBS:-3}" "$out/together.txt"
+  run_tests 1 "$out/alone.txt"
+} >"$out/summary.txt"
 rc=0
 for f in "$out"/gpu_*.log; do
   grep -q "100% tests passed" "$f" || rc=1
