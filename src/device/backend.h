@@ -35,6 +35,9 @@ typedef struct mp__backend {
 
   mp_status_t (*stream_create)(mp_device_t *dev, mp_stream_t *out);
   mp_status_t (*stream_destroy)(mp_device_t *dev, mp_stream_t s);
+  /* true when s was made by stream_create on dev and is not destroyed yet;
+   * asks no driver (a destroyed handle is undefined behaviour there). */
+  bool (*stream_owned)(mp_device_t *dev, mp_stream_t s);
   mp_status_t (*stream_synchronize)(mp_device_t *dev, mp_stream_t s);
   /* MP_OK when all work queued on s has completed, MP_EBUSY when not;
    * never waits. */
@@ -147,6 +150,8 @@ typedef enum mp__stream_kind {
                             CU_STREAM_PER_THREAD) */
 } mp__stream_kind_t;
 mp__stream_kind_t mp__device_stream_kind(mp_device_t *dev, mp_stream_t s);
+/* ops->stream_owned; without it, a stream_kind other than MP__STREAM_BAD. */
+bool mp__device_stream_owned(mp_device_t *dev, mp_stream_t s);
 /* ops->stream_capturing, 0 where the backend has none. */
 int mp__device_stream_capturing(mp_device_t *dev, mp_stream_t s);
 /* The ordinal of the device of dev's kind the calling thread works on;

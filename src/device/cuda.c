@@ -729,6 +729,14 @@ static mp_status_t mp__cuda_stream_destroy(mp_device_t *dev, mp_stream_t s) {
   return MP_OK;
 }
 
+static bool mp__cuda_stream_owned(mp_device_t *dev, mp_stream_t s) {
+  mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  pthread_mutex_lock(&cd->lock);
+  bool found = mp__ptrmap_find(&cd->streams, (uintptr_t)s) != NULL;
+  pthread_mutex_unlock(&cd->lock);
+  return found;
+}
+
 static mp_status_t mp__cuda_stream_synchronize(mp_device_t *dev,
                                                mp_stream_t s) {
   CUresult r;
@@ -1261,6 +1269,7 @@ const mp__backend_t mp__cuda_backend = {
     .stream_query = mp__cuda_stream_query,
     .stream_kind = mp__cuda_stream_kind,
     .stream_capturing = mp__cuda_stream_capturing,
+    .stream_owned = mp__cuda_stream_owned,
     .current_ordinal = mp__cuda_current_ordinal,
     .ordinal = mp__cuda_ordinal,
     .launch_host = mp__cuda_launch_host,

@@ -165,6 +165,12 @@ mp__stream_kind_t mp__device_stream_kind(mp_device_t *dev, mp_stream_t s) {
              : MP__STREAM_SHARED;
 }
 
+bool mp__device_stream_owned(mp_device_t *dev, mp_stream_t s) {
+  return dev->ops->stream_owned != NULL
+             ? dev->ops->stream_owned(dev, s)
+             : mp__device_stream_kind(dev, s) != MP__STREAM_BAD;
+}
+
 const char *mp_device_name(const mp_device_t *dev) {
   return dev ? dev->name : "";
 }
@@ -227,10 +233,12 @@ mp_status_t mp_stream_destroy(mp_device_t *dev, mp_stream_t s) {
   if (s == NULL)
     return mp__fail(MP_EINVAL, "mp_stream_destroy: the default stream "
                                "cannot be destroyed");
-  if (mp__device_stream_kind(dev, s) == MP__STREAM_BAD)
+  /* Its own record first: a stream destroyed already must not reach the
+   * driver (an H200 crashed given a destroyed handle, 2026-11-28). */
+  if (!mp__device_stream_owned(dev, s))
     return mp__fail(MP_EINVAL,
-                    "mp_stream_destroy: %p is not a live stream of "
-                    "this device",
+                    "mp_stream_destroy: %p was not made by "
+                    "mp_stream_create on this device, or is destroyed",
                     (void *)s);
   mp_stream_forget(dev, s);
   return dev->ops->stream_destroy(dev, s);

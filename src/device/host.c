@@ -556,12 +556,16 @@ static mp_status_t host_stream_query(mp_device_t *dev, mp_stream_t handle) {
   return idle ? MP_OK : MP_EBUSY;
 }
 
-static int host_stream_kind(mp_device_t *dev, mp_stream_t handle) {
+static bool host_stream_owned(mp_device_t *dev, mp_stream_t handle) {
   host_dev_t *h = host_of(dev);
   pthread_rwlock_rdlock(&h->reg);
   bool known = host_stream_find(h, handle) != NULL;
   pthread_rwlock_unlock(&h->reg);
-  return known ? MP__STREAM_SHARED : MP__STREAM_BAD;
+  return known;
+}
+
+static int host_stream_kind(mp_device_t *dev, mp_stream_t handle) {
+  return host_stream_owned(dev, handle) ? MP__STREAM_SHARED : MP__STREAM_BAD;
 }
 
 /* Queues a filled-in op on a stream of h; takes ownership of op. */
@@ -1595,6 +1599,7 @@ const mp__backend_t mp__host_backend = {
     .stream_synchronize = host_stream_synchronize,
     .stream_query = host_stream_query,
     .stream_kind = host_stream_kind,
+    .stream_owned = host_stream_owned,
     .launch_host = host_launch_host,
     .memcpy_async = host_memcpy_async,
     .memset_async = host_memset_async,

@@ -96,6 +96,10 @@ static int pinned_stream_kind(mp_device_t *dev, mp_stream_t s) {
   return (int)mp__device_stream_kind(pinned_under(dev), s);
 }
 
+static bool pinned_stream_owned(mp_device_t *dev, mp_stream_t s) {
+  return mp__device_stream_owned(pinned_under(dev), s);
+}
+
 static mp_status_t pinned_no_vm(void) {
   return mp__fail(MP_ENOTSUP, "pinned host memory has no virtual memory");
 }
@@ -136,6 +140,7 @@ const mp__backend_t mp__pinned_backend = {
     .stream_synchronize = pinned_stream_synchronize,
     .stream_query = pinned_stream_query,
     .stream_kind = pinned_stream_kind,
+    .stream_owned = pinned_stream_owned,
     .launch_host = pinned_launch_host,
     .memcpy_async = pinned_memcpy_async,
     .memset_async = pinned_memset_async,

@@ -24,7 +24,9 @@
  * as a driver that lacks them does), FAKECUDA_NAME=<name>;
  * FAKECUDA_DRIVER_VERSION=N is read
  * by cuDriverGetVersion and cuGetProcAddress; FAKECUDA_CALL_REPORT=1 prints
- * the call counts at exit. Errors a test may count: cuFakeGetErrorCount.
+ * the call counts at exit; FAKECUDA_DEAD_STREAMS=refuse answers a destroyed
+ * stream's handle with CUDA_ERROR_INVALID_HANDLE instead of stopping the
+ * process (fk_dead_or_bad). Errors a test may count: cuFakeGetErrorCount.
  *
  * CUDA's rules it keeps strictly (each with a test in
  * test_fakecuda_rules.c, the source cited where it is modelled):
@@ -416,6 +418,41 @@ static bool fk_env_flag(const char *name) {
   return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
 }
 
+static bool fk_env_flag_is(const char *name, const char *value) {
+  const char *v = getenv(name);
+  return v != NULL && strcmp(v, value) == 0;
+}
+
+/* The handles of the streams destroyed last (under fk.lock). A destroyed
+ * stream's handle is undefined behaviour in a real driver, which may crash:
+ * an H200 (driver 580.159.04, 2026-11-28) died in cuEventRecord and in
+ * cuStreamIsCapturing given one. So a use of one here stops the process
+ * with a message, unless FAKECUDA_DEAD_STREAMS=refuse asks for the
+ * CUDA_ERROR_INVALID_HANDLE answer (for a test of a caller's check of
+ * such a handle, which no GPU twin runs). */
+#define FK_DEAD_STREAMS 64
+static CUstream fk_dead[FK_DEAD_STREAMS];
+static unsigned fk_dead_next;
+
+static void fk_dead_forget(CUstream h) {
+  for (unsigned i = 0; i < FK_DEAD_STREAMS; i++)
+    if (fk_dead[i] == h)
+      fk_dead[i] = NULL;
+}
+
+static CUresult fk_dead_or_bad(CUstream h) {
+  for (unsigned i = 0; i < FK_DEAD_STREAMS; i++)
+    if (h != NULL && fk_dead[i] == h &&
+        !fk_env_flag_is("FAKECUDA_DEAD_STREAMS", "refuse")) {
+      fprintf(stderr,
+              "fakecuda: stream %p used after cuStreamDestroy: undefined "
+              "behaviour (a GPU may crash here)\n",
+              (void *)h);
+      abort();
+    }
+  return fk_bad_handle();
+}
+
 /* The host device behind ordinal, opened on first need. */
 static mp_device_t *fk_host(int ordinal) {
   struct CUctx_st *c = &fk.ctx[ordinal];
@@ -643,6 +680,7 @@ static CUresult fk_stream_new(mp_device_t *dev, bool blocking,
     return fk_result_of(rc);
   }
   st->blocking = blocking;
+  fk_dead_forget((CUstream)st);
   struct CUctx_st *c = fk_ctx();
   st->next = c->live;
   c->live = st;
@@ -722,7 +760,7 @@ static CUresult fk_resolve(mp_device_t *dev, CUstream h, bool ptsz,
       *out = st;
       return CUDA_SUCCESS;
     }
-  return fk_bad_handle();
+  return fk_dead_or_bad(h);
 }
 
 /* The host stream of a resolved stream (NULL: the legacy stream). */
@@ -1557,8 +1595,8 @@ FK_IN_CTX(cuStreamCreateWithPriority,
  * stream hStream when cuStreamDestroy() is called, the function will return
  * immediately and the resources associated with hStream will be released
  * automatically once the device has completed all work in hStream." The
- * handle is dead at once: a later use is CUDA_ERROR_INVALID_HANDLE. The
- * default streams cannot be destroyed. */
+ * handle is dead at once: a later use stops the process (fk_dead_or_bad).
+ * The default streams cannot be destroyed. */
 CUresult cuStreamDestroy_v2(CUstream h) {
   FK_COUNT(cuStreamDestroy_v2);
   FK_CURRENT(dev);
@@ -1572,6 +1610,7 @@ CUresult cuStreamDestroy_v2(CUstream h) {
   fk_stream_t *st = *at;
   if (st != NULL) {
     *at = st->next;
+    fk_dead[fk_dead_next++ % FK_DEAD_STREAMS] = h;
     (void)fk_capture_end(st, false);
     st->next = c->retired;
     c->retired = st;

@@ -77,6 +77,11 @@ static void *work_beside(void *p) {
   }
   for (int i = 0; i < 2; i++) {
     cr_assert_eq(cuStreamSynchronize(s[i]), CUDA_SUCCESS);
+    /* Forgotten while valid (mp_stream_forget): the graph's release later
+     * frees blocks these streams used, and asking a destroyed handle
+     * crashed an H200 (cuStreamIsCapturing, 2026-11-28). */
+    cr_assert_eq(mp_stream_forget(mp_pool_device(b->pool), (mp_stream_t)s[i]),
+                 MP_OK);
     cr_assert_eq(cuStreamDestroy(s[i]), CUDA_SUCCESS);
   }
   leave_ctx();
@@ -191,6 +196,7 @@ Test(cuda_graph_pool,
   cr_expect_eq(after.reserved_bytes, before.reserved_bytes);
   cr_expect_eq(after.allocated_bytes, 0);
   cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_stream_forget(dev, (mp_stream_t)cap), MP_OK);
   cr_assert_eq(cuStreamDestroy(cap), CUDA_SUCCESS);
   leave_ctx();
   cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());

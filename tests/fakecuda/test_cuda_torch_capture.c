@@ -91,6 +91,7 @@ Test(cuda_torch_capture, a_capture_with_only_malloc_and_free_hooked_succeeds) {
   mp_torch_reset();
   cr_expect_eq(allocated(), 0, "released at reset");
   cr_expect_eq(mp_pool_check(mp_default_pool()), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_stream_forget(mp_pool_device(mp_default_pool()), ms), MP_OK);
   cr_assert_eq(cuStreamDestroy(s), CUDA_SUCCESS);
 }
 

@@ -4,6 +4,7 @@
  * rule's test fails on a fake that is kinder than a GPU. tests/gpu has the
  * same rules on real hardware. */
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <time.h>
 #include <unistd.h>
@@ -284,6 +285,7 @@ Test(fakecuda_rules, stream_destroy_returns_at_once_and_kills_the_handle) {
     cr_assert_eq(atomic_load(&flag), 1);
     return;
   }
+  setenv("FAKECUDA_DEAD_STREAMS", "refuse", 1); /* answered, not fatal */
   long long bad = cuFakeGetErrorCount(CUDA_ERROR_INVALID_HANDLE);
   cr_assert_eq(cuStreamSynchronize(s), CUDA_ERROR_INVALID_HANDLE);
   cr_assert_eq(cuLaunchHostFunc(s, set_flag, &flag), CUDA_ERROR_INVALID_HANDLE);
@@ -292,6 +294,22 @@ Test(fakecuda_rules, stream_destroy_returns_at_once_and_kills_the_handle) {
   cr_assert_eq(cuFakeGetErrorCount(CUDA_ERROR_INVALID_HANDLE) - bad, 4);
   cr_assert_eq(cuCtxSynchronize(), CUDA_SUCCESS);
   cr_assert_eq(atomic_load(&flag), 1, "the destroyed stream's work was lost");
+}
+
+/* A destroyed stream's handle is undefined behaviour on a GPU, which may
+ * crash (an H200 did in cuEventRecord and cuStreamIsCapturing, 2026-11-28):
+ * the fake stops the process there, so a caller that keeps using one fails
+ * its test here too. */
+Test(fakecuda_rules, a_destroyed_streams_handle_stops_the_process,
+     .signal = SIGABRT) {
+  if (fk_real())
+    abort(); /* what this test expects; a GPU's answer is undefined */
+  CUstream s;
+  cr_assert_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamDestroy(s), CUDA_SUCCESS);
+  CUevent e;
+  cr_assert_eq(cuEventCreate(&e, 0), CUDA_SUCCESS);
+  (void)cuEventRecord(e, s);
 }
 
 Test(fakecuda_rules, default_streams_cannot_be_destroyed) {
