@@ -762,7 +762,12 @@ static int mp__cuda_stream_capturing(mp_device_t *dev, mp_stream_t s);
  * of a stream the pool was never told captures (one that joined a capture
  * through an event, say). */
 static mp_status_t mp__cuda_stream_query(mp_device_t *dev, mp_stream_t s) {
-  if (mp__cuda_stream_capturing(dev, s) > 0)
+  /* Nor one whose capture state cannot be told: the legacy stream while a
+   * blocking stream captures answers cuStreamIsCapturing with
+   * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, and a cuStreamQuery of it then
+   * invalidates that capture, in relaxed mode too (an H200, driver
+   * 580.159.04, 2026-11-28). */
+  if (mp__cuda_stream_capturing(dev, s) != 0)
     return MP_EBUSY;
   CUresult r;
   MP__CU_IN_CTX_RELAXED(mp__cuda_of(dev), r, mp__cu.StreamQuery((CUstream)s));
@@ -787,8 +792,8 @@ static int mp__cuda_ordinal(mp_device_t *dev) {
 /* CU_STREAM_PER_THREAD names the calling thread's own default stream
  * (cuda.h: "Per-thread stream handle"); NULL and CU_STREAM_LEGACY the legacy
  * one. Any other handle is asked with cuStreamGetFlags, once, when a pool
- * first meets it: a pure query (no wait, no work queued, so nothing stream
- * capture forbids; cuda.h lists no capture error for it), which the driver
+ * first meets it, unless it captures (below): a query that waits for
+ * nothing and queues no work, which the driver
  * answers with CUDA_ERROR_INVALID_HANDLE for a handle that is no stream of
  * the context (cuda.h lists it; the fake driver models it). Only that answer
  * refuses the handle; any other failure (a host function's call, not
@@ -804,7 +809,16 @@ static int mp__cuda_stream_kind(mp_device_t *dev, mp_stream_t s) {
   CUresult r;
   unsigned flags = 0;
   mp__cuda_dev_t *cd = mp__cuda_of(dev);
-  MP__CU_IN_CTX(cd, r, mp__cu.StreamGetFlags((CUstream)s, &flags));
+  /* cuStreamGetFlags of a stream that captures is refused and invalidates
+   * the capture, in relaxed mode too (an H200, driver 580.159.04,
+   * 2026-11-28), though cuda.h lists no capture error for it: a pool can
+   * first meet a stream inside its capture (a graph pool, PyTorch's
+   * allocation in a capture). cuStreamIsCapturing is allowed there; a
+   * stream found capturing is live, and is not asked its flags. */
+  CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
+  MP__CU_IN_CTX(cd, r, mp__cu.StreamIsCapturing((CUstream)s, &cap));
+  if (r == CUDA_SUCCESS && cap == CU_STREAM_CAPTURE_STATUS_NONE)
+    MP__CU_IN_CTX(cd, r, mp__cu.StreamGetFlags((CUstream)s, &flags));
   if (r == CUDA_ERROR_INVALID_HANDLE)
     return MP__STREAM_BAD;
   /* A stream of another context (another device's, or one made with

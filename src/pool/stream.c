@@ -437,9 +437,11 @@ static void mp__stream_close(mp_pool_t *pool, mp__strm_t *st) {
     mp__stream_poll(pool, st);
   /* Nor one the application captures without telling the pool (a stream
    * that joined a capture through an event): the marker would be a node of
-   * its graph, and asking about it would invalidate the capture. The epoch
-   * stays open; a later close marks it. */
-  if (MP__UNLIKELY(mp__device_stream_capturing(pool->dev, st->s) > 0))
+   * its graph, and asking about it would invalidate the capture. Nor one
+   * whose capture state cannot be told (-1: the legacy stream while a
+   * blocking stream captures, where work invalidates that capture). The
+   * epoch stays open; a later close marks it. */
+  if (MP__UNLIKELY(mp__device_stream_capturing(pool->dev, st->s) != 0))
     return;
   if (st->nmarks == MP__MAX_MARKS) {
     /* Every marker still pending (a stream far behind the host): record
@@ -767,10 +769,10 @@ bool mp__deps_orderable(mp_pool_t *pool, const mp__block_t *b, uint32_t sidx) {
      * gone, another thread's per-thread stream, or captured unawares. */
     if (d->epoch == st->epoch
             ? st->gone || (st->owner != 0 && st->owner != mp__self()) ||
-                  mp__device_stream_capturing(pool->dev, st->s) > 0
+                  mp__device_stream_capturing(pool->dev, st->s) != 0
             : mp__marker_covering(st, d->epoch) == NULL)
       return false;
-    if (!asked && mp__device_stream_capturing(pool->dev, me->s) > 0)
+    if (!asked && mp__device_stream_capturing(pool->dev, me->s) != 0)
       return false;
     asked = true;
   }
@@ -784,7 +786,7 @@ bool mp__deps_order(mp_pool_t *pool, mp__block_t *b, uint32_t sidx) {
    * may not wait on an event recorded outside its capture (nor may one the
    * application captures without telling the pool). */
   if ((b->flags & MP__B_SYNC) || me->gone || me->capturing ||
-      mp__device_stream_capturing(pool->dev, me->s) > 0)
+      mp__device_stream_capturing(pool->dev, me->s) != 0)
     return false;
   /* First every unfinished dep gets a marker (closing an open epoch), so
    * that nothing is waited on unless everything can be. A failed wait

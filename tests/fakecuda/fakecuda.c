@@ -633,13 +633,27 @@ static CUresult fk_unsafe(void) {
   return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 }
 
-/* A refusal that invalidates st's capture (waiting on a capturing stream,
- * querying a captured event): these conflict with capture in every mode.
- * Under fk.lock. */
-static CUresult fk_capture_conflict(fk_stream_t *st) {
+/* A refusal with code that invalidates st's capture (waiting on or asking
+ * a capturing stream, querying a captured event): these conflict with
+ * capture in every mode. Under fk.lock. */
+static CUresult fk_capture_conflict(fk_stream_t *st, CUresult code) {
   st->cap = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
   atomic_fetch_add(&fk_capture_refusals, 1);
-  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  return code;
+}
+
+/* A blocking stream of context c that captures, or NULL. While one does,
+ * the legacy stream is "in an unusable state" (cuda.h, cuStreamIsCapturing):
+ * cuStreamIsCapturing on it answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT and
+ * leaves the capture alone, while work on it or a query or wait of it is
+ * refused with that code and invalidates the capture, in every mode (seen
+ * on an H200, driver 580.159.04, 2026-11-28, with cuStreamQuery in global
+ * and relaxed mode). Under fk.lock. */
+static fk_stream_t *fk_blocking_capture(struct CUctx_st *c) {
+  for (fk_stream_t *o = c->live; o != NULL; o = o->next)
+    if (o->blocking && o->cap != CU_STREAM_CAPTURE_STATUS_NONE)
+      return o;
+  return NULL;
 }
 
 #define FK_UNSAFE()                                                            \
@@ -782,11 +796,11 @@ static CUresult fk_order(mp_device_t *dev, const fk_stream_t *st) {
      * refused, the capture invalidated (cuda.h,
      * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: "a disallowed implicit dependency
      * on a current capture sequence from cudaStreamLegacy"). */
-    for (fk_stream_t *o = c->live; o != NULL; o = o->next)
-      if (o->blocking && o->cap != CU_STREAM_CAPTURE_STATUS_NONE) {
-        o->cap = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
-        return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
-      }
+    fk_stream_t *cap = fk_blocking_capture(c);
+    if (cap != NULL) {
+      cap->cap = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+      return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    }
     for (const fk_stream_t *o = c->live; o != NULL && rc == MP_OK; o = o->next)
       if (o->blocking) {
         rc = mp_event_record(dev, o->tail, o->s);
@@ -877,9 +891,13 @@ static CUresult fk_lookup_stream(mp_device_t *dev, CUstream h, bool ptsz,
   pthread_mutex_lock(&fk.lock);
   fk_stream_t *st = NULL;
   CUresult r = fk_resolve(dev, h, ptsz, &st);
+  fk_stream_t *cap = NULL;
   if (r == CUDA_SUCCESS && st != NULL &&
       st->cap != CU_STREAM_CAPTURE_STATUS_NONE)
-    r = fk_capture_conflict(st);
+    r = fk_capture_conflict(st, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  else if (r == CUDA_SUCCESS && st == NULL &&
+           (cap = fk_blocking_capture(fk_ctx())) != NULL)
+    r = fk_capture_conflict(cap, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
   pthread_mutex_unlock(&fk.lock);
   if (r == CUDA_SUCCESS)
     r = fk_unsafe();
@@ -1322,7 +1340,7 @@ CUresult cuCtxSynchronize(void) {
     CUresult r = CUDA_SUCCESS;
     pthread_mutex_lock(&fk.lock);
     for (fk_stream_t *st = fk_capturing; st != NULL; st = st->cap_next)
-      r = fk_capture_conflict(st);
+      r = fk_capture_conflict(st, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     pthread_mutex_unlock(&fk.lock);
     if (r != CUDA_SUCCESS)
       return r;
@@ -1663,7 +1681,11 @@ static fk_stream_t *fk_foreign_stream(CUstream h, struct CUctx_st **ctx) {
  * (driver 580.159.04, 2026-11-28) cuStreamGetFlags gave its flags
  * (CUDA_SUCCESS) with another context current (only other devices' primary
  * contexts are searched here); a handle that is no live stream at all is
- * CUDA_ERROR_INVALID_HANDLE (fk_resolve), one of the codes cuda.h lists. */
+ * CUDA_ERROR_INVALID_HANDLE (fk_resolve), one of the codes cuda.h lists.
+ * Asked of a stream that captures, it is refused with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture, in
+ * global and relaxed mode alike (an H200, driver 580.159.04, 2026-11-28;
+ * cuda.h lists no capture error for it). */
 static CUresult fk_stream_flags(mp_device_t *dev, CUstream h, bool ptsz,
                                 unsigned int *flags) {
   if (flags == NULL)
@@ -1674,6 +1696,9 @@ static CUresult fk_stream_flags(mp_device_t *dev, CUstream h, bool ptsz,
   struct CUctx_st *other = NULL;
   if (r == CUDA_ERROR_INVALID_HANDLE && (st = fk_foreign_stream(h, &other)))
     r = CUDA_SUCCESS;
+  else if (r == CUDA_SUCCESS && st != NULL &&
+           st->cap != CU_STREAM_CAPTURE_STATUS_NONE)
+    r = fk_capture_conflict(st, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   pthread_mutex_unlock(&fk.lock);
   if (r == CUDA_SUCCESS)
     *flags =
@@ -1845,7 +1870,10 @@ FK_IN_CTX_TWINS(cuEventRecord, cuEventRecord_ptsz, (CUevent e, CUstream s),
                 fk_event_op(dev, e, s, ptsz, false))
 /* An event last recorded inside a capture cannot be waited for or queried,
  * whatever the mode (cuda.h, cuThreadExchangeStreamCaptureMode); doing so
- * invalidates the capture. Waiting for or querying any other event is an
+ * invalidates the capture and is refused with CUDA_ERROR_CAPTURED_EVENT
+ * ("not permitted on an event which was last recorded in a capturing
+ * stream": what an H200 answered cuEventQuery, driver 580.159.04,
+ * 2026-11-28). Waiting for or querying any other event is an
  * unsafe call (fk_unsafe): seen on an H200 (driver 580.159.04, 2026-11-28)
  * as for streams (fk_lookup_stream). */
 static CUresult fk_event_wait(mp_device_t *dev, CUevent e, bool query) {
@@ -1857,7 +1885,7 @@ static CUresult fk_event_wait(mp_device_t *dev, CUevent e, bool query) {
     for (fk_stream_t *st = fk_capturing; st != NULL; st = st->cap_next)
       for (size_t i = 0; i < st->n_cap_events; i++)
         if (st->cap_events[i] == e)
-          r = fk_capture_conflict(st);
+          r = fk_capture_conflict(st, CUDA_ERROR_CAPTURED_EVENT);
     pthread_mutex_unlock(&fk.lock);
     if (r == CUDA_SUCCESS)
       r = fk_unsafe();
@@ -1934,8 +1962,13 @@ static CUresult fk_end_capture(mp_device_t *dev, CUstream h, bool ptsz,
     r = CUDA_ERROR_ILLEGAL_STATE;
   else if (r == CUDA_SUCCESS &&
            st->cap_mode != CU_STREAM_CAPTURE_MODE_RELAXED &&
-           !pthread_equal(st->cap_thread, pthread_self()))
+           !pthread_equal(st->cap_thread, pthread_self())) {
+    /* Refused, and the capture is over: a later cuStreamEndCapture on its
+     * own thread answers CUDA_ERROR_ILLEGAL_STATE (an H200, driver
+     * 580.159.04, 2026-11-28). */
+    (void)fk_capture_end(st, false);
     r = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+  }
   if (r == CUDA_SUCCESS) {
     bool valid = st->cap == CU_STREAM_CAPTURE_STATUS_ACTIVE;
     *out = fk_capture_end(st, valid);
@@ -1949,7 +1982,9 @@ static CUresult fk_end_capture(mp_device_t *dev, CUstream h, bool ptsz,
 FK_IN_CTX_TWINS(cuStreamEndCapture, cuStreamEndCapture_ptsz,
                 (CUstream s, CUgraph *g), fk_end_capture(dev, s, ptsz, g))
 
-/* Capture status and id of a stream (legacy: never capturing). */
+/* Capture status and id of a stream (legacy: never capturing, but
+ * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT while a blocking stream captures:
+ * fk_blocking_capture). */
 static CUresult fk_capture_info(mp_device_t *dev, CUstream h, bool ptsz,
                                 CUstreamCaptureStatus *status, cuuint64_t *id) {
   if (status == NULL)
@@ -1957,6 +1992,8 @@ static CUresult fk_capture_info(mp_device_t *dev, CUstream h, bool ptsz,
   pthread_mutex_lock(&fk.lock);
   fk_stream_t *st = NULL;
   CUresult r = fk_resolve(dev, h, ptsz, &st);
+  if (r == CUDA_SUCCESS && st == NULL && fk_blocking_capture(fk_ctx()) != NULL)
+    r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
   if (r == CUDA_SUCCESS) {
     *status = st != NULL ? st->cap : CU_STREAM_CAPTURE_STATUS_NONE;
     if (id != NULL && *status != CU_STREAM_CAPTURE_STATUS_NONE)

@@ -388,6 +388,55 @@ Test(cuda_pool_rules, stream_waits_leave_an_unaware_capture_alone,
   unaware_capture_is_not_asked(MP_POOL_STREAM_WAITS);
 }
 
+/* While a blocking stream captures, the legacy stream is "in an unusable
+ * state" (cuda.h, cuStreamIsCapturing): cuStreamIsCapturing on it answers
+ * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, and a cuStreamQuery of it or an event
+ * recorded on it invalidates the capture, in relaxed mode too (an H200,
+ * driver 580.159.04, 2026-11-28). A block freed on the legacy stream leaves
+ * it with an open epoch; the pool's work on another stream (a new stream,
+ * reuse checks, frees) must neither ask it nor mark it until the capture
+ * ends. Failed before: the capture was invalidated by the pool's query. */
+Test(cuda_pool_rules,
+     the_legacy_stream_is_left_alone_while_a_blocking_one_captures,
+     .init = load_driver) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_pool_t *pool = cuda_pool(dev, "");
+  enter_ctx();
+  CUstream k, o;
+  cr_assert_eq(cu.create(&k, CU_STREAM_DEFAULT), CUDA_SUCCESS);
+  cr_assert_eq(cu.create(&o, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  void *p = NULL;
+  cr_assert_eq(mp_pool_alloc(pool, 4u << 20, NULL, &p), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK); /* the legacy stream owes it */
+  long long refused = errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  cr_assert_eq(cu.begin(k, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  mp_status_t st = MP_OK;
+  for (int i = 0; i < 16 && st == MP_OK; i++) {
+    void *q = NULL;
+    st = mp_pool_alloc(pool, (size_t)(1 + i % 4) << 20, (mp_stream_t)o, &q);
+    if (st == MP_OK)
+      st = mp_pool_free(pool, q);
+  }
+  CUgraph g = NULL;
+  CUresult end = cu.end(k, &g);
+  if (g != NULL)
+    cr_assert_eq(cu.graph_destroy(g), CUDA_SUCCESS);
+  cr_assert_eq(st, MP_OK, "%s", mp_last_error());
+  cr_assert_eq(end, CUDA_SUCCESS, "the pool invalidated the capture");
+  cr_assert_eq(errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), refused);
+  /* Once the capture is over, the legacy stream's block is reusable. */
+  void *again = NULL;
+  cr_assert_eq(mp_stream_synchronize(dev, NULL), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, 4u << 20, (mp_stream_t)o, &again), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, again), MP_OK);
+  cr_assert_eq(mp_pool_check(pool), MP_OK);
+  stream_end(dev, k);
+  stream_end(dev, o);
+  leave_ctx();
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(dev);
+}
+
 /* A pool of dev with stream_waits=1. */
 static mp_pool_t *stream_waits_pool(mp_device_t *dev) {
   mp_pool_t *pool = NULL;

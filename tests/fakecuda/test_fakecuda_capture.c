@@ -308,13 +308,15 @@ Test(fakecuda_capture, waiting_on_the_capture_invalidates_it_in_any_mode) {
   cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED),
                CUDA_SUCCESS);
   cr_assert_eq(cuEventRecord(e, s), CUDA_SUCCESS);
-  cr_assert_eq(cuEventQuery(e), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  /* CUDA_ERROR_CAPTURED_EVENT: what an H200 answered (driver 580.159.04,
+   * 2026-11-28). */
+  cr_assert_eq(cuEventQuery(e), CUDA_ERROR_CAPTURED_EVENT);
   cr_assert_eq(cuStreamEndCapture(s, &g),
                CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
   cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED),
                CUDA_SUCCESS);
   cr_assert_eq(cuEventRecord(e, s), CUDA_SUCCESS);
-  cr_assert_eq(cuEventSynchronize(e), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  cr_assert_eq(cuEventSynchronize(e), CUDA_ERROR_CAPTURED_EVENT);
   cr_assert_eq(cuStreamEndCapture(s, &g),
                CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
   cr_assert_eq(cuEventDestroy(e), CUDA_SUCCESS);
@@ -366,6 +368,13 @@ Test(fakecuda_capture, capture_misuse_is_refused) {
   cr_assert_eq(pthread_create(&t, NULL, end_elsewhere, &r), 0);
   pthread_join(t, NULL);
   cr_assert_eq(r, CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+  /* That refusal ended the capture (an H200, driver 580.159.04,
+   * 2026-11-28); a second begin had left it going. */
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_ERROR_ILLEGAL_STATE);
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_ERROR_ILLEGAL_STATE);
   cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
   cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
 }
