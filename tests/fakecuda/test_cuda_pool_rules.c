@@ -331,6 +331,32 @@ Test(cuda_pool_rules, no_device_synchronize_when_allocating_freeing_or_trimming,
   mp_device_close(dev);
 }
 
+/* A 4 MiB block freed on owed, then a relaxed-mode capture on cap while
+ * the pool allocates and frees on other for rounds rounds: the capture must
+ * stay valid and nothing be refused. */
+static void churn_beside_a_capture(mp_pool_t *pool, mp_stream_t owed,
+                                   CUstream cap, CUstream other, int rounds) {
+  void *p = NULL;
+  cr_assert_eq(mp_pool_alloc(pool, 4u << 20, owed, &p), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  long long refused = errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  cr_assert_eq(cu.begin(cap, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  mp_status_t st = MP_OK;
+  for (int i = 0; i < rounds && st == MP_OK; i++) {
+    void *q = NULL;
+    st = mp_pool_alloc(pool, (size_t)(1 + i % 4) << 20, (mp_stream_t)other, &q);
+    if (st == MP_OK)
+      st = mp_pool_free(pool, q);
+  }
+  CUgraph g = NULL;
+  CUresult end = cu.end(cap, &g);
+  if (g != NULL)
+    cr_assert_eq(cu.graph_destroy(g), CUDA_SUCCESS);
+  cr_assert_eq(st, MP_OK, "%s", mp_last_error());
+  cr_assert_eq(end, CUDA_SUCCESS, "the pool invalidated the capture");
+  cr_assert_eq(errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), refused);
+}
+
 /* A stream the pool knows starts a capture of the application's own, and
  * the pool is not told (no mp_pool_graph_begin: a stream that joined a
  * capture, say). The release threshold's look at its streams, at frees on
@@ -349,25 +375,7 @@ static void unaware_capture_is_not_asked(unsigned flags) {
   CUstream a, b;
   cr_assert_eq(cu.create(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   cr_assert_eq(cu.create(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  void *p = NULL;
-  cr_assert_eq(mp_pool_alloc(pool, 4u << 20, (mp_stream_t)a, &p), MP_OK);
-  cr_assert_eq(mp_pool_free(pool, p), MP_OK); /* a owes a free now */
-  long long refused = errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-  cr_assert_eq(cu.begin(a, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
-  mp_status_t st = MP_OK;
-  for (int i = 0; i < 32 && st == MP_OK; i++) {
-    void *q = NULL;
-    st = mp_pool_alloc(pool, (size_t)(1 + i % 4) << 20, (mp_stream_t)b, &q);
-    if (st == MP_OK)
-      st = mp_pool_free(pool, q);
-  }
-  CUgraph g = NULL;
-  CUresult end = cu.end(a, &g);
-  if (g != NULL)
-    cr_assert_eq(cu.graph_destroy(g), CUDA_SUCCESS);
-  cr_assert_eq(st, MP_OK, "%s", mp_last_error());
-  cr_assert_eq(end, CUDA_SUCCESS, "the pool invalidated the capture");
-  cr_assert_eq(errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), refused);
+  churn_beside_a_capture(pool, (mp_stream_t)a, a, b, 32); /* a owes a free */
   stream_end(dev, a);
   stream_end(dev, b);
   leave_ctx();
@@ -405,25 +413,7 @@ Test(cuda_pool_rules,
   CUstream k, o;
   cr_assert_eq(cu.create(&k, CU_STREAM_DEFAULT), CUDA_SUCCESS);
   cr_assert_eq(cu.create(&o, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  void *p = NULL;
-  cr_assert_eq(mp_pool_alloc(pool, 4u << 20, NULL, &p), MP_OK);
-  cr_assert_eq(mp_pool_free(pool, p), MP_OK); /* the legacy stream owes it */
-  long long refused = errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-  cr_assert_eq(cu.begin(k, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
-  mp_status_t st = MP_OK;
-  for (int i = 0; i < 16 && st == MP_OK; i++) {
-    void *q = NULL;
-    st = mp_pool_alloc(pool, (size_t)(1 + i % 4) << 20, (mp_stream_t)o, &q);
-    if (st == MP_OK)
-      st = mp_pool_free(pool, q);
-  }
-  CUgraph g = NULL;
-  CUresult end = cu.end(k, &g);
-  if (g != NULL)
-    cr_assert_eq(cu.graph_destroy(g), CUDA_SUCCESS);
-  cr_assert_eq(st, MP_OK, "%s", mp_last_error());
-  cr_assert_eq(end, CUDA_SUCCESS, "the pool invalidated the capture");
-  cr_assert_eq(errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), refused);
+  churn_beside_a_capture(pool, NULL, k, o, 16); /* the legacy stream owes */
   /* Once the capture is over, the legacy stream's block is reusable. */
   void *again = NULL;
   cr_assert_eq(mp_stream_synchronize(dev, NULL), MP_OK);
