@@ -4,6 +4,7 @@
  * stream is forgotten: no event is ever recorded on its dead handle. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -422,6 +423,51 @@ Test(cuda_pool_rules,
   cr_assert_eq(mp_pool_check(pool), MP_OK);
   stream_end(dev, k);
   stream_end(dev, o);
+  leave_ctx();
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(dev);
+}
+
+/* Blocks freed on a stream the application has synchronized go to another
+ * stream at once, with no growth, even where a marker recorded now would
+ * stay pending for a while (the pool asks whether the stream is idle
+ * instead). On the fake the streams reach their work 20 ms late
+ * (FAKECUDA_DEVICE=stream_latency_us=20000, a launch queue far behind);
+ * the GPU twin runs it as a GPU does. Failed on the fake before the pool
+ * asked (it grew and handed out other blocks). */
+Test(cuda_pool_rules, blocks_of_a_synchronized_stream_go_to_another_at_once,
+     .init = load_driver) {
+  setenv("FAKECUDA_DEVICE", "stream_latency_us=20000", 1);
+  mp_device_t *dev = open_dev("cuda");
+  mp_pool_t *pool = cuda_pool(dev, "");
+  enter_ctx();
+  CUstream s1, s2;
+  cr_assert_eq(cu.create(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(cu.create(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  void *v[8], *w[8];
+  for (int i = 0; i < 8; i++)
+    cr_assert_eq(mp_pool_alloc(pool, 1u << 20, (mp_stream_t)s1, &v[i]), MP_OK);
+  for (int i = 0; i < 8; i++)
+    cr_assert_eq(mp_pool_free(pool, v[i]), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, (mp_stream_t)s1), MP_OK);
+  mp_stats_t before, after;
+  cr_assert_eq(mp_pool_get_stats(pool, &before), MP_OK);
+  for (int i = 0; i < 8; i++)
+    cr_assert_eq(mp_pool_alloc(pool, 1u << 20, (mp_stream_t)s2, &w[i]), MP_OK);
+  cr_assert_eq(mp_pool_get_stats(pool, &after), MP_OK);
+  cr_expect_eq(after.device_alloc_count, before.device_alloc_count,
+               "grew instead of reusing s1's blocks");
+  cr_expect_eq(after.reserved_bytes, before.reserved_bytes);
+  for (int i = 0; i < 8; i++) {
+    bool found = false;
+    for (int j = 0; j < 8; j++)
+      found = found || w[i] == v[j];
+    cr_expect(found, "block %d is not one s1 freed", i);
+  }
+  for (int i = 0; i < 8; i++)
+    cr_assert_eq(mp_pool_free(pool, w[i]), MP_OK);
+  stream_end(dev, s1);
+  stream_end(dev, s2);
   leave_ctx();
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
   mp_device_close(dev);
