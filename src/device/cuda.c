@@ -755,22 +755,25 @@ static mp_status_t mp__cuda_ready(CUresult r, const char *fn, void *h) {
   return r == CUDA_SUCCESS ? MP_OK : mp__cuda_fail(r, "%s(%p)", fn, h);
 }
 
-static int mp__cuda_stream_capturing(mp_device_t *dev, mp_stream_t s);
-
 /* A stream being captured is busy, and is not asked: cuStreamQuery is "not
  * allowed during stream capture" (cuda.h) and would invalidate the capture
  * of a stream the pool was never told captures (one that joined a capture
- * through an event, say). */
+ * through an event, say). Nor is the legacy stream while a blocking stream
+ * captures: cuStreamIsCapturing answers it CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+ * and a cuStreamQuery of it then invalidates that capture, in relaxed mode
+ * too (an H200, driver 580.159.04, 2026-11-28). Any other failure to tell
+ * is the query's failure, with a message. */
 static mp_status_t mp__cuda_stream_query(mp_device_t *dev, mp_stream_t s) {
-  /* Nor one whose capture state cannot be told: the legacy stream while a
-   * blocking stream captures answers cuStreamIsCapturing with
-   * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, and a cuStreamQuery of it then
-   * invalidates that capture, in relaxed mode too (an H200, driver
-   * 580.159.04, 2026-11-28). */
-  if (mp__cuda_stream_capturing(dev, s) != 0)
-    return MP_EBUSY;
+  mp__cuda_dev_t *cd = mp__cuda_of(dev);
   CUresult r;
-  MP__CU_IN_CTX_RELAXED(mp__cuda_of(dev), r, mp__cu.StreamQuery((CUstream)s));
+  CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
+  MP__CU_IN_CTX(cd, r, mp__cu.StreamIsCapturing((CUstream)s, &cap));
+  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ||
+      (r == CUDA_SUCCESS && cap != CU_STREAM_CAPTURE_STATUS_NONE))
+    return MP_EBUSY;
+  if (r != CUDA_SUCCESS)
+    return mp__cuda_fail(r, "cuStreamIsCapturing(%p)", (void *)s);
+  MP__CU_IN_CTX_RELAXED(cd, r, mp__cu.StreamQuery((CUstream)s));
   return mp__cuda_ready(r, "cuStreamQuery", (void *)s);
 }
 

@@ -117,6 +117,9 @@ static mp_status_t mp__pause_check(const mp_pool_t *pool) {
     return mp__fail(MP_EBUSY, "mp_pool_pause: a stream of the pool is being "
                               "captured (graph pool): pause after "
                               "mp_pool_graph_end");
+  mp_status_t ust = mp__streams_unwaitable(pool, "mp_pool_pause");
+  if (ust != MP_OK)
+    return ust;
   if (pool->nexports > 0)
     return mp__fail(MP_EBUSY,
                     "mp_pool_pause: %zu exported block%s still imported by "

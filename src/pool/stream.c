@@ -825,6 +825,23 @@ void mp__streams_sync_end(mp_pool_t *pool, uint64_t snap) {
     pool->sync_done = snap + 1;
 }
 
+mp_status_t mp__streams_unwaitable(const mp_pool_t *pool, const char *what) {
+  uint64_t self = mp__self();
+  for (uint32_t i = 0; i < pool->nstreams; i++) {
+    const mp__strm_t *st = &pool->streams[i];
+    if (st->gone || st->capturing || (st->owner != 0 && st->owner != self))
+      continue;
+    if (mp__device_stream_capturing(pool->dev, st->s) != 0)
+      return mp__fail(MP_EBUSY,
+                      "no %s while stream %p is captured without the pool's "
+                      "knowledge, or is the legacy stream while a blocking "
+                      "stream captures: an event there would invalidate the "
+                      "capture",
+                      what, (void *)st->s);
+  }
+  return MP_OK;
+}
+
 bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set) {
   set->ev = mp__host_alloc((pool->nstreams + 1) * sizeof *set->ev);
   set->n = 0;
@@ -957,6 +974,9 @@ mp_status_t mp__pool_sync_alloc(mp_pool_t *pool, size_t buf_bytes, void **buf) {
     return mp__fail(MP_EBUSY,
                     "a stream of the pool is being captured (graph pool): no "
                     "synchronize until mp_pool_graph_end");
+  mp_status_t ust = mp__streams_unwaitable(pool, "synchronize");
+  if (MP__UNLIKELY(ust != MP_OK))
+    return ust;
   mp__pool_wait_sync(pool);
   uint64_t snap = mp__streams_sync_begin(pool);
   mp__sync_set_t set;

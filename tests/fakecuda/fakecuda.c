@@ -1992,7 +1992,11 @@ static CUresult fk_capture_info(mp_device_t *dev, CUstream h, bool ptsz,
   pthread_mutex_lock(&fk.lock);
   fk_stream_t *st = NULL;
   CUresult r = fk_resolve(dev, h, ptsz, &st);
-  if (r == CUDA_SUCCESS && st == NULL && fk_blocking_capture(fk_ctx()) != NULL)
+  struct CUctx_st *other = NULL;
+  if (r == CUDA_ERROR_INVALID_HANDLE && (st = fk_foreign_stream(h, &other)))
+    r = CUDA_SUCCESS; /* answered, as cuStreamGetFlags and cuStreamGetCtx */
+  else if (r == CUDA_SUCCESS && st == NULL &&
+           fk_blocking_capture(fk_ctx()) != NULL)
     r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
   if (r == CUDA_SUCCESS) {
     *status = st != NULL ? st->cap : CU_STREAM_CAPTURE_STATUS_NONE;

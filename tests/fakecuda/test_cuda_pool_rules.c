@@ -415,14 +415,98 @@ Test(cuda_pool_rules,
   cr_assert_eq(cu.create(&k, CU_STREAM_DEFAULT), CUDA_SUCCESS);
   cr_assert_eq(cu.create(&o, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   churn_beside_a_capture(pool, NULL, k, o, 16); /* the legacy stream owes */
-  /* Once the capture is over, the legacy stream's block is reusable. */
+  /* Once the capture is over, the legacy stream's block is reusable: no
+   * growth for it. */
   void *again = NULL;
+  mp_stats_t before, after;
   cr_assert_eq(mp_stream_synchronize(dev, NULL), MP_OK);
+  cr_assert_eq(mp_pool_get_stats(pool, &before), MP_OK);
   cr_assert_eq(mp_pool_alloc(pool, 4u << 20, (mp_stream_t)o, &again), MP_OK);
+  cr_assert_eq(mp_pool_get_stats(pool, &after), MP_OK);
+  cr_expect_eq(after.device_alloc_count, before.device_alloc_count);
+  cr_expect_eq(after.reserved_bytes, before.reserved_bytes);
   cr_assert_eq(mp_pool_free(pool, again), MP_OK);
   cr_assert_eq(mp_pool_check(pool), MP_OK);
   stream_end(dev, k);
   stream_end(dev, o);
+  leave_ctx();
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(dev);
+}
+
+/* The same rule for the pool's synchronizations: trim and pause wait for
+ * each stream the pool knows by an event, and an event on the legacy stream
+ * while a blocking stream captures invalidates that capture (so would the
+ * device synchronize they fell back to). They refuse with MP_EBUSY until the
+ * capture ends, and work after it. Failed before: the capture ended
+ * invalidated. */
+Test(cuda_pool_rules,
+     no_synchronize_reaches_the_legacy_stream_while_a_blocking_one_captures,
+     .init = load_driver) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_pool_t *pool = cuda_pool(dev, "");
+  enter_ctx();
+  CUstream k;
+  cr_assert_eq(cu.create(&k, CU_STREAM_DEFAULT), CUDA_SUCCESS);
+  void *p = NULL;
+  cr_assert_eq(mp_pool_alloc(pool, 4u << 20, NULL, &p), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(cu.begin(k, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  mp_status_t trim = mp_pool_trim(pool, 0);
+  mp_status_t pause = mp_pool_pause(pool, 0);
+  CUgraph g = NULL;
+  CUresult end = cu.end(k, &g);
+  if (g != NULL)
+    cr_assert_eq(cu.graph_destroy(g), CUDA_SUCCESS);
+  cr_assert_eq(end, CUDA_SUCCESS, "the pool invalidated the capture");
+  cr_assert_eq(trim, MP_EBUSY);
+  cr_assert_eq(pause, MP_EBUSY);
+  cr_assert_eq(mp_pool_trim(pool, 0), MP_OK, "%s", mp_last_error());
+  mp_stats_t st;
+  cr_assert_eq(mp_pool_get_stats(pool, &st), MP_OK);
+  cr_assert_eq(st.reserved_bytes, 0);
+  stream_end(dev, k);
+  leave_ctx();
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(dev);
+}
+
+/* stream_waits=1: a block o's gated work still uses is not handed to the
+ * legacy stream by a wait on o's marker while a blocking stream captures
+ * (cuStreamWaitEvent on the legacy stream would invalidate the capture):
+ * the allocation takes other memory. Failed before: the capture ended
+ * invalidated. */
+Test(cuda_pool_rules, stream_waits_leave_the_legacy_stream_alone_in_a_capture,
+     .init = load_driver) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_pool_t *pool = cuda_pool(dev, "stream_waits=1");
+  enter_ctx();
+  CUstream k, o;
+  cr_assert_eq(cu.create(&k, CU_STREAM_DEFAULT), CUDA_SUCCESS);
+  cr_assert_eq(cu.create(&o, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  void *t = NULL, *x = NULL, *y = NULL;
+  cr_assert_eq(mp_pool_alloc(pool, 1u << 20, NULL, &t), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, t), MP_OK); /* the pool knows both */
+  cr_assert_eq(mp_pool_alloc(pool, 8u << 20, (mp_stream_t)o, &x), MP_OK);
+  gate_t gate;
+  gate_init(&gate);
+  cr_assert_eq(cu.launch(o, gate_wait, &gate), CUDA_SUCCESS);
+  cr_assert_eq(mp_pool_free(pool, x), MP_OK);
+  cr_assert_eq(cu.begin(k, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  mp_status_t st = mp_pool_alloc(pool, 8u << 20, NULL, &y);
+  CUgraph g = NULL;
+  CUresult end = cu.end(k, &g);
+  if (g != NULL)
+    cr_assert_eq(cu.graph_destroy(g), CUDA_SUCCESS);
+  gate_open(&gate);
+  cr_assert_eq(st, MP_OK, "%s", mp_last_error());
+  cr_assert_eq(end, CUDA_SUCCESS, "the pool invalidated the capture");
+  cr_expect_neq(y, x, "handed on while o's work used it");
+  cr_assert_eq(mp_device_synchronize(dev), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, y), MP_OK);
+  stream_end(dev, k);
+  stream_end(dev, o);
+  gate_destroy(&gate);
   leave_ctx();
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
   mp_device_close(dev);

@@ -83,6 +83,11 @@ Test(cuda_stream_handles, a_destroyed_stream_is_refused) {
   cr_assert_eq(mp_stream_create(dev, &s), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_stream_destroy(dev, s), MP_OK, "%s", mp_last_error());
   expect_refused(dev, s);
+  /* A query that cannot tell whether the stream captures fails with a
+   * message; it does not say "busy" (a poll would spin on it). */
+  cr_expect_eq(mp_stream_query(dev, s), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "cuStreamIsCapturing") != NULL, "%s",
+            mp_last_error());
   cr_expect_eq(mp_stream_destroy(dev, s), MP_EINVAL, "destroyed twice");
   mp_device_close(dev);
 }
