@@ -100,6 +100,10 @@ static bool pinned_stream_owned(mp_device_t *dev, mp_stream_t s) {
   return mp__device_stream_owned(pinned_under(dev), s);
 }
 
+static int pinned_stream_capturing(mp_device_t *dev, mp_stream_t s) {
+  return mp__device_stream_capturing(pinned_under(dev), s);
+}
+
 static mp_status_t pinned_no_vm(void) {
   return mp__fail(MP_ENOTSUP, "pinned host memory has no virtual memory");
 }
@@ -141,6 +145,7 @@ const mp__backend_t mp__pinned_backend = {
     .stream_query = pinned_stream_query,
     .stream_kind = pinned_stream_kind,
     .stream_owned = pinned_stream_owned,
+    .stream_capturing = pinned_stream_capturing,
     .launch_host = pinned_launch_host,
     .memcpy_async = pinned_memcpy_async,
     .memset_async = pinned_memset_async,

@@ -10,6 +10,7 @@
 #include <mempool/mempool.h>
 
 #include "../support/stream_gate.h"
+#include "../support/stream_reuse.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -119,28 +120,7 @@ Test(pool_streams, finished_blocks_are_shared_between_streams, .init = setup,
  * s2 is new to the pool here, which closes s1's open epoch. */
 Test(pool_streams, blocks_of_a_synchronized_stream_go_to_another_at_once,
      .init = setup_slow_queue, .fini = teardown) {
-  void *v[8], *w[8];
-  for (int i = 0; i < 8; i++)
-    cr_assert_eq(mp_pool_alloc(pool, MiB, s1, &v[i]), MP_OK);
-  for (int i = 0; i < 8; i++)
-    cr_assert_eq(mp_pool_free(pool, v[i]), MP_OK);
-  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
-  mp_stats_t before, after;
-  cr_assert_eq(mp_pool_get_stats(pool, &before), MP_OK);
-  for (int i = 0; i < 8; i++)
-    cr_assert_eq(mp_pool_alloc(pool, MiB, s2, &w[i]), MP_OK);
-  cr_assert_eq(mp_pool_get_stats(pool, &after), MP_OK);
-  cr_expect_eq(after.device_alloc_count, before.device_alloc_count,
-               "grew instead of reusing s1's blocks");
-  cr_expect_eq(after.reserved_bytes, before.reserved_bytes);
-  for (int i = 0; i < 8; i++) {
-    bool found = false;
-    for (int j = 0; j < 8; j++)
-      found = found || w[i] == v[j];
-    cr_expect(found, "block %d is not one s1 freed", i);
-  }
-  for (int i = 0; i < 8; i++)
-    cr_assert_eq(mp_pool_free(pool, w[i]), MP_OK);
+  synced_blocks_go_to_another_stream(pool, dev, s1, s2);
 }
 
 Test(pool_streams, record_stream_holds_the_block_until_that_stream_is_done,
