@@ -755,6 +755,17 @@ static mp_status_t mp__cuda_ready(CUresult r, const char *fn, void *h) {
   return r == CUDA_SUCCESS ? MP_OK : mp__cuda_fail(r, "%s(%p)", fn, h);
 }
 
+/* cuStreamIsCapturing's answer for s: allowed during capture (it is how
+ * PyTorch and the CUDA samples ask), never waits. *cap is NONE unless the
+ * driver says otherwise. */
+static CUresult mp__cuda_capture_status(mp__cuda_dev_t *cd, mp_stream_t s,
+                                        CUstreamCaptureStatus *cap) {
+  CUresult r;
+  *cap = CU_STREAM_CAPTURE_STATUS_NONE;
+  MP__CU_IN_CTX(cd, r, mp__cu.StreamIsCapturing((CUstream)s, cap));
+  return r;
+}
+
 /* A stream being captured is busy, and is not asked: cuStreamQuery is "not
  * allowed during stream capture" (cuda.h) and would invalidate the capture
  * of a stream the pool was never told captures (one that joined a capture
@@ -765,9 +776,8 @@ static mp_status_t mp__cuda_ready(CUresult r, const char *fn, void *h) {
  * is the query's failure, with a message. */
 static mp_status_t mp__cuda_stream_query(mp_device_t *dev, mp_stream_t s) {
   mp__cuda_dev_t *cd = mp__cuda_of(dev);
-  CUresult r;
-  CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
-  MP__CU_IN_CTX(cd, r, mp__cu.StreamIsCapturing((CUstream)s, &cap));
+  CUstreamCaptureStatus cap;
+  CUresult r = mp__cuda_capture_status(cd, s, &cap);
   if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ||
       (r == CUDA_SUCCESS && cap != CU_STREAM_CAPTURE_STATUS_NONE))
     return MP_EBUSY;
@@ -818,8 +828,8 @@ static int mp__cuda_stream_kind(mp_device_t *dev, mp_stream_t s) {
    * first meet a stream inside its capture (a graph pool, PyTorch's
    * allocation in a capture). cuStreamIsCapturing is allowed there; a
    * stream found capturing is live, and is not asked its flags. */
-  CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
-  MP__CU_IN_CTX(cd, r, mp__cu.StreamIsCapturing((CUstream)s, &cap));
+  CUstreamCaptureStatus cap;
+  r = mp__cuda_capture_status(cd, s, &cap);
   if (r == CUDA_SUCCESS && cap == CU_STREAM_CAPTURE_STATUS_NONE)
     MP__CU_IN_CTX(cd, r, mp__cu.StreamGetFlags((CUstream)s, &flags));
   if (r == CUDA_ERROR_INVALID_HANDLE)
@@ -840,14 +850,9 @@ static int mp__cuda_stream_kind(mp_device_t *dev, mp_stream_t s) {
   return MP__STREAM_SHARED;
 }
 
-/* cuStreamIsCapturing: allowed during capture (it is how PyTorch and the
- * CUDA samples ask), never waits. */
 static int mp__cuda_stream_capturing(mp_device_t *dev, mp_stream_t s) {
-  CUresult r;
-  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-  MP__CU_IN_CTX(mp__cuda_of(dev), r,
-                mp__cu.StreamIsCapturing((CUstream)s, &st));
-  if (r != CUDA_SUCCESS)
+  CUstreamCaptureStatus st;
+  if (mp__cuda_capture_status(mp__cuda_of(dev), s, &st) != CUDA_SUCCESS)
     return -1;
   return st != CU_STREAM_CAPTURE_STATUS_NONE;
 }

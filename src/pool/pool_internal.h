@@ -937,9 +937,6 @@ typedef struct mp__sync_set {
   mp_event_t *ev;
   size_t n;
 } mp__sync_set_t;
-/* Between mp__streams_sync_begin and dropping the lock. False (nothing
- * held) when only a device synchronize will do: a stream that could not
- * be marked, another thread's per-thread stream, no events. */
 /* MP_EBUSY with a message naming what (a synchronize, a pause) when a live
  * stream the pool knows cannot be waited for by an event now: one the
  * application captures without telling the pool, or whose capture state
@@ -948,6 +945,9 @@ typedef struct mp__sync_set {
  * 2026-11-28). MP_OK otherwise. Asks the device of each stream (no wait).
  * Under the lock. */
 mp_status_t mp__streams_unwaitable(const mp_pool_t *pool, const char *what);
+/* Between mp__streams_sync_begin and dropping the lock. False (nothing
+ * held) when only a device synchronize will do: a stream that could not
+ * be marked, another thread's per-thread stream, no events. */
 bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set);
 /* Waits for the set's events; a set that mp__streams_sync_events gave up on
  * (no events held) synchronizes the device instead. Lock dropped. */
