@@ -423,25 +423,41 @@ static bool fk_env_flag_is(const char *name, const char *value) {
   return v != NULL && strcmp(v, value) == 0;
 }
 
-/* The handles of the streams destroyed last (under fk.lock). A destroyed
+/* The handles of the streams destroyed (under fk.lock). A destroyed
  * stream's handle is undefined behaviour in a real driver, which may crash:
  * an H200 (driver 580.159.04, 2026-11-28) died in cuEventRecord and in
  * cuStreamIsCapturing given one. So a use of one here stops the process
  * with a message, unless FAKECUDA_DEAD_STREAMS=refuse asks for the
  * CUDA_ERROR_INVALID_HANDLE answer (for a test of a caller's check of
  * such a handle, which no GPU twin runs). */
-#define FK_DEAD_STREAMS 64
-static CUstream fk_dead[FK_DEAD_STREAMS];
-static unsigned fk_dead_next;
+static CUstream *fk_dead; /* every destroyed handle not yet reused */
+static size_t fk_ndead, fk_dead_cap;
+
+/* A destroyed handle, remembered for good (until a new stream gets the
+ * same address: fk_dead_forget). Without host memory it is not
+ * remembered, and a later use is only refused. */
+static void fk_dead_add(CUstream h) {
+  if (fk_ndead == fk_dead_cap) {
+    size_t cap = fk_dead_cap ? 2 * fk_dead_cap : 64;
+    CUstream *d = realloc(fk_dead, cap * sizeof *d);
+    if (d == NULL)
+      return;
+    fk_dead = d;
+    fk_dead_cap = cap;
+  }
+  fk_dead[fk_ndead++] = h;
+}
 
 static void fk_dead_forget(CUstream h) {
-  for (unsigned i = 0; i < FK_DEAD_STREAMS; i++)
-    if (fk_dead[i] == h)
-      fk_dead[i] = NULL;
+  for (size_t i = 0; i < fk_ndead; i++)
+    if (fk_dead[i] == h) {
+      fk_dead[i] = fk_dead[--fk_ndead];
+      return;
+    }
 }
 
 static CUresult fk_dead_or_bad(CUstream h) {
-  for (unsigned i = 0; i < FK_DEAD_STREAMS; i++)
+  for (size_t i = 0; i < fk_ndead; i++)
     if (h != NULL && fk_dead[i] == h &&
         !fk_env_flag_is("FAKECUDA_DEAD_STREAMS", "refuse")) {
       fprintf(stderr,
@@ -702,6 +718,16 @@ static CUresult fk_stream_new(mp_device_t *dev, bool blocking,
   return CUDA_SUCCESS;
 }
 
+/* A stream's record once its stream is gone: kept, never freed, so that
+ * no later stream gets its address as its handle and a use of the dead
+ * handle is always caught (fk_dead_or_bad). A driver may reuse a handle,
+ * where such a use would reach another stream unnoticed. Under fk.lock. */
+static fk_stream_t *fk_grave;
+static void fk_bury(fk_stream_t *st) {
+  st->next = fk_grave;
+  fk_grave = st;
+}
+
 /* Frees the retired streams whose work has finished. Under fk.lock. */
 static void fk_reap(mp_device_t *dev, struct CUctx_st *c) {
   for (fk_stream_t **at = &c->retired; *at != NULL;) {
@@ -713,7 +739,7 @@ static void fk_reap(mp_device_t *dev, struct CUctx_st *c) {
     *at = st->next;
     (void)mp_stream_destroy(dev, st->s);
     (void)mp_event_destroy(dev, st->tail);
-    free(st);
+    fk_bury(st);
   }
 }
 
@@ -726,7 +752,7 @@ static void fk_forget_streams(struct CUctx_st *c) {
       fk_stream_t *st = *list;
       *list = st->next;
       (void)fk_capture_end(st, false);
-      free(st);
+      fk_bury(st);
     }
   c->legacy_tail = NULL;
   c->generation++;
@@ -1628,15 +1654,17 @@ CUresult cuStreamDestroy_v2(CUstream h) {
   fk_stream_t *st = *at;
   if (st != NULL) {
     *at = st->next;
-    fk_dead[fk_dead_next++ % FK_DEAD_STREAMS] = h;
+    fk_dead_add(h);
     (void)fk_capture_end(st, false);
     st->next = c->retired;
     c->retired = st;
     (void)mp_event_record(dev, st->tail, st->s); /* its end, for fk_reap */
     fk_reap(dev, c);
   }
+  /* Destroyed twice: a use of a dead handle like any other. */
+  CUresult r = st != NULL ? CUDA_SUCCESS : fk_dead_or_bad(h);
   pthread_mutex_unlock(&fk.lock);
-  return st != NULL ? CUDA_SUCCESS : fk_bad_handle();
+  return r;
 }
 
 /* Waits for a stream's work (not holding fk.lock). */

@@ -296,20 +296,49 @@ Test(fakecuda_rules, stream_destroy_returns_at_once_and_kills_the_handle) {
   cr_assert_eq(atomic_load(&flag), 1, "the destroyed stream's work was lost");
 }
 
+/* A stream made and destroyed: its handle is dead. On a GPU the tests of
+ * what a use of it does stop here, with what they expect (a GPU's answer is
+ * undefined). */
+static CUstream a_dead_stream(void) {
+  if (fk_real())
+    abort();
+  CUstream s;
+  cr_assert_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamDestroy(s), CUDA_SUCCESS);
+  return s;
+}
+
 /* A destroyed stream's handle is undefined behaviour on a GPU, which may
  * crash (an H200 did in cuEventRecord and cuStreamIsCapturing, 2026-11-28):
  * the fake stops the process there, so a caller that keeps using one fails
  * its test here too. */
 Test(fakecuda_rules, a_destroyed_streams_handle_stops_the_process,
      .signal = SIGABRT) {
-  if (fk_real())
-    abort(); /* what this test expects; a GPU's answer is undefined */
-  CUstream s;
-  cr_assert_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  cr_assert_eq(cuStreamDestroy(s), CUDA_SUCCESS);
+  CUstream s = a_dead_stream();
   CUevent e;
   cr_assert_eq(cuEventCreate(&e, 0), CUDA_SUCCESS);
   (void)cuEventRecord(e, s);
+}
+
+/* However many streams come and go after it (the fake once remembered only
+ * the last 64 handles, so an old one was answered instead). */
+Test(fakecuda_rules, a_handle_stays_dead_while_many_streams_come_and_go,
+     .signal = SIGABRT) {
+  CUstream s = a_dead_stream(), t[200];
+  for (int i = 0; i < 200; i++)
+    cr_assert_eq(cuStreamCreate(&t[i], CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  for (int i = 0; i < 200; i++)
+    cr_assert_eq(cuStreamDestroy(t[i]), CUDA_SUCCESS);
+  for (int i = 0; i < 200; i++)
+    cr_assert_neq(t[i], s, "a new stream reused the dead handle");
+  (void)cuStreamQuery(s);
+}
+
+/* Destroying a stream twice is a use of its dead handle like any other. */
+Test(fakecuda_rules, destroying_a_stream_twice_stops_the_process,
+     .signal = SIGABRT) {
+  CUstream s = a_dead_stream();
+  (void)cuStreamDestroy(s);
 }
 
 Test(fakecuda_rules, default_streams_cannot_be_destroyed) {
