@@ -4,6 +4,9 @@
 #   1. fragmentation: peak reserved / peak live of the `pool` allocator on
 #      every built-in workload and trace (mpbench, default config, no
 #      capacity search), old and new per row, and rows that got worse;
+#      then with streams that run behind the host (mpbench --stream-work
+#      STREAM_WORK_US, default 20; three runs per build): the spread of each
+#      row whose figure moved with the timing in either build;
 #   2. instructions per free+alloc pair at 100 and 10 000 live blocks
 #      (bench/micro/count_pairs.sh: callgrind, the same on a busy machine);
 #   3. threads: bench_pool_threads' speed-ups at 2, 4 and 8 threads, the two
@@ -50,6 +53,48 @@ awk -F, 'FNR == 1 { f++; next }
     }
     printf "\n%d of %d rows worse\n", worse, n
   }' "$work/old/results.csv" "$work/new/results.csv"
+
+echo
+us=${STREAM_WORK_US:-20}
+echo "## 1b. With streams $us us behind the host (mpbench --stream-work $us), three runs each"
+for side in old new; do
+  eval b=\$$side
+  for run in 1 2 3; do
+    "$b/bench/mpbench" run --allocator pool --no-capacity --stream-work "$us" \
+      --out "$work/$side.sw$run" >"$work/$side.sw$run.log" 2>&1 || {
+      echo "compare_builds: mpbench --stream-work failed in $b:" >&2
+      tail -5 "$work/$side.sw$run.log" >&2
+      exit 1
+    }
+  done
+done
+# Per row and build: the caught-up figure (section 1) and the lowest and
+# highest of the three runs; rows whose figure never moved are left out.
+awk -F, 'FNR == 1 { f++; next }
+  $2 != "pool" { next }
+  { side = f <= 4 ? 1 : 2; w = $1; x = $8 + 0 }
+  f == 1 || f == 5 { base[side, w] = $8; if (f == 1) order[++n] = w; next }
+  !((side, w) in lo) || x < lo[side, w] { lo[side, w] = x }
+  !((side, w) in hi) || x > hi[side, w] { hi[side, w] = x }
+  END {
+    printf "| workload | old: caught up, behind (min to max) | new: caught up, behind (min to max) |\n|---|---:|---:|\n"
+    for (i = 1; i <= n; i++) {
+      w = order[i]
+      moved = 0
+      for (s = 1; s <= 2; s++)
+        if (lo[s, w] != base[s, w] + 0 || hi[s, w] != base[s, w] + 0)
+          moved = 1
+      if (!moved)
+        continue
+      shown++
+      printf "| %s | %.3f, %.3f to %.3f | %.3f, %.3f to %.3f |\n", w, base[1, w],
+        lo[1, w], hi[1, w], base[2, w], lo[2, w], hi[2, w]
+    }
+    printf "\n%d of %d rows moved with the stream timing\n", shown, n
+  }' "$work/old/results.csv" "$work/old.sw1/results.csv" \
+  "$work/old.sw2/results.csv" "$work/old.sw3/results.csv" \
+  "$work/new/results.csv" "$work/new.sw1/results.csv" \
+  "$work/new.sw2/results.csv" "$work/new.sw3/results.csv"
 
 echo
 echo "## 2. Instructions per pair (callgrind)"
