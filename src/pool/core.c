@@ -242,6 +242,13 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
   mp__block_t *b = mp__search_patiently(pool, size, sidx, pending);
   if (b != NULL)
     goto got;
+  /* Rung: join the free neighbours that frees kept apart while another
+   * stream's work held one of them (block.c), where that work is done. */
+  if (pool->merge_later) {
+    mp__block_merge_deferred(pool);
+    if ((b = mp__search(pool, size, sidx)) != NULL)
+      goto got;
+  }
   mp_status_t st = mp__grow_and_search(pool, size, sidx, &b);
   if (st == MP_OK)
     goto got;

@@ -119,9 +119,12 @@ enum {
   MP__B_UNMERGED = 1u << 6,  /* free: left apart from a free neighbour:
                                 grown next to a block another stream waits
                                 on (so the new memory is usable at once),
-                                kept under max_split, or their pending
-                                streams do not fit one record; merged by a
-                                later free or a sync */
+                                kept under max_split, their pending
+                                streams do not fit one record, or the
+                                neighbour's work on another stream would
+                                hold a block just freed back (block.c);
+                                merged by a later free, a sync, or before
+                                growth (merge_later) */
   MP__B_HOLE = 1u << 7,      /* an unmapped gap of the virtual range: neither
                                 free nor live, never next to another hole,
                                 never the range's last block; sidx is its
@@ -293,6 +296,8 @@ struct mp_pool {
   mp_device_t *dev;
   mp_pool_config_t cfg;
   bool paused;      /* pause.c: memory given back, addresses kept */
+  bool merge_later; /* a free kept apart from a neighbour another stream's
+                       work holds (block.c): merge before growing */
   void *pause_copy; /* MP_PAUSE_KEEP_CONTENT: the live blocks, in order */
   size_t paused_reserved, paused_free; /* st's figures before the pause */
   mp_pool_oom_handler_t oom_fn;        /* mp_pool_set_oom_handler */
@@ -798,8 +803,9 @@ bool mp__block_absorb(mp_pool_t *pool, mp__block_t *into, mp__block_t *gone,
 /* [defrag] Merges free b (not in the index) with its free neighbours (taken
  * out of the index) and returns the merged block, still not in the index. */
 mp__block_t *mp__block_coalesce(mp_pool_t *pool, mp__block_t *b);
-/* After a device sync: merges every pair of adjacent free blocks that
- * growth left apart (MP__B_UNMERGED). */
+/* Merges every pair of adjacent free blocks left apart (MP__B_UNMERGED)
+ * that can join now: after a device sync, at trim, and before growth when
+ * a free kept one apart (merge_later). */
 void mp__block_merge_deferred(mp_pool_t *pool);
 /* Links a new block after `after` (NULL: at the head) in seg. */
 void mp__block_link(mp__segment_t *seg, mp__block_t *after, mp__block_t *b);

@@ -16,6 +16,7 @@
 
 #include "../support/device_helpers.h"
 #include "../support/stream_gate.h"
+#include "../support/stream_merges.h"
 #include "../support/stream_reuse.h"
 #include "fakecuda_test.h"
 
@@ -591,6 +592,43 @@ Test(cuda_pool_rules, blocks_of_a_synchronized_stream_go_to_another_at_once,
   leave_ctx();
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
   mp_device_close(dev);
+}
+
+/* A free beside a block another stream's work still holds (scenarios:
+ * support/stream_merges.h, the host device's in test_pool_stream_merges.c):
+ * run on two non-blocking streams of the cuda device. */
+typedef void (*merges_fn)(mp_pool_t *, mp_device_t *, gate_t *, mp_stream_t,
+                          mp_stream_t);
+static void merges_on_cuda(merges_fn fn) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_pool_t *pool = cuda_pool(dev, "");
+  enter_ctx();
+  CUstream s1, s2;
+  cr_assert_eq(cu.create(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(cu.create(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  gate_t gate;
+  gate_init(&gate);
+  fn(pool, dev, &gate, (mp_stream_t)s1, (mp_stream_t)s2);
+  gate_open(&gate);
+  cr_assert_eq(mp_device_synchronize(dev), MP_OK);
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  stream_end(dev, s1);
+  stream_end(dev, s2);
+  gate_destroy(&gate);
+  leave_ctx();
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(dev);
+}
+
+Test(cuda_pool_rules,
+     a_block_freed_beside_another_streams_pending_block_serves_its_stream,
+     .init = load_driver) {
+  merges_on_cuda(merges_b_serves_its_stream_at_once);
+}
+
+Test(cuda_pool_rules, neighbours_kept_apart_join_before_the_pool_grows,
+     .init = load_driver) {
+  merges_on_cuda(merges_join_before_growth);
 }
 
 /* A pool of dev with stream_waits=1. */

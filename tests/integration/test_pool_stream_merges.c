@@ -1,0 +1,94 @@
+/* A free beside a block another stream's work still holds, on the host
+ * device (the scenario: support/stream_merges.h; its GPU twin is in
+ * fakecuda/test_cuda_pool_rules.c): the freed block stays apart and is
+ * reusable on its own stream at once, and the two join once that work is
+ * done, before the pool would grow. */
+#include <criterion/criterion.h>
+
+#include <mempool/mempool.h>
+
+#include "../support/stream_merges.h"
+
+static gate_t gate;
+static mp_device_t *dev;
+static mp_pool_t *pool;
+static mp_stream_t s1, s2;
+
+static void setup(void) {
+  gate_init(&gate);
+  cr_assert_eq(mp_device_open("host", &dev), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_create(dev, NULL, &pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_stream_create(dev, &s1), MP_OK);
+  cr_assert_eq(mp_stream_create(dev, &s2), MP_OK);
+}
+
+static void teardown(void) {
+  gate_open(&gate);
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, s2), MP_OK);
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_destroy(pool), MP_OK);
+  mp_stream_destroy(dev, s1);
+  mp_stream_destroy(dev, s2);
+  mp_device_close(dev);
+  gate_destroy(&gate);
+}
+
+TestSuite(pool_stream_merges, .init = setup, .fini = teardown);
+
+Test(pool_stream_merges,
+     a_block_freed_beside_another_streams_pending_block_serves_its_stream) {
+  merges_b_serves_its_stream_at_once(pool, dev, &gate, s1, s2);
+}
+
+Test(pool_stream_merges, neighbours_kept_apart_join_before_the_pool_grows) {
+  merges_join_before_growth(pool, dev, &gate, s1, s2);
+}
+
+/* The pool's own check accepts the pair kept apart, and trim joins it once
+ * the work is done (one free block of 2 MiB, which trim gives back). */
+Test(pool_stream_merges, trim_joins_the_pair_once_the_work_is_done) {
+  merges_t m = merges_free_beside_a_gated_stream(pool, dev, &gate, s1, s2);
+  (void)m;
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  gate_open(&gate);
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, s2), MP_OK);
+  cr_assert_eq(mp_pool_trim(pool, 0), MP_OK);
+  cr_expect_eq(merges_reserved(pool), 0, "a pair left apart kept memory");
+}
+
+/* Three neighbours freed on three streams, each kept apart from the one
+ * before (its stream still held): once the work is done, trim joins all
+ * three, and the chunk they fill goes back. (The joining walk moved on
+ * after one merge and left the third apart: the chunk stayed.) */
+Test(pool_stream_merges, a_run_of_three_kept_apart_joins_whole_at_trim) {
+  const size_t mib = (size_t)1 << 20;
+  mp_stream_t s3;
+  cr_assert_eq(mp_stream_create(dev, &s3), MP_OK);
+  void *a, *b, *c, *x;
+  cr_assert_eq(mp_pool_alloc(pool, mib / 2, s1, &a), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, mib, s2, &b), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, mib / 2, s3, &c), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, mib, s3, &x), MP_OK); /* the next chunk */
+  cr_assert_eq((char *)b, (char *)a + mib / 2);
+  cr_assert_eq((char *)c, (char *)b + mib);
+  cr_assert_eq(merges_reserved(pool), 4 * mib);
+  cr_assert_eq(mp_stream_launch_host(dev, s1, gate_wait, &gate), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, s2, gate_wait, &gate), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, a), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, b), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, c), MP_OK);
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  gate_open(&gate);
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, s2), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, s3), MP_OK);
+  cr_assert_eq(mp_pool_trim(pool, 0), MP_OK);
+  cr_expect_eq(merges_reserved(pool), 2 * mib,
+               "the first chunk, wholly free, was kept");
+  cr_assert_eq(mp_pool_free(pool, x), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, s3), MP_OK);
+  cr_assert_eq(mp_stream_forget(dev, s3), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s3), MP_OK);
+}
