@@ -569,6 +569,32 @@ Test(cuda_pool_rules, stream_waits_leave_the_legacy_stream_alone_in_a_capture,
   mp_device_close(dev);
 }
 
+/* A default pool on the cuda device, its context current, and two
+ * non-blocking streams; two_close ends them in the application's order. */
+typedef struct two {
+  mp_device_t *dev;
+  mp_pool_t *pool;
+  CUstream s1, s2;
+} two_t;
+
+static two_t two_open(void) {
+  two_t t;
+  t.dev = open_dev("cuda");
+  t.pool = cuda_pool(t.dev, "");
+  enter_ctx();
+  cr_assert_eq(cu.create(&t.s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(cu.create(&t.s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  return t;
+}
+
+static void two_close(two_t *t) {
+  stream_end(t->dev, t->s1);
+  stream_end(t->dev, t->s2);
+  leave_ctx();
+  cr_assert_eq(mp_pool_destroy(t->pool), MP_OK);
+  mp_device_close(t->dev);
+}
+
 /* Blocks freed on a stream the application has synchronized go to another
  * stream at once, with no growth, even where a marker recorded now would
  * stay pending for a while (the pool asks whether the stream is idle
@@ -579,19 +605,10 @@ Test(cuda_pool_rules, stream_waits_leave_the_legacy_stream_alone_in_a_capture,
 Test(cuda_pool_rules, blocks_of_a_synchronized_stream_go_to_another_at_once,
      .init = load_driver) {
   setenv("FAKECUDA_DEVICE", "stream_latency_us=20000", 1);
-  mp_device_t *dev = open_dev("cuda");
-  mp_pool_t *pool = cuda_pool(dev, "");
-  enter_ctx();
-  CUstream s1, s2;
-  cr_assert_eq(cu.create(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  cr_assert_eq(cu.create(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  synced_blocks_go_to_another_stream(pool, dev, (mp_stream_t)s1,
-                                     (mp_stream_t)s2);
-  stream_end(dev, s1);
-  stream_end(dev, s2);
-  leave_ctx();
-  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
-  mp_device_close(dev);
+  two_t t = two_open();
+  synced_blocks_go_to_another_stream(t.pool, t.dev, (mp_stream_t)t.s1,
+                                     (mp_stream_t)t.s2);
+  two_close(&t);
 }
 
 /* A free beside a block another stream's work still holds (scenarios:
@@ -600,24 +617,15 @@ Test(cuda_pool_rules, blocks_of_a_synchronized_stream_go_to_another_at_once,
 typedef void (*merges_fn)(mp_pool_t *, mp_device_t *, gate_t *, mp_stream_t,
                           mp_stream_t);
 static void merges_on_cuda(merges_fn fn) {
-  mp_device_t *dev = open_dev("cuda");
-  mp_pool_t *pool = cuda_pool(dev, "");
-  enter_ctx();
-  CUstream s1, s2;
-  cr_assert_eq(cu.create(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  cr_assert_eq(cu.create(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  two_t t = two_open();
   gate_t gate;
   gate_init(&gate);
-  fn(pool, dev, &gate, (mp_stream_t)s1, (mp_stream_t)s2);
+  fn(t.pool, t.dev, &gate, (mp_stream_t)t.s1, (mp_stream_t)t.s2);
   gate_open(&gate);
-  cr_assert_eq(mp_device_synchronize(dev), MP_OK);
-  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
-  stream_end(dev, s1);
-  stream_end(dev, s2);
+  cr_assert_eq(mp_device_synchronize(t.dev), MP_OK);
+  cr_expect_eq(mp_pool_check(t.pool), MP_OK, "%s", mp_last_error());
+  two_close(&t);
   gate_destroy(&gate);
-  leave_ctx();
-  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
-  mp_device_close(dev);
 }
 
 Test(cuda_pool_rules,
