@@ -257,6 +257,11 @@ mp_status_t mp_ipc_recv(int sock, mp_ipc_handle_t *out) {
   while (n < 0 && errno == EINTR);
   int err = errno;
   size_t nfds = 0;
+  /* A failed recvmsg filled in nothing: its control buffer holds whatever
+   * the stack held (an earlier call's descriptor numbers, which the loop
+   * below would close). */
+  if (n < 0)
+    msg.msg_controllen = 0;
   for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL;
        c = CMSG_NXTHDR(&msg, c))
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {

@@ -191,3 +191,31 @@ Test(pool_ipc_args, a_socket_that_carries_no_handle_is_eio) {
   close(sv[0]);
   close(sv[1]);
 }
+
+/* One frame for both receives, so the failed one finds the first one's
+ * control buffer on the stack, as a caller's loop would. */
+__attribute__((noinline)) static mp_status_t receive(int sock,
+                                                     mp_ipc_handle_t *h) {
+  return mp_ipc_recv(sock, h);
+}
+
+/* A receive that fails (a bad socket) touches no descriptor: it walked
+ * the control buffer it never received into and closed the descriptors
+ * an earlier receive had handed to the caller. */
+Test(pool_ipc_args, a_failed_receive_closes_no_descriptor) {
+  mp_pool_t *pool = make_pool(dev, NULL);
+  void *p;
+  mp_ipc_handle_t good = exported(pool, &p), got, junk;
+  int sv[2];
+  cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  cr_assert_eq(mp_ipc_send(sv[0], &good), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(receive(sv[1], &got), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(receive(-1, &junk), MP_EIO);
+  cr_expect(fd_open(got.fd) && fd_open(got.lease_fd),
+            "a failed receive closed the descriptors of an earlier one");
+  cr_expect_eq(mp_ipc_handle_close(&got), MP_OK);
+  cr_expect_eq(mp_ipc_handle_close(&good), MP_OK);
+  close(sv[0]);
+  close(sv[1]);
+  free_released_and_destroy(pool, p);
+}
