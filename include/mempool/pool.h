@@ -344,7 +344,9 @@ MP_API mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
 
 /* A new, empty graph pool drawing from parent (a pool that is neither a
  * child nor a graph pool: else MP_EINVAL). The parent counts it as a child:
- * mp_pool_destroy(parent) is MP_EBUSY until it is released. */
+ * mp_pool_destroy(parent) is MP_EBUSY until it is released. A graph pool
+ * has no child pools and no movable blocks (mp_pool_create_child and
+ * mp_pool_alloc_movable on it: MP_EINVAL). */
 MP_API mp_status_t mp_pool_graph_create(mp_pool_t *parent, mp_pool_t **out);
 /* From now on mp_pool_alloc(parent, bytes, s, ...) is served by graph, and
  * s is capturing for both pools (the rules above). Call it before

@@ -21,6 +21,11 @@ mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
   mp_status_t nst = mp__no_arenas(parent, "mp_pool_create_child");
   if (nst != MP_OK)
     return nst;
+  /* A graph pool goes with its last block (graph.c); a child's range
+   * would keep it, and its parent, forever. */
+  if (parent->graph)
+    return mp__fail(MP_EINVAL,
+                    "mp_pool_create_child: the parent is a graph pool");
   mp_pool_config_t cfg = parent->cfg;
   cfg.flags &= ~(unsigned)MP_POOL_VIRTUAL;
   cfg.max_bytes = 0;

@@ -141,6 +141,11 @@ mp_status_t mp_pool_alloc_movable(mp_pool_t *pool, size_t bytes, mp_stream_t s,
   mp_status_t nst = mp__no_arenas(pool, "mp_pool_alloc_movable");
   if (nst != MP_OK)
     return nst;
+  /* A graph pool goes with its last block, which only mp_pool_free and
+   * mp_pool_graph_release see (graph.c), not mp_handle_free. */
+  if (pool->graph)
+    return mp__fail(MP_EINVAL, "mp_pool_alloc_movable: a graph pool holds no "
+                               "movable blocks");
   if (bytes == 0) {
     *out = NULL;
     return MP_OK;

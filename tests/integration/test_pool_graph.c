@@ -160,6 +160,15 @@ Test(pool_graph, bad_calls_are_refused_and_change_nothing, .init = setup,
   cr_expect_eq(mp_pool_graph_create(parent, NULL), MP_EINVAL);
   cr_assert_eq(mp_pool_graph_create(parent, &g), MP_OK);
   cr_expect_eq(mp_pool_graph_create(g, &g2), MP_EINVAL, "not from a graph");
+  /* Neither would ever let the graph pool finish (it goes with its last
+   * free or release), and the parent could then never be destroyed. */
+  mp_handle_t *h;
+  cr_expect_eq(mp_pool_create_child(g, MiB, &child), MP_EINVAL,
+               "a child of a graph pool");
+  cr_expect_eq(mp_pool_alloc_movable(g, 4096, NULL, &h), MP_EINVAL,
+               "a movable block in a graph pool");
+  cr_expect_eq(stats(parent).allocated_bytes, 0);
+  cr_expect_eq(stats(g).reserved_bytes, 0);
   cr_assert_eq(mp_pool_create_child(parent, 4 * MiB, &child), MP_OK);
   cr_expect_eq(mp_pool_graph_create(child, &g2), MP_EINVAL, "not a child");
   cr_expect_eq(mp_pool_graph_begin(child, g, s1), MP_EINVAL,
