@@ -416,13 +416,16 @@ MP_API mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
  * back to the device while keeping the pool's virtual addresses reserved
  * (with MP_PAUSE_KEEP_CONTENT, the live blocks are first copied to one
  * page-locked host buffer). Afterwards reserved_bytes and free_bytes are 0;
- * every call on the pool but resume, stats, dump, snapshot, destroy and
- * mp_handle_ptr is MP_EBUSY (a snapshot of a paused pool lists no segment;
- * with history=N its trace has a segment_unmap per chunk the pause gave
- * back and a segment_map per chunk resume maps again). A pool that holds plain
- * segments (no virtual memory, or virtual=0) or is a child: MP_ENOTSUP; live
- * child pools or a pool paused already: MP_EBUSY. A pause that fails leaves the
- * pool as it was. One pool per tag (weights, KV cache) pauses each separately.
+ * every call on the pool but resume, stats, dump, snapshot, destroy,
+ * mp_handle_ptr, and the settings mp_pool_set_access and
+ * mp_pool_set_oom_handler (kept for after the resume) is MP_EBUSY,
+ * mp_pool_set_max_fraction included (a snapshot of a paused pool lists no
+ * segment; with history=N its trace has a segment_unmap per chunk the pause
+ * gave back and a segment_map per chunk resume maps again). A pool that holds
+ * plain segments (no virtual memory, or virtual=0) or is a child: MP_ENOTSUP;
+ * live child pools or a pool paused already: MP_EBUSY. A pause that fails
+ * leaves the pool as it was. One pool per tag (weights, KV cache) pauses each
+ * separately.
  */
 #define MP_PAUSE_KEEP_CONTENT 0x1u
 MP_API mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags);

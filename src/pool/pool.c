@@ -57,12 +57,17 @@ mp_status_t mp_pool_set_max_fraction(mp_pool_t *pool, double fraction) {
   if (st != MP_OK)
     return st;
   mp__pool_lock(pool);
-  pool->cap = cap;
-  pool->cap_is_max = is_max;
-  pool->cfg.max_bytes = 0;
-  pool->cfg.max_fraction = fraction;
+  /* Paused: resume maps back what the pool held, which a lower cap would
+   * refuse (the pool would stay paused). */
+  st = mp__pool_paused(pool, "mp_pool_set_max_fraction");
+  if (st == MP_OK) {
+    pool->cap = cap;
+    pool->cap_is_max = is_max;
+    pool->cfg.max_bytes = 0;
+    pool->cfg.max_fraction = fraction;
+  }
   mp__pool_unlock(pool);
-  return MP_OK;
+  return st;
 }
 
 mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,

@@ -126,6 +126,8 @@ Test(pool_pause, every_other_call_is_ebusy_while_paused) {
   cr_expect_eq(mp_pool_create_child(p, MiB, &child), MP_EBUSY);
   cr_expect_eq(mp_pool_check(p), MP_EBUSY);
   cr_expect_eq(mp_pool_pause(p, 0), MP_EBUSY);
+  /* A cap below what the pool held would leave resume refused. */
+  cr_expect_eq(mp_pool_set_max_fraction(p, 0.001), MP_EBUSY);
   cr_expect_eq(mp_handle_ptr(h), hp);
   mp_stats_t after = stats(p);
   cr_expect_eq(after.allocated_bytes, before.allocated_bytes);
