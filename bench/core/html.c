@@ -88,7 +88,8 @@ static mp_status_t mpb_html_map(FILE *out, const mpb_blockmap_t *m) {
   mpb_block_t *b = malloc((m->n ? m->n : 1) * sizeof *b);
   if (b == NULL)
     return mp__fail(MP_ENOMEM, "out of host memory writing report.html");
-  memcpy(b, m->b, m->n * sizeof *b);
+  if (m->n > 0) /* a run that failed at its first event has no block */
+    memcpy(b, m->b, m->n * sizeof *b);
   if (keep < m->n)
     qsort(b, m->n, sizeof *b, mpb_cmp_block_size_desc);
   uint64_t base = UINT64_MAX;

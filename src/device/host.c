@@ -445,16 +445,17 @@ static mp_status_t host_unknown_event(const char *fn, mp_event_t e) {
                   (void *)e);
 }
 
-/* A reference to the stream that survives a concurrent destroy. */
-static mp_status_t host_stream_get(host_dev_t *h, mp_stream_t handle,
-                                   host_stream_t **out) {
+/* A reference to the stream that survives a concurrent destroy; fn names
+ * the caller's entry point in the error. */
+static mp_status_t host_stream_get(host_dev_t *h, const char *fn,
+                                   mp_stream_t handle, host_stream_t **out) {
   pthread_rwlock_rdlock(&h->reg);
   host_stream_t *s = host_stream_find(h, handle);
   if (s != NULL)
     atomic_fetch_add(&s->refs, 1);
   pthread_rwlock_unlock(&h->reg);
   if (s == NULL)
-    return host_unknown_stream("mp_stream_synchronize", handle);
+    return host_unknown_stream(fn, handle);
   *out = s;
   return MP_OK;
 }
@@ -535,7 +536,7 @@ static mp_status_t host_stream_synchronize(mp_device_t *dev,
   host_stream_t *s = NULL;
   mp_status_t st = host_check_waitable(h, "mp_stream_synchronize");
   if (st == MP_OK)
-    st = host_stream_get(h, handle, &s);
+    st = host_stream_get(h, "mp_stream_synchronize", handle, &s);
   if (st != MP_OK)
     return st;
   host_stream_drain(s);
@@ -546,7 +547,7 @@ static mp_status_t host_stream_synchronize(mp_device_t *dev,
 static mp_status_t host_stream_query(mp_device_t *dev, mp_stream_t handle) {
   host_dev_t *h = host_of(dev);
   host_stream_t *s = NULL;
-  mp_status_t st = host_stream_get(h, handle, &s);
+  mp_status_t st = host_stream_get(h, "mp_stream_query", handle, &s);
   if (st != MP_OK)
     return st;
   pthread_mutex_lock(&s->mu);

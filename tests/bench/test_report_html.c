@@ -142,3 +142,19 @@ Test(report_html, big_maps_keep_their_largest_blocks) {
   free(r);
   mpb_blockmap_free(&m);
 }
+
+/* A run that failed at its first event has an empty block map (no blocks,
+ * no array): the page is still written, with the map empty (a sanitized
+ * mpbench stopped on a memcpy from NULL there). */
+Test(report_html, an_empty_block_map_is_written) {
+  mpb_result_t r = {0};
+  snprintf(r.workload, sizeof r.workload, "big");
+  snprintf(r.allocator, sizeof r.allocator, "pool");
+  mpb_blockmap_t m = {0};
+  snprintf(m.workload, sizeof m.workload, "big");
+  snprintf(m.allocator, sizeof m.allocator, "pool");
+  size_t len;
+  char *html = page(&r, 1, &m, 1, &len);
+  cr_expect(strstr(html, "\"workload\": \"big\"") != NULL);
+  free(html);
+}

@@ -300,6 +300,10 @@ Test(device_streams, foreign_and_stale_handles_are_einval) {
   int x = 0;
   cr_expect_eq(mp_stream_synchronize(a, sb), MP_EINVAL);
   cr_expect_eq(mp_stream_synchronize(a, gone), MP_EINVAL);
+  /* The message names the call that was made (query named synchronize). */
+  cr_expect_eq(mp_stream_query(a, gone), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "mp_stream_query") != NULL, "%s",
+            mp_last_error());
   cr_expect_eq(mp_stream_destroy(a, sb), MP_EINVAL);
   cr_expect_eq(mp_stream_destroy(a, gone), MP_EINVAL);
   cr_expect_eq(mp_memset_async(a, buf, 0, sizeof buf, sb), MP_EINVAL);
