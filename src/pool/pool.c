@@ -31,6 +31,12 @@ static mp_status_t mp__pool_cap_for(const mp_pool_t *pool, size_t max_bytes,
       return mp__fail(MP_EINVAL, "pool config: max_fraction needs the "
                                  "device's size, which it does not tell");
     *cap = (size_t)((double)total * fraction) & ~(pool->cfg.align - 1);
+    /* As max_bytes below the alignment: a cap that no block fits. */
+    if (*cap == 0)
+      return mp__fail(MP_EINVAL,
+                      "pool config: max_fraction %g of the device's %zu "
+                      "bytes is below the alignment %zu",
+                      fraction, total, pool->cfg.align);
   } else {
     *cap = told ? total : SIZE_MAX;
   }

@@ -4,6 +4,7 @@
  * their caches from cudaMemGetInfo, which the shim answers with it), and
  * the next allocation that fits what it says succeeds. */
 #include <criterion/criterion.h>
+#include <string.h>
 
 #include <mempool/mempool.h>
 
@@ -73,4 +74,30 @@ Test(visible_cap, bad_fractions_and_two_caps_are_refused) {
   cr_assert_eq(mp_pool_create(dev, &c, &p), MP_EINVAL);
   cr_assert_null(p);
   cr_assert_eq(mp_pool_mem_info(NULL, NULL, NULL), MP_EINVAL);
+}
+
+/* A fraction whose cap comes out below the alignment is refused, naming
+ * max_fraction, at create and at mp_pool_set_max_fraction (a pool was made
+ * that could hold nothing, and its failures blamed max_bytes). */
+Test(visible_cap, a_fraction_that_leaves_no_room_is_refused) {
+  mp_pool_config_t c;
+  mp_pool_config_init(&c);
+  cr_assert_eq(mp_pool_config_parse(&c, "max_fraction=1e-300"), MP_OK);
+  mp_pool_t *p = NULL;
+  cr_expect_eq(mp_pool_create(dev, &c, &p), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "max_fraction") != NULL, "%s",
+            mp_last_error());
+  cr_expect_null(p);
+  cr_assert_eq(mp_pool_create(dev, NULL, &p), MP_OK);
+  size_t total_before = 0, total_after = 0;
+  cr_assert_eq(mp_pool_mem_info(p, NULL, &total_before), MP_OK);
+  cr_expect_eq(mp_pool_set_max_fraction(p, 1e-300), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "max_fraction") != NULL, "%s",
+            mp_last_error());
+  cr_assert_eq(mp_pool_mem_info(p, NULL, &total_after), MP_OK);
+  cr_expect_eq(total_after, total_before, "a refused fraction changed the cap");
+  void *x;
+  cr_expect_eq(mp_pool_alloc(p, 512, NULL, &x), MP_OK);
+  cr_expect_eq(mp_pool_free(p, x), MP_OK);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
 }
