@@ -12,6 +12,7 @@ its name, mp_status_string() and mp_last_error(). mempool.torch.use()
 routes PyTorch's CUDA allocations through the library."""
 import ctypes
 import os
+import weakref
 
 from . import _lib
 from ._lib import LibraryNotFound, find_library, library_path
@@ -85,12 +86,41 @@ def _check(status, call):
         status, name, _s(L.mp_status_string(status)), _s(L.mp_last_error()), call)
 
 
+def _bad(detail, call):
+    return InvalidArgument(1, "MP_EINVAL", "invalid argument", detail, call)
+
+
+_WORD = 1 << (8 * ctypes.sizeof(ctypes.c_size_t))
+
+
+def _word(value, what, call):
+    """value as a C size_t or pointer: ctypes would wrap an int outside
+    [0, 2**64) silently (2**64 + p freed p; -1 asked 16 EiB)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError("%s: %s must be an int, not %s"
+                        % (call, what, type(value).__name__))
+    if not 0 <= value < _WORD:
+        raise _bad("%s %d is not in [0, 2**%d)" % (what, value, 8 * ctypes.sizeof(ctypes.c_size_t)),
+                   call)
+    return value
+
+
+def _cstr(text, what, call):
+    """text as a C string: an embedded NUL would end it early, and the
+    library would take a prefix of what was given."""
+    b = text if isinstance(text, bytes) else text.encode()
+    if b"\0" in b:
+        raise _bad("%s %r holds a NUL byte" % (what, text), call)
+    return b
+
+
 def _stream_handle(stream):
     if stream is None:
         return None
     if isinstance(stream, Stream):
         return stream.handle
-    return int(stream)  # a CUstream / cudaStream_t as an int (e.g. torch's)
+    # a CUstream / cudaStream_t as an int (e.g. torch's)
+    return _word(int(stream), "stream", "stream handle")
 
 
 class Device:
@@ -100,10 +130,12 @@ class Device:
     def __init__(self, spec=None):
         L = _lib.lib()
         h = ctypes.c_void_p()
-        _check(L.mp_device_open(spec.encode() if spec is not None else None,
-                                ctypes.byref(h)), "mp_device_open(%r)" % (spec,))
+        call = "mp_device_open(%r)" % (spec,)
+        _check(L.mp_device_open(_cstr(spec, "spec", call) if spec is not None else None,
+                                ctypes.byref(h)), call)
         self.handle = h.value
         self._streams = []
+        self._pools = weakref.WeakSet()  # live Pools on it (close refuses)
 
     @property
     def name(self):
@@ -130,10 +162,18 @@ class Device:
         return Stream(self)
 
     def close(self):
-        """Drains every stream and closes; pools on it must be destroyed first."""
-        if self.handle is not None:
-            _lib.lib().mp_device_close(self.handle)
-            self.handle = None
+        """Drains every stream and closes; pools on it must be destroyed
+        first (a live one: Busy, and the device stays open: the library's
+        pool would use the closed device and crash the interpreter)."""
+        if self.handle is None:
+            return
+        live = [p for p in self._pools if p.handle is not None]
+        if live:
+            raise Busy(1, "MP_EBUSY", "busy",
+                       "%d pool(s) on the device are not destroyed" % len(live),
+                       "Device.close")
+        _lib.lib().mp_device_close(self.handle)
+        self.handle = None
 
     def __enter__(self):
         return self
@@ -210,12 +250,14 @@ class Pool:
                "mp_pool_config_init_sized")
         opts = _options(options, kwargs)
         if opts:
-            _check(L.mp_pool_config_parse(ctypes.byref(cfg), opts.encode()),
-                   "mp_pool_config_parse(%r)" % opts)
+            call = "mp_pool_config_parse(%r)" % opts
+            _check(L.mp_pool_config_parse(ctypes.byref(cfg), _cstr(opts, "options", call)),
+                   call)
         h = ctypes.c_void_p()
         _check(L.mp_pool_create(device._live(), ctypes.byref(cfg), ctypes.byref(h)),
                "mp_pool_create")
         self.device, self.handle = device, h.value
+        device._pools.add(self)
 
     def _live(self):
         if self.handle is None:
@@ -226,31 +268,35 @@ class Pool:
     def alloc(self, nbytes, stream=None):
         """The address (int) of a block of nbytes for use on stream; None for 0."""
         out = ctypes.c_void_p()
-        _check(_lib.lib().mp_pool_alloc(self._live(), nbytes, _stream_handle(stream),
-                                        ctypes.byref(out)),
-               "mp_pool_alloc(%d)" % nbytes)
+        call = "mp_pool_alloc(%r)" % (nbytes,)
+        _check(_lib.lib().mp_pool_alloc(self._live(), _word(nbytes, "nbytes", call),
+                                        _stream_handle(stream), ctypes.byref(out)),
+               call)
         return out.value
 
     def free(self, ptr, stream=None):
         """Frees ptr; with stream, ordered after the work queued on it too
         (mp_pool_free_async)."""
         if stream is None:
-            _check(_lib.lib().mp_pool_free(self._live(), ptr), "mp_pool_free")
+            _check(_lib.lib().mp_pool_free(self._live(), _word(ptr, "ptr", "mp_pool_free")),
+                   "mp_pool_free")
         else:
-            _check(_lib.lib().mp_pool_free_async(self._live(), ptr,
-                                                 _stream_handle(stream)),
-                   "mp_pool_free_async")
+            _check(_lib.lib().mp_pool_free_async(
+                self._live(), _word(ptr, "ptr", "mp_pool_free_async"),
+                _stream_handle(stream)), "mp_pool_free_async")
 
     def record_stream(self, ptr, stream):
         """ptr is also used on stream (like Tensor.record_stream)."""
-        _check(_lib.lib().mp_pool_record_stream(self._live(), ptr,
-                                                _stream_handle(stream)),
-               "mp_pool_record_stream")
+        _check(_lib.lib().mp_pool_record_stream(
+            self._live(), _word(ptr, "ptr", "mp_pool_record_stream"),
+            _stream_handle(stream)), "mp_pool_record_stream")
 
     def trim(self, keep_bytes=0):
         """Gives cached memory back until at most keep_bytes stay free
         (torch.cuda.empty_cache() is trim(0))."""
-        _check(_lib.lib().mp_pool_trim(self._live(), keep_bytes), "mp_pool_trim")
+        _check(_lib.lib().mp_pool_trim(self._live(),
+                                       _word(keep_bytes, "keep_bytes", "mp_pool_trim")),
+               "mp_pool_trim")
 
     empty_cache = trim
 
@@ -259,8 +305,10 @@ class Pool:
         open it with torch.cuda._memory_viz or the memory_viz page, or replay
         it with `mpbench replay`. Events come only from a pool made with
         history=N (history_stacks=1 adds stacks)."""
-        _check(_lib.lib().mp_pool_snapshot(self._live(), os.fsencode(path)),
-               "mp_pool_snapshot(%r)" % (path,))
+        call = "mp_pool_snapshot(%r)" % (path,)
+        _check(_lib.lib().mp_pool_snapshot(self._live(),
+                                           _cstr(os.fsencode(path), "path", call)),
+               call)
 
     def check(self):
         """Walks every invariant; raises Corrupt if one is broken."""
@@ -296,7 +344,8 @@ class Pool:
         if not f:
             raise OSError("tmpfile() failed")
         try:
-            _check(_lib.lib().mp_pool_dump(self._live(), f, format.encode()),
+            _check(_lib.lib().mp_pool_dump(self._live(), f,
+                                           _cstr(format, "format", "mp_pool_dump")),
                    "mp_pool_dump")
             libc.rewind(f)
             chunks = []

@@ -60,8 +60,15 @@ def empty_cache():
 
 def set_memory_fraction(fraction, device=0):
     """torch.cuda.set_per_process_memory_fraction() for mempool: caps the
-    default pool of device at fraction of its memory; 0 lifts the cap."""
-    _lib.lib().mp_torch_memory_fraction(float(fraction), int(device))
+    default pool of device at fraction of its memory; 0 lifts the cap.
+    A fraction outside [0, 1] (NaN included) or a negative device: ValueError
+    (the C hook returns nothing, and would ignore them)."""
+    fraction = float(fraction)
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError("set_memory_fraction: fraction %r is not in [0, 1]" % fraction)
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise ValueError("set_memory_fraction: device %r is not a device number" % (device,))
+    _lib.lib().mp_torch_memory_fraction(fraction, device)
 
 
 def record_stream(tensor, stream):

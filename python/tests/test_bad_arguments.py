@@ -1,0 +1,72 @@
+"""Bad arguments from Python are refused before they reach the library,
+where ctypes would change them silently: ints outside a C size_t or
+pointer wrapped (2**64 + p freed p), a NUL byte ended a string early (the
+library took a prefix), and closing a device under a live pool crashed the
+interpreter."""
+import math
+import subprocess
+import sys
+
+import pytest
+
+import mempool
+import mempool.torch
+
+
+def test_out_of_range_sizes_and_pointers_are_refused_and_change_nothing(pool):
+    p = pool.alloc(4096)
+    before = pool.stats()
+    for bad in (2**64 + p, -p, 2**70):
+        with pytest.raises(mempool.InvalidArgument):
+            pool.free(bad)
+        with pytest.raises(mempool.InvalidArgument):
+            pool.free(bad, stream=None)
+        with pytest.raises(mempool.InvalidArgument):
+            pool.record_stream(bad, None)
+    for bad in (2**64, 2**64 + 4096, -1):
+        with pytest.raises(mempool.InvalidArgument):
+            pool.alloc(bad)
+    with pytest.raises(mempool.InvalidArgument):
+        pool.trim(-1)
+    with pytest.raises(mempool.InvalidArgument):
+        pool.alloc(4096, stream=2**64)
+    with pytest.raises(TypeError):
+        pool.alloc(4096.0)
+    with pytest.raises(TypeError):
+        pool.free(True)
+    after = pool.stats()
+    assert after["allocated_bytes.all.current"] == before["allocated_bytes.all.current"]
+    assert after["allocation.all.freed"] == before["allocation.all.freed"]
+    pool.free(p)  # still live: nothing above freed it
+    pool.check()
+
+
+def test_a_nul_byte_in_a_string_is_refused(device, tmp_path):
+    with pytest.raises(mempool.InvalidArgument):
+        mempool.Device("host\0capacity=junk")
+    with pytest.raises(mempool.InvalidArgument):
+        mempool.Pool(device, "max_bytes=1G\0bogus_key=1")
+    with mempool.Pool(device, "max_bytes=16M") as p:
+        with pytest.raises(mempool.InvalidArgument):
+            p.snapshot(str(tmp_path / "nul_snap\0.pickle"))
+        with pytest.raises(mempool.InvalidArgument):
+            p.dump("text\0json")
+    assert list(tmp_path.iterdir()) == [], "a file was written"
+
+
+def test_closing_a_device_under_a_live_pool_is_busy_and_keeps_both(device):
+    p = mempool.Pool(device, "max_bytes=16M")
+    with pytest.raises(mempool.Busy):
+        device.close()
+    a = p.alloc(4096)  # the device is still open: the pool works
+    p.free(a)
+    p.destroy()
+    device.close()
+    assert device.handle is None
+
+
+@pytest.mark.parametrize("fraction, dev", [(2.0, 0), (-1.0, 0), (math.nan, 0),
+                                           (0.5, -3), (0.5, 1.5)])
+def test_set_memory_fraction_refuses_what_the_c_hook_would_ignore(fraction, dev):
+    with pytest.raises(ValueError):
+        mempool.torch.set_memory_fraction(fraction, dev)
