@@ -130,6 +130,11 @@ static mp_status_t mp__export_memory(const mp_pool_t *pool,
                                      const mp__block_t *b, uintptr_t *base,
                                      size_t *bytes, bool *vm) {
   const mp__segment_t *g = b->seg;
+  if (pool->graph)
+    return mp__fail(MP_ENOTSUP,
+                    "mp_pool_ipc_export: %p is a graph pool's memory, which "
+                    "is not exported",
+                    (void *)b->addr);
   if (pool->parent != NULL || g->kind == MP__SEG_RANGE)
     return mp__fail(MP_ENOTSUP,
                     "mp_pool_ipc_export: %p is in a child pool; export from "

@@ -267,3 +267,26 @@ Test(pool_graph, racing_last_frees_finish_the_graph_pool_once, .init = setup,
   cr_assert_eq(mp_pool_check(parent), MP_OK, "%s", mp_last_error());
   cr_assert_eq(stats(parent).live_blocks, 0);
 }
+
+/* Graph memory is not exported over IPC, and the refusal says it is a
+ * graph pool's (it named a child pool both ways, and through the graph
+ * pool sent the caller to the parent, which refused too). */
+Test(pool_graph, graph_memory_is_not_exported_and_the_refusal_says_why,
+     .init = setup, .fini = teardown) {
+  mp_pool_t *g;
+  void *x;
+  mp_ipc_handle_t h;
+  cr_assert_eq(mp_pool_graph_create(parent, &g), MP_OK);
+  cr_assert_eq(mp_pool_graph_begin(parent, g, s1), MP_OK);
+  cr_assert_eq(mp_pool_alloc(parent, MiB, s1, &x), MP_OK);
+  cr_expect_eq(mp_pool_ipc_export(parent, x, &h), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "graph pool") != NULL, "%s",
+            mp_last_error());
+  cr_expect_eq(mp_pool_ipc_export(g, x, &h), MP_ENOTSUP);
+  cr_expect(strstr(mp_last_error(), "graph pool") != NULL, "%s",
+            mp_last_error());
+  cr_assert_eq(mp_pool_graph_end(parent, s1), MP_OK);
+  cr_assert_eq(mp_pool_free(parent, x), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK);
+}
