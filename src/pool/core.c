@@ -474,8 +474,7 @@ mp_status_t mp__pool_find_live_why(mp_pool_t *pool, const char *fn, void *ptr,
     }
     return mp__fail(MP_EINVAL, "%s: %p is not live", fn, ptr);
   }
-  if ((b->flags & MP__B_CHILD) && pool->ngranges > 0 &&
-      mp__graph_owner(pool, b->addr) != NULL)
+  if ((b->flags & MP__B_CHILD) && mp__grange_of(pool, b->addr) != NULL)
     return mp__fail(MP_EINVAL, "%s: %p lies in a graph pool's range", fn, ptr);
   if (b->flags & MP__B_CHILD)
     return mp__fail(MP_EINVAL,

@@ -64,12 +64,8 @@ mp_pool_t *mp__graph_owner(const mp_pool_t *parent, uintptr_t p) {
   const mp__block_t *b = mp__map_find(parent, p);
   if (b != NULL && !(b->flags & MP__B_CHILD))
     return NULL;
-  for (size_t i = 0; i < parent->ngranges; i++) {
-    const mp__grange_t *r = &parent->granges[i];
-    if (p >= r->base && p - r->base < r->size)
-      return r->graph;
-  }
-  return NULL;
+  const mp__grange_t *r = mp__grange_of(parent, p);
+  return r != NULL ? r->graph : NULL;
 }
 
 mp_status_t mp_pool_graph_create(mp_pool_t *parent, mp_pool_t **out) {

@@ -530,6 +530,17 @@ typedef struct mp__grange {
 } mp__grange_t;
 /* Under parent's lock: the graph pool stream s allocates to, or NULL. */
 mp_pool_t *mp__graph_route(const mp_pool_t *parent, mp_stream_t s);
+/* Under parent's lock: the range lent to a graph pool that holds p, or
+ * NULL (a walk of the ranges; mp__graph_owner asks the live map first). */
+static inline const mp__grange_t *mp__grange_of(const mp_pool_t *parent,
+                                                uintptr_t p) {
+  for (size_t i = 0; i < parent->ngranges; i++) {
+    const mp__grange_t *r = &parent->granges[i];
+    if (p >= r->base && p - r->base < r->size)
+      return r;
+  }
+  return NULL;
+}
 /* Under parent's lock: the graph pool whose range holds p, or NULL. */
 mp_pool_t *mp__graph_owner(const mp_pool_t *parent, uintptr_t p);
 /* Under graph's lock: whether it is released and empty, its last block
