@@ -63,7 +63,9 @@ Test(visible_cap, bad_fractions_and_two_caps_are_refused) {
   mp_pool_config_init(&c);
   const char *bad[] = {"max_fraction=0",    "max_fraction=1.5",
                        "max_fraction=-1",   "max_fraction=half",
-                       "max_fraction=0.5x", "max_fraction="};
+                       "max_fraction=0.5x", "max_fraction=",
+                       "max_fraction= 0.5", "max_fraction=0.5 ",
+                       "max_fraction=nan",  "max_fraction=0x0.8p0"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     cr_assert_eq(mp_pool_config_parse(&c, bad[i]), MP_EINVAL, "%s", bad[i]);
     cr_assert_eq(c.max_fraction, 0.0, "%s changed the config", bad[i]);
