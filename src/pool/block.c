@@ -275,11 +275,13 @@ bool mp__block_absorb(mp_pool_t *pool, mp__block_t *into, mp__block_t *gone,
  * work too, and a request on b's stream would grow the pool instead. With
  * streams that really run behind the host (`mpbench --stream-work 20`,
  * three runs) that made the llama trace hold 2.49x to 2.68x its live bytes
- * and `graph` 1.074x to 1.171x; with such pairs kept apart, 1.840x and
- * 1.116x in each run. nb's streams are asked (poll), so a neighbour
+ * and `graph` 1.074x to 1.171x; with such pairs kept apart, 1.64x to
+ * 1.77x and 1.107x. nb's streams are asked (poll), so a neighbour
  * whose work is done joins as before: with the device caught up nothing
- * changes. The pair is marked MP__B_UNMERGED and joins later: at a free
- * beside it, at trim, or before the pool grows (merge_later). A pool used
+ * changes. The pair is marked MP__B_UNMERGED and joins once that work is
+ * done: at trim or a sync, or in an allocation that finds no block, which
+ * counts the pairs kept apart as pending and waits for them as for a block
+ * another stream holds (core.c, merge_later). A pool used
  * from one stream never asks: every free block is reusable on it; nor does
  * one with stream_waits=1, which makes b's stream wait for the neighbour's
  * work instead (the merged block is usable at once). */
@@ -330,25 +332,52 @@ MP__HOT mp__block_t *mp__block_coalesce(mp_pool_t *pool, mp__block_t *b) {
   return mp__coalesce(pool, b, false);
 }
 
+/* Whether free neighbours b and n, left apart, may join now: joined, each
+ * stays usable at once wherever it is now. That holds when, once what is
+ * done is dropped (their streams asked), both wait for nothing or for the
+ * same one stream. A pair one of whose halves still waits for another
+ * stream stays apart (merge_later): joining it would hand that wait to the
+ * other half, which a free keeps apart from just that (mp__holds_back).
+ * With stream_waits=1, under MP__B_SYNC, or in a pool of one stream, any
+ * pair may join (as before). */
+static bool mp__joinable(mp_pool_t *pool, mp__block_t *b, mp__block_t *n) {
+  if (pool->nstreams == 1 || (pool->cfg.flags & MP_POOL_STREAM_WAITS) ||
+      ((b->flags | n->flags) & MP__B_SYNC))
+    return true;
+  (void)mp__deps_check(pool, b, UINT32_MAX, true);
+  (void)mp__deps_check(pool, n, UINT32_MAX, true);
+  if ((b->ndeps == 0 && n->ndeps == 0) ||
+      (b->ndeps == 1 && n->ndeps == 1 && b->deps[0].sidx == n->deps[0].sidx))
+    return true;
+  pool->merge_later = true;
+  return false;
+}
+
 void mp__block_merge_deferred(mp_pool_t *pool) {
   MP__ASSERT_LOCKED(pool);
   pool->merge_later = false; /* set again by a pair that must still wait */
   for (mp__segment_t *s = pool->segs; s != NULL; s = s->next) {
     for (mp__block_t *b = s->first; b != NULL;) {
-      if (!(b->flags & MP__B_FREE) || b->next == NULL ||
-          !(b->next->flags & MP__B_FREE)) {
-        b = b->next;
+      mp__block_t *n = b->next;
+      if (!(b->flags & MP__B_FREE) || n == NULL || !(n->flags & MP__B_FREE) ||
+          !mp__joinable(pool, b, n)) {
+        b = n;
         continue;
       }
-      size_t size = b->size;
       mp__index_remove(pool, b);
-      mp__block_t *m = mp__block_coalesce(pool, b);
-      mp__index_insert(pool, m);
-      /* A block that grew may now border the next one of a run of three
-       * or more kept apart: looked at again (moving on after one merge
-       * left that pair apart, and trim could not give back what it
-       * spans). */
-      b = m != b || m->size != size ? m : m->next;
+      mp__index_remove(pool, n);
+      b->flags &= ~(uint32_t)MP__B_UNMERGED;
+      n->flags &= ~(uint32_t)MP__B_UNMERGED;
+      if (mp__absorb(pool, b, n, false)) {
+        /* b may now border the next one of a run kept apart: looked at
+         * again (moving on left that pair apart, and trim could not give
+         * back what it spans). */
+        mp__index_insert(pool, b);
+      } else {
+        mp__index_insert(pool, b);
+        mp__index_insert(pool, n);
+        b = n;
+      }
     }
   }
 }

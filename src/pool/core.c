@@ -72,24 +72,40 @@ static mp__block_t *mp__search(mp_pool_t *pool, size_t size, uint32_t sidx) {
   return mp__search_ex(pool, size, sidx, &pending);
 }
 
+/* Joins the free neighbours that frees kept apart while another stream's
+ * work held one of them (block.c) where that work is done, then searches
+ * again; *pending: the search passed by a block only such work holds, or
+ * pairs are still apart (merge_later), which count as pending too: either
+ * half alone may be too small, and the two together fit once the work is
+ * done. */
+static mp__block_t *mp__search_joined(mp_pool_t *pool, size_t size,
+                                      uint32_t sidx, bool *pending) {
+  if (pool->merge_later)
+    mp__block_merge_deferred(pool);
+  mp__block_t *passed = NULL;
+  mp__block_t *b = mp__search_ex(pool, size, sidx, &passed);
+  *pending = passed != NULL || pool->merge_later;
+  return b;
+}
+
 /* Before growing for a block that another stream's recent work still holds
- * (pending: the first search passed one by), give that work a moment: an
- * idle stream passes its marker within microseconds, and a device
- * allocation costs far more than the wait. The lock is dropped while
- * waiting; at most MP__PENDING_WAIT_US in total. */
+ * (pending: the first search passed one by, or pairs are kept apart), give
+ * that work a moment: an idle stream passes its marker within
+ * microseconds, and a device allocation costs far more than the wait. The
+ * lock is dropped while waiting; at most MP__PENDING_WAIT_US in total. */
 #define MP__PENDING_WAIT_US 200
 static mp__block_t *mp__search_patiently(mp_pool_t *pool, size_t size,
                                          uint32_t sidx, bool pending) {
   mp__block_t *b = NULL;
+  if (pool->merge_later)
+    b = mp__search_joined(pool, size, sidx, &pending);
   for (unsigned waited = 0;
        b == NULL && pending && waited < MP__PENDING_WAIT_US; waited += 10) {
     struct timespec ts = {0, 10000};
     mp__pool_unlock(pool);
     nanosleep(&ts, NULL);
     mp__pool_lock(pool);
-    mp__block_t *passed = NULL;
-    b = mp__search_ex(pool, size, sidx, &passed);
-    pending = passed != NULL;
+    b = mp__search_joined(pool, size, sidx, &pending);
   }
   return b;
 }
@@ -242,13 +258,6 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
   mp__block_t *b = mp__search_patiently(pool, size, sidx, pending);
   if (b != NULL)
     goto got;
-  /* Rung: join the free neighbours that frees kept apart while another
-   * stream's work held one of them (block.c), where that work is done. */
-  if (pool->merge_later) {
-    mp__block_merge_deferred(pool);
-    if ((b = mp__search(pool, size, sidx)) != NULL)
-      goto got;
-  }
   mp_status_t st = mp__grow_and_search(pool, size, sidx, &b);
   if (st == MP_OK)
     goto got;

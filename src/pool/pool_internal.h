@@ -123,8 +123,9 @@ enum {
                                 streams do not fit one record, or the
                                 neighbour's work on another stream would
                                 hold a block just freed back (block.c);
-                                merged by a later free, a sync, or before
-                                growth (merge_later) */
+                                merged by a later free, a sync or trim, or
+                                (the last kind) by an allocation that finds
+                                no block (merge_later) */
   MP__B_HOLE = 1u << 7,      /* an unmapped gap of the virtual range: neither
                                 free nor live, never next to another hole,
                                 never the range's last block; sidx is its
@@ -297,7 +298,8 @@ struct mp_pool {
   mp_pool_config_t cfg;
   bool paused;      /* pause.c: memory given back, addresses kept */
   bool merge_later; /* a free kept apart from a neighbour another stream's
-                       work holds (block.c): merge before growing */
+                       work holds (block.c): an allocation that finds no
+                       block joins such pairs, waiting as for a pending one */
   void *pause_copy; /* MP_PAUSE_KEEP_CONTENT: the live blocks, in order */
   size_t paused_reserved, paused_free; /* st's figures before the pause */
   mp_pool_oom_handler_t oom_fn;        /* mp_pool_set_oom_handler */
