@@ -86,8 +86,20 @@ def _check(status, call):
         status, name, _s(L.mp_status_string(status)), _s(L.mp_last_error()), call)
 
 
+def _refusal(name, detail, call):
+    """The exception for status name ("MP_EINVAL") with a detail of this
+    package's own (a refusal made before calling the library); its number
+    and message come from the library, as _check's do."""
+    L = _lib.lib()
+    for status in range(1, 64):
+        if _s(L.mp_status_name(status)) == name:
+            return _CLASSES.get(name, MempoolError)(
+                status, name, _s(L.mp_status_string(status)), detail, call)
+    raise RuntimeError("libmempool has no status %s" % name)
+
+
 def _bad(detail, call):
-    return InvalidArgument(1, "MP_EINVAL", "invalid argument", detail, call)
+    return _refusal("MP_EINVAL", detail, call)
 
 
 _WORD = 1 << (8 * ctypes.sizeof(ctypes.c_size_t))
@@ -143,8 +155,7 @@ class Device:
 
     def _live(self):
         if self.handle is None:
-            raise InvalidArgument(1, "MP_EINVAL", "invalid argument",
-                                  "the device is closed", "Device")
+            raise _bad("the device is closed", "Device")
         return self.handle
 
     def mem_info(self):
@@ -169,9 +180,9 @@ class Device:
             return
         live = [p for p in self._pools if p.handle is not None]
         if live:
-            raise Busy(1, "MP_EBUSY", "busy",
-                       "%d pool(s) on the device are not destroyed" % len(live),
-                       "Device.close")
+            raise _refusal("MP_EBUSY",
+                           "%d pool(s) on the device are not destroyed" % len(live),
+                           "Device.close")
         _lib.lib().mp_device_close(self.handle)
         self.handle = None
 
@@ -261,8 +272,7 @@ class Pool:
 
     def _live(self):
         if self.handle is None:
-            raise InvalidArgument(1, "MP_EINVAL", "invalid argument",
-                                  "the pool is destroyed", "Pool")
+            raise _bad("the pool is destroyed", "Pool")
         return self.handle
 
     def alloc(self, nbytes, stream=None):
