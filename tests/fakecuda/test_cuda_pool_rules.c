@@ -16,6 +16,7 @@
 
 #include "../support/device_helpers.h"
 #include "../support/stream_gate.h"
+#include "../support/stream_markers.h"
 #include "../support/stream_merges.h"
 #include "../support/stream_reuse.h"
 #include "fakecuda_test.h"
@@ -637,6 +638,33 @@ Test(cuda_pool_rules,
 Test(cuda_pool_rules, neighbours_kept_apart_join_before_the_pool_grows,
      .init = load_driver) {
   merges_on_cuda(merges_join_before_growth);
+}
+
+/* cuEventRecord calls since the last call; -1 on a real driver. */
+static long long markers_recorded(void) {
+  static long long seen;
+  if (fk_is_real())
+    return -1;
+  long long n = fk_calls("cuEventRecord");
+  long long d = n - seen;
+  seen = n;
+  return d;
+}
+
+/* Frees on a stream held behind a gate (support/stream_markers.h): 16
+ * frees record one marker, not 16 (each was a cuEventRecord), and none of
+ * the blocks goes to the other stream before the gate opens. The count is
+ * the fake's; the GPU twin checks the rest. */
+Test(cuda_pool_rules, frees_on_a_busy_stream_record_one_marker_and_stay_with_it,
+     .init = load_driver) {
+  two_t t = two_open();
+  gate_t gate;
+  gate_init(&gate);
+  markers_frees_on_a_busy_stream(t.pool, t.dev, &gate, (mp_stream_t)t.s1,
+                                 (mp_stream_t)t.s2, markers_recorded);
+  cr_expect_eq(mp_pool_check(t.pool), MP_OK, "%s", mp_last_error());
+  two_close(&t);
+  gate_destroy(&gate);
 }
 
 /* A pool of dev with stream_waits=1. */

@@ -7,32 +7,8 @@
 
 #include <mempool/mempool.h>
 
+#include "../support/gated_streams_fixture.h"
 #include "../support/stream_merges.h"
-
-static gate_t gate;
-static mp_device_t *dev;
-static mp_pool_t *pool;
-static mp_stream_t s1, s2;
-
-static void setup(void) {
-  gate_init(&gate);
-  cr_assert_eq(mp_device_open("host", &dev), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(mp_pool_create(dev, NULL, &pool), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(mp_stream_create(dev, &s1), MP_OK);
-  cr_assert_eq(mp_stream_create(dev, &s2), MP_OK);
-}
-
-static void teardown(void) {
-  gate_open(&gate);
-  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
-  cr_assert_eq(mp_stream_synchronize(dev, s2), MP_OK);
-  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
-  cr_expect_eq(mp_pool_destroy(pool), MP_OK);
-  mp_stream_destroy(dev, s1);
-  mp_stream_destroy(dev, s2);
-  mp_device_close(dev);
-  gate_destroy(&gate);
-}
 
 TestSuite(pool_stream_merges, .init = setup, .fini = teardown);
 
