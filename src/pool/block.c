@@ -349,6 +349,10 @@ static bool mp__joinable(mp_pool_t *pool, mp__block_t *b, mp__block_t *n) {
   if ((b->ndeps == 0 && n->ndeps == 0) ||
       (b->ndeps == 1 && n->ndeps == 1 && b->deps[0].sidx == n->deps[0].sidx))
     return true;
+  /* Marked again: the walk may have cleared b's mark joining it with the
+   * block before (a run of four: the two joined halves stay apart). */
+  b->flags |= MP__B_UNMERGED;
+  n->flags |= MP__B_UNMERGED;
   pool->merge_later = true;
   return false;
 }

@@ -108,3 +108,47 @@ Test(pool_stream_merges, a_request_waits_briefly_for_a_pair_kept_apart) {
   mp_stream_destroy(d, t2);
   mp_device_close(d);
 }
+
+/* Four neighbours freed apart: p0 (s1) and p1 (s2), whose work is then
+ * done, and p2 (s3) and p3 (s2, also used on s3), whose work s3 still
+ * holds. The joining walk joins p0 with p1 and p2 with p3, and leaves the
+ * two results apart (one waits for s3, the other for nothing): they must
+ * still be marked so, or the pool's check finds two free neighbours that
+ * nobody left apart on purpose (it did: both marks were cleared). */
+Test(pool_stream_merges, two_joined_pairs_left_apart_still_pass_the_check) {
+  const size_t half = (size_t)1 << 19;
+  gate_t g3;
+  gate_init(&g3);
+  mp_stream_t s3;
+  cr_assert_eq(mp_stream_create(dev, &s3), MP_OK);
+  void *p[4], *y;
+  cr_assert_eq(mp_pool_alloc(pool, half, s1, &p[0]), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, half, s2, &p[1]), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, half, s3, &p[2]), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, half, s2, &p[3]), MP_OK);
+  for (int i = 1; i < 4; i++)
+    cr_assert_eq((char *)p[i], (char *)p[i - 1] + half, "not neighbours");
+  cr_assert_eq(mp_pool_record_stream(pool, p[3], s3), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, s1, gate_wait, &gate), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, s2, gate_wait, &gate), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, s3, gate_wait, &g3), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p[0]), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p[1]), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p[3]), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p[2]), MP_OK);
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  gate_open(&gate);
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, s2), MP_OK);
+  /* A request no block fits alone runs the joining walk, and p0 + p1
+   * serve it (its rest stays free, beside p2 + p3). */
+  cr_assert_eq(mp_pool_alloc(pool, 3 * half / 2, s1, &y), MP_OK);
+  cr_expect_eq(y, p[0], "p0 and p1 did not join");
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, y), MP_OK);
+  gate_open(&g3);
+  cr_assert_eq(mp_stream_synchronize(dev, s3), MP_OK);
+  cr_assert_eq(mp_stream_forget(dev, s3), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s3), MP_OK);
+  gate_destroy(&g3);
+}
