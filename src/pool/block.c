@@ -360,11 +360,20 @@ static bool mp__joinable(mp_pool_t *pool, mp__block_t *b, mp__block_t *n) {
 void mp__block_merge_deferred(mp_pool_t *pool) {
   MP__ASSERT_LOCKED(pool);
   pool->merge_later = false; /* set again by a pair that must still wait */
+  pool->apart_bytes = 0;
   for (mp__segment_t *s = pool->segs; s != NULL; s = s->next) {
+    size_t run = 0; /* the free blocks just below b, left apart */
     for (mp__block_t *b = s->first; b != NULL;) {
       mp__block_t *n = b->next;
-      if (!(b->flags & MP__B_FREE) || n == NULL || !(n->flags & MP__B_FREE) ||
-          !mp__joinable(pool, b, n)) {
+      if (!(b->flags & MP__B_FREE) || n == NULL || !(n->flags & MP__B_FREE)) {
+        run = 0;
+        b = n;
+        continue;
+      }
+      if (!mp__joinable(pool, b, n)) {
+        run += b->size;
+        if (run + n->size > pool->apart_bytes)
+          pool->apart_bytes = run + n->size;
         b = n;
         continue;
       }
@@ -380,6 +389,7 @@ void mp__block_merge_deferred(mp_pool_t *pool) {
       } else {
         mp__index_insert(pool, b);
         mp__index_insert(pool, n);
+        run = 0; /* apart until a device sync, not a wait */
         b = n;
       }
     }

@@ -296,11 +296,14 @@ struct mp_pool {
                     stream it waits for may be waiting for them) */
   mp_device_t *dev;
   mp_pool_config_t cfg;
-  bool paused;      /* pause.c: memory given back, addresses kept */
-  bool merge_later; /* a free kept apart from a neighbour another stream's
-                       work holds (block.c): an allocation that finds no
-                       block joins such pairs, waiting as for a pending one */
-  void *pause_copy; /* MP_PAUSE_KEEP_CONTENT: the live blocks, in order */
+  bool paused;        /* pause.c: memory given back, addresses kept */
+  bool merge_later;   /* a free kept apart from a neighbour another stream's
+                         work holds (block.c): an allocation that finds no
+                         block joins such pairs, waiting as for a pending one */
+  size_t apart_bytes; /* the largest run of free neighbours the last joining
+                         walk left apart (merge_later): a request above it
+                         does not wait for them */
+  void *pause_copy;   /* MP_PAUSE_KEEP_CONTENT: the live blocks, in order */
   size_t paused_reserved, paused_free; /* st's figures before the pause */
   mp_pool_oom_handler_t oom_fn;        /* mp_pool_set_oom_handler */
   void *oom_ctx;
