@@ -640,31 +640,55 @@ Test(cuda_pool_rules, neighbours_kept_apart_join_before_the_pool_grows,
   merges_on_cuda(merges_join_before_growth);
 }
 
-/* cuEventRecord calls since the last call; -1 on a real driver. */
-static long long markers_recorded(void) {
-  static long long seen;
+/* Calls of driver entry points a and b (may be NULL) since *seen was
+ * last set; -1 on a real driver. */
+static long long calls_since(long long *seen, const char *a, const char *b) {
   if (fk_is_real())
     return -1;
-  long long n = fk_calls("cuEventRecord");
-  long long d = n - seen;
-  seen = n;
+  long long n = fk_calls(a) + (b != NULL ? fk_calls(b) : 0);
+  long long d = n - *seen;
+  *seen = n;
   return d;
+}
+
+static long long markers_recorded(void) {
+  static long long seen;
+  return calls_since(&seen, "cuEventRecord", NULL);
+}
+
+static long long asks_made(void) {
+  static long long seen;
+  return calls_since(&seen, "cuStreamQuery", "cuEventQuery");
+}
+
+/* A scenario on s1 held behind a gate that counts the fake's calls (count:
+ * -1 on the GPU twin, which checks the rest), on two non-blocking streams
+ * of the cuda device. */
+typedef void (*counted_fn)(mp_pool_t *, mp_device_t *, gate_t *, mp_stream_t,
+                           mp_stream_t, long long (*)(void));
+static void counted_on_cuda(counted_fn fn, long long (*count)(void)) {
+  two_t t = two_open();
+  gate_t gate;
+  gate_init(&gate);
+  fn(t.pool, t.dev, &gate, (mp_stream_t)t.s1, (mp_stream_t)t.s2, count);
+  cr_expect_eq(mp_pool_check(t.pool), MP_OK, "%s", mp_last_error());
+  two_close(&t);
+  gate_destroy(&gate);
 }
 
 /* Frees on a stream held behind a gate (support/stream_markers.h): 16
  * frees record one marker, not 16 (each was a cuEventRecord), and none of
- * the blocks goes to the other stream before the gate opens. The count is
- * the fake's; the GPU twin checks the rest. */
+ * the blocks goes to the other stream before the gate opens. */
 Test(cuda_pool_rules, frees_on_a_busy_stream_record_one_marker_and_stay_with_it,
      .init = load_driver) {
-  two_t t = two_open();
-  gate_t gate;
-  gate_init(&gate);
-  markers_frees_on_a_busy_stream(t.pool, t.dev, &gate, (mp_stream_t)t.s1,
-                                 (mp_stream_t)t.s2, markers_recorded);
-  cr_expect_eq(mp_pool_check(t.pool), MP_OK, "%s", mp_last_error());
-  two_close(&t);
-  gate_destroy(&gate);
+  counted_on_cuda(markers_frees_on_a_busy_stream, markers_recorded);
+}
+
+/* support/stream_merges.h: a growth beside a pair kept apart looks at the
+ * pair once instead of waiting 200 us for it. */
+Test(cuda_pool_rules, growth_beside_a_pair_kept_apart_does_not_wait_for_it,
+     .init = load_driver) {
+  counted_on_cuda(merges_growth_beside_a_pair_does_not_wait_for_it, asks_made);
 }
 
 /* A pool of dev with stream_waits=1. */

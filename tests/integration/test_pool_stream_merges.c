@@ -4,7 +4,6 @@
  * reusable on its own stream at once, and the two join once that work is
  * done, before the pool would grow. */
 #include <criterion/criterion.h>
-#include <time.h>
 
 #include <mempool/mempool.h>
 
@@ -152,55 +151,4 @@ Test(pool_stream_merges, two_joined_pairs_left_apart_still_pass_the_check) {
   cr_assert_eq(mp_stream_forget(dev, s3), MP_OK);
   cr_assert_eq(mp_stream_destroy(dev, s3), MP_OK);
   gate_destroy(&g3);
-}
-
-static double now_us(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e6 + (double)t.tv_nsec * 1e-3;
-}
-
-/* Twenty requests of 8 MiB on s2, each of which grows the pool; the
- * microseconds they took. Freed and trimmed after. */
-static double twenty_growths_us(void) {
-  void *y[20];
-  size_t before = merges_reserved(pool);
-  double t0 = now_us();
-  for (int i = 0; i < 20; i++)
-    cr_assert_eq(mp_pool_alloc(pool, (size_t)8 << 20, s2, &y[i]), MP_OK, "%s",
-                 mp_last_error());
-  double took = now_us() - t0;
-  cr_assert_geq(merges_reserved(pool), before + ((size_t)160 << 20),
-                "did not grow");
-  for (int i = 0; i < 20; i++)
-    cr_assert_eq(mp_pool_free(pool, y[i]), MP_OK);
-  return took;
-}
-
-/* A pair kept apart counts as pending only for a request the two together
- * could hold: one far bigger grows at once. Here a and b (1 MiB each) stay
- * apart while s1 is held, and twenty requests of 8 MiB grow the pool, as
- * fast as the same twenty did before the pair was made. Counted as pending
- * for any request, each waited the whole 200 us first (twenty sleeps of at
- * least 10 us, a walk over every block after each): 4 ms more at the very
- * least, 50 to 150 ms more on a loaded machine, where growing takes about
- * 5 us. */
-Test(pool_stream_merges,
-     a_request_no_pair_kept_apart_could_hold_grows_at_once) {
-  const size_t mib = (size_t)1 << 20;
-  void *a, *b, *c;
-  cr_assert_eq(mp_pool_alloc(pool, mib, s1, &a), MP_OK);
-  cr_assert_eq(mp_pool_alloc(pool, mib, s2, &b), MP_OK);
-  cr_assert_eq(mp_pool_alloc(pool, mib, s2, &c), MP_OK); /* stays live */
-  cr_assert_eq((char *)b, (char *)a + mib, "a and b are not neighbours");
-  double alone = twenty_growths_us();
-  cr_assert_eq(mp_pool_trim(pool, 0), MP_OK);
-  cr_assert_eq(mp_stream_launch_host(dev, s1, gate_wait, &gate), MP_OK);
-  cr_assert_eq(mp_pool_free(pool, a), MP_OK);
-  cr_assert_eq(mp_pool_free(pool, b), MP_OK);
-  double beside = twenty_growths_us();
-  cr_expect_lt(beside, alone + 2000.0,
-               "twenty growths took %.0f us beside the pair, %.0f us before",
-               beside, alone);
-  cr_assert_eq(mp_pool_free(pool, c), MP_OK);
 }

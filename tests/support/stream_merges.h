@@ -80,4 +80,39 @@ static inline void merges_join_before_growth(mp_pool_t *pool, mp_device_t *dev,
   cr_assert_eq(mp_pool_free(pool, y), MP_OK);
 }
 
+/* How many times the device was asked whether a stream or an event is done
+ * since the last call (the fake driver's counts), or -1 where it cannot be
+ * told. */
+typedef long long (*merges_asks_fn)(void);
+
+/* A pair kept apart counts as pending only for a request the two together
+ * could hold: with a and b (1 MiB each) apart while s1 is held, requests of
+ * 8 MiB on s2 grow the pool after one look at the pair (at most two asks
+ * of the device each). Counted as pending for any request, a growth first
+ * waited the whole 200 us: twenty sleeps, each followed by a walk over
+ * every block that asks s1 about a again (on the strict fake driver 23
+ * asks for the first request). asks may be NULL. */
+static inline void merges_growth_beside_a_pair_does_not_wait_for_it(
+    mp_pool_t *pool, mp_device_t *dev, gate_t *gate, mp_stream_t s1,
+    mp_stream_t s2, merges_asks_fn asks) {
+  enum { N = 4 };
+  merges_t m = merges_free_beside_a_gated_stream(pool, dev, gate, s1, s2);
+  void *y[N];
+  for (int i = 0; i < N; i++) {
+    if (asks != NULL)
+      (void)asks();
+    cr_assert_eq(mp_pool_alloc(pool, (size_t)8 << 20, s2, &y[i]), MP_OK, "%s",
+                 mp_last_error());
+    long long n = asks != NULL ? asks() : -1;
+    if (n >= 0)
+      cr_expect_leq(n, 2, "request %d beside the pair asked %lld times", i, n);
+  }
+  cr_expect_geq(merges_reserved(pool), m.reserved + ((size_t)8 << 20) * N,
+                "the requests did not grow the pool");
+  for (int i = 0; i < N; i++)
+    cr_assert_eq(mp_pool_free(pool, y[i]), MP_OK);
+  gate_open(gate);
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+}
+
 #endif
