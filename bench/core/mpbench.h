@@ -295,6 +295,54 @@ mp_status_t mpb_capacity_search(const mpb_workload_t *w, const char *allocator,
 void mpb_spec_with_capacity(const char *base_spec, size_t capacity, char *buf,
                             size_t len);
 
+/* Most bytes the workload has on the device at once, after any event: the
+ * peak live bytes of every mpb_replay result (sizes as asked for; a paused
+ * tenant's blocks are not on the device). */
+size_t mpb_workload_peak_live(const mpb_workload_t *w);
+
+/* ---- offline.c: the offline placement and the granule bound ------------ */
+
+/* The heuristic orders offline.c tries, in mpb_offline_t.high_by order. */
+enum { MPB_OFFLINE_ORDERS = 5 };
+extern const char *const mpb_offline_orders[MPB_OFFLINE_ORDERS];
+
+typedef struct mpb_offline {
+  char workload[160];
+  size_t align;     /* every size rounded up to it, as the pool does */
+  size_t granule;   /* the device's mapping unit */
+  size_t peak_live; /* mpb_workload_peak_live */
+  size_t items;     /* lifetimes placed (an allocation cut by pauses: more) */
+  size_t high;      /* highest end offset of the best placement */
+  size_t high_by[MPB_OFFLINE_ORDERS]; /* of each order's placement (the
+                                         jittered rounds': their best; 0
+                                         when none ran) */
+  unsigned order;                     /* the one that gave high */
+  unsigned rounds; /* jittered rounds run (0 when the fixed orders already
+                      reached the granule bound) */
+  double bound;    /* ceil(peak_live / granule) granules / peak live: the best
+                      an allocator that maps whole granules can do */
+  double ratio;    /* ceil(high / granule) granules / peak live */
+  double raw;      /* high / peak live */
+  /* The most granules live blocks touch at once, in bytes, over the
+   * placements of every order (the lowest, from mapped_order's): what an
+   * allocator with virtual memory maps if it unmaps each granule as soon as
+   * nothing lives in it. At most ceil(high / granule) granules. */
+  size_t mapped;
+  unsigned mapped_order;
+  double mapped_ratio; /* mapped / peak live */
+} mpb_offline_t;
+
+/* Places every allocation of w at a fixed offset of one flat range, knowing
+ * every lifetime in advance, so that no two on the device at once overlap
+ * (offline.c: greedy, the best of several orders), and fills out. Streams and
+ * graph events are ignored (the caught-up case). offset: NULL, or room for
+ * noffset offsets, written for the first noffset lifetimes in the order
+ * they begin (without pauses and zero-byte allocations: the allocations in
+ * event order). align: a power of two. */
+mp_status_t mpb_offline_place(const mpb_workload_t *w, size_t align,
+                              size_t granule, size_t *offset, size_t noffset,
+                              mpb_offline_t *out);
+
 /* ---- report.c: table, JSON, CSV, plots --------------------------------- */
 
 void mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n);

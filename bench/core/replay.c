@@ -88,7 +88,7 @@ static void mpb_live_event(mpb_live_t *l, const mpb_event_t *e,
   }
 }
 
-static size_t mpb_peak_live(const mpb_workload_t *w) {
+size_t mpb_workload_peak_live(const mpb_workload_t *w) {
   size_t peak = 0;
   mpb_live_t l = {0};
   uint8_t *owner = calloc(w->nslots ? w->nslots : 1, 1);
@@ -395,7 +395,7 @@ mp_status_t mpb_replay(const mpb_workload_t *w, const char *allocator,
   bool is_host = strncmp(r->device, "host", 4) == 0;
   mp_device_close(probe);
 
-  size_t peak_live_w = mpb_peak_live(w);
+  size_t peak_live_w = mpb_workload_peak_live(w);
   char spec[512];
   mpb_measure_spec(opts->device_spec, is_host, peak_live_w, spec, sizeof spec);
   mpb_rig_t g;
