@@ -15,7 +15,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "internal.h" /* mp__fail (usage errors through mp_last_error) */
+/* internal.h for mp__fail (usage errors through mp_last_error);
+ * device/backend.h for mp__device_vm_granularity (mpbench bound's granule). */
+#include "device/backend.h"
+#include "internal.h"
 #include "mpbench.h"
 
 static void mpb_list(FILE *out) {
@@ -39,6 +42,13 @@ static void mpb_usage(FILE *out) {
       "trace\n"
       "  mpbench replay [OPTIONS] FILE...     the given traces (CSV or "
       "snapshot)\n"
+      "  mpbench bound [OPTIONS] [FILE...]    per workload, the granule bound "
+      "and what\n"
+      "                                       an offline placement holds "
+      "(traces and\n"
+      "                                       workloads as for run, or the "
+      "FILEs; a\n"
+      "                                       table on stdout)\n"
       "  mpbench list                         workloads, parameters, "
       "allocators\n"
       "  mpbench --help\n"
@@ -64,7 +74,9 @@ static void mpb_usage(FILE *out) {
       "found\n"
       "                      next to the source tree or the executable\n"
       "  --no-traces         (run) built-in workloads only\n"
-      "  --allocator NAME    repeatable; default: all (see `mpbench list`)\n"
+      "  --allocator NAME    repeatable; default: all (see `mpbench list`);\n"
+      "                      bound: none, each one given adds its ratio "
+      "column\n"
       "  --device SPEC       device to run on: host, host:capacity=8G,..., "
       "cuda,\n"
       "                      cuda:N. Default: $MEMPOOL_DEVICE, else cuda "
@@ -162,7 +174,42 @@ static void mpb_usage(FILE *out) {
       "workload\n"
       "                  completes: bisection between peak live and peak\n"
       "                  reserved, to max(1 MiB, 0.1% of peak live), a fresh\n"
-      "                  device per probe\n",
+      "                  device per probe\n"
+      "\n"
+      "Figures of `mpbench bound` per workload (G: the device's "
+      "virtual-memory\n"
+      "granule, 2 MiB on host and CUDA; 2 MiB where it has none):\n"
+      "  granule bound   ceil(peak live / G) granules / peak live: the best "
+      "any\n"
+      "                  allocator that maps whole granules can do\n"
+      "  offline         an offline placement that knows every lifetime in "
+      "advance\n"
+      "                  puts each allocation (rounded up to the pool's "
+      "alignment)\n"
+      "                  at a fixed offset of one flat range, no two live "
+      "ones\n"
+      "                  overlapping: greedy first fit, the best of largest "
+      "size,\n"
+      "                  longest lifetime, size x lifetime and earliest start "
+      "first,\n"
+      "                  then rounds of largest first with jittered sizes "
+      "(order:\n"
+      "                  the one that won). ceil(highest end / G) granules / "
+      "peak\n"
+      "                  live, and raw: highest end / peak live\n"
+      "  offline unmapping  the most granules that live blocks of the "
+      "placement\n"
+      "                  touch at once, in bytes / peak live: what it maps if "
+      "each\n"
+      "                  granule is unmapped as soon as it is empty (virtual "
+      "memory)\n"
+      "  Streams and graph pools are ignored (the caught-up case); a paused "
+      "tenant's\n"
+      "  blocks are off the device. The placements are heuristics: an exact "
+      "one may\n"
+      "  hold less, never less than peak live. 1.05: impossible (granule "
+      "bound above\n"
+      "  it), not reached offline, or reached (unmapping: only so)\n",
       out);
   fputc('\n', out);
   mpb_list(out);
@@ -210,6 +257,7 @@ typedef struct mpb_cli {
   const char *device;
   const char *blockmap; /* NULL: pool, else the first allocator */
   bool no_traces, capacity, plots, quiet, replay;
+  bool bound; /* `mpbench bound`: FILEs, or workloads and traces as run */
   double budget, total;
   unsigned stream_work_us;
   mpb_strv_t workloads, allocators, files;
@@ -245,6 +293,8 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
       c->replay = false;
     else if (strcmp(argv[1], "replay") == 0)
       c->replay = true;
+    else if (strcmp(argv[1], "bound") == 0)
+      c->bound = true;
     else if (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "list") == 0) {
       if (argc > 2)
         return mpb_fail_usage("unexpected argument '%s'", argv[2]);
@@ -254,7 +304,7 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
         mpb_list(stdout);
       return 0;
     } else
-      return mpb_fail_usage("unknown command '%s' (run, replay, list)",
+      return mpb_fail_usage("unknown command '%s' (run, replay, bound, list)",
                             argv[1]);
     i = 2;
   }
@@ -319,7 +369,7 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
       c->quiet = true;
     } else if (a[0] == '-' && a[1] != '\0') {
       return mpb_fail_usage("unknown option '%s'", a);
-    } else if (c->replay) {
+    } else if (c->replay || c->bound) {
       mpb_strv_push(&c->files, a);
     } else {
       return mpb_fail_usage("unexpected argument '%s' (trace files go to "
@@ -349,7 +399,9 @@ static int mpb_load(const mpb_cli_t *c, mpb_jobs_t *jobs) {
   char dirbuf[PATH_MAX];
   const char *dir = NULL;
   int rc = 0;
-  if (c->replay) {
+  /* bound FILE... loads the files (and only the --workload given). */
+  bool files = c->replay || c->files.n > 0;
+  if (files) {
     /* Named by file name, or by the path as given where two files share
      * a name, so that no two rows of the results look the same. */
     for (size_t i = 0; i < c->files.n; i++) {
@@ -395,7 +447,7 @@ static int mpb_load(const mpb_cli_t *c, mpb_jobs_t *jobs) {
   size_t nbuilt = 0;
   const char *const *specs = (const char *const *)c->workloads.v;
   if (!c->replay) {
-    if (c->workloads.n == 0) {
+    if (c->workloads.n == 0 && !files) {
       specs = mpb_builtin_names;
       while (specs[nbuilt] != NULL)
         nbuilt++;
@@ -436,6 +488,115 @@ out:
   return rc;
 }
 
+/* Which of names can run on dev: into *allocs, the others with why into
+ * *unavailable. 2 (after a message) where one cannot be made: a bad name
+ * or option. */
+static int mpb_check_allocators(const char *const *names, size_t nnames,
+                                mp_device_t *dev, mpb_strv_t *allocs,
+                                mpb_strv_t *unavailable) {
+  for (size_t i = 0; i < nnames; i++) {
+    char why[160], line[300];
+    if (!mpb_allocator_available(names[i], dev, why, sizeof why)) {
+      snprintf(line, sizeof line, "%s: %s", names[i], why);
+      mpb_strv_push(unavailable, line);
+      continue;
+    }
+    mpb_allocator_t *a;
+    /* Made once to check its name and options; a device too small for
+     * it (a child's range) is for the replays to report. */
+    mp_status_t st = mpb_allocator_open(names[i], dev, NULL, &a);
+    if (st == MP_OK) {
+      mpb_allocator_close(a);
+    } else if (st != MP_ENOMEM && st != MP_ELIMIT) {
+      fprintf(stderr, "mpbench: allocator %s: %s\n", names[i], mp_last_error());
+      return 2;
+    }
+    mpb_strv_push(allocs, names[i]);
+  }
+  return 0;
+}
+
+/* mpbench bound: per workload, the granule bound and the offline placement
+ * (offline.c), beside the ratio of each --allocator given (a replay
+ * without the capacity search), as one table on stdout. */
+static int mpb_bound(const mpb_cli_t *c) {
+  mpb_jobs_t jobs = {0};
+  mpb_strv_t allocs = {0}, unavailable = {0};
+  mpb_offline_t *off = NULL;
+  mpb_result_t *res = NULL;
+  mp_device_t *dev = NULL;
+  int rc = 0;
+  if (mp_device_open(c->device, &dev) != MP_OK) {
+    fprintf(stderr, "mpbench: cannot open device %s: %s\n",
+            c->device ? c->device : "(default)", mp_last_error());
+    return 2;
+  }
+  /* The granule the pool maps on this device; one without virtual memory
+   * maps whole segments, for which CUDA's 2 MiB stands in. */
+  size_t granule = (size_t)2 << 20;
+  if (mp__device_vm_granularity(dev, &granule) != MP_OK)
+    granule = (size_t)2 << 20;
+  /* The alignment the pool rounds every block to (MEMPOOL_CONF's, if set). */
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  size_t align = cfg.align ? cfg.align : 512;
+  char devname[128];
+  snprintf(devname, sizeof devname, "%s", mp_device_name(dev));
+  rc = mpb_check_allocators((const char *const *)c->allocators.v,
+                            c->allocators.n, dev, &allocs, &unavailable);
+  mp_device_close(dev);
+  if (rc != 0 || (rc = mpb_load(c, &jobs)) != 0)
+    goto out;
+  if (jobs.nw == 0) {
+    fprintf(stderr, "mpbench: nothing to run\n");
+    rc = 2;
+    goto out;
+  }
+  off = calloc(jobs.nw, sizeof *off);
+  res = calloc(jobs.nw * (allocs.n ? allocs.n : 1), sizeof *res);
+  if (off == NULL || res == NULL) {
+    fprintf(stderr, "mpbench: out of host memory\n");
+    rc = 1;
+    goto out;
+  }
+  mpb_replay_opts_t ro = {.device_spec = c->device,
+                          .stream_work_us = c->stream_work_us};
+  uint64_t t0 = mpb_now_ns();
+  for (size_t w = 0; w < jobs.nw; w++) {
+    mpb_progress(c, w, jobs.nw, jobs.w[w].name);
+    mp_status_t st =
+        mpb_offline_place(&jobs.w[w], align, granule, NULL, 0, &off[w]);
+    for (size_t a = 0; a < allocs.n && st == MP_OK; a++)
+      st = mpb_replay(&jobs.w[w], allocs.v[a], &ro, &res[w * allocs.n + a]);
+    if (st != MP_OK) {
+      if (!c->quiet && isatty(2))
+        fputs("\r\033[K", stderr);
+      fprintf(stderr, "mpbench: %s: %s\n", jobs.w[w].name, mp_last_error());
+      rc = 1;
+      goto out;
+    }
+  }
+  mpb_progress(c, jobs.nw, jobs.nw, "");
+  printf("mpbench bound on %s: %zu workloads in %.1f s (granule %zu KiB, "
+         "sizes rounded to %zu B)\n\n",
+         devname, jobs.nw, (double)(mpb_now_ns() - t0) / 1e9, granule >> 10,
+         align);
+  mpb_report_bound(stdout, off, jobs.nw, res, allocs.n);
+  if (unavailable.n > 0) {
+    printf("\nUnavailable here:\n");
+    for (size_t i = 0; i < unavailable.n; i++)
+      printf("- %s\n", unavailable.v[i]);
+  }
+  fflush(stdout);
+out:
+  free(off);
+  free(res);
+  mpb_jobs_free(&jobs);
+  mpb_strv_free(&allocs);
+  mpb_strv_free(&unavailable);
+  return rc;
+}
+
 int mpb_main(int argc, char **argv) {
   mpb_cli_t c = {.out_dir = "out",
                  .capacity = true,
@@ -451,6 +612,10 @@ int mpb_main(int argc, char **argv) {
   mpb_strv_t unavailable = {0}, allocs = {0};
   if (rc >= 0)
     goto out;
+  if (c.bound) {
+    rc = mpb_bound(&c);
+    goto out;
+  }
   rc = 0;
   /* The device and the allocators, checked before any work. */
   if (mp_device_open(c.device, &dev) != MP_OK) {
@@ -466,26 +631,9 @@ int mpb_main(int argc, char **argv) {
     while (names[nnames] != NULL)
       nnames++;
   }
-  for (size_t i = 0; i < nnames; i++) {
-    char why[160], line[300];
-    if (!mpb_allocator_available(names[i], dev, why, sizeof why)) {
-      snprintf(line, sizeof line, "%s: %s", names[i], why);
-      mpb_strv_push(&unavailable, line);
-      continue;
-    }
-    mpb_allocator_t *a;
-    /* Made once to check its name and options; a device too small for
-     * it (a child's range) is for the replays to report. */
-    mp_status_t st = mpb_allocator_open(names[i], dev, NULL, &a);
-    if (st == MP_OK) {
-      mpb_allocator_close(a);
-    } else if (st != MP_ENOMEM && st != MP_ELIMIT) {
-      fprintf(stderr, "mpbench: allocator %s: %s\n", names[i], mp_last_error());
-      rc = 2;
-      goto out;
-    }
-    mpb_strv_push(&allocs, names[i]);
-  }
+  if ((rc = mpb_check_allocators(names, nnames, dev, &allocs, &unavailable)) !=
+      0)
+    goto out;
   char devname[128];
   snprintf(devname, sizeof devname, "%s", mp_device_name(dev));
   mp_device_close(dev);

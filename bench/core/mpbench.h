@@ -347,6 +347,12 @@ mp_status_t mpb_offline_place(const mpb_workload_t *w, size_t align,
 
 void mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n);
 mp_status_t mpb_report_json(FILE *out, const mpb_result_t *r, size_t n);
+/* `mpbench bound`'s table: per workload o[i], the granule bound, the
+ * offline placement's figures and the ratio of each of nalloc allocators
+ * (r[i * nalloc + a]), and whether 1.05 is within reach. */
+void mpb_report_bound(FILE *out, const mpb_offline_t *o, size_t n,
+                      const mpb_result_t *r, size_t nalloc);
+
 mp_status_t mpb_report_csv(FILE *out, const mpb_result_t *r, size_t n);
 /* Writes results.json, results.csv, results.md, report.html and (with
  * gnuplot) PNG plots into dir, each through a temporary file renamed at the

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cli_run.h"
 #include "mpbench.h"
 
 static char tmpdir[256];
@@ -43,14 +44,7 @@ static void drop_tmp(void) {
 }
 
 static int run(const char **args) {
-  char *argv[32];
-  int argc = 0;
-  argv[argc++] = "mpbench";
-  for (; args[argc - 1] != NULL; argc++)
-    argv[argc] = (char *)args[argc - 1];
-  argv[argc] = NULL;
-  fflush(stdout);
-  return mpb_main(argc, argv);
+  return mpb_test_run(args, NULL);
 }
 
 static bool exists(const char *dir, const char *name) {

@@ -1,0 +1,95 @@
+/* `mpbench bound` end to end: its table for a trace file, with an
+ * allocator's column, for a workload alone, and a malformed trace stopping
+ * it with the line. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_run.h"
+#include "mpbench.h"
+
+static char tmpdir[256];
+static char text[1 << 16];
+
+static void make_tmp(void) {
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/mpbench-bound-XXXXXX");
+  cr_assert_not_null(mkdtemp(tmpdir));
+}
+
+static void drop_tmp(void) {
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+  cr_expect_eq(system(cmd), 0);
+}
+
+/* mpbench's stdout of args into text; its exit status. */
+static int run_text(const char **args) {
+  char out[512];
+  snprintf(out, sizeof out, "%s/stdout", tmpdir);
+  int rc = mpb_test_run(args, out);
+  FILE *f = fopen(out, "r");
+  cr_assert_not_null(f);
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[n] = '\0';
+  return rc;
+}
+
+static void write_file(const char *path, const char *body) {
+  FILE *f = fopen(path, "w");
+  cr_assert_not_null(f);
+  fputs("Thread,Time,Action,Pointer,Size,Stream\n", f);
+  fputs(body, f);
+  fclose(f);
+}
+
+/* 1 MiB and 2 MiB together, the 1 MiB goes, another 2 MiB comes: 4 MiB
+ * live at most, placed in 4 MiB (largest first), two whole granules. */
+Test(cli_bound, bound_prints_the_figures_of_each_trace, .init = make_tmp,
+     .fini = drop_tmp) {
+  char trace[512];
+  snprintf(trace, sizeof trace, "%s/hand.csv", tmpdir);
+  write_file(trace, "1,00:00:00.000001,allocate,0x1000,1048576,0\n"
+                    "1,00:00:00.000002,allocate,0x200000,2097152,0\n"
+                    "1,00:00:00.000003,free,0x1000,1048576,0\n"
+                    "1,00:00:00.000004,allocate,0x400000,2097152,0\n"
+                    "1,00:00:00.000005,free,0x200000,2097152,0\n"
+                    "1,00:00:00.000006,free,0x400000,2097152,0\n");
+  const char *args[] = {"bound",  "--device", "host", "--allocator",
+                        "direct", "--quiet",  trace,  NULL};
+  cr_assert_eq(run_text(args), 0, "%s", mp_last_error());
+  cr_expect(strstr(text, "granule 2048 KiB") != NULL, "%s", text);
+  cr_expect(strstr(text, "| granule bound | offline | offline raw |") != NULL,
+            "%s", text);
+  cr_expect(strstr(text, "`direct`") != NULL, "%s", text);
+  /* peak live, bound, offline, raw, its order, unmapping, its order, the
+   * direct allocator (holds what is live), and the verdict. */
+  cr_expect(strstr(text, "| hand | 4.00 MiB | 1.000 | 1.000 | 1.000 | size | "
+                         "1.000 | size | 1.000 | reached offline |") != NULL,
+            "%s", text);
+}
+
+Test(cli_bound, malformed_trace_stops_bound_with_its_line, .init = make_tmp,
+     .fini = drop_tmp) {
+  char trace[512];
+  snprintf(trace, sizeof trace, "%s/bad.csv", tmpdir);
+  write_file(trace, "1,00:00:00.000001,allocate,0x1000,64,0\n"
+                    "1,00:00:00.000002,allocate,0x2000,sixty,0\n");
+  const char *args[] = {"bound", "--device", "host", "--quiet", trace, NULL};
+  cr_expect_eq(run_text(args), 2);
+  cr_expect(strstr(mp_last_error(), "bad.csv:3:") != NULL, "%s",
+            mp_last_error());
+  cr_expect(strstr(text, "| workload |") == NULL, "a table: %s", text);
+}
+
+Test(cli_bound, bound_with_a_workload_and_no_file_runs_only_it,
+     .init = make_tmp, .fini = drop_tmp) {
+  const char *args[] = {"bound",   "--device",   "host",
+                        "--quiet", "--workload", "adversarial:rounds=2,count=4",
+                        NULL};
+  cr_assert_eq(run_text(args), 0, "%s", mp_last_error());
+  cr_expect(strstr(text, "1 workloads") != NULL, "%s", text);
+  cr_expect(strstr(text, "| adversarial:rounds=2,count=4 |") != NULL, "%s",
+            text);
+}
