@@ -394,10 +394,13 @@ static bool mp__top_chunk_in(const mp__segment_t *v, const mp__block_t *b,
  * unmap changes only the blocks around its chunk, which the walk has
  * reached, so nothing below needs a second look, where picking chunk after
  * chunk would rescan the range for each (quadratic in a range of many
- * small chunks: map_piece). The walk goes on from the free piece below the
- * chunk (b itself, cut short), from the block below b when b became the
- * hole, or from the new top when the hole reached it (and took the block
- * below with it, if that was a hole). Returns the bytes released. */
+ * small chunks: map_piece). The lock is dropped for each device call, and
+ * meanwhile other threads free, take and split blocks: the block below
+ * the chunk may have been merged away and its record used again elsewhere
+ * (a walk that went on from it stopped short, leaving free chunks mapped,
+ * or strayed). So the walk goes on from what is below the hole the chunk
+ * left, which stays while a release is in flight (growth waits for it), or
+ * from the new top when the hole reached it. Returns the bytes released. */
 static size_t mp__vrange_release_all(mp_pool_t *pool, mp__segment_t *v,
                                      const mp__block_t *k1,
                                      const mp__block_t *k2) {
@@ -411,14 +414,11 @@ static size_t mp__vrange_release_all(mp_pool_t *pool, mp__segment_t *v,
       continue;
     }
     mp__chunk_t c = v->chunks[i];
-    bool whole = c.addr == b->addr;
-    bool top = c.addr + c.size == v->base + v->span;
-    mp__block_t *below = b->prev;
     if (!mp__unmap_chunk(pool, v, b, i))
       break;
     done += c.size;
-    if (whole)
-      b = top ? v->last : below;
+    mp__block_t *h = mp__hole_at(v, c.addr);
+    b = h != NULL ? h->prev : v->last;
   }
   return done;
 }

@@ -17,6 +17,10 @@ typedef struct fake_dev {
   size_t granule; /* 0: no virtual memory */
   unsigned fail_after, allocs;
   unsigned maps, unmaps, frees, bad_unmaps, syncs;
+  /* Called once, at the next vm_unmap (then cleared): the pool's lock is
+   * dropped there, so it may call the pool as another thread would. */
+  void (*on_unmap)(void *ctx);
+  void *on_unmap_ctx;
   struct {
     void *addr;
     size_t size;
@@ -180,6 +184,11 @@ static mp_status_t fake_vm_map(mp_device_t *dev, void *addr, size_t bytes) {
 }
 static mp_status_t fake_vm_unmap(mp_device_t *dev, void *addr, size_t bytes) {
   fake_dev_t *f = fake_of(dev);
+  if (f->on_unmap != NULL) {
+    void (*fn)(void *) = f->on_unmap;
+    f->on_unmap = NULL;
+    fn(f->on_unmap_ctx);
+  }
   for (size_t i = 0; i < f->nmap; i++)
     if (f->map[i].addr == addr && f->map[i].size == bytes) {
       f->map[i] = f->map[--f->nmap];

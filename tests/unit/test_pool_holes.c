@@ -48,6 +48,62 @@ Test(pool_holes, trim_unmaps_a_free_chunk_in_the_middle) {
   fake_pool_finish(p, dev);
 }
 
+/* What another thread does while trim has the lock dropped for an unmap
+ * (here the fake device's hook, on the same thread): L is freed, and P,
+ * free below it, takes it in (L's record goes back to the pool), then a
+ * 512 KiB request splits Z, the remainder getting that record. */
+typedef struct {
+  mp_pool_t *p;
+  void *l, *small;
+} window_t;
+
+static void free_l_and_split_z(void *ctx) {
+  window_t *w = ctx;
+  cr_assert_eq(mp_pool_free(w->p, w->l), MP_OK);
+  cr_assert_eq(mp_pool_alloc(w->p, MiB / 2, NULL, &w->small), MP_OK);
+}
+
+/* Trim walks down the range unmapping free chunks, dropping the lock for
+ * each device call. Layout, 2 MiB chunks: [Z 1 MiB free | Y live] [Q free]
+ * [X live] [P free] [L live] [F free] [T live]. While F's chunk is
+ * unmapped, L is freed into P and Z is split (free_l_and_split_z). The walk
+ * used to go on from L's old record, by then the remainder of Z elsewhere
+ * in the range, and stop there; Q was reached only because trim walks the
+ * range again while free memory is left (so this test passed then too).
+ * It goes on from below F's hole now: past P (which L's free, still
+ * pending, holds back) to Q, reading no record that was given back. */
+Test(pool_holes, trim_goes_on_below_its_hole_whatever_changed_meanwhile) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 2 * MiB);
+  mp_pool_t *p = make_pool(dev, NULL);
+  enum { Z, Y, Q, X, P, L, F, T, N };
+  const size_t size[N] = {MiB,     MiB,     2 * MiB, 2 * MiB,
+                          2 * MiB, 2 * MiB, 2 * MiB, 2 * MiB};
+  void *b[N];
+  for (int i = 0; i < N; i++) {
+    cr_assert_eq(mp_pool_alloc(p, size[i], NULL, &b[i]), MP_OK);
+    if (i > 0)
+      cr_assert_eq((char *)b[i], (char *)b[i - 1] + size[i - 1]);
+  }
+  cr_assert_eq(mp_pool_free(p, b[Z]), MP_OK);
+  cr_assert_eq(mp_pool_free(p, b[Q]), MP_OK);
+  cr_assert_eq(mp_pool_free(p, b[P]), MP_OK);
+  cr_assert_eq(mp_pool_free(p, b[F]), MP_OK);
+  window_t w = {p, b[L], NULL};
+  fake_of(dev)->on_unmap = free_l_and_split_z;
+  fake_of(dev)->on_unmap_ctx = &w;
+  cr_assert_eq(mp_pool_trim(p, 0), MP_OK);
+  cr_expect_eq(w.small, b[Z], "the 512 KiB request did not split Z");
+  cr_expect_eq(fake_of(dev)->unmaps, 2, "unmapped %u chunks",
+               fake_of(dev)->unmaps);
+  cr_expect_eq(stats(p).reserved_bytes, 10 * MiB);
+  check(p);
+  cr_assert_eq(mp_pool_free(p, w.small), MP_OK);
+  for (int i = Y; i < N; i++)
+    if (i != Q && i != P && i != L && i != F)
+      cr_assert_eq(mp_pool_free(p, b[i]), MP_OK);
+  fake_pool_finish(p, dev);
+}
+
 Test(pool_holes, free_blocks_never_coalesce_across_a_hole) {
   mp_device_t *dev;
   void *v[4];
