@@ -549,7 +549,10 @@ void mp__deps_on_free_uses(mp_pool_t *pool, mp__block_t *b) {
    * a look found the markers done. With stream_waits=1 every free still
    * closes its epoch: a stream made to wait for the block waits for the
    * marker recorded at its free, not for later work of the freeing
-   * stream. When the next free will
+   * stream. So does every free on a per-thread default stream: only its
+   * own thread can close its epoch (another leaves want_close), and a
+   * thread that stops calling the pool would keep it open for good, its
+   * finished frees of no use to the other streams. When the next free will
    * look for memory to give back (release_threshold; a free looks before
    * its own block is released, pool.c), the epoch is closed at once where
    * the stream is idle: that look asks the streams whether they are idle,
@@ -566,7 +569,7 @@ void mp__deps_on_free_uses(mp_pool_t *pool, mp__block_t *b) {
       mp__strm_t *st = &pool->streams[b->deps[i].sidx];
       if (look)
         mp__stream_settle(pool, b->deps[i].sidx);
-      else if (every || st->nmarks == 0)
+      else if (every || st->nmarks == 0 || st->owner != 0)
         mp__stream_close(pool, st);
     }
   }

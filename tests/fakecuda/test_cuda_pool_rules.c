@@ -904,6 +904,76 @@ Test(cuda_pool_rules, per_thread_streams_of_two_threads_are_kept_apart,
   mp_device_close(dev);
 }
 
+/* A thread that frees blocks on its per-thread stream, finishes that work
+ * and then lives on without calling the pool (a worker parked on a
+ * condition). */
+enum { QUIET_N = 4 };
+typedef struct {
+  mp_pool_t *pool;
+  mp_device_t *dev;
+  gate_t done, leave; /* its frees are finished; it may exit */
+} quiet_t;
+
+static void *free_on_own_per_thread_stream_then_park(void *p) {
+  quiet_t *q = p;
+  enter_ctx();
+  mp_stream_t pt = (mp_stream_t)CU_STREAM_PER_THREAD;
+  void *v[QUIET_N];
+  for (int i = 0; i < QUIET_N; i++) {
+    cr_assert_eq(mp_pool_alloc(q->pool, 1u << 20, pt, &v[i]), MP_OK, "%s",
+                 mp_last_error());
+    cr_assert_eq(mp_memset_async(q->dev, v[i], 3, 1u << 20, pt), MP_OK);
+  }
+  for (int i = 0; i < QUIET_N; i++)
+    cr_assert_eq(mp_pool_free(q->pool, v[i]), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(q->dev, pt), MP_OK);
+  gate_open(&q->done);
+  gate_wait(&q->leave);
+  leave_ctx();
+  return NULL;
+}
+
+/* What a thread freed on its per-thread stream and finished serves another
+ * stream while that thread lives on without calling the pool: no growth.
+ * Only the owner can close a per-thread stream's epoch (the handle names
+ * the caller's own stream; another thread leaves a request), so such a
+ * free closes it at once. When frees after the first of a run joined the
+ * open epoch (lazy close), s2 grew the pool instead, for as long as the
+ * owner did not call again (here, for good). */
+Test(cuda_pool_rules, a_parked_threads_finished_frees_serve_another_stream,
+     .init = load_driver) {
+  two_t t = two_open();
+  void *own = NULL, *w[QUIET_N];
+  cr_assert_eq(mp_pool_alloc(t.pool, 1u << 20, (mp_stream_t)t.s2, &own), MP_OK);
+  quiet_t q = {.pool = t.pool, .dev = t.dev};
+  gate_init(&q.done);
+  gate_init(&q.leave);
+  pthread_t th;
+  cr_assert_eq(
+      pthread_create(&th, NULL, free_on_own_per_thread_stream_then_park, &q),
+      0);
+  gate_wait(&q.done);
+  mp_stats_t st;
+  cr_assert_eq(mp_pool_get_stats(t.pool, &st), MP_OK);
+  size_t reserved = st.reserved_bytes;
+  for (int i = 0; i < QUIET_N; i++)
+    cr_assert_eq(mp_pool_alloc(t.pool, 1u << 20, (mp_stream_t)t.s2, &w[i]),
+                 MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_get_stats(t.pool, &st), MP_OK);
+  cr_expect_eq(st.reserved_bytes, reserved,
+               "s2 grew the pool instead of taking what the parked thread "
+               "freed and finished");
+  for (int i = 0; i < QUIET_N; i++)
+    cr_assert_eq(mp_pool_free(t.pool, w[i]), MP_OK);
+  gate_open(&q.leave);
+  pthread_join(th, NULL);
+  cr_assert_eq(mp_pool_free(t.pool, own), MP_OK);
+  cr_expect_eq(mp_pool_check(t.pool), MP_OK, "%s", mp_last_error());
+  two_close(&t);
+  gate_destroy(&q.done);
+  gate_destroy(&q.leave);
+}
+
 /* A thread's per-thread stream goes with the thread: 40 threads that each
  * allocate on CU_STREAM_PER_THREAD and exit leave no live slot behind
  * (the pool's dump counts its streams). */
