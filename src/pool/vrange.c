@@ -251,9 +251,11 @@ static mp__block_t *mp__after_map(mp_pool_t *pool, mp__segment_t *v,
 /* Bookkeeping before chunk i, lying wholly inside free block f (out of the
  * index), is unmapped: f splits into a free piece below, a hole, and a free
  * piece above (r2's record, with f's deps); holes next to each other merge
- * and a hole at the top goes, shrinking the span. */
-static void mp__before_unmap(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
-                             size_t i, mp__block_t *r1, mp__block_t *r2) {
+ * and a hole at the top goes, shrinking the span. Returns the hole that
+ * holds the chunk now, NULL when it went with the top. */
+static mp__block_t *mp__before_unmap(mp_pool_t *pool, mp__segment_t *v,
+                                     mp__block_t *f, size_t i, mp__block_t *r1,
+                                     mp__block_t *r2) {
   mp__chunk_t c = v->chunks[i];
   uintptr_t cend = c.addr + c.size, fend = f->addr + f->size;
   /* The chunk lies wholly inside free block f, taken out of the index. */
@@ -293,6 +295,7 @@ static void mp__before_unmap(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
   if (h->next == NULL) {
     v->span = h->addr - v->base;
     mp__hole_drop(pool, v, h);
+    h = NULL;
   }
   memmove(&v->chunks[i], &v->chunks[i + 1],
           (v->nchunks - i - 1) * sizeof *v->chunks);
@@ -304,19 +307,25 @@ static void mp__before_unmap(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
     mp__rec_free(pool, r1);
   if (r2 != NULL)
     mp__rec_free(pool, r2);
+  return h;
 }
 
 /* Unmaps chunk i of v, lying wholly inside releasable free block f. false
- * when it could not (the memory then stays the pool's, free). */
+ * when it could not (the memory then stays the pool's, free). *hole (hole
+ * may be NULL): the hole that holds the chunk after, NULL when it went with
+ * the top; it stays as it is while the lock is dropped for the call (growth,
+ * trim and pause wait for the release in flight). */
 static bool mp__unmap_chunk(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
-                            size_t i) {
+                            size_t i, mp__block_t **hole) {
   mp__block_t *recs;
   if (!mp__vrange_room(v, 1) || (recs = mp__recs_new(pool, 2)) == NULL)
     return false;
   mp__block_t *r1 = mp__recs_pop(&recs), *r2 = mp__recs_pop(&recs);
   mp__chunk_t c = v->chunks[i];
   mp__index_remove(pool, f);
-  mp__before_unmap(pool, v, f, i, r1, r2);
+  mp__block_t *h = mp__before_unmap(pool, v, f, i, r1, r2);
+  if (hole != NULL)
+    *hole = h;
   mp__pool_device_begin(pool);
   mp_status_t st = mp__device_vm_unmap(pool->dev, (void *)c.addr, c.size);
   mp__pool_device_end(pool);
@@ -399,8 +408,9 @@ static bool mp__top_chunk_in(const mp__segment_t *v, const mp__block_t *b,
  * the chunk may have been merged away and its record used again elsewhere
  * (a walk that went on from it stopped short, leaving free chunks mapped,
  * or strayed). So the walk goes on from what is below the hole the chunk
- * left, which stays while a release is in flight (growth waits for it), or
- * from the new top when the hole reached it. Returns the bytes released. */
+ * left (mp__unmap_chunk says which: no search), which stays while a release
+ * is in flight, or from the new top when the hole reached it. Returns the
+ * bytes released. */
 static size_t mp__vrange_release_all(mp_pool_t *pool, mp__segment_t *v,
                                      const mp__block_t *k1,
                                      const mp__block_t *k2) {
@@ -413,11 +423,11 @@ static size_t mp__vrange_release_all(mp_pool_t *pool, mp__segment_t *v,
       b = b->prev;
       continue;
     }
-    mp__chunk_t c = v->chunks[i];
-    if (!mp__unmap_chunk(pool, v, b, i))
+    size_t cs = v->chunks[i].size;
+    mp__block_t *h;
+    if (!mp__unmap_chunk(pool, v, b, i, &h))
       break;
-    done += c.size;
-    mp__block_t *h = mp__hole_at(v, c.addr);
+    done += cs;
     b = h != NULL ? h->prev : v->last;
   }
   return done;
@@ -474,7 +484,7 @@ size_t mp__vrange_reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
       continue;
     }
     size_t cs = v->chunks[i].size;
-    if (!mp__unmap_chunk(pool, v, f, i))
+    if (!mp__unmap_chunk(pool, v, f, i, NULL))
       break;
     done += cs;
   }
