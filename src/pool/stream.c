@@ -949,8 +949,13 @@ bool mp__streams_all_idle_now(mp_pool_t *pool) {
     if (st->gone)
       all = all && !st->dirty && st->done >= st->epoch;
     else if ((st->dirty || st->done < st->epoch) && /* else nothing owed */
-             !mp__stream_idle_now(pool, i))
+             !mp__stream_idle_now(pool, i)) {
       all = false;
+      /* Busy: a marker now makes it no busier, and lets a later look find
+       * the open epoch's frees done even if the stream is never idle when
+       * asked (fed all the time); without one they waited for a sync. */
+      mp__stream_close(pool, st);
+    }
   }
   return all;
 }

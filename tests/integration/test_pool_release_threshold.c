@@ -3,6 +3,8 @@
  * the streams that used it are done (a query, never a wait); in single-
  * and multi-stream pools. Without the option the pool keeps its cache. */
 #include <criterion/criterion.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <unistd.h>
 
 #include <mempool/mempool.h>
@@ -119,6 +121,75 @@ Test(release_threshold, busy_streams_keep_their_memory_until_done) {
   cr_assert_eq(mp_pool_destroy(p), MP_OK);
   cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
   gate_destroy(&g);
+}
+
+/* A host function that says it has started, then waits for its gate: once
+ * `entered` is set, everything queued on the stream before it is done,
+ * and the stream is still busy. */
+typedef struct {
+  gate_t gate;
+  atomic_bool entered;
+} entry_gate_t;
+
+static void enter_then_wait(void *arg) {
+  entry_gate_t *e = arg;
+  atomic_store(&e->entered, true);
+  gate_wait(&e->gate);
+}
+
+/* A stream that is never idle when the pool looks (an engine's stream,
+ * fed all the time) still gets what it freed back to the device: a look
+ * that finds the stream busy closes its epoch with a marker, which a later
+ * look finds done. Before, a busy stream's open epoch stayed open (only a
+ * query that found it idle closed it), and the 128 MiB stayed. */
+Test(release_threshold, a_stream_never_idle_still_gives_its_memory_back) {
+  mp_pool_t *p = make_pool(dev, "release_threshold=16M");
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  gate_t g1;
+  gate_init(&g1);
+  entry_gate_t g2;
+  gate_init(&g2.gate);
+  atomic_init(&g2.entered, false);
+  void *a, *sep, *c, *x;
+  cr_assert_eq(mp_pool_alloc(p, 128 * MiB, s, &a), MP_OK);
+  /* The small blocks below come from c's memory, the best fit, kept from a
+   * by a live block, so that a does not take in their later frees (and
+   * wait for those too). */
+  cr_assert_eq(mp_pool_alloc(p, 4096, s, &sep), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 8 * MiB, s, &c), MP_OK);
+  cr_assert_eq(mp_pool_free(p, c), MP_OK);
+  /* From here to the gates' opening only expectations: a failed assert
+   * would leave s blocked and the device's close waiting for it. */
+  cr_assert_eq(mp_stream_launch_host(dev, s, gate_wait, &g1), MP_OK);
+  cr_expect_eq(mp_pool_free(p, a), MP_OK);
+  /* A free looks before its own block goes back: this one, with a free,
+   * finds s busy. */
+  cr_expect_eq(mp_pool_alloc(p, 4096, s, &x), MP_OK);
+  cr_expect_eq(mp_pool_free(p, x), MP_OK);
+  size_t held = stats(p).reserved_bytes;
+  /* s gets past what was queued so far, and is busy again at once. */
+  mp_status_t launched = mp_stream_launch_host(dev, s, enter_then_wait, &g2);
+  gate_open(&g1);
+  while (launched == MP_OK && !atomic_load(&g2.entered))
+    usleep(100);
+  for (int i = 0; i < 9; i++) { /* later looks, s busy at each */
+    cr_expect_eq(mp_pool_alloc(p, 4096, s, &x), MP_OK);
+    cr_expect_eq(mp_pool_free(p, x), MP_OK);
+  }
+  mp_stats_t st = stats(p);
+  gate_open(&g2.gate);
+  cr_assert_eq(mp_stream_synchronize(dev, s), MP_OK);
+  cr_assert_eq(launched, MP_OK);
+  cr_expect_geq(held, 128 * MiB, "given back while s still ran");
+  cr_expect_leq(st.reserved_bytes, 16 * MiB + 2 * MiB,
+                "reserved %zu while s stayed busy", st.reserved_bytes);
+  cr_assert_eq(mp_pool_free(p, sep), MP_OK);
+  cr_assert_eq(mp_pool_check(p), MP_OK);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+  gate_destroy(&g1);
+  gate_destroy(&g2.gate);
 }
 
 Test(release_threshold, without_the_option_the_cache_stays) {
