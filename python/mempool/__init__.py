@@ -77,24 +77,27 @@ def _s(b):
     return b.decode("utf-8", "replace") if b is not None else ""
 
 
-def _check(status, call):
-    if status == 0:
-        return
+def _error(status, detail, call):
+    """The exception for library status number status: its name and message
+    from the library, the class from _CLASSES."""
     L = _lib.lib()
     name = _s(L.mp_status_name(status))
-    raise _CLASSES.get(name, MempoolError)(
-        status, name, _s(L.mp_status_string(status)), _s(L.mp_last_error()), call)
+    return _CLASSES.get(name, MempoolError)(
+        status, name, _s(L.mp_status_string(status)), detail, call)
+
+
+def _check(status, call):
+    if status != 0:
+        raise _error(status, _s(_lib.lib().mp_last_error()), call)
 
 
 def _refusal(name, detail, call):
     """The exception for status name ("MP_EINVAL") with a detail of this
-    package's own (a refusal made before calling the library); its number
-    and message come from the library, as _check's do."""
+    package's own (a refusal made before calling the library)."""
     L = _lib.lib()
     for status in range(1, 64):
         if _s(L.mp_status_name(status)) == name:
-            return _CLASSES.get(name, MempoolError)(
-                status, name, _s(L.mp_status_string(status)), detail, call)
+            return _error(status, detail, call)
     raise RuntimeError("libmempool has no status %s" % name)
 
 
@@ -432,11 +435,7 @@ def _preload_call(name, *args):
     if st != 0:
         # The shim links its own copy of the library: the status names are
         # the same, its last error is its own (it says it on stderr).
-        L = _lib.lib()
-        name_ = _s(L.mp_status_name(st))
-        raise _CLASSES.get(name_, MempoolError)(
-            st, name_, _s(L.mp_status_string(st)), "see the shim's message on stderr",
-            name)
+        raise _error(st, "see the shim's message on stderr", name)
 
 
 def preload_pause(keep_content=True):
