@@ -123,6 +123,8 @@ static mp_status_t mp__graph_mark_was(mp_pool_t *pool, mp_stream_t s, bool on,
   if (was != NULL)
     *was = t->capturing;
   if (t->capturing != on) {
+    if (on)
+      mp__stream_capture_begins(pool, sidx); /* t stays valid: no new slot */
     t->capturing = on;
     if (on) {
       pool->ncapturing++;

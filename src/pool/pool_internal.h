@@ -854,6 +854,15 @@ static inline mp_status_t mp__stream_index(mp_pool_t *pool, mp_stream_t s,
   }
   return mp__stream_lookup(pool, s, out);
 }
+/* s is about to be marked capturing (sidx in pool's table): settles its
+ * open epoch (done at once where the stream is idle, else a marker) while
+ * it still may be asked and recorded on. Frees after the first of a run
+ * leave the epoch open (mp__deps_on_free_uses), and once the stream is
+ * marked nobody can close it until the capture ends: what it freed and
+ * finished before would serve no other stream meanwhile. Nothing where
+ * the device already captures it (begin called after cuStreamBeginCapture).
+ */
+void mp__stream_capture_begins(mp_pool_t *pool, uint32_t sidx);
 /* s stopped capturing (sidx in pool's table): closes the epoch its
  * capture left open (no marker can be recorded on a capturing stream), so
  * that by the time another stream asks about what the capture freed, the

@@ -575,6 +575,11 @@ void mp__deps_on_free_uses(mp_pool_t *pool, mp__block_t *b) {
   }
 }
 
+void mp__stream_capture_begins(mp_pool_t *pool, uint32_t sidx) {
+  MP__ASSERT_LOCKED(pool);
+  mp__stream_settle(pool, sidx);
+}
+
 void mp__stream_capture_ended(mp_pool_t *pool, uint32_t sidx) {
   MP__ASSERT_LOCKED(pool);
   mp__stream_close(pool, &pool->streams[sidx]);

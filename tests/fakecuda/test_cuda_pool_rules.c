@@ -684,6 +684,37 @@ Test(cuda_pool_rules, frees_on_a_busy_stream_record_one_marker_and_stay_with_it,
   counted_on_cuda(markers_frees_on_a_busy_stream, markers_recorded);
 }
 
+/* markers_capture_fn: a relaxed capture of s, begun and ended (its graph
+ * destroyed). */
+static void capture_relaxed(mp_stream_t s, bool begin) {
+  if (begin) {
+    cr_assert_eq(cu.begin((CUstream)s, CU_STREAM_CAPTURE_MODE_RELAXED),
+                 CUDA_SUCCESS);
+    return;
+  }
+  CUgraph g = NULL;
+  cr_assert_eq(cu.end((CUstream)s, &g), CUDA_SUCCESS);
+  if (g != NULL)
+    cr_assert_eq(cu.graph_destroy(g), CUDA_SUCCESS);
+}
+
+/* support/stream_markers.h: blocks freed and finished on s1 before its
+ * capture serve s2 during it, with no growth and no call on s1 (the fake
+ * refuses a query of or a record on the capturing stream). */
+Test(cuda_pool_rules, frees_finished_before_a_capture_serve_another_stream,
+     .init = load_driver) {
+  two_t t = two_open();
+  long long refused = errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) +
+                      errors(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  markers_frees_before_a_capture(t.pool, t.dev, (mp_stream_t)t.s1,
+                                 (mp_stream_t)t.s2, capture_relaxed);
+  cr_expect_eq(errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) +
+                   errors(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
+               refused, "the pool broke s1's capture");
+  cr_expect_eq(mp_pool_check(t.pool), MP_OK, "%s", mp_last_error());
+  two_close(&t);
+}
+
 /* support/stream_merges.h: a growth beside a pair kept apart looks at the
  * pair once instead of waiting 200 us for it. */
 Test(cuda_pool_rules, growth_beside_a_pair_kept_apart_does_not_wait_for_it,

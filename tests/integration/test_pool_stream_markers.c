@@ -17,3 +17,10 @@ Test(pool_stream_markers,
      frees_on_a_busy_stream_stay_with_it_and_serve_another_once_done) {
   markers_frees_on_a_busy_stream(pool, dev, &gate, s1, s2, NULL);
 }
+
+/* Frees finished before a capture serve another stream during it (the
+ * host device has no capture: mp_pool_graph_begin marks s1 capturing). */
+Test(pool_stream_markers,
+     frees_finished_before_a_capture_serve_another_stream) {
+  markers_frees_before_a_capture(pool, dev, s1, s2, NULL);
+}

@@ -98,4 +98,55 @@ static inline void markers_frees_on_a_busy_stream(mp_pool_t *pool,
   cr_assert_eq(mp_pool_free(pool, own), MP_OK);
 }
 
+/* Begins (begin) or ends a capture of s where the device has captures:
+ * the strict fake driver's and the GPU twin's; NULL on the host device,
+ * where mp_pool_graph_begin alone marks s capturing in the pool. */
+typedef void (*markers_capture_fn)(mp_stream_t s, bool begin);
+
+/* MARKERS_N 1 MiB blocks freed on s1 (s2 known to the pool) and s1
+ * synchronized; then s1 allocates to a graph pool and is captured. What
+ * s1 freed before is done, and nothing about s1 may be asked or recorded
+ * while it captures: s2 takes it all during the capture with no growth.
+ * The frees after the first joined an epoch left open, which nobody could
+ * close once s1 was marked capturing: s2 grew instead (until the capture
+ * ended; under a cap, out of memory, the synchronize rung being refused
+ * during a capture). mp_pool_graph_begin now settles the epoch first. */
+static inline void markers_frees_before_a_capture(mp_pool_t *pool,
+                                                  mp_device_t *dev,
+                                                  mp_stream_t s1,
+                                                  mp_stream_t s2,
+                                                  markers_capture_fn capture) {
+  const size_t mib = (size_t)1 << 20;
+  void *own = NULL, *v[MARKERS_N], *w[MARKERS_N];
+  cr_assert_eq(mp_pool_alloc(pool, mib, s2, &own), MP_OK, "%s",
+               mp_last_error());
+  for (int i = 0; i < MARKERS_N; i++)
+    cr_assert_eq(mp_pool_alloc(pool, mib, s1, &v[i]), MP_OK, "%s",
+                 mp_last_error());
+  for (int i = 0; i < MARKERS_N; i++)
+    cr_assert_eq(mp_memset_async(dev, v[i], 0xAA, mib, s1), MP_OK);
+  for (int i = 0; i < MARKERS_N; i++)
+    cr_assert_eq(mp_pool_free(pool, v[i]), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+  mp_pool_t *g = NULL;
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(pool, g, s1), MP_OK, "%s", mp_last_error());
+  if (capture != NULL)
+    capture(s1, true);
+  size_t reserved = markers_reserved(pool);
+  for (int i = 0; i < MARKERS_N; i++)
+    cr_assert_eq(mp_pool_alloc(pool, mib, s2, &w[i]), MP_OK, "%s",
+                 mp_last_error());
+  cr_expect_eq(markers_reserved(pool), reserved,
+               "s2 grew the pool during s1's capture instead of taking what "
+               "s1 freed and finished before it");
+  for (int i = 0; i < MARKERS_N; i++)
+    cr_assert_eq(mp_pool_free(pool, w[i]), MP_OK);
+  if (capture != NULL)
+    capture(s1, false);
+  cr_assert_eq(mp_pool_graph_end(pool, s1), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, own), MP_OK);
+}
+
 #endif /* MEMPOOL_TEST_STREAM_MARKERS_H */
