@@ -203,6 +203,23 @@ static void mpb_usage(FILE *out) {
       "each\n"
       "                  granule is unmapped as soon as it is empty (virtual "
       "memory)\n"
+      "  ALLOC live granules  per --allocator: the most granules its own "
+      "live\n"
+      "                  blocks touch at once in the replay, in bytes / peak "
+      "live:\n"
+      "                  what its placement would hold if its memory were "
+      "granule-\n"
+      "                  sized physical allocations, each unmapped where it "
+      "lies\n"
+      "                  empty and mapped again wherever a request needs it "
+      "(CUDA\n"
+      "                  maps a physical allocation at any granule-aligned "
+      "address),\n"
+      "                  so that free memory need not be contiguous (blocks "
+      "that are\n"
+      "                  not granule-aligned, as the direct allocator's on "
+      "host,\n"
+      "                  touch more than they hold); - where a tenant pauses\n"
       "  Streams and graph pools are ignored (the caught-up case); a paused "
       "tenant's\n"
       "  blocks are off the device. The placements are heuristics: an exact "
@@ -524,6 +541,7 @@ static int mpb_bound(const mpb_cli_t *c) {
   mpb_strv_t allocs = {0}, unavailable = {0};
   mpb_offline_t *off = NULL;
   mpb_result_t *res = NULL;
+  size_t *touched = NULL;
   mp_device_t *dev = NULL;
   int rc = 0;
   if (mp_device_open(c->device, &dev) != MP_OK) {
@@ -554,7 +572,8 @@ static int mpb_bound(const mpb_cli_t *c) {
   }
   off = calloc(jobs.nw, sizeof *off);
   res = calloc(jobs.nw * (allocs.n ? allocs.n : 1), sizeof *res);
-  if (off == NULL || res == NULL) {
+  touched = calloc(jobs.nw * (allocs.n ? allocs.n : 1), sizeof *touched);
+  if (off == NULL || res == NULL || touched == NULL) {
     fprintf(stderr, "mpbench: out of host memory\n");
     rc = 1;
     goto out;
@@ -566,8 +585,18 @@ static int mpb_bound(const mpb_cli_t *c) {
     mpb_progress(c, w, jobs.nw, jobs.w[w].name);
     mp_status_t st =
         mpb_offline_place(&jobs.w[w], align, granule, NULL, 0, &off[w]);
-    for (size_t a = 0; a < allocs.n && st == MP_OK; a++)
+    for (size_t a = 0; a < allocs.n && st == MP_OK; a++) {
+      /* Beside the ratio, the granules its live blocks touched at most
+       * (not where a tenant pauses: its blocks leave the device). */
+      mpb_touched_t tr;
+      mpb_touched_init(&tr, granule);
+      bool track = jobs.w[w].ntenants <= 1;
+      ro.on_block = track ? mpb_touched_on_block : NULL;
+      ro.on_block_ctx = track ? &tr : NULL;
       st = mpb_replay(&jobs.w[w], allocs.v[a], &ro, &res[w * allocs.n + a]);
+      touched[w * allocs.n + a] = track ? mpb_touched_peak_bytes(&tr) : 0;
+      mpb_touched_free(&tr);
+    }
     if (st != MP_OK) {
       if (!c->quiet && isatty(2))
         fputs("\r\033[K", stderr);
@@ -581,7 +610,7 @@ static int mpb_bound(const mpb_cli_t *c) {
          "sizes rounded to %zu B)\n\n",
          devname, jobs.nw, (double)(mpb_now_ns() - t0) / 1e9, granule >> 10,
          align);
-  mpb_report_bound(stdout, off, jobs.nw, res, allocs.n);
+  mpb_report_bound(stdout, off, jobs.nw, res, touched, allocs.n);
   if (unavailable.n > 0) {
     printf("\nUnavailable here:\n");
     for (size_t i = 0; i < unavailable.n; i++)
@@ -591,6 +620,7 @@ static int mpb_bound(const mpb_cli_t *c) {
 out:
   free(off);
   free(res);
+  free(touched);
   mpb_jobs_free(&jobs);
   mpb_strv_free(&allocs);
   mpb_strv_free(&unavailable);

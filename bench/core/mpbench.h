@@ -343,15 +343,44 @@ mp_status_t mpb_offline_place(const mpb_workload_t *w, size_t align,
                               size_t granule, size_t *offset, size_t noffset,
                               mpb_offline_t *out);
 
+/* The most granules an allocator's live blocks touch at once, from a
+ * replay's blocks (mpb_replay_opts_t.on_block = mpb_touched_on_block,
+ * on_block_ctx = the tracker): what that placement would hold if its
+ * memory were granule-sized physical allocations (cuMemCreate), each
+ * unmapped where it lies empty and mapped again wherever a request needs
+ * it, so that free memory need not be contiguous to serve a request
+ * (GMLake's "stitching"; whole allocations, as cuMemMap's offset "currently
+ * must be zero": cuda.h, CUDA 13.0). Blocks count with the bytes asked
+ * for. Not for workloads that pause (a paused tenant's blocks are off the
+ * device but still count here). */
+typedef struct mpb_touched {
+  size_t granule;
+  uint64_t *key;   /* granule number + 1; 0: an empty slot */
+  uint32_t *users; /* live blocks in that granule */
+  size_t cap, used;
+  size_t now, peak; /* granules touched now, and at most */
+  bool failed;      /* out of host memory: no figure */
+} mpb_touched_t;
+
+void mpb_touched_init(mpb_touched_t *t, size_t granule);
+void mpb_touched_on_block(void *ctx, size_t event, const mpb_event_t *e,
+                          void *ptr);
+/* peak * granule; 0 when the tracker ran out of host memory. */
+size_t mpb_touched_peak_bytes(const mpb_touched_t *t);
+void mpb_touched_free(mpb_touched_t *t);
+
 /* ---- report.c: table, JSON, CSV, plots --------------------------------- */
 
 void mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n);
 mp_status_t mpb_report_json(FILE *out, const mpb_result_t *r, size_t n);
 /* `mpbench bound`'s table: per workload o[i], the granule bound, the
- * offline placement's figures and the ratio of each of nalloc allocators
- * (r[i * nalloc + a]), and whether 1.05 is within reach. */
+ * offline placement's figures, the ratio of each of nalloc allocators
+ * (r[i * nalloc + a]) and the most bytes of granules its live blocks
+ * touched (touched[i * nalloc + a], mpb_touched_t; 0 or touched NULL: not
+ * known, shown as -), and whether 1.05 is within reach. */
 void mpb_report_bound(FILE *out, const mpb_offline_t *o, size_t n,
-                      const mpb_result_t *r, size_t nalloc);
+                      const mpb_result_t *r, const size_t *touched,
+                      size_t nalloc);
 
 mp_status_t mpb_report_csv(FILE *out, const mpb_result_t *r, size_t n);
 /* Writes results.json, results.csv, results.md, report.html and (with

@@ -518,3 +518,85 @@ out:
   free(best);
   return st;
 }
+
+/* ---- granules an allocator's live blocks touch -------------------------- */
+
+static size_t mpb_touched_slot(const mpb_touched_t *t, uint64_t key) {
+  return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 32) & (t->cap - 1);
+}
+
+/* The users count of granule g, its slot made where it has none; NULL
+ * without host memory (the tracker then stops: failed). */
+static uint32_t *mpb_touched_users(mpb_touched_t *t, uint64_t g) {
+  if ((t->used + 1) * 2 > t->cap) {
+    size_t cap = t->cap ? t->cap * 2 : 1024;
+    uint64_t *key = calloc(cap, sizeof *key);
+    uint32_t *users = calloc(cap, sizeof *users);
+    if (key == NULL || users == NULL) {
+      free(key);
+      free(users);
+      return NULL;
+    }
+    mpb_touched_t n = {.key = key, .users = users, .cap = cap};
+    for (size_t i = 0; i < t->cap; i++)
+      if (t->key[i] != 0) {
+        size_t j = mpb_touched_slot(&n, t->key[i]);
+        while (key[j] != 0)
+          j = (j + 1) & (cap - 1);
+        key[j] = t->key[i];
+        users[j] = t->users[i];
+      }
+    free(t->key);
+    free(t->users);
+    t->key = key;
+    t->users = users;
+    t->cap = cap;
+  }
+  size_t j = mpb_touched_slot(t, g + 1);
+  while (t->key[j] != 0 && t->key[j] != g + 1)
+    j = (j + 1) & (t->cap - 1);
+  if (t->key[j] == 0) {
+    t->key[j] = g + 1;
+    t->used++;
+  }
+  return &t->users[j];
+}
+
+void mpb_touched_init(mpb_touched_t *t, size_t granule) {
+  memset(t, 0, sizeof *t);
+  t->granule = granule;
+}
+
+void mpb_touched_on_block(void *ctx, size_t event, const mpb_event_t *e,
+                          void *ptr) {
+  (void)event;
+  mpb_touched_t *t = ctx;
+  bool alloc = e->op == MPB_ALLOC;
+  if (t->failed || ptr == NULL || e->size == 0 || (!alloc && e->op != MPB_FREE))
+    return;
+  uint64_t g0 = (uint64_t)(uintptr_t)ptr / t->granule;
+  uint64_t g1 = ((uint64_t)(uintptr_t)ptr + e->size - 1) / t->granule;
+  for (uint64_t g = g0; g <= g1; g++) {
+    uint32_t *u = mpb_touched_users(t, g);
+    if (u == NULL) {
+      t->failed = true;
+      return;
+    }
+    if (alloc)
+      t->now += (*u)++ == 0;
+    else if (*u > 0) /* a free of a block never seen counts nothing */
+      t->now -= --*u == 0;
+  }
+  if (t->now > t->peak)
+    t->peak = t->now;
+}
+
+size_t mpb_touched_peak_bytes(const mpb_touched_t *t) {
+  return t->failed ? 0 : t->peak * t->granule;
+}
+
+void mpb_touched_free(mpb_touched_t *t) {
+  free(t->key);
+  free(t->users);
+  memset(t, 0, sizeof *t);
+}

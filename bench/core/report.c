@@ -100,15 +100,17 @@ void mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n) {
 }
 
 void mpb_report_bound(FILE *out, const mpb_offline_t *o, size_t n,
-                      const mpb_result_t *r, size_t nalloc) {
+                      const mpb_result_t *r, const size_t *touched,
+                      size_t nalloc) {
   fputs("| workload | peak live | granule bound | offline | offline raw | "
         "order | offline unmapping | order |",
         out);
   for (size_t a = 0; a < nalloc; a++)
-    fprintf(out, " `%s` |", r[a].allocator);
+    fprintf(out, " `%s` | `%s` live granules |", r[a].allocator,
+            r[a].allocator);
   fputs(" 1.05 |\n|---|---:|---:|---:|---:|---|---:|---|", out);
   for (size_t a = 0; a < nalloc; a++)
-    fputs("---:|", out);
+    fputs("---:|---:|", out);
   fputs("---|\n", out);
   for (size_t i = 0; i < n; i++) {
     char b[32];
@@ -119,6 +121,11 @@ void mpb_report_bound(FILE *out, const mpb_offline_t *o, size_t n,
     for (size_t a = 0; a < nalloc; a++) {
       const mpb_result_t *x = &r[i * nalloc + a];
       fprintf(out, x->completed ? " %.3f |" : " %.3f (FAILED) |", x->ratio);
+      size_t tb = touched != NULL ? touched[i * nalloc + a] : 0;
+      if (tb > 0 && x->peak_live > 0)
+        fprintf(out, " %.3f |", (double)tb / (double)x->peak_live);
+      else
+        fputs(" - |", out);
     }
     /* Whether 1.05 can be reached at all: not with whole granules; not by
      * these offline placements (heuristics: an exact one might), even
