@@ -39,6 +39,17 @@ static inline bool markers_one_of(void *p, void *const *v, int n) {
   return false;
 }
 
+/* A 1 MiB block of s2's own (*own: s2 known to the pool) and MARKERS_N
+ * 1 MiB blocks on s1 (v). */
+static inline void markers_blocks(mp_pool_t *pool, mp_stream_t s1,
+                                  mp_stream_t s2, void **own, void **v) {
+  const size_t mib = (size_t)1 << 20;
+  cr_assert_eq(mp_pool_alloc(pool, mib, s2, own), MP_OK, "%s", mp_last_error());
+  for (int i = 0; i < MARKERS_N; i++)
+    cr_assert_eq(mp_pool_alloc(pool, mib, s1, &v[i]), MP_OK, "%s",
+                 mp_last_error());
+}
+
 /* MARKERS_N 1 MiB blocks written on s1 behind the closed gate, then freed
  * on s1 one by one (s2 known to the pool: it holds a block of its own).
  * While the gate is closed none of them goes to s2, the last freed (in the
@@ -52,11 +63,7 @@ static inline void markers_frees_on_a_busy_stream(mp_pool_t *pool,
                                                   markers_count_fn count) {
   const size_t mib = (size_t)1 << 20;
   void *own = NULL, *v[MARKERS_N], *w[MARKERS_N];
-  cr_assert_eq(mp_pool_alloc(pool, mib, s2, &own), MP_OK, "%s",
-               mp_last_error());
-  for (int i = 0; i < MARKERS_N; i++)
-    cr_assert_eq(mp_pool_alloc(pool, mib, s1, &v[i]), MP_OK, "%s",
-                 mp_last_error());
+  markers_blocks(pool, s1, s2, &own, v);
   cr_assert_eq(mp_stream_launch_host(dev, s1, gate_wait, gate), MP_OK);
   for (int i = 0; i < MARKERS_N; i++)
     cr_assert_eq(mp_memset_async(dev, v[i], 0xAA, mib, s1), MP_OK);
@@ -118,11 +125,7 @@ static inline void markers_frees_before_a_capture(mp_pool_t *pool,
                                                   markers_capture_fn capture) {
   const size_t mib = (size_t)1 << 20;
   void *own = NULL, *v[MARKERS_N], *w[MARKERS_N];
-  cr_assert_eq(mp_pool_alloc(pool, mib, s2, &own), MP_OK, "%s",
-               mp_last_error());
-  for (int i = 0; i < MARKERS_N; i++)
-    cr_assert_eq(mp_pool_alloc(pool, mib, s1, &v[i]), MP_OK, "%s",
-                 mp_last_error());
+  markers_blocks(pool, s1, s2, &own, v);
   for (int i = 0; i < MARKERS_N; i++)
     cr_assert_eq(mp_memset_async(dev, v[i], 0xAA, mib, s1), MP_OK);
   for (int i = 0; i < MARKERS_N; i++)
