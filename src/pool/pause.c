@@ -168,8 +168,15 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
    * on each, not a device synchronize (another thread may be capturing). */
   mp__sync_set_t set;
   mp__streams_sync_events(pool, &set);
+  /* After the events: the snapshot clears the dirty marks that tell a
+   * destroyed stream needing a device synchronize. Once the wait is done,
+   * every epoch before it is (mp__pool_sync's rule): the markers of
+   * destroyed streams the set took are gone, and only this marks their
+   * frees done. */
+  uint64_t snap = mp__streams_sync_begin(pool);
   mp__pool_device_begin(pool);
   st = mp__sync_set_wait(pool->dev, &set);
+  bool waited = st == MP_OK;
   if (st == MP_OK && keep) {
     st = mp_device_host_alloc(pool->dev, live, &pool->pause_copy);
     if (st == MP_OK && (st = mp__copy_live(pool, &sp, true)) != MP_OK) {
@@ -188,6 +195,8 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
   mp__pool_device_end(pool);
   free(sp.v);
   mp__sync_set_release(pool, &set);
+  if (waited)
+    mp__streams_sync_end(pool, snap);
   if (st != MP_OK) {
     pool->paused = false;
     mp__pool_unlock(pool);

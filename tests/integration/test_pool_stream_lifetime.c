@@ -164,3 +164,32 @@ Test(stream_lifetime,
   cr_assert_eq(mp_stream_destroy(dev, r), MP_OK);
   cr_assert_eq(mp_stream_destroy(dev, w), MP_OK);
 }
+
+/* mp_pool_pause waits for every stream the pool knows, a destroyed one by
+ * its last marker, and handed that stream's markers back to the event
+ * cache without marking its epochs done: what was freed on it waited for
+ * the next device synchronize (trim, the ladder), and an allocation grew
+ * the pool instead of reusing it. */
+Test(stream_lifetime, a_pause_completes_a_destroyed_streams_frees) {
+  mp_pool_t *p = make_pool(dev, NULL);
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  void *a, *b;
+  cr_assert_eq(mp_pool_alloc(p, 64 * KiB, NULL, &a), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 64 * KiB, s, &b), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(p, b), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+  cr_assert_eq(mp_pool_pause(p, 0), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+  mp_stats_t before = stats(p);
+  void *c;
+  cr_assert_eq(mp_pool_alloc(p, 64 * KiB, NULL, &c), MP_OK);
+  mp_stats_t after = stats(p);
+  cr_expect_eq(c, b, "the destroyed stream's free was not reused");
+  cr_expect_eq(after.reserved_bytes, before.reserved_bytes,
+               "the pool grew beside a free block whose work was done");
+  cr_assert_eq(mp_pool_free(p, c), MP_OK);
+  cr_assert_eq(mp_pool_free(p, a), MP_OK);
+  cr_assert_eq(mp_pool_check(p), MP_OK);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+}
