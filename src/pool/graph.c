@@ -50,11 +50,19 @@ static void *mp__graph_room(void *arr, size_t n, size_t *cap, size_t elem,
 static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes,
                                     mp_stream_t s, void **out);
 
-mp_pool_t *mp__graph_route(const mp_pool_t *parent, mp_stream_t s) {
+/* The route of s (the calling thread's stream, for the per-thread handle),
+ * or NULL. */
+static mp__route_t *mp__graph_route_of(const mp_pool_t *parent, mp_stream_t s) {
+  uint64_t owner = mp__stream_owner(parent, s);
   for (size_t i = 0; i < parent->nroutes; i++)
-    if (parent->routes[i].s == s)
-      return parent->routes[i].graph;
+    if (parent->routes[i].s == s && parent->routes[i].owner == owner)
+      return &parent->routes[i];
   return NULL;
+}
+
+mp_pool_t *mp__graph_route(const mp_pool_t *parent, mp_stream_t s) {
+  const mp__route_t *r = mp__graph_route_of(parent, s);
+  return r != NULL ? r->graph : NULL;
 }
 
 mp_pool_t *mp__graph_owner(const mp_pool_t *parent, uintptr_t p) {
@@ -184,8 +192,11 @@ mp_status_t mp_pool_graph_begin(mp_pool_t *parent, mp_pool_t *graph,
   }
   if (st == MP_OK)
     st = mp__graph_mark(parent, s, true);
+  /* After the mark, which adds s to the table: a per-thread stream is
+   * routed for the calling thread only (the handle names its stream). */
   if (st == MP_OK)
-    parent->routes[parent->nroutes++] = (mp__route_t){s, graph};
+    parent->routes[parent->nroutes++] =
+        (mp__route_t){s, mp__stream_owner(parent, s), graph};
   mp__pool_unlock(parent);
   /* A refusal changes nothing: the mark goes unless it was there before. */
   if (st != MP_OK && !was) {
@@ -201,13 +212,12 @@ mp_status_t mp_pool_graph_end(mp_pool_t *parent, mp_stream_t s) {
     return mp__fail(MP_EINVAL, "mp_pool_graph_end: parent is NULL");
   mp_pool_t *graph = NULL;
   mp__pool_lock(parent);
-  for (size_t i = 0; i < parent->nroutes; i++)
-    if (parent->routes[i].s == s) {
-      graph = parent->routes[i].graph;
-      parent->routes[i] = parent->routes[--parent->nroutes];
-      (void)mp__graph_mark(parent, s, false); /* known: cannot fail */
-      break;
-    }
+  mp__route_t *r = mp__graph_route_of(parent, s);
+  if (r != NULL) {
+    graph = r->graph;
+    *r = parent->routes[--parent->nroutes];
+    (void)mp__graph_mark(parent, s, false); /* known: cannot fail */
+  }
   mp__pool_unlock(parent);
   if (graph == NULL)
     return mp__fail(MP_EINVAL,

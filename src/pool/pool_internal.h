@@ -526,6 +526,7 @@ void mp__pool_pause_release(mp_pool_t *pool);
 /* ---- graph.c: graph-private pools -------------------------------------- */
 typedef struct mp__route {
   mp_stream_t s;
+  uint64_t owner; /* mp__stream_owner: the per-thread stream's thread */
   mp_pool_t *graph;
 } mp__route_t;
 typedef struct mp__grange {
@@ -533,7 +534,8 @@ typedef struct mp__grange {
   size_t size;
   mp_pool_t *graph;
 } mp__grange_t;
-/* Under parent's lock: the graph pool stream s allocates to, or NULL. */
+/* Under parent's lock: the graph pool stream s (the calling thread's, for
+ * a per-thread stream) allocates to, or NULL. */
 mp_pool_t *mp__graph_route(const mp_pool_t *parent, mp_stream_t s);
 /* Under parent's lock: the range lent to a graph pool that holds p, or
  * NULL (a walk of the ranges; mp__graph_owner asks the live map first). */
@@ -830,6 +832,9 @@ void mp__block_unlink(mp__segment_t *seg, mp__block_t *b);
 /* ---- stream.c: stream table, epochs, markers, events -------------------- */
 /* mp__stream_index's general case: any stream, added on first use. */
 mp_status_t mp__stream_lookup(mp_pool_t *pool, mp_stream_t s, uint32_t *out);
+/* Who owns s in pool's table: the calling thread for the per-thread
+ * default stream (one handle, a stream per thread), else 0. */
+uint64_t mp__stream_owner(const mp_pool_t *pool, mp_stream_t s);
 /* Whether stream s (the calling thread's, for a per-thread stream) has a
  * slot in the table; adds nothing. */
 bool mp__stream_known(const mp_pool_t *pool, mp_stream_t s);

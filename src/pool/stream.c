@@ -256,10 +256,13 @@ static mp_status_t mp__stream_add(mp_pool_t *pool, mp_stream_t s,
   return MP_OK;
 }
 
+uint64_t mp__stream_owner(const mp_pool_t *pool, mp_stream_t s) {
+  return MP__UNLIKELY(pool->has_pt && s == pool->pt_handle) ? mp__self() : 0;
+}
+
 mp_status_t mp__stream_lookup(mp_pool_t *pool, mp_stream_t s, uint32_t *out) {
   MP__ASSERT_LOCKED(pool);
-  uint64_t owner =
-      MP__UNLIKELY(pool->has_pt && s == pool->pt_handle) ? mp__self() : 0;
+  uint64_t owner = mp__stream_owner(pool, s);
   uint32_t i = pool->last_sidx;
   if (!(MP__LIKELY(i < pool->nstreams) && pool->streams[i].s == s &&
         pool->streams[i].owner == owner)) {
@@ -275,9 +278,7 @@ mp_status_t mp__stream_lookup(mp_pool_t *pool, mp_stream_t s, uint32_t *out) {
 }
 
 bool mp__stream_known(const mp_pool_t *pool, mp_stream_t s) {
-  uint64_t owner =
-      MP__UNLIKELY(pool->has_pt && s == pool->pt_handle) ? mp__self() : 0;
-  return mp__shash_find(pool, s, owner) != UINT32_MAX;
+  return mp__shash_find(pool, s, mp__stream_owner(pool, s)) != UINT32_MAX;
 }
 
 mp_status_t mp__stream_index_owned(mp_pool_t *pool, mp_stream_t s,

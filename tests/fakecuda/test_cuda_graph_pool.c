@@ -244,3 +244,78 @@ Test(cuda_graph_pool,
   cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
   mp_device_close(dev);
 }
+
+/* Another thread's allocation on its own CU_STREAM_PER_THREAD while this
+ * thread's per-thread stream allocates to a graph pool: what it got, and
+ * whether the graph pool still holds nothing live but the capture's. */
+typedef struct {
+  mp_pool_t *pool, *g;
+  void *got;
+  mp_status_t st;
+  size_t g_allocated; /* g's allocated bytes once it held its block */
+  mp_pool_t *routed;  /* mp_pool_graph_of there */
+} pt_beside_t;
+
+static void *alloc_on_own_per_thread_stream(void *p) {
+  pt_beside_t *b = p;
+  enter_ctx();
+  mp_stream_t pt = (mp_stream_t)CU_STREAM_PER_THREAD;
+  b->routed = mp_pool_graph_of(b->pool, pt);
+  b->st = mp_pool_alloc(b->pool, MiB, pt, &b->got);
+  mp_stats_t s;
+  if (mp_pool_get_stats(b->g, &s) == MP_OK)
+    b->g_allocated = s.allocated_bytes;
+  if (b->st == MP_OK)
+    b->st = mp_pool_free(b->pool, b->got);
+  if (b->st == MP_OK)
+    b->st = mp_stream_synchronize(mp_pool_device(b->pool), pt);
+  leave_ctx();
+  return NULL;
+}
+
+/* CU_STREAM_PER_THREAD is one handle but a different stream in every
+ * thread. Routing went by the handle alone: once one thread's per-thread
+ * stream allocated to a graph pool, every thread's did, outside any
+ * capture. Here the graph pool holds a block the first capture freed (its
+ * graph lives on and replays may use it); during a second capture sharing
+ * the pool, another thread's ordinary allocation on its own per-thread
+ * stream was handed that very block. */
+Test(cuda_graph_pool,
+     another_threads_per_thread_stream_is_not_routed_to_the_graph_pool) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_pool_t *pool = NULL, *g = NULL;
+  cr_assert_eq(mp_pool_create(dev, NULL, &pool), MP_OK, "%s", mp_last_error());
+  enter_ctx();
+  mp_stream_t pt = (mp_stream_t)CU_STREAM_PER_THREAD;
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  /* The first "capture": a temporary the graph uses, freed in it. */
+  cr_assert_eq(mp_pool_graph_begin(pool, g, pt), MP_OK, "%s", mp_last_error());
+  void *tmp = NULL;
+  cr_assert_eq(mp_pool_alloc(pool, MiB, pt, &tmp), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, tmp), MP_OK);
+  cr_assert_eq(mp_pool_graph_end(pool, pt), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(cuStreamSynchronize(CU_STREAM_PER_THREAD), CUDA_SUCCESS);
+  /* A second capture sharing the pool; meanwhile another thread works. */
+  cr_assert_eq(mp_pool_graph_begin(pool, g, pt), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_of(pool, pt), g);
+  pt_beside_t b = {.pool = pool, .g = g};
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, alloc_on_own_per_thread_stream, &b), 0);
+  pthread_join(t, NULL);
+  cr_assert_eq(mp_pool_graph_end(pool, pt), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(b.st, MP_OK, "the other thread: %s", mp_last_error());
+  cr_expect_null(b.routed, "the other thread's stream is routed to %p",
+                 (void *)b.routed);
+  cr_expect_eq(b.g_allocated, 0,
+               "the other thread's allocation came from the graph pool");
+  cr_expect_neq(b.got, tmp,
+                "the other thread got the graph's freed temporary %p", tmp);
+  cr_expect_eq(mp_pool_check(g), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  leave_ctx();
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  mp_device_close(dev);
+}
