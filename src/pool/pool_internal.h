@@ -981,9 +981,10 @@ typedef struct mp__sync_set {
  * 2026-11-28). MP_OK otherwise. Asks the device of each stream (no wait).
  * Under the lock. */
 mp_status_t mp__streams_unwaitable(const mp_pool_t *pool, const char *what);
-/* Between mp__streams_sync_begin and dropping the lock. False (nothing
- * held) when only a device synchronize will do: a stream that could not
- * be marked, another thread's per-thread stream, no events. */
+/* Under the lock, before mp__streams_sync_begin (which clears the dirty
+ * marks this reads for forgotten streams). False (nothing held) when only
+ * a device synchronize will do: a stream that could not be marked, another
+ * thread's per-thread stream, no events. */
 bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set);
 /* Waits for the set's events; a set that mp__streams_sync_events gave up on
  * (no events held) synchronizes the device instead. Lock dropped. */

@@ -1005,9 +1005,11 @@ mp_status_t mp__pool_sync_alloc(mp_pool_t *pool, size_t buf_bytes, void **buf) {
   if (MP__UNLIKELY(ust != MP_OK))
     return ust;
   mp__pool_wait_sync(pool);
-  uint64_t snap = mp__streams_sync_begin(pool);
+  /* The events first: the snapshot clears the dirty marks by which they
+   * tell a forgotten stream that only a device synchronize covers. */
   mp__sync_set_t set;
   mp__streams_sync_events(pool, &set);
+  uint64_t snap = mp__streams_sync_begin(pool);
   mp__pool_sync_begin(pool);
   mp_status_t st = mp__sync_set_wait(pool->dev, &set);
   if (st == MP_OK && buf_bytes > 0 &&

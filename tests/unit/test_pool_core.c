@@ -319,3 +319,41 @@ Test(pool_core, reset_peaks_starts_from_current_values) {
   mp_pool_destroy(p);
   fake_close(dev);
 }
+
+/* The fake device, with event creation failing while no_events is set. */
+static bool no_events;
+static mp_status_t failing_event_create(mp_device_t *dev, mp_event_t *out) {
+  return no_events ? MP_EDRIVER : fake_event_create(dev, out);
+}
+
+/* A stream forgotten (destroyed) while its open epoch could get no marker
+ * (no event to be had) has work only a device synchronize covers: the
+ * pool's synchronize must make one. It snapshotted the epochs first, which
+ * clears the dirty marks, and then looked for the forgotten stream's dirty
+ * mark to choose a device synchronize: it never saw it, waited on no
+ * event for that stream and still marked its epochs done, so what was
+ * freed on it went to other streams with that work maybe still running. */
+Test(pool_core, a_sync_covers_a_forgotten_stream_left_without_a_marker) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  mp__backend_t ops = *dev->ops;
+  ops.event_create = failing_event_create;
+  dev->ops = &ops;
+  mp_pool_t *p = make_pool(dev, NULL);
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  void *b;
+  cr_assert_eq(mp_pool_alloc(p, 4096, s, &b), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(p, b), MP_OK);
+  no_events = true;
+  cr_assert_eq(mp_stream_forget(dev, s), MP_OK);
+  no_events = false;
+  unsigned syncs = fake_of(dev)->syncs;
+  cr_assert_eq(mp_pool_trim(p, 0), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(fake_of(dev)->syncs, syncs + 1,
+               "the trim's synchronize waited for no work of the forgotten "
+               "stream");
+  cr_assert_eq(mp_pool_check(p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+  dev->ops = &fake_backend;
+  fake_close(dev);
+}
