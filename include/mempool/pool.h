@@ -361,7 +361,10 @@ MP_API mp_status_t mp_pool_graph_begin(mp_pool_t *parent, mp_pool_t *graph,
 /* Stops routing s (after cuStreamEndCapture): allocations on s come from
  * parent again, and both pools may again record and query on s. Blocks
  * freed during the capture become reusable by graph's other streams once
- * their work passed. s not routed: MP_EINVAL. */
+ * their work passed. s not routed: MP_EINVAL. A stream destroyed (or
+ * forgotten, mp_stream_forget) before its end stops being routed then.
+ * For CU_STREAM_PER_THREAD, begin, end and mp_pool_graph_of name the
+ * calling thread's own stream. */
 MP_API mp_status_t mp_pool_graph_end(mp_pool_t *parent, mp_stream_t s);
 /* The graph pool s allocates to, or NULL. */
 MP_API mp_pool_t *mp_pool_graph_of(mp_pool_t *parent, mp_stream_t s);

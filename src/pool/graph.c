@@ -21,7 +21,8 @@
  * marked inflight), and a call routed to the graph pool drops the parent's
  * first. Invariant: every range in parent->granges is a live parent block
  * of graph->segs, and a graph pool's ncapturing counts the routes naming it
- * (begin marks the slot, end clears it, in both pools). */
+ * (begin marks the slot, end clears it, in both pools; a stream forgotten
+ * before the end clears its own marks and route, stream.c). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,6 +64,14 @@ static mp__route_t *mp__graph_route_of(const mp_pool_t *parent, mp_stream_t s) {
 mp_pool_t *mp__graph_route(const mp_pool_t *parent, mp_stream_t s) {
   const mp__route_t *r = mp__graph_route_of(parent, s);
   return r != NULL ? r->graph : NULL;
+}
+
+void mp__graph_unroute(mp_pool_t *parent, mp_stream_t s, uint64_t owner) {
+  for (size_t i = 0; i < parent->nroutes; i++)
+    if (parent->routes[i].s == s && parent->routes[i].owner == owner) {
+      parent->routes[i] = parent->routes[--parent->nroutes];
+      return;
+    }
 }
 
 mp_pool_t *mp__graph_owner(const mp_pool_t *parent, uintptr_t p) {

@@ -311,6 +311,14 @@ void mp__stream_use_all(mp_pool_t *pool, mp__block_t *b) {
  * still valid, then never matches or records on it again. */
 static void mp__stream_retire(mp_pool_t *pool, uint32_t i) {
   mp__strm_t *st = &pool->streams[i];
+  /* A stream that allocates to a graph pool stops (as at
+   * mp_pool_graph_end, which could find neither slot by its handle any
+   * more): each pool clears its own mark, the parent drops the route. */
+  if (st->capturing) {
+    st->capturing = false;
+    pool->ncapturing--;
+    mp__graph_unroute(pool, st->s, st->owner);
+  }
   /* Whatever was queued on it may still use blocks freed on it, or blocks
    * it allocated: close the epoch (without a marker it waits for a sync). */
   st->dirty = true;

@@ -290,3 +290,33 @@ Test(pool_graph, graph_memory_is_not_exported_and_the_refusal_says_why,
   cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
   cr_assert_eq(mp_pool_graph_release(g), MP_OK);
 }
+
+/* A stream destroyed (or forgotten) while it allocates to a graph pool,
+ * before mp_pool_graph_end: its slots in both pools stayed marked
+ * capturing for good, and the end found no slot to clear (the handle was
+ * forgotten). The graph pool then refused every release (MP_EBUSY: "a
+ * stream still allocates to it"), so its memory never went back and the
+ * parent could not be destroyed; the parent refused to synchronize
+ * (trim) for good. */
+Test(pool_graph, a_stream_destroyed_while_routed_leaves_nothing_capturing,
+     .init = setup, .fini = teardown) {
+  mp_pool_t *g;
+  mp_stream_t s3;
+  cr_assert_eq(mp_stream_create(dev, &s3), MP_OK);
+  cr_assert_eq(mp_pool_graph_create(parent, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(parent, g, s3), MP_OK, "%s",
+               mp_last_error());
+  void *a, *b;
+  cr_assert_eq(mp_pool_alloc(parent, MiB, s3, &a), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_free(parent, a), MP_OK);
+  cr_assert_eq(mp_pool_alloc(parent, MiB, s1, &b), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_free(parent, b), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s3), MP_OK);
+  (void)mp_pool_graph_end(parent, s3); /* no route left, or this one */
+  cr_expect_null(mp_pool_graph_of(parent, s3));
+  cr_expect_eq(mp_pool_trim(parent, 0), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_check(parent), MP_OK, "%s", mp_last_error());
+}
