@@ -793,11 +793,15 @@ static mp_status_t mpb_workload_spec(const char *spec,
     if (strlen(mpb_builtins[i].name) == len &&
         memcmp(mpb_builtins[i].name, spec, len) == 0)
       b = &mpb_builtins[i];
-  if (b == NULL)
-    return mp__fail(MP_EINVAL,
-                    "unknown workload '%.*s' (built-in: llm, cnn, random, "
-                    "adversarial, staging, colocate)",
-                    (int)len, spec);
+  if (b == NULL) {
+    char known[128] = "";
+    size_t n = 0;
+    for (size_t i = 0; i < MPB_N(mpb_builtins) && n < sizeof known; i++)
+      n += (size_t)snprintf(known + n, sizeof known - n, "%s%s", i ? ", " : "",
+                            mpb_builtins[i].name);
+    return mp__fail(MP_EINVAL, "unknown workload '%.*s' (built-in: %s)",
+                    (int)len, spec, known);
+  }
   memcpy(params, b->params, b->nparams * sizeof *params);
   *ps = (mpb_params_t){b->name, params, b->nparams};
   *out = b;

@@ -143,3 +143,13 @@ Test(workloads, specs_are_checked_without_generating) {
                                   "max_gen=100000,max_prompt=1000000"),
                MP_OK, "%s", mp_last_error());
 }
+
+/* The refusal of an unknown name lists every built-in (it once left out
+ * graph and named a list kept apart from the table). */
+Test(workloads, unknown_name_lists_every_builtin) {
+  cr_assert_eq(mpb_workload_check("nosuch"), MP_EINVAL);
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", mp_last_error());
+  for (const char *const *n = mpb_builtin_names; *n != NULL; n++)
+    cr_expect(strstr(msg, *n) != NULL, "'%s' not named in: %s", *n, msg);
+}
