@@ -42,6 +42,19 @@ static const char *mpb_capacity_text(const mpb_result_t *r, char *buf,
   return buf;
 }
 
+/* The runs of r that failed, each with its error, under a table. */
+static void mpb_report_failed(FILE *out, const mpb_result_t *r, size_t n) {
+  bool any_failed = false;
+  for (size_t i = 0; i < n; i++)
+    if (!r[i].completed) {
+      if (!any_failed)
+        fprintf(out, "\nFailed runs (figures up to the failure):\n");
+      any_failed = true;
+      fprintf(out, "- %s / %s: %s\n", r[i].workload, r[i].allocator,
+              r[i].error);
+    }
+}
+
 void mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n) {
   fprintf(out, "| workload | allocator | peak live | peak reserved | ratio | "
                "utilization | avg waste | ext. frag | device calls | ns p50 "
@@ -88,15 +101,7 @@ void mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n) {
               r[i].allocator, r[i].pauses, r[i].pause_ms_per_gib,
               r[i].resume_ms_per_gib);
     }
-  bool any_failed = false;
-  for (size_t i = 0; i < n; i++)
-    if (!r[i].completed) {
-      if (!any_failed)
-        fprintf(out, "\nFailed runs (figures up to the failure):\n");
-      any_failed = true;
-      fprintf(out, "- %s / %s: %s\n", r[i].workload, r[i].allocator,
-              r[i].error);
-    }
+  mpb_report_failed(out, r, n);
 }
 
 void mpb_report_bound(FILE *out, const mpb_offline_t *o, size_t n,
@@ -136,6 +141,7 @@ void mpb_report_bound(FILE *out, const mpb_offline_t *o, size_t n,
             : o[i].ratio > 1.05        ? "reached offline, unmapping"
                                        : "reached offline");
   }
+  mpb_report_failed(out, r, n * nalloc);
 }
 
 void mpb_json_str(FILE *out, const char *s) {

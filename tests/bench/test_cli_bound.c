@@ -98,3 +98,21 @@ Test(cli_bound, bound_with_a_workload_and_no_file_runs_only_it,
   cr_expect(strstr(text, "| adversarial:rounds=2,count=4 |") != NULL, "%s",
             text);
 }
+
+/* An allocator whose replay fails is FAILED in its column, and why is
+ * printed under the table, as `run` prints it (bound printed only
+ * "(FAILED)"). */
+Test(cli_bound, failed_replay_says_why, .init = make_tmp, .fini = drop_tmp) {
+  char trace[512];
+  snprintf(trace, sizeof trace, "%s/small.csv", tmpdir);
+  write_file(trace, "1,00:00:00.000001,allocate,0x1000,4096,0\n"
+                    "1,00:00:00.000002,free,0x1000,4096,0\n");
+  const char *args[] = {
+      "bound",   "--device", "host", "--allocator", "pool:max_bytes=1K",
+      "--quiet", trace,      NULL};
+  cr_assert_eq(run_text(args), 0, "%s", mp_last_error());
+  cr_expect(strstr(text, "(FAILED)") != NULL, "%s", text);
+  cr_expect(strstr(text, "small / pool:max_bytes=1K: MP_ELIMIT at event 1") !=
+                NULL,
+            "%s", text);
+}
