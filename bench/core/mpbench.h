@@ -56,6 +56,7 @@ typedef struct mpb_workload {
   uint32_t *free_slots;
   size_t nfree, free_cap;
   size_t *slot_size;
+  size_t live; /* bytes allocated and not freed: they must fit a size_t */
   /* What a trace had that could not be replayed as is (see trace.c). */
   uint64_t unknown_frees;    /* frees of pointers the trace never allocated */
   uint64_t failure_rows;     /* "allocate failure" rows, skipped */

@@ -89,6 +89,13 @@ mp_status_t mpb_workload_turn(mpb_workload_t *w, uint8_t op, uint8_t tenant) {
 
 mp_status_t mpb_workload_alloc(mpb_workload_t *w, size_t size, uint16_t stream,
                                uint32_t *slot) {
+  /* Every figure (peak live, the ratios, the offline placement) is built
+   * on the live bytes: more than a size_t holds would wrap them all. */
+  if (size > SIZE_MAX - w->live)
+    return mp__fail(MP_EINVAL,
+                    "%s: an allocation of %zu bytes makes the live bytes "
+                    "exceed the address space (%zu live)",
+                    w->name, size, w->live);
   uint32_t s;
   if (w->nfree > 0) {
     s = w->free_slots[--w->nfree];
@@ -119,6 +126,7 @@ mp_status_t mpb_workload_alloc(mpb_workload_t *w, size_t size, uint16_t stream,
     return st;
   }
   w->slot_size[s] = size;
+  w->live += size;
   if ((uint32_t)stream + 1 > w->nstreams)
     w->nstreams = (uint32_t)stream + 1;
   *slot = s;
@@ -129,8 +137,10 @@ mp_status_t mpb_workload_free_slot(mpb_workload_t *w, uint32_t slot) {
   mp_status_t st = mpb_push(
       w,
       (mpb_event_t){.size = w->slot_size[slot], .slot = slot, .op = MPB_FREE});
-  if (st == MP_OK)
+  if (st == MP_OK) {
     w->free_slots[w->nfree++] = slot;
+    w->live -= w->slot_size[slot];
+  }
   return st;
 }
 

@@ -153,3 +153,17 @@ Test(workloads, unknown_name_lists_every_builtin) {
   for (const char *const *n = mpb_builtin_names; *n != NULL; n++)
     cr_expect(strstr(msg, *n) != NULL, "'%s' not named in: %s", *n, msg);
 }
+
+/* Parameters each in range can make more bytes live at once than a size_t
+ * holds (round 6 of this one: 100 blocks of 1.9 EB); every figure built on
+ * the live bytes would wrap, so the spec is refused, as a trace is. */
+Test(workloads, live_bytes_beyond_a_size_t_are_einval) {
+  mpb_workload_t w;
+  mp_status_t st = mpb_workload_generate(
+      "adversarial:size=1T,growth=1000,count=100,rounds=7", &w);
+  if (st == MP_OK)
+    mpb_workload_free(&w);
+  cr_expect_eq(st, MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "live bytes") != NULL, "%s",
+            mp_last_error());
+}
