@@ -451,6 +451,20 @@ static mpb_param_t mpb_adv_params[] = {
      "small long-lived block after each big one"},
 };
 
+/* *size grown by growth percent and one byte (size * growth / 100 without
+ * the product, which wraps long before the sum does); false, changing
+ * nothing, where the result would not fit a size_t. */
+static bool mpb_adv_grow(size_t *size, uint64_t growth) {
+  size_t s = *size, extra = (size_t)(s % 100 * growth / 100 + 1);
+  if (growth != 0 && s / 100 > (SIZE_MAX - extra) / growth)
+    return false;
+  size_t add = (size_t)(s / 100 * growth) + extra;
+  if (add > SIZE_MAX - s)
+    return false;
+  *size = s + add;
+  return true;
+}
+
 static mp_status_t mpb_gen_adversarial(mpb_workload_t *w,
                                        const mpb_params_t *ps) {
   size_t count = mpb_param(ps, "count");
@@ -462,6 +476,14 @@ static mp_status_t mpb_gen_adversarial(mpb_workload_t *w,
     return mp__fail(MP_ENOMEM, "adversarial: out of host memory");
   mp_status_t st = MP_OK;
   for (uint64_t r = 0; r < mpb_param(ps, "rounds") && st == MP_OK; r++) {
+    if (r > 0 && !mpb_adv_grow(&size, growth)) {
+      st =
+          mp__fail(MP_EINVAL,
+                   "workload adversarial: round %llu's block size (%zu "
+                   "bytes grown by growth=%llu%%) exceeds the address space",
+                   (unsigned long long)r + 1, size, (unsigned long long)growth);
+      break;
+    }
     /* A best fit puts each big block in the lowest hole that holds it and
      * the pin right after it; freeing the big ones leaves holes fenced by
      * pins, and the next round's slightly bigger blocks fit none of them. */
@@ -471,7 +493,6 @@ static mp_status_t mpb_gen_adversarial(mpb_workload_t *w,
         st = mpb_workload_alloc(w, pin, 0, &p);
     for (size_t i = 0; i < count && st == MP_OK; i++)
       st = mpb_workload_free_slot(w, big[i]);
-    size += size * growth / 100 + 1;
   }
   free(big);
   return st;

@@ -167,3 +167,26 @@ Test(workloads, live_bytes_beyond_a_size_t_are_einval) {
   cr_expect(strstr(mp_last_error(), "live bytes") != NULL, "%s",
             mp_last_error());
 }
+
+/* adversarial grows its block size each round; a size past what a size_t
+ * holds (round 7 here: 2.1e19 bytes) wrapped to a small one, and the
+ * spec generated rounds of blocks smaller than the round before. */
+Test(workloads, adversarial_block_size_beyond_a_size_t_is_einval) {
+  mpb_workload_t w;
+  mp_status_t st = mpb_workload_generate(
+      "adversarial:size=1T,growth=1000,count=1,rounds=8", &w);
+  if (st == MP_OK)
+    mpb_workload_free(&w);
+  cr_expect_eq(st, MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "growth") != NULL, "%s", mp_last_error());
+  /* One round fewer stops below the limit: 1 TiB x 11^6, about 1.9e18. */
+  cr_assert_eq(mpb_workload_generate(
+                   "adversarial:size=1T,growth=1000,count=1,rounds=7", &w),
+               MP_OK, "%s", mp_last_error());
+  size_t last = 0;
+  for (size_t i = 0; i < w.n; i++)
+    if (w.ev[i].op == MPB_ALLOC && w.ev[i].size > last)
+      last = w.ev[i].size;
+  cr_expect_gt(last, (size_t)1 << 60);
+  mpb_workload_free(&w);
+}
