@@ -356,6 +356,13 @@ static mp_status_t mpb_place(const mpb_items_t *it, size_t events,
     if (!mpb_overlapping(&l, x))
       goto oom;
     size_t at = mpb_first_fit(&l, x->size);
+    if (at > SIZE_MAX - x->size) {
+      st = mp__fail(MP_EINVAL,
+                    "offline placement: a block of %zu bytes placed at "
+                    "offset %zu would end past the address space",
+                    x->size, at);
+      goto out;
+    }
     offset[x->id] = at;
     if (at + x->size > *high)
       *high = at + x->size;
@@ -395,54 +402,100 @@ static int mpb_change_cmp(const void *pa, const void *pb) {
   return (a->start > b->start) - (a->start < b->start);
 }
 
+static int mpb_size_cmp(const void *pa, const void *pb) {
+  size_t a = *(const size_t *)pa, b = *(const size_t *)pb;
+  return (a > b) - (a < b);
+}
+
+/* The index of granule g in keys (m sorted, distinct; g among them). */
+static size_t mpb_key_index(const size_t *keys, size_t m, size_t g) {
+  const size_t *k = bsearch(&g, keys, m, sizeof *keys, mpb_size_cmp);
+  return (size_t)(k - keys);
+}
+
 /* The most bytes of whole granules that live items touch at once, given
  * each item's offset: what an allocator with this placement maps if it
  * maps a granule when an item first needs it and unmaps it as soon as no
- * live item lies in it (virtual memory allows both, a granule at a time). */
+ * live item lies in it (virtual memory allows both, a granule at a time).
+ * Live items never overlap, so a granule strictly inside an item's first
+ * and last holds no other live item: only first and last granules can be
+ * shared, and only they are counted one by one (users), so nothing is
+ * walked per granule. users is indexed by granule where the range (up to
+ * high) has no more granules than items have ends, else by the rank of
+ * the granule among the distinct first and last granules (keys): memory
+ * and time do not grow with the sizes. */
 static mp_status_t mpb_mapped_peak(const mpb_items_t *it, const size_t *offset,
                                    size_t high, size_t granule, size_t *out) {
-  size_t ng = high / granule + 1;
-  uint32_t *users = calloc(ng, sizeof *users);
-  mpb_change_t *ch = malloc((2 * it->n + 1) * sizeof *ch);
+  size_t n = it->n, m = 0;
+  bool dense = high / granule < 2 * n + 1;
+  size_t *keys = dense ? NULL : malloc(2 * n * sizeof *keys);
+  uint32_t *users = calloc(dense ? high / granule + 1 : 2 * n, sizeof *users);
+  mpb_change_t *ch = malloc((2 * n + 1) * sizeof *ch);
   *out = 0;
-  if (users == NULL || ch == NULL) {
+  if ((!dense && keys == NULL) || users == NULL || ch == NULL) {
+    free(keys);
     free(users);
     free(ch);
     return mp__fail(MP_ENOMEM, "offline placement: out of host memory");
   }
-  for (size_t i = 0; i < it->n; i++) {
+  /* Placed within the address space: offset + size does not wrap. */
+  for (size_t i = 0; !dense && i < n; i++) {
+    size_t off = offset[it->v[i].id];
+    keys[2 * i] = off / granule;
+    keys[2 * i + 1] = (off + it->v[i].size - 1) / granule;
+  }
+  if (!dense) {
+    qsort(keys, 2 * n, sizeof *keys, mpb_size_cmp);
+    for (size_t k = 0; k < 2 * n; k++)
+      if (m == 0 || keys[k] != keys[m - 1])
+        keys[m++] = keys[k];
+  }
+  for (size_t i = 0; i < n; i++) {
     ch[2 * i] = (mpb_change_t){it->v[i].t0, (uint32_t)i, 1};
     ch[2 * i + 1] = (mpb_change_t){it->v[i].t1, (uint32_t)i, 0};
   }
-  qsort(ch, 2 * it->n, sizeof *ch, mpb_change_cmp);
+  qsort(ch, 2 * n, sizeof *ch, mpb_change_cmp);
   size_t touched = 0, peak = 0;
-  for (size_t k = 0; k < 2 * it->n; k++) {
+  for (size_t k = 0; k < 2 * n; k++) {
     const mpb_item_t *x = &it->v[ch[k].id];
     size_t g0 = offset[x->id] / granule;
     size_t g1 = (offset[x->id] + x->size - 1) / granule;
-    for (size_t g = g0; g <= g1; g++) {
-      if (ch[k].start)
-        touched += users[g]++ == 0;
-      else
-        touched -= --users[g] == 0;
+    size_t e0 = dense ? g0 : mpb_key_index(keys, m, g0);
+    size_t e1 = dense ? g1 : mpb_key_index(keys, m, g1);
+    size_t inner = g1 > g0 ? g1 - g0 - 1 : 0;
+    if (ch[k].start) {
+      touched += inner + (users[e0]++ == 0);
+      if (e1 != e0)
+        touched += users[e1]++ == 0;
+    } else {
+      touched -= inner + (--users[e0] == 0);
+      if (e1 != e0)
+        touched -= --users[e1] == 0;
     }
     /* The figure after each event: once every change at this t is in. */
-    if ((k + 1 == 2 * it->n || ch[k + 1].t != ch[k].t) && touched > peak)
+    if ((k + 1 == 2 * n || ch[k + 1].t != ch[k].t) && touched > peak)
       peak = touched;
   }
+  free(keys);
   free(users);
   free(ch);
-  *out = peak * granule;
+  *out = peak > SIZE_MAX / granule ? SIZE_MAX : peak * granule;
   return MP_OK;
 }
 
 /* ---- figures ---------------------------------------------------------- */
 
+/* Whole granules that hold bytes (no bytes + granule - 1: it wraps for
+ * sizes near the address space's end). */
+static size_t mpb_granules(size_t bytes, size_t granule) {
+  return bytes / granule + (bytes % granule != 0);
+}
+
 /* bytes rounded up to whole granules, over peak live. */
 static double mpb_granule_ratio(size_t bytes, size_t granule, size_t live) {
   if (live == 0)
     return 0;
-  double g = (double)((bytes + granule - 1) / granule);
+  double g = (double)mpb_granules(bytes, granule);
   return g * (double)granule / (double)live;
 }
 
@@ -471,12 +524,12 @@ mp_status_t mpb_offline_place(const mpb_workload_t *w, size_t align,
   }
   out->items = it.n;
   uint64_t rng = 1, spent = 0;
-  size_t floor = (out->peak_live + granule - 1) / granule; /* granules */
+  size_t floor = mpb_granules(out->peak_live, granule);
   for (unsigned k = 0, round = 0; k < MPB_OFFLINE_ORDERS; k += round == 0) {
     if (k == MPB_OFFLINE_ORDERS - 1) {
       /* A jittered round: sizes scaled by 1 +- up to 5 to 20%. */
       if (round == MPB_OFFLINE_ROUNDS || spent > MPB_OFFLINE_WORK ||
-          (out->high + granule - 1) / granule <= floor)
+          mpb_granules(out->high, granule) <= floor)
         break;
       double j = 0.05 * (double)(round % 4 + 1);
       for (size_t i = 0; i < it.n; i++) {

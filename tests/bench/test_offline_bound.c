@@ -255,3 +255,46 @@ Test(offline_bound, no_two_blocks_that_live_at_once_overlap) {
   free(open);
   mpb_workload_free(&w);
 }
+
+/* Sizes a trace allows (live bytes within a size_t) are placed without
+ * anything per granule of the range: a 4 EiB block needed a 2^41-entry
+ * array and a walk over each granule (out of host memory, or an abort
+ * under ASan; a 1 PiB one took minutes). */
+Test(offline_bound, exabyte_blocks_are_placed_without_a_granule_walk) {
+  mpb_workload_t w;
+  mpb_workload_init(&w, "huge");
+  size_t big = (size_t)1 << 62;
+  uint32_t a = alloc(&w, big);
+  uint32_t b = alloc(&w, 3 * MiB);
+  release(&w, a);
+  release(&w, b);
+  size_t off[2];
+  mpb_offline_t o;
+  place(&w, off, 2, &o);
+  cr_expect_eq(o.high, big + 3 * MiB);
+  cr_expect_eq(o.peak_live, big + 3 * MiB);
+  cr_expect_eq(o.mapped, big + 4 * MiB);
+  cr_expect_float_eq(o.raw, 1.0, 1e-12);
+  mpb_workload_free(&w);
+}
+
+/* Live bytes within a size_t can still be placed past its end by a
+ * greedy order: a (2^62) and b (2^63) live together, a goes, c
+ * (2^63 - 2^61) comes: in event order c finds only a 2^62 hole below b
+ * and goes above it, ending at 2^64 + 2^61. Such an end is refused, not
+ * wrapped into a small one. */
+Test(offline_bound, a_placement_past_the_address_space_is_einval) {
+  mpb_workload_t w;
+  mpb_workload_init(&w, "wraps");
+  uint32_t a = alloc(&w, (size_t)1 << 62);
+  uint32_t b = alloc(&w, (size_t)1 << 63);
+  release(&w, a);
+  uint32_t c = alloc(&w, ((size_t)1 << 63) - ((size_t)1 << 61));
+  release(&w, b);
+  release(&w, c);
+  mpb_offline_t o;
+  cr_expect_eq(mpb_offline_place(&w, 512, G, NULL, 0, &o), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "address space") != NULL, "%s",
+            mp_last_error());
+  mpb_workload_free(&w);
+}
