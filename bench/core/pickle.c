@@ -20,7 +20,8 @@
  *    parses, so that both inputs replay through the same rules (unknown
  *    frees, reused addresses, streams numbered in order of appearance).
  *    Line k + 2 of that CSV is trace entry k (entries that do not become a
- *    row leave an empty line), so a message "PATH:LINE" names entry LINE-2.
+ *    row leave an empty line), so a refusal of line LINE is reported as
+ *    one of device trace entry LINE-2 (pk_name_entry).
  *
  * Which events become rows (TraceEntry's actions):
  *  - "alloc"                       -> allocate
@@ -617,6 +618,24 @@ static mp_status_t pk_trace_to_csv(const char *what, const pk_val_t *trace,
   return MP_OK;
 }
 
+/* trace.c names the row it refuses "what:LINE: ...", a line of the CSV
+ * made from the snapshot, which no file holds: said instead as the trace
+ * entry it came from (line k + 2 is entry k), as this file's own
+ * refusals say it. Other messages are left as they are. */
+static mp_status_t pk_name_entry(mp_status_t st, const char *what) {
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", mp_last_error());
+  size_t wl = strlen(what), line = 0;
+  const char *p = msg + wl + 1;
+  if (strncmp(msg, what, wl) != 0 || msg[wl] != ':' || *p < '0' || *p > '9')
+    return st;
+  for (; *p >= '0' && *p <= '9' && line < SIZE_MAX / 10; p++)
+    line = line * 10 + (size_t)(*p - '0');
+  if (*p != ':' || line < 2)
+    return st;
+  return mp__fail(st, "%s: device trace entry %zu:%s", what, line - 2, p + 1);
+}
+
 bool mpb_snapshot_detect(const void *buf, size_t len) {
   return len > 0 && ((const unsigned char *)buf)[0] == 0x80;
 }
@@ -664,8 +683,9 @@ mp_status_t mpb_snapshot_parse(const void *buf, size_t len, const char *what,
   if (st == MP_OK)
     st = pk_trace_to_csv(what, trace, &csv);
   pk_free_all(&vm);
-  if (st == MP_OK)
-    st = mpb_trace_parse(csv.s, csv.n, what, name, out);
+  if (st == MP_OK &&
+      (st = mpb_trace_parse(csv.s, csv.n, what, name, out)) != MP_OK)
+    st = pk_name_entry(st, what);
   free(csv.s);
   return st;
 }

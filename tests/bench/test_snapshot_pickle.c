@@ -271,3 +271,27 @@ Test(snapshot_pickle, flipped_bytes_are_refused_or_read_never_crash) {
   free(copy);
   rm_gen(path, &b);
 }
+
+/* An entry the trace rules refuse (here the second allocation of 2^63
+ * bytes: more live bytes than a size_t holds) is named as the entry it
+ * is, as the pickle's own refusals name theirs, not as "s.pickle:3", a
+ * line of the CSV the snapshot is turned into, which no file has. */
+Test(snapshot_pickle, a_refused_entry_is_named_by_its_index_not_a_csv_line) {
+  static const char p[] =
+      "\x80\x02}X\x0d\x00\x00\x00"
+      "device_traces]](}(X\x06\x00\x00\x00"
+      "actionq\x00X\x05\x00\x00\x00"
+      "allocq\x01X\x04\x00\x00\x00"
+      "addrq\x02M\x00\x10X\x04\x00\x00\x00sizeq\x03\x8a\x09\x00\x00\x00\x00"
+      "\x00\x00\x00\x80\x00u}(h\x00h\x01h\x02M\x00 "
+      "h\x03\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x80\x00ueas.";
+  mpb_workload_t w;
+  cr_assert_eq(mpb_snapshot_parse(p, sizeof p - 1, "s.pickle", "s", &w),
+               MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "s.pickle: device trace entry 1: ") ==
+                mp_last_error(),
+            "%s", mp_last_error());
+  cr_expect(strstr(mp_last_error(), "exceed the address space") != NULL, "%s",
+            mp_last_error());
+  cr_expect_eq(w.n, 0);
+}
