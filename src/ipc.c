@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "device/backend.h"
@@ -44,6 +45,15 @@ static mp_status_t mp__ipc_check(const mp_device_t *dev,
   if (h->lease_fd < 0)
     return mp__fail(MP_EINVAL, "mp_ipc_import: the handle has no lease "
                                "descriptor (closed already, or imported?)");
+  /* The import owns the lease and mp_ipc_close closes it: any other
+   * descriptor of the program (a file, a pipe) is no lease, and closing
+   * it later would close the program's own. */
+  struct stat sb;
+  if (fstat(h->lease_fd, &sb) != 0 || !S_ISSOCK(sb.st_mode))
+    return mp__fail(MP_EINVAL,
+                    "mp_ipc_import: lease descriptor %d is not a socket "
+                    "(the lease end mp_pool_ipc_export made)",
+                    h->lease_fd);
   if (h->bytes == 0 || h->mem_bytes == 0 || h->offset > h->mem_bytes ||
       h->bytes > h->mem_bytes - h->offset)
     return mp__fail(MP_EINVAL,

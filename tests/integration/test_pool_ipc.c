@@ -104,6 +104,32 @@ Test(pool_ipc_args, bad_handles_are_einval_and_keep_their_descriptors) {
   free_released_and_destroy(pool, p);
 }
 
+/* A lease that is not one (any open descriptor of the program, here a
+ * pipe's) is refused like a missing one: the import would own it, and
+ * mp_ipc_close would close the program's pipe, while the exporter's block
+ * stayed held by the real lease that nobody imported. */
+Test(pool_ipc_args, a_lease_descriptor_that_is_no_socket_is_einval) {
+  mp_pool_t *pool = make_pool(dev, NULL);
+  void *p, *q = NULL;
+  mp_ipc_handle_t good = exported(pool, &p);
+  int pipefd[2];
+  cr_assert_eq(pipe(pipefd), 0);
+  mp_ipc_handle_t bad = good;
+  bad.lease_fd = pipefd[0];
+  mp_status_t st = mp_ipc_import(dev, &bad, &q);
+  if (st == MP_OK)
+    (void)mp_ipc_close(dev, q);
+  cr_expect_eq(st, MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "lease") != NULL, "%s", mp_last_error());
+  cr_expect_eq(bad.lease_fd, pipefd[0], "a refusal changed the handle");
+  cr_expect(fd_open(pipefd[0]) && fd_open(good.fd) && fd_open(good.lease_fd),
+            "a refused import closed a descriptor");
+  cr_assert_eq(mp_ipc_handle_close(&good), MP_OK);
+  close(pipefd[0]);
+  close(pipefd[1]);
+  free_released_and_destroy(pool, p);
+}
+
 Test(pool_ipc_args, bad_exports_are_refused_and_change_nothing) {
   mp_pool_t *pool = make_pool(dev, NULL);
   void *p, *gone;
