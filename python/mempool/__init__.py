@@ -133,7 +133,7 @@ def _stream_handle(stream):
     if stream is None:
         return None
     if isinstance(stream, Stream):
-        return stream.handle
+        return stream._live()
     # a CUstream / cudaStream_t as an int (e.g. torch's)
     return _word(int(stream), "stream", "stream handle")
 
@@ -208,8 +208,15 @@ class Stream:
                "mp_stream_create")
         self.device, self.handle = device, h.value
 
+    def _live(self):
+        # A destroyed stream's handle is None, which ctypes would pass as
+        # NULL: the default stream, not the one asked for.
+        if self.handle is None:
+            raise _bad("the stream is destroyed", "Stream")
+        return self.handle
+
     def synchronize(self):
-        _check(_lib.lib().mp_stream_synchronize(self.device._live(), self.handle),
+        _check(_lib.lib().mp_stream_synchronize(self.device._live(), self._live()),
                "mp_stream_synchronize")
 
     def destroy(self):

@@ -41,6 +41,31 @@ def test_out_of_range_sizes_and_pointers_are_refused_and_change_nothing(pool):
     pool.check()
 
 
+def test_a_destroyed_stream_is_refused_not_taken_for_the_default_stream(device, pool):
+    # A destroyed Stream's handle is None, which ctypes passes as NULL: the
+    # default stream, so an allocation, a record and a free on it went
+    # through on another stream than asked, and its synchronize synchronized
+    # the default stream.
+    st = device.stream()
+    st.destroy()
+    p = pool.alloc(4096)
+    before = pool.stats()
+    with pytest.raises(mempool.InvalidArgument, match="stream is destroyed"):
+        pool.alloc(4096, stream=st)
+    with pytest.raises(mempool.InvalidArgument, match="stream is destroyed"):
+        pool.record_stream(p, st)
+    with pytest.raises(mempool.InvalidArgument, match="stream is destroyed"):
+        pool.free(p, stream=st)
+    with pytest.raises(mempool.InvalidArgument, match="stream is destroyed"):
+        st.synchronize()
+    after = pool.stats()
+    assert after["allocated_bytes.all.current"] == before["allocated_bytes.all.current"]
+    assert after["allocation.all.allocated"] == before["allocation.all.allocated"]
+    pool.free(p)  # still live: the refused free did not free it
+    st.destroy()  # twice: nothing to do
+    pool.check()
+
+
 def test_a_nul_byte_in_a_string_is_refused(device, tmp_path):
     with pytest.raises(mempool.InvalidArgument):
         mempool.Device("host\0capacity=junk")
