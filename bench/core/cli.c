@@ -708,12 +708,16 @@ int mpb_main(int argc, char **argv) {
     goto out;
   }
   uint64_t t0 = mpb_now_ns();
-  mpb_replay_opts_t ro = {.device_spec = c.device,
-                          .capacity_search = c.capacity,
-                          .capacity_budget_s = c.budget,
-                          .stream_work_us = c.stream_work_us,
-                          .capacity_deadline_ns =
-                              c.total > 0 ? t0 + (uint64_t)(c.total * 1e9) : 0};
+  /* A total the clock cannot reach in nanoseconds (inf, 1e11 s) is no
+   * limit, as 0 is: converted, it would wrap or be undefined. */
+  double total_ns = c.total * 1e9;
+  mpb_replay_opts_t ro = {
+      .device_spec = c.device,
+      .capacity_search = c.capacity,
+      .capacity_budget_s = c.budget,
+      .stream_work_us = c.stream_work_us,
+      .capacity_deadline_ns =
+          c.total > 0 && total_ns < 0x1p63 ? t0 + (uint64_t)total_ns : 0};
   for (size_t w = 0; w < jobs.nw; w++) {
     for (size_t a = 0; a < allocs.n; a++) {
       char what[300];

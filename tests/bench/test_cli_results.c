@@ -333,3 +333,34 @@ Test(cli_results, report_html_is_written_with_the_chosen_block_map,
                        "--out",       tmpdir,          NULL};
   cr_expect_eq(run(bad), 2);
 }
+
+/* A total too long for the clock in nanoseconds ("inf", 1e11 s) is no
+ * limit, as 0 is: converted to a nanosecond deadline it wrapped (or was
+ * undefined), and the search it should have left unbounded never ran,
+ * every pair reporting only its upper bound. */
+Test(cli_results, capacity_total_beyond_the_clock_is_no_limit, .init = make_tmp,
+     .fini = drop_tmp) {
+  char out[512], json[600];
+  snprintf(out, sizeof out, "%s/out", tmpdir);
+  snprintf(json, sizeof json, "%s/results.json", out);
+  static const char *const totals[] = {"inf", "1e11"};
+  for (size_t i = 0; i < 2; i++) {
+    const char *args[] = {"run",
+                          "--out",
+                          out,
+                          "--quiet",
+                          "--no-traces",
+                          "--no-plots",
+                          "--workload",
+                          "random:n=200",
+                          "--allocator",
+                          "pool",
+                          "--capacity-total",
+                          totals[i],
+                          NULL};
+    cr_assert_eq(run(args), 0, "%s", mp_last_error());
+    const char *j = slurp(json);
+    cr_expect(strstr(j, "\"min_capacity_exact\": true") != NULL,
+              "--capacity-total %s: %s", totals[i], j);
+  }
+}
