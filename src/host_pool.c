@@ -7,7 +7,9 @@
  *
  * Invariant: hp->pool draws from hp->view, which lives until the pool is
  * destroyed. */
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "device/backend.h"
 #include "structs.h"
@@ -66,26 +68,42 @@ mp_status_t mp_host_pool_destroy(mp_host_pool_t *hp) {
   return MP_OK;
 }
 
+/* The pool's refusal st, said as the host pool's call the caller made:
+ * a message "mp_pool_free: ..." names a function they never called. */
+static mp_status_t mp__hp_said(mp_status_t st, const char *pool_fn,
+                               const char *fn) {
+  size_t n = strlen(pool_fn);
+  const char *m = mp_last_error();
+  if (st == MP_OK || strncmp(m, pool_fn, n) != 0 || m[n] != ':')
+    return st;
+  char rest[512];
+  snprintf(rest, sizeof rest, "%s", m + n);
+  return mp__fail(st, "%s%s", fn, rest);
+}
+
 mp_status_t mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes, mp_stream_t s,
                                void **out) {
   MP__CHECK_HP(hp);
-  return mp_pool_alloc(hp->pool, bytes, s, out);
+  return mp__hp_said(mp_pool_alloc(hp->pool, bytes, s, out), "mp_pool_alloc",
+                     __func__);
 }
 
 mp_status_t mp_host_pool_free(mp_host_pool_t *hp, void *ptr) {
   MP__CHECK_HP(hp);
-  return mp_pool_free(hp->pool, ptr);
+  return mp__hp_said(mp_pool_free(hp->pool, ptr), "mp_pool_free", __func__);
 }
 
 mp_status_t mp_host_pool_record_stream(mp_host_pool_t *hp, void *ptr,
                                        mp_stream_t s) {
   MP__CHECK_HP(hp);
-  return mp_pool_record_stream(hp->pool, ptr, s);
+  return mp__hp_said(mp_pool_record_stream(hp->pool, ptr, s),
+                     "mp_pool_record_stream", __func__);
 }
 
 mp_status_t mp_host_pool_trim(mp_host_pool_t *hp, size_t keep_bytes) {
   MP__CHECK_HP(hp);
-  return mp_pool_trim(hp->pool, keep_bytes);
+  return mp__hp_said(mp_pool_trim(hp->pool, keep_bytes), "mp_pool_trim",
+                     __func__);
 }
 
 mp_status_t mp_host_pool_get_stats_sized(mp_host_pool_t *hp, mp_stats_t *out,
@@ -107,10 +125,11 @@ mp_status_t(mp_host_pool_get_stats)(mp_host_pool_t *hp, mp_stats_t *out) {
 mp_status_t mp_host_pool_dump(mp_host_pool_t *hp, FILE *out,
                               const char *format) {
   MP__CHECK_HP(hp);
-  return mp_pool_dump(hp->pool, out, format);
+  return mp__hp_said(mp_pool_dump(hp->pool, out, format), "mp_pool_dump",
+                     __func__);
 }
 
 mp_status_t mp_host_pool_check(mp_host_pool_t *hp) {
   MP__CHECK_HP(hp);
-  return mp_pool_check(hp->pool);
+  return mp__hp_said(mp_pool_check(hp->pool), "mp_pool_check", __func__);
 }

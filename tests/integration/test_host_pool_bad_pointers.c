@@ -76,6 +76,24 @@ Test(host_pool_bad_pointers, foreign_pointers_are_einval) {
                "the pool touched memory it did not own: %s", mp_last_error());
 }
 
+/* A refusal names the call the caller made, not the device pool's
+ * function the host pool hands it to (it said "mp_pool_free: ..."). */
+Test(host_pool_bad_pointers, refusals_name_the_host_pool_call) {
+  char *inside = (char *)live + 512;
+  cr_expect_eq(mp_host_pool_free(hp, inside), MP_EINVAL);
+  cr_expect(strncmp(mp_last_error(), "mp_host_pool_free: ", 19) == 0, "%s",
+            mp_last_error());
+  cr_expect_eq(mp_host_pool_record_stream(hp, inside, NULL), MP_EINVAL);
+  cr_expect(strncmp(mp_last_error(), "mp_host_pool_record_stream: ", 28) == 0,
+            "%s", mp_last_error());
+  cr_expect_eq(mp_host_pool_dump(hp, stdout, "xml"), MP_EINVAL);
+  cr_expect(strncmp(mp_last_error(), "mp_host_pool_dump: ", 19) == 0, "%s",
+            mp_last_error());
+  cr_expect_eq(mp_host_pool_alloc(hp, 16, NULL, NULL), MP_EINVAL);
+  cr_expect(strncmp(mp_last_error(), "mp_host_pool_alloc: ", 20) == 0, "%s",
+            mp_last_error());
+}
+
 Test(host_pool_bad_pointers, double_free_is_einval) {
   void *p;
   cr_assert_eq(mp_host_pool_alloc(hp, 4 * KiB, NULL, &p), MP_OK);
