@@ -62,20 +62,29 @@ static long mp__thread_id(void) {
 
 /* $MEMPOOL_TRACE / $MEMPOOL_REPORT with "%p" replaced by the process id,
  * so that the processes of one job (which inherit the variables) write
- * files of their own; NULL when unset or empty. */
+ * files of their own; NULL when unset or empty, and (said on stderr) when
+ * the path does not fit buf: cut to fit, it would name another file. */
 const char *mp__pl_env_path(const char *var, char *buf, size_t cap) {
   const char *v = getenv(var);
   if (v == NULL || v[0] == '\0')
     return NULL;
   size_t n = 0;
-  for (const char *c = v; *c != '\0' && n + 1 < cap; c++) {
+  bool fits = true;
+  for (const char *c = v; *c != '\0' && fits; c++) {
     if (c[0] == '%' && c[1] == 'p') {
       int w = snprintf(buf + n, cap - n, "%d", (int)getpid());
-      n = w > 0 && (size_t)w < cap - n ? n + (size_t)w : cap - 1;
+      fits = w > 0 && (size_t)w < cap - n;
+      n += fits ? (size_t)w : 0;
       c++;
-    } else {
+    } else if ((fits = n + 1 < cap)) {
       buf[n++] = *c;
     }
+  }
+  if (!fits) {
+    MP__PL_SAY("%s is longer than %zu bytes (with %%p as the process id); "
+               "not used",
+               var, cap - 1);
+    return NULL;
   }
   buf[n] = '\0';
   return buf;

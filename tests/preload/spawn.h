@@ -56,7 +56,7 @@ static inline void spawn(const char *const *argv, const char *const *env,
     dup2(o, 1);
     dup2(e, 2);
     for (size_t i = 0; env != NULL && env[i] != NULL; i++) {
-      char kv[4096];
+      char kv[8192]; /* room for a path past PATH_MAX */
       snprintf(kv, sizeof kv, "%s", env[i]);
       char *eq = strchr(kv, '=');
       if (eq == NULL)

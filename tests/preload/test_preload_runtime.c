@@ -262,6 +262,28 @@ Test(preload_runtime, unwritable_trace_says_so_and_still_serves) {
   cr_assert(strstr(r.err, "cannot write MEMPOOL_TRACE") != NULL, "%s", r.err);
 }
 
+/* A path longer than the shim's 4095-byte buffer was cut to fit, so the
+ * trace went to whatever file the cut named: here DIR/././.../t.csv, for
+ * the path DIR/././.../t.csv/x.csv asked. It is refused with a message,
+ * and no file is written. */
+Test(preload_runtime, a_path_too_long_is_refused_not_cut) {
+  char dir[64];
+  scratch_dir(dir, sizeof dir);
+  static char path[4200], env[4300];
+  size_t n = (size_t)snprintf(path, sizeof path, "%s/", dir);
+  while (n + strlen("t.csv") < 4095)
+    n += (size_t)snprintf(path + n, sizeof path - n,
+                          4095 - n - strlen("t.csv") == 1 ? "/" : "./");
+  snprintf(path + n, sizeof path - n, "t.csv/x.csv");
+  snprintf(env, sizeof env, "MEMPOOL_TRACE=%s", path);
+  run_preloaded(prog, env, NULL, NULL, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_expect(strstr(r.err, "MEMPOOL_TRACE is longer than") != NULL, "%s", r.err);
+  cr_expect_eq(sh("test -z \"$(ls -A %s)\"", dir), 0,
+               "a file was written in %s", dir);
+  sh("rm -rf %s", dir);
+}
+
 /* A cap is what cudaMemGetInfo says (frameworks size their caches from
  * it): the total is the cap, not the device. */
 Test(preload_runtime, mem_info_reports_the_cap) {
