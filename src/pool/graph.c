@@ -66,14 +66,6 @@ mp_pool_t *mp__graph_route(const mp_pool_t *parent, mp_stream_t s) {
   return r != NULL ? r->graph : NULL;
 }
 
-void mp__graph_unroute(mp_pool_t *parent, mp_stream_t s, uint64_t owner) {
-  for (size_t i = 0; i < parent->nroutes; i++)
-    if (parent->routes[i].s == s && parent->routes[i].owner == owner) {
-      parent->routes[i] = parent->routes[--parent->nroutes];
-      return;
-    }
-}
-
 mp_pool_t *mp__graph_owner(const mp_pool_t *parent, uintptr_t p) {
   /* The common case first, in O(1): a live block of the parent's own (not a
    * range it lent) is no graph pool's, so frees of ordinary blocks do not

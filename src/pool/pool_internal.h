@@ -537,9 +537,6 @@ typedef struct mp__grange {
 /* Under parent's lock: the graph pool stream s (the calling thread's, for
  * a per-thread stream) allocates to, or NULL. */
 mp_pool_t *mp__graph_route(const mp_pool_t *parent, mp_stream_t s);
-/* Under parent's lock: stream s (of thread owner, for the per-thread
- * handle) is forgotten: it allocates to no graph pool any more. */
-void mp__graph_unroute(mp_pool_t *parent, mp_stream_t s, uint64_t owner);
 /* Under parent's lock: the range lent to a graph pool that holds p, or
  * NULL (a walk of the ranges; mp__graph_owner asks the live map first). */
 static inline const mp__grange_t *mp__grange_of(const mp_pool_t *parent,

@@ -307,6 +307,18 @@ void mp__stream_use_all(mp_pool_t *pool, mp__block_t *b) {
   }
 }
 
+/* The route of a forgotten stream (slot st) in a parent's table of streams
+ * that allocate to a graph pool (graph.c), if any, goes with its slot: no
+ * later stream given the same handle is routed by it. Here, not in graph.c,
+ * which stream.c does not call (pool_internal.h's layers). */
+static void mp__stream_unroute(mp_pool_t *pool, const mp__strm_t *st) {
+  for (size_t i = 0; i < pool->nroutes; i++)
+    if (pool->routes[i].s == st->s && pool->routes[i].owner == st->owner) {
+      pool->routes[i] = pool->routes[--pool->nroutes];
+      return;
+    }
+}
+
 /* Forgets slot i: closes its epoch with a marker while the handle is
  * still valid, then never matches or records on it again. */
 static void mp__stream_retire(mp_pool_t *pool, uint32_t i) {
@@ -317,7 +329,7 @@ static void mp__stream_retire(mp_pool_t *pool, uint32_t i) {
   if (st->capturing) {
     st->capturing = false;
     pool->ncapturing--;
-    mp__graph_unroute(pool, st->s, st->owner);
+    mp__stream_unroute(pool, st);
   }
   /* Whatever was queued on it may still use blocks freed on it, or blocks
    * it allocated: close the epoch (without a marker it waits for a sync). */
