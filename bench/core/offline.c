@@ -620,6 +620,22 @@ void mpb_touched_init(mpb_touched_t *t, size_t granule) {
   t->granule = granule;
 }
 
+/* Counts one block's edge granule g in or out: false without host memory
+ * (the tracker stops). */
+static bool mpb_touched_edge(mpb_touched_t *t, uint64_t g, bool alloc) {
+  uint32_t *u = mpb_touched_users(t, g);
+  if (u == NULL)
+    return false;
+  if (alloc)
+    t->now += (*u)++ == 0;
+  else if (*u > 0)
+    t->now -= --*u == 0;
+  return true;
+}
+
+/* Live blocks never overlap, so a granule strictly inside one holds it
+ * alone: only its first and last granule are counted one by one, the rest
+ * as a run (a block of a PiB costs what one of a KiB does). */
 void mpb_touched_on_block(void *ctx, size_t event, const mpb_event_t *e,
                           void *ptr) {
   (void)event;
@@ -629,16 +645,24 @@ void mpb_touched_on_block(void *ctx, size_t event, const mpb_event_t *e,
     return;
   uint64_t g0 = (uint64_t)(uintptr_t)ptr / t->granule;
   uint64_t g1 = ((uint64_t)(uintptr_t)ptr + e->size - 1) / t->granule;
-  for (uint64_t g = g0; g <= g1; g++) {
-    uint32_t *u = mpb_touched_users(t, g);
-    if (u == NULL) {
-      t->failed = true;
+  if (!alloc) {
+    /* A free of a block never seen counts nothing. */
+    uint32_t *u = mpb_touched_users(t, g0);
+    if (u == NULL || *u == 0) {
+      t->failed |= u == NULL;
       return;
     }
+  }
+  if (!mpb_touched_edge(t, g0, alloc) ||
+      (g1 != g0 && !mpb_touched_edge(t, g1, alloc))) {
+    t->failed = true;
+    return;
+  }
+  if (g1 > g0 + 1) {
     if (alloc)
-      t->now += (*u)++ == 0;
-    else if (*u > 0) /* a free of a block never seen counts nothing */
-      t->now -= --*u == 0;
+      t->now += g1 - g0 - 1;
+    else
+      t->now -= g1 - g0 - 1;
   }
   if (t->now > t->peak)
     t->peak = t->now;

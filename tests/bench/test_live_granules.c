@@ -52,6 +52,21 @@ Test(live_granules, the_peak_is_the_most_at_once_not_every_granule_seen) {
   mpb_touched_free(&t);
 }
 
+Test(live_granules, a_petabyte_block_counts_its_granules_without_a_walk) {
+  mpb_touched_t t;
+  mpb_touched_init(&t, G);
+  const size_t pib = (size_t)1 << 50;
+  block(&t, MPB_ALLOC, G + 4096, pib); /* granule 1 to 2^29 + 1 */
+  block(&t, MPB_ALLOC, G, 4096);       /* shares granule 1 */
+  cr_expect_eq(t.now, pib / G + 1);
+  block(&t, MPB_FREE, G + 4096, pib);
+  cr_expect_eq(t.now, 1);
+  block(&t, MPB_FREE, G, 4096);
+  cr_expect_eq(t.now, 0);
+  cr_expect_eq(mpb_touched_peak_bytes(&t), pib + G);
+  mpb_touched_free(&t);
+}
+
 /* A 6 MiB block, freed, is cut into a, b, c of 2 MiB; a and c go and d of
  * 4 MiB comes: the pool holds a and c, whole granules around a live b in
  * one mapping it cannot give back, and grows for d. Its live blocks never
