@@ -126,12 +126,19 @@ static void *work_beside(void *p) {
   return NULL;
 }
 
+/* A pool on the cuda device (*dev), the primary context made current. */
+static mp_pool_t *pool_in_ctx(mp_device_t **dev) {
+  mp_pool_t *pool = NULL;
+  *dev = open_dev("cuda");
+  cr_assert_eq(mp_pool_create(*dev, NULL, &pool), MP_OK, "%s", mp_last_error());
+  enter_ctx();
+  return pool;
+}
+
 Test(cuda_graph_pool,
      global_capture_with_the_pool_on_its_stream_and_another_thread_succeeds) {
-  mp_device_t *dev = open_dev("cuda");
-  mp_pool_t *pool = NULL, *g = NULL;
-  cr_assert_eq(mp_pool_create(dev, NULL, &pool), MP_OK, "%s", mp_last_error());
-  enter_ctx();
+  mp_device_t *dev = NULL;
+  mp_pool_t *pool = pool_in_ctx(&dev), *g = NULL;
   CUstream cap;
   cr_assert_eq(cuStreamCreate(&cap, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   /* Warm-up on the stream (PyTorch's warm-up iterations): the parent then
@@ -282,10 +289,8 @@ static void *alloc_on_own_per_thread_stream(void *p) {
  * stream was handed that very block. */
 Test(cuda_graph_pool,
      another_threads_per_thread_stream_is_not_routed_to_the_graph_pool) {
-  mp_device_t *dev = open_dev("cuda");
-  mp_pool_t *pool = NULL, *g = NULL;
-  cr_assert_eq(mp_pool_create(dev, NULL, &pool), MP_OK, "%s", mp_last_error());
-  enter_ctx();
+  mp_device_t *dev = NULL;
+  mp_pool_t *pool = pool_in_ctx(&dev), *g = NULL;
   mp_stream_t pt = (mp_stream_t)CU_STREAM_PER_THREAD;
   cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
   /* The first "capture": a temporary the graph uses, freed in it. */
