@@ -12,6 +12,7 @@ its name, mp_status_string() and mp_last_error(). mempool.torch.use()
 routes PyTorch's CUDA allocations through the library."""
 import ctypes
 import os
+import warnings
 import weakref
 
 from . import _lib
@@ -151,6 +152,9 @@ class Device:
         self.handle = h.value
         self._streams = []
         self._pools = weakref.WeakSet()  # live Pools on it (close refuses)
+        # Handles of Pools dropped with blocks still live (Pool._dropped):
+        # kept, as those blocks may still be used, and destroyed by close.
+        self._orphans = []
 
     @property
     def name(self):
@@ -178,7 +182,8 @@ class Device:
     def close(self):
         """Drains every stream and closes; pools on it must be destroyed
         first (a live one: Busy, and the device stays open: the library's
-        pool would use the closed device and crash the interpreter)."""
+        pool would use the closed device and crash the interpreter). Pools
+        dropped with blocks still live (Pool._dropped) are destroyed here."""
         if self.handle is None:
             return
         live = [p for p in self._pools if p.handle is not None]
@@ -186,6 +191,10 @@ class Device:
             raise _refusal("MP_EBUSY",
                            "%d pool(s) on the device are not destroyed" % len(live),
                            "Device.close")
+        while self._orphans:
+            _check(_lib.lib().mp_pool_destroy(self._orphans[-1]),
+                   "mp_pool_destroy (a Pool dropped with live blocks)")
+            self._orphans.pop()
         _lib.lib().mp_device_close(self.handle)
         self.handle = None
 
@@ -279,6 +288,26 @@ class Pool:
                "mp_pool_create")
         self.device, self.handle = device, h.value
         device._pools.add(self)
+        # Dropped without destroy(): _dropped, with what it needs (not self).
+        self._finalizer = weakref.finalize(self, Pool._dropped, device, h.value)
+
+    @staticmethod
+    def _dropped(device, handle):
+        """A Pool object that was never destroyed is gone. Holding no block,
+        its pool is destroyed (what it reserved goes back); holding some, it
+        is kept for the device to destroy at close, as their addresses may
+        still be in use, with a ResourceWarning."""
+        L = _lib.lib()
+        s = Stats()
+        live = True
+        if L.mp_pool_get_stats_sized(handle, ctypes.byref(s), ctypes.sizeof(s)) == 0:
+            live = s.allocated_bytes != 0
+        if not live and L.mp_pool_destroy(handle) == 0:
+            return
+        device._orphans.append(handle)
+        warnings.warn("a mempool.Pool was dropped with live blocks (or child pools) "
+                      "and not destroyed: it is kept until its Device closes",
+                      ResourceWarning, stacklevel=2)
 
     def _live(self):
         if self.handle is None:
@@ -403,6 +432,7 @@ class Pool:
         if self.handle is not None:
             _check(_lib.lib().mp_pool_destroy(self.handle), "mp_pool_destroy")
             self.handle = None
+            self._finalizer.detach()
 
     def __enter__(self):
         return self

@@ -1,4 +1,5 @@
 """The Pool and Device classes on the emulated host device."""
+import gc
 import pytest
 
 import mempool
@@ -161,3 +162,31 @@ def test_map_piece_reaches_the_pool_and_trim_gives_back_free_pieces(device):
     assert p.stats()["reserved_bytes"] == 2 << 20
     p.free(b)
     p.destroy()
+
+
+def test_a_dropped_empty_pool_gives_its_memory_back(device):
+    # A Pool dropped without destroy() holding no block is destroyed with
+    # it: what it reserved goes back to the device (it leaked before, and
+    # Device.close then closed the device under the library's pool).
+    free0, _ = device.mem_info()
+    p = mempool.Pool(device)
+    p.free(p.alloc(8 << 20))
+    assert device.mem_info()[0] < free0
+    del p
+    gc.collect()
+    assert device.mem_info()[0] == free0
+
+
+def test_a_dropped_pool_with_live_blocks_keeps_them_until_the_device_closes(device):
+    # Its blocks may still be used through their addresses: it is kept
+    # (with a ResourceWarning), not destroyed under them, and Device.close
+    # destroys it before closing.
+    p = mempool.Pool(device)
+    addr = p.alloc(1 << 20)
+    used = device.mem_info()[0]
+    with pytest.warns(ResourceWarning, match="live"):
+        del p
+        gc.collect()
+    assert addr and device.mem_info()[0] == used
+    device.close()
+    assert device.handle is None
