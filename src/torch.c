@@ -16,7 +16,9 @@
  * and free) still captures correctly: while no begin hook was ever called,
  * a stream the device reports capturing is routed to a graph pool of its
  * own, ended at the first call (here or mp_torch_reset) that finds the
- * stream no longer captured, and released at mp_torch_reset.
+ * stream no longer captured (for the per-thread stream, a call of its own
+ * thread: the handle names each caller's stream), and released at
+ * mp_torch_reset.
  *
  * Invariant: a pointer returned by mp_torch_malloc is a live block of a
  * default pool (or of one of its graph pools), and only mp_torch_free (or
@@ -45,6 +47,7 @@ typedef struct mp__tpool {
   void *ctx;
   void (*drop)(void *);
   mp_stream_t streams[MP__TORCH_STREAMS];
+  uint64_t owners[MP__TORCH_STREAMS]; /* the per-thread stream's thread */
   unsigned nstreams;
 } mp__tpool_t;
 
@@ -83,22 +86,29 @@ static mp__tpool_t *mp__tpool_new(mp_pool_t *parent, int device) {
   return NULL;
 }
 
+/* Whether t routes s as the calling thread names it: the per-thread
+ * handle (an owner) names the caller's own stream only. */
 static bool mp__tpool_routes(const mp__tpool_t *t, mp_stream_t s) {
   for (unsigned k = 0; k < t->nstreams; k++)
-    if (t->streams[k] == s)
+    if (t->streams[k] == s && (t->owners[k] == 0 || t->owners[k] == mp__self()))
       return true;
   return false;
 }
 
 static void mp__tpool_route(mp__tpool_t *t, mp_stream_t s) {
+  uint64_t owner = 0;
   if (t->nstreams < MP__TORCH_STREAMS &&
-      mp_pool_graph_begin(t->parent, t->graph, s) == MP_OK)
+      mp__graph_begin_owned(t->parent, t->graph, s, &owner) == MP_OK) {
+    t->owners[t->nstreams] = owner;
     t->streams[t->nstreams++] = s;
+  }
 }
 
+/* Ends every route of t, whichever thread routed it (from here the
+ * per-thread handle would name the caller's stream). */
 static void mp__tpool_end(mp__tpool_t *t) {
   for (unsigned k = 0; k < t->nstreams; k++)
-    (void)mp_pool_graph_end(t->parent, t->streams[k]);
+    (void)mp__graph_end_owned(t->parent, t->streams[k], t->owners[k]);
   t->nstreams = 0;
   if (t->open)
     atomic_fetch_sub(&mp__t.open, 1);
@@ -116,6 +126,17 @@ static void mp__tpool_release(mp__tpool_t *t) {
   memset(t, 0, sizeof *t);
 }
 
+/* Whether stream k of t may still be captured: another thread's
+ * per-thread stream cannot be asked from here (the handle names the
+ * caller's own), so it is while its route lasts (its thread's next call
+ * tells; the route goes when the thread exits). */
+static bool mp__tpool_capturing(const mp__tpool_t *t, unsigned k) {
+  if (t->owners[k] != 0 && t->owners[k] != mp__self())
+    return mp__graph_routed_owned(t->parent, t->streams[k], t->owners[k]);
+  return mp__device_stream_capturing(mp_pool_device(t->parent),
+                                     t->streams[k]) == 1;
+}
+
 /* An automatic entry whose stream is no longer captured (or cannot be
  * told) stops routing; its graph pool stays pinned until mp_torch_reset.
  * Under the lock. */
@@ -123,8 +144,7 @@ static void mp__tpool_auto_check(mp__tpool_t *t) {
   if (!t->used || !t->automatic || !t->open)
     return;
   for (unsigned k = 0; k < t->nstreams; k++)
-    if (mp__device_stream_capturing(mp_pool_device(t->parent), t->streams[k]) ==
-        1)
+    if (mp__tpool_capturing(t, k))
       return;
   mp__tpool_end(t);
 }

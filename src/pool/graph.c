@@ -120,14 +120,10 @@ mp_status_t mp_pool_graph_create(mp_pool_t *parent, mp_pool_t **out) {
   return MP_OK;
 }
 
-/* Marks (or clears) s capturing in pool's stream table; *was (may be NULL):
- * whether it was marked before. */
-static mp_status_t mp__graph_mark_was(mp_pool_t *pool, mp_stream_t s, bool on,
-                                      bool *was) {
-  uint32_t sidx;
-  mp_status_t st = mp__stream_index(pool, s, &sidx);
-  if (st != MP_OK)
-    return st;
+/* Marks (or clears) slot sidx of pool's stream table capturing; *was (may
+ * be NULL): whether it was marked before. */
+static void mp__graph_mark_slot(mp_pool_t *pool, uint32_t sidx, bool on,
+                                bool *was) {
   mp__strm_t *t = &pool->streams[sidx];
   if (was != NULL)
     *was = t->capturing;
@@ -142,7 +138,25 @@ static mp_status_t mp__graph_mark_was(mp_pool_t *pool, mp_stream_t s, bool on,
       mp__stream_capture_ended(pool, sidx);
     }
   }
-  return MP_OK;
+}
+
+/* Marks (or clears) s (the calling thread's, for the per-thread handle)
+ * capturing in pool's stream table; *was as mp__graph_mark_slot. */
+static mp_status_t mp__graph_mark_was(mp_pool_t *pool, mp_stream_t s, bool on,
+                                      bool *was) {
+  uint32_t sidx;
+  mp_status_t st = mp__stream_index(pool, s, &sidx);
+  if (st == MP_OK)
+    mp__graph_mark_slot(pool, sidx, on, was);
+  return st;
+}
+
+/* Clears the mark of s as owner's stream (mp__stream_owner). */
+static void mp__graph_unmark_owned(mp_pool_t *pool, mp_stream_t s,
+                                   uint64_t owner) {
+  uint32_t sidx;
+  if (mp__stream_index_owned(pool, s, owner, &sidx) == MP_OK)
+    mp__graph_mark_slot(pool, sidx, false, NULL);
 }
 
 static mp_status_t mp__graph_mark(mp_pool_t *pool, mp_stream_t s, bool on) {
@@ -160,8 +174,8 @@ static mp_status_t mp__graph_check(mp_pool_t *parent, mp_pool_t *graph,
   return MP_OK;
 }
 
-mp_status_t mp_pool_graph_begin(mp_pool_t *parent, mp_pool_t *graph,
-                                mp_stream_t s) {
+mp_status_t mp__graph_begin_owned(mp_pool_t *parent, mp_pool_t *graph,
+                                  mp_stream_t s, uint64_t *owner) {
   mp_status_t st = mp__graph_check(parent, graph, "mp_pool_graph_begin");
   if (st != MP_OK)
     return st;
@@ -195,10 +209,12 @@ mp_status_t mp_pool_graph_begin(mp_pool_t *parent, mp_pool_t *graph,
     st = mp__graph_mark(parent, s, true);
   /* After the mark, which adds s to the table: a per-thread stream is
    * routed for the calling thread only (the handle names its stream). */
+  uint64_t own = mp__stream_owner(parent, s);
   if (st == MP_OK)
-    parent->routes[parent->nroutes++] =
-        (mp__route_t){s, mp__stream_owner(parent, s), graph};
+    parent->routes[parent->nroutes++] = (mp__route_t){s, own, graph};
   mp__pool_unlock(parent);
+  if (st == MP_OK && owner != NULL)
+    *owner = own;
   /* A refusal changes nothing: the mark goes unless it was there before. */
   if (st != MP_OK && !was) {
     mp__pool_lock(graph);
@@ -208,16 +224,28 @@ mp_status_t mp_pool_graph_begin(mp_pool_t *parent, mp_pool_t *graph,
   return st;
 }
 
-mp_status_t mp_pool_graph_end(mp_pool_t *parent, mp_stream_t s) {
+mp_status_t mp_pool_graph_begin(mp_pool_t *parent, mp_pool_t *graph,
+                                mp_stream_t s) {
+  return mp__graph_begin_owned(parent, graph, s, NULL);
+}
+
+/* Ends the route of s as owner's stream, or of the calling thread's
+ * (owner NULL). */
+static mp_status_t mp__graph_end(mp_pool_t *parent, mp_stream_t s,
+                                 const uint64_t *owner) {
   if (parent == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_graph_end: parent is NULL");
   mp_pool_t *graph = NULL;
   mp__pool_lock(parent);
-  mp__route_t *r = mp__graph_route_of(parent, s);
-  if (r != NULL) {
-    graph = r->graph;
-    *r = parent->routes[--parent->nroutes];
-    (void)mp__graph_mark(parent, s, false); /* known: cannot fail */
+  uint64_t own = owner != NULL ? *owner : mp__stream_owner(parent, s);
+  for (size_t i = 0; i < parent->nroutes; i++) {
+    mp__route_t *r = &parent->routes[i];
+    if (r->s == s && r->owner == own) {
+      graph = r->graph;
+      *r = parent->routes[--parent->nroutes];
+      mp__graph_unmark_owned(parent, s, own); /* marked: has a slot */
+      break;
+    }
   }
   mp__pool_unlock(parent);
   if (graph == NULL)
@@ -225,9 +253,27 @@ mp_status_t mp_pool_graph_end(mp_pool_t *parent, mp_stream_t s) {
                     "mp_pool_graph_end: stream %p allocates to no graph pool",
                     (void *)s);
   mp__pool_lock(graph);
-  (void)mp__graph_mark(graph, s, false);
+  mp__graph_unmark_owned(graph, s, own);
   mp__pool_unlock(graph);
   return MP_OK;
+}
+
+mp_status_t mp_pool_graph_end(mp_pool_t *parent, mp_stream_t s) {
+  return mp__graph_end(parent, s, NULL);
+}
+
+mp_status_t mp__graph_end_owned(mp_pool_t *parent, mp_stream_t s,
+                                uint64_t owner) {
+  return mp__graph_end(parent, s, &owner);
+}
+
+bool mp__graph_routed_owned(mp_pool_t *parent, mp_stream_t s, uint64_t owner) {
+  bool found = false;
+  mp__pool_lock(parent);
+  for (size_t i = 0; i < parent->nroutes && !found; i++)
+    found = parent->routes[i].s == s && parent->routes[i].owner == owner;
+  mp__pool_unlock(parent);
+  return found;
 }
 
 mp_pool_t *mp_pool_graph_of(mp_pool_t *parent, mp_stream_t s) {

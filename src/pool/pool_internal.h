@@ -537,6 +537,17 @@ typedef struct mp__grange {
 /* Under parent's lock: the graph pool stream s (the calling thread's, for
  * a per-thread stream) allocates to, or NULL. */
 mp_pool_t *mp__graph_route(const mp_pool_t *parent, mp_stream_t s);
+/* mp_pool_graph_begin, telling which thread's stream s was routed
+ * (*owner: mp__stream_owner there, 0 but for the per-thread handle). */
+mp_status_t mp__graph_begin_owned(mp_pool_t *parent, mp_pool_t *graph,
+                                  mp_stream_t s, uint64_t *owner);
+/* mp_pool_graph_end of the route of s as owner's stream, from any thread
+ * (mp_pool_graph_end ends the calling thread's per-thread stream). */
+mp_status_t mp__graph_end_owned(mp_pool_t *parent, mp_stream_t s,
+                                uint64_t owner);
+/* Whether s as owner's stream still allocates to a graph pool of parent
+ * (a per-thread stream's route goes when its thread exits, stream.c). */
+bool mp__graph_routed_owned(mp_pool_t *parent, mp_stream_t s, uint64_t owner);
 /* Under parent's lock: the range lent to a graph pool that holds p, or
  * NULL (a walk of the ranges; mp__graph_owner asks the live map first). */
 static inline const mp__grange_t *mp__grange_of(const mp_pool_t *parent,
@@ -835,6 +846,9 @@ mp_status_t mp__stream_lookup(mp_pool_t *pool, mp_stream_t s, uint32_t *out);
 /* Who owns s in pool's table: the calling thread for the per-thread
  * default stream (one handle, a stream per thread), else 0. */
 uint64_t mp__stream_owner(const mp_pool_t *pool, mp_stream_t s);
+/* The calling thread as mp__stream_owner names it: a number never given to
+ * another thread. */
+uint64_t mp__self(void);
 /* Whether stream s (the calling thread's, for a per-thread stream) has a
  * slot in the table; adds nothing. */
 bool mp__stream_known(const mp_pool_t *pool, mp_stream_t s);

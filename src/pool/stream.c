@@ -77,7 +77,7 @@ _Static_assert(MP_POOL_FREE_AFTER_ALL_STREAMS == MP__MAX_DEPS,
 /* The calling thread, for per-thread default streams: a number never given
  * to another thread (a reused TLS address would let a new thread inherit
  * an exited thread's unfinished stream). */
-static uint64_t mp__self(void) {
+uint64_t mp__self(void) {
   static _Atomic uint64_t next = 1;
   static _Thread_local uint64_t self;
   if (MP__UNLIKELY(self == 0))

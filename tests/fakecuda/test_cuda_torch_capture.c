@@ -4,6 +4,7 @@
  * gets its memory from a graph pool without invalidating the global-mode
  * capture, keeps it from everyone else until mp_torch_reset, and every
  * device gets its own pool. */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,4 +112,158 @@ Test(cuda_torch_capture, each_device_gets_its_own_pool) {
   on_device(1);
   cr_expect_eq(allocated(), 0);
   cr_expect_null(mp_torch_malloc(MiB, 9, NULL), "no device 9");
+}
+
+/* Another thread's call while this thread captures on its per-thread
+ * default stream (CU_STREAM_PER_THREAD: one handle, a stream per thread). */
+static void *alloc_on_own_per_thread_stream(void *p) {
+  CUcontext c = p;
+  cr_assert_eq(cuCtxSetCurrent(c), CUDA_SUCCESS);
+  mp_stream_t pt = (mp_stream_t)CU_STREAM_PER_THREAD;
+  void *x = mp_torch_malloc(MiB, 0, pt);
+  cr_assert_not_null(x, "%s", mp_last_error());
+  mp_torch_free(x, MiB, 0, pt);
+  cr_assert_eq(cuStreamSynchronize(CU_STREAM_PER_THREAD), CUDA_SUCCESS);
+  return NULL;
+}
+
+/* The automatic capture asked whether its stream was still captured from
+ * whichever thread called: for the per-thread handle another thread asked
+ * about its own stream, found it not captured, and ended the capture's
+ * entry from there, where mp_pool_graph_end names that thread's stream and
+ * refuses. The route stayed behind: after the capture the capturing
+ * thread's stream still allocated to the graph pool, and mp_torch_reset
+ * could not release it. */
+Test(cuda_torch_capture,
+     another_thread_does_not_end_a_per_thread_streams_capture) {
+  CUcontext ctx = on_device(0);
+  mp_stream_t pt = (mp_stream_t)CU_STREAM_PER_THREAD;
+  mp_pool_t *pool = mp_default_pool();
+  void *warm = mp_torch_malloc(MiB, 0, pt);
+  cr_assert_not_null(warm, "%s", mp_last_error());
+  mp_torch_free(warm, MiB, 0, pt);
+  cr_assert_eq(cuStreamSynchronize(CU_STREAM_PER_THREAD), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamBeginCapture(CU_STREAM_PER_THREAD,
+                                    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+               CUDA_SUCCESS);
+  void *a = mp_torch_malloc(MiB, 0, pt);
+  cr_assert_not_null(a, "%s", mp_last_error());
+  mp_pool_t *g = mp_pool_graph_of(pool, pt);
+  cr_assert_not_null(g, "the capture is not routed to a graph pool");
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, alloc_on_own_per_thread_stream, ctx),
+               0);
+  pthread_join(t, NULL);
+  void *b = mp_torch_malloc(MiB, 0, pt);
+  cr_assert_not_null(b, "%s", mp_last_error());
+  mp_torch_free(a, MiB, 0, pt);
+  mp_torch_free(b, MiB, 0, pt);
+  CUgraph graph = NULL;
+  cr_assert_eq(cuStreamEndCapture(CU_STREAM_PER_THREAD, &graph), CUDA_SUCCESS,
+               "the pool invalidated the capture");
+  /* The capturing thread's next call sees the capture has ended. */
+  void *c = mp_torch_malloc(MiB, 0, pt);
+  cr_assert_not_null(c, "%s", mp_last_error());
+  cr_expect_null(mp_pool_graph_of(pool, pt),
+                 "the per-thread stream still allocates to a graph pool");
+  mp_torch_free(c, MiB, 0, pt);
+  cr_assert_eq(cuStreamSynchronize(CU_STREAM_PER_THREAD), CUDA_SUCCESS);
+  if (graph != NULL)
+    cr_assert_eq(cuGraphDestroy(graph), CUDA_SUCCESS);
+  mp_torch_reset();
+  cr_expect_eq(allocated(), 0, "the graph pool was not released at reset");
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+}
+
+static int accept_all(mp_stream_t s, void *ctx) {
+  (void)s;
+  (void)ctx;
+  return 1;
+}
+
+typedef struct {
+  CUcontext ctx;
+  pthread_barrier_t *bar;
+  mp_pool_t *routed_during, *routed_after;
+} pt_hooked_t;
+
+/* Allocates on its own per-thread stream while the begin is open (its
+ * stream is routed from here), waits for the end, and tells whether its
+ * stream still allocates to the graph pool. */
+static void *hooked_per_thread(void *p) {
+  pt_hooked_t *h = p;
+  cr_assert_eq(cuCtxSetCurrent(h->ctx), CUDA_SUCCESS);
+  mp_stream_t pt = (mp_stream_t)CU_STREAM_PER_THREAD;
+  void *x = mp_torch_malloc(MiB, 0, pt);
+  cr_assert_not_null(x, "%s", mp_last_error());
+  h->routed_during = mp_pool_graph_of(mp_default_pool(), pt);
+  mp_torch_free(x, MiB, 0, pt);
+  pthread_barrier_wait(h->bar); /* the begin is open */
+  pthread_barrier_wait(h->bar); /* ended and released */
+  h->routed_after = mp_pool_graph_of(mp_default_pool(), pt);
+  cr_assert_eq(cuStreamSynchronize(CU_STREAM_PER_THREAD), CUDA_SUCCESS);
+  return NULL;
+}
+
+/* With the hooks, end_allocate_to_pool ended every route of the pool with
+ * mp_pool_graph_end from the calling thread: another thread's per-thread
+ * stream, routed from that thread, was not ended (the handle named the
+ * caller's stream), so it went on allocating to the graph pool, and the
+ * release could not release it. */
+Test(cuda_torch_capture, end_allocate_to_pool_ends_another_threads_route) {
+  CUcontext ctx = on_device(0);
+  pthread_barrier_t bar;
+  cr_assert_eq(pthread_barrier_init(&bar, NULL, 2), 0);
+  mp_torch_pool_id_t id = {1, 7};
+  mp_torch_begin_allocate_to_pool(0, id, accept_all, NULL, NULL);
+  pt_hooked_t h = {.ctx = ctx, .bar = &bar};
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, hooked_per_thread, &h), 0);
+  pthread_barrier_wait(&bar);
+  mp_torch_end_allocate_to_pool(0, id);
+  mp_torch_release_pool(0, id);
+  pthread_barrier_wait(&bar);
+  pthread_join(t, NULL);
+  pthread_barrier_destroy(&bar);
+  cr_expect_not_null(h.routed_during, "the thread's stream was not routed");
+  cr_expect_null(h.routed_after,
+                 "the thread's stream still allocates to a graph pool");
+  cr_expect_eq(allocated(), 0, "the graph pool was not released");
+  cr_expect_eq(mp_pool_check(mp_default_pool()), MP_OK, "%s", mp_last_error());
+}
+
+/* Captures on its own per-thread stream, allocating in the capture, and
+ * exits without another call. */
+static void *capture_and_exit(void *p) {
+  cr_assert_eq(cuCtxSetCurrent((CUcontext)p), CUDA_SUCCESS);
+  mp_stream_t pt = (mp_stream_t)CU_STREAM_PER_THREAD;
+  void *warm = mp_torch_malloc(MiB, 0, pt);
+  cr_assert_not_null(warm, "%s", mp_last_error());
+  mp_torch_free(warm, MiB, 0, pt);
+  cr_assert_eq(cuStreamSynchronize(CU_STREAM_PER_THREAD), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamBeginCapture(CU_STREAM_PER_THREAD,
+                                    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+               CUDA_SUCCESS);
+  void *a = mp_torch_malloc(MiB, 0, pt);
+  cr_assert_not_null(a, "%s", mp_last_error());
+  mp_torch_free(a, MiB, 0, pt);
+  CUgraph g = NULL;
+  cr_assert_eq(cuStreamEndCapture(CU_STREAM_PER_THREAD, &g), CUDA_SUCCESS);
+  if (g != NULL)
+    cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+  return NULL;
+}
+
+/* Another thread cannot ask whether a per-thread stream still captures;
+ * once that stream's thread has exited (its route gone with it), the
+ * entry still ends, and mp_torch_reset releases its graph pool. */
+Test(cuda_torch_capture, a_capture_of_an_exited_threads_stream_is_released) {
+  CUcontext ctx = on_device(0);
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, capture_and_exit, ctx), 0);
+  pthread_join(t, NULL);
+  cr_expect_gt(allocated(), 0, "the graph pool's range is lent");
+  mp_torch_reset();
+  cr_expect_eq(allocated(), 0, "the graph pool was not released at reset");
+  cr_expect_eq(mp_pool_check(mp_default_pool()), MP_OK, "%s", mp_last_error());
 }
