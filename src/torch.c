@@ -18,7 +18,10 @@
  * own, ended at the first call (here or mp_torch_reset) that finds the
  * stream no longer captured (for the per-thread stream, a call of its own
  * thread: the handle names each caller's stream), and released at
- * mp_torch_reset.
+ * mp_torch_reset. An allocation on a stream that belongs to a capture but
+ * cannot be routed to its pool (MP__TORCH_POOLS private pools alive) fails
+ * instead of taking memory the pool would hand others while replays use
+ * it.
  *
  * Invariant: a pointer returned by mp_torch_malloc is a live block of a
  * default pool (or of one of its graph pools), and only mp_torch_free (or
@@ -95,13 +98,21 @@ static bool mp__tpool_routes(const mp__tpool_t *t, mp_stream_t s) {
   return false;
 }
 
-static void mp__tpool_route(mp__tpool_t *t, mp_stream_t s) {
+/* Routes s to t's graph pool; false (error set) if it cannot. */
+static bool mp__tpool_route(mp__tpool_t *t, mp_stream_t s) {
   uint64_t owner = 0;
-  if (t->nstreams < MP__TORCH_STREAMS &&
-      mp__graph_begin_owned(t->parent, t->graph, s, &owner) == MP_OK) {
-    t->owners[t->nstreams] = owner;
-    t->streams[t->nstreams++] = s;
+  if (t->nstreams == MP__TORCH_STREAMS) {
+    mp__fail(MP_ENOMEM,
+             "torch: more than %d streams allocate to one private "
+             "pool",
+             MP__TORCH_STREAMS);
+    return false;
   }
+  if (mp__graph_begin_owned(t->parent, t->graph, s, &owner) != MP_OK)
+    return false;
+  t->owners[t->nstreams] = owner;
+  t->streams[t->nstreams++] = s;
+  return true;
 }
 
 /* Ends every route of t, whichever thread routed it (from here the
@@ -150,16 +161,20 @@ static void mp__tpool_auto_check(mp__tpool_t *t) {
 }
 
 /* Before pool serves or frees on stream: the stream allocates to the
- * capture it belongs to, if any (see the top). */
-static void mp__torch_capture_route(mp_pool_t *pool, int device,
+ * capture it belongs to, if any (see the top). False (error set) when it
+ * belongs to one but cannot be routed to its pool: served from the pool
+ * itself, the capture's memory would go to others once freed while
+ * replays still use it. */
+static bool mp__torch_capture_route(mp_pool_t *pool, int device,
                                     mp_stream_t stream) {
   bool hooked = atomic_load_explicit(&mp__t.hooked, memory_order_relaxed);
   if (hooked && atomic_load_explicit(&mp__t.open, memory_order_acquire) == 0)
-    return;
+    return true;
   int capturing =
       hooked ? 0 : mp__device_stream_capturing(mp_pool_device(pool), stream);
   if (capturing == 0 && atomic_load(&mp__t.open) == 0)
-    return;
+    return true;
+  bool ok = true;
   pthread_mutex_lock(&mp__t.lock);
   mp__tpool_t *mine = NULL;
   for (size_t i = 0; i < MP__TORCH_POOLS; i++) {
@@ -171,16 +186,24 @@ static void mp__torch_capture_route(mp_pool_t *pool, int device,
       if (t->open && mp__tpool_routes(t, stream))
         mine = t;
     } else if (!mp__tpool_routes(t, stream) && t->filter(stream, t->ctx)) {
-      mp__tpool_route(t, stream);
+      ok = mp__tpool_route(t, stream) && ok;
     }
   }
-  if (capturing == 1 && mine == NULL &&
-      (mine = mp__tpool_new(pool, device)) != NULL) {
-    mine->automatic = mine->open = true;
-    atomic_fetch_add(&mp__t.open, 1);
-    mp__tpool_route(mine, stream);
+  if (capturing == 1 && mine == NULL) {
+    mine = mp__tpool_new(pool, device);
+    ok = mine != NULL;
+    if (mine != NULL) {
+      mine->automatic = mine->open = true;
+      atomic_fetch_add(&mp__t.open, 1);
+      ok = mp__tpool_route(mine, stream);
+    }
   }
+  /* A refused route of a stream that allocates to a graph pool already
+   * (two filters taking it) is no loss. */
+  if (!ok && mp_pool_graph_of(pool, stream) != NULL)
+    ok = true;
   pthread_mutex_unlock(&mp__t.lock);
+  return ok;
 }
 
 void *mp_torch_malloc(ssize_t size, int device, mp_stream_t stream) {
@@ -191,7 +214,8 @@ void *mp_torch_malloc(ssize_t size, int device, mp_stream_t stream) {
   mp_pool_t *pool = mp__default_pool_for(device);
   if (pool == NULL)
     return NULL; /* mp_last_error() says why */
-  mp__torch_capture_route(pool, device, stream);
+  if (!mp__torch_capture_route(pool, device, stream))
+    return NULL; /* mp_last_error() says why */
   void *ptr = NULL;
   if (mp_pool_alloc(pool, (size_t)size, stream, &ptr) != MP_OK)
     return NULL;
@@ -205,7 +229,7 @@ void mp_torch_free(void *ptr, ssize_t size, int device, mp_stream_t stream) {
   mp_pool_t *pool = mp__default_owner(ptr);
   if (pool == NULL)
     return;
-  mp__torch_capture_route(pool, device, stream);
+  (void)mp__torch_capture_route(pool, device, stream);
   /* Freed in order on the free's stream (it matters when PyTorch frees on
    * another stream than the block's), in one step: a refused pointer leaves
    * nothing behind. */
