@@ -127,6 +127,23 @@ static void *alloc_on_own_per_thread_stream(void *p) {
   return NULL;
 }
 
+/* On the calling thread's per-thread stream: a warm-up block allocated and
+ * freed, the stream synchronized, a thread-local capture begun and one
+ * 1 MiB block allocated in it (returned). */
+static void *warm_then_capture_one(void) {
+  mp_stream_t pt = (mp_stream_t)CU_STREAM_PER_THREAD;
+  void *warm = mp_torch_malloc(MiB, 0, pt);
+  cr_assert_not_null(warm, "%s", mp_last_error());
+  mp_torch_free(warm, MiB, 0, pt);
+  cr_assert_eq(cuStreamSynchronize(CU_STREAM_PER_THREAD), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamBeginCapture(CU_STREAM_PER_THREAD,
+                                    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+               CUDA_SUCCESS);
+  void *a = mp_torch_malloc(MiB, 0, pt);
+  cr_assert_not_null(a, "%s", mp_last_error());
+  return a;
+}
+
 /* The automatic capture asked whether its stream was still captured from
  * whichever thread called: for the per-thread handle another thread asked
  * about its own stream, found it not captured, and ended the capture's
@@ -139,15 +156,7 @@ Test(cuda_torch_capture,
   CUcontext ctx = on_device(0);
   mp_stream_t pt = (mp_stream_t)CU_STREAM_PER_THREAD;
   mp_pool_t *pool = mp_default_pool();
-  void *warm = mp_torch_malloc(MiB, 0, pt);
-  cr_assert_not_null(warm, "%s", mp_last_error());
-  mp_torch_free(warm, MiB, 0, pt);
-  cr_assert_eq(cuStreamSynchronize(CU_STREAM_PER_THREAD), CUDA_SUCCESS);
-  cr_assert_eq(cuStreamBeginCapture(CU_STREAM_PER_THREAD,
-                                    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-               CUDA_SUCCESS);
-  void *a = mp_torch_malloc(MiB, 0, pt);
-  cr_assert_not_null(a, "%s", mp_last_error());
+  void *a = warm_then_capture_one();
   mp_pool_t *g = mp_pool_graph_of(pool, pt);
   cr_assert_not_null(g, "the capture is not routed to a graph pool");
   pthread_t t;
@@ -237,15 +246,7 @@ Test(cuda_torch_capture, end_allocate_to_pool_ends_another_threads_route) {
 static void *capture_and_exit(void *p) {
   cr_assert_eq(cuCtxSetCurrent((CUcontext)p), CUDA_SUCCESS);
   mp_stream_t pt = (mp_stream_t)CU_STREAM_PER_THREAD;
-  void *warm = mp_torch_malloc(MiB, 0, pt);
-  cr_assert_not_null(warm, "%s", mp_last_error());
-  mp_torch_free(warm, MiB, 0, pt);
-  cr_assert_eq(cuStreamSynchronize(CU_STREAM_PER_THREAD), CUDA_SUCCESS);
-  cr_assert_eq(cuStreamBeginCapture(CU_STREAM_PER_THREAD,
-                                    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-               CUDA_SUCCESS);
-  void *a = mp_torch_malloc(MiB, 0, pt);
-  cr_assert_not_null(a, "%s", mp_last_error());
+  void *a = warm_then_capture_one();
   mp_torch_free(a, MiB, 0, pt);
   CUgraph g = NULL;
   cr_assert_eq(cuStreamEndCapture(CU_STREAM_PER_THREAD, &g), CUDA_SUCCESS);
