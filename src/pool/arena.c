@@ -44,7 +44,7 @@
  * bytes. Invariant, under the pool's lock: the arenas' caps add up to at
  * most the pool's cap, and each arena's cap is at least what it reserved
  * when it was last set (growth never lifts reserved above an arena's cap,
- * and shares are changed only with no growth in flight). So no atomic is
+ * and shares are lowered only with no growth in flight). So no atomic is
  * shared on the hot path: an arena grows within its share, and asks for
  * more only when it runs out. Uncapped pools give each arena the device's
  * size and let the device say no. */
@@ -137,8 +137,9 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
 
 /* Under the pool's lock: takes back every other arena's unused share of
  * the cap, and gives arena a what is left (all of it, or half). An arena's
- * share changes only with no growth or release in flight: another arena
- * with one keeps its share (counted whole), not waited for. A release
+ * share is lowered only with no growth or release in flight: an arena
+ * with one (another, or a itself) keeps its share (another's counted
+ * whole), not waited for. A release
  * synchronizes the device (a plain segment's free, as cuMemFree), which
  * waits for host functions, and one of them may be waiting for this lock,
  * or be this share (a new arena's first allocation). */
@@ -156,11 +157,16 @@ static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
     held += b->cap;
     mp__pool_unlock(b);
   }
+  /* Nor is a's own growth or release waited for (another thread sharing
+   * the arena may hold one, whose device call waits for a host function
+   * that waits for this lock): with one in flight a's share only grows,
+   * which that growth's check against the old share still respects. Its
+   * old share fits in room (the shares added up to at most the cap). */
   mp__pool_lock(a);
-  mp__pool_wait_idle(a);
   size_t room = pool->cap > held ? pool->cap - held : 0;
   size_t r = a->st.reserved_bytes;
-  a->cap = all || room <= r ? room : r + (room - r) / 2;
+  size_t cap = all || room <= r ? room : r + (room - r) / 2;
+  a->cap = a->inflight && a->cap > cap ? a->cap : cap;
   mp__pool_unlock(a);
   atomic_fetch_add_explicit(&pool->share_seq, 1, memory_order_acq_rel);
 }

@@ -1177,3 +1177,74 @@ Test(pool_arenas, reclaim_retries_when_a_trimmed_arena_caches_again_meanwhile,
   cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
   gate_destroy(&g);
 }
+
+/* ---- a share asked for by an arena whose own release is in flight ------- */
+/* Two threads share an arena (as a thread numbered N later would): one's
+ * free releases a segment, which waits for s (the host device synchronizes
+ * before memory goes); the other asks for more than the arena's share, so
+ * it takes the pool's lock to be given one. The host function on s then
+ * makes an arena, which takes the pool's lock: the share must not wait for
+ * its own arena's release while it holds that lock. */
+static _Atomic uint64_t share_asked; /* share_seq before the ask, plus 1 */
+
+static void *share_beside_own_release_job(void *arg) {
+  mp_pool_t *pool = arg;
+  /* Until the other thread's release is in flight (at most 5 s). */
+  size_t i = pool->cfg.arenas;
+  for (int k = 0; k < 5000 && i == pool->cfg.arenas; k++) {
+    for (size_t j = 0; atomic_load(&release_begun) && j < pool->cfg.arenas;
+         j++) {
+      mp_pool_t *a = mp__arena_at(pool, j);
+      if (a == NULL)
+        continue;
+      mp__pool_lock(a);
+      bool r = a->inflight;
+      mp__pool_unlock(a);
+      if (r)
+        i = j;
+    }
+    if (i == pool->cfg.arenas)
+      usleep(1000);
+  }
+  if (i == pool->cfg.arenas)
+    return NULL;
+  mp_pool_t *a = mp__arena_at(pool, i);
+  mp__arena_thread = (unsigned)i + 1;
+  mp__pool_lock(a);
+  size_t ask = a->cap + 4 * MiB;
+  mp__pool_unlock(a);
+  void *p;
+  if (ask >= 60 * MiB)
+    return NULL;
+  atomic_store(&share_asked, atomic_load(&pool->share_seq) + 1);
+  if (mp_pool_alloc(pool, ask, NULL, &p) == MP_OK)
+    (void)mp_pool_free(pool, p);
+  return NULL;
+}
+
+static void *release_and_share_job(void *arg) {
+  pthread_t r, y;
+  atomic_store(&release_begun, false);
+  atomic_store(&share_asked, 0);
+  if (pthread_create(&r, NULL, release_job, arg) != 0)
+    return NULL;
+  if (pthread_create(&y, NULL, share_beside_own_release_job, arg) == 0)
+    pthread_join(y, NULL);
+  pthread_join(r, NULL);
+  return NULL;
+}
+
+/* An arena releasing once the other thread's share has begun. */
+static bool releasing_while_sharing(mp_pool_t *pool, size_t waited) {
+  uint64_t asked = atomic_load(&share_asked);
+  return asked != 0 && atomic_load(&pool->share_seq) >= asked &&
+         other_arena_releasing(pool, waited);
+}
+
+Test(pool_arenas,
+     host_function_making_an_arena_beside_a_share_for_a_releasing_arena,
+     .timeout = 60) {
+  host_fn_calls_pool_beside(
+      "arenas=3,max_bytes=64M,release_threshold=3,virtual=0",
+      release_and_share_job, 8 * MiB, releasing_while_sharing);
+}
