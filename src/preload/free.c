@@ -20,7 +20,11 @@ mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
   if (sync) /* cuMemFree / cudaFree: after the work of every stream */
     st = pl->host ? mp_pool_free(b->pool, ptr)
                   : mp_pool_free_after_all(b->pool, ptr);
-  else if ((uintptr_t)s != b->stream)
+  else if ((uintptr_t)s != b->stream ||
+           mp__pl_stream(pl, s, ptsz) == (mp_stream_t)MP__CU_STREAM_PER_THREAD)
+    /* Another stream; or a per-thread one, whose handle names another
+     * stream in each thread (and NULL in a _ptsz call is one too): the
+     * caller's, not necessarily the one the block was allocated on. */
     st = mp_pool_free_async(b->pool, ptr, mp__pl_stream(pl, s, ptsz));
   else
     st = mp_pool_free(b->pool, ptr);

@@ -18,6 +18,11 @@
  * A's kernel reads a block A freed with cuMemFreeAsync on its per-thread
  * stream while thread B allocates with cuMemAllocAsync on its own
  * per-thread stream (another stream) and overwrites what it gets.
+ * With "per_thread_free", a block thread A allocated on its per-thread
+ * stream is read and freed (cuMemFreeAsync) on thread B's per-thread
+ * stream, whose kernel runs late; A then allocates on its own per-thread
+ * stream and overwrites what it gets. The handle is the same in both
+ * threads (CU_STREAM_PER_THREAD), the stream is not.
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -113,6 +118,84 @@ static int per_thread(void) {
   return 0;
 }
 
+static CUdeviceptr shared_p;
+static unsigned char *shared_seen;
+static pthread_mutex_t step_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t step_cv = PTHREAD_COND_INITIALIZER;
+static int step;
+
+static void step_to(int n) {
+  pthread_mutex_lock(&step_mu);
+  step = n;
+  pthread_cond_broadcast(&step_cv);
+  pthread_mutex_unlock(&step_mu);
+}
+
+static void step_wait(int n) {
+  pthread_mutex_lock(&step_mu);
+  while (step < n)
+    pthread_cond_wait(&step_cv, &step_mu);
+  pthread_mutex_unlock(&step_mu);
+}
+
+/* Thread B: its kernel reads A's block late, then frees it on B's own
+ * per-thread stream; B's stream is waited for only once A is done. */
+static void *read_and_free_on_own_per_thread_stream(void *unused) {
+  (void)unused;
+  CUstream pt = CU_STREAM_PER_THREAD;
+  void *failed = NULL;
+  if (cuCtxSetCurrent(ctx) != CUDA_SUCCESS ||
+      cuLaunchHostFunc(pt, slow_start, NULL) != CUDA_SUCCESS ||
+      cuMemcpyAsync((CUdeviceptr)(uintptr_t)shared_seen, shared_p, 1, pt) !=
+          CUDA_SUCCESS ||
+      cuMemFreeAsync(shared_p, pt) != CUDA_SUCCESS)
+    failed = (void *)1;
+  step_to(1);
+  step_wait(2);
+  if (cuStreamSynchronize(pt) != CUDA_SUCCESS)
+    failed = (void *)1;
+  return failed;
+}
+
+static int per_thread_free(void) {
+  CUstream pt = CU_STREAM_PER_THREAD;
+  CUdeviceptr q;
+  MP_TRY(cuMemAllocHost((void **)&shared_seen, 1));
+  MP_TRY(cuMemAllocAsync(&shared_p, MP_BYTES, pt));
+  MP_TRY(cuMemsetD8Async(shared_p, 1, MP_BYTES, pt));
+  MP_TRY(cuStreamSynchronize(pt));
+  pthread_t t;
+  void *failed = NULL;
+  if (pthread_create(&t, NULL, read_and_free_on_own_per_thread_stream, NULL) !=
+      0) {
+    puts("no thread B");
+    return 1;
+  }
+  step_wait(1);
+  CUresult a = cuMemAllocAsync(&q, MP_BYTES, pt);
+  if (a == CUDA_SUCCESS)
+    a = cuMemsetD8Async(q, 2, MP_BYTES, pt);
+  if (a == CUDA_SUCCESS)
+    a = cuStreamSynchronize(pt);
+  step_to(2);
+  if (pthread_join(t, &failed) != 0 || failed != NULL || a != CUDA_SUCCESS) {
+    printf("a call failed (thread A: error %d)\n", (int)a);
+    return 1;
+  }
+  if (*shared_seen != 1) {
+    printf("the kernel on thread B's per-thread stream read %d, not 1: "
+           "thread A got the block B freed on B's stream (new block %s the "
+           "old) and overwrote it under it\n",
+           *shared_seen, q == shared_p ? "is" : "is not");
+    return 1;
+  }
+  MP_TRY(cuMemFreeAsync(q, pt));
+  MP_TRY(cuCtxSynchronize());
+  MP_TRY(cuMemFreeHost(shared_seen));
+  puts("ok");
+  return 0;
+}
+
 int main(int argc, char **argv) {
   CUstream n1, n2;
   CUdeviceptr p, q;
@@ -124,6 +207,8 @@ int main(int argc, char **argv) {
     return many_streams();
   if (argc > 1 && strcmp(argv[1], "per_thread") == 0)
     return per_thread();
+  if (argc > 1 && strcmp(argv[1], "per_thread_free") == 0)
+    return per_thread_free();
   MP_TRY(cuStreamCreate(&n1, CU_STREAM_NON_BLOCKING));
   MP_TRY(cuStreamCreate(&n2, CU_STREAM_NON_BLOCKING));
   MP_TRY(cuMemAllocHost((void **)&seen, 1));

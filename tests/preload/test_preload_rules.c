@@ -53,3 +53,23 @@ Test(preload_rules, without_the_shim_per_thread_streams_are_apart) {
 Test(preload_rules, under_the_shim_per_thread_streams_are_apart) {
   per_thread_rules("LD_PRELOAD=" MP_SHIM);
 }
+
+/* A block freed with cuMemFreeAsync on another thread's per-thread stream
+ * than the one it was allocated on (the same handle, another stream) is
+ * freed on the freeing thread's stream: the allocating thread's stream
+ * may not reuse it before the freeing stream's kernel is done. */
+static void per_thread_free_rules(const char *preload) {
+  const char *argv[] = {MP_RULES_PROG, "per_thread_free", NULL};
+  const char *env[] = {preload, "MEMPOOL_DEVICE=cuda", NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_str_eq(r.out, "ok\n");
+}
+
+Test(preload_rules, without_the_shim_a_free_on_another_threads_stream) {
+  per_thread_free_rules("LD_PRELOAD=");
+}
+
+Test(preload_rules, under_the_shim_a_free_on_another_threads_stream) {
+  per_thread_free_rules("LD_PRELOAD=" MP_SHIM);
+}
