@@ -236,8 +236,11 @@ mp_status_t mp__arena_check(mp_pool_t *pool) {
     mp_pool_t *a = mp__arena_at(pool, i);
     if (a == NULL)
       continue;
+    /* Not waiting for a growth or release in flight (whose device call may
+     * wait for a host function that waits for the pool's lock): neither
+     * lifts reserved above the arena's share, nor is a share lowered
+     * meanwhile, so both bounds hold at any moment under the lock. */
     mp__pool_lock(a);
-    mp__pool_wait_idle(a);
     if (pool->cap_is_max && a->st.reserved_bytes > a->cap)
       st = mp__fail(MP_ECORRUPT,
                     "pool check: arena %zu reserved %zu bytes, above its "

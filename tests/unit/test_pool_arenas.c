@@ -1248,3 +1248,63 @@ Test(pool_arenas,
       "arenas=3,max_bytes=64M,release_threshold=3,virtual=0",
       release_and_share_job, 8 * MiB, releasing_while_sharing);
 }
+
+/* ---- a pool check beside an arena's release ------------------------------ */
+/* mp_pool_check on a pool with arenas while one arena's release waits for
+ * s (as above); the host function on s makes an arena, which takes the
+ * pool's lock: the check must not wait for that release while it holds
+ * the pool's lock. The host function goes on once the check waits for the
+ * releasing arena. */
+static atomic_bool check_asked;
+static mp_status_t check_st;
+
+static void *check_beside_release_job(void *arg) {
+  mp_pool_t *pool = arg;
+  pthread_t r;
+  atomic_store(&release_begun, false);
+  atomic_store(&check_asked, false);
+  if (pthread_create(&r, NULL, release_job, arg) != 0)
+    return NULL;
+  /* Until the release is in flight (at most 5 s). */
+  bool inflight = false;
+  for (int k = 0; k < 5000 && !inflight; k++) {
+    for (size_t j = 0; atomic_load(&release_begun) && j < pool->cfg.arenas;
+         j++) {
+      mp_pool_t *a = mp__arena_at(pool, j);
+      if (a == NULL)
+        continue;
+      mp__pool_lock(a);
+      inflight = inflight || a->inflight;
+      mp__pool_unlock(a);
+    }
+    if (!inflight)
+      usleep(1000);
+  }
+  atomic_store(&check_asked, true);
+  check_st = mp_pool_check(pool);
+  pthread_join(r, NULL);
+  return NULL;
+}
+
+/* The check waits for an arena whose release is in flight. */
+static bool check_waits_for_release(mp_pool_t *pool, size_t waited) {
+  bool w = false;
+  for (size_t i = 0; atomic_load(&check_asked) && i < pool->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    if (i == waited || a == NULL)
+      continue;
+    mp__pool_lock(a);
+    w = w || (a->inflight && a->idle_waiters > 0);
+    mp__pool_unlock(a);
+  }
+  return w;
+}
+
+Test(pool_arenas, host_function_making_an_arena_beside_a_check_of_the_pool,
+     .timeout = 60) {
+  check_st = MP_OK;
+  host_fn_calls_pool_beside(
+      "arenas=3,max_bytes=64M,release_threshold=3,virtual=0",
+      check_beside_release_job, 8 * MiB, check_waits_for_release);
+  cr_expect_eq(check_st, MP_OK, "%s", mp_last_error());
+}
