@@ -121,6 +121,11 @@ mp_status_t mp__kv_each(const char *what, const char *str, mp__kv_fn fn,
 /* Formats bytes as "1.50 GiB" into buf (at least 16 bytes); returns buf. */
 const char *mp__fmt_bytes(char *buf, size_t cap, size_t bytes);
 
+/* ---- pool/pool.c -------------------------------------------------------- */
+
+/* Whether ptr lies in one of pool's segments (takes the lock). */
+bool mp__pool_contains(mp_pool_t *pool, const void *ptr);
+
 /* ---- pool/snapshot.c --------------------------------------------------- */
 
 /* mp_pool_snapshot of several pools in one pickle, pool k written as CUDA

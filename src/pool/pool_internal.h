@@ -688,8 +688,6 @@ bool mp__pool_block_of(mp_pool_t *pool, const void *ptr, void **base,
  * caller in messages. */
 mp_status_t mp__pool_free_on(mp_pool_t *pool, void *ptr, mp_stream_t s,
                              const char *fn);
-/* Whether ptr lies in one of pool's segments (takes the lock). */
-bool mp__pool_contains(mp_pool_t *pool, const void *ptr);
 
 /* ---- index.c: size classes, bitmaps, class treaps ----------------------- */
 void mp__class_of(const mp_pool_t *pool, size_t size, unsigned *fl,

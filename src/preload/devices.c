@@ -124,6 +124,17 @@ void mp__pl_pools(const mp__pl_t *pl, mp__pl_pools_t *out) {
   mp__pl_each_pool(pl, mp__collect, out);
 }
 
+bool mp__pl_pools_hold(const mp__pl_t *pl, uintptr_t addr) {
+  mp__pl_pools_t ps;
+  if (pl->mode != MP__PL_POOL || addr == 0)
+    return false;
+  mp__pl_pools(pl, &ps);
+  for (int k = 0; k < ps.n; k++)
+    if (mp__pool_contains(ps.pool[k], (const void *)addr))
+      return true;
+  return false;
+}
+
 int mp__pl_snapshot(const mp__pl_t *pl, const char *path) {
   if (path == NULL || pl == NULL || pl->mode != MP__PL_POOL)
     return MP_EINVAL;

@@ -9,7 +9,9 @@
  * device, cuMemAlloc during a capture, whose rules the driver applies) it
  * goes to the real driver and is only recorded.
  * A free goes wherever its pointer came from, found in the shim's table;
- * pointers the shim never saw go to the real driver untouched. A call made
+ * pointers the shim never saw go to the real driver untouched, but one in
+ * a pool's memory (a second free, an interior pointer) is refused as the
+ * driver refuses it, never passed on to free the pool's segment. A call made
  * from inside another hook (the runtime's cudaMalloc calling cuMemAlloc_v2
  * on its way to the driver) is the real driver's and is not recorded twice.
  * Error codes follow the driver's: 0 bytes and NULL outputs are
@@ -124,7 +126,11 @@ static mp__curesult mp__free(mp__variant_t v, mp__cuptr p, mp__custream s) {
   mp__pl_block_t b;
   mp__curesult r;
   if (!mp__pl_table_take((uintptr_t)p, &b)) {
-    r = mp__real_free(v, p, s); /* not the shim's: the driver's business */
+    /* Not the shim's: the driver's business, unless it lies in a pool's
+     * memory (a second free, an interior pointer), which the driver gave
+     * the pool: there the driver's answer, without freeing it. */
+    r = mp__pl_pools_hold(pl, (uintptr_t)p) ? MP__CU_INVALID_VALUE
+                                            : mp__real_free(v, p, s);
   } else if (b.kind == MP__PL_FROM_POOL) {
     r = mp__pl_cu_error(
         mp__pl_pool_free(pl, &b, v == MP__SYNC, s, v == MP__ASYNC_PTSZ));

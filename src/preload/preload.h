@@ -155,6 +155,10 @@ void mp__pl_each_pool(const mp__pl_t *pl, void (*fn)(mp_pool_t *, int, void *),
                       void *ctx);
 /* Every pool of pl and its ordinal, collected by mp__pl_each_pool. */
 void mp__pl_pools(const mp__pl_t *pl, mp__pl_pools_t *out);
+/* Whether addr lies in the memory of one of pl's pools: a pointer the
+ * shim's table does not know there (a second free, an interior pointer)
+ * is not the driver's to free. */
+bool mp__pl_pools_hold(const mp__pl_t *pl, uintptr_t addr);
 /* The pool of the device current(&ordinal) names (cuCtxGetDevice,
  * cudaGetDevice; both answer 0 on success), or NULL: no current device (the
  * real entry point answers), or no pool for it. current NULL or host mode:

@@ -157,11 +157,15 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
     r = MP__CUDA_SUCCESS;
   } else if (!mp__pl_table_take((uintptr_t)p, &b)) {
     /* On the host device there is no runtime memory to free: a pointer
-     * the shim does not know (double free, interior pointer) is invalid. */
+     * the shim does not know (double free, interior pointer) is invalid;
+     * elsewhere too when it lies in a pool's memory (the driver's answer,
+     * without freeing what the driver gave the pool). */
     if (pl->host && p != NULL)
       mp__pl_count_bypass("foreign_free");
-    r = pl->mode == MP__PL_POOL && pl->host ? MP__CUDA_INVALID_VALUE
-                                            : mp__rt_real_free(v, p, s);
+    r = pl->mode == MP__PL_POOL &&
+                (pl->host || mp__pl_pools_hold(pl, (uintptr_t)p))
+            ? MP__CUDA_INVALID_VALUE
+            : mp__rt_real_free(v, p, s);
   } else if (b.kind == MP__PL_FROM_POOL) {
     r = mp__pl_cuda_error(
         mp__pl_pool_free(pl, &b, v == MP__RT_SYNC, s, v == MP__RT_ASYNC_PTSZ));

@@ -23,6 +23,8 @@
  * stream, whose kernel runs late; A then allocates on its own per-thread
  * stream and overwrites what it gets. The handle is the same in both
  * threads (CU_STREAM_PER_THREAD), the stream is not.
+ * With "double_free", a second cuMemFree of a block is refused as the
+ * driver refuses it, and what the program allocates next still works.
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -196,6 +198,23 @@ static int per_thread_free(void) {
   return 0;
 }
 
+static int double_free(void) {
+  CUdeviceptr p, q;
+  MP_TRY(cuMemAlloc(&p, MP_BYTES));
+  MP_TRY(cuMemFree(p));
+  CUresult again = cuMemFree(p);
+  if (again == CUDA_SUCCESS) {
+    puts("a second cuMemFree of the same block succeeded");
+    return 1;
+  }
+  MP_TRY(cuMemAlloc(&q, MP_BYTES));
+  MP_TRY(cuMemsetD8(q, 3, MP_BYTES));
+  MP_TRY(cuMemFree(q));
+  MP_TRY(cuCtxSynchronize());
+  puts("ok");
+  return 0;
+}
+
 int main(int argc, char **argv) {
   CUstream n1, n2;
   CUdeviceptr p, q;
@@ -209,6 +228,8 @@ int main(int argc, char **argv) {
     return per_thread();
   if (argc > 1 && strcmp(argv[1], "per_thread_free") == 0)
     return per_thread_free();
+  if (argc > 1 && strcmp(argv[1], "double_free") == 0)
+    return double_free();
   MP_TRY(cuStreamCreate(&n1, CU_STREAM_NON_BLOCKING));
   MP_TRY(cuStreamCreate(&n2, CU_STREAM_NON_BLOCKING));
   MP_TRY(cuMemAllocHost((void **)&seen, 1));

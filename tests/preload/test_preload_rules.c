@@ -73,3 +73,24 @@ Test(preload_rules, without_the_shim_a_free_on_another_threads_stream) {
 Test(preload_rules, under_the_shim_a_free_on_another_threads_stream) {
   per_thread_free_rules("LD_PRELOAD=" MP_SHIM);
 }
+
+/* A second cuMemFree of a block is the driver's error under the shim too,
+ * with the pool's memory in plain segments (a block at a segment's start
+ * has the address the driver gave the pool): the free must not reach the
+ * driver and free the pool's segment under it. */
+static void double_free_rules(const char *preload, const char *conf) {
+  const char *argv[] = {MP_RULES_PROG, "double_free", NULL};
+  const char *env[] = {preload, "MEMPOOL_DEVICE=cuda", conf, NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_str_eq(r.out, "ok\n");
+}
+
+Test(preload_rules, without_the_shim_a_second_free_is_refused) {
+  double_free_rules("LD_PRELOAD=", "MEMPOOL_CONF=");
+}
+
+Test(preload_rules, under_the_shim_a_second_free_is_refused) {
+  double_free_rules("LD_PRELOAD=" MP_SHIM, "MEMPOOL_CONF=virtual=0");
+  double_free_rules("LD_PRELOAD=" MP_SHIM, "MEMPOOL_CONF=virtual=1");
+}
