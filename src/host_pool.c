@@ -93,6 +93,10 @@ mp_status_t mp_host_pool_free(mp_host_pool_t *hp, void *ptr) {
   return mp__hp_said(mp_pool_free(hp->pool, ptr), "mp_pool_free", __func__);
 }
 
+bool mp__host_pool_contains(mp_host_pool_t *hp, const void *ptr) {
+  return hp != NULL && ptr != NULL && mp__pool_contains(hp->pool, ptr);
+}
+
 mp_status_t mp_host_pool_record_stream(mp_host_pool_t *hp, void *ptr,
                                        mp_stream_t s) {
   MP__CHECK_HP(hp);

@@ -126,6 +126,11 @@ const char *mp__fmt_bytes(char *buf, size_t cap, size_t bytes);
 /* Whether ptr lies in one of pool's segments (takes the lock). */
 bool mp__pool_contains(mp_pool_t *pool, const void *ptr);
 
+/* ---- host_pool.c -------------------------------------------------------- */
+
+/* Whether ptr lies in the memory of host pool hp (its pool's chunks). */
+bool mp__host_pool_contains(mp_host_pool_t *hp, const void *ptr);
+
 /* ---- pool/snapshot.c --------------------------------------------------- */
 
 /* mp_pool_snapshot of several pools in one pickle, pool k written as CUDA

@@ -70,6 +70,14 @@ static mp_host_pool_t *mp__hpl_get(const mp__pl_t *pl) {
   return hp;
 }
 
+/* Whether ptr lies in the host pool's memory (none made: false). */
+static bool mp__hpl_holds(const void *ptr) {
+  pthread_mutex_lock(&mp__hpl.lock);
+  mp_host_pool_t *hp = mp__hpl.hp;
+  pthread_mutex_unlock(&mp__hpl.lock);
+  return mp__host_pool_contains(hp, ptr);
+}
+
 void mp__pl_host_report(FILE *f) {
   pthread_mutex_lock(&mp__hpl.lock);
   mp_host_pool_t *hp = mp__hpl.hp;
@@ -195,6 +203,11 @@ static unsigned int mp__h_free(bool runtime, void *ptr) {
     }
   } else if (ptr == NULL && outer && mp__pl_get()->host) {
     r = 0;
+  } else if (outer && ptr != NULL && mp__hpl_holds(ptr)) {
+    /* In the host pool's memory but not handed out (a second free, an
+     * interior pointer): the driver's answer, without freeing the chunk
+     * the driver gave the pool. */
+    r = mp__h_error(runtime, MP_EINVAL);
   } else {
     r = mp__h_real_free(runtime, ptr);
   }

@@ -42,6 +42,23 @@ int main(int argc, char **argv) {
   expect(cuDeviceGet(&dev, 0) == CUDA_SUCCESS, "cuDeviceGet");
   expect(cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS, "ctx");
   expect(cuCtxSetCurrent(ctx) == CUDA_SUCCESS, "set ctx");
+  if (argc > 2 && strcmp(argv[2], "double_free") == 0) {
+    /* A second cuMemFreeHost is the driver's error, and what comes next
+     * still works. */
+    void *p = NULL, *q = NULL;
+    expect(cuMemAllocHost(&p, 4096) == CUDA_SUCCESS, "cuMemAllocHost");
+    expect(cuMemFreeHost(p) == CUDA_SUCCESS, "cuMemFreeHost");
+    expect(cuMemFreeHost(p) != CUDA_SUCCESS,
+           "a second cuMemFreeHost of the same block is refused");
+    expect(cuMemAllocHost(&q, 4096) == CUDA_SUCCESS, "cuMemAllocHost again");
+    if (q != NULL) {
+      memset(q, 0x3d, 4096);
+      expect(cuMemFreeHost(q) == CUDA_SUCCESS, "cuMemFreeHost again");
+    }
+    if (failures == 0)
+      printf("ok\n");
+    return failures == 0 ? 0 : 1;
+  }
   const char *pre = getenv("LD_PRELOAD");
   expect(in_shim(dlsym(RTLD_DEFAULT, "cuMemHostAlloc")) ==
              (pre != NULL && pre[0] != '\0'),

@@ -70,3 +70,22 @@ Test(preload_pinned_driver, host_pool_serves_pinned_memory_on_the_fake) {
   unlink(report);
   rmdir(dir);
 }
+
+/* A second cuMemFreeHost of a block the host pool served is refused as the
+ * driver refuses it: passed on, it would free the pool's chunk under it. */
+static void double_free(bool shim) {
+  const char *argv[] = {MP_PINNED_DRV_PROG, "1", "double_free", NULL};
+  const char *env[] = {shim ? "LD_PRELOAD=" MP_SHIM : "LD_PRELOAD=",
+                       "MEMPOOL_DEVICE=cuda", NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert(strstr(r.out, "ok\n") != NULL, "%s", r.out);
+}
+
+Test(preload_pinned_driver, without_the_shim_a_second_free_is_refused) {
+  double_free(false);
+}
+
+Test(preload_pinned_driver, under_the_shim_a_second_free_is_refused) {
+  double_free(true);
+}
