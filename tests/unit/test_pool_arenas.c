@@ -1085,19 +1085,24 @@ static void *release_job(void *arg) {
   return NULL;
 }
 
-/* Whether, once release_job frees, an arena other than waited has a
- * release in flight (its lock is down meanwhile). */
-static bool other_arena_releasing(mp_pool_t *pool, size_t waited) {
+/* Whether, once release_job frees, an arena other than skip (SIZE_MAX:
+ * none skipped) has a release in flight (its lock is down meanwhile), with
+ * a thread waiting for it too where waiters. */
+static bool arena_releasing(mp_pool_t *pool, size_t skip, bool waiters) {
   bool r = false;
   for (size_t i = 0; atomic_load(&release_begun) && i < pool->cfg.arenas; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);
-    if (i == waited || a == NULL)
+    if (i == skip || a == NULL)
       continue;
     mp__pool_lock(a);
-    r = r || a->inflight;
+    r = r || (a->inflight && (!waiters || a->idle_waiters > 0));
     mp__pool_unlock(a);
   }
   return r;
+}
+
+static bool other_arena_releasing(mp_pool_t *pool, size_t waited) {
+  return arena_releasing(pool, waited, false);
 }
 
 Test(pool_arenas,
@@ -1266,20 +1271,8 @@ static void *check_beside_release_job(void *arg) {
   if (pthread_create(&r, NULL, release_job, arg) != 0)
     return NULL;
   /* Until the release is in flight (at most 5 s). */
-  bool inflight = false;
-  for (int k = 0; k < 5000 && !inflight; k++) {
-    for (size_t j = 0; atomic_load(&release_begun) && j < pool->cfg.arenas;
-         j++) {
-      mp_pool_t *a = mp__arena_at(pool, j);
-      if (a == NULL)
-        continue;
-      mp__pool_lock(a);
-      inflight = inflight || a->inflight;
-      mp__pool_unlock(a);
-    }
-    if (!inflight)
-      usleep(1000);
-  }
+  for (int k = 0; k < 5000 && !arena_releasing(pool, SIZE_MAX, false); k++)
+    usleep(1000);
   atomic_store(&check_asked, true);
   check_st = mp_pool_check(pool);
   pthread_join(r, NULL);
@@ -1288,16 +1281,7 @@ static void *check_beside_release_job(void *arg) {
 
 /* The check waits for an arena whose release is in flight. */
 static bool check_waits_for_release(mp_pool_t *pool, size_t waited) {
-  bool w = false;
-  for (size_t i = 0; atomic_load(&check_asked) && i < pool->cfg.arenas; i++) {
-    mp_pool_t *a = mp__arena_at(pool, i);
-    if (i == waited || a == NULL)
-      continue;
-    mp__pool_lock(a);
-    w = w || (a->inflight && a->idle_waiters > 0);
-    mp__pool_unlock(a);
-  }
-  return w;
+  return atomic_load(&check_asked) && arena_releasing(pool, waited, true);
 }
 
 Test(pool_arenas, host_function_making_an_arena_beside_a_check_of_the_pool,
