@@ -356,11 +356,10 @@ mp_status_t mpb_offline_place(const mpb_workload_t *w, size_t align,
  * device but still count here). */
 typedef struct mpb_touched {
   size_t granule;
-  uint64_t *key;   /* granule number + 1; 0: an empty slot */
-  uint32_t *users; /* live blocks in that granule */
-  size_t cap, used;
-  size_t now, peak; /* granules touched now, and at most */
-  bool failed;      /* out of host memory: no figure */
+  struct mp__ptrmap *map; /* granule number + 1 -> live blocks in it (the
+                             first and last granules of blocks only) */
+  size_t now, peak;       /* granules touched now, and at most */
+  bool failed;            /* out of host memory: no figure */
 } mpb_touched_t;
 
 void mpb_touched_init(mpb_touched_t *t, size_t granule);

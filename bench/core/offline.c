@@ -413,6 +413,17 @@ static size_t mpb_key_index(const size_t *keys, size_t m, size_t g) {
   return (size_t)(k - keys);
 }
 
+/* The first (*g0) and last (*g1) granule of a block of size bytes at off,
+ * and the number of granules strictly between them: no other live block
+ * lies there (live blocks never overlap), so only the first and last are
+ * ever shared and counted one by one. */
+static size_t mpb_span(size_t off, size_t size, size_t granule, size_t *g0,
+                       size_t *g1) {
+  *g0 = off / granule;
+  *g1 = (off + size - 1) / granule;
+  return *g1 > *g0 ? *g1 - *g0 - 1 : 0;
+}
+
 /* The most bytes of whole granules that live items touch at once, given
  * each item's offset: what an allocator with this placement maps if it
  * maps a granule when an item first needs it and unmaps it as soon as no
@@ -458,11 +469,10 @@ static mp_status_t mpb_mapped_peak(const mpb_items_t *it, const size_t *offset,
   size_t touched = 0, peak = 0;
   for (size_t k = 0; k < 2 * n; k++) {
     const mpb_item_t *x = &it->v[ch[k].id];
-    size_t g0 = offset[x->id] / granule;
-    size_t g1 = (offset[x->id] + x->size - 1) / granule;
+    size_t g0, g1;
+    size_t inner = mpb_span(offset[x->id], x->size, granule, &g0, &g1);
     size_t e0 = dense ? g0 : mpb_key_index(keys, m, g0);
     size_t e1 = dense ? g1 : mpb_key_index(keys, m, g1);
-    size_t inner = g1 > g0 ? g1 - g0 - 1 : 0;
     if (ch[k].start) {
       touched += inner + (users[e0]++ == 0);
       if (e1 != e0)
@@ -574,68 +584,34 @@ out:
 
 /* ---- granules an allocator's live blocks touch -------------------------- */
 
-static size_t mpb_touched_slot(const mpb_touched_t *t, uint64_t key) {
-  return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 32) & (t->cap - 1);
-}
-
-/* The users count of granule g, its slot made where it has none; NULL
- * without host memory (the tracker then stops: failed). */
-static uint32_t *mpb_touched_users(mpb_touched_t *t, uint64_t g) {
-  if ((t->used + 1) * 2 > t->cap) {
-    size_t cap = t->cap ? t->cap * 2 : 1024;
-    uint64_t *key = calloc(cap, sizeof *key);
-    uint32_t *users = calloc(cap, sizeof *users);
-    if (key == NULL || users == NULL) {
-      free(key);
-      free(users);
-      return NULL;
-    }
-    mpb_touched_t n = {.key = key, .users = users, .cap = cap};
-    for (size_t i = 0; i < t->cap; i++)
-      if (t->key[i] != 0) {
-        size_t j = mpb_touched_slot(&n, t->key[i]);
-        while (key[j] != 0)
-          j = (j + 1) & (cap - 1);
-        key[j] = t->key[i];
-        users[j] = t->users[i];
-      }
-    free(t->key);
-    free(t->users);
-    t->key = key;
-    t->users = users;
-    t->cap = cap;
-  }
-  size_t j = mpb_touched_slot(t, g + 1);
-  while (t->key[j] != 0 && t->key[j] != g + 1)
-    j = (j + 1) & (t->cap - 1);
-  if (t->key[j] == 0) {
-    t->key[j] = g + 1;
-    t->used++;
-  }
-  return &t->users[j];
-}
+/* An entry of mpb_touched_t's map (mp__ptrmap: the key first). */
+typedef struct mpb_granule {
+  uintptr_t key; /* granule number + 1 (a key is never 0) */
+  uint32_t users;
+} mpb_granule_t;
 
 void mpb_touched_init(mpb_touched_t *t, size_t granule) {
   memset(t, 0, sizeof *t);
   t->granule = granule;
 }
 
-/* Counts one block's edge granule g in or out: false without host memory
- * (the tracker stops). */
-static bool mpb_touched_edge(mpb_touched_t *t, uint64_t g, bool alloc) {
-  uint32_t *u = mpb_touched_users(t, g);
-  if (u == NULL)
-    return false;
-  if (alloc)
-    t->now += (*u)++ == 0;
-  else if (*u > 0)
-    t->now -= --*u == 0;
+/* Counts a block's edge granule g in or out; false without host memory. */
+static bool mpb_touched_edge(mpb_touched_t *t, size_t g, bool alloc) {
+  if (alloc) {
+    mpb_granule_t *e = mp__ptrmap_put(t->map, (uintptr_t)g + 1);
+    if (e == NULL)
+      return false;
+    t->now += e->users++ == 0;
+  } else {
+    mpb_granule_t *e = mp__ptrmap_find(t->map, (uintptr_t)g + 1);
+    if (e != NULL && --e->users == 0) {
+      t->now--;
+      mp__ptrmap_remove(t->map, e);
+    }
+  }
   return true;
 }
 
-/* Live blocks never overlap, so a granule strictly inside one holds it
- * alone: only its first and last granule are counted one by one, the rest
- * as a run (a block of a PiB costs what one of a KiB does). */
 void mpb_touched_on_block(void *ctx, size_t event, const mpb_event_t *e,
                           void *ptr) {
   (void)event;
@@ -643,27 +619,24 @@ void mpb_touched_on_block(void *ctx, size_t event, const mpb_event_t *e,
   bool alloc = e->op == MPB_ALLOC;
   if (t->failed || ptr == NULL || e->size == 0 || (!alloc && e->op != MPB_FREE))
     return;
-  uint64_t g0 = (uint64_t)(uintptr_t)ptr / t->granule;
-  uint64_t g1 = ((uint64_t)(uintptr_t)ptr + e->size - 1) / t->granule;
-  if (!alloc) {
-    /* A free of a block never seen counts nothing. */
-    uint32_t *u = mpb_touched_users(t, g0);
-    if (u == NULL || *u == 0) {
-      t->failed |= u == NULL;
+  if (t->map == NULL) {
+    if ((t->map = malloc(sizeof *t->map)) == NULL) {
+      t->failed = true;
       return;
     }
+    mp__ptrmap_init(t->map, sizeof(mpb_granule_t));
   }
+  size_t g0, g1;
+  size_t inner = mpb_span((uintptr_t)ptr, e->size, t->granule, &g0, &g1);
+  /* A free of a block never seen counts nothing. */
+  if (!alloc && mp__ptrmap_find(t->map, (uintptr_t)g0 + 1) == NULL)
+    return;
   if (!mpb_touched_edge(t, g0, alloc) ||
       (g1 != g0 && !mpb_touched_edge(t, g1, alloc))) {
     t->failed = true;
     return;
   }
-  if (g1 > g0 + 1) {
-    if (alloc)
-      t->now += g1 - g0 - 1;
-    else
-      t->now -= g1 - g0 - 1;
-  }
+  t->now = alloc ? t->now + inner : t->now - inner;
   if (t->now > t->peak)
     t->peak = t->now;
 }
@@ -673,7 +646,8 @@ size_t mpb_touched_peak_bytes(const mpb_touched_t *t) {
 }
 
 void mpb_touched_free(mpb_touched_t *t) {
-  free(t->key);
-  free(t->users);
+  if (t->map != NULL)
+    mp__ptrmap_destroy(t->map);
+  free(t->map);
   memset(t, 0, sizeof *t);
 }

@@ -36,8 +36,7 @@ Test(live_granules, a_granule_counts_once_and_goes_with_its_last_block) {
 Test(live_granules, the_peak_is_the_most_at_once_not_every_granule_seen) {
   mpb_touched_t t;
   mpb_touched_init(&t, G);
-  /* 3000 blocks one after another, each alone in a granule of its own
-   * (the table grows past its first size on the way). */
+  /* 3000 blocks one after another, each alone in a granule of its own. */
   for (uintptr_t g = 1; g <= 3000; g++) {
     block(&t, MPB_ALLOC, g * G + 512, 1024);
     block(&t, MPB_ALLOC, (g + 1) * G + 512, 1024);
