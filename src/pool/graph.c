@@ -51,10 +51,9 @@ static void *mp__graph_room(void *arr, size_t n, size_t *cap, size_t elem,
 static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes,
                                     mp_stream_t s, void **out);
 
-/* The route of s (the calling thread's stream, for the per-thread handle),
- * or NULL. */
-static mp__route_t *mp__graph_route_of(const mp_pool_t *parent, mp_stream_t s) {
-  uint64_t owner = mp__stream_owner(parent, s);
+/* The route of s as owner's stream (mp__stream_owner), or NULL. */
+static mp__route_t *mp__graph_route_of(const mp_pool_t *parent, mp_stream_t s,
+                                       uint64_t owner) {
   for (size_t i = 0; i < parent->nroutes; i++)
     if (parent->routes[i].s == s && parent->routes[i].owner == owner)
       return &parent->routes[i];
@@ -62,7 +61,8 @@ static mp__route_t *mp__graph_route_of(const mp_pool_t *parent, mp_stream_t s) {
 }
 
 mp_pool_t *mp__graph_route(const mp_pool_t *parent, mp_stream_t s) {
-  const mp__route_t *r = mp__graph_route_of(parent, s);
+  const mp__route_t *r =
+      mp__graph_route_of(parent, s, mp__stream_owner(parent, s));
   return r != NULL ? r->graph : NULL;
 }
 
@@ -238,14 +238,11 @@ static mp_status_t mp__graph_end(mp_pool_t *parent, mp_stream_t s,
   mp_pool_t *graph = NULL;
   mp__pool_lock(parent);
   uint64_t own = owner != NULL ? *owner : mp__stream_owner(parent, s);
-  for (size_t i = 0; i < parent->nroutes; i++) {
-    mp__route_t *r = &parent->routes[i];
-    if (r->s == s && r->owner == own) {
-      graph = r->graph;
-      *r = parent->routes[--parent->nroutes];
-      mp__graph_unmark_owned(parent, s, own); /* marked: has a slot */
-      break;
-    }
+  mp__route_t *r = mp__graph_route_of(parent, s, own);
+  if (r != NULL) {
+    graph = r->graph;
+    *r = parent->routes[--parent->nroutes];
+    mp__graph_unmark_owned(parent, s, own); /* marked: has a slot */
   }
   mp__pool_unlock(parent);
   if (graph == NULL)
@@ -268,10 +265,8 @@ mp_status_t mp__graph_end_owned(mp_pool_t *parent, mp_stream_t s,
 }
 
 bool mp__graph_routed_owned(mp_pool_t *parent, mp_stream_t s, uint64_t owner) {
-  bool found = false;
   mp__pool_lock(parent);
-  for (size_t i = 0; i < parent->nroutes && !found; i++)
-    found = parent->routes[i].s == s && parent->routes[i].owner == owner;
+  bool found = mp__graph_route_of(parent, s, owner) != NULL;
   mp__pool_unlock(parent);
   return found;
 }
