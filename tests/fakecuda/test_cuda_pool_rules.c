@@ -18,6 +18,7 @@
 #include "../support/stream_gate.h"
 #include "../support/stream_markers.h"
 #include "../support/stream_merges.h"
+#include "../support/stream_reclaim.h"
 #include "../support/stream_reuse.h"
 #include "fakecuda_test.h"
 
@@ -638,6 +639,33 @@ Test(cuda_pool_rules,
 Test(cuda_pool_rules, neighbours_kept_apart_join_before_the_pool_grows,
      .init = load_driver) {
   merges_on_cuda(merges_join_before_growth);
+}
+
+/* support/stream_reclaim.h (the host device's in test_pool_vm_holes.c),
+ * run as the merges are: growth past the peak gives back the chunk an idle
+ * stream freed, asking the stream with cuStreamQuery, and keeps the one a
+ * stream held behind a host function freed, without waiting for it. On a
+ * GPU the twin shows the real driver's answers and its cuMemUnmap. */
+static void reclaim_idle(mp_pool_t *p, mp_device_t *dev, gate_t *gate,
+                         mp_stream_t s1, mp_stream_t s2) {
+  (void)gate;
+  reclaim_past_a_chunk_freed_on_another_stream(p, dev, s1, s2, NULL);
+}
+
+static void reclaim_busy(mp_pool_t *p, mp_device_t *dev, gate_t *gate,
+                         mp_stream_t s1, mp_stream_t s2) {
+  reclaim_past_a_chunk_freed_on_another_stream(p, dev, s1, s2, gate);
+}
+
+Test(cuda_pool_rules,
+     growth_past_the_peak_gives_back_a_chunk_an_idle_stream_freed,
+     .init = load_driver) {
+  merges_on_cuda(reclaim_idle);
+}
+
+Test(cuda_pool_rules, growth_past_the_peak_keeps_a_chunk_a_busy_stream_freed,
+     .init = load_driver) {
+  merges_on_cuda(reclaim_busy);
 }
 
 /* Calls of driver entry points a and b (may be NULL) since *seen was

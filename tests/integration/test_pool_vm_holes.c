@@ -12,7 +12,7 @@
 
 #include "../../bench/core/xorshift.h"
 #include "../support/pool_helpers.h"
-#include "../support/stream_gate.h"
+#include "../support/stream_reclaim.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -48,43 +48,16 @@ Test(pool_vm_holes, trim_returns_a_middle_chunk_and_growth_refills_it) {
   mp_device_close(dev);
 }
 
-/* Four 2 MiB blocks, each one chunk, in a pool used from streams s1 and
- * s2: v[1] on s2 (freed there, behind the gate if one is given), the
- * others on s1. Then a 4 MiB request on s1, which no free block holds:
- * growth past the peak. */
-static void grow_past_a_chunk_freed_on_another_stream(gate_t *held,
-                                                      mp_stats_t *after,
-                                                      bool *gate_was_open) {
+/* support/stream_reclaim.h, on the host device (its twin on the strict
+ * fake CUDA driver and a GPU: fakecuda/test_cuda_pool_rules.c). */
+static void reclaim_on_host(gate_t *held) {
   mp_device_t *dev;
   cr_assert_eq(mp_device_open("host", &dev), MP_OK, "%s", mp_last_error());
   mp_pool_t *p = make_pool(dev, NULL);
   mp_stream_t s1, s2;
   cr_assert_eq(mp_stream_create(dev, &s1), MP_OK);
   cr_assert_eq(mp_stream_create(dev, &s2), MP_OK);
-  void *v[4], *x;
-  for (int i = 0; i < 4; i++)
-    cr_assert_eq(mp_pool_alloc(p, 2 * MiB, i == 1 ? s2 : s1, &v[i]), MP_OK);
-  for (int i = 1; i < 4; i++)
-    cr_assert_eq((uintptr_t)v[i], (uintptr_t)v[i - 1] + 2 * MiB);
-  cr_assert_eq(stats(p).reserved_bytes, 8 * MiB);
-  if (held != NULL)
-    cr_assert_eq(mp_stream_launch_host(dev, s2, gate_wait, held), MP_OK);
-  cr_assert_eq(mp_pool_free(p, v[1]), MP_OK);
-  if (held == NULL)
-    cr_assert_eq(mp_stream_synchronize(dev, s2), MP_OK);
-  cr_assert_eq(mp_pool_alloc(p, 4 * MiB, s1, &x), MP_OK, "%s", mp_last_error());
-  *after = stats(p);
-  if (held != NULL) {
-    pthread_mutex_lock(&held->mu);
-    *gate_was_open = held->open;
-    pthread_mutex_unlock(&held->mu);
-    gate_open(held);
-  }
-  check(p);
-  for (int i = 0; i < 4; i++)
-    if (i != 1)
-      cr_assert_eq(mp_pool_free(p, v[i]), MP_OK);
-  cr_assert_eq(mp_pool_free(p, x), MP_OK);
+  reclaim_past_a_chunk_freed_on_another_stream(p, dev, s1, s2, held);
   cr_assert_eq(mp_pool_destroy(p), MP_OK);
   mp_stream_destroy(dev, s1);
   mp_stream_destroy(dev, s2);
@@ -95,25 +68,14 @@ static void grow_past_a_chunk_freed_on_another_stream(gate_t *held,
  * pool used from several streams skipped this reclaim). */
 Test(pool_vm_holes,
      growth_past_the_peak_gives_back_a_chunk_an_idle_stream_freed) {
-  mp_stats_t s;
-  grow_past_a_chunk_freed_on_another_stream(NULL, &s, NULL);
-  cr_expect_eq(s.device_free_count, 1, "v[1]'s chunk went back first");
-  cr_expect_eq(s.reserved_bytes, 10 * MiB);
-  cr_expect_eq(s.peak_reserved_bytes, 10 * MiB,
-               "without the reclaim the peak is 12 MiB");
+  reclaim_on_host(NULL);
 }
 
-/* A stream still running keeps its chunk (its work may still use it), and
- * the allocation does not wait for it: the pool grows. */
 Test(pool_vm_holes, growth_past_the_peak_keeps_a_chunk_a_busy_stream_freed) {
   gate_t g;
   gate_init(&g);
-  mp_stats_t s;
-  bool was_open = true;
-  grow_past_a_chunk_freed_on_another_stream(&g, &s, &was_open);
-  cr_expect(!was_open, "the allocation waited for the busy stream");
-  cr_expect_eq(s.device_free_count, 0, "a busy stream's chunk went back");
-  cr_expect_eq(s.peak_reserved_bytes, 12 * MiB);
+  reclaim_on_host(&g);
+  gate_destroy(&g);
 }
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
