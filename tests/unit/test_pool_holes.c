@@ -154,6 +154,18 @@ Test(pool_holes, growth_maps_into_a_hole_next_to_a_free_block) {
   fake_pool_finish(p, dev);
 }
 
+/* The end of a four-block case whose v[1] went back and x came: checked,
+ * the rest freed, the pool and device gone. */
+static void finish_without_v1(mp_pool_t *p, mp_device_t *dev, void *v[4],
+                              void *x) {
+  check(p);
+  for (int i = 0; i < 4; i++)
+    if (i != 1)
+      mp_pool_free(p, v[i]);
+  mp_pool_free(p, x);
+  fake_pool_finish(p, dev);
+}
+
 Test(pool_holes, growth_past_the_peak_reclaims_free_chunks_first) {
   mp_device_t *dev;
   void *v[4];
@@ -166,12 +178,29 @@ Test(pool_holes, growth_past_the_peak_reclaims_free_chunks_first) {
   cr_expect_eq(s.reserved_bytes, 10 * MiB);
   cr_expect_eq(s.peak_reserved_bytes, 10 * MiB,
                "without the reclaim the peak would be 12 MiB");
-  check(p);
+  finish_without_v1(p, dev, v, x);
+}
+
+/* The reclaim leaves a hole below and growth maps at the top, so a range
+ * of the cap's size ran out before the memory did: on a 10 MiB device, v[1]'s
+ * chunk went back and the 4 MiB growth found no room at the top of an
+ * 10 MiB range (span 8 MiB). The range is twice the cap. */
+Test(pool_holes, the_range_outlasts_the_holes_reclaim_leaves) {
+  mp_device_t *dev = fake_open(10 * MiB, 2 * MiB);
+  mp_pool_t *p = make_pool(dev, NULL);
+  cr_expect_eq(p->cap, 10 * MiB);
+  void *v[4], *x;
   for (int i = 0; i < 4; i++)
-    if (i != 1)
-      mp_pool_free(p, v[i]);
-  mp_pool_free(p, x);
-  fake_pool_finish(p, dev);
+    cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &v[i]), MP_OK);
+  cr_assert_eq(mp_pool_free(p, v[1]), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 4 * MiB, NULL, &x), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq((uintptr_t)x, (uintptr_t)v[3] + 2 * MiB, "mapped at the top");
+  cr_expect_eq(p->vseg->va_size, 20 * MiB);
+  mp_stats_t s = stats(p);
+  cr_expect_eq(s.reserved_bytes, 10 * MiB);
+  cr_expect_eq(p->vseg->size, 10 * MiB, "all of it in the range");
+  finish_without_v1(p, dev, v, x);
 }
 
 Test(pool_holes, trim_keeps_what_it_is_asked_to_keep_in_the_range) {
