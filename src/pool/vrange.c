@@ -614,12 +614,16 @@ mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
     if (!mp__find_placement(pool, v, size, sidx, &p))
       return MP_ENOTSUP; /* range exhausted: the caller goes plain */
     /* Rung: reclaim free chunks, then grow, so that reserved memory does
-     * not rise above its peak while free chunks lie elsewhere. */
+     * not rise above its peak while free chunks lie elsewhere. Then the
+     * placement is made again, whatever the reclaim gave back: it drops the
+     * lock for each unmap (other threads free, take, split and merge blocks
+     * meanwhile), and an unmap that fails puts its chunk back in new
+     * records, the hole above it (p.hole) given back to the pool. */
     size_t after = pool->st.reserved_bytes + p.bytes;
-    if (round > 0 || after <= pool->st.peak_reserved_bytes ||
-        mp__vrange_reclaim(pool, after - pool->st.peak_reserved_bytes, p.k1,
-                           p.k2, true) == 0)
+    if (round > 0 || after <= pool->st.peak_reserved_bytes)
       break;
+    (void)mp__vrange_reclaim(pool, after - pool->st.peak_reserved_bytes, p.k1,
+                             p.k2, true);
   }
   size_t room = pool->cap > pool->st.reserved_bytes
                     ? pool->cap - pool->st.reserved_bytes

@@ -249,3 +249,56 @@ Test(pool_holes, max_split_is_honoured_in_the_virtual_range) {
 Test(pool_holes, max_split_is_honoured_in_plain_segments) {
   max_split_holds("virtual=0,max_split=4M", 0);
 }
+
+/* The fake device, but its next vm_unmap fails (the chunk stays mapped):
+ * fail_unmap counts the failures still to come. */
+static unsigned fail_unmap;
+static mp_status_t failing_vm_unmap(mp_device_t *dev, void *addr, size_t n) {
+  if (fail_unmap > 0) {
+    fail_unmap--;
+    return MP_EDRIVER;
+  }
+  return fake_vm_unmap(dev, addr, n);
+}
+
+/* Growth past the peak places the new memory first (here in the hole H
+ * above free block F, not joined to F: F is above max_split), then
+ * reclaims, dropping the lock for each unmap. F's chunk, unmapped, took H
+ * in and H's record went back to the pool; the unmap failed, and the chunk
+ * came back as a free block in a record taken from the pool. The
+ * reclaim gave nothing back, and growth went on with the placement it made
+ * before, mapping into H through H's stale record: the pool's blocks no
+ * longer tiled the range. Layout, cap 8 MiB (nothing fits above the top):
+ * [F free 4 MiB, one chunk] [H hole 2 MiB] [T live 2 MiB]. */
+Test(pool_holes, growth_places_again_after_a_reclaim_that_failed) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 2 * MiB);
+  static mp__backend_t failing;
+  failing = fake_backend;
+  failing.vm_unmap = failing_vm_unmap;
+  dev->ops = &failing;
+  mp_pool_t *p = make_pool(dev, "max_split=2M,segment_bytes=2M,max_bytes=8M");
+  void *f, *h, *t, *x;
+  cr_assert_eq(mp_pool_alloc(p, 4 * MiB, NULL, &f), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &h), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &t), MP_OK);
+  cr_assert_eq((char *)h, (char *)f + 4 * MiB);
+  cr_assert_eq((char *)t, (char *)h + 2 * MiB);
+  cr_assert_eq(fake_of(dev)->maps, 3, "one chunk per block");
+  cr_assert_eq(mp_pool_free(p, h), MP_OK);
+  cr_assert_eq(mp_pool_trim(p, 0), MP_OK);
+  cr_assert_eq(holes_of(p), 1);
+  cr_assert_eq(mp_pool_free(p, f), MP_OK);
+  cr_assert_eq(mp_pool_reset_peaks(p), MP_OK);
+  cr_assert_eq(stats(p).peak_reserved_bytes, 6 * MiB);
+  fail_unmap = 1;
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &x), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(fail_unmap, 0, "the reclaim tried to unmap F's chunk");
+  cr_expect_eq(x, h, "mapped into the hole");
+  check(p);
+  cr_expect_eq(holes_of(p), 0);
+  cr_expect_eq(stats(p).reserved_bytes, 8 * MiB);
+  cr_assert_eq(mp_pool_free(p, x), MP_OK);
+  cr_assert_eq(mp_pool_free(p, t), MP_OK);
+  fake_pool_finish(p, dev);
+}
