@@ -360,6 +360,8 @@ struct mp_pool {
   bool has_pt;
   bool pt_registered; /* in stream.c's list of pools whose threads' slots
                          go at thread exit */
+  uint32_t pt_pins;   /* stream.c: exiting threads working on the pool
+                         without the list's lock (destroy waits for them) */
   uint64_t sync_gen, sync_done; /* device-sync generations (MP__B_SYNC) */
 
   mp_event_t *events; /* idle events */

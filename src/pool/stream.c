@@ -354,10 +354,22 @@ void mp__stream_gone(void *ctx, mp_stream_t s) {
 
 /* The pools holding per-thread slots, told by a thread-exit destructor:
  * the exiting thread retires its own slot in each (it may still record on
- * its own per-thread stream). Order: this mutex, then a pool's lock. */
+ * its own per-thread stream). mp__pt_mu guards the list, its generation
+ * and every pool's pt_pins, and is never held while a pool's lock is
+ * taken, so a pool registers under its own lock (its first per-thread
+ * slot, or a new arena given another thread's) with no inversion. (It was
+ * held across the walk before, and a registration that found it busy gave
+ * up: an arena, whose one thread brought no later slot, kept the slots of
+ * exited threads for good.) The exiting thread pins a pool (pt_pins) while
+ * it works on it without the list's lock, and destroy waits for the pins
+ * to go; it walks the list again from the start whenever the generation
+ * moved (a pool registered meanwhile may hold a copy of its slot,
+ * mp__arena_make; one that left moved another in the list). */
 static pthread_mutex_t mp__pt_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t mp__pt_unpinned = PTHREAD_COND_INITIALIZER;
 static mp_pool_t **mp__pt_pools;
 static size_t mp__pt_n, mp__pt_cap;
+static uint64_t mp__pt_gen;
 static pthread_key_t mp__pt_key;
 static pthread_once_t mp__pt_once = PTHREAD_ONCE_INIT;
 static bool mp__pt_key_ok;
@@ -366,13 +378,23 @@ static void mp__pt_thread_exit(void *unused) {
   (void)unused;
   uint64_t self = mp__self();
   pthread_mutex_lock(&mp__pt_mu);
+  uint64_t gen = mp__pt_gen;
   for (size_t k = 0; k < mp__pt_n; k++) {
     mp_pool_t *pool = mp__pt_pools[k];
+    pool->pt_pins++;
+    pthread_mutex_unlock(&mp__pt_mu);
     mp__pool_lock(pool);
     uint32_t i = mp__shash_find(pool, pool->pt_handle, self);
     if (i != UINT32_MAX)
       mp__stream_retire(pool, i);
     mp__pool_unlock(pool);
+    pthread_mutex_lock(&mp__pt_mu);
+    if (--pool->pt_pins == 0)
+      pthread_cond_broadcast(&mp__pt_unpinned);
+    if (mp__pt_gen != gen) {
+      gen = mp__pt_gen;
+      k = (size_t)-1; /* from the start: retiring again finds nothing */
+    }
   }
   pthread_mutex_unlock(&mp__pt_mu);
 }
@@ -392,11 +414,7 @@ static bool mp__pt_register(mp_pool_t *pool) {
     armed = pthread_setspecific(mp__pt_key, (void *)1) == 0;
   if (pool->pt_registered)
     return armed;
-  /* pool->lock is held: a thread exiting now would take mp__pt_mu, then
-   * this lock; trylock avoids the inversion and retries on the next new
-   * per-thread slot. */
-  if (pthread_mutex_trylock(&mp__pt_mu) != 0)
-    return armed;
+  pthread_mutex_lock(&mp__pt_mu);
   if (mp__pt_n == mp__pt_cap) {
     size_t cap = mp__pt_cap ? mp__pt_cap * 2 : 4;
     mp_pool_t **p = mp__host_realloc(mp__pt_pools, cap * sizeof *p);
@@ -408,12 +426,14 @@ static bool mp__pt_register(mp_pool_t *pool) {
     mp__pt_cap = cap;
   }
   mp__pt_pools[mp__pt_n++] = pool;
+  mp__pt_gen++;
   pool->pt_registered = true;
   pthread_mutex_unlock(&mp__pt_mu);
   return armed;
 }
 
-/* Destroy: the pool leaves the registry (no pool lock held). */
+/* Destroy: the pool leaves the registry (no pool lock held), once no
+ * exiting thread works on it. */
 static void mp__pt_unregister(mp_pool_t *pool) {
   if (!pool->pt_registered)
     return;
@@ -421,8 +441,11 @@ static void mp__pt_unregister(mp_pool_t *pool) {
   for (size_t k = 0; k < mp__pt_n; k++)
     if (mp__pt_pools[k] == pool) {
       mp__pt_pools[k] = mp__pt_pools[--mp__pt_n];
+      mp__pt_gen++;
       break;
     }
+  while (pool->pt_pins > 0)
+    pthread_cond_wait(&mp__pt_unpinned, &mp__pt_mu);
   pthread_mutex_unlock(&mp__pt_mu);
   pool->pt_registered = false;
 }

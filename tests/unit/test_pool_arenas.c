@@ -17,6 +17,7 @@
 #include "../support/pool_helpers.h"
 #include "../support/stream_gate.h"
 #include "pool/pool_internal.h"
+#include "pool_fakedev.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -1291,4 +1292,105 @@ Test(pool_arenas, host_function_making_an_arena_beside_a_check_of_the_pool,
       "arenas=3,max_bytes=64M,release_threshold=3,virtual=0",
       check_beside_release_job, 8 * MiB, check_waits_for_release);
   cr_expect_eq(check_st, MP_OK, "%s", mp_last_error());
+}
+
+/* ---- per-thread default streams of threads that exit ------------------- */
+/* The fake device, with one handle that names a per-thread default stream
+ * (a different stream in every thread, as CUDA's CU_STREAM_PER_THREAD). */
+#define PT_STREAM ((mp_stream_t)0x70)
+static int pt_kind(mp_device_t *d, mp_stream_t s) {
+  (void)d;
+  return s == PT_STREAM ? MP__STREAM_PER_THREAD : MP__STREAM_SHARED;
+}
+
+typedef struct pt_job {
+  mp_pool_t *pool;  /* allocates and frees a block on its PT_STREAM */
+  mp_pool_t *added; /* then gives its PT_STREAM to add_stream, if any */
+  gate_t ready, leave;
+  mp_status_t st;
+} pt_job_t;
+
+static void *pt_use_then_exit(void *arg) {
+  pt_job_t *j = arg;
+  void *b;
+  j->st = mp_pool_alloc(j->pool, 4096, PT_STREAM, &b);
+  if (j->st == MP_OK)
+    j->st = mp_pool_free(j->pool, b);
+  if (j->st == MP_OK && j->added != NULL)
+    j->st = mp_pool_add_stream(j->added, PT_STREAM);
+  gate_open(&j->ready);
+  gate_wait(&j->leave);
+  return NULL;
+}
+
+static void pt_start(pthread_t *t, pt_job_t *j) {
+  gate_init(&j->ready);
+  gate_init(&j->leave);
+  cr_assert_eq(pthread_create(t, NULL, pt_use_then_exit, j), 0);
+  gate_wait(&j->ready);
+  cr_assert_eq(j->st, MP_OK, "%s", mp_last_error());
+}
+
+/* Per-thread slots still live in pool's arenas. */
+static unsigned arena_pt_slots(mp_pool_t *pool) {
+  unsigned n = 0;
+  for (size_t i = 0; i < pool->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    if (a == NULL)
+      continue;
+    mp__pool_lock(a);
+    for (uint32_t k = 0; k < a->nstreams; k++)
+      n += a->streams[k].owner != 0 && !a->streams[k].gone;
+    mp__pool_unlock(a);
+  }
+  return n;
+}
+
+/* A thread's per-thread slot goes when the thread exits, from every pool,
+ * arenas made while another thread exits included. Thread X uses PT_STREAM
+ * in p0, then gives it to the arenas' pool (add_stream: arenas made later
+ * get X's slot), and exits; its exit takes the registry of such pools, then
+ * each pool's lock, and waits here for p0's, which the test holds.
+ * Meanwhile thread Y allocates on its own PT_STREAM from the arenas' pool:
+ * the new arena copies X's slot (X has not reached the arenas' pool yet)
+ * and gets Y's own. Its registration used to give up while X held the
+ * registry (a trylock: the order is the registry, then a pool's lock), and
+ * no later one came (an arena serves one thread): both slots stayed for
+ * good, each an open epoch only its gone owner could close, so that every
+ * synchronization of the arena fell back to a device synchronize. */
+Test(pool_arenas,
+     per_thread_slots_go_with_their_threads_from_arenas_made_meanwhile,
+     .timeout = 20) {
+  static mp__backend_t ops;
+  ops = fake_backend;
+  ops.stream_kind = pt_kind;
+  mp_device_t *d = fake_open((size_t)1 << 30, 0);
+  d->ops = &ops;
+  mp_pool_t *p0 = make_pool(d, NULL);
+  mp_pool_t *pool = make_pool(d, "arenas=2");
+  pthread_t tx, ty;
+  pt_job_t x = {.pool = p0, .added = pool}, y = {.pool = NULL};
+  pt_start(&tx, &x);
+  mp__pool_lock(p0);
+  gate_open(&x.leave);
+  /* X's exit waits for p0's lock (counted among its sleepers). */
+  while (atomic_load(&p0->lock) < MP__LOCK_SLEEPER)
+    usleep(100);
+  y.pool = pool;
+  pt_start(&ty, &y);
+  cr_expect_eq(arena_pt_slots(pool), 2, "X's slot, copied, and Y's own");
+  mp__pool_unlock(p0);
+  pthread_join(tx, NULL);
+  gate_open(&y.leave);
+  pthread_join(ty, NULL);
+  cr_expect_eq(arena_pt_slots(pool), 0,
+               "per-thread slots of exited threads stayed in the arena");
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  cr_assert_eq(mp_pool_destroy(p0), MP_OK);
+  fake_close(d);
+  gate_destroy(&x.ready);
+  gate_destroy(&x.leave);
+  gate_destroy(&y.ready);
+  gate_destroy(&y.leave);
 }
