@@ -605,6 +605,15 @@ static bool mp__find_placement(mp_pool_t *pool, mp__segment_t *v, size_t size,
   return true;
 }
 
+/* Whether b, next to memory just mapped, is still the free block the
+ * placement joined it to before the lock was dropped for the map: at a, of
+ * n bytes, usable on sidx. */
+static bool mp__still_placed(mp_pool_t *pool, mp__block_t *b, uintptr_t a,
+                             size_t n, uint32_t sidx) {
+  return b != NULL && b->addr == a && b->size == n &&
+         mp__usable_bytes(pool, b, sidx) == n;
+}
+
 mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
                             mp__block_t **fresh) {
   MP__ASSERT_LOCKED(pool);
@@ -657,6 +666,8 @@ mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
    * free memory (the out-of-memory ladder may trim them), and the call
    * fails. */
   size_t mapped = 0;
+  uintptr_t a1 = p.jp ? p.k1->addr : 0, a2 = p.jn ? p.k2->addr : 0;
+  size_t n1 = p.jp ? p.k1->size : 0, n2 = p.jn ? p.k2->size : 0;
   mp__pool_device_begin(pool);
   mp_status_t st = MP_OK;
   while (mapped < grow && st == MP_OK) {
@@ -665,6 +676,19 @@ mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
       mapped += n;
   }
   mp__pool_device_end(pool);
+  /* Meanwhile other threads freed, took, split and merged blocks: the new
+   * memory joins a neighbour only if it is still the free block the
+   * placement counted on (a block merged into a bigger one may be above
+   * max_split, one taken and freed again may wait for another stream);
+   * else they stay apart, marked so (mp__join_placed). The hole stays as
+   * it was (growth and release wait for the map in flight). jp: the new
+   * memory starts at the hole's start or at the top; jn: it ends at the
+   * hole's end. */
+  if (p.jp &&
+      !mp__still_placed(pool, p.hole ? p.hole->prev : v->last, a1, n1, sidx))
+    p.jp = false;
+  if (p.jn && !mp__still_placed(pool, p.hole->next, a2, n2, sidx))
+    p.jn = false;
   mp__block_t *h = p.hole;
   for (size_t off = 0; off < mapped; off += piece) {
     size_t n = mapped - off < piece ? mapped - off : piece;

@@ -261,6 +261,31 @@ static mp_status_t failing_vm_unmap(mp_device_t *dev, void *addr, size_t n) {
   return fake_vm_unmap(dev, addr, n);
 }
 
+/* The fake device, calling on_map (then cleared) at its next vm_map: the
+ * pool's lock is dropped there, so it may call the pool as another thread
+ * would. */
+static void (*on_map)(void *ctx);
+static void *on_map_ctx;
+static mp_status_t hooked_vm_map(mp_device_t *dev, void *addr, size_t n) {
+  if (on_map != NULL) {
+    void (*fn)(void *) = on_map;
+    on_map = NULL;
+    fn(on_map_ctx);
+  }
+  return fake_vm_map(dev, addr, n);
+}
+
+/* A fake device (2 MiB granule) with both hooks above. */
+static mp_device_t *hooked_open(void) {
+  static mp__backend_t ops;
+  ops = fake_backend;
+  ops.vm_map = hooked_vm_map;
+  ops.vm_unmap = failing_vm_unmap;
+  mp_device_t *dev = fake_open((size_t)1 << 30, 2 * MiB);
+  dev->ops = &ops;
+  return dev;
+}
+
 /* Growth past the peak places the new memory first (here in the hole H
  * above free block F, not joined to F: F is above max_split), then
  * reclaims, dropping the lock for each unmap. F's chunk, unmapped, took H
@@ -271,11 +296,7 @@ static mp_status_t failing_vm_unmap(mp_device_t *dev, void *addr, size_t n) {
  * longer tiled the range. Layout, cap 8 MiB (nothing fits above the top):
  * [F free 4 MiB, one chunk] [H hole 2 MiB] [T live 2 MiB]. */
 Test(pool_holes, growth_places_again_after_a_reclaim_that_failed) {
-  mp_device_t *dev = fake_open((size_t)1 << 30, 2 * MiB);
-  static mp__backend_t failing;
-  failing = fake_backend;
-  failing.vm_unmap = failing_vm_unmap;
-  dev->ops = &failing;
+  mp_device_t *dev = hooked_open();
   mp_pool_t *p = make_pool(dev, "max_split=2M,segment_bytes=2M,max_bytes=8M");
   void *f, *h, *t, *x;
   cr_assert_eq(mp_pool_alloc(p, 4 * MiB, NULL, &f), MP_OK);
@@ -300,5 +321,48 @@ Test(pool_holes, growth_places_again_after_a_reclaim_that_failed) {
   cr_expect_eq(stats(p).reserved_bytes, 8 * MiB);
   cr_assert_eq(mp_pool_free(p, x), MP_OK);
   cr_assert_eq(mp_pool_free(p, t), MP_OK);
+  fake_pool_finish(p, dev);
+}
+
+typedef struct {
+  mp_pool_t *p;
+  void *l;
+} freeing_t;
+
+static void free_l(void *ctx) {
+  freeing_t *w = ctx;
+  cr_assert_eq(mp_pool_free(w->p, w->l), MP_OK);
+}
+
+/* Growth joins the new memory to the free block it completes (K, 2 MiB, at
+ * the top) when the sum stays splittable under max_split (4 MiB): here
+ * 2 + 2 MiB for a 3 MiB request. While the lock is dropped for the map, L,
+ * live below K, is freed and takes K in (4 MiB, which holds the request by
+ * itself). The join was made with whatever lay below the new memory then:
+ * a 6 MiB block above max_split, which no 3 MiB request may split, so the
+ * pool grew again past what it had just mapped. Now the new memory stays
+ * apart from a neighbour that is not the block the placement counted on,
+ * and the request takes L + K. */
+Test(pool_holes, growth_joins_only_the_block_it_placed_against) {
+  mp_device_t *dev = hooked_open();
+  mp_pool_t *p = make_pool(dev, "max_split=4M,segment_bytes=2M");
+  void *l, *k, *x;
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &l), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &k), MP_OK);
+  cr_assert_eq((char *)k, (char *)l + 2 * MiB);
+  cr_assert_eq(fake_of(dev)->maps, 2, "one chunk per block");
+  cr_assert_eq(mp_pool_free(p, k), MP_OK);
+  freeing_t w = {p, l};
+  on_map = free_l;
+  on_map_ctx = &w;
+  cr_assert_eq(mp_pool_alloc(p, 3 * MiB, NULL, &x), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_null(on_map, "no map with the hook set");
+  check(p);
+  cr_expect_eq(x, l, "served from L + K");
+  cr_expect_eq(fake_of(dev)->maps, 3, "mapped %u chunks", fake_of(dev)->maps);
+  cr_expect_eq(stats(p).reserved_bytes, 6 * MiB, "reserved %zu",
+               stats(p).reserved_bytes);
+  cr_assert_eq(mp_pool_free(p, x), MP_OK);
   fake_pool_finish(p, dev);
 }
