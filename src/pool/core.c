@@ -200,20 +200,26 @@ static mp_status_t mp__grow_and_search(mp_pool_t *pool, size_t size,
  * pause or trim from another thread sees a consistent pool. The peak it
  * may lift is the allocation it is about to become. */
 static void mp__block_hold(mp_pool_t *pool, mp__block_t *b, bool on) {
+  /* A pause may run while the ladder waits (the synchronization first
+   * waits for the one in flight, the lock dropped): it keeps the free bytes
+   * aside, in paused_free, until the resume, and the held block's bytes
+   * move there. Before, its give-back added them to the figures the pause
+   * had zeroed, and the resume lost them. */
+  size_t *free_bytes = pool->paused ? &pool->paused_free : &pool->st.free_bytes;
   /* Marked, so that a stale pointer to its address (a double free, a
    * record_stream) is refused meanwhile instead of freeing it. */
   if (on) {
     b->flags |= MP__B_LADDER;
     (void)mp__map_insert(pool, b); /* room was made before the take */
     pool->st.allocated_bytes += b->size;
-    pool->st.free_bytes -= b->size;
+    *free_bytes -= b->size;
     pool->st.live_blocks++;
     mp__stats_peaks(pool);
   } else {
     b->flags &= ~(uint32_t)MP__B_LADDER;
     mp__map_remove(pool, b);
     pool->st.allocated_bytes -= b->size;
-    pool->st.free_bytes += b->size;
+    *free_bytes += b->size;
     pool->st.live_blocks--;
   }
 }
