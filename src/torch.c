@@ -15,13 +15,15 @@
  * routes. A program that cannot set these hooks (Python sets only malloc
  * and free) still captures correctly: while no begin hook was ever called,
  * a stream the device reports capturing is routed to a graph pool of its
- * own, ended at the first call (here or mp_torch_reset) that finds the
- * stream no longer captured (for the per-thread stream, a call of its own
- * thread: the handle names each caller's stream), and released at
- * mp_torch_reset. An allocation on a stream that belongs to a capture but
- * cannot be routed to its pool (MP__TORCH_POOLS private pools alive) fails
- * instead of taking memory the pool would hand others while replays use
- * it.
+ * capture's own, ended at the first call (here or mp_torch_reset) that
+ * finds the stream no longer captured by that capture (for the per-thread
+ * stream, a call of its own thread: the handle names each caller's
+ * stream), and released at mp_torch_reset. A capture is told by its id: one
+ * begun right after on the same stream is another graph, which must not
+ * reuse what the first one's replays use. An allocation on a stream that
+ * belongs to a capture but cannot be routed to its pool (MP__TORCH_POOLS
+ * private pools alive) fails instead of taking memory the pool would hand
+ * others while replays use it.
  *
  * Invariant: a pointer returned by mp_torch_malloc is a live block of a
  * default pool (or of one of its graph pools), and only mp_torch_free (or
@@ -40,8 +42,9 @@
 
 typedef struct mp__tpool {
   bool used;
-  bool automatic; /* made for a capture seen without the hooks */
-  bool open;      /* between begin and end */
+  bool automatic;   /* made for a capture seen without the hooks */
+  bool open;        /* between begin and end */
+  uint64_t capture; /* automatic: the id of its capture (0: not told) */
   int device;
   mp_torch_pool_id_t id;
   mp_pool_t *parent, *graph;
@@ -144,12 +147,15 @@ static void mp__tpool_release(mp__tpool_t *t) {
 static bool mp__tpool_capturing(const mp__tpool_t *t, unsigned k) {
   if (t->owners[k] != 0 && t->owners[k] != mp__self())
     return mp__graph_routed_owned(t->parent, t->streams[k], t->owners[k]);
-  return mp__device_stream_capturing(mp_pool_device(t->parent),
-                                     t->streams[k]) == 1;
+  uint64_t id = 0;
+  return mp__device_stream_capture_id(mp_pool_device(t->parent), t->streams[k],
+                                      &id) == 1 &&
+         id == t->capture;
 }
 
-/* An automatic entry whose stream is no longer captured (or cannot be
- * told) stops routing; its graph pool stays pinned until mp_torch_reset.
+/* An automatic entry whose stream is no longer captured by its capture
+ * (or cannot be told; a new capture of the stream is another graph's)
+ * stops routing; its graph pool stays pinned until mp_torch_reset.
  * Under the lock. */
 static void mp__tpool_auto_check(mp__tpool_t *t) {
   if (!t->used || !t->automatic || !t->open)
@@ -170,8 +176,10 @@ static bool mp__torch_capture_route(mp_pool_t *pool, int device,
   bool hooked = atomic_load_explicit(&mp__t.hooked, memory_order_relaxed);
   if (hooked && atomic_load_explicit(&mp__t.open, memory_order_acquire) == 0)
     return true;
-  int capturing =
-      hooked ? 0 : mp__device_stream_capturing(mp_pool_device(pool), stream);
+  uint64_t capture = 0;
+  int capturing = hooked ? 0
+                         : mp__device_stream_capture_id(mp_pool_device(pool),
+                                                        stream, &capture);
   if (capturing == 0 && atomic_load(&mp__t.open) == 0)
     return true;
   bool ok = true;
@@ -194,6 +202,7 @@ static bool mp__torch_capture_route(mp_pool_t *pool, int device,
     ok = mine != NULL;
     if (mine != NULL) {
       mine->automatic = mine->open = true;
+      mine->capture = capture;
       atomic_fetch_add(&mp__t.open, 1);
       ok = mp__tpool_route(mine, stream);
     }

@@ -49,6 +49,10 @@ typedef struct mp__backend {
   /* 1 when s is being captured into a graph, 0 when not, -1 when it cannot
    * be told; allowed during capture, never waits. NULL: no capture. */
   int (*stream_capturing)(mp_device_t *dev, mp_stream_t s);
+  /* stream_capturing, and when 1 the capture's id in *id: unique to one
+   * capture, so two captures of one stream are told apart (CUDA:
+   * cuStreamGetCaptureInfo). NULL: stream_capturing answers, the id 0. */
+  int (*stream_capture_id)(mp_device_t *dev, mp_stream_t s, uint64_t *id);
   /* Which device of this kind the calling thread works on (CUDA: its
    * current context's); no message on failure. NULL: one device only. */
   mp_status_t (*current_ordinal)(mp_device_t *dev, int *out);
@@ -154,6 +158,8 @@ mp__stream_kind_t mp__device_stream_kind(mp_device_t *dev, mp_stream_t s);
 bool mp__device_stream_owned(mp_device_t *dev, mp_stream_t s);
 /* ops->stream_capturing, 0 where the backend has none. */
 int mp__device_stream_capturing(mp_device_t *dev, mp_stream_t s);
+/* ops->stream_capture_id; *id is 0 unless it answers 1 with an id. */
+int mp__device_stream_capture_id(mp_device_t *dev, mp_stream_t s, uint64_t *id);
 /* The ordinal of the device of dev's kind the calling thread works on;
  * MP_ENOTSUP when the backend has one device only, MP_ENODEV when the
  * thread is on none. */

@@ -104,12 +104,19 @@
  * not told apart (mp__cuda_stream_kind). */
 #define MP__CUDA_CTX_API(X) X(StreamGetCtx, (CUstream, CUcontext *))
 
+/* A capture's id (the _v2 signature at MP__CUDA_ABI): optional; without it
+ * a capture is known by its status only (mp__cuda_stream_capture_id). */
+#define MP__CUDA_CAPTURE_API(X)                                                \
+  X(StreamGetCaptureInfo, (CUstream, CUstreamCaptureStatus *, cuuint64_t *,    \
+                           CUgraph *, const CUgraphNode **, size_t *))
+
 typedef struct mp__cuda_api {
 #define MP__CUDA_FIELD(f, args) CUresult(*f) args;
   MP__CUDA_CORE_API(MP__CUDA_FIELD)
   MP__CUDA_VMM_API(MP__CUDA_FIELD)
   MP__CUDA_IPC_API(MP__CUDA_FIELD)
   MP__CUDA_CTX_API(MP__CUDA_FIELD)
+  MP__CUDA_CAPTURE_API(MP__CUDA_FIELD)
 #undef MP__CUDA_FIELD
   bool has_vmm; /* every MP__CUDA_VMM_API entry point resolved */
   bool has_ipc; /* every MP__CUDA_IPC_API entry point resolved */
@@ -129,6 +136,8 @@ static const mp__cuda_sym_t mp__cuda_ipc_syms[] = {
     MP__CUDA_IPC_API(MP__CUDA_SYM)};
 static const mp__cuda_sym_t mp__cuda_ctx_syms[] = {
     MP__CUDA_CTX_API(MP__CUDA_SYM)};
+static const mp__cuda_sym_t mp__cuda_capture_syms[] = {
+    MP__CUDA_CAPTURE_API(MP__CUDA_SYM)};
 #undef MP__CUDA_SYM
 
 /* Written once under mp__cuda_once, read-only afterwards. */
@@ -278,6 +287,11 @@ static void mp__cuda_load(void) {
                         sizeof mp__cuda_ctx_syms / sizeof *mp__cuda_ctx_syms,
                         &missing))
     mp__cu.StreamGetCtx = NULL;
+  if (!mp__cuda_resolve(get_v2, get_v1, version, mp__cuda_capture_syms,
+                        sizeof mp__cuda_capture_syms /
+                            sizeof *mp__cuda_capture_syms,
+                        &missing))
+    mp__cu.StreamGetCaptureInfo = NULL;
 
   r = mp__cu.Init(0);
   if (r == CUDA_ERROR_NO_DEVICE) {
@@ -857,6 +871,24 @@ static int mp__cuda_stream_capturing(mp_device_t *dev, mp_stream_t s) {
   return st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+static int mp__cuda_stream_capture_id(mp_device_t *dev, mp_stream_t s,
+                                      uint64_t *id) {
+  if (mp__cu.StreamGetCaptureInfo == NULL)
+    return mp__cuda_stream_capturing(dev, s);
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t cid = 0;
+  CUresult r;
+  MP__CU_IN_CTX(
+      mp__cuda_of(dev), r,
+      mp__cu.StreamGetCaptureInfo((CUstream)s, &st, &cid, NULL, NULL, NULL));
+  if (r != CUDA_SUCCESS)
+    return -1;
+  if (st == CU_STREAM_CAPTURE_STATUS_NONE)
+    return 0;
+  *id = (uint64_t)cid;
+  return 1;
+}
+
 static mp_status_t mp__cuda_launch_host(mp_device_t *dev, mp_stream_t s,
                                         void (*fn)(void *), void *arg) {
   CUresult r;
@@ -1291,6 +1323,7 @@ const mp__backend_t mp__cuda_backend = {
     .stream_query = mp__cuda_stream_query,
     .stream_kind = mp__cuda_stream_kind,
     .stream_capturing = mp__cuda_stream_capturing,
+    .stream_capture_id = mp__cuda_stream_capture_id,
     .stream_owned = mp__cuda_stream_owned,
     .current_ordinal = mp__cuda_current_ordinal,
     .ordinal = mp__cuda_ordinal,

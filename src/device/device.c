@@ -159,6 +159,14 @@ int mp__device_stream_capturing(mp_device_t *dev, mp_stream_t s) {
                                             : 0;
 }
 
+int mp__device_stream_capture_id(mp_device_t *dev, mp_stream_t s,
+                                 uint64_t *id) {
+  *id = 0;
+  return dev->ops->stream_capture_id != NULL
+             ? dev->ops->stream_capture_id(dev, s, id)
+             : mp__device_stream_capturing(dev, s);
+}
+
 mp__stream_kind_t mp__device_stream_kind(mp_device_t *dev, mp_stream_t s) {
   return dev->ops->stream_kind != NULL
              ? (mp__stream_kind_t)dev->ops->stream_kind(dev, s)

@@ -104,6 +104,11 @@ static int pinned_stream_capturing(mp_device_t *dev, mp_stream_t s) {
   return mp__device_stream_capturing(pinned_under(dev), s);
 }
 
+static int pinned_stream_capture_id(mp_device_t *dev, mp_stream_t s,
+                                    uint64_t *id) {
+  return mp__device_stream_capture_id(pinned_under(dev), s, id);
+}
+
 static mp_status_t pinned_no_vm(void) {
   return mp__fail(MP_ENOTSUP, "pinned host memory has no virtual memory");
 }
@@ -146,6 +151,7 @@ const mp__backend_t mp__pinned_backend = {
     .stream_kind = pinned_stream_kind,
     .stream_owned = pinned_stream_owned,
     .stream_capturing = pinned_stream_capturing,
+    .stream_capture_id = pinned_stream_capture_id,
     .launch_host = pinned_launch_host,
     .memcpy_async = pinned_memcpy_async,
     .memset_async = pinned_memset_async,

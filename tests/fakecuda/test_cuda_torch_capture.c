@@ -312,3 +312,52 @@ Test(cuda_torch_capture, a_capture_past_the_private_pool_limit_is_refused) {
   cr_assert_eq(mp_stream_forget(mp_pool_device(mp_default_pool()), ms), MP_OK);
   cr_assert_eq(cuStreamDestroy(s), CUDA_SUCCESS);
 }
+
+/* Two captures back to back on one stream, no call between them: the
+ * automatic entry of the first asked only whether its stream still
+ * captured, found it did (the second capture), and kept routing it to the
+ * first graph's pool. The second capture then reused memory the first had
+ * freed, which the first graph's replays still write: the two graphs
+ * aliased. Each capture (told by its id) gets its own graph pool. */
+Test(cuda_torch_capture, back_to_back_captures_on_one_stream_get_own_pools) {
+  on_device(0);
+  CUstream s;
+  cr_assert_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  mp_stream_t ms = (mp_stream_t)s;
+  mp_pool_t *pool = mp_default_pool();
+  void *warm = mp_torch_malloc(MiB, 0, ms);
+  cr_assert_not_null(warm, "%s", mp_last_error());
+  mp_torch_free(warm, MiB, 0, ms);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  CUgraph g[2] = {NULL, NULL};
+  void *a[2];
+  mp_pool_t *gp[2];
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+                 CUDA_SUCCESS);
+    a[i] = mp_torch_malloc(MiB, 0, ms);
+    cr_assert_not_null(a[i], "%s", mp_last_error());
+    gp[i] = mp_pool_graph_of(pool, ms);
+    cr_assert_eq(cuMemsetD8Async((CUdeviceptr)a[i], 1, MiB, s), CUDA_SUCCESS);
+    mp_torch_free(a[i], MiB, 0, ms); /* a temporary of graph i */
+    cr_assert_eq(cuStreamEndCapture(s, &g[i]), CUDA_SUCCESS,
+                 "capture %d invalidated", i);
+  }
+  cr_expect_not_null(gp[0]);
+  cr_expect_neq(gp[1], gp[0],
+                "the second capture allocates to the first's "
+                "graph pool");
+  cr_expect_neq(a[1], a[0], "the second graph reuses the first's memory");
+  /* A call after the captures ends the second's entry. */
+  mp_torch_free(mp_torch_malloc(MiB, 0, ms), MiB, 0, ms);
+  cr_expect_null(mp_pool_graph_of(pool, ms), "route not ended");
+  for (int i = 0; i < 2; i++)
+    if (g[i] != NULL)
+      cr_assert_eq(cuGraphDestroy(g[i]), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  mp_torch_reset();
+  cr_expect_eq(allocated(), 0, "a graph pool was not released at reset");
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_stream_forget(mp_pool_device(pool), ms), MP_OK);
+  cr_assert_eq(cuStreamDestroy(s), CUDA_SUCCESS);
+}
