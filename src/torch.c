@@ -18,12 +18,14 @@
  * capture's own, ended at the first call (here or mp_torch_reset) that
  * finds the stream no longer captured by that capture (for the per-thread
  * stream, a call of its own thread: the handle names each caller's
- * stream), and released at mp_torch_reset. A capture is told by its id: one
- * begun right after on the same stream is another graph, which must not
- * reuse what the first one's replays use. An allocation on a stream that
- * belongs to a capture but cannot be routed to its pool (MP__TORCH_POOLS
- * private pools alive) fails instead of taking memory the pool would hand
- * others while replays use it.
+ * stream), and released at the first mp_torch_reset after its graph and
+ * the graph's executables are destroyed (a user object the graph holds
+ * tells, mp__tpool_watch; where the device cannot tell, never). A capture is
+ * told by its id: one begun right after on the same stream is another graph,
+ * which must not reuse what the first one's replays use. An allocation on a
+ * stream that belongs to a capture but cannot be routed to its pool
+ * (MP__TORCH_POOLS private pools alive) fails instead of taking memory the pool
+ * would hand others while replays use it.
  *
  * Invariant: a pointer returned by mp_torch_malloc is a live block of a
  * default pool (or of one of its graph pools), and only mp_torch_free (or
@@ -40,11 +42,32 @@
 #define MP__TORCH_POOLS   64 /* private pools alive at once */
 #define MP__TORCH_STREAMS 8  /* streams one capture routes */
 
+/* Whether an automatic entry's graph is gone: set from the driver's thread
+ * once the graph and its executables are destroyed; two references, the
+ * entry's and the driver's. */
+typedef struct mp__tgone {
+  atomic_uint refs;
+  atomic_bool gone;
+} mp__tgone_t;
+
+static void mp__tgone_drop(mp__tgone_t *g) {
+  if (g != NULL && atomic_fetch_sub(&g->refs, 1) == 1)
+    free(g);
+}
+
+/* The driver's call: no device call, no lock. */
+static void mp__tgone_set(void *p) {
+  mp__tgone_t *g = p;
+  atomic_store(&g->gone, true);
+  mp__tgone_drop(g);
+}
+
 typedef struct mp__tpool {
   bool used;
-  bool automatic;   /* made for a capture seen without the hooks */
-  bool open;        /* between begin and end */
-  uint64_t capture; /* automatic: the id of its capture (0: not told) */
+  bool automatic;    /* made for a capture seen without the hooks */
+  bool open;         /* between begin and end */
+  uint64_t capture;  /* automatic: the id of its capture (0: not told) */
+  mp__tgone_t *gone; /* automatic: its graph's end (NULL: cannot be told) */
   int device;
   mp_torch_pool_id_t id;
   mp_pool_t *parent, *graph;
@@ -137,7 +160,31 @@ static void mp__tpool_end(mp__tpool_t *t) {
 static void mp__tpool_release(mp__tpool_t *t) {
   mp__tpool_end(t);
   (void)mp_pool_graph_release(t->graph);
+  mp__tgone_drop(t->gone);
   memset(t, 0, sizeof *t);
+}
+
+/* Has t (automatic) told when the graph its stream is being captured into
+ * goes; where the device cannot tell, t->gone stays NULL. */
+static void mp__tpool_watch(mp__tpool_t *t, mp_stream_t s) {
+  mp__tgone_t *g = mp__host_alloc(sizeof *g);
+  if (g == NULL)
+    return;
+  atomic_init(&g->refs, 2);
+  atomic_init(&g->gone, false);
+  if (mp__device_capture_on_release(mp_pool_device(t->parent), s, mp__tgone_set,
+                                    g) != MP_OK) {
+    free(g);
+    return;
+  }
+  t->gone = g;
+}
+
+/* Whether t is an automatic entry whose capture ended and whose graph, with
+ * every executable made from it, is destroyed: its graph pool is nobody's. */
+static bool mp__tpool_done(const mp__tpool_t *t) {
+  return t->used && t->automatic && !t->open && t->gone != NULL &&
+         atomic_load(&t->gone->gone);
 }
 
 /* Whether stream k of t may still be captured: another thread's
@@ -205,6 +252,10 @@ static bool mp__torch_capture_route(mp_pool_t *pool, int device,
       mine->capture = capture;
       atomic_fetch_add(&mp__t.open, 1);
       ok = mp__tpool_route(mine, stream);
+      if (ok)
+        mp__tpool_watch(mine, stream);
+      else
+        mp__tpool_release(mine); /* never routed: nobody's */
     }
   }
   /* A refused route of a stream that allocates to a graph pool already
@@ -258,7 +309,7 @@ void mp_torch_reset(void) {
   pthread_mutex_lock(&mp__t.lock);
   for (size_t i = 0; i < MP__TORCH_POOLS; i++) {
     mp__tpool_auto_check(&mp__t.pools[i]);
-    if (mp__t.pools[i].used && mp__t.pools[i].automatic && !mp__t.pools[i].open)
+    if (mp__tpool_done(&mp__t.pools[i]))
       mp__tpool_release(&mp__t.pools[i]);
   }
   pthread_mutex_unlock(&mp__t.lock);

@@ -19,8 +19,10 @@
  * makes from the C functions below. Without them (Python can set only
  * malloc and free) a capture still works: allocations on a stream that
  * the device reports capturing come from a graph pool of that capture,
- * released at mp_torch_reset (the pool of a capture is known only by its
- * stream, so memory stays pinned until then).
+ * released at the first mp_torch_reset after the graph and every
+ * executable made from it are destroyed (the driver tells, through a user
+ * object the graph holds; where it cannot, the pool stays pinned for the
+ * life of the process, as a replay may still use it).
  *
  * The signatures are PyTorch's with mp_stream_t in place of cudaStream_t:
  * both are pointers to an opaque struct, passed the same way, so this
@@ -56,7 +58,8 @@ MP_API void mp_torch_free(void *ptr, ssize_t size, int device,
 MP_API void mp_torch_init(int device_count);
 /* set_reset_fn (torch.cuda.empty_cache): gives every default pool's idle
  * memory back to the device (mp_pool_trim to 0), and releases the graph
- * pools of captures seen without the capture hooks. */
+ * pools of captures seen without the capture hooks whose graphs are
+ * destroyed (never the memory of a graph that may still be replayed). */
 MP_API void mp_torch_reset(void);
 /* set_memory_fraction_fn (torch.cuda.set_per_process_memory_fraction):
  * mp_pool_set_max_fraction on device's pool. */

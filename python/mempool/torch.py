@@ -15,7 +15,8 @@ torch_hooks.hpp installs them all from C++). So here:
   - torch.cuda.graph works as it is: an allocation on a stream the device
     reports capturing comes from a graph pool of that capture (addresses
     kept for replays, reused by nobody else); empty_cache() below releases
-    the pools of finished captures;
+    the pools of graphs that are destroyed (never those of a graph that may
+    still be replayed);
   - empty_cache() and set_memory_fraction() are this module's (PyTorch's
     own calls do not reach a pluggable allocator's pool from Python);
   - record_stream(tensor, stream) stands for tensor.record_stream(stream),
@@ -53,8 +54,9 @@ def use(device=None):
 
 def empty_cache():
     """torch.cuda.empty_cache() for mempool: every default pool gives its
-    idle memory back to the device, and graph pools of captures that ended
-    are released (mp_torch_reset)."""
+    idle memory back to the device, and graph pools of captured graphs that
+    are destroyed, with every executable made from them, are released
+    (mp_torch_reset)."""
     _lib.lib().mp_torch_reset()
 
 

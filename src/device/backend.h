@@ -53,6 +53,13 @@ typedef struct mp__backend {
    * capture, so two captures of one stream are told apart (CUDA:
    * cuStreamGetCaptureInfo). NULL: stream_capturing answers, the id 0. */
   int (*stream_capture_id)(mp_device_t *dev, mp_stream_t s, uint64_t *id);
+  /* Has fn(arg) called once the graph that s is being captured into, and
+   * every executable made from it, are destroyed and their replays done:
+   * from a driver thread, where no device call is allowed (CUDA: a user
+   * object the graph holds). On failure fn is never called. NULL: the
+   * backend cannot tell. */
+  mp_status_t (*capture_on_release)(mp_device_t *dev, mp_stream_t s,
+                                    void (*fn)(void *), void *arg);
   /* Which device of this kind the calling thread works on (CUDA: its
    * current context's); no message on failure. NULL: one device only. */
   mp_status_t (*current_ordinal)(mp_device_t *dev, int *out);
@@ -160,6 +167,9 @@ bool mp__device_stream_owned(mp_device_t *dev, mp_stream_t s);
 int mp__device_stream_capturing(mp_device_t *dev, mp_stream_t s);
 /* ops->stream_capture_id; *id is 0 unless it answers 1 with an id. */
 int mp__device_stream_capture_id(mp_device_t *dev, mp_stream_t s, uint64_t *id);
+/* ops->capture_on_release; MP_ENOTSUP where the backend has none. */
+mp_status_t mp__device_capture_on_release(mp_device_t *dev, mp_stream_t s,
+                                          void (*fn)(void *), void *arg);
 /* The ordinal of the device of dev's kind the calling thread works on;
  * MP_ENOTSUP when the backend has one device only, MP_ENODEV when the
  * thread is on none. */

@@ -110,6 +110,13 @@
   X(StreamGetCaptureInfo, (CUstream, CUstreamCaptureStatus *, cuuint64_t *,    \
                            CUgraph *, const CUgraphNode **, size_t *))
 
+/* User objects, to learn when a captured graph goes: optional; without
+ * them capture_on_release is MP_ENOTSUP. */
+#define MP__CUDA_UOBJ_API(X)                                                   \
+  X(UserObjectCreate, (CUuserObject *, void *, CUhostFn, unsigned, unsigned))  \
+  X(UserObjectRelease, (CUuserObject, unsigned))                               \
+  X(GraphRetainUserObject, (CUgraph, CUuserObject, unsigned, unsigned))
+
 typedef struct mp__cuda_api {
 #define MP__CUDA_FIELD(f, args) CUresult(*f) args;
   MP__CUDA_CORE_API(MP__CUDA_FIELD)
@@ -117,9 +124,11 @@ typedef struct mp__cuda_api {
   MP__CUDA_IPC_API(MP__CUDA_FIELD)
   MP__CUDA_CTX_API(MP__CUDA_FIELD)
   MP__CUDA_CAPTURE_API(MP__CUDA_FIELD)
+  MP__CUDA_UOBJ_API(MP__CUDA_FIELD)
 #undef MP__CUDA_FIELD
-  bool has_vmm; /* every MP__CUDA_VMM_API entry point resolved */
-  bool has_ipc; /* every MP__CUDA_IPC_API entry point resolved */
+  bool has_vmm;  /* every MP__CUDA_VMM_API entry point resolved */
+  bool has_ipc;  /* every MP__CUDA_IPC_API entry point resolved */
+  bool has_uobj; /* every MP__CUDA_UOBJ_API entry point resolved */
 } mp__cuda_api_t;
 
 typedef struct mp__cuda_sym {
@@ -138,6 +147,8 @@ static const mp__cuda_sym_t mp__cuda_ctx_syms[] = {
     MP__CUDA_CTX_API(MP__CUDA_SYM)};
 static const mp__cuda_sym_t mp__cuda_capture_syms[] = {
     MP__CUDA_CAPTURE_API(MP__CUDA_SYM)};
+static const mp__cuda_sym_t mp__cuda_uobj_syms[] = {
+    MP__CUDA_UOBJ_API(MP__CUDA_SYM)};
 #undef MP__CUDA_SYM
 
 /* Written once under mp__cuda_once, read-only afterwards. */
@@ -292,6 +303,9 @@ static void mp__cuda_load(void) {
                             sizeof *mp__cuda_capture_syms,
                         &missing))
     mp__cu.StreamGetCaptureInfo = NULL;
+  mp__cu.has_uobj = mp__cuda_resolve(
+      get_v2, get_v1, version, mp__cuda_uobj_syms,
+      sizeof mp__cuda_uobj_syms / sizeof *mp__cuda_uobj_syms, &missing);
 
   r = mp__cu.Init(0);
   if (r == CUDA_ERROR_NO_DEVICE) {
@@ -889,6 +903,65 @@ static int mp__cuda_stream_capture_id(mp_device_t *dev, mp_stream_t s,
   return 1;
 }
 
+/* The destructor of a graph's user object: fn(arg) unless disarmed (the
+ * object was never handed to a graph). */
+typedef struct mp__cuda_on_release {
+  void (*fn)(void *);
+  void *arg;
+  bool armed;
+} mp__cuda_on_release_t;
+
+static void CUDA_CB mp__cuda_released(void *p) {
+  mp__cuda_on_release_t *r = p;
+  if (r->armed)
+    r->fn(r->arg);
+  free(r);
+}
+
+static mp_status_t mp__cuda_capture_on_release(mp_device_t *dev, mp_stream_t s,
+                                               void (*fn)(void *), void *arg) {
+  if (!mp__cu.has_uobj || mp__cu.StreamGetCaptureInfo == NULL)
+    return mp__fail(MP_ENOTSUP, "device 'cuda': the driver has no user "
+                                "objects to tell when a graph goes");
+  mp__cuda_on_release_t *rel = mp__host_alloc(sizeof *rel);
+  if (rel == NULL)
+    return mp__fail(MP_ENOMEM, "out of host memory for a graph's user object");
+  *rel = (mp__cuda_on_release_t){fn, arg, true};
+  CUresult r = mp__cuda_push(mp__cuda_of(dev));
+  if (r != CUDA_SUCCESS) {
+    free(rel);
+    return mp__cuda_fail(r, "cuCtxPushCurrent");
+  }
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUgraph g = NULL;
+  CUuserObject o = NULL;
+  const char *what = "cuStreamGetCaptureInfo";
+  r = mp__cu.StreamGetCaptureInfo((CUstream)s, &st, NULL, &g, NULL, NULL);
+  if (r == CUDA_SUCCESS && (st != CU_STREAM_CAPTURE_STATUS_ACTIVE || g == NULL))
+    r = CUDA_ERROR_INVALID_VALUE; /* no graph being captured to hold it */
+  if (r == CUDA_SUCCESS) {
+    what = "cuUserObjectCreate";
+    r = mp__cu.UserObjectCreate(&o, rel, mp__cuda_released, 1,
+                                CU_USER_OBJECT_NO_DESTRUCTOR_SYNC);
+    if (r != CUDA_SUCCESS)
+      o = NULL;
+  }
+  if (r == CUDA_SUCCESS) {
+    what = "cuGraphRetainUserObject";
+    r = mp__cu.GraphRetainUserObject(g, o, 1, CU_GRAPH_USER_OBJECT_MOVE);
+  }
+  if (r != CUDA_SUCCESS) {
+    rel->armed = false;
+    if (o == NULL)
+      free(rel);
+    else
+      (void)mp__cu.UserObjectRelease(o, 1); /* its destructor frees rel */
+  }
+  mp__cuda_pop();
+  return r == CUDA_SUCCESS ? MP_OK
+                           : mp__cuda_fail(r, "%s(%p)", what, (void *)s);
+}
+
 static mp_status_t mp__cuda_launch_host(mp_device_t *dev, mp_stream_t s,
                                         void (*fn)(void *), void *arg) {
   CUresult r;
@@ -1324,6 +1397,7 @@ const mp__backend_t mp__cuda_backend = {
     .stream_kind = mp__cuda_stream_kind,
     .stream_capturing = mp__cuda_stream_capturing,
     .stream_capture_id = mp__cuda_stream_capture_id,
+    .capture_on_release = mp__cuda_capture_on_release,
     .stream_owned = mp__cuda_stream_owned,
     .current_ordinal = mp__cuda_current_ordinal,
     .ordinal = mp__cuda_ordinal,

@@ -167,6 +167,14 @@ int mp__device_stream_capture_id(mp_device_t *dev, mp_stream_t s,
              : mp__device_stream_capturing(dev, s);
 }
 
+mp_status_t mp__device_capture_on_release(mp_device_t *dev, mp_stream_t s,
+                                          void (*fn)(void *), void *arg) {
+  if (dev->ops->capture_on_release == NULL)
+    return mp__fail(MP_ENOTSUP, "device '%s' cannot tell when a graph goes",
+                    dev->ops->name);
+  return dev->ops->capture_on_release(dev, s, fn, arg);
+}
+
 mp__stream_kind_t mp__device_stream_kind(mp_device_t *dev, mp_stream_t s) {
   return dev->ops->stream_kind != NULL
              ? (mp__stream_kind_t)dev->ops->stream_kind(dev, s)

@@ -109,6 +109,11 @@ static int pinned_stream_capture_id(mp_device_t *dev, mp_stream_t s,
   return mp__device_stream_capture_id(pinned_under(dev), s, id);
 }
 
+static mp_status_t pinned_capture_on_release(mp_device_t *dev, mp_stream_t s,
+                                             void (*fn)(void *), void *arg) {
+  return mp__device_capture_on_release(pinned_under(dev), s, fn, arg);
+}
+
 static mp_status_t pinned_no_vm(void) {
   return mp__fail(MP_ENOTSUP, "pinned host memory has no virtual memory");
 }
@@ -152,6 +157,7 @@ const mp__backend_t mp__pinned_backend = {
     .stream_owned = pinned_stream_owned,
     .stream_capturing = pinned_stream_capturing,
     .stream_capture_id = pinned_stream_capture_id,
+    .capture_on_release = pinned_capture_on_release,
     .launch_host = pinned_launch_host,
     .memcpy_async = pinned_memcpy_async,
     .memset_async = pinned_memset_async,

@@ -221,6 +221,9 @@ void cuFakeResetCallCounts(void);
   X(cuStreamGetCaptureInfo_v3_ptsz)                                            \
   X(cuThreadExchangeStreamCaptureMode)                                         \
   X(cuGraphDestroy)                                                            \
+  X(cuUserObjectCreate)                                                        \
+  X(cuUserObjectRelease)                                                       \
+  X(cuGraphRetainUserObject)                                                   \
   X(cuGraphGetNodes)                                                           \
   X(cuGraphNodeGetType)                                                        \
   X(cuGraphInstantiateWithFlags)                                               \
@@ -550,16 +553,74 @@ typedef struct fk_node {
   size_t n;
 } fk_node_t;
 
+/* A user object (cuUserObjectCreate): its destructor runs, synchronously
+ * here (the driver runs it later, on a thread of its own), when the last
+ * reference goes: the creator's, a graph's or an executable's. */
+struct CUuserObject_st {
+  atomic_uint refs;
+  void *ptr;
+  CUhostFn destroy;
+};
+
+/* References a graph or an executable holds on user objects. */
+typedef struct fk_urefs {
+  struct CUuserObject_st **objs;
+  unsigned *counts;
+  size_t n;
+} fk_urefs_t;
+
 /* A graph is its nodes in capture order (a linear chain: one stream's
- * capture); an executable graph is a copy of them. */
+ * capture); an executable graph is a copy of them. Both hold their user
+ * objects. */
 struct CUgraph_st {
   fk_node_t **nodes;
   size_t n, cap;
+  fk_urefs_t urefs;
 };
 struct CUgraphExec_st {
   fk_node_t *nodes;
   size_t n;
+  fk_urefs_t urefs;
 };
+
+/* Drops count references of o; the last runs its destructor, where CUDA
+ * calls are refused as in a host function. */
+static void fk_uobj_release(struct CUuserObject_st *o, unsigned count) {
+  if (atomic_fetch_sub(&o->refs, count) != count)
+    return;
+  bool was = fk_in_host_fn;
+  fk_in_host_fn = true;
+  o->destroy(o->ptr);
+  fk_in_host_fn = was;
+  free(o);
+}
+
+/* Adds count references of o to r (o's count goes up unless moved). */
+static bool fk_urefs_add(fk_urefs_t *r, struct CUuserObject_st *o,
+                         unsigned count, bool move) {
+  struct CUuserObject_st **objs =
+      realloc(r->objs, (r->n + 1) * sizeof *r->objs);
+  if (objs == NULL)
+    return false;
+  r->objs = objs;
+  unsigned *counts = realloc(r->counts, (r->n + 1) * sizeof *r->counts);
+  if (counts == NULL)
+    return false;
+  r->counts = counts;
+  if (!move)
+    atomic_fetch_add(&o->refs, count);
+  r->objs[r->n] = o;
+  r->counts[r->n++] = count;
+  return true;
+}
+
+static void fk_urefs_drop(fk_urefs_t *r) {
+  for (size_t i = 0; i < r->n; i++)
+    fk_uobj_release(r->objs[i], r->counts[i]);
+  free(r->objs);
+  free(r->counts);
+  memset(r, 0, sizeof *r);
+}
 
 static bool fk_graph_add(struct CUgraph_st *g, const fk_node_t *node) {
   if (g->n == g->cap) {
@@ -584,6 +645,7 @@ static void fk_graph_free(struct CUgraph_st *g) {
   for (size_t i = 0; i < g->n; i++)
     free(g->nodes[i]);
   free(g->nodes);
+  fk_urefs_drop(&g->urefs);
   free(g);
 }
 
@@ -2014,7 +2076,8 @@ FK_IN_CTX_TWINS(cuStreamEndCapture, cuStreamEndCapture_ptsz,
  * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT while a blocking stream captures:
  * fk_blocking_capture). */
 static CUresult fk_capture_info(mp_device_t *dev, CUstream h, bool ptsz,
-                                CUstreamCaptureStatus *status, cuuint64_t *id) {
+                                CUstreamCaptureStatus *status, cuuint64_t *id,
+                                CUgraph *graph) {
   if (status == NULL)
     return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&fk.lock);
@@ -2030,6 +2093,8 @@ static CUresult fk_capture_info(mp_device_t *dev, CUstream h, bool ptsz,
     *status = st != NULL ? st->cap : CU_STREAM_CAPTURE_STATUS_NONE;
     if (id != NULL && *status != CU_STREAM_CAPTURE_STATUS_NONE)
       *id = st->cap_id;
+    if (graph != NULL && *status == CU_STREAM_CAPTURE_STATUS_ACTIVE)
+      *graph = st->graph;
   }
   pthread_mutex_unlock(&fk.lock);
   return r;
@@ -2037,10 +2102,10 @@ static CUresult fk_capture_info(mp_device_t *dev, CUstream h, bool ptsz,
 
 FK_IN_CTX_TWINS(cuStreamIsCapturing, cuStreamIsCapturing_ptsz,
                 (CUstream s, CUstreamCaptureStatus *status),
-                fk_capture_info(dev, s, ptsz, status, NULL))
+                fk_capture_info(dev, s, ptsz, status, NULL, NULL))
 
-/* The graph of an active capture is opaque here: no graph handle or
- * dependency list is given (NULL, 0). */
+/* The graph of an active capture is given (for cuGraphRetainUserObject);
+ * no dependency list (NULL, 0). */
 static CUresult fk_capture_info_v3(mp_device_t *dev, CUstream h, bool ptsz,
                                    CUstreamCaptureStatus *status,
                                    cuuint64_t *id, CUgraph *graph,
@@ -2055,7 +2120,7 @@ static CUresult fk_capture_info_v3(mp_device_t *dev, CUstream h, bool ptsz,
     *edges = NULL;
   if (ndeps != NULL)
     *ndeps = 0;
-  return fk_capture_info(dev, h, ptsz, status, id);
+  return fk_capture_info(dev, h, ptsz, status, id, graph);
 }
 
 FK_IN_CTX_TWINS(cuStreamGetCaptureInfo_v3, cuStreamGetCaptureInfo_v3_ptsz,
@@ -2132,6 +2197,13 @@ static CUresult fk_instantiate(CUgraphExec *out, CUgraph g) {
   for (size_t i = 0; i < g->n; i++)
     x->nodes[i] = *g->nodes[i];
   x->n = g->n;
+  for (size_t i = 0; i < g->urefs.n; i++)
+    if (!fk_urefs_add(&x->urefs, g->urefs.objs[i], g->urefs.counts[i], false)) {
+      fk_urefs_drop(&x->urefs);
+      free(x->nodes);
+      free(x);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
   *out = x;
   return CUDA_SUCCESS;
 }
@@ -2177,9 +2249,52 @@ CUresult cuGraphExecDestroy(CUgraphExec x) {
   FK_NEED_INIT();
   if (x == NULL)
     return fk_bad_handle();
+  fk_urefs_drop(&x->urefs);
   free(x->nodes);
   free(x);
   return CUDA_SUCCESS;
+}
+
+CUresult cuUserObjectCreate(CUuserObject *out, void *ptr, CUhostFn destroy,
+                            unsigned refs, unsigned flags) {
+  FK_COUNT(cuUserObjectCreate);
+  FK_NEED_INIT();
+  if (out == NULL || destroy == NULL || refs == 0 ||
+      flags != CU_USER_OBJECT_NO_DESTRUCTOR_SYNC)
+    return CUDA_ERROR_INVALID_VALUE;
+  struct CUuserObject_st *o = calloc(1, sizeof *o);
+  if (o == NULL)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  atomic_init(&o->refs, refs);
+  o->ptr = ptr;
+  o->destroy = destroy;
+  *out = o;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuUserObjectRelease(CUuserObject o, unsigned count) {
+  FK_COUNT(cuUserObjectRelease);
+  FK_NEED_INIT();
+  if (o == NULL || count == 0 || atomic_load(&o->refs) < count)
+    return CUDA_ERROR_INVALID_VALUE;
+  fk_uobj_release(o, count);
+  return CUDA_SUCCESS;
+}
+
+/* Under fk.lock: a graph being captured gets references from another
+ * thread's cuStreamGetCaptureInfo. */
+CUresult cuGraphRetainUserObject(CUgraph g, CUuserObject o, unsigned count,
+                                 unsigned flags) {
+  FK_COUNT(cuGraphRetainUserObject);
+  FK_NEED_INIT();
+  if (g == NULL || o == NULL || count == 0 ||
+      (flags & ~(unsigned)CU_GRAPH_USER_OBJECT_MOVE) != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fk.lock);
+  bool ok =
+      fk_urefs_add(&g->urefs, o, count, flags & CU_GRAPH_USER_OBJECT_MOVE);
+  pthread_mutex_unlock(&fk.lock);
+  return ok ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 /* Replays the graph's operations, in order, on stream s. */
@@ -2765,6 +2880,9 @@ static const fk_proc_t fk_procs[] = {
     FK_P("cuThreadExchangeStreamCaptureMode", 10010,
          cuThreadExchangeStreamCaptureMode),
     FK_P("cuGraphDestroy", 10000, cuGraphDestroy),
+    FK_P("cuUserObjectCreate", 11030, cuUserObjectCreate),
+    FK_P("cuUserObjectRelease", 11030, cuUserObjectRelease),
+    FK_P("cuGraphRetainUserObject", 11030, cuGraphRetainUserObject),
     FK_P("cuGraphGetNodes", 10000, cuGraphGetNodes),
     FK_P("cuGraphNodeGetType", 10000, cuGraphNodeGetType),
     FK_P("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cuda.h>
 #include <mempool/mempool.h>
@@ -42,6 +43,18 @@ static size_t allocated(void) {
   mp_stats_t s;
   cr_assert_eq(mp_pool_get_stats(mp_default_pool(), &s), MP_OK);
   return s.allocated_bytes;
+}
+
+/* mp_torch_reset until the default pool holds nothing (at most 2 s): a
+ * real driver tells that a graph is gone from a thread of its own, a
+ * while after it is destroyed. */
+static void reset_until_released(void) {
+  for (int i = 0; i < 200; i++) {
+    mp_torch_reset();
+    if (allocated() == 0)
+      return;
+    usleep(10000);
+  }
 }
 
 TestSuite(cuda_torch_capture, .init = on_cuda);
@@ -89,7 +102,7 @@ Test(cuda_torch_capture, a_capture_with_only_malloc_and_free_hooked_succeeds) {
   mp_torch_free(c, MiB, 0, ms);
   mp_torch_free(d, MiB, 0, NULL);
   cr_expect_gt(allocated(), 0, "the graph pool's range stays lent");
-  mp_torch_reset();
+  reset_until_released();
   cr_expect_eq(allocated(), 0, "released at reset");
   cr_expect_eq(mp_pool_check(mp_default_pool()), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_stream_forget(mp_pool_device(mp_default_pool()), ms), MP_OK);
@@ -179,7 +192,7 @@ Test(cuda_torch_capture,
   cr_assert_eq(cuStreamSynchronize(CU_STREAM_PER_THREAD), CUDA_SUCCESS);
   if (graph != NULL)
     cr_assert_eq(cuGraphDestroy(graph), CUDA_SUCCESS);
-  mp_torch_reset();
+  reset_until_released();
   cr_expect_eq(allocated(), 0, "the graph pool was not released at reset");
   cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
 }
@@ -264,7 +277,7 @@ Test(cuda_torch_capture, a_capture_of_an_exited_threads_stream_is_released) {
   cr_assert_eq(pthread_create(&t, NULL, capture_and_exit, ctx), 0);
   pthread_join(t, NULL);
   cr_expect_gt(allocated(), 0, "the graph pool's range is lent");
-  mp_torch_reset();
+  reset_until_released();
   cr_expect_eq(allocated(), 0, "the graph pool was not released at reset");
   cr_expect_eq(mp_pool_check(mp_default_pool()), MP_OK, "%s", mp_last_error());
 }
@@ -306,10 +319,35 @@ Test(cuda_torch_capture, a_capture_past_the_private_pool_limit_is_refused) {
     mp_torch_free(mp_torch_malloc(MiB, 0, NULL), MiB, 0, NULL);
   }
   cr_expect(refused, "no capture was refused");
-  mp_torch_reset();
+  reset_until_released();
   cr_expect_eq(allocated(), 0);
   cr_expect_eq(mp_pool_check(mp_default_pool()), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_stream_forget(mp_pool_device(mp_default_pool()), ms), MP_OK);
+  cr_assert_eq(cuStreamDestroy(s), CUDA_SUCCESS);
+}
+
+/* On device 0, a new stream the default pool has met: a block allocated
+ * and freed on it, the stream synchronized. */
+static CUstream warmed_stream(void) {
+  on_device(0);
+  CUstream s;
+  cr_assert_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  void *warm = mp_torch_malloc(MiB, 0, (mp_stream_t)s);
+  cr_assert_not_null(warm, "%s", mp_last_error());
+  mp_torch_free(warm, MiB, 0, (mp_stream_t)s);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  return s;
+}
+
+/* The graph pools released once their graphs are gone, the default pool
+ * sound, and s forgotten and destroyed. */
+static void all_released_then_destroy(CUstream s) {
+  reset_until_released();
+  cr_expect_eq(allocated(), 0, "a graph pool was not released at reset");
+  cr_expect_eq(mp_pool_check(mp_default_pool()), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(
+      mp_stream_forget(mp_pool_device(mp_default_pool()), (mp_stream_t)s),
+      MP_OK);
   cr_assert_eq(cuStreamDestroy(s), CUDA_SUCCESS);
 }
 
@@ -320,15 +358,9 @@ Test(cuda_torch_capture, a_capture_past_the_private_pool_limit_is_refused) {
  * freed, which the first graph's replays still write: the two graphs
  * aliased. Each capture (told by its id) gets its own graph pool. */
 Test(cuda_torch_capture, back_to_back_captures_on_one_stream_get_own_pools) {
-  on_device(0);
-  CUstream s;
-  cr_assert_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  CUstream s = warmed_stream();
   mp_stream_t ms = (mp_stream_t)s;
   mp_pool_t *pool = mp_default_pool();
-  void *warm = mp_torch_malloc(MiB, 0, ms);
-  cr_assert_not_null(warm, "%s", mp_last_error());
-  mp_torch_free(warm, MiB, 0, ms);
-  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
   CUgraph g[2] = {NULL, NULL};
   void *a[2];
   mp_pool_t *gp[2];
@@ -355,9 +387,44 @@ Test(cuda_torch_capture, back_to_back_captures_on_one_stream_get_own_pools) {
     if (g[i] != NULL)
       cr_assert_eq(cuGraphDestroy(g[i]), CUDA_SUCCESS);
   cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  all_released_then_destroy(s);
+}
+
+/* mp_torch_reset (Python's mempool.torch.empty_cache) released the graph
+ * pool of every capture that had ended, though its graph could still be
+ * replayed: the pool of a graph whose capture freed all it allocated (its
+ * results copied into tensors made before it, say) went back to the
+ * device's pool at once, the next allocation got that memory, and each
+ * replay wrote over it. The pool now goes once the graph and every
+ * executable made from it are destroyed. */
+Test(cuda_torch_capture, reset_keeps_the_pool_of_a_graph_still_replayable) {
+  CUstream s = warmed_stream();
+  mp_stream_t ms = (mp_stream_t)s;
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  void *a = mp_torch_malloc(MiB, 0, ms);
+  cr_assert_not_null(a, "%s", mp_last_error());
+  cr_assert_eq(cuMemsetD8Async((CUdeviceptr)a, 7, MiB, s), CUDA_SUCCESS);
+  mp_torch_free(a, MiB, 0, ms); /* a temporary of the graph */
+  CUgraph g = NULL;
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  CUgraphExec x;
+  cr_assert_eq(cuGraphInstantiate(&x, g, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);          /* as PyTorch does */
+  mp_torch_free(mp_torch_malloc(MiB, 0, ms), MiB, 0, ms); /* ends the route */
   mp_torch_reset();
-  cr_expect_eq(allocated(), 0, "a graph pool was not released at reset");
-  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(mp_stream_forget(mp_pool_device(pool), ms), MP_OK);
-  cr_assert_eq(cuStreamDestroy(s), CUDA_SUCCESS);
+  cr_expect_gt(allocated(), 0, "the pool of a replayable graph was released");
+  void *d = mp_torch_malloc(MiB, 0, NULL);
+  cr_assert_not_null(d, "%s", mp_last_error());
+  cr_expect_neq(d, a, "memory the graph's replays write was handed out");
+  cr_assert_eq(cuMemsetD8Async((CUdeviceptr)d, 1, MiB, NULL), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxSynchronize(), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphLaunch(x, s), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  unsigned char h = 0;
+  cr_assert_eq(cuMemcpyDtoH(&h, (CUdeviceptr)d, 1), CUDA_SUCCESS);
+  cr_expect_eq(h, 1, "the replay wrote over a tensor of the program's");
+  mp_torch_free(d, MiB, 0, NULL);
+  cr_assert_eq(cuGraphExecDestroy(x), CUDA_SUCCESS);
+  all_released_then_destroy(s); /* the graph is gone now */
 }
