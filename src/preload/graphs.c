@@ -140,12 +140,16 @@ size_t mp__pl_graph_pools(void) {
   return n;
 }
 
-/* The capture whose routes include s, begun and not yet ended. */
-static mp__pl_capture_t *mp__capture_of_stream(mp__custream s, bool ptsz) {
+/* The capture whose routes include s, begun and not yet ended. Streams are
+ * compared as the pool names them: an explicit handle is one stream
+ * whichever entry point (plain or _ptsz) passed it. */
+static mp__pl_capture_t *mp__capture_of_stream(const mp__pl_t *pl,
+                                               mp__custream s, bool ptsz) {
+  mp_stream_t ms = mp__pl_stream(pl, s, ptsz);
   for (size_t i = 0; i < MP__PL_CAPTURES; i++) {
     mp__pl_capture_t *c = &mp__gr.caps[i];
     for (unsigned k = 0; c->used && c->capturing && k < c->nstreams; k++)
-      if (c->streams[k] == s && c->ptsz[k] == ptsz)
+      if (mp__pl_stream(pl, c->streams[k], c->ptsz[k]) == ms)
         return c;
   }
   return NULL;
@@ -169,7 +173,7 @@ static void mp__capture_ended(mp__custream s, bool ptsz, mp__curesult r,
   }
   const mp__pl_t *pl = mp__pl_get();
   mp__gr_lock();
-  mp__pl_capture_t *c = mp__capture_of_stream(s, ptsz);
+  mp__pl_capture_t *c = mp__capture_of_stream(pl, s, ptsz);
   if (c != NULL) {
     for (unsigned k = 0; k < c->nstreams; k++)
       (void)mp_pool_graph_end(c->pool,

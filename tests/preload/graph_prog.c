@@ -9,7 +9,11 @@
  *    capture is not handed out after it until the graph and its executable
  *    are destroyed; afterwards it is. A second argument "params"
  *    instantiates with cuGraphInstantiateWithParams instead and destroys
- *    the graph at once: the executable alone must hold the memory.
+ *    the graph at once: the executable alone must hold the memory. A
+ *    second argument "ptsz" allocates and frees in the capture with the
+ *    per-thread-default-stream entry points (cuMemAllocAsync_ptsz, as a
+ *    library built with --default-stream per-thread does) on the same
+ *    explicit stream, and ends the capture with the plain entry point.
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -18,6 +22,11 @@
 #include <string.h>
 
 #include "prog_try.h"
+
+/* The per-thread-default-stream twins, which cuda.h declares only to
+ * programs built that way. */
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s);
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s);
 
 #define NTMP   6
 #define BYTES  ((size_t)1 << 20)
@@ -50,6 +59,11 @@ static int probe(CUstream s, int *inside) {
 int main(int argc, char **argv) {
   bool pool = argc > 1 && strcmp(argv[1], "pool") == 0;
   bool params = argc > 2 && strcmp(argv[2], "params") == 0;
+  bool ptsz = argc > 2 && strcmp(argv[2], "ptsz") == 0;
+  CUresult (*alloc)(CUdeviceptr *, size_t, CUstream) =
+      ptsz ? cuMemAllocAsync_ptsz : cuMemAllocAsync;
+  CUresult (*release)(CUdeviceptr, CUstream) =
+      ptsz ? cuMemFreeAsync_ptsz : cuMemFreeAsync;
   CUcontext ctx;
   CUdevice dev;
   MP_TRY(cuInit(0));
@@ -74,17 +88,17 @@ int main(int argc, char **argv) {
 
   CUdeviceptr out, tmp[NTMP];
   MP_TRY(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
-  MP_TRY(cuMemAllocAsync(&out, 4096, s));
+  MP_TRY(alloc(&out, 4096, s));
   note(out, 4096);
   for (int i = 0; i < NTMP; i++) {
-    MP_TRY(cuMemAllocAsync(&tmp[i], BYTES, s));
+    MP_TRY(alloc(&tmp[i], BYTES, s));
     note(tmp[i], BYTES);
     MP_TRY(cuMemsetD8Async(tmp[i], (unsigned char)i, BYTES, s));
     if (i > 0)
-      MP_TRY(cuMemFreeAsync(tmp[i - 1], s));
+      MP_TRY(release(tmp[i - 1], s));
   }
   MP_TRY(cuMemsetD8Async(out, 42, 4096, s));
-  MP_TRY(cuMemFreeAsync(tmp[NTMP - 1], s));
+  MP_TRY(release(tmp[NTMP - 1], s));
   CUgraph g;
   MP_TRY(cuStreamEndCapture(s, &g));
   CUgraphExec x;

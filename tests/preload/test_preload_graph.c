@@ -17,8 +17,9 @@ Test(preload_graph, without_the_shim_the_capture_replays) {
   cr_assert_str_eq(r.out, "ok\n");
 }
 
-/* how: NULL (cuGraphInstantiate) or "params" (cuGraphInstantiateWithParams):
- * either way the executable holds the graph pool until it is destroyed. */
+/* how: NULL (cuGraphInstantiate), "params" (cuGraphInstantiateWithParams)
+ * or "ptsz" (the capture allocates through the _ptsz entry points): either
+ * way the executable holds the graph pool until it is destroyed. */
 static void capture_under_the_shim(const char *how) {
   char dir[64], report[128], env_report[160];
   scratch_dir(dir, sizeof dir);
@@ -50,4 +51,14 @@ Test(preload_graph, under_the_shim_capture_allocations_come_from_a_graph_pool) {
 
 Test(preload_graph, instantiated_with_params_the_graph_pool_is_held_and_freed) {
   capture_under_the_shim("params");
+}
+
+/* A capture whose allocations came through the per-thread-default-stream
+ * entry points (cuMemAllocAsync_ptsz) on an explicit stream, ended through
+ * cuStreamEndCapture: the shim looked the capture up by handle and entry
+ * point both, found none, and never ended its routes. The stream went on
+ * allocating to the graph pool after the capture, and the pool was never
+ * released. For an explicit handle the entry point names the same stream. */
+Test(preload_graph, a_capture_allocating_through_ptsz_entry_points_ends) {
+  capture_under_the_shim("ptsz");
 }

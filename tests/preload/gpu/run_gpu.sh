@@ -103,13 +103,16 @@ if [ -x "$rules" ]; then
   done
 fi
 # graph_prog (issue 10): a capture with cuMemAllocAsync/cuMemFreeAsync in
-# it, served by a graph-private pool, replayed on the real driver.
+# it, served by a graph-private pool, replayed on the real driver; then
+# the same capture allocating through the _ptsz entry points.
 graph=$build/tests/preload/preload_graph_prog
 if [ -x "$graph" ]; then
   real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
-  LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
-    MEMPOOL_DEVICE=cuda "$graph" pool >"$work/graph.out" 2>&1 ||
-    fail "graph_prog under the shim: $(cat "$work/graph.out")"
+  for how in "" ptsz; do
+    LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
+      MEMPOOL_DEVICE=cuda "$graph" pool $how >"$work/graph.out" 2>&1 ||
+      fail "graph_prog $how under the shim: $(cat "$work/graph.out")"
+  done
 fi
 
 # 4. Page-locked memory of a driver-API program on the real driver (the
