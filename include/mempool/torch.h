@@ -78,7 +78,9 @@ typedef struct mp_torch_pool_id {
   unsigned long long first, second;
 } mp_torch_pool_id_t;
 /* The capture's stream test (PyTorch's std::function<bool(cudaStream_t)>):
- * nonzero when an allocation on stream belongs to the capture. */
+ * nonzero when an allocation on stream belongs to the capture. It runs
+ * under a lock of mempool's: it must not call mempool, and no C++
+ * exception may leave it (mempool/torch_hooks.hpp catches PyTorch's). */
 typedef int (*mp_torch_stream_filter_t)(mp_stream_t stream, void *ctx);
 
 /* set_begin_allocate_to_pool: from now until the matching end,

@@ -57,11 +57,19 @@ inline void begin_allocate_to_pool(int device, mempool_id id,
   auto *kept = new stream_filter(std::move(filter));
   mp_torch_begin_allocate_to_pool(
       device, mp_torch_pool_id_t{id.first, id.second},
+      // No exception may cross mempool's C code (it holds a lock around
+      // the filter): PyTorch's throws where the driver cannot tell a
+      // stream's capture (the legacy stream while a blocking stream
+      // captures), which is then no stream of this capture.
       [](mp_stream_t s, void *ctx) -> int {
-        return (*static_cast<stream_filter *>(ctx))(
-                   reinterpret_cast<stream_t>(s))
-                   ? 1
-                   : 0;
+        try {
+          return (*static_cast<stream_filter *>(ctx))(
+                     reinterpret_cast<stream_t>(s))
+                     ? 1
+                     : 0;
+        } catch (...) {
+          return 0;
+        }
       },
       kept, [](void *ctx) { delete static_cast<stream_filter *>(ctx); });
 }

@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <functional>
+#include <stdexcept>
 #include <utility>
 
 #include <mempool/mempool.h>
@@ -115,4 +116,35 @@ Test(torch_hooks_adapter, a_capture_through_the_std_functions_gets_a_pool,
   cr_assert_eq(mp_pool_get_stats(mp_default_pool(), &st), MP_OK);
   cr_expect_eq(st.allocated_bytes, 0u, "released back to the pool");
   mp_stream_destroy(dev, ms);
+}
+
+// PyTorch's filter asks the driver about the stream and throws where it
+// cannot tell (AT_CUDA_CHECK of cudaStreamGetCaptureInfo: the legacy
+// stream while a blocking stream captures). The exception crossed
+// mempool's C code, which held its capture lock around the filter, so the
+// lock was never dropped and the next capture call hung. Such a stream is
+// now taken for one the capture does not own.
+Test(torch_hooks_adapter, a_filter_that_throws_leaves_mempool_usable,
+     .init = on_host) {
+  PluggableStandIn a;
+  mempool::torch_hooks::install(a);
+  MempoolId_t id{0, 2};
+  a.begin(0, id, [](cudaStream_t) -> bool {
+    throw std::runtime_error("cudaErrorStreamCaptureImplicit");
+  });
+  bool threw = false;
+  void *p = nullptr;
+  try {
+    p = alloc_fn(4096, 0, nullptr);
+  } catch (...) {
+    threw = true;
+  }
+  cr_assert(!threw, "the filter's exception crossed mempool's C code");
+  cr_expect_not_null(p, "%s", mp_last_error());
+  free_fn(p, 4096, 0, nullptr);
+  a.end(0, id);
+  a.release(0, id);
+  mp_stats_t st;
+  cr_assert_eq(mp_pool_get_stats(mp_default_pool(), &st), MP_OK);
+  cr_expect_eq(st.allocated_bytes, 0u);
 }
