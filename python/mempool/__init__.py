@@ -139,7 +139,19 @@ def _stream_handle(stream):
     return _word(int(stream), "stream", "stream handle")
 
 
-class Device:
+class _Handle:
+    """An object holding a handle of this process's library state: a copy
+    would share it (destroying one left the other dangling, and its next
+    call crashed the interpreter), a pickle would carry a raw address into
+    another process. Both are refused."""
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("mempool.%s holds a handle of this process's libmempool "
+                        "state: it cannot be copied or pickled"
+                        % type(self).__name__)
+
+
+class Device(_Handle):
     """An mp_device_t. spec: "host", "host:capacity=8G,...", "cuda", "cuda:N",
     or None ($MEMPOOL_DEVICE, else cuda where usable, else host)."""
 
@@ -208,7 +220,7 @@ class Device:
         return "<mempool.Device %s>" % (self.name if self.handle else "closed")
 
 
-class Stream:
+class Stream(_Handle):
     """An mp_stream_t of a Device; .handle is the raw pointer (int)."""
 
     def __init__(self, device):
@@ -261,7 +273,7 @@ def _options(options, kwargs):
     return ",".join(parts)
 
 
-class Pool:
+class Pool(_Handle):
     """An mp_pool_t on a Device.
 
     options: mp_pool_config_parse's string ("max_bytes=8G,align=512,..."),

@@ -96,3 +96,22 @@ def test_closing_a_device_under_a_live_pool_is_busy_and_keeps_both(device):
 def test_set_memory_fraction_refuses_what_the_c_hook_would_ignore(fraction, dev):
     with pytest.raises(ValueError):
         mempool.torch.set_memory_fraction(fraction, dev)
+
+
+def test_copying_or_pickling_a_device_pool_or_stream_is_refused(device, pool):
+    # A copy shared the C handle: destroying one left the other dangling,
+    # and its next call (or destroy) crashed the interpreter. A pickle
+    # would carry a raw address into another process.
+    import copy
+    import pickle
+    st = device.stream()
+    for obj in (device, pool, st):
+        name = type(obj).__name__
+        for make in (copy.copy, copy.deepcopy, pickle.dumps):
+            with pytest.raises(TypeError, match="mempool.%s .*cannot be copied or pickled" % name):
+                make(obj)
+    p = pool.alloc(4096)  # all three still work
+    pool.free(p)
+    st.synchronize()
+    st.destroy()
+    pool.check()
