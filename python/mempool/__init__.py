@@ -124,6 +124,9 @@ def _word(value, what, call):
 def _cstr(text, what, call):
     """text as a C string: an embedded NUL would end it early, and the
     library would take a prefix of what was given."""
+    if not isinstance(text, (str, bytes)):
+        raise TypeError("%s: %s must be a str, not %s"
+                        % (call, what, type(text).__name__))
     b = text if isinstance(text, bytes) else text.encode()
     if b"\0" in b:
         raise _bad("%s %r holds a NUL byte" % (what, text), call)
@@ -135,8 +138,16 @@ def _stream_handle(stream):
         return None
     if isinstance(stream, Stream):
         return stream._live()
-    # a CUstream / cudaStream_t as an int (e.g. torch's)
-    return _word(int(stream), "stream", "stream handle")
+    # a CUstream / cudaStream_t as an int (e.g. torch's); int() would turn
+    # 2.5 into 0x2 (the per-thread stream) and True into 0x1 (the legacy one)
+    return _word(stream, "stream", "stream handle")
+
+
+def _device(device, call):
+    if not isinstance(device, Device):
+        raise TypeError("%s: device must be a mempool.Device, not %s"
+                        % (call, type(device).__name__))
+    return device._live()
 
 
 class _Handle:
@@ -225,7 +236,7 @@ class Stream(_Handle):
 
     def __init__(self, device):
         h = ctypes.c_void_p()
-        _check(_lib.lib().mp_stream_create(device._live(), ctypes.byref(h)),
+        _check(_lib.lib().mp_stream_create(_device(device, "Stream"), ctypes.byref(h)),
                "mp_stream_create")
         self.device, self.handle = device, h.value
 
@@ -265,6 +276,8 @@ class _Config(ctypes.Structure):
 
 
 def _options(options, kwargs):
+    if options is not None and not isinstance(options, str):
+        raise TypeError("Pool: options must be a str, not %s" % type(options).__name__)
     parts = [options] if options else []
     for k, v in kwargs.items():
         if isinstance(v, bool):
@@ -282,6 +295,7 @@ class Pool(_Handle):
 
     def __init__(self, device, options=None, **kwargs):
         L = _lib.lib()
+        _device(device, "Pool")
         cfg = _Config()
         size = L.mp_pool_config_sizeof()
         if size > ctypes.sizeof(cfg):

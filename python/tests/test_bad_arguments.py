@@ -115,3 +115,36 @@ def test_copying_or_pickling_a_device_pool_or_stream_is_refused(device, pool):
     st.synchronize()
     st.destroy()
     pool.check()
+
+
+def test_arguments_of_the_wrong_type_raise_type_error_and_change_nothing(device, pool):
+    # A float, bool or str stream was turned into a handle (2.5 -> 0x2, the
+    # per-thread stream on CUDA; True -> 0x1, the legacy stream); a non-str
+    # spec, format or options, or a non-Device, failed with AttributeError
+    # from inside the package.
+    p = pool.alloc(4096)
+    before = pool.stats()
+    for bad in (2.5, True, "5"):
+        with pytest.raises(TypeError, match="stream"):
+            pool.alloc(4096, stream=bad)
+        with pytest.raises(TypeError, match="stream"):
+            pool.free(p, stream=bad)
+        with pytest.raises(TypeError, match="stream"):
+            pool.record_stream(p, bad)
+    with pytest.raises(TypeError, match="spec"):
+        mempool.Device(123)
+    with pytest.raises(TypeError, match="format"):
+        pool.dump(5)
+    with pytest.raises(TypeError, match="options"):
+        mempool.Pool(device, 5)
+    for not_a_device in (None, "host", pool):
+        with pytest.raises(TypeError, match="device"):
+            mempool.Pool(not_a_device)
+        with pytest.raises(TypeError, match="device"):
+            mempool.Stream(not_a_device)
+    after = pool.stats()
+    assert after["allocated_bytes.all.current"] == before["allocated_bytes.all.current"]
+    assert after["allocation.all.allocated"] == before["allocation.all.allocated"]
+    assert after["allocation.all.freed"] == before["allocation.all.freed"]
+    pool.free(p)
+    pool.check()
