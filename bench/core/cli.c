@@ -303,6 +303,18 @@ static int mpb_fail_usage(const char *fmt, const char *arg) {
   return 2;
 }
 
+/* Options of `run` that `mpbench bound` has no use for: it writes no files
+ * and searches no capacity, so given to it they would do nothing. */
+static bool mpb_bound_ignores(const char *a) {
+  static const char *const opts[] = {
+      "--out",         "--blockmap", "--capacity-budget", "--capacity-total",
+      "--no-capacity", "--no-plots"};
+  for (size_t k = 0; k < sizeof opts / sizeof *opts; k++)
+    if (strcmp(a, opts[k]) == 0)
+      return true;
+  return false;
+}
+
 static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
   int i = 1;
   if (argc > 1 && argv[1][0] != '-') {
@@ -338,6 +350,10 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
       return mpb_fail_usage("%s needs a value", a);
     if (takes)
       i++;
+    if (c->bound && mpb_bound_ignores(a))
+      return mpb_fail_usage("%s: bound prints one table on stdout and searches "
+                            "no capacity; it does not take this option",
+                            a);
     if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
       mpb_usage(stdout);
       return 0;

@@ -116,3 +116,29 @@ Test(cli_bound, failed_replay_says_why, .init = make_tmp, .fini = drop_tmp) {
                 NULL,
             "%s", text);
 }
+
+/* Options of `run` that bound has no use for (it writes no files and
+ * searches no capacity) are bad usage, not silently dropped: `bound --out
+ * DIR` exited 0 having written nothing there. */
+Test(cli_bound, bound_refuses_the_options_it_does_not_use, .init = make_tmp,
+     .fini = drop_tmp) {
+  char trace[512], out[512];
+  snprintf(trace, sizeof trace, "%s/small.csv", tmpdir);
+  snprintf(out, sizeof out, "%s/out", tmpdir);
+  write_file(trace, "1,00:00:00.000001,allocate,0x1000,4096,0\n"
+                    "1,00:00:00.000002,free,0x1000,4096,0\n");
+  const char *opts[][2] = {{"--out", out},
+                           {"--blockmap", "pool"},
+                           {"--capacity-budget", "5"},
+                           {"--capacity-total", "5"},
+                           {"--no-capacity", NULL},
+                           {"--no-plots", NULL}};
+  for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) {
+    const char *args[] = {"bound",    "--device", "host", "--quiet",
+                          opts[i][0], opts[i][1], NULL,   NULL};
+    args[opts[i][1] ? 6 : 5] = trace;
+    cr_expect_eq(run_text(args), 2, "%s was accepted", opts[i][0]);
+    cr_expect(strstr(text, "| workload |") == NULL, "a table: %s", text);
+  }
+  cr_expect_eq(access(out, F_OK), -1, "the output folder was created");
+}
