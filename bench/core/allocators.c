@@ -405,7 +405,10 @@ mp_status_t mpb_allocator_open(const char *name, mp_device_t *dev,
     a->raw_base = total_b - free_b;
   } else if (make == NULL && mpb_prefix(name, "host-pool")) {
     a->kind = MPB_KIND_HOST_POOL;
-    mp_pool_config_t cfg = {0};
+    /* Every field 0: the host pool's defaults ($MEMPOOL_CONF is the device
+     * pool's). At this header's size, or the options appended after the
+     * first size (arenas=, map_piece=) would be refused. */
+    mp_pool_config_t cfg = {.struct_size = sizeof cfg};
     st = name[9] == ':' ? mp_pool_config_parse(&cfg, name + 10) : MP_OK;
     if (st == MP_OK)
       st = mp_host_pool_create(dev, &cfg, &a->hp);

@@ -68,6 +68,26 @@ Test(host_allocators, unknown_host_allocator_is_einval) {
   mp_device_close(dev);
 }
 
+/* Options appended to mp_pool_config_t after its first size reach the host
+ * pool: "host-pool:arenas=2" was refused as if mpbench were built against
+ * an older header (its config had struct_size 0, read as the first size). */
+Test(host_allocators, host_pool_takes_options_of_every_config_size) {
+  mp_device_t *dev;
+  cr_assert_eq(mp_device_open("host", &dev), MP_OK);
+  const char *specs[] = {"host-pool:arenas=2", "host-pool:map_piece=4M",
+                         "host-pool:max_bytes=64M,arenas=2"};
+  for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
+    mpb_allocator_t *a = NULL;
+    cr_expect_eq(mpb_allocator_open(specs[i], dev, NULL, &a), MP_OK, "%s: %s",
+                 specs[i], mp_last_error());
+    if (a != NULL)
+      mpb_allocator_close(a);
+  }
+  mp_device_close(dev);
+  mpb_result_t r = run("host-pool:arenas=2");
+  cr_expect_geq(r.peak_reserved, r.peak_live);
+}
+
 /* host-jemalloc exists where mpbench has jemalloc (not in sanitizer
  * builds). */
 static void need_jemalloc(void) {
