@@ -36,7 +36,11 @@ def use(device=None):
     device: the device spec of the default pool ("cuda:1", "host", or an int
     N for "cuda:N"); None keeps $MEMPOOL_DEVICE or the library's choice. It
     is set as $MEMPOOL_DEVICE, which the default pool reads when it is made
-    (on the first allocation)."""
+    (on the first allocation). A negative number, a bool or a float:
+    ValueError, and nothing is set or installed."""
+    if isinstance(device, (bool, float)) or (isinstance(device, int) and device < 0):
+        raise ValueError("mempool.torch.use: device %r is not a device number (N for "
+                         "cuda:N) or a device spec" % (device,))
     try:
         import torch
         from torch.cuda.memory import CUDAPluggableAllocator, change_current_allocator

@@ -61,3 +61,29 @@ print(capped is None, lifted is not None)
 """)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True", "True"]
+
+
+def test_use_with_a_bad_device_raises_and_installs_nothing(monkeypatch):
+    # use() set $MEMPOOL_DEVICE to "cuda:-1" (or "cuda:1" for True) and
+    # installed the allocator: the mistake surfaced only at the first
+    # allocation, as an out-of-memory error inside PyTorch. A stand-in
+    # torch records what use() would have installed.
+    import sys
+    import types
+    installed = []
+    torch = types.ModuleType("torch")
+    torch.cuda = types.ModuleType("torch.cuda")
+    torch.cuda.memory = types.ModuleType("torch.cuda.memory")
+    torch.cuda.memory.CUDAPluggableAllocator = lambda *a: ("allocator", a)
+    torch.cuda.memory.change_current_allocator = installed.append
+    for name, mod in (("torch", torch), ("torch.cuda", torch.cuda),
+                      ("torch.cuda.memory", torch.cuda.memory)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.delenv("MEMPOOL_DEVICE", raising=False)  # restored after
+    for bad in (-1, True, False, 1.0):
+        with pytest.raises(ValueError, match="device"):
+            mempool.torch.use(device=bad)
+        assert "MEMPOOL_DEVICE" not in os.environ
+        assert installed == []
+    mempool.torch.use(device=1)  # a good one still works
+    assert os.environ["MEMPOOL_DEVICE"] == "cuda:1" and len(installed) == 1
