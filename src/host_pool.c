@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "device/backend.h"
+#include "pool/pool_internal.h" /* MP__POOL_CONF_BAD */
 #include "structs.h"
 
 struct mp_host_pool {
@@ -39,8 +40,9 @@ mp_status_t mp_host_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
       return st;
   }
   /* Page-locked memory cannot be mapped into a reserved range, and host
-   * buffers are raw pointers that must never move. */
-  c.flags = 0;
+   * buffers are raw pointers that must never move. The mark of a bad
+   * $MEMPOOL_CONF stays, for mp_pool_create to refuse the config with. */
+  c.flags &= MP__POOL_CONF_BAD;
   mp_host_pool_t *hp = mp__host_calloc(1, sizeof *hp);
   if (hp == NULL)
     return mp__fail(MP_ENOMEM, "out of host memory creating a host pool");

@@ -40,7 +40,8 @@ typedef struct mp_host_pool mp_host_pool_t;
  * ($MEMPOOL_CONF is the device pool's and is not read). max_bytes caps the
  * page-locked bytes held; an allocation it stops is MP_ELIMIT. cfg->flags
  * is ignored: page-locked memory has no virtual memory and host blocks
- * never move. A bad cfg is MP_EINVAL, as for mp_pool_create. */
+ * never move. A bad cfg is MP_EINVAL, as for mp_pool_create (one that
+ * mp_pool_config_init made under a bad $MEMPOOL_CONF included). */
 MP_API mp_status_t mp_host_pool_create(mp_device_t *dev,
                                        const mp_pool_config_t *cfg,
                                        mp_host_pool_t **out);

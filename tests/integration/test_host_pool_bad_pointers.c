@@ -1,6 +1,7 @@
 /* Bad pointers given to the host pool are MP_EINVAL and change nothing:
  * NULL handles, pointers it never handed out (device memory, the device's
  * own page-locked memory, stack), interior pointers, double frees. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "../support/host_pool_fixture.h"
@@ -106,4 +107,22 @@ Test(host_pool_bad_pointers, bad_config_is_einval) {
   mp_pool_config_t cfg = {.align = 3000};
   cr_expect_eq(mp_host_pool_create(dev, &cfg, &other), MP_EINVAL);
   cr_expect_null(other);
+}
+
+/* A config mp_pool_config_init made under a bad $MEMPOOL_CONF is refused
+ * as mp_pool_create refuses it, naming the culprit: the host pool dropped
+ * the mark with the flags it ignores and made a pool with the defaults. */
+Test(host_pool_bad_pointers, config_made_under_a_bad_mempool_conf_is_einval) {
+  setenv("MEMPOOL_CONF", "max_bytes=64M,bogus_key=1", 1);
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  mp_host_pool_t *other = NULL;
+  cr_expect_eq(mp_host_pool_create(dev, &cfg, &other), MP_EINVAL);
+  cr_expect_null(other);
+  cr_expect(strstr(mp_last_error(), "MEMPOOL_CONF") != NULL &&
+                strstr(mp_last_error(), "bogus_key") != NULL,
+            "%s", mp_last_error());
+  if (other != NULL)
+    mp_host_pool_destroy(other);
+  unsetenv("MEMPOOL_CONF");
 }
