@@ -364,6 +364,8 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
         return mpb_fail_usage("%s: replay takes trace files, not workloads", a);
       mpb_strv_push(&c->workloads, val);
     } else if (strcmp(a, "--traces") == 0) {
+      if (c->replay)
+        return mpb_fail_usage("%s: replay takes trace files, not a folder", a);
       c->traces_dir = val;
     } else if (strcmp(a, "--allocator") == 0) {
       if (mpb_allocator_check_name(val) != MP_OK)
@@ -395,6 +397,8 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
     } else if (strcmp(a, "--no-capacity") == 0) {
       c->capacity = false;
     } else if (strcmp(a, "--no-traces") == 0) {
+      if (c->replay)
+        return mpb_fail_usage("%s: replay runs the trace files given", a);
       c->no_traces = true;
     } else if (strcmp(a, "--no-plots") == 0) {
       c->plots = false;

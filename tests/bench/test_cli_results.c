@@ -312,6 +312,24 @@ Test(cli_results, bad_arguments_exit_2_and_write_nothing, .init = make_tmp,
   cr_expect_eq(run(help), 0);
 }
 
+/* replay runs the FILEs given and nothing else: --traces and --no-traces
+ * (run's) were dropped silently, as --workload is not. */
+Test(cli_results, replay_refuses_the_options_of_run, .init = make_tmp,
+     .fini = drop_tmp) {
+  char out[512], trace[512];
+  snprintf(out, sizeof out, "%s/out", tmpdir);
+  snprintf(trace, sizeof trace, "%s/t.csv", tmpdir);
+  write_trace(trace);
+  const char *a1[] = {"replay",        "--out",   out,
+                      "--no-capacity", "--quiet", "--traces",
+                      tmpdir,          trace,     NULL};
+  cr_expect_eq(run(a1), 2);
+  const char *a2[] = {"replay",  "--out",       out,   "--no-capacity",
+                      "--quiet", "--no-traces", trace, NULL};
+  cr_expect_eq(run(a2), 2);
+  cr_expect_eq(access(out, F_OK), -1, "the output folder was created");
+}
+
 Test(cli_results, report_html_is_written_with_the_chosen_block_map,
      .init = make_tmp, .fini = drop_tmp) {
   const char *args[] = {"run",         "--workload",    "cnn:batches=5",
