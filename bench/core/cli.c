@@ -315,8 +315,26 @@ static bool mpb_bound_ignores(const char *a) {
   return false;
 }
 
+/* Whether option a takes one value and was given before (seen: a bit per
+ * such option): twice is ambiguous, as a key twice in an option string. */
+static bool mpb_given_twice(const char *a, unsigned *seen) {
+  static const char *const once[] = {
+      "--out",        "--traces",          "--device",
+      "--blockmap",   "--capacity-budget", "--capacity-total",
+      "--stream-work"};
+  for (unsigned k = 0; k < sizeof once / sizeof *once; k++) {
+    if (strcmp(a, once[k]) != 0)
+      continue;
+    bool twice = (*seen >> k) & 1u;
+    *seen |= 1u << k;
+    return twice;
+  }
+  return false;
+}
+
 static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
   int i = 1;
+  unsigned seen = 0;
   if (argc > 1 && argv[1][0] != '-') {
     if (strcmp(argv[1], "run") == 0)
       c->replay = false;
@@ -350,6 +368,8 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
       return mpb_fail_usage("%s needs a value", a);
     if (takes)
       i++;
+    if (mpb_given_twice(a, &seen))
+      return mpb_fail_usage("%s given twice (which one was meant?)", a);
     if (c->bound && mpb_bound_ignores(a))
       return mpb_fail_usage("%s: bound prints one table on stdout and searches "
                             "no capacity; it does not take this option",

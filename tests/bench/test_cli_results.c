@@ -330,6 +330,40 @@ Test(cli_results, replay_refuses_the_options_of_run, .init = make_tmp,
   cr_expect_eq(access(out, F_OK), -1, "the output folder was created");
 }
 
+/* An option that takes one value, given twice, is ambiguous (which one was
+ * meant?), as a key given twice in an option string is: the last one won
+ * silently. */
+Test(cli_results, an_option_of_one_value_given_twice_is_bad_usage,
+     .init = make_tmp, .fini = drop_tmp) {
+  char out[512], out2[512];
+  snprintf(out, sizeof out, "%s/out", tmpdir);
+  snprintf(out2, sizeof out2, "%s/out2", tmpdir);
+  const char *twice[][3] = {{"--out", out, out2},
+                            {"--device", "host", "host:capacity=8G"},
+                            {"--traces", tmpdir, tmpdir},
+                            {"--blockmap", "pool", "none"},
+                            {"--capacity-budget", "1", "2"},
+                            {"--capacity-total", "1", "2"},
+                            {"--stream-work", "0", "5"}};
+  for (size_t i = 0; i < sizeof twice / sizeof *twice; i++) {
+    const char *args[] = {"run",
+                          "--quiet",
+                          "--no-capacity",
+                          "--workload",
+                          "random:n=10",
+                          twice[i][0],
+                          twice[i][1],
+                          twice[i][0],
+                          twice[i][2],
+                          i == 0 ? NULL : "--out",
+                          out,
+                          NULL};
+    cr_expect_eq(run(args), 2, "%s twice was accepted", twice[i][0]);
+  }
+  cr_expect_eq(access(out, F_OK), -1, "the output folder was created");
+  cr_expect_eq(access(out2, F_OK), -1, "the output folder was created");
+}
+
 Test(cli_results, report_html_is_written_with_the_chosen_block_map,
      .init = make_tmp, .fini = drop_tmp) {
   const char *args[] = {"run",         "--workload",    "cnn:batches=5",
