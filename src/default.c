@@ -163,7 +163,8 @@ mp_status_t mp_free(void *ptr) {
   mp_pool_t *pool = mp__default_owner(ptr);
   if (pool == NULL)
     return mp__default ? MP_ENODEV : mp__default_status;
-  return mp_pool_free(pool, ptr);
+  MP__HIST_ENTRY(pool);
+  return mp__pool_free_named(pool, ptr, "mp_free");
 }
 
 mp_status_t mp_free_async(void *ptr, mp_stream_t s) {

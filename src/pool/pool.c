@@ -463,6 +463,10 @@ mp_status_t mp__pool_free_on(mp_pool_t *pool, void *ptr, mp_stream_t s,
   return mp__pool_free_as(pool, ptr, MP__FREE_ON, s, fn);
 }
 
+mp_status_t mp__pool_free_named(mp_pool_t *pool, void *ptr, const char *fn) {
+  return mp__pool_free_as(pool, ptr, MP__FREE_OWN, NULL, fn);
+}
+
 mp_status_t mp_pool_free_after_all(mp_pool_t *pool, void *ptr) {
   if (MP__UNLIKELY(pool == NULL))
     return mp__fail(MP_EINVAL, "mp_pool_free_after_all: pool is NULL");

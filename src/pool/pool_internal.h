@@ -690,6 +690,8 @@ bool mp__pool_block_of(mp_pool_t *pool, const void *ptr, void **base,
  * caller in messages. */
 mp_status_t mp__pool_free_on(mp_pool_t *pool, void *ptr, mp_stream_t s,
                              const char *fn);
+/* mp_pool_free of ptr, fn naming the caller in messages (mp_free). */
+mp_status_t mp__pool_free_named(mp_pool_t *pool, void *ptr, const char *fn);
 
 /* ---- index.c: size classes, bitmaps, class treaps ----------------------- */
 void mp__class_of(const mp_pool_t *pool, size_t size, unsigned *fl,

@@ -110,3 +110,31 @@ Test(default_pool, refused_free_async_leaves_no_stream_use_behind) {
   cr_assert_eq(mp_stream_synchronize(dev, busy), MP_OK);
   mp_stream_destroy(dev, busy);
 }
+
+/* mp_free's refusals name mp_free, the call the program made, as
+ * mp_free_async's do: they said "mp_pool_free: ... this pool", a function
+ * and a pool the program never named. Nothing is freed. */
+Test(default_pool, refused_free_names_mp_free_and_frees_nothing) {
+  setenv("MEMPOOL_DEVICE", "host", 1);
+  unsetenv("MEMPOOL_CONF");
+  void *p = NULL, *q = NULL;
+  cr_assert_eq(mp_malloc(&p, 4096), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_malloc(&q, 4096), MP_OK, "%s", mp_last_error());
+  mp_stats_t before, after;
+  cr_assert_eq(mp_pool_get_stats(mp_default_pool(), &before), MP_OK);
+  int local;
+  void *bad[] = {&local, (char *)p + 512};
+  for (size_t i = 0; i < 2; i++) {
+    cr_expect_eq(mp_free(bad[i]), MP_EINVAL);
+    cr_expect_eq(strncmp(mp_last_error(), "mp_free: ", 9), 0, "%s",
+                 mp_last_error());
+  }
+  cr_expect_eq(mp_free(q), MP_OK);
+  cr_expect_eq(mp_free(q), MP_EINVAL, "double free");
+  cr_expect_eq(strncmp(mp_last_error(), "mp_free: ", 9), 0, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_get_stats(mp_default_pool(), &after), MP_OK);
+  cr_expect_eq(after.allocated_bytes + 4096, before.allocated_bytes,
+               "only q was freed");
+  cr_expect_eq(mp_free(p), MP_OK, "%s", mp_last_error());
+}
