@@ -30,7 +30,12 @@ static mp_status_t mp__pool_cap_for(const mp_pool_t *pool, size_t max_bytes,
     if (!told)
       return mp__fail(MP_EINVAL, "pool config: max_fraction needs the "
                                  "device's size, which it does not tell");
-    *cap = (size_t)((double)total * fraction) & ~(pool->cfg.align - 1);
+    /* At most total: on a device near 2^64 bytes the product rounds up to
+     * 2^64 as a double, which no size_t holds (the conversion is
+     * undefined). */
+    double want = (double)total * fraction;
+    size_t share = want >= (double)SIZE_MAX ? SIZE_MAX : (size_t)want;
+    *cap = (share < total ? share : total) & ~(pool->cfg.align - 1);
     /* As max_bytes below the alignment: a cap that no block fits. */
     if (*cap == 0)
       return mp__fail(MP_EINVAL,

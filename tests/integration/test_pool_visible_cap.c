@@ -103,3 +103,25 @@ Test(visible_cap, a_fraction_that_leaves_no_room_is_refused) {
   cr_expect_eq(mp_pool_free(p, x), MP_OK);
   cr_assert_eq(mp_pool_destroy(p), MP_OK);
 }
+
+/* On a device whose size is near 2^64, the whole of it as a fraction is
+ * the device's size: the product rounded up to 2^64 as a double, and its
+ * conversion (undefined) gave 0, refused as "below the alignment". */
+Test(visible_cap, a_whole_fraction_of_the_largest_device_is_its_size) {
+  mp_device_t *big = NULL;
+  cr_assert_eq(mp_device_open("host:capacity=18446744073709551615", &big),
+               MP_OK, "%s", mp_last_error());
+  mp_pool_t *p = make_pool(big, "max_fraction=1");
+  size_t t = 0;
+  cr_assert_eq(mp_pool_mem_info(p, NULL, &t), MP_OK);
+  cr_expect_eq(t, SIZE_MAX & ~(size_t)511, "total %zu", t);
+  cr_expect_eq(mp_pool_set_max_fraction(p, 1.0), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_mem_info(p, NULL, &t), MP_OK);
+  cr_expect_eq(t, SIZE_MAX & ~(size_t)511, "total %zu", t);
+  void *x;
+  cr_expect_eq(mp_pool_alloc(p, 1 << 20, NULL, &x), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(mp_pool_free(p, x), MP_OK);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+  mp_device_close(big);
+}
