@@ -250,6 +250,13 @@ static bool mpb_strv_push(mpb_strv_t *s, const char *str) {
   return true;
 }
 
+static bool mpb_strv_has(const mpb_strv_t *s, const char *str) {
+  for (size_t i = 0; i < s->n; i++)
+    if (strcmp(s->v[i], str) == 0)
+      return true;
+  return false;
+}
+
 static void mpb_strv_free(mpb_strv_t *s) {
   for (size_t i = 0; i < s->n; i++)
     free(s->v[i]);
@@ -382,6 +389,10 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
     } else if (strcmp(a, "--workload") == 0) {
       if (c->replay)
         return mpb_fail_usage("%s: replay takes trace files, not workloads", a);
+      if (mpb_strv_has(&c->workloads, val))
+        return mpb_fail_usage("--workload %s given twice (its rows would "
+                              "look the same)",
+                              val);
       mpb_strv_push(&c->workloads, val);
     } else if (strcmp(a, "--traces") == 0) {
       if (c->replay)
@@ -390,6 +401,10 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
     } else if (strcmp(a, "--allocator") == 0) {
       if (mpb_allocator_check_name(val) != MP_OK)
         return mpb_fail_usage("%s", mp_last_error());
+      if (mpb_strv_has(&c->allocators, val))
+        return mpb_fail_usage("--allocator %s given twice (its rows would "
+                              "look the same)",
+                              val);
       mpb_strv_push(&c->allocators, val);
     } else if (strcmp(a, "--device") == 0) {
       c->device = val;
@@ -427,6 +442,10 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
     } else if (a[0] == '-' && a[1] != '\0') {
       return mpb_fail_usage("unknown option '%s'", a);
     } else if (c->replay || c->bound) {
+      if (mpb_strv_has(&c->files, a))
+        return mpb_fail_usage("trace %s given twice (its rows would look the "
+                              "same)",
+                              a);
       mpb_strv_push(&c->files, a);
     } else {
       return mpb_fail_usage("unexpected argument '%s' (trace files go to "

@@ -312,22 +312,35 @@ Test(cli_results, bad_arguments_exit_2_and_write_nothing, .init = make_tmp,
   cr_expect_eq(run(help), 0);
 }
 
+/* A trace file in tmpdir (its path in trace) and where --out points (out),
+ * for the tests of bad usage below. */
+static void out_and_trace(char *out, char *trace, size_t len) {
+  snprintf(out, len, "%s/out", tmpdir);
+  snprintf(trace, len, "%s/t.csv", tmpdir);
+  write_trace(trace);
+}
+
+/* Each command line of cmds exits 2 (bad usage), and out is not made. */
+static void expect_bad_usage(const char **const *cmds, size_t n,
+                             const char *out) {
+  for (size_t i = 0; i < n; i++)
+    cr_expect_eq(run(cmds[i]), 2, "command line %zu was accepted", i);
+  cr_expect_eq(access(out, F_OK), -1, "the output folder was created");
+}
+
 /* replay runs the FILEs given and nothing else: --traces and --no-traces
  * (run's) were dropped silently, as --workload is not. */
 Test(cli_results, replay_refuses_the_options_of_run, .init = make_tmp,
      .fini = drop_tmp) {
   char out[512], trace[512];
-  snprintf(out, sizeof out, "%s/out", tmpdir);
-  snprintf(trace, sizeof trace, "%s/t.csv", tmpdir);
-  write_trace(trace);
+  out_and_trace(out, trace, sizeof out);
   const char *a1[] = {"replay",        "--out",   out,
                       "--no-capacity", "--quiet", "--traces",
                       tmpdir,          trace,     NULL};
-  cr_expect_eq(run(a1), 2);
   const char *a2[] = {"replay",  "--out",       out,   "--no-capacity",
                       "--quiet", "--no-traces", trace, NULL};
-  cr_expect_eq(run(a2), 2);
-  cr_expect_eq(access(out, F_OK), -1, "the output folder was created");
+  const char **const cmds[] = {a1, a2};
+  expect_bad_usage(cmds, 2, out);
 }
 
 /* An option that takes one value, given twice, is ambiguous (which one was
@@ -362,6 +375,26 @@ Test(cli_results, an_option_of_one_value_given_twice_is_bad_usage,
   }
   cr_expect_eq(access(out, F_OK), -1, "the output folder was created");
   cr_expect_eq(access(out2, F_OK), -1, "the output folder was created");
+}
+
+/* The same trace file, workload or allocator twice made two rows of one
+ * name (and one plot file for both), where rows are named so that no two
+ * look the same. */
+Test(cli_results, the_same_trace_workload_or_allocator_twice_is_bad_usage,
+     .init = make_tmp, .fini = drop_tmp) {
+  char out[512], trace[512];
+  out_and_trace(out, trace, sizeof out);
+  const char *a1[] = {"replay",  "--out", out,   "--no-capacity",
+                      "--quiet", trace,   trace, NULL};
+  const char *a2[] = {
+      "run",        "--out",       out,          "--quiet",     "--no-capacity",
+      "--workload", "random:n=10", "--workload", "random:n=10", NULL};
+  const char *a3[] = {"bound", "--quiet", trace, trace, NULL};
+  const char *a4[] = {"replay",  "--out",       out,      "--no-capacity",
+                      "--quiet", "--allocator", "direct", "--allocator",
+                      "direct",  trace,         NULL};
+  const char **const cmds[] = {a1, a2, a3, a4};
+  expect_bad_usage(cmds, 4, out);
 }
 
 Test(cli_results, report_html_is_written_with_the_chosen_block_map,
