@@ -282,6 +282,11 @@ def _options(options, kwargs):
     for k, v in kwargs.items():
         if isinstance(v, bool):
             v = int(v)
+        # One option each: a ',' would start another one inside the string,
+        # and '=' or ':' in a name would split it elsewhere.
+        if "," in str(v) or any(c in k for c in ",=:"):
+            raise _bad("option %s=%r holds a separator (',' in a value, ',', '=' "
+                       "or ':' in a name)" % (k, v), "Pool")
         parts.append("%s=%s" % (k, v))
     return ",".join(parts)
 

@@ -148,3 +148,14 @@ def test_arguments_of_the_wrong_type_raise_type_error_and_change_nothing(device,
     assert after["allocation.all.freed"] == before["allocation.all.freed"]
     pool.free(p)
     pool.check()
+
+
+def test_a_keyword_option_holding_a_separator_is_refused(device):
+    # Pool(dev, max_bytes="16M,arenas=2") set arenas too: the value was
+    # pasted into the option string, where its ',' starts another option.
+    for kwargs in ({"max_bytes": "16M,arenas=2"}, {"history": "8,history_stacks=1"},
+                   {"max_bytes,arenas": "2"}, {"max_bytes=16M,arenas": "2"}):
+        with pytest.raises(mempool.InvalidArgument, match="max_bytes|history"):
+            mempool.Pool(device, **kwargs)
+    with mempool.Pool(device, max_bytes="16M") as p:  # a plain one still works
+        p.free(p.alloc(4096))
