@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -310,6 +311,22 @@ static int mpb_fail_usage(const char *fmt, const char *arg) {
   return 2;
 }
 
+/* Seconds: "inf", or a decimal number with a fraction and an exponent if
+ * it likes, at least 0 (strtod alone would also take hex, leading blanks,
+ * a sign and nan). */
+static bool mpb_parse_seconds(const char *val, double *out) {
+  if (strcmp(val, "inf") == 0) {
+    *out = HUGE_VAL;
+    return true;
+  }
+  if (!((val[0] >= '0' && val[0] <= '9') || val[0] == '.') ||
+      val[strspn(val, "0123456789.eE+-")] != '\0')
+    return false;
+  char *end;
+  *out = strtod(val, &end);
+  return *end == '\0' && *out >= 0;
+}
+
 /* Options of `run` that `mpbench bound` has no use for: it writes no files
  * and searches no capacity, so given to it they would do nothing. */
 static bool mpb_bound_ignores(const char *a) {
@@ -411,21 +428,14 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
     } else if (strcmp(a, "--blockmap") == 0) {
       c->blockmap = val;
     } else if (strcmp(a, "--capacity-budget") == 0) {
-      char *end;
-      c->budget = strtod(val, &end);
-      if (*end != '\0' || end == val || !(c->budget >= 0))
+      if (!mpb_parse_seconds(val, &c->budget))
         return mpb_fail_usage("bad --capacity-budget '%s' (seconds)", val);
     } else if (strcmp(a, "--capacity-total") == 0) {
-      char *end;
-      c->total = strtod(val, &end);
-      if (*end != '\0' || end == val || !(c->total >= 0))
+      if (!mpb_parse_seconds(val, &c->total))
         return mpb_fail_usage("bad --capacity-total '%s' (seconds)", val);
     } else if (strcmp(a, "--stream-work") == 0) {
-      char *end;
-      errno = 0;
-      unsigned long us = strtoul(val, &end, 10);
-      if (*end != '\0' || end == val || val[0] == '-' || errno != 0 ||
-          us > 1000000)
+      uint64_t us;
+      if (!mp__parse_u64(val, strlen(val), &us) || us > 1000000)
         return mpb_fail_usage(
             "bad --stream-work '%s' (microseconds, 0 to 1000000)", val);
       c->stream_work_us = (unsigned)us;

@@ -423,6 +423,28 @@ Test(cli_results, report_html_is_written_with_the_chosen_block_map,
  * limit, as 0 is: converted to a nanosecond deadline it wrapped (or was
  * undefined), and the search it should have left unbounded never ran,
  * every pair reporting only its upper bound. */
+/* Numbers on the command line are plain decimals (seconds may have a
+ * fraction and an exponent, or be inf): strtod and strtoul also took hex,
+ * leading blanks and a '+', which no other value of mpbench takes. */
+Test(cli_results, numbers_in_hex_or_with_blanks_or_signs_are_bad_usage,
+     .init = make_tmp, .fini = drop_tmp) {
+  char out[512];
+  snprintf(out, sizeof out, "%s/out", tmpdir);
+  const char *bad[][2] = {
+      {"--stream-work", " 5"},       {"--stream-work", "+5"},
+      {"--stream-work", "0x10"},     {"--capacity-budget", "0x10"},
+      {"--capacity-budget", " 5"},   {"--capacity-budget", "+5"},
+      {"--capacity-total", "0x1p4"}, {"--capacity-total", "infinity"},
+      {"--capacity-total", "\t1"}};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    const char *args[] = {"run",     "--out",      out,
+                          "--quiet", "--workload", "random:n=10",
+                          bad[i][0], bad[i][1],    NULL};
+    cr_expect_eq(run(args), 2, "%s '%s' was accepted", bad[i][0], bad[i][1]);
+  }
+  cr_expect_eq(access(out, F_OK), -1, "the output folder was created");
+}
+
 Test(cli_results, capacity_total_beyond_the_clock_is_no_limit, .init = make_tmp,
      .fini = drop_tmp) {
   char out[512], json[600];
