@@ -245,6 +245,10 @@ class Stream(_Handle):
         # NULL: the default stream, not the one asked for.
         if self.handle is None:
             raise _bad("the stream is destroyed", "Stream")
+        # Closing the device freed it: the handle may name a stream made
+        # since, on any device.
+        if self.device.handle is None:
+            raise _bad("the stream's device is closed", "Stream")
         return self.handle
 
     def synchronize(self):

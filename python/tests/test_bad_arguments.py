@@ -48,22 +48,28 @@ def test_a_destroyed_stream_is_refused_not_taken_for_the_default_stream(device, 
     # the default stream.
     st = device.stream()
     st.destroy()
+    _stream_calls_are_refused(pool, st, "stream is destroyed")
+    st.destroy()  # twice: nothing to do
+    pool.check()
+
+
+def _stream_calls_are_refused(pool, st, match):
+    """An allocation, a record and a free on st, and its synchronize, each
+    raise InvalidArgument matching match, and the pool is unchanged."""
     p = pool.alloc(4096)
     before = pool.stats()
-    with pytest.raises(mempool.InvalidArgument, match="stream is destroyed"):
+    with pytest.raises(mempool.InvalidArgument, match=match):
         pool.alloc(4096, stream=st)
-    with pytest.raises(mempool.InvalidArgument, match="stream is destroyed"):
+    with pytest.raises(mempool.InvalidArgument, match=match):
         pool.record_stream(p, st)
-    with pytest.raises(mempool.InvalidArgument, match="stream is destroyed"):
+    with pytest.raises(mempool.InvalidArgument, match=match):
         pool.free(p, stream=st)
-    with pytest.raises(mempool.InvalidArgument, match="stream is destroyed"):
+    with pytest.raises(mempool.InvalidArgument):
         st.synchronize()
     after = pool.stats()
     assert after["allocated_bytes.all.current"] == before["allocated_bytes.all.current"]
     assert after["allocation.all.allocated"] == before["allocation.all.allocated"]
     pool.free(p)  # still live: the refused free did not free it
-    st.destroy()  # twice: nothing to do
-    pool.check()
 
 
 def test_a_nul_byte_in_a_string_is_refused(device, tmp_path):
@@ -159,3 +165,14 @@ def test_a_keyword_option_holding_a_separator_is_refused(device):
             mempool.Pool(device, **kwargs)
     with mempool.Pool(device, max_bytes="16M") as p:  # a plain one still works
         p.free(p.alloc(4096))
+
+
+def test_a_stream_of_a_closed_device_is_refused_by_the_package(pool):
+    # Closing a device frees its streams; a Stream kept past it passed its
+    # freed handle on, which a stream made since may have taken over (the
+    # call then ran on that stream instead of failing).
+    other = mempool.Device("host:capacity=16M")
+    st = other.stream()
+    other.close()
+    _stream_calls_are_refused(pool, st, "device is closed")
+    st.destroy()  # nothing left to destroy: no error
