@@ -293,7 +293,8 @@ static mp_device_t *hooked_open(void) {
  * came back as a free block in a record taken from the pool. The
  * reclaim gave nothing back, and growth went on with the placement it made
  * before, mapping into H through H's stale record: the pool's blocks no
- * longer tiled the range. Layout, cap 8 MiB (nothing fits above the top):
+ * longer tiled the range. Layout, cap 8 MiB, the range ended at its span
+ * by hand (nothing fits above the top; the range is twice the cap):
  * [F free 4 MiB, one chunk] [H hole 2 MiB] [T live 2 MiB]. */
 Test(pool_holes, growth_places_again_after_a_reclaim_that_failed) {
   mp_device_t *dev = hooked_open();
@@ -311,12 +312,15 @@ Test(pool_holes, growth_places_again_after_a_reclaim_that_failed) {
   cr_assert_eq(mp_pool_free(p, f), MP_OK);
   cr_assert_eq(mp_pool_reset_peaks(p), MP_OK);
   cr_assert_eq(stats(p).peak_reserved_bytes, 6 * MiB);
+  size_t va = p->vseg->va_size;
+  p->vseg->va_size = p->vseg->span;
   fail_unmap = 1;
   cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &x), MP_OK, "%s",
                mp_last_error());
   cr_expect_eq(fail_unmap, 0, "the reclaim tried to unmap F's chunk");
   cr_expect_eq(x, h, "mapped into the hole");
   check(p);
+  p->vseg->va_size = va;
   cr_expect_eq(holes_of(p), 0);
   cr_expect_eq(stats(p).reserved_bytes, 8 * MiB);
   cr_assert_eq(mp_pool_free(p, x), MP_OK);
