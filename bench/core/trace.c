@@ -189,9 +189,11 @@ static mp_status_t mpb_parse_row(mpb_parser_t *p, const char *s, size_t len,
     return mp__fail(MP_EINVAL, "%s:%zu: bad size '%.*s' (a decimal number)",
                     p->what, line, (int)fl[4], f[4]);
   if (!mp__parse_u64(f[5], fl[5], &stream) &&
-      !(fl[5] > 2 && f[5][0] == '0' && f[5][1] == 'x' &&
+      !(fl[5] > 2 && f[5][0] == '0' && (f[5][1] == 'x' || f[5][1] == 'X') &&
         mpb_parse_hex(f[5], fl[5], &stream)))
-    return mp__fail(MP_EINVAL, "%s:%zu: bad stream '%.*s' (a decimal number)",
+    return mp__fail(MP_EINVAL,
+                    "%s:%zu: bad stream '%.*s' (a decimal number, or hex "
+                    "such as 0x7f00)",
                     p->what, line, (int)fl[5], f[5]);
 
   mpb_workload_t *w = p->w;

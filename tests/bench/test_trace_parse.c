@@ -56,6 +56,21 @@ Test(trace_parse, good_trace_becomes_slot_events_with_reuse_and_streams) {
   mpb_workload_free(&w);
 }
 
+/* A stream is a decimal or a hex handle, the 0x in either case (as a
+ * pointer's): the three rows name one stream. 0X was refused before. */
+Test(trace_parse, a_stream_in_hex_is_the_same_stream_whatever_the_case_of_0x) {
+  const char *text = HEADER "1,00:00:00.000001,allocate,0x1000,64,0x1F\n"
+                            "1,00:00:00.000002,allocate,0x2000,64,0X1f\n"
+                            "1,00:00:00.000003,allocate,0x3000,64,31\n";
+  mpb_workload_t w;
+  cr_assert_eq(parse(text, &w), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(w.ev[0].stream, w.ev[1].stream);
+  cr_expect_eq(w.ev[1].stream, w.ev[2].stream);
+  cr_expect_eq(w.ev[0].stream, 1, "stream 31: the first non-default");
+  mpb_workload_free(&w);
+  expect_bad(HEADER "1,00:00:00.000001,allocate,0x10,8,0xg\n", 2, "0x7f00");
+}
+
 Test(trace_parse, skips_failures_unknown_frees_and_nil_frees_and_counts) {
   const char *text = HEADER
       "1,00:00:00.000001,free,0x1000,64,0\n" /* allocated before the log */
