@@ -451,7 +451,7 @@ static size_t mp__vrange_release_all(mp_pool_t *pool, mp__segment_t *v,
  * find them done), unless it has stream_waits=1 (below). Before 2026-11-29
  * every such pool skipped the rung unless it had a split limit, and the
  * 10-stream llama trace grew past free chunks at its peak (1.140 against
- * 1.135; 1.140 against 1.021 with map_piece=32M).
+ * 1.135; 1.140 against 1.029 with map_piece=32M).
  * Trim and the out-of-memory ladder, after waiting for the streams, still
  * unmap free chunks anywhere. Never a device synchronize here. Returns the
  * bytes released. */
