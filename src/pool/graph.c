@@ -20,9 +20,11 @@
  * the graph pool's dropped (growth runs with it dropped and the pool
  * marked inflight), and a call routed to the graph pool drops the parent's
  * first. Invariant: every range in parent->granges is a live parent block
- * of graph->segs, and a graph pool's ncapturing counts the routes naming it
- * (begin marks the slot, end clears it, in both pools; a stream forgotten
- * before the end clears its own marks and route, stream.c). */
+ * of graph->segs, and a stream slot's capturing count, in either pool, is
+ * the routes naming it plus the begins on it still in flight (begin counts
+ * one mark in each pool, end or a refusal takes it back; a stream
+ * forgotten before the end clears its own marks and route, stream.c); a
+ * pool's ncapturing counts its slots with a nonzero count. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -120,47 +122,42 @@ mp_status_t mp_pool_graph_create(mp_pool_t *parent, mp_pool_t **out) {
   return MP_OK;
 }
 
-/* Marks (or clears) slot sidx of pool's stream table capturing; *was (may
- * be NULL): whether it was marked before. */
-static void mp__graph_mark_slot(mp_pool_t *pool, uint32_t sidx, bool on,
-                                bool *was) {
+/* Counts one mark more (on) or one fewer on slot sidx of pool's stream
+ * table. A count, not a flag: two begins on one stream (threads, each
+ * marking the graph pool before the parent's lock says which one routes)
+ * each take back only their own mark, so the loser's refusal, or an end
+ * racing a begin, cannot clear the mark the route that stays still needs.
+ * The slot counts as capturing while its count is nonzero. */
+static void mp__graph_mark_slot(mp_pool_t *pool, uint32_t sidx, bool on) {
   mp__strm_t *t = &pool->streams[sidx];
-  if (was != NULL)
-    *was = t->capturing;
-  if (t->capturing != on) {
-    if (on)
+  if (on) {
+    if (t->capturing == 0) {
       mp__stream_capture_begins(pool, sidx); /* t stays valid: no new slot */
-    t->capturing = on;
-    if (on) {
       pool->ncapturing++;
-    } else {
-      pool->ncapturing--;
-      mp__stream_capture_ended(pool, sidx);
     }
+    t->capturing++;
+  } else if (t->capturing > 0 && --t->capturing == 0) {
+    pool->ncapturing--;
+    mp__stream_capture_ended(pool, sidx);
   }
 }
 
-/* Marks (or clears) s (the calling thread's, for the per-thread handle)
- * capturing in pool's stream table; *was as mp__graph_mark_slot. */
-static mp_status_t mp__graph_mark_was(mp_pool_t *pool, mp_stream_t s, bool on,
-                                      bool *was) {
+/* Counts one mark more or fewer on s (the calling thread's, for the
+ * per-thread handle) in pool's stream table. */
+static mp_status_t mp__graph_mark(mp_pool_t *pool, mp_stream_t s, bool on) {
   uint32_t sidx;
   mp_status_t st = mp__stream_index(pool, s, &sidx);
   if (st == MP_OK)
-    mp__graph_mark_slot(pool, sidx, on, was);
+    mp__graph_mark_slot(pool, sidx, on);
   return st;
 }
 
-/* Clears the mark of s as owner's stream (mp__stream_owner). */
+/* Takes back one mark of s as owner's stream (mp__stream_owner). */
 static void mp__graph_unmark_owned(mp_pool_t *pool, mp_stream_t s,
                                    uint64_t owner) {
   uint32_t sidx;
   if (mp__stream_index_owned(pool, s, owner, &sidx) == MP_OK)
-    mp__graph_mark_slot(pool, sidx, false, NULL);
-}
-
-static mp_status_t mp__graph_mark(mp_pool_t *pool, mp_stream_t s, bool on) {
-  return mp__graph_mark_was(pool, s, on, NULL);
+    mp__graph_mark_slot(pool, sidx, false);
 }
 
 static mp_status_t mp__graph_check(mp_pool_t *parent, mp_pool_t *graph,
@@ -181,13 +178,12 @@ mp_status_t mp__graph_begin_owned(mp_pool_t *parent, mp_pool_t *graph,
     return st;
   /* The graph side first: a released pool refuses, and the slot is marked
    * before any allocation can be routed to it. */
-  bool was = false; /* s already marked in graph (a repeated begin) */
   mp__pool_lock(graph);
   if (graph->released)
     st = mp__fail(MP_EINVAL, "mp_pool_graph_begin: graph pool %p is released",
                   (void *)graph);
   else
-    st = mp__graph_mark_was(graph, s, true, &was);
+    st = mp__graph_mark(graph, s, true);
   mp__pool_unlock(graph);
   if (st != MP_OK)
     return st;
@@ -215,8 +211,9 @@ mp_status_t mp__graph_begin_owned(mp_pool_t *parent, mp_pool_t *graph,
   mp__pool_unlock(parent);
   if (st == MP_OK && owner != NULL)
     *owner = own;
-  /* A refusal changes nothing: the mark goes unless it was there before. */
-  if (st != MP_OK && !was) {
+  /* A refusal changes nothing: this call's own mark goes (only it, as
+   * another begin's mark or route may still stand). */
+  if (st != MP_OK) {
     mp__pool_lock(graph);
     (void)mp__graph_mark(graph, s, false);
     mp__pool_unlock(graph);

@@ -235,8 +235,9 @@ typedef struct mp__strm {
   bool gone;          /* forgotten (mp_stream_forget): never matched again;
                          the slot is reused once refs is 0 and every epoch
                          is done, its epoch counter carrying on */
-  bool capturing;     /* graph.c: allocating to a graph pool (being
-                         captured): never recorded on nor queried */
+  uint32_t capturing; /* graph.c: begins not yet ended that route it to a
+                         graph pool (being captured): while nonzero never
+                         recorded on nor queried */
   bool join;          /* the pool's own join stream (stream.c), on which
                          nothing runs but waits */
   uint64_t sync_snap; /* epoch closed by the device sync in flight */
@@ -326,7 +327,7 @@ struct mp_pool {
                           parent (MP__SEG_RANGE segments) */
   bool released;       /* graph: mp_pool_graph_release called; the pool
                           goes with its last live block */
-  uint32_t ncapturing; /* stream slots marked capturing */
+  uint32_t ncapturing; /* stream slots whose capturing count is nonzero */
   struct mp__route *routes; /* parent: streams allocating to graph pools */
   size_t nroutes, routes_cap;
   struct mp__grange *granges; /* parent: ranges lent to graph pools */

@@ -327,7 +327,7 @@ static void mp__stream_retire(mp_pool_t *pool, uint32_t i) {
    * mp_pool_graph_end, which could find neither slot by its handle any
    * more): each pool clears its own mark, the parent drops the route. */
   if (st->capturing) {
-    st->capturing = false;
+    st->capturing = 0;
     pool->ncapturing--;
     mp__stream_unroute(pool, st);
   }
