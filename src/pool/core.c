@@ -133,11 +133,7 @@ static MP__HOT mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
 mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked) {
   char a[32], r[32], al[32], lf[32];
   pool->st.oom_count++;
-  MP__HIST(pool, MP__H_OOM,
-           pool->cap > pool->st.reserved_bytes
-               ? pool->cap - pool->st.reserved_bytes
-               : 0,
-           asked, 0);
+  MP__HIST(pool, MP__H_OOM, mp__pool_room(pool), asked, 0);
   return mp__fail(
       st, "%s: asked %s, reserved %s, allocated %s, largest free block %s",
       st == MP_ELIMIT ? (pool->parent ? "child pool full" : "pool max_bytes")

@@ -20,9 +20,10 @@
  * chunk's destination then only covers source bytes already copied. When
  * the gap is tiny compared with the block, a staging buffer (one device
  * allocation per defragmentation, only where the pool's cap leaves room
- * for it) makes the chunks as large as the buffer instead. The space a block
- * leaves gets a dep on the copy stream, and the block gets the copy stream as a
- * use, so no other stream reuses either before the copies are done.
+ * for it, and counted against the cap while it lives) makes the chunks as
+ * large as the buffer instead. The space a block leaves gets a dep on the
+ * copy stream, and the block gets the copy stream as a use, so no other
+ * stream reuses either before the copies are done.
  *
  * Invariant: the copies for a move are queued before the pool lock is
  * released, so whoever reuses the space it vacated orders after them; the
@@ -345,11 +346,11 @@ static bool mp__plan(mp_pool_t *pool, size_t *stage_bytes) {
   }
   if (stage > MP__STAGE_MAX)
     stage = MP__STAGE_MAX;
-  /* The buffer counts against the pool's cap while it lives: none when the
-   * pool is at its cap (the out-of-memory rung) or is a child (its cap is
-   * its range): gap-sized chunks then. */
-  if (pool->st.reserved_bytes > pool->cap ||
-      stage > pool->cap - pool->st.reserved_bytes)
+  /* The buffer counts against the pool's cap while it lives (booked in
+   * pool->staged): none where the cap leaves no room for it (the
+   * out-of-memory rung), nor in a child or graph pool, whose memory is its
+   * parent's (a child's cap is its range): gap-sized chunks then. */
+  if (pool->parent != NULL || stage > mp__pool_room(pool))
     stage = 0;
   *stage_bytes = stage;
   return any;
@@ -370,7 +371,15 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
   size_t stage_bytes = 0;
   bool any = st == MP_OK && mp__plan(pool, &stage_bytes);
   if (any) {
+    /* Booked before the synchronization drops the lock, so that growth
+     * meanwhile, or while the copies still read the buffer, leaves room
+     * for it under the cap; given back once it is freed (or not had). */
+    pool->staged += stage_bytes;
     st = mp__pool_sync_alloc(pool, stage_bytes, &stage);
+    if (stage == NULL) {
+      pool->staged -= stage_bytes;
+      stage_bytes = 0;
+    }
     /* The synchronization drops the lock: a pause may have run. */
     if (st == MP_OK)
       st = mp__pool_paused(pool, fn);
@@ -405,6 +414,9 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
       sst = mp_device_free(pool->dev, stage);
     if (st == MP_OK)
       st = sst;
+    mp__pool_lock(pool);
+    pool->staged -= stage_bytes;
+    mp__pool_unlock(pool);
   }
   *moved = m.moved;
   return st;

@@ -309,6 +309,9 @@ struct mp_pool {
   mp_pool_oom_handler_t oom_fn;        /* mp_pool_set_oom_handler */
   void *oom_ctx;
   size_t cap;      /* effective cap on reserved bytes */
+  size_t staged;   /* device bytes held outside the segments that count
+                      against cap: defragmentation's staging buffer while
+                      it lives (defrag.c) */
   bool cap_is_max; /* cap came from cfg.max_bytes (MP_ELIMIT) */
   size_t granule;  /* virtual memory granule; 0: plain segments */
 
@@ -461,6 +464,13 @@ static inline mp_status_t mp__pool_paused(const mp_pool_t *pool,
                                           const char *fn) {
   return pool->paused ? mp__fail(MP_EBUSY, "%s: the pool is paused", fn)
                       : MP_OK;
+}
+
+/* Under the lock: device bytes the pool may still take before its cap,
+ * what it reserved and what it staged counted; 0 at or above the cap. */
+static inline size_t mp__pool_room(const mp_pool_t *pool) {
+  size_t held = pool->st.reserved_bytes + pool->staged;
+  return pool->cap > held ? pool->cap - held : 0;
 }
 
 /* ---- arena.c: per-thread arenas ----------------------------------------- */

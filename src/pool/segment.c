@@ -106,9 +106,7 @@ mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
                      : mp__round_up(size, MP__LARGE_ROUND);
   if (bytes < size)
     bytes = size;
-  size_t room = pool->cap > pool->st.reserved_bytes
-                    ? pool->cap - pool->st.reserved_bytes
-                    : 0;
+  size_t room = mp__pool_room(pool);
   if (bytes > room)
     bytes = size;
   if (bytes > room)

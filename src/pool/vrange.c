@@ -634,9 +634,7 @@ mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
     (void)mp__vrange_reclaim(pool, after - pool->st.peak_reserved_bytes, p.k1,
                              p.k2, true);
   }
-  size_t room = pool->cap > pool->st.reserved_bytes
-                    ? pool->cap - pool->st.reserved_bytes
-                    : 0;
+  size_t room = mp__pool_room(pool);
   size_t grow = p.bytes;
   if (grow > room) {
     /* Only the exact need fits: it must still touch the blocks it

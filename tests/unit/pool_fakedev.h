@@ -13,14 +13,17 @@
 #include "device/backend.h"
 
 typedef struct fake_dev {
-  size_t capacity, used;
-  size_t granule; /* 0: no virtual memory */
+  size_t capacity, used, peak; /* peak: the most used at once */
+  size_t granule;              /* 0: no virtual memory */
   unsigned fail_after, allocs;
   unsigned maps, unmaps, frees, bad_unmaps, syncs;
   /* Called once, at the next vm_unmap (then cleared): the pool's lock is
    * dropped there, so it may call the pool as another thread would. */
   void (*on_unmap)(void *ctx);
   void *on_unmap_ctx;
+  /* The same at the next free of a plain allocation, before it is freed. */
+  void (*on_free)(void *ctx);
+  void *on_free_ctx;
   struct {
     void *addr;
     size_t size;
@@ -44,6 +47,8 @@ static mp_status_t fake_take(fake_dev_t *f, size_t bytes) {
   if (f->used + bytes > f->capacity)
     return MP_ENOMEM;
   f->used += bytes;
+  if (f->used > f->peak)
+    f->peak = f->used;
   return MP_OK;
 }
 
@@ -67,8 +72,17 @@ static mp_status_t fake_alloc(mp_device_t *dev, size_t bytes, void **out) {
   return MP_OK;
 }
 
+/* Calls and clears *fn (with ctx) if set. */
+static void fake_hook(void (**fn)(void *), void *ctx) {
+  void (*call)(void *) = *fn;
+  *fn = NULL;
+  if (call != NULL)
+    call(ctx);
+}
+
 static mp_status_t fake_free(mp_device_t *dev, void *ptr) {
   fake_dev_t *f = fake_of(dev);
+  fake_hook(&f->on_free, f->on_free_ctx);
   for (size_t i = 0; i < f->nplain; i++)
     if (f->plain[i].p == ptr) {
       f->used -= f->plain[i].size;
@@ -184,11 +198,7 @@ static mp_status_t fake_vm_map(mp_device_t *dev, void *addr, size_t bytes) {
 }
 static mp_status_t fake_vm_unmap(mp_device_t *dev, void *addr, size_t bytes) {
   fake_dev_t *f = fake_of(dev);
-  if (f->on_unmap != NULL) {
-    void (*fn)(void *) = f->on_unmap;
-    f->on_unmap = NULL;
-    fn(f->on_unmap_ctx);
-  }
+  fake_hook(&f->on_unmap, f->on_unmap_ctx);
   for (size_t i = 0; i < f->nmap; i++)
     if (f->map[i].addr == addr && f->map[i].size == bytes) {
       f->map[i] = f->map[--f->nmap];
