@@ -95,7 +95,10 @@ void mpb_workload_help(FILE *out);
 
 /* Parses path into out (named name). A malformed line is MP_EINVAL and
  * mp_last_error() names the file and line; a missing file is MP_EINVAL too.
- * out is left empty on failure. */
+ * A snapshot pickle read from a file that is not a regular one (a pipe, a
+ * device), which may never end, is refused once it is longer than
+ * MPB_MAX_PIPED_SNAPSHOT bytes. out is left empty on failure. */
+#define MPB_MAX_PIPED_SNAPSHOT ((size_t)256 << 20)
 mp_status_t mpb_trace_load(const char *path, const char *name,
                            mpb_workload_t *out);
 /* The same from a buffer; what names it in messages. */

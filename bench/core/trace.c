@@ -403,11 +403,14 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
     return mp__fail(MP_EINVAL, "cannot open trace %s: %s", path,
                     strerror(errno));
   struct stat sb;
-  if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+  bool stat_ok = fstat(fileno(f), &sb) == 0;
+  if (stat_ok && S_ISDIR(sb.st_mode)) {
     fclose(f);
     return mp__fail(MP_EINVAL,
                     "trace %s is a folder, not a CSV file or snapshot", path);
   }
+  /* A regular file ends where its size says; a pipe or a device may not. */
+  bool regular = stat_ok && S_ISREG(sb.st_mode);
   char *buf = NULL;
   size_t len = 0, cap = 0;
   bool head_ok = false;
@@ -427,16 +430,30 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
       buf = nb;
       cap = ncap;
     }
-    size_t got = fread(buf + len, 1, cap - len, f);
+    /* A pickle from a pipe or a device: one byte past the limit at most. */
+    size_t want = cap - len;
+    if (!regular && mpb_snapshot_detect(buf, len) &&
+        want > MPB_MAX_PIPED_SNAPSHOT + 1 - len)
+      want = MPB_MAX_PIPED_SNAPSHOT + 1 - len;
+    size_t got = fread(buf + len, 1, want, f);
     if (got == 0)
       break;
     /* What is not a trace is refused at its first bad line, not read to
      * its end: a device or a pipe (/dev/zero) may have none. A snapshot
-     * pickle is binary: its reader checks it. */
+     * pickle is binary: its reader checks it once it is read, so from a
+     * pipe or a device it is read up to a limit. */
     bool csv = !mpb_snapshot_detect(buf, len + got);
     if (csv && (st = mpb_trace_scan(&scan, buf + len, got, path)) != MP_OK)
       break;
     len += got;
+    if (!csv && !regular && len > MPB_MAX_PIPED_SNAPSHOT) {
+      st = mp__fail(MP_EINVAL,
+                    "%s: a snapshot pickle read from a pipe or device (not a "
+                    "regular file) may be at most %zu bytes: read stopped at "
+                    "offset %zu; save it to a file",
+                    path, MPB_MAX_PIPED_SNAPSHOT, len);
+      break;
+    }
     if (csv && !head_ok &&
         (st = mpb_trace_head_ok(buf, len, path, &head_ok)) != MP_OK)
       break;

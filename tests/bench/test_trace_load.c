@@ -3,12 +3,16 @@
  * being read to its end, with the file and line in the message; a header
  * behind a UTF-8 byte order mark is a header; a trace too big for host
  * memory is refused with the line it reached, whether reading or parsing
- * ran out. */
+ * ran out; a snapshot pickle from a pipe is read up to a limit only. */
 #include <criterion/criterion.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -59,6 +63,55 @@ Test(trace_load, a_device_of_zeros_is_refused_at_line_one) {
   expect_empty(&w);
   cr_expect(strstr(mp_last_error(), "/dev/zero:1:") != NULL, "%s",
             mp_last_error());
+}
+
+/* Writes a pickle's PROTO opcode, then zeros, into the FIFO at arg until
+ * the reader leaves or twice the limit is written (so that a reader
+ * without the limit still ends). */
+static void *feed_pickle(void *arg) {
+  int fd = open(arg, O_WRONLY);
+  if (fd < 0)
+    return (void *)1;
+  static char chunk[1 << 16];
+  chunk[0] = (char)0x80;
+  chunk[1] = 2;
+  for (size_t sent = 0; sent < 2 * MPB_MAX_PIPED_SNAPSHOT;) {
+    ssize_t n = write(fd, chunk, sizeof chunk);
+    if (n <= 0)
+      break; /* EPIPE: the reader stopped */
+    sent += (size_t)n;
+    chunk[0] = chunk[1] = 0;
+  }
+  close(fd);
+  return NULL;
+}
+
+Test(trace_load, a_pickle_from_a_pipe_is_read_up_to_the_limit) {
+  signal(SIGPIPE, SIG_IGN);
+  char dir[] = "/tmp/mp_trace_fifo_XXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  char fifo[64];
+  snprintf(fifo, sizeof fifo, "%s/snap.pickle", dir);
+  cr_assert_eq(mkfifo(fifo, 0600), 0);
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, feed_pickle, fifo), 0);
+  mpb_workload_t w;
+  memset(&w, 0xa5, sizeof w);
+  mp_status_t st = mpb_trace_load(fifo, "p", &w);
+  void *ret;
+  pthread_join(t, &ret);
+  unlink(fifo);
+  rmdir(dir);
+  cr_assert_null(ret, "the writer could not open the FIFO");
+  cr_assert_eq(st, MP_EINVAL);
+  expect_empty(&w);
+  char limit[32];
+  snprintf(limit, sizeof limit, "at most %zu bytes", MPB_MAX_PIPED_SNAPSHOT);
+  cr_expect(strstr(mp_last_error(), fifo) != NULL, "%s", mp_last_error());
+  cr_expect(strstr(mp_last_error(), "pipe or device") != NULL, "%s",
+            mp_last_error());
+  cr_expect(strstr(mp_last_error(), limit) != NULL, "'%s' lacks '%s'",
+            mp_last_error(), limit);
 }
 
 Test(trace_load, nul_bytes_after_a_good_header_stop_the_read_at_their_line) {
