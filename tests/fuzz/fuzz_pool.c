@@ -3,12 +3,14 @@
  *
  * The input is a program: the first two bytes pick the configuration
  * (virtual range or plain segments, a small or CUDA-sized granule,
- * alignment, max_split, max_bytes, segment_bytes, defrag on OOM), then each
- * 4-byte group is one operation on one of three streams: alloc, free (and a
+ * alignment, max_split, max_bytes, segment_bytes, defrag on OOM, map_piece,
+ * stream_waits, release_threshold), then each 4-byte group is one operation
+ * on one of three streams: alloc, free (on a stream too, free_async; and a
  * double free), contiguous alloc, record_stream, trim with several keep
  * values, child pool create/alloc/free/destroy, bad frees (interior,
  * foreign, movable and child-range pointers), movable alloc/free,
- * defragment, freeze, reset_peaks. Live blocks are tagged at both ends and
+ * defragment, freeze, reset_peaks, a device synchronize or work that keeps
+ * a stream behind the host. Live blocks are tagged at both ends and
  * checked before they are freed and after every move. After every
  * operation mp_pool_check runs on the pool (and the child) and the stats
  * are compared with what the harness itself counts: live blocks,
@@ -19,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <mempool/mempool.h>
 
@@ -126,9 +129,22 @@ static int fz_is_oom(mp_status_t st) {
   return st == MP_ENOMEM || st == MP_ELIMIT;
 }
 
-/* Removes live[k]; frees it when it is still live in the pool. */
-static void fz_drop(fz_block_t *live, size_t *n, size_t k, mp_pool_t *pool,
-                    mp_pool_t *child, fz_count_t *pc, fz_count_t *cc) {
+/* Work on a stream: the host function spins for arg microseconds. */
+static void fz_busy(void *arg) {
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  long us = (long)(uintptr_t)arg;
+  do
+    clock_gettime(CLOCK_MONOTONIC, &t);
+  while ((t.tv_sec - t0.tv_sec) * 1000000L + (t.tv_nsec - t0.tv_nsec) / 1000 <
+         us);
+}
+
+/* Removes live[k]; frees it when it is still live in the pool, on stream s
+ * (mp_pool_free_async) when s is not NULL. */
+static void fz_drop_on(fz_block_t *live, size_t *n, size_t k, mp_pool_t *pool,
+                       mp_pool_t *child, fz_count_t *pc, fz_count_t *cc,
+                       mp_stream_t s) {
   fz_block_t *b = &live[k];
   fz_verify(b);
   if (b->h != NULL) {
@@ -136,10 +152,16 @@ static void fz_drop(fz_block_t *live, size_t *n, size_t k, mp_pool_t *pool,
     FZ_REQUIRE(mp_handle_free(b->h) == MP_EINVAL);
   } else {
     mp_pool_t *owner = b->in_child ? child : pool;
-    FZ_REQUIRE(mp_pool_free(owner, b->p) == MP_OK);
+    FZ_REQUIRE((s != NULL ? mp_pool_free_async(owner, b->p, s)
+                          : mp_pool_free(owner, b->p)) == MP_OK);
   }
   fz_freed(b->in_child ? cc : pc, b->bytes);
   live[k] = live[--*n];
+}
+
+static void fz_drop(fz_block_t *live, size_t *n, size_t k, mp_pool_t *pool,
+                    mp_pool_t *child, fz_count_t *pc, fz_count_t *cc) {
+  fz_drop_on(live, n, k, pool, child, pc, cc, NULL);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -161,6 +183,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   cfg.max_bytes = (data[0] & 0x40) ? ((size_t)64 << 20) : 0;
   static const size_t segs[4] = {0, (size_t)1 << 20, (size_t)64 << 10, 0};
   cfg.segment_bytes = segs[data[1] & 3];
+  /* Mappings of one granule or of 4 MiB (the reclaim and trim of pieces),
+   * stream waits, and memory given back as frees happen. */
+  static const size_t pieces[4] = {0, 1, (size_t)4 << 20, 0};
+  cfg.map_piece = pieces[(data[1] >> 2) & 3];
+  if (data[1] & 0x10)
+    cfg.flags |= MP_POOL_STREAM_WAITS;
+  cfg.release_threshold = (data[1] & 0x20) ? ((size_t)4 << 20) : 0;
   mp_pool_t *pool, *child = NULL;
   FZ_REQUIRE(mp_pool_create(dev, &cfg, &pool) == MP_OK);
   fz_count_t pc = {0}, cc = {0};
@@ -201,7 +230,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         break;
       size_t k = op[2] % n;
       fz_block_t b = live[k];
-      fz_drop(live, &n, k, pool, child, &pc, &cc);
+      fz_drop_on(live, &n, k, pool, child, &pc, &cc,
+                 (op[3] & 2) && s != NULL ? s : NULL);
       if ((op[3] & 1) && b.p != NULL)
         FZ_REQUIRE(mp_pool_free(b.in_child ? child : pool, b.p) == MP_EINVAL);
       break;
@@ -337,8 +367,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         pc.peak_requested = pc.requested;
       }
       break;
-    case 14: /* the device finishes everything queued */
-      FZ_REQUIRE(mp_device_synchronize(dev) == MP_OK);
+    case 14: /* the device finishes everything queued, or a stream runs
+              * behind the host for up to 255 us (blocks freed on it wait) */
+      if (op[2] < 160)
+        FZ_REQUIRE(mp_device_synchronize(dev) == MP_OK);
+      else
+        FZ_REQUIRE(mp_stream_launch_host(dev, s, fz_busy,
+                                         (void *)(uintptr_t)op[3]) == MP_OK);
       break;
     case 15: /* absurd sizes fail, count as OOM and change nothing else */
       if (op[2] & 1) {
