@@ -856,7 +856,7 @@ int mpb_main(int argc, char **argv) {
   printf("\nResults: %s/results.json, %s/results.csv, %s/results.md, "
          "%s/report.html%s\n",
          c.out_dir, c.out_dir, c.out_dir, c.out_dir,
-         plotted ? ", plots bytes_*.png and ratios.png" : "");
+         plotted ? ", plots *.png" : "");
   fflush(stdout);
 out:
   if (dev != NULL)

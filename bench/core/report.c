@@ -454,7 +454,17 @@ static mp_status_t mpb_plot(const char *tmp, const mpb_result_t *r, size_t n,
           "set datafile missing 'NaN'\n",
           term);
   static char stems[256][200];
+  size_t plots = 0;
   for (size_t w = 0; w < wl.n; w++) {
+    /* A workload whose runs all failed before their first point has no
+     * line to draw (gnuplot refuses a plot with no valid point). */
+    size_t points = 0;
+    for (size_t i = 0; i < n; i++)
+      if (strcmp(r[i].workload, wl.v[w]) == 0)
+        points += r[i].npoints;
+    if (points == 0)
+      continue;
+    plots++;
     char stem[160];
     mpb_file_stem(wl.v[w], stem, sizeof stem);
     snprintf(path, sizeof path, "%s/bytes_%zu.dat", tmp, w);
@@ -516,7 +526,16 @@ static mp_status_t mpb_plot(const char *tmp, const mpb_result_t *r, size_t n,
             w, live_block);
     mpb_names_add(files, stems[w]);
   }
-  /* The bar chart of ratios: one cluster per workload, a bar per allocator. */
+  /* The bar chart of ratios: one cluster per workload, a bar per allocator
+   * that completed at least one; none when no run completed (gnuplot
+   * refuses a plot with no valid point, which would lose the byte plots of
+   * the failed runs too). */
+  bool ratios = false;
+  for (size_t i = 0; i < n; i++)
+    ratios = ratios || (r[i].completed && isfinite(r[i].ratio));
+  if (!ratios)
+    goto run;
+  plots++;
   snprintf(path, sizeof path, "%s/ratios.dat", tmp);
   FILE *d = fopen(path, "w");
   if (d == NULL) {
@@ -558,14 +577,28 @@ static mp_status_t mpb_plot(const char *tmp, const mpb_result_t *r, size_t n,
           "lc rgb 'black' dt 2 front\n",
           term);
   fputs("plot ", gp);
+  /* The tick labels ride on the first column plotted. */
+  bool first = true;
   for (size_t a = 0; a < al.n; a++) {
-    fprintf(gp, "%s'ratios.dat' using %zu%s title ", a ? ", " : "", a + 2,
-            a == 0 ? ":xtic(1)" : "");
+    bool any = false;
+    for (size_t i = 0; i < n; i++)
+      any = any || (strcmp(r[i].allocator, al.v[a]) == 0 && r[i].completed &&
+                    isfinite(r[i].ratio));
+    if (!any)
+      continue;
+    fprintf(gp, "%s'ratios.dat' using %zu%s title ", first ? "" : ", ", a + 2,
+            first ? ":xtic(1)" : "");
     mpb_put_quoted(gp, al.v[a], '\'');
+    first = false;
   }
   fputs("\n", gp);
-  fclose(gp);
   mpb_names_add(files, "ratios.png");
+run:
+  fclose(gp);
+  if (plots == 0) {
+    snprintf(why, why_len, "no run got as far as a figure to plot");
+    return MP_ENOTSUP;
+  }
   if (!mpb_run_gnuplot(tmp)) {
     /* Its first message, since the temporary folder goes away. */
     char msg[200] = "";

@@ -200,6 +200,53 @@ Test(cli_results, out_folder_with_quotes_gets_its_plots, .init = make_tmp,
   cr_expect(exists(out, "bytes_random_n_200.png"));
 }
 
+/* Runs that fail (out of memory on a small device) still get the plot of
+ * what they did before the failure; the ratio chart, which has no bar to
+ * draw, is left out instead of taking the byte plots down with it. A run
+ * that fails at its first event has nothing to plot, and says so. */
+Test(cli_results, failed_runs_keep_their_byte_plots, .init = make_tmp,
+     .fini = drop_tmp) {
+  if (system("gnuplot -e 'set terminal png' >/dev/null 2>&1") != 0)
+    cr_skip_test("gnuplot with a png terminal is not installed");
+  char out[512], log[600];
+  snprintf(out, sizeof out, "%s/out", tmpdir);
+  snprintf(log, sizeof log, "%s/stdout.txt", tmpdir);
+  const char *args[] = {"run",
+                        "--out",
+                        out,
+                        "--workload",
+                        "random:n=200,max_size=4M,max_live=64M",
+                        "--allocator",
+                        "pool",
+                        "--device",
+                        "host:capacity=24M",
+                        "--no-capacity",
+                        NULL};
+  cr_assert_eq(mpb_test_run(args, log), 0);
+  const char *text = slurp(log);
+  cr_assert(strstr(text, "pool (FAILED)") != NULL, "%s", text);
+  cr_expect(strstr(text, "No plots") == NULL, "%s", text);
+  cr_expect(exists(out, "bytes_random_n_200_max_size_4M_max_live_64M.png"));
+  cr_expect(!exists(out, "ratios.png"));
+
+  char out2[512];
+  snprintf(out2, sizeof out2, "%s/out2", tmpdir);
+  args[2] = out2;
+  args[8] = "host:capacity=1M";
+  cr_assert_eq(mpb_test_run(args, log), 0);
+  text = slurp(log);
+  cr_expect(strstr(text, "No plots: no run got as far as a figure to plot") !=
+                NULL,
+            "%s", text);
+  cr_expect(exists(out2, "results.json"));
+  DIR *d = opendir(out2);
+  cr_assert_not_null(d);
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    cr_expect(strstr(e->d_name, ".png") == NULL, "%s", e->d_name);
+  closedir(d);
+}
+
 Test(cli_results, traces_with_the_same_file_name_get_rows_of_their_own,
      .init = make_tmp, .fini = drop_tmp) {
   char d1[512], d2[512], t1[600], t2[600], out[512];
