@@ -51,7 +51,8 @@ typedef struct mp__backend {
   int (*stream_capturing)(mp_device_t *dev, mp_stream_t s);
   /* stream_capturing, and when 1 the capture's id in *id: unique to one
    * capture, so two captures of one stream are told apart (CUDA:
-   * cuStreamGetCaptureInfo). NULL: stream_capturing answers, the id 0. */
+   * cuStreamGetCaptureInfo); -1 also for an invalidated capture, which
+   * has no id. NULL: stream_capturing answers, the id 0. */
   int (*stream_capture_id)(mp_device_t *dev, mp_stream_t s, uint64_t *id);
   /* Has fn(arg) called once the graph that s is being captured into, and
    * every executable made from it, are destroyed and their replays done:

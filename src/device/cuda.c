@@ -899,6 +899,13 @@ static int mp__cuda_stream_capture_id(mp_device_t *dev, mp_stream_t s,
     return -1;
   if (st == CU_STREAM_CAPTURE_STATUS_NONE)
     return 0;
+  /* An invalidated capture has no id to give (cuda.h: data other than the
+   * status is valid only for an active capture; the strict fake leaves it
+   * unwritten): cannot be told. Taken for an id, the 0 left in cid named
+   * another capture, and PyTorch's automatic route made a graph pool for
+   * it that was never released. */
+  if (st != CU_STREAM_CAPTURE_STATUS_ACTIVE)
+    return -1;
   *id = (uint64_t)cid;
   return 1;
 }

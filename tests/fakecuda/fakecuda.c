@@ -53,6 +53,8 @@
  *    or on an event recorded in a capture is refused in every mode, and
  *    legacy-stream work while a blocking stream captures is
  *    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (the capture invalidated);
+ *    cuStreamGetCaptureInfo gives a capture's id and graph only while it
+ *    is active, never once it is invalidated;
  *  - contexts (test_fakecuda_contexts.c): a context made by cuCtxCreate,
  *    and each device's primary context (FAKECUDA_DEVICE_COUNT devices),
  *    has its own memory, streams and work: cuCtxSynchronize waits for the
@@ -70,7 +72,7 @@
  * events is not modelled); memory of an allocation node is allocated once, at
  * capture, and freed with the graph if a free node releases it; the VMM
  * calls (cuMemMap, cuMemUnmap, cuMemCreate...) are not treated as unsafe;
- * cuStreamGetCaptureInfo gives no graph or dependencies; a captured event
+ * cuStreamGetCaptureInfo gives no dependencies; a captured event
  * record or wait makes no node. Events are plain host-device events: one
  * of another context is CUDA_ERROR_INVALID_VALUE, not an invalid handle.
  * There is no runtime (libcudart) over it, so the runtime's own state
@@ -2074,7 +2076,11 @@ FK_IN_CTX_TWINS(cuStreamEndCapture, cuStreamEndCapture_ptsz,
 
 /* Capture status and id of a stream (legacy: never capturing, but
  * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT while a blocking stream captures:
- * fk_blocking_capture). */
+ * fk_blocking_capture). The id and graph are written only for an active
+ * capture (cuda.h, cuStreamGetCaptureInfo: "Valid data (other than capture
+ * status) is returned only if ... the returned capture status is
+ * CU_STREAM_CAPTURE_STATUS_ACTIVE"): an invalidated capture's id is not
+ * given, so a caller that reads one there reads whatever it had. */
 static CUresult fk_capture_info(mp_device_t *dev, CUstream h, bool ptsz,
                                 CUstreamCaptureStatus *status, cuuint64_t *id,
                                 CUgraph *graph) {
@@ -2091,7 +2097,7 @@ static CUresult fk_capture_info(mp_device_t *dev, CUstream h, bool ptsz,
     r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
   if (r == CUDA_SUCCESS) {
     *status = st != NULL ? st->cap : CU_STREAM_CAPTURE_STATUS_NONE;
-    if (id != NULL && *status != CU_STREAM_CAPTURE_STATUS_NONE)
+    if (id != NULL && *status == CU_STREAM_CAPTURE_STATUS_ACTIVE)
       *id = st->cap_id;
     if (graph != NULL && *status == CU_STREAM_CAPTURE_STATUS_ACTIVE)
       *graph = st->graph;

@@ -351,6 +351,15 @@ static void all_released_then_destroy(CUstream s) {
   cr_assert_eq(cuStreamDestroy(s), CUDA_SUCCESS);
 }
 
+/* A global-mode capture begun on s and its first MiB allocated. */
+static void *captured_malloc(CUstream s) {
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  void *a = mp_torch_malloc(MiB, 0, (mp_stream_t)s);
+  cr_assert_not_null(a, "%s", mp_last_error());
+  return a;
+}
+
 /* Two captures back to back on one stream, no call between them: the
  * automatic entry of the first asked only whether its stream still
  * captured, found it did (the second capture), and kept routing it to the
@@ -400,10 +409,7 @@ Test(cuda_torch_capture, back_to_back_captures_on_one_stream_get_own_pools) {
 Test(cuda_torch_capture, reset_keeps_the_pool_of_a_graph_still_replayable) {
   CUstream s = warmed_stream();
   mp_stream_t ms = (mp_stream_t)s;
-  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
-               CUDA_SUCCESS);
-  void *a = mp_torch_malloc(MiB, 0, ms);
-  cr_assert_not_null(a, "%s", mp_last_error());
+  void *a = captured_malloc(s);
   cr_assert_eq(cuMemsetD8Async((CUdeviceptr)a, 7, MiB, s), CUDA_SUCCESS);
   mp_torch_free(a, MiB, 0, ms); /* a temporary of the graph */
   CUgraph g = NULL;
@@ -427,4 +433,31 @@ Test(cuda_torch_capture, reset_keeps_the_pool_of_a_graph_still_replayable) {
   mp_torch_free(d, MiB, 0, NULL);
   cr_assert_eq(cuGraphExecDestroy(x), CUDA_SUCCESS);
   all_released_then_destroy(s); /* the graph is gone now */
+}
+
+/* A capture invalidated after its first allocation (here by a
+ * synchronize of its stream; on a GPU by any call CUDA forbids there):
+ * cuStreamGetCaptureInfo gives no id for it (cuda.h: valid data only for an
+ * active capture), and the automatic entry took the id it read for another
+ * capture's, ended its own and made a graph pool for "capture 0", whose
+ * graph could not be watched (there is none to hold a user object): that
+ * pool and its memory were never released. An invalidated capture's graph
+ * is never replayed, so its later allocations are the pool's own. */
+Test(cuda_torch_capture, an_invalidated_captures_pool_is_released) {
+  CUstream s = warmed_stream();
+  mp_stream_t ms = (mp_stream_t)s;
+  void *a = captured_malloc(s);
+  cr_assert_not_null(mp_pool_graph_of(mp_default_pool(), ms));
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  void *b = mp_torch_malloc(MiB, 0, ms);
+  cr_assert_not_null(b, "%s", mp_last_error());
+  mp_torch_free(b, MiB, 0, ms);
+  mp_torch_free(a, MiB, 0, ms);
+  CUgraph g = NULL;
+  cr_assert_eq(cuStreamEndCapture(s, &g),
+               CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  cr_expect_null(g);
+  mp_torch_free(mp_torch_malloc(MiB, 0, ms), MiB, 0, ms); /* ends the route */
+  cr_expect_null(mp_pool_graph_of(mp_default_pool(), ms), "route not ended");
+  all_released_then_destroy(s);
 }

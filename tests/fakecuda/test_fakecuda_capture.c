@@ -322,6 +322,33 @@ Test(fakecuda_capture, waiting_on_the_capture_invalidates_it_in_any_mode) {
   cr_assert_eq(cuEventDestroy(e), CUDA_SUCCESS);
 }
 
+/* cuda.h, cuStreamGetCaptureInfo: "Valid data (other than capture status)
+ * is returned only if ... the returned capture status is
+ * CU_STREAM_CAPTURE_STATUS_ACTIVE". The fake gave an invalidated capture's
+ * id, so a caller that took it for the capture's went untested. */
+Test(fakecuda_capture, an_invalidated_capture_gives_no_id) {
+  cuuint64_t id = 0;
+  CUstreamCaptureStatus st;
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuStreamGetCaptureInfo(s, &st, &id, NULL, NULL, NULL, NULL),
+               CUDA_SUCCESS);
+  cr_assert_eq(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  cr_assert_neq(id, 0);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  const cuuint64_t unset = ~(cuuint64_t)0;
+  cuuint64_t later = unset;
+  CUgraph graph = NULL;
+  cr_assert_eq(cuStreamGetCaptureInfo(s, &st, &later, &graph, NULL, NULL, NULL),
+               CUDA_SUCCESS);
+  cr_assert_eq(st, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+  if (!fk_real()) /* what a driver leaves there is not documented */
+    cr_expect_eq(later, unset, "an invalidated capture's id was given");
+  CUgraph g = NULL;
+  cr_assert_eq(cuStreamEndCapture(s, &g),
+               CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+}
+
 Test(fakecuda_capture, stream_ordered_allocation_becomes_graph_nodes) {
   long long allocs = fk_real() ? 0 : fk_calls("cuMemAlloc_v2");
   cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
