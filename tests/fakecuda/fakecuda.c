@@ -26,7 +26,9 @@
  * by cuDriverGetVersion and cuGetProcAddress; FAKECUDA_CALL_REPORT=1 prints
  * the call counts at exit; FAKECUDA_DEAD_STREAMS=refuse answers a destroyed
  * stream's handle with CUDA_ERROR_INVALID_HANDLE instead of stopping the
- * process (fk_dead_or_bad). Errors a test may count: cuFakeGetErrorCount.
+ * process (fk_dead_or_bad); FAKECUDA_UNMAP_IN_USE=refuse likewise answers
+ * an unmap of memory queued work still uses (fk_flight_t). Errors a test may
+ * count: cuFakeGetErrorCount.
  *
  * CUDA's rules it keeps strictly (each with a test in
  * test_fakecuda_rules.c, the source cited where it is modelled):
@@ -40,6 +42,8 @@
  *    then invalid: CUDA_ERROR_INVALID_HANDLE, counted
  *    (cuFakeGetErrorCount), never a crash;
  *  - a host function's CUDA calls get CUDA_ERROR_NOT_PERMITTED (counted);
+ *  - cuMemUnmap does not wait for queued work: unmapping memory a queued
+ *    copy or memset still uses stops the process (fk_flight_t);
  *  - stream capture (test_fakecuda_capture.c): work on a capturing stream
  *    is recorded into an opaque graph (host functions, memsets, copies,
  *    cuMemAllocAsync/cuMemFreeAsync as allocation and free nodes), not
@@ -438,18 +442,27 @@ static bool fk_env_flag_is(const char *name, const char *value) {
 static CUstream *fk_dead; /* every destroyed handle not yet reused */
 static size_t fk_ndead, fk_dead_cap;
 
+/* arr (n used of *cap elements of elem bytes) with room for one more:
+ * itself, or a copy twice as big; NULL (arr untouched) without host
+ * memory. */
+static void *fk_room(void *arr, size_t n, size_t *cap, size_t elem) {
+  if (n < *cap)
+    return arr;
+  size_t c = *cap ? 2 * *cap : 64;
+  void *p = realloc(arr, c * elem);
+  if (p != NULL)
+    *cap = c;
+  return p;
+}
+
 /* A destroyed handle, remembered for good (until a new stream gets the
  * same address: fk_dead_forget). Without host memory it is not
  * remembered, and a later use is only refused. */
 static void fk_dead_add(CUstream h) {
-  if (fk_ndead == fk_dead_cap) {
-    size_t cap = fk_dead_cap ? 2 * fk_dead_cap : 64;
-    CUstream *d = realloc(fk_dead, cap * sizeof *d);
-    if (d == NULL)
-      return;
-    fk_dead = d;
-    fk_dead_cap = cap;
-  }
+  CUstream *d = fk_room(fk_dead, fk_ndead, &fk_dead_cap, sizeof *d);
+  if (d == NULL)
+    return;
+  fk_dead = d;
   fk_dead[fk_ndead++] = h;
 }
 
@@ -1099,6 +1112,91 @@ static void fk_range_drop_ctx(const struct CUctx_st *ctx) {
   pthread_mutex_unlock(&fk.lock);
 }
 
+/* ---- queued work on mapped memory ---------------------------------------
+ * cuMemUnmap does not wait for work queued on the memory it unmaps: cuda.h
+ * promises no such wait (its \note_sync says only that it "exhibits
+ * synchronous behavior for most use cases"), and PyTorch's expandable
+ * segments synchronize the stream before unmapping because unmap "does not
+ * appear to synchronize in all cases". The host device's vm_unmap fences the
+ * range, so such work faulted on a stream worker when it ran, but only if
+ * nothing was mapped there first: a caller that maps the range again (the
+ * pool's growth fills holes) had the work write into the new memory, as a
+ * GPU would, unseen. So every copy and memset that touches a mapping is
+ * remembered with an event recorded after it, until the event completes,
+ * and cuMemUnmap of a range such work still touches stops the process with
+ * a message (as a use of a destroyed stream does), unless
+ * FAKECUDA_UNMAP_IN_USE=refuse asks for CUDA_ERROR_INVALID_VALUE instead (a
+ * test of the rule). Under fk.lock. */
+typedef struct fk_flight {
+  mp_device_t *dev;
+  uintptr_t lo[2], hi[2]; /* the ranges the operation touches */
+  mp_event_t done;        /* recorded after it */
+} fk_flight_t;
+static fk_flight_t *fk_flights;
+static size_t fk_nflights, fk_flights_cap;
+
+/* Whether [lo, hi) reaches into a mapping (cuMemMap). Under fk.lock. */
+static bool fk_touches_mapping(uintptr_t lo, uintptr_t hi) {
+  size_t i = fk_range_lower(lo + 1);
+  if (i > 0 && lo - fk.ranges[i - 1].base < fk.ranges[i - 1].size &&
+      fk.ranges[i - 1].phys != NULL)
+    return true;
+  for (; i < fk.n_ranges && fk.ranges[i].base < hi; i++)
+    if (fk.ranges[i].phys != NULL)
+      return true;
+  return false;
+}
+
+/* Forgets the operations that have completed (all of dev's when closing:
+ * its events go with it). Under fk.lock. */
+static void fk_flights_prune(const mp_device_t *closing) {
+  for (size_t i = 0; i < fk_nflights;) {
+    fk_flight_t *f = &fk_flights[i];
+    if (f->dev != closing && mp_event_query(f->dev, f->done) != MP_OK) {
+      i++;
+      continue;
+    }
+    if (f->dev != closing)
+      (void)mp_event_destroy(f->dev, f->done);
+    *f = fk_flights[--fk_nflights];
+  }
+}
+
+/* Remembers an operation on [dst, dst + n) (and [src, src + n) unless 0)
+ * just queued on host stream hs, if it touches a mapping; without host
+ * memory or an event it is not remembered (a check missed, not a
+ * failure). Under fk.lock. */
+static void fk_flight_add(mp_device_t *dev, mp_stream_t hs, uintptr_t dst,
+                          uintptr_t src, size_t n) {
+  if (!fk_touches_mapping(dst, dst + n) &&
+      (src == 0 || !fk_touches_mapping(src, src + n)))
+    return;
+  fk_flights_prune(NULL);
+  fk_flight_t *p = fk_room(fk_flights, fk_nflights, &fk_flights_cap, sizeof *p);
+  if (p == NULL)
+    return;
+  fk_flights = p;
+  fk_flight_t f = {.dev = dev, .lo = {dst, src}, .hi = {dst + n, src + n}};
+  if (mp_event_create(dev, &f.done) != MP_OK)
+    return;
+  if (mp_event_record(dev, f.done, hs) != MP_OK) {
+    (void)mp_event_destroy(dev, f.done);
+    return;
+  }
+  fk_flights[fk_nflights++] = f;
+}
+
+/* Whether queued work not yet done touches [lo, hi). Under fk.lock. */
+static bool fk_in_flight(uintptr_t lo, uintptr_t hi) {
+  fk_flights_prune(NULL);
+  for (size_t i = 0; i < fk_nflights; i++)
+    for (int k = 0; k < 2; k++)
+      if (fk_flights[i].lo[k] < hi && lo < fk_flights[i].hi[k] &&
+          fk_flights[i].lo[k] != 0)
+        return true;
+  return false;
+}
+
 /* ---- initialization, devices, contexts ----------------------------------- */
 
 CUresult cuInit(unsigned int flags) {
@@ -1240,6 +1338,9 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
 static void fk_ctx_close(struct CUctx_st *c, mp_device_t *closing) {
   if (closing == NULL)
     return;
+  pthread_mutex_lock(&fk.lock);
+  fk_flights_prune(closing);
+  pthread_mutex_unlock(&fk.lock);
   mp_device_close(closing);
   fk_range_drop_ctx(c);
 }
@@ -1885,6 +1986,8 @@ static CUresult fk_copy(mp_device_t *dev, CUdeviceptr dst, CUdeviceptr src,
   mp_status_t st =
       set ? mp_memset_async(dev, (void *)dst, v, n, hs)
           : mp_memcpy_async(dev, (void *)dst, (const void *)src, n, hs);
+  if (st == MP_OK && !sync)
+    fk_flight_add(dev, hs, (uintptr_t)dst, set ? 0 : (uintptr_t)src, n);
   fk_end();
   if (st == MP_OK && sync)
     st = mp_stream_synchronize(dev, hs);
@@ -2462,6 +2565,18 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   FK_COUNT(cuMemUnmap);
   FK_CURRENT(dev);
+  pthread_mutex_lock(&fk.lock);
+  bool busy = fk_in_flight((uintptr_t)ptr, (uintptr_t)ptr + size);
+  pthread_mutex_unlock(&fk.lock);
+  if (busy) { /* see fk_flight_t */
+    if (fk_env_flag_is("FAKECUDA_UNMAP_IN_USE", "refuse"))
+      return CUDA_ERROR_INVALID_VALUE;
+    fprintf(stderr,
+            "fakecuda: cuMemUnmap(%p, %zu) of memory that queued copies or "
+            "memsets still use (a GPU may fault)\n",
+            (void *)ptr, size);
+    abort();
+  }
   fk_range_t r;
   if (!fk_range_take((uintptr_t)ptr, &r))
     return CUDA_ERROR_INVALID_VALUE;

@@ -379,3 +379,72 @@ Test(fakecuda_rules, cuda_calls_from_a_host_function_are_refused) {
   cr_assert_eq(cuMemAlloc(&d, 64), CUDA_SUCCESS);
   cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
 }
+
+/* One granule of device memory mapped at a fresh reservation, readable and
+ * writable; *va and *g say where and how much. */
+static CUmemGenericAllocationHandle map_granule(CUdeviceptr *va, size_t *g) {
+  CUmemAllocationProp prop = {
+      .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+      .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+  cr_assert_eq(
+      cuMemGetAllocationGranularity(g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+      CUDA_SUCCESS);
+  CUmemGenericAllocationHandle h;
+  cr_assert_eq(cuMemCreate(&h, *g, &prop, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuMemAddressReserve(va, *g, *g, 0, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuMemMap(*va, *g, 0, h, 0), CUDA_SUCCESS);
+  CUmemAccessDesc rw = {.location = prop.location,
+                        .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  cr_assert_eq(cuMemSetAccess(*va, *g, &rw, 1), CUDA_SUCCESS);
+  return h;
+}
+
+/* A memset of the granule at va queued on a new stream behind a kernel
+ * that waits for pr's flag. */
+static CUstream gated_memset(CUdeviceptr va, size_t g, probe_t *pr) {
+  CUstream s;
+  cr_assert_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(cuLaunchHostFunc(s, wait_for_flag, pr), CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8Async(va, 1, g, s), CUDA_SUCCESS);
+  return s;
+}
+
+/* cuMemUnmap does not wait for work queued on the memory (cuda.h promises
+ * no such wait; a GPU faults, or writes into whatever is mapped there
+ * next): the fake refuses an unmap of memory a queued memset still writes.
+ * Once the stream is done, the unmap goes through. */
+Test(fakecuda_rules, unmapping_memory_queued_work_still_uses_is_refused) {
+  if (fk_real())
+    return; /* undefined behaviour on a GPU */
+  setenv("FAKECUDA_UNMAP_IN_USE", "refuse", 1); /* answered, not fatal */
+  CUdeviceptr va;
+  size_t g;
+  CUmemGenericAllocationHandle h = map_granule(&va, &g);
+  atomic_int gate = 0;
+  probe_t pr = {.flag = &gate};
+  CUstream s = gated_memset(va, g, &pr);
+  cr_expect_eq(cuMemUnmap(va, g), CUDA_ERROR_INVALID_VALUE,
+               "unmapped under a queued memset");
+  atomic_store(&gate, 1);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  cr_expect_eq(cuMemUnmap(va, g), CUDA_SUCCESS);
+  cr_assert_eq(cuMemRelease(h), CUDA_SUCCESS);
+  cr_assert_eq(cuMemAddressFree(va, g), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamDestroy(s), CUDA_SUCCESS);
+  unsetenv("FAKECUDA_UNMAP_IN_USE");
+}
+
+/* Without FAKECUDA_UNMAP_IN_USE=refuse it stops the process, so a caller
+ * that unmaps too early fails its test. */
+Test(fakecuda_rules, unmapping_memory_queued_work_still_uses_stops_the_process,
+     .signal = SIGABRT) {
+  if (fk_real())
+    abort();
+  CUdeviceptr va;
+  size_t g;
+  (void)map_granule(&va, &g);
+  atomic_int gate = 0;
+  probe_t pr = {.flag = &gate};
+  (void)gated_memset(va, g, &pr);
+  (void)cuMemUnmap(va, g);
+}
