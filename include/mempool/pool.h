@@ -268,8 +268,10 @@ MP_API mp_status_t mp_pool_mem_info(mp_pool_t *pool, size_t *free_bytes,
  * 0 lifts it. Memory reserved above a new, lower cap stays until trimmed;
  * growth stops there. Not in [0, 1], or a child or graph pool: MP_EINVAL. */
 MP_API mp_status_t mp_pool_set_max_fraction(mp_pool_t *pool, double fraction);
-/* MP_EBUSY while a child pool lives; else synchronizes the streams that used
- * the pool, releases everything and frees the pool. */
+/* MP_EBUSY while a child pool lives, or while a stream the pool knows is
+ * captured without its knowledge (its work cannot be waited for; destroy
+ * after the capture ends); else synchronizes the streams that used the
+ * pool, releases everything and frees the pool. A refusal changes nothing. */
 MP_API mp_status_t mp_pool_destroy(mp_pool_t *pool);
 
 /* 0 bytes: MP_OK with *out = NULL. */

@@ -154,7 +154,18 @@ mp_status_t mp_pool_destroy(mp_pool_t *pool) {
   if (pool->graph)
     return mp_pool_graph_release(pool);
   /* Arenas (arena.c): each an ordinary pool (never with children); the
-   * pool itself holds none of their memory. */
+   * pool itself holds none of their memory. Each is asked first whether it
+   * can wait for its streams, so that a refusal changes nothing. */
+  for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    if (a == NULL)
+      continue;
+    mp__pool_lock(a);
+    mp_status_t ust = mp__streams_unwaitable(a, "mp_pool_destroy");
+    mp__pool_unlock(a);
+    if (ust != MP_OK)
+      return ust;
+  }
   for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas; i++)
     if (mp__arena_at(pool, i) != NULL)
       (void)mp_pool_destroy(mp__arena_at(pool, i));
@@ -166,6 +177,15 @@ mp_status_t mp_pool_destroy(mp_pool_t *pool) {
     mp__pool_unlock(pool);
     return mp__fail(MP_EBUSY, "mp_pool_destroy: %zu child pool%s still live", n,
                     n == 1 ? "" : "s");
+  }
+  /* Its memory goes only once its streams' work is done, found by an event
+   * on each: a stream captured without the pool's knowledge would take the
+   * event into its graph, and the wait would be an unsafe call (cuda.h,
+   * cuStreamBeginCapture_v2). Refused, as pause is; nothing changed. */
+  mp_status_t ust = mp__streams_unwaitable(pool, "mp_pool_destroy");
+  if (ust != MP_OK) {
+    mp__pool_unlock(pool);
+    return ust;
   }
   mp__pool_wait_sync(pool);
   mp__handle_retire_all(pool);

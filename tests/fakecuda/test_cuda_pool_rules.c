@@ -430,6 +430,52 @@ Test(cuda_pool_rules, stream_waits_leave_an_unaware_capture_alone,
   unaware_capture_is_not_asked(MP_POOL_STREAM_WAITS);
 }
 
+/* Destroying a pool while a stream it knows is captured without its
+ * knowledge: the pool must wait for that stream's work before its memory
+ * goes, and an event recorded there would be a node of the graph (and
+ * waiting for it an unsafe call in global mode, cuda.h,
+ * cuStreamBeginCapture_v2). So destroy refuses with MP_EBUSY and changes
+ * nothing, as pause does; the capture ends valid, and once it has, destroy
+ * goes through. Failed before: destroy recorded its event into the capture
+ * and waited for it. */
+Test(cuda_pool_rules, destroy_waits_for_no_unaware_capture,
+     .init = load_driver) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_pool_t *pool = cuda_pool(dev, "");
+  enter_ctx();
+  CUstream a;
+  cr_assert_eq(cu.create(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  void *p = NULL;
+  cr_assert_eq(mp_pool_alloc(pool, 4u << 20, (mp_stream_t)a, &p), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, 1u << 20, (mp_stream_t)a, &p), MP_OK);
+  mp_stats_t before, after;
+  cr_assert_eq(mp_pool_get_stats(pool, &before), MP_OK);
+  long long refused = errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  cr_assert_eq(cu.begin(a, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  mp_status_t destroy = mp_pool_destroy(pool);
+  CUgraph g = NULL;
+  CUresult end = cu.end(a, &g);
+  if (g != NULL)
+    cr_assert_eq(cu.graph_destroy(g), CUDA_SUCCESS);
+  cr_assert_eq(destroy, MP_EBUSY, "destroy during an unaware capture: %d",
+               destroy);
+  cr_assert(strstr(mp_last_error(), "mp_pool_destroy") != NULL, "%s",
+            mp_last_error());
+  cr_assert_eq(end, CUDA_SUCCESS, "the pool invalidated the capture");
+  cr_assert_eq(errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), refused);
+  /* Nothing changed: the live block is still the pool's. */
+  cr_assert_eq(mp_pool_check(pool), MP_OK);
+  cr_assert_eq(mp_pool_get_stats(pool, &after), MP_OK);
+  cr_assert_eq(after.live_blocks, before.live_blocks);
+  cr_assert_eq(after.reserved_bytes, before.reserved_bytes);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  stream_end(dev, a);
+  leave_ctx();
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  mp_device_close(dev);
+}
+
 /* While a blocking stream captures, the legacy stream is "in an unusable
  * state" (cuda.h, cuStreamIsCapturing): cuStreamIsCapturing on it answers
  * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, and a cuStreamQuery of it or an event
