@@ -27,8 +27,10 @@
  * has mappings is MP_EBUSY (the pool must unmap first, as it must on CUDA);
  * device close releases whatever is left. Copies and memsets that reach into a
  * reservation must stay on mapped granules, or they are MP_EINVAL when queued
- * instead of a fault later. Like cuMemFree, mp_device_free, host_free and
- * vm_unmap synchronize the device before the memory goes.
+ * instead of a fault later. Like cuMemFree, mp_device_free and host_free
+ * synchronize the device before the memory goes; vm_unmap, like cuMemUnmap
+ * (cuda.h promises no wait), does not: its caller vouches that no queued
+ * work still touches the range, and work that does faults on the fence.
  *
  * Streams. Each stream, and the default (NULL) stream, is a worker thread
  * that runs its FIFO queue of operations strictly in order. An event record
@@ -1039,8 +1041,9 @@ static bool host_resv_all_mapped(const host_resv_t *r, size_t first, size_t n) {
 /* Copies and memsets may touch a reservation only where it is mapped: a
  * range that reaches into one must lie inside it, on mapped granules. This
  * turns what would be a fault on a worker thread into MP_EINVAL for the
- * caller. Checking at enqueue time is enough: vm_unmap synchronizes the
- * device first, so what is mapped now stays mapped until the work ran. */
+ * caller. The check is made at enqueue time only: vm_unmap does not wait
+ * for queued work (its caller must, as on CUDA), so a range unmapped
+ * before the work ran faults on its worker thread then. */
 static mp_status_t host_vm_check_access(host_dev_t *h, const char *fn,
                                         const void *p, size_t n) {
   uintptr_t a = (uintptr_t)p;
