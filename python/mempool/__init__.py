@@ -526,3 +526,13 @@ def preload_resume():
     """Maps every paused pool of the shim again at the same addresses
     (mempool_preload_resume), content back if it was kept."""
     _preload_call("mempool_preload_resume")
+
+
+def __getattr__(name):
+    """mempool.torch after a plain `import mempool` (PEP 562): the submodule
+    is imported on first use, so that PyTorch's module is looked for only by
+    those who route PyTorch through mempool."""
+    if name == "torch":
+        import importlib
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

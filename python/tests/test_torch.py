@@ -38,6 +38,24 @@ lib.mp_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, c
 """
 
 
+def test_torch_submodule_is_reachable_after_a_plain_import():
+    # `import mempool` then mempool.torch.use(), as users write it: the
+    # submodule comes on first use; other missing names stay AttributeError.
+    r = _run("import sys, mempool\n"
+             "assert 'mempool.torch' not in sys.modules\n"
+             "t = mempool.torch\n"
+             "assert t is sys.modules['mempool.torch'] and callable(t.use)\n"
+             "try:\n"
+             "    mempool.no_such_name\n"
+             "except AttributeError as e:\n"
+             "    assert 'no_such_name' in str(e)\n"
+             "else:\n"
+             "    raise SystemExit('no AttributeError')\n"
+             "print('ok')")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
 def test_empty_cache_gives_the_default_pools_idle_memory_back():
     r = _run(_MALLOC + """
 p = lib.mp_torch_malloc(8 << 20, 0, None)
