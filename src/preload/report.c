@@ -14,6 +14,7 @@
  *
  * A file at the top: it reads the others and none calls it (the exit is a
  * destructor, the snapshot an export). */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,8 +128,16 @@ __attribute__((destructor)) static void mp__exit(void) {
               path);
     } else {
       mp__report(f, pl, &n, have_stats ? &stats : NULL, torch);
+      /* A write that failed (a full disk) is said, as the trace's is. */
+      errno = 0;
+      bool bad = fflush(f) != 0 || ferror(f);
       if (!to_stderr)
-        fclose(f);
+        bad |= fclose(f) != 0;
+      if (bad && !to_stderr)
+        fprintf(stderr,
+                "mempool preload: writing MEMPOOL_REPORT '%s' failed (%s); "
+                "the report is incomplete\n",
+                path, strerror(errno ? errno : EIO));
     }
   }
   free(torch);
