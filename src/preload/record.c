@@ -306,8 +306,10 @@ static void *mp__snap_thread(void *arg) {
   }
 }
 
-/* "USR1", "SIGUSR1", "USR2" or a number; 0 when it is none of these or a
- * signal that cannot be caught. */
+/* "USR1", "SIGUSR1", "USR2" or a number; 0 when it is none of these, a
+ * signal that cannot be caught, or one a fault raises (SIGSEGV, SIGBUS,
+ * SIGFPE, SIGILL): the handler returns, the faulting instruction runs
+ * again, and the program's crash becomes a hang. */
 static int mp__signal_number(const char *v) {
   if (strncmp(v, "SIG", 3) == 0)
     v += 3;
@@ -318,7 +320,7 @@ static int mp__signal_number(const char *v) {
   char *end = NULL;
   long n = strtol(v, &end, 10);
   if (end == v || *end != '\0' || n <= 0 || n > SIGRTMAX || n == SIGKILL ||
-      n == SIGSTOP)
+      n == SIGSTOP || n == SIGSEGV || n == SIGBUS || n == SIGFPE || n == SIGILL)
     return 0;
   return (int)n;
 }
@@ -332,7 +334,8 @@ static void mp__snapshot_signal_arm(void) {
   int fds[2] = {-1, -1};
   pthread_t t;
   if (sig == 0)
-    why = "not USR1, USR2 or a signal number that can be caught";
+    why = "not USR1, USR2 or a signal number that can be caught and is "
+          "not raised by faults (SEGV, BUS, FPE, ILL)";
   else if (getenv("MEMPOOL_SNAPSHOT") == NULL)
     why = "MEMPOOL_SNAPSHOT (the path) is not set";
   else if (pipe2(fds, O_CLOEXEC) != 0 ||
