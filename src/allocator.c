@@ -81,14 +81,18 @@ static mp_status_t mp__child_op_release(void *self) {
   mp_status_t pst = mp_pool_trim(c->parent, 0);
   return st != MP_OK ? st : pst;
 }
+/* A failure keeps what is left (the child already gone stays gone), so
+ * a later destroy ends it. */
 static mp_status_t mp__child_op_destroy(void *self) {
   mp__child_alloc_t *c = self;
-  mp_status_t st = mp_pool_destroy(c->child);
+  mp_status_t st = c->child != NULL ? mp_pool_destroy(c->child) : MP_OK;
   if (st != MP_OK)
     return st;
-  st = mp_pool_destroy(c->parent);
+  c->child = NULL;
+  if ((st = mp_pool_destroy(c->parent)) != MP_OK)
+    return st;
   free(c);
-  return st;
+  return MP_OK;
 }
 
 static const mp_allocator_ops_t mp__child_ops = {"child",
@@ -364,10 +368,15 @@ mp_status_t mp_allocator_destroy(mp_allocator_t *a) {
   MP__CHECK_ALLOCATOR(a);
   if (a->ops.destroy != NULL) {
     /* MP_EBUSY (a pool with live children) keeps the allocator usable, so
-     * the caller can fix the cause and try again; after anything else the
-     * object is gone. */
+     * the caller can fix the cause and try again, and so does any failure
+     * of the allocators made here, which keep what they hold when they
+     * fail (a destroy from a host function cannot wait for the device);
+     * after any other failure of a wrapped one the object is gone. */
     mp_status_t st = a->ops.destroy(a->self);
-    if (st == MP_EBUSY)
+    if (st == MP_EBUSY ||
+        (st != MP_OK && (a->ops.destroy == mp__pool_op_destroy ||
+                         a->ops.destroy == mp__child_op_destroy ||
+                         a->ops.destroy == mp__direct_op_destroy)))
       return st;
     free(a);
     return st;

@@ -308,27 +308,62 @@ mp_status_t(mp_direct_get_stats)(mp_direct_t *d, mp_stats_t *out) {
   return mp_direct_get_stats_sized(d, out, MP_STATS_SIZE_V1);
 }
 
+/* After a destroy the device refused some blocks of: drops the entries of
+ * the blocks it did free (state 0) and brings the deferred list and the
+ * byte counts back in line with what is left. */
+static void mp__direct_keep_refused(mp_direct_t *d) {
+  for (size_t i = 0; i < d->blocks.cap; i++) {
+    mp__dslot_t *b;
+    /* A removal shifts a later entry into slot i: look at it again. */
+    while ((b = mp__ptrmap_at(&d->blocks, i)) != NULL && b->state == 0)
+      mp__ptrmap_remove(&d->blocks, b);
+  }
+  size_t kept = 0;
+  d->live_bytes = d->deferred_bytes = 0;
+  for (size_t i = 0; i < d->ndeferred; i++)
+    if (mp__dmap_find(d, d->deferred[i].ptr) != NULL)
+      d->deferred[kept++] = d->deferred[i];
+  d->ndeferred = kept;
+  for (size_t i = 0; i < d->blocks.cap; i++) {
+    const mp__dslot_t *b = mp__ptrmap_at(&d->blocks, i);
+    if (b != NULL)
+      *(b->state == MP__DIRECT_LIVE ? &d->live_bytes : &d->deferred_bytes) +=
+          b->bytes;
+  }
+}
+
 mp_status_t mp_direct_destroy(mp_direct_t *d) {
   if (d == NULL)
     return mp__fail(MP_EINVAL, "mp_direct_destroy: allocator is NULL");
-  /* No other thread may use d now, so the lock is not needed. */
-  mp_status_t first = MP_OK;
+  /* No other thread may use d now, so the lock is not needed. A failure
+   * leaves d usable and holding what it still holds: a synchronization
+   * that fails (a call from a host function) frees nothing, since work on
+   * the blocks could still be running; blocks the device refuses to free
+   * stay, for a later destroy. Lost with d, their memory would be gone. */
   if (d->blocks.count > 0) {
-    first = mp_device_synchronize(d->dev);
+    mp_status_t first = mp_device_synchronize(d->dev);
+    if (first != MP_OK)
+      return first;
     for (size_t i = 0; i < d->blocks.cap; i++) {
-      const mp__dslot_t *b = mp__ptrmap_at(&d->blocks, i);
+      mp__dslot_t *b = mp__ptrmap_at(&d->blocks, i);
       if (b == NULL)
         continue;
       mp_status_t st = mp_device_free(d->dev, (void *)b->key);
-      if (st == MP_OK)
+      if (st == MP_OK) {
         d->st.device_free_count++;
-      else if (first == MP_OK)
+        b->state = 0;
+      } else if (first == MP_OK) {
         first = st;
+      }
+    }
+    if (first != MP_OK) {
+      mp__direct_keep_refused(d);
+      return first;
     }
   }
   pthread_mutex_destroy(&d->mu);
   mp__ptrmap_destroy(&d->blocks);
   free(d->deferred);
   free(d);
-  return first;
+  return MP_OK;
 }

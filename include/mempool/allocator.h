@@ -54,7 +54,10 @@ MP_API mp_status_t mp_allocator_get_stats_sized(mp_allocator_t *a,
 #define mp_allocator_get_stats(a, out)                                         \
   mp_allocator_get_stats_sized((a), (out), sizeof(mp_stats_t))
 MP_API mp_status_t mp_allocator_release(mp_allocator_t *a);
-/* Destroys the allocator (and, for "child", the pool it was carved from). */
+/* Destroys the allocator (and, for "child", the pool it was carved from).
+ * MP_EBUSY keeps it usable; so does any failure of "pool", "child" and
+ * "direct" (a destroy from a host function cannot wait for the device).
+ * After another failure of a wrapped allocator it is gone. */
 MP_API mp_status_t mp_allocator_destroy(mp_allocator_t *a);
 /* The underlying pool for "pool" and "child" allocators, else NULL. */
 MP_API mp_pool_t *mp_allocator_pool(const mp_allocator_t *a);

@@ -43,7 +43,10 @@ MP_API mp_status_t mp_direct_get_stats_sized(mp_direct_t *d, mp_stats_t *out,
                                              size_t size);
 #define mp_direct_get_stats(d, out)                                            \
   mp_direct_get_stats_sized((d), (out), sizeof(mp_stats_t))
-/* Synchronizes the device and releases every block, live or deferred. */
+/* Synchronizes the device and releases every block, live or deferred. On
+ * failure the allocator stays, usable: a synchronization that fails
+ * (called from a host function) changes nothing; blocks the device refuses
+ * to free stay in it, for a later destroy. */
 MP_API mp_status_t mp_direct_destroy(mp_direct_t *d);
 
 #ifdef __cplusplus

@@ -271,7 +271,9 @@ MP_API mp_status_t mp_pool_set_max_fraction(mp_pool_t *pool, double fraction);
 /* MP_EBUSY while a child pool lives, or while a stream the pool knows is
  * captured without its knowledge (its work cannot be waited for; destroy
  * after the capture ends); else synchronizes the streams that used the
- * pool, releases everything and frees the pool. A refusal changes nothing. */
+ * pool, releases everything and frees the pool. A refusal, or a
+ * synchronization that fails (called from a host function), changes
+ * nothing: the pool stays as it was. */
 MP_API mp_status_t mp_pool_destroy(mp_pool_t *pool);
 
 /* 0 bytes: MP_OK with *out = NULL. */

@@ -155,7 +155,9 @@ mp_status_t mp_pool_destroy(mp_pool_t *pool) {
     return mp_pool_graph_release(pool);
   /* Arenas (arena.c): each an ordinary pool (never with children); the
    * pool itself holds none of their memory. Each is asked first whether it
-   * can wait for its streams, so that a refusal changes nothing. */
+   * can wait for its streams, so that such a refusal changes nothing; one
+   * that still fails to go (its wait failed) stays, and so does the pool: a
+   * later destroy ends the rest. */
   for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);
     if (a == NULL)
@@ -166,9 +168,13 @@ mp_status_t mp_pool_destroy(mp_pool_t *pool) {
     if (ust != MP_OK)
       return ust;
   }
-  for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas; i++)
-    if (mp__arena_at(pool, i) != NULL)
-      (void)mp_pool_destroy(mp__arena_at(pool, i));
+  for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    mp_status_t ast = a != NULL ? mp_pool_destroy(a) : MP_OK;
+    if (ast != MP_OK)
+      return ast;
+    atomic_store_explicit(&pool->arenas[i].pool, NULL, memory_order_release);
+  }
   free(pool->arenas);
   pool->arenas = NULL;
   mp__pool_lock(pool);
@@ -188,20 +194,26 @@ mp_status_t mp_pool_destroy(mp_pool_t *pool) {
     return ust;
   }
   mp__pool_wait_sync(pool);
-  mp__handle_retire_all(pool);
-  mp__pool_pause_release(pool);
-  mp__export_release_all(pool);
   /* The streams that used the pool must be done before memory goes back:
    * an event on each, not a device synchronize (another thread may be
-   * capturing a graph). */
+   * capturing a graph). A wait that cannot be made (a host function of
+   * the device) fails the destroy before anything is released: memory
+   * the device then refused to free would be lost with the pool. */
   mp__sync_set_t set = {0};
   if (pool->nstreams > 0)
     mp__streams_sync_events(pool, &set);
   mp__pool_unlock(pool);
-  if (pool->nstreams > 0)
-    mp__sync_set_wait(pool->dev, &set);
+  mp_status_t st =
+      pool->nstreams > 0 ? mp__sync_set_wait(pool->dev, &set) : MP_OK;
   mp__pool_lock(pool);
   mp__sync_set_release(pool, &set);
+  if (st != MP_OK) {
+    mp__pool_unlock(pool);
+    return st;
+  }
+  mp__handle_retire_all(pool);
+  mp__pool_pause_release(pool);
+  mp__export_release_all(pool);
   mp__pool_unlock(pool);
   if (pool->parent != NULL) {
     mp__child_release(pool);

@@ -8,6 +8,8 @@
 #include <mempool/allocator.h>
 #include <mempool/mempool.h>
 
+#include "../support/device_helpers.h"
+
 static mp_device_t *dev;
 
 static void setup(void) {
@@ -281,4 +283,39 @@ Test(allocator, wrap_rejects_incomplete_tables) {
   cr_assert_eq(mp_allocator_wrap(&ops, &c, NULL, &a), MP_EINVAL);
   cr_assert_eq(mp_allocator_wrap(&ops, &c, "x", NULL), MP_EINVAL);
   cr_assert_eq(a, (mp_allocator_t *)0x1);
+}
+
+typedef struct {
+  mp_allocator_t *a;
+  mp_status_t st;
+} destroy_call_t;
+
+static void destroy_call(void *arg) {
+  destroy_call_t *c = arg;
+  c->st = mp_allocator_destroy(c->a);
+}
+
+/* A destroy that cannot wait for the device (from a host function) fails
+ * with the allocator kept, usable, and its memory its own: the direct
+ * allocator freed itself and its blocks were lost, the pools answered
+ * MP_OK with their memory lost, and the allocator went either way. */
+Test(allocator, destroy_that_cannot_wait_keeps_every_kind) {
+  for (int i = 0; i < NSPECS; i++) {
+    size_t before = free_bytes(dev);
+    mp_allocator_t *a;
+    cr_assert_eq(mp_allocator_create(dev, specs[i], &a), MP_OK, "%s: %s",
+                 specs[i], mp_last_error());
+    void *p, *q;
+    cr_assert_eq(mp_allocator_alloc(a, 1 << 20, NULL, &p), MP_OK);
+    cr_assert_eq(mp_allocator_alloc(a, 1 << 20, NULL, &q), MP_OK);
+    cr_assert_eq(mp_allocator_free(a, q), MP_OK);
+    destroy_call_t c = {.a = a, .st = MP_OK};
+    run_in_host_fn(dev, destroy_call, &c);
+    cr_assert_eq(c.st, MP_EINVAL, "%s", specs[i]);
+    cr_assert_eq(mp_allocator_free(a, p), MP_OK, "%s: %s", specs[i],
+                 mp_last_error());
+    cr_assert_eq(mp_allocator_destroy(a), MP_OK, "%s: %s", specs[i],
+                 mp_last_error());
+    cr_expect_eq(free_bytes(dev), before, "%s: device memory lost", specs[i]);
+  }
 }

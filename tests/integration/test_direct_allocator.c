@@ -9,6 +9,8 @@
 
 #include <mempool/mempool.h>
 
+#include "../support/device_helpers.h"
+
 static mp_device_t *dev;
 static mp_direct_t *d;
 
@@ -282,15 +284,43 @@ Test(direct, bad_input_is_einval_on_every_call) {
   cr_assert_eq(stats().alloc_count, 0);
 }
 
-Test(direct, destroy_releases_live_and_deferred_blocks) {
-  size_t before = device_free_bytes();
+/* A deferred block of 1 MiB and a live one of 2 MiB, returned. */
+static void *one_deferred_one_live(void) {
   void *a, *b;
   cr_assert_eq(mp_direct_alloc(d, 1 << 20, NULL, &a), MP_OK);
   cr_assert_eq(mp_direct_alloc(d, 2 << 20, NULL, &b), MP_OK);
   cr_assert_eq(mp_direct_free(d, a), MP_OK);
+  return b;
+}
+
+Test(direct, destroy_releases_live_and_deferred_blocks) {
+  size_t before = device_free_bytes();
+  (void)one_deferred_one_live();
   cr_assert_eq(mp_direct_destroy(d), MP_OK);
   d = NULL;
   cr_assert_eq(device_free_bytes(), before);
+}
+
+static void destroy_call(void *arg) {
+  *(mp_status_t *)arg = mp_direct_destroy(d);
+}
+
+/* A destroy that cannot wait for the device (from a host function) fails
+ * with nothing changed: it freed the allocator and went on to free blocks
+ * the device then refused, so their memory was lost for good. */
+Test(direct, destroy_that_cannot_wait_keeps_the_allocator_and_its_blocks) {
+  size_t before = device_free_bytes();
+  void *b = one_deferred_one_live();
+  mp_stats_t was = stats();
+  mp_status_t st = MP_OK;
+  run_in_host_fn(dev, destroy_call, &st);
+  cr_assert_eq(st, MP_EINVAL, "%s", mp_last_error());
+  mp_stats_t now = stats();
+  cr_expect_eq(memcmp(&was, &now, sizeof was), 0, "the stats changed");
+  cr_assert_eq(mp_direct_free(d, b), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_direct_destroy(d), MP_OK, "%s", mp_last_error());
+  d = NULL;
+  cr_assert_eq(device_free_bytes(), before, "device memory lost");
 }
 
 enum { THREADS = 4, ROUNDS = 300 };

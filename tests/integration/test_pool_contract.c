@@ -8,6 +8,7 @@
 
 #include <mempool/mempool.h>
 
+#include "../support/device_helpers.h"
 #include "../support/pool_helpers.h"
 
 #define MiB ((size_t)1 << 20)
@@ -143,4 +144,39 @@ Test(pool_contract, bad_input_changes_nothing_plain) {
 
 Test(pool_contract, bad_input_changes_nothing_under_max_split) {
   bad_input_changes_nothing("max_split=1M,segment_bytes=1M");
+}
+
+typedef struct {
+  mp_pool_t *pool;
+  mp_status_t st;
+  char why[256];
+} destroy_call_t;
+
+static void destroy_call(void *arg) {
+  destroy_call_t *c = arg;
+  c->st = mp_pool_destroy(c->pool);
+  snprintf(c->why, sizeof c->why, "%s", mp_last_error());
+}
+
+/* A destroy that cannot wait for the device (from a host function) fails
+ * with the pool as it was: it answered MP_OK and freed the pool, and the
+ * memory the device then refused to free there was lost for good. */
+Test(pool_contract, destroy_that_cannot_wait_changes_nothing) {
+  static const char *const opts[] = {NULL, "virtual=0", "arenas=2"};
+  for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) {
+    const char *o = opts[i] ? opts[i] : "defaults";
+    size_t before = free_bytes(dev);
+    mp_pool_t *p = make_pool(dev, opts[i]);
+    void *x;
+    cr_assert_eq(mp_pool_alloc(p, 3 * MiB, NULL, &x), MP_OK);
+    mp_stats_t was = stats(p);
+    destroy_call_t c = {.pool = p};
+    run_in_host_fn(dev, destroy_call, &c);
+    cr_assert_eq(c.st, MP_EINVAL, "%s: %s", o, c.why);
+    mp_stats_t now = stats(p);
+    expect_same(&was, &now, "a destroy that cannot wait");
+    cr_assert_eq(mp_pool_free(p, x), MP_OK, "%s: %s", o, mp_last_error());
+    cr_assert_eq(mp_pool_destroy(p), MP_OK, "%s: %s", o, mp_last_error());
+    cr_expect_eq(free_bytes(dev), before, "%s: device memory lost", o);
+  }
 }

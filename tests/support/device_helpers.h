@@ -23,4 +23,17 @@ static inline size_t free_bytes(mp_device_t *dev) {
   return f;
 }
 
+/* Runs fn(arg) as a host function on a new stream of dev, where no call
+ * may wait for the device's work (the host device refuses such a wait
+ * with MP_EINVAL, as CUDA forbids API calls there), and returns once it
+ * ran. */
+static inline void run_in_host_fn(mp_device_t *dev, void (*fn)(void *),
+                                  void *arg) {
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_stream_launch_host(dev, s, fn, arg), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, s), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+}
+
 #endif /* MEMPOOL_TEST_DEVICE_HELPERS_H */

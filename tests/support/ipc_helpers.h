@@ -26,6 +26,7 @@
 
 #include <mempool/mempool.h>
 
+#include "device_helpers.h"
 #include "ipc_child.h"
 
 static inline void ipc_wait_child(pid_t pid) {
@@ -71,12 +72,8 @@ static inline void ipc_close_call(void *arg) {
 }
 
 static inline mp_status_t ipc_close_in_host_fn(mp_device_t *dev, void *ptr) {
-  mp_stream_t s;
-  cr_assert_eq(mp_stream_create(dev, &s), MP_OK, "%s", mp_last_error());
   ipc_close_call_t c = {.dev = dev, .ptr = ptr, .st = MP_OK};
-  cr_assert_eq(mp_stream_launch_host(dev, s, ipc_close_call, &c), MP_OK);
-  cr_assert_eq(mp_stream_synchronize(dev, s), MP_OK);
-  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+  run_in_host_fn(dev, ipc_close_call, &c);
   return c.st;
 }
 

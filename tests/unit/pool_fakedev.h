@@ -17,6 +17,7 @@ typedef struct fake_dev {
   size_t granule;              /* 0: no virtual memory */
   unsigned fail_after, allocs;
   unsigned maps, unmaps, frees, bad_unmaps, syncs;
+  unsigned refuse_frees; /* this many next frees fail (MP_EDRIVER) */
   /* Called once, at the next vm_unmap (then cleared): the pool's lock is
    * dropped there, so it may call the pool as another thread would. */
   void (*on_unmap)(void *ctx);
@@ -83,6 +84,10 @@ static void fake_hook(void (**fn)(void *), void *ctx) {
 static mp_status_t fake_free(mp_device_t *dev, void *ptr) {
   fake_dev_t *f = fake_of(dev);
   fake_hook(&f->on_free, f->on_free_ctx);
+  if (f->refuse_frees > 0) {
+    f->refuse_frees--;
+    return MP_EDRIVER;
+  }
   for (size_t i = 0; i < f->nplain; i++)
     if (f->plain[i].p == ptr) {
       f->used -= f->plain[i].size;
