@@ -126,6 +126,11 @@ const char *mp__fmt_bytes(char *buf, size_t cap, size_t bytes);
 /* Whether ptr lies in one of pool's segments (takes the lock). */
 bool mp__pool_contains(mp_pool_t *pool, const void *ptr);
 
+/* ---- pool/pause.c ------------------------------------------------------- */
+
+/* Whether pool is paused now (takes the lock). */
+bool mp__pool_is_paused(mp_pool_t *pool);
+
 /* ---- host_pool.c -------------------------------------------------------- */
 
 /* Whether ptr lies in the memory of host pool hp (its pool's chunks). */

@@ -259,6 +259,13 @@ mp_status_t mp_pool_resume(mp_pool_t *pool) {
   return st;
 }
 
+bool mp__pool_is_paused(mp_pool_t *pool) {
+  mp__pool_lock(pool);
+  bool paused = pool->paused;
+  mp__pool_unlock(pool);
+  return paused;
+}
+
 /* At destroy: what a paused pool still holds beside its reservation. */
 void mp__pool_pause_release(mp_pool_t *pool) {
   if (pool->pause_copy != NULL) {

@@ -10,10 +10,13 @@
  *   ...                                # another process uses the memory
  *   lib.mempool_preload_resume()
  *
- * Every device's pool is paused (mp_pool_pause), or none: a pool that
- * fails undoes the ones paused before it. Both return an mp_status_t (0:
- * done; MP_ENOTSUP for a pool without virtual memory, MP_EBUSY when already
- * in that state, MP_EINVAL outside pool mode). While paused, allocations
+ * Every device's pool not paused yet is paused (mp_pool_pause), and resume
+ * resumes every paused one, all or none: a pool that fails undoes the ones
+ * done before it. A device whose pool was made while the others were
+ * paused (its first allocation came then) is left as it is by the resume,
+ * which resumes the rest. Both return an mp_status_t (0: done; MP_ENOTSUP
+ * for a pool without virtual memory, MP_EBUSY when every pool is in that
+ * state already, MP_EINVAL outside pool mode). While paused, allocations
  * and frees the program makes fail (cudaErrorUnknown / CUDA_ERROR_UNKNOWN)
  * and change nothing; the shim's own page-locked host pool is not paused. */
 #include "hooks.h"
@@ -31,8 +34,18 @@ static int mp__pause_all(bool pause, unsigned flags) {
     mp__pl_pools(pl, &ps);
   mp_status_t st = ps.n > 0 ? MP_OK : MP_EINVAL;
   pthread_mutex_lock(&mp__pause_lock);
+  /* Only the pools not in the state asked for yet: a pool made while the
+   * others were paused is not paused, and refusing the resume for it (and
+   * pausing the others again) left the process paused for good. */
+  int todo = 0;
+  for (int i = 0; i < ps.n; i++)
+    if (mp__pool_is_paused(ps.pool[i]) != pause)
+      ps.pool[todo++] = ps.pool[i];
+  if (st == MP_OK && todo == 0)
+    st = mp__fail(MP_EBUSY, "every pool is %s already",
+                  pause ? "paused" : "running (not paused)");
   int done = 0;
-  for (; st == MP_OK && done < ps.n; done++) {
+  for (; st == MP_OK && done < todo; done++) {
     st = pause ? mp_pool_pause(ps.pool[done], flags)
                : mp_pool_resume(ps.pool[done]);
     if (st != MP_OK)

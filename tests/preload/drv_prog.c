@@ -15,10 +15,17 @@
  *                         device serves every context.
  *                         With DRV_PROG_TOTAL=N, cuMemGetInfo_v2 must say
  *                         N bytes total (a cap in MEMPOOL_CONF).
+ *   drv_prog preloaded cuda pause
+ *                         mempool_preload_pause with device 0's pool only,
+ *                         then device 1's first allocation (its pool is
+ *                         made while 0's is paused): the resume must
+ *                         resume device 0, and a second one is MP_EBUSY
+ *                         (FAKECUDA_DEVICE_COUNT=2).
  * Prints "ok" and exits 0, or names each failed check and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <dlfcn.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -177,9 +184,45 @@ static void check_serving(int preloaded, int cuda) {
   }
 }
 
+/* The process-wide pause of the shim across two devices' pools, one made
+ * while the other was paused. */
+static void check_pause_across_devices(void) {
+  int (*pause_all)(unsigned), (*resume_all)(void);
+  *(void **)&pause_all = dlsym(RTLD_DEFAULT, "mempool_preload_pause");
+  *(void **)&resume_all = dlsym(RTLD_DEFAULT, "mempool_preload_resume");
+  CUdevice d0, d1;
+  CUcontext c0 = NULL, c1 = NULL;
+  CUdeviceptr a = 0, b = 0;
+  bool ready = pause_all != NULL && resume_all != NULL &&
+               cuInit(0) == CUDA_SUCCESS && cuDeviceGet(&d0, 0) == 0 &&
+               cuDeviceGet(&d1, 1) == 0 &&
+               cuDevicePrimaryCtxRetain(&c0, d0) == 0 &&
+               cuDevicePrimaryCtxRetain(&c1, d1) == 0;
+  expect(ready, "the shim's pause and two devices");
+  if (!ready)
+    return;
+  expect(cuCtxSetCurrent(c0) == 0 && cuMemAlloc_v2(&a, 1 << 20) == 0,
+         "alloc on device 0");
+  expect(pause_all(1) == 0, "pause");
+  expect(cuCtxSetCurrent(c1) == 0 && cuMemAlloc_v2(&b, 1 << 20) == 0 &&
+             cuMemFree_v2(b) == 0,
+         "device 1 served while device 0 is paused");
+  expect(resume_all() == 0, "resume with device 1's pool made meanwhile");
+  expect(resume_all() == 6 /* MP_EBUSY */, "a second resume is MP_EBUSY");
+  expect(cuCtxSetCurrent(c0) == 0 && cuMemFree_v2(a) == 0 &&
+             cuMemAlloc_v2(&a, 1 << 20) == 0 && cuMemFree_v2(a) == 0,
+         "device 0 serves again after the resume");
+}
+
 int main(int argc, char **argv) {
   int preloaded = argc > 1 && strcmp(argv[1], "preloaded") == 0;
   int cuda = argc > 2 && strcmp(argv[2], "cuda") == 0;
+  if (preloaded && cuda && argc > 3 && strcmp(argv[3], "pause") == 0) {
+    check_pause_across_devices();
+    if (failures == 0)
+      printf("ok\n");
+    return failures == 0 ? 0 : 1;
+  }
   void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   expect(h != NULL, "dlopen libcuda.so.1");
   if (h == NULL)

@@ -56,6 +56,18 @@ Test(preload_driver, mem_info_reports_the_cap_on_the_cuda_backend) {
   cr_assert_str_eq(r.out, "ok\n");
 }
 
+/* The process-wide pause when a device's pool is made while the others are
+ * paused: the resume refused that pool (not paused), paused the others
+ * again, and the process could never be resumed. */
+Test(preload_driver, resume_after_a_pool_made_while_paused_resumes_the_rest) {
+  const char *argv[] = {MP_DRV_PROG, "preloaded", "cuda", "pause", NULL};
+  const char *env[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=cuda",
+                       "FAKECUDA_DEVICE_COUNT=2", NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_str_eq(r.out, "ok\n");
+}
+
 /* The pool's cuda backend opens the same libcuda.so.1 and resolves it from
  * inside the shim: it must get the driver's functions, or every allocation
  * would recurse into the hooks. */
