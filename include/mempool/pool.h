@@ -559,8 +559,10 @@ MP_API mp_status_t mp_pool_set_oom_handler(mp_pool_t *pool,
  * does not record), segment_map / segment_unmap (virtual chunks),
  * segment_alloc / segment_free (plain segments) and oom. Trace sizes are
  * block sizes (rounded), as in PyTorch. The file is written whole or not
- * at all (a temporary beside it, renamed): a NULL or unwritable path is
- * MP_EINVAL / MP_EIO with a message. A pool with arenas: the segments of
+ * at all (a temporary beside it, renamed); a path that is there and is no
+ * regular file (a device, a FIFO, a symbolic link) is written in place,
+ * never replaced. A NULL or unwritable path is MP_EINVAL / MP_EIO with a
+ * message. A pool with arenas: the segments of
  * every arena made so far, on the pool's device. */
 MP_API mp_status_t mp_pool_snapshot(mp_pool_t *pool, const char *path);
 /* The same pickle written to an open stream (not closed). */

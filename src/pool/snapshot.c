@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "pool_internal.h"
@@ -484,8 +485,22 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
                       "mp_pool_snapshot: pool %zu is NULL or its "
                       "device ordinal is out of range",
                       k);
-  /* A temporary beside path, renamed over it once complete: a failed
-   * snapshot leaves whatever was at path untouched. */
+  /* A path that is there and is no regular file (a device such as
+   * /dev/null, a FIFO, a symbolic link) is written in place: renamed over,
+   * it would be replaced by a regular file (with root's rights, the
+   * device node itself), and a link instead of the file it names. */
+  struct stat sb;
+  if (lstat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+    FILE *f = fopen(path, "wb");
+    if (f == NULL)
+      return mp__fail(MP_EIO, "mp_pool_snapshot: cannot write '%s'", path);
+    mp_status_t st = mp__snapshot_write_all(pools, devices, n, f);
+    if (fclose(f) != 0 && st == MP_OK)
+      st = mp__fail(MP_EIO, "mp_pool_snapshot: write error on '%s'", path);
+    return st;
+  }
+  /* Otherwise a temporary beside path, renamed over it once complete: a
+   * failed snapshot leaves whatever was at path untouched. */
   size_t tn = strlen(path) + 16;
   char *tmp = mp__host_alloc(tn);
   if (tmp == NULL)

@@ -245,6 +245,62 @@ Test(pool_history, snapshot_replaces_a_file_whole) {
   mp_pool_destroy(p);
 }
 
+/* Reads a FIFO to its end: the first bytes into head. */
+static void *drain_fifo(void *arg) {
+  const char *path = arg;
+  static unsigned char head[2];
+  FILE *f = fopen(path, "rb");
+  if (f == NULL || fread(head, 1, 2, f) != 2)
+    return NULL;
+  while (fgetc(f) != EOF)
+    ;
+  fclose(f);
+  return head;
+}
+
+/* A path that is no regular file is written, never replaced: the
+ * temporary renamed over it replaced a symbolic link by a file (the file
+ * it named untouched) and a FIFO (or, with root's rights, a device node
+ * such as /dev/null) by a regular file. */
+Test(pool_history, snapshot_writes_through_a_link_or_fifo_and_keeps_it,
+     .timeout = 30) {
+  mp_pool_t *p = make_pool("max_bytes=8M,history=8");
+  char dir[] = "/tmp/mp_snap_XXXXXX", real[64], link[64], fifo[64];
+  cr_assert_not_null(mkdtemp(dir));
+  snprintf(real, sizeof real, "%s/real.pickle", dir);
+  snprintf(link, sizeof link, "%s/link.pickle", dir);
+  snprintf(fifo, sizeof fifo, "%s/fifo.pickle", dir);
+  FILE *f = fopen(real, "wb");
+  fputs("old", f);
+  fclose(f);
+  cr_assert_eq(symlink("real.pickle", link), 0);
+  cr_assert_eq(mp_pool_snapshot(p, link), MP_OK, "%s", mp_last_error());
+  struct stat sb;
+  cr_assert(lstat(link, &sb) == 0 && S_ISLNK(sb.st_mode),
+            "the link was replaced");
+  f = fopen(real, "rb");
+  unsigned char head[2] = {0};
+  cr_assert_eq(fread(head, 1, 2, f), 2);
+  fclose(f);
+  cr_expect(head[0] == 0x80 && head[1] == 2, "the file the link names");
+
+  cr_assert_eq(mkfifo(fifo, 0600), 0);
+  pthread_t reader;
+  cr_assert_eq(pthread_create(&reader, NULL, drain_fifo, fifo), 0);
+  cr_assert_eq(mp_pool_snapshot(p, fifo), MP_OK, "%s", mp_last_error());
+  cr_assert(lstat(fifo, &sb) == 0 && S_ISFIFO(sb.st_mode),
+            "the FIFO was replaced");
+  void *got = NULL;
+  pthread_join(reader, &got);
+  cr_assert_not_null(got, "nothing came through the FIFO");
+  cr_expect_eq(((unsigned char *)got)[0], 0x80);
+  unlink(link);
+  unlink(real);
+  unlink(fifo);
+  cr_expect_eq(rmdir(dir), 0, "a temporary was left behind");
+  mp_pool_destroy(p);
+}
+
 typedef struct {
   mp_pool_t *pool;
   int pairs;
