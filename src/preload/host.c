@@ -32,6 +32,9 @@
 /* CU_MEMHOSTALLOC_WRITECOMBINED == cudaHostAllocWriteCombined (cuda.h,
  * cuda_runtime_api.h). */
 #define MP__HOST_WRITECOMBINED 0x04u
+/* Every flag the driver and the runtime know: PORTABLE, DEVICEMAP (the
+ * runtime's Mapped) and WRITECOMBINED; any other is their invalid value. */
+#define MP__HOST_FLAGS 0x07u
 
 static struct {
   pthread_mutex_t lock;
@@ -155,7 +158,7 @@ static unsigned int mp__h_alloc(mp__hvariant_t v, void **p, size_t bytes,
     hp = mp__hpl_get(pl);
   unsigned int r;
   if (hp != NULL) {
-    mp_status_t st = p == NULL || bytes == 0
+    mp_status_t st = p == NULL || bytes == 0 || (flags & ~MP__HOST_FLAGS)
                          ? MP_EINVAL
                          : mp_host_pool_alloc(hp, bytes, NULL, p);
     if (st == MP_OK)

@@ -1703,8 +1703,11 @@ static CUresult fk_host_alloc(mp_device_t *dev, void **pp, size_t bytes) {
   return fk_result_of(mp_device_host_alloc(dev, bytes, pp));
 }
 
+/* Flags other than PORTABLE | DEVICEMAP | WRITECOMBINED (cuda.h's list):
+ * CUDA_ERROR_INVALID_VALUE. */
 FK_IN_CTX(cuMemHostAlloc, (void **pp, size_t bytes, unsigned int flags),
-          ((void)flags, fk_host_alloc(dev, pp, bytes)))
+          (flags & ~0x7u ? CUDA_ERROR_INVALID_VALUE
+                         : fk_host_alloc(dev, pp, bytes)))
 FK_IN_CTX(cuMemAllocHost_v2, (void **pp, size_t bytes),
           fk_host_alloc(dev, pp, bytes))
 

@@ -10,7 +10,10 @@
  * all of which must reach the driver (the shim leaves registered memory
  * alone). Prints "driver_host_allocs=A driver_host_frees=F" (the fake's
  * counts of its own entry points), "registered=ADDRESS" and "ok", or names
- * each failed check and exits 1. */
+ * each failed check and exits 1.
+ *   pinned_drv_prog 1 double_free | bad_flags
+ * a second cuMemFreeHost of one block; cuMemHostAlloc with flags no
+ * driver knows: each must be the driver's error. */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <stdint.h>
@@ -42,6 +45,17 @@ int main(int argc, char **argv) {
   expect(cuDeviceGet(&dev, 0) == CUDA_SUCCESS, "cuDeviceGet");
   expect(cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS, "ctx");
   expect(cuCtxSetCurrent(ctx) == CUDA_SUCCESS, "set ctx");
+  if (argc > 2 && strcmp(argv[2], "bad_flags") == 0) {
+    /* Flags no driver knows are its invalid value, and nothing is
+     * allocated. */
+    void *p = (void *)0x1;
+    expect(cuMemHostAlloc(&p, 4096, 0x80) == CUDA_ERROR_INVALID_VALUE,
+           "cuMemHostAlloc with unknown flags is invalid value");
+    expect(p == (void *)0x1, "nothing was written to *pp");
+    if (failures == 0)
+      printf("ok\n");
+    return failures == 0 ? 0 : 1;
+  }
   if (argc > 2 && strcmp(argv[2], "double_free") == 0) {
     /* A second cuMemFreeHost is the driver's error, and what comes next
      * still works. */

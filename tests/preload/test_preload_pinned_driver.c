@@ -71,10 +71,10 @@ Test(preload_pinned_driver, host_pool_serves_pinned_memory_on_the_fake) {
   rmdir(dir);
 }
 
-/* A second cuMemFreeHost of a block the host pool served is refused as the
- * driver refuses it: passed on, it would free the pool's chunk under it. */
-static void double_free(bool shim) {
-  const char *argv[] = {MP_PINNED_DRV_PROG, "1", "double_free", NULL};
+/* pinned_drv_prog's mode (double_free, bad_flags), with or without the
+ * shim: it must answer as the driver does. */
+static void run_mode(bool shim, const char *mode) {
+  const char *argv[] = {MP_PINNED_DRV_PROG, "1", mode, NULL};
   const char *env[] = {shim ? "LD_PRELOAD=" MP_SHIM : "LD_PRELOAD=",
                        "MEMPOOL_DEVICE=cuda", NULL};
   spawn(argv, env, &r);
@@ -82,10 +82,21 @@ static void double_free(bool shim) {
   cr_assert(strstr(r.out, "ok\n") != NULL, "%s", r.out);
 }
 
+/* A second cuMemFreeHost of a block the host pool served is refused as the
+ * driver refuses it: passed on, it would free the pool's chunk under it. */
 Test(preload_pinned_driver, without_the_shim_a_second_free_is_refused) {
-  double_free(false);
+  run_mode(false, "double_free");
 }
 
 Test(preload_pinned_driver, under_the_shim_a_second_free_is_refused) {
-  double_free(true);
+  run_mode(true, "double_free");
+}
+
+/* Flags no driver knows: the host pool served them (CUDA_SUCCESS). */
+Test(preload_pinned_driver, without_the_shim_unknown_flags_are_refused) {
+  run_mode(false, "bad_flags");
+}
+
+Test(preload_pinned_driver, under_the_shim_unknown_flags_are_refused) {
+  run_mode(true, "bad_flags");
 }
