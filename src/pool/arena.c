@@ -376,16 +376,16 @@ static mp_status_t mp__arena_alloc_slow(mp_pool_t *pool, mp_pool_t *a,
     return st;
   /* The arena's message named its own figures: name the pool's. */
   mp_stats_t sum;
-  char as[32], r[32], al[32];
+  char as[32], r[32], al[32], lf[32];
   mp__stats_read(pool, &sum);
   return mp__fail(st,
                   "%s: asked %s; the pool's %zu arenas reserved %s, allocated "
-                  "%s, largest free block %zu",
+                  "%s, largest free block %s",
                   st == MP_ELIMIT ? "pool max_bytes" : "out of device memory",
                   mp__fmt_bytes(as, sizeof as, bytes), pool->cfg.arenas,
                   mp__fmt_bytes(r, sizeof r, sum.reserved_bytes),
                   mp__fmt_bytes(al, sizeof al, sum.allocated_bytes),
-                  sum.largest_free_bytes);
+                  mp__fmt_bytes(lf, sizeof lf, sum.largest_free_bytes));
 }
 
 /* No lock held: a request of at least MP__LARGE_ROUND that mine cannot

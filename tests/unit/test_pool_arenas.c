@@ -406,6 +406,18 @@ Test(pool_arenas, max_bytes_caps_the_sum_of_the_arenas) {
   cr_expect_eq(s.allocated_bytes, 46 * MiB);
   on_thread(free_job, &b);
   on_thread(free_job, &c);
+  /* Refused past the cap: the message gives the pool's figures as sizes,
+   * the largest free block too (it gave a raw byte count). */
+  void *x = NULL;
+  cr_expect_eq(mp_pool_alloc(pool, 60 * MiB, NULL, &x), MP_ELIMIT);
+  const char *m = strstr(mp_last_error(), "largest free block ");
+  cr_assert_not_null(m, "%s", mp_last_error());
+  double v = -1;
+  char unit[8] = "";
+  cr_expect_eq(sscanf(m + 19, "%lf %7s", &v, unit), 2, "%s", mp_last_error());
+  cr_expect(strcmp(unit, "B") == 0 || strcmp(unit, "KiB") == 0 ||
+                strcmp(unit, "MiB") == 0 || strcmp(unit, "GiB") == 0,
+            "%s", mp_last_error());
   check(pool);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
 }
