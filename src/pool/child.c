@@ -47,7 +47,10 @@ mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
   }
   void *base = NULL;
   mp__pool_lock(parent);
-  st = mp__pool_alloc_locked(parent, bytes, NULL, &base);
+  /* Paused: said by this call's name, not the allocation's. */
+  st = mp__pool_paused(parent, "mp_pool_create_child");
+  if (st == MP_OK)
+    st = mp__pool_alloc_locked(parent, bytes, NULL, &base);
   if (st == MP_OK) {
     mp__block_t *b = mp__map_find(parent, (uintptr_t)base);
     b->flags |= MP__B_CHILD;

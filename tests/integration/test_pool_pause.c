@@ -124,6 +124,9 @@ Test(pool_pause, every_other_call_is_ebusy_while_paused) {
   cr_expect_eq(mp_pool_defragment(p, NULL, NULL), MP_EBUSY);
   cr_expect_eq(mp_pool_freeze(p), MP_EBUSY);
   cr_expect_eq(mp_pool_create_child(p, MiB, &child), MP_EBUSY);
+  cr_expect(strstr(mp_last_error(), "mp_pool_create_child: the pool is "
+                                    "paused") != NULL,
+            "%s", mp_last_error());
   cr_expect_eq(mp_pool_check(p), MP_EBUSY);
   cr_expect_eq(mp_pool_pause(p, 0), MP_EBUSY);
   /* A cap below what the pool held would leave resume refused. */
