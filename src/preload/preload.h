@@ -204,6 +204,13 @@ bool mp__pl_record_forked(void);
 /* $var with "%p" replaced by the process id, in buf; NULL when unset or
  * empty. */
 const char *mp__pl_env_path(const char *var, char *buf, size_t cap);
+/* Whether path, var's file, is one that an earlier writer among
+ * MEMPOOL_TRACE, MEMPOOL_SNAPSHOT, MEMPOOL_REPORT (in that order: the
+ * trace is open from the start, the snapshot written before the report at
+ * exit) names: the same path, or the same file through another name. Said
+ * on stderr, naming both variables: var's file is not written, as it would
+ * overwrite the other's (or the other its). */
+bool mp__pl_path_taken(const char *var, const char *path);
 /* fork(): flush before, drop in the child. */
 void mp__pl_record_prepare(void);
 void mp__pl_record_parent(void);

@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -88,6 +89,30 @@ const char *mp__pl_env_path(const char *var, char *buf, size_t cap) {
   }
   buf[n] = '\0';
   return buf;
+}
+
+bool mp__pl_path_taken(const char *var, const char *path) {
+  static const char *const order[] = {"MEMPOOL_TRACE", "MEMPOOL_SNAPSHOT",
+                                      "MEMPOOL_REPORT"};
+  struct stat a;
+  bool a_ok = stat(path, &a) == 0;
+  for (size_t i = 0; i < sizeof order / sizeof *order; i++) {
+    if (strcmp(order[i], var) == 0)
+      return false; /* only earlier writers count */
+    char buf[4096];
+    const char *other = mp__pl_env_path(order[i], buf, sizeof buf);
+    struct stat b;
+    if (other == NULL || (strcmp(other, path) != 0 &&
+                          !(a_ok && stat(other, &b) == 0 &&
+                            a.st_dev == b.st_dev && a.st_ino == b.st_ino)))
+      continue;
+    fprintf(stderr,
+            "mempool preload: %s names the file of %s ('%s'); %s is not "
+            "written\n",
+            var, order[i], path, var);
+    return true;
+  }
+  return false;
 }
 
 void mp__pl_record_open(const mp__pl_t *pl) {
@@ -301,7 +326,7 @@ static void *mp__snap_thread(void *arg) {
     }
     char buf[4096];
     const char *path = mp__pl_env_path("MEMPOOL_SNAPSHOT", buf, sizeof buf);
-    if (path != NULL)
+    if (path != NULL && !mp__pl_path_taken("MEMPOOL_SNAPSHOT", path))
       (void)mp__pl_snapshot(mp__rec.pl, path);
   }
 }

@@ -107,7 +107,7 @@ __attribute__((destructor)) static void mp__exit(void) {
     return;
   char sbuf[4096];
   const char *spath = mp__pl_env_path("MEMPOOL_SNAPSHOT", sbuf, sizeof sbuf);
-  if (spath != NULL)
+  if (spath != NULL && !mp__pl_path_taken("MEMPOOL_SNAPSHOT", spath))
     (void)mp__pl_snapshot(pl, spath);
   mp_stats_t stats;
   bool have_stats =
@@ -120,7 +120,8 @@ __attribute__((destructor)) static void mp__exit(void) {
   }
   char buf[4096];
   const char *path = mp__pl_env_path("MEMPOOL_REPORT", buf, sizeof buf);
-  if (path != NULL) {
+  if (path != NULL && (strcmp(path, "stderr") == 0 ||
+                       !mp__pl_path_taken("MEMPOOL_REPORT", path))) {
     bool to_stderr = strcmp(path, "stderr") == 0;
     FILE *f = to_stderr ? stderr : fopen(path, "w");
     if (f == NULL) {

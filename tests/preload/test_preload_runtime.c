@@ -506,6 +506,49 @@ Test(preload_runtime, report_write_errors_are_reported_at_exit) {
   expect_full_disk_said("MEMPOOL_REPORT");
 }
 
+/* Two variables naming one file: the later writer (the snapshot after the
+ * trace, the report after both, by name or through a link) is not written
+ * and says so, and the earlier one's file stays whole. Before, the report
+ * truncated the open trace and the trace's last lines landed in it. */
+Test(preload_runtime, paths_naming_one_file_keep_the_first_writers) {
+  char dir[64], e1[200], e2[200], e3[200];
+  scratch_dir(dir, sizeof dir);
+  snprintf(e1, sizeof e1, "MEMPOOL_TRACE=%s/one.csv", dir);
+  snprintf(e2, sizeof e2, "MEMPOOL_REPORT=%s/one.csv", dir);
+  run_preloaded(prog, e1, e2, NULL, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_expect(strstr(r.err, "MEMPOOL_REPORT names the file of MEMPOOL_TRACE") !=
+                NULL,
+            "%s", r.err);
+  char path[128];
+  snprintf(path, sizeof path, "%s/one.csv", dir);
+  cr_expect_eq(sh("head -1 %s | grep -qx 'Thread,Time,Action,Pointer,Size,"
+                  "Stream'",
+                  path),
+               0, "the trace's header is gone");
+  cr_expect_eq(count_lines(path, ",allocate,"), word_value(r.out, "allocs"));
+  cr_expect_eq(sh("grep -q '\"torch\"' %s", path), 1,
+               "the report was written into the trace");
+
+  /* The snapshot and the report through a link to the snapshot's file. */
+  snprintf(e1, sizeof e1, "MEMPOOL_SNAPSHOT=%s/snap.pickle", dir);
+  snprintf(e2, sizeof e2, "MEMPOOL_REPORT=%s/link.json", dir);
+  snprintf(e3, sizeof e3, "MEMPOOL_CONF=history=64");
+  cr_assert_eq(
+      sh("touch %s/snap.pickle && ln -s snap.pickle %s/link.json", dir, dir),
+      0);
+  run_preloaded(prog, e1, e2, e3, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_expect(strstr(r.err, "MEMPOOL_REPORT names the file of "
+                          "MEMPOOL_SNAPSHOT") != NULL,
+            "%s", r.err);
+  cr_expect_eq(sh("test \"$(head -c 1 %s/snap.pickle | od -An -tx1 | tr -d "
+                  "' ')\" = 80",
+                  dir),
+               0, "the snapshot is not a pickle");
+  sh("rm -rf %s", dir);
+}
+
 /* "%p" in the paths is the process id; a process that made no CUDA call
  * (a shell, a tool the job starts with the variables inherited) writes
  * nothing, so it cannot clobber the files of one that did. */
