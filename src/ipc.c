@@ -84,6 +84,20 @@ mp_status_t mp_ipc_import(mp_device_t *dev, mp_ipc_handle_t *h, void **out) {
   if (st != MP_OK)
     return st;
   pthread_mutex_lock(&mp__ipc_mu);
+  /* A copy of a handle imported already still names the lease that import
+   * owns (and, by the time it comes, maybe another export's memory under
+   * the memory descriptor's reused number): two imports would share one
+   * lease, the first close would let the exporter reuse the block under
+   * the second, and the second close would close that number again.
+   * (Checked among this device's imports.) */
+  for (size_t i = 0; i < dev->nimports; i++)
+    if (dev->imports[i].lease == h->lease_fd) {
+      pthread_mutex_unlock(&mp__ipc_mu);
+      return mp__fail(MP_EINVAL,
+                      "mp_ipc_import: lease descriptor %d belongs to an open "
+                      "import (a copy of a handle imported already?)",
+                      h->lease_fd);
+    }
   if (dev->nimports == dev->imports_cap) {
     size_t cap = dev->imports_cap ? 2 * dev->imports_cap : 8;
     struct mp__import *n = mp__host_realloc(dev->imports, cap * sizeof *n);

@@ -130,6 +130,37 @@ Test(pool_ipc_args, a_lease_descriptor_that_is_no_socket_is_einval) {
   free_released_and_destroy(pool, p);
 }
 
+/* A copy of a handle taken before it was imported still names the lease
+ * the import now owns; by the time it is imported, its memory descriptor's
+ * number may name another export's memory (descriptor numbers are reused:
+ * here set so). Refused: it would map another block under a lease that is
+ * not its own, the first close would let the exporter reuse the block under
+ * the second import, and the second close would close the number again.
+ * Failed before: the copy was imported. */
+Test(pool_ipc_args, a_copy_of_an_imported_handle_is_einval) {
+  /* Both blocks in one device allocation, so that each can be exported. */
+  mp_pool_t *pool = make_pool(dev, "segment_bytes=32M");
+  void *p, *p2, *q = NULL, *q2 = NULL;
+  mp_ipc_handle_t a = exported(pool, &p);
+  mp_ipc_handle_t copy = a;
+  cr_assert_eq(mp_ipc_import(dev, &a, &q), MP_OK, "%s", mp_last_error());
+  mp_ipc_handle_t b = exported(pool, &p2);
+  copy.fd = b.fd; /* the number a's import closed, reused by b */
+  mp_status_t st = mp_ipc_import(dev, &copy, &q2);
+  if (st == MP_OK)
+    (void)mp_ipc_close(dev, q2);
+  cr_expect_eq(st, MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "belongs to an open import") != NULL, "%s",
+            mp_last_error());
+  cr_expect(fd_open(b.fd) && fd_open(b.lease_fd) && fd_open(copy.lease_fd),
+            "a refused import closed a descriptor");
+  /* The genuine import and b's handle are as they were. */
+  cr_assert_eq(mp_ipc_close(dev, q), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_ipc_handle_close(&b), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  free_released_and_destroy(pool, p2);
+}
+
 Test(pool_ipc_args, bad_exports_are_refused_and_change_nothing) {
   mp_pool_t *pool = make_pool(dev, NULL);
   void *p, *gone;
