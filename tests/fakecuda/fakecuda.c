@@ -58,7 +58,13 @@
  *    legacy-stream work while a blocking stream captures is
  *    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (the capture invalidated);
  *    cuStreamGetCaptureInfo gives a capture's id and graph only while it
- *    is active, never once it is invalidated;
+ *    is active, never once it is invalidated; a stream that waits on an
+ *    event recorded in a capture joins it (same id, graph, mode and
+ *    thread; what is refused on the origin is refused on it, and a
+ *    conflict on either invalidates both), cuStreamEndCapture ends it on
+ *    the origin only (CUDA_ERROR_STREAM_CAPTURE_UNMATCHED elsewhere) and
+ *    with CUDA_ERROR_STREAM_CAPTURE_UNJOINED when a joined stream's work
+ *    was not joined back, taking every joined stream out of capture;
  *  - contexts (test_fakecuda_contexts.c): a context made by cuCtxCreate,
  *    and each device's primary context (FAKECUDA_DEVICE_COUNT devices),
  *    has its own memory, streams and work: cuCtxSynchronize waits for the
@@ -72,8 +78,12 @@
  * cuMemFreeAsync waits for its stream; a thread's per-thread stream lives
  * until its context is destroyed (16 contexts per thread keep theirs); cuMemMap
  * maps whole handles only (offset 0); event flags (timing, blocking sync) are
- * ignored. Capture: a graph is one stream's chain (cross-stream capture through
- * events is not modelled); memory of an allocation node is allocated once, at
+ * ignored. Capture: a graph is a chain of nodes in the order they were
+ * captured, whatever stream of the capture made them (an order the graph's
+ * edges allow); at most FK_CAP_STREAMS streams take part in one capture;
+ * the legacy stream never joins one; an end on a joined stream
+ * invalidates nothing; memory of an allocation
+ * node is allocated once, at
  * capture, and freed with the graph if a free node releases it; the VMM
  * calls (cuMemMap, cuMemUnmap, cuMemCreate...) are not treated as unsafe;
  * cuStreamGetCaptureInfo gives no dependencies; a captured event
@@ -534,6 +544,9 @@ static mp_device_t *fk_current(void) {
 
 /* ---- streams as CUDA orders them ---------------------------------------- */
 
+/* Streams one capture may span: its origin and those joined to it. */
+#define FK_CAP_STREAMS 16
+
 /* A stream made by cuStreamCreate, or a thread's per-thread default stream;
  * CUstream points at one. Blocking streams (flags 0, and every per-thread
  * stream) are ordered with the legacy NULL stream; CU_STREAM_NON_BLOCKING
@@ -545,16 +558,29 @@ typedef struct fk_stream {
   struct fk_stream *next; /* in its context's live or retired list */
   /* Stream capture (under fk.lock): status, the mode it began with, the
    * thread that began it, its id, the graph being built, the events
-   * recorded into it, and the next capturing stream (fk_capturing). */
+   * recorded into it, and the next capturing stream (fk_capturing). A
+   * stream that joined a capture (fk_capture_join) has these of its
+   * origin, whose graph it shares, and cap_origin set; cap_slot is its
+   * place in the capture's clocks (the origin's: 0), cap_width (the
+   * origin's) how many places are taken. cap_clock[k]: how many nodes of
+   * stream k this stream's next node comes after. */
   CUstreamCaptureStatus cap;
   CUstreamCaptureMode cap_mode;
   pthread_t cap_thread;
   cuuint64_t cap_id;
   struct CUgraph_st *graph;
-  CUevent *cap_events;
+  struct fk_cap_event *cap_events;
   size_t n_cap_events, cap_cap_events;
-  struct fk_stream *cap_next;
+  struct fk_stream *cap_next, *cap_origin;
+  unsigned cap_slot, cap_width;
+  uint64_t cap_clock[FK_CAP_STREAMS];
 } fk_stream_t;
+
+/* An event recorded on a capturing stream: what a wait on it comes after. */
+typedef struct fk_cap_event {
+  CUevent ev;
+  uint64_t clock[FK_CAP_STREAMS];
+} fk_cap_event_t;
 
 /* ---- graphs (opaque; what stream capture records) ------------------------ */
 
@@ -672,18 +698,38 @@ static atomic_ullong fk_next_capture_id = 1;
 static _Thread_local CUstreamCaptureMode fk_thread_mode =
     CU_STREAM_CAPTURE_MODE_GLOBAL;
 
-/* Ends st's capture, its graph returned (NULL: dropped). Under fk.lock. */
+/* The stream st's capture began on. */
+static fk_stream_t *fk_capture_origin(fk_stream_t *st) {
+  return st->cap_origin != NULL ? st->cap_origin : st;
+}
+
+/* Ends st's capture, its graph returned (NULL: dropped). The capture of an
+ * origin takes every stream joined to it out of capture too (the
+ * Programming Guide, "Cross-stream Dependencies and Events": "All streams
+ * being captured to the same capture graph are taken out of capture mode
+ * upon cudaStreamEndCapture()"); a joined stream (one destroyed) leaves
+ * alone, its graph the origin's. Under fk.lock. */
 static struct CUgraph_st *fk_capture_end(fk_stream_t *st, bool keep) {
+  for (fk_stream_t *o = fk_capturing; st->cap_origin == NULL && o != NULL;) {
+    if (o->cap_origin == st) {
+      (void)fk_capture_end(o, false);
+      o = fk_capturing; /* the list changed */
+    } else {
+      o = o->cap_next;
+    }
+  }
   for (fk_stream_t **at = &fk_capturing; *at != NULL; at = &(*at)->cap_next)
     if (*at == st) {
       *at = st->cap_next;
       atomic_fetch_sub(&fk_n_captures, 1);
       break;
     }
-  struct CUgraph_st *g = st->graph;
+  struct CUgraph_st *g = st->cap_origin == NULL ? st->graph : NULL;
   st->graph = NULL;
   st->cap = CU_STREAM_CAPTURE_STATUS_NONE;
-  st->cap_next = NULL;
+  st->cap_next = st->cap_origin = NULL;
+  st->cap_slot = st->cap_width = 0;
+  memset(st->cap_clock, 0, sizeof st->cap_clock);
   free(st->cap_events);
   st->cap_events = NULL;
   st->n_cap_events = st->cap_cap_events = 0;
@@ -692,6 +738,15 @@ static struct CUgraph_st *fk_capture_end(fk_stream_t *st, bool keep) {
     g = NULL;
   }
   return g;
+}
+
+/* Invalidates st's capture: every stream captured into its graph.
+ * Under fk.lock. */
+static void fk_capture_invalidate(fk_stream_t *st) {
+  fk_stream_t *origin = fk_capture_origin(st);
+  for (fk_stream_t *o = fk_capturing; o != NULL; o = o->cap_next)
+    if (fk_capture_origin(o) == origin)
+      o->cap = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
 }
 
 /* A potentially unsafe call during stream capture (cuda.h,
@@ -716,7 +771,7 @@ static CUresult fk_unsafe(void) {
                                 st->cap_mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
     if (prohibits) {
       refused = true;
-      st->cap = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+      fk_capture_invalidate(st);
     }
   }
   pthread_mutex_unlock(&fk.lock);
@@ -730,7 +785,7 @@ static CUresult fk_unsafe(void) {
  * a capturing stream, querying a captured event): these conflict with
  * capture in every mode. Under fk.lock. */
 static CUresult fk_capture_conflict(fk_stream_t *st, CUresult code) {
-  st->cap = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+  fk_capture_invalidate(st);
   atomic_fetch_add(&fk_capture_refusals, 1);
   return code;
 }
@@ -901,7 +956,7 @@ static CUresult fk_order(mp_device_t *dev, const fk_stream_t *st) {
      * on a current capture sequence from cudaStreamLegacy"). */
     fk_stream_t *cap = fk_blocking_capture(c);
     if (cap != NULL) {
-      cap->cap = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+      fk_capture_invalidate(cap);
       return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     }
     for (const fk_stream_t *o = c->live; o != NULL && rc == MP_OK; o = o->next)
@@ -929,18 +984,23 @@ static CUresult fk_capture_op(fk_stream_t *st, const fk_node_t *node,
                               CUevent ev) {
   if (st->cap == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
     return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-  if (node != NULL && !fk_graph_add(st->graph, node))
-    return CUDA_ERROR_OUT_OF_MEMORY;
+  if (node != NULL) {
+    if (!fk_graph_add(st->graph, node))
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    st->cap_clock[st->cap_slot]++;
+  }
   if (ev != NULL) {
     if (st->n_cap_events == st->cap_cap_events) {
       size_t cap = st->cap_cap_events ? 2 * st->cap_cap_events : 4;
-      CUevent *p = realloc(st->cap_events, cap * sizeof *p);
+      fk_cap_event_t *p = realloc(st->cap_events, cap * sizeof *p);
       if (p == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
       st->cap_events = p;
       st->cap_cap_events = cap;
     }
-    st->cap_events[st->n_cap_events++] = ev;
+    fk_cap_event_t *rec = &st->cap_events[st->n_cap_events++];
+    rec->ev = ev;
+    memcpy(rec->clock, st->cap_clock, sizeof rec->clock);
   }
   return CUDA_SUCCESS;
 }
@@ -2048,14 +2108,98 @@ CUresult cuEventCreate(CUevent *pe, unsigned int flags) {
 #define FK_EVENT_CALL(e, call)                                                 \
   ((e) == NULL ? fk_bad_handle() : fk_result_of(call))
 
+/* The latest record of e, if it was made on a stream that captures (the
+ * one a wait uses: cuda.h, cuEventRecord), with *from set to that stream;
+ * NULL when e was last recorded outside any capture. Under fk.lock. */
+static fk_cap_event_t *fk_captured_event(CUevent e, fk_stream_t **from) {
+  for (fk_stream_t *st = fk_capturing; st != NULL; st = st->cap_next)
+    for (size_t i = 0; i < st->n_cap_events; i++)
+      if (st->cap_events[i].ev == e) {
+        *from = st;
+        return &st->cap_events[i];
+      }
+  return NULL;
+}
+
+/* A new record of e overwrites the one before (cuda.h, cuEventRecord):
+ * e is no captured event unless this record is one. Under fk.lock. */
+static void fk_captured_event_forget(CUevent e) {
+  for (fk_stream_t *st = fk_capturing; st != NULL; st = st->cap_next)
+    for (size_t i = 0; i < st->n_cap_events;)
+      if (st->cap_events[i].ev == e)
+        st->cap_events[i] = st->cap_events[--st->n_cap_events];
+      else
+        i++;
+}
+
+/* Stream h waits on e, recorded last in a capture (the Programming Guide,
+ * "Cross-stream Dependencies and Events": "When a captured event is waited
+ * on by a stream, it places the stream in capture mode if it is not
+ * already, and the next item in the stream will have additional
+ * dependencies on the nodes in the captured event. The two streams are
+ * then being captured to the same capture graph."). A stream that joins
+ * takes the capture's id, graph, mode and thread, so cuStreamGetCaptureInfo
+ * gives it the origin's id (cuda.h: the id is of the "capture sequence"),
+ * the unsafe calls its mode forbids are refused (fk_unsafe) and a wait on
+ * or query of it is a conflict (fk_lookup_stream), until the origin's
+ * cuStreamEndCapture (fk_end_capture). A stream that captures another
+ * graph cannot wait on it (cuda.h, CUDA_ERROR_STREAM_CAPTURE_MERGE: "would
+ * have resulted in a merge of two independent capture sequences"), and
+ * both captures are invalidated (the Programming Guide, "Prohibited and
+ * Unhandled Operations" and "Invalidation": "any associated capture
+ * graphs are invalidated"). The legacy stream (never capturing: cuda.h,
+ * cuStreamBeginCapture) is left to wait as before. Under fk.lock. */
+static CUresult fk_capture_join(mp_device_t *dev, CUstream h, bool ptsz,
+                                CUevent e) {
+  fk_stream_t *st = NULL, *from = NULL;
+  fk_cap_event_t *rec = fk_captured_event(e, &from);
+  if (rec == NULL || fk_resolve(dev, h, ptsz, &st) != CUDA_SUCCESS ||
+      st == NULL)
+    return CUDA_SUCCESS; /* a wait like any other (fk_begin answers) */
+  fk_stream_t *origin = fk_capture_origin(from);
+  if (st->cap != CU_STREAM_CAPTURE_STATUS_NONE) {
+    if (fk_capture_origin(st) != origin) {
+      fk_capture_invalidate(st);
+      return fk_capture_conflict(from, CUDA_ERROR_STREAM_CAPTURE_MERGE);
+    }
+  } else {
+    if (origin->cap_width == FK_CAP_STREAMS)
+      return CUDA_ERROR_OUT_OF_MEMORY; /* the fake's limit */
+    st->cap = origin->cap;
+    st->cap_mode = origin->cap_mode;
+    st->cap_thread = origin->cap_thread;
+    st->cap_id = origin->cap_id;
+    st->graph = origin->graph;
+    st->cap_origin = origin;
+    st->cap_slot = origin->cap_width++;
+    memset(st->cap_clock, 0, sizeof st->cap_clock);
+    st->cap_next = fk_capturing;
+    fk_capturing = st;
+    atomic_fetch_add(&fk_n_captures, 1);
+  }
+  for (unsigned k = 0; k < FK_CAP_STREAMS; k++)
+    if (rec->clock[k] > st->cap_clock[k])
+      st->cap_clock[k] = rec->clock[k];
+  return CUDA_SUCCESS;
+}
+
 /* An operation on a stream (an event record, a wait) in stream order. */
 static CUresult fk_event_op(mp_device_t *dev, CUevent e, CUstream s, bool ptsz,
                             bool wait) {
   if (e == NULL)
     return fk_bad_handle();
+  pthread_mutex_lock(&fk.lock);
+  CUresult r = CUDA_SUCCESS;
+  if (wait)
+    r = fk_capture_join(dev, s, ptsz, e);
+  else
+    fk_captured_event_forget(e);
+  pthread_mutex_unlock(&fk.lock);
+  if (r != CUDA_SUCCESS)
+    return r;
   mp_stream_t hs = NULL;
   bool captured = false;
-  CUresult r = fk_begin(dev, s, ptsz, NULL, wait ? NULL : e, &hs, &captured);
+  r = fk_begin(dev, s, ptsz, NULL, wait ? NULL : e, &hs, &captured);
   if (r != CUDA_SUCCESS || captured)
     return r;
   mp_status_t st = wait ? mp_stream_wait_event(dev, hs, (mp_event_t)e)
@@ -2082,7 +2226,7 @@ static CUresult fk_event_wait(mp_device_t *dev, CUevent e, bool query) {
     pthread_mutex_lock(&fk.lock);
     for (fk_stream_t *st = fk_capturing; st != NULL; st = st->cap_next)
       for (size_t i = 0; i < st->n_cap_events; i++)
-        if (st->cap_events[i] == e)
+        if (st->cap_events[i].ev == e)
           r = fk_capture_conflict(st, CUDA_ERROR_CAPTURED_EVENT);
     pthread_mutex_unlock(&fk.lock);
     if (r == CUDA_SUCCESS)
@@ -2096,8 +2240,18 @@ static CUresult fk_event_wait(mp_device_t *dev, CUevent e, bool query) {
 
 FK_IN_CTX(cuEventQuery, (CUevent e), fk_event_wait(dev, e, true))
 FK_IN_CTX(cuEventSynchronize, (CUevent e), fk_event_wait(dev, e, false))
-FK_IN_CTX(cuEventDestroy_v2, (CUevent e),
-          FK_EVENT_CALL(e, mp_event_destroy(dev, (mp_event_t)e)))
+/* A destroyed event is no captured event: a new one at its address must
+ * not be taken for it. */
+static CUresult fk_event_destroy(mp_device_t *dev, CUevent e) {
+  if (e == NULL)
+    return fk_bad_handle();
+  pthread_mutex_lock(&fk.lock);
+  fk_captured_event_forget(e);
+  pthread_mutex_unlock(&fk.lock);
+  return fk_result_of(mp_event_destroy(dev, (mp_event_t)e));
+}
+
+FK_IN_CTX(cuEventDestroy_v2, (CUevent e), fk_event_destroy(dev, e))
 FK_IN_CTX_TWINS(cuStreamWaitEvent, cuStreamWaitEvent_ptsz,
                 (CUstream s, CUevent e, unsigned int flags),
                 ((void)flags, fk_event_op(dev, e, s, ptsz, true)))
@@ -2127,6 +2281,7 @@ static CUresult fk_begin_capture(mp_device_t *dev, CUstream h, bool ptsz,
     st->cap_mode = mode;
     st->cap_thread = pthread_self();
     st->cap_id = atomic_fetch_add(&fk_next_capture_id, 1);
+    st->cap_width = 1;
     st->graph = g;
     st->cap_next = fk_capturing;
     fk_capturing = st;
@@ -2144,10 +2299,34 @@ FK_IN_CTX_TWINS(cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz,
                 (CUstream s, CUstreamCaptureMode mode),
                 fk_begin_capture(dev, s, ptsz, mode))
 
-/* cuda.h, cuStreamEndCapture: a capture not begun relaxed must end in the
- * thread that began it (CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD); an
+/* Whether every stream joined to origin's capture was joined back to it:
+ * origin's next node comes after each one's last node (the Programming
+ * Guide, "Cross-stream Dependencies and Events": "Any other streams which
+ * are being captured to the same capture graph, due to event-based
+ * dependencies, must also be joined back to the origin stream"). A stream
+ * that joined and captured nothing since has nothing to join back. Under
+ * fk.lock. */
+static bool fk_capture_rejoined(const fk_stream_t *origin) {
+  for (const fk_stream_t *o = fk_capturing; o != NULL; o = o->cap_next)
+    if (o->cap_origin == origin &&
+        origin->cap_clock[o->cap_slot] < o->cap_clock[o->cap_slot])
+      return false;
+  return true;
+}
+
+/* cuda.h, cuStreamEndCapture: a capture ends on the stream it began on
+ * ("Capture must be ended on the same stream in which it was initiated",
+ * cuStreamBeginCapture; a joined stream answers
+ * CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, "the capture was not initiated in
+ * this stream", and the capture goes on); one not begun relaxed must end
+ * in the thread that began it (CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD); an
  * invalidated one ends with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and no
- * graph. */
+ * graph, one with a stream not joined back with
+ * CUDA_ERROR_STREAM_CAPTURE_UNJOINED ("the capture sequence contains a
+ * fork that was not joined to the primary stream") and no graph: "Failure
+ * to rejoin to the origin stream will result in failure of the overall
+ * capture operation" (the Programming Guide). Either way every stream of
+ * the capture is out of capture. */
 static CUresult fk_end_capture(mp_device_t *dev, CUstream h, bool ptsz,
                                CUgraph *out) {
   if (out == NULL)
@@ -2158,6 +2337,8 @@ static CUresult fk_end_capture(mp_device_t *dev, CUstream h, bool ptsz,
   if (r == CUDA_SUCCESS &&
       (st == NULL || st->cap == CU_STREAM_CAPTURE_STATUS_NONE))
     r = CUDA_ERROR_ILLEGAL_STATE;
+  else if (r == CUDA_SUCCESS && st->cap_origin != NULL)
+    r = CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
   else if (r == CUDA_SUCCESS &&
            st->cap_mode != CU_STREAM_CAPTURE_MODE_RELAXED &&
            !pthread_equal(st->cap_thread, pthread_self())) {
@@ -2169,9 +2350,12 @@ static CUresult fk_end_capture(mp_device_t *dev, CUstream h, bool ptsz,
   }
   if (r == CUDA_SUCCESS) {
     bool valid = st->cap == CU_STREAM_CAPTURE_STATUS_ACTIVE;
-    *out = fk_capture_end(st, valid);
+    bool joined = fk_capture_rejoined(st);
+    *out = fk_capture_end(st, valid && joined);
     if (!valid)
       r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    else if (!joined)
+      r = CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
   }
   pthread_mutex_unlock(&fk.lock);
   return r;
@@ -2879,6 +3063,13 @@ int cuFakeAccessMask(CUdeviceptr addr) {
     "operation not permitted when stream is capturing")                        \
   X(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,                                     \
     "operation failed due to a previous error during capture")                 \
+  X(CUDA_ERROR_STREAM_CAPTURE_MERGE,                                           \
+    "operation would merge two independent capture sequences")                 \
+  X(CUDA_ERROR_STREAM_CAPTURE_UNMATCHED,                                       \
+    "capture was not initiated in this stream")                                \
+  X(CUDA_ERROR_STREAM_CAPTURE_UNJOINED,                                        \
+    "capture sequence contains a fork that was not joined to the primary "     \
+    "stream")                                                                  \
   X(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,                                        \
     "operation would make the legacy stream depend on a capturing blocking "   \
     "stream")                                                                  \

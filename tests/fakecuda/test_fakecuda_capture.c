@@ -2,7 +2,8 @@
  * cuStreamBeginCapture, cuThreadExchangeStreamCaptureMode; the Programming
  * Guide, "CUDA Graphs"): work on a capturing stream is recorded, not run;
  * potentially unsafe calls are refused by mode and invalidate the capture;
- * graphs replay host-function, memset and memcpy nodes. */
+ * graphs replay host-function, memset and memcpy nodes; a stream that waits
+ * on a captured event joins the capture until its origin ends it. */
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -428,4 +429,190 @@ Test(fakecuda_capture, legacy_work_beside_a_capturing_blocking_stream) {
   cr_assert_eq(cuStreamDestroy(b), CUDA_SUCCESS);
   cr_assert_eq(cuCtxSynchronize(), CUDA_SUCCESS);
   cr_assert_eq(atomic_load(&runs), 1);
+}
+
+/* Joining (the Programming Guide, "Cross-stream Dependencies and Events"):
+ * a stream that waits on an event recorded in a capture is captured into
+ * the same graph, with the same id (cuda.h, cuStreamGetCaptureInfo), until
+ * the origin's cuStreamEndCapture, which needs it joined back. */
+
+static CUstream new_stream(void) {
+  CUstream h;
+  cr_assert_eq(cuStreamCreate(&h, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  return h;
+}
+
+/* A new event recorded on h. */
+static CUevent recorded_on(CUstream h) {
+  CUevent ev;
+  cr_assert_eq(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  cr_assert_eq(cuEventRecord(ev, h), CUDA_SUCCESS);
+  return ev;
+}
+
+/* Has `side` (a new stream) wait on an event recorded on s in its capture;
+ * the event is returned in *ev. */
+static CUstream fork_into_side(CUevent *ev) {
+  CUstream side = new_stream();
+  *ev = recorded_on(s);
+  cr_assert_eq(cuStreamWaitEvent(side, *ev, 0), CUDA_SUCCESS);
+  return side;
+}
+
+/* The stream and event fork_into_side made, out of capture now. */
+static void drop_side(CUstream side, CUevent ev) {
+  cr_assert_eq(cuEventDestroy(ev), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamDestroy(side), CUDA_SUCCESS);
+}
+
+/* from waits on a new record of an event on to (a join back when to is
+ * the origin). */
+static void join(CUstream to, CUstream from, CUevent ev) {
+  cr_assert_eq(cuEventRecord(ev, from), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamWaitEvent(to, ev, 0), CUDA_SUCCESS);
+}
+
+static CUstreamCaptureStatus status_of(CUstream h) {
+  CUstreamCaptureStatus st;
+  cr_assert_eq(cuStreamIsCapturing(h, &st), CUDA_SUCCESS);
+  return st;
+}
+
+Test(fakecuda_capture, a_stream_waiting_on_a_captured_event_joins_the_capture) {
+  CUdeviceptr buf;
+  cr_assert_eq(cuMemAlloc(&buf, 256), CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8(buf, 0, 256), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  CUstreamCaptureStatus st;
+  cuuint64_t id = 0, side_id = 0;
+  CUgraph graph = NULL, side_graph = NULL;
+  cr_assert_eq(cuStreamGetCaptureInfo(s, &st, &id, &graph, NULL, NULL, NULL),
+               CUDA_SUCCESS);
+  CUevent ev;
+  CUstream side = fork_into_side(&ev);
+  cr_assert_eq(cuStreamGetCaptureInfo(side, &st, &side_id, &side_graph, NULL,
+                                      NULL, NULL),
+               CUDA_SUCCESS);
+  cr_assert_eq(st, CU_STREAM_CAPTURE_STATUS_ACTIVE, "the side stream joined");
+  cr_assert_eq(side_id, id, "one capture, one id");
+  cr_assert_eq(side_graph, graph, "captured into the origin's graph");
+  cr_assert_eq(cuMemsetD8Async(buf, 5, 256, side), CUDA_SUCCESS);
+  join(s, side, ev);
+  CUgraph g = NULL;
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  cr_assert_eq(status_of(side), CU_STREAM_CAPTURE_STATUS_NONE,
+               "out of capture with its origin");
+  cr_assert_eq(cuStreamSynchronize(side), CUDA_SUCCESS);
+  unsigned char h = 1;
+  cr_assert_eq(cuMemcpyDtoH(&h, buf, 1), CUDA_SUCCESS);
+  cr_assert_eq(h, 0, "the side stream's work was captured, not run");
+  cr_assert_eq(node_count(g), 1);
+  CUgraphExec x;
+  cr_assert_eq(cuGraphInstantiate(&x, g, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphLaunch(x, s), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  cr_assert_eq(cuMemcpyDtoH(&h, buf, 1), CUDA_SUCCESS);
+  cr_assert_eq(h, 5);
+  cr_assert_eq(cuGraphExecDestroy(x), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+  drop_side(side, ev);
+  cr_assert_eq(cuMemFree(buf), CUDA_SUCCESS);
+}
+
+Test(fakecuda_capture, a_joined_stream_not_joined_back_fails_the_capture) {
+  CUdeviceptr buf;
+  cr_assert_eq(cuMemAlloc(&buf, 256), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  CUevent ev;
+  CUstream side = fork_into_side(&ev);
+  cr_assert_eq(cuMemsetD8Async(buf, 5, 256, side), CUDA_SUCCESS);
+  CUgraph g = NULL;
+  cr_assert_eq(cuStreamEndCapture(side, &g),
+               CUDA_ERROR_STREAM_CAPTURE_UNMATCHED,
+               "a capture ends on its origin");
+  cr_assert_eq(status_of(s), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  join(s, side, ev);
+  cr_assert_eq(cuMemsetD8Async(buf, 6, 256, side), CUDA_SUCCESS,
+               "work after the join back forks again");
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
+  cr_assert_null(g);
+  cr_assert_eq(status_of(s), CU_STREAM_CAPTURE_STATUS_NONE);
+  cr_assert_eq(status_of(side), CU_STREAM_CAPTURE_STATUS_NONE);
+  drop_side(side, ev);
+  cr_assert_eq(cuMemFree(buf), CUDA_SUCCESS);
+}
+
+Test(fakecuda_capture, a_joined_stream_without_work_needs_no_join_back) {
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  CUevent ev;
+  CUstream side = fork_into_side(&ev);
+  CUgraph g = NULL;
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  cr_assert_eq(status_of(side), CU_STREAM_CAPTURE_STATUS_NONE);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+  drop_side(side, ev);
+}
+
+/* The joined stream is part of the capture: waiting on it conflicts in
+ * every mode and invalidates the whole capture, while what an unsafe call
+ * may do is the origin's mode's (relaxed here: allowed). */
+Test(fakecuda_capture, a_joined_stream_captures_in_the_origins_mode) {
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED),
+               CUDA_SUCCESS);
+  CUevent ev;
+  CUstream side = fork_into_side(&ev);
+  cr_assert_eq(alloc_call(), CUDA_SUCCESS, "relaxed: allowed");
+  cr_assert_eq(status_of(side), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  cr_assert_eq(cuStreamQuery(side), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  cr_assert_eq(status_of(side), CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+  cr_assert_eq(status_of(s), CU_STREAM_CAPTURE_STATUS_INVALIDATED,
+               "the origin's capture is the one invalidated");
+  CUgraph g = NULL;
+  cr_assert_eq(cuStreamEndCapture(s, &g),
+               CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  cr_assert_eq(status_of(side), CU_STREAM_CAPTURE_STATUS_NONE);
+  drop_side(side, ev);
+}
+
+/* A wait uses the event's latest record (cuda.h, cuEventRecord): one made
+ * outside the capture joins nothing. */
+Test(fakecuda_capture, an_event_recorded_again_outside_the_capture_joins_none) {
+  CUstream other = new_stream(), side = new_stream();
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  CUevent ev = recorded_on(s);
+  cr_assert_eq(cuEventRecord(ev, other), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamWaitEvent(side, ev, 0), CUDA_SUCCESS);
+  cr_assert_eq(status_of(side), CU_STREAM_CAPTURE_STATUS_NONE);
+  CUgraph g = NULL;
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(side), CUDA_SUCCESS);
+  cr_assert_eq(cuEventDestroy(ev), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamDestroy(side), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamDestroy(other), CUDA_SUCCESS);
+}
+
+/* cuda.h, CUDA_ERROR_STREAM_CAPTURE_MERGE: two captures never become one;
+ * the attempt invalidates both (the Programming Guide, "Prohibited and
+ * Unhandled Operations", "Invalidation"). */
+Test(fakecuda_capture, a_capture_cannot_wait_on_another_captures_event) {
+  CUstream other = new_stream();
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuStreamBeginCapture(other, CU_STREAM_CAPTURE_MODE_RELAXED),
+               CUDA_SUCCESS);
+  CUevent ev = recorded_on(s);
+  cr_assert_eq(cuStreamWaitEvent(other, ev, 0),
+               CUDA_ERROR_STREAM_CAPTURE_MERGE);
+  CUgraph g = NULL, h = NULL;
+  cr_assert_eq(cuStreamEndCapture(s, &g),
+               CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  cr_assert_eq(cuStreamEndCapture(other, &h),
+               CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  cr_assert_eq(cuEventDestroy(ev), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamDestroy(other), CUDA_SUCCESS);
 }
