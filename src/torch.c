@@ -15,17 +15,19 @@
  * routes. A program that cannot set these hooks (Python sets only malloc
  * and free) still captures correctly: while no begin hook was ever called,
  * a stream the device reports capturing is routed to a graph pool of its
- * capture's own, ended at the first call (here or mp_torch_reset) that
- * finds the stream no longer captured by that capture (for the per-thread
- * stream, a call of its own thread: the handle names each caller's
- * stream), and released at the first mp_torch_reset after its graph and
- * the graph's executables are destroyed (a user object the graph holds
- * tells, mp__tpool_watch; where the device cannot tell, never). A capture is
- * told by its id: one begun right after on the same stream is another graph,
- * which must not reuse what the first one's replays use. An allocation on a
- * stream that belongs to a capture but cannot be routed to its pool
- * (MP__TORCH_POOLS private pools alive) fails instead of taking memory the pool
- * would hand others while replays use it.
+ * capture's own (one per capture id: a stream that joined the capture is
+ * routed to the pool of the stream it joined), ended at the first call
+ * (here or mp_torch_reset) that finds the stream no longer captured by
+ * that capture (for the per-thread stream, a call of its own thread: the
+ * handle names each caller's stream), and released at the first
+ * mp_torch_reset after its graph and the graph's executables are destroyed
+ * (a user object the graph holds tells, mp__tpool_watch; where the device
+ * cannot tell, never). A capture is told by its id: one begun right after
+ * on the same stream is another graph, which must not reuse what the first
+ * one's replays use. An allocation on a stream that belongs to a capture
+ * but cannot be routed to its pool (MP__TORCH_POOLS private pools alive)
+ * fails instead of taking memory the pool would hand others while replays
+ * use it.
  *
  * Invariant: a pointer returned by mp_torch_malloc is a live block of a
  * default pool (or of one of its graph pools), and only mp_torch_free (or
@@ -231,7 +233,7 @@ static bool mp__torch_capture_route(mp_pool_t *pool, int device,
     return true;
   bool ok = true;
   pthread_mutex_lock(&mp__t.lock);
-  mp__tpool_t *mine = NULL;
+  mp__tpool_t *mine = NULL, *joined = NULL;
   for (size_t i = 0; i < MP__TORCH_POOLS; i++) {
     mp__tpool_t *t = &mp__t.pools[i];
     if (!t->used || !t->open || t->device != device)
@@ -240,9 +242,23 @@ static bool mp__torch_capture_route(mp_pool_t *pool, int device,
       mp__tpool_auto_check(t); /* its capture ended: the pool stays pinned */
       if (t->open && mp__tpool_routes(t, stream))
         mine = t;
+      else if (t->open && capturing == 1 && capture != 0 &&
+               t->capture == capture)
+        joined = t;
     } else if (!mp__tpool_routes(t, stream) && t->filter(stream, t->ctx)) {
       ok = mp__tpool_route(t, stream) && ok;
     }
+  }
+  /* A stream that joined a routed capture (it waited on an event recorded
+   * there: the Programming Guide, "Cross-stream Dependencies and Events")
+   * reports that capture's id (cuStreamGetCaptureInfo) and allocates to
+   * its pool, as under PyTorch's own allocator: the filter of
+   * CUDAGraph::capture_begin takes every stream whose capture is active
+   * with the capture's id. A pool of its own served the graph too, but
+   * kept apart memory the capture's streams could share. */
+  if (mine == NULL && joined != NULL) {
+    mine = joined;
+    ok = mp__tpool_route(joined, stream) && ok;
   }
   if (capturing == 1 && mine == NULL) {
     mine = mp__tpool_new(pool, device);

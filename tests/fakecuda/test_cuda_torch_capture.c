@@ -461,3 +461,57 @@ Test(cuda_torch_capture, an_invalidated_captures_pool_is_released) {
   cr_expect_null(mp_pool_graph_of(mp_default_pool(), ms), "route not ended");
   all_released_then_destroy(s);
 }
+
+/* A side stream joins s's capture by waiting on an event recorded there
+ * (the Programming Guide, "Cross-stream Dependencies and Events"): it is
+ * then capturing, with s's capture id (cuStreamGetCaptureInfo), into s's
+ * graph. PyTorch's caching allocator picks the private pool of an
+ * allocation in a capture by that id, so the side stream's memory comes
+ * from the origin's pool, and the graph's replays use it with the rest. */
+Test(cuda_torch_capture, a_stream_joined_to_a_capture_allocates_to_its_pool) {
+  CUstream s = warmed_stream(), side;
+  cr_assert_eq(cuStreamCreate(&side, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  mp_stream_t ms = (mp_stream_t)s, mside = (mp_stream_t)side;
+  mp_pool_t *pool = mp_default_pool();
+  CUevent fork, back;
+  cr_assert_eq(cuEventCreate(&fork, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  cr_assert_eq(cuEventCreate(&back, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  long long refused = refusals();
+  void *a = captured_malloc(s);
+  cr_assert_eq(cuMemsetD8Async((CUdeviceptr)a, 4, MiB, s), CUDA_SUCCESS);
+  cr_assert_eq(cuEventRecord(fork, s), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamWaitEvent(side, fork, 0), CUDA_SUCCESS);
+  void *b = mp_torch_malloc(MiB, 0, mside);
+  cr_assert_not_null(b, "%s", mp_last_error());
+  cr_expect_not_null(mp_pool_graph_of(pool, ms));
+  cr_expect_eq(mp_pool_graph_of(pool, mside), mp_pool_graph_of(pool, ms),
+               "the joined stream got a graph pool of its own");
+  cr_assert_eq(cuMemcpyAsync((CUdeviceptr)b, (CUdeviceptr)a, MiB, side),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuEventRecord(back, side), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamWaitEvent(s, back, 0), CUDA_SUCCESS);
+  mp_torch_free(a, MiB, 0, ms); /* a temporary of the graph */
+  CUgraph g = NULL;
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS,
+               "the pool broke the capture");
+  cr_expect_eq(refusals(), refused);
+  mp_torch_free(mp_torch_malloc(MiB, 0, ms), MiB, 0, ms); /* ends the routes */
+  cr_expect_null(mp_pool_graph_of(pool, ms), "route not ended");
+  cr_expect_null(mp_pool_graph_of(pool, mside), "side route not ended");
+  CUgraphExec x;
+  cr_assert_eq(cuGraphInstantiate(&x, g, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphLaunch(x, s), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  unsigned char h = 0;
+  cr_assert_eq(cuMemcpyDtoH(&h, (CUdeviceptr)b + MiB - 1, 1), CUDA_SUCCESS);
+  cr_expect_eq(h, 4, "the replay's side-stream copy");
+  cr_assert_eq(cuGraphExecDestroy(x), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+  mp_torch_free(b, MiB, 0, mside);
+  cr_assert_eq(cuStreamSynchronize(side), CUDA_SUCCESS);
+  cr_assert_eq(mp_stream_forget(mp_pool_device(pool), mside), MP_OK);
+  cr_assert_eq(cuStreamDestroy(side), CUDA_SUCCESS);
+  cr_assert_eq(cuEventDestroy(fork), CUDA_SUCCESS);
+  cr_assert_eq(cuEventDestroy(back), CUDA_SUCCESS);
+  all_released_then_destroy(s);
+}
