@@ -61,7 +61,9 @@
  *    is active, never once it is invalidated; a stream that waits on an
  *    event recorded in a capture joins it (same id, graph, mode and
  *    thread; what is refused on the origin is refused on it, and a
- *    conflict on either invalidates both), cuStreamEndCapture ends it on
+ *    conflict on either invalidates both), a capturing stream's wait on an
+ *    event recorded outside any capture is refused unless external
+ *    (CUDA_ERROR_STREAM_CAPTURE_ISOLATION), cuStreamEndCapture ends it on
  *    the origin only (CUDA_ERROR_STREAM_CAPTURE_UNMATCHED elsewhere) and
  *    with CUDA_ERROR_STREAM_CAPTURE_UNJOINED when a joined stream's work
  *    was not joined back, taking every joined stream out of capture;
@@ -2147,15 +2149,26 @@ static void fk_captured_event_forget(CUevent e) {
  * have resulted in a merge of two independent capture sequences"), and
  * both captures are invalidated (the Programming Guide, "Prohibited and
  * Unhandled Operations" and "Invalidation": "any associated capture
- * graphs are invalidated"). The legacy stream (never capturing: cuda.h,
- * cuStreamBeginCapture) is left to wait as before. Under fk.lock. */
+ * graphs are invalidated"). Nor can a capturing stream wait on an event
+ * recorded outside any capture, unless the wait is CU_EVENT_WAIT_EXTERNAL
+ * (the same section: "It is invalid to wait on a non-captured event from
+ * a stream which is being captured without specifying the
+ * cudaEventWaitExternal flag"; cuda.h, CUDA_ERROR_STREAM_CAPTURE_ISOLATION:
+ * "a dependency would have been created which crosses the capture sequence
+ * boundary"): refused, the capture invalidated. The legacy stream (never
+ * capturing: cuda.h, cuStreamBeginCapture) is left to wait as before.
+ * Under fk.lock. */
 static CUresult fk_capture_join(mp_device_t *dev, CUstream h, bool ptsz,
-                                CUevent e) {
+                                CUevent e, unsigned flags) {
   fk_stream_t *st = NULL, *from = NULL;
-  fk_cap_event_t *rec = fk_captured_event(e, &from);
-  if (rec == NULL || fk_resolve(dev, h, ptsz, &st) != CUDA_SUCCESS ||
-      st == NULL)
+  if (fk_resolve(dev, h, ptsz, &st) != CUDA_SUCCESS || st == NULL)
     return CUDA_SUCCESS; /* a wait like any other (fk_begin answers) */
+  fk_cap_event_t *rec = fk_captured_event(e, &from);
+  if (rec == NULL && st->cap != CU_STREAM_CAPTURE_STATUS_NONE &&
+      !(flags & CU_EVENT_WAIT_EXTERNAL))
+    return fk_capture_conflict(st, CUDA_ERROR_STREAM_CAPTURE_ISOLATION);
+  if (rec == NULL)
+    return CUDA_SUCCESS;
   fk_stream_t *origin = fk_capture_origin(from);
   if (st->cap != CU_STREAM_CAPTURE_STATUS_NONE) {
     if (fk_capture_origin(st) != origin) {
@@ -2185,13 +2198,13 @@ static CUresult fk_capture_join(mp_device_t *dev, CUstream h, bool ptsz,
 
 /* An operation on a stream (an event record, a wait) in stream order. */
 static CUresult fk_event_op(mp_device_t *dev, CUevent e, CUstream s, bool ptsz,
-                            bool wait) {
+                            bool wait, unsigned flags) {
   if (e == NULL)
     return fk_bad_handle();
   pthread_mutex_lock(&fk.lock);
   CUresult r = CUDA_SUCCESS;
   if (wait)
-    r = fk_capture_join(dev, s, ptsz, e);
+    r = fk_capture_join(dev, s, ptsz, e, flags);
   else
     fk_captured_event_forget(e);
   pthread_mutex_unlock(&fk.lock);
@@ -2209,7 +2222,7 @@ static CUresult fk_event_op(mp_device_t *dev, CUevent e, CUstream s, bool ptsz,
 }
 
 FK_IN_CTX_TWINS(cuEventRecord, cuEventRecord_ptsz, (CUevent e, CUstream s),
-                fk_event_op(dev, e, s, ptsz, false))
+                fk_event_op(dev, e, s, ptsz, false, 0))
 /* An event last recorded inside a capture cannot be waited for or queried,
  * whatever the mode (cuda.h, cuThreadExchangeStreamCaptureMode); doing so
  * invalidates the capture and is refused with CUDA_ERROR_CAPTURED_EVENT
@@ -2254,7 +2267,7 @@ static CUresult fk_event_destroy(mp_device_t *dev, CUevent e) {
 FK_IN_CTX(cuEventDestroy_v2, (CUevent e), fk_event_destroy(dev, e))
 FK_IN_CTX_TWINS(cuStreamWaitEvent, cuStreamWaitEvent_ptsz,
                 (CUstream s, CUevent e, unsigned int flags),
-                ((void)flags, fk_event_op(dev, e, s, ptsz, true)))
+                fk_event_op(dev, e, s, ptsz, true, flags))
 
 /* ---- stream capture and graphs ------------------------------------------- */
 
@@ -3070,6 +3083,8 @@ int cuFakeAccessMask(CUdeviceptr addr) {
   X(CUDA_ERROR_STREAM_CAPTURE_UNJOINED,                                        \
     "capture sequence contains a fork that was not joined to the primary "     \
     "stream")                                                                  \
+  X(CUDA_ERROR_STREAM_CAPTURE_ISOLATION,                                       \
+    "dependency would cross the capture sequence boundary")                    \
   X(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,                                        \
     "operation would make the legacy stream depend on a capturing blocking "   \
     "stream")                                                                  \

@@ -30,6 +30,8 @@ static struct {
   CUresult (*begin)(CUstream, CUstreamCaptureMode);
   CUresult (*end)(CUstream, CUgraph *);
   CUresult (*graph_destroy)(CUgraph);
+  CUresult (*event_create)(CUevent *, unsigned), (*event_destroy)(CUevent);
+  CUresult (*record)(CUevent, CUstream), (*wait)(CUstream, CUevent, unsigned);
   long long (*errors)(CUresult);
 } cu;
 
@@ -44,6 +46,10 @@ static void load_driver(void) {
   FK_LOAD(cu.begin, "cuStreamBeginCapture_v2");
   FK_LOAD(cu.end, "cuStreamEndCapture");
   FK_LOAD(cu.graph_destroy, "cuGraphDestroy");
+  FK_LOAD(cu.event_create, "cuEventCreate");
+  FK_LOAD(cu.event_destroy, "cuEventDestroy_v2");
+  FK_LOAD(cu.record, "cuEventRecord");
+  FK_LOAD(cu.wait, "cuStreamWaitEvent");
   void *errs = fk_test_sym_opt("cuFakeGetErrorCount");
   memcpy(&cu.errors, &errs, sizeof errs); /* NULL on a real driver */
 }
@@ -576,6 +582,36 @@ Test(cuda_pool_rules,
   mp_device_close(dev);
 }
 
+/* 8 MiB allocated on o and freed there, behind work on o that waits for
+ * gate (made here). */
+static void *gated_free(mp_pool_t *pool, CUstream o, gate_t *gate) {
+  void *x = NULL;
+  cr_assert_eq(mp_pool_alloc(pool, 8u << 20, (mp_stream_t)o, &x), MP_OK);
+  gate_init(gate);
+  cr_assert_eq(cu.launch(o, gate_wait, gate), CUDA_SUCCESS);
+  cr_assert_eq(mp_pool_free(pool, x), MP_OK);
+  return x;
+}
+
+/* 8 MiB allocated on s while k captures, then k's capture ended and the
+ * gate on the work that uses x opened: the capture must have stayed valid,
+ * and the allocation got other memory than x. */
+static void alloc_during_capture(mp_pool_t *pool, mp_stream_t s, CUstream k,
+                                 void *x, gate_t *gate) {
+  void *y = NULL;
+  mp_status_t st = mp_pool_alloc(pool, 8u << 20, s, &y);
+  CUgraph g = NULL;
+  CUresult end = cu.end(k, &g);
+  if (g != NULL)
+    cr_assert_eq(cu.graph_destroy(g), CUDA_SUCCESS);
+  gate_open(gate);
+  cr_assert_eq(st, MP_OK, "%s", mp_last_error());
+  cr_assert_eq(end, CUDA_SUCCESS, "the pool invalidated the capture");
+  cr_expect_neq(y, x, "handed on while o's work used it");
+  cr_assert_eq(mp_device_synchronize(mp_pool_device(pool)), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, y), MP_OK);
+}
+
 /* stream_waits=1: a block o's gated work still uses is not handed to the
  * legacy stream by a wait on o's marker while a blocking stream captures
  * (cuStreamWaitEvent on the legacy stream would invalidate the capture):
@@ -589,28 +625,52 @@ Test(cuda_pool_rules, stream_waits_leave_the_legacy_stream_alone_in_a_capture,
   CUstream k, o;
   cr_assert_eq(cu.create(&k, CU_STREAM_DEFAULT), CUDA_SUCCESS);
   cr_assert_eq(cu.create(&o, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  void *t = NULL, *x = NULL, *y = NULL;
+  void *t = NULL;
   cr_assert_eq(mp_pool_alloc(pool, 1u << 20, NULL, &t), MP_OK);
   cr_assert_eq(mp_pool_free(pool, t), MP_OK); /* the pool knows both */
-  cr_assert_eq(mp_pool_alloc(pool, 8u << 20, (mp_stream_t)o, &x), MP_OK);
   gate_t gate;
-  gate_init(&gate);
-  cr_assert_eq(cu.launch(o, gate_wait, &gate), CUDA_SUCCESS);
-  cr_assert_eq(mp_pool_free(pool, x), MP_OK);
+  void *x = gated_free(pool, o, &gate);
   cr_assert_eq(cu.begin(k, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
-  mp_status_t st = mp_pool_alloc(pool, 8u << 20, NULL, &y);
-  CUgraph g = NULL;
-  CUresult end = cu.end(k, &g);
-  if (g != NULL)
-    cr_assert_eq(cu.graph_destroy(g), CUDA_SUCCESS);
-  gate_open(&gate);
-  cr_assert_eq(st, MP_OK, "%s", mp_last_error());
-  cr_assert_eq(end, CUDA_SUCCESS, "the pool invalidated the capture");
-  cr_expect_neq(y, x, "handed on while o's work used it");
-  cr_assert_eq(mp_device_synchronize(dev), MP_OK);
-  cr_assert_eq(mp_pool_free(pool, y), MP_OK);
+  alloc_during_capture(pool, NULL, k, x, &gate);
   stream_end(dev, k);
   stream_end(dev, o);
+  gate_destroy(&gate);
+  leave_ctx();
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(dev);
+}
+
+/* stream_waits=1: a stream that joined k's capture through an event (the
+ * Programming Guide, "Cross-stream Dependencies and Events"; the pool is
+ * not told) is not made to wait on o's marker for a block o's gated work
+ * still uses: a capturing stream may not wait on an event recorded outside
+ * its capture (the Guide, "Prohibited and Unhandled Operations";
+ * CUDA_ERROR_STREAM_CAPTURE_ISOLATION), which would invalidate k's capture.
+ * The allocation takes other memory. */
+Test(cuda_pool_rules, stream_waits_leave_a_joined_stream_alone,
+     .init = load_driver) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_pool_t *pool = cuda_pool(dev, "stream_waits=1");
+  enter_ctx();
+  CUstream k, o, j;
+  CUevent fork;
+  cr_assert_eq(cu.create(&k, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(cu.create(&o, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(cu.create(&j, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(cu.event_create(&fork, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  void *t = NULL;
+  cr_assert_eq(mp_pool_alloc(pool, 1u << 20, (mp_stream_t)j, &t), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, t), MP_OK); /* the pool knows j */
+  gate_t gate;
+  void *x = gated_free(pool, o, &gate);
+  cr_assert_eq(cu.begin(k, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  cr_assert_eq(cu.record(fork, k), CUDA_SUCCESS);
+  cr_assert_eq(cu.wait(j, fork, 0), CUDA_SUCCESS);
+  alloc_during_capture(pool, (mp_stream_t)j, k, x, &gate);
+  stream_end(dev, k);
+  stream_end(dev, o);
+  stream_end(dev, j);
+  cr_assert_eq(cu.event_destroy(fork), CUDA_SUCCESS);
   gate_destroy(&gate);
   leave_ctx();
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);

@@ -616,3 +616,24 @@ Test(fakecuda_capture, a_capture_cannot_wait_on_another_captures_event) {
   cr_assert_eq(cuEventDestroy(ev), CUDA_SUCCESS);
   cr_assert_eq(cuStreamDestroy(other), CUDA_SUCCESS);
 }
+
+/* The Programming Guide, "Prohibited and Unhandled Operations": a
+ * capturing stream may not wait on an event recorded outside the capture
+ * unless the wait is external (cuda.h, CUDA_ERROR_STREAM_CAPTURE_ISOLATION);
+ * the attempt invalidates the capture ("Invalidation"). */
+Test(fakecuda_capture,
+     waiting_on_an_event_from_outside_the_capture_is_refused) {
+  CUstream other = new_stream();
+  CUevent ev = recorded_on(other);
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuStreamWaitEvent(s, ev, CU_EVENT_WAIT_EXTERNAL), CUDA_SUCCESS);
+  cr_assert_eq(status_of(s), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  cr_assert_eq(cuStreamWaitEvent(s, ev, 0),
+               CUDA_ERROR_STREAM_CAPTURE_ISOLATION);
+  CUgraph g = NULL;
+  cr_assert_eq(cuStreamEndCapture(s, &g),
+               CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  cr_assert_eq(cuEventDestroy(ev), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamDestroy(other), CUDA_SUCCESS);
+}
