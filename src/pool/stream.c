@@ -1039,15 +1039,27 @@ void mp__streams_release(mp_pool_t *pool) {
  * one. With buf_bytes > 0 it also allocates a device buffer of that size
  * while the lock is down (defragmentation's staging buffer; *buf is NULL
  * when the device has no room). */
-mp_status_t mp__pool_sync_alloc(mp_pool_t *pool, size_t buf_bytes, void **buf) {
+static mp_status_t mp__pool_sync_refused(const mp_pool_t *pool) {
   if (MP__UNLIKELY(pool->ncapturing > 0))
     return mp__fail(MP_EBUSY,
                     "a stream of the pool is being captured (graph pool): no "
                     "synchronize until mp_pool_graph_end");
-  mp_status_t ust = mp__streams_unwaitable(pool, "synchronize");
+  return mp__streams_unwaitable(pool, "synchronize");
+}
+
+mp_status_t mp__pool_sync_alloc(mp_pool_t *pool, size_t buf_bytes, void **buf) {
+  mp_status_t ust = mp__pool_sync_refused(pool);
   if (MP__UNLIKELY(ust != MP_OK))
     return ust;
-  mp__pool_wait_sync(pool);
+  /* The wait drops the lock: a capture may have begun meanwhile (a graph
+   * pool's route, or one the pool does not know of), and its stream can
+   * be neither waited for nor counted done, so the refusal is asked again
+   * under the lock the events are recorded with. */
+  if (pool->inflight || pool->syncing) {
+    mp__pool_wait_sync(pool);
+    if ((ust = mp__pool_sync_refused(pool)) != MP_OK)
+      return ust;
+  }
   /* The events first: the snapshot clears the dirty marks by which they
    * tell a forgotten stream that only a device synchronize covers. */
   mp__sync_set_t set;

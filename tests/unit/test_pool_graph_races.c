@@ -4,7 +4,9 @@
  * the order, a stream routed to a graph pool leaves it marked capturing
  * (its release is refused until the end), and one that is not routed
  * leaves nothing marked. The test holds the parent's lock itself to order
- * the halves: the end's parent half first, then the begin's graph half. */
+ * the halves: the end's parent half first, then the begin's graph half.
+ * Also a begin while a synchronize waits, the lock dropped, for a growth
+ * in flight (which the test holds itself). */
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -32,15 +34,33 @@ static void *end_call(void *arg) {
   return NULL;
 }
 
-/* Waits (at most 10 s) until n takers sleep on pool's lock. */
-static void wait_sleepers(mp_pool_t *pool, uint32_t n) {
+/* How many takers sleep on pool's lock. */
+static unsigned lock_sleepers(mp_pool_t *pool) {
+  return atomic_load(&pool->lock) / MP__LOCK_SLEEPER;
+}
+
+/* How many threads wait for pool's flag (inflight, syncing) to drop. */
+static unsigned idle_waiters(mp_pool_t *pool) {
+  mp__pool_lock(pool);
+  unsigned w = pool->idle_waiters;
+  mp__pool_unlock(pool);
+  return w;
+}
+
+/* Waits (at most 10 s) until count(pool) reaches n. */
+static void wait_count(unsigned (*count)(mp_pool_t *), mp_pool_t *pool,
+                       unsigned n, const char *what) {
   struct timespec ms = {0, 1000000};
   for (int i = 0; i < 10000; i++) {
-    if (atomic_load(&pool->lock) / MP__LOCK_SLEEPER >= n)
+    if (count(pool) >= n)
       return;
     nanosleep(&ms, NULL);
   }
-  cr_assert_fail("%u takers never slept on the lock", n);
+  cr_assert_fail("%u %s never came", n, what);
+}
+
+static void wait_sleepers(mp_pool_t *pool, unsigned n) {
+  wait_count(lock_sleepers, pool, n, "takers asleep on the lock");
 }
 
 Test(pool_graph_races, a_begin_racing_an_end_leaves_its_route_marked) {
@@ -83,6 +103,56 @@ Test(pool_graph_races, a_begin_racing_an_end_leaves_its_route_marked) {
                  mp_last_error());
     cr_assert_null(mp_pool_graph_of(parent, s));
   }
+  cr_assert_eq(mp_pool_check(parent), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_destroy(parent), MP_OK, "%s", mp_last_error());
+  fake_close(dev);
+}
+
+typedef struct trim_call {
+  mp_pool_t *pool;
+  mp_status_t st;
+} trim_call_t;
+
+static void *trim_call(void *arg) {
+  trim_call_t *c = arg;
+  c->st = mp_pool_trim(c->pool, 0);
+  return NULL;
+}
+
+/* A synchronize first waits, the lock dropped, for a growth or release in
+ * flight; a begin may route a stream of the pool to a graph pool
+ * meanwhile. The synchronize must then refuse, as it does when the
+ * capture was there first: it cannot wait for a capturing stream, and
+ * counting that stream's frees done without waiting hands its memory on
+ * (here, trim gives it back to the device) while its work may still run.
+ * The test holds a "growth" in flight itself, so the trim waits. */
+Test(pool_graph_races, a_begin_while_a_synchronize_waits_makes_it_refuse) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  mp_pool_t *parent = make_pool(dev, NULL);
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(parent, &g), MP_OK, "%s", mp_last_error());
+  void *x;
+  cr_assert_eq(mp_pool_alloc(parent, (size_t)1 << 20, s, &x), MP_OK);
+  cr_assert_eq(mp_pool_free(parent, x), MP_OK);
+  size_t reserved = stats(parent).reserved_bytes;
+  cr_assert_gt(reserved, 0);
+  mp__pool_lock(parent);
+  mp__pool_device_begin(parent); /* a growth in flight: lock dropped */
+  trim_call_t t = {parent, MP_OK};
+  pthread_t tt;
+  cr_assert_eq(pthread_create(&tt, NULL, trim_call, &t), 0);
+  wait_count(idle_waiters, parent, 1, "waiters for the growth");
+  cr_assert_eq(mp_pool_graph_begin(parent, g, s), MP_OK, "%s", mp_last_error());
+  mp__pool_device_end(parent);
+  mp__pool_unlock(parent);
+  pthread_join(tt, NULL);
+  cr_expect_eq(t.st, MP_EBUSY, "trim synchronized beside a capturing stream");
+  cr_expect_eq(stats(parent).reserved_bytes, reserved);
+  cr_expect_eq(fake_of(dev)->frees, 0);
+  cr_assert_eq(mp_pool_graph_end(parent, s), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_pool_check(parent), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_pool_destroy(parent), MP_OK, "%s", mp_last_error());
   fake_close(dev);
