@@ -26,7 +26,10 @@ mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
   if (parent->graph)
     return mp__fail(MP_EINVAL,
                     "mp_pool_create_child: the parent is a graph pool");
+  /* Under the lock: mp_pool_set_max_fraction changes it. */
+  mp__pool_lock(parent);
   mp_pool_config_t cfg = parent->cfg;
+  mp__pool_unlock(parent);
   cfg.flags &= ~(unsigned)MP_POOL_VIRTUAL;
   cfg.max_bytes = 0;
   /* max_split keeps big free blocks whole for requests that need them, and

@@ -89,7 +89,10 @@ mp_status_t mp_pool_graph_create(mp_pool_t *parent, mp_pool_t **out) {
   mp_status_t nst = mp__no_arenas(parent, "mp_pool_graph_create");
   if (nst != MP_OK)
     return nst;
+  /* Under the lock: mp_pool_set_max_fraction changes it. */
+  mp__pool_lock(parent);
   mp_pool_config_t cfg = parent->cfg;
+  mp__pool_unlock(parent);
   /* Ranges borrowed from the parent are plain segments of the graph pool;
    * they are never split for reuse elsewhere, so no split limit either. */
   cfg.flags &= ~(unsigned)MP_POOL_VIRTUAL;

@@ -279,7 +279,10 @@ mp_status_t mp_pool_mem_info(mp_pool_t *pool, size_t *free_bytes,
                     ? sum.reserved_bytes - sum.allocated_bytes
                     : 0;
   size_t used = sum.allocated_bytes;
+  /* Under the lock: mp_pool_set_max_fraction moves it. */
+  mp__pool_lock(pool);
   size_t cap = pool->cap_is_max ? pool->cap : SIZE_MAX;
+  mp__pool_unlock(pool);
   f = f > SIZE_MAX - idle ? SIZE_MAX : f + idle;
   if (cap < t)
     t = cap;

@@ -4,6 +4,8 @@
  * their caches from cudaMemGetInfo, which the shim answers with it), and
  * the next allocation that fits what it says succeeds. */
 #include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include <mempool/mempool.h>
@@ -124,4 +126,78 @@ Test(visible_cap, a_whole_fraction_of_the_largest_device_is_its_size) {
   cr_expect_eq(mp_pool_free(p, x), MP_OK);
   cr_assert_eq(mp_pool_destroy(p), MP_OK);
   mp_device_close(big);
+}
+
+/* mp_pool_set_max_fraction beside calls of other threads that read the
+ * cap or the config. The two sides are ordered by a relaxed flag, which
+ * orders nothing for TSan: a read of the pool's cap or config outside
+ * the pool's lock is then a race it reports, whichever runs first (a
+ * read before the write, when the reader takes the lock no more after
+ * it; else the write first, when the reader reads before it takes the
+ * lock). */
+typedef struct fraction_turn {
+  mp_pool_t *p;
+  atomic_int turn; /* 0: the reader's, 1: the writer's, 2: the reader's */
+  bool write_first;
+} fraction_turn_t;
+
+static void wait_turn(fraction_turn_t *t, int turn) {
+  while (atomic_load_explicit(&t->turn, memory_order_relaxed) != turn)
+    ;
+}
+
+static void *set_fraction(void *arg) {
+  fraction_turn_t *t = arg;
+  wait_turn(t, t->write_first ? 0 : 1);
+  cr_assert_eq(mp_pool_set_max_fraction(t->p, 0.25), MP_OK, "%s",
+               mp_last_error());
+  atomic_store_explicit(&t->turn, 2, memory_order_relaxed);
+  return NULL;
+}
+
+/* Runs read(p) before (or after) another thread sets the fraction to
+ * 0.25 on a pool made with max_fraction=0.5 (of 4 GiB). */
+static void race_fraction(void (*read)(mp_pool_t *p), bool write_first) {
+  fraction_turn_t t = {make_pool(dev, "max_fraction=0.5"), 0, write_first};
+  pthread_t w;
+  cr_assert_eq(pthread_create(&w, NULL, set_fraction, &t), 0);
+  if (write_first)
+    wait_turn(&t, 2);
+  read(t.p);
+  atomic_store_explicit(&t.turn, write_first ? 3 : 1, memory_order_relaxed);
+  pthread_join(w, NULL);
+  size_t total = 0;
+  cr_assert_eq(mp_pool_mem_info(t.p, NULL, &total), MP_OK);
+  cr_expect_eq(total, GiB);
+  cr_assert_eq(mp_pool_destroy(t.p), MP_OK, "%s", mp_last_error());
+}
+
+static void read_mem_info(mp_pool_t *p) {
+  size_t total = 0;
+  cr_assert_eq(mp_pool_mem_info(p, NULL, &total), MP_OK);
+  cr_expect(total == GiB || total == 2 * GiB, "total %zu", total);
+}
+
+static void make_graph(mp_pool_t *p) {
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(p, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+}
+
+static void make_child(mp_pool_t *p) {
+  mp_pool_t *c;
+  cr_assert_eq(mp_pool_create_child(p, MiB, &c), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_destroy(c), MP_OK, "%s", mp_last_error());
+}
+
+Test(visible_cap, mem_info_reads_the_cap_another_thread_sets_under_the_lock) {
+  race_fraction(read_mem_info, false);
+}
+
+Test(visible_cap, a_new_graph_pool_reads_the_config_being_set_under_the_lock) {
+  race_fraction(make_graph, true);
+}
+
+Test(visible_cap, a_new_child_pool_reads_the_config_being_set_under_the_lock) {
+  race_fraction(make_child, true);
 }
