@@ -1,0 +1,72 @@
+/* A free of an exported block first closes the leases importers let go
+ * (export.c's reap), which frees the blocks those held: it removes them
+ * from the live map, whose backward-shift deletion moves the entries after
+ * each one (and with release_threshold it may drop the lock for an unmap,
+ * while other threads change the map). The freed block's own entry may
+ * have moved meanwhile: the free must remove the entry where it is now,
+ * not at the slot its lookup found before the reap. */
+#include <criterion/criterion.h>
+
+#include "../support/pool_helpers.h"
+#include "pool/pool_internal.h"
+
+#define NBLOCKS 512
+
+/* Where addr's entry sits past its home slot in pool's live map. */
+static size_t probe_distance(mp_pool_t *pool, void *addr) {
+  size_t slot = 0;
+  mp__pool_lock(pool);
+  cr_assert_not_null(mp__map_lookup(pool, (uintptr_t)addr, &slot));
+  size_t d = (slot - mp__map_slot(pool, (uintptr_t)addr)) & (pool->map_cap - 1);
+  mp__pool_unlock(pool);
+  return d;
+}
+
+static size_t home_slot(mp_pool_t *pool, void *addr) {
+  mp__pool_lock(pool);
+  size_t home = mp__map_slot(pool, (uintptr_t)addr);
+  mp__pool_unlock(pool);
+  return home;
+}
+
+Test(pool_ipc_held, a_free_that_reaps_held_blocks_removes_its_own_entry) {
+  mp_device_t *dev;
+  cr_assert_eq(mp_device_open("host:capacity=64M", &dev), MP_OK, "%s",
+               mp_last_error());
+  mp_pool_t *pool = make_pool(dev, NULL);
+  /* Blocks until two share a home slot in the live map: removing the one
+   * nearer its home moves the other. */
+  void *blk[NBLOCKS], *near = NULL, *far = NULL;
+  size_t n = 0;
+  for (; n < NBLOCKS && far == NULL; n++) {
+    cr_assert_eq(mp_pool_alloc(pool, 512, NULL, &blk[n]), MP_OK);
+    for (size_t j = 0; j < n && far == NULL; j++)
+      if (home_slot(pool, blk[j]) == home_slot(pool, blk[n])) {
+        bool first =
+            probe_distance(pool, blk[j]) < probe_distance(pool, blk[n]);
+        near = first ? blk[j] : blk[n];
+        far = first ? blk[n] : blk[j];
+      }
+  }
+  cr_assert_not_null(far, "no two of %d blocks share a home slot", NBLOCKS);
+  mp_ipc_handle_t hn, hf;
+  cr_assert_eq(mp_pool_ipc_export(pool, near, &hn), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_ipc_export(pool, far, &hf), MP_OK, "%s",
+               mp_last_error());
+  /* Held: its lease is open. */
+  cr_assert_eq(mp_pool_free(pool, near), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_ipc_handle_close(&hn), MP_OK);
+  cr_assert_eq(mp_ipc_handle_close(&hf), MP_OK);
+  /* Its reap frees near, whose removal moves far's entry. */
+  cr_assert_eq(mp_pool_free(pool, far), MP_OK, "%s", mp_last_error());
+  check(pool);
+  cr_expect_eq(mp_pool_free(pool, far), MP_EINVAL, "a second free of %p", far);
+  for (size_t i = 0; i < n; i++)
+    if (blk[i] != near && blk[i] != far)
+      cr_assert_eq(mp_pool_free(pool, blk[i]), MP_OK, "%s", mp_last_error());
+  check(pool);
+  cr_expect_eq(stats(pool).live_blocks, 0);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  mp_device_close(dev);
+}
