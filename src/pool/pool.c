@@ -467,17 +467,14 @@ static MP__HOT mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
       mp__stream_add_use(pool, b, sidx);
     else if (how == MP__FREE_ALL)
       mp__stream_use_all(pool, b);
-    bool held = false;
-    if (MP__UNLIKELY(b->flags & MP__B_EXPORTED)) {
-      held = mp__export_hold(pool, b); /* imported elsewhere: kept */
-      /* Its reap freed the blocks whose leases closed: their removal from
-       * the live map moved the entries after them (b's, maybe), and an
-       * unmap for release_threshold dropped the lock meanwhile. */
-      if (!held)
-        (void)mp__map_lookup(pool, b->addr, &slot);
-    }
-    if (!held) {
-      mp__map_remove_slot(pool, slot);
+    /* Out of the live map first, while slot is still b's: an exported
+     * block's lease check frees the blocks whose leases closed, and their
+     * removal moves the entries after them (b's, maybe). */
+    mp__map_remove_slot(pool, slot);
+    if (MP__UNLIKELY(b->flags & MP__B_EXPORTED) && mp__export_hold(pool, b)) {
+      /* imported elsewhere: kept live until its leases close */
+      (void)mp__map_insert(pool, b); /* the removal left room */
+    } else {
       /* Before b joins its free neighbours: the new block's own stream has
        * not reached the free yet, and merged in it would hold them back. */
       mp__segment_release_above(pool);
