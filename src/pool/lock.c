@@ -243,9 +243,11 @@ void mp__pool_wait_idle(mp_pool_t *pool) {
     mp__pool_wait(pool);
 }
 
-void mp__pool_wait_sync(mp_pool_t *pool) {
-  while (pool->inflight || pool->syncing)
+bool mp__pool_wait_sync(mp_pool_t *pool) {
+  bool waited = false;
+  for (; pool->inflight || pool->syncing; waited = true)
     mp__pool_wait(pool);
+  return waited;
 }
 
 /* The drop of both flagged kinds: *flag marks what is in flight while the

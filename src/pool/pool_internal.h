@@ -453,9 +453,11 @@ void mp__pool_device_end(mp_pool_t *pool);
 void mp__pool_wait_idle(mp_pool_t *pool);
 /* Around a synchronization with the lock dropped: one at a time, after any
  * grow or release in flight; growth does not wait for it. wait_sync waits
- * for the turn (call it before snapshotting stream epochs); begin waits
- * too and returns with the lock dropped, end retakes it. */
-void mp__pool_wait_sync(mp_pool_t *pool);
+ * for the turn (call it before snapshotting stream epochs) and says
+ * whether it had to (the lock was dropped: what was checked before may have
+ * changed); begin waits too and returns with the lock dropped, end retakes
+ * it. */
+bool mp__pool_wait_sync(mp_pool_t *pool);
 void mp__pool_sync_begin(mp_pool_t *pool);
 void mp__pool_sync_end(mp_pool_t *pool);
 

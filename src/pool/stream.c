@@ -1055,11 +1055,8 @@ mp_status_t mp__pool_sync_alloc(mp_pool_t *pool, size_t buf_bytes, void **buf) {
    * pool's route, or one the pool does not know of), and its stream can
    * be neither waited for nor counted done, so the refusal is asked again
    * under the lock the events are recorded with. */
-  if (pool->inflight || pool->syncing) {
-    mp__pool_wait_sync(pool);
-    if ((ust = mp__pool_sync_refused(pool)) != MP_OK)
-      return ust;
-  }
+  if (mp__pool_wait_sync(pool) && (ust = mp__pool_sync_refused(pool)) != MP_OK)
+    return ust;
   /* The events first: the snapshot clears the dirty marks by which they
    * tell a forgotten stream that only a device synchronize covers. */
   mp__sync_set_t set;
