@@ -48,6 +48,22 @@ mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
     mp__pool_free_host(child);
     return mp__fail(MP_ENOMEM, "out of host memory creating a child pool");
   }
+  /* The range is the parent's block on the NULL stream: its allocation
+   * there ordered the work of other streams still on it before that
+   * stream's current point, and a block freed there may still be in use by
+   * the NULL stream's own work. The child knows that stream from the start
+   * and its one free block starts as freed on it now (below), so no other
+   * stream of the child gets the memory before that work is done (at once
+   * where the stream is idle, asked without a marker). */
+  uint32_t sidx = 0;
+  mp__pool_lock(child);
+  st = mp__stream_index(child, NULL, &sidx);
+  mp__pool_unlock(child);
+  if (st != MP_OK) {
+    free(seg);
+    mp__pool_free_host(child);
+    return st;
+  }
   void *base = NULL;
   mp__pool_lock(parent);
   /* Paused: said by this call's name, not the allocation's. */
@@ -81,7 +97,12 @@ mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
   rec->addr = seg->base;
   rec->size = seg->size;
   mp__block_link(seg, NULL, rec);
+  mp__pool_lock(child);
+  rec->sidx = sidx;
+  child->streams[sidx].refs++;
+  mp__deps_on_free(child, rec);
   mp__index_insert(child, rec);
+  mp__pool_unlock(child);
   child->st.free_blocks = 1;
   *out = child;
   return MP_OK;

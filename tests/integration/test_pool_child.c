@@ -1,11 +1,15 @@
 /* Child pools: a fixed range of the parent, managed with the same best fit,
  * never growing, given back on destroy. */
 #include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include <mempool/mempool.h>
 
 #include "../support/pool_helpers.h"
+#include "../support/stream_gate.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -147,4 +151,81 @@ Test(pool_child, child_of_a_pool_with_max_split_serves_small_blocks) {
     cr_expect_eq(mp_pool_destroy(p), MP_OK);
   }
   mp_device_close(d);
+}
+
+static void *open_gate_later(void *arg) {
+  struct timespec ts = {0, 300 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  gate_open((gate_t *)arg);
+  return NULL;
+}
+
+static bool gate_is_open(gate_t *g) {
+  pthread_mutex_lock(&g->mu);
+  bool o = g->open;
+  pthread_mutex_unlock(&g->mu);
+  return o;
+}
+
+static bool overlaps(const void *a, const void *b, size_t n) {
+  uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+  return x < y + n && y < x + n;
+}
+
+/* The parent takes a child's range on the NULL stream, so it may hand over
+ * a block freed there whose work is still running. The child must not give
+ * that memory to another stream before the work is done (the host
+ * device's NULL stream orders no other stream, as with
+ * cudaStreamNonBlocking streams): here the child's only block is that one,
+ * so the allocation on s waits for the work (the out-of-memory ladder's
+ * synchronization) instead of handing it out at once. */
+Test(pool_child, range_is_not_used_on_another_stream_before_the_parents_work,
+     .init = setup, .fini = teardown) {
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  gate_t gate;
+  gate_init(&gate);
+  void *a;
+  cr_assert_eq(mp_pool_alloc(parent, 8 * MiB, NULL, &a), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, NULL, gate_wait, &gate), MP_OK);
+  cr_assert_eq(mp_pool_free(parent, a), MP_OK);
+  mp_pool_t *child;
+  cr_assert_eq(mp_pool_create_child(parent, 8 * MiB, &child), MP_OK, "%s",
+               mp_last_error());
+  pthread_t opener;
+  cr_assert_eq(pthread_create(&opener, NULL, open_gate_later, &gate), 0);
+  void *c;
+  cr_assert_eq(mp_pool_alloc(child, 8 * MiB, s, &c), MP_OK, "%s",
+               mp_last_error());
+  bool open = gate_is_open(&gate);
+  cr_expect(!overlaps(a, c, 8 * MiB) || open,
+            "the child gave another stream memory whose work on the NULL "
+            "stream was still running");
+  pthread_join(opener, NULL);
+  cr_expect_eq(mp_pool_free(child, c), MP_OK);
+  cr_expect_eq(mp_pool_destroy(child), MP_OK);
+  cr_expect_eq(mp_stream_destroy(dev, s), MP_OK);
+  check(parent);
+}
+
+/* Where the parent's stream is idle the range serves another stream at
+ * once: no synchronization, no out-of-memory rung. */
+Test(pool_child, range_serves_another_stream_at_once_when_the_parent_is_idle,
+     .init = setup, .fini = teardown) {
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  void *a, *c;
+  cr_assert_eq(mp_pool_alloc(parent, 8 * MiB, NULL, &a), MP_OK);
+  cr_assert_eq(mp_pool_free(parent, a), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, NULL), MP_OK);
+  mp_pool_t *child;
+  cr_assert_eq(mp_pool_create_child(parent, 8 * MiB, &child), MP_OK);
+  cr_assert_eq(mp_pool_alloc(child, 8 * MiB, s, &c), MP_OK, "%s",
+               mp_last_error());
+  mp_stats_t cs = stats(child);
+  cr_expect_eq(cs.alloc_retry_count, 0, "the ladder ran");
+  cr_expect_eq(cs.oom_count, 0);
+  cr_expect_eq(mp_pool_free(child, c), MP_OK);
+  cr_expect_eq(mp_pool_destroy(child), MP_OK);
+  cr_expect_eq(mp_stream_destroy(dev, s), MP_OK);
 }
