@@ -154,6 +154,14 @@ mp_status_t mp_pool_alloc_movable(mp_pool_t *pool, size_t bytes, mp_stream_t s,
    * is marked movable. */
   MP__HIST_ENTRY(pool);
   mp__pool_lock(pool);
+  /* Nor from a stream that allocates to a graph pool: the graph's replays
+   * use the block at its address, and defragmentation would move it. */
+  if (MP__UNLIKELY(pool->nroutes > 0) && mp__graph_route(pool, s) != NULL) {
+    mp__pool_unlock(pool);
+    return mp__fail(MP_EINVAL,
+                    "mp_pool_alloc_movable: the stream allocates to a graph "
+                    "pool, which holds no movable blocks");
+  }
   void *p;
   mp_status_t st = mp__pool_alloc_locked(pool, bytes, s, &p);
   if (mp__pool_oom_retry(pool, st, bytes))

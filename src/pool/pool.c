@@ -567,6 +567,16 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
   }
   MP__HIST_ENTRY(pool);
   mp__pool_lock(pool);
+  /* A stream that allocates to a graph pool gets the pieces there, as
+   * mp_pool_alloc routes it: the parent would hand them to others after
+   * their free while the graph's replays still use them. */
+  if (MP__UNLIKELY(pool->nroutes > 0)) {
+    mp_pool_t *g = mp__graph_route(pool, s);
+    if (g != NULL) {
+      mp__pool_unlock(pool);
+      return mp_pool_alloc_contiguous(g, count, sizes, s, out);
+    }
+  }
   mp_status_t pst = mp__pool_paused(pool, "mp_pool_alloc_contiguous");
   if (pst != MP_OK) {
     mp__pool_unlock(pool);

@@ -320,3 +320,59 @@ Test(pool_graph, a_stream_destroyed_while_routed_leaves_nothing_capturing,
   cr_expect_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
   cr_expect_eq(mp_pool_check(parent), MP_OK, "%s", mp_last_error());
 }
+
+/* mp_pool_alloc_contiguous on a stream that allocates to a graph pool
+ * routes there too, as mp_pool_alloc does: pieces taken from the parent
+ * would go back to it at their free and be handed to others while the
+ * graph's replays still use them. */
+Test(pool_graph, contiguous_allocations_on_a_begun_stream_come_from_the_graph,
+     .init = setup, .fini = teardown) {
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(parent, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(parent, g, s1), MP_OK, "%s",
+               mp_last_error());
+  const size_t sizes[3] = {MiB, 4096, 2 * MiB};
+  void *p[3];
+  cr_assert_eq(mp_pool_alloc_contiguous(parent, 3, sizes, s1, p), MP_OK, "%s",
+               mp_last_error());
+  mp_stats_t gs = stats(g), ps = stats(parent);
+  cr_expect_eq(gs.live_blocks, 3, "the pieces are the graph pool's");
+  cr_expect_eq(ps.live_blocks, 1, "the parent holds only the graph's range");
+  cr_expect_eq(ps.allocated_bytes, gs.reserved_bytes);
+  cr_expect_eq((uintptr_t)p[1], (uintptr_t)p[0] + MiB, "contiguous");
+  cr_expect_eq(mp_pool_check(g), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_check(parent), MP_OK, "%s", mp_last_error());
+  /* Frees through the parent land in the graph pool. */
+  for (int i = 0; i < 3; i++)
+    cr_expect_eq(mp_pool_free(parent, p[i]), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(stats(g).live_blocks, 0);
+  cr_assert_eq(mp_pool_graph_end(parent, s1), MP_OK);
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+}
+
+/* Nor does a movable block come from the parent on such a stream: the
+ * graph's replays use it at its address, which defragmentation would
+ * change. Refused, and nothing changes. */
+Test(pool_graph, a_movable_block_on_a_begun_stream_is_refused, .init = setup,
+     .fini = teardown) {
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(parent, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(parent, g, s1), MP_OK, "%s",
+               mp_last_error());
+  mp_stats_t before = stats(parent), gbefore = stats(g);
+  mp_handle_t *h = NULL;
+  cr_expect_eq(mp_pool_alloc_movable(parent, MiB, s1, &h), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "graph pool") != NULL, "%s",
+            mp_last_error());
+  cr_expect_null(h);
+  mp_stats_t after = stats(parent), gafter = stats(g);
+  cr_expect_eq(after.live_blocks, before.live_blocks);
+  cr_expect_eq(after.allocated_bytes, before.allocated_bytes);
+  cr_expect_eq(gafter.live_blocks, gbefore.live_blocks);
+  /* Another stream still gets one. */
+  cr_assert_eq(mp_pool_alloc_movable(parent, MiB, s2, &h), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(mp_handle_free(h), MP_OK);
+  cr_assert_eq(mp_pool_graph_end(parent, s1), MP_OK);
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+}
