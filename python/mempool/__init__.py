@@ -121,6 +121,12 @@ def _word(value, what, call):
     return value
 
 
+def _ptr_or_none(ptr, call):
+    """A pointer argument that may be None, passed as NULL: alloc(0)
+    returns None, and freeing it must be what freeing NULL is in C."""
+    return None if ptr is None else _word(ptr, "ptr", call)
+
+
 def _cstr(text, what, call):
     """text as a C string: an embedded NUL would end it early, and the
     library would take a prefix of what was given."""
@@ -360,13 +366,14 @@ class Pool(_Handle):
 
     def free(self, ptr, stream=None):
         """Frees ptr; with stream, ordered after the work queued on it too
-        (mp_pool_free_async)."""
+        (mp_pool_free_async). None (what alloc(0) returns) is the C NULL:
+        nothing is freed, as for free(NULL)."""
         if stream is None:
-            _check(_lib.lib().mp_pool_free(self._live(), _word(ptr, "ptr", "mp_pool_free")),
+            _check(_lib.lib().mp_pool_free(self._live(), _ptr_or_none(ptr, "mp_pool_free")),
                    "mp_pool_free")
         else:
             _check(_lib.lib().mp_pool_free_async(
-                self._live(), _word(ptr, "ptr", "mp_pool_free_async"),
+                self._live(), _ptr_or_none(ptr, "mp_pool_free_async"),
                 _stream_handle(stream)), "mp_pool_free_async")
 
     def record_stream(self, ptr, stream):

@@ -190,3 +190,28 @@ def test_a_dropped_pool_with_live_blocks_keeps_them_until_the_device_closes(devi
     assert addr and device.mem_info()[0] == used
     device.close()
     assert device.handle is None
+
+
+def test_freeing_what_alloc_of_zero_returned_does_nothing(device, pool):
+    # alloc(0) returns None (the C NULL), but free(None) raised TypeError,
+    # so `p = pool.alloc(n); ...; pool.free(p)` failed for n == 0.
+    p = pool.alloc(0)
+    q = pool.alloc(4096)
+    before = pool.stats()
+    pool.free(p)
+    st = device.stream()
+    pool.free(p, stream=st)
+    st.destroy()
+    after = pool.stats()
+    for key in ("allocation.all.current", "allocation.all.freed",
+                "allocated_bytes.all.current"):
+        assert after[key] == before[key], key
+    pool.free(q)
+    pool.check()
+
+
+def test_a_destroyed_pool_refuses_free_of_none_too(device):
+    p = mempool.Pool(device)
+    p.destroy()
+    with pytest.raises(mempool.InvalidArgument, match="destroyed"):
+        p.free(None)
