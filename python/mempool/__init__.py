@@ -21,7 +21,7 @@ from ._stats import TORCH_KEYS, Stats, to_dict
 
 __all__ = ["Device", "Pool", "Stream", "Stats", "MempoolError", "InvalidArgument",
            "OutOfMemory", "NotSupported", "Busy", "DeviceUnavailable",
-           "DriverError", "Corrupt", "LibraryNotFound", "find_library",
+           "DriverError", "Corrupt", "IOFailure", "LibraryNotFound", "find_library",
            "library_path", "default_pool_stats", "TORCH_KEYS",
            "preload_pause", "preload_resume", "PreloadNotFound"]
 __version__ = "0.1.0"
@@ -66,12 +66,18 @@ class Corrupt(MempoolError):
     """MP_ECORRUPT"""
 
 
+class IOFailure(MempoolError, OSError):
+    """MP_EIO: a file the library was asked to write (snapshot, dump)
+    could not be written; an OSError, as Python's own writes raise."""
+
+
 # By name, so the numbering is never mirrored here: the library says which
 # name each status number has.
 _CLASSES = {"MP_EINVAL": InvalidArgument, "MP_ENOMEM": OutOfMemory,
             "MP_ELIMIT": OutOfMemory, "MP_ENODEV": DeviceUnavailable,
             "MP_EDRIVER": DriverError, "MP_EBUSY": Busy,
-            "MP_ENOTSUP": NotSupported, "MP_ECORRUPT": Corrupt}
+            "MP_ENOTSUP": NotSupported, "MP_ECORRUPT": Corrupt,
+            "MP_EIO": IOFailure}
 
 
 def _s(b):

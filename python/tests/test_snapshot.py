@@ -275,3 +275,14 @@ def test_a_pool_with_arenas_shows_every_arenas_blocks(device, tmp_path):
     with pytest.raises(mempool.InvalidArgument, match="arenas"):
         p.pause()  # it is a pool with arenas
     p.destroy()
+
+
+def test_a_snapshot_that_cannot_be_written_raises_an_os_error(pool, tmp_path):
+    # MP_EIO had no class of its own: a snapshot to a missing directory
+    # raised a bare MempoolError, which `except OSError` did not catch.
+    path = tmp_path / "no-such-dir" / "x.pickle"
+    with pytest.raises(mempool.IOFailure) as e:
+        pool.snapshot(path)
+    assert isinstance(e.value, OSError) and isinstance(e.value, mempool.MempoolError)
+    assert e.value.name == "MP_EIO" and str(path) in str(e.value)
+    assert not path.parent.exists()
