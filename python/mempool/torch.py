@@ -37,10 +37,15 @@ def use(device=None):
     N for "cuda:N"); None keeps $MEMPOOL_DEVICE or the library's choice. It
     is set as $MEMPOOL_DEVICE, which the default pool reads when it is made
     (on the first allocation). A negative number, a bool or a float:
-    ValueError, and nothing is set or installed."""
+    ValueError; another type than int or str: TypeError; either way nothing
+    is set or installed. If PyTorch refuses the allocator (it has allocated
+    already), its error is raised and $MEMPOOL_DEVICE is left as it was."""
     if isinstance(device, (bool, float)) or (isinstance(device, int) and device < 0):
         raise ValueError("mempool.torch.use: device %r is not a device number (N for "
                          "cuda:N) or a device spec" % (device,))
+    if device is not None and not isinstance(device, (int, str)):
+        raise TypeError("mempool.torch.use: device must be an int or a str, not %s"
+                        % type(device).__name__)
     try:
         import torch
         from torch.cuda.memory import CUDAPluggableAllocator, change_current_allocator
@@ -48,11 +53,20 @@ def use(device=None):
         raise TorchUnavailable(
             "mempool.torch.use() needs PyTorch with CUDA (import torch failed: %s); "
             "without torch, use mempool.Pool directly" % e) from e
+    before = os.environ.get("MEMPOOL_DEVICE")
     if device is not None:
-        os.environ["MEMPOOL_DEVICE"] = "cuda:%d" % device if isinstance(device, int) else str(device)
+        os.environ["MEMPOOL_DEVICE"] = "cuda:%d" % device if isinstance(device, int) else device
     del torch
-    alloc = CUDAPluggableAllocator(_lib.library_path(), "mp_torch_malloc", "mp_torch_free")
-    change_current_allocator(alloc)
+    try:
+        alloc = CUDAPluggableAllocator(_lib.library_path(), "mp_torch_malloc", "mp_torch_free")
+        change_current_allocator(alloc)
+    except BaseException:
+        # Not installed: the device the caller had stays theirs.
+        if before is None:
+            os.environ.pop("MEMPOOL_DEVICE", None)
+        else:
+            os.environ["MEMPOOL_DEVICE"] = before
+        raise
     return alloc
 
 

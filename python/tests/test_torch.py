@@ -105,3 +105,37 @@ def test_use_with_a_bad_device_raises_and_installs_nothing(monkeypatch):
         assert installed == []
     mempool.torch.use(device=1)  # a good one still works
     assert os.environ["MEMPOOL_DEVICE"] == "cuda:1" and len(installed) == 1
+
+
+def test_use_that_pytorch_refuses_leaves_mempool_device_as_it_was(monkeypatch):
+    # PyTorch refuses a new allocator once it has allocated ("Can't swap an
+    # already initialized allocator"); use() had set $MEMPOOL_DEVICE before
+    # asking, so the refused call still changed the device that later
+    # default pools, mempool.Device(None) and child processes take. A
+    # device of another type (a list, a dict) was set as its str().
+    import sys
+    import types
+    torch = types.ModuleType("torch")
+    torch.cuda = types.ModuleType("torch.cuda")
+    torch.cuda.memory = types.ModuleType("torch.cuda.memory")
+    torch.cuda.memory.CUDAPluggableAllocator = lambda *a: ("allocator", a)
+
+    def refuse(alloc):
+        raise RuntimeError("Can't swap an already initialized allocator")
+    torch.cuda.memory.change_current_allocator = refuse
+    for name, mod in (("torch", torch), ("torch.cuda", torch.cuda),
+                      ("torch.cuda.memory", torch.cuda.memory)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setenv("MEMPOOL_DEVICE", "host")
+    for dev in (1, "cuda:0"):
+        with pytest.raises(RuntimeError, match="already initialized"):
+            mempool.torch.use(device=dev)
+        assert os.environ["MEMPOOL_DEVICE"] == "host"
+    monkeypatch.delenv("MEMPOOL_DEVICE")
+    with pytest.raises(RuntimeError):
+        mempool.torch.use(device=0)
+    assert "MEMPOOL_DEVICE" not in os.environ
+    for bad in ([1], {"cuda": 1}, b"cuda:0"):
+        with pytest.raises(TypeError, match="device"):
+            mempool.torch.use(device=bad)
+        assert "MEMPOOL_DEVICE" not in os.environ
