@@ -139,12 +139,12 @@ static mp__curesult mp__free(mp__variant_t v, mp__cuptr p, mp__custream s) {
     if (r == MP__CU_SUCCESS)
       mp__pl_record_free(b.ptr, b.size, (uintptr_t)s);
     else
-      mp__pl_table_put(b.ptr, b.size, b.stream, b.kind);
+      mp__pl_table_restore(&b);
   } else if (b.kind == MP__PL_FROM_DEVICE) {
     r = mp__pl_cu_error(mp_device_free(pl->dev, (void *)(uintptr_t)p));
   } else {
     /* Pinned host memory is not freed with cuMemFree. */
-    mp__pl_table_put(b.ptr, b.size, b.stream, b.kind);
+    mp__pl_table_restore(&b);
     r = MP__CU_INVALID_VALUE;
   }
   mp__pl_leave();

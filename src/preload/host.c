@@ -192,16 +192,18 @@ static unsigned int mp__h_free(bool runtime, void *ptr) {
       if (st == MP_OK)
         mp__pl_record_other("pinned_free", b.ptr, b.size);
       else
-        mp__pl_table_put(b.ptr, b.size, b.stream, b.kind);
+        mp__pl_table_restore(&b);
       r = mp__h_error(runtime, st);
     } else if (b.kind == MP__PL_FROM_REAL_HOST) {
       r = mp__h_real_free(runtime, ptr);
       if (r == 0)
         mp__pl_record_other("pinned_free", b.ptr, b.size);
       else
-        mp__pl_table_put(b.ptr, b.size, b.stream, b.kind);
+        mp__pl_table_restore(&b);
     } else {
-      mp__pl_table_put(b.ptr, b.size, b.stream, b.kind); /* not pinned */
+      /* Not pinned (a cudaMalloc block, say): refused, and left whole, its
+       * pool included, for its own free. */
+      mp__pl_table_restore(&b);
       r = mp__h_error(runtime, MP_EINVAL);
     }
   } else if (ptr == NULL && outer && mp__pl_get()->host) {

@@ -253,6 +253,9 @@ void mp__pl_table_put(uintptr_t ptr, size_t size, uintptr_t stream,
 /* A block of pool (MP__PL_FROM_POOL). */
 void mp__pl_table_put_pool(uintptr_t ptr, size_t size, uintptr_t stream,
                            mp_pool_t *pool);
+/* Puts back an entry mp__pl_table_take removed, whole (a pool block keeps
+ * its pool): a free the hook refuses leaves the pointer as it was. */
+void mp__pl_table_restore(const mp__pl_block_t *b);
 /* Removes ptr's entry into *out; false when ptr is not a known start. */
 bool mp__pl_table_take(uintptr_t ptr, mp__pl_block_t *out);
 /* The pool block containing addr (its start or inside it). */

@@ -174,11 +174,11 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
     if (r == MP__CUDA_SUCCESS)
       mp__pl_record_free(b.ptr, b.size, (uintptr_t)s);
     else
-      mp__pl_table_put(b.ptr, b.size, b.stream, b.kind);
+      mp__pl_table_restore(&b);
   } else if (b.kind == MP__PL_FROM_DEVICE) {
     r = mp__pl_cuda_error(mp_device_free(pl->dev, p));
   } else {
-    mp__pl_table_put(b.ptr, b.size, b.stream, b.kind); /* needs cudaFreeHost */
+    mp__pl_table_restore(&b); /* needs cudaFreeHost */
     r = MP__CUDA_INVALID_VALUE;
   }
   mp__pl_leave();

@@ -73,6 +73,14 @@ void mp__pl_table_put_pool(uintptr_t ptr, size_t size, uintptr_t stream,
   pthread_mutex_unlock(&mp__tab.lock);
 }
 
+void mp__pl_table_restore(const mp__pl_block_t *b) {
+  pthread_mutex_lock(&mp__tab.lock);
+  mp__pl_block_t *e = mp__ptrmap_put(&mp__tab.map, b->ptr);
+  if (e != NULL)
+    *e = *b;
+  pthread_mutex_unlock(&mp__tab.lock);
+}
+
 bool mp__pl_table_take(uintptr_t ptr, mp__pl_block_t *out) {
   pthread_mutex_lock(&mp__tab.lock);
   bool found = mp__ptrmap_take(&mp__tab.map, ptr, out);

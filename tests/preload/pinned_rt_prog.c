@@ -3,7 +3,11 @@
  * allocations of assorted sizes, each filled and checked, then freed with
  * cudaFreeHost; one write-combined buffer too; cudaFreeHost(NULL) succeeds.
  * Prints "pinned=2N+1" and exits
- * 0, or names the failed call and exits 2. */
+ * 0, or names the failed call and exits 2.
+ * "pinned_rt_prog N wrong-free" first frees a device buffer with
+ * cudaFreeHost and a pinned one with cudaFree: each must be refused
+ * (cudaErrorInvalidValue) and leave the buffer to its right free, which
+ * must then succeed. */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +24,17 @@ int main(int argc, char **argv) {
   int n = argc > 1 ? atoi(argv[1]) : 32;
   if (n < 1 || n > 100000)
     n = 32;
+  if (argc > 2 && strcmp(argv[2], "wrong-free") == 0) {
+    void *d = NULL, *h = NULL;
+    check(cudaMalloc(&d, 4096), "cudaMalloc");
+    check(cudaMallocHost(&h, 4096), "cudaMallocHost");
+    if (cudaFreeHost(d) != cudaErrorInvalidValue)
+      check(cudaErrorUnknown, "cudaFreeHost of a device buffer");
+    if (cudaFree(h) != cudaErrorInvalidValue)
+      check(cudaErrorUnknown, "cudaFree of a pinned buffer");
+    check(cudaFree(d), "cudaFree after a refused cudaFreeHost");
+    check(cudaFreeHost(h), "cudaFreeHost after a refused cudaFree");
+  }
   int done = 0;
   for (int i = 0; i < 2 * n; i++) {
     size_t bytes = (size_t)(i % 7 + 1) * 9000 + (size_t)i;

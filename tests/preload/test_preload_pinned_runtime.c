@@ -44,3 +44,28 @@ Test(preload_pinned_runtime, host_pool_serves_and_records_pinned_memory) {
   unlink(report);
   rmdir(dir);
 }
+
+/* A free through the wrong call (cudaFreeHost of a cudaMalloc buffer,
+ * cudaFree of a pinned one) is refused and changes nothing: the buffer's
+ * own free then succeeds and nothing is left live. The refused
+ * cudaFreeHost used to put the block back without its pool, so the later
+ * cudaFree failed and the block leaked. */
+Test(preload_pinned_runtime, a_free_with_the_wrong_call_leaves_the_buffer) {
+  char dir[64], report[128], e1[160];
+  scratch_dir(dir, sizeof dir);
+  snprintf(report, sizeof report, "%s/report.json", dir);
+  snprintf(e1, sizeof e1, "MEMPOOL_REPORT=%s", report);
+  const char *argv[] = {MP_PINNED_RT_PROG, "2", "wrong-free", NULL};
+  const char *env[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=host", e1, NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_eq(
+      sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+         "sys.exit(0 if d[\"live_bytes\"]==0 and "
+         "d[\"pool\"][\"allocated_bytes\"]==0 and "
+         "d[\"host_pool\"][\"allocated_bytes\"]==0 else 1)' %s",
+         report),
+      0, "report: %s", (slurp(report, r.out, sizeof r.out), r.out));
+  unlink(report);
+  rmdir(dir);
+}
