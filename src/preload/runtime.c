@@ -232,8 +232,16 @@ mp__cudaerr cudaMemGetInfo(size_t *free, size_t *total) {
 
 /* ---- memory the pool does not serve ------------------------------------ */
 
+/* cudaMemAttachGlobal, cudaMemAttachHost (cuda_runtime_api.h). */
+#define MP__RT_ATTACH_GLOBAL 0x01u
+#define MP__RT_ATTACH_HOST   0x02u
+
 /* kind: MP__PL_FROM_DEVICE (managed) or MP__PL_FROM_HOSTMEM (pinned). On the
- * host device the emulator provides it; elsewhere the real runtime does. */
+ * host device the emulator provides it, with the runtime's checks: for
+ * cudaMallocManaged "flags must be one of cudaMemAttachGlobal or
+ * cudaMemAttachHost" and "if size is 0, cudaMallocManaged returns
+ * cudaErrorInvalidValue" (CUDA Runtime API reference, cudaMallocManaged);
+ * elsewhere the real runtime does. */
 static mp__cudaerr mp__rt_other_alloc(mp__pl_kind_t kind, void **p,
                                       size_t bytes, unsigned int flags,
                                       bool host_alloc) {
@@ -242,7 +250,9 @@ static mp__cudaerr mp__rt_other_alloc(mp__pl_kind_t kind, void **p,
   const mp__pl_t *pl = outer ? mp__pl_get() : NULL;
   mp__cudaerr r;
   if (pl != NULL && pl->mode == MP__PL_POOL && pl->host) {
-    if (p == NULL || bytes == 0) {
+    if (p == NULL || bytes == 0 ||
+        (kind == MP__PL_FROM_DEVICE && flags != MP__RT_ATTACH_GLOBAL &&
+         flags != MP__RT_ATTACH_HOST)) {
       r = MP__CUDA_INVALID_VALUE;
     } else {
       mp_status_t st = kind == MP__PL_FROM_DEVICE

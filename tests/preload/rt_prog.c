@@ -92,6 +92,15 @@ int main(int argc, char **argv) {
       check(cudaErrorUnknown, "a second cudaFree");
     if (cudaMemGetInfo(NULL, &t) != cudaErrorInvalidValue)
       check(cudaErrorUnknown, "cudaMemGetInfo(NULL, ...)");
+    /* cudaMallocManaged: "flags must be one of cudaMemAttachGlobal or
+     * cudaMemAttachHost" (CUDA Runtime API, cudaMallocManaged); anything
+     * else is cudaErrorInvalidValue and allocates nothing. */
+    void *m = NULL;
+    if (cudaMallocManaged(&m, 4096, 0) != cudaErrorInvalidValue)
+      check(cudaErrorUnknown, "cudaMallocManaged with flags 0");
+    if (cudaMallocManaged(&m, 4096, cudaMemAttachGlobal | cudaMemAttachHost) !=
+        cudaErrorInvalidValue)
+      check(cudaErrorUnknown, "cudaMallocManaged with both flags");
   }
   if (strcmp(mode, "pause") == 0) {
     int (*pause_all)(unsigned);
