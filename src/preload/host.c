@@ -110,17 +110,24 @@ typedef enum {
 
 /* Status codes: the runtime's and the driver's agree on 0, 1 (invalid
  * value) and 2 (out of memory), the only ones the pool path returns. */
+/* The runtime's table is resolved once, on its first use, and kept: it is
+ * looked at only for a runtime call, which the runtime itself made, so it
+ * is never resolved before a runtime is loaded (a driver call first, and a
+ * runtime loaded after it, would have left it empty for good). */
 static unsigned int mp__h_real_alloc(mp__hvariant_t v, void **p, size_t bytes,
                                      unsigned int flags) {
-  const mp__real_cudart_t *rt = mp__pl_real_cudart();
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   switch (v) {
-  case MP__H_RT_MALLOC_HOST:
+  case MP__H_RT_MALLOC_HOST: {
+    const mp__real_cudart_t *rt = mp__pl_real_cudart();
     return rt->cudaMallocHost ? rt->cudaMallocHost(p, bytes)
                               : MP__CUDA_INIT_ERROR;
-  case MP__H_RT_HOST_ALLOC:
+  }
+  case MP__H_RT_HOST_ALLOC: {
+    const mp__real_cudart_t *rt = mp__pl_real_cudart();
     return rt->cudaHostAlloc ? rt->cudaHostAlloc(p, bytes, flags)
                              : MP__CUDA_INIT_ERROR;
+  }
   case MP__H_CU_HOST_ALLOC:
     return rc->cuMemHostAlloc ? rc->cuMemHostAlloc(p, bytes, flags)
                               : MP__CU_NOT_INITIALIZED;

@@ -13,9 +13,14 @@
  * each failed check and exits 1.
  *   pinned_drv_prog 1 double_free | bad_flags
  * a second cuMemFreeHost of one block; cuMemHostAlloc with flags no
- * driver knows: each must be the driver's error. */
+ * driver knows: each must be the driver's error.
+ *   pinned_drv_prog 1 late_runtime LIBRARY
+ * a write-combined cuMemHostAlloc and its free, then LIBRARY (a stand-in
+ * runtime, late_runtime.c) loaded and its cudaMalloc called through dlsym:
+ * the runtime loaded after the first pinned call must answer it. */
 #define _GNU_SOURCE
 #include <cuda.h>
+#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +57,28 @@ int main(int argc, char **argv) {
     expect(cuMemHostAlloc(&p, 4096, 0x80) == CUDA_ERROR_INVALID_VALUE,
            "cuMemHostAlloc with unknown flags is invalid value");
     expect(p == (void *)0x1, "nothing was written to *pp");
+    if (failures == 0)
+      printf("ok\n");
+    return failures == 0 ? 0 : 1;
+  }
+  if (argc > 3 && strcmp(argv[2], "late_runtime") == 0) {
+    void *p = NULL, *q = NULL;
+    expect(cuMemHostAlloc(&p, 4096, CU_MEMHOSTALLOC_WRITECOMBINED) ==
+               CUDA_SUCCESS,
+           "cuMemHostAlloc (write-combined)");
+    expect(cuMemFreeHost(p) == CUDA_SUCCESS, "cuMemFreeHost");
+    void *h = dlopen(argv[3], RTLD_NOW | RTLD_GLOBAL);
+    expect(h != NULL, "dlopen of the late runtime");
+    unsigned int (*rt_malloc)(void **, size_t) = NULL;
+    if (h != NULL)
+      *(void **)&rt_malloc = dlsym(h, "cudaMalloc");
+    expect(rt_malloc != NULL, "dlsym(cudaMalloc)");
+    if (rt_malloc != NULL) {
+      unsigned int e = rt_malloc(&q, 16);
+      printf("late_cudaMalloc=%u\n", e);
+      expect(e == 0 && q != NULL,
+             "cudaMalloc of the runtime loaded late reached it");
+    }
     if (failures == 0)
       printf("ok\n");
     return failures == 0 ? 0 : 1;

@@ -100,3 +100,24 @@ Test(preload_pinned_driver, without_the_shim_unknown_flags_are_refused) {
 Test(preload_pinned_driver, under_the_shim_unknown_flags_are_refused) {
   run_mode(true, "bad_flags");
 }
+
+/* A process whose first pinned call reaches the driver (write-combined
+ * memory; every call in passthrough mode) and that loads the CUDA runtime
+ * only afterwards: the shim looked the runtime up on that first call,
+ * found none and kept the empty answer, so every runtime call the shim
+ * passes on (cudaMalloc in passthrough mode, cudaMallocManaged in any)
+ * failed with cudaErrorInitializationError (3) for the rest of the
+ * process. */
+static void run_late_runtime(const char *mode_env) {
+  const char *argv[] = {MP_PINNED_DRV_PROG, "1", "late_runtime",
+                        MP_LATE_RUNTIME, NULL};
+  const char *env[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=cuda", mode_env,
+                       NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert(strstr(r.out, "ok\n") != NULL, "%s", r.out);
+}
+
+Test(preload_pinned_driver, a_runtime_loaded_after_a_driver_pinned_call) {
+  run_late_runtime("MEMPOOL_PRELOAD=passthrough");
+}
