@@ -482,6 +482,59 @@ Test(cuda_pool_rules, destroy_waits_for_no_unaware_capture,
   mp_device_close(dev);
 }
 
+typedef struct {
+  mp_pool_t *pool;
+  mp_status_t st;
+} destroy_call_t;
+
+static void destroy_call(void *arg) {
+  destroy_call_t *c = arg;
+  c->st = mp_pool_destroy(c->pool);
+}
+
+/* mp_pool_destroy from a host function, where every driver call is refused
+ * (cuda.h, cuLaunchHostFunc: "must not make any CUDA API calls"; the fake
+ * answers CUDA_ERROR_NOT_PERMITTED), of a pool of plain segments whose
+ * streams were all destroyed and seen done: no stream leaves a wait, yet
+ * the cuMemFree to come would be refused, so the destroy must fail first
+ * and change nothing. Failed before: MP_OK, the refused frees unheard, the
+ * pool gone and its memory lost. Not on a GPU, where the forbidden call
+ * may hang. */
+Test(cuda_pool_rules,
+     destroy_in_a_host_function_keeps_a_pool_whose_streams_went,
+     .init = load_driver) {
+  if (fk_is_real())
+    cr_skip_test("a driver call from a host function may hang a GPU");
+  mp_device_t *dev = open_dev("cuda");
+  size_t start = free_bytes(dev);
+  mp_pool_t *pool = cuda_pool(dev, "virtual=0");
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK, "%s", mp_last_error());
+  void *x = NULL, *y = NULL;
+  cr_assert_eq(mp_pool_alloc(pool, 3u << 20, s, &x), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, 5u << 20, s, &y), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, y), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_trim(pool, 0), MP_OK, "%s", mp_last_error());
+  mp_stats_t before, after;
+  cr_assert_eq(mp_pool_get_stats(pool, &before), MP_OK);
+  cr_assert_gt(before.reserved_bytes, 0);
+  long long frees = fk_calls("cuMemFree_v2");
+  destroy_call_t c = {.pool = pool, .st = MP_OK};
+  run_in_host_fn(dev, destroy_call, &c);
+  cr_assert_neq(c.st, MP_OK, "a destroy from a host function succeeded");
+  cr_expect_eq(fk_calls("cuMemFree_v2"), frees, "the failed destroy freed");
+  cr_assert_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_get_stats(pool, &after), MP_OK);
+  cr_expect_eq(after.reserved_bytes, before.reserved_bytes);
+  cr_expect_eq(after.live_blocks, before.live_blocks);
+  cr_expect_eq(after.device_free_count, before.device_free_count);
+  cr_assert_eq(mp_pool_free(pool, x), MP_OK);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(free_bytes(dev), start, "device memory lost");
+  mp_device_close(dev);
+}
+
 /* While a blocking stream captures, the legacy stream is "in an unusable
  * state" (cuda.h, cuStreamIsCapturing): cuStreamIsCapturing on it answers
  * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, and a cuStreamQuery of it or an event

@@ -180,3 +180,37 @@ Test(pool_contract, destroy_that_cannot_wait_changes_nothing) {
     cr_expect_eq(free_bytes(dev), before, "%s: device memory lost", o);
   }
 }
+
+/* The same where no stream is left to wait for: every stream the pool knew
+ * was destroyed, and a trim saw their work done. The destroy made no wait
+ * then, and the device's refusal to free the memory from a host function
+ * went unheard: MP_OK, the pool gone and its memory lost for good. */
+Test(pool_contract,
+     destroy_that_cannot_wait_after_its_streams_went_changes_nothing) {
+  static const char *const opts[] = {"virtual=0", NULL};
+  for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) {
+    const char *o = opts[i] ? opts[i] : "defaults";
+    size_t before = free_bytes(dev);
+    mp_pool_t *p = make_pool(dev, opts[i]);
+    mp_stream_t s;
+    cr_assert_eq(mp_stream_create(dev, &s), MP_OK, "%s", mp_last_error());
+    void *x, *y;
+    cr_assert_eq(mp_pool_alloc(p, 3 * MiB, s, &x), MP_OK);
+    cr_assert_eq(mp_pool_alloc(p, 5 * MiB, s, &y), MP_OK);
+    cr_assert_eq(mp_pool_free(p, y), MP_OK);
+    cr_assert_eq(mp_stream_destroy(dev, s), MP_OK, "%s", mp_last_error());
+    cr_assert_eq(mp_pool_trim(p, 0), MP_OK, "%s: %s", o, mp_last_error());
+    mp_stats_t was = stats(p);
+    cr_assert_gt(was.reserved_bytes, 0, "%s", o);
+    destroy_call_t c = {.pool = p};
+    run_in_host_fn(dev, destroy_call, &c);
+    cr_assert_eq(c.st, MP_EINVAL, "%s: %s: %s", o, mp_status_name(c.st), c.why);
+    cr_expect(strstr(c.why, "host function") != NULL, "%s: %s", o, c.why);
+    mp_stats_t now = stats(p);
+    expect_same(&was, &now, "a destroy that cannot wait, its streams gone");
+    check(p);
+    cr_assert_eq(mp_pool_free(p, x), MP_OK, "%s: %s", o, mp_last_error());
+    cr_assert_eq(mp_pool_destroy(p), MP_OK, "%s: %s", o, mp_last_error());
+    cr_expect_eq(free_bytes(dev), before, "%s: device memory lost", o);
+  }
+}
