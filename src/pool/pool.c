@@ -148,6 +148,29 @@ mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
   return MP_OK;
 }
 
+/* Giving device memory back is a device call, which a host function may
+ * not make (cuda.h, cuLaunchHostFunc: "must not make any CUDA API calls"),
+ * and a free the device refuses once the pool is being torn down loses the
+ * memory for good. The wait before it is refused the same way, while
+ * nothing has changed yet; but where no stream has work left to wait for
+ * (every stream the pool knew was destroyed and seen done), the set of
+ * events is empty and there was no wait at all. One wait is made all the
+ * same, then: on an event of the pool's own, idle (never recorded, or last
+ * recorded for work that is done), so that it waits for nothing but is
+ * still a device call. Without an event, the set is dropped and the wait
+ * is a device synchronize, as for a stream that cannot be given one. Only
+ * where the pool itself holds device memory: a child's range goes back to
+ * its parent, not to the device. */
+static void mp__destroy_wait_anyway(mp_pool_t *pool, mp__sync_set_t *set) {
+  if (set->n > 0 || pool->parent != NULL || pool->segs == NULL)
+    return;
+  mp_event_t ev;
+  if (mp__event_get(pool, &ev) == MP_OK)
+    set->ev[set->n++] = ev; /* room: one more than the streams */
+  else
+    mp__sync_set_release(pool, set);
+}
+
 mp_status_t mp_pool_destroy(mp_pool_t *pool) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_destroy: pool is NULL");
@@ -200,8 +223,8 @@ mp_status_t mp_pool_destroy(mp_pool_t *pool) {
    * the device) fails the destroy before anything is released: memory
    * the device then refused to free would be lost with the pool. */
   mp__sync_set_t set = {0};
-  if (pool->nstreams > 0)
-    mp__streams_sync_events(pool, &set);
+  if (pool->nstreams > 0 && mp__streams_sync_events(pool, &set))
+    mp__destroy_wait_anyway(pool, &set);
   mp__pool_unlock(pool);
   mp_status_t st =
       pool->nstreams > 0 ? mp__sync_set_wait(pool->dev, &set) : MP_OK;
@@ -209,7 +232,12 @@ mp_status_t mp_pool_destroy(mp_pool_t *pool) {
   mp__sync_set_release(pool, &set);
   if (st != MP_OK) {
     mp__pool_unlock(pool);
-    return st;
+    char why[256];
+    snprintf(why, sizeof why, "%s", mp_last_error());
+    return mp__fail(st,
+                    "mp_pool_destroy: cannot wait for the device here, so "
+                    "nothing was released and the pool is as it was: %s",
+                    why);
   }
   mp__handle_retire_all(pool);
   mp__pool_pause_release(pool);
