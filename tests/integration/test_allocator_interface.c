@@ -319,3 +319,34 @@ Test(allocator, destroy_that_cannot_wait_keeps_every_kind) {
     cr_expect_eq(free_bytes(dev), before, "%s: device memory lost", specs[i]);
   }
 }
+
+/* The same where every stream the allocator used was destroyed and a
+ * release saw their work done, so that no stream leaves a wait: the pools
+ * made none, answered MP_OK while the device refused their frees, and
+ * their memory was lost with the allocator. */
+Test(allocator,
+     destroy_that_cannot_wait_after_its_streams_went_keeps_every_kind) {
+  for (int i = 0; i < NSPECS; i++) {
+    size_t before = free_bytes(dev);
+    mp_allocator_t *a;
+    cr_assert_eq(mp_allocator_create(dev, specs[i], &a), MP_OK, "%s: %s",
+                 specs[i], mp_last_error());
+    mp_stream_t s;
+    cr_assert_eq(mp_stream_create(dev, &s), MP_OK, "%s", mp_last_error());
+    void *p, *q;
+    cr_assert_eq(mp_allocator_alloc(a, 1 << 20, s, &p), MP_OK);
+    cr_assert_eq(mp_allocator_alloc(a, 1 << 20, s, &q), MP_OK);
+    cr_assert_eq(mp_allocator_free(a, q), MP_OK);
+    cr_assert_eq(mp_stream_destroy(dev, s), MP_OK, "%s", mp_last_error());
+    cr_assert_eq(mp_allocator_release(a), MP_OK, "%s: %s", specs[i],
+                 mp_last_error());
+    destroy_call_t c = {.a = a, .st = MP_OK};
+    run_in_host_fn(dev, destroy_call, &c);
+    cr_assert_eq(c.st, MP_EINVAL, "%s", specs[i]);
+    cr_assert_eq(mp_allocator_free(a, p), MP_OK, "%s: %s", specs[i],
+                 mp_last_error());
+    cr_assert_eq(mp_allocator_destroy(a), MP_OK, "%s: %s", specs[i],
+                 mp_last_error());
+    cr_expect_eq(free_bytes(dev), before, "%s: device memory lost", specs[i]);
+  }
+}
