@@ -388,8 +388,11 @@ void mpb_report_bound(FILE *out, const mpb_offline_t *o, size_t n,
 mp_status_t mpb_report_csv(FILE *out, const mpb_result_t *r, size_t n);
 /* Writes results.json, results.csv, results.md, report.html and (with
  * gnuplot) PNG plots into dir, each through a temporary file renamed at the
- * end, so a failure leaves nothing half-written. *plotted: whether plots were
- * made; why_not says why not. */
+ * end, so a failure leaves nothing half-written. A file in dir that is a
+ * symbolic link is written through: its target is replaced (through a
+ * temporary beside it) and the link kept; a link to nothing or to a folder
+ * is an error naming it, found before anything is moved. *plotted: whether
+ * plots were made; why_not says why not. */
 /* Whether dir can be made and written into, without creating anything:
  * checked before a run so that a bad --out fails in seconds, not after it. */
 mp_status_t mpb_report_check_dir(const char *dir);

@@ -316,12 +316,140 @@ static mp_status_t mpb_mkdir_p(const char *dir) {
   return MP_OK;
 }
 
+/* Where name goes in dir (dest). A symbolic link there is written through:
+ * the file it points to gets the new contents, as a user who linked
+ * results.md into a docs folder expects (a rename onto the link would put a
+ * file of mpbench's own in its place and leave the docs as they were). A
+ * link that points nowhere, to a folder or to anything but a regular file,
+ * and a folder of that name, are errors that name the file: nothing is
+ * written then. *linked: whether dest is a link's target. */
+static mp_status_t mpb_out_dest(const char *dir, const char *name, char *dest,
+                                size_t len, bool *linked) {
+  char path[4400];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  *linked = false;
+  struct stat sb;
+  if (lstat(path, &sb) != 0) {
+    if (errno != ENOENT)
+      return mp__fail(MP_EINVAL, "cannot use %s: %s", path, strerror(errno));
+    snprintf(dest, len, "%s", path);
+    return MP_OK;
+  }
+  if (S_ISDIR(sb.st_mode))
+    return mp__fail(MP_EINVAL, "%s is a folder: results not written", path);
+  if (!S_ISLNK(sb.st_mode)) {
+    snprintf(dest, len, "%s", path);
+    return MP_OK;
+  }
+  char to[4096];
+  ssize_t n = readlink(path, to, sizeof to - 1);
+  to[n < 0 ? 0 : n] = '\0';
+  char *target = realpath(path, NULL);
+  if (target == NULL) {
+    if (errno == ENOENT)
+      return mp__fail(MP_EINVAL,
+                      "%s is a symbolic link to %s, which does not exist: "
+                      "results not written",
+                      path, to);
+    return mp__fail(MP_EINVAL,
+                    "%s is a symbolic link to %s, which cannot be used (%s): "
+                    "results not written",
+                    path, to, strerror(errno));
+  }
+  mp_status_t st = MP_OK;
+  if (stat(target, &sb) != 0)
+    st = mp__fail(MP_EINVAL, "%s is a symbolic link to %s (%s): %s", path, to,
+                  target, strerror(errno));
+  else if (S_ISDIR(sb.st_mode))
+    st = mp__fail(MP_EINVAL,
+                  "%s is a symbolic link to the folder %s: results not "
+                  "written",
+                  path, target);
+  else if (!S_ISREG(sb.st_mode))
+    st = mp__fail(MP_EINVAL,
+                  "%s is a symbolic link to %s, which is not a regular file: "
+                  "results not written",
+                  path, target);
+  else if (snprintf(dest, len, "%s", target) >= (int)len)
+    st = mp__fail(MP_EINVAL, "the target of %s is too long a path", path);
+  else
+    *linked = true;
+  free(target);
+  return st;
+}
+
+/* The file from (in the temporary folder) copied to a new file beside
+ * target, with target's permissions, so that a rename replaces target in
+ * one step (a rename cannot cross file systems, and a link's target may be
+ * on another). staged: the new file's path. */
+static mp_status_t mpb_stage_beside(const char *from, const char *target,
+                                    char *staged, size_t len) {
+  const char *slash = strrchr(target, '/'); /* realpath's: absolute */
+  int dirlen = (int)(slash - target);
+  if (snprintf(staged, len, "%.*s/.%s.mpbench-XXXXXX", dirlen, target,
+               slash + 1) >= (int)len)
+    return mp__fail(MP_EINVAL, "%s is too long a path", target);
+  int out = mkstemp(staged);
+  if (out < 0)
+    return mp__fail(MP_EINVAL, "cannot write beside %s: %s", target,
+                    strerror(errno));
+  int in = open(from, O_RDONLY);
+  int err = in < 0 ? errno : 0;
+  char buf[65536];
+  while (err == 0) {
+    ssize_t n = read(in, buf, sizeof buf);
+    if (n == 0)
+      break;
+    if (n < 0) {
+      err = errno == EINTR ? 0 : errno;
+      continue;
+    }
+    for (ssize_t w = 0; err == 0 && w < n;) {
+      ssize_t k = write(out, buf + w, (size_t)(n - w));
+      if (k > 0)
+        w += k;
+      else if (k == 0 || errno != EINTR)
+        err = k == 0 ? EIO : errno;
+    }
+  }
+  struct stat sb;
+  if (err == 0 &&
+      (stat(target, &sb) != 0 || fchmod(out, sb.st_mode & 07777) != 0))
+    err = errno;
+  if (in >= 0)
+    close(in);
+  if (close(out) != 0 && err == 0)
+    err = errno;
+  if (err != 0) {
+    unlink(staged);
+    return mp__fail(MP_EINVAL, "cannot write beside %s: %s", target,
+                    strerror(err));
+  }
+  return MP_OK;
+}
+
+/* The files mpbench always writes (plots come and go with the workloads). */
+static const char *const mpb_out_names[] = {"results.json", "results.csv",
+                                            "results.md", "report.html"};
+
 mp_status_t mpb_report_check_dir(const char *dir) {
   char path[4096];
   if (dir == NULL || dir[0] == '\0')
     return mp__fail(MP_EINVAL, "empty output folder name");
   if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
     return mp__fail(MP_EINVAL, "output folder name too long");
+  /* A result file already there that cannot be replaced (a link to nothing
+   * or to a folder) fails now, not after the run. */
+  struct stat db;
+  if (stat(dir, &db) == 0 && S_ISDIR(db.st_mode))
+    for (size_t i = 0; i < sizeof mpb_out_names / sizeof *mpb_out_names; i++) {
+      char dest[4400];
+      bool linked;
+      mp_status_t st =
+          mpb_out_dest(dir, mpb_out_names[i], dest, sizeof dest, &linked);
+      if (st != MP_OK)
+        return st;
+    }
   /* The nearest part of the path that exists decides: it must be a folder
    * this process may create entries in. Nothing is created here. */
   for (;;) {
@@ -672,14 +800,13 @@ mp_status_t mpb_report_write_maps(const char *dir, const mpb_result_t *r,
     return mp__fail(MP_EINVAL, "cannot create a temporary folder in %s: %s",
                     dir, strerror(errno));
   mpb_names_t files = {0};
-  static const char *data[] = {"results.json", "results.csv", "results.md"};
   for (int i = 0; i < 3 && st == MP_OK; i++) {
-    st = mpb_write_file(tmp, data[i], r, n, i);
-    mpb_names_add(&files, data[i]);
+    st = mpb_write_file(tmp, mpb_out_names[i], r, n, i);
+    mpb_names_add(&files, mpb_out_names[i]);
   }
   if (st == MP_OK) {
     st = mpb_write_html(tmp, r, n, maps, nmaps);
-    mpb_names_add(&files, "report.html");
+    mpb_names_add(&files, mpb_out_names[3]);
   }
   if (st == MP_OK && want_plots) {
     mpb_names_t pngs = {0};
@@ -695,14 +822,40 @@ mp_status_t mpb_report_write_maps(const char *dir, const mpb_result_t *r,
       snprintf(why_not, why_len, "%s", mp_last_error());
     }
   }
-  char from[4400], to[4400];
+  /* Every destination is found, and every file that goes through a link
+   * is copied beside its target, before anything is renamed: a bad link
+   * leaves the output folder, and every target, as they were. */
+  typedef struct {
+    char from[4400], to[4400];
+    bool staged;
+  } mpb_move_t;
+  mpb_move_t *mv = st == MP_OK ? calloc(files.n + 1, sizeof *mv) : NULL;
+  if (st == MP_OK && mv == NULL)
+    st = mp__fail(MP_ENOMEM, "out of host memory");
   for (size_t i = 0; i < files.n && st == MP_OK; i++) {
-    snprintf(from, sizeof from, "%s/%s", tmp, files.v[i]);
-    snprintf(to, sizeof to, "%s/%s", dir, files.v[i]);
-    if (rename(from, to) != 0)
-      st = mp__fail(MP_EINVAL, "cannot move %s into place: %s", to,
-                    strerror(errno));
+    bool linked;
+    st = mpb_out_dest(dir, files.v[i], mv[i].to, sizeof mv[i].to, &linked);
+    snprintf(mv[i].from, sizeof mv[i].from, "%s/%s", tmp, files.v[i]);
+    if (st == MP_OK && linked) {
+      char staged[4400];
+      st = mpb_stage_beside(mv[i].from, mv[i].to, staged, sizeof staged);
+      if (st == MP_OK) {
+        memcpy(mv[i].from, staged, sizeof staged);
+        mv[i].staged = true;
+      }
+    }
   }
+  for (size_t i = 0; i < files.n && st == MP_OK; i++) {
+    if (rename(mv[i].from, mv[i].to) != 0)
+      st = mp__fail(MP_EINVAL, "cannot move %s into place: %s", mv[i].to,
+                    strerror(errno));
+    else
+      mv[i].staged = false;
+  }
+  for (size_t i = 0; mv != NULL && i < files.n; i++)
+    if (mv[i].staged)
+      unlink(mv[i].from);
+  free(mv);
   mpb_rm_tree(tmp);
   return st;
 }
