@@ -112,8 +112,12 @@ mp_status_t mp_pool_graph_create(mp_pool_t *parent, mp_pool_t **out) {
      * growth of g (segment.c) borrows from parent through it, as an RMM
      * resource asks its upstream. */
     g->upstream = mp__graph_borrow;
-    g->cap = parent->cap;
-    g->cap_is_max = parent->cap_is_max;
+    /* No cap of its own: every range it grows by is an allocation of the
+     * parent, which answers against its cap of the moment (a copy taken
+     * here would miss a later mp_pool_set_max_fraction) with its own
+     * MP_ELIMIT or MP_ENOMEM. */
+    g->cap = SIZE_MAX;
+    g->cap_is_max = false;
     parent->children++;
   }
   mp__pool_unlock(parent);

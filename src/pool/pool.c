@@ -307,10 +307,12 @@ mp_status_t mp_pool_mem_info(mp_pool_t *pool, size_t *free_bytes,
                     ? sum.reserved_bytes - sum.allocated_bytes
                     : 0;
   size_t used = sum.allocated_bytes;
-  /* Under the lock: mp_pool_set_max_fraction moves it. */
-  mp__pool_lock(pool);
-  size_t cap = pool->cap_is_max ? pool->cap : SIZE_MAX;
-  mp__pool_unlock(pool);
+  /* Under the lock: mp_pool_set_max_fraction moves it. A graph pool has
+   * no cap of its own: it grows within its parent's (graph.c). */
+  mp_pool_t *capped = pool->graph ? pool->parent : pool;
+  mp__pool_lock(capped);
+  size_t cap = capped->cap_is_max ? capped->cap : SIZE_MAX;
+  mp__pool_unlock(capped);
   f = f > SIZE_MAX - idle ? SIZE_MAX : f + idle;
   if (cap < t)
     t = cap;

@@ -1,0 +1,119 @@
+/* A graph pool's memory counts against its parent's cap as the cap is now:
+ * mp_pool_set_max_fraction on the parent after the graph pool was made
+ * moves the graph pool's limit too (raised, lowered or lifted), and a
+ * refusal says what the parent's refusal says (MP_ELIMIT under a cap,
+ * MP_ENOMEM past the device's memory without one). */
+#include <criterion/criterion.h>
+
+#include <mempool/mempool.h>
+
+#include "../support/pool_helpers.h"
+
+#define MiB ((size_t)1 << 20)
+
+static mp_device_t *dev;
+static mp_pool_t *parent, *graph;
+static mp_stream_t s;
+
+/* A 1 GiB host device, a parent capped by cfg, a graph pool of it made
+ * before any cap changes, and a stream that allocates to the graph pool. */
+static void open_parent(size_t max_bytes, double max_fraction) {
+  cr_assert_eq(mp_device_open("host:capacity=1G", &dev), MP_OK, "%s",
+               mp_last_error());
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cfg.max_bytes = max_bytes;
+  cfg.max_fraction = max_fraction;
+  cr_assert_eq(mp_pool_create(dev, &cfg, &parent), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  cr_assert_eq(mp_pool_graph_create(parent, &graph), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(parent, graph, s), MP_OK, "%s",
+               mp_last_error());
+}
+
+static void close_parent(void) {
+  cr_expect_eq(mp_pool_graph_end(parent, s), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_graph_release(graph), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_destroy(parent), MP_OK, "%s", mp_last_error());
+  mp_stream_destroy(dev, s);
+  mp_device_close(dev);
+}
+
+Test(pool_graph_cap, a_raised_parent_cap_lets_an_existing_graph_pool_grow) {
+  open_parent(0, 0.25); /* 256 MiB */
+  cr_assert_eq(mp_pool_set_max_fraction(parent, 0.75), MP_OK, "%s",
+               mp_last_error());
+  void *p;
+  cr_expect_eq(mp_pool_alloc(parent, 400 * MiB, s, &p), MP_OK,
+               "the graph pool kept the cap of its creation: %s",
+               mp_last_error());
+  cr_expect_geq(stats(graph).reserved_bytes, 400 * MiB);
+  cr_expect_eq(mp_pool_check(graph), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_check(parent), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_free(parent, p), MP_OK, "%s", mp_last_error());
+  close_parent();
+}
+
+Test(pool_graph_cap, a_lifted_parent_cap_lifts_the_graph_pools_too) {
+  open_parent(0, 0.125); /* 128 MiB */
+  cr_assert_eq(mp_pool_set_max_fraction(parent, 0), MP_OK, "%s",
+               mp_last_error());
+  void *p;
+  cr_expect_eq(mp_pool_alloc(parent, 300 * MiB, s, &p), MP_OK,
+               "the graph pool kept the cap of its creation: %s",
+               mp_last_error());
+  cr_expect_eq(mp_pool_free(parent, p), MP_OK, "%s", mp_last_error());
+  close_parent();
+}
+
+/* Lowered: what the parent holds and what the graph pool borrowed share the
+ * new cap. */
+Test(pool_graph_cap, a_lowered_parent_cap_bounds_parent_and_graph_together) {
+  open_parent(0, 1.0);
+  void *own, *p, *q;
+  cr_assert_eq(mp_pool_alloc(parent, 100 * MiB, NULL, &own), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_set_max_fraction(parent, 0.25), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(mp_pool_alloc(parent, 200 * MiB, s, &p), MP_ELIMIT,
+               "100 + 200 MiB under a 256 MiB cap");
+  cr_assert_eq(mp_pool_alloc(parent, 100 * MiB, s, &q), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_leq(stats(parent).reserved_bytes, 256 * MiB);
+  cr_expect_eq(mp_pool_free(parent, q), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_free(parent, own), MP_OK, "%s", mp_last_error());
+  close_parent();
+}
+
+/* Capped at create (MP_ELIMIT), then the cap lifted: a request beyond the
+ * device's memory is MP_ENOMEM from the parent, and from the graph pool. */
+Test(pool_graph_cap, a_graph_pool_refuses_with_the_parents_current_status) {
+  open_parent(256 * MiB, 0);
+  void *p;
+  cr_expect_eq(mp_pool_alloc(parent, 300 * MiB, s, &p), MP_ELIMIT, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_set_max_fraction(parent, 0), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(mp_pool_alloc(parent, 2048 * MiB, NULL, &p), MP_ENOMEM,
+               "the parent's own refusal");
+  cr_expect_eq(mp_pool_alloc(parent, 2048 * MiB, s, &p), MP_ENOMEM,
+               "the graph pool's refusal: %s", mp_last_error());
+  close_parent();
+}
+
+/* mp_pool_mem_info of a graph pool reports the parent's cap of the moment. */
+Test(pool_graph_cap, mem_info_of_a_graph_pool_reads_the_parents_current_cap) {
+  open_parent(256 * MiB, 0);
+  size_t total = 0;
+  cr_assert_eq(mp_pool_mem_info(graph, NULL, &total), MP_OK);
+  cr_expect_eq(total, 256 * MiB);
+  cr_assert_eq(mp_pool_set_max_fraction(parent, 0.5), MP_OK);
+  cr_assert_eq(mp_pool_mem_info(graph, NULL, &total), MP_OK);
+  cr_expect_eq(total, 512 * MiB, "total %zu", total);
+  cr_assert_eq(mp_pool_set_max_fraction(parent, 0), MP_OK);
+  cr_assert_eq(mp_pool_mem_info(graph, NULL, &total), MP_OK);
+  cr_expect_eq(total, 1024 * MiB, "total %zu", total);
+  close_parent();
+}
