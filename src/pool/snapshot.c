@@ -25,8 +25,9 @@
  * filename is the object file, name the nearest dynamic symbol ("??" when
  * none) with the offset, line 0.
  *
- * The pool lock is held only while the state is copied; symbolizing and
- * writing happen after. One snapshot may hold several pools, one per CUDA
+ * The pool lock is held only while the state is copied, once no growth or
+ * release is in flight (mp__pool_wait_idle); symbolizing and writing
+ * happen after. One snapshot may hold several pools, one per CUDA
  * device (mp__pool_snapshot_many, for the shim): each segment says its
  * device, and device_traces has one list per ordinal up to the highest,
  * empty for a device without a pool. Each pool is copied under its own
@@ -406,6 +407,10 @@ static mp_status_t mp__snapshot_write(mp_pool_t *const *pools,
   size_t got = 0;
   for (; st == MP_OK && got < n; got++) {
     mp__pool_lock(pools[got]);
+    /* A growth or release in flight has the lock dropped halfway (a
+     * segment unlinked but still counted, or not there yet): wait for it,
+     * as mp_pool_check and mp_pool_dump do. */
+    mp__pool_wait_idle(pools[got]);
     st = mp__snap_take(pools[got], &snaps[got]);
     mp__pool_unlock(pools[got]);
     if (st != MP_OK)
