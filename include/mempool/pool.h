@@ -329,7 +329,10 @@ MP_API mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
  * mp_pool_free, mp_pool_stats and mp_pool_check work on it) that grows by
  * borrowing ranges of its parent (each counted as allocated there, like a
  * child pool's range) and never gives them back before
- * mp_pool_graph_release; its reserved_bytes is what the graph pins.
+ * mp_pool_graph_release; its reserved_bytes is what the graph pins. It has
+ * no cap of its own: its ranges count against the parent's cap as it is
+ * when each is borrowed (mp_pool_set_max_fraction on the parent included),
+ * and a refusal is the parent's MP_ELIMIT or MP_ENOMEM.
  *
  * Capture rules: while a stream allocates to a graph pool (between
  * mp_pool_graph_begin and mp_pool_graph_end), neither pool records an
