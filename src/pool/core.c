@@ -136,8 +136,10 @@ mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked) {
   MP__HIST(pool, MP__H_OOM, mp__pool_room(pool), asked, 0);
   return mp__fail(
       st, "%s: asked %s, reserved %s, allocated %s, largest free block %s",
-      st == MP_ELIMIT ? (pool->parent ? "child pool full" : "pool max_bytes")
-                      : "out of device memory",
+      st != MP_ELIMIT ? "out of device memory"
+      : pool->graph   ? "graph pool: the parent's max_bytes"
+      : pool->parent  ? "child pool full"
+                      : "pool max_bytes",
       mp__fmt_bytes(a, sizeof a, asked),
       mp__fmt_bytes(r, sizeof r, pool->st.reserved_bytes),
       mp__fmt_bytes(al, sizeof al, pool->st.allocated_bytes),

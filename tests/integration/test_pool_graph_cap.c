@@ -4,6 +4,7 @@
  * refusal says what the parent's refusal says (MP_ELIMIT under a cap,
  * MP_ENOMEM past the device's memory without one). */
 #include <criterion/criterion.h>
+#include <string.h>
 
 #include <mempool/mempool.h>
 
@@ -115,5 +116,17 @@ Test(pool_graph_cap, mem_info_of_a_graph_pool_reads_the_parents_current_cap) {
   cr_assert_eq(mp_pool_set_max_fraction(parent, 0), MP_OK);
   cr_assert_eq(mp_pool_mem_info(graph, NULL, &total), MP_OK);
   cr_expect_eq(total, 1024 * MiB, "total %zu", total);
+  close_parent();
+}
+
+/* The refusal names the parent's cap, not a child pool's range: a graph
+ * pool has no range of its own that could be full. */
+Test(pool_graph_cap, a_refusal_under_the_parents_cap_says_so) {
+  open_parent(64 * MiB, 0);
+  void *p;
+  cr_expect_eq(mp_pool_alloc(parent, 128 * MiB, s, &p), MP_ELIMIT);
+  const char *why = mp_last_error();
+  cr_expect(strstr(why, "child pool") == NULL, "%s", why);
+  cr_expect(strstr(why, "max_bytes") != NULL, "%s", why);
   close_parent();
 }
