@@ -44,6 +44,10 @@
  *  - a host function's CUDA calls get CUDA_ERROR_NOT_PERMITTED (counted);
  *  - cuMemUnmap does not wait for queued work: unmapping memory a queued
  *    copy or memset still uses stops the process (fk_flight_t);
+ *  - a mapping starts with no access: a copy or memset of it runs only on
+ *    a device cuMemSetAccess gave access to (read: PROT_READ or
+ *    PROT_READWRITE; write: PROT_READWRITE), else it is refused with
+ *    CUDA_ERROR_ILLEGAL_ADDRESS, counted (fk_access_ok);
  *  - stream capture (test_fakecuda_capture.c): work on a capturing stream
  *    is recorded into an opaque graph (host functions, memsets, copies,
  *    cuMemAllocAsync/cuMemFreeAsync as allocation and free nodes), not
@@ -361,8 +365,9 @@ typedef struct fk_range {
   size_t size;
   const struct CUctx_st *ctx; /* the context it was made in */
   fk_phys_t *phys;            /* mappings only */
-  unsigned access;            /* mappings: devices given access (a bit per
-                                 ordinal, cuMemSetAccess) */
+  unsigned access;            /* mappings: devices that may read it (a bit
+                                 per ordinal, cuMemSetAccess) */
+  unsigned writable;          /* mappings: devices that may also write it */
   int ipc_fd;                 /* allocations: the descriptor cuIpcGetMemHandle
                                  exported (closed at cuMemFree), or -1 */
   bool ipc_open;              /* a cuIpcOpenMemHandle mapping */
@@ -393,8 +398,11 @@ static _Thread_local int fk_depth;
 static _Thread_local bool fk_in_host_fn;
 
 /* Errors a test may count (cuFakeGetErrorCount): uses of invalid handles,
- * CUDA calls from host functions, unsafe calls during a capture. */
+ * CUDA calls from host functions, unsafe calls during a capture, copies
+ * and memsets of mappings without access. */
 static atomic_llong fk_bad_handles, fk_not_permitted, fk_capture_refusals;
+/* Copies and memsets refused for want of access (fk_access_ok). */
+static atomic_llong fk_illegal_addresses;
 
 /* Test hook: what the last cuMemCreate asked for. */
 void cuFakeLastMemCreate(int *handle_types, int *rdma);
@@ -412,6 +420,7 @@ long long cuFakeGetErrorCount(CUresult code) {
   case CUDA_ERROR_NOT_PERMITTED: return atomic_load(&fk_not_permitted);
   case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
     return atomic_load(&fk_capture_refusals);
+  case CUDA_ERROR_ILLEGAL_ADDRESS: return atomic_load(&fk_illegal_addresses);
   default: return -1;
   }
 }
@@ -1259,6 +1268,52 @@ static bool fk_in_flight(uintptr_t lo, uintptr_t hi) {
   return false;
 }
 
+/* ---- access to mapped memory ----------------------------------------------
+ * A mapping starts with no access for any device: "all mappings start with
+ * no accessibility setup" (cuda.h, cuMemUnmap), "calling ::cuMemMap does not
+ * make the address accessible, the caller needs to update accessibility of a
+ * contiguous mapped VA range by calling ::cuMemSetAccess" (cuda.h, cuMemMap).
+ * A device reads a mapping only where cuMemSetAccess gave it
+ * CU_MEM_ACCESS_FLAGS_PROT_READ or _READWRITE, and writes it only with
+ * _READWRITE (cuda.h, CUmemAccess_flags). A copy or memset runs on its
+ * stream's device, which must have that access to every mapping it writes
+ * (dst) or reads (src). A GPU faults when the work runs and the context is
+ * lost (CUDA_ERROR_ILLEGAL_ADDRESS from later calls); the fake refuses the
+ * call itself with that code, counted (cuFakeGetErrorCount), and says so on
+ * stderr, so a caller that drops the error still leaves a trace. Captured
+ * copies are checked when their graph is launched, as a GPU would fault
+ * then. */
+
+/* Whether device ordinal may read (write: and write) every mapping that
+ * [lo, lo + n) reaches into; memory that is no mapping is not judged here.
+ * Under fk.lock. */
+static bool fk_access_ok(uintptr_t lo, size_t n, int ordinal, bool write) {
+  unsigned bit = 1u << ordinal;
+  uintptr_t hi = n > UINTPTR_MAX - lo ? UINTPTR_MAX : lo + n;
+  size_t i = fk_range_lower(lo + 1);
+  if (i > 0)
+    i--; /* the range that may hold lo */
+  for (; i < fk.n_ranges && fk.ranges[i].base < hi; i++) {
+    const fk_range_t *r = &fk.ranges[i];
+    if (r->phys == NULL || r->base + r->size <= lo)
+      continue;
+    if (!(r->access & bit) || (write && !(r->writable & bit)))
+      return false;
+  }
+  return true;
+}
+
+static CUresult fk_no_access(int ordinal, CUdeviceptr dst, CUdeviceptr src,
+                             size_t n) {
+  atomic_fetch_add(&fk_illegal_addresses, 1);
+  fprintf(stderr,
+          "fakecuda: a copy or memset on device %d of %zu bytes (dst %p, src "
+          "%p) touches a mapping that device may not access "
+          "(cuMemSetAccess): CUDA_ERROR_ILLEGAL_ADDRESS\n",
+          ordinal, n, (void *)dst, (void *)src);
+  return CUDA_ERROR_ILLEGAL_ADDRESS;
+}
+
 /* ---- initialization, devices, contexts ----------------------------------- */
 
 CUresult cuInit(unsigned int flags) {
@@ -2048,6 +2103,12 @@ static CUresult fk_copy(mp_device_t *dev, CUdeviceptr dst, CUdeviceptr src,
   CUresult r = fk_begin(dev, s, ptsz, &node, NULL, &hs, &captured);
   if (r != CUDA_SUCCESS || captured)
     return r;
+  int ordinal = fk_ctx()->ordinal; /* the device the stream runs on */
+  if (!fk_access_ok((uintptr_t)dst, n, ordinal, true) ||
+      (!set && !fk_access_ok((uintptr_t)src, n, ordinal, false))) {
+    fk_end();
+    return fk_no_access(ordinal, dst, src, n);
+  }
   mp_status_t st =
       set ? mp_memset_async(dev, (void *)dst, v, n, hs)
           : mp_memcpy_async(dev, (void *)dst, (const void *)src, n, hs);
@@ -2805,17 +2866,33 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
   (void)dev;
   if (desc == NULL || count == 0 || size == 0)
     return CUDA_ERROR_INVALID_VALUE;
-  unsigned grant = 0;
+  /* Each desc sets its device's access to what its flags say, one of
+   * cuda.h's CUmemAccess_flags (PROT_NONE takes access away, PROT_READ
+   * leaves it read-only); a later desc for the same device wins. Devices
+   * not named keep what they had. */
+  unsigned named = 0, readers = 0, writers = 0;
   for (size_t i = 0; i < count; i++) {
     if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
       return CUDA_ERROR_INVALID_VALUE;
     if (!fk_valid_device(desc[i].location.id))
       return CUDA_ERROR_INVALID_DEVICE;
-    if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE)
-      grant |= 1u << desc[i].location.id;
+    unsigned bit = 1u << desc[i].location.id;
+    named |= bit;
+    readers &= ~bit;
+    writers &= ~bit;
+    switch (desc[i].flags) {
+    case CU_MEM_ACCESS_FLAGS_PROT_NONE: break;
+    case CU_MEM_ACCESS_FLAGS_PROT_READ: readers |= bit; break;
+    case CU_MEM_ACCESS_FLAGS_PROT_READWRITE:
+      readers |= bit;
+      writers |= bit;
+      break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
   }
-  /* Every byte must lie in mappings (cuda.h); then the grant is recorded
-   * on each (cuFakeAccessMask). */
+  /* Every byte must lie in mappings (cuda.h); then the access is recorded
+   * on each (cuFakeAccessMask) and copies and memsets check it
+   * (fk_access_ok). */
   pthread_mutex_lock(&fk.lock);
   uintptr_t at = (uintptr_t)ptr, end = at + size;
   CUresult r = CUDA_SUCCESS;
@@ -2829,7 +2906,8 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
   }
   for (at = (uintptr_t)ptr; r == CUDA_SUCCESS && at < end;) {
     fk_range_t *g = &fk.ranges[fk_range_lower(at + 1) - 1];
-    g->access |= grant;
+    g->access = (g->access & ~named) | readers;
+    g->writable = (g->writable & ~named) | writers;
     at = g->base + g->size;
   }
   pthread_mutex_unlock(&fk.lock);

@@ -56,6 +56,42 @@ Test(cuda_peer_access, a_peer_gets_access_to_mapped_and_later_chunks,
   mp_device_close(d0);
 }
 
+/* The peer's own work on the pool's memory: refused by the fake until
+ * mp_pool_set_access (a mapping is accessible only to the devices
+ * cuMemSetAccess names; a GPU would fault), allowed after it, on chunks
+ * mapped before and after. On a real driver only the legal half runs. */
+Test(cuda_peer_access, a_peer_writes_the_pools_memory_only_after_set_access,
+     .init = two_devices) {
+  mp_device_t *d0 = open_dev("cuda:0");
+  mp_device_t *d1 = NULL;
+  if (mp_device_open("cuda:1", &d1) != MP_OK) {
+    mp_device_close(d0);
+    cr_skip_test("one device only");
+  }
+  mp_pool_t *pool = NULL;
+  cr_assert_eq(mp_pool_create(d0, NULL, &pool), MP_OK, "%s", mp_last_error());
+  void *a = NULL, *b = NULL;
+  cr_assert_eq(mp_pool_alloc(pool, 1u << 20, NULL, &a), MP_OK);
+  bool fake = access_mask(a) != -2;
+  if (fake)
+    cr_expect_neq(mp_memset_async(d1, a, 7, 1u << 20, NULL), MP_OK,
+                  "device 1 wrote device 0's mapping without access");
+  cr_assert_eq(mp_pool_set_access(pool, d1), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_alloc(pool, 64u << 20, NULL, &b), MP_OK);
+  cr_expect_eq(mp_memset_async(d1, a, 7, 1u << 20, NULL), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(mp_memset_async(d1, b, 7, 64u << 20, NULL), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(mp_memcpy_async(d1, b, a, 1u << 20, NULL), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_device_synchronize(d1), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, a), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, b), MP_OK);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(d1);
+  mp_device_close(d0);
+}
+
 Test(cuda_peer_access, bad_peers_are_refused) {
   mp_device_t *d0 = open_dev("cuda:0");
   mp_device_t *h = open_dev("host:capacity=64M");

@@ -448,3 +448,66 @@ Test(fakecuda_rules, unmapping_memory_queued_work_still_uses_stops_the_process,
   (void)gated_memset(va, g, &pr);
   (void)cuMemUnmap(va, g);
 }
+
+/* A mapping is accessible only as cuMemSetAccess says: "all mappings start
+ * with no accessibility setup" (cuda.h, cuMemUnmap; cuMemMap: "calling
+ * ::cuMemMap does not make the address accessible"), PROT_READ allows
+ * reads only, PROT_READWRITE writes too, PROT_NONE takes access away
+ * (cuda.h, CUmemAccess_flags). A GPU faults on a use without access; the
+ * fake refuses the copy or memset with CUDA_ERROR_ILLEGAL_ADDRESS. On a
+ * real driver only the legal uses are made. */
+Test(fakecuda_rules, a_mapping_is_accessible_only_as_cu_mem_set_access_says) {
+  CUmemAllocationProp prop = {
+      .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+      .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+  size_t g = 0;
+  cr_assert_eq(cuMemGetAllocationGranularity(&g, &prop,
+                                             CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+               CUDA_SUCCESS);
+  CUmemGenericAllocationHandle h;
+  CUdeviceptr va, buf;
+  cr_assert_eq(cuMemCreate(&h, g, &prop, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuMemAddressReserve(&va, g, g, 0, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuMemMap(va, g, 0, h, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuMemAlloc(&buf, g), CUDA_SUCCESS);
+  long long before =
+      fk_real() ? 0 : cuFakeGetErrorCount(CUDA_ERROR_ILLEGAL_ADDRESS);
+  if (!fk_real())
+    cr_expect_eq(cuMemsetD8Async(va, 1, g, NULL), CUDA_ERROR_ILLEGAL_ADDRESS,
+                 "a fresh mapping has no access");
+  CUmemAccessDesc d = {.location = prop.location, .flags = 2};
+  if (!fk_real()) /* not a CUmemAccess_flags value: undefined on a GPU */
+    cr_expect_eq(cuMemSetAccess(va, g, &d, 1), CUDA_ERROR_INVALID_VALUE);
+  d.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
+  cr_assert_eq(cuMemSetAccess(va, g, &d, 1), CUDA_SUCCESS);
+  cr_expect_eq(cuMemcpyAsync(buf, va, g, NULL), CUDA_SUCCESS, "read-only");
+  cr_assert_eq(cuCtxSynchronize(), CUDA_SUCCESS);
+  if (!fk_real()) {
+    cr_expect_eq(cuMemsetD8Async(va, 1, g, NULL), CUDA_ERROR_ILLEGAL_ADDRESS,
+                 "a memset of read-only memory");
+    cr_expect_eq(cuMemcpyAsync(va, buf, g, NULL), CUDA_ERROR_ILLEGAL_ADDRESS,
+                 "a copy into read-only memory");
+  }
+  d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  cr_assert_eq(cuMemSetAccess(va, g, &d, 1), CUDA_SUCCESS);
+  cr_expect_eq(cuMemsetD8Async(va, 1, g, NULL), CUDA_SUCCESS);
+  cr_expect_eq(cuMemcpyAsync(va, buf, g, NULL), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxSynchronize(), CUDA_SUCCESS);
+  d.flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  cr_expect_eq(cuMemSetAccess(va, g, &d, 1), CUDA_SUCCESS);
+  if (!fk_real())
+    cr_expect_eq(cuMemcpyAsync(buf, va, g, NULL), CUDA_ERROR_ILLEGAL_ADDRESS,
+                 "PROT_NONE takes access away");
+  /* Mapped again, the range starts without access again. */
+  cr_assert_eq(cuMemUnmap(va, g), CUDA_SUCCESS);
+  cr_assert_eq(cuMemMap(va, g, 0, h, 0), CUDA_SUCCESS);
+  if (!fk_real()) {
+    cr_expect_eq(cuMemsetD8Async(va, 1, g, NULL), CUDA_ERROR_ILLEGAL_ADDRESS,
+                 "a new mapping has no access");
+    cr_expect_eq(cuFakeGetErrorCount(CUDA_ERROR_ILLEGAL_ADDRESS) - before, 5);
+  }
+  cr_assert_eq(cuMemUnmap(va, g), CUDA_SUCCESS);
+  cr_assert_eq(cuMemRelease(h), CUDA_SUCCESS);
+  cr_assert_eq(cuMemAddressFree(va, g), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFree(buf), CUDA_SUCCESS);
+}
