@@ -48,6 +48,9 @@
  *    a device cuMemSetAccess gave access to (read: PROT_READ or
  *    PROT_READWRITE; write: PROT_READWRITE), else it is refused with
  *    CUDA_ERROR_ILLEGAL_ADDRESS, counted (fk_access_ok);
+ *  - a user object's destructor runs on the fake's own thread, never on
+ *    the one that dropped the last reference, and nothing waits for it
+ *    (fk_dtor_queue);
  *  - stream capture (test_fakecuda_capture.c): work on a capturing stream
  *    is recorded into an opaque graph (host functions, memsets, copies,
  *    cuMemAllocAsync/cuMemFreeAsync as allocation and free nodes), not
@@ -605,9 +608,9 @@ typedef struct fk_node {
   size_t n;
 } fk_node_t;
 
-/* A user object (cuUserObjectCreate): its destructor runs, synchronously
- * here (the driver runs it later, on a thread of its own), when the last
- * reference goes: the creator's, a graph's or an executable's. */
+/* A user object (cuUserObjectCreate): its destructor runs on the fake's
+ * destructor thread (fk_dtor_queue), after the last reference goes: the
+ * creator's, a graph's or an executable's. */
 struct CUuserObject_st {
   atomic_uint refs;
   void *ptr;
@@ -635,15 +638,88 @@ struct CUgraphExec_st {
   fk_urefs_t urefs;
 };
 
-/* Drops count references of o; the last runs its destructor, where CUDA
- * calls are refused as in a host function. */
+/* Destructors run on one thread of the fake's own, in turn, never on the
+ * thread that dropped the last reference, which does not wait for them:
+ * "Destructor callbacks cannot make CUDA API calls and should avoid
+ * blocking behavior, as they are executed by a shared internal thread"
+ * (cuda.h, cuUserObjectCreate), and CU_USER_OBJECT_NO_DESTRUCTOR_SYNC, the
+ * one flag allowed, says "the destructor execution is not synchronized by
+ * any CUDA handle" (cuda.h, CUuserObject_flags): nothing the caller does
+ * waits for it. CUDA calls made there are refused as in a host function.
+ * Run inline, as the fake did before, a destructor could not race with
+ * the thread that destroyed the graph, nor be found not to have run yet.
+ * Destructors still queued at exit do not run. */
+typedef struct fk_dtor {
+  CUhostFn fn;
+  void *ptr;
+  struct fk_dtor *next;
+} fk_dtor_t;
+static struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  fk_dtor_t *head, *tail;
+  bool started;
+} fk_dtors = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static void *fk_dtor_main(void *unused) {
+  (void)unused;
+  fk_in_host_fn = true; /* for the thread's life */
+  pthread_mutex_lock(&fk_dtors.mu);
+  for (;;) {
+    while (fk_dtors.head == NULL)
+      pthread_cond_wait(&fk_dtors.cv, &fk_dtors.mu);
+    fk_dtor_t *d = fk_dtors.head;
+    fk_dtors.head = d->next;
+    if (fk_dtors.head == NULL)
+      fk_dtors.tail = NULL;
+    pthread_mutex_unlock(&fk_dtors.mu);
+    d->fn(d->ptr);
+    free(d);
+    pthread_mutex_lock(&fk_dtors.mu);
+  }
+  return NULL;
+}
+
+/* Queues fn(ptr) for the destructor thread, started on first use; where
+ * no thread or memory can be had, runs it here (refusing CUDA calls), so
+ * it is never lost. */
+static void fk_dtor_queue(CUhostFn fn, void *ptr) {
+  fk_dtor_t *d = malloc(sizeof *d);
+  pthread_mutex_lock(&fk_dtors.mu);
+  if (d != NULL && !fk_dtors.started) {
+    pthread_t t;
+    pthread_attr_t a;
+    if (pthread_attr_init(&a) == 0) {
+      (void)pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+      fk_dtors.started = pthread_create(&t, &a, fk_dtor_main, NULL) == 0;
+      (void)pthread_attr_destroy(&a);
+    }
+  }
+  if (d == NULL || !fk_dtors.started) {
+    pthread_mutex_unlock(&fk_dtors.mu);
+    free(d);
+    bool was = fk_in_host_fn;
+    fk_in_host_fn = true;
+    fn(ptr);
+    fk_in_host_fn = was;
+    return;
+  }
+  *d = (fk_dtor_t){.fn = fn, .ptr = ptr};
+  if (fk_dtors.tail != NULL)
+    fk_dtors.tail->next = d;
+  else
+    fk_dtors.head = d;
+  fk_dtors.tail = d;
+  pthread_cond_signal(&fk_dtors.cv);
+  pthread_mutex_unlock(&fk_dtors.mu);
+}
+
+/* Drops count references of o; the last queues its destructor
+ * (fk_dtor_queue). */
 static void fk_uobj_release(struct CUuserObject_st *o, unsigned count) {
   if (atomic_fetch_sub(&o->refs, count) != count)
     return;
-  bool was = fk_in_host_fn;
-  fk_in_host_fn = true;
-  o->destroy(o->ptr);
-  fk_in_host_fn = was;
+  fk_dtor_queue(o->destroy, o->ptr);
   free(o);
 }
 

@@ -6,6 +6,7 @@
  * on a captured event joins the capture until its origin ends it. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <unistd.h>
 
 #include <cuda.h>
 
@@ -636,4 +637,92 @@ Test(fakecuda_capture,
                CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
   cr_assert_eq(cuEventDestroy(ev), CUDA_SUCCESS);
   cr_assert_eq(cuStreamDestroy(other), CUDA_SUCCESS);
+}
+
+/* What a user object's destructor saw: its thread, whether it ran, and
+ * the answer to a CUDA call made there (fake only); it may first wait for
+ * a gate. */
+typedef struct {
+  atomic_int *gate;
+  atomic_int ran;
+  pthread_t thread;
+  CUresult call;
+  bool call_cuda;
+} dtor_probe_t;
+
+static void dtor_probe(void *p) {
+  dtor_probe_t *d = p;
+  while (d->gate != NULL && !atomic_load(d->gate))
+    usleep(1000);
+  d->thread = pthread_self();
+  if (d->call_cuda) {
+    CUcontext c;
+    d->call = cuCtxGetCurrent(&c);
+  }
+  atomic_store(&d->ran, 1);
+}
+
+static bool dtor_ran_within(dtor_probe_t *d, int ms) {
+  for (int i = 0; i < ms && !atomic_load(&d->ran); i++)
+    usleep(1000);
+  return atomic_load(&d->ran) != 0;
+}
+
+/* A user object's destructor runs on a thread of the driver's, "a shared
+ * internal thread", and cannot be waited on by any CUDA call (cuda.h,
+ * cuUserObjectCreate and CU_USER_OBJECT_NO_DESTRUCTOR_SYNC): never on the
+ * thread that dropped the last reference, whether that was
+ * cuUserObjectRelease or the cuGraphDestroy of a graph holding it. On the
+ * fake one thread runs them in turn, so a destructor queued behind one
+ * that waits has provably not run when the release returns, and a CUDA
+ * call made there is CUDA_ERROR_NOT_PERMITTED. */
+Test(fakecuda_capture, user_object_destructors_run_on_a_driver_thread_later,
+     .timeout = 20) {
+  atomic_int gate = 0;
+  dtor_probe_t first = {.gate = &gate}, second = {.call_cuda = !fk_real()},
+               held = {0};
+  CUuserObject o;
+  if (!fk_real()) { /* a GPU's thread is not to be held up */
+    cr_assert_eq(cuUserObjectCreate(&o, &first, dtor_probe, 1,
+                                    CU_USER_OBJECT_NO_DESTRUCTOR_SYNC),
+                 CUDA_SUCCESS);
+    cr_assert_eq(cuUserObjectRelease(o, 1), CUDA_SUCCESS);
+  }
+  cr_assert_eq(cuUserObjectCreate(&o, &second, dtor_probe, 1,
+                                  CU_USER_OBJECT_NO_DESTRUCTOR_SYNC),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuUserObjectRelease(o, 1), CUDA_SUCCESS);
+  if (!fk_real()) {
+    cr_expect_not(atomic_load(&second.ran),
+                  "ran on release, before the destructor queued first");
+    atomic_store(&gate, 1);
+    cr_assert(dtor_ran_within(&first, 2000));
+  }
+  cr_assert(dtor_ran_within(&second, 2000), "the destructor never ran");
+  cr_expect_not(pthread_equal(second.thread, pthread_self()),
+                "ran on the releasing thread");
+  if (!fk_real()) {
+    cr_expect(pthread_equal(first.thread, second.thread), "not one thread");
+    cr_expect_eq(second.call, CUDA_ERROR_NOT_PERMITTED);
+  }
+  /* The last reference held by a graph, dropped by cuGraphDestroy. */
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  CUstreamCaptureStatus st;
+  CUgraph g = NULL;
+  cr_assert_eq(cuStreamGetCaptureInfo(s, &st, NULL, &g, NULL, NULL, NULL),
+               CUDA_SUCCESS);
+  cr_assert_not_null(g);
+  cr_assert_eq(cuUserObjectCreate(&o, &held, dtor_probe, 1,
+                                  CU_USER_OBJECT_NO_DESTRUCTOR_SYNC),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuGraphRetainUserObject(g, o, 1, CU_GRAPH_USER_OBJECT_MOVE),
+               CUDA_SUCCESS);
+  CUgraph ended = NULL;
+  cr_assert_eq(cuStreamEndCapture(s, &ended), CUDA_SUCCESS);
+  cr_assert_eq(ended, g);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+  cr_assert(dtor_ran_within(&held, 2000), "the graph's object never went");
+  cr_expect_not(pthread_equal(held.thread, pthread_self()),
+                "ran on the thread that destroyed the graph");
 }
