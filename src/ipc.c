@@ -11,7 +11,9 @@
  *
  * Invariant: a handle that fails to import keeps its descriptors; one
  * that imports gives them to the import (the memory's descriptor is closed
- * once mapped, the lease kept). */
+ * once mapped, the lease kept). Every open import's lease is also in
+ * mp__ipc_leases, whatever its device, so that no two imports of the
+ * process own one lease. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -32,6 +34,40 @@ struct mp__import {
 };
 
 static pthread_mutex_t mp__ipc_mu = PTHREAD_MUTEX_INITIALIZER;
+/* The lease descriptors of the process's open imports, on every device
+ * (mp_ipc_import's copy check). Under mp__ipc_mu. */
+static int *mp__ipc_leases;
+static size_t mp__ipc_nleases, mp__ipc_leases_cap;
+
+/* The index of lease in mp__ipc_leases, or SIZE_MAX. mp__ipc_mu held. */
+static size_t mp__ipc_lease_at(int lease) {
+  for (size_t i = 0; i < mp__ipc_nleases; i++)
+    if (mp__ipc_leases[i] == lease)
+      return i;
+  return SIZE_MAX;
+}
+
+/* Room for one more import in dev's list and in mp__ipc_leases; false
+ * without host memory. mp__ipc_mu held. */
+static bool mp__ipc_room(mp_device_t *dev) {
+  if (dev->nimports == dev->imports_cap) {
+    size_t cap = dev->imports_cap ? 2 * dev->imports_cap : 8;
+    struct mp__import *n = mp__host_realloc(dev->imports, cap * sizeof *n);
+    if (n == NULL)
+      return false;
+    dev->imports = n;
+    dev->imports_cap = cap;
+  }
+  if (mp__ipc_nleases == mp__ipc_leases_cap) {
+    size_t cap = mp__ipc_leases_cap ? 2 * mp__ipc_leases_cap : 8;
+    int *n = mp__host_realloc(mp__ipc_leases, cap * sizeof *n);
+    if (n == NULL)
+      return false;
+    mp__ipc_leases = n;
+    mp__ipc_leases_cap = cap;
+  }
+  return true;
+}
 
 static mp_status_t mp__ipc_check(const mp_device_t *dev,
                                  const mp_ipc_handle_t *h) {
@@ -89,24 +125,18 @@ mp_status_t mp_ipc_import(mp_device_t *dev, mp_ipc_handle_t *h, void **out) {
    * the memory descriptor's reused number): two imports would share one
    * lease, the first close would let the exporter reuse the block under
    * the second, and the second close would close that number again.
-   * (Checked among this device's imports.) */
-  for (size_t i = 0; i < dev->nimports; i++)
-    if (dev->imports[i].lease == h->lease_fd) {
-      pthread_mutex_unlock(&mp__ipc_mu);
-      return mp__fail(MP_EINVAL,
-                      "mp_ipc_import: lease descriptor %d belongs to an open "
-                      "import (a copy of a handle imported already?)",
-                      h->lease_fd);
-    }
-  if (dev->nimports == dev->imports_cap) {
-    size_t cap = dev->imports_cap ? 2 * dev->imports_cap : 8;
-    struct mp__import *n = mp__host_realloc(dev->imports, cap * sizeof *n);
-    if (n != NULL) {
-      dev->imports = n;
-      dev->imports_cap = cap;
-    }
+   * Checked among the imports of every device of the process: a program
+   * mapping one block on each of its GPUs from one received handle (a
+   * plain CUDA segment's handle has no memory descriptor to tell it) is
+   * the same mistake. */
+  if (mp__ipc_lease_at(h->lease_fd) != SIZE_MAX) {
+    pthread_mutex_unlock(&mp__ipc_mu);
+    return mp__fail(MP_EINVAL,
+                    "mp_ipc_import: lease descriptor %d belongs to an open "
+                    "import (a copy of a handle imported already?)",
+                    h->lease_fd);
   }
-  bool room = dev->nimports < dev->imports_cap;
+  bool room = mp__ipc_room(dev);
   pthread_mutex_unlock(&mp__ipc_mu);
   if (!room)
     return mp__fail(MP_ENOMEM, "mp_ipc_import: out of host memory");
@@ -120,10 +150,24 @@ mp_status_t mp_ipc_import(mp_device_t *dev, mp_ipc_handle_t *h, void **out) {
                           .kind = h->kind,
                           .lease = h->lease_fd};
   pthread_mutex_lock(&mp__ipc_mu);
-  room = dev->nimports < dev->imports_cap; /* another import took it? */
-  if (room)
+  /* Another import took the room meanwhile, or (a copy imported by another
+   * thread at the same time) the lease? */
+  room =
+      dev->nimports < dev->imports_cap && mp__ipc_nleases < mp__ipc_leases_cap;
+  bool copy = mp__ipc_lease_at(h->lease_fd) != SIZE_MAX;
+  if (room && !copy) {
     dev->imports[dev->nimports++] = im;
+    mp__ipc_leases[mp__ipc_nleases++] = im.lease;
+  }
   pthread_mutex_unlock(&mp__ipc_mu);
+  if (copy) {
+    bool unmapped;
+    (void)dev->ops->ipc_close(dev, base, h->mem_bytes, h->kind, &unmapped);
+    return mp__fail(MP_EINVAL,
+                    "mp_ipc_import: lease descriptor %d belongs to an open "
+                    "import (a copy of a handle imported already?)",
+                    h->lease_fd);
+  }
   if (!room) {
     bool unmapped;
     (void)dev->ops->ipc_close(dev, base, h->mem_bytes, h->kind, &unmapped);
@@ -166,9 +210,13 @@ static void mp__ipc_done(mp_device_t *dev, void *ptr, bool gone) {
   pthread_mutex_lock(&mp__ipc_mu);
   size_t i = mp__ipc_find(dev, ptr, true);
   MP__ASSERT(i != SIZE_MAX); /* mp__ipc_take marked it; only this unmarks */
-  if (gone)
+  if (gone) {
+    size_t l = mp__ipc_lease_at(dev->imports[i].lease);
+    MP__ASSERT(l != SIZE_MAX); /* listed with its import */
+    if (l != SIZE_MAX)
+      mp__ipc_leases[l] = mp__ipc_leases[--mp__ipc_nleases];
     dev->imports[i] = dev->imports[--dev->nimports];
-  else
+  } else
     dev->imports[i].closing = false;
   pthread_mutex_unlock(&mp__ipc_mu);
 }
@@ -216,6 +264,13 @@ void mp__ipc_close_all(mp_device_t *dev) {
   free(dev->imports);
   dev->imports = NULL;
   dev->imports_cap = 0;
+  pthread_mutex_lock(&mp__ipc_mu);
+  if (mp__ipc_nleases == 0) { /* the last device with imports */
+    free(mp__ipc_leases);
+    mp__ipc_leases = NULL;
+    mp__ipc_leases_cap = 0;
+  }
+  pthread_mutex_unlock(&mp__ipc_mu);
 }
 
 /* ---- handles over a Unix socket ---------------------------------------- */

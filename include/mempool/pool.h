@@ -516,9 +516,11 @@ MP_API mp_status_t mp_pool_ipc_poll(mp_pool_t *pool, size_t *held);
  * keeps its sizes, its fd and lease_fd become -1); keep the import until
  * mp_ipc_close, which tells the exporter the block is free to reuse. A
  * handle that is empty, of another device kind, of an unknown kind,
- * without its descriptors, whose lease an open import on dev owns (a copy
- * of a handle imported already), or whose block does not lie inside its
- * memory: MP_EINVAL, and h is left as it was (its descriptors still open). */
+ * without its descriptors, whose lease an open import owns (a copy of a
+ * handle imported already, on any device of the process: import a handle
+ * once; another device needs a handle of its own), or whose block does not
+ * lie inside its memory: MP_EINVAL, and h is left as it was (its
+ * descriptors still open). */
 MP_API mp_status_t mp_ipc_import(mp_device_t *dev, mp_ipc_handle_t *h,
                                  void **out);
 /* Unmaps an import (ptr as mp_ipc_import gave it) after the device's

@@ -133,3 +133,44 @@ Test(cuda_ipc, a_close_that_fails_keeps_the_import_and_its_lease) {
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
   mp_device_close(d);
 }
+
+/* A copy of a handle imported already, imported on a second mp_device_t
+ * of the process (the same GPU opened twice here; a program mapping one
+ * block on each of its GPUs alike): both imports would own one lease, and
+ * the first close would let the exporter reuse the block under the second.
+ * The copy's memory descriptor number is reused by a second export, as a
+ * program's next descriptor would be. Refused before any driver call. */
+Test(cuda_ipc, a_copy_of_a_handle_imported_on_another_device_is_einval) {
+  skip_without_vmm_fd();
+  mp_device_t *d = open_dev("cuda"), *d2 = open_dev("cuda");
+  mp_pool_t *pool;
+  void *p, *p2, *q = NULL, *q2 = NULL;
+  mp_ipc_handle_t a, b;
+  cr_assert_eq(export_small(d, &pool, &p, &a), MP_OK, "%s", mp_last_error());
+  mp_ipc_handle_t copy = a;
+  cr_assert_eq(mp_ipc_import(d, &a, &q), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p2), MP_OK);
+  cr_assert_eq(mp_pool_ipc_export(pool, p2, &b), MP_OK, "%s", mp_last_error());
+  copy.fd = b.fd;
+  long long imports =
+      fk_is_real() ? 0 : fk_calls("cuMemImportFromShareableHandle");
+  mp_status_t st = mp_ipc_import(d2, &copy, &q2);
+  if (st == MP_OK)
+    (void)mp_ipc_close(d2, q2);
+  cr_expect_eq(st, MP_EINVAL, "imported a copy whose lease an import owns");
+  if (!fk_is_real())
+    cr_expect_eq(fk_calls("cuMemImportFromShareableHandle"), imports,
+                 "the refused import reached the driver");
+  cr_expect_neq(fcntl(copy.lease_fd, F_GETFD), -1,
+                "the refusal closed the first import's lease");
+  cr_assert_eq(mp_ipc_close(d, q), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_ipc_handle_close(&b), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p2), MP_OK);
+  size_t held = 1;
+  cr_assert_eq(mp_pool_ipc_poll(pool, &held), MP_OK);
+  cr_expect_eq(held, 0);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(d2);
+  mp_device_close(d);
+}

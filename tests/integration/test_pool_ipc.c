@@ -161,6 +161,42 @@ Test(pool_ipc_args, a_copy_of_an_imported_handle_is_einval) {
   free_released_and_destroy(pool, p2);
 }
 
+/* The same with the copy imported on another device of the process (a
+ * program mapping one block on each of its GPUs from one received handle;
+ * on CUDA a plain segment's handle carries no memory descriptor, so only
+ * the lease tells the copy). Failed before: the lease check looked at the
+ * importing device's imports only, so both imports owned one lease; the
+ * first close let the exporter reuse the block under the second, which
+ * then closed the same descriptor number again. */
+Test(pool_ipc_args, a_copy_of_a_handle_imported_on_another_device_is_einval) {
+  mp_device_t *dev2 = open_dev(SPEC);
+  mp_pool_t *pool = make_pool(dev, "segment_bytes=32M");
+  void *p, *p2, *q = NULL, *q2 = NULL;
+  mp_ipc_handle_t a = exported(pool, &p);
+  mp_ipc_handle_t copy = a;
+  cr_assert_eq(mp_ipc_import(dev, &a, &q), MP_OK, "%s", mp_last_error());
+  mp_ipc_handle_t b = exported(pool, &p2);
+  copy.fd = b.fd; /* the number a's import closed, reused by b */
+  mp_status_t st = mp_ipc_import(dev2, &copy, &q2);
+  bool lease_open_after_close = false;
+  if (st == MP_OK) {
+    (void)mp_ipc_close(dev2, q2);
+    lease_open_after_close = fd_open(copy.lease_fd);
+  }
+  cr_expect_eq(st, MP_EINVAL, "imported a copy whose lease an import owns");
+  cr_expect(st != MP_OK || lease_open_after_close,
+            "closing the copy's import closed the first import's lease");
+  cr_expect(strstr(mp_last_error(), "belongs to an open import") != NULL, "%s",
+            mp_last_error());
+  cr_expect(fd_open(b.fd) && fd_open(b.lease_fd) && fd_open(copy.lease_fd),
+            "a refused import closed a descriptor");
+  cr_assert_eq(mp_ipc_close(dev, q), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_ipc_handle_close(&b), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  free_released_and_destroy(pool, p2);
+  mp_device_close(dev2);
+}
+
 Test(pool_ipc_args, bad_exports_are_refused_and_change_nothing) {
   mp_pool_t *pool = make_pool(dev, NULL);
   void *p, *gone;
