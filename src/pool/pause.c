@@ -29,9 +29,21 @@
 typedef struct mp__spans {
   mp__chunk_t *v; /* (addr, size) of each */
   size_t n;
+  size_t bytes; /* their sum: the host copy's size */
 } mp__spans_t;
 
-/* Lists the live blocks, under the lock: the copies run with it dropped,
+/* Blocks whose content a pause keeps: the live ones, except a block the
+ * out-of-memory ladder holds while it waits for the streams (core.c,
+ * mp__block_hold). That one is free memory on its way to becoming a new
+ * allocation, and the ladder may give it back while the pool is paused: a
+ * resume listing it no more would copy every block above it from the
+ * wrong place in the host copy. Left out at both ends, the pause and the
+ * resume list the same blocks. */
+static bool mp__kept(const mp__block_t *b) {
+  return !(b->flags & (MP__B_FREE | MP__B_HOLE | MP__B_LADDER));
+}
+
+/* Lists the kept blocks, under the lock: the copies run with it dropped,
  * and a thread whose allocation dropped the lock before the pause may then
  * take free blocks and put them back (alloc.c), so the block lists are
  * not walked meanwhile. MP_ENOMEM without host memory. */
@@ -39,16 +51,19 @@ static mp_status_t mp__live_spans(const mp_pool_t *pool, mp__spans_t *out) {
   size_t n = 0;
   for (const mp__segment_t *g = pool->segs; g != NULL; g = g->next)
     for (const mp__block_t *b = g->first; b != NULL; b = b->next)
-      n += !(b->flags & (MP__B_FREE | MP__B_HOLE));
+      n += mp__kept(b);
   out->n = 0;
+  out->bytes = 0;
   out->v = mp__host_alloc((n ? n : 1) * sizeof *out->v);
   if (out->v == NULL)
     return mp__fail(MP_ENOMEM, "out of host memory listing the live blocks "
                                "to copy");
   for (const mp__segment_t *g = pool->segs; g != NULL; g = g->next)
     for (const mp__block_t *b = g->first; b != NULL; b = b->next)
-      if (!(b->flags & (MP__B_FREE | MP__B_HOLE)))
+      if (mp__kept(b)) {
         out->v[out->n++] = (mp__chunk_t){b->addr, b->size};
+        out->bytes += b->size;
+      }
   return MP_OK;
 }
 
@@ -156,14 +171,15 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
   /* From here every other call is MP_EBUSY, so nothing changes under us. */
   pool->paused = true;
   mp__segment_t *v = pool->vseg;
-  size_t live = pool->st.allocated_bytes;
-  bool keep = (flags & MP_PAUSE_KEEP_CONTENT) && live > 0;
+  bool keep = (flags & MP_PAUSE_KEEP_CONTENT) && pool->st.allocated_bytes > 0;
   mp__spans_t sp = {0};
   if (keep && (st = mp__live_spans(pool, &sp)) != MP_OK) {
     pool->paused = false;
     mp__pool_unlock(pool);
     return st;
   }
+  /* Nothing to keep but a block the ladder holds: no host copy. */
+  keep = keep && sp.bytes > 0;
   /* The streams that used the pool must be done with its memory: an event
    * on each, not a device synchronize (another thread may be capturing). */
   mp__sync_set_t set;
@@ -178,7 +194,7 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
   st = mp__sync_set_wait(pool->dev, &set);
   bool waited = st == MP_OK;
   if (st == MP_OK && keep) {
-    st = mp_device_host_alloc(pool->dev, live, &pool->pause_copy);
+    st = mp_device_host_alloc(pool->dev, sp.bytes, &pool->pause_copy);
     if (st == MP_OK && (st = mp__copy_live(pool, &sp, true)) != MP_OK) {
       mp_device_host_free(pool->dev, pool->pause_copy);
       pool->pause_copy = NULL;
