@@ -378,6 +378,19 @@ mp_status_t mp_ipc_recv(int sock, mp_ipc_handle_t *out) {
 mp_status_t mp_ipc_handle_close(mp_ipc_handle_t *h) {
   if (h == NULL)
     return mp__fail(MP_EINVAL, "mp_ipc_handle_close: h is NULL");
+  /* A copy of a handle imported already: its lease is the import's (closing
+   * it would let the exporter reuse the block under the import), and its
+   * memory descriptor the import closed (a number the program may have
+   * reused since). */
+  pthread_mutex_lock(&mp__ipc_mu);
+  bool imported = h->lease_fd >= 0 && mp__ipc_lease_at(h->lease_fd) != SIZE_MAX;
+  pthread_mutex_unlock(&mp__ipc_mu);
+  if (imported)
+    return mp__fail(MP_EINVAL,
+                    "mp_ipc_handle_close: lease descriptor %d belongs to an "
+                    "open import (a copy of a handle imported already?): "
+                    "nothing closed",
+                    h->lease_fd);
   if (h->fd >= 0)
     close(h->fd);
   if (h->lease_fd >= 0)

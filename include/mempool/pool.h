@@ -539,7 +539,9 @@ MP_API mp_status_t mp_ipc_send(int sock, const mp_ipc_handle_t *h);
  * process (close-on-exec). The peer gone before a whole handle came, or a
  * message that is not one: MP_EIO, with nothing received left open. */
 MP_API mp_status_t mp_ipc_recv(int sock, mp_ipc_handle_t *out);
-/* Closes the descriptors h still holds and empties it (kind 0, -1s). */
+/* Closes the descriptors h still holds and empties it (kind 0, -1s). A
+ * copy of a handle imported already in this process (its lease is the
+ * import's; mp_ipc_close ends the import): MP_EINVAL, nothing closed. */
 MP_API mp_status_t mp_ipc_handle_close(mp_ipc_handle_t *h);
 
 /* Out-of-memory handler, for engines that react to running out (free a

@@ -197,6 +197,42 @@ Test(pool_ipc_args, a_copy_of_a_handle_imported_on_another_device_is_einval) {
   mp_device_close(dev2);
 }
 
+/* mp_ipc_handle_close of a copy of a handle imported already (one passed
+ * by value to the import, the caller's copy then "cleaned up"): its lease
+ * number is the import's. Failed before: the close closed the import's
+ * lease, so the exporter reused the block while the import still mapped
+ * it (here: freed, it was not held); and the memory descriptor the import
+ * had closed, a number the program may have reused since. Now MP_EINVAL,
+ * nothing closed. */
+Test(pool_ipc_args, closing_a_copy_of_an_imported_handle_is_einval) {
+  mp_pool_t *pool = make_pool(dev, NULL);
+  void *p, *q;
+  mp_ipc_handle_t h = exported(pool, &p);
+  mp_ipc_handle_t copy = h;
+  int lease = h.lease_fd;
+  cr_assert_eq(mp_ipc_import(dev, &h, &q), MP_OK, "%s", mp_last_error());
+  int other = open("/dev/null", O_RDONLY); /* gets the number h.fd had */
+  cr_assert_geq(other, 0);
+  cr_expect_eq(mp_ipc_handle_close(&copy), MP_EINVAL,
+               "closed the lease of an open import");
+  cr_expect(strstr(mp_last_error(), "open import") != NULL, "%s",
+            mp_last_error());
+  cr_expect(fd_open(lease), "the import's lease was closed");
+  cr_expect(fd_open(other), "a descriptor of the program was closed");
+  cr_expect_eq(copy.lease_fd, lease, "a refusal changed the handle");
+  /* Still imported: a free holds the block. */
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  size_t held = 0;
+  cr_assert_eq(mp_pool_ipc_poll(pool, &held), MP_OK);
+  cr_expect_eq(held, 1, "the block was released while imported");
+  cr_assert_eq(mp_ipc_close(dev, q), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_ipc_poll(pool, &held), MP_OK);
+  cr_expect_eq(held, 0);
+  close(other);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
 Test(pool_ipc_args, bad_exports_are_refused_and_change_nothing) {
   mp_pool_t *pool = make_pool(dev, NULL);
   void *p, *gone;
