@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -37,10 +38,16 @@ const char *mp_last_error(void) {
 }
 
 mp_status_t mp__fail(mp_status_t st, const char *fmt, ...) {
+  /* Formatted aside first: an argument may be mp_last_error() itself (a
+   * message that wraps the refusal before it), and formatting into the
+   * buffer being read is undefined (C11 7.21.6.5, snprintf: "copying
+   * takes place between objects that overlap"); glibc garbles it. */
+  char msg[sizeof mp__error_buf];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(mp__error_buf, sizeof mp__error_buf, fmt, ap);
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  memcpy(mp__error_buf, msg, sizeof msg);
   return st;
 }
 

@@ -1,0 +1,30 @@
+/* mp_last_error's messages: a message may quote the one before it (a call
+ * that wraps a refusal it got says what it was doing, then why), and the
+ * result is the two, not a garble of the buffer read while it is written. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "internal.h"
+
+Test(error_messages, a_message_may_quote_the_one_before) {
+  cr_assert_eq(mp__fail(MP_EINVAL, "inner reason %d", 42), MP_EINVAL);
+  cr_assert_str_eq(mp_last_error(), "inner reason 42");
+  cr_assert_eq(mp__fail(MP_EBUSY, "outer call: %s (and more)", mp_last_error()),
+               MP_EBUSY);
+  cr_expect_str_eq(mp_last_error(), "outer call: inner reason 42 (and more)");
+}
+
+Test(error_messages, a_long_message_is_cut_not_overrun) {
+  char big[2000];
+  memset(big, 'x', sizeof big - 1);
+  big[sizeof big - 1] = '\0';
+  mp__fail(MP_EINVAL, "%s", big);
+  size_t n = strlen(mp_last_error());
+  cr_expect_gt(n, 100);
+  cr_expect_lt(n, sizeof big - 1);
+  /* Quoting a full buffer in a longer message is cut too. */
+  mp__fail(MP_EINVAL, "again: %s", mp_last_error());
+  cr_expect_eq(strncmp(mp_last_error(), "again: xxx", 10), 0, "%s",
+               mp_last_error());
+  cr_expect_eq(strlen(mp_last_error()), n);
+}
