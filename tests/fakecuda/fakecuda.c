@@ -27,7 +27,9 @@
  * the call counts at exit; FAKECUDA_DEAD_STREAMS=refuse answers a destroyed
  * stream's handle with CUDA_ERROR_INVALID_HANDLE instead of stopping the
  * process (fk_dead_or_bad); FAKECUDA_UNMAP_IN_USE=refuse likewise answers
- * an unmap of memory queued work still uses (fk_flight_t). Errors a test may
+ * an unmap of memory queued work still uses (fk_flight_t);
+ * FAKECUDA_IPC_INTERIOR=1 lets cuIpcGetMemHandle take a pointer inside an
+ * allocation (see IPC below). Errors a test may
  * count: cuFakeGetErrorCount.
  *
  * CUDA's rules it keeps strictly (each with a test in
@@ -374,6 +376,7 @@ typedef struct fk_range {
   int ipc_fd;                 /* allocations: the descriptor cuIpcGetMemHandle
                                  exported (closed at cuMemFree), or -1 */
   bool ipc_open;              /* a cuIpcOpenMemHandle mapping */
+  bool stream_ordered;        /* cuMemAllocAsync's, not cuMemAlloc's */
 } fk_range_t;
 
 static struct {
@@ -1742,7 +1745,8 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
   return fk_result_of(mp_device_mem_info(dev, free_bytes, total_bytes));
 }
 
-static CUresult fk_alloc(mp_device_t *dev, CUdeviceptr *dptr, size_t bytes) {
+static CUresult fk_alloc(mp_device_t *dev, CUdeviceptr *dptr, size_t bytes,
+                         bool stream_ordered) {
   if (dptr == NULL || bytes == 0)
     return CUDA_ERROR_INVALID_VALUE;
   void *p = NULL;
@@ -1752,7 +1756,8 @@ static CUresult fk_alloc(mp_device_t *dev, CUdeviceptr *dptr, size_t bytes) {
   fk_range_t r = {.base = (uintptr_t)p,
                   .size = bytes,
                   .ctx = fk_stack[fk_depth - 1],
-                  .ipc_fd = -1};
+                  .ipc_fd = -1,
+                  .stream_ordered = stream_ordered};
   if (!fk_range_add(r)) {
     (void)mp_device_free(dev, p);
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1797,7 +1802,7 @@ static CUresult fk_free(mp_device_t *dev, CUdeviceptr dptr) {
 static CUresult fk_alloc_sync(mp_device_t *dev, CUdeviceptr *dptr,
                               size_t bytes) {
   CUresult r = fk_unsafe();
-  return r == CUDA_SUCCESS ? fk_alloc(dev, dptr, bytes) : r;
+  return r == CUDA_SUCCESS ? fk_alloc(dev, dptr, bytes, false) : r;
 }
 
 static CUresult fk_free_sync(mp_device_t *dev, CUdeviceptr dptr) {
@@ -1826,7 +1831,7 @@ static CUresult fk_alloc_async(mp_device_t *dev, CUdeviceptr *dptr,
     if (!valid)
       return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
   }
-  r = fk_alloc(dev, dptr, bytes);
+  r = fk_alloc(dev, dptr, bytes, true);
   if (r != CUDA_SUCCESS || cap == NULL)
     return r;
   r = fk_capturing_stream(dev, s, ptsz, &cap);
@@ -2998,7 +3003,15 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
  * Rules kept (cuda.h): cuMemExportToShareableHandle needs flags 0 and a
  * handle created with the requested type in requestedHandleTypes
  * (CUmemAllocationProp: "bitmask indicating intended handle types");
- * cuIpcGetMemHandle takes the base of a cuMemAlloc allocation only;
+ * cuIpcGetMemHandle takes "a pointer to the base of an existing device
+ * memory allocation created with ::cuMemAlloc" only (not cuMemCreate
+ * mappings, not cuMemAllocAsync's stream-ordered memory), and the handle
+ * names that whole allocation; FAKECUDA_IPC_INTERIOR=1 also takes a pointer
+ * inside one and exports the whole allocation, which the importer then
+ * opens at its base: what a real driver is seen to do (vLLM's custom
+ * all-reduce shares "the base address of each allocation, or we get wrong
+ * address"), for tests that show what a program sharing a sub-allocated
+ * pointer gets;
  * cuIpcOpenMemHandle's flags must be CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS and
  * its memory is released with cuIpcCloseMemHandle, never cuMemFree.
  * Limits: a cuMemCreate handle can be exported only while it is mapped
@@ -3088,8 +3101,9 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
   if (pHandle == NULL)
     return CUDA_ERROR_INVALID_VALUE;
   fk_range_t r;
-  if (!fk_range_find((uintptr_t)dptr, &r) || r.base != (uintptr_t)dptr ||
-      r.phys != NULL || r.ipc_open)
+  if (!fk_range_find((uintptr_t)dptr, &r) || r.phys != NULL || r.ipc_open ||
+      r.stream_ordered ||
+      (r.base != (uintptr_t)dptr && !fk_env_flag("FAKECUDA_IPC_INTERIOR")))
     return CUDA_ERROR_INVALID_VALUE; /* the base of a cuMemAlloc only */
   int fd = r.ipc_fd;
   if (fd < 0) {

@@ -510,4 +510,37 @@ Test(fakecuda_rules, a_mapping_is_accessible_only_as_cu_mem_set_access_says) {
   cr_assert_eq(cuMemRelease(h), CUDA_SUCCESS);
   cr_assert_eq(cuMemAddressFree(va, g), CUDA_SUCCESS);
   cr_assert_eq(cuMemFree(buf), CUDA_SUCCESS);
+
+/* cuIpcGetMemHandle takes "a pointer to the base of an existing device
+ * memory allocation created with ::cuMemAlloc" (cuda.h): a cuMemCreate
+ * mapping and cuMemAllocAsync's stream-ordered memory have no such handle
+ * (their IPC is cuMemExportToShareableHandle and the memory pools' export),
+ * and on the fake neither has a pointer inside an allocation, unless
+ * FAKECUDA_IPC_INTERIOR=1 asks for what a real driver is seen to do: a
+ * handle of the whole allocation. */
+Test(fakecuda_rules, ipc_handles_are_of_the_start_of_cuMemAlloc_memory_only) {
+  CUipcMemHandle h;
+  CUdeviceptr d, a;
+  cr_assert_eq(cuMemAlloc(&d, 1 << 20), CUDA_SUCCESS);
+  cr_expect_eq(cuIpcGetMemHandle(&h, d), CUDA_SUCCESS);
+  if (!fk_real()) {
+    cr_expect_eq(cuIpcGetMemHandle(&h, d + 4096), CUDA_ERROR_INVALID_VALUE,
+                 "a pointer inside the allocation");
+    setenv("FAKECUDA_IPC_INTERIOR", "1", 1);
+    cr_expect_eq(cuIpcGetMemHandle(&h, d + 4096), CUDA_SUCCESS);
+    unsetenv("FAKECUDA_IPC_INTERIOR");
+  }
+  cr_assert_eq(cuMemAllocAsync(&a, 1 << 20, NULL), CUDA_SUCCESS);
+  cr_expect_neq(cuIpcGetMemHandle(&h, a), CUDA_SUCCESS,
+                "stream-ordered memory");
+  cr_assert_eq(cuMemFreeAsync(a, NULL), CUDA_SUCCESS);
+  CUdeviceptr va;
+  size_t g;
+  CUmemGenericAllocationHandle m = map_granule(&va, &g);
+  cr_expect_neq(cuIpcGetMemHandle(&h, va), CUDA_SUCCESS, "a cuMemMap mapping");
+  cr_assert_eq(cuMemUnmap(va, g), CUDA_SUCCESS);
+  cr_assert_eq(cuMemRelease(m), CUDA_SUCCESS);
+  cr_assert_eq(cuMemAddressFree(va, g), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxSynchronize(), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
 }
