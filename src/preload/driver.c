@@ -199,7 +199,10 @@ mp__curesult cuMemGetInfo_v2(size_t *free, size_t *total) {
 
 /* A sub-allocated pointer's range is its block, not the pool's segment:
  * what the program asked for is what it gets back; cuPointerGetAttribute's
- * range start and size say the same. */
+ * range start and size say the same. A program that shares memory with
+ * another process sends a CUipcMemHandle of that range's start and the
+ * offset from it: cuIpcGetMemHandle below refuses the blocks for which that
+ * would be wrong. */
 mp__curesult cuMemGetAddressRange_v2(mp__cuptr *pbase, size_t *psize,
                                      mp__cuptr dptr) {
   mp__pl_block_t b;
@@ -233,4 +236,53 @@ mp__curesult cuPointerGetAttribute(void *data, unsigned int attribute,
   return rc->cuPointerGetAttribute
              ? rc->cuPointerGetAttribute(data, attribute, ptr)
              : MP__CU_NOT_INITIALIZED;
+}
+
+/* Whether pool block b starts the device allocation that holds it (the
+ * real driver's range of its address): a plain segment's first block. */
+static bool mp__pl_starts_allocation(const mp__pl_block_t *b) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__cuptr base = 0;
+  size_t size = 0;
+  return rc->cuMemGetAddressRange_v2 != NULL &&
+         rc->cuMemGetAddressRange_v2(&base, &size, (mp__cuptr)b->ptr) ==
+             MP__CU_SUCCESS &&
+         base == (mp__cuptr)b->ptr;
+}
+
+/* A CUipcMemHandle names a whole device allocation, "created with
+ * ::cuMemAlloc" (cuda.h), and the importer's cuIpcOpenMemHandle maps it at
+ * its start; the program adds the offset it computed from the range start,
+ * which the shim answers with the block. So a pool block gets a handle only
+ * where the two starts agree: a block that begins its plain segment (the
+ * driver then answers as for any cuMemAlloc). Any other block would come
+ * out at the wrong address in the importer, silently: it is refused with
+ * CUDA_ERROR_NOT_SUPPORTED, said on stderr. Memory the shim did not hand
+ * out goes to the driver. The importer's side (cuIpcOpenMemHandle,
+ * cuIpcCloseMemHandle) maps another process's memory, never the pool's,
+ * and is not hooked. */
+mp__curesult cuIpcGetMemHandle(mp__cuipcmemhandle *pHandle, mp__cuptr dptr) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__pl_block_t b;
+  bool pool = mp__pl_table_find_pool((uintptr_t)dptr, &b);
+  if (pool && !mp__pl_starts_allocation(&b)) {
+    MP__PL_SAY("cuIpcGetMemHandle(%p) refused: the pool block at %p (%zu "
+               "bytes) does not start the device allocation holding it, so "
+               "the importer would open that allocation at another address "
+               "than the block's; MEMPOOL_CONF=virtual=0 gives requests "
+               "above segment_bytes/2 device allocations of their own, "
+               "which can be shared (see README, LD_PRELOAD)",
+               (void *)(uintptr_t)dptr, (void *)b.ptr, b.size);
+    return MP__CU_NOT_SUPPORTED;
+  }
+  if (rc->cuIpcGetMemHandle == NULL)
+    return MP__CU_NOT_INITIALIZED;
+  mp__curesult r = rc->cuIpcGetMemHandle(pHandle, dptr);
+  if (pool && r != MP__CU_SUCCESS)
+    MP__PL_SAY("cuIpcGetMemHandle(%p): the driver refused the pool block "
+               "(error %u); CUDA makes these handles of cuMemAlloc memory "
+               "only, and the pool's virtual range is not: "
+               "MEMPOOL_CONF=virtual=0 (see README, LD_PRELOAD)",
+               (void *)(uintptr_t)dptr, r);
+  return r;
 }

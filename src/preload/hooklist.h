@@ -36,6 +36,7 @@
     (mp__cuptr *, size_t *, mp__cuptr))                                        \
   X(cu, mp__curesult, cuPointerGetAttribute,                                   \
     (void *, unsigned int, mp__cuptr))                                         \
+  X(cu, mp__curesult, cuIpcGetMemHandle, (mp__cuipcmemhandle *, mp__cuptr))    \
   /* lookup.c */                                                               \
   X(cu, mp__curesult, cuGetProcAddress,                                        \
     (const char *, void **, int, uint64_t))                                    \

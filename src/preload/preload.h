@@ -47,10 +47,13 @@ typedef struct CUgraph_st *mp__cugraph;         /* CUgraph == cudaGraph_t */
 typedef struct CUgraphExec_st *mp__cugraphexec; /* CUgraphExec */
 /* CUDA_GRAPH_INSTANTIATE_PARAMS *, passed through untouched */
 typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st *mp__cugraphparams;
+/* CUipcMemHandle (64 opaque bytes), only ever passed on by address */
+typedef struct CUipcMemHandle_st mp__cuipcmemhandle;
 #define MP__CU_SUCCESS             0u
 #define MP__CU_INVALID_VALUE       1u
 #define MP__CU_OUT_OF_MEMORY       2u
 #define MP__CU_NOT_INITIALIZED     3u
+#define MP__CU_NOT_SUPPORTED       801u
 #define MP__CU_NO_DEVICE           100u
 #define MP__CU_UNKNOWN             999u
 #define MP__CUDA_SUCCESS           0u

@@ -144,6 +144,36 @@ PY
     fail "pinned_drv_prog: report or trace: $(cat "$work/pinned.report.json")"
 fi
 
+# 5. IPC on the real driver (the twin of integration_preload_ipc): a
+#    CUipcMemHandle of the range start the shim answers plus the offset
+#    from it, opened by a second process that writes there. Without the
+#    shim both buffers are shared; under it (virtual=0) the block that
+#    starts its plain segment is shared and the one inside it refused
+#    (801, CUDA_ERROR_NOT_SUPPORTED) instead of shared at the wrong
+#    address; a block of the virtual range is refused.
+ipc=$build/tests/preload/preload_ipc_prog
+if [ -x "$ipc" ]; then
+  real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
+  for which in first second; do
+    LD_LIBRARY_PATH="$(dirname "$real")" "$ipc" $which >"$work/ipc.out" 2>&1
+    [ "$(cat "$work/ipc.out")" = shared ] ||
+      fail "ipc_prog $which without the shim: $(cat "$work/ipc.out")"
+  done
+  for want in "first virtual=0 shared" "second virtual=0 refused 801" \
+    "first virtual=1 refused" "second virtual=1 refused 801"; do
+    which=${want%% *} rest=${want#* }
+    conf=${rest%% *} expect=${rest#* }
+    LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
+      MEMPOOL_DEVICE=cuda MEMPOOL_CONF=$conf "$ipc" "$which" \
+      >"$work/ipc.out" 2>"$work/ipc.err" ||
+      fail "ipc_prog $which $conf: $(cat "$work/ipc.out" "$work/ipc.err")"
+    case "$(cat "$work/ipc.out")" in
+    "$expect"*) ;;
+    *) fail "ipc_prog $which $conf: want '$expect': $(cat "$work/ipc.out" "$work/ipc.err")" ;;
+    esac
+  done
+fi
+
 if [ -f "$lib" ]; then
   python3 "$here/torch_smoke.py" "$lib"
   rc=$?
