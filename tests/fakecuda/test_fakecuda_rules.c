@@ -510,6 +510,7 @@ Test(fakecuda_rules, a_mapping_is_accessible_only_as_cu_mem_set_access_says) {
   cr_assert_eq(cuMemRelease(h), CUDA_SUCCESS);
   cr_assert_eq(cuMemAddressFree(va, g), CUDA_SUCCESS);
   cr_assert_eq(cuMemFree(buf), CUDA_SUCCESS);
+}
 
 /* cuIpcGetMemHandle takes "a pointer to the base of an existing device
  * memory allocation created with ::cuMemAlloc" (cuda.h): a cuMemCreate
