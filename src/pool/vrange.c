@@ -14,9 +14,11 @@
  * lack is mapped, at the hole's edge next to them; at the top, what the
  * free top block lacks, preferably max(segment_bytes, reserved/128 capped
  * at 16 MiB). The smallest need wins (the top on ties: its step saves later
- * calls). Rounded to the granule; near the cap, the exact need. What is
- * mapped is one chunk, or (map_piece) adjacent chunks of at most map_piece
- * each, which can go back one by one.
+ * calls). Rounded to the granule; near the cap, the exact need (and where
+ * even that is more than is left but the request is not: a plain segment
+ * of the request's size, mp__vrange_grow). What is mapped is one chunk, or
+ * (map_piece) adjacent chunks of at most map_piece each, which can go back
+ * one by one.
  *
  * Release: a free chunk (one lying wholly inside a free block whose work is
  * done) can be unmapped wherever it is: the block around it splits into a
@@ -643,8 +645,20 @@ mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
     if (p.hole != NULL && p.jn && !p.jp)
       p.at = p.hole->addr + p.hole->size - grow;
   }
-  if (grow > room)
+  if (grow > room) {
+    /* Whole granules do not fit what is left under the cap, but the
+     * request does: a plain segment of its own size (mp__plain_grow takes
+     * exactly size when its rounding does not fit), if the device gives
+     * one. A range of the cap's size (before 2026-11-29) did so by running
+     * out: staging completed on a 86.6 MiB host device, then needed 88.0
+     * (its 6.56 MiB request found 7 MiB left, the granules asked 8). */
+    if (size <= room) {
+      mp_status_t st = mp__plain_grow(pool, size, sidx, fresh);
+      if (st == MP_OK || st == MP__EHOST)
+        return st;
+    }
     return mp__segment_limit(pool);
+  }
   /* One mapping, or (map_piece) pieces of at most map_piece, each its own
    * mapping: CUDA unmaps only whole mappings, so a piece can go back
    * (reclaim, trim) once it alone is free, where one big mapping waits

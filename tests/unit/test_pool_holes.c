@@ -203,6 +203,29 @@ Test(pool_holes, the_range_outlasts_the_holes_reclaim_leaves) {
   finish_without_v1(p, dev, v, x);
 }
 
+/* On a 9 MiB device four 2 MiB chunks leave 1 MiB: a 1 MiB request needs
+ * a whole 2 MiB granule of the range, more than the device has left, but
+ * fits a plain segment of its own size. Before, the growth failed and so
+ * did the allocation (MP_ENOMEM), with 1 MiB of the device unused. */
+Test(pool_holes, a_request_whole_granules_cannot_fit_goes_plain) {
+  mp_device_t *dev = fake_open(9 * MiB, 2 * MiB);
+  mp_pool_t *p = make_pool(dev, NULL);
+  void *v[4], *x;
+  for (int i = 0; i < 4; i++)
+    cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &v[i]), MP_OK);
+  cr_assert_eq(stats(p).reserved_bytes, 8 * MiB);
+  cr_assert_eq(mp_pool_alloc(p, MiB, NULL, &x), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(fake_of(dev)->nplain, 1, "a plain segment");
+  cr_expect_eq(fake_of(dev)->used, 9 * MiB);
+  cr_expect_eq(stats(p).reserved_bytes, 9 * MiB);
+  cr_expect_eq(p->vseg->size, 8 * MiB, "the range as it was");
+  check(p);
+  for (int i = 0; i < 4; i++)
+    mp_pool_free(p, v[i]);
+  mp_pool_free(p, x);
+  fake_pool_finish(p, dev);
+}
+
 Test(pool_holes, trim_keeps_what_it_is_asked_to_keep_in_the_range) {
   mp_device_t *dev;
   void *v[4];
