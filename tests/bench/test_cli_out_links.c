@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cli_files.h"
 #include "cli_run.h"
 #include "mpbench.h"
 
@@ -25,26 +26,6 @@ static void make_tmp(void) {
   cr_assert_eq(mkdir(docs, 0777), 0);
 }
 
-static void rm_tree(const char *dir) {
-  DIR *d = opendir(dir);
-  if (d == NULL)
-    return;
-  struct dirent *e;
-  char p[1024];
-  while ((e = readdir(d)) != NULL) {
-    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-      continue;
-    snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-    struct stat sb;
-    if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
-      rm_tree(p);
-    else
-      unlink(p);
-  }
-  closedir(d);
-  rmdir(dir);
-}
-
 static void drop_tmp(void) {
   rm_tree(tmpdir);
 }
@@ -54,16 +35,6 @@ static void put(const char *path, const char *text) {
   cr_assert_not_null(f, "cannot write %s", path);
   fputs(text, f);
   fclose(f);
-}
-
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "rb");
-  cr_assert_not_null(f, "cannot open %s", path);
-  static char buf[1 << 20];
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  return buf;
 }
 
 /* out/name made a link to target (as given: relative or absolute). */

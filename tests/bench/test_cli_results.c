@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cli_files.h"
 #include "cli_run.h"
 #include "mpbench.h"
 
@@ -17,26 +18,6 @@ static char tmpdir[256];
 static void make_tmp(void) {
   snprintf(tmpdir, sizeof tmpdir, "/tmp/mpbench-test-XXXXXX");
   cr_assert_not_null(mkdtemp(tmpdir));
-}
-
-static void rm_tree(const char *dir) {
-  DIR *d = opendir(dir);
-  if (d == NULL)
-    return;
-  struct dirent *e;
-  char p[1024];
-  while ((e = readdir(d)) != NULL) {
-    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-      continue;
-    snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-    struct stat sb;
-    if (stat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
-      rm_tree(p);
-    else
-      unlink(p);
-  }
-  closedir(d);
-  rmdir(dir);
 }
 
 static void drop_tmp(void) {
@@ -51,16 +32,6 @@ static bool exists(const char *dir, const char *name) {
   char p[1024];
   snprintf(p, sizeof p, "%s/%s", dir, name);
   return access(p, F_OK) == 0;
-}
-
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "rb");
-  cr_assert_not_null(f, "cannot open %s", path);
-  static char buf[1 << 20];
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  return buf;
 }
 
 static unsigned long long json_u64(const char *obj, const char *key) {
