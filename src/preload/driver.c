@@ -219,6 +219,35 @@ mp__curesult cuMemGetAddressRange_v2(mp__cuptr *pbase, size_t *psize,
              : MP__CU_NOT_INITIALIZED;
 }
 
+/* Whether pool block b starts the device allocation that holds it (the
+ * real driver's range of its address): a plain segment's first block. */
+static bool mp__pl_starts_allocation(const mp__pl_block_t *b) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__cuptr base = 0;
+  size_t size = 0;
+  return rc->cuMemGetAddressRange_v2 != NULL &&
+         rc->cuMemGetAddressRange_v2(&base, &size, (mp__cuptr)b->ptr) ==
+             MP__CU_SUCCESS &&
+         base == (mp__cuptr)b->ptr;
+}
+
+/* Whether dptr lies in a pool block that cuIpcGetMemHandle refuses (b:
+ * that block): one that does not start its device allocation (see
+ * cuIpcGetMemHandle below). */
+static bool mp__pl_ipc_refused(mp__cuptr dptr, mp__pl_block_t *b) {
+  return mp__pl_table_find_pool((uintptr_t)dptr, b) &&
+         !mp__pl_starts_allocation(b);
+}
+
+/* The range of a pool block is the block (above). IS_LEGACY_CUDA_IPC_CAPABLE
+ * says whether cuIpcGetMemHandle would give the pointer's allocation a
+ * handle, and libraries (NCCL) ask it before choosing that path: for a
+ * block the hook below refuses it is 0, as the refusal; for any other
+ * pointer the driver answers. Its type: cuda.h says "Returns in \p *data a
+ * boolean" without naming a C type; the one boolean pointer attribute whose
+ * C type it names, SYNC_MEMOPS, is "a pointer to an unsigned integer"
+ * (cuPointerSetAttribute), and programs pass an int (NCCL) or unsigned int:
+ * an unsigned int is written, 4 bytes, never more. */
 mp__curesult cuPointerGetAttribute(void *data, unsigned int attribute,
                                    mp__cuptr ptr) {
   mp__pl_block_t b;
@@ -232,22 +261,15 @@ mp__curesult cuPointerGetAttribute(void *data, unsigned int attribute,
       *(size_t *)data = b.size;
     return MP__CU_SUCCESS;
   }
+  if (data != NULL && attribute == MP__CU_POINTER_LEGACY_IPC &&
+      mp__pl_ipc_refused(ptr, &b)) {
+    *(unsigned int *)data = 0;
+    return MP__CU_SUCCESS;
+  }
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   return rc->cuPointerGetAttribute
              ? rc->cuPointerGetAttribute(data, attribute, ptr)
              : MP__CU_NOT_INITIALIZED;
-}
-
-/* Whether pool block b starts the device allocation that holds it (the
- * real driver's range of its address): a plain segment's first block. */
-static bool mp__pl_starts_allocation(const mp__pl_block_t *b) {
-  const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  mp__cuptr base = 0;
-  size_t size = 0;
-  return rc->cuMemGetAddressRange_v2 != NULL &&
-         rc->cuMemGetAddressRange_v2(&base, &size, (mp__cuptr)b->ptr) ==
-             MP__CU_SUCCESS &&
-         base == (mp__cuptr)b->ptr;
 }
 
 /* A CUipcMemHandle names a whole device allocation, "created with

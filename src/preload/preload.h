@@ -62,6 +62,8 @@ typedef struct CUipcMemHandle_st mp__cuipcmemhandle;
 #define MP__CUDA_INIT_ERROR        3u
 #define MP__CUDA_NO_DEVICE         100u
 #define MP__CUDA_UNKNOWN           999u
+#define MP__CU_POINTER_LEGACY_IPC                                              \
+  10u /* CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE */
 #define MP__CU_POINTER_RANGE_START                                             \
   11u /* CU_POINTER_ATTRIBUTE_RANGE_START_ADDR */
 #define MP__CU_POINTER_RANGE_SIZE 12u /* CU_POINTER_ATTRIBUTE_RANGE_SIZE */

@@ -25,6 +25,9 @@ _Static_assert(CU_POINTER_ATTRIBUTE_RANGE_START_ADDR ==
                        MP__CU_POINTER_RANGE_START &&
                    CU_POINTER_ATTRIBUTE_RANGE_SIZE == MP__CU_POINTER_RANGE_SIZE,
                "pointer attributes");
+_Static_assert(CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE ==
+                   MP__CU_POINTER_LEGACY_IPC,
+               "pointer attributes");
 _Static_assert(CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM ==
                    MP__CU_PROC_PER_THREAD,
                "flags");

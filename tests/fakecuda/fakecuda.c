@@ -3190,8 +3190,11 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
 
 /* The attributes the shim answers for pool memory (cuda.h,
  * CUpointer_attribute): RANGE_START_ADDR and RANGE_SIZE are the
- * allocation or mapping holding ptr, as cuMemGetAddressRange says; other
- * attributes are not modelled. */
+ * allocation or mapping holding ptr, as cuMemGetAddressRange says;
+ * IS_LEGACY_CUDA_IPC_CAPABLE ("suitable for ::cudaIpcGetMemHandle") is 1
+ * in a cuMemAlloc allocation, 0 in a cuMemCreate mapping, stream-ordered
+ * memory or an opened CUipcMemHandle (what cuIpcGetMemHandle refuses),
+ * written as an unsigned int; other attributes are not modelled. */
 CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute,
                                CUdeviceptr ptr) {
   FK_COUNT(cuPointerGetAttribute);
@@ -3207,6 +3210,10 @@ CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute,
     return CUDA_SUCCESS;
   case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
     *(size_t *)data = r.size;
+    return CUDA_SUCCESS;
+  case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+    *(unsigned int *)data =
+        r.phys == NULL && !r.ipc_open && !r.stream_ordered ? 1u : 0u;
     return CUDA_SUCCESS;
   default: return CUDA_ERROR_NOT_SUPPORTED;
   }

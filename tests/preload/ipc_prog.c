@@ -17,6 +17,17 @@
  *                           "refused <error>" when cuIpcGetMemHandle fails
  *                           (both exit 0); "WRONG ..." and exit 1 when the
  *                           importer wrote anywhere else.
+ *                           Before asking for the handle it asks, as NCCL
+ *                           does, cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_
+ *                           CAPABLE) of the range start: "WRONG ..." and
+ *                           exit 1 when that answer and cuIpcGetMemHandle's
+ *                           disagree.
+ *   ipc_prog capable first|second
+ *                           prints "capable B I": that attribute of the
+ *                           buffer's range start (B) and of an address
+ *                           inside the buffer (I), each 0 or 1; "WRONG ..."
+ *                           and exit 1 when the answer is neither or runs
+ *                           past the unsigned int it is written as.
  *   ipc_prog open HEX OFF   the importer: HEX is the handle's 64 bytes.
  * Under the shim with MEMPOOL_CONF=virtual=0 the two buffers share one plain
  * segment: the first starts it, the second does not. */
@@ -78,6 +89,55 @@ static int holds(CUdeviceptr p, unsigned char v, unsigned char *seen) {
   return 1;
 }
 
+/* IS_LEGACY_CUDA_IPC_CAPABLE of p (0 or 1) into *cap; the answer must fit
+ * the unsigned int it is written as (cuda.h: "a boolean"): the bytes
+ * after it are checked untouched. */
+static int legacy_ipc_capable(CUdeviceptr p, unsigned int *cap) {
+  union {
+    unsigned int v;
+    unsigned char b[2 * sizeof(unsigned int)];
+  } u;
+  memset(&u, 0x5A, sizeof u);
+  CUresult r = cuPointerGetAttribute(
+      &u.v, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p);
+  if (r != CUDA_SUCCESS) {
+    printf("WRONG: IS_LEGACY_CUDA_IPC_CAPABLE of %llx: error %d\n",
+           (unsigned long long)p, (int)r);
+    return 1;
+  }
+  for (size_t i = sizeof u.v; i < sizeof u.b; i++)
+    if (u.b[i] != 0x5A) {
+      printf("WRONG: IS_LEGACY_CUDA_IPC_CAPABLE wrote past an unsigned "
+             "int\n");
+      return 1;
+    }
+  if (u.v > 1) {
+    printf("WRONG: IS_LEGACY_CUDA_IPC_CAPABLE is %u\n", u.v);
+    return 1;
+  }
+  *cap = u.v;
+  return 0;
+}
+
+static int capable(int second) {
+  if (start() != 0)
+    return 1;
+  CUdeviceptr d[2], base = 0;
+  MP_TRY(cuMemAlloc(&d[0], MP_BYTES));
+  MP_TRY(cuMemAlloc(&d[1], MP_BYTES));
+  CUdeviceptr p = d[second];
+  MP_TRY(
+      cuPointerGetAttribute(&base, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p));
+  unsigned int b = 2, i = 2;
+  if (legacy_ipc_capable(base, &b) != 0 ||
+      legacy_ipc_capable(p + MP_BYTES / 2, &i) != 0)
+    return 1;
+  MP_TRY(cuMemFree(d[0]));
+  MP_TRY(cuMemFree(d[1]));
+  printf("capable %u %u\n", b, i);
+  return 0;
+}
+
 static int share(const char *self, int second) {
   if (start() != 0)
     return 1;
@@ -96,8 +156,17 @@ static int share(const char *self, int second) {
            (unsigned long long)base2);
     return 1;
   }
+  unsigned int cap = 2;
+  if (legacy_ipc_capable(base, &cap) != 0)
+    return 1;
   CUipcMemHandle h;
   CUresult r = cuIpcGetMemHandle(&h, base);
+  if ((r == CUDA_SUCCESS) != (cap == 1)) {
+    printf("WRONG: IS_LEGACY_CUDA_IPC_CAPABLE is %u, cuIpcGetMemHandle "
+           "answered %d\n",
+           cap, (int)r);
+    return 1;
+  }
   if (r != CUDA_SUCCESS) {
     printf("refused %d\n", (int)r);
     return 0;
@@ -136,9 +205,13 @@ static int share(const char *self, int second) {
 int main(int argc, char **argv) {
   if (argc == 4 && strcmp(argv[1], "open") == 0)
     return import(argv[2], argv[3]);
+  if (argc == 3 && strcmp(argv[1], "capable") == 0 &&
+      (strcmp(argv[2], "first") == 0 || strcmp(argv[2], "second") == 0))
+    return capable(strcmp(argv[2], "second") == 0);
   if (argc == 2 &&
       (strcmp(argv[1], "first") == 0 || strcmp(argv[1], "second") == 0))
     return share(argv[0], strcmp(argv[1], "second") == 0);
-  fprintf(stderr, "usage: ipc_prog first|second | open HEX OFFSET\n");
+  fprintf(stderr, "usage: ipc_prog first|second | capable first|second | "
+                  "open HEX OFFSET\n");
   return 2;
 }

@@ -10,17 +10,24 @@
 
 static spawn_result_t r;
 
-/* ipc_prog `which` with the shim (MEMPOOL_CONF=conf; NULL: no shim) and
- * extra ("K=V" or NULL) in the environment. */
-static void run(const char *which, const char *conf, const char *extra) {
+/* ipc_prog `which` (or `capable which` where mode is "capable") with the
+ * shim (MEMPOOL_CONF=conf; NULL: no shim) and extra ("K=V" or NULL) in the
+ * environment. */
+static void run_mode(const char *mode, const char *which, const char *conf,
+                     const char *extra) {
   char env_conf[128];
   snprintf(env_conf, sizeof env_conf, "MEMPOOL_CONF=%s", conf ? conf : "");
-  const char *argv[] = {MP_IPC_PROG, which, NULL};
+  const char *argv[] = {MP_IPC_PROG, mode ? mode : which, mode ? which : NULL,
+                        NULL};
   const char *env[] = {conf ? "LD_PRELOAD=" MP_SHIM : "LD_PRELOAD=",
                        "MEMPOOL_DEVICE=cuda", env_conf, extra, NULL};
   spawn(argv, env, &r);
   cr_assert(r.exited && r.code == 0, "%s: out: %s\nerr: %s", which, r.out,
             r.err);
+}
+
+static void run(const char *which, const char *conf, const char *extra) {
+  run_mode(NULL, which, conf, extra);
 }
 
 Test(preload_ipc, without_the_shim_each_allocation_is_shared) {
@@ -61,4 +68,30 @@ Test(preload_ipc, a_block_of_the_virtual_range_is_refused_with_the_reason) {
   run("second", "virtual=1", "FAKECUDA_IPC_INTERIOR=1");
   cr_assert_str_eq(r.out, "refused 801\n", "err: %s", r.err);
   cr_assert(strstr(r.err, "MEMPOOL_CONF=virtual=0") != NULL, "%s", r.err);
+}
+
+/* NCCL asks cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE) of the range
+ * start before it takes the legacy IPC path. The driver says 1 for any
+ * address of a cuMemAlloc allocation, so for a block inside a plain
+ * segment it said 1 where the shim refuses the handle: it says 0 there
+ * now, of the block's start and of any address in it, and the driver
+ * answers for the block that starts its segment (1) and the virtual
+ * range (0). ipc_prog also checks, in every run above, that the attribute
+ * and cuIpcGetMemHandle agree, and that the answer is an unsigned int. */
+Test(preload_ipc, the_legacy_ipc_attribute_agrees_with_the_handle) {
+  static const struct {
+    const char *which, *conf, *out;
+  } want[] = {
+      {"first", NULL, "capable 1 1\n"},
+      {"second", NULL, "capable 1 1\n"},
+      {"first", "virtual=0", "capable 1 1\n"},
+      {"second", "virtual=0", "capable 0 0\n"},
+      {"first", "virtual=1", "capable 0 0\n"},
+      {"second", "virtual=1", "capable 0 0\n"},
+  };
+  for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+    run_mode("capable", want[i].which, want[i].conf, NULL);
+    cr_assert_str_eq(r.out, want[i].out, "%s %s: err: %s", want[i].which,
+                     want[i].conf ? want[i].conf : "(no shim)", r.err);
+  }
 }

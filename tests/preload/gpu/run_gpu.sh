@@ -150,7 +150,13 @@ fi
 #    shim both buffers are shared; under it (virtual=0) the block that
 #    starts its plain segment is shared and the one inside it refused
 #    (801, CUDA_ERROR_NOT_SUPPORTED) instead of shared at the wrong
-#    address; a block of the virtual range is refused.
+#    address; a block of the virtual range is refused. Each run also checks
+#    that cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE) of the range
+#    start agrees with cuIpcGetMemHandle; "ipc_prog capable" prints that
+#    attribute of the range start and of an address inside the buffer: 1
+#    without the shim, 0 for the block the shim refuses and for the
+#    virtual range (cuMemCreate memory), the driver's 1 for the block that
+#    starts its segment.
 ipc=$build/tests/preload/preload_ipc_prog
 if [ -x "$ipc" ]; then
   real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
@@ -171,6 +177,23 @@ if [ -x "$ipc" ]; then
     "$expect"*) ;;
     *) fail "ipc_prog $which $conf: want '$expect': $(cat "$work/ipc.out" "$work/ipc.err")" ;;
     esac
+  done
+  for which in first second; do
+    LD_LIBRARY_PATH="$(dirname "$real")" "$ipc" capable $which \
+      >"$work/ipc.out" 2>&1
+    [ "$(cat "$work/ipc.out")" = "capable 1 1" ] ||
+      fail "ipc_prog capable $which without the shim: $(cat "$work/ipc.out")"
+  done
+  for want in "first virtual=0 1" "second virtual=0 0" \
+    "first virtual=1 0" "second virtual=1 0"; do
+    which=${want%% *} rest=${want#* }
+    conf=${rest%% *} cap=${rest#* }
+    LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
+      MEMPOOL_DEVICE=cuda MEMPOOL_CONF=$conf "$ipc" capable "$which" \
+      >"$work/ipc.out" 2>"$work/ipc.err" ||
+      fail "ipc_prog capable $which $conf: $(cat "$work/ipc.out" "$work/ipc.err")"
+    [ "$(cat "$work/ipc.out")" = "capable $cap $cap" ] ||
+      fail "ipc_prog capable $which $conf: want 'capable $cap $cap': $(cat "$work/ipc.out" "$work/ipc.err")"
   done
 fi
 
