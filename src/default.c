@@ -129,19 +129,32 @@ void mp__default_each(void (*fn)(mp_pool_t *pool)) {
   }
 }
 
-/* The pool whose memory holds ptr: the calling thread's device's first. */
-mp_pool_t *mp__default_owner(void *ptr) {
-  mp_pool_t *pool = mp_default_pool();
-  if (pool == NULL || mp__default_ordinal < 0 || mp__pool_contains(pool, ptr))
-    return pool;
-  if (mp__pool_contains(mp__default, ptr))
+/* The pool whose memory holds ptr, among the pools already made: as
+ * cudaFree frees memory of any device, whatever device the calling thread
+ * is on, and never makes that device's pool to do it (which could fail and
+ * leave the block allocated). NULL with the error set where no pool holds
+ * ptr (MP_EINVAL, naming fn, the caller's function) or there is none. */
+mp_pool_t *mp__default_owner(void *ptr, const char *fn) {
+  pthread_once(&mp__default_once, mp__default_make);
+  if (mp__default == NULL) {
+    mp__fail(mp__default_status, "default pool unavailable: %s",
+             mp__default_error);
+    return NULL;
+  }
+  /* A backend of one device: its pool is the only one, and says what is
+   * wrong with a pointer it does not hold. */
+  if (mp__default_ordinal < 0 || mp__pool_contains(mp__default, ptr))
     return mp__default;
   for (int i = 0; i < MP__DEFAULT_DEVICES; i++) {
     mp_pool_t *o = atomic_load_explicit(&mp__others[i], memory_order_acquire);
     if (o != NULL && mp__pool_contains(o, ptr))
       return o;
   }
-  return pool; /* nobody's: that pool says so */
+  mp__fail(MP_EINVAL,
+           "%s: %p was not allocated from any device's default pool "
+           "(mp_malloc)",
+           fn, ptr);
+  return NULL;
 }
 
 mp_status_t mp_malloc(void **ptr, size_t bytes) {
@@ -160,9 +173,9 @@ mp_status_t mp_malloc_async(void **ptr, size_t bytes, mp_stream_t s) {
 mp_status_t mp_free(void *ptr) {
   if (ptr == NULL)
     return MP_OK;
-  mp_pool_t *pool = mp__default_owner(ptr);
+  mp_pool_t *pool = mp__default_owner(ptr, "mp_free");
   if (pool == NULL)
-    return mp__default ? MP_ENODEV : mp__default_status;
+    return mp__default ? MP_EINVAL : mp__default_status;
   MP__HIST_ENTRY(pool);
   return mp__pool_free_named(pool, ptr, "mp_free");
 }
@@ -170,8 +183,8 @@ mp_status_t mp_free(void *ptr) {
 mp_status_t mp_free_async(void *ptr, mp_stream_t s) {
   if (ptr == NULL)
     return MP_OK;
-  mp_pool_t *pool = mp__default_owner(ptr);
+  mp_pool_t *pool = mp__default_owner(ptr, "mp_free_async");
   if (pool == NULL)
-    return mp__default ? MP_ENODEV : mp__default_status;
+    return mp__default ? MP_EINVAL : mp__default_status;
   return mp__pool_free_on(pool, ptr, s, "mp_free_async");
 }

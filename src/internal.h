@@ -150,9 +150,10 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
 mp_pool_t *mp__default_pool_for(int device);
 /* fn on every default pool made so far. */
 void mp__default_each(void (*fn)(mp_pool_t *pool));
-/* The default pool whose memory holds ptr (the calling thread's device's
- * when none does: that pool then says so). NULL: no default pool. */
-mp_pool_t *mp__default_owner(void *ptr);
+/* The default pool whose memory holds ptr, whatever the calling thread's
+ * device, among those made (none is made for it). NULL, the error set:
+ * none holds it (MP_EINVAL, the message naming fn) or there is none. */
+mp_pool_t *mp__default_owner(void *ptr, const char *fn);
 
 /* ---- ptrmap.c ---------------------------------------------------------- */
 

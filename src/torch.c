@@ -302,7 +302,7 @@ void mp_torch_free(void *ptr, ssize_t size, int device, mp_stream_t stream) {
   (void)size;
   if (ptr == NULL)
     return;
-  mp_pool_t *pool = mp__default_owner(ptr);
+  mp_pool_t *pool = mp__default_owner(ptr, "mp_torch_free");
   if (pool == NULL)
     return;
   (void)mp__torch_capture_route(pool, device, stream);
@@ -339,7 +339,8 @@ void mp_torch_memory_fraction(double fraction, int device) {
 }
 
 void *mp_torch_base_alloc(void *ptr, size_t *size) {
-  mp_pool_t *pool = ptr != NULL ? mp__default_owner(ptr) : NULL;
+  mp_pool_t *pool =
+      ptr != NULL ? mp__default_owner(ptr, "mp_torch_base_alloc") : NULL;
   void *base = NULL;
   size_t bytes = 0;
   if (pool == NULL || !mp__pool_block_of(pool, ptr, &base, &bytes)) {
@@ -352,7 +353,8 @@ void *mp_torch_base_alloc(void *ptr, size_t *size) {
 }
 
 void mp_torch_record_stream(void *ptr, mp_stream_t stream) {
-  mp_pool_t *pool = ptr != NULL ? mp__default_owner(ptr) : NULL;
+  mp_pool_t *pool =
+      ptr != NULL ? mp__default_owner(ptr, "mp_torch_record_stream") : NULL;
   if (pool == NULL) {
     mp__fail(MP_EINVAL, "mp_torch_record_stream: %p is no pool's", ptr);
     return;

@@ -74,3 +74,41 @@ Test(cuda_default_pool, a_thread_without_a_context_gets_the_first_device,
   cr_assert(strncmp(name, "cuda:0", 6) == 0, "got '%s'", name);
   cr_assert_eq(mp_free(p), MP_OK);
 }
+
+/* cudaFree frees memory of any device, whatever context is current.
+ * mp_free from a thread on device 1, which had no pool yet, made device
+ * 1's pool just to look there first (opening the device: a primary context
+ * retained), and where that pool could not be made the free failed with
+ * MP_ENODEV, leaving device 0's block allocated. It finds the owner among
+ * the pools already made now, and makes none; a pointer none holds is
+ * MP_EINVAL, said so. */
+Test(cuda_default_pool, a_free_on_another_device_makes_no_pool_there,
+     .init = two_devices) {
+  on_device(0);
+  void *p = NULL;
+  cr_assert_eq(mp_malloc(&p, 1u << 20), MP_OK, "%s", mp_last_error());
+  mp_pool_t *pool0 = mp_default_pool();
+  cr_assert_not_null(pool0);
+  on_device(1);
+  long long opened = fk_is_real() ? 0 : fk_calls("cuDevicePrimaryCtxRetain");
+  cr_assert_eq(mp_free(p), MP_OK, "%s", mp_last_error());
+  mp_stats_t s;
+  cr_assert_eq(mp_pool_get_stats(pool0, &s), MP_OK);
+  cr_assert_eq(s.live_blocks, 0);
+  if (!fk_is_real())
+    cr_assert_eq(fk_calls("cuDevicePrimaryCtxRetain"), opened,
+                 "mp_free opened device 1 to make its pool");
+  int local;
+  cr_assert_eq(mp_free(&local), MP_EINVAL);
+  cr_assert(strncmp(mp_last_error(), "mp_free: ", 9) == 0 &&
+                strstr(mp_last_error(), "any device's default pool") != NULL,
+            "%s", mp_last_error());
+  cr_assert_eq(mp_free_async(&local, NULL), MP_EINVAL);
+  cr_assert(strncmp(mp_last_error(), "mp_free_async: ", 15) == 0, "%s",
+            mp_last_error());
+  if (!fk_is_real())
+    cr_assert_eq(fk_calls("cuDevicePrimaryCtxRetain"), opened,
+                 "a refused free opened device 1");
+  cr_assert_eq(cu.release(0), CUDA_SUCCESS);
+  cr_assert_eq(cu.release(1), CUDA_SUCCESS);
+}
