@@ -272,6 +272,37 @@ mp__curesult cuPointerGetAttribute(void *data, unsigned int attribute,
              : MP__CU_NOT_INITIALIZED;
 }
 
+/* The plural answers as cuPointerGetAttribute does, attribute by
+ * attribute: the driver answers the whole list first (cuda.h: for a
+ * pointer it does not know it gives "default NULL values" and
+ * CUDA_SUCCESS), then a pool block's range and IPC capability are written
+ * over its answers, each as the singular writes it. */
+mp__curesult cuPointerGetAttributes(unsigned int numAttributes,
+                                    unsigned int *attributes, void **data,
+                                    mp__cuptr ptr) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  if (rc->cuPointerGetAttributes == NULL)
+    return MP__CU_NOT_INITIALIZED;
+  mp__curesult r =
+      rc->cuPointerGetAttributes(numAttributes, attributes, data, ptr);
+  mp__pl_block_t b;
+  if (r != MP__CU_SUCCESS || attributes == NULL || data == NULL ||
+      !mp__pl_table_find_pool((uintptr_t)ptr, &b))
+    return r;
+  bool refused = !mp__pl_starts_allocation(&b);
+  for (unsigned int i = 0; i < numAttributes; i++) {
+    if (data[i] == NULL)
+      continue;
+    if (attributes[i] == MP__CU_POINTER_RANGE_START)
+      *(mp__cuptr *)data[i] = (mp__cuptr)b.ptr;
+    else if (attributes[i] == MP__CU_POINTER_RANGE_SIZE)
+      *(size_t *)data[i] = b.size;
+    else if (attributes[i] == MP__CU_POINTER_LEGACY_IPC && refused)
+      *(unsigned int *)data[i] = 0;
+  }
+  return r;
+}
+
 /* A CUipcMemHandle names a whole device allocation, "created with
  * ::cuMemAlloc" (cuda.h), and the importer's cuIpcOpenMemHandle maps it at
  * its start; the program adds the offset it computed from the range start,

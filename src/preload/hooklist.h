@@ -36,6 +36,8 @@
     (mp__cuptr *, size_t *, mp__cuptr))                                        \
   X(cu, mp__curesult, cuPointerGetAttribute,                                   \
     (void *, unsigned int, mp__cuptr))                                         \
+  X(cu, mp__curesult, cuPointerGetAttributes,                                  \
+    (unsigned int, unsigned int *, void **, mp__cuptr))                        \
   X(cu, mp__curesult, cuIpcGetMemHandle, (mp__cuipcmemhandle *, mp__cuptr))    \
   /* lookup.c */                                                               \
   X(cu, mp__curesult, cuGetProcAddress,                                        \

@@ -102,6 +102,8 @@ void *mp__pl_proc_hook(const char *symbol, int cuda_version, uint64_t flags) {
     return (void *)&cuStreamCreate;
   if (strcmp(symbol, "cuPointerGetAttribute") == 0)
     return (void *)&cuPointerGetAttribute;
+  if (strcmp(symbol, "cuPointerGetAttributes") == 0)
+    return (void *)&cuPointerGetAttributes;
   if (strcmp(symbol, "cuIpcGetMemHandle") == 0)
     return (void *)&cuIpcGetMemHandle;
   if (strcmp(symbol, "cuStreamCreateWithPriority") == 0)

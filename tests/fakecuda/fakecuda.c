@@ -273,6 +273,7 @@ void cuFakeResetCallCounts(void);
   X(cuIpcOpenMemHandle_v2)                                                     \
   X(cuIpcCloseMemHandle)                                                       \
   X(cuPointerGetAttribute)                                                     \
+  X(cuPointerGetAttributes)                                                    \
   X(cuGetErrorName)                                                            \
   X(cuGetErrorString)                                                          \
   X(cuGetProcAddress)                                                          \
@@ -3195,10 +3196,8 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
  * in a cuMemAlloc allocation, 0 in a cuMemCreate mapping, stream-ordered
  * memory or an opened CUipcMemHandle (what cuIpcGetMemHandle refuses),
  * written as an unsigned int; other attributes are not modelled. */
-CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute,
-                               CUdeviceptr ptr) {
-  FK_COUNT(cuPointerGetAttribute);
-  FK_NEED_INIT();
+static CUresult fk_pointer_attribute(void *data, CUpointer_attribute attribute,
+                                     CUdeviceptr ptr) {
   if (data == NULL)
     return CUDA_ERROR_INVALID_VALUE;
   fk_range_t r;
@@ -3217,6 +3216,50 @@ CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute,
     return CUDA_SUCCESS;
   default: return CUDA_ERROR_NOT_SUPPORTED;
   }
+}
+
+CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute,
+                               CUdeviceptr ptr) {
+  FK_COUNT(cuPointerGetAttribute);
+  FK_NEED_INIT();
+  return fk_pointer_attribute(data, attribute, ptr);
+}
+
+/* The plural: each attribute as cuPointerGetAttribute answers it; for a
+ * pointer the fake does not know, "default NULL values" and CUDA_SUCCESS
+ * (cuda.h). Only the attributes the singular models are answered. */
+CUresult cuPointerGetAttributes(unsigned int numAttributes,
+                                CUpointer_attribute *attributes, void **data,
+                                CUdeviceptr ptr) {
+  FK_COUNT(cuPointerGetAttributes);
+  FK_NEED_INIT();
+  if (attributes == NULL || data == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  fk_range_t r;
+  bool known = fk_range_find((uintptr_t)ptr, &r);
+  for (unsigned int i = 0; i < numAttributes; i++) {
+    if (data[i] == NULL)
+      continue;
+    if (known) {
+      /* Not the exported cuPointerGetAttribute, which a preloaded shim
+       * would answer: the driver's own answer. */
+      CUresult e = fk_pointer_attribute(data[i], attributes[i], ptr);
+      if (e != CUDA_SUCCESS)
+        return e;
+      continue;
+    }
+    switch (attributes[i]) {
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      *(CUdeviceptr *)data[i] = 0;
+      break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data[i] = 0; break;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+      *(unsigned int *)data[i] = 0;
+      break;
+    default: return CUDA_ERROR_NOT_SUPPORTED;
+    }
+  }
+  return CUDA_SUCCESS;
 }
 
 /* Test hook: the devices given access to the mapping holding addr, or -1
@@ -3408,6 +3451,7 @@ static const fk_proc_t fk_procs[] = {
     FK_P("cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2),
     FK_P("cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle),
     FK_P("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
+    FK_P("cuPointerGetAttributes", 7000, cuPointerGetAttributes),
     FK_P("cuMemUnmap", 10020, cuMemUnmap),
     FK_P("cuMemSetAccess", 10020, cuMemSetAccess),
     FK_P("cuGetErrorName", 6000, cuGetErrorName),

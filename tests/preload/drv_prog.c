@@ -70,6 +70,7 @@ static void check_lookups(void *h) {
       {"cuMemGetInfo", "cuMemGetInfo_v2", 3020, 0},
       {"cuMemGetAddressRange", "cuMemGetAddressRange_v2", 3020, 0},
       {"cuPointerGetAttribute", "cuPointerGetAttribute", 4000, 0},
+      {"cuPointerGetAttributes", "cuPointerGetAttributes", 7000, 0},
       {"cuIpcGetMemHandle", "cuIpcGetMemHandle", 4010, 0},
       {"cuMemAllocAsync", "cuMemAllocAsync", 11020, 0},
       {"cuMemAllocAsync", "cuMemAllocAsync_ptsz", 11020, 2},

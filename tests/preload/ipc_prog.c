@@ -27,7 +27,9 @@
  *                           buffer's range start (B) and of an address
  *                           inside the buffer (I), each 0 or 1; "WRONG ..."
  *                           and exit 1 when the answer is neither or runs
- *                           past the unsigned int it is written as.
+ *                           past the unsigned int it is written as, or
+ *                           cuPointerGetAttributes (the plural) answers it
+ *                           or the range start otherwise.
  *   ipc_prog open HEX OFF   the importer: HEX is the handle's 64 bytes.
  * Under the shim with MEMPOOL_CONF=virtual=0 the two buffers share one plain
  * segment: the first starts it, the second does not. */
@@ -132,6 +134,20 @@ static int capable(int second) {
   if (legacy_ipc_capable(base, &b) != 0 ||
       legacy_ipc_capable(p + MP_BYTES / 2, &i) != 0)
     return 1;
+  /* The plural (TensorRT-LLM, UCX) says what the singular says. */
+  CUpointer_attribute attrs[] = {
+      CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+      CU_POINTER_ATTRIBUTE_RANGE_START_ADDR};
+  unsigned int pcap = 2;
+  CUdeviceptr pbase = 0;
+  void *pdata[] = {&pcap, &pbase};
+  MP_TRY(cuPointerGetAttributes(2, attrs, pdata, p + MP_BYTES / 2));
+  if (pcap != i || pbase != base) {
+    printf("WRONG: cuPointerGetAttributes says capable %u, range start "
+           "%llx; cuPointerGetAttribute %u, %llx\n",
+           pcap, (unsigned long long)pbase, i, (unsigned long long)base);
+    return 1;
+  }
   MP_TRY(cuMemFree(d[0]));
   MP_TRY(cuMemFree(d[1]));
   printf("capable %u %u\n", b, i);

@@ -76,8 +76,11 @@ Test(preload_ipc, a_block_of_the_virtual_range_is_refused_with_the_reason) {
  * segment it said 1 where the shim refuses the handle: it says 0 there
  * now, of the block's start and of any address in it, and the driver
  * answers for the block that starts its segment (1) and the virtual
- * range (0). ipc_prog also checks, in every run above, that the attribute
- * and cuIpcGetMemHandle agree, and that the answer is an unsigned int. */
+ * range (0). cuPointerGetAttributes, which the shim did not hook, said
+ * the driver's 1 and the segment's start: ipc_prog checks it says what
+ * the singular says. ipc_prog also checks, in every run above, that the
+ * attribute and cuIpcGetMemHandle agree, and that the answer is an
+ * unsigned int. */
 Test(preload_ipc, the_legacy_ipc_attribute_agrees_with_the_handle) {
   static const struct {
     const char *which, *conf, *out;

@@ -156,7 +156,8 @@ fi
 #    attribute of the range start and of an address inside the buffer: 1
 #    without the shim, 0 for the block the shim refuses and for the
 #    virtual range (cuMemCreate memory), the driver's 1 for the block that
-#    starts its segment.
+#    starts its segment; cuPointerGetAttributes must say what
+#    cuPointerGetAttribute says.
 ipc=$build/tests/preload/preload_ipc_prog
 if [ -x "$ipc" ]; then
   real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
