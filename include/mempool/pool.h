@@ -268,9 +268,11 @@ MP_API mp_status_t mp_pool_mem_info(mp_pool_t *pool, size_t *free_bytes,
  * 0 lifts it. Memory reserved above a new, lower cap stays until trimmed;
  * growth stops there. Not in [0, 1], or a child or graph pool: MP_EINVAL. */
 MP_API mp_status_t mp_pool_set_max_fraction(mp_pool_t *pool, double fraction);
-/* MP_EBUSY while a child pool lives, or while a stream the pool knows is
- * captured without its knowledge (its work cannot be waited for; destroy
- * after the capture ends); else synchronizes the streams that used the
+/* MP_EBUSY while a child pool lives, while a block of a plain segment is
+ * still imported by another process (see IPC below; the message names the
+ * block; destroy after the importer closes it), or while a stream the pool
+ * knows is captured without its knowledge (its work cannot be waited for;
+ * destroy after the capture ends); else synchronizes the streams that used the
  * pool, releases everything and frees the pool. A refusal, or a
  * synchronization that fails (called from a host function), changes
  * nothing: the pool stays as it was. */
@@ -476,9 +478,14 @@ MP_API mp_status_t mp_pool_resume(mp_pool_t *pool);
  * importer must be closed by the exporter (mp_ipc_handle_close), or the
  * block stays held until the pool is destroyed. mp_pool_pause refuses
  * (MP_EBUSY) while any lease is open: the memory would not go back to the
- * device. Destroying the pool closes its leases; what importers still map
- * stays valid on their side (CUDA keeps imported physical memory alive;
- * the host device keeps exported pages).
+ * device. mp_pool_destroy polls the leases too, and refuses (MP_EBUSY,
+ * nothing changed) while a block of a plain segment is still imported:
+ * cuMemFree of the segment before the importer's cuIpcCloseMemHandle is
+ * undefined (cuda.h, cuIpcOpenMemHandle). Otherwise it closes the leases
+ * left, and what importers still map of virtual chunks stays valid on their
+ * side (each import holds its own reference to the physical memory, which
+ * goes only when every mapping and reference is released: cuda.h,
+ * cuMemRelease; the host device keeps exported pages).
  *
  * Limits: a block must lie in one device allocation (a virtual block that
  * spans two mapped chunks, or a block of a child pool: MP_ENOTSUP);

@@ -85,6 +85,36 @@ bool mp__export_hold(mp_pool_t *pool, mp__block_t *b) {
   return true;
 }
 
+/* A plain segment's memory travels as a CUipcMemHandle, and "calling
+ * ::cuMemFree on an exported memory region before calling
+ * ::cuIpcCloseMemHandle in the importing context will result in undefined
+ * behavior" (cuda.h, cuIpcOpenMemHandle): destroy waits for its importers,
+ * as pause does. A chunk of the virtual range needs no wait: the importer
+ * holds its own reference to the physical memory ("the memory allocation
+ * will be freed when all outstanding mappings to the memory are unmapped
+ * and when all outstanding references to the handle (including its
+ * shareable counterparts) are also released", cuda.h, cuMemRelease; each
+ * cuMemImportFromShareableHandle is such a reference). */
+mp_status_t mp__export_destroy_busy(mp_pool_t *pool) {
+  MP__ASSERT_LOCKED(pool);
+  mp__export_reap(pool);
+  for (size_t i = 0; i < pool->nexports; i++) {
+    const mp__block_t *b = pool->exports[i].b;
+    if (b->seg->kind != MP__SEG_PLAIN)
+      continue;
+    return mp__fail(MP_EBUSY,
+                    "mp_pool_destroy: the block at %p (%zu bytes, %s, in the "
+                    "plain segment at %p) is still imported by another "
+                    "process (or a handle of it is still open): its memory "
+                    "may not be freed before the importer closes it "
+                    "(mp_ipc_close); nothing was released",
+                    (void *)b->addr, b->size,
+                    (b->flags & MP__B_HELD) ? "freed, held" : "live",
+                    (void *)b->seg->base);
+  }
+  return MP_OK;
+}
+
 void mp__export_release_all(mp_pool_t *pool) {
   while (pool->nexports > 0)
     mp__export_drop(pool, pool->nexports - 1);

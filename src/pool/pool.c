@@ -207,6 +207,13 @@ mp_status_t mp_pool_destroy(mp_pool_t *pool) {
     return mp__fail(MP_EBUSY, "mp_pool_destroy: %zu child pool%s still live", n,
                     n == 1 ? "" : "s");
   }
+  /* A plain segment still imported by another process may not be freed
+   * yet (export.c); refused, as pause is; nothing changed. */
+  mp_status_t est = mp__export_destroy_busy(pool);
+  if (est != MP_OK) {
+    mp__pool_unlock(pool);
+    return est;
+  }
   /* Its memory goes only once its streams' work is done, found by an event
    * on each: a stream captured without the pool's knowledge would take the
    * event into its graph, and the wait would be an unsafe call (cuda.h,

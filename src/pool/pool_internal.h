@@ -590,6 +590,11 @@ bool mp__export_hold(mp_pool_t *pool, mp__block_t *b);
 /* Closes the leases whose importers have let go (one poll each) and
  * releases held blocks left with none. */
 void mp__export_reap(mp_pool_t *pool);
+/* Destroy's check (lock held), after a poll of every lease: MP_EBUSY, with
+ * a message naming the block, while a block of a plain segment is still
+ * imported elsewhere (its memory may not be freed before the importer
+ * closes it); MP_OK otherwise. */
+mp_status_t mp__export_destroy_busy(mp_pool_t *pool);
 /* Destroy: closes every lease. */
 void mp__export_release_all(mp_pool_t *pool);
 /* mp_pool_check: every record names a live exported block, every exported

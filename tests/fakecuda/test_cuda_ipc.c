@@ -3,7 +3,9 @@
  * cuMemExportToShareableHandle / cuMemImportFromShareableHandle + cuMemMap;
  * plain segments by cuIpcGetMemHandle / cuIpcOpenMemHandle), writes it, and
  * the parent reads what it wrote; a block imported elsewhere is held until
- * the importer lets go; without shareable memory a virtual block is
+ * the importer lets go, and destroy waits for the importers of a plain
+ * segment's block (MP_EBUSY), not a virtual chunk's; without shareable
+ * memory a virtual block is
  * MP_ENOTSUP. On the fake the export calls are counted; the GPU twin
  * (gpu_cuda_ipc) runs the same on a real driver. */
 #include <stdlib.h>
@@ -62,6 +64,23 @@ Test(cuda_ipc, imported_block_is_not_reused_until_the_importer_closes_it) {
 
 Test(cuda_ipc, imported_block_is_released_when_the_importer_exits) {
   ipc_held_until_released("cuda", IPC_CHILD_WAIT_EXIT);
+}
+
+/* The fake cannot see the rule broken itself: the importer opens the
+ * exporter's memory through /proc in its own process, and the exporter's
+ * cuMemFree knows of no open there. What is checked is the pool: no
+ * cuMemFree of the segment while the import is open. */
+Test(cuda_ipc, destroy_is_ebusy_while_a_plain_segment_block_is_imported) {
+  long long frees = fk_is_real() ? 0 : fk_calls("cuMemFree_v2");
+  ipc_destroy_while_imported("cuda", "virtual=0");
+  if (!fk_is_real())
+    cr_expect_eq(fk_calls("cuMemFree_v2") - frees, 1,
+                 "the segment is freed once, by the destroy that succeeds");
+}
+
+Test(cuda_ipc, destroy_goes_while_a_virtual_block_is_imported) {
+  skip_without_vmm_fd();
+  ipc_destroy_while_imported("cuda", NULL);
 }
 
 static void no_shareable(void) {

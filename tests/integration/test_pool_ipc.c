@@ -2,7 +2,9 @@
  * another process can map it): a forked child imports a pool block over a
  * Unix socket, writes it, and the parent reads what it wrote, for virtual
  * and plain segments; a block still imported elsewhere is not reused until
- * the importer lets go (mp_ipc_close, or its exit); bad handles, pointers
+ * the importer lets go (mp_ipc_close, or its exit); destroy waits for the
+ * importers of a plain segment's block (MP_EBUSY), not a virtual chunk's;
+ * bad handles, pointers
  * and sockets are refused with nothing changed. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
@@ -31,6 +33,14 @@ Test(pool_ipc, imported_block_is_not_reused_until_the_importer_closes_it) {
 
 Test(pool_ipc, imported_block_is_released_when_the_importer_exits) {
   ipc_held_until_released(SPEC, IPC_CHILD_WAIT_EXIT);
+}
+
+Test(pool_ipc, destroy_is_ebusy_while_a_plain_segment_block_is_imported) {
+  ipc_destroy_while_imported(SPEC, "virtual=0");
+}
+
+Test(pool_ipc, destroy_goes_while_a_virtual_block_is_imported) {
+  ipc_destroy_while_imported(SPEC, NULL);
 }
 
 MP_DEVICE_SUITE(pool_ipc_args, SPEC);

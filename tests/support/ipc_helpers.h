@@ -201,6 +201,87 @@ static inline void ipc_held_until_released(const char *spec,
   close(sock);
 }
 
+/* The parent destroys its pool while the child still imports a block of
+ * it, live and then freed (held). A plain segment's block (pool_opts
+ * "virtual=0"): destroy is MP_EBUSY with a message that names the block,
+ * and changes nothing (the pool still checks, allocates and frees, its
+ * figures as they were), until the child closes its import; then it
+ * succeeds. cuMemFree of the segment before the importer's
+ * cuIpcCloseMemHandle would be undefined (cuda.h, cuIpcOpenMemHandle).
+ * A virtual chunk's block (pool_opts NULL): destroy succeeds at once (the
+ * importer holds its own reference to the memory), and the child still
+ * closes its import after it. */
+static inline void ipc_destroy_while_imported(const char *spec,
+                                              const char *pool_opts) {
+  bool plain = pool_opts != NULL;
+  int sock;
+  pid_t pid = ipc_fork_child(spec, IPC_CHILD_WAIT_CLOSE, &sock);
+  mp_device_t *dev = NULL;
+  cr_assert_eq(mp_device_open(spec, &dev), MP_OK, "%s", mp_last_error());
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  if (pool_opts != NULL)
+    cr_assert_eq(mp_pool_config_parse(&cfg, pool_opts), MP_OK);
+  mp_pool_t *pool = NULL;
+  cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
+  void *b, *spacer, *other;
+  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &spacer), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, IPC_MiB, NULL, &b), MP_OK);
+  ipc_fill(dev, b, IPC_MiB, IPC_PARENT_TAG);
+  mp_ipc_handle_t h;
+  cr_assert_eq(mp_pool_ipc_export(pool, b, &h), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_ipc_send(sock, &h), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_ipc_handle_close(&h), MP_OK);
+  cr_assert(ipc_get(sock, 'I'), "the importer did not import");
+
+  if (!plain) {
+    cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  } else {
+    char addr[32];
+    snprintf(addr, sizeof addr, "%p", b);
+    mp_stats_t before = ipc_stats(pool);
+    for (int freed = 0; freed < 2; freed++) {
+      if (freed)
+        cr_assert_eq(mp_pool_free(pool, b), MP_OK, "%s", mp_last_error());
+      before = ipc_stats(pool);
+      cr_assert_eq(mp_pool_destroy(pool), MP_EBUSY,
+                   "destroy freed a plain segment another process imports "
+                   "(block %s)",
+                   freed ? "freed, held" : "live");
+      const char *msg = mp_last_error();
+      cr_expect(strstr(msg, addr) != NULL && strstr(msg, "imported") != NULL,
+                "the message should name block %s and say it is imported: "
+                "'%s'",
+                addr, msg);
+      /* Nothing changed: the pool still works, its figures as they were. */
+      cr_assert_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+      mp_stats_t after = ipc_stats(pool);
+      cr_expect_eq(after.reserved_bytes, before.reserved_bytes);
+      cr_expect_eq(after.allocated_bytes, before.allocated_bytes);
+      cr_expect_eq(after.live_blocks, before.live_blocks);
+      cr_expect_eq(after.segment_count, before.segment_count);
+      cr_assert_eq(mp_pool_alloc(pool, 8192, NULL, &other), MP_OK, "%s",
+                   mp_last_error());
+      cr_expect_neq(other, b);
+      cr_assert_eq(mp_pool_free(pool, other), MP_OK);
+    }
+    size_t held = 0;
+    cr_assert_eq(mp_pool_ipc_poll(pool, &held), MP_OK);
+    cr_expect_eq(held, 1);
+  }
+
+  cr_assert(ipc_put(sock, 'G'));
+  cr_assert(ipc_get(sock, 'D'), "the importer did not finish");
+  ipc_wait_child(pid);
+  if (plain) {
+    /* The importer let go: the held block goes at destroy's poll. */
+    cr_assert_eq(mp_pool_free(pool, spacer), MP_OK);
+    cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  }
+  mp_device_close(dev);
+  close(sock);
+}
+
 #endif /* MP_IPC_IMPORTER */
 
 #endif /* MEMPOOL_TEST_IPC_HELPERS_H */
