@@ -275,7 +275,11 @@ MP_API mp_status_t mp_pool_set_max_fraction(mp_pool_t *pool, double fraction);
  * destroy after the capture ends); else synchronizes the streams that used the
  * pool, releases everything and frees the pool. A refusal, or a
  * synchronization that fails (called from a host function), changes
- * nothing: the pool stays as it was. */
+ * nothing: the pool stays as it was. So does a device that refuses the
+ * first free of a plain segment (made before anything else is given up):
+ * its status, the segment named. A free refused after others went is
+ * still reported (its status, the segment named and the others counted),
+ * but the pool is then destroyed and that memory lost to it. */
 MP_API mp_status_t mp_pool_destroy(mp_pool_t *pool);
 
 /* 0 bytes: MP_OK with *out = NULL. */

@@ -121,7 +121,7 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
   mp__pool_unlock(a);
   if (st != MP_OK) {
     mp__pool_unlock(pool);
-    mp__segment_release_all(a);
+    (void)mp__segment_release_all(a); /* st says why it failed */
     mp__pool_free_host(a);
     return st;
   }

@@ -7,6 +7,7 @@
  * Called with the lock held; the sources drop it around their device calls
  * (lock.c). A grow or release already in flight is waited for instead, and
  * the caller looks at the cache again. */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "pool_internal.h"
@@ -82,13 +83,24 @@ void mp__segment_release_over(mp_pool_t *pool) {
     pool->release_next_free = pool->st.free_count + MP__RELEASE_EVERY;
 }
 
-void mp__segment_release_all(mp_pool_t *pool) {
+mp_status_t mp__segment_release_all(mp_pool_t *pool) {
+  mp_status_t first = MP_OK;
+  char why[256] = "";
+  uintptr_t at = 0;
+  size_t bytes = 0, lost = 0;
   mp__segment_t *s = pool->segs;
   while (s != NULL) {
     mp__segment_t *next = s->next;
     if (s->kind == MP__SEG_PLAIN) {
-      mp_device_free(pool->dev, (void *)s->base);
-      pool->st.device_free_count++;
+      mp_status_t st = mp_device_free(pool->dev, (void *)s->base);
+      if (st == MP_OK) {
+        pool->st.device_free_count++;
+      } else if (lost++ == 0) {
+        first = st;
+        at = s->base;
+        bytes = s->size;
+        snprintf(why, sizeof why, "%s", mp_last_error());
+      }
     } else if (s->kind == MP__SEG_VIRTUAL) {
       mp__vrange_release(pool, s);
     }
@@ -97,4 +109,14 @@ void mp__segment_release_all(mp_pool_t *pool) {
   }
   pool->segs = NULL;
   pool->vseg = NULL;
+  if (first == MP_OK)
+    return MP_OK;
+  char more[48] = "";
+  if (lost > 1)
+    snprintf(more, sizeof more, " and %zu more", lost - 1);
+  return mp__fail(first,
+                  "mp_pool_destroy: the device refused to free the plain "
+                  "segment at %p (%zu bytes)%s after others had gone, so the "
+                  "pool is destroyed and that memory is lost to it: %s",
+                  (void *)at, bytes, more, why);
 }

@@ -171,7 +171,10 @@ static void mp__destroy_wait_anyway(mp_pool_t *pool, mp__sync_set_t *set) {
     mp__sync_set_release(pool, set);
 }
 
-mp_status_t mp_pool_destroy(mp_pool_t *pool) {
+/* mp_pool_destroy; *gone: the pool was freed (also on a failure after
+ * the point of no return). */
+static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
+  *gone = false;
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_destroy: pool is NULL");
   if (pool->graph)
@@ -191,12 +194,22 @@ mp_status_t mp_pool_destroy(mp_pool_t *pool) {
     if (ust != MP_OK)
       return ust;
   }
+  /* An arena destroyed with memory the device refused is gone all the
+   * same: the rest and the pool follow, and the first such failure is
+   * returned at the end. */
+  mp_status_t lost = MP_OK;
+  char lost_why[512] = "";
   for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);
-    mp_status_t ast = a != NULL ? mp_pool_destroy(a) : MP_OK;
-    if (ast != MP_OK)
+    bool a_gone = false;
+    mp_status_t ast = a != NULL ? mp__pool_destroy(a, &a_gone) : MP_OK;
+    if (a != NULL && !a_gone)
       return ast;
     atomic_store_explicit(&pool->arenas[i].pool, NULL, memory_order_release);
+    if (ast != MP_OK && lost == MP_OK) {
+      lost = ast;
+      snprintf(lost_why, sizeof lost_why, "%s", mp_last_error());
+    }
   }
   free(pool->arenas);
   pool->arenas = NULL;
@@ -246,6 +259,13 @@ mp_status_t mp_pool_destroy(mp_pool_t *pool) {
                     "nothing was released and the pool is as it was: %s",
                     why);
   }
+  mp__pool_unlock(pool);
+  /* The first device free comes before anything else is given up: a
+   * device that refuses it (a driver error, a free it does not permit
+   * now) leaves the pool as it was, for a later destroy. */
+  if (pool->parent == NULL && (st = mp__plain_release_first(pool)) != MP_OK)
+    return st;
+  mp__pool_lock(pool);
   mp__handle_retire_all(pool);
   mp__pool_pause_release(pool);
   mp__export_release_all(pool);
@@ -253,10 +273,18 @@ mp_status_t mp_pool_destroy(mp_pool_t *pool) {
   if (pool->parent != NULL) {
     mp__child_release(pool);
   } else {
-    mp__segment_release_all(pool);
+    st = mp__segment_release_all(pool);
   }
   mp__pool_free_host(pool);
-  return MP_OK;
+  *gone = true;
+  if (st == MP_OK && lost != MP_OK)
+    return mp__fail(lost, "%s", lost_why);
+  return st;
+}
+
+mp_status_t mp_pool_destroy(mp_pool_t *pool) {
+  bool gone;
+  return mp__pool_destroy(pool, &gone);
 }
 
 mp_status_t mp_pool_set_access(mp_pool_t *pool, mp_device_t *peer) {

@@ -1050,6 +1050,11 @@ mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
                            mp__block_t **fresh);
 /* Gives one wholly free, releasable plain segment back; false if none. */
 bool mp__plain_trim_one(mp_pool_t *pool);
+/* Destroy's first device free (lock not held: destroy owns the pool), made
+ * before anything else is given up: the first plain segment, if any. A
+ * device that refuses it leaves the pool as it was, with a message naming
+ * the segment. */
+mp_status_t mp__plain_release_first(mp_pool_t *pool);
 
 /* ---- vrange.c: the virtual range ----------------------------------------- */
 /* Reserves the virtual range on first use: MP_OK; MP_ENOTSUP: use plain
@@ -1094,8 +1099,11 @@ static inline void mp__segment_release_above(mp_pool_t *pool) {
   if (MP__UNLIKELY(pool->cfg.release_threshold != 0))
     mp__segment_release_over(pool);
 }
-/* Destroy: releases every segment, live or not. */
-void mp__segment_release_all(mp_pool_t *pool);
+/* Destroy: releases every segment, live or not, and frees their records.
+ * A plain segment the device refuses to free is lost to the pool (the
+ * others still go): the first refusal's status, with a message naming the
+ * segment and how many more. */
+mp_status_t mp__segment_release_all(mp_pool_t *pool);
 
 /* ---- history.c ---------------------------------------------------------- */
 /* At create: the ring for cfg.history events (none when 0). */

@@ -14,6 +14,7 @@
  * pool marked inflight (lock.c); only one grow or release is in flight at a
  * time. Invariant: reserved_bytes equals the sum of segment sizes, and the
  * blocks of a segment tile it. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -180,4 +181,26 @@ bool mp__plain_trim_one(mp_pool_t *pool) {
     return true;
   }
   return false;
+}
+
+mp_status_t mp__plain_release_first(mp_pool_t *pool) {
+  mp__segment_t *s = pool->segs;
+  while (s != NULL && s->kind != MP__SEG_PLAIN)
+    s = s->next;
+  if (s == NULL)
+    return MP_OK;
+  mp_status_t st = mp_device_free(pool->dev, (void *)s->base);
+  if (st != MP_OK) {
+    char why[256];
+    snprintf(why, sizeof why, "%s", mp_last_error());
+    return mp__fail(st,
+                    "mp_pool_destroy: the device refused to free the plain "
+                    "segment at %p (%zu bytes), so nothing was released and "
+                    "the pool is as it was: %s",
+                    (void *)s->base, s->size, why);
+  }
+  mp__segment_unlink(pool, s);
+  pool->st.device_free_count++;
+  free(s);
+  return MP_OK;
 }

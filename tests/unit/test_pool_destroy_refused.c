@@ -1,0 +1,116 @@
+/* test_pool_destroy_refused.c - mp_pool_destroy when the device refuses to
+ * free a plain segment (pool_fakedev.h's refuse_frees). The first free
+ * comes before anything else is given up: refused, destroy fails with the
+ * device's status and a message naming the segment, and the pool is as it
+ * was (it checks, allocates and frees, and a later destroy releases
+ * everything). A free refused after others went is still reported (the
+ * segment named, the others counted); the pool is destroyed, the others
+ * freed, nothing freed twice. Before, destroy ignored every refusal and
+ * returned MP_OK, the memory silently lost. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../support/pool_helpers.h"
+#include "pool/pool_internal.h"
+#include "pool_fakedev.h"
+
+#define MiB ((size_t)1 << 20)
+
+/* A plain pool with three segments of 4 MiB, one live block each. */
+static mp_pool_t *three_segments(mp_device_t *dev, void *p[3]) {
+  mp_pool_t *pool = make_pool(dev, NULL);
+  for (int i = 0; i < 3; i++)
+    cr_assert_eq(mp_pool_alloc(pool, 4 * MiB, NULL, &p[i]), MP_OK, "%s",
+                 mp_last_error());
+  cr_assert_eq(stats(pool).segment_count, 3);
+  return pool;
+}
+
+Test(pool_destroy_refused, a_refused_first_free_leaves_the_pool_as_it_was) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  fake_dev_t *f = fake_of(dev);
+  void *p[3];
+  mp_pool_t *pool = three_segments(dev, p);
+  cr_assert_eq(mp_pool_free(pool, p[1]), MP_OK);
+  mp_stats_t before = stats(pool);
+  size_t used = f->used;
+  f->refuse_frees = 1;
+  cr_assert_eq(mp_pool_destroy(pool), MP_EDRIVER);
+  /* The newest segment is the first on the list: p[2] starts it. */
+  char addr[32];
+  snprintf(addr, sizeof addr, "%p", p[2]);
+  const char *msg = mp_last_error();
+  cr_expect(strstr(msg, addr) != NULL && strstr(msg, "as it was") != NULL,
+            "the message should name segment %s and say nothing changed: "
+            "'%s'",
+            addr, msg);
+  cr_expect_eq(f->frees, 0);
+  cr_expect_eq(f->used, used);
+  check(pool);
+  mp_stats_t after = stats(pool);
+  cr_expect_eq(after.reserved_bytes, before.reserved_bytes);
+  cr_expect_eq(after.allocated_bytes, before.allocated_bytes);
+  cr_expect_eq(after.live_blocks, before.live_blocks);
+  cr_expect_eq(after.segment_count, before.segment_count);
+  cr_expect_eq(after.device_free_count, before.device_free_count);
+  /* Still a pool: the free segment serves a request again. */
+  void *q;
+  cr_assert_eq(mp_pool_alloc(pool, 4 * MiB, NULL, &q), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(q, p[1]);
+  cr_assert_eq(mp_pool_free(pool, q), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p[0]), MP_OK);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(f->frees, 3);
+  cr_expect_eq(f->used, 0);
+  fake_close(dev);
+}
+
+/* on_free hooks: the first free goes, the next `refuse` are refused. */
+static unsigned refuse;
+static void refuse_next(void *ctx) {
+  ((fake_dev_t *)ctx)->refuse_frees = refuse;
+}
+static void arm_after_one(void *ctx) {
+  fake_dev_t *f = ctx;
+  f->on_free = refuse_next;
+  f->on_free_ctx = f;
+}
+
+static void refused_after_one(unsigned n, const char *more) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  fake_dev_t *f = fake_of(dev);
+  void *p[3];
+  mp_pool_t *pool = three_segments(dev, p);
+  refuse = n;
+  f->on_free = arm_after_one;
+  f->on_free_ctx = f;
+  cr_assert_eq(mp_pool_destroy(pool), MP_EDRIVER);
+  /* The second on the list (p[1]'s) is the first refused. */
+  char addr[32];
+  snprintf(addr, sizeof addr, "%p", p[1]);
+  const char *msg = mp_last_error();
+  cr_expect(strstr(msg, addr) != NULL && strstr(msg, "lost") != NULL,
+            "the message should name segment %s and say it is lost: '%s'", addr,
+            msg);
+  if (more != NULL)
+    cr_expect(strstr(msg, more) != NULL, "'%s' should say '%s'", msg, more);
+  else
+    cr_expect(strstr(msg, "more") == NULL, "'%s' counts no other", msg);
+  /* Every other segment was freed once; the refused stay the device's
+   * (fake_close frees them: no host memory leaks). */
+  cr_expect_eq(f->frees, 3 - n);
+  cr_expect_eq(f->used, n * 4 * MiB);
+  cr_expect_eq(f->nplain, n);
+  fake_close(dev);
+}
+
+Test(pool_destroy_refused, a_free_refused_after_others_went_is_reported) {
+  refused_after_one(1, NULL);
+}
+
+Test(pool_destroy_refused, every_refused_free_is_counted) {
+  refused_after_one(2, "and 1 more");
+}
