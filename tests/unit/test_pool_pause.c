@@ -174,6 +174,40 @@ static void *alloc_2m(void *arg) {
   return NULL;
 }
 
+/* The ladder scenarios' device: stream work held busy (busy_s), growth
+ * refused once the device is full; *s1 a second stream. */
+static mp_pool_t *ladder_setup(mp_device_t **dev, mp_stream_t *s1) {
+  *dev = flaky_open(0);
+  flaky_backend.event_record = busy_record;
+  flaky_backend.event_query = busy_query;
+  flaky_backend.event_synchronize = busy_wait;
+  flaky_backend.stream_query = busy_stream_query;
+  flaky_backend.vm_map = busy_vm_map;
+  mp_pool_t *p = make_pool(*dev, NULL);
+  cr_assert_eq(mp_stream_create(*dev, s1), MP_OK);
+  cr_assert_eq(mp_stream_create(*dev, &busy_s), MP_OK);
+  return p;
+}
+
+/* Fills the device, starts l's 2 MiB allocation on a thread of its own and
+ * returns once its ladder sleeps on a synchronization "in flight" (the
+ * flag cleared without waking it, so it sleeps on through a pause). */
+static void ladder_start(mp_device_t *dev, ladder_t *l, pthread_t *t) {
+  fake_of(dev)->capacity = fake_of(dev)->used;
+  ladder_pool = l->p;
+  vm_maps = 0;
+  cr_assert_eq(pthread_create(t, NULL, alloc_2m, l), 0);
+  for (uint32_t waiting = 0; waiting == 0;) {
+    mp__pool_lock(l->p);
+    waiting = l->p->idle_waiters;
+    if (waiting)
+      l->p->syncing = false;
+    mp__pool_unlock(l->p);
+    if (!waiting)
+      usleep(100);
+  }
+}
+
 /* The last rung of the out-of-memory ladder takes a block another stream's
  * newer work holds and keeps it live (in the map, counted allocated) while
  * it waits for the streams. Its synchronization first waits for the one in
@@ -188,34 +222,15 @@ static void *alloc_2m(void *arg) {
  * flag set white-box), cleared without waking it; the pause runs. */
 Test(pool_pause, a_pause_while_the_ladder_holds_a_block_keeps_the_figures,
      .timeout = 20) {
-  mp_device_t *dev = flaky_open(0);
-  flaky_backend.event_record = busy_record;
-  flaky_backend.event_query = busy_query;
-  flaky_backend.event_synchronize = busy_wait;
-  flaky_backend.stream_query = busy_stream_query;
-  flaky_backend.vm_map = busy_vm_map;
-  mp_pool_t *p = make_pool(dev, NULL);
+  mp_device_t *dev;
   mp_stream_t s1;
-  cr_assert_eq(mp_stream_create(dev, &s1), MP_OK);
-  cr_assert_eq(mp_stream_create(dev, &busy_s), MP_OK);
+  mp_pool_t *p = ladder_setup(&dev, &s1);
   void *a;
   cr_assert_eq(mp_pool_alloc(p, 2 * MiB, s1, &a), MP_OK);
   cr_assert_eq(mp_pool_alloc(p, 2 * MiB, busy_s, &ladder_b), MP_OK);
-  fake_of(dev)->capacity = fake_of(dev)->used;
-  ladder_pool = p;
-  vm_maps = 0;
   ladder_t l = {p, s1, MP_OK, NULL};
   pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, alloc_2m, &l), 0);
-  for (uint32_t waiting = 0; waiting == 0;) {
-    mp__pool_lock(p);
-    waiting = p->idle_waiters;
-    if (waiting)
-      p->syncing = false; /* no wake: it sleeps on through the pause */
-    mp__pool_unlock(p);
-    if (!waiting)
-      usleep(100);
-  }
+  ladder_start(dev, &l, &t);
   cr_assert_eq(mp_pool_pause(p, 0), MP_OK, "%s", mp_last_error());
   pthread_join(t, NULL);
   cr_expect_eq(ladder_free, MP_OK, "B freed during the ladder's wait");
@@ -243,37 +258,18 @@ Test(pool_pause, a_pause_while_the_ladder_holds_a_block_keeps_the_figures,
  * pause or the resume. */
 Test(pool_pause, a_keep_content_pause_while_the_ladder_holds_a_block_keeps_data,
      .timeout = 20) {
-  mp_device_t *dev = flaky_open(0);
-  flaky_backend.event_record = busy_record;
-  flaky_backend.event_query = busy_query;
-  flaky_backend.event_synchronize = busy_wait;
-  flaky_backend.stream_query = busy_stream_query;
-  flaky_backend.vm_map = busy_vm_map;
-  mp_pool_t *p = make_pool(dev, NULL);
+  mp_device_t *dev;
   mp_stream_t s1;
-  cr_assert_eq(mp_stream_create(dev, &s1), MP_OK);
-  cr_assert_eq(mp_stream_create(dev, &busy_s), MP_OK);
+  mp_pool_t *p = ladder_setup(&dev, &s1);
   void *a;
   cr_assert_eq(mp_pool_alloc(p, 2 * MiB, busy_s, &ladder_b), MP_OK);
   cr_assert_eq(mp_pool_alloc(p, 2 * MiB, s1, &a), MP_OK);
   cr_assert((uintptr_t)ladder_b < (uintptr_t)a, "the test needs B below A");
   fill(ladder_b, 2 * MiB, 0);
   fill(a, 2 * MiB, 1);
-  fake_of(dev)->capacity = fake_of(dev)->used;
-  ladder_pool = p;
-  vm_maps = 0;
   ladder_t l = {p, s1, MP_OK, NULL};
   pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, alloc_2m, &l), 0);
-  for (uint32_t waiting = 0; waiting == 0;) {
-    mp__pool_lock(p);
-    waiting = p->idle_waiters;
-    if (waiting)
-      p->syncing = false; /* no wake: it sleeps on through the pause */
-    mp__pool_unlock(p);
-    if (!waiting)
-      usleep(100);
-  }
+  ladder_start(dev, &l, &t);
   cr_assert_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
                mp_last_error());
   pthread_join(t, NULL);
