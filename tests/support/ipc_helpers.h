@@ -100,20 +100,29 @@ static inline pid_t ipc_fork_child(const char *spec, ipc_child_mode_t mode,
   return pid;
 }
 
+/* The exporter's device (spec) and a pool on it made from pool_opts (NULL:
+ * the defaults). */
+static inline mp_pool_t *ipc_open_pool(const char *spec, const char *pool_opts,
+                                       mp_device_t **dev) {
+  *dev = NULL;
+  cr_assert_eq(mp_device_open(spec, dev), MP_OK, "%s", mp_last_error());
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  if (pool_opts != NULL)
+    cr_assert_eq(mp_pool_config_parse(&cfg, pool_opts), MP_OK);
+  mp_pool_t *pool = NULL;
+  cr_assert_eq(mp_pool_create(*dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
+  return pool;
+}
+
 /* The whole round trip on spec, with a pool made from pool_opts: a block
  * at a nonzero offset of its device allocation goes to the child, which
  * writes it; the parent reads what the child wrote. */
 static inline void ipc_round_trip(const char *spec, const char *pool_opts) {
   int sock;
   pid_t pid = ipc_fork_child(spec, IPC_CHILD_CLOSE, &sock);
-  mp_device_t *dev = NULL;
-  cr_assert_eq(mp_device_open(spec, &dev), MP_OK, "%s", mp_last_error());
-  mp_pool_config_t cfg;
-  mp_pool_config_init(&cfg);
-  if (pool_opts != NULL)
-    cr_assert_eq(mp_pool_config_parse(&cfg, pool_opts), MP_OK);
-  mp_pool_t *pool = NULL;
-  cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
+  mp_device_t *dev;
+  mp_pool_t *pool = ipc_open_pool(spec, pool_opts, &dev);
   void *before, *p;
   const size_t n = ((size_t)1 << 19) + 4096 + 512; /* shares a segment */
   cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &before), MP_OK);
@@ -216,14 +225,8 @@ static inline void ipc_destroy_while_imported(const char *spec,
   bool plain = pool_opts != NULL;
   int sock;
   pid_t pid = ipc_fork_child(spec, IPC_CHILD_WAIT_CLOSE, &sock);
-  mp_device_t *dev = NULL;
-  cr_assert_eq(mp_device_open(spec, &dev), MP_OK, "%s", mp_last_error());
-  mp_pool_config_t cfg;
-  mp_pool_config_init(&cfg);
-  if (pool_opts != NULL)
-    cr_assert_eq(mp_pool_config_parse(&cfg, pool_opts), MP_OK);
-  mp_pool_t *pool = NULL;
-  cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
+  mp_device_t *dev;
+  mp_pool_t *pool = ipc_open_pool(spec, pool_opts, &dev);
   void *b, *spacer, *other;
   cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &spacer), MP_OK);
   cr_assert_eq(mp_pool_alloc(pool, IPC_MiB, NULL, &b), MP_OK);
