@@ -252,12 +252,10 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
   mp__sync_set_release(pool, &set);
   if (st != MP_OK) {
     mp__pool_unlock(pool);
-    char why[256];
-    snprintf(why, sizeof why, "%s", mp_last_error());
     return mp__fail(st,
                     "mp_pool_destroy: cannot wait for the device here, so "
                     "nothing was released and the pool is as it was: %s",
-                    why);
+                    mp_last_error());
   }
   mp__pool_unlock(pool);
   /* The first device free comes before anything else is given up: a

@@ -14,7 +14,6 @@
  * pool marked inflight (lock.c); only one grow or release is in flight at a
  * time. Invariant: reserved_bytes equals the sum of segment sizes, and the
  * blocks of a segment tile it. */
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -191,13 +190,11 @@ mp_status_t mp__plain_release_first(mp_pool_t *pool) {
     return MP_OK;
   mp_status_t st = mp_device_free(pool->dev, (void *)s->base);
   if (st != MP_OK) {
-    char why[256];
-    snprintf(why, sizeof why, "%s", mp_last_error());
     return mp__fail(st,
                     "mp_pool_destroy: the device refused to free the plain "
                     "segment at %p (%zu bytes), so nothing was released and "
                     "the pool is as it was: %s",
-                    (void *)s->base, s->size, why);
+                    (void *)s->base, s->size, mp_last_error());
   }
   mp__segment_unlink(pool, s);
   pool->st.device_free_count++;
