@@ -5,8 +5,23 @@
  * stats, dump and check; this file only owns the view's lifetime and fixes
  * the configuration a page-locked pool needs.
  *
+ * The host writes a page-locked buffer directly, outside any stream's
+ * order (it fills a staging buffer, then queues the copy that reads it), so
+ * a freed buffer may serve the next request, whatever its stream, only once
+ * every stream it was used on has reached the free: stream order alone
+ * would let the host overwrite a buffer that a copy still queued on that
+ * stream has not read yet. PyTorch's CachingHostAllocator keeps the same
+ * rule (a pinned block is reused only after the events recorded for each
+ * stream that used it complete). The device pool's own rule is stream
+ * order (a block freed on s is reused at once on s), so every buffer is
+ * allocated for a private stream of the host pool that never carries work
+ * (hp->host: it stands for the host), and the caller's stream is recorded
+ * as a use of it (mp_pool_record_stream): the pool then hands a freed
+ * buffer to anyone only once that stream has reached the free.
+ *
  * Invariant: hp->pool draws from hp->view, which lives until the pool is
- * destroyed. */
+ * destroyed; hp->host is a stream of the underlying device that no work is
+ * ever queued on, destroyed after the pool. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +33,9 @@
 struct mp_host_pool {
   mp_pool_t *pool;
   mp_device_t *view;
+  mp_device_t *dev; /* the underlying device, hp->host's */
+  /* The host's own stream: every buffer is allocated for it. */
+  mp_stream_t host;
 };
 
 #define MP__CHECK_HP(hp)                                                       \
@@ -46,9 +64,15 @@ mp_status_t mp_host_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
   mp_host_pool_t *hp = mp__host_calloc(1, sizeof *hp);
   if (hp == NULL)
     return mp__fail(MP_ENOMEM, "out of host memory creating a host pool");
+  hp->dev = dev;
   mp_status_t st = mp__device_pinned_open(dev, &hp->view);
   if (st == MP_OK) {
-    st = mp_pool_create(hp->view, &c, &hp->pool);
+    st = mp_stream_create(dev, &hp->host);
+    if (st == MP_OK) {
+      st = mp_pool_create(hp->view, &c, &hp->pool);
+      if (st != MP_OK)
+        mp_stream_destroy(dev, hp->host);
+    }
     if (st != MP_OK)
       mp_device_close(hp->view);
   }
@@ -65,6 +89,7 @@ mp_status_t mp_host_pool_destroy(mp_host_pool_t *hp) {
   mp_status_t st = mp_pool_destroy(hp->pool);
   if (st != MP_OK)
     return st;
+  mp_stream_destroy(hp->dev, hp->host);
   mp_device_close(hp->view);
   free(hp);
   return MP_OK;
@@ -86,8 +111,17 @@ static mp_status_t mp__hp_said(mp_status_t st, const char *pool_fn,
 mp_status_t mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes, mp_stream_t s,
                                void **out) {
   MP__CHECK_HP(hp);
-  return mp__hp_said(mp_pool_alloc(hp->pool, bytes, s, out), "mp_pool_alloc",
-                     __func__);
+  mp_status_t st = mp_pool_alloc(hp->pool, bytes, hp->host, out);
+  if (st != MP_OK || *out == NULL)
+    return mp__hp_said(st, "mp_pool_alloc", __func__);
+  st = mp_pool_record_stream(hp->pool, *out, s);
+  if (st != MP_OK) {
+    /* Refused: the buffer goes back unused, nothing is kept. */
+    st = mp__hp_said(st, "mp_pool_record_stream", __func__);
+    (void)mp_pool_free(hp->pool, *out);
+    *out = NULL;
+  }
+  return st;
 }
 
 mp_status_t mp_host_pool_free(mp_host_pool_t *hp, void *ptr) {

@@ -114,6 +114,7 @@ typedef struct mpb_rig {
   uint8_t ntenants;
   void **ptr;
   uint8_t *owner; /* per slot: the tenant it came from */
+  bool settle;    /* let the device catch up after each free */
 } mpb_rig_t;
 
 static void mpb_rig_close(mpb_rig_t *g) {
@@ -150,6 +151,7 @@ static mp_status_t mpb_rig_open(const mpb_workload_t *w, const char *allocator,
   for (uint8_t t = 0; t < g->ntenants && st == MP_OK; t++)
     st = mpb_allocator_open(allocator, g->dev, make, &g->tenant[t]);
   g->alloc = g->tenant[0];
+  g->settle = g->nstreams > 1 || mpb_allocator_is_pinned(allocator);
   if (st != MP_OK)
     mpb_rig_close(g);
   return st;
@@ -197,15 +199,18 @@ static void mpb_rig_sample(mpb_rig_t *g, mpb_sample_t *out) {
   }
 }
 
-/* After a free on a workload with several streams: lets the device catch
- * up with every stream, so that what the free handed back is reusable from
+/* After a free on a workload with several streams, or through a
+ * page-locked allocator (whose freed buffer waits for its own stream too,
+ * as the host writes it outside stream order): lets the device catch up
+ * with every stream, so that what the free handed back is reusable from
  * any stream at the next event. A trace says nothing of how far behind the
- * device ran; without this, cross-stream reuse would depend on when the
- * emulated device's stream threads got scheduled, and a pool's figures on
- * such a trace would change from run to run (by up to 14% on select_n
- * llama). Outside the timed region. */
+ * device ran; without this, reuse would depend on when the emulated
+ * device's stream threads got scheduled, and a pool's figures on such a
+ * trace would change from run to run (by up to 14% on select_n llama; the
+ * host pool's on staging:steps=400 1.254 to 1.371). Outside the timed
+ * region. */
 static void mpb_rig_settle(mpb_rig_t *g) {
-  if (g->nstreams > 1)
+  if (g->settle)
     mp_device_synchronize(g->dev);
 }
 
@@ -222,13 +227,13 @@ static void mpb_work(void *arg) {
  * free (work_us == 0). */
 static void mpb_rig_after(mpb_rig_t *g, const mpb_event_t *e, bool freed,
                           unsigned work_us) {
-  if (g->nstreams <= 1)
-    return;
   if (work_us == 0) {
     if (freed)
       mpb_rig_settle(g);
     return;
   }
+  if (g->nstreams <= 1)
+    return;
   (void)mp_stream_launch_host(g->dev, g->streams[e->stream], mpb_work,
                               (void *)(uintptr_t)work_us);
 }

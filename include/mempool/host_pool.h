@@ -12,10 +12,13 @@
  * Streams: a buffer used by async copies on stream s must be freed with
  * its stream known: it is allocated for s (mp_host_pool_alloc) and any
  * other stream that reads or writes it is named with
- * mp_host_pool_record_stream. A freed buffer is reused at once by s (the
- * copy queued next on s runs after the earlier ones), and by another stream
- * or by the host (stream NULL) only once every stream it was used on has
- * reached the free. Streams are the device's (mp_stream_create(dev, ...)).
+ * mp_host_pool_record_stream. A freed buffer is reused, by any request (its
+ * own stream's included), only once every stream it was used on has
+ * reached the free: the host fills a staging buffer outside any stream's
+ * order, so handing a buffer back to s while a copy queued on s still reads
+ * it would let the host's writes reach that copy. Until then a request is
+ * served by another buffer or by growth. The NULL stream is a stream like
+ * the others. Streams are the device's (mp_stream_create(dev, ...)).
  *
  * All calls are thread-safe; the device must outlive the pool. */
 #ifndef MEMPOOL_HOST_POOL_H

@@ -11,6 +11,11 @@
  *                     is not thread B's (its per-thread stream is another)
  *   destroyed_stream  a block freed on a stream the program then destroys
  *                     (mp_stream_forget, cuStreamDestroy returns at once)
+ *   host_staging      the host pool: a page-locked buffer whose copy on its
+ *                     stream is held back is not handed to that stream's
+ *                     next request, which the host fills at once (twin of
+ *                     host_pool_streams'
+ *                     same_stream_does_not_get_a_buffer_its_pending_copy_reads)
  *
  * Built and run by tests/gpu/run_spin.sh (ctest gpu_spin_rules) against
  * libmempool.so; exits 0 when every rule held, 1 naming the one that did
@@ -176,6 +181,49 @@ static void destroyed_stream(mp_device_t *dev, mp_pool_t *pool, gate_t *g) {
   forget_and_destroy(dev, b);
 }
 
+/* A staging loop: the host fills a buffer for stream a, a copy on a
+ * (behind the spinning kernel) reads it into device memory, the buffer is
+ * freed, and the next buffer for a is filled by the host at once. The copy
+ * must move what the host wrote first. */
+static void host_staging(mp_device_t *dev, gate_t *g) {
+  mp_host_pool_t *hp = NULL;
+  CHECK(mp_host_pool_create(dev, NULL, &hp) == MP_OK, "host pool: %s",
+        mp_last_error());
+  cudaStream_t a;
+  unsigned char *d = NULL, first = 0;
+  void *stage = NULL, *again = NULL;
+  cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
+  CHECK(cudaMalloc((void **)&d, BYTES) == cudaSuccess, "cudaMalloc");
+  CHECK(cudaMemset(d, 0, BYTES) == cudaSuccess, "memset");
+  if (hp == NULL || d == NULL ||
+      mp_host_pool_alloc(hp, BYTES, (mp_stream_t)a, &stage) != MP_OK) {
+    CHECK(0, "host_staging: set-up: %s", mp_last_error());
+    return;
+  }
+  memset(stage, 1, BYTES);
+  hold_then_read<<<1, 1, 0, a>>>(g->dflag, d, g->dout);
+  CHECK(cudaMemcpyAsync(d, stage, BYTES, cudaMemcpyHostToDevice, a) ==
+            cudaSuccess,
+        "copy");
+  CHECK(mp_host_pool_free(hp, stage) == MP_OK, "free");
+  CHECK(mp_host_pool_alloc(hp, BYTES, (mp_stream_t)a, &again) == MP_OK,
+        "alloc: %s", mp_last_error());
+  CHECK(again != stage, "host_staging: a got back the buffer its copy reads");
+  if (again != NULL)
+    memset(again, 2, BYTES);
+  __atomic_store_n(g->flag, 1, __ATOMIC_SEQ_CST);
+  CHECK(cudaStreamSynchronize(a) == cudaSuccess, "sync");
+  CHECK(cudaMemcpy(&first, d, 1, cudaMemcpyDeviceToHost) == cudaSuccess,
+        "read back");
+  CHECK(first == 1, "host_staging: the copy moved %d, not 1", first);
+  *g->flag = 0;
+  *g->out = 0;
+  mp_host_pool_free(hp, again);
+  cudaFree(d);
+  forget_and_destroy(dev, a);
+  CHECK(mp_host_pool_destroy(hp) == MP_OK, "destroy: %s", mp_last_error());
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0); /* what failed survives a crash */
   int n = 0;
@@ -204,6 +252,8 @@ int main(int argc, char **argv) {
     per_thread(pool, &g);
   if (only == NULL || strcmp(only, "destroyed_stream") == 0)
     destroyed_stream(dev, pool, &g);
+  if (only == NULL || strcmp(only, "host_staging") == 0)
+    host_staging(dev, &g);
   CHECK(mp_pool_check(pool) == MP_OK, "check: %s", mp_last_error());
   gate_close(&g);
   mp_pool_destroy(pool);
