@@ -37,6 +37,12 @@ class MempoolError(Exception):
         super().__init__("%s: %s (%s)%s" % (call, message, name,
                                             ": " + detail if detail else ""))
 
+    def __reduce__(self):
+        # pickle and copy rebuild an exception as cls(*self.args), and args
+        # holds only the message: multiprocessing could not send one back.
+        return (type(self), (self.status, self.name, self.message, self.detail,
+                             self.call), self.__dict__)
+
 
 class InvalidArgument(MempoolError, ValueError):
     """MP_EINVAL"""
