@@ -30,20 +30,32 @@ class TorchUnavailable(ImportError):
     """PyTorch (with CUDA) is needed and missing."""
 
 
+_INT_MAX = 2**31 - 1  # the C hooks take the device as an int
+
+
+def _device_number(device, call):
+    """device if it is a CUDA device number a C int holds; else ValueError
+    (ctypes would wrap 2**32 to device 0)."""
+    if isinstance(device, bool) or not isinstance(device, int) \
+            or not 0 <= device <= _INT_MAX:
+        raise ValueError("%s: device %r is not a device number (0 to %d)"
+                         % (call, device, _INT_MAX))
+    return device
+
+
 def use(device=None):
     """Installs mempool as PyTorch's CUDA allocator; returns the allocator.
 
     device: the device spec of the default pool ("cuda:1", "host", or an int
     N for "cuda:N"); None keeps $MEMPOOL_DEVICE or the library's choice. It
     is set as $MEMPOOL_DEVICE, which the default pool reads when it is made
-    (on the first allocation). A negative number, a bool or a float:
-    ValueError; another type than int or str: TypeError; either way nothing
-    is set or installed. If PyTorch refuses the allocator (it has allocated
+    (on the first allocation). A negative number, one past a C int, a
+    bool or a float: ValueError; another type than int or str: TypeError;
+    either way nothing is set or installed. If PyTorch refuses the allocator (it has allocated
     already), its error is raised and $MEMPOOL_DEVICE is left as it was."""
-    if isinstance(device, (bool, float)) or (isinstance(device, int) and device < 0):
-        raise ValueError("mempool.torch.use: device %r is not a device number (N for "
-                         "cuda:N) or a device spec" % (device,))
-    if device is not None and not isinstance(device, (int, str)):
+    if isinstance(device, (int, float)):
+        _device_number(device, "mempool.torch.use")
+    elif device is not None and not isinstance(device, str):
         raise TypeError("mempool.torch.use: device must be an int or a str, not %s"
                         % type(device).__name__)
     try:
@@ -81,13 +93,14 @@ def empty_cache():
 def set_memory_fraction(fraction, device=0):
     """torch.cuda.set_per_process_memory_fraction() for mempool: caps the
     default pool of device at fraction of its memory; 0 lifts the cap.
-    A fraction outside [0, 1] (NaN included) or a negative device: ValueError
-    (the C hook returns nothing, and would ignore them)."""
+    A fraction outside [0, 1] (NaN included) or a device that is not a
+    number from 0 to 2**31 - 1 (a C int): ValueError (the C hook returns
+    nothing: it would ignore the first, and ctypes wrap the second, 2**32
+    capping device 0)."""
     fraction = float(fraction)
     if not 0.0 <= fraction <= 1.0:
         raise ValueError("set_memory_fraction: fraction %r is not in [0, 1]" % fraction)
-    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
-        raise ValueError("set_memory_fraction: device %r is not a device number" % (device,))
+    _device_number(device, "set_memory_fraction")
     _lib.lib().mp_torch_memory_fraction(fraction, device)
 
 

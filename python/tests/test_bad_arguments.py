@@ -98,8 +98,10 @@ def test_closing_a_device_under_a_live_pool_is_busy_and_keeps_both(device):
 
 
 @pytest.mark.parametrize("fraction, dev", [(2.0, 0), (-1.0, 0), (math.nan, 0),
-                                           (0.5, -3), (0.5, 1.5)])
+                                           (0.5, -3), (0.5, 1.5), (0.5, True),
+                                           (0.5, 2**31), (0.5, 2**32)])
 def test_set_memory_fraction_refuses_what_the_c_hook_would_ignore(fraction, dev):
+    # A device past a C int was wrapped by ctypes: 2**32 capped device 0.
     with pytest.raises(ValueError):
         mempool.torch.set_memory_fraction(fraction, dev)
 

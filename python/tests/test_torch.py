@@ -98,7 +98,8 @@ def test_use_with_a_bad_device_raises_and_installs_nothing(monkeypatch):
                       ("torch.cuda.memory", torch.cuda.memory)):
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.delenv("MEMPOOL_DEVICE", raising=False)  # restored after
-    for bad in (-1, True, False, 1.0):
+    # 2**32 was set as "cuda:4294967296", a device no C int can name.
+    for bad in (-1, True, False, 1.0, 2**31, 2**32):
         with pytest.raises(ValueError, match="device"):
             mempool.torch.use(device=bad)
         assert "MEMPOOL_DEVICE" not in os.environ
