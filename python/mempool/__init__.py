@@ -182,7 +182,8 @@ class _Handle:
 
 class Device(_Handle):
     """An mp_device_t. spec: "host", "host:capacity=8G,...", "cuda", "cuda:N",
-    or None ($MEMPOOL_DEVICE, else cuda where usable, else host)."""
+    or None ($MEMPOOL_DEVICE, else cuda where usable, else host). Dropped
+    without close(), it is closed (Device._dropped)."""
 
     def __init__(self, spec=None):
         L = _lib.lib()
@@ -196,6 +197,22 @@ class Device(_Handle):
         # Handles of Pools dropped with blocks still live (Pool._dropped):
         # kept, as those blocks may still be used, and destroyed by close.
         self._orphans = []
+        # Dropped without close(): _dropped, with what it needs (not self).
+        # Pools and Streams hold their Device, so it goes after them.
+        self._finalizer = weakref.finalize(self, Device._dropped, h.value, self._orphans)
+
+    @staticmethod
+    def _dropped(handle, orphans):
+        """A Device object that was never closed is gone, and with it every
+        Pool and Stream of it. Closed (its streams with it), unless a Pool
+        was dropped on it with live blocks: their addresses may still be in
+        use, so it is kept open, with a ResourceWarning."""
+        if orphans:
+            warnings.warn("a mempool.Device was dropped without close() while %d pool(s) "
+                          "dropped with live blocks were on it: it is kept open"
+                          % len(orphans), ResourceWarning, stacklevel=2)
+            return
+        _lib.lib().mp_device_close(handle)
 
     @property
     def name(self):
@@ -238,6 +255,7 @@ class Device(_Handle):
             self._orphans.pop()
         _lib.lib().mp_device_close(self.handle)
         self.handle = None
+        self._finalizer.detach()
 
     def __enter__(self):
         return self
