@@ -234,7 +234,8 @@ class Device(_Handle):
         _check(_lib.lib().mp_device_synchronize(self._live()), "mp_device_synchronize")
 
     def stream(self):
-        """A new stream on this device (closed with the device if not before)."""
+        """A new stream on this device (destroyed when dropped, or with the
+        device if not before)."""
         return Stream(self)
 
     def close(self):
@@ -275,6 +276,14 @@ class Stream(_Handle):
         _check(_lib.lib().mp_stream_create(_device(device, "Stream"), ctypes.byref(h)),
                "mp_stream_create")
         self.device, self.handle = device, h.value
+        # Dropped without destroy(): destroyed (the pools on the device
+        # forget it first, mp_stream_destroy), unless its device is closed.
+        self._finalizer = weakref.finalize(self, Stream._dropped, device, h.value)
+
+    @staticmethod
+    def _dropped(device, handle):
+        if device.handle is not None:
+            _lib.lib().mp_stream_destroy(device.handle, handle)
 
     def _live(self):
         # A destroyed stream's handle is None, which ctypes would pass as
@@ -296,6 +305,7 @@ class Stream(_Handle):
             _check(_lib.lib().mp_stream_destroy(self.device.handle, self.handle),
                    "mp_stream_destroy")
         self.handle = None
+        self._finalizer.detach()
 
     def __enter__(self):
         return self

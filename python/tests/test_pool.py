@@ -252,3 +252,21 @@ def test_a_dropped_device_keeps_a_pool_dropped_with_live_blocks():
         gc.collect()
     ctypes.memset(addr, 0x5A, 4096)
     assert ctypes.string_at(addr, 4096) == b"\x5a" * 4096
+
+
+def test_a_dropped_stream_is_destroyed_and_its_blocks_stay_usable(device, pool):
+    # A Stream dropped without destroy() lived until its Device closed: on
+    # the host device a worker thread each, so a loop making streams on a
+    # long-lived device piled them up.
+    gc.collect()
+    before = _threads()
+    st = device.stream()
+    p = pool.alloc(4096, stream=st)
+    pool.free(pool.alloc(4096, stream=st), stream=st)
+    assert _threads() == before + 1
+    del st
+    gc.collect()
+    assert _threads() == before
+    pool.free(p)  # the pool forgot the stream, not the block
+    pool.check()
+    assert pool.stats()["allocation.all.current"] == 0
