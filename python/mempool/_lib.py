@@ -16,7 +16,8 @@ _here = os.path.dirname(os.path.abspath(__file__))
 
 
 class LibraryNotFound(OSError):
-    """No libmempool.so could be found or loaded."""
+    """No libmempool.so could be found or loaded, or the one found lacks a
+    function this package calls."""
 
 
 def _candidates():
@@ -105,7 +106,12 @@ def lib():
         except OSError as e:
             raise LibraryNotFound("cannot load %s: %s" % (path, e)) from e
         for name, (res, args) in _PROTOTYPES.items():
-            fn = getattr(handle, name)
+            try:
+                fn = getattr(handle, name)
+            except AttributeError:
+                raise LibraryNotFound(
+                    "%s is not a libmempool this package can use: it lacks %s "
+                    "(another library, or an older build)" % (path, name)) from None
             fn.restype = res
             fn.argtypes = args
         _lib, _path = handle, path

@@ -60,3 +60,23 @@ def test_a_library_next_to_the_package_comes_before_the_build_tree(tmp_path):
                        cwd=str(tmp_path), env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(pkg / "libmempool.so")
+
+
+def test_a_library_that_is_not_libmempool_is_a_clear_error():
+    # A stale or foreign .so (here libm) loaded, then the first missing
+    # function raised AttributeError from inside the package, on every call.
+    import ctypes
+    import ctypes.util
+    ctypes.CDLL(ctypes.util.find_library("m"))  # mapped now, if not before
+    with open("/proc/self/maps") as f:
+        libm = next(line.split()[-1] for line in f if "/libm." in line)
+    r = _run("import mempool\n"
+             "for _ in range(2):\n"
+             "  try:\n"
+             "    mempool.Device('host')\n"
+             "  except mempool.LibraryNotFound as e:\n"
+             "    print('LNF', e)\n", {"MEMPOOL_LIBRARY": libm})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 and all(l.startswith("LNF") for l in lines), r.stdout
+    assert libm in lines[0] and "mp_status_string" in lines[0]
