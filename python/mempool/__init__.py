@@ -11,6 +11,7 @@ Errors raise MempoolError (or a subclass per status) carrying the C status,
 its name, mp_status_string() and mp_last_error(). mempool.torch.use()
 routes PyTorch's CUDA allocations through the library."""
 import ctypes
+import operator
 import os
 import warnings
 import weakref
@@ -123,10 +124,13 @@ _WORD = 1 << (8 * ctypes.sizeof(ctypes.c_size_t))
 
 def _word(value, what, call):
     """value as a C size_t or pointer: ctypes would wrap an int outside
-    [0, 2**64) silently (2**64 + p freed p; -1 asked 16 EiB)."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    [0, 2**64) silently (2**64 + p freed p; -1 asked 16 EiB). Any integer
+    (numpy's int64 too) is taken through __index__, as Python's own size
+    arguments are; a bool or a float is refused."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise TypeError("%s: %s must be an int, not %s"
                         % (call, what, type(value).__name__))
+    value = operator.index(value)
     if not 0 <= value < _WORD:
         raise _bad("%s %d is not in [0, 2**%d)" % (what, value, 8 * ctypes.sizeof(ctypes.c_size_t)),
                    call)

@@ -178,3 +178,36 @@ def test_a_stream_of_a_closed_device_is_refused_by_the_package(pool):
     other.close()
     _stream_calls_are_refused(pool, st, "device is closed")
     st.destroy()  # nothing left to destroy: no error
+
+
+class _IntLike:
+    """An integer that is not an int subclass, as numpy's int64 is: it
+    converts through __index__ (and refuses to be a float's stand-in)."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __index__(self):
+        return self.v
+
+
+def test_an_integer_that_is_not_an_int_is_taken_as_python_takes_it(device, pool):
+    # pool.alloc(np.prod(shape) * 4) raised TypeError ("not int64"), where
+    # Python's own size arguments (bytearray(n), os.read(fd, n)) take any
+    # integer through __index__; the range checks still apply to its value.
+    p = pool.alloc(_IntLike(4096))
+    assert pool.stats()["requested_bytes.all.current"] == 4096
+    st = device.stream()
+    pool.record_stream(_IntLike(p), st)
+    pool.free(_IntLike(p), stream=st)
+    st.synchronize()
+    q = pool.alloc(4096, stream=_IntLike(0))  # a raw handle: the NULL stream
+    pool.free(q)
+    pool.trim(_IntLike(0))
+    assert pool.stats()["allocation.all.current"] == 0
+    with pytest.raises(mempool.InvalidArgument):
+        pool.alloc(_IntLike(-1))
+    with pytest.raises(mempool.InvalidArgument):
+        pool.free(_IntLike(2**64 + p))
+    st.destroy()
+    pool.check()
