@@ -11,6 +11,7 @@ import ctypes
 import ctypes.util
 import glob
 import os
+import threading
 
 _here = os.path.dirname(os.path.abspath(__file__))
 
@@ -94,28 +95,40 @@ _PROTOTYPES = {
 
 _lib = None
 _path = None
+_load_lock = threading.Lock()
 
 
 def lib():
     """The loaded library, its functions declared (loaded on first use)."""
     global _lib, _path
     if _lib is None:
-        path = find_library()
-        try:
-            handle = ctypes.CDLL(path)
-        except OSError as e:
-            raise LibraryNotFound("cannot load %s: %s" % (path, e)) from e
-        for name, (res, args) in _PROTOTYPES.items():
-            try:
-                fn = getattr(handle, name)
-            except AttributeError:
-                raise LibraryNotFound(
-                    "%s is not a libmempool this package can use: it lacks %s "
-                    "(another library, or an older build)" % (path, name)) from None
-            fn.restype = res
-            fn.argtypes = args
-        _lib, _path = handle, path
+        with _load_lock:  # one load, whichever thread comes first
+            if _lib is None:
+                handle, path = _load()
+                # _path first: a thread that finds _lib set (without the
+                # lock) must find its path too.
+                _path = path
+                _lib = handle
     return _lib
+
+
+def _load():
+    """The library found, opened and its functions declared, and its path."""
+    path = find_library()
+    try:
+        handle = ctypes.CDLL(path)
+    except OSError as e:
+        raise LibraryNotFound("cannot load %s: %s" % (path, e)) from e
+    for name, (res, args) in _PROTOTYPES.items():
+        try:
+            fn = getattr(handle, name)
+        except AttributeError:
+            raise LibraryNotFound(
+                "%s is not a libmempool this package can use: it lacks %s "
+                "(another library, or an older build)" % (path, name)) from None
+        fn.restype = res
+        fn.argtypes = args
+    return handle, path
 
 
 def library_path():

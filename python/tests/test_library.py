@@ -80,3 +80,35 @@ def test_a_library_that_is_not_libmempool_is_a_clear_error():
     lines = r.stdout.splitlines()
     assert len(lines) == 2 and all(l.startswith("LNF") for l in lines), r.stdout
     assert libm in lines[0] and "mp_status_string" in lines[0]
+
+
+def test_another_thread_never_sees_the_library_without_its_path(monkeypatch):
+    # lib() stored _lib, then _path: a thread switch between the two let
+    # another thread's library_path() (mempool.torch.use()'s) return None.
+    # What another thread would see is sampled before each bytecode of a
+    # first load.
+    import sys
+    from mempool import _lib
+    path = _lib.library_path()
+    monkeypatch.setattr(_lib, "_lib", None)
+    monkeypatch.setattr(_lib, "_path", None)
+    seen = []
+
+    def step(frame, event, arg):
+        if event == "opcode":
+            seen.append((_lib._lib is not None, _lib._path))
+        return step
+
+    def enter(frame, event, arg):
+        if frame.f_code is _lib.lib.__code__:
+            frame.f_trace_opcodes = True
+            return step
+        return None
+
+    sys.settrace(enter)
+    try:
+        _lib.lib()
+    finally:
+        sys.settrace(None)
+    assert seen and seen[-1] == (True, path)
+    assert all(p == path for loaded, p in seen if loaded), seen
