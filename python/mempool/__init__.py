@@ -499,7 +499,8 @@ class Pool(_Handle):
         addresses (mp_pool_pause); with keep_content the live blocks are
         copied to page-locked host memory first and come back byte for byte
         on resume, without it their content is undefined afterwards. While
-        paused every call but resume, stats, dump and destroy raises Busy.
+        paused every call but resume, stats, reset_peaks, dump, snapshot and
+        destroy raises Busy.
         A pool with plain segments (virtual=0, or a device without virtual
         memory) raises NotSupported; paused already: Busy."""
         _check(_lib.lib().mp_pool_pause(self._live(), 1 if keep_content else 0),
