@@ -11,6 +11,7 @@ Errors raise MempoolError (or a subclass per status) carrying the C status,
 its name, mp_status_string() and mp_last_error(). mempool.torch.use()
 routes PyTorch's CUDA allocations through the library."""
 import ctypes
+import gc
 import operator
 import os
 import warnings
@@ -245,11 +246,18 @@ class Device(_Handle):
     def close(self):
         """Drains every stream and closes; pools on it must be destroyed
         first (a live one: Busy, and the device stays open: the library's
-        pool would use the closed device and crash the interpreter). Pools
-        dropped with blocks still live (Pool._dropped) are destroyed here."""
+        pool would use the closed device and crash the interpreter); dropped
+        ones still in a reference cycle are collected first. Pools dropped
+        with blocks still live (Pool._dropped) are destroyed here."""
         if self.handle is None:
             return
         live = [p for p in self._pools if p.handle is not None]
+        if live:
+            # Dropped ones still in a reference cycle wait for the cycle
+            # collector: it runs their finalizers (Pool._dropped) now.
+            del live
+            gc.collect()
+            live = [p for p in self._pools if p.handle is not None]
         if live:
             raise _refusal("MP_EBUSY",
                            "%d pool(s) on the device are not destroyed" % len(live),

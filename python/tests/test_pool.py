@@ -270,3 +270,25 @@ def test_a_dropped_stream_is_destroyed_and_its_blocks_stay_usable(device, pool):
     pool.free(p)  # the pool forgot the stream, not the block
     pool.check()
     assert pool.stats()["allocation.all.current"] == 0
+
+
+def test_close_collects_a_pool_dropped_in_a_reference_cycle(device):
+    # A dropped Pool still in a reference cycle (an object holding it and
+    # itself, a traceback's frames) waits for the cycle collector: close()
+    # counted it as live and raised Busy until some later collection ran.
+    class Holder:
+        pass
+    gc.disable()  # no collection but the one close() asks for
+    try:
+        empty = mempool.Pool(device)
+        h = Holder()
+        h.self, h.pool = h, empty
+        busy = mempool.Pool(device)
+        busy.alloc(4096)
+        h.busy = busy
+        del empty, busy, h
+        with pytest.warns(ResourceWarning, match="live"):
+            device.close()
+    finally:
+        gc.enable()
+    assert device.handle is None
