@@ -169,6 +169,22 @@ def test_a_keyword_option_holding_a_separator_is_refused(device):
         p.free(p.alloc(4096))
 
 
+def test_keyword_options_join_a_string_that_ends_with_a_comma(device):
+    # The library takes "max_bytes=8M," (a trailing ',' ends the list);
+    # with a keyword after it the joined "max_bytes=8M,,align=4096" was
+    # refused for an empty option the caller never wrote.
+    with mempool.Pool(device, "max_bytes=8M,", align=4096) as p:
+        a = p.alloc(1)
+        assert a % 4096 == 0
+        with pytest.raises(mempool.OutOfMemory):
+            p.alloc(16 << 20)  # the cap held too
+        p.free(a)
+    with pytest.raises(mempool.InvalidArgument, match="not key=value"):
+        mempool.Pool(device, "max_bytes=8M,,", align=4096)  # an empty one it was given
+    with pytest.raises(mempool.InvalidArgument, match="not key=value"):
+        mempool.Pool(device, ",", align=4096)  # refused alone too
+
+
 def test_a_stream_of_a_closed_device_is_refused_by_the_package(pool):
     # Closing a device frees its streams; a Stream kept past it passed its
     # freed handle on, which a stream made since may have taken over (the
