@@ -173,6 +173,15 @@ def _device(device, call):
     return device._live()
 
 
+def _forked(pid):
+    """Whether this process is a child forked from process pid (which made
+    the handle a finalizer is given): the library's state here is a copy
+    whose device threads (a host stream's worker) were not forked, and a
+    destroy or close would wait for them for ever. The finalizers leave
+    such a copy alone; the parent's objects are the parent's to free."""
+    return os.getpid() != pid
+
+
 class _Handle:
     """An object holding a handle of this process's library state: a copy
     would share it (destroying one left the other dangling, and its next
@@ -204,14 +213,17 @@ class Device(_Handle):
         self._orphans = []
         # Dropped without close(): _dropped, with what it needs (not self).
         # Pools and Streams hold their Device, so it goes after them.
-        self._finalizer = weakref.finalize(self, Device._dropped, h.value, self._orphans)
+        self._finalizer = weakref.finalize(self, Device._dropped, h.value, self._orphans,
+                                           os.getpid())
 
     @staticmethod
-    def _dropped(handle, orphans):
+    def _dropped(handle, orphans, pid):
         """A Device object that was never closed is gone, and with it every
         Pool and Stream of it. Closed (its streams with it), unless a Pool
         was dropped on it with live blocks: their addresses may still be in
         use, so it is kept open, with a ResourceWarning."""
+        if _forked(pid):
+            return
         if orphans:
             warnings.warn("a mempool.Device was dropped without close() while %d pool(s) "
                           "dropped with live blocks were on it: it is kept open"
@@ -290,11 +302,12 @@ class Stream(_Handle):
         self.device, self.handle = device, h.value
         # Dropped without destroy(): destroyed (the pools on the device
         # forget it first, mp_stream_destroy), unless its device is closed.
-        self._finalizer = weakref.finalize(self, Stream._dropped, device, h.value)
+        self._finalizer = weakref.finalize(self, Stream._dropped, device, h.value,
+                                           os.getpid())
 
     @staticmethod
-    def _dropped(device, handle):
-        if device.handle is not None:
+    def _dropped(device, handle, pid):
+        if device.handle is not None and not _forked(pid):
             _lib.lib().mp_stream_destroy(device.handle, handle)
 
     def _live(self):
@@ -386,14 +399,17 @@ class Pool(_Handle):
         self.device, self.handle = device, h.value
         device._pools.add(self)
         # Dropped without destroy(): _dropped, with what it needs (not self).
-        self._finalizer = weakref.finalize(self, Pool._dropped, device, h.value)
+        self._finalizer = weakref.finalize(self, Pool._dropped, device, h.value,
+                                           os.getpid())
 
     @staticmethod
-    def _dropped(device, handle):
+    def _dropped(device, handle, pid):
         """A Pool object that was never destroyed is gone. Holding no block,
         its pool is destroyed (what it reserved goes back); holding some, it
         is kept for the device to destroy at close, as their addresses may
         still be in use, with a ResourceWarning."""
+        if _forked(pid):
+            return
         L = _lib.lib()
         s = Stats()
         live = True

@@ -292,3 +292,48 @@ def test_close_collects_a_pool_dropped_in_a_reference_cycle(device):
     finally:
         gc.enable()
     assert device.handle is None
+
+
+@pytest.mark.parametrize("held", ["pool", "device", "stream"])
+def test_a_forked_child_exits_without_touching_the_parents_objects(held):
+    # A child forked with a Pool, Device or Stream of the parent alive ran
+    # their finalizers at its exit: the library's state there is a copy
+    # whose device threads were not forked, and the destroy or close
+    # waited for them for ever (the child hung, and its parent in wait).
+    import subprocess
+    import sys
+    code = """if True:
+        import os, signal, sys, time, mempool
+        d = mempool.Device("host:capacity=64M")
+        held = {"device": d}
+        d.synchronize()
+        if sys.argv[1] == "pool":
+            held["pool"] = p = mempool.Pool(d)
+            p.free(p.alloc(4096))
+        if sys.argv[1] == "stream":
+            held["stream"] = st = d.stream()
+            st.synchronize()
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(7)  # a normal exit: atexit and finalizers run
+        for _ in range(200):  # 20 s
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            sys.exit("the child hung at exit")
+        assert os.waitstatus_to_exitcode(status) == 7, status
+        for obj in (held.get("stream"), held.get("pool")):
+            if obj is not None:
+                obj.destroy()  # the parent's are still there
+        d.close()
+        print("ok")
+    """
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-c", code, held], cwd=pkg, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
