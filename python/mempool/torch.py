@@ -51,8 +51,9 @@ def use(device=None):
     is set as $MEMPOOL_DEVICE, which the default pool reads when it is made
     (on the first allocation). A negative number, one past a C int, a
     bool or a float: ValueError; another type than int or str: TypeError;
-    either way nothing is set or installed. If PyTorch refuses the allocator (it has allocated
-    already), its error is raised and $MEMPOOL_DEVICE is left as it was."""
+    either way nothing is set or installed. If PyTorch refuses the
+    allocator (it has allocated already), its error is raised and
+    $MEMPOOL_DEVICE is left as it was."""
     if isinstance(device, (int, float)):
         _device_number(device, "mempool.torch.use")
     elif device is not None and not isinstance(device, str):
