@@ -188,6 +188,16 @@ class _Handle:
     call crashed the interpreter), a pickle would carry a raw address into
     another process. Both are refused."""
 
+    def _mine(self):
+        """Refuses a call in a child forked from the process that made
+        self (_forked): there the library's device threads do not run, and
+        a call that waits for them (trim, destroy, close) hung."""
+        if _forked(self._pid):
+            raise _bad("this mempool.%s belongs to process %d, and process %d is a "
+                       "child forked from it: make a new Device here"
+                       % (type(self).__name__, self._pid, os.getpid()),
+                       type(self).__name__)
+
     def __reduce_ex__(self, protocol):
         raise TypeError("mempool.%s holds a handle of this process's libmempool "
                         "state: it cannot be copied or pickled"
@@ -206,6 +216,7 @@ class Device(_Handle):
         _check(L.mp_device_open(_cstr(spec, "spec", call) if spec is not None else None,
                                 ctypes.byref(h)), call)
         self.handle = h.value
+        self._pid = os.getpid()
         self._streams = []
         self._pools = weakref.WeakSet()  # live Pools on it (close refuses)
         # Handles of Pools dropped with blocks still live (Pool._dropped):
@@ -214,7 +225,7 @@ class Device(_Handle):
         # Dropped without close(): _dropped, with what it needs (not self).
         # Pools and Streams hold their Device, so it goes after them.
         self._finalizer = weakref.finalize(self, Device._dropped, h.value, self._orphans,
-                                           os.getpid())
+                                           self._pid)
 
     @staticmethod
     def _dropped(handle, orphans, pid):
@@ -238,6 +249,7 @@ class Device(_Handle):
     def _live(self):
         if self.handle is None:
             raise _bad("the device is closed", "Device")
+        self._mine()
         return self.handle
 
     def mem_info(self):
@@ -263,6 +275,7 @@ class Device(_Handle):
         with blocks still live (Pool._dropped) are destroyed here."""
         if self.handle is None:
             return
+        self._mine()
         live = [p for p in self._pools if p.handle is not None]
         if live:
             # Dropped ones still in a reference cycle wait for the cycle
@@ -289,7 +302,11 @@ class Device(_Handle):
         self.close()
 
     def __repr__(self):
-        return "<mempool.Device %s>" % (self.name if self.handle else "closed")
+        if self.handle is None:
+            return "<mempool.Device closed>"
+        if _forked(self._pid):  # name would be refused (_mine)
+            return "<mempool.Device of process %d>" % self._pid
+        return "<mempool.Device %s>" % self.name
 
 
 class Stream(_Handle):
@@ -299,11 +316,11 @@ class Stream(_Handle):
         h = ctypes.c_void_p()
         _check(_lib.lib().mp_stream_create(_device(device, "Stream"), ctypes.byref(h)),
                "mp_stream_create")
-        self.device, self.handle = device, h.value
+        self.device, self.handle, self._pid = device, h.value, os.getpid()
         # Dropped without destroy(): destroyed (the pools on the device
         # forget it first, mp_stream_destroy), unless its device is closed.
         self._finalizer = weakref.finalize(self, Stream._dropped, device, h.value,
-                                           os.getpid())
+                                           self._pid)
 
     @staticmethod
     def _dropped(device, handle, pid):
@@ -319,6 +336,7 @@ class Stream(_Handle):
         # since, on any device.
         if self.device.handle is None:
             raise _bad("the stream's device is closed", "Stream")
+        self._mine()
         return self.handle
 
     def synchronize(self):
@@ -327,6 +345,7 @@ class Stream(_Handle):
 
     def destroy(self):
         if self.handle is not None and self.device.handle is not None:
+            self._mine()
             _check(_lib.lib().mp_stream_destroy(self.device.handle, self.handle),
                    "mp_stream_destroy")
         self.handle = None
@@ -396,11 +415,11 @@ class Pool(_Handle):
         h = ctypes.c_void_p()
         _check(L.mp_pool_create(device._live(), ctypes.byref(cfg), ctypes.byref(h)),
                "mp_pool_create")
-        self.device, self.handle = device, h.value
+        self.device, self.handle, self._pid = device, h.value, os.getpid()
         device._pools.add(self)
         # Dropped without destroy(): _dropped, with what it needs (not self).
         self._finalizer = weakref.finalize(self, Pool._dropped, device, h.value,
-                                           os.getpid())
+                                           self._pid)
 
     @staticmethod
     def _dropped(device, handle, pid):
@@ -425,6 +444,7 @@ class Pool(_Handle):
     def _live(self):
         if self.handle is None:
             raise _bad("the pool is destroyed", "Pool")
+        self._mine()
         return self.handle
 
     def alloc(self, nbytes, stream=None):
@@ -545,6 +565,7 @@ class Pool(_Handle):
 
     def destroy(self):
         if self.handle is not None:
+            self._mine()
             _check(_lib.lib().mp_pool_destroy(self.handle), "mp_pool_destroy")
             self.handle = None
             self._finalizer.detach()

@@ -337,3 +337,51 @@ def test_a_forked_child_exits_without_touching_the_parents_objects(held):
                        text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok"
+
+
+def test_a_forked_child_is_refused_the_parents_objects():
+    # In a child forked from the process that made them, a Pool's trim or
+    # destroy, a Stream's destroy or a Device's close waited for device
+    # threads that were not forked: the child hung. Every call on them is
+    # refused there, naming the process they belong to.
+    import subprocess
+    import sys
+    code = """if True:
+        import os, signal, sys, time, mempool
+        d = mempool.Device("host:capacity=64M")
+        p = mempool.Pool(d)
+        st = d.stream()
+        p.free(p.alloc(4096, stream=st), stream=st)
+        pid = os.fork()
+        if pid == 0:
+            refused = 0
+            for call in (p.trim, p.destroy, st.destroy, d.close, d.synchronize,
+                         lambda: p.alloc(4096), lambda: mempool.Pool(d),
+                         st.synchronize, p.stats):
+                try:
+                    call()
+                except mempool.InvalidArgument as e:
+                    refused += "process %d" % os.getppid() in str(e)
+            assert repr(d) == "<mempool.Device of process %d>" % os.getppid()
+            os._exit(refused)
+        for _ in range(200):  # 20 s
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            sys.exit("the child hung")
+        print(os.waitstatus_to_exitcode(status))
+        p.free(p.alloc(4096, stream=st), stream=st)  # the parent's still work
+        p.trim()
+        p.destroy()
+        st.destroy()
+        d.close()
+    """
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-c", code], cwd=pkg, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "9"
