@@ -506,18 +506,33 @@ static void mpb_file_stem(const char *name, char *buf, size_t len) {
   buf[i] = '\0';
 }
 
+/* Distinct names, each a copy, as many as there are (a run may have any
+ * number of workloads, each with its plot). oom: a name could not be
+ * added. */
 typedef struct mpb_names {
-  const char *v[256];
-  size_t n;
+  char **v;
+  size_t n, cap;
+  bool oom;
 } mpb_names_t;
 
-static size_t mpb_names_add(mpb_names_t *ns, const char *s) {
+static void mpb_names_add(mpb_names_t *ns, const char *s) {
   for (size_t i = 0; i < ns->n; i++)
     if (strcmp(ns->v[i], s) == 0)
-      return i;
-  if (ns->n < 256)
-    ns->v[ns->n++] = s;
-  return ns->n - 1;
+      return;
+  char *copy = NULL;
+  if (!mpb_grow(&ns->v, &ns->cap, ns->n, sizeof *ns->v) ||
+      (copy = strdup(s)) == NULL) {
+    ns->oom = true;
+    return;
+  }
+  ns->v[ns->n++] = copy;
+}
+
+static void mpb_names_free(mpb_names_t *ns) {
+  for (size_t i = 0; i < ns->n; i++)
+    free(ns->v[i]);
+  free(ns->v);
+  memset(ns, 0, sizeof *ns);
 }
 
 static bool mpb_gnuplot_terminal(char *term, size_t len) {
@@ -556,22 +571,12 @@ static bool mpb_run_gnuplot(const char *tmp) {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
-/* Writes the plot data and script into tmp, runs gnuplot; the PNG names it
- * made are added to files. */
-static mp_status_t mpb_plot(const char *tmp, const mpb_result_t *r, size_t n,
-                            mpb_names_t *files, char *why, size_t why_len) {
-  char term[96];
-  if (!mpb_gnuplot_terminal(term, sizeof term)) {
-    snprintf(why, why_len,
-             "gnuplot (with a png or pngcairo terminal) is not installed: "
-             "no plots (install gnuplot-nox)");
-    return MP_ENOTSUP;
-  }
-  mpb_names_t wl = {0}, al = {0};
-  for (size_t i = 0; i < n; i++) {
-    mpb_names_add(&wl, r[i].workload);
-    mpb_names_add(&al, r[i].allocator);
-  }
+/* mpb_plot's work, for the workloads wl and allocators al of r. */
+static mp_status_t mpb_plot_names(const char *tmp, const char *term,
+                                  const mpb_result_t *r, size_t n,
+                                  const mpb_names_t *wl, const mpb_names_t *al,
+                                  mpb_names_t *files, char *why,
+                                  size_t why_len) {
   char path[4400];
   snprintf(path, sizeof path, "%s/plot.gp", tmp);
   FILE *gp = fopen(path, "w");
@@ -581,20 +586,19 @@ static mp_status_t mpb_plot(const char *tmp, const mpb_result_t *r, size_t n,
           "set terminal %s 1280,720\nset grid\nset key top left noenhanced\n"
           "set datafile missing 'NaN'\n",
           term);
-  static char stems[256][200];
   size_t plots = 0;
-  for (size_t w = 0; w < wl.n; w++) {
+  for (size_t w = 0; w < wl->n; w++) {
     /* A workload whose runs all failed before their first point has no
      * line to draw (gnuplot refuses a plot with no valid point). */
     size_t points = 0;
     for (size_t i = 0; i < n; i++)
-      if (strcmp(r[i].workload, wl.v[w]) == 0)
+      if (strcmp(r[i].workload, wl->v[w]) == 0)
         points += r[i].npoints;
     if (points == 0)
       continue;
     plots++;
     char stem[160];
-    mpb_file_stem(wl.v[w], stem, sizeof stem);
+    mpb_file_stem(wl->v[w], stem, sizeof stem);
     snprintf(path, sizeof path, "%s/bytes_%zu.dat", tmp, w);
     FILE *d = fopen(path, "w");
     if (d == NULL) {
@@ -607,7 +611,7 @@ static mp_status_t mpb_plot(const char *tmp, const mpb_result_t *r, size_t n,
      * early). */
     size_t blocks = 0, live_block = 0, live_events = 0;
     for (size_t i = 0; i < n; i++) {
-      if (strcmp(r[i].workload, wl.v[w]) != 0)
+      if (strcmp(r[i].workload, wl->v[w]) != 0)
         continue;
       for (size_t k = 0; k < r[i].npoints; k++)
         fprintf(d, "%llu %zu %zu\n", (unsigned long long)r[i].point_event[k],
@@ -620,10 +624,11 @@ static mp_status_t mpb_plot(const char *tmp, const mpb_result_t *r, size_t n,
       blocks++;
     }
     fclose(d);
-    snprintf(stems[w], sizeof stems[w], "bytes_%s.png", stem);
-    fprintf(gp, "set output '%s'\nset title ", stems[w]);
+    char png[200];
+    snprintf(png, sizeof png, "bytes_%s.png", stem);
+    fprintf(gp, "set output '%s'\nset title ", png);
     char t[256];
-    snprintf(t, sizeof t, "%s: device memory reserved vs live", wl.v[w]);
+    snprintf(t, sizeof t, "%s: device memory reserved vs live", wl->v[w]);
     mpb_put_quoted(gp, t, '\'');
     /* From 0, so heights compare as ratios; x ends with the data. */
     fprintf(gp, " noenhanced\nset xlabel 'event (allocations and frees, in "
@@ -632,7 +637,7 @@ static mp_status_t mpb_plot(const char *tmp, const mpb_result_t *r, size_t n,
                 "set key below noenhanced\nset style data lines\nplot ");
     size_t b = 0;
     for (size_t i = 0; i < n; i++) {
-      if (strcmp(r[i].workload, wl.v[w]) != 0)
+      if (strcmp(r[i].workload, wl->v[w]) != 0)
         continue;
       char title[160];
       snprintf(title, sizeof title, "%s reserved%s", r[i].allocator,
@@ -652,7 +657,7 @@ static mp_status_t mpb_plot(const char *tmp, const mpb_result_t *r, size_t n,
             "'bytes_%zu.dat' index %zu using 1:($2/1048576) lw 2 dt 2 "
             "lc rgb 'black' title 'live (requested by the workload)'\n",
             w, live_block);
-    mpb_names_add(files, stems[w]);
+    mpb_names_add(files, png);
   }
   /* The bar chart of ratios: one cluster per workload, a bar per allocator
    * that completed at least one; none when no run completed (gnuplot
@@ -670,17 +675,17 @@ static mp_status_t mpb_plot(const char *tmp, const mpb_result_t *r, size_t n,
     fclose(gp);
     return mp__fail(MP_EINVAL, "cannot write %s", path);
   }
-  for (size_t w = 0; w < wl.n; w++) {
+  for (size_t w = 0; w < wl->n; w++) {
     fputc('"', d);
-    for (const char *c = wl.v[w]; *c; c++)
+    for (const char *c = wl->v[w]; *c; c++)
       if (*c != '"')
         fputc(*c, d);
     fputc('"', d);
-    for (size_t a = 0; a < al.n; a++) {
+    for (size_t a = 0; a < al->n; a++) {
       double v = NAN;
       for (size_t i = 0; i < n; i++)
-        if (strcmp(r[i].workload, wl.v[w]) == 0 &&
-            strcmp(r[i].allocator, al.v[a]) == 0 && r[i].completed)
+        if (strcmp(r[i].workload, wl->v[w]) == 0 &&
+            strcmp(r[i].allocator, al->v[a]) == 0 && r[i].completed)
           v = r[i].ratio;
       if (isfinite(v))
         fprintf(d, " %.4f", v);
@@ -707,16 +712,16 @@ static mp_status_t mpb_plot(const char *tmp, const mpb_result_t *r, size_t n,
   fputs("plot ", gp);
   /* The tick labels ride on the first column plotted. */
   bool first = true;
-  for (size_t a = 0; a < al.n; a++) {
+  for (size_t a = 0; a < al->n; a++) {
     bool any = false;
     for (size_t i = 0; i < n; i++)
-      any = any || (strcmp(r[i].allocator, al.v[a]) == 0 && r[i].completed &&
+      any = any || (strcmp(r[i].allocator, al->v[a]) == 0 && r[i].completed &&
                     isfinite(r[i].ratio));
     if (!any)
       continue;
     fprintf(gp, "%s'ratios.dat' using %zu%s title ", first ? "" : ", ", a + 2,
             first ? ":xtic(1)" : "");
-    mpb_put_quoted(gp, al.v[a], '\'');
+    mpb_put_quoted(gp, al->v[a], '\'');
     first = false;
   }
   fputs("\n", gp);
@@ -743,6 +748,31 @@ run:
     return MP_EINVAL;
   }
   return MP_OK;
+}
+
+/* Writes the plot data and script into tmp, runs gnuplot; the PNG names it
+ * made are added to files. */
+static mp_status_t mpb_plot(const char *tmp, const mpb_result_t *r, size_t n,
+                            mpb_names_t *files, char *why, size_t why_len) {
+  char term[96];
+  if (!mpb_gnuplot_terminal(term, sizeof term)) {
+    snprintf(why, why_len,
+             "gnuplot (with a png or pngcairo terminal) is not installed: "
+             "no plots (install gnuplot-nox)");
+    return MP_ENOTSUP;
+  }
+  mpb_names_t wl = {0}, al = {0};
+  for (size_t i = 0; i < n; i++) {
+    mpb_names_add(&wl, r[i].workload);
+    mpb_names_add(&al, r[i].allocator);
+  }
+  mp_status_t st =
+      wl.oom || al.oom
+          ? mp__fail(MP_ENOMEM, "out of host memory for the plots")
+          : mpb_plot_names(tmp, term, r, n, &wl, &al, files, why, why_len);
+  mpb_names_free(&wl);
+  mpb_names_free(&al);
+  return st;
 }
 
 static mp_status_t mpb_write_file(const char *tmp, const char *name,
@@ -810,18 +840,20 @@ mp_status_t mpb_report_write_maps(const char *dir, const mpb_result_t *r,
   }
   if (st == MP_OK && want_plots) {
     mpb_names_t pngs = {0};
-    static char png_names[260][200];
     mp_status_t pst = mpb_plot(tmp, r, n, &pngs, why_not, why_len);
-    if (pst == MP_OK) {
-      for (size_t i = 0; i < pngs.n; i++) {
-        snprintf(png_names[i], sizeof png_names[i], "%s", pngs.v[i]);
-        mpb_names_add(&files, png_names[i]);
-      }
+    if (pst == MP_OK && !pngs.oom) {
+      for (size_t i = 0; i < pngs.n; i++)
+        mpb_names_add(&files, pngs.v[i]);
       *plotted = true;
     } else if (why_not[0] == '\0') {
-      snprintf(why_not, why_len, "%s", mp_last_error());
+      snprintf(why_not, why_len, "%s",
+               pst == MP_OK ? "out of host memory for the plots"
+                            : mp_last_error());
     }
+    mpb_names_free(&pngs);
   }
+  if (st == MP_OK && files.oom)
+    st = mp__fail(MP_ENOMEM, "out of host memory");
   /* Every destination is found, and every file that goes through a link
    * is copied beside its target, before anything is renamed: a bad link
    * leaves the output folder, and every target, as they were. */
@@ -856,6 +888,7 @@ mp_status_t mpb_report_write_maps(const char *dir, const mpb_result_t *r,
     if (mv[i].staged)
       unlink(mv[i].from);
   free(mv);
+  mpb_names_free(&files);
   mpb_rm_tree(tmp);
   return st;
 }

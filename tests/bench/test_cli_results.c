@@ -221,6 +221,41 @@ Test(cli_results, failed_runs_keep_their_byte_plots, .init = make_tmp,
   closedir(d);
 }
 
+/* More workloads than the report once kept names for (256): every one
+ * still gets its byte plot, and the ratio chart is still drawn. */
+Test(cli_results, every_workload_of_a_large_run_gets_its_plot, .init = make_tmp,
+     .fini = drop_tmp, .timeout = 300) {
+  if (system("gnuplot -e 'set terminal png' >/dev/null 2>&1") != 0)
+    cr_skip_test("gnuplot with a png terminal is not installed");
+  enum { N = 258 };
+  char dir[512], out[512], path[700];
+  snprintf(dir, sizeof dir, "%s/traces", tmpdir);
+  snprintf(out, sizeof out, "%s/out", tmpdir);
+  cr_assert_eq(mkdir(dir, 0777), 0);
+  for (int i = 0; i < N; i++) {
+    snprintf(path, sizeof path, "%s/t%03d.csv", dir, i);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fprintf(f,
+            "Thread,Time,Action,Pointer,Size,Stream\n"
+            "0,00:00:00.000001,allocate,0x1000,%d,0\n",
+            1000 + i);
+    fclose(f);
+  }
+  const char *args[] = {"run",     "--out",      out,           "--traces",
+                        dir,       "--workload", "random:n=20", "--allocator",
+                        "direct",  "--device",   "host",        "--no-capacity",
+                        "--quiet", NULL};
+  cr_assert_eq(run(args), 0);
+  cr_expect(exists(out, "ratios.png"));
+  cr_expect(exists(out, "bytes_random_n_20.png"));
+  for (int i = 0; i < N; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "bytes_t%03d.png", i);
+    cr_expect(exists(out, name), "%s missing", name);
+  }
+}
+
 Test(cli_results, traces_with_the_same_file_name_get_rows_of_their_own,
      .init = make_tmp, .fini = drop_tmp) {
   char d1[512], d2[512], t1[600], t2[600], out[512];
