@@ -75,7 +75,9 @@ static void mpb_usage(FILE *out) {
       "subfolders.\n"
       "                      Default: $MEMPOOL_TRACES, else shared/traces "
       "found\n"
-      "                      next to the source tree or the executable\n"
+      "                      next to the source tree or the executable "
+      "(not with\n"
+      "                      --no-traces, nor with bound's FILEs)\n"
       "  --no-traces         (run) built-in workloads only\n"
       "  --allocator NAME    repeatable; default: all (see `mpbench list`);\n"
       "                      bound: none, each one given adds its ratio "
@@ -467,6 +469,14 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
   }
   if (c->replay && c->files.n == 0)
     return mpb_fail_usage("%s", "replay needs at least one trace file");
+  /* A folder that would not be read is a mistake to say, not to drop. */
+  if (c->traces_dir != NULL && c->no_traces)
+    return mpb_fail_usage("--traces %s and --no-traces contradict each other",
+                          c->traces_dir);
+  if (c->traces_dir != NULL && c->files.n > 0)
+    return mpb_fail_usage("--traces %s: bound replays the trace files given "
+                          "(or, given none, the folder's)",
+                          c->traces_dir);
   return -1; /* go on */
 }
 

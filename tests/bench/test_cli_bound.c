@@ -142,3 +142,24 @@ Test(cli_bound, bound_refuses_the_options_it_does_not_use, .init = make_tmp,
   }
   cr_expect_eq(access(out, F_OK), -1, "the output folder was created");
 }
+
+/* bound FILE... replays the files given: a --traces folder beside them was
+ * dropped without a word (the table had the files' rows only). */
+Test(cli_bound, bound_with_files_refuses_a_traces_folder, .init = make_tmp,
+     .fini = drop_tmp) {
+  char trace[512];
+  snprintf(trace, sizeof trace, "%s/small.csv", tmpdir);
+  write_file(trace, "1,00:00:00.000001,allocate,0x1000,4096,0\n"
+                    "1,00:00:00.000002,free,0x1000,4096,0\n");
+  const char *args[] = {"bound",    "--device", "host",       "--quiet",
+                        "--traces", tmpdir,     "--workload", "random:n=20",
+                        trace,      NULL};
+  cr_expect_eq(run_text(args), 2);
+  cr_expect(strstr(text, "| workload |") == NULL, "a table: %s", text);
+  /* The folder alone is what bound replays then. */
+  const char *alone[] = {"bound",      "--device",    "host",
+                         "--quiet",    "--traces",    tmpdir,
+                         "--workload", "random:n=20", NULL};
+  cr_expect_eq(run_text(alone), 0, "%s", mp_last_error());
+  cr_expect(strstr(text, "| small |") != NULL, "%s", text);
+}

@@ -368,6 +368,23 @@ Test(cli_results, bad_arguments_exit_2_and_write_nothing, .init = make_tmp,
   cr_expect_eq(run(help), 0);
 }
 
+/* --traces DIR and --no-traces contradict each other: the folder was
+ * dropped without a word and only the built-in workloads ran. */
+Test(cli_results, traces_and_no_traces_together_are_bad_usage, .init = make_tmp,
+     .fini = drop_tmp) {
+  char out[512];
+  snprintf(out, sizeof out, "%s/out", tmpdir);
+  const char *args[] = {
+      "run",           "--out",      out,           "--traces",    tmpdir,
+      "--no-traces",   "--workload", "random:n=20", "--allocator", "direct",
+      "--no-capacity", "--quiet",    NULL};
+  cr_expect_eq(run(args), 2);
+  cr_expect_eq(access(out, F_OK), -1, "the output folder was created");
+  const char *bound[] = {"bound",      "--traces",    tmpdir,    "--no-traces",
+                         "--workload", "random:n=20", "--quiet", NULL};
+  cr_expect_eq(mpb_test_run(bound, "/dev/null"), 2);
+}
+
 /* A trace file in tmpdir (its path in trace) and where --out points (out),
  * for the tests of bad usage below. */
 static void out_and_trace(char *out, char *trace, size_t len) {
