@@ -515,10 +515,16 @@ typedef struct mpb_names {
   bool oom;
 } mpb_names_t;
 
-static void mpb_names_add(mpb_names_t *ns, const char *s) {
+static bool mpb_names_has(const mpb_names_t *ns, const char *s) {
   for (size_t i = 0; i < ns->n; i++)
     if (strcmp(ns->v[i], s) == 0)
-      return;
+      return true;
+  return false;
+}
+
+static void mpb_names_add(mpb_names_t *ns, const char *s) {
+  if (mpb_names_has(ns, s))
+    return;
   char *copy = NULL;
   if (!mpb_grow(&ns->v, &ns->cap, ns->n, sizeof *ns->v) ||
       (copy = strdup(s)) == NULL) {
@@ -624,8 +630,12 @@ static mp_status_t mpb_plot_names(const char *tmp, const char *term,
       blocks++;
     }
     fclose(d);
+    /* Names that make one stem ("a b", "a_b") get a file each: the
+     * later ones numbered. */
     char png[200];
     snprintf(png, sizeof png, "bytes_%s.png", stem);
+    for (unsigned k = 2; mpb_names_has(files, png); k++)
+      snprintf(png, sizeof png, "bytes_%s_%u.png", stem, k);
     fprintf(gp, "set output '%s'\nset title ", png);
     char t[256];
     snprintf(t, sizeof t, "%s: device memory reserved vs live", wl->v[w]);

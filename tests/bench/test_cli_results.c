@@ -256,6 +256,36 @@ Test(cli_results, every_workload_of_a_large_run_gets_its_plot, .init = make_tmp,
   }
 }
 
+/* Workload names that make the same file name ("a b" and "a_b": every
+ * character but letters, digits, '.' and '-' becomes '_') get a plot each:
+ * the second was drawn over the first, whose plot was lost. */
+Test(cli_results, workloads_of_one_file_stem_get_a_plot_each, .init = make_tmp,
+     .fini = drop_tmp) {
+  if (system("gnuplot -e 'set terminal png' >/dev/null 2>&1") != 0)
+    cr_skip_test("gnuplot with a png terminal is not installed");
+  char dir[512], out[512], path[700];
+  snprintf(dir, sizeof dir, "%s/traces", tmpdir);
+  snprintf(out, sizeof out, "%s/out", tmpdir);
+  cr_assert_eq(mkdir(dir, 0777), 0);
+  snprintf(path, sizeof path, "%s/a b.csv", dir);
+  write_trace(path);
+  snprintf(path, sizeof path, "%s/a_b.csv", dir);
+  write_trace(path);
+  const char *args[] = {"run",    "--out",         out,           "--traces",
+                        dir,      "--workload",    "random:n=20", "--allocator",
+                        "direct", "--no-capacity", "--quiet",     NULL};
+  cr_assert_eq(run(args), 0);
+  size_t plots = 0;
+  DIR *d = opendir(out);
+  cr_assert_not_null(d);
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    plots += strncmp(e->d_name, "bytes_a", 7) == 0;
+  closedir(d);
+  cr_expect_eq(plots, 2, "%zu plots of the two workloads", plots);
+  cr_expect(exists(out, "bytes_a_b.png"));
+}
+
 Test(cli_results, traces_with_the_same_file_name_get_rows_of_their_own,
      .init = make_tmp, .fini = drop_tmp) {
   char d1[512], d2[512], t1[600], t2[600], out[512];
