@@ -491,6 +491,16 @@ static void mpb_jobs_free(mpb_jobs_t *j) {
   free(j->w);
 }
 
+/* Whether a trace named name would share its rows' name with one of the
+ * nspecs built-in workloads that run (named by their spec). */
+static bool mpb_names_a_workload(const char *name, const char *const *specs,
+                                 size_t nspecs) {
+  for (size_t i = 0; i < nspecs; i++)
+    if (strcmp(specs[i], name) == 0)
+      return true;
+  return false;
+}
+
 /* Loads or generates every workload; a bad one stops everything. */
 static int mpb_load(const mpb_cli_t *c, mpb_jobs_t *jobs) {
   mpb_strv_t traces = {0}, names = {0};
@@ -499,9 +509,22 @@ static int mpb_load(const mpb_cli_t *c, mpb_jobs_t *jobs) {
   int rc = 0;
   /* bound FILE... loads the files (and only the --workload given). */
   bool files = c->replay || c->files.n > 0;
+  /* The built-in workloads to run: --workload's, or all of them. */
+  size_t nbuilt = 0;
+  const char *const *specs = (const char *const *)c->workloads.v;
+  if (!c->replay) {
+    if (c->workloads.n == 0 && !files) {
+      specs = mpb_builtin_names;
+      while (specs[nbuilt] != NULL)
+        nbuilt++;
+    } else {
+      nbuilt = c->workloads.n;
+    }
+  }
   if (files) {
     /* Named by file name, or by the path as given where two files share
-     * a name, so that no two rows of the results look the same. */
+     * a name or the name is a workload's, so that no two rows of the
+     * results look the same. */
     for (size_t i = 0; i < c->files.n; i++) {
       const char *f = c->files.v[i], *base = strrchr(f, '/');
       base = base ? base + 1 : f;
@@ -511,7 +534,9 @@ static int mpb_load(const mpb_cli_t *c, mpb_jobs_t *jobs) {
         shared = j != i && strcmp(o ? o + 1 : c->files.v[j], base) == 0;
       }
       char nm[PATH_MAX];
-      mpb_trace_name(shared ? f : base, nm, sizeof nm);
+      mpb_trace_name(base, nm, sizeof nm);
+      if (shared || mpb_names_a_workload(nm, specs, nbuilt))
+        mpb_trace_name(f, nm, sizeof nm);
       if (!mpb_strv_push(&traces, f) || !mpb_strv_push(&names, nm))
         rc = 1;
     }
@@ -531,7 +556,10 @@ static int mpb_load(const mpb_cli_t *c, mpb_jobs_t *jobs) {
       for (size_t i = 0; i < nrel; i++) {
         char path[PATH_MAX * 2], nm[PATH_MAX];
         snprintf(path, sizeof path, "%s/%s", dir, rel[i]);
+        /* By its path where its name is a workload's (graph.csv). */
         mpb_trace_name(rel[i], nm, sizeof nm);
+        if (mpb_names_a_workload(nm, specs, nbuilt))
+          mpb_trace_name(path, nm, sizeof nm);
         if (!mpb_strv_push(&traces, path) || !mpb_strv_push(&names, nm))
           rc = 1;
       }
@@ -541,17 +569,6 @@ static int mpb_load(const mpb_cli_t *c, mpb_jobs_t *jobs) {
   if (rc != 0) {
     fprintf(stderr, "mpbench: out of host memory\n");
     goto out;
-  }
-  size_t nbuilt = 0;
-  const char *const *specs = (const char *const *)c->workloads.v;
-  if (!c->replay) {
-    if (c->workloads.n == 0 && !files) {
-      specs = mpb_builtin_names;
-      while (specs[nbuilt] != NULL)
-        nbuilt++;
-    } else {
-      nbuilt = c->workloads.n;
-    }
   }
   jobs->w = calloc(nbuilt + traces.n + 1, sizeof *jobs->w);
   if (jobs->w == NULL) {

@@ -311,6 +311,30 @@ Test(cli_results, traces_with_the_same_file_name_get_rows_of_their_own,
   cr_expect(strstr(json, w2) != NULL, "%s", json);
 }
 
+/* A trace named as a built-in workload that runs beside it (graph.csv and
+ * --workload graph) is named by its path: the two rows looked the same
+ * and were drawn into one plot. */
+Test(cli_results, a_trace_named_as_a_workload_gets_rows_of_its_own,
+     .init = make_tmp, .fini = drop_tmp) {
+  char dir[512], out[512], path[700];
+  snprintf(dir, sizeof dir, "%s/traces", tmpdir);
+  snprintf(out, sizeof out, "%s/out", tmpdir);
+  cr_assert_eq(mkdir(dir, 0777), 0);
+  snprintf(path, sizeof path, "%s/graph.csv", dir);
+  write_trace(path);
+  const char *args[] = {"run",    "--out",         out,          "--traces",
+                        dir,      "--workload",    "graph",      "--allocator",
+                        "direct", "--no-capacity", "--no-plots", "--quiet",
+                        NULL};
+  cr_assert_eq(run(args), 0);
+  char w[800];
+  snprintf(path, sizeof path, "%s/results.json", out);
+  const char *json = slurp(path);
+  snprintf(w, sizeof w, "\"workload\": \"%s/graph\"", dir);
+  cr_expect(strstr(json, w) != NULL, "%s", json);
+  cr_expect(strstr(json, "\"workload\": \"graph\"") != NULL, "%s", json);
+}
+
 Test(cli_results, malformed_trace_stops_with_its_line_and_writes_nothing,
      .init = make_tmp, .fini = drop_tmp) {
   char trace[512], out[512];
