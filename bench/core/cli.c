@@ -685,6 +685,15 @@ static int mpb_bound(const mpb_cli_t *c) {
     mpb_progress(c, w, jobs.nw, jobs.w[w].name);
     mp_status_t st =
         mpb_offline_place(&jobs.w[w], align, granule, NULL, 0, &off[w]);
+    if (st != MP_OK) {
+      /* Its message names the workload; EINVAL: blocks no range holds
+       * (sizes past the address space), which is bad input. */
+      if (!c->quiet && isatty(2))
+        fputs("\r\033[K", stderr);
+      fprintf(stderr, "mpbench: %s\n", mp_last_error());
+      rc = st == MP_EINVAL ? 2 : 1;
+      goto out;
+    }
     for (size_t a = 0; a < allocs.n && st == MP_OK; a++) {
       /* Beside the ratio, the granules its live blocks touched at most
        * (not where a tenant pauses: its blocks leave the device). */

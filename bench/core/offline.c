@@ -553,8 +553,13 @@ mp_status_t mpb_offline_place(const mpb_workload_t *w, size_t align,
     uint64_t visits;
     if ((st = mpb_place(&it, w->n, mpb_order_cmp[k], off, &high, &visits)) !=
             MP_OK ||
-        (st = mpb_mapped_peak(&it, off, high, granule, &mapped)) != MP_OK)
+        (st = mpb_mapped_peak(&it, off, high, granule, &mapped)) != MP_OK) {
+      /* Said of the workload, as mpb_items_of says its own. */
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s", mp_last_error());
+      st = mp__fail(st, "%s: %s", w->name, msg);
       goto out;
+    }
     spent += visits;
     if (round <= 1 || high < out->high_by[k])
       out->high_by[k] = high;

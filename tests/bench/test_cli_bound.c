@@ -163,3 +163,23 @@ Test(cli_bound, bound_with_files_refuses_a_traces_folder, .init = make_tmp,
   cr_expect_eq(run_text(alone), 0, "%s", mp_last_error());
   cr_expect(strstr(text, "| small |") != NULL, "%s", text);
 }
+
+/* A trace whose blocks no flat range can hold side by side (two of 2^63 - 1
+ * bytes live together: they fit a size_t, rounded they end past it) is bad
+ * input, exit 2 as a malformed trace is, with the trace named (it was exit
+ * 1, a failure while running, and the placement's message named nothing). */
+Test(cli_bound, a_trace_past_the_address_space_is_bad_input, .init = make_tmp,
+     .fini = drop_tmp) {
+  char trace[512];
+  snprintf(trace, sizeof trace, "%s/huge.csv", tmpdir);
+  write_file(trace,
+             "1,00:00:00.000001,allocate,0x1000,9223372036854775807,0\n"
+             "1,00:00:00.000002,allocate,0x2000,9223372036854775807,0\n");
+  const char *args[] = {"bound", "--device", "host", "--quiet", trace, NULL};
+  cr_expect_eq(run_text(args), 2);
+  cr_expect(strstr(mp_last_error(), "huge: ") == mp_last_error(), "%s",
+            mp_last_error());
+  cr_expect(strstr(mp_last_error(), "address space") != NULL, "%s",
+            mp_last_error());
+  cr_expect(strstr(text, "| workload |") == NULL, "a table: %s", text);
+}
