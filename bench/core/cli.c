@@ -850,6 +850,9 @@ int mpb_main(int argc, char **argv) {
         rc = 1;
         goto out;
       }
+      /* A run that failed stopped there: so does its map. */
+      if (a == map_alloc)
+        mpb_blockmap_end(&maps[nmaps - 1], res[done].events);
       done++;
     }
   }

@@ -52,6 +52,15 @@ void mpb_blockmap_on_block(void *ctx, size_t event, const mpb_event_t *e,
   }
 }
 
+void mpb_blockmap_end(mpb_blockmap_t *m, uint64_t events) {
+  if (events >= m->events)
+    return;
+  m->events = events;
+  for (uint32_t s = 0; s < m->nslots; s++)
+    if (m->open[s] != 0)
+      m->b[m->open[s] - 1].t1 = events;
+}
+
 void mpb_blockmap_free(mpb_blockmap_t *m) {
   free(m->b);
   free(m->open);

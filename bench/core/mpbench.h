@@ -420,7 +420,8 @@ typedef struct mpb_blockmap {
   size_t n, cap;
   size_t *open; /* per slot: index in b + 1 of its live block; 0 none */
   uint32_t nslots;
-  uint64_t events;    /* the workload's events: open blocks end there */
+  uint64_t events;    /* the workload's events, or those its replay ran
+                         (mpb_blockmap_end): open blocks end there */
   bool out_of_memory; /* a block could not be recorded */
 } mpb_blockmap_t;
 
@@ -429,6 +430,10 @@ bool mpb_blockmap_init(mpb_blockmap_t *m, const mpb_workload_t *w,
                        const char *allocator);
 void mpb_blockmap_on_block(void *ctx, size_t event, const mpb_event_t *e,
                            void *ptr);
+/* After the replay: events, the events it ran (mpb_result_t.events; fewer
+ * than the workload's when it failed), is where the map and the blocks
+ * still open end. */
+void mpb_blockmap_end(mpb_blockmap_t *m, uint64_t events);
 void mpb_blockmap_free(mpb_blockmap_t *m);
 /* The most blocks of one map written into report.html: beyond it the
  * largest are kept (the page says how many were left out). */

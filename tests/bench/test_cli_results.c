@@ -286,6 +286,53 @@ Test(cli_results, workloads_of_one_file_stem_get_a_plot_each, .init = make_tmp,
   cr_expect(exists(out, "bytes_a_b.png"));
 }
 
+/* The block map of a run that failed ends where the run stopped: its
+ * blocks still live then end there (they were drawn, and their tooltips
+ * said they lived, up to the workload's last event, which never ran). */
+Test(cli_results, a_failed_runs_block_map_ends_where_the_run_stopped,
+     .init = make_tmp, .fini = drop_tmp) {
+  char out[512], path[600];
+  snprintf(out, sizeof out, "%s/out", tmpdir);
+  const char *args[] = {"run",
+                        "--out",
+                        out,
+                        "--workload",
+                        "random:n=200,max_size=4M,max_live=64M",
+                        "--allocator",
+                        "pool",
+                        "--device",
+                        "host:capacity=24M",
+                        "--no-capacity",
+                        "--no-plots",
+                        "--quiet",
+                        NULL};
+  cr_assert_eq(run(args), 0);
+  snprintf(path, sizeof path, "%s/results.json", out);
+  const char *json = slurp(path);
+  cr_assert(strstr(json, "\"completed\": false") != NULL, "%s", json);
+  unsigned long long ran = json_u64(json, "events");
+  cr_assert_lt(ran, 400, "%s", json);
+  snprintf(path, sizeof path, "%s/report.html", out);
+  const char *map = strstr(slurp(path), "id=\"mp-blocks\">");
+  cr_assert_not_null(map);
+  cr_expect_eq(json_u64(map, "events"), ran);
+  const char *b = strstr(map, "\"blocks\": [");
+  cr_assert_not_null(b);
+  b += strlen("\"blocks\": [");
+  unsigned long long off, size, t0, t1;
+  size_t n = 0, open = 0;
+  int used = 0;
+  while (sscanf(b, "[%llu,%llu,%llu,%llu]%n", &off, &size, &t0, &t1, &used) ==
+         4) {
+    cr_expect_leq(t1, ran, "block %zu lives to event %llu", n, t1);
+    open += t1 == ran;
+    n++;
+    b += used + (b[used] == ',');
+  }
+  cr_expect_gt(n, 0);
+  cr_expect_gt(open, 0, "no block was live when the run stopped");
+}
+
 Test(cli_results, traces_with_the_same_file_name_get_rows_of_their_own,
      .init = make_tmp, .fini = drop_tmp) {
   char d1[512], d2[512], t1[600], t2[600], out[512];
