@@ -605,6 +605,29 @@ out:
   return rc;
 }
 
+/* Under a table: what each trace of jobs had that its replay skipped or
+ * changed (trace.c), so that no figure hides it. */
+static void mpb_trace_notes(const mpb_jobs_t *jobs) {
+  bool noted = false;
+  for (size_t w = 0; w < jobs->nw; w++) {
+    const mpb_workload_t *x = &jobs->w[w];
+    if (x->unknown_frees + x->failure_rows + x->implicit_frees +
+            x->zero_size_allocs ==
+        0)
+      continue;
+    if (!noted)
+      printf("\nTrace notes:\n");
+    noted = true;
+    printf("- %s: %llu frees of never-allocated pointers skipped, %llu "
+           "'allocate failure' rows skipped, %llu allocations of a live "
+           "address (old block freed first), %llu zero-byte allocations\n",
+           x->name, (unsigned long long)x->unknown_frees,
+           (unsigned long long)x->failure_rows,
+           (unsigned long long)x->implicit_frees,
+           (unsigned long long)x->zero_size_allocs);
+  }
+}
+
 /* Which of names can run on dev: into *allocs, the others with why into
  * *unavailable. 2 (after a message) where one cannot be made: a bad name
  * or option. */
@@ -725,6 +748,7 @@ static int mpb_bound(const mpb_cli_t *c) {
     for (size_t i = 0; i < unavailable.n; i++)
       printf("- %s\n", unavailable.v[i]);
   }
+  mpb_trace_notes(&jobs);
   fflush(stdout);
 out:
   free(off);
@@ -876,24 +900,7 @@ int mpb_main(int argc, char **argv) {
     for (size_t i = 0; i < unavailable.n; i++)
       printf("- %s\n", unavailable.v[i]);
   }
-  bool noted = false;
-  for (size_t w = 0; w < jobs.nw; w++) {
-    const mpb_workload_t *x = &jobs.w[w];
-    if (x->unknown_frees + x->failure_rows + x->implicit_frees +
-            x->zero_size_allocs ==
-        0)
-      continue;
-    if (!noted)
-      printf("\nTrace notes:\n");
-    noted = true;
-    printf("- %s: %llu frees of never-allocated pointers skipped, %llu "
-           "'allocate failure' rows skipped, %llu allocations of a live "
-           "address (old block freed first), %llu zero-byte allocations\n",
-           x->name, (unsigned long long)x->unknown_frees,
-           (unsigned long long)x->failure_rows,
-           (unsigned long long)x->implicit_frees,
-           (unsigned long long)x->zero_size_allocs);
-  }
+  mpb_trace_notes(&jobs);
   if (!plotted && c.plots)
     printf("\nNo plots: %s\n", why);
   printf("\nResults: %s/results.json, %s/results.csv, %s/results.md, "

@@ -183,3 +183,24 @@ Test(cli_bound, a_trace_past_the_address_space_is_bad_input, .init = make_tmp,
             mp_last_error());
   cr_expect(strstr(text, "| workload |") == NULL, "a table: %s", text);
 }
+
+/* What bound's replay of a trace skipped or changed (a free of a pointer it
+ * never allocated, a second allocation of a live address) is noted under
+ * its table, as run and replay note it: bound said nothing. */
+Test(cli_bound, bound_notes_what_the_trace_had_that_was_skipped,
+     .init = make_tmp, .fini = drop_tmp) {
+  char trace[512];
+  snprintf(trace, sizeof trace, "%s/odd.csv", tmpdir);
+  write_file(trace, "1,00:00:00.000001,free,0x9000,64,0\n"
+                    "1,00:00:00.000002,allocate,0x1000,4096,0\n"
+                    "1,00:00:00.000003,allocate,0x1000,8192,0\n"
+                    "1,00:00:00.000004,free,0x1000,8192,0\n");
+  const char *args[] = {"bound", "--device", "host", "--quiet", trace, NULL};
+  cr_assert_eq(run_text(args), 0, "%s", mp_last_error());
+  cr_expect(strstr(text, "Trace notes:") != NULL, "%s", text);
+  cr_expect(strstr(text, "- odd: 1 frees of never-allocated pointers "
+                         "skipped") != NULL,
+            "%s", text);
+  cr_expect(strstr(text, "1 allocations of a live address") != NULL, "%s",
+            text);
+}
