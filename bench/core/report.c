@@ -55,6 +55,16 @@ static void mpb_report_failed(FILE *out, const mpb_result_t *r, size_t n) {
     }
 }
 
+/* s as a Markdown table cell: a '|' in it (a trace file "a|b.csv") would
+ * end the cell, so it is escaped. */
+static void mpb_md_cell(FILE *out, const char *s) {
+  for (; *s; s++) {
+    if (*s == '|')
+      fputc('\\', out);
+    fputc(*s, out);
+  }
+}
+
 void mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n) {
   fprintf(out, "| workload | allocator | peak live | peak reserved | ratio | "
                "utilization | avg waste | ext. frag | device calls | ns p50 "
@@ -70,10 +80,14 @@ void mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n) {
       snprintf(f, sizeof f, "%.3f", r[i].ext_frag);
     else
       snprintf(f, sizeof f, "n/a");
+    fputs("| ", out);
+    mpb_md_cell(out, r[i].workload);
+    fputs(" | ", out);
+    mpb_md_cell(out, r[i].allocator);
     fprintf(out,
-            "| %s | %s%s | %s | %s | %.3f | %.3f | %.3f | %s | %s | %.0f | "
+            "%s | %s | %s | %.3f | %.3f | %.3f | %s | %s | %.0f | "
             "%.0f | %s |\n",
-            r[i].workload, r[i].allocator, r[i].completed ? "" : " (FAILED)",
+            r[i].completed ? "" : " (FAILED)",
             mpb_bytes(a, sizeof a, r[i].peak_live),
             mpb_bytes(b, sizeof b, r[i].peak_reserved), r[i].ratio,
             r[i].utilization, r[i].avg_waste, f, d, r[i].ns_p50, r[i].ns_p99,
@@ -97,9 +111,12 @@ void mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n) {
                      "moved:\n\n| workload | allocator | pauses | pause "
                      "ms/GiB | resume ms/GiB |\n|---|---|---:|---:|---:|\n");
       any_pause = true;
-      fprintf(out, "| %s | %s | %u | %.1f | %.1f |\n", r[i].workload,
-              r[i].allocator, r[i].pauses, r[i].pause_ms_per_gib,
-              r[i].resume_ms_per_gib);
+      fputs("| ", out);
+      mpb_md_cell(out, r[i].workload);
+      fputs(" | ", out);
+      mpb_md_cell(out, r[i].allocator);
+      fprintf(out, " | %u | %.1f | %.1f |\n", r[i].pauses,
+              r[i].pause_ms_per_gib, r[i].resume_ms_per_gib);
     }
   mpb_report_failed(out, r, n);
 }
@@ -110,19 +127,25 @@ void mpb_report_bound(FILE *out, const mpb_offline_t *o, size_t n,
   fputs("| workload | peak live | granule bound | offline | offline raw | "
         "order | offline unmapping | order |",
         out);
-  for (size_t a = 0; a < nalloc; a++)
-    fprintf(out, " `%s` | `%s` live granules |", r[a].allocator,
-            r[a].allocator);
+  for (size_t a = 0; a < nalloc; a++) {
+    fputs(" `", out);
+    mpb_md_cell(out, r[a].allocator);
+    fputs("` | `", out);
+    mpb_md_cell(out, r[a].allocator);
+    fputs("` live granules |", out);
+  }
   fputs(" 1.05 |\n|---|---:|---:|---:|---:|---|---:|---|", out);
   for (size_t a = 0; a < nalloc; a++)
     fputs("---:|---:|", out);
   fputs("---|\n", out);
   for (size_t i = 0; i < n; i++) {
     char b[32];
-    fprintf(out, "| %s | %s | %.3f | %.3f | %.3f | %s | %.3f | %s |",
-            o[i].workload, mpb_bytes(b, sizeof b, o[i].peak_live), o[i].bound,
-            o[i].ratio, o[i].raw, mpb_offline_orders[o[i].order],
-            o[i].mapped_ratio, mpb_offline_orders[o[i].mapped_order]);
+    fputs("| ", out);
+    mpb_md_cell(out, o[i].workload);
+    fprintf(out, " | %s | %.3f | %.3f | %.3f | %s | %.3f | %s |",
+            mpb_bytes(b, sizeof b, o[i].peak_live), o[i].bound, o[i].ratio,
+            o[i].raw, mpb_offline_orders[o[i].order], o[i].mapped_ratio,
+            mpb_offline_orders[o[i].mapped_order]);
     for (size_t a = 0; a < nalloc; a++) {
       const mpb_result_t *x = &r[i * nalloc + a];
       fprintf(out, x->completed ? " %.3f |" : " %.3f (FAILED) |", x->ratio);

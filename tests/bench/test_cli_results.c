@@ -333,6 +333,34 @@ Test(cli_results, a_failed_runs_block_map_ends_where_the_run_stopped,
   cr_expect_gt(open, 0, "no block was live when the run stopped");
 }
 
+/* A '|' in a workload's name (a trace file "a|b.csv") is escaped in
+ * results.md's table: it split the name into a column of its own, and
+ * every figure of the row stood under the wrong heading. */
+Test(cli_results, a_bar_in_a_name_stays_in_its_table_cell, .init = make_tmp,
+     .fini = drop_tmp) {
+  char trace[512], out[512], path[600];
+  snprintf(trace, sizeof trace, "%s/a|b.csv", tmpdir);
+  snprintf(out, sizeof out, "%s/out", tmpdir);
+  write_trace(trace);
+  const char *args[] = {"replay", "--out",      out,       "--allocator",
+                        "direct", "--no-plots", "--quiet", "--no-capacity",
+                        trace,    NULL};
+  cr_assert_eq(run(args), 0);
+  snprintf(path, sizeof path, "%s/results.md", out);
+  const char *md = slurp(path);
+  const char *row = strstr(md, "\n| a");
+  cr_assert_not_null(row, "%s", md);
+  row++;
+  /* The header's cells, and the row's: bars not escaped by a backslash. */
+  size_t head = 0, cells = 0;
+  for (const char *c = md; *c != '\n'; c++)
+    head += *c == '|';
+  for (const char *c = row; *c != '\n' && *c != '\0'; c++)
+    cells += *c == '|' && (c == row || c[-1] != '\\');
+  cr_expect_eq(cells, head, "%s", md);
+  cr_expect(strncmp(row, "| a\\|b | direct |", 17) == 0, "%s", md);
+}
+
 Test(cli_results, traces_with_the_same_file_name_get_rows_of_their_own,
      .init = make_tmp, .fini = drop_tmp) {
   char d1[512], d2[512], t1[600], t2[600], out[512];
