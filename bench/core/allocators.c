@@ -94,6 +94,7 @@ struct mpb_allocator {
   mp_stream_t cap;       /* the capturing stream (both) */
   struct mpb_gblock *gb; /* nograph: the captures' device allocations */
   size_t ngb, gb_cap, gb_bytes;
+  uint64_t gb_calls; /* nograph: device allocations + frees of its own */
 };
 
 typedef struct mpb_gblock {
@@ -484,6 +485,7 @@ static mp_status_t mpb_nograph_alloc(mpb_allocator_t *a, size_t size,
     a->gb = gb;
     a->gb_cap = cap;
   }
+  a->gb_calls++;
   mp_status_t st = mp_device_alloc(a->dev, size, out);
   if (st == MP_OK) {
     a->gb[a->ngb++] = (mpb_gblock_t){*out, size, false};
@@ -507,6 +509,7 @@ static void mpb_nograph_release(mpb_allocator_t *a, bool all) {
   size_t k = 0;
   for (size_t i = 0; i < a->ngb; i++) {
     if (a->gb[i].freed || all) {
+      a->gb_calls++;
       mp_device_free(a->dev, a->gb[i].ptr);
       a->gb_bytes -= a->gb[i].bytes;
     } else {
@@ -650,7 +653,7 @@ void mpb_allocator_sample(mpb_allocator_t *a, mpb_sample_t *out) {
            : mp_allocator_get_stats(a->mp, &s)) != MP_OK)
     return;
   out->reserved = s.reserved_bytes + a->gb_bytes;
-  out->device_calls = s.device_alloc_count + s.device_free_count;
+  out->device_calls = s.device_alloc_count + s.device_free_count + a->gb_calls;
   if (a->kind == MPB_KIND_MEMPOOL || a->kind == MPB_KIND_HOST_POOL) {
     out->has_free_info = true;
     out->free_bytes = s.reserved_bytes > s.allocated_bytes
