@@ -493,6 +493,21 @@ static void mpb_jobs_free(mpb_jobs_t *j) {
   free(j->w);
 }
 
+/* The name of trace file f at level (mpb_load: each one a longer part of
+ * what was given): its file name less .csv, its path less .csv, its path,
+ * ./ and its path. */
+enum { MPB_NAME_LEVELS = 4 };
+static void mpb_file_trace_name(const char *f, unsigned level, char *buf,
+                                size_t len) {
+  const char *base = strrchr(f, '/');
+  if (level == 0)
+    mpb_trace_name(base ? base + 1 : f, buf, len);
+  else if (level == 1)
+    mpb_trace_name(f, buf, len);
+  else
+    snprintf(buf, len, "%s%s", level == 3 && base == NULL ? "./" : "", f);
+}
+
 /* Whether a trace named name would share its rows' name with one of the
  * nspecs built-in workloads that run (named by their spec). */
 static bool mpb_names_a_workload(const char *name, const char *const *specs,
@@ -524,24 +539,34 @@ static int mpb_load(const mpb_cli_t *c, mpb_jobs_t *jobs) {
     }
   }
   if (files) {
-    /* Named by file name, or by the path as given where two files share
-     * a name or the name is a workload's, so that no two rows of the
-     * results look the same. */
-    for (size_t i = 0; i < c->files.n; i++) {
-      const char *f = c->files.v[i], *base = strrchr(f, '/');
-      base = base ? base + 1 : f;
-      bool shared = false;
-      for (size_t j = 0; j < c->files.n && !shared; j++) {
-        const char *o = strrchr(c->files.v[j], '/');
-        shared = j != i && strcmp(o ? o + 1 : c->files.v[j], base) == 0;
+    /* Named by file name; where two names would be the same, or a name a
+     * workload's, by the path as given, then with its extension, then as
+     * ./FILE: no two rows of the results look the same. */
+    size_t nf = c->files.n;
+    unsigned char *level = calloc(nf ? nf : 1, 1);
+    char(*nm)[PATH_MAX] = calloc(nf ? nf : 1, sizeof *nm);
+    if (level == NULL || nm == NULL)
+      rc = 1;
+    for (bool again = rc == 0; again;) {
+      for (size_t i = 0; i < nf; i++)
+        mpb_file_trace_name(c->files.v[i], level[i], nm[i], sizeof nm[i]);
+      again = false;
+      for (size_t i = 0; i < nf; i++) {
+        bool same = mpb_names_a_workload(nm[i], specs, nbuilt);
+        for (size_t j = 0; j < nf && !same; j++)
+          same = j != i && strcmp(nm[i], nm[j]) == 0;
+        if (same && level[i] < MPB_NAME_LEVELS - 1) {
+          level[i]++;
+          again = true;
+        }
       }
-      char nm[PATH_MAX];
-      mpb_trace_name(base, nm, sizeof nm);
-      if (shared || mpb_names_a_workload(nm, specs, nbuilt))
-        mpb_trace_name(f, nm, sizeof nm);
-      if (!mpb_strv_push(&traces, f) || !mpb_strv_push(&names, nm))
-        rc = 1;
     }
+    for (size_t i = 0; i < nf && rc == 0; i++)
+      if (!mpb_strv_push(&traces, c->files.v[i]) ||
+          !mpb_strv_push(&names, nm[i]))
+        rc = 1;
+    free(level);
+    free(nm);
   } else if (!c->no_traces && (c->workloads.n == 0 || c->traces_dir)) {
     dir = c->traces_dir ? c->traces_dir : mpb_traces_dir(dirbuf, sizeof dirbuf);
     if (dir == NULL) {

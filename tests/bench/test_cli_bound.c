@@ -204,3 +204,20 @@ Test(cli_bound, bound_notes_what_the_trace_had_that_was_skipped,
   cr_expect(strstr(text, "1 allocations of a live address") != NULL, "%s",
             text);
 }
+
+/* A trace given by a bare file name that makes a workload's name
+ * (graph.csv beside --workload graph) gets a row named by the file name as
+ * given, not one that looks like the workload's. */
+Test(cli_bound, a_trace_named_as_a_workload_keeps_its_file_name,
+     .init = make_tmp, .fini = drop_tmp) {
+  cr_assert_eq(chdir(tmpdir), 0);
+  write_file("graph.csv", "1,00:00:00.000001,allocate,0x1000,4096,0\n"
+                          "1,00:00:00.000002,free,0x1000,4096,0\n");
+  write_file("graph", "1,00:00:00.000001,allocate,0x1000,8192,0\n");
+  const char *args[] = {"bound", "--device",  "host",  "--quiet", "--workload",
+                        "graph", "graph.csv", "graph", NULL};
+  cr_assert_eq(run_text(args), 0, "%s", mp_last_error());
+  cr_expect(strstr(text, "| graph | ") != NULL, "%s", text);
+  cr_expect(strstr(text, "| graph.csv | 4.00 KiB |") != NULL, "%s", text);
+  cr_expect(strstr(text, "| ./graph | 8.00 KiB |") != NULL, "%s", text);
+}
