@@ -104,6 +104,10 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
 /* The same from a buffer; what names it in messages. */
 mp_status_t mpb_trace_parse(const char *text, size_t len, const char *what,
                             const char *name, mpb_workload_t *out);
+/* s[0, len) as a message may quote it: at most cap - 1 bytes, each one a
+ * terminal could act on (a control, DEL, any non-ASCII byte) shown as '?';
+ * written to buf, which is returned. */
+const char *mpb_printable(const char *s, size_t len, char *buf, size_t cap);
 /* The traces folder when none is named: $MEMPOOL_TRACES, else the build's
  * MEMPOOL_TRACES_DIR, else shared/traces next to or above the executable's
  * folders; written to buf. NULL when there is none. */

@@ -585,10 +585,12 @@ static mp_status_t pk_trace_to_csv(const char *what, const pk_val_t *trace,
       row = "allocate failure";
     else if (!(pk_is_str(a, "segment_alloc") || pk_is_str(a, "segment_free") ||
                pk_is_str(a, "segment_map") || pk_is_str(a, "segment_unmap") ||
-               pk_is_str(a, "snapshot")))
+               pk_is_str(a, "snapshot"))) {
+      char shown[41];
       return mp__fail(MP_EINVAL,
-                      "%s: device trace entry %zu: unknown action '%.*s'", what,
-                      k, (int)(a->n > 40 ? 40 : a->n), a->s);
+                      "%s: device trace entry %zu: unknown action '%s'", what,
+                      k, mpb_printable(a->s, a->n, shown, sizeof shown));
+    }
     uint64_t addr = 0, size = 0, stream = 0, t = 0;
     mp_status_t st = MP_OK;
     if (row != NULL) {

@@ -102,6 +102,14 @@ static bool mpb_valid_time(const char *s, size_t len) {
   return frac >= 1 && frac <= 9 && mpb_all_digits(m + 6, frac);
 }
 
+const char *mpb_printable(const char *s, size_t len, char *buf, size_t cap) {
+  size_t n = len < cap - 1 ? len : cap - 1;
+  for (size_t i = 0; i < n; i++)
+    buf[i] = s[i] >= 0x20 && s[i] < 0x7f ? s[i] : '?';
+  buf[n] = '\0';
+  return buf;
+}
+
 static bool mpb_field_is(const char *s, size_t len, const char *word) {
   return strlen(word) == len && memcmp(s, word, len) == 0;
 }
@@ -155,6 +163,7 @@ static mp_status_t mpb_parse_row(mpb_parser_t *p, const char *s, size_t len,
         break;
     }
   }
+  char shown[81]; /* a bad field as the message quotes it */
   if (nf != 6)
     return mp__fail(MP_EINVAL,
                     "%s:%zu: expected 6 comma-separated fields "
@@ -162,11 +171,13 @@ static mp_status_t mpb_parse_row(mpb_parser_t *p, const char *s, size_t len,
                     "found %zu",
                     p->what, line, nf);
   if (!mpb_all_digits(f[0], fl[0]))
-    return mp__fail(MP_EINVAL, "%s:%zu: bad thread '%.*s' (a decimal number)",
-                    p->what, line, (int)fl[0], f[0]);
+    return mp__fail(MP_EINVAL, "%s:%zu: bad thread '%s' (a decimal number)",
+                    p->what, line,
+                    mpb_printable(f[0], fl[0], shown, sizeof shown));
   if (!mpb_valid_time(f[1], fl[1]))
-    return mp__fail(MP_EINVAL, "%s:%zu: bad time '%.*s' (HH:MM:SS.ffffff)",
-                    p->what, line, (int)fl[1], f[1]);
+    return mp__fail(MP_EINVAL, "%s:%zu: bad time '%s' (HH:MM:SS.ffffff)",
+                    p->what, line,
+                    mpb_printable(f[1], fl[1], shown, sizeof shown));
   int action;
   if (mpb_field_is(f[2], fl[2], "allocate"))
     action = MPB_ALLOC;
@@ -176,25 +187,28 @@ static mp_status_t mpb_parse_row(mpb_parser_t *p, const char *s, size_t len,
     action = -1;
   else
     return mp__fail(MP_EINVAL,
-                    "%s:%zu: bad action '%.*s' (allocate, free or allocate "
+                    "%s:%zu: bad action '%s' (allocate, free or allocate "
                     "failure)",
-                    p->what, line, (int)fl[2], f[2]);
+                    p->what, line,
+                    mpb_printable(f[2], fl[2], shown, sizeof shown));
   uint64_t addr = 0;
   if (!mpb_field_is(f[3], fl[3], "(nil)") && !mpb_parse_hex(f[3], fl[3], &addr))
-    return mp__fail(MP_EINVAL,
-                    "%s:%zu: bad pointer '%.*s' (hex such as 0x7f00 or (nil))",
-                    p->what, line, (int)fl[3], f[3]);
+    return mp__fail(
+        MP_EINVAL, "%s:%zu: bad pointer '%s' (hex such as 0x7f00 or (nil))",
+        p->what, line, mpb_printable(f[3], fl[3], shown, sizeof shown));
   uint64_t size, stream;
   if (!mp__parse_u64(f[4], fl[4], &size) || size > SIZE_MAX)
-    return mp__fail(MP_EINVAL, "%s:%zu: bad size '%.*s' (a decimal number)",
-                    p->what, line, (int)fl[4], f[4]);
+    return mp__fail(MP_EINVAL, "%s:%zu: bad size '%s' (a decimal number)",
+                    p->what, line,
+                    mpb_printable(f[4], fl[4], shown, sizeof shown));
   if (!mp__parse_u64(f[5], fl[5], &stream) &&
       !(fl[5] > 2 && f[5][0] == '0' && (f[5][1] == 'x' || f[5][1] == 'X') &&
         mpb_parse_hex(f[5], fl[5], &stream)))
     return mp__fail(MP_EINVAL,
-                    "%s:%zu: bad stream '%.*s' (a decimal number, or hex "
+                    "%s:%zu: bad stream '%s' (a decimal number, or hex "
                     "such as 0x7f00)",
-                    p->what, line, (int)fl[5], f[5]);
+                    p->what, line,
+                    mpb_printable(f[5], fl[5], shown, sizeof shown));
 
   mpb_workload_t *w = p->w;
   if (action < 0) {
@@ -274,15 +288,11 @@ static mp_status_t mpb_trace_header(const char *s, size_t l, const char *what) {
     return mp__fail(MP_EINVAL, "%s:1: NUL byte in a text file", what);
   if (mpb_field_is(s, l, "Thread,Time,Action,Pointer,Size,Stream"))
     return MP_OK;
-  char shown[61];
-  size_t n = l < sizeof shown - 1 ? l : sizeof shown - 1;
-  for (size_t i = 0; i < n; i++) /* binary input shows as '?' */
-    shown[i] = s[i] >= 0x20 && s[i] < 0x7f ? s[i] : '?';
-  shown[n] = '\0';
+  char shown[61]; /* binary input shows as '?' */
   return mp__fail(MP_EINVAL,
                   "%s:1: expected the header "
                   "'Thread,Time,Action,Pointer,Size,Stream', found '%s'",
-                  what, shown);
+                  what, mpb_printable(s, l, shown, sizeof shown));
 }
 
 /* Out of host memory at line of what (at_end: freeing, after its last

@@ -183,3 +183,40 @@ Test(trace_parse, real_traces_load_and_end_empty) {
   cr_expect_gt(w.nstreams, 1, "this trace uses several streams");
   mpb_workload_free(&w);
 }
+
+/* Whether s has a byte a terminal would take for a control (below 0x20,
+ * DEL, or above). */
+static bool has_control(const char *s) {
+  for (; *s; s++)
+    if ((unsigned char)*s < 0x20 || (unsigned char)*s >= 0x7f)
+      return true;
+  return false;
+}
+
+/* A bad field is quoted in the message with what a terminal would act on
+ * (escape sequences: a hostile trace could retitle or clear the terminal
+ * the message is printed to) shown as '?', as the header already is. */
+Test(trace_parse, control_bytes_of_a_bad_field_are_shown_as_question_marks) {
+  expect_bad(HEADER "1,00:00:00.000001,\x1b]0;owned\x07,0x10,8,0\n", 2,
+             "bad action '?]0;owned?'");
+  cr_expect_not(has_control(mp_last_error()), "%s", mp_last_error());
+  expect_bad(HEADER "1,00:00:00.000001,allocate,0x10,8\xc3\xa9,0\n", 2,
+             "bad size '8?\?'");
+  cr_expect_not(has_control(mp_last_error()), "%s", mp_last_error());
+  /* The same in a snapshot's action: {"device_traces": [[{"action":
+   * "alloc", "addr": 16, "size": 8}, {"action": "\x1b[2J"}]]}. */
+  static const char pk[] = "\x80\x04}\x8c\x0d"
+                           "device_traces]](}(\x8c\x06"
+                           "action\x8c\x05"
+                           "alloc\x8c\x04"
+                           "addrK\x10\x8c\x04"
+                           "sizeK\x08u}(\x8c\x06"
+                           "action\x8c\x04\x1b[2Jue"
+                           "as.";
+  mpb_workload_t w;
+  cr_assert_eq(mpb_snapshot_parse(pk, sizeof pk - 1, "s.pickle", "s", &w),
+               MP_EINVAL, "%s", mp_last_error());
+  cr_expect(strstr(mp_last_error(), "unknown action '?[2J'") != NULL, "%s",
+            mp_last_error());
+  cr_expect_not(has_control(mp_last_error()), "%s", mp_last_error());
+}
