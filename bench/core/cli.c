@@ -422,6 +422,14 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
         return mpb_fail_usage("%s: replay takes trace files, not a folder", a);
       c->traces_dir = val;
     } else if (strcmp(a, "--allocator") == 0) {
+      if (strlen(val) > MPB_MAX_ALLOCATOR) {
+        char msg[160];
+        snprintf(msg, sizeof msg,
+                 "--allocator %.60s...: longer than the %d bytes a result's "
+                 "name holds",
+                 val, MPB_MAX_ALLOCATOR);
+        return mpb_fail_usage("%s", msg);
+      }
       if (mpb_allocator_check_name(val) != MP_OK)
         return mpb_fail_usage("%s", mp_last_error());
       if (mpb_strv_has(&c->allocators, val))
@@ -660,7 +668,7 @@ static int mpb_check_allocators(const char *const *names, size_t nnames,
                                 mp_device_t *dev, mpb_strv_t *allocs,
                                 mpb_strv_t *unavailable) {
   for (size_t i = 0; i < nnames; i++) {
-    char why[160], line[300];
+    char why[160], line[MPB_MAX_ALLOCATOR + 200];
     if (!mpb_allocator_available(names[i], dev, why, sizeof why)) {
       snprintf(line, sizeof line, "%s: %s", names[i], why);
       mpb_strv_push(unavailable, line);
@@ -878,7 +886,7 @@ int mpb_main(int argc, char **argv) {
           c.total > 0 && total_ns < 0x1p63 ? t0 + (uint64_t)total_ns : 0};
   for (size_t w = 0; w < jobs.nw; w++) {
     for (size_t a = 0; a < allocs.n; a++) {
-      char what[300];
+      char what[160 + MPB_MAX_ALLOCATOR + 8];
       snprintf(what, sizeof what, "%s / %s", jobs.w[w].name, allocs.v[a]);
       mpb_progress(&c, done, total, what);
       ro.on_block = NULL;

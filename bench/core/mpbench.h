@@ -215,9 +215,13 @@ double mpb_median(double *v, size_t n);
 
 enum { MPB_SERIES_POINTS = 800 };
 
+/* The longest allocator spec a result holds (mpbench refuses a longer
+ * one: cut, two specs of a sweep would get rows of one name). */
+enum { MPB_MAX_ALLOCATOR = 255 };
+
 typedef struct mpb_result {
   char workload[160];
-  char allocator[96];
+  char allocator[MPB_MAX_ALLOCATOR + 1];
   char device[128];
   bool completed;  /* every allocation succeeded */
   char error[256]; /* why not, when !completed */
@@ -419,7 +423,7 @@ typedef struct mpb_block {
 
 typedef struct mpb_blockmap {
   char workload[160];
-  char allocator[96];
+  char allocator[MPB_MAX_ALLOCATOR + 1];
   mpb_block_t *b;
   size_t n, cap;
   size_t *open; /* per slot: index in b + 1 of its live block; 0 none */

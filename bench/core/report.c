@@ -672,7 +672,7 @@ static mp_status_t mpb_plot_names(const char *tmp, const char *term,
     for (size_t i = 0; i < n; i++) {
       if (strcmp(r[i].workload, wl->v[w]) != 0)
         continue;
-      char title[160];
+      char title[MPB_MAX_ALLOCATOR + 32];
       snprintf(title, sizeof title, "%s reserved%s", r[i].allocator,
                r[i].completed ? "" : " (failed)");
       /* Each line a little thinner than the one before, so allocators

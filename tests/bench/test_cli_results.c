@@ -361,6 +361,44 @@ Test(cli_results, a_bar_in_a_name_stays_in_its_table_cell, .init = make_tmp,
   cr_expect(strncmp(row, "| a\\|b | direct |", 17) == 0, "%s", md);
 }
 
+/* Allocator specs of a tuning sweep run past 95 bytes, and were cut
+ * there: two that differ in their last option got rows of one name. They
+ * are kept whole now; one too long to keep is bad usage, not cut. */
+Test(cli_results, long_allocator_specs_keep_their_whole_name, .init = make_tmp,
+     .fini = drop_tmp) {
+  char trace[512], out[512], path[600];
+  snprintf(trace, sizeof trace, "%s/t.csv", tmpdir);
+  snprintf(out, sizeof out, "%s/out", tmpdir);
+  write_trace(trace);
+  const char *a1 = "pool:max_split=64M,release_threshold=1G,segment_bytes="
+                   "32M,defrag_on_oom=1,history=0,align=512,virtual=1";
+  const char *a2 = "pool:max_split=64M,release_threshold=1G,segment_bytes="
+                   "32M,defrag_on_oom=1,history=0,align=512,virtual=0";
+  const char *args[] = {"replay",  "--out",         out,   "--allocator",
+                        a1,        "--allocator",   a2,    "--no-plots",
+                        "--quiet", "--no-capacity", trace, NULL};
+  cr_assert_eq(run(args), 0, "%s", mp_last_error());
+  snprintf(path, sizeof path, "%s/results.csv", out);
+  const char *csv = slurp(path);
+  char row[300];
+  snprintf(row, sizeof row, "\nt,\"%s\",", a1);
+  cr_expect(strstr(csv, row) != NULL, "%s", csv);
+  snprintf(row, sizeof row, "\nt,\"%s\",", a2);
+  cr_expect(strstr(csv, row) != NULL, "%s", csv);
+  /* Past what a result holds: refused before anything runs. */
+  char huge[400]; /* a valid spec: max_split=000...064M */
+  snprintf(huge, sizeof huge, "pool:max_split=");
+  while (strlen(huge) < 300)
+    strcat(huge, "0");
+  strcat(huge, "64M");
+  char out2[512];
+  snprintf(out2, sizeof out2, "%s/out2", tmpdir);
+  const char *bad[] = {"replay", "--out",   out2,  "--allocator",
+                       huge,     "--quiet", trace, NULL};
+  cr_expect_eq(run(bad), 2);
+  cr_expect_eq(access(out2, F_OK), -1, "the output folder was created");
+}
+
 Test(cli_results, traces_with_the_same_file_name_get_rows_of_their_own,
      .init = make_tmp, .fini = drop_tmp) {
   char d1[512], d2[512], t1[600], t2[600], out[512];
