@@ -412,6 +412,10 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
     } else if (strcmp(a, "--workload") == 0) {
       if (c->replay)
         return mpb_fail_usage("%s: replay takes trace files, not workloads", a);
+      if (strlen(val) > MPB_MAX_NAME)
+        return mpb_fail_usage("--workload %.60s...: longer than a result's "
+                              "name holds",
+                              val);
       if (mpb_strv_has(&c->workloads, val))
         return mpb_fail_usage("--workload %s given twice (its rows would "
                               "look the same)",
@@ -605,6 +609,15 @@ static int mpb_load(const mpb_cli_t *c, mpb_jobs_t *jobs) {
     fprintf(stderr, "mpbench: out of host memory\n");
     goto out;
   }
+  for (size_t i = 0; i < names.n; i++)
+    if (strlen(names.v[i]) > MPB_MAX_NAME) {
+      fprintf(stderr,
+              "mpbench: trace %s: its name (%zu bytes) is longer than the %d "
+              "a result holds; move it to a shorter path\n",
+              traces.v[i], strlen(names.v[i]), MPB_MAX_NAME);
+      rc = 2;
+      goto out;
+    }
   jobs->w = calloc(nbuilt + traces.n + 1, sizeof *jobs->w);
   if (jobs->w == NULL) {
     rc = 1;
@@ -886,7 +899,7 @@ int mpb_main(int argc, char **argv) {
           c.total > 0 && total_ns < 0x1p63 ? t0 + (uint64_t)total_ns : 0};
   for (size_t w = 0; w < jobs.nw; w++) {
     for (size_t a = 0; a < allocs.n; a++) {
-      char what[160 + MPB_MAX_ALLOCATOR + 8];
+      char what[MPB_MAX_NAME + MPB_MAX_ALLOCATOR + 8];
       snprintf(what, sizeof what, "%s / %s", jobs.w[w].name, allocs.v[a]);
       mpb_progress(&c, done, total, what);
       ro.on_block = NULL;

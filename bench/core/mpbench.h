@@ -42,8 +42,12 @@ typedef struct mpb_event {
                       free goes to the allocator its slot came from */
 } mpb_event_t;
 
+/* The longest workload name kept (a trace's is its path where its file
+ * name is not enough): mpbench refuses a longer one rather than cut it. */
+enum { MPB_MAX_NAME = 1023 };
+
 typedef struct mpb_workload {
-  char name[160];
+  char name[MPB_MAX_NAME + 1];
   mpb_event_t *ev;
   size_t n, cap;
   uint32_t nslots;   /* slots ever used: most allocations live at once */
@@ -220,7 +224,7 @@ enum { MPB_SERIES_POINTS = 800 };
 enum { MPB_MAX_ALLOCATOR = 255 };
 
 typedef struct mpb_result {
-  char workload[160];
+  char workload[MPB_MAX_NAME + 1];
   char allocator[MPB_MAX_ALLOCATOR + 1];
   char device[128];
   bool completed;  /* every allocation succeeded */
@@ -319,7 +323,7 @@ enum { MPB_OFFLINE_ORDERS = 5 };
 extern const char *const mpb_offline_orders[MPB_OFFLINE_ORDERS];
 
 typedef struct mpb_offline {
-  char workload[160];
+  char workload[MPB_MAX_NAME + 1];
   size_t align;     /* every size rounded up to it, as the pool does */
   size_t granule;   /* the device's mapping unit */
   size_t peak_live; /* mpb_workload_peak_live */
@@ -422,7 +426,7 @@ typedef struct mpb_block {
 } mpb_block_t;
 
 typedef struct mpb_blockmap {
-  char workload[160];
+  char workload[MPB_MAX_NAME + 1];
   char allocator[MPB_MAX_ALLOCATOR + 1];
   mpb_block_t *b;
   size_t n, cap;

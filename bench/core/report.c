@@ -660,7 +660,7 @@ static mp_status_t mpb_plot_names(const char *tmp, const char *term,
     for (unsigned k = 2; mpb_names_has(files, png); k++)
       snprintf(png, sizeof png, "bytes_%s_%u.png", stem, k);
     fprintf(gp, "set output '%s'\nset title ", png);
-    char t[256];
+    char t[MPB_MAX_NAME + 64];
     snprintf(t, sizeof t, "%s: device memory reserved vs live", wl->v[w]);
     mpb_put_quoted(gp, t, '\'');
     /* From 0, so heights compare as ratios; x ends with the data. */
