@@ -9,6 +9,7 @@
  * and threads did not survive the fork): mp__pl_devices_child. Calls only
  * real.c. */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "preload.h"
 
@@ -147,4 +148,44 @@ int mp__pl_snapshot(const mp__pl_t *pl, const char *path) {
     fprintf(stderr, "mempool preload: snapshot '%s': %s\n", path,
             mp_last_error());
   return (int)st;
+}
+
+/* Retired pools stay reachable here (as a forked child's parent pool does
+ * in state.c), so that a leak checker does not report them. */
+typedef struct mp__retired {
+  mp_pool_t *pool;
+  mp_device_t *dev;
+  struct mp__retired *next;
+} mp__retired_t;
+static mp__retired_t *mp__retired;
+
+mp_pool_t *mp__pl_devices_retire(const mp__pl_t *pl, int ordinal) {
+  if (pl->mode != MP__PL_POOL || pl->host || ordinal < 0 ||
+      ordinal >= MP__PL_MAX_DEVICES)
+    return NULL;
+  mp__retired_t *keep = calloc(1, sizeof *keep);
+  pthread_mutex_lock(&mp__devs_lock);
+  mp_pool_t *pool = atomic_exchange(&mp__devs[ordinal].pool, NULL);
+  if (pool != NULL && keep != NULL) {
+    *keep = (mp__retired_t){
+        .pool = pool, .dev = mp__devs[ordinal].dev, .next = mp__retired};
+    mp__retired = keep;
+    keep = NULL;
+  }
+  mp__devs[ordinal].dev = NULL;
+  atomic_store(&mp__devs[ordinal].failed, false);
+  pthread_mutex_unlock(&mp__devs_lock);
+  free(keep);
+  return pool;
+}
+
+mp_pool_t *mp__pl_pool_first(const mp__pl_t *pl) {
+  if (pl->mode != MP__PL_POOL)
+    return NULL;
+  if (pl->host)
+    return pl->pool;
+  if (pl->ordinal < 0 || pl->ordinal >= MP__PL_MAX_DEVICES)
+    return NULL;
+  return atomic_load_explicit(&mp__devs[pl->ordinal].pool,
+                              memory_order_acquire);
 }

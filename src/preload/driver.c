@@ -339,3 +339,27 @@ mp__curesult cuIpcGetMemHandle(mp__cuipcmemhandle *pHandle, mp__cuptr dptr) {
                (void *)(uintptr_t)dptr, r);
   return r;
 }
+
+/* cuda.h, cuDevicePrimaryCtxReset: "Destroy all allocations and reset all
+ * state on the primary context" (cudaDeviceReset comes here too, through
+ * cuGetProcAddress). The device's pool lives in that context, so its
+ * memory goes with it: cached segments and the program's live blocks. The
+ * pool is retired before the driver destroys the memory (no allocation is
+ * served from it afterwards) and its blocks forgotten: a later free of one
+ * is the driver's answer for memory it no longer knows, and the next
+ * allocation on the device makes a new pool. "Resetting the primary context
+ * does not release it": the retired pool keeps its retain, as any module
+ * may. */
+mp__curesult cuDevicePrimaryCtxReset_v2(int dev) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  bool outer = mp__pl_enter();
+  const mp__pl_t *pl = outer ? mp__pl_started() : NULL;
+  mp_pool_t *gone = pl != NULL ? mp__pl_devices_retire(pl, dev) : NULL;
+  mp__curesult r = rc->cuDevicePrimaryCtxReset_v2
+                       ? rc->cuDevicePrimaryCtxReset_v2(dev)
+                       : MP__CU_NOT_INITIALIZED;
+  if (gone != NULL)
+    (void)mp__pl_table_forget_pool(gone);
+  mp__pl_leave();
+  return r;
+}

@@ -182,6 +182,16 @@ void mp__pl_devices_config(const mp_pool_config_t *cfg);
 void mp__pl_devices_put(int ordinal, mp_device_t *dev, mp_pool_t *pool);
 /* fork() child: no pools (the parent's are left alone). */
 void mp__pl_devices_child(void);
+/* The pool of CUDA device `ordinal`, taken away before the driver destroys
+ * its memory (cuDevicePrimaryCtxReset): the next allocation on the device
+ * makes a new one. The old pool is kept, never used or destroyed again
+ * (destroying it would free addresses the driver may have handed out
+ * since); returned so that its blocks can be forgotten. NULL: there was
+ * none (or host mode, or not pool mode). */
+mp_pool_t *mp__pl_devices_retire(const mp__pl_t *pl, int ordinal);
+/* The pool of pl's own device as it is now (host mode: the one), without
+ * making one; NULL when there is none (outside pool mode, or retired). */
+mp_pool_t *mp__pl_pool_first(const mp__pl_t *pl);
 
 /* ---- record.c ----------------------------------------------------------- */
 
@@ -265,6 +275,9 @@ void mp__pl_table_restore(const mp__pl_block_t *b);
 bool mp__pl_table_take(uintptr_t ptr, mp__pl_block_t *out);
 /* The pool block containing addr (its start or inside it). */
 bool mp__pl_table_find_pool(uintptr_t addr, mp__pl_block_t *out);
+/* Removes every block of pool (a retired pool: its memory is gone), each
+ * traced as freed; how many there were. */
+size_t mp__pl_table_forget_pool(mp_pool_t *pool);
 
 /* Maps a pool status to the API's error code. */
 mp__curesult mp__pl_cu_error(mp_status_t st);

@@ -192,8 +192,8 @@ static void mp__json_event(const char *name, uintptr_t ptr, size_t size,
 static size_t mp__reserved_now(void) {
   const mp__pl_t *pl = mp__rec.pl;
   mp_stats_t s;
-  if (pl != NULL && pl->pool != NULL &&
-      mp_pool_get_stats(pl->pool, &s) == MP_OK)
+  mp_pool_t *pool = pl != NULL ? mp__pl_pool_first(pl) : NULL;
+  if (pool != NULL && mp_pool_get_stats(pool, &s) == MP_OK)
     return s.reserved_bytes;
   return SIZE_MAX;
 }

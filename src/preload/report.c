@@ -110,8 +110,8 @@ __attribute__((destructor)) static void mp__exit(void) {
   if (spath != NULL && !mp__pl_path_taken("MEMPOOL_SNAPSHOT", spath))
     (void)mp__pl_snapshot(pl, spath);
   mp_stats_t stats;
-  bool have_stats =
-      pl->pool != NULL && mp_pool_get_stats(pl->pool, &stats) == MP_OK;
+  mp_pool_t *first = mp__pl_pool_first(pl);
+  bool have_stats = first != NULL && mp_pool_get_stats(first, &stats) == MP_OK;
   char *torch = mp__torch_views(pl);
   mp__pl_counts_t n;
   if (!mp__pl_record_close(&n)) {

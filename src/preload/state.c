@@ -108,6 +108,44 @@ bool mp__pl_table_find_pool(uintptr_t addr, mp__pl_block_t *out) {
   return found;
 }
 
+/* The blocks are taken out under the table's lock and traced after it
+ * (tracing reads the pool's statistics, whose lock is never taken inside
+ * the table's), as many at a time as a buffer sized from the table holds.
+ * A removal shifts later members of a probe run back into the hole
+ * (ptrmap.c), never into a slot already passed but this one: slot k is
+ * looked at again after each removal. */
+size_t mp__pl_table_forget_pool(mp_pool_t *pool) {
+  size_t n = 0;
+  bool more = true;
+  while (more) {
+    pthread_mutex_lock(&mp__tab.lock);
+    size_t cap = mp__tab.map.count;
+    pthread_mutex_unlock(&mp__tab.lock);
+    mp__pl_block_t *gone = malloc((cap ? cap : 1) * sizeof *gone);
+    size_t got = 0, room = gone != NULL ? (cap ? cap : 1) : 0;
+    more = false;
+    pthread_mutex_lock(&mp__tab.lock);
+    for (size_t k = 0; k < mp__tab.map.cap;) {
+      mp__pl_block_t *b = mp__ptrmap_at(&mp__tab.map, k);
+      if (b == NULL || b->kind != MP__PL_FROM_POOL || b->pool != pool) {
+        k++;
+      } else if (got == room) {
+        more = gone != NULL; /* without a buffer: left in the table */
+        break;
+      } else {
+        gone[got++] = *b;
+        mp__ptrmap_remove(&mp__tab.map, b);
+      }
+    }
+    pthread_mutex_unlock(&mp__tab.lock);
+    for (size_t i = 0; i < got; i++)
+      mp__pl_record_free(gone[i].ptr, gone[i].size, gone[i].stream);
+    n += got;
+    free(gone);
+  }
+  return n;
+}
+
 /* ---- the start ---------------------------------------------------------- */
 
 static atomic_int mp__started; /* 0: not yet, 1: complete */

@@ -115,6 +115,23 @@ if [ -x "$graph" ]; then
   done
 fi
 
+# reset_prog (the twin of integration_preload_reset): cuDevicePrimaryCtxReset
+# (called, and found by cuGetProcAddress as cudaDeviceReset finds it) with
+# live pool blocks: a destroyed block's free is refused, and what is
+# allocated after the reset holds what is written to it.
+reset=$build/tests/preload/preload_reset_prog
+if [ -x "$reset" ]; then
+  real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
+  for conf in virtual=0 virtual=1; do
+    for how in "" proc; do
+      LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
+        MEMPOOL_DEVICE=cuda MEMPOOL_CONF=$conf "$reset" $how \
+        >"$work/reset.out" 2>&1 ||
+        fail "reset_prog $how $conf under the shim: $(cat "$work/reset.out")"
+    done
+  done
+fi
+
 # 4. Page-locked memory of a driver-API program on the real driver (the
 #    twin of integration_preload_pinned_driver): the host pool serves
 #    cuMemHostAlloc / cuMemAllocHost, the report counts them, the .json
