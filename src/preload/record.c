@@ -24,7 +24,9 @@
  * hooked call writes anything: the many processes a job starts with the
  * variables inherited (shells, tools) leave the files alone.
  *
- * One mutex orders the lines; a line is written whole or not at all. The
+ * One mutex orders the lines; a line is written whole or not at all, the
+ * CSV's as it happens (line-buffered: a process that ends without exit
+ * handlers, by _exit or a crash, keeps every row it traced). The
  * invariant: a forked child never writes to its parent's files (the buffer
  * is flushed before the fork and the child drops the stream), and the .json
  * trace is closed exactly once, at exit; later events are counted only.
@@ -137,6 +139,12 @@ void mp__pl_record_open(const mp__pl_t *pl) {
               "\"args\":{\"name\":\"mempool preload\"}}",
               (int)getpid());
     } else {
+      /* Line-buffered: each row reaches the file whole as it is written
+       * (a row is far shorter than the buffer), so a process that ends
+       * without running exit handlers (_exit, a crash, a kill) leaves a
+       * trace of every call it made, never a row cut off by a buffer
+       * boundary: one write(2) per traced call. */
+      (void)setvbuf(mp__rec.trace, NULL, _IOLBF, BUFSIZ);
       fputs("Thread,Time,Action,Pointer,Size,Stream\n", mp__rec.trace);
     }
   }

@@ -196,6 +196,26 @@ Test(preload_runtime, forked_child_starts_over_and_writes_nothing) {
   cr_assert_null(strstr(report + 1, "\"mode\""), "two reports: %s", r.err);
 }
 
+/* A program that ends with _exit (or crashes) runs no exit handler, the
+ * shim's neither: every allocation and free it made is in the CSV trace
+ * all the same, each row whole (the file ends with a newline). */
+Test(preload_runtime, csv_trace_is_whole_after_an_exit_without_handlers) {
+  char dir[64], trace[128], e1[160];
+  scratch_dir(dir, sizeof dir);
+  snprintf(trace, sizeof trace, "%s/quick.csv", dir);
+  snprintf(e1, sizeof e1, "MEMPOOL_TRACE=%s", trace);
+  const char *argv[] = {MP_RT_PROG, N, "_exit", NULL};
+  run_preloaded(argv, e1, NULL, NULL, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_eq(count_lines(trace, ",allocate,"), word_value(r.out, "allocs"));
+  cr_assert_eq(count_lines(trace, ",free,"), word_value(r.out, "frees"));
+  /* $(...) drops a last newline: empty when the file ends with one */
+  cr_assert_eq(sh("test -z \"$(tail -c 1 %s)\"", trace), 0,
+               "the trace ends inside a row");
+  unlink(trace);
+  rmdir(dir);
+}
+
 /* The last free, made by the program's exit handler, is served and traced. */
 Test(preload_runtime, free_from_an_exit_handler_is_served) {
   trace_matches_program("atexit");
