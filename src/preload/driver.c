@@ -197,6 +197,15 @@ mp__curesult cuMemGetInfo_v2(size_t *free, size_t *total) {
   return r;
 }
 
+/* Whether addr lies in a pool's memory but in no block the program holds
+ * (a freed block, cached; the pool's free space): no allocation of the
+ * program's, so the range and pointer queries answer as the driver does
+ * for freed memory, not with the segment or chunk holding it. */
+static bool mp__pl_freed_in_pool(mp__cuptr addr) {
+  const mp__pl_t *pl = mp__pl_started();
+  return pl != NULL && mp__pl_pools_hold(pl, (uintptr_t)addr);
+}
+
 /* A sub-allocated pointer's range is its block, not the pool's segment:
  * what the program asked for is what it gets back; cuPointerGetAttribute's
  * range start and size say the same. A program that shares memory with
@@ -213,6 +222,8 @@ mp__curesult cuMemGetAddressRange_v2(mp__cuptr *pbase, size_t *psize,
       *psize = b.size;
     return MP__CU_SUCCESS;
   }
+  if (mp__pl_freed_in_pool(dptr))
+    return MP__CU_NOT_FOUND;
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   return rc->cuMemGetAddressRange_v2
              ? rc->cuMemGetAddressRange_v2(pbase, psize, dptr)
@@ -266,6 +277,11 @@ mp__curesult cuPointerGetAttribute(void *data, unsigned int attribute,
     *(unsigned int *)data = 0;
     return MP__CU_SUCCESS;
   }
+  /* cuda.h: "If ptr was not allocated by, mapped by, or registered with a
+   * CUcontext which uses unified virtual addressing then
+   * CUDA_ERROR_INVALID_VALUE is returned": a freed block is not. */
+  if (mp__pl_freed_in_pool(ptr) && !mp__pl_table_find_pool((uintptr_t)ptr, &b))
+    return MP__CU_INVALID_VALUE;
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   return rc->cuPointerGetAttribute
              ? rc->cuPointerGetAttribute(data, attribute, ptr)

@@ -54,6 +54,7 @@ typedef struct CUipcMemHandle_st mp__cuipcmemhandle;
 #define MP__CU_OUT_OF_MEMORY       2u
 #define MP__CU_NOT_INITIALIZED     3u
 #define MP__CU_NOT_SUPPORTED       801u
+#define MP__CU_NOT_FOUND           500u
 #define MP__CU_NO_DEVICE           100u
 #define MP__CU_UNKNOWN             999u
 #define MP__CUDA_SUCCESS           0u

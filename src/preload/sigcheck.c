@@ -21,6 +21,7 @@ _Static_assert(CUDA_ERROR_OUT_OF_MEMORY == MP__CU_OUT_OF_MEMORY, "errors");
 _Static_assert(cudaErrorMemoryAllocation == MP__CUDA_MEMORY_ALLOCATION,
                "errors");
 _Static_assert(CUDA_ERROR_NOT_SUPPORTED == MP__CU_NOT_SUPPORTED, "errors");
+_Static_assert(CUDA_ERROR_NOT_FOUND == MP__CU_NOT_FOUND, "errors");
 _Static_assert(CU_POINTER_ATTRIBUTE_RANGE_START_ADDR ==
                        MP__CU_POINTER_RANGE_START &&
                    CU_POINTER_ATTRIBUTE_RANGE_SIZE == MP__CU_POINTER_RANGE_SIZE,

@@ -25,6 +25,8 @@
  * threads (CU_STREAM_PER_THREAD), the stream is not.
  * With "double_free", a second cuMemFree of a block is refused as the
  * driver refuses it, and what the program allocates next still works.
+ * With "freed_range", the range and pointer attributes of a freed block are
+ * those of memory the driver does not know.
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -215,6 +217,46 @@ static int double_free(void) {
   return 0;
 }
 
+/* A freed block is no allocation any more: cuMemGetAddressRange says
+ * CUDA_ERROR_NOT_FOUND and cuPointerGetAttribute CUDA_ERROR_INVALID_VALUE
+ * (cuda.h: "If ptr was not allocated by ... then CUDA_ERROR_INVALID_VALUE
+ * is returned"), at its start and inside it, while a block after it (its
+ * segment's, under the shim) lives on. */
+static int freed_range(void) {
+  CUdeviceptr p, q, base = 0;
+  size_t size = 0;
+  MP_TRY(cuMemAlloc(&p, MP_BYTES / 4));
+  MP_TRY(cuMemAlloc(&q, MP_BYTES / 4));
+  MP_TRY(cuMemFree(p));
+  CUdeviceptr at[] = {p, p + 4096};
+  for (int i = 0; i < 2; i++) {
+    CUresult r = cuMemGetAddressRange(&base, &size, at[i]);
+    if (r != CUDA_ERROR_NOT_FOUND) {
+      printf("cuMemGetAddressRange of a freed block (+%d): error %d, range "
+             "%#llx + %zu\n",
+             i * 4096, (int)r, (unsigned long long)base, size);
+      return 1;
+    }
+    r = cuPointerGetAttribute(&base, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                              at[i]);
+    if (r != CUDA_ERROR_INVALID_VALUE) {
+      printf("cuPointerGetAttribute(RANGE_START_ADDR) of a freed block "
+             "(+%d): error %d, start %#llx\n",
+             i * 4096, (int)r, (unsigned long long)base);
+      return 1;
+    }
+  }
+  MP_TRY(cuMemGetAddressRange(&base, &size, q + 4096));
+  if (base != q || size != MP_BYTES / 4) {
+    printf("the live block's range is %#llx + %zu\n", (unsigned long long)base,
+           size);
+    return 1;
+  }
+  MP_TRY(cuMemFree(q));
+  puts("ok");
+  return 0;
+}
+
 int main(int argc, char **argv) {
   CUstream n1, n2;
   CUdeviceptr p, q;
@@ -230,6 +272,8 @@ int main(int argc, char **argv) {
     return per_thread_free();
   if (argc > 1 && strcmp(argv[1], "double_free") == 0)
     return double_free();
+  if (argc > 1 && strcmp(argv[1], "freed_range") == 0)
+    return freed_range();
   MP_TRY(cuStreamCreate(&n1, CU_STREAM_NON_BLOCKING));
   MP_TRY(cuStreamCreate(&n2, CU_STREAM_NON_BLOCKING));
   MP_TRY(cuMemAllocHost((void **)&seen, 1));

@@ -94,3 +94,23 @@ Test(preload_rules, under_the_shim_a_second_free_is_refused) {
   double_free_rules("LD_PRELOAD=" MP_SHIM, "MEMPOOL_CONF=virtual=0");
   double_free_rules("LD_PRELOAD=" MP_SHIM, "MEMPOOL_CONF=virtual=1");
 }
+
+/* A freed pool block answers cuMemGetAddressRange and cuPointerGetAttribute
+ * as freed memory does without the shim, not with the cached segment that
+ * holds it (virtual=0) or the chunk mapped there (virtual=1). */
+static void freed_range_rules(const char *preload, const char *conf) {
+  const char *argv[] = {MP_RULES_PROG, "freed_range", NULL};
+  const char *env[] = {preload, "MEMPOOL_DEVICE=cuda", conf, NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_str_eq(r.out, "ok\n");
+}
+
+Test(preload_rules, without_the_shim_a_freed_block_has_no_range) {
+  freed_range_rules("LD_PRELOAD=", "MEMPOOL_CONF=");
+}
+
+Test(preload_rules, under_the_shim_a_freed_block_has_no_range) {
+  freed_range_rules("LD_PRELOAD=" MP_SHIM, "MEMPOOL_CONF=virtual=0");
+  freed_range_rules("LD_PRELOAD=" MP_SHIM, "MEMPOOL_CONF=virtual=1");
+}

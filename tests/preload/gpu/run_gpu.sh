@@ -91,12 +91,13 @@ LD_PRELOAD=$preload MEMPOOL_PRELOAD=passthrough MEMPOOL_TRACE=$work/pass.csv \
 
 # 3. CUDA's rules under the shim on the real driver: rules_prog (built
 #    against the fake, run here with the real libcuda.so.1 first on the
-#    path): cuMemFree's ordering, and streams made and destroyed past the
-#    pool's table size.
+#    path): cuMemFree's ordering, streams made and destroyed past the
+#    pool's table size, and a freed block's range and pointer attributes
+#    (those of memory the driver does not know).
 rules=$build/tests/preload/preload_rules_prog
 if [ -x "$rules" ]; then
   real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
-  for arg in "" streams; do
+  for arg in "" streams freed_range; do
     LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
       MEMPOOL_DEVICE=cuda "$rules" $arg >"$work/rules.out" 2>&1 ||
       fail "rules_prog $arg under the shim: $(cat "$work/rules.out")"
