@@ -94,7 +94,19 @@ void *mp__pl_proc_hook(const char *symbol, int cuda_version, uint64_t flags) {
       return (void *)&cuMemGetInfo_v2;
     if (strcmp(symbol, "cuMemGetAddressRange") == 0)
       return (void *)&cuMemGetAddressRange_v2;
+    /* cudaTypedefs.h: PFN_cuMemAllocHost_v3020 takes a size_t, the
+     * original (v2000) an unsigned int. */
+    if (strcmp(symbol, "cuMemAllocHost") == 0)
+      return (void *)&cuMemAllocHost_v2;
   }
+  /* Page-locked memory (host.c): what the host pool hands out is freed
+   * through the same answers, never the driver's cuMemFreeHost (which
+   * would free the pool's chunk under it); PFN_cuMemHostAlloc_v2020 and
+   * PFN_cuMemFreeHost_v2000 are the only forms. */
+  if (strcmp(symbol, "cuMemHostAlloc") == 0)
+    return (void *)&cuMemHostAlloc;
+  if (strcmp(symbol, "cuMemFreeHost") == 0)
+    return (void *)&cuMemFreeHost;
   /* cuDevicePrimaryCtxReset_v2 came with CUDA 11.0 (cudaTypedefs.h:
    * PFN_cuDevicePrimaryCtxReset_v11000; below it the original, which stays
    * real); cudaDeviceReset asks for it. */

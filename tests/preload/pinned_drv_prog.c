@@ -14,6 +14,11 @@
  *   pinned_drv_prog 1 double_free | bad_flags
  * a second cuMemFreeHost of one block; cuMemHostAlloc with flags no
  * driver knows: each must be the driver's error.
+ *   pinned_drv_prog 1 proc
+ * six page-locked blocks from cuMemAllocHost called and from the
+ * cuMemAllocHost and cuMemHostAlloc cuGetProcAddress answers, freed in
+ * turn with the cuMemFreeHost it answers and the one called: each free
+ * succeeds; prints "driver_host_allocs=A".
  *   pinned_drv_prog 1 late_runtime LIBRARY
  * a write-combined cuMemHostAlloc and its free, then LIBRARY (a stand-in
  * runtime, late_runtime.c) loaded and its cudaMalloc called through dlsym:
@@ -79,6 +84,56 @@ int main(int argc, char **argv) {
       expect(e == 0 && q != NULL,
              "cudaMalloc of the runtime loaded late reached it");
     }
+    if (failures == 0)
+      printf("ok\n");
+    return failures == 0 ? 0 : 1;
+  }
+  if (argc > 2 && strcmp(argv[2], "proc") == 0) {
+    /* The page-locked entry points cuGetProcAddress answers (as nvcc's
+     * static runtime and cuda-python find every driver function) free what
+     * the directly called ones allocated, and the other way round. */
+    typedef CUresult (*alloc_fn)(void **, size_t);
+    typedef CUresult (*halloc_fn)(void **, size_t, unsigned int);
+    typedef CUresult (*free_fn)(void *);
+    void *fa = NULL, *fh = NULL, *ff = NULL;
+    expect(cuGetProcAddress("cuMemAllocHost", &fa, 3020,
+                            CU_GET_PROC_ADDRESS_DEFAULT,
+                            NULL) == CUDA_SUCCESS &&
+               fa != NULL,
+           "cuGetProcAddress(cuMemAllocHost)");
+    expect(cuGetProcAddress("cuMemHostAlloc", &fh, 2020,
+                            CU_GET_PROC_ADDRESS_DEFAULT,
+                            NULL) == CUDA_SUCCESS &&
+               fh != NULL,
+           "cuGetProcAddress(cuMemHostAlloc)");
+    expect(cuGetProcAddress("cuMemFreeHost", &ff, 2000,
+                            CU_GET_PROC_ADDRESS_DEFAULT,
+                            NULL) == CUDA_SUCCESS &&
+               ff != NULL,
+           "cuGetProcAddress(cuMemFreeHost)");
+    if (failures != 0)
+      return 1;
+    void *p[6] = {NULL};
+    for (int i = 0; i < 6; i++) {
+      CUresult r = i % 3 == 0   ? cuMemAllocHost(&p[i], 4096)
+                   : i % 3 == 1 ? ((alloc_fn)fa)(&p[i], 4096)
+                                : ((halloc_fn)fh)(&p[i], 4096, 0);
+      expect(r == CUDA_SUCCESS && p[i] != NULL, "page-locked allocation");
+      if (p[i] != NULL)
+        memset(p[i], 0x11 * (i + 1), 4096);
+    }
+    for (int i = 0; i < 6; i++) {
+      if (p[i] == NULL)
+        continue;
+      expect(((unsigned char *)p[i])[4095] == 0x11 * (i + 1), "contents");
+      /* the even ones with the looked-up free, the odd ones called */
+      CUresult r = i % 2 == 0 ? ((free_fn)ff)(p[i]) : cuMemFreeHost(p[i]);
+      if (r != CUDA_SUCCESS)
+        printf("free %d: error %d\n", i, (int)r);
+      expect(r == CUDA_SUCCESS, "cuMemFreeHost of a page-locked block");
+    }
+    printf("driver_host_allocs=%lld\n",
+           calls("cuMemHostAlloc") + calls("cuMemAllocHost_v2"));
     if (failures == 0)
       printf("ok\n");
     return failures == 0 ? 0 : 1;

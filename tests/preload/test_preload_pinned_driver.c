@@ -92,6 +92,21 @@ Test(preload_pinned_driver, under_the_shim_a_second_free_is_refused) {
   run_mode(true, "double_free");
 }
 
+/* Page-locked memory through the entry points cuGetProcAddress answers
+ * (nvcc's static runtime, cuda-python): the real driver's cuMemFreeHost
+ * was given blocks inside the host pool's chunks (refused, or the chunk
+ * freed under the pool), and its allocations bypassed the pool. Under the
+ * shim the pool serves them all: one chunk from the driver. */
+Test(preload_pinned_driver, without_the_shim_looked_up_entry_points_agree) {
+  run_mode(false, "proc");
+  cr_assert_eq(word_value(r.out, "driver_host_allocs"), 6);
+}
+
+Test(preload_pinned_driver, under_the_shim_looked_up_entry_points_agree) {
+  run_mode(true, "proc");
+  cr_assert_eq(word_value(r.out, "driver_host_allocs"), 1, "%s", r.out);
+}
+
 /* Flags no driver knows: the host pool served them (CUDA_SUCCESS). */
 Test(preload_pinned_driver, without_the_shim_unknown_flags_are_refused) {
   run_mode(false, "bad_flags");

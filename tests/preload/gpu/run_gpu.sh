@@ -160,6 +160,11 @@ ok = (rep["calls"]["pinned"] == 81 and h["alloc_count"] == 80 and
 sys.exit(0 if ok else 1)
 PY
     fail "pinned_drv_prog: report or trace: $(cat "$work/pinned.report.json")"
+  # Blocks from the page-locked entry points cuGetProcAddress answers and
+  # from the called ones, freed crosswise: every free succeeds.
+  LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
+    MEMPOOL_DEVICE=cuda "$pinned" 1 proc >"$work/pinned.out" 2>&1 ||
+    fail "pinned_drv_prog proc under the shim: $(cat "$work/pinned.out")"
 fi
 
 # 5. IPC on the real driver (the twin of integration_preload_ipc): a
