@@ -17,7 +17,24 @@ static struct {
   _Atomic(mp_pool_t *) pool;
   mp_device_t *dev;
   atomic_bool failed;
+  _Atomic(mp__cuctx) primary; /* the device's primary context, or NULL */
 } mp__devs[MP__PL_MAX_DEVICES];
+
+/* The primary context of CUDA device `ordinal`: retained and released at
+ * once (the pool made on the device holds a retain of its own, so the
+ * context stays and the handle with it); NULL when the driver cannot say. */
+static mp__cuctx mp__primary_of(int ordinal) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  int dev = 0;
+  mp__cuctx c = NULL;
+  if (rc->cuDeviceGet == NULL || rc->cuDevicePrimaryCtxRetain == NULL ||
+      rc->cuDevicePrimaryCtxRelease_v2 == NULL ||
+      rc->cuDeviceGet(&dev, ordinal) != MP__CU_SUCCESS ||
+      rc->cuDevicePrimaryCtxRetain(&c, dev) != MP__CU_SUCCESS)
+    return NULL;
+  (void)rc->cuDevicePrimaryCtxRelease_v2(dev);
+  return c;
+}
 static pthread_mutex_t mp__devs_lock = PTHREAD_MUTEX_INITIALIZER;
 static mp_pool_config_t mp__cfg; /* MEMPOOL_CONF, for every device's pool */
 
@@ -29,6 +46,7 @@ void mp__pl_devices_put(int ordinal, mp_device_t *dev, mp_pool_t *pool) {
   if (ordinal < 0 || ordinal >= MP__PL_MAX_DEVICES)
     return;
   mp__devs[ordinal].dev = dev;
+  atomic_store(&mp__devs[ordinal].primary, mp__primary_of(ordinal));
   atomic_store(&mp__devs[ordinal].pool, pool);
 }
 
@@ -38,6 +56,7 @@ void mp__pl_devices_child(void) {
     atomic_store(&mp__devs[i].pool, NULL);
     mp__devs[i].dev = NULL;
     atomic_store(&mp__devs[i].failed, false);
+    atomic_store(&mp__devs[i].primary, NULL);
   }
 }
 
@@ -69,6 +88,7 @@ mp_pool_t *mp__pl_pool_of(const mp__pl_t *pl, int ordinal) {
     } else {
       (void)mp_pool_add_stream(pool, NULL);
       mp__devs[ordinal].dev = dev;
+      atomic_store(&mp__devs[ordinal].primary, mp__primary_of(ordinal));
       atomic_store_explicit(&mp__devs[ordinal].pool, pool,
                             memory_order_release);
     }
@@ -84,7 +104,20 @@ mp_pool_t *mp__pl_pool_current(const mp__pl_t *pl,
   int d = -1;
   if (current(&d) != 0) /* CUDA_SUCCESS, cudaSuccess */
     return NULL;
-  return mp__pl_pool_of(pl, d);
+  mp_pool_t *pool = mp__pl_pool_of(pl, d);
+  if (pool == NULL)
+    return NULL;
+  /* A context the program made is not the pool's: cuEventRecord's event
+   * and stream "must be from the same context" (cuda.h), and the pool's
+   * blocks would outlive cuCtxDestroy of the context they were asked for
+   * in. */
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__cuctx here = NULL, primary = atomic_load_explicit(&mp__devs[d].primary,
+                                                        memory_order_acquire);
+  if (primary != NULL && rc->cuCtxGetCurrent != NULL &&
+      rc->cuCtxGetCurrent(&here) == MP__CU_SUCCESS && here != primary)
+    return NULL;
+  return pool;
 }
 
 /* A driver without cuCtxGetDevice (a test double) has one device. */
@@ -174,6 +207,7 @@ mp_pool_t *mp__pl_devices_retire(const mp__pl_t *pl, int ordinal) {
   }
   mp__devs[ordinal].dev = NULL;
   atomic_store(&mp__devs[ordinal].failed, false);
+  atomic_store(&mp__devs[ordinal].primary, NULL);
   pthread_mutex_unlock(&mp__devs_lock);
   free(keep);
   return pool;

@@ -85,6 +85,10 @@
 
 #define MP__PL_REAL(X)                                                         \
   X(cu, mp__curesult, cuCtxGetDevice, (int *))                                 \
+  X(cu, mp__curesult, cuCtxGetCurrent, (mp__cuctx *))                          \
+  X(cu, mp__curesult, cuDeviceGet, (int *, int))                               \
+  X(cu, mp__curesult, cuDevicePrimaryCtxRetain, (mp__cuctx *, int))            \
+  X(cu, mp__curesult, cuDevicePrimaryCtxRelease_v2, (int))                     \
   X(cu, mp__curesult, cuStreamIsCapturing, (mp__custream, unsigned int *))     \
   X(cu, mp__curesult, cuStreamIsCapturing_ptsz,                                \
     (mp__custream, unsigned int *))                                            \

@@ -43,6 +43,7 @@ typedef unsigned int mp__curesult;    /* CUresult (an enum of non-negatives) */
 typedef unsigned int mp__cudaerr;     /* cudaError_t */
 typedef unsigned long long mp__cuptr; /* CUdeviceptr (_v2, 64-bit) */
 typedef struct CUstream_st *mp__custream;       /* CUstream == cudaStream_t */
+typedef struct CUctx_st *mp__cuctx;             /* CUcontext */
 typedef struct CUgraph_st *mp__cugraph;         /* CUgraph == cudaGraph_t */
 typedef struct CUgraphExec_st *mp__cugraphexec; /* CUgraphExec */
 /* CUDA_GRAPH_INSTANTIATE_PARAMS *, passed through untouched */
@@ -167,7 +168,10 @@ void mp__pl_pools(const mp__pl_t *pl, mp__pl_pools_t *out);
 bool mp__pl_pools_hold(const mp__pl_t *pl, uintptr_t addr);
 /* The pool of the device current(&ordinal) names (cuCtxGetDevice,
  * cudaGetDevice; both answer 0 on success), or NULL: no current device (the
- * real entry point answers), or no pool for it. current NULL or host mode:
+ * real entry point answers), no pool for it, or a current context that is
+ * not the device's primary one (a cuCtxCreate'd context: the pool's memory,
+ * events and streams live in the primary context, so that context's
+ * allocations and streams are the driver's). current NULL or host mode:
  * pl's own device. */
 mp_pool_t *mp__pl_pool_current(const mp__pl_t *pl,
                                unsigned int (*current)(int *));

@@ -27,6 +27,8 @@
  * driver refuses it, and what the program allocates next still works.
  * With "freed_range", the range and pointer attributes of a freed block are
  * those of memory the driver does not know.
+ * With "own_context", memory and a stream of a context the program made
+ * and destroyed: the destroy frees them, nothing touches them after.
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -257,6 +259,50 @@ static int freed_range(void) {
   return 0;
 }
 
+/* Memory of a context the program made (cuCtxCreate) is that context's:
+ * cuMemAlloc and cuMemAllocAsync on its stream work in it, and
+ * cuCtxDestroy frees it with the stream (cuda.h, cuCtxDestroy: "Destroys
+ * the CUDA context specified by ctx ... all the resources"). A later
+ * cuMemFree of such a block is refused, and nothing the program does in
+ * the primary context afterwards touches the destroyed stream. */
+static int own_context(void) {
+  long long bad = bad_handles();
+  CUcontext own;
+  CUstream s;
+  CUdeviceptr p, q, r2;
+#if CUDA_VERSION >= 13000 /* cuCtxCreate is cuCtxCreate_v4 */
+  MP_TRY(cuCtxCreate(&own, NULL, 0, 0));
+#else
+  MP_TRY(cuCtxCreate(&own, 0, 0));
+#endif
+  MP_TRY(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  MP_TRY(cuMemAlloc(&p, MP_BYTES));
+  MP_TRY(cuMemAllocAsync(&q, MP_BYTES, s));
+  MP_TRY(cuMemsetD8Async(q, 4, MP_BYTES, s));
+  MP_TRY(cuMemsetD8(p, 5, MP_BYTES));
+  MP_TRY(cuStreamSynchronize(s));
+  MP_TRY(cuCtxDestroy(own));
+  MP_TRY(cuCtxSetCurrent(ctx));
+  CUresult r = cuMemFree(p);
+  if (r == CUDA_SUCCESS) {
+    puts("cuMemFree of a block of a destroyed context succeeded");
+    return 1;
+  }
+  for (int i = 0; i < 4; i++) {
+    MP_TRY(cuMemAlloc(&r2, MP_BYTES));
+    MP_TRY(cuMemsetD8(r2, 6, MP_BYTES));
+    MP_TRY(cuMemFree(r2));
+  }
+  MP_TRY(cuCtxSynchronize());
+  if (bad_handles() != bad) {
+    printf("a destroyed context's stream was used %lld times\n",
+           bad_handles() - bad);
+    return 1;
+  }
+  puts("ok");
+  return 0;
+}
+
 int main(int argc, char **argv) {
   CUstream n1, n2;
   CUdeviceptr p, q;
@@ -274,6 +320,8 @@ int main(int argc, char **argv) {
     return double_free();
   if (argc > 1 && strcmp(argv[1], "freed_range") == 0)
     return freed_range();
+  if (argc > 1 && strcmp(argv[1], "own_context") == 0)
+    return own_context();
   MP_TRY(cuStreamCreate(&n1, CU_STREAM_NON_BLOCKING));
   MP_TRY(cuStreamCreate(&n2, CU_STREAM_NON_BLOCKING));
   MP_TRY(cuMemAllocHost((void **)&seen, 1));

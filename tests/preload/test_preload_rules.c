@@ -114,3 +114,23 @@ Test(preload_rules, under_the_shim_a_freed_block_has_no_range) {
   freed_range_rules("LD_PRELOAD=" MP_SHIM, "MEMPOOL_CONF=virtual=0");
   freed_range_rules("LD_PRELOAD=" MP_SHIM, "MEMPOOL_CONF=virtual=1");
 }
+
+/* A context the program makes (cuCtxCreate) is not the primary context the
+ * pool's memory lives in: its allocations are the driver's, in it, and go
+ * with it when the program destroys it (with its streams, which no free
+ * may touch afterwards). */
+static void own_context_rules(const char *preload) {
+  const char *argv[] = {MP_RULES_PROG, "own_context", NULL};
+  const char *env[] = {preload, "MEMPOOL_DEVICE=cuda", NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_str_eq(r.out, "ok\n");
+}
+
+Test(preload_rules, without_the_shim_a_destroyed_context_takes_its_memory) {
+  own_context_rules("LD_PRELOAD=");
+}
+
+Test(preload_rules, under_the_shim_a_destroyed_context_takes_its_memory) {
+  own_context_rules("LD_PRELOAD=" MP_SHIM);
+}
