@@ -291,17 +291,23 @@ mp__curesult cuPointerGetAttribute(void *data, unsigned int attribute,
 /* The plural answers as cuPointerGetAttribute does, attribute by
  * attribute: the driver answers the whole list first (cuda.h: for a
  * pointer it does not know it gives "default NULL values" and
- * CUDA_SUCCESS), then a pool block's range and IPC capability are written
- * over its answers, each as the singular writes it. */
+ * CUDA_SUCCESS, which a freed block gets too), then a pool block's range
+ * and IPC capability are written over its answers, each as the singular
+ * writes it. */
 mp__curesult cuPointerGetAttributes(unsigned int numAttributes,
                                     unsigned int *attributes, void **data,
                                     mp__cuptr ptr) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   if (rc->cuPointerGetAttributes == NULL)
     return MP__CU_NOT_INITIALIZED;
+  mp__pl_block_t b;
+  /* A freed block (the singular's CUDA_ERROR_INVALID_VALUE): the driver's
+   * answers for a pointer it does not know, asked of one it never knows
+   * (0), so each attribute gets the driver's own default. */
+  if (mp__pl_freed_in_pool(ptr) && !mp__pl_table_find_pool((uintptr_t)ptr, &b))
+    ptr = 0;
   mp__curesult r =
       rc->cuPointerGetAttributes(numAttributes, attributes, data, ptr);
-  mp__pl_block_t b;
   if (r != MP__CU_SUCCESS || attributes == NULL || data == NULL ||
       !mp__pl_table_find_pool((uintptr_t)ptr, &b))
     return r;

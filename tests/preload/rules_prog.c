@@ -248,6 +248,19 @@ static int freed_range(void) {
       return 1;
     }
   }
+  /* The plural: "default NULL values" for a pointer the driver does not
+   * know, and CUDA_SUCCESS (cuda.h). */
+  CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                 CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+  base = 1;
+  size = 1;
+  void *data[] = {&base, &size};
+  MP_TRY(cuPointerGetAttributes(2, attrs, data, p + 4096));
+  if (base != 0 || size != 0) {
+    printf("cuPointerGetAttributes of a freed block: range %#llx + %zu\n",
+           (unsigned long long)base, size);
+    return 1;
+  }
   MP_TRY(cuMemGetAddressRange(&base, &size, q + 4096));
   if (base != q || size != MP_BYTES / 4) {
     printf("the live block's range is %#llx + %zu\n", (unsigned long long)base,
