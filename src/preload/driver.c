@@ -70,6 +70,38 @@ static bool mp__capturing(const mp__pl_t *pl, mp__custream s, bool ptsz) {
   return fn(s, &status) != MP__CU_SUCCESS || status != 0;
 }
 
+/* Whether a synchronous call (cuMemAlloc, cuMemFree) may meet a capture
+ * whose mode prohibits it: one begun through the shim (mp__pl_capture_begun:
+ * any stream, blocking or not), or one the legacy stream reports. */
+static bool mp__sync_in_capture(const mp__pl_t *pl) {
+  return !pl->host &&
+         (mp__pl_capture_begun() || mp__capturing(pl, NULL, false));
+}
+
+/* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED .. _WRONG_THREAD (cuda.h). */
+#define MP__CU_CAPTURE_FIRST 900u
+#define MP__CU_CAPTURE_LAST  908u
+
+/* cuMemFree of a pool block while a capture may prohibit it in this thread
+ * (cuda.h, cuThreadExchangeStreamCaptureMode: "prohibited from potentially
+ * unsafe API calls"): the driver refuses such a call with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture, and
+ * the block stays the program's. The pool never asks the driver, so the
+ * driver answers for it: a real cuMemAlloc of one byte, a call of the same
+ * kind (both synchronize implicitly), refused, with the capture
+ * invalidated, exactly when cuMemFree would be; what it allocated when
+ * allowed is freed at once. */
+static mp__curesult mp__free_refused_in_capture(const mp__pl_t *pl) {
+  if (!mp__sync_in_capture(pl))
+    return MP__CU_SUCCESS;
+  mp__cuptr x = 0;
+  mp__curesult r = mp__real_alloc(MP__SYNC, &x, 1, NULL);
+  if (r == MP__CU_SUCCESS)
+    (void)mp__real_free(MP__SYNC, x, NULL);
+  return r >= MP__CU_CAPTURE_FIRST && r <= MP__CU_CAPTURE_LAST ? r
+                                                               : MP__CU_SUCCESS;
+}
+
 static mp__curesult mp__alloc(mp__variant_t v, mp__cuptr *dptr, size_t bytes,
                               mp__custream s) {
   if (!mp__pl_enter()) {
@@ -86,8 +118,9 @@ static mp__curesult mp__alloc(mp__variant_t v, mp__cuptr *dptr, size_t bytes,
       served = true;
     } else if ((pool = mp__pl_pool_here(pl)) == NULL) {
       mp__pl_count_bypass("other_device");
-    } else if (mp__capturing(pl, v == MP__SYNC ? NULL : s, ptsz) &&
-               (v == MP__SYNC || !mp__pl_capture_route(pl, pool, s, ptsz))) {
+    } else if (v == MP__SYNC ? mp__sync_in_capture(pl)
+                             : mp__capturing(pl, s, ptsz) &&
+                                   !mp__pl_capture_route(pl, pool, s, ptsz)) {
       /* cuMemAlloc during a capture: the driver applies the capture mode's
        * rules; stream-ordered allocations go to the graph pool. */
       mp__pl_count_bypass("capture");
@@ -131,6 +164,9 @@ static mp__curesult mp__free(mp__variant_t v, mp__cuptr p, mp__custream s) {
      * the pool: there the driver's answer, without freeing it. */
     r = mp__pl_pools_hold(pl, (uintptr_t)p) ? MP__CU_INVALID_VALUE
                                             : mp__real_free(v, p, s);
+  } else if (b.kind == MP__PL_FROM_POOL && v == MP__SYNC &&
+             (r = mp__free_refused_in_capture(pl)) != MP__CU_SUCCESS) {
+    mp__pl_table_restore(&b);
   } else if (b.kind == MP__PL_FROM_POOL) {
     r = mp__pl_cu_error(
         mp__pl_pool_free(pl, &b, v == MP__SYNC, s, v == MP__ASYNC_PTSZ));

@@ -1,9 +1,11 @@
 /* graphs.c - stream capture under the shim: graph-private pools, and the
- * graph hooks cuStreamEndCapture(_ptsz), cuGraphInstantiateWithFlags,
- * cuGraphInstantiateWithParams(_ptsz), cuGraphExecDestroy and
- * cuGraphDestroy (the runtime's cudaStreamEndCapture, cudaGraphInstantiate,
- * cudaGraphInstantiateWithFlags/WithParams, cudaGraphExecDestroy and
- * cudaGraphDestroy reach them through cuGetProcAddress).
+ * graph hooks cuStreamBeginCapture_v2(_ptsz) (counted, for
+ * mp__pl_capture_begun), cuStreamEndCapture(_ptsz),
+ * cuGraphInstantiateWithFlags, cuGraphInstantiateWithParams(_ptsz),
+ * cuGraphExecDestroy and cuGraphDestroy (the runtime's cudaStreamEndCapture,
+ * cudaGraphInstantiate, cudaGraphInstantiateWithFlags/WithParams,
+ * cudaGraphExecDestroy and cudaGraphDestroy reach them through
+ * cuGetProcAddress).
  *
  * A stream-ordered allocation or free on a stream being captured makes the
  * stream allocate to the capture's graph pool (mp_pool_graph_create, one per
@@ -29,6 +31,7 @@
 #define MP__PL_CAP_STREAMS 8  /* streams of one capture it routes */
 #define MP__PL_EXECS       256
 #define MP__CAPTURE_ACTIVE 1u /* CU_STREAM_CAPTURE_STATUS_ACTIVE */
+#define MP__PL_BEGUN       64 /* captures in progress at once it counts */
 
 typedef struct mp__pl_capture {
   bool used;
@@ -50,12 +53,22 @@ static struct {
     unsigned cap;
   } execs[MP__PL_EXECS];
   size_t nexecs, live;
+  /* The origin streams of the captures begun and not ended (a per-thread
+   * stream once per thread capturing it); past MP__PL_BEGUN at once,
+   * `lost` keeps mp__pl_capture_begun true for good (the safe answer). */
+  mp__custream begun[MP__PL_BEGUN];
+  unsigned nbegun;
+  bool lost;
 } mp__gr = {.lock = PTHREAD_MUTEX_INITIALIZER};
+static atomic_uint mp__gr_begun; /* nbegun + lost, read without the lock */
 
 /* fork() child: the parent's captures and graphs are not the child's. */
 static void mp__graphs_child(void) {
   memset(mp__gr.caps, 0, sizeof mp__gr.caps);
   mp__gr.nexecs = mp__gr.live = 0;
+  mp__gr.nbegun = 0;
+  mp__gr.lost = false;
+  atomic_store(&mp__gr_begun, 0);
   pthread_mutex_init(&mp__gr.lock, NULL);
 }
 
@@ -172,7 +185,22 @@ static void mp__capture_ended(mp__custream s, bool ptsz, mp__curesult r,
     return;
   }
   const mp__pl_t *pl = mp__pl_get();
+  /* The capture is over when the stream no longer captures (an end on a
+   * stream that did not begin it is refused and changes nothing). */
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__curesult (*is)(mp__custream, unsigned int *) =
+      ptsz && rc->cuStreamIsCapturing_ptsz ? rc->cuStreamIsCapturing_ptsz
+                                           : rc->cuStreamIsCapturing;
+  unsigned int status = 0;
+  bool over = is != NULL && is(s, &status) == MP__CU_SUCCESS && status == 0;
   mp__gr_lock();
+  mp__custream key = ptsz && s == NULL ? MP__CU_STREAM_PER_THREAD : s;
+  for (unsigned k = 0; over && k < mp__gr.nbegun; k++)
+    if (mp__gr.begun[k] == key) {
+      mp__gr.begun[k] = mp__gr.begun[--mp__gr.nbegun];
+      atomic_store(&mp__gr_begun, mp__gr.nbegun + mp__gr.lost);
+      break;
+    }
   mp__pl_capture_t *c = mp__capture_of_stream(pl, s, ptsz);
   if (c != NULL) {
     for (unsigned k = 0; k < c->nstreams; k++)
@@ -187,6 +215,43 @@ static void mp__capture_ended(mp__custream s, bool ptsz, mp__curesult r,
   }
   pthread_mutex_unlock(&mp__gr.lock);
   mp__pl_leave();
+}
+
+/* A capture begun: its origin stream counted until its end. */
+static mp__curesult mp__capture_begun(mp__curesult r, mp__custream s,
+                                      bool ptsz) {
+  if (r != MP__CU_SUCCESS)
+    return r;
+  mp__gr_lock();
+  if (mp__gr.nbegun < MP__PL_BEGUN)
+    mp__gr.begun[mp__gr.nbegun++] =
+        ptsz && s == NULL ? MP__CU_STREAM_PER_THREAD : s;
+  else
+    mp__gr.lost = true;
+  atomic_store(&mp__gr_begun, mp__gr.nbegun + mp__gr.lost);
+  pthread_mutex_unlock(&mp__gr.lock);
+  return r;
+}
+
+bool mp__pl_capture_begun(void) {
+  return atomic_load_explicit(&mp__gr_begun, memory_order_acquire) != 0;
+}
+
+mp__curesult cuStreamBeginCapture_v2(mp__custream hStream, unsigned int mode) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  return mp__capture_begun(rc->cuStreamBeginCapture_v2
+                               ? rc->cuStreamBeginCapture_v2(hStream, mode)
+                               : MP__CU_NOT_INITIALIZED,
+                           hStream, false);
+}
+
+mp__curesult cuStreamBeginCapture_v2_ptsz(mp__custream hStream,
+                                          unsigned int mode) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  return mp__capture_begun(rc->cuStreamBeginCapture_v2_ptsz
+                               ? rc->cuStreamBeginCapture_v2_ptsz(hStream, mode)
+                               : MP__CU_NOT_INITIALIZED,
+                           hStream, true);
 }
 
 mp__curesult cuStreamEndCapture(mp__custream hStream, mp__cugraph *phGraph) {

@@ -60,6 +60,9 @@
     (mp__custream *, unsigned int, int))                                       \
   X(cu, mp__curesult, cuStreamDestroy_v2, (mp__custream))                      \
   /* graphs.c */                                                               \
+  X(cu, mp__curesult, cuStreamBeginCapture_v2, (mp__custream, unsigned int))   \
+  X(cu, mp__curesult, cuStreamBeginCapture_v2_ptsz,                            \
+    (mp__custream, unsigned int))                                              \
   X(cu, mp__curesult, cuStreamEndCapture, (mp__custream, mp__cugraph *))       \
   X(cu, mp__curesult, cuStreamEndCapture_ptsz, (mp__custream, mp__cugraph *))  \
   X(cu, mp__curesult, cuGraphInstantiateWithFlags,                             \

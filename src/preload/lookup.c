@@ -129,6 +129,11 @@ void *mp__pl_proc_hook(const char *symbol, int cuda_version, uint64_t flags) {
     return ptsz ? (void *)&cuMemAllocAsync_ptsz : (void *)&cuMemAllocAsync;
   if (strcmp(symbol, "cuMemFreeAsync") == 0)
     return ptsz ? (void *)&cuMemFreeAsync_ptsz : (void *)&cuMemFreeAsync;
+  /* cudaTypedefs.h: PFN_cuStreamBeginCapture_v10010 takes the mode; the
+   * original (v10000) does not, and stays real. */
+  if (cuda_version >= 10010 && strcmp(symbol, "cuStreamBeginCapture") == 0)
+    return ptsz ? (void *)&cuStreamBeginCapture_v2_ptsz
+                : (void *)&cuStreamBeginCapture_v2;
   if (strcmp(symbol, "cuStreamEndCapture") == 0)
     return ptsz ? (void *)&cuStreamEndCapture_ptsz
                 : (void *)&cuStreamEndCapture;

@@ -301,6 +301,12 @@ bool mp__pl_capture_route(const mp__pl_t *pl, mp_pool_t *pool, mp__custream s,
                           bool ptsz);
 /* Live graph pools the shim made (for the report). */
 size_t mp__pl_graph_pools(void);
+/* Whether a capture the program began (cuStreamBeginCapture_v2, _ptsz) may
+ * still be in progress in any thread. While one is, a synchronous
+ * allocation or free (which the capture modes may prohibit in this thread,
+ * cuda.h, cuThreadExchangeStreamCaptureMode) is the driver's to answer:
+ * asking the legacy stream finds only captures of blocking streams. */
+bool mp__pl_capture_begun(void);
 
 /* ---- host.c ------------------------------------------------------------- */
 

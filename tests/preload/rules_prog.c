@@ -29,10 +29,13 @@
  * those of memory the driver does not know.
  * With "own_context", memory and a stream of a context the program made
  * and destroyed: the destroy frees them, nothing touches them after.
+ * With "calls_in_capture [per_thread]", cuMemAlloc and cuMemFree during a
+ * global capture are the driver's refusals.
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -316,6 +319,65 @@ static int own_context(void) {
   return 0;
 }
 
+/* cuMemAlloc and cuMemFree while a stream of the program (non-blocking, so
+ * the legacy stream never meets it) is being captured in global mode are
+ * calls that mode prohibits: the driver refuses them with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture
+ * (cuda.h, cuThreadExchangeStreamCaptureMode: "prohibited from potentially
+ * unsafe API calls"); the block stays the program's, and freed after the
+ * capture ended it goes. With "per_thread" the capture is of the thread's
+ * per-thread stream, begun through the cuStreamBeginCapture that
+ * cuGetProcAddress answers with its per-thread flag. */
+typedef CUresult (*begin_fn)(CUstream, CUstreamCaptureMode);
+
+static int calls_in_capture(bool per_thread) {
+  CUstream s = CU_STREAM_PER_THREAD;
+  CUdeviceptr p, q = 0;
+  CUgraph g = NULL;
+  void *begin = NULL;
+  MP_TRY(cuGetProcAddress("cuStreamBeginCapture", &begin, 10010,
+                          per_thread
+                              ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+                              : CU_GET_PROC_ADDRESS_DEFAULT,
+                          NULL));
+  if (!per_thread)
+    MP_TRY(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  MP_TRY(cuMemAlloc(&p, MP_BYTES));
+  MP_TRY(cuMemsetD8(p, 7, MP_BYTES));
+  MP_TRY(
+      ((begin_fn)begin)(per_thread ? NULL : s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUresult rf = cuMemFree(p);
+  CUresult ra = cuMemAlloc(&q, MP_BYTES);
+  CUresult end = cuStreamEndCapture(s, &g);
+  if (rf != CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED ||
+      ra != CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) {
+    printf("during a global capture: cuMemFree error %d, cuMemAlloc error "
+           "%d\n",
+           (int)rf, (int)ra);
+    return 1;
+  }
+  if (end != CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) {
+    printf("the capture ended with error %d, not invalidated\n", (int)end);
+    return 1;
+  }
+  if (g != NULL)
+    MP_TRY(cuGraphDestroy(g));
+  unsigned char b = 0;
+  MP_TRY(cuMemcpyDtoH(&b, p + MP_BYTES - 1, 1));
+  if (b != 7) {
+    printf("the block the refused free left reads %d\n", b);
+    return 1;
+  }
+  MP_TRY(cuMemFree(p));
+  MP_TRY(cuMemAlloc(&q, MP_BYTES));
+  MP_TRY(cuMemFree(q));
+  if (!per_thread)
+    MP_TRY(cuStreamDestroy(s));
+  MP_TRY(cuCtxSynchronize());
+  puts("ok");
+  return 0;
+}
+
 int main(int argc, char **argv) {
   CUstream n1, n2;
   CUdeviceptr p, q;
@@ -335,6 +397,8 @@ int main(int argc, char **argv) {
     return freed_range();
   if (argc > 1 && strcmp(argv[1], "own_context") == 0)
     return own_context();
+  if (argc > 1 && strcmp(argv[1], "calls_in_capture") == 0)
+    return calls_in_capture(argc > 2 && strcmp(argv[2], "per_thread") == 0);
   MP_TRY(cuStreamCreate(&n1, CU_STREAM_NON_BLOCKING));
   MP_TRY(cuStreamCreate(&n2, CU_STREAM_NON_BLOCKING));
   MP_TRY(cuMemAllocHost((void **)&seen, 1));

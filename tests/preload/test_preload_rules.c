@@ -134,3 +134,25 @@ Test(preload_rules, without_the_shim_a_destroyed_context_takes_its_memory) {
 Test(preload_rules, under_the_shim_a_destroyed_context_takes_its_memory) {
   own_context_rules("LD_PRELOAD=" MP_SHIM);
 }
+
+/* cuMemAlloc and cuMemFree during a global-mode capture of a non-blocking
+ * stream (the legacy stream never meets it) are refused as the driver
+ * refuses them, the capture invalidated, the block kept: the pool served
+ * them (CUDA_SUCCESS), the free while the pool's events met the capture. */
+static void calls_in_capture_rules(const char *preload, const char *how) {
+  const char *argv[] = {MP_RULES_PROG, "calls_in_capture", how, NULL};
+  const char *env[] = {preload, "MEMPOOL_DEVICE=cuda", NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_str_eq(r.out, "ok\n");
+}
+
+Test(preload_rules, without_the_shim_calls_in_a_global_capture_are_refused) {
+  calls_in_capture_rules("LD_PRELOAD=", NULL);
+  calls_in_capture_rules("LD_PRELOAD=", "per_thread");
+}
+
+Test(preload_rules, under_the_shim_calls_in_a_global_capture_are_refused) {
+  calls_in_capture_rules("LD_PRELOAD=" MP_SHIM, NULL);
+  calls_in_capture_rules("LD_PRELOAD=" MP_SHIM, "per_thread");
+}
