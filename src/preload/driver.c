@@ -239,7 +239,9 @@ mp__curesult cuMemGetInfo_v2(size_t *free, size_t *total) {
  * for freed memory, not with the segment or chunk holding it. */
 static bool mp__pl_freed_in_pool(mp__cuptr addr) {
   const mp__pl_t *pl = mp__pl_started();
-  return pl != NULL && mp__pl_pools_hold(pl, (uintptr_t)addr);
+  mp__pl_block_t b;
+  return pl != NULL && mp__pl_pools_hold(pl, (uintptr_t)addr) &&
+         !mp__pl_table_find_pool((uintptr_t)addr, &b);
 }
 
 /* A sub-allocated pointer's range is its block, not the pool's segment:
@@ -316,7 +318,7 @@ mp__curesult cuPointerGetAttribute(void *data, unsigned int attribute,
   /* cuda.h: "If ptr was not allocated by, mapped by, or registered with a
    * CUcontext which uses unified virtual addressing then
    * CUDA_ERROR_INVALID_VALUE is returned": a freed block is not. */
-  if (mp__pl_freed_in_pool(ptr) && !mp__pl_table_find_pool((uintptr_t)ptr, &b))
+  if (mp__pl_freed_in_pool(ptr))
     return MP__CU_INVALID_VALUE;
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   return rc->cuPointerGetAttribute
@@ -336,14 +338,14 @@ mp__curesult cuPointerGetAttributes(unsigned int numAttributes,
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   if (rc->cuPointerGetAttributes == NULL)
     return MP__CU_NOT_INITIALIZED;
-  mp__pl_block_t b;
   /* A freed block (the singular's CUDA_ERROR_INVALID_VALUE): the driver's
    * answers for a pointer it does not know, asked of one it never knows
    * (0), so each attribute gets the driver's own default. */
-  if (mp__pl_freed_in_pool(ptr) && !mp__pl_table_find_pool((uintptr_t)ptr, &b))
+  if (mp__pl_freed_in_pool(ptr))
     ptr = 0;
   mp__curesult r =
       rc->cuPointerGetAttributes(numAttributes, attributes, data, ptr);
+  mp__pl_block_t b;
   if (r != MP__CU_SUCCESS || attributes == NULL || data == NULL ||
       !mp__pl_table_find_pool((uintptr_t)ptr, &b))
     return r;
