@@ -1565,7 +1565,8 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
 
 /* cuda.h, cuDevicePrimaryCtxReset: "Destroy all allocations and reset all
  * state on the primary context", whoever still holds it; a later retain
- * starts a new one. */
+ * starts a new one. "Resetting the primary context does not release it":
+ * the retains stay, each still released by its holder. */
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   FK_COUNT(cuDevicePrimaryCtxReset_v2);
   FK_NEED_INIT();
@@ -1573,7 +1574,6 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     return CUDA_ERROR_INVALID_DEVICE;
   struct CUctx_st *c = &fk.ctx[dev];
   pthread_mutex_lock(&fk.lock);
-  c->refs = 0;
   mp_device_t *closing = atomic_exchange(&c->dev, NULL);
   fk_forget_streams(c);
   pthread_mutex_unlock(&fk.lock);
@@ -1653,7 +1653,8 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags,
   if (!fk_valid_device(dev))
     return CUDA_ERROR_INVALID_DEVICE;
   pthread_mutex_lock(&fk.lock);
-  *active = fk.ctx[dev].refs > 0;
+  /* retained, and not destroyed by a reset since */
+  *active = fk.ctx[dev].refs > 0 && atomic_load(&fk.ctx[dev].dev) != NULL;
   pthread_mutex_unlock(&fk.lock);
   *flags = 0;
   return CUDA_SUCCESS;

@@ -118,6 +118,29 @@ Test(fakecuda_contexts, primary_context_reset_destroys_what_it_held) {
   cr_assert_eq(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
 }
 
+/* cuda.h, cuDevicePrimaryCtxReset: "Resetting the primary context does not
+ * release it, an application that has retained the primary context should
+ * explicitly release its usage", and "it is safe for other modules to call
+ * cuDevicePrimaryCtxRelease() even after resetting the device": every
+ * retain before the reset is still released (the shim's pool holds one). */
+Test(fakecuda_contexts, a_reset_does_not_release_the_primary_context) {
+  CUcontext p = primary(0);
+  CUcontext q;
+  cr_assert_eq(cuDevicePrimaryCtxRetain(&q, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuDevicePrimaryCtxReset(0), CUDA_SUCCESS);
+  cr_assert_eq(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+  cr_assert_eq(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+  /* Used again after the reset: a retain makes it anew, and its release
+   * is the last. */
+  cr_assert_eq(cuDevicePrimaryCtxRetain(&p, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxPushCurrent(p), CUDA_SUCCESS);
+  CUdeviceptr mem;
+  cr_assert_eq(cuMemAlloc(&mem, 4096), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFree(mem), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
+  cr_assert_eq(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+}
+
 Test(fakecuda_contexts, a_destroyed_context_is_invalid) {
   /* On the last device: 1 on the fake's two, 0 on a one-GPU machine (an
    * H200 refused device 1, which it does not have, 2026-11-28). */
