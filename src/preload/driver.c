@@ -370,7 +370,8 @@ mp__curesult cuPointerGetAttributes(unsigned int numAttributes,
  * where the two starts agree: a block that begins its plain segment (the
  * driver then answers as for any cuMemAlloc). Any other block would come
  * out at the wrong address in the importer, silently: it is refused with
- * CUDA_ERROR_NOT_SUPPORTED, said on stderr. Memory the shim did not hand
+ * CUDA_ERROR_NOT_SUPPORTED, said on stderr. A freed block (in a pool, in no
+ * live block) is CUDA_ERROR_INVALID_VALUE. Memory the shim did not hand
  * out goes to the driver. The importer's side (cuIpcOpenMemHandle,
  * cuIpcCloseMemHandle) maps another process's memory, never the pool's,
  * and is not hooked. */
@@ -388,6 +389,11 @@ mp__curesult cuIpcGetMemHandle(mp__cuipcmemhandle *pHandle, mp__cuptr dptr) {
                (void *)(uintptr_t)dptr, (void *)b.ptr, b.size);
     return MP__CU_NOT_SUPPORTED;
   }
+  /* A freed block is no "existing device memory allocation" (cuda.h): the
+   * driver's refusal for such a pointer, not a handle of the segment that
+   * the pool hands out again. */
+  if (!pool && mp__pl_freed_in_pool(dptr))
+    return MP__CU_INVALID_VALUE;
   if (rc->cuIpcGetMemHandle == NULL)
     return MP__CU_NOT_INITIALIZED;
   mp__curesult r = rc->cuIpcGetMemHandle(pHandle, dptr);
