@@ -23,14 +23,16 @@ MP__HOT mp_status_t mp__pool_take_unpaused(mp_pool_t *pool, size_t size,
 }
 
 MP__HOT mp_status_t mp__pool_alloc_locked_hot(mp_pool_t *pool, size_t bytes,
-                                              mp_stream_t s, void **out) {
+                                              mp_stream_t s, void **out,
+                                              bool plain) {
   MP__ASSERT_LOCKED(pool);
+  MP__ASSERT(!plain || pool->rare == 0);
   uint32_t sidx;
-  mp_status_t st = mp__pool_paused(pool, "allocation");
-  if (MP__UNLIKELY(pool->nheld > 0) && st == MP_OK)
+  mp_status_t st = plain ? MP_OK : mp__pool_paused(pool, "allocation");
+  if (!plain && MP__UNLIKELY(pool->nheld > 0) && st == MP_OK)
     mp__export_reap(pool);
   if (st == MP_OK)
-    st = mp__stream_index(pool, s, &sidx);
+    st = mp__stream_index_as(pool, s, &sidx, plain);
   if (st != MP_OK)
     return st;
   size_t size;
@@ -49,14 +51,14 @@ MP__HOT mp_status_t mp__pool_alloc_locked_hot(mp_pool_t *pool, size_t bytes,
     mp__block_untake(pool, b);
     return mp__fail(MP_ENOMEM, "out of host memory for the block map");
   }
-  mp__block_make_live(pool, b, bytes, sidx);
+  mp__block_make_live(pool, b, bytes, sidx, plain);
   *out = (void *)b->addr;
   return MP_OK;
 }
 
 mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out) {
-  return mp__pool_alloc_locked_hot(pool, bytes, s, out);
+  return mp__pool_alloc_locked_hot(pool, bytes, s, out, false);
 }
 
 MP__HOT mp_status_t mp__pool_alloc_cached(mp_pool_t *pool, size_t bytes,
@@ -81,7 +83,7 @@ MP__HOT mp_status_t mp__pool_alloc_cached(mp_pool_t *pool, size_t bytes,
     mp__block_untake(pool, b);
     return MP__EMISS;
   }
-  mp__block_make_live(pool, b, bytes, sidx);
+  mp__block_make_live(pool, b, bytes, sidx, false);
   *out = (void *)b->addr;
   return MP_OK;
 }

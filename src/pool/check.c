@@ -132,6 +132,9 @@ static mp_status_t mp__check_segment(mp_pool_t *pool, mp__segment_t *s,
 
 mp_status_t mp__pool_check_locked(mp_pool_t *pool) {
   MP__ASSERT_LOCKED(pool);
+  if ((pool->rare != 0) != (mp__pool_rare_of(pool) != 0))
+    MP__CORRUPT("the rare-state word is %u, its fields say %u", pool->rare,
+                mp__pool_rare_of(pool));
   size_t nseg = 0, reserved = 0, chunks = 0;
   for (mp__segment_t *s = pool->segs; s != NULL; s = s->next) {
     nseg++;

@@ -356,7 +356,7 @@ void mp__block_untake(mp_pool_t *pool, mp__block_t *b) {
 }
 
 MP__HOT void mp__block_make_live(mp_pool_t *pool, mp__block_t *b,
-                                 size_t requested, uint32_t sidx) {
+                                 size_t requested, uint32_t sidx, bool plain) {
   MP__ASSERT_LOCKED(pool);
   MP__ASSERT(!(b->flags & (MP__B_FREE | MP__B_HOLE)));
   MP__ASSERT(b->size >= requested && pool->st.free_bytes >= b->size);
@@ -374,14 +374,16 @@ MP__HOT void mp__block_make_live(mp_pool_t *pool, mp__block_t *b,
   pool->st.live_blocks++;
   pool->st.alloc_count++;
   mp__stats_live_peaks(pool);
-  MP__HIST(pool, MP__H_ALLOC, b->addr, b->size, MP__HIST_STREAM(pool, sidx));
+  if (!plain)
+    MP__HIST(pool, MP__H_ALLOC, b->addr, b->size, MP__HIST_STREAM(pool, sidx));
 }
 
-MP__HOT mp__block_t *mp__block_release_merged(mp_pool_t *pool, mp__block_t *b) {
+MP__HOT mp__block_t *mp__block_release_merged(mp_pool_t *pool, mp__block_t *b,
+                                              bool plain) {
   MP__ASSERT_LOCKED(pool);
   MP__ASSERT(!(b->flags & (MP__B_FREE | MP__B_HOLE)));
   MP__ASSERT(pool->st.live_blocks > 0 && pool->st.allocated_bytes >= b->size);
-  if (MP__UNLIKELY(pool->hist.ev != NULL))
+  if (!plain && MP__UNLIKELY(pool->hist.ev != NULL))
     mp__history_free(pool, b->addr, b->size, MP__HIST_STREAM(pool, b->sidx));
   pool->st.allocated_bytes -= b->size;
   pool->st.free_bytes += b->size;
@@ -398,7 +400,7 @@ MP__HOT mp__block_t *mp__block_release_merged(mp_pool_t *pool, mp__block_t *b) {
 }
 
 MP__HOT void mp__block_release(mp_pool_t *pool, mp__block_t *b) {
-  mp__index_insert(pool, mp__block_release_merged(pool, b));
+  mp__index_insert(pool, mp__block_release_merged(pool, b, false));
 }
 
 mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
@@ -419,6 +421,7 @@ mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
       (pool->cfg.segment_bytes + pool->cfg.align - 1) & ~(pool->cfg.align - 1);
   pool->sync_gen = 1;
   pool->sync_done = 1;
+  mp__pool_rare_update(pool);
   mp_status_t st = mp__history_init(pool);
   if (st == MP_OK) {
     st = mp__device_watch(dev, mp__stream_gone, pool);

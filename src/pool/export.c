@@ -50,6 +50,7 @@ static bool mp__export_has(const mp_pool_t *pool, const mp__block_t *b) {
 /* Frees held block b now that nobody imports it. */
 static void mp__export_release(mp_pool_t *pool, mp__block_t *b) {
   pool->nheld--;
+  mp__pool_rare_update(pool);
   mp__map_remove(pool, b);
   mp__segment_release_above(pool);
   mp__block_release(pool, b);
@@ -82,6 +83,7 @@ bool mp__export_hold(mp_pool_t *pool, mp__block_t *b) {
   }
   b->flags |= MP__B_HELD;
   pool->nheld++;
+  mp__pool_rare_update(pool);
   return true;
 }
 
@@ -122,6 +124,7 @@ void mp__export_release_all(mp_pool_t *pool) {
   pool->exports = NULL;
   pool->exports_cap = 0;
   pool->nheld = 0;
+  mp__pool_rare_update(pool);
 }
 
 mp_status_t mp__export_check(const mp_pool_t *pool) {

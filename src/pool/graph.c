@@ -114,6 +114,7 @@ mp_status_t mp_pool_graph_create(mp_pool_t *parent, mp_pool_t **out) {
   if ((st = mp__pool_paused(parent, "mp_pool_graph_create")) == MP_OK) {
     g->parent = parent;
     g->graph = true;
+    mp__pool_rare_update(g);
     /* The one call down-to-up in src/pool (pool_internal.h's map): plain
      * growth of g (segment.c) borrows from parent through it, as an RMM
      * resource asks its upstream. */
@@ -219,8 +220,10 @@ mp_status_t mp__graph_begin_owned(mp_pool_t *parent, mp_pool_t *graph,
   /* After the mark, which adds s to the table: a per-thread stream is
    * routed for the calling thread only (the handle names its stream). */
   uint64_t own = mp__stream_owner(parent, s);
-  if (st == MP_OK)
+  if (st == MP_OK) {
     parent->routes[parent->nroutes++] = (mp__route_t){s, own, graph};
+    mp__pool_rare_update(parent);
+  }
   mp__pool_unlock(parent);
   if (st == MP_OK && owner != NULL)
     *owner = own;
@@ -252,6 +255,7 @@ static mp_status_t mp__graph_end(mp_pool_t *parent, mp_stream_t s,
   if (r != NULL) {
     graph = r->graph;
     *r = parent->routes[--parent->nroutes];
+    mp__pool_rare_update(parent);
     mp__graph_unmark_owned(parent, s, own); /* marked: has a slot */
   }
   mp__pool_unlock(parent);
@@ -324,6 +328,7 @@ static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes,
       b->child = graph;
       parent->granges[parent->ngranges++] =
           (mp__grange_t){b->addr, b->size, graph};
+      mp__pool_rare_update(parent);
     }
   }
   mp__pool_unlock(parent);
@@ -339,6 +344,7 @@ static void mp__graph_finish(mp_pool_t *graph) {
     for (size_t i = 0; i < parent->ngranges; i++)
       if (parent->granges[i].base == s->base) {
         parent->granges[i] = parent->granges[--parent->ngranges];
+        mp__pool_rare_update(parent);
         break;
       }
     size_t slot = 0;

@@ -49,6 +49,7 @@ mp_status_t mp__history_init(mp_pool_t *pool) {
     (void)backtrace(warm, 4);
   }
   pool->hist.cap = n;
+  mp__pool_rare_update(pool);
   return MP_OK;
 }
 
@@ -56,6 +57,7 @@ void mp__history_release(mp_pool_t *pool) {
   free(pool->hist.ev);
   free(pool->hist.frames);
   memset(&pool->hist, 0, sizeof pool->hist);
+  mp__pool_rare_update(pool);
 }
 
 /* Appends one event with the given time and stack. */

@@ -170,11 +170,13 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
   }
   /* From here every other call is MP_EBUSY, so nothing changes under us. */
   pool->paused = true;
+  mp__pool_rare_update(pool);
   mp__segment_t *v = pool->vseg;
   bool keep = (flags & MP_PAUSE_KEEP_CONTENT) && pool->st.allocated_bytes > 0;
   mp__spans_t sp = {0};
   if (keep && (st = mp__live_spans(pool, &sp)) != MP_OK) {
     pool->paused = false;
+    mp__pool_rare_update(pool);
     mp__pool_unlock(pool);
     return st;
   }
@@ -215,6 +217,7 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
     mp__streams_sync_end(pool, snap);
   if (st != MP_OK) {
     pool->paused = false;
+    mp__pool_rare_update(pool);
     mp__pool_unlock(pool);
     return st;
   }
@@ -264,6 +267,7 @@ mp_status_t mp_pool_resume(mp_pool_t *pool) {
   free(sp.v);
   if (st == MP_OK) {
     pool->paused = false;
+    mp__pool_rare_update(pool);
     pool->st.device_alloc_count += v ? v->nchunks : 0;
     mp__chunks_history(pool, v, MP__H_SEGMENT_MAP);
     pool->st.reserved_bytes = pool->paused_reserved;

@@ -116,6 +116,7 @@ mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
     }
     pool->cfg.release_threshold =
         (size_t)((double)pool->cap * cfg->release_fraction);
+    mp__pool_rare_update(pool);
   }
   size_t g = 0;
   if (cfg->flags & MP_POOL_VIRTUAL) {
@@ -396,6 +397,28 @@ mp__arena_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s, void **out) {
   return mp__arena_alloc_miss(pool, a, bytes, s, out);
 }
 
+/* mp_pool_alloc, locked, in a pool where pool->rare is set: the history's
+ * caller (ra: mp_pool_alloc's return address), a stream that allocates to
+ * a graph pool, and the checks that the plain path leaves out. Unlocks. */
+static MP__COLD mp_status_t mp__pool_alloc_rare(mp_pool_t *pool, size_t bytes,
+                                                mp_stream_t s, void **out,
+                                                void *ra) {
+  MP__HIST_ENTRY_AT(pool, ra);
+  if (pool->nroutes > 0) {
+    mp_pool_t *g = mp__graph_route(pool, s);
+    if (g != NULL) {
+      mp__pool_unlock(pool);
+      mp__pool_lock(g); /* a graph pool: never with arenas */
+      return mp__pool_alloc_rare(g, bytes, s, out, ra);
+    }
+  }
+  mp_status_t st = mp__pool_alloc_locked_hot(pool, bytes, s, out, false);
+  if (st != MP_OK && mp__pool_oom_retry(pool, st, bytes))
+    st = mp__pool_alloc_locked(pool, bytes, s, out);
+  mp__pool_unlock(pool);
+  return st;
+}
+
 mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                           void **out) {
   if (MP__UNLIKELY(pool == NULL || out == NULL))
@@ -407,16 +430,11 @@ mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
   }
   if (MP__UNLIKELY(pool->arenas != NULL))
     return mp__arena_alloc(pool, bytes, s, out);
-  MP__HIST_ENTRY(pool);
   mp__pool_lock(pool);
-  if (MP__UNLIKELY(pool->nroutes > 0)) {
-    mp_pool_t *g = mp__graph_route(pool, s);
-    if (g != NULL) {
-      mp__pool_unlock(pool);
-      return mp_pool_alloc(g, bytes, s, out);
-    }
-  }
-  mp_status_t st = mp__pool_alloc_locked_hot(pool, bytes, s, out);
+  if (MP__UNLIKELY(pool->rare != 0))
+    return mp__pool_alloc_rare(pool, bytes, s, out,
+                               __builtin_return_address(0));
+  mp_status_t st = mp__pool_alloc_locked_hot(pool, bytes, s, out, true);
   if (MP__UNLIKELY(st != MP_OK) && mp__pool_oom_retry(pool, st, bytes))
     st = mp__pool_alloc_locked(pool, bytes, s, out);
   mp__pool_unlock(pool);
@@ -496,21 +514,14 @@ static mp_status_t mp__pool_free_in(mp_pool_t *pool, void *ptr,
                                     mp__free_how_t how, mp_stream_t s,
                                     const char *fn);
 
-static MP__HOT mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
-                                            mp__free_how_t how, mp_stream_t s,
-                                            const char *fn) {
-  if (ptr == NULL)
-    return MP_OK;
-  if (MP__UNLIKELY(pool->arenas != NULL)) {
-    /* The rest is the arena's free (an arena has no arenas or graph
-     * pools), here rather than through a call. Not in an arena: the
-     * pool's own path says what is wrong with it. */
-    mp_pool_t *a = mp__arena_owner(pool, ptr);
-    if (a != NULL)
-      pool = a;
-  }
-  mp__pool_lock(pool);
-  if (MP__UNLIKELY(pool->ngranges > 0)) {
+/* The free under the lock, which it drops; plain: pool->rare is 0, and
+ * what only a rare state needs (mp__pool_rare_of) is left out. */
+static MP__HOT mp_status_t mp__pool_free_locked(mp_pool_t *pool, void *ptr,
+                                                mp__free_how_t how,
+                                                mp_stream_t s, const char *fn,
+                                                bool plain) {
+  MP__ASSERT(!plain || pool->rare == 0);
+  if (!plain && MP__UNLIKELY(pool->ngranges > 0)) {
     mp_pool_t *g = mp__graph_owner(pool, (uintptr_t)ptr);
     if (g != NULL) {
       mp__pool_unlock(pool);
@@ -520,7 +531,7 @@ static MP__HOT mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
   mp__block_t *b = NULL; /* set when mp__pool_find_live succeeds */
   uint32_t sidx = 0;
   size_t slot = 0;
-  mp_status_t st = mp__pool_paused(pool, fn);
+  mp_status_t st = plain ? MP_OK : mp__pool_paused(pool, fn);
   if (st == MP_OK)
     st = mp__pool_find_live(pool, fn, ptr, false, &b, &slot);
   if (st == MP_OK && how == MP__FREE_ON)
@@ -540,14 +551,41 @@ static MP__HOT mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
     } else {
       /* Before b joins its free neighbours: the new block's own stream has
        * not reached the free yet, and merged in it would hold them back. */
-      mp__segment_release_above(pool);
-      mp__index_insert_hot(pool, mp__block_release_merged(pool, b));
+      if (!plain)
+        mp__segment_release_above(pool);
+      mp__index_insert_hot(pool, mp__block_release_merged(pool, b, plain));
     }
   }
-  bool last = MP__UNLIKELY(pool->graph) && mp__graph_take_last(pool);
+  bool last = !plain && MP__UNLIKELY(pool->graph) && mp__graph_take_last(pool);
   mp__pool_unlock(pool);
   mp__graph_finish_if(pool, last);
   return st;
+}
+
+/* mp__pool_free_locked where pool->rare is set: out of the plain path. */
+static MP__COLD mp_status_t mp__pool_free_rare(mp_pool_t *pool, void *ptr,
+                                               mp__free_how_t how,
+                                               mp_stream_t s, const char *fn) {
+  return mp__pool_free_locked(pool, ptr, how, s, fn, false);
+}
+
+static MP__HOT mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
+                                            mp__free_how_t how, mp_stream_t s,
+                                            const char *fn) {
+  if (ptr == NULL)
+    return MP_OK;
+  if (MP__UNLIKELY(pool->arenas != NULL)) {
+    /* The rest is the arena's free (an arena has no arenas or graph
+     * pools), here rather than through a call. Not in an arena: the
+     * pool's own path says what is wrong with it. */
+    mp_pool_t *a = mp__arena_owner(pool, ptr);
+    if (a != NULL)
+      pool = a;
+  }
+  mp__pool_lock(pool);
+  if (MP__UNLIKELY(pool->rare != 0))
+    return mp__pool_free_rare(pool, ptr, how, s, fn);
+  return mp__pool_free_locked(pool, ptr, how, s, fn, true);
 }
 
 /* mp__pool_free_as in the graph pool holding ptr: a call (the inline body
@@ -688,10 +726,10 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
       rest->size = cur->size - r;
       cur->size = r;
       mp__block_link(cur->seg, cur, rest);
-      mp__block_make_live(pool, cur, sizes[i], sidx);
+      mp__block_make_live(pool, cur, sizes[i], sidx, false);
       cur = rest;
     } else {
-      mp__block_make_live(pool, cur, sizes[i], sidx);
+      mp__block_make_live(pool, cur, sizes[i], sidx, false);
     }
   }
   mp__pool_unlock(pool);

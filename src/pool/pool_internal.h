@@ -298,6 +298,7 @@ struct mp_pool {
   mp_device_t *dev;
   mp_pool_config_t cfg;
   bool paused;        /* pause.c: memory given back, addresses kept */
+  uint32_t rare;      /* mp__pool_rare_of, kept by mp__pool_rare_update */
   bool merge_later;   /* a free kept apart from a neighbour another stream's
                          work holds (block.c): an allocation that finds no
                          block joins such pairs, waiting as for a pending one */
@@ -468,6 +469,21 @@ static inline mp_status_t mp__pool_paused(const mp_pool_t *pool,
                       : MP_OK;
 }
 
+/* Nonzero while any state holds that the plain alloc and free paths
+ * (pool.c) leave out: streams routed or ranges lent to graph pools, a graph
+ * pool itself, paused, exported blocks held, a per-thread stream met, an
+ * event history, a release threshold. Kept in pool->rare (under the lock),
+ * so that those paths test one word instead of each; whoever changes one
+ * of these calls mp__pool_rare_update after (mp_pool_check checks it). */
+static inline uint32_t mp__pool_rare_of(const mp_pool_t *pool) {
+  return (pool->nroutes | pool->ngranges | pool->nheld) != 0 || pool->graph ||
+         pool->paused || pool->has_pt || pool->hist.ev != NULL ||
+         pool->cfg.release_threshold != 0;
+}
+static inline void mp__pool_rare_update(mp_pool_t *pool) {
+  pool->rare = mp__pool_rare_of(pool);
+}
+
 /* Under the lock: device bytes the pool may still take before its cap,
  * what it reserved and what it staged counted; 0 at or above the cap. */
 static inline size_t mp__pool_room(const mp_pool_t *pool) {
@@ -635,17 +651,20 @@ bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes);
  * mp__pool_find_live's slow half (inline below the live map's). */
 mp_status_t mp__pool_find_live_why(mp_pool_t *pool, const char *fn, void *ptr,
                                    bool movable_ok, const mp__block_t *b);
-/* [defrag] Makes a taken block live: map, stats, stream. */
+/* Makes a taken block live: map, stats, stream, history (plain: pool->rare
+ * is 0, so no history). */
 void mp__block_make_live(mp_pool_t *pool, mp__block_t *b, size_t requested,
-                         uint32_t sidx);
+                         uint32_t sidx, bool plain);
 /* [defrag] Frees a live block (already removed from the map): deps, stats,
  * coalescing, back into the index. */
 void mp__block_release(mp_pool_t *pool, mp__block_t *b);
 /* mp__block_release but the last step: returns the block (b merged with
  * its free neighbours) for the caller to insert in the index. mp_pool_free
  * inserts it with the inline mp__index_insert_hot, the other callers
- * through mp__block_release, so the insert's code is copied once. */
-mp__block_t *mp__block_release_merged(mp_pool_t *pool, mp__block_t *b);
+ * through mp__block_release, so the insert's code is copied once. plain:
+ * pool->rare is 0 (no history to record the free in). */
+mp__block_t *mp__block_release_merged(mp_pool_t *pool, mp__block_t *b,
+                                      bool plain);
 /* A pool's host structures with cfg (no checks; the caller fills in cap and
  * memory). */
 mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
@@ -656,11 +675,12 @@ void mp__pool_free_host(mp_pool_t *pool);
 /* ---- alloc.c ------------------------------------------------------------ */
 /* mp_pool_alloc under the lock the caller holds; _hot is the same, inline
  * (mp_pool_alloc's first try: a call's frame costs some 20 instructions a
- * pair). */
+ * pair), and with plain (pool->rare is 0) leaves out what only a rare
+ * state needs (mp__pool_rare_of). */
 mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out);
 mp_status_t mp__pool_alloc_locked_hot(mp_pool_t *pool, size_t bytes,
-                                      mp_stream_t s, void **out);
+                                      mp_stream_t s, void **out, bool plain);
 /* Under the lock, in an arena (which is never paused and exports nothing):
  * an allocation the arena's cache serves as it is, or MP__EMISS with no
  * message (a stream it cannot take, no free block that fits and is usable
@@ -880,11 +900,11 @@ mp_status_t mp__stream_index_owned(mp_pool_t *pool, mp_stream_t s,
 /* The slot of stream s in the table, added on first use. Inline: the
  * stream of the pool's last call, the common case, costs a few loads.
  * Without per-thread streams every slot's owner is 0, the owner the
- * lookup would ask for. */
-static inline mp_status_t mp__stream_index(mp_pool_t *pool, mp_stream_t s,
-                                           uint32_t *out) {
+ * lookup would ask for. plain: pool->rare is 0 (no per-thread stream). */
+static inline mp_status_t mp__stream_index_as(mp_pool_t *pool, mp_stream_t s,
+                                              uint32_t *out, bool plain) {
   uint32_t i = pool->last_sidx;
-  if (MP__LIKELY(i < pool->nstreams && !pool->has_pt)) {
+  if (MP__LIKELY(i < pool->nstreams && (plain || !pool->has_pt))) {
     const mp__strm_t *st = &pool->streams[i];
     if (MP__LIKELY(st->s == s && !st->want_close)) {
       *out = i;
@@ -892,6 +912,10 @@ static inline mp_status_t mp__stream_index(mp_pool_t *pool, mp_stream_t s,
     }
   }
   return mp__stream_lookup(pool, s, out);
+}
+static inline mp_status_t mp__stream_index(mp_pool_t *pool, mp_stream_t s,
+                                           uint32_t *out) {
+  return mp__stream_index_as(pool, s, out, false);
 }
 /* s is about to be marked capturing (sidx in pool's table): settles its
  * open epoch (done at once where the stream is idle, else a marker) while
@@ -1129,9 +1153,13 @@ void mp__history_free(mp_pool_t *pool, uintptr_t addr, size_t size,
  * whose stack does not hold it (a stale value) drops a fixed count. */
 extern _Thread_local void *mp__hist_caller;
 #define MP__HIST_ENTRY(pool)                                                   \
+  MP__HIST_ENTRY_AT(pool, __builtin_return_address(0))
+/* The same with that return address given (ra), where the entry point
+ * passes it on to where it is stored. */
+#define MP__HIST_ENTRY_AT(pool, ra)                                            \
   do {                                                                         \
     if (MP__UNLIKELY((pool)->hist.frames != NULL))                             \
-      mp__hist_caller = __builtin_return_address(0);                           \
+      mp__hist_caller = (ra);                                                  \
   } while (0)
 /* The stream handle of stream index sidx, for events. */
 #define MP__HIST_STREAM(pool, sidx)                                            \

@@ -223,6 +223,7 @@ static mp_status_t mp__stream_add(mp_pool_t *pool, mp_stream_t s,
   if (kind == MP__STREAM_PER_THREAD) {
     pool->pt_handle = s;
     pool->has_pt = true;
+    mp__pool_rare_update(pool);
     if (owner == 0)
       owner = mp__self();
   }
@@ -315,6 +316,7 @@ static void mp__stream_unroute(mp_pool_t *pool, const mp__strm_t *st) {
   for (size_t i = 0; i < pool->nroutes; i++)
     if (pool->routes[i].s == st->s && pool->routes[i].owner == st->owner) {
       pool->routes[i] = pool->routes[--pool->nroutes];
+      mp__pool_rare_update(pool);
       return;
     }
 }
