@@ -240,7 +240,7 @@ MP__HOT void mp__block_split_into(mp_pool_t *pool, mp__block_t *b, size_t size,
   r->handle = NULL;
   b->size = size;
   mp__block_link(b->seg, b, r);
-  mp__index_insert(pool, r);
+  mp__index_insert_hot(pool, r);
   pool->st.free_blocks++;
 }
 
@@ -304,14 +304,14 @@ static MP__HOT mp__block_t *mp__coalesce(mp_pool_t *pool, mp__block_t *b,
   mp__block_t *n = b->next;
   if (n != NULL && (n->flags & MP__B_FREE) &&
       !(streams && mp__holds_back(pool, b, n))) {
-    mp__index_remove(pool, n);
+    mp__index_remove_hot(pool, n);
     if (!mp__absorb(pool, b, n, false))
       mp__index_insert(pool, n);
   }
   mp__block_t *p = b->prev;
   if (p != NULL && (p->flags & MP__B_FREE) &&
       !(streams && mp__holds_back(pool, b, p))) {
-    mp__index_remove(pool, p);
+    mp__index_remove_hot(pool, p);
     if (mp__absorb(pool, p, b, false))
       b = p;
     else
