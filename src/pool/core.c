@@ -331,8 +331,13 @@ MP__HOT mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
   MP__ASSERT(sidx < pool->nstreams && size % pool->cfg.align == 0);
   mp__block_t *pending = NULL;
   mp__block_t *b = mp__search_ex(pool, size, sidx, &pending);
-  if (MP__UNLIKELY(b == NULL))
-    return mp__pool_ladder(pool, size, sidx, pending != NULL, out);
+  if (MP__UNLIKELY(b == NULL)) {
+    /* Through a local, as mp__stream_index does. */
+    mp_status_t st = mp__pool_ladder(pool, size, sidx, pending != NULL, &b);
+    if (st == MP_OK)
+      *out = b;
+    return st;
+  }
   *out = mp__take_block(pool, b, size);
   return MP_OK;
 }

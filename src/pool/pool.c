@@ -562,18 +562,28 @@ static MP__HOT mp_status_t mp__pool_free_locked(mp_pool_t *pool, void *ptr,
   return st;
 }
 
-/* mp__pool_free_locked where pool->rare is set: out of the plain path. */
+/* mp__pool_free_locked where pool->rare is set: out of the plain path,
+ * with the history's caller (ra, when an entry point gives it). */
 static MP__COLD mp_status_t mp__pool_free_rare(mp_pool_t *pool, void *ptr,
                                                mp__free_how_t how,
-                                               mp_stream_t s, const char *fn) {
+                                               mp_stream_t s, const char *fn,
+                                               void *ra) {
+  if (ra != NULL)
+    MP__HIST_ENTRY_AT(pool, ra);
   return mp__pool_free_locked(pool, ptr, how, s, fn, false);
 }
 
+/* ra: the public entry point's return address (MP__HIST_ENTRY), or NULL
+ * from the library's own callers; stored only where the pool records
+ * stacks, which makes it rare. */
 static MP__HOT mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
                                             mp__free_how_t how, mp_stream_t s,
-                                            const char *fn) {
-  if (ptr == NULL)
+                                            const char *fn, void *ra) {
+  if (ptr == NULL) {
+    if (ra != NULL)
+      MP__HIST_ENTRY_AT(pool, ra);
     return MP_OK;
+  }
   if (MP__UNLIKELY(pool->arenas != NULL)) {
     /* The rest is the arena's free (an arena has no arenas or graph
      * pools), here rather than through a call. Not in an arena: the
@@ -584,7 +594,7 @@ static MP__HOT mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
   }
   mp__pool_lock(pool);
   if (MP__UNLIKELY(pool->rare != 0))
-    return mp__pool_free_rare(pool, ptr, how, s, fn);
+    return mp__pool_free_rare(pool, ptr, how, s, fn, ra);
   return mp__pool_free_locked(pool, ptr, how, s, fn, true);
 }
 
@@ -593,31 +603,31 @@ static MP__HOT mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
 __attribute__((noinline)) static mp_status_t
 mp__pool_free_in(mp_pool_t *pool, void *ptr, mp__free_how_t how, mp_stream_t s,
                  const char *fn) {
-  return mp__pool_free_as(pool, ptr, how, s, fn);
+  return mp__pool_free_as(pool, ptr, how, s, fn, NULL);
 }
 
 mp_status_t mp_pool_free(mp_pool_t *pool, void *ptr) {
   if (MP__UNLIKELY(pool == NULL))
     return mp__fail(MP_EINVAL, "mp_pool_free: pool is NULL");
-  MP__HIST_ENTRY(pool);
-  return mp__pool_free_as(pool, ptr, MP__FREE_OWN, NULL, "mp_pool_free");
+  return mp__pool_free_as(pool, ptr, MP__FREE_OWN, NULL, "mp_pool_free",
+                          __builtin_return_address(0));
 }
 
 mp_status_t mp__pool_free_on(mp_pool_t *pool, void *ptr, mp_stream_t s,
                              const char *fn) {
-  return mp__pool_free_as(pool, ptr, MP__FREE_ON, s, fn);
+  return mp__pool_free_as(pool, ptr, MP__FREE_ON, s, fn, NULL);
 }
 
 mp_status_t mp__pool_free_named(mp_pool_t *pool, void *ptr, const char *fn) {
-  return mp__pool_free_as(pool, ptr, MP__FREE_OWN, NULL, fn);
+  return mp__pool_free_as(pool, ptr, MP__FREE_OWN, NULL, fn, NULL);
 }
 
 mp_status_t mp_pool_free_after_all(mp_pool_t *pool, void *ptr) {
   if (MP__UNLIKELY(pool == NULL))
     return mp__fail(MP_EINVAL, "mp_pool_free_after_all: pool is NULL");
-  MP__HIST_ENTRY(pool);
   return mp__pool_free_as(pool, ptr, MP__FREE_ALL, NULL,
-                          "mp_pool_free_after_all");
+                          "mp_pool_free_after_all",
+                          __builtin_return_address(0));
 }
 
 mp_status_t mp_pool_add_stream(mp_pool_t *pool, mp_stream_t s) {

@@ -911,7 +911,13 @@ static inline mp_status_t mp__stream_index_as(mp_pool_t *pool, mp_stream_t s,
       return MP_OK;
     }
   }
-  return mp__stream_lookup(pool, s, out);
+  /* Through a local: the caller's variable never has its address taken,
+   * so that it may stay in a register. */
+  uint32_t found;
+  mp_status_t st = mp__stream_lookup(pool, s, &found);
+  if (st == MP_OK)
+    *out = found;
+  return st;
 }
 static inline mp_status_t mp__stream_index(mp_pool_t *pool, mp_stream_t s,
                                            uint32_t *out) {
