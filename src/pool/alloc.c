@@ -10,9 +10,10 @@
 
 MP__HOT mp_status_t mp__pool_take_unpaused(mp_pool_t *pool, size_t size,
                                            uint32_t sidx, mp__block_t **out,
-                                           const char *fn) {
-  mp_status_t st = mp__pool_take(pool, size, sidx, out);
-  if (MP__LIKELY(!pool->paused))
+                                           const char *fn, bool *laddered) {
+  mp_status_t st = mp__pool_take(pool, size, sidx, out, laddered);
+  /* Without the ladder the lock was held throughout: no pause ran. */
+  if (MP__LIKELY(!*laddered) || MP__LIKELY(!pool->paused))
     return st;
   /* A pause ran while the ladder had the lock dropped (a wait for another
    * thread's growth, a synchronization, a short sleep): the memory the
@@ -40,14 +41,17 @@ MP__HOT mp_status_t mp__pool_alloc_locked_hot(mp_pool_t *pool, size_t bytes,
     return mp__pool_oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM, bytes);
   /* Room in the live map first, so that a host failure there leaves the
    * device memory as it was; taking may drop the lock (growth), and
-   * another thread may fill the room meanwhile: looked at again after. */
+   * another thread may fill the room meanwhile: looked at again after
+   * (only then: with the lock held throughout, the room is still there). */
   mp__block_t *b = NULL; /* set by a take that succeeds */
+  bool laddered;
   if (MP__UNLIKELY(!mp__map_has_room(pool, 1)) && !mp__map_reserve(pool, 1))
     return mp__fail(MP_ENOMEM, "out of host memory for the block map");
-  if ((st = mp__pool_take_unpaused(pool, size, sidx, &b, "allocation")) !=
-      MP_OK)
+  if ((st = mp__pool_take_unpaused(pool, size, sidx, &b, "allocation",
+                                   &laddered)) != MP_OK)
     return st;
-  if (MP__UNLIKELY(!mp__map_has_room(pool, 1)) && !mp__map_reserve(pool, 1)) {
+  if (MP__UNLIKELY(laddered) && !mp__map_has_room(pool, 1) &&
+      !mp__map_reserve(pool, 1)) {
     mp__block_untake(pool, b);
     return mp__fail(MP_ENOMEM, "out of host memory for the block map");
   }

@@ -326,11 +326,12 @@ got:
 }
 
 MP__HOT mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
-                                  mp__block_t **out) {
+                                  mp__block_t **out, bool *laddered) {
   MP__ASSERT_LOCKED(pool);
   MP__ASSERT(sidx < pool->nstreams && size % pool->cfg.align == 0);
   mp__block_t *pending = NULL;
   mp__block_t *b = mp__search_ex(pool, size, sidx, &pending);
+  *laddered = b == NULL;
   if (MP__UNLIKELY(b == NULL)) {
     /* Through a local, as mp__stream_index does. */
     mp_status_t st = mp__pool_ladder(pool, size, sidx, pending != NULL, &b);

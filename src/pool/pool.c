@@ -703,6 +703,7 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
   uint32_t sidx;
   mp__block_t *b = NULL;
   mp__block_t *recs = NULL;
+  bool laddered; /* the map's room is asked for after the take anyway */
   mp_status_t st = mp__stream_index(pool, s, &sidx);
   if (st == MP_OK && total > pool->cap)
     st = mp__pool_oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM, total);
@@ -713,7 +714,7 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
     st = mp__fail(MP_ENOMEM, "out of host memory for block records");
   if (st == MP_OK)
     st = mp__pool_take_unpaused(pool, total, sidx, &b,
-                                "mp_pool_alloc_contiguous");
+                                "mp_pool_alloc_contiguous", &laddered);
   if (st == MP_OK && !mp__map_reserve(pool, count)) {
     mp__block_untake(pool, b);
     st = mp__fail(MP_ENOMEM, "out of host memory for the block map");

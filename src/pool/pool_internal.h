@@ -629,9 +629,11 @@ void mp__handle_retire_all(mp_pool_t *pool);
 bool mp__pool_round(const mp_pool_t *pool, size_t bytes, size_t *out);
 /* Best fit for `size` (rounded) usable on stream sidx, through the whole
  * out-of-memory ladder (drops and retakes the lock). On MP_OK *out is a
- * block of at least `size` bytes, out of the index, not yet live. */
+ * block of at least `size` bytes, out of the index, not yet live.
+ * *laddered: the first look found nothing and the ladder ran (it may have
+ * dropped the lock); false, the lock was held throughout. */
 mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
-                          mp__block_t **out);
+                          mp__block_t **out, bool *laddered);
 /* The cache's answer alone: the best fit for `size` usable on sidx, taken
  * (as mp__pool_take's first look), or false: no ladder, no growth, no
  * wait, nothing counted (an arena asking its siblings, arena.c). */
@@ -702,9 +704,11 @@ mp_status_t mp__arena_mine_made(mp_pool_t *pool, mp_pool_t **out);
 mp_status_t mp__arena_alloc_miss(mp_pool_t *pool, mp_pool_t *a, size_t bytes,
                                  mp_stream_t s, void **out);
 /* mp__pool_take for fn, answering MP_EBUSY (with nothing taken) when the
- * pool was paused while the ladder had the lock dropped. */
+ * pool was paused while the ladder had the lock dropped; *laddered as
+ * mp__pool_take's. */
 mp_status_t mp__pool_take_unpaused(mp_pool_t *pool, size_t size, uint32_t sidx,
-                                   mp__block_t **out, const char *fn);
+                                   mp__block_t **out, const char *fn,
+                                   bool *laddered);
 
 /* ---- defrag.c ----------------------------------------------------------- */
 /* Out-of-memory rung (core.c's ladder): moves movable blocks so that a free
