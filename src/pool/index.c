@@ -24,19 +24,20 @@ static unsigned mp__fls64(uint64_t x) {
  * per unit (fl 0 and 1), above it the top MP__SL_LOG2 + 1 bits of the size.
  * The unit is fixed, not the pool's alignment: best fit is exact whatever
  * the classes (a lower-bound search in the request's class, else the next
- * class's minimum), and a constant shift costs two instructions less. */
-static inline unsigned mp__cls(const mp_pool_t *pool, size_t size) {
+ * class's minimum), and a constant shift costs two instructions less. A
+ * size_t, as the classes' bins[] index is: no zero-extension each use. */
+static inline size_t mp__cls(const mp_pool_t *pool, size_t size) {
   (void)pool;
   uint64_t u = (uint64_t)(size >> MP__CLS_UNIT_LOG2);
   unsigned s = mp__fls64(u | MP__SL_COUNT) - MP__SL_LOG2;
-  return (s << MP__SL_LOG2) + (unsigned)(u >> s);
+  return ((size_t)s << MP__SL_LOG2) + (size_t)(u >> s);
 }
 
 void mp__class_of(const mp_pool_t *pool, size_t size, unsigned *fl,
                   unsigned *sl) {
-  unsigned c = mp__cls(pool, size);
-  *fl = c / MP__SL_COUNT;
-  *sl = c % MP__SL_COUNT;
+  size_t c = mp__cls(pool, size);
+  *fl = (unsigned)(c / MP__SL_COUNT);
+  *sl = (unsigned)(c % MP__SL_COUNT);
 }
 
 static uint32_t mp__prio(uintptr_t addr) {
@@ -59,8 +60,8 @@ static int mp__key_cmp(const mp__block_t *n, size_t size, uintptr_t addr) {
 MP__HOT void mp__index_insert_hot(mp_pool_t *pool, mp__block_t *b) {
   size_t size = b->size;
   uintptr_t addr = b->addr;
-  unsigned c = mp__cls(pool, size);
-  b->cls = c;
+  size_t c = mp__cls(pool, size);
+  b->cls = (uint32_t)c;
   b->flags |= MP__B_FREE;
   /* Top down, no stack: descend past the nodes that outrank the new one,
    * put it in the place of the first that does not, and split that
@@ -103,7 +104,7 @@ _Static_assert(((MP__FL_COUNT * MP__SL_COUNT) &
 MP__HOT void mp__index_remove_hot(mp_pool_t *pool, mp__block_t *b) {
   /* The mask keeps a record that was never indexed (cls unset) inside
    * bins[]; the descent then does not find it. */
-  unsigned c = b->cls & (MP__FL_COUNT * MP__SL_COUNT - 1);
+  size_t c = b->cls & (MP__FL_COUNT * MP__SL_COUNT - 1);
   mp__block_t **link = &pool->bins[c];
   mp__block_t *t;
   while ((t = *link) != b) {
@@ -128,7 +129,7 @@ MP__HOT void mp__index_remove_hot(mp_pool_t *pool, mp__block_t *b) {
   *link = l != NULL ? l : r;
   b->flags &= ~(uint32_t)MP__B_FREE;
   if (pool->bins[c] == NULL) {
-    unsigned fl = c / MP__SL_COUNT;
+    size_t fl = c / MP__SL_COUNT;
     if ((pool->sl_bitmap[fl] &= ~(1u << (c % MP__SL_COUNT))) == 0)
       pool->fl_bitmap &= ~(1ull << fl);
   }
@@ -167,23 +168,23 @@ static mp__block_t *mp__treap_after(mp__block_t *t, size_t size,
 }
 
 /* Minimum of the first non-empty class strictly above class c. */
-static MP__HOT mp__block_t *mp__class_above(const mp_pool_t *pool, unsigned c) {
-  unsigned fl = c / MP__SL_COUNT;
+static MP__HOT mp__block_t *mp__class_above(const mp_pool_t *pool, size_t c) {
+  size_t fl = c / MP__SL_COUNT;
   uint32_t sm = pool->sl_bitmap[fl] & (~1u << (c % MP__SL_COUNT));
   if (sm == 0) {
     uint64_t fm = pool->fl_bitmap & (~1ull << fl);
     if (fm == 0)
       return NULL;
-    fl = (unsigned)__builtin_ctzll(fm);
+    fl = (size_t)__builtin_ctzll(fm);
     sm = pool->sl_bitmap[fl];
   }
   return mp__treap_min(
-      pool->bins[fl * MP__SL_COUNT + (unsigned)__builtin_ctz(sm)]);
+      pool->bins[fl * MP__SL_COUNT + (size_t)__builtin_ctz(sm)]);
 }
 
 MP__HOT mp__block_t *mp__index_best_fit_hot(const mp_pool_t *pool,
                                             size_t size) {
-  unsigned c = mp__cls(pool, size);
+  size_t c = mp__cls(pool, size);
   /* The first node of size >= size in the request's own class (the key
    * (size, 0) is below every block of that size). */
   mp__block_t *best = NULL;
@@ -204,7 +205,7 @@ mp__block_t *mp__index_best_fit(const mp_pool_t *pool, size_t size) {
 }
 
 mp__block_t *mp__index_next(const mp_pool_t *pool, const mp__block_t *b) {
-  unsigned c = mp__cls(pool, b->size);
+  size_t c = mp__cls(pool, b->size);
   mp__block_t *n = mp__treap_after(pool->bins[c], b->size, b->addr);
   return n != NULL ? n : mp__class_above(pool, c);
 }
