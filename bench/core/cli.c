@@ -593,7 +593,7 @@ static int mpb_load(const mpb_cli_t *c, mpb_jobs_t *jobs) {
         return 2;
       }
       for (size_t i = 0; i < nrel; i++) {
-        char path[PATH_MAX * 2], nm[PATH_MAX];
+        char path[PATH_MAX * 2], nm[PATH_MAX * 2];
         snprintf(path, sizeof path, "%s/%s", dir, rel[i]);
         /* By its path where its name is a workload's (graph.csv). */
         mpb_trace_name(rel[i], nm, sizeof nm);
