@@ -243,20 +243,34 @@ static void host_ops_free(host_op_t *op) {
 /* ---- streams ----------------------------------------------------------- */
 
 /* The device whose host function this thread (a stream worker) is running,
- * NULL elsewhere. Such a function must not wait for the device: its own
- * stream cannot move on until it returns, so the wait would never end.
- * CUDA refuses these calls too (cudaErrorNotPermitted). */
+ * NULL elsewhere. CUDA forbids every API call there, not only the waits:
+ * "The host function must not make any CUDA API calls. Attempting to use a
+ * CUDA API may result in CUDA_ERROR_NOT_PERMITTED, but this is not
+ * required." (cuda.h, cuLaunchHostFunc). So every call into a host device
+ * that is a driver call on the cuda backend (allocations, frees, streams,
+ * copies, events, virtual memory, IPC) is refused with MP_EINVAL from any
+ * host function, not only the ones that would wait for their own stream
+ * and hang: code that works here would fail on a GPU. */
 static _Thread_local host_dev_t *host_fn_dev;
 
-static mp_status_t host_check_waitable(host_dev_t *h, const char *fn) {
-  if (MP__UNLIKELY(host_fn_dev == h))
+static mp_status_t host_check_caller(const char *fn) {
+  if (MP__UNLIKELY(host_fn_dev != NULL))
     return mp__fail(MP_EINVAL,
-                    "%s: called from a host function running on a stream of "
-                    "this device, which would wait for itself (host "
-                    "functions must not call into the device)",
+                    "%s: called from a host function, which must not call "
+                    "into a device (cuda.h, cuLaunchHostFunc: \"must not "
+                    "make any CUDA API calls\"; a wait there would wait for "
+                    "itself)",
                     fn);
   return MP_OK;
 }
+
+/* Returns the refusal from the enclosing function (see host_fn_dev). */
+#define HOST_NOT_IN_HOST_FN(fn)                                                \
+  do {                                                                         \
+    mp_status_t host_st_ = host_check_caller(fn);                              \
+    if (host_st_ != MP_OK)                                                     \
+      return host_st_;                                                         \
+  } while (0)
 
 static void host_op_run(host_dev_t *h, host_op_t *op) {
   switch (op->kind) {
@@ -464,7 +478,7 @@ static mp_status_t host_stream_get(host_dev_t *h, const char *fn,
 
 /* Drains every stream of the device. */
 static mp_status_t host_sync_all(host_dev_t *h, const char *fn) {
-  mp_status_t st = host_check_waitable(h, fn);
+  mp_status_t st = host_check_caller(fn);
   if (st != MP_OK)
     return st;
   /* Only the streams with work queued now: what is queued later is not
@@ -502,6 +516,7 @@ static mp_status_t host_synchronize(mp_device_t *dev) {
 }
 
 static mp_status_t host_stream_create(mp_device_t *dev, mp_stream_t *out) {
+  HOST_NOT_IN_HOST_FN("mp_stream_create");
   host_dev_t *h = host_of(dev);
   host_stream_t *s = NULL;
   mp_status_t st = host_stream_start(h, &s);
@@ -520,7 +535,7 @@ static mp_status_t host_stream_create(mp_device_t *dev, mp_stream_t *out) {
 
 static mp_status_t host_stream_destroy(mp_device_t *dev, mp_stream_t handle) {
   host_dev_t *h = host_of(dev);
-  mp_status_t st = host_check_waitable(h, "mp_stream_destroy");
+  mp_status_t st = host_check_caller("mp_stream_destroy");
   if (st != MP_OK)
     return st;
   pthread_rwlock_wrlock(&h->reg);
@@ -536,7 +551,7 @@ static mp_status_t host_stream_synchronize(mp_device_t *dev,
                                            mp_stream_t handle) {
   host_dev_t *h = host_of(dev);
   host_stream_t *s = NULL;
-  mp_status_t st = host_check_waitable(h, "mp_stream_synchronize");
+  mp_status_t st = host_check_caller("mp_stream_synchronize");
   if (st == MP_OK)
     st = host_stream_get(h, "mp_stream_synchronize", handle, &s);
   if (st != MP_OK)
@@ -547,6 +562,7 @@ static mp_status_t host_stream_synchronize(mp_device_t *dev,
 }
 
 static mp_status_t host_stream_query(mp_device_t *dev, mp_stream_t handle) {
+  HOST_NOT_IN_HOST_FN("mp_stream_query");
   host_dev_t *h = host_of(dev);
   host_stream_t *s = NULL;
   mp_status_t st = host_stream_get(h, "mp_stream_query", handle, &s);
@@ -600,6 +616,7 @@ static mp_status_t host_no_op_memory(void) {
 
 static mp_status_t host_launch_host(mp_device_t *dev, mp_stream_t s,
                                     void (*fn)(void *), void *arg) {
+  HOST_NOT_IN_HOST_FN("mp_stream_launch_host");
   host_op_t *op = host_op_new(HOST_OP_HOST_FN);
   if (op == NULL)
     return host_no_op_memory();
@@ -613,6 +630,7 @@ static mp_status_t host_vm_check_access(host_dev_t *h, const char *fn,
 
 static mp_status_t host_memcpy_async(mp_device_t *dev, void *dst,
                                      const void *src, size_t n, mp_stream_t s) {
+  HOST_NOT_IN_HOST_FN("mp_memcpy_async");
   host_dev_t *h = host_of(dev);
   mp_status_t st = host_vm_check_access(h, "mp_memcpy_async", dst, n);
   if (st == MP_OK)
@@ -630,6 +648,7 @@ static mp_status_t host_memcpy_async(mp_device_t *dev, void *dst,
 
 static mp_status_t host_memset_async(mp_device_t *dev, void *dst, int value,
                                      size_t n, mp_stream_t s) {
+  HOST_NOT_IN_HOST_FN("mp_memset_async");
   host_dev_t *h = host_of(dev);
   mp_status_t st = host_vm_check_access(h, "mp_memset_async", dst, n);
   if (st != MP_OK)
@@ -653,6 +672,7 @@ static host_event_t *host_event_find(host_dev_t *h, mp_event_t handle) {
 }
 
 static mp_status_t host_event_create(mp_device_t *dev, mp_event_t *out) {
+  HOST_NOT_IN_HOST_FN("mp_event_create");
   host_dev_t *h = host_of(dev);
   host_event_t *e = mp__host_calloc(1, sizeof *e);
   if (e == NULL)
@@ -669,6 +689,7 @@ static mp_status_t host_event_create(mp_device_t *dev, mp_event_t *out) {
 }
 
 static mp_status_t host_event_destroy(mp_device_t *dev, mp_event_t handle) {
+  HOST_NOT_IN_HOST_FN("mp_event_destroy");
   host_dev_t *h = host_of(dev);
   pthread_rwlock_wrlock(&h->reg);
   bool found = mp__ptrmap_take(&h->events, (uintptr_t)handle, NULL);
@@ -688,6 +709,7 @@ static mp_status_t host_event_destroy(mp_device_t *dev, mp_event_t handle) {
 
 static mp_status_t host_event_record(mp_device_t *dev, mp_event_t handle,
                                      mp_stream_t stream) {
+  HOST_NOT_IN_HOST_FN("mp_event_record");
   host_dev_t *h = host_of(dev);
   host_marker_t *m = mp__host_alloc(sizeof *m);
   host_op_t *op = host_op_new(HOST_OP_RECORD);
@@ -722,6 +744,7 @@ static mp_status_t host_event_record(mp_device_t *dev, mp_event_t handle,
 }
 
 static mp_status_t host_event_query(mp_device_t *dev, mp_event_t handle) {
+  HOST_NOT_IN_HOST_FN("mp_event_query");
   host_dev_t *h = host_of(dev);
   pthread_rwlock_rdlock(&h->reg);
   host_event_t *e = host_event_find(h, handle);
@@ -740,7 +763,7 @@ static mp_status_t host_event_query(mp_device_t *dev, mp_event_t handle) {
 
 static mp_status_t host_event_synchronize(mp_device_t *dev, mp_event_t handle) {
   host_dev_t *h = host_of(dev);
-  mp_status_t st = host_check_waitable(h, "mp_event_synchronize");
+  mp_status_t st = host_check_caller("mp_event_synchronize");
   if (st != MP_OK)
     return st;
   pthread_rwlock_rdlock(&h->reg);
@@ -764,6 +787,7 @@ static mp_status_t host_event_synchronize(mp_device_t *dev, mp_event_t handle) {
 
 static mp_status_t host_stream_wait_event(mp_device_t *dev, mp_stream_t stream,
                                           mp_event_t handle) {
+  HOST_NOT_IN_HOST_FN("mp_stream_wait_event");
   host_dev_t *h = host_of(dev);
   host_op_t *op = host_op_new(HOST_OP_WAIT);
   if (op == NULL)
@@ -865,6 +889,7 @@ static void host_uncharge(host_dev_t *h, size_t bytes) {
 
 static mp_status_t host_mem_info(mp_device_t *dev, size_t *free_b,
                                  size_t *total_b) {
+  HOST_NOT_IN_HOST_FN("mp_device_mem_info");
   host_dev_t *h = host_of(dev);
   pthread_mutex_lock(&h->mem_lock);
   *free_b = h->capacity - h->used;
@@ -880,6 +905,7 @@ static size_t host_alloc_align(mp_device_t *dev) {
 }
 
 static mp_status_t host_alloc(mp_device_t *dev, size_t bytes, void **out) {
+  HOST_NOT_IN_HOST_FN("mp_device_alloc");
   host_dev_t *h = host_of(dev);
   host_sleep_us(h->latency_us);
   pthread_mutex_lock(&h->mem_lock);
@@ -935,6 +961,7 @@ static bool host_map_has(host_dev_t *h, mp__ptrmap_t *map, const void *ptr) {
 }
 
 static mp_status_t host_free(mp_device_t *dev, void *ptr) {
+  HOST_NOT_IN_HOST_FN("mp_device_free");
   host_dev_t *h = host_of(dev);
   if (!host_map_has(h, &h->allocs, ptr))
     return mp__fail(MP_EINVAL,
@@ -956,6 +983,7 @@ static mp_status_t host_free(mp_device_t *dev, void *ptr) {
 }
 
 static mp_status_t host_host_alloc(mp_device_t *dev, size_t bytes, void **out) {
+  HOST_NOT_IN_HOST_FN("mp_device_host_alloc");
   host_dev_t *h = host_of(dev);
   /* Pinning pages is a driver call like any other (cuMemHostAlloc). */
   host_sleep_us(h->latency_us);
@@ -980,6 +1008,7 @@ static mp_status_t host_host_alloc(mp_device_t *dev, size_t bytes, void **out) {
 }
 
 static mp_status_t host_host_free(mp_device_t *dev, void *ptr) {
+  HOST_NOT_IN_HOST_FN("mp_device_host_free");
   host_dev_t *h = host_of(dev);
   if (!host_map_has(h, &h->pinned, ptr))
     return mp__fail(MP_EINVAL,
@@ -1082,6 +1111,7 @@ static mp_status_t host_vm_check_access(host_dev_t *h, const char *fn,
 }
 
 static mp_status_t host_vm_reserve(mp_device_t *dev, size_t bytes, void **out) {
+  HOST_NOT_IN_HOST_FN("vm_reserve");
   host_dev_t *h = host_of(dev);
   size_t g = h->granularity;
   if (!h->vmm)
@@ -1140,6 +1170,7 @@ static mp_status_t host_vm_reserve(mp_device_t *dev, size_t bytes, void **out) {
 }
 
 static mp_status_t host_vm_release(mp_device_t *dev, void *base, size_t bytes) {
+  HOST_NOT_IN_HOST_FN("vm_release");
   host_dev_t *h = host_of(dev);
   if (!h->vmm)
     return host_no_vmm("vm_release");
@@ -1212,6 +1243,7 @@ static mp_status_t host_vm_range(host_dev_t *h, const char *fn, void *addr,
  * device's file that fd names at foreign_off (vm_map_file). */
 static mp_status_t host_vm_map_at(mp_device_t *dev, void *addr, size_t bytes,
                                   int fd, uint64_t foreign_off) {
+  HOST_NOT_IN_HOST_FN("vm_map");
   host_dev_t *h = host_of(dev);
   if (!h->vmm)
     return host_no_vmm("vm_map");
@@ -1309,6 +1341,7 @@ static mp_status_t host_vm_mapping(host_dev_t *h, void *addr, size_t bytes,
 }
 
 static mp_status_t host_vm_unmap(mp_device_t *dev, void *addr, size_t bytes) {
+  HOST_NOT_IN_HOST_FN("vm_unmap");
   host_dev_t *h = host_of(dev);
   if (!h->vmm)
     return host_no_vmm("vm_unmap");
@@ -1350,6 +1383,7 @@ static mp_status_t host_vm_unmap(mp_device_t *dev, void *addr, size_t bytes) {
  * CUDA shareable handle does); exporting twice gives two descriptors. */
 static mp_status_t host_ipc_export(mp_device_t *dev, void *base, size_t bytes,
                                    bool vm, mp_ipc_handle_t *h) {
+  HOST_NOT_IN_HOST_FN("ipc_export");
   host_dev_t *hd = host_of(dev);
   pthread_mutex_lock(&hd->mem_lock);
   host_entry_t *e =
@@ -1382,6 +1416,7 @@ static mp_status_t host_ipc_export(mp_device_t *dev, void *base, size_t bytes,
 
 static mp_status_t host_ipc_open(mp_device_t *dev, const mp_ipc_handle_t *h,
                                  void **out) {
+  HOST_NOT_IN_HOST_FN("ipc_open");
   (void)dev;
   uint64_t off = 0;
   mp_status_t st =

@@ -1,0 +1,104 @@
+/* A host function may not call into a host device at all, as CUDA says of
+ * every API call (cuda.h, cuLaunchHostFunc: "The host function must not
+ * make any CUDA API calls"): not only the calls that would wait for the
+ * function's own stream (those hung), but allocations, frees, copies,
+ * events and virtual memory too, which the host device used to serve
+ * where a GPU's driver answers CUDA_ERROR_NOT_PERMITTED. Each refusal is
+ * MP_EINVAL with a message, and changes nothing. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "device/backend.h"
+
+#include "../support/device_helpers.h"
+
+#define MiB ((size_t)1 << 20)
+
+/* What a host function got from each call it made into a device. */
+typedef struct calls {
+  mp_device_t *dev;  /* the device the function runs on */
+  mp_device_t *peer; /* another host device */
+  void *mem;         /* a live allocation of dev */
+  mp_event_t ev;     /* a live event of dev */
+  mp_status_t mem_info, alloc, free, host_alloc, stream_create, query, launch,
+      copy, set, ev_create, ev_record, ev_query, ev_destroy, wait, reserve,
+      peer_alloc;
+  void *got; /* what the refused alloc wrote, if anything */
+  char why[256];
+} calls_t;
+
+static void nothing(void *arg) {
+  (void)arg;
+}
+
+static void call_everything(void *arg) {
+  calls_t *c = arg;
+  size_t f = 0, t = 0;
+  c->mem_info = mp_device_mem_info(c->dev, &f, &t);
+  c->alloc = mp_device_alloc(c->dev, MiB, &c->got);
+  snprintf(c->why, sizeof c->why, "%s", mp_last_error());
+  c->free = mp_device_free(c->dev, c->mem);
+  void *h = NULL;
+  c->host_alloc = mp_device_host_alloc(c->dev, 4096, &h);
+  mp_stream_t s = NULL;
+  c->stream_create = mp_stream_create(c->dev, &s);
+  c->query = mp_stream_query(c->dev, NULL);
+  c->launch = mp_stream_launch_host(c->dev, NULL, nothing, NULL);
+  c->copy = mp_memcpy_async(c->dev, c->mem, (char *)c->mem + 4096, 4096, NULL);
+  c->set = mp_memset_async(c->dev, c->mem, 1, 4096, NULL);
+  mp_event_t e = NULL;
+  c->ev_create = mp_event_create(c->dev, &e);
+  c->ev_record = mp_event_record(c->dev, c->ev, NULL);
+  c->ev_query = mp_event_query(c->dev, c->ev);
+  c->wait = mp_stream_wait_event(c->dev, NULL, c->ev);
+  c->ev_destroy = mp_event_destroy(c->dev, c->ev);
+  void *r = NULL;
+  c->reserve = mp__device_vm_reserve(c->dev, 2 * MiB, &r);
+  void *p = NULL;
+  c->peer_alloc = mp_device_alloc(c->peer, MiB, &p);
+}
+
+Test(host_host_functions, every_device_call_from_a_host_function_is_einval) {
+  mp_device_t *dev = open_dev("host:capacity=64M");
+  calls_t c = {.dev = dev, .peer = open_dev("host:capacity=64M")};
+  cr_assert_eq(mp_device_alloc(dev, MiB, &c.mem), MP_OK);
+  memset(c.mem, 0x5a, MiB);
+  cr_assert_eq(mp_event_create(dev, &c.ev), MP_OK);
+  size_t before = free_bytes(dev);
+  run_in_host_fn(dev, call_everything, &c);
+  const struct {
+    const char *name;
+    mp_status_t st;
+  } got[] = {
+      {"mp_device_mem_info", c.mem_info},
+      {"mp_device_alloc", c.alloc},
+      {"mp_device_free", c.free},
+      {"mp_device_host_alloc", c.host_alloc},
+      {"mp_stream_create", c.stream_create},
+      {"mp_stream_query", c.query},
+      {"mp_stream_launch_host", c.launch},
+      {"mp_memcpy_async", c.copy},
+      {"mp_memset_async", c.set},
+      {"mp_event_create", c.ev_create},
+      {"mp_event_record", c.ev_record},
+      {"mp_event_query", c.ev_query},
+      {"mp_stream_wait_event", c.wait},
+      {"mp_event_destroy", c.ev_destroy},
+      {"vm_reserve", c.reserve},
+      {"another device's mp_device_alloc", c.peer_alloc},
+  };
+  for (size_t i = 0; i < sizeof got / sizeof *got; i++)
+    cr_expect_eq(got[i].st, MP_EINVAL, "%s from a host function: %s",
+                 got[i].name, mp_status_name(got[i].st));
+  cr_expect(strstr(c.why, "host function") != NULL, "%s", c.why);
+  cr_expect_null(c.got);
+  /* Nothing changed: the memory, its bytes and the event are as they were. */
+  cr_expect_eq(free_bytes(dev), before);
+  cr_assert_eq(mp_device_synchronize(dev), MP_OK);
+  cr_expect_eq(((unsigned char *)c.mem)[0], 0x5a, "the refused memset ran");
+  cr_expect_eq(mp_event_query(dev, c.ev), MP_OK);
+  cr_expect_eq(mp_event_destroy(dev, c.ev), MP_OK);
+  cr_expect_eq(mp_device_free(dev, c.mem), MP_OK);
+  mp_device_close(c.peer);
+  mp_device_close(dev);
+}
