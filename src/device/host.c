@@ -274,7 +274,7 @@ static mp_status_t host_check_caller(const char *fn) {
 
 static void host_op_run(host_dev_t *h, host_op_t *op) {
   switch (op->kind) {
-  case HOST_OP_COPY: memmove(op->dst, op->src, op->n); break;
+  case HOST_OP_COPY: memcpy(op->dst, op->src, op->n); break; /* disjoint */
   case HOST_OP_SET: memset(op->dst, op->value, op->n); break;
   case HOST_OP_HOST_FN:
     host_fn_dev = h;
@@ -632,6 +632,16 @@ static mp_status_t host_memcpy_async(mp_device_t *dev, void *dst,
                                      const void *src, size_t n, mp_stream_t s) {
   HOST_NOT_IN_HOST_FN("mp_memcpy_async");
   host_dev_t *h = host_of(dev);
+  /* "The memory areas may not overlap" (cuda_runtime_api.h,
+   * cudaMemcpyAsync): a GPU's copy engine does not promise memmove's
+   * order, so an overlapping copy is refused here rather than done right. */
+  uintptr_t d = (uintptr_t)dst, from = (uintptr_t)src;
+  if ((d > from ? d - from : from - d) < n)
+    return mp__fail(MP_EINVAL,
+                    "mp_memcpy_async: [%p, +%zu) and [%p, +%zu) overlap "
+                    "(cuda_runtime_api.h, cudaMemcpyAsync: \"The memory "
+                    "areas may not overlap\")",
+                    dst, n, src, n);
   mp_status_t st = host_vm_check_access(h, "mp_memcpy_async", dst, n);
   if (st == MP_OK)
     st = host_vm_check_access(h, "mp_memcpy_async", src, n);
