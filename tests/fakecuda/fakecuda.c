@@ -72,7 +72,9 @@
  *    thread; what is refused on the origin is refused on it, and a
  *    conflict on either invalidates both), a capturing stream's wait on an
  *    event recorded outside any capture is refused unless external
- *    (CUDA_ERROR_STREAM_CAPTURE_ISOLATION), cuStreamEndCapture ends it on
+ *    (CUDA_ERROR_STREAM_CAPTURE_ISOLATION), and an external wait outside
+ *    any capture (or with flags beyond CU_EVENT_WAIT_EXTERNAL) is
+ *    CUDA_ERROR_INVALID_VALUE; cuStreamEndCapture ends it on
  *    the origin only (CUDA_ERROR_STREAM_CAPTURE_UNMATCHED elsewhere) and
  *    with CUDA_ERROR_STREAM_CAPTURE_UNJOINED when a joined stream's work
  *    was not joined back, taking every joined stream out of capture;
@@ -2305,9 +2307,18 @@ static void fk_captured_event_forget(CUevent e) {
 static CUresult fk_capture_join(mp_device_t *dev, CUstream h, bool ptsz,
                                 CUevent e, unsigned flags) {
   fk_stream_t *st = NULL, *from = NULL;
-  if (fk_resolve(dev, h, ptsz, &st) != CUDA_SUCCESS || st == NULL)
+  /* The flags are CUevent_wait_flags, and CU_EVENT_WAIT_EXTERNAL "is
+   * invalid outside of stream capture" (cuda.h, cuStreamWaitEvent): the
+   * legacy stream never captures. */
+  if (flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (fk_resolve(dev, h, ptsz, &st) != CUDA_SUCCESS)
     return CUDA_SUCCESS; /* a wait like any other (fk_begin answers) */
+  if (st == NULL)
+    return flags ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
   fk_cap_event_t *rec = fk_captured_event(e, &from);
+  if (rec == NULL && st->cap == CU_STREAM_CAPTURE_STATUS_NONE && flags)
+    return CUDA_ERROR_INVALID_VALUE;
   if (rec == NULL && st->cap != CU_STREAM_CAPTURE_STATUS_NONE &&
       !(flags & CU_EVENT_WAIT_EXTERNAL))
     return fk_capture_conflict(st, CUDA_ERROR_STREAM_CAPTURE_ISOLATION);

@@ -639,6 +639,24 @@ Test(fakecuda_capture,
   cr_assert_eq(cuStreamDestroy(other), CUDA_SUCCESS);
 }
 
+/* cuda.h, cuStreamWaitEvent: CU_EVENT_WAIT_EXTERNAL "is invalid outside
+ * of stream capture", and the flags are CUevent_wait_flags only: such a
+ * wait is refused (and makes no wait) on a stream that does not capture
+ * and on the legacy stream. */
+Test(fakecuda_capture, an_external_wait_outside_a_capture_is_invalid) {
+  CUstream other = new_stream();
+  CUevent ev = recorded_on(other);
+  cr_expect_eq(cuStreamWaitEvent(s, ev, CU_EVENT_WAIT_EXTERNAL),
+               CUDA_ERROR_INVALID_VALUE);
+  cr_expect_eq(cuStreamWaitEvent(CU_STREAM_LEGACY, ev, CU_EVENT_WAIT_EXTERNAL),
+               CUDA_ERROR_INVALID_VALUE);
+  cr_expect_eq(cuStreamWaitEvent(s, ev, 0x80), CUDA_ERROR_INVALID_VALUE);
+  cr_expect_eq(cuStreamWaitEvent(s, ev, CU_EVENT_WAIT_DEFAULT), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  cr_assert_eq(cuEventDestroy(ev), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamDestroy(other), CUDA_SUCCESS);
+}
+
 /* What a user object's destructor saw: its thread, whether it ran, and
  * the answer to a CUDA call made there (fake only); it may first wait for
  * a gate. */
