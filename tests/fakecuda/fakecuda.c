@@ -2242,8 +2242,14 @@ FK_IN_CTX_TWINS(cuMemsetD8_v2, cuMemsetD8_v2_ptds,
 CUresult cuEventCreate(CUevent *pe, unsigned int flags) {
   FK_COUNT(cuEventCreate);
   FK_CURRENT(dev);
-  (void)flags;
-  if (pe == NULL)
+  /* cuda.h, cuEventCreate: the valid flags are CU_EVENT_DEFAULT,
+   * CU_EVENT_BLOCKING_SYNC, CU_EVENT_DISABLE_TIMING and
+   * CU_EVENT_INTERPROCESS, which "must be specified along with
+   * CU_EVENT_DISABLE_TIMING". The fake keeps no timing either way. */
+  const unsigned known =
+      CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+  if (pe == NULL || (flags & ~known) != 0 ||
+      ((flags & CU_EVENT_INTERPROCESS) && !(flags & CU_EVENT_DISABLE_TIMING)))
     return CUDA_ERROR_INVALID_VALUE;
   mp_event_t e = NULL;
   mp_status_t st = mp_event_create(dev, &e);

@@ -545,3 +545,21 @@ Test(fakecuda_rules, ipc_handles_are_of_the_start_of_cuMemAlloc_memory_only) {
   cr_assert_eq(cuCtxSynchronize(), CUDA_SUCCESS);
   cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
 }
+
+/* cuda.h, cuEventCreate: the flags are CU_EVENT_DEFAULT, _BLOCKING_SYNC,
+ * _DISABLE_TIMING and _INTERPROCESS, which "must be specified along with
+ * CU_EVENT_DISABLE_TIMING"; anything else is refused and makes no event. */
+Test(fakecuda_rules, event_create_takes_the_documented_flags_only) {
+  CUevent e = NULL;
+  cr_expect_eq(cuEventCreate(&e, CU_EVENT_INTERPROCESS),
+               CUDA_ERROR_INVALID_VALUE);
+  cr_expect_eq(cuEventCreate(&e, 0x40), CUDA_ERROR_INVALID_VALUE);
+  cr_expect_null(e, "a refused create wrote an event");
+  const unsigned ok[] = {CU_EVENT_DEFAULT, CU_EVENT_BLOCKING_SYNC,
+                         CU_EVENT_DISABLE_TIMING,
+                         CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING};
+  for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+    cr_assert_eq(cuEventCreate(&e, ok[i]), CUDA_SUCCESS, "flags %#x", ok[i]);
+    cr_expect_eq(cuEventDestroy(e), CUDA_SUCCESS);
+  }
+}
