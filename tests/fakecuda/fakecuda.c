@@ -1385,6 +1385,23 @@ static bool fk_access_ok(uintptr_t lo, size_t n, int ordinal, bool write) {
   return true;
 }
 
+/* Whether [lo, lo + n) stays inside the cuMemAlloc (or cuMemAllocAsync,
+ * or IPC-opened) allocation that holds lo, if one does: a copy or memset
+ * that runs past an allocation's end writes or reads memory it does not
+ * own, which a GPU may fault on or silently corrupt; here it is refused
+ * (CUDA_ERROR_INVALID_VALUE, with a line on stderr), where the host memory
+ * behind it would take it silently. Mappings of a reservation are not checked:
+ * a copy may span adjacent ones. Under fk.lock. */
+static bool fk_within_allocation(uintptr_t lo, size_t n) {
+  size_t i = fk_range_lower(lo + 1);
+  if (i == 0)
+    return true;
+  const fk_range_t *r = &fk.ranges[i - 1];
+  if (r->phys != NULL || lo - r->base >= r->size)
+    return true; /* a mapping, or not device memory of ours */
+  return n <= r->size - (lo - r->base);
+}
+
 static CUresult fk_no_access(int ordinal, CUdeviceptr dst, CUdeviceptr src,
                              size_t n) {
   atomic_fetch_add(&fk_illegal_addresses, 1);
@@ -2189,6 +2206,15 @@ static CUresult fk_copy(mp_device_t *dev, CUdeviceptr dst, CUdeviceptr src,
   if (r != CUDA_SUCCESS || captured)
     return r;
   int ordinal = fk_ctx()->ordinal; /* the device the stream runs on */
+  if (!fk_within_allocation((uintptr_t)dst, n) ||
+      (!set && !fk_within_allocation((uintptr_t)src, n))) {
+    fk_end();
+    fprintf(stderr,
+            "fakecuda: a copy or memset of %zu bytes (dst %p, src %p) runs "
+            "past the end of an allocation: CUDA_ERROR_INVALID_VALUE\n",
+            n, (void *)dst, (void *)src);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   if (!fk_access_ok((uintptr_t)dst, n, ordinal, true) ||
       (!set && !fk_access_ok((uintptr_t)src, n, ordinal, false))) {
     fk_end();

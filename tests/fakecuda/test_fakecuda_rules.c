@@ -563,3 +563,34 @@ Test(fakecuda_rules, event_create_takes_the_documented_flags_only) {
     cr_expect_eq(cuEventDestroy(e), CUDA_SUCCESS);
   }
 }
+
+/* A copy or memset that runs past the end of a cuMemAlloc allocation
+ * touches memory the caller does not own: on the fake (host memory behind
+ * it, which would take it silently) it is refused and changes nothing. A
+ * GPU may fault instead, so this is checked on the fake only. */
+Test(fakecuda_rules, copies_past_an_allocations_end_are_refused) {
+  if (fk_real())
+    cr_skip_test("a GPU's answer to an overrun is not documented");
+  const size_t n = 1 << 20, page = 4096;
+  CUdeviceptr d, e;
+  cr_assert_eq(cuMemAlloc(&d, n), CUDA_SUCCESS);
+  cr_assert_eq(cuMemAlloc(&e, n), CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8(d, 0x11, n), CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8(e, 0x22, n), CUDA_SUCCESS);
+  cr_expect_eq(cuMemsetD8Async(d + n - page, 0, 2 * page, NULL),
+               CUDA_ERROR_INVALID_VALUE);
+  cr_expect_eq(cuMemcpyDtoD(e, d + page, n), CUDA_ERROR_INVALID_VALUE,
+               "source past its end");
+  cr_expect_eq(cuMemcpyAsync(d + page, e, n, NULL), CUDA_ERROR_INVALID_VALUE,
+               "destination past its end");
+  /* Up to the last byte is fine. */
+  cr_expect_eq(cuMemsetD8Async(d + n - page, 0x33, page, NULL), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxSynchronize(), CUDA_SUCCESS);
+  unsigned char b[2];
+  cr_assert_eq(cuMemcpyDtoH(&b[0], d + page, 1), CUDA_SUCCESS);
+  cr_assert_eq(cuMemcpyDtoH(&b[1], d + n - 1, 1), CUDA_SUCCESS);
+  cr_expect_eq(b[0], 0x11, "a refused copy ran");
+  cr_expect_eq(b[1], 0x33);
+  cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFree(e), CUDA_SUCCESS);
+}
