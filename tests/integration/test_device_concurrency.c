@@ -158,6 +158,9 @@ Test(device_concurrency, destroy_while_another_thread_synchronizes) {
     pthread_mutex_unlock(&g.mu);
     pthread_join(tw, NULL);
     pthread_join(tk, NULL);
+    /* A destroyed stream's work still runs after the destroy returned (as
+     * cuStreamDestroy's): g, on this round's stack, must outlive it. */
+    cr_assert_eq(mp_device_synchronize(dev), MP_OK);
     cr_expect_eq(killer.st, MP_OK);
     /* Depending on who came first the stream was still there or gone. */
     cr_expect(waiter.st == MP_OK || waiter.st == MP_EINVAL, "sync: %s",
