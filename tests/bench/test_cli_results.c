@@ -399,12 +399,37 @@ Test(cli_results, long_allocator_specs_keep_their_whole_name, .init = make_tmp,
   cr_expect_eq(access(out2, F_OK), -1, "the output folder was created");
 }
 
+/* Traces named odd.csv in folders base/n1 and base/n2, replayed through
+ * allocator: each gets a row named by its whole path. */
+static void expect_a_row_per_odd_trace(const char *base, const char *n1,
+                                       const char *n2, const char *allocator) {
+  char d[2][1024], t[2][1024], out[1024], path[1024], w[1024];
+  const char *names[2] = {n1, n2};
+  for (int i = 0; i < 2; i++) {
+    cr_assert_lt(snprintf(d[i], sizeof d[i], "%s/%s", base, names[i]), 1000);
+    cr_assert_eq(mkdir(d[i], 0777), 0, "%s", d[i]);
+    cr_assert_lt(snprintf(t[i], sizeof t[i], "%s/odd.csv", d[i]), 1000);
+    write_trace(t[i]);
+  }
+  cr_assert_lt(snprintf(out, sizeof out, "%s/out", tmpdir), 1000);
+  const char *args[] = {"replay",  "--out",   out,          "--allocator",
+                        allocator, "--quiet", "--no-plots", "--no-capacity",
+                        t[0],      t[1],      NULL};
+  cr_assert_eq(run(args), 0);
+  cr_assert_lt(snprintf(path, sizeof path, "%s/results.json", out), 1000);
+  const char *json = slurp(path);
+  for (int i = 0; i < 2; i++) {
+    cr_assert_lt(snprintf(w, sizeof w, "\"workload\": \"%s/odd\"", d[i]), 1000);
+    cr_expect(strstr(json, w) != NULL, "%s", json);
+  }
+}
+
 /* Traces of one file name deep in long folders are named by their paths,
  * which were cut at 159 bytes: past it the rows could not be told apart.
  * The path is kept whole now. */
 Test(cli_results, traces_in_deep_folders_keep_their_whole_path,
      .init = make_tmp, .fini = drop_tmp) {
-  char deep[700], d1[800], d2[800], t1[900], t2[900], out[512], path[600];
+  char deep[700];
   /* Three folders of 100 bytes (a file name holds at most 255). */
   snprintf(deep, sizeof deep, "%s", tmpdir);
   for (int k = 0; k < 3; k++) {
@@ -413,51 +438,12 @@ Test(cli_results, traces_in_deep_folders_keep_their_whole_path,
       strcat(deep, "d");
     cr_assert_eq(mkdir(deep, 0777), 0, "%s", deep);
   }
-  snprintf(d1, sizeof d1, "%s/run1", deep);
-  snprintf(d2, sizeof d2, "%s/run2", deep);
-  cr_assert_eq(mkdir(d1, 0777), 0);
-  cr_assert_eq(mkdir(d2, 0777), 0);
-  snprintf(t1, sizeof t1, "%s/odd.csv", d1);
-  snprintf(t2, sizeof t2, "%s/odd.csv", d2);
-  write_trace(t1);
-  write_trace(t2);
-  snprintf(out, sizeof out, "%s/out", tmpdir);
-  const char *args[] = {"replay", "--out",   out,          "--allocator",
-                        "direct", "--quiet", "--no-plots", "--no-capacity",
-                        t1,       t2,        NULL};
-  cr_assert_eq(run(args), 0);
-  snprintf(path, sizeof path, "%s/results.json", out);
-  const char *json = slurp(path);
-  char w[1000];
-  snprintf(w, sizeof w, "\"workload\": \"%s/odd\"", d1);
-  cr_expect(strstr(json, w) != NULL, "%s", json);
-  snprintf(w, sizeof w, "\"workload\": \"%s/odd\"", d2);
-  cr_expect(strstr(json, w) != NULL, "%s", json);
+  expect_a_row_per_odd_trace(deep, "run1", "run2", "direct");
 }
 
 Test(cli_results, traces_with_the_same_file_name_get_rows_of_their_own,
      .init = make_tmp, .fini = drop_tmp) {
-  char d1[512], d2[512], t1[600], t2[600], out[512];
-  snprintf(d1, sizeof d1, "%s/one", tmpdir);
-  snprintf(d2, sizeof d2, "%s/two", tmpdir);
-  cr_assert_eq(mkdir(d1, 0777), 0);
-  cr_assert_eq(mkdir(d2, 0777), 0);
-  snprintf(t1, sizeof t1, "%s/odd.csv", d1);
-  snprintf(t2, sizeof t2, "%s/odd.csv", d2);
-  write_trace(t1);
-  write_trace(t2);
-  snprintf(out, sizeof out, "%s/out", tmpdir);
-  const char *args[] = {"replay", "--out",   out,          "--allocator",
-                        "pool",   "--quiet", "--no-plots", "--no-capacity",
-                        t1,       t2,        NULL};
-  cr_assert_eq(run(args), 0);
-  char path[600], w1[700], w2[700];
-  snprintf(path, sizeof path, "%s/results.json", out);
-  const char *json = slurp(path);
-  snprintf(w1, sizeof w1, "\"workload\": \"%s/odd\"", d1);
-  snprintf(w2, sizeof w2, "\"workload\": \"%s/odd\"", d2);
-  cr_expect(strstr(json, w1) != NULL, "%s", json);
-  cr_expect(strstr(json, w2) != NULL, "%s", json);
+  expect_a_row_per_odd_trace(tmpdir, "one", "two", "pool");
 }
 
 /* A trace named as a built-in workload that runs beside it (graph.csv and
