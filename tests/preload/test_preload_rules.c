@@ -7,20 +7,24 @@
 
 static spawn_result_t r;
 
-Test(preload_rules, without_the_shim_mem_free_keeps_cuda_ordering) {
-  const char *argv[] = {MP_RULES_PROG, NULL};
-  const char *env[] = {"LD_PRELOAD=", NULL};
+/* rules_prog MODE [ARG] (MODE NULL: its default rule) run with preload
+ * (LD_PRELOAD=... or none) and the pool options conf (NULL: none) on the
+ * fake driver's cuda device: it must say "ok". */
+static void rules_ok(const char *preload, const char *conf, const char *mode,
+                     const char *arg) {
+  const char *argv[] = {MP_RULES_PROG, mode, mode ? arg : NULL, NULL};
+  const char *env[] = {preload, "MEMPOOL_DEVICE=cuda", conf, NULL};
   spawn(argv, env, &r);
   cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
   cr_assert_str_eq(r.out, "ok\n");
 }
 
+Test(preload_rules, without_the_shim_mem_free_keeps_cuda_ordering) {
+  rules_ok("LD_PRELOAD=", NULL, NULL, NULL);
+}
+
 Test(preload_rules, under_the_shim_mem_free_keeps_cuda_ordering) {
-  const char *argv[] = {MP_RULES_PROG, NULL};
-  const char *env[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=cuda", NULL};
-  spawn(argv, env, &r);
-  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
-  cr_assert_str_eq(r.out, "ok\n");
+  rules_ok("LD_PRELOAD=" MP_SHIM, NULL, NULL, NULL);
 }
 
 /* Streams the program destroys are forgotten: 70 000 made and destroyed in
@@ -28,22 +32,14 @@ Test(preload_rules, under_the_shim_mem_free_keeps_cuda_ordering) {
  * destroyed handle is ever used. */
 Test(preload_rules, under_the_shim_destroyed_streams_are_forgotten,
      .timeout = 300) {
-  const char *argv[] = {MP_RULES_PROG, "streams", NULL};
-  const char *env[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=cuda", NULL};
-  spawn(argv, env, &r);
-  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
-  cr_assert_str_eq(r.out, "ok\n");
+  rules_ok("LD_PRELOAD=" MP_SHIM, NULL, "streams", NULL);
 }
 
 /* CU_STREAM_PER_THREAD is another stream in each thread, under the shim as
  * without it: a block thread A freed on its per-thread stream while A's
  * kernel still reads it is not thread B's to overwrite. */
 static void per_thread_rules(const char *preload) {
-  const char *argv[] = {MP_RULES_PROG, "per_thread", NULL};
-  const char *env[] = {preload, "MEMPOOL_DEVICE=cuda", NULL};
-  spawn(argv, env, &r);
-  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
-  cr_assert_str_eq(r.out, "ok\n");
+  rules_ok(preload, NULL, "per_thread", NULL);
 }
 
 Test(preload_rules, without_the_shim_per_thread_streams_are_apart) {
@@ -59,11 +55,7 @@ Test(preload_rules, under_the_shim_per_thread_streams_are_apart) {
  * freed on the freeing thread's stream: the allocating thread's stream
  * may not reuse it before the freeing stream's kernel is done. */
 static void per_thread_free_rules(const char *preload) {
-  const char *argv[] = {MP_RULES_PROG, "per_thread_free", NULL};
-  const char *env[] = {preload, "MEMPOOL_DEVICE=cuda", NULL};
-  spawn(argv, env, &r);
-  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
-  cr_assert_str_eq(r.out, "ok\n");
+  rules_ok(preload, NULL, "per_thread_free", NULL);
 }
 
 Test(preload_rules, without_the_shim_a_free_on_another_threads_stream) {
@@ -79,11 +71,7 @@ Test(preload_rules, under_the_shim_a_free_on_another_threads_stream) {
  * has the address the driver gave the pool): the free must not reach the
  * driver and free the pool's segment under it. */
 static void double_free_rules(const char *preload, const char *conf) {
-  const char *argv[] = {MP_RULES_PROG, "double_free", NULL};
-  const char *env[] = {preload, "MEMPOOL_DEVICE=cuda", conf, NULL};
-  spawn(argv, env, &r);
-  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
-  cr_assert_str_eq(r.out, "ok\n");
+  rules_ok(preload, conf, "double_free", NULL);
 }
 
 Test(preload_rules, without_the_shim_a_second_free_is_refused) {
@@ -99,11 +87,7 @@ Test(preload_rules, under_the_shim_a_second_free_is_refused) {
  * as freed memory does without the shim, not with the cached segment that
  * holds it (virtual=0) or the chunk mapped there (virtual=1). */
 static void freed_range_rules(const char *preload, const char *conf) {
-  const char *argv[] = {MP_RULES_PROG, "freed_range", NULL};
-  const char *env[] = {preload, "MEMPOOL_DEVICE=cuda", conf, NULL};
-  spawn(argv, env, &r);
-  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
-  cr_assert_str_eq(r.out, "ok\n");
+  rules_ok(preload, conf, "freed_range", NULL);
 }
 
 Test(preload_rules, without_the_shim_a_freed_block_has_no_range) {
@@ -120,11 +104,7 @@ Test(preload_rules, under_the_shim_a_freed_block_has_no_range) {
  * with it when the program destroys it (with its streams, which no free
  * may touch afterwards). */
 static void own_context_rules(const char *preload) {
-  const char *argv[] = {MP_RULES_PROG, "own_context", NULL};
-  const char *env[] = {preload, "MEMPOOL_DEVICE=cuda", NULL};
-  spawn(argv, env, &r);
-  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
-  cr_assert_str_eq(r.out, "ok\n");
+  rules_ok(preload, NULL, "own_context", NULL);
 }
 
 Test(preload_rules, without_the_shim_a_destroyed_context_takes_its_memory) {
@@ -140,11 +120,7 @@ Test(preload_rules, under_the_shim_a_destroyed_context_takes_its_memory) {
  * refuses them, the capture invalidated, the block kept: the pool served
  * them (CUDA_SUCCESS), the free while the pool's events met the capture. */
 static void calls_in_capture_rules(const char *preload, const char *how) {
-  const char *argv[] = {MP_RULES_PROG, "calls_in_capture", how, NULL};
-  const char *env[] = {preload, "MEMPOOL_DEVICE=cuda", NULL};
-  spawn(argv, env, &r);
-  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
-  cr_assert_str_eq(r.out, "ok\n");
+  rules_ok(preload, NULL, "calls_in_capture", how);
 }
 
 Test(preload_rules, without_the_shim_calls_in_a_global_capture_are_refused) {
