@@ -294,6 +294,22 @@ def test_close_collects_a_pool_dropped_in_a_reference_cycle(device):
     assert device.handle is None
 
 
+# Prepended to the fork tests' child scripts: waits 20 s at most for pid,
+# then kills it and exits with why.
+_WAIT_CHILD = """
+import os, signal, sys, time
+def wait_child(pid, why):
+    for _ in range(200):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    sys.exit(why)
+"""
+
+
 @pytest.mark.parametrize("held", ["pool", "device", "stream"])
 def test_a_forked_child_exits_without_touching_the_parents_objects(held):
     # A child forked with a Pool, Device or Stream of the parent alive ran
@@ -316,15 +332,7 @@ def test_a_forked_child_exits_without_touching_the_parents_objects(held):
         pid = os.fork()
         if pid == 0:
             sys.exit(7)  # a normal exit: atexit and finalizers run
-        for _ in range(200):  # 20 s
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            time.sleep(0.1)
-        else:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            sys.exit("the child hung at exit")
+        status = wait_child(pid, "the child hung at exit")
         assert os.waitstatus_to_exitcode(status) == 7, status
         for obj in (held.get("stream"), held.get("pool")):
             if obj is not None:
@@ -333,7 +341,7 @@ def test_a_forked_child_exits_without_touching_the_parents_objects(held):
         print("ok")
     """
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, "-c", code, held], cwd=pkg, capture_output=True,
+    r = subprocess.run([sys.executable, "-c", _WAIT_CHILD + code, held], cwd=pkg, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok"
@@ -364,15 +372,7 @@ def test_a_forked_child_is_refused_the_parents_objects():
                     refused += "process %d" % os.getppid() in str(e)
             assert repr(d) == "<mempool.Device of process %d>" % os.getppid()
             os._exit(refused)
-        for _ in range(200):  # 20 s
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            time.sleep(0.1)
-        else:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            sys.exit("the child hung")
+        status = wait_child(pid, "the child hung")
         print(os.waitstatus_to_exitcode(status))
         p.free(p.alloc(4096, stream=st), stream=st)  # the parent's still work
         p.trim()
@@ -381,7 +381,7 @@ def test_a_forked_child_is_refused_the_parents_objects():
         d.close()
     """
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, "-c", code], cwd=pkg, capture_output=True,
+    r = subprocess.run([sys.executable, "-c", _WAIT_CHILD + code], cwd=pkg, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "9"
