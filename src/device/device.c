@@ -59,6 +59,11 @@ mp_status_t mp_device_open(const char *spec, mp_device_t **out) {
   if (name_len == 4 && memcmp(spec, "host", 4) == 0)
     return mp__open_backend(&mp__host_backend, opts, out);
   if (name_len == 4 && memcmp(spec, "cuda", 4) == 0) {
+    /* "cuda:" with no index is a spec cut short, not device 0. */
+    if (colon != NULL && opts[0] == '\0')
+      return mp__fail(MP_EINVAL,
+                      "bad device spec 'cuda:': expected a device index "
+                      "after the colon ('cuda' or 'cuda:N')");
 #if MEMPOOL_HAVE_CUDA
     return mp__open_backend(&mp__cuda_backend, opts, out);
 #else

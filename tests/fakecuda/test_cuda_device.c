@@ -37,8 +37,8 @@ Test(cuda_device, index_out_of_range_is_enodev) {
 }
 
 Test(cuda_device, malformed_index_is_einval) {
-  const char *bad[] = {"cuda:x", "cuda:-1", "cuda:1x", "cuda: 1",
-                       "cuda:99999999999999999999"};
+  const char *bad[] = {"cuda:x",  "cuda:-1", "cuda:1x",
+                       "cuda: 1", "cuda:",   "cuda:99999999999999999999"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     mp_device_t *dev = NULL;
     mp_status_t st = mp_device_open(bad[i], &dev);
