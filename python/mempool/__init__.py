@@ -514,9 +514,9 @@ class Pool(_Handle):
     memory_stats = stats
 
     def dump(self, format="text"):
-        """mp_pool_dump as a string: "text", "json" or "torch" (one JSON
-        object with torch.cuda.memory_stats() names, inactive_split_bytes
-        included)."""
+        """mp_pool_dump as a string: "text" (None too, as in C), "json" or
+        "torch" (one JSON object with torch.cuda.memory_stats() names,
+        inactive_split_bytes included)."""
         libc = ctypes.CDLL(None)
         libc.tmpfile.restype = ctypes.c_void_p
         libc.fclose.argtypes = [ctypes.c_void_p]
@@ -527,9 +527,8 @@ class Pool(_Handle):
         if not f:
             raise OSError("tmpfile() failed")
         try:
-            _check(_lib.lib().mp_pool_dump(self._live(), f,
-                                           _cstr(format, "format", "mp_pool_dump")),
-                   "mp_pool_dump")
+            fmt = None if format is None else _cstr(format, "format", "mp_pool_dump")
+            _check(_lib.lib().mp_pool_dump(self._live(), f, fmt), "mp_pool_dump")
             libc.rewind(f)
             chunks = []
             buf = ctypes.create_string_buffer(65536)

@@ -385,3 +385,12 @@ def test_a_forked_child_is_refused_the_parents_objects():
                        text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "9"
+
+
+def test_dump_of_none_is_the_text_dump_as_in_c(pool):
+    # mp_pool_dump takes a NULL format as "text"; None raised TypeError.
+    p = pool.alloc(4096)
+    try:
+        assert pool.dump(None) == pool.dump("text")
+    finally:
+        pool.free(p)
