@@ -493,6 +493,16 @@ static bool mpb_is_csv(const char *name) {
   return name[0] != '.' && n > 4 && strcmp(name + n - 4, ".csv") == 0;
 }
 
+/* A folder scan's trace: a *.csv name that is a regular file (a FIFO would
+ * block the replay that opens it until something writes to it). */
+static bool mpb_is_csv_file(const char *dir, const char *name) {
+  char p[PATH_MAX * 2];
+  struct stat sb;
+  return mpb_is_csv(name) &&
+         snprintf(p, sizeof p, "%s/%s", dir, name) < (int)sizeof p &&
+         stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
 static int mpb_cmp_str(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
@@ -539,7 +549,7 @@ mp_status_t mpb_traces_scan(const char *dir, char ***out, size_t *nout) {
         continue;
       struct dirent *se;
       while ((se = readdir(sd)) != NULL && st == MP_OK) {
-        if (mpb_is_csv(se->d_name)) {
+        if (mpb_is_csv_file(path, se->d_name)) {
           char rel[PATH_MAX];
           snprintf(rel, sizeof rel, "%s/%s", e->d_name, se->d_name);
           if (!mpb_push_copy(&v, &n, &cap, rel))
@@ -547,7 +557,7 @@ mp_status_t mpb_traces_scan(const char *dir, char ***out, size_t *nout) {
         }
       }
       closedir(sd);
-    } else if (mpb_is_csv(e->d_name)) {
+    } else if (mpb_is_csv_file(dir, e->d_name)) {
       if (!mpb_push_copy(&v, &n, &cap, e->d_name))
         st = mp__fail(MP_ENOMEM, "out of host memory");
     }
