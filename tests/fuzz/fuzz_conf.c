@@ -11,10 +11,12 @@
 
 #include "fuzz_require.h"
 
-/* "" or decimal digits (leading zeros too) worth at most 1024. */
+/* Decimal digits (leading zeros too) worth at most 1024: what may follow
+ * "cuda:" (the spec here always has the colon, and "cuda:" alone is a spec
+ * cut short). */
 static bool cuda_index_ok(const char *opts) {
   size_t n = strlen(opts);
-  if (strspn(opts, "0123456789") != n)
+  if (n == 0 || strspn(opts, "0123456789") != n)
     return false;
   unsigned long v = 0;
   for (size_t i = 0; i < n && v <= 1024; i++)
