@@ -79,9 +79,11 @@ MP_API mp_status_t mp_device_host_free(mp_device_t *dev, void *ptr);
 MP_API mp_status_t mp_device_synchronize(mp_device_t *dev);
 
 MP_API mp_status_t mp_stream_create(mp_device_t *dev, mp_stream_t *out);
-/* Destroys the stream (the host device waits for its queued work first;
- * CUDA lets queued work finish after the call returns). Every pool on the
- * device forgets the handle first (see mp_stream_forget). */
+/* Destroys the stream. It returns at once, on the host device as on CUDA
+ * (cuStreamDestroy): work already queued on s still runs afterwards, and
+ * mp_device_synchronize waits for it, so what that work reads or writes
+ * must outlive it, not just the call. Every pool on the device forgets the
+ * handle first (see mp_stream_forget). */
 MP_API mp_status_t mp_stream_destroy(mp_device_t *dev, mp_stream_t s);
 /* Tells the pools on dev that the application is about to destroy s, a
  * stream mempool did not create (the LD_PRELOAD shim calls it from its
@@ -98,9 +100,10 @@ MP_API mp_status_t mp_stream_synchronize(mp_device_t *dev, mp_stream_t s);
  * has not (cuStreamQuery); never waits. */
 MP_API mp_status_t mp_stream_query(mp_device_t *dev, mp_stream_t s);
 /* Run fn(arg) on the host once all earlier work on s is done
- * (cuLaunchHostFunc). fn must not call into the device; on the host device
- * a call from fn that would wait for the device (synchronize, free, stream
- * destroy) is MP_EINVAL instead of a hang. */
+ * (cuLaunchHostFunc). fn must not call into any device (cuda.h: "must not
+ * make any CUDA API calls"); on the host device every device call from fn
+ * (allocations, frees, streams, copies, memsets, events, synchronizes) is
+ * MP_EINVAL and changes nothing. */
 MP_API mp_status_t mp_stream_launch_host(mp_device_t *dev, mp_stream_t s,
                                          void (*fn)(void *), void *arg);
 MP_API mp_status_t mp_memcpy_async(mp_device_t *dev, void *dst, const void *src,
