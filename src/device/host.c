@@ -33,9 +33,7 @@
  * work still touches the range, and work that does faults on the fence.
  *
  * Streams. Each stream, and the default (NULL) stream, is a worker thread
- * that runs its FIFO queue of operations strictly in order. Destroying a
- * stream returns at once, as cuStreamDestroy does: its worker finishes the
- * queue, and a later destroy or close joins it. An event record
+ * that runs its FIFO queue of operations strictly in order. An event record
  * enqueues a "marker": a small refcounted flag that the worker sets when the
  * stream reaches it. The event points at the marker of its latest record, so
  * re-recording re-arms it, and a stream wait holds on to the marker that was
@@ -132,8 +130,6 @@ typedef struct host_stream {
   bool busy; /* submitted > completed: on the device's busy list */
   struct host_stream *busy_prev, *busy_next; /* under host_dev.busy_mu */
   atomic_uint refs;
-  atomic_bool exited;             /* the worker has returned: join it */
-  struct host_stream *dying_next; /* on host_dev.dying, under dying_mu */
 } host_stream_t;
 
 typedef struct host_event {
@@ -181,12 +177,6 @@ struct host_dev {
    * busy, not every stream ever made. */
   pthread_mutex_t busy_mu;
   host_stream_t *busy_head;
-
-  /* Destroyed streams whose workers may still run their queued work
-   * (host_stream_destroy returns at once): joined once exited, or at
-   * close. dying_mu is taken alone. */
-  pthread_mutex_t dying_mu;
-  host_stream_t *dying;
 };
 
 static host_dev_t *host_of(mp_device_t *dev) {
@@ -363,7 +353,6 @@ static void *host_stream_main(void *arg) {
     pthread_cond_broadcast(&s->idle_cv);
   }
   pthread_mutex_unlock(&s->mu);
-  atomic_store(&s->exited, true);
   return NULL;
 }
 
@@ -544,36 +533,6 @@ static mp_status_t host_stream_create(mp_device_t *dev, mp_stream_t *out) {
   return MP_OK;
 }
 
-/* Takes the destroyed streams whose workers have returned (all: every one,
- * for close) off h's dying list. */
-static host_stream_t *host_dying_take(host_dev_t *h, bool all) {
-  host_stream_t *out = NULL;
-  pthread_mutex_lock(&h->dying_mu);
-  for (host_stream_t **at = &h->dying; *at != NULL;) {
-    host_stream_t *s = *at;
-    if (all || atomic_load(&s->exited)) {
-      *at = s->dying_next;
-      s->dying_next = out;
-      out = s;
-    } else {
-      at = &s->dying_next;
-    }
-  }
-  pthread_mutex_unlock(&h->dying_mu);
-  return out;
-}
-
-/* Joins the workers of a list from host_dying_take and drops the
- * registry's references. */
-static void host_dying_join(host_stream_t *s) {
-  while (s != NULL) {
-    host_stream_t *next = s->dying_next;
-    pthread_join(s->thread, NULL);
-    host_stream_put(s);
-    s = next;
-  }
-}
-
 static mp_status_t host_stream_destroy(mp_device_t *dev, mp_stream_t handle) {
   host_dev_t *h = host_of(dev);
   mp_status_t st = host_check_caller("mp_stream_destroy");
@@ -584,24 +543,7 @@ static mp_status_t host_stream_destroy(mp_device_t *dev, mp_stream_t handle) {
   pthread_rwlock_unlock(&h->reg);
   if (!found)
     return host_unknown_stream("mp_stream_destroy", handle);
-  /* "in case the device is still doing work in the stream hStream when
-   * cuStreamDestroy() is called, the function will return immediately and
-   * the resources associated with hStream will be released automatically
-   * once the device has completed all work in hStream" (cuda.h,
-   * cuStreamDestroy): the worker is told to stop once its queue is empty,
-   * not waited for. Its work still counts for a device synchronize and a
-   * free (it stays on the busy list while it has any). */
-  host_stream_t *s = (host_stream_t *)handle;
-  pthread_mutex_lock(&s->mu);
-  s->stopping = true;
-  pthread_cond_broadcast(&s->work_cv);
-  pthread_mutex_unlock(&s->mu);
-  host_stream_t *done = host_dying_take(h, false);
-  pthread_mutex_lock(&h->dying_mu);
-  s->dying_next = h->dying;
-  h->dying = s;
-  pthread_mutex_unlock(&h->dying_mu);
-  host_dying_join(done);
+  host_stream_stop((host_stream_t *)handle);
   return MP_OK;
 }
 
@@ -1606,7 +1548,6 @@ static void host_free_state(host_dev_t *h) {
   pthread_cond_destroy(&h->ev_cv);
   pthread_mutex_destroy(&h->ev_lock);
   pthread_mutex_destroy(&h->busy_mu);
-  pthread_mutex_destroy(&h->dying_mu);
   pthread_rwlock_destroy(&h->reg);
   pthread_mutex_destroy(&h->mem_lock);
   free(h);
@@ -1644,7 +1585,6 @@ static mp_status_t host_open(mp_device_t *dev, const char *opts) {
   pthread_mutex_init(&h->ev_lock, NULL);
   pthread_cond_init(&h->ev_cv, NULL);
   pthread_mutex_init(&h->busy_mu, NULL);
-  pthread_mutex_init(&h->dying_mu, NULL);
   st = host_stream_start(h, &h->null_stream);
   if (st != MP_OK) {
     host_free_state(h);
@@ -1666,7 +1606,6 @@ static void host_close(mp_device_t *dev) {
       host_stream_stop((host_stream_t *)e->key);
   }
   host_stream_stop(h->null_stream);
-  host_dying_join(host_dying_take(h, true));
   for (size_t i = 0; i < h->events.cap; i++) {
     host_entry_t *e = mp__ptrmap_at(&h->events, i);
     if (e != NULL) {
