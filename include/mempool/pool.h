@@ -281,6 +281,13 @@ MP_API mp_status_t mp_pool_set_max_fraction(mp_pool_t *pool, double fraction);
  * still reported (its status, the segment named and the others counted),
  * but the pool is then destroyed and that memory lost to it. */
 MP_API mp_status_t mp_pool_destroy(mp_pool_t *pool);
+/* mp_pool_destroy that also says whether the pool is gone: *destroyed is 1
+ * when the pool was destroyed (its handle must not be used again), also on
+ * a failure reported after the release began (a device free refused after
+ * others went: the status is that failure's), and 0 when the pool stays as
+ * it was (every refusal above). A graph pool (mp_pool_graph_create) is
+ * released, as mp_pool_destroy does: 1 on MP_OK. destroyed may be NULL. */
+MP_API mp_status_t mp_pool_destroy_ex(mp_pool_t *pool, int *destroyed);
 
 /* 0 bytes: MP_OK with *out = NULL. */
 MP_API mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,

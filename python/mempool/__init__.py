@@ -106,6 +106,16 @@ def _check(status, call):
         raise _error(status, _s(_lib.lib().mp_last_error()), call)
 
 
+def _destroy(handle):
+    """mp_pool_destroy_ex: (status, whether the pool is gone). A failure can
+    come after the pool was freed (a device free refused after others went):
+    its handle must then be dropped all the same, or a later destroy would
+    free it twice."""
+    gone = ctypes.c_int(0)
+    status = _lib.lib().mp_pool_destroy_ex(handle, ctypes.byref(gone))
+    return status, bool(gone.value)
+
+
 def _refusal(name, detail, call):
     """The exception for status name ("MP_EINVAL") with a detail of this
     package's own (a refusal made before calling the library)."""
@@ -288,9 +298,10 @@ class Device(_Handle):
                            "%d pool(s) on the device are not destroyed" % len(live),
                            "Device.close")
         while self._orphans:
-            _check(_lib.lib().mp_pool_destroy(self._orphans[-1]),
-                   "mp_pool_destroy (a Pool dropped with live blocks)")
-            self._orphans.pop()
+            status, gone = _destroy(self._orphans[-1])
+            if gone:
+                self._orphans.pop()
+            _check(status, "mp_pool_destroy (a Pool dropped with live blocks)")
         _lib.lib().mp_device_close(self.handle)
         self.handle = None
         self._finalizer.detach()
@@ -434,8 +445,14 @@ class Pool(_Handle):
         live = True
         if L.mp_pool_get_stats_sized(handle, ctypes.byref(s), ctypes.sizeof(s)) == 0:
             live = s.allocated_bytes != 0
-        if not live and L.mp_pool_destroy(handle) == 0:
-            return
+        if not live:
+            status, gone = _destroy(handle)
+            if gone:
+                if status != 0:
+                    warnings.warn("a dropped mempool.Pool was destroyed, but: %s"
+                                  % _s(L.mp_last_error()), ResourceWarning,
+                                  stacklevel=2)
+                return
         device._orphans.append(handle)
         warnings.warn("a mempool.Pool was dropped with live blocks (or child pools) "
                       "and not destroyed: it is kept until its Device closes",
@@ -565,9 +582,11 @@ class Pool(_Handle):
     def destroy(self):
         if self.handle is not None:
             self._mine()
-            _check(_lib.lib().mp_pool_destroy(self.handle), "mp_pool_destroy")
-            self.handle = None
-            self._finalizer.detach()
+            status, gone = _destroy(self.handle)
+            if gone:  # also when status says a free failed after it went
+                self.handle = None
+                self._finalizer.detach()
+            _check(status, "mp_pool_destroy")
 
     def __enter__(self):
         return self

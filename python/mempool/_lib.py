@@ -74,6 +74,7 @@ _PROTOTYPES = {
     "mp_pool_config_parse": (_st, [_c, ctypes.c_char_p]),
     "mp_pool_create": (_st, [_c, _c, ctypes.POINTER(_c)]),
     "mp_pool_destroy": (_st, [_c]),
+    "mp_pool_destroy_ex": (_st, [_c, ctypes.POINTER(ctypes.c_int)]),
     "mp_pool_alloc": (_st, [_c, _sz, _c, ctypes.POINTER(_c)]),
     "mp_pool_free": (_st, [_c, _c]),
     "mp_pool_free_async": (_st, [_c, _c, _c]),

@@ -139,6 +139,52 @@ def test_destroyed_pool_refuses_calls(device):
         p.alloc(10)
 
 
+def _status(name):
+    L = mempool._lib.lib()
+    return next(i for i in range(1, 64) if mempool._s(L.mp_status_name(i)) == name)
+
+
+def test_a_destroy_that_fails_after_the_pool_went_drops_the_handle(device, monkeypatch):
+    # A device free refused after others went fails mp_pool_destroy, but the
+    # pool is gone (pool.h): the handle was kept and a second destroy (or
+    # Device.close, for a dropped pool) freed it again. The library's
+    # destroy runs for real here; only its status is the device's refusal.
+    L = mempool._lib.lib()
+    real = L.mp_pool_destroy_ex
+    edriver = _status("MP_EDRIVER")
+
+    def refused_after_release(handle, destroyed):
+        assert real(handle, destroyed) == 0
+        return edriver
+
+    p = mempool.Pool(device)
+    p.free(p.alloc(1 << 20))
+    monkeypatch.setattr(L, "mp_pool_destroy_ex", refused_after_release)
+    with pytest.raises(mempool.MempoolError) as e:
+        p.destroy()
+    assert e.value.status == edriver
+    assert p.handle is None
+    monkeypatch.undo()
+    p.destroy()  # nothing left to destroy: no second free
+    with pytest.raises(mempool.InvalidArgument):
+        p.alloc(10)
+
+
+def test_a_destroy_refused_before_anything_went_keeps_the_pool(device, monkeypatch):
+    L = mempool._lib.lib()
+    edriver = _status("MP_EDRIVER")
+    p = mempool.Pool(device)
+    a = p.alloc(1 << 20)
+    monkeypatch.setattr(L, "mp_pool_destroy_ex", lambda handle, destroyed: edriver)
+    with pytest.raises(mempool.MempoolError):
+        p.destroy()
+    monkeypatch.undo()
+    assert p.handle is not None
+    p.free(a)
+    p.destroy()
+    assert p.handle is None
+
+
 
 def test_options_appended_after_the_first_config_size_reach_the_pool(device):
     # arenas is a field appended after struct_size: a config made at the

@@ -178,8 +178,11 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
   *gone = false;
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_destroy: pool is NULL");
-  if (pool->graph)
-    return mp_pool_graph_release(pool);
+  if (pool->graph) {
+    mp_status_t gst = mp_pool_graph_release(pool);
+    *gone = gst == MP_OK; /* its handle is done with, its memory follows */
+    return gst;
+  }
   /* Arenas (arena.c): each an ordinary pool (never with children); the
    * pool itself holds none of their memory. Each is asked first whether it
    * can wait for its streams, so that such a refusal changes nothing; one
@@ -284,6 +287,14 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
 mp_status_t mp_pool_destroy(mp_pool_t *pool) {
   bool gone;
   return mp__pool_destroy(pool, &gone);
+}
+
+mp_status_t mp_pool_destroy_ex(mp_pool_t *pool, int *destroyed) {
+  bool gone = false;
+  mp_status_t st = mp__pool_destroy(pool, &gone);
+  if (destroyed != NULL)
+    *destroyed = gone ? 1 : 0;
+  return st;
 }
 
 mp_status_t mp_pool_set_access(mp_pool_t *pool, mp_device_t *peer) {

@@ -114,3 +114,71 @@ Test(pool_destroy_refused, a_free_refused_after_others_went_is_reported) {
 Test(pool_destroy_refused, every_refused_free_is_counted) {
   refused_after_one(2, "and 1 more");
 }
+
+/* mp_pool_destroy_ex says which of the two failures above it was: a caller
+ * (the Python binding) must drop its handle when the pool is gone, and keep
+ * it when the pool stays as it was. */
+Test(pool_destroy_refused,
+     destroy_ex_says_the_pool_stays_after_a_first_refusal) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  fake_dev_t *f = fake_of(dev);
+  void *p[3];
+  mp_pool_t *pool = three_segments(dev, p);
+  f->refuse_frees = 1;
+  int destroyed = -1;
+  cr_assert_eq(mp_pool_destroy_ex(pool, &destroyed), MP_EDRIVER);
+  cr_expect_eq(destroyed, 0);
+  check(pool); /* still a pool */
+  for (int i = 0; i < 3; i++)
+    cr_assert_eq(mp_pool_free(pool, p[i]), MP_OK);
+  destroyed = -1;
+  cr_assert_eq(mp_pool_destroy_ex(pool, &destroyed), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(destroyed, 1);
+  cr_expect_eq(f->used, 0);
+  fake_close(dev);
+}
+
+Test(pool_destroy_refused,
+     destroy_ex_says_the_pool_is_gone_after_a_later_refusal) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  fake_dev_t *f = fake_of(dev);
+  void *p[3];
+  mp_pool_t *pool = three_segments(dev, p);
+  refuse = 1;
+  f->on_free = arm_after_one;
+  f->on_free_ctx = f;
+  int destroyed = -1;
+  cr_assert_eq(mp_pool_destroy_ex(pool, &destroyed), MP_EDRIVER);
+  cr_expect_eq(destroyed, 1, "the pool was freed: its handle is gone");
+  cr_expect_eq(f->nplain, 1);
+  fake_close(dev);
+}
+
+Test(pool_destroy_refused, destroy_ex_on_null_says_nothing_was_destroyed) {
+  int destroyed = -1;
+  cr_expect_eq(mp_pool_destroy_ex(NULL, &destroyed), MP_EINVAL);
+  cr_expect_eq(destroyed, 0);
+  cr_expect_eq(mp_pool_destroy_ex(NULL, NULL), MP_EINVAL);
+}
+
+Test(pool_destroy_refused, destroy_ex_of_a_graph_pool_says_released_or_busy) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  mp_pool_t *parent = make_pool(dev, NULL), *graph = NULL;
+  cr_assert_eq(mp_pool_graph_create(parent, &graph), MP_OK, "%s",
+               mp_last_error());
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  cr_assert_eq(mp_pool_graph_begin(parent, graph, s), MP_OK, "%s",
+               mp_last_error());
+  int destroyed = -1;
+  cr_expect_eq(mp_pool_destroy_ex(graph, &destroyed), MP_EBUSY);
+  cr_expect_eq(destroyed, 0, "a graph pool still allocated to stays");
+  cr_assert_eq(mp_pool_graph_end(parent, s), MP_OK);
+  cr_expect_eq(mp_pool_destroy_ex(graph, &destroyed), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(destroyed, 1);
+  cr_expect_eq(mp_pool_destroy(parent), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+  fake_close(dev);
+}
