@@ -153,11 +153,16 @@ bool mp__map_reserve(mp_pool_t *pool, size_t n) {
   return true;
 }
 
-MP__HOT bool mp__map_insert(mp_pool_t *pool, mp__block_t *b) {
-  if (MP__UNLIKELY(!mp__map_has_room(pool, 1)) && !mp__map_reserve(pool, 1))
-    return false;
+MP__HOT void mp__map_add(mp_pool_t *pool, mp__block_t *b) {
+  MP__ASSERT(mp__map_has_room(pool, 1));
   mp__map_put(pool->map, pool->map_cap - 1, mp__map_slot(pool, b->addr), b);
   pool->map_count++;
+}
+
+bool mp__map_insert(mp_pool_t *pool, mp__block_t *b) {
+  if (MP__UNLIKELY(!mp__map_has_room(pool, 1)) && !mp__map_reserve(pool, 1))
+    return false;
+  mp__map_add(pool, b);
   return true;
 }
 

@@ -208,7 +208,7 @@ static void mp__block_hold(mp_pool_t *pool, mp__block_t *b, bool on) {
    * record_stream) is refused meanwhile instead of freeing it. */
   if (on) {
     b->flags |= MP__B_LADDER;
-    (void)mp__map_insert(pool, b); /* room was made before the take */
+    mp__map_add(pool, b); /* room was made before the take */
     pool->st.allocated_bytes += b->size;
     *free_bytes -= b->size;
     pool->st.live_blocks++;
@@ -373,7 +373,7 @@ MP__HOT void mp__block_make_live(mp_pool_t *pool, mp__block_t *b,
   b->ndeps = 0;
   b->handle = NULL;
   b->child = NULL;
-  mp__map_insert(pool, b); /* room was reserved before the take */
+  mp__map_add(pool, b); /* room was reserved before the take */
   pool->st.allocated_bytes += b->size;
   pool->st.free_bytes -= b->size;
   pool->st.requested_bytes += requested;

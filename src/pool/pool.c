@@ -558,7 +558,7 @@ static MP__HOT mp_status_t mp__pool_free_locked(mp_pool_t *pool, void *ptr,
     mp__map_remove_slot(pool, slot);
     if (MP__UNLIKELY(b->flags & MP__B_EXPORTED) && mp__export_hold(pool, b)) {
       /* imported elsewhere: kept live until its leases close */
-      (void)mp__map_insert(pool, b); /* the removal left room */
+      mp__map_add(pool, b); /* the removal left room */
     } else {
       /* Before b joins its free neighbours: the new block's own stream has
        * not reached the free yet, and merged in it would hold them back. */

@@ -818,6 +818,9 @@ static inline bool mp__map_has_room(const mp_pool_t *pool, size_t n) {
   return (pool->map_count + n) * 4 <= pool->map_cap;
 }
 bool mp__map_insert(mp_pool_t *pool, mp__block_t *b);
+/* mp__map_insert where room was made before (mp__map_reserve, or a removal
+ * under the same lock): no room test, cannot fail. */
+void mp__map_add(mp_pool_t *pool, mp__block_t *b);
 void mp__map_remove(mp_pool_t *pool, mp__block_t *b);
 /* addr's home slot: the top log2(map_cap) bits of one multiply (Knuth's
  * multiplicative hashing; the address's low zero bits do not matter). */
