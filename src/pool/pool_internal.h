@@ -962,10 +962,12 @@ static inline void mp__deps_on_free(mp_pool_t *pool, mp__block_t *b) {
     mp__deps_on_free_uses(pool, b);
     return;
   }
-  mp__strm_t *own = &pool->streams[b->sidx];
+  /* One stream slot: b's is slot 0 (a live block's slot is below
+   * nstreams), and its dep is written whole, not field by field. */
+  MP__ASSERT(b->sidx == 0);
+  mp__strm_t *own = &pool->streams[0];
   own->refs--;
-  b->deps[0].sidx = b->sidx;
-  b->deps[0].epoch = own->epoch;
+  b->deps[0] = (mp__dep_t){.sidx = 0, .epoch = own->epoch};
   own->dirty = true;
   b->ndeps = 1;
 }
