@@ -46,13 +46,12 @@ MP__COLD bool mp__whole_ok(const mp_pool_t *pool, const mp__block_t *b,
   return size > pool->cfg.max_split && b->size - size < mp__whole_slack(size);
 }
 
-/* *pending: set, when still NULL, to a block that fits but was passed by
- * only because another stream's work on it has not completed yet (the
- * first such block: the best fit among them). */
-static MP__HOT mp__block_t *mp__search_ex(mp_pool_t *pool, size_t size,
-                                          uint32_t sidx,
-                                          mp__block_t **pending) {
-  mp__block_t *b = mp__index_best_fit_hot(pool, size);
+/* mp__search_ex from its first candidate b on (out of line: the caller's
+ * common case returns b without it, and the loop's registers would weigh
+ * on that path). */
+__attribute__((noinline)) static mp__block_t *
+mp__search_from(mp_pool_t *pool, size_t size, uint32_t sidx, mp__block_t *b,
+                mp__block_t **pending) {
   for (unsigned k = 0; b != NULL && k < MP__SEARCH_LIMIT; k++) {
     if (mp__fits(pool, b, size)) {
       if (mp__deps_safe(pool, b, sidx, true) ||
@@ -65,6 +64,21 @@ static MP__HOT mp__block_t *mp__search_ex(mp_pool_t *pool, size_t size,
     b = mp__index_next(pool, b);
   }
   return NULL;
+}
+
+/* *pending: set, when still NULL, to a block that fits but was passed by
+ * only because another stream's work on it has not completed yet (the
+ * first such block: the best fit among them). */
+static MP__HOT mp__block_t *mp__search_ex(mp_pool_t *pool, size_t size,
+                                          uint32_t sidx,
+                                          mp__block_t **pending) {
+  mp__block_t *b = mp__index_best_fit_hot(pool, size);
+  /* The common case, the best fit splittable and freed on sidx alone: what
+   * mp__search_from would find first, without its loop. */
+  if (MP__LIKELY(b != NULL) && mp__split_allowed(pool, b, size) &&
+      mp__deps_own(b, sidx))
+    return b;
+  return b != NULL ? mp__search_from(pool, size, sidx, b, pending) : NULL;
 }
 
 static mp__block_t *mp__search(mp_pool_t *pool, size_t size, uint32_t sidx) {

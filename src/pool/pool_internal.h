@@ -998,13 +998,17 @@ bool mp__deps_merge(mp_pool_t *pool, mp__block_t *dst, const mp__block_t *src);
 /* mp__deps_safe but for a block freed on sidx alone: drops the finished
  * deps, and asks (poll) the streams of the rest. */
 bool mp__deps_check(mp_pool_t *pool, mp__block_t *b, uint32_t sidx, bool poll);
+/* mp__deps_safe's inline half: b was freed on sidx alone. */
+static inline bool mp__deps_own(const mp__block_t *b, uint32_t sidx) {
+  return b->ndeps == 1 && b->deps[0].sidx == sidx && !(b->flags & MP__B_SYNC);
+}
 /* True when a block with these deps can be reused on stream sidx now.
  * poll: query markers and close open epochs of the streams it waits on.
  * Inline: a block freed on the asking stream needs nothing more (stream
  * order suffices). */
 static inline bool mp__deps_safe(mp_pool_t *pool, mp__block_t *b, uint32_t sidx,
                                  bool poll) {
-  if (b->ndeps == 1 && b->deps[0].sidx == sidx && !(b->flags & MP__B_SYNC))
+  if (mp__deps_own(b, sidx))
     return true;
   return mp__deps_check(pool, b, sidx, poll);
 }
