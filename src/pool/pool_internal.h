@@ -907,13 +907,16 @@ mp_status_t mp__stream_index_owned(mp_pool_t *pool, mp_stream_t s,
 /* The slot of stream s in the table, added on first use. Inline: the
  * stream of the pool's last call, the common case, costs a few loads.
  * Without per-thread streams every slot's owner is 0, the owner the
- * lookup would ask for. plain: pool->rare is 0 (no per-thread stream). */
+ * lookup would ask for. plain: pool->rare is 0 (no per-thread stream ever
+ * met, has_pt, so no slot's want_close is set: only a per-thread slot's
+ * is, mp__stream_close). */
 static inline mp_status_t mp__stream_index_as(mp_pool_t *pool, mp_stream_t s,
                                               uint32_t *out, bool plain) {
   uint32_t i = pool->last_sidx;
   if (MP__LIKELY(i < pool->nstreams && (plain || !pool->has_pt))) {
     const mp__strm_t *st = &pool->streams[i];
-    if (MP__LIKELY(st->s == s && !st->want_close)) {
+    MP__ASSERT(!plain || !st->want_close);
+    if (MP__LIKELY(st->s == s && (plain || !st->want_close))) {
       *out = i;
       return MP_OK;
     }
