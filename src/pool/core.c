@@ -34,10 +34,11 @@
 #define MP__SEARCH_LIMIT 16
 
 bool mp__pool_round(const mp_pool_t *pool, size_t bytes, size_t *out) {
-  size_t a = pool->cfg.align;
-  if (bytes > SIZE_MAX - (a - 1))
+  size_t a = pool->cfg.align, up;
+  /* The overflow check is the add's carry: no separate compare. */
+  if (__builtin_add_overflow(bytes, a - 1, &up))
     return false;
-  *out = (bytes + a - 1) & ~(a - 1);
+  *out = up & ~(a - 1);
   return true;
 }
 
