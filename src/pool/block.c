@@ -169,20 +169,19 @@ bool mp__map_insert(mp_pool_t *pool, mp__block_t *b) {
 MP__HOT void mp__map_remove_slot(mp_pool_t *pool, size_t slot) {
   /* Backward shift: pull later entries of the probe run into the hole when
    * their home slot does not lie strictly between the hole and them. */
+  mp__slot_t *map = pool->map;
   size_t mask = pool->map_cap - 1;
   size_t hole = slot;
-  for (size_t j = (slot + 1) & mask; pool->map[j].addr != 0;
-       j = (j + 1) & mask) {
-    size_t home = mp__map_slot(pool, pool->map[j].addr);
-    bool movable =
-        hole <= j ? (home <= hole || home > j) : (home <= hole && home > j);
-    if (movable) {
-      pool->map[hole] = pool->map[j];
+  for (size_t j = (slot + 1) & mask; map[j].addr != 0; j = (j + 1) & mask) {
+    /* Movable unless its home lies cyclically in (hole, j]: then it is
+     * nearer j (going forward) than the hole is. */
+    size_t home = mp__map_slot(pool, map[j].addr);
+    if (((j - home) & mask) >= ((j - hole) & mask)) {
+      map[hole] = map[j];
       hole = j;
     }
   }
-  pool->map[hole].addr = 0;
-  pool->map[hole].blk = NULL;
+  map[hole].addr = 0; /* an empty slot's blk is never read */
   pool->map_count--;
 }
 
