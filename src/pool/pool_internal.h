@@ -982,15 +982,21 @@ bool mp__deps_try_union(mp_pool_t *pool, mp__block_t *dst,
  * union of what is still pending spans more than MP__MAX_DEPS streams. */
 static inline bool mp__deps_try_merge(mp_pool_t *pool, mp__block_t *dst,
                                       const mp__block_t *src) {
+  /* One dep each, on the same stream (a pool of one stream has no other
+   * case but the next): the later epoch. Finished deps may stay;
+   * mp__deps_safe drops them when it looks. */
+  if (MP__LIKELY(dst->ndeps == 1 && src->ndeps == 1 &&
+                 dst->deps[0].sidx == src->deps[0].sidx &&
+                 !((dst->flags | src->flags) & MP__B_SYNC))) {
+    if (dst->deps[0].epoch < src->deps[0].epoch)
+      dst->deps[0] = src->deps[0];
+    return true;
+  }
   if (MP__UNLIKELY(((dst->flags | src->flags) & MP__B_SYNC) || dst->ndeps > 1 ||
-                   src->ndeps > 1 ||
-                   (src->ndeps == 1 && dst->ndeps == 1 &&
-                    dst->deps[0].sidx != src->deps[0].sidx)))
+                   src->ndeps > 1 || (src->ndeps == 1 && dst->ndeps == 1)))
     return mp__deps_try_union(pool, dst, src);
-  /* At most one stream between them: the later epoch. Finished deps may
-   * stay; mp__deps_safe drops them when it looks. */
-  if (src->ndeps == 1 &&
-      (dst->ndeps == 0 || dst->deps[0].epoch < src->deps[0].epoch))
+  /* At most one of them has a dep (on one stream): it. */
+  if (src->ndeps == 1)
     dst->deps[0] = src->deps[0];
   dst->ndeps |= src->ndeps;
   return true;
