@@ -151,8 +151,10 @@ enum {
  * MP__MAX_STREAMS streams per pool, 2^48 epochs per stream. */
 #define MP__MAX_STREAMS 65535u
 typedef struct mp__dep {
-  uint64_t sidx : 16;  /* index into pool->streams */
+  /* Epoch first (the low bits): a one-stream free's dep (slot 0) is the
+   * epoch alone, which compiles to fewer instructions. */
   uint64_t epoch : 48; /* the stream's epoch when the block was freed */
+  uint64_t sidx : 16;  /* index into pool->streams */
 } mp__dep_t;
 
 typedef struct mp__segment mp__segment_t;
