@@ -141,6 +141,10 @@ CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
 #undef cuStreamGetCaptureInfo
 CUresult cuStreamBeginCapture(CUstream s);
 CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode);
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g,
+                                          const CUgraphNode *deps,
+                                          const CUgraphEdgeData *edges,
+                                          size_t n, CUstreamCaptureMode mode);
 CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g);
 CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *st);
 CUresult cuStreamGetCaptureInfo_v2(CUstream s, CUstreamCaptureStatus *st,
@@ -240,6 +244,8 @@ void cuFakeResetCallCounts(void);
   X(cuStreamBeginCapture)                                                      \
   X(cuStreamBeginCapture_v2)                                                   \
   X(cuStreamBeginCapture_v2_ptsz)                                              \
+  X(cuStreamBeginCaptureToGraph)                                               \
+  X(cuStreamBeginCaptureToGraph_ptsz)                                          \
   X(cuStreamEndCapture)                                                        \
   X(cuStreamEndCapture_ptsz)                                                   \
   X(cuStreamIsCapturing)                                                       \
@@ -249,6 +255,7 @@ void cuFakeResetCallCounts(void);
   X(cuStreamGetCaptureInfo_v3)                                                 \
   X(cuStreamGetCaptureInfo_v3_ptsz)                                            \
   X(cuThreadExchangeStreamCaptureMode)                                         \
+  X(cuGraphCreate)                                                             \
   X(cuGraphDestroy)                                                            \
   X(cuUserObjectCreate)                                                        \
   X(cuUserObjectRelease)                                                       \
@@ -589,6 +596,7 @@ typedef struct fk_stream {
   pthread_t cap_thread;
   cuuint64_t cap_id;
   struct CUgraph_st *graph;
+  bool cap_into; /* graph is the program's (cuStreamBeginCaptureToGraph) */
   struct fk_cap_event *cap_events;
   size_t n_cap_events, cap_cap_events;
   struct fk_stream *cap_next, *cap_origin;
@@ -796,7 +804,9 @@ static fk_stream_t *fk_capture_origin(fk_stream_t *st) {
   return st->cap_origin != NULL ? st->cap_origin : st;
 }
 
-/* Ends st's capture, its graph returned (NULL: dropped). The capture of an
+/* Ends st's capture, its graph returned (NULL: dropped; a graph the
+ * program captures into, cuStreamBeginCaptureToGraph, is its own and only
+ * not returned). The capture of an
  * origin takes every stream joined to it out of capture too (the
  * Programming Guide, "Cross-stream Dependencies and Events": "All streams
  * being captured to the same capture graph are taken out of capture mode
@@ -818,7 +828,9 @@ static struct CUgraph_st *fk_capture_end(fk_stream_t *st, bool keep) {
       break;
     }
   struct CUgraph_st *g = st->cap_origin == NULL ? st->graph : NULL;
+  bool into = st->cap_into;
   st->graph = NULL;
+  st->cap_into = false;
   st->cap = CU_STREAM_CAPTURE_STATUS_NONE;
   st->cap_next = st->cap_origin = NULL;
   st->cap_slot = st->cap_width = 0;
@@ -827,7 +839,8 @@ static struct CUgraph_st *fk_capture_end(fk_stream_t *st, bool keep) {
   st->cap_events = NULL;
   st->n_cap_events = st->cap_cap_events = 0;
   if (!keep) {
-    fk_graph_free(g);
+    if (!into) /* the program's graph stays the program's */
+      fk_graph_free(g);
     g = NULL;
   }
   return g;
@@ -2458,15 +2471,32 @@ FK_IN_CTX_TWINS(cuStreamWaitEvent, cuStreamWaitEvent_ptsz,
 
 /* ---- stream capture and graphs ------------------------------------------- */
 
+/* Whether the n nodes deps are all nodes of g. Under fk.lock. */
+static bool fk_graph_has(const struct CUgraph_st *g, const CUgraphNode *deps,
+                         size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    size_t k = 0;
+    while (k < g->n && (CUgraphNode)g->nodes[k] != deps[i])
+      k++;
+    if (k == g->n)
+      return false;
+  }
+  return true;
+}
+
 /* cuda.h, cuStreamBeginCapture: "Capture may not be initiated if stream is
- * CU_STREAM_LEGACY"; a stream already capturing is refused too. */
+ * CU_STREAM_LEGACY"; a stream already capturing is refused too. into: the
+ * program's graph to capture into (cuStreamBeginCaptureToGraph), after its
+ * n nodes deps, or NULL for a new one. */
 static CUresult fk_begin_capture(mp_device_t *dev, CUstream h, bool ptsz,
-                                 CUstreamCaptureMode mode) {
+                                 CUstreamCaptureMode mode,
+                                 struct CUgraph_st *into,
+                                 const CUgraphNode *deps, size_t n) {
   if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL &&
       mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
       mode != CU_STREAM_CAPTURE_MODE_RELAXED)
     return CUDA_ERROR_INVALID_VALUE;
-  struct CUgraph_st *g = calloc(1, sizeof *g);
+  struct CUgraph_st *g = into != NULL ? into : calloc(1, sizeof *g);
   if (g == NULL)
     return CUDA_ERROR_OUT_OF_MEMORY;
   pthread_mutex_lock(&fk.lock);
@@ -2476,6 +2506,12 @@ static CUresult fk_begin_capture(mp_device_t *dev, CUstream h, bool ptsz,
     r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   else if (r == CUDA_SUCCESS && st->cap != CU_STREAM_CAPTURE_STATUS_NONE)
     r = CUDA_ERROR_ILLEGAL_STATE;
+  if (r == CUDA_SUCCESS && into != NULL && !fk_graph_has(into, deps, n))
+    r = CUDA_ERROR_INVALID_VALUE;
+  for (const fk_stream_t *o = fk_capturing; into != NULL && o != NULL;
+       o = o->cap_next)
+    if (r == CUDA_SUCCESS && o->graph == into)
+      r = CUDA_ERROR_INVALID_VALUE; /* another capture is building it */
   if (r == CUDA_SUCCESS) {
     st->cap = CU_STREAM_CAPTURE_STATUS_ACTIVE;
     st->cap_mode = mode;
@@ -2483,21 +2519,48 @@ static CUresult fk_begin_capture(mp_device_t *dev, CUstream h, bool ptsz,
     st->cap_id = atomic_fetch_add(&fk_next_capture_id, 1);
     st->cap_width = 1;
     st->graph = g;
+    st->cap_into = into != NULL;
     st->cap_next = fk_capturing;
     fk_capturing = st;
     atomic_fetch_add(&fk_n_captures, 1);
     g = NULL;
   }
   pthread_mutex_unlock(&fk.lock);
-  free(g);
+  if (g != into)
+    free(g);
   return r;
 }
 
 FK_IN_CTX(cuStreamBeginCapture, (CUstream s),
-          fk_begin_capture(dev, s, false, CU_STREAM_CAPTURE_MODE_GLOBAL))
+          fk_begin_capture(dev, s, false, CU_STREAM_CAPTURE_MODE_GLOBAL, NULL,
+                           NULL, 0))
 FK_IN_CTX_TWINS(cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz,
                 (CUstream s, CUstreamCaptureMode mode),
-                fk_begin_capture(dev, s, ptsz, mode))
+                fk_begin_capture(dev, s, ptsz, mode, NULL, NULL, 0))
+
+/* cuda.h, cuStreamBeginCaptureToGraph (CUDA 12.3): a capture as
+ * cuStreamBeginCapture's, "placing new nodes into an existing graph", the
+ * first of them after `dependencies`, nodes of hGraph ("Can be NULL if
+ * numDependencies is 0"); cuStreamEndCapture returns hGraph, which stays
+ * the program's when the capture fails. The fake's graph is a chain: the
+ * new nodes come after every node already there, which any dependencies
+ * allow. A graph another capture is building is refused
+ * (CUDA_ERROR_INVALID_VALUE, the one error cuda.h lists besides
+ * initialization). */
+static CUresult fk_begin_capture_into(mp_device_t *dev, CUstream h, bool ptsz,
+                                      CUgraph g, const CUgraphNode *deps,
+                                      size_t n, CUstreamCaptureMode mode) {
+  if (g == NULL || (n > 0 && deps == NULL))
+    return CUDA_ERROR_INVALID_VALUE;
+  return fk_begin_capture(dev, h, ptsz, mode, g, deps, n);
+}
+
+FK_IN_CTX_TWINS(cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_ptsz,
+                (CUstream s, CUgraph g, const CUgraphNode *deps,
+                 const CUgraphEdgeData *edges, size_t n,
+                 CUstreamCaptureMode mode),
+                ((void)edges,
+                 fk_begin_capture_into(dev, s, ptsz, g, deps, n, mode)))
 
 /* Whether every stream joined to origin's capture was joined back to it:
  * origin's next node comes after each one's last node (the Programming
@@ -2641,6 +2704,20 @@ CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
   CUstreamCaptureMode old = fk_thread_mode;
   fk_thread_mode = *mode;
   *mode = old;
+  return CUDA_SUCCESS;
+}
+
+/* cuda.h, cuGraphCreate: an empty graph; "flags - Graph creation flags,
+ * must be 0". */
+CUresult cuGraphCreate(CUgraph *out, unsigned int flags) {
+  FK_COUNT(cuGraphCreate);
+  FK_NEED_INIT();
+  if (out == NULL || flags != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  struct CUgraph_st *g = calloc(1, sizeof *g);
+  if (g == NULL)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  *out = g;
   return CUDA_SUCCESS;
 }
 
@@ -3461,6 +3538,8 @@ static const fk_proc_t fk_procs[] = {
     FK_P("cuStreamBeginCapture", 10000, cuStreamBeginCapture),
     FK_PT("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2,
           cuStreamBeginCapture_v2_ptsz),
+    FK_PT("cuStreamBeginCaptureToGraph", 12030, cuStreamBeginCaptureToGraph,
+          cuStreamBeginCaptureToGraph_ptsz),
     FK_PT("cuStreamEndCapture", 10000, cuStreamEndCapture,
           cuStreamEndCapture_ptsz),
     FK_PT("cuStreamIsCapturing", 10000, cuStreamIsCapturing,
@@ -3471,6 +3550,7 @@ static const fk_proc_t fk_procs[] = {
           cuStreamGetCaptureInfo_v3_ptsz),
     FK_P("cuThreadExchangeStreamCaptureMode", 10010,
          cuThreadExchangeStreamCaptureMode),
+    FK_P("cuGraphCreate", 10000, cuGraphCreate),
     FK_P("cuGraphDestroy", 10000, cuGraphDestroy),
     FK_P("cuUserObjectCreate", 11030, cuUserObjectCreate),
     FK_P("cuUserObjectRelease", 11030, cuUserObjectRelease),

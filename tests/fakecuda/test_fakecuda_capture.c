@@ -744,3 +744,113 @@ Test(fakecuda_capture, user_object_destructors_run_on_a_driver_thread_later,
   cr_expect_not(pthread_equal(held.thread, pthread_self()),
                 "ran on the thread that destroyed the graph");
 }
+
+/* cuda.h, cuStreamBeginCaptureToGraph (CUDA 12.3): a capture "placing new
+ * nodes into an existing graph", after the nodes given as dependencies;
+ * cuStreamEndCapture returns that graph, each time, and the captured work
+ * runs only when it is launched. cuStreamGetCaptureInfo names the graph
+ * being captured into. */
+Test(fakecuda_capture, a_capture_into_a_graph_adds_to_it_and_ends_with_it) {
+  CUdeviceptr buf;
+  atomic_int runs = 0;
+  cr_assert_eq(cuMemAlloc(&buf, 256), CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8(buf, 0, 256), CUDA_SUCCESS);
+  CUgraph g = NULL, out = NULL, info = NULL;
+  cr_assert_eq(cuGraphCreate(&g, 0), CUDA_SUCCESS);
+  cr_assert_eq(node_count(g), 0);
+  cr_assert_eq(cuStreamBeginCaptureToGraph(s, g, NULL, NULL, 0,
+                                           CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  CUstreamCaptureStatus st;
+  cr_assert_eq(cuStreamGetCaptureInfo(s, &st, NULL, &info, NULL, NULL, NULL),
+               CUDA_SUCCESS);
+  cr_assert_eq(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  cr_assert_eq(info, g, "the capture builds another graph than the one given");
+  cr_assert_eq(cuMemsetD8Async(buf, 9, 256, s), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamEndCapture(s, &out), CUDA_SUCCESS);
+  cr_assert_eq(out, g);
+  cr_assert_eq(node_count(g), 1);
+  /* Again, after the node the first capture made. */
+  CUgraphNode first;
+  size_t n = 1;
+  cr_assert_eq(cuGraphGetNodes(g, &first, &n), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamBeginCaptureToGraph(s, g, &first, NULL, 1,
+                                           CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuLaunchHostFunc(s, bump, &runs), CUDA_SUCCESS);
+  out = NULL;
+  cr_assert_eq(cuStreamEndCapture(s, &out), CUDA_SUCCESS);
+  cr_assert_eq(out, g);
+  cr_assert_eq(node_count(g), 2);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  unsigned char host[256];
+  cr_assert_eq(cuMemcpyDtoH(host, buf, 256), CUDA_SUCCESS);
+  cr_assert_eq(host[0], 0, "captured work ran at capture");
+  cr_assert_eq(atomic_load(&runs), 0, "captured work ran at capture");
+  CUgraphExec x;
+  cr_assert_eq(cuGraphInstantiate(&x, g, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphLaunch(x, s), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  cr_assert_eq(cuMemcpyDtoH(host, buf, 256), CUDA_SUCCESS);
+  cr_assert_eq(host[255], 9);
+  cr_assert_eq(atomic_load(&runs), 1);
+  cr_assert_eq(cuGraphExecDestroy(x), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFree(buf), CUDA_SUCCESS);
+}
+
+/* Its mode is cuStreamBeginCapture's ("For more details see
+ * ::cuThreadExchangeStreamCaptureMode"): global, this thread's cuMemAlloc
+ * is refused and invalidates the capture, which ends with no graph; the
+ * graph stays the program's to destroy. Relaxed, the same call is
+ * allowed. */
+Test(fakecuda_capture, a_capture_into_a_graph_keeps_the_capture_modes) {
+  CUgraph g = NULL, out = (CUgraph)&out;
+  cr_assert_eq(cuGraphCreate(&g, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamBeginCaptureToGraph(s, g, NULL, NULL, 0,
+                                           CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  cr_assert_eq(alloc_call(), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  cr_assert_eq(cuStreamEndCapture(s, &out),
+               CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  cr_assert_null(out);
+  cr_assert_eq(cuStreamBeginCaptureToGraph(s, g, NULL, NULL, 0,
+                                           CU_STREAM_CAPTURE_MODE_RELAXED),
+               CUDA_SUCCESS);
+  cr_assert_eq(alloc_call(), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamEndCapture(s, &out), CUDA_SUCCESS);
+  cr_assert_eq(out, g);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+}
+
+/* No graph, or dependencies that are missing or not nodes of the graph:
+ * CUDA_ERROR_INVALID_VALUE, and the stream does not capture. */
+Test(fakecuda_capture, a_capture_into_a_graph_refuses_bad_input) {
+  CUgraph g = NULL, other = NULL;
+  cr_assert_eq(cuGraphCreate(&g, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphCreate(&other, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamBeginCaptureToGraph(s, other, NULL, NULL, 0,
+                                           CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuLaunchHostFunc(s, bump, &(atomic_int){0}), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamEndCapture(s, &other), CUDA_SUCCESS);
+  CUgraphNode foreign;
+  size_t n = 1;
+  cr_assert_eq(cuGraphGetNodes(other, &foreign, &n), CUDA_SUCCESS);
+  const CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  cr_assert_eq(cuStreamBeginCaptureToGraph(s, NULL, NULL, NULL, 0, m),
+               CUDA_ERROR_INVALID_VALUE);
+  cr_assert_eq(cuStreamBeginCaptureToGraph(s, g, NULL, NULL, 1, m),
+               CUDA_ERROR_INVALID_VALUE);
+  cr_assert_eq(cuStreamBeginCaptureToGraph(s, g, &foreign, NULL, 1, m),
+               CUDA_ERROR_INVALID_VALUE);
+  CUstreamCaptureStatus st;
+  cr_assert_eq(cuStreamIsCapturing(s, &st), CUDA_SUCCESS);
+  cr_assert_eq(st, CU_STREAM_CAPTURE_STATUS_NONE);
+  cr_assert_eq(node_count(g), 0);
+  cr_assert_eq(cuGraphCreate(NULL, 0), CUDA_ERROR_INVALID_VALUE);
+  cr_assert_eq(cuGraphCreate(&g, 1), CUDA_ERROR_INVALID_VALUE,
+               "cuGraphCreate's flags must be 0");
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(other), CUDA_SUCCESS);
+}
