@@ -1,6 +1,7 @@
 /* graphs.c - stream capture under the shim: graph-private pools, and the
- * graph hooks cuStreamBeginCapture_v2(_ptsz) (counted, for
- * mp__pl_capture_begun), cuStreamEndCapture(_ptsz),
+ * graph hooks cuStreamBeginCapture_v2(_ptsz) and
+ * cuStreamBeginCaptureToGraph(_ptsz) (counted, for mp__pl_capture_begun),
+ * cuStreamEndCapture(_ptsz),
  * cuGraphInstantiateWithFlags, cuGraphInstantiateWithParams(_ptsz),
  * cuGraphExecDestroy and cuGraphDestroy (the runtime's cudaStreamEndCapture,
  * cudaGraphInstantiate, cudaGraphInstantiateWithFlags/WithParams,
@@ -252,6 +253,40 @@ mp__curesult cuStreamBeginCapture_v2_ptsz(mp__custream hStream,
                                ? rc->cuStreamBeginCapture_v2_ptsz(hStream, mode)
                                : MP__CU_NOT_INITIALIZED,
                            hStream, true);
+}
+
+/* cuda.h, cuStreamBeginCaptureToGraph (CUDA 12.3): a capture like
+ * cuStreamBeginCapture's, with its mode ("For more details see
+ * ::cuThreadExchangeStreamCaptureMode"), into the program's graph hGraph,
+ * which cuStreamEndCapture returns: counted the same way, and its
+ * stream-ordered allocations routed the same way (by capture id). */
+mp__curesult cuStreamBeginCaptureToGraph(mp__custream hStream,
+                                         mp__cugraph hGraph,
+                                         const mp__cugraphnode *dependencies,
+                                         const mp__cugraphedgedata *edges,
+                                         size_t numDependencies,
+                                         unsigned int mode) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  return mp__capture_begun(
+      rc->cuStreamBeginCaptureToGraph
+          ? rc->cuStreamBeginCaptureToGraph(hStream, hGraph, dependencies,
+                                            edges, numDependencies, mode)
+          : MP__CU_NOT_INITIALIZED,
+      hStream, false);
+}
+
+mp__curesult
+cuStreamBeginCaptureToGraph_ptsz(mp__custream hStream, mp__cugraph hGraph,
+                                 const mp__cugraphnode *dependencies,
+                                 const mp__cugraphedgedata *edges,
+                                 size_t numDependencies, unsigned int mode) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  return mp__capture_begun(
+      rc->cuStreamBeginCaptureToGraph_ptsz
+          ? rc->cuStreamBeginCaptureToGraph_ptsz(hStream, hGraph, dependencies,
+                                                 edges, numDependencies, mode)
+          : MP__CU_NOT_INITIALIZED,
+      hStream, true);
 }
 
 mp__curesult cuStreamEndCapture(mp__custream hStream, mp__cugraph *phGraph) {

@@ -63,6 +63,12 @@
   X(cu, mp__curesult, cuStreamBeginCapture_v2, (mp__custream, unsigned int))   \
   X(cu, mp__curesult, cuStreamBeginCapture_v2_ptsz,                            \
     (mp__custream, unsigned int))                                              \
+  X(cu, mp__curesult, cuStreamBeginCaptureToGraph,                             \
+    (mp__custream, mp__cugraph, const mp__cugraphnode *,                       \
+     const mp__cugraphedgedata *, size_t, unsigned int))                       \
+  X(cu, mp__curesult, cuStreamBeginCaptureToGraph_ptsz,                        \
+    (mp__custream, mp__cugraph, const mp__cugraphnode *,                       \
+     const mp__cugraphedgedata *, size_t, unsigned int))                       \
   X(cu, mp__curesult, cuStreamEndCapture, (mp__custream, mp__cugraph *))       \
   X(cu, mp__curesult, cuStreamEndCapture_ptsz, (mp__custream, mp__cugraph *))  \
   X(cu, mp__curesult, cuGraphInstantiateWithFlags,                             \

@@ -134,6 +134,12 @@ void *mp__pl_proc_hook(const char *symbol, int cuda_version, uint64_t flags) {
   if (cuda_version >= 10010 && strcmp(symbol, "cuStreamBeginCapture") == 0)
     return ptsz ? (void *)&cuStreamBeginCapture_v2_ptsz
                 : (void *)&cuStreamBeginCapture_v2;
+  /* cudaTypedefs.h: PFN_cuStreamBeginCaptureToGraph_v12030 (and _ptsz),
+   * its only form, new in CUDA 12.3. */
+  if (cuda_version >= 12030 &&
+      strcmp(symbol, "cuStreamBeginCaptureToGraph") == 0)
+    return ptsz ? (void *)&cuStreamBeginCaptureToGraph_ptsz
+                : (void *)&cuStreamBeginCaptureToGraph;
   if (strcmp(symbol, "cuStreamEndCapture") == 0)
     return ptsz ? (void *)&cuStreamEndCapture_ptsz
                 : (void *)&cuStreamEndCapture;

@@ -46,6 +46,9 @@ typedef struct CUstream_st *mp__custream;       /* CUstream == cudaStream_t */
 typedef struct CUctx_st *mp__cuctx;             /* CUcontext */
 typedef struct CUgraph_st *mp__cugraph;         /* CUgraph == cudaGraph_t */
 typedef struct CUgraphExec_st *mp__cugraphexec; /* CUgraphExec */
+typedef struct CUgraphNode_st *mp__cugraphnode; /* CUgraphNode */
+/* CUgraphEdgeData, passed through untouched */
+typedef struct CUgraphEdgeData_st mp__cugraphedgedata;
 /* CUDA_GRAPH_INSTANTIATE_PARAMS *, passed through untouched */
 typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st *mp__cugraphparams;
 /* CUipcMemHandle (64 opaque bytes), only ever passed on by address */
@@ -301,7 +304,8 @@ bool mp__pl_capture_route(const mp__pl_t *pl, mp_pool_t *pool, mp__custream s,
                           bool ptsz);
 /* Live graph pools the shim made (for the report). */
 size_t mp__pl_graph_pools(void);
-/* Whether a capture the program began (cuStreamBeginCapture_v2, _ptsz) may
+/* Whether a capture the program began (cuStreamBeginCapture_v2,
+ * cuStreamBeginCaptureToGraph, their _ptsz forms) may
  * still be in progress in any thread. While one is, a synchronous
  * allocation or free (which the capture modes may prohibit in this thread,
  * cuda.h, cuThreadExchangeStreamCaptureMode) is the driver's to answer:

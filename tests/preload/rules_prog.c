@@ -30,7 +30,9 @@
  * With "own_context", memory and a stream of a context the program made
  * and destroyed: the destroy frees them, nothing touches them after.
  * With "calls_in_capture [per_thread]", cuMemAlloc and cuMemFree during a
- * global capture are the driver's refusals.
+ * global capture are the driver's refusals; "calls_in_capture to_graph"
+ * (or to_graph_proc, to_graph_per_thread) the same with a capture into
+ * the program's graph (cuStreamBeginCaptureToGraph, CUDA 12.3).
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -335,25 +337,44 @@ static int own_context(void) {
  * unsafe API calls"); the block stays the program's, and freed after the
  * capture ended it goes. With "per_thread" the capture is of the thread's
  * per-thread stream, begun through the cuStreamBeginCapture that
- * cuGetProcAddress answers with its per-thread flag. */
+ * cuGetProcAddress answers with its per-thread flag. With "to_graph" the
+ * capture is into a graph the program made (cuStreamBeginCaptureToGraph,
+ * whose mode means what cuStreamBeginCapture's does: cuda.h), called
+ * directly, or found by cuGetProcAddress ("to_graph_proc", and
+ * "to_graph_per_thread" with its per-thread flag); the
+ * invalidated capture gives no graph back, and the program's graph is
+ * still the program's to destroy. */
 typedef CUresult (*begin_fn)(CUstream, CUstreamCaptureMode);
+typedef CUresult (*begin_to_graph_fn)(CUstream, CUgraph, const CUgraphNode *,
+                                      const CUgraphEdgeData *, size_t,
+                                      CUstreamCaptureMode);
 
-static int calls_in_capture(bool per_thread) {
+static int calls_in_capture(bool per_thread, bool to_graph, bool proc) {
   CUstream s = CU_STREAM_PER_THREAD;
   CUdeviceptr p, q = 0;
-  CUgraph g = NULL;
+  CUgraph g = NULL, into = NULL;
   void *begin = NULL;
-  MP_TRY(cuGetProcAddress("cuStreamBeginCapture", &begin, 10010,
-                          per_thread
-                              ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
-                              : CU_GET_PROC_ADDRESS_DEFAULT,
-                          NULL));
+  cuuint64_t flags = per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+                                : CU_GET_PROC_ADDRESS_DEFAULT;
+  if (!to_graph)
+    MP_TRY(
+        cuGetProcAddress("cuStreamBeginCapture", &begin, 10010, flags, NULL));
+  else if (proc || per_thread)
+    MP_TRY(cuGetProcAddress("cuStreamBeginCaptureToGraph", &begin, 12030, flags,
+                            NULL));
   if (!per_thread)
     MP_TRY(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   MP_TRY(cuMemAlloc(&p, MP_BYTES));
   MP_TRY(cuMemsetD8(p, 7, MP_BYTES));
-  MP_TRY(
-      ((begin_fn)begin)(per_thread ? NULL : s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUstream cs = per_thread ? NULL : s;
+  if (!to_graph) {
+    MP_TRY(((begin_fn)begin)(cs, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  } else {
+    MP_TRY(cuGraphCreate(&into, 0));
+    begin_to_graph_fn b =
+        begin != NULL ? (begin_to_graph_fn)begin : cuStreamBeginCaptureToGraph;
+    MP_TRY(b(cs, into, NULL, NULL, 0, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  }
   CUresult rf = cuMemFree(p);
   CUresult ra = cuMemAlloc(&q, MP_BYTES);
   CUresult end = cuStreamEndCapture(s, &g);
@@ -368,8 +389,14 @@ static int calls_in_capture(bool per_thread) {
     printf("the capture ended with error %d, not invalidated\n", (int)end);
     return 1;
   }
+  if (to_graph && g != NULL) {
+    puts("the invalidated capture gave a graph back (cuda.h: NULL)");
+    return 1;
+  }
   if (g != NULL)
     MP_TRY(cuGraphDestroy(g));
+  if (into != NULL)
+    MP_TRY(cuGraphDestroy(into));
   unsigned char b = 0;
   MP_TRY(cuMemcpyDtoH(&b, p + MP_BYTES - 1, 1));
   if (b != 7) {
@@ -405,8 +432,12 @@ int main(int argc, char **argv) {
     return freed_range();
   if (argc > 1 && strcmp(argv[1], "own_context") == 0)
     return own_context();
-  if (argc > 1 && strcmp(argv[1], "calls_in_capture") == 0)
-    return calls_in_capture(argc > 2 && strcmp(argv[2], "per_thread") == 0);
+  if (argc > 1 && strcmp(argv[1], "calls_in_capture") == 0) {
+    const char *how = argc > 2 ? argv[2] : "";
+    bool to_graph = strncmp(how, "to_graph", 8) == 0;
+    return calls_in_capture(strstr(how, "per_thread") != NULL, to_graph,
+                            strcmp(how, "to_graph_proc") == 0);
+  }
   MP_TRY(cuStreamCreate(&n1, CU_STREAM_NON_BLOCKING));
   MP_TRY(cuStreamCreate(&n2, CU_STREAM_NON_BLOCKING));
   MP_TRY(cuMemAllocHost((void **)&seen, 1));

@@ -132,3 +132,22 @@ Test(preload_rules, under_the_shim_calls_in_a_global_capture_are_refused) {
   calls_in_capture_rules("LD_PRELOAD=" MP_SHIM, NULL);
   calls_in_capture_rules("LD_PRELOAD=" MP_SHIM, "per_thread");
 }
+
+/* The same with the capture begun by cuStreamBeginCaptureToGraph (CUDA
+ * 12.3: a capture into the program's graph, its mode cuStreamBeginCapture's)
+ * called directly, found by cuGetProcAddress, and of the per-thread stream:
+ * the shim must see it begin as it sees cuStreamBeginCapture. */
+static void calls_in_capture_to_graph(const char *preload) {
+  rules_ok(preload, NULL, "calls_in_capture", "to_graph");
+  rules_ok(preload, NULL, "calls_in_capture", "to_graph_proc");
+  rules_ok(preload, NULL, "calls_in_capture", "to_graph_per_thread");
+}
+
+Test(preload_rules,
+     without_the_shim_calls_in_a_capture_to_a_graph_are_refused) {
+  calls_in_capture_to_graph("LD_PRELOAD=");
+}
+
+Test(preload_rules, under_the_shim_calls_in_a_capture_to_a_graph_are_refused) {
+  calls_in_capture_to_graph("LD_PRELOAD=" MP_SHIM);
+}
