@@ -36,6 +36,13 @@ static mp__cuctx mp__primary_of(int ordinal) {
   return c;
 }
 static pthread_mutex_t mp__devs_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Walks of the pools and devices that are not the program's own calls on
+ * a device (the snapshot helper thread, the report, a stream's
+ * forgetting) read under it; a retired pool is destroyed under it
+ * written (mp__pl_devices_release). The allocation paths do not take it:
+ * cuda.h, cuDevicePrimaryCtxReset, leaves it to the caller that nothing
+ * else uses the context meanwhile. */
+static pthread_rwlock_t mp__devs_walk = PTHREAD_RWLOCK_INITIALIZER;
 static mp_pool_config_t mp__cfg; /* MEMPOOL_CONF, for every device's pool */
 
 void mp__pl_devices_config(const mp_pool_config_t *cfg) {
@@ -52,6 +59,7 @@ void mp__pl_devices_put(int ordinal, mp_device_t *dev, mp_pool_t *pool) {
 
 void mp__pl_devices_child(void) {
   pthread_mutex_init(&mp__devs_lock, NULL);
+  pthread_rwlock_init(&mp__devs_walk, NULL);
   for (int i = 0; i < MP__PL_MAX_DEVICES; i++) {
     atomic_store(&mp__devs[i].pool, NULL);
     mp__devs[i].dev = NULL;
@@ -126,13 +134,16 @@ mp_pool_t *mp__pl_pool_here(const mp__pl_t *pl) {
 }
 
 void mp__pl_each_device(void (*fn)(mp_device_t *, void *), void *ctx) {
+  pthread_rwlock_rdlock(&mp__devs_walk);
   for (int i = 0; i < MP__PL_MAX_DEVICES; i++)
     if (atomic_load_explicit(&mp__devs[i].pool, memory_order_acquire) != NULL)
       fn(mp__devs[i].dev, ctx);
+  pthread_rwlock_unlock(&mp__devs_walk);
 }
 
-void mp__pl_each_pool(const mp__pl_t *pl, void (*fn)(mp_pool_t *, int, void *),
-                      void *ctx) {
+/* mp__pl_each_pool with mp__devs_walk held by the caller. */
+static void mp__each_pool(const mp__pl_t *pl,
+                          void (*fn)(mp_pool_t *, int, void *), void *ctx) {
   if (pl->mode == MP__PL_POOL && pl->host) {
     fn(pl->pool, 0, ctx);
     return;
@@ -143,6 +154,13 @@ void mp__pl_each_pool(const mp__pl_t *pl, void (*fn)(mp_pool_t *, int, void *),
     if (p != NULL)
       fn(p, i, ctx);
   }
+}
+
+void mp__pl_each_pool(const mp__pl_t *pl, void (*fn)(mp_pool_t *, int, void *),
+                      void *ctx) {
+  pthread_rwlock_rdlock(&mp__devs_walk);
+  mp__each_pool(pl, fn, ctx);
+  pthread_rwlock_unlock(&mp__devs_walk);
 }
 
 static void mp__collect(mp_pool_t *pool, int ordinal, void *ctx) {
@@ -172,19 +190,22 @@ bool mp__pl_pools_hold(const mp__pl_t *pl, uintptr_t addr) {
 int mp__pl_snapshot(const mp__pl_t *pl, const char *path) {
   if (path == NULL || pl == NULL || pl->mode != MP__PL_POOL)
     return MP_EINVAL;
-  mp__pl_pools_t ps;
-  mp__pl_pools(pl, &ps);
+  mp__pl_pools_t ps = {.n = 0};
+  pthread_rwlock_rdlock(&mp__devs_walk);
+  mp__each_pool(pl, mp__collect, &ps);
   mp_status_t st = ps.n == 0 ? MP_EINVAL
                              : mp__pool_snapshot_many(ps.pool, ps.ordinal,
                                                       (size_t)ps.n, path);
+  pthread_rwlock_unlock(&mp__devs_walk);
   if (st != MP_OK)
     fprintf(stderr, "mempool preload: snapshot '%s': %s\n", path,
             mp_last_error());
   return (int)st;
 }
 
-/* Retired pools stay reachable here (as a forked child's parent pool does
- * in state.c), so that a leak checker does not report them. */
+/* Retired pools not yet released (mp__pl_devices_release) stay reachable
+ * here (as a forked child's parent pool does in state.c), so that a leak
+ * checker does not report them. Under mp__devs_lock. */
 typedef struct mp__retired {
   mp_pool_t *pool;
   mp_device_t *dev;
@@ -211,6 +232,51 @@ mp_pool_t *mp__pl_devices_retire(const mp__pl_t *pl, int ordinal) {
   pthread_mutex_unlock(&mp__devs_lock);
   free(keep);
   return pool;
+}
+
+/* Finds pool in the retired list (its device in *dev) and, with take,
+ * takes it out; false when it is not there. */
+static bool mp__retired_entry(mp_pool_t *pool, mp_device_t **dev, bool take) {
+  pthread_mutex_lock(&mp__devs_lock);
+  mp__retired_t **at = &mp__retired;
+  while (*at != NULL && (*at)->pool != pool)
+    at = &(*at)->next;
+  mp__retired_t *r = *at;
+  if (r != NULL) {
+    *dev = r->dev;
+    if (take)
+      *at = r->next;
+  }
+  pthread_mutex_unlock(&mp__devs_lock);
+  if (take)
+    free(r);
+  return r != NULL;
+}
+
+bool mp__pl_devices_release(const mp__pl_t *pl, mp_pool_t *pool) {
+  mp_device_t *dev = NULL;
+  if (pool == NULL || !mp__retired_entry(pool, &dev, false))
+    return false;
+  char name[96], why[512] = "";
+  snprintf(name, sizeof name, "%s", dev != NULL ? mp_device_name(dev) : "?");
+  bool gone = false;
+  pthread_rwlock_wrlock(&mp__devs_walk);
+  mp_status_t st = mp__pool_destroy(pool, &gone);
+  if (st != MP_OK)
+    snprintf(why, sizeof why, "%s", mp_last_error());
+  /* The first device's stays open: the host pool (host.c) and the report
+   * use it (pl->dev). */
+  if (gone && dev != NULL && dev != pl->dev)
+    mp_device_close(dev);
+  pthread_rwlock_unlock(&mp__devs_walk);
+  if (gone)
+    (void)mp__retired_entry(pool, &dev, true);
+  if (st != MP_OK)
+    MP__PL_SAY("cuDevicePrimaryCtxReset: the pool of device '%s' %s: %s", name,
+               gone ? "was released with an error"
+                    : "cannot be released and is kept until exit",
+               why);
+  return gone;
 }
 
 mp_pool_t *mp__pl_pool_first(const mp__pl_t *pl) {

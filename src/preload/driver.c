@@ -413,19 +413,23 @@ mp__curesult cuIpcGetMemHandle(mp__cuipcmemhandle *pHandle, mp__cuptr dptr) {
  * pool is retired before the driver destroys the memory (no allocation is
  * served from it afterwards) and its blocks forgotten: a later free of one
  * is the driver's answer for memory it no longer knows, and the next
- * allocation on the device makes a new pool. "Resetting the primary context
- * does not release it": the retired pool keeps its retain, as any module
- * may. */
+ * allocation on the device makes a new pool. The retired pool, its graph
+ * pools and its device are released before the driver resets, while the
+ * memory they free is still theirs (after it, the driver may hand those
+ * addresses out again); one that cannot be is kept until exit. */
 mp__curesult cuDevicePrimaryCtxReset_v2(int dev) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   bool outer = mp__pl_enter();
   const mp__pl_t *pl = outer ? mp__pl_started() : NULL;
   mp_pool_t *gone = pl != NULL ? mp__pl_devices_retire(pl, dev) : NULL;
+  if (gone != NULL) {
+    (void)mp__pl_table_forget_pool(gone);
+    mp__pl_graphs_forget(pl, gone);
+    (void)mp__pl_devices_release(pl, gone);
+  }
   mp__curesult r = rc->cuDevicePrimaryCtxReset_v2
                        ? rc->cuDevicePrimaryCtxReset_v2(dev)
                        : MP__CU_NOT_INITIALIZED;
-  if (gone != NULL)
-    (void)mp__pl_table_forget_pool(gone);
   mp__pl_leave();
   return r;
 }

@@ -177,6 +177,16 @@ static mp__pl_capture_t *mp__capture_of_graph(mp__cugraph g) {
   return NULL;
 }
 
+/* Ends every route of capture c (its streams allocate to the device's pool
+ * again). Under the lock. */
+static void mp__capture_unroute(const mp__pl_t *pl, mp__pl_capture_t *c) {
+  for (unsigned k = 0; k < c->nstreams; k++)
+    (void)mp_pool_graph_end(c->pool,
+                            mp__pl_stream(pl, c->streams[k], c->ptsz[k]));
+  c->nstreams = 0;
+  c->capturing = false;
+}
+
 /* After the real cuStreamEndCapture: routes end; the graph, if any, keeps
  * the graph pool. */
 static void mp__capture_ended(mp__custream s, bool ptsz, mp__curesult r,
@@ -204,11 +214,7 @@ static void mp__capture_ended(mp__custream s, bool ptsz, mp__curesult r,
     }
   mp__pl_capture_t *c = mp__capture_of_stream(pl, s, ptsz);
   if (c != NULL) {
-    for (unsigned k = 0; k < c->nstreams; k++)
-      (void)mp_pool_graph_end(c->pool,
-                              mp__pl_stream(pl, c->streams[k], c->ptsz[k]));
-    c->nstreams = 0;
-    c->capturing = false;
+    mp__capture_unroute(pl, c);
     if (r == MP__CU_SUCCESS && g != NULL && *g != NULL)
       c->g = *g;
     else
@@ -232,6 +238,23 @@ static mp__curesult mp__capture_begun(mp__curesult r, mp__custream s,
   atomic_store(&mp__gr_begun, mp__gr.nbegun + mp__gr.lost);
   pthread_mutex_unlock(&mp__gr.lock);
   return r;
+}
+
+void mp__pl_graphs_forget(const mp__pl_t *pl, mp_pool_t *pool) {
+  mp__gr_lock();
+  for (unsigned i = 0; i < MP__PL_CAPTURES; i++) {
+    mp__pl_capture_t *c = &mp__gr.caps[i];
+    if (!c->used || c->pool != pool)
+      continue;
+    mp__capture_unroute(pl, c);
+    for (size_t x = 0; x < mp__gr.nexecs;) /* no executable holds it now */
+      if (mp__gr.execs[x].cap == i)
+        mp__gr.execs[x] = mp__gr.execs[--mp__gr.nexecs];
+      else
+        x++;
+    mp__capture_drop(c);
+  }
+  pthread_mutex_unlock(&mp__gr.lock);
 }
 
 bool mp__pl_capture_begun(void) {

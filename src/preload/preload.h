@@ -192,11 +192,19 @@ void mp__pl_devices_put(int ordinal, mp_device_t *dev, mp_pool_t *pool);
 void mp__pl_devices_child(void);
 /* The pool of CUDA device `ordinal`, taken away before the driver destroys
  * its memory (cuDevicePrimaryCtxReset): the next allocation on the device
- * makes a new one. The old pool is kept, never used or destroyed again
- * (destroying it would free addresses the driver may have handed out
- * since); returned so that its blocks can be forgotten. NULL: there was
- * none (or host mode, or not pool mode). */
+ * makes a new one. The old pool is kept aside, never used again, and
+ * returned so that its blocks and graph pools can be forgotten, then
+ * released (mp__pl_devices_release) while its memory is still there.
+ * NULL: there was none (or host mode, or not pool mode). */
 mp_pool_t *mp__pl_devices_retire(const mp__pl_t *pl, int ordinal);
+/* Destroys retired pool `pool` (and closes its device, unless it is
+ * pl->dev), before the reset: after it, destroying the pool would free
+ * addresses the driver may have handed out since. Its memory goes back
+ * to the driver a moment before the reset would destroy it. A pool that
+ * cannot go (mp_pool_destroy refused: a graph pool with live blocks, a
+ * block another process imported, a stream captured; said on stderr) is
+ * kept, never used again, until exit. Whether it went. */
+bool mp__pl_devices_release(const mp__pl_t *pl, mp_pool_t *pool);
 /* The pool of pl's own device as it is now (host mode: the one), without
  * making one; NULL when there is none (outside pool mode, or retired). */
 mp_pool_t *mp__pl_pool_first(const mp__pl_t *pl);
@@ -304,6 +312,12 @@ bool mp__pl_capture_route(const mp__pl_t *pl, mp_pool_t *pool, mp__custream s,
                           bool ptsz);
 /* Live graph pools the shim made (for the report). */
 size_t mp__pl_graph_pools(void);
+/* Forgets every capture and graph of pool (retired at a reset, which
+ * destroys the graphs' memory with the context): routes ended, graph
+ * pools released, so that nothing reaches pool through them and it can
+ * be released (mp__pl_devices_release). A later cuGraphDestroy or
+ * cuGraphExecDestroy of such a graph finds nothing of the shim's. */
+void mp__pl_graphs_forget(const mp__pl_t *pl, mp_pool_t *pool);
 /* Whether a capture the program began (cuStreamBeginCapture_v2,
  * cuStreamBeginCaptureToGraph, their _ptsz forms) may
  * still be in progress in any thread. While one is, a synchronous

@@ -33,3 +33,26 @@ Test(preload_reset, under_the_shim_a_reset_forgets_the_pool) {
 Test(preload_reset, under_the_shim_a_reset_found_by_get_proc_address) {
   reset_rules("LD_PRELOAD=" MP_SHIM, "MEMPOOL_CONF=virtual=0", "proc");
 }
+
+/* Each reset destroys the pool's memory; what the shim kept of the pool
+ * (its records, its device) must go too: 200 resets with blocks live and
+ * cached leave the heap no bigger than a few bytes a reset (reset_prog
+ * "many" measures it). */
+Test(preload_reset, without_the_shim_resets_keep_nothing) {
+  reset_rules("LD_PRELOAD=", "MEMPOOL_CONF=", "many");
+}
+
+Test(preload_reset, under_the_shim_resets_keep_nothing) {
+  reset_rules("LD_PRELOAD=" MP_SHIM, "MEMPOOL_CONF=virtual=0", "many");
+  reset_rules("LD_PRELOAD=" MP_SHIM, "MEMPOOL_CONF=virtual=1", "many");
+}
+
+/* The same with a graph captured (its allocations from a graph pool of
+ * the device's pool) alive across each reset, destroyed after it. */
+Test(preload_reset, without_the_shim_resets_with_live_graphs_keep_nothing) {
+  reset_rules("LD_PRELOAD=", "MEMPOOL_CONF=", "many_graph");
+}
+
+Test(preload_reset, under_the_shim_resets_with_live_graphs_keep_nothing) {
+  reset_rules("LD_PRELOAD=" MP_SHIM, "MEMPOOL_CONF=virtual=0", "many_graph");
+}
