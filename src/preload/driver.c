@@ -82,17 +82,43 @@ static bool mp__sync_in_capture(const mp__pl_t *pl) {
 #define MP__CU_CAPTURE_FIRST 900u
 #define MP__CU_CAPTURE_LAST  908u
 
+/* This thread's capture mode (cuda.h, cuThreadExchangeStreamCaptureMode:
+ * it "overwrites *mode with the previous mode for the thread"): swapped
+ * out and back, two calls that touch no stream. False when the driver
+ * cannot say. */
+static bool mp__thread_capture_mode(unsigned *mode) {
+  mp__curesult (*swap)(unsigned int *) =
+      mp__pl_real_cuda()->cuThreadExchangeStreamCaptureMode;
+  unsigned m = MP__CAPTURE_MODE_RELAXED;
+  if (swap == NULL || swap(&m) != MP__CU_SUCCESS)
+    return false;
+  unsigned back = m;
+  (void)swap(&back);
+  *mode = m;
+  return true;
+}
+
 /* cuMemFree of a pool block while a capture may prohibit it in this thread
  * (cuda.h, cuThreadExchangeStreamCaptureMode: "prohibited from potentially
  * unsafe API calls"): the driver refuses such a call with
  * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture, and
- * the block stays the program's. The pool never asks the driver, so the
- * driver answers for it: a real cuMemAlloc of one byte, a call of the same
- * kind (both synchronize implicitly), refused, with the capture
- * invalidated, exactly when cuMemFree would be; what it allocated when
- * allowed is freed at once. */
+ * the block stays the program's. Where the legacy stream reports no
+ * capture and the captures begun through the shim cannot prohibit it in
+ * this thread's mode (mp__pl_capture_prohibits), it is allowed and nothing
+ * is asked. Otherwise, as the pool never asks the driver, the driver
+ * answers for it: a real cuMemAlloc of one byte, a call of the same kind
+ * (both synchronize implicitly), refused, with the capture invalidated,
+ * exactly when cuMemFree would be; what it allocated when allowed is freed
+ * at once. */
 static mp__curesult mp__free_refused_in_capture(const mp__pl_t *pl) {
-  if (!mp__sync_in_capture(pl))
+  if (pl->host)
+    return MP__CU_SUCCESS;
+  bool legacy = mp__capturing(pl, NULL, false);
+  if (!legacy && !mp__pl_capture_begun())
+    return MP__CU_SUCCESS;
+  unsigned mode;
+  if (!legacy && mp__thread_capture_mode(&mode) &&
+      !mp__pl_capture_prohibits(mode))
     return MP__CU_SUCCESS;
   mp__cuptr x = 0;
   mp__curesult r = mp__real_alloc(MP__SYNC, &x, 1, NULL);

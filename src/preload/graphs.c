@@ -1,5 +1,5 @@
 /* graphs.c - stream capture under the shim: graph-private pools, and the
- * graph hooks cuStreamBeginCapture_v2(_ptsz) and
+ * graph hooks cuStreamBeginCapture(_ptsz), cuStreamBeginCapture_v2(_ptsz) and
  * cuStreamBeginCaptureToGraph(_ptsz) (counted, for mp__pl_capture_begun),
  * cuStreamEndCapture(_ptsz),
  * cuGraphInstantiateWithFlags, cuGraphInstantiateWithParams(_ptsz),
@@ -54,10 +54,15 @@ static struct {
     unsigned cap;
   } execs[MP__PL_EXECS];
   size_t nexecs, live;
-  /* The origin streams of the captures begun and not ended (a per-thread
-   * stream once per thread capturing it); past MP__PL_BEGUN at once,
-   * `lost` keeps mp__pl_capture_begun true for good (the safe answer). */
-  mp__custream begun[MP__PL_BEGUN];
+  /* The captures begun and not ended: origin stream (a per-thread stream
+   * once per thread capturing it), mode and the thread that began it;
+   * past MP__PL_BEGUN at once, `lost` keeps mp__pl_capture_begun true and
+   * mp__pl_capture_prohibits true for good (the safe answers). */
+  struct {
+    mp__custream s;
+    unsigned mode;
+    pthread_t thread;
+  } begun[MP__PL_BEGUN];
   unsigned nbegun;
   bool lost;
 } mp__gr = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -207,7 +212,9 @@ static void mp__capture_ended(mp__custream s, bool ptsz, mp__curesult r,
   mp__gr_lock();
   mp__custream key = ptsz && s == NULL ? MP__CU_STREAM_PER_THREAD : s;
   for (unsigned k = 0; over && k < mp__gr.nbegun; k++)
-    if (mp__gr.begun[k] == key) {
+    if (mp__gr.begun[k].s == key &&
+        (key != MP__CU_STREAM_PER_THREAD ||
+         pthread_equal(mp__gr.begun[k].thread, pthread_self()))) {
       mp__gr.begun[k] = mp__gr.begun[--mp__gr.nbegun];
       atomic_store(&mp__gr_begun, mp__gr.nbegun + mp__gr.lost);
       break;
@@ -224,16 +231,18 @@ static void mp__capture_ended(mp__custream s, bool ptsz, mp__curesult r,
   mp__pl_leave();
 }
 
-/* A capture begun: its origin stream counted until its end. */
-static mp__curesult mp__capture_begun(mp__curesult r, mp__custream s,
-                                      bool ptsz) {
+/* A capture begun in `mode`: its origin stream counted until its end. */
+static mp__curesult mp__capture_begun(mp__curesult r, mp__custream s, bool ptsz,
+                                      unsigned mode) {
   if (r != MP__CU_SUCCESS)
     return r;
   mp__gr_lock();
-  if (mp__gr.nbegun < MP__PL_BEGUN)
-    mp__gr.begun[mp__gr.nbegun++] =
+  if (mp__gr.nbegun < MP__PL_BEGUN) {
+    mp__gr.begun[mp__gr.nbegun].s =
         ptsz && s == NULL ? MP__CU_STREAM_PER_THREAD : s;
-  else
+    mp__gr.begun[mp__gr.nbegun].mode = mode;
+    mp__gr.begun[mp__gr.nbegun++].thread = pthread_self();
+  } else
     mp__gr.lost = true;
   atomic_store(&mp__gr_begun, mp__gr.nbegun + mp__gr.lost);
   pthread_mutex_unlock(&mp__gr.lock);
@@ -257,8 +266,49 @@ void mp__pl_graphs_forget(const mp__pl_t *pl, mp_pool_t *pool) {
   pthread_mutex_unlock(&mp__gr.lock);
 }
 
+/* cuda.h, cuThreadExchangeStreamCaptureMode: in GLOBAL mode a thread is
+ * prohibited from potentially unsafe calls "If the local thread has an
+ * ongoing capture sequence that was not initiated with
+ * CU_STREAM_CAPTURE_MODE_RELAXED ..., or if any other thread has a
+ * concurrent capture sequence initiated with CU_STREAM_CAPTURE_MODE_GLOBAL";
+ * in THREAD_LOCAL mode only by the former; in RELAXED mode never. */
+bool mp__pl_capture_prohibits(unsigned thread_mode) {
+  if (thread_mode == MP__CAPTURE_MODE_RELAXED)
+    return false;
+  mp__gr_lock();
+  bool no = mp__gr.lost;
+  for (unsigned k = 0; !no && k < mp__gr.nbegun; k++) {
+    bool mine = pthread_equal(mp__gr.begun[k].thread, pthread_self());
+    no = mine ? mp__gr.begun[k].mode != MP__CAPTURE_MODE_RELAXED
+              : thread_mode == MP__CAPTURE_MODE_GLOBAL &&
+                    mp__gr.begun[k].mode == MP__CAPTURE_MODE_GLOBAL;
+  }
+  pthread_mutex_unlock(&mp__gr.lock);
+  return no;
+}
+
 bool mp__pl_capture_begun(void) {
   return atomic_load_explicit(&mp__gr_begun, memory_order_acquire) != 0;
+}
+
+/* CUDA 10.0's form, before the modes (cudaTypedefs.h:
+ * PFN_cuStreamBeginCapture_v10000 and _ptsz): a capture in the default
+ * mode, CU_STREAM_CAPTURE_MODE_GLOBAL ("This is the default mode", cuda.h,
+ * cuThreadExchangeStreamCaptureMode). */
+mp__curesult cuStreamBeginCapture(mp__custream hStream) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  return mp__capture_begun(rc->cuStreamBeginCapture
+                               ? rc->cuStreamBeginCapture(hStream)
+                               : MP__CU_NOT_INITIALIZED,
+                           hStream, false, MP__CAPTURE_MODE_GLOBAL);
+}
+
+mp__curesult cuStreamBeginCapture_ptsz(mp__custream hStream) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  return mp__capture_begun(rc->cuStreamBeginCapture_ptsz
+                               ? rc->cuStreamBeginCapture_ptsz(hStream)
+                               : MP__CU_NOT_INITIALIZED,
+                           hStream, true, MP__CAPTURE_MODE_GLOBAL);
 }
 
 mp__curesult cuStreamBeginCapture_v2(mp__custream hStream, unsigned int mode) {
@@ -266,7 +316,7 @@ mp__curesult cuStreamBeginCapture_v2(mp__custream hStream, unsigned int mode) {
   return mp__capture_begun(rc->cuStreamBeginCapture_v2
                                ? rc->cuStreamBeginCapture_v2(hStream, mode)
                                : MP__CU_NOT_INITIALIZED,
-                           hStream, false);
+                           hStream, false, mode);
 }
 
 mp__curesult cuStreamBeginCapture_v2_ptsz(mp__custream hStream,
@@ -275,7 +325,7 @@ mp__curesult cuStreamBeginCapture_v2_ptsz(mp__custream hStream,
   return mp__capture_begun(rc->cuStreamBeginCapture_v2_ptsz
                                ? rc->cuStreamBeginCapture_v2_ptsz(hStream, mode)
                                : MP__CU_NOT_INITIALIZED,
-                           hStream, true);
+                           hStream, true, mode);
 }
 
 /* cuda.h, cuStreamBeginCaptureToGraph (CUDA 12.3): a capture like
@@ -295,7 +345,7 @@ mp__curesult cuStreamBeginCaptureToGraph(mp__custream hStream,
           ? rc->cuStreamBeginCaptureToGraph(hStream, hGraph, dependencies,
                                             edges, numDependencies, mode)
           : MP__CU_NOT_INITIALIZED,
-      hStream, false);
+      hStream, false, mode);
 }
 
 mp__curesult
@@ -309,7 +359,7 @@ cuStreamBeginCaptureToGraph_ptsz(mp__custream hStream, mp__cugraph hGraph,
           ? rc->cuStreamBeginCaptureToGraph_ptsz(hStream, hGraph, dependencies,
                                                  edges, numDependencies, mode)
           : MP__CU_NOT_INITIALIZED,
-      hStream, true);
+      hStream, true, mode);
 }
 
 mp__curesult cuStreamEndCapture(mp__custream hStream, mp__cugraph *phGraph) {

@@ -60,6 +60,8 @@
     (mp__custream *, unsigned int, int))                                       \
   X(cu, mp__curesult, cuStreamDestroy_v2, (mp__custream))                      \
   /* graphs.c */                                                               \
+  X(cu, mp__curesult, cuStreamBeginCapture, (mp__custream))                    \
+  X(cu, mp__curesult, cuStreamBeginCapture_ptsz, (mp__custream))               \
   X(cu, mp__curesult, cuStreamBeginCapture_v2, (mp__custream, unsigned int))   \
   X(cu, mp__curesult, cuStreamBeginCapture_v2_ptsz,                            \
     (mp__custream, unsigned int))                                              \
@@ -107,6 +109,7 @@
   X(cu, mp__curesult, cuStreamGetCaptureInfo_v2_ptsz,                          \
     (mp__custream, unsigned int *, unsigned long long *, mp__cugraph *,        \
      const void **, size_t *))                                                 \
+  X(cu, mp__curesult, cuThreadExchangeStreamCaptureMode, (unsigned int *))     \
   X(rt, mp__cudaerr, cudaGetDevice, (int *))                                   \
   X(rt, mp__cudaerr, cudaStreamIsCapturing, (mp__custream, unsigned int *))
 

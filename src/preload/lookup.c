@@ -130,10 +130,15 @@ void *mp__pl_proc_hook(const char *symbol, int cuda_version, uint64_t flags) {
   if (strcmp(symbol, "cuMemFreeAsync") == 0)
     return ptsz ? (void *)&cuMemFreeAsync_ptsz : (void *)&cuMemFreeAsync;
   /* cudaTypedefs.h: PFN_cuStreamBeginCapture_v10010 takes the mode; the
-   * original (v10000) does not, and stays real. */
+   * original (v10000) does not. A driver without the original's _ptsz
+   * form answers with the plain one, and so does the shim. */
   if (cuda_version >= 10010 && strcmp(symbol, "cuStreamBeginCapture") == 0)
     return ptsz ? (void *)&cuStreamBeginCapture_v2_ptsz
                 : (void *)&cuStreamBeginCapture_v2;
+  if (strcmp(symbol, "cuStreamBeginCapture") == 0)
+    return ptsz && mp__pl_real_cuda()->cuStreamBeginCapture_ptsz != NULL
+               ? (void *)&cuStreamBeginCapture_ptsz
+               : (void *)&cuStreamBeginCapture;
   /* cudaTypedefs.h: PFN_cuStreamBeginCaptureToGraph_v12030 (and _ptsz),
    * its only form, new in CUDA 12.3. */
   if (cuda_version >= 12030 &&

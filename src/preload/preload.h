@@ -74,6 +74,8 @@ typedef struct CUipcMemHandle_st mp__cuipcmemhandle;
 #define MP__CU_POINTER_RANGE_SIZE 12u /* CU_POINTER_ATTRIBUTE_RANGE_SIZE */
 #define MP__CU_PROC_PER_THREAD    2u  /* CU_GET_PROC_ADDRESS_PER_THREAD_... */
 #define MP__CU_STREAM_PER_THREAD  ((mp__custream)0x2)
+#define MP__CAPTURE_MODE_GLOBAL   0u /* CU_STREAM_CAPTURE_MODE_GLOBAL */
+#define MP__CAPTURE_MODE_RELAXED  2u /* CU_STREAM_CAPTURE_MODE_RELAXED */
 
 /* ---- real.c ------------------------------------------------------------- */
 
@@ -325,6 +327,12 @@ void mp__pl_graphs_forget(const mp__pl_t *pl, mp_pool_t *pool);
  * cuda.h, cuThreadExchangeStreamCaptureMode) is the driver's to answer:
  * asking the legacy stream finds only captures of blocking streams. */
 bool mp__pl_capture_begun(void);
+/* Whether a capture begun through the shim may prohibit a potentially
+ * unsafe call (cuMemFree) of this thread, whose capture mode is
+ * thread_mode (cuThreadExchangeStreamCaptureMode): false only where the
+ * modes of the captures begun and not ended, and the threads that began
+ * them, allow it. */
+bool mp__pl_capture_prohibits(unsigned thread_mode);
 
 /* ---- host.c ------------------------------------------------------------- */
 

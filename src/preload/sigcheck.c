@@ -11,6 +11,10 @@
 #undef cuGetProcAddress
 CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn,
                                   int cudaVersion, cuuint64_t flags);
+/* The same for CUDA 10.0's cuStreamBeginCapture, before its mode
+ * (cudaTypedefs.h: PFN_cuStreamBeginCapture_v10000). */
+#undef cuStreamBeginCapture
+CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream);
 
 #include "hooks.h"
 

@@ -32,7 +32,15 @@
  * With "calls_in_capture [per_thread]", cuMemAlloc and cuMemFree during a
  * global capture are the driver's refusals; "calls_in_capture to_graph"
  * (or to_graph_proc, to_graph_per_thread) the same with a capture into
- * the program's graph (cuStreamBeginCaptureToGraph, CUDA 12.3).
+ * the program's graph (cuStreamBeginCaptureToGraph, CUDA 12.3);
+ * "calls_in_capture v1" with a capture begun by CUDA 10.0's
+ * cuStreamBeginCapture (no mode: global), found by cuGetProcAddress.
+ * With "free_modes", cuMemFree during a capture in every mode, from a
+ * thread in every mode, the one that began it or another: one line per
+ * case with what the free and the capture's end got (the same with and
+ * without the shim). With "free_probes", 50 frees during a relaxed
+ * capture, which no thread's mode prohibits: on the fake no cuMemAlloc
+ * may reach the driver meanwhile.
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -345,20 +353,25 @@ static int own_context(void) {
  * invalidated capture gives no graph back, and the program's graph is
  * still the program's to destroy. */
 typedef CUresult (*begin_fn)(CUstream, CUstreamCaptureMode);
+typedef CUresult (*begin_v1_fn)(CUstream);
 typedef CUresult (*begin_to_graph_fn)(CUstream, CUgraph, const CUgraphNode *,
                                       const CUgraphEdgeData *, size_t,
                                       CUstreamCaptureMode);
 
-static int calls_in_capture(bool per_thread, bool to_graph, bool proc) {
+static int calls_in_capture(bool per_thread, bool to_graph, bool proc,
+                            bool v1) {
   CUstream s = CU_STREAM_PER_THREAD;
   CUdeviceptr p, q = 0;
   CUgraph g = NULL, into = NULL;
   void *begin = NULL;
   cuuint64_t flags = per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
                                 : CU_GET_PROC_ADDRESS_DEFAULT;
-  if (!to_graph)
+  if (!to_graph && !v1)
     MP_TRY(
         cuGetProcAddress("cuStreamBeginCapture", &begin, 10010, flags, NULL));
+  else if (v1)
+    MP_TRY(
+        cuGetProcAddress("cuStreamBeginCapture", &begin, 10000, flags, NULL));
   else if (proc || per_thread)
     MP_TRY(cuGetProcAddress("cuStreamBeginCaptureToGraph", &begin, 12030, flags,
                             NULL));
@@ -367,7 +380,9 @@ static int calls_in_capture(bool per_thread, bool to_graph, bool proc) {
   MP_TRY(cuMemAlloc(&p, MP_BYTES));
   MP_TRY(cuMemsetD8(p, 7, MP_BYTES));
   CUstream cs = per_thread ? NULL : s;
-  if (!to_graph) {
+  if (v1) {
+    MP_TRY(((begin_v1_fn)begin)(cs));
+  } else if (!to_graph) {
     MP_TRY(((begin_fn)begin)(cs, CU_STREAM_CAPTURE_MODE_GLOBAL));
   } else {
     MP_TRY(cuGraphCreate(&into, 0));
@@ -413,6 +428,81 @@ static int calls_in_capture(bool per_thread, bool to_graph, bool proc) {
   return 0;
 }
 
+/* The fake's call counter; absent from a real driver. */
+__attribute__((weak)) long long cuFakeGetCallCount(const char *name);
+
+typedef struct freer {
+  CUdeviceptr p;
+  CUstreamCaptureMode mode; /* the freeing thread's */
+  CUresult got;
+} freer_t;
+
+static void *free_in_mode(void *arg) {
+  freer_t *f = arg;
+  CUstreamCaptureMode m = f->mode;
+  f->got = cuCtxSetCurrent(ctx);
+  if (f->got == CUDA_SUCCESS)
+    f->got = cuThreadExchangeStreamCaptureMode(&m);
+  if (f->got == CUDA_SUCCESS) {
+    f->got = cuMemFree(f->p);
+    (void)cuThreadExchangeStreamCaptureMode(&m);
+  }
+  return NULL;
+}
+
+static int free_modes(void) {
+  CUstream s;
+  MP_TRY(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  for (int cap = 0; cap < 3; cap++)
+    for (int thr = 0; thr < 3; thr++)
+      for (int other = 0; other < 2; other++) {
+        freer_t f = {.mode = (CUstreamCaptureMode)thr};
+        CUgraph g = NULL;
+        pthread_t t;
+        MP_TRY(cuMemAlloc(&f.p, MP_BYTES));
+        MP_TRY(cuStreamBeginCapture(s, (CUstreamCaptureMode)cap));
+        if (!other)
+          free_in_mode(&f);
+        else if (pthread_create(&t, NULL, free_in_mode, &f) != 0 ||
+                 pthread_join(t, NULL) != 0)
+          return 1;
+        CUresult end = cuStreamEndCapture(s, &g);
+        if (g != NULL)
+          MP_TRY(cuGraphDestroy(g));
+        if (f.got != CUDA_SUCCESS) /* still the program's */
+          MP_TRY(cuMemFree(f.p));
+        printf("capture mode %d, %s thread in mode %d: free %d, end %d\n", cap,
+               other ? "another" : "the same", thr, (int)f.got, (int)end);
+      }
+  MP_TRY(cuStreamDestroy(s));
+  return 0;
+}
+
+static int free_probes(void) {
+  CUstream s;
+  CUdeviceptr p[50];
+  CUgraph g = NULL;
+  MP_TRY(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  for (int i = 0; i < 50; i++)
+    MP_TRY(cuMemAlloc(&p[i], 4096));
+  MP_TRY(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  long long before =
+      cuFakeGetCallCount ? cuFakeGetCallCount("cuMemAlloc_v2") : 0;
+  for (int i = 0; i < 50; i++)
+    MP_TRY(cuMemFree(p[i]));
+  long long n =
+      cuFakeGetCallCount ? cuFakeGetCallCount("cuMemAlloc_v2") - before : 0;
+  MP_TRY(cuStreamEndCapture(s, &g));
+  MP_TRY(cuGraphDestroy(g));
+  MP_TRY(cuStreamDestroy(s));
+  if (n != 0) {
+    printf("50 frees no mode prohibits made %lld cuMemAlloc calls\n", n);
+    return 1;
+  }
+  puts("ok");
+  return 0;
+}
+
 int main(int argc, char **argv) {
   CUstream n1, n2;
   CUdeviceptr p, q;
@@ -432,11 +522,16 @@ int main(int argc, char **argv) {
     return freed_range();
   if (argc > 1 && strcmp(argv[1], "own_context") == 0)
     return own_context();
+  if (argc > 1 && strcmp(argv[1], "free_modes") == 0)
+    return free_modes();
+  if (argc > 1 && strcmp(argv[1], "free_probes") == 0)
+    return free_probes();
   if (argc > 1 && strcmp(argv[1], "calls_in_capture") == 0) {
     const char *how = argc > 2 ? argv[2] : "";
-    bool to_graph = strncmp(how, "to_graph", 8) == 0;
+    bool to_graph = strstr(how, "to_graph") == how;
     return calls_in_capture(strstr(how, "per_thread") != NULL, to_graph,
-                            strcmp(how, "to_graph_proc") == 0);
+                            strcmp(how, "to_graph_proc") == 0,
+                            strcmp(how, "v1") == 0);
   }
   MP_TRY(cuStreamCreate(&n1, CU_STREAM_NON_BLOCKING));
   MP_TRY(cuStreamCreate(&n2, CU_STREAM_NON_BLOCKING));

@@ -151,3 +151,40 @@ Test(preload_rules,
 Test(preload_rules, under_the_shim_calls_in_a_capture_to_a_graph_are_refused) {
   calls_in_capture_to_graph("LD_PRELOAD=" MP_SHIM);
 }
+
+/* cuMemFree of a pool block during a capture is refused exactly where the
+ * driver refuses it, in every capture mode, from a thread in every mode,
+ * the one that began the capture or another (cuda.h,
+ * cuThreadExchangeStreamCaptureMode): the same lines with and without the
+ * shim. */
+Test(preload_rules, under_the_shim_frees_in_a_capture_answer_as_the_driver) {
+  static spawn_result_t base;
+  const char *argv[] = {MP_RULES_PROG, "free_modes", NULL};
+  const char *none[] = {"LD_PRELOAD=", "MEMPOOL_DEVICE=cuda", NULL};
+  const char *shim[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=cuda", NULL};
+  spawn(argv, none, &base);
+  cr_assert(base.exited && base.code == 0, "out: %s\nerr: %s", base.out,
+            base.err);
+  cr_assert_neq(strstr(base.out, "free 900, end 901"), NULL, "%s", base.out);
+  spawn(argv, shim, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_str_eq(r.out, base.out);
+}
+
+/* A free that no capture's mode can prohibit in the freeing thread is not
+ * checked with the driver: 50 frees during a relaxed capture make no
+ * cuMemAlloc (before, each made a one-byte one). */
+Test(preload_rules, under_the_shim_frees_no_mode_prohibits_ask_nothing) {
+  rules_ok("LD_PRELOAD=" MP_SHIM, NULL, "free_probes", NULL);
+}
+
+/* The same with CUDA 10.0's cuStreamBeginCapture (no mode, so global),
+ * found by cuGetProcAddress at 10000: the shim must see it begin too. */
+Test(preload_rules,
+     without_the_shim_calls_in_a_capture_begun_by_v1_are_refused) {
+  rules_ok("LD_PRELOAD=", NULL, "calls_in_capture", "v1");
+}
+
+Test(preload_rules, under_the_shim_calls_in_a_capture_begun_by_v1_are_refused) {
+  rules_ok("LD_PRELOAD=" MP_SHIM, NULL, "calls_in_capture", "v1");
+}

@@ -97,17 +97,30 @@ LD_PRELOAD=$preload MEMPOOL_PRELOAD=passthrough MEMPOOL_TRACE=$work/pass.csv \
 #    of a context the program made and destroyed (the driver's), and
 #    cuMemAlloc / cuMemFree refused during a global capture, begun with
 #    cuStreamBeginCapture or into the program's graph with
-#    cuStreamBeginCaptureToGraph (called, or found by cuGetProcAddress).
+#    cuStreamBeginCaptureToGraph (called, or found by cuGetProcAddress),
+#    or with CUDA 10.0's cuStreamBeginCapture (no mode).
 rules=$build/tests/preload/preload_rules_prog
 if [ -x "$rules" ]; then
   real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
   for arg in "" streams freed_range own_context calls_in_capture \
     "calls_in_capture per_thread" "calls_in_capture to_graph" \
-    "calls_in_capture to_graph_proc" "calls_in_capture to_graph_per_thread"; do
+    "calls_in_capture to_graph_proc" "calls_in_capture to_graph_per_thread" \
+    "calls_in_capture v1"; do
     LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
       MEMPOOL_DEVICE=cuda "$rules" $arg >"$work/rules.out" 2>&1 ||
       fail "rules_prog $arg under the shim: $(cat "$work/rules.out")"
   done
+  # cuMemFree during a capture, every capture mode x the freeing thread's
+  # mode x the thread that began it or another: the shim's answers are
+  # the driver's.
+  LD_LIBRARY_PATH="$(dirname "$real")" MEMPOOL_DEVICE=cuda "$rules" \
+    free_modes >"$work/modes.none" 2>&1 ||
+    fail "rules_prog free_modes: $(cat "$work/modes.none")"
+  LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
+    MEMPOOL_DEVICE=cuda "$rules" free_modes >"$work/modes.shim" 2>&1 ||
+    fail "rules_prog free_modes under the shim: $(cat "$work/modes.shim")"
+  cmp -s "$work/modes.none" "$work/modes.shim" ||
+    fail "free_modes differ: $(diff "$work/modes.none" "$work/modes.shim")"
 fi
 # graph_prog (issue 10): a capture with cuMemAllocAsync/cuMemFreeAsync in
 # it, served by a graph-private pool, replayed on the real driver; then
