@@ -174,12 +174,11 @@ static mp__pl_capture_t *mp__capture_of_stream(const mp__pl_t *pl,
   return NULL;
 }
 
-static mp__pl_capture_t *mp__capture_of_graph(mp__cugraph g) {
-  for (size_t i = 0; g != NULL && i < MP__PL_CAPTURES; i++)
-    if (mp__gr.caps[i].used && !mp__gr.caps[i].capturing &&
-        mp__gr.caps[i].g == g)
-      return &mp__gr.caps[i];
-  return NULL;
+/* Whether capture c ended into graph g. Several captures may have
+ * (cuStreamBeginCaptureToGraph into one graph), each with its own graph
+ * pool: the graph and its executables hold them all. */
+static bool mp__capture_into(const mp__pl_capture_t *c, mp__cugraph g) {
+  return g != NULL && c->used && !c->capturing && c->g == g;
 }
 
 /* Ends every route of capture c (its streams allocate to the device's pool
@@ -388,12 +387,14 @@ static mp__curesult mp__exec_made(mp__curesult r, mp__cugraphexec *phGraphExec,
   if (r != MP__CU_SUCCESS || phGraphExec == NULL)
     return r;
   mp__gr_lock();
-  mp__pl_capture_t *c = mp__capture_of_graph(hGraph);
-  /* Past MP__PL_EXECS executables the graph pool lives until exit. */
-  if (c != NULL && mp__gr.nexecs < MP__PL_EXECS) {
-    mp__gr.execs[mp__gr.nexecs].x = *phGraphExec;
-    mp__gr.execs[mp__gr.nexecs++].cap = (unsigned)(c - mp__gr.caps);
-    c->execs++;
+  for (unsigned i = 0; i < MP__PL_CAPTURES; i++) {
+    mp__pl_capture_t *c = &mp__gr.caps[i];
+    /* Past MP__PL_EXECS executables the graph pool lives until exit. */
+    if (mp__capture_into(c, hGraph) && mp__gr.nexecs < MP__PL_EXECS) {
+      mp__gr.execs[mp__gr.nexecs].x = *phGraphExec;
+      mp__gr.execs[mp__gr.nexecs++].cap = i;
+      c->execs++;
+    }
   }
   pthread_mutex_unlock(&mp__gr.lock);
   return r;
@@ -446,14 +447,15 @@ mp__curesult cuGraphExecDestroy(mp__cugraphexec hGraphExec) {
   if (r != MP__CU_SUCCESS)
     return r;
   mp__gr_lock();
-  for (size_t i = 0; i < mp__gr.nexecs; i++) {
-    if (mp__gr.execs[i].x != hGraphExec)
+  for (size_t i = 0; i < mp__gr.nexecs;) {
+    if (mp__gr.execs[i].x != hGraphExec) {
+      i++;
       continue;
+    }
     mp__pl_capture_t *c = &mp__gr.caps[mp__gr.execs[i].cap];
     mp__gr.execs[i] = mp__gr.execs[--mp__gr.nexecs];
     if (--c->execs == 0 && c->g == NULL)
       mp__capture_drop(c);
-    break;
   }
   pthread_mutex_unlock(&mp__gr.lock);
   return r;
@@ -466,8 +468,10 @@ mp__curesult cuGraphDestroy(mp__cugraph hGraph) {
   if (r != MP__CU_SUCCESS)
     return r;
   mp__gr_lock();
-  mp__pl_capture_t *c = mp__capture_of_graph(hGraph);
-  if (c != NULL) {
+  for (unsigned i = 0; i < MP__PL_CAPTURES; i++) {
+    mp__pl_capture_t *c = &mp__gr.caps[i];
+    if (!mp__capture_into(c, hGraph))
+      continue;
     c->g = NULL;
     if (c->execs == 0)
       mp__capture_drop(c);

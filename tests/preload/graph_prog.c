@@ -14,6 +14,11 @@
  *    per-thread-default-stream entry points (cuMemAllocAsync_ptsz, as a
  *    library built with --default-stream per-thread does) on the same
  *    explicit stream, and ends the capture with the plain entry point.
+ *    A second argument "to_graph_twice" instead captures twice into one
+ *    graph the program made (cuStreamBeginCaptureToGraph), each capture
+ *    allocating an output on the stream, replays the graph and destroys
+ *    it with its executable (the test reads the report: no graph pool
+ *    may be left).
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -56,6 +61,42 @@ static int probe(CUstream s, int *inside) {
   return 0;
 }
 
+/* Two captures into one graph, each with an allocation; the graph
+ * replayed, then destroyed with its executable. */
+static int into_one_graph_twice(CUstream s) {
+  CUgraph g, out = NULL;
+  CUgraphExec x;
+  CUdeviceptr o[2];
+  unsigned char h[2];
+  MP_TRY(cuGraphCreate(&g, 0));
+  for (int k = 0; k < 2; k++) {
+    MP_TRY(cuStreamBeginCaptureToGraph(s, g, NULL, NULL, 0,
+                                       CU_STREAM_CAPTURE_MODE_GLOBAL));
+    MP_TRY(cuMemAllocAsync(&o[k], 4096, s));
+    MP_TRY(cuMemsetD8Async(o[k], (unsigned char)(42 + k), 4096, s));
+    MP_TRY(cuStreamEndCapture(s, &out));
+    if (out != g) {
+      puts("cuStreamEndCapture gave another graph than the one captured into");
+      return 1;
+    }
+  }
+  MP_TRY(cuGraphInstantiate(&x, g, 0));
+  MP_TRY(cuGraphLaunch(x, s));
+  MP_TRY(cuStreamSynchronize(s));
+  MP_TRY(cuMemcpyDtoH(&h[0], o[0] + 4095, 1));
+  MP_TRY(cuMemcpyDtoH(&h[1], o[1] + 4095, 1));
+  if (h[0] != 42 || h[1] != 43) {
+    printf("the replay wrote %d and %d\n", h[0], h[1]);
+    return 1;
+  }
+  MP_TRY(cuGraphExecDestroy(x));
+  MP_TRY(cuGraphDestroy(g));
+  for (int k = 0; k < 2; k++)
+    MP_TRY(cuMemFreeAsync(o[k], s));
+  MP_TRY(cuStreamSynchronize(s));
+  return 0;
+}
+
 int main(int argc, char **argv) {
   bool pool = argc > 1 && strcmp(argv[1], "pool") == 0;
   bool params = argc > 2 && strcmp(argv[2], "params") == 0;
@@ -86,6 +127,15 @@ int main(int argc, char **argv) {
   MP_TRY(cuStreamSynchronize(s));
   MP_TRY(cuStreamSynchronize(other));
 
+  if (argc > 2 && strcmp(argv[2], "to_graph_twice") == 0) {
+    if (into_one_graph_twice(s) != 0)
+      return 1;
+    MP_TRY(cuStreamDestroy(s));
+    MP_TRY(cuStreamDestroy(other));
+    MP_TRY(cuDevicePrimaryCtxRelease(dev));
+    puts("ok");
+    return 0;
+  }
   CUdeviceptr out, tmp[NTMP];
   MP_TRY(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
   MP_TRY(alloc(&out, 4096, s));
