@@ -320,12 +320,13 @@ size_t mp__pl_graph_pools(void);
  * be released (mp__pl_devices_release). A later cuGraphDestroy or
  * cuGraphExecDestroy of such a graph finds nothing of the shim's. */
 void mp__pl_graphs_forget(const mp__pl_t *pl, mp_pool_t *pool);
-/* Whether a capture the program began (cuStreamBeginCapture_v2,
- * cuStreamBeginCaptureToGraph, their _ptsz forms) may
- * still be in progress in any thread. While one is, a synchronous
- * allocation or free (which the capture modes may prohibit in this thread,
- * cuda.h, cuThreadExchangeStreamCaptureMode) is the driver's to answer:
- * asking the legacy stream finds only captures of blocking streams. */
+/* Whether a capture the program began (cuStreamBeginCapture, its _v2,
+ * cuStreamBeginCaptureToGraph, their _ptsz forms) may still be in progress
+ * in any thread. While one is, a synchronous allocation is the driver's to
+ * answer, and a free is checked with mp__pl_capture_prohibits (the capture
+ * modes may prohibit both in this thread: cuda.h,
+ * cuThreadExchangeStreamCaptureMode); asking the legacy stream finds only
+ * captures of blocking streams. */
 bool mp__pl_capture_begun(void);
 /* Whether a capture begun through the shim may prohibit a potentially
  * unsafe call (cuMemFree) of this thread, whose capture mode is
