@@ -125,10 +125,6 @@ const char *mp__fmt_bytes(char *buf, size_t cap, size_t bytes);
 
 /* Whether ptr lies in one of pool's segments (takes the lock). */
 bool mp__pool_contains(mp_pool_t *pool, const void *ptr);
-/* mp_pool_destroy, saying whether the pool is gone: *gone is also true
- * after a failure once memory had gone (pool.h: "the pool is then
- * destroyed"), which the status alone does not tell apart. */
-mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone);
 
 /* ---- pool/pause.c ------------------------------------------------------- */
 

@@ -174,7 +174,7 @@ static void mp__destroy_wait_anyway(mp_pool_t *pool, mp__sync_set_t *set) {
 
 /* mp_pool_destroy; *gone: the pool was freed (also on a failure after
  * the point of no return). */
-mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
+static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
   *gone = false;
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_destroy: pool is NULL");

@@ -259,9 +259,10 @@ bool mp__pl_devices_release(const mp__pl_t *pl, mp_pool_t *pool) {
     return false;
   char name[96], why[512] = "";
   snprintf(name, sizeof name, "%s", dev != NULL ? mp_device_name(dev) : "?");
-  bool gone = false;
+  int destroyed = 0;
   pthread_rwlock_wrlock(&mp__devs_walk);
-  mp_status_t st = mp__pool_destroy(pool, &gone);
+  mp_status_t st = mp_pool_destroy_ex(pool, &destroyed);
+  bool gone = destroyed != 0;
   if (st != MP_OK)
     snprintf(why, sizeof why, "%s", mp_last_error());
   /* The first device's stays open: the host pool (host.c) and the report
