@@ -79,10 +79,11 @@ MP_API mp_status_t mp_device_host_free(mp_device_t *dev, void *ptr);
 MP_API mp_status_t mp_device_synchronize(mp_device_t *dev);
 
 MP_API mp_status_t mp_stream_create(mp_device_t *dev, mp_stream_t *out);
-/* Destroys the stream (the host device waits for its queued work first;
- * CUDA lets queued work finish after the call returns, so what that work
- * reads or writes must outlive it, not just the call). Every pool on the
- * device forgets the handle first (see mp_stream_forget). */
+/* Destroys the stream. It returns at once, on the host device as on CUDA
+ * (cuStreamDestroy): work already queued on s still runs afterwards, and
+ * mp_device_synchronize (and mp_device_close) waits for it, so what that
+ * work reads or writes must outlive it, not just the call. Every pool on
+ * the device forgets the handle first (see mp_stream_forget). */
 MP_API mp_status_t mp_stream_destroy(mp_device_t *dev, mp_stream_t s);
 /* Tells the pools on dev that the application is about to destroy s, a
  * stream mempool did not create (the LD_PRELOAD shim calls it from its

@@ -33,7 +33,13 @@
  * work still touches the range, and work that does faults on the fence.
  *
  * Streams. Each stream, and the default (NULL) stream, is a worker thread
- * that runs its FIFO queue of operations strictly in order. An event record
+ * that runs its FIFO queue of operations strictly in order. Destroying a
+ * stream that still has work queued returns at once, as cuStreamDestroy
+ * does: its worker is detached, finishes the queue, and then hands the
+ * stream to the device's dead list (freed by the next stream create,
+ * destroy or close) and leaves; close waits for every such worker before
+ * it frees what they touch. An idle stream's worker is joined at once. An
+ * event record
  * enqueues a "marker": a small refcounted flag that the worker sets when the
  * stream reaches it. The event points at the marker of its latest record, so
  * re-recording re-arms it, and a stream wait holds on to the marker that was
@@ -54,8 +60,9 @@
  *    queued copy can touch freed memory (as cuMemFree synchronizes).
  * Locks: reg (rwlock) may be held while taking ev_lock or a stream mutex;
  * those two are never held together; mem_lock is never held with another
- * lock, nor across a sleep or a synchronization; busy_mu is taken inside a
- * stream mutex (a stream joins or leaves the busy list) or alone. */
+ * lock, nor across a sleep or a synchronization; busy_mu and dying_mu are
+ * taken inside a stream mutex (a stream joins or leaves the busy list, is
+ * orphaned) or alone, never together. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -130,6 +137,10 @@ typedef struct host_stream {
   bool busy; /* submitted > completed: on the device's busy list */
   struct host_stream *busy_prev, *busy_next; /* under host_dev.busy_mu */
   atomic_uint refs;
+  /* Destroyed with work queued: the worker is detached and, once drained,
+   * puts the stream on host_dev.dead itself (under mu). */
+  bool orphan;
+  struct host_stream *dead_next; /* on host_dev.dead, under dying_mu */
 } host_stream_t;
 
 typedef struct host_event {
@@ -177,6 +188,15 @@ struct host_dev {
    * busy, not every stream ever made. */
   pthread_mutex_t busy_mu;
   host_stream_t *busy_head;
+
+  /* Destroyed streams whose detached workers still run their queued work
+   * (dying), and those whose workers are done with them (dead: the
+   * registry's reference, dropped by host_streams_reap). Close waits on
+   * dying_cv for dying to reach 0. */
+  pthread_mutex_t dying_mu;
+  pthread_cond_t dying_cv;
+  size_t dying;
+  host_stream_t *dead;
 };
 
 static host_dev_t *host_of(mp_device_t *dev) {
@@ -352,7 +372,22 @@ static void *host_stream_main(void *arg) {
       host_stream_set_busy(s, false);
     pthread_cond_broadcast(&s->idle_cv);
   }
+  bool orphan = s->orphan;
   pthread_mutex_unlock(&s->mu);
+  if (orphan) {
+    /* Destroyed with work queued (host_stream_destroy): this thread is
+     * detached, nobody joins it. The stream goes on the dead list for a
+     * later API call to free (a worker frees nothing, see host_on_worker);
+     * neither s nor, after the unlock, h is touched again, since close may
+     * free h as soon as dying reaches 0. */
+    host_dev_t *h = s->dev;
+    pthread_mutex_lock(&h->dying_mu);
+    s->dead_next = h->dead;
+    h->dead = s;
+    if (--h->dying == 0)
+      pthread_cond_broadcast(&h->dying_cv);
+    pthread_mutex_unlock(&h->dying_mu);
+  }
   return NULL;
 }
 
@@ -385,6 +420,22 @@ static void host_stream_put(host_stream_t *s) {
     pthread_cond_destroy(&s->work_cv);
     pthread_mutex_destroy(&s->mu);
     free(s);
+  }
+}
+
+/* Frees the streams whose orphaned workers are done with them (wait: first
+ * waits for every orphaned worker to finish, for close). */
+static void host_streams_reap(host_dev_t *h, bool wait) {
+  pthread_mutex_lock(&h->dying_mu);
+  while (wait && h->dying != 0)
+    pthread_cond_wait(&h->dying_cv, &h->dying_mu);
+  host_stream_t *dead = h->dead;
+  h->dead = NULL;
+  pthread_mutex_unlock(&h->dying_mu);
+  while (dead != NULL) {
+    host_stream_t *next = dead->dead_next;
+    host_stream_put(dead);
+    dead = next;
   }
 }
 
@@ -518,6 +569,7 @@ static mp_status_t host_synchronize(mp_device_t *dev) {
 static mp_status_t host_stream_create(mp_device_t *dev, mp_stream_t *out) {
   HOST_NOT_IN_HOST_FN("mp_stream_create");
   host_dev_t *h = host_of(dev);
+  host_streams_reap(h, false);
   host_stream_t *s = NULL;
   mp_status_t st = host_stream_start(h, &s);
   if (st != MP_OK)
@@ -543,7 +595,32 @@ static mp_status_t host_stream_destroy(mp_device_t *dev, mp_stream_t handle) {
   pthread_rwlock_unlock(&h->reg);
   if (!found)
     return host_unknown_stream("mp_stream_destroy", handle);
-  host_stream_stop((host_stream_t *)handle);
+  /* "In case the device is still doing work in the stream hStream when
+   * cuStreamDestroy() is called, the function will return immediately and
+   * the resources associated with hStream will be released automatically
+   * once the device has completed all work in hStream." (cuda.h,
+   * cuStreamDestroy). An idle stream's worker is joined here; one with
+   * work queued is orphaned: detached, it runs the queue (a device
+   * synchronize or free still waits for it through the busy list) and
+   * then gives the stream up itself (host_stream_main). */
+  host_stream_t *s = (host_stream_t *)handle;
+  pthread_mutex_lock(&s->mu);
+  s->stopping = true;
+  s->orphan = s->completed != s->submitted;
+  if (s->orphan) {
+    pthread_mutex_lock(&h->dying_mu);
+    h->dying++;
+    pthread_mutex_unlock(&h->dying_mu);
+  }
+  bool orphan = s->orphan;
+  pthread_t worker = s->thread;
+  pthread_cond_broadcast(&s->work_cv);
+  pthread_mutex_unlock(&s->mu);
+  if (orphan)
+    pthread_detach(worker); /* s may be gone already: worker is a copy */
+  else
+    host_stream_stop(s);
+  host_streams_reap(h, false);
   return MP_OK;
 }
 
@@ -1548,6 +1625,8 @@ static void host_free_state(host_dev_t *h) {
   pthread_cond_destroy(&h->ev_cv);
   pthread_mutex_destroy(&h->ev_lock);
   pthread_mutex_destroy(&h->busy_mu);
+  pthread_cond_destroy(&h->dying_cv);
+  pthread_mutex_destroy(&h->dying_mu);
   pthread_rwlock_destroy(&h->reg);
   pthread_mutex_destroy(&h->mem_lock);
   free(h);
@@ -1585,6 +1664,8 @@ static mp_status_t host_open(mp_device_t *dev, const char *opts) {
   pthread_mutex_init(&h->ev_lock, NULL);
   pthread_cond_init(&h->ev_cv, NULL);
   pthread_mutex_init(&h->busy_mu, NULL);
+  pthread_mutex_init(&h->dying_mu, NULL);
+  pthread_cond_init(&h->dying_cv, NULL);
   st = host_stream_start(h, &h->null_stream);
   if (st != MP_OK) {
     host_free_state(h);
@@ -1606,6 +1687,10 @@ static void host_close(mp_device_t *dev) {
       host_stream_stop((host_stream_t *)e->key);
   }
   host_stream_stop(h->null_stream);
+  /* Orphaned workers (streams destroyed with work queued) may still run
+   * it: what they touch (markers, memory, this device) stays until they
+   * are done. */
+  host_streams_reap(h, true);
   for (size_t i = 0; i < h->events.cap; i++) {
     host_entry_t *e = mp__ptrmap_at(&h->events, i);
     if (e != NULL) {

@@ -1,0 +1,138 @@
+/* Destroying a host device stream with work queued returns at once, as
+ * cuda.h says of cuStreamDestroy ("in case the device is still doing work
+ * in the stream hStream when cuStreamDestroy() is called, the function
+ * will return immediately and the resources associated with hStream will
+ * be released automatically once the device has completed all work in
+ * hStream"); the work still runs, events recorded before the destroy
+ * complete, and a device synchronize and close wait for it. The host
+ * device used to wait for the stream's work in mp_stream_destroy, which
+ * hid any caller that took a destroyed stream's work for done. */
+#include <criterion/criterion.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+#include "../support/device_helpers.h"
+
+#define KiB ((size_t)1 << 10)
+
+/* A host function that holds its stream until opened, or 2 s at most. */
+typedef struct slow_gate {
+  atomic_bool open, ran, timed_out;
+} slow_gate_t;
+
+static void slow_gate_wait(void *arg) {
+  slow_gate_t *g = arg;
+  struct timespec t0, now;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (!atomic_load(&g->open)) {
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (now.tv_sec - t0.tv_sec >= 2) {
+      atomic_store(&g->timed_out, true);
+      break;
+    }
+    struct timespec nap = {0, 1000000};
+    nanosleep(&nap, NULL);
+  }
+  atomic_store(&g->ran, true);
+}
+
+/* A host function that takes 50 ms, then says it ran. */
+static void slow_work(void *arg) {
+  struct timespec nap = {0, 50000000};
+  nanosleep(&nap, NULL);
+  atomic_store((atomic_bool *)arg, true);
+}
+
+Test(host_stream_destroy, returns_at_once_and_the_work_still_runs) {
+  mp_device_t *dev = open_dev("host:capacity=16M");
+  unsigned char *m = NULL;
+  cr_assert_eq(mp_device_alloc(dev, 64 * KiB, (void **)&m), MP_OK);
+  memset(m, 0, 64 * KiB);
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  slow_gate_t g = {0};
+  cr_assert_eq(mp_stream_launch_host(dev, s, slow_gate_wait, &g), MP_OK);
+  cr_assert_eq(mp_memset_async(dev, m, 0x3c, 64 * KiB, s), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+  cr_expect_not(atomic_load(&g.ran), "destroy waited for the stream's work");
+  /* The handle is dead at once. */
+  cr_expect_eq(mp_stream_query(dev, s), MP_EINVAL);
+  cr_expect_eq(mp_memset_async(dev, m, 0, 64 * KiB, s), MP_EINVAL);
+  atomic_store(&g.open, true);
+  /* The queued work still runs; a device synchronize waits for it. */
+  cr_assert_eq(mp_device_synchronize(dev), MP_OK);
+  cr_expect(atomic_load(&g.ran));
+  cr_expect_not(atomic_load(&g.timed_out), "the gate was never opened");
+  cr_expect_eq(m[0], 0x3c);
+  cr_expect_eq(m[64 * KiB - 1], 0x3c);
+  cr_expect_eq(mp_device_free(dev, m), MP_OK);
+  mp_device_close(dev);
+}
+
+/* An event recorded on the stream before the destroy is still pending
+ * after it, and completes when the stream's work does. */
+Test(host_stream_destroy, events_recorded_before_the_destroy_complete) {
+  mp_device_t *dev = open_dev("host:capacity=16M");
+  mp_stream_t s;
+  mp_event_t e;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  cr_assert_eq(mp_event_create(dev, &e), MP_OK);
+  slow_gate_t g = {0};
+  cr_assert_eq(mp_stream_launch_host(dev, s, slow_gate_wait, &g), MP_OK);
+  cr_assert_eq(mp_event_record(dev, e, s), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+  cr_expect_eq(mp_event_query(dev, e), MP_EBUSY,
+               "destroy waited for the stream's work");
+  atomic_store(&g.open, true);
+  cr_assert_eq(mp_event_synchronize(dev, e), MP_OK);
+  cr_expect_eq(mp_event_query(dev, e), MP_OK);
+  cr_expect(atomic_load(&g.ran));
+  cr_expect_not(atomic_load(&g.timed_out), "the gate was never opened");
+  cr_expect_eq(mp_event_destroy(dev, e), MP_OK);
+  mp_device_close(dev);
+}
+
+/* Close waits for destroyed streams' queued work before the memory it
+ * uses goes: the memsets land (no fault), and the slow work has run when
+ * close returns. Streams destroyed idle and busy are mixed. */
+Test(host_stream_destroy, close_waits_for_destroyed_streams_work) {
+  mp_device_t *dev = open_dev("host:capacity=16M");
+  unsigned char *m = NULL;
+  cr_assert_eq(mp_device_alloc(dev, 64 * KiB, (void **)&m), MP_OK);
+  atomic_bool ran[4] = {false, false, false, false};
+  for (int i = 0; i < 8; i++) {
+    mp_stream_t s;
+    cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+    if (i % 2 == 0)
+      cr_assert_eq(mp_stream_launch_host(dev, s, slow_work, &ran[i / 2]),
+                   MP_OK);
+    cr_assert_eq(mp_memset_async(dev, m, i, 64 * KiB, s), MP_OK);
+    if (i % 2 == 1)
+      cr_assert_eq(mp_stream_synchronize(dev, s), MP_OK);
+    cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+  }
+  mp_device_close(dev);
+  for (int i = 0; i < 4; i++)
+    cr_expect(atomic_load(&ran[i]), "close did not wait for stream %d's work",
+              2 * i);
+}
+
+/* Streams destroyed with work queued, again and again, are freed as they
+ * finish (the next create or destroy reaps them), and the device goes on
+ * serving new ones. */
+Test(host_stream_destroy, many_busy_destroys_in_a_row) {
+  mp_device_t *dev = open_dev("host:capacity=16M");
+  unsigned char *m = NULL;
+  cr_assert_eq(mp_device_alloc(dev, 64 * KiB, (void **)&m), MP_OK);
+  for (int i = 0; i < 200; i++) {
+    mp_stream_t s;
+    cr_assert_eq(mp_stream_create(dev, &s), MP_OK, "%s", mp_last_error());
+    cr_assert_eq(mp_memset_async(dev, m, i & 0xff, 64 * KiB, s), MP_OK);
+    cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+    if (i % 50 == 49)
+      cr_assert_eq(mp_device_synchronize(dev), MP_OK);
+  }
+  cr_expect_eq(mp_device_free(dev, m), MP_OK);
+  mp_device_close(dev);
+}
