@@ -15,22 +15,24 @@
  * still map it, as CUDA keeps exported physical memory alive until every
  * importer lets go); its pages go when the last mapping of the file does.
  * An emulation limit: the descriptor opens the whole device file, where a
- * CUDA handle names one allocation. Live allocations are kept in an address ->
- * size hash map, which is what makes a free of an unknown or already freed
- * pointer MP_EINVAL instead of a crash. Virtual memory is emulated the way CUDA
- * does it: a reservation is a PROT_NONE mapping aligned to the granularity;
- * vm_map maps a granule-aligned range of the device file over it (MAP_FIXED),
- * vm_unmap fences the range again with a PROT_NONE anonymous mapping and
- * punches the file range out. A per-reservation bitmap of mapped granules
- * rejects overlapping maps; a hash map of (addr -> bytes) makes vm_unmap accept
- * only exactly what one vm_map mapped. vm_release of a reservation that still
- * has mappings is MP_EBUSY (the pool must unmap first, as it must on CUDA);
- * device close releases whatever is left. Copies and memsets that reach into a
- * reservation must stay on mapped granules, or they are MP_EINVAL when queued
- * instead of a fault later. Like cuMemFree, mp_device_free and host_free
- * synchronize the device before the memory goes; vm_unmap, like cuMemUnmap
- * (cuda.h promises no wait), does not: its caller vouches that no queued
- * work still touches the range, and work that does faults on the fence.
+ * CUDA handle names one allocation. Live allocations are kept in a table
+ * sorted by address, which is what makes a free of an unknown or already
+ * freed pointer MP_EINVAL instead of a crash, and a copy or memset that
+ * runs past an allocation's end MP_EINVAL instead of a stray write. Virtual
+ * memory is emulated the way CUDA does it: a reservation is a PROT_NONE mapping
+ * aligned to the granularity; vm_map maps a granule-aligned range of the device
+ * file over it (MAP_FIXED), vm_unmap fences the range again with a PROT_NONE
+ * anonymous mapping and punches the file range out. A per-reservation bitmap of
+ * mapped granules rejects overlapping maps; a hash map of (addr -> bytes) makes
+ * vm_unmap accept only exactly what one vm_map mapped. vm_release of a
+ * reservation that still has mappings is MP_EBUSY (the pool must unmap first,
+ * as it must on CUDA); device close releases whatever is left. Copies and
+ * memsets that reach into a reservation must stay on mapped granules, or they
+ * are MP_EINVAL when queued instead of a fault later. Like cuMemFree,
+ * mp_device_free and host_free synchronize the device before the memory goes;
+ * vm_unmap, like cuMemUnmap (cuda.h promises no wait), does not: its caller
+ * vouches that no queued work still touches the range, and work that does
+ * faults on the fence.
  *
  * Streams. Each stream, and the default (NULL) stream, is a worker thread
  * that runs its FIFO queue of operations strictly in order. Destroying a
@@ -68,6 +70,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,8 +81,9 @@
 
 #include "backend.h"
 
-/* An entry of the address maps (mp__ptrmap_t, see ptrmap.c): memory maps
- * keep their size; the stream and event registries only the handle. */
+/* An entry of the address maps (mp__ptrmap_t, see ptrmap.c) and of the
+ * table of plain allocations: memory keeps its size; the stream and event
+ * registries only the handle. */
 typedef struct host_entry {
   uintptr_t key;
   size_t bytes;
@@ -147,12 +151,18 @@ typedef struct host_event {
   host_marker_t *last; /* the latest record; NULL: never recorded */
 } host_event_t;
 
+/* The reservations, and the plain allocations (host_entry_t), are tables
+ * sorted by base (host_tab_*): every entry starts with its base and size. */
 typedef struct host_resv {
   uintptr_t base;
   size_t bytes;
   size_t mapped;  /* bytes mapped inside */
   uint64_t *bits; /* one bit per granule: mapped */
 } host_resv_t;
+
+_Static_assert(offsetof(host_entry_t, bytes) == sizeof(uintptr_t) &&
+                   offsetof(host_resv_t, bytes) == sizeof(uintptr_t),
+               "host_tab_* read an entry's base and size at these offsets");
 
 struct host_dev {
   /* options, fixed at open */
@@ -169,10 +179,11 @@ struct host_dev {
   size_t used;
   uint64_t file_next;   /* the next unused offset of memfd (page aligned) */
   uint64_t alloc_calls; /* device allocations attempted (fail_after) */
-  mp__ptrmap_t allocs;  /* plain allocation -> bytes */
-  mp__ptrmap_t pinned;  /* host_alloc -> bytes */
-  mp__ptrmap_t maps;    /* vm_map address -> bytes */
-  host_resv_t *resv;    /* sorted by base */
+  host_entry_t *allocs; /* plain allocations, sorted by address */
+  size_t nallocs, allocs_cap;
+  mp__ptrmap_t pinned; /* host_alloc -> bytes */
+  mp__ptrmap_t maps;   /* vm_map address -> bytes */
+  host_resv_t *resv;   /* sorted by base */
   size_t nresv, resv_cap;
 
   pthread_rwlock_t reg; /* the handle registries */
@@ -702,8 +713,8 @@ static mp_status_t host_launch_host(mp_device_t *dev, mp_stream_t s,
   return host_enqueue(host_of(dev), "mp_stream_launch_host", s, op);
 }
 
-static mp_status_t host_vm_check_access(host_dev_t *h, const char *fn,
-                                        const void *p, size_t n);
+static mp_status_t host_check_access(host_dev_t *h, const char *fn,
+                                     const void *p, size_t n);
 
 static mp_status_t host_memcpy_async(mp_device_t *dev, void *dst,
                                      const void *src, size_t n, mp_stream_t s) {
@@ -719,9 +730,9 @@ static mp_status_t host_memcpy_async(mp_device_t *dev, void *dst,
                     "(cuda_runtime_api.h, cudaMemcpyAsync: \"The memory "
                     "areas may not overlap\")",
                     dst, n, src, n);
-  mp_status_t st = host_vm_check_access(h, "mp_memcpy_async", dst, n);
+  mp_status_t st = host_check_access(h, "mp_memcpy_async", dst, n);
   if (st == MP_OK)
-    st = host_vm_check_access(h, "mp_memcpy_async", src, n);
+    st = host_check_access(h, "mp_memcpy_async", src, n);
   if (st != MP_OK)
     return st;
   host_op_t *op = host_op_new(HOST_OP_COPY);
@@ -737,7 +748,7 @@ static mp_status_t host_memset_async(mp_device_t *dev, void *dst, int value,
                                      size_t n, mp_stream_t s) {
   HOST_NOT_IN_HOST_FN("mp_memset_async");
   host_dev_t *h = host_of(dev);
-  mp_status_t st = host_vm_check_access(h, "mp_memset_async", dst, n);
+  mp_status_t st = host_check_access(h, "mp_memset_async", dst, n);
   if (st != MP_OK)
     return st;
   host_op_t *op = host_op_new(HOST_OP_SET);
@@ -910,6 +921,73 @@ static mp_status_t host_stream_wait_event(mp_device_t *dev, mp_stream_t stream,
   return st;
 }
 
+/* ---- sorted range tables ---------------------------------------------- */
+
+/* Entry i's base and size in a table of entries stride bytes apart. */
+static uintptr_t host_tab_base(const void *tab, size_t stride, size_t i) {
+  return *(const uintptr_t *)((const char *)tab + i * stride);
+}
+
+static size_t host_tab_bytes(const void *tab, size_t stride, size_t i) {
+  return *(const size_t *)((const char *)tab + i * stride + sizeof(uintptr_t));
+}
+
+/* The number of entries whose base is below key. */
+static size_t host_tab_below(const void *tab, size_t n, size_t stride,
+                             uintptr_t key) {
+  size_t lo = 0, hi = n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (host_tab_base(tab, stride, mid) < key)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+/* The index of the entry holding addr, or n. */
+static size_t host_tab_find(const void *tab, size_t n, size_t stride,
+                            uintptr_t addr) {
+  size_t i = host_tab_below(tab, n, stride, addr);
+  if (i < n && host_tab_base(tab, stride, i) == addr)
+    return i;
+  if (i > 0 && addr - host_tab_base(tab, stride, i - 1) <
+                   host_tab_bytes(tab, stride, i - 1))
+    return i - 1;
+  return n;
+}
+
+/* The index of the last entry that [a, end) reaches into, or n when it
+ * touches none. The range lies inside that entry, or crosses its edge. */
+static size_t host_tab_touched(const void *tab, size_t n, size_t stride,
+                               uintptr_t a, uintptr_t end) {
+  size_t i = host_tab_below(tab, n, stride, end);
+  if (i > 0 &&
+      host_tab_base(tab, stride, i - 1) + host_tab_bytes(tab, stride, i - 1) >
+          a)
+    return i - 1;
+  return n;
+}
+
+/* Opens the slot at base's place in a table with room (mp__host_room) and
+ * counts it in *n; returns its index, for the caller to fill. */
+static size_t host_tab_open(void *tab, size_t *n, size_t stride,
+                            uintptr_t base) {
+  size_t i = host_tab_below(tab, *n, stride, base);
+  char *at = (char *)tab + i * stride;
+  memmove(at + stride, at, (*n - i) * stride);
+  (*n)++;
+  return i;
+}
+
+/* Removes entry i. */
+static void host_tab_close(void *tab, size_t *n, size_t stride, size_t i) {
+  char *at = (char *)tab + i * stride;
+  memmove(at, at + stride, (*n - i - 1) * stride);
+  (*n)--;
+}
+
 /* ---- device memory ----------------------------------------------------- */
 
 /* mem_lock held. Counts one device allocation against fail_after and
@@ -1013,16 +1091,18 @@ static mp_status_t host_alloc(mp_device_t *dev, size_t bytes, void **out) {
                     bytes, strerror(err));
   }
   pthread_mutex_lock(&h->mem_lock);
-  host_entry_t *e = mp__ptrmap_put(&h->allocs, (uintptr_t)p);
-  if (e != NULL) {
-    e->bytes = bytes;
-    e->off = off;
-    e->flags = 0;
+  host_entry_t *t =
+      mp__host_room(h->allocs, &h->allocs_cap, h->nallocs, sizeof *t);
+  if (t != NULL) {
+    h->allocs = t;
+    size_t i = host_tab_open(t, &h->nallocs, sizeof *t, (uintptr_t)p);
+    t[i] = (host_entry_t){
+        .key = (uintptr_t)p, .bytes = bytes, .off = off, .flags = 0};
   } else {
     h->used -= bytes;
   }
   pthread_mutex_unlock(&h->mem_lock);
-  if (e == NULL) {
+  if (t == NULL) {
     munmap(p, bytes);
     return mp__fail(MP_ENOMEM, "host device: out of host memory to track an "
                                "allocation");
@@ -1040,6 +1120,14 @@ static bool host_map_take(host_dev_t *h, mp__ptrmap_t *map, void *ptr,
   return found;
 }
 
+/* mem_lock held. The plain allocation that starts at ptr, or NULL. */
+static host_entry_t *host_alloc_find(host_dev_t *h, const void *ptr) {
+  size_t i =
+      host_tab_find(h->allocs, h->nallocs, sizeof *h->allocs, (uintptr_t)ptr);
+  return i < h->nallocs && h->allocs[i].key == (uintptr_t)ptr ? &h->allocs[i]
+                                                              : NULL;
+}
+
 static bool host_map_has(host_dev_t *h, mp__ptrmap_t *map, const void *ptr) {
   pthread_mutex_lock(&h->mem_lock);
   bool found = mp__ptrmap_find(map, (uintptr_t)ptr) != NULL;
@@ -1050,7 +1138,10 @@ static bool host_map_has(host_dev_t *h, mp__ptrmap_t *map, const void *ptr) {
 static mp_status_t host_free(mp_device_t *dev, void *ptr) {
   HOST_NOT_IN_HOST_FN("mp_device_free");
   host_dev_t *h = host_of(dev);
-  if (!host_map_has(h, &h->allocs, ptr))
+  pthread_mutex_lock(&h->mem_lock);
+  bool known = host_alloc_find(h, ptr) != NULL;
+  pthread_mutex_unlock(&h->mem_lock);
+  if (!known)
     return mp__fail(MP_EINVAL,
                     "mp_device_free: %p was not returned by mp_device_alloc "
                     "on this device, or was already freed",
@@ -1061,7 +1152,16 @@ static mp_status_t host_free(mp_device_t *dev, void *ptr) {
   host_sleep_us(h->latency_us);
   host_entry_t e;
   /* Checked again: another thread may have freed it meanwhile. */
-  if (!host_map_take(h, &h->allocs, ptr, &e))
+  pthread_mutex_lock(&h->mem_lock);
+  host_entry_t *at = host_alloc_find(h, ptr);
+  bool found = at != NULL;
+  if (found) {
+    e = *at;
+    host_tab_close(h->allocs, &h->nallocs, sizeof *h->allocs,
+                   (size_t)(at - h->allocs));
+  }
+  pthread_mutex_unlock(&h->mem_lock);
+  if (!found)
     return mp__fail(MP_EINVAL, "mp_device_free: %p was already freed", ptr);
   munmap(ptr, e.bytes);
   host_file_release(h, &e);
@@ -1132,18 +1232,7 @@ static mp_status_t host_vm_granularity(mp_device_t *dev, size_t *out) {
 
 /* mem_lock held. Index of the reservation holding addr, or nresv. */
 static size_t host_resv_find(const host_dev_t *h, uintptr_t addr) {
-  size_t lo = 0, hi = h->nresv; /* first with base > addr */
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    if (h->resv[mid].base <= addr)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  if (lo == 0)
-    return h->nresv;
-  const host_resv_t *r = &h->resv[lo - 1];
-  return addr - r->base < r->bytes ? lo - 1 : h->nresv;
+  return host_tab_find(h->resv, h->nresv, sizeof *h->resv, addr);
 }
 
 /* mem_lock held. true when granules [first, first + n) are all mapped. */
@@ -1159,9 +1248,17 @@ static bool host_resv_all_mapped(const host_resv_t *r, size_t first, size_t n) {
  * turns what would be a fault on a worker thread into MP_EINVAL for the
  * caller. The check is made at enqueue time only: vm_unmap does not wait
  * for queued work (its caller must, as on CUDA), so a range unmapped
- * before the work ran faults on its worker thread then. */
-static mp_status_t host_vm_check_access(host_dev_t *h, const char *fn,
-                                        const void *p, size_t n) {
+ * before the work ran faults on its worker thread then.
+ *
+ * Likewise a range that reaches into a plain allocation must lie inside
+ * it. The driver knows the allocation each device pointer is in (cuda.h,
+ * cuPointerGetAttribute: CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, "Starting
+ * address for this requested pointer", and CU_POINTER_ATTRIBUTE_RANGE_SIZE),
+ * and a copy past its end is CUDA_ERROR_INVALID_VALUE or, once run, a
+ * fault (CUDA_ERROR_ILLEGAL_ADDRESS); here it would read or write whatever
+ * host memory lies beyond. */
+static mp_status_t host_check_access(host_dev_t *h, const char *fn,
+                                     const void *p, size_t n) {
   uintptr_t a = (uintptr_t)p;
   if (n > UINTPTR_MAX - a)
     return mp__fail(MP_EINVAL, "%s: (%p, %zu bytes) wraps around memory", fn, p,
@@ -1169,16 +1266,11 @@ static mp_status_t host_vm_check_access(host_dev_t *h, const char *fn,
   uintptr_t end = a + n;
   mp_status_t st = MP_OK;
   pthread_mutex_lock(&h->mem_lock);
-  size_t lo = 0, hi = h->nresv; /* first reservation with base >= end */
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    if (h->resv[mid].base < end)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  const host_resv_t *r = lo > 0 ? &h->resv[lo - 1] : NULL;
-  if (r != NULL && r->base + r->bytes > a) {
+  size_t i = host_tab_touched(h->resv, h->nresv, sizeof *h->resv, a, end);
+  const host_resv_t *r = i < h->nresv ? &h->resv[i] : NULL;
+  size_t k = host_tab_touched(h->allocs, h->nallocs, sizeof *h->allocs, a, end);
+  const host_entry_t *m = k < h->nallocs ? &h->allocs[k] : NULL;
+  if (r != NULL) {
     size_t g = h->granularity;
     if (a < r->base || end > r->base + r->bytes)
       st = mp__fail(MP_EINVAL,
@@ -1193,6 +1285,12 @@ static mp_status_t host_vm_check_access(host_dev_t *h, const char *fn,
                     "mapped",
                     fn, p, n);
   }
+  if (st == MP_OK && m != NULL && (a < m->key || end > m->key + m->bytes))
+    st = mp__fail(MP_EINVAL,
+                  "%s: (%p, %zu bytes) crosses the edge of the device "
+                  "allocation at %p (%zu bytes): a copy or memset must lie "
+                  "inside one allocation",
+                  fn, p, n, (void *)m->key, m->bytes);
   pthread_mutex_unlock(&h->mem_lock);
   return st;
 }
@@ -1226,25 +1324,12 @@ static mp_status_t host_vm_reserve(mp_device_t *dev, size_t bytes, void **out) {
     munmap((char *)base + bytes, g - head);
 
   pthread_mutex_lock(&h->mem_lock);
-  bool ok = true;
-  if (h->nresv == h->resv_cap) {
-    size_t ncap = h->resv_cap ? h->resv_cap * 2 : 16;
-    host_resv_t *n = mp__host_realloc(h->resv, ncap * sizeof *n);
-    if (n == NULL) {
-      ok = false;
-    } else {
-      h->resv = n;
-      h->resv_cap = ncap;
-    }
-  }
+  host_resv_t *t = mp__host_room(h->resv, &h->resv_cap, h->nresv, sizeof *t);
+  bool ok = t != NULL;
   if (ok) {
-    size_t i = h->nresv;
-    while (i > 0 && h->resv[i - 1].base > base) {
-      h->resv[i] = h->resv[i - 1];
-      i--;
-    }
-    h->resv[i] = (host_resv_t){.base = base, .bytes = bytes, .bits = bits};
-    h->nresv++;
+    h->resv = t;
+    size_t i = host_tab_open(t, &h->nresv, sizeof *t, base);
+    t[i] = (host_resv_t){.base = base, .bytes = bytes, .bits = bits};
   }
   pthread_mutex_unlock(&h->mem_lock);
   if (!ok) {
@@ -1279,9 +1364,7 @@ static mp_status_t host_vm_release(mp_device_t *dev, void *base, size_t bytes) {
   uint64_t *bits = NULL;
   if (st == MP_OK) {
     bits = h->resv[i].bits;
-    memmove(&h->resv[i], &h->resv[i + 1],
-            (h->nresv - i - 1) * sizeof h->resv[0]);
-    h->nresv--;
+    host_tab_close(h->resv, &h->nresv, sizeof *h->resv, i);
   }
   pthread_mutex_unlock(&h->mem_lock);
   if (st == MP_OK) {
@@ -1473,8 +1556,8 @@ static mp_status_t host_ipc_export(mp_device_t *dev, void *base, size_t bytes,
   HOST_NOT_IN_HOST_FN("ipc_export");
   host_dev_t *hd = host_of(dev);
   pthread_mutex_lock(&hd->mem_lock);
-  host_entry_t *e =
-      mp__ptrmap_find(vm ? &hd->maps : &hd->allocs, (uintptr_t)base);
+  host_entry_t *e = vm ? mp__ptrmap_find(&hd->maps, (uintptr_t)base)
+                       : host_alloc_find(hd, base);
   uint64_t off = 0;
   bool ok = e != NULL && e->bytes == bytes && !(e->flags & HOST_MEM_FOREIGN);
   if (ok) {
@@ -1616,12 +1699,12 @@ static mp_status_t host_opt(void *ctx, const char *key, size_t key_len,
 
 static void host_free_state(host_dev_t *h) {
   close(h->memfd);
-  mp__ptrmap_destroy(&h->allocs);
   mp__ptrmap_destroy(&h->pinned);
   mp__ptrmap_destroy(&h->maps);
   mp__ptrmap_destroy(&h->streams);
   mp__ptrmap_destroy(&h->events);
   free(h->resv);
+  free(h->allocs);
   pthread_cond_destroy(&h->ev_cv);
   pthread_mutex_destroy(&h->ev_lock);
   pthread_mutex_destroy(&h->busy_mu);
@@ -1654,7 +1737,6 @@ static mp_status_t host_open(mp_device_t *dev, const char *opts) {
     return mp__fail(MP_ENOMEM, "host device: memfd_create failed: %s",
                     strerror(err));
   }
-  mp__ptrmap_init(&h->allocs, sizeof(host_entry_t));
   mp__ptrmap_init(&h->pinned, sizeof(host_entry_t));
   mp__ptrmap_init(&h->maps, sizeof(host_entry_t));
   mp__ptrmap_init(&h->streams, sizeof(host_entry_t));
@@ -1699,11 +1781,8 @@ static void host_close(mp_device_t *dev) {
       free(ev);
     }
   }
-  for (size_t i = 0; i < h->allocs.cap; i++) {
-    host_entry_t *e = mp__ptrmap_at(&h->allocs, i);
-    if (e != NULL)
-      munmap((void *)e->key, e->bytes);
-  }
+  for (size_t i = 0; i < h->nallocs; i++)
+    munmap((void *)h->allocs[i].key, h->allocs[i].bytes);
   for (size_t i = 0; i < h->pinned.cap; i++) {
     host_entry_t *e = mp__ptrmap_at(&h->pinned, i);
     if (e != NULL)
