@@ -94,8 +94,9 @@ Test(host_stream_destroy, events_recorded_before_the_destroy_complete) {
 }
 
 /* Close waits for destroyed streams' queued work before the memory it
- * uses goes: the memsets land (no fault), and the slow work has run when
- * close returns. Streams destroyed idle and busy are mixed. */
+ * uses goes: the memsets (each stream its own slice) land, no fault, and
+ * the slow work has run when close returns. Streams destroyed idle and
+ * busy are mixed. */
 Test(host_stream_destroy, close_waits_for_destroyed_streams_work) {
   mp_device_t *dev = open_dev("host:capacity=16M");
   unsigned char *m = NULL;
@@ -107,7 +108,7 @@ Test(host_stream_destroy, close_waits_for_destroyed_streams_work) {
     if (i % 2 == 0)
       cr_assert_eq(mp_stream_launch_host(dev, s, slow_work, &ran[i / 2]),
                    MP_OK);
-    cr_assert_eq(mp_memset_async(dev, m, i, 64 * KiB, s), MP_OK);
+    cr_assert_eq(mp_memset_async(dev, m + i * 8 * KiB, i, 8 * KiB, s), MP_OK);
     if (i % 2 == 1)
       cr_assert_eq(mp_stream_synchronize(dev, s), MP_OK);
     cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
@@ -119,8 +120,9 @@ Test(host_stream_destroy, close_waits_for_destroyed_streams_work) {
 }
 
 /* Streams destroyed with work queued, again and again, are freed as they
- * finish (the next create or destroy reaps them), and the device goes on
- * serving new ones. */
+ * finish (the next create or destroy reaps them), the device goes on
+ * serving new ones, and every stream's work (a memset of its own slice)
+ * lands. */
 Test(host_stream_destroy, many_busy_destroys_in_a_row) {
   mp_device_t *dev = open_dev("host:capacity=16M");
   unsigned char *m = NULL;
@@ -128,11 +130,13 @@ Test(host_stream_destroy, many_busy_destroys_in_a_row) {
   for (int i = 0; i < 200; i++) {
     mp_stream_t s;
     cr_assert_eq(mp_stream_create(dev, &s), MP_OK, "%s", mp_last_error());
-    cr_assert_eq(mp_memset_async(dev, m, i & 0xff, 64 * KiB, s), MP_OK);
+    cr_assert_eq(mp_memset_async(dev, m + i * 256, i + 1, 256, s), MP_OK);
     cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
     if (i % 50 == 49)
       cr_assert_eq(mp_device_synchronize(dev), MP_OK);
   }
+  for (int i = 0; i < 200; i++)
+    cr_expect_eq(m[i * 256 + 255], i + 1, "stream %d's memset", i);
   cr_expect_eq(mp_device_free(dev, m), MP_OK);
   mp_device_close(dev);
 }
