@@ -14,6 +14,7 @@ import ctypes
 import gc
 import operator
 import os
+import threading
 import warnings
 import weakref
 
@@ -183,20 +184,89 @@ def _device(device, call):
     return device._live()
 
 
+class _use:
+    """with _use(a) or _use(a, b): a call into the library that uses a (a
+    Device, Stream or Pool) and b (a Stream; a raw stream handle or None is
+    passed over) is running (_Handle)."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a, b=None):
+        self.a = a
+        self.b = b if isinstance(b, _Handle) else None
+
+    def __enter__(self):
+        self.a._enter()
+        if self.b is not None:
+            try:
+                self.b._enter()
+            except BaseException:
+                self.a._leave()
+                raise
+        return self
+
+    def __exit__(self, *exc):
+        if self.b is not None:
+            self.b._leave()
+        self.a._leave()
+
+
 def _forked(pid):
     """Whether this process is a child forked from process pid (which made
     the handle a finalizer is given): the library's state here is a copy
     whose device threads (a host stream's worker) were not forked, and a
     destroy or close would wait for them for ever. The finalizers leave
     such a copy alone; the parent's objects are the parent's to free."""
-    return os.getpid() != pid
+    return _this_pid != pid
+
+
+# This process's id, renewed in a forked child: os.getpid() is a system
+# call, and it was checked on every call into the library (1 to 2 us a call
+# where system calls are slow, a sandbox's for one).
+_this_pid = os.getpid()
+
+
+def _renew_pid():
+    global _this_pid
+    _this_pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_renew_pid)
 
 
 class _Handle:
     """An object holding a handle of this process's library state: a copy
     would share it (destroying one left the other dangling, and its next
     call crashed the interpreter), a pickle would carry a raw address into
-    another process. Both are refused."""
+    another process. Both are refused.
+
+    Calls on other threads: ctypes lets go of the GIL for each call into
+    the library, so a destroy (or close) on one thread could free what a
+    call running on another was using: the interpreter crashed, or the
+    library's memory was corrupted. Each call into the library counts
+    itself in (_use) under the object's guard; a destroy or close takes the
+    guard, refuses with Busy while calls are counted, and holds it while it
+    runs, so a call begun meanwhile waits and then finds the object gone."""
+
+    def _guarded(self):
+        self._guard = threading.RLock()
+        self._calls = 0
+
+    def _enter(self):
+        with self._guard:
+            self._live()
+            self._calls += 1
+
+    def _leave(self):
+        with self._guard:
+            self._calls -= 1
+
+    def _idle(self, call):
+        """Under the guard: refuses (Busy) while calls on self run on other
+        threads."""
+        if self._calls:
+            raise _refusal("MP_EBUSY", "%d call(s) on this mempool.%s are running on "
+                           "other threads" % (self._calls, type(self).__name__), call)
 
     def _mine(self):
         """Refuses a call in a child forked from the process that made
@@ -220,6 +290,7 @@ class Device(_Handle):
     without close(), it is closed (Device._dropped)."""
 
     def __init__(self, spec=None):
+        self._guarded()
         L = _lib.lib()
         h = ctypes.c_void_p()
         call = "mp_device_open(%r)" % (spec,)
@@ -254,7 +325,8 @@ class Device(_Handle):
 
     @property
     def name(self):
-        return _s(_lib.lib().mp_device_name(self._live()))
+        with _use(self):
+            return _s(_lib.lib().mp_device_name(self.handle))
 
     def _live(self):
         if self.handle is None:
@@ -265,12 +337,14 @@ class Device(_Handle):
     def mem_info(self):
         """(free_bytes, total_bytes)"""
         free, total = ctypes.c_size_t(), ctypes.c_size_t()
-        _check(_lib.lib().mp_device_mem_info(self._live(), ctypes.byref(free),
-                                             ctypes.byref(total)), "mp_device_mem_info")
+        with _use(self):
+            _check(_lib.lib().mp_device_mem_info(self.handle, ctypes.byref(free),
+                                                 ctypes.byref(total)), "mp_device_mem_info")
         return free.value, total.value
 
     def synchronize(self):
-        _check(_lib.lib().mp_device_synchronize(self._live()), "mp_device_synchronize")
+        with _use(self):
+            _check(_lib.lib().mp_device_synchronize(self.handle), "mp_device_synchronize")
 
     def stream(self):
         """A new stream on this device (destroyed when dropped, or with the
@@ -282,10 +356,17 @@ class Device(_Handle):
         first (a live one: Busy, and the device stays open: the library's
         pool would use the closed device and crash the interpreter); dropped
         ones still in a reference cycle are collected first. Pools dropped
-        with blocks still live (Pool._dropped) are destroyed here."""
+        with blocks still live (Pool._dropped) are destroyed here. Busy
+        while a call on the device or one of its streams runs on another
+        thread."""
+        with self._guard:
+            self._close()
+
+    def _close(self):
         if self.handle is None:
             return
         self._mine()
+        self._idle("Device.close")
         live = [p for p in self._pools if p.handle is not None]
         if live:
             # Dropped ones still in a reference cycle wait for the cycle
@@ -324,9 +405,12 @@ class Stream(_Handle):
     """An mp_stream_t of a Device; .handle is the raw pointer (int)."""
 
     def __init__(self, device):
+        self._guarded()
         h = ctypes.c_void_p()
-        _check(_lib.lib().mp_stream_create(_device(device, "Stream"), ctypes.byref(h)),
-               "mp_stream_create")
+        _device(device, "Stream")
+        with _use(device):
+            _check(_lib.lib().mp_stream_create(device.handle, ctypes.byref(h)),
+                   "mp_stream_create")
         self.device, self.handle, self._pid = device, h.value, os.getpid()
         # Dropped without destroy(): destroyed (the pools on the device
         # forget it first, mp_stream_destroy), unless its device is closed.
@@ -335,8 +419,9 @@ class Stream(_Handle):
 
     @staticmethod
     def _dropped(device, handle, pid):
-        if device.handle is not None and not _forked(pid):
-            _lib.lib().mp_stream_destroy(device.handle, handle)
+        with device._guard:  # a close on another thread waits
+            if device.handle is not None and not _forked(pid):
+                _lib.lib().mp_stream_destroy(device.handle, handle)
 
     def _live(self):
         # A destroyed stream's handle is None, which ctypes would pass as
@@ -350,17 +435,37 @@ class Stream(_Handle):
         self._mine()
         return self.handle
 
+    def _enter(self):
+        # Its device's calls count it too: a close would destroy it.
+        self.device._enter()
+        try:
+            _Handle._enter(self)
+        except BaseException:
+            self.device._leave()
+            raise
+
+    def _leave(self):
+        _Handle._leave(self)
+        self.device._leave()
+
     def synchronize(self):
-        _check(_lib.lib().mp_stream_synchronize(self.device._live(), self._live()),
-               "mp_stream_synchronize")
+        with _use(self):
+            _check(_lib.lib().mp_stream_synchronize(self.device.handle, self.handle),
+                   "mp_stream_synchronize")
 
     def destroy(self):
-        if self.handle is not None and self.device.handle is not None:
+        """Busy while a call that uses the stream runs on another thread."""
+        with self._guard:
+            if self.handle is None:
+                return
             self._mine()
-            _check(_lib.lib().mp_stream_destroy(self.device.handle, self.handle),
-                   "mp_stream_destroy")
-        self.handle = None
-        self._finalizer.detach()
+            self._idle("Stream.destroy")
+            with self.device._guard:  # no close meanwhile
+                if self.device.handle is not None:  # else it went with it
+                    _check(_lib.lib().mp_stream_destroy(self.device.handle, self.handle),
+                           "mp_stream_destroy")
+            self.handle = None
+            self._finalizer.detach()
 
     def __enter__(self):
         return self
@@ -408,6 +513,7 @@ class Pool(_Handle):
     defaults include $MEMPOOL_CONF, as for mp_pool_config_init."""
 
     def __init__(self, device, options=None, **kwargs):
+        self._guarded()
         L = _lib.lib()
         _device(device, "Pool")
         cfg = _Config()
@@ -424,10 +530,11 @@ class Pool(_Handle):
             _check(L.mp_pool_config_parse(ctypes.byref(cfg), _cstr(opts, "options", call)),
                    call)
         h = ctypes.c_void_p()
-        _check(L.mp_pool_create(device._live(), ctypes.byref(cfg), ctypes.byref(h)),
-               "mp_pool_create")
-        self.device, self.handle, self._pid = device, h.value, os.getpid()
-        device._pools.add(self)
+        with _use(device):  # counted by a close until the pool is in _pools
+            _check(L.mp_pool_create(device.handle, ctypes.byref(cfg), ctypes.byref(h)),
+                   "mp_pool_create")
+            self.device, self.handle, self._pid = device, h.value, os.getpid()
+            device._pools.add(self)
         # Dropped without destroy(): _dropped, with what it needs (not self).
         self._finalizer = weakref.finalize(self, Pool._dropped, device, h.value,
                                            self._pid)
@@ -437,7 +544,13 @@ class Pool(_Handle):
         """A Pool object that was never destroyed is gone. Holding no block,
         its pool is destroyed (what it reserved goes back); holding some, it
         is kept for the device to destroy at close, as their addresses may
-        still be in use, with a ResourceWarning."""
+        still be in use, with a ResourceWarning. A close of the device on
+        another thread waits (_Handle)."""
+        with device._guard:
+            Pool._drop(device, handle, pid)
+
+    @staticmethod
+    def _drop(device, handle, pid):
         if _forked(pid):
             return
         L = _lib.lib()
@@ -468,35 +581,39 @@ class Pool(_Handle):
         """The address (int) of a block of nbytes for use on stream; None for 0."""
         out = ctypes.c_void_p()
         call = "mp_pool_alloc(%r)" % (nbytes,)
-        _check(_lib.lib().mp_pool_alloc(self._live(), _word(nbytes, "nbytes", call),
-                                        _stream_handle(stream), ctypes.byref(out)),
-               call)
+        nbytes = _word(nbytes, "nbytes", call)
+        with _use(self, stream):
+            _check(_lib.lib().mp_pool_alloc(self.handle, nbytes, _stream_handle(stream),
+                                            ctypes.byref(out)), call)
         return out.value
 
     def free(self, ptr, stream=None):
         """Frees ptr; with stream, ordered after the work queued on it too
         (mp_pool_free_async). None (what alloc(0) returns) is the C NULL:
         nothing is freed, as for free(NULL)."""
-        if stream is None:
-            _check(_lib.lib().mp_pool_free(self._live(), _ptr_or_none(ptr, "mp_pool_free")),
-                   "mp_pool_free")
-        else:
-            _check(_lib.lib().mp_pool_free_async(
-                self._live(), _ptr_or_none(ptr, "mp_pool_free_async"),
-                _stream_handle(stream)), "mp_pool_free_async")
+        call = "mp_pool_free" if stream is None else "mp_pool_free_async"
+        ptr = _ptr_or_none(ptr, call)
+        with _use(self, stream):
+            if stream is None:
+                _check(_lib.lib().mp_pool_free(self.handle, ptr), call)
+            else:
+                _check(_lib.lib().mp_pool_free_async(self.handle, ptr,
+                                                     _stream_handle(stream)), call)
 
     def record_stream(self, ptr, stream):
         """ptr is also used on stream (like Tensor.record_stream)."""
-        _check(_lib.lib().mp_pool_record_stream(
-            self._live(), _word(ptr, "ptr", "mp_pool_record_stream"),
-            _stream_handle(stream)), "mp_pool_record_stream")
+        ptr = _word(ptr, "ptr", "mp_pool_record_stream")
+        with _use(self, stream):
+            _check(_lib.lib().mp_pool_record_stream(self.handle, ptr,
+                                                    _stream_handle(stream)),
+                   "mp_pool_record_stream")
 
     def trim(self, keep_bytes=0):
         """Gives cached memory back until at most keep_bytes stay free
         (torch.cuda.empty_cache() is trim(0))."""
-        _check(_lib.lib().mp_pool_trim(self._live(),
-                                       _word(keep_bytes, "keep_bytes", "mp_pool_trim")),
-               "mp_pool_trim")
+        keep_bytes = _word(keep_bytes, "keep_bytes", "mp_pool_trim")
+        with _use(self):
+            _check(_lib.lib().mp_pool_trim(self.handle, keep_bytes), "mp_pool_trim")
 
     empty_cache = trim
 
@@ -506,21 +623,23 @@ class Pool(_Handle):
         it with `mpbench replay`. Events come only from a pool made with
         history=N (history_stacks=1 adds stacks)."""
         call = "mp_pool_snapshot(%r)" % (path,)
-        _check(_lib.lib().mp_pool_snapshot(self._live(),
-                                           _cstr(os.fsencode(path), "path", call)),
-               call)
+        path = _cstr(os.fsencode(path), "path", call)
+        with _use(self):
+            _check(_lib.lib().mp_pool_snapshot(self.handle, path), call)
 
     def check(self):
         """Walks every invariant; raises Corrupt if one is broken."""
-        _check(_lib.lib().mp_pool_check(self._live()), "mp_pool_check")
+        with _use(self):
+            _check(_lib.lib().mp_pool_check(self.handle), "mp_pool_check")
 
     def raw_stats(self):
         """The mp_stats_t itself."""
         s = Stats()
         # The sized call: the library writes only as much as Stats holds.
-        _check(_lib.lib().mp_pool_get_stats_sized(self._live(), ctypes.byref(s),
-                                                  ctypes.sizeof(s)),
-               "mp_pool_get_stats")
+        with _use(self):
+            _check(_lib.lib().mp_pool_get_stats_sized(self.handle, ctypes.byref(s),
+                                                      ctypes.sizeof(s)),
+                   "mp_pool_get_stats")
         return s
 
     def stats(self):
@@ -545,7 +664,8 @@ class Pool(_Handle):
             raise OSError("tmpfile() failed")
         try:
             fmt = None if format is None else _cstr(format, "format", "mp_pool_dump")
-            _check(_lib.lib().mp_pool_dump(self._live(), f, fmt), "mp_pool_dump")
+            with _use(self):
+                _check(_lib.lib().mp_pool_dump(self.handle, f, fmt), "mp_pool_dump")
             libc.rewind(f)
             chunks = []
             buf = ctypes.create_string_buffer(65536)
@@ -567,21 +687,28 @@ class Pool(_Handle):
         destroy raises Busy.
         A pool with plain segments (virtual=0, or a device without virtual
         memory) raises NotSupported; paused already: Busy."""
-        _check(_lib.lib().mp_pool_pause(self._live(), 1 if keep_content else 0),
-               "mp_pool_pause")
+        with _use(self):
+            _check(_lib.lib().mp_pool_pause(self.handle, 1 if keep_content else 0),
+                   "mp_pool_pause")
 
     def resume(self):
         """Maps the memory again at the same addresses (mp_pool_resume). If
         the device has no room the pool stays paused, nothing lost, and
         resume may be tried again; not paused: InvalidArgument."""
-        _check(_lib.lib().mp_pool_resume(self._live()), "mp_pool_resume")
+        with _use(self):
+            _check(_lib.lib().mp_pool_resume(self.handle), "mp_pool_resume")
 
     def reset_peaks(self):
-        _check(_lib.lib().mp_pool_reset_peaks(self._live()), "mp_pool_reset_peaks")
+        with _use(self):
+            _check(_lib.lib().mp_pool_reset_peaks(self.handle), "mp_pool_reset_peaks")
 
     def destroy(self):
-        if self.handle is not None:
+        """Busy while a call on the pool runs on another thread."""
+        with self._guard:
+            if self.handle is None:
+                return
             self._mine()
+            self._idle("Pool.destroy")
             status, gone = _destroy(self.handle)
             if gone:  # also when status says a free failed after it went
                 self.handle = None
