@@ -246,13 +246,17 @@ class _Handle:
     library's memory was corrupted. Each call into the library counts
     itself in (_use) under the object's guard; a destroy or close takes the
     guard, refuses with Busy while calls are counted, and holds it while it
-    runs, so a call begun meanwhile waits and then finds the object gone."""
+    runs, so a call begun meanwhile waits and then finds the object gone.
+    In a forked child the guards are not taken at all (_forked is checked
+    first): one that a thread of the parent held at the fork stays held in
+    the child for good."""
 
     def _guarded(self):
         self._guard = threading.RLock()
         self._calls = 0
 
     def _enter(self):
+        self._mine()
         with self._guard:
             self._live()
             self._calls += 1
@@ -359,13 +363,15 @@ class Device(_Handle):
         with blocks still live (Pool._dropped) are destroyed here. Busy
         while a call on the device or one of its streams runs on another
         thread."""
+        if self.handle is None:
+            return
+        self._mine()
         with self._guard:
             self._close()
 
     def _close(self):
         if self.handle is None:
             return
-        self._mine()
         self._idle("Device.close")
         live = [p for p in self._pools if p.handle is not None]
         if live:
@@ -419,8 +425,10 @@ class Stream(_Handle):
 
     @staticmethod
     def _dropped(device, handle, pid):
+        if _forked(pid):
+            return
         with device._guard:  # a close on another thread waits
-            if device.handle is not None and not _forked(pid):
+            if device.handle is not None:
                 _lib.lib().mp_stream_destroy(device.handle, handle)
 
     def _live(self):
@@ -455,10 +463,12 @@ class Stream(_Handle):
 
     def destroy(self):
         """Busy while a call that uses the stream runs on another thread."""
+        if self.handle is None:
+            return
+        self._mine()
         with self._guard:
             if self.handle is None:
                 return
-            self._mine()
             self._idle("Stream.destroy")
             with self.device._guard:  # no close meanwhile
                 if self.device.handle is not None:  # else it went with it
@@ -546,12 +556,18 @@ class Pool(_Handle):
         is kept for the device to destroy at close, as their addresses may
         still be in use, with a ResourceWarning. A close of the device on
         another thread waits (_Handle)."""
+        if _forked(pid):
+            return
         with device._guard:
-            Pool._drop(device, handle, pid)
+            Pool._drop(device, handle)
 
     @staticmethod
-    def _drop(device, handle, pid):
-        if _forked(pid):
+    def _drop(device, handle):
+        # Closed meanwhile: the pool left _pools (a weak set) before this
+        # finalizer ran, so a close on another thread did not count it and
+        # freed the device; the pool is then left alone (destroying it would
+        # reach the freed device).
+        if device.handle is None:
             return
         L = _lib.lib()
         s = Stats()
@@ -704,10 +720,12 @@ class Pool(_Handle):
 
     def destroy(self):
         """Busy while a call on the pool runs on another thread."""
+        if self.handle is None:
+            return
+        self._mine()
         with self._guard:
             if self.handle is None:
                 return
-            self._mine()
             self._idle("Pool.destroy")
             status, gone = _destroy(self.handle)
             if gone:  # also when status says a free failed after it went

@@ -6,6 +6,7 @@ open() until a reader opens it."""
 import os
 import threading
 import time
+import warnings
 
 import pytest
 
@@ -114,3 +115,70 @@ def test_a_call_begun_during_a_destroy_finds_the_pool_gone(device):
         pool.destroy()  # the same thread: the guard is re-entrant
     t.join(30)
     assert len(got) == 1 and "destroyed" in got[0]
+
+
+def test_a_pool_finalized_after_its_device_closed_is_left_alone(monkeypatch):
+    # A dying Pool leaves the device's weak set before its finalizer runs:
+    # a close on another thread in between did not count it and freed the
+    # device, and the finalizer then destroyed the pool, which reached the
+    # freed device. Here the finalizer runs after the close, as it would
+    # when it waited for the closing thread's guard.
+    dev = mempool.Device("host:capacity=64M")
+    pool = mempool.Pool(dev, "max_bytes=16M")
+    handle, pid = pool.handle, pool._pid
+    pool._finalizer.detach()
+    dev._pools.discard(pool)
+    dev.close()
+    destroyed = []
+    monkeypatch.setattr(mempool, "_destroy", lambda h: destroyed.append(h) or (0, True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no ResourceWarning either
+        mempool.Pool._dropped(dev, handle, pid)
+    assert destroyed == []
+    assert dev._orphans == []
+
+
+def test_a_forked_child_is_refused_where_a_parent_thread_held_the_guards():
+    # Python does not reset a lock in a forked child: a guard that a thread
+    # of the parent held at the fork (a destroy or close running there)
+    # stays held in the child, whose calls and finalizers waited on it for
+    # ever. A child's calls are refused before any guard is taken.
+    import subprocess
+    import sys
+    from test_pool import _WAIT_CHILD
+    code = """if True:
+        import os, sys, threading, mempool
+        d = mempool.Device("host:capacity=64M")
+        p = mempool.Pool(d)
+        st = d.stream()
+        held, done = threading.Event(), threading.Event()
+        def hold():
+            with p._guard, st._guard, d._guard:
+                held.set()
+                done.wait()
+        t = threading.Thread(target=hold, daemon=True)
+        t.start()
+        held.wait()
+        pid = os.fork()
+        if pid == 0:
+            refused = 0
+            for call in (lambda: p.alloc(4096), p.destroy, st.destroy, d.close,
+                         st.synchronize, d.synchronize):
+                try:
+                    call()
+                except mempool.InvalidArgument:
+                    refused += 1
+            sys.exit(refused)  # a normal exit: the finalizers run
+        status = wait_child(pid, "the child hung")
+        done.set()
+        t.join()
+        print(os.waitstatus_to_exitcode(status))
+        p.destroy()
+        st.destroy()
+        d.close()
+    """
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-c", _WAIT_CHILD + code], cwd=pkg,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "6"

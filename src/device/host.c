@@ -390,7 +390,11 @@ static void *host_stream_main(void *arg) {
      * detached, nobody joins it. The stream goes on the dead list for a
      * later API call to free (a worker frees nothing, see host_on_worker);
      * neither s nor, after the unlock, h is touched again, since close may
-     * free h as soon as dying reaches 0. */
+     * free h as soon as dying reaches 0. So close can return while this
+     * thread still runs its return and the C library's thread exit, which
+     * touch nothing of mempool's; a program that unloads the library
+     * (dlclose) right after closing a device must not count on every
+     * worker having left its code. */
     host_dev_t *h = s->dev;
     pthread_mutex_lock(&h->dying_mu);
     s->dead_next = h->dead;
