@@ -442,7 +442,8 @@ mp__curesult cuIpcGetMemHandle(mp__cuipcmemhandle *pHandle, mp__cuptr dptr) {
  * allocation on the device makes a new pool. The retired pool, its graph
  * pools and its device are released before the driver resets, while the
  * memory they free is still theirs (after it, the driver may hand those
- * addresses out again); one that cannot be is kept until exit. */
+ * addresses out again); one that cannot be is kept until exit. So is the
+ * page-locked host pool when its chunks are that context's (host.c). */
 mp__curesult cuDevicePrimaryCtxReset_v2(int dev) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   bool outer = mp__pl_enter();
@@ -453,6 +454,8 @@ mp__curesult cuDevicePrimaryCtxReset_v2(int dev) {
     mp__pl_graphs_forget(pl, gone);
     (void)mp__pl_devices_release(pl, gone);
   }
+  if (pl != NULL)
+    mp__pl_host_reset(pl, dev);
   mp__curesult r = rc->cuDevicePrimaryCtxReset_v2
                        ? rc->cuDevicePrimaryCtxReset_v2(dev)
                        : MP__CU_NOT_INITIALIZED;

@@ -26,6 +26,7 @@
  * shim's state; a forked child makes its own (its parent's device is not
  * its device). */
 #include <dlfcn.h>
+#include <stdlib.h>
 
 #include "hooks.h"
 
@@ -71,6 +72,53 @@ static mp_host_pool_t *mp__hpl_get(const mp__pl_t *pl) {
   mp_host_pool_t *hp = mp__hpl.hp;
   pthread_mutex_unlock(&mp__hpl.lock);
   return hp;
+}
+
+/* Host pools a reset retired that could not be destroyed (said on
+ * stderr): never used again, kept reachable until exit, as the parent's
+ * pool is in a forked child. Under mp__hpl.lock. */
+typedef struct mp__hpl_kept {
+  mp_host_pool_t *hp;
+  struct mp__hpl_kept *next;
+} mp__hpl_kept_t;
+__attribute__((used)) static mp__hpl_kept_t *mp__hpl_kept;
+
+/* The chunks are cuMemHostAlloc'd in the primary context of pl->dev's
+ * device (device/cuda.c pushes it for every driver call), and a reset
+ * destroys them with it: cuda_runtime_api.h, cudaDeviceReset, "These
+ * resources also include memory allocations by ::cudaMalloc,
+ * ::cudaMallocHost, ...", and cuda.h, cuCtxDestroy, "memory allocations
+ * by ::cuMemAlloc(), ::cuMemAllocHost(), ...". So the pool goes before
+ * the reset, as the device pools do (driver.c): its blocks still live are
+ * the program's problem, as after a real reset; a later free of one is
+ * the driver's answer. The emulated device has no driver to reset. */
+void mp__pl_host_reset(const mp__pl_t *pl, int ordinal) {
+  if (pl->mode != MP__PL_POOL || pl->host || ordinal != pl->ordinal)
+    return;
+  mp__hpl_kept_t *keep = calloc(1, sizeof *keep);
+  pthread_mutex_lock(&mp__hpl.lock);
+  mp_host_pool_t *hp = mp__hpl.hp;
+  mp__hpl.hp = NULL;
+  mp__hpl.dev = NULL;
+  pthread_mutex_unlock(&mp__hpl.lock);
+  if (hp == NULL) {
+    free(keep);
+    return;
+  }
+  (void)mp__pl_table_forget_hostmem();
+  if (mp_host_pool_destroy(hp) == MP_OK) {
+    free(keep);
+    return;
+  }
+  MP__PL_SAY("cuDevicePrimaryCtxReset: the page-locked host pool cannot be "
+             "released and is kept until exit: %s",
+             mp_last_error());
+  if (keep == NULL)
+    return; /* without memory for the record: lost, as a leak */
+  pthread_mutex_lock(&mp__hpl.lock);
+  *keep = (mp__hpl_kept_t){.hp = hp, .next = mp__hpl_kept};
+  mp__hpl_kept = keep;
+  pthread_mutex_unlock(&mp__hpl.lock);
 }
 
 /* Whether ptr lies in the host pool's memory (none made: false). */

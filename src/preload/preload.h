@@ -296,6 +296,9 @@ bool mp__pl_table_find_pool(uintptr_t addr, mp__pl_block_t *out);
 /* Removes every block of pool (a retired pool: its memory is gone), each
  * traced as freed; how many there were. */
 size_t mp__pl_table_forget_pool(mp_pool_t *pool);
+/* Removes every block of the host pool (MP__PL_FROM_HOSTMEM: its chunks
+ * are gone with a reset), each traced as a pinned free; how many. */
+size_t mp__pl_table_forget_hostmem(void);
 
 /* Maps a pool status to the API's error code. */
 mp__curesult mp__pl_cu_error(mp_status_t st);
@@ -337,6 +340,14 @@ bool mp__pl_capture_prohibits(unsigned thread_mode);
 
 /* ---- host.c ------------------------------------------------------------- */
 
+/* Before the real cuDevicePrimaryCtxReset(ordinal): when the host pool's
+ * chunks are page-locked memory of that device's primary context, which
+ * the reset destroys, the pool is taken away, its blocks forgotten
+ * (mp__pl_table_forget_hostmem) and the pool destroyed while its chunks
+ * are still the driver's to take back; the next page-locked allocation
+ * makes a new pool, with new chunks. A pool that cannot be destroyed is
+ * said on stderr and kept, never used again, until exit. */
+void mp__pl_host_reset(const mp__pl_t *pl, int ordinal);
 /* The report's "host_pool" object (",\n  \"host_pool\": {...}"), nothing
  * when no host pool was made. */
 void mp__pl_host_report(FILE *f);

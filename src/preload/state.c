@@ -108,13 +108,15 @@ bool mp__pl_table_find_pool(uintptr_t addr, mp__pl_block_t *out) {
   return found;
 }
 
-/* The blocks are taken out under the table's lock and traced after it
- * (tracing reads the pool's statistics, whose lock is never taken inside
- * the table's), as many at a time as a buffer sized from the table holds.
- * A removal shifts later members of a probe run back into the hole
- * (ptrmap.c), never into a slot already passed but this one: slot k is
- * looked at again after each removal. */
-size_t mp__pl_table_forget_pool(mp_pool_t *pool) {
+/* Removes every entry of kind (and, for MP__PL_FROM_POOL, of pool) and
+ * traces each with traced. The blocks are taken out under the table's
+ * lock and traced after it (tracing reads the pool's statistics, whose
+ * lock is never taken inside the table's), as many at a time as a buffer
+ * sized from the table holds. A removal shifts later members of a probe
+ * run back into the hole (ptrmap.c), never into a slot already passed but
+ * this one: slot k is looked at again after each removal. */
+static size_t mp__table_forget(mp__pl_kind_t kind, mp_pool_t *pool,
+                               void (*traced)(const mp__pl_block_t *)) {
   size_t n = 0;
   bool more = true;
   while (more) {
@@ -127,7 +129,7 @@ size_t mp__pl_table_forget_pool(mp_pool_t *pool) {
     pthread_mutex_lock(&mp__tab.lock);
     for (size_t k = 0; k < mp__tab.map.cap;) {
       mp__pl_block_t *b = mp__ptrmap_at(&mp__tab.map, k);
-      if (b == NULL || b->kind != MP__PL_FROM_POOL || b->pool != pool) {
+      if (b == NULL || b->kind != kind || b->pool != pool) {
         k++;
       } else if (got == room) {
         more = gone != NULL; /* without a buffer: left in the table */
@@ -139,11 +141,27 @@ size_t mp__pl_table_forget_pool(mp_pool_t *pool) {
     }
     pthread_mutex_unlock(&mp__tab.lock);
     for (size_t i = 0; i < got; i++)
-      mp__pl_record_free(gone[i].ptr, gone[i].size, gone[i].stream);
+      traced(&gone[i]);
     n += got;
     free(gone);
   }
   return n;
+}
+
+static void mp__traced_free(const mp__pl_block_t *b) {
+  mp__pl_record_free(b->ptr, b->size, b->stream);
+}
+
+static void mp__traced_pinned_free(const mp__pl_block_t *b) {
+  mp__pl_record_other("pinned_free", b->ptr, b->size);
+}
+
+size_t mp__pl_table_forget_pool(mp_pool_t *pool) {
+  return mp__table_forget(MP__PL_FROM_POOL, pool, mp__traced_free);
+}
+
+size_t mp__pl_table_forget_hostmem(void) {
+  return mp__table_forget(MP__PL_FROM_HOSTMEM, NULL, mp__traced_pinned_free);
 }
 
 /* ---- the start ---------------------------------------------------------- */

@@ -19,7 +19,16 @@
  * (stream-ordered allocations freed inside the capture), instantiates and
  * launches it, resets with the graph and its executable alive, and only
  * then destroys them (the fake driver's graphs outlive the context; this
- * mode is not for a GPU).
+ * mode is not for a GPU). Every "many" round also holds page-locked memory
+ * (cuMemHostAlloc) across the reset, one block live and one freed.
+ * With "pinned" the reset destroys page-locked memory too
+ * (cuda_runtime_api.h, cudaDeviceReset: the resources destroyed "also
+ * include memory allocations by ::cudaMalloc, ::cudaMallocHost, ..."): a
+ * page-locked block from before is no longer the program's (on the fake,
+ * its cuMemFreeHost is refused), and a page-locked allocation after the
+ * reset is new memory of the driver's (on the fake, the first one costs a
+ * cuMemHostAlloc of its own: none from before is left to serve it) that
+ * carries what is written to it through a copy to the device and back.
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #include <cuda.h>
 #include <malloc.h>
@@ -28,6 +37,10 @@
 #include <string.h>
 
 #include "prog_try.h"
+
+/* The fake's count of its own entry point; absent on a real driver (the
+ * GPU twin in gpu/run_gpu.sh), where the checks on counts are left out. */
+__attribute__((weak)) long long cuFakeGetCallCount(const char *name);
 
 #define MP_BYTES (1u << 20)
 
@@ -43,9 +56,11 @@ typedef CUresult (*reset_fn)(CUdevice);
 #define MP_RESETS 200
 /* Heap growth allowed over MP_RESETS resets after the warm-up: what the
  * program and the driver keep of a reset for good must stay well below a
- * pool's own records (the fake driver keeps a small record of every stream
- * it ever made). */
-#define MP_GROWTH_MAX ((size_t)MP_RESETS * 512u)
+ * pool's own records (a host pool kept at each reset grows the heap by
+ * some 57 KiB a reset on the fake). The fake driver keeps a record of every
+ * stream it ever made (under 300 bytes): a round makes up to two, the
+ * program's (many_graph) and the shim's host pool's. */
+#define MP_GROWTH_MAX ((size_t)MP_RESETS * 1024u)
 
 /* A graph captured on s: a temporary allocated, written and freed on s. */
 static int capture(CUstream s, CUgraph *g, CUgraphExec *x) {
@@ -66,6 +81,7 @@ static int many_resets(bool graph) {
   size_t before = 0;
   for (int i = 0; i < MP_WARMUP + MP_RESETS; i++) {
     CUdeviceptr live, cached;
+    void *pinned_live, *pinned_cached;
     CUstream s;
     CUgraph g = NULL;
     CUgraphExec x = NULL;
@@ -77,6 +93,10 @@ static int many_resets(bool graph) {
     MP_TRY(cuMemAlloc(&cached, MP_BYTES / 2));
     MP_TRY(cuMemsetD8(live, 1, MP_BYTES));
     MP_TRY(cuMemFree(cached));
+    MP_TRY(cuMemHostAlloc(&pinned_live, MP_BYTES / 4, 0));
+    MP_TRY(cuMemHostAlloc(&pinned_cached, MP_BYTES / 4, 0));
+    memset(pinned_live, 3, MP_BYTES / 4);
+    MP_TRY(cuMemFreeHost(pinned_cached));
     if (graph) {
       MP_TRY(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
       if (capture(s, &g, &x) != 0)
@@ -105,6 +125,69 @@ static int many_resets(bool graph) {
   return 0;
 }
 
+/* The fake's page-locked allocations so far (cuMemHostAlloc and
+ * cuMemAllocHost_v2 calls); 0 on a real driver. */
+static long long driver_pins(void) {
+  return cuFakeGetCallCount ? cuFakeGetCallCount("cuMemHostAlloc") +
+                                  cuFakeGetCallCount("cuMemAllocHost_v2")
+                            : 0;
+}
+
+/* Page-locked memory across a reset (see "pinned" above). */
+static int pinned_reset(void) {
+  static unsigned char seen[MP_BYTES];
+  CUcontext ctx;
+  CUdeviceptr dev;
+  void *live, *cached, *after;
+  if (start(&ctx) != 0)
+    return 1;
+  MP_TRY(cuMemHostAlloc(&live, MP_BYTES / 4, CU_MEMHOSTALLOC_PORTABLE));
+  MP_TRY(cuMemHostAlloc(&cached, MP_BYTES / 4, 0));
+  memset(live, 1, MP_BYTES / 4);
+  MP_TRY(cuMemFreeHost(cached)); /* a pool keeps it */
+  MP_TRY(cuDevicePrimaryCtxReset(0));
+  if (start(&ctx) != 0)
+    return 1;
+  if (cuFakeGetCallCount != NULL) {
+    CUresult r = cuMemFreeHost(live);
+    if (r != CUDA_ERROR_INVALID_VALUE) {
+      printf("cuMemFreeHost of page-locked memory the reset destroyed: "
+             "error %d, not refused\n",
+             (int)r);
+      return 1;
+    }
+  }
+  MP_TRY(cuMemAlloc(&dev, MP_BYTES));
+  for (int i = 0; i < 4; i++) {
+    long long before = driver_pins();
+    MP_TRY(cuMemAllocHost(&after, MP_BYTES));
+    if (i == 0 && cuFakeGetCallCount != NULL && driver_pins() == before) {
+      printf("the first page-locked allocation after the reset (%p) was "
+             "served without the driver: from memory the reset "
+             "destroyed\n",
+             after);
+      return 1;
+    }
+    memset(after, 0x50 + i, MP_BYTES);
+    MP_TRY(cuMemcpyHtoD(dev, after, MP_BYTES));
+    memset(after, 0, MP_BYTES);
+    MP_TRY(cuMemcpyDtoH(after, dev, MP_BYTES));
+    memcpy(seen, after, MP_BYTES);
+    for (size_t k = 0; k < MP_BYTES; k++)
+      if (seen[k] != (unsigned char)(0x50 + i)) {
+        printf("byte %zu of page-locked memory after the reset reads %d\n", k,
+               seen[k]);
+        return 1;
+      }
+    MP_TRY(cuMemFreeHost(after));
+  }
+  MP_TRY(cuMemFree(dev));
+  MP_TRY(cuCtxSynchronize());
+  MP_TRY(cuDevicePrimaryCtxRelease(0));
+  puts("ok");
+  return 0;
+}
+
 int main(int argc, char **argv) {
   static unsigned char seen[MP_BYTES];
   reset_fn reset = cuDevicePrimaryCtxReset;
@@ -113,6 +196,8 @@ int main(int argc, char **argv) {
   MP_TRY(cuInit(0));
   if (argc > 1 && strncmp(argv[1], "many", 4) == 0)
     return many_resets(strcmp(argv[1], "many_graph") == 0);
+  if (argc > 1 && strcmp(argv[1], "pinned") == 0)
+    return pinned_reset();
   if (start(&ctx) != 0)
     return 1;
   if (argc > 1 && strcmp(argv[1], "proc") == 0) {

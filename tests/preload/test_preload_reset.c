@@ -56,3 +56,16 @@ Test(preload_reset, without_the_shim_resets_with_live_graphs_keep_nothing) {
 Test(preload_reset, under_the_shim_resets_with_live_graphs_keep_nothing) {
   reset_rules("LD_PRELOAD=" MP_SHIM, "MEMPOOL_CONF=virtual=0", "many_graph");
 }
+
+/* The reset destroys page-locked memory too (cuda_runtime_api.h,
+ * cudaDeviceReset: "memory allocations by ... ::cudaMallocHost"): under
+ * the shim the host pool's chunks went with it, so a block from before is
+ * not taken back and what is allocated after it comes from new chunks
+ * (reset_prog "pinned"). */
+Test(preload_reset, without_the_shim_a_reset_destroys_pinned_memory) {
+  reset_rules("LD_PRELOAD=", "MEMPOOL_CONF=", "pinned");
+}
+
+Test(preload_reset, under_the_shim_a_reset_retires_the_host_pool) {
+  reset_rules("LD_PRELOAD=" MP_SHIM, "MEMPOOL_CONF=virtual=0", "pinned");
+}
