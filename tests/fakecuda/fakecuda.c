@@ -67,17 +67,19 @@
  *    legacy-stream work while a blocking stream captures is
  *    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (the capture invalidated);
  *    cuStreamGetCaptureInfo gives a capture's id and graph only while it
- *    is active, never once it is invalidated; a stream that waits on an
- *    event recorded in a capture joins it (same id, graph, mode and
- *    thread; what is refused on the origin is refused on it, and a
- *    conflict on either invalidates both), a capturing stream's wait on an
- *    event recorded outside any capture is refused unless external
- *    (CUDA_ERROR_STREAM_CAPTURE_ISOLATION), and an external wait outside
- *    any capture (or with flags beyond CU_EVENT_WAIT_EXTERNAL) is
- *    CUDA_ERROR_INVALID_VALUE; cuStreamEndCapture ends it on
- *    the origin only (CUDA_ERROR_STREAM_CAPTURE_UNMATCHED elsewhere) and
- *    with CUDA_ERROR_STREAM_CAPTURE_UNJOINED when a joined stream's work
- *    was not joined back, taking every joined stream out of capture;
+ *    is active, never once it is invalidated; cuGraphDestroy of a graph a
+ *    capture is building (until its end) is CUDA_ERROR_INVALID_VALUE; a
+ *    stream that waits on an event recorded in a capture joins it (same
+ *    id, graph, mode and thread; what is refused on the origin is refused
+ *    on it, and a conflict on either invalidates both), a capturing
+ *    stream's wait on an event recorded outside any capture is refused
+ *    unless external (CUDA_ERROR_STREAM_CAPTURE_ISOLATION), and an
+ *    external wait outside any capture (or with flags beyond
+ *    CU_EVENT_WAIT_EXTERNAL) is CUDA_ERROR_INVALID_VALUE;
+ *    cuStreamEndCapture ends it on the origin only
+ *    (CUDA_ERROR_STREAM_CAPTURE_UNMATCHED elsewhere) and with
+ *    CUDA_ERROR_STREAM_CAPTURE_UNJOINED when a joined stream's work was
+ *    not joined back, taking every joined stream out of capture;
  *  - contexts (test_fakecuda_contexts.c): a context made by cuCtxCreate,
  *    and each device's primary context (FAKECUDA_DEVICE_COUNT devices),
  *    has its own memory, streams and work: cuCtxSynchronize waits for the
@@ -2721,13 +2723,33 @@ CUresult cuGraphCreate(CUgraph *out, unsigned int flags) {
   return CUDA_SUCCESS;
 }
 
+/* Whether a capture, active or invalidated but not yet ended, is building
+ * g. Under fk.lock. */
+static bool fk_graph_capturing(const struct CUgraph_st *g) {
+  for (const fk_stream_t *o = fk_capturing; o != NULL; o = o->cap_next)
+    if (o->graph == g)
+      return true;
+  return false;
+}
+
 /* Destroying a graph frees the memory its free nodes released (the fake
- * keeps it until then, so replays can use it). */
+ * keeps it until then, so replays can use it). A graph a capture is
+ * building cannot go: cuda.h, cuStreamGetCaptureInfo, graph_out, "All
+ * operations other than destroy and node removal are permitted on the
+ * graph while the capture sequence is in progress" (the sequence lasts
+ * until cuStreamEndCapture, invalidated or not); refused with
+ * CUDA_ERROR_INVALID_VALUE, the one error cuda.h lists for cuGraphDestroy
+ * besides initialization, and nothing changes. */
 CUresult cuGraphDestroy(CUgraph g) {
   FK_COUNT(cuGraphDestroy);
   FK_CURRENT(dev);
   if (g == NULL)
     return fk_bad_handle();
+  pthread_mutex_lock(&fk.lock);
+  bool building = fk_graph_capturing(g);
+  pthread_mutex_unlock(&fk.lock);
+  if (building)
+    return CUDA_ERROR_INVALID_VALUE;
   for (size_t i = 0; i < g->n; i++)
     if (g->nodes[i]->type == CU_GRAPH_NODE_TYPE_MEM_FREE)
       (void)fk_free(dev, g->nodes[i]->dst);

@@ -854,3 +854,59 @@ Test(fakecuda_capture, a_capture_into_a_graph_refuses_bad_input) {
   cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
   cr_assert_eq(cuGraphDestroy(other), CUDA_SUCCESS);
 }
+
+/* cuda.h, cuStreamGetCaptureInfo, graph_out: "the graph being captured
+ * into. All operations other than destroy and node removal are permitted
+ * on the graph while the capture sequence is in progress." The fake
+ * refuses cuGraphDestroy of such a graph with CUDA_ERROR_INVALID_VALUE
+ * (the one error cuda.h lists for it besides initialization), whether the
+ * program gave it (cuStreamBeginCaptureToGraph) or the capture made it,
+ * and while the capture is invalidated but not yet ended; the graph and
+ * the capture go on unchanged, and once the capture ends the graph can be
+ * destroyed. What a real driver does is not documented: the GPU twin
+ * leaves this out. */
+Test(fakecuda_capture, a_graph_being_captured_into_cannot_be_destroyed) {
+  if (fk_real())
+    cr_skip_test("undefined on a real driver (cuda.h: not permitted)");
+  CUgraph g = NULL, out = NULL, info = NULL;
+  CUstreamCaptureStatus st;
+  cr_assert_eq(cuGraphCreate(&g, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamBeginCaptureToGraph(s, g, NULL, NULL, 0,
+                                           CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuLaunchHostFunc(s, bump, &(atomic_int){0}), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_ERROR_INVALID_VALUE,
+               "a graph a capture is building was destroyed");
+  cr_assert_eq(cuStreamIsCapturing(s, &st), CUDA_SUCCESS);
+  cr_assert_eq(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  cr_assert_eq(cuLaunchHostFunc(s, bump, &(atomic_int){0}), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamEndCapture(s, &out), CUDA_SUCCESS);
+  cr_assert_eq(out, g);
+  cr_assert_eq(node_count(g), 2);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+
+  /* The capture's own graph, named by cuStreamGetCaptureInfo. */
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuStreamGetCaptureInfo(s, &st, NULL, &info, NULL, NULL, NULL),
+               CUDA_SUCCESS);
+  cr_assert_not_null(info);
+  cr_assert_eq(cuGraphDestroy(info), CUDA_ERROR_INVALID_VALUE);
+  cr_assert_eq(cuLaunchHostFunc(s, bump, &(atomic_int){0}), CUDA_SUCCESS);
+  out = NULL;
+  cr_assert_eq(cuStreamEndCapture(s, &out), CUDA_SUCCESS);
+  cr_assert_eq(out, info);
+  cr_assert_eq(node_count(out), 1);
+  cr_assert_eq(cuGraphDestroy(out), CUDA_SUCCESS);
+
+  /* Invalidated, the sequence is still in progress until it ends. */
+  cr_assert_eq(cuGraphCreate(&g, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamBeginCaptureToGraph(s, g, NULL, NULL, 0,
+                                           CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  cr_assert_eq(alloc_call(), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_ERROR_INVALID_VALUE);
+  cr_assert_eq(cuStreamEndCapture(s, &out),
+               CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+}

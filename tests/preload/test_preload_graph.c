@@ -67,7 +67,10 @@ Test(preload_graph, a_capture_allocating_through_ptsz_entry_points_ends) {
 /* Two captures into one graph the program made
  * (cuStreamBeginCaptureToGraph), each with its own graph pool: the graph's
  * and its executable's destruction must release both, not the first
- * found. */
+ * found. A cuGraphDestroy of the graph during the second capture is the
+ * fake's refusal (cuda.h, cuStreamGetCaptureInfo: no destroy "while the
+ * capture sequence is in progress"), passed on with the graph pools left
+ * as they were. */
 Test(preload_graph, two_captures_into_one_graph_release_both_graph_pools) {
   capture_under_the_shim("to_graph_twice");
 }
