@@ -151,8 +151,14 @@ typedef struct host_event {
   host_marker_t *last; /* the latest record; NULL: never recorded */
 } host_event_t;
 
-/* The reservations, and the plain allocations (host_entry_t), are tables
- * sorted by base (host_tab_*): every entry starts with its base and size. */
+/* The reservations, and the plain and page-locked allocations
+ * (host_entry_t, host_atab_t), are tables sorted by base (host_tab_*):
+ * every entry starts with its base and size. */
+typedef struct host_atab {
+  host_entry_t *e;
+  size_t n, cap;
+} host_atab_t;
+
 typedef struct host_resv {
   uintptr_t base;
   size_t bytes;
@@ -179,11 +185,10 @@ struct host_dev {
   size_t used;
   uint64_t file_next;   /* the next unused offset of memfd (page aligned) */
   uint64_t alloc_calls; /* device allocations attempted (fail_after) */
-  host_entry_t *allocs; /* plain allocations, sorted by address */
-  size_t nallocs, allocs_cap;
-  mp__ptrmap_t pinned; /* host_alloc -> bytes */
-  mp__ptrmap_t maps;   /* vm_map address -> bytes */
-  host_resv_t *resv;   /* sorted by base */
+  host_atab_t allocs;   /* plain allocations (mp_device_alloc) */
+  host_atab_t pins;     /* page-locked host memory (mp_device_host_alloc) */
+  mp__ptrmap_t maps;    /* vm_map address -> bytes */
+  host_resv_t *resv;    /* sorted by base */
   size_t nresv, resv_cap;
 
   pthread_rwlock_t reg; /* the handle registries */
@@ -992,6 +997,34 @@ static void host_tab_close(void *tab, size_t *n, size_t stride, size_t i) {
   (*n)--;
 }
 
+/* mem_lock held. Adds e to allocation table t; false without host memory
+ * for it (t unchanged). */
+static bool host_atab_add(host_atab_t *t, host_entry_t e) {
+  host_entry_t *room = mp__host_room(t->e, &t->cap, t->n, sizeof *room);
+  if (room == NULL)
+    return false;
+  t->e = room;
+  room[host_tab_open(room, &t->n, sizeof *room, e.key)] = e;
+  return true;
+}
+
+/* mem_lock held. The allocation of t that starts at ptr, or NULL. */
+static host_entry_t *host_atab_at(const host_atab_t *t, const void *ptr) {
+  size_t i = host_tab_find(t->e, t->n, sizeof *t->e, (uintptr_t)ptr);
+  return i < t->n && t->e[i].key == (uintptr_t)ptr ? &t->e[i] : NULL;
+}
+
+/* mem_lock held. Removes the allocation of t that starts at ptr into
+ * *out; false when there is none. */
+static bool host_atab_take(host_atab_t *t, const void *ptr, host_entry_t *out) {
+  host_entry_t *at = host_atab_at(t, ptr);
+  if (at == NULL)
+    return false;
+  *out = *at;
+  host_tab_close(t->e, &t->n, sizeof *t->e, (size_t)(at - t->e));
+  return true;
+}
+
 /* ---- device memory ----------------------------------------------------- */
 
 /* mem_lock held. Counts one device allocation against fail_after and
@@ -1095,18 +1128,14 @@ static mp_status_t host_alloc(mp_device_t *dev, size_t bytes, void **out) {
                     bytes, strerror(err));
   }
   pthread_mutex_lock(&h->mem_lock);
-  host_entry_t *t =
-      mp__host_room(h->allocs, &h->allocs_cap, h->nallocs, sizeof *t);
-  if (t != NULL) {
-    h->allocs = t;
-    size_t i = host_tab_open(t, &h->nallocs, sizeof *t, (uintptr_t)p);
-    t[i] = (host_entry_t){
-        .key = (uintptr_t)p, .bytes = bytes, .off = off, .flags = 0};
-  } else {
+  bool kept = host_atab_add(&h->allocs, (host_entry_t){.key = (uintptr_t)p,
+                                                       .bytes = bytes,
+                                                       .off = off,
+                                                       .flags = 0});
+  if (!kept)
     h->used -= bytes;
-  }
   pthread_mutex_unlock(&h->mem_lock);
-  if (t == NULL) {
+  if (!kept) {
     munmap(p, bytes);
     return mp__fail(MP_ENOMEM, "host device: out of host memory to track an "
                                "allocation");
@@ -1115,26 +1144,20 @@ static mp_status_t host_alloc(mp_device_t *dev, size_t bytes, void **out) {
   return MP_OK;
 }
 
-/* Removes ptr from map (mem_lock taken here); false when it is not there. */
-static bool host_map_take(host_dev_t *h, mp__ptrmap_t *map, void *ptr,
-                          host_entry_t *out) {
+/* Whether ptr starts an allocation of t (mem_lock taken here). */
+static bool host_atab_has(host_dev_t *h, const host_atab_t *t,
+                          const void *ptr) {
   pthread_mutex_lock(&h->mem_lock);
-  bool found = mp__ptrmap_take(map, (uintptr_t)ptr, out);
+  bool found = host_atab_at(t, ptr) != NULL;
   pthread_mutex_unlock(&h->mem_lock);
   return found;
 }
 
-/* mem_lock held. The plain allocation that starts at ptr, or NULL. */
-static host_entry_t *host_alloc_find(host_dev_t *h, const void *ptr) {
-  size_t i =
-      host_tab_find(h->allocs, h->nallocs, sizeof *h->allocs, (uintptr_t)ptr);
-  return i < h->nallocs && h->allocs[i].key == (uintptr_t)ptr ? &h->allocs[i]
-                                                              : NULL;
-}
-
-static bool host_map_has(host_dev_t *h, mp__ptrmap_t *map, const void *ptr) {
+/* Takes the allocation of t that starts at ptr (mem_lock taken here). */
+static bool host_atab_take_locked(host_dev_t *h, host_atab_t *t,
+                                  const void *ptr, host_entry_t *out) {
   pthread_mutex_lock(&h->mem_lock);
-  bool found = mp__ptrmap_find(map, (uintptr_t)ptr) != NULL;
+  bool found = host_atab_take(t, ptr, out);
   pthread_mutex_unlock(&h->mem_lock);
   return found;
 }
@@ -1142,10 +1165,7 @@ static bool host_map_has(host_dev_t *h, mp__ptrmap_t *map, const void *ptr) {
 static mp_status_t host_free(mp_device_t *dev, void *ptr) {
   HOST_NOT_IN_HOST_FN("mp_device_free");
   host_dev_t *h = host_of(dev);
-  pthread_mutex_lock(&h->mem_lock);
-  bool known = host_alloc_find(h, ptr) != NULL;
-  pthread_mutex_unlock(&h->mem_lock);
-  if (!known)
+  if (!host_atab_has(h, &h->allocs, ptr))
     return mp__fail(MP_EINVAL,
                     "mp_device_free: %p was not returned by mp_device_alloc "
                     "on this device, or was already freed",
@@ -1156,16 +1176,7 @@ static mp_status_t host_free(mp_device_t *dev, void *ptr) {
   host_sleep_us(h->latency_us);
   host_entry_t e;
   /* Checked again: another thread may have freed it meanwhile. */
-  pthread_mutex_lock(&h->mem_lock);
-  host_entry_t *at = host_alloc_find(h, ptr);
-  bool found = at != NULL;
-  if (found) {
-    e = *at;
-    host_tab_close(h->allocs, &h->nallocs, sizeof *h->allocs,
-                   (size_t)(at - h->allocs));
-  }
-  pthread_mutex_unlock(&h->mem_lock);
-  if (!found)
+  if (!host_atab_take_locked(h, &h->allocs, ptr, &e))
     return mp__fail(MP_EINVAL, "mp_device_free: %p was already freed", ptr);
   munmap(ptr, e.bytes);
   host_file_release(h, &e);
@@ -1185,11 +1196,10 @@ static mp_status_t host_host_alloc(mp_device_t *dev, size_t bytes, void **out) {
                     "mp_device_host_alloc: mmap of %zu bytes failed: %s", bytes,
                     strerror(errno));
   pthread_mutex_lock(&h->mem_lock);
-  host_entry_t *e = mp__ptrmap_put(&h->pinned, (uintptr_t)p);
-  if (e != NULL)
-    e->bytes = bytes;
+  bool kept = host_atab_add(
+      &h->pins, (host_entry_t){.key = (uintptr_t)p, .bytes = bytes});
   pthread_mutex_unlock(&h->mem_lock);
-  if (e == NULL) {
+  if (!kept) {
     munmap(p, bytes);
     return mp__fail(MP_ENOMEM, "host device: out of host memory to track a "
                                "host allocation");
@@ -1201,7 +1211,7 @@ static mp_status_t host_host_alloc(mp_device_t *dev, size_t bytes, void **out) {
 static mp_status_t host_host_free(mp_device_t *dev, void *ptr) {
   HOST_NOT_IN_HOST_FN("mp_device_host_free");
   host_dev_t *h = host_of(dev);
-  if (!host_map_has(h, &h->pinned, ptr))
+  if (!host_atab_has(h, &h->pins, ptr))
     return mp__fail(MP_EINVAL,
                     "mp_device_host_free: %p was not returned by "
                     "mp_device_host_alloc on this device, or was already "
@@ -1213,7 +1223,7 @@ static mp_status_t host_host_free(mp_device_t *dev, void *ptr) {
     return st;
   host_sleep_us(h->latency_us);
   host_entry_t e;
-  if (!host_map_take(h, &h->pinned, ptr, &e))
+  if (!host_atab_take_locked(h, &h->pins, ptr, &e))
     return mp__fail(MP_EINVAL, "mp_device_host_free: %p was already freed",
                     ptr);
   munmap(ptr, e.bytes);
@@ -1247,6 +1257,23 @@ static bool host_resv_all_mapped(const host_resv_t *r, size_t first, size_t n) {
   return true;
 }
 
+/* mem_lock held. MP_EINVAL when [p, p + n), which does not wrap, reaches
+ * into an allocation of t (what: its kind, for the message) without lying
+ * inside it. */
+static mp_status_t host_atab_inside(const host_atab_t *t, const char *what,
+                                    const char *fn, const void *p, size_t n) {
+  uintptr_t a = (uintptr_t)p, end = a + n;
+  size_t k = host_tab_touched(t->e, t->n, sizeof *t->e, a, end);
+  const host_entry_t *m = k < t->n ? &t->e[k] : NULL;
+  if (m == NULL || (a >= m->key && end <= m->key + m->bytes))
+    return MP_OK;
+  return mp__fail(MP_EINVAL,
+                  "%s: (%p, %zu bytes) crosses the edge of the %s "
+                  "allocation at %p (%zu bytes): a copy or memset must lie "
+                  "inside one allocation",
+                  fn, p, n, what, (void *)m->key, m->bytes);
+}
+
 /* Copies and memsets may touch a reservation only where it is mapped: a
  * range that reaches into one must lie inside it, on mapped granules. This
  * turns what would be a fault on a worker thread into MP_EINVAL for the
@@ -1260,7 +1287,10 @@ static bool host_resv_all_mapped(const host_resv_t *r, size_t first, size_t n) {
  * address for this requested pointer", and CU_POINTER_ATTRIBUTE_RANGE_SIZE),
  * and a copy past its end is CUDA_ERROR_INVALID_VALUE or, once run, a
  * fault (CUDA_ERROR_ILLEGAL_ADDRESS); here it would read or write whatever
- * host memory lies beyond. */
+ * host memory lies beyond. The same holds for page-locked host memory
+ * (mp_device_host_alloc, cuMemHostAlloc): the driver knows its range too
+ * (the same attributes answer for it), and both tables are searched
+ * alike (host_atab_inside). */
 static mp_status_t host_check_access(host_dev_t *h, const char *fn,
                                      const void *p, size_t n) {
   uintptr_t a = (uintptr_t)p;
@@ -1272,8 +1302,6 @@ static mp_status_t host_check_access(host_dev_t *h, const char *fn,
   pthread_mutex_lock(&h->mem_lock);
   size_t i = host_tab_touched(h->resv, h->nresv, sizeof *h->resv, a, end);
   const host_resv_t *r = i < h->nresv ? &h->resv[i] : NULL;
-  size_t k = host_tab_touched(h->allocs, h->nallocs, sizeof *h->allocs, a, end);
-  const host_entry_t *m = k < h->nallocs ? &h->allocs[k] : NULL;
   if (r != NULL) {
     size_t g = h->granularity;
     if (a < r->base || end > r->base + r->bytes)
@@ -1289,12 +1317,10 @@ static mp_status_t host_check_access(host_dev_t *h, const char *fn,
                     "mapped",
                     fn, p, n);
   }
-  if (st == MP_OK && m != NULL && (a < m->key || end > m->key + m->bytes))
-    st = mp__fail(MP_EINVAL,
-                  "%s: (%p, %zu bytes) crosses the edge of the device "
-                  "allocation at %p (%zu bytes): a copy or memset must lie "
-                  "inside one allocation",
-                  fn, p, n, (void *)m->key, m->bytes);
+  if (st == MP_OK)
+    st = host_atab_inside(&h->allocs, "device", fn, p, n);
+  if (st == MP_OK)
+    st = host_atab_inside(&h->pins, "page-locked host", fn, p, n);
   pthread_mutex_unlock(&h->mem_lock);
   return st;
 }
@@ -1561,7 +1587,7 @@ static mp_status_t host_ipc_export(mp_device_t *dev, void *base, size_t bytes,
   host_dev_t *hd = host_of(dev);
   pthread_mutex_lock(&hd->mem_lock);
   host_entry_t *e = vm ? mp__ptrmap_find(&hd->maps, (uintptr_t)base)
-                       : host_alloc_find(hd, base);
+                       : host_atab_at(&hd->allocs, base);
   uint64_t off = 0;
   bool ok = e != NULL && e->bytes == bytes && !(e->flags & HOST_MEM_FOREIGN);
   if (ok) {
@@ -1703,12 +1729,12 @@ static mp_status_t host_opt(void *ctx, const char *key, size_t key_len,
 
 static void host_free_state(host_dev_t *h) {
   close(h->memfd);
-  mp__ptrmap_destroy(&h->pinned);
   mp__ptrmap_destroy(&h->maps);
   mp__ptrmap_destroy(&h->streams);
   mp__ptrmap_destroy(&h->events);
   free(h->resv);
-  free(h->allocs);
+  free(h->allocs.e);
+  free(h->pins.e);
   pthread_cond_destroy(&h->ev_cv);
   pthread_mutex_destroy(&h->ev_lock);
   pthread_mutex_destroy(&h->busy_mu);
@@ -1741,7 +1767,6 @@ static mp_status_t host_open(mp_device_t *dev, const char *opts) {
     return mp__fail(MP_ENOMEM, "host device: memfd_create failed: %s",
                     strerror(err));
   }
-  mp__ptrmap_init(&h->pinned, sizeof(host_entry_t));
   mp__ptrmap_init(&h->maps, sizeof(host_entry_t));
   mp__ptrmap_init(&h->streams, sizeof(host_entry_t));
   mp__ptrmap_init(&h->events, sizeof(host_entry_t));
@@ -1785,13 +1810,10 @@ static void host_close(mp_device_t *dev) {
       free(ev);
     }
   }
-  for (size_t i = 0; i < h->nallocs; i++)
-    munmap((void *)h->allocs[i].key, h->allocs[i].bytes);
-  for (size_t i = 0; i < h->pinned.cap; i++) {
-    host_entry_t *e = mp__ptrmap_at(&h->pinned, i);
-    if (e != NULL)
-      munmap((void *)e->key, e->bytes);
-  }
+  for (size_t i = 0; i < h->allocs.n; i++)
+    munmap((void *)h->allocs.e[i].key, h->allocs.e[i].bytes);
+  for (size_t i = 0; i < h->pins.n; i++)
+    munmap((void *)h->pins.e[i].key, h->pins.e[i].bytes);
   for (size_t i = 0; i < h->nresv; i++) {
     munmap((void *)h->resv[i].base, h->resv[i].bytes);
     free(h->resv[i].bits);

@@ -115,3 +115,64 @@ Test(host_copies, copies_past_a_plain_allocations_end_are_einval) {
   cr_expect_eq(mp_device_free(dev, c), MP_OK);
   mp_device_close(dev);
 }
+
+/* The same for page-locked host memory (mp_device_host_alloc): the driver
+ * knows each such allocation's range as it knows a device allocation's
+ * (cuda.h, cuPointerGetAttribute: CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
+ * and CU_POINTER_ATTRIBUTE_RANGE_SIZE), so a copy or memset that runs
+ * past its end is refused when queued, not run over what lies beyond. */
+Test(host_copies, copies_past_a_pinned_allocations_end_are_einval) {
+  mp_device_t *dev = open_dev("host:capacity=16M");
+  const size_t n = 60000;
+  unsigned char *p = NULL, *d = NULL;
+  cr_assert_eq(mp_device_host_alloc(dev, n, (void **)&p), MP_OK);
+  cr_assert_eq(mp_device_alloc(dev, n, (void **)&d), MP_OK);
+  for (size_t i = 0; i < n; i++) {
+    p[i] = (unsigned char)(i * 7);
+    d[i] = (unsigned char)(i * 13);
+  }
+  unsigned char was_p[60000], was_d[60000];
+  memcpy(was_p, p, n);
+  memcpy(was_d, d, n);
+  const struct {
+    void *dst;
+    const void *src;
+    size_t n;
+  } bad[] = {
+      {p + n - 1000, d, 2000}, /* the destination runs past p's end */
+      {d, p + n - 1000, 2000}, /* the source runs past p's end */
+      {p + n - 1, d, 2},       /* one byte past */
+      {d, p + n - 100, 200},   /* the page's rest past */
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    mp_status_t st =
+        mp_memcpy_async(dev, bad[i].dst, bad[i].src, bad[i].n, NULL);
+    cr_expect_eq(st, MP_EINVAL, "copy %zu: %s", i, mp_status_name(st));
+    if (st == MP_EINVAL)
+      cr_expect(strstr(mp_last_error(), "allocation") != NULL, "%s",
+                mp_last_error());
+  }
+  mp_status_t st = mp_memset_async(dev, p + n - 10, 0, 11, NULL);
+  cr_expect_eq(st, MP_EINVAL, "memset: %s", mp_status_name(st));
+  cr_assert_eq(mp_device_synchronize(dev), MP_OK);
+  cr_expect_arr_eq(p, was_p, n, "a refused copy or memset wrote p");
+  cr_expect_arr_eq(d, was_d, n, "a refused copy wrote d");
+  /* Up to the last byte is inside: allowed. */
+  cr_expect_eq(mp_memcpy_async(dev, p + n - 1000, d + n - 1000, 1000, NULL),
+               MP_OK);
+  cr_expect_eq(mp_memset_async(dev, p, 0, 10, NULL), MP_OK);
+  cr_assert_eq(mp_device_synchronize(dev), MP_OK);
+  cr_expect_eq(p[n - 1], was_d[n - 1]);
+  cr_expect_eq(p[9], 0);
+  cr_expect_eq(mp_device_host_free(dev, p), MP_OK);
+  /* What was freed is forgotten: a new allocation (perhaps at the freed
+   * one's address) is whole again. */
+  unsigned char *q = NULL;
+  cr_assert_eq(mp_device_host_alloc(dev, 2 * n, (void **)&q), MP_OK);
+  cr_expect_eq(mp_memset_async(dev, q, 1, 2 * n, NULL), MP_OK);
+  cr_assert_eq(mp_device_synchronize(dev), MP_OK);
+  cr_expect_eq(q[2 * n - 1], 1);
+  cr_expect_eq(mp_device_host_free(dev, q), MP_OK);
+  cr_expect_eq(mp_device_free(dev, d), MP_OK);
+  mp_device_close(dev);
+}
