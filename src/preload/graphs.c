@@ -24,15 +24,16 @@
  *
  * Invariant: every slot in use names a live graph pool; `streams` are the
  * routes begun for it and are ended exactly once, at the capture's end. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "hooks.h"
 
-#define MP__PL_CAPTURES    64 /* graphs alive at once the shim tracks */
-#define MP__PL_CAP_STREAMS 8  /* streams of one capture it routes */
-#define MP__PL_EXECS       256
-#define MP__CAPTURE_ACTIVE 1u /* CU_STREAM_CAPTURE_STATUS_ACTIVE */
-#define MP__PL_BEGUN       64 /* captures in progress at once it counts */
+#define MP__PL_CAPTURES    64  /* graphs alive at once the shim tracks */
+#define MP__PL_CAP_STREAMS 8   /* streams of one capture it routes */
+#define MP__PL_EXECS       256 /* the executables table's first room */
+#define MP__CAPTURE_ACTIVE 1u  /* CU_STREAM_CAPTURE_STATUS_ACTIVE */
+#define MP__PL_BEGUN       64  /* captures in progress at once it counts */
 
 typedef struct mp__pl_capture {
   bool used;
@@ -44,16 +45,20 @@ typedef struct mp__pl_capture {
   unsigned nstreams;
   mp__cugraph g; /* after the end: the graph, until destroyed */
   unsigned execs;
+  bool kept; /* an executable could not be counted: kept until exit */
 } mp__pl_capture_t;
 
 static struct {
   pthread_mutex_t lock;
   mp__pl_capture_t caps[MP__PL_CAPTURES];
-  struct {
+  /* The executables instantiated from tracked graphs, each with the slot
+   * it holds: grown as needed (host memory only; without it the graph
+   * pool is kept until exit, never released under a live executable). */
+  struct mp__pl_exec {
     mp__cugraphexec x;
     unsigned cap;
-  } execs[MP__PL_EXECS];
-  size_t nexecs, live;
+  } * execs;
+  size_t nexecs, roomexecs, live;
   /* The captures begun and not ended: origin stream (a per-thread stream
    * once per thread capturing it), mode and the thread that began it;
    * past MP__PL_BEGUN at once, `lost` keeps mp__pl_capture_begun true and
@@ -380,8 +385,21 @@ mp__curesult cuStreamEndCapture_ptsz(mp__custream hStream,
   return r;
 }
 
+/* Room for one more executable in the table. Under the lock. */
+static bool mp__execs_room(void) {
+  if (mp__gr.nexecs < mp__gr.roomexecs)
+    return true;
+  size_t room = mp__gr.roomexecs ? 2 * mp__gr.roomexecs : MP__PL_EXECS;
+  struct mp__pl_exec *t = realloc(mp__gr.execs, room * sizeof *t);
+  if (t == NULL)
+    return false;
+  mp__gr.execs = t;
+  mp__gr.roomexecs = room;
+  return true;
+}
+
 /* After an instantiation that returned r: the executable holds its
- * graph's graph pool. Returns r. */
+ * graph's graph pools (one per capture into the graph). Returns r. */
 static mp__curesult mp__exec_made(mp__curesult r, mp__cugraphexec *phGraphExec,
                                   mp__cugraph hGraph) {
   if (r != MP__CU_SUCCESS || phGraphExec == NULL)
@@ -389,12 +407,15 @@ static mp__curesult mp__exec_made(mp__curesult r, mp__cugraphexec *phGraphExec,
   mp__gr_lock();
   for (unsigned i = 0; i < MP__PL_CAPTURES; i++) {
     mp__pl_capture_t *c = &mp__gr.caps[i];
-    /* Past MP__PL_EXECS executables the graph pool lives until exit. */
-    if (mp__capture_into(c, hGraph) && mp__gr.nexecs < MP__PL_EXECS) {
-      mp__gr.execs[mp__gr.nexecs].x = *phGraphExec;
-      mp__gr.execs[mp__gr.nexecs++].cap = i;
-      c->execs++;
+    if (!mp__capture_into(c, hGraph))
+      continue;
+    if (!mp__execs_room()) {
+      c->kept = true; /* its replays may use the memory until exit */
+      continue;
     }
+    mp__gr.execs[mp__gr.nexecs].x = *phGraphExec;
+    mp__gr.execs[mp__gr.nexecs++].cap = i;
+    c->execs++;
   }
   pthread_mutex_unlock(&mp__gr.lock);
   return r;
@@ -454,7 +475,7 @@ mp__curesult cuGraphExecDestroy(mp__cugraphexec hGraphExec) {
     }
     mp__pl_capture_t *c = &mp__gr.caps[mp__gr.execs[i].cap];
     mp__gr.execs[i] = mp__gr.execs[--mp__gr.nexecs];
-    if (--c->execs == 0 && c->g == NULL)
+    if (--c->execs == 0 && c->g == NULL && !c->kept)
       mp__capture_drop(c);
   }
   pthread_mutex_unlock(&mp__gr.lock);
@@ -473,7 +494,7 @@ mp__curesult cuGraphDestroy(mp__cugraph hGraph) {
     if (!mp__capture_into(c, hGraph))
       continue;
     c->g = NULL;
-    if (c->execs == 0)
+    if (c->execs == 0 && !c->kept)
       mp__capture_drop(c);
   }
   pthread_mutex_unlock(&mp__gr.lock);

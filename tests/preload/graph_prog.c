@@ -19,7 +19,11 @@
  *    allocating an output on the stream, replays the graph and destroys
  *    it with its executable (the test reads the report: no graph pool
  *    may be left); on the fake, a cuGraphDestroy of the graph during the
- *    second capture must be refused.
+ *    second capture must be refused. A second argument "many_execs"
+ *    instantiates the captured graph NEXECS times (more than the shim's
+ *    first table of executables holds), then destroys the graph and every
+ *    executable but the last: that one alone must hold the memory, and
+ *    its destruction must give it back.
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -64,6 +68,50 @@ static int probe(CUstream s, int *inside) {
   for (int i = 0; i < NPROBE; i++)
     MP_TRY(cuMemFreeAsync(p[i], s));
   MP_TRY(cuStreamSynchronize(s));
+  return 0;
+}
+
+#define NEXECS 300
+
+/* The "many_execs" mode (above), probing on other. */
+static int many_execs(CUstream s, CUstream other) {
+  static CUgraphExec x[NEXECS];
+  CUdeviceptr out, t;
+  CUgraph g;
+  int inside;
+  MP_TRY(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  MP_TRY(cuMemAllocAsync(&out, 4096, s));
+  note(out, 4096);
+  MP_TRY(cuMemAllocAsync(&t, BYTES, s));
+  note(t, BYTES);
+  MP_TRY(cuMemsetD8Async(t, 1, BYTES, s));
+  MP_TRY(cuMemsetD8Async(out, 42, 4096, s));
+  MP_TRY(cuMemFreeAsync(t, s));
+  MP_TRY(cuStreamEndCapture(s, &g));
+  for (int i = 0; i < NEXECS; i++)
+    MP_TRY(cuGraphInstantiate(&x[i], g, 0));
+  MP_TRY(cuGraphDestroy(g));
+  for (int i = 0; i < NEXECS - 1; i++)
+    MP_TRY(cuGraphExecDestroy(x[i]));
+  MP_TRY(cuGraphLaunch(x[NEXECS - 1], s));
+  MP_TRY(cuStreamSynchronize(s));
+  MP_TRY(cuMemFreeAsync(out, s));
+  MP_TRY(cuStreamSynchronize(s));
+  if (probe(other, &inside) != 0)
+    return 1;
+  if (inside != 0) {
+    printf("%d of %d allocations got the memory of a graph whose last "
+           "executable lives\n",
+           inside, NPROBE);
+    return 1;
+  }
+  MP_TRY(cuGraphExecDestroy(x[NEXECS - 1]));
+  if (probe(other, &inside) != 0)
+    return 1;
+  if (inside == 0) {
+    puts("the graph's memory did not come back after its last executable");
+    return 1;
+  }
   return 0;
 }
 
@@ -147,8 +195,9 @@ int main(int argc, char **argv) {
   MP_TRY(cuStreamSynchronize(s));
   MP_TRY(cuStreamSynchronize(other));
 
-  if (argc > 2 && strcmp(argv[2], "to_graph_twice") == 0) {
-    if (into_one_graph_twice(s) != 0)
+  bool twice = argc > 2 && strcmp(argv[2], "to_graph_twice") == 0;
+  if (twice || (argc > 2 && strcmp(argv[2], "many_execs") == 0)) {
+    if ((twice ? into_one_graph_twice(s) : many_execs(s, other)) != 0)
       return 1;
     MP_TRY(cuStreamDestroy(s));
     MP_TRY(cuStreamDestroy(other));

@@ -32,8 +32,12 @@ static void capture_under_the_shim(const char *how) {
   cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
   cr_assert_str_eq(r.out, "ok\n");
   /* 2 in the warm-up, 1 + 6 in the capture, 2 * 24 probes; as many
-   * frees. to_graph_twice: 2 in the warm-up, 2 in the captures. */
-  int n = how != NULL && strcmp(how, "to_graph_twice") == 0 ? 4 : 57;
+   * frees. to_graph_twice: 2 in the warm-up, 2 in the captures;
+   * many_execs: 2 in the warm-up, 2 in the capture, 2 * 24 probes. */
+  int n = how == NULL                          ? 57
+          : strcmp(how, "to_graph_twice") == 0 ? 4
+          : strcmp(how, "many_execs") == 0     ? 52
+                                               : 57;
   cr_assert_eq(
       sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
          "sys.exit(0 if d[\"mode\"]==\"pool\" and "
@@ -73,4 +77,12 @@ Test(preload_graph, a_capture_allocating_through_ptsz_entry_points_ends) {
  * as they were. */
 Test(preload_graph, two_captures_into_one_graph_release_both_graph_pools) {
   capture_under_the_shim("to_graph_twice");
+}
+
+/* More executables of one graph than the shim's first table of them
+ * (256): those past it were not counted, and a graph destroyed with only
+ * such an executable left released its graph pool under it, handing its
+ * memory to others while replays still used it. */
+Test(preload_graph, the_last_of_many_executables_holds_the_graph_pool) {
+  capture_under_the_shim("many_execs");
 }

@@ -125,11 +125,12 @@ fi
 # graph_prog (issue 10): a capture with cuMemAllocAsync/cuMemFreeAsync in
 # it, served by a graph-private pool, replayed on the real driver; then
 # the same capture allocating through the _ptsz entry points; then two
-# captures into one graph (cuStreamBeginCaptureToGraph).
+# captures into one graph (cuStreamBeginCaptureToGraph); then 300
+# executables of one graph, the last alone holding its memory.
 graph=$build/tests/preload/preload_graph_prog
 if [ -x "$graph" ]; then
   real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
-  for how in "" ptsz to_graph_twice; do
+  for how in "" ptsz to_graph_twice many_execs; do
     LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
       MEMPOOL_DEVICE=cuda "$graph" pool $how >"$work/graph.out" 2>&1 ||
       fail "graph_prog $how under the shim: $(cat "$work/graph.out")"
