@@ -20,14 +20,15 @@ mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
   if (sync) /* cuMemFree / cudaFree: after the work of every stream */
     st = pl->host ? mp_pool_free(b->pool, ptr)
                   : mp_pool_free_after_all(b->pool, ptr);
-  else if ((uintptr_t)s != b->stream ||
-           mp__pl_stream(pl, s, ptsz) == (mp_stream_t)MP__CU_STREAM_PER_THREAD)
-    /* Another stream; or a per-thread one, whose handle names another
-     * stream in each thread (and NULL in a _ptsz call is one too): the
-     * caller's, not necessarily the one the block was allocated on. */
-    st = mp_pool_free_async(b->pool, ptr, mp__pl_stream(pl, s, ptsz));
   else
-    st = mp_pool_free(b->pool, ptr);
+    /* On the caller's stream, always through the pool's stream table,
+     * never by the handle the block was allocated on: the same handle may
+     * name another stream (a per-thread one names another in each thread,
+     * NULL in a _ptsz call too; a destroyed stream's handle may be given
+     * to a new stream, cuda.h, cuStreamDestroy releasing its resources),
+     * which the pool told apart when the old one was forgotten. On the
+     * block's own stream it is mp_pool_free. */
+    st = mp_pool_free_async(b->pool, ptr, mp__pl_stream(pl, s, ptsz));
   if (st != MP_OK) { /* still the program's (a paused pool): say so */
     mp__pl_table_put_pool(b->ptr, b->size, b->stream, b->pool);
     mp__pl_record_alloc(b->ptr, b->size, b->stream, true);

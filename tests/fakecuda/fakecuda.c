@@ -29,7 +29,9 @@
  * process (fk_dead_or_bad); FAKECUDA_UNMAP_IN_USE=refuse likewise answers
  * an unmap of memory queued work still uses (fk_flight_t);
  * FAKECUDA_IPC_INTERIOR=1 lets cuIpcGetMemHandle take a pointer inside an
- * allocation (see IPC below). Errors a test may
+ * allocation (see IPC below); FAKECUDA_REUSE_STREAMS=1 gives a new stream
+ * the handle of the stream released last, as a driver may (fk_unbury).
+ * Errors a test may
  * count: cuFakeGetErrorCount.
  *
  * CUDA's rules it keeps strictly (each with a test in
@@ -933,10 +935,40 @@ static struct CUctx_st *fk_ctx(void) {
   return fk_stack[fk_depth - 1];
 }
 
+/* A stream's record once its stream is gone: kept, never freed, so that
+ * no later stream gets its address as its handle and a use of the dead
+ * handle is always caught (fk_dead_or_bad). A driver may reuse a handle,
+ * where such a use would reach another stream unnoticed; a test asks for
+ * that with FAKECUDA_REUSE_STREAMS (fk_unbury). Under fk.lock. */
+static fk_stream_t *fk_grave;
+static void fk_bury(fk_stream_t *st) {
+  st->next = fk_grave;
+  fk_grave = st;
+}
+
+/* FAKECUDA_REUSE_STREAMS=1: a new stream gets the record (so the handle)
+ * buried last, as a driver may reuse a handle once the stream's resources
+ * are released (cuda.h, cuStreamDestroy: "the resources associated with
+ * hStream will be released automatically once the device has completed
+ * all work in hStream"; nothing there promises a handle is never seen
+ * again). A stream is buried once its work has completed and a later call
+ * of its context reaps it (cuCtxSynchronize, then cuStreamCreate, makes
+ * sure). NULL: not asked, or no buried record. Under fk.lock. */
+static fk_stream_t *fk_unbury(void) {
+  if (fk_grave == NULL || !fk_env_flag("FAKECUDA_REUSE_STREAMS"))
+    return NULL;
+  fk_stream_t *st = fk_grave;
+  fk_grave = st->next;
+  memset(st, 0, sizeof *st);
+  return st;
+}
+
 /* Makes a stream of the current context and lists it. Under fk.lock. */
 static CUresult fk_stream_new(mp_device_t *dev, bool blocking,
                               fk_stream_t **out) {
-  fk_stream_t *st = calloc(1, sizeof *st);
+  fk_stream_t *st = fk_unbury();
+  if (st == NULL)
+    st = calloc(1, sizeof *st);
   if (st == NULL)
     return CUDA_ERROR_OUT_OF_MEMORY;
   mp_status_t rc = mp_stream_create(dev, &st->s);
@@ -956,16 +988,6 @@ static CUresult fk_stream_new(mp_device_t *dev, bool blocking,
   c->live = st;
   *out = st;
   return CUDA_SUCCESS;
-}
-
-/* A stream's record once its stream is gone: kept, never freed, so that
- * no later stream gets its address as its handle and a use of the dead
- * handle is always caught (fk_dead_or_bad). A driver may reuse a handle,
- * where such a use would reach another stream unnoticed. Under fk.lock. */
-static fk_stream_t *fk_grave;
-static void fk_bury(fk_stream_t *st) {
-  st->next = fk_grave;
-  fk_grave = st;
 }
 
 /* Frees the retired streams whose work has finished. Under fk.lock. */

@@ -23,6 +23,13 @@
  * stream, whose kernel runs late; A then allocates on its own per-thread
  * stream and overwrites what it gets. The handle is the same in both
  * threads (CU_STREAM_PER_THREAD), the stream is not.
+ * With "reused_handle", a block allocated with cuMemAllocAsync on stream
+ * s1 is read and freed (cuMemFreeAsync) on s2, a stream made after s1 was
+ * destroyed that the driver gave s1's handle (the fake does with
+ * FAKECUDA_REUSE_STREAMS=1, which the program then requires; a real driver
+ * may), whose kernel runs late; a third stream then allocates and
+ * overwrites what it gets. s2 is another stream than s1 whatever its
+ * handle: the block is not the third stream's before s2's kernel is done.
  * With "double_free", a second cuMemFree of a block is refused as the
  * driver refuses it, and what the program allocates next still works.
  * With "freed_range", the range and pointer attributes of a freed block are
@@ -48,6 +55,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -211,6 +219,48 @@ static int per_thread_free(void) {
   MP_TRY(cuMemFreeAsync(q, pt));
   MP_TRY(cuCtxSynchronize());
   MP_TRY(cuMemFreeHost(shared_seen));
+  puts("ok");
+  return 0;
+}
+
+static int reused_handle(void) {
+  CUstream s1, s2, s3;
+  CUdeviceptr p, q;
+  unsigned char *seen = NULL;
+  MP_TRY(cuMemAllocHost((void **)&seen, 1));
+  MP_TRY(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+  MP_TRY(cuMemAllocAsync(&p, MP_BYTES, s1));
+  MP_TRY(cuMemsetD8Async(p, 1, MP_BYTES, s1));
+  MP_TRY(cuStreamDestroy(s1));
+  MP_TRY(cuCtxSynchronize()); /* s1's resources released */
+  MP_TRY(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+  const char *reuse = getenv("FAKECUDA_REUSE_STREAMS");
+  if (s2 != s1 && reuse != NULL && strcmp(reuse, "1") == 0) {
+    printf("FAKECUDA_REUSE_STREAMS=1, yet s2 (%p) is not s1's handle (%p)\n",
+           (void *)s2, (void *)s1);
+    return 1;
+  }
+  if (s2 != s1) /* a real driver that gave a new handle: still a check */
+    fprintf(stderr, "reused_handle: the driver gave s2 a new handle\n");
+  MP_TRY(cuStreamCreate(&s3, CU_STREAM_NON_BLOCKING));
+  MP_TRY(cuLaunchHostFunc(s2, slow_start, NULL));
+  MP_TRY(cuMemcpyAsync((CUdeviceptr)(uintptr_t)seen, p, 1, s2));
+  MP_TRY(cuMemFreeAsync(p, s2));
+  MP_TRY(cuMemAllocAsync(&q, MP_BYTES, s3));
+  MP_TRY(cuMemsetD8Async(q, 2, MP_BYTES, s3));
+  MP_TRY(cuCtxSynchronize());
+  if (*seen != 1) {
+    printf("the kernel on s2 read %d, not 1: s3 got the block freed on s2 "
+           "(new block %s the old), s1's handle taken for s2, and "
+           "overwrote it under it\n",
+           *seen, q == p ? "is" : "is not");
+    return 1;
+  }
+  MP_TRY(cuMemFreeAsync(q, s3));
+  MP_TRY(cuStreamDestroy(s2));
+  MP_TRY(cuStreamDestroy(s3));
+  MP_TRY(cuCtxSynchronize());
+  MP_TRY(cuMemFreeHost(seen));
   puts("ok");
   return 0;
 }
@@ -516,6 +566,8 @@ int main(int argc, char **argv) {
     return per_thread();
   if (argc > 1 && strcmp(argv[1], "per_thread_free") == 0)
     return per_thread_free();
+  if (argc > 1 && strcmp(argv[1], "reused_handle") == 0)
+    return reused_handle();
   if (argc > 1 && strcmp(argv[1], "double_free") == 0)
     return double_free();
   if (argc > 1 && strcmp(argv[1], "freed_range") == 0)

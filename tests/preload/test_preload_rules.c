@@ -66,6 +66,28 @@ Test(preload_rules, under_the_shim_a_free_on_another_threads_stream) {
   per_thread_free_rules("LD_PRELOAD=" MP_SHIM);
 }
 
+/* A stream made after another was destroyed may get its handle (a driver
+ * may reuse it; the fake does with FAKECUDA_REUSE_STREAMS=1): a block
+ * allocated on the dead stream and freed with cuMemFreeAsync on the new
+ * one is freed on the new one, not on the dead one whose work is done, so
+ * a third stream may not reuse it before the new stream's kernel is. */
+static void reused_handle_rules(const char *preload) {
+  const char *argv[] = {MP_RULES_PROG, "reused_handle", NULL};
+  const char *env[] = {preload, "MEMPOOL_DEVICE=cuda",
+                       "FAKECUDA_REUSE_STREAMS=1", NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_str_eq(r.out, "ok\n");
+}
+
+Test(preload_rules, without_the_shim_a_free_on_a_reused_stream_handle) {
+  reused_handle_rules("LD_PRELOAD=");
+}
+
+Test(preload_rules, under_the_shim_a_free_on_a_reused_stream_handle) {
+  reused_handle_rules("LD_PRELOAD=" MP_SHIM);
+}
+
 /* A second cuMemFree of a block is the driver's error under the shim too,
  * with the pool's memory in plain segments (a block at a segment's start
  * has the address the driver gave the pool): the free must not reach the

@@ -98,14 +98,15 @@ LD_PRELOAD=$preload MEMPOOL_PRELOAD=passthrough MEMPOOL_TRACE=$work/pass.csv \
 #    cuMemAlloc / cuMemFree refused during a global capture, begun with
 #    cuStreamBeginCapture or into the program's graph with
 #    cuStreamBeginCaptureToGraph (called, or found by cuGetProcAddress),
-#    or with CUDA 10.0's cuStreamBeginCapture (no mode).
+#    or with CUDA 10.0's cuStreamBeginCapture (no mode), and a
+#    cuMemFreeAsync on a stream that may have a destroyed stream's handle.
 rules=$build/tests/preload/preload_rules_prog
 if [ -x "$rules" ]; then
   real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
   for arg in "" streams freed_range own_context calls_in_capture \
     "calls_in_capture per_thread" "calls_in_capture to_graph" \
     "calls_in_capture to_graph_proc" "calls_in_capture to_graph_per_thread" \
-    "calls_in_capture v1"; do
+    "calls_in_capture v1" reused_handle; do
     LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
       MEMPOOL_DEVICE=cuda "$rules" $arg >"$work/rules.out" 2>&1 ||
       fail "rules_prog $arg under the shim: $(cat "$work/rules.out")"
