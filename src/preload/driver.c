@@ -53,79 +53,14 @@ static mp__curesult mp__real_free(mp__variant_t v, mp__cuptr p,
   return MP__CU_NOT_INITIALIZED;
 }
 
-/* A synchronous call asks about the legacy NULL stream, which reports a
- * capture in progress anywhere that would forbid it. An error answer (for
- * instance CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) also means: let the driver
- * decide. */
-static bool mp__capturing(const mp__pl_t *pl, mp__custream s, bool ptsz) {
-  const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  if (pl->host)
-    return false;
-  mp__curesult (*fn)(mp__custream, unsigned int *) =
-      ptsz && rc->cuStreamIsCapturing_ptsz ? rc->cuStreamIsCapturing_ptsz
-                                           : rc->cuStreamIsCapturing;
-  if (fn == NULL)
-    return false;
-  unsigned int status = 0;
-  return fn(s, &status) != MP__CU_SUCCESS || status != 0;
-}
-
-/* Whether a synchronous call (cuMemAlloc, cuMemFree) may meet a capture
- * whose mode prohibits it: one begun through the shim (mp__pl_capture_begun:
- * any stream, blocking or not), or one the legacy stream reports. */
-static bool mp__sync_in_capture(const mp__pl_t *pl) {
-  return !pl->host &&
-         (mp__pl_capture_begun() || mp__capturing(pl, NULL, false));
-}
-
-/* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED .. _WRONG_THREAD (cuda.h). */
-#define MP__CU_CAPTURE_FIRST 900u
-#define MP__CU_CAPTURE_LAST  908u
-
-/* This thread's capture mode (cuda.h, cuThreadExchangeStreamCaptureMode:
- * it "overwrites *mode with the previous mode for the thread"): swapped
- * out and back, two calls that touch no stream. False when the driver
- * cannot say. */
-static bool mp__thread_capture_mode(unsigned *mode) {
-  mp__curesult (*swap)(unsigned int *) =
-      mp__pl_real_cuda()->cuThreadExchangeStreamCaptureMode;
-  unsigned m = MP__CAPTURE_MODE_RELAXED;
-  if (swap == NULL || swap(&m) != MP__CU_SUCCESS)
-    return false;
-  unsigned back = m;
-  (void)swap(&back);
-  *mode = m;
-  return true;
-}
-
-/* cuMemFree of a pool block while a capture may prohibit it in this thread
- * (cuda.h, cuThreadExchangeStreamCaptureMode: "prohibited from potentially
- * unsafe API calls"): the driver refuses such a call with
- * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture, and
- * the block stays the program's. Where the legacy stream reports no
- * capture and the captures begun through the shim cannot prohibit it in
- * this thread's mode (mp__pl_capture_prohibits), it is allowed and nothing
- * is asked. Otherwise, as the pool never asks the driver, the driver
- * answers for it: a real cuMemAlloc of one byte, a call of the same kind
- * (both synchronize implicitly), refused, with the capture invalidated,
- * exactly when cuMemFree would be; what it allocated when allowed is freed
- * at once. */
-static mp__curesult mp__free_refused_in_capture(const mp__pl_t *pl) {
-  if (pl->host)
-    return MP__CU_SUCCESS;
-  bool legacy = mp__capturing(pl, NULL, false);
-  if (!legacy && !mp__pl_capture_begun())
-    return MP__CU_SUCCESS;
-  unsigned mode;
-  if (!legacy && mp__thread_capture_mode(&mode) &&
-      !mp__pl_capture_prohibits(mode))
-    return MP__CU_SUCCESS;
+/* A 1-byte cuMemAlloc, freed at once: the driver's answer for a cuMemFree
+ * it never sees (mp__pl_free_refused_in_capture). */
+static unsigned mp__free_probe(void) {
   mp__cuptr x = 0;
   mp__curesult r = mp__real_alloc(MP__SYNC, &x, 1, NULL);
   if (r == MP__CU_SUCCESS)
     (void)mp__real_free(MP__SYNC, x, NULL);
-  return r >= MP__CU_CAPTURE_FIRST && r <= MP__CU_CAPTURE_LAST ? r
-                                                               : MP__CU_SUCCESS;
+  return r;
 }
 
 static mp__curesult mp__alloc(mp__variant_t v, mp__cuptr *dptr, size_t bytes,
@@ -144,8 +79,8 @@ static mp__curesult mp__alloc(mp__variant_t v, mp__cuptr *dptr, size_t bytes,
       served = true;
     } else if ((pool = mp__pl_pool_here(pl)) == NULL) {
       mp__pl_count_bypass("other_device");
-    } else if (v == MP__SYNC ? mp__sync_in_capture(pl)
-                             : mp__capturing(pl, s, ptsz) &&
+    } else if (v == MP__SYNC ? mp__pl_sync_in_capture(pl)
+                             : mp__pl_capturing(pl, s, ptsz) &&
                                    !mp__pl_capture_route(pl, pool, s, ptsz)) {
       /* cuMemAlloc during a capture: the driver applies the capture mode's
        * rules; stream-ordered allocations go to the graph pool. */
@@ -191,7 +126,8 @@ static mp__curesult mp__free(mp__variant_t v, mp__cuptr p, mp__custream s) {
     r = mp__pl_pools_hold(pl, (uintptr_t)p) ? MP__CU_INVALID_VALUE
                                             : mp__real_free(v, p, s);
   } else if (b.kind == MP__PL_FROM_POOL && v == MP__SYNC &&
-             (r = mp__free_refused_in_capture(pl)) != MP__CU_SUCCESS) {
+             (r = mp__pl_free_refused_in_capture(pl, mp__free_probe)) !=
+                 MP__CU_SUCCESS) {
     mp__pl_table_restore(&b);
   } else if (b.kind == MP__PL_FROM_POOL) {
     r = mp__pl_cu_error(

@@ -2,8 +2,75 @@
  * of driver.c (cuMemFree*) and runtime.c (cudaFree*): traced first, routed
  * to a capture's graph pool when its stream is being captured, then freed
  * after every stream's work (sync) or on the caller's stream; a block the
- * pool refuses stays the program's. */
+ * pool refuses stays the program's. Also what the free and the
+ * synchronous allocation hooks of both APIs ask of a capture. */
 #include "preload.h"
+
+/* A synchronous call asks about the legacy NULL stream, which reports a
+ * capture in progress anywhere that would forbid it. An error answer (for
+ * instance CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) also means: let the driver
+ * decide. */
+bool mp__pl_capturing(const mp__pl_t *pl, mp__custream s, bool ptsz) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  if (pl->host)
+    return false;
+  mp__curesult (*fn)(mp__custream, unsigned int *) =
+      ptsz && rc->cuStreamIsCapturing_ptsz ? rc->cuStreamIsCapturing_ptsz
+                                           : rc->cuStreamIsCapturing;
+  if (fn == NULL)
+    return false;
+  unsigned int status = 0;
+  return fn(s, &status) != MP__CU_SUCCESS || status != 0;
+}
+
+bool mp__pl_sync_in_capture(const mp__pl_t *pl) {
+  return !pl->host &&
+         (mp__pl_capture_begun() || mp__pl_capturing(pl, NULL, false));
+}
+
+/* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED .. _WRONG_THREAD (cuda.h), and
+ * cudaErrorStreamCaptureUnsupported .. WrongThread (driver_types.h): the
+ * same numbers. */
+#define MP__CU_CAPTURE_FIRST 900u
+#define MP__CU_CAPTURE_LAST  908u
+
+/* This thread's capture mode (cuda.h, cuThreadExchangeStreamCaptureMode:
+ * it "overwrites *mode with the previous mode for the thread"): swapped
+ * out and back, two calls that touch no stream. False when the driver
+ * cannot say. */
+static bool mp__thread_capture_mode(unsigned *mode) {
+  mp__curesult (*swap)(unsigned int *) =
+      mp__pl_real_cuda()->cuThreadExchangeStreamCaptureMode;
+  unsigned m = MP__CAPTURE_MODE_RELAXED;
+  if (swap == NULL || swap(&m) != MP__CU_SUCCESS)
+    return false;
+  unsigned back = m;
+  (void)swap(&back);
+  *mode = m;
+  return true;
+}
+
+/* Where the legacy stream reports no capture and the captures begun
+ * through the shim cannot prohibit the free in this thread's mode
+ * (mp__pl_capture_prohibits), it is allowed and nothing is asked.
+ * Otherwise, as the pool never asks the driver, the API answers for it:
+ * probe, an allocation of one byte, a call of the same kind (both
+ * synchronize implicitly), is refused, with the capture invalidated,
+ * exactly when the free would be. */
+unsigned mp__pl_free_refused_in_capture(const mp__pl_t *pl,
+                                        unsigned (*probe)(void)) {
+  if (pl->host)
+    return 0;
+  bool legacy = mp__pl_capturing(pl, NULL, false);
+  if (!legacy && !mp__pl_capture_begun())
+    return 0;
+  unsigned mode;
+  if (!legacy && mp__thread_capture_mode(&mode) &&
+      !mp__pl_capture_prohibits(mode))
+    return 0;
+  unsigned r = probe();
+  return r >= MP__CU_CAPTURE_FIRST && r <= MP__CU_CAPTURE_LAST ? r : 0;
+}
 
 mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
                              bool sync, mp__custream s, bool ptsz) {

@@ -354,6 +354,27 @@ void mp__pl_host_report(FILE *f);
 
 /* ---- free.c ------------------------------------------------------------- */
 
+/* Whether stream s (ptsz: of a per-thread call) is being captured, asked
+ * of the driver (cuStreamIsCapturing); an error answer counts as yes (the
+ * API then decides). Host mode: false. */
+bool mp__pl_capturing(const mp__pl_t *pl, mp__custream s, bool ptsz);
+/* Whether a synchronous call (cuMemAlloc, cudaMalloc, their frees) may meet
+ * a capture whose mode prohibits it: one begun through the shim
+ * (mp__pl_capture_begun: any stream, blocking or not), or one the legacy
+ * stream reports. Such an allocation is the API's to answer. */
+bool mp__pl_sync_in_capture(const mp__pl_t *pl);
+/* A synchronous free of a pool block (cuMemFree, cudaFree), which the
+ * shim serves itself, while a capture may prohibit it in this thread
+ * (cuda.h, cuThreadExchangeStreamCaptureMode: "prohibited from potentially
+ * unsafe API calls"): the API refuses such a call with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (cudaErrorStreamCaptureUnsupported)
+ * and invalidates the capture, and the block stays the program's. 0: the
+ * free may go on; else the capture error (900..908, the same numbers in
+ * CUresult and cudaError_t) that probe, a real allocation of one byte
+ * freed when allowed, got from the caller's API. */
+unsigned mp__pl_free_refused_in_capture(const mp__pl_t *pl,
+                                        unsigned (*probe)(void));
+
 /* Frees a pool block the table gave back: sync (cuMemFree, cudaFree) waits
  * for every stream's work, async on s; traced before the pool has it. */
 mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,

@@ -93,6 +93,20 @@ static void mp__rt_set_last_error(const mp__pl_t *pl, mp__cudaerr r) {
     (void)rt->cudaFree(x); /* cannot happen; never leak if it does */
 }
 
+/* A 1-byte cudaMalloc, freed at once: the runtime's answer for a cudaFree
+ * it never sees (mp__pl_free_refused_in_capture), its last error set as
+ * the refused cudaFree would have. */
+static unsigned mp__rt_free_probe(void) {
+  const mp__real_cudart_t *rt = mp__pl_real_cudart();
+  void *x = NULL;
+  if (rt->cudaMalloc == NULL)
+    return MP__CUDA_SUCCESS;
+  mp__cudaerr r = rt->cudaMalloc(&x, 1);
+  if (r == MP__CUDA_SUCCESS && rt->cudaFree != NULL)
+    (void)rt->cudaFree(x);
+  return r;
+}
+
 static mp__cudaerr mp__rt_alloc(mp__rt_variant_t v, void **p, size_t bytes,
                                 mp__custream s) {
   if (!mp__pl_enter()) {
@@ -114,8 +128,10 @@ static mp__cudaerr mp__rt_alloc(mp__rt_variant_t v, void **p, size_t bytes,
       served = true;
     } else if ((pool = mp__rt_pool_here(pl)) == NULL) {
       mp__pl_count_bypass("other_device");
-    } else if (mp__rt_capturing(pl, v == MP__RT_SYNC ? NULL : s, ptsz) &&
-               (v == MP__RT_SYNC || !mp__pl_capture_route(pl, pool, s, ptsz))) {
+    } else if (v == MP__RT_SYNC
+                   ? mp__pl_sync_in_capture(pl)
+                   : mp__rt_capturing(pl, s, ptsz) &&
+                         !mp__pl_capture_route(pl, pool, s, ptsz)) {
       mp__pl_count_bypass("capture"); /* see driver.c */
     } else {
       void *ptr = NULL;
@@ -166,6 +182,10 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
                 (pl->host || mp__pl_pools_hold(pl, (uintptr_t)p))
             ? MP__CUDA_INVALID_VALUE
             : mp__rt_real_free(v, p, s);
+  } else if (b.kind == MP__PL_FROM_POOL && v == MP__RT_SYNC &&
+             (r = mp__pl_free_refused_in_capture(pl, mp__rt_free_probe)) !=
+                 MP__CUDA_SUCCESS) {
+    mp__pl_table_restore(&b);
   } else if (b.kind == MP__PL_FROM_POOL) {
     r = mp__pl_cuda_error(
         mp__pl_pool_free(pl, &b, v == MP__RT_SYNC, s, v == MP__RT_ASYNC_PTSZ));

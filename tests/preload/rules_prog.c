@@ -45,12 +45,16 @@
  * With "free_modes", cuMemFree during a capture in every mode, from a
  * thread in every mode, the one that began it or another: one line per
  * case with what the free and the capture's end got (the same with and
- * without the shim). With "free_probes", 50 frees during a relaxed
+ * without the shim); "alloc_modes" the same with cuMemAlloc in place of
+ * the free; either with "rt LIB", the runtime's cudaFree or cudaMalloc
+ * from LIB (a CUDA runtime: libcudart.so, or stand_runtime.c over the
+ * fake). With "free_probes", 50 frees during a relaxed
  * capture, which no thread's mode prohibits: on the fake no cuMemAlloc
  * may reach the driver meanwhile.
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -481,11 +485,32 @@ static int calls_in_capture(bool per_thread, bool to_graph, bool proc,
 /* The fake's call counter; absent from a real driver. */
 __attribute__((weak)) long long cuFakeGetCallCount(const char *name);
 
+/* The runtime's cudaMalloc and cudaFree (free_modes rt LIB), or NULL: the
+ * driver's. Their codes for what they meet here are the driver's numbers
+ * (driver_types.h: cudaErrorStreamCaptureUnsupported is 900, as cuda.h's
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED). */
+static unsigned (*rt_malloc)(void **, size_t);
+static unsigned (*rt_free)(void *);
+
 typedef struct freer {
   CUdeviceptr p;
   CUstreamCaptureMode mode; /* the freeing thread's */
+  bool alloc;               /* allocate one more instead of freeing p */
   CUresult got;
 } freer_t;
+
+static CUresult call_in_mode(freer_t *f) {
+  if (f->alloc && rt_malloc != NULL) {
+    void *q = NULL;
+    CUresult r = (CUresult)rt_malloc(&q, MP_BYTES);
+    f->p = (CUdeviceptr)(uintptr_t)q;
+    return r;
+  }
+  if (f->alloc)
+    return cuMemAlloc(&f->p, MP_BYTES);
+  return rt_free != NULL ? (CUresult)rt_free((void *)(uintptr_t)f->p)
+                         : cuMemFree(f->p);
+}
 
 static void *free_in_mode(void *arg) {
   freer_t *f = arg;
@@ -494,22 +519,24 @@ static void *free_in_mode(void *arg) {
   if (f->got == CUDA_SUCCESS)
     f->got = cuThreadExchangeStreamCaptureMode(&m);
   if (f->got == CUDA_SUCCESS) {
-    f->got = cuMemFree(f->p);
+    f->got = call_in_mode(f);
     (void)cuThreadExchangeStreamCaptureMode(&m);
   }
   return NULL;
 }
 
-static int free_modes(void) {
+/* alloc: the synchronous allocation instead of the free. */
+static int free_modes(bool alloc) {
   CUstream s;
   MP_TRY(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   for (int cap = 0; cap < 3; cap++)
     for (int thr = 0; thr < 3; thr++)
       for (int other = 0; other < 2; other++) {
-        freer_t f = {.mode = (CUstreamCaptureMode)thr};
+        freer_t f = {.mode = (CUstreamCaptureMode)thr, .alloc = alloc};
         CUgraph g = NULL;
         pthread_t t;
-        MP_TRY(cuMemAlloc(&f.p, MP_BYTES));
+        if (!alloc)
+          MP_TRY(cuMemAlloc(&f.p, MP_BYTES));
         MP_TRY(cuStreamBeginCapture(s, (CUstreamCaptureMode)cap));
         if (!other)
           free_in_mode(&f);
@@ -519,13 +546,45 @@ static int free_modes(void) {
         CUresult end = cuStreamEndCapture(s, &g);
         if (g != NULL)
           MP_TRY(cuGraphDestroy(g));
-        if (f.got != CUDA_SUCCESS) /* still the program's */
+        if (f.got != CUDA_SUCCESS && !alloc) /* still the program's */
           MP_TRY(cuMemFree(f.p));
-        printf("capture mode %d, %s thread in mode %d: free %d, end %d\n", cap,
-               other ? "another" : "the same", thr, (int)f.got, (int)end);
+        if (f.got == CUDA_SUCCESS && alloc)
+          MP_TRY(cuMemFree(f.p));
+        printf("capture mode %d, %s thread in mode %d: %s %d, end %d\n", cap,
+               other ? "another" : "the same", thr, alloc ? "alloc" : "free",
+               (int)f.got, (int)end);
       }
   MP_TRY(cuStreamDestroy(s));
   return 0;
+}
+
+/* free_modes / alloc_modes with "rt LIB": the runtime's calls, from LIB
+ * (the real libcudart.so on a GPU, stand_runtime.c on the fake), loaded
+ * before any of them is made, in the global scope as a program linked
+ * with it has it. */
+static int runtime_modes(bool alloc, const char *lib) {
+  void *h = dlopen(lib, RTLD_NOW | RTLD_GLOBAL);
+  if (h == NULL) {
+    printf("cannot load %s: %s\n", lib, dlerror());
+    return 1;
+  }
+  /* Through dlsym, as the program's own calls would bind: the shim's
+   * hooks under LD_PRELOAD, LIB's without. */
+  void *m = dlsym(RTLD_DEFAULT, "cudaMalloc"),
+       *f = dlsym(RTLD_DEFAULT, "cudaFree");
+  if (m == NULL || f == NULL) {
+    printf("%s has no cudaMalloc or cudaFree\n", lib);
+    return 1;
+  }
+  memcpy(&rt_malloc, &m, sizeof m);
+  memcpy(&rt_free, &f, sizeof f);
+  /* The runtime started before any capture (cudaFree(NULL), its
+   * documented start), as a program has it. */
+  if (rt_free(NULL) != 0) {
+    puts("cudaFree(NULL) failed");
+    return 1;
+  }
+  return free_modes(alloc);
 }
 
 static int free_probes(void) {
@@ -574,8 +633,11 @@ int main(int argc, char **argv) {
     return freed_range();
   if (argc > 1 && strcmp(argv[1], "own_context") == 0)
     return own_context();
-  if (argc > 1 && strcmp(argv[1], "free_modes") == 0)
-    return free_modes();
+  bool alloc_modes = argc > 1 && strcmp(argv[1], "alloc_modes") == 0;
+  if (argc > 1 && (strcmp(argv[1], "free_modes") == 0 || alloc_modes))
+    return argc > 3 && strcmp(argv[2], "rt") == 0
+               ? runtime_modes(alloc_modes, argv[3])
+               : free_modes(alloc_modes);
   if (argc > 1 && strcmp(argv[1], "free_probes") == 0)
     return free_probes();
   if (argc > 1 && strcmp(argv[1], "calls_in_capture") == 0) {

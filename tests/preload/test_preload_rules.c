@@ -179,18 +179,43 @@ Test(preload_rules, under_the_shim_calls_in_a_capture_to_a_graph_are_refused) {
  * the one that began the capture or another (cuda.h,
  * cuThreadExchangeStreamCaptureMode): the same lines with and without the
  * shim. */
-Test(preload_rules, under_the_shim_frees_in_a_capture_answer_as_the_driver) {
+static void answers_as_without_the_shim(const char *mode, const char *rt,
+                                        const char *refused) {
   static spawn_result_t base;
-  const char *argv[] = {MP_RULES_PROG, "free_modes", NULL};
+  const char *argv[] = {MP_RULES_PROG, mode, rt ? "rt" : NULL, rt, NULL};
   const char *none[] = {"LD_PRELOAD=", "MEMPOOL_DEVICE=cuda", NULL};
   const char *shim[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=cuda", NULL};
   spawn(argv, none, &base);
   cr_assert(base.exited && base.code == 0, "out: %s\nerr: %s", base.out,
             base.err);
-  cr_assert_neq(strstr(base.out, "free 900, end 901"), NULL, "%s", base.out);
+  cr_assert_neq(strstr(base.out, refused), NULL, "%s", base.out);
   spawn(argv, shim, &r);
   cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
   cr_assert_str_eq(r.out, base.out);
+}
+
+Test(preload_rules, under_the_shim_frees_in_a_capture_answer_as_the_driver) {
+  answers_as_without_the_shim("free_modes", NULL, "free 900, end 901");
+}
+
+/* The runtime's cudaFree and cudaMalloc (of a stand-in runtime over the
+ * fake driver, as the real one calls the driver) during a capture: the
+ * shim serves the pool's blocks itself, and must refuse where the runtime
+ * would (cudaErrorStreamCaptureUnsupported, the capture invalidated),
+ * including captures of non-blocking streams, which the legacy stream
+ * does not report. */
+Test(preload_rules, under_the_shim_runtime_frees_in_a_capture_answer_alike) {
+  answers_as_without_the_shim("free_modes", MP_STAND_RUNTIME,
+                              "free 900, end 901");
+}
+
+Test(preload_rules, under_the_shim_runtime_mallocs_in_a_capture_answer_alike) {
+  answers_as_without_the_shim("alloc_modes", MP_STAND_RUNTIME,
+                              "alloc 900, end 901");
+}
+
+Test(preload_rules, under_the_shim_mallocs_in_a_capture_answer_as_the_driver) {
+  answers_as_without_the_shim("alloc_modes", NULL, "alloc 900, end 901");
 }
 
 /* A free that no capture's mode can prohibit in the freeing thread is not

@@ -122,6 +122,20 @@ if [ -x "$rules" ]; then
     fail "rules_prog free_modes under the shim: $(cat "$work/modes.shim")"
   cmp -s "$work/modes.none" "$work/modes.shim" ||
     fail "free_modes differ: $(diff "$work/modes.none" "$work/modes.shim")"
+  # The same for cuMemAlloc, and for the runtime's cudaFree and cudaMalloc
+  # (the toolkit's libcudart.so, loaded by rules_prog), which the shim
+  # serves itself for pool blocks.
+  cudart=$(dirname "$nvcc")/../lib64/libcudart.so
+  for m in "alloc_modes" "free_modes rt $cudart" "alloc_modes rt $cudart"; do
+    LD_LIBRARY_PATH="$(dirname "$real")" MEMPOOL_DEVICE=cuda "$rules" \
+      $m >"$work/modes.none" 2>&1 ||
+      fail "rules_prog $m: $(cat "$work/modes.none")"
+    LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
+      MEMPOOL_DEVICE=cuda "$rules" $m >"$work/modes.shim" 2>&1 ||
+      fail "rules_prog $m under the shim: $(cat "$work/modes.shim")"
+    cmp -s "$work/modes.none" "$work/modes.shim" ||
+      fail "$m differ: $(diff "$work/modes.none" "$work/modes.shim")"
+  done
 fi
 # graph_prog (issue 10): a capture with cuMemAllocAsync/cuMemFreeAsync in
 # it, served by a graph-private pool, replayed on the real driver; then
