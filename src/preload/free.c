@@ -34,19 +34,33 @@ bool mp__pl_sync_in_capture(const mp__pl_t *pl) {
 #define MP__CU_CAPTURE_FIRST 900u
 #define MP__CU_CAPTURE_LAST  908u
 
-/* This thread's capture mode (cuda.h, cuThreadExchangeStreamCaptureMode:
- * it "overwrites *mode with the previous mode for the thread"): swapped
- * out and back, two calls that touch no stream. False when the driver
- * cannot say. */
-static bool mp__thread_capture_mode(unsigned *mode) {
+/* cuda.h, cuThreadExchangeStreamCaptureMode: "Sets the calling thread's
+ * stream capture interaction mode to the value contained in *mode, and
+ * overwrites *mode with the previous mode for the thread"; it touches no
+ * stream. */
+bool mp__pl_mode_relax(unsigned *old) {
   mp__curesult (*swap)(unsigned int *) =
       mp__pl_real_cuda()->cuThreadExchangeStreamCaptureMode;
   unsigned m = MP__CAPTURE_MODE_RELAXED;
   if (swap == NULL || swap(&m) != MP__CU_SUCCESS)
     return false;
-  unsigned back = m;
-  (void)swap(&back);
-  *mode = m;
+  *old = m;
+  return true;
+}
+
+void mp__pl_mode_restore(unsigned old) {
+  mp__curesult (*swap)(unsigned int *) =
+      mp__pl_real_cuda()->cuThreadExchangeStreamCaptureMode;
+  if (swap != NULL)
+    (void)swap(&old);
+}
+
+/* This thread's capture mode: swapped out and back. False when the driver
+ * cannot say. */
+static bool mp__thread_capture_mode(unsigned *mode) {
+  if (!mp__pl_mode_relax(mode))
+    return false;
+  mp__pl_mode_restore(*mode);
   return true;
 }
 

@@ -358,6 +358,13 @@ void mp__pl_host_report(FILE *f);
  * of the driver (cuStreamIsCapturing); an error answer counts as yes (the
  * API then decides). Host mode: false. */
 bool mp__pl_capturing(const mp__pl_t *pl, mp__custream s, bool ptsz);
+/* The calling thread's capture mode made relaxed (cuda.h,
+ * cuThreadExchangeStreamCaptureMode), the one it had in *old, for a call
+ * of the shim's own that no capture may prohibit or be invalidated by
+ * (the runtime's probes); mp__pl_mode_restore(old) puts it back. False
+ * (nothing changed) when the driver cannot. */
+bool mp__pl_mode_relax(unsigned *old);
+void mp__pl_mode_restore(unsigned old);
 /* Whether a synchronous call (cuMemAlloc, cudaMalloc, their frees) may meet
  * a capture whose mode prohibits it: one begun through the shim
  * (mp__pl_capture_begun: any stream, blocking or not), or one the legacy

@@ -74,12 +74,21 @@ static bool mp__rt_capturing(const mp__pl_t *pl, mp__custream s, bool ptsz) {
  *    cudaMalloc of SIZE_MAX). */
 static _Thread_local bool mp__rt_started;
 
+/* Both are calls of the shim's own, made in relaxed capture mode
+ * (mp__pl_mode_relax): a cudaMalloc or cudaFree is potentially unsafe
+ * (cuda.h, cuThreadExchangeStreamCaptureMode), and in the caller's mode
+ * it could be refused, and invalidate a capture (another thread's in
+ * global mode), where the caller's own call was none of that. */
 static void mp__rt_start_thread(const mp__pl_t *pl) {
   const mp__real_cudart_t *rt = mp__pl_real_cudart();
   if (pl->host || mp__rt_started || rt->cudaFree == NULL)
     return;
   mp__rt_started = true;
+  unsigned mode;
+  bool relaxed = mp__pl_mode_relax(&mode);
   (void)rt->cudaFree(NULL);
+  if (relaxed)
+    mp__pl_mode_restore(mode);
 }
 
 static void mp__rt_set_last_error(const mp__pl_t *pl, mp__cudaerr r) {
@@ -87,10 +96,14 @@ static void mp__rt_set_last_error(const mp__pl_t *pl, mp__cudaerr r) {
   if (pl->host || rt->cudaMalloc == NULL)
     return;
   void *x = NULL;
+  unsigned mode;
+  bool relaxed = mp__pl_mode_relax(&mode);
   if (r == MP__CUDA_INVALID_VALUE)
     (void)rt->cudaMalloc(NULL, 1);
   else if (r == MP__CUDA_MEMORY_ALLOCATION && rt->cudaMalloc(&x, SIZE_MAX) == 0)
     (void)rt->cudaFree(x); /* cannot happen; never leak if it does */
+  if (relaxed)
+    mp__pl_mode_restore(mode);
 }
 
 /* A 1-byte cudaMalloc, freed at once: the runtime's answer for a cudaFree

@@ -48,7 +48,9 @@
  * without the shim); "alloc_modes" the same with cuMemAlloc in place of
  * the free; either with "rt LIB", the runtime's cudaFree or cudaMalloc
  * from LIB (a CUDA runtime: libcudart.so, or stand_runtime.c over the
- * fake). With "free_probes", 50 frees during a relaxed
+ * fake). With "oom_in_capture rt LIB", thread B's cudaMallocAsync that
+ * may run out of memory leaves thread A's global capture valid. With
+ * "free_probes", 50 frees during a relaxed
  * capture, which no thread's mode prohibits: on the fake no cuMemAlloc
  * may reach the driver meanwhile.
  * Prints "ok" and exits 0, or says what broke and exits 1. */
@@ -558,11 +560,74 @@ static int free_modes(bool alloc) {
   return 0;
 }
 
+/* oom_in_capture: thread A captures a non-blocking stream in global mode
+ * while thread B (global mode too) makes a cudaMallocAsync of 128 MiB on
+ * another stream, which may fail for want of memory (the shim's pool is
+ * capped at 64 MiB: MEMPOOL_CONF) but is no call A's mode prohibits
+ * (stream-ordered, on a stream not captured): A's capture must end
+ * valid, whatever the shim does to set the runtime's last error. */
+static unsigned (*rt_malloc_async)(void **, size_t, CUstream);
+static unsigned (*rt_free_async)(void *, CUstream);
+
+static void *oom_on_own_stream(void *unused) {
+  (void)unused;
+  CUstream s2;
+  void *q = NULL;
+  CUresult c = cuCtxSetCurrent(ctx);
+  if (c == CUDA_SUCCESS)
+    c = cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING);
+  if (c != CUDA_SUCCESS) {
+    printf("thread B: no stream: error %d\n", (int)c);
+    return (void *)1;
+  }
+  unsigned r = rt_malloc_async(&q, (size_t)128 << 20, s2);
+  if (r == 0)
+    r = rt_free_async(q, s2);
+  else if (r == 2) /* cudaErrorMemoryAllocation */
+    r = 0;
+  if (r != 0) {
+    printf("thread B: cudaMallocAsync of 128 MiB (or its free): error %u\n", r);
+    return (void *)1;
+  }
+  c = cuStreamDestroy(s2); /* no synchronize: the capture may prohibit it */
+  if (c != CUDA_SUCCESS) {
+    printf("thread B: cuStreamDestroy: error %d\n", (int)c);
+    return (void *)1;
+  }
+  return NULL;
+}
+
+static int oom_in_capture(void) {
+  CUstream s;
+  CUgraph g = NULL;
+  pthread_t t;
+  void *failed = NULL;
+  MP_TRY(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  MP_TRY(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  if (pthread_create(&t, NULL, oom_on_own_stream, NULL) != 0 ||
+      pthread_join(t, &failed) != 0 || failed != NULL) {
+    (void)cuStreamEndCapture(s, &g);
+    puts("thread B's calls failed");
+    return 1;
+  }
+  CUresult end = cuStreamEndCapture(s, &g);
+  if (end != CUDA_SUCCESS) {
+    printf("thread A's global capture ended with error %d: thread B's "
+           "cudaMallocAsync on its own stream invalidated it\n",
+           (int)end);
+    return 1;
+  }
+  MP_TRY(cuGraphDestroy(g));
+  MP_TRY(cuStreamDestroy(s));
+  puts("ok");
+  return 0;
+}
+
 /* free_modes / alloc_modes with "rt LIB": the runtime's calls, from LIB
  * (the real libcudart.so on a GPU, stand_runtime.c on the fake), loaded
  * before any of them is made, in the global scope as a program linked
  * with it has it. */
-static int runtime_modes(bool alloc, const char *lib) {
+static int runtime_modes(const char *mode, const char *lib) {
   void *h = dlopen(lib, RTLD_NOW | RTLD_GLOBAL);
   if (h == NULL) {
     printf("cannot load %s: %s\n", lib, dlerror());
@@ -571,20 +636,26 @@ static int runtime_modes(bool alloc, const char *lib) {
   /* Through dlsym, as the program's own calls would bind: the shim's
    * hooks under LD_PRELOAD, LIB's without. */
   void *m = dlsym(RTLD_DEFAULT, "cudaMalloc"),
-       *f = dlsym(RTLD_DEFAULT, "cudaFree");
-  if (m == NULL || f == NULL) {
-    printf("%s has no cudaMalloc or cudaFree\n", lib);
+       *f = dlsym(RTLD_DEFAULT, "cudaFree"),
+       *ma = dlsym(RTLD_DEFAULT, "cudaMallocAsync"),
+       *fa = dlsym(RTLD_DEFAULT, "cudaFreeAsync");
+  if (m == NULL || f == NULL || ma == NULL || fa == NULL) {
+    printf("%s lacks cudaMalloc, cudaFree or their Async forms\n", lib);
     return 1;
   }
   memcpy(&rt_malloc, &m, sizeof m);
   memcpy(&rt_free, &f, sizeof f);
+  memcpy(&rt_malloc_async, &ma, sizeof ma);
+  memcpy(&rt_free_async, &fa, sizeof fa);
   /* The runtime started before any capture (cudaFree(NULL), its
    * documented start), as a program has it. */
   if (rt_free(NULL) != 0) {
     puts("cudaFree(NULL) failed");
     return 1;
   }
-  return free_modes(alloc);
+  if (strcmp(mode, "oom_in_capture") == 0)
+    return oom_in_capture();
+  return free_modes(strcmp(mode, "alloc_modes") == 0);
 }
 
 static int free_probes(void) {
@@ -633,11 +704,12 @@ int main(int argc, char **argv) {
     return freed_range();
   if (argc > 1 && strcmp(argv[1], "own_context") == 0)
     return own_context();
-  bool alloc_modes = argc > 1 && strcmp(argv[1], "alloc_modes") == 0;
-  if (argc > 1 && (strcmp(argv[1], "free_modes") == 0 || alloc_modes))
-    return argc > 3 && strcmp(argv[2], "rt") == 0
-               ? runtime_modes(alloc_modes, argv[3])
-               : free_modes(alloc_modes);
+  if (argc > 3 && strcmp(argv[2], "rt") == 0)
+    return runtime_modes(argv[1], argv[3]);
+  if (argc > 1 && strcmp(argv[1], "free_modes") == 0)
+    return free_modes(false);
+  if (argc > 1 && strcmp(argv[1], "alloc_modes") == 0)
+    return free_modes(true);
   if (argc > 1 && strcmp(argv[1], "free_probes") == 0)
     return free_probes();
   if (argc > 1 && strcmp(argv[1], "calls_in_capture") == 0) {

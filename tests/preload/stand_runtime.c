@@ -4,7 +4,8 @@
  * run loads the real libcudart.so. Each entry point the shim's runtime
  * table takes (hooklist.h) that the rules need calls its driver twin, as
  * the runtime does: cudaMalloc is cuMemAlloc, cudaFree cuMemFree (NULL: a
- * no-op), cudaGetDevice cuCtxGetDevice, cudaStreamIsCapturing
+ * no-op), cudaMallocAsync and cudaFreeAsync theirs, cudaGetDevice
+ * cuCtxGetDevice, cudaStreamIsCapturing
  * cuStreamIsCapturing. The driver's codes are returned as the runtime's:
  * the ones these calls give have the same numbers in both (cuda.h's
  * CUDA_ERROR_INVALID_VALUE 1, _OUT_OF_MEMORY 2, _STREAM_CAPTURE_UNSUPPORTED
@@ -16,6 +17,8 @@
 
 unsigned int cudaMalloc(void **p, size_t bytes);
 unsigned int cudaFree(void *p);
+unsigned int cudaMallocAsync(void **p, size_t bytes, CUstream s);
+unsigned int cudaFreeAsync(void *p, CUstream s);
 unsigned int cudaGetDevice(int *device);
 unsigned int cudaStreamIsCapturing(CUstream s, unsigned int *status);
 
@@ -30,6 +33,19 @@ unsigned int cudaMalloc(void **p, size_t bytes) {
 
 unsigned int cudaFree(void *p) {
   return p == NULL ? CUDA_SUCCESS : cuMemFree((CUdeviceptr)(uintptr_t)p);
+}
+
+unsigned int cudaMallocAsync(void **p, size_t bytes, CUstream s) {
+  CUdeviceptr d = 0;
+  if (p == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  CUresult r = cuMemAllocAsync(&d, bytes, s);
+  *p = (void *)(uintptr_t)d;
+  return r;
+}
+
+unsigned int cudaFreeAsync(void *p, CUstream s) {
+  return cuMemFreeAsync((CUdeviceptr)(uintptr_t)p, s);
 }
 
 unsigned int cudaGetDevice(int *device) {

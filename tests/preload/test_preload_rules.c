@@ -214,6 +214,28 @@ Test(preload_rules, under_the_shim_runtime_mallocs_in_a_capture_answer_alike) {
                               "alloc 900, end 901");
 }
 
+/* A cudaMallocAsync the shim's pool refuses for want of memory sets the
+ * runtime's last error with a call of the runtime's own (cudaMalloc of
+ * SIZE_MAX), in relaxed capture mode: in the caller's (global) mode it
+ * would invalidate another thread's global capture. */
+static void oom_in_capture_rules(const char *preload) {
+  const char *argv[] = {MP_RULES_PROG, "oom_in_capture", "rt", MP_STAND_RUNTIME,
+                        NULL};
+  const char *env[] = {preload, "MEMPOOL_DEVICE=cuda",
+                       "MEMPOOL_CONF=max_bytes=64M", NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_str_eq(r.out, "ok\n");
+}
+
+Test(preload_rules, without_the_shim_an_oom_leaves_a_global_capture_valid) {
+  oom_in_capture_rules("LD_PRELOAD=");
+}
+
+Test(preload_rules, under_the_shim_an_oom_leaves_a_global_capture_valid) {
+  oom_in_capture_rules("LD_PRELOAD=" MP_SHIM);
+}
+
 Test(preload_rules, under_the_shim_mallocs_in_a_capture_answer_as_the_driver) {
   answers_as_without_the_shim("alloc_modes", NULL, "alloc 900, end 901");
 }

@@ -136,6 +136,13 @@ if [ -x "$rules" ]; then
     cmp -s "$work/modes.none" "$work/modes.shim" ||
       fail "$m differ: $(diff "$work/modes.none" "$work/modes.shim")"
   done
+  # A cudaMallocAsync the capped pool refuses in thread B leaves thread
+  # A's global capture valid (the shim sets the runtime's last error in
+  # relaxed mode).
+  LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
+    MEMPOOL_DEVICE=cuda MEMPOOL_CONF=max_bytes=64M "$rules" oom_in_capture \
+    rt "$cudart" >"$work/rules.out" 2>&1 ||
+    fail "rules_prog oom_in_capture under the shim: $(cat "$work/rules.out")"
 fi
 # graph_prog (issue 10): a capture with cuMemAllocAsync/cuMemFreeAsync in
 # it, served by a graph-private pool, replayed on the real driver; then
