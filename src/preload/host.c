@@ -18,7 +18,7 @@
  * like its allocation. cudaHostRegister / cuMemHostRegister are not hooked:
  * registered memory is the program's, never counted or traced.
  *
- * cudaFreeHost and cuMemFreeHost synchronize the device before the memory
+ * cudaFreeHost and cuMemFreeHost synchronize the devices before the memory
  * goes (the driver's do, as an implicit synchronization); the shim keeps
  * that, so a buffer an async copy still reads is never handed out again.
  *
@@ -201,6 +201,30 @@ static unsigned int mp__h_error(bool runtime, mp_status_t st) {
 
 /* ---- the hooks ----------------------------------------------------------- */
 
+/* The synchronize before a page-locked block goes back to the pool: the
+ * pool's chunks are PORTABLE ("considered as pinned memory by all CUDA
+ * contexts", cuda.h, cuMemHostAlloc), so work of any device may still read
+ * or write the block. pl's own device first, then every other device the
+ * shim has a pool on (work of a device it never served is not waited
+ * for); the first failure is the answer. */
+typedef struct mp__hsync {
+  mp_device_t *done;
+  mp_status_t st;
+} mp__hsync_t;
+
+static void mp__hsync_other(mp_device_t *dev, void *ctx) {
+  mp__hsync_t *h = ctx;
+  if (dev != h->done && h->st == MP_OK)
+    h->st = mp_device_synchronize(dev);
+}
+
+static mp_status_t mp__hsync_devices(const mp__pl_t *pl) {
+  mp__hsync_t h = {.done = pl->dev, .st = mp_device_synchronize(pl->dev)};
+  if (!pl->host)
+    mp__pl_each_device(mp__hsync_other, &h);
+  return h.st;
+}
+
 static unsigned int mp__h_alloc(mp__hvariant_t v, void **p, size_t bytes,
                                 unsigned int flags) {
   bool runtime = v == MP__H_RT_MALLOC_HOST || v == MP__H_RT_HOST_ALLOC;
@@ -241,7 +265,7 @@ static unsigned int mp__h_free(bool runtime, void *ptr) {
     if (b.kind == MP__PL_FROM_HOSTMEM) {
       const mp__pl_t *pl = mp__pl_get();
       mp_host_pool_t *hp = mp__hpl_get(pl);
-      mp_status_t st = mp_device_synchronize(pl->dev);
+      mp_status_t st = mp__hsync_devices(pl);
       if (st == MP_OK)
         st = hp ? mp_host_pool_free(hp, ptr) : MP_EINVAL;
       if (st == MP_OK)

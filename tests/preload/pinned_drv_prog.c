@@ -19,6 +19,11 @@
  * cuMemAllocHost and cuMemHostAlloc cuGetProcAddress answers, freed in
  * turn with the cuMemFreeHost it answers and the one called: each free
  * succeeds; prints "driver_host_allocs=A".
+ *   pinned_drv_prog 1 other_device
+ * (two devices, FAKECUDA_DEVICE_COUNT=2) a page-locked block that a copy
+ * on a stream of device 1 reads late is freed (cuMemFreeHost), and a block
+ * of the same size allocated and overwritten at once: the copy must read
+ * what was there before the free (page-locked memory is any device's).
  *   pinned_drv_prog 1 late_runtime LIBRARY
  * a write-combined cuMemHostAlloc and its free, then LIBRARY (a stand-in
  * runtime, late_runtime.c) loaded and its cudaMalloc called through dlsym:
@@ -30,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "prog_check.h"
 
@@ -43,6 +49,58 @@ static long long calls(const char *name) {
 
 static int counted(void) {
   return cuFakeGetCallCount != NULL;
+}
+
+static void slow_start(void *arg) {
+  (void)arg;
+  usleep(150000);
+}
+
+#define MP_OTHER_BYTES 4096
+
+/* Device 1's context is current while its stream's copy reads device 0's
+ * page-locked block, freed meanwhile. */
+static int other_device(void) {
+  CUdevice d1;
+  CUcontext c1;
+  CUstream s1;
+  CUdeviceptr dst;
+  unsigned char *h = NULL, *h2 = NULL, b = 0;
+  expect(cuMemAllocHost((void **)&h, MP_OTHER_BYTES) == CUDA_SUCCESS,
+         "cuMemAllocHost");
+  if (h == NULL)
+    return 1;
+  memset(h, 1, MP_OTHER_BYTES);
+  expect(cuDeviceGet(&d1, 1) == CUDA_SUCCESS, "device 1");
+  expect(cuDevicePrimaryCtxRetain(&c1, d1) == CUDA_SUCCESS, "device 1 ctx");
+  expect(cuCtxSetCurrent(c1) == CUDA_SUCCESS, "set device 1 ctx");
+  expect(cuMemAlloc(&dst, MP_OTHER_BYTES) == CUDA_SUCCESS, "cuMemAlloc");
+  expect(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS, "stream");
+  if (failures != 0)
+    return 1;
+  expect(cuLaunchHostFunc(s1, slow_start, NULL) == CUDA_SUCCESS, "host fn");
+  expect(cuMemcpyAsync(dst, (CUdeviceptr)(uintptr_t)h, MP_OTHER_BYTES, s1) ==
+             CUDA_SUCCESS,
+         "copy on device 1");
+  expect(cuMemFreeHost(h) == CUDA_SUCCESS, "cuMemFreeHost");
+  expect(cuMemAllocHost((void **)&h2, MP_OTHER_BYTES) == CUDA_SUCCESS,
+         "cuMemAllocHost again");
+  if (h2 != NULL)
+    memset(h2, 2, MP_OTHER_BYTES);
+  expect(cuStreamSynchronize(s1) == CUDA_SUCCESS, "sync");
+  expect(cuMemcpyDtoH(&b, dst + MP_OTHER_BYTES - 1, 1) == CUDA_SUCCESS,
+         "read back");
+  if (b != 1)
+    printf("device 1's copy read %d, not 1: the freed page-locked block "
+           "(%s the new one) was handed out and overwritten under it\n",
+           b, h2 == h ? "is" : "is not");
+  expect(b == 1, "device 1's copy read the block before its free");
+  expect(cuMemFreeHost(h2) == CUDA_SUCCESS, "cuMemFreeHost again");
+  expect(cuMemFree(dst) == CUDA_SUCCESS, "cuMemFree");
+  expect(cuStreamDestroy(s1) == CUDA_SUCCESS, "stream destroy");
+  if (failures == 0)
+    printf("ok\n");
+  return failures == 0 ? 0 : 1;
 }
 
 int main(int argc, char **argv) {
@@ -66,6 +124,8 @@ int main(int argc, char **argv) {
       printf("ok\n");
     return failures == 0 ? 0 : 1;
   }
+  if (argc > 2 && strcmp(argv[2], "other_device") == 0)
+    return other_device();
   if (argc > 3 && strcmp(argv[2], "late_runtime") == 0) {
     void *p = NULL, *q = NULL;
     expect(cuMemHostAlloc(&p, 4096, CU_MEMHOSTALLOC_WRITECOMBINED) ==

@@ -82,6 +82,18 @@ static void run_mode(bool shim, const char *mode) {
   cr_assert(strstr(r.out, "ok\n") != NULL, "%s", r.out);
 }
 
+/* A page-locked block is any device's (the host pool's chunks are
+ * PORTABLE): its cuMemFreeHost waits for the work of every device the
+ * shim has, not only the first one's, before the pool hands it out again. */
+Test(preload_pinned_driver, under_the_shim_a_free_waits_for_other_devices) {
+  const char *argv[] = {MP_PINNED_DRV_PROG, "1", "other_device", NULL};
+  const char *env[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=cuda",
+                       "FAKECUDA_DEVICE_COUNT=2", NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert(strstr(r.out, "ok\n") != NULL, "%s", r.out);
+}
+
 /* A second cuMemFreeHost of a block the host pool served is refused as the
  * driver refuses it: passed on, it would free the pool's chunk under it. */
 Test(preload_pinned_driver, without_the_shim_a_second_free_is_refused) {
