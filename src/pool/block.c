@@ -291,7 +291,8 @@ bool mp__block_absorb(mp_pool_t *pool, mp__block_t *into, mp__block_t *gone,
  * work instead (the merged block is usable at once). */
 static bool mp__holds_back(mp_pool_t *pool, mp__block_t *b, mp__block_t *nb) {
   if ((pool->cfg.flags & MP_POOL_STREAM_WAITS) || b->ndeps != 1 ||
-      (b->flags & MP__B_SYNC) || mp__deps_safe(pool, nb, b->deps[0].sidx, true))
+      (b->flags & MP__B_SYNC) ||
+      mp__deps_safe(pool, nb, mp__dep_sidx(b->deps[0]), true))
     return false;
   b->flags |= MP__B_UNMERGED;
   nb->flags |= MP__B_UNMERGED;
@@ -351,7 +352,8 @@ static bool mp__joinable(mp_pool_t *pool, mp__block_t *b, mp__block_t *n) {
   (void)mp__deps_check(pool, b, UINT32_MAX, true);
   (void)mp__deps_check(pool, n, UINT32_MAX, true);
   if ((b->ndeps == 0 && n->ndeps == 0) ||
-      (b->ndeps == 1 && n->ndeps == 1 && b->deps[0].sidx == n->deps[0].sidx))
+      (b->ndeps == 1 && n->ndeps == 1 &&
+       mp__dep_same_stream(b->deps[0], n->deps[0])))
     return true;
   /* Marked again: the walk may have cleared b's mark joining it with the
    * block before (a run of four: the two joined halves stay apart). */

@@ -111,8 +111,7 @@ static void mp__vacated(mp__mover_t *m, mp__block_t *f) {
   mp__block_t dep;
   memset(&dep, 0, sizeof dep);
   dep.ndeps = 1;
-  dep.deps[0].sidx = m->sidx;
-  dep.deps[0].epoch = pool->streams[m->sidx].epoch;
+  dep.deps[0] = mp__dep(m->sidx, pool->streams[m->sidx].epoch);
   pool->streams[m->sidx].dirty = true;
   f->flags |= MP__B_FREE;
   mp__deps_merge(pool, f, &dep);

@@ -148,14 +148,36 @@ enum {
 #endif
 
 /* 8 bytes, so that a block record fits two cache lines: at most
- * MP__MAX_STREAMS streams per pool, 2^48 epochs per stream. */
-#define MP__MAX_STREAMS 65535u
+ * MP__MAX_STREAMS streams per pool, 2^48 epochs per stream. One word, read
+ * and written through the accessors below: the epoch (the stream's epoch
+ * when the block was freed) in the low 48 bits, the stream's index into
+ * pool->streams in the top 16. Not bit-fields, which GCC 12 builds and
+ * compares through extra masks, shifts and moves: a one-stream free's dep
+ * (slot 0) is the epoch alone, and two deps on one stream order as their
+ * words do. */
+#define MP__MAX_STREAMS    65535u
+#define MP__DEP_EPOCH_BITS 48
+#define MP__DEP_EPOCH_MASK (((uint64_t)1 << MP__DEP_EPOCH_BITS) - 1)
 typedef struct mp__dep {
-  /* Epoch first (the low bits): a one-stream free's dep (slot 0) is the
-   * epoch alone, which compiles to fewer instructions. */
-  uint64_t epoch : 48; /* the stream's epoch when the block was freed */
-  uint64_t sidx : 16;  /* index into pool->streams */
+  uint64_t w;
 } mp__dep_t;
+_Static_assert(MP__MAX_STREAMS <= UINT64_MAX >> MP__DEP_EPOCH_BITS,
+               "a stream index fits a dep's top bits");
+/* The dep on stream sidx's epoch (its low 48 bits, as the word keeps). */
+static inline mp__dep_t mp__dep(uint32_t sidx, uint64_t epoch) {
+  return (mp__dep_t){((uint64_t)sidx << MP__DEP_EPOCH_BITS) |
+                     (epoch & MP__DEP_EPOCH_MASK)};
+}
+static inline uint32_t mp__dep_sidx(mp__dep_t d) {
+  return (uint32_t)(d.w >> MP__DEP_EPOCH_BITS);
+}
+static inline uint64_t mp__dep_epoch(mp__dep_t d) {
+  return d.w & MP__DEP_EPOCH_MASK;
+}
+/* Whether a and b are deps on the same stream (one xor, one shift). */
+static inline bool mp__dep_same_stream(mp__dep_t a, mp__dep_t b) {
+  return ((a.w ^ b.w) >> MP__DEP_EPOCH_BITS) == 0;
+}
 
 typedef struct mp__segment mp__segment_t;
 
@@ -972,7 +994,7 @@ static inline void mp__deps_on_free(mp_pool_t *pool, mp__block_t *b) {
   MP__ASSERT(b->sidx == 0);
   mp__strm_t *own = &pool->streams[0];
   own->refs--;
-  b->deps[0] = (mp__dep_t){.sidx = 0, .epoch = own->epoch};
+  b->deps[0] = mp__dep(0, own->epoch);
   own->dirty = true;
   b->ndeps = 1;
 }
@@ -988,9 +1010,10 @@ static inline bool mp__deps_try_merge(mp_pool_t *pool, mp__block_t *dst,
    * case but the next): the later epoch. Finished deps may stay;
    * mp__deps_safe drops them when it looks. */
   if (MP__LIKELY(dst->ndeps == 1 && src->ndeps == 1 &&
-                 dst->deps[0].sidx == src->deps[0].sidx &&
+                 mp__dep_same_stream(dst->deps[0], src->deps[0]) &&
                  !((dst->flags | src->flags) & MP__B_SYNC))) {
-    if (dst->deps[0].epoch < src->deps[0].epoch)
+    /* One stream: the words order as the epochs. */
+    if (dst->deps[0].w < src->deps[0].w)
       dst->deps[0] = src->deps[0];
     return true;
   }
@@ -1011,7 +1034,8 @@ bool mp__deps_merge(mp_pool_t *pool, mp__block_t *dst, const mp__block_t *src);
 bool mp__deps_check(mp_pool_t *pool, mp__block_t *b, uint32_t sidx, bool poll);
 /* mp__deps_safe's inline half: b was freed on sidx alone. */
 static inline bool mp__deps_own(const mp__block_t *b, uint32_t sidx) {
-  return b->ndeps == 1 && b->deps[0].sidx == sidx && !(b->flags & MP__B_SYNC);
+  return b->ndeps == 1 && mp__dep_sidx(b->deps[0]) == sidx &&
+         !(b->flags & MP__B_SYNC);
 }
 /* True when a block with these deps can be reused on stream sidx now.
  * poll: query markers and close open epochs of the streams it waits on.

@@ -526,12 +526,11 @@ static void mp__stream_close(mp_pool_t *pool, mp__strm_t *st) {
  * its last epoch is the one closed when it was forgotten. */
 static void mp__dep_now(mp_pool_t *pool, mp__dep_t *d, uint32_t sidx) {
   mp__strm_t *st = &pool->streams[sidx];
-  d->sidx = sidx;
   if (MP__UNLIKELY(st->gone)) {
-    d->epoch = st->dirty ? st->epoch : st->epoch - 1;
+    *d = mp__dep(sidx, st->dirty ? st->epoch : st->epoch - 1);
     return;
   }
-  d->epoch = st->epoch;
+  *d = mp__dep(sidx, st->epoch);
   st->dirty = true;
 }
 
@@ -540,12 +539,12 @@ void mp__stream_add_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx) {
   if (sidx == b->sidx || (b->flags & MP__B_MANY_USES))
     return;
   for (uint32_t i = 0; i < b->ndeps; i++)
-    if (b->deps[i].sidx == sidx)
+    if (mp__dep_sidx(b->deps[i]) == sidx)
       return;
   /* One dep slot stays for the block's own stream at the free. A use that
    * does not fit is not named: the block then waits for a device sync. */
   if (b->ndeps + 1 < MP__MAX_DEPS) {
-    b->deps[b->ndeps++].sidx = sidx;
+    b->deps[b->ndeps++] = mp__dep(sidx, 0); /* a use: no epoch */
     pool->streams[sidx].refs++;
   } else {
     b->flags |= MP__B_MANY_USES;
@@ -556,7 +555,7 @@ void mp__deps_on_free_uses(mp_pool_t *pool, mp__block_t *b) {
   MP__ASSERT_LOCKED(pool);
   pool->streams[b->sidx].refs--;
   for (uint32_t i = 0; i < b->ndeps; i++)
-    pool->streams[b->deps[i].sidx].refs--;
+    pool->streams[mp__dep_sidx(b->deps[i])].refs--;
   if (b->flags & MP__B_MANY_USES) {
     b->flags = (b->flags & ~(uint32_t)MP__B_MANY_USES) | MP__B_SYNC;
     b->gen = pool->sync_gen;
@@ -575,7 +574,7 @@ void mp__deps_on_free_uses(mp_pool_t *pool, mp__block_t *b) {
   uint32_t uses[MP__MAX_DEPS];
   uint32_t nuses = b->ndeps;
   for (uint32_t i = 0; i < nuses; i++)
-    uses[i] = b->deps[i].sidx;
+    uses[i] = mp__dep_sidx(b->deps[i]);
   mp__dep_now(pool, &b->deps[0], b->sidx);
   uint32_t n = 1;
   for (uint32_t i = 0; i < nuses && n < MP__MAX_DEPS; i++)
@@ -612,9 +611,9 @@ void mp__deps_on_free_uses(mp_pool_t *pool, mp__block_t *b) {
                 pool->st.free_count >= pool->release_next_free;
     bool every = (pool->cfg.flags & MP_POOL_STREAM_WAITS) != 0;
     for (uint32_t i = 0; i < n; i++) {
-      mp__strm_t *st = &pool->streams[b->deps[i].sidx];
+      mp__strm_t *st = &pool->streams[mp__dep_sidx(b->deps[i])];
       if (look)
-        mp__stream_settle(pool, b->deps[i].sidx);
+        mp__stream_settle(pool, mp__dep_sidx(b->deps[i]));
       else if (every || st->nmarks == 0 || st->owner != 0)
         mp__stream_close(pool, st);
     }
@@ -632,7 +631,7 @@ void mp__stream_capture_ended(mp_pool_t *pool, uint32_t sidx) {
 }
 
 static bool mp__dep_done(const mp_pool_t *pool, const mp__dep_t *d) {
-  return d->epoch < pool->streams[d->sidx].done;
+  return mp__dep_epoch(*d) < pool->streams[mp__dep_sidx(*d)].done;
 }
 
 /* The marker of st whose completion means epoch e is done: the first one
@@ -661,11 +660,11 @@ static bool mp__deps_union(const mp_pool_t *pool, const mp__block_t *a,
       if (mp__dep_done(pool, d))
         continue;
       uint32_t j = 0;
-      while (j < n && out[j].sidx != d->sidx)
+      while (j < n && mp__dep_sidx(out[j]) != mp__dep_sidx(*d))
         j++;
       if (j < n) {
-        if (out[j].epoch < d->epoch)
-          out[j].epoch = d->epoch;
+        if (mp__dep_epoch(out[j]) < mp__dep_epoch(*d))
+          out[j] = *d; /* the same stream */
       } else if (n < MP__MAX_DEPS) {
         out[n++] = *d;
       } else {
@@ -707,16 +706,16 @@ static bool mp__each_marker(mp_pool_t *pool, const mp__block_t *a,
   for (int k = 0; k < 2 && blk[k] != NULL; k++)
     for (uint32_t i = 0; i < blk[k]->ndeps; i++) {
       const mp__dep_t *d = &blk[k]->deps[i];
-      if (d->sidx == skip || mp__dep_done(pool, d))
+      if (mp__dep_sidx(*d) == skip || mp__dep_done(pool, d))
         continue;
-      mp__strm_t *st = &pool->streams[d->sidx];
+      mp__strm_t *st = &pool->streams[mp__dep_sidx(*d)];
       if (st->capturing)
         return false;
-      if (d->epoch == st->epoch)
+      if (mp__dep_epoch(*d) == st->epoch)
         mp__stream_close(pool, st);
       if (mp__dep_done(pool, d))
         continue;
-      const mp__marker_t *m = mp__marker_covering(st, d->epoch);
+      const mp__marker_t *m = mp__marker_covering(st, mp__dep_epoch(*d));
       if (m == NULL || (fn != NULL && !fn(pool, m, ctx)))
         return false;
     }
@@ -754,7 +753,7 @@ static bool mp__deps_join(mp_pool_t *pool, mp__block_t *dst,
   mp__stream_close(pool, jst);
   if (jst->epoch == e)
     return false; /* no marker on the join stream: it stays dirty */
-  dst->deps[0] = (mp__dep_t){.sidx = j, .epoch = e};
+  dst->deps[0] = mp__dep(j, e);
   dst->ndeps = 1;
   return true;
 }
@@ -766,9 +765,9 @@ bool mp__deps_try_union(mp_pool_t *pool, mp__block_t *dst,
   if (!mp__deps_union(pool, dst, src, u, &n)) {
     /* Too many streams pending: ask their markers, then try once more. */
     for (uint32_t i = 0; i < dst->ndeps; i++)
-      mp__stream_poll(pool, &pool->streams[dst->deps[i].sidx]);
+      mp__stream_poll(pool, &pool->streams[mp__dep_sidx(dst->deps[i])]);
     for (uint32_t i = 0; i < src->ndeps; i++)
-      mp__stream_poll(pool, &pool->streams[src->deps[i].sidx]);
+      mp__stream_poll(pool, &pool->streams[mp__dep_sidx(src->deps[i])]);
     if (!mp__deps_union(pool, dst, src, u, &n))
       return mp__deps_join(pool, dst, src);
   }
@@ -802,11 +801,11 @@ bool mp__deps_check(mp_pool_t *pool, mp__block_t *b, uint32_t sidx, bool poll) {
   uint32_t n = 0;
   for (uint32_t i = 0; i < b->ndeps; i++) {
     mp__dep_t *d = &b->deps[i];
-    if (d->sidx != sidx && !mp__dep_done(pool, d)) {
+    if (mp__dep_sidx(*d) != sidx && !mp__dep_done(pool, d)) {
       if (poll) {
-        mp__strm_t *st = &pool->streams[d->sidx];
-        if (d->epoch == st->epoch)
-          mp__stream_settle(pool, d->sidx);
+        mp__strm_t *st = &pool->streams[mp__dep_sidx(*d)];
+        if (mp__dep_epoch(*d) == st->epoch)
+          mp__stream_settle(pool, mp__dep_sidx(*d));
         mp__stream_poll(pool, st);
       }
       if (!mp__dep_done(pool, d))
@@ -826,18 +825,18 @@ bool mp__deps_orderable(mp_pool_t *pool, const mp__block_t *b, uint32_t sidx) {
   bool asked = false; /* whether me's capture state was asked */
   for (uint32_t i = 0; i < b->ndeps; i++) {
     const mp__dep_t *d = &b->deps[i];
-    if (d->sidx == sidx || mp__dep_done(pool, d))
+    if (mp__dep_sidx(*d) == sidx || mp__dep_done(pool, d))
       continue;
-    const mp__strm_t *st = &pool->streams[d->sidx];
+    const mp__strm_t *st = &pool->streams[mp__dep_sidx(*d)];
     if (st->capturing)
       return false;
     /* The same conditions as mp__deps_order's, but for an event: an open
      * epoch gets its marker when the block is taken, unless its stream is
      * gone, another thread's per-thread stream, or captured unawares. */
-    if (d->epoch == st->epoch
+    if (mp__dep_epoch(*d) == st->epoch
             ? st->gone || (st->owner != 0 && st->owner != mp__self()) ||
                   mp__device_stream_capturing(pool->dev, st->s) != 0
-            : mp__marker_covering(st, d->epoch) == NULL)
+            : mp__marker_covering(st, mp__dep_epoch(*d)) == NULL)
       return false;
     if (!asked && mp__device_stream_capturing(pool->dev, me->s) != 0)
       return false;
