@@ -851,22 +851,28 @@ void mp__map_remove(mp_pool_t *pool, mp__block_t *b);
 static inline size_t mp__map_slot(const mp_pool_t *pool, uintptr_t addr) {
   return (size_t)(((uint64_t)addr * 0x9E3779B97F4A7C15ull) >> pool->map_shift);
 }
-/* The live block at addr and its slot, for mp__map_remove_slot (inline:
- * every free looks its pointer up). */
-static inline mp__block_t *mp__map_lookup(const mp_pool_t *pool, uintptr_t addr,
-                                          size_t *slot) {
+/* Whether addr is in the live map, and then its slot (inline: every free
+ * looks its pointer up). A slot's record is never NULL, so a caller that
+ * found the slot tests nothing more. */
+static inline bool mp__map_probe(const mp_pool_t *pool, uintptr_t addr,
+                                 size_t *slot) {
   if (pool->map_cap == 0 || addr == 0)
-    return NULL;
+    return false;
   size_t mask = pool->map_cap - 1;
   for (size_t i = mp__map_slot(pool, addr);; i = (i + 1) & mask) {
-    const mp__slot_t *e = &pool->map[i];
-    if (e->addr == addr) {
+    uintptr_t a = pool->map[i].addr;
+    if (a == addr) {
       *slot = i;
-      return e->blk;
+      return true;
     }
-    if (e->addr == 0)
-      return NULL;
+    if (a == 0)
+      return false;
   }
+}
+/* The live block at addr and its slot, for mp__map_remove_slot. */
+static inline mp__block_t *mp__map_lookup(const mp_pool_t *pool, uintptr_t addr,
+                                          size_t *slot) {
+  return mp__map_probe(pool, addr, slot) ? pool->map[*slot].blk : NULL;
 }
 /* (core.c) The live block at ptr for a caller's fn, with a message naming
  * what is wrong with it; movable_ok: a movable block's pointer is
@@ -874,11 +880,15 @@ static inline mp__block_t *mp__map_lookup(const mp_pool_t *pool, uintptr_t addr,
 static inline mp_status_t mp__pool_find_live(mp_pool_t *pool, const char *fn,
                                              void *ptr, bool movable_ok,
                                              mp__block_t **out, size_t *slot) {
-  mp__block_t *b = mp__map_lookup(pool, (uintptr_t)ptr, slot);
+  size_t i;
+  if (MP__UNLIKELY(!mp__map_probe(pool, (uintptr_t)ptr, &i)))
+    return mp__pool_find_live_why(pool, fn, ptr, movable_ok, NULL);
+  mp__block_t *b = pool->map[i].blk;
   uint32_t bad = MP__B_CHILD | MP__B_HELD | MP__B_LADDER |
                  (movable_ok ? 0 : MP__B_MOVABLE);
-  if (MP__UNLIKELY(b == NULL || (b->flags & bad)))
+  if (MP__UNLIKELY(b->flags & bad))
     return mp__pool_find_live_why(pool, fn, ptr, movable_ok, b);
+  *slot = i;
   *out = b;
   return MP_OK;
 }
