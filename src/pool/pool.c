@@ -584,15 +584,17 @@ static MP__COLD mp_status_t mp__pool_free_rare(mp_pool_t *pool, void *ptr,
   return mp__pool_free_locked(pool, ptr, how, s, fn, false);
 }
 
-/* ra: the public entry point's return address (MP__HIST_ENTRY), or NULL
- * from the library's own callers; stored only where the pool records
- * stacks, which makes it rare. */
+/* entry: inline in a public entry point, whose return address is the
+ * history's caller (MP__HIST_ENTRY; always_inline, so that the builtin
+ * reads the entry point's own), false from the library's own callers.
+ * Stored only where the pool records stacks, which makes it rare: the
+ * address is read there, not kept in a register across the lock. */
 static MP__HOT mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
                                             mp__free_how_t how, mp_stream_t s,
-                                            const char *fn, void *ra) {
+                                            const char *fn, bool entry) {
   if (ptr == NULL) {
-    if (ra != NULL)
-      MP__HIST_ENTRY_AT(pool, ra);
+    if (entry)
+      MP__HIST_ENTRY(pool);
     return MP_OK;
   }
   if (MP__UNLIKELY(pool->arenas != NULL)) {
@@ -605,7 +607,8 @@ static MP__HOT mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
   }
   mp__pool_lock(pool);
   if (MP__UNLIKELY(pool->rare != 0))
-    return mp__pool_free_rare(pool, ptr, how, s, fn, ra);
+    return mp__pool_free_rare(pool, ptr, how, s, fn,
+                              entry ? __builtin_return_address(0) : NULL);
   return mp__pool_free_locked(pool, ptr, how, s, fn, true);
 }
 
@@ -614,31 +617,29 @@ static MP__HOT mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
 __attribute__((noinline)) static mp_status_t
 mp__pool_free_in(mp_pool_t *pool, void *ptr, mp__free_how_t how, mp_stream_t s,
                  const char *fn) {
-  return mp__pool_free_as(pool, ptr, how, s, fn, NULL);
+  return mp__pool_free_as(pool, ptr, how, s, fn, false);
 }
 
 mp_status_t mp_pool_free(mp_pool_t *pool, void *ptr) {
   if (MP__UNLIKELY(pool == NULL))
     return mp__fail(MP_EINVAL, "mp_pool_free: pool is NULL");
-  return mp__pool_free_as(pool, ptr, MP__FREE_OWN, NULL, "mp_pool_free",
-                          __builtin_return_address(0));
+  return mp__pool_free_as(pool, ptr, MP__FREE_OWN, NULL, "mp_pool_free", true);
 }
 
 mp_status_t mp__pool_free_on(mp_pool_t *pool, void *ptr, mp_stream_t s,
                              const char *fn) {
-  return mp__pool_free_as(pool, ptr, MP__FREE_ON, s, fn, NULL);
+  return mp__pool_free_as(pool, ptr, MP__FREE_ON, s, fn, false);
 }
 
 mp_status_t mp__pool_free_named(mp_pool_t *pool, void *ptr, const char *fn) {
-  return mp__pool_free_as(pool, ptr, MP__FREE_OWN, NULL, fn, NULL);
+  return mp__pool_free_as(pool, ptr, MP__FREE_OWN, NULL, fn, false);
 }
 
 mp_status_t mp_pool_free_after_all(mp_pool_t *pool, void *ptr) {
   if (MP__UNLIKELY(pool == NULL))
     return mp__fail(MP_EINVAL, "mp_pool_free_after_all: pool is NULL");
   return mp__pool_free_as(pool, ptr, MP__FREE_ALL, NULL,
-                          "mp_pool_free_after_all",
-                          __builtin_return_address(0));
+                          "mp_pool_free_after_all", true);
 }
 
 mp_status_t mp_pool_add_stream(mp_pool_t *pool, mp_stream_t s) {
