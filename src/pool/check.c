@@ -135,6 +135,12 @@ mp_status_t mp__pool_check_locked(mp_pool_t *pool) {
   if ((pool->rare != 0) != (mp__pool_rare_of(pool) != 0))
     MP__CORRUPT("the rare-state word is %u, its fields say %u", pool->rare,
                 mp__pool_rare_of(pool));
+  /* The stream the plain path compares a call's with names its slot's. */
+  if (pool->last_s != MP__STREAM_GONE &&
+      (pool->last_sidx >= pool->nstreams ||
+       pool->streams[pool->last_sidx].s != pool->last_s))
+    MP__CORRUPT("the remembered stream %p is not stream slot %u's",
+                (void *)pool->last_s, pool->last_sidx);
   size_t nseg = 0, reserved = 0, chunks = 0;
   for (mp__segment_t *s = pool->segs; s != NULL; s = s->next) {
     nseg++;

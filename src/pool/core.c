@@ -442,6 +442,7 @@ mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
       (pool->cfg.segment_bytes + pool->cfg.align - 1) & ~(pool->cfg.align - 1);
   pool->sync_gen = 1;
   pool->sync_done = 1;
+  pool->last_s = MP__STREAM_GONE; /* no slot yet */
   mp__pool_rare_update(pool);
   mp_status_t st = mp__history_init(pool);
   if (st == MP_OK) {

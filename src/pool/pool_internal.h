@@ -379,6 +379,9 @@ struct mp_pool {
 
   mp__strm_t *streams;
   uint32_t nstreams, streams_cap, last_sidx;
+  mp_stream_t last_s; /* streams[last_sidx].s, or MP__STREAM_GONE: the
+                         stream of the pool's last call, compared without
+                         reading the table (mp__stream_remember) */
   uint32_t *shash;    /* (handle, owner) -> sidx + 1; 0 empty; linear probing,
                          backward-shift delete; never more than half full */
   uint32_t shash_cap; /* power of two, or 0 */
@@ -922,6 +925,14 @@ void mp__block_link(mp__segment_t *seg, mp__block_t *after, mp__block_t *b);
 void mp__block_unlink(mp__segment_t *seg, mp__block_t *b);
 
 /* ---- stream.c: stream table, epochs, markers, events -------------------- */
+/* A forgotten slot's handle, and last_s where no slot is remembered: no
+ * stream is ever at this address. */
+#define MP__STREAM_GONE ((mp_stream_t)UINTPTR_MAX)
+/* Slot i's stream is the one the next call most likely names. */
+static inline void mp__stream_remember(mp_pool_t *pool, uint32_t i) {
+  pool->last_sidx = i;
+  pool->last_s = pool->streams[i].s;
+}
 /* mp__stream_index's general case: any stream, added on first use. */
 mp_status_t mp__stream_lookup(mp_pool_t *pool, mp_stream_t s, uint32_t *out);
 /* Who owns s in pool's table: the calling thread for the per-thread
@@ -946,11 +957,11 @@ mp_status_t mp__stream_index_owned(mp_pool_t *pool, mp_stream_t s,
  * is, mp__stream_close). */
 static inline mp_status_t mp__stream_index_as(mp_pool_t *pool, mp_stream_t s,
                                               uint32_t *out, bool plain) {
-  uint32_t i = pool->last_sidx;
-  if (MP__LIKELY(i < pool->nstreams && (plain || !pool->has_pt))) {
-    const mp__strm_t *st = &pool->streams[i];
-    MP__ASSERT(!plain || !st->want_close);
-    if (MP__LIKELY(st->s == s && (plain || !st->want_close))) {
+  if (MP__LIKELY(s == pool->last_s && (plain || !pool->has_pt))) {
+    uint32_t i = pool->last_sidx;
+    MP__ASSERT(i < pool->nstreams && pool->streams[i].s == s);
+    MP__ASSERT(!plain || !pool->streams[i].want_close);
+    if (MP__LIKELY(plain || !pool->streams[i].want_close)) {
       *out = i;
       return MP_OK;
     }

@@ -63,9 +63,6 @@ static void mp__stream_poll(mp_pool_t *pool, mp__strm_t *st);
 _Static_assert(MP_POOL_FREE_AFTER_ALL_STREAMS == MP__MAX_DEPS,
                "pool.h promises what a block record holds");
 
-/* A forgotten slot's handle: no stream is ever at this address. */
-#define MP__STREAM_GONE ((mp_stream_t)UINTPTR_MAX)
-
 /* ---- the handle table ---------------------------------------------------
  * Open addressing with linear probing and backward-shift deletion, as
  * src/ptrmap.c, but not on it (issue 15): the key is a pair (handle, owning
@@ -252,7 +249,7 @@ static mp_status_t mp__stream_add(mp_pool_t *pool, mp_stream_t s,
   n->epoch = epoch;
   n->done = done;
   mp__shash_put(pool, i);
-  pool->last_sidx = i;
+  mp__stream_remember(pool, i);
   *out = i;
   return MP_OK;
 }
@@ -270,7 +267,7 @@ mp_status_t mp__stream_lookup(mp_pool_t *pool, mp_stream_t s, uint32_t *out) {
     i = mp__shash_find(pool, s, owner);
     if (i == UINT32_MAX)
       return mp__stream_add(pool, s, owner, out);
-    pool->last_sidx = i;
+    mp__stream_remember(pool, i);
   }
   if (MP__UNLIKELY(pool->streams[i].want_close))
     mp__stream_close(pool, &pool->streams[i]); /* its owner, at last */
@@ -339,6 +336,8 @@ static void mp__stream_retire(mp_pool_t *pool, uint32_t i) {
   mp__stream_close(pool, st);
   mp__shash_remove(pool, i);
   st->s = MP__STREAM_GONE;
+  if (pool->last_sidx == i)
+    pool->last_s = MP__STREAM_GONE;
   st->gone = true;
   pool->gone[pool->ngone++] = i;
 }
@@ -1030,6 +1029,7 @@ void mp__streams_release(mp_pool_t *pool) {
   pool->shash_cap = pool->ngone = 0;
   pool->nevents = pool->events_cap = 0;
   pool->nstreams = pool->streams_cap = 0;
+  pool->last_s = MP__STREAM_GONE;
 }
 
 /* Waits for the work of every stream the pool knows, by an event on each:

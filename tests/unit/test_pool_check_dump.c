@@ -59,6 +59,29 @@ Test(pool_check, detects_an_index_node_that_names_another_class, .init = setup,
   cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
 }
 
+/* The plain path takes a call's stream slot from the remembered stream
+ * (last_s) without reading the table: one that names another slot's
+ * stream is reported. */
+Test(pool_check, detects_a_remembered_stream_of_another_slot, .init = setup,
+     .fini = teardown) {
+  cr_assert_eq(pool->last_s, (mp_stream_t)NULL); /* setup's calls */
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, 4096, s, &p), MP_OK);
+  cr_expect_eq(pool->last_s, s);
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  pool->last_s = NULL; /* the other slot's stream */
+  expect_corrupt("a remembered stream of another slot");
+  pool->last_s = s;
+  cr_expect_eq(mp_pool_free(pool, p), MP_OK);
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_stream_destroy(dev, s), MP_OK);
+  /* Forgotten: no call's stream matches it any more. */
+  cr_expect_eq(pool->last_s, MP__STREAM_GONE);
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+}
+
 /* The free index's links live in the block records: a link that names no
  * record of the pool is reported, not followed (the junk it names would
  * send the walk to 0xa5a5... if it were read). */
