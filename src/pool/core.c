@@ -67,18 +67,21 @@ mp__search_from(mp_pool_t *pool, size_t size, uint32_t sidx, mp__block_t *b,
   return NULL;
 }
 
-/* *pending: set, when still NULL, to a block that fits but was passed by
- * only because another stream's work on it has not completed yet (the
- * first such block: the best fit among them). */
+/* *pending, set whenever the search returns NULL (left as it was when it
+ * returns a block): a block that fits but was passed by only because
+ * another stream's work on it has not completed yet (the first such block:
+ * the best fit among them), or NULL. */
 static MP__HOT mp__block_t *mp__search_ex(mp_pool_t *pool, size_t size,
                                           uint32_t sidx,
                                           mp__block_t **pending) {
   mp__block_t *b = mp__index_best_fit_hot(pool, size);
   /* The common case, the best fit splittable and freed on sidx alone: what
-   * mp__search_from would find first, without its loop. */
+   * mp__search_from would find first, without its loop (nor a store to
+   * *pending, which the caller reads only without a block). */
   if (MP__LIKELY(b != NULL) && mp__split_allowed(pool, b, size) &&
       mp__deps_own(b, sidx))
     return b;
+  *pending = NULL;
   return b != NULL ? mp__search_from(pool, size, sidx, b, pending) : NULL;
 }
 
@@ -344,7 +347,7 @@ MP__HOT mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
                                   mp__block_t **out, bool *laddered) {
   MP__ASSERT_LOCKED(pool);
   MP__ASSERT(sidx < pool->nstreams && size % pool->cfg.align == 0);
-  mp__block_t *pending = NULL;
+  mp__block_t *pending; /* set by a search that finds nothing */
   mp__block_t *b = mp__search_ex(pool, size, sidx, &pending);
   *laddered = b == NULL;
   if (MP__UNLIKELY(b == NULL)) {
@@ -361,7 +364,7 @@ MP__HOT mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
 MP__HOT bool mp__pool_take_cached(mp_pool_t *pool, size_t size, uint32_t sidx,
                                   mp__block_t **out) {
   MP__ASSERT_LOCKED(pool);
-  mp__block_t *pending = NULL;
+  mp__block_t *pending; /* unread */
   mp__block_t *b = mp__search_ex(pool, size, sidx, &pending);
   if (b == NULL)
     return false;
