@@ -101,20 +101,10 @@ _Static_assert(((MP__FL_COUNT * MP__SL_COUNT) &
                 (MP__FL_COUNT * MP__SL_COUNT - 1)) == 0,
                "mp__index_remove_hot masks a class into bins[]");
 
-MP__HOT void mp__index_remove_hot(mp_pool_t *pool, mp__block_t *b) {
-  /* The mask keeps a record that was never indexed (cls unset) inside
-   * bins[]; the descent then does not find it. */
-  size_t c = b->cls & (MP__FL_COUNT * MP__SL_COUNT - 1);
-  mp__block_t **link = &pool->bins[c];
-  mp__block_t *t;
-  while ((t = *link) != b) {
-    if (t == NULL)
-      return; /* not indexed: mp_pool_check reports such states */
-    link = mp__key_cmp(t, b->size, b->addr) > 0 ? &t->left : &t->right;
-  }
-  /* Its two subtrees merge into its place, the root of higher priority
-   * first at each step. */
-  mp__block_t *l = b->left, *r = b->right;
+/* Puts the merge of treaps l and r (every key of l below every key of r)
+ * at *link, the root of higher priority first at each step. */
+__attribute__((noinline)) static void
+mp__treap_merge(mp__block_t **link, mp__block_t *l, mp__block_t *r) {
   while (l != NULL && r != NULL) {
     if (mp__prio(r->addr) > mp__prio(l->addr)) {
       *link = r;
@@ -127,7 +117,30 @@ MP__HOT void mp__index_remove_hot(mp_pool_t *pool, mp__block_t *b) {
     }
   }
   *link = l != NULL ? l : r;
+}
+
+MP__HOT void mp__index_remove_hot(mp_pool_t *pool, mp__block_t *b) {
+  /* The mask keeps a record that was never indexed (cls unset) inside
+   * bins[]; the descent then does not find it. */
+  size_t c = b->cls & (MP__FL_COUNT * MP__SL_COUNT - 1);
+  mp__block_t **link = &pool->bins[c];
+  mp__block_t *t;
+  while ((t = *link) != b) {
+    if (t == NULL)
+      return; /* not indexed: mp_pool_check reports such states */
+    link = mp__key_cmp(t, b->size, b->addr) > 0 ? &t->left : &t->right;
+  }
+  /* Its subtrees take its place: one (or none) as it is, two merged (out
+   * of line, rare where classes hold a block or two: its loop's registers
+   * would weigh on every inline copy's frame; the class stays non-empty,
+   * so nothing is live across the call). */
+  mp__block_t *l = b->left, *r = b->right;
   b->flags &= ~(uint32_t)MP__B_FREE;
+  if (MP__UNLIKELY(l != NULL && r != NULL)) {
+    mp__treap_merge(link, l, r);
+    return;
+  }
+  *link = l != NULL ? l : r;
   if (pool->bins[c] == NULL) {
     size_t fl = c / MP__SL_COUNT;
     if ((pool->sl_bitmap[fl] &= ~(1u << (c % MP__SL_COUNT))) == 0)
