@@ -194,13 +194,16 @@ void mp__map_remove(mp_pool_t *pool, mp__block_t *b) {
 /* ---- tiling ------------------------------------------------------------- */
 
 void mp__block_link(mp__segment_t *seg, mp__block_t *after, mp__block_t *b) {
+  mp__block_t *next = after ? after->next : seg->first;
   b->seg = seg;
   b->prev = after;
-  b->next = after ? after->next : seg->first;
-  if (b->next)
-    b->next->prev = b;
+  if (next)
+    next->prev = b;
   else
     seg->last = b;
+  /* After the branch, not beside b->prev: GCC 12 packed the two stores
+   * into a vector (four instructions for two) on the split's path. */
+  b->next = next;
   if (after)
     after->next = b;
   else
