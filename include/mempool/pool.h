@@ -453,7 +453,10 @@ MP_API mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
 #define MP_PAUSE_KEEP_CONTENT 0x1u
 MP_API mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags);
 /* Maps the memory again at the same addresses, content back if it was kept
- * (byte for byte); without it the content is undefined. On failure (the
+ * (byte for byte); without it the content is undefined. What the pool held
+ * before the pause comes back even above a cap lowered since (by
+ * mp_pool_set_max_fraction before the pause): that is no growth, and it
+ * stays until trimmed, as it would have without the pause. On failure (the
  * device has no room: another tenant still holds it) nothing is lost: the
  * pool is still paused, its host copy kept, and resume may be tried again.
  * Not paused: MP_EINVAL. */

@@ -242,12 +242,12 @@ mp_status_t mp_pool_resume(mp_pool_t *pool) {
     mp__pool_unlock(pool);
     return mp__fail(MP_EINVAL, "mp_pool_resume: the pool is not paused");
   }
+  /* No cap check: resume maps back the chunks the pool held before the
+   * pause, not growth. A cap lowered below them before the pause
+   * (mp_pool_set_max_fraction: memory above it "stays until trimmed")
+   * would otherwise refuse every resume, and trim and free are MP_EBUSY
+   * while paused: the pool, and a kept content, could never come back. */
   mp__segment_t *v = pool->vseg;
-  if (pool->cap < pool->paused_reserved) {
-    mp__pool_unlock(pool);
-    return mp__fail(MP_ELIMIT, "mp_pool_resume: the pool's cap is below "
-                               "what it held");
-  }
   mp__spans_t sp = {0};
   mp_status_t st = MP_OK;
   if (pool->pause_copy != NULL && (st = mp__live_spans(pool, &sp)) != MP_OK) {

@@ -68,8 +68,8 @@ mp_status_t mp_pool_set_max_fraction(mp_pool_t *pool, double fraction) {
   if (st != MP_OK)
     return st;
   mp__pool_lock(pool);
-  /* Paused: resume maps back what the pool held, which a lower cap would
-   * refuse (the pool would stay paused). */
+  /* Paused: MP_EBUSY, as every call but the few pool.h names (resume maps
+   * back what the pool held before the pause whatever the cap says). */
   st = mp__pool_paused(pool, "mp_pool_set_max_fraction");
   if (st == MP_OK) {
     pool->cap = cap;

@@ -129,7 +129,7 @@ Test(pool_pause, every_other_call_is_ebusy_while_paused) {
             "%s", mp_last_error());
   cr_expect_eq(mp_pool_check(p), MP_EBUSY);
   cr_expect_eq(mp_pool_pause(p, 0), MP_EBUSY);
-  /* A cap below what the pool held would leave resume refused. */
+  /* The cap is no setting a paused pool takes (pool.h). */
   cr_expect_eq(mp_pool_set_max_fraction(p, 0.001), MP_EBUSY);
   cr_expect_eq(mp_handle_ptr(h), hp);
   mp_stats_t after = stats(p);
@@ -143,6 +143,42 @@ Test(pool_pause, every_other_call_is_ebusy_while_paused) {
   cr_assert_eq(mp_handle_free(h), MP_OK);
   check(p);
   mp_pool_destroy(p);
+  mp_device_close(dev);
+}
+
+/* mp_pool_set_max_fraction below what the pool holds keeps that memory
+ * until trimmed; a pause and resume then map it back with the content, and
+ * only growth stops at the new cap. Failed before: every resume was
+ * MP_ELIMIT (the cap below what was paused), and trim, free and a higher
+ * cap were MP_EBUSY while paused: the pool stayed paused for good. */
+Test(pool_pause, a_cap_lowered_below_what_the_pool_holds_still_resumes) {
+  mp_device_t *dev = open_dev("host:capacity=64M");
+  void *v[N];
+  mp_pool_t *p = loaded(dev, v);
+  mp_stats_t held = stats(p);
+  cr_assert_gt(held.reserved_bytes, MiB, "the test needs more than 1 MiB");
+  /* 1/64 of 64 MiB: 1 MiB, below what the pool holds. */
+  cr_assert_eq(mp_pool_set_max_fraction(p, 1.0 / 64), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+  mp_stats_t s = stats(p);
+  cr_expect_eq(s.reserved_bytes, held.reserved_bytes);
+  cr_expect_eq(s.free_bytes, held.free_bytes);
+  for (unsigned i = 0; i < N; i++)
+    if (v[i] != NULL)
+      expect_filled(v[i], sizes[i], i);
+  void *x;
+  cr_expect_eq(mp_pool_alloc(p, 16 * MiB, NULL, &x), MP_ELIMIT,
+               "growth stops at the lowered cap");
+  check(p);
+  for (unsigned i = 0; i < N; i++)
+    cr_assert_eq(mp_pool_free(p, v[i]), MP_OK);
+  cr_assert_eq(mp_pool_trim(p, 0), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(stats(p).reserved_bytes, 0, "trimmed at last");
+  mp_pool_destroy(p);
+  cr_expect_eq(free_bytes(dev), 64 * MiB);
   mp_device_close(dev);
 }
 
