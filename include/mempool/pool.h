@@ -393,7 +393,9 @@ MP_API mp_pool_t *mp_pool_graph_of(mp_pool_t *parent, mp_stream_t s);
  * on every stream the parent knows has passed (mp_pool_free_after_all; a
  * replay on a stream the parent never saw must be complete). Blocks still
  * live (a graph's outputs) keep the pool until their last free, which
- * returns everything. graph is invalid after the last block goes; it is
+ * returns everything (a free from inside an allocation on graph, such as
+ * its out-of-memory handler's, leaves that to the allocation, which does it
+ * before it returns). graph is invalid after the last block goes; it is
  * MP_EBUSY (nothing done) while a stream still allocates to it, MP_EINVAL
  * when it is no graph pool or released already. mp_pool_destroy of a graph
  * pool does the same. */

@@ -364,12 +364,24 @@ static void mp__graph_finish(mp_pool_t *graph) {
   mp__pool_free_host(graph);
 }
 
+/* Growth (inflight) runs only inside an allocation (a graph pool's trim
+ * gives nothing back), so the allocation that grew finishes the pool when
+ * the free came meanwhile. */
 bool mp__graph_take_last(mp_pool_t *graph) {
   bool last = graph->graph && graph->released && graph->st.live_blocks == 0 &&
-              graph->ncapturing == 0 && !graph->inflight;
+              graph->ncapturing == 0 && graph->ncalls == 0 && !graph->inflight;
   if (last)
     graph->released = false; /* only the caller that saw it finishes it */
   return last;
+}
+
+void mp__graph_enter(mp_pool_t *graph) {
+  graph->ncalls++;
+}
+
+bool mp__graph_leave(mp_pool_t *graph) {
+  graph->ncalls--;
+  return mp__graph_take_last(graph);
 }
 
 void mp__graph_finish_if(mp_pool_t *graph, bool last) {

@@ -423,10 +423,17 @@ static MP__COLD mp_status_t mp__pool_alloc_rare(mp_pool_t *pool, size_t bytes,
       return mp__pool_alloc_rare(g, bytes, s, out, ra);
     }
   }
+  /* A graph pool may be finished by a free while the lock is dropped
+   * (the handler may free its last block): the last call out does it. */
+  bool graph = pool->graph;
+  if (graph)
+    mp__graph_enter(pool);
   mp_status_t st = mp__pool_alloc_locked_hot(pool, bytes, s, out, false);
   if (st != MP_OK && mp__pool_oom_retry(pool, st, bytes))
     st = mp__pool_alloc_locked(pool, bytes, s, out);
+  bool last = graph && mp__graph_leave(pool);
   mp__pool_unlock(pool);
+  mp__graph_finish_if(pool, last);
   return st;
 }
 
@@ -724,6 +731,10 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
   if (st == MP_OK && count > 1 &&
       (recs = mp__recs_new(pool, count - 1)) == NULL)
     st = mp__fail(MP_ENOMEM, "out of host memory for block records");
+  /* The take may drop the lock: as mp_pool_alloc, in a graph pool. */
+  bool graph = st == MP_OK && pool->graph;
+  if (graph)
+    mp__graph_enter(pool);
   if (st == MP_OK)
     st = mp__pool_take_unpaused(pool, total, sidx, &b,
                                 "mp_pool_alloc_contiguous", &laddered);
@@ -732,8 +743,10 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
     st = mp__fail(MP_ENOMEM, "out of host memory for the block map");
   }
   if (st != MP_OK) {
+    bool last = graph && mp__graph_leave(pool);
     mp__recs_free(pool, recs);
     mp__pool_unlock(pool);
+    mp__graph_finish_if(pool, last);
     return st;
   }
   /* b may exceed total when max_split kept it whole: the last piece gets the
@@ -755,6 +768,8 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
       mp__block_make_live(pool, cur, sizes[i], sidx, false);
     }
   }
+  if (graph)
+    (void)mp__graph_leave(pool); /* its blocks are live: not the last */
   mp__pool_unlock(pool);
   return MP_OK;
 }

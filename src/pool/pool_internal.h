@@ -355,6 +355,7 @@ struct mp_pool {
                           parent (MP__SEG_RANGE segments) */
   bool released;       /* graph: mp_pool_graph_release called; the pool
                           goes with its last live block */
+  uint32_t ncalls;     /* graph: allocations inside it (mp__graph_enter) */
   uint32_t ncapturing; /* stream slots whose capturing count is nonzero */
   struct mp__route *routes; /* parent: streams allocating to graph pools */
   size_t nroutes, routes_cap;
@@ -626,6 +627,14 @@ mp_pool_t *mp__graph_owner(const mp_pool_t *parent, uintptr_t p);
  * free and the release) from both finishing it. */
 bool mp__graph_take_last(mp_pool_t *graph);
 void mp__graph_finish_if(mp_pool_t *graph, bool last);
+/* Under graph's lock, around an allocation in a graph pool, which may drop
+ * the lock (growth, the out-of-memory handler, the nap for pending blocks,
+ * a synchronize): while one is inside, a free that empties a released pool
+ * does not finish it, and the last allocation out does instead. _leave
+ * returns mp__graph_take_last's answer, for mp__graph_finish_if once the
+ * lock is dropped. */
+void mp__graph_enter(mp_pool_t *graph);
+bool mp__graph_leave(mp_pool_t *graph);
 /* ---- export.c: IPC exports and their leases ------------------------------ */
 /* A free of exported b (lock held): true when b is still imported
  * elsewhere and is now held instead of freed. */
