@@ -215,6 +215,8 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
   mp__sync_set_release(pool, &set);
   if (waited)
     mp__streams_sync_end(pool, snap);
+  else
+    mp__streams_sync_failed(pool);
   if (st != MP_OK) {
     pool->paused = false;
     mp__pool_rare_update(pool);

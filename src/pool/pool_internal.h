@@ -265,6 +265,7 @@ typedef struct mp__strm {
   bool join;          /* the pool's own join stream (stream.c), on which
                          nothing runs but waits */
   uint64_t sync_snap; /* epoch closed by the device sync in flight */
+  bool sync_owed;     /* forgotten, with work that sync is to cover */
   mp__marker_t marks[MP__MAX_MARKS]; /* FIFO of recorded markers */
   unsigned mark_head, nmarks;
 } mp__strm_t;
@@ -1097,9 +1098,13 @@ static inline bool mp__deps_usable(mp_pool_t *pool, mp__block_t *b,
 }
 /* Polls every stream's markers; closes open epochs when close is set. */
 void mp__streams_poll(mp_pool_t *pool, bool close);
-/* Snapshot before a device sync, and completion after it. */
+/* Snapshot before a device sync, and completion after it; _failed instead
+ * of _end when the wait failed: forgotten streams whose work the wait was
+ * to cover are marked dirty again (their markers went to the wait's set,
+ * and only a device synchronize covers them now). */
 uint64_t mp__streams_sync_begin(mp_pool_t *pool);
 void mp__streams_sync_end(mp_pool_t *pool, uint64_t snap);
+void mp__streams_sync_failed(mp_pool_t *pool);
 void mp__streams_release(mp_pool_t *pool); /* destroy: events back */
 /* Waits for every stream the pool knows, by an event each (a device
  * synchronize only where a stream cannot be marked), with the lock dropped

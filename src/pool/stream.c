@@ -872,10 +872,25 @@ void mp__streams_poll(mp_pool_t *pool, bool close) {
 uint64_t mp__streams_sync_begin(mp_pool_t *pool) {
   for (uint32_t i = 0; i < pool->nstreams; i++) {
     mp__strm_t *st = &pool->streams[i];
+    /* A forgotten stream's last frees have epoch - 1 (mp__dep_now) unless
+     * it is dirty: owed while that is not done. */
+    st->sync_owed = st->gone && (st->dirty || st->done < st->epoch);
     st->sync_snap = st->epoch++;
     st->dirty = false;
   }
   return pool->sync_gen++;
+}
+
+void mp__streams_sync_failed(mp_pool_t *pool) {
+  /* The epochs stay advanced: a later marker, or sync, covers the closed
+   * one too. Streams forgotten during the wait have sync_owed false and
+   * their own marks (mp__stream_retire). */
+  for (uint32_t i = 0; i < pool->nstreams; i++) {
+    mp__strm_t *st = &pool->streams[i];
+    if (st->sync_owed)
+      st->dirty = true;
+    st->sync_owed = false;
+  }
 }
 
 void mp__streams_sync_end(mp_pool_t *pool, uint64_t snap) {
@@ -1072,6 +1087,8 @@ mp_status_t mp__pool_sync_alloc(mp_pool_t *pool, size_t buf_bytes, void **buf) {
   mp__sync_set_release(pool, &set);
   if (st == MP_OK)
     mp__streams_sync_end(pool, snap);
+  else
+    mp__streams_sync_failed(pool);
   return st;
 }
 
