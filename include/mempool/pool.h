@@ -532,7 +532,7 @@ MP_API mp_status_t mp_pool_ipc_export(mp_pool_t *pool, void *ptr,
                                       mp_ipc_handle_t *out);
 /* Releases every held block whose importers have all let go (one poll per
  * lease, never waiting) and says how many blocks are still held (held may
- * be NULL). */
+ * be NULL). Paused: MP_EBUSY (held untouched). */
 MP_API mp_status_t mp_pool_ipc_poll(mp_pool_t *pool, size_t *held);
 /* Maps the memory h names into this process through dev and sets *out to
  * the block (its first byte). On MP_OK the import owns h's descriptors (h

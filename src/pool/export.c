@@ -260,9 +260,15 @@ mp_status_t mp_pool_ipc_poll(mp_pool_t *pool, size_t *held) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_ipc_poll: pool is NULL");
   mp__pool_lock(pool);
-  mp__export_reap(pool);
-  if (held != NULL)
-    *held = pool->nheld;
+  /* Paused: MP_EBUSY, as pool.h's pause contract says of every call it
+   * does not name (a paused pool has no leases: pause refuses while any
+   * is open). */
+  mp_status_t st = mp__pool_paused(pool, "mp_pool_ipc_poll");
+  if (st == MP_OK) {
+    mp__export_reap(pool);
+    if (held != NULL)
+      *held = pool->nheld;
+  }
   mp__pool_unlock(pool);
-  return MP_OK;
+  return st;
 }

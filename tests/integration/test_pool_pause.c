@@ -128,6 +128,9 @@ Test(pool_pause, every_other_call_is_ebusy_while_paused) {
                                     "paused") != NULL,
             "%s", mp_last_error());
   cr_expect_eq(mp_pool_check(p), MP_EBUSY);
+  size_t held = 7;
+  cr_expect_eq(mp_pool_ipc_poll(p, &held), MP_EBUSY);
+  cr_expect_eq(held, 7, "a refused poll sets nothing");
   cr_expect_eq(mp_pool_pause(p, 0), MP_EBUSY);
   /* The cap is no setting a paused pool takes (pool.h). */
   cr_expect_eq(mp_pool_set_max_fraction(p, 0.001), MP_EBUSY);
