@@ -58,35 +58,49 @@ static mp__hslot_t *mp__slot_of(const mp_handle_t *h, uint32_t *gen) {
   return idx1 == 0 ? NULL : mp__slot_at((uint32_t)(idx1 - 1));
 }
 
-/* Under pool->lock. */
-static mp_status_t mp__handle_new(mp_pool_t *pool, mp__block_t *b,
-                                  mp_handle_t **out) {
+/* Takes a free slot (growing the table), before the block is allocated:
+ * a refusal then leaves no allocation to undo. Under pool->lock. */
+static mp_status_t mp__handle_reserve(uint32_t *idx) {
   pthread_mutex_lock(&mp__handles.lock);
-  uint32_t idx;
   if (mp__handles.free_head != 0) {
-    idx = mp__handles.free_head - 1;
-    mp__handles.free_head = mp__slot_at(idx)->next_free;
-  } else {
-    idx = mp__handles.used;
-    uint32_t c = idx >> MP__SLOT_CHUNK_LOG2;
-    if (c >= MP__SLOT_CHUNKS) {
-      pthread_mutex_unlock(&mp__handles.lock);
-      return mp__fail(MP_ENOMEM, "mp_pool_alloc_movable: %u handles are live",
-                      idx);
-    }
-    if (atomic_load_explicit(&mp__handles.chunks[c], memory_order_relaxed) ==
-        NULL) {
-      mp__hslot_t *chunk = mp__host_calloc(MP__SLOT_CHUNK, sizeof *chunk);
-      if (chunk == NULL) {
-        free(chunk);
-        pthread_mutex_unlock(&mp__handles.lock);
-        return mp__fail(MP_ENOMEM, "out of host memory for handles");
-      }
-      atomic_store_explicit(&mp__handles.chunks[c], chunk,
-                            memory_order_release);
-    }
-    mp__handles.used++;
+    *idx = mp__handles.free_head - 1;
+    mp__handles.free_head = mp__slot_at(*idx)->next_free;
+    pthread_mutex_unlock(&mp__handles.lock);
+    return MP_OK;
   }
+  uint32_t i = mp__handles.used, c = i >> MP__SLOT_CHUNK_LOG2;
+  if (c >= MP__SLOT_CHUNKS) {
+    pthread_mutex_unlock(&mp__handles.lock);
+    return mp__fail(MP_ENOMEM, "mp_pool_alloc_movable: %u handles are live", i);
+  }
+  if (atomic_load_explicit(&mp__handles.chunks[c], memory_order_relaxed) ==
+      NULL) {
+    mp__hslot_t *chunk = mp__host_calloc(MP__SLOT_CHUNK, sizeof *chunk);
+    if (chunk == NULL) {
+      pthread_mutex_unlock(&mp__handles.lock);
+      return mp__fail(MP_ENOMEM, "out of host memory for handles");
+    }
+    atomic_store_explicit(&mp__handles.chunks[c], chunk, memory_order_release);
+  }
+  mp__handles.used++;
+  mp__slot_at(i)->idx = i;
+  *idx = i;
+  pthread_mutex_unlock(&mp__handles.lock);
+  return MP_OK;
+}
+
+/* Puts a reserved slot, never bound, back on the free list. */
+static void mp__handle_unreserve(uint32_t idx) {
+  pthread_mutex_lock(&mp__handles.lock);
+  mp__slot_at(idx)->next_free = mp__handles.free_head;
+  mp__handles.free_head = idx + 1;
+  pthread_mutex_unlock(&mp__handles.lock);
+}
+
+/* Binds reserved slot idx to b. Under pool->lock. */
+static void mp__handle_bind(mp_pool_t *pool, mp__block_t *b, uint32_t idx,
+                            mp_handle_t **out) {
+  pthread_mutex_lock(&mp__handles.lock);
   mp__hslot_t *s = mp__slot_at(idx);
   s->idx = idx;
   s->next_free = 0;
@@ -96,7 +110,6 @@ static mp_status_t mp__handle_new(mp_pool_t *pool, mp__block_t *b,
   pthread_mutex_unlock(&mp__handles.lock);
   b->handle = s;
   *out = (mp_handle_t *)(uintptr_t)(((uint64_t)idx + 1) << 32 | gen);
-  return MP_OK;
 }
 
 /* Under pool->lock: every copy of b's handle is stale from now on. */
@@ -162,19 +175,22 @@ mp_status_t mp_pool_alloc_movable(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                     "mp_pool_alloc_movable: the stream allocates to a graph "
                     "pool, which holds no movable blocks");
   }
+  uint32_t idx = 0;
+  mp_status_t st = mp__handle_reserve(&idx);
+  if (st != MP_OK) {
+    mp__pool_unlock(pool);
+    return st;
+  }
   void *p;
-  mp_status_t st = mp__pool_alloc_locked(pool, bytes, s, &p);
+  st = mp__pool_alloc_locked(pool, bytes, s, &p);
   if (mp__pool_oom_retry(pool, st, bytes))
     st = mp__pool_alloc_locked(pool, bytes, s, &p);
   if (st == MP_OK) {
     mp__block_t *b = mp__map_find(pool, (uintptr_t)p);
-    st = mp__handle_new(pool, b, out);
-    if (st == MP_OK) {
-      b->flags |= MP__B_MOVABLE;
-    } else {
-      mp__map_remove(pool, b);
-      mp__block_release(pool, b);
-    }
+    mp__handle_bind(pool, b, idx, out);
+    b->flags |= MP__B_MOVABLE;
+  } else {
+    mp__handle_unreserve(idx);
   }
   mp__pool_unlock(pool);
   return st;
