@@ -135,6 +135,12 @@ typedef struct host_stream {
   pthread_cond_t work_cv; /* work queued, or stopping */
   pthread_cond_t idle_cv; /* completed moved */
   host_op_t *head, *tail;
+  /* The op the worker took off the queue and runs, so that it stays
+   * reachable from the stream meanwhile: a process that forks then has no
+   * worker in the child, and a leak checker there (LeakSanitizer at the
+   * child's exit) found the op in no memory but the missing thread's
+   * stack. */
+  host_op_t *running;
   host_op_t *done; /* run, freed by the next push or drain (not the worker) */
   uint64_t submitted, completed; /* ops ever queued / ever finished */
   bool stopping;                 /* no more work accepted; exit when drained */
@@ -371,6 +377,7 @@ static void *host_stream_main(void *arg) {
     s->head = op->next;
     if (s->head == NULL)
       s->tail = NULL;
+    s->running = op;
     pthread_mutex_unlock(&s->mu);
     /* stream_latency_us: the device reaches the operation only that long
      * after it was queued (the queue still runs in order, and operations
@@ -381,6 +388,7 @@ static void *host_stream_main(void *arg) {
       }
     host_op_run(s->dev, op);
     pthread_mutex_lock(&s->mu);
+    s->running = NULL;
     op->next = s->done; /* see host_on_worker */
     s->done = op;
     s->completed++;
