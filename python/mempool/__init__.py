@@ -10,6 +10,7 @@
 Errors raise MempoolError (or a subclass per status) carrying the C status,
 its name, mp_status_string() and mp_last_error(). mempool.torch.use()
 routes PyTorch's CUDA allocations through the library."""
+import contextlib
 import ctypes
 import gc
 import operator
@@ -265,12 +266,21 @@ class _Handle:
         with self._guard:
             self._calls -= 1
 
-    def _idle(self, call):
-        """Under the guard: refuses (Busy) while calls on self run on other
-        threads."""
-        if self._calls:
-            raise _refusal("MP_EBUSY", "%d call(s) on this mempool.%s are running on "
-                           "other threads" % (self._calls, type(self).__name__), call)
+    @contextlib.contextmanager
+    def _ending(self, call):
+        """What destroy and close run in: yields whether self is still
+        there, with its guard held and no call on it running on another
+        thread (else Busy). Refused in a forked child before the guard."""
+        if self.handle is None:
+            yield False
+            return
+        self._mine()
+        with self._guard:
+            if self._calls:
+                raise _refusal("MP_EBUSY", "%d call(s) on this mempool.%s are running "
+                               "on other threads" % (self._calls, type(self).__name__),
+                               call)
+            yield self.handle is not None
 
     def _mine(self):
         """Refuses a call in a child forked from the process that made
@@ -363,16 +373,11 @@ class Device(_Handle):
         with blocks still live (Pool._dropped) are destroyed here. Busy
         while a call on the device or one of its streams runs on another
         thread."""
-        if self.handle is None:
-            return
-        self._mine()
-        with self._guard:
-            self._close()
+        with self._ending("Device.close") as there:
+            if there:
+                self._close()
 
     def _close(self):
-        if self.handle is None:
-            return
-        self._idle("Device.close")
         live = [p for p in self._pools if p.handle is not None]
         if live:
             # Dropped ones still in a reference cycle wait for the cycle
@@ -463,13 +468,9 @@ class Stream(_Handle):
 
     def destroy(self):
         """Busy while a call that uses the stream runs on another thread."""
-        if self.handle is None:
-            return
-        self._mine()
-        with self._guard:
-            if self.handle is None:
+        with self._ending("Stream.destroy") as there:
+            if not there:
                 return
-            self._idle("Stream.destroy")
             with self.device._guard:  # no close meanwhile
                 if self.device.handle is not None:  # else it went with it
                     _check(_lib.lib().mp_stream_destroy(self.device.handle, self.handle),
@@ -720,13 +721,9 @@ class Pool(_Handle):
 
     def destroy(self):
         """Busy while a call on the pool runs on another thread."""
-        if self.handle is None:
-            return
-        self._mine()
-        with self._guard:
-            if self.handle is None:
+        with self._ending("Pool.destroy") as there:
+            if not there:
                 return
-            self._idle("Pool.destroy")
             status, gone = _destroy(self.handle)
             if gone:  # also when status says a free failed after it went
                 self.handle = None
