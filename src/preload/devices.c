@@ -133,6 +133,70 @@ mp_pool_t *mp__pl_pool_here(const mp__pl_t *pl) {
   return mp__pl_pool_current(pl, mp__pl_real_cuda()->cuCtxGetDevice);
 }
 
+bool mp__pl_stream_elsewhere(const mp__pl_t *pl, mp__custream s, int *ordinal) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__cuctx owner = NULL, here = NULL;
+  if (pl->host || s == NULL || s == MP__CU_STREAM_LEGACY ||
+      s == MP__CU_STREAM_PER_THREAD || rc->cuStreamGetCtx == NULL ||
+      rc->cuCtxGetCurrent == NULL ||
+      rc->cuStreamGetCtx(s, &owner) != MP__CU_SUCCESS || owner == NULL ||
+      rc->cuCtxGetCurrent(&here) != MP__CU_SUCCESS || owner == here)
+    return false;
+  for (int d = 0; d < MP__PL_MAX_DEVICES; d++)
+    if (atomic_load_explicit(&mp__devs[d].primary, memory_order_acquire) ==
+        owner) {
+      *ordinal = d;
+      return true;
+    }
+  /* A device without a pool yet: its ordinal, asked in its context; a
+   * context the program made is no device's primary one. */
+  int d = -1;
+  mp__cuctx popped = NULL;
+  if (rc->cuCtxPushCurrent_v2 == NULL || rc->cuCtxPopCurrent_v2 == NULL ||
+      rc->cuCtxGetDevice == NULL ||
+      rc->cuCtxPushCurrent_v2(owner) != MP__CU_SUCCESS)
+    return false;
+  mp__curesult r = rc->cuCtxGetDevice(&d);
+  (void)rc->cuCtxPopCurrent_v2(&popped);
+  if (r != MP__CU_SUCCESS || d < 0 || d >= MP__PL_MAX_DEVICES ||
+      mp__primary_of(d) != owner)
+    return false;
+  *ordinal = d;
+  return true;
+}
+
+mp_pool_t *mp__pl_pool_for_stream(const mp__pl_t *pl, mp__custream s,
+                                  mp_pool_t *(*here)(const mp__pl_t *)) {
+  int d = -1;
+  return mp__pl_stream_elsewhere(pl, s, &d) ? mp__pl_pool_of(pl, d) : here(pl);
+}
+
+bool mp__pl_stream_of_pool(const mp__pl_t *pl, const mp_pool_t *pool,
+                           mp__custream s, mp__cuctx *owner_out) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  int d = mp__pl_pool_ordinal(pool);
+  mp__cuctx owner = NULL,
+            primary = d < 0 ? NULL
+                            : atomic_load_explicit(&mp__devs[d].primary,
+                                                   memory_order_acquire);
+  bool dflt =
+      s == NULL || s == MP__CU_STREAM_LEGACY || s == MP__CU_STREAM_PER_THREAD;
+  if (pl->host || primary == NULL)
+    return true;
+  mp__curesult r =
+      dflt ? (rc->cuCtxGetCurrent ? rc->cuCtxGetCurrent(&owner) : 1u)
+           : (rc->cuStreamGetCtx ? rc->cuStreamGetCtx(s, &owner) : 1u);
+  *owner_out = owner;
+  return r != MP__CU_SUCCESS || owner == NULL || owner == primary;
+}
+
+int mp__pl_pool_ordinal(const mp_pool_t *pool) {
+  for (int d = 0; d < MP__PL_MAX_DEVICES; d++)
+    if (atomic_load_explicit(&mp__devs[d].pool, memory_order_acquire) == pool)
+      return d;
+  return -1;
+}
+
 void mp__pl_each_device(void (*fn)(mp_device_t *, void *), void *ctx) {
   pthread_rwlock_rdlock(&mp__devs_walk);
   for (int i = 0; i < MP__PL_MAX_DEVICES; i++)

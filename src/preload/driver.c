@@ -74,14 +74,21 @@ static mp__curesult mp__alloc(mp__variant_t v, mp__cuptr *dptr, size_t bytes,
   bool ptsz = v == MP__ASYNC_PTSZ, served = false;
   mp_pool_t *pool = NULL;
   if (pl->mode == MP__PL_POOL) {
+    /* A stream-ordered allocation comes from the stream's device's pool
+     * (mp__pl_pool_for_stream); a capture's, from the current device's
+     * graph pool, without asking the capturing stream anything more. */
+    bool cap = v != MP__SYNC && mp__pl_capturing(pl, s, ptsz);
     if (dptr == NULL || bytes == 0) {
       r = MP__CU_INVALID_VALUE;
       served = true;
-    } else if ((pool = mp__pl_pool_here(pl)) == NULL) {
+    } else if ((pool = v == MP__SYNC || cap
+                           ? mp__pl_pool_here(pl)
+                           : mp__pl_pool_for_stream(pl, s, mp__pl_pool_here)) ==
+               NULL) {
       mp__pl_count_bypass("other_device");
-    } else if (v == MP__SYNC ? mp__pl_sync_in_capture(pl)
-                             : mp__pl_capturing(pl, s, ptsz) &&
-                                   !mp__pl_capture_route(pl, pool, s, ptsz)) {
+    } else if (v == MP__SYNC
+                   ? mp__pl_sync_in_capture(pl)
+                   : cap && !mp__pl_capture_route(pl, pool, s, ptsz)) {
       /* cuMemAlloc during a capture: the driver applies the capture mode's
        * rules; stream-ordered allocations go to the graph pool. */
       mp__pl_count_bypass("capture");

@@ -86,6 +86,28 @@ unsigned mp__pl_free_refused_in_capture(const mp__pl_t *pl,
   return r >= MP__CU_CAPTURE_FIRST && r <= MP__CU_CAPTURE_LAST ? r : 0;
 }
 
+/* Waits for stream s (ptsz: of a per-thread call) of context owner, with
+ * owner current (a stream is always its own context's to synchronize) and
+ * in relaxed capture mode, a call of the shim's own (mp__pl_mode_relax; s
+ * does not capture): cuda.h, cuStreamSynchronize. False when the driver
+ * says no. */
+static bool mp__stream_wait(mp__custream s, bool ptsz, mp__cuctx owner) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__cuctx popped = NULL;
+  if (rc->cuStreamSynchronize == NULL || rc->cuCtxPushCurrent_v2 == NULL ||
+      rc->cuCtxPopCurrent_v2 == NULL ||
+      rc->cuCtxPushCurrent_v2(owner) != MP__CU_SUCCESS)
+    return false;
+  unsigned mode;
+  bool relaxed = mp__pl_mode_relax(&mode);
+  mp__curesult r =
+      rc->cuStreamSynchronize(ptsz && s == NULL ? MP__CU_STREAM_PER_THREAD : s);
+  if (relaxed)
+    mp__pl_mode_restore(mode);
+  (void)rc->cuCtxPopCurrent_v2(&popped);
+  return r == MP__CU_SUCCESS;
+}
+
 mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
                              bool sync, mp__custream s, bool ptsz) {
   void *ptr = (void *)b->ptr;
@@ -96,11 +118,20 @@ mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
   mp_status_t st;
   /* A free on a capturing stream: the stream allocates to the capture's
    * graph pool from now on, and neither pool records on it. */
-  if (!sync && !pl->host)
-    (void)mp__pl_capture_route(pl, b->pool, s, ptsz);
+  mp__cuctx owner = NULL;
+  bool routed =
+      !sync && !pl->host && mp__pl_capture_route(pl, b->pool, s, ptsz);
   if (sync) /* cuMemFree / cudaFree: after the work of every stream */
     st = pl->host ? mp_pool_free(b->pool, ptr)
                   : mp_pool_free_after_all(b->pool, ptr);
+  else if (!routed && !mp__pl_capturing(pl, s, ptsz) &&
+           !mp__pl_stream_of_pool(pl, b->pool, s, &owner))
+    /* Another device's stream (or one of a context the program made),
+     * which the pool cannot order on (its events are of its own context):
+     * the free waits for that stream here, and the block is then free on
+     * its own stream, whose work the pool still orders. */
+    st = mp__stream_wait(s, ptsz, owner) ? mp_pool_free(b->pool, ptr)
+                                         : MP_EDRIVER;
   else
     /* On the caller's stream, always through the pool's stream table,
      * never by the handle the block was allocated on: the same handle may

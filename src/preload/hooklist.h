@@ -110,6 +110,10 @@
     (mp__custream, unsigned int *, unsigned long long *, mp__cugraph *,        \
      const void **, size_t *))                                                 \
   X(cu, mp__curesult, cuThreadExchangeStreamCaptureMode, (unsigned int *))     \
+  X(cu, mp__curesult, cuStreamGetCtx, (mp__custream, mp__cuctx *))             \
+  X(cu, mp__curesult, cuCtxPushCurrent_v2, (mp__cuctx))                        \
+  X(cu, mp__curesult, cuCtxPopCurrent_v2, (mp__cuctx *))                       \
+  X(cu, mp__curesult, cuStreamSynchronize, (mp__custream))                     \
   X(rt, mp__cudaerr, cudaGetDevice, (int *))                                   \
   X(rt, mp__cudaerr, cudaStreamIsCapturing, (mp__custream, unsigned int *))
 

@@ -73,6 +73,7 @@ typedef struct CUipcMemHandle_st mp__cuipcmemhandle;
   11u /* CU_POINTER_ATTRIBUTE_RANGE_START_ADDR */
 #define MP__CU_POINTER_RANGE_SIZE 12u /* CU_POINTER_ATTRIBUTE_RANGE_SIZE */
 #define MP__CU_PROC_PER_THREAD    2u  /* CU_GET_PROC_ADDRESS_PER_THREAD_... */
+#define MP__CU_STREAM_LEGACY      ((mp__custream)0x1)
 #define MP__CU_STREAM_PER_THREAD  ((mp__custream)0x2)
 #define MP__CAPTURE_MODE_GLOBAL   0u /* CU_STREAM_CAPTURE_MODE_GLOBAL */
 #define MP__CAPTURE_MODE_RELAXED  2u /* CU_STREAM_CAPTURE_MODE_RELAXED */
@@ -183,6 +184,29 @@ mp_pool_t *mp__pl_pool_current(const mp__pl_t *pl,
 /* The pool of the calling thread's current context's device (driver API):
  * mp__pl_pool_current with cuCtxGetDevice. */
 mp_pool_t *mp__pl_pool_here(const mp__pl_t *pl);
+/* The device s belongs to, for a stream-ordered call (devices.c): its
+ * ordinal in *ordinal and true when s is an explicit stream of a device's
+ * primary context other than the current context; false for a default
+ * stream, a stream of the current context, a context the program made, or
+ * a handle the driver does not know (the caller goes on as for the current
+ * device). Never asked of a capturing stream. */
+bool mp__pl_stream_elsewhere(const mp__pl_t *pl, mp__custream s, int *ordinal);
+/* The pool serving a stream-ordered allocation on s, which cuda.h's
+ * cuMemAllocAsync takes from "the memory pool current to the stream's
+ * device": that device's pool when s is another device's
+ * (mp__pl_stream_elsewhere), else `here`. */
+mp_pool_t *mp__pl_pool_for_stream(const mp__pl_t *pl, mp__custream s,
+                                  mp_pool_t *(*here)(const mp__pl_t *));
+/* Whether a stream-ordered free of pool's block may be ordered on s by the
+ * pool: s is a stream of the primary context of pool's device (a default
+ * stream: the current context's), or the driver cannot say (the pool then
+ * judges s). Not to be asked of a capturing stream. False for another device's
+ * stream, or one of a context the program made (cuMemFreeAsync takes any
+ * stream: cuda.h), with that stream's context in *owner. */
+bool mp__pl_stream_of_pool(const mp__pl_t *pl, const mp_pool_t *pool,
+                           mp__custream s, mp__cuctx *owner);
+/* The ordinal of the device whose pool is pool, or -1. */
+int mp__pl_pool_ordinal(const mp_pool_t *pool);
 /* Every pool of pl as one snapshot pickle at path (mp_status_t; MP_EINVAL
  * outside pool mode), a failure said on stderr. */
 int mp__pl_snapshot(const mp__pl_t *pl, const char *path);

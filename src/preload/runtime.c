@@ -133,18 +133,23 @@ static mp__cudaerr mp__rt_alloc(mp__rt_variant_t v, void **p, size_t bytes,
   if (pl->mode == MP__PL_POOL)
     mp__rt_start_thread(pl);
   if (pl->mode == MP__PL_POOL) {
+    /* As the driver's (driver.c): cudaMallocAsync takes from "the memory
+     * pool associated with the stream's device" (cuda_runtime_api.h). */
+    bool cap = v != MP__RT_SYNC && mp__rt_capturing(pl, s, ptsz);
     if (p == NULL) {
       r = MP__CUDA_INVALID_VALUE;
       served = true;
     } else if (bytes == 0) {
       *p = NULL;
       served = true;
-    } else if ((pool = mp__rt_pool_here(pl)) == NULL) {
+    } else if ((pool = v == MP__RT_SYNC || cap
+                           ? mp__rt_pool_here(pl)
+                           : mp__pl_pool_for_stream(pl, s, mp__rt_pool_here)) ==
+               NULL) {
       mp__pl_count_bypass("other_device");
     } else if (v == MP__RT_SYNC
                    ? mp__pl_sync_in_capture(pl)
-                   : mp__rt_capturing(pl, s, ptsz) &&
-                         !mp__pl_capture_route(pl, pool, s, ptsz)) {
+                   : cap && !mp__pl_capture_route(pl, pool, s, ptsz)) {
       mp__pl_count_bypass("capture"); /* see driver.c */
     } else {
       void *ptr = NULL;

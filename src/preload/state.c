@@ -319,7 +319,7 @@ mp__cudaerr mp__pl_cuda_error(mp_status_t st) {
  * NULL stream, and NULL in a per-thread (_ptsz) call is the thread's
  * stream. */
 mp_stream_t mp__pl_stream(const mp__pl_t *pl, mp__custream s, bool ptsz) {
-  if (pl->host || s == (mp__custream)0x1)
+  if (pl->host || s == MP__CU_STREAM_LEGACY)
     return NULL;
   if (ptsz && s == NULL)
     return (mp_stream_t)MP__CU_STREAM_PER_THREAD;

@@ -86,7 +86,11 @@
  *    and each device's primary context (FAKECUDA_DEVICE_COUNT devices),
  *    has its own memory, streams and work: cuCtxSynchronize waits for the
  *    current context only, a stream of another context is an invalid
- *    handle; cuDevicePrimaryCtxReset destroys everything the primary
+ *    handle (but to the queries of its flags, context and capture, and to
+ *    cuMemAllocAsync / cuMemFreeAsync, which run in another device's
+ *    stream's context: the memory is that device's; cuMemFree frees memory
+ *    on the device it came from, whatever context is current);
+ *    cuDevicePrimaryCtxReset destroys everything the primary
  *    context held; a destroyed context is CUDA_ERROR_INVALID_CONTEXT.
  * Limits (rules it cannot or does not model): no kernels, so nothing runs
  * on the device but copies, memsets and host functions, and a race a GPU
@@ -1832,7 +1836,11 @@ static CUresult fk_free(mp_device_t *dev, CUdeviceptr dptr) {
     (void)fk_range_add(r);
     return CUDA_ERROR_INVALID_VALUE;
   }
-  mp_status_t st = mp_device_free(dev, (void *)dptr);
+  /* The device it was allocated on: with unified addressing a pointer
+   * names its allocation whichever context is current (cuda.h, "Unified
+   * Addressing"), so another device's memory is freed on that device. */
+  mp_device_t *home = r.ctx != NULL ? atomic_load(&r.ctx->dev) : NULL;
+  mp_status_t st = mp_device_free(home != NULL ? home : dev, (void *)dptr);
   if (st != MP_OK)
     (void)fk_range_add(r);
   else if (r.ipc_fd >= 0)
@@ -1904,9 +1912,56 @@ static CUresult fk_alloc_async(mp_device_t *dev, CUdeviceptr *dptr,
   return r;
 }
 
+static fk_stream_t *fk_foreign_stream(CUstream h, struct CUctx_st **ctx);
+
+/* The context of an explicit stream handle that is not the current
+ * context's but another device's primary context's; NULL otherwise (a
+ * default stream, the current context's, or no stream: fk_resolve judges). */
+static struct CUctx_st *fk_stream_home(CUstream h) {
+  if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD)
+    return NULL;
+  pthread_mutex_lock(&fk.lock);
+  struct CUctx_st *c = fk_ctx(), *home = NULL;
+  bool mine = false;
+  for (fk_stream_t *st = c->live; st != NULL && !mine; st = st->next)
+    mine = (CUstream)st == h;
+  if (mine || fk_foreign_stream(h, &home) == NULL)
+    home = NULL;
+  pthread_mutex_unlock(&fk.lock);
+  return home;
+}
+
+/* Stream-ordered calls on another device's stream run in that stream's
+ * context: cuda.h, cuMemAllocAsync, "The allocation comes from the memory
+ * pool current to the stream's device" (cuda_runtime_api.h,
+ * cudaMallocAsync: "associated with the stream's device"), and
+ * cuMemFreeAsync takes any stream as "the stream establishing the stream
+ * ordering contract". The home context is pushed for the call, so the
+ * memory is recorded as its device's, and popped again. */
+#define FK_IN_STREAM_HOME(s, call)                                             \
+  do {                                                                         \
+    struct CUctx_st *home_ = fk_stream_home(s);                                \
+    if (home_ == NULL)                                                         \
+      return call;                                                             \
+    if (fk_depth == FK_MAX_CTX_DEPTH)                                          \
+      return CUDA_ERROR_INVALID_VALUE;                                         \
+    fk_stack[fk_depth++] = home_;                                              \
+    mp_device_t *dev_ = dev;                                                   \
+    dev = atomic_load(&home_->dev);                                            \
+    CUresult r_ = call;                                                        \
+    dev = dev_;                                                                \
+    fk_depth--;                                                                \
+    return r_;                                                                 \
+  } while (0)
+
+static CUresult fk_alloc_async_any(mp_device_t *dev, CUdeviceptr *dptr,
+                                   size_t bytes, CUstream s, bool ptsz) {
+  FK_IN_STREAM_HOME(s, fk_alloc_async(dev, dptr, bytes, s, ptsz));
+}
+
 FK_IN_CTX_TWINS(cuMemAllocAsync, cuMemAllocAsync_ptsz,
                 (CUdeviceptr * dptr, size_t bytes, CUstream s),
-                fk_alloc_async(dev, dptr, bytes, s, ptsz))
+                fk_alloc_async_any(dev, dptr, bytes, s, ptsz))
 
 /* Stream-ordered free: waits for the stream's work, then frees. On a
  * capturing stream it is a memory free node (cuda.h, cuMemFreeAsync);
@@ -1933,9 +1988,14 @@ static CUresult fk_free_async(mp_device_t *dev, CUdeviceptr dptr, CUstream s,
   return rc == MP_OK ? fk_free(dev, dptr) : fk_result_of(rc);
 }
 
+static CUresult fk_free_async_any(mp_device_t *dev, CUdeviceptr dptr,
+                                  CUstream s, bool ptsz) {
+  FK_IN_STREAM_HOME(s, fk_free_async(dev, dptr, s, ptsz));
+}
+
 FK_IN_CTX_TWINS(cuMemFreeAsync, cuMemFreeAsync_ptsz,
                 (CUdeviceptr dptr, CUstream s),
-                fk_free_async(dev, dptr, s, ptsz))
+                fk_free_async_any(dev, dptr, s, ptsz))
 
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize,
                                  CUdeviceptr dptr) {
@@ -3378,6 +3438,13 @@ static CUresult fk_pointer_attribute(void *data, CUpointer_attribute attribute,
   case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
     *(unsigned int *)data =
         r.phys == NULL && !r.ipc_open && !r.stream_ordered ? 1u : 0u;
+    return CUDA_SUCCESS;
+  case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+    /* cuda.h: "a device ordinal of a device against which the memory was
+     * allocated": a mapping's physical memory's, else its context's. */
+    *(int *)data = r.phys != NULL  ? r.phys->ordinal
+                   : r.ctx != NULL ? r.ctx->ordinal
+                                   : 0;
     return CUDA_SUCCESS;
   default: return CUDA_ERROR_NOT_SUPPORTED;
   }

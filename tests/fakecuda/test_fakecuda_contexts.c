@@ -168,3 +168,46 @@ Test(fakecuda_contexts, a_destroyed_context_is_invalid) {
                "a primary context is released, not destroyed");
   cr_assert_eq(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
 }
+
+static int ordinal_of(CUdeviceptr p) {
+  int ord = -1;
+  cr_assert_eq(
+      cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p),
+      CUDA_SUCCESS);
+  return ord;
+}
+
+/* cuda.h, cuMemAllocAsync: "The allocation comes from the memory pool
+ * current to the stream's device", whatever context is current; and
+ * cuMemFreeAsync takes any stream as the one "establishing the stream
+ * ordering contract": another device's memory is freed on it. The fake
+ * refused both with CUDA_ERROR_INVALID_HANDLE. */
+Test(fakecuda_contexts, stream_ordered_calls_follow_the_streams_device) {
+  CUcontext c0 = primary(0), c1 = primary(1);
+  CUstream s0, s1;
+  cr_assert_eq(cuCtxSetCurrent(c1), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxSetCurrent(c0), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamCreate(&s0, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  CUdeviceptr on1 = 0, on0 = 0;
+  cr_assert_eq(cuMemAllocAsync(&on1, 1 << 20, s1), CUDA_SUCCESS);
+  cr_assert_eq(cuMemAllocAsync(&on0, 1 << 20, s0), CUDA_SUCCESS);
+  CUcontext now = NULL;
+  cr_assert_eq(cuCtxGetCurrent(&now), CUDA_SUCCESS);
+  cr_assert_eq(now, c0, "the current context changed");
+  cr_assert_eq(ordinal_of(on1), 1);
+  cr_assert_eq(ordinal_of(on0), 0);
+  /* Each freed on the other device's stream. */
+  cr_assert_eq(cuMemFreeAsync(on1, s0), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFreeAsync(on0, s1), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(s0), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxSetCurrent(c1), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(s1), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamDestroy(s1), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxSetCurrent(c0), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamDestroy(s0), CUDA_SUCCESS);
+  if (!fk_real()) /* both gone: a second free is refused */
+    cr_assert_eq(cuMemFree(on1), CUDA_ERROR_INVALID_VALUE);
+  cr_assert_eq(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+  cr_assert_eq(cuDevicePrimaryCtxRelease(1), CUDA_SUCCESS);
+}

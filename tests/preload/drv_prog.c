@@ -21,6 +21,10 @@
  *                         made while 0's is paused): the resume must
  *                         resume device 0, and a second one is MP_EBUSY
  *                         (FAKECUDA_DEVICE_COUNT=2).
+ *   drv_prog plain - cross, drv_prog preloaded cuda cross
+ *                         cuMemAllocAsync / cuMemFreeAsync on another
+ *                         device's stream (FAKECUDA_DEVICE_COUNT=2): the
+ *                         stream's device serves the allocation.
  * Prints "ok" and exits 0, or names each failed check and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -216,9 +220,71 @@ static void check_pause_across_devices(void) {
          "device 0 serves again after the resume");
 }
 
+static int ordinal_of(CUdeviceptr p) {
+  int ord = -1;
+  if (cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p) !=
+      CUDA_SUCCESS)
+    return -1;
+  return ord;
+}
+
+/* Stream-ordered calls on another device's stream, device 0 current:
+ * cuMemAllocAsync takes from "the memory pool current to the stream's
+ * device" (cuda.h), and cuMemFreeAsync orders a free on any stream. With
+ * the shim, the stream's device's pool serves (never the driver's
+ * cuMemAllocAsync) and both frees succeed, the current context left as it
+ * was. The shim refused both (CUDA_ERROR_INVALID_VALUE) before. */
+static void check_cross_device_streams(int preloaded) {
+  CUdevice d0, d1;
+  CUcontext c0 = NULL, c1 = NULL, now = NULL;
+  CUstream s0 = NULL, s1 = NULL;
+  bool ready =
+      cuInit(0) == 0 && cuDeviceGet(&d0, 0) == 0 && cuDeviceGet(&d1, 1) == 0 &&
+      cuDevicePrimaryCtxRetain(&c0, d0) == 0 &&
+      cuDevicePrimaryCtxRetain(&c1, d1) == 0 && cuCtxSetCurrent(c1) == 0 &&
+      cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING) == 0 &&
+      cuCtxSetCurrent(c0) == 0 &&
+      cuStreamCreate(&s0, CU_STREAM_NON_BLOCKING) == 0;
+  expect(ready, "two devices, a stream on each");
+  if (!ready)
+    return;
+  long long async0 = calls("cuMemAllocAsync");
+  CUdeviceptr on1 = 0, on0 = 0, late = 0;
+  expect(cuMemAllocAsync(&on1, 1 << 20, s1) == CUDA_SUCCESS,
+         "alloc on device 1's stream with device 0 current");
+  expect(cuMemAllocAsync(&on0, 1 << 20, s0) == CUDA_SUCCESS,
+         "alloc on device 0's stream");
+  expect(cuCtxGetCurrent(&now) == 0 && now == c0, "device 0 still current");
+  expect(ordinal_of(on1) == 1, "the block on device 1's stream is device 1's");
+  expect(ordinal_of(on0) == 0, "the block on device 0's stream is device 0's");
+  if (preloaded)
+    expect(calls("cuMemAllocAsync") == async0, "the pools served both");
+  expect(cuCtxPushCurrent(c1) == 0 &&
+             cuMemsetD8Async(on1, 7, 1 << 20, s1) == CUDA_SUCCESS &&
+             cuCtxPopCurrent(NULL) == 0,
+         "work on device 1's stream");
+  expect(cuMemFreeAsync(on1, s0) == CUDA_SUCCESS,
+         "device 1's block freed on device 0's stream");
+  expect(cuMemFreeAsync(on0, s1) == CUDA_SUCCESS,
+         "device 0's block freed on device 1's stream");
+  expect(cuMemAllocAsync(&late, 1 << 20, s1) == CUDA_SUCCESS &&
+             ordinal_of(late) == 1 && cuMemFreeAsync(late, s1) == 0,
+         "device 1 serves again on its stream");
+  expect(cuStreamSynchronize(s0) == 0 && cuCtxSetCurrent(c1) == 0 &&
+             cuStreamSynchronize(s1) == 0 && cuStreamDestroy(s1) == 0 &&
+             cuCtxSetCurrent(c0) == 0 && cuStreamDestroy(s0) == 0,
+         "streams synchronized and destroyed");
+}
+
 int main(int argc, char **argv) {
   int preloaded = argc > 1 && strcmp(argv[1], "preloaded") == 0;
   int cuda = argc > 2 && strcmp(argv[2], "cuda") == 0;
+  if (argc > 3 && strcmp(argv[3], "cross") == 0) {
+    check_cross_device_streams(preloaded);
+    if (failures == 0)
+      printf("ok\n");
+    return failures == 0 ? 0 : 1;
+  }
   if (preloaded && cuda && argc > 3 && strcmp(argv[3], "pause") == 0) {
     check_pause_across_devices();
     if (failures == 0)

@@ -56,6 +56,24 @@ Test(preload_driver, mem_info_reports_the_cap_on_the_cuda_backend) {
   cr_assert_str_eq(r.out, "ok\n");
 }
 
+/* cuMemAllocAsync on another device's stream takes from that device (cuda.h:
+ * "the memory pool current to the stream's device"), and cuMemFreeAsync
+ * orders a free on any stream: the fake driver alone, then the shim. The
+ * shim refused both with CUDA_ERROR_INVALID_VALUE (the current device's
+ * pool cannot order on another context's stream). */
+Test(preload_driver, stream_ordered_calls_follow_the_streams_device) {
+  const char *plain[] = {MP_DRV_PROG, "plain", "-", "cross", NULL};
+  const char *penv[] = {"LD_PRELOAD=", "FAKECUDA_DEVICE_COUNT=2", NULL};
+  spawn(plain, penv, &r);
+  cr_assert(r.exited && r.code == 0, "driver: out: %s\nerr: %s", r.out, r.err);
+  const char *argv[] = {MP_DRV_PROG, "preloaded", "cuda", "cross", NULL};
+  const char *env[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=cuda",
+                       "FAKECUDA_DEVICE_COUNT=2", NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "shim: out: %s\nerr: %s", r.out, r.err);
+  cr_assert_str_eq(r.out, "ok\n");
+}
+
 /* The process-wide pause when a device's pool is made while the others are
  * paused: the resume refused that pool (not paused), paused the others
  * again, and the process could never be resumed. */
