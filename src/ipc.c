@@ -275,6 +275,13 @@ void mp__ipc_close_all(mp_device_t *dev) {
 
 /* ---- handles over a Unix socket ---------------------------------------- */
 
+/* Whether h is of a kind that carries descriptors: an empty handle (kind
+ * 0, or a struct zeroed before a failed export, whose 0s are no
+ * descriptors) or one of an unknown kind holds none of the caller's. */
+static bool mp__ipc_kind_ok(const mp_ipc_handle_t *h) {
+  return h->kind == MP_IPC_FD || h->kind == MP_IPC_CUDA;
+}
+
 /* The descriptors a handle carries, in the order they travel. */
 static size_t mp__ipc_fds(const mp_ipc_handle_t *h, int fds[2]) {
   size_t n = 0;
@@ -288,6 +295,10 @@ static size_t mp__ipc_fds(const mp_ipc_handle_t *h, int fds[2]) {
 mp_status_t mp_ipc_send(int sock, const mp_ipc_handle_t *h) {
   if (h == NULL)
     return mp__fail(MP_EINVAL, "mp_ipc_send: h is NULL");
+  if (!mp__ipc_kind_ok(h))
+    return mp__fail(MP_EINVAL,
+                    "mp_ipc_send: the handle is %s (kind %u): nothing sent",
+                    h->kind == 0 ? "empty" : "of an unknown kind", h->kind);
   int fds[2];
   size_t nfds = mp__ipc_fds(h, fds);
   union {
@@ -378,6 +389,18 @@ mp_status_t mp_ipc_recv(int sock, mp_ipc_handle_t *out) {
 mp_status_t mp_ipc_handle_close(mp_ipc_handle_t *h) {
   if (h == NULL)
     return mp__fail(MP_EINVAL, "mp_ipc_handle_close: h is NULL");
+  /* Empty: nothing to close (its fields may be a zeroed struct's, and fd 0
+   * is the program's). Of an unknown kind: not a handle of ours. */
+  if (h->kind == 0) {
+    h->fd = -1;
+    h->lease_fd = -1;
+    return MP_OK;
+  }
+  if (!mp__ipc_kind_ok(h))
+    return mp__fail(MP_EINVAL,
+                    "mp_ipc_handle_close: unknown handle kind %u: nothing "
+                    "closed",
+                    h->kind);
   /* A copy of a handle imported already: its lease is the import's (closing
    * it would let the exporter reuse the block under the import), and its
    * memory descriptor the import closed (a number the program may have
@@ -391,7 +414,7 @@ mp_status_t mp_ipc_handle_close(mp_ipc_handle_t *h) {
                     "open import (a copy of a handle imported already?): "
                     "nothing closed",
                     h->lease_fd);
-  if (h->fd >= 0)
+  if (h->kind == MP_IPC_FD && h->fd >= 0)
     close(h->fd);
   if (h->lease_fd >= 0)
     close(h->lease_fd);

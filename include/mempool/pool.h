@@ -556,15 +556,18 @@ MP_API mp_status_t mp_ipc_import(mp_device_t *dev, mp_ipc_handle_t *h,
 MP_API mp_status_t mp_ipc_close(mp_device_t *dev, void *ptr);
 /* Sends h over the connected Unix socket sock: its bytes in one message
  * with its open descriptors attached (SCM_RIGHTS). h is not changed: its
- * descriptors are still the sender's to close. A bad socket: MP_EIO. */
+ * descriptors are still the sender's to close. A bad socket: MP_EIO; an
+ * empty handle or one of an unknown kind: MP_EINVAL, nothing sent. */
 MP_API mp_status_t mp_ipc_send(int sock, const mp_ipc_handle_t *h);
 /* Receives what mp_ipc_send sent into *out, with descriptors of this
  * process (close-on-exec). The peer gone before a whole handle came, or a
  * message that is not one: MP_EIO, with nothing received left open. */
 MP_API mp_status_t mp_ipc_recv(int sock, mp_ipc_handle_t *out);
-/* Closes the descriptors h still holds and empties it (kind 0, -1s). A
- * copy of a handle imported already in this process (its lease is the
- * import's; mp_ipc_close ends the import): MP_EINVAL, nothing closed. */
+/* Closes the descriptors h still holds and empties it (kind 0, -1s). An
+ * empty handle (kind 0, a zeroed struct too) holds none: MP_OK, nothing
+ * closed. A copy of a handle imported already in this process (its lease
+ * is the import's; mp_ipc_close ends the import), or a handle of an
+ * unknown kind: MP_EINVAL, nothing closed. */
 MP_API mp_status_t mp_ipc_handle_close(mp_ipc_handle_t *h);
 
 /* Out-of-memory handler, for engines that react to running out (free a

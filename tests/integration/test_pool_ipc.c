@@ -324,9 +324,40 @@ Test(pool_ipc_args, a_socket_that_carries_no_handle_is_eio) {
   cr_expect_eq(mp_ipc_recv(sv[1], &h), MP_EIO);
   cr_expect_eq(mp_ipc_recv(sv[1], &h), MP_EIO, "peer gone");
   cr_expect_eq(mp_ipc_recv(sv[1], NULL), MP_EINVAL);
+  h = (mp_ipc_handle_t){.kind = MP_IPC_FD, .fd = -1, .lease_fd = -1};
   cr_expect_eq(mp_ipc_send(-1, &h), MP_EIO);
   cr_expect_eq(mp_ipc_send(sv[1], NULL), MP_EINVAL);
   cr_expect_eq(mp_ipc_handle_close(NULL), MP_EINVAL);
+  close(sv[0]);
+  close(sv[1]);
+}
+
+/* A handle zeroed by the program (as before an export that failed and left
+ * it untouched) is empty: closing it closed descriptor 0 (the program's,
+ * often its stdin), and sending it handed descriptor 0 to the peer as a
+ * lease. A handle of an unknown kind is refused, and a CUDA handle has no
+ * memory descriptor to close. */
+Test(pool_ipc_args, an_empty_handle_closes_and_sends_nothing) {
+  if (!fd_open(0))
+    cr_assert_eq(open("/dev/null", O_RDONLY), 0);
+  mp_ipc_handle_t h;
+  memset(&h, 0, sizeof h);
+  cr_expect_eq(mp_ipc_handle_close(&h), MP_OK, "%s", mp_last_error());
+  cr_expect(fd_open(0), "closing an empty handle closed descriptor 0");
+  cr_expect(h.kind == 0 && h.fd == -1 && h.lease_fd == -1);
+  int sv[2];
+  cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
+  memset(&h, 0, sizeof h);
+  cr_expect_eq(mp_ipc_send(sv[0], &h), MP_EINVAL);
+  char byte;
+  cr_expect_eq(read(sv[1], &byte, 1), -1, "an empty handle was sent");
+  h.kind = 7;
+  cr_expect_eq(mp_ipc_send(sv[0], &h), MP_EINVAL);
+  cr_expect_eq(mp_ipc_handle_close(&h), MP_EINVAL);
+  cr_expect(fd_open(0), "closing a handle of an unknown kind closed fd 0");
+  h = (mp_ipc_handle_t){.kind = MP_IPC_CUDA, .fd = 0, .lease_fd = -1};
+  cr_expect_eq(mp_ipc_handle_close(&h), MP_OK);
+  cr_expect(fd_open(0), "a CUDA handle's fd field was closed");
   close(sv[0]);
   close(sv[1]);
 }
