@@ -366,7 +366,6 @@ void mp_torch_begin_allocate_to_pool(int device, mp_torch_pool_id_t id,
                                      mp_torch_stream_filter_t filter, void *ctx,
                                      void (*drop)(void *)) {
   mp_pool_t *pool = filter != NULL ? mp__default_pool_for(device) : NULL;
-  atomic_store(&mp__t.hooked, true);
   pthread_mutex_lock(&mp__t.lock);
   mp__tpool_t *t = pool != NULL ? mp__tpool_find(device, id) : NULL;
   if (filter == NULL)
@@ -379,6 +378,9 @@ void mp_torch_begin_allocate_to_pool(int device, mp_torch_pool_id_t id,
   else if (t == NULL && pool != NULL && (t = mp__tpool_new(pool, device)))
     t->id = id;
   if (t != NULL) {
+    /* Only a begin that took: a refused one changes nothing, automatic
+     * routing of the captures included. */
+    atomic_store(&mp__t.hooked, true);
     t->uses++;
     t->open = true;
     t->filter = filter;

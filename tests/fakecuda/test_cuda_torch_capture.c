@@ -109,6 +109,42 @@ Test(cuda_torch_capture, a_capture_with_only_malloc_and_free_hooked_succeeds) {
   cr_assert_eq(cuStreamDestroy(s), CUDA_SUCCESS);
 }
 
+/* A refused mp_torch_begin_allocate_to_pool (NULL filter) changes nothing:
+ * it switched automatic routing off for the process anyway, so a capture
+ * with only malloc and free hooked took the pool's own memory, which the
+ * next allocation outside the capture was handed while replays still
+ * wrote it. */
+Test(cuda_torch_capture, a_refused_begin_leaves_automatic_routing_on) {
+  on_device(0);
+  CUstream s;
+  cr_assert_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  mp_stream_t ms = (mp_stream_t)s;
+  void *warm = mp_torch_malloc(MiB, 0, ms);
+  cr_assert_not_null(warm, "%s", mp_last_error());
+  mp_torch_free(warm, MiB, 0, ms);
+  mp_torch_begin_allocate_to_pool(0, (mp_torch_pool_id_t){1, 2}, NULL, NULL,
+                                  NULL);
+  cr_assert(strstr(mp_last_error(), "filter is NULL") != NULL, "%s",
+            mp_last_error());
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  void *a = mp_torch_malloc(MiB, 0, ms);
+  cr_assert_not_null(a, "%s", mp_last_error());
+  cr_expect_not_null(mp_pool_graph_of(mp_default_pool(), ms),
+                     "the capture's allocation was not routed");
+  mp_torch_free(a, MiB, 0, ms);
+  CUgraph g = NULL;
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  void *d = mp_torch_malloc(MiB, 0, NULL);
+  cr_expect(d != a, "graph memory reused outside the capture");
+  mp_torch_free(d, MiB, 0, NULL);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+  reset_until_released();
+  cr_expect_eq(allocated(), 0, "released at reset");
+  cr_assert_eq(mp_stream_forget(mp_pool_device(mp_default_pool()), ms), MP_OK);
+  cr_assert_eq(cuStreamDestroy(s), CUDA_SUCCESS);
+}
+
 Test(cuda_torch_capture, each_device_gets_its_own_pool) {
   int n = 0;
   cr_assert_eq(cuDeviceGetCount(&n), CUDA_SUCCESS);
