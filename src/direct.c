@@ -193,11 +193,17 @@ mp_status_t mp_direct_free_session(mp_direct_t *d) {
 
 mp_status_t mp_direct_alloc(mp_direct_t *d, size_t bytes, mp_stream_t s,
                             void **out) {
-  (void)s; /* device allocations are not stream-ordered */
   if (d == NULL)
     return mp__fail(MP_EINVAL, "mp_direct_alloc: allocator is NULL");
   if (out == NULL)
     return mp__fail(MP_EINVAL, "mp_direct_alloc: out is NULL");
+  /* Device allocations are not stream-ordered, but a stream that is none
+   * of the device's is the caller's mistake, refused as a pool refuses it. */
+  if (s != NULL && mp__device_stream_kind(d->dev, s) == MP__STREAM_BAD)
+    return mp__fail(MP_EINVAL,
+                    "mp_direct_alloc: stream %p is not a live stream of "
+                    "device '%s'",
+                    (void *)s, mp_device_name(d->dev));
   if (bytes == 0) {
     *out = NULL;
     return MP_OK;

@@ -20,7 +20,9 @@ extern "C" {
 
 typedef struct mp_direct mp_direct_t;
 MP_API mp_status_t mp_direct_create(mp_device_t *dev, mp_direct_t **out);
-/* One device allocation each; 0 bytes: MP_OK with *out = NULL. */
+/* One device allocation each; 0 bytes: MP_OK with *out = NULL. s is not
+ * waited on (device allocations are not stream-ordered) but must be NULL
+ * or a live stream of the device: else MP_EINVAL, nothing allocated. */
 MP_API mp_status_t mp_direct_alloc(mp_direct_t *d, size_t bytes, mp_stream_t s,
                                    void **out);
 /* Deferred until the session ends; a second free in the session, or a

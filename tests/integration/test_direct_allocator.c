@@ -143,6 +143,31 @@ Test(direct, free_of_unknown_pointer_is_einval_and_changes_nothing) {
   cr_assert_eq(memcmp(&before, &after, sizeof before), 0);
 }
 
+/* A handle that is no stream of the device, or a destroyed stream: refused
+ * with nothing allocated, as a pool refuses it (it was MP_OK before); the
+ * device's own live streams and NULL are served. */
+Test(direct, a_stream_that_is_none_of_the_devices_is_einval) {
+  mp_stream_t s = NULL;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  void *p = NULL;
+  cr_assert_eq(mp_direct_alloc(d, 4096, s, &p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_direct_free(d, p), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+  size_t before = device_free_bytes();
+  uint64_t calls = stats().device_alloc_count;
+  p = (void *)1;
+  cr_expect_eq(mp_direct_alloc(d, 4096, s, &p), MP_EINVAL);
+  cr_expect_eq(mp_direct_alloc(d, 4096, (mp_stream_t)0xdeadbeef, &p),
+               MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "not a live stream") != NULL, "%s",
+            mp_last_error());
+  cr_expect_eq(p, (void *)1, "*out written on a refusal");
+  cr_expect_eq(device_free_bytes(), before);
+  cr_expect_eq(stats().device_alloc_count, calls);
+  cr_expect_eq(mp_direct_alloc(d, 4096, NULL, &p), MP_OK);
+  cr_expect_eq(mp_direct_free(d, p), MP_OK);
+}
+
 Test(direct, free_of_null_is_ok) {
   cr_assert_eq(mp_direct_free(d, NULL), MP_OK);
   cr_assert_eq(stats().free_count, 0);
