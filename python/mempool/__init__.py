@@ -499,10 +499,9 @@ class _Config(ctypes.Structure):
 def _options(options, kwargs):
     if options is not None and not isinstance(options, str):
         raise TypeError("Pool: options must be a str, not %s" % type(options).__name__)
-    # The library takes one trailing ',' (it ends the list); before a
-    # keyword it would make an empty option.
-    if kwargs and len(options or "") > 1 and options.endswith(","):
-        options = options[:-1]
+    # The string goes to the library as given: a trailing ',' it refuses
+    # ("trailing ','") stays refused with keywords after it (an empty
+    # option), never dropped here.
     parts = [options] if options else []
     for k, v in kwargs.items():
         if isinstance(v, bool):
