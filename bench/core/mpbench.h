@@ -307,9 +307,12 @@ mp_status_t mpb_capacity_search(const mpb_workload_t *w, const char *allocator,
                                 size_t lo, size_t hi, size_t gran,
                                 double budget_s, size_t *out, bool *exact,
                                 unsigned *probes);
-/* base_spec with "capacity=N" appended as its last option, into buf. */
-void mpb_spec_with_capacity(const char *base_spec, size_t capacity, char *buf,
-                            size_t len);
+/* base_spec (NULL or "": "host") less any capacity option of its own, with
+ * "capacity=N" as its last option, into *out (malloc'd, whatever the spec's
+ * length; the caller frees it). A malformed option list is MP_EINVAL, as
+ * the device would refuse it. */
+mp_status_t mpb_spec_with_capacity(const char *base_spec, size_t capacity,
+                                   char **out);
 
 /* Most bytes the workload has on the device at once, after any event: the
  * peak live bytes of every mpb_replay result (sizes as asked for; a paused

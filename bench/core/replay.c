@@ -31,27 +31,66 @@ uint64_t mpb_now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-void mpb_spec_with_capacity(const char *base_spec, size_t capacity, char *buf,
-                            size_t len) {
+/* A device spec's options but capacity, copied: mp__kv_each's pairs, so a
+ * key is what the device's own parser finds ("capacity=8G" or
+ * "capacity:8G"), each pair kept as the user wrote it. */
+typedef struct mpb_spec_copy {
+  char *buf; /* NULL: only had_capacity is wanted */
+  size_t n;
+  char sep; /* before the next option: ':', then ',' */
+  bool had_capacity;
+} mpb_spec_copy_t;
+
+static mp_status_t mpb_spec_copy_pair(void *ctx, const char *key,
+                                      size_t key_len, const char *val,
+                                      size_t val_len) {
+  mpb_spec_copy_t *c = ctx;
+  if (key_len == 8 && memcmp(key, "capacity", 8) == 0) {
+    c->had_capacity = true;
+    return MP_OK;
+  }
+  if (c->buf != NULL) { /* key, separator and value lie together */
+    c->n += (size_t)sprintf(c->buf + c->n, "%c%.*s", c->sep,
+                            (int)(val + val_len - key), key);
+    c->sep = ',';
+  }
+  return MP_OK;
+}
+
+/* Walks base_spec's options (NULL or "" is "host"); with buf, of at least
+ * strlen(spec) + 1 bytes, copies the device name and every option but
+ * capacity into it. */
+static mp_status_t mpb_spec_walk(const char *base_spec, char *buf,
+                                 mpb_spec_copy_t *c) {
   if (base_spec == NULL || base_spec[0] == '\0')
     base_spec = "host";
-  /* Copy base_spec without any capacity= option of its own. */
-  size_t o = 0;
   const char *colon = strchr(base_spec, ':');
   size_t head = colon ? (size_t)(colon - base_spec) : strlen(base_spec);
-  o += (size_t)snprintf(buf, len, "%.*s", (int)head, base_spec);
-  char sep = ':';
-  for (const char *p = colon ? colon + 1 : ""; *p && o < len;) {
-    const char *end = strchr(p, ',');
-    size_t n = end ? (size_t)(end - p) : strlen(p);
-    if (!(n >= 9 && strncmp(p, "capacity=", 9) == 0)) {
-      o += (size_t)snprintf(buf + o, len - o, "%c%.*s", sep, (int)n, p);
-      sep = ',';
-    }
-    p += n + (end != NULL);
+  *c = (mpb_spec_copy_t){.buf = buf, .sep = ':'};
+  if (buf != NULL)
+    c->n = (size_t)sprintf(buf, "%.*s", (int)head, base_spec);
+  return mp__kv_each("device spec", colon ? colon + 1 : NULL,
+                     mpb_spec_copy_pair, c);
+}
+
+mp_status_t mpb_spec_with_capacity(const char *base_spec, size_t capacity,
+                                   char **out) {
+  *out = NULL;
+  /* The copy is no longer than the spec; then ",capacity=" and a size_t. */
+  size_t len = (base_spec && base_spec[0] ? strlen(base_spec) : 4) +
+               sizeof ",capacity=18446744073709551615";
+  char *buf = malloc(len);
+  if (buf == NULL)
+    return mp__fail(MP_ENOMEM, "out of host memory");
+  mpb_spec_copy_t c;
+  mp_status_t st = mpb_spec_walk(base_spec, buf, &c);
+  if (st != MP_OK) {
+    free(buf);
+    return st;
   }
-  if (o < len)
-    snprintf(buf + o, len - o, "%ccapacity=%zu", sep, capacity);
+  sprintf(buf + c.n, "%ccapacity=%zu", c.sep, capacity);
+  *out = buf;
+  return MP_OK;
 }
 
 /* Live bytes on the device as events go: a paused tenant's blocks are not
@@ -292,13 +331,25 @@ mp_status_t mpb_replay_fits(const mpb_workload_t *w, const char *allocator,
   return MP_OK;
 }
 
+/* One probe: does the workload fit base_spec's device at capacity? */
+static mp_status_t mpb_capacity_probe(const mpb_workload_t *w,
+                                      const char *allocator, mpb_make_fn make,
+                                      const char *base_spec, size_t capacity,
+                                      bool *fits) {
+  char *spec;
+  mp_status_t st = mpb_spec_with_capacity(base_spec, capacity, &spec);
+  if (st == MP_OK)
+    st = mpb_replay_fits(w, allocator, spec, make, fits);
+  free(spec);
+  return st;
+}
+
 mp_status_t mpb_capacity_search(const mpb_workload_t *w, const char *allocator,
                                 mpb_make_fn make, const char *base_spec,
                                 size_t lo, size_t hi, size_t gran,
                                 double budget_s, size_t *out, bool *exact,
                                 unsigned *probes) {
   uint64_t t0 = mpb_now_ns();
-  char spec[512];
   bool fits = false;
   mp_status_t st;
   *out = 0;
@@ -311,10 +362,10 @@ mp_status_t mpb_capacity_search(const mpb_workload_t *w, const char *allocator,
   /* hi must be seen to work; it did in the unconstrained run, but memory
    * the allocator got back late may need more when the device is tight. */
   for (int tries = 0; tries < 4; tries++) {
-    mpb_spec_with_capacity(base_spec, hi, spec, sizeof spec);
-    (*probes)++;
-    if ((st = mpb_replay_fits(w, allocator, spec, make, &fits)) != MP_OK)
+    if ((st = mpb_capacity_probe(w, allocator, make, base_spec, hi, &fits)) !=
+        MP_OK)
       return st;
+    (*probes)++;
     if (fits)
       break;
     hi *= 2;
@@ -330,10 +381,10 @@ mp_status_t mpb_capacity_search(const mpb_workload_t *w, const char *allocator,
       break;
     }
     size_t mid = fail + (hi - fail) / 2;
-    mpb_spec_with_capacity(base_spec, mid, spec, sizeof spec);
-    (*probes)++;
-    if ((st = mpb_replay_fits(w, allocator, spec, make, &fits)) != MP_OK)
+    if ((st = mpb_capacity_probe(w, allocator, make, base_spec, mid, &fits)) !=
+        MP_OK)
       return st;
+    (*probes)++;
     if (fits)
       hi = mid;
     else
@@ -369,20 +420,23 @@ static uint32_t mpb_call_ns(uint64_t t0, uint64_t t1, uint32_t overhead) {
   return (uint32_t)(d > UINT32_MAX ? UINT32_MAX : d);
 }
 
-/* The device spec for the measured run: the user's, and on the host device
- * without a capacity of its own, one roomy enough that only the allocator
- * decides what is reserved. */
-static void mpb_measure_spec(const char *user_spec, bool is_host,
-                             size_t peak_live, char *buf, size_t len) {
+/* The device spec for the measured run into *owned (NULL: the user's own
+ * serves): the user's, and on the host device without a capacity of its
+ * own, one roomy enough that only the allocator decides what is reserved. */
+static mp_status_t mpb_measure_spec(const char *user_spec, bool is_host,
+                                    size_t peak_live, char **owned) {
   const char *base = user_spec ? user_spec : getenv("MEMPOOL_DEVICE");
-  if (is_host && (base == NULL || strstr(base, "capacity=") == NULL)) {
-    size_t roomy = (size_t)16 << 30;
-    if (peak_live < ((size_t)1 << 60) / 4 && peak_live * 4 + (1u << 30) > roomy)
-      roomy = peak_live * 4 + (1u << 30);
-    mpb_spec_with_capacity(base, roomy, buf, len);
-  } else {
-    snprintf(buf, len, "%s", base ? base : "");
-  }
+  *owned = NULL;
+  if (!is_host)
+    return MP_OK;
+  mpb_spec_copy_t c;
+  mp_status_t st = mpb_spec_walk(base, NULL, &c);
+  if (st != MP_OK || c.had_capacity)
+    return st;
+  size_t roomy = (size_t)16 << 30;
+  if (peak_live < ((size_t)1 << 60) / 4 && peak_live * 4 + (1u << 30) > roomy)
+    roomy = peak_live * 4 + (1u << 30);
+  return mpb_spec_with_capacity(base, roomy, owned);
 }
 
 mp_status_t mpb_replay(const mpb_workload_t *w, const char *allocator,
@@ -401,10 +455,14 @@ mp_status_t mpb_replay(const mpb_workload_t *w, const char *allocator,
   mp_device_close(probe);
 
   size_t peak_live_w = mpb_workload_peak_live(w);
-  char spec[512];
-  mpb_measure_spec(opts->device_spec, is_host, peak_live_w, spec, sizeof spec);
+  char *spec;
+  if ((st = mpb_measure_spec(opts->device_spec, is_host, peak_live_w, &spec)) !=
+      MP_OK)
+    return st;
   mpb_rig_t g;
-  st = mpb_rig_open(w, allocator, spec[0] ? spec : NULL, opts->make, &g);
+  st = mpb_rig_open(w, allocator, spec ? spec : opts->device_spec, opts->make,
+                    &g);
+  free(spec);
   if (st == MP_ENOMEM || st == MP_ELIMIT) {
     /* The device cannot hold the allocator itself: a result. */
     snprintf(r->error, sizeof r->error, "%s making the allocator: %s",

@@ -114,13 +114,15 @@ Test(capacity_search, an_upper_bound_that_does_not_fit_is_raised) {
   cr_expect_geq(cap, 15 * MiB);
   cr_expect_lt(cap, 16 * MiB);
   bool fits;
-  char spec[128];
-  mpb_spec_with_capacity("host", cap, spec, sizeof spec);
+  char *spec;
+  cr_assert_eq(mpb_spec_with_capacity("host", cap, &spec), MP_OK);
   cr_assert_eq(mpb_replay_fits(&w, "hoard", spec, make_hoard, &fits), MP_OK);
   cr_expect(fits);
-  mpb_spec_with_capacity("host", 15 * MiB - 1, spec, sizeof spec);
+  free(spec);
+  cr_assert_eq(mpb_spec_with_capacity("host", 15 * MiB - 1, &spec), MP_OK);
   cr_assert_eq(mpb_replay_fits(&w, "hoard", spec, make_hoard, &fits), MP_OK);
   cr_expect_not(fits);
+  free(spec);
   mpb_workload_free(&w);
 }
 
@@ -169,12 +171,93 @@ Test(capacity_search, a_spent_run_deadline_leaves_only_the_upper_bound) {
   mpb_workload_free(&w);
 }
 
+/* The spec mpb_spec_with_capacity makes from base. */
+static void expect_spec(const char *base, size_t capacity, const char *want) {
+  char *spec;
+  cr_assert_eq(mpb_spec_with_capacity(base, capacity, &spec), MP_OK, "%s: %s",
+               base, mp_last_error());
+  cr_expect_str_eq(spec, want);
+  free(spec);
+}
+
 Test(capacity_search, spec_gets_capacity_as_its_last_option) {
-  char buf[128];
-  mpb_spec_with_capacity(NULL, 100, buf, sizeof buf);
-  cr_expect_str_eq(buf, "host:capacity=100");
-  mpb_spec_with_capacity("host:latency_us=3", 5, buf, sizeof buf);
-  cr_expect_str_eq(buf, "host:latency_us=3,capacity=5");
-  mpb_spec_with_capacity("host:capacity=8G,vmm=0", 7, buf, sizeof buf);
-  cr_expect_str_eq(buf, "host:vmm=0,capacity=7");
+  expect_spec(NULL, 100, "host:capacity=100");
+  expect_spec("", 100, "host:capacity=100");
+  expect_spec("host", 1, "host:capacity=1");
+  expect_spec("host:latency_us=3", 5, "host:latency_us=3,capacity=5");
+  expect_spec("host:capacity=8G,vmm=0", 7, "host:vmm=0,capacity=7");
+}
+
+/* The device's parser also takes "key:value": capacity:8G is the capacity,
+ * replaced like capacity=8G; other options stay as written. */
+Test(capacity_search, spec_replaces_a_capacity_written_key_colon_value) {
+  expect_spec("host:capacity:8G,vmm=0", 7, "host:vmm=0,capacity=7");
+  expect_spec("host:vmm:0,capacity:8G", 7, "host:vmm:0,capacity=7");
+  expect_spec("host:latency_us:3", 5, "host:latency_us:3,capacity=5");
+}
+
+/* A spec of any length is kept whole: cut, "fail_after=0...01" would read
+ * as "fail_after=0...0" (never). */
+Test(capacity_search, spec_of_any_length_is_never_cut) {
+  char base[1200];
+  int n = snprintf(base, sizeof base, "host:fail_after=");
+  memset(base + n, '0', 1000);
+  snprintf(base + n + 1000, sizeof base - (size_t)n - 1000, "1");
+  char want[1300];
+  snprintf(want, sizeof want, "%s,capacity=12345678901", base);
+  expect_spec(base, 12345678901u, want);
+}
+
+Test(capacity_search, spec_with_malformed_options_is_refused) {
+  char *spec = (char *)"untouched";
+  cr_expect_eq(mpb_spec_with_capacity("host:vmm", 7, &spec), MP_EINVAL);
+  cr_expect_null(spec);
+  cr_expect(strstr(mp_last_error(), "'vmm' is not key=value") != NULL, "%s",
+            mp_last_error());
+}
+
+/* The user's own capacity in either form is the measured run's, and the
+ * search replaces it (never "'capacity' given twice"). */
+Test(capacity_search, replay_takes_the_users_capacity_written_key_colon_value) {
+  mpb_workload_t w = three_blocks();
+  mpb_replay_opts_t o = {.device_spec = "host:capacity:64M",
+                         .make = make_hoard,
+                         .capacity_search = true};
+  mpb_result_t *r = calloc(1, sizeof *r);
+  cr_assert_eq(mpb_replay(&w, "hoard", &o, r), MP_OK, "%s", mp_last_error());
+  cr_expect(r->completed, "%s", r->error);
+  cr_expect_eq(r->peak_reserved, 15 * MiB);
+  cr_expect_eq(r->capacity_state, MPB_CAP_EXACT);
+  cr_expect_geq(r->min_capacity, 15 * MiB);
+  cr_expect_lt(r->min_capacity, 16 * MiB);
+  /* 10 MiB cannot hold the hoard's 15: the user's capacity:10M is used. */
+  o.device_spec = "host:capacity:10M";
+  cr_assert_eq(mpb_replay(&w, "hoard", &o, r), MP_OK, "%s", mp_last_error());
+  cr_expect_not(r->completed);
+  free(r);
+  mpb_workload_free(&w);
+}
+
+/* The measured run gets the user's whole spec, however long: here the
+ * first device allocation fails (fail_after=0...01), as with
+ * fail_after=1. */
+Test(capacity_search, replay_runs_on_the_users_whole_long_spec) {
+  mpb_workload_t w = three_blocks();
+  char spec[1200];
+  int n = snprintf(spec, sizeof spec, "host:fail_after=");
+  memset(spec + n, '0', 1000);
+  snprintf(spec + n + 1000, sizeof spec - (size_t)n - 1000, "1");
+  mpb_result_t *r = calloc(2, sizeof *r);
+  mpb_replay_opts_t o = {.device_spec = "host:fail_after=1",
+                         .make = make_hoard};
+  cr_assert_eq(mpb_replay(&w, "hoard", &o, &r[0]), MP_OK, "%s",
+               mp_last_error());
+  o.device_spec = spec;
+  cr_assert_eq(mpb_replay(&w, "hoard", &o, &r[1]), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_not(r[0].completed);
+  cr_expect_not(r[1].completed, "the spec was cut: fail_after=0");
+  cr_expect_str_eq(r[1].error, r[0].error);
+  free(r);
+  mpb_workload_free(&w);
 }
