@@ -57,11 +57,16 @@ enum { PK_NONE, PK_BOOL, PK_INT, PK_FLOAT, PK_STR, PK_LIST, PK_DICT, PK_MARK };
 typedef struct pk_val pk_val_t;
 struct pk_val {
   int type;
-  bool neg;      /* PK_INT: below 0 (u holds its two's complement) */
-  uint64_t u;    /* PK_INT, PK_BOOL */
-  double f;      /* PK_FLOAT */
-  const char *s; /* PK_STR: into the input, not NUL-terminated */
-  size_t n;      /* PK_STR length; PK_LIST items; PK_DICT 2 * pairs */
+  bool neg;   /* PK_INT: below 0 (u holds its two's complement) */
+  uint64_t u; /* PK_INT, PK_BOOL; PK_DICT: the byte offset of the opcode
+                 that made it */
+  double f;   /* PK_FLOAT */
+  union {
+    const char *s;           /* PK_STR: into the input, not NUL-terminated */
+    const pk_val_t **fields; /* PK_DICT read as a trace entry: its fields
+                                (pk_entry_fields), NULL until then */
+  };
+  size_t n; /* PK_STR length; PK_LIST items; PK_DICT 2 * pairs */
   size_t cap;
   pk_val_t **items; /* PK_LIST items; PK_DICT key, value, key, value... */
 };
@@ -92,6 +97,8 @@ static pk_val_t *pk_new(pk_vm_t *vm, int type) {
 
 static void pk_free_all(pk_vm_t *vm) {
   for (size_t i = 0; i < vm->nall; i++) {
+    if (vm->all[i]->type == PK_DICT)
+      free(vm->all[i]->fields);
     free(vm->all[i]->items);
     free(vm->all[i]);
   }
@@ -107,14 +114,17 @@ static bool pk_add_item(pk_val_t *c, pk_val_t *v) {
   return true;
 }
 
-/* The dict's value for the str key, or NULL. */
+static bool pk_is_str(const pk_val_t *v, const char *s) {
+  return v != NULL && v->type == PK_STR && v->n == strlen(s) &&
+         memcmp(v->s, s, v->n) == 0;
+}
+
+/* The dict's value for the str key, or NULL. A key set twice (SETITEM
+ * again) has its last value, as in Python's dict. */
 static const pk_val_t *pk_get(const pk_val_t *d, const char *key) {
-  size_t kl = strlen(key);
-  for (size_t i = 0; d->type == PK_DICT && i + 1 < d->n; i += 2) {
-    const pk_val_t *k = d->items[i];
-    if (k->type == PK_STR && k->n == kl && memcmp(k->s, key, kl) == 0)
-      return d->items[i + 1];
-  }
+  for (size_t i = d->type == PK_DICT ? d->n & ~(size_t)1 : 0; i >= 2; i -= 2)
+    if (pk_is_str(d->items[i - 2], key))
+      return d->items[i - 1];
   return NULL;
 }
 
@@ -319,10 +329,13 @@ static mp_status_t pk_run(pk_vm_t *vm, const pk_val_t **out) {
                         vm->what, at, vm->nstack);
       *out = vm->stack[0];
       return MP_OK;
-    case '}': /* EMPTY_DICT */ st = pk_push(vm, pk_new(vm, PK_DICT)); break;
+    case '}': /* EMPTY_DICT */
     case ']': /* EMPTY_LIST */
     case ')': /* EMPTY_TUPLE (tuples are lists here) */
-      st = pk_push(vm, pk_new(vm, PK_LIST));
+      c = pk_new(vm, op == '}' ? PK_DICT : PK_LIST);
+      if (c != NULL)
+        c->u = at;
+      st = pk_push(vm, c);
       break;
     case '(': /* MARK */ st = pk_push(vm, &vm->mark); break;
     case 'N': st = pk_push(vm, pk_new(vm, PK_NONE)); break;
@@ -429,6 +442,7 @@ static mp_status_t pk_run(pk_vm_t *vm, const pk_val_t **out) {
         st = pk_oom(vm);
         break;
       }
+      c->u = at;
       vm->nstack--; /* the mark itself: items are above it */
       memmove(vm->stack + mk, vm->stack + mk + 1,
               (vm->nstack - mk) * sizeof *vm->stack);
@@ -535,15 +549,60 @@ static bool pk_printf(pk_text_t *t, const char *fmt, ...) {
   }
 }
 
-static bool pk_is_str(const pk_val_t *v, const char *s) {
-  return v != NULL && v->type == PK_STR && v->n == strlen(s) &&
-         memcmp(v->s, s, v->n) == 0;
+/* The fields of a trace entry that the conversion reads. */
+enum {
+  PK_F_ACTION,
+  PK_F_ADDR,
+  PK_F_SIZE,
+  PK_F_STREAM,
+  PK_F_TIME_US,
+  PK_NFIELDS
+};
+static const char *const pk_field_names[PK_NFIELDS] = {"action", "addr", "size",
+                                                       "stream", "time_us"};
+
+/* A TraceEntry has a handful of keys (action, addr, size, stream, time_us,
+ * frames, compile_context, ...): an entry of more is no snapshot's, and is
+ * refused where it is rather than scanned. */
+enum { PK_ENTRY_MAX_KEYS = 64 };
+
+/* Entry k of device_traces[d]: its fields into *out (NULL where missing; a
+ * key set twice has its last value, as in Python), found in one pass over
+ * its keys the first time the entry is read and kept in it. An entry the
+ * memo repeats (2 to 5 input bytes a repeat) is one dict, read once
+ * however often it stands in the trace: a scan of its keys per repeat made
+ * reading quadratic in the file's length. A value that is not a dict has
+ * no fields. */
+static mp_status_t pk_entry_fields(const char *what, pk_val_t *e, size_t d,
+                                   size_t k, const pk_val_t *const **out) {
+  static const pk_val_t *const none[PK_NFIELDS];
+  *out = none;
+  if (e->type != PK_DICT)
+    return MP_OK;
+  if (e->fields == NULL) {
+    if (e->n / 2 > PK_ENTRY_MAX_KEYS)
+      return mp__fail(MP_EINVAL,
+                      "%s: device_traces[%zu] entry %zu: the dict made at "
+                      "byte %" PRIu64 " has %zu keys, more than a trace "
+                      "entry has (at most %d are read)",
+                      what, d, k, e->u, e->n / 2, (int)PK_ENTRY_MAX_KEYS);
+    const pk_val_t **f = calloc(PK_NFIELDS, sizeof *f);
+    if (f == NULL)
+      return mp__fail(MP_ENOMEM, "%s: out of host memory", what);
+    for (size_t i = 0; i + 1 < e->n; i += 2)
+      for (int j = 0; j < PK_NFIELDS; j++)
+        if (pk_is_str(e->items[i], pk_field_names[j]))
+          f[j] = e->items[i + 1];
+    e->fields = f;
+  }
+  *out = e->fields;
+  return MP_OK;
 }
 
-/* A non-negative int field of entry k, or an error naming it. */
-static mp_status_t pk_field(const char *what, const pk_val_t *e, size_t k,
+/* A non-negative int field of entry k (v: its value, NULL if missing), or
+ * an error naming it. */
+static mp_status_t pk_field(const char *what, const pk_val_t *v, size_t k,
                             const char *key, bool required, uint64_t *out) {
-  const pk_val_t *v = pk_get(e, key);
   if (v == NULL && !required) {
     *out = 0;
     return MP_OK;
@@ -556,20 +615,27 @@ static mp_status_t pk_field(const char *what, const pk_val_t *e, size_t k,
   return MP_OK;
 }
 
+/* device_traces[d] as the CSV. */
 static mp_status_t pk_trace_to_csv(const char *what, const pk_val_t *trace,
-                                   pk_text_t *csv) {
+                                   size_t d, pk_text_t *csv) {
+  const pk_val_t *const *f;
+  mp_status_t st = MP_OK;
   bool has_completed = false;
-  for (size_t k = 0; k < trace->n; k++)
-    has_completed |=
-        pk_is_str(pk_get(trace->items[k], "action"), "free_completed");
+  for (size_t k = 0; k < trace->n; k++) {
+    if ((st = pk_entry_fields(what, trace->items[k], d, k, &f)) != MP_OK)
+      return st;
+    has_completed |= pk_is_str(f[PK_F_ACTION], "free_completed");
+  }
   if (!pk_printf(csv, "Thread,Time,Action,Pointer,Size,Stream\n"))
     return mp__fail(MP_ENOMEM, "%s: out of host memory", what);
   for (size_t k = 0; k < trace->n; k++) {
-    const pk_val_t *e = trace->items[k];
+    pk_val_t *e = trace->items[k];
     if (e->type != PK_DICT)
       return mp__fail(MP_EINVAL, "%s: device trace entry %zu is not a dict",
                       what, k);
-    const pk_val_t *a = pk_get(e, "action");
+    if ((st = pk_entry_fields(what, e, d, k, &f)) != MP_OK)
+      return st;
+    const pk_val_t *a = f[PK_F_ACTION];
     if (a == NULL || a->type != PK_STR)
       return mp__fail(MP_EINVAL, "%s: device trace entry %zu has no action",
                       what, k);
@@ -592,12 +658,15 @@ static mp_status_t pk_trace_to_csv(const char *what, const pk_val_t *trace,
                       k, mpb_printable(a->s, a->n, shown, sizeof shown));
     }
     uint64_t addr = 0, size = 0, stream = 0, t = 0;
-    mp_status_t st = MP_OK;
     if (row != NULL) {
-      if ((st = pk_field(what, e, k, "addr", !oom, &addr)) != MP_OK ||
-          (st = pk_field(what, e, k, "size", true, &size)) != MP_OK ||
-          (st = pk_field(what, e, k, "stream", false, &stream)) != MP_OK ||
-          (st = pk_field(what, e, k, "time_us", false, &t)) != MP_OK)
+      if ((st = pk_field(what, f[PK_F_ADDR], k, "addr", !oom, &addr)) !=
+              MP_OK ||
+          (st = pk_field(what, f[PK_F_SIZE], k, "size", true, &size)) !=
+              MP_OK ||
+          (st = pk_field(what, f[PK_F_STREAM], k, "stream", false, &stream)) !=
+              MP_OK ||
+          (st = pk_field(what, f[PK_F_TIME_US], k, "time_us", false, &t)) !=
+              MP_OK)
         return st;
       if (row[0] == 'a' && !oom && addr == 0 && size != 0)
         return mp__fail(MP_EINVAL,
@@ -656,6 +725,7 @@ mp_status_t mpb_snapshot_parse(const void *buf, size_t len, const char *what,
   const pk_val_t *root = NULL;
   mp_status_t st = pk_run(&vm, &root);
   const pk_val_t *traces = NULL, *trace = NULL;
+  size_t d = 0;
   if (st == MP_OK) {
     traces = root->type == PK_DICT ? pk_get(root, "device_traces") : NULL;
     if (traces == NULL || traces->type != PK_LIST)
@@ -665,16 +735,19 @@ mp_status_t mpb_snapshot_parse(const void *buf, size_t len, const char *what,
                     "torch.cuda.memory._record_memory_history())",
                     what);
   }
-  for (size_t d = 0; st == MP_OK && d < traces->n && trace == NULL; d++) {
+  for (; st == MP_OK && d < traces->n; d++) {
     const pk_val_t *t = traces->items[d];
     if (t->type != PK_LIST) {
       st = mp__fail(MP_EINVAL, "%s: device_traces[%zu] is not a list", what, d);
       break;
     }
-    for (size_t k = 0; k < t->n && trace == NULL; k++)
-      if (t->items[k]->type == PK_DICT &&
-          pk_is_str(pk_get(t->items[k], "action"), "alloc"))
+    const pk_val_t *const *f;
+    for (size_t k = 0; k < t->n && trace == NULL && st == MP_OK; k++)
+      if ((st = pk_entry_fields(what, t->items[k], d, k, &f)) == MP_OK &&
+          pk_is_str(f[PK_F_ACTION], "alloc"))
         trace = t;
+    if (trace != NULL)
+      break;
   }
   if (st == MP_OK && trace == NULL)
     st = mp__fail(MP_EINVAL,
@@ -683,7 +756,7 @@ mp_status_t mpb_snapshot_parse(const void *buf, size_t len, const char *what,
                   what);
   pk_text_t csv = {0};
   if (st == MP_OK)
-    st = pk_trace_to_csv(what, trace, &csv);
+    st = pk_trace_to_csv(what, trace, d, &csv);
   pk_free_all(&vm);
   if (st == MP_OK &&
       (st = mpb_trace_parse(csv.s, csv.n, what, name, out)) != MP_OK)

@@ -295,3 +295,92 @@ Test(snapshot_pickle, a_refused_entry_is_named_by_its_index_not_a_csv_line) {
             mp_last_error());
   cr_expect_eq(w.n, 0);
 }
+
+/* Appends a BINUNICODE str to the pickle at p; returns the end. */
+static char *put_str(char *p, const char *s) {
+  size_t n = strlen(s);
+  *p++ = 'X';
+  for (int i = 0; i < 4; i++)
+    *p++ = (char)(n >> (8 * i));
+  memcpy(p, s, n);
+  return p + n;
+}
+
+/* A snapshot whose one trace entry, a dict of `keys` keys ("action":
+ * "alloc", "addr": 4096, then "size" (twice when `twice`: 16, then 4096)
+ * and pads), stands in the trace `repeats` times through the memo (2
+ * bytes a repeat). Its EMPTY_DICT is at byte 24. */
+static char *memoized_entry_pickle(size_t keys, size_t repeats, bool twice,
+                                   size_t *len) {
+  char *buf = malloc(64 + keys * 16 + repeats * 2), *p = buf;
+  cr_assert_not_null(buf);
+  memcpy(p, "\x80\x02}", 3);
+  p = put_str(p + 3, "device_traces");
+  memcpy(p, "]](}(", 5);
+  p = put_str(p + 5, "action");
+  p = put_str(p, "alloc");
+  p = put_str(p, "addr");
+  memcpy(p, "M\x00\x10", 3);
+  p += 3;
+  if (twice) {
+    p = put_str(p, "size");
+    memcpy(p, "K\x10", 2);
+    p += 2;
+  }
+  p = put_str(p, "size");
+  memcpy(p, "M\x00\x10", 3);
+  p += 3;
+  for (size_t k = 3; k < keys; k++) {
+    char pad[16];
+    snprintf(pad, sizeof pad, "pad%zu", k);
+    p = put_str(p, pad);
+    memcpy(p, "K\x00", 2);
+    p += 2;
+  }
+  memcpy(p, "uq\x00", 3); /* SETITEMS; BINPUT 0 */
+  p += 3;
+  for (size_t r = 1; r < repeats; r++) {
+    memcpy(p, "h\x00", 2); /* BINGET 0 */
+    p += 2;
+  }
+  memcpy(p, "eas.", 4); /* the trace, into device_traces, into the dict */
+  *len = (size_t)(p + 4 - buf);
+  return buf;
+}
+
+/* A trace entry has a handful of keys: one of more is refused, naming
+ * where its dict is; one of 64 that the memo repeats 1000 times (2 input
+ * bytes a repeat) is read, an allocation per repeat. */
+Test(snapshot_pickle, an_entry_of_more_keys_than_a_trace_entry_has_is_refused) {
+  size_t len;
+  char *p = memoized_entry_pickle(64, 1000, false, &len);
+  mpb_workload_t w;
+  cr_assert_eq(mpb_snapshot_parse(p, len, "k.pickle", "k", &w), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(w.ev[0].size, 4096);
+  cr_expect_eq(w.implicit_frees, 999, "one allocation per repeat");
+  mpb_workload_free(&w);
+  free(p);
+  p = memoized_entry_pickle(65, 1000, false, &len);
+  cr_assert_eq(mpb_snapshot_parse(p, len, "k.pickle", "k", &w), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(),
+                   "k.pickle: device_traces[0] entry 0: the "
+                   "dict made at byte 24 has 65 keys") == mp_last_error(),
+            "%s", mp_last_error());
+  cr_expect_eq(w.n, 0);
+  free(p);
+}
+
+/* A key set twice in a dict has its last value, as in Python. */
+Test(snapshot_pickle, a_key_given_twice_has_its_last_value) {
+  size_t len;
+  char *p = memoized_entry_pickle(3, 1, true, &len);
+  mpb_workload_t w;
+  cr_assert_eq(mpb_snapshot_parse(p, len, "t.pickle", "t", &w), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_geq(w.n, 1);
+  cr_assert_eq(w.ev[0].op, MPB_ALLOC);
+  cr_expect_eq(w.ev[0].size, 4096, "the first value (16) was taken");
+  mpb_workload_free(&w);
+  free(p);
+}
