@@ -167,16 +167,52 @@ void mpb_report_bound(FILE *out, const mpb_offline_t *o, size_t n,
   mpb_report_failed(out, r, n * nalloc);
 }
 
+/* Bytes in the valid UTF-8 sequence at s (RFC 3629: no overlong form, no
+ * surrogate, nothing past U+10FFFF), 0 where none begins. Stops at a NUL
+ * (not a continuation byte). */
+static size_t mpb_utf8_len(const unsigned char *s) {
+  size_t n;
+  uint32_t cp, least;
+  if (s[0] < 0x80)
+    return 1;
+  if (s[0] >= 0xc2 && s[0] <= 0xdf) {
+    n = 2, cp = s[0] & 0x1fu, least = 0x80;
+  } else if ((s[0] & 0xf0) == 0xe0) {
+    n = 3, cp = s[0] & 0x0fu, least = 0x800;
+  } else if (s[0] >= 0xf0 && s[0] <= 0xf4) {
+    n = 4, cp = s[0] & 0x07u, least = 0x10000;
+  } else {
+    return 0;
+  }
+  for (size_t i = 1; i < n; i++) {
+    if ((s[i] & 0xc0) != 0x80)
+      return 0;
+    cp = cp << 6 | (s[i] & 0x3fu);
+  }
+  if (cp < least || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+    return 0;
+  return n;
+}
+
+/* Names are bytes (a file name need not be UTF-8): valid UTF-8 is written
+ * as it is, each byte of anything else as U+FFFD, so that the output is
+ * always JSON that loads. */
 void mpb_json_str(FILE *out, const char *s) {
   fputc('"', out);
-  for (; *s; s++) {
-    unsigned char c = (unsigned char)*s;
-    if (c == '"' || c == '\\')
+  for (const unsigned char *p = (const unsigned char *)s; *p;) {
+    unsigned char c = *p;
+    size_t n = mpb_utf8_len(p);
+    if (n == 0)
+      fputs("\\ufffd", out);
+    else if (n > 1)
+      fwrite(p, 1, n, out);
+    else if (c == '"' || c == '\\')
       fprintf(out, "\\%c", c);
     else if (c < 0x20 || c == '<')
       fprintf(out, "\\u%04x", c);
     else
       fputc(c, out);
+    p += n ? n : 1;
   }
   fputc('"', out);
 }

@@ -361,6 +361,63 @@ Test(cli_results, a_bar_in_a_name_stays_in_its_table_cell, .init = make_tmp,
   cr_expect(strncmp(row, "| a\\|b | direct |", 17) == 0, "%s", md);
 }
 
+/* Whether s is all ASCII (JSON escapes everything else it holds). */
+static bool all_ascii(const char *s) {
+  for (; *s; s++)
+    if ((unsigned char)*s >= 0x80)
+      return false;
+  return true;
+}
+
+/* A file name is bytes, not always UTF-8: results.json and report.html's
+ * JSON hold each byte that is not part of a valid UTF-8 sequence as
+ * U+FFFD, so that both load as JSON (json.load refused the raw byte). */
+Test(cli_results, a_name_of_bytes_that_are_not_utf8_gives_valid_json,
+     .init = make_tmp, .fini = drop_tmp) {
+  char trace[512], out[512], path[600];
+  snprintf(trace, sizeof trace, "%s/bad\xffname.csv", tmpdir);
+  snprintf(out, sizeof out, "%s/out", tmpdir);
+  write_trace(trace);
+  const char *args[] = {"replay", "--out",      out,       "--allocator",
+                        "direct", "--no-plots", "--quiet", "--no-capacity",
+                        trace,    NULL};
+  cr_assert_eq(run(args), 0);
+  snprintf(path, sizeof path, "%s/results.json", out);
+  const char *json = slurp(path);
+  cr_expect(strstr(json, "\"workload\": \"bad\\ufffdname\"") != NULL, "%s",
+            json);
+  cr_expect(all_ascii(json), "%s", json);
+  snprintf(path, sizeof path, "%s/report.html", out);
+  const char *html = slurp(path);
+  cr_expect(strstr(html, "\"bad\\ufffdname\"") != NULL);
+  cr_expect(strchr(html, '\xff') == NULL);
+}
+
+/* Valid UTF-8 (2, 3 and 4 bytes) is written as it is; each byte of an
+ * invalid sequence is U+FFFD: a stray continuation byte, an overlong form,
+ * a surrogate, a code point past U+10FFFF, a sequence cut short, 0xff. */
+Test(cli_results, json_keeps_valid_utf8_and_replaces_each_invalid_byte) {
+  mpb_result_t *r = calloc(1, sizeof *r);
+  cr_assert_not_null(r);
+  snprintf(r->workload, sizeof r->workload,
+           "\xc3\xa9|\xe2\x82\xac|\xf0\x9f\x98\x80|\x80|\xc0\xaf|"
+           "\xed\xa0\x80|\xf4\x90\x80\x80|\xe2\x82|\xff|\xe2\x82");
+  snprintf(r->allocator, sizeof r->allocator, "pool");
+  char *json = NULL;
+  size_t len;
+  FILE *f = open_memstream(&json, &len);
+  cr_assert_not_null(f);
+  cr_assert_eq(mpb_report_json(f, r, 1), MP_OK);
+  fclose(f);
+  const char *want = "\"workload\": \"\xc3\xa9|\xe2\x82\xac|\xf0\x9f\x98\x80|"
+                     "\\ufffd|\\ufffd\\ufffd|\\ufffd\\ufffd\\ufffd|"
+                     "\\ufffd\\ufffd\\ufffd\\ufffd|\\ufffd\\ufffd|"
+                     "\\ufffd|\\ufffd\\ufffd\"";
+  cr_expect(strstr(json, want) != NULL, "%s", json);
+  free(json);
+  free(r);
+}
+
 /* Allocator specs of a tuning sweep run past 95 bytes, and were cut
  * there: two that differ in their last option got rows of one name. They
  * are kept whole now; one too long to keep is bad usage, not cut. */
