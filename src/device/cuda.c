@@ -94,6 +94,7 @@
   X(IpcGetMemHandle, (CUipcMemHandle *, CUdeviceptr))                          \
   X(IpcOpenMemHandle, (CUdeviceptr *, CUipcMemHandle, unsigned))               \
   X(IpcCloseMemHandle, (CUdeviceptr))                                          \
+  X(MemGetAddressRange, (CUdeviceptr *, size_t *, CUdeviceptr))                \
   X(MemExportToShareableHandle,                                                \
     (void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType,          \
      unsigned long long))                                                      \
@@ -1343,6 +1344,19 @@ static mp_status_t mp__cuda_ipc_open(mp_device_t *dev, const mp_ipc_handle_t *h,
         mp__cu.IpcOpenMemHandle(&p, ih, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
     if (r != CUDA_SUCCESS)
       return mp__cuda_fail(r, "cuIpcOpenMemHandle on %s", dev->name);
+    /* The handle's sizes are the sender's word: the memory mapped is the
+     * exporter's whole allocation (cuda.h, cuIpcOpenMemHandle), which must
+     * hold them, or the block would lie past it. */
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    MP__CU_IN_CTX(cd, r, mp__cu.MemGetAddressRange(&base, &size, p));
+    if (r != CUDA_SUCCESS || base != p || size < h->mem_bytes) {
+      MP__CU_IN_CTX(cd, r, mp__cu.IpcCloseMemHandle(p));
+      return mp__fail(MP_EINVAL,
+                      "mp_ipc_import: the handle says %zu bytes of memory, "
+                      "the allocation it names on %s has %zu",
+                      h->mem_bytes, dev->name, size);
+    }
   } else {
     if (!cd->vmm)
       return mp__cuda_no_vmm(dev);

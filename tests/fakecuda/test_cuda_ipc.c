@@ -58,6 +58,19 @@ Test(cuda_ipc, forked_child_writes_a_plain_segment_block_the_parent_reads_it) {
   }
 }
 
+/* A handle whose sizes claim more memory than the exporter's allocation
+ * (its block past that allocation's end) is MP_EINVAL and keeps its
+ * descriptors; the genuine handle then imports. A forged MP_IPC_CUDA
+ * handle imported with MP_OK at an address no allocation held. */
+Test(cuda_ipc, a_handle_claiming_more_memory_than_it_names_is_einval) {
+  ipc_round_trip_as("cuda", "virtual=0", IPC_CHILD_FORGED);
+}
+
+Test(cuda_ipc, a_virtual_handle_claiming_more_memory_is_einval) {
+  skip_without_vmm_fd();
+  ipc_round_trip_as("cuda", NULL, IPC_CHILD_FORGED);
+}
+
 Test(cuda_ipc, imported_block_is_not_reused_until_the_importer_closes_it) {
   ipc_held_until_released("cuda", IPC_CHILD_WAIT_CLOSE);
 }

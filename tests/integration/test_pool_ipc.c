@@ -27,6 +27,13 @@ Test(pool_ipc, forked_child_writes_a_plain_segment_block_the_parent_reads_it) {
   ipc_round_trip(SPEC, "virtual=0");
 }
 
+/* A handle whose sizes claim more memory than its descriptor holds: MP_EINVAL,
+ * descriptors kept; the genuine handle then imports. */
+Test(pool_ipc, a_handle_claiming_more_memory_than_it_names_is_einval) {
+  ipc_round_trip_as(SPEC, NULL, IPC_CHILD_FORGED);
+  ipc_round_trip_as(SPEC, "virtual=0", IPC_CHILD_FORGED);
+}
+
 Test(pool_ipc, imported_block_is_not_reused_until_the_importer_closes_it) {
   ipc_held_until_released(SPEC, IPC_CHILD_WAIT_CLOSE);
 }

@@ -18,7 +18,11 @@ enum { IPC_PARENT_TAG = 0x5a, IPC_CHILD_TAG = 0xa5 };
 typedef enum ipc_child_mode {
   IPC_CHILD_CLOSE,      /* import, write, close, report */
   IPC_CHILD_WAIT_CLOSE, /* as CLOSE, but wait for 'G' before closing */
-  IPC_CHILD_WAIT_EXIT   /* wait for 'G', then exit without closing */
+  IPC_CHILD_WAIT_EXIT,  /* wait for 'G', then exit without closing */
+  IPC_CHILD_FORGED      /* as CLOSE, after a copy of the handle that
+                           claims more memory (its block past the real
+                           allocation's end) was refused, h left as it
+                           was */
 } ipc_child_mode_t;
 
 static inline unsigned char ipc_byte(size_t i, unsigned tag) {
@@ -63,6 +67,15 @@ static inline int ipc_child(int sock, const char *spec, ipc_child_mode_t mode) {
   void *p = NULL;
   if (mp_ipc_recv(sock, &h) != MP_OK)
     return 11;
+  if (mode == IPC_CHILD_FORGED) {
+    mp_ipc_handle_t f = h;
+    f.mem_bytes = h.mem_bytes + ((size_t)1 << 30);
+    f.offset = f.mem_bytes - h.bytes;
+    if (mp_ipc_import(d, &f, &p) != MP_EINVAL)
+      return 20;
+    if (f.fd != h.fd || f.lease_fd != h.lease_fd)
+      return 21;
+  }
   if (mp_ipc_import(d, &h, &p) != MP_OK)
     return 12;
   if (!ipc_put(sock, 'I'))
@@ -76,7 +89,8 @@ static inline int ipc_child(int sock, const char *spec, ipc_child_mode_t mode) {
   if (!ipc_copy(d, p, buf, h.bytes))
     return 16;
   free(buf);
-  if (mode != IPC_CHILD_CLOSE && !ipc_get(sock, 'G'))
+  bool wait = mode == IPC_CHILD_WAIT_CLOSE || mode == IPC_CHILD_WAIT_EXIT;
+  if (wait && !ipc_get(sock, 'G'))
     return 17;
   if (mode == IPC_CHILD_WAIT_EXIT)
     _exit(0); /* as a crash would: no cleanup, the lease goes with the

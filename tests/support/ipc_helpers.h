@@ -118,9 +118,10 @@ static inline mp_pool_t *ipc_open_pool(const char *spec, const char *pool_opts,
 /* The whole round trip on spec, with a pool made from pool_opts: a block
  * at a nonzero offset of its device allocation goes to the child, which
  * writes it; the parent reads what the child wrote. */
-static inline void ipc_round_trip(const char *spec, const char *pool_opts) {
+static inline void ipc_round_trip_as(const char *spec, const char *pool_opts,
+                                     ipc_child_mode_t mode) {
   int sock;
-  pid_t pid = ipc_fork_child(spec, IPC_CHILD_CLOSE, &sock);
+  pid_t pid = ipc_fork_child(spec, mode, &sock);
   mp_device_t *dev;
   mp_pool_t *pool = ipc_open_pool(spec, pool_opts, &dev);
   void *before, *p;
@@ -144,6 +145,10 @@ static inline void ipc_round_trip(const char *spec, const char *pool_opts) {
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
   mp_device_close(dev);
   close(sock);
+}
+
+static inline void ipc_round_trip(const char *spec, const char *pool_opts) {
+  ipc_round_trip_as(spec, pool_opts, IPC_CHILD_CLOSE);
 }
 
 #define IPC_MiB ((size_t)1 << 20)
