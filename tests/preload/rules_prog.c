@@ -623,6 +623,46 @@ static int oom_in_capture(void) {
   return 0;
 }
 
+static int ordinal_of(void *p) {
+  int ord = -1;
+  CUresult r = cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                     (CUdeviceptr)(uintptr_t)p);
+  return r == CUDA_SUCCESS ? ord : -1;
+}
+
+/* "cross_device rt LIB" (FAKECUDA_DEVICE_COUNT=2, device 0 current):
+ * cudaMallocAsync takes from "the memory pool associated with the stream's
+ * device" (cuda_runtime_api.h), and cudaFreeAsync orders a free on any
+ * stream. Under the shim the stream's device's pool serves (no driver
+ * cuMemAllocAsync). */
+static int cross_device(void) {
+  CUcontext c1 = NULL;
+  CUstream s0, s1;
+  void *on1 = NULL, *on0 = NULL;
+  MP_TRY(cuDevicePrimaryCtxRetain(&c1, 1));
+  MP_TRY(cuCtxPushCurrent(c1));
+  MP_TRY(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+  MP_TRY(cuCtxPopCurrent(NULL));
+  MP_TRY(cuStreamCreate(&s0, CU_STREAM_NON_BLOCKING));
+  long long before =
+      cuFakeGetCallCount ? cuFakeGetCallCount("cuMemAllocAsync") : 0;
+  MP_TRY(rt_malloc_async(&on1, 1 << 20, s1));
+  MP_TRY(rt_malloc_async(&on0, 1 << 20, s0));
+  long long driver =
+      cuFakeGetCallCount ? cuFakeGetCallCount("cuMemAllocAsync") - before : 0;
+  int o1 = ordinal_of(on1), o0 = ordinal_of(on0);
+  MP_TRY(rt_free_async(on1, s0));
+  MP_TRY(rt_free_async(on0, s1));
+  MP_TRY(cuStreamSynchronize(s0));
+  MP_TRY(cuStreamDestroy(s0));
+  MP_TRY(cuCtxPushCurrent(c1));
+  MP_TRY(cuStreamSynchronize(s1));
+  MP_TRY(cuStreamDestroy(s1));
+  MP_TRY(cuCtxPopCurrent(NULL));
+  printf("ordinals %d %d, driver allocations %lld\n", o1, o0, driver);
+  return o1 == 1 && o0 == 0 ? 0 : 1;
+}
+
 /* free_modes / alloc_modes with "rt LIB": the runtime's calls, from LIB
  * (the real libcudart.so on a GPU, stand_runtime.c on the fake), loaded
  * before any of them is made, in the global scope as a program linked
@@ -655,6 +695,8 @@ static int runtime_modes(const char *mode, const char *lib) {
   }
   if (strcmp(mode, "oom_in_capture") == 0)
     return oom_in_capture();
+  if (strcmp(mode, "cross_device") == 0)
+    return cross_device();
   return free_modes(strcmp(mode, "alloc_modes") == 0);
 }
 

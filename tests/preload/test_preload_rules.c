@@ -214,6 +214,24 @@ Test(preload_rules, under_the_shim_runtime_mallocs_in_a_capture_answer_alike) {
                               "alloc 900, end 901");
 }
 
+/* cudaMallocAsync / cudaFreeAsync on another device's stream: the stream's
+ * device serves, without the shim and under it (where the pool of device
+ * 1 serves, not the driver); the shim refused both before. */
+Test(preload_rules, runtime_stream_ordered_calls_follow_the_streams_device) {
+  const char *argv[] = {MP_RULES_PROG, "cross_device", "rt", MP_STAND_RUNTIME,
+                        NULL};
+  const char *none[] = {"LD_PRELOAD=", "MEMPOOL_DEVICE=cuda",
+                        "FAKECUDA_DEVICE_COUNT=2", NULL};
+  const char *shim[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=cuda",
+                        "FAKECUDA_DEVICE_COUNT=2", NULL};
+  spawn(argv, none, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_str_eq(r.out, "ordinals 1 0, driver allocations 2\n");
+  spawn(argv, shim, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_str_eq(r.out, "ordinals 1 0, driver allocations 0\n");
+}
+
 /* A cudaMallocAsync the shim's pool refuses for want of memory sets the
  * runtime's last error with a call of the runtime's own (cudaMalloc of
  * SIZE_MAX), in relaxed capture mode: in the caller's (global) mode it
