@@ -269,6 +269,21 @@ if [ -x "$ipc" ]; then
   done
 fi
 
+# 6. Stream-ordered calls on another device's stream (the twin of
+#    preload_driver stream_ordered_calls_follow_the_streams_device): needs
+#    two GPUs; the driver alone, then the shim.
+drv=$build/tests/preload/preload_drv_prog
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ -x "$drv" ] && [ "${ngpu:-0}" -ge 2 ]; then
+  real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
+  LD_LIBRARY_PATH="$(dirname "$real")" "$drv" plain - cross \
+    >"$work/cross.out" 2>&1 ||
+    fail "drv_prog cross without the shim: $(cat "$work/cross.out")"
+  LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
+    MEMPOOL_DEVICE=cuda "$drv" preloaded cuda cross >"$work/cross.out" 2>&1 ||
+    fail "drv_prog cross under the shim: $(cat "$work/cross.out")"
+fi
+
 if [ -f "$lib" ]; then
   python3 "$here/torch_smoke.py" "$lib"
   rc=$?
