@@ -233,7 +233,7 @@ MP__HOT mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b,
   return r;
 }
 
-MP__HOT void mp__block_split_into(mp_pool_t *pool, mp__block_t *b, size_t size,
+MP__HOT void mp__block_split_rest(mp_pool_t *pool, mp__block_t *b, size_t size,
                                   mp__block_t *r) {
   MP__ASSERT(!(b->flags & MP__B_FREE) && size < b->size);
   r->addr = b->addr + size;
@@ -248,6 +248,11 @@ MP__HOT void mp__block_split_into(mp_pool_t *pool, mp__block_t *b, size_t size,
   b->size = size;
   mp__block_link(b->seg, b, r);
   mp__index_insert_hot(pool, r);
+}
+
+MP__HOT void mp__block_split_into(mp_pool_t *pool, mp__block_t *b, size_t size,
+                                  mp__block_t *r) {
+  mp__block_split_rest(pool, b, size, r);
   pool->st.free_blocks++;
 }
 

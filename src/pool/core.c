@@ -140,11 +140,15 @@ static MP__HOT mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
                                            size_t size) {
   MP__ASSERT((b->flags & MP__B_FREE) && b->size >= size);
   mp__index_remove_hot(pool, b);
-  pool->st.free_blocks--;
   size_t keep = size / 16 < MP__MiB ? size / 16 : MP__MiB;
+  mp__block_t *r;
+  /* Split, the rest takes b's place among the free blocks: the count
+   * stays (no decrement and increment). */
   if (b->size > size && b->size - size >= keep &&
-      mp__split_allowed(pool, b, size))
-    mp__block_split(pool, b, size);
+      mp__split_allowed(pool, b, size) && (r = mp__rec_pop(pool)) != NULL)
+    mp__block_split_rest(pool, b, size, r);
+  else
+    pool->st.free_blocks--;
   return b;
 }
 

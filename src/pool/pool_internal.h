@@ -916,6 +916,10 @@ mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b, size_t size);
  * (it may come straight off the record free list). */
 void mp__block_split_into(mp_pool_t *pool, mp__block_t *b, size_t size,
                           mp__block_t *r);
+/* mp__block_split_into without the free-block count: for the take, whose
+ * taken block leaves the count and whose rest joins it (no change). */
+void mp__block_split_rest(mp_pool_t *pool, mp__block_t *b, size_t size,
+                          mp__block_t *r);
 /* The one merge of two free blocks: gone (into's next, both out of the
  * index) joins into: deps merged, into keeps gone's MP__B_UNMERGED mark,
  * gone's record freed. force: past MP__MAX_DEPS pending streams into waits
