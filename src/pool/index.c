@@ -99,7 +99,7 @@ MP__HOT void mp__index_insert_hot(mp_pool_t *pool, mp__block_t *b) {
 
 _Static_assert(((MP__FL_COUNT * MP__SL_COUNT) &
                 (MP__FL_COUNT * MP__SL_COUNT - 1)) == 0,
-               "mp__index_remove_hot masks a class into bins[]");
+               "mp__index_remove masks a class into bins[]");
 
 /* Puts the merge of treaps l and r (every key of l below every key of r)
  * at *link, the root of higher priority first at each step. */
@@ -119,10 +119,9 @@ mp__treap_merge(mp__block_t **link, mp__block_t *l, mp__block_t *r) {
   *link = l != NULL ? l : r;
 }
 
-MP__HOT void mp__index_remove_hot(mp_pool_t *pool, mp__block_t *b) {
-  /* The mask keeps a record that was never indexed (cls unset) inside
-   * bins[]; the descent then does not find it. */
-  size_t c = b->cls & (MP__FL_COUNT * MP__SL_COUNT - 1);
+/* b out of class c's treap, when it is there. */
+static MP__HOT void mp__index_remove_from(mp_pool_t *pool, mp__block_t *b,
+                                          size_t c) {
   mp__block_t **link = &pool->bins[c];
   mp__block_t *t;
   while ((t = *link) != b) {
@@ -148,13 +147,22 @@ MP__HOT void mp__index_remove_hot(mp_pool_t *pool, mp__block_t *b) {
   }
 }
 
+/* The take's and the coalesce's: b is a free block (MP__B_FREE), in the
+ * index, so its cls is its class (insert sets both). */
+MP__HOT void mp__index_remove_hot(mp_pool_t *pool, mp__block_t *b) {
+  MP__ASSERT((b->flags & MP__B_FREE) && b->cls < MP__FL_COUNT * MP__SL_COUNT);
+  mp__index_remove_from(pool, b, b->cls);
+}
+
 /* The out-of-line copies, for every caller off the free+alloc path. */
 void mp__index_insert(mp_pool_t *pool, mp__block_t *b) {
   mp__index_insert_hot(pool, b);
 }
 
 void mp__index_remove(mp_pool_t *pool, mp__block_t *b) {
-  mp__index_remove_hot(pool, b);
+  /* The mask keeps a record that was never indexed (cls unset) inside
+   * bins[]; the descent then does not find it. */
+  mp__index_remove_from(pool, b, b->cls & (MP__FL_COUNT * MP__SL_COUNT - 1));
 }
 
 static mp__block_t *mp__treap_min(mp__block_t *t) {
