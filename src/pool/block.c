@@ -4,10 +4,12 @@
  * Records come from slabs of the pool's own (host memory, never device
  * memory) and go back to a free list, so the steady state makes no host
  * allocation. The live map is an open-addressing hash table keyed by the
- * block's address (linear probing, load <= 1/2, backward-shift deletion, so
+ * block's address (linear probing, load <= 1/4, backward-shift deletion, so
  * no tombstones build up): pointer -> block is O(1) expected. Slots hold
  * the address next to the record pointer, so a probe reads only the table,
- * never a record (which would be a cache miss per probe).
+ * never a record (which would be a cache miss per probe). A quarter more
+ * slots past the last home slot take the runs that would wrap
+ * (mp__map_slots), so no probe step masks its index.
  *
  * Why not src/ptrmap.c (issue 15): the same algorithm, but generic: entries
  * of any size (a multiply per slot address), the murmur3 finalizer as hash
@@ -123,11 +125,10 @@ mp__block_t *mp__map_find(const mp_pool_t *pool, uintptr_t addr) {
   return mp__map_lookup(pool, addr, &slot);
 }
 
-static void mp__map_put(mp__slot_t *map, size_t mask, size_t slot,
-                        mp__block_t *b) {
+static void mp__map_put(mp__slot_t *map, size_t slot, mp__block_t *b) {
   size_t i = slot;
   while (map[i].addr != 0)
-    i = (i + 1) & mask;
+    i++; /* past the last home slot: mp__map_slots */
   map[i].addr = b->addr;
   map[i].blk = b;
 }
@@ -138,7 +139,7 @@ bool mp__map_reserve(mp_pool_t *pool, size_t n) {
   size_t cap = pool->map_cap ? pool->map_cap : 256;
   while ((pool->map_count + n) * 4 > cap)
     cap *= 2;
-  mp__slot_t *m = mp__host_calloc(cap, sizeof *m);
+  mp__slot_t *m = mp__host_calloc(mp__map_slots(cap), sizeof *m);
   if (m == NULL)
     return false;
   mp__slot_t *old = pool->map;
@@ -146,16 +147,16 @@ bool mp__map_reserve(mp_pool_t *pool, size_t n) {
   pool->map = m;
   pool->map_cap = cap; /* mp__map_slot depends on both */
   pool->map_shift = 64u - (unsigned)__builtin_ctzll((unsigned long long)cap);
-  for (size_t i = 0; i < old_cap; i++)
+  for (size_t i = 0; i < mp__map_slots(old_cap); i++)
     if (old[i].addr != 0)
-      mp__map_put(m, cap - 1, mp__map_slot(pool, old[i].addr), old[i].blk);
+      mp__map_put(m, mp__map_slot(pool, old[i].addr), old[i].blk);
   free(old);
   return true;
 }
 
 MP__HOT void mp__map_add(mp_pool_t *pool, mp__block_t *b) {
   MP__ASSERT(mp__map_has_room(pool, 1));
-  mp__map_put(pool->map, pool->map_cap - 1, mp__map_slot(pool, b->addr), b);
+  mp__map_put(pool->map, mp__map_slot(pool, b->addr), b);
   pool->map_count++;
 }
 
@@ -168,15 +169,14 @@ bool mp__map_insert(mp_pool_t *pool, mp__block_t *b) {
 
 MP__HOT void mp__map_remove_slot(mp_pool_t *pool, size_t slot) {
   /* Backward shift: pull later entries of the probe run into the hole when
-   * their home slot does not lie strictly between the hole and them. */
+   * their home slot does not lie strictly between the hole and them. Runs
+   * never wrap (mp__map_slots): a home is at or below its entry's slot. */
   mp__slot_t *map = pool->map;
-  size_t mask = pool->map_cap - 1;
   size_t hole = slot;
-  for (size_t j = (slot + 1) & mask; map[j].addr != 0; j = (j + 1) & mask) {
-    /* Movable unless its home lies cyclically in (hole, j]: then it is
-     * nearer j (going forward) than the hole is. */
-    size_t home = mp__map_slot(pool, map[j].addr);
-    if (((j - home) & mask) >= ((j - hole) & mask)) {
+  for (size_t j = slot + 1; map[j].addr != 0; j++) {
+    /* Movable unless its home lies in (hole, j]: then it is nearer j than
+     * the hole is. */
+    if (mp__map_slot(pool, map[j].addr) <= hole) {
       map[hole] = map[j];
       hole = j;
     }

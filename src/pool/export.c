@@ -137,7 +137,7 @@ mp_status_t mp__export_check(const mp_pool_t *pool) {
                       "block",
                       i, (void *)b->addr);
   }
-  for (size_t i = 0; i < pool->map_cap; i++) {
+  for (size_t i = 0; i < mp__map_slots(pool->map_cap); i++) {
     const mp__block_t *b = pool->map[i].blk;
     if (pool->map[i].addr == 0 || b == NULL)
       continue;

@@ -370,7 +370,9 @@ struct mp_pool {
                                                     fl * SL_COUNT + sl */
 
   /* live map: open addressing, linear probing, backward-shift delete; keys
-   * stored in the slots, so that probes never touch block records */
+   * stored in the slots, so that probes never touch block records. map_cap
+   * home slots, mp__map_slots(map_cap) in all (runs go on past the last
+   * home slot instead of wrapping) */
   mp__slot_t *map;
   size_t map_cap, map_count;
   unsigned map_shift; /* 64 - log2(map_cap): mp__map_slot's shift */
@@ -856,6 +858,15 @@ bool mp__map_reserve(mp_pool_t *pool, size_t n);
 static inline bool mp__map_has_room(const mp_pool_t *pool, size_t n) {
   return (pool->map_count + n) * 4 <= pool->map_cap;
 }
+/* The slots of a map of cap home slots: cap / 4 more past the last home
+ * slot, where probe runs go on instead of wrapping to slot 0 (no mask per
+ * probe step, no cyclic distance in the removal). A run holds at most
+ * map_count <= cap / 4 entries (mp__map_has_room), so one that starts at a
+ * home slot h ends at h + cap / 4 - 1 at the latest: the last slot stays
+ * empty and ends every probe, and no probe tests a bound. */
+static inline size_t mp__map_slots(size_t cap) {
+  return cap + cap / 4;
+}
 bool mp__map_insert(mp_pool_t *pool, mp__block_t *b);
 /* mp__map_insert where room was made before (mp__map_reserve, or a removal
  * under the same lock): no room test, cannot fail. */
@@ -873,8 +884,7 @@ static inline bool mp__map_probe(const mp_pool_t *pool, uintptr_t addr,
                                  size_t *slot) {
   if (pool->map_cap == 0 || addr == 0)
     return false;
-  size_t mask = pool->map_cap - 1;
-  for (size_t i = mp__map_slot(pool, addr);; i = (i + 1) & mask) {
+  for (size_t i = mp__map_slot(pool, addr);; i++) {
     uintptr_t a = pool->map[i].addr;
     if (a == addr) {
       *slot = i;

@@ -1,13 +1,14 @@
 /* The live map: open addressing, linear probing, backward-shift removal
- * (block.c). Probe runs that wrap past the table's end are where the
- * removal's "may this entry move into the hole" rule is easiest to get
- * wrong. */
+ * (block.c). Probe runs that go on past the last home slot (into the
+ * slots after it, mp__map_slots) are where the removal's "may this entry
+ * move into the hole" rule is easiest to get wrong. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 
 #include "pool/pool_internal.h"
 
-#define NREC 48 /* below a quarter of the first table (256 slots) */
+#define NREC  48 /* below a quarter of the first table (256 home slots) */
+#define NFULL 64 /* a quarter: as many as the first table takes */
 
 static mp_pool_t *map_pool(void) {
   mp_pool_t *p = calloc(1, sizeof *p);
@@ -18,7 +19,7 @@ static mp_pool_t *map_pool(void) {
 }
 
 /* n block addresses whose home slot is one of the table's last `span`
- * slots: inserted together, their probe run wraps past the end. */
+ * home slots: inserted together, their probe run goes past the last. */
 static void addrs_near_the_end(const mp_pool_t *p, uintptr_t *out, size_t n,
                                size_t span) {
   size_t k = 0;
@@ -30,9 +31,9 @@ static void addrs_near_the_end(const mp_pool_t *p, uintptr_t *out, size_t n,
 /* Every record not yet removed is found at its address, every removed
  * one is not, and the occupied slots are exactly map_count. */
 static void expect_map_holds(const mp_pool_t *p, mp__block_t *recs,
-                             const bool *gone) {
+                             const bool *gone, size_t n) {
   size_t live = 0;
-  for (size_t i = 0; i < NREC; i++) {
+  for (size_t i = 0; i < n; i++) {
     mp__block_t *f = mp__map_find(p, recs[i].addr);
     if (gone[i]) {
       cr_expect_null(f, "removed block %zu still found", i);
@@ -42,41 +43,74 @@ static void expect_map_holds(const mp_pool_t *p, mp__block_t *recs,
     }
   }
   size_t used = 0;
-  for (size_t s = 0; s < p->map_cap; s++)
+  for (size_t s = 0; s < mp__map_slots(p->map_cap); s++)
     used += p->map[s].addr != 0;
   cr_expect_eq(p->map_count, live);
   cr_expect_eq(used, live);
+  /* The last slot ends every probe run. */
+  cr_expect_eq(p->map[mp__map_slots(p->map_cap) - 1].addr, 0);
 }
 
-static void remove_in_order(size_t span, size_t step) {
+/* n records (n <= NFULL), homes in the last `span` home slots, removed
+ * in the order i, i + step, ... (step coprime to n: each once). */
+static void remove_in_order(size_t n, size_t span, size_t step) {
   mp_pool_t *p = map_pool();
-  static mp__block_t recs[NREC];
-  uintptr_t a[NREC];
-  bool gone[NREC] = {false};
-  addrs_near_the_end(p, a, NREC, span);
-  for (size_t i = 0; i < NREC; i++) {
+  static mp__block_t recs[NFULL];
+  uintptr_t a[NFULL];
+  bool gone[NFULL] = {false};
+  addrs_near_the_end(p, a, n, span);
+  for (size_t i = 0; i < n; i++) {
     recs[i].addr = a[i];
     cr_assert(mp__map_insert(p, &recs[i]));
   }
-  expect_map_holds(p, recs, gone);
-  /* step is coprime to NREC: every record once, in a scrambled order. */
-  for (size_t k = 0, i = 0; k < NREC; k++, i = (i + step) % NREC) {
+  expect_map_holds(p, recs, gone, n);
+  for (size_t k = 0, i = 0; k < n; k++, i = (i + step) % n) {
     mp__map_remove(p, &recs[i]);
     gone[i] = true;
-    expect_map_holds(p, recs, gone);
+    expect_map_holds(p, recs, gone, n);
   }
   free(p->map);
   free(p);
 }
 
-Test(pool_live_map, removal_keeps_a_run_wrapping_past_the_end_findable) {
-  remove_in_order(4, 7);
-  remove_in_order(4, 41);
+Test(pool_live_map, removal_keeps_a_run_past_the_last_home_slot_findable) {
+  remove_in_order(NREC, 4, 7);
+  remove_in_order(NREC, 4, 41);
 }
 
 Test(pool_live_map, removal_keeps_runs_of_mixed_homes_findable) {
-  remove_in_order(32, 5);
-  remove_in_order(128, 11);
+  remove_in_order(NREC, 32, 5);
+  remove_in_order(NREC, 128, 11);
+}
+
+/* The longest run the table can hold: as many entries as it takes, all
+ * at home in the last home slot, reach the next-to-last slot of all. */
+Test(pool_live_map, a_full_table_run_from_the_last_home_slot_stays_inside) {
+  mp_pool_t *p = map_pool();
+  static mp__block_t more;
+  remove_in_order(NFULL, 1, 13);
+  remove_in_order(NFULL, 1, 63);
+  /* A quarter is all the first table takes: one more grows it. */
+  uintptr_t a[NFULL];
+  static mp__block_t recs[NFULL];
+  addrs_near_the_end(p, a, NFULL, 1);
+  for (size_t i = 0; i < NFULL; i++) {
+    recs[i].addr = a[i];
+    cr_assert(mp__map_insert(p, &recs[i]));
+  }
+  cr_expect_eq(p->map_cap, 256);
+  cr_expect_neq(p->map[mp__map_slots(256) - 2].addr, 0, "the run's end");
+  bool gone[NFULL] = {false};
+  expect_map_holds(p, recs, gone, NFULL);
+  more.addr = a[NFULL - 1] + 512; /* above every other */
+  cr_assert(mp__map_insert(p, &more));
+  cr_expect_eq(p->map_cap, 512);
+  cr_expect_eq(p->map_count, NFULL + 1);
+  cr_expect_eq(mp__map_find(p, more.addr), &more);
+  for (size_t i = 0; i < NFULL; i++)
+    cr_expect_eq(mp__map_find(p, recs[i].addr), &recs[i]);
+  free(p->map);
+  free(p);
 }
 
 Test(pool_live_map, removing_an_absent_block_changes_nothing) {
@@ -92,7 +126,7 @@ Test(pool_live_map, removing_an_absent_block_changes_nothing) {
   }
   gone[NREC - 1] = true; /* never inserted */
   mp__map_remove(p, &recs[NREC - 1]);
-  expect_map_holds(p, recs, gone);
+  expect_map_holds(p, recs, gone, NREC);
   free(p->map);
   free(p);
 }
