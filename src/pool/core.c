@@ -355,10 +355,12 @@ MP__HOT mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
   mp__block_t *b = mp__search_ex(pool, size, sidx, &pending);
   *laddered = b == NULL;
   if (MP__UNLIKELY(b == NULL)) {
-    /* Through a local, as mp__stream_index does. */
-    mp_status_t st = mp__pool_ladder(pool, size, sidx, pending != NULL, &b);
+    /* Through a local of its own, as mp__stream_index does: with b's
+     * address taken, every search stored b on the stack. */
+    mp__block_t *got;
+    mp_status_t st = mp__pool_ladder(pool, size, sidx, pending != NULL, &got);
     if (st == MP_OK)
-      *out = b;
+      *out = got;
     return st;
   }
   *out = mp__take_block(pool, b, size);
