@@ -133,6 +133,14 @@ static void mp__map_put(mp__slot_t *map, size_t slot, mp__block_t *b) {
   map[i].blk = b;
 }
 
+static const mp__slot_t mp__map_none[2];
+
+void mp__map_init(mp_pool_t *pool) {
+  pool->map = (mp__slot_t *)mp__map_none; /* read, never written */
+  pool->map_cap = 0;
+  pool->map_shift = 63;
+}
+
 bool mp__map_reserve(mp_pool_t *pool, size_t n) {
   if (mp__map_has_room(pool, n))
     return true;
@@ -150,7 +158,8 @@ bool mp__map_reserve(mp_pool_t *pool, size_t n) {
   for (size_t i = 0; i < mp__map_slots(old_cap); i++)
     if (old[i].addr != 0)
       mp__map_put(m, mp__map_slot(pool, old[i].addr), old[i].blk);
-  free(old);
+  if (old_cap > 0)
+    free(old); /* else mp__map_init's table (or none) */
   return true;
 }
 

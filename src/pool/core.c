@@ -452,6 +452,7 @@ mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
   pool->sync_gen = 1;
   pool->sync_done = 1;
   pool->last_s = MP__STREAM_GONE; /* no slot yet */
+  mp__map_init(pool);
   mp__pool_rare_update(pool);
   mp_status_t st = mp__history_init(pool);
   if (st == MP_OK) {
@@ -472,7 +473,8 @@ void mp__pool_free_host(mp_pool_t *pool) {
   mp__history_release(pool);
   mp__streams_release(pool);
   mp__rec_release_all(pool);
-  free(pool->map);
+  if (pool->map_cap > 0)
+    free(pool->map); /* else mp__map_init's table */
   free(pool->routes);
   free(pool->granges);
   free(pool);

@@ -853,6 +853,11 @@ void mp__rec_release_all(mp_pool_t *pool);
 mp__block_t *mp__map_find(const mp_pool_t *pool, uintptr_t addr);
 /* Makes room for n more entries, so that the next n inserts cannot fail. */
 bool mp__map_reserve(mp_pool_t *pool, size_t n);
+/* A new pool's map, before its first entry (map_cap 0): a shared table of
+ * two empty slots, read-only, which every address's home (map_shift 63)
+ * falls in, so that a probe needs no test of map_cap. Never written (an
+ * entry is only added after mp__map_reserve) nor freed. */
+void mp__map_init(mp_pool_t *pool);
 /* Whether n more entries fit without growing the map (its load stays at
  * most one quarter, so probe runs stay short: mp__map_reserve's rule). */
 static inline bool mp__map_has_room(const mp_pool_t *pool, size_t n) {
@@ -882,8 +887,8 @@ static inline size_t mp__map_slot(const mp_pool_t *pool, uintptr_t addr) {
  * found the slot tests nothing more. */
 static inline bool mp__map_probe(const mp_pool_t *pool, uintptr_t addr,
                                  size_t *slot) {
-  if (pool->map_cap == 0 || addr == 0)
-    return false;
+  if (addr == 0)
+    return false; /* an empty slot's key */
   for (size_t i = mp__map_slot(pool, addr);; i++) {
     uintptr_t a = pool->map[i].addr;
     if (a == addr) {

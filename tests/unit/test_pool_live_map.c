@@ -130,3 +130,27 @@ Test(pool_live_map, removing_an_absent_block_changes_nothing) {
   free(p->map);
   free(p);
 }
+
+/* A new pool's map (mp__map_init) holds no table of its own: every
+ * lookup misses without a test of map_cap, and the first insert grows a
+ * table of 256 home slots (the shared empty one is read-only: a write to
+ * it would crash here). */
+Test(pool_live_map, a_new_pools_map_finds_nothing_and_grows_on_first_insert) {
+  mp_pool_t *p = calloc(1, sizeof *p);
+  cr_assert_not_null(p);
+  mp__map_init(p);
+  cr_expect_eq(p->map_cap, 0);
+  for (uintptr_t a = 512; a < 512 * 1000; a += 512)
+    cr_expect_null(mp__map_find(p, a));
+  static mp__block_t rec, other;
+  rec.addr = 512 * 77;
+  other.addr = 512 * 78;
+  mp__map_remove(p, &other); /* absent: changes nothing */
+  cr_assert(mp__map_insert(p, &rec));
+  cr_expect_eq(p->map_cap, 256);
+  cr_expect_eq(p->map_count, 1);
+  cr_expect_eq(mp__map_find(p, rec.addr), &rec);
+  cr_expect_null(mp__map_find(p, other.addr));
+  free(p->map);
+  free(p);
+}
