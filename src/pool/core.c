@@ -395,8 +395,8 @@ MP__HOT void mp__block_make_live(mp_pool_t *pool, mp__block_t *b,
   b->sidx = sidx;
   pool->streams[sidx].refs++;
   b->ndeps = 0;
-  b->handle = NULL;
-  b->child = NULL;
+  /* handle and child are read only under MP__B_MOVABLE and MP__B_CHILD,
+   * which flags = 0 clears and whose setters set them: not stored here. */
   mp__map_add(pool, b); /* room was reserved before the take */
   pool->st.allocated_bytes += b->size;
   pool->st.free_bytes -= b->size;
