@@ -247,7 +247,6 @@ MP__HOT void mp__block_split_rest(mp_pool_t *pool, mp__block_t *b, size_t size,
   MP__ASSERT(!(b->flags & MP__B_FREE) && size < b->size);
   r->addr = b->addr + size;
   r->size = b->size - size;
-  r->requested = 0;
   r->flags = b->flags & (MP__B_SYNC | MP__B_UNMERGED);
   r->sidx = 0;
   r->ndeps = b->ndeps;

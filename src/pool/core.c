@@ -230,6 +230,7 @@ static void mp__block_hold(mp_pool_t *pool, mp__block_t *b, bool on) {
    * record_stream) is refused meanwhile instead of freeing it. */
   if (on) {
     b->flags |= MP__B_LADDER;
+    b->requested = 0;     /* a free block's is not kept (mp__block_release) */
     mp__map_add(pool, b); /* room was made before the take */
     pool->st.allocated_bytes += b->size;
     *free_bytes -= b->size;
@@ -420,7 +421,8 @@ MP__HOT mp__block_t *mp__block_release_merged(mp_pool_t *pool, mp__block_t *b,
   pool->st.requested_bytes -= b->requested;
   pool->st.live_blocks--;
   pool->st.free_count++;
-  b->requested = 0;
+  /* requested is not cleared: it is read only while live (dump.c,
+   * snapshot.c, check.c; the ladder's held block sets it 0). */
   b->handle = NULL;
   b->child = NULL;
   mp__deps_on_free(pool, b);

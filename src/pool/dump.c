@@ -39,6 +39,12 @@ static void mp__class_totals(const mp__block_t *t, size_t *n, size_t *b) {
   mp__class_totals(t->right, n, b);
 }
 
+/* A block's requested bytes as the dumps show them: 0 but for a live
+ * block (a free or unmapped record's word is not kept). */
+static size_t mp__dump_requested(const mp__block_t *b) {
+  return (b->flags & (MP__B_FREE | MP__B_HOLE)) ? 0 : b->requested;
+}
+
 static void mp__dump_text(mp_pool_t *pool, FILE *out, double frag,
                           size_t largest) {
   const mp_stats_t *s = &pool->st;
@@ -68,7 +74,7 @@ static void mp__dump_text(mp_pool_t *pool, FILE *out, double frag,
               (b->flags & MP__B_FREE)   ? "free"
               : (b->flags & MP__B_HOLE) ? "unmapped"
                                         : "live",
-              b->requested);
+              mp__dump_requested(b));
   }
   fprintf(out, "  free lists by class:\n");
   for (unsigned fl = 0; fl < MP__FL_COUNT; fl++)
@@ -115,7 +121,7 @@ static void mp__dump_json(mp_pool_t *pool, FILE *out, double frag,
               "%s{\"addr\":\"%p\",\"size\":%zu,\"free\":%s,"
               "\"requested\":%zu%s}",
               b == g->first ? "" : ",", (void *)b->addr, b->size,
-              (b->flags & MP__B_FREE) ? "true" : "false", b->requested,
+              (b->flags & MP__B_FREE) ? "true" : "false", mp__dump_requested(b),
               (b->flags & MP__B_HOLE) ? ",\"unmapped\":true" : "");
     fprintf(out, "]}");
   }

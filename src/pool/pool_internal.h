@@ -197,7 +197,7 @@ typedef struct mp__block {
   /* Second cache line: the rest. */
   mp__segment_t *seg;
   union {
-    size_t requested;           /* live: the caller's bytes; free: 0 */
+    size_t requested;           /* live: the caller's bytes; else unread */
     struct mp__block *next_rec; /* idle record: the record free list */
   };
   uint64_t gen;                 /* MP__B_SYNC: pool sync generation */

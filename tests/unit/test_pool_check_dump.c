@@ -214,6 +214,32 @@ Test(pool_dump, json_is_one_object_with_the_same_facts, .init = setup,
   free(j);
 }
 
+/* A free block's record does not keep what it was last allocated for: the
+ * dumps show requested 0 for it (setup freed v1, v3, v5 and v7 with
+ * 8, 16, 24 and 32 KiB requested), the live blocks' own bytes. */
+Test(pool_dump, free_blocks_show_no_requested_bytes, .init = setup,
+     .fini = teardown) {
+  char *t = dump("text", MP_OK);
+  int nfree = 0;
+  for (const char *l = t; (l = strstr(l, " free requested ")) != NULL; l++) {
+    nfree++;
+    cr_expect_eq(strtoull(l + strlen(" free requested "), NULL, 10), 0, "%.60s",
+                 l);
+  }
+  cr_expect_geq(nfree, 4, "%s", t);
+  cr_expect(strstr(t, " live requested 4096\n"), "%s", t);
+  free(t);
+  char *j = dump("json", MP_OK);
+  nfree = 0;
+  const char *key = "\"free\":true,\"requested\":";
+  for (const char *l = j; (l = strstr(l, key)) != NULL; l++) {
+    nfree++;
+    cr_expect_eq(strtoull(l + strlen(key), NULL, 10), 0, "%.60s", l);
+  }
+  cr_expect_geq(nfree, 4, "%s", j);
+  free(j);
+}
+
 Test(pool_dump, unknown_format_is_einval, .init = setup, .fini = teardown) {
   char *x = dump("yaml", MP_EINVAL);
   cr_expect(strstr(mp_last_error(), "yaml"));
