@@ -248,7 +248,8 @@ MP__HOT void mp__block_split_rest(mp_pool_t *pool, mp__block_t *b, size_t size,
   r->addr = b->addr + size;
   r->size = b->size - size;
   r->flags = b->flags & (MP__B_SYNC | MP__B_UNMERGED);
-  r->sidx = 0;
+  /* Not sidx nor requested: read only while live (or sidx, unmapped), and
+   * set by whatever makes the block so. */
   r->ndeps = b->ndeps;
   r->gen = b->gen;
   memcpy(r->deps, b->deps, sizeof r->deps);

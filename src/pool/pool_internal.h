@@ -929,8 +929,9 @@ void mp__map_remove_slot(mp_pool_t *pool, size_t slot);
 mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b, size_t size);
 /* mp__block_split with the upper piece's record r given (it cannot fail):
  * b (out of the index) keeps [addr, addr + size), r takes the rest with b's
- * deps and sync marks and goes into the index; every field of r is set
- * (it may come straight off the record free list). */
+ * deps and sync marks and goes into the index; every field a free block's
+ * readers use is set (r may come straight off the record free list), not
+ * sidx nor requested, which only a live or unmapped block's readers use. */
 void mp__block_split_into(mp_pool_t *pool, mp__block_t *b, size_t size,
                           mp__block_t *r);
 /* mp__block_split_into without the free-block count: for the take, whose
