@@ -189,8 +189,15 @@ typedef struct mp_pool_config {
  *    largest of any arena. release_threshold is split evenly among them.
  *  - mp_pool_snapshot shows every arena's segments and blocks (the pool
  *    itself holds none).
+ *  - mp_pool_pause / mp_pool_resume pause and resume every arena made, as
+ *    "Pause and resume" below says of a pool, and all or nothing: a pause
+ *    failing in one arena resumes the arenas it paused, a resume failing
+ *    in one unmaps those it mapped (the pool stays paused, every host copy
+ *    kept). While paused, the calls refused there are MP_EBUSY from any
+ *    thread, and a thread with no arena yet gets none (its allocation is
+ *    MP_EBUSY).
  * Refused with MP_EINVAL (the message names arenas): child and graph
- * pools, movable blocks, defragment, freeze, pause/resume, IPC export,
+ * pools, movable blocks, defragment, freeze, IPC export,
  * alloc_contiguous, set_max_fraction, set_access and dump, and history=N
  * at create. */
 

@@ -69,11 +69,13 @@ MP__HOT mp_status_t mp__pool_alloc_cached(mp_pool_t *pool, size_t bytes,
                                           mp_stream_t s, void **out,
                                           bool lend) {
   MP__ASSERT_LOCKED(pool);
-  MP__ASSERT(!pool->paused && pool->nheld == 0);
+  MP__ASSERT(pool->nheld == 0);
   uint32_t sidx = UINT32_MAX; /* stays so for a stranger */
   size_t size;
   mp__block_t *b;
-  if (!mp__pool_round(pool, bytes, &size) ||
+  /* Paused (pause.c): its free blocks lie in unmapped memory; the
+   * arena's own path then answers MP_EBUSY. */
+  if (MP__UNLIKELY(pool->paused) || !mp__pool_round(pool, bytes, &size) ||
       (lend && pool->st.free_bytes < size))
     return MP__EMISS;
   bool stranger = lend && !mp__stream_known(pool, s);

@@ -31,6 +31,12 @@
  * idle arena caches (mp__arena_borrow says which and why), so what one
  * thread freed serves another thread's next large request without growth.
  *
+ * Pause and resume (pause.c) pause every arena made, each as a pool of its
+ * own; the pool's paused flag keeps arenas from being made meanwhile, and
+ * the paths across arenas (borrowing, the reclaim's trims, the cap's
+ * shares) leave a paused arena alone: its memory is unmapped, its free
+ * and reserved bytes read 0, and its share of the cap stays for resume.
+ *
  * Out of memory: memory cached in one arena must not be stuck there. When
  * an arena's allocation fails (MP_ENOMEM, MP_ELIMIT), first (capped pools)
  * the other arenas' unused share of the cap comes back and the arena gets
@@ -90,11 +96,14 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
   if (st != MP_OK)
     return st;
   mp__pool_lock(pool);
-  if ((*out = mp__arena_at(pool, i)) != NULL) {
-    /* another thread made it meanwhile */
+  /* Paused (or being paused or resumed, pause.c): an arena made now would
+   * allocate from memory the pool gave back. */
+  if ((*out = mp__arena_at(pool, i)) != NULL ||
+      (st = mp__pool_paused(pool, "allocation")) != MP_OK) {
+    /* another thread made it meanwhile, or refused */
     mp__pool_unlock(pool);
     mp__pool_free_host(a);
-    return MP_OK;
+    return st;
   }
   a->cap = pool->cap; /* the virtual range is the cap's size */
   a->cap_is_max = pool->cap_is_max;
@@ -152,7 +161,8 @@ static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
     if (b == NULL || b == a)
       continue;
     mp__pool_lock(b);
-    if (!b->inflight)
+    /* A paused arena reads 0 reserved: it keeps its share for resume. */
+    if (!b->inflight && !b->paused)
       b->cap = b->st.reserved_bytes;
     held += b->cap;
     mp__pool_unlock(b);
@@ -166,7 +176,9 @@ static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
   size_t room = pool->cap > held ? pool->cap - held : 0;
   size_t r = a->st.reserved_bytes;
   size_t cap = all || room <= r ? room : r + (room - r) / 2;
-  a->cap = a->inflight && a->cap > cap ? a->cap : cap;
+  /* Paused meanwhile (its failure was out of memory): a keeps its share. */
+  if (!a->paused)
+    a->cap = a->inflight && a->cap > cap ? a->cap : cap;
   mp__pool_unlock(a);
   atomic_fetch_add_explicit(&pool->share_seq, 1, memory_order_acq_rel);
 }
@@ -179,7 +191,9 @@ static mp_status_t mp__arena_trim_one(mp_pool_t *a, size_t keep, size_t *left,
   mp_status_t st = MP_OK;
   *gave = 0;
   mp__pool_lock(a);
-  if (a->st.free_bytes > keep) {
+  /* A paused arena has nothing mapped to give back (its free bytes read
+   * 0 too). */
+  if (!a->paused && a->st.free_bytes > keep) {
     st = mp__pool_sync(a);
     size_t before = a->st.reserved_bytes;
     if (st == MP_OK)
@@ -198,7 +212,11 @@ static mp_status_t mp__arena_trim_one(mp_pool_t *a, size_t keep, size_t *left,
  * reclaim, read the stats under the lock). Trim moves no share of the cap
  * (it lowers reserved bytes only), and the arena table is fixed. */
 mp_status_t mp__arena_trim(mp_pool_t *pool, size_t keep_bytes) {
-  mp_status_t st = MP_OK;
+  mp__pool_lock(pool);
+  mp_status_t st = mp__pool_paused(pool, "mp_pool_trim");
+  mp__pool_unlock(pool);
+  if (st != MP_OK)
+    return st;
   for (size_t i = 0; i < pool->cfg.arenas; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);
     size_t left = 0, gave;
@@ -215,7 +233,9 @@ mp_status_t mp__arena_add_stream(mp_pool_t *pool, mp_stream_t s) {
   uint32_t sidx;
   mp__pool_lock(pool);
   /* The pool's own table remembers it for arenas made later. */
-  mp_status_t st = mp__stream_index(pool, s, &sidx);
+  mp_status_t st = mp__pool_paused(pool, "mp_pool_add_stream");
+  if (st == MP_OK)
+    st = mp__stream_index(pool, s, &sidx);
   for (size_t i = 0; st == MP_OK && i < pool->cfg.arenas; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);
     if (a == NULL)

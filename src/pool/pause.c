@@ -150,15 +150,9 @@ static mp_status_t mp__pause_check(const mp_pool_t *pool) {
   return MP_OK;
 }
 
-mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
-  if (pool == NULL)
-    return mp__fail(MP_EINVAL, "mp_pool_pause: pool is NULL");
-  if (flags & ~MP_PAUSE_KEEP_CONTENT)
-    return mp__fail(MP_EINVAL, "mp_pool_pause: unknown flags 0x%x",
-                    flags & ~MP_PAUSE_KEEP_CONTENT);
-  mp_status_t nst = mp__no_arenas(pool, "mp_pool_pause");
-  if (nst != MP_OK)
-    return nst;
+/* Pauses pool, a pool without arenas or one arena (flags checked). No lock
+ * held on entry or return. */
+static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
   mp__pool_lock(pool);
   mp__pool_wait_sync(pool);
   if (!pool->paused && pool->nexports > 0)
@@ -232,18 +226,12 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
   return MP_OK;
 }
 
-mp_status_t mp_pool_resume(mp_pool_t *pool) {
-  if (pool == NULL)
-    return mp__fail(MP_EINVAL, "mp_pool_resume: pool is NULL");
-  mp_status_t nst = mp__no_arenas(pool, "mp_pool_resume");
-  if (nst != MP_OK)
-    return nst;
-  mp__pool_lock(pool);
-  mp__pool_wait_sync(pool);
-  if (!pool->paused) {
-    mp__pool_unlock(pool);
-    return mp__fail(MP_EINVAL, "mp_pool_resume: the pool is not paused");
-  }
+/* Under the lock, pool paused and nothing in flight: maps its chunks again
+ * and copies the kept content back (the lock dropped meanwhile, the pool
+ * in flight). On MP_OK it is still marked paused, with its host copy, until
+ * mp__resume_finish (or mp__resume_unmap undoes it); on a failure nothing
+ * stays mapped. */
+static mp_status_t mp__resume_map(mp_pool_t *pool) {
   /* No cap check: resume maps back the chunks the pool held before the
    * pause, not growth. A cap lowered below them before the pause
    * (mp_pool_set_max_fraction: memory above it "stays until trimmed")
@@ -252,33 +240,223 @@ mp_status_t mp_pool_resume(mp_pool_t *pool) {
   mp__segment_t *v = pool->vseg;
   mp__spans_t sp = {0};
   mp_status_t st = MP_OK;
-  if (pool->pause_copy != NULL && (st = mp__live_spans(pool, &sp)) != MP_OK) {
-    mp__pool_unlock(pool);
+  if (pool->pause_copy != NULL && (st = mp__live_spans(pool, &sp)) != MP_OK)
     return st;
-  }
   mp__pool_device_begin(pool);
   st = v != NULL ? mp__chunks(pool, v, true, v->nchunks) : MP_OK;
   if (st == MP_OK && pool->pause_copy != NULL &&
       (st = mp__copy_live(pool, &sp, false)) != MP_OK)
     (void)mp__chunks(pool, v, false, v->nchunks);
-  if (st == MP_OK && pool->pause_copy != NULL) {
-    mp_device_host_free(pool->dev, pool->pause_copy);
-    pool->pause_copy = NULL;
-  }
   mp__pool_device_end(pool);
   free(sp.v);
-  if (st == MP_OK) {
-    pool->paused = false;
-    mp__pool_rare_update(pool);
-    pool->st.device_alloc_count += v ? v->nchunks : 0;
-    mp__chunks_history(pool, v, MP__H_SEGMENT_MAP);
-    pool->st.reserved_bytes = pool->paused_reserved;
-    pool->st.free_bytes = pool->paused_free;
-    /* mp_pool_reset_peaks while paused set the peak to 0. */
-    mp__stats_peaks(pool);
+  return st;
+}
+
+/* Under the lock, after mp__resume_map: unmaps what it mapped (another
+ * arena's resume failed). The pool stays paused, its host copy kept. */
+static mp_status_t mp__resume_unmap(mp_pool_t *pool) {
+  mp__segment_t *v = pool->vseg;
+  mp__pool_device_begin(pool);
+  mp_status_t st = v != NULL ? mp__chunks(pool, v, false, v->nchunks) : MP_OK;
+  mp__pool_device_end(pool);
+  return st;
+}
+
+/* Under the lock, after mp__resume_map: the host copy goes, and the pool
+ * runs again with its figures from before the pause. */
+static void mp__resume_finish(mp_pool_t *pool) {
+  mp__segment_t *v = pool->vseg;
+  if (pool->pause_copy != NULL) {
+    void *copy = pool->pause_copy;
+    pool->pause_copy = NULL;
+    mp__pool_device_begin(pool);
+    mp_device_host_free(pool->dev, copy);
+    mp__pool_device_end(pool);
   }
+  pool->paused = false;
+  mp__pool_rare_update(pool);
+  pool->st.device_alloc_count += v ? v->nchunks : 0;
+  mp__chunks_history(pool, v, MP__H_SEGMENT_MAP);
+  pool->st.reserved_bytes = pool->paused_reserved;
+  pool->st.free_bytes = pool->paused_free;
+  /* mp_pool_reset_peaks while paused set the peak to 0. */
+  mp__stats_peaks(pool);
+}
+
+/* Resumes pool, a pool without arenas or one arena. No lock held on entry
+ * or return. */
+static mp_status_t mp__resume_one(mp_pool_t *pool) {
+  mp__pool_lock(pool);
+  mp__pool_wait_sync(pool);
+  mp_status_t st =
+      pool->paused
+          ? mp__resume_map(pool)
+          : mp__fail(MP_EINVAL, "mp_pool_resume: the pool is not paused");
+  /* The lock held from the map on: no other resume maps it again. */
+  if (st == MP_OK)
+    mp__resume_finish(pool);
   mp__pool_unlock(pool);
   return st;
+}
+
+/* ---- a pool with arenas (arena.c) ----------------------------------------
+ * Each arena made pauses and resumes as a pool of its own, one after
+ * another, with only its lock held (its waits for its streams run with no
+ * lock at all: a host function on one of them may call into the pool).
+ * The pool's own paused flag covers the whole pool: set before the first
+ * arena pauses and cleared after the last resumes, it keeps arenas from
+ * being made meanwhile (mp__arena_make) and refuses trim and add_stream;
+ * pause_turn keeps a second pause or resume out while one runs. The cross-
+ * arena paths (borrowing, the reclaim's trims, the cap's shares) leave a
+ * paused arena alone. All or nothing: a pause failing in arena k resumes
+ * the arenas it paused; a resume failing in arena k unmaps the arenas it
+ * mapped (their host copies are kept until every arena is mapped), so the
+ * pool stays paused with nothing lost. Should such an undo fail too (a
+ * second device failure), the arena is left as it stands, paused or
+ * running, and the message says so; a later resume resumes every arena
+ * still paused. */
+
+/* Under the pool's lock: what pause refuses in the pool or any arena (as
+ * a pool without arenas refuses it: plain segments, a captured stream), so
+ * that such a refusal changes nothing. */
+static mp_status_t mp__arenas_pause_check(mp_pool_t *pool) {
+  if (pool->paused)
+    return mp__fail(MP_EBUSY, "mp_pool_pause: the pool is paused already");
+  mp_status_t st = MP_OK;
+  for (size_t i = 0; i < pool->cfg.arenas && st == MP_OK; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    if (a == NULL)
+      continue;
+    mp__pool_lock(a);
+    if (!a->paused)
+      st = mp__pause_check(a);
+    mp__pool_unlock(a);
+  }
+  return st;
+}
+
+/* The arenas' pause; the pool's lock is not held. */
+static mp_status_t mp__arenas_pause(mp_pool_t *pool, unsigned flags) {
+  size_t n = pool->cfg.arenas;
+  mp__pool_lock(pool);
+  mp_status_t st =
+      pool->pause_turn
+          ? mp__fail(MP_EBUSY, "mp_pool_pause: a pause or resume of the pool "
+                               "is under way")
+          : mp__arenas_pause_check(pool);
+  if (st != MP_OK) {
+    mp__pool_unlock(pool);
+    return st;
+  }
+  pool->paused = pool->pause_turn = true;
+  mp__pool_rare_update(pool);
+  mp__pool_unlock(pool);
+  bool mine[MP_POOL_MAX_ARENAS] = {false}; /* paused by this call */
+  for (size_t i = 0; i < n && st == MP_OK; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    /* One left paused by a failed undo (above) is paused already. */
+    if (a != NULL && !mp__pool_is_paused(a))
+      mine[i] = (st = mp__pause_one(a, flags)) == MP_OK;
+  }
+  if (st != MP_OK) {
+    char why[512];
+    bool stuck = false;
+    snprintf(why, sizeof why, "%s", mp_last_error());
+    for (size_t i = 0; i < n; i++)
+      if (mine[i] && mp__resume_one(mp__arena_at(pool, i)) != MP_OK)
+        stuck = true;
+    st = mp__fail(st, "%s%s", why,
+                  stuck ? "; an arena it had paused could not be resumed: "
+                          "it stays paused (its content kept) until "
+                          "mp_pool_resume"
+                        : "");
+  }
+  mp__pool_lock(pool);
+  pool->pause_turn = false;
+  pool->paused = st == MP_OK;
+  mp__pool_rare_update(pool);
+  mp__pool_unlock(pool);
+  return st;
+}
+
+/* The arenas' resume; the pool's lock is not held. */
+static mp_status_t mp__arenas_resume(mp_pool_t *pool) {
+  size_t n = pool->cfg.arenas;
+  mp__pool_lock(pool);
+  bool any = pool->paused;
+  for (size_t i = 0; i < n && !any; i++)
+    any = mp__arena_at(pool, i) != NULL &&
+          mp__pool_is_paused(mp__arena_at(pool, i));
+  mp_status_t st =
+      pool->pause_turn
+          ? mp__fail(MP_EBUSY, "mp_pool_resume: a pause or resume of the "
+                               "pool is under way")
+      : !any ? mp__fail(MP_EINVAL, "mp_pool_resume: the pool is not paused")
+             : MP_OK;
+  if (st != MP_OK) {
+    mp__pool_unlock(pool);
+    return st;
+  }
+  pool->pause_turn = true;
+  mp__pool_unlock(pool);
+  bool mapped[MP_POOL_MAX_ARENAS] = {false};
+  for (size_t i = 0; i < n && st == MP_OK; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    if (a == NULL)
+      continue;
+    mp__pool_lock(a);
+    mp__pool_wait_sync(a);
+    if (a->paused)
+      mapped[i] = (st = mp__resume_map(a)) == MP_OK;
+    mp__pool_unlock(a);
+  }
+  char why[512];
+  bool stuck = false;
+  snprintf(why, sizeof why, "%s", st != MP_OK ? mp_last_error() : "");
+  for (size_t i = 0; i < n; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    if (!mapped[i])
+      continue;
+    mp__pool_lock(a);
+    mp__pool_wait_sync(a);
+    /* Mapped again in full by mp__chunks' own undo if its unmap failed:
+     * that arena runs. */
+    if (st == MP_OK || (stuck |= mp__resume_unmap(a) != MP_OK))
+      mp__resume_finish(a);
+    mp__pool_unlock(a);
+  }
+  if (st != MP_OK)
+    st = mp__fail(st, "%s%s", why,
+                  stuck ? "; an arena it had mapped could not be unmapped "
+                          "again: that arena runs, the rest stay paused "
+                          "until mp_pool_resume"
+                        : "");
+  mp__pool_lock(pool);
+  pool->pause_turn = false;
+  if (st == MP_OK)
+    pool->paused = false;
+  mp__pool_rare_update(pool);
+  mp__pool_unlock(pool);
+  return st;
+}
+
+mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
+  if (pool == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_pause: pool is NULL");
+  if (flags & ~MP_PAUSE_KEEP_CONTENT)
+    return mp__fail(MP_EINVAL, "mp_pool_pause: unknown flags 0x%x",
+                    flags & ~MP_PAUSE_KEEP_CONTENT);
+  if (pool->arenas != NULL)
+    return mp__arenas_pause(pool, flags);
+  return mp__pause_one(pool, flags);
+}
+
+mp_status_t mp_pool_resume(mp_pool_t *pool) {
+  if (pool == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_resume: pool is NULL");
+  if (pool->arenas != NULL)
+    return mp__arenas_resume(pool);
+  return mp__resume_one(pool);
 }
 
 bool mp__pool_is_paused(mp_pool_t *pool) {

@@ -323,6 +323,8 @@ struct mp_pool {
   mp_device_t *dev;
   mp_pool_config_t cfg;
   bool paused;        /* pause.c: memory given back, addresses kept */
+  bool pause_turn;    /* pause.c, a pool with arenas: a pause or resume of
+                         its arenas is under way (the pool's lock dropped) */
   uint32_t rare;      /* mp__pool_rare_of, kept by mp__pool_rare_update */
   bool merge_later;   /* a free kept apart from a neighbour another stream's
                          work holds (block.c): an allocation that finds no
@@ -722,10 +724,10 @@ mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out);
 mp_status_t mp__pool_alloc_locked_hot(mp_pool_t *pool, size_t bytes,
                                       mp_stream_t s, void **out, bool plain);
-/* Under the lock, in an arena (which is never paused and exports nothing):
- * an allocation the arena's cache serves as it is, or MP__EMISS with no
- * message (a stream it cannot take, no free block that fits and is usable
- * on s now): no ladder, no growth, no wait, no failure counted. lend: for
+/* Under the lock, in an arena (which exports nothing): an allocation the
+ * arena's cache serves as it is, or MP__EMISS with no message (paused, a
+ * stream it cannot take, no free block that fits and is usable on s
+ * now): no ladder, no growth, no wait, no failure counted. lend: for
  * another arena's thread (arena.c); a stream
  * the pool does not know then gets a slot only once a block serves it (one
  * whose work is done on every stream: searched for as stream UINT32_MAX,

@@ -1,0 +1,397 @@
+/* Pause and resume of a pool with arenas (arenas=N, src/pool/arena.c and
+ * pause.c): every arena made pauses and resumes, the content of each kept;
+ * every call pool.h refuses while paused is MP_EBUSY from any thread, one
+ * whose arena is not made yet included (no arena is made while paused); a
+ * pause failing in one arena resumes the others, and a resume failing in
+ * one unmaps the others, so the pool is paused wholly or not at all.
+ * White-box: it looks at the arenas. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../support/device_helpers.h"
+#include "../support/pool_helpers.h"
+#include "pool/pool_internal.h"
+#include "pool_fakedev.h"
+
+#define MiB ((size_t)1 << 20)
+
+/* ---- work on threads of their own -------------------------------------- */
+typedef enum { ALLOC, FREE, RECORD, FREE_ASYNC } op_t;
+
+typedef struct job {
+  mp_pool_t *pool;
+  op_t op;
+  size_t bytes;
+  unsigned tag; /* ALLOC: the blocks' bytes are tag + i */
+  int count;
+  void *ptrs[8];
+  mp_status_t st;
+  char why[256]; /* mp_last_error() of the job's thread, after it */
+} job_t;
+
+static void fill(void *p, size_t n, unsigned tag) {
+  memset(p, (int)(tag & 0xff), n);
+}
+
+/* The first byte of p that is not tag, or n. */
+static size_t first_difference(const void *p, size_t n, unsigned tag) {
+  const unsigned char *c = p;
+  size_t at = 0;
+  while (at < n && c[at] == (unsigned char)tag)
+    at++;
+  return at;
+}
+
+static void *job_run(void *arg) {
+  job_t *j = arg;
+  j->st = MP_OK;
+  for (int i = 0; i < j->count && j->st == MP_OK; i++) {
+    switch (j->op) {
+    case ALLOC:
+      j->st = mp_pool_alloc(j->pool, j->bytes, NULL, &j->ptrs[i]);
+      if (j->st == MP_OK)
+        fill(j->ptrs[i], j->bytes, j->tag + (unsigned)i);
+      break;
+    case FREE: j->st = mp_pool_free(j->pool, j->ptrs[i]); break;
+    case RECORD:
+      j->st = mp_pool_record_stream(j->pool, j->ptrs[i], NULL);
+      break;
+    case FREE_ASYNC:
+      j->st = mp_pool_free_async(j->pool, j->ptrs[i], NULL);
+      break;
+    }
+  }
+  snprintf(j->why, sizeof j->why, "%s", mp_last_error());
+  return NULL;
+}
+
+/* Runs j's op on a new thread (a new arena number: one not made yet, with
+ * arenas=4 and two workers) and waits for it; returns its status. */
+static mp_status_t on_thread(job_t *j, op_t op) {
+  pthread_t t;
+  j->op = op;
+  cr_assert_eq(pthread_create(&t, NULL, job_run, j), 0);
+  pthread_join(t, NULL);
+  return j->st;
+}
+
+/* A thread that keeps its arena: runs the jobs given to on_worker. */
+typedef struct worker {
+  pthread_t t;
+  pthread_mutex_t m;
+  pthread_cond_t c;
+  job_t *job; /* to run; NULL once run */
+  bool quit;
+} worker_t;
+
+static void *worker_main(void *arg) {
+  worker_t *w = arg;
+  pthread_mutex_lock(&w->m);
+  for (;;) {
+    while (w->job == NULL && !w->quit)
+      pthread_cond_wait(&w->c, &w->m);
+    if (w->job == NULL)
+      break;
+    job_run(w->job);
+    w->job = NULL;
+    pthread_cond_broadcast(&w->c);
+  }
+  pthread_mutex_unlock(&w->m);
+  return NULL;
+}
+
+static void worker_start(worker_t *w) {
+  memset(w, 0, sizeof *w);
+  pthread_mutex_init(&w->m, NULL);
+  pthread_cond_init(&w->c, NULL);
+  cr_assert_eq(pthread_create(&w->t, NULL, worker_main, w), 0);
+}
+
+static void worker_stop(worker_t *w) {
+  pthread_mutex_lock(&w->m);
+  w->quit = true;
+  pthread_cond_broadcast(&w->c);
+  pthread_mutex_unlock(&w->m);
+  pthread_join(w->t, NULL);
+  pthread_mutex_destroy(&w->m);
+  pthread_cond_destroy(&w->c);
+}
+
+/* Runs j's op on w and waits for it; returns its status. */
+static mp_status_t on_worker(worker_t *w, job_t *j, op_t op) {
+  j->op = op;
+  pthread_mutex_lock(&w->m);
+  w->job = j;
+  pthread_cond_broadcast(&w->c);
+  while (w->job != NULL)
+    pthread_cond_wait(&w->c, &w->m);
+  pthread_mutex_unlock(&w->m);
+  return j->st;
+}
+
+static size_t arenas_made(mp_pool_t *pool) {
+  size_t n = 0;
+  for (size_t i = 0; i < pool->cfg.arenas; i++)
+    n += mp__arena_at(pool, i) != NULL;
+  return n;
+}
+
+static int arena_holding(mp_pool_t *pool, const void *p) {
+  for (size_t i = 0; i < pool->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    if (a == NULL)
+      continue;
+    mp__pool_lock(a);
+    bool in = mp__map_find(a, (uintptr_t)p) != NULL;
+    mp__pool_unlock(a);
+    if (in)
+      return (int)i;
+  }
+  return -1;
+}
+
+/* Workers wa and wb started, each allocating its job's blocks: two arenas
+ * hold them. */
+static worker_t wa, wb;
+static void two_arenas(mp_pool_t *pool, job_t *a, job_t *b) {
+  worker_start(&wa);
+  worker_start(&wb);
+  cr_assert_eq(on_worker(&wa, a, ALLOC), MP_OK, "%s", a->why);
+  cr_assert_eq(on_worker(&wb, b, ALLOC), MP_OK, "%s", b->why);
+  int ia = arena_holding(pool, a->ptrs[0]),
+      ib = arena_holding(pool, b->ptrs[0]);
+  cr_assert(ia >= 0 && ib >= 0 && ia != ib, "two arenas (%d, %d)", ia, ib);
+  cr_assert_eq(arenas_made(pool), 2);
+}
+
+static void expect_kept(const job_t *j) {
+  for (int i = 0; i < j->count; i++) {
+    size_t at = first_difference(j->ptrs[i], j->bytes, j->tag + (unsigned)i);
+    cr_expect_eq(at, j->bytes, "block %u lost its content from byte %zu",
+                 j->tag + (unsigned)i, at);
+  }
+}
+
+static bool arena_paused(mp_pool_t *pool, size_t i) {
+  return mp__pool_is_paused(mp__arena_at(pool, i));
+}
+
+/* ---- on the host device ------------------------------------------------ */
+MP_DEVICE_SUITE(pool_arenas_pause, "host:capacity=64M");
+
+Test(pool_arenas_pause, every_arena_pauses_and_resumes_with_its_content) {
+  mp_pool_t *pool = make_pool(dev, "arenas=4");
+  job_t a = {.pool = pool, .bytes = 3 * MiB, .tag = 0x10, .count = 2};
+  job_t b = {.pool = pool, .bytes = 100000, .tag = 0x20, .count = 3};
+  two_arenas(pool, &a, &b);
+  mp_stats_t held = stats(pool);
+  size_t free_before = free_bytes(dev);
+  cr_assert_eq(mp_pool_pause(pool, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
+               mp_last_error());
+  for (size_t i = 0; i < pool->cfg.arenas; i++)
+    if (mp__arena_at(pool, i) != NULL)
+      cr_expect(arena_paused(pool, i), "arena %zu is not paused", i);
+  mp_stats_t s = stats(pool);
+  cr_expect_eq(s.reserved_bytes, 0);
+  cr_expect_eq(s.free_bytes, 0);
+  cr_expect_eq(s.allocated_bytes, held.allocated_bytes);
+  cr_expect_eq(free_bytes(dev), free_before + held.reserved_bytes,
+               "every arena's memory went back to the device");
+  /* Another tenant uses what the pause gave back. */
+  void *big;
+  size_t room = free_bytes(dev);
+  cr_assert_eq(mp_device_alloc(dev, room, &big), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_memset_async(dev, big, 0x5a, room, NULL), MP_OK);
+  cr_assert_eq(mp_device_synchronize(dev), MP_OK);
+  cr_assert_eq(mp_device_free(dev, big), MP_OK);
+
+  cr_assert_eq(mp_pool_resume(pool), MP_OK, "%s", mp_last_error());
+  s = stats(pool);
+  cr_expect_eq(s.reserved_bytes, held.reserved_bytes);
+  cr_expect_eq(s.free_bytes, held.free_bytes);
+  expect_kept(&a);
+  expect_kept(&b);
+  check(pool);
+  /* Running again: each thread frees the other's blocks. */
+  cr_expect_eq(on_worker(&wa, &b, FREE), MP_OK, "%s", b.why);
+  cr_expect_eq(on_worker(&wb, &a, FREE), MP_OK, "%s", a.why);
+  cr_expect_eq(stats(pool).allocated_bytes, 0);
+  check(pool);
+  worker_stop(&wa);
+  worker_stop(&wb);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  cr_expect_eq(free_bytes(dev), 64 * MiB);
+}
+
+Test(pool_arenas_pause, every_call_is_ebusy_while_paused_from_any_thread) {
+  mp_pool_t *pool = make_pool(dev, "arenas=4");
+  job_t a = {.pool = pool, .bytes = 4096, .tag = 0x30, .count = 4};
+  job_t b = {.pool = pool, .bytes = 2 * MiB, .tag = 0x40, .count = 2};
+  two_arenas(pool, &a, &b);
+  cr_assert_eq(mp_pool_pause(pool, 0), MP_OK, "%s", mp_last_error());
+  mp_stats_t before = stats(pool);
+  /* The threads holding arenas: allocation and every kind of free. */
+  job_t more = a;
+  cr_expect_eq(on_worker(&wa, &more, ALLOC), MP_EBUSY);
+  cr_expect(strstr(more.why, "paused") != NULL, "%s", more.why);
+  job_t big = b; /* a large request would borrow another arena's block */
+  cr_expect_eq(on_worker(&wb, &big, ALLOC), MP_EBUSY);
+  cr_expect_eq(on_worker(&wa, &a, FREE), MP_EBUSY);
+  cr_expect_eq(on_worker(&wb, &b, FREE_ASYNC), MP_EBUSY);
+  cr_expect_eq(on_worker(&wa, &b, RECORD), MP_EBUSY);
+  /* A thread whose arena is not made yet: refused, and no arena made. */
+  job_t fresh = {.pool = pool, .bytes = 4096, .tag = 0x50, .count = 1};
+  cr_expect_eq(on_thread(&fresh, ALLOC), MP_EBUSY);
+  cr_expect_eq(arenas_made(pool), 2, "an arena was made while paused");
+  /* The pool as a whole. */
+  int word;
+  cr_expect_eq(mp_pool_free(pool, &word), MP_EBUSY);
+  cr_expect_eq(mp_pool_trim(pool, 0), MP_EBUSY);
+  cr_expect_eq(mp_pool_add_stream(pool, NULL), MP_EBUSY);
+  cr_expect_eq(mp_pool_check(pool), MP_EBUSY);
+  cr_expect_eq(mp_pool_pause(pool, 0), MP_EBUSY);
+  mp_stats_t after = stats(pool);
+  cr_expect_eq(memcmp(&before, &after, sizeof before), 0,
+               "a refused call changed the stats");
+  cr_assert_eq(mp_pool_resume(pool), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_resume(pool), MP_EINVAL);
+  /* Now the new thread gets an arena, and the frees go through. */
+  cr_expect_eq(on_thread(&fresh, ALLOC), MP_OK, "%s", fresh.why);
+  cr_expect_eq(arenas_made(pool), 3);
+  cr_expect_eq(on_thread(&fresh, FREE), MP_OK, "%s", fresh.why);
+  cr_expect_eq(on_worker(&wa, &a, FREE), MP_OK, "%s", a.why);
+  cr_expect_eq(on_worker(&wb, &b, FREE), MP_OK, "%s", b.why);
+  check(pool);
+  worker_stop(&wa);
+  worker_stop(&wb);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+/* Resume maps arena 0, then finds no room for arena 1 (another tenant holds
+ * it): arena 0 is unmapped again and the pool stays paused with every
+ * content kept; once the tenant is gone the resume goes through. */
+Test(pool_arenas_pause, a_resume_failing_in_one_arena_unmaps_the_others) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  job_t a = {.pool = pool, .bytes = 3 * MiB, .tag = 0x60, .count = 1};
+  job_t b = {.pool = pool, .bytes = 5 * MiB, .tag = 0x70, .count = 1};
+  two_arenas(pool, &a, &b);
+  size_t r0 = stats(mp__arena_at(pool, 0)).reserved_bytes;
+  size_t r1 = stats(mp__arena_at(pool, 1)).reserved_bytes;
+  cr_assert(r0 > 0 && r1 >= 2 * 4096, "%zu, %zu", r0, r1);
+  cr_assert_eq(mp_pool_pause(pool, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
+               mp_last_error());
+  /* The tenant leaves room for arena 0 and half of arena 1. */
+  void *tenant;
+  size_t leave = r0 + r1 / 2;
+  cr_assert_eq(mp_device_alloc(dev, free_bytes(dev) - leave, &tenant), MP_OK,
+               "%s", mp_last_error());
+  size_t free_paused = free_bytes(dev);
+  cr_expect_eq(mp_pool_resume(pool), MP_ENOMEM);
+  cr_expect_eq(free_bytes(dev), free_paused, "arena 0 stayed mapped");
+  cr_expect(arena_paused(pool, 0) && arena_paused(pool, 1));
+  cr_expect_eq(stats(pool).reserved_bytes, 0);
+  job_t x = {.pool = pool, .bytes = 4096, .count = 1};
+  cr_expect_eq(on_worker(&wa, &x, ALLOC), MP_EBUSY, "still paused");
+  cr_expect_eq(mp_pool_trim(pool, 0), MP_EBUSY, "still paused");
+  cr_assert_eq(mp_device_free(dev, tenant), MP_OK);
+  cr_assert_eq(mp_pool_resume(pool), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(stats(pool).reserved_bytes, r0 + r1);
+  expect_kept(&a);
+  expect_kept(&b);
+  check(pool);
+  cr_expect_eq(on_worker(&wa, &a, FREE), MP_OK);
+  cr_expect_eq(on_worker(&wb, &b, FREE), MP_OK);
+  worker_stop(&wa);
+  worker_stop(&wb);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  cr_expect_eq(free_bytes(dev), 64 * MiB);
+}
+
+/* A pause that one arena would refuse (plain segments: virtual=0) changes
+ * nothing in any arena. */
+Test(pool_arenas_pause, a_refused_pause_changes_no_arena) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2,virtual=0");
+  job_t a = {.pool = pool, .bytes = MiB, .tag = 0x80, .count = 1};
+  job_t b = {.pool = pool, .bytes = MiB, .tag = 0x90, .count = 1};
+  two_arenas(pool, &a, &b);
+  mp_stats_t before = stats(pool);
+  cr_expect_eq(mp_pool_pause(pool, MP_PAUSE_KEEP_CONTENT), MP_ENOTSUP);
+  cr_expect(!arena_paused(pool, 0) && !arena_paused(pool, 1));
+  mp_stats_t after = stats(pool);
+  cr_expect_eq(memcmp(&before, &after, sizeof before), 0);
+  cr_expect_eq(mp_pool_resume(pool), MP_EINVAL);
+  cr_expect_eq(on_worker(&wa, &a, FREE), MP_OK, "not paused");
+  cr_expect_eq(on_worker(&wb, &b, FREE), MP_OK, "not paused");
+  cr_expect_eq(mp_pool_pause(NULL, 0), MP_EINVAL);
+  cr_expect_eq(mp_pool_pause(pool, 0x80), MP_EINVAL);
+  check(pool);
+  worker_stop(&wa);
+  worker_stop(&wb);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+/* ---- on the fake device: an unmap that fails --------------------------- */
+static unsigned unmap_calls, unmap_fail_at;
+
+static mp_status_t flaky_vm_unmap(mp_device_t *d, void *addr, size_t bytes) {
+  if (++unmap_calls == unmap_fail_at)
+    return mp__fail(MP_EDRIVER, "fake vm_unmap #%u fails", unmap_calls);
+  return fake_vm_unmap(d, addr, bytes);
+}
+
+static mp_status_t flaky_host_alloc(mp_device_t *d, size_t bytes, void **out) {
+  (void)d;
+  *out = malloc(bytes);
+  return *out != NULL ? MP_OK : MP_ENOMEM;
+}
+
+static mp_status_t flaky_host_free(mp_device_t *d, void *ptr) {
+  (void)d;
+  free(ptr);
+  return MP_OK;
+}
+
+static mp__backend_t flaky_backend;
+
+/* Arena 0 pauses (unmap #1), arena 1's unmap (#2) fails: arena 0 is resumed
+ * with its content, and the pool runs as before. */
+Test(pool_arenas_pause, a_pause_failing_in_one_arena_resumes_the_others) {
+  flaky_backend = fake_backend;
+  flaky_backend.vm_unmap = flaky_vm_unmap;
+  flaky_backend.host_alloc = flaky_host_alloc;
+  flaky_backend.host_free = flaky_host_free;
+  mp_device_t *fdev = fake_open((size_t)1 << 30, 2 * MiB);
+  fdev->ops = &flaky_backend;
+  unmap_calls = 0;
+  unmap_fail_at = 2;
+  mp_pool_t *pool = make_pool(fdev, "arenas=2");
+  job_t a = {.pool = pool, .bytes = 2 * MiB, .tag = 0xa0, .count = 1};
+  job_t b = {.pool = pool, .bytes = 2 * MiB, .tag = 0xb0, .count = 1};
+  two_arenas(pool, &a, &b);
+  cr_assert_eq(mp__arena_at(pool, 0)->vseg->nchunks, 1, "one chunk each");
+  cr_assert_eq(mp__arena_at(pool, 1)->vseg->nchunks, 1, "one chunk each");
+  mp_stats_t before = stats(pool);
+  cr_assert_eq(mp_pool_pause(pool, MP_PAUSE_KEEP_CONTENT), MP_EDRIVER);
+  cr_expect(strstr(mp_last_error(), "vm_unmap #2") != NULL, "%s",
+            mp_last_error());
+  cr_expect(!arena_paused(pool, 0) && !arena_paused(pool, 1));
+  cr_expect(!mp__pool_is_paused(pool));
+  mp_stats_t after = stats(pool);
+  cr_expect_eq(after.reserved_bytes, before.reserved_bytes);
+  cr_expect_eq(fake_of(fdev)->used, before.reserved_bytes);
+  expect_kept(&a);
+  expect_kept(&b);
+  cr_expect_eq(mp_pool_resume(pool), MP_EINVAL, "not paused");
+  job_t c = {.pool = pool, .bytes = 4096, .tag = 0xc0, .count = 1};
+  cr_expect_eq(on_worker(&wa, &c, ALLOC), MP_OK, "%s", c.why);
+  cr_expect_eq(on_worker(&wa, &c, FREE), MP_OK);
+  cr_expect_eq(on_worker(&wa, &a, FREE), MP_OK);
+  cr_expect_eq(on_worker(&wb, &b, FREE), MP_OK);
+  worker_stop(&wa);
+  worker_stop(&wb);
+  fake_pool_finish(pool, fdev);
+}
