@@ -196,8 +196,10 @@ typedef struct mp_pool_config {
  *    kept). While paused, the calls refused there are MP_EBUSY from any
  *    thread, and a thread with no arena yet gets none (its allocation is
  *    MP_EBUSY).
+ *  - mp_pool_freeze fences what every arena made holds live (nothing
+ *    moves: arenas hold no movable blocks); paused: MP_EBUSY.
  * Refused with MP_EINVAL (the message names arenas): child and graph
- * pools, movable blocks, defragment, freeze, IPC export,
+ * pools, movable blocks, defragment, IPC export,
  * alloc_contiguous, set_max_fraction, set_access and dump, and history=N
  * at create. */
 

@@ -436,12 +436,27 @@ mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
   return st;
 }
 
+/* A pool with arenas (arena.c): each arena made freezes what it holds
+ * live (movable blocks, the only ones freezing moves, are refused there,
+ * so nothing moves: every block live now is fenced). Paused: MP_EBUSY with
+ * nothing done. An arena failing leaves those before it frozen; a freeze
+ * again fences them again. The pool's lock is not held across an arena's
+ * freeze, which waits for its copies. */
+static mp_status_t mp__arenas_freeze(mp_pool_t *pool) {
+  mp__pool_lock(pool);
+  mp_status_t st = mp__pool_paused(pool, "mp_pool_freeze");
+  mp__pool_unlock(pool);
+  for (size_t i = 0; st == MP_OK && i < pool->cfg.arenas; i++)
+    if (mp__arena_at(pool, i) != NULL)
+      st = mp_pool_freeze(mp__arena_at(pool, i));
+  return st;
+}
+
 mp_status_t mp_pool_freeze(mp_pool_t *pool) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_freeze: pool is NULL");
-  mp_status_t nst = mp__no_arenas(pool, "mp_pool_freeze");
-  if (nst != MP_OK)
-    return nst;
+  if (pool->arenas != NULL)
+    return mp__arenas_freeze(pool);
   /* The copies go on a stream of freeze's own, waited for and destroyed
    * (which makes the pool forget it): the legacy stream would order them
    * with the application's blocking streams, and waiting on it is a call
