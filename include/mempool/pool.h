@@ -198,9 +198,13 @@ typedef struct mp_pool_config {
  *    MP_EBUSY).
  *  - mp_pool_freeze fences what every arena made holds live (nothing
  *    moves: arenas hold no movable blocks); paused: MP_EBUSY.
+ *  - mp_pool_set_access gives the peer to every arena made and to every
+ *    arena made later (paused too, for the resume). A device refusing it
+ *    in one arena: the failure; the arenas before it keep the peer, and a
+ *    call again gives it to the rest.
  * Refused with MP_EINVAL (the message names arenas): child and graph
  * pools, movable blocks, defragment, IPC export,
- * alloc_contiguous, set_max_fraction, set_access and dump, and history=N
+ * alloc_contiguous, set_max_fraction and dump, and history=N
  * at create. */
 
 /* Growing: mp_pool_config_t only ever gains fields at its end, after

@@ -108,6 +108,11 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
   a->cap = pool->cap; /* the virtual range is the cap's size */
   a->cap_is_max = pool->cap_is_max;
   a->granule = pool->granule;
+  /* The peers given to mp_pool_set_access, before anything is mapped. */
+  unsigned np = atomic_load(&pool->npeers);
+  for (unsigned k = 0; k < np; k++)
+    a->peers[k] = pool->peers[k];
+  atomic_store_explicit(&a->npeers, np, memory_order_release);
   mp__pool_lock(a);
   if ((cfg.flags & MP_POOL_VIRTUAL) && a->granule != 0) {
     st = mp__vrange_ready(a);

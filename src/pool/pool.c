@@ -297,6 +297,54 @@ mp_status_t mp_pool_destroy_ex(mp_pool_t *pool, int *destroyed) {
   return st;
 }
 
+/* Under the lock: *have, whether peer (by ordinal) is one of pool's peers
+ * already; MP_ENOMEM when it is not and the list is full. */
+static mp_status_t mp__peer_room(const mp_pool_t *pool, mp_device_t *peer,
+                                 bool *have) {
+  unsigned n = atomic_load(&pool->npeers);
+  *have = false;
+  for (unsigned i = 0; i < n && !*have; i++)
+    *have = mp__device_ordinal(pool->peers[i]) == mp__device_ordinal(peer);
+  if (!*have && n == sizeof pool->peers / sizeof *pool->peers)
+    return mp__fail(MP_ENOMEM, "mp_pool_set_access: at most %u peers",
+                    (unsigned)(sizeof pool->peers / sizeof *pool->peers));
+  return MP_OK;
+}
+
+/* A pool with arenas (arena.c): the peer joins the pool's own list, which
+ * each arena made later copies (mp__arena_make), then every arena made gets
+ * it, each under its own lock only (its wait for a map in flight is no
+ * wait under the pool's lock). Again for a peer the pool has: an arena a
+ * failed call missed gets it now. An arena failing (the device refuses
+ * access): the failure, the peer out of the pool's list again if this call
+ * put it there; the arenas before it keep it. */
+static mp_status_t mp__arenas_set_access(mp_pool_t *pool, mp_device_t *peer) {
+  bool have;
+  mp__pool_lock(pool);
+  mp_status_t st = mp__peer_room(pool, peer, &have);
+  unsigned n = atomic_load(&pool->npeers);
+  if (st == MP_OK && !have) {
+    pool->peers[n] = peer;
+    atomic_store_explicit(&pool->npeers, n + 1, memory_order_release);
+  }
+  mp__pool_unlock(pool);
+  for (size_t i = 0; st == MP_OK && i < pool->cfg.arenas; i++)
+    if (mp__arena_at(pool, i) != NULL)
+      st = mp_pool_set_access(mp__arena_at(pool, i), peer);
+  if (st != MP_OK && !have) {
+    mp__pool_lock(pool);
+    unsigned m = atomic_load(&pool->npeers);
+    for (unsigned i = 0; i < m; i++)
+      if (pool->peers[i] == peer) {
+        pool->peers[i] = pool->peers[m - 1];
+        atomic_store_explicit(&pool->npeers, m - 1, memory_order_release);
+        break;
+      }
+    mp__pool_unlock(pool);
+  }
+  return st;
+}
+
 mp_status_t mp_pool_set_access(mp_pool_t *pool, mp_device_t *peer) {
   if (pool == NULL || peer == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_set_access: %s is NULL",
@@ -306,25 +354,19 @@ mp_status_t mp_pool_set_access(mp_pool_t *pool, mp_device_t *peer) {
                     "mp_pool_set_access: '%s' is not a device of the pool's "
                     "kind ('%s')",
                     mp_device_name(peer), mp_device_name(pool->dev));
-  mp_status_t nst = mp__no_arenas(pool, "mp_pool_set_access");
-  if (nst != MP_OK)
-    return nst;
   if (peer == pool->dev ||
       mp__device_ordinal(peer) == mp__device_ordinal(pool->dev))
     return MP_OK;
+  if (pool->arenas != NULL)
+    return mp__arenas_set_access(pool, peer);
   mp__pool_lock(pool);
   mp__pool_wait_idle(pool); /* no map in flight misses the new peer */
-  unsigned n = atomic_load(&pool->npeers);
-  mp_status_t st = MP_OK;
-  for (unsigned i = 0; i < n; i++)
-    if (mp__device_ordinal(pool->peers[i]) == mp__device_ordinal(peer))
-      goto out; /* already */
-  if (n == sizeof pool->peers / sizeof *pool->peers) {
-    st = mp__fail(MP_ENOMEM, "mp_pool_set_access: at most %u peers",
-                  (unsigned)(sizeof pool->peers / sizeof *pool->peers));
+  bool have;
+  mp_status_t st = mp__peer_room(pool, peer, &have);
+  if (st != MP_OK || have)
     goto out;
-  }
   /* The chunks mapped now, then the peer for every later map. */
+  unsigned n = atomic_load(&pool->npeers);
   mp__segment_t *v = pool->vseg;
   for (size_t i = 0; v != NULL && !pool->paused && i < v->nchunks; i++)
     if ((st = mp__device_vm_access(pool->dev, (void *)v->chunks[i].addr,
