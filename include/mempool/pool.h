@@ -202,9 +202,13 @@ typedef struct mp_pool_config {
  *    arena made later (paused too, for the resume). A device refusing it
  *    in one arena: the failure; the arenas before it keep the peer, and a
  *    call again gives it to the rest.
+ *  - mp_pool_dump: the stats as mp_pool_get_stats sums them, every arena's
+ *    segments (each naming its arena: " arena i" in text, "arena":i in
+ *    JSON) and blocks, and the free lists of all arenas by class; each
+ *    arena is read under its own lock in turn.
  * Refused with MP_EINVAL (the message names arenas): child and graph
  * pools, movable blocks, defragment, IPC export,
- * alloc_contiguous, set_max_fraction and dump, and history=N
+ * alloc_contiguous and set_max_fraction, and history=N
  * at create. */
 
 /* Growing: mp_pool_config_t only ever gains fields at its end, after

@@ -45,9 +45,31 @@ static size_t mp__dump_requested(const mp__block_t *b) {
   return (b->flags & (MP__B_FREE | MP__B_HOLE)) ? 0 : b->requested;
 }
 
-static void mp__dump_text(mp_pool_t *pool, FILE *out, double frag,
-                          size_t largest) {
-  const mp_stats_t *s = &pool->st;
+/* The free lists by class, summed over the pools a dump walks (the pool,
+ * or each arena made). */
+typedef struct mp__class_sums {
+  size_t n[MP__FL_COUNT * MP__SL_COUNT];
+  size_t bytes[MP__FL_COUNT * MP__SL_COUNT];
+} mp__class_sums_t;
+
+/* Under pool's lock: adds its free lists to c. */
+static void mp__class_add(const mp_pool_t *pool, mp__class_sums_t *c) {
+  for (size_t k = 0; k < MP__FL_COUNT * MP__SL_COUNT; k++)
+    mp__class_totals(pool->bins[k], &c->n[k], &c->bytes[k]);
+}
+
+/* What a dump says of the pool as a whole: its stats (an arena's sums for
+ * a pool with arenas), live and destroyed streams. */
+typedef struct mp__dump_head {
+  mp_stats_t s;
+  size_t largest;
+  double frag;
+  unsigned live, gone;
+} mp__dump_head_t;
+
+static void mp__dump_text_head(const mp_pool_t *pool, FILE *out,
+                               const mp__dump_head_t *h) {
+  const mp_stats_t *s = &h->s;
   fprintf(out,
           "pool %p (%s)\n"
           "  reserved %zu (peak %zu)  allocated %zu (peak %zu)  requested %zu "
@@ -57,17 +79,25 @@ static void mp__dump_text(mp_pool_t *pool, FILE *out, double frag,
           "oom %llu\n",
           (void *)pool, pool->parent ? "child" : "device", s->reserved_bytes,
           s->peak_reserved_bytes, s->allocated_bytes, s->peak_allocated_bytes,
-          s->requested_bytes, s->peak_requested_bytes, s->free_bytes, largest,
-          frag, (unsigned long long)s->alloc_count,
+          s->requested_bytes, s->peak_requested_bytes, s->free_bytes,
+          h->largest, h->frag, (unsigned long long)s->alloc_count,
           (unsigned long long)s->free_count,
           (unsigned long long)s->device_alloc_count,
           (unsigned long long)s->device_free_count,
           (unsigned long long)s->oom_count);
   fprintf(out, "  streams %u (%u destroyed, kept until their work is done)\n",
-          pool->nstreams - pool->ngone, pool->ngone);
+          h->live, h->gone);
+}
+
+/* Under pool's lock: its segments and blocks; arena: its number in the
+ * pool with arenas, or -1. */
+static void mp__dump_text_segs(const mp_pool_t *pool, FILE *out, long arena) {
   for (mp__segment_t *g = pool->segs; g != NULL; g = g->next) {
-    fprintf(out, "  segment %p %s size %zu\n", (void *)g->base,
+    fprintf(out, "  segment %p %s size %zu", (void *)g->base,
             mp__seg_kind(g->kind), g->size);
+    if (arena >= 0)
+      fprintf(out, " arena %ld", arena);
+    fprintf(out, "\n");
     for (mp__block_t *b = g->first; b != NULL; b = b->next)
       fprintf(out, "    block %p size %zu %s requested %zu\n", (void *)b->addr,
               b->size,
@@ -76,22 +106,25 @@ static void mp__dump_text(mp_pool_t *pool, FILE *out, double frag,
                                         : "live",
               mp__dump_requested(b));
   }
+}
+
+static void mp__dump_text_classes(const mp_pool_t *pool, FILE *out,
+                                  const mp__class_sums_t *c) {
   fprintf(out, "  free lists by class:\n");
   for (unsigned fl = 0; fl < MP__FL_COUNT; fl++)
     for (unsigned sl = 0; sl < MP__SL_COUNT; sl++) {
-      if (pool->bins[fl * MP__SL_COUNT + sl] == NULL)
+      size_t k = fl * MP__SL_COUNT + sl, lo, hi;
+      if (c->n[k] == 0)
         continue;
-      size_t n = 0, by = 0, lo, hi;
-      mp__class_totals(pool->bins[fl * MP__SL_COUNT + sl], &n, &by);
       mp__class_range(pool, fl, sl, &lo, &hi);
       fprintf(out, "    class %u.%u [%zu, %zu]: %zu blocks, %zu bytes\n", fl,
-              sl, lo, hi, n, by);
+              sl, lo, hi, c->n[k], c->bytes[k]);
     }
 }
 
-static void mp__dump_json(mp_pool_t *pool, FILE *out, double frag,
-                          size_t largest) {
-  const mp_stats_t *s = &pool->st;
+static void mp__dump_json_head(const mp_pool_t *pool, FILE *out,
+                               const mp__dump_head_t *h) {
+  const mp_stats_t *s = &h->s;
   fprintf(out,
           "{\"kind\":\"%s\",\"stats\":{\"reserved_bytes\":%zu,"
           "\"peak_reserved_bytes\":%zu,\"allocated_bytes\":%zu,"
@@ -104,18 +137,27 @@ static void mp__dump_json(mp_pool_t *pool, FILE *out, double frag,
           "\"streams\":{\"live\":%u,\"destroyed\":%u},\"segments\":[",
           pool->parent ? "child" : "pool", s->reserved_bytes,
           s->peak_reserved_bytes, s->allocated_bytes, s->peak_allocated_bytes,
-          s->requested_bytes, s->peak_requested_bytes, largest, s->free_bytes,
-          (unsigned long long)s->alloc_count, (unsigned long long)s->free_count,
+          s->requested_bytes, s->peak_requested_bytes, h->largest,
+          s->free_bytes, (unsigned long long)s->alloc_count,
+          (unsigned long long)s->free_count,
           (unsigned long long)s->device_alloc_count,
           (unsigned long long)s->device_free_count,
           (unsigned long long)s->oom_count, s->segment_count,
           (unsigned long long)s->live_blocks,
-          (unsigned long long)s->free_blocks, frag,
-          pool->nstreams - pool->ngone, pool->ngone);
+          (unsigned long long)s->free_blocks, h->frag, h->live, h->gone);
+}
+
+/* Under pool's lock: its segments, each after a comma unless *first (then
+ * cleared); arena as mp__dump_text_segs's. */
+static void mp__dump_json_segs(const mp_pool_t *pool, FILE *out, long arena,
+                               bool *first) {
   for (mp__segment_t *g = pool->segs; g != NULL; g = g->next) {
-    fprintf(out, "%s{\"base\":\"%p\",\"kind\":\"%s\",\"size\":%zu,\"blocks\":[",
-            g == pool->segs ? "" : ",", (void *)g->base, mp__seg_kind(g->kind),
-            g->size);
+    fprintf(out, "%s{\"base\":\"%p\",\"kind\":\"%s\",\"size\":%zu,",
+            *first ? "" : ",", (void *)g->base, mp__seg_kind(g->kind), g->size);
+    *first = false;
+    if (arena >= 0)
+      fprintf(out, "\"arena\":%ld,", arena);
+    fprintf(out, "\"blocks\":[");
     for (mp__block_t *b = g->first; b != NULL; b = b->next)
       fprintf(out,
               "%s{\"addr\":\"%p\",\"size\":%zu,\"free\":%s,"
@@ -125,19 +167,22 @@ static void mp__dump_json(mp_pool_t *pool, FILE *out, double frag,
               (b->flags & MP__B_HOLE) ? ",\"unmapped\":true" : "");
     fprintf(out, "]}");
   }
+}
+
+static void mp__dump_json_classes(const mp_pool_t *pool, FILE *out,
+                                  const mp__class_sums_t *c) {
   fprintf(out, "],\"free_classes\":[");
   bool first = true;
   for (unsigned fl = 0; fl < MP__FL_COUNT; fl++)
     for (unsigned sl = 0; sl < MP__SL_COUNT; sl++) {
-      if (pool->bins[fl * MP__SL_COUNT + sl] == NULL)
+      size_t k = fl * MP__SL_COUNT + sl, lo, hi;
+      if (c->n[k] == 0)
         continue;
-      size_t n = 0, by = 0, lo, hi;
-      mp__class_totals(pool->bins[fl * MP__SL_COUNT + sl], &n, &by);
       mp__class_range(pool, fl, sl, &lo, &hi);
       fprintf(out,
               "%s{\"fl\":%u,\"sl\":%u,\"min_size\":%zu,\"max_size\":%zu,"
               "\"blocks\":%zu,\"bytes\":%zu}",
-              first ? "" : ",", fl, sl, lo, hi, n, by);
+              first ? "" : ",", fl, sl, lo, hi, c->n[k], c->bytes[k]);
       first = false;
     }
   fprintf(out, "]}\n");
@@ -159,19 +204,23 @@ static size_t mp__inactive_split(const mp__block_t *b) {
   return b->size - whole;
 }
 
-/* torch.cuda.memory_stats()'s key names, where they mean the same here
- * (python/mempool/_stats.py's TORCH_KEYS, which a test compares). */
-static void mp__dump_torch(mp_pool_t *pool, FILE *out) {
-  const mp_stats_t *s = &pool->st;
-  size_t split_bytes = 0, split_blocks = 0;
+/* Under pool's lock: adds its inactive split bytes and blocks. */
+static void mp__inactive_add(const mp_pool_t *pool, size_t *bytes,
+                             size_t *blocks) {
   for (mp__segment_t *g = pool->paused ? NULL : pool->segs; g != NULL;
        g = g->next)
     for (mp__block_t *b = g->first; b != NULL; b = b->next)
       if (b->flags & MP__B_FREE) {
         size_t n = mp__inactive_split(b);
-        split_bytes += n;
-        split_blocks += n > 0;
+        *bytes += n;
+        *blocks += n > 0;
       }
+}
+
+/* torch.cuda.memory_stats()'s key names, where they mean the same here
+ * (python/mempool/_stats.py's TORCH_KEYS, which a test compares). */
+static void mp__dump_torch(const mp_stats_t *s, FILE *out, size_t split_bytes,
+                           size_t split_blocks) {
   fprintf(out,
           "{\"allocated_bytes.all.current\":%zu,"
           "\"allocated_bytes.all.peak\":%zu,"
@@ -202,9 +251,6 @@ mp_status_t mp_pool_dump(mp_pool_t *pool, FILE *out, const char *format) {
   if (pool == NULL || out == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_dump: %s is NULL",
                     pool == NULL ? "pool" : "out");
-  mp_status_t nst = mp__no_arenas(pool, "mp_pool_dump");
-  if (nst != MP_OK)
-    return nst;
   int kind; /* 0 text, 1 json, 2 torch */
   if (format == NULL || strcmp(format, "text") == 0)
     kind = 0;
@@ -217,19 +263,73 @@ mp_status_t mp_pool_dump(mp_pool_t *pool, FILE *out, const char *format) {
                     "mp_pool_dump: unknown format '%s' (expected text, json "
                     "or torch)",
                     format);
-  mp__pool_lock(pool);
-  mp__pool_wait_idle(pool);
-  size_t largest = mp__stats_largest_free(pool);
-  double frag = pool->st.free_bytes
-                    ? 1.0 - (double)largest / (double)pool->st.free_bytes
-                    : 0.0;
-  if (kind == 1)
-    mp__dump_json(pool, out, frag, largest);
-  else if (kind == 2)
-    mp__dump_torch(pool, out);
+  mp__dump_head_t h = {.live = 0};
+  mp__class_sums_t c = {.n = {0}};
+  size_t split_bytes = 0, split_blocks = 0;
+  mp_pool_t *part[MP_POOL_MAX_ARENAS];
+  long part_no[MP_POOL_MAX_ARENAS]; /* its arena number, or -1 */
+  size_t nparts = 0;
+  if (pool->arenas == NULL) {
+    /* Under the lock throughout: one pool's state at one moment. */
+    mp__pool_lock(pool);
+    mp__pool_wait_idle(pool);
+    h.s = pool->st;
+    h.largest = mp__stats_largest_free(pool);
+    part_no[nparts] = -1;
+    part[nparts++] = pool;
+  } else {
+    /* The pool with arenas (arena.c) holds nothing itself: the stats are
+     * the arenas' sums (as mp_pool_get_stats), then each arena made is
+     * walked under its own lock, one at a time (the pool's is not held
+     * across an arena's wait for a map in flight). */
+    mp__stats_read(pool, &h.s);
+    h.largest = h.s.largest_free_bytes;
+    for (size_t i = 0; i < pool->cfg.arenas; i++)
+      if ((part[nparts] = mp__arena_at(pool, i)) != NULL)
+        part_no[nparts++] = (long)i;
+  }
+  h.frag =
+      h.s.free_bytes ? 1.0 - (double)h.largest / (double)h.s.free_bytes : 0.0;
+  /* The streams and free lists first: they come before the segments. */
+  for (size_t k = 0; k < nparts; k++) {
+    mp_pool_t *a = part[k];
+    if (a != pool) {
+      mp__pool_lock(a);
+      mp__pool_wait_idle(a);
+    }
+    h.live += a->nstreams - a->ngone;
+    h.gone += a->ngone;
+    mp__class_add(a, &c);
+    mp__inactive_add(a, &split_bytes, &split_blocks);
+    if (a != pool)
+      mp__pool_unlock(a);
+  }
+  bool first = true;
+  if (kind == 2)
+    mp__dump_torch(&h.s, out, split_bytes, split_blocks);
+  else if (kind == 1)
+    mp__dump_json_head(pool, out, &h);
   else
-    mp__dump_text(pool, out, frag, largest);
-  mp__pool_unlock(pool);
+    mp__dump_text_head(pool, out, &h);
+  for (size_t k = 0; kind != 2 && k < nparts; k++) {
+    mp_pool_t *a = part[k];
+    if (a != pool) {
+      mp__pool_lock(a);
+      mp__pool_wait_idle(a);
+    }
+    if (kind == 1)
+      mp__dump_json_segs(a, out, part_no[k], &first);
+    else
+      mp__dump_text_segs(a, out, part_no[k]);
+    if (a != pool)
+      mp__pool_unlock(a);
+  }
+  if (kind == 1)
+    mp__dump_json_classes(pool, out, &c);
+  else if (kind == 0)
+    mp__dump_text_classes(pool, out, &c);
+  if (pool->arenas == NULL)
+    mp__pool_unlock(pool);
   /* A full disk or a closed pipe must not pass for a dump. */
   if (fflush(out) != 0 || ferror(out))
     return mp__fail(MP_EIO, "mp_pool_dump: writing the dump failed: %s",

@@ -27,12 +27,12 @@ typedef struct job {
   char why[256]; /* mp_last_error() of the job's thread, after it */
 } job_t;
 
-static void fill(void *p, size_t n, unsigned tag) {
+static inline void fill(void *p, size_t n, unsigned tag) {
   memset(p, (int)(tag & 0xff), n);
 }
 
 /* The first byte of p that is not tag, or n. */
-static size_t first_difference(const void *p, size_t n, unsigned tag) {
+static inline size_t first_difference(const void *p, size_t n, unsigned tag) {
   const unsigned char *c = p;
   size_t at = 0;
   while (at < n && c[at] == (unsigned char)tag)
@@ -40,7 +40,7 @@ static size_t first_difference(const void *p, size_t n, unsigned tag) {
   return at;
 }
 
-static void *job_run(void *arg) {
+static inline void *job_run(void *arg) {
   job_t *j = arg;
   j->st = MP_OK;
   for (int i = 0; i < j->count && j->st == MP_OK; i++) {
@@ -65,7 +65,7 @@ static void *job_run(void *arg) {
 
 /* Runs j's op on a new thread (a new arena number: one not made yet, with
  * arenas=4 and two workers) and waits for it; returns its status. */
-static mp_status_t on_thread(job_t *j, op_t op) {
+static inline mp_status_t on_thread(job_t *j, op_t op) {
   pthread_t t;
   j->op = op;
   cr_assert_eq(pthread_create(&t, NULL, job_run, j), 0);
@@ -82,7 +82,7 @@ typedef struct worker {
   bool quit;
 } worker_t;
 
-static void *worker_main(void *arg) {
+static inline void *worker_main(void *arg) {
   worker_t *w = arg;
   pthread_mutex_lock(&w->m);
   for (;;) {
@@ -98,14 +98,14 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
-static void worker_start(worker_t *w) {
+static inline void worker_start(worker_t *w) {
   memset(w, 0, sizeof *w);
   pthread_mutex_init(&w->m, NULL);
   pthread_cond_init(&w->c, NULL);
   cr_assert_eq(pthread_create(&w->t, NULL, worker_main, w), 0);
 }
 
-static void worker_stop(worker_t *w) {
+static inline void worker_stop(worker_t *w) {
   pthread_mutex_lock(&w->m);
   w->quit = true;
   pthread_cond_broadcast(&w->c);
@@ -116,7 +116,7 @@ static void worker_stop(worker_t *w) {
 }
 
 /* Runs j's op on w and waits for it; returns its status. */
-static mp_status_t on_worker(worker_t *w, job_t *j, op_t op) {
+static inline mp_status_t on_worker(worker_t *w, job_t *j, op_t op) {
   j->op = op;
   pthread_mutex_lock(&w->m);
   w->job = j;
@@ -127,14 +127,14 @@ static mp_status_t on_worker(worker_t *w, job_t *j, op_t op) {
   return j->st;
 }
 
-static size_t arenas_made(mp_pool_t *pool) {
+static inline size_t arenas_made(mp_pool_t *pool) {
   size_t n = 0;
   for (size_t i = 0; i < pool->cfg.arenas; i++)
     n += mp__arena_at(pool, i) != NULL;
   return n;
 }
 
-static int arena_holding(mp_pool_t *pool, const void *p) {
+static inline int arena_holding(mp_pool_t *pool, const void *p) {
   for (size_t i = 0; i < pool->cfg.arenas; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);
     if (a == NULL)
@@ -151,7 +151,7 @@ static int arena_holding(mp_pool_t *pool, const void *p) {
 /* Workers wa and wb started, each allocating its job's blocks: two arenas
  * hold them. */
 static worker_t wa, wb;
-static void two_arenas(mp_pool_t *pool, job_t *a, job_t *b) {
+static inline void two_arenas(mp_pool_t *pool, job_t *a, job_t *b) {
   worker_start(&wa);
   worker_start(&wb);
   cr_assert_eq(on_worker(&wa, a, ALLOC), MP_OK, "%s", a->why);
@@ -162,7 +162,7 @@ static void two_arenas(mp_pool_t *pool, job_t *a, job_t *b) {
   cr_assert_eq(arenas_made(pool), 2);
 }
 
-static void expect_kept(const job_t *j) {
+static inline void expect_kept(const job_t *j) {
   for (int i = 0; i < j->count; i++) {
     size_t at = first_difference(j->ptrs[i], j->bytes, j->tag + (unsigned)i);
     cr_expect_eq(at, j->bytes, "block %u lost its content from byte %zu",
