@@ -32,7 +32,8 @@
  * thread freed serves another thread's next large request without growth.
  *
  * Pause and resume (pause.c) pause every arena made, each as a pool of its
- * own; the pool's paused flag keeps arenas from being made meanwhile, and
+ * own; the pool's paused flag keeps arenas from being made meanwhile (and
+ * arenas from growing while the pause runs: grow_held), and
  * the paths across arenas (borrowing, the reclaim's trims, the cap's
  * shares) leave a paused arena alone: its memory is unmapped, its free
  * and reserved bytes read 0, and its share of the cap stays for resume.

@@ -22,8 +22,8 @@ mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
     return MP_ELIMIT; /* a child pool never grows */
   /* Paused while the caller had the lock dropped: no map into the range
    * the pause gave back (resume maps exactly the chunks it unmapped). */
-  if (pool->paused)
-    return mp__pool_paused(pool, "allocation");
+  if (pool->paused || pool->grow_held)
+    return mp__fail(MP_EBUSY, "allocation: the pool is paused");
   /* Growth rounds up to the granule or to MP__LARGE_ROUND: a size that
    * cannot be rounded without wrapping is more than any device holds. */
   size_t unit =

@@ -335,6 +335,18 @@ static mp_status_t mp__arenas_pause_check(mp_pool_t *pool) {
   return st;
 }
 
+/* Sets every arena's grow_held to hold, each under its lock. */
+static void mp__arenas_hold_growth(mp_pool_t *pool, bool hold) {
+  for (size_t i = 0; i < pool->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    if (a == NULL)
+      continue;
+    mp__pool_lock(a);
+    a->grow_held = hold;
+    mp__pool_unlock(a);
+  }
+}
+
 /* The arenas' pause; the pool's lock is not held. */
 static mp_status_t mp__arenas_pause(mp_pool_t *pool, unsigned flags) {
   size_t n = pool->cfg.arenas;
@@ -351,6 +363,11 @@ static mp_status_t mp__arenas_pause(mp_pool_t *pool, unsigned flags) {
   pool->paused = pool->pause_turn = true;
   mp__pool_rare_update(pool);
   mp__pool_unlock(pool);
+  /* No arena grows from here on: one not paused yet would grow into what
+   * those paused before it gave back, and the pool would hold more than
+   * the device can map again at the resume. A growth in flight began
+   * before any arena was paused. */
+  mp__arenas_hold_growth(pool, true);
   bool mine[MP_POOL_MAX_ARENAS] = {false}; /* paused by this call */
   for (size_t i = 0; i < n && st == MP_OK; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);
@@ -371,6 +388,7 @@ static mp_status_t mp__arenas_pause(mp_pool_t *pool, unsigned flags) {
                           "mp_pool_resume"
                         : "");
   }
+  mp__arenas_hold_growth(pool, false);
   mp__pool_lock(pool);
   pool->pause_turn = false;
   pool->paused = st == MP_OK;

@@ -325,6 +325,9 @@ struct mp_pool {
   bool paused;        /* pause.c: memory given back, addresses kept */
   bool pause_turn;    /* pause.c, a pool with arenas: a pause or resume of
                          its arenas is under way (the pool's lock dropped) */
+  bool grow_held;     /* pause.c, an arena: its pool is being paused, so it
+                         does not grow (into what arenas paused before it
+                         gave back: resume could not map them all again) */
   uint32_t rare;      /* mp__pool_rare_of, kept by mp__pool_rare_update */
   bool merge_later;   /* a free kept apart from a neighbour another stream's
                          work holds (block.c): an allocation that finds no

@@ -306,11 +306,13 @@ static void expect_ok_or_busy(worker_t *w, mp_status_t st, const char *call) {
     snprintf(w->why, sizeof w->why, "%s: %d %s", call, st, mp_last_error());
 }
 
-/* Runs nthreads (at most 4) threads of fn on a fresh pool while pausing and
- * resuming it: 300 rounds, and until every thread has made 2000 calls. */
-static void race_pauses(void *(*fn)(void *), unsigned nthreads) {
+/* Runs nthreads (at most 4) threads of fn on a fresh pool (options opts)
+ * while pausing and resuming it: 300 rounds, and until every thread has
+ * made 2000 calls. */
+static void race_pauses(void *(*fn)(void *), unsigned nthreads,
+                        const char *opts) {
   mp_device_t *dev = open_dev("host:capacity=512M");
-  mp_pool_t *p = make_pool(dev, NULL);
+  mp_pool_t *p = make_pool(dev, opts);
   _Atomic int stop = 0;
   worker_t w[4];
   pthread_t t[4];
@@ -388,7 +390,15 @@ static void *churn(void *arg) {
  * running then must not leave it a block in unmapped memory, nor let it map
  * a chunk into the paused range. */
 Test(pool_pause, allocations_racing_pauses_get_ebusy_and_map_nothing) {
-  race_pauses(churn, 3);
+  race_pauses(churn, 3, NULL);
+}
+
+/* The same on a pool with arenas: each thread in an arena of its own,
+ * every arena paused and resumed (a thread's first allocation while paused
+ * makes no arena), each arena's ladder dropping its lock as above. */
+Test(pool_pause,
+     allocations_on_arenas_racing_pauses_get_ebusy_and_map_nothing) {
+  race_pauses(churn, 3, "arenas=4");
 }
 
 /* Allocates movable blocks, frees them and defragments. */
@@ -429,7 +439,7 @@ static void *defrag_churn(void *arg) {
 /* mp_pool_defragment synchronizes the pool's streams with the lock dropped:
  * a pause running then must not leave it copying into unmapped memory. */
 Test(pool_pause, defragmentation_racing_pauses_is_ebusy_and_copies_nothing) {
-  race_pauses(defrag_churn, 2);
+  race_pauses(defrag_churn, 2, NULL);
 }
 
 /* An allocation that cannot be served (the device is full) while pauses

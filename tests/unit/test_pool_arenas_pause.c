@@ -201,17 +201,24 @@ static mp_status_t flaky_host_free(mp_device_t *d, void *ptr) {
 
 static mp__backend_t flaky_backend;
 
-/* Arena 0 pauses (unmap #1), arena 1's unmap (#2) fails: arena 0 is resumed
- * with its content, and the pool runs as before. */
-Test(pool_arenas_pause, a_pause_failing_in_one_arena_resumes_the_others) {
+/* The fake device, with page-locked memory for a kept content, and its
+ * vm_unmap #fail_at (1-based; 0: none) failing. */
+static mp_device_t *flaky_open(unsigned fail_at) {
   flaky_backend = fake_backend;
   flaky_backend.vm_unmap = flaky_vm_unmap;
   flaky_backend.host_alloc = flaky_host_alloc;
   flaky_backend.host_free = flaky_host_free;
-  mp_device_t *fdev = fake_open((size_t)1 << 30, 2 * MiB);
-  fdev->ops = &flaky_backend;
+  mp_device_t *d = fake_open((size_t)1 << 30, 2 * MiB);
+  d->ops = &flaky_backend;
   unmap_calls = 0;
-  unmap_fail_at = 2;
+  unmap_fail_at = fail_at;
+  return d;
+}
+
+/* Arena 0 pauses (unmap #1), arena 1's unmap (#2) fails: arena 0 is resumed
+ * with its content, and the pool runs as before. */
+Test(pool_arenas_pause, a_pause_failing_in_one_arena_resumes_the_others) {
+  mp_device_t *fdev = flaky_open(2);
   mp_pool_t *pool = make_pool(fdev, "arenas=2");
   job_t a = {.pool = pool, .bytes = 2 * MiB, .tag = 0xa0, .count = 1};
   job_t b = {.pool = pool, .bytes = 2 * MiB, .tag = 0xb0, .count = 1};
@@ -233,6 +240,51 @@ Test(pool_arenas_pause, a_pause_failing_in_one_arena_resumes_the_others) {
   job_t c = {.pool = pool, .bytes = 4096, .tag = 0xc0, .count = 1};
   cr_expect_eq(on_worker(&wa, &c, ALLOC), MP_OK, "%s", c.why);
   cr_expect_eq(on_worker(&wa, &c, FREE), MP_OK);
+  cr_expect_eq(on_worker(&wa, &a, FREE), MP_OK);
+  cr_expect_eq(on_worker(&wb, &b, FREE), MP_OK);
+  worker_stop(&wa);
+  worker_stop(&wb);
+  fake_pool_finish(pool, fdev);
+}
+
+/* While arena 0 gives its memory back (its first unmap), the thread of the
+ * arena paused after it asks for a block its cache lacks: no growth then,
+ * MP_EBUSY, or the pool would hold more than the device could map again
+ * at the resume (a pause racing three threads on arenas ended with arenas
+ * holding 547 MiB of a 512 MiB device and every resume failing). */
+static worker_t *hook_worker;
+static job_t hook_job;
+
+static void alloc_in_the_unmap(void *ctx) {
+  (void)ctx;
+  on_worker(hook_worker, &hook_job, ALLOC);
+}
+
+Test(pool_arenas_pause, no_arena_grows_while_the_pool_is_being_paused) {
+  mp_device_t *fdev = flaky_open(0);
+  mp_pool_t *pool = make_pool(fdev, "arenas=2");
+  job_t a = {.pool = pool, .bytes = 2 * MiB, .tag = 0xd0, .count = 1};
+  job_t b = {.pool = pool, .bytes = 2 * MiB, .tag = 0xe0, .count = 1};
+  two_arenas(pool, &a, &b);
+  /* The worker whose arena pauses second. */
+  hook_worker = arena_holding(pool, a.ptrs[0]) == 1 ? &wa : &wb;
+  hook_job = (job_t){.pool = pool, .bytes = 4 * MiB, .tag = 0xf0, .count = 1};
+  mp_stats_t before = stats(pool);
+  fake_of(fdev)->on_unmap = alloc_in_the_unmap;
+  cr_assert_eq(mp_pool_pause(pool, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(hook_job.st, MP_EBUSY, "arena 1 grew while arena 0 paused: %s",
+               hook_job.why);
+  cr_expect_eq(stats(pool).allocated_bytes, before.allocated_bytes);
+  cr_expect_eq(fake_of(fdev)->used, 0, "memory left mapped while paused");
+  cr_assert_eq(mp_pool_resume(pool), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(stats(pool).reserved_bytes, before.reserved_bytes);
+  expect_kept(&a);
+  expect_kept(&b);
+  /* Running again: the same request grows. */
+  cr_expect_eq(on_worker(hook_worker, &hook_job, ALLOC), MP_OK, "%s",
+               hook_job.why);
+  cr_expect_eq(on_worker(hook_worker, &hook_job, FREE), MP_OK);
   cr_expect_eq(on_worker(&wa, &a, FREE), MP_OK);
   cr_expect_eq(on_worker(&wb, &b, FREE), MP_OK);
   worker_stop(&wa);
