@@ -439,7 +439,9 @@ static mp_status_t mp__arenas_resume(mp_pool_t *pool) {
     mp__pool_wait_sync(a);
     /* Mapped again in full by mp__chunks' own undo if its unmap failed:
      * that arena runs. */
-    if (st == MP_OK || (stuck |= mp__resume_unmap(a) != MP_OK))
+    bool runs = st == MP_OK || mp__resume_unmap(a) != MP_OK;
+    stuck |= st != MP_OK && runs;
+    if (runs)
       mp__resume_finish(a);
     mp__pool_unlock(a);
   }

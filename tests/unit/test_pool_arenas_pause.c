@@ -291,3 +291,49 @@ Test(pool_arenas_pause, no_arena_grows_while_the_pool_is_being_paused) {
   worker_stop(&wb);
   fake_pool_finish(pool, fdev);
 }
+
+/* A resume failing in the third arena (no room) whose undo cannot unmap the
+ * first arena again (a second failure): that arena runs, mapped in full, and
+ * only it; the others stay paused, and the next resume brings them back. */
+Test(pool_arenas_pause,
+     a_failed_undo_of_a_resume_leaves_only_that_arena_running) {
+  mp_device_t *fdev = flaky_open(4); /* the pause's 3 unmaps, then the undo's */
+  mp_pool_t *pool = make_pool(fdev, "arenas=4");
+  job_t a = {.pool = pool, .bytes = 2 * MiB, .tag = 0x11, .count = 1};
+  job_t b = {.pool = pool, .bytes = 2 * MiB, .tag = 0x21, .count = 1};
+  job_t c = {.pool = pool, .bytes = 2 * MiB, .tag = 0x31, .count = 1};
+  two_arenas(pool, &a, &b);
+  cr_assert_eq(on_thread(&c, ALLOC), MP_OK, "%s", c.why);
+  cr_assert_eq(arenas_made(pool), 3);
+  size_t made[3], k = 0;
+  for (size_t i = 0; i < pool->cfg.arenas; i++)
+    if (mp__arena_at(pool, i) != NULL) {
+      cr_assert_eq(mp__arena_at(pool, i)->vseg->nchunks, 1, "one chunk each");
+      made[k++] = i;
+    }
+  cr_assert_eq(mp_pool_pause(pool, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(fake_of(fdev)->used, 0);
+  size_t capacity = fake_of(fdev)->capacity;
+  fake_of(fdev)->capacity = 4 * MiB; /* room for two arenas' chunks */
+  cr_expect_eq(mp_pool_resume(pool), MP_ENOMEM);
+  cr_expect(strstr(mp_last_error(), "could not be unmapped") != NULL, "%s",
+            mp_last_error());
+  cr_expect(!arena_paused(pool, made[0]), "the arena mapped in full runs");
+  cr_expect(arena_paused(pool, made[1]), "an arena unmapped again runs");
+  cr_expect(arena_paused(pool, made[2]));
+  cr_expect(mp__pool_is_paused(pool));
+  cr_expect_eq(fake_of(fdev)->used, 2 * MiB, "only the running arena mapped");
+  fake_of(fdev)->capacity = capacity;
+  cr_assert_eq(mp_pool_resume(pool), MP_OK, "%s", mp_last_error());
+  cr_expect(!mp__pool_is_paused(pool));
+  expect_kept(&a);
+  expect_kept(&b);
+  expect_kept(&c);
+  cr_expect_eq(on_worker(&wa, &a, FREE), MP_OK);
+  cr_expect_eq(on_worker(&wb, &b, FREE), MP_OK);
+  cr_expect_eq(mp_pool_free(pool, c.ptrs[0]), MP_OK);
+  worker_stop(&wa);
+  worker_stop(&wb);
+  fake_pool_finish(pool, fdev);
+}
