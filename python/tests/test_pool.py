@@ -1,6 +1,7 @@
 """The Pool and Device classes on the emulated host device."""
 import ctypes
 import gc
+import json
 import os
 
 import pytest
@@ -189,13 +190,18 @@ def test_a_destroy_refused_before_anything_went_keeps_the_pool(device, monkeypat
 def test_options_appended_after_the_first_config_size_reach_the_pool(device):
     # arenas is a field appended after struct_size: a config made at the
     # first size dropped it (the pool had no arenas). A pool with arenas
-    # refuses pause by name.
+    # names each segment's arena in its JSON dump.
     p = mempool.Pool(device, max_bytes="8M", arenas=2)
     a = p.alloc(4096)
-    with pytest.raises(mempool.InvalidArgument, match="arenas"):
-        p.pause()
+    segments = json.loads(p.dump("json"))["segments"]
+    assert segments and all("arena" in g for g in segments)
     p.free(a)
     p.destroy()
+    plain = mempool.Pool(device, max_bytes="8M")
+    b = plain.alloc(4096)
+    assert not any("arena" in g for g in json.loads(plain.dump("json"))["segments"])
+    plain.free(b)
+    plain.destroy()
 
 
 def test_map_piece_reaches_the_pool_and_trim_gives_back_free_pieces(device):
