@@ -262,6 +262,23 @@ static mp_status_t mp__resume_unmap(mp_pool_t *pool) {
   return st;
 }
 
+/* Under the lock, after a failed mp__resume_unmap: mp__chunks' own undo
+ * mapped the chunks it had unmapped back, empty, so the kept content goes
+ * back in (from the host copy, still held) before the pool runs. */
+static mp_status_t mp__resume_refill(mp_pool_t *pool) {
+  if (pool->pause_copy == NULL)
+    return MP_OK;
+  mp__spans_t sp = {0};
+  mp_status_t st = mp__live_spans(pool, &sp);
+  if (st == MP_OK) {
+    mp__pool_device_begin(pool);
+    st = mp__copy_live(pool, &sp, false);
+    mp__pool_device_end(pool);
+  }
+  free(sp.v);
+  return st;
+}
+
 /* Under the lock, after mp__resume_map: the host copy goes, and the pool
  * runs again with its figures from before the pause. */
 static void mp__resume_finish(mp_pool_t *pool) {
@@ -429,7 +446,7 @@ static mp_status_t mp__arenas_resume(mp_pool_t *pool) {
     mp__pool_unlock(a);
   }
   char why[512];
-  bool stuck = false;
+  bool stuck = false, lost = false;
   snprintf(why, sizeof why, "%s", st != MP_OK ? mp_last_error() : "");
   for (size_t i = 0; i < n; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);
@@ -441,16 +458,22 @@ static mp_status_t mp__arenas_resume(mp_pool_t *pool) {
      * that arena runs. */
     bool runs = st == MP_OK || mp__resume_unmap(a) != MP_OK;
     stuck |= st != MP_OK && runs;
+    if (st != MP_OK && runs)
+      lost |= mp__resume_refill(a) != MP_OK;
     if (runs)
       mp__resume_finish(a);
     mp__pool_unlock(a);
   }
   if (st != MP_OK)
     st = mp__fail(st, "%s%s", why,
-                  stuck ? "; an arena it had mapped could not be unmapped "
-                          "again: that arena runs, the rest stay paused "
-                          "until mp_pool_resume"
-                        : "");
+                  !stuck  ? ""
+                  : !lost ? "; an arena it had mapped could not be unmapped "
+                            "again: that arena runs, the rest stay paused "
+                            "until mp_pool_resume"
+                          : "; an arena it had mapped could not be unmapped "
+                            "again and its kept content could not be copied "
+                            "back: that arena runs without it, the rest stay "
+                            "paused until mp_pool_resume");
   mp__pool_lock(pool);
   pool->pause_turn = false;
   if (st == MP_OK)

@@ -337,3 +337,35 @@ Test(pool_arenas_pause,
   worker_stop(&wb);
   fake_pool_finish(pool, fdev);
 }
+
+/* As above, but the arena mapped again holds two chunks and its undo fails
+ * at the second: the first was unmapped, and mapped back empty by the
+ * undo's own undo. Its kept content goes back in before the host copy goes:
+ * it ran with that chunk's blocks zeroed before. */
+Test(pool_arenas_pause, a_failed_undo_of_a_resume_keeps_the_content) {
+  mp_device_t *fdev = flaky_open(5); /* the pause's 3 unmaps, then the undo's */
+  mp_pool_t *pool = make_pool(fdev, "arenas=2");
+  job_t a = {.pool = pool, .bytes = 2 * MiB, .tag = 0x41, .count = 2};
+  job_t b = {.pool = pool, .bytes = 2 * MiB, .tag = 0x51, .count = 1};
+  two_arenas(pool, &a, &b);
+  cr_assert_eq(mp__arena_at(pool, 0)->vseg->nchunks, 2);
+  cr_assert_eq(mp__arena_at(pool, 1)->vseg->nchunks, 1);
+  cr_assert_eq(mp_pool_pause(pool, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
+               mp_last_error());
+  size_t capacity = fake_of(fdev)->capacity;
+  fake_of(fdev)->capacity = 4 * MiB; /* room for arena 0's chunks only */
+  cr_expect_eq(mp_pool_resume(pool), MP_ENOMEM);
+  cr_expect(strstr(mp_last_error(), "could not be unmapped") != NULL, "%s",
+            mp_last_error());
+  cr_expect(!arena_paused(pool, 0), "the arena mapped in full runs");
+  expect_kept(&a);
+  fake_of(fdev)->capacity = capacity;
+  cr_assert_eq(mp_pool_resume(pool), MP_OK, "%s", mp_last_error());
+  expect_kept(&a);
+  expect_kept(&b);
+  cr_expect_eq(on_worker(&wa, &a, FREE), MP_OK);
+  cr_expect_eq(on_worker(&wb, &b, FREE), MP_OK);
+  worker_stop(&wa);
+  worker_stop(&wb);
+  fake_pool_finish(pool, fdev);
+}
