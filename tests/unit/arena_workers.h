@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "../support/pool_helpers.h"
+#include "arena_holding.h"
 #include "pool/pool_internal.h"
 
 /* ---- work on threads of their own -------------------------------------- */
@@ -132,20 +133,6 @@ static inline size_t arenas_made(mp_pool_t *pool) {
   for (size_t i = 0; i < pool->cfg.arenas; i++)
     n += mp__arena_at(pool, i) != NULL;
   return n;
-}
-
-static inline int arena_holding(mp_pool_t *pool, const void *p) {
-  for (size_t i = 0; i < pool->cfg.arenas; i++) {
-    mp_pool_t *a = mp__arena_at(pool, i);
-    if (a == NULL)
-      continue;
-    mp__pool_lock(a);
-    bool in = mp__map_find(a, (uintptr_t)p) != NULL;
-    mp__pool_unlock(a);
-    if (in)
-      return (int)i;
-  }
-  return -1;
 }
 
 /* Workers wa and wb started, each allocating its job's blocks: two arenas

@@ -16,6 +16,7 @@
 
 #include "../support/pool_helpers.h"
 #include "../support/stream_gate.h"
+#include "arena_holding.h"
 #include "pool/pool_internal.h"
 #include "pool_fakedev.h"
 
@@ -54,21 +55,6 @@ static void on_thread(void *(*fn)(void *), job_t *j) {
   pthread_t t;
   cr_assert_eq(pthread_create(&t, NULL, fn, j), 0);
   pthread_join(t, NULL);
-}
-
-/* The index of the arena whose memory holds p, or -1. */
-static int arena_holding(mp_pool_t *pool, const void *p) {
-  for (size_t i = 0; i < pool->cfg.arenas; i++) {
-    mp_pool_t *a = mp__arena_at(pool, i);
-    if (a == NULL)
-      continue;
-    mp__pool_lock(a);
-    bool in = mp__map_find(a, (uintptr_t)p) != NULL;
-    mp__pool_unlock(a);
-    if (in)
-      return (int)i;
-  }
-  return -1;
 }
 
 /* A thread's arena made to cache one block of `bytes`: allocated and freed

@@ -15,6 +15,7 @@
 #include "../support/device_helpers.h"
 #include "../support/pool_helpers.h"
 #include "arena_workers.h"
+#include "flaky_unmap.h"
 #include "pool/pool_internal.h"
 #include "pool_fakedev.h"
 
@@ -179,41 +180,6 @@ Test(pool_arenas_pause, a_refused_pause_changes_no_arena) {
 }
 
 /* ---- on the fake device: an unmap that fails --------------------------- */
-static unsigned unmap_calls, unmap_fail_at;
-
-static mp_status_t flaky_vm_unmap(mp_device_t *d, void *addr, size_t bytes) {
-  if (++unmap_calls == unmap_fail_at)
-    return mp__fail(MP_EDRIVER, "fake vm_unmap #%u fails", unmap_calls);
-  return fake_vm_unmap(d, addr, bytes);
-}
-
-static mp_status_t flaky_host_alloc(mp_device_t *d, size_t bytes, void **out) {
-  (void)d;
-  *out = malloc(bytes);
-  return *out != NULL ? MP_OK : MP_ENOMEM;
-}
-
-static mp_status_t flaky_host_free(mp_device_t *d, void *ptr) {
-  (void)d;
-  free(ptr);
-  return MP_OK;
-}
-
-static mp__backend_t flaky_backend;
-
-/* The fake device, with page-locked memory for a kept content, and its
- * vm_unmap #fail_at (1-based; 0: none) failing. */
-static mp_device_t *flaky_open(unsigned fail_at) {
-  flaky_backend = fake_backend;
-  flaky_backend.vm_unmap = flaky_vm_unmap;
-  flaky_backend.host_alloc = flaky_host_alloc;
-  flaky_backend.host_free = flaky_host_free;
-  mp_device_t *d = fake_open((size_t)1 << 30, 2 * MiB);
-  d->ops = &flaky_backend;
-  unmap_calls = 0;
-  unmap_fail_at = fail_at;
-  return d;
-}
 
 /* Arena 0 pauses (unmap #1), arena 1's unmap (#2) fails: arena 0 is resumed
  * with its content, and the pool runs as before. */

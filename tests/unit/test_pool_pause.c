@@ -10,47 +10,11 @@
 #include <unistd.h>
 
 #include "../support/pool_helpers.h"
+#include "flaky_unmap.h"
 #include "pool/pool_internal.h"
 #include "pool_fakedev.h"
 
 #define MiB ((size_t)1 << 20)
-
-/* The fake device, with vm_unmap call #unmap_fail_at (1-based) failing. */
-static unsigned unmap_calls, unmap_fail_at;
-
-static mp_status_t flaky_vm_unmap(mp_device_t *dev, void *addr, size_t bytes) {
-  if (++unmap_calls == unmap_fail_at)
-    return mp__fail(MP_EDRIVER, "fake vm_unmap #%u fails", unmap_calls);
-  return fake_vm_unmap(dev, addr, bytes);
-}
-
-/* Page-locked memory for the pause's copy: the fake has none of its own. */
-static mp_status_t flaky_host_alloc(mp_device_t *dev, size_t bytes,
-                                    void **out) {
-  (void)dev;
-  *out = malloc(bytes);
-  return *out != NULL ? MP_OK : MP_ENOMEM;
-}
-
-static mp_status_t flaky_host_free(mp_device_t *dev, void *ptr) {
-  (void)dev;
-  free(ptr);
-  return MP_OK;
-}
-
-static mp__backend_t flaky_backend;
-
-static mp_device_t *flaky_open(unsigned fail_at) {
-  flaky_backend = fake_backend;
-  flaky_backend.vm_unmap = flaky_vm_unmap;
-  flaky_backend.host_alloc = flaky_host_alloc;
-  flaky_backend.host_free = flaky_host_free;
-  mp_device_t *dev = fake_open((size_t)1 << 30, 2 * MiB);
-  dev->ops = &flaky_backend;
-  unmap_calls = 0;
-  unmap_fail_at = fail_at;
-  return dev;
-}
 
 /* Block i holds the byte 0x40 + i throughout. */
 static void fill(void *p, size_t n, unsigned i) {
