@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device/backend.h"
 #include "internal.h"
 #include "structs.h"
 
