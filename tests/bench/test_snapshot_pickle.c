@@ -331,7 +331,7 @@ static char *memoized_entry_pickle(size_t keys, size_t repeats, bool twice,
   memcpy(p, "M\x00\x10", 3);
   p += 3;
   for (size_t k = 3; k < keys; k++) {
-    char pad[16];
+    char pad[32];
     snprintf(pad, sizeof pad, "pad%zu", k);
     p = put_str(p, pad);
     memcpy(p, "K\x00", 2);
