@@ -173,16 +173,18 @@ mp_pool_t *mp__pl_pool_for_stream(const mp__pl_t *pl, mp__custream s,
 
 bool mp__pl_stream_of_pool(const mp__pl_t *pl, const mp_pool_t *pool,
                            mp__custream s, mp__cuctx *owner_out) {
+  if (pl->host)
+    return true;
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   int d = mp__pl_pool_ordinal(pool);
   mp__cuctx owner = NULL,
             primary = d < 0 ? NULL
                             : atomic_load_explicit(&mp__devs[d].primary,
                                                    memory_order_acquire);
+  if (primary == NULL)
+    return true;
   bool dflt =
       s == NULL || s == MP__CU_STREAM_LEGACY || s == MP__CU_STREAM_PER_THREAD;
-  if (pl->host || primary == NULL)
-    return true;
   mp__curesult r =
       dflt ? (rc->cuCtxGetCurrent ? rc->cuCtxGetCurrent(&owner) : 1u)
            : (rc->cuStreamGetCtx ? rc->cuStreamGetCtx(s, &owner) : 1u);

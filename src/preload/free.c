@@ -124,7 +124,7 @@ mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
   if (sync) /* cuMemFree / cudaFree: after the work of every stream */
     st = pl->host ? mp_pool_free(b->pool, ptr)
                   : mp_pool_free_after_all(b->pool, ptr);
-  else if (!routed && !mp__pl_capturing(pl, s, ptsz) &&
+  else if (!routed && !pl->host && !mp__pl_capturing(pl, s, ptsz) &&
            !mp__pl_stream_of_pool(pl, b->pool, s, &owner))
     /* Another device's stream (or one of a context the program made),
      * which the pool cannot order on (its events are of its own context):
