@@ -35,6 +35,30 @@ static mp__cuctx mp__primary_of(int ordinal) {
   (void)rc->cuDevicePrimaryCtxRelease_v2(dev);
   return c;
 }
+/* Whether ctx, a live context, is device `ordinal`'s primary context,
+ * asked without creating it: an inactive primary context is no live
+ * context, and retaining it to compare would create it (cuda.h,
+ * cuDevicePrimaryCtxRetain: "the primary context will be created") and the
+ * release at once destroy it again. The answer is kept where the device
+ * has a pool (its primary context, retained by the pool); true when the
+ * driver cannot say. */
+static bool mp__is_primary(int ordinal, mp__cuctx ctx) {
+  mp__cuctx primary =
+      atomic_load_explicit(&mp__devs[ordinal].primary, memory_order_acquire);
+  if (primary != NULL)
+    return primary == ctx;
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  int dev = 0, active = 0;
+  unsigned flags = 0;
+  if (rc->cuDevicePrimaryCtxGetState != NULL && rc->cuDeviceGet != NULL &&
+      rc->cuDeviceGet(&dev, ordinal) == MP__CU_SUCCESS &&
+      rc->cuDevicePrimaryCtxGetState(dev, &flags, &active) == MP__CU_SUCCESS &&
+      !active)
+    return false;
+  primary = mp__primary_of(ordinal);
+  return primary == NULL || primary == ctx;
+}
+
 static pthread_mutex_t mp__devs_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Walks of the pools and devices that are not the program's own calls on
  * a device (the snapshot helper thread, the report, a stream's
@@ -110,22 +134,20 @@ mp_pool_t *mp__pl_pool_current(const mp__pl_t *pl,
   if (pl->host || current == NULL)
     return mp__pl_pool_of(pl, pl->ordinal);
   int d = -1;
-  if (current(&d) != 0) /* CUDA_SUCCESS, cudaSuccess */
-    return NULL;
-  mp_pool_t *pool = mp__pl_pool_of(pl, d);
-  if (pool == NULL)
-    return NULL;
+  if (current(&d) != 0 || d < 0 || d >= MP__PL_MAX_DEVICES)
+    return NULL; /* CUDA_SUCCESS, cudaSuccess */
   /* A context the program made is not the pool's: cuEventRecord's event
    * and stream "must be from the same context" (cuda.h), and the pool's
    * blocks would outlive cuCtxDestroy of the context they were asked for
-   * in. */
+   * in. Asked before the device's pool is made, so that such a context
+   * makes none (nor its device's primary context). */
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  mp__cuctx here = NULL, primary = atomic_load_explicit(&mp__devs[d].primary,
-                                                        memory_order_acquire);
-  if (primary != NULL && rc->cuCtxGetCurrent != NULL &&
-      rc->cuCtxGetCurrent(&here) == MP__CU_SUCCESS && here != primary)
+  mp__cuctx here = NULL;
+  if (rc->cuCtxGetCurrent != NULL &&
+      rc->cuCtxGetCurrent(&here) == MP__CU_SUCCESS && here != NULL &&
+      !mp__is_primary(d, here))
     return NULL;
-  return pool;
+  return mp__pl_pool_of(pl, d);
 }
 
 /* A driver without cuCtxGetDevice (a test double) has one device. */
@@ -133,7 +155,8 @@ mp_pool_t *mp__pl_pool_here(const mp__pl_t *pl) {
   return mp__pl_pool_current(pl, mp__pl_real_cuda()->cuCtxGetDevice);
 }
 
-bool mp__pl_stream_elsewhere(const mp__pl_t *pl, mp__custream s, int *ordinal) {
+mp__pl_stream_where_t mp__pl_stream_where(const mp__pl_t *pl, mp__custream s,
+                                          int *ordinal) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   mp__cuctx owner = NULL, here = NULL;
   if (pl->host || s == NULL || s == MP__CU_STREAM_LEGACY ||
@@ -141,34 +164,40 @@ bool mp__pl_stream_elsewhere(const mp__pl_t *pl, mp__custream s, int *ordinal) {
       rc->cuCtxGetCurrent == NULL ||
       rc->cuStreamGetCtx(s, &owner) != MP__CU_SUCCESS || owner == NULL ||
       rc->cuCtxGetCurrent(&here) != MP__CU_SUCCESS || owner == here)
-    return false;
+    return MP__PL_STREAM_HERE;
   for (int d = 0; d < MP__PL_MAX_DEVICES; d++)
     if (atomic_load_explicit(&mp__devs[d].primary, memory_order_acquire) ==
         owner) {
       *ordinal = d;
-      return true;
+      return MP__PL_STREAM_DEVICE;
     }
-  /* A device without a pool yet: its ordinal, asked in its context; a
-   * context the program made is no device's primary one. */
+  /* A device without a pool yet, or a context the program made: the
+   * device asked in the stream's context. */
   int d = -1;
   mp__cuctx popped = NULL;
   if (rc->cuCtxPushCurrent_v2 == NULL || rc->cuCtxPopCurrent_v2 == NULL ||
       rc->cuCtxGetDevice == NULL ||
       rc->cuCtxPushCurrent_v2(owner) != MP__CU_SUCCESS)
-    return false;
+    return MP__PL_STREAM_HERE;
   mp__curesult r = rc->cuCtxGetDevice(&d);
   (void)rc->cuCtxPopCurrent_v2(&popped);
-  if (r != MP__CU_SUCCESS || d < 0 || d >= MP__PL_MAX_DEVICES ||
-      mp__primary_of(d) != owner)
-    return false;
+  if (r != MP__CU_SUCCESS || d < 0 || d >= MP__PL_MAX_DEVICES)
+    return MP__PL_STREAM_HERE;
+  if (!mp__is_primary(d, owner))
+    return MP__PL_STREAM_FOREIGN;
   *ordinal = d;
-  return true;
+  return MP__PL_STREAM_DEVICE;
 }
 
 mp_pool_t *mp__pl_pool_for_stream(const mp__pl_t *pl, mp__custream s,
                                   mp_pool_t *(*here)(const mp__pl_t *)) {
   int d = -1;
-  return mp__pl_stream_elsewhere(pl, s, &d) ? mp__pl_pool_of(pl, d) : here(pl);
+  switch (mp__pl_stream_where(pl, s, &d)) {
+  case MP__PL_STREAM_DEVICE: return mp__pl_pool_of(pl, d);
+  case MP__PL_STREAM_FOREIGN: return NULL;
+  case MP__PL_STREAM_HERE: break;
+  }
+  return here(pl);
 }
 
 bool mp__pl_stream_of_pool(const mp__pl_t *pl, const mp_pool_t *pool,

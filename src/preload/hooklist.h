@@ -100,6 +100,8 @@
   X(cu, mp__curesult, cuDeviceGet, (int *, int))                               \
   X(cu, mp__curesult, cuDevicePrimaryCtxRetain, (mp__cuctx *, int))            \
   X(cu, mp__curesult, cuDevicePrimaryCtxRelease_v2, (int))                     \
+  X(cu, mp__curesult, cuDevicePrimaryCtxGetState,                              \
+    (int, unsigned int *, int *))                                              \
   X(cu, mp__curesult, cuStreamIsCapturing, (mp__custream, unsigned int *))     \
   X(cu, mp__curesult, cuStreamIsCapturing_ptsz,                                \
     (mp__custream, unsigned int *))                                            \

@@ -184,17 +184,24 @@ mp_pool_t *mp__pl_pool_current(const mp__pl_t *pl,
 /* The pool of the calling thread's current context's device (driver API):
  * mp__pl_pool_current with cuCtxGetDevice. */
 mp_pool_t *mp__pl_pool_here(const mp__pl_t *pl);
-/* The device s belongs to, for a stream-ordered call (devices.c): its
- * ordinal in *ordinal and true when s is an explicit stream of a device's
- * primary context other than the current context; false for a default
- * stream, a stream of the current context, a context the program made, or
- * a handle the driver does not know (the caller goes on as for the current
- * device). Never asked of a capturing stream. */
-bool mp__pl_stream_elsewhere(const mp__pl_t *pl, mp__custream s, int *ordinal);
+/* Where a stream-ordered call on s belongs (devices.c): HERE for a default
+ * stream, a stream of the current context or a handle the driver does not
+ * know (the caller goes on as for the current device); DEVICE, with its
+ * ordinal in *ordinal, for an explicit stream of another device's primary
+ * context; FOREIGN for a stream of a context the program made
+ * (cuCtxCreate), which no pool serves. Never asked of a capturing stream. */
+typedef enum {
+  MP__PL_STREAM_HERE,
+  MP__PL_STREAM_DEVICE,
+  MP__PL_STREAM_FOREIGN
+} mp__pl_stream_where_t;
+mp__pl_stream_where_t mp__pl_stream_where(const mp__pl_t *pl, mp__custream s,
+                                          int *ordinal);
 /* The pool serving a stream-ordered allocation on s, which cuda.h's
  * cuMemAllocAsync takes from "the memory pool current to the stream's
  * device": that device's pool when s is another device's
- * (mp__pl_stream_elsewhere), else `here`. */
+ * (mp__pl_stream_where), NULL (the driver's) when s is of a context the
+ * program made, else `here`. */
 mp_pool_t *mp__pl_pool_for_stream(const mp__pl_t *pl, mp__custream s,
                                   mp_pool_t *(*here)(const mp__pl_t *));
 /* Whether a stream-ordered free of pool's block may be ordered on s by the

@@ -36,6 +36,8 @@
  * those of memory the driver does not know.
  * With "own_context", memory and a stream of a context the program made
  * and destroyed: the destroy frees them, nothing touches them after.
+ * With "other_context N", cuMemAllocAsync on a stream of a context the
+ * program made on device N while device 0's primary context is current.
  * With "calls_in_capture [per_thread]", cuMemAlloc and cuMemFree during a
  * global capture are the driver's refusals; "calls_in_capture to_graph"
  * (or to_graph_proc, to_graph_per_thread) the same with a capture into
@@ -663,6 +665,59 @@ static int cross_device(void) {
   return o1 == 1 && o0 == 0 ? 0 : 1;
 }
 
+/* "other_context N" (device 0's primary context current; N is 0 or 1,
+ * the latter with FAKECUDA_DEVICE_COUNT=2): cuMemAllocAsync and
+ * cuMemFreeAsync on a stream of a context the program made on device N
+ * (cuCtxCreate), called while device 0's primary context is current. A
+ * context the program made is no pool's: under the shim the calls must
+ * get what the driver gives them (cuda.h, cuMemAllocAsync: memory from
+ * "the memory pool current to the stream's device", in the stream's
+ * context), and the shim must not retain device N's primary context to
+ * tell, as a retain of an inactive one creates it (cuda.h,
+ * cuDevicePrimaryCtxRetain). Prints what the allocation got (and the
+ * block's device), the primary retains made meanwhile and whether device
+ * N's primary context is active. */
+static int other_context(int n) {
+  CUcontext own = NULL;
+  CUdevice dev;
+  CUstream s;
+  CUdeviceptr q = 0;
+  int active = -1, ord = -1;
+  unsigned flags = 0;
+  MP_TRY(cuDeviceGet(&dev, n));
+#if CUDA_VERSION >= 13000 /* cuCtxCreate is cuCtxCreate_v4 */
+  MP_TRY(cuCtxCreate(&own, NULL, 0, dev));
+#else
+  MP_TRY(cuCtxCreate(&own, 0, dev));
+#endif
+  MP_TRY(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  MP_TRY(cuCtxPopCurrent(NULL));
+  long long before =
+      cuFakeGetCallCount ? cuFakeGetCallCount("cuDevicePrimaryCtxRetain") : 0;
+  CUresult r = CUDA_SUCCESS;
+  for (int i = 0; i < 4 && r == CUDA_SUCCESS; i++) {
+    r = cuMemAllocAsync(&q, MP_BYTES, s);
+    if (r == CUDA_SUCCESS) {
+      ord = ordinal_of((void *)(uintptr_t)q);
+      MP_TRY(cuMemFreeAsync(q, s));
+    }
+  }
+  long long retains =
+      cuFakeGetCallCount
+          ? cuFakeGetCallCount("cuDevicePrimaryCtxRetain") - before
+          : 0;
+  MP_TRY(cuDevicePrimaryCtxGetState(dev, &flags, &active));
+  MP_TRY(cuCtxPushCurrent(own));
+  MP_TRY(cuStreamSynchronize(s));
+  MP_TRY(cuStreamDestroy(s));
+  MP_TRY(cuCtxPopCurrent(NULL));
+  MP_TRY(cuCtxDestroy(own));
+  printf("allocation %d on device %d, primary retains %lld, primary active "
+         "%d\n",
+         (int)r, ord, retains, active);
+  return 0;
+}
+
 /* free_modes / alloc_modes with "rt LIB": the runtime's calls, from LIB
  * (the real libcudart.so on a GPU, stand_runtime.c on the fake), loaded
  * before any of them is made, in the global scope as a program linked
@@ -746,6 +801,8 @@ int main(int argc, char **argv) {
     return freed_range();
   if (argc > 1 && strcmp(argv[1], "own_context") == 0)
     return own_context();
+  if (argc > 2 && strcmp(argv[1], "other_context") == 0)
+    return other_context(atoi(argv[2]));
   if (argc > 3 && strcmp(argv[2], "rt") == 0)
     return runtime_modes(argv[1], argv[3]);
   if (argc > 1 && strcmp(argv[1], "free_modes") == 0)

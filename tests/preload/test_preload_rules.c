@@ -137,6 +137,33 @@ Test(preload_rules, under_the_shim_a_destroyed_context_takes_its_memory) {
   own_context_rules("LD_PRELOAD=" MP_SHIM);
 }
 
+/* A stream of a context the program made (cuCtxCreate) on device 0 or 1,
+ * used while device 0's primary context is current: its stream-ordered
+ * allocations get what the driver gives them, under the shim as without
+ * it, and the shim neither makes a pool for that context's device nor
+ * creates the device's primary context to tell (the stream's creation
+ * under the shim made device 1's pool, and with it its primary context,
+ * before). */
+static void other_context_rules(const char *ordinal, const char *count) {
+  const char *argv[] = {MP_RULES_PROG, "other_context", ordinal, NULL};
+  const char *none[] = {"LD_PRELOAD=", "MEMPOOL_DEVICE=cuda", count, NULL};
+  const char *shim[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=cuda", count,
+                        NULL};
+  spawn(argv, none, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert(strstr(r.out, "primary retains 0,") != NULL, "%s", r.out);
+  static char driver[sizeof r.out];
+  snprintf(driver, sizeof driver, "%s", r.out);
+  spawn(argv, shim, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_str_eq(r.out, driver);
+}
+
+Test(preload_rules, a_made_contexts_stream_is_the_drivers) {
+  other_context_rules("0", NULL);
+  other_context_rules("1", "FAKECUDA_DEVICE_COUNT=2");
+}
+
 /* cuMemAlloc and cuMemFree during a global-mode capture of a non-blocking
  * stream (the legacy stream never meets it) are refused as the driver
  * refuses them, the capture invalidated, the block kept: the pool served

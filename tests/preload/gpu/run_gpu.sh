@@ -124,9 +124,12 @@ if [ -x "$rules" ]; then
     fail "free_modes differ: $(diff "$work/modes.none" "$work/modes.shim")"
   # The same for cuMemAlloc, and for the runtime's cudaFree and cudaMalloc
   # (the toolkit's libcudart.so, loaded by rules_prog), which the shim
-  # serves itself for pool blocks.
+  # serves itself for pool blocks; and cuMemAllocAsync on a stream of a
+  # context the program made, with the primary context current (the
+  # driver's answer with the shim too, no pool made for that context).
   cudart=$(dirname "$nvcc")/../lib64/libcudart.so
-  for m in "alloc_modes" "free_modes rt $cudart" "alloc_modes rt $cudart"; do
+  for m in "alloc_modes" "free_modes rt $cudart" "alloc_modes rt $cudart" \
+    "other_context 0"; do
     LD_LIBRARY_PATH="$(dirname "$real")" MEMPOOL_DEVICE=cuda "$rules" \
       $m >"$work/modes.none" 2>&1 ||
       fail "rules_prog $m: $(cat "$work/modes.none")"
