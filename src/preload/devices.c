@@ -161,16 +161,19 @@ mp__pl_stream_where_t mp__pl_stream_where(const mp__pl_t *pl, mp__custream s,
   mp__cuctx owner = NULL, here = NULL;
   if (pl->host || s == NULL || s == MP__CU_STREAM_LEGACY ||
       s == MP__CU_STREAM_PER_THREAD || rc->cuStreamGetCtx == NULL ||
-      rc->cuCtxGetCurrent == NULL ||
-      rc->cuStreamGetCtx(s, &owner) != MP__CU_SUCCESS || owner == NULL ||
-      rc->cuCtxGetCurrent(&here) != MP__CU_SUCCESS || owner == here)
+      rc->cuStreamGetCtx(s, &owner) != MP__CU_SUCCESS || owner == NULL)
     return MP__PL_STREAM_HERE;
+  /* A stream of a device's primary context whose pool is made: that
+   * device, current or not, with no more questions to the driver. */
   for (int d = 0; d < MP__PL_MAX_DEVICES; d++)
     if (atomic_load_explicit(&mp__devs[d].primary, memory_order_acquire) ==
         owner) {
       *ordinal = d;
       return MP__PL_STREAM_DEVICE;
     }
+  if (rc->cuCtxGetCurrent == NULL ||
+      rc->cuCtxGetCurrent(&here) != MP__CU_SUCCESS || owner == here)
+    return MP__PL_STREAM_HERE;
   /* A device without a pool yet, or a context the program made: the
    * device asked in the stream's context. */
   int d = -1;

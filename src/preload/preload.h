@@ -187,9 +187,10 @@ mp_pool_t *mp__pl_pool_here(const mp__pl_t *pl);
 /* Where a stream-ordered call on s belongs (devices.c): HERE for a default
  * stream, a stream of the current context or a handle the driver does not
  * know (the caller goes on as for the current device); DEVICE, with its
- * ordinal in *ordinal, for an explicit stream of another device's primary
- * context; FOREIGN for a stream of a context the program made
- * (cuCtxCreate), which no pool serves. Never asked of a capturing stream. */
+ * ordinal in *ordinal, for an explicit stream of a device's primary context
+ * (another device's, or the current one's once its pool is made); FOREIGN for a
+ * stream of a context the program made (cuCtxCreate), which no pool serves.
+ * Never asked of a capturing stream. */
 typedef enum {
   MP__PL_STREAM_HERE,
   MP__PL_STREAM_DEVICE,

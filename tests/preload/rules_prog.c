@@ -36,12 +36,13 @@
  * those of memory the driver does not know.
  * With "own_context", memory and a stream of a context the program made
  * and destroyed: the destroy frees them, nothing touches them after.
- * With "other_context N", cuMemAllocAsync on a stream of a context the
- * program made on device N while device 0's primary context is current.
- * With "calls_in_capture [per_thread]", cuMemAlloc and cuMemFree during a
- * global capture are the driver's refusals; "calls_in_capture to_graph"
- * (or to_graph_proc, to_graph_per_thread) the same with a capture into
- * the program's graph (cuStreamBeginCaptureToGraph, CUDA 12.3);
+ * With "pair_calls", how often stream-ordered pairs ask the driver for the
+ * current context. With "other_context N", cuMemAllocAsync on a stream of a
+ * context the program made on device N while device 0's primary context is
+ * current. With "calls_in_capture [per_thread]", cuMemAlloc and cuMemFree
+ * during a global capture are the driver's refusals; "calls_in_capture
+ * to_graph" (or to_graph_proc, to_graph_per_thread) the same with a capture
+ * into the program's graph (cuStreamBeginCaptureToGraph, CUDA 12.3);
  * "calls_in_capture v1" with a capture begun by CUDA 10.0's
  * cuStreamBeginCapture (no mode: global), found by cuGetProcAddress.
  * With "free_modes", cuMemFree during a capture in every mode, from a
@@ -718,6 +719,35 @@ static int other_context(int n) {
   return 0;
 }
 
+/* "pair_calls": 100 stream-ordered pairs (cuMemAllocAsync, cuMemFreeAsync)
+ * on a stream of the current primary context, after one to start the
+ * device's pool: prints how often anything asked the driver for the
+ * current context or its device meanwhile (the stream's own context says
+ * which pool serves it). */
+static int pair_calls(void) {
+  CUstream s;
+  CUdeviceptr q;
+  MP_TRY(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  MP_TRY(cuMemAllocAsync(&q, MP_BYTES, s));
+  MP_TRY(cuMemFreeAsync(q, s));
+  long long before = cuFakeGetCallCount
+                         ? cuFakeGetCallCount("cuCtxGetCurrent") +
+                               cuFakeGetCallCount("cuCtxGetDevice")
+                         : 0;
+  for (int i = 0; i < 100; i++) {
+    MP_TRY(cuMemAllocAsync(&q, MP_BYTES, s));
+    MP_TRY(cuMemFreeAsync(q, s));
+  }
+  long long n = cuFakeGetCallCount
+                    ? cuFakeGetCallCount("cuCtxGetCurrent") +
+                          cuFakeGetCallCount("cuCtxGetDevice") - before
+                    : 0;
+  MP_TRY(cuStreamSynchronize(s));
+  MP_TRY(cuStreamDestroy(s));
+  printf("context questions %lld\n", n);
+  return 0;
+}
+
 /* free_modes / alloc_modes with "rt LIB": the runtime's calls, from LIB
  * (the real libcudart.so on a GPU, stand_runtime.c on the fake), loaded
  * before any of them is made, in the global scope as a program linked
@@ -801,6 +831,8 @@ int main(int argc, char **argv) {
     return freed_range();
   if (argc > 1 && strcmp(argv[1], "own_context") == 0)
     return own_context();
+  if (argc > 1 && strcmp(argv[1], "pair_calls") == 0)
+    return pair_calls();
   if (argc > 2 && strcmp(argv[1], "other_context") == 0)
     return other_context(atoi(argv[2]));
   if (argc > 3 && strcmp(argv[2], "rt") == 0)

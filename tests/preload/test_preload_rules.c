@@ -164,6 +164,18 @@ Test(preload_rules, a_made_contexts_stream_is_the_drivers) {
   other_context_rules("1", "FAKECUDA_DEVICE_COUNT=2");
 }
 
+/* Stream-ordered pairs on a stream of the current primary context: the
+ * stream's context names the device's pool, so the shim asks the driver
+ * neither for the current context nor for its device (it asked twice and
+ * once per allocation before). */
+Test(preload_rules, a_streams_context_names_its_pool_without_more_questions) {
+  const char *argv[] = {MP_RULES_PROG, "pair_calls", NULL};
+  const char *shim[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=cuda", NULL};
+  spawn(argv, shim, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_str_eq(r.out, "context questions 0\n");
+}
+
 /* cuMemAlloc and cuMemFree during a global-mode capture of a non-blocking
  * stream (the legacy stream never meets it) are refused as the driver
  * refuses them, the capture invalidated, the block kept: the pool served
