@@ -3,11 +3,12 @@
 # is missing, from Debian's packages. Sourced by tests/run.sh and
 # bench/run.sh; safe to run again (it does nothing when all is present).
 # python3-pytest/pip/setuptools: the Python package's tests (python/);
-# chromium: report.html's test in headless Chromium.
+# chromium: report.html's test in headless Chromium; minisat: the exact
+# offline placement (bench/tools/exact_pack.py) and its test.
 #   mempool_deps [extra-package...]
 mempool_deps() {
   local want=(cmake make gcc pkg-config libcriterion-dev libjemalloc-dev
-    python3 python3-pytest python3-pip python3-setuptools chromium "$@")
+    python3 python3-pytest python3-pip python3-setuptools chromium minisat "$@")
   local missing=()
   local p
   for p in "${want[@]}"; do

@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""exact_pack.py - an offline placement of a trace in a given number of
+granules, searched exactly with a SAT solver, for the granule bound that
+`mpbench bound`'s greedy placement cannot settle.
+
+    bench/tools/exact_pack.py TRACE.csv [--granules N] [--unit BYTES]
+                              [--min-size BYTES] [--seconds S]
+
+Reads an RMM-style trace (Thread,Time,Action,Pointer,Size,Stream) as mpbench
+does: "allocate failure" rows and frees of pointers never allocated are
+skipped, an allocation of an address still live frees the old block first,
+sizes are rounded up to 512 B (as the pool rounds), streams are ignored (the
+device caught up). Blocks of at least --min-size (default 256 KiB), in units
+of --unit bytes (default 256 KiB, sizes rounded up to it), get offsets from
+a SAT solver (minisat, Debian's `minisat` package) such that blocks whose
+lifetimes overlap never overlap in memory, within C units; the smaller
+blocks are then placed best fit around them. C starts at what N granules of
+2 MiB hold (default: the granule bound, ceil(peak live / 2 MiB)) and comes
+down one unit at a time while the small blocks still fit, to leave them
+room. Every placement printed is checked pair by pair.
+
+Prints the peak live bytes, the granule bound, and for each C tried whether
+the solver found a placement and how high all blocks reach; exits 0 when one
+fits in N granules, 1 when none was found (unsatisfiable for the large
+blocks alone proves that no placement fits; a time-out proves nothing), 2
+on bad input.
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+GRANULE = 2 << 20
+ROUND = 512
+
+
+def read_trace(path):
+    """Blocks as (start event, end event, rounded bytes)."""
+    live, blocks, t = {}, [], 0
+    with open(path, encoding="utf-8") as f:
+        header = f.readline().strip()
+        if header != "Thread,Time,Action,Pointer,Size,Stream":
+            raise ValueError(f"{path}:1: not a trace header: {header!r}")
+        for line_no, line in enumerate(f, start=2):
+            fields = line.rstrip("\n").split(",")
+            if len(fields) != 6:
+                raise ValueError(f"{path}:{line_no}: {len(fields)} fields, not 6")
+            action, ptr = fields[2], fields[3]
+            try:
+                size = int(fields[4])
+            except ValueError:
+                raise ValueError(f"{path}:{line_no}: bad size {fields[4]!r}")
+            t += 1
+            if action == "allocate":
+                if ptr in live:
+                    s, r = live.pop(ptr)
+                    blocks.append((s, t, r))
+                live[ptr] = (t, (size + ROUND - 1) // ROUND * ROUND)
+            elif action == "free":
+                if ptr in live:
+                    s, r = live.pop(ptr)
+                    blocks.append((s, t, r))
+            elif action != "allocate failure":
+                raise ValueError(f"{path}:{line_no}: bad action {action!r}")
+    blocks += [(s, t + 1, r) for s, r in live.values()]
+    return [b for b in blocks if b[2] > 0]
+
+
+def peak_live(blocks):
+    ev = sorted([(s, r) for s, e, r in blocks] + [(e, -r) for s, e, r in blocks])
+    cur = peak = 0
+    for _, d in ev:  # a free (negative) sorts before an allocation at one time
+        cur += d
+        peak = max(peak, cur)
+    return peak
+
+
+def overlaps(a, b):
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def solve(large, units, cap, seconds, solver):
+    """Offsets (in units) of the large blocks within cap units, or None
+    (unsatisfiable), or "timeout". Order encoding: x[i][v] is offset_i >= v;
+    for each pair alive together, one lies wholly below the other."""
+    nv = 0
+    var = {}
+    for i, u in enumerate(units):
+        for v in range(1, cap - u + 1):
+            nv += 1
+            var[i, v] = nv
+    clauses = []
+
+    def at_least(i, v):
+        if v <= 0:
+            return True
+        if v > cap - units[i]:
+            return False
+        return var[i, v]
+
+    for i, u in enumerate(units):
+        clauses += [[-var[i, v + 1], var[i, v]] for v in range(1, cap - u)]
+    for i in range(len(large)):
+        for j in range(i + 1, len(large)):
+            if not overlaps(large[i], large[j]):
+                continue
+            below = {}
+            for a, b in ((i, j), (j, i)):
+                nv += 1
+                below[a, b] = nv
+                for v in range(cap - units[a] + 1):
+                    lo, hi = at_least(a, v), at_least(b, v + units[a])
+                    if lo is False or hi is True:
+                        continue
+                    c = [-nv]
+                    if lo is not True:
+                        c.append(-lo)
+                    if hi is not False:
+                        c.append(hi)
+                    clauses.append(c)
+            clauses.append([below[i, j], below[j, i]])
+    with tempfile.TemporaryDirectory() as tmp:
+        cnf, out = os.path.join(tmp, "f.cnf"), os.path.join(tmp, "f.out")
+        with open(cnf, "w") as f:
+            f.write(f"p cnf {nv} {len(clauses)}\n")
+            f.writelines(" ".join(map(str, c)) + " 0\n" for c in clauses)
+        try:
+            subprocess.run([solver, cnf, out], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=seconds)
+        except subprocess.TimeoutExpired:
+            return "timeout"
+        with open(out) as f:
+            words = f.read().split()
+    if not words or words[0] != "SAT":
+        return None
+    true = {int(w) for w in words[1:] if int(w) > 0}
+    return [max([0] + [v for v in range(1, cap - units[i] + 1)
+                       if var[i, v] in true]) for i in range(len(large))]
+
+
+def place_rest(placed, rest, limit):
+    """Best fit of each block of rest (largest first) among the placed
+    blocks alive with it, below limit; False when one does not fit."""
+    for blk in sorted(rest, key=lambda b: -b[2]):
+        busy = sorted((o, o + b[2]) for b, o in placed if overlaps(b, blk))
+        pos, best, gap = 0, None, None
+        for lo, hi in busy + [(limit, limit)]:
+            if lo - pos >= blk[2] and (best is None or lo - pos < gap):
+                best, gap = pos, lo - pos
+            pos = max(pos, hi)
+        if best is None:
+            return False
+        placed.append((blk, best))
+    return True
+
+
+def check(placed):
+    for x in range(len(placed)):
+        (a, oa) = placed[x]
+        for y in range(x + 1, len(placed)):
+            (b, ob) = placed[y]
+            if overlaps(a, b) and oa < ob + b[2] and ob < oa + a[2]:
+                raise AssertionError(f"blocks {a} and {b} overlap")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trace")
+    ap.add_argument("--granules", type=int)
+    ap.add_argument("--unit", type=int, default=256 << 10)
+    ap.add_argument("--min-size", type=int, default=256 << 10)
+    ap.add_argument("--seconds", type=float, default=300)
+    args = ap.parse_args()
+    solver = shutil.which("minisat")
+    if solver is None:
+        sys.exit("exact_pack: needs minisat (apt-get install minisat)")
+    if args.unit <= 0 or args.min_size < 0:
+        sys.exit("exact_pack: --unit must be positive, --min-size not negative")
+    try:
+        blocks = read_trace(args.trace)
+    except (OSError, ValueError) as e:
+        print(f"exact_pack: {e}", file=sys.stderr)
+        return 2
+    peak = peak_live(blocks)
+    bound = -(-peak // GRANULE)
+    granules = args.granules or bound
+    limit = granules * GRANULE
+    large = [b for b in blocks if b[2] >= args.min_size]
+    rest = [b for b in blocks if b[2] < args.min_size]
+    units = [-(-b[2] // args.unit) for b in large]
+    print(f"{args.trace}: {len(blocks)} blocks, peak live {peak} B "
+          f"({peak / 2**20:.3f} MiB), granule bound {bound} "
+          f"({bound * GRANULE / peak:.3f}); trying {granules} granules "
+          f"({limit / peak:.3f}), {len(large)} blocks by SAT")
+    cap = limit // args.unit
+    while cap > 0 and cap >= max(units, default=0):
+        offs = solve(large, units, cap, args.seconds, solver)
+        if offs is None or offs == "timeout":
+            print(f"  {cap} units of {args.unit} B: "
+                  f"{'unsatisfiable' if offs is None else 'timed out'}")
+            return 1
+        placed = [(b, o * args.unit) for b, o in zip(large, offs)]
+        fits = place_rest(placed, rest, limit)
+        if fits:
+            check(placed)
+            top = max(o + b[2] for b, o in placed)
+            print(f"  {cap} units of {args.unit} B: every block placed, "
+                  f"highest end {top} B ({top / 2**20:.3f} MiB, "
+                  f"{top / peak:.4f} x peak live): fits {granules} granules")
+            return 0
+        print(f"  {cap} units of {args.unit} B: large blocks placed, "
+              f"small ones do not fit; one unit less")
+        cap -= 1
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
