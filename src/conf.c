@@ -5,7 +5,9 @@
  * Sizes take K/M/G/T suffixes (powers of 1024). Parsing never allocates and
  * never changes anything: callers apply values only after a whole string
  * parsed. */
+#include <locale.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -76,6 +78,53 @@ bool mp__parse_size(const char *s, size_t len, size_t *out) {
   if (v > SIZE_MAX)
     return false;
   *out = (size_t)v;
+  return true;
+}
+
+static size_t mp__digits(const char *s, size_t len) {
+  size_t n = 0;
+  while (n < len && s[n] >= '0' && s[n] <= '9')
+    n++;
+  return n;
+}
+
+bool mp__parse_decimal(const char *s, size_t len, double *out) {
+  size_t i = mp__digits(s, len);
+  size_t digits = i;
+  if (i < len && s[i] == '.') {
+    size_t frac = mp__digits(s + i + 1, len - i - 1);
+    digits += frac;
+    i += 1 + frac;
+  }
+  if (digits == 0)
+    return false;
+  if (i < len && (s[i] == 'e' || s[i] == 'E')) {
+    i++;
+    if (i < len && (s[i] == '+' || s[i] == '-'))
+      i++;
+    size_t exp = mp__digits(s + i, len - i);
+    if (exp == 0)
+      return false;
+    i += exp;
+  }
+  char buf[64];
+  if (i != len || len >= sizeof buf)
+    return false;
+  memcpy(buf, s, len);
+  buf[len] = '\0';
+  /* strtod reads the decimal point of LC_NUMERIC (a program that called
+   * setlocale(LC_ALL, "") under de_DE has ','): strtod_l in the "C"
+   * locale reads '.' whatever the program set. glibc hands "C" out
+   * without allocating; elsewhere a failed newlocale is a refusal. */
+  locale_t c = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
+  if (c == (locale_t)0)
+    return false;
+  char *end = NULL;
+  double v = strtod_l(buf, &end, c);
+  freelocale(c);
+  if (end != buf + len)
+    return false;
+  *out = v;
   return true;
 }
 

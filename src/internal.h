@@ -104,6 +104,11 @@ bool mp__fault_host_pending(void);
 bool mp__parse_size(const char *s, size_t len, size_t *out);
 /* Decimal unsigned integer, no suffix. */
 bool mp__parse_u64(const char *s, size_t len, uint64_t *out);
+/* A plain decimal, "0.5", ".5", "5.", "2.5e-1": digits with at most one
+ * '.', then an exponent if it likes; no blanks, sign, hex, inf or nan.
+ * Read with '.' as the decimal point under any locale. false on anything
+ * else. */
+bool mp__parse_decimal(const char *s, size_t len, double *out);
 /* "1"/"0", "true"/"false", "yes"/"no", "on"/"off". */
 bool mp__parse_bool(const char *s, size_t len, bool *out);
 

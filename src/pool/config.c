@@ -7,7 +7,6 @@
  * leaves the caller's config unchanged. A bad $MEMPOOL_CONF in
  * mp_pool_config_init leaves the defaults and sets a private flag that
  * mp_pool_create reports. */
-#include <ctype.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -210,19 +209,8 @@ static mp_status_t mp__conf_pair(void *vctx, const char *k, size_t kl,
   }
   if (key->kind == MP__KEY_FRACTION || key->kind == MP__KEY_FRACTION_BELOW) {
     bool below = key->kind == MP__KEY_FRACTION_BELOW;
-    char buf[32];
-    char *end = NULL;
     double f = 0;
-    /* Decimal digits, points and an exponent only: strtod would also skip
-     * leading blanks and read "inf", "nan" and hex, which no other value
-     * here accepts. */
-    if (vl > 0 && vl < sizeof buf && strspn(v, "0123456789.eE+-") >= vl &&
-        (isdigit((unsigned char)v[0]) || v[0] == '.')) {
-      memcpy(buf, v, vl);
-      buf[vl] = '\0';
-      f = strtod(buf, &end);
-    }
-    if (end == NULL || *end != '\0' || !(f > 0 && (below ? f < 1 : f <= 1)))
+    if (!mp__parse_decimal(v, vl, &f) || !(f > 0 && (below ? f < 1 : f <= 1)))
       return mp__bad_value(ctx, key, v, vl);
     memcpy((char *)c + key->field, &f, sizeof f);
     return MP_OK;
