@@ -317,20 +317,15 @@ static int mpb_fail_usage(const char *fmt, const char *arg) {
   return 2;
 }
 
-/* Seconds: "inf", or a decimal number with a fraction and an exponent if
- * it likes, at least 0 (strtod alone would also take hex, leading blanks,
- * a sign and nan). */
+/* Seconds: "inf", or a plain decimal (mp__parse_decimal: a fraction and
+ * an exponent if it likes, no hex, blanks, sign or nan, '.' under any
+ * locale), at least 0. */
 static bool mpb_parse_seconds(const char *val, double *out) {
   if (strcmp(val, "inf") == 0) {
     *out = HUGE_VAL;
     return true;
   }
-  if (!((val[0] >= '0' && val[0] <= '9') || val[0] == '.') ||
-      val[strspn(val, "0123456789.eE+-")] != '\0')
-    return false;
-  char *end;
-  *out = strtod(val, &end);
-  return *end == '\0' && *out >= 0;
+  return mp__parse_decimal(val, strlen(val), out) && *out >= 0;
 }
 
 /* Options of `run` that `mpbench bound` has no use for: it writes no files
