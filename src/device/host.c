@@ -81,6 +81,10 @@
 
 #include "backend.h"
 
+/* The name of every host device's file (memfd_create): an import checks
+ * it (host_fd_range). */
+#define HOST_MEMFD_NAME "mempool-host-device"
+
 /* An entry of the address maps (mp__ptrmap_t, see ptrmap.c) and of the
  * table of plain allocations: memory keeps its size; the stream and event
  * registries only the handle. */
@@ -1508,14 +1512,42 @@ static mp_status_t host_vm_map(mp_device_t *dev, void *addr, size_t bytes) {
   return host_vm_map_at(dev, addr, bytes, -1, 0);
 }
 
+/* Whether fd is a descriptor of a host device's file: a memfd made under
+ * HOST_MEMFD_NAME, which /proc shows as "/memfd:NAME (deleted)". */
+static bool host_fd_is_device_file(int fd) {
+  static const char want[] = "/memfd:" HOST_MEMFD_NAME;
+  char path[48], link[sizeof want + 16];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(path, link, sizeof link - 1);
+  if (n < (ssize_t)sizeof want - 1)
+    return false;
+  link[n] = '\0';
+  return memcmp(link, want, sizeof want - 1) == 0 &&
+         (link[sizeof want - 1] == '\0' || link[sizeof want - 1] == ' ');
+}
+
 /* The descriptor's file offset, and whether (offset, bytes) lies in it:
- * what a descriptor from ipc_export names. */
+ * what a descriptor from ipc_export names, a host device's file positioned
+ * at the page-aligned start of a range (host_file_range). Anything else
+ * (another file, a misaligned offset) is refused as no IPC handle, before
+ * mmap would fail on it with an error that tells nothing. */
 static mp_status_t host_fd_range(const char *fn, int fd, size_t bytes,
                                  uint64_t *off) {
   struct stat sb;
-  off_t at = fd >= 0 ? lseek(fd, 0, SEEK_CUR) : -1;
-  if (at < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) ||
-      (uint64_t)sb.st_size < (uint64_t)at ||
+  if (fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) ||
+      !host_fd_is_device_file(fd))
+    return mp__fail(MP_EINVAL,
+                    "%s: not a mempool IPC handle: descriptor %d is not a "
+                    "host device's memory file",
+                    fn, fd);
+  off_t at = lseek(fd, 0, SEEK_CUR);
+  if (at < 0 || (uint64_t)at % (uint64_t)sysconf(_SC_PAGESIZE) != 0)
+    return mp__fail(MP_EINVAL,
+                    "%s: not a mempool IPC handle: descriptor %d is at "
+                    "offset %lld of the device file, where no exported "
+                    "range starts (not page-aligned)",
+                    fn, fd, (long long)at);
+  if ((uint64_t)sb.st_size < (uint64_t)at ||
       (uint64_t)sb.st_size - (uint64_t)at < bytes)
     return mp__fail(MP_EINVAL,
                     "%s: descriptor %d does not hold %zu bytes of host device "
@@ -1768,7 +1800,7 @@ static mp_status_t host_open(mp_device_t *dev, const char *opts) {
   h->fail_after = o.fail_after;
   h->vmm = o.vmm;
   h->granularity = o.granularity;
-  h->memfd = memfd_create("mempool-host-device", MFD_CLOEXEC);
+  h->memfd = memfd_create(HOST_MEMFD_NAME, MFD_CLOEXEC);
   if (h->memfd < 0) {
     int err = errno;
     free(h);

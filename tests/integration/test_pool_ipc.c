@@ -8,7 +8,10 @@
  * and sockets are refused with nothing changed. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <mempool/mempool.h>
 
@@ -118,6 +121,59 @@ Test(pool_ipc_args, bad_handles_are_einval_and_keep_their_descriptors) {
   cr_expect_eq(mp_ipc_close(NULL, q), MP_EINVAL);
   close(pipefd[0]);
   close(pipefd[1]);
+  free_released_and_destroy(pool, p);
+}
+
+/* A memory descriptor that is no host device's exported memory: any
+ * other regular file (large enough, at an aligned offset or not), a memfd
+ * of the program's own, or the device's file at an offset no export
+ * hands out (not page-aligned). Refused as no mempool IPC handle, nothing
+ * mapped, the handle and its descriptors as they were. Failed before: the
+ * aligned file was mapped as if it were the block, the misaligned one was
+ * an "mmap failed" MP_ENOMEM. */
+Test(pool_ipc_args, a_descriptor_of_another_file_is_no_mempool_handle) {
+  mp_pool_t *pool = make_pool(dev, NULL);
+  void *p, *q = NULL;
+  mp_ipc_handle_t good = exported(pool, &p);
+  off_t good_at = lseek(good.fd, 0, SEEK_CUR);
+  cr_assert_geq(good_at, 0);
+  FILE *tmp = tmpfile();
+  cr_assert_not_null(tmp);
+  int other = memfd_create("not-mempool", MFD_CLOEXEC);
+  cr_assert_geq(other, 0);
+  /* Both hold more than the handle claims. */
+  off_t len = (off_t)(good_at + good.mem_bytes + (8u << 20));
+  cr_assert_eq(ftruncate(fileno(tmp), len), 0);
+  cr_assert_eq(ftruncate(other, len), 0);
+  struct {
+    int fd;
+    off_t at;
+    const char *what;
+  } forged[] = {{fileno(tmp), 0, "a regular file"},
+                {fileno(tmp), 100, "a regular file, misaligned"},
+                {other, 0, "another memfd"},
+                {good.fd, good_at + 100, "the device file, misaligned"}};
+  for (size_t i = 0; i < sizeof forged / sizeof *forged; i++) {
+    cr_assert_eq(lseek(forged[i].fd, forged[i].at, SEEK_SET), forged[i].at);
+    mp_ipc_handle_t bad = good;
+    bad.fd = forged[i].fd;
+    mp_status_t st = mp_ipc_import(dev, &bad, &q);
+    if (st == MP_OK)
+      (void)mp_ipc_close(dev, q);
+    cr_expect_eq(st, MP_EINVAL, "%s: %s", forged[i].what, mp_last_error());
+    cr_expect(strstr(mp_last_error(), "not a mempool IPC handle") != NULL,
+              "%s: %s", forged[i].what, mp_last_error());
+    cr_expect(bad.fd == forged[i].fd && bad.lease_fd == good.lease_fd,
+              "%s: a refusal changed the handle", forged[i].what);
+    cr_expect(fd_open(forged[i].fd) && fd_open(good.lease_fd),
+              "%s: a refused import closed a descriptor", forged[i].what);
+  }
+  /* The genuine handle, put back where it was, still imports. */
+  cr_assert_eq(lseek(good.fd, good_at, SEEK_SET), good_at);
+  cr_assert_eq(mp_ipc_import(dev, &good, &q), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_ipc_close(dev, q), MP_OK, "%s", mp_last_error());
+  fclose(tmp);
+  close(other);
   free_released_and_destroy(pool, p);
 }
 
