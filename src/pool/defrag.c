@@ -407,14 +407,18 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
   }
   mp__pool_unlock(pool);
   if (stage != NULL) {
-    /* The queued copies read it: wait for them before giving it back. */
+    /* The queued copies read it: wait for them before giving it back.
+     * Given back even when that wait fails: mp_device_free synchronizes
+     * the device first (device.h, as cuMemFree), and a buffer kept would
+     * be held by nobody. Booked against the cap while the device still
+     * holds it (a refused free). */
     mp_status_t sst = mp_stream_synchronize(pool->dev, s);
-    if (sst == MP_OK)
-      sst = mp_device_free(pool->dev, stage);
+    mp_status_t fst = mp_device_free(pool->dev, stage);
     if (st == MP_OK)
-      st = sst;
+      st = sst != MP_OK ? sst : fst;
     mp__pool_lock(pool);
-    pool->staged -= stage_bytes;
+    if (fst == MP_OK)
+      pool->staged -= stage_bytes;
     mp__pool_unlock(pool);
   }
   *moved = m.moved;

@@ -73,3 +73,62 @@ Test(pool_defrag_staging,
   cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
   fake_close(dev);
 }
+
+/* The fake device whose stream synchronizes fail while refuse_stream_syncs
+ * (as a wait CUDA refuses: a stream in capture, a host function). */
+static bool refuse_stream_syncs;
+static unsigned stream_syncs_refused;
+static mp__backend_t refusing_backend;
+
+static mp_status_t refusing_stream_sync(mp_device_t *dev, mp_stream_t s) {
+  (void)dev;
+  (void)s;
+  if (!refuse_stream_syncs)
+    return MP_OK;
+  stream_syncs_refused++;
+  return mp__fail(MP_EDRIVER, "fake: no stream wait here");
+}
+
+/* A stream synchronize that fails after the copies still gives the staging
+ * buffer back (mp_device_free synchronizes the device itself before the
+ * memory goes) and its room under the cap: the device holds only the
+ * pool's segments after. Failed before: the buffer stayed allocated, no
+ * longer counted anywhere (a leak of the device's memory). */
+Test(pool_defrag_staging, a_failed_sync_still_frees_the_staging_buffer) {
+  const size_t cap = 8 * MiB;
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  refusing_backend = *dev->ops;
+  refusing_backend.stream_synchronize = refusing_stream_sync;
+  dev->ops = &refusing_backend;
+  fake_dev_t *f = fake_of(dev);
+  mp_pool_t *pool =
+      make_pool(dev, "virtual=0,max_bytes=8M,segment_bytes=2M,align=512");
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  /* As above: a 1 MiB slide by 4 KiB, which wants a 1 MiB buffer. */
+  mp_handle_t *small, *big;
+  cr_assert_eq(mp_pool_alloc_movable(pool, 4096, s, &small), MP_OK);
+  cr_assert_eq(mp_pool_alloc_movable(pool, MiB, s, &big), MP_OK);
+  cr_assert_eq(mp_handle_free(small), MP_OK);
+  size_t held = f->used, allocs = f->allocs;
+  cr_assert_eq(held, 2 * MiB);
+  refuse_stream_syncs = true;
+  size_t moved = 0;
+  cr_expect_eq(mp_pool_defragment(pool, s, &moved), MP_EDRIVER,
+               "the failed wait is the caller's to know: %s", mp_last_error());
+  refuse_stream_syncs = false;
+  cr_assert_gt(f->allocs, allocs, "no staging buffer: the test proves nothing");
+  cr_assert_gt(stream_syncs_refused, 0);
+  cr_expect_eq(f->used, held,
+               "the device holds %zu bytes, the pool's segments %zu", f->used,
+               held);
+  /* Its room under the cap is the pool's again. */
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, cap - 2 * MiB, s, &p), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(mp_handle_free(big), MP_OK);
+  cr_assert_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  fake_close(dev);
+}
