@@ -466,8 +466,10 @@ MP_API mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
  * gave back and a segment_map per chunk resume maps again). A pool that holds
  * plain segments (no virtual memory, or virtual=0) or is a child: MP_ENOTSUP;
  * live child pools or a pool paused already: MP_EBUSY. A pause that fails
- * leaves the pool as it was. One pool per tag (weights, KV cache) pauses each
- * separately.
+ * leaves the pool as it was, unless mapping back what it had unmapped fails
+ * too (a second device failure): then the pool stays paused (the message
+ * says so, the host copy kept) and mp_pool_resume maps the rest. One pool
+ * per tag (weights, KV cache) pauses each separately.
  */
 #define MP_PAUSE_KEEP_CONTENT 0x1u
 MP_API mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags);
@@ -477,7 +479,8 @@ MP_API mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags);
  * mp_pool_set_max_fraction before the pause): that is no growth, and it
  * stays until trimmed, as it would have without the pause. On failure (the
  * device has no room: another tenant still holds it) nothing is lost: the
- * pool is still paused, its host copy kept, and resume may be tried again.
+ * pool is still paused, its host copy kept, and resume may be tried again
+ * (one whose undo could not unmap every chunk again maps only the others).
  * Not paused: MP_EINVAL. */
 MP_API mp_status_t mp_pool_resume(mp_pool_t *pool);
 

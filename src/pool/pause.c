@@ -19,6 +19,10 @@
  * MP_PAUSE_KEEP_CONTENT there is no copy, and what was mapped back reads
  * as fresh memory, the content the caller gave up), a resume that cannot
  * map unmaps what it had mapped and stays paused with the host copy kept.
+ * Should such an undo fail too, the pool stays paused knowing which chunks
+ * are still mapped (pause_mapped: chunks are mapped upwards and unmapped
+ * downwards, so those mapped are always the first ones), and the next
+ * resume maps the others; destroy unmaps exactly those mapped.
  * Device calls run with the lock dropped and the pool marked in flight. */
 #include <stdlib.h>
 #include <string.h>
@@ -91,30 +95,50 @@ static mp_status_t mp__copy_live(mp_pool_t *pool, const mp__spans_t *sp,
   return st != MP_OK ? st : sy != MP_OK ? sy : de;
 }
 
-/* Maps (map) or unmaps chunks [0, n) of v; on a failure undoes the ones it
- * did and returns the failure. Lock dropped. */
-static mp_status_t mp__chunks(mp_pool_t *pool, mp__segment_t *v, bool map,
-                              size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    mp__chunk_t c = v->chunks[i];
+/* Moves the boundary *m between v's mapped chunks [0, *m) and its
+ * unmapped ones to target, one chunk at a time: mapping upwards, unmapping
+ * downwards. MP_OK, or the failing call's status with *m where it stopped.
+ * Lock dropped. */
+static mp_status_t mp__chunks_step(mp_pool_t *pool, mp__segment_t *v, size_t *m,
+                                   size_t target) {
+  while (*m != target) {
+    bool map = *m < target;
+    mp__chunk_t c = v->chunks[map ? *m : *m - 1];
     mp_status_t st =
         map ? mp__pool_vm_map(pool, (void *)c.addr, c.size)
             : mp__device_vm_unmap(pool->dev, (void *)c.addr, c.size);
-    if (st != MP_OK) {
-      char why[256];
-      snprintf(why, sizeof why, "%s", mp_last_error());
-      (void)mp__chunks(pool, v, !map, i);
-      return mp__fail(st, "%s", why);
-    }
+    if (st != MP_OK)
+      return st;
+    *m = map ? *m + 1 : *m - 1;
   }
   return MP_OK;
 }
 
+/* Moves the boundary *m (chunks [0, *m) of v mapped, the rest unmapped) to
+ * target; on a failure moves it back where it was, and stops at that
+ * undo's first failure too. So *m always says which chunks are mapped,
+ * whatever failed (a map or unmap either happened or did not): a pause or
+ * resume whose undo fails leaves a pool that knows its state. The first
+ * failure's status and message. Lock dropped. */
+static mp_status_t mp__chunks_to(mp_pool_t *pool, mp__segment_t *v, size_t *m,
+                                 size_t target) {
+  size_t from = *m;
+  mp_status_t st = mp__chunks_step(pool, v, m, target);
+  if (st != MP_OK) {
+    char why[256];
+    snprintf(why, sizeof why, "%s", mp_last_error());
+    (void)mp__chunks_step(pool, v, m, from);
+    mp__fail(st, "%s", why);
+  }
+  return st;
+}
+
 /* Records what a pause unmapped or a resume mapped (action: segment_unmap
- * or segment_map), so that a snapshot's trace leads to its segments. */
+ * or segment_map), chunks [from, v->nchunks), so that a snapshot's trace
+ * leads to its segments. */
 static void mp__chunks_history(mp_pool_t *pool, const mp__segment_t *v,
-                               int action) {
-  for (size_t i = 0; v != NULL && i < v->nchunks; i++)
+                               size_t from, int action) {
+  for (size_t i = from; v != NULL && i < v->nchunks; i++)
     MP__HIST(pool, action, v->chunks[i].addr, v->chunks[i].size, 0);
 }
 
@@ -196,8 +220,9 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
       pool->pause_copy = NULL;
     }
   }
-  if (st == MP_OK && v != NULL &&
-      (st = mp__chunks(pool, v, false, v->nchunks)) != MP_OK && keep) {
+  size_t n = v != NULL ? v->nchunks : 0, m = n;
+  if (st == MP_OK && (st = mp__chunks_to(pool, v, &m, 0)) != MP_OK && m == n &&
+      keep) {
     /* The chunks unmapped before the failure are mapped again, empty: the
      * content goes back (a copy succeeding leaves the error as it is). */
     (void)mp__copy_live(pool, &sp, false);
@@ -211,19 +236,29 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
     mp__streams_sync_end(pool, snap);
   else
     mp__streams_sync_failed(pool);
-  if (st != MP_OK) {
+  if (st != MP_OK && m == n) {
     pool->paused = false;
     mp__pool_rare_update(pool);
     mp__pool_unlock(pool);
     return st;
   }
-  pool->st.device_free_count += v ? v->nchunks : 0;
-  mp__chunks_history(pool, v, MP__H_SEGMENT_UNMAP);
+  /* Paused, or (an undo that could not map every chunk back) left paused
+   * with chunks [0, m) mapped: the pool cannot run with a hole under its
+   * blocks, and a resume maps back exactly the others. */
+  if (st != MP_OK)
+    mp__fail(st,
+             "%s; mapping back what it had unmapped failed too: the pool "
+             "stays paused (%zu of %zu chunks unmapped%s) until "
+             "mp_pool_resume",
+             mp_last_error(), n - m, n, keep ? ", its content kept" : "");
+  pool->pause_mapped = m;
+  pool->st.device_free_count += n - m;
+  mp__chunks_history(pool, v, m, MP__H_SEGMENT_UNMAP);
   pool->paused_reserved = pool->st.reserved_bytes;
   pool->paused_free = pool->st.free_bytes;
   pool->st.reserved_bytes = pool->st.free_bytes = 0;
   mp__pool_unlock(pool);
-  return MP_OK;
+  return st;
 }
 
 /* Under the lock, pool paused and nothing in flight: maps its chunks again
@@ -243,28 +278,45 @@ static mp_status_t mp__resume_map(mp_pool_t *pool) {
   if (pool->pause_copy != NULL && (st = mp__live_spans(pool, &sp)) != MP_OK)
     return st;
   mp__pool_device_begin(pool);
-  st = v != NULL ? mp__chunks(pool, v, true, v->nchunks) : MP_OK;
+  size_t n = v != NULL ? v->nchunks : 0, m = pool->pause_mapped;
+  st = mp__chunks_to(pool, v, &m, n);
   if (st == MP_OK && pool->pause_copy != NULL &&
       (st = mp__copy_live(pool, &sp, false)) != MP_OK)
-    (void)mp__chunks(pool, v, false, v->nchunks);
+    (void)mp__chunks_to(pool, v, &m, pool->pause_mapped);
   mp__pool_device_end(pool);
   free(sp.v);
+  if (st != MP_OK && m != pool->pause_mapped) {
+    /* The undo stopped part-way: still paused, with what it mapped. */
+    mp__fail(st,
+             "%s; unmapping again what it had mapped failed too: the pool "
+             "stays paused (%zu of %zu chunks mapped) until mp_pool_resume "
+             "maps the rest",
+             mp_last_error(), m, n);
+    pool->pause_mapped = m;
+  }
   return st;
 }
 
 /* Under the lock, after mp__resume_map: unmaps what it mapped (another
- * arena's resume failed). The pool stays paused, its host copy kept. */
-static mp_status_t mp__resume_unmap(mp_pool_t *pool) {
+ * arena's resume failed). The pool stays paused, its host copy kept. On a
+ * failure *runs tells whether the undo mapped every chunk back (the pool
+ * can run: mp__resume_refill, mp__resume_finish); else it stays paused
+ * with the chunks it could not unmap again. */
+static mp_status_t mp__resume_unmap(mp_pool_t *pool, bool *runs) {
   mp__segment_t *v = pool->vseg;
+  size_t n = v != NULL ? v->nchunks : 0, m = n;
   mp__pool_device_begin(pool);
-  mp_status_t st = v != NULL ? mp__chunks(pool, v, false, v->nchunks) : MP_OK;
+  mp_status_t st = mp__chunks_to(pool, v, &m, pool->pause_mapped);
   mp__pool_device_end(pool);
+  *runs = st != MP_OK && m == n;
+  if (st != MP_OK && m != n)
+    pool->pause_mapped = m;
   return st;
 }
 
-/* Under the lock, after a failed mp__resume_unmap: mp__chunks' own undo
- * mapped the chunks it had unmapped back, empty, so the kept content goes
- * back in (from the host copy, still held) before the pool runs. */
+/* Under the lock, after a failed mp__resume_unmap that mapped every chunk
+ * back: the chunks it had unmapped came back empty, so the kept content
+ * goes back in (from the host copy, still held) before the pool runs. */
 static mp_status_t mp__resume_refill(mp_pool_t *pool) {
   if (pool->pause_copy == NULL)
     return MP_OK;
@@ -292,8 +344,10 @@ static void mp__resume_finish(mp_pool_t *pool) {
   }
   pool->paused = false;
   mp__pool_rare_update(pool);
-  pool->st.device_alloc_count += v ? v->nchunks : 0;
-  mp__chunks_history(pool, v, MP__H_SEGMENT_MAP);
+  size_t from = pool->pause_mapped; /* mapped before this resume */
+  pool->pause_mapped = 0;
+  pool->st.device_alloc_count += v ? v->nchunks - from : 0;
+  mp__chunks_history(pool, v, from, MP__H_SEGMENT_MAP);
   pool->st.reserved_bytes = pool->paused_reserved;
   pool->st.free_bytes = pool->paused_free;
   /* mp_pool_reset_peaks while paused set the peak to 0. */
@@ -454,9 +508,11 @@ static mp_status_t mp__arenas_resume(mp_pool_t *pool) {
       continue;
     mp__pool_lock(a);
     mp__pool_wait_sync(a);
-    /* Mapped again in full by mp__chunks' own undo if its unmap failed:
-     * that arena runs. */
-    bool runs = st == MP_OK || mp__resume_unmap(a) != MP_OK;
+    /* Mapped again in full by the unmap's own undo if it failed: that
+     * arena runs (one the undo left part-mapped stays paused). */
+    bool runs = st == MP_OK;
+    if (!runs)
+      (void)mp__resume_unmap(a, &runs);
     stuck |= st != MP_OK && runs;
     if (st != MP_OK && runs)
       lost |= mp__resume_refill(a) != MP_OK;

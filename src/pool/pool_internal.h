@@ -339,6 +339,9 @@ struct mp_pool {
   size_t paused_reserved, paused_free; /* st's figures before the pause */
   mp_pool_oom_handler_t oom_fn;        /* mp_pool_set_oom_handler */
   void *oom_ctx;
+  /* pause.c, paused: vseg's chunks [0, pause_mapped) are still mapped (an
+   * undo that failed left them), 0 after a clean pause. */
+  size_t pause_mapped;
   size_t cap;      /* effective cap on reserved bytes */
   size_t staged;   /* device bytes held outside the segments that count
                       against cap: defragmentation's staging buffer while

@@ -59,6 +59,88 @@ Test(pool_pause, a_keep_content_pause_whose_unmap_fails_halfway_keeps_data) {
   fake_close(dev);
 }
 
+/* Four 2 MiB blocks, one chunk each, block i filled with its byte. */
+static mp_pool_t *four_chunks(mp_device_t *dev, void *v[4]) {
+  mp_pool_t *p = make_pool(dev, NULL);
+  for (unsigned i = 0; i < 4; i++) {
+    cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &v[i]), MP_OK);
+    fill(v[i], 2 * MiB, i);
+  }
+  cr_assert_eq(p->vseg->nchunks, 4, "the test needs four chunks");
+  return p;
+}
+
+/* After a failed undo: a resume brings every block back with its content,
+ * the device holding exactly the pool's chunks; destroy then gives back
+ * exactly what is mapped. */
+static void resume_and_finish(mp_device_t *dev, mp_pool_t *p, void *v[4],
+                              size_t reserved) {
+  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+  cr_expect(!mp__pool_is_paused(p));
+  cr_expect_eq(stats(p).reserved_bytes, reserved);
+  cr_expect_eq(fake_of(dev)->used, reserved,
+               "the device holds %zu bytes for %zu reserved",
+               fake_of(dev)->used, reserved);
+  for (unsigned i = 0; i < 4; i++) {
+    size_t at = first_difference(v[i], 2 * MiB, i);
+    cr_expect_eq(at, 2 * MiB, "block %u lost its content from byte %zu", i, at);
+  }
+  check(p);
+  for (unsigned i = 0; i < 4; i++)
+    cr_assert_eq(mp_pool_free(p, v[i]), MP_OK);
+  cr_expect_eq(mp_pool_destroy(p), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(fake_of(dev)->used, 0);
+  cr_expect_eq(fake_of(dev)->bad_unmaps, 0);
+  fake_close(dev);
+}
+
+/* A pause whose unmap fails, and whose undo cannot map back what it had
+ * unmapped (no room any more): some chunks stay unmapped, so the pool
+ * stays paused (its content kept, the message says so) and a resume maps
+ * back exactly those. Failed before: the pool ran on with a chunk
+ * unmapped under its live blocks, and a resume was MP_EINVAL. */
+Test(pool_pause, a_pause_whose_undo_fails_stays_paused_and_resumes) {
+  mp_device_t *dev = flaky_open(2);
+  void *v[4];
+  mp_pool_t *p = four_chunks(dev, v);
+  size_t reserved = stats(p).reserved_bytes, capacity = fake_of(dev)->capacity;
+  /* The chunk unmapped first cannot be mapped again. */
+  fake_of(dev)->capacity = reserved - MiB;
+  cr_assert_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_EDRIVER);
+  cr_expect(strstr(mp_last_error(), "vm_unmap #2") != NULL, "%s",
+            mp_last_error());
+  cr_expect(strstr(mp_last_error(), "stays paused") != NULL, "%s",
+            mp_last_error());
+  cr_expect(mp__pool_is_paused(p), "running with a chunk unmapped");
+  cr_expect_eq(fake_of(dev)->used, reserved - 2 * MiB);
+  fake_of(dev)->capacity = capacity;
+  resume_and_finish(dev, p, v, reserved);
+}
+
+/* A resume whose map fails (no room), and whose undo cannot unmap again
+ * what it had mapped: the pool stays paused, knowing those chunks mapped,
+ * and the next resume maps only the others. Failed before: the next
+ * resume mapped them a second time (refused on a real device, the fake
+ * charged them twice). */
+Test(pool_pause, a_resume_whose_undo_fails_maps_the_rest_next_time) {
+  mp_device_t *dev = flaky_open(6); /* the pause's 4 unmaps, then the undo's */
+  void *v[4];
+  mp_pool_t *p = four_chunks(dev, v);
+  size_t reserved = stats(p).reserved_bytes, capacity = fake_of(dev)->capacity;
+  cr_assert_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(fake_of(dev)->used, 0);
+  fake_of(dev)->capacity = 2 * 2 * MiB; /* room for two chunks */
+  cr_expect_eq(mp_pool_resume(p), MP_ENOMEM);
+  cr_expect(strstr(mp_last_error(), "stays paused") != NULL, "%s",
+            mp_last_error());
+  cr_expect(mp__pool_is_paused(p));
+  cr_expect_eq(unmap_calls, 6,
+               "the undo did not fail: the test proves nothing");
+  fake_of(dev)->capacity = capacity;
+  resume_and_finish(dev, p, v, reserved);
+}
+
 /* ---- a pause while the out-of-memory ladder holds a block --------------- */
 /* Stream busy_s has work still running while busy: events recorded on it
  * then, and the stream itself, answer MP_EBUSY until a wait for one of
