@@ -62,6 +62,13 @@
 /* Records a one-line message for mp_last_error() in this thread and returns
  * st, so that failing paths read `return mp__fail(MP_EINVAL, "...", ...);`. */
 mp_status_t mp__fail(mp_status_t st, const char *fmt, ...) MP__PRINTF(2, 3);
+/* Input quoted in an error message (an option value, a path): s's len
+ * bytes as they are when they fit in cap - 1 bytes, else their head and
+ * tail around "...", so that a long input leaves room in the message
+ * (mp_last_error holds 512 bytes) for what it says about it: the line,
+ * the offset, the reason. Returns buf, NUL-terminated. cap >= 8. */
+#define MP__CLIP 96
+const char *mp__clip(const char *s, size_t len, char *buf, size_t cap);
 
 /* Prints "mempool: internal check failed: cond (file:line, func)" to stderr
  * and aborts; reached only through MP__ASSERT in MP_DEBUG builds. */

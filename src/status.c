@@ -37,6 +37,21 @@ const char *mp_last_error(void) {
   return mp__error_buf;
 }
 
+const char *mp__clip(const char *s, size_t len, char *buf, size_t cap) {
+  if (len < cap) {
+    memcpy(buf, s, len);
+    buf[len] = '\0';
+    return buf;
+  }
+  size_t keep = cap - 4; /* "..." and the NUL */
+  size_t head = keep / 2, tail = keep - head;
+  memcpy(buf, s, head);
+  memcpy(buf + head, "...", 3);
+  memcpy(buf + head + 3, s + len - tail, tail);
+  buf[cap - 1] = '\0';
+  return buf;
+}
+
 mp_status_t mp__fail(mp_status_t st, const char *fmt, ...) {
   /* Formatted aside first: an argument may be mp_last_error() itself (a
    * message that wraps the refusal before it), and formatting into the

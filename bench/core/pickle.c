@@ -713,8 +713,12 @@ bool mpb_snapshot_detect(const void *buf, size_t len) {
 
 mp_status_t mpb_snapshot_parse(const void *buf, size_t len, const char *what,
                                const char *name, mpb_workload_t *out) {
-  if (buf == NULL || out == NULL)
+  if (buf == NULL || out == NULL || what == NULL)
     return mp__fail(MP_EINVAL, "mpb_snapshot_parse: NULL argument");
+  /* Named shortened in messages: a long path would leave no room for the
+   * offset and the reason (mp__clip). */
+  char shown[MP__CLIP];
+  what = mp__clip(what, strlen(what), shown, sizeof shown);
   mpb_workload_init(out, name);
   if (!mpb_snapshot_detect(buf, len))
     return mp__fail(MP_EINVAL,

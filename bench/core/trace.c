@@ -308,8 +308,12 @@ static mp_status_t mpb_too_big(const char *what, size_t line, bool at_end) {
 
 mp_status_t mpb_trace_parse(const char *text, size_t len, const char *what,
                             const char *name, mpb_workload_t *out) {
-  if (text == NULL || out == NULL)
+  if (text == NULL || out == NULL || what == NULL)
     return mp__fail(MP_EINVAL, "mpb_trace_parse: NULL argument");
+  /* Named shortened in messages: a long path would leave no room for the
+   * line and the reason (mp__clip; the same for a name clipped before). */
+  char shown[MP__CLIP];
+  what = mp__clip(what, strlen(what), shown, sizeof shown);
   /* A pickle (PyTorch memory snapshot) by content, whatever its name. */
   if (mpb_snapshot_detect(text, len))
     return mpb_snapshot_parse(text, len, what, name, out);
@@ -408,16 +412,19 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
     return mp__fail(MP_EINVAL, "mpb_trace_load: NULL argument");
   /* Empty on every failure, the read's too (mpbench.h). */
   mpb_workload_init(out, name);
+  /* Named shortened in messages (see mpb_trace_parse). */
+  char shown[MP__CLIP];
+  const char *what = mp__clip(path, strlen(path), shown, sizeof shown);
   FILE *f = fopen(path, "rb");
   if (f == NULL)
-    return mp__fail(MP_EINVAL, "cannot open trace %s: %s", path,
+    return mp__fail(MP_EINVAL, "cannot open trace %s: %s", what,
                     strerror(errno));
   struct stat sb;
   bool stat_ok = fstat(fileno(f), &sb) == 0;
   if (stat_ok && S_ISDIR(sb.st_mode)) {
     fclose(f);
     return mp__fail(MP_EINVAL,
-                    "trace %s is a folder, not a CSV file or snapshot", path);
+                    "trace %s is a folder, not a CSV file or snapshot", what);
   }
   /* A regular file ends where its size says; a pipe or a device may not. */
   bool regular = stat_ok && S_ISREG(sb.st_mode);
@@ -434,7 +441,7 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
         st = mp__fail(MP_ENOMEM,
                       "%s:%zu: out of host memory reading the trace (%zu "
                       "bytes read)",
-                      path, scan.line, len);
+                      what, scan.line, len);
         break;
       }
       buf = nb;
@@ -453,7 +460,7 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
      * pickle is binary: its reader checks it once it is read, so from a
      * pipe or a device it is read up to a limit. */
     bool csv = !mpb_snapshot_detect(buf, len + got);
-    if (csv && (st = mpb_trace_scan(&scan, buf + len, got, path)) != MP_OK)
+    if (csv && (st = mpb_trace_scan(&scan, buf + len, got, what)) != MP_OK)
       break;
     len += got;
     if (!csv && !regular && len > MPB_MAX_PIPED_SNAPSHOT) {
@@ -461,18 +468,18 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
                     "%s: a snapshot pickle read from a pipe or device (not a "
                     "regular file) may be at most %zu bytes: read stopped at "
                     "offset %zu; save it to a file",
-                    path, MPB_MAX_PIPED_SNAPSHOT, len);
+                    what, MPB_MAX_PIPED_SNAPSHOT, len);
       break;
     }
     if (csv && !head_ok &&
-        (st = mpb_trace_head_ok(buf, len, path, &head_ok)) != MP_OK)
+        (st = mpb_trace_head_ok(buf, len, what, &head_ok)) != MP_OK)
       break;
   }
   if (st == MP_OK && ferror(f) != 0)
-    st = mp__fail(MP_EINVAL, "cannot read trace %s", path);
+    st = mp__fail(MP_EINVAL, "cannot read trace %s", what);
   fclose(f);
   if (st == MP_OK)
-    st = mpb_trace_parse(buf, len, path, name, out);
+    st = mpb_trace_parse(buf, len, what, name, out);
   free(buf);
   return st;
 }

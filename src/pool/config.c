@@ -160,8 +160,9 @@ static mp_status_t mp__unknown_key(const char *what, const char *k, size_t kl) {
   for (size_t i = 0; i < MP__NKEYS && n < sizeof known; i++)
     n += (size_t)snprintf(known + n, sizeof known - n, "%s%s", i ? ", " : "",
                           mp__conf_keys[i].name);
-  return mp__fail(MP_EINVAL, "bad %s: unknown key '%.*s' (expected one of %s)",
-                  what, (int)kl, k, known);
+  char shown[MP__CLIP];
+  return mp__fail(MP_EINVAL, "bad %s: unknown key '%s' (expected one of %s)",
+                  what, mp__clip(k, kl, shown, sizeof shown), known);
 }
 
 /* "bad <what>: key='value' is not <what the table says it takes>". */
@@ -170,8 +171,9 @@ static mp_status_t mp__bad_value(const mp__conf_ctx_t *ctx,
                                  size_t vl) {
   char values[96];
   mp__key_values(key, values, sizeof values);
-  return mp__fail(MP_EINVAL, "bad %s: %s='%.*s' is not %s", ctx->what,
-                  key->name, (int)vl, v, values);
+  char shown[MP__CLIP];
+  return mp__fail(MP_EINVAL, "bad %s: %s='%s' is not %s", ctx->what, key->name,
+                  mp__clip(v, vl, shown, sizeof shown), values);
 }
 
 static mp_status_t mp__conf_pair(void *vctx, const char *k, size_t kl,

@@ -265,3 +265,62 @@ Test(trace_load, running_out_of_host_memory_names_the_line_reached) {
   cr_expect(parsing, "no headroom ran out while parsing: the test proves "
                      "less than it says");
 }
+
+/* A file at a long path (three folders of 200 characters) holding text. */
+static char long_dir[64], long_path[1024];
+
+static void write_long(const void *text, size_t n) {
+  strcpy(long_dir, "/tmp/mp_trace_long_XXXXXX");
+  cr_assert_not_null(mkdtemp(long_dir));
+  char seg[201];
+  memset(seg, 'd', 200);
+  seg[200] = '\0';
+  snprintf(long_path, sizeof long_path, "%s", long_dir);
+  for (int i = 0; i < 3; i++) {
+    size_t l = strlen(long_path);
+    snprintf(long_path + l, sizeof long_path - l, "/%s", seg);
+    cr_assert_eq(mkdir(long_path, 0700), 0);
+  }
+  size_t l = strlen(long_path);
+  snprintf(long_path + l, sizeof long_path - l, "/trace.csv");
+  FILE *f = fopen(long_path, "wb");
+  cr_assert_not_null(f);
+  fwrite(text, 1, n, f);
+  fclose(f);
+}
+
+static void remove_long(void) {
+  unlink(long_path);
+  for (int i = 0; i < 3; i++) {
+    *strrchr(long_path, '/') = '\0';
+    rmdir(long_path);
+  }
+}
+
+/* The message says where and what even when the path alone would fill it
+ * (the error buffer holds 512 bytes): the path is shortened in its middle,
+ * its file name kept. Failed before: the path filled the message, and the
+ * line number and the reason were cut off. */
+Test(trace_load, a_long_path_leaves_room_for_the_line_and_the_reason) {
+  const char text[] = HEADER ROW "1,15:47:02.841970,frobnicate,0x1,64,0\n";
+  write_long(text, sizeof text - 1);
+  cr_assert_gt(strlen(long_path), 600);
+  mpb_workload_t w;
+  cr_assert_eq(mpb_trace_load(long_path, "t", &w), MP_EINVAL);
+  const char *msg = mp_last_error();
+  cr_expect(strstr(msg, "trace.csv:3: bad action 'frobnicate'") != NULL, "'%s'",
+            msg);
+  remove_long();
+}
+
+/* The same for a snapshot pickle's byte offset. */
+Test(trace_load, a_long_path_leaves_room_for_a_pickles_offset) {
+  const char bad[] = "\x80\x02\xff";
+  write_long(bad, sizeof bad - 1);
+  mpb_workload_t w;
+  cr_assert_eq(mpb_trace_load(long_path, "t", &w), MP_EINVAL);
+  const char *msg = mp_last_error();
+  cr_expect(strstr(msg, "trace.csv: bad pickle at byte 2") != NULL, "'%s'",
+            msg);
+  remove_long();
+}

@@ -224,3 +224,26 @@ Test(pool_config, bad_garbage_collection_threshold_is_einval) {
   cr_expect_null(p);
   fake_close(dev);
 }
+
+/* A long bad value is quoted shortened, so that the message still says
+ * what is wrong with it (the error buffer holds 512 bytes). Failed
+ * before: the quoted value filled the message and the reason was cut. */
+Test(pool_config, a_long_bad_value_leaves_room_for_the_reason) {
+  unsetenv("MEMPOOL_CONF");
+  char opts[1024] = "max_bytes=";
+  size_t l = strlen(opts);
+  memset(opts + l, '7', 700);
+  opts[l + 700] = 'Q';
+  opts[l + 701] = '\0';
+  mp_pool_config_t c;
+  mp_pool_config_init(&c);
+  cr_assert_eq(mp_pool_config_parse(&c, opts), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "7Q' is not a size") != NULL, "'%s'",
+            mp_last_error());
+  char key[1024];
+  memset(key, 'k', 700);
+  snprintf(key + 700, sizeof key - 700, "z=1");
+  cr_assert_eq(mp_pool_config_parse(&c, key), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "kz' (expected one of max_bytes") != NULL,
+            "'%s'", mp_last_error());
+}
