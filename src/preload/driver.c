@@ -146,7 +146,10 @@ static mp__curesult mp__free(mp__variant_t v, mp__cuptr p, mp__custream s) {
     else
       mp__pl_table_restore(&b);
   } else if (b.kind == MP__PL_FROM_DEVICE) {
+    /* Refused (a free from a host function): still the program's. */
     r = mp__pl_cu_error(mp_device_free(pl->dev, (void *)(uintptr_t)p));
+    if (r != MP__CU_SUCCESS)
+      mp__pl_table_restore(&b);
   } else {
     /* Pinned host memory is not freed with cuMemFree. */
     mp__pl_table_restore(&b);

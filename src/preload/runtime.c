@@ -214,7 +214,10 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
     else
       mp__pl_table_restore(&b);
   } else if (b.kind == MP__PL_FROM_DEVICE) {
+    /* Refused (a free from a host function): still the program's. */
     r = mp__pl_cuda_error(mp_device_free(pl->dev, p));
+    if (r != MP__CUDA_SUCCESS)
+      mp__pl_table_restore(&b);
   } else {
     mp__pl_table_restore(&b); /* needs cudaFreeHost */
     r = MP__CUDA_INVALID_VALUE;
