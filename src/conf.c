@@ -193,6 +193,25 @@ mp_status_t mp__kv_each(const char *what, const char *str, mp__kv_fn fn,
   return MP_OK;
 }
 
+const char *mp__fmt_fixed(char *buf, size_t cap, double v, unsigned decimals) {
+  uint64_t scale = 1;
+  for (unsigned i = 0; i < decimals; i++)
+    scale *= 10;
+  if (!(v >= 0)) /* negative or NaN: none of the figures written so */
+    v = 0;
+  if (v >= (double)(UINT64_MAX / 2) / (double)scale) {
+    snprintf(buf, cap, "%.0f", v); /* no decimal point to localize */
+    return buf;
+  }
+  uint64_t x = (uint64_t)(v * (double)scale + 0.5);
+  if (decimals == 0)
+    snprintf(buf, cap, "%llu", (unsigned long long)x);
+  else
+    snprintf(buf, cap, "%llu.%0*llu", (unsigned long long)(x / scale),
+             (int)decimals, (unsigned long long)(x % scale));
+  return buf;
+}
+
 const char *mp__fmt_bytes(char *buf, size_t cap, size_t bytes) {
   static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = (double)bytes;

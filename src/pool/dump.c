@@ -125,6 +125,8 @@ static void mp__dump_text_classes(const mp_pool_t *pool, FILE *out,
 static void mp__dump_json_head(const mp_pool_t *pool, FILE *out,
                                const mp__dump_head_t *h) {
   const mp_stats_t *s = &h->s;
+  char frag[32]; /* a JSON number under any locale */
+  mp__fmt_fixed(frag, sizeof frag, h->frag, 6);
   fprintf(out,
           "{\"kind\":\"%s\",\"stats\":{\"reserved_bytes\":%zu,"
           "\"peak_reserved_bytes\":%zu,\"allocated_bytes\":%zu,"
@@ -133,7 +135,7 @@ static void mp__dump_json_head(const mp_pool_t *pool, FILE *out,
           "\"free_bytes\":%zu,\"alloc_count\":%llu,\"free_count\":%llu,"
           "\"device_alloc_count\":%llu,\"device_free_count\":%llu,"
           "\"oom_count\":%llu,\"segment_count\":%zu,\"live_blocks\":%llu,"
-          "\"free_blocks\":%llu},\"external_fragmentation\":%.6f,"
+          "\"free_blocks\":%llu},\"external_fragmentation\":%s,"
           "\"streams\":{\"live\":%u,\"destroyed\":%u},\"segments\":[",
           pool->parent ? "child" : "pool", s->reserved_bytes,
           s->peak_reserved_bytes, s->allocated_bytes, s->peak_allocated_bytes,
@@ -144,7 +146,7 @@ static void mp__dump_json_head(const mp_pool_t *pool, FILE *out,
           (unsigned long long)s->device_free_count,
           (unsigned long long)s->oom_count, s->segment_count,
           (unsigned long long)s->live_blocks,
-          (unsigned long long)s->free_blocks, h->frag, h->live, h->gone);
+          (unsigned long long)s->free_blocks, frag, h->live, h->gone);
 }
 
 /* Under pool's lock: its segments, each after a comma unless *first (then

@@ -1,13 +1,16 @@
-/* Pool options read the same under any locale: a program that called
- * setlocale(LC_ALL, "") under a locale whose decimal point is ',' (de_DE)
- * still gets max_fraction=0.5 as one half. */
+/* The pool reads and writes numbers the same under any locale: a program
+ * that called setlocale(LC_ALL, "") under a locale whose decimal point is
+ * ',' (de_DE) still gets max_fraction=0.5 as one half, and a JSON dump
+ * whose fractions are JSON numbers. */
 #include <criterion/criterion.h>
 #include <langinfo.h>
 #include <locale.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../support/pool_helpers.h"
 #include "pool/pool_internal.h"
+#include "pool_fakedev.h"
 
 /* A locale whose decimal point is ',': one the system has, else the one
  * the build made with localedef under $MEMPOOL_TEST_LOCALES (LOCPATH is
@@ -52,7 +55,7 @@ static void back_to_c(void) {
     freelocale(comma);
 }
 
-Test(pool_config_locale, fractions_read_with_a_point_under_a_comma_locale,
+Test(pool_locale, fractions_read_with_a_point_under_a_comma_locale,
      .init = use_comma_locale, .fini = back_to_c) {
   unsetenv("MEMPOOL_CONF");
   mp_pool_config_t c;
@@ -68,4 +71,33 @@ Test(pool_config_locale, fractions_read_with_a_point_under_a_comma_locale,
   cr_assert_eq(mp_pool_config_parse(&c, "max_fraction=2.5e-1"), MP_OK, "%s",
                mp_last_error());
   cr_expect_eq(c.max_fraction, 0.25);
+}
+
+/* Failed before: "external_fragmentation":0,333333 (printf follows
+ * LC_NUMERIC), which no JSON reader takes. */
+Test(pool_locale, a_json_dump_writes_fractions_with_a_point,
+     .init = use_comma_locale, .fini = back_to_c) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  mp_pool_t *pool = make_pool(dev, "virtual=0,segment_bytes=2M,align=512");
+  void *p[3];
+  for (int i = 0; i < 3; i++)
+    cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p[i]), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p[1]), MP_OK); /* a hole: fragmented */
+  char *j = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&j, &len);
+  cr_assert_eq(mp_pool_dump(pool, f, "json"), MP_OK, "%s", mp_last_error());
+  fclose(f);
+  const char *at = strstr(j, "\"external_fragmentation\":");
+  cr_assert_not_null(at, "%s", j);
+  at += strlen("\"external_fragmentation\":");
+  char *end = NULL;
+  double frag = strtod_l(at, &end, newlocale(LC_NUMERIC_MASK, "C", 0));
+  cr_expect(frag > 0 && frag < 1, "%.40s", at);
+  cr_expect_eq(*end, ',', "not one JSON number: %.40s", at);
+  free(j);
+  cr_assert_eq(mp_pool_free(pool, p[0]), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p[2]), MP_OK);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  fake_close(dev);
 }
