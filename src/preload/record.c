@@ -179,18 +179,19 @@ static void mp__csv_line(const char *action, uintptr_t ptr, size_t size,
 
 static void mp__json_event(const char *name, uintptr_t ptr, size_t size,
                            uintptr_t stream, size_t reserved) {
-  double ts = mp__since_start_us();
+  char ts[32]; /* a JSON number under any locale */
+  mp__fmt_fixed(ts, sizeof ts, mp__since_start_us(), 3);
   int pid = (int)getpid();
   fprintf(mp__rec.trace,
           ",\n{\"name\":\"%s\",\"cat\":\"mempool\",\"ph\":\"i\",\"s\":\"t\","
-          "\"ts\":%.3f,\"pid\":%d,\"tid\":%ld,\"args\":{\"ptr\":\"%#lx\","
+          "\"ts\":%s,\"pid\":%d,\"tid\":%ld,\"args\":{\"ptr\":\"%#lx\","
           "\"size\":%zu,\"stream\":%lu}}",
           name, ts, pid, mp__thread_id(), (unsigned long)ptr, size,
           (unsigned long)stream);
   fprintf(mp__rec.trace,
-          ",\n{\"name\":\"reserved bytes\",\"ph\":\"C\",\"ts\":%.3f,"
+          ",\n{\"name\":\"reserved bytes\",\"ph\":\"C\",\"ts\":%s,"
           "\"pid\":%d,\"args\":{\"bytes\":%zu}}"
-          ",\n{\"name\":\"live bytes\",\"ph\":\"C\",\"ts\":%.3f,"
+          ",\n{\"name\":\"live bytes\",\"ph\":\"C\",\"ts\":%s,"
           "\"pid\":%d,\"args\":{\"bytes\":%zu}}",
           ts, pid, reserved, ts, pid, mp__rec.n.live);
 }
@@ -249,13 +250,15 @@ void mp__pl_record_other(const char *what, uintptr_t ptr, size_t size) {
     mp__rec.n.managed++;
   else if (strcmp(what, "pinned") == 0)
     mp__rec.n.pinned++;
-  if (mp__rec.json && mp__rec.trace != NULL && !mp__rec.closed)
+  if (mp__rec.json && mp__rec.trace != NULL && !mp__rec.closed) {
+    char ts[32]; /* a JSON number under any locale */
+    mp__fmt_fixed(ts, sizeof ts, mp__since_start_us(), 3);
     fprintf(mp__rec.trace,
             ",\n{\"name\":\"%s\",\"cat\":\"mempool\",\"ph\":\"i\",\"s\":\"t\","
-            "\"ts\":%.3f,\"pid\":%d,\"tid\":%ld,\"args\":{\"ptr\":\"%#lx\","
+            "\"ts\":%s,\"pid\":%d,\"tid\":%ld,\"args\":{\"ptr\":\"%#lx\","
             "\"size\":%zu}}",
-            what, mp__since_start_us(), (int)getpid(), mp__thread_id(),
-            (unsigned long)ptr, size);
+            what, ts, (int)getpid(), mp__thread_id(), (unsigned long)ptr, size);
+  }
   pthread_mutex_unlock(&mp__rec.lock);
 }
 

@@ -22,9 +22,12 @@
  * to 30 s for a snapshot to appear at PATH (a signal's, written while the
  * blocks are live), moves it to PATH.signal, prints snapshot_seen=0|1 and
  * frees them; "_exit" ends with _exit(0), past every exit handler (a
- * crash or a killed process leaves its files the same way). */
+ * crash or a killed process leaves its files the same way); "locale"
+ * first calls setlocale(LC_ALL, "") (as many programs do) and prints
+ * radix=<its decimal point>. */
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <locale.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -82,6 +85,10 @@ int main(int argc, char **argv) {
   const char *mode = argc > 2 ? argv[2] : "";
   if (n < 1 || n > 100000)
     n = 16;
+  if (strcmp(mode, "locale") == 0) {
+    setlocale(LC_ALL, "");
+    printf("radix=%s\n", localeconv()->decimal_point);
+  }
   if (strcmp(mode, "errors") == 0) {
     char *q = NULL;
     size_t t = 0;

@@ -146,6 +146,32 @@ Test(preload_runtime, json_trace_and_report_parse_and_agree) {
   rmdir(dir);
 }
 
+/* A program that calls setlocale(LC_ALL, "") under a locale whose decimal
+ * point is ',' (de_DE: the system's, or the one the build made, through
+ * LOCPATH) still gets a JSON trace a JSON reader takes. Failed before:
+ * its timestamps were written "ts":12,345. */
+Test(preload_runtime, json_trace_parses_under_a_comma_locale) {
+  char dir[64], trace[128], e1[160], e2[600];
+  const char *locales = getenv("MEMPOOL_TEST_LOCALES");
+  snprintf(e2, sizeof e2, "LOCPATH=%s", locales ? locales : "");
+  const char *argv[] = {MP_RT_PROG, N, "locale", NULL};
+  scratch_dir(dir, sizeof dir);
+  snprintf(trace, sizeof trace, "%s/run.json", dir);
+  snprintf(e1, sizeof e1, "MEMPOOL_TRACE=%s", trace);
+  run_preloaded(argv, e1, "LC_ALL=de_DE.UTF-8", locales ? e2 : NULL, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  if (strstr(r.out, "radix=,") == NULL) {
+    unlink(trace);
+    rmdir(dir);
+    cr_skip_test("no locale with a decimal comma: none installed and the "
+                 "build could not make one with localedef");
+  }
+  cr_expect_eq(sh("python3 -m json.tool %s >/dev/null", trace), 0,
+               "not JSON: %s", (slurp(trace, r.out, sizeof r.out), r.out));
+  unlink(trace);
+  rmdir(dir);
+}
+
 Test(preload_runtime, report_can_go_to_stderr) {
   run_preloaded(prog, "MEMPOOL_REPORT=stderr", NULL, NULL, &r);
   cr_assert(r.exited && r.code == 0, "err: %s", r.err);
