@@ -8,6 +8,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* glibc's newlocale under $LOCPATH does not free its copy of the path
+ * (seen with glibc 2.36): not the pool's leak, so LeakSanitizer is told
+ * to look away from that call in the sanitizer build. */
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#define LIBC_LEAK_BEGIN() __lsan_disable()
+#define LIBC_LEAK_END()   __lsan_enable()
+#else
+#define LIBC_LEAK_BEGIN() ((void)0)
+#define LIBC_LEAK_END()   ((void)0)
+#endif
+
 #include "../support/pool_helpers.h"
 #include "pool/pool_internal.h"
 #include "pool_fakedev.h"
@@ -26,7 +38,9 @@ static locale_t comma_locale(void) {
       setenv("LOCPATH", dir, 1);
     }
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+      LIBC_LEAK_BEGIN();
       locale_t l = newlocale(LC_ALL_MASK, names[i], (locale_t)0);
+      LIBC_LEAK_END();
       if (l == (locale_t)0)
         continue;
       if (strcmp(nl_langinfo_l(RADIXCHAR, l), ",") == 0)
