@@ -258,9 +258,14 @@ static void mp__write_frames(mp__pk_t *w, const mp__snap_t *s, size_t e) {
       if (dladdr(pc, &di) != 0) {
         if (di.dli_fname != NULL)
           file = di.dli_fname;
+        /* A name longer than the buffer (C++ templates) is shortened in
+         * its middle, so its end and the offset stay. */
+        char sym[sizeof name - 32];
         if (di.dli_sname != NULL)
-          snprintf(name, sizeof name, "%s+0x%zx", di.dli_sname,
-                   (size_t)((uintptr_t)pc - (uintptr_t)di.dli_saddr));
+          snprintf(
+              name, sizeof name, "%s+0x%zx",
+              mp__clip(di.dli_sname, strlen(di.dli_sname), sym, sizeof sym),
+              (size_t)((uintptr_t)pc - (uintptr_t)di.dli_saddr));
         else
           snprintf(name, sizeof name, "?? (%p)", pc);
       } else {

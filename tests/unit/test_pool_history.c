@@ -159,6 +159,35 @@ Test(pool_history, a_stack_starts_at_the_pools_caller) {
   mp_pool_destroy(p);
 }
 
+/* A frame whose symbol is longer than the snapshot's name buffer (C++
+ * template names often are): shortened in its middle, so the tail and the
+ * offset after it stay. Failed before: the name was cut at 511 bytes and
+ * lost its end and its "+0x" offset. */
+__attribute__((noinline)) void
+history_caller_with_a_name_longer_than_a_frame_name_buffer_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx_whose_tail_stays(
+    mp_pool_t *p, void **out) {
+  cr_assert_eq(mp_pool_alloc(p, 4096, NULL, out), MP_OK);
+}
+
+Test(pool_history, a_long_frame_name_keeps_its_tail_and_offset) {
+  mp_pool_t *p = make_pool("max_bytes=8M,history=16,history_stacks=1");
+  void *a;
+  history_caller_with_a_name_longer_than_a_frame_name_buffer_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx_whose_tail_stays(
+      p, &a);
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  cr_assert_eq(mp_pool_snapshot_file(p, f), MP_OK, "%s", mp_last_error());
+  fclose(f);
+  const char want[] = "_whose_tail_stays+0x";
+  cr_expect_not_null(memmem(buf, len, want, sizeof want - 1),
+                     "no frame name ends in '%s'", want);
+  cr_expect_not_null(memmem(buf, len, "history_caller_with_a_name", 26));
+  free(buf);
+  cr_assert_eq(mp_pool_free(p, a), MP_OK);
+  mp_pool_destroy(p);
+}
+
 Test(pool_history, an_oom_is_an_event) {
   mp_pool_t *p = make_pool("max_bytes=4M,history=8");
   void *a = NULL;
