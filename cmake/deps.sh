@@ -4,11 +4,13 @@
 # bench/run.sh; safe to run again (it does nothing when all is present).
 # python3-pytest/pip/setuptools: the Python package's tests (python/);
 # chromium: report.html's test in headless Chromium; minisat: the exact
-# offline placement (bench/tools/exact_pack.py) and its test.
+# offline placement (bench/tools/exact_pack.py) and its test; locales: the
+# de_DE sources the locale tests make a comma-decimal locale from.
 #   mempool_deps [extra-package...]
 mempool_deps() {
   local want=(cmake make gcc pkg-config libcriterion-dev libjemalloc-dev
-    python3 python3-pytest python3-pip python3-setuptools chromium minisat "$@")
+    python3 python3-pytest python3-pip python3-setuptools chromium minisat
+    locales "$@")
   local missing=()
   local p
   for p in "${want[@]}"; do
