@@ -59,7 +59,7 @@ static mp_status_t mp__check_segment(mp_pool_t *pool, mp__segment_t *s,
   uintptr_t at = s->base;
   mp__block_t *prev = NULL;
   size_t guard =
-      pool->st.live_blocks + pool->st.free_blocks + s->nchunks + s->nholes + 1;
+      pool->map_count + pool->st.free_blocks + s->nchunks + s->nholes + 1;
   size_t holes = 0, hole_bytes = 0;
   for (mp__block_t *b = s->first; b != NULL; b = b->next) {
     if (guard-- == 0)
@@ -196,7 +196,9 @@ mp_status_t mp__pool_check_locked(mp_pool_t *pool) {
   if (pool->map_count != live_n)
     MP__CORRUPT("live map holds %zu blocks, segments %zu", pool->map_count,
                 live_n);
-  const mp_stats_t *s = &pool->st;
+  mp_stats_t sc;
+  mp__stats_copy(pool, &sc); /* as callers read them */
+  const mp_stats_t *s = &sc;
   if (s->reserved_bytes != reserved || s->allocated_bytes != live_b ||
       s->requested_bytes != req_b || s->free_bytes != free_b ||
       s->live_blocks != live_n || s->free_blocks != free_n ||

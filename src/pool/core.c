@@ -234,14 +234,12 @@ static void mp__block_hold(mp_pool_t *pool, mp__block_t *b, bool on) {
     mp__map_add(pool, b); /* room was made before the take */
     pool->st.allocated_bytes += b->size;
     *free_bytes -= b->size;
-    pool->st.live_blocks++;
     mp__stats_peaks(pool);
   } else {
     b->flags &= ~(uint32_t)MP__B_LADDER;
     mp__map_remove(pool, b);
     pool->st.allocated_bytes -= b->size;
     *free_bytes += b->size;
-    pool->st.live_blocks--;
   }
 }
 
@@ -402,7 +400,6 @@ MP__HOT void mp__block_make_live(mp_pool_t *pool, mp__block_t *b,
   pool->st.allocated_bytes += b->size;
   pool->st.free_bytes -= b->size;
   pool->st.requested_bytes += requested;
-  pool->st.live_blocks++;
   pool->st.alloc_count++;
   mp__stats_live_peaks(pool);
   if (!plain)
@@ -413,13 +410,12 @@ MP__HOT mp__block_t *mp__block_release_merged(mp_pool_t *pool, mp__block_t *b,
                                               bool plain) {
   MP__ASSERT_LOCKED(pool);
   MP__ASSERT(!(b->flags & (MP__B_FREE | MP__B_HOLE)));
-  MP__ASSERT(pool->st.live_blocks > 0 && pool->st.allocated_bytes >= b->size);
+  MP__ASSERT(pool->st.allocated_bytes >= b->size);
   if (!plain && MP__UNLIKELY(pool->hist.ev != NULL))
     mp__history_free(pool, b->addr, b->size, MP__HIST_STREAM(pool, b->sidx));
   pool->st.allocated_bytes -= b->size;
   pool->st.free_bytes += b->size;
   pool->st.requested_bytes -= b->requested;
-  pool->st.live_blocks--;
   pool->st.free_count++;
   /* requested is not cleared: it is read only while live (dump.c,
    * snapshot.c, check.c; the ladder's held block sets it 0). */

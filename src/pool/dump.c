@@ -275,7 +275,7 @@ mp_status_t mp_pool_dump(mp_pool_t *pool, FILE *out, const char *format) {
     /* Under the lock throughout: one pool's state at one moment. */
     mp__pool_lock(pool);
     mp__pool_wait_idle(pool);
-    h.s = pool->st;
+    mp__stats_copy(pool, &h.s);
     h.largest = mp__stats_largest_free(pool);
     part_no[nparts] = -1;
     part[nparts++] = pool;

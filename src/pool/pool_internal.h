@@ -415,7 +415,9 @@ struct mp_pool {
   void **slabs;
   size_t nslabs, slabs_cap;
 
-  mp_stats_t st; /* every field but largest_free_bytes, kept current */
+  /* Every field but largest_free_bytes and live_blocks, kept current;
+   * live_blocks is the live map's count (mp__stats_copy), not kept here. */
+  mp_stats_t st;
   /* mp_pool_set_access: append-only, so that a map made with the lock
    * dropped reads a prefix that was complete when it began. */
   mp_device_t *peers[32];
@@ -1292,6 +1294,9 @@ void mp__stats_live_peaks(mp_pool_t *pool);
 /* The pool's counters now (takes the lock), summed over its arenas if it
  * has them (pool.h, Arenas: peaks are sums of the arenas' peaks). */
 void mp__stats_read(mp_pool_t *pool, mp_stats_t *out);
+/* One pool's counters (under its lock) as callers see them: pool->st with
+ * live_blocks filled in (the live map holds exactly the live blocks). */
+void mp__stats_copy(const mp_pool_t *pool, mp_stats_t *out);
 size_t mp__stats_largest_free(const mp_pool_t *pool);
 /* ---- check.c ------------------------------------------------------------ */
 mp_status_t mp__pool_check_locked(mp_pool_t *pool);

@@ -3,7 +3,8 @@
  * Every counter but largest_free_bytes is kept current by the operation that
  * changes it (core.c, block.c, segment.c, vrange.c, grow.c, defrag.c, pause.c);
  * largest_free_bytes is read from the free index at the time of the call (the
- * top class's largest block), so no operation pays for it. Invariant:
+ * top class's largest block), and live_blocks is the live map's count
+ * (mp__stats_copy): no operation pays for either. Invariant:
  * free_bytes = reserved - allocated. A pool with arenas reads as the sum of
  * its arenas (arena.c). */
 #include "../structs.h"
@@ -29,10 +30,15 @@ size_t mp__stats_largest_free(const mp_pool_t *pool) {
   return b ? b->size : 0;
 }
 
+void mp__stats_copy(const mp_pool_t *pool, mp_stats_t *out) {
+  *out = pool->st;
+  out->live_blocks = pool->map_count;
+}
+
 /* One pool's counters now, under its lock. */
 static void mp__stats_one(mp_pool_t *pool, mp_stats_t *out) {
   mp__pool_lock(pool);
-  *out = pool->st;
+  mp__stats_copy(pool, out);
   /* A paused pool has no memory to serve from. */
   out->largest_free_bytes = pool->paused ? 0 : mp__stats_largest_free(pool);
   mp__pool_unlock(pool);
