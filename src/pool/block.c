@@ -138,14 +138,16 @@ static const mp__slot_t mp__map_none[2];
 void mp__map_init(mp_pool_t *pool) {
   pool->map = (mp__slot_t *)mp__map_none; /* read, never written */
   pool->map_cap = 0;
+  pool->map_room = 0;
   pool->map_shift = 63;
 }
 
 bool mp__map_reserve(mp_pool_t *pool, size_t n) {
   if (mp__map_has_room(pool, n))
     return true;
+  size_t count = mp__map_count(pool);
   size_t cap = pool->map_cap ? pool->map_cap : 256;
-  while ((pool->map_count + n) * 4 > cap)
+  while ((count + n) * 4 > cap)
     cap *= 2;
   mp__slot_t *m = mp__host_calloc(mp__map_slots(cap), sizeof *m);
   if (m == NULL)
@@ -154,6 +156,7 @@ bool mp__map_reserve(mp_pool_t *pool, size_t n) {
   size_t old_cap = pool->map_cap;
   pool->map = m;
   pool->map_cap = cap; /* mp__map_slot depends on both */
+  pool->map_room = cap / 4 - count;
   pool->map_shift = 64u - (unsigned)__builtin_ctzll((unsigned long long)cap);
   for (size_t i = 0; i < mp__map_slots(old_cap); i++)
     if (old[i].addr != 0)
@@ -166,7 +169,7 @@ bool mp__map_reserve(mp_pool_t *pool, size_t n) {
 MP__HOT void mp__map_add(mp_pool_t *pool, mp__block_t *b) {
   MP__ASSERT(mp__map_has_room(pool, 1));
   mp__map_put(pool->map, mp__map_slot(pool, b->addr), b);
-  pool->map_count++;
+  pool->map_room--;
 }
 
 bool mp__map_insert(mp_pool_t *pool, mp__block_t *b) {
@@ -191,7 +194,7 @@ MP__HOT void mp__map_remove_slot(mp_pool_t *pool, size_t slot) {
     }
   }
   map[hole].addr = 0; /* an empty slot's blk is never read */
-  pool->map_count--;
+  pool->map_room++;
 }
 
 void mp__map_remove(mp_pool_t *pool, mp__block_t *b) {

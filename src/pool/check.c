@@ -59,7 +59,7 @@ static mp_status_t mp__check_segment(mp_pool_t *pool, mp__segment_t *s,
   uintptr_t at = s->base;
   mp__block_t *prev = NULL;
   size_t guard =
-      pool->map_count + pool->st.free_blocks + s->nchunks + s->nholes + 1;
+      mp__map_count(pool) + pool->st.free_blocks + s->nchunks + s->nholes + 1;
   size_t holes = 0, hole_bytes = 0;
   for (mp__block_t *b = s->first; b != NULL; b = b->next) {
     if (guard-- == 0)
@@ -193,8 +193,8 @@ mp_status_t mp__pool_check_locked(mp_pool_t *pool) {
   if (idx_n != free_n || idx_b != free_b)
     MP__CORRUPT("free index holds %zu blocks / %zu bytes, segments %zu / %zu",
                 idx_n, idx_b, free_n, free_b);
-  if (pool->map_count != live_n)
-    MP__CORRUPT("live map holds %zu blocks, segments %zu", pool->map_count,
+  if (mp__map_count(pool) != live_n)
+    MP__CORRUPT("live map holds %zu blocks, segments %zu", mp__map_count(pool),
                 live_n);
   mp_stats_t sc;
   mp__stats_copy(pool, &sc); /* as callers read them */

@@ -368,7 +368,7 @@ static void mp__graph_finish(mp_pool_t *graph) {
  * gives nothing back), so the allocation that grew finishes the pool when
  * the free came meanwhile. */
 bool mp__graph_take_last(mp_pool_t *graph) {
-  bool last = graph->graph && graph->released && graph->map_count == 0 &&
+  bool last = graph->graph && graph->released && mp__map_count(graph) == 0 &&
               graph->ncapturing == 0 && graph->ncalls == 0 && !graph->inflight;
   if (last)
     graph->released = false; /* only the caller that saw it finishes it */

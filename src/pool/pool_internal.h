@@ -382,7 +382,11 @@ struct mp_pool {
    * home slots, mp__map_slots(map_cap) in all (runs go on past the last
    * home slot instead of wrapping) */
   mp__slot_t *map;
-  size_t map_cap, map_count;
+  size_t map_cap;
+  /* Entries that still fit before the map must grow (map_cap / 4 less the
+   * entries: mp__map_count), so that the allocation's room test is one
+   * compare with zero. */
+  size_t map_room;
   unsigned map_shift; /* 64 - log2(map_cap): mp__map_slot's shift */
 
   mp__segment_t *segs; /* every segment, newest first */
@@ -871,12 +875,16 @@ void mp__map_init(mp_pool_t *pool);
 /* Whether n more entries fit without growing the map (its load stays at
  * most one quarter, so probe runs stay short: mp__map_reserve's rule). */
 static inline bool mp__map_has_room(const mp_pool_t *pool, size_t n) {
-  return (pool->map_count + n) * 4 <= pool->map_cap;
+  return pool->map_room >= n;
+}
+/* The entries in the live map: exactly the live blocks. */
+static inline size_t mp__map_count(const mp_pool_t *pool) {
+  return pool->map_cap / 4 - pool->map_room;
 }
 /* The slots of a map of cap home slots: cap / 4 more past the last home
  * slot, where probe runs go on instead of wrapping to slot 0 (no mask per
  * probe step, no cyclic distance in the removal). A run holds at most
- * map_count <= cap / 4 entries (mp__map_has_room), so one that starts at a
+ * mp__map_count <= cap / 4 entries (mp__map_has_room), so one that starts at a
  * home slot h ends at h + cap / 4 - 1 at the latest: the last slot stays
  * empty and ends every probe, and no probe tests a bound. */
 static inline size_t mp__map_slots(size_t cap) {

@@ -32,7 +32,7 @@ size_t mp__stats_largest_free(const mp_pool_t *pool) {
 
 void mp__stats_copy(const mp_pool_t *pool, mp_stats_t *out) {
   *out = pool->st;
-  out->live_blocks = pool->map_count;
+  out->live_blocks = mp__map_count(pool);
 }
 
 /* One pool's counters now, under its lock. */

@@ -244,7 +244,7 @@ Test(pool_history, snapshot_bad_paths_fail_and_leave_nothing) {
   }
   /* The pool is as it was: same events, the block still live. */
   cr_expect_eq(p->hist.total, total);
-  cr_expect_eq(p->map_count, 1);
+  cr_expect_eq(mp__map_count(p), 1);
   cr_expect_eq(mp_pool_check(p), MP_OK);
   mp_pool_free(p, a);
   mp_pool_destroy(p);
