@@ -252,11 +252,11 @@ MP__HOT void mp__block_split_rest(mp_pool_t *pool, mp__block_t *b, size_t size,
   r->size = b->size - size;
   r->flags = b->flags & (MP__B_SYNC | MP__B_UNMERGED);
   /* Not sidx nor requested: read only while live (or sidx, unmapped), and
-   * set by whatever makes the block so. */
+   * set by whatever makes the block so; nor handle / child, read only under
+   * MP__B_MOVABLE / MP__B_CHILD, which r does not have. */
   r->ndeps = b->ndeps;
   r->gen = b->gen;
   memcpy(r->deps, b->deps, sizeof r->deps);
-  r->handle = NULL;
   b->size = size;
   mp__block_link(b->seg, b, r);
   mp__index_insert_hot(pool, r);

@@ -418,9 +418,8 @@ MP__HOT mp__block_t *mp__block_release_merged(mp_pool_t *pool, mp__block_t *b,
   pool->st.requested_bytes -= b->requested;
   pool->st.free_count++;
   /* requested is not cleared: it is read only while live (dump.c,
-   * snapshot.c, check.c; the ladder's held block sets it 0). */
-  b->handle = NULL;
-  b->child = NULL;
+   * snapshot.c, check.c; the ladder's held block sets it 0). Nor handle /
+   * child: read only under MP__B_MOVABLE / MP__B_CHILD, cleared below. */
   mp__deps_on_free(pool, b);
   b->flags &= MP__B_SYNC;
   pool->st.free_blocks++;
