@@ -121,7 +121,7 @@ void mp__rec_release_all(mp_pool_t *pool) {
 /* ---- live map ----------------------------------------------------------- */
 
 mp__block_t *mp__map_find(const mp_pool_t *pool, uintptr_t addr) {
-  size_t slot;
+  mp__slot_t *slot;
   return mp__map_lookup(pool, addr, &slot);
 }
 
@@ -179,26 +179,25 @@ bool mp__map_insert(mp_pool_t *pool, mp__block_t *b) {
   return true;
 }
 
-MP__HOT void mp__map_remove_slot(mp_pool_t *pool, size_t slot) {
+MP__HOT void mp__map_remove_slot(mp_pool_t *pool, mp__slot_t *slot) {
   /* Backward shift: pull later entries of the probe run into the hole when
    * their home slot does not lie strictly between the hole and them. Runs
    * never wrap (mp__map_slots): a home is at or below its entry's slot. */
-  mp__slot_t *map = pool->map;
-  size_t hole = slot;
-  for (size_t j = slot + 1; map[j].addr != 0; j++) {
+  mp__slot_t *map = pool->map, *hole = slot;
+  for (mp__slot_t *j = slot + 1; j->addr != 0; j++) {
     /* Movable unless its home lies in (hole, j]: then it is nearer j than
      * the hole is. */
-    if (mp__map_slot(pool, map[j].addr) <= hole) {
-      map[hole] = map[j];
+    if (map + mp__map_slot(pool, j->addr) <= hole) {
+      *hole = *j;
       hole = j;
     }
   }
-  map[hole].addr = 0; /* an empty slot's blk is never read */
+  hole->addr = 0; /* an empty slot's blk is never read */
   pool->map_room++;
 }
 
 void mp__map_remove(mp_pool_t *pool, mp__block_t *b) {
-  size_t slot;
+  mp__slot_t *slot;
   if (mp__map_lookup(pool, b->addr, &slot) == b)
     mp__map_remove_slot(pool, slot);
 }

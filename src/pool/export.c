@@ -205,7 +205,7 @@ mp_status_t mp_pool_ipc_export(mp_pool_t *pool, void *ptr,
     return nst;
   mp__pool_lock(pool);
   mp__block_t *b = NULL;
-  size_t slot = 0;
+  mp__slot_t *slot = NULL;
   uintptr_t base = 0;
   size_t bytes = 0;
   bool vm = false;

@@ -316,7 +316,7 @@ static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes,
      * pool borrowed: the room is asked again. */
     r = mp__graph_room(parent->granges, parent->ngranges, &parent->granges_cap,
                        sizeof *r, "ranges");
-    size_t slot = 0;
+    mp__slot_t *slot = NULL;
     mp__block_t *b = mp__map_lookup(parent, (uintptr_t)*out, &slot);
     if (r == NULL) {
       mp__map_remove_slot(parent, slot);
@@ -347,7 +347,7 @@ static void mp__graph_finish(mp_pool_t *graph) {
         mp__pool_rare_update(parent);
         break;
       }
-    size_t slot = 0;
+    mp__slot_t *slot = NULL;
     mp__block_t *b = mp__map_lookup(parent, s->base, &slot);
     mp__stream_use_all(parent, b); /* replays may still run anywhere */
     mp__map_remove_slot(parent, slot);

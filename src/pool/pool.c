@@ -553,7 +553,7 @@ mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr, mp_stream_t s) {
   }
   mp__block_t *b = NULL; /* set when mp__pool_find_live succeeds */
   uint32_t sidx;
-  size_t slot = 0;
+  mp__slot_t *slot = NULL;
   mp_status_t st = mp__pool_paused(pool, "mp_pool_record_stream");
   if (st == MP_OK)
     st =
@@ -590,7 +590,7 @@ static MP__HOT mp_status_t mp__pool_free_locked(mp_pool_t *pool, void *ptr,
   }
   mp__block_t *b = NULL; /* set when mp__pool_find_live succeeds */
   uint32_t sidx = 0;
-  size_t slot = 0;
+  mp__slot_t *slot = NULL;
   mp_status_t st = plain ? MP_OK : mp__pool_paused(pool, fn);
   if (st == MP_OK)
     st = mp__pool_find_live(pool, fn, ptr, false, &b, &slot);

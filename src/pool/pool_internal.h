@@ -900,38 +900,37 @@ void mp__map_remove(mp_pool_t *pool, mp__block_t *b);
 static inline size_t mp__map_slot(const mp_pool_t *pool, uintptr_t addr) {
   return (size_t)(((uint64_t)addr * 0x9E3779B97F4A7C15ull) >> pool->map_shift);
 }
-/* Whether addr is in the live map, and then its slot (inline: every free
- * looks its pointer up). A slot's record is never NULL, so a caller that
- * found the slot tests nothing more. */
-static inline bool mp__map_probe(const mp_pool_t *pool, uintptr_t addr,
-                                 size_t *slot) {
+/* addr's slot in the live map, or NULL when it is not there (inline: every
+ * free looks its pointer up). A pointer, not an index: the removal starts
+ * from it without scaling an index again. A slot's record is never NULL,
+ * so a caller that found the slot tests nothing more. */
+static inline mp__slot_t *mp__map_probe(const mp_pool_t *pool, uintptr_t addr) {
   if (addr == 0)
-    return false; /* an empty slot's key */
-  for (size_t i = mp__map_slot(pool, addr);; i++) {
-    uintptr_t a = pool->map[i].addr;
-    if (a == addr) {
-      *slot = i;
-      return true;
-    }
-    if (a == 0)
-      return false;
+    return NULL; /* an empty slot's key */
+  for (mp__slot_t *p = pool->map + mp__map_slot(pool, addr);; p++) {
+    if (p->addr == addr)
+      return p;
+    if (p->addr == 0)
+      return NULL;
   }
 }
 /* The live block at addr and its slot, for mp__map_remove_slot. */
 static inline mp__block_t *mp__map_lookup(const mp_pool_t *pool, uintptr_t addr,
-                                          size_t *slot) {
-  return mp__map_probe(pool, addr, slot) ? pool->map[*slot].blk : NULL;
+                                          mp__slot_t **slot) {
+  *slot = mp__map_probe(pool, addr);
+  return *slot != NULL ? (*slot)->blk : NULL;
 }
 /* (core.c) The live block at ptr for a caller's fn, with a message naming
  * what is wrong with it; movable_ok: a movable block's pointer is
  * accepted. A held block is not live to callers. */
 static inline mp_status_t mp__pool_find_live(mp_pool_t *pool, const char *fn,
                                              void *ptr, bool movable_ok,
-                                             mp__block_t **out, size_t *slot) {
-  size_t i;
-  if (MP__UNLIKELY(!mp__map_probe(pool, (uintptr_t)ptr, &i)))
+                                             mp__block_t **out,
+                                             mp__slot_t **slot) {
+  mp__slot_t *i = mp__map_probe(pool, (uintptr_t)ptr);
+  if (MP__UNLIKELY(i == NULL))
     return mp__pool_find_live_why(pool, fn, ptr, movable_ok, NULL);
-  mp__block_t *b = pool->map[i].blk;
+  mp__block_t *b = i->blk;
   uint32_t bad = MP__B_CHILD | MP__B_HELD | MP__B_LADDER |
                  (movable_ok ? 0 : MP__B_MOVABLE);
   if (MP__UNLIKELY(b->flags & bad))
@@ -940,7 +939,7 @@ static inline mp_status_t mp__pool_find_live(mp_pool_t *pool, const char *fn,
   *out = b;
   return MP_OK;
 }
-void mp__map_remove_slot(mp_pool_t *pool, size_t slot);
+void mp__map_remove_slot(mp_pool_t *pool, mp__slot_t *slot);
 /* [defrag] Cuts b (not in the index) to `size`; the rest becomes a new free
  * block after it, with b's deps, inserted in the index. Returns it or NULL
  * when the rest is empty (or no record could be made). */

@@ -14,10 +14,10 @@
 
 /* Where addr's entry sits past its home slot in pool's live map. */
 static size_t probe_distance(mp_pool_t *pool, void *addr) {
-  size_t slot = 0;
+  mp__slot_t *slot = NULL;
   mp__pool_lock(pool);
   cr_assert_not_null(mp__map_lookup(pool, (uintptr_t)addr, &slot));
-  size_t d = (slot - mp__map_slot(pool, (uintptr_t)addr)) & (pool->map_cap - 1);
+  size_t d = (size_t)(slot - pool->map) - mp__map_slot(pool, (uintptr_t)addr);
   mp__pool_unlock(pool);
   return d;
 }
