@@ -247,9 +247,11 @@ MP__HOT mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b,
 MP__HOT void mp__block_split_rest(mp_pool_t *pool, mp__block_t *b, size_t size,
                                   mp__block_t *r) {
   MP__ASSERT(!(b->flags & MP__B_FREE) && size < b->size);
-  r->addr = b->addr + size;
-  r->size = b->size - size;
-  r->flags = b->flags & (MP__B_SYNC | MP__B_UNMERGED);
+  uintptr_t raddr = b->addr + size;
+  size_t rsize = b->size - size;
+  r->addr = raddr;
+  r->size = rsize;
+  r->flags = (b->flags & (MP__B_SYNC | MP__B_UNMERGED)) | MP__B_FREE;
   /* Not sidx nor requested: read only while live (or sidx, unmapped), and
    * set by whatever makes the block so; nor handle / child, read only under
    * MP__B_MOVABLE / MP__B_CHILD, which r does not have. */
@@ -258,7 +260,7 @@ MP__HOT void mp__block_split_rest(mp_pool_t *pool, mp__block_t *b, size_t size,
   memcpy(r->deps, b->deps, sizeof r->deps);
   b->size = size;
   mp__block_link(b->seg, b, r);
-  mp__index_insert_hot(pool, r);
+  mp__index_link_hot(pool, r, rsize, raddr);
 }
 
 MP__HOT void mp__block_split_into(mp_pool_t *pool, mp__block_t *b, size_t size,

@@ -57,12 +57,11 @@ static int mp__key_cmp(const mp__block_t *n, size_t size, uintptr_t addr) {
 /* Each free block is its own treap node: the links and the class live in
  * its record, the key is its (size, addr) and the priority hashes addr, so
  * an insert or remove allocates, copies and validates nothing. */
-MP__HOT void mp__index_insert_hot(mp_pool_t *pool, mp__block_t *b) {
-  size_t size = b->size;
-  uintptr_t addr = b->addr;
+MP__HOT void mp__index_link_hot(mp_pool_t *pool, mp__block_t *b, size_t size,
+                                uintptr_t addr) {
+  MP__ASSERT((b->flags & MP__B_FREE) && b->size == size && b->addr == addr);
   size_t c = mp__cls(pool, size);
   b->cls = (uint32_t)c;
-  b->flags |= MP__B_FREE;
   /* Top down, no stack: descend past the nodes that outrank the new one,
    * put it in the place of the first that does not, and split that
    * subtree by the key into its two children. */
@@ -95,6 +94,11 @@ MP__HOT void mp__index_insert_hot(mp_pool_t *pool, mp__block_t *b) {
     }
   }
   *l = *r = NULL;
+}
+
+MP__HOT void mp__index_insert_hot(mp_pool_t *pool, mp__block_t *b) {
+  b->flags |= MP__B_FREE;
+  mp__index_link_hot(pool, b, b->size, b->addr);
 }
 
 _Static_assert(((MP__FL_COUNT * MP__SL_COUNT) &
