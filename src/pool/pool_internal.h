@@ -912,7 +912,10 @@ static inline size_t mp__map_slot(const mp_pool_t *pool, uintptr_t addr) {
 static inline mp__slot_t *mp__map_probe(const mp_pool_t *pool, uintptr_t addr) {
   if (addr == 0)
     return NULL; /* an empty slot's key */
-  for (mp__slot_t *p = pool->map + mp__map_slot(pool, addr);; p++) {
+  mp__slot_t *p = pool->map + mp__map_slot(pool, addr);
+  if (MP__LIKELY(p->addr == addr))
+    return p; /* at its home slot: most entries (a map at most 1/4 full) */
+  for (;; p++) {
     if (p->addr == addr)
       return p;
     if (p->addr == 0)
