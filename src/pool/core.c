@@ -34,11 +34,11 @@
 #define MP__SEARCH_LIMIT 16
 
 bool mp__pool_round(const mp_pool_t *pool, size_t bytes, size_t *out) {
-  size_t a = pool->cfg.align, up;
+  size_t up;
   /* The overflow check is the add's carry: no separate compare. */
-  if (__builtin_add_overflow(bytes, a - 1, &up))
+  if (__builtin_add_overflow(bytes, pool->align_add, &up))
     return false;
-  *out = up & ~(a - 1);
+  *out = up & pool->align_mask;
   return true;
 }
 
@@ -442,6 +442,8 @@ mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
   pool->cfg = *cfg;
   if (pool->cfg.align == 0)
     pool->cfg.align = MP__DEFAULT_ALIGN;
+  pool->align_add = pool->cfg.align - 1;
+  pool->align_mask = ~(pool->cfg.align - 1);
   if (pool->cfg.segment_bytes == 0)
     pool->cfg.segment_bytes = MP__DEFAULT_SEGMENT;
   pool->cfg.segment_bytes =

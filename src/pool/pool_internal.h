@@ -322,6 +322,9 @@ struct mp_pool {
                     stream it waits for may be waiting for them) */
   mp_device_t *dev;
   mp_pool_config_t cfg;
+  /* cfg.align - 1 and its complement, set with it (mp__pool_new): a
+   * request's rounding (mp__pool_round) is an add and an and. */
+  size_t align_add, align_mask;
   bool paused;        /* pause.c: memory given back, addresses kept */
   bool pause_turn;    /* pause.c, a pool with arenas: a pause or resume of
                          its arenas is under way (the pool's lock dropped) */
