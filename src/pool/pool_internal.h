@@ -174,9 +174,14 @@ static inline uint32_t mp__dep_sidx(mp__dep_t d) {
 static inline uint64_t mp__dep_epoch(mp__dep_t d) {
   return d.w & MP__DEP_EPOCH_MASK;
 }
-/* Whether a and b are deps on the same stream (one xor, one shift). */
+/* 0 when a and b are deps on the same stream, else nonzero (one xor, one
+ * shift): a word a caller may or with others to test them all at once. */
+static inline uint64_t mp__dep_other_stream(mp__dep_t a, mp__dep_t b) {
+  return (a.w ^ b.w) >> MP__DEP_EPOCH_BITS;
+}
+/* Whether a and b are deps on the same stream. */
 static inline bool mp__dep_same_stream(mp__dep_t a, mp__dep_t b) {
-  return ((a.w ^ b.w) >> MP__DEP_EPOCH_BITS) == 0;
+  return mp__dep_other_stream(a, b) == 0;
 }
 
 typedef struct mp__segment mp__segment_t;
@@ -1090,9 +1095,10 @@ static inline bool mp__deps_try_merge(mp_pool_t *pool, mp__block_t *dst,
   /* One dep each, on the same stream (a pool of one stream has no other
    * case but the next): the later epoch. Finished deps may stay;
    * mp__deps_safe drops them when it looks. */
+  /* The last two tests as one word (| rather than &&): one branch. */
   if (MP__LIKELY(dst->ndeps == 1 && src->ndeps == 1 &&
-                 mp__dep_same_stream(dst->deps[0], src->deps[0]) &&
-                 !((dst->flags | src->flags) & MP__B_SYNC))) {
+                 (mp__dep_other_stream(dst->deps[0], src->deps[0]) |
+                  ((dst->flags | src->flags) & MP__B_SYNC)) == 0)) {
     /* One stream: the words order as the epochs. */
     if (dst->deps[0].w < src->deps[0].w)
       dst->deps[0] = src->deps[0];
