@@ -365,10 +365,12 @@ mp_status_t mp_pool_set_access(mp_pool_t *pool, mp_device_t *peer) {
   mp_status_t st = mp__peer_room(pool, peer, &have);
   if (st != MP_OK || have)
     goto out;
-  /* The chunks mapped now, then the peer for every later map. */
+  /* The chunks mapped now (paused: those a failed undo left mapped; a
+   * resume maps the others), then the peer for every later map. */
   unsigned n = atomic_load(&pool->npeers);
   mp__segment_t *v = pool->vseg;
-  for (size_t i = 0; v != NULL && !pool->paused && i < v->nchunks; i++)
+  size_t mapped = mp__pool_chunks_mapped(pool, v);
+  for (size_t i = 0; i < mapped; i++)
     if ((st = mp__device_vm_access(pool->dev, (void *)v->chunks[i].addr,
                                    v->chunks[i].size, peer)) != MP_OK)
       goto out;

@@ -522,6 +522,14 @@ static inline mp_status_t mp__pool_paused(const mp_pool_t *pool,
                       : MP_OK;
 }
 
+/* Under the lock: how many of virtual segment v's chunks are mapped, the
+ * first ones: all while running; paused, those a failed undo left mapped
+ * (pause_mapped, pause.c). */
+static inline size_t mp__pool_chunks_mapped(const mp_pool_t *pool,
+                                            const mp__segment_t *v) {
+  return v == NULL ? 0 : pool->paused ? pool->pause_mapped : v->nchunks;
+}
+
 /* Nonzero while any state holds that the plain alloc and free paths
  * (pool.c) leave out: streams routed or ranges lent to graph pools, a graph
  * pool itself, paused, exported blocks held, a per-thread stream met, an

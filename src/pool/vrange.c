@@ -738,8 +738,7 @@ mp_status_t mp__pool_vm_map(mp_pool_t *pool, void *addr, size_t bytes) {
 }
 
 void mp__vrange_release(mp_pool_t *pool, mp__segment_t *s) {
-  /* Paused: only what a failed undo left mapped (pause.c). */
-  for (size_t i = pool->paused ? pool->pause_mapped : s->nchunks; i-- > 0;) {
+  for (size_t i = mp__pool_chunks_mapped(pool, s); i-- > 0;) {
     mp__device_vm_unmap(pool->dev, (void *)s->chunks[i].addr,
                         s->chunks[i].size);
     pool->st.device_free_count++;

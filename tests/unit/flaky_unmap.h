@@ -1,20 +1,62 @@
 /* flaky_unmap.h - the fake device (pool_fakedev.h) with page-locked host
  * memory for a pause's kept content (the fake has none of its own) and its
  * vm_unmap call #fail_at (1-based; 0: none) failing: the pause tests' way
- * to fail a pause, or the undo of a resume, part-way. */
+ * to fail a pause, or the undo of a resume, part-way. A second device of
+ * its kind (flaky_peer_open, ordinal 1) is a peer for mp_pool_set_access,
+ * and the fake records which mappings are open to it. */
 #ifndef MEMPOOL_TEST_FLAKY_UNMAP_H
 #define MEMPOOL_TEST_FLAKY_UNMAP_H
 
+#include <stdbool.h>
 #include <stdlib.h>
 
 #include "pool_fakedev.h"
 
 static unsigned unmap_calls, unmap_fail_at;
 
+/* The peer (ordinal 1; every other device of the kind is 0), and the
+ * mappings opened to it, by address: an unmap closes one. */
+static mp_device_t *flaky_peer;
+static void *peer_open[64];
+static size_t npeer_open;
+
+static int flaky_ordinal(mp_device_t *dev) {
+  return dev == flaky_peer;
+}
+
+/* Whether the mapping at addr is open to the peer. */
+static bool open_to_peer(const void *addr) {
+  for (size_t i = 0; i < npeer_open; i++)
+    if (peer_open[i] == addr)
+      return true;
+  return false;
+}
+
+/* cuMemSetAccess: "The range must be a fully mapped address range"
+ * (/usr/local/cuda/include/cuda.h): one whole mapping here, else refused. */
+static mp_status_t flaky_vm_access(mp_device_t *dev, void *addr, size_t bytes,
+                                   mp_device_t *peer) {
+  fake_dev_t *f = fake_of(dev);
+  for (size_t i = 0; i < f->nmap; i++)
+    if (f->map[i].addr == addr && f->map[i].size == bytes) {
+      if (peer == flaky_peer && !open_to_peer(addr) &&
+          npeer_open < sizeof peer_open / sizeof *peer_open)
+        peer_open[npeer_open++] = addr;
+      return MP_OK;
+    }
+  return mp__fail(MP_EDRIVER, "fake vm_access: %p is not mapped", addr);
+}
+
 static mp_status_t flaky_vm_unmap(mp_device_t *dev, void *addr, size_t bytes) {
   if (++unmap_calls == unmap_fail_at)
     return mp__fail(MP_EDRIVER, "fake vm_unmap #%u fails", unmap_calls);
-  return fake_vm_unmap(dev, addr, bytes);
+  mp_status_t st = fake_vm_unmap(dev, addr, bytes);
+  for (size_t i = 0; st == MP_OK && i < npeer_open; i++)
+    if (peer_open[i] == addr) {
+      peer_open[i] = peer_open[--npeer_open];
+      break;
+    }
+  return st;
 }
 
 static mp_status_t flaky_host_alloc(mp_device_t *dev, size_t bytes,
@@ -38,11 +80,21 @@ static inline mp_device_t *flaky_open(unsigned fail_at) {
   flaky_backend.vm_unmap = flaky_vm_unmap;
   flaky_backend.host_alloc = flaky_host_alloc;
   flaky_backend.host_free = flaky_host_free;
+  flaky_backend.ordinal = flaky_ordinal;
+  flaky_backend.vm_access = flaky_vm_access;
   mp_device_t *dev = fake_open((size_t)1 << 30, (size_t)2 << 20);
   dev->ops = &flaky_backend;
   unmap_calls = 0;
   unmap_fail_at = fail_at;
+  npeer_open = 0;
   return dev;
+}
+
+/* The peer, after flaky_open; fake_close closes it. */
+static inline mp_device_t *flaky_peer_open(void) {
+  flaky_peer = fake_open((size_t)1 << 30, (size_t)2 << 20);
+  flaky_peer->ops = &flaky_backend;
+  return flaky_peer;
 }
 
 #endif /* MEMPOOL_TEST_FLAKY_UNMAP_H */

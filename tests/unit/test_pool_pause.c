@@ -117,6 +117,35 @@ Test(pool_pause, a_pause_whose_undo_fails_stays_paused_and_resumes) {
   resume_and_finish(dev, p, v, reserved);
 }
 
+/* A peer given access while a failed undo left chunks mapped: those chunks
+ * are opened to it then, the others when the resume maps them, so after
+ * the resume the peer reaches every chunk. Failed before: set_access
+ * skipped every chunk of a paused pool, and the chunks still mapped never
+ * came back through a map that would open them. */
+Test(pool_pause, a_peer_given_while_paused_part_mapped_reaches_every_chunk) {
+  mp_device_t *dev = flaky_open(2), *peer = flaky_peer_open();
+  void *v[4];
+  mp_pool_t *p = four_chunks(dev, v);
+  size_t reserved = stats(p).reserved_bytes, capacity = fake_of(dev)->capacity;
+  fake_of(dev)->capacity = reserved - MiB; /* as in the test above */
+  cr_assert_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_EDRIVER);
+  cr_assert(mp__pool_is_paused(p));
+  cr_assert_eq(p->pause_mapped, 3, "the test needs chunks still mapped");
+  cr_assert_eq(mp_pool_set_access(p, peer), MP_OK, "%s", mp_last_error());
+  for (size_t i = 0; i < 3; i++)
+    cr_expect(open_to_peer((void *)p->vseg->chunks[i].addr),
+              "chunk %zu, still mapped, is not open to the peer", i);
+  fake_of(dev)->capacity = capacity;
+  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+  for (size_t i = 0; i < 4; i++)
+    cr_expect(open_to_peer((void *)p->vseg->chunks[i].addr),
+              "after the resume chunk %zu is not open to the peer", i);
+  for (unsigned i = 0; i < 4; i++)
+    cr_assert_eq(mp_pool_free(p, v[i]), MP_OK);
+  fake_pool_finish(p, dev);
+  fake_close(peer);
+}
+
 /* A resume whose map fails (no room), and whose undo cannot unmap again
  * what it had mapped: the pool stays paused, knowing those chunks mapped,
  * and the next resume maps only the others. Failed before: the next
