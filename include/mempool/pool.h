@@ -457,7 +457,8 @@ MP_API mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
  * on each, no device synchronize), then gives every mapped byte
  * back to the device while keeping the pool's virtual addresses reserved
  * (with MP_PAUSE_KEEP_CONTENT, the live blocks are first copied to one
- * page-locked host buffer). Afterwards reserved_bytes and free_bytes are 0;
+ * page-locked host buffer). Afterwards reserved_bytes and free_bytes are 0
+ * (reserved_bytes: the bytes still mapped, when a failed undo left some);
  * every call on the pool but resume, stats, dump, snapshot, destroy,
  * mp_handle_ptr, and the settings mp_pool_set_access and
  * mp_pool_set_oom_handler (kept for after the resume) is MP_EBUSY,

@@ -133,6 +133,18 @@ static mp_status_t mp__chunks_to(mp_pool_t *pool, mp__segment_t *v, size_t *m,
   return st;
 }
 
+/* Under the lock, paused: chunks [0, m) of the pool's virtual segment stay
+ * mapped (m > 0 after an undo that failed). The stats say so: reserved is
+ * their bytes (device memory held, stats.h), free stays 0 (a paused pool
+ * serves nothing). */
+static void mp__pause_mapped_set(mp_pool_t *pool, size_t m) {
+  size_t held = 0;
+  for (size_t i = 0; i < m; i++)
+    held += pool->vseg->chunks[i].size;
+  pool->pause_mapped = m;
+  pool->st.reserved_bytes = held;
+}
+
 /* Records what a pause unmapped or a resume mapped (action: segment_unmap
  * or segment_map), chunks [from, v->nchunks), so that a snapshot's trace
  * leads to its segments. */
@@ -251,12 +263,12 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
              "stays paused (%zu of %zu chunks unmapped%s) until "
              "mp_pool_resume",
              mp_last_error(), n - m, n, keep ? ", its content kept" : "");
-  pool->pause_mapped = m;
   pool->st.device_free_count += n - m;
   mp__chunks_history(pool, v, m, MP__H_SEGMENT_UNMAP);
   pool->paused_reserved = pool->st.reserved_bytes;
   pool->paused_free = pool->st.free_bytes;
-  pool->st.reserved_bytes = pool->st.free_bytes = 0;
+  pool->st.free_bytes = 0;
+  mp__pause_mapped_set(pool, m);
   mp__pool_unlock(pool);
   return st;
 }
@@ -292,7 +304,7 @@ static mp_status_t mp__resume_map(mp_pool_t *pool) {
              "stays paused (%zu of %zu chunks mapped) until mp_pool_resume "
              "maps the rest",
              mp_last_error(), m, n);
-    pool->pause_mapped = m;
+    mp__pause_mapped_set(pool, m);
   }
   return st;
 }
@@ -310,7 +322,7 @@ static mp_status_t mp__resume_unmap(mp_pool_t *pool, bool *runs) {
   mp__pool_device_end(pool);
   *runs = st != MP_OK && m == n;
   if (st != MP_OK && m != n)
-    pool->pause_mapped = m;
+    mp__pause_mapped_set(pool, m);
   return st;
 }
 

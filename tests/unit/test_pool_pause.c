@@ -170,6 +170,50 @@ Test(pool_pause, a_resume_whose_undo_fails_maps_the_rest_next_time) {
   resume_and_finish(dev, p, v, reserved);
 }
 
+/* A failed undo leaves chunks mapped: the stats' reserved_bytes says what
+ * the pool still holds on the device (free_bytes stays 0: a paused pool
+ * serves nothing), after a failed pause and after a failed resume alike.
+ * Failed before: reserved_bytes read 0 with chunks held. */
+Test(pool_pause, a_pool_left_part_mapped_reports_the_bytes_it_holds) {
+  mp_device_t *dev = flaky_open(2);
+  void *v[4];
+  mp_pool_t *p = four_chunks(dev, v);
+  size_t reserved = stats(p).reserved_bytes, capacity = fake_of(dev)->capacity;
+  fake_of(dev)->capacity = reserved - MiB; /* the pause's undo fails */
+  cr_assert_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_EDRIVER);
+  cr_assert(mp__pool_is_paused(p));
+  cr_assert_eq(fake_of(dev)->used, 3 * 2 * MiB, "three chunks still mapped");
+  cr_expect_eq(stats(p).reserved_bytes, fake_of(dev)->used,
+               "after the pause: %zu reserved", stats(p).reserved_bytes);
+  cr_expect_eq(stats(p).free_bytes, 0);
+  /* A resume with no room for the fourth chunk keeps the three. */
+  cr_expect_eq(mp_pool_resume(p), MP_ENOMEM, "%s", mp_last_error());
+  cr_expect_eq(stats(p).reserved_bytes, fake_of(dev)->used,
+               "after a failed resume: %zu reserved", stats(p).reserved_bytes);
+  fake_of(dev)->capacity = capacity;
+  resume_and_finish(dev, p, v, reserved);
+}
+
+/* The same after a resume whose undo fails: one chunk mapped of four. */
+Test(pool_pause, a_resume_left_part_mapped_reports_the_bytes_it_holds) {
+  mp_device_t *dev = flaky_open(6); /* the pause's 4 unmaps, then the undo's */
+  void *v[4];
+  mp_pool_t *p = four_chunks(dev, v);
+  size_t reserved = stats(p).reserved_bytes, capacity = fake_of(dev)->capacity;
+  cr_assert_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(stats(p).reserved_bytes, 0);
+  fake_of(dev)->capacity = 2 * 2 * MiB; /* room for two chunks */
+  cr_assert_eq(mp_pool_resume(p), MP_ENOMEM);
+  cr_assert(mp__pool_is_paused(p));
+  cr_assert_eq(fake_of(dev)->used, 2 * MiB, "one chunk still mapped");
+  cr_expect_eq(stats(p).reserved_bytes, fake_of(dev)->used, "%zu reserved",
+               stats(p).reserved_bytes);
+  cr_expect_eq(stats(p).free_bytes, 0);
+  fake_of(dev)->capacity = capacity;
+  resume_and_finish(dev, p, v, reserved);
+}
+
 /* ---- a pause while the out-of-memory ladder holds a block --------------- */
 /* Stream busy_s has work still running while busy: events recorded on it
  * then, and the stream itself, answer MP_EBUSY until a wait for one of
