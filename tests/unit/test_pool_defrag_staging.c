@@ -28,24 +28,32 @@ static void grow_to_the_cap(void *ctx) {
   g->st = mp_pool_alloc(g->pool, g->bytes, g->s, &g->p);
 }
 
+/* A pool capped at 8 MiB on dev with a 1 MiB movable block 4 KiB above its
+ * segment's start, the 4 KiB below it free: a slide by a gap under 1/64 of
+ * the block, which wants a 1 MiB staging buffer. The block in *big, its
+ * destination (the segment's start) returned. */
+static char *slide_ready(mp_device_t *dev, mp_pool_t **pool, mp_stream_t *s,
+                         mp_handle_t **big) {
+  *pool = make_pool(dev, "virtual=0,max_bytes=8M,segment_bytes=2M,align=512");
+  cr_assert_eq(mp_stream_create(dev, s), MP_OK);
+  mp_handle_t *small;
+  cr_assert_eq(mp_pool_alloc_movable(*pool, 4096, *s, &small), MP_OK);
+  cr_assert_eq(mp_pool_alloc_movable(*pool, MiB, *s, big), MP_OK);
+  char *low = mp_handle_ptr(small);
+  cr_assert_eq((char *)mp_handle_ptr(*big), low + 4096);
+  cr_assert_eq(mp_handle_free(small), MP_OK);
+  return low;
+}
+
 Test(pool_defrag_staging,
      growth_beside_the_staging_buffer_stays_under_the_cap) {
   const size_t cap = 8 * MiB;
   mp_device_t *dev = fake_open((size_t)1 << 30, 0);
   fake_dev_t *f = fake_of(dev);
-  mp_pool_t *pool =
-      make_pool(dev, "virtual=0,max_bytes=8M,segment_bytes=2M,align=512");
+  mp_pool_t *pool;
   mp_stream_t s;
-  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
-  /* A 1 MiB movable block 4 KiB above the segment's start, the 4 KiB
-   * below it free: a slide by a gap under 1/64 of the block, which wants
-   * a 1 MiB staging buffer. */
-  mp_handle_t *small, *big;
-  cr_assert_eq(mp_pool_alloc_movable(pool, 4096, s, &small), MP_OK);
-  cr_assert_eq(mp_pool_alloc_movable(pool, MiB, s, &big), MP_OK);
-  char *low = mp_handle_ptr(small);
-  cr_assert_eq((char *)mp_handle_ptr(big), low + 4096);
-  cr_assert_eq(mp_handle_free(small), MP_OK);
+  mp_handle_t *big;
+  char *low = slide_ready(dev, &pool, &s, &big);
   cr_assert_eq(stats(pool).reserved_bytes, 2 * MiB);
   grow_arg_t g = {.pool = pool, .s = s, .bytes = cap - 2 * MiB};
   f->on_free = grow_to_the_cap;
@@ -101,15 +109,10 @@ Test(pool_defrag_staging, a_failed_sync_still_frees_the_staging_buffer) {
   refusing_backend.stream_synchronize = refusing_stream_sync;
   dev->ops = &refusing_backend;
   fake_dev_t *f = fake_of(dev);
-  mp_pool_t *pool =
-      make_pool(dev, "virtual=0,max_bytes=8M,segment_bytes=2M,align=512");
+  mp_pool_t *pool;
   mp_stream_t s;
-  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
-  /* As above: a 1 MiB slide by 4 KiB, which wants a 1 MiB buffer. */
-  mp_handle_t *small, *big;
-  cr_assert_eq(mp_pool_alloc_movable(pool, 4096, s, &small), MP_OK);
-  cr_assert_eq(mp_pool_alloc_movable(pool, MiB, s, &big), MP_OK);
-  cr_assert_eq(mp_handle_free(small), MP_OK);
+  mp_handle_t *big;
+  (void)slide_ready(dev, &pool, &s, &big);
   size_t held = f->used, allocs = f->allocs;
   cr_assert_eq(held, 2 * MiB);
   refuse_stream_syncs = true;

@@ -151,21 +151,36 @@ Test(pool_pause, a_peer_given_while_paused_part_mapped_reaches_every_chunk) {
  * and the next resume maps only the others. Failed before: the next
  * resume mapped them a second time (refused on a real device, the fake
  * charged them twice). */
-Test(pool_pause, a_resume_whose_undo_fails_maps_the_rest_next_time) {
-  mp_device_t *dev = flaky_open(6); /* the pause's 4 unmaps, then the undo's */
-  void *v[4];
-  mp_pool_t *p = four_chunks(dev, v);
-  size_t reserved = stats(p).reserved_bytes, capacity = fake_of(dev)->capacity;
+/* A pool of four chunks paused, then a resume with room for two chunks
+ * only, whose undo cannot unmap again the one it mapped (flaky_open(6): the
+ * pause's four unmaps, then the undo's first): the pool stays paused with
+ * one chunk mapped. The device's capacity before in *capacity, the pool's
+ * reserved bytes before the pause in *reserved. */
+static mp_pool_t *resume_undo_failed(mp_device_t **dev, void *v[4],
+                                     size_t *reserved, size_t *capacity) {
+  *dev = flaky_open(6);
+  mp_pool_t *p = four_chunks(*dev, v);
+  *reserved = stats(p).reserved_bytes;
+  *capacity = fake_of(*dev)->capacity;
   cr_assert_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
                mp_last_error());
-  cr_assert_eq(fake_of(dev)->used, 0);
-  fake_of(dev)->capacity = 2 * 2 * MiB; /* room for two chunks */
-  cr_expect_eq(mp_pool_resume(p), MP_ENOMEM);
+  cr_expect_eq(stats(p).reserved_bytes, 0);
+  cr_assert_eq(fake_of(*dev)->used, 0);
+  fake_of(*dev)->capacity = 2 * 2 * MiB; /* room for two chunks */
+  cr_assert_eq(mp_pool_resume(p), MP_ENOMEM);
+  cr_assert(mp__pool_is_paused(p));
+  cr_assert_eq(unmap_calls, 6,
+               "the undo did not fail: the test proves nothing");
+  return p;
+}
+
+Test(pool_pause, a_resume_whose_undo_fails_maps_the_rest_next_time) {
+  mp_device_t *dev;
+  void *v[4];
+  size_t reserved, capacity;
+  mp_pool_t *p = resume_undo_failed(&dev, v, &reserved, &capacity);
   cr_expect(strstr(mp_last_error(), "stays paused") != NULL, "%s",
             mp_last_error());
-  cr_expect(mp__pool_is_paused(p));
-  cr_expect_eq(unmap_calls, 6,
-               "the undo did not fail: the test proves nothing");
   fake_of(dev)->capacity = capacity;
   resume_and_finish(dev, p, v, reserved);
 }
@@ -196,16 +211,10 @@ Test(pool_pause, a_pool_left_part_mapped_reports_the_bytes_it_holds) {
 
 /* The same after a resume whose undo fails: one chunk mapped of four. */
 Test(pool_pause, a_resume_left_part_mapped_reports_the_bytes_it_holds) {
-  mp_device_t *dev = flaky_open(6); /* the pause's 4 unmaps, then the undo's */
+  mp_device_t *dev;
   void *v[4];
-  mp_pool_t *p = four_chunks(dev, v);
-  size_t reserved = stats(p).reserved_bytes, capacity = fake_of(dev)->capacity;
-  cr_assert_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
-               mp_last_error());
-  cr_expect_eq(stats(p).reserved_bytes, 0);
-  fake_of(dev)->capacity = 2 * 2 * MiB; /* room for two chunks */
-  cr_assert_eq(mp_pool_resume(p), MP_ENOMEM);
-  cr_assert(mp__pool_is_paused(p));
+  size_t reserved, capacity;
+  mp_pool_t *p = resume_undo_failed(&dev, v, &reserved, &capacity);
   cr_assert_eq(fake_of(dev)->used, 2 * MiB, "one chunk still mapped");
   cr_expect_eq(stats(p).reserved_bytes, fake_of(dev)->used, "%zu reserved",
                stats(p).reserved_bytes);
