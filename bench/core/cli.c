@@ -257,6 +257,20 @@ static bool mpb_strv_push(mpb_strv_t *s, const char *str) {
   return true;
 }
 
+/* A workload or allocator spec as it names its rows: "NAME:" (a colon with
+ * no options after it) is NAME, so that "pool" and "pool:" are one
+ * allocator, not two rows that look the same. At most n bytes with the
+ * terminator (MPB_MAX_* + 1 do). */
+static const char *mpb_spec_name(const char *spec, char *buf, size_t n) {
+  size_t len = strlen(spec);
+  if (len == 0 || len >= n || spec[len - 1] != ':' ||
+      memchr(spec, ':', len - 1) != NULL)
+    return spec;
+  memcpy(buf, spec, len - 1);
+  buf[len - 1] = '\0';
+  return buf;
+}
+
 static bool mpb_strv_has(const mpb_strv_t *s, const char *str) {
   for (size_t i = 0; i < s->n; i++)
     if (strcmp(s->v[i], str) == 0)
@@ -411,6 +425,8 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
         return mpb_fail_usage("--workload %.60s...: longer than a result's "
                               "name holds",
                               val);
+      char name[MPB_MAX_NAME + 1];
+      val = mpb_spec_name(val, name, sizeof name);
       if (mpb_strv_has(&c->workloads, val))
         return mpb_fail_usage("--workload %s given twice (its rows would "
                               "look the same)",
@@ -429,6 +445,8 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
                  val, MPB_MAX_ALLOCATOR);
         return mpb_fail_usage("%s", msg);
       }
+      char name[MPB_MAX_ALLOCATOR + 1];
+      val = mpb_spec_name(val, name, sizeof name);
       if (mpb_allocator_check_name(val) != MP_OK)
         return mpb_fail_usage("%s", mp_last_error());
       if (mpb_strv_has(&c->allocators, val))

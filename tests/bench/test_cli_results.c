@@ -712,8 +712,16 @@ Test(cli_results, the_same_trace_workload_or_allocator_twice_is_bad_usage,
   const char *a4[] = {"replay",  "--out",       out,      "--no-capacity",
                       "--quiet", "--allocator", "direct", "--allocator",
                       "direct",  trace,         NULL};
-  const char **const cmds[] = {a1, a2, a3, a4};
-  expect_bad_usage(cmds, 4, out);
+  /* "NAME:", options left empty, is NAME (both ran before, as two rows
+   * that looked the same). */
+  const char *a5[] = {"replay",  "--out",       out,    "--no-capacity",
+                      "--quiet", "--allocator", "pool", "--allocator",
+                      "pool:",   trace,         NULL};
+  const char *a6[] = {"run",           "--out",      out,       "--quiet",
+                      "--no-capacity", "--workload", "random:", "--workload",
+                      "random",        NULL};
+  const char **const cmds[] = {a1, a2, a3, a4, a5, a6};
+  expect_bad_usage(cmds, 6, out);
 }
 
 Test(cli_results, report_html_is_written_with_the_chosen_block_map,
