@@ -76,7 +76,7 @@ MP__HOT mp_status_t mp__pool_alloc_cached(mp_pool_t *pool, size_t bytes,
   /* Paused (pause.c): its free blocks lie in unmapped memory; the
    * arena's own path then answers MP_EBUSY. */
   if (MP__UNLIKELY(pool->paused) || !mp__pool_round(pool, bytes, &size) ||
-      (lend && pool->st.free_bytes < size))
+      (lend && mp__free_bytes(pool) < size))
     return MP__EMISS;
   bool stranger = lend && !mp__stream_known(pool, s);
   if ((!stranger && mp__stream_index(pool, s, &sidx) != MP_OK) ||

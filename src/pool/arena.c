@@ -199,7 +199,7 @@ static mp_status_t mp__arena_trim_one(mp_pool_t *a, size_t keep, size_t *left,
   mp__pool_lock(a);
   /* A paused arena has nothing mapped to give back (its free bytes read
    * 0 too). */
-  if (!a->paused && a->st.free_bytes > keep) {
+  if (!a->paused && mp__free_bytes(a) > keep) {
     st = mp__pool_sync(a);
     size_t before = a->st.reserved_bytes;
     if (st == MP_OK)
@@ -208,7 +208,7 @@ static mp_status_t mp__arena_trim_one(mp_pool_t *a, size_t keep, size_t *left,
     if (before > a->st.reserved_bytes)
       *gave = before - a->st.reserved_bytes;
   }
-  *left = a->st.free_bytes;
+  *left = mp__free_bytes(a);
   mp__pool_unlock(a);
   return st;
 }
@@ -440,7 +440,7 @@ static mp_status_t mp__arena_borrow(mp_pool_t *pool, size_t mine, size_t bytes,
     if (b == NULL)
       continue;
     mp__pool_lock(b);
-    mp_status_t st = b->st.free_bytes >= b->st.allocated_bytes
+    mp_status_t st = mp__free_bytes(b) >= b->st.allocated_bytes
                          ? mp__pool_alloc_cached(b, bytes, s, out, true)
                          : MP__EMISS;
     mp__pool_unlock(b);

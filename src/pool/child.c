@@ -92,7 +92,6 @@ mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
   seg->kind = MP__SEG_RANGE;
   child->segs = seg;
   child->st.reserved_bytes = child->st.peak_reserved_bytes = seg->size;
-  child->st.free_bytes = seg->size;
   child->st.segment_count = 1;
   rec->addr = seg->base;
   rec->size = seg->size;

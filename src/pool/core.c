@@ -221,11 +221,9 @@ static mp_status_t mp__grow_and_search(mp_pool_t *pool, size_t size,
  * may lift is the allocation it is about to become. */
 static void mp__block_hold(mp_pool_t *pool, mp__block_t *b, bool on) {
   /* A pause may run while the ladder waits (the synchronization first
-   * waits for the one in flight, the lock dropped): it keeps the free bytes
-   * aside, in paused_free, until the resume, and the held block's bytes
-   * move there. Before, its give-back added them to the figures the pause
-   * had zeroed, and the resume lost them. */
-  size_t *free_bytes = pool->paused ? &pool->paused_free : &pool->st.free_bytes;
+   * waits for the one in flight, the lock dropped): the free bytes are
+   * reserved less allocated (mp__free_bytes), so the held block's bytes
+   * move in and out of them at the resume too. */
   /* Marked, so that a stale pointer to its address (a double free, a
    * record_stream) is refused meanwhile instead of freeing it. */
   if (on) {
@@ -233,13 +231,11 @@ static void mp__block_hold(mp_pool_t *pool, mp__block_t *b, bool on) {
     b->requested = 0;     /* a free block's is not kept (mp__block_release) */
     mp__map_add(pool, b); /* room was made before the take */
     pool->st.allocated_bytes += b->size;
-    *free_bytes -= b->size;
     mp__stats_peaks(pool);
   } else {
     b->flags &= ~(uint32_t)MP__B_LADDER;
     mp__map_remove(pool, b);
     pool->st.allocated_bytes -= b->size;
-    *free_bytes += b->size;
   }
 }
 
@@ -299,7 +295,7 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
   if (pool->paused)
     return mp__pool_paused(pool, "allocation");
   /* Rung: synchronize, give back every free segment, grow again. */
-  if (pool->st.free_bytes > 0 || pool->nstreams > 1) {
+  if (mp__free_bytes(pool) > 0 || pool->nstreams > 1) {
     pool->st.alloc_retry_count++;
     if (mp__pool_sync(pool) == MP_OK) {
       if ((b = mp__search(pool, size, sidx)) != NULL)
@@ -388,7 +384,7 @@ MP__HOT void mp__block_make_live(mp_pool_t *pool, mp__block_t *b,
                                  size_t requested, uint32_t sidx, bool plain) {
   MP__ASSERT_LOCKED(pool);
   MP__ASSERT(!(b->flags & (MP__B_FREE | MP__B_HOLE)));
-  MP__ASSERT(b->size >= requested && pool->st.free_bytes >= b->size);
+  MP__ASSERT(b->size >= requested && mp__free_bytes(pool) >= b->size);
   b->flags = 0;
   b->requested = requested;
   b->sidx = sidx;
@@ -398,7 +394,6 @@ MP__HOT void mp__block_make_live(mp_pool_t *pool, mp__block_t *b,
    * which flags = 0 clears and whose setters set them: not stored here. */
   mp__map_add(pool, b); /* room was reserved before the take */
   pool->st.allocated_bytes += b->size;
-  pool->st.free_bytes -= b->size;
   pool->st.requested_bytes += requested;
   pool->st.alloc_count++;
   mp__stats_live_peaks(pool);
@@ -414,7 +409,6 @@ MP__HOT mp__block_t *mp__block_release_merged(mp_pool_t *pool, mp__block_t *b,
   if (!plain && MP__UNLIKELY(pool->hist.ev != NULL))
     mp__history_free(pool, b->addr, b->size, MP__HIST_STREAM(pool, b->sidx));
   pool->st.allocated_bytes -= b->size;
-  pool->st.free_bytes += b->size;
   pool->st.requested_bytes -= b->requested;
   pool->st.free_count++;
   /* requested is not cleared: it is read only while live (dump.c,

@@ -55,8 +55,8 @@ void mp__segment_trim(mp_pool_t *pool, size_t keep) {
   if (pool->paused)
     return; /* paused meanwhile: nothing is mapped */
   mp__block_merge_deferred(pool);
-  while (pool->st.free_bytes > keep) {
-    if (mp__vrange_reclaim(pool, pool->st.free_bytes - keep, NULL, NULL,
+  while (mp__free_bytes(pool) > keep) {
+    if (mp__vrange_reclaim(pool, mp__free_bytes(pool) - keep, NULL, NULL,
                            false) == 0 &&
         !mp__plain_trim_one(pool))
       break;
@@ -65,7 +65,7 @@ void mp__segment_trim(mp_pool_t *pool, size_t keep) {
 
 void mp__segment_release_over(mp_pool_t *pool) {
   size_t th = pool->cfg.release_threshold;
-  if (th == 0 || pool->st.free_bytes <= th ||
+  if (th == 0 || mp__free_bytes(pool) <= th ||
       pool->st.free_count < pool->release_next_free || pool->inflight ||
       pool->syncing || pool->paused)
     return;
@@ -79,7 +79,7 @@ void mp__segment_release_over(mp_pool_t *pool) {
   mp__segment_trim(pool, th);
   /* Memory still above the threshold is in use by a stream (or not whole
    * chunks): the next try waits a few frees. */
-  if (pool->st.free_bytes > th)
+  if (mp__free_bytes(pool) > th)
     pool->release_next_free = pool->st.free_count + MP__RELEASE_EVERY;
 }
 

@@ -266,8 +266,6 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
   pool->st.device_free_count += n - m;
   mp__chunks_history(pool, v, m, MP__H_SEGMENT_UNMAP);
   pool->paused_reserved = pool->st.reserved_bytes;
-  pool->paused_free = pool->st.free_bytes;
-  pool->st.free_bytes = 0;
   mp__pause_mapped_set(pool, m);
   mp__pool_unlock(pool);
   return st;
@@ -361,7 +359,6 @@ static void mp__resume_finish(mp_pool_t *pool) {
   pool->st.device_alloc_count += v ? v->nchunks - from : 0;
   mp__chunks_history(pool, v, from, MP__H_SEGMENT_MAP);
   pool->st.reserved_bytes = pool->paused_reserved;
-  pool->st.free_bytes = pool->paused_free;
   /* mp_pool_reset_peaks while paused set the peak to 0. */
   mp__stats_peaks(pool);
 }

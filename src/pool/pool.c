@@ -828,7 +828,8 @@ mp_status_t mp_pool_trim(mp_pool_t *pool, size_t keep_bytes) {
   mp_status_t st = mp__pool_paused(pool, "mp_pool_trim");
   if (st == MP_OK && pool->nexports > 0)
     mp__export_reap(pool);
-  if (st == MP_OK && pool->st.free_bytes > keep_bytes && pool->parent == NULL) {
+  if (st == MP_OK && mp__free_bytes(pool) > keep_bytes &&
+      pool->parent == NULL) {
     st = mp__pool_sync(pool);
     if (st == MP_OK)
       mp__segment_trim(pool, keep_bytes);

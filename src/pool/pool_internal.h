@@ -344,8 +344,9 @@ struct mp_pool {
                          walk left apart (merge_later): a request above it
                          does not wait for them */
   void *pause_copy;   /* MP_PAUSE_KEEP_CONTENT: the live blocks, in order */
-  size_t paused_reserved, paused_free; /* st's figures before the pause */
-  mp_pool_oom_handler_t oom_fn;        /* mp_pool_set_oom_handler */
+  /* st's reserved bytes before the pause */
+  size_t paused_reserved;
+  mp_pool_oom_handler_t oom_fn; /* mp_pool_set_oom_handler */
   void *oom_ctx;
   /* pause.c, paused: vseg's chunks [0, pause_mapped) are still mapped (an
    * undo that failed left them), 0 after a clean pause. */
@@ -427,8 +428,9 @@ struct mp_pool {
   void **slabs;
   size_t nslabs, slabs_cap;
 
-  /* Every field but largest_free_bytes and live_blocks, kept current;
-   * live_blocks is the live map's count (mp__stats_copy), not kept here. */
+  /* Every field but largest_free_bytes, live_blocks and free_bytes, kept
+   * current; live_blocks is the live map's count and free_bytes is
+   * mp__free_bytes (mp__stats_copy), not kept here. */
   mp_stats_t st;
   /* mp_pool_set_access: append-only, so that a map made with the lock
    * dropped reads a prefix that was complete when it began. */
@@ -1330,6 +1332,13 @@ void mp__stats_read(mp_pool_t *pool, mp_stats_t *out);
  * live_blocks filled in (the live map holds exactly the live blocks). */
 void mp__stats_copy(const mp_pool_t *pool, mp_stats_t *out);
 size_t mp__stats_largest_free(const mp_pool_t *pool);
+/* The bytes reserved but not allocated: the cache. Not kept (every change
+ * of reserved or allocated would move it too); 0 while paused, when the
+ * pool serves nothing (reserved is then the bytes a failed undo left
+ * mapped, which the live blocks' bytes may exceed). */
+static inline size_t mp__free_bytes(const mp_pool_t *pool) {
+  return pool->paused ? 0 : pool->st.reserved_bytes - pool->st.allocated_bytes;
+}
 /* ---- check.c ------------------------------------------------------------ */
 mp_status_t mp__pool_check_locked(mp_pool_t *pool);
 /* ---- config.c ----------------------------------------------------------- */

@@ -46,15 +46,13 @@ static void mp__segment_unlink(mp_pool_t *pool, mp__segment_t *s) {
 void mp__reserved_add(mp_pool_t *pool, size_t bytes) {
   MP__ASSERT_LOCKED(pool);
   pool->st.reserved_bytes += bytes;
-  pool->st.free_bytes += bytes;
   mp__stats_peaks(pool);
 }
 
 void mp__reserved_sub(mp_pool_t *pool, size_t bytes) {
   MP__ASSERT_LOCKED(pool);
-  MP__ASSERT(pool->st.reserved_bytes >= bytes && pool->st.free_bytes >= bytes);
+  MP__ASSERT(pool->st.reserved_bytes >= bytes && mp__free_bytes(pool) >= bytes);
   pool->st.reserved_bytes -= bytes;
-  pool->st.free_bytes -= bytes;
 }
 
 /* Grows the free tail of seg (or adds a free block) by bytes at its top. A

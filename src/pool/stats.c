@@ -4,9 +4,9 @@
  * changes it (core.c, block.c, segment.c, vrange.c, grow.c, defrag.c, pause.c);
  * largest_free_bytes is read from the free index at the time of the call (the
  * top class's largest block), and live_blocks is the live map's count
- * (mp__stats_copy): no operation pays for either. Invariant:
- * free_bytes = reserved - allocated. A pool with arenas reads as the sum of
- * its arenas (arena.c). */
+ * (mp__stats_copy), free_bytes reserved less allocated (0 while paused,
+ * mp__free_bytes): no operation pays for these. A pool with arenas reads as the
+ * sum of its arenas (arena.c). */
 #include "../structs.h"
 #include "pool_internal.h"
 
@@ -33,6 +33,7 @@ size_t mp__stats_largest_free(const mp_pool_t *pool) {
 void mp__stats_copy(const mp_pool_t *pool, mp_stats_t *out) {
   *out = pool->st;
   out->live_blocks = mp__map_count(pool);
+  out->free_bytes = mp__free_bytes(pool);
 }
 
 /* One pool's counters now, under its lock. */

@@ -606,7 +606,7 @@ void mp__deps_on_free_uses(mp_pool_t *pool, mp__block_t *b) {
    * record). */
   if (n > 1 || pool->nstreams > 1) {
     bool look = MP__UNLIKELY(pool->cfg.release_threshold != 0) &&
-                pool->st.free_bytes > pool->cfg.release_threshold &&
+                mp__free_bytes(pool) > pool->cfg.release_threshold &&
                 pool->st.free_count >= pool->release_next_free;
     bool every = (pool->cfg.flags & MP_POOL_STREAM_WAITS) != 0;
     for (uint32_t i = 0; i < n; i++) {

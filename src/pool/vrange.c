@@ -462,7 +462,7 @@ size_t mp__vrange_reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
   MP__ASSERT_LOCKED(pool);
   mp__segment_t *v = pool->vseg;
   size_t done = 0;
-  if (!patient && v != NULL && want >= pool->st.free_bytes)
+  if (!patient && v != NULL && want >= mp__free_bytes(pool))
     return mp__vrange_release_all(pool, v, k1, k2);
   /* stream_waits=1 promises figures that do not depend on how far behind
    * the streams run (test_replay_figures): which streams are idle when
@@ -472,7 +472,7 @@ size_t mp__vrange_reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
   if (patient && pool->nstreams > 1 &&
       (pool->cfg.flags & MP_POOL_STREAM_WAITS) &&
       (mp__vsplit_limit(pool) == 0 ||
-       pool->st.free_bytes < pool->st.reserved_bytes / 4))
+       mp__free_bytes(pool) < pool->st.reserved_bytes / 4))
     return 0;
   while (v != NULL && done < want) {
     bool pending = false;
