@@ -199,9 +199,10 @@ typedef struct mp_pool_config {
  *  - mp_pool_freeze fences what every arena made holds live (nothing
  *    moves: arenas hold no movable blocks); paused: MP_EBUSY.
  *  - mp_pool_set_access gives the peer to every arena made and to every
- *    arena made later (paused too, for the resume). A device refusing it
- *    in one arena: the failure; the arenas before it keep the peer, and a
- *    call again gives it to the rest.
+ *    arena made later (paused too, for the resume), all or nothing: a
+ *    device refusing it in one arena takes it back from the arenas that
+ *    got it, and the pool is as it was. Calls from two threads at once
+ *    run one after the other.
  *  - mp_pool_dump: the stats as mp_pool_get_stats sums them, every arena's
  *    segments (each naming its arena: " arena i" in text, "arena":i in
  *    JSON) and blocks, and the free lists of all arenas by class; each
@@ -269,7 +270,9 @@ MP_API mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
  * mapped later (PyTorch's expandable segments do the same per peer;
  * cudaDeviceEnablePeerAccess does not cover virtual-memory mappings). The
  * pool's own device, or a peer already added: MP_OK, nothing to do. A
- * peer of another kind: MP_EINVAL. At most 32 peers. Plain segments
+ * peer of another kind: MP_EINVAL. At most 32 peers. A chunk the device
+ * refuses (MP_EDRIVER): the chunks opened before it are closed again, and
+ * the pool is as it was. Plain segments
  * (cuMemAlloc memory) follow the contexts' peer access instead. */
 MP_API mp_status_t mp_pool_set_access(mp_pool_t *pool, mp_device_t *peer);
 

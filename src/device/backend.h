@@ -89,9 +89,11 @@ typedef struct mp__backend {
   mp_status_t (*vm_map)(mp_device_t *dev, void *addr, size_t bytes);
   mp_status_t (*vm_unmap)(mp_device_t *dev, void *addr, size_t bytes);
   /* Lets device peer (of the same backend) read and write a mapped range
-   * (cuMemSetAccess); NULL: every device of the kind shares memory. */
+   * (grant), or takes that away again (!grant: the undo of a failed
+   * mp_pool_set_access) (cuMemSetAccess); NULL: every device of the kind
+   * shares memory. */
   mp_status_t (*vm_access)(mp_device_t *dev, void *addr, size_t bytes,
-                           mp_device_t *peer);
+                           mp_device_t *peer, bool grant);
 
   /* IPC (src/ipc.c, src/pool/export.c). ipc_export: a handle for exactly
    * one allocation (vm false: one alloc) or one vm_map mapping (vm true),
@@ -152,6 +154,9 @@ mp_status_t mp__device_vm_release(mp_device_t *dev, void *base, size_t bytes);
 mp_status_t mp__device_vm_map(mp_device_t *dev, void *addr, size_t bytes);
 mp_status_t mp__device_vm_unmap(mp_device_t *dev, void *addr, size_t bytes);
 mp_status_t mp__device_vm_access(mp_device_t *dev, void *addr, size_t bytes,
+                                 mp_device_t *peer);
+/* Takes back what mp__device_vm_access gave peer. */
+mp_status_t mp__device_vm_revoke(mp_device_t *dev, void *addr, size_t bytes,
                                  mp_device_t *peer);
 
 /* What a pool is told about a stream handle it has not seen before. */

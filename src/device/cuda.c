@@ -1196,13 +1196,17 @@ static mp_status_t mp__cuda_vm_map(mp_device_t *dev, void *addr, size_t bytes) {
 
 /* Peer access to a mapped range: cuMemSetAccess for the peer's location
  * (cudaDeviceEnablePeerAccess does not cover virtual-memory mappings; the
- * CUDA Programming Guide, "Virtual Memory Management: Access Control"). */
+ * CUDA Programming Guide, "Virtual Memory Management: Access Control").
+ * Taken back with CU_MEM_ACCESS_FLAGS_PROT_NONE, "make the address range
+ * not accessible" (/usr/local/cuda/include/cuda.h, CUmemAccess_flags). */
 static mp_status_t mp__cuda_vm_access(mp_device_t *dev, void *addr,
-                                      size_t bytes, mp_device_t *peer) {
+                                      size_t bytes, mp_device_t *peer,
+                                      bool grant) {
   mp__cuda_dev_t *cd = mp__cuda_of(dev);
   CUmemAccessDesc d = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE,
                                     .id = mp__cuda_of(peer)->ordinal},
-                       .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+                       .flags = grant ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                                      : CU_MEM_ACCESS_FLAGS_PROT_NONE};
   CUresult r;
   mp__cuda_relaxed_t rx = mp__cuda_relax();
   MP__CU_IN_CTX(cd, r, mp__cu.MemSetAccess((CUdeviceptr)addr, bytes, &d, 1));

@@ -368,7 +368,14 @@ mp_status_t mp__device_vm_unmap(mp_device_t *dev, void *addr, size_t bytes) {
 mp_status_t mp__device_vm_access(mp_device_t *dev, void *addr, size_t bytes,
                                  mp_device_t *peer) {
   return dev->ops->vm_access != NULL
-             ? dev->ops->vm_access(dev, addr, bytes, peer)
+             ? dev->ops->vm_access(dev, addr, bytes, peer, true)
+             : MP_OK;
+}
+
+mp_status_t mp__device_vm_revoke(mp_device_t *dev, void *addr, size_t bytes,
+                                 mp_device_t *peer) {
+  return dev->ops->vm_access != NULL
+             ? dev->ops->vm_access(dev, addr, bytes, peer, false)
              : MP_OK;
 }
 

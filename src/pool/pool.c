@@ -7,6 +7,7 @@
  * pause.c) and hands the rest to the allocation core (core.c, alloc.c).
  * The work itself lives below (pool_internal.h's map). One mutex per pool;
  * never held across a blocking device call (lock.c). */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -311,15 +312,48 @@ static mp_status_t mp__peer_room(const mp_pool_t *pool, mp_device_t *peer,
   return MP_OK;
 }
 
+/* Under the lock, no map in flight: peer loses the access given to the
+ * first n chunks mapped of pool's virtual segment. A take-back the device
+ * refuses is not reported: the caller reports the failure being undone. */
+static void mp__peer_revoke(mp_pool_t *pool, mp_device_t *peer, size_t n) {
+  const mp__segment_t *v = pool->vseg;
+  for (size_t i = 0; i < n; i++)
+    (void)mp__device_vm_revoke(pool->dev, (void *)v->chunks[i].addr,
+                               v->chunks[i].size, peer);
+}
+
+/* A pool without arenas: peer (one it has) out of its list again and its
+ * chunks closed to it; nothing if it does not have it. */
+static void mp__peer_drop(mp_pool_t *pool, mp_device_t *peer) {
+  mp__pool_lock(pool);
+  mp__pool_wait_idle(pool); /* no map in flight reads the list */
+  unsigned n = atomic_load(&pool->npeers);
+  for (unsigned i = 0; i < n; i++)
+    if (pool->peers[i] == peer) {
+      mp__peer_revoke(pool, peer, mp__pool_chunks_mapped(pool, pool->vseg));
+      memmove(&pool->peers[i], &pool->peers[i + 1],
+              (n - i - 1) * sizeof *pool->peers);
+      atomic_store_explicit(&pool->npeers, n - 1, memory_order_release);
+      break;
+    }
+  mp__pool_unlock(pool);
+}
+
+/* One mp_pool_set_access across arenas at a time (every pool's: it is
+ * rare), so that two calls never interleave their arenas. Taken before any
+ * pool's lock; nothing holding a pool's lock takes it. */
+static pthread_mutex_t mp__arenas_access_mu = PTHREAD_MUTEX_INITIALIZER;
+
 /* A pool with arenas (arena.c): the peer joins the pool's own list, which
  * each arena made later copies (mp__arena_make), then every arena made gets
  * it, each under its own lock only (its wait for a map in flight is no
- * wait under the pool's lock). Again for a peer the pool has: an arena a
- * failed call missed gets it now. An arena failing (the device refuses
- * access): the failure, the peer out of the pool's list again if this call
- * put it there; the arenas before it keep it. */
+ * wait under the pool's lock). All or nothing: an arena failing (the device
+ * refuses access) takes the peer out of the pool's list again, then out of
+ * every arena that got it (an arena made meanwhile included), its chunks
+ * closed to it again; the failure, the pool as it was. */
 static mp_status_t mp__arenas_set_access(mp_pool_t *pool, mp_device_t *peer) {
   bool have;
+  pthread_mutex_lock(&mp__arenas_access_mu);
   mp__pool_lock(pool);
   mp_status_t st = mp__peer_room(pool, peer, &have);
   unsigned n = atomic_load(&pool->npeers);
@@ -328,20 +362,26 @@ static mp_status_t mp__arenas_set_access(mp_pool_t *pool, mp_device_t *peer) {
     atomic_store_explicit(&pool->npeers, n + 1, memory_order_release);
   }
   mp__pool_unlock(pool);
+  if (st != MP_OK || have) /* have: every arena has it (all or nothing) */
+    goto out;
   for (size_t i = 0; st == MP_OK && i < pool->cfg.arenas; i++)
     if (mp__arena_at(pool, i) != NULL)
       st = mp_pool_set_access(mp__arena_at(pool, i), peer);
-  if (st != MP_OK && !have) {
+  if (st != MP_OK) {
+    char why[256];
+    snprintf(why, sizeof why, "%s", mp_last_error());
     mp__pool_lock(pool);
     unsigned m = atomic_load(&pool->npeers);
-    for (unsigned i = 0; i < m; i++)
-      if (pool->peers[i] == peer) {
-        pool->peers[i] = pool->peers[m - 1];
-        atomic_store_explicit(&pool->npeers, m - 1, memory_order_release);
-        break;
-      }
+    MP__ASSERT(m > 0 && pool->peers[m - 1] == peer);
+    atomic_store_explicit(&pool->npeers, m - 1, memory_order_release);
     mp__pool_unlock(pool);
+    for (size_t i = 0; i < pool->cfg.arenas; i++)
+      if (mp__arena_at(pool, i) != NULL)
+        mp__peer_drop(mp__arena_at(pool, i), peer);
+    mp__fail(st, "%s (no arena has the peer)", why);
   }
+out:
+  pthread_mutex_unlock(&mp__arenas_access_mu);
   return st;
 }
 
@@ -366,14 +406,20 @@ mp_status_t mp_pool_set_access(mp_pool_t *pool, mp_device_t *peer) {
   if (st != MP_OK || have)
     goto out;
   /* The chunks mapped now (paused: those a failed undo left mapped; a
-   * resume maps the others), then the peer for every later map. */
+   * resume maps the others), then the peer for every later map. A chunk
+   * refused: those before it closed to the peer again. */
   unsigned n = atomic_load(&pool->npeers);
   mp__segment_t *v = pool->vseg;
   size_t mapped = mp__pool_chunks_mapped(pool, v);
   for (size_t i = 0; i < mapped; i++)
     if ((st = mp__device_vm_access(pool->dev, (void *)v->chunks[i].addr,
-                                   v->chunks[i].size, peer)) != MP_OK)
+                                   v->chunks[i].size, peer)) != MP_OK) {
+      char why[256];
+      snprintf(why, sizeof why, "%s", mp_last_error());
+      mp__peer_revoke(pool, peer, i);
+      mp__fail(st, "%s", why);
       goto out;
+    }
   pool->peers[n] = peer;
   atomic_store_explicit(&pool->npeers, n + 1, memory_order_release);
 out:

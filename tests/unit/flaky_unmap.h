@@ -3,10 +3,12 @@
  * vm_unmap call #fail_at (1-based; 0: none) failing: the pause tests' way
  * to fail a pause, or the undo of a resume, part-way. A second device of
  * its kind (flaky_peer_open, ordinal 1) is a peer for mp_pool_set_access,
- * and the fake records which mappings are open to it. */
+ * and the fake records which mappings are open to it; its vm_access call
+ * #access_fail_at fails. */
 #ifndef MEMPOOL_TEST_FLAKY_UNMAP_H
 #define MEMPOOL_TEST_FLAKY_UNMAP_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 
@@ -32,15 +34,38 @@ static bool open_to_peer(const void *addr) {
   return false;
 }
 
+/* vm_access call #access_fail_at (1-based, grants only; 0: none) fails,
+ * after access_hook (if any) ran: the peer-access tests' way to refuse a
+ * peer part-way. */
+static _Atomic unsigned access_calls, access_fail_at;
+static void (*access_hook)(void);
+
+static void peer_close(const void *addr) {
+  for (size_t i = 0; i < npeer_open; i++)
+    if (peer_open[i] == addr) {
+      peer_open[i] = peer_open[--npeer_open];
+      break;
+    }
+}
+
 /* cuMemSetAccess: "The range must be a fully mapped address range"
- * (/usr/local/cuda/include/cuda.h): one whole mapping here, else refused. */
+ * (/usr/local/cuda/include/cuda.h): one whole mapping here, else refused.
+ * !grant: PROT_NONE, the mapping closed to the peer again. */
 static mp_status_t flaky_vm_access(mp_device_t *dev, void *addr, size_t bytes,
-                                   mp_device_t *peer) {
+                                   mp_device_t *peer, bool grant) {
+  if (grant && ++access_calls == access_fail_at) {
+    if (access_hook != NULL)
+      access_hook();
+    return mp__fail(MP_EDRIVER, "fake vm_access #%u fails",
+                    (unsigned)access_calls);
+  }
   fake_dev_t *f = fake_of(dev);
   for (size_t i = 0; i < f->nmap; i++)
     if (f->map[i].addr == addr && f->map[i].size == bytes) {
-      if (peer == flaky_peer && !open_to_peer(addr) &&
-          npeer_open < sizeof peer_open / sizeof *peer_open)
+      if (peer == flaky_peer && !grant)
+        peer_close(addr);
+      else if (peer == flaky_peer && !open_to_peer(addr) &&
+               npeer_open < sizeof peer_open / sizeof *peer_open)
         peer_open[npeer_open++] = addr;
       return MP_OK;
     }
@@ -51,11 +76,8 @@ static mp_status_t flaky_vm_unmap(mp_device_t *dev, void *addr, size_t bytes) {
   if (++unmap_calls == unmap_fail_at)
     return mp__fail(MP_EDRIVER, "fake vm_unmap #%u fails", unmap_calls);
   mp_status_t st = fake_vm_unmap(dev, addr, bytes);
-  for (size_t i = 0; st == MP_OK && i < npeer_open; i++)
-    if (peer_open[i] == addr) {
-      peer_open[i] = peer_open[--npeer_open];
-      break;
-    }
+  if (st == MP_OK)
+    peer_close(addr);
   return st;
 }
 
@@ -87,6 +109,9 @@ static inline mp_device_t *flaky_open(unsigned fail_at) {
   unmap_calls = 0;
   unmap_fail_at = fail_at;
   npeer_open = 0;
+  access_calls = 0;
+  access_fail_at = 0;
+  access_hook = NULL;
   return dev;
 }
 

@@ -1,0 +1,160 @@
+/* mp_pool_set_access is all or nothing: a peer the device refuses for one
+ * chunk, or in one arena (arenas=N), reaches no chunk and no arena, now or
+ * later (the pool is as it was), and two threads giving a peer at once
+ * leave every arena with the same access. White-box, on the fake device
+ * whose vm_access call #access_fail_at fails (flaky_unmap.h). */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#include "../support/pool_helpers.h"
+#include "arena_workers.h"
+#include "flaky_unmap.h"
+#include "pool/pool_internal.h"
+#include "pool_fakedev.h"
+
+#define MiB ((size_t)1 << 20)
+
+/* Whether every chunk mapped of every arena made (or of the pool itself)
+ * is open to the peer (want true) or none is (want false). */
+static void expect_all_open(mp_pool_t *pool, bool want) {
+  size_t n = pool->arenas != NULL ? pool->cfg.arenas : 1;
+  for (size_t a = 0; a < n; a++) {
+    mp_pool_t *p = pool->arenas != NULL ? mp__arena_at(pool, a) : pool;
+    if (p == NULL)
+      continue;
+    cr_expect_eq(atomic_load(&p->npeers), want ? 1u : 0u,
+                 "arena %zu knows %u peers", a, atomic_load(&p->npeers));
+    for (size_t i = 0; i < p->vseg->nchunks; i++)
+      cr_expect_eq(open_to_peer((void *)p->vseg->chunks[i].addr), want,
+                   "arena %zu chunk %zu is %s to the peer", a, i,
+                   want ? "closed" : "open");
+  }
+}
+
+/* A pool without arenas: chunks 0 and 1 open, chunk 2 refused: 0 and 1
+ * are closed again, and no later chunk opens. Failed before: chunks 0 and 1
+ * stayed open to a peer the pool did not know. */
+Test(pool_peer_access, a_peer_refused_at_one_chunk_reaches_no_chunk) {
+  mp_device_t *dev = flaky_open(0), *peer = flaky_peer_open();
+  mp_pool_t *p = make_pool(dev, NULL);
+  void *v[5];
+  for (unsigned i = 0; i < 4; i++)
+    cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &v[i]), MP_OK);
+  cr_assert_eq(p->vseg->nchunks, 4, "the test needs four chunks");
+  access_fail_at = 3;
+  cr_assert_eq(mp_pool_set_access(p, peer), MP_EDRIVER);
+  cr_expect(strstr(mp_last_error(), "vm_access #3") != NULL, "%s",
+            mp_last_error());
+  expect_all_open(p, false);
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &v[4]), MP_OK);
+  expect_all_open(p, false);
+  /* Given again, it reaches every chunk. */
+  cr_assert_eq(mp_pool_set_access(p, peer), MP_OK, "%s", mp_last_error());
+  expect_all_open(p, true);
+  for (unsigned i = 0; i < 5; i++)
+    cr_assert_eq(mp_pool_free(p, v[i]), MP_OK);
+  fake_pool_finish(p, dev);
+  fake_close(peer);
+}
+
+/* Two arenas of one chunk each; arena 1's is refused: arena 0's chunk is
+ * closed again, and an arena made later does not get the peer. Failed
+ * before: arena 0 kept the peer, the pool and later arenas did not. */
+Test(pool_peer_access, a_peer_refused_in_one_arena_reaches_no_arena) {
+  mp_device_t *dev = flaky_open(0), *peer = flaky_peer_open();
+  mp_pool_t *pool = make_pool(dev, "arenas=4");
+  job_t a = {.pool = pool, .bytes = 2 * MiB, .tag = 0xa0, .count = 1};
+  job_t b = {.pool = pool, .bytes = 2 * MiB, .tag = 0xb0, .count = 1};
+  two_arenas(pool, &a, &b);
+  access_fail_at = 2;
+  cr_assert_eq(mp_pool_set_access(pool, peer), MP_EDRIVER);
+  cr_expect(strstr(mp_last_error(), "vm_access #2") != NULL, "%s",
+            mp_last_error());
+  cr_expect_eq(atomic_load(&pool->npeers), 0);
+  expect_all_open(pool, false);
+  job_t c = {.pool = pool, .bytes = 2 * MiB, .tag = 0xc0, .count = 1};
+  cr_assert_eq(on_thread(&c, ALLOC), MP_OK, "%s", c.why);
+  cr_assert_eq(arenas_made(pool), 3);
+  expect_all_open(pool, false);
+  /* Given again, it reaches every arena. */
+  cr_assert_eq(mp_pool_set_access(pool, peer), MP_OK, "%s", mp_last_error());
+  expect_all_open(pool, true);
+  cr_expect_eq(on_worker(&wa, &a, FREE), MP_OK);
+  cr_expect_eq(on_worker(&wb, &b, FREE), MP_OK);
+  cr_expect_eq(on_thread(&c, FREE), MP_OK);
+  worker_stop(&wa);
+  worker_stop(&wb);
+  fake_pool_finish(pool, dev);
+  fake_close(peer);
+}
+
+/* Thread A's call is refused in arena 1, after thread B's call for the
+ * same peer has begun. Whatever each returns, the arenas agree with the
+ * pool: B's MP_OK means every arena, and every arena made later, has the
+ * peer. Failed before: B saw the peer A had put in the pool's list, gave
+ * it to arena 1 after A's failure, and A then took it out of the list:
+ * B's MP_OK, yet a later arena without the peer. */
+static _Atomic bool b_started;
+
+static void wait_for_b(void) {
+  while (!atomic_load(&b_started))
+    nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+  /* B's call runs on meanwhile, as far as it can. */
+  nanosleep(&(struct timespec){.tv_nsec = 100000000}, NULL);
+}
+
+typedef struct {
+  mp_pool_t *pool;
+  mp_status_t st;
+} give_t;
+
+static void *give_a(void *arg) {
+  give_t *g = arg;
+  g->st = mp_pool_set_access(g->pool, flaky_peer);
+  return NULL;
+}
+
+static void *give_b(void *arg) {
+  give_t *g = arg;
+  atomic_store(&b_started, true);
+  g->st = mp_pool_set_access(g->pool, flaky_peer);
+  return NULL;
+}
+
+Test(pool_peer_access, two_threads_giving_a_peer_leave_the_arenas_agreed) {
+  mp_device_t *dev = flaky_open(0);
+  (void)flaky_peer_open();
+  mp_pool_t *pool = make_pool(dev, "arenas=4");
+  job_t a = {.pool = pool, .bytes = 2 * MiB, .tag = 0xa0, .count = 1};
+  job_t b = {.pool = pool, .bytes = 2 * MiB, .tag = 0xb0, .count = 1};
+  two_arenas(pool, &a, &b);
+  access_fail_at = 2;
+  access_hook = wait_for_b;
+  give_t ga = {.pool = pool}, gb = {.pool = pool};
+  pthread_t ta, tb;
+  cr_assert_eq(pthread_create(&ta, NULL, give_a, &ga), 0);
+  /* B starts once A is inside arena 1 (access call #1 was arena 0's). */
+  while (access_calls < 1)
+    nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+  cr_assert_eq(pthread_create(&tb, NULL, give_b, &gb), 0);
+  pthread_join(ta, NULL);
+  pthread_join(tb, NULL);
+  cr_expect_eq(ga.st, MP_EDRIVER, "A's call is refused");
+  cr_assert_eq(gb.st, MP_OK, "B's call, after A's: %s", mp_last_error());
+  cr_expect_eq(atomic_load(&pool->npeers), 1);
+  expect_all_open(pool, true);
+  job_t c = {.pool = pool, .bytes = 2 * MiB, .tag = 0xc0, .count = 1};
+  cr_assert_eq(on_thread(&c, ALLOC), MP_OK, "%s", c.why);
+  expect_all_open(pool, true);
+  cr_expect_eq(on_worker(&wa, &a, FREE), MP_OK);
+  cr_expect_eq(on_worker(&wb, &b, FREE), MP_OK);
+  cr_expect_eq(on_thread(&c, FREE), MP_OK);
+  worker_stop(&wa);
+  worker_stop(&wb);
+  fake_pool_finish(pool, dev);
+  fake_close(flaky_peer);
+}
