@@ -150,6 +150,18 @@ mp_pool_t *mp__pl_pool_current(const mp__pl_t *pl,
   return mp__pl_pool_of(pl, d);
 }
 
+int mp__pl_primary_current(void) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__cuctx here = NULL;
+  int d = -1;
+  if (rc->cuCtxGetCurrent == NULL || rc->cuCtxGetDevice == NULL ||
+      rc->cuCtxGetCurrent(&here) != MP__CU_SUCCESS || here == NULL ||
+      rc->cuCtxGetDevice(&d) != MP__CU_SUCCESS || d < 0 ||
+      d >= MP__PL_MAX_DEVICES)
+    return -1;
+  return mp__is_primary(d, here) ? d : -1;
+}
+
 /* A driver without cuCtxGetDevice (a test double) has one device. */
 mp_pool_t *mp__pl_pool_here(const mp__pl_t *pl) {
   return mp__pl_pool_current(pl, mp__pl_real_cuda()->cuCtxGetDevice);

@@ -46,39 +46,43 @@ static struct {
 } mp__tab = {.lock = PTHREAD_MUTEX_INITIALIZER,
              .map = {.esize = sizeof(mp__pl_block_t)}};
 
-void mp__pl_table_put(uintptr_t ptr, size_t size, uintptr_t stream,
-                      mp__pl_kind_t kind) {
-  pthread_mutex_lock(&mp__tab.lock);
-  /* Without host memory for the entry the pointer goes unrecorded: its
-   * free then reaches the real driver, which is what happens to every
-   * pointer the shim does not know. A known address is overwritten: the
-   * driver handed it out again after a free the shim did not see. */
-  mp__pl_block_t *b = mp__ptrmap_put(&mp__tab.map, ptr);
-  if (b != NULL)
-    *b = (mp__pl_block_t){
-        .ptr = ptr, .size = size, .stream = stream, .kind = kind};
-  pthread_mutex_unlock(&mp__tab.lock);
-}
-
-void mp__pl_table_put_pool(uintptr_t ptr, size_t size, uintptr_t stream,
-                           mp_pool_t *pool) {
-  pthread_mutex_lock(&mp__tab.lock);
-  mp__pl_block_t *b = mp__ptrmap_put(&mp__tab.map, ptr);
-  if (b != NULL)
-    *b = (mp__pl_block_t){.ptr = ptr,
-                          .size = size,
-                          .stream = stream,
-                          .kind = MP__PL_FROM_POOL,
-                          .pool = pool};
-  pthread_mutex_unlock(&mp__tab.lock);
-}
-
-void mp__pl_table_restore(const mp__pl_block_t *b) {
+/* Without host memory for the entry the pointer goes unrecorded: its free
+ * then reaches the real driver, which is what happens to every pointer the
+ * shim does not know. A known address is overwritten: the driver handed it
+ * out again after a free the shim did not see. */
+static void mp__table_put_whole(const mp__pl_block_t *b) {
   pthread_mutex_lock(&mp__tab.lock);
   mp__pl_block_t *e = mp__ptrmap_put(&mp__tab.map, b->ptr);
   if (e != NULL)
     *e = *b;
   pthread_mutex_unlock(&mp__tab.lock);
+}
+
+void mp__pl_table_put(uintptr_t ptr, size_t size, uintptr_t stream,
+                      mp__pl_kind_t kind) {
+  mp__table_put_whole(&(mp__pl_block_t){
+      .ptr = ptr, .size = size, .stream = stream, .kind = kind, .ordinal = -1});
+}
+
+void mp__pl_table_put_pool(uintptr_t ptr, size_t size, uintptr_t stream,
+                           mp_pool_t *pool) {
+  mp__table_put_whole(&(mp__pl_block_t){.ptr = ptr,
+                                        .size = size,
+                                        .stream = stream,
+                                        .kind = MP__PL_FROM_POOL,
+                                        .pool = pool,
+                                        .ordinal = -1});
+}
+
+void mp__pl_table_put_real_host(uintptr_t ptr, size_t size, int ordinal) {
+  mp__table_put_whole(&(mp__pl_block_t){.ptr = ptr,
+                                        .size = size,
+                                        .kind = MP__PL_FROM_REAL_HOST,
+                                        .ordinal = ordinal});
+}
+
+void mp__pl_table_restore(const mp__pl_block_t *b) {
+  mp__table_put_whole(b);
 }
 
 bool mp__pl_table_take(uintptr_t ptr, mp__pl_block_t *out) {
@@ -108,14 +112,14 @@ bool mp__pl_table_find_pool(uintptr_t addr, mp__pl_block_t *out) {
   return found;
 }
 
-/* Removes every entry of kind (and, for MP__PL_FROM_POOL, of pool) and
- * traces each with traced. The blocks are taken out under the table's
- * lock and traced after it (tracing reads the pool's statistics, whose
- * lock is never taken inside the table's), as many at a time as a buffer
+/* Removes every entry of kind, pool and ordinal (NULL and -1 where the
+ * kind has none) and traces each with traced. The blocks are taken out under
+ * the table's lock and traced after it (tracing reads the pool's statistics,
+ * whose lock is never taken inside the table's), as many at a time as a buffer
  * sized from the table holds. A removal shifts later members of a probe
  * run back into the hole (ptrmap.c), never into a slot already passed but
  * this one: slot k is looked at again after each removal. */
-static size_t mp__table_forget(mp__pl_kind_t kind, mp_pool_t *pool,
+static size_t mp__table_forget(mp__pl_kind_t kind, mp_pool_t *pool, int ordinal,
                                void (*traced)(const mp__pl_block_t *)) {
   size_t n = 0;
   bool more = true;
@@ -129,7 +133,8 @@ static size_t mp__table_forget(mp__pl_kind_t kind, mp_pool_t *pool,
     pthread_mutex_lock(&mp__tab.lock);
     for (size_t k = 0; k < mp__tab.map.cap;) {
       mp__pl_block_t *b = mp__ptrmap_at(&mp__tab.map, k);
-      if (b == NULL || b->kind != kind || b->pool != pool) {
+      if (b == NULL || b->kind != kind || b->pool != pool ||
+          b->ordinal != ordinal) {
         k++;
       } else if (got == room) {
         more = gone != NULL; /* without a buffer: left in the table */
@@ -157,11 +162,17 @@ static void mp__traced_pinned_free(const mp__pl_block_t *b) {
 }
 
 size_t mp__pl_table_forget_pool(mp_pool_t *pool) {
-  return mp__table_forget(MP__PL_FROM_POOL, pool, mp__traced_free);
+  return mp__table_forget(MP__PL_FROM_POOL, pool, -1, mp__traced_free);
 }
 
 size_t mp__pl_table_forget_hostmem(void) {
-  return mp__table_forget(MP__PL_FROM_HOSTMEM, NULL, mp__traced_pinned_free);
+  return mp__table_forget(MP__PL_FROM_HOSTMEM, NULL, -1,
+                          mp__traced_pinned_free);
+}
+
+size_t mp__pl_table_forget_real_host(int ordinal) {
+  return mp__table_forget(MP__PL_FROM_REAL_HOST, NULL, ordinal,
+                          mp__traced_pinned_free);
 }
 
 /* ---- the start ---------------------------------------------------------- */

@@ -29,6 +29,10 @@
  * reset is new memory of the driver's (on the fake, the first one costs a
  * cuMemHostAlloc of its own: none from before is left to serve it) that
  * carries what is written to it through a copy to the device and back.
+ * With "pinned_wc" the page-locked block held across the reset is
+ * write-combined (CU_MEMHOSTALLOC_WRITECOMBINED), which the shim leaves to
+ * the driver: after the reset its cuMemFreeHost is refused too (on the
+ * fake), and another write-combined block is allocated, written and freed.
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #include <cuda.h>
 #include <malloc.h>
@@ -188,6 +192,35 @@ static int pinned_reset(void) {
   return 0;
 }
 
+/* Write-combined page-locked memory across a reset (see "pinned_wc"). */
+static int pinned_wc_reset(void) {
+  CUcontext ctx;
+  void *wc, *again;
+  if (start(&ctx) != 0)
+    return 1;
+  MP_TRY(cuMemHostAlloc(&wc, MP_BYTES, CU_MEMHOSTALLOC_WRITECOMBINED));
+  memset(wc, 1, MP_BYTES);
+  MP_TRY(cuDevicePrimaryCtxReset(0));
+  if (start(&ctx) != 0)
+    return 1;
+  if (cuFakeGetCallCount != NULL) {
+    CUresult r = cuMemFreeHost(wc);
+    if (r != CUDA_ERROR_INVALID_VALUE) {
+      printf("cuMemFreeHost of write-combined memory the reset destroyed: "
+             "error %d, not refused\n",
+             (int)r);
+      return 1;
+    }
+  }
+  MP_TRY(cuMemHostAlloc(&again, MP_BYTES, CU_MEMHOSTALLOC_WRITECOMBINED));
+  memset(again, 2, MP_BYTES);
+  MP_TRY(cuMemFreeHost(again));
+  MP_TRY(cuCtxSynchronize());
+  MP_TRY(cuDevicePrimaryCtxRelease(0));
+  puts("ok");
+  return 0;
+}
+
 int main(int argc, char **argv) {
   static unsigned char seen[MP_BYTES];
   reset_fn reset = cuDevicePrimaryCtxReset;
@@ -198,6 +231,8 @@ int main(int argc, char **argv) {
     return many_resets(strcmp(argv[1], "many_graph") == 0);
   if (argc > 1 && strcmp(argv[1], "pinned") == 0)
     return pinned_reset();
+  if (argc > 1 && strcmp(argv[1], "pinned_wc") == 0)
+    return pinned_wc_reset();
   if (start(&ctx) != 0)
     return 1;
   if (argc > 1 && strcmp(argv[1], "proc") == 0) {
