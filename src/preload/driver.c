@@ -390,8 +390,7 @@ mp__curesult cuIpcGetMemHandle(mp__cuipcmemhandle *pHandle, mp__cuptr dptr) {
  * memory they free is still theirs (after it, the driver may hand those
  * addresses out again); one that cannot be is kept until exit. So is the
  * page-locked host pool when its chunks are that context's (host.c). */
-mp__curesult cuDevicePrimaryCtxReset_v2(int dev) {
-  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+static mp__curesult mp__primary_reset(int dev, mp__curesult (*real)(int)) {
   bool outer = mp__pl_enter();
   const mp__pl_t *pl = outer ? mp__pl_started() : NULL;
   mp_pool_t *gone = pl != NULL ? mp__pl_devices_retire(pl, dev) : NULL;
@@ -402,9 +401,18 @@ mp__curesult cuDevicePrimaryCtxReset_v2(int dev) {
   }
   if (pl != NULL)
     mp__pl_host_reset(pl, dev);
-  mp__curesult r = rc->cuDevicePrimaryCtxReset_v2
-                       ? rc->cuDevicePrimaryCtxReset_v2(dev)
-                       : MP__CU_NOT_INITIALIZED;
+  mp__curesult r = real != NULL ? real(dev) : MP__CU_NOT_INITIALIZED;
   mp__pl_leave();
   return r;
+}
+
+mp__curesult cuDevicePrimaryCtxReset_v2(int dev) {
+  return mp__primary_reset(dev, mp__pl_real_cuda()->cuDevicePrimaryCtxReset_v2);
+}
+
+/* The original, before CUDA 11.0's _v2 (cudaTypedefs.h:
+ * PFN_cuDevicePrimaryCtxReset_v7000; cuda.h maps the name to _v2 by a
+ * macro, so only a binary built before 11.0 calls it): the same reset. */
+mp__curesult cuDevicePrimaryCtxReset(int dev) {
+  return mp__primary_reset(dev, mp__pl_real_cuda()->cuDevicePrimaryCtxReset);
 }

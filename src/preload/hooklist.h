@@ -39,6 +39,7 @@
   X(cu, mp__curesult, cuPointerGetAttributes,                                  \
     (unsigned int, unsigned int *, void **, mp__cuptr))                        \
   X(cu, mp__curesult, cuIpcGetMemHandle, (mp__cuipcmemhandle *, mp__cuptr))    \
+  X(cu, mp__curesult, cuDevicePrimaryCtxReset, (int))                          \
   X(cu, mp__curesult, cuDevicePrimaryCtxReset_v2, (int))                       \
   /* lookup.c */                                                               \
   X(cu, mp__curesult, cuGetProcAddress,                                        \

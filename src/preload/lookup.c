@@ -108,10 +108,11 @@ void *mp__pl_proc_hook(const char *symbol, int cuda_version, uint64_t flags) {
   if (strcmp(symbol, "cuMemFreeHost") == 0)
     return (void *)&cuMemFreeHost;
   /* cuDevicePrimaryCtxReset_v2 came with CUDA 11.0 (cudaTypedefs.h:
-   * PFN_cuDevicePrimaryCtxReset_v11000; below it the original, which stays
-   * real); cudaDeviceReset asks for it. */
-  if (cuda_version >= 11000 && strcmp(symbol, "cuDevicePrimaryCtxReset") == 0)
-    return (void *)&cuDevicePrimaryCtxReset_v2;
+   * PFN_cuDevicePrimaryCtxReset_v11000; below it the original, _v7000,
+   * hooked as well); cudaDeviceReset asks for it. */
+  if (strcmp(symbol, "cuDevicePrimaryCtxReset") == 0)
+    return cuda_version >= 11000 ? (void *)&cuDevicePrimaryCtxReset_v2
+                                 : (void *)&cuDevicePrimaryCtxReset;
   /* cuStreamDestroy_v2 came with CUDA 4.0. */
   if (cuda_version >= 4000 && strcmp(symbol, "cuStreamDestroy") == 0)
     return (void *)&cuStreamDestroy_v2;

@@ -15,6 +15,10 @@ CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn,
  * (cudaTypedefs.h: PFN_cuStreamBeginCapture_v10000). */
 #undef cuStreamBeginCapture
 CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream);
+/* And for the original cuDevicePrimaryCtxReset, before CUDA 11.0's _v2
+ * (cudaTypedefs.h: PFN_cuDevicePrimaryCtxReset_v7000). */
+#undef cuDevicePrimaryCtxReset
+CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev);
 
 #include "hooks.h"
 

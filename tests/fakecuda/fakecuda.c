@@ -148,6 +148,10 @@ CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
 #undef cuStreamBeginCapture
 #undef cuStreamGetCaptureInfo
 CUresult cuStreamBeginCapture(CUstream s);
+/* The original, before CUDA 11.0's _v2 (cudaTypedefs.h:
+ * PFN_cuDevicePrimaryCtxReset_v7000), which old binaries still call. */
+#undef cuDevicePrimaryCtxReset
+CUresult cuDevicePrimaryCtxReset(CUdevice dev);
 CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode);
 CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g,
                                           const CUgraphNode *deps,
@@ -192,6 +196,7 @@ void cuFakeResetCallCounts(void);
   X(cuDevicePrimaryCtxRetain)                                                  \
   X(cuDevicePrimaryCtxRelease_v2)                                              \
   X(cuDevicePrimaryCtxGetState)                                                \
+  X(cuDevicePrimaryCtxReset)                                                   \
   X(cuDevicePrimaryCtxReset_v2)                                                \
   X(cuCtxCreate_v2)                                                            \
   X(cuCtxCreate_v4)                                                            \
@@ -1627,8 +1632,7 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
  * state on the primary context", whoever still holds it; a later retain
  * starts a new one. "Resetting the primary context does not release it":
  * the retains stay, each still released by its holder. */
-CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
-  FK_COUNT(cuDevicePrimaryCtxReset_v2);
+static CUresult fk_primary_reset(CUdevice dev) {
   FK_NEED_INIT();
   if (!fk_valid_device(dev))
     return CUDA_ERROR_INVALID_DEVICE;
@@ -1639,6 +1643,17 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   pthread_mutex_unlock(&fk.lock);
   fk_ctx_close(c, closing);
   return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  FK_COUNT(cuDevicePrimaryCtxReset_v2);
+  return fk_primary_reset(dev);
+}
+
+/* The original does the same (cuda.h documents one function). */
+CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
+  FK_COUNT(cuDevicePrimaryCtxReset);
+  return fk_primary_reset(dev);
 }
 
 /* cuCtxCreate: a context of its own (its own memory, streams and work),
@@ -3603,6 +3618,7 @@ static const fk_proc_t fk_procs[] = {
     FK_P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
     FK_P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
     FK_P("cuDevicePrimaryCtxGetState", 7000, cuDevicePrimaryCtxGetState),
+    FK_P("cuDevicePrimaryCtxReset", 7000, cuDevicePrimaryCtxReset),
     FK_P("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),
     FK_P("cuCtxCreate", 3020, cuCtxCreate_v2),
     FK_P("cuCtxCreate", 12050, cuCtxCreate_v4),

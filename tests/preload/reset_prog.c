@@ -11,6 +11,10 @@
  * written to it, never the destroyed memory of before.
  * With the argument "proc" the reset is the one cuGetProcAddress answers
  * for "cuDevicePrimaryCtxReset" at CUDA 11.0, as cudaDeviceReset finds it.
+ * With "old" the reset is the unversioned symbol cuDevicePrimaryCtxReset
+ * (the original, before CUDA 11.0's _v2: cuda.h maps the name to _v2 by a
+ * macro, so only a binary built before 11.0 calls it), linked directly,
+ * and with "proc_old" the one cuGetProcAddress answers at CUDA 10.0.
  * With "many" it resets MP_RESETS times, each time after allocating (a
  * block kept live, one freed), and the process's heap (mallinfo2: what
  * malloc has handed out and not had back) must not grow with the number
@@ -55,6 +59,8 @@ static int start(CUcontext *ctx) {
 }
 
 typedef CUresult (*reset_fn)(CUdevice);
+/* The original symbol, as a binary built before CUDA 11.0 links it. */
+CUresult old_reset(CUdevice dev) __asm__("cuDevicePrimaryCtxReset");
 
 #define MP_WARMUP 8
 #define MP_RESETS 200
@@ -235,12 +241,16 @@ int main(int argc, char **argv) {
     return pinned_wc_reset();
   if (start(&ctx) != 0)
     return 1;
-  if (argc > 1 && strcmp(argv[1], "proc") == 0) {
+  if (argc > 1 &&
+      (strcmp(argv[1], "proc") == 0 || strcmp(argv[1], "proc_old") == 0)) {
     void *fn = NULL;
-    MP_TRY(cuGetProcAddress("cuDevicePrimaryCtxReset", &fn, 11000,
+    MP_TRY(cuGetProcAddress("cuDevicePrimaryCtxReset", &fn,
+                            strcmp(argv[1], "proc") == 0 ? 11000 : 10000,
                             CU_GET_PROC_ADDRESS_DEFAULT, NULL));
     reset = (reset_fn)fn;
   }
+  if (argc > 1 && strcmp(argv[1], "old") == 0)
+    reset = old_reset;
   MP_TRY(cuMemAlloc(&live, MP_BYTES));
   MP_TRY(cuMemAlloc(&cached, MP_BYTES));
   MP_TRY(cuMemFree(cached)); /* a pool keeps it */

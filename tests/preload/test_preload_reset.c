@@ -34,6 +34,23 @@ Test(preload_reset, under_the_shim_a_reset_found_by_get_proc_address) {
   reset_rules("LD_PRELOAD=" MP_SHIM, "MEMPOOL_CONF=virtual=0", "proc");
 }
 
+/* A binary built before CUDA 11.0 calls the unversioned
+ * cuDevicePrimaryCtxReset (cuda.h maps the name to _v2 only for those built
+ * after), directly or as cuGetProcAddress answers it at CUDA 10.0: the
+ * shim's reset too. Failed before: only _v2 was hooked, the pool kept
+ * the destroyed memory and took back a block the reset had destroyed. */
+Test(preload_reset,
+     without_the_shim_the_unversioned_reset_destroys_the_blocks) {
+  reset_rules("LD_PRELOAD=", "MEMPOOL_CONF=", "old");
+  reset_rules("LD_PRELOAD=", "MEMPOOL_CONF=", "proc_old");
+}
+
+Test(preload_reset, under_the_shim_the_unversioned_reset_forgets_the_pool) {
+  reset_rules("LD_PRELOAD=" MP_SHIM, "MEMPOOL_CONF=virtual=0", "old");
+  reset_rules("LD_PRELOAD=" MP_SHIM, "MEMPOOL_CONF=virtual=1", "old");
+  reset_rules("LD_PRELOAD=" MP_SHIM, "MEMPOOL_CONF=virtual=0", "proc_old");
+}
+
 /* Each reset destroys the pool's memory; what the shim kept of the pool
  * (its records, its device) must go too: 200 resets with blocks live and
  * cached leave the heap no bigger than a few bytes a reset (reset_prog
