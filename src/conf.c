@@ -220,9 +220,11 @@ const char *mp__fmt_bytes(char *buf, size_t cap, size_t bytes) {
     v /= 1024.0;
     u++;
   }
-  if (u == 0)
+  if (u == 0) {
     snprintf(buf, cap, "%zu B", bytes);
-  else
-    snprintf(buf, cap, "%.2f %s", v, units[u]);
+  } else {
+    char num[32]; /* "1.50", never "1,50": not the locale's point */
+    snprintf(buf, cap, "%s %s", mp__fmt_fixed(num, sizeof num, v, 2), units[u]);
+  }
   return buf;
 }

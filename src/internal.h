@@ -130,7 +130,8 @@ typedef mp_status_t (*mp__kv_fn)(void *ctx, const char *key, size_t key_len,
                                  const char *val, size_t val_len);
 mp_status_t mp__kv_each(const char *what, const char *str, mp__kv_fn fn,
                         void *ctx);
-/* Formats bytes as "1.50 GiB" into buf (at least 16 bytes); returns buf. */
+/* Formats bytes as "1.50 GiB" into buf (at least 16 bytes), with a '.'
+ * whatever the locale (mp__fmt_fixed); returns buf. */
 const char *mp__fmt_bytes(char *buf, size_t cap, size_t bytes);
 /* v >= 0 with decimals (at most 18) digits after a '.' whatever the
  * locale (printf's %f writes LC_NUMERIC's point, a ',' in de_DE, which no

@@ -70,18 +70,19 @@ typedef struct mp__dump_head {
 static void mp__dump_text_head(const mp_pool_t *pool, FILE *out,
                                const mp__dump_head_t *h) {
   const mp_stats_t *s = &h->s;
+  char frag[32]; /* "0.5000" under any locale, as the JSON dump writes it */
   fprintf(out,
           "pool %p (%s)\n"
           "  reserved %zu (peak %zu)  allocated %zu (peak %zu)  requested %zu "
           "(peak %zu)\n"
-          "  free %zu  largest free %zu  external fragmentation %.4f\n"
+          "  free %zu  largest free %zu  external fragmentation %s\n"
           "  allocs %llu  frees %llu  device allocs %llu  device frees %llu  "
           "oom %llu\n",
           (void *)pool, pool->parent ? "child" : "device", s->reserved_bytes,
           s->peak_reserved_bytes, s->allocated_bytes, s->peak_allocated_bytes,
           s->requested_bytes, s->peak_requested_bytes, s->free_bytes,
-          h->largest, h->frag, (unsigned long long)s->alloc_count,
-          (unsigned long long)s->free_count,
+          h->largest, mp__fmt_fixed(frag, sizeof frag, h->frag, 4),
+          (unsigned long long)s->alloc_count, (unsigned long long)s->free_count,
           (unsigned long long)s->device_alloc_count,
           (unsigned long long)s->device_free_count,
           (unsigned long long)s->oom_count);

@@ -1,7 +1,8 @@
 /* The pool reads and writes numbers the same under any locale: a program
  * that called setlocale(LC_ALL, "") under a locale whose decimal point is
- * ',' (de_DE) still gets max_fraction=0.5 as one half, and a JSON dump
- * whose fractions are JSON numbers. */
+ * ',' (de_DE) still gets max_fraction=0.5 as one half, a JSON dump
+ * whose fractions are JSON numbers, and text dumps and messages whose
+ * fractions and sizes ("1.50 MiB") have a '.'. */
 #include <criterion/criterion.h>
 #include <langinfo.h>
 #include <locale.h>
@@ -112,6 +113,52 @@ Test(pool_locale, a_json_dump_writes_fractions_with_a_point,
   free(j);
   cr_assert_eq(mp_pool_free(pool, p[0]), MP_OK);
   cr_assert_eq(mp_pool_free(pool, p[2]), MP_OK);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  fake_close(dev);
+}
+
+/* Failed before: "external fragmentation 0,3333" (printf's %.4f follows
+ * LC_NUMERIC), which a reader of the text dump in the C locale, or one
+ * comparing it with the JSON dump, reads as 0. */
+Test(pool_locale, a_text_dump_writes_fractions_with_a_point,
+     .init = use_comma_locale, .fini = back_to_c) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  mp_pool_t *pool = make_pool(dev, "virtual=0,segment_bytes=2M,align=512");
+  void *p[3];
+  for (int i = 0; i < 3; i++)
+    cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p[i]), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p[1]), MP_OK); /* a hole: fragmented */
+  char *t = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&t, &len);
+  cr_assert_eq(mp_pool_dump(pool, f, "text"), MP_OK, "%s", mp_last_error());
+  fclose(f);
+  const char *at = strstr(t, "external fragmentation ");
+  cr_assert_not_null(at, "%s", t);
+  at += strlen("external fragmentation ");
+  char *end = NULL;
+  locale_t c = newlocale(LC_NUMERIC_MASK, "C", 0);
+  double frag = strtod_l(at, &end, c);
+  freelocale(c);
+  cr_expect(frag > 0 && frag < 1, "%.40s", at);
+  cr_expect_eq(*end, '\n', "not one number with a point: %.40s", at);
+  free(t);
+  cr_assert_eq(mp_pool_free(pool, p[0]), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p[2]), MP_OK);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  fake_close(dev);
+}
+
+/* Sizes in messages (mp__fmt_bytes: "1.50 MiB") too. Failed before: an
+ * allocation over max_bytes said "asked 1,50 MiB". */
+Test(pool_locale, a_message_writes_sizes_with_a_point, .init = use_comma_locale,
+     .fini = back_to_c) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  mp_pool_t *pool = make_pool(dev, "virtual=0,max_bytes=1M");
+  void *p = NULL;
+  cr_assert_eq(mp_pool_alloc(pool, 3 * ((size_t)1 << 19), NULL, &p), MP_ELIMIT);
+  cr_expect(strstr(mp_last_error(), "asked 1.50 MiB") != NULL, "%s",
+            mp_last_error());
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
   fake_close(dev);
 }
