@@ -13,7 +13,8 @@
  * mp__merge_ok) plus the hole may hold the request, and then only what they
  * lack is mapped, at the hole's edge next to them; at the top, what the
  * free top block lacks, preferably max(segment_bytes, reserved/128 capped
- * at 16 MiB). The smallest need wins (the top on ties: its step saves later
+ * at 16 MiB; no more than the need past the peak while the free memory is
+ * scattered). The smallest need wins (the top on ties: its step saves later
  * calls). Rounded to the granule; near the cap, the exact need (and where
  * even that is more than is left but the request is not: a plain segment
  * of the request's size, mp__vrange_grow). What is mapped is one chunk, or
@@ -595,6 +596,23 @@ static bool mp__find_placement(mp_pool_t *pool, mp__segment_t *v, size_t size,
     size_t room = size <= lim && lim > have ? lim - have : 0;
     room = room / g * g;
     step = step < room ? step : 0;
+  } else {
+    /* No step past the peak while the pool holds a step's worth of free
+     * memory, but under an eighth of what it reserves: it grows then only
+     * because what is free is scattered, and memory mapped past what the
+     * request lacks lifts the peak by memory no request asked for (at most
+     * up to the old peak is mapped). A pool with less free memory grows
+     * for demand, and the step saves calls and gathers small requests
+     * (without it, cs336_silmont_mem's small blocks fenced its 512 MiB
+     * ones: 1.001 to 1.162); one with more is in a churn where the slack
+     * serves the next round (adversarial 1.825 to 1.922 without the
+     * bound). Under a split limit (above) the step stays as it was: the
+     * rule worsened four max_split=64M rows. history.md, 2026-11-30
+     * afternoon. */
+    size_t res = pool->st.reserved_bytes, fb = mp__free_bytes(pool);
+    size_t peak = pool->st.peak_reserved_bytes;
+    if (fb >= step && fb < res / 8 && res + step > peak)
+      step = peak > res ? (peak - res) / g * g : 0;
   }
   size_t space = best->hole ? best->hole->size : v->va_size - v->span;
   if (step > space)

@@ -181,6 +181,43 @@ Test(pool_holes, growth_past_the_peak_reclaims_free_chunks_first) {
   finish_without_v1(p, dev, v, x);
 }
 
+/* Growth maps a step (here segment_bytes, 4 MiB) where a request lacks
+ * less, so that small requests do not map a granule each; but past the peak
+ * while the pool holds a step's worth of free memory that is scattered
+ * (at least a step, under an eighth of what it reserves), it maps only what
+ * the request lacks: the step's slack would lift the peak by memory no
+ * request asked for. Before, e's growth mapped 4 MiB (46 MiB reserved). */
+Test(pool_holes,
+     growth_past_the_peak_maps_no_step_while_free_memory_is_scattered) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 2 * MiB);
+  mp_pool_t *p = make_pool(dev, "segment_bytes=4M");
+  void *big, *a, *b, *c, *e;
+  cr_assert_eq(mp_pool_alloc(p, 34 * MiB, NULL, &big), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 3 * MiB, NULL, &a), MP_OK);
+  cr_assert_eq(stats(p).reserved_bytes, 38 * MiB, "a's growth: the step");
+  cr_assert_eq(mp_pool_alloc(p, MiB, NULL, &b), MP_OK);
+  cr_assert_eq((uintptr_t)b, (uintptr_t)a + 3 * MiB, "b fills a's chunk");
+  cr_assert_eq(mp_pool_alloc(p, 5 * MiB / 2, NULL, &c), MP_OK);
+  cr_assert_eq(stats(p).reserved_bytes, 42 * MiB,
+               "no free memory: growth for demand maps the step");
+  cr_assert_eq(mp_pool_free(p, a), MP_OK);
+  /* Free: a's 3 MiB between big and b, 1.5 MiB above c at the top; neither
+   * holds 3.25 MiB, and the top block lacks 1.75 MiB of it. */
+  unsigned maps = fake_of(dev)->maps;
+  cr_assert_eq(mp_pool_alloc(p, 13 * MiB / 4, NULL, &e), MP_OK);
+  cr_expect_eq((uintptr_t)e, (uintptr_t)c + 5 * MiB / 2, "at the top");
+  cr_expect_eq(fake_of(dev)->maps, maps + 1);
+  mp_stats_t s = stats(p);
+  cr_expect_eq(s.reserved_bytes, 44 * MiB, "one granule, not the 4 MiB step");
+  cr_expect_eq(s.peak_reserved_bytes, 44 * MiB);
+  check(p);
+  mp_pool_free(p, big);
+  mp_pool_free(p, b);
+  mp_pool_free(p, c);
+  mp_pool_free(p, e);
+  fake_pool_finish(p, dev);
+}
+
 /* The reclaim leaves a hole below and growth maps at the top, so a range
  * of the cap's size ran out before the memory did: on a 10 MiB device, v[1]'s
  * chunk went back and the 4 MiB growth found no room at the top of an
