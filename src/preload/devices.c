@@ -162,6 +162,17 @@ int mp__pl_primary_current(void) {
   return mp__is_primary(d, here) ? d : -1;
 }
 
+/* cuda_runtime_api.h, cudaDeviceReset: "::cudaDeviceReset() will not
+ * destroy memory allocations by ::cudaMallocAsync() and
+ * ::cudaMallocFromPoolAsync(). These memory allocations need to be
+ * destroyed explicitly." They come from the device's memory pool, not the
+ * context (cuda.h, cuDevicePrimaryCtxReset, which cudaDeviceReset calls,
+ * says only "Destroy all allocations and reset all state on the primary
+ * context"): the stricter word of the two is followed. */
+int mp__pl_reset_owner(bool stream_ordered) {
+  return stream_ordered ? -1 : mp__pl_primary_current();
+}
+
 /* A driver without cuCtxGetDevice (a test double) has one device. */
 mp_pool_t *mp__pl_pool_here(const mp__pl_t *pl) {
   return mp__pl_pool_current(pl, mp__pl_real_cuda()->cuCtxGetDevice);

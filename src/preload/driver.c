@@ -108,7 +108,9 @@ static mp__curesult mp__alloc(mp__variant_t v, mp__cuptr *dptr, size_t bytes,
   if (!served) {
     r = mp__real_alloc(v, dptr, bytes, s);
     if (r == MP__CU_SUCCESS) {
-      mp__pl_table_put((uintptr_t)*dptr, bytes, (uintptr_t)s, MP__PL_FROM_REAL);
+      mp__pl_table_put_real((uintptr_t)*dptr, bytes, (uintptr_t)s,
+                            MP__PL_FROM_REAL,
+                            mp__pl_reset_owner(v != MP__SYNC));
       mp__pl_record_alloc((uintptr_t)*dptr, bytes, (uintptr_t)s, true);
     } else if (dptr != NULL && bytes != 0) {
       mp__pl_record_alloc(0, bytes, (uintptr_t)s, false);
@@ -402,6 +404,12 @@ static mp__curesult mp__primary_reset(int dev, mp__curesult (*real)(int)) {
   if (pl != NULL)
     mp__pl_host_reset(pl, dev);
   mp__curesult r = real != NULL ? real(dev) : MP__CU_NOT_INITIALIZED;
+  /* What the driver handed out in that context while the shim passed
+   * through (and its write-combined page-locked memory) is gone with it:
+   * forgotten, traced as freed, once the driver has destroyed it (a reset
+   * it refuses destroys nothing). */
+  if (pl != NULL && r == MP__CU_SUCCESS)
+    (void)mp__pl_table_forget_real(dev);
   mp__pl_leave();
   return r;
 }

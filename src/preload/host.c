@@ -16,8 +16,9 @@
  * real entry point. Write-combined memory the driver handed out is in the
  * table too (MP__PL_FROM_REAL_HOST), so its free is marked in the trace
  * like its allocation, and a reset of the primary context that allocated
- * it forgets it, traced as freed there. cudaHostRegister / cuMemHostRegister
- * are not hooked: registered memory is the program's, never counted or traced.
+ * it forgets it, traced as freed there (driver.c). cudaHostRegister /
+ * cuMemHostRegister are not hooked: registered memory is the program's, never
+ * counted or traced.
  *
  * cudaFreeHost and cuMemFreeHost synchronize the devices before the memory
  * goes (the driver's do, as an implicit synchronization); the shim keeps
@@ -94,12 +95,7 @@ __attribute__((used)) static mp__hpl_kept_t *mp__hpl_kept;
  * the program's problem, as after a real reset; a later free of one is
  * the driver's answer. The emulated device has no driver to reset. */
 void mp__pl_host_reset(const mp__pl_t *pl, int ordinal) {
-  if (pl->host)
-    return;
-  /* The driver's own page-locked blocks of that context (write-combined
-   * memory; every block when not pooling) go with it, by the same rule. */
-  (void)mp__pl_table_forget_real_host(ordinal);
-  if (pl->mode != MP__PL_POOL || ordinal != pl->ordinal)
+  if (pl->host || pl->mode != MP__PL_POOL || ordinal != pl->ordinal)
     return;
   mp__hpl_kept_t *keep = calloc(1, sizeof *keep);
   pthread_mutex_lock(&mp__hpl.lock);
@@ -255,10 +251,10 @@ static unsigned int mp__h_alloc(mp__hvariant_t v, void **p, size_t bytes,
     r = mp__h_real_alloc(v, p, bytes, flags);
     /* Known, so that its free is recorded too, and with the context that
      * holds it, current after the call (the runtime makes its primary
-     * context in it), so that its reset forgets it (mp__pl_host_reset). */
+     * context in it), so that its reset forgets it (driver.c). */
     if (outer && r == 0)
-      mp__pl_table_put_real_host((uintptr_t)*p, bytes,
-                                 mp__pl_primary_current());
+      mp__pl_table_put_real((uintptr_t)*p, bytes, 0, MP__PL_FROM_REAL_HOST,
+                            mp__pl_primary_current());
   }
   if (outer && r == 0)
     mp__pl_record_other("pinned", (uintptr_t)*p, bytes);

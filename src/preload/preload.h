@@ -187,6 +187,11 @@ mp_pool_t *mp__pl_pool_here(const mp__pl_t *pl);
 /* The device whose primary context is the calling thread's current
  * context; -1 when none is current or it is a context the program made. */
 int mp__pl_primary_current(void);
+/* The device whose primary context's reset destroys device memory the real
+ * driver has just handed out to the calling thread (mp__pl_table_put_real):
+ * mp__pl_primary_current for cuMemAlloc / cudaMalloc, -1 for a
+ * stream-ordered allocation (from a memory pool, which a reset leaves). */
+int mp__pl_reset_owner(bool stream_ordered);
 /* Where a stream-ordered call on s belongs (devices.c): HERE for a default
  * stream, a stream of the current context or a handle the driver does not
  * know (the caller goes on as for the current device); DEVICE, with its
@@ -314,16 +319,20 @@ typedef struct mp__pl_block {
   uintptr_t stream;
   mp__pl_kind_t kind;
   mp_pool_t *pool; /* MP__PL_FROM_POOL: the device's pool it came from */
-  /* MP__PL_FROM_REAL_HOST: the device whose primary context allocated it
-   * (its reset destroys it); -1: another context, or any other kind. */
+  /* MP__PL_FROM_REAL and MP__PL_FROM_REAL_HOST: the device whose primary
+   * context allocated it (its reset destroys it); -1: another context, a
+   * stream-ordered allocation (a reset leaves it: driver.c), or any other
+   * kind. */
   int ordinal;
 } mp__pl_block_t;
 
 void mp__pl_table_put(uintptr_t ptr, size_t size, uintptr_t stream,
                       mp__pl_kind_t kind);
-/* Page-locked memory from the real entry point (MP__PL_FROM_REAL_HOST),
- * allocated in device ordinal's primary context (-1: another context). */
-void mp__pl_table_put_real_host(uintptr_t ptr, size_t size, int ordinal);
+/* Memory from the real entry point (kind MP__PL_FROM_REAL, device memory,
+ * or MP__PL_FROM_REAL_HOST, page-locked), allocated in device ordinal's
+ * primary context (-1: another context, or memory its reset leaves). */
+void mp__pl_table_put_real(uintptr_t ptr, size_t size, uintptr_t stream,
+                           mp__pl_kind_t kind, int ordinal);
 /* A block of pool (MP__PL_FROM_POOL). */
 void mp__pl_table_put_pool(uintptr_t ptr, size_t size, uintptr_t stream,
                            mp_pool_t *pool);
@@ -340,10 +349,11 @@ size_t mp__pl_table_forget_pool(mp_pool_t *pool);
 /* Removes every block of the host pool (MP__PL_FROM_HOSTMEM: its chunks
  * are gone with a reset), each traced as a pinned free; how many. */
 size_t mp__pl_table_forget_hostmem(void);
-/* Removes every block of page-locked memory from the real entry point
- * that device ordinal's primary context allocated (gone with its reset),
- * each traced as a pinned free; how many. */
-size_t mp__pl_table_forget_real_host(int ordinal);
+/* Removes every block of memory from the real entry point that device
+ * ordinal's primary context allocated (gone with its reset), each device
+ * block traced as freed and each page-locked one as a pinned free; how
+ * many. An ordinal below 0 (no device) forgets nothing. */
+size_t mp__pl_table_forget_real(int ordinal);
 
 /* Maps a pool status to the API's error code. */
 mp__curesult mp__pl_cu_error(mp_status_t st);
@@ -385,12 +395,11 @@ bool mp__pl_capture_prohibits(unsigned thread_mode);
 
 /* ---- host.c ------------------------------------------------------------- */
 
-/* Before the real cuDevicePrimaryCtxReset(ordinal): the page-locked
- * memory the driver handed out in that primary context (write-combined
- * memory, or any when the shim does not pool) is forgotten, each block
- * traced as freed (mp__pl_table_forget_real_host): the reset destroys it,
- * and the driver may hand its addresses out again. When the host pool's
- * chunks are page-locked memory of that device's primary context, which
+/* Before the real cuDevicePrimaryCtxReset(ordinal) (the page-locked
+ * memory the driver handed out in that primary context, write-combined
+ * memory or any when the shim does not pool, is forgotten after it, with
+ * the device memory: mp__pl_table_forget_real in driver.c). When the host
+ * pool's chunks are page-locked memory of that device's primary context, which
  * the reset destroys, the pool is taken away, its blocks forgotten
  * (mp__pl_table_forget_hostmem) and the pool destroyed while its chunks
  * are still the driver's to take back; the next page-locked allocation

@@ -74,10 +74,12 @@ void mp__pl_table_put_pool(uintptr_t ptr, size_t size, uintptr_t stream,
                                         .ordinal = -1});
 }
 
-void mp__pl_table_put_real_host(uintptr_t ptr, size_t size, int ordinal) {
+void mp__pl_table_put_real(uintptr_t ptr, size_t size, uintptr_t stream,
+                           mp__pl_kind_t kind, int ordinal) {
   mp__table_put_whole(&(mp__pl_block_t){.ptr = ptr,
                                         .size = size,
-                                        .kind = MP__PL_FROM_REAL_HOST,
+                                        .stream = stream,
+                                        .kind = kind,
                                         .ordinal = ordinal});
 }
 
@@ -170,8 +172,13 @@ size_t mp__pl_table_forget_hostmem(void) {
                           mp__traced_pinned_free);
 }
 
-size_t mp__pl_table_forget_real_host(int ordinal) {
-  return mp__table_forget(MP__PL_FROM_REAL_HOST, NULL, ordinal,
+/* -1 is every block of no primary context's: never forgotten by a reset
+ * (a program's cuDevicePrimaryCtxReset(-1) is the driver's error). */
+size_t mp__pl_table_forget_real(int ordinal) {
+  if (ordinal < 0)
+    return 0;
+  return mp__table_forget(MP__PL_FROM_REAL, NULL, ordinal, mp__traced_free) +
+         mp__table_forget(MP__PL_FROM_REAL_HOST, NULL, ordinal,
                           mp__traced_pinned_free);
 }
 

@@ -37,6 +37,10 @@
  * write-combined (CU_MEMHOSTALLOC_WRITECOMBINED), which the shim leaves to
  * the driver: after the reset its cuMemFreeHost is refused too (on the
  * fake), and another write-combined block is allocated, written and freed.
+ * With "real_dev" the block held across the reset is device memory from
+ * cuMemAlloc (under MEMPOOL_PRELOAD=passthrough, the driver's own): after
+ * the reset its cuMemFree is refused, and another block is allocated,
+ * written and freed.
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #include <cuda.h>
 #include <malloc.h>
@@ -227,6 +231,33 @@ static int pinned_wc_reset(void) {
   return 0;
 }
 
+/* Device memory across a reset, with nothing else live (see "real_dev"). */
+static int real_dev_reset(void) {
+  CUcontext ctx;
+  CUdeviceptr live, again;
+  if (start(&ctx) != 0)
+    return 1;
+  MP_TRY(cuMemAlloc(&live, MP_BYTES));
+  MP_TRY(cuMemsetD8(live, 1, MP_BYTES));
+  MP_TRY(cuDevicePrimaryCtxReset(0));
+  if (start(&ctx) != 0)
+    return 1;
+  CUresult r = cuMemFree(live);
+  if (r != CUDA_ERROR_INVALID_VALUE && r != CUDA_ERROR_INVALID_CONTEXT) {
+    printf("cuMemFree of device memory the reset destroyed: error %d, not "
+           "refused\n",
+           (int)r);
+    return 1;
+  }
+  MP_TRY(cuMemAlloc(&again, MP_BYTES));
+  MP_TRY(cuMemsetD8(again, 2, MP_BYTES));
+  MP_TRY(cuMemFree(again));
+  MP_TRY(cuCtxSynchronize());
+  MP_TRY(cuDevicePrimaryCtxRelease(0));
+  puts("ok");
+  return 0;
+}
+
 int main(int argc, char **argv) {
   static unsigned char seen[MP_BYTES];
   reset_fn reset = cuDevicePrimaryCtxReset;
@@ -239,6 +270,8 @@ int main(int argc, char **argv) {
     return pinned_reset();
   if (argc > 1 && strcmp(argv[1], "pinned_wc") == 0)
     return pinned_wc_reset();
+  if (argc > 1 && strcmp(argv[1], "real_dev") == 0)
+    return real_dev_reset();
   if (start(&ctx) != 0)
     return 1;
   if (argc > 1 &&

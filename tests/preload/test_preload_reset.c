@@ -87,21 +87,18 @@ Test(preload_reset, under_the_shim_a_reset_retires_the_host_pool) {
   reset_rules("LD_PRELOAD=" MP_SHIM, "MEMPOOL_CONF=virtual=0", "pinned");
 }
 
-/* Write-combined page-locked memory is the driver's (the shim leaves it to
- * the real cuMemHostAlloc) and goes with the reset too: the shim forgets
- * it at the reset, so the trace marks it freed there, and every pinned
- * block of the trace is freed once, after its allocation, before its
- * address is allocated again (reset_prog "pinned_wc"; MEMPOOL_PRELOAD
- * passthrough records the same). Failed before: the block stayed in the
- * shim's table, never freed in the trace, and a driver handing its address
- * out again after the reset was traced as a second allocation of a live
- * block. */
-static void pinned_wc_traced(const char *mode) {
+/* Runs reset_prog how under the shim in mode (MEMPOOL_PRELOAD=...) with a
+ * JSON trace, and checks the trace's events named alloc and free: four in
+ * all, and each address's an allocation then its free, as many times as it
+ * was handed out (a free after its allocation, before the address is
+ * allocated again). */
+static void reset_traced(const char *how, const char *mode, const char *alloc,
+                         const char *free_name) {
   char dir[64], trace[128], env_trace[160];
   scratch_dir(dir, sizeof dir);
   snprintf(trace, sizeof trace, "%s/trace.json", dir);
   snprintf(env_trace, sizeof env_trace, "MEMPOOL_TRACE=%s", trace);
-  const char *argv[] = {MP_RESET_PROG, "pinned_wc", NULL};
+  const char *argv[] = {MP_RESET_PROG, how, NULL};
   const char *env[] = {"LD_PRELOAD=" MP_SHIM,
                        "MEMPOOL_DEVICE=cuda",
                        "MEMPOOL_CONF=virtual=0",
@@ -112,21 +109,46 @@ static void pinned_wc_traced(const char *mode) {
   cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
   cr_assert_str_eq(r.out, "ok\n");
   cr_expect_eq(
-      sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+      sh("python3 -c 'import json,sys; a,f=sys.argv[2],sys.argv[3]; "
+         "d=json.load(open(sys.argv[1])); "
          "ev=[(e[\"name\"],e[\"args\"][\"ptr\"]) for e in "
-         "d[\"traceEvents\"] if e.get(\"name\") in "
-         "(\"pinned\",\"pinned_free\")]; "
+         "d[\"traceEvents\"] if e.get(\"name\") in (a,f)]; "
          "seqs=[[n for n,q in ev if q==p] for p in {p for _,p in ev}]; "
          "ok=len(ev)==4 and all(len(s)%%2==0 and "
-         "s==[\"pinned\",\"pinned_free\"]*(len(s)//2) for s in seqs); "
-         "sys.exit(0 if ok else 1)' %s",
-         trace),
-      0, "%s: the trace's pinned events do not pair up (%s)", mode, trace);
+         "s==[a,f]*(len(s)//2) for s in seqs); "
+         "sys.exit(0 if ok else 1)' %s %s %s",
+         trace, alloc, free_name),
+      0, "%s %s: the trace's %s/%s events do not pair up (%s)", how, mode,
+      alloc, free_name, trace);
   unlink(trace);
   rmdir(dir);
 }
 
+/* Write-combined page-locked memory is the driver's (the shim leaves it to
+ * the real cuMemHostAlloc) and goes with the reset too: the shim forgets
+ * it at the reset, so the trace marks it freed there, and every pinned
+ * block of the trace is freed once, after its allocation, before its
+ * address is allocated again (reset_prog "pinned_wc"; MEMPOOL_PRELOAD
+ * passthrough records the same). Failed before: the block stayed in the
+ * shim's table, never freed in the trace, and a driver handing its address
+ * out again after the reset was traced as a second allocation of a live
+ * block. */
 Test(preload_reset, a_reset_frees_write_combined_memory_in_the_trace) {
-  pinned_wc_traced("MEMPOOL_PRELOAD=pool");
-  pinned_wc_traced("MEMPOOL_PRELOAD=passthrough");
+  reset_traced("pinned_wc", "MEMPOOL_PRELOAD=pool", "pinned", "pinned_free");
+  reset_traced("pinned_wc", "MEMPOOL_PRELOAD=passthrough", "pinned",
+               "pinned_free");
+}
+
+/* Device memory the driver hands out while the shim passes through
+ * (MEMPOOL_PRELOAD=passthrough: every cuMemAlloc is the driver's) is the
+ * primary context's, destroyed by its reset (cuda.h,
+ * cuDevicePrimaryCtxReset: "Destroy all allocations"): the trace marks it
+ * freed at the reset (reset_prog "real_dev"); the pool's blocks are traced
+ * freed there too. Failed before: the passthrough block stayed in the
+ * shim's table, never freed in the trace, and the driver handing its
+ * address out again after the reset was traced as a second allocation of
+ * a live block. */
+Test(preload_reset, a_reset_frees_passthrough_device_memory_in_the_trace) {
+  reset_traced("real_dev", "MEMPOOL_PRELOAD=passthrough", "allocate", "free");
+  reset_traced("real_dev", "MEMPOOL_PRELOAD=pool", "allocate", "free");
 }
