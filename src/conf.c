@@ -5,6 +5,7 @@
  * Sizes take K/M/G/T suffixes (powers of 1024). Parsing never allocates and
  * never changes anything: callers apply values only after a whole string
  * parsed. */
+#include <langinfo.h>
 #include <locale.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -209,6 +210,21 @@ const char *mp__fmt_fixed(char *buf, size_t cap, double v, unsigned decimals) {
   else
     snprintf(buf, cap, "%llu.%0*llu", (unsigned long long)(x / scale),
              (int)decimals, (unsigned long long)(x % scale));
+  return buf;
+}
+
+const char *mp__fmt_g(char *buf, size_t cap, double v) {
+  snprintf(buf, cap, "%g", v);
+  /* %g writes the calling thread's LC_NUMERIC radix character, which
+   * nl_langinfo(RADIXCHAR) names (one or more bytes), at most once: a '.'
+   * goes in its place. */
+  const char *radix = nl_langinfo(RADIXCHAR);
+  size_t n = strlen(radix);
+  char *at = n == 0 || strcmp(radix, ".") == 0 ? NULL : strstr(buf, radix);
+  if (at != NULL) {
+    *at = '.';
+    memmove(at + 1, at + n, strlen(at + n) + 1);
+  }
   return buf;
 }
 

@@ -137,6 +137,11 @@ const char *mp__fmt_bytes(char *buf, size_t cap, size_t bytes);
  * locale (printf's %f writes LC_NUMERIC's point, a ',' in de_DE, which no
  * JSON reader takes). Returns buf. */
 const char *mp__fmt_fixed(char *buf, size_t cap, double v, unsigned decimals);
+/* Any v (negative, tiny, NaN, infinite) as printf's %g writes it in the
+ * "C" locale ("1.5", "-0.25", "1.5e-09", "nan", "-inf"), whatever
+ * LC_NUMERIC's decimal point: for messages that quote a value given. buf
+ * holds at least 32 bytes. Returns buf. */
+const char *mp__fmt_g(char *buf, size_t cap, double v);
 
 /* ---- pool/pool.c -------------------------------------------------------- */
 

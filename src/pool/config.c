@@ -308,16 +308,17 @@ mp_status_t mp__config_validate(const mp_pool_config_t *cfg) {
   if (cfg->align > MP__GiB)
     return mp__fail(MP_EINVAL, "pool config: align %zu is above 1 GiB",
                     cfg->align);
+  char num[32];
   if (!(cfg->max_fraction >= 0 && cfg->max_fraction <= 1))
-    return mp__fail(MP_EINVAL, "pool config: max_fraction %g is not in (0, 1]",
-                    cfg->max_fraction);
+    return mp__fail(MP_EINVAL, "pool config: max_fraction %s is not in (0, 1]",
+                    mp__fmt_g(num, sizeof num, cfg->max_fraction));
   if (cfg->max_fraction > 0 && cfg->max_bytes != 0)
     return mp__fail(MP_EINVAL, "pool config: max_bytes and max_fraction both "
                                "cap the pool: give one");
   if (!(cfg->release_fraction >= 0 && cfg->release_fraction < 1))
     return mp__fail(MP_EINVAL,
-                    "pool config: release_fraction %g is not in (0, 1)",
-                    cfg->release_fraction);
+                    "pool config: release_fraction %s is not in (0, 1)",
+                    mp__fmt_g(num, sizeof num, cfg->release_fraction));
   if (cfg->release_fraction > 0 && cfg->release_threshold != 0)
     return mp__fail(MP_EINVAL,
                     "pool config: release_threshold and release_fraction "

@@ -38,11 +38,13 @@ static mp_status_t mp__pool_cap_for(const mp_pool_t *pool, size_t max_bytes,
     size_t share = want >= (double)SIZE_MAX ? SIZE_MAX : (size_t)want;
     *cap = (share < total ? share : total) & ~(pool->cfg.align - 1);
     /* As max_bytes below the alignment: a cap that no block fits. */
+    char num[32];
     if (*cap == 0)
       return mp__fail(MP_EINVAL,
-                      "pool config: max_fraction %g of the device's %zu "
+                      "pool config: max_fraction %s of the device's %zu "
                       "bytes is below the alignment %zu",
-                      fraction, total, pool->cfg.align);
+                      mp__fmt_g(num, sizeof num, fraction), total,
+                      pool->cfg.align);
   } else {
     *cap = told ? total : SIZE_MAX;
   }
@@ -52,9 +54,10 @@ static mp_status_t mp__pool_cap_for(const mp_pool_t *pool, size_t max_bytes,
 mp_status_t mp_pool_set_max_fraction(mp_pool_t *pool, double fraction) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_set_max_fraction: pool is NULL");
+  char num[32];
   if (!(fraction >= 0 && fraction <= 1))
-    return mp__fail(MP_EINVAL, "mp_pool_set_max_fraction: %g is not in [0, 1]",
-                    fraction);
+    return mp__fail(MP_EINVAL, "mp_pool_set_max_fraction: %s is not in [0, 1]",
+                    mp__fmt_g(num, sizeof num, fraction));
   mp_status_t nst = mp__no_arenas(pool, "mp_pool_set_max_fraction");
   if (nst != MP_OK)
     return nst;

@@ -2,10 +2,12 @@
  * that called setlocale(LC_ALL, "") under a locale whose decimal point is
  * ',' (de_DE) still gets max_fraction=0.5 as one half, a JSON dump
  * whose fractions are JSON numbers, and text dumps and messages whose
- * fractions and sizes ("1.50 MiB") have a '.'. */
+ * fractions and sizes ("1.50 MiB") have a '.', as do the fractions error
+ * messages quote ("max_fraction 1.5 is not in [0, 1]"). */
 #include <criterion/criterion.h>
 #include <langinfo.h>
 #include <locale.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -160,5 +162,50 @@ Test(pool_locale, a_message_writes_sizes_with_a_point, .init = use_comma_locale,
   cr_expect(strstr(mp_last_error(), "asked 1.50 MiB") != NULL, "%s",
             mp_last_error());
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  fake_close(dev);
+}
+
+/* mp_last_error() holds want. */
+static void expect_said(const char *want) {
+  cr_expect(strstr(mp_last_error(), want) != NULL, "wanted \"%s\" in: %s", want,
+            mp_last_error());
+}
+
+/* A config refused for its fractions (mp_pool_create checks it). */
+static void expect_refused(mp_device_t *dev, double max_fraction,
+                           double release_fraction, const char *want) {
+  mp_pool_config_t c;
+  mp_pool_config_init(&c);
+  c.max_fraction = max_fraction;
+  c.release_fraction = release_fraction;
+  mp_pool_t *pool = NULL;
+  cr_assert_eq(mp_pool_create(dev, &c, &pool), MP_EINVAL);
+  cr_expect_null(pool);
+  expect_said(want);
+}
+
+/* Fractions quoted in messages, with their sign, exponent, NaN and
+ * infinity as printf's %g writes them in the "C" locale. Failed before:
+ * "mp_pool_set_max_fraction: 1,5 is not in [0, 1]" (%g follows
+ * LC_NUMERIC). */
+Test(pool_locale, a_message_writes_fractions_with_a_point,
+     .init = use_comma_locale, .fini = back_to_c) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  mp_pool_t *pool = make_pool(dev, "virtual=0");
+  cr_assert_eq(mp_pool_set_max_fraction(pool, 1.5), MP_EINVAL);
+  expect_said("mp_pool_set_max_fraction: 1.5 is not in [0, 1]");
+  cr_assert_eq(mp_pool_set_max_fraction(pool, -0.25), MP_EINVAL);
+  expect_said("mp_pool_set_max_fraction: -0.25 is not in [0, 1]");
+  cr_assert_eq(mp_pool_set_max_fraction(pool, (double)NAN), MP_EINVAL);
+  expect_said("mp_pool_set_max_fraction: nan is not in [0, 1]");
+  cr_assert_eq(mp_pool_set_max_fraction(pool, -(double)INFINITY), MP_EINVAL);
+  expect_said("mp_pool_set_max_fraction: -inf is not in [0, 1]");
+  /* 1.5e-9 of 1 GiB is 1 byte, below the alignment: no block fits. */
+  cr_assert_eq(mp_pool_set_max_fraction(pool, 1.5e-9), MP_EINVAL);
+  expect_said("max_fraction 1.5e-09 of the device's");
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  expect_refused(dev, 1.25, 0, "max_fraction 1.25 is not in");
+  expect_refused(dev, 0, 1.875, "release_fraction 1.875 is not in");
+  expect_refused(dev, 0, -0.125, "release_fraction -0.125 is not in");
   fake_close(dev);
 }
