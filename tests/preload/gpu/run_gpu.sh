@@ -169,19 +169,26 @@ fi
 # for page-locked memory of the host pool (what is pinned after the reset
 # carries data to the device and back; the refused free of a destroyed
 # page-locked block is checked on the fake only, the real driver's answer
-# for it being unknown). The "many" modes are not here: the heap the real
-# driver keeps across resets is unknown.
+# for it being unknown); "pinned_wc" and "real_dev": write-combined
+# page-locked memory and device memory the driver hands out itself, across
+# a reset (real_dev also under MEMPOOL_PRELOAD=passthrough, where every
+# cuMemAlloc is the driver's). The "many" modes are not here: the heap the
+# real driver keeps across resets is unknown.
 reset=$build/tests/preload/preload_reset_prog
 if [ -x "$reset" ]; then
   real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
   for conf in virtual=0 virtual=1; do
-    for how in "" proc pinned; do
+    for how in "" proc pinned pinned_wc real_dev; do
       LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
         MEMPOOL_DEVICE=cuda MEMPOOL_CONF=$conf "$reset" $how \
         >"$work/reset.out" 2>&1 ||
         fail "reset_prog $how $conf under the shim: $(cat "$work/reset.out")"
     done
   done
+  LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
+    MEMPOOL_DEVICE=cuda MEMPOOL_PRELOAD=passthrough "$reset" real_dev \
+    >"$work/reset.out" 2>&1 ||
+    fail "reset_prog real_dev passthrough under the shim: $(cat "$work/reset.out")"
 fi
 
 # 4. Page-locked memory of a driver-API program on the real driver (the
