@@ -90,33 +90,48 @@ Test(pool_locale, fractions_read_with_a_point_under_a_comma_locale,
   cr_expect_eq(c.max_fraction, 0.25);
 }
 
-/* Failed before: "external_fragmentation":0,333333 (printf follows
- * LC_NUMERIC), which no JSON reader takes. */
-Test(pool_locale, a_json_dump_writes_fractions_with_a_point,
-     .init = use_comma_locale, .fini = back_to_c) {
+/* Dumps, in format fmt, a pool with a hole between two live blocks (so
+ * fragmented) and reads the number after key as the "C" locale reads it:
+ * the value, and in *end the character after it. */
+static double fragmented_dump_number(const char *fmt, const char *key,
+                                     char *end) {
   mp_device_t *dev = fake_open((size_t)1 << 30, 0);
   mp_pool_t *pool = make_pool(dev, "virtual=0,segment_bytes=2M,align=512");
   void *p[3];
   for (int i = 0; i < 3; i++)
     cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p[i]), MP_OK);
   cr_assert_eq(mp_pool_free(pool, p[1]), MP_OK); /* a hole: fragmented */
-  char *j = NULL;
+  char *text = NULL;
   size_t len = 0;
-  FILE *f = open_memstream(&j, &len);
-  cr_assert_eq(mp_pool_dump(pool, f, "json"), MP_OK, "%s", mp_last_error());
+  FILE *f = open_memstream(&text, &len);
+  cr_assert_eq(mp_pool_dump(pool, f, fmt), MP_OK, "%s", mp_last_error());
   fclose(f);
-  const char *at = strstr(j, "\"external_fragmentation\":");
-  cr_assert_not_null(at, "%s", j);
-  at += strlen("\"external_fragmentation\":");
-  char *end = NULL;
-  double frag = strtod_l(at, &end, newlocale(LC_NUMERIC_MASK, "C", 0));
-  cr_expect(frag > 0 && frag < 1, "%.40s", at);
-  cr_expect_eq(*end, ',', "not one JSON number: %.40s", at);
-  free(j);
+  const char *at = strstr(text, key);
+  cr_assert_not_null(at, "%s", text);
+  at += strlen(key);
+  char *stop = NULL;
+  locale_t c = newlocale(LC_NUMERIC_MASK, "C", 0);
+  double v = strtod_l(at, &stop, c);
+  freelocale(c);
+  *end = *stop;
+  cr_expect(v > 0 && v < 1, "%.40s", at);
+  free(text);
   cr_assert_eq(mp_pool_free(pool, p[0]), MP_OK);
   cr_assert_eq(mp_pool_free(pool, p[2]), MP_OK);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
   fake_close(dev);
+  return v;
+}
+
+/* Failed before: "external_fragmentation":0,333333 (printf follows
+ * LC_NUMERIC), which no JSON reader takes. */
+Test(pool_locale, a_json_dump_writes_fractions_with_a_point,
+     .init = use_comma_locale, .fini = back_to_c) {
+  char end = 0;
+  double frag =
+      fragmented_dump_number("json", "\"external_fragmentation\":", &end);
+  cr_expect(frag > 0 && frag < 1);
+  cr_expect_eq(end, ',', "not one JSON number");
 }
 
 /* Failed before: "external fragmentation 0,3333" (printf's %.4f follows
@@ -124,31 +139,10 @@ Test(pool_locale, a_json_dump_writes_fractions_with_a_point,
  * comparing it with the JSON dump, reads as 0. */
 Test(pool_locale, a_text_dump_writes_fractions_with_a_point,
      .init = use_comma_locale, .fini = back_to_c) {
-  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
-  mp_pool_t *pool = make_pool(dev, "virtual=0,segment_bytes=2M,align=512");
-  void *p[3];
-  for (int i = 0; i < 3; i++)
-    cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p[i]), MP_OK);
-  cr_assert_eq(mp_pool_free(pool, p[1]), MP_OK); /* a hole: fragmented */
-  char *t = NULL;
-  size_t len = 0;
-  FILE *f = open_memstream(&t, &len);
-  cr_assert_eq(mp_pool_dump(pool, f, "text"), MP_OK, "%s", mp_last_error());
-  fclose(f);
-  const char *at = strstr(t, "external fragmentation ");
-  cr_assert_not_null(at, "%s", t);
-  at += strlen("external fragmentation ");
-  char *end = NULL;
-  locale_t c = newlocale(LC_NUMERIC_MASK, "C", 0);
-  double frag = strtod_l(at, &end, c);
-  freelocale(c);
-  cr_expect(frag > 0 && frag < 1, "%.40s", at);
-  cr_expect_eq(*end, '\n', "not one number with a point: %.40s", at);
-  free(t);
-  cr_assert_eq(mp_pool_free(pool, p[0]), MP_OK);
-  cr_assert_eq(mp_pool_free(pool, p[2]), MP_OK);
-  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
-  fake_close(dev);
+  char end = 0;
+  double frag = fragmented_dump_number("text", "external fragmentation ", &end);
+  cr_expect(frag > 0 && frag < 1);
+  cr_expect_eq(end, '\n', "not one number with a point");
 }
 
 /* Sizes in messages (mp__fmt_bytes: "1.50 MiB") too. Failed before: an

@@ -35,6 +35,18 @@ static void expect_all_open(mp_pool_t *pool, bool want) {
   }
 }
 
+/* Frees the blocks of the two workers' arenas (a, b) and of a third
+ * thread's (c), stops the workers and destroys the pool. */
+static void arenas_finish(mp_pool_t *pool, mp_device_t *dev, job_t *a, job_t *b,
+                          job_t *c) {
+  cr_expect_eq(on_worker(&wa, a, FREE), MP_OK);
+  cr_expect_eq(on_worker(&wb, b, FREE), MP_OK);
+  cr_expect_eq(on_thread(c, FREE), MP_OK);
+  worker_stop(&wa);
+  worker_stop(&wb);
+  fake_pool_finish(pool, dev);
+}
+
 /* A pool without arenas: chunks 0 and 1 open, chunk 2 refused: 0 and 1
  * are closed again, and no later chunk opens. Failed before: chunks 0 and 1
  * stayed open to a peer the pool did not know. */
@@ -83,12 +95,7 @@ Test(pool_peer_access, a_peer_refused_in_one_arena_reaches_no_arena) {
   /* Given again, it reaches every arena. */
   cr_assert_eq(mp_pool_set_access(pool, peer), MP_OK, "%s", mp_last_error());
   expect_all_open(pool, true);
-  cr_expect_eq(on_worker(&wa, &a, FREE), MP_OK);
-  cr_expect_eq(on_worker(&wb, &b, FREE), MP_OK);
-  cr_expect_eq(on_thread(&c, FREE), MP_OK);
-  worker_stop(&wa);
-  worker_stop(&wb);
-  fake_pool_finish(pool, dev);
+  arenas_finish(pool, dev, &a, &b, &c);
   fake_close(peer);
 }
 
@@ -150,11 +157,6 @@ Test(pool_peer_access, two_threads_giving_a_peer_leave_the_arenas_agreed) {
   job_t c = {.pool = pool, .bytes = 2 * MiB, .tag = 0xc0, .count = 1};
   cr_assert_eq(on_thread(&c, ALLOC), MP_OK, "%s", c.why);
   expect_all_open(pool, true);
-  cr_expect_eq(on_worker(&wa, &a, FREE), MP_OK);
-  cr_expect_eq(on_worker(&wb, &b, FREE), MP_OK);
-  cr_expect_eq(on_thread(&c, FREE), MP_OK);
-  worker_stop(&wa);
-  worker_stop(&wb);
-  fake_pool_finish(pool, dev);
+  arenas_finish(pool, dev, &a, &b, &c);
   fake_close(flaky_peer);
 }
