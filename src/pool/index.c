@@ -143,7 +143,9 @@ static MP__HOT void mp__index_remove_from(mp_pool_t *pool, mp__block_t *b,
     mp__treap_merge(link, l, r);
     return;
   }
-  *link = l != NULL ? l : r;
+  /* At most one of them is set: their bits or'ed are that one (or NULL),
+   * with no second test of l. */
+  *link = (mp__block_t *)((uintptr_t)l | (uintptr_t)r);
   if (pool->bins[c] == NULL) {
     size_t fl = c / MP__SL_COUNT;
     if ((pool->sl_bitmap[fl] &= ~(1u << (c % MP__SL_COUNT))) == 0)
