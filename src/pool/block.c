@@ -246,7 +246,7 @@ MP__HOT mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b,
 
 MP__HOT void mp__block_split_rest(mp_pool_t *pool, mp__block_t *b, size_t size,
                                   mp__block_t *r) {
-  MP__ASSERT(!(b->flags & MP__B_FREE) && size < b->size);
+  MP__ASSERT(size < b->size); /* b: taken (MP__B_FREE may stay) or live */
   uintptr_t raddr = b->addr + size;
   size_t rsize = b->size - size;
   r->addr = raddr;

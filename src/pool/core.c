@@ -135,7 +135,9 @@ static mp__block_t *mp__search_patiently(mp_pool_t *pool, size_t size,
  * min(size/16, 1 MiB). Smaller slivers stay with the block (counted as
  * allocated): kept apart they would only pile up in the smallest classes,
  * slowing every insert there, and rarely serve anything. Returns the taken
- * block. */
+ * block, MP__B_FREE still set (mp__index_remove_hot): what takes it
+ * replaces its flags (mp__block_make_live, mp__block_hold) or puts it back
+ * (mp__block_untake). */
 static MP__HOT mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
                                            size_t size) {
   MP__ASSERT((b->flags & MP__B_FREE) && b->size >= size);
@@ -227,7 +229,7 @@ static void mp__block_hold(mp_pool_t *pool, mp__block_t *b, bool on) {
   /* Marked, so that a stale pointer to its address (a double free, a
    * record_stream) is refused meanwhile instead of freeing it. */
   if (on) {
-    b->flags |= MP__B_LADDER;
+    b->flags = (b->flags & ~(uint32_t)MP__B_FREE) | MP__B_LADDER;
     b->requested = 0;     /* a free block's is not kept (mp__block_release) */
     mp__map_add(pool, b); /* room was made before the take */
     pool->st.allocated_bytes += b->size;
@@ -383,7 +385,7 @@ void mp__block_untake(mp_pool_t *pool, mp__block_t *b) {
 MP__HOT void mp__block_make_live(mp_pool_t *pool, mp__block_t *b,
                                  size_t requested, uint32_t sidx, bool plain) {
   MP__ASSERT_LOCKED(pool);
-  MP__ASSERT(!(b->flags & (MP__B_FREE | MP__B_HOLE)));
+  MP__ASSERT(!(b->flags & MP__B_HOLE)); /* MP__B_FREE: the take leaves it */
   MP__ASSERT(b->size >= requested && mp__free_bytes(pool) >= b->size);
   b->flags = 0;
   b->requested = requested;

@@ -123,9 +123,10 @@ mp__treap_merge(mp__block_t **link, mp__block_t *l, mp__block_t *r) {
   *link = l != NULL ? l : r;
 }
 
-/* b out of class c's treap, when it is there. */
+/* b out of class c's treap, when it is there; unmark: MP__B_FREE cleared
+ * (else left for the caller, whose next store of the flags replaces it). */
 static MP__HOT void mp__index_remove_from(mp_pool_t *pool, mp__block_t *b,
-                                          size_t c) {
+                                          size_t c, bool unmark) {
   mp__block_t **link = &pool->bins[c];
   mp__block_t *t;
   while ((t = *link) != b) {
@@ -138,7 +139,8 @@ static MP__HOT void mp__index_remove_from(mp_pool_t *pool, mp__block_t *b,
    * would weigh on every inline copy's frame; the class stays non-empty,
    * so nothing is live across the call). */
   mp__block_t *l = b->left, *r = b->right;
-  b->flags &= ~(uint32_t)MP__B_FREE;
+  if (unmark)
+    b->flags &= ~(uint32_t)MP__B_FREE;
   if (MP__UNLIKELY(l != NULL && r != NULL)) {
     mp__treap_merge(link, l, r);
     return;
@@ -154,10 +156,13 @@ static MP__HOT void mp__index_remove_from(mp_pool_t *pool, mp__block_t *b,
 }
 
 /* The take's and the coalesce's: b is a free block (MP__B_FREE), in the
- * index, so its cls is its class (insert sets both). */
+ * index, so its cls is its class (insert sets both). MP__B_FREE stays: the
+ * take's block has its flags replaced (made live, held by the ladder) or
+ * goes back (untake), the coalesce's is inserted again or its record
+ * freed. */
 MP__HOT void mp__index_remove_hot(mp_pool_t *pool, mp__block_t *b) {
   MP__ASSERT((b->flags & MP__B_FREE) && b->cls < MP__FL_COUNT * MP__SL_COUNT);
-  mp__index_remove_from(pool, b, b->cls);
+  mp__index_remove_from(pool, b, b->cls, false);
 }
 
 /* The out-of-line copies, for every caller off the free+alloc path. */
@@ -168,7 +173,8 @@ void mp__index_insert(mp_pool_t *pool, mp__block_t *b) {
 void mp__index_remove(mp_pool_t *pool, mp__block_t *b) {
   /* The mask keeps a record that was never indexed (cls unset) inside
    * bins[]; the descent then does not find it. */
-  mp__index_remove_from(pool, b, b->cls & (MP__FL_COUNT * MP__SL_COUNT - 1));
+  mp__index_remove_from(pool, b, b->cls & (MP__FL_COUNT * MP__SL_COUNT - 1),
+                        true);
 }
 
 static mp__block_t *mp__treap_min(mp__block_t *t) {

@@ -821,8 +821,10 @@ void mp__index_insert_hot(mp_pool_t *pool, mp__block_t *b);
  * reload of what the caller just wrote). */
 void mp__index_link_hot(mp_pool_t *pool, mp__block_t *b, size_t size,
                         uintptr_t addr);
-/* b must be in the index (MP__B_FREE set): its class is read unchecked.
- * mp__index_remove takes any record, and one not indexed changes nothing. */
+/* b must be in the index (MP__B_FREE set): its class is read unchecked,
+ * and MP__B_FREE is left set (the take and the coalesce replace the flags
+ * or insert b again). mp__index_remove takes any record, and one not
+ * indexed changes nothing; it clears MP__B_FREE. */
 void mp__index_remove_hot(mp_pool_t *pool, mp__block_t *b);
 /* Smallest free block of >= size, lowest address on ties; NULL if none. */
 mp__block_t *mp__index_best_fit(const mp_pool_t *pool, size_t size);
