@@ -440,6 +440,8 @@ mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
     pool->cfg.align = MP__DEFAULT_ALIGN;
   pool->align_add = pool->cfg.align - 1;
   pool->align_mask = ~(pool->cfg.align - 1);
+  pool->split_free_max =
+      pool->cfg.max_split != 0 ? pool->cfg.max_split : SIZE_MAX;
   if (pool->cfg.segment_bytes == 0)
     pool->cfg.segment_bytes = MP__DEFAULT_SEGMENT;
   pool->cfg.segment_bytes =

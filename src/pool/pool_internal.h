@@ -330,6 +330,10 @@ struct mp_pool {
   /* cfg.align - 1 and its complement, set with it (mp__pool_new): a
    * request's rounding (mp__pool_round) is an add and an and. */
   size_t align_add, align_mask;
+  /* cfg.max_split, or SIZE_MAX when it is 0 (no limit), set with it
+   * (mp__pool_new): whether a block may be split is one compare for the
+   * blocks under the limit (mp__split_allowed), no test of 0 first. */
+  size_t split_free_max;
   bool paused;        /* pause.c: memory given back, addresses kept */
   bool pause_turn;    /* pause.c, a pool with arenas: a pause or resume of
                          its arenas is under way (the pool's lock dropped) */
@@ -1405,8 +1409,7 @@ static inline size_t mp__plain_split_limit(const mp_pool_t *pool) {
 /* Whether free block b may be split for a request of size. */
 static inline bool mp__split_allowed(const mp_pool_t *pool,
                                      const mp__block_t *b, size_t size) {
-  size_t ms = pool->cfg.max_split;
-  if (ms == 0 || b->size <= ms || b->size == size)
+  if (b->size <= pool->split_free_max || b->size == size)
     return true;
   if (b->seg->kind == MP__SEG_VIRTUAL)
     return b->size <= mp__vsplit_limit(pool) ||
