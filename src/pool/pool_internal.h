@@ -253,27 +253,36 @@ typedef struct mp__marker {
   uint64_t epoch; /* recorded when this epoch closed */
 } mp__marker_t;
 
-typedef struct mp__strm {
-  mp_stream_t s;      /* MP__STREAM_GONE once forgotten */
-  uint64_t owner;     /* per-thread default stream: its thread; else 0 */
-  uint64_t epoch;     /* open epoch: blocks freed now get it */
-  uint64_t done;      /* every epoch < done has completed */
-  uint32_t refs;      /* live blocks allocated on it or using it */
-  bool dirty;         /* a block was freed in the open epoch */
-  bool want_close;    /* per-thread: another thread needs its epoch closed */
-  bool gone;          /* forgotten (mp_stream_forget): never matched again;
-                         the slot is reused once refs is 0 and every epoch
-                         is done, its epoch counter carrying on */
-  uint32_t capturing; /* graph.c: begins not yet ended that route it to a
-                         graph pool (being captured): while nonzero never
-                         recorded on nor queried */
-  bool join;          /* the pool's own join stream (stream.c), on which
-                         nothing runs but waits */
-  uint64_t sync_snap; /* epoch closed by the device sync in flight */
-  bool sync_owed;     /* forgotten, with work that sync is to cover */
-  mp__marker_t marks[MP__MAX_MARKS]; /* FIFO of recorded markers */
-  unsigned mark_head, nmarks;
+/* A stream slot. Padded to 256 bytes, a power of two, so that a slot's
+ * address is its index shifted (an allocation's refs++ scaled it by 200
+ * with two lea before); at most MP__MAX_STREAMS slots. */
+typedef union mp__strm {
+  struct {
+    mp_stream_t s;      /* MP__STREAM_GONE once forgotten */
+    uint64_t owner;     /* per-thread default stream: its thread; else 0 */
+    uint64_t epoch;     /* open epoch: blocks freed now get it */
+    uint64_t done;      /* every epoch < done has completed */
+    uint32_t refs;      /* live blocks allocated on it or using it */
+    bool dirty;         /* a block was freed in the open epoch */
+    bool want_close;    /* per-thread: another thread needs its epoch closed */
+    bool gone;          /* forgotten (mp_stream_forget): never matched again;
+                           the slot is reused once refs is 0 and every epoch
+                           is done, its epoch counter carrying on */
+    uint32_t capturing; /* graph.c: begins not yet ended that route it to a
+                           graph pool (being captured): while nonzero never
+                           recorded on nor queried */
+    bool join;          /* the pool's own join stream (stream.c), on which
+                           nothing runs but waits */
+    uint64_t sync_snap; /* epoch closed by the device sync in flight */
+    bool sync_owed;     /* forgotten, with work that sync is to cover */
+    mp__marker_t marks[MP__MAX_MARKS]; /* FIFO of recorded markers */
+    unsigned mark_head, nmarks;
+  };
+  uint8_t stride_[256];
 } mp__strm_t;
+_Static_assert(sizeof(mp__strm_t) == 256,
+               "a stream slot is 256 bytes: its fields fit and the stride is "
+               "a power of two");
 
 /* ---- history (history.c) ----------------------------------------------- */
 enum {
