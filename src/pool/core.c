@@ -232,11 +232,13 @@ static void mp__block_hold(mp_pool_t *pool, mp__block_t *b, bool on) {
     b->flags = (b->flags & ~(uint32_t)MP__B_FREE) | MP__B_LADDER;
     b->requested = 0;     /* a free block's is not kept (mp__block_release) */
     mp__map_add(pool, b); /* room was made before the take */
+    pool->nladder++;
     pool->st.allocated_bytes += b->size;
     mp__stats_peaks(pool);
   } else {
     b->flags &= ~(uint32_t)MP__B_LADDER;
     mp__map_remove(pool, b);
+    pool->nladder--;
     pool->st.allocated_bytes -= b->size;
   }
 }
@@ -397,7 +399,7 @@ MP__HOT void mp__block_make_live(mp_pool_t *pool, mp__block_t *b,
   mp__map_add(pool, b); /* room was reserved before the take */
   pool->st.allocated_bytes += b->size;
   pool->st.requested_bytes += requested;
-  pool->st.alloc_count++;
+  /* alloc_count is derived (mp__stats_copy): the live map gained b. */
   mp__stats_live_peaks(pool);
   if (!plain)
     MP__HIST(pool, MP__H_ALLOC, b->addr, b->size, MP__HIST_STREAM(pool, sidx));

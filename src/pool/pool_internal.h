@@ -460,7 +460,9 @@ struct mp_pool {
   _Atomic uint64_t share_seq;
   struct mp__export *exports; /* export.c: open leases */
   size_t nexports, exports_cap;
-  size_t nheld; /* blocks MP__B_HELD */
+  size_t nheld;   /* blocks MP__B_HELD */
+  size_t nladder; /* blocks the ladder holds (mp__block_hold): in the live
+                     map, not allocations (mp__stats_copy's alloc_count) */
   mp__history_t hist;
   mp_stream_t join;     /* stream.c (stream_waits): the pool's own stream
                            that joins more streams' deps than a block

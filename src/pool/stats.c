@@ -4,9 +4,10 @@
  * changes it (core.c, block.c, segment.c, vrange.c, grow.c, defrag.c, pause.c);
  * largest_free_bytes is read from the free index at the time of the call (the
  * top class's largest block), and live_blocks is the live map's count
- * (mp__stats_copy), free_bytes reserved less allocated (0 while paused,
- * mp__free_bytes): no operation pays for these. A pool with arenas reads as the
- * sum of its arenas (arena.c). */
+ * (mp__stats_copy), alloc_count the frees plus that count (less the blocks
+ * the ladder holds there: nladder), free_bytes reserved less allocated (0
+ * while paused, mp__free_bytes): no operation pays for these. A pool with
+ * arenas reads as the sum of its arenas (arena.c). */
 #include "../structs.h"
 #include "pool_internal.h"
 
@@ -33,6 +34,11 @@ size_t mp__stats_largest_free(const mp_pool_t *pool) {
 void mp__stats_copy(const mp_pool_t *pool, mp_stats_t *out) {
   *out = pool->st;
   out->live_blocks = mp__map_count(pool);
+  /* Every block made live entered the map (mp__block_make_live) and left
+   * it again only when it was freed (free_count), or stays there, the
+   * blocks freed while imported too (MP__B_HELD): the ladder's held blocks
+   * are the map's only entries that were not allocations. */
+  out->alloc_count = pool->st.free_count + mp__map_count(pool) - pool->nladder;
   out->free_bytes = mp__free_bytes(pool);
 }
 

@@ -111,7 +111,8 @@ free_block_pending_during_ladder_sync_is_waited_for(const char *spec) {
   gate_open(&g1);
 
   /* While the ladder holds the merged block (live in the stats, no
-   * caller's), a stale pointer to it is refused, not freed. */
+   * caller's), a stale pointer to it is refused, not freed, and it is no
+   * allocation yet. */
   for (int i = 0; i < 5000 && stats(p).live_blocks != NBLOCKS - 1 &&
                   !atomic_load(&ak.done);
        i++)
@@ -120,6 +121,11 @@ free_block_pending_during_ladder_sync_is_waited_for(const char *spec) {
     cr_expect_eq(mp_pool_free(p, xp), MP_EINVAL,
                  "a double free took the block the ladder holds");
     cr_expect_eq(mp_pool_record_stream(p, xp, a), MP_EINVAL);
+    mp_stats_t h = stats(p);
+    if (!atomic_load(&ak.done)) {
+      cr_expect_eq(h.alloc_count, NBLOCKS, "the ladder's held block counted");
+      cr_expect_eq(h.free_count, 2);
+    }
   }
 
   /* The ladder's wait ends; b's last work still runs until g2 opens: once
@@ -141,6 +147,8 @@ free_block_pending_during_ladder_sync_is_waited_for(const char *spec) {
   cr_expect_eq(s.oom_count, 0);
   cr_expect_eq(s.reserved_bytes, NBLOCKS * MiB);
   cr_expect_eq(s.live_blocks, NBLOCKS - 1);
+  cr_expect_eq(s.alloc_count, NBLOCKS + 1);
+  cr_expect_eq(s.free_count, 2);
   check(p);
 
   cr_assert_eq(mp_pool_free(p, ak.ptr), MP_OK);

@@ -31,6 +31,8 @@ Test(pool_core, blocks_are_aligned_and_counted_rounded_and_requested) {
   cr_expect_eq(s.allocated_bytes, 0);
   cr_expect_eq(s.requested_bytes, 0);
   cr_expect_eq(s.peak_requested_bytes, 1001);
+  cr_expect_eq(s.alloc_count, 2, "the allocations stay counted once freed");
+  cr_expect_eq(s.free_count, 2);
   cr_expect_eq(s.free_blocks, 1, "both frees coalesce back to one block");
   cr_expect_eq(s.largest_free_bytes, 2 * MiB);
   check(p);
