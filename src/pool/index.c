@@ -128,11 +128,13 @@ mp__treap_merge(mp__block_t **link, mp__block_t *l, mp__block_t *r) {
 static MP__HOT void mp__index_remove_from(mp_pool_t *pool, mp__block_t *b,
                                           size_t c, bool unmark) {
   mp__block_t **link = &pool->bins[c];
-  mp__block_t *t;
-  while ((t = *link) != b) {
+  mp__block_t *t = *link;
+  bool root = t == b;
+  while (t != b) {
     if (t == NULL)
       return; /* not indexed: mp_pool_check reports such states */
     link = mp__key_cmp(t, b->size, b->addr) > 0 ? &t->left : &t->right;
+    t = *link;
   }
   /* Its subtrees take its place: one (or none) as it is, two merged (out
    * of line, rare where classes hold a block or two: its loop's registers
@@ -147,8 +149,10 @@ static MP__HOT void mp__index_remove_from(mp_pool_t *pool, mp__block_t *b,
   }
   /* At most one of them is set: their bits or'ed are that one (or NULL),
    * with no second test of l. */
-  *link = (mp__block_t *)((uintptr_t)l | (uintptr_t)r);
-  if (pool->bins[c] == NULL) {
+  mp__block_t *rest = (mp__block_t *)((uintptr_t)l | (uintptr_t)r);
+  *link = rest;
+  /* Only the root's removal can empty the class: no reload of the root. */
+  if (root && rest == NULL) {
     size_t fl = c / MP__SL_COUNT;
     if ((pool->sl_bitmap[fl] &= ~(1u << (c % MP__SL_COUNT))) == 0)
       pool->fl_bitmap &= ~(1ull << fl);
