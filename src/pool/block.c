@@ -56,6 +56,7 @@ bool mp__rec_refill(mp_pool_t *pool) {
   pool->slabs[at] = raw;
   pool->nslabs++;
   for (size_t i = MP__SLAB_RECORDS; i-- > 0;) {
+    slab[i].flags = 0; /* as mp__rec_free leaves a record */
     slab[i].next_rec = pool->rec_free;
     pool->rec_free = &slab[i];
   }
@@ -261,6 +262,30 @@ MP__HOT void mp__block_split_rest(mp_pool_t *pool, mp__block_t *b, size_t size,
   b->size = size;
   mp__block_link(b->seg, b, r);
   mp__index_link_hot(pool, r, rsize, raddr);
+}
+
+MP__HOT mp__block_t *mp__block_split_low(mp_pool_t *pool, mp__block_t *b,
+                                         size_t size, mp__block_t *r) {
+  MP__ASSERT((b->flags & MP__B_FREE) && size < b->size && r->flags == 0);
+  uintptr_t addr = b->addr;
+  size_t rsize = b->size - size;
+  /* b first, into the index as the rest; then r goes in just below it:
+   * its neighbours are known, no search. */
+  b->addr = addr + size;
+  b->size = rsize;
+  mp__index_link_hot(pool, b, rsize, addr + size);
+  mp__block_t *p = b->prev;
+  r->addr = addr;
+  r->size = size;
+  r->seg = b->seg;
+  r->prev = p;
+  r->next = b;
+  if (p != NULL)
+    p->next = r;
+  else
+    b->seg->first = r;
+  b->prev = r;
+  return r;
 }
 
 MP__HOT void mp__block_split_into(mp_pool_t *pool, mp__block_t *b, size_t size,

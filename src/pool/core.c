@@ -138,8 +138,8 @@ static mp__block_t *mp__search_patiently(mp_pool_t *pool, size_t size,
  * block, MP__B_FREE still set (mp__index_remove_hot): what takes it
  * replaces its flags (mp__block_make_live, mp__block_hold) or puts it back
  * (mp__block_untake). */
-static MP__HOT mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
-                                           size_t size) {
+static MP__HOT mp__block_t *mp__take_block_as(mp_pool_t *pool, mp__block_t *b,
+                                              size_t size, bool live_next) {
   MP__ASSERT((b->flags & MP__B_FREE) && b->size >= size);
   mp__index_remove_hot(pool, b);
   size_t keep = size / 16 < MP__MiB ? size / 16 : MP__MiB;
@@ -147,11 +147,21 @@ static MP__HOT mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
   /* Split, the rest takes b's place among the free blocks: the count
    * stays (no decrement and increment). */
   if (b->size > size && b->size - size >= keep &&
-      mp__split_allowed(pool, b, size) && (r = mp__rec_pop(pool)) != NULL)
+      mp__split_allowed(pool, b, size) && (r = mp__rec_pop(pool)) != NULL) {
+    if (live_next)
+      return mp__block_split_low(pool, b, size, r);
     mp__block_split_rest(pool, b, size, r);
-  else
+  } else {
     pool->st.free_blocks--;
+  }
   return b;
+}
+
+/* A take that may be put back (mp__block_untake) or held by the ladder:
+ * the taken block keeps its record, deps and all. */
+static mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
+                                   size_t size) {
+  return mp__take_block_as(pool, b, size, false);
 }
 
 mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked) {
@@ -362,7 +372,9 @@ MP__HOT mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
       *out = got;
     return st;
   }
-  *out = mp__take_block(pool, b, size);
+  /* Without the ladder the block is made live next under this hold of the
+   * lock (alloc.c, mp_pool_alloc_contiguous): never put back. */
+  *out = mp__take_block_as(pool, b, size, true);
   return MP_OK;
 }
 

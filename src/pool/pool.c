@@ -815,7 +815,7 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
   uint32_t sidx;
   mp__block_t *b = NULL;
   mp__block_t *recs = NULL;
-  bool laddered; /* the map's room is asked for after the take anyway */
+  bool laddered; /* set by the take: the map's room is asked for again */
   mp_status_t st = mp__stream_index(pool, s, &sidx);
   if (st == MP_OK && total > pool->cap)
     st = mp__pool_oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM, total);
@@ -828,10 +828,16 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
   bool graph = st == MP_OK && pool->graph;
   if (graph)
     mp__graph_enter(pool);
+  /* Room in the live map before the take, as mp_pool_alloc makes it: a
+   * take without the ladder is made live at once, never put back
+   * (mp__pool_take); one through the ladder (which may drop the lock) asks
+   * again. */
+  if (st == MP_OK && !mp__map_reserve(pool, count))
+    st = mp__fail(MP_ENOMEM, "out of host memory for the block map");
   if (st == MP_OK)
     st = mp__pool_take_unpaused(pool, total, sidx, &b,
                                 "mp_pool_alloc_contiguous", &laddered);
-  if (st == MP_OK && !mp__map_reserve(pool, count)) {
+  if (st == MP_OK && laddered && !mp__map_reserve(pool, count)) {
     mp__block_untake(pool, b);
     st = mp__fail(MP_ENOMEM, "out of host memory for the block map");
   }

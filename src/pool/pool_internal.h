@@ -717,7 +717,9 @@ bool mp__pool_round(const mp_pool_t *pool, size_t bytes, size_t *out);
  * out-of-memory ladder (drops and retakes the lock). On MP_OK *out is a
  * block of at least `size` bytes, out of the index, not yet live.
  * *laddered: the first look found nothing and the ladder ran (it may have
- * dropped the lock); false, the lock was held throughout. */
+ * dropped the lock); false, the lock was held throughout, and then the
+ * caller must make the block live under this hold of the lock, never put
+ * it back (mp__block_split_low gave it a record without its deps). */
 mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
                           mp__block_t **out, bool *laddered);
 /* The cache's answer alone: the best fit for `size` usable on sidx, taken
@@ -994,6 +996,14 @@ mp__block_t *mp__block_split(mp_pool_t *pool, mp__block_t *b, size_t size);
  * sidx nor requested, which only a live or unmapped block's readers use. */
 void mp__block_split_into(mp_pool_t *pool, mp__block_t *b, size_t size,
                           mp__block_t *r);
+/* The take's split when the taken block is made live next, under the same
+ * hold of the lock (never put back: mp__block_untake): r (off the record
+ * free list, flags 0) takes [addr, addr + size) and is returned; b keeps
+ * the rest above it with its flags, deps and sync generation, so nothing
+ * is copied, and goes back into the index (MP__B_FREE still set). The
+ * same addresses as mp__block_split_rest: only the records swap roles. */
+mp__block_t *mp__block_split_low(mp_pool_t *pool, mp__block_t *b, size_t size,
+                                 mp__block_t *r);
 /* mp__block_split_into without the free-block count: for the take, whose
  * taken block leaves the count and whose rest joins it (no change). */
 void mp__block_split_rest(mp_pool_t *pool, mp__block_t *b, size_t size,

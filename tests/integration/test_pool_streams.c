@@ -217,6 +217,31 @@ Test(pool_streams, merged_block_keeps_the_wait_of_its_busy_part, .init = setup,
   mp_pool_free(pool, x);
 }
 
+/* A block freed on a busy stream and split by that stream's next
+ * allocation: the rest keeps the wait, so another stream does not get it
+ * (the take's split hands the rest the freed block's own record). */
+Test(pool_streams, rest_of_a_split_keeps_the_wait_of_its_block, .init = setup,
+     .fini = teardown) {
+  void *a, *c, *x;
+  cr_assert_eq(mp_pool_alloc(pool, 2 * MiB, s1, &a), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, s1, gate_wait, &gate), MP_OK);
+  cr_assert_eq(mp_memset_async(dev, a, 0xA3, 2 * MiB, s1), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, a), MP_OK);
+  /* s1 reuses a at once: the low quarter, the rest split off. */
+  cr_assert_eq(mp_pool_alloc(pool, MiB / 2, s1, &c), MP_OK);
+  cr_assert_eq(c, a, "the freeing stream reuses its block at once");
+  mp_stats_t st;
+  cr_assert_eq(mp_pool_get_stats(pool, &st), MP_OK);
+  cr_assert_eq(st.free_blocks, 1, "the rest is a free block of its own");
+  cr_assert_eq(mp_pool_alloc(pool, MiB, s2, &x), MP_OK);
+  cr_expect(apart(x, MiB, a, 2 * MiB), "s2 got the rest of a block s1 writes");
+  gate_open(&gate);
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+  cr_expect_eq(((unsigned char *)a)[2 * MiB - 1], 0xA3);
+  mp_pool_free(pool, c);
+  mp_pool_free(pool, x);
+}
+
 /* Pieces of a contiguous allocation are blocks of their own: each waits for
  * the stream that used it, whether freed alone or merged back. */
 Test(pool_streams, contiguous_pieces_freed_on_a_busy_stream_wait_for_it,
