@@ -276,14 +276,17 @@ MP__HOT mp__block_t *mp__block_split_low(mp_pool_t *pool, mp__block_t *b,
   mp__index_link_hot(pool, b, rsize, addr + size);
   mp__block_t *p = b->prev;
   r->addr = addr;
-  r->size = size;
   r->seg = b->seg;
   r->prev = p;
-  r->next = b;
   if (p != NULL)
     p->next = r;
   else
     b->seg->first = r;
+  /* After the branch, not beside addr and prev: GCC 12 packed each pair
+   * into a vector store (four instructions for two), as in
+   * mp__block_link. */
+  r->size = size;
+  r->next = b;
   b->prev = r;
   return r;
 }
