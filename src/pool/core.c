@@ -142,11 +142,13 @@ static MP__HOT mp__block_t *mp__take_block_as(mp_pool_t *pool, mp__block_t *b,
                                               size_t size, bool live_next) {
   MP__ASSERT((b->flags & MP__B_FREE) && b->size >= size);
   mp__index_remove_hot(pool, b);
-  size_t keep = size / 16 < MP__MiB ? size / 16 : MP__MiB;
+  size_t rest = b->size - size;
   mp__block_t *r;
   /* Split, the rest takes b's place among the free blocks: the count
-   * stays (no decrement and increment). */
-  if (b->size > size && b->size - size >= keep &&
+   * stays (no decrement and increment). The rest is kept when it is at
+   * least min(size/16, 1 MiB), tested as two compares (a rest of 1 MiB or
+   * more first: no min computed for it). */
+  if (rest != 0 && (rest >= MP__MiB || rest >= size / 16) &&
       mp__split_allowed(pool, b, size) && (r = mp__rec_pop(pool)) != NULL) {
     if (live_next)
       return mp__block_split_low(pool, b, size, r);
