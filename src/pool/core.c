@@ -429,12 +429,14 @@ MP__HOT mp__block_t *mp__block_release_merged(mp_pool_t *pool, mp__block_t *b,
   pool->st.allocated_bytes -= b->size;
   pool->st.requested_bytes -= b->requested;
   pool->st.free_count++;
+  /* Counted here, before the deps' stores: GCC 12 adds to it in memory;
+   * after them it loaded it early and stored it late (three instructions). */
+  pool->st.free_blocks++;
   /* requested is not cleared: it is read only while live (dump.c,
    * snapshot.c, check.c; the ladder's held block sets it 0). Nor handle /
    * child: read only under MP__B_MOVABLE / MP__B_CHILD, cleared below. */
   mp__deps_on_free(pool, b);
   b->flags &= MP__B_SYNC;
-  pool->st.free_blocks++;
   return mp__block_coalesce(pool, b);
 }
 
