@@ -15,8 +15,10 @@
 
 #include "pool_internal.h"
 
-static unsigned mp__fls64(uint64_t x) {
-  return 63u - (unsigned)__builtin_clzll(x);
+/* 63 ^ clz, not 63 - clz: GCC 12 then emits bsr alone where the result
+ * is adjusted after (63 - clz gave bsr, xor and sub). */
+static size_t mp__fls64(uint64_t x) {
+  return (size_t)63 ^ (size_t)__builtin_clzll(x);
 }
 
 /* The class of a size, fl * MP__SL_COUNT + sl, with one count of leading
@@ -28,9 +30,17 @@ static unsigned mp__fls64(uint64_t x) {
  * size_t, as the classes' bins[] index is: no zero-extension each use. */
 static inline size_t mp__cls(const mp_pool_t *pool, size_t size) {
   (void)pool;
-  uint64_t u = (uint64_t)(size >> MP__CLS_UNIT_LOG2);
-  unsigned s = mp__fls64(u | MP__SL_COUNT) - MP__SL_LOG2;
-  return ((size_t)s << MP__SL_LOG2) + (size_t)(u >> s);
+  /* With u = size in units and s = fls(u | MP__SL_COUNT) - MP__SL_LOG2,
+   * the class is (s << MP__SL_LOG2) + (u >> s). Taken on the size itself:
+   * top = fls(size | MP__SL_COUNT units) is s + MP__CLS_UNIT_LOG2 +
+   * MP__SL_LOG2, and u >> s is size >> (top - MP__SL_LOG2) (the unit's
+   * bits shift out with it), so that no shift to units comes first and the
+   * constant joins the last add (two instructions fewer). */
+  size_t top =
+      mp__fls64((uint64_t)size | ((uint64_t)MP__SL_COUNT << MP__CLS_UNIT_LOG2));
+  return (top << MP__SL_LOG2) -
+         ((size_t)(MP__CLS_UNIT_LOG2 + MP__SL_LOG2) << MP__SL_LOG2) +
+         (size >> (top - MP__SL_LOG2));
 }
 
 void mp__class_of(const mp_pool_t *pool, size_t size, unsigned *fl,
@@ -250,7 +260,7 @@ mp__block_t *mp__index_next(const mp_pool_t *pool, const mp__block_t *b) {
 mp__block_t *mp__index_largest(const mp_pool_t *pool) {
   if (pool->fl_bitmap == 0)
     return NULL;
-  unsigned fl = mp__fls64(pool->fl_bitmap);
+  unsigned fl = (unsigned)mp__fls64(pool->fl_bitmap);
   unsigned sl = 31u - (unsigned)__builtin_clz(pool->sl_bitmap[fl]);
   mp__block_t *t = pool->bins[fl * MP__SL_COUNT + sl];
   while (t != NULL && t->right != NULL)

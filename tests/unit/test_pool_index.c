@@ -76,6 +76,34 @@ Test(pool_index, class_is_the_tlsf_mapping) {
   free(p);
 }
 
+/* A size between two units has the class of the unit below it, at every
+ * scale (the class is taken on the size itself, not on its units). */
+Test(pool_index, bytes_below_the_unit_do_not_change_the_class) {
+  mp_pool_t *p = index_pool();
+  for (unsigned k = 9; k < 63; k++)
+    for (uint64_t d = 0; d < 40; d++) {
+      size_t base = ((size_t)1 << k) + (size_t)d * 512 * (k > 20 ? k : 1);
+      base &= ~(size_t)511;
+      unsigned fl, sl;
+      mp__class_of(p, base, &fl, &sl);
+      const size_t extra[] = {1, 17, 255, 256, 511};
+      for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
+        unsigned fl2, sl2;
+        mp__class_of(p, base + extra[i], &fl2, &sl2);
+        cr_assert(fl2 == fl && sl2 == sl,
+                  "size %zu: (%u,%u), its unit %zu: (%u,%u)", base + extra[i],
+                  fl2, sl2, base, fl, sl);
+      }
+    }
+  for (size_t b = 0; b < 512; b++) {
+    unsigned fl, sl;
+    mp__class_of(p, b, &fl, &sl);
+    cr_assert(fl == 0 && sl == 0, "size %zu: (%u,%u)", b, fl, sl);
+  }
+  mp__rec_release_all(p);
+  free(p);
+}
+
 static size_t brute_best(mp__block_t **v, size_t n, const bool *in,
                          size_t want) {
   size_t best = n;
