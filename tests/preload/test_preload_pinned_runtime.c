@@ -7,6 +7,17 @@
 
 #define N 40
 
+/* Page-locked chunks the host pool may make for the 2N + 1 requests (one
+ * buffer live at a time, each under 72 KB: one 2 MiB chunk when the pool
+ * reuses each freed buffer at once). A free leaves its block waiting for a
+ * marker on the stream the buffer was recorded on, and an allocation that
+ * finds no block ready within its short look grows instead; on a loaded
+ * machine the host device's stream thread can miss that look, so the count
+ * depends on the timing: 1 to 3 seen under three busy loops on two cores
+ * (2026-11-30, also at 3ac246f; a CI run under ASan failed the old bound
+ * of 2). A chunk per request would be 81: the bound still shows pooling. */
+#define MAX_CHUNKS 8
+
 static spawn_result_t r;
 
 Test(preload_pinned_runtime, host_pool_serves_and_records_pinned_memory) {
@@ -28,9 +39,9 @@ Test(preload_pinned_runtime, host_pool_serves_and_records_pinned_memory) {
          "h=d[\"host_pool\"]; "
          "sys.exit(0 if d[\"calls\"][\"pinned\"]==%d and "
          "h[\"alloc_count\"]==%d and h[\"free_count\"]==%d and "
-         "1<=h[\"device_alloc_count\"]<=2 and h[\"reserved_bytes\"]>0 and "
+         "1<=h[\"device_alloc_count\"]<=%d and h[\"reserved_bytes\"]>0 and "
          "h[\"peak_reserved_bytes\"]>=h[\"reserved_bytes\"] else 1)' %s",
-         2 * N + 1, 2 * N + 1, 2 * N + 1, report),
+         2 * N + 1, 2 * N + 1, 2 * N + 1, MAX_CHUNKS, report),
       0, "report: %s", (slurp(report, r.out, sizeof r.out), r.out));
   cr_assert_eq(
       sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
