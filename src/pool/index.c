@@ -226,6 +226,30 @@ static mp__block_t *mp__treap_after(mp__block_t *t, size_t size,
   return best;
 }
 
+/* The index of the lowest set bit of x (x != 0), as a size_t. GCC's
+ * __builtin_ctz / __builtin_ctzll return an int, which GCC 12 widens with
+ * movslq / cltq before the class's arithmetic even where the bit scan
+ * wrote all 64 bits; on x86-64 the scan itself (bsf's 32-bit form clears
+ * the upper half) gives the size_t directly. */
+static inline size_t mp__ctz64(uint64_t x) {
+#if defined(__GNUC__) && defined(__x86_64__)
+  size_t r;
+  __asm__("bsfq %1, %0" : "=r"(r) : "rm"(x) : "cc");
+  return r;
+#else
+  return (size_t)__builtin_ctzll(x);
+#endif
+}
+static inline size_t mp__ctz32(uint32_t x) {
+#if defined(__GNUC__) && defined(__x86_64__)
+  size_t r;
+  __asm__("bsfl %1, %k0" : "=r"(r) : "rm"(x) : "cc");
+  return r;
+#else
+  return (size_t)__builtin_ctz(x);
+#endif
+}
+
 /* Minimum of the first non-empty class strictly above class c. */
 static MP__HOT mp__block_t *mp__class_above(const mp_pool_t *pool, size_t c) {
   size_t fl = c / MP__SL_COUNT;
@@ -234,11 +258,10 @@ static MP__HOT mp__block_t *mp__class_above(const mp_pool_t *pool, size_t c) {
     uint64_t fm = pool->fl_bitmap & (~1ull << fl);
     if (fm == 0)
       return NULL;
-    fl = (size_t)__builtin_ctzll(fm);
+    fl = mp__ctz64(fm);
     sm = pool->sl_bitmap[fl];
   }
-  return mp__treap_min(
-      pool->bins[fl * MP__SL_COUNT + (size_t)__builtin_ctz(sm)]);
+  return mp__treap_min(pool->bins[fl * MP__SL_COUNT + mp__ctz32(sm)]);
 }
 
 MP__HOT mp__block_t *mp__index_best_fit_hot(const mp_pool_t *pool,
