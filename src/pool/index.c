@@ -234,7 +234,7 @@ static mp__block_t *mp__treap_after(mp__block_t *t, size_t size,
 static inline size_t mp__ctz64(uint64_t x) {
 #if defined(__GNUC__) && defined(__x86_64__)
   size_t r;
-  __asm__("bsfq %1, %0" : "=r"(r) : "rm"(x) : "cc");
+  __asm__("bsfq %1, %0" : "=r"(r) : "r"(x) : "cc");
   return r;
 #else
   return (size_t)__builtin_ctzll(x);
@@ -243,7 +243,7 @@ static inline size_t mp__ctz64(uint64_t x) {
 static inline size_t mp__ctz32(uint32_t x) {
 #if defined(__GNUC__) && defined(__x86_64__)
   size_t r;
-  __asm__("bsfl %1, %k0" : "=r"(r) : "rm"(x) : "cc");
+  __asm__("bsfl %1, %k0" : "=r"(r) : "r"(x) : "cc");
   return r;
 #else
   return (size_t)__builtin_ctz(x);
