@@ -59,6 +59,10 @@
 
 /* ---- status.c ---------------------------------------------------------- */
 
+/* The bytes mp_last_error() holds (its terminating NUL included): a copy of
+ * a message kept across another call is this size, so nothing is cut. */
+#define MP__ERROR_MAX 512
+
 /* Records a one-line message for mp_last_error() in this thread and returns
  * st, so that failing paths read `return mp__fail(MP_EINVAL, "...", ...);`. */
 mp_status_t mp__fail(mp_status_t st, const char *fmt, ...) MP__PRINTF(2, 3);

@@ -11,7 +11,7 @@
 
 #include "internal.h"
 
-static _Thread_local char mp__error_buf[512];
+static _Thread_local char mp__error_buf[MP__ERROR_MAX];
 
 const char *mp_status_string(mp_status_t s) {
   switch (s) {

@@ -371,7 +371,7 @@ static mp_status_t mp__arenas_set_access(mp_pool_t *pool, mp_device_t *peer) {
     if (mp__arena_at(pool, i) != NULL)
       st = mp_pool_set_access(mp__arena_at(pool, i), peer);
   if (st != MP_OK) {
-    char why[256];
+    char why[MP__ERROR_MAX];
     snprintf(why, sizeof why, "%s", mp_last_error());
     mp__pool_lock(pool);
     unsigned m = atomic_load(&pool->npeers);
@@ -417,7 +417,7 @@ mp_status_t mp_pool_set_access(mp_pool_t *pool, mp_device_t *peer) {
   for (size_t i = 0; i < mapped; i++)
     if ((st = mp__device_vm_access(pool->dev, (void *)v->chunks[i].addr,
                                    v->chunks[i].size, peer)) != MP_OK) {
-      char why[256];
+      char why[MP__ERROR_MAX];
       snprintf(why, sizeof why, "%s", mp_last_error());
       mp__peer_revoke(pool, peer, i);
       mp__fail(st, "%s", why);
