@@ -129,6 +129,11 @@ mp_status_t mp_host_pool_free(mp_host_pool_t *hp, void *ptr) {
   return mp__hp_said(mp_pool_free(hp->pool, ptr), "mp_pool_free", __func__);
 }
 
+mp_status_t mp__host_pool_free_done(mp_host_pool_t *hp, void *ptr) {
+  MP__CHECK_HP(hp);
+  return mp__pool_free_done(hp->pool, ptr, "mp_host_pool_free");
+}
+
 bool mp__host_pool_contains(mp_host_pool_t *hp, const void *ptr) {
   return hp != NULL && ptr != NULL && mp__pool_contains(hp->pool, ptr);
 }

@@ -161,6 +161,11 @@ bool mp__pool_is_paused(mp_pool_t *pool);
 
 /* Whether ptr lies in the memory of host pool hp (its pool's chunks). */
 bool mp__host_pool_contains(mp_host_pool_t *hp, const void *ptr);
+/* mp_host_pool_free for a caller that has synchronized every stream the
+ * buffer was used on (the shim's cudaFreeHost synchronizes the devices, as
+ * the driver's does): the buffer serves the next request at once, without
+ * waiting for a marker on those streams to be seen. */
+mp_status_t mp__host_pool_free_done(mp_host_pool_t *hp, void *ptr);
 
 /* ---- pool/snapshot.c --------------------------------------------------- */
 

@@ -617,9 +617,15 @@ mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr, mp_stream_t s) {
   return st;
 }
 
-/* The frees: ordered on the block's own stream, also on s, or after every
- * stream the pool knows. */
-typedef enum { MP__FREE_OWN, MP__FREE_ON, MP__FREE_ALL } mp__free_how_t;
+/* The frees: ordered on the block's own stream, also on s, after every
+ * stream the pool knows, or on its own stream with its recorded uses known
+ * finished. */
+typedef enum {
+  MP__FREE_OWN,
+  MP__FREE_ON,
+  MP__FREE_ALL,
+  MP__FREE_DONE
+} mp__free_how_t;
 
 static mp_status_t mp__pool_free_in(mp_pool_t *pool, void *ptr,
                                     mp__free_how_t how, mp_stream_t s,
@@ -652,6 +658,8 @@ static MP__HOT mp_status_t mp__pool_free_locked(mp_pool_t *pool, void *ptr,
       mp__stream_add_use(pool, b, sidx);
     else if (how == MP__FREE_ALL)
       mp__stream_use_all(pool, b);
+    else if (how == MP__FREE_DONE)
+      mp__stream_drop_uses(pool, b);
     /* Out of the live map first, while slot is still b's: an exported
      * block's lease check frees the blocks whose leases closed, and their
      * removal moves the entries after them (b's, maybe). */
@@ -733,6 +741,10 @@ mp_status_t mp__pool_free_on(mp_pool_t *pool, void *ptr, mp_stream_t s,
 
 mp_status_t mp__pool_free_named(mp_pool_t *pool, void *ptr, const char *fn) {
   return mp__pool_free_as(pool, ptr, MP__FREE_OWN, NULL, fn, false);
+}
+
+mp_status_t mp__pool_free_done(mp_pool_t *pool, void *ptr, const char *fn) {
+  return mp__pool_free_as(pool, ptr, MP__FREE_DONE, NULL, fn, false);
 }
 
 mp_status_t mp_pool_free_after_all(mp_pool_t *pool, void *ptr) {

@@ -822,6 +822,12 @@ mp_status_t mp__pool_free_on(mp_pool_t *pool, void *ptr, mp_stream_t s,
                              const char *fn);
 /* mp_pool_free of ptr, fn naming the caller in messages (mp_free). */
 mp_status_t mp__pool_free_named(mp_pool_t *pool, void *ptr, const char *fn);
+/* mp_pool_free for a caller that has synchronized every stream the block
+ * was used on (the device, or each one it recorded): its recorded uses are
+ * dropped, so the block is reusable at once on its own stream, and by the
+ * others once that stream reaches the free. The shim's cudaFreeHost, which
+ * synchronizes the devices first (src/preload/host.c). */
+mp_status_t mp__pool_free_done(mp_pool_t *pool, void *ptr, const char *fn);
 
 /* ---- index.c: size classes, bitmaps, class treaps ----------------------- */
 void mp__class_of(const mp_pool_t *pool, size_t size, unsigned *fl,
@@ -1096,6 +1102,10 @@ void mp__stream_capture_begins(mp_pool_t *pool, uint32_t sidx);
 void mp__stream_capture_ended(mp_pool_t *pool, uint32_t sidx);
 /* Live block b is also used on stream sidx (record_stream, a move). */
 void mp__stream_add_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx);
+/* Live block b's recorded uses are all finished (the caller synchronized
+ * the device): forgotten, so that its free waits for its own stream only
+ * (mp__pool_free_done). */
+void mp__stream_drop_uses(mp_pool_t *pool, mp__block_t *b);
 /* Live block b may be in use on every stream whose work is not known done
  * (mp_pool_free_after_all). */
 void mp__stream_use_all(mp_pool_t *pool, mp__block_t *b);

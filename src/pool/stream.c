@@ -550,6 +550,14 @@ void mp__stream_add_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx) {
   }
 }
 
+void mp__stream_drop_uses(mp_pool_t *pool, mp__block_t *b) {
+  MP__ASSERT_LOCKED(pool);
+  for (uint32_t i = 0; i < b->ndeps; i++)
+    pool->streams[mp__dep_sidx(b->deps[i])].refs--;
+  b->ndeps = 0;
+  b->flags &= ~(uint32_t)MP__B_MANY_USES;
+}
+
 void mp__deps_on_free_uses(mp_pool_t *pool, mp__block_t *b) {
   MP__ASSERT_LOCKED(pool);
   pool->streams[b->sidx].refs--;

@@ -22,7 +22,11 @@
  *
  * cudaFreeHost and cuMemFreeHost synchronize the devices before the memory
  * goes (the driver's do, as an implicit synchronization); the shim keeps
- * that, so a buffer an async copy still reads is never handed out again.
+ * that, so a buffer an async copy still reads is never handed out again,
+ * and frees it as finished (mp__host_pool_free_done): the next request
+ * gets it at once, not only once a stream thread has seen a marker
+ * recorded at the free (under load that came late, and the pool grew a
+ * chunk for a program that never holds two buffers).
  *
  * The host pool is made on the first served call, on the device of the
  * shim's state; a forked child makes its own (its parent's device is not
@@ -272,7 +276,7 @@ static unsigned int mp__h_free(bool runtime, void *ptr) {
       mp_host_pool_t *hp = mp__hpl_get(pl);
       mp_status_t st = mp__hsync_devices(pl);
       if (st == MP_OK)
-        st = hp ? mp_host_pool_free(hp, ptr) : MP_EINVAL;
+        st = hp ? mp__host_pool_free_done(hp, ptr) : MP_EINVAL;
       if (st == MP_OK)
         mp__pl_record_other("pinned_free", b.ptr, b.size);
       else

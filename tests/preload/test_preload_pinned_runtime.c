@@ -7,16 +7,12 @@
 
 #define N 40
 
-/* Page-locked chunks the host pool may make for the 2N + 1 requests (one
- * buffer live at a time, each under 72 KB: one 2 MiB chunk when the pool
- * reuses each freed buffer at once). A free leaves its block waiting for a
- * marker on the stream the buffer was recorded on, and an allocation that
- * finds no block ready within its short look grows instead; on a loaded
- * machine the host device's stream thread can miss that look, so the count
- * depends on the timing: 1 to 3 seen under three busy loops on two cores
- * (2026-11-30, also at 3ac246f; a CI run under ASan failed the old bound
- * of 2). A chunk per request would be 81: the bound still shows pooling. */
-#define MAX_CHUNKS 8
+/* One buffer is live at a time, each under 72 KB: one 2 MiB chunk serves
+ * all 2N + 1 requests. cudaFreeHost synchronizes the device, so the freed
+ * buffer serves the next request at once; it used to wait for a marker
+ * the host device's stream thread had to see, and on a loaded machine the
+ * pool grew 1 to 3 chunks instead (2026-11-30; a CI run failed on it). */
+#define MAX_CHUNKS 1
 
 static spawn_result_t r;
 
