@@ -22,7 +22,7 @@ static pthread_once_t mp__default_once = PTHREAD_ONCE_INIT;
 static mp_pool_t *mp__default;
 static int mp__default_ordinal;
 static mp_status_t mp__default_status = MP_OK;
-static char mp__default_error[256];
+static char mp__default_error[MP__ERROR_MAX];
 /* The other devices' pools: written once each under the lock. */
 static _Atomic(mp_pool_t *) mp__others[MP__DEFAULT_DEVICES];
 static pthread_mutex_t mp__others_lock = PTHREAD_MUTEX_INITIALIZER;

@@ -103,7 +103,7 @@ static mp_status_t mp__hp_said(mp_status_t st, const char *pool_fn,
   const char *m = mp_last_error();
   if (st == MP_OK || strncmp(m, pool_fn, n) != 0 || m[n] != ':')
     return st;
-  char rest[512];
+  char rest[MP__ERROR_MAX];
   snprintf(rest, sizeof rest, "%s", m + n);
   return mp__fail(st, "%s%s", fn, rest);
 }

@@ -500,7 +500,7 @@ bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes) {
     return false;
   mp_pool_oom_handler_t fn = pool->oom_fn;
   void *ctx = pool->oom_ctx;
-  char why[256];
+  char why[MP__ERROR_MAX];
   snprintf(why, sizeof why, "%s", mp_last_error());
   mp__pool_unlock(pool);
   int again = fn(pool, bytes, st, ctx);

@@ -85,7 +85,7 @@ void mp__segment_release_over(mp_pool_t *pool) {
 
 mp_status_t mp__segment_release_all(mp_pool_t *pool) {
   mp_status_t first = MP_OK;
-  char why[256] = "";
+  char why[MP__ERROR_MAX] = "";
   uintptr_t at = 0;
   size_t bytes = 0, lost = 0;
   mp__segment_t *s = pool->segs;

@@ -125,7 +125,7 @@ static mp_status_t mp__chunks_to(mp_pool_t *pool, mp__segment_t *v, size_t *m,
   size_t from = *m;
   mp_status_t st = mp__chunks_step(pool, v, m, target);
   if (st != MP_OK) {
-    char why[256];
+    char why[MP__ERROR_MAX];
     snprintf(why, sizeof why, "%s", mp_last_error());
     (void)mp__chunks_step(pool, v, m, from);
     mp__fail(st, "%s", why);
@@ -456,7 +456,7 @@ static mp_status_t mp__arenas_pause(mp_pool_t *pool, unsigned flags) {
       mine[i] = (st = mp__pause_one(a, flags)) == MP_OK;
   }
   if (st != MP_OK) {
-    char why[512];
+    char why[MP__ERROR_MAX];
     bool stuck = false;
     snprintf(why, sizeof why, "%s", mp_last_error());
     for (size_t i = 0; i < n; i++)
@@ -508,7 +508,7 @@ static mp_status_t mp__arenas_resume(mp_pool_t *pool) {
       mapped[i] = (st = mp__resume_map(a)) == MP_OK;
     mp__pool_unlock(a);
   }
-  char why[512];
+  char why[MP__ERROR_MAX];
   bool stuck = false, lost = false;
   snprintf(why, sizeof why, "%s", st != MP_OK ? mp_last_error() : "");
   for (size_t i = 0; i < n; i++) {

@@ -126,7 +126,7 @@ mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
   if (cfg->flags & MP_POOL_VIRTUAL) {
     /* A device without virtual memory is not a failure of this call: keep
      * the caller's last error as it was. */
-    char saved[256];
+    char saved[MP__ERROR_MAX];
     snprintf(saved, sizeof saved, "%s", mp_last_error());
     if (mp__device_vm_granularity(dev, &g) == MP_OK && g != 0 &&
         (g & (g - 1)) == 0)
@@ -206,7 +206,7 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
    * same: the rest and the pool follow, and the first such failure is
    * returned at the end. */
   mp_status_t lost = MP_OK;
-  char lost_why[512] = "";
+  char lost_why[MP__ERROR_MAX] = "";
   for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);
     bool a_gone = false;

@@ -746,7 +746,7 @@ mp_status_t mp__pool_vm_map(mp_pool_t *pool, void *addr, size_t bytes) {
   for (unsigned i = 0; st == MP_OK && i < n; i++) {
     st = mp__device_vm_access(pool->dev, addr, bytes, pool->peers[i]);
     if (st != MP_OK) {
-      char why[256];
+      char why[MP__ERROR_MAX];
       snprintf(why, sizeof why, "%s", mp_last_error());
       (void)mp__device_vm_unmap(pool->dev, addr, bytes);
       mp__fail(st, "%s", why);

@@ -79,6 +79,24 @@ Test(default_pool, unusable_device_is_null_with_a_reason) {
   cr_expect_eq(mp_malloc(&p, 16), MP_EINVAL);
 }
 
+/* A bad $MEMPOOL_CONF: every call says why, whole, however long the
+ * reason (an unknown key lists every known one: some 280 characters,
+ * which the default pool's copy of the reason used to cut at 255, in the
+ * middle of a key's name). */
+Test(default_pool, a_bad_conf_is_refused_with_its_whole_reason) {
+  setenv("MEMPOOL_DEVICE", "host", 1);
+  setenv("MEMPOOL_CONF", "no_such_key_of_a_pool=1", 1);
+  void *p = NULL;
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(mp_malloc(&p, 16), MP_EINVAL);
+    const char *m = mp_last_error();
+    cr_expect(strstr(m, "no_such_key_of_a_pool") != NULL, "%s", m);
+    /* The list ends with the last key the parser knows. */
+    cr_expect(strstr(m, "garbage_collection_threshold)") != NULL, "%s", m);
+  }
+  cr_expect_null(p);
+}
+
 /* mp_free_async of a pointer it must refuse (a movable block's) changes
  * nothing: no use of the stream is left on the block, so once the block is
  * freed through its handle its own stream reuses it at once, busy stream or

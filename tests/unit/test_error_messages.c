@@ -28,3 +28,29 @@ Test(error_messages, a_long_message_is_cut_not_overrun) {
                mp_last_error());
   cr_expect_eq(strlen(mp_last_error()), n);
 }
+
+/* A call that succeeds after a refusal it undid or shrugged off leaves the
+ * caller's last error as it was, whole: a pool made with virtual memory on
+ * a device without it (host:vmm=0) falls back to plain segments and keeps
+ * the message before it, which the copy kept across the device's refusal
+ * used to cut at 255 characters. */
+Test(error_messages, a_call_that_falls_back_keeps_the_last_error_whole) {
+  char big[MP__ERROR_MAX];
+  memset(big, 'y', 400);
+  big[400] = '\0';
+  mp__fail(MP_EINVAL, "earlier: %s", big);
+  char before[MP__ERROR_MAX];
+  snprintf(before, sizeof before, "%s", mp_last_error());
+  cr_assert_eq(strlen(before), 409);
+  mp_device_t *dev = NULL;
+  cr_assert_eq(mp_device_open("host:vmm=0", &dev), MP_OK, "%s",
+               mp_last_error());
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cfg.flags |= MP_POOL_VIRTUAL;
+  mp_pool_t *pool = NULL;
+  cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
+  cr_expect_str_eq(mp_last_error(), before);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(dev);
+}
