@@ -76,6 +76,28 @@ static int mp__key_cmp(const mp__block_t *n, size_t size, uintptr_t addr) {
   return 0;
 }
 
+/* Sets class c's bits in the bitmaps (its treap gained its first block).
+ * On x86-64 with GCC or clang, bts on memory: its bit-string form takes the
+ * class itself as the bit offset into sl_bitmap[] (word c / 32, bit
+ * c % 32), so that no shifted 1 is built and no word index computed for it
+ * (GCC 12: mov $1, shl and or to memory for each level, and the word's
+ * index, nine instructions a fill, at 1.35 fills a pair with 100 live
+ * blocks, 0.32 with 10 000). Elsewhere the same in C. The clear stays in C
+ * (mp__index_remove_from): its and to memory sets the zero flag that the
+ * first level's test needs; btr there measured 366.2 / 341.2 instructions
+ * a pair against 363.9 / 339.3. */
+_Static_assert(MP__SL_COUNT == 32 && sizeof(uint32_t) * 8 == MP__SL_COUNT,
+               "a second-level word is the 32 bits btsl addresses");
+static inline void mp__class_mark(mp_pool_t *pool, size_t c) {
+#if defined(__GNUC__) && defined(__x86_64__)
+  __asm__("btsl %k1, %0" : "+m"(pool->sl_bitmap) : "r"(c) : "cc");
+  __asm__("btsq %1, %0" : "+m"(pool->fl_bitmap) : "r"(c / MP__SL_COUNT) : "cc");
+#else
+  pool->sl_bitmap[c / MP__SL_COUNT] |= 1u << (c % MP__SL_COUNT);
+  pool->fl_bitmap |= 1ull << (c / MP__SL_COUNT);
+#endif
+}
+
 /* Each free block is its own treap node: the links and the class live in
  * its record, the key is its (size, addr) and the priority hashes addr, so
  * an insert or remove allocates, copies and validates nothing. */
@@ -93,8 +115,7 @@ MP__HOT void mp__index_link_hot(mp_pool_t *pool, mp__block_t *b, size_t size,
     /* The class was empty (common: most hold a block or two). */
     *link = b;
     b->left = b->right = NULL;
-    pool->sl_bitmap[c / MP__SL_COUNT] |= 1u << (c % MP__SL_COUNT);
-    pool->fl_bitmap |= 1ull << (c / MP__SL_COUNT);
+    mp__class_mark(pool, c);
     return;
   }
   uint32_t prio = mp__prio(addr);
