@@ -4,10 +4,10 @@
  * Records come from slabs of the pool's own (host memory, never device
  * memory) and go back to a free list, so the steady state makes no host
  * allocation. The live map is an open-addressing hash table keyed by the
- * block's address (linear probing, load <= 1/4, backward-shift deletion, so
+ * block's address (linear probing, load <= 1/8, backward-shift deletion, so
  * no tombstones build up): pointer -> block is O(1) expected. Slots hold
  * the address next to the record pointer, so a probe reads only the table,
- * never a record (which would be a cache miss per probe). A quarter more
+ * never a record (which would be a cache miss per probe). An eighth more
  * slots past the last home slot take the runs that would wrap
  * (mp__map_slots), so no probe step masks its index.
  *
@@ -147,8 +147,9 @@ bool mp__map_reserve(mp_pool_t *pool, size_t n) {
   if (mp__map_has_room(pool, n))
     return true;
   size_t count = mp__map_count(pool);
-  size_t cap = pool->map_cap ? pool->map_cap : 256;
-  while ((count + n) * 4 > cap)
+  /* The first table takes 64 entries. */
+  size_t cap = pool->map_cap ? pool->map_cap : 64 * MP__MAP_LOAD;
+  while ((count + n) * MP__MAP_LOAD > cap)
     cap *= 2;
   mp__slot_t *m = mp__host_calloc(mp__map_slots(cap), sizeof *m);
   if (m == NULL)
@@ -157,7 +158,7 @@ bool mp__map_reserve(mp_pool_t *pool, size_t n) {
   size_t old_cap = pool->map_cap;
   pool->map = m;
   pool->map_cap = cap; /* mp__map_slot depends on both */
-  pool->map_room = cap / 4 - count;
+  pool->map_room = cap / MP__MAP_LOAD - count;
   pool->map_shift = 64u - (unsigned)__builtin_ctzll((unsigned long long)cap);
   for (size_t i = 0; i < mp__map_slots(old_cap); i++)
     if (old[i].addr != 0)

@@ -35,11 +35,15 @@ Test(pool_ipc_held, a_free_that_reaps_held_blocks_removes_its_own_entry) {
                mp_last_error());
   mp_pool_t *pool = make_pool(dev, NULL);
   /* Blocks until two share a home slot in the live map: removing the one
-   * nearer its home moves the other. */
+   * nearer its home moves the other. Sizes of 1 to 61 units of 512 bytes,
+   * in no simple order: the multiplicative hash spreads the addresses of
+   * equal blocks (an arithmetic series) without a shared slot over far
+   * more blocks (none of 512 shared one in a map at most 1/8 full). */
   void *blk[NBLOCKS], *near = NULL, *far = NULL;
   size_t n = 0;
   for (; n < NBLOCKS && far == NULL; n++) {
-    cr_assert_eq(mp_pool_alloc(pool, 512, NULL, &blk[n]), MP_OK);
+    cr_assert_eq(mp_pool_alloc(pool, 512 * (1 + n * 37 % 61), NULL, &blk[n]),
+                 MP_OK);
     for (size_t j = 0; j < n && far == NULL; j++)
       if (home_slot(pool, blk[j]) == home_slot(pool, blk[n])) {
         bool first =

@@ -7,14 +7,14 @@
 
 #include "pool/pool_internal.h"
 
-#define NREC  48 /* below a quarter of the first table (256 home slots) */
-#define NFULL 64 /* a quarter: as many as the first table takes */
+#define NREC  48 /* below an eighth of the first table (512 home slots) */
+#define NFULL 64 /* an eighth: as many as the first table takes */
 
 static mp_pool_t *map_pool(void) {
   mp_pool_t *p = calloc(1, sizeof *p);
   cr_assert_not_null(p);
   cr_assert(mp__map_reserve(p, 1));
-  cr_assert_eq(p->map_cap, 256);
+  cr_assert_eq(p->map_cap, 512);
   return p;
 }
 
@@ -90,7 +90,7 @@ Test(pool_live_map, a_full_table_run_from_the_last_home_slot_stays_inside) {
   static mp__block_t more;
   remove_in_order(NFULL, 1, 13);
   remove_in_order(NFULL, 1, 63);
-  /* A quarter is all the first table takes: one more grows it. */
+  /* An eighth is all the first table takes: one more grows it. */
   uintptr_t a[NFULL];
   static mp__block_t recs[NFULL];
   addrs_near_the_end(p, a, NFULL, 1);
@@ -98,13 +98,13 @@ Test(pool_live_map, a_full_table_run_from_the_last_home_slot_stays_inside) {
     recs[i].addr = a[i];
     cr_assert(mp__map_insert(p, &recs[i]));
   }
-  cr_expect_eq(p->map_cap, 256);
-  cr_expect_neq(p->map[mp__map_slots(256) - 2].addr, 0, "the run's end");
+  cr_expect_eq(p->map_cap, 512);
+  cr_expect_neq(p->map[mp__map_slots(512) - 2].addr, 0, "the run's end");
   bool gone[NFULL] = {false};
   expect_map_holds(p, recs, gone, NFULL);
   more.addr = a[NFULL - 1] + 512; /* above every other */
   cr_assert(mp__map_insert(p, &more));
-  cr_expect_eq(p->map_cap, 512);
+  cr_expect_eq(p->map_cap, 1024);
   cr_expect_eq(mp__map_count(p), NFULL + 1);
   cr_expect_eq(mp__map_find(p, more.addr), &more);
   for (size_t i = 0; i < NFULL; i++)
@@ -133,7 +133,7 @@ Test(pool_live_map, removing_an_absent_block_changes_nothing) {
 
 /* A new pool's map (mp__map_init) holds no table of its own: every
  * lookup misses without a test of map_cap, and the first insert grows a
- * table of 256 home slots (the shared empty one is read-only: a write to
+ * table of 512 home slots (the shared empty one is read-only: a write to
  * it would crash here). */
 Test(pool_live_map, a_new_pools_map_finds_nothing_and_grows_on_first_insert) {
   mp_pool_t *p = calloc(1, sizeof *p);
@@ -147,7 +147,7 @@ Test(pool_live_map, a_new_pools_map_finds_nothing_and_grows_on_first_insert) {
   other.addr = 512 * 78;
   mp__map_remove(p, &other); /* absent: changes nothing */
   cr_assert(mp__map_insert(p, &rec));
-  cr_expect_eq(p->map_cap, 256);
+  cr_expect_eq(p->map_cap, 512);
   cr_expect_eq(mp__map_count(p), 1);
   cr_expect_eq(mp__map_find(p, rec.addr), &rec);
   cr_expect_null(mp__map_find(p, other.addr));
