@@ -6,9 +6,10 @@
  * second-level word per first level say which classes hold free blocks, so
  * the next non-empty class above a size is two find-first-set operations.
  * Within a class the blocks sit in a treap keyed by (size, address), whose
- * priorities hash the address: best fit is a lower-bound search in the
- * request's own class (expected O(log m), m = blocks in that class), or the
- * minimum of the next non-empty class. Nothing scans the pool.
+ * priorities hash the address (a class's first block takes the top one
+ * while it stays, mp__index_link_hot): best fit is a lower-bound search in
+ * the request's own class (expected O(log m), m = blocks in that class), or
+ * the minimum of the next non-empty class. Nothing scans the pool.
  *
  * Invariant: a class's bitmap bit is set exactly when its treap is non-empty,
  * and every block in a class's treap is free and maps to that class. */
@@ -98,9 +99,18 @@ static inline void mp__class_mark(mp_pool_t *pool, size_t c) {
 #endif
 }
 
-/* Each free block is its own treap node: the links and the class live in
- * its record, the key is its (size, addr) and the priority hashes addr, so
- * an insert or remove allocates, copies and validates nothing. */
+/* Each free block is its own treap node: the links, the class and the
+ * priority live in its record, the key is its (size, addr), so an insert
+ * or remove allocates, copies and validates nothing. The priority is
+ * stored (prio, in sidx's place: a free block has no stream), so that a
+ * descent reads it instead of hashing each node's address again (a load
+ * for a load, a multiply and a shift). The first block of an empty class
+ * (1.35 an allocation and free with 100 live blocks) takes UINT32_MAX and
+ * no hash: it stays the root while it stays in the class, every later
+ * block goes below it, and the treap under it is the hashed one, so a
+ * descent is at most one step longer. Stored: 359.9 / 337.0 -> 357.7 /
+ * 329.8 instructions per pair at 100 / 10 000 live; hashed for the first
+ * block too, 366.7 / 331.0. */
 MP__HOT void mp__index_link_hot(mp_pool_t *pool, mp__block_t *b, size_t size,
                                 uintptr_t addr) {
   MP__ASSERT((b->flags & MP__B_FREE) && b->size == size && b->addr == addr);
@@ -114,12 +124,14 @@ MP__HOT void mp__index_link_hot(mp_pool_t *pool, mp__block_t *b, size_t size,
   if (t == NULL) {
     /* The class was empty (common: most hold a block or two). */
     *link = b;
+    b->prio = UINT32_MAX;
     b->left = b->right = NULL;
     mp__class_mark(pool, c);
     return;
   }
   uint32_t prio = mp__prio(addr);
-  while (t != NULL && mp__prio(t->addr) >= prio) {
+  b->prio = prio;
+  while (t != NULL && t->prio >= prio) {
     link = mp__key_cmp(t, size, addr) > 0 ? &t->left : &t->right;
     t = *link;
   }
@@ -153,7 +165,7 @@ _Static_assert(((MP__FL_COUNT * MP__SL_COUNT) &
 __attribute__((noinline)) static void
 mp__treap_merge(mp__block_t **link, mp__block_t *l, mp__block_t *r) {
   while (l != NULL && r != NULL) {
-    if (mp__prio(r->addr) > mp__prio(l->addr)) {
+    if (r->prio > l->prio) {
       *link = r;
       link = &r->left;
       r = *link;
@@ -341,7 +353,7 @@ bool mp__index_contains(const mp_pool_t *pool, const mp__block_t *b,
  * not exceed its parent's. */
 static bool mp__link_ok(const mp_pool_t *pool, mp__rec_owned_fn owned,
                         const mp__block_t *c, uint32_t parent_prio) {
-  return c == NULL || (owned(pool, c) && mp__prio(c->addr) <= parent_prio);
+  return c == NULL || (owned(pool, c) && c->prio <= parent_prio);
 }
 
 /* In-order walk with a bound on the count: a corrupted treap (a cycle)
@@ -355,8 +367,12 @@ static bool mp__treap_walk(const mp_pool_t *pool, mp__rec_owned_fn owned,
     return true;
   if (*count > limit || !owned(pool, n))
     return false;
-  uint32_t prio = mp__prio(n->addr);
-  if (!mp__link_ok(pool, owned, n->left, prio) ||
+  /* Its stored priority: the hash of its address, or the top one at the
+   * root (mp__index_link_hot). */
+  uint32_t prio = n->prio;
+  if ((prio != mp__prio(n->addr) &&
+       (prio != UINT32_MAX || n != pool->bins[fl * MP__SL_COUNT + sl])) ||
+      !mp__link_ok(pool, owned, n->left, prio) ||
       !mp__link_ok(pool, owned, n->right, prio))
     return false;
   if (!mp__treap_walk(pool, owned, n->left, fl, sl, prev, count, bytes, limit))

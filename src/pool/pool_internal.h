@@ -197,7 +197,10 @@ typedef struct mp__block {
   struct mp__block *prev, *next; /* address order within seg */
   uint32_t cls;   /* free: its class in the free index, fl * SL_COUNT + sl */
   uint32_t flags; /* MP__B_* */
-  uint32_t sidx;  /* live: allocating stream; hole: slot in seg->holes */
+  union {
+    uint32_t sidx; /* live: allocating stream; hole: slot in seg->holes */
+    uint32_t prio; /* free: treap priority, mp__prio(addr) (index.c) */
+  };
   uint32_t ndeps; /* free: deps used; live: uses used */
   /* Second cache line: the rest. */
   mp__segment_t *seg;

@@ -172,6 +172,21 @@ Test(pool_check, detects_free_blocks_in_the_wrong_class, .init = setup,
   cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
 }
 
+Test(pool_check, detects_a_free_block_with_a_wrong_priority, .init = setup,
+     .fini = teardown) {
+  /* The root of a class: its stored priority may be the top one (the
+   * class's first block) or its address's hash, never anything else. */
+  mp__block_t *b = NULL;
+  for (size_t k = 0; k < MP__FL_COUNT * MP__SL_COUNT && b == NULL; k++)
+    b = pool->bins[k];
+  cr_assert_not_null(b, "the setup leaves free blocks");
+  uint32_t keep = b->prio;
+  b->prio = keep == UINT32_MAX ? keep - 1 : keep ^ 1;
+  expect_corrupt("a free block whose priority is not its address's");
+  b->prio = keep;
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+}
+
 static char *dump(const char *fmt, mp_status_t want) {
   char *buf = NULL;
   size_t len = 0;
