@@ -99,6 +99,21 @@ static inline void mp__class_mark(mp_pool_t *pool, size_t c) {
 #endif
 }
 
+/* Whether free block n's key is above (size, addr): with a 128-bit type,
+ * one compare of the two words (cmp, sbb) and one branch, not a branch on
+ * the sizes and another on the addresses (on the removal's descent: 357.7
+ * / 329.8 -> 357.5 / 329.2 instructions per pair at 100 / 10 000 live; no
+ * change on the insert's two descents, which keep mp__key_cmp). */
+static inline bool mp__key_above(const mp__block_t *n, size_t size,
+                                 uintptr_t addr) {
+#if defined(__SIZEOF_INT128__)
+  return ((unsigned __int128)n->size << 64 | n->addr) >
+         ((unsigned __int128)size << 64 | addr);
+#else
+  return mp__key_cmp(n, size, addr) > 0;
+#endif
+}
+
 /* Each free block is its own treap node: the links, the class and the
  * priority live in its record, the key is its (size, addr), so an insert
  * or remove allocates, copies and validates nothing. The priority is
@@ -188,7 +203,7 @@ static MP__HOT void mp__index_remove_from(mp_pool_t *pool, mp__block_t *b,
   while (t != b) {
     if (t == NULL)
       return; /* not indexed: mp_pool_check reports such states */
-    link = mp__key_cmp(t, b->size, b->addr) > 0 ? &t->left : &t->right;
+    link = mp__key_above(t, b->size, b->addr) ? &t->left : &t->right;
     t = *link;
   }
   /* Its subtrees take its place: one (or none) as it is, two merged (out
