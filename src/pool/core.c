@@ -70,11 +70,14 @@ mp__search_from(mp_pool_t *pool, size_t size, uint32_t sidx, mp__block_t *b,
 /* *pending, set whenever the search returns NULL (left as it was when it
  * returns a block): a block that fits but was passed by only because
  * another stream's work on it has not completed yet (the first such block:
- * the best fit among them), or NULL. */
-static MP__HOT mp__block_t *mp__search_ex(mp_pool_t *pool, size_t size,
-                                          uint32_t sidx,
-                                          mp__block_t **pending) {
-  mp__block_t *b = mp__index_best_fit_hot(pool, size);
+ * the best fit among them), or NULL. *at: the link that points at the
+ * block the common case returns, for mp__index_remove_at (unchanged until
+ * the take, which follows at once), else NULL. */
+static MP__HOT mp__block_t *mp__search_ex_at(mp_pool_t *pool, size_t size,
+                                             uint32_t sidx,
+                                             mp__block_t **pending,
+                                             mp__block_t *const **at) {
+  mp__block_t *b = mp__index_best_fit_hot(pool, size, at);
   /* The common case, the best fit splittable and freed on sidx alone: what
    * mp__search_from would find first, without its loop (nor a store to
    * *pending, which the caller reads only without a block). */
@@ -82,7 +85,16 @@ static MP__HOT mp__block_t *mp__search_ex(mp_pool_t *pool, size_t size,
       mp__deps_own(b, sidx))
     return b;
   *pending = NULL;
+  *at = NULL; /* the loop's block: taken by a descent */
   return b != NULL ? mp__search_from(pool, size, sidx, b, pending) : NULL;
+}
+
+/* mp__search_ex_at for the callers whose take descends to the block. */
+static MP__HOT mp__block_t *mp__search_ex(mp_pool_t *pool, size_t size,
+                                          uint32_t sidx,
+                                          mp__block_t **pending) {
+  mp__block_t *const *at;
+  return mp__search_ex_at(pool, size, sidx, pending, &at);
 }
 
 static mp__block_t *mp__search(mp_pool_t *pool, size_t size, uint32_t sidx) {
@@ -137,11 +149,16 @@ static mp__block_t *mp__search_patiently(mp_pool_t *pool, size_t size,
  * slowing every insert there, and rarely serve anything. Returns the taken
  * block, MP__B_FREE still set (mp__index_remove_hot): what takes it
  * replaces its flags (mp__block_make_live, mp__block_hold) or puts it back
- * (mp__block_untake). */
+ * (mp__block_untake). at: the link that points at b (the search's), or
+ * NULL: the removal descends to b. */
 static MP__HOT mp__block_t *mp__take_block_as(mp_pool_t *pool, mp__block_t *b,
-                                              size_t size, bool live_next) {
+                                              size_t size, bool live_next,
+                                              mp__block_t *const *at) {
   MP__ASSERT((b->flags & MP__B_FREE) && b->size >= size);
-  mp__index_remove_hot(pool, b);
+  if (at != NULL)
+    mp__index_remove_at(pool, b, at);
+  else
+    mp__index_remove_hot(pool, b);
   size_t rest = b->size - size;
   mp__block_t *r;
   /* Split, the rest takes b's place among the free blocks: the count
@@ -163,7 +180,7 @@ static MP__HOT mp__block_t *mp__take_block_as(mp_pool_t *pool, mp__block_t *b,
  * the taken block keeps its record, deps and all. */
 static mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
                                    size_t size) {
-  return mp__take_block_as(pool, b, size, false);
+  return mp__take_block_as(pool, b, size, false, NULL);
 }
 
 mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked) {
@@ -362,8 +379,9 @@ MP__HOT mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
                                   mp__block_t **out, bool *laddered) {
   MP__ASSERT_LOCKED(pool);
   MP__ASSERT(sidx < pool->nstreams && size % pool->cfg.align == 0);
-  mp__block_t *pending; /* set by a search that finds nothing */
-  mp__block_t *b = mp__search_ex(pool, size, sidx, &pending);
+  mp__block_t *pending;   /* set by a search that finds nothing */
+  mp__block_t *const *at; /* the link to b, or NULL */
+  mp__block_t *b = mp__search_ex_at(pool, size, sidx, &pending, &at);
   *laddered = b == NULL;
   if (MP__UNLIKELY(b == NULL)) {
     /* Through a local of its own, as mp__stream_index does: with b's
@@ -376,7 +394,7 @@ MP__HOT mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
   }
   /* Without the ladder the block is made live next under this hold of the
    * lock (alloc.c, mp_pool_alloc_contiguous): never put back. */
-  *out = mp__take_block_as(pool, b, size, true);
+  *out = mp__take_block_as(pool, b, size, true, at);
   return MP_OK;
 }
 

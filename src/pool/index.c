@@ -193,19 +193,11 @@ mp__treap_merge(mp__block_t **link, mp__block_t *l, mp__block_t *r) {
   *link = l != NULL ? l : r;
 }
 
-/* b out of class c's treap, when it is there; unmark: MP__B_FREE cleared
- * (else left for the caller, whose next store of the flags replaces it). */
-static MP__HOT void mp__index_remove_from(mp_pool_t *pool, mp__block_t *b,
-                                          size_t c, bool unmark) {
-  mp__block_t **link = &pool->bins[c];
-  mp__block_t *t = *link;
-  bool root = t == b;
-  while (t != b) {
-    if (t == NULL)
-      return; /* not indexed: mp_pool_check reports such states */
-    link = mp__key_above(t, b->size, b->addr) ? &t->left : &t->right;
-    t = *link;
-  }
+/* b out of class c's treap at link, the link that points at it (root: the
+ * class's root link); unmark: MP__B_FREE cleared (else left for the
+ * caller, whose next store of the flags replaces it). */
+static MP__HOT void mp__index_cut(mp_pool_t *pool, mp__block_t *b, size_t c,
+                                  mp__block_t **link, bool root, bool unmark) {
   /* Its subtrees take its place: one (or none) as it is, two merged (out
    * of line, rare where classes hold a block or two: its loop's registers
    * would weigh on every inline copy's frame; the class stays non-empty,
@@ -229,6 +221,22 @@ static MP__HOT void mp__index_remove_from(mp_pool_t *pool, mp__block_t *b,
   }
 }
 
+/* b out of class c's treap, when it is there (a descent from the root
+ * finds its link). */
+static MP__HOT void mp__index_remove_from(mp_pool_t *pool, mp__block_t *b,
+                                          size_t c, bool unmark) {
+  mp__block_t **link = &pool->bins[c];
+  mp__block_t *t = *link;
+  bool root = t == b;
+  while (t != b) {
+    if (t == NULL)
+      return; /* not indexed: mp_pool_check reports such states */
+    link = mp__key_above(t, b->size, b->addr) ? &t->left : &t->right;
+    t = *link;
+  }
+  mp__index_cut(pool, b, c, link, root, unmark);
+}
+
 /* The take's and the coalesce's: b is a free block (MP__B_FREE), in the
  * index, so its cls is its class (insert sets both). MP__B_FREE stays: the
  * take's block has its flags replaced (made live, held by the ladder) or
@@ -237,6 +245,15 @@ static MP__HOT void mp__index_remove_from(mp_pool_t *pool, mp__block_t *b,
 MP__HOT void mp__index_remove_hot(mp_pool_t *pool, mp__block_t *b) {
   MP__ASSERT((b->flags & MP__B_FREE) && b->cls < MP__FL_COUNT * MP__SL_COUNT);
   mp__index_remove_from(pool, b, b->cls, false);
+}
+
+MP__HOT void mp__index_remove_at(mp_pool_t *pool, mp__block_t *b,
+                                 mp__block_t *const *at) {
+  MP__ASSERT((b->flags & MP__B_FREE) && *at == b);
+  size_t c = b->cls;
+  /* at was read through the search's const pool; the links are the
+   * pool's own, writable. */
+  mp__index_cut(pool, b, c, (mp__block_t **)at, at == &pool->bins[c], false);
 }
 
 /* The out-of-line copies, for every caller off the free+alloc path. */
@@ -251,11 +268,18 @@ void mp__index_remove(mp_pool_t *pool, mp__block_t *b) {
                         true);
 }
 
-static mp__block_t *mp__treap_min(mp__block_t *t) {
+/* The minimum of the treap at link, and in *at the link that points at
+ * it. */
+static mp__block_t *mp__treap_min(mp__block_t *const *link,
+                                  mp__block_t *const **at) {
+  mp__block_t *t = *link;
   if (t == NULL)
     return NULL;
-  while (t->left != NULL)
-    t = t->left;
+  while (t->left != NULL) {
+    link = &t->left;
+    t = *link;
+  }
+  *at = link;
   return t;
 }
 
@@ -299,7 +323,8 @@ static inline size_t mp__ctz32(uint32_t x) {
 }
 
 /* Minimum of the first non-empty class strictly above class c. */
-static MP__HOT mp__block_t *mp__class_above(const mp_pool_t *pool, size_t c) {
+static MP__HOT mp__block_t *mp__class_above(const mp_pool_t *pool, size_t c,
+                                            mp__block_t *const **at) {
   size_t fl = c / MP__SL_COUNT;
   uint32_t sm = pool->sl_bitmap[fl] & (~1u << (c % MP__SL_COUNT));
   if (sm == 0) {
@@ -309,35 +334,42 @@ static MP__HOT mp__block_t *mp__class_above(const mp_pool_t *pool, size_t c) {
     fl = mp__ctz64(fm);
     sm = pool->sl_bitmap[fl];
   }
-  return mp__treap_min(pool->bins[fl * MP__SL_COUNT + mp__ctz32(sm)]);
+  return mp__treap_min(&pool->bins[fl * MP__SL_COUNT + mp__ctz32(sm)], at);
 }
 
-MP__HOT mp__block_t *mp__index_best_fit_hot(const mp_pool_t *pool,
-                                            size_t size) {
+MP__HOT mp__block_t *mp__index_best_fit_hot(const mp_pool_t *pool, size_t size,
+                                            mp__block_t *const **at) {
   size_t c = mp__cls(pool, size);
   /* The first node of size >= size in the request's own class (the key
-   * (size, 0) is below every block of that size). */
+   * (size, 0) is below every block of that size), and the link to it. */
   mp__block_t *best = NULL;
-  for (mp__block_t *t = pool->bins[c]; t != NULL;) {
+  mp__block_t *const *link = &pool->bins[c], *const *best_at = link;
+  for (mp__block_t *t = *link; t != NULL; t = *link) {
     if (t->size >= size) {
       best = t;
-      t = t->left;
+      best_at = link;
+      link = &t->left;
     } else {
-      t = t->right;
+      link = &t->right;
     }
   }
-  return best != NULL ? best : mp__class_above(pool, c);
+  if (best == NULL)
+    return mp__class_above(pool, c, at);
+  *at = best_at;
+  return best;
 }
 
 /* The out-of-line copy, for every caller off the free+alloc path. */
 mp__block_t *mp__index_best_fit(const mp_pool_t *pool, size_t size) {
-  return mp__index_best_fit_hot(pool, size);
+  mp__block_t *const *at;
+  return mp__index_best_fit_hot(pool, size, &at);
 }
 
 mp__block_t *mp__index_next(const mp_pool_t *pool, const mp__block_t *b) {
   size_t c = mp__cls(pool, b->size);
   mp__block_t *n = mp__treap_after(pool->bins[c], b->size, b->addr);
-  return n != NULL ? n : mp__class_above(pool, c);
+  mp__block_t *const *at;
+  return n != NULL ? n : mp__class_above(pool, c, &at);
 }
 
 mp__block_t *mp__index_largest(const mp_pool_t *pool) {
