@@ -81,7 +81,7 @@ MP__HOT mp_status_t mp__pool_alloc_cached(mp_pool_t *pool, size_t bytes,
   bool stranger = lend && !mp__stream_known(pool, s);
   if ((!stranger && mp__stream_index(pool, s, &sidx) != MP_OK) ||
       (!mp__map_has_room(pool, 1) && !mp__map_reserve(pool, 1)) ||
-      !mp__pool_take_cached(pool, size, sidx, &b))
+      !mp__pool_take_cached(pool, size, sidx, &b, !stranger))
     return MP__EMISS;
   /* Lent to a stream it did not know: the block's work is done on every
    * stream; now the stream gets its slot. */

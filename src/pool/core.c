@@ -399,13 +399,16 @@ MP__HOT mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
 }
 
 MP__HOT bool mp__pool_take_cached(mp_pool_t *pool, size_t size, uint32_t sidx,
-                                  mp__block_t **out) {
+                                  mp__block_t **out, bool live_next) {
   MP__ASSERT_LOCKED(pool);
-  mp__block_t *pending; /* unread */
-  mp__block_t *b = mp__search_ex(pool, size, sidx, &pending);
+  mp__block_t *pending;   /* unread */
+  mp__block_t *const *at; /* the link to b, or NULL */
+  mp__block_t *b = mp__search_ex_at(pool, size, sidx, &pending, &at);
   if (b == NULL)
     return false;
-  *out = mp__take_block(pool, b, size);
+  /* As mp__pool_take's first look: the removal through the search's link,
+   * and with live_next the rest keeps b's record (mp__block_split_low). */
+  *out = mp__take_block_as(pool, b, size, live_next, at);
   return true;
 }
 

@@ -727,9 +727,12 @@ mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
                           mp__block_t **out, bool *laddered);
 /* The cache's answer alone: the best fit for `size` usable on sidx, taken
  * (as mp__pool_take's first look), or false: no ladder, no growth, no
- * wait, nothing counted (an arena asking its siblings, arena.c). */
+ * wait, nothing counted (an arena asking its siblings, arena.c).
+ * live_next: the caller makes the block live under this hold of the lock,
+ * never puts it back (as mp__pool_take without the ladder); false: it may
+ * (mp__block_untake), so the block keeps its record, deps and all. */
 bool mp__pool_take_cached(mp_pool_t *pool, size_t size, uint32_t sidx,
-                          mp__block_t **out);
+                          mp__block_t **out, bool live_next);
 /* Puts a taken, never-live block back. */
 void mp__block_untake(mp_pool_t *pool, mp__block_t *b);
 /* Counts an out-of-memory failure of a request of `asked` bytes and
