@@ -489,10 +489,16 @@ mp_device_t *mp_pool_device(const mp_pool_t *pool) {
 __attribute__((noinline)) static mp_status_t
 mp__arena_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s, void **out) {
   mp_status_t st;
-  mp_pool_t *a =
-      mp__arena_thread != 0 ? mp__arena_at(pool, mp__arena_mine(pool)) : NULL;
-  if (MP__UNLIKELY(a == NULL) && (st = mp__arena_mine_made(pool, &a)) != MP_OK)
-    return st;
+  size_t i = mp__arena_index(pool, SIZE_MAX);
+  mp_pool_t *a = i != SIZE_MAX ? mp__arena_at(pool, i) : NULL;
+  if (MP__UNLIKELY(a == NULL)) {
+    /* Through a local: with a's own address taken, a lived on the stack
+     * (a store, and a load at the unlock). */
+    mp_pool_t *made;
+    if ((st = mp__arena_mine_made(pool, &made)) != MP_OK)
+      return st;
+    a = made;
+  }
   mp__pool_lock(a);
   st = mp__pool_alloc_cached(a, bytes, s, out, false);
   mp__pool_unlock(a);
