@@ -1092,19 +1092,20 @@ mp_status_t mp__stream_index_owned(mp_pool_t *pool, mp_stream_t s,
 /* The slot of stream s in the table, added on first use. Inline: the
  * stream of the pool's last call, the common case, costs a few loads.
  * Without per-thread streams every slot's owner is 0, the owner the
- * lookup would ask for. plain: pool->rare is 0 (no per-thread stream ever
- * met, has_pt, so no slot's want_close is set: only a per-thread slot's
- * is, mp__stream_close). */
+ * lookup would ask for, and no slot's want_close is set: only a slot with
+ * an owner gets it (mp__stream_close), and a slot gets an owner only for
+ * a per-thread stream, which sets has_pt (mp__stream_add). So the fast
+ * path, taken only without has_pt, does not read want_close (that cost
+ * an arena's allocation 4 instructions). plain: pool->rare is 0, so
+ * has_pt is false too. */
 static inline mp_status_t mp__stream_index_as(mp_pool_t *pool, mp_stream_t s,
                                               uint32_t *out, bool plain) {
   if (MP__LIKELY(s == pool->last_s && (plain || !pool->has_pt))) {
     uint32_t i = pool->last_sidx;
     MP__ASSERT(i < pool->nstreams && pool->streams[i].s == s);
-    MP__ASSERT(!plain || !pool->streams[i].want_close);
-    if (MP__LIKELY(plain || !pool->streams[i].want_close)) {
-      *out = i;
-      return MP_OK;
-    }
+    MP__ASSERT(!pool->has_pt && !pool->streams[i].want_close);
+    *out = i;
+    return MP_OK;
   }
   /* Through a local: the caller's variable never has its address taken,
    * so that it may stay in a register. */
