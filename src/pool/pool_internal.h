@@ -582,6 +582,9 @@ typedef struct mp__arena {
    * the pool is destroyed: [vbase, vbase + vsize); 0, 0: none. */
   uintptr_t vbase;
   size_t vsize;
+  /* To 32 bytes: an entry's offset is one shift (24 took an lea and a
+   * shift, in each free and allocation). */
+  size_t pad;
 } mp__arena_t;
 /* Arena i of pool, or NULL while no thread has used it. */
 static inline mp_pool_t *mp__arena_at(const mp_pool_t *pool, size_t i) {
@@ -630,9 +633,11 @@ mp_pool_t *mp__arena_owner_slow(mp_pool_t *pool, uintptr_t p, size_t mine);
 static inline mp_pool_t *mp__arena_owner(mp_pool_t *pool, const void *ptr) {
   uintptr_t p = (uintptr_t)ptr;
   size_t i = mp__arena_mine(pool);
+  /* Its range through e, taken before the acquire: pool->arenas is not
+   * read again after it. */
+  const mp__arena_t *e = &pool->arenas[i];
   mp_pool_t *a = mp__arena_at(pool, i);
-  if (MP__LIKELY(a != NULL &&
-                 p - pool->arenas[i].vbase < pool->arenas[i].vsize))
+  if (MP__LIKELY(a != NULL && p - e->vbase < e->vsize))
     return a;
   return mp__arena_owner_slow(pool, p, i);
 }
