@@ -761,8 +761,8 @@ bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes);
  * mp__pool_find_live's slow half (inline below the live map's). */
 mp_status_t mp__pool_find_live_why(mp_pool_t *pool, const char *fn, void *ptr,
                                    bool movable_ok, const mp__block_t *b);
-/* Makes a taken block live: map, stats, stream, history (plain: pool->rare
- * is 0, so no history). */
+/* Makes a taken block live: map, stats, stream, history (plain: the pool
+ * has no history, as where pool->rare is 0, or in an arena). */
 void mp__block_make_live(mp_pool_t *pool, mp__block_t *b, size_t requested,
                          uint32_t sidx, bool plain);
 /* [defrag] Frees a live block (already removed from the map): deps, stats,
