@@ -357,15 +357,21 @@ static bool mp__unmap_chunk(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
 
 /* Picks a free chunk to unmap: one lying wholly inside a free block of v
  * other than k1/k2 and releasable now; the smallest of at least want bytes,
- * else the largest. pending: one was passed over only for pending work. */
+ * else the largest, the lowest address among equals. pending: one was
+ * passed over only for pending work. The candidates are the free blocks of
+ * a granule or more, read from the free index (in size order, hence the
+ * explicit tie on the address), not every block of the range in address
+ * order: with 10 000 live blocks the walk read some 10 700 records for the
+ * 750 free ones, about 80 000 instructions each time growth reclaimed
+ * before passing its peak (bench_pool_pairs at 10 000 live: 3.4 a pair). */
 static bool mp__pick_chunk(mp_pool_t *pool, mp__segment_t *v, size_t want,
                            const mp__block_t *k1, const mp__block_t *k2,
                            mp__block_t **fo, size_t *io, bool *pending) {
   bool found = false;
   size_t best = 0;
-  for (mp__block_t *b = v->first; b != NULL; b = b->next) {
-    if (!(b->flags & MP__B_FREE) || b->size < pool->granule || b == k1 ||
-        b == k2)
+  for (mp__block_t *b = mp__index_best_fit(pool, pool->granule); b != NULL;
+       b = mp__index_next(pool, b)) {
+    if (b->seg != v || b == k1 || b == k2)
       continue;
     uintptr_t end = b->addr + b->size;
     size_t i = mp__chunk_at(v, b->addr);
@@ -378,8 +384,10 @@ static bool mp__pick_chunk(mp_pool_t *pool, mp__segment_t *v, size_t want,
     for (; i < v->nchunks && v->chunks[i].addr + v->chunks[i].size <= end;
          i++) {
       size_t cs = v->chunks[i].size;
-      bool better = !found || (cs >= want ? (best < want || cs < best)
-                                          : (best < want && cs > best));
+      bool better = !found ||
+                    (cs >= want ? (best < want || cs < best)
+                                : (best < want && cs > best)) ||
+                    (cs == best && v->chunks[i].addr < v->chunks[*io].addr);
       if (better) {
         found = true;
         best = cs;
