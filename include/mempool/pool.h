@@ -207,9 +207,14 @@ typedef struct mp_pool_config {
  *    segments (each naming its arena: " arena i" in text, "arena":i in
  *    JSON) and blocks, and the free lists of all arenas by class; each
  *    arena is read under its own lock in turn.
+ *  - mp_pool_set_max_fraction moves the cap of the sum: every arena gives
+ *    its share back and asks for one of the new cap at its next growth.
+ *    Lowered below what the arenas hold, nothing is given back, and no
+ *    arena grows until enough goes back.
+ *  - mp_pool_alloc_contiguous: the pieces come from the calling thread's
+ *    arena (with the out-of-memory path above); any thread frees them.
  * Refused with MP_EINVAL (the message names arenas): child and graph
- * pools, movable blocks, defragment, IPC export,
- * alloc_contiguous and set_max_fraction, and history=N
+ * pools, movable blocks, defragment, IPC export, and history=N
  * at create. */
 
 /* Growing: mp_pool_config_t only ever gains fields at its end, after

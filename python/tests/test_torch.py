@@ -19,11 +19,14 @@ def test_use_without_torch_says_what_is_missing():
     assert os.environ.get("MEMPOOL_DEVICE") == before  # nothing changed
 
 
-def _run(code):
+def _run(code, conf=None):
     import subprocess
     import sys
     env = dict(os.environ, MEMPOOL_DEVICE="host:capacity=1G",
                MEMPOOL_LIBRARY=mempool.library_path())
+    env.pop("MEMPOOL_CONF", None)
+    if conf is not None:
+        env["MEMPOOL_CONF"] = conf
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return subprocess.run([sys.executable, "-c", code], env=env, cwd=pkg,
                           capture_output=True, text=True)
@@ -69,14 +72,17 @@ print(before, mempool.default_pool_stats()["reserved_bytes.all.current"])
     assert before >= 8 << 20 and after == 0
 
 
-def test_set_memory_fraction_caps_the_default_pool():
+# With per-thread arenas too: the fraction was refused there (and the C
+# hook ignores a refusal), so the cap silently did nothing.
+@pytest.mark.parametrize("conf", [None, "arenas=2"])
+def test_set_memory_fraction_caps_the_default_pool(conf):
     r = _run(_MALLOC + """
 mempool.torch.set_memory_fraction(16 / 1024, 0)   # 16 MiB of 1 GiB
 capped = lib.mp_torch_malloc(32 << 20, 0, None)
 mempool.torch.set_memory_fraction(0, 0)
 lifted = lib.mp_torch_malloc(32 << 20, 0, None)
 print(capped is None, lifted is not None)
-""")
+""", conf)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True", "True"]
 

@@ -54,7 +54,17 @@
  * and shares are lowered only with no growth in flight). So no atomic is
  * shared on the hot path: an arena grows within its share, and asks for
  * more only when it runs out. Uncapped pools give each arena the device's
- * size and let the device say no. */
+ * size and let the device say no.
+ *
+ * mp_pool_set_max_fraction moves the pool's cap (mp__arena_recap). Lifted
+ * to no limit, every arena takes the device's size. Capped, every arena's
+ * share goes to 0, so that each asks for one of the new cap at its next
+ * growth; an arena that reserved more than that, or had a growth in
+ * flight, is marked cap_cut: its reserved bytes may read above its share
+ * (as a pool without arenas may read above a cap lowered below what it
+ * holds) and it cannot grow until they come under it. A share counts
+ * each other arena at the larger of its share and what it reserved, so
+ * the arenas grow back to the new cap and no further. */
 #include <stdlib.h>
 
 #include "pool_internal.h"
@@ -150,6 +160,30 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
   return MP_OK;
 }
 
+/* Under arena a's lock: a cut arena is cut while it reserved more than
+ * its share or has a growth in flight (checked against an older share),
+ * and stays so; any other arena reserved at most its share. */
+static void mp__arena_cut_settle(mp_pool_t *a) {
+  a->cap_cut = a->st.reserved_bytes > a->cap || (a->cap_cut && a->inflight);
+}
+
+void mp__arena_recap(mp_pool_t *pool) {
+  MP__ASSERT_LOCKED(pool);
+  atomic_fetch_add_explicit(&pool->share_seq, 1, memory_order_acq_rel);
+  for (size_t i = 0; i < pool->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    if (a == NULL)
+      continue;
+    mp__pool_lock(a);
+    a->cap_is_max = pool->cap_is_max;
+    a->cap = pool->cap_is_max ? 0 : pool->cap;
+    /* A growth in flight was checked against the old share. */
+    a->cap_cut = a->st.reserved_bytes > a->cap || a->inflight;
+    mp__pool_unlock(a);
+  }
+  atomic_fetch_add_explicit(&pool->share_seq, 1, memory_order_acq_rel);
+}
+
 /* Under the pool's lock: takes back every other arena's unused share of
  * the cap, and gives arena a what is left (all of it, or half). An arena's
  * share is lowered only with no growth or release in flight: an arena
@@ -160,6 +194,10 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
  * or be this share (a new arena's first allocation). */
 static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
   MP__ASSERT_LOCKED(pool);
+  /* Lifted to no limit since the caller looked (every arena has the
+   * device's size then). */
+  if (!pool->cap_is_max)
+    return;
   atomic_fetch_add_explicit(&pool->share_seq, 1, memory_order_acq_rel);
   size_t held = 0;
   for (size_t i = 0; i < pool->cfg.arenas; i++) {
@@ -167,10 +205,13 @@ static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
     if (b == NULL || b == a)
       continue;
     mp__pool_lock(b);
-    /* A paused arena reads 0 reserved: it keeps its share for resume. */
-    if (!b->inflight && !b->paused)
-      b->cap = b->st.reserved_bytes;
-    held += b->cap;
+    /* A paused arena reads 0 reserved: it keeps its share for resume. A
+     * cut one keeps its lower share, and counts what it reserved. */
+    size_t r = b->st.reserved_bytes;
+    if (!b->inflight && !b->paused && r < b->cap)
+      b->cap = r;
+    mp__arena_cut_settle(b);
+    held += r > b->cap ? r : b->cap;
     mp__pool_unlock(b);
   }
   /* Nor is a's own growth or release waited for (another thread sharing
@@ -182,9 +223,12 @@ static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
   size_t room = pool->cap > held ? pool->cap - held : 0;
   size_t r = a->st.reserved_bytes;
   size_t cap = all || room <= r ? room : r + (room - r) / 2;
-  /* Paused meanwhile (its failure was out of memory): a keeps its share. */
+  /* Paused meanwhile (its failure was out of memory): a keeps its share.
+   * Less room than a reserved: only after a cut (the shares added up to
+   * at most the cap otherwise), and a stays cut. */
   if (!a->paused)
     a->cap = a->inflight && a->cap > cap ? a->cap : cap;
+  mp__arena_cut_settle(a);
   mp__pool_unlock(a);
   atomic_fetch_add_explicit(&pool->share_seq, 1, memory_order_acq_rel);
 }
@@ -257,6 +301,7 @@ mp_status_t mp__arena_add_stream(mp_pool_t *pool, mp_stream_t s) {
 mp_status_t mp__arena_check(mp_pool_t *pool) {
   mp__pool_lock(pool);
   size_t caps = 0, reserved = 0;
+  bool cut = false;
   mp_status_t st = MP_OK;
   for (size_t i = 0; st == MP_OK && i < pool->cfg.arenas; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);
@@ -267,17 +312,19 @@ mp_status_t mp__arena_check(mp_pool_t *pool) {
      * lifts reserved above the arena's share, nor is a share lowered
      * meanwhile, so both bounds hold at any moment under the lock. */
     mp__pool_lock(a);
-    if (pool->cap_is_max && a->st.reserved_bytes > a->cap)
+    if (pool->cap_is_max && a->st.reserved_bytes > a->cap && !a->cap_cut)
       st = mp__fail(MP_ECORRUPT,
                     "pool check: arena %zu reserved %zu bytes, above its "
                     "share of the cap (%zu)",
                     i, a->st.reserved_bytes, a->cap);
     caps += a->cap;
     reserved += a->st.reserved_bytes;
+    cut = cut || a->cap_cut;
     mp__pool_unlock(a);
   }
+  /* A cut arena may hold more than the lowered cap (mp__arena_recap). */
   if (st == MP_OK && pool->cap_is_max &&
-      (caps > pool->cap || reserved > pool->cap))
+      (caps > pool->cap || (reserved > pool->cap && !cut)))
     st = mp__fail(MP_ECORRUPT,
                   "pool check: the arenas' shares add up to %zu bytes and "
                   "their reserved to %zu, above the cap (%zu)",
@@ -320,14 +367,38 @@ static bool mp__arena_oom(mp_status_t st) {
   return st == MP_ENOMEM || st == MP_ELIMIT;
 }
 
-/* One more try in arena a after a failed one, whose failure no longer
+/* The pool's cap, and whether it is a limit (*is_max), read under its
+ * lock: mp_pool_set_max_fraction moves both. */
+static size_t mp__arena_pool_cap(mp_pool_t *pool, bool *is_max) {
+  mp__pool_lock(pool);
+  size_t cap = pool->cap;
+  *is_max = pool->cap_is_max;
+  mp__pool_unlock(pool);
+  return cap;
+}
+
+/* A request on the arenas' out-of-memory path: an allocation of bytes on
+ * s, or (sizes set) mp_pool_alloc_contiguous's count pieces, bytes in all
+ * once rounded. */
+typedef struct mp__arena_req {
+  size_t bytes;
+  mp_stream_t s;
+  void **out;
+  size_t count;
+  const size_t *sizes;
+} mp__arena_req_t;
+
+/* One more try of q in arena a after a failed one, whose failure no longer
  * counts (an allocation that fails counts once in oom_count). */
-static mp_status_t mp__arena_retry(mp_pool_t *a, size_t bytes, mp_stream_t s,
-                                   void **out) {
+static mp_status_t mp__arena_retry(mp_pool_t *a, const mp__arena_req_t *q) {
   mp__pool_lock(a);
   if (a->st.oom_count > 0)
     a->st.oom_count--;
-  mp_status_t st = mp__pool_alloc_locked(a, bytes, s, out);
+  if (q->sizes != NULL) {
+    mp__pool_unlock(a); /* the call takes it */
+    return mp__pool_alloc_pieces(a, q->count, q->sizes, q->s, q->out);
+  }
+  mp_status_t st = mp__pool_alloc_locked(a, q->bytes, q->s, q->out);
   mp__pool_unlock(a);
   return st;
 }
@@ -343,9 +414,10 @@ static mp_status_t mp__arena_retry(mp_pool_t *a, size_t bytes, mp_stream_t s,
  * streams (the other arenas' trims, a's own ladder), whose host functions
  * may call into the pool (make an arena, ask for a share). */
 static mp_status_t mp__arena_reclaim_retry(mp_pool_t *pool, mp_pool_t *a,
-                                           int deep, size_t bytes,
-                                           mp_stream_t s, void **out) {
-  bool share = pool->cap_is_max && deep < 2;
+                                           int deep, const mp__arena_req_t *q) {
+  bool share;
+  (void)mp__arena_pool_cap(pool, &share);
+  share = share && deep < 2;
   for (int round = 1;; round++) {
     size_t gave = 0;
     for (size_t i = 0; deep == 1 && i < pool->cfg.arenas; i++) {
@@ -361,7 +433,7 @@ static mp_status_t mp__arena_reclaim_retry(mp_pool_t *pool, mp_pool_t *a,
       seq = atomic_load_explicit(&pool->share_seq, memory_order_acquire);
       mp__pool_unlock(pool);
     }
-    mp_status_t st = mp__arena_retry(a, bytes, s, out);
+    mp_status_t st = mp__arena_retry(a, q);
     if (!mp__arena_oom(st) || round == MP__ARENA_RECLAIM_ROUNDS)
       return st;
     /* Again, while something may have overtaken the retry: another
@@ -379,14 +451,17 @@ static mp_status_t mp__arena_reclaim_retry(mp_pool_t *pool, mp_pool_t *a,
 /* The arena's allocation failed with st: reclaim across arenas and retry
  * (the opening comment's order), then the pool's out-of-memory handler. */
 static mp_status_t mp__arena_alloc_slow(mp_pool_t *pool, mp_pool_t *a,
-                                        size_t bytes, mp_stream_t s, void **out,
+                                        const mp__arena_req_t *q,
                                         mp_status_t st) {
   if (!mp__arena_oom(st))
     return st;
+  size_t bytes = q->bytes;
   /* More than the whole pool may hold: no reclaim would help. */
-  int deep = bytes > pool->cap ? 2 : pool->cap_is_max ? 0 : 1;
+  bool is_max;
+  size_t cap = mp__arena_pool_cap(pool, &is_max);
+  int deep = bytes > cap ? 2 : is_max ? 0 : 1;
   for (; deep < 2 && mp__arena_oom(st); deep++)
-    st = mp__arena_reclaim_retry(pool, a, deep, bytes, s, out);
+    st = mp__arena_reclaim_retry(pool, a, deep, q);
   if (!mp__arena_oom(st))
     return st;
   mp__pool_lock(pool);
@@ -396,8 +471,7 @@ static mp_status_t mp__arena_alloc_slow(mp_pool_t *pool, mp_pool_t *a,
   /* What the handler freed went to the arenas holding it (their cache,
    * their share of the cap): the retry reclaims it as the full step does. */
   if (fn != NULL && fn(pool, bytes, st, ctx) != 0)
-    st = mp__arena_reclaim_retry(pool, a, bytes > pool->cap ? 2 : 1, bytes, s,
-                                 out);
+    st = mp__arena_reclaim_retry(pool, a, bytes > cap ? 2 : 1, q);
   if (!mp__arena_oom(st))
     return st;
   /* The arena's message named its own figures: name the pool's. */
@@ -469,6 +543,29 @@ mp_status_t mp__arena_alloc_miss(mp_pool_t *pool, mp_pool_t *a, size_t bytes,
   mp_status_t st = mp__pool_alloc_locked(a, bytes, s, out);
   mp__pool_unlock(a);
   if (MP__UNLIKELY(st != MP_OK))
-    st = mp__arena_alloc_slow(pool, a, bytes, s, out, st);
+    st = mp__arena_alloc_slow(
+        pool, a, &(mp__arena_req_t){.bytes = bytes, .s = s, .out = out}, st);
+  return st;
+}
+
+mp_status_t mp__arena_alloc_contiguous(mp_pool_t *pool, size_t count,
+                                       const size_t *sizes, mp_stream_t s,
+                                       void **out) {
+  mp_pool_t *a;
+  mp_status_t st = mp__arena_mine_made(pool, &a);
+  if (st != MP_OK)
+    return st;
+  size_t total;
+  (void)mp__pool_pieces_total(pool, count, sizes, &total);
+  /* No borrowing (mp__arena_borrow takes one block as it is, not split
+   * into pieces): out of memory, the path below takes the other arenas'
+   * caches back instead. */
+  st = mp__pool_alloc_pieces(a, count, sizes, s, out);
+  if (MP__UNLIKELY(st != MP_OK))
+    st = mp__arena_alloc_slow(
+        pool, a,
+        &(mp__arena_req_t){
+            .bytes = total, .s = s, .out = out, .count = count, .sizes = sizes},
+        st);
   return st;
 }

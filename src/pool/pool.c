@@ -58,9 +58,6 @@ mp_status_t mp_pool_set_max_fraction(mp_pool_t *pool, double fraction) {
   if (!(fraction >= 0 && fraction <= 1))
     return mp__fail(MP_EINVAL, "mp_pool_set_max_fraction: %s is not in [0, 1]",
                     mp__fmt_g(num, sizeof num, fraction));
-  mp_status_t nst = mp__no_arenas(pool, "mp_pool_set_max_fraction");
-  if (nst != MP_OK)
-    return nst;
   if (pool->parent != NULL)
     return mp__fail(MP_EINVAL,
                     "mp_pool_set_max_fraction: a %s pool draws "
@@ -80,6 +77,8 @@ mp_status_t mp_pool_set_max_fraction(mp_pool_t *pool, double fraction) {
     pool->cap_is_max = is_max;
     pool->cfg.max_bytes = 0;
     pool->cfg.max_fraction = fraction;
+    if (pool->arenas != NULL)
+      mp__arena_recap(pool);
   }
   mp__pool_unlock(pool);
   return st;
@@ -790,105 +789,16 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
                     : sizes == NULL ? "sizes is NULL"
                     : out == NULL   ? "out is NULL"
                                     : "count is 0");
-  mp_status_t nst = mp__no_arenas(pool, "mp_pool_alloc_contiguous");
-  if (nst != MP_OK)
-    return nst;
   /* Bad input first: a 0 size is MP_EINVAL wherever it is, and counts as
    * no failed allocation. */
   for (size_t i = 0; i < count; i++)
     if (sizes[i] == 0)
       return mp__fail(MP_EINVAL, "mp_pool_alloc_contiguous: sizes[%zu] is 0",
                       i);
-  size_t total = 0;
-  bool overflow = false;
-  for (size_t i = 0; i < count && !overflow; i++) {
-    size_t r;
-    overflow = !mp__pool_round(pool, sizes[i], &r) || total > SIZE_MAX - r;
-    total += overflow ? 0 : r;
-  }
+  if (pool->arenas != NULL)
+    return mp__arena_alloc_contiguous(pool, count, sizes, s, out);
   MP__HIST_ENTRY(pool);
-  mp__pool_lock(pool);
-  /* A stream that allocates to a graph pool gets the pieces there, as
-   * mp_pool_alloc routes it: the parent would hand them to others after
-   * their free while the graph's replays still use them. */
-  if (MP__UNLIKELY(pool->nroutes > 0)) {
-    mp_pool_t *g = mp__graph_route(pool, s);
-    if (g != NULL) {
-      mp__pool_unlock(pool);
-      return mp_pool_alloc_contiguous(g, count, sizes, s, out);
-    }
-  }
-  mp_status_t pst = mp__pool_paused(pool, "mp_pool_alloc_contiguous");
-  if (pst != MP_OK) {
-    mp__pool_unlock(pool);
-    return pst;
-  }
-  if (overflow) {
-    /* As mp_pool_alloc does for a size that cannot be rounded. */
-    mp_status_t st =
-        mp__pool_oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM, SIZE_MAX);
-    mp__pool_unlock(pool);
-    return st;
-  }
-  uint32_t sidx;
-  mp__block_t *b = NULL;
-  mp__block_t *recs = NULL;
-  bool laddered; /* set by the take: the map's room is asked for again */
-  mp_status_t st = mp__stream_index(pool, s, &sidx);
-  if (st == MP_OK && total > pool->cap)
-    st = mp__pool_oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM, total);
-  /* Records for the pieces first, so that nothing can fail once the block
-   * is cut. */
-  if (st == MP_OK && count > 1 &&
-      (recs = mp__recs_new(pool, count - 1)) == NULL)
-    st = mp__fail(MP_ENOMEM, "out of host memory for block records");
-  /* The take may drop the lock: as mp_pool_alloc, in a graph pool. */
-  bool graph = st == MP_OK && pool->graph;
-  if (graph)
-    mp__graph_enter(pool);
-  /* Room in the live map before the take, as mp_pool_alloc makes it: a
-   * take without the ladder is made live at once, never put back
-   * (mp__pool_take); one through the ladder (which may drop the lock) asks
-   * again. */
-  if (st == MP_OK && !mp__map_reserve(pool, count))
-    st = mp__fail(MP_ENOMEM, "out of host memory for the block map");
-  if (st == MP_OK)
-    st = mp__pool_take_unpaused(pool, total, sidx, &b,
-                                "mp_pool_alloc_contiguous", &laddered);
-  if (st == MP_OK && laddered && !mp__map_reserve(pool, count)) {
-    mp__block_untake(pool, b);
-    st = mp__fail(MP_ENOMEM, "out of host memory for the block map");
-  }
-  if (st != MP_OK) {
-    bool last = graph && mp__graph_leave(pool);
-    mp__recs_free(pool, recs);
-    mp__pool_unlock(pool);
-    mp__graph_finish_if(pool, last);
-    return st;
-  }
-  /* b may exceed total when max_split kept it whole: the last piece gets the
-   * slack. */
-  mp__block_t *cur = b;
-  for (size_t i = 0; i < count; i++) {
-    size_t r = 0;
-    mp__pool_round(pool, sizes[i], &r);
-    out[i] = (void *)cur->addr;
-    if (i + 1 < count) {
-      mp__block_t *rest = mp__recs_pop(&recs);
-      rest->addr = cur->addr + r;
-      rest->size = cur->size - r;
-      cur->size = r;
-      mp__block_link(cur->seg, cur, rest);
-      mp__block_make_live(pool, cur, sizes[i], sidx, false);
-      cur = rest;
-    } else {
-      mp__block_make_live(pool, cur, sizes[i], sidx, false);
-    }
-  }
-  if (graph)
-    (void)mp__graph_leave(pool); /* its blocks are live: not the last */
-  mp__pool_unlock(pool);
-  return MP_OK;
+  return mp__pool_alloc_pieces(pool, count, sizes, s, out);
 }
 
 mp_status_t mp_pool_trim(mp_pool_t *pool, size_t keep_bytes) {

@@ -373,7 +373,11 @@ struct mp_pool {
                       against cap: defragmentation's staging buffer while
                       it lives (defrag.c) */
   bool cap_is_max; /* cap came from cfg.max_bytes (MP_ELIMIT) */
-  size_t granule;  /* virtual memory granule; 0: plain segments */
+  /* An arena whose share (cap) mp_pool_set_max_fraction cut below what it
+   * reserved, or while its growth was in flight: its reserved bytes may
+   * read above its share until they drop under it (arena.c). */
+  bool cap_cut;
+  size_t granule; /* virtual memory granule; 0: plain segments */
 
   mp_pool_t *parent;         /* child pools: the parent */
   mp__block_t *parent_block; /* child pools: the range's block in parent */
@@ -644,6 +648,28 @@ static inline mp_pool_t *mp__arena_owner(mp_pool_t *pool, const void *ptr) {
 /* mp_pool_trim / mp_pool_add_stream on a pool with arenas (no lock held). */
 mp_status_t mp__arena_trim(mp_pool_t *pool, size_t keep_bytes);
 mp_status_t mp__arena_add_stream(mp_pool_t *pool, mp_stream_t s);
+/* Under the pool's lock, after mp_pool_set_max_fraction set its cap: every
+ * arena made takes the new cap (uncapped) or gives its share back
+ * (capped), so that each asks for a share of the new cap at its next
+ * growth. */
+void mp__arena_recap(mp_pool_t *pool);
+/* mp_pool_alloc_contiguous on a pool with arenas (no lock held): in the
+ * calling thread's arena, with the arenas' out-of-memory path. */
+mp_status_t mp__arena_alloc_contiguous(mp_pool_t *pool, size_t count,
+                                       const size_t *sizes, mp_stream_t s,
+                                       void **out);
+
+/* ---- contiguous.c: mp_pool_alloc_contiguous's pieces -------------------- */
+/* *total: the sizes rounded as the pool rounds, summed; false (and
+ * SIZE_MAX) when a size cannot be rounded or the sum wraps. */
+bool mp__pool_pieces_total(const mp_pool_t *pool, size_t count,
+                           const size_t *sizes, size_t *total);
+/* mp_pool_alloc_contiguous past its checks of the arguments, on a pool
+ * without arenas (or an arena): takes the lock, routes a graph pool's
+ * stream there, and cuts one block into the pieces. */
+mp_status_t mp__pool_alloc_pieces(mp_pool_t *pool, size_t count,
+                                  const size_t *sizes, mp_stream_t s,
+                                  void **out);
 
 /* ---- pause.c ------------------------------------------------------------ */
 /* Destroy: frees what a paused pool holds beside its reservation. */

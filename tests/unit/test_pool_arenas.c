@@ -645,8 +645,6 @@ Test(pool_arenas, features_arenas_do_not_support_are_refused_by_name) {
   mp_stats_t before = stats(pool);
   mp_pool_t *child = NULL, *graph = NULL;
   mp_handle_t *h = NULL;
-  void *pieces[2];
-  size_t sizes[2] = {512, 512};
   mp_ipc_handle_t ipc;
   mp_device_t *peer;
   cr_assert_eq(mp_device_open("host", &peer), MP_OK);
@@ -655,17 +653,16 @@ Test(pool_arenas, features_arenas_do_not_support_are_refused_by_name) {
   expect_refused(mp_pool_alloc_movable(pool, 4096, NULL, &h), "movable");
   expect_refused(mp_pool_defragment(pool, NULL, NULL), "defragment");
   expect_refused(mp_pool_ipc_export(pool, p, &ipc), "ipc_export");
-  expect_refused(mp_pool_alloc_contiguous(pool, 2, sizes, NULL, pieces),
-                 "contiguous");
-  expect_refused(mp_pool_set_max_fraction(pool, 0.5), "set_max_fraction");
   cr_expect_eq(child, NULL);
   cr_expect_eq(graph, NULL);
   cr_expect_eq(h, NULL);
   mp_stats_t after = stats(pool);
   cr_expect_eq(memcmp(&before, &after, sizeof before), 0);
-  /* Work on arenas: set_access (its own device here: nothing to do; see
-   * test_cuda_peer_access), freeze (test_pool_arenas_freeze), dump
-   * (test_pool_arenas_dump), pause and resume (test_pool_arenas_pause). */
+  /* Work on arenas: alloc_contiguous (test_pool_arenas_contiguous),
+   * set_max_fraction (test_pool_arenas_max_fraction), set_access (its own
+   * device here: nothing to do; see test_cuda_peer_access), freeze
+   * (test_pool_arenas_freeze), dump (test_pool_arenas_dump), pause and resume
+   * (test_pool_arenas_pause). */
   FILE *null = fopen("/dev/null", "w");
   cr_expect_eq(mp_pool_dump(pool, null, "text"), MP_OK, "%s", mp_last_error());
   fclose(null);
