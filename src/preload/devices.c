@@ -18,6 +18,9 @@ static struct {
   mp_device_t *dev;
   atomic_bool failed;
   _Atomic(mp__cuctx) primary; /* the device's primary context, or NULL */
+  /* Without a pool (one that failed, or not made yet): the primary
+   * context the driver named last, not retained; NULL after a reset. */
+  _Atomic(mp__cuctx) seen;
 } mp__devs[MP__PL_MAX_DEVICES];
 
 /* The primary context of CUDA device `ordinal`: retained and released at
@@ -41,12 +44,23 @@ static mp__cuctx mp__primary_of(int ordinal) {
  * cuDevicePrimaryCtxRetain: "the primary context will be created") and the
  * release at once destroy it again. The answer is kept where the device
  * has a pool (its primary context, retained by the pool); true when the
- * driver cannot say. */
+ * driver cannot say. Without a pool, the handle the driver named last is
+ * kept too (seen): the context current again, as on every call of a
+ * program on a device whose pool failed, is answered without a question
+ * (GetState, and a retain and release while active, each call before).
+ * That handle is not retained: once the primary context is destroyed
+ * (its last release) another context could take its address and pass for
+ * it until the next reset of the device, whose only effect is that the
+ * shim forgets, and traces as freed, memory it passed through in that
+ * context (the driver still frees it). */
 static bool mp__is_primary(int ordinal, mp__cuctx ctx) {
   mp__cuctx primary =
       atomic_load_explicit(&mp__devs[ordinal].primary, memory_order_acquire);
   if (primary != NULL)
     return primary == ctx;
+  if (atomic_load_explicit(&mp__devs[ordinal].seen, memory_order_relaxed) ==
+      ctx)
+    return true;
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   int dev = 0, active = 0;
   unsigned flags = 0;
@@ -56,6 +70,9 @@ static bool mp__is_primary(int ordinal, mp__cuctx ctx) {
       !active)
     return false;
   primary = mp__primary_of(ordinal);
+  if (primary != NULL)
+    atomic_store_explicit(&mp__devs[ordinal].seen, primary,
+                          memory_order_relaxed);
   return primary == NULL || primary == ctx;
 }
 
@@ -89,6 +106,7 @@ void mp__pl_devices_child(void) {
     mp__devs[i].dev = NULL;
     atomic_store(&mp__devs[i].failed, false);
     atomic_store(&mp__devs[i].primary, NULL);
+    atomic_store(&mp__devs[i].seen, NULL);
   }
 }
 
@@ -136,6 +154,11 @@ mp_pool_t *mp__pl_pool_current(const mp__pl_t *pl,
   int d = -1;
   if (current(&d) != 0 || d < 0 || d >= MP__PL_MAX_DEVICES)
     return NULL; /* CUDA_SUCCESS, cudaSuccess */
+  /* A device whose pool could not be made is the driver's whatever the
+   * context: no question about its primary context (GetState, and a
+   * retain and release where it is active) on each call. */
+  if (atomic_load_explicit(&mp__devs[d].failed, memory_order_relaxed))
+    return NULL;
   /* A context the program made is not the pool's: cuEventRecord's event
    * and stream "must be from the same context" (cuda.h), and the pool's
    * blocks would outlive cuCtxDestroy of the context they were asked for
@@ -335,8 +358,11 @@ typedef struct mp__retired {
 static mp__retired_t *mp__retired;
 
 mp_pool_t *mp__pl_devices_retire(const mp__pl_t *pl, int ordinal) {
-  if (pl->mode != MP__PL_POOL || pl->host || ordinal < 0 ||
-      ordinal >= MP__PL_MAX_DEVICES)
+  if (ordinal < 0 || ordinal >= MP__PL_MAX_DEVICES)
+    return NULL;
+  /* In every mode: passthrough asks whose memory it passes through too. */
+  atomic_store(&mp__devs[ordinal].seen, NULL);
+  if (pl->mode != MP__PL_POOL || pl->host)
     return NULL;
   mp__retired_t *keep = calloc(1, sizeof *keep);
   pthread_mutex_lock(&mp__devs_lock);

@@ -237,7 +237,8 @@ void mp__pl_devices_child(void);
  * makes a new one. The old pool is kept aside, never used again, and
  * returned so that its blocks and graph pools can be forgotten, then
  * released (mp__pl_devices_release) while its memory is still there.
- * NULL: there was none (or host mode, or not pool mode). */
+ * NULL: there was none (or host mode, or not pool mode). In every mode the
+ * device's primary context handle kept without a pool is forgotten. */
 mp_pool_t *mp__pl_devices_retire(const mp__pl_t *pl, int ordinal);
 /* Destroys retired pool `pool` (and closes its device, unless it is
  * pl->dev), before the reset: after it, destroying the pool would free

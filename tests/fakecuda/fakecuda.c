@@ -19,7 +19,8 @@
  * version through cuGetProcAddress, as the real driver does. Knobs, read at
  * cuInit: FAKECUDA_NO_DEVICE=1, FAKECUDA_INIT_ERROR=<CUresult>,
  * FAKECUDA_DEVICE_COUNT=N (1..8), FAKECUDA_DEVICE=<host options>,
- * FAKECUDA_NO_VMM=1, FAKECUDA_NO_SHAREABLE=1 (no POSIX-fd handles and no
+ * FAKECUDA_DEVICE_<N>=<host options> (device N's instead: machines mix
+ * GPUs), FAKECUDA_NO_VMM=1, FAKECUDA_NO_SHAREABLE=1 (no POSIX-fd handles and no
  * GPUDirect RDMA on VMM memory: cuMemCreate refuses a prop asking for them,
  * as a driver that lacks them does), FAKECUDA_NAME=<name>;
  * FAKECUDA_DRIVER_VERSION=N is read
@@ -413,7 +414,7 @@ static struct {
   /* The last cuMemCreate's prop (cuFakeLastMemCreate), under fk.lock. */
   CUmemAllocationHandleType last_handle_types;
   int last_rdma;
-  char spec[512]; /* "host:<FAKECUDA_DEVICE>" */
+  char spec[FK_MAX_DEVICES][512]; /* "host:<FAKECUDA_DEVICE[_N]>" */
   char name[128];
   struct CUctx_st ctx[FK_MAX_DEVICES];
   fk_range_t *ranges; /* sorted by base */
@@ -546,10 +547,10 @@ static mp_device_t *fk_host(int ordinal) {
   pthread_mutex_lock(&fk.lock);
   dev = atomic_load(&c->dev);
   if (dev == NULL) {
-    if (mp_device_open(fk.spec, &dev) == MP_OK)
+    if (mp_device_open(fk.spec[ordinal], &dev) == MP_OK)
       atomic_store(&c->dev, dev);
     else
-      fprintf(stderr, "fakecuda: cannot open '%s': %s\n", fk.spec,
+      fprintf(stderr, "fakecuda: cannot open '%s': %s\n", fk.spec[ordinal],
               mp_last_error());
   }
   pthread_mutex_unlock(&fk.lock);
@@ -1477,11 +1478,17 @@ CUresult cuInit(unsigned int flags) {
     }
     fk.no_vmm = fk_env_flag("FAKECUDA_NO_VMM");
     fk.no_shareable = fk_env_flag("FAKECUDA_NO_SHAREABLE");
-    v = getenv("FAKECUDA_DEVICE");
-    snprintf(fk.spec, sizeof fk.spec, "host:%s%s", v ? v : "",
-             !fk.no_vmm    ? ""
-             : (v && v[0]) ? ",vmm=0"
-                           : "vmm=0");
+    const char *all = getenv("FAKECUDA_DEVICE");
+    for (int i = 0; i < FK_MAX_DEVICES; i++) {
+      char name[32];
+      snprintf(name, sizeof name, "FAKECUDA_DEVICE_%d", i);
+      v = getenv(name);
+      v = v != NULL ? v : all;
+      snprintf(fk.spec[i], sizeof fk.spec[i], "host:%s%s", v ? v : "",
+               !fk.no_vmm    ? ""
+               : (v && v[0]) ? ",vmm=0"
+                             : "vmm=0");
+    }
     v = getenv("FAKECUDA_NAME");
     snprintf(fk.name, sizeof fk.name, "%s", v && v[0] ? v : FK_DEFAULT_NAME);
     for (int i = 0; i < FK_MAX_DEVICES; i++)
@@ -1670,7 +1677,7 @@ static CUresult fk_ctx_create(CUcontext *pctx, CUdevice dev) {
   if (c == NULL)
     return CUDA_ERROR_OUT_OF_MEMORY;
   mp_device_t *h = NULL;
-  if (mp_device_open(fk.spec, &h) != MP_OK) {
+  if (mp_device_open(fk.spec[dev], &h) != MP_OK) {
     free(c);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }

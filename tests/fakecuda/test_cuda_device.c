@@ -28,6 +28,25 @@ Test(cuda_device, second_device_by_index) {
   mp_device_close(dev);
 }
 
+/* FAKECUDA_DEVICE_<N> gives device N options of its own (machines mix
+ * GPUs); the others keep FAKECUDA_DEVICE's. */
+Test(cuda_device, a_device_may_have_options_of_its_own) {
+  setenv("FAKECUDA_DEVICE_COUNT", "3", 1);
+  setenv("FAKECUDA_DEVICE", "capacity=256M", 1);
+  setenv("FAKECUDA_DEVICE_1", "capacity=64M", 1);
+  size_t want[3] = {256 << 20, 64 << 20, 256 << 20};
+  for (int i = 0; i < 3; i++) {
+    char spec[16];
+    snprintf(spec, sizeof spec, "cuda:%d", i);
+    mp_device_t *dev = open_dev(spec);
+    size_t total = 0;
+    cr_assert_eq(mp_device_mem_info(dev, NULL, &total), MP_OK, "%s",
+                 mp_last_error());
+    cr_expect_eq(total, want[i], "%s: %zu bytes", spec, total);
+    mp_device_close(dev);
+  }
+}
+
 Test(cuda_device, index_out_of_range_is_enodev) {
   setenv("FAKECUDA_DEVICE_COUNT", "2", 1);
   mp_device_t *dev = (mp_device_t *)&dev;

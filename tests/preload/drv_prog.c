@@ -25,6 +25,13 @@
  *                         cuMemAllocAsync / cuMemFreeAsync on another
  *                         device's stream (FAKECUDA_DEVICE_COUNT=2): the
  *                         stream's device serves the allocation.
+ *   drv_prog preloaded cuda failed
+ *                         device 1's pool cannot be made (the test's
+ *                         MEMPOOL_CONF and FAKECUDA_DEVICE_1 see to it):
+ *                         the driver serves its allocations, and the shim
+ *                         asks nothing more of the driver per call than
+ *                         where its context is (no primary context state,
+ *                         no retain).
  * Prints "ok" and exits 0, or names each failed check and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -276,11 +283,51 @@ static void check_cross_device_streams(int preloaded) {
          "streams synchronized and destroyed");
 }
 
+static void check_failed_device(void) {
+  CUdevice d1 = 0;
+  CUcontext c1 = NULL;
+  expect(cuInit(0) == CUDA_SUCCESS && cuDeviceGet(&d1, 1) == CUDA_SUCCESS &&
+             cuDevicePrimaryCtxRetain(&c1, d1) == CUDA_SUCCESS &&
+             cuCtxSetCurrent(c1) == CUDA_SUCCESS,
+         "device 1's primary context current");
+  /* The first call tries to make the pool; it fails and the driver
+   * serves. */
+  long long a0 = calls("cuMemAlloc_v2");
+  CUdeviceptr p = 0;
+  expect(cuMemAlloc_v2(&p, 4096) == CUDA_SUCCESS &&
+             cuMemFree_v2(p) == CUDA_SUCCESS,
+         "first allocation on device 1");
+  expect(calls("cuMemAlloc_v2") - a0 == 1, "the driver served it");
+  long long a1 = calls("cuMemAlloc_v2");
+  long long g1 = calls("cuDevicePrimaryCtxGetState");
+  long long r1 = calls("cuDevicePrimaryCtxRetain");
+  enum { N = 100 };
+  for (int i = 0; i < N; i++)
+    expect(cuMemAlloc_v2(&p, 4096 + (size_t)i) == CUDA_SUCCESS &&
+               cuMemFree_v2(p) == CUDA_SUCCESS,
+           "allocation on device 1");
+  expect(calls("cuMemAlloc_v2") - a1 == N, "the driver served every one");
+  long long g = calls("cuDevicePrimaryCtxGetState") - g1;
+  long long r = calls("cuDevicePrimaryCtxRetain") - r1;
+  if (g != 0 || r != 0)
+    printf("%d allocations on the failed device asked the primary context's "
+           "state %lld times and retained it %lld times\n",
+           N, g, r);
+  expect(g == 0 && r == 0, "no per-call questions about device 1's context");
+  expect(cuDevicePrimaryCtxRelease(d1) == CUDA_SUCCESS, "released");
+}
+
 int main(int argc, char **argv) {
   int preloaded = argc > 1 && strcmp(argv[1], "preloaded") == 0;
   int cuda = argc > 2 && strcmp(argv[2], "cuda") == 0;
   if (argc > 3 && strcmp(argv[3], "cross") == 0) {
     check_cross_device_streams(preloaded);
+    if (failures == 0)
+      printf("ok\n");
+    return failures == 0 ? 0 : 1;
+  }
+  if (preloaded && cuda && argc > 3 && strcmp(argv[3], "failed") == 0) {
+    check_failed_device();
     if (failures == 0)
       printf("ok\n");
     return failures == 0 ? 0 : 1;

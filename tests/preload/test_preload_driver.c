@@ -74,6 +74,27 @@ Test(preload_driver, stream_ordered_calls_follow_the_streams_device) {
   cr_assert_str_eq(r.out, "ok\n");
 }
 
+/* A device whose pool cannot be made is the driver's from then on: its
+ * calls cost the shim no more driver calls than a device without the
+ * shim's interest (each asked GetState, and where the primary context was
+ * active a retain and a release, on every call). Device 1 (1 MiB) gets a
+ * cap below the alignment from the fraction that gives device 0 (16 GiB)
+ * 10 KiB. */
+Test(preload_driver, a_device_without_a_pool_costs_no_driver_calls_per_call) {
+  const char *argv[] = {MP_DRV_PROG, "preloaded", "cuda", "failed", NULL};
+  const char *env[] = {"LD_PRELOAD=" MP_SHIM,
+                       "MEMPOOL_DEVICE=cuda",
+                       "MEMPOOL_CONF=max_fraction=0.0000006",
+                       "FAKECUDA_DEVICE_COUNT=2",
+                       "FAKECUDA_DEVICE=capacity=16G",
+                       "FAKECUDA_DEVICE_1=capacity=1M",
+                       NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_str_eq(r.out, "ok\n");
+  cr_expect(strstr(r.err, "no pool for CUDA device 1") != NULL, "%s", r.err);
+}
+
 /* The process-wide pause when a device's pool is made while the others are
  * paused: the resume refused that pool (not paused), paused the others
  * again, and the process could never be resumed. */
