@@ -213,9 +213,12 @@ typedef struct mp_pool_config {
  *    arena grows until enough goes back.
  *  - mp_pool_alloc_contiguous: the pieces come from the calling thread's
  *    arena (with the out-of-memory path above); any thread frees them.
- * Refused with MP_EINVAL (the message names arenas): child and graph
- * pools, movable blocks, defragment, IPC export, and history=N
- * at create. */
+ *  - mp_pool_create_child: the range is a block of the calling thread's
+ *    arena (or one an idle arena lends, with the out-of-memory path
+ *    above); while the child lives, mp_pool_destroy and mp_pool_pause of
+ *    the pool are MP_EBUSY and change nothing.
+ * Refused with MP_EINVAL (the message names arenas): graph pools, movable
+ * blocks, defragment, IPC export, and history=N at create. */
 
 /* Growing: mp_pool_config_t only ever gains fields at its end, after
  * struct_size, so struct_size sits at the same place in every layout that

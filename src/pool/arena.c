@@ -569,3 +569,15 @@ mp_status_t mp__arena_alloc_contiguous(mp_pool_t *pool, size_t count,
         st);
   return st;
 }
+
+mp_status_t mp__arena_alloc_any(mp_pool_t *pool, size_t bytes, mp_stream_t s,
+                                void **out, mp_pool_t **owner) {
+  mp_pool_t *a;
+  mp_status_t st = mp__arena_mine_made(pool, &a);
+  if (st == MP_OK)
+    st = mp__arena_alloc_miss(pool, a, bytes, s, out);
+  if (st == MP_OK)
+    *owner = mp__arena_owner(pool, *out);
+  MP__ASSERT(st != MP_OK || *owner != NULL);
+  return st;
+}

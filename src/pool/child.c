@@ -6,7 +6,12 @@
  * MP_ELIMIT, "child pool full"). Destroy gives the block back to the
  * parent (mp__child_release). Locks: never both at once: the child is made
  * before the parent's lock is taken, and released after its own lock is
- * dropped. */
+ * dropped.
+ *
+ * On a pool with arenas the range is a block of the calling thread's arena
+ * (or one an idle arena lends), taken through the arenas' out-of-memory
+ * path, and that arena is the child's parent: it holds the block, counts
+ * the child, and refuses to pause or be destroyed while the child lives. */
 #include <stdlib.h>
 
 #include "pool_internal.h"
@@ -18,9 +23,6 @@ mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
                     parent == NULL ? "parent is NULL"
                     : out == NULL  ? "out is NULL"
                                    : "0 bytes");
-  mp_status_t nst = mp__no_arenas(parent, "mp_pool_create_child");
-  if (nst != MP_OK)
-    return nst;
   /* A graph pool goes with its last block (graph.c); a child's range
    * would keep it, and its parent, forever. */
   if (parent->graph)
@@ -37,6 +39,7 @@ mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
    * back only whole, so under the limit its one free block could never be
    * carved for a small request. */
   cfg.max_split = 0;
+  cfg.arenas = 0;
   mp_pool_t *child;
   mp_status_t st = mp__pool_new(parent->dev, &cfg, &child);
   if (st != MP_OK)
@@ -65,27 +68,42 @@ mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
     return st;
   }
   void *base = NULL;
+  mp_pool_t *owner = parent; /* the block's pool: parent, or an arena */
   mp__pool_lock(parent);
   /* Paused: said by this call's name, not the allocation's. */
   st = mp__pool_paused(parent, "mp_pool_create_child");
-  if (st == MP_OK)
+  if (st == MP_OK && parent->arenas == NULL)
     st = mp__pool_alloc_locked(parent, bytes, NULL, &base);
+  if (parent->arenas != NULL) {
+    mp__pool_unlock(parent);
+    if (st == MP_OK)
+      st = mp__arena_alloc_any(parent, bytes, NULL, &base, &owner);
+    mp__pool_lock(owner);
+    /* Paused after the allocation: the arena's memory is unmapped, and a
+     * pause that reaches it after the child is counted refuses. */
+    if (st == MP_OK && owner->paused) {
+      mp__block_t *b = mp__map_find(owner, (uintptr_t)base);
+      mp__map_remove(owner, b);
+      mp__block_release(owner, b);
+      st = mp__pool_paused(owner, "mp_pool_create_child");
+    }
+  }
   if (st == MP_OK) {
-    mp__block_t *b = mp__map_find(parent, (uintptr_t)base);
+    mp__block_t *b = mp__map_find(owner, (uintptr_t)base);
     b->flags |= MP__B_CHILD;
     b->child = child;
-    parent->children++;
+    owner->children++;
     child->parent_block = b;
     seg->base = b->addr;
     seg->size = seg->span = b->size;
   }
-  mp__pool_unlock(parent);
+  mp__pool_unlock(owner);
   if (st != MP_OK) {
     free(seg);
     mp__pool_free_host(child);
     return st;
   }
-  child->parent = parent;
+  child->parent = owner;
   child->cap = seg->size;
   child->cap_is_max = true;
   child->cfg.max_bytes = seg->size;

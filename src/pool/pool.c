@@ -186,17 +186,22 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
     *gone = gst == MP_OK; /* its handle is done with, its memory follows */
     return gst;
   }
-  /* Arenas (arena.c): each an ordinary pool (never with children); the
-   * pool itself holds none of their memory. Each is asked first whether it
-   * can wait for its streams, so that such a refusal changes nothing; one
-   * that still fails to go (its wait failed) stays, and so does the pool: a
-   * later destroy ends the rest. */
+  /* Arenas (arena.c): each an ordinary pool; the pool itself holds none of
+   * their memory. Each is asked first whether it holds a child pool's
+   * range and whether it can wait for its streams, so that such a refusal
+   * changes nothing; one that still fails to go (its wait failed) stays,
+   * and so does the pool: a later destroy ends the rest. */
   for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);
     if (a == NULL)
       continue;
     mp__pool_lock(a);
-    mp_status_t ust = mp__streams_unwaitable(a, "mp_pool_destroy");
+    size_t n = a->children;
+    mp_status_t ust = n > 0 ? mp__fail(MP_EBUSY,
+                                       "mp_pool_destroy: %zu child pool%s "
+                                       "still live (arena %zu)",
+                                       n, n == 1 ? "" : "s", i)
+                            : mp__streams_unwaitable(a, "mp_pool_destroy");
     mp__pool_unlock(a);
     if (ust != MP_OK)
       return ust;

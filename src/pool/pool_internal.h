@@ -653,6 +653,11 @@ mp_status_t mp__arena_add_stream(mp_pool_t *pool, mp_stream_t s);
  * (capped), so that each asks for a share of the new cap at its next
  * growth. */
 void mp__arena_recap(mp_pool_t *pool);
+/* An allocation of bytes on s in a pool with arenas through the whole
+ * path (the calling thread's arena, a loan of an idle arena, the
+ * out-of-memory path); *owner: the arena holding it. No lock held. */
+mp_status_t mp__arena_alloc_any(mp_pool_t *pool, size_t bytes, mp_stream_t s,
+                                void **out, mp_pool_t **owner);
 /* mp_pool_alloc_contiguous on a pool with arenas (no lock held): in the
  * calling thread's arena, with the arenas' out-of-memory path. */
 mp_status_t mp__arena_alloc_contiguous(mp_pool_t *pool, size_t count,

@@ -64,13 +64,18 @@ static inline void *job_run(void *arg) {
   return NULL;
 }
 
+/* Runs fn(arg) on a new thread (a new arena number) and waits for it. */
+static inline void on_new_thread(void *(*fn)(void *), void *arg) {
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, fn, arg), 0);
+  pthread_join(t, NULL);
+}
+
 /* Runs j's op on a new thread (a new arena number: one not made yet, with
  * arenas=4 and two workers) and waits for it; returns its status. */
 static inline mp_status_t on_thread(job_t *j, op_t op) {
-  pthread_t t;
   j->op = op;
-  cr_assert_eq(pthread_create(&t, NULL, job_run, j), 0);
-  pthread_join(t, NULL);
+  on_new_thread(job_run, j);
   return j->st;
 }
 
@@ -126,6 +131,15 @@ static inline mp_status_t on_worker(worker_t *w, job_t *j, op_t op) {
     pthread_cond_wait(&w->c, &w->m);
   pthread_mutex_unlock(&w->m);
   return j->st;
+}
+
+/* w started, its arena made to cache one block of bytes (allocated and
+ * freed there). */
+static inline void cache_on_worker(mp_pool_t *pool, worker_t *w, size_t bytes) {
+  job_t cache = {.pool = pool, .bytes = bytes, .tag = 0x10, .count = 1};
+  worker_start(w);
+  cr_assert_eq(on_worker(w, &cache, ALLOC), MP_OK, "%s", cache.why);
+  cr_assert_eq(on_worker(w, &cache, FREE), MP_OK, "%s", cache.why);
 }
 
 static inline size_t arenas_made(mp_pool_t *pool) {

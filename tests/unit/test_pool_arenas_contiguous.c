@@ -33,9 +33,7 @@ static void *pieces_job(void *arg) {
 /* Runs the request on a new thread (an arena of its own while fewer
  * threads than arenas ran) and waits for it. */
 static mp_status_t pieces_on_thread(pieces_t *p) {
-  pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, pieces_job, p), 0);
-  pthread_join(t, NULL);
+  on_new_thread(pieces_job, p);
   return p->st;
 }
 
@@ -76,10 +74,7 @@ Test(pool_arenas_contiguous, pieces_come_from_one_arena_and_free_alone) {
  * fit only once that cache goes back. */
 Test(pool_arenas_contiguous, out_of_memory_takes_back_another_arenas_cache) {
   mp_pool_t *pool = make_pool(dev, "arenas=2,max_bytes=48M");
-  job_t cache = {.pool = pool, .bytes = 40 * MiB, .tag = 0x10, .count = 1};
-  worker_start(&wa);
-  cr_assert_eq(on_worker(&wa, &cache, ALLOC), MP_OK, "%s", cache.why);
-  cr_assert_eq(on_worker(&wa, &cache, FREE), MP_OK, "%s", cache.why);
+  cache_on_worker(pool, &wa, 40 * MiB);
   size_t sizes[2] = {20 * MiB, 20 * MiB};
   pieces_t p = {.pool = pool, .count = 2, .sizes = sizes};
   cr_assert_eq(pieces_on_thread(&p), MP_OK, "%s", p.why);
