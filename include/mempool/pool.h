@@ -217,8 +217,12 @@ typedef struct mp_pool_config {
  *    arena (or one an idle arena lends, with the out-of-memory path
  *    above); while the child lives, mp_pool_destroy and mp_pool_pause of
  *    the pool are MP_EBUSY and change nothing.
+ *  - mp_pool_ipc_export goes to the arena holding the block, from any
+ *    thread; mp_pool_ipc_poll polls every arena and sums what they hold.
+ *    A held block whose importers let go goes back at the next poll, trim
+ *    or free of an exported block, or when its arena misses its cache.
  * Refused with MP_EINVAL (the message names arenas): graph pools, movable
- * blocks, defragment, IPC export, and history=N at create. */
+ * blocks, defragment, and history=N at create. */
 
 /* Growing: mp_pool_config_t only ever gains fields at its end, after
  * struct_size, so struct_size sits at the same place in every layout that

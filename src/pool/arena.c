@@ -243,6 +243,9 @@ static mp_status_t mp__arena_trim_one(mp_pool_t *a, size_t keep, size_t *left,
   mp__pool_lock(a);
   /* A paused arena has nothing mapped to give back (its free bytes read
    * 0 too). */
+  /* Held blocks whose importers let go are free to give back too. */
+  if (!a->paused && a->nexports > 0)
+    mp__export_reap(a);
   if (!a->paused && mp__free_bytes(a) > keep) {
     st = mp__pool_sync(a);
     size_t before = a->st.reserved_bytes;

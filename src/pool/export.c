@@ -13,7 +13,13 @@
  * MP__B_EXPORTED, and every such block has at least one record; a block
  * freed while a record of it is still open is MP__B_HELD (still in the live
  * map, still counted allocated) and pool->nheld counts those. Polls never
- * wait. */
+ * wait.
+ *
+ * With arenas each arena is an exporting pool of its own: an export goes
+ * to the arena holding the block, a poll to every arena. An arena's
+ * allocations from its cache do not reap (that path stays as short as a
+ * pool without exports): its held blocks go back when it misses its cache,
+ * frees an exported block, trims or is polled. */
 #include <errno.h>
 #include <poll.h>
 #include <stdlib.h>
@@ -193,16 +199,7 @@ static mp_status_t mp__export_memory(const mp_pool_t *pool,
   return MP_OK;
 }
 
-mp_status_t mp_pool_ipc_export(mp_pool_t *pool, void *ptr,
-                               mp_ipc_handle_t *out) {
-  if (pool == NULL || ptr == NULL || out == NULL)
-    return mp__fail(MP_EINVAL, "mp_pool_ipc_export: %s is NULL",
-                    pool == NULL  ? "pool"
-                    : ptr == NULL ? "ptr"
-                                  : "out");
-  mp_status_t nst = mp__no_arenas(pool, "mp_pool_ipc_export");
-  if (nst != MP_OK)
-    return nst;
+mp_status_t mp__export_block(mp_pool_t *pool, void *ptr, mp_ipc_handle_t *out) {
   mp__pool_lock(pool);
   mp__block_t *b = NULL;
   mp__slot_t *slot = NULL;
@@ -256,9 +253,7 @@ mp_status_t mp_pool_ipc_export(mp_pool_t *pool, void *ptr,
   return MP_OK;
 }
 
-mp_status_t mp_pool_ipc_poll(mp_pool_t *pool, size_t *held) {
-  if (pool == NULL)
-    return mp__fail(MP_EINVAL, "mp_pool_ipc_poll: pool is NULL");
+mp_status_t mp__export_poll(mp_pool_t *pool, size_t *held) {
   mp__pool_lock(pool);
   /* Paused: MP_EBUSY, as pool.h's pause contract says of every call it
    * does not name (a paused pool has no leases: pause refuses while any

@@ -188,7 +188,8 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
   }
   /* Arenas (arena.c): each an ordinary pool; the pool itself holds none of
    * their memory. Each is asked first whether it holds a child pool's
-   * range and whether it can wait for its streams, so that such a refusal
+   * range or an imported plain-segment block, and whether it can wait for
+   * its streams, so that such a refusal
    * changes nothing; one that still fails to go (its wait failed) stays,
    * and so does the pool: a later destroy ends the rest. */
   for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas; i++) {
@@ -201,7 +202,9 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
                                        "mp_pool_destroy: %zu child pool%s "
                                        "still live (arena %zu)",
                                        n, n == 1 ? "" : "s", i)
-                            : mp__streams_unwaitable(a, "mp_pool_destroy");
+                            : mp__export_destroy_busy(a);
+    if (ust == MP_OK)
+      ust = mp__streams_unwaitable(a, "mp_pool_destroy");
     mp__pool_unlock(a);
     if (ust != MP_OK)
       return ust;
@@ -804,6 +807,42 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
     return mp__arena_alloc_contiguous(pool, count, sizes, s, out);
   MP__HIST_ENTRY(pool);
   return mp__pool_alloc_pieces(pool, count, sizes, s, out);
+}
+
+mp_status_t mp_pool_ipc_export(mp_pool_t *pool, void *ptr,
+                               mp_ipc_handle_t *out) {
+  if (pool == NULL || ptr == NULL || out == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_ipc_export: %s is NULL",
+                    pool == NULL  ? "pool"
+                    : ptr == NULL ? "ptr"
+                                  : "out");
+  if (pool->arenas != NULL) {
+    mp_pool_t *a = mp__arena_owner(pool, ptr);
+    /* In no arena: the pool's own path says what ptr is not. */
+    if (a != NULL)
+      pool = a;
+  }
+  return mp__export_block(pool, ptr, out);
+}
+
+mp_status_t mp_pool_ipc_poll(mp_pool_t *pool, size_t *held) {
+  if (pool == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_ipc_poll: pool is NULL");
+  if (pool->arenas == NULL)
+    return mp__export_poll(pool, held);
+  mp__pool_lock(pool);
+  mp_status_t st = mp__pool_paused(pool, "mp_pool_ipc_poll");
+  mp__pool_unlock(pool);
+  size_t sum = 0;
+  for (size_t i = 0; st == MP_OK && i < pool->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    size_t n = 0;
+    if (a != NULL && (st = mp__export_poll(a, &n)) == MP_OK)
+      sum += n;
+  }
+  if (st == MP_OK && held != NULL)
+    *held = sum;
+  return st;
 }
 
 mp_status_t mp_pool_trim(mp_pool_t *pool, size_t keep_bytes) {

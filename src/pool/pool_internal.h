@@ -745,6 +745,11 @@ void mp__export_reap(mp_pool_t *pool);
  * imported elsewhere (its memory may not be freed before the importer
  * closes it); MP_OK otherwise. */
 mp_status_t mp__export_destroy_busy(mp_pool_t *pool);
+/* mp_pool_ipc_export and mp_pool_ipc_poll past their checks of the
+ * arguments, on a pool without arenas (or an arena; pool.c sends each
+ * call to the arena holding the block, or to every arena). */
+mp_status_t mp__export_block(mp_pool_t *pool, void *ptr, mp_ipc_handle_t *out);
+mp_status_t mp__export_poll(mp_pool_t *pool, size_t *held);
 /* Destroy: closes every lease. */
 void mp__export_release_all(mp_pool_t *pool);
 /* mp_pool_check: every record names a live exported block, every exported

@@ -645,18 +645,17 @@ Test(pool_arenas, features_arenas_do_not_support_are_refused_by_name) {
   mp_stats_t before = stats(pool);
   mp_pool_t *graph = NULL;
   mp_handle_t *h = NULL;
-  mp_ipc_handle_t ipc;
   mp_device_t *peer;
   cr_assert_eq(mp_device_open("host", &peer), MP_OK);
   expect_refused(mp_pool_graph_create(pool, &graph), "graph");
   expect_refused(mp_pool_alloc_movable(pool, 4096, NULL, &h), "movable");
   expect_refused(mp_pool_defragment(pool, NULL, NULL), "defragment");
-  expect_refused(mp_pool_ipc_export(pool, p, &ipc), "ipc_export");
   cr_expect_eq(graph, NULL);
   cr_expect_eq(h, NULL);
   mp_stats_t after = stats(pool);
   cr_expect_eq(memcmp(&before, &after, sizeof before), 0);
-  /* Work on arenas: child pools (test_pool_arenas_child),
+  /* Work on arenas: child pools (test_pool_arenas_child), IPC export
+   * (test_pool_arenas_ipc),
    * alloc_contiguous (test_pool_arenas_contiguous),
    * set_max_fraction (test_pool_arenas_max_fraction), set_access (its own
    * device here: nothing to do; see test_cuda_peer_access), freeze
