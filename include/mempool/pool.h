@@ -221,8 +221,14 @@ typedef struct mp_pool_config {
  *    thread; mp_pool_ipc_poll polls every arena and sums what they hold.
  *    A held block whose importers let go goes back at the next poll, trim
  *    or free of an exported block, or when its arena misses its cache.
+ *  - history=N: each arena keeps a ring of N events of its own (the pool
+ *    itself records nothing), and mp_pool_snapshot merges them by time
+ *    into one trace. An arena asking for its share of the cap is no oom
+ *    event; an allocation that fails is one, in the calling thread's
+ *    arena.
  * Refused with MP_EINVAL (the message names arenas): graph pools, movable
- * blocks, defragment, and history=N at create. */
+ * blocks, defragment, and history_stacks=1 at create (an arena's
+ * allocation path does not mark its caller). */
 
 /* Growing: mp_pool_config_t only ever gains fields at its end, after
  * struct_size, so struct_size sits at the same place in every layout that
@@ -623,7 +629,8 @@ MP_API mp_status_t mp_pool_set_oom_handler(mp_pool_t *pool,
  * torch/cuda/_memory_viz.py, the memory_viz page and `mpbench replay` read
  * it: "segments" (mapped runs of the virtual range and plain segments, with
  * their blocks) and "device_traces" (one list: the history ring, oldest
- * first; empty without history=N). Trace actions: alloc, free_requested and
+ * first, the rings of a pool's arenas merged by time; empty without
+ * history=N). Trace actions: alloc, free_requested and
  * free_completed (both at mp_pool_free: the block is reusable at once on
  * its own stream; other streams wait for its markers, which the history
  * does not record), segment_map / segment_unmap (virtual chunks),

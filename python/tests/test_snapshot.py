@@ -9,6 +9,7 @@ import os
 import pickle
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -275,6 +276,48 @@ def test_a_pool_with_arenas_shows_every_arenas_blocks(device, tmp_path):
     # It is a pool with arenas: each segment names its arena in the dump.
     segments = json.loads(p.dump("json"))["segments"]
     assert segments and all("arena" in g for g in segments)
+    p.destroy()
+
+
+def test_a_pool_with_arenas_merges_their_histories_by_time(device, tmp_path):
+    # Each arena keeps a ring of its own; the trace is one list, oldest
+    # first, in the order the two threads took turns (each turn a few
+    # milliseconds apart, so that the times tell them apart).
+    p = mempool.Pool(device, max_bytes="48M", arenas=2, history=1000)
+    turn = [threading.Event(), threading.Event()]
+    done = []  # (action, addr) as the threads did them
+
+    def work(k):
+        held = []
+        for step in range(4):
+            turn[k].wait()
+            turn[k].clear()
+            if step % 2 == 0:
+                held.append(p.alloc((k + 1) << 20))
+                done.append(("alloc", held[-1]))
+            else:
+                a = held.pop()
+                p.free(a)
+                done.append(("free_requested", a))
+            time.sleep(0.003)
+            turn[1 - k].set()
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    turn[0].set()
+    for t in threads:
+        t.join()
+    path = tmp_path / "arenas.pickle"
+    p.snapshot(str(path))
+    trace = _load(path)["device_traces"][0]
+    # (No oom entry: an arena asking for its share of the cap is none.)
+    assert all(set(e) == TRACE_KEYS for e in trace)
+    times = [e["time_us"] for e in trace]
+    assert times == sorted(times)
+    seen = [(e["action"], e["addr"]) for e in trace
+            if e["action"] in ("alloc", "free_requested")]
+    assert seen == done
     p.destroy()
 
 

@@ -65,18 +65,17 @@ mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
   return mp__pool_alloc_locked_hot(pool, bytes, s, out, false);
 }
 
-MP__HOT mp_status_t mp__pool_alloc_cached(mp_pool_t *pool, size_t bytes,
-                                          mp_stream_t s, void **out,
-                                          bool lend) {
+/* mp__pool_alloc_cached's body; plain: no history to record in. */
+static inline __attribute__((always_inline)) mp_status_t
+mp__alloc_cached_as(mp_pool_t *pool, size_t bytes, mp_stream_t s, void **out,
+                    bool lend, bool plain) {
   MP__ASSERT_LOCKED(pool);
   /* Held blocks (export.c) are not reaped here: they are neither free
    * nor in the index, and the arena reaps them on its other paths. */
   uint32_t sidx = UINT32_MAX; /* stays so for a stranger */
   size_t size;
   mp__block_t *b;
-  /* Paused (pause.c): its free blocks lie in unmapped memory; the
-   * arena's own path then answers MP_EBUSY. */
-  if (MP__UNLIKELY(pool->paused) || !mp__pool_round(pool, bytes, &size) ||
+  if (!mp__pool_round(pool, bytes, &size) ||
       (lend && mp__free_bytes(pool) < size))
     return MP__EMISS;
   bool stranger = lend && !mp__stream_known(pool, s);
@@ -90,12 +89,29 @@ MP__HOT mp_status_t mp__pool_alloc_cached(mp_pool_t *pool, size_t bytes,
     mp__block_untake(pool, b);
     return MP__EMISS;
   }
-  /* No history to record the allocation in: an arena never has one
-   * (config.c refuses history with arenas, and an arena's config is its
-   * pool's), so the make is the plain one (5 instructions fewer a pair:
-   * the test, and a store GCC hoisted ahead of it). */
-  MP__ASSERT(pool->hist.ev == NULL);
-  mp__block_make_live(pool, b, bytes, sidx, true);
+  /* An arena records no stack (config.c). */
+  mp__block_make_live(pool, b, bytes, sidx, plain);
   *out = (void *)b->addr;
   return MP_OK;
+}
+
+mp_status_t mp__pool_alloc_cached_rec(mp_pool_t *pool, size_t bytes,
+                                      mp_stream_t s, void **out, bool lend) {
+  if (pool->paused)
+    return MP__EMISS;
+  return mp__alloc_cached_as(pool, bytes, s, out, lend, false);
+}
+
+/* One flag for what this path leaves out (cached_off), tested where the
+ * paused flag alone was: the same instructions as before arenas kept a
+ * history. An arena with a history misses here, and its miss path asks
+ * mp__pool_alloc_cached_rec first (arena.c). (Deciding here, with a call
+ * to the recording body, cost 1.8 instructions a pair: the registers the
+ * call needs saved.) */
+MP__HOT mp_status_t mp__pool_alloc_cached(mp_pool_t *pool, size_t bytes,
+                                          mp_stream_t s, void **out,
+                                          bool lend) {
+  if (MP__UNLIKELY(pool->cached_off))
+    return MP__EMISS;
+  return mp__alloc_cached_as(pool, bytes, s, out, lend, true);
 }

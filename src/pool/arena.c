@@ -116,6 +116,7 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
     mp__pool_free_host(a);
     return st;
   }
+  a->arena = true;
   a->cap = pool->cap; /* the virtual range is the cap's size */
   a->cap_is_max = pool->cap_is_max;
   a->granule = pool->granule;
@@ -477,10 +478,16 @@ static mp_status_t mp__arena_alloc_slow(mp_pool_t *pool, mp_pool_t *a,
     st = mp__arena_reclaim_retry(pool, a, bytes > cap ? 2 : 1, q);
   if (!mp__arena_oom(st))
     return st;
-  /* The arena's message named its own figures: name the pool's. */
+  /* The arena's message named its own figures: name the pool's. The
+   * history's oom event (the arenas' failures were not recorded) goes to
+   * a's ring, with what the pool could still reserve. */
   mp_stats_t sum;
   char as[32], r[32], al[32], lf[32];
   mp__stats_read(pool, &sum);
+  mp__pool_lock(a);
+  MP__HIST(a, MP__H_OOM,
+           cap > sum.reserved_bytes ? cap - sum.reserved_bytes : 0, bytes, 0);
+  mp__pool_unlock(a);
   return mp__fail(st,
                   "%s: asked %s; the pool's %zu arenas reserved %s, allocated "
                   "%s, largest free block %s",
@@ -518,7 +525,7 @@ static mp_status_t mp__arena_borrow(mp_pool_t *pool, size_t mine, size_t bytes,
       continue;
     mp__pool_lock(b);
     mp_status_t st = mp__free_bytes(b) >= b->st.allocated_bytes
-                         ? mp__pool_alloc_cached(b, bytes, s, out, true)
+                         ? mp__pool_alloc_cached_rec(b, bytes, s, out, true)
                          : MP__EMISS;
     mp__pool_unlock(b);
     if (st == MP_OK)
@@ -538,12 +545,24 @@ mp_status_t mp__arena_mine_made(mp_pool_t *pool, mp_pool_t **out) {
 
 mp_status_t mp__arena_alloc_miss(mp_pool_t *pool, mp_pool_t *a, size_t bytes,
                                  mp_stream_t s, void **out) {
+  mp_status_t st;
+  /* An arena with an event history missed its cache on purpose (the fast
+   * path leaves the history out): its cache, recorded, first. (The ring
+   * is made before the arena is published and kept until it is
+   * destroyed: read without the lock.) */
+  if (a->hist.ev != NULL) {
+    mp__pool_lock(a);
+    st = mp__pool_alloc_cached_rec(a, bytes, s, out, false);
+    mp__pool_unlock(a);
+    if (st == MP_OK)
+      return st;
+  }
   /* Before a grows (or waits for its streams): a block another arena
    * caches. */
   if (mp__arena_borrow(pool, mp__arena_mine(pool), bytes, s, out) == MP_OK)
     return MP_OK;
   mp__pool_lock(a);
-  mp_status_t st = mp__pool_alloc_locked(a, bytes, s, out);
+  st = mp__pool_alloc_locked(a, bytes, s, out);
   mp__pool_unlock(a);
   if (MP__UNLIKELY(st != MP_OK))
     st = mp__arena_alloc_slow(

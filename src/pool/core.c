@@ -186,7 +186,9 @@ static mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
 mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked) {
   char a[32], r[32], al[32], lf[32];
   pool->st.oom_count++;
-  MP__HIST(pool, MP__H_OOM, mp__pool_room(pool), asked, 0);
+  /* An arena's: recorded by the arenas' path if it is final (arena.c). */
+  if (!pool->arena)
+    MP__HIST(pool, MP__H_OOM, mp__pool_room(pool), asked, 0);
   return mp__fail(
       st, "%s: asked %s, reserved %s, allocated %s, largest free block %s",
       st != MP_ELIMIT ? "out of device memory"

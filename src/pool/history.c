@@ -30,7 +30,10 @@ _Thread_local void *mp__hist_caller;
 
 mp_status_t mp__history_init(mp_pool_t *pool) {
   size_t n = pool->cfg.history;
-  if (n == 0)
+  /* A pool with arenas records nothing itself: each arena keeps a ring of
+   * n events (its config is the pool's, arenas 0), and a snapshot merges
+   * them by time (snapshot.c). */
+  if (n == 0 || pool->cfg.arenas > 0)
     return MP_OK;
   pool->hist.ev = mp__host_calloc(n, sizeof *pool->hist.ev);
   if (pool->hist.ev == NULL)

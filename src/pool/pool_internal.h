@@ -347,7 +347,10 @@ struct mp_pool {
    * (mp__pool_new): whether a block may be split is one compare for the
    * blocks under the limit (mp__split_allowed), no test of 0 first. */
   size_t split_free_max;
-  bool paused;        /* pause.c: memory given back, addresses kept */
+  bool paused; /* pause.c: memory given back, addresses kept */
+  /* paused, or an event history: an arena's allocation from its cache
+   * takes its rare path (alloc.c). Kept by mp__pool_rare_update. */
+  bool cached_off;
   bool pause_turn;    /* pause.c, a pool with arenas: a pause or resume of
                          its arenas is under way (the pool's lock dropped) */
   bool grow_held;     /* pause.c, an arena: its pool is being paused, so it
@@ -377,6 +380,9 @@ struct mp_pool {
    * reserved, or while its growth was in flight: its reserved bytes may
    * read above its share until they drop under it (arena.c). */
   bool cap_cut;
+  /* One of a pool's arenas (arena.c): its out-of-memory failures are not
+   * final (the arenas' path retries), so they are no history events. */
+  bool arena;
   size_t granule; /* virtual memory granule; 0: plain segments */
 
   mp_pool_t *parent;         /* child pools: the parent */
@@ -568,6 +574,7 @@ static inline uint32_t mp__pool_rare_of(const mp_pool_t *pool) {
 }
 static inline void mp__pool_rare_update(mp_pool_t *pool) {
   pool->rare = mp__pool_rare_of(pool);
+  pool->cached_off = pool->paused || pool->hist.ev != NULL;
 }
 
 /* Under the lock: device bytes the pool may still take before its cap,
@@ -827,8 +834,8 @@ mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out);
 mp_status_t mp__pool_alloc_locked_hot(mp_pool_t *pool, size_t bytes,
                                       mp_stream_t s, void **out, bool plain);
-/* Under the lock, in an arena (which exports nothing): an allocation the
- * arena's cache serves as it is, or MP__EMISS with no message (paused, a
+/* Under the lock, in an arena: an allocation the arena's cache serves as
+ * it is, or MP__EMISS with no message (paused, an event history, a
  * stream it cannot take, no free block that fits and is usable on s
  * now): no ladder, no growth, no wait, no failure counted. lend: for
  * another arena's thread (arena.c); a stream
@@ -838,6 +845,10 @@ mp_status_t mp__pool_alloc_locked_hot(mp_pool_t *pool, size_t bytes,
  * stream (its search may still close and poll epochs, as any search). */
 mp_status_t mp__pool_alloc_cached(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out, bool lend);
+/* The same in an arena with an event history, which records the
+ * allocation (MP__EMISS only when paused, or as above). */
+mp_status_t mp__pool_alloc_cached_rec(mp_pool_t *pool, size_t bytes,
+                                      mp_stream_t s, void **out, bool lend);
 /* The calling thread's arena in pool (no lock held): the thread numbered
  * and the arena made on first use. */
 mp_status_t mp__arena_mine_made(mp_pool_t *pool, mp_pool_t **out);

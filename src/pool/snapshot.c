@@ -354,23 +354,43 @@ static void mp__write_segments(mp__pk_t *w, const mp__snap_t *s) {
   }
 }
 
-static void mp__write_trace(mp__pk_t *w, const mp__snap_t *s) {
-  for (size_t e = 0; e < s->nev; e++) {
-    const mp__hevent_t *ev = &s->ev[e];
-    mp__pk_dict(w);
-    mp__pk_kstr(w, "action", mp__hist_names[ev->action]);
-    mp__pk_kint(w, "addr", ev->addr);
-    mp__pk_kint(w, "size", ev->size);
-    mp__pk_kint(w, "stream", ev->stream);
-    mp__pk_kint(w, "time_us", ev->time_us);
-    if (ev->action == MP__H_OOM) /* _memory_viz.py's trace() reads it */
-      mp__pk_kint(w, "device_free", ev->addr);
-    mp__write_frames(w, s, e);
-    mp__pk_dict_end(w);
+static void mp__write_event(mp__pk_t *w, const mp__snap_t *s, size_t e) {
+  const mp__hevent_t *ev = &s->ev[e];
+  mp__pk_dict(w);
+  mp__pk_kstr(w, "action", mp__hist_names[ev->action]);
+  mp__pk_kint(w, "addr", ev->addr);
+  mp__pk_kint(w, "size", ev->size);
+  mp__pk_kint(w, "stream", ev->stream);
+  mp__pk_kint(w, "time_us", ev->time_us);
+  if (ev->action == MP__H_OOM) /* _memory_viz.py's trace() reads it */
+    mp__pk_kint(w, "device_free", ev->addr);
+  mp__write_frames(w, s, e);
+  mp__pk_dict_end(w);
+}
+
+/* Device d's trace: the events of every snapshot on d (a pool, or each
+ * arena of a pool with arenas, each its own ring, oldest first), merged
+ * oldest first by time; a tie goes to the earlier snapshot. next[k]: the
+ * next event of snaps[k] to write. */
+static void mp__write_trace(mp__pk_t *w, const mp__snap_t *snaps, size_t n,
+                            int d, size_t *next) {
+  for (size_t k = 0; k < n; k++)
+    next[k] = 0;
+  for (;;) {
+    size_t best = SIZE_MAX;
+    for (size_t k = 0; k < n; k++)
+      if (snaps[k].device == d && next[k] < snaps[k].nev &&
+          (best == SIZE_MAX ||
+           snaps[k].ev[next[k]].time_us < snaps[best].ev[next[best]].time_us))
+        best = k;
+    if (best == SIZE_MAX)
+      return;
+    mp__write_event(w, &snaps[best], next[best]++);
   }
 }
 
-static void mp__write_snapshot(mp__pk_t *w, const mp__snap_t *snaps, size_t n) {
+static void mp__write_snapshot(mp__pk_t *w, const mp__snap_t *snaps, size_t n,
+                               size_t *next) {
   mp__pk_op(w, 0x80); /* PROTO 2 */
   mp__pk_op(w, 2);
   mp__pk_dict(w);
@@ -387,9 +407,7 @@ static void mp__write_snapshot(mp__pk_t *w, const mp__snap_t *snaps, size_t n) {
   mp__pk_list(w);
   for (int d = 0; d <= top; d++) {
     mp__pk_list(w);
-    for (size_t k = 0; k < n; k++)
-      if (snaps[k].device == d)
-        mp__write_trace(w, &snaps[k]);
+    mp__write_trace(w, snaps, n, d, next);
     mp__pk_list_end(w);
   }
   mp__pk_list_end(w);
@@ -406,8 +424,12 @@ static void mp__snaps_free(mp__snap_t *snaps, size_t n) {
 static mp_status_t mp__snapshot_write(mp_pool_t *const *pools,
                                       const int *devices, size_t n, FILE *out) {
   mp__snap_t *snaps = mp__host_calloc(n ? n : 1, sizeof *snaps);
-  if (snaps == NULL)
+  size_t *next = mp__host_calloc(n ? n : 1, sizeof *next);
+  if (snaps == NULL || next == NULL) {
+    free(snaps);
+    free(next);
     return mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
+  }
   mp_status_t st = MP_OK;
   size_t got = 0;
   for (; st == MP_OK && got < n; got++) {
@@ -425,11 +447,12 @@ static mp_status_t mp__snapshot_write(mp_pool_t *const *pools,
   }
   if (st == MP_OK) {
     mp__pk_t w = {out, false};
-    mp__write_snapshot(&w, snaps, n);
+    mp__write_snapshot(&w, snaps, n, next);
     if (w.bad || fflush(out) != 0)
       st = mp__fail(MP_EIO, "mp_pool_snapshot: write error");
   }
   mp__snaps_free(snaps, n);
+  free(next);
   return st;
 }
 

@@ -213,8 +213,10 @@ Test(pool_arenas, out_of_memory_in_one_arena_reclaims_another_arenas_cache) {
 /* ---- borrowing another arena's cache ----------------------------------- */
 /* What one thread freed serves another thread's next large request, as in
  * a pool without arenas: no growth, no device call. */
-Test(pool_arenas, a_large_request_borrows_what_an_idle_arena_caches) {
-  mp_pool_t *pool = make_pool(dev, "arenas=2");
+/* With opts (arenas=2 and more): with a history, the lender's ring
+ * records the loan, and the loan is made as without one. */
+static void borrows_what_an_idle_arena_caches(const char *opts) {
+  mp_pool_t *pool = make_pool(dev, opts);
   void *cached;
   int ia = cache_on_thread(pool, 16 * MiB, &cached);
   mp_stats_t before = stats(pool);
@@ -228,12 +230,26 @@ Test(pool_arenas, a_large_request_borrows_what_an_idle_arena_caches) {
                "reserved went from %zu to %zu", before.reserved_bytes,
                after.reserved_bytes);
   cr_expect_eq(after.device_alloc_count, before.device_alloc_count);
+  const mp_pool_t *lender = mp__arena_at(pool, (size_t)ia);
+  if (lender->hist.ev != NULL) {
+    const mp__hevent_t *last = &lender->hist.ev[lender->hist.total - 1];
+    cr_expect_eq(last->action, MP__H_ALLOC);
+    cr_expect_eq(last->addr, (uintptr_t)cached);
+  }
   /* Any thread frees it (it is found in the arena that holds it). */
   on_thread(free_job, &b);
   cr_assert_eq(b.st, MP_OK, "%s", mp_last_error());
   cr_expect_eq(stats(pool).live_blocks, 0);
   check(pool);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+Test(pool_arenas, a_large_request_borrows_what_an_idle_arena_caches) {
+  borrows_what_an_idle_arena_caches("arenas=2");
+}
+
+Test(pool_arenas, with_a_history_a_large_request_still_borrows) {
+  borrows_what_an_idle_arena_caches("arenas=2,history=100");
 }
 
 /* Small requests grow their own arena (a granule at most), and an arena
@@ -674,7 +690,7 @@ Test(pool_arenas, features_arenas_do_not_support_are_refused_by_name) {
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
 }
 
-Test(pool_arenas, config_bounds_and_history_are_checked) {
+Test(pool_arenas, config_bounds_and_history_in_each_arena) {
   mp_pool_config_t cfg;
   mp_pool_config_init(&cfg);
   cr_expect_eq(cfg.arenas, 0, "off by default");
@@ -685,11 +701,62 @@ Test(pool_arenas, config_bounds_and_history_are_checked) {
   mp_pool_t *pool = NULL;
   cfg.arenas = 65;
   cr_expect_eq(mp_pool_create(dev, &cfg, &pool), MP_EINVAL);
+  /* History: a ring in each arena (none in the pool itself), without
+   * stacks. */
   cfg.arenas = 2;
   cfg.history = 100;
+  cfg.flags |= MP_POOL_HISTORY_STACKS;
   cr_expect_eq(mp_pool_create(dev, &cfg, &pool), MP_EINVAL);
-  cr_expect(strstr(mp_last_error(), "arenas") != NULL, "%s", mp_last_error());
+  cr_expect(strstr(mp_last_error(), "history_stacks") != NULL, "%s",
+            mp_last_error());
   cr_expect_eq(pool, NULL);
+  cfg.flags &= ~(unsigned)MP_POOL_HISTORY_STACKS;
+  cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
+  cr_expect_null(pool->hist.ev, "the pool itself records nothing");
+  job_t a = {.pool = pool, .bytes = 4096, .count = 1};
+  on_thread(alloc_job, &a);
+  cr_assert_eq(a.st, MP_OK, "%s", mp_last_error());
+  int i = arena_holding(pool, a.ptrs[0]);
+  cr_assert_geq(i, 0);
+  const mp_pool_t *arena = mp__arena_at(pool, (size_t)i);
+  cr_expect_eq(arena->hist.cap, 100);
+  cr_expect_geq(arena->hist.total, 2, "its growth and its allocation");
+  cr_expect_eq(arena->hist.ev[arena->hist.total - 1].action, MP__H_ALLOC);
+  cr_expect_eq(arena->hist.ev[arena->hist.total - 1].addr,
+               (uintptr_t)a.ptrs[0]);
+  on_thread(free_job, &a);
+  cr_expect_eq(arena->hist.ev[arena->hist.total - 1].action,
+               MP__H_FREE_COMPLETED);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+/* The oom events of the history: one per allocation that fails, none for
+ * an arena asking for its share of the cap (a failure its own retry
+ * answers), in the calling thread's arena. */
+Test(pool_arenas, history_has_one_oom_event_per_failed_allocation) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2,max_bytes=24M,history=100");
+  job_t a = {.pool = pool, .bytes = 16 * MiB, .count = 1};
+  on_thread(alloc_hold_job, &a); /* the arena's first: asks for a share */
+  cr_assert_eq(a.st, MP_OK, "%s", mp_last_error());
+  job_t b = {.pool = pool, .bytes = 16 * MiB, .count = 1};
+  on_thread(alloc_job, &b); /* 16 + 16 > 24: fails after the reclaim */
+  cr_assert_eq(b.st, MP_ELIMIT);
+  size_t ooms = 0, events = 0;
+  for (size_t i = 0; i < pool->cfg.arenas; i++) {
+    const mp_pool_t *x = mp__arena_at(pool, i);
+    for (uint64_t e = 0; x != NULL && e < x->hist.total; e++, events++)
+      if (x->hist.ev[e].action == MP__H_OOM) {
+        ooms++;
+        cr_expect_eq(x->hist.ev[e].size, 16 * MiB);
+        cr_expect_leq(x->hist.ev[e].addr, 8 * MiB, "what could be reserved");
+      }
+  }
+  cr_expect_gt(events, 0);
+  cr_expect_eq(ooms, 1, "%zu oom events", ooms);
+  cr_expect_eq(stats(pool).oom_count, 1);
+  on_thread(free_job, &a);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
 }
 
 Test(pool_arenas, arenas_zero_is_the_pool_itself) {
