@@ -196,8 +196,13 @@ typedef struct mp_pool_config {
  *    kept). While paused, the calls refused there are MP_EBUSY from any
  *    thread, and a thread with no arena yet gets none (its allocation is
  *    MP_EBUSY).
- *  - mp_pool_freeze fences what every arena made holds live (nothing
- *    moves: arenas hold no movable blocks); paused: MP_EBUSY.
+ *  - mp_pool_freeze freezes every arena made as a pool of its own (its
+ *    movable blocks move down, then what it holds live is fenced);
+ *    paused: MP_EBUSY.
+ *  - mp_pool_alloc_movable: the block comes from the calling thread's
+ *    arena (or a loan, with the out-of-memory path above), and its handle
+ *    names the arena holding it; mp_pool_defragment defragments every
+ *    arena made in turn (moved_bytes: their sum); paused: MP_EBUSY.
  *  - mp_pool_set_access gives the peer to every arena made and to every
  *    arena made later (paused too, for the resume), all or nothing: a
  *    device refusing it in one arena takes it back from the arenas that
@@ -226,9 +231,9 @@ typedef struct mp_pool_config {
  *    into one trace. An arena asking for its share of the cap is no oom
  *    event; an allocation that fails is one, in the calling thread's
  *    arena.
- * Refused with MP_EINVAL (the message names arenas): graph pools, movable
- * blocks, defragment, and history_stacks=1 at create (an arena's
- * allocation path does not mark its caller). */
+ * Refused with MP_EINVAL (the message names arenas): graph pools, and
+ * history_stacks=1 at create (an arena's allocation path does not mark
+ * its caller). */
 
 /* Growing: mp_pool_config_t only ever gains fields at its end, after
  * struct_size, so struct_size sits at the same place in every layout that

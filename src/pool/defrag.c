@@ -432,20 +432,35 @@ mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_defragment: pool is NULL");
   size_t moved = 0;
-  mp_status_t st = mp__no_arenas(pool, "mp_pool_defragment");
-  if (st == MP_OK)
+  mp_status_t st = MP_OK;
+  if (pool->arenas == NULL) {
     st = mp__defragment(pool, s, 0, false, &moved);
+  } else {
+    /* Each arena made in turn, as a pool of its own (its movable blocks
+     * move inside its segments); paused: MP_EBUSY with nothing done. The
+     * pool's lock is not held across an arena's, which waits for work. */
+    mp__pool_lock(pool);
+    st = mp__pool_paused(pool, "mp_pool_defragment");
+    mp__pool_unlock(pool);
+    for (size_t i = 0; st == MP_OK && i < pool->cfg.arenas; i++) {
+      mp_pool_t *a = mp__arena_at(pool, i);
+      size_t m = 0;
+      if (a != NULL)
+        st = mp__defragment(a, s, 0, false, &m);
+      moved += m;
+    }
+  }
   if (moved_bytes != NULL)
     *moved_bytes = moved;
   return st;
 }
 
 /* A pool with arenas (arena.c): each arena made freezes what it holds
- * live (movable blocks, the only ones freezing moves, are refused there,
- * so nothing moves: every block live now is fenced). Paused: MP_EBUSY with
- * nothing done. An arena failing leaves those before it frozen; a freeze
- * again fences them again. The pool's lock is not held across an arena's
- * freeze, which waits for its copies. */
+ * live, as a pool of its own (its movable blocks move first, then every
+ * block live is fenced). Paused: MP_EBUSY with nothing done. An arena
+ * failing leaves those before it frozen; a freeze again fences them
+ * again. The pool's lock is not held across an arena's freeze, which
+ * waits for its copies. */
 static mp_status_t mp__arenas_freeze(mp_pool_t *pool) {
   mp__pool_lock(pool);
   mp_status_t st = mp__pool_paused(pool, "mp_pool_freeze");

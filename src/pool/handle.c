@@ -146,14 +146,36 @@ static mp__block_t *mp__handle_lock(const mp_handle_t *h, mp_pool_t **pool) {
   return s->block;
 }
 
+/* mp_pool_alloc_movable on a pool with arenas: the block through the
+ * arenas' whole path (the calling thread's arena, a loan, their
+ * out-of-memory path), then marked movable in the arena holding it, whose
+ * pool the handle names. Nobody knows the block between the two steps. */
+static mp_status_t mp__movable_in_arenas(mp_pool_t *pool, size_t bytes,
+                                         mp_stream_t s, mp_handle_t **out) {
+  uint32_t idx = 0;
+  mp_status_t st = mp__handle_reserve(&idx);
+  if (st != MP_OK)
+    return st;
+  void *p = NULL;
+  mp_pool_t *a = NULL;
+  st = mp__arena_alloc_any(pool, bytes, s, &p, &a);
+  if (st != MP_OK) {
+    mp__handle_unreserve(idx);
+    return st;
+  }
+  mp__pool_lock(a);
+  mp__block_t *b = mp__map_find(a, (uintptr_t)p);
+  mp__handle_bind(a, b, idx, out);
+  b->flags |= MP__B_MOVABLE;
+  mp__pool_unlock(a);
+  return MP_OK;
+}
+
 mp_status_t mp_pool_alloc_movable(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   mp_handle_t **out) {
   if (pool == NULL || out == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_alloc_movable: %s is NULL",
                     pool == NULL ? "pool" : "out");
-  mp_status_t nst = mp__no_arenas(pool, "mp_pool_alloc_movable");
-  if (nst != MP_OK)
-    return nst;
   /* A graph pool goes with its last block, which only mp_pool_free and
    * mp_pool_graph_release see (graph.c), not mp_handle_free. */
   if (pool->graph)
@@ -163,6 +185,8 @@ mp_status_t mp_pool_alloc_movable(mp_pool_t *pool, size_t bytes, mp_stream_t s,
     *out = NULL;
     return MP_OK;
   }
+  if (pool->arenas != NULL)
+    return mp__movable_in_arenas(pool, bytes, s, out);
   /* One locked step: nobody can free the block as a raw pointer before it
    * is marked movable. */
   MP__HIST_ENTRY(pool);

@@ -654,29 +654,26 @@ static void expect_refused(mp_status_t st, const char *what) {
             mp_last_error());
 }
 
-Test(pool_arenas, features_arenas_do_not_support_are_refused_by_name) {
+Test(pool_arenas, graph_pools_are_refused_by_name_and_the_rest_works) {
   mp_pool_t *pool = make_pool(dev, "arenas=2");
   void *p;
   cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p), MP_OK);
   mp_stats_t before = stats(pool);
   mp_pool_t *graph = NULL;
-  mp_handle_t *h = NULL;
   mp_device_t *peer;
   cr_assert_eq(mp_device_open("host", &peer), MP_OK);
   expect_refused(mp_pool_graph_create(pool, &graph), "graph");
-  expect_refused(mp_pool_alloc_movable(pool, 4096, NULL, &h), "movable");
-  expect_refused(mp_pool_defragment(pool, NULL, NULL), "defragment");
   cr_expect_eq(graph, NULL);
-  cr_expect_eq(h, NULL);
   mp_stats_t after = stats(pool);
   cr_expect_eq(memcmp(&before, &after, sizeof before), 0);
-  /* Work on arenas: child pools (test_pool_arenas_child), IPC export
-   * (test_pool_arenas_ipc),
-   * alloc_contiguous (test_pool_arenas_contiguous),
-   * set_max_fraction (test_pool_arenas_max_fraction), set_access (its own
+  /* Work on arenas, each with its tests: movable blocks and defragment
+   * (test_pool_arenas_movable), child pools (test_pool_arenas_child), IPC
+   * export (test_pool_arenas_ipc), alloc_contiguous
+   * (test_pool_arenas_contiguous), set_max_fraction
+   * (test_pool_arenas_max_fraction), history (here), set_access (its own
    * device here: nothing to do; see test_cuda_peer_access), freeze
-   * (test_pool_arenas_freeze), dump (test_pool_arenas_dump), pause and resume
-   * (test_pool_arenas_pause). */
+   * (test_pool_arenas_freeze), dump (test_pool_arenas_dump), pause and
+   * resume (test_pool_arenas_pause). */
   FILE *null = fopen("/dev/null", "w");
   cr_expect_eq(mp_pool_dump(pool, null, "text"), MP_OK, "%s", mp_last_error());
   fclose(null);

@@ -1,0 +1,152 @@
+/* Movable blocks and defragmentation on a pool with arenas (arenas=N,
+ * src/pool/handle.c, defrag.c): a movable block lives in the arena of the
+ * thread that made it, its handle names that arena; mp_pool_defragment
+ * moves every arena's movable blocks (data and handles follow), any
+ * thread frees a handle, a stale handle and a raw free of a movable
+ * block's pointer are MP_EINVAL and change nothing; freeze moves, then
+ * fences. White-box: it reads which arena holds a block. */
+#include <criterion/criterion.h>
+
+#include "../support/pool_helpers.h"
+#include "arena_workers.h"
+#include "pool/pool_internal.h"
+
+#define MiB ((size_t)1 << 20)
+
+MP_DEVICE_SUITE(pool_arenas_movable, "host:capacity=64M");
+
+/* A thread's arena holding, from its start: a raw block (the hole to be),
+ * then n movable blocks of size bytes filled with tag + i. */
+typedef struct mover {
+  mp_pool_t *pool;
+  size_t bytes;
+  int n;
+  unsigned tag;
+  void *hole;
+  mp_handle_t *h[4];
+  mp_status_t st;
+} mover_t;
+
+static void *make_movables(void *arg) {
+  mover_t *m = arg;
+  m->st = mp_pool_alloc(m->pool, m->bytes, NULL, &m->hole);
+  for (int i = 0; i < m->n && m->st == MP_OK; i++) {
+    m->st = mp_pool_alloc_movable(m->pool, m->bytes, NULL, &m->h[i]);
+    if (m->st == MP_OK)
+      memset(mp_handle_ptr(m->h[i]), (int)(m->tag + (unsigned)i), m->bytes);
+  }
+  return NULL;
+}
+
+static void expect_filled(const mover_t *m) {
+  for (int i = 0; i < m->n; i++) {
+    const unsigned char *c = mp_handle_ptr(m->h[i]);
+    cr_assert_not_null(c);
+    size_t at = 0;
+    while (at < m->bytes && c[at] == (unsigned char)(m->tag + (unsigned)i))
+      at++;
+    cr_expect_eq(at, m->bytes, "block %d lost its bytes from %zu", i, at);
+  }
+}
+
+/* n movable MiB blocks made on a new thread (an arena of its own), over
+ * a MiB hole freed below them. */
+static mover_t movables_over_a_hole(mp_pool_t *pool, int n, unsigned tag) {
+  mover_t m = {.pool = pool, .bytes = MiB, .n = n, .tag = tag};
+  on_new_thread(make_movables, &m);
+  cr_assert_eq(m.st, MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, m.hole), MP_OK, "%s", mp_last_error());
+  return m;
+}
+
+Test(pool_arenas_movable, every_arenas_movable_blocks_move_and_keep_data) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  mover_t x = {.pool = pool, .bytes = MiB, .n = 3, .tag = 0x10};
+  mover_t y = {.pool = pool, .bytes = MiB, .n = 3, .tag = 0x20};
+  on_new_thread(make_movables, &x);
+  on_new_thread(make_movables, &y);
+  cr_assert_eq(x.st, MP_OK, "%s", mp_last_error());
+  cr_assert_eq(y.st, MP_OK, "%s", mp_last_error());
+  int ax = arena_holding(pool, mp_handle_ptr(x.h[0]));
+  int ay = arena_holding(pool, mp_handle_ptr(y.h[0]));
+  cr_assert(ax >= 0 && ay >= 0 && ax != ay, "arenas %d and %d", ax, ay);
+  cr_expect_eq(arena_holding(pool, x.hole), ax);
+  /* Raw frees of a movable block's pointer: refused, nothing changed. */
+  mp_stats_t before = stats(pool);
+  cr_expect_eq(mp_pool_free(pool, mp_handle_ptr(x.h[1])), MP_EINVAL);
+  cr_expect_neq(strstr(mp_last_error(), "movable"), NULL, "%s",
+                mp_last_error());
+  mp_stats_t after = stats(pool);
+  cr_expect_eq(memcmp(&before, &after, sizeof before), 0);
+
+  /* Each arena's hole below its movable blocks: defragment slides them
+   * down, in both arenas, from this thread. */
+  void *was_x = mp_handle_ptr(x.h[0]), *was_y = mp_handle_ptr(y.h[0]);
+  cr_assert_eq(mp_pool_free(pool, x.hole), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, y.hole), MP_OK, "%s", mp_last_error());
+  size_t moved = 0;
+  cr_assert_eq(mp_pool_defragment(pool, NULL, &moved), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_stream_synchronize(dev, NULL), MP_OK);
+  cr_expect_eq(moved, 6 * MiB, "moved %zu bytes", moved);
+  cr_expect_eq(mp_handle_ptr(x.h[0]), x.hole, "x's first block slid down");
+  cr_expect_eq(mp_handle_ptr(y.h[0]), y.hole, "y's first block slid down");
+  cr_expect_neq(mp_handle_ptr(x.h[0]), was_x);
+  cr_expect_neq(mp_handle_ptr(y.h[0]), was_y);
+  cr_expect_eq(arena_holding(pool, mp_handle_ptr(x.h[0])), ax);
+  cr_expect_eq(arena_holding(pool, mp_handle_ptr(y.h[0])), ay);
+  expect_filled(&x);
+  expect_filled(&y);
+  check(pool);
+
+  /* Any thread frees a handle; a freed handle is stale everywhere. */
+  for (int i = 0; i < 3; i++) {
+    cr_expect_eq(mp_handle_free(x.h[i]), MP_OK, "%s", mp_last_error());
+    cr_expect_eq(mp_handle_free(y.h[i]), MP_OK, "%s", mp_last_error());
+  }
+  before = stats(pool);
+  cr_expect_eq(mp_handle_free(x.h[0]), MP_EINVAL);
+  cr_expect_null(mp_handle_ptr(y.h[2]));
+  after = stats(pool);
+  cr_expect_eq(memcmp(&before, &after, sizeof before), 0);
+  cr_expect_eq(after.live_blocks, 0);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+/* Freeze moves an arena's movable blocks down, then fences every live
+ * block: defragment afterwards moves nothing. */
+Test(pool_arenas_movable, freeze_moves_then_fences) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  mover_t x = movables_over_a_hole(pool, 2, 0x30);
+  cr_assert_eq(mp_pool_freeze(pool), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_handle_ptr(x.h[0]), x.hole);
+  expect_filled(&x);
+  size_t moved = 7;
+  cr_assert_eq(mp_pool_defragment(pool, NULL, &moved), MP_OK);
+  cr_expect_eq(moved, 0);
+  check(pool);
+  for (int i = 0; i < 2; i++)
+    cr_expect_eq(mp_handle_free(x.h[i]), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+Test(pool_arenas_movable, a_paused_pool_refuses_and_moves_nothing) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  mover_t x = movables_over_a_hole(pool, 1, 0x40);
+  void *at = mp_handle_ptr(x.h[0]);
+  cr_assert_eq(mp_pool_pause(pool, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
+               mp_last_error());
+  size_t moved = 7;
+  cr_expect_eq(mp_pool_defragment(pool, NULL, &moved), MP_EBUSY);
+  cr_expect_eq(moved, 0);
+  mp_handle_t *h = NULL;
+  cr_expect_eq(mp_pool_alloc_movable(pool, MiB, NULL, &h), MP_EBUSY);
+  cr_expect_null(h);
+  cr_assert_eq(mp_pool_resume(pool), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_handle_ptr(x.h[0]), at);
+  expect_filled(&x);
+  cr_expect_eq(mp_handle_free(x.h[0]), MP_OK);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
