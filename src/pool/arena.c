@@ -95,7 +95,10 @@ mp_status_t mp__arenas_init(mp_pool_t *pool) {
  * device's watcher lock, which mp_stream_forget holds while it takes each
  * pool's lock (device.c's order). */
 static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
+  /* Under the lock: mp_pool_set_max_fraction writes it. */
+  mp__pool_lock(pool);
   mp_pool_config_t cfg = pool->cfg;
+  mp__pool_unlock(pool);
   cfg.arenas = 0;
   /* The pool's idle memory, split evenly (0 would mean keep all). */
   if (cfg.release_threshold > 0) {
@@ -163,9 +166,24 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
 
 /* Under arena a's lock: a cut arena is cut while it reserved more than
  * its share or has a growth in flight (checked against an older share),
- * and stays so; any other arena reserved at most its share. */
+ * and stays so; any other arena reserved at most its share. A paused
+ * arena reads 0 reserved: it keeps its mark for the resume. */
 static void mp__arena_cut_settle(mp_pool_t *a) {
+  if (a->paused)
+    return;
   a->cap_cut = a->st.reserved_bytes > a->cap || (a->cap_cut && a->inflight);
+  if (!a->inflight)
+    a->cap_held = 0;
+}
+
+/* Under arena b's lock: what b may hold, for another arena's share: the
+ * larger of its share and what it reserved (with a defragmentation's
+ * staging buffer, or what it maps back at its resume when paused), and
+ * while a growth checked against an older share is in flight, that
+ * share. */
+static size_t mp__arena_may_hold(const mp_pool_t *b, size_t r) {
+  size_t h = r > b->cap ? r : b->cap;
+  return b->inflight && b->cap_held > h ? b->cap_held : h;
 }
 
 void mp__arena_recap(mp_pool_t *pool) {
@@ -176,9 +194,12 @@ void mp__arena_recap(mp_pool_t *pool) {
     if (a == NULL)
       continue;
     mp__pool_lock(a);
+    size_t old = a->cap;
     a->cap_is_max = pool->cap_is_max;
     a->cap = pool->cap_is_max ? 0 : pool->cap;
-    /* A growth in flight was checked against the old share. */
+    /* A growth in flight was checked against the old share: the other
+     * arenas' shares count that share until the growth lands. */
+    a->cap_held = !a->inflight ? 0 : old > a->cap_held ? old : a->cap_held;
     a->cap_cut = a->st.reserved_bytes > a->cap || a->inflight;
     mp__pool_unlock(a);
   }
@@ -208,11 +229,12 @@ static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
     mp__pool_lock(b);
     /* A paused arena reads 0 reserved: it keeps its share for resume. A
      * cut one keeps its lower share, and counts what it reserved. */
-    size_t r = b->st.reserved_bytes;
+    size_t r =
+        b->paused ? b->paused_reserved : b->st.reserved_bytes + b->staged;
     if (!b->inflight && !b->paused && r < b->cap)
       b->cap = r;
     mp__arena_cut_settle(b);
-    held += r > b->cap ? r : b->cap;
+    held += mp__arena_may_hold(b, r);
     mp__pool_unlock(b);
   }
   /* Nor is a's own growth or release waited for (another thread sharing
@@ -222,7 +244,7 @@ static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
    * old share fits in room (the shares added up to at most the cap). */
   mp__pool_lock(a);
   size_t room = pool->cap > held ? pool->cap - held : 0;
-  size_t r = a->st.reserved_bytes;
+  size_t r = a->st.reserved_bytes + a->staged;
   size_t cap = all || room <= r ? room : r + (room - r) / 2;
   /* Paused meanwhile (its failure was out of memory): a keeps its share.
    * Less room than a reserved: only after a cut (the shares added up to

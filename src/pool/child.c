@@ -74,19 +74,17 @@ mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
   st = mp__pool_paused(parent, "mp_pool_create_child");
   if (st == MP_OK && parent->arenas == NULL)
     st = mp__pool_alloc_locked(parent, bytes, NULL, &base);
+  bool making = st == MP_OK && parent->arenas != NULL;
   if (parent->arenas != NULL) {
+    /* Counted under the pool's lock, so that a pause (which refuses while
+     * the count is not 0) cannot reach the arena between the allocation
+     * and the child's count there: a paused arena must not change. */
+    parent->children_making += making;
     mp__pool_unlock(parent);
     if (st == MP_OK)
       st = mp__arena_alloc_any(parent, bytes, NULL, &base, &owner);
     mp__pool_lock(owner);
-    /* Paused after the allocation: the arena's memory is unmapped, and a
-     * pause that reaches it after the child is counted refuses. */
-    if (st == MP_OK && owner->paused) {
-      mp__block_t *b = mp__map_find(owner, (uintptr_t)base);
-      mp__map_remove(owner, b);
-      mp__block_release(owner, b);
-      st = mp__pool_paused(owner, "mp_pool_create_child");
-    }
+    MP__ASSERT(st != MP_OK || !owner->paused);
   }
   if (st == MP_OK) {
     mp__block_t *b = mp__map_find(owner, (uintptr_t)base);
@@ -98,6 +96,11 @@ mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
     seg->size = seg->span = b->size;
   }
   mp__pool_unlock(owner);
+  if (making) {
+    mp__pool_lock(parent);
+    parent->children_making--;
+    mp__pool_unlock(parent);
+  }
   if (st != MP_OK) {
     free(seg);
     mp__pool_free_host(child);

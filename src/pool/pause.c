@@ -402,6 +402,8 @@ static mp_status_t mp__resume_one(mp_pool_t *pool) {
 static mp_status_t mp__arenas_pause_check(mp_pool_t *pool) {
   if (pool->paused)
     return mp__fail(MP_EBUSY, "mp_pool_pause: the pool is paused already");
+  if (pool->children_making > 0)
+    return mp__fail(MP_EBUSY, "mp_pool_pause: a child pool is being made");
   mp_status_t st = MP_OK;
   for (size_t i = 0; i < pool->cfg.arenas && st == MP_OK; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);

@@ -380,6 +380,10 @@ struct mp_pool {
    * reserved, or while its growth was in flight: its reserved bytes may
    * read above its share until they drop under it (arena.c). */
   bool cap_cut;
+  /* An arena cut while a growth was in flight: the share that growth was
+   * checked against, which the other arenas' shares count while it is in
+   * flight (arena.c); 0 otherwise. */
+  size_t cap_held;
   /* One of a pool's arenas (arena.c): its out-of-memory failures are not
    * final (the arenas' path retries), so they are no history events. */
   bool arena;
@@ -388,6 +392,9 @@ struct mp_pool {
   mp_pool_t *parent;         /* child pools: the parent */
   mp__block_t *parent_block; /* child pools: the range's block in parent */
   size_t children;           /* live child pools (graph pools included) */
+  size_t children_making;    /* a pool with arenas: mp_pool_create_child
+                                calls between their allocation and the
+                                child's count in an arena (child.c) */
 
   /* Growth from the parent instead of the device (graph pools, set in
    * graph.c): called with the lock dropped (inflight) for a new plain

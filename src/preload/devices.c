@@ -44,22 +44,25 @@ static mp__cuctx mp__primary_of(int ordinal) {
  * cuDevicePrimaryCtxRetain: "the primary context will be created") and the
  * release at once destroy it again. The answer is kept where the device
  * has a pool (its primary context, retained by the pool); true when the
- * driver cannot say. Without a pool, the handle the driver named last is
- * kept too (seen): the context current again, as on every call of a
- * program on a device whose pool failed, is answered without a question
- * (GetState, and a retain and release while active, each call before).
- * That handle is not retained: once the primary context is destroyed
- * (its last release) another context could take its address and pass for
- * it until the next reset of the device, whose only effect is that the
- * shim forgets, and traces as freed, memory it passed through in that
- * context (the driver still frees it). */
+ * driver cannot say. On a device whose pool failed, the handle the driver
+ * named last is kept too (seen): the context current again, as on every
+ * call there, is answered without a question (GetState, and a retain and
+ * release while active, each call before). That handle is not retained:
+ * once the primary context is destroyed (its last release) another
+ * context could take its address and pass for it until the next reset of
+ * the device, whose only effect there (no pool is made on a failed
+ * device) is that the shim forgets, and traces as freed, memory it passed
+ * through in that context (the driver still frees it). Only there: on a
+ * device whose pool may still be made, a context passing for the primary
+ * one would get the pool. */
 static bool mp__is_primary(int ordinal, mp__cuctx ctx) {
   mp__cuctx primary =
       atomic_load_explicit(&mp__devs[ordinal].primary, memory_order_acquire);
   if (primary != NULL)
     return primary == ctx;
-  if (atomic_load_explicit(&mp__devs[ordinal].seen, memory_order_relaxed) ==
-      ctx)
+  bool failed = atomic_load(&mp__devs[ordinal].failed);
+  if (failed && atomic_load_explicit(&mp__devs[ordinal].seen,
+                                     memory_order_relaxed) == ctx)
     return true;
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   int dev = 0, active = 0;
@@ -70,7 +73,7 @@ static bool mp__is_primary(int ordinal, mp__cuctx ctx) {
       !active)
     return false;
   primary = mp__primary_of(ordinal);
-  if (primary != NULL)
+  if (failed && primary != NULL)
     atomic_store_explicit(&mp__devs[ordinal].seen, primary,
                           memory_order_relaxed);
   return primary == NULL || primary == ctx;

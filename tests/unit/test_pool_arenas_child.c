@@ -5,6 +5,9 @@
  * memory, making a child takes back what other arenas cache; a paused pool
  * refuses to make one. White-box: it reads which arena holds a block. */
 #include <criterion/criterion.h>
+#include <stdatomic.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "../support/pool_helpers.h"
 #include "arena_workers.h"
@@ -133,4 +136,73 @@ Test(pool_arenas_child, a_paused_pool_makes_no_child) {
   cr_expect_eq(mp_pool_free(pool, p), MP_OK);
   check(pool);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+/* Making children while another thread pauses and resumes the pool with
+ * its content: a pause that lands between a child's allocation and its
+ * count in the arena gave the block back in the paused arena, and the
+ * resume copied every later block's content to the wrong place. Now a
+ * pause refuses while a child is being made (asserted below by hand,
+ * white-box), and the content survives every round. */
+typedef struct churn {
+  mp_pool_t *pool;
+  atomic_bool stop;
+  atomic_int made, bad;
+  char why[256];
+} churn_t;
+
+static void *children_job(void *arg) {
+  churn_t *c = arg;
+  while (!atomic_load(&c->stop)) {
+    mp_pool_t *child = NULL;
+    mp_status_t st = mp_pool_create_child(c->pool, MiB, &child);
+    if (st == MP_OK) {
+      atomic_fetch_add(&c->made, 1);
+      for (int k = 0; k < 100 && mp_pool_destroy(child) == MP_EBUSY; k++)
+        usleep(100); /* a pause in flight: wait for the resume */
+    } else if (st != MP_EBUSY && atomic_fetch_add(&c->bad, 1) == 0) {
+      snprintf(c->why, sizeof c->why, "%s", mp_last_error());
+    }
+  }
+  return NULL;
+}
+
+Test(pool_arenas_child, a_pause_never_meets_a_child_half_made, .timeout = 60) {
+  churn_t c = {.pool = make_pool(dev, "arenas=2")};
+  mp__pool_lock(c.pool);
+  c.pool->children_making = 1;
+  mp__pool_unlock(c.pool);
+  cr_expect_eq(mp_pool_pause(c.pool, 0), MP_EBUSY);
+  cr_expect_neq(strstr(mp_last_error(), "being made"), NULL, "%s",
+                mp_last_error());
+  mp__pool_lock(c.pool);
+  c.pool->children_making = 0;
+  mp__pool_unlock(c.pool);
+
+  job_t keep = {.pool = c.pool, .bytes = 2 * MiB, .tag = 0x70, .count = 2};
+  worker_start(&wa);
+  cr_assert_eq(on_worker(&wa, &keep, ALLOC), MP_OK, "%s", keep.why);
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, children_job, &c), 0);
+  int paused = 0;
+  struct timespec t0, now;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  do {
+    if (mp_pool_pause(c.pool, MP_PAUSE_KEEP_CONTENT) == MP_OK) {
+      paused++;
+      cr_assert_eq(mp_pool_resume(c.pool), MP_OK, "%s", mp_last_error());
+      expect_kept(&keep);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &now);
+  } while (now.tv_sec - t0.tv_sec < 2);
+  atomic_store(&c.stop, true);
+  pthread_join(t, NULL);
+  cr_expect_eq(atomic_load(&c.bad), 0, "%s", c.why);
+  cr_expect_gt(atomic_load(&c.made), 0);
+  cr_expect_gt(paused, 0);
+  expect_kept(&keep);
+  check(c.pool);
+  cr_expect_eq(on_worker(&wa, &keep, FREE), MP_OK, "%s", keep.why);
+  worker_stop(&wa);
+  cr_assert_eq(mp_pool_destroy(c.pool), MP_OK, "%s", mp_last_error());
 }

@@ -226,3 +226,49 @@ Test(pool_arenas_max_fraction, the_cap_moves_while_threads_allocate,
   check(m.pool);
   cr_assert_eq(mp_pool_destroy(m.pool), MP_OK);
 }
+
+/* A growth in flight when the cap is lowered was checked against the old
+ * share: until it lands, the other arenas' shares count that share, or
+ * the arenas could end above the new cap. White-box: the growth in
+ * flight is arena b's flag and held share, set by hand (b holds nothing,
+ * so no trim waits for it). */
+Test(pool_arenas_max_fraction, a_growth_in_flight_counts_against_the_others) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  job_t a = {.pool = pool, .bytes = 2 * MiB, .tag = 0x10, .count = 1};
+  job_t b = {.pool = pool, .bytes = 2 * MiB, .tag = 0x20, .count = 1};
+  two_arenas(pool, &a, &b);
+  cr_assert_eq(on_worker(&wb, &b, FREE), MP_OK, "%s", b.why);
+  cr_assert_eq(mp_pool_trim(pool, 0), MP_OK, "%s", mp_last_error());
+  mp_pool_t *ab = mp__arena_at(pool, (size_t)arena_holding(pool, a.ptrs[0]));
+  mp_pool_t *bb = ab == mp__arena_at(pool, 0) ? mp__arena_at(pool, 1)
+                                              : mp__arena_at(pool, 0);
+  cr_assert_eq(bb->st.reserved_bytes, 0);
+  mp__pool_lock(bb);
+  bb->inflight = true; /* a growth checked against a 24 MiB share */
+  bb->cap = 24 * MiB;
+  mp__pool_unlock(bb);
+  cr_assert_eq(mp_pool_set_max_fraction(pool, 0.5), MP_OK, "%s",
+               mp_last_error());
+  cr_expect(bb->cap_cut && bb->cap_held == 24 * MiB, "cut %d, held %zu",
+            bb->cap_cut, bb->cap_held);
+  /* 32 MiB - 24 MiB leaves a 8 MiB, of which it holds 2. */
+  job_t big = {.pool = pool, .bytes = 12 * MiB, .tag = 0x30, .count = 1};
+  cr_expect_eq(on_worker(&wa, &big, ALLOC), MP_ELIMIT, "%s", big.why);
+  job_t fits = {.pool = pool, .bytes = 4 * MiB, .tag = 0x40, .count = 1};
+  cr_expect_eq(on_worker(&wa, &fits, ALLOC), MP_OK, "%s", fits.why);
+  cr_expect_leq(ab->cap, 8 * MiB, "a's share %zu", ab->cap);
+  /* Landed (nothing, here): the held share no longer counts. */
+  mp__pool_lock(bb);
+  bb->inflight = false;
+  mp__pool_unlock(bb);
+  cr_expect_eq(on_worker(&wa, &big, ALLOC), MP_OK, "%s", big.why);
+  cr_expect_eq(bb->cap_held, 0);
+  cr_expect_leq(stats(pool).reserved_bytes, 32 * MiB);
+  check(pool);
+  cr_expect_eq(on_worker(&wa, &big, FREE), MP_OK, "%s", big.why);
+  cr_expect_eq(on_worker(&wa, &fits, FREE), MP_OK, "%s", fits.why);
+  cr_expect_eq(on_worker(&wa, &a, FREE), MP_OK, "%s", a.why);
+  worker_stop(&wa);
+  worker_stop(&wb);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
