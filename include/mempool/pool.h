@@ -221,7 +221,8 @@ typedef struct mp_pool_config {
  *  - mp_pool_create_child: the range is a block of the calling thread's
  *    arena (or one an idle arena lends, with the out-of-memory path
  *    above); while the child lives, mp_pool_destroy and mp_pool_pause of
- *    the pool are MP_EBUSY and change nothing.
+ *    the pool are MP_EBUSY and change nothing, and so is mp_pool_pause
+ *    while another thread is making one.
  *  - mp_pool_ipc_export goes to the arena holding the block, from any
  *    thread; mp_pool_ipc_poll polls every arena and sums what they hold.
  *    A held block whose importers let go goes back at the next poll, trim

@@ -200,7 +200,8 @@ void mp__arena_recap(mp_pool_t *pool) {
     /* A growth in flight was checked against the old share: the other
      * arenas' shares count that share until the growth lands. */
     a->cap_held = !a->inflight ? 0 : old > a->cap_held ? old : a->cap_held;
-    a->cap_cut = a->st.reserved_bytes > a->cap || a->inflight;
+    size_t r = a->paused ? a->paused_reserved : a->st.reserved_bytes;
+    a->cap_cut = r > a->cap || a->inflight;
     mp__pool_unlock(a);
   }
   atomic_fetch_add_explicit(&pool->share_seq, 1, memory_order_acq_rel);
@@ -234,7 +235,8 @@ static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
     if (!b->inflight && !b->paused && r < b->cap)
       b->cap = r;
     mp__arena_cut_settle(b);
-    held += mp__arena_may_hold(b, r);
+    size_t h = mp__arena_may_hold(b, r);
+    held = held > SIZE_MAX - h ? SIZE_MAX : held + h;
     mp__pool_unlock(b);
   }
   /* Nor is a's own growth or release waited for (another thread sharing

@@ -272,6 +272,9 @@ void mp__pool_device_begin(mp_pool_t *pool) {
 
 void mp__pool_device_end(mp_pool_t *pool) {
   mp__pool_retake_flagged(pool, &pool->inflight);
+  /* An arena's growth checked against an older share has landed (its
+   * bytes are counted before the lock is dropped again; arena.c). */
+  pool->cap_held = 0;
 }
 
 void mp__pool_sync_begin(mp_pool_t *pool) {

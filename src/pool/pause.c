@@ -198,8 +198,11 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
     mp__pool_unlock(pool);
     return st;
   }
-  /* From here every other call is MP_EBUSY, so nothing changes under us. */
+  /* From here every other call is MP_EBUSY, so nothing changes under us.
+   * What it held, for the other arenas' shares of a cap while its lock is
+   * dropped (arena.c: a paused arena reads 0 reserved). */
   pool->paused = true;
+  pool->paused_reserved = pool->st.reserved_bytes;
   mp__pool_rare_update(pool);
   mp__segment_t *v = pool->vseg;
   bool keep = (flags & MP_PAUSE_KEEP_CONTENT) && pool->st.allocated_bytes > 0;

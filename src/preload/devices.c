@@ -22,6 +22,9 @@ static struct {
    * context the driver named last, not retained; NULL after a reset. */
   _Atomic(mp__cuctx) seen;
 } mp__devs[MP__PL_MAX_DEVICES];
+/* Pools are made per CUDA device (pool mode on the cuda backend): set by
+ * the first mp__pl_devices_put. */
+static atomic_bool mp__devs_pooling;
 
 /* The primary context of CUDA device `ordinal`: retained and released at
  * once (the pool made on the device holds a retain of its own, so the
@@ -44,25 +47,29 @@ static mp__cuctx mp__primary_of(int ordinal) {
  * cuDevicePrimaryCtxRetain: "the primary context will be created") and the
  * release at once destroy it again. The answer is kept where the device
  * has a pool (its primary context, retained by the pool); true when the
- * driver cannot say. On a device whose pool failed, the handle the driver
- * named last is kept too (seen): the context current again, as on every
- * call there, is answered without a question (GetState, and a retain and
- * release while active, each call before). That handle is not retained:
- * once the primary context is destroyed (its last release) another
- * context could take its address and pass for it until the next reset of
- * the device, whose only effect there (no pool is made on a failed
- * device) is that the shim forgets, and traces as freed, memory it passed
- * through in that context (the driver still frees it). Only there: on a
- * device whose pool may still be made, a context passing for the primary
- * one would get the pool. */
+ * driver cannot say. Where no pool can be made (a device whose pool
+ * failed, or no device pools at all: passthrough, the host device), the
+ * handle the driver named last is kept too (seen): the context current
+ * again, as on every call there, is answered without a question
+ * (GetState, and a retain and release while active, each call before).
+ * That handle is not retained: once the primary context is destroyed
+ * (its last release) another context could take its address and pass for
+ * it until the next reset of the device, whose only effect there is that
+ * the shim forgets, and traces as freed, memory it passed through in that
+ * context (the driver still frees it). Only there: on a device whose pool
+ * may still be made, a context passing for the primary one would get the
+ * pool. */
 static bool mp__is_primary(int ordinal, mp__cuctx ctx) {
   mp__cuctx primary =
       atomic_load_explicit(&mp__devs[ordinal].primary, memory_order_acquire);
   if (primary != NULL)
     return primary == ctx;
-  bool failed = atomic_load(&mp__devs[ordinal].failed);
-  if (failed && atomic_load_explicit(&mp__devs[ordinal].seen,
-                                     memory_order_relaxed) == ctx)
+  /* Where no pool can be made: a failed device, or no device pools
+   * (passthrough, the host device). */
+  bool no_pool =
+      atomic_load(&mp__devs[ordinal].failed) || !atomic_load(&mp__devs_pooling);
+  if (no_pool && atomic_load_explicit(&mp__devs[ordinal].seen,
+                                      memory_order_relaxed) == ctx)
     return true;
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   int dev = 0, active = 0;
@@ -73,7 +80,7 @@ static bool mp__is_primary(int ordinal, mp__cuctx ctx) {
       !active)
     return false;
   primary = mp__primary_of(ordinal);
-  if (failed && primary != NULL)
+  if (no_pool && primary != NULL)
     atomic_store_explicit(&mp__devs[ordinal].seen, primary,
                           memory_order_relaxed);
   return primary == NULL || primary == ctx;
@@ -97,6 +104,7 @@ void mp__pl_devices_put(int ordinal, mp_device_t *dev, mp_pool_t *pool) {
   if (ordinal < 0 || ordinal >= MP__PL_MAX_DEVICES)
     return;
   mp__devs[ordinal].dev = dev;
+  atomic_store(&mp__devs_pooling, true);
   atomic_store(&mp__devs[ordinal].primary, mp__primary_of(ordinal));
   atomic_store(&mp__devs[ordinal].pool, pool);
 }

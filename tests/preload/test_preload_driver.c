@@ -95,6 +95,18 @@ Test(preload_driver, a_device_without_a_pool_costs_no_driver_calls_per_call) {
   cr_expect(strstr(r.err, "no pool for CUDA device 1") != NULL, "%s", r.err);
 }
 
+/* The same program in passthrough mode, where no device ever gets a pool:
+ * the shim still asks whose memory it passes through (for a reset), and
+ * answers from the handle it saw last. */
+Test(preload_driver, passthrough_costs_no_driver_calls_per_call) {
+  const char *argv[] = {MP_DRV_PROG, "preloaded", "cuda", "failed", NULL};
+  const char *env[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_PRELOAD=passthrough",
+                       "FAKECUDA_DEVICE_COUNT=2", NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_str_eq(r.out, "ok\n");
+}
+
 /* The process-wide pause when a device's pool is made while the others are
  * paused: the resume refused that pool (not paused), paused the others
  * again, and the process could never be resumed. */
