@@ -63,8 +63,9 @@
  * flight, is marked cap_cut: its reserved bytes may read above its share
  * (as a pool without arenas may read above a cap lowered below what it
  * holds) and it cannot grow until they come under it. A share counts
- * each other arena at the larger of its share and what it reserved, so
- * the arenas grow back to the new cap and no further. */
+ * each other arena at the larger of its share and what it reserved (and,
+ * while a growth checked against an older share is in flight, that share:
+ * cap_held), so the arenas grow back to the new cap and no further. */
 #include <stdlib.h>
 
 #include "pool_internal.h"
@@ -290,9 +291,7 @@ static mp_status_t mp__arena_trim_one(mp_pool_t *a, size_t keep, size_t *left,
  * reclaim, read the stats under the lock). Trim moves no share of the cap
  * (it lowers reserved bytes only), and the arena table is fixed. */
 mp_status_t mp__arena_trim(mp_pool_t *pool, size_t keep_bytes) {
-  mp__pool_lock(pool);
-  mp_status_t st = mp__pool_paused(pool, "mp_pool_trim");
-  mp__pool_unlock(pool);
+  mp_status_t st = mp__pool_paused_now(pool, "mp_pool_trim");
   if (st != MP_OK)
     return st;
   for (size_t i = 0; i < pool->cfg.arenas; i++) {

@@ -439,9 +439,7 @@ mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
     /* Each arena made in turn, as a pool of its own (its movable blocks
      * move inside its segments); paused: MP_EBUSY with nothing done. The
      * pool's lock is not held across an arena's, which waits for work. */
-    mp__pool_lock(pool);
-    st = mp__pool_paused(pool, "mp_pool_defragment");
-    mp__pool_unlock(pool);
+    st = mp__pool_paused_now(pool, "mp_pool_defragment");
     for (size_t i = 0; st == MP_OK && i < pool->cfg.arenas; i++) {
       mp_pool_t *a = mp__arena_at(pool, i);
       size_t m = 0;
@@ -462,9 +460,7 @@ mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
  * again. The pool's lock is not held across an arena's freeze, which
  * waits for its copies. */
 static mp_status_t mp__arenas_freeze(mp_pool_t *pool) {
-  mp__pool_lock(pool);
-  mp_status_t st = mp__pool_paused(pool, "mp_pool_freeze");
-  mp__pool_unlock(pool);
+  mp_status_t st = mp__pool_paused_now(pool, "mp_pool_freeze");
   for (size_t i = 0; st == MP_OK && i < pool->cfg.arenas; i++)
     if (mp__arena_at(pool, i) != NULL)
       st = mp_pool_freeze(mp__arena_at(pool, i));

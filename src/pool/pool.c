@@ -189,9 +189,9 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
   /* Arenas (arena.c): each an ordinary pool; the pool itself holds none of
    * their memory. Each is asked first whether it holds a child pool's
    * range or an imported plain-segment block, and whether it can wait for
-   * its streams, so that such a refusal
-   * changes nothing; one that still fails to go (its wait failed) stays,
-   * and so does the pool: a later destroy ends the rest. */
+   * its streams, so that such a refusal changes nothing; one that still
+   * fails to go (its wait failed) stays, and so does the pool: a later
+   * destroy ends the rest. */
   for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);
     if (a == NULL)
@@ -830,9 +830,7 @@ mp_status_t mp_pool_ipc_poll(mp_pool_t *pool, size_t *held) {
     return mp__fail(MP_EINVAL, "mp_pool_ipc_poll: pool is NULL");
   if (pool->arenas == NULL)
     return mp__export_poll(pool, held);
-  mp__pool_lock(pool);
-  mp_status_t st = mp__pool_paused(pool, "mp_pool_ipc_poll");
-  mp__pool_unlock(pool);
+  mp_status_t st = mp__pool_paused_now(pool, "mp_pool_ipc_poll");
   size_t sum = 0;
   for (size_t i = 0; st == MP_OK && i < pool->cfg.arenas; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);

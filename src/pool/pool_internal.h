@@ -559,6 +559,14 @@ static inline mp_status_t mp__pool_paused(const mp_pool_t *pool,
   return pool->paused ? mp__fail(MP_EBUSY, "%s: the pool is paused", fn)
                       : MP_OK;
 }
+/* mp__pool_paused, the lock taken for it (a pool with arenas, before a
+ * walk of its arenas each under its own lock). */
+static inline mp_status_t mp__pool_paused_now(mp_pool_t *pool, const char *fn) {
+  mp__pool_lock(pool);
+  mp_status_t st = mp__pool_paused(pool, fn);
+  mp__pool_unlock(pool);
+  return st;
+}
 
 /* Under the lock: how many of virtual segment v's chunks are mapped, the
  * first ones: all while running; paused, those a failed undo left mapped

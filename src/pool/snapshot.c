@@ -139,6 +139,7 @@ typedef struct {
   mp__hevent_t *ev; /* oldest first */
   void **frames;    /* MP__HIST_FRAMES per event, or NULL */
   size_t nev;
+  size_t next; /* the next event the trace writes (mp__write_trace) */
   size_t segment_bytes;
   int device; /* the CUDA ordinal it is written as */
 } mp__snap_t;
@@ -370,27 +371,24 @@ static void mp__write_event(mp__pk_t *w, const mp__snap_t *s, size_t e) {
 
 /* Device d's trace: the events of every snapshot on d (a pool, or each
  * arena of a pool with arenas, each its own ring, oldest first), merged
- * oldest first by time; a tie goes to the earlier snapshot. next[k]: the
- * next event of snaps[k] to write. */
-static void mp__write_trace(mp__pk_t *w, const mp__snap_t *snaps, size_t n,
-                            int d, size_t *next) {
-  for (size_t k = 0; k < n; k++)
-    next[k] = 0;
+ * oldest first by time; a tie goes to the earlier snapshot. */
+static void mp__write_trace(mp__pk_t *w, mp__snap_t *snaps, size_t n, int d) {
   for (;;) {
-    size_t best = SIZE_MAX;
-    for (size_t k = 0; k < n; k++)
-      if (snaps[k].device == d && next[k] < snaps[k].nev &&
-          (best == SIZE_MAX ||
-           snaps[k].ev[next[k]].time_us < snaps[best].ev[next[best]].time_us))
-        best = k;
-    if (best == SIZE_MAX)
+    mp__snap_t *best = NULL;
+    for (size_t k = 0; k < n; k++) {
+      mp__snap_t *s = &snaps[k];
+      if (s->device == d && s->next < s->nev &&
+          (best == NULL ||
+           s->ev[s->next].time_us < best->ev[best->next].time_us))
+        best = s;
+    }
+    if (best == NULL)
       return;
-    mp__write_event(w, &snaps[best], next[best]++);
+    mp__write_event(w, best, best->next++);
   }
 }
 
-static void mp__write_snapshot(mp__pk_t *w, const mp__snap_t *snaps, size_t n,
-                               size_t *next) {
+static void mp__write_snapshot(mp__pk_t *w, mp__snap_t *snaps, size_t n) {
   mp__pk_op(w, 0x80); /* PROTO 2 */
   mp__pk_op(w, 2);
   mp__pk_dict(w);
@@ -407,7 +405,7 @@ static void mp__write_snapshot(mp__pk_t *w, const mp__snap_t *snaps, size_t n,
   mp__pk_list(w);
   for (int d = 0; d <= top; d++) {
     mp__pk_list(w);
-    mp__write_trace(w, snaps, n, d, next);
+    mp__write_trace(w, snaps, n, d);
     mp__pk_list_end(w);
   }
   mp__pk_list_end(w);
@@ -424,12 +422,8 @@ static void mp__snaps_free(mp__snap_t *snaps, size_t n) {
 static mp_status_t mp__snapshot_write(mp_pool_t *const *pools,
                                       const int *devices, size_t n, FILE *out) {
   mp__snap_t *snaps = mp__host_calloc(n ? n : 1, sizeof *snaps);
-  size_t *next = mp__host_calloc(n ? n : 1, sizeof *next);
-  if (snaps == NULL || next == NULL) {
-    free(snaps);
-    free(next);
+  if (snaps == NULL)
     return mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
-  }
   mp_status_t st = MP_OK;
   size_t got = 0;
   for (; st == MP_OK && got < n; got++) {
@@ -447,12 +441,11 @@ static mp_status_t mp__snapshot_write(mp_pool_t *const *pools,
   }
   if (st == MP_OK) {
     mp__pk_t w = {out, false};
-    mp__write_snapshot(&w, snaps, n, next);
+    mp__write_snapshot(&w, snaps, n);
     if (w.bad || fflush(out) != 0)
       st = mp__fail(MP_EIO, "mp_pool_snapshot: write error");
   }
   mp__snaps_free(snaps, n);
-  free(next);
   return st;
 }
 

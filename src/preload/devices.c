@@ -18,8 +18,8 @@ static struct {
   mp_device_t *dev;
   atomic_bool failed;
   _Atomic(mp__cuctx) primary; /* the device's primary context, or NULL */
-  /* Without a pool (one that failed, or not made yet): the primary
-   * context the driver named last, not retained; NULL after a reset. */
+  /* Where no pool can be made (mp__is_primary): the primary context the
+   * driver named last, not retained; NULL after a reset. */
   _Atomic(mp__cuctx) seen;
 } mp__devs[MP__PL_MAX_DEVICES];
 /* Pools are made per CUDA device (pool mode on the cuda backend): set by
@@ -64,8 +64,6 @@ static bool mp__is_primary(int ordinal, mp__cuctx ctx) {
       atomic_load_explicit(&mp__devs[ordinal].primary, memory_order_acquire);
   if (primary != NULL)
     return primary == ctx;
-  /* Where no pool can be made: a failed device, or no device pools
-   * (passthrough, the host device). */
   bool no_pool =
       atomic_load(&mp__devs[ordinal].failed) || !atomic_load(&mp__devs_pooling);
   if (no_pool && atomic_load_explicit(&mp__devs[ordinal].seen,
