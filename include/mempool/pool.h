@@ -232,9 +232,19 @@ typedef struct mp_pool_config {
  *    into one trace. An arena asking for its share of the cap is no oom
  *    event; an allocation that fails is one, in the calling thread's
  *    arena.
- * Refused with MP_EINVAL (the message names arenas): graph pools, and
- * history_stacks=1 at create (an arena's allocation path does not mark
- * its caller). */
+ *  - Graph pools (mp_pool_graph_create of the pool): a graph pool is one
+ *    pool, whose ranges the calling thread's arena lends (with the
+ *    out-of-memory path above). mp_pool_graph_begin marks the stream
+ *    capturing in every arena, those made later included, so that an
+ *    allocation on it from any thread comes from the graph pool and no
+ *    arena records on it or waits for it; meanwhile the arenas' caches are
+ *    looked at on their slower path. A free of graph memory through the
+ *    pool, from any thread, reaches the graph pool through the arena that
+ *    lent the range, and the release gives each range back to its arena.
+ *    While a graph pool lives, mp_pool_destroy and mp_pool_pause of the
+ *    pool are MP_EBUSY and change nothing.
+ * Refused with MP_EINVAL: history_stacks=1 at create (an arena's
+ * allocation path does not mark its caller). */
 
 /* Growing: mp_pool_config_t only ever gains fields at its end, after
  * struct_size, so struct_size sits at the same place in every layout that

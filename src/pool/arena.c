@@ -38,6 +38,16 @@
  * shares) leave a paused arena alone: its memory is unmapped, its free
  * and reserved bytes read 0, and its share of the cap stays for resume.
  *
+ * Graph pools (graph.c): a graph pool of the pool is one pool, and its
+ * upstream (mp__arena_graph_borrow) is the calling thread's arena, which
+ * keeps the range in its table of ranges, so that a free through the pool
+ * reaches the graph pool through it. A stream routed to a graph pool is
+ * marked capturing in every arena (a new arena copies the pool's own
+ * marks, mp__arena_make), which turns the arena's cache off: an
+ * allocation on it misses the cache and finds the route (pool.c), and no
+ * arena records on the stream or waits for it, as CUDA's capture rules
+ * ask.
+ *
  * Out of memory: memory cached in one arena must not be stuck there. When
  * an arena's allocation fails (MP_ENOMEM, MP_ELIMIT), first (capped pools)
  * the other arenas' unused share of the cap comes back and the arena gets
@@ -143,6 +153,11 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
     const mp__strm_t *ps = &pool->streams[k];
     if (!ps->gone)
       st = mp__stream_index_owned(a, ps->s, ps->owner, &sidx);
+    /* A stream routed to a graph pool is marked capturing in every arena,
+     * this one too (graph.c keeps the pool's own marks for it), so that
+     * the arena's cache is off for it and nothing is recorded on it. */
+    for (uint32_t m = 0; st == MP_OK && !ps->gone && m < ps->capturing; m++)
+      mp__stream_capture_mark(a, sidx, true);
   }
   /* A capped pool's arena starts with no share: its first allocation asks
    * for one (mp__arena_share). */
@@ -624,5 +639,29 @@ mp_status_t mp__arena_alloc_any(mp_pool_t *pool, size_t bytes, mp_stream_t s,
   if (st == MP_OK)
     *owner = mp__arena_owner(pool, *out);
   MP__ASSERT(st != MP_OK || *owner != NULL);
+  return st;
+}
+
+/* The arenas' out-of-memory failures counted so far. */
+static uint64_t mp__arena_ooms(mp_pool_t *pool) {
+  mp_stats_t sum;
+  mp__stats_read(pool, &sum);
+  return sum.oom_count;
+}
+
+mp_status_t mp__arena_graph_borrow(mp_pool_t *graph, size_t bytes,
+                                   mp_stream_t s, void **out) {
+  mp_pool_t *pool = graph->parent, *lender = NULL;
+  uint64_t ooms = mp__arena_ooms(pool);
+  mp_status_t st = mp__arena_alloc_any(pool, bytes, s, out, &lender);
+  /* MP_ENOMEM that no arena counted is host memory running out: MP__EHOST
+   * stops the graph pool's ladder (graph.c's borrowing says why). */
+  if (st == MP_ENOMEM && mp__arena_ooms(pool) == ooms)
+    st = MP__EHOST;
+  if (st == MP_OK) {
+    mp__pool_lock(lender);
+    st = mp__graph_lend(lender, graph, out);
+    mp__pool_unlock(lender);
+  }
   return st;
 }

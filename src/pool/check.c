@@ -135,9 +135,12 @@ mp_status_t mp__pool_check_locked(mp_pool_t *pool) {
   if ((pool->rare != 0) != (mp__pool_rare_of(pool) != 0))
     MP__CORRUPT("the rare-state word is %u, its fields say %u", pool->rare,
                 mp__pool_rare_of(pool));
-  if (pool->cached_off != (pool->paused || pool->hist.ev != NULL))
-    MP__CORRUPT("the cache's off flag is %d, paused %d, history %d",
-                pool->cached_off, pool->paused, pool->hist.ev != NULL);
+  if (pool->cached_off !=
+      (pool->paused || pool->hist.ev != NULL || pool->ncapturing > 0))
+    MP__CORRUPT("the cache's off flag is %d, paused %d, history %d, "
+                "%u streams capturing",
+                pool->cached_off, pool->paused, pool->hist.ev != NULL,
+                pool->ncapturing);
   /* The stream the plain path compares a call's with names its slot's. */
   if (pool->last_s != MP__STREAM_GONE &&
       (pool->last_sidx >= pool->nstreams ||

@@ -24,7 +24,13 @@
  * the routes naming it plus the begins on it still in flight (begin counts
  * one mark in each pool, end or a refusal takes it back; a stream
  * forgotten before the end clears its own marks and route, stream.c); a
- * pool's ncapturing counts its slots with a nonzero count. */
+ * pool's ncapturing counts its slots with a nonzero count.
+ *
+ * A parent with arenas (arena.c) keeps the routes and its own marks (which
+ * arenas made later copy); every arena marks the stream too, and the
+ * arena that lends a range (the calling thread's: the graph pool's
+ * upstream is arena.c's) keeps it in its own table of ranges, where the
+ * release finds it to give it back. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -85,16 +91,14 @@ mp_pool_t *mp__graph_owner(const mp_pool_t *parent, uintptr_t p) {
   return r != NULL ? r->graph : NULL;
 }
 
-mp_status_t mp_pool_graph_create(mp_pool_t *parent, mp_pool_t **out) {
+mp_status_t mp__graph_create(mp_pool_t *parent, mp__upstream_t upstream,
+                             mp_pool_t **out) {
   if (parent == NULL || out == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_graph_create: %s is NULL",
                     parent == NULL ? "parent" : "out");
   if (parent->parent != NULL)
     return mp__fail(MP_EINVAL, "mp_pool_graph_create: the parent is a %s pool",
                     parent->graph ? "graph" : "child");
-  mp_status_t nst = mp__no_arenas(parent, "mp_pool_graph_create");
-  if (nst != MP_OK)
-    return nst;
   /* Under the lock: mp_pool_set_max_fraction changes it. */
   mp__pool_lock(parent);
   mp_pool_config_t cfg = parent->cfg;
@@ -106,6 +110,9 @@ mp_status_t mp_pool_graph_create(mp_pool_t *parent, mp_pool_t **out) {
   cfg.max_fraction = 0;
   cfg.max_split = 0;
   cfg.release_threshold = 0;
+  /* A parent with arenas lends from the calling thread's arena (its
+   * upstream, arena.c); the graph pool itself is one pool. */
+  cfg.arenas = 0;
   mp_pool_t *g;
   mp_status_t st = mp__pool_new(parent->dev, &cfg, &g);
   if (st != MP_OK)
@@ -118,7 +125,7 @@ mp_status_t mp_pool_graph_create(mp_pool_t *parent, mp_pool_t **out) {
     /* The one call down-to-up in src/pool (pool_internal.h's map): plain
      * growth of g (segment.c) borrows from parent through it, as an RMM
      * resource asks its upstream. */
-    g->upstream = mp__graph_borrow;
+    g->upstream = upstream != NULL ? upstream : mp__graph_borrow;
     /* No cap of its own: every range it grows by is an allocation of the
      * parent, which answers against its cap of the moment (a copy taken
      * here would miss a later mp_pool_set_max_fraction) with its own
@@ -136,33 +143,13 @@ mp_status_t mp_pool_graph_create(mp_pool_t *parent, mp_pool_t **out) {
   return MP_OK;
 }
 
-/* Counts one mark more (on) or one fewer on slot sidx of pool's stream
- * table. A count, not a flag: two begins on one stream (threads, each
- * marking the graph pool before the parent's lock says which one routes)
- * each take back only their own mark, so the loser's refusal, or an end
- * racing a begin, cannot clear the mark the route that stays still needs.
- * The slot counts as capturing while its count is nonzero. */
-static void mp__graph_mark_slot(mp_pool_t *pool, uint32_t sidx, bool on) {
-  mp__strm_t *t = &pool->streams[sidx];
-  if (on) {
-    if (t->capturing == 0) {
-      mp__stream_capture_begins(pool, sidx); /* t stays valid: no new slot */
-      pool->ncapturing++;
-    }
-    t->capturing++;
-  } else if (t->capturing > 0 && --t->capturing == 0) {
-    pool->ncapturing--;
-    mp__stream_capture_ended(pool, sidx);
-  }
-}
-
 /* Counts one mark more or fewer on s (the calling thread's, for the
  * per-thread handle) in pool's stream table. */
 static mp_status_t mp__graph_mark(mp_pool_t *pool, mp_stream_t s, bool on) {
   uint32_t sidx;
   mp_status_t st = mp__stream_index(pool, s, &sidx);
   if (st == MP_OK)
-    mp__graph_mark_slot(pool, sidx, on);
+    mp__stream_capture_mark(pool, sidx, on);
   return st;
 }
 
@@ -171,7 +158,41 @@ static void mp__graph_unmark_owned(mp_pool_t *pool, mp_stream_t s,
                                    uint64_t owner) {
   uint32_t sidx;
   if (mp__stream_index_owned(pool, s, owner, &sidx) == MP_OK)
-    mp__graph_mark_slot(pool, sidx, false);
+    mp__stream_capture_mark(pool, sidx, false);
+}
+
+/* Under parent's lock, on a pool with arenas: one mark more (on) or one
+ * fewer of s as owner's stream in every arena made (arenas made later copy
+ * the parent's own marks, mp__arena_make). Marking may fail (host memory
+ * for a new slot): the marks made are taken back, and so nothing changes.
+ */
+static mp_status_t mp__graph_mark_arenas(mp_pool_t *parent, mp_stream_t s,
+                                         uint64_t owner, bool on) {
+  size_t n = parent->arenas != NULL ? parent->cfg.arenas : 0;
+  mp_status_t st = MP_OK;
+  size_t i = 0;
+  for (; i < n && st == MP_OK; i++) {
+    mp_pool_t *a = mp__arena_at(parent, i);
+    if (a == NULL)
+      continue;
+    uint32_t sidx;
+    mp__pool_lock(a);
+    if (!on)
+      mp__graph_unmark_owned(a, s, owner);
+    else if ((st = mp__stream_index_owned(a, s, owner, &sidx)) == MP_OK)
+      mp__stream_capture_mark(a, sidx, true);
+    mp__pool_unlock(a);
+  }
+  /* Arena i - 1 failed: the ones before it are unmarked again. */
+  for (size_t k = 0; st != MP_OK && k + 1 < i; k++) {
+    mp_pool_t *a = mp__arena_at(parent, k);
+    if (a == NULL)
+      continue;
+    mp__pool_lock(a);
+    mp__graph_unmark_owned(a, s, owner);
+    mp__pool_unlock(a);
+  }
+  return st;
 }
 
 static mp_status_t mp__graph_check(mp_pool_t *parent, mp_pool_t *graph,
@@ -220,6 +241,13 @@ mp_status_t mp__graph_begin_owned(mp_pool_t *parent, mp_pool_t *graph,
   /* After the mark, which adds s to the table: a per-thread stream is
    * routed for the calling thread only (the handle names its stream). */
   uint64_t own = mp__stream_owner(parent, s);
+  /* With arenas, each arena's table too: the arena's cache is off while
+   * it has a capturing slot (cached_off), so that an allocation on s
+   * misses it and finds the route (pool.c), and no arena records on s or
+   * queries it. */
+  if (st == MP_OK &&
+      (st = mp__graph_mark_arenas(parent, s, own, true)) != MP_OK)
+    mp__graph_unmark_owned(parent, s, own);
   if (st == MP_OK) {
     parent->routes[parent->nroutes++] = (mp__route_t){s, own, graph};
     mp__pool_rare_update(parent);
@@ -256,7 +284,8 @@ static mp_status_t mp__graph_end(mp_pool_t *parent, mp_stream_t s,
     graph = r->graph;
     *r = parent->routes[--parent->nroutes];
     mp__pool_rare_update(parent);
-    mp__graph_unmark_owned(parent, s, own); /* marked: has a slot */
+    mp__graph_unmark_owned(parent, s, own);             /* marked: has a slot */
+    (void)mp__graph_mark_arenas(parent, s, own, false); /* cannot fail */
   }
   mp__pool_unlock(parent);
   if (graph == NULL)
@@ -294,65 +323,101 @@ mp_pool_t *mp_pool_graph_of(mp_pool_t *parent, mp_stream_t s) {
   return g;
 }
 
+mp_status_t mp__graph_lend(mp_pool_t *lender, mp_pool_t *graph,
+                           void *const *out) {
+  mp__grange_t *r = mp__graph_room(lender->granges, lender->ngranges,
+                                   &lender->granges_cap, sizeof *r, "ranges");
+  mp__slot_t *slot = NULL;
+  mp__block_t *b = mp__map_lookup(lender, (uintptr_t)*out, &slot);
+  if (r == NULL) {
+    mp__map_remove_slot(lender, slot);
+    mp__block_release(lender, b);
+    return MP__EHOST;
+  }
+  lender->granges = r;
+  b->flags |= MP__B_CHILD;
+  b->child = graph;
+  lender->granges[lender->ngranges++] = (mp__grange_t){b->addr, b->size, graph};
+  mp__pool_rare_update(lender);
+  return MP_OK;
+}
+
 static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes,
                                     mp_stream_t s, void **out) {
   mp_pool_t *parent = graph->parent;
+  mp_status_t st;
   mp__pool_lock(parent);
   mp__grange_t *r = mp__graph_room(parent->granges, parent->ngranges,
                                    &parent->granges_cap, sizeof *r, "ranges");
   if (r != NULL)
     parent->granges = r;
   uint64_t ooms = parent->st.oom_count;
-  mp_status_t st =
-      r != NULL ? mp__pool_alloc_locked(parent, bytes, s, out) : MP__EHOST;
+  st = r != NULL ? mp__pool_alloc_locked(parent, bytes, s, out) : MP__EHOST;
   /* The parent's MP_ENOMEM without an out-of-memory count is host memory
    * running out (its message says so): MP__EHOST, so that the graph pool's
    * ladder stops with that message instead of taking it for a full
    * device. */
   if (st == MP_ENOMEM && parent->st.oom_count == ooms)
     st = MP__EHOST;
-  if (st == MP_OK) {
-    /* The allocation may have dropped the lock (growth) while another graph
-     * pool borrowed: the room is asked again. */
-    r = mp__graph_room(parent->granges, parent->ngranges, &parent->granges_cap,
-                       sizeof *r, "ranges");
-    mp__slot_t *slot = NULL;
-    mp__block_t *b = mp__map_lookup(parent, (uintptr_t)*out, &slot);
-    if (r == NULL) {
-      mp__map_remove_slot(parent, slot);
-      mp__block_release(parent, b);
-      st = MP__EHOST;
-    } else {
-      parent->granges = r;
-      b->flags |= MP__B_CHILD;
-      b->child = graph;
-      parent->granges[parent->ngranges++] =
-          (mp__grange_t){b->addr, b->size, graph};
-      mp__pool_rare_update(parent);
-    }
-  }
+  /* The allocation may have dropped the lock (growth) while another graph
+   * pool borrowed: the room is asked again. */
+  if (st == MP_OK)
+    st = mp__graph_lend(parent, graph, out);
   mp__pool_unlock(parent);
   return st;
 }
 
-/* Gives every range of a released, empty graph pool back to its parent and
- * frees it. */
+/* Under lender's lock: graph's range at base (its segment) goes back to
+ * lender as a free block, reusable there once the work queued on every
+ * stream lender knows has passed (replays may still run anywhere). */
+static void mp__graph_give_back(mp_pool_t *lender, uintptr_t base) {
+  for (size_t i = 0; i < lender->ngranges; i++)
+    if (lender->granges[i].base == base) {
+      lender->granges[i] = lender->granges[--lender->ngranges];
+      mp__pool_rare_update(lender);
+      break;
+    }
+  mp__slot_t *slot = NULL;
+  mp__block_t *b = mp__map_lookup(lender, base, &slot);
+  mp__stream_use_all(lender, b);
+  mp__map_remove_slot(lender, slot);
+  mp__block_release(lender, b);
+}
+
+/* With arenas: gives graph's range at base back to the arena that lent
+ * it, the one whose table of ranges holds it. */
+static void mp__graph_give_back_to_arena(mp_pool_t *parent, uintptr_t base) {
+  for (size_t i = 0; i < parent->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(parent, i);
+    if (a == NULL)
+      continue;
+    mp__pool_lock(a);
+    bool lent = false;
+    for (size_t k = 0; k < a->ngranges && !lent; k++)
+      lent = a->granges[k].base == base;
+    if (lent)
+      mp__graph_give_back(a, base);
+    mp__pool_unlock(a);
+    if (lent)
+      return;
+  }
+  MP__ASSERT(!"a graph pool's range in no arena");
+}
+
+/* Gives every range of a released, empty graph pool back to the pool that
+ * lent it (its parent, or the parent's arena that lent it) and frees it. */
 static void mp__graph_finish(mp_pool_t *graph) {
   mp_pool_t *parent = graph->parent;
-  mp__pool_lock(parent);
-  for (mp__segment_t *s = graph->segs; s != NULL; s = s->next) {
-    for (size_t i = 0; i < parent->ngranges; i++)
-      if (parent->granges[i].base == s->base) {
-        parent->granges[i] = parent->granges[--parent->ngranges];
-        mp__pool_rare_update(parent);
-        break;
-      }
-    mp__slot_t *slot = NULL;
-    mp__block_t *b = mp__map_lookup(parent, s->base, &slot);
-    mp__stream_use_all(parent, b); /* replays may still run anywhere */
-    mp__map_remove_slot(parent, slot);
-    mp__block_release(parent, b);
-  }
+  bool arenas = parent->arenas != NULL;
+  if (!arenas)
+    mp__pool_lock(parent);
+  for (mp__segment_t *s = graph->segs; s != NULL; s = s->next)
+    if (arenas)
+      mp__graph_give_back_to_arena(parent, s->base);
+    else
+      mp__graph_give_back(parent, s->base);
+  if (arenas)
+    mp__pool_lock(parent);
   parent->children--;
   mp__pool_unlock(parent);
   for (mp__segment_t *s = graph->segs; s != NULL;) {

@@ -171,6 +171,13 @@ static mp_status_t mp__movable_in_arenas(mp_pool_t *pool, size_t bytes,
   return MP_OK;
 }
 
+/* Nor from a stream that allocates to a graph pool: the graph's replays
+ * use the block at its address, and defragmentation would move it. */
+static mp_status_t mp__movable_routed(void) {
+  return mp__fail(MP_EINVAL, "mp_pool_alloc_movable: the stream allocates to "
+                             "a graph pool, which holds no movable blocks");
+}
+
 mp_status_t mp_pool_alloc_movable(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   mp_handle_t **out) {
   if (pool == NULL || out == NULL)
@@ -186,18 +193,16 @@ mp_status_t mp_pool_alloc_movable(mp_pool_t *pool, size_t bytes, mp_stream_t s,
     return MP_OK;
   }
   if (pool->arenas != NULL)
-    return mp__movable_in_arenas(pool, bytes, s, out);
+    return mp_pool_graph_of(pool, s) != NULL
+               ? mp__movable_routed()
+               : mp__movable_in_arenas(pool, bytes, s, out);
   /* One locked step: nobody can free the block as a raw pointer before it
    * is marked movable. */
   MP__HIST_ENTRY(pool);
   mp__pool_lock(pool);
-  /* Nor from a stream that allocates to a graph pool: the graph's replays
-   * use the block at its address, and defragmentation would move it. */
   if (MP__UNLIKELY(pool->nroutes > 0) && mp__graph_route(pool, s) != NULL) {
     mp__pool_unlock(pool);
-    return mp__fail(MP_EINVAL,
-                    "mp_pool_alloc_movable: the stream allocates to a graph "
-                    "pool, which holds no movable blocks");
+    return mp__movable_routed();
   }
   uint32_t idx = 0;
   mp_status_t st = mp__handle_reserve(&idx);

@@ -407,6 +407,11 @@ static mp_status_t mp__arenas_pause_check(mp_pool_t *pool) {
     return mp__fail(MP_EBUSY, "mp_pool_pause: the pool is paused already");
   if (pool->children_making > 0)
     return mp__fail(MP_EBUSY, "mp_pool_pause: a child pool is being made");
+  /* Graph pools count in the pool itself (their ranges in the arenas):
+   * a graph's replays use its memory at its addresses. */
+  if (pool->children > 0)
+    return mp__fail(MP_EBUSY, "mp_pool_pause: %zu graph pool%s live",
+                    pool->children, pool->children == 1 ? "" : "s");
   mp_status_t st = MP_OK;
   for (size_t i = 0; i < pool->cfg.arenas && st == MP_OK; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);

@@ -177,6 +177,17 @@ static void mp__destroy_wait_anyway(mp_pool_t *pool, mp__sync_set_t *set) {
 
 /* mp_pool_destroy; *gone: the pool was freed (also on a failure after
  * the point of no return). */
+/* MP_EBUSY while child or graph pools of pool live, else MP_OK. */
+static mp_status_t mp__pool_no_children(mp_pool_t *pool) {
+  mp__pool_lock(pool);
+  size_t n = pool->children;
+  mp__pool_unlock(pool);
+  return n == 0 ? MP_OK
+                : mp__fail(MP_EBUSY,
+                           "mp_pool_destroy: %zu child pool%s still live", n,
+                           n == 1 ? "" : "s");
+}
+
 static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
   *gone = false;
   if (pool == NULL)
@@ -191,7 +202,11 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
    * range or an imported plain-segment block, and whether it can wait for
    * its streams, so that such a refusal changes nothing; one that still
    * fails to go (its wait failed) stays, and so does the pool: a later
-   * destroy ends the rest. */
+   * destroy ends the rest. A graph pool of the pool (counted in the pool,
+   * its ranges lent by the arenas) refuses first. */
+  mp_status_t gst = pool->arenas != NULL ? mp__pool_no_children(pool) : MP_OK;
+  if (gst != MP_OK)
+    return gst;
   for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);
     if (a == NULL)
@@ -228,13 +243,10 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
   }
   free(pool->arenas);
   pool->arenas = NULL;
+  mp_status_t cst = mp__pool_no_children(pool);
+  if (cst != MP_OK)
+    return cst;
   mp__pool_lock(pool);
-  if (pool->children > 0) {
-    size_t n = pool->children;
-    mp__pool_unlock(pool);
-    return mp__fail(MP_EBUSY, "mp_pool_destroy: %zu child pool%s still live", n,
-                    n == 1 ? "" : "s");
-  }
   /* A plain segment still imported by another process may not be freed
    * yet (export.c); refused, as pause is; nothing changed. */
   mp_status_t est = mp__export_destroy_busy(pool);
@@ -489,6 +501,27 @@ mp_device_t *mp_pool_device(const mp_pool_t *pool) {
 
 /* ---- alloc / free ------------------------------------------------------- */
 
+static mp_status_t mp__pool_alloc_rare(mp_pool_t *pool, size_t bytes,
+                                       mp_stream_t s, void **out, void *ra);
+
+/* The rest of mp__arena_alloc after a miss of arena a's cache: a stream
+ * routed to a graph pool allocates there (while the pool routes streams,
+ * every arena marks them capturing, and its cache is off: graph.c), any
+ * other through the arenas' path. */
+static MP__COLD mp_status_t mp__arena_alloc_rest(mp_pool_t *pool, mp_pool_t *a,
+                                                 size_t bytes, mp_stream_t s,
+                                                 void **out) {
+  mp__pool_lock(a);
+  bool capturing = a->ncapturing > 0;
+  mp__pool_unlock(a);
+  mp_pool_t *g = capturing ? mp_pool_graph_of(pool, s) : NULL;
+  if (g != NULL) {
+    mp__pool_lock(g); /* a graph pool: never with arenas */
+    return mp__pool_alloc_rare(g, bytes, s, out, NULL);
+  }
+  return mp__arena_alloc_miss(pool, a, bytes, s, out);
+}
+
 /* mp_pool_alloc on a pool with arenas: the calling thread's arena's cache
  * (inline here: one frame, not three, and not in mp_pool_alloc itself,
  * whose path without arenas it slowed by 7 instructions a pair), the rest
@@ -511,7 +544,7 @@ mp__arena_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s, void **out) {
   mp__pool_unlock(a);
   if (MP__LIKELY(st == MP_OK))
     return st;
-  return mp__arena_alloc_miss(pool, a, bytes, s, out);
+  return mp__arena_alloc_rest(pool, a, bytes, s, out);
 }
 
 /* mp_pool_alloc, locked, in a pool where pool->rare is set: the history's
@@ -803,10 +836,23 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
     if (sizes[i] == 0)
       return mp__fail(MP_EINVAL, "mp_pool_alloc_contiguous: sizes[%zu] is 0",
                       i);
-  if (pool->arenas != NULL)
-    return mp__arena_alloc_contiguous(pool, count, sizes, s, out);
+  if (pool->arenas != NULL) {
+    /* A stream routed to a graph pool gets the pieces there (as the path
+     * without arenas does, contiguous.c). */
+    mp_pool_t *g = mp_pool_graph_of(pool, s);
+    return g != NULL ? mp__pool_alloc_pieces(g, count, sizes, s, out)
+                     : mp__arena_alloc_contiguous(pool, count, sizes, s, out);
+  }
   MP__HIST_ENTRY(pool);
   return mp__pool_alloc_pieces(pool, count, sizes, s, out);
+}
+
+mp_status_t mp_pool_graph_create(mp_pool_t *parent, mp_pool_t **out) {
+  /* A parent with arenas lends through the calling thread's arena. */
+  return mp__graph_create(
+      parent,
+      parent != NULL && parent->arenas != NULL ? mp__arena_graph_borrow : NULL,
+      out);
 }
 
 mp_status_t mp_pool_ipc_export(mp_pool_t *pool, void *ptr,

@@ -35,18 +35,23 @@
  *   snapshot.c  mp_pool_snapshot. Nothing (the lock is inline).
  *   pause.c     pause and resume. export, vrange, stream, lock.
  *   child.c     child pools. alloc, core, block, index.
- *   graph.c     graph-private pools. alloc, core, block, stream.
+ *   graph.c     graph-private pools: routes, capture marks (in every
+ *               arena of a parent with arenas), lending and giving back
+ *               ranges. alloc, core, block, stream.
  *   handle.c    movable-block handles. alloc, core, block, history.
  *   arena.c     per-thread arenas (arenas=N): a thread's arena, the
  *               arena holding a pointer, sharing the cap, reclaiming the
- *               other arenas' cache on out-of-memory, trim. alloc, core,
- *               grow, vrange, block, stream, stats.
+ *               other arenas' cache on out-of-memory, trim, lending to
+ *               graph pools. alloc, core, grow, vrange, block, stream,
+ *               stats, contiguous, graph.
  *   pool.c      the public entry points (create, destroy, alloc, free,
  *               record_stream, trim, ...): route to graph pools, leases,
  *               pause, handles, children, then the core. Any file above.
  * The one call downwards-up: a graph pool's growth (segment.c) borrows
- * from its parent through pool->upstream, a function pointer graph.c sets
- * (as an RMM resource's upstream). The fit and split rules, the paused
+ * from its parent through pool->upstream, a function pointer pool.c
+ * chooses at mp_pool_graph_create (as an RMM resource's upstream):
+ * graph.c's borrowing, or arena.c's for a parent with arenas. The fit and
+ * split rules, the paused
  * check and the lock itself are inline functions of this header.
  *
  * Object model:
@@ -348,8 +353,9 @@ struct mp_pool {
    * blocks under the limit (mp__split_allowed), no test of 0 first. */
   size_t split_free_max;
   bool paused; /* pause.c: memory given back, addresses kept */
-  /* paused, or an event history: an arena's allocation from its cache
-   * takes its rare path (alloc.c). Kept by mp__pool_rare_update. */
+  /* paused, an event history, or a stream marked capturing (its pool
+   * routes streams to graph pools): an arena's allocation from its cache
+   * takes its rare path (alloc.c, pool.c). Kept by mp__pool_rare_update. */
   bool cached_off;
   bool pause_turn;    /* pause.c, a pool with arenas: a pause or resume of
                          its arenas is under way (the pool's lock dropped) */
@@ -400,7 +406,7 @@ struct mp_pool {
    * graph.c): called with the lock dropped (inflight) for a new plain
    * segment of bytes on stream s. NULL: the device. */
   mp_status_t (*upstream)(mp_pool_t *pool, size_t bytes, mp_stream_t s,
-                          void **out);
+                          void **out); /* an mp__upstream_t */
 
   /* graph.c */
   bool graph;          /* a graph-private pool: grows by borrowing ranges of
@@ -589,7 +595,8 @@ static inline uint32_t mp__pool_rare_of(const mp_pool_t *pool) {
 }
 static inline void mp__pool_rare_update(mp_pool_t *pool) {
   pool->rare = mp__pool_rare_of(pool);
-  pool->cached_off = pool->paused || pool->hist.ev != NULL;
+  pool->cached_off =
+      pool->paused || pool->hist.ev != NULL || pool->ncapturing > 0;
 }
 
 /* Under the lock: device bytes the pool may still take before its cap,
@@ -615,15 +622,6 @@ typedef struct mp__arena {
 /* Arena i of pool, or NULL while no thread has used it. */
 static inline mp_pool_t *mp__arena_at(const mp_pool_t *pool, size_t i) {
   return atomic_load_explicit(&pool->arenas[i].pool, memory_order_acquire);
-}
-/* MP_EINVAL naming fn when pool has arenas (a feature they refuse). */
-static inline mp_status_t mp__no_arenas(const mp_pool_t *pool, const char *fn) {
-  return MP__UNLIKELY(pool->arenas != NULL)
-             ? mp__fail(MP_EINVAL,
-                        "%s: not on a pool with arenas (arenas=%zu; see "
-                        "mempool/pool.h, Arenas)",
-                        fn, pool->cfg.arenas)
-             : MP_OK;
 }
 /* At create: the table of cfg.arenas empty arenas. */
 mp_status_t mp__arenas_init(mp_pool_t *pool);
@@ -667,6 +665,11 @@ static inline mp_pool_t *mp__arena_owner(mp_pool_t *pool, const void *ptr) {
     return a;
   return mp__arena_owner_slow(pool, p, i);
 }
+/* The upstream of a graph pool of a pool with arenas (mp__upstream_t): the
+ * calling thread's arena lends the range (or an idle arena's cache, or the
+ * arenas' out-of-memory path), and keeps it in its table of ranges. */
+mp_status_t mp__arena_graph_borrow(mp_pool_t *graph, size_t bytes,
+                                   mp_stream_t s, void **out);
 /* mp_pool_trim / mp_pool_add_stream on a pool with arenas (no lock held). */
 mp_status_t mp__arena_trim(mp_pool_t *pool, size_t keep_bytes);
 mp_status_t mp__arena_add_stream(mp_pool_t *pool, mp_stream_t s);
@@ -713,6 +716,21 @@ typedef struct mp__grange {
   size_t size;
   mp_pool_t *graph;
 } mp__grange_t;
+/* How a graph pool grows: it borrows bytes of its parent on stream s
+ * (called with the graph pool's lock dropped, inflight). */
+typedef mp_status_t (*mp__upstream_t)(mp_pool_t *graph, size_t bytes,
+                                      mp_stream_t s, void **out);
+/* mp_pool_graph_create, the graph pool growing through upstream (pool.c
+ * chooses: NULL, graph.c's own borrowing under the parent's lock, or
+ * arena.c's for a parent with arenas). */
+mp_status_t mp__graph_create(mp_pool_t *parent, mp__upstream_t upstream,
+                             mp_pool_t **out);
+/* Under lender's lock (the parent, or the arena of a parent with arenas
+ * that allocated it): its live block at *out becomes graph's range, in
+ * lender's table of ranges, so that frees through it reach graph. Without
+ * host memory for the table the block goes back: MP__EHOST. */
+mp_status_t mp__graph_lend(mp_pool_t *lender, mp_pool_t *graph,
+                           void *const *out);
 /* Under parent's lock: the graph pool stream s (the calling thread's, for
  * a per-thread stream) allocates to, or NULL. */
 mp_pool_t *mp__graph_route(const mp_pool_t *parent, mp_stream_t s);
@@ -1186,20 +1204,19 @@ static inline mp_status_t mp__stream_index(mp_pool_t *pool, mp_stream_t s,
                                            uint32_t *out) {
   return mp__stream_index_as(pool, s, out, false);
 }
-/* s is about to be marked capturing (sidx in pool's table): settles its
- * open epoch (done at once where the stream is idle, else a marker) while
- * it still may be asked and recorded on. Frees after the first of a run
- * leave the epoch open (mp__deps_on_free_uses), and once the stream is
- * marked nobody can close it until the capture ends: what it freed and
- * finished before would serve no other stream meanwhile. Nothing where
- * the device already captures it (begin called after cuStreamBeginCapture).
- */
-void mp__stream_capture_begins(mp_pool_t *pool, uint32_t sidx);
-/* s stopped capturing (sidx in pool's table): closes the epoch its
- * capture left open (no marker can be recorded on a capturing stream), so
- * that by the time another stream asks about what the capture freed, the
- * marker has had time to complete. */
-void mp__stream_capture_ended(mp_pool_t *pool, uint32_t sidx);
+/* One capture mark more (on) or one fewer on slot sidx of pool's stream
+ * table (graph.c: a route, or a begin in flight). A count, not a flag: two
+ * begins on one stream (threads, each marking before the parent's lock
+ * says which one routes) each take back only their own mark. The slot is
+ * capturing while its count is nonzero (never recorded on nor queried),
+ * and pool->ncapturing counts such slots. At the first mark the stream's
+ * open epoch is settled (done at once where it is idle, else a marker)
+ * while it may still be asked and recorded on: frees after the first of a
+ * run leave the epoch open (mp__deps_on_free_uses), and nobody could close
+ * it until the capture ends. At the last, the epoch the capture left open
+ * is closed. Here, not in graph.c, as arena.c marks a new arena's slots
+ * too. */
+void mp__stream_capture_mark(mp_pool_t *pool, uint32_t sidx, bool on);
 /* Live block b is also used on stream sidx (record_stream, a move). */
 void mp__stream_add_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx);
 /* Live block b's recorded uses are all finished (the caller synchronized

@@ -329,6 +329,7 @@ static void mp__stream_retire(mp_pool_t *pool, uint32_t i) {
     st->capturing = 0;
     pool->ncapturing--;
     mp__stream_unroute(pool, st);
+    mp__pool_rare_update(pool); /* cached_off follows ncapturing */
   }
   /* Whatever was queued on it may still use blocks freed on it, or blocks
    * it allocated: close the epoch (without a marker it waits for a sync). */
@@ -627,14 +628,24 @@ void mp__deps_on_free_uses(mp_pool_t *pool, mp__block_t *b) {
   }
 }
 
-void mp__stream_capture_begins(mp_pool_t *pool, uint32_t sidx) {
+void mp__stream_capture_mark(mp_pool_t *pool, uint32_t sidx, bool on) {
   MP__ASSERT_LOCKED(pool);
-  mp__stream_settle(pool, sidx);
-}
-
-void mp__stream_capture_ended(mp_pool_t *pool, uint32_t sidx) {
-  MP__ASSERT_LOCKED(pool);
-  mp__stream_close(pool, &pool->streams[sidx]);
+  mp__strm_t *t = &pool->streams[sidx];
+  if (on) {
+    /* Settled while it may still be asked and recorded on. */
+    if (t->capturing == 0) {
+      mp__stream_settle(pool, sidx); /* t stays valid: no new slot */
+      pool->ncapturing++;
+    }
+    t->capturing++;
+  } else if (t->capturing > 0 && --t->capturing == 0) {
+    pool->ncapturing--;
+    /* The epoch the capture left open closes now (no marker could be
+     * recorded meanwhile), so that by the time another stream asks about
+     * what the capture freed, the marker has had time to complete. */
+    mp__stream_close(pool, t);
+  }
+  mp__pool_rare_update(pool); /* cached_off follows ncapturing */
 }
 
 static bool mp__dep_done(const mp_pool_t *pool, const mp__dep_t *d) {

@@ -1,7 +1,8 @@
 /* Graph-private pools on the host device: allocations on a stream that
  * allocates to a graph pool come from it, its memory goes to no one else
  * until the graph pool is released, several captures share one graph pool,
- * and released memory returns to the parent. */
+ * and released memory returns to the parent. (Every test here runs on a
+ * parent with arenas too: test_pool_arenas_graph.c.) */
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -17,9 +18,19 @@ static mp_device_t *dev;
 static mp_pool_t *parent;
 static mp_stream_t s1, s2;
 
+/* The parent's config: test_pool_arenas_graph.c runs every test here on
+ * a parent with arenas. */
+#ifndef POOL_GRAPH_CONF
+#define POOL_GRAPH_CONF ""
+#endif
+
 static void setup(void) {
   cr_assert_eq(mp_device_open("host", &dev), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(mp_pool_create(dev, NULL, &parent), MP_OK);
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cr_assert_eq(mp_pool_config_parse(&cfg, POOL_GRAPH_CONF), MP_OK);
+  cr_assert_eq(mp_pool_create(dev, &cfg, &parent), MP_OK, "%s",
+               mp_last_error());
   cr_assert_eq(mp_stream_create(dev, &s1), MP_OK);
   cr_assert_eq(mp_stream_create(dev, &s2), MP_OK);
 }

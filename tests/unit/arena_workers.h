@@ -23,6 +23,7 @@ typedef struct job {
   size_t bytes;
   unsigned tag; /* ALLOC: the blocks' bytes are tag + i */
   int count;
+  mp_stream_t s; /* ALLOC: the stream (NULL unless set) */
   void *ptrs[8];
   mp_status_t st;
   char why[256]; /* mp_last_error() of the job's thread, after it */
@@ -47,7 +48,7 @@ static inline void *job_run(void *arg) {
   for (int i = 0; i < j->count && j->st == MP_OK; i++) {
     switch (j->op) {
     case ALLOC:
-      j->st = mp_pool_alloc(j->pool, j->bytes, NULL, &j->ptrs[i]);
+      j->st = mp_pool_alloc(j->pool, j->bytes, j->s, &j->ptrs[i]);
       if (j->st == MP_OK)
         fill(j->ptrs[i], j->bytes, j->tag + (unsigned)i);
       break;

@@ -1,0 +1,322 @@
+/* Graph pools of a pool with arenas (arenas=N, src/pool/graph.c): a stream
+ * begun on one thread is routed on every thread, whichever arena it uses
+ * and in arenas made during the capture; the calling thread's arena lends
+ * the graph's ranges and takes each back at the release; the pool refuses
+ * to pause, trim or be destroyed meanwhile, and the refusal changes
+ * nothing; captures race other threads' allocations without handing graph
+ * memory out. The contract shared with pools without arenas is
+ * tests/integration/test_pool_arenas_graph.c. White-box: it reads the
+ * arenas' stream marks and lent ranges. */
+#include <criterion/criterion.h>
+#include <stdatomic.h>
+
+#include "../support/pool_helpers.h"
+#include "arena_workers.h"
+#include "pool/pool_internal.h"
+
+#define MiB ((size_t)1 << 20)
+
+MP_DEVICE_SUITE(pool_arenas_graph, "host:capacity=256M");
+
+static mp_stream_t new_stream(void) {
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK, "%s", mp_last_error());
+  return s;
+}
+
+static bool lent_at(mp_pool_t *a, uintptr_t p) {
+  return mp__graph_owner(a, p) != NULL;
+}
+
+/* Not a range lent to a graph pool, whose first block shares its
+ * address. */
+static bool serves_at(mp_pool_t *a, uintptr_t p) {
+  const mp__block_t *b = mp__map_find(a, p);
+  return b != NULL && !(b->flags & MP__B_CHILD);
+}
+
+/* The index of the arena that lent the range holding p to a graph pool, or
+ * -1. */
+static int arena_lending(mp_pool_t *pool, const void *p) {
+  return arena_where(pool, p, lent_at);
+}
+
+/* The index of the arena whose own live block p is, or -1. */
+static int arena_serving(mp_pool_t *pool, const void *p) {
+  return arena_where(pool, p, serves_at);
+}
+
+static size_t ranges_lent(mp_pool_t *pool, size_t i) {
+  mp_pool_t *a = mp__arena_at(pool, i);
+  mp__pool_lock(a);
+  size_t n = a->ngranges;
+  mp__pool_unlock(a);
+  return n;
+}
+
+/* Every arena made has n slots marked capturing, and its cache is off
+ * exactly while it has one. */
+static void expect_marks(mp_pool_t *pool, uint32_t n) {
+  for (size_t i = 0; i < pool->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    if (a == NULL)
+      continue;
+    mp__pool_lock(a);
+    cr_expect_eq(a->ncapturing, n, "arena %zu: %u streams capturing", i,
+                 a->ncapturing);
+    cr_expect_eq(a->cached_off, n > 0, "arena %zu: its cache %s", i,
+                 a->cached_off ? "off" : "on");
+    mp__pool_unlock(a);
+  }
+}
+
+/* Nothing live, the pool checks clean and goes, and so do s1 and s2. */
+static void expect_empty_and_destroy(mp_pool_t *pool, mp_stream_t s1,
+                                     mp_stream_t s2) {
+  mp_stats_t st = stats(pool);
+  cr_expect_eq(st.allocated_bytes, 0);
+  cr_expect_eq(st.live_blocks, 0);
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  mp_stream_destroy(dev, s1);
+  mp_stream_destroy(dev, s2);
+}
+
+Test(pool_arenas_graph, a_stream_begun_on_one_thread_is_routed_on_every_one) {
+  mp_pool_t *pool = make_pool(dev, "arenas=4");
+  mp_stream_t s1 = new_stream(), s2 = new_stream();
+  /* wa's arena caches a block of the size it asks for next: a capture
+   * must not take it. */
+  cache_on_worker(pool, &wa, MiB);
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(g->arenas, NULL, "the graph pool is one pool");
+  cr_assert_eq(mp_pool_graph_begin(pool, g, s1), MP_OK, "%s", mp_last_error());
+  expect_marks(pool, 1);
+  job_t on_s1 = {.pool = pool, .bytes = MiB, .tag = 0x21, .count = 1, .s = s1};
+  cr_assert_eq(on_worker(&wa, &on_s1, ALLOC), MP_OK, "%s", on_s1.why);
+  cr_expect_eq(arena_serving(pool, on_s1.ptrs[0]), -1,
+               "a captured allocation came from an arena's cache");
+  cr_expect_eq(stats(g).live_blocks, 1);
+  int lender = arena_lending(pool, on_s1.ptrs[0]);
+  cr_assert_geq(lender, 0, "no arena lent the range");
+  /* Another stream on the same thread: the arena, as before. */
+  job_t on_s2 = {.pool = pool, .bytes = MiB, .tag = 0x22, .count = 1, .s = s2};
+  cr_assert_eq(on_worker(&wa, &on_s2, ALLOC), MP_OK, "%s", on_s2.why);
+  cr_expect_eq(arena_holding(pool, on_s2.ptrs[0]), lender,
+               "s2 is not captured: wa's arena serves it");
+  cr_expect_eq(stats(g).live_blocks, 1);
+  /* A thread whose arena is made during the capture: its arena marks s1
+   * too, and its allocation on s1 goes to the graph pool. */
+  size_t before = arenas_made(pool);
+  job_t late = {
+      .pool = pool, .bytes = 2 * MiB, .tag = 0x23, .count = 1, .s = s1};
+  cr_assert_eq(on_thread(&late, ALLOC), MP_OK, "%s", late.why);
+  cr_expect_eq(arenas_made(pool), before + 1, "a new arena");
+  expect_marks(pool, 1);
+  cr_expect_eq(arena_serving(pool, late.ptrs[0]), -1);
+  cr_expect_eq(stats(g).live_blocks, 2);
+  cr_expect_eq(mp_pool_graph_of(pool, s1), g);
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_check(g), MP_OK, "%s", mp_last_error());
+  /* Frees through the pool from this thread (its own arena): they land in
+   * the graph pool. */
+  cr_expect_eq(mp_pool_free(pool, on_s1.ptrs[0]), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_free(pool, late.ptrs[0]), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(stats(g).live_blocks, 0);
+  cr_assert_eq(mp_pool_graph_end(pool, s1), MP_OK, "%s", mp_last_error());
+  expect_marks(pool, 0);
+  cr_expect_null(mp_pool_graph_of(pool, s1));
+  /* Off the capture, wa's cache serves it again. */
+  job_t after = {.pool = pool, .bytes = MiB, .tag = 0x24, .count = 1, .s = s2};
+  cr_assert_eq(on_worker(&wa, &after, ALLOC), MP_OK, "%s", after.why);
+  cr_expect_eq(arena_holding(pool, after.ptrs[0]), lender);
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(on_worker(&wa, &on_s2, FREE), MP_OK, "%s", on_s2.why);
+  cr_expect_eq(on_worker(&wa, &after, FREE), MP_OK, "%s", after.why);
+  worker_stop(&wa);
+  expect_empty_and_destroy(pool, s1, s2);
+}
+
+Test(pool_arenas_graph, ranges_lent_by_two_arenas_go_back_to_each) {
+  mp_pool_t *pool = make_pool(dev, "arenas=4");
+  mp_stream_t s1 = new_stream(), s2 = new_stream();
+  job_t a = {.pool = pool, .bytes = MiB, .tag = 0x31, .count = 1};
+  job_t b = {.pool = pool, .bytes = MiB, .tag = 0x32, .count = 1};
+  two_arenas(pool, &a, &b);
+  int ia = arena_holding(pool, a.ptrs[0]), ib = arena_holding(pool, b.ptrs[0]);
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(pool, g, s1), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(pool, g, s2), MP_OK, "%s", mp_last_error());
+  /* Each thread's growth of the graph pool borrows from its own arena; the
+   * second request is larger than whatever the first range left free. */
+  job_t ga = {.pool = pool, .bytes = 3 * MiB, .tag = 0x33, .count = 1, .s = s1};
+  job_t gb = {
+      .pool = pool, .bytes = 40 * MiB, .tag = 0x34, .count = 1, .s = s2};
+  cr_assert_eq(on_worker(&wa, &ga, ALLOC), MP_OK, "%s", ga.why);
+  cr_assert_eq(on_worker(&wb, &gb, ALLOC), MP_OK, "%s", gb.why);
+  cr_expect_eq(arena_lending(pool, ga.ptrs[0]), ia);
+  cr_expect_eq(arena_lending(pool, gb.ptrs[0]), ib);
+  cr_expect_eq(ranges_lent(pool, (size_t)ia), 1);
+  cr_expect_eq(ranges_lent(pool, (size_t)ib), 1);
+  mp_stats_t gs = stats(g), ps = stats(pool);
+  cr_expect_eq(ps.allocated_bytes, gs.reserved_bytes + 2 * MiB,
+               "the ranges count as allocated in the arenas");
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  /* Each freed from the other thread: through the other arena, into the
+   * graph pool. */
+  cr_expect_eq(on_worker(&wb, &ga, FREE), MP_OK, "%s", ga.why);
+  cr_expect_eq(on_worker(&wa, &gb, FREE), MP_OK, "%s", gb.why);
+  cr_expect_eq(stats(g).live_blocks, 0);
+  cr_assert_eq(mp_pool_graph_end(pool, s1), MP_OK);
+  cr_assert_eq(mp_pool_graph_end(pool, s2), MP_OK);
+  size_t reserved = stats(pool).reserved_bytes;
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(ranges_lent(pool, (size_t)ia), 0);
+  cr_expect_eq(ranges_lent(pool, (size_t)ib), 0);
+  ps = stats(pool);
+  cr_expect_eq(ps.reserved_bytes, reserved, "the ranges stay in the arenas");
+  cr_expect_eq(ps.allocated_bytes, 2 * MiB);
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  /* wb's arena serves its 40 MiB again without growth, once s2's work is
+   * done (the range went back as used on every stream the arena knows). */
+  cr_assert_eq(mp_stream_synchronize(dev, s2), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+  job_t again = {.pool = pool, .bytes = 40 * MiB, .tag = 0x35, .count = 1};
+  cr_assert_eq(on_worker(&wb, &again, ALLOC), MP_OK, "%s", again.why);
+  cr_expect_eq(stats(pool).reserved_bytes, reserved);
+  cr_expect_eq(on_worker(&wb, &again, FREE), MP_OK, "%s", again.why);
+  cr_expect_eq(on_worker(&wa, &a, FREE), MP_OK, "%s", a.why);
+  cr_expect_eq(on_worker(&wb, &b, FREE), MP_OK, "%s", b.why);
+  worker_stop(&wa);
+  worker_stop(&wb);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  mp_stream_destroy(dev, s1);
+  mp_stream_destroy(dev, s2);
+}
+
+Test(pool_arenas_graph, pause_and_destroy_refuse_while_a_graph_pool_lives) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, MiB, NULL, &p), MP_OK);
+  fill(p, MiB, 0x41);
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  mp_stats_t before = stats(pool);
+  size_t made = arenas_made(pool);
+  cr_expect_eq(mp_pool_pause(pool, MP_PAUSE_KEEP_CONTENT), MP_EBUSY);
+  cr_expect(strstr(mp_last_error(), "graph pool") != NULL, "%s",
+            mp_last_error());
+  cr_expect_eq(mp_pool_destroy(pool), MP_EBUSY);
+  cr_expect(strstr(mp_last_error(), "child pool") != NULL, "%s",
+            mp_last_error());
+  mp_stats_t after = stats(pool);
+  cr_expect_eq(memcmp(&before, &after, sizeof before), 0, "stats changed");
+  cr_expect_eq(arenas_made(pool), made, "an arena went");
+  cr_expect_eq(first_difference(p, MiB, 0x41), MiB, "content changed");
+  /* Both pools still work. */
+  void *q;
+  cr_assert_eq(mp_pool_alloc(g, MiB, NULL, &q), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, q), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_pause(pool, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(mp_pool_resume(pool), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(first_difference(p, MiB, 0x41), MiB, "content lost");
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+}
+
+/* CUDA forbids waiting on a capturing stream: while one is captured, a
+ * trim (which synchronizes the arena's streams) is refused, as in a pool
+ * without arenas, and gives nothing back. */
+Test(pool_arenas_graph, a_trim_during_a_capture_is_refused) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  mp_stream_t s1 = new_stream();
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, 4 * MiB, s1, &p), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(pool, g, s1), MP_OK, "%s", mp_last_error());
+  size_t reserved = stats(pool).reserved_bytes;
+  cr_expect_eq(mp_pool_trim(pool, 0), MP_EBUSY);
+  cr_expect_eq(stats(pool).reserved_bytes, reserved);
+  cr_assert_eq(mp_pool_graph_end(pool, s1), MP_OK);
+  cr_expect_eq(mp_pool_trim(pool, 0), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(stats(pool).reserved_bytes, 0);
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  mp_stream_destroy(dev, s1);
+}
+
+/* Captures on the main thread (create, begin, allocate, end, release) race
+ * two threads allocating on another stream: no block of theirs comes from
+ * a graph pool, no captured block from an arena, and the pool checks
+ * clean after. Meant for TSan too. */
+typedef struct racer {
+  mp_pool_t *pool;
+  mp_stream_t s;
+  atomic_bool *stop;
+  int stray; /* blocks found outside every arena */
+  mp_status_t st;
+} racer_t;
+
+static void *racer_run(void *arg) {
+  racer_t *r = arg;
+  void *ptrs[4] = {0};
+  for (unsigned n = 0; !atomic_load(r->stop) && r->st == MP_OK; n++) {
+    size_t k = n % 4;
+    if (ptrs[k] != NULL && (r->st = mp_pool_free(r->pool, ptrs[k])) != MP_OK)
+      break;
+    ptrs[k] = NULL;
+    size_t bytes = ((size_t)(n % 7) + 1) * 512 * 1024;
+    if ((r->st = mp_pool_alloc(r->pool, bytes, r->s, &ptrs[k])) != MP_OK)
+      break;
+    r->stray += arena_serving(r->pool, ptrs[k]) < 0;
+  }
+  for (size_t k = 0; k < 4; k++)
+    if (ptrs[k] != NULL)
+      (void)mp_pool_free(r->pool, ptrs[k]);
+  return NULL;
+}
+
+Test(pool_arenas_graph, captures_race_allocations_on_other_threads) {
+  mp_pool_t *pool = make_pool(dev, "arenas=4");
+  mp_stream_t s1 = new_stream(), s2 = new_stream();
+  atomic_bool stop = false;
+  racer_t r[2] = {{pool, s2, &stop, 0, MP_OK}, {pool, NULL, &stop, 0, MP_OK}};
+  pthread_t t[2];
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(pthread_create(&t[i], NULL, racer_run, &r[i]), 0);
+  int captured_in_arena = 0;
+  for (int round = 0; round < 100; round++) {
+    mp_pool_t *g;
+    cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+    cr_assert_eq(mp_pool_graph_begin(pool, g, s1), MP_OK, "%s",
+                 mp_last_error());
+    void *x, *y;
+    cr_assert_eq(mp_pool_alloc(pool, MiB, s1, &x), MP_OK, "%s",
+                 mp_last_error());
+    cr_assert_eq(mp_pool_alloc(pool, 3 * MiB, s1, &y), MP_OK, "%s",
+                 mp_last_error());
+    captured_in_arena += arena_serving(pool, x) >= 0;
+    captured_in_arena += arena_serving(pool, y) >= 0;
+    cr_assert_eq(mp_pool_free(pool, x), MP_OK, "%s", mp_last_error());
+    cr_assert_eq(mp_pool_graph_end(pool, s1), MP_OK);
+    cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+    /* The graph's output: its free finishes the graph pool. */
+    cr_assert_eq(mp_pool_free(pool, y), MP_OK, "%s", mp_last_error());
+  }
+  atomic_store(&stop, true);
+  for (int i = 0; i < 2; i++) {
+    pthread_join(t[i], NULL);
+    cr_expect_eq(r[i].st, MP_OK, "racer %d: %d", i, r[i].st);
+    cr_expect_eq(r[i].stray, 0, "racer %d got %d blocks of a graph pool", i,
+                 r[i].stray);
+  }
+  cr_expect_eq(captured_in_arena, 0);
+  expect_marks(pool, 0);
+  expect_empty_and_destroy(pool, s1, s2);
+}
