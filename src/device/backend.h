@@ -185,8 +185,10 @@ int mp__device_ordinal(mp_device_t *dev);
 
 /* Stream watchers: fn(ctx, s) runs before s is destroyed (mp_stream_destroy)
  * or when the application says it is going (mp_stream_forget), on the
- * calling thread, with no pool lock held. A pinned view's watchers are its
- * underlying device's (the streams are the same). */
+ * calling thread, with no pool lock held, in the order they were added
+ * (a pool with arenas before its arenas: arena.c copies its marks). A
+ * pinned view's watchers are its underlying device's (the streams are the
+ * same). */
 mp_status_t mp__device_watch(mp_device_t *dev, void (*fn)(void *, mp_stream_t),
                              void *ctx);
 void mp__device_unwatch(mp_device_t *dev, void (*fn)(void *, mp_stream_t),

@@ -124,9 +124,15 @@ void mp__device_unwatch(mp_device_t *dev, void (*fn)(void *, mp_stream_t),
                         void *ctx) {
   dev = mp__watch_root(dev);
   pthread_mutex_lock(&mp__watch_mu);
+  /* In order, not swapped with the last: a forget visits the watchers in
+   * the order they came, so a pool with arenas (made first) before its
+   * arenas, and an arena made while a forget runs copies no mark of the
+   * forgotten stream from its pool after the forget passed the arena. */
   for (size_t i = 0; i < dev->nwatch; i++) {
     if (dev->watch[i].fn == fn && dev->watch[i].ctx == ctx) {
-      dev->watch[i] = dev->watch[--dev->nwatch];
+      memmove(&dev->watch[i], &dev->watch[i + 1],
+              (dev->nwatch - i - 1) * sizeof *dev->watch);
+      dev->nwatch--;
       break;
     }
   }

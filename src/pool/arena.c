@@ -151,13 +151,16 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
   for (uint32_t k = 0; st == MP_OK && k < pool->nstreams; k++) {
     uint32_t sidx;
     const mp__strm_t *ps = &pool->streams[k];
-    if (!ps->gone)
+    if (ps->gone)
+      continue;
+    /* A slot that only carries capture marks is copied as such. */
+    if (!ps->mark_only)
       st = mp__stream_index_owned(a, ps->s, ps->owner, &sidx);
     /* A stream routed to a graph pool is marked capturing in every arena,
      * this one too (graph.c keeps the pool's own marks for it), so that
      * the arena's cache is off for it and nothing is recorded on it. */
-    for (uint32_t m = 0; st == MP_OK && !ps->gone && m < ps->capturing; m++)
-      mp__stream_capture_mark(a, sidx, true);
+    for (uint32_t m = 0; st == MP_OK && m < ps->capturing; m++)
+      st = mp__stream_capture_mark_owned(a, ps->s, ps->owner, true, true);
   }
   /* A capped pool's arena starts with no share: its first allocation asks
    * for one (mp__arena_share). */
@@ -491,11 +494,14 @@ static mp_status_t mp__arena_reclaim_retry(mp_pool_t *pool, mp_pool_t *a,
 }
 
 /* The arena's allocation failed with st: reclaim across arenas and retry
- * (the opening comment's order), then the pool's out-of-memory handler. */
+ * (the opening comment's order), then the pool's out-of-memory handler.
+ * seen: mp__oom_seen before the allocation; an MP_ENOMEM that did not
+ * move it is host memory running out, which no reclaim helps (its message
+ * kept). */
 static mp_status_t mp__arena_alloc_slow(mp_pool_t *pool, mp_pool_t *a,
                                         const mp__arena_req_t *q,
-                                        mp_status_t st) {
-  if (!mp__arena_oom(st))
+                                        mp_status_t st, uint64_t seen) {
+  if (!mp__arena_oom(st) || (st == MP_ENOMEM && mp__oom_seen == seen))
     return st;
   size_t bytes = q->bytes;
   /* More than the whole pool may hold: no reclaim would help. */
@@ -599,12 +605,14 @@ mp_status_t mp__arena_alloc_miss(mp_pool_t *pool, mp_pool_t *a, size_t bytes,
    * caches. */
   if (mp__arena_borrow(pool, mp__arena_mine(pool), bytes, s, out) == MP_OK)
     return MP_OK;
+  uint64_t seen = mp__oom_seen;
   mp__pool_lock(a);
   st = mp__pool_alloc_locked(a, bytes, s, out);
   mp__pool_unlock(a);
   if (MP__UNLIKELY(st != MP_OK))
     st = mp__arena_alloc_slow(
-        pool, a, &(mp__arena_req_t){.bytes = bytes, .s = s, .out = out}, st);
+        pool, a, &(mp__arena_req_t){.bytes = bytes, .s = s, .out = out}, st,
+        seen);
   return st;
 }
 
@@ -620,13 +628,14 @@ mp_status_t mp__arena_alloc_contiguous(mp_pool_t *pool, size_t count,
   /* No borrowing (mp__arena_borrow takes one block as it is, not split
    * into pieces): out of memory, the path below takes the other arenas'
    * caches back instead. */
+  uint64_t seen = mp__oom_seen;
   st = mp__pool_alloc_pieces(a, count, sizes, s, out);
   if (MP__UNLIKELY(st != MP_OK))
     st = mp__arena_alloc_slow(
         pool, a,
         &(mp__arena_req_t){
             .bytes = total, .s = s, .out = out, .count = count, .sizes = sizes},
-        st);
+        st, seen);
   return st;
 }
 
@@ -642,21 +651,15 @@ mp_status_t mp__arena_alloc_any(mp_pool_t *pool, size_t bytes, mp_stream_t s,
   return st;
 }
 
-/* The arenas' out-of-memory failures counted so far. */
-static uint64_t mp__arena_ooms(mp_pool_t *pool) {
-  mp_stats_t sum;
-  mp__stats_read(pool, &sum);
-  return sum.oom_count;
-}
-
 mp_status_t mp__arena_graph_borrow(mp_pool_t *graph, size_t bytes,
                                    mp_stream_t s, void **out) {
   mp_pool_t *pool = graph->parent, *lender = NULL;
-  uint64_t ooms = mp__arena_ooms(pool);
+  uint64_t seen = mp__oom_seen;
   mp_status_t st = mp__arena_alloc_any(pool, bytes, s, out, &lender);
-  /* MP_ENOMEM that no arena counted is host memory running out: MP__EHOST
-   * stops the graph pool's ladder (graph.c's borrowing says why). */
-  if (st == MP_ENOMEM && mp__arena_ooms(pool) == ooms)
+  /* MP_ENOMEM that counted no out-of-memory failure is host memory
+   * running out: MP__EHOST stops the graph pool's ladder (graph.c's
+   * borrowing says why). */
+  if (st == MP_ENOMEM && mp__oom_seen == seen)
     st = MP__EHOST;
   if (st == MP_OK) {
     mp__pool_lock(lender);

@@ -183,9 +183,12 @@ static mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
   return mp__take_block_as(pool, b, size, false, NULL);
 }
 
+_Thread_local uint64_t mp__oom_seen;
+
 mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked) {
   char a[32], r[32], al[32], lf[32];
   pool->st.oom_count++;
+  mp__oom_seen++;
   /* An arena's: recorded by the arenas' path if it is final (arena.c). */
   if (!pool->arena)
     MP__HIST(pool, MP__H_OOM, mp__pool_room(pool), asked, 0);

@@ -147,18 +147,24 @@ mp_status_t mp__graph_create(mp_pool_t *parent, mp__upstream_t upstream,
  * per-thread handle) in pool's stream table. */
 static mp_status_t mp__graph_mark(mp_pool_t *pool, mp_stream_t s, bool on) {
   uint32_t sidx;
+  bool known = mp__stream_known(pool, s);
   mp_status_t st = mp__stream_index(pool, s, &sidx);
-  if (st == MP_OK)
-    mp__stream_capture_mark(pool, sidx, on);
-  return st;
+  if (st != MP_OK)
+    return st;
+  /* A pool with arenas uses no stream of its own: the slot only carries
+   * the marks that arenas made later copy (mp__arena_make), and goes with
+   * the last one. */
+  if (!known && pool->arenas != NULL)
+    pool->streams[sidx].mark_only = true;
+  mp__stream_capture_mark(pool, sidx, on);
+  return MP_OK;
 }
 
-/* Takes back one mark of s as owner's stream (mp__stream_owner). */
+/* Takes back one mark of s as owner's stream (mp__stream_owner); none
+ * without a slot (a forgotten stream's went with it). */
 static void mp__graph_unmark_owned(mp_pool_t *pool, mp_stream_t s,
                                    uint64_t owner) {
-  uint32_t sidx;
-  if (mp__stream_index_owned(pool, s, owner, &sidx) == MP_OK)
-    mp__stream_capture_mark(pool, sidx, false);
+  (void)mp__stream_capture_mark_owned(pool, s, owner, false, false);
 }
 
 /* Under parent's lock, on a pool with arenas: one mark more (on) or one
@@ -175,12 +181,8 @@ static mp_status_t mp__graph_mark_arenas(mp_pool_t *parent, mp_stream_t s,
     mp_pool_t *a = mp__arena_at(parent, i);
     if (a == NULL)
       continue;
-    uint32_t sidx;
     mp__pool_lock(a);
-    if (!on)
-      mp__graph_unmark_owned(a, s, owner);
-    else if ((st = mp__stream_index_owned(a, s, owner, &sidx)) == MP_OK)
-      mp__stream_capture_mark(a, sidx, true);
+    st = mp__stream_capture_mark_owned(a, s, owner, on, true);
     mp__pool_unlock(a);
   }
   /* Arena i - 1 failed: the ones before it are unmarked again. */

@@ -282,6 +282,9 @@ typedef union mp__strm {
                            recorded on nor queried */
     bool join;          /* the pool's own join stream (stream.c), on which
                            nothing runs but waits */
+    bool mark_only;     /* added only to carry capture marks (a pool with
+                           arenas: mp__stream_capture_mark_owned); it goes
+                           with its last mark if no block used it */
     uint64_t sync_snap; /* epoch closed by the device sync in flight */
     bool sync_owed;     /* forgotten, with work that sync is to cover */
     mp__marker_t marks[MP__MAX_MARKS]; /* FIFO of recorded markers */
@@ -828,6 +831,10 @@ void mp__block_untake(mp_pool_t *pool, mp__block_t *b);
 /* Counts an out-of-memory failure of a request of `asked` bytes and
  * returns st (MP_ENOMEM or MP_ELIMIT) with a message naming the figures. */
 mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked);
+/* The calling thread's count of mp__pool_oom calls: an MP_ENOMEM that did
+ * not move it is host memory running out, not the device (arena.c asks,
+ * where other threads move the pools' own counts meanwhile). */
+extern _Thread_local uint64_t mp__oom_seen;
 /* Under the lock, after an allocation of bytes failed with st: calls the
  * pool's out-of-memory handler (lock dropped) if st is out of memory and
  * one is set; true: the caller tries once more. */
@@ -1217,6 +1224,17 @@ static inline mp_status_t mp__stream_index(mp_pool_t *pool, mp_stream_t s,
  * is closed. Here, not in graph.c, as arena.c marks a new arena's slots
  * too. */
 void mp__stream_capture_mark(mp_pool_t *pool, uint32_t sidx, bool on);
+/* The same for s as owner's stream (a pool with arenas, and its arenas:
+ * graph.c, arena.c), which may not know s. A mark on a stream it does not
+ * know adds its slot (MP_ENOMEM/MP_EINVAL as mp__stream_index may fail),
+ * marked mark_only when carry: at its last mark, a slot that no block
+ * used meanwhile goes again, so that the capture leaves no stream in an
+ * arena that never used it (another thread's per-thread stream there
+ * would make its synchronization a device synchronize, and a free after
+ * all streams wait for that thread). Taking a mark back never adds a
+ * slot: without one, nothing happens. */
+mp_status_t mp__stream_capture_mark_owned(mp_pool_t *pool, mp_stream_t s,
+                                          uint64_t owner, bool on, bool carry);
 /* Live block b is also used on stream sidx (record_stream, a move). */
 void mp__stream_add_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx);
 /* Live block b's recorded uses are all finished (the caller synchronized

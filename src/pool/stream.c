@@ -318,6 +318,18 @@ static void mp__stream_unroute(mp_pool_t *pool, const mp__strm_t *st) {
     }
 }
 
+/* Slot i matches no handle again; it is reused once its work is done
+ * (mp__slot_new). */
+static void mp__stream_unhash(mp_pool_t *pool, uint32_t i) {
+  mp__strm_t *st = &pool->streams[i];
+  mp__shash_remove(pool, i);
+  st->s = MP__STREAM_GONE;
+  if (pool->last_sidx == i)
+    pool->last_s = MP__STREAM_GONE;
+  st->gone = true;
+  pool->gone[pool->ngone++] = i;
+}
+
 /* Forgets slot i: closes its epoch with a marker while the handle is
  * still valid, then never matches or records on it again. */
 static void mp__stream_retire(mp_pool_t *pool, uint32_t i) {
@@ -335,12 +347,7 @@ static void mp__stream_retire(mp_pool_t *pool, uint32_t i) {
    * it allocated: close the epoch (without a marker it waits for a sync). */
   st->dirty = true;
   mp__stream_close(pool, st);
-  mp__shash_remove(pool, i);
-  st->s = MP__STREAM_GONE;
-  if (pool->last_sidx == i)
-    pool->last_s = MP__STREAM_GONE;
-  st->gone = true;
-  pool->gone[pool->ngone++] = i;
+  mp__stream_unhash(pool, i);
 }
 
 void mp__stream_gone(void *ctx, mp_stream_t s) {
@@ -646,6 +653,42 @@ void mp__stream_capture_mark(mp_pool_t *pool, uint32_t sidx, bool on) {
     mp__stream_close(pool, t);
   }
   mp__pool_rare_update(pool); /* cached_off follows ncapturing */
+}
+
+mp_status_t mp__stream_capture_mark_owned(mp_pool_t *pool, mp_stream_t s,
+                                          uint64_t owner, bool on, bool carry) {
+  MP__ASSERT_LOCKED(pool);
+  uint32_t i = mp__shash_find(pool, s, owner);
+  if (i == UINT32_MAX) {
+    if (!on)
+      return MP_OK;
+    mp_status_t st = mp__stream_add(pool, s, owner, &i);
+    if (st != MP_OK)
+      return st;
+    pool->streams[i].mark_only = carry;
+  }
+  mp__stream_capture_mark(pool, i, on);
+  mp__strm_t *t = &pool->streams[i];
+  if (on || t->capturing > 0 || !t->mark_only)
+    return MP_OK;
+  t->mark_only = false;
+  /* Used meanwhile (a block allocated on it or using it, a free on it):
+   * kept, as any stream a block used. Else nothing waits on it. */
+  if (t->refs > 0 || t->dirty)
+    return MP_OK;
+  bool pt = t->owner != 0;
+  mp__stream_unhash(pool, i);
+  /* Another thread's per-thread stream was the only one: the pool's path
+   * without per-thread slots again (has_pt makes every free take the
+   * rare path). */
+  if (pt) {
+    bool any = false;
+    for (uint32_t k = 0; k < pool->nstreams && !any; k++)
+      any = !pool->streams[k].gone && pool->streams[k].owner != 0;
+    pool->has_pt = any;
+    mp__pool_rare_update(pool);
+  }
+  return MP_OK;
 }
 
 static bool mp__dep_done(const mp_pool_t *pool, const mp__dep_t *d) {

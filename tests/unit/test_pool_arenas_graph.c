@@ -320,3 +320,62 @@ Test(pool_arenas_graph, captures_race_allocations_on_other_threads) {
   expect_marks(pool, 0);
   expect_empty_and_destroy(pool, s1, s2);
 }
+
+/* Whether pool's stream table has a live slot for s (owner 0). */
+static bool knows(mp_pool_t *pool, mp_stream_t s) {
+  mp__pool_lock(pool);
+  bool k = mp__stream_known(pool, s);
+  mp__pool_unlock(pool);
+  return k;
+}
+
+/* A capture marks its stream in every arena, adding it to arenas that did
+ * not know it; at the end it goes again from those that never used it
+ * (and from the pool itself, whose arenas made later would copy it), and
+ * stays where a block used it. Taking a mark back never adds a slot. */
+Test(pool_arenas_graph, a_capture_leaves_its_stream_only_where_it_was_used) {
+  mp_pool_t *pool = make_pool(dev, "arenas=4");
+  mp_stream_t s1 = new_stream(), s2 = new_stream();
+  /* wa's arena holds a block live: busy, it lends nothing. */
+  job_t held = {.pool = pool, .bytes = 4 * MiB, .tag = 0x50, .count = 1};
+  worker_start(&wa);
+  cr_assert_eq(on_worker(&wa, &held, ALLOC), MP_OK, "%s", held.why);
+  int other = -1; /* wa's arena, the only one made */
+  for (size_t i = 0; i < pool->cfg.arenas; i++)
+    if (mp__arena_at(pool, i) != NULL)
+      other = (int)i;
+  cr_assert_geq(other, 0);
+  mp_pool_t *wa_arena = mp__arena_at(pool, (size_t)other);
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(pool, g, s1), MP_OK, "%s", mp_last_error());
+  cr_expect(knows(wa_arena, s1), "marked in every arena");
+  cr_expect(knows(pool, s1), "the pool carries the mark for later arenas");
+  /* This thread's arena, made now, lends the graph's range on s1. */
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, MiB, s1, &p), MP_OK, "%s", mp_last_error());
+  int mine = arena_lending(pool, p);
+  cr_assert_geq(mine, 0);
+  cr_assert_neq(mine, other);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(mp_pool_graph_end(pool, s1), MP_OK, "%s", mp_last_error());
+  expect_marks(pool, 0);
+  cr_expect_not(knows(wa_arena, s1), "left in an arena that never used it");
+  cr_expect_not(knows(pool, s1), "left in the pool itself");
+  cr_expect(knows(mp__arena_at(pool, (size_t)mine), s1),
+            "the lending arena's range was allocated on it");
+  /* An arena made now does not get it either. */
+  job_t late = {.pool = pool, .bytes = MiB, .tag = 0x51, .count = 1, .s = s2};
+  cr_assert_eq(on_thread(&late, ALLOC), MP_OK, "%s", late.why);
+  int l = arena_holding(pool, late.ptrs[0]);
+  cr_assert_geq(l, 0);
+  cr_expect_not(knows(mp__arena_at(pool, (size_t)l), s1));
+  /* An end without a begin adds nothing anywhere. */
+  cr_expect_eq(mp_pool_graph_end(pool, s1), MP_EINVAL);
+  cr_expect_not(knows(wa_arena, s1));
+  cr_assert_eq(mp_pool_free(pool, late.ptrs[0]), MP_OK);
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(on_worker(&wa, &held, FREE), MP_OK, "%s", held.why);
+  worker_stop(&wa);
+  expect_empty_and_destroy(pool, s1, s2);
+}
