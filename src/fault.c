@@ -26,9 +26,19 @@ bool mp__fault_host_pending(void) {
   return atomic_load_explicit(&mp__host_fault_left, memory_order_relaxed) >= 0;
 }
 
+/* mp__fault_host_every: every allocation fails. */
+static _Atomic bool mp__host_fault_every;
+
+void mp__fault_host_every(bool on) {
+  atomic_store_explicit(&mp__host_fault_every, on, memory_order_relaxed);
+}
+
 /* true when this allocation is the one chosen to fail (which disarms the
- * countdown). One relaxed load when off. */
+ * countdown), or every one fails. Two relaxed loads when off. */
 static bool mp__fault_now(void) {
+  if (MP__UNLIKELY(
+          atomic_load_explicit(&mp__host_fault_every, memory_order_relaxed)))
+    return true;
   long left = atomic_load_explicit(&mp__host_fault_left, memory_order_relaxed);
   while (MP__UNLIKELY(left >= 0)) {
     long next = left == 0 ? -1 : left - 1;

@@ -106,6 +106,9 @@ void *mp__host_room(void *v, size_t *cap, size_t n, size_t elem);
 void mp__fault_host_after(long n);
 /* true while a failure is armed and has not happened yet. */
 bool mp__fault_host_pending(void);
+/* on: every host allocation fails until it is called with false (host
+ * memory gone for a while, where a retry cannot help). For tests. */
+void mp__fault_host_every(bool on);
 
 /* ---- conf.c ------------------------------------------------------------ */
 

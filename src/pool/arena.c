@@ -495,22 +495,27 @@ static mp_status_t mp__arena_reclaim_retry(mp_pool_t *pool, mp_pool_t *a,
 
 /* The arena's allocation failed with st: reclaim across arenas and retry
  * (the opening comment's order), then the pool's out-of-memory handler.
- * seen: mp__oom_seen before the allocation; an MP_ENOMEM that did not
- * move it is host memory running out, which no reclaim helps (its message
- * kept). */
+ * seen: mp__oom_seen before the allocation. A last failure that did not
+ * move it is host memory running out (a retry may still succeed once
+ * host memory is back): its own message stands, and the handler, which
+ * frees device memory, is not asked. */
 static mp_status_t mp__arena_alloc_slow(mp_pool_t *pool, mp_pool_t *a,
                                         const mp__arena_req_t *q,
                                         mp_status_t st, uint64_t seen) {
-  if (!mp__arena_oom(st) || (st == MP_ENOMEM && mp__oom_seen == seen))
+  if (!mp__arena_oom(st))
     return st;
+  bool host = st == MP_ENOMEM && mp__oom_seen == seen;
   size_t bytes = q->bytes;
   /* More than the whole pool may hold: no reclaim would help. */
   bool is_max;
   size_t cap = mp__arena_pool_cap(pool, &is_max);
   int deep = bytes > cap ? 2 : is_max ? 0 : 1;
-  for (; deep < 2 && mp__arena_oom(st); deep++)
+  for (; deep < 2 && mp__arena_oom(st); deep++) {
+    uint64_t at = mp__oom_seen;
     st = mp__arena_reclaim_retry(pool, a, deep, q);
-  if (!mp__arena_oom(st))
+    host = st == MP_ENOMEM && mp__oom_seen == at;
+  }
+  if (!mp__arena_oom(st) || host)
     return st;
   mp__pool_lock(pool);
   mp_pool_oom_handler_t fn = pool->oom_fn;

@@ -11,6 +11,7 @@
  * growth borrowed from the parent), and frees (which need no host memory:
  * they always succeed). */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -380,9 +381,23 @@ Test(pool_host_faults, a_free_whose_join_stream_cannot_be_added_succeeds,
  * table is host memory running out, reported as such, not a full device
  * (the graph pool's ladder used to take it for one and replace the message
  * with "out of device memory"). Begin and create fail cleanly too. */
-Test(pool_host_faults, graph_pool_growth_under_faults_says_host_memory) {
+static void *one_alloc_free(void *arg) {
+  void *x;
+  cr_assert_eq(mp_pool_alloc(arg, 4096, NULL, &x), MP_OK);
+  cr_assert_eq(mp_pool_free(arg, x), MP_OK);
+  return NULL;
+}
+
+static void graph_growth_under_faults(const char *opts) {
   mp_device_t *dev = fake_open((size_t)1 << 30, 2 * MiB);
-  mp_pool_t *p = make_pool(dev, NULL);
+  mp_pool_t *p = make_pool(dev, opts);
+  if (p->arenas != NULL) {
+    /* Another thread's arena: begin marks it too, and a failure there is
+     * taken back in every arena. */
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, one_alloc_free, p), 0);
+    pthread_join(t, NULL);
+  }
   mp_stream_t s;
   cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
   mp_pool_t *g = NULL;
@@ -418,6 +433,7 @@ Test(pool_host_faults, graph_pool_growth_under_faults_says_host_memory) {
   }
   cr_expect_geq(failed, 3, "graph ranges, parent records and map");
   cr_expect_eq(stats(g).live_blocks, N);
+  cr_expect_eq(stats(p).oom_count, 0, "a host failure counted as the device's");
   free_all(p, &a);
   check(g);
   cr_assert_eq(mp_pool_graph_end(p, s), MP_OK);
@@ -425,6 +441,60 @@ Test(pool_host_faults, graph_pool_growth_under_faults_says_host_memory) {
   check(p);
   cr_assert_eq(mp_pool_destroy(p), MP_OK);
   mp_stream_destroy(dev, s);
+  cr_expect_eq(fake_of(dev)->used, 0);
+  fake_close(dev);
+}
+
+Test(pool_host_faults, graph_pool_growth_under_faults_says_host_memory) {
+  graph_growth_under_faults(NULL);
+}
+
+/* The same on a pool with arenas: the range is the calling thread's
+ * arena's, whose out-of-memory path took a host failure for the device's
+ * (it reclaimed, and its message said "out of device memory"). */
+Test(pool_host_faults, graph_pool_of_arenas_under_faults_says_host_memory) {
+  graph_growth_under_faults("arenas=4");
+}
+
+static int handler_calls;
+
+static int count_handler(mp_pool_t *pool, size_t bytes, mp_status_t st,
+                         void *ctx) {
+  (void)pool, (void)bytes, (void)st, (void)ctx;
+  handler_calls++;
+  return 0;
+}
+
+/* Host memory gone while an arena grows (for every retry of the arenas'
+ * out-of-memory path): the failure says host memory, counts no device
+ * out-of-memory and asks no handler (which frees device memory); nothing
+ * changes. Before, the arenas' path took it for a full device: its last
+ * message said "out of device memory" and the handler was called. */
+Test(pool_host_faults, a_lasting_host_failure_in_an_arena_says_host_memory) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  mp_pool_t *p = make_pool(dev, "arenas=2");
+  cr_assert_eq(mp_pool_set_oom_handler(p, count_handler, NULL), MP_OK);
+  void *x;
+  cr_assert_eq(mp_pool_alloc(p, 4096, NULL, &x), MP_OK, "%s", mp_last_error());
+  seen_t before = seen_of(p);
+  void *y = NULL;
+  mp__fault_host_every(true);
+  mp_status_t st = mp_pool_alloc(p, 64 * MiB, NULL, &y);
+  mp__fault_host_every(false);
+  cr_expect_eq(st, MP_ENOMEM);
+  cr_expect(strstr(mp_last_error(), "host memory") != NULL, "'%s'",
+            mp_last_error());
+  cr_expect_eq(handler_calls, 0);
+  cr_expect_eq(stats(p).oom_count, 0);
+  seen_t after = seen_of(p);
+  cr_expect(memcmp(&before, &after, sizeof before) == 0);
+  check(p);
+  /* Host memory back: the same request is served. */
+  cr_assert_eq(mp_pool_alloc(p, 64 * MiB, NULL, &y), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_free(p, y), MP_OK);
+  cr_assert_eq(mp_pool_free(p, x), MP_OK);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
   cr_expect_eq(fake_of(dev)->used, 0);
   fake_close(dev);
 }
