@@ -433,19 +433,30 @@ typedef struct mp__arena_req {
   const size_t *sizes;
 } mp__arena_req_t;
 
+/* st, an MP_ENOMEM of the calling thread's that counted no out-of-memory
+ * failure since seen (mp__oom_seen then), as MP__EHOST: host memory ran
+ * out, not the device. */
+static mp_status_t mp__arena_host(mp_status_t st, uint64_t seen) {
+  return st == MP_ENOMEM && mp__oom_seen == seen ? MP__EHOST : st;
+}
+
 /* One more try of q in arena a after a failed one, whose failure no longer
- * counts (an allocation that fails counts once in oom_count). */
+ * counts (an allocation that fails counts once in oom_count); MP__EHOST
+ * for a host failure. */
 static mp_status_t mp__arena_retry(mp_pool_t *a, const mp__arena_req_t *q) {
+  uint64_t seen = mp__oom_seen;
   mp__pool_lock(a);
   if (a->st.oom_count > 0)
     a->st.oom_count--;
+  mp_status_t st;
   if (q->sizes != NULL) {
     mp__pool_unlock(a); /* the call takes it */
-    return mp__pool_alloc_pieces(a, q->count, q->sizes, q->s, q->out);
+    st = mp__pool_alloc_pieces(a, q->count, q->sizes, q->s, q->out);
+  } else {
+    st = mp__pool_alloc_locked(a, q->bytes, q->s, q->out);
+    mp__pool_unlock(a);
   }
-  mp_status_t st = mp__pool_alloc_locked(a, q->bytes, q->s, q->out);
-  mp__pool_unlock(a);
-  return st;
+  return mp__arena_host(st, seen);
 }
 
 /* Rounds of reclaim and retry at most, in one reclaim step. */
@@ -495,27 +506,24 @@ static mp_status_t mp__arena_reclaim_retry(mp_pool_t *pool, mp_pool_t *a,
 
 /* The arena's allocation failed with st: reclaim across arenas and retry
  * (the opening comment's order), then the pool's out-of-memory handler.
- * seen: mp__oom_seen before the allocation. A last failure that did not
- * move it is host memory running out (a retry may still succeed once
- * host memory is back): its own message stands, and the handler, which
- * frees device memory, is not asked. */
+ * seen: mp__oom_seen before the allocation. A failure for host memory (no
+ * out-of-memory failure counted: the first or a retry's) stops there with
+ * its own message, MP__EHOST to the caller, as it stops a pool's ladder:
+ * no reclaim or handler frees host memory. */
 static mp_status_t mp__arena_alloc_slow(mp_pool_t *pool, mp_pool_t *a,
                                         const mp__arena_req_t *q,
                                         mp_status_t st, uint64_t seen) {
+  st = mp__arena_host(st, seen);
   if (!mp__arena_oom(st))
     return st;
-  bool host = st == MP_ENOMEM && mp__oom_seen == seen;
   size_t bytes = q->bytes;
   /* More than the whole pool may hold: no reclaim would help. */
   bool is_max;
   size_t cap = mp__arena_pool_cap(pool, &is_max);
   int deep = bytes > cap ? 2 : is_max ? 0 : 1;
-  for (; deep < 2 && mp__arena_oom(st); deep++) {
-    uint64_t at = mp__oom_seen;
+  for (; deep < 2 && mp__arena_oom(st); deep++)
     st = mp__arena_reclaim_retry(pool, a, deep, q);
-    host = st == MP_ENOMEM && mp__oom_seen == at;
-  }
-  if (!mp__arena_oom(st) || host)
+  if (!mp__arena_oom(st))
     return st;
   mp__pool_lock(pool);
   mp_pool_oom_handler_t fn = pool->oom_fn;
@@ -641,31 +649,37 @@ mp_status_t mp__arena_alloc_contiguous(mp_pool_t *pool, size_t count,
         &(mp__arena_req_t){
             .bytes = total, .s = s, .out = out, .count = count, .sizes = sizes},
         st, seen);
-  return st;
+  return mp__status_out(st);
 }
 
-mp_status_t mp__arena_alloc_any(mp_pool_t *pool, size_t bytes, mp_stream_t s,
-                                void **out, mp_pool_t **owner) {
+/* mp__arena_alloc_any, MP__EHOST for host memory running out. */
+static mp_status_t mp__arena_alloc_owned(mp_pool_t *pool, size_t bytes,
+                                         mp_stream_t s, void **out,
+                                         mp_pool_t **owner) {
   mp_pool_t *a;
+  uint64_t seen = mp__oom_seen;
   mp_status_t st = mp__arena_mine_made(pool, &a);
-  if (st == MP_OK)
-    st = mp__arena_alloc_miss(pool, a, bytes, s, out);
+  /* Making the arena fails only for host memory (MP_ENOMEM). */
+  if (st != MP_OK)
+    return mp__arena_host(st, seen);
+  st = mp__arena_alloc_miss(pool, a, bytes, s, out);
   if (st == MP_OK)
     *owner = mp__arena_owner(pool, *out);
   MP__ASSERT(st != MP_OK || *owner != NULL);
   return st;
 }
 
+mp_status_t mp__arena_alloc_any(mp_pool_t *pool, size_t bytes, mp_stream_t s,
+                                void **out, mp_pool_t **owner) {
+  return mp__status_out(mp__arena_alloc_owned(pool, bytes, s, out, owner));
+}
+
 mp_status_t mp__arena_graph_borrow(mp_pool_t *graph, size_t bytes,
                                    mp_stream_t s, void **out) {
   mp_pool_t *pool = graph->parent, *lender = NULL;
-  uint64_t seen = mp__oom_seen;
-  mp_status_t st = mp__arena_alloc_any(pool, bytes, s, out, &lender);
-  /* MP_ENOMEM that counted no out-of-memory failure is host memory
-   * running out: MP__EHOST stops the graph pool's ladder (graph.c's
-   * borrowing says why). */
-  if (st == MP_ENOMEM && mp__oom_seen == seen)
-    st = MP__EHOST;
+  /* MP__EHOST (host memory ran out) stops the graph pool's ladder with
+   * its message (graph.c's borrowing says why). */
+  mp_status_t st = mp__arena_alloc_owned(pool, bytes, s, out, &lender);
   if (st == MP_OK) {
     mp__pool_lock(lender);
     st = mp__graph_lend(lender, graph, out);

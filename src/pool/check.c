@@ -147,6 +147,19 @@ mp_status_t mp__pool_check_locked(mp_pool_t *pool) {
        pool->streams[pool->last_sidx].s != pool->last_s))
     MP__CORRUPT("the remembered stream %p is not stream slot %u's",
                 (void *)pool->last_s, pool->last_sidx);
+  /* A slot that only carries capture marks is marked, used by no block,
+   * and never the remembered one (stream.c: its first use clears it). */
+  for (uint32_t k = 0; k < pool->nstreams; k++) {
+    const mp__strm_t *t = &pool->streams[k];
+    if (t->mark_only &&
+        (t->gone || t->capturing == 0 || t->refs > 0 ||
+         (pool->last_s != MP__STREAM_GONE && pool->last_sidx == k)))
+      MP__CORRUPT("stream slot %u carries only capture marks but is %s", k,
+                  t->gone             ? "forgotten"
+                  : t->capturing == 0 ? "not marked"
+                  : t->refs > 0       ? "used by blocks"
+                                      : "the remembered one");
+  }
   size_t nseg = 0, reserved = 0, chunks = 0;
   for (mp__segment_t *s = pool->segs; s != NULL; s = s->next) {
     nseg++;

@@ -208,12 +208,6 @@ static bool mp__is_oom(mp_status_t st) {
   return st == MP_ENOMEM || st == MP_ELIMIT;
 }
 
-/* What the ladder returns for a growth failure no rung can help: a host
- * failure (MP__EHOST) is MP_ENOMEM to callers, its message kept. */
-static mp_status_t mp__stop(mp_status_t st) {
-  return st == MP__EHOST ? MP_ENOMEM : st;
-}
-
 /* Grows until the cache serves or growing fails; returns the block. */
 static mp_status_t mp__grow_and_search(mp_pool_t *pool, size_t size,
                                        uint32_t sidx, mp__block_t **out) {
@@ -323,7 +317,7 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
   if (st == MP_OK)
     goto got;
   if (!mp__is_oom(st))
-    return mp__stop(st);
+    return mp__status_out(st);
   /* Rung: reclaim blocks whose streams have moved on. */
   mp__streams_poll(pool, true);
   if ((b = mp__search(pool, size, sidx)) != NULL)
@@ -343,7 +337,7 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
       if (st == MP_OK)
         goto got;
       if (!mp__is_oom(st))
-        return mp__stop(st);
+        return mp__status_out(st);
       /* Rung: wait for a block that fits but work of another stream, newer
        * than the synchronization, holds (before moving blocks for room). */
       if (mp__take_after_wait(pool, size, sidx, out) == MP_OK)
@@ -364,7 +358,7 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
       if (st == MP_OK)
         goto got;
       if (st == MP__EHOST)
-        return mp__stop(st);
+        return mp__status_out(st);
     }
   }
   /* The last look, under the lock the answer is given with: a block freed

@@ -146,18 +146,17 @@ mp_status_t mp__graph_create(mp_pool_t *parent, mp__upstream_t upstream,
 /* Counts one mark more or fewer on s (the calling thread's, for the
  * per-thread handle) in pool's stream table. */
 static mp_status_t mp__graph_mark(mp_pool_t *pool, mp_stream_t s, bool on) {
+  /* A pool with arenas uses no stream of its own: a slot it adds only
+   * carries the marks that arenas made later copy (mp__arena_make), and
+   * goes with the last one. */
+  if (pool->arenas != NULL)
+    return mp__stream_capture_mark_owned(pool, s, mp__stream_owner(pool, s), on,
+                                         true);
   uint32_t sidx;
-  bool known = mp__stream_known(pool, s);
   mp_status_t st = mp__stream_index(pool, s, &sidx);
-  if (st != MP_OK)
-    return st;
-  /* A pool with arenas uses no stream of its own: the slot only carries
-   * the marks that arenas made later copy (mp__arena_make), and goes with
-   * the last one. */
-  if (!known && pool->arenas != NULL)
-    pool->streams[sidx].mark_only = true;
-  mp__stream_capture_mark(pool, sidx, on);
-  return MP_OK;
+  if (st == MP_OK)
+    mp__stream_capture_mark(pool, sidx, on);
+  return st;
 }
 
 /* Takes back one mark of s as owner's stream (mp__stream_owner); none

@@ -519,7 +519,7 @@ static MP__COLD mp_status_t mp__arena_alloc_rest(mp_pool_t *pool, mp_pool_t *a,
     mp__pool_lock(g); /* a graph pool: never with arenas */
     return mp__pool_alloc_rare(g, bytes, s, out, NULL);
   }
-  return mp__arena_alloc_miss(pool, a, bytes, s, out);
+  return mp__status_out(mp__arena_alloc_miss(pool, a, bytes, s, out));
 }
 
 /* mp_pool_alloc on a pool with arenas: the calling thread's arena's cache

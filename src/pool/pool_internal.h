@@ -109,6 +109,10 @@
  * ladder stops at once and reports MP_ENOMEM with that message: the device
  * is not what failed, and no rung would help. */
 #define MP__EHOST ((mp_status_t)0x4854)
+/* st as a caller sees it: MP__EHOST is MP_ENOMEM, its message kept. */
+static inline mp_status_t mp__status_out(mp_status_t st) {
+  return st == MP__EHOST ? MP_ENOMEM : st;
+}
 /* Internal status, never returned to a caller: mp__pool_alloc_cached found
  * nothing cached to serve the request (not a failure). */
 #define MP__EMISS ((mp_status_t)0x4d53)
@@ -895,7 +899,8 @@ mp_status_t mp__arena_mine_made(mp_pool_t *pool, mp_pool_t **out);
 /* mp_pool_alloc on a pool with arenas, past what the calling thread's
  * arena a caches (mp_pool_alloc asked that, inline): a block an idle arena
  * lends (mp__arena_borrow), a's own ladder, and out of memory there,
- * mp__arena_alloc_slow. No lock held. */
+ * mp__arena_alloc_slow. No lock held. MP__EHOST when host memory ran out
+ * (mp__status_out for a caller). */
 mp_status_t mp__arena_alloc_miss(mp_pool_t *pool, mp_pool_t *a, size_t bytes,
                                  mp_stream_t s, void **out);
 /* mp__pool_take for fn, answering MP_EBUSY (with nothing taken) when the

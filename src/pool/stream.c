@@ -271,6 +271,7 @@ mp_status_t mp__stream_lookup(mp_pool_t *pool, mp_stream_t s, uint32_t *out) {
   }
   if (MP__UNLIKELY(pool->streams[i].want_close))
     mp__stream_close(pool, &pool->streams[i]); /* its owner, at last */
+  pool->streams[i].mark_only = false; /* used (a mark's slot is not last_s) */
   *out = i;
   return MP_OK;
 }
@@ -285,6 +286,7 @@ mp_status_t mp__stream_index_owned(mp_pool_t *pool, mp_stream_t s,
   uint32_t i = mp__shash_find(pool, s, owner);
   if (i == UINT32_MAX)
     return mp__stream_add(pool, s, owner, out);
+  pool->streams[i].mark_only = false; /* used */
   *out = i;
   return MP_OK;
 }
@@ -323,6 +325,7 @@ static void mp__stream_unroute(mp_pool_t *pool, const mp__strm_t *st) {
 static void mp__stream_unhash(mp_pool_t *pool, uint32_t i) {
   mp__strm_t *st = &pool->streams[i];
   mp__shash_remove(pool, i);
+  st->mark_only = false;
   st->s = MP__STREAM_GONE;
   if (pool->last_sidx == i)
     pool->last_s = MP__STREAM_GONE;
@@ -666,18 +669,30 @@ mp_status_t mp__stream_capture_mark_owned(mp_pool_t *pool, mp_stream_t s,
     if (st != MP_OK)
       return st;
     pool->streams[i].mark_only = carry;
+    /* Every use of the slot then goes through a lookup, which clears
+     * mark_only: the last-stream shortcut (mp__stream_index_as) does not
+     * lead to it. */
+    if (carry && pool->last_sidx == i)
+      pool->last_s = MP__STREAM_GONE;
   }
   mp__stream_capture_mark(pool, i, on);
   mp__strm_t *t = &pool->streams[i];
+  /* Still marked, or used since it was added (a lookup cleared mark_only:
+   * an allocation, a free or record_stream on it, mp_pool_add_stream): it
+   * stays, as any stream the pool met. */
   if (on || t->capturing > 0 || !t->mark_only)
     return MP_OK;
   t->mark_only = false;
-  /* Used meanwhile (a block allocated on it or using it, a free on it):
-   * kept, as any stream a block used. Else nothing waits on it. */
-  if (t->refs > 0 || t->dirty)
-    return MP_OK;
+  MP__ASSERT(t->refs == 0);
   bool pt = t->owner != 0;
+  /* What a free after all streams made wait for it meanwhile waits for
+   * the marker its unmark recorded (as after a forget); first in the
+   * forgotten list, as mp__slot_new looks at only its first few. */
   mp__stream_unhash(pool, i);
+  uint32_t *g = pool->gone, last = pool->ngone - 1;
+  uint32_t first = g[0];
+  g[0] = g[last];
+  g[last] = first;
   /* Another thread's per-thread stream was the only one: the pool's path
    * without per-thread slots again (has_pt makes every free take the
    * rare path). */

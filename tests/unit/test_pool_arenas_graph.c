@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 
 #include "../support/pool_helpers.h"
+#include "../support/stream_gate.h"
 #include "arena_workers.h"
 #include "pool/pool_internal.h"
 
@@ -377,5 +378,116 @@ Test(pool_arenas_graph, a_capture_leaves_its_stream_only_where_it_was_used) {
   cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
   cr_assert_eq(on_worker(&wa, &held, FREE), MP_OK, "%s", held.why);
   worker_stop(&wa);
+  expect_empty_and_destroy(pool, s1, s2);
+}
+
+/* The arena holding live block p. */
+static mp_pool_t *arena_of(mp_pool_t *pool, const void *p) {
+  int i = arena_holding(pool, p);
+  cr_assert_geq(i, 0);
+  return mp__arena_at(pool, (size_t)i);
+}
+
+/* With s1's work held back by a gate: does a block freed after all
+ * streams in the calling thread's arena serve s2 while s1 may still use
+ * it? (It must not.) */
+static bool reused_while_s1_busy(mp_pool_t *pool, mp_stream_t s0,
+                                 mp_stream_t s1, mp_stream_t s2) {
+  gate_t gate;
+  gate_init(&gate);
+  cr_assert_eq(mp_stream_launch_host(dev, s1, gate_wait, &gate), MP_OK);
+  void *y, *z;
+  cr_assert_eq(mp_pool_alloc(pool, 3 * MiB, s0, &y), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_free_after_all(pool, y), MP_OK); /* y used on s1 */
+  cr_assert_eq(mp_stream_synchronize(dev, s0), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, 3 * MiB, s2, &z), MP_OK, "%s",
+               mp_last_error());
+  bool reused =
+      (char *)z < (char *)y + 3 * MiB && (char *)y < (char *)z + 3 * MiB;
+  gate_open(&gate);
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, z), MP_OK);
+  gate_destroy(&gate);
+  return reused;
+}
+
+/* A stream the application names during a capture, through
+ * mp_pool_add_stream or a block's record_stream, is a stream the pool met:
+ * it stays after the capture (it was dropped with the capture's mark, and
+ * a later free after all streams did not wait for it: the block served
+ * another stream while s1 still used it). */
+static void named_during_a_capture(bool add) {
+  mp_pool_t *pool = make_pool(dev, "arenas=4");
+  mp_stream_t s0 = new_stream(), s1 = new_stream(), s2 = new_stream();
+  void *keep, *x;
+  cr_assert_eq(mp_pool_alloc(pool, MiB, s0, &keep), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_alloc(pool, MiB, s0, &x), MP_OK, "%s", mp_last_error());
+  mp_pool_t *mine = arena_of(pool, x);
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(pool, g, s1), MP_OK, "%s", mp_last_error());
+  if (add)
+    cr_assert_eq(mp_pool_add_stream(pool, s1), MP_OK, "%s", mp_last_error());
+  else
+    cr_assert_eq(mp_pool_record_stream(pool, x, s1), MP_OK, "%s",
+                 mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, x), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_end(pool, s1), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  cr_expect(knows(mine, s1), "the arena forgot s1");
+  if (add)
+    cr_expect(knows(pool, s1), "the pool forgot a stream it was given");
+  cr_expect_not(reused_while_s1_busy(pool, s0, s1, s2),
+                "a block freed after all streams served s2 while s1 used it");
+  cr_assert_eq(mp_pool_free(pool, keep), MP_OK);
+  mp_stream_destroy(dev, s0);
+  expect_empty_and_destroy(pool, s1, s2);
+}
+
+Test(pool_arenas_graph, a_stream_added_during_a_capture_stays) {
+  named_during_a_capture(true);
+}
+
+Test(pool_arenas_graph, a_stream_a_block_used_during_a_capture_stays) {
+  named_during_a_capture(false);
+}
+
+/* Each capture's slot, dropped at its end, serves the next capture: the
+ * table does not grow with captures, even where the head of the list of
+ * forgotten slots is held by destroyed streams whose blocks still live
+ * (the new slot, put at its end, was never looked at again). */
+Test(pool_arenas_graph, captures_reuse_their_slots) {
+  mp_pool_t *pool = make_pool(dev, "arenas=4");
+  void *held[8];
+  for (int i = 0; i < 8; i++) {
+    mp_stream_t t = new_stream();
+    cr_assert_eq(mp_pool_alloc(pool, 4096, t, &held[i]), MP_OK, "%s",
+                 mp_last_error());
+    cr_assert_eq(mp_stream_destroy(dev, t), MP_OK);
+  }
+  mp_pool_t *mine = arena_of(pool, held[0]);
+  mp_stream_t s1 = new_stream(), s2 = new_stream();
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  mp__pool_lock(mine);
+  uint32_t before = mine->nstreams;
+  mp__pool_unlock(mine);
+  for (int r = 0; r < 100; r++) {
+    cr_assert_eq(mp_pool_graph_begin(pool, g, r % 2 ? s1 : s2), MP_OK, "%s",
+                 mp_last_error());
+    cr_assert_eq(mp_pool_graph_end(pool, r % 2 ? s1 : s2), MP_OK, "%s",
+                 mp_last_error());
+  }
+  mp__pool_lock(mine);
+  uint32_t after = mine->nstreams;
+  mp__pool_unlock(mine);
+  cr_expect_leq(after, before + 1, "100 captures: %u slots, then %u", before,
+                after);
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  for (int i = 0; i < 8; i++)
+    cr_assert_eq(mp_pool_free(pool, held[i]), MP_OK);
   expect_empty_and_destroy(pool, s1, s2);
 }

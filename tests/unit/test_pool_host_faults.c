@@ -499,6 +499,45 @@ Test(pool_host_faults, a_lasting_host_failure_in_an_arena_says_host_memory) {
   fake_close(dev);
 }
 
+/* The out-of-memory handler frees device memory and asks for a retry,
+ * which meets host memory running out (the test arms the fault there). */
+static int handler_then_no_host(mp_pool_t *pool, size_t bytes, mp_status_t st,
+                                void *ctx) {
+  (void)bytes, (void)st;
+  void **x = ctx;
+  cr_assert_eq(mp_pool_free(pool, *x), MP_OK);
+  *x = NULL;
+  cr_assert_eq(mp_pool_trim(pool, 0), MP_OK, "%s", mp_last_error());
+  mp__fault_host_every(true);
+  return 1;
+}
+
+/* A host failure in the retry after the handler says host memory, with
+ * or without arenas (with arenas it read "out of device memory ...
+ * reserved 0 B"). */
+static void host_failure_after_the_handler(const char *opts) {
+  mp_device_t *dev = fake_open(64 * MiB, 0);
+  mp_pool_t *p = make_pool(dev, opts);
+  void *x, *y = NULL;
+  cr_assert_eq(mp_pool_set_oom_handler(p, handler_then_no_host, &x), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 60 * MiB, NULL, &x), MP_OK, "%s",
+               mp_last_error());
+  mp_status_t st = mp_pool_alloc(p, 16 * MiB, NULL, &y);
+  mp__fault_host_every(false);
+  cr_expect_eq(st, MP_ENOMEM);
+  cr_expect(strstr(mp_last_error(), "host memory") != NULL, "%s: '%s'",
+            opts ? opts : "no arenas", mp_last_error());
+  cr_expect_null(y);
+  check(p);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+  fake_close(dev);
+}
+
+Test(pool_host_faults, a_host_failure_after_the_handler_says_host_memory) {
+  host_failure_after_the_handler(NULL);
+  host_failure_after_the_handler("arenas=2");
+}
+
 /* Growth in pieces (map_piece) when host memory for its records runs out
  * at each point in turn. */
 Test(pool_host_faults, growth_in_pieces_under_faults) {
