@@ -213,12 +213,14 @@ void mp__arena_recap(mp_pool_t *pool) {
     if (a == NULL)
       continue;
     mp__pool_lock(a);
-    size_t old = a->cap;
     a->cap_is_max = pool->cap_is_max;
     a->cap = pool->cap_is_max ? 0 : pool->cap;
     /* A growth in flight was checked against the old share: the other
-     * arenas' shares count that share until the growth lands. */
-    a->cap_held = !a->inflight ? 0 : old > a->cap_held ? old : a->cap_held;
+     * arenas' shares count what the arena holds once it lands (not that
+     * whole share, which for a pool that had no cap was the device's
+     * size: the other arenas could then not grow at all meanwhile). */
+    a->cap_held =
+        a->inflight ? a->st.reserved_bytes + a->staged + a->grow_inflight : 0;
     size_t r = a->paused ? a->paused_reserved : a->st.reserved_bytes;
     a->cap_cut = r > a->cap || a->inflight;
     mp__pool_unlock(a);

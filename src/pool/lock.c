@@ -275,6 +275,7 @@ void mp__pool_device_end(mp_pool_t *pool) {
   /* An arena's growth checked against an older share has landed (its
    * bytes are counted before the lock is dropped again; arena.c). */
   pool->cap_held = 0;
+  pool->grow_inflight = 0;
 }
 
 void mp__pool_sync_begin(mp_pool_t *pool) {

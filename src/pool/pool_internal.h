@@ -393,10 +393,15 @@ struct mp_pool {
    * reserved, or while its growth was in flight: its reserved bytes may
    * read above its share until they drop under it (arena.c). */
   bool cap_cut;
-  /* An arena cut while a growth was in flight: the share that growth was
-   * checked against, which the other arenas' shares count while it is in
-   * flight (arena.c); 0 otherwise. */
+  /* An arena cut while a growth was in flight: what it may hold once the
+   * growth lands (its reserved and staged bytes and the growth's), which
+   * the other arenas' shares count while the growth is in flight
+   * (arena.c); 0 otherwise. */
   size_t cap_held;
+  /* The bytes of the growth in flight (inflight), set where growth drops
+   * the lock to map or allocate (segment.c, vrange.c); 0 otherwise (a
+   * release in flight). */
+  size_t grow_inflight;
   /* One of a pool's arenas (arena.c): its out-of-memory failures are not
    * final (the arenas' path retries), so they are no history events. */
   bool arena;

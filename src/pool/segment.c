@@ -119,6 +119,7 @@ mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
   }
   void *p = NULL;
   mp_stream_t strm = pool->streams[sidx].s;
+  pool->grow_inflight = bytes; /* a cap change meanwhile counts it */
   mp__pool_device_begin(pool);
   mp_status_t st = mp__plain_source(pool, bytes, strm, &p);
   mp__pool_device_end(pool);

@@ -706,6 +706,7 @@ mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
   size_t mapped = 0;
   uintptr_t a1 = p.jp ? p.k1->addr : 0, a2 = p.jn ? p.k2->addr : 0;
   size_t n1 = p.jp ? p.k1->size : 0, n2 = p.jn ? p.k2->size : 0;
+  pool->grow_inflight = grow; /* a cap change meanwhile counts it */
   mp__pool_device_begin(pool);
   mp_status_t st = MP_OK;
   while (mapped < grow && st == MP_OK) {

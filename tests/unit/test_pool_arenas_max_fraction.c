@@ -244,7 +244,8 @@ Test(pool_arenas_max_fraction, a_growth_in_flight_counts_against_the_others) {
                                               : mp__arena_at(pool, 0);
   cr_assert_eq(bb->st.reserved_bytes, 0);
   mp__pool_lock(bb);
-  bb->inflight = true; /* a growth checked against a 24 MiB share */
+  bb->inflight = true; /* a 24 MiB growth checked against a 24 MiB share */
+  bb->grow_inflight = 24 * MiB;
   bb->cap = 24 * MiB;
   mp__pool_unlock(bb);
   cr_assert_eq(mp_pool_set_max_fraction(pool, 0.5), MP_OK, "%s",
@@ -260,12 +261,55 @@ Test(pool_arenas_max_fraction, a_growth_in_flight_counts_against_the_others) {
   /* Landed (nothing, here): the held share no longer counts. */
   mp__pool_lock(bb);
   bb->inflight = false;
+  bb->grow_inflight = 0;
   mp__pool_unlock(bb);
   cr_expect_eq(on_worker(&wa, &big, ALLOC), MP_OK, "%s", big.why);
   cr_expect_eq(bb->cap_held, 0);
   cr_expect_leq(stats(pool).reserved_bytes, 32 * MiB);
   check(pool);
   cr_expect_eq(on_worker(&wa, &big, FREE), MP_OK, "%s", big.why);
+  cr_expect_eq(on_worker(&wa, &fits, FREE), MP_OK, "%s", fits.why);
+  cr_expect_eq(on_worker(&wa, &a, FREE), MP_OK, "%s", a.why);
+  worker_stop(&wa);
+  worker_stop(&wb);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
+/* A growth in flight when a pool without a cap gets one was checked
+ * against the device's size (its share then): the other arenas count only
+ * what it holds once it lands, not that whole share. Before, they counted
+ * the device's size, and none could grow at all until the growth landed
+ * (MP_ELIMIT at any size). */
+Test(pool_arenas_max_fraction, a_growth_in_flight_holds_only_its_own_bytes) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  job_t a = {.pool = pool, .bytes = 2 * MiB, .tag = 0x10, .count = 1};
+  job_t b = {.pool = pool, .bytes = 2 * MiB, .tag = 0x20, .count = 1};
+  two_arenas(pool, &a, &b);
+  cr_assert_eq(on_worker(&wb, &b, FREE), MP_OK, "%s", b.why);
+  cr_assert_eq(mp_pool_trim(pool, 0), MP_OK, "%s", mp_last_error());
+  mp_pool_t *ab = mp__arena_at(pool, (size_t)arena_holding(pool, a.ptrs[0]));
+  mp_pool_t *bb = ab == mp__arena_at(pool, 0) ? mp__arena_at(pool, 1)
+                                              : mp__arena_at(pool, 0);
+  mp__pool_lock(bb);
+  cr_assert_geq(bb->cap, 64 * MiB, "uncapped: the device's size");
+  bb->inflight = true; /* a 4 MiB growth, checked against that */
+  bb->grow_inflight = 4 * MiB;
+  mp__pool_unlock(bb);
+  cr_assert_eq(mp_pool_set_max_fraction(pool, 0.5), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(bb->cap_held, 4 * MiB);
+  /* 32 MiB, less bb's 4 in flight, leaves a 28 MiB, of which it holds 2. */
+  job_t fits = {.pool = pool, .bytes = 20 * MiB, .tag = 0x30, .count = 1};
+  cr_expect_eq(on_worker(&wa, &fits, ALLOC), MP_OK, "%s", fits.why);
+  job_t over = {.pool = pool, .bytes = 8 * MiB, .tag = 0x40, .count = 1};
+  cr_expect_eq(on_worker(&wa, &over, ALLOC), MP_ELIMIT, "%s", over.why);
+  cr_expect_leq(ab->cap, 28 * MiB, "a's share %zu", ab->cap);
+  mp__pool_lock(bb);
+  bb->inflight = false;
+  bb->grow_inflight = 0;
+  bb->cap_held = 0;
+  mp__pool_unlock(bb);
+  check(pool);
   cr_expect_eq(on_worker(&wa, &fits, FREE), MP_OK, "%s", fits.why);
   cr_expect_eq(on_worker(&wa, &a, FREE), MP_OK, "%s", a.why);
   worker_stop(&wa);
