@@ -78,7 +78,10 @@ mp__alloc_cached_as(mp_pool_t *pool, size_t bytes, mp_stream_t s, void **out,
   if (!mp__pool_round(pool, bytes, &size) ||
       (lend && mp__free_bytes(pool) < size))
     return MP__EMISS;
-  bool stranger = lend && !mp__stream_known(pool, s);
+  /* A stream the arena knows only by a capture's mark is a stranger too:
+   * looked up (and so kept after the capture) only once a block is
+   * lent. */
+  bool stranger = lend && !mp__stream_met(pool, s);
   if ((!stranger && mp__stream_index(pool, s, &sidx) != MP_OK) ||
       (!mp__map_has_room(pool, 1) && !mp__map_reserve(pool, 1)) ||
       !mp__pool_take_cached(pool, size, sidx, &b, !stranger))

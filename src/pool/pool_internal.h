@@ -1186,6 +1186,9 @@ uint64_t mp__self(void);
 /* Whether stream s (the calling thread's, for a per-thread stream) has a
  * slot in the table; adds nothing. */
 bool mp__stream_known(const mp_pool_t *pool, mp_stream_t s);
+/* Known, and not only through a capture's mark (mark_only): a stream the
+ * pool met. */
+bool mp__stream_met(const mp_pool_t *pool, mp_stream_t s);
 /* The slot of (s, owner), added on first use: another pool's slot with its
  * owner (arena.c: a per-thread stream given to mp_pool_add_stream is the
  * adding thread's in an arena another thread makes later). */

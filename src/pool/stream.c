@@ -280,6 +280,11 @@ bool mp__stream_known(const mp_pool_t *pool, mp_stream_t s) {
   return mp__shash_find(pool, s, mp__stream_owner(pool, s)) != UINT32_MAX;
 }
 
+bool mp__stream_met(const mp_pool_t *pool, mp_stream_t s) {
+  uint32_t i = mp__shash_find(pool, s, mp__stream_owner(pool, s));
+  return i != UINT32_MAX && !pool->streams[i].mark_only;
+}
+
 mp_status_t mp__stream_index_owned(mp_pool_t *pool, mp_stream_t s,
                                    uint64_t owner, uint32_t *out) {
   MP__ASSERT_LOCKED(pool);
@@ -556,6 +561,9 @@ void mp__stream_add_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx) {
   if (b->ndeps + 1 < MP__MAX_DEPS) {
     b->deps[b->ndeps++] = mp__dep(sidx, 0); /* a use: no epoch */
     pool->streams[sidx].refs++;
+    /* A use (mp_pool_free_after_all names every stream, a capture's mark
+     * slot too): the slot is the pool's now, not only the mark's. */
+    pool->streams[sidx].mark_only = false;
   } else {
     b->flags |= MP__B_MANY_USES;
   }

@@ -491,3 +491,77 @@ Test(pool_arenas_graph, captures_reuse_their_slots) {
     cr_assert_eq(mp_pool_free(pool, held[i]), MP_OK);
   expect_empty_and_destroy(pool, s1, s2);
 }
+
+/* mp_pool_free_after_all names every stream the arena knows, a capture's
+ * mark slot too: that is a use, and the slot stays after the capture.
+ * Here the block stays live (imported elsewhere) with its use on s1. It
+ * stayed a mark-only slot used by a block: mp_pool_check reported
+ * corruption, and the end dropped a slot a live block named. */
+Test(pool_arenas_graph, a_free_after_all_streams_during_a_capture_keeps_it) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  mp_stream_t s0 = new_stream(), s1 = new_stream(), s2 = new_stream();
+  void *x;
+  cr_assert_eq(mp_pool_alloc(pool, 2 * MiB, s0, &x), MP_OK, "%s",
+               mp_last_error());
+  mp_pool_t *mine = arena_of(pool, x);
+  mp_ipc_handle_t h;
+  cr_assert_eq(mp_pool_ipc_export(pool, x, &h), MP_OK, "%s", mp_last_error());
+  void *imported = NULL;
+  cr_assert_eq(mp_ipc_import(dev, &h, &imported), MP_OK, "%s", mp_last_error());
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(pool, g, s1), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free_after_all(pool, x), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_end(pool, s1), MP_OK, "%s", mp_last_error());
+  cr_expect(knows(mine, s1), "a stream a live block uses was dropped");
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_ipc_close(dev, imported), MP_OK, "%s", mp_last_error());
+  size_t held = SIZE_MAX;
+  cr_assert_eq(mp_pool_ipc_poll(pool, &held), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(held, 0);
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  mp_stream_destroy(dev, s0);
+  expect_empty_and_destroy(pool, s1, s2);
+}
+
+/* A graph pool's growth on s1 asks an idle arena for a loan first. The
+ * arena knows s1 only by the capture's mark: a loan that misses (its
+ * cached block still pending on s0) must leave s1 as it found it, gone
+ * after the capture. The lookup before the take counted as a use, and s1
+ * stayed in an arena that never served it. */
+Test(pool_arenas_graph, a_loan_that_misses_leaves_no_stream_behind) {
+  mp_pool_t *pool = make_pool(dev, "arenas=4");
+  mp_stream_t s0 = new_stream(), s1 = new_stream(), s2 = new_stream();
+  job_t cached = {
+      .pool = pool, .bytes = 32 * MiB, .tag = 0x61, .count = 1, .s = s0};
+  worker_start(&wa);
+  cr_assert_eq(on_worker(&wa, &cached, ALLOC), MP_OK, "%s", cached.why);
+  mp_pool_t *lender = arena_of(pool, cached.ptrs[0]);
+  int li = arena_holding(pool, cached.ptrs[0]);
+  /* Its free on s0 stays pending behind the gate. */
+  gate_t gate;
+  gate_init(&gate);
+  cr_assert_eq(mp_stream_launch_host(dev, s0, gate_wait, &gate), MP_OK);
+  cr_assert_eq(on_worker(&wa, &cached, FREE), MP_OK, "%s", cached.why);
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(pool, g, s1), MP_OK, "%s", mp_last_error());
+  cr_expect(knows(lender, s1), "marked");
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, 4 * MiB, s1, &p), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_neq(arena_lending(pool, p), li, "the pending block was lent");
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_end(pool, s1), MP_OK, "%s", mp_last_error());
+  cr_expect_not(knows(lender, s1),
+                "a loan that missed left s1 in the arena that was asked");
+  gate_open(&gate);
+  cr_assert_eq(mp_stream_synchronize(dev, s0), MP_OK);
+  gate_destroy(&gate);
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  worker_stop(&wa);
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  mp_stream_destroy(dev, s0);
+  expect_empty_and_destroy(pool, s1, s2);
+}
