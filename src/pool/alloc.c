@@ -105,9 +105,16 @@ mp_status_t mp__pool_alloc_cached_rec(mp_pool_t *pool, size_t bytes,
   return mp__alloc_cached_as(pool, bytes, s, out, lend, false);
 }
 
+mp_status_t mp__pool_alloc_cached_off(mp_pool_t *pool, size_t bytes,
+                                      mp_stream_t s, void **out) {
+  if (pool->paused || pool->hist.ev != NULL || mp__stream_captured(pool, s))
+    return MP__EMISS;
+  return mp__alloc_cached_as(pool, bytes, s, out, false, true);
+}
+
 /* One flag for what this path leaves out (cached_off), tested where the
  * paused flag alone was: the same instructions as before arenas kept a
- * history. An arena with a history misses here, and its miss path asks
+ * history. An arena with a history misses, and its miss path asks
  * mp__pool_alloc_cached_rec first (arena.c). (Deciding here, with a call
  * to the recording body, cost 1.8 instructions a pair: the registers the
  * call needs saved.) */
@@ -115,6 +122,6 @@ MP__HOT mp_status_t mp__pool_alloc_cached(mp_pool_t *pool, size_t bytes,
                                           mp_stream_t s, void **out,
                                           bool lend) {
   if (MP__UNLIKELY(pool->cached_off))
-    return MP__EMISS;
+    return MP__EMISS; /* mp__pool_alloc_cached_off, on the miss path */
   return mp__alloc_cached_as(pool, bytes, s, out, lend, true);
 }

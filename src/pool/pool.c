@@ -505,15 +505,23 @@ static mp_status_t mp__pool_alloc_rare(mp_pool_t *pool, size_t bytes,
                                        mp_stream_t s, void **out, void *ra);
 
 /* The rest of mp__arena_alloc after a miss of arena a's cache: a stream
- * routed to a graph pool allocates there (while the pool routes streams,
- * every arena marks them capturing, and its cache is off: graph.c), any
- * other through the arenas' path. */
+ * routed to a graph pool allocates there (every arena marks such a stream
+ * capturing, and its cache misses for it: graph.c, alloc.c), any other
+ * through the arenas' path, without the pool's lock. */
 static MP__COLD mp_status_t mp__arena_alloc_rest(mp_pool_t *pool, mp_pool_t *a,
                                                  size_t bytes, mp_stream_t s,
                                                  void **out) {
+  /* While a stream is captured the cache is off for every stream (one
+   * flag, 0 instructions on the path without captures): a stream not
+   * captured gets it here. */
   mp__pool_lock(a);
-  bool capturing = a->ncapturing > 0;
+  bool capturing = a->ncapturing > 0 && mp__stream_captured(a, s);
+  mp_status_t st = a->ncapturing > 0 && !capturing
+                       ? mp__pool_alloc_cached_off(a, bytes, s, out)
+                       : MP__EMISS;
   mp__pool_unlock(a);
+  if (st == MP_OK)
+    return st;
   mp_pool_t *g = capturing ? mp_pool_graph_of(pool, s) : NULL;
   if (g != NULL) {
     mp__pool_lock(g); /* a graph pool: never with arenas */

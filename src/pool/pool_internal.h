@@ -398,10 +398,6 @@ struct mp_pool {
    * the other arenas' shares count while the growth is in flight
    * (arena.c); 0 otherwise. */
   size_t cap_held;
-  /* The bytes of the growth in flight (inflight), set where growth drops
-   * the lock to map or allocate (segment.c, vrange.c); 0 otherwise (a
-   * release in flight). */
-  size_t grow_inflight;
   /* One of a pool's arenas (arena.c): its out-of-memory failures are not
    * final (the arenas' path retries), so they are no history events. */
   bool arena;
@@ -509,6 +505,10 @@ struct mp_pool {
   bool growth_no_waits; /* core.c: growth in this take counted on a wait
                            that could not be made; mp__deps_usable then
                            counts no busy block */
+  /* The bytes of the growth in flight (inflight), set where growth drops
+   * the lock to map or allocate (segment.c, vrange.c); 0 otherwise (a
+   * release in flight). */
+  size_t grow_inflight;
 };
 
 /* ---- lock.c: the pool lock and the one way to drop it ------------------- */
@@ -894,6 +894,12 @@ mp_status_t mp__pool_alloc_locked_hot(mp_pool_t *pool, size_t bytes,
  * stream (its search may still close and poll epochs, as any search). */
 mp_status_t mp__pool_alloc_cached(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out, bool lend);
+/* The same where it missed for cached_off: MP__EMISS when paused, with an
+ * event history, or for a stream marked capturing (a graph pool's: pool.c
+ * routes it); any other stream is served as the cache would, as a pool
+ * without arenas serves it during a capture. */
+mp_status_t mp__pool_alloc_cached_off(mp_pool_t *pool, size_t bytes,
+                                      mp_stream_t s, void **out);
 /* The same in an arena with an event history, which records the
  * allocation (MP__EMISS only when paused, or as above). */
 mp_status_t mp__pool_alloc_cached_rec(mp_pool_t *pool, size_t bytes,
@@ -1189,6 +1195,9 @@ bool mp__stream_known(const mp_pool_t *pool, mp_stream_t s);
 /* Known, and not only through a capture's mark (mark_only): a stream the
  * pool met. */
 bool mp__stream_met(const mp_pool_t *pool, mp_stream_t s);
+/* Whether s (the calling thread's, for a per-thread stream) is marked
+ * capturing in pool's table (graph.c). */
+bool mp__stream_captured(const mp_pool_t *pool, mp_stream_t s);
 /* The slot of (s, owner), added on first use: another pool's slot with its
  * owner (arena.c: a per-thread stream given to mp_pool_add_stream is the
  * adding thread's in an arena another thread makes later). */

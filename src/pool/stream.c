@@ -280,6 +280,11 @@ bool mp__stream_known(const mp_pool_t *pool, mp_stream_t s) {
   return mp__shash_find(pool, s, mp__stream_owner(pool, s)) != UINT32_MAX;
 }
 
+bool mp__stream_captured(const mp_pool_t *pool, mp_stream_t s) {
+  uint32_t i = mp__shash_find(pool, s, mp__stream_owner(pool, s));
+  return i != UINT32_MAX && pool->streams[i].capturing > 0;
+}
+
 bool mp__stream_met(const mp_pool_t *pool, mp_stream_t s) {
   uint32_t i = mp__shash_find(pool, s, mp__stream_owner(pool, s));
   return i != UINT32_MAX && !pool->streams[i].mark_only;
