@@ -122,6 +122,6 @@ MP__HOT mp_status_t mp__pool_alloc_cached(mp_pool_t *pool, size_t bytes,
                                           mp_stream_t s, void **out,
                                           bool lend) {
   if (MP__UNLIKELY(pool->cached_off))
-    return MP__EMISS; /* mp__pool_alloc_cached_off, on the miss path */
+    return MP__EOFF; /* mp__pool_alloc_cached_off, on the miss path */
   return mp__alloc_cached_as(pool, bytes, s, out, lend, true);
 }

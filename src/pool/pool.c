@@ -175,8 +175,6 @@ static void mp__destroy_wait_anyway(mp_pool_t *pool, mp__sync_set_t *set) {
     mp__sync_set_release(pool, set);
 }
 
-/* mp_pool_destroy; *gone: the pool was freed (also on a failure after
- * the point of no return). */
 /* MP_EBUSY while child or graph pools of pool live, else MP_OK. */
 static mp_status_t mp__pool_no_children(mp_pool_t *pool) {
   mp__pool_lock(pool);
@@ -188,6 +186,8 @@ static mp_status_t mp__pool_no_children(mp_pool_t *pool) {
                            n == 1 ? "" : "s");
 }
 
+/* mp_pool_destroy; *gone: the pool was freed (also on a failure after
+ * the point of no return). */
 static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
   *gone = false;
   if (pool == NULL)
@@ -504,21 +504,24 @@ mp_device_t *mp_pool_device(const mp_pool_t *pool) {
 static mp_status_t mp__pool_alloc_rare(mp_pool_t *pool, size_t bytes,
                                        mp_stream_t s, void **out, void *ra);
 
-/* The rest of mp__arena_alloc after a miss of arena a's cache: a stream
- * routed to a graph pool allocates there (every arena marks such a stream
- * capturing, and its cache misses for it: graph.c, alloc.c), any other
- * through the arenas' path, without the pool's lock. */
+/* The rest of mp__arena_alloc after arena a's cache answered st (a miss,
+ * or MP__EOFF: its cache is off): a stream routed to a graph pool
+ * allocates there (every arena marks such a stream capturing, and its
+ * cache is off: graph.c, alloc.c), any other through the arenas' path,
+ * without the pool's lock. */
 static MP__COLD mp_status_t mp__arena_alloc_rest(mp_pool_t *pool, mp_pool_t *a,
                                                  size_t bytes, mp_stream_t s,
-                                                 void **out) {
+                                                 void **out, mp_status_t st) {
+  if (st != MP__EOFF)
+    return mp__status_out(mp__arena_alloc_miss(pool, a, bytes, s, out));
   /* While a stream is captured the cache is off for every stream (one
    * flag, 0 instructions on the path without captures): a stream not
    * captured gets it here. */
   mp__pool_lock(a);
   bool capturing = a->ncapturing > 0 && mp__stream_captured(a, s);
-  mp_status_t st = a->ncapturing > 0 && !capturing
-                       ? mp__pool_alloc_cached_off(a, bytes, s, out)
-                       : MP__EMISS;
+  st = a->ncapturing > 0 && !capturing
+           ? mp__pool_alloc_cached_off(a, bytes, s, out)
+           : MP__EMISS;
   mp__pool_unlock(a);
   if (st == MP_OK)
     return st;
@@ -552,7 +555,7 @@ mp__arena_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s, void **out) {
   mp__pool_unlock(a);
   if (MP__LIKELY(st == MP_OK))
     return st;
-  return mp__arena_alloc_rest(pool, a, bytes, s, out);
+  return mp__arena_alloc_rest(pool, a, bytes, s, out, st);
 }
 
 /* mp_pool_alloc, locked, in a pool where pool->rare is set: the history's

@@ -116,6 +116,10 @@ static inline mp_status_t mp__status_out(mp_status_t st) {
 /* Internal status, never returned to a caller: mp__pool_alloc_cached found
  * nothing cached to serve the request (not a failure). */
 #define MP__EMISS ((mp_status_t)0x4d53)
+/* Internal status, never returned to a caller: mp__pool_alloc_cached did
+ * not look, its cache being off (cached_off: paused, a history, a stream
+ * captured); mp__pool_alloc_cached_off says more. */
+#define MP__EOFF ((mp_status_t)0x4f46)
 
 /* ---- blocks ------------------------------------------------------------ */
 enum {
@@ -894,7 +898,7 @@ mp_status_t mp__pool_alloc_locked_hot(mp_pool_t *pool, size_t bytes,
  * stream (its search may still close and poll epochs, as any search). */
 mp_status_t mp__pool_alloc_cached(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out, bool lend);
-/* The same where it missed for cached_off: MP__EMISS when paused, with an
+/* The same where it answered MP__EOFF: MP__EMISS when paused, with an
  * event history, or for a stream marked capturing (a graph pool's: pool.c
  * routes it); any other stream is served as the cache would, as a pool
  * without arenas serves it during a capture. */

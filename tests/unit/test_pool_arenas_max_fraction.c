@@ -227,21 +227,30 @@ Test(pool_arenas_max_fraction, the_cap_moves_while_threads_allocate,
   cr_assert_eq(mp_pool_destroy(m.pool), MP_OK);
 }
 
+/* A pool with arenas=2 on workers wa and wb: wa's arena (*ab) holds a's
+ * block of 2 MiB, wb's (*bb) holds nothing, trimmed. */
+static mp_pool_t *one_busy_one_empty(job_t *a, mp_pool_t **ab, mp_pool_t **bb) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  *a = (job_t){.pool = pool, .bytes = 2 * MiB, .tag = a->tag, .count = 1};
+  job_t b = {.pool = pool, .bytes = 2 * MiB, .tag = 0x20, .count = 1};
+  two_arenas(pool, a, &b);
+  cr_assert_eq(on_worker(&wb, &b, FREE), MP_OK, "%s", b.why);
+  cr_assert_eq(mp_pool_trim(pool, 0), MP_OK, "%s", mp_last_error());
+  *ab = mp__arena_at(pool, (size_t)arena_holding(pool, a->ptrs[0]));
+  *bb = *ab == mp__arena_at(pool, 0) ? mp__arena_at(pool, 1)
+                                     : mp__arena_at(pool, 0);
+  return pool;
+}
+
 /* A growth in flight when the cap is lowered was checked against the old
  * share: until it lands, the other arenas' shares count that share, or
  * the arenas could end above the new cap. White-box: the growth in
  * flight is arena b's flag and held share, set by hand (b holds nothing,
  * so no trim waits for it). */
 Test(pool_arenas_max_fraction, a_growth_in_flight_counts_against_the_others) {
-  mp_pool_t *pool = make_pool(dev, "arenas=2");
-  job_t a = {.pool = pool, .bytes = 2 * MiB, .tag = 0x10, .count = 1};
-  job_t b = {.pool = pool, .bytes = 2 * MiB, .tag = 0x20, .count = 1};
-  two_arenas(pool, &a, &b);
-  cr_assert_eq(on_worker(&wb, &b, FREE), MP_OK, "%s", b.why);
-  cr_assert_eq(mp_pool_trim(pool, 0), MP_OK, "%s", mp_last_error());
-  mp_pool_t *ab = mp__arena_at(pool, (size_t)arena_holding(pool, a.ptrs[0]));
-  mp_pool_t *bb = ab == mp__arena_at(pool, 0) ? mp__arena_at(pool, 1)
-                                              : mp__arena_at(pool, 0);
+  job_t a = {.tag = 0x10};
+  mp_pool_t *ab, *bb;
+  mp_pool_t *pool = one_busy_one_empty(&a, &ab, &bb);
   cr_assert_eq(bb->st.reserved_bytes, 0);
   mp__pool_lock(bb);
   bb->inflight = true; /* a 24 MiB growth checked against a 24 MiB share */
@@ -281,15 +290,9 @@ Test(pool_arenas_max_fraction, a_growth_in_flight_counts_against_the_others) {
  * the device's size, and none could grow at all until the growth landed
  * (MP_ELIMIT at any size). */
 Test(pool_arenas_max_fraction, a_growth_in_flight_holds_only_its_own_bytes) {
-  mp_pool_t *pool = make_pool(dev, "arenas=2");
-  job_t a = {.pool = pool, .bytes = 2 * MiB, .tag = 0x10, .count = 1};
-  job_t b = {.pool = pool, .bytes = 2 * MiB, .tag = 0x20, .count = 1};
-  two_arenas(pool, &a, &b);
-  cr_assert_eq(on_worker(&wb, &b, FREE), MP_OK, "%s", b.why);
-  cr_assert_eq(mp_pool_trim(pool, 0), MP_OK, "%s", mp_last_error());
-  mp_pool_t *ab = mp__arena_at(pool, (size_t)arena_holding(pool, a.ptrs[0]));
-  mp_pool_t *bb = ab == mp__arena_at(pool, 0) ? mp__arena_at(pool, 1)
-                                              : mp__arena_at(pool, 0);
+  job_t a = {.tag = 0x10};
+  mp_pool_t *ab, *bb;
+  mp_pool_t *pool = one_busy_one_empty(&a, &ab, &bb);
   mp__pool_lock(bb);
   cr_assert_geq(bb->cap, 64 * MiB, "uncapped: the device's size");
   bb->inflight = true; /* a 4 MiB growth, checked against that */
