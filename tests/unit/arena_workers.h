@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "../support/pool_helpers.h"
 #include "arena_holding.h"
@@ -97,7 +98,11 @@ static inline void *worker_main(void *arg) {
       pthread_cond_wait(&w->c, &w->m);
     if (w->job == NULL)
       break;
-    job_run(w->job);
+    /* Run without w->m, so that on_worker_within can give up waiting. */
+    job_t *j = w->job;
+    pthread_mutex_unlock(&w->m);
+    job_run(j);
+    pthread_mutex_lock(&w->m);
     w->job = NULL;
     pthread_cond_broadcast(&w->c);
   }
@@ -128,6 +133,38 @@ static inline mp_status_t on_worker(worker_t *w, job_t *j, op_t op) {
   pthread_mutex_lock(&w->m);
   w->job = j;
   pthread_cond_broadcast(&w->c);
+  while (w->job != NULL)
+    pthread_cond_wait(&w->c, &w->m);
+  pthread_mutex_unlock(&w->m);
+  return j->st;
+}
+
+/* Gives j's op to w and waits at most ms milliseconds for it: whether it
+ * ran. If not, the caller ends what holds it back and calls on_worker_wait. */
+static inline bool on_worker_within(worker_t *w, job_t *j, op_t op, long ms) {
+  j->op = op;
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += ms / 1000;
+  until.tv_nsec += (ms % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&w->m);
+  w->job = j;
+  pthread_cond_broadcast(&w->c);
+  while (w->job != NULL)
+    if (pthread_cond_timedwait(&w->c, &w->m, &until) != 0)
+      break;
+  bool ran = w->job == NULL;
+  pthread_mutex_unlock(&w->m);
+  return ran;
+}
+
+/* Waits for the job on_worker_within gave w; returns its status. */
+static inline mp_status_t on_worker_wait(worker_t *w, job_t *j) {
+  pthread_mutex_lock(&w->m);
   while (w->job != NULL)
     pthread_cond_wait(&w->c, &w->m);
   pthread_mutex_unlock(&w->m);

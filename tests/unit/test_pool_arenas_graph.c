@@ -565,3 +565,32 @@ Test(pool_arenas_graph, a_loan_that_misses_leaves_no_stream_behind) {
   mp_stream_destroy(dev, s0);
   expect_empty_and_destroy(pool, s1, s2);
 }
+
+/* While s1 is captured, another stream's allocation that the arena's cache
+ * serves takes that arena's lock only: a thread holding the pool's own lock
+ * (here the test, as a graph_begin or a lookup of another thread would)
+ * does not hold it back. Every allocation of every thread took the pool's
+ * lock while any capture ran. */
+Test(pool_arenas_graph, another_stream_during_a_capture_takes_no_pool_lock) {
+  mp_pool_t *pool = make_pool(dev, "arenas=4");
+  mp_stream_t s1 = new_stream(), s2 = new_stream();
+  cache_on_worker(pool, &wa, MiB);
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(pool, g, s1), MP_OK, "%s", mp_last_error());
+  expect_marks(pool, 1);
+  job_t on_s2 = {.pool = pool, .bytes = MiB, .tag = 0x71, .count = 1, .s = s2};
+  mp__pool_lock(pool);
+  bool ran = on_worker_within(&wa, &on_s2, ALLOC, 5000);
+  mp__pool_unlock(pool);
+  cr_assert_eq(on_worker_wait(&wa, &on_s2), MP_OK, "%s", on_s2.why);
+  cr_expect(ran, "the allocation on s2 waited 5 s for the pool's lock");
+  cr_expect_geq(arena_serving(pool, on_s2.ptrs[0]), 0,
+                "the arena's cache did not serve s2");
+  cr_expect_eq(stats(g).live_blocks, 0);
+  cr_expect_eq(on_worker(&wa, &on_s2, FREE), MP_OK, "%s", on_s2.why);
+  cr_assert_eq(mp_pool_graph_end(pool, s1), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  worker_stop(&wa);
+  expect_empty_and_destroy(pool, s1, s2);
+}
