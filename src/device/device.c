@@ -5,6 +5,7 @@
  * its arguments: non-NULL handles and outputs, non-zero sizes. A failing
  * call returns before the backend is reached and changes nothing. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -150,10 +151,16 @@ mp_status_t mp_stream_forget(mp_device_t *dev, mp_stream_t s) {
     return MP_OK;
   dev = mp__watch_root(dev);
   pthread_mutex_lock(&mp__watch_mu);
+  atomic_fetch_add_explicit(&dev->forgets, 1, memory_order_seq_cst);
   for (size_t i = 0; i < dev->nwatch; i++)
     dev->watch[i].fn(dev->watch[i].ctx, s);
   pthread_mutex_unlock(&mp__watch_mu);
   return MP_OK;
+}
+
+uint64_t mp__device_forgets(mp_device_t *dev) {
+  return atomic_load_explicit(&mp__watch_root(dev)->forgets,
+                              memory_order_seq_cst);
 }
 
 mp_status_t mp__device_current_ordinal(mp_device_t *dev, int *out) {

@@ -370,8 +370,11 @@ static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes,
 
 /* Under lender's lock: graph's range at base (its segment) goes back to
  * lender as a free block, reusable there once the work queued on every
- * stream lender knows has passed (replays may still run anywhere). */
-static void mp__graph_give_back(mp_pool_t *lender, uintptr_t base) {
+ * stream lender knows has passed (replays may still run anywhere), and
+ * with device once lender has synchronized the device (an arena, where
+ * other arenas met streams it could not learn: graph_give_back_to_arena). */
+static void mp__graph_give_back(mp_pool_t *lender, uintptr_t base,
+                                bool device) {
   for (size_t i = 0; i < lender->ngranges; i++)
     if (lender->granges[i].base == base) {
       lender->granges[i] = lender->granges[--lender->ngranges];
@@ -381,12 +384,64 @@ static void mp__graph_give_back(mp_pool_t *lender, uintptr_t base) {
   mp__slot_t *slot = NULL;
   mp__block_t *b = mp__map_lookup(lender, base, &slot);
   mp__stream_use_all(lender, b);
+  if (device)
+    mp__stream_use_device(lender, b);
   mp__map_remove_slot(lender, slot);
   mp__block_release(lender, b);
 }
 
+/* A stream an arena has met (not only through a capture's mark). */
+typedef struct {
+  mp_stream_t s;
+  uint64_t owner;
+} mp__met_t;
+
+/* Adds the streams arena a has met, those whose work may still run, to
+ * *m (*n of them, room for *cap); false when host memory runs out. */
+static bool mp__graph_streams_met(mp_pool_t *a, mp__met_t **m, size_t *n,
+                                  size_t *cap) {
+  mp__pool_lock(a);
+  bool ok = true;
+  for (uint32_t i = 0; ok && i < a->nstreams; i++) {
+    const mp__strm_t *st = &a->streams[i];
+    if (st->join || st->gone || st->mark_only)
+      continue;
+    mp__met_t *r = mp__graph_room(*m, *n, cap, sizeof **m, "streams");
+    if ((ok = r != NULL)) {
+      *m = r;
+      (*m)[(*n)++] = (mp__met_t){st->s, st->owner};
+    }
+  }
+  mp__pool_unlock(a);
+  return ok;
+}
+
+/* Under lender's lock: lender names every stream of m it has not met, so
+ * that the range it gets back waits for their work; false where it cannot
+ * (another thread's per-thread stream, on which this thread can record
+ * nothing; host memory; a forget begun since forgets was read, whose
+ * stream lender must not learn). */
+static bool mp__graph_learn_streams(mp_pool_t *lender, const mp__met_t *m,
+                                    size_t n, uint64_t forgets) {
+  if (mp__device_forgets(lender->dev) != forgets)
+    return false;
+  for (size_t k = 0; k < n; k++) {
+    uint32_t sidx;
+    if (mp__stream_met_owned(lender, m[k].s, m[k].owner))
+      continue;
+    if (m[k].owner != 0 ||
+        mp__stream_index_owned(lender, m[k].s, 0, &sidx) != MP_OK)
+      return false;
+  }
+  return true;
+}
+
 /* With arenas: gives graph's range at base back to the arena that lent
- * it, the one whose table of ranges holds it. */
+ * it, the one whose table of ranges holds it. The graph's replays may run
+ * on any stream any arena has met: the lender learns those it has not, or
+ * where it cannot, the range waits for a device synchronize of the
+ * lender. Each arena under its own lock, never two at once; a stream met
+ * after the look was not known at the release. */
 static void mp__graph_give_back_to_arena(mp_pool_t *parent, uintptr_t base) {
   for (size_t i = 0; i < parent->cfg.arenas; i++) {
     mp_pool_t *a = mp__arena_at(parent, i);
@@ -396,11 +451,25 @@ static void mp__graph_give_back_to_arena(mp_pool_t *parent, uintptr_t base) {
     bool lent = false;
     for (size_t k = 0; k < a->ngranges && !lent; k++)
       lent = a->granges[k].base == base;
-    if (lent)
-      mp__graph_give_back(a, base);
     mp__pool_unlock(a);
-    if (lent)
-      return;
+    if (!lent)
+      continue;
+    /* Only this caller gives the range back: it stays lent meanwhile. */
+    uint64_t forgets = mp__device_forgets(parent->dev);
+    mp__met_t *m = NULL;
+    size_t n = 0, cap = 0;
+    bool ok = true;
+    for (size_t k = 0; ok && k < parent->cfg.arenas; k++) {
+      mp_pool_t *o = mp__arena_at(parent, k);
+      if (o != NULL && o != a)
+        ok = mp__graph_streams_met(o, &m, &n, &cap);
+    }
+    mp__pool_lock(a);
+    ok = ok && mp__graph_learn_streams(a, m, n, forgets);
+    mp__graph_give_back(a, base, !ok);
+    mp__pool_unlock(a);
+    free(m);
+    return;
   }
   MP__ASSERT(!"a graph pool's range in no arena");
 }
@@ -416,7 +485,7 @@ static void mp__graph_finish(mp_pool_t *graph) {
     if (arenas)
       mp__graph_give_back_to_arena(parent, s->base);
     else
-      mp__graph_give_back(parent, s->base);
+      mp__graph_give_back(parent, s->base, false);
   if (arenas)
     mp__pool_lock(parent);
   parent->children--;

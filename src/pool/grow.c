@@ -71,9 +71,10 @@ void mp__segment_release_over(mp_pool_t *pool) {
     return;
   /* Which streams have finished their work: a query each (before any new
    * marker, which would make an idle stream busy), never a wait. */
-  if (mp__streams_all_idle_now(pool)) {
+  if (pool->sync_device_from == 0 && mp__streams_all_idle_now(pool)) {
     /* Every stream the pool knows has finished: what waits for a sync
-     * (blocks whose streams did not fit one record) is free to go too. */
+     * (blocks whose streams did not fit one record) is free to go too, but
+     * not where a device synchronize is owed (sync_device_from). */
     mp__streams_sync_end(pool, mp__streams_sync_begin(pool));
   }
   mp__segment_trim(pool, th);

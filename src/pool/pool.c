@@ -268,13 +268,15 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
    * an event on each, not a device synchronize (another thread may be
    * capturing a graph). A wait that cannot be made (a host function of
    * the device) fails the destroy before anything is released: memory
-   * the device then refused to free would be lost with the pool. */
+   * the device then refused to free would be lost with the pool. A device
+   * synchronize only where one is owed (sync_device_from: an arena given
+   * a graph range back; no capture runs, as no graph pool lives). */
   mp__sync_set_t set = {0};
-  if (pool->nstreams > 0 && mp__streams_sync_events(pool, &set))
+  bool wait = pool->nstreams > 0 || pool->sync_device_from != 0;
+  if (wait && mp__streams_sync_events(pool, &set))
     mp__destroy_wait_anyway(pool, &set);
   mp__pool_unlock(pool);
-  mp_status_t st =
-      pool->nstreams > 0 ? mp__sync_set_wait(pool->dev, &set) : MP_OK;
+  mp_status_t st = wait ? mp__sync_set_wait(pool->dev, &set) : MP_OK;
   mp__pool_lock(pool);
   mp__sync_set_release(pool, &set);
   if (st != MP_OK) {

@@ -513,6 +513,12 @@ struct mp_pool {
    * the lock to map or allocate (segment.c, vrange.c); 0 otherwise (a
    * release in flight). */
   size_t grow_inflight;
+  /* Nonzero: the sync generation from which the pool's next sync must be a
+   * device synchronize, not an event on each stream it knows (a graph
+   * range given back to an arena while other arenas, or a capture, know
+   * streams its replays may still run on: graph.c). Cleared by the first
+   * sync that began at or after it (stream.c). */
+  uint64_t sync_device_from;
 };
 
 /* ---- lock.c: the pool lock and the one way to drop it ------------------- */
@@ -1270,6 +1276,12 @@ void mp__stream_drop_uses(mp_pool_t *pool, mp__block_t *b);
 /* Live block b may be in use on every stream whose work is not known done
  * (mp_pool_free_after_all). */
 void mp__stream_use_all(mp_pool_t *pool, mp__block_t *b);
+/* Free-to-be block b (taken, not yet released) waits for a device
+ * synchronize of pool instead of its streams' work: the next sync of pool
+ * is one (sync_device_from). */
+void mp__stream_use_device(mp_pool_t *pool, mp__block_t *b);
+/* Whether pool knows stream s of owner as more than a capture's mark. */
+bool mp__stream_met_owned(const mp_pool_t *pool, mp_stream_t s, uint64_t owner);
 /* The device watcher: s is going away (mp_stream_forget). */
 void mp__stream_gone(void *pool, mp_stream_t s);
 /* mp__deps_on_free for a block with recorded uses, or in a pool of

@@ -317,6 +317,22 @@ void mp__stream_use_all(mp_pool_t *pool, mp__block_t *b) {
   }
 }
 
+void mp__stream_use_device(mp_pool_t *pool, mp__block_t *b) {
+  /* Its deps stay (its release sets them): the sync adds to them, as for
+   * a block whose streams did not fit its record. The sync that frees it
+   * must cover streams pool has no slot for. */
+  b->flags |= MP__B_SYNC;
+  b->gen = pool->sync_gen;
+  if (pool->sync_device_from == 0)
+    pool->sync_device_from = pool->sync_gen;
+}
+
+bool mp__stream_met_owned(const mp_pool_t *pool, mp_stream_t s,
+                          uint64_t owner) {
+  uint32_t i = mp__shash_find(pool, s, owner);
+  return i != UINT32_MAX && !pool->streams[i].mark_only;
+}
+
 /* The route of a forgotten stream (slot st) in a parent's table of streams
  * that allocate to a graph pool (graph.c), if any, goes with its slot: no
  * later stream given the same handle is routed by it. Here, not in graph.c,
@@ -993,6 +1009,9 @@ void mp__streams_sync_end(mp_pool_t *pool, uint64_t snap) {
   }
   if (snap + 1 > pool->sync_done)
     pool->sync_done = snap + 1;
+  /* That sync began after the owed generation: it was a device one. */
+  if (pool->sync_device_from != 0 && snap >= pool->sync_device_from)
+    pool->sync_device_from = 0;
 }
 
 mp_status_t mp__streams_unwaitable(const mp_pool_t *pool, const char *what) {
@@ -1013,8 +1032,12 @@ mp_status_t mp__streams_unwaitable(const mp_pool_t *pool, const char *what) {
 }
 
 bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set) {
-  set->ev = mp__host_alloc((pool->nstreams + 1) * sizeof *set->ev);
   set->n = 0;
+  if (pool->sync_device_from != 0) { /* owed: mp__stream_use_device */
+    set->ev = NULL;
+    return false;
+  }
+  set->ev = mp__host_alloc((pool->nstreams + 1) * sizeof *set->ev);
   if (set->ev == NULL)
     return false;
   uint64_t self = mp__self();
@@ -1137,6 +1160,22 @@ void mp__streams_release(mp_pool_t *pool) {
   pool->last_s = MP__STREAM_GONE;
 }
 
+/* Whether a capture stops a sync of pool: a stream with blocks' work
+ * (or, where a device synchronize is owed, any stream) being captured. */
+static bool mp__capture_stops_sync(const mp_pool_t *pool) {
+  if (pool->ncapturing == 0)
+    return false;
+  /* A device synchronize would invalidate the capture. */
+  if (pool->sync_device_from != 0)
+    return true;
+  /* A slot only a capture's mark holds (an arena that never used the
+   * stream: graph.c) holds no block's work: the others' events do. */
+  for (uint32_t i = 0; i < pool->nstreams; i++)
+    if (pool->streams[i].capturing > 0 && !pool->streams[i].mark_only)
+      return true;
+  return false;
+}
+
 /* Waits for the work of every stream the pool knows, by an event on each:
  * what the pool's blocks can be in use by (pool.h: a block used on another
  * stream is named by mp_pool_record_stream). No device synchronize, which
@@ -1146,7 +1185,7 @@ void mp__streams_release(mp_pool_t *pool) {
  * while the lock is down (defragmentation's staging buffer; *buf is NULL
  * when the device has no room). */
 static mp_status_t mp__pool_sync_refused(const mp_pool_t *pool) {
-  if (MP__UNLIKELY(pool->ncapturing > 0))
+  if (MP__UNLIKELY(mp__capture_stops_sync(pool)))
     return mp__fail(MP_EBUSY,
                     "a stream of the pool is being captured (graph pool): no "
                     "synchronize until mp_pool_graph_end");
@@ -1166,7 +1205,13 @@ mp_status_t mp__pool_sync_alloc(mp_pool_t *pool, size_t buf_bytes, void **buf) {
   /* The events first: the snapshot clears the dirty marks by which they
    * tell a forgotten stream that only a device synchronize covers. */
   mp__sync_set_t set;
-  mp__streams_sync_events(pool, &set);
+  /* A device synchronize (a stream no event can mark) while a capture's
+   * mark stands would invalidate that capture. */
+  if (!mp__streams_sync_events(pool, &set) && pool->ncapturing > 0)
+    return mp__fail(MP_EBUSY,
+                    "a stream is being captured (graph pool) and only a "
+                    "device synchronize would do: none until "
+                    "mp_pool_graph_end");
   uint64_t snap = mp__streams_sync_begin(pool);
   mp__pool_sync_begin(pool);
   mp_status_t st = mp__sync_set_wait(pool->dev, &set);

@@ -86,6 +86,17 @@ static void *other_thread(void *arg) {
   return NULL;
 }
 
+/* A pool with arenas=4 on dev, this thread in the primary context. */
+static mp_pool_t *arenas_pool(mp_device_t *dev) {
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cr_assert_eq(mp_pool_config_parse(&cfg, "arenas=4"), MP_OK);
+  mp_pool_t *pool;
+  cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
+  enter_ctx();
+  return pool;
+}
+
 static void expect_undisturbed(const seen_t *seen, const char *when) {
   cr_expect_eq(seen->trim, MP_OK, "%s: trim %d", when, seen->trim);
   cr_expect_eq(seen->device_syncs, 0,
@@ -100,12 +111,7 @@ static void expect_undisturbed(const seen_t *seen, const char *when) {
 
 Test(cuda_arenas_graph, a_per_thread_capture_leaves_other_arenas_as_they_were) {
   mp_device_t *dev = open_dev("cuda");
-  mp_pool_config_t cfg;
-  mp_pool_config_init(&cfg);
-  cr_assert_eq(mp_pool_config_parse(&cfg, "arenas=4"), MP_OK);
-  mp_pool_t *pool, *g;
-  cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
-  enter_ctx();
+  mp_pool_t *pool = arenas_pool(dev), *g;
   pthread_barrier_t bar;
   pthread_barrier_init(&bar, NULL, 2);
   other_t o = {.pool = pool, .bar = &bar};
@@ -134,6 +140,92 @@ Test(cuda_arenas_graph, a_per_thread_capture_leaves_other_arenas_as_they_were) {
   expect_undisturbed(&o.before, "before the capture");
   expect_undisturbed(&o.after, "after the capture");
   cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  leave_ctx();
+  mp_device_close(dev);
+}
+
+/* A graph's range given back while another thread's arena has met that
+ * thread's per-thread stream, on which this thread can record nothing:
+ * the lending arena cannot name it, so the range waits for one device
+ * synchronize (the next sync of the lender) before it serves again. It
+ * went back as used on the lender's own streams only, and served another
+ * stream while a replay might still run on the other thread's. */
+typedef struct {
+  mp_pool_t *pool;
+  pthread_barrier_t *bar;
+} pt_user_t;
+
+static void *pt_user(void *arg) {
+  pt_user_t *u = arg;
+  enter_ctx();
+  mp_stream_t pt = (mp_stream_t)CU_STREAM_PER_THREAD;
+  /* One granule, kept: its arena has nothing free, so no trim of it
+   * synchronizes anything. */
+  void *p;
+  cr_assert_eq(mp_pool_alloc(u->pool, 2 * MiB, pt, &p), MP_OK, "%s",
+               mp_last_error());
+  pthread_barrier_wait(u->bar); /* its arena knows its per-thread stream */
+  pthread_barrier_wait(u->bar); /* the main thread is done */
+  cr_assert_eq(mp_pool_free(u->pool, p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(cuStreamSynchronize(CU_STREAM_PER_THREAD), CUDA_SUCCESS);
+  leave_ctx();
+  return NULL;
+}
+
+Test(cuda_arenas_graph,
+     a_range_waits_for_a_device_sync_where_its_lender_cannot_name_a_stream) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_pool_t *pool = arenas_pool(dev), *g;
+  CUstream s1, s2;
+  cr_assert_eq(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, 2);
+  pt_user_t u = {.pool = pool, .bar = &bar};
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, pt_user, &u), 0);
+  pthread_barrier_wait(&bar);
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(pool, g, (mp_stream_t)s1), MP_OK);
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, 3 * MiB, (mp_stream_t)s1, &p), MP_OK, "%s",
+               mp_last_error());
+  uintptr_t base = (uintptr_t)p;
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(mp_pool_graph_end(pool, (mp_stream_t)s1), MP_OK);
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(cuStreamSynchronize(s1), CUDA_SUCCESS);
+  void *q;
+  cr_assert_eq(mp_pool_alloc(pool, 3 * MiB, (mp_stream_t)s2, &q), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_neq((uintptr_t)q, base,
+                "the range served s2 before the device was synchronized");
+  cr_assert_eq(mp_pool_free(pool, q), MP_OK);
+  cr_assert_eq(cuStreamSynchronize(s2), CUDA_SUCCESS);
+  /* The lender's next sync is a device synchronize, and only the next. */
+  long long syncs = fk_is_real() ? 0 : fk_calls("cuCtxSynchronize");
+  cr_expect_eq(mp_pool_trim(pool, 0), MP_OK, "%s", mp_last_error());
+  if (!fk_is_real())
+    cr_expect_eq(fk_calls("cuCtxSynchronize") - syncs, 1,
+                 "the lender's sync was not a device synchronize");
+  cr_assert_eq(mp_pool_alloc(pool, 3 * MiB, (mp_stream_t)s2, &q), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, q), MP_OK);
+  cr_assert_eq(cuStreamSynchronize(s2), CUDA_SUCCESS);
+  syncs = fk_is_real() ? 0 : fk_calls("cuCtxSynchronize");
+  cr_expect_eq(mp_pool_trim(pool, 0), MP_OK, "%s", mp_last_error());
+  if (!fk_is_real())
+    cr_expect_eq(fk_calls("cuCtxSynchronize") - syncs, 0,
+                 "a later sync of the lender synchronized the device again");
+  pthread_barrier_wait(&bar);
+  pthread_join(t, NULL);
+  pthread_barrier_destroy(&bar);
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_stream_forget(dev, (mp_stream_t)s1), MP_OK);
+  cr_assert_eq(mp_stream_forget(dev, (mp_stream_t)s2), MP_OK);
+  cr_assert_eq(cuStreamDestroy(s1), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamDestroy(s2), CUDA_SUCCESS);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
   leave_ctx();
   mp_device_close(dev);

@@ -594,3 +594,96 @@ Test(pool_arenas_graph, another_stream_during_a_capture_takes_no_pool_lock) {
   worker_stop(&wa);
   expect_empty_and_destroy(pool, s1, s2);
 }
+
+/* A released graph's replays may run on any stream the pool knows, also
+ * one only another arena has met: the range goes back to the lending arena
+ * waiting for that stream's work too. It went back as used only on the
+ * lender's own streams, and served another stream while a replay on x
+ * still ran. */
+Test(pool_arenas_graph, a_released_range_waits_for_streams_other_arenas_met) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  mp_stream_t s1 = new_stream(), s2 = new_stream(), x = new_stream();
+  worker_start(&wa);
+  worker_start(&wb);
+  /* x: met by wb's arena only. */
+  job_t on_x = {.pool = pool, .bytes = MiB, .tag = 0x81, .count = 1, .s = x};
+  cr_assert_eq(on_worker(&wb, &on_x, ALLOC), MP_OK, "%s", on_x.why);
+  cr_assert_eq(on_worker(&wb, &on_x, FREE), MP_OK, "%s", on_x.why);
+  cr_assert_eq(mp_stream_synchronize(dev, x), MP_OK);
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(pool, g, s1), MP_OK, "%s", mp_last_error());
+  job_t ga = {.pool = pool, .bytes = 3 * MiB, .tag = 0x82, .count = 1, .s = s1};
+  cr_assert_eq(on_worker(&wa, &ga, ALLOC), MP_OK, "%s", ga.why);
+  int lender = arena_lending(pool, ga.ptrs[0]);
+  cr_assert_geq(lender, 0);
+  uintptr_t base = g->segs->base;
+  size_t size = g->segs->size;
+  cr_assert_eq(mp_pool_graph_end(pool, s1), MP_OK, "%s", mp_last_error());
+  /* A replay of the graph on x, still running at the release. */
+  gate_t gate;
+  gate_init(&gate);
+  cr_assert_eq(mp_stream_launch_host(dev, x, gate_wait, &gate), MP_OK);
+  cr_assert_eq(on_worker(&wa, &ga, FREE), MP_OK, "%s", ga.why);
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, NULL), MP_OK);
+  job_t again = {.pool = pool, .bytes = size, .tag = 0x83, .count = 1, .s = s2};
+  cr_assert_eq(on_worker(&wa, &again, ALLOC), MP_OK, "%s", again.why);
+  uintptr_t q = (uintptr_t)again.ptrs[0];
+  cr_expect(q >= base + size || base >= q + size,
+            "the range served s2 while the replay on x ran");
+  gate_open(&gate);
+  cr_assert_eq(mp_stream_synchronize(dev, x), MP_OK);
+  gate_destroy(&gate);
+  cr_expect_eq(on_worker(&wa, &again, FREE), MP_OK, "%s", again.why);
+  /* Once x's work is done, the lender serves the range's size from it. */
+  job_t later = {.pool = pool, .bytes = size, .tag = 0x84, .count = 1, .s = s2};
+  cr_assert_eq(on_worker(&wa, &later, ALLOC), MP_OK, "%s", later.why);
+  cr_expect_eq(arena_holding(pool, later.ptrs[0]), lender);
+  cr_expect_eq(on_worker(&wa, &later, FREE), MP_OK, "%s", later.why);
+  worker_stop(&wa);
+  worker_stop(&wb);
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  mp_stream_destroy(dev, x);
+  expect_empty_and_destroy(pool, s1, s2);
+}
+
+/* An arena that runs out during a capture takes back what another arena
+ * caches: that arena never used the captured stream (its slot is the
+ * capture's mark only), so its synchronization is not refused. Every
+ * arena's was while any stream was captured, and a 60 MiB request failed
+ * beside 100 MiB cached. */
+Test(pool_arenas_graph, a_capture_leaves_other_arenas_cache_reclaimable) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  mp_stream_t s1 = new_stream(), s2 = new_stream();
+  worker_start(&wa);
+  worker_start(&wb);
+  /* wa's arena: 120 MiB live (busy: it lends nothing) and 100 MiB cached,
+   * of a 256 MiB device. */
+  job_t keep = {.pool = pool, .bytes = 120 * MiB, .tag = 0x91, .count = 1};
+  job_t cached = {.pool = pool, .bytes = 100 * MiB, .tag = 0x92, .count = 1};
+  cr_assert_eq(on_worker(&wa, &keep, ALLOC), MP_OK, "%s", keep.why);
+  cr_assert_eq(on_worker(&wa, &cached, ALLOC), MP_OK, "%s", cached.why);
+  cr_assert_eq(on_worker(&wa, &cached, FREE), MP_OK, "%s", cached.why);
+  cr_assert_eq(mp_stream_synchronize(dev, NULL), MP_OK);
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(pool, g, s1), MP_OK, "%s", mp_last_error());
+  job_t other = {.pool = pool, .bytes = 60 * MiB, .tag = 0x93, .count = 1};
+  cr_expect_eq(on_worker(&wb, &other, ALLOC), MP_OK, "%s", other.why);
+  if (other.st == MP_OK)
+    cr_expect_eq(on_worker(&wb, &other, FREE), MP_OK, "%s", other.why);
+  /* The captured stream's growth in wb's arena's graph pool too. */
+  job_t capt = {
+      .pool = pool, .bytes = 30 * MiB, .tag = 0x94, .count = 1, .s = s1};
+  cr_expect_eq(on_worker(&wb, &capt, ALLOC), MP_OK, "%s", capt.why);
+  if (capt.st == MP_OK)
+    cr_expect_eq(on_worker(&wb, &capt, FREE), MP_OK, "%s", capt.why);
+  cr_assert_eq(mp_pool_graph_end(pool, s1), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(on_worker(&wa, &keep, FREE), MP_OK, "%s", keep.why);
+  worker_stop(&wa);
+  worker_stop(&wb);
+  expect_empty_and_destroy(pool, s1, s2);
+}
