@@ -131,9 +131,9 @@ struct mp_device {
    * one process-wide mutex. */
   mp__watch_t *watch;
   size_t nwatch, watch_cap;
-  /* mp_stream_forget calls so far, counted before the watchers are told:
-   * mp__device_forgets. */
-  _Atomic uint64_t forgets;
+  /* mp_stream_forget calls begun (counted before the watchers are told)
+   * and done (after the last): mp__device_forgets. */
+  _Atomic uint64_t forgets, forgets_done;
 };
 
 extern const mp__backend_t mp__host_backend;
@@ -197,10 +197,11 @@ mp_status_t mp__device_watch(mp_device_t *dev, void (*fn)(void *, mp_stream_t),
 void mp__device_unwatch(mp_device_t *dev, void (*fn)(void *, mp_stream_t),
                         void *ctx);
 /* How many forgets have begun on the device (its pinned view's, the
- * same): a caller that read it before it looked at some pool's streams,
- * and reads it unchanged under another pool's lock, knows no stream it saw
- * was forgotten there yet (a forget begun later tells that pool after the
- * lock is dropped). */
+ * same), or UINT64_MAX while one is under way. A caller that read a value
+ * other than UINT64_MAX before it looked at some pools' streams, and reads
+ * the same under another pool's lock, knows that no stream it saw has been
+ * forgotten there (a forget begun later tells that pool after the lock is
+ * dropped); one under way may have passed that pool already. */
 uint64_t mp__device_forgets(mp_device_t *dev);
 
 /* ipc_export of device memory (the pool, the fake driver): MP_ENOTSUP

@@ -154,13 +154,18 @@ mp_status_t mp_stream_forget(mp_device_t *dev, mp_stream_t s) {
   atomic_fetch_add_explicit(&dev->forgets, 1, memory_order_seq_cst);
   for (size_t i = 0; i < dev->nwatch; i++)
     dev->watch[i].fn(dev->watch[i].ctx, s);
+  atomic_fetch_add_explicit(&dev->forgets_done, 1, memory_order_seq_cst);
   pthread_mutex_unlock(&mp__watch_mu);
   return MP_OK;
 }
 
 uint64_t mp__device_forgets(mp_device_t *dev) {
-  return atomic_load_explicit(&mp__watch_root(dev)->forgets,
-                              memory_order_seq_cst);
+  dev = mp__watch_root(dev);
+  /* done first: a forget that ends between the loads reads as under way. */
+  uint64_t done =
+      atomic_load_explicit(&dev->forgets_done, memory_order_seq_cst);
+  uint64_t begun = atomic_load_explicit(&dev->forgets, memory_order_seq_cst);
+  return begun == done ? begun : UINT64_MAX;
 }
 
 mp_status_t mp__device_current_ordinal(mp_device_t *dev, int *out) {

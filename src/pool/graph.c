@@ -419,11 +419,11 @@ static bool mp__graph_streams_met(mp_pool_t *a, mp__met_t **m, size_t *n,
 /* Under lender's lock: lender names every stream of m it has not met, so
  * that the range it gets back waits for their work; false where it cannot
  * (another thread's per-thread stream, on which this thread can record
- * nothing; host memory; a forget begun since forgets was read, whose
- * stream lender must not learn). */
+ * nothing; host memory; a forget under way, or begun since forgets was read,
+ * whose stream lender must not learn). */
 static bool mp__graph_learn_streams(mp_pool_t *lender, const mp__met_t *m,
                                     size_t n, uint64_t forgets) {
-  if (mp__device_forgets(lender->dev) != forgets)
+  if (forgets == UINT64_MAX || mp__device_forgets(lender->dev) != forgets)
     return false;
   for (size_t k = 0; k < n; k++) {
     uint32_t sidx;

@@ -323,8 +323,9 @@ void mp__stream_use_device(mp_pool_t *pool, mp__block_t *b) {
    * must cover streams pool has no slot for. */
   b->flags |= MP__B_SYNC;
   b->gen = pool->sync_gen;
-  if (pool->sync_device_from == 0)
-    pool->sync_device_from = pool->sync_gen;
+  /* The latest generation owed: a device sync begun at or after it covers
+   * every block owed before (a sync under way now began before it). */
+  pool->sync_device_from = pool->sync_gen;
 }
 
 bool mp__stream_met_owned(const mp_pool_t *pool, mp_stream_t s,

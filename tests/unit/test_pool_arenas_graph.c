@@ -595,6 +595,25 @@ Test(pool_arenas_graph, another_stream_during_a_capture_takes_no_pool_lock) {
   expect_empty_and_destroy(pool, s1, s2);
 }
 
+/* wb's arena meets x (a block allocated and freed there); then *g, a graph
+ * pool capturing s1, gets ga's 3 MiB block on wa: returns the index of the
+ * arena that lent its range. */
+static int lent_beside_x(mp_pool_t *pool, mp_stream_t x, mp_stream_t s1,
+                         mp_pool_t **g, job_t *ga) {
+  job_t on_x = {.pool = pool, .bytes = MiB, .tag = 0x81, .count = 1, .s = x};
+  cr_assert_eq(on_worker(&wb, &on_x, ALLOC), MP_OK, "%s", on_x.why);
+  cr_assert_eq(on_worker(&wb, &on_x, FREE), MP_OK, "%s", on_x.why);
+  cr_assert_eq(mp_stream_synchronize(dev, x), MP_OK);
+  cr_assert_eq(mp_pool_graph_create(pool, g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(pool, *g, s1), MP_OK, "%s", mp_last_error());
+  *ga =
+      (job_t){.pool = pool, .bytes = 3 * MiB, .tag = 0x82, .count = 1, .s = s1};
+  cr_assert_eq(on_worker(&wa, ga, ALLOC), MP_OK, "%s", ga->why);
+  int lender = arena_lending(pool, ga->ptrs[0]);
+  cr_assert_geq(lender, 0);
+  return lender;
+}
+
 /* A released graph's replays may run on any stream the pool knows, also
  * one only another arena has met: the range goes back to the lending arena
  * waiting for that stream's work too. It went back as used only on the
@@ -606,17 +625,9 @@ Test(pool_arenas_graph, a_released_range_waits_for_streams_other_arenas_met) {
   worker_start(&wa);
   worker_start(&wb);
   /* x: met by wb's arena only. */
-  job_t on_x = {.pool = pool, .bytes = MiB, .tag = 0x81, .count = 1, .s = x};
-  cr_assert_eq(on_worker(&wb, &on_x, ALLOC), MP_OK, "%s", on_x.why);
-  cr_assert_eq(on_worker(&wb, &on_x, FREE), MP_OK, "%s", on_x.why);
-  cr_assert_eq(mp_stream_synchronize(dev, x), MP_OK);
   mp_pool_t *g;
-  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(mp_pool_graph_begin(pool, g, s1), MP_OK, "%s", mp_last_error());
-  job_t ga = {.pool = pool, .bytes = 3 * MiB, .tag = 0x82, .count = 1, .s = s1};
-  cr_assert_eq(on_worker(&wa, &ga, ALLOC), MP_OK, "%s", ga.why);
-  int lender = arena_lending(pool, ga.ptrs[0]);
-  cr_assert_geq(lender, 0);
+  job_t ga;
+  int lender = lent_beside_x(pool, x, s1, &g, &ga);
   uintptr_t base = g->segs->base;
   size_t size = g->segs->size;
   cr_assert_eq(mp_pool_graph_end(pool, s1), MP_OK, "%s", mp_last_error());
@@ -685,5 +696,83 @@ Test(pool_arenas_graph, a_capture_leaves_other_arenas_cache_reclaimable) {
   cr_expect_eq(on_worker(&wa, &keep, FREE), MP_OK, "%s", keep.why);
   worker_stop(&wa);
   worker_stop(&wb);
+  expect_empty_and_destroy(pool, s1, s2);
+}
+
+/* A forget of x under way at a graph release, past the lender's watcher
+ * but not yet the arena that met x: the lender must not learn x (it would
+ * hold a destroyed stream as live, never told it went). The watcher `hold`
+ * sits between the two arenas' and waits there up to 1 s for the lender to
+ * learn x. A count of forgets begun alone, read while one was under way,
+ * let the lender learn it. */
+typedef struct {
+  mp_stream_t x;
+  mp_pool_t *lender;
+  atomic_int reached;
+} hold_t;
+
+static bool met_live(mp_pool_t *a, mp_stream_t s) {
+  mp__pool_lock(a);
+  bool live = false;
+  for (uint32_t i = 0; i < a->nstreams; i++)
+    live |= a->streams[i].s == s && !a->streams[i].gone;
+  mp__pool_unlock(a);
+  return live;
+}
+
+static void hold_watch(void *ctx, mp_stream_t s) {
+  hold_t *h = ctx;
+  if (s != h->x)
+    return;
+  atomic_store(&h->reached, 1);
+  for (int i = 0; i < 100 && !met_live(h->lender, h->x); i++) {
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+static void *forget_x(void *arg) {
+  hold_t *h = arg;
+  mp_stream_forget(dev, h->x);
+  return NULL;
+}
+
+static void *release_graph(void *arg) {
+  mp_pool_graph_release(arg);
+  return NULL;
+}
+
+Test(pool_arenas_graph, a_release_learns_no_stream_being_forgotten) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  mp_stream_t s1 = new_stream(), s2 = new_stream(), x = new_stream();
+  worker_start(&wa);
+  job_t w0 = {.pool = pool, .bytes = MiB, .tag = 0xa1, .count = 1, .s = s2};
+  cr_assert_eq(on_worker(&wa, &w0, ALLOC), MP_OK, "%s", w0.why);
+  cr_assert_eq(on_worker(&wa, &w0, FREE), MP_OK, "%s", w0.why);
+  /* wa's arena, made before the watcher: told of forgets before it. */
+  hold_t h = {.x = x};
+  cr_assert_eq(mp__device_watch(dev, hold_watch, &h), MP_OK);
+  /* wb's arena, made after the watcher: told of forgets after it. */
+  worker_start(&wb);
+  mp_pool_t *g;
+  job_t ga;
+  int lender = lent_beside_x(pool, x, s1, &g, &ga);
+  h.lender = mp__arena_at(pool, (size_t)lender);
+  cr_assert_eq(mp_pool_graph_end(pool, s1), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(on_worker(&wa, &ga, FREE), MP_OK, "%s", ga.why);
+  pthread_t tf, tr;
+  cr_assert_eq(pthread_create(&tf, NULL, forget_x, &h), 0);
+  while (!atomic_load(&h.reached))
+    sched_yield();
+  cr_assert_eq(pthread_create(&tr, NULL, release_graph, g), 0);
+  pthread_join(tf, NULL);
+  pthread_join(tr, NULL);
+  mp__device_unwatch(dev, hold_watch, &h);
+  cr_expect_not(met_live(h.lender, x),
+                "the lender holds the forgotten stream as live");
+  worker_stop(&wa);
+  worker_stop(&wb);
+  mp_stream_destroy(dev, x);
+  cr_expect_eq(mp_pool_trim(pool, 0), MP_OK, "%s", mp_last_error());
   expect_empty_and_destroy(pool, s1, s2);
 }
