@@ -383,7 +383,7 @@ static void mp__graph_give_back(mp_pool_t *lender, uintptr_t base,
     }
   mp__slot_t *slot = NULL;
   mp__block_t *b = mp__map_lookup(lender, base, &slot);
-  mp__stream_use_all(lender, b);
+  mp__stream_use_all_released(lender, b);
   if (device)
     mp__stream_use_device(lender, b);
   mp__map_remove_slot(lender, slot);

@@ -1276,6 +1276,13 @@ void mp__stream_drop_uses(mp_pool_t *pool, mp__block_t *b);
 /* Live block b may be in use on every stream whose work is not known done
  * (mp_pool_free_after_all). */
 void mp__stream_use_all(mp_pool_t *pool, mp__block_t *b);
+/* The same for a block released before pool's lock is dropped: a slot only
+ * a capture's mark holds stays so (mark_only), as the use ends with the
+ * release; the deps the release gives b then wait for the marker the
+ * capture's end records, and the slot goes with its last mark (graph.c: a
+ * range given back to an arena during another thread's capture kept that
+ * thread's stream in the arena for good). */
+void mp__stream_use_all_released(mp_pool_t *pool, mp__block_t *b);
 /* Free-to-be block b (taken, not yet released) waits for a device
  * synchronize of pool instead of its streams' work: the next sync of pool
  * is one (sync_device_from). */

@@ -301,7 +301,8 @@ mp_status_t mp__stream_index_owned(mp_pool_t *pool, mp_stream_t s,
   return MP_OK;
 }
 
-void mp__stream_use_all(mp_pool_t *pool, mp__block_t *b) {
+static void mp__stream_use_slots(mp_pool_t *pool, mp__block_t *b,
+                                 bool keep_marks) {
   for (uint32_t i = 0; i < pool->nstreams && !(b->flags & MP__B_MANY_USES);
        i++) {
     mp__strm_t *st = &pool->streams[i];
@@ -313,8 +314,19 @@ void mp__stream_use_all(mp_pool_t *pool, mp__block_t *b) {
       if (!st->dirty && st->done >= st->epoch)
         continue;
     }
+    bool mark = st->mark_only;
     mp__stream_add_use(pool, b, i);
+    if (keep_marks)
+      st->mark_only = mark;
   }
+}
+
+void mp__stream_use_all(mp_pool_t *pool, mp__block_t *b) {
+  mp__stream_use_slots(pool, b, false);
+}
+
+void mp__stream_use_all_released(mp_pool_t *pool, mp__block_t *b) {
+  mp__stream_use_slots(pool, b, true);
 }
 
 void mp__stream_use_device(mp_pool_t *pool, mp__block_t *b) {

@@ -230,3 +230,69 @@ Test(cuda_arenas_graph,
   leave_ctx();
   mp_device_close(dev);
 }
+
+/* A graph released while another thread captures its per-thread stream:
+ * the lending arena knows that stream only through the capture's mark.
+ * The range waits for the marker the capture's end records, and the slot
+ * goes with the mark. Named as a use, it stayed in the arena for good:
+ * every later trim of the arena synchronized the device, and its
+ * free_after_all blocks waited for the other thread. */
+typedef struct {
+  mp_pool_t *pool;
+  pthread_barrier_t *bar;
+} capturer_t;
+
+static void *capturer(void *arg) {
+  capturer_t *c = arg;
+  enter_ctx();
+  mp_stream_t pt = (mp_stream_t)CU_STREAM_PER_THREAD;
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(c->pool, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(c->pool, g, pt), MP_OK, "%s",
+               mp_last_error());
+  pthread_barrier_wait(c->bar); /* the main thread releases its graph */
+  pthread_barrier_wait(c->bar);
+  cr_assert_eq(mp_pool_graph_end(c->pool, pt), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  pthread_barrier_wait(c->bar); /* the main thread's round */
+  pthread_barrier_wait(c->bar);
+  leave_ctx();
+  return NULL;
+}
+
+Test(cuda_arenas_graph, a_release_during_a_capture_leaves_no_stream_behind) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_pool_t *pool = arenas_pool(dev), *g;
+  CUstream s1;
+  cr_assert_eq(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  seen_t before, after;
+  round_on(pool, s1, &before);
+  /* g: a range this thread's arena lends. */
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(pool, g, (mp_stream_t)s1), MP_OK);
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, 3 * MiB, (mp_stream_t)s1, &p), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(mp_pool_graph_end(pool, (mp_stream_t)s1), MP_OK);
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, 2);
+  capturer_t c = {.pool = pool, .bar = &bar};
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, capturer, &c), 0);
+  pthread_barrier_wait(&bar); /* its capture runs */
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  pthread_barrier_wait(&bar);
+  pthread_barrier_wait(&bar); /* its capture ended */
+  round_on(pool, s1, &after);
+  pthread_barrier_wait(&bar);
+  pthread_join(t, NULL);
+  pthread_barrier_destroy(&bar);
+  expect_undisturbed(&before, "before the capture");
+  expect_undisturbed(&after, "after a release during the capture");
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_stream_forget(dev, (mp_stream_t)s1), MP_OK);
+  cr_assert_eq(cuStreamDestroy(s1), CUDA_SUCCESS);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  leave_ctx();
+  mp_device_close(dev);
+}

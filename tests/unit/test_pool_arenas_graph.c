@@ -776,3 +776,50 @@ Test(pool_arenas_graph, a_release_learns_no_stream_being_forgotten) {
   cr_expect_eq(mp_pool_trim(pool, 0), MP_OK, "%s", mp_last_error());
   expect_empty_and_destroy(pool, s1, s2);
 }
+
+/* A range given back to an arena during a capture of a stream y that the
+ * arena knows only through the capture's mark: it waits for y's work from
+ * before the capture (a replay may run there), and the slot goes with the
+ * mark, as a slot only a capture held. */
+Test(pool_arenas_graph, a_range_released_during_a_capture_waits_for_it) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  mp_stream_t s1 = new_stream(), s2 = new_stream(), y = new_stream();
+  worker_start(&wa);
+  mp_pool_t *g, *g2;
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(pool, g, s1), MP_OK, "%s", mp_last_error());
+  job_t ga = {.pool = pool, .bytes = 3 * MiB, .tag = 0xb1, .count = 1, .s = s1};
+  cr_assert_eq(on_worker(&wa, &ga, ALLOC), MP_OK, "%s", ga.why);
+  int li = arena_lending(pool, ga.ptrs[0]);
+  cr_assert_geq(li, 0);
+  mp_pool_t *lender = mp__arena_at(pool, (size_t)li);
+  uintptr_t base = g->segs->base;
+  size_t size = g->segs->size;
+  cr_assert_eq(on_worker(&wa, &ga, FREE), MP_OK, "%s", ga.why);
+  cr_assert_eq(mp_pool_graph_end(pool, s1), MP_OK, "%s", mp_last_error());
+  /* A replay of g on y, held back; then y is captured. */
+  gate_t gate;
+  gate_init(&gate);
+  cr_assert_eq(mp_stream_launch_host(dev, y, gate_wait, &gate), MP_OK);
+  cr_assert_eq(mp_pool_graph_create(pool, &g2), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(pool, g2, y), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_end(pool, y), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_release(g2), MP_OK, "%s", mp_last_error());
+  cr_expect_not(knows(lender, y), "y stayed in the lending arena");
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+  job_t again = {.pool = pool, .bytes = size, .tag = 0xb2, .count = 1, .s = s2};
+  cr_assert_eq(on_worker(&wa, &again, ALLOC), MP_OK, "%s", again.why);
+  uintptr_t q = (uintptr_t)again.ptrs[0];
+  cr_expect(q >= base + size || base >= q + size,
+            "the range served s2 while y's work from before its capture ran");
+  gate_open(&gate);
+  cr_assert_eq(mp_stream_synchronize(dev, y), MP_OK);
+  gate_destroy(&gate);
+  cr_expect_eq(on_worker(&wa, &again, FREE), MP_OK, "%s", again.why);
+  worker_stop(&wa);
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  mp_stream_destroy(dev, y);
+  expect_empty_and_destroy(pool, s1, s2);
+}
