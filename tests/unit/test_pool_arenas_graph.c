@@ -595,6 +595,22 @@ Test(pool_arenas_graph, another_stream_during_a_capture_takes_no_pool_lock) {
   expect_empty_and_destroy(pool, s1, s2);
 }
 
+/* wa allocates [base, base + size)'s size on s2 while gate holds back
+ * stream x: it must get other memory; then the gate opens, x's work ends
+ * and the block goes. */
+static void range_kept_until_gate(mp_pool_t *pool, uintptr_t base, size_t size,
+                                  mp_stream_t s2, gate_t *gate, mp_stream_t x) {
+  job_t again = {.pool = pool, .bytes = size, .tag = 0x83, .count = 1, .s = s2};
+  cr_assert_eq(on_worker(&wa, &again, ALLOC), MP_OK, "%s", again.why);
+  uintptr_t q = (uintptr_t)again.ptrs[0];
+  cr_expect(q >= base + size || base >= q + size,
+            "the range served s2 while work held back on %p ran", (void *)x);
+  gate_open(gate);
+  cr_assert_eq(mp_stream_synchronize(dev, x), MP_OK);
+  gate_destroy(gate);
+  cr_expect_eq(on_worker(&wa, &again, FREE), MP_OK, "%s", again.why);
+}
+
 /* wb's arena meets x (a block allocated and freed there); then *g, a graph
  * pool capturing s1, gets ga's 3 MiB block on wa: returns the index of the
  * arena that lent its range. */
@@ -639,15 +655,7 @@ Test(pool_arenas_graph, a_released_range_waits_for_streams_other_arenas_met) {
   cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
   cr_assert_eq(mp_stream_synchronize(dev, NULL), MP_OK);
-  job_t again = {.pool = pool, .bytes = size, .tag = 0x83, .count = 1, .s = s2};
-  cr_assert_eq(on_worker(&wa, &again, ALLOC), MP_OK, "%s", again.why);
-  uintptr_t q = (uintptr_t)again.ptrs[0];
-  cr_expect(q >= base + size || base >= q + size,
-            "the range served s2 while the replay on x ran");
-  gate_open(&gate);
-  cr_assert_eq(mp_stream_synchronize(dev, x), MP_OK);
-  gate_destroy(&gate);
-  cr_expect_eq(on_worker(&wa, &again, FREE), MP_OK, "%s", again.why);
+  range_kept_until_gate(pool, base, size, s2, &gate, x);
   /* Once x's work is done, the lender serves the range's size from it. */
   job_t later = {.pool = pool, .bytes = size, .tag = 0x84, .count = 1, .s = s2};
   cr_assert_eq(on_worker(&wa, &later, ALLOC), MP_OK, "%s", later.why);
@@ -809,15 +817,7 @@ Test(pool_arenas_graph, a_range_released_during_a_capture_waits_for_it) {
   cr_expect_not(knows(lender, y), "y stayed in the lending arena");
   cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
-  job_t again = {.pool = pool, .bytes = size, .tag = 0xb2, .count = 1, .s = s2};
-  cr_assert_eq(on_worker(&wa, &again, ALLOC), MP_OK, "%s", again.why);
-  uintptr_t q = (uintptr_t)again.ptrs[0];
-  cr_expect(q >= base + size || base >= q + size,
-            "the range served s2 while y's work from before its capture ran");
-  gate_open(&gate);
-  cr_assert_eq(mp_stream_synchronize(dev, y), MP_OK);
-  gate_destroy(&gate);
-  cr_expect_eq(on_worker(&wa, &again, FREE), MP_OK, "%s", again.why);
+  range_kept_until_gate(pool, base, size, s2, &gate, y);
   worker_stop(&wa);
   cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
   mp_stream_destroy(dev, y);
