@@ -397,14 +397,20 @@ typedef struct {
 } mp__met_t;
 
 /* Adds the streams arena a has met, those whose work may still run, to
- * *m (*n of them, room for *cap); false when host memory runs out. */
+ * *m (*n of them, room for *cap); false when host memory runs out or a
+ * forgotten stream's work is not done (its handle may be gone: no other
+ * arena can learn it). */
 static bool mp__graph_streams_met(mp_pool_t *a, mp__met_t **m, size_t *n,
                                   size_t *cap) {
   mp__pool_lock(a);
   bool ok = true;
   for (uint32_t i = 0; ok && i < a->nstreams; i++) {
     const mp__strm_t *st = &a->streams[i];
-    if (st->join || st->gone || st->mark_only)
+    if (st->gone) {
+      ok = mp__stream_gone_done(a, i);
+      continue;
+    }
+    if (st->join || st->mark_only)
       continue;
     mp__met_t *r = mp__graph_room(*m, *n, cap, sizeof **m, "streams");
     if ((ok = r != NULL)) {

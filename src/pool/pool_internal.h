@@ -1276,6 +1276,9 @@ void mp__stream_drop_uses(mp_pool_t *pool, mp__block_t *b);
 /* Live block b may be in use on every stream whose work is not known done
  * (mp_pool_free_after_all). */
 void mp__stream_use_all(mp_pool_t *pool, mp__block_t *b);
+/* Whether forgotten slot i's work is done (its markers asked): a destroyed
+ * stream gets no new work. */
+bool mp__stream_gone_done(mp_pool_t *pool, uint32_t i);
 /* The same for a block released before pool's lock is dropped: a slot only
  * a capture's mark holds stays so (mark_only), as the use ends with the
  * release; the deps the release gives b then wait for the marker the

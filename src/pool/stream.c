@@ -301,6 +301,12 @@ mp_status_t mp__stream_index_owned(mp_pool_t *pool, mp_stream_t s,
   return MP_OK;
 }
 
+bool mp__stream_gone_done(mp_pool_t *pool, uint32_t i) {
+  mp__strm_t *st = &pool->streams[i];
+  mp__stream_poll(pool, st);
+  return !st->dirty && st->done >= st->epoch;
+}
+
 static void mp__stream_use_slots(mp_pool_t *pool, mp__block_t *b,
                                  bool keep_marks) {
   for (uint32_t i = 0; i < pool->nstreams && !(b->flags & MP__B_MANY_USES);
@@ -308,12 +314,8 @@ static void mp__stream_use_slots(mp_pool_t *pool, mp__block_t *b,
     mp__strm_t *st = &pool->streams[i];
     if (st->join)
       continue; /* nothing of the application's runs on it */
-    /* A destroyed stream gets no new work: skip it once its work is done. */
-    if (st->gone) {
-      mp__stream_poll(pool, st);
-      if (!st->dirty && st->done >= st->epoch)
-        continue;
-    }
+    if (st->gone && mp__stream_gone_done(pool, i))
+      continue;
     bool mark = st->mark_only;
     mp__stream_add_use(pool, b, i);
     if (keep_marks)
@@ -1182,10 +1184,14 @@ static bool mp__capture_stops_sync(const mp_pool_t *pool) {
   if (pool->sync_device_from != 0)
     return true;
   /* A slot only a capture's mark holds (an arena that never used the
-   * stream: graph.c) holds no block's work: the others' events do. */
-  for (uint32_t i = 0; i < pool->nstreams; i++)
-    if (pool->streams[i].capturing > 0 && !pool->streams[i].mark_only)
+   * stream: graph.c) holds no block's work, unless a range given back
+   * during the capture waits for it (dirty: mp__stream_use_all_released):
+   * the others' events do. */
+  for (uint32_t i = 0; i < pool->nstreams; i++) {
+    const mp__strm_t *t = &pool->streams[i];
+    if (t->capturing > 0 && (!t->mark_only || t->dirty))
       return true;
+  }
   return false;
 }
 

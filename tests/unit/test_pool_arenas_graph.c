@@ -595,6 +595,16 @@ Test(pool_arenas_graph, another_stream_during_a_capture_takes_no_pool_lock) {
   expect_empty_and_destroy(pool, s1, s2);
 }
 
+/* Whether arena a holds memory at base. */
+static bool reserved_at(mp_pool_t *a, uintptr_t base) {
+  mp__pool_lock(a);
+  bool r = false;
+  for (mp__segment_t *g = a->segs; g != NULL; g = g->next)
+    r |= g->base <= base && base < g->base + g->size;
+  mp__pool_unlock(a);
+  return r;
+}
+
 /* wa allocates [base, base + size)'s size on s2 while gate holds back
  * stream x: it must get other memory; then the gate opens, x's work ends
  * and the block goes. */
@@ -635,7 +645,7 @@ static int lent_beside_x(mp_pool_t *pool, mp_stream_t x, mp_stream_t s1,
  * waiting for that stream's work too. It went back as used only on the
  * lender's own streams, and served another stream while a replay on x
  * still ran. */
-Test(pool_arenas_graph, a_released_range_waits_for_streams_other_arenas_met) {
+static void range_waits_for_x(bool forget) {
   mp_pool_t *pool = make_pool(dev, "arenas=2");
   mp_stream_t s1 = new_stream(), s2 = new_stream(), x = new_stream();
   worker_start(&wa);
@@ -652,6 +662,8 @@ Test(pool_arenas_graph, a_released_range_waits_for_streams_other_arenas_met) {
   gate_init(&gate);
   cr_assert_eq(mp_stream_launch_host(dev, x, gate_wait, &gate), MP_OK);
   cr_assert_eq(on_worker(&wa, &ga, FREE), MP_OK, "%s", ga.why);
+  if (forget) /* its work still queued: a handle no arena can learn */
+    cr_assert_eq(mp_stream_forget(dev, x), MP_OK);
   cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
   cr_assert_eq(mp_stream_synchronize(dev, NULL), MP_OK);
@@ -666,6 +678,17 @@ Test(pool_arenas_graph, a_released_range_waits_for_streams_other_arenas_met) {
   cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
   mp_stream_destroy(dev, x);
   expect_empty_and_destroy(pool, s1, s2);
+}
+
+Test(pool_arenas_graph, a_released_range_waits_for_streams_other_arenas_met) {
+  range_waits_for_x(false);
+}
+
+/* The same with x forgotten (its work still queued) before the release:
+ * the lender cannot learn it, and waits for a device synchronize. The
+ * other arena's forgotten slot was passed over. */
+Test(pool_arenas_graph, a_released_range_waits_for_a_forgotten_stream_too) {
+  range_waits_for_x(true);
 }
 
 /* An arena that runs out during a capture takes back what another arena
@@ -812,6 +835,12 @@ Test(pool_arenas_graph, a_range_released_during_a_capture_waits_for_it) {
   cr_assert_eq(mp_pool_graph_create(pool, &g2), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_pool_graph_begin(pool, g2, y), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  /* The lender's slot for y, a mark's, now holds the range's work: no
+   * sync (it would count y's epoch done) while y is captured. */
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+  (void)mp_pool_trim(pool, 0);
+  cr_expect(reserved_at(lender, base),
+            "a trim gave the range back while y's work ran");
   cr_assert_eq(mp_pool_graph_end(pool, y), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_pool_graph_release(g2), MP_OK, "%s", mp_last_error());
   cr_expect_not(knows(lender, y), "y stayed in the lending arena");
