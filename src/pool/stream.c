@@ -727,6 +727,15 @@ mp_status_t mp__stream_capture_mark_owned(mp_pool_t *pool, mp_stream_t s,
   if (on || t->capturing > 0 || !t->mark_only)
     return MP_OK;
   t->mark_only = false;
+  /* Its epoch holds a released range's work (mp__stream_use_all_released)
+   * and the unmark could record no marker to close it (no event, the
+   * stream captured again, another thread's per-thread stream): the slot
+   * stays, a stream the pool met, so that a later close or idle look
+   * completes that work. Forgotten, nothing would ever ask it again, and
+   * only a device synchronize outside every capture would free the
+   * range. */
+  if (t->dirty)
+    return MP_OK;
   MP__ASSERT(t->refs == 0);
   bool pt = t->owner != 0;
   /* What a free after all streams made wait for it meanwhile waits for

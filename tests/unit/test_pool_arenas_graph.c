@@ -808,6 +808,25 @@ Test(pool_arenas_graph, a_release_learns_no_stream_being_forgotten) {
   expect_empty_and_destroy(pool, s1, s2);
 }
 
+/* *g, a graph pool whose capture of s1 got a 3 MiB block on wa (freed,
+ * the capture ended): its range [*base, *base + *size), lent by the arena
+ * returned. */
+static mp_pool_t *graph_range_on_wa(mp_pool_t *pool, mp_stream_t s1,
+                                    mp_pool_t **g, uintptr_t *base,
+                                    size_t *size) {
+  cr_assert_eq(mp_pool_graph_create(pool, g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(pool, *g, s1), MP_OK, "%s", mp_last_error());
+  job_t ga = {.pool = pool, .bytes = 3 * MiB, .tag = 0xb1, .count = 1, .s = s1};
+  cr_assert_eq(on_worker(&wa, &ga, ALLOC), MP_OK, "%s", ga.why);
+  int li = arena_lending(pool, ga.ptrs[0]);
+  cr_assert_geq(li, 0);
+  *base = (*g)->segs->base;
+  *size = (*g)->segs->size;
+  cr_assert_eq(on_worker(&wa, &ga, FREE), MP_OK, "%s", ga.why);
+  cr_assert_eq(mp_pool_graph_end(pool, s1), MP_OK, "%s", mp_last_error());
+  return mp__arena_at(pool, (size_t)li);
+}
+
 /* A range given back to an arena during a capture of a stream y that the
  * arena knows only through the capture's mark: it waits for y's work from
  * before the capture (a replay may run there), and the slot goes with the
@@ -817,17 +836,9 @@ Test(pool_arenas_graph, a_range_released_during_a_capture_waits_for_it) {
   mp_stream_t s1 = new_stream(), s2 = new_stream(), y = new_stream();
   worker_start(&wa);
   mp_pool_t *g, *g2;
-  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(mp_pool_graph_begin(pool, g, s1), MP_OK, "%s", mp_last_error());
-  job_t ga = {.pool = pool, .bytes = 3 * MiB, .tag = 0xb1, .count = 1, .s = s1};
-  cr_assert_eq(on_worker(&wa, &ga, ALLOC), MP_OK, "%s", ga.why);
-  int li = arena_lending(pool, ga.ptrs[0]);
-  cr_assert_geq(li, 0);
-  mp_pool_t *lender = mp__arena_at(pool, (size_t)li);
-  uintptr_t base = g->segs->base;
-  size_t size = g->segs->size;
-  cr_assert_eq(on_worker(&wa, &ga, FREE), MP_OK, "%s", ga.why);
-  cr_assert_eq(mp_pool_graph_end(pool, s1), MP_OK, "%s", mp_last_error());
+  uintptr_t base;
+  size_t size;
+  mp_pool_t *lender = graph_range_on_wa(pool, s1, &g, &base, &size);
   /* A replay of g on y, held back; then y is captured. */
   gate_t gate;
   gate_init(&gate);
@@ -851,4 +862,48 @@ Test(pool_arenas_graph, a_range_released_during_a_capture_waits_for_it) {
   cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
   mp_stream_destroy(dev, y);
   expect_empty_and_destroy(pool, s1, s2);
+}
+
+/* The same, but the capture's end can record no marker on y (no event:
+ * host memory fails meanwhile). The lender's slot for y, whose open epoch
+ * holds the range's work, stays a stream the arena met: a later sync
+ * outside y's capture, here a trim during another capture, asks y and
+ * gives the range back. Forgotten without a marker, only a device
+ * synchronize outside every capture would free it, and the trim was
+ * MP_EBUSY. */
+Test(pool_arenas_graph, a_capture_end_without_a_marker_keeps_the_stream) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  mp_stream_t s1 = new_stream(), s3 = new_stream(), y = new_stream();
+  worker_start(&wa);
+  mp_pool_t *g, *g2, *g3;
+  uintptr_t base;
+  size_t size;
+  mp_pool_t *lender = graph_range_on_wa(pool, s1, &g, &base, &size);
+  cr_assert_eq(mp_pool_graph_create(pool, &g2), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(pool, g2, y), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  /* No cached event in the lender, and none to be made: its close of y
+   * at the end records nothing. */
+  mp__pool_lock(lender);
+  while (lender->nevents > 0)
+    mp_event_destroy(dev, lender->events[--lender->nevents]);
+  mp__pool_unlock(lender);
+  mp__fault_host_every(true);
+  mp_status_t end = mp_pool_graph_end(pool, y);
+  mp__fault_host_every(false);
+  cr_assert_eq(end, MP_OK, "%s", mp_last_error());
+  cr_expect(knows(lender, y), "y went without the marker its range waits on");
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_release(g2), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_stream_synchronize(dev, y), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+  cr_assert_eq(mp_pool_graph_create(pool, &g3), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(pool, g3, s3), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_trim(pool, 0), MP_OK, "%s", mp_last_error());
+  cr_expect_not(reserved_at(lender, base), "the range stayed reserved");
+  cr_assert_eq(mp_pool_graph_end(pool, s3), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_release(g3), MP_OK, "%s", mp_last_error());
+  worker_stop(&wa);
+  mp_stream_destroy(dev, y);
+  expect_empty_and_destroy(pool, s1, s3);
 }
