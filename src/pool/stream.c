@@ -285,11 +285,6 @@ bool mp__stream_captured(const mp_pool_t *pool, mp_stream_t s) {
   return i != UINT32_MAX && pool->streams[i].capturing > 0;
 }
 
-bool mp__stream_met(const mp_pool_t *pool, mp_stream_t s) {
-  uint32_t i = mp__shash_find(pool, s, mp__stream_owner(pool, s));
-  return i != UINT32_MAX && !pool->streams[i].mark_only;
-}
-
 mp_status_t mp__stream_index_owned(mp_pool_t *pool, mp_stream_t s,
                                    uint64_t owner, uint32_t *out) {
   MP__ASSERT_LOCKED(pool);
@@ -346,6 +341,10 @@ bool mp__stream_met_owned(const mp_pool_t *pool, mp_stream_t s,
                           uint64_t owner) {
   uint32_t i = mp__shash_find(pool, s, owner);
   return i != UINT32_MAX && !pool->streams[i].mark_only;
+}
+
+bool mp__stream_met(const mp_pool_t *pool, mp_stream_t s) {
+  return mp__stream_met_owned(pool, s, mp__stream_owner(pool, s));
 }
 
 /* The route of a forgotten stream (slot st) in a parent's table of streams

@@ -151,13 +151,14 @@ Test(cuda_arenas_graph, a_per_thread_capture_leaves_other_arenas_as_they_were) {
  * synchronize (the next sync of the lender) before it serves again. It
  * went back as used on the lender's own streams only, and served another
  * stream while a replay might still run on the other thread's. */
+/* A second thread's pool and the barrier it meets the main thread at. */
 typedef struct {
   mp_pool_t *pool;
   pthread_barrier_t *bar;
-} pt_user_t;
+} peer_t;
 
 static void *pt_user(void *arg) {
-  pt_user_t *u = arg;
+  peer_t *u = arg;
   enter_ctx();
   mp_stream_t pt = (mp_stream_t)CU_STREAM_PER_THREAD;
   /* One granule, kept: its arena has nothing free, so no trim of it
@@ -182,7 +183,7 @@ Test(cuda_arenas_graph,
   cr_assert_eq(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   pthread_barrier_t bar;
   pthread_barrier_init(&bar, NULL, 2);
-  pt_user_t u = {.pool = pool, .bar = &bar};
+  peer_t u = {.pool = pool, .bar = &bar};
   pthread_t t;
   cr_assert_eq(pthread_create(&t, NULL, pt_user, &u), 0);
   pthread_barrier_wait(&bar);
@@ -237,13 +238,8 @@ Test(cuda_arenas_graph,
  * goes with the mark. Named as a use, it stayed in the arena for good:
  * every later trim of the arena synchronized the device, and its
  * free_after_all blocks waited for the other thread. */
-typedef struct {
-  mp_pool_t *pool;
-  pthread_barrier_t *bar;
-} capturer_t;
-
 static void *capturer(void *arg) {
-  capturer_t *c = arg;
+  peer_t *c = arg;
   enter_ctx();
   mp_stream_t pt = (mp_stream_t)CU_STREAM_PER_THREAD;
   mp_pool_t *g;
@@ -276,7 +272,7 @@ Test(cuda_arenas_graph, a_release_during_a_capture_leaves_no_stream_behind) {
   cr_assert_eq(mp_pool_graph_end(pool, (mp_stream_t)s1), MP_OK);
   pthread_barrier_t bar;
   pthread_barrier_init(&bar, NULL, 2);
-  capturer_t c = {.pool = pool, .bar = &bar};
+  peer_t c = {.pool = pool, .bar = &bar};
   pthread_t t;
   cr_assert_eq(pthread_create(&t, NULL, capturer, &c), 0);
   pthread_barrier_wait(&bar); /* its capture runs */
