@@ -19,13 +19,24 @@
  * backend with a large capacity, whose pages are never touched.
  *
  *   bench_pool_threads [pairs per thread=300000] [live per thread=100]
- *                      [max threads=8]
+ *                      [max threads=8] [repeats=1]
+ *
+ * With repeats R above 1 every (mode, threads) row runs R times, the rows
+ * of one repeat one after another (in the reverse order every other
+ * repeat), so that a burst of load from elsewhere on a shared machine hits
+ * one repeat of each row rather than every run of one row. A row then
+ * shows the median pairs per second, the median over the repeats of the
+ * speed-up over that repeat's own one-thread run (the two runs close in
+ * time) and, in "range", the lowest and highest of those speed-ups; the
+ * reserved/live and worst-run columns show the worst repeat, "first end"
+ * the lowest.
  *
  * A speed-up is only meaningful up to the machine's core count; past it the
  * rows show what oversubscription costs (a lock held by a descheduled
  * thread). */
 #include <math.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -208,13 +219,38 @@ static double run(mp_device_t *dev, enum mode m, worker_t *w, unsigned n,
   return (double)w[0].pairs * n / ((t1 - t0) * 1e-9);
 }
 
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* The median of v[0..n) (n >= 1); sorts v. */
+static double median(double *v, unsigned n) {
+  qsort(v, n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* Thread counts 1, 2, 4, ... up to maxt: how many. */
+static unsigned thread_rows(unsigned maxt) {
+  unsigned k = 0;
+  for (unsigned n = 1; n <= maxt; n *= 2)
+    k++;
+  return k;
+}
+
+#define MAX_REPS 99
+
 int main(int argc, char **argv) {
   size_t pairs = argc > 1 ? (size_t)strtoull(argv[1], NULL, 10) : 300000;
   size_t live = argc > 2 ? (size_t)strtoull(argv[2], NULL, 10) : 100;
   unsigned maxt = argc > 3 ? (unsigned)strtoul(argv[3], NULL, 10) : 8;
-  if (pairs == 0 || live == 0 || live > UINT32_MAX || maxt == 0 || maxt > 64) {
-    fprintf(stderr, "usage: bench_pool_threads [pairs per thread] [live per "
-                    "thread] [max threads, 1 to 64]\n");
+  unsigned reps = argc > 4 ? (unsigned)strtoul(argv[4], NULL, 10) : 1;
+  if (pairs == 0 || live == 0 || live > UINT32_MAX || maxt == 0 || maxt > 64 ||
+      reps == 0 || reps > MAX_REPS) {
+    fprintf(stderr,
+            "usage: bench_pool_threads [pairs per thread] [live per "
+            "thread] [max threads, 1 to 64] [repeats, 1 to %d]\n",
+            MAX_REPS);
     return 2;
   }
   mp_device_t *dev;
@@ -239,34 +275,64 @@ int main(int argc, char **argv) {
     }
   }
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  printf("%zu pairs per thread, %zu live per thread, %ld cores\n", pairs, live,
+  printf("%zu pairs per thread, %zu live per thread, %ld cores", pairs, live,
          cores);
-  printf("%-16s %7s %14s %9s %16s %11s %10s\n", "mode", "threads", "pairs/s",
-         "speed-up", "reserved/live", "worst run", "first end");
-  int rc = 0;
-  for (int m = 0; m < MODES; m++) {
+  if (reps > 1)
+    printf(", %u repeats: medians", reps);
+  printf("\n");
+  printf("%-16s %7s %14s %9s %16s %11s %10s %15s\n", "mode", "threads",
+         "pairs/s", "speed-up", "reserved/live", "worst run", "first end",
+         "range");
+  /* rate[(m * rows + k) * reps + r]: mode m, 2^k threads, repeat r. */
+  unsigned rows = thread_rows(maxt);
+  double *rate = calloc((size_t)MODES * rows * reps, sizeof *rate);
+  outcome_t *out = calloc((size_t)MODES * rows * reps, sizeof *out);
+  bool skip[MODES] = {false};
 #if !MEMPOOL_HAVE_JEMALLOC
-    if (m == JEMALLOC)
-      continue;
+  skip[JEMALLOC] = true;
 #endif
-    double one = 0;
-    for (unsigned n = 1; n <= maxt; n *= 2) {
-      outcome_t o = {0};
-      double rate = run(dev, (enum mode)m, w, n, &o);
-      if (rate == 0) {
-        rc = 1;
-        break;
+  int rc = 0;
+  for (unsigned r = 0; r < reps && rc == 0; r++)
+    for (int i = 0; i < MODES && rc == 0; i++) {
+      int m = r % 2 ? MODES - 1 - i : i;
+      for (unsigned k = 0; k < rows && !skip[m]; k++) {
+        size_t at = ((size_t)m * rows + k) * reps + r;
+        rate[at] = run(dev, (enum mode)m, w, 1u << k, &out[at]);
+        if (rate[at] == 0) {
+          rc = 1;
+          break;
+        }
       }
-      if (n == 1)
-        one = rate;
-      printf("%-16s %7u %14.0f %8.2fx", mode_name[m], n, rate, rate / one);
+    }
+  for (int m = 0; m < MODES && rc == 0; m++) {
+    if (skip[m])
+      continue;
+    for (unsigned k = 0; k < rows; k++) {
+      double rates[MAX_REPS], ups[MAX_REPS], ratio = 0, worst = 0, first = 1;
+      for (unsigned r = 0; r < reps; r++) {
+        size_t at = ((size_t)m * rows + k) * reps + r;
+        rates[r] = rate[at];
+        ups[r] = rate[at] / rate[(size_t)m * rows * reps + r];
+        ratio = out[at].ratio > ratio ? out[at].ratio : ratio;
+        worst = out[at].worst_us > worst ? out[at].worst_us : worst;
+        first = out[at].first_done < first ? out[at].first_done : first;
+      }
+      double up = median(ups, reps); /* sorts ups: [0] lowest, last highest */
+      printf("%-16s %7u %14.0f %8.2fx", mode_name[m], 1u << k,
+             median(rates, reps), up);
       if (m != JEMALLOC)
-        printf(" %16.3f", o.ratio);
+        printf(" %16.3f", ratio);
       else
         printf(" %16s", "");
-      printf(" %8.0f us %10.2f\n", o.worst_us, o.first_done);
+      printf(" %8.0f us %10.2f", worst, first);
+      if (reps > 1)
+        printf("   %5.2fx-%5.2fx\n", ups[0], ups[reps - 1]);
+      else
+        printf(" %15s\n", "-");
     }
   }
+  free(rate);
+  free(out);
   for (unsigned t = 0; t < maxt; t++) {
     free(w[t].sizes);
     free(w[t].victim);
