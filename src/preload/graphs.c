@@ -2,7 +2,8 @@
  * graph hooks cuStreamBeginCapture(_ptsz), cuStreamBeginCapture_v2(_ptsz) and
  * cuStreamBeginCaptureToGraph(_ptsz) (counted, for mp__pl_capture_begun),
  * cuStreamEndCapture(_ptsz),
- * cuGraphInstantiateWithFlags, cuGraphInstantiateWithParams(_ptsz),
+ * cuGraphInstantiateWithFlags, cuGraphInstantiateWithParams(_ptsz), the
+ * forms before CUDA 12.0 (cuGraphInstantiate, cuGraphInstantiate_v2),
  * cuGraphExecDestroy and cuGraphDestroy (the runtime's cudaStreamEndCapture,
  * cudaGraphInstantiate, cudaGraphInstantiateWithFlags/WithParams,
  * cudaGraphExecDestroy and cudaGraphDestroy reach them through
@@ -430,6 +431,46 @@ mp__curesult cuGraphInstantiateWithFlags(mp__cugraphexec *phGraphExec,
           ? rc->cuGraphInstantiateWithFlags(phGraphExec, hGraph, flags)
           : MP__CU_NOT_INITIALIZED,
       phGraphExec, hGraph);
+}
+
+/* The forms before CUDA 12.0 (an error node and a log buffer): what
+ * binaries built with older headers call by name, and what the driver
+ * answers cuGetProcAddress("cuGraphInstantiate") with below 12000 (which
+ * the CUDA 11 runtime's cudaGraphInstantiate asks). An executable made
+ * through them holds its graph pools as any other; before, it was not
+ * counted, and a cuGraphDestroy of its graph released them under it. */
+typedef mp__curesult (*mp__instantiate_legacy_fn)(mp__cugraphexec *,
+                                                  mp__cugraph,
+                                                  mp__cugraphnode *, char *,
+                                                  size_t);
+
+static mp__curesult mp__instantiate_legacy(mp__instantiate_legacy_fn real,
+                                           mp__cugraphexec *phGraphExec,
+                                           mp__cugraph hGraph,
+                                           mp__cugraphnode *phErrorNode,
+                                           char *logBuffer, size_t bufferSize) {
+  return mp__exec_made(
+      real ? real(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize)
+           : MP__CU_NOT_INITIALIZED,
+      phGraphExec, hGraph);
+}
+
+mp__curesult cuGraphInstantiate(mp__cugraphexec *phGraphExec,
+                                mp__cugraph hGraph,
+                                mp__cugraphnode *phErrorNode, char *logBuffer,
+                                size_t bufferSize) {
+  return mp__instantiate_legacy(mp__pl_real_cuda()->cuGraphInstantiate,
+                                phGraphExec, hGraph, phErrorNode, logBuffer,
+                                bufferSize);
+}
+
+mp__curesult cuGraphInstantiate_v2(mp__cugraphexec *phGraphExec,
+                                   mp__cugraph hGraph,
+                                   mp__cugraphnode *phErrorNode,
+                                   char *logBuffer, size_t bufferSize) {
+  return mp__instantiate_legacy(mp__pl_real_cuda()->cuGraphInstantiate_v2,
+                                phGraphExec, hGraph, phErrorNode, logBuffer,
+                                bufferSize);
 }
 
 typedef mp__curesult (*mp__instantiate_params_fn)(mp__cugraphexec *,

@@ -74,6 +74,10 @@
      const mp__cugraphedgedata *, size_t, unsigned int))                       \
   X(cu, mp__curesult, cuStreamEndCapture, (mp__custream, mp__cugraph *))       \
   X(cu, mp__curesult, cuStreamEndCapture_ptsz, (mp__custream, mp__cugraph *))  \
+  X(cu, mp__curesult, cuGraphInstantiate,                                      \
+    (mp__cugraphexec *, mp__cugraph, mp__cugraphnode *, char *, size_t))       \
+  X(cu, mp__curesult, cuGraphInstantiate_v2,                                   \
+    (mp__cugraphexec *, mp__cugraph, mp__cugraphnode *, char *, size_t))       \
   X(cu, mp__curesult, cuGraphInstantiateWithFlags,                             \
     (mp__cugraphexec *, mp__cugraph, unsigned long long))                      \
   X(cu, mp__curesult, cuGraphInstantiateWithParams,                            \

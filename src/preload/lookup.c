@@ -150,10 +150,14 @@ void *mp__pl_proc_hook(const char *symbol, int cuda_version, uint64_t flags) {
     return ptsz ? (void *)&cuStreamEndCapture_ptsz
                 : (void *)&cuStreamEndCapture;
   /* cuGraphInstantiate at 12.0 or later is the flags form (cuda.h); below
-   * it takes an error node and a log buffer and stays real. */
+   * it takes an error node and a log buffer (cudaTypedefs.h:
+   * PFN_cuGraphInstantiate_v11000, and _v10000 before 11.0). */
   if (strcmp(symbol, "cuGraphInstantiateWithFlags") == 0 ||
       (cuda_version >= 12000 && strcmp(symbol, "cuGraphInstantiate") == 0))
     return (void *)&cuGraphInstantiateWithFlags;
+  if (strcmp(symbol, "cuGraphInstantiate") == 0)
+    return cuda_version >= 11000 ? (void *)&cuGraphInstantiate_v2
+                                 : (void *)&cuGraphInstantiate;
   if (strcmp(symbol, "cuGraphInstantiateWithParams") == 0)
     return ptsz ? (void *)&cuGraphInstantiateWithParams_ptsz
                 : (void *)&cuGraphInstantiateWithParams;

@@ -20,6 +20,17 @@ CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream);
 #undef cuDevicePrimaryCtxReset
 CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev);
 
+/* And for cuGraphInstantiate before CUDA 12.0, with an error node and a
+ * log (cudaTypedefs.h: PFN_cuGraphInstantiate_v10000, _v11000); since 12.0
+ * the name is cuGraphInstantiateWithFlags. */
+#undef cuGraphInstantiate
+CUresult CUDAAPI cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                    CUgraphNode *phErrorNode, char *logBuffer,
+                                    size_t bufferSize);
+CUresult CUDAAPI cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                       CUgraphNode *phErrorNode,
+                                       char *logBuffer, size_t bufferSize);
+
 #include "hooks.h"
 
 _Static_assert(sizeof(CUresult) == sizeof(mp__curesult), "CUresult");

@@ -174,6 +174,16 @@ CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream s, CUstreamCaptureStatus *st,
 CUresult cuGraphLaunch_ptsz(CUgraphExec x, CUstream s);
 CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *out, CUgraph g,
                                            CUDA_GRAPH_INSTANTIATE_PARAMS *p);
+/* The forms before CUDA 12.0's, which binaries built with older headers
+ * still call: cuda.h (under __CUDA_API_VERSION_INTERNAL) declares both with
+ * an error node and a log buffer, cudaTypedefs.h names them
+ * PFN_cuGraphInstantiate_v10000 and _v11000; since 12.0 the name
+ * cuGraphInstantiate is cuGraphInstantiateWithFlags. */
+#undef cuGraphInstantiate
+CUresult cuGraphInstantiate(CUgraphExec *out, CUgraph g, CUgraphNode *err,
+                            char *log, size_t logsize);
+CUresult cuGraphInstantiate_v2(CUgraphExec *out, CUgraph g, CUgraphNode *err,
+                               char *log, size_t logsize);
 CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n);
 CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n);
 CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n);
@@ -276,6 +286,8 @@ void cuFakeResetCallCounts(void);
   X(cuGraphRetainUserObject)                                                   \
   X(cuGraphGetNodes)                                                           \
   X(cuGraphNodeGetType)                                                        \
+  X(cuGraphInstantiate)                                                        \
+  X(cuGraphInstantiate_v2)                                                     \
   X(cuGraphInstantiateWithFlags)                                               \
   X(cuGraphInstantiateWithParams)                                              \
   X(cuGraphInstantiateWithParams_ptsz)                                         \
@@ -2915,6 +2927,34 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *out, CUgraph g,
   return fk_instantiate(out, g);
 }
 
+/* The legacy forms: no flags; on success no error node and an empty log
+ * (cuda.h: the log is written, truncated to bufferSize, with a message
+ * only for an error). */
+static CUresult fk_instantiate_legacy(CUgraphExec *out, CUgraph g,
+                                      CUgraphNode *err, char *log,
+                                      size_t logsize) {
+  CUresult r = fk_instantiate(out, g);
+  if (err != NULL)
+    *err = NULL;
+  if (log != NULL && logsize > 0)
+    log[0] = '\0';
+  return r;
+}
+
+CUresult cuGraphInstantiate(CUgraphExec *out, CUgraph g, CUgraphNode *err,
+                            char *log, size_t logsize) {
+  FK_COUNT(cuGraphInstantiate);
+  FK_NEED_INIT();
+  return fk_instantiate_legacy(out, g, err, log, logsize);
+}
+
+CUresult cuGraphInstantiate_v2(CUgraphExec *out, CUgraph g, CUgraphNode *err,
+                               char *log, size_t logsize) {
+  FK_COUNT(cuGraphInstantiate_v2);
+  FK_NEED_INIT();
+  return fk_instantiate_legacy(out, g, err, log, logsize);
+}
+
 /* cuda.h, cuGraphInstantiateWithParams: the flags as for WithFlags (an
  * upload stream is not modelled: nothing is uploaded ahead); the result is
  * also said in result_out. */
@@ -3692,6 +3732,12 @@ static const fk_proc_t fk_procs[] = {
     FK_P("cuGraphGetNodes", 10000, cuGraphGetNodes),
     FK_P("cuGraphNodeGetType", 10000, cuGraphNodeGetType),
     FK_P("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
+    /* cudaTypedefs.h: PFN_cuGraphInstantiate_v10000 and _v11000 (the error
+     * node and log forms), then cuda.h's cuGraphInstantiate, since 12.0
+     * cuGraphInstantiateWithFlags. */
+    FK_P("cuGraphInstantiate", 10000, cuGraphInstantiate),
+    FK_P("cuGraphInstantiate", 11000, cuGraphInstantiate_v2),
+    FK_P("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags),
     FK_PT("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams,
           cuGraphInstantiateWithParams_ptsz),
     FK_PT("cuGraphLaunch", 10000, cuGraphLaunch, cuGraphLaunch_ptsz),

@@ -6,6 +6,7 @@
  * on a captured event joins the capture until its origin ends it. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <cuda.h>
@@ -105,6 +106,47 @@ Test(fakecuda_capture, captured_work_runs_only_when_the_graph_is_launched) {
   cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
   cr_assert_eq(cuMemFree(buf), CUDA_SUCCESS);
   cr_assert_eq(cuMemFree(copy), CUDA_SUCCESS);
+}
+
+/* cudaTypedefs.h: PFN_cuGraphInstantiate_v11000 (and _v10000), the forms
+ * before CUDA 12.0 that binaries built with older headers call. */
+typedef CUresult (*legacy_instantiate_t)(CUgraphExec *, CUgraph, CUgraphNode *,
+                                         char *, size_t);
+
+/* Both legacy forms instantiate a graph that replays, with no error node
+ * and an empty log on success (cuda.h). */
+Test(fakecuda_capture, the_forms_before_12_0_instantiate_a_graph_that_replays) {
+  CUdeviceptr buf;
+  cr_assert_eq(cuMemAlloc(&buf, 256), CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8(buf, 0, 256), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8Async(buf, 9, 256, s), CUDA_SUCCESS);
+  CUgraph g = NULL;
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  const char *const names[] = {"cuGraphInstantiate", "cuGraphInstantiate_v2"};
+  for (int i = 0; i < 2; i++) {
+    legacy_instantiate_t inst;
+    void *f = fk_test_sym(names[i]);
+    memcpy(&inst, &f, sizeof f);
+    CUgraphExec x = NULL;
+    CUgraphNode err = (CUgraphNode)&err;
+    char log[32] = "unset";
+    cr_assert_eq(inst(&x, g, &err, log, sizeof log), CUDA_SUCCESS, "%s",
+                 names[i]);
+    cr_assert_null(err, "%s", names[i]);
+    cr_assert_str_eq(log, "", "%s", names[i]);
+    cr_assert_eq(cuMemsetD8(buf, 0, 256), CUDA_SUCCESS);
+    cr_assert_eq(cuGraphLaunch(x, s), CUDA_SUCCESS);
+    cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+    unsigned char host[256];
+    cr_assert_eq(cuMemcpyDtoH(host, buf, 256), CUDA_SUCCESS);
+    cr_assert_eq(host[0], 9, "%s", names[i]);
+    cr_assert_eq(host[255], 9, "%s", names[i]);
+    cr_assert_eq(cuGraphExecDestroy(x), CUDA_SUCCESS);
+  }
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFree(buf), CUDA_SUCCESS);
 }
 
 /* An unsafe call made by this thread: it must get `expect`. */

@@ -37,6 +37,14 @@ Test(fakecuda, base_names_resolve_to_versioned_abis) {
                fk_test_sym("cuGetProcAddress_v2"));
   cr_assert_eq(lookup("cuGetProcAddress", 11030, 0, NULL),
                fk_test_sym("cuGetProcAddress"));
+  /* cudaTypedefs.h: PFN_cuGraphInstantiate_v10000 and _v11000 (an error
+   * node and a log), then the flags form, cuda.h's name since 12.0. */
+  cr_assert_eq(lookup("cuGraphInstantiate", 12000, 0, NULL),
+               fk_test_sym("cuGraphInstantiateWithFlags"));
+  cr_assert_eq(lookup("cuGraphInstantiate", 11000, 0, NULL),
+               fk_test_sym("cuGraphInstantiate_v2"));
+  cr_assert_eq(lookup("cuGraphInstantiate", 10000, 0, NULL),
+               fk_test_sym("cuGraphInstantiate"));
 }
 
 Test(fakecuda, too_old_a_version_or_unknown_name_gives_null) {

@@ -9,7 +9,12 @@
  *    capture is not handed out after it until the graph and its executable
  *    are destroyed; afterwards it is. A second argument "params"
  *    instantiates with cuGraphInstantiateWithParams instead and destroys
- *    the graph at once: the executable alone must hold the memory. A
+ *    the graph at once: the executable alone must hold the memory; so do
+ *    "v1", "v2" and "proc11", with the forms before CUDA 12.0 (an error
+ *    node and a log buffer): the symbols cuGraphInstantiate and
+ *    cuGraphInstantiate_v2 as a program built with older headers binds
+ *    them, and what cuGetProcAddress answers for "cuGraphInstantiate" at
+ *    11000 (the CUDA 11 runtime's cudaGraphInstantiate). A
  *    second argument "ptsz" allocates and frees in the capture with the
  *    per-thread-default-stream entry points (cuMemAllocAsync_ptsz, as a
  *    library built with --default-stream per-thread does) on the same
@@ -27,6 +32,7 @@
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
+#include <dlfcn.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -165,9 +171,46 @@ static int into_one_graph_twice(CUstream s) {
   return 0;
 }
 
+/* cudaTypedefs.h: PFN_cuGraphInstantiate_v10000 and _v11000, the forms
+ * before CUDA 12.0 (cuda.h declares them for the driver's own build). */
+typedef CUresult (*legacy_instantiate_fn)(CUgraphExec *, CUgraph, CUgraphNode *,
+                                          char *, size_t);
+
+/* x from g through the legacy form how names: "v1" and "v2" by symbol,
+ * bound as a program's call is (the shim's first when preloaded), "proc11"
+ * through cuGetProcAddress at 11000. */
+static int instantiate_legacy(const char *how, CUgraphExec *x, CUgraph g) {
+  void *f = NULL;
+  if (strcmp(how, "proc11") == 0) {
+    CUdriverProcAddressQueryResult st;
+    MP_TRY(cuGetProcAddress("cuGraphInstantiate", &f, 11000, 0, &st));
+  } else {
+    f = dlsym(RTLD_DEFAULT, strcmp(how, "v1") == 0 ? "cuGraphInstantiate"
+                                                   : "cuGraphInstantiate_v2");
+  }
+  if (f == NULL) {
+    printf("no %s form of cuGraphInstantiate\n", how);
+    return 1;
+  }
+  legacy_instantiate_fn fn;
+  memcpy(&fn, &f, sizeof f);
+  CUgraphNode err = NULL;
+  char log[64] = "?";
+  MP_TRY(fn(x, g, &err, log, sizeof log));
+  if (err != NULL || log[0] != '\0') {
+    printf("%s: an error node or a log on success\n", how);
+    return 1;
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   bool pool = argc > 1 && strcmp(argv[1], "pool") == 0;
-  bool params = argc > 2 && strcmp(argv[2], "params") == 0;
+  const char *how = argc > 2 ? argv[2] : "";
+  /* Instantiated through another entry point, the graph destroyed at once:
+   * the executable alone holds the memory. */
+  bool params = strcmp(how, "params") == 0 || strcmp(how, "v1") == 0 ||
+                strcmp(how, "v2") == 0 || strcmp(how, "proc11") == 0;
   bool ptsz = argc > 2 && strcmp(argv[2], "ptsz") == 0;
   CUresult (*alloc)(CUdeviceptr *, size_t, CUstream) =
       ptsz ? cuMemAllocAsync_ptsz : cuMemAllocAsync;
@@ -221,7 +264,12 @@ int main(int argc, char **argv) {
   CUgraph g;
   MP_TRY(cuStreamEndCapture(s, &g));
   CUgraphExec x;
-  if (params) {
+  if (params && strcmp(how, "params") != 0) {
+    if (instantiate_legacy(how, &x, g) != 0)
+      return 1;
+    MP_TRY(cuGraphDestroy(g)); /* the executable stands alone (cuda.h) */
+    g = NULL;
+  } else if (params) {
     CUDA_GRAPH_INSTANTIATE_PARAMS ip = {.flags = 0};
     MP_TRY(cuGraphInstantiateWithParams(&x, g, &ip));
     if (ip.result_out != CUDA_GRAPH_INSTANTIATE_SUCCESS) {

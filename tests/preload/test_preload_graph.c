@@ -71,6 +71,26 @@ Test(preload_graph, instantiated_with_params_the_graph_pool_is_held_and_freed) {
   capture_under_the_shim("params");
 }
 
+/* Executables made through the forms of cuGraphInstantiate before CUDA
+ * 12.0 (an error node and a log buffer): the symbols cuGraphInstantiate
+ * and cuGraphInstantiate_v2, which binaries built with older headers call,
+ * and cuGetProcAddress("cuGraphInstantiate") at 11000, which the CUDA 11
+ * runtime's cudaGraphInstantiate asks. The shim did not hook them: such an
+ * executable was not counted, and destroying its graph released the graph
+ * pool under it, so that another stream's allocations got the memory its
+ * replays write (2 of 24 probes with cuGraphInstantiate_v2). */
+Test(preload_graph, legacy_instantiate_v1_holds_the_graph_pool) {
+  capture_under_the_shim("v1");
+}
+
+Test(preload_graph, legacy_instantiate_v2_holds_the_graph_pool) {
+  capture_under_the_shim("v2");
+}
+
+Test(preload_graph, instantiate_found_at_11000_holds_the_graph_pool) {
+  capture_under_the_shim("proc11");
+}
+
 /* A capture whose allocations came through the per-thread-default-stream
  * entry points (cuMemAllocAsync_ptsz) on an explicit stream, ended through
  * cuStreamEndCapture: the shim looked the capture up by handle and entry
