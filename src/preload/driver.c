@@ -142,11 +142,9 @@ static mp__curesult mp__free(mp__variant_t v, mp__cuptr p, mp__custream s) {
     r = mp__pl_cu_error(
         mp__pl_pool_free(pl, &b, v == MP__SYNC, s, v == MP__ASYNC_PTSZ));
   } else if (b.kind == MP__PL_FROM_REAL) {
-    r = mp__real_free(v, p, s);
-    if (r == MP__CU_SUCCESS)
-      mp__pl_record_free(b.ptr, b.size, (uintptr_t)s);
-    else
-      mp__pl_table_restore(&b);
+    mp__pl_real_free_traced(&b, (uintptr_t)s);
+    if ((r = mp__real_free(v, p, s)) != MP__CU_SUCCESS)
+      mp__pl_real_free_refused(&b);
   } else if (b.kind == MP__PL_FROM_DEVICE) {
     /* Refused (a free from a host function): still the program's. */
     r = mp__pl_cu_error(mp_device_free(pl->dev, (void *)(uintptr_t)p));

@@ -108,6 +108,15 @@ static bool mp__stream_wait(mp__custream s, bool ptsz, mp__cuctx owner) {
   return r == MP__CU_SUCCESS;
 }
 
+void mp__pl_real_free_traced(const mp__pl_block_t *b, uintptr_t s) {
+  mp__pl_record_free(b->ptr, b->size, s);
+}
+
+void mp__pl_real_free_refused(const mp__pl_block_t *b) {
+  mp__pl_table_restore(b);
+  mp__pl_record_alloc(b->ptr, b->size, b->stream, true);
+}
+
 mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
                              bool sync, mp__custream s, bool ptsz) {
   void *ptr = (void *)b->ptr;

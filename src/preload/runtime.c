@@ -210,11 +210,9 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
     r = mp__pl_cuda_error(
         mp__pl_pool_free(pl, &b, v == MP__RT_SYNC, s, v == MP__RT_ASYNC_PTSZ));
   } else if (b.kind == MP__PL_FROM_REAL) {
-    r = mp__rt_real_free(v, p, s);
-    if (r == MP__CUDA_SUCCESS)
-      mp__pl_record_free(b.ptr, b.size, (uintptr_t)s);
-    else
-      mp__pl_table_restore(&b);
+    mp__pl_real_free_traced(&b, (uintptr_t)s);
+    if ((r = mp__rt_real_free(v, p, s)) != MP__CUDA_SUCCESS)
+      mp__pl_real_free_refused(&b);
   } else if (b.kind == MP__PL_FROM_DEVICE) {
     /* Refused (a free from a host function): still the program's. */
     r = mp__pl_cuda_error(mp_device_free(pl->dev, p));

@@ -55,7 +55,11 @@
  * may run out of memory leaves thread A's global capture valid. With
  * "free_probes", 50 frees during a relaxed
  * capture, which no thread's mode prohibits: on the fake no cuMemAlloc
- * may reach the driver meanwhile.
+ * may reach the driver meanwhile. With "trace_threads" (or "trace_threads
+ * rt LIB", the runtime's cudaMalloc and cudaFree), four threads each
+ * allocate and free 64 KiB 5000 times, so that one thread's allocation
+ * often gets the address another thread has just freed: the test reads
+ * the trace the shim recorded (MEMPOOL_TRACE).
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -748,6 +752,49 @@ static int pair_calls(void) {
   return 0;
 }
 
+enum { TRACE_THREADS = 4, TRACE_PAIRS = 5000 };
+
+/* One of trace_threads' threads: pairs of 64 KiB, through the runtime's
+ * calls where rt_malloc is set, else the driver's. */
+static void *trace_pairs(void *arg) {
+  (void)arg;
+  if (cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
+    return (void *)1;
+  for (int i = 0; i < TRACE_PAIRS; i++) {
+    if (rt_malloc != NULL) {
+      void *q = NULL;
+      if (rt_malloc(&q, 1 << 16) != 0 || rt_free(q) != 0)
+        return (void *)1;
+    } else {
+      CUdeviceptr q;
+      if (cuMemAlloc(&q, 1 << 16) != CUDA_SUCCESS ||
+          cuMemFree(q) != CUDA_SUCCESS)
+        return (void *)1;
+    }
+  }
+  return NULL;
+}
+
+static int trace_threads(void) {
+  pthread_t t[TRACE_THREADS];
+  int failed = 0;
+  for (int i = 0; i < TRACE_THREADS; i++)
+    if (pthread_create(&t[i], NULL, trace_pairs, NULL) != 0) {
+      puts("cannot start a thread");
+      return 1;
+    }
+  for (int i = 0; i < TRACE_THREADS; i++) {
+    void *f = NULL;
+    failed |= pthread_join(t[i], &f) != 0 || f != NULL;
+  }
+  if (failed) {
+    puts("an allocation or a free failed");
+    return 1;
+  }
+  puts("ok");
+  return 0;
+}
+
 /* free_modes / alloc_modes with "rt LIB": the runtime's calls, from LIB
  * (the real libcudart.so on a GPU, stand_runtime.c on the fake), loaded
  * before any of them is made, in the global scope as a program linked
@@ -780,6 +827,8 @@ static int runtime_modes(const char *mode, const char *lib) {
   }
   if (strcmp(mode, "oom_in_capture") == 0)
     return oom_in_capture();
+  if (strcmp(mode, "trace_threads") == 0)
+    return trace_threads();
   if (strcmp(mode, "cross_device") == 0)
     return cross_device();
   return free_modes(strcmp(mode, "alloc_modes") == 0);
@@ -843,6 +892,8 @@ int main(int argc, char **argv) {
     return free_modes(true);
   if (argc > 1 && strcmp(argv[1], "free_probes") == 0)
     return free_probes();
+  if (argc > 1 && strcmp(argv[1], "trace_threads") == 0)
+    return trace_threads();
   if (argc > 1 && strcmp(argv[1], "calls_in_capture") == 0) {
     const char *how = argc > 2 ? argv[2] : "";
     bool to_graph = strstr(how, "to_graph") == how;
