@@ -21,6 +21,7 @@
 #include "device/backend.h"
 #include "internal.h"
 #include "mpbench.h"
+#include "pool/pool_internal.h"
 
 static void mpb_list(FILE *out) {
   fputs("Built-in workloads (NAME or NAME:key=val,...):\n", out);
@@ -739,6 +740,12 @@ static int mpb_bound(const mpb_cli_t *c) {
   /* The alignment the pool rounds every block to (MEMPOOL_CONF's, if set). */
   mp_pool_config_t cfg;
   mp_pool_config_init(&cfg);
+  if (mp__config_validate(&cfg) != MP_OK) {
+    /* A pool would refuse it: bound's alignment would be made up. */
+    fprintf(stderr, "mpbench: bound: %s\n", mp_last_error());
+    mp_device_close(dev);
+    return 2;
+  }
   size_t align = cfg.align ? cfg.align : 512;
   char devname[128];
   snprintf(devname, sizeof devname, "%s", mp_device_name(dev));

@@ -75,6 +75,33 @@ Test(cli_bound, bound_prints_the_figures_of_each_trace, .init = make_tmp,
   cr_expect(strstr(text, " | reached offline |") != NULL, "%s", text);
 }
 
+/* bound rounds sizes to the pool's alignment, MEMPOOL_CONF's if set: a
+ * MEMPOOL_CONF a pool refuses stops it, naming the setting. Before, an
+ * unknown key left the defaults (exit 0), an alignment above 1 GiB was
+ * used as given, and one of 2^63 blamed the trace. */
+static void bound_refuses_conf(const char *conf, const char *said) {
+  char trace[512];
+  snprintf(trace, sizeof trace, "%s/ok.csv", tmpdir);
+  write_file(trace, "1,00:00:00.000001,allocate,0x1000,4096,0\n"
+                    "1,00:00:00.000002,free,0x1000,4096,0\n");
+  cr_assert_eq(setenv("MEMPOOL_CONF", conf, 1), 0);
+  const char *args[] = {"bound", "--device", "host", "--quiet", trace, NULL};
+  int rc = run_text(args);
+  unsetenv("MEMPOOL_CONF");
+  cr_assert_eq(rc, 2, "%s: exit %d\n%s", conf, rc, text);
+  cr_expect(strstr(mp_last_error(), said) != NULL, "%s: %s", conf,
+            mp_last_error());
+  cr_expect(strstr(text, "| ok |") == NULL, "%s: a table\n%s", conf, text);
+}
+
+Test(cli_bound, a_mempool_conf_a_pool_refuses_stops_bound, .init = make_tmp,
+     .fini = drop_tmp) {
+  bound_refuses_conf("bogus=1", "bogus");
+  bound_refuses_conf("align=4K,bogus", "bogus");
+  bound_refuses_conf("align=2G", "above 1 GiB");
+  bound_refuses_conf("align=3K", "power of two");
+}
+
 Test(cli_bound, malformed_trace_stops_bound_with_its_line, .init = make_tmp,
      .fini = drop_tmp) {
   char trace[512];
