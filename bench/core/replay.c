@@ -291,8 +291,13 @@ mp_status_t mpb_replay_fits(const mpb_workload_t *w, const char *allocator,
                             const char *spec, mpb_make_fn make, bool *fits) {
   mpb_rig_t g;
   mp_status_t st = mpb_rig_open(w, allocator, spec, make, &g);
-  if (st == MP_ENOMEM || st == MP_ELIMIT) {
-    *fits = false; /* not even the allocator fits (a child's range) */
+  /* Not even the allocator fits (a child's range), or its options ask
+   * for more than this probe device has: a pool capped at a share of its
+   * device (max_fraction) whose share is under its alignment is
+   * MP_EINVAL. The options themselves were checked, and the run made, on
+   * the user's device before any probe. */
+  if (st == MP_ENOMEM || st == MP_ELIMIT || st == MP_EINVAL) {
+    *fits = false;
     return MP_OK;
   }
   if (st != MP_OK)

@@ -155,6 +155,36 @@ Test(capacity_search, replay_searches_from_its_own_figures) {
   mpb_workload_free(&w);
 }
 
+/* A pool capped at a share of its device (max_fraction) cannot be made on
+ * a probe device whose share is under the pool's alignment: that probe
+ * does not fit, and the search goes on. Before, the whole replay failed
+ * with MP_EINVAL, naming a device of a few hundred bytes the user never
+ * gave, where the same run without the search completed. */
+Test(capacity_search, a_probe_too_small_for_the_pool_options_does_not_fit) {
+  mpb_workload_t w;
+  mpb_workload_init(&w, "small");
+  uint32_t s;
+  cr_assert_eq(mpb_workload_alloc(&w, 4096, 0, &s), MP_OK);
+  cr_assert_eq(mpb_workload_free_slot(&w, s), MP_OK);
+  mpb_replay_opts_t o = {.device_spec = "host", .capacity_search = true};
+  mpb_result_t *r = calloc(1, sizeof *r);
+  cr_assert_eq(mpb_replay(&w, "pool:max_fraction=0.0001", &o, r), MP_OK, "%s",
+               mp_last_error());
+  cr_expect(r->completed, "%s", r->error);
+  /* A ten-thousandth of the device holds the block: some 40 MB, past the
+   * four doublings of the run's peak the search tries, so the capacity
+   * stays unknown; every probe was a device too small, none an error. */
+  cr_expect_eq(r->capacity_state, MPB_CAP_NONE);
+  cr_expect_eq(r->capacity_probes, 4);
+  /* With a thousandth, the doublings reach a device that holds it. */
+  cr_assert_eq(mpb_replay(&w, "pool:max_fraction=0.001", &o, r), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(r->capacity_state, MPB_CAP_EXACT);
+  cr_expect_geq(r->min_capacity, (size_t)4096 * 1000);
+  free(r);
+  mpb_workload_free(&w);
+}
+
 Test(capacity_search, a_spent_run_deadline_leaves_only_the_upper_bound) {
   mpb_workload_t w = three_blocks();
   mpb_replay_opts_t o = {.device_spec = "host",
