@@ -117,11 +117,21 @@ static bool mpb_field_is(const char *s, size_t len, const char *word) {
 /* ---- the parser -----------------------------------------------------------
  */
 
+/* A stream's handle in the trace -> its number in the workload (1 up; the
+ * trace's 0, the default stream, is 0). A map, not a scan: a trace may
+ * name tens of thousands of streams (a scan of them per row made a
+ * 13 MB trace of 65 533 streams take 7 s to read, against 0.3 s for one
+ * stream). */
+typedef struct mpb_stream_entry {
+  uintptr_t key; /* the handle; 0 never stored */
+  uint16_t index;
+} mpb_stream_entry_t;
+
 typedef struct mpb_parser {
   const char *what;
   mpb_workload_t *w;
-  mp__ptrmap_t map; /* of mpb_addr_entry_t */
-  uint64_t stream_id[UINT16_MAX];
+  mp__ptrmap_t map;     /* of mpb_addr_entry_t */
+  mp__ptrmap_t streams; /* of mpb_stream_entry_t */
   uint32_t nstream_ids;
   size_t live;    /* bytes the trace has live now */
   bool any_bytes; /* an allocation of a nonzero size was seen */
@@ -133,16 +143,19 @@ static mp_status_t mpb_stream_index(mpb_parser_t *p, uint64_t id, size_t line,
     *out = 0;
     return MP_OK;
   }
-  for (uint32_t i = 0; i < p->nstream_ids; i++)
-    if (p->stream_id[i] == id) {
-      *out = (uint16_t)(i + 1);
-      return MP_OK;
-    }
+  const mpb_stream_entry_t *e = mp__ptrmap_find(&p->streams, (uintptr_t)id);
+  if (e != NULL) {
+    *out = e->index;
+    return MP_OK;
+  }
   if (p->nstream_ids + 1 >= UINT16_MAX)
     return mp__fail(MP_EINVAL, "%s:%zu: more than %d streams", p->what, line,
                     UINT16_MAX - 1);
-  p->stream_id[p->nstream_ids++] = id;
-  *out = (uint16_t)p->nstream_ids;
+  mpb_stream_entry_t *n = mp__ptrmap_put(&p->streams, (uintptr_t)id);
+  if (n == NULL)
+    return MP_ENOMEM; /* mpb_trace_parse says the trace is too big */
+  n->index = (uint16_t)++p->nstream_ids;
+  *out = n->index;
   return MP_OK;
 }
 
@@ -323,6 +336,7 @@ mp_status_t mpb_trace_parse(const char *text, size_t len, const char *what,
   p->what = what;
   p->w = out;
   mp__ptrmap_init(&p->map, sizeof(mpb_addr_entry_t));
+  mp__ptrmap_init(&p->streams, sizeof(mpb_stream_entry_t));
   mpb_workload_init(out, name);
   mp_status_t st = MP_OK;
   size_t line = 0;
@@ -357,6 +371,7 @@ mp_status_t mpb_trace_parse(const char *text, size_t len, const char *what,
   if (st == MP_OK && (st = mpb_workload_drain(out)) == MP_ENOMEM)
     st = mpb_too_big(what, line, true);
   mp__ptrmap_destroy(&p->map);
+  mp__ptrmap_destroy(&p->streams);
   free(p);
   if (st != MP_OK)
     mpb_workload_free(out);

@@ -2,6 +2,7 @@
  * fail with the file and line number and leave nothing behind. */
 #include <criterion/criterion.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "mpbench.h"
@@ -69,6 +70,45 @@ Test(trace_parse, a_stream_in_hex_is_the_same_stream_whatever_the_case_of_0x) {
   cr_expect_eq(w.ev[0].stream, 1, "stream 31: the first non-default");
   mpb_workload_free(&w);
   expect_bad(HEADER "1,00:00:00.000001,allocate,0x10,8,0xg\n", 2, "0x7f00");
+}
+
+/* Streams are numbered 1 up in the order the trace first names them,
+ * through the last of the 65 534 a workload holds; a row naming a stream
+ * seen before gets its number, and one more new stream is refused with
+ * its line. */
+Test(trace_parse, streams_numbered_in_order_of_first_use_up_to_the_limit) {
+  enum { N = 65534 };
+  size_t cap = (size_t)(N + 8) * 64, len = 0;
+  char *text = malloc(cap);
+  cr_assert_not_null(text);
+  len += (size_t)snprintf(text + len, cap - len, HEADER);
+  /* Stream handles far apart, as pointers are: 0x7f0000000000 + 4096 k. */
+  for (unsigned k = 0; k < N; k++)
+    len += (size_t)snprintf(
+        text + len, cap - len, "1,00:00:00.000001,allocate,%#x,64,%#llx\n",
+        0x1000 + 0x100 * k, 0x7f0000000000ull + 4096ull * k);
+  /* The 1000th stream again. */
+  len += (size_t)snprintf(text + len, cap - len,
+                          "1,00:00:00.000002,allocate,0x10000000,64,%#llx\n",
+                          0x7f0000000000ull + 4096ull * 999);
+  mpb_workload_t w;
+  cr_assert_eq(mpb_trace_parse(text, len, "t.csv", "t", &w), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(w.nstreams, N + 1, "the default stream and %d more", N);
+  cr_expect_eq(w.ev[0].stream, 1);
+  cr_expect_eq(w.ev[999].stream, 1000);
+  cr_expect_eq(w.ev[N - 1].stream, N);
+  cr_expect_eq(w.ev[N].stream, 1000, "a stream seen before");
+  mpb_workload_free(&w);
+  len += (size_t)snprintf(text + len, cap - len,
+                          "1,00:00:00.000003,allocate,0x20000000,64,0x1\n");
+  cr_assert_eq(mpb_trace_parse(text, len, "t.csv", "t", &w), MP_EINVAL);
+  char where[32];
+  snprintf(where, sizeof where, "t.csv:%d:", N + 3);
+  cr_expect(strstr(mp_last_error(), where) != NULL, "%s", mp_last_error());
+  cr_expect(strstr(mp_last_error(), "more than 65534 streams") != NULL, "%s",
+            mp_last_error());
+  free(text);
 }
 
 Test(trace_parse, skips_failures_unknown_frees_and_nil_frees_and_counts) {
