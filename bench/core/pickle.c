@@ -15,7 +15,8 @@
  *    else (a class, a reduce, protocol 0/1 text opcodes) is refused with
  *    the opcode and its byte offset; so is a truncated or inconsistent
  *    pickle. It never recurses, so deep nesting cannot overflow the C stack,
- *    and every allocation is bounded by the input's length.
+ *    and every allocation is bounded by the input's length (the CSV below
+ *    by 4 times it: pk_csv_cap).
  *  - the conversion of one device's trace into the RMM CSV that trace.c
  *    parses, so that both inputs replay through the same rules (unknown
  *    frees, reused addresses, streams numbered in order of appearance).
@@ -615,9 +616,21 @@ static mp_status_t pk_field(const char *what, const pk_val_t *v, size_t k,
   return MP_OK;
 }
 
-/* device_traces[d] as the CSV. */
+/* The CSV a trace may make from a pickle of len bytes. A trace entry
+ * PyTorch writes is a dict of its own, some 55 pickle bytes at the least
+ * (its keys through the memo, its values, the dict's own opcodes) against
+ * a row of about 45; but the memo can stand one dict in the list again
+ * for 2 bytes, which makes a row each: an 8 MB pickle of 4 million
+ * repeats took 754 MB and 11 s to read. Bounded at 4 times the input and
+ * 1 MiB more, far above any snapshot's rows. */
+static size_t pk_csv_cap(size_t len) {
+  return len > (SIZE_MAX - ((size_t)1 << 20)) / 4 ? SIZE_MAX
+                                                  : 4 * len + ((size_t)1 << 20);
+}
+
+/* device_traces[d] as the CSV; len: the pickle's bytes. */
 static mp_status_t pk_trace_to_csv(const char *what, const pk_val_t *trace,
-                                   size_t d, pk_text_t *csv) {
+                                   size_t d, size_t len, pk_text_t *csv) {
   const pk_val_t *const *f;
   mp_status_t st = MP_OK;
   bool has_completed = false;
@@ -685,6 +698,13 @@ static mp_status_t pk_trace_to_csv(const char *what, const pk_val_t *trace,
                         row, addr, size, stream);
     if (!ok)
       return mp__fail(MP_ENOMEM, "%s: out of host memory", what);
+    if (csv->n > pk_csv_cap(len))
+      return mp__fail(MP_EINVAL,
+                      "%s: device trace entry %zu: its %zu entries so far "
+                      "make more than 4 times the snapshot's %zu bytes of "
+                      "rows (entries the pickle's memo repeats): not a trace "
+                      "PyTorch writes",
+                      what, k, k + 1, len);
   }
   return MP_OK;
 }
@@ -760,7 +780,7 @@ mp_status_t mpb_snapshot_parse(const void *buf, size_t len, const char *what,
                   what);
   pk_text_t csv = {0};
   if (st == MP_OK)
-    st = pk_trace_to_csv(what, trace, d, &csv);
+    st = pk_trace_to_csv(what, trace, d, len, &csv);
   pk_free_all(&vm);
   if (st == MP_OK &&
       (st = mpb_trace_parse(csv.s, csv.n, what, name, out)) != MP_OK)

@@ -371,6 +371,30 @@ Test(snapshot_pickle, an_entry_of_more_keys_than_a_trace_entry_has_is_refused) {
   free(p);
 }
 
+/* The memo can stand one entry in the trace again for 2 bytes, a row each:
+ * rows past 4 times the pickle's bytes (and 1 MiB more) are refused with
+ * the entry where they passed it (an 8 MB pickle of 4 million repeats took
+ * 754 MB to read before); 20 000 repeats, under it, are read. */
+Test(snapshot_pickle, memo_repeats_past_four_times_the_input_are_refused) {
+  size_t len;
+  char *p = memoized_entry_pickle(3, 20000, false, &len);
+  mpb_workload_t w;
+  cr_assert_eq(mpb_snapshot_parse(p, len, "m.pickle", "m", &w), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(w.implicit_frees, 19999, "one allocation per repeat");
+  mpb_workload_free(&w);
+  free(p);
+  p = memoized_entry_pickle(3, 100000, false, &len);
+  cr_assert_eq(mpb_snapshot_parse(p, len, "m.pickle", "m", &w), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "m.pickle: device trace entry ") ==
+                mp_last_error(),
+            "%s", mp_last_error());
+  cr_expect(strstr(mp_last_error(), "more than 4 times the snapshot's") != NULL,
+            "%s", mp_last_error());
+  cr_expect_eq(w.n, 0);
+  free(p);
+}
+
 /* A key set twice in a dict has its last value, as in Python. */
 Test(snapshot_pickle, a_key_given_twice_has_its_last_value) {
   size_t len;
