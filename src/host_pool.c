@@ -111,17 +111,28 @@ static mp_status_t mp__hp_said(mp_status_t st, const char *pool_fn,
 mp_status_t mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes, mp_stream_t s,
                                void **out) {
   MP__CHECK_HP(hp);
-  mp_status_t st = mp_pool_alloc(hp->pool, bytes, hp->host, out);
-  if (st != MP_OK || *out == NULL)
+  if (out == NULL)
+    return mp__fail(MP_EINVAL, "%s: out is NULL", __func__);
+  /* The stream before the buffer: mp_pool_record_stream would refuse a
+   * stream the device does not know only once the buffer is allocated,
+   * perhaps in a chunk grown for it, which would stay cached. NULL (the
+   * default stream) needs no question. */
+  if (s != NULL && mp__device_stream_kind(hp->view, s) == MP__STREAM_BAD)
+    return mp__fail(MP_EINVAL, "%s: stream %p is not a live stream of %s",
+                    __func__, (void *)s, mp_device_name(hp->dev));
+  void *p = NULL;
+  mp_status_t st = mp_pool_alloc(hp->pool, bytes, hp->host, &p);
+  if (st != MP_OK)
     return mp__hp_said(st, "mp_pool_alloc", __func__);
-  st = mp_pool_record_stream(hp->pool, *out, s);
-  if (st != MP_OK) {
-    /* Refused: the buffer goes back unused, nothing is kept. */
+  if (p != NULL && (st = mp_pool_record_stream(hp->pool, p, s)) != MP_OK) {
+    /* Refused (out of host memory for the stream table): the buffer goes
+     * back unused, and *out stays. */
     st = mp__hp_said(st, "mp_pool_record_stream", __func__);
-    (void)mp_pool_free(hp->pool, *out);
-    *out = NULL;
+    (void)mp_pool_free(hp->pool, p);
+    return st;
   }
-  return st;
+  *out = p;
+  return MP_OK;
 }
 
 mp_status_t mp_host_pool_free(mp_host_pool_t *hp, void *ptr) {

@@ -174,3 +174,41 @@ Test(host_pool_streams, recorded_stream_holds_the_buffer_back) {
   cr_expect_eq(mp_host_pool_free(hp, again), MP_OK);
   cr_expect_eq(mp_device_free(dev, dst), MP_OK);
 }
+
+/* A stream the device does not know (destroyed already, or another
+ * device's) is MP_EINVAL naming the call, and changes nothing: *out stays,
+ * and no page-locked memory is taken. Before, the buffer was allocated
+ * first and the stream refused after: the pool kept a new 2 MiB chunk
+ * cached and *out was set to NULL. */
+static void alloc_on_refused(mp_stream_t bad, const char *what) {
+  mp_stats_t before = stats();
+  void *p = (void *)0x1234;
+  cr_expect_eq(mp_host_pool_alloc(hp, 4 * MiB, bad, &p), MP_EINVAL,
+               "%s was accepted", what);
+  cr_expect(strncmp(mp_last_error(), "mp_host_pool_alloc: ", 20) == 0, "%s",
+            mp_last_error());
+  cr_expect_eq(p, (void *)0x1234, "%s: *out changed to %p", what, p);
+  mp_stats_t after = stats();
+  cr_expect_eq(memcmp(&before, &after, sizeof before), 0,
+               "%s: the refusal changed the stats (reserved %zu -> %zu)", what,
+               before.reserved_bytes, after.reserved_bytes);
+}
+
+Test(host_pool_streams, an_unknown_stream_is_refused_and_takes_nothing) {
+  mp_stream_t gone;
+  cr_assert_eq(mp_stream_create(dev, &gone), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, gone), MP_OK);
+  alloc_on_refused(gone, "a destroyed stream");
+  mp_device_t *other;
+  mp_stream_t foreign;
+  cr_assert_eq(mp_device_open("host", &other), MP_OK);
+  cr_assert_eq(mp_stream_create(other, &foreign), MP_OK);
+  alloc_on_refused(foreign, "another device's stream");
+  cr_expect_eq(mp_stream_destroy(other, foreign), MP_OK);
+  mp_device_close(other);
+  /* A good stream after them still works. */
+  void *p;
+  cr_assert_eq(mp_host_pool_alloc(hp, 4 * MiB, s1, &p), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(mp_host_pool_free(hp, p), MP_OK);
+}
