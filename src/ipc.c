@@ -78,6 +78,14 @@ static mp_status_t mp__ipc_check(const mp_device_t *dev,
   if (h->kind == MP_IPC_FD && h->fd < 0)
     return mp__fail(MP_EINVAL, "mp_ipc_import: the handle has no memory "
                                "descriptor (closed already, or imported?)");
+  /* A CUDA IPC handle carries its memory in the handle, no descriptor
+   * (mp_ipc_recv gives it -1): one named here is none of the import's, and
+   * the import would close it, a descriptor of the program's own. */
+  if (h->kind == MP_IPC_CUDA && h->fd != -1)
+    return mp__fail(MP_EINVAL,
+                    "mp_ipc_import: a CUDA IPC handle carries no memory "
+                    "descriptor, but this one names %d",
+                    h->fd);
   if (h->lease_fd < 0)
     return mp__fail(MP_EINVAL, "mp_ipc_import: the handle has no lease "
                                "descriptor (closed already, or imported?)");
@@ -152,10 +160,9 @@ mp_status_t mp_ipc_import(mp_device_t *dev, mp_ipc_handle_t *h, void **out) {
   pthread_mutex_lock(&mp__ipc_mu);
   /* Another import took the room meanwhile, or (a copy imported by another
    * thread at the same time) the lease? */
-  room =
-      dev->nimports < dev->imports_cap && mp__ipc_nleases < mp__ipc_leases_cap;
   bool copy = mp__ipc_lease_at(h->lease_fd) != SIZE_MAX;
-  if (room && !copy) {
+  room = !copy && mp__ipc_room(dev); /* grown again if need be */
+  if (room) {
     dev->imports[dev->nimports++] = im;
     mp__ipc_leases[mp__ipc_nleases++] = im.lease;
   }
@@ -173,8 +180,8 @@ mp_status_t mp_ipc_import(mp_device_t *dev, mp_ipc_handle_t *h, void **out) {
     (void)dev->ops->ipc_close(dev, base, h->mem_bytes, h->kind, &unmapped);
     return mp__fail(MP_ENOMEM, "mp_ipc_import: out of host memory");
   }
-  if (h->fd >= 0)
-    close(h->fd);
+  if (h->kind == MP_IPC_FD)
+    close(h->fd); /* mapped: the memory stays */
   h->fd = -1;
   h->lease_fd = -1;
   *out = (void *)im.ptr;
@@ -204,8 +211,8 @@ static bool mp__ipc_take(mp_device_t *dev, void *ptr, struct mp__import *out) {
   return i != SIZE_MAX;
 }
 
-/* Ends the close of the import at ptr: drops it from the list (gone) or
- * leaves it there, not closing any more. */
+/* Ends the close of the import at ptr: closes its lease and drops it from
+ * the list (gone), or leaves it there, not closing any more. */
 static void mp__ipc_done(mp_device_t *dev, void *ptr, bool gone) {
   pthread_mutex_lock(&mp__ipc_mu);
   size_t i = mp__ipc_find(dev, ptr, true);
@@ -213,6 +220,11 @@ static void mp__ipc_done(mp_device_t *dev, void *ptr, bool gone) {
   if (gone) {
     size_t l = mp__ipc_lease_at(dev->imports[i].lease);
     MP__ASSERT(l != SIZE_MAX); /* listed with its import */
+    /* Closed before it leaves the list, under the lock: once unlisted, a
+     * copy of the handle imported on another thread would pass the copy
+     * check and own a lease closed under it. The exporter may reuse the
+     * block from now on. */
+    close(dev->imports[i].lease);
     if (l != SIZE_MAX)
       mp__ipc_leases[l] = mp__ipc_leases[--mp__ipc_nleases];
     dev->imports[i] = dev->imports[--dev->nimports];
@@ -237,7 +249,6 @@ static mp_status_t mp__ipc_unmap(mp_device_t *dev, const struct mp__import *im,
                     "%s (the import is still mapped and leased: close it "
                     "again)",
                     mp_last_error());
-  close(im->lease); /* the exporter may reuse the block from now on */
   if (st != MP_OK && unmapped)
     return mp__fail(st, "%s (the memory is unmapped and the import closed)",
                     mp_last_error());

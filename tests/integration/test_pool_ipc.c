@@ -8,6 +8,7 @@
  * and sockets are refused with nothing changed. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -83,8 +84,8 @@ Test(pool_ipc_args, bad_handles_are_einval_and_keep_their_descriptors) {
   mp_ipc_handle_t good = exported(pool, &p);
   int pipefd[2];
   cr_assert_eq(pipe(pipefd), 0);
-  mp_ipc_handle_t bad[7];
-  for (int i = 0; i < 7; i++)
+  mp_ipc_handle_t bad[8];
+  for (int i = 0; i < 8; i++)
     bad[i] = good;
   bad[0].kind = 0;
   bad[1].kind = 99;
@@ -93,7 +94,10 @@ Test(pool_ipc_args, bad_handles_are_einval_and_keep_their_descriptors) {
   bad[4].offset = good.mem_bytes; /* the block would lie outside */
   snprintf(bad[5].backend, sizeof bad[5].backend, "cuda");
   bad[6].fd = pipefd[0]; /* not device memory */
-  for (int i = 0; i < 7; i++) {
+  /* A CUDA IPC handle carries no descriptor: the import would have closed
+   * the one named, the program's own. */
+  bad[7].kind = MP_IPC_CUDA;
+  for (int i = 0; i < 8; i++) {
     cr_expect_eq(mp_ipc_import(dev, &bad[i], &q), MP_EINVAL, "bad handle %d",
                  i);
     cr_expect_eq(bad[i].lease_fd,
@@ -450,5 +454,70 @@ Test(pool_ipc_args, a_failed_receive_closes_no_descriptor) {
   cr_expect_eq(mp_ipc_handle_close(&good), MP_OK);
   close(sv[0]);
   close(sv[1]);
+  free_released_and_destroy(pool, p);
+}
+
+/* Two threads importing at once while the process's list of imports has
+ * one free slot: both imports succeed. Each looked for room, mapped
+ * without the lock, then took the slot; the second found it taken and was
+ * MP_ENOMEM "out of host memory" (3 runs in 4), where the list grows. Tried
+ * at the capacities 8, 16, 32 and 64 (one slot free at each). */
+static mp_device_t *racing_dev;
+static pthread_barrier_t racing;
+
+typedef struct import_job {
+  mp_ipc_handle_t h;
+  void *q;
+  mp_status_t st;
+} import_job_t;
+
+static void *import_racing(void *arg) {
+  import_job_t *j = arg;
+  pthread_barrier_wait(&racing);
+  j->st = mp_ipc_import(racing_dev, &j->h, &j->q);
+  return NULL;
+}
+
+Test(pool_ipc_args, two_imports_at_once_at_the_lists_capacity_both_succeed) {
+  mp_pool_t *pool = make_pool(dev, NULL);
+  void *p;
+  mp_ipc_handle_t h = exported(pool, &p);
+  mp_ipc_handle_close(&h);
+  racing_dev = dev;
+  cr_assert_eq(pthread_barrier_init(&racing, NULL, 2), 0);
+  enum { MAX_OPEN = 64 };
+  void *open_q[MAX_OPEN];
+  size_t nopen = 0;
+  for (size_t cap = 8; cap <= MAX_OPEN; cap *= 2) {
+    while (nopen < cap - 1) { /* one slot left */
+      cr_assert_eq(mp_pool_ipc_export(pool, p, &h), MP_OK, "%s",
+                   mp_last_error());
+      cr_assert_eq(mp_ipc_import(dev, &h, &open_q[nopen++]), MP_OK, "%s",
+                   mp_last_error());
+    }
+    import_job_t j[2];
+    memset(j, 0, sizeof j);
+    for (int k = 0; k < 2; k++)
+      cr_assert_eq(mp_pool_ipc_export(pool, p, &j[k].h), MP_OK, "%s",
+                   mp_last_error());
+    pthread_t t[2];
+    for (int k = 0; k < 2; k++)
+      cr_assert_eq(pthread_create(&t[k], NULL, import_racing, &j[k]), 0);
+    for (int k = 0; k < 2; k++)
+      pthread_join(t[k], NULL);
+    for (int k = 0; k < 2; k++) {
+      cr_expect_eq(j[k].st, MP_OK, "capacity %zu: import %d: %s", cap, k,
+                   mp_status_string(j[k].st));
+      if (j[k].st != MP_OK)
+        mp_ipc_handle_close(&j[k].h);
+      else if (nopen < MAX_OPEN)
+        open_q[nopen++] = j[k].q;
+      else
+        cr_assert_eq(mp_ipc_close(dev, j[k].q), MP_OK);
+    }
+  }
+  for (size_t i = 0; i < nopen; i++)
+    cr_assert_eq(mp_ipc_close(dev, open_q[i]), MP_OK, "%s", mp_last_error());
+  pthread_barrier_destroy(&racing);
   free_released_and_destroy(pool, p);
 }
