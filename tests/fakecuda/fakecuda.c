@@ -664,19 +664,77 @@ typedef struct fk_urefs {
   size_t n;
 } fk_urefs_t;
 
+/* The memory a graph allocated and freed inside itself (an allocation
+ * node and its free node: cuMemAllocAsync and cuMemFreeAsync in the
+ * capture), which the fake allocates at capture, at the address every
+ * replay uses. An executable graph stands alone once made: "the graph may
+ * be destroyed" after cuGraphInstantiate (cuda.h), and an executable owns
+ * the physical memory of its allocations (the Programming Guide, "Graph
+ * Memory Nodes"). So the memory is the graph's and every executable's made
+ * from it, freed when the last of them is destroyed (before 2026-12-01 the
+ * graph's destruction freed it under its executables, whose replays then
+ * wrote freed memory). Its fields under fk.lock. */
+typedef struct fk_gmem {
+  unsigned refs;
+  struct {
+    mp_device_t *dev;
+    CUdeviceptr p;
+  } * mem;
+  size_t n, cap;
+} fk_gmem_t;
+
 /* A graph is its nodes in capture order (a linear chain: one stream's
  * capture); an executable graph is a copy of them. Both hold their user
- * objects. */
+ * objects and the graph's own memory. */
 struct CUgraph_st {
   fk_node_t **nodes;
   size_t n, cap;
   fk_urefs_t urefs;
+  fk_gmem_t *gmem; /* NULL: nothing freed inside the graph */
 };
 struct CUgraphExec_st {
   fk_node_t *nodes;
   size_t n;
   fk_urefs_t urefs;
+  fk_gmem_t *gmem; /* its graph's, one reference more */
 };
+
+/* Adds p, freed inside graph g, to g's own memory. Under fk.lock. */
+static bool fk_gmem_own(struct CUgraph_st *g, mp_device_t *dev, CUdeviceptr p) {
+  fk_gmem_t *m = g->gmem;
+  if (m == NULL && (m = g->gmem = calloc(1, sizeof *m)) != NULL)
+    m->refs = 1;
+  if (m == NULL)
+    return false;
+  if (m->n == m->cap) {
+    size_t cap = m->cap ? 2 * m->cap : 4;
+    void *q = realloc(m->mem, cap * sizeof *m->mem);
+    if (q == NULL)
+      return false;
+    m->mem = q;
+    m->cap = cap;
+  }
+  m->mem[m->n].dev = dev;
+  m->mem[m->n++].p = p;
+  return true;
+}
+
+/* Drops a reference to *gm (taken from its holder, which no longer has
+ * it): the last one frees the memory. Takes fk.lock, so not under it. */
+static CUresult fk_free(mp_device_t *dev, CUdeviceptr dptr);
+static void fk_gmem_drop(fk_gmem_t **gm) {
+  pthread_mutex_lock(&fk.lock);
+  fk_gmem_t *m = *gm;
+  *gm = NULL;
+  bool last = m != NULL && --m->refs == 0;
+  pthread_mutex_unlock(&fk.lock);
+  if (!last)
+    return;
+  for (size_t i = 0; i < m->n; i++)
+    (void)fk_free(m->mem[i].dev, m->mem[i].p);
+  free(m->mem);
+  free(m);
+}
 
 /* Destructors run on one thread of the fake's own, in turn, never on the
  * thread that dropped the last reference, which does not wait for them:
@@ -810,6 +868,13 @@ static bool fk_graph_add(struct CUgraph_st *g, const fk_node_t *node) {
 static void fk_graph_free(struct CUgraph_st *g) {
   if (g == NULL)
     return;
+  /* A graph dropped unfinished (an invalidated capture), under fk.lock:
+   * no executable was made from it; its memory stays allocated, as
+   * before. cuGraphDestroy takes gmem first. */
+  if (g->gmem != NULL && --g->gmem->refs == 0) {
+    free(g->gmem->mem);
+    free(g->gmem);
+  }
   for (size_t i = 0; i < g->n; i++)
     free(g->nodes[i]);
   free(g->nodes);
@@ -1999,7 +2064,7 @@ FK_IN_CTX_TWINS(cuMemAllocAsync, cuMemAllocAsync_ptsz,
 
 /* Stream-ordered free: waits for the stream's work, then frees. On a
  * capturing stream it is a memory free node (cuda.h, cuMemFreeAsync);
- * the memory goes when the graph is destroyed. */
+ * the memory goes when the graph and its executables are (fk_gmem_t). */
 static CUresult fk_free_async(mp_device_t *dev, CUdeviceptr dptr, CUstream s,
                               bool ptsz) {
   fk_stream_t *cap = NULL;
@@ -2009,6 +2074,8 @@ static CUresult fk_free_async(mp_device_t *dev, CUdeviceptr dptr, CUstream s,
   if (cap != NULL) {
     fk_node_t node = {.type = CU_GRAPH_NODE_TYPE_MEM_FREE, .dst = dptr};
     r = fk_capture_op(cap, &node, NULL);
+    if (r == CUDA_SUCCESS && !fk_gmem_own(cap->graph, dev, dptr))
+      r = CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_unlock(&fk.lock);
     return r;
   }
@@ -2866,9 +2933,7 @@ CUresult cuGraphDestroy(CUgraph g) {
   pthread_mutex_unlock(&fk.lock);
   if (building)
     return CUDA_ERROR_INVALID_VALUE;
-  for (size_t i = 0; i < g->n; i++)
-    if (g->nodes[i]->type == CU_GRAPH_NODE_TYPE_MEM_FREE)
-      (void)fk_free(dev, g->nodes[i]->dst);
+  fk_gmem_drop(&g->gmem); /* freed here unless an executable holds it */
   fk_graph_free(g);
   return CUDA_SUCCESS;
 }
@@ -2908,9 +2973,14 @@ static CUresult fk_instantiate(CUgraphExec *out, CUgraph g) {
   for (size_t i = 0; i < g->n; i++)
     x->nodes[i] = *g->nodes[i];
   x->n = g->n;
+  pthread_mutex_lock(&fk.lock);
+  if ((x->gmem = g->gmem) != NULL)
+    x->gmem->refs++;
+  pthread_mutex_unlock(&fk.lock);
   for (size_t i = 0; i < g->urefs.n; i++)
     if (!fk_urefs_add(&x->urefs, g->urefs.objs[i], g->urefs.counts[i], false)) {
       fk_urefs_drop(&x->urefs);
+      fk_gmem_drop(&x->gmem);
       free(x->nodes);
       free(x);
       return CUDA_ERROR_OUT_OF_MEMORY;
@@ -2989,6 +3059,7 @@ CUresult cuGraphExecDestroy(CUgraphExec x) {
   if (x == NULL)
     return fk_bad_handle();
   fk_urefs_drop(&x->urefs);
+  fk_gmem_drop(&x->gmem);
   free(x->nodes);
   free(x);
   return CUDA_SUCCESS;

@@ -417,6 +417,54 @@ Test(fakecuda_capture, stream_ordered_allocation_becomes_graph_nodes) {
   cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
 }
 
+/* An executable stands alone once made (cuda.h, cuGraphInstantiate: the
+ * graph may be destroyed), and owns the memory of the allocations its
+ * graph frees inside itself (the Programming Guide, "Graph Memory Nodes"):
+ * after cuGraphDestroy its replays still write that memory. On the fake
+ * (which maps it at capture) the memory goes with the last of the graph and
+ * its executables, not before. The fake freed it with the graph before
+ * 2026-12-01: the replay wrote freed memory (a crash). */
+Test(fakecuda_capture, an_executable_keeps_its_graphs_memory_after_the_graph) {
+  enum { N = 1 << 20 };
+  CUdeviceptr out;
+  cr_assert_eq(cuMemAlloc(&out, 256), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  CUdeviceptr tmp = 0;
+  cr_assert_eq(cuMemAllocAsync(&tmp, N, s), CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8Async(tmp, 5, N, s), CUDA_SUCCESS);
+  cr_assert_eq(cuMemcpyAsync(out, tmp, 256, s), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFreeAsync(tmp, s), CUDA_SUCCESS);
+  CUgraph g;
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  CUgraphExec x[2];
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(cuGraphInstantiate(&x[i], g, 0), CUDA_SUCCESS);
+  size_t free0, free1, total;
+  cr_assert_eq(cuMemGetInfo(&free0, &total), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(cuMemsetD8(out, 0, 256), CUDA_SUCCESS);
+    cr_assert_eq(cuGraphLaunch(x[i], s), CUDA_SUCCESS);
+    cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+    unsigned char host[256];
+    cr_assert_eq(cuMemcpyDtoH(host, out, 256), CUDA_SUCCESS);
+    cr_assert_eq(host[0], 5, "executable %d, its graph destroyed", i);
+    cr_assert_eq(host[255], 5, "executable %d, its graph destroyed", i);
+  }
+  cr_assert_eq(cuGraphExecDestroy(x[0]), CUDA_SUCCESS);
+  cr_assert_eq(cuMemGetInfo(&free1, &total), CUDA_SUCCESS);
+  /* A GPU's graph memory pool may keep what it mapped (cuda.h,
+   * cuDeviceGraphMemTrim): the accounting is the fake's own. */
+  if (!fk_real())
+    cr_expect_eq(free1, free0, "freed while an executable holds it");
+  cr_assert_eq(cuGraphExecDestroy(x[1]), CUDA_SUCCESS);
+  cr_assert_eq(cuMemGetInfo(&free1, &total), CUDA_SUCCESS);
+  if (!fk_real())
+    cr_expect_geq(free1, free0 + N, "not freed with the last executable");
+  cr_assert_eq(cuMemFree(out), CUDA_SUCCESS);
+}
+
 static void *end_elsewhere(void *p) {
   cr_assert_eq(cuCtxPushCurrent(ctx), CUDA_SUCCESS);
   CUgraph g;

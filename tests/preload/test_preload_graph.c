@@ -91,6 +91,21 @@ Test(preload_graph, instantiate_found_at_11000_holds_the_graph_pool) {
   capture_under_the_shim("proc11");
 }
 
+/* Without the shim the graph destroyed after instantiation replays on the
+ * fake, as on a driver, through every form of instantiation (the fake
+ * freed the graph's memory with the graph before 2026-12-01). */
+Test(preload_graph, without_the_shim_a_lone_executable_replays) {
+  const char *env[] = {"LD_PRELOAD=", NULL};
+  const char *const hows[] = {"params", "v1", "v2", "proc11"};
+  for (int i = 0; i < 4; i++) {
+    const char *argv[] = {MP_GRAPH_PROG, "plain", hows[i], NULL};
+    spawn(argv, env, &r);
+    cr_assert(r.exited && r.code == 0, "%s: out: %s\nerr: %s", hows[i], r.out,
+              r.err);
+    cr_assert_str_eq(r.out, "ok\n", "%s", hows[i]);
+  }
+}
+
 /* A capture whose allocations came through the per-thread-default-stream
  * entry points (cuMemAllocAsync_ptsz) on an explicit stream, ended through
  * cuStreamEndCapture: the shim looked the capture up by handle and entry
