@@ -690,7 +690,7 @@ struct CUgraph_st {
   fk_node_t **nodes;
   size_t n, cap;
   fk_urefs_t urefs;
-  fk_gmem_t *gmem; /* NULL: nothing freed inside the graph */
+  fk_gmem_t *gmem; /* NULL: no memory node */
 };
 struct CUgraphExec_st {
   fk_node_t *nodes;
@@ -699,13 +699,16 @@ struct CUgraphExec_st {
   fk_gmem_t *gmem; /* its graph's, one reference more */
 };
 
-/* Adds p, freed inside graph g, to g's own memory. Under fk.lock. */
+/* Graph g has a memory node: adds p, freed inside g (0: an allocation
+ * node), to g's own memory. Under fk.lock. */
 static bool fk_gmem_own(struct CUgraph_st *g, mp_device_t *dev, CUdeviceptr p) {
   fk_gmem_t *m = g->gmem;
   if (m == NULL && (m = g->gmem = calloc(1, sizeof *m)) != NULL)
     m->refs = 1;
   if (m == NULL)
     return false;
+  if (p == 0)
+    return true;
   if (m->n == m->cap) {
     size_t cap = m->cap ? 2 * m->cap : 4;
     void *q = realloc(m->mem, cap * sizeof *m->mem);
@@ -2004,6 +2007,8 @@ static CUresult fk_alloc_async(mp_device_t *dev, CUdeviceptr *dptr,
     fk_node_t node = {
         .type = CU_GRAPH_NODE_TYPE_MEM_ALLOC, .dst = *dptr, .n = bytes};
     r = fk_capture_op(cap, &node, NULL);
+    if (r == CUDA_SUCCESS && !fk_gmem_own(cap->graph, dev, 0))
+      r = CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_unlock(&fk.lock);
   }
   if (r != CUDA_SUCCESS)
@@ -2973,10 +2978,22 @@ static CUresult fk_instantiate(CUgraphExec *out, CUgraph g) {
   for (size_t i = 0; i < g->n; i++)
     x->nodes[i] = *g->nodes[i];
   x->n = g->n;
+  /* cuda.h, cuGraphInstantiate: "If hGraph contains any allocation or free
+   * nodes, there can be at most one executable graph in existence for that
+   * graph at a time. An attempt to instantiate a second executable graph
+   * before destroying the first with cuGraphExecDestroy will result in an
+   * error" (which one is not said: CUDA_ERROR_INVALID_VALUE, the one the
+   * call lists). */
   pthread_mutex_lock(&fk.lock);
-  if ((x->gmem = g->gmem) != NULL)
+  bool second = g->gmem != NULL && g->gmem->refs > 1;
+  if (!second && (x->gmem = g->gmem) != NULL)
     x->gmem->refs++;
   pthread_mutex_unlock(&fk.lock);
+  if (second) {
+    free(x->nodes);
+    free(x);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   for (size_t i = 0; i < g->urefs.n; i++)
     if (!fk_urefs_add(&x->urefs, g->urefs.objs[i], g->urefs.counts[i], false)) {
       fk_urefs_drop(&x->urefs);
