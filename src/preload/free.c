@@ -114,7 +114,7 @@ void mp__pl_real_free_traced(const mp__pl_block_t *b, uintptr_t s) {
 
 void mp__pl_real_free_refused(const mp__pl_block_t *b) {
   mp__pl_table_restore(b);
-  mp__pl_record_alloc(b->ptr, b->size, b->stream, true);
+  mp__pl_record_unfree(b->ptr, b->size, b->stream);
 }
 
 mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
@@ -152,7 +152,7 @@ mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
     st = mp_pool_free_async(b->pool, ptr, mp__pl_stream(pl, s, ptsz));
   if (st != MP_OK) { /* still the program's (a paused pool): say so */
     mp__pl_table_put_pool(b->ptr, b->size, b->stream, b->pool);
-    mp__pl_record_alloc(b->ptr, b->size, b->stream, true);
+    mp__pl_record_unfree(b->ptr, b->size, b->stream);
   }
   return st;
 }

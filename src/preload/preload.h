@@ -259,6 +259,10 @@ mp_pool_t *mp__pl_pool_first(const mp__pl_t *pl);
 void mp__pl_record_open(const mp__pl_t *pl);
 void mp__pl_record_alloc(uintptr_t ptr, size_t size, uintptr_t stream, bool ok);
 void mp__pl_record_free(uintptr_t ptr, size_t size, uintptr_t stream);
+/* A free recorded before the call that then failed: counted as no free,
+ * and the block traced live again (the trace had said "free" first so
+ * that another thread's allocation of the address comes after it). */
+void mp__pl_record_unfree(uintptr_t ptr, size_t size, uintptr_t stream);
 /* Pinned and managed memory: counted and marked, never in the CSV. */
 void mp__pl_record_other(const char *what, uintptr_t ptr, size_t size);
 /* Bypasses of the pool: "capture", "other_device", "foreign_free". */

@@ -244,6 +244,25 @@ void mp__pl_record_free(uintptr_t ptr, size_t size, uintptr_t stream) {
   pthread_mutex_unlock(&mp__rec.lock);
 }
 
+void mp__pl_record_unfree(uintptr_t ptr, size_t size, uintptr_t stream) {
+  size_t reserved = mp__rec.json ? mp__reserved_now() : 0;
+  pthread_mutex_lock(&mp__rec.lock);
+  if (mp__rec.n.frees > 0)
+    mp__rec.n.frees--;
+  mp__rec.n.live += size;
+  /* The CSV knows allocate, free and allocate failure: live again is an
+   * allocate row at the same address (a replay sees the block live until
+   * its real free). The JSON trace names it. */
+  if (mp__rec.trace != NULL && !mp__rec.closed) {
+    if (!mp__rec.json)
+      mp__csv_line("allocate", ptr, size, stream);
+    else
+      mp__json_event("free refused", ptr, size, stream,
+                     reserved == SIZE_MAX ? mp__rec.n.live : reserved);
+  }
+  pthread_mutex_unlock(&mp__rec.lock);
+}
+
 void mp__pl_record_other(const char *what, uintptr_t ptr, size_t size) {
   pthread_mutex_lock(&mp__rec.lock);
   if (strcmp(what, "managed") == 0)

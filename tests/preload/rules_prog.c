@@ -59,7 +59,9 @@
  * rt LIB", the runtime's cudaMalloc and cudaFree), four threads each
  * allocate and free 64 KiB 5000 times, so that one thread's allocation
  * often gets the address another thread has just freed: the test reads
- * the trace the shim recorded (MEMPOOL_TRACE).
+ * the trace the shim recorded (MEMPOOL_TRACE). With "refused_free" (or
+ * "refused_free rt LIB"), a free during a global capture is refused, the
+ * capture ends, and the block is freed again, for good.
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -775,6 +777,34 @@ static void *trace_pairs(void *arg) {
   return NULL;
 }
 
+static int refused_free(void) {
+  CUstream cs;
+  CUgraph g = NULL;
+  void *q = NULL;
+  CUdeviceptr d = 0;
+  MP_TRY(cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING));
+  if (rt_malloc != NULL ? rt_malloc(&q, 1 << 16) != 0
+                        : cuMemAlloc(&d, 1 << 16) != CUDA_SUCCESS) {
+    puts("allocation failed");
+    return 1;
+  }
+  MP_TRY(cuStreamBeginCapture(cs, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  unsigned r = rt_free != NULL ? rt_free(q) : (unsigned)cuMemFree(d);
+  if (cuStreamEndCapture(cs, &g) == CUDA_SUCCESS && g != NULL)
+    MP_TRY(cuGraphDestroy(g));
+  if (r == 0) {
+    puts("the free in a global capture was not refused");
+    return 1;
+  }
+  if (rt_free != NULL ? rt_free(q) != 0 : cuMemFree(d) != CUDA_SUCCESS) {
+    puts("the refused block could not be freed after the capture");
+    return 1;
+  }
+  MP_TRY(cuStreamDestroy(cs));
+  puts("ok");
+  return 0;
+}
+
 static int trace_threads(void) {
   pthread_t t[TRACE_THREADS];
   int failed = 0;
@@ -829,6 +859,8 @@ static int runtime_modes(const char *mode, const char *lib) {
     return oom_in_capture();
   if (strcmp(mode, "trace_threads") == 0)
     return trace_threads();
+  if (strcmp(mode, "refused_free") == 0)
+    return refused_free();
   if (strcmp(mode, "cross_device") == 0)
     return cross_device();
   return free_modes(strcmp(mode, "alloc_modes") == 0);
@@ -894,6 +926,8 @@ int main(int argc, char **argv) {
     return free_probes();
   if (argc > 1 && strcmp(argv[1], "trace_threads") == 0)
     return trace_threads();
+  if (argc > 1 && strcmp(argv[1], "refused_free") == 0)
+    return refused_free();
   if (argc > 1 && strcmp(argv[1], "calls_in_capture") == 0) {
     const char *how = argc > 2 ? argv[2] : "";
     bool to_graph = strstr(how, "to_graph") == how;

@@ -11,6 +11,18 @@
 
 static spawn_result_t r;
 
+/* Rows of the CSV trace at path out of order (an allocate of an address
+ * live in the trace, a free of one not live), plus the blocks left live
+ * at its end; 0 when in order. Column 3 the action, 4 the pointer. */
+static int rows_out_of_order(const char *path) {
+  return sh("awk -F, 'NR > 1 && $3 == \"allocate\" { if ($4 in live) bad++; "
+            "live[$4] = 1 } NR > 1 && $3 == \"free\" { if (!($4 in live)) "
+            "bad++; delete live[$4] } END { for (p in live) bad++; if (bad) "
+            "print bad \" rows out of order or left live\" > \"/dev/stderr\"; "
+            "exit bad != 0 }' %s",
+            path);
+}
+
 /* Runs rules_prog trace_threads (rt: through LIB's cudaMalloc and
  * cudaFree) under the shim in mode, and checks the CSV trace. */
 static void trace_in_order(const char *mode, const char *lib) {
@@ -28,14 +40,8 @@ static void trace_in_order(const char *mode, const char *lib) {
   cr_assert_str_eq(r.out, "ok\n");
   cr_assert_eq(count_lines(trace, ",allocate,"), 4 * 5000);
   cr_assert_eq(count_lines(trace, ",free,"), 4 * 5000);
-  /* Column 3 the action, 4 the pointer. */
-  cr_assert_eq(sh("awk -F, 'NR > 1 && $3 == \"allocate\" { if ($4 in live) "
-                  "bad++; live[$4] = 1 } NR > 1 && $3 == \"free\" { if (!($4 "
-                  "in live)) bad++; delete live[$4] } END { if (bad) print "
-                  "bad \" rows out of order\" > \"/dev/stderr\"; exit bad != 0 "
-                  "}' %s",
-                  trace),
-               0, "%s: the trace has rows out of order", mode);
+  cr_assert_eq(rows_out_of_order(trace), 0,
+               "%s: the trace has rows out of order", mode);
   unlink(trace);
   rmdir(dir);
 }
@@ -51,4 +57,46 @@ Test(preload_trace_order, passthrough_runtime_frees_are_traced_before_reuse) {
 /* In pool mode the pool's blocks were already traced first. */
 Test(preload_trace_order, pool_frees_are_traced_before_reuse) {
   trace_in_order("pool", NULL);
+}
+
+/* A free the driver refuses (cuMemFree during a global capture), then the
+ * real free after the capture: the report counts one allocation and one
+ * free, and the trace has the block live until its real free. Traced
+ * before the real call (above), the refused free was undone as a second
+ * allocation: the report counted 2 and 2. */
+static void refused_free_counted_once(const char *mode, const char *lib) {
+  char dir[64], trace[128], report[128], e1[160], e2[160], e3[64];
+  scratch_dir(dir, sizeof dir);
+  snprintf(trace, sizeof trace, "%s/run.csv", dir);
+  snprintf(report, sizeof report, "%s/report.json", dir);
+  snprintf(e1, sizeof e1, "MEMPOOL_TRACE=%s", trace);
+  snprintf(e2, sizeof e2, "MEMPOOL_REPORT=%s", report);
+  snprintf(e3, sizeof e3, "MEMPOOL_PRELOAD=%s", mode);
+  const char *drv[] = {MP_RULES_PROG, "refused_free", NULL};
+  const char *rt[] = {MP_RULES_PROG, "refused_free", "rt", lib, NULL};
+  const char *env[] = {
+      "LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=cuda", e1, e2, e3, NULL};
+  spawn(lib != NULL ? rt : drv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_str_eq(r.out, "ok\n");
+  cr_expect_eq(
+      sh("python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))"
+         "[\"calls\"]; sys.exit(0 if c[\"allocate\"]==1 and c[\"free\"]==1 "
+         "else 1)' %s",
+         report),
+      0, "%s: report: %s", mode, (slurp(report, r.out, sizeof r.out), r.out));
+  cr_expect_eq(rows_out_of_order(trace), 0, "%s: the trace", mode);
+  unlink(trace);
+  unlink(report);
+  rmdir(dir);
+}
+
+Test(preload_trace_order, a_refused_passthrough_free_is_counted_once) {
+  refused_free_counted_once("passthrough", NULL);
+  refused_free_counted_once("passthrough", MP_STAND_RUNTIME);
+}
+
+Test(preload_trace_order, a_refused_pool_free_is_counted_once) {
+  refused_free_counted_once("pool", NULL);
+  refused_free_counted_once("pool", MP_STAND_RUNTIME);
 }
