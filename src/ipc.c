@@ -93,9 +93,16 @@ static mp_status_t mp__ipc_check(const mp_device_t *dev,
    * descriptor of the program (a file, a pipe) is no lease, and closing
    * it later would close the program's own. */
   struct stat sb;
-  if (fstat(h->lease_fd, &sb) != 0 || !S_ISSOCK(sb.st_mode))
+  int domain = -1;
+  socklen_t dlen = sizeof domain;
+  /* A Unix socket, as the export's socketpair: another kind (TCP with
+   * SO_LINGER set, say) may block its close, which is made under the
+   * process's IPC lock. */
+  if (fstat(h->lease_fd, &sb) != 0 || !S_ISSOCK(sb.st_mode) ||
+      getsockopt(h->lease_fd, SOL_SOCKET, SO_DOMAIN, &domain, &dlen) != 0 ||
+      domain != AF_UNIX)
     return mp__fail(MP_EINVAL,
-                    "mp_ipc_import: lease descriptor %d is not a socket "
+                    "mp_ipc_import: lease descriptor %d is not a Unix socket "
                     "(the lease end mp_pool_ipc_export made)",
                     h->lease_fd);
   if (h->bytes == 0 || h->mem_bytes == 0 || h->offset > h->mem_bytes ||

@@ -295,7 +295,10 @@ mp_status_t mpb_replay_fits(const mpb_workload_t *w, const char *allocator,
    * for more than this probe device has: a pool capped at a share of its
    * device (max_fraction) whose share is under its alignment is
    * MP_EINVAL. The options themselves were checked, and the run made, on
-   * the user's device before any probe. */
+   * the user's device before any probe, and a probe's device differs from
+   * it only in its capacity (host devices take any capacity above 0, and
+   * a probe is never below the trace's peak live bytes): a refusal here
+   * is the capacity's. */
   if (st == MP_ENOMEM || st == MP_ELIMIT || st == MP_EINVAL) {
     *fits = false;
     return MP_OK;

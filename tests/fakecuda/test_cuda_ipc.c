@@ -66,6 +66,14 @@ Test(cuda_ipc, a_handle_claiming_more_memory_than_it_names_is_einval) {
   ipc_round_trip_as("cuda", "virtual=0", IPC_CHILD_FORGED);
 }
 
+/* A CUDA IPC handle (a plain segment's: cuIpcGetMemHandle) carries no
+ * descriptor. One naming a descriptor of the importer's own is MP_EINVAL
+ * and leaves it open; the import used to succeed and then close it, as it
+ * closes the memory descriptor of a virtual block's handle once mapped. */
+Test(cuda_ipc, a_cuda_handle_naming_a_descriptor_is_einval_and_keeps_it) {
+  ipc_round_trip_as("cuda", "virtual=0", IPC_CHILD_FORGED_FD);
+}
+
 Test(cuda_ipc, a_virtual_handle_claiming_more_memory_is_einval) {
   skip_without_vmm_fd();
   ipc_round_trip_as("cuda", NULL, IPC_CHILD_FORGED);

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <mempool/mempool.h>
@@ -94,8 +95,9 @@ Test(pool_ipc_args, bad_handles_are_einval_and_keep_their_descriptors) {
   bad[4].offset = good.mem_bytes; /* the block would lie outside */
   snprintf(bad[5].backend, sizeof bad[5].backend, "cuda");
   bad[6].fd = pipefd[0]; /* not device memory */
-  /* A CUDA IPC handle carries no descriptor: the import would have closed
-   * the one named, the program's own. */
+  /* A CUDA IPC handle carries no descriptor (refused here by the check and
+   * by the host device alike; test_cuda_ipc.c shows the check on a CUDA
+   * handle, which imported and closed the descriptor named). */
   bad[7].kind = MP_IPC_CUDA;
   for (int i = 0; i < 8; i++) {
     cr_expect_eq(mp_ipc_import(dev, &bad[i], &q), MP_EINVAL, "bad handle %d",
@@ -201,6 +203,21 @@ Test(pool_ipc_args, a_lease_descriptor_that_is_no_socket_is_einval) {
   cr_expect_eq(bad.lease_fd, pipefd[0], "a refusal changed the handle");
   cr_expect(fd_open(pipefd[0]) && fd_open(good.fd) && fd_open(good.lease_fd),
             "a refused import closed a descriptor");
+  /* Nor is a socket of another kind than the export's Unix socketpair:
+   * its close, made under the process's IPC lock, might block (a TCP
+   * socket with SO_LINGER). */
+  int tcp = socket(AF_INET, SOCK_STREAM, 0);
+  cr_assert_geq(tcp, 0);
+  bad.lease_fd = tcp;
+  st = mp_ipc_import(dev, &bad, &q);
+  if (st == MP_OK)
+    (void)mp_ipc_close(dev, q);
+  cr_expect_eq(st, MP_EINVAL, "a TCP socket was taken for a lease");
+  cr_expect(strstr(mp_last_error(), "not a Unix socket") != NULL, "%s",
+            mp_last_error());
+  cr_expect(fd_open(tcp) && fd_open(good.fd) && fd_open(good.lease_fd),
+            "a refused import closed a descriptor");
+  close(tcp);
   cr_assert_eq(mp_ipc_handle_close(&good), MP_OK);
   close(pipefd[0]);
   close(pipefd[1]);

@@ -5,6 +5,7 @@
 #ifndef MEMPOOL_TEST_IPC_CHILD_H
 #define MEMPOOL_TEST_IPC_CHILD_H
 
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,10 +20,14 @@ typedef enum ipc_child_mode {
   IPC_CHILD_CLOSE,      /* import, write, close, report */
   IPC_CHILD_WAIT_CLOSE, /* as CLOSE, but wait for 'G' before closing */
   IPC_CHILD_WAIT_EXIT,  /* wait for 'G', then exit without closing */
-  IPC_CHILD_FORGED      /* as CLOSE, after a copy of the handle that
+  IPC_CHILD_FORGED,     /* as CLOSE, after a copy of the handle that
                            claims more memory (its block past the real
                            allocation's end) was refused, h left as it
                            was */
+  IPC_CHILD_FORGED_FD   /* as CLOSE, after a copy of a CUDA IPC handle
+                           (which carries no descriptor) naming one of the
+                           importer's own descriptors was refused and left
+                           that descriptor open */
 } ipc_child_mode_t;
 
 static inline unsigned char ipc_byte(size_t i, unsigned tag) {
@@ -75,6 +80,21 @@ static inline int ipc_child(int sock, const char *spec, ipc_child_mode_t mode) {
       return 20;
     if (f.fd != h.fd || f.lease_fd != h.lease_fd)
       return 21;
+  }
+  if (mode == IPC_CHILD_FORGED_FD) {
+    int own = dup(sock);
+    if (h.kind != MP_IPC_CUDA || own < 0)
+      return 22;
+    mp_ipc_handle_t f = h;
+    f.fd = own;
+    mp_status_t st = mp_ipc_import(d, &f, &p);
+    if (st == MP_OK)
+      (void)mp_ipc_close(d, p);
+    if (st != MP_EINVAL)
+      return 23;
+    if (fcntl(own, F_GETFD) == -1)
+      return 24; /* the refusal closed the importer's own descriptor */
+    close(own);
   }
   if (mp_ipc_import(d, &h, &p) != MP_OK)
     return 12;
