@@ -66,6 +66,8 @@
 /* Records a one-line message for mp_last_error() in this thread and returns
  * st, so that failing paths read `return mp__fail(MP_EINVAL, "...", ...);`. */
 mp_status_t mp__fail(mp_status_t st, const char *fmt, ...) MP__PRINTF(2, 3);
+/* The status the last mp__fail on this thread gave (MP_OK: none yet). */
+mp_status_t mp__last_failure(void);
 /* Input quoted in an error message (an option value, a path): s's len
  * bytes as they are when they fit in cap - 1 bytes, else their head and
  * tail around "...", so that a long input leaves room in the message

@@ -12,6 +12,10 @@
 #include "internal.h"
 
 static _Thread_local char mp__error_buf[MP__ERROR_MAX];
+/* The status of the last mp__fail on this thread, with its message
+ * (mp__last_failure): for a call that returned NULL and must say why as a
+ * status. */
+static _Thread_local mp_status_t mp__error_st = MP_OK;
 
 const char *mp_status_string(mp_status_t s) {
   switch (s) {
@@ -63,7 +67,12 @@ mp_status_t mp__fail(mp_status_t st, const char *fmt, ...) {
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   memcpy(mp__error_buf, msg, sizeof msg);
+  mp__error_st = st;
   return st;
+}
+
+mp_status_t mp__last_failure(void) {
+  return mp__error_st;
 }
 
 void mp__assert_fail(const char *cond, const char *file, int line,

@@ -332,10 +332,15 @@ void mp_torch_reset(void) {
   mp__default_each(mp__torch_trim);
 }
 
-void mp_torch_memory_fraction(double fraction, int device) {
+mp_status_t mp_torch_memory_fraction_ex(double fraction, int device) {
   mp_pool_t *pool = mp__default_pool_for(device);
-  if (pool != NULL)
-    (void)mp_pool_set_max_fraction(pool, fraction);
+  if (pool == NULL)
+    return mp__last_failure() != MP_OK ? mp__last_failure() : MP_EINVAL;
+  return mp_pool_set_max_fraction(pool, fraction);
+}
+
+void mp_torch_memory_fraction(double fraction, int device) {
+  (void)mp_torch_memory_fraction_ex(fraction, device);
 }
 
 void *mp_torch_base_alloc(void *ptr, size_t *size) {
@@ -352,14 +357,16 @@ void *mp_torch_base_alloc(void *ptr, size_t *size) {
   return base;
 }
 
-void mp_torch_record_stream(void *ptr, mp_stream_t stream) {
+mp_status_t mp_torch_record_stream_ex(void *ptr, mp_stream_t stream) {
   mp_pool_t *pool =
       ptr != NULL ? mp__default_owner(ptr, "mp_torch_record_stream") : NULL;
-  if (pool == NULL) {
-    mp__fail(MP_EINVAL, "mp_torch_record_stream: %p is no pool's", ptr);
-    return;
-  }
-  (void)mp_pool_record_stream(pool, ptr, stream);
+  if (pool == NULL)
+    return mp__fail(MP_EINVAL, "mp_torch_record_stream: %p is no pool's", ptr);
+  return mp_pool_record_stream(pool, ptr, stream);
+}
+
+void mp_torch_record_stream(void *ptr, mp_stream_t stream) {
+  (void)mp_torch_record_stream_ex(ptr, stream);
 }
 
 void mp_torch_begin_allocate_to_pool(int device, mp_torch_pool_id_t id,

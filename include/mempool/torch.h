@@ -62,14 +62,22 @@ MP_API void mp_torch_init(int device_count);
  * destroyed (never the memory of a graph that may still be replayed). */
 MP_API void mp_torch_reset(void);
 /* set_memory_fraction_fn (torch.cuda.set_per_process_memory_fraction):
- * mp_pool_set_max_fraction on device's pool. */
+ * mp_pool_set_max_fraction on device's pool. PyTorch's hook returns
+ * nothing, so a refusal (a device no pool serves, a fraction whose share
+ * is under the alignment, a paused pool) is in mp_last_error() only;
+ * mp_torch_memory_fraction_ex returns it (mempool.torch raises it). */
 MP_API void mp_torch_memory_fraction(double fraction, int device);
+MP_API mp_status_t mp_torch_memory_fraction_ex(double fraction, int device);
 /* set_base_alloc_fn: the live block holding ptr, its start returned and its
  * size in *size (PyTorch asks for the allocation a tensor's storage lies
  * in); ptr itself and *size unchanged when no pool holds it. */
 MP_API void *mp_torch_base_alloc(void *ptr, size_t *size);
-/* set_record_stream_fn (tensor.record_stream): mp_pool_record_stream. */
+/* set_record_stream_fn (tensor.record_stream): mp_pool_record_stream.
+ * ptr is the block's start, as PyTorch passes its storage's pointer (a
+ * view's data pointer inside the block is refused). _ex returns the
+ * status the void hook drops. */
 MP_API void mp_torch_record_stream(void *ptr, mp_stream_t stream);
+MP_API mp_status_t mp_torch_record_stream_ex(void *ptr, mp_stream_t stream);
 
 /* PyTorch's MempoolId_t (std::pair<unsigned long long, unsigned long long>)
  * as two numbers; a graph's capture and graphs sharing a pool (pool=) name

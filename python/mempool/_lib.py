@@ -91,7 +91,9 @@ _PROTOTYPES = {
     "mp_torch_init": (None, [ctypes.c_int]),
     "mp_torch_reset": (None, []),
     "mp_torch_memory_fraction": (None, [ctypes.c_double, ctypes.c_int]),
+    "mp_torch_memory_fraction_ex": (_st, [ctypes.c_double, ctypes.c_int]),
     "mp_torch_record_stream": (None, [_c, _c]),
+    "mp_torch_record_stream_ex": (_st, [_c, _c]),
 }
 
 _lib = None

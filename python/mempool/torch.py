@@ -95,17 +95,31 @@ def set_memory_fraction(fraction, device=0):
     """torch.cuda.set_per_process_memory_fraction() for mempool: caps the
     default pool of device at fraction of its memory; 0 lifts the cap.
     A fraction outside [0, 1] (NaN included) or a device that is not a
-    number from 0 to 2**31 - 1 (a C int): ValueError (the C hook returns
-    nothing: it would ignore the first, and ctypes wrap the second, 2**32
-    capping device 0)."""
+    number from 0 to 2**31 - 1 (a C int): ValueError (ctypes would wrap
+    2**32 to device 0). A refusal of the library's (a device the default
+    pools do not serve, a share under the alignment, a paused pool):
+    MempoolError, the cap as it was."""
     fraction = float(fraction)
     if not 0.0 <= fraction <= 1.0:
         raise ValueError("set_memory_fraction: fraction %r is not in [0, 1]" % fraction)
     _device_number(device, "set_memory_fraction")
-    _lib.lib().mp_torch_memory_fraction(fraction, device)
+    from . import _check
+    _check(_lib.lib().mp_torch_memory_fraction_ex(fraction, device),
+           "mp_torch_memory_fraction")
+
+
+def _storage_ptr(tensor):
+    """The start of the memory block holding tensor: its storage's pointer,
+    as Tensor.record_stream records (a view's data_ptr() lies inside)."""
+    st = getattr(tensor, "untyped_storage", None) or getattr(tensor, "storage", None)
+    return st().data_ptr() if st is not None else tensor.data_ptr()
 
 
 def record_stream(tensor, stream):
     """tensor.record_stream(stream) for mempool: the tensor's block is
-    reused elsewhere only after the work queued on stream has completed."""
-    _lib.lib().mp_torch_record_stream(tensor.data_ptr(), stream.cuda_stream)
+    reused elsewhere only after the work queued on stream has completed.
+    A view records its whole block, as PyTorch's does. A refusal (memory no
+    pool of mempool's holds, a stream of another device): MempoolError."""
+    from . import _check
+    _check(_lib.lib().mp_torch_record_stream_ex(_storage_ptr(tensor), stream.cuda_stream),
+           "mp_torch_record_stream")

@@ -146,3 +146,84 @@ def test_use_that_pytorch_refuses_leaves_mempool_device_as_it_was(monkeypatch):
         with pytest.raises(TypeError, match="device"):
             mempool.torch.use(device=bad)
         assert "MEMPOOL_DEVICE" not in os.environ
+
+
+def test_set_memory_fraction_raises_what_the_library_refuses():
+    # The C hook returns nothing: a device the default pools do not serve
+    # (the host backend serves device 0) left every pool uncapped, silently.
+    r = _run(_MALLOC + """
+try:
+    mempool.torch.set_memory_fraction(0.5, 1)
+except mempool.MempoolError as e:
+    print("raised", e.name)
+else:
+    print("no exception")
+mempool.torch.set_memory_fraction(16 / 1024, 0)   # still works: 16 MiB
+print(lib.mp_torch_malloc(32 << 20, 0, None) is None)
+""")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["raised", "MP_ENODEV", "True"], r.stdout
+
+
+_RECORD = _MALLOC + r"""
+import threading
+V = ctypes.c_void_p
+lib.mp_default_pool.restype = V
+lib.mp_pool_device.restype = V
+lib.mp_pool_device.argtypes = [V]
+lib.mp_stream_create.argtypes = [V, ctypes.POINTER(V)]
+lib.mp_stream_synchronize.argtypes = [V, V]
+HOSTFN = ctypes.CFUNCTYPE(None, V)
+lib.mp_stream_launch_host.argtypes = [V, V, HOSTFN, V]
+dev = lib.mp_pool_device(lib.mp_default_pool())
+def stream():
+    s = V()
+    assert lib.mp_stream_create(dev, ctypes.byref(s)) == 0
+    return s.value
+a, b, c = stream(), stream(), stream()
+gate = threading.Event()
+hold = HOSTFN(lambda arg: gate.wait())
+assert lib.mp_stream_launch_host(dev, b, hold, None) == 0   # b is busy
+p = lib.mp_torch_malloc(1 << 20, 0, a)
+class Storage:
+    def data_ptr(self): return p
+class Tensor:                  # a view x[16:] of a float tensor
+    def data_ptr(self): return p + OFFSET
+    def untyped_storage(self): return Storage()
+class Stream:
+    cuda_stream = b
+mempool.torch.record_stream(Tensor(), Stream())   # used on b
+lib.mp_torch_free(p, 1 << 20, 0, a)
+q = lib.mp_torch_malloc(2 << 20, 0, c)
+print("reused" if q == p else "held")
+gate.set()
+lib.mp_stream_synchronize(dev, b)
+"""
+
+
+@pytest.mark.parametrize("offset", [0, 64])
+def test_record_stream_of_a_view_holds_its_whole_block(offset):
+    # A view's data_ptr() lies inside the block: the library refused it,
+    # the hook dropped the refusal, nothing was recorded, and another
+    # stream got the block while b's work still used it. PyTorch's own
+    # Tensor.record_stream records the storage's pointer.
+    r = _run(_RECORD.replace("OFFSET", str(offset)))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "held", "reused while b's work was queued"
+
+
+def test_record_stream_of_memory_no_pool_holds_raises():
+    r = _run(_MALLOC + """
+import ctypes
+buf = ctypes.create_string_buffer(64)
+class Tensor:
+    def data_ptr(self): return ctypes.addressof(buf)
+class Stream:
+    cuda_stream = None
+try:
+    mempool.torch.record_stream(Tensor(), Stream())
+except mempool.MempoolError as e:
+    print("raised", e.name)
+""")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["raised", "MP_EINVAL"], r.stdout

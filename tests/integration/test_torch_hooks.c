@@ -107,6 +107,26 @@ Test(torch_hooks_arenas, base_alloc_finds_the_block_in_an_arena) {
   cr_expect_eq(size, 7);
 }
 
+/* The hooks return nothing, as PyTorch's take; their _ex twins say a
+ * refusal as a status and change nothing (mempool.torch raises it). */
+Test(torch_hooks, the_ex_twins_return_what_the_hooks_drop) {
+  cr_expect_eq(mp_torch_memory_fraction_ex(0.5, 1), MP_ENODEV,
+               "a device the host backend does not serve: %s", mp_last_error());
+  cr_expect_eq(mp_torch_memory_fraction_ex(2.0, 0), MP_EINVAL);
+  cr_expect_eq(mp_torch_memory_fraction_ex(0, 0), MP_OK, "%s", mp_last_error());
+  void *p = alloc_fn(MiB, 0, NULL);
+  cr_assert_not_null(p);
+  cr_expect_eq(mp_torch_record_stream_ex(p, NULL), MP_OK, "%s",
+               mp_last_error());
+  /* A view's data pointer inside the block: PyTorch passes the storage's
+   * start; the refusal is said, not swallowed. */
+  cr_expect_eq(mp_torch_record_stream_ex((char *)p + 64, NULL), MP_EINVAL);
+  cr_expect_eq(mp_torch_record_stream_ex(NULL, NULL), MP_EINVAL);
+  int local;
+  cr_expect_eq(mp_torch_record_stream_ex(&local, NULL), MP_EINVAL);
+  free_fn(p, MiB, 0, NULL);
+}
+
 /* record_stream: the block waits for the recorded stream's work before
  * another stream reuses it. */
 Test(torch_hooks, record_stream_holds_the_block_for_the_streams_work) {
