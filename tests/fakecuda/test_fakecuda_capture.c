@@ -417,6 +417,22 @@ Test(fakecuda_capture, stream_ordered_allocation_becomes_graph_nodes) {
   cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
 }
 
+/* A graph captured on s: n bytes allocated (cuMemAllocAsync), set to v,
+ * their first 256 copied to out (0: none), and freed (cuMemFreeAsync). */
+static CUgraph capture_temporary(size_t n, unsigned char v, CUdeviceptr out) {
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  CUdeviceptr tmp = 0;
+  cr_assert_eq(cuMemAllocAsync(&tmp, n, s), CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8Async(tmp, v, n, s), CUDA_SUCCESS);
+  if (out != 0)
+    cr_assert_eq(cuMemcpyAsync(out, tmp, 256, s), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFreeAsync(tmp, s), CUDA_SUCCESS);
+  CUgraph g = NULL;
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  return g;
+}
+
 /* An executable stands alone once made (cuda.h, cuGraphInstantiate: the
  * graph may be destroyed), and owns the memory of the allocations its
  * graph frees inside itself (the Programming Guide, "Graph Memory Nodes"):
@@ -428,15 +444,7 @@ Test(fakecuda_capture, an_executable_keeps_its_graphs_memory_after_the_graph) {
   enum { N = 1 << 20 };
   CUdeviceptr out;
   cr_assert_eq(cuMemAlloc(&out, 256), CUDA_SUCCESS);
-  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
-               CUDA_SUCCESS);
-  CUdeviceptr tmp = 0;
-  cr_assert_eq(cuMemAllocAsync(&tmp, N, s), CUDA_SUCCESS);
-  cr_assert_eq(cuMemsetD8Async(tmp, 5, N, s), CUDA_SUCCESS);
-  cr_assert_eq(cuMemcpyAsync(out, tmp, 256, s), CUDA_SUCCESS);
-  cr_assert_eq(cuMemFreeAsync(tmp, s), CUDA_SUCCESS);
-  CUgraph g;
-  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  CUgraph g = capture_temporary(N, 5, out);
   CUgraphExec x, y;
   cr_assert_eq(cuGraphInstantiate(&x, g, 0), CUDA_SUCCESS);
   /* A graph with memory nodes has one executable at a time (cuda.h,
@@ -468,14 +476,7 @@ Test(fakecuda_capture, an_executable_keeps_its_graphs_memory_after_the_graph) {
 
 /* The second executable is allowed once the first is destroyed. */
 Test(fakecuda_capture, a_graph_with_memory_nodes_has_one_executable_at_a_time) {
-  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
-               CUDA_SUCCESS);
-  CUdeviceptr tmp = 0;
-  cr_assert_eq(cuMemAllocAsync(&tmp, 4096, s), CUDA_SUCCESS);
-  cr_assert_eq(cuMemsetD8Async(tmp, 1, 4096, s), CUDA_SUCCESS);
-  cr_assert_eq(cuMemFreeAsync(tmp, s), CUDA_SUCCESS);
-  CUgraph g;
-  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  CUgraph g = capture_temporary(4096, 1, 0);
   CUgraphExec x, y;
   cr_assert_eq(cuGraphInstantiate(&x, g, 0), CUDA_SUCCESS);
   cr_expect_neq(cuGraphInstantiate(&y, g, 0), CUDA_SUCCESS);

@@ -23,27 +23,46 @@ static int rows_out_of_order(const char *path) {
             path);
 }
 
-/* Runs rules_prog trace_threads (rt: through LIB's cudaMalloc and
- * cudaFree) under the shim in mode, and checks the CSV trace. */
-static void trace_in_order(const char *mode, const char *lib) {
-  char dir[64], trace[128], env_trace[160], env_mode[64];
-  scratch_dir(dir, sizeof dir);
-  snprintf(trace, sizeof trace, "%s/run.csv", dir);
-  snprintf(env_trace, sizeof env_trace, "MEMPOOL_TRACE=%s", trace);
-  snprintf(env_mode, sizeof env_mode, "MEMPOOL_PRELOAD=%s", mode);
-  const char *drv[] = {MP_RULES_PROG, "trace_threads", NULL};
-  const char *rt[] = {MP_RULES_PROG, "trace_threads", "rt", lib, NULL};
-  const char *env[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=cuda", env_trace,
-                       env_mode, NULL};
+/* Files of one run: its scratch folder, the CSV trace and the report. */
+typedef struct run_files {
+  char dir[64], trace[128], report[128];
+} run_files_t;
+
+/* Runs rules_prog WHAT (rt: through LIB's cudaMalloc and cudaFree) under
+ * the shim in mode, tracing to f->trace and reporting to f->report. */
+static void run_traced(const char *what, const char *mode, const char *lib,
+                       run_files_t *f) {
+  char e1[160], e2[160], e3[64];
+  scratch_dir(f->dir, sizeof f->dir);
+  snprintf(f->trace, sizeof f->trace, "%s/run.csv", f->dir);
+  snprintf(f->report, sizeof f->report, "%s/report.json", f->dir);
+  snprintf(e1, sizeof e1, "MEMPOOL_TRACE=%s", f->trace);
+  snprintf(e2, sizeof e2, "MEMPOOL_REPORT=%s", f->report);
+  snprintf(e3, sizeof e3, "MEMPOOL_PRELOAD=%s", mode);
+  const char *drv[] = {MP_RULES_PROG, what, NULL};
+  const char *rt[] = {MP_RULES_PROG, what, "rt", lib, NULL};
+  const char *env[] = {
+      "LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=cuda", e1, e2, e3, NULL};
   spawn(lib != NULL ? rt : drv, env, &r);
   cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
   cr_assert_str_eq(r.out, "ok\n");
-  cr_assert_eq(count_lines(trace, ",allocate,"), 4 * 5000);
-  cr_assert_eq(count_lines(trace, ",free,"), 4 * 5000);
-  cr_assert_eq(rows_out_of_order(trace), 0,
+}
+
+static void drop_files(run_files_t *f) {
+  unlink(f->trace);
+  unlink(f->report);
+  rmdir(f->dir);
+}
+
+/* rules_prog trace_threads in mode: the CSV trace in order. */
+static void trace_in_order(const char *mode, const char *lib) {
+  run_files_t f;
+  run_traced("trace_threads", mode, lib, &f);
+  cr_assert_eq(count_lines(f.trace, ",allocate,"), 4 * 5000);
+  cr_assert_eq(count_lines(f.trace, ",free,"), 4 * 5000);
+  cr_assert_eq(rows_out_of_order(f.trace), 0,
                "%s: the trace has rows out of order", mode);
-  unlink(trace);
-  rmdir(dir);
+  drop_files(&f);
 }
 
 Test(preload_trace_order, passthrough_driver_frees_are_traced_before_reuse) {
@@ -65,30 +84,16 @@ Test(preload_trace_order, pool_frees_are_traced_before_reuse) {
  * before the real call (above), the refused free was undone as a second
  * allocation: the report counted 2 and 2. */
 static void refused_free_counted_once(const char *mode, const char *lib) {
-  char dir[64], trace[128], report[128], e1[160], e2[160], e3[64];
-  scratch_dir(dir, sizeof dir);
-  snprintf(trace, sizeof trace, "%s/run.csv", dir);
-  snprintf(report, sizeof report, "%s/report.json", dir);
-  snprintf(e1, sizeof e1, "MEMPOOL_TRACE=%s", trace);
-  snprintf(e2, sizeof e2, "MEMPOOL_REPORT=%s", report);
-  snprintf(e3, sizeof e3, "MEMPOOL_PRELOAD=%s", mode);
-  const char *drv[] = {MP_RULES_PROG, "refused_free", NULL};
-  const char *rt[] = {MP_RULES_PROG, "refused_free", "rt", lib, NULL};
-  const char *env[] = {
-      "LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=cuda", e1, e2, e3, NULL};
-  spawn(lib != NULL ? rt : drv, env, &r);
-  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
-  cr_assert_str_eq(r.out, "ok\n");
+  run_files_t f;
+  run_traced("refused_free", mode, lib, &f);
   cr_expect_eq(
       sh("python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))"
          "[\"calls\"]; sys.exit(0 if c[\"allocate\"]==1 and c[\"free\"]==1 "
          "else 1)' %s",
-         report),
-      0, "%s: report: %s", mode, (slurp(report, r.out, sizeof r.out), r.out));
-  cr_expect_eq(rows_out_of_order(trace), 0, "%s: the trace", mode);
-  unlink(trace);
-  unlink(report);
-  rmdir(dir);
+         f.report),
+      0, "%s: report: %s", mode, (slurp(f.report, r.out, sizeof r.out), r.out));
+  cr_expect_eq(rows_out_of_order(f.trace), 0, "%s: the trace", mode);
+  drop_files(&f);
 }
 
 Test(preload_trace_order, a_refused_passthrough_free_is_counted_once) {
