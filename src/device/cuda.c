@@ -641,9 +641,11 @@ static mp_status_t mp__cuda_free(mp_device_t *dev, void *ptr) {
                     "mp_device_free: %p is not an allocation of %s (foreign "
                     "or already freed)",
                     ptr, dev->name);
-  /* cuMemFree waits for the context's work itself (the Programming Guide:
-   * cudaFree synchronizes; the strict fake models it): no separate
-   * cuCtxSynchronize before it. */
+  /* No cuCtxSynchronize before it: cuda.h promises only that cuMemFree
+   * "may perform implicit synchronization", so every caller frees a
+   * segment only once the work using it is done (the pool after a sync of
+   * its streams or their events, the direct allocator after its event);
+   * the fake waits anyway, as drivers do in practice. */
   CUresult r = mp__cuda_push(cd);
   if (r == CUDA_SUCCESS) {
     mp__cuda_relaxed_t rx = mp__cuda_relax();

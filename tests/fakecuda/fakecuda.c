@@ -3347,16 +3347,18 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
     default: return CUDA_ERROR_INVALID_VALUE;
     }
   }
-  /* Every byte must lie in mappings (cuda.h); then the access is recorded
-   * on each (cuFakeAccessMask) and copies and memsets check it
-   * (fk_access_ok). */
+  /* "The range must be a fully mapped address range containing all
+   * allocations created by cuMemMap / cuMemCreate" (cuda.h,
+   * cuMemSetAccess): whole mappings, every byte in one, none cut at
+   * either end. Then the access is recorded on each (cuFakeAccessMask) and
+   * copies and memsets check it (fk_access_ok). */
   pthread_mutex_lock(&fk.lock);
   uintptr_t at = (uintptr_t)ptr, end = at + size;
   CUresult r = CUDA_SUCCESS;
   while (at < end && r == CUDA_SUCCESS) {
     size_t i = fk_range_lower(at + 1);
-    if (i == 0 || at - fk.ranges[i - 1].base >= fk.ranges[i - 1].size ||
-        fk.ranges[i - 1].phys == NULL)
+    if (i == 0 || at != fk.ranges[i - 1].base ||
+        fk.ranges[i - 1].phys == NULL || fk.ranges[i - 1].size > end - at)
       r = CUDA_ERROR_INVALID_VALUE;
     else
       at = fk.ranges[i - 1].base + fk.ranges[i - 1].size;

@@ -479,6 +479,13 @@ Test(fakecuda_rules, a_mapping_is_accessible_only_as_cu_mem_set_access_says) {
   if (!fk_real()) /* not a CUmemAccess_flags value: undefined on a GPU */
     cr_expect_eq(cuMemSetAccess(va, g, &d, 1), CUDA_ERROR_INVALID_VALUE);
   d.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
+  /* "a fully mapped address range containing all allocations" (cuda.h):
+   * not a part of the mapping, at either end. */
+  if (!fk_real()) {
+    cr_expect_eq(cuMemSetAccess(va, g / 2, &d, 1), CUDA_ERROR_INVALID_VALUE);
+    cr_expect_eq(cuMemSetAccess(va + g / 2, g / 2, &d, 1),
+                 CUDA_ERROR_INVALID_VALUE);
+  }
   cr_assert_eq(cuMemSetAccess(va, g, &d, 1), CUDA_SUCCESS);
   cr_expect_eq(cuMemcpyAsync(buf, va, g, NULL), CUDA_SUCCESS, "read-only");
   cr_assert_eq(cuCtxSynchronize(), CUDA_SUCCESS);
