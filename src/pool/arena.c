@@ -131,7 +131,8 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
     return st;
   }
   a->arena = true;
-  a->cap = pool->cap; /* the virtual range is the cap's size */
+  a->cap = pool->cap;
+  a->va_basis = pool->va_basis; /* its virtual range's size (vrange.c) */
   a->cap_is_max = pool->cap_is_max;
   a->granule = pool->granule;
   /* The peers given to mp_pool_set_access, before anything is mapped. */

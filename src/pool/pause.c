@@ -135,14 +135,16 @@ static mp_status_t mp__chunks_to(mp_pool_t *pool, mp__segment_t *v, size_t *m,
 
 /* Under the lock, paused: chunks [0, m) of the pool's virtual segment stay
  * mapped (m > 0 after an undo that failed). The stats say so: reserved is
- * their bytes (device memory held, stats.h), free stays 0 (a paused pool
- * serves nothing). */
+ * their bytes (device memory held, stats.h) and segment_count their number
+ * (the chunks held now: a pool with plain segments is never paused), free
+ * stays 0 (a paused pool serves nothing). */
 static void mp__pause_mapped_set(mp_pool_t *pool, size_t m) {
   size_t held = 0;
   for (size_t i = 0; i < m; i++)
     held += pool->vseg->chunks[i].size;
   pool->pause_mapped = m;
   pool->st.reserved_bytes = held;
+  pool->st.segment_count = m;
 }
 
 /* Records what a pause unmapped or a resume mapped (action: segment_unmap
@@ -362,6 +364,7 @@ static void mp__resume_finish(mp_pool_t *pool) {
   pool->st.device_alloc_count += v ? v->nchunks - from : 0;
   mp__chunks_history(pool, v, from, MP__H_SEGMENT_MAP);
   pool->st.reserved_bytes = pool->paused_reserved;
+  pool->st.segment_count = v ? v->nchunks : 0;
   /* mp_pool_reset_peaks while paused set the peak to 0. */
   mp__stats_peaks(pool);
 }

@@ -109,6 +109,11 @@ mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
     mp__pool_free_host(pool);
     return st;
   }
+  size_t total = 0;
+  pool->va_basis =
+      mp_device_mem_info(dev, NULL, &total) == MP_OK && total > pool->cap
+          ? total
+          : pool->cap;
   if (cfg->release_fraction > 0) {
     if (pool->cap == SIZE_MAX) {
       mp__pool_free_host(pool);

@@ -519,6 +519,11 @@ struct mp_pool {
    * streams its replays may still run on: graph.c). Cleared by the first
    * sync that began at or after it (stream.c). */
   uint64_t sync_device_from;
+  /* vrange.c: what the virtual range is sized from, the device's size
+   * where it is larger than the cap (set at create; an arena's is its
+   * pool's): mp_pool_set_max_fraction may raise the cap up to it after
+   * the range is reserved. */
+  size_t va_basis;
 };
 
 /* ---- lock.c: the pool lock and the one way to drop it ------------------- */

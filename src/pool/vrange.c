@@ -55,8 +55,13 @@ mp_status_t mp__vrange_ready(mp_pool_t *pool) {
   /* Twice the cap: growth maps at the top while the reclaim leaves holes
    * below, so a range of the cap's size ran out before the memory did (the
    * 10-stream llama trace then failed on a 7.19 GiB device it fits at 1.135
-   * times its live bytes, 7.15 GiB). Address space costs no memory. */
-  size_t va = pool->cap > SIZE_MAX / 2 ? SIZE_MAX : 2 * pool->cap;
+   * times its live bytes, 7.15 GiB). Address space costs no memory. The
+   * cap of a capped pool may be raised later (mp_pool_set_max_fraction),
+   * up to the device's size: the range is sized from that (va_basis).
+   * From the cap of the moment, a raised cap let the pool outgrow its
+   * range into plain segments, and every pause after was MP_ENOTSUP. */
+  size_t basis = pool->va_basis > pool->cap ? pool->va_basis : pool->cap;
+  size_t va = basis > SIZE_MAX / 2 ? SIZE_MAX : 2 * basis;
   if (va > ((size_t)1 << 42))
     va = (size_t)1 << 42;
   va = mp__round_up(va, pool->granule);

@@ -56,6 +56,10 @@ Test(pool_pause, frees_the_device_for_another_pool_and_resumes_with_content) {
   mp_stats_t s = stats(p);
   cr_expect_eq(s.reserved_bytes, 0);
   cr_expect_eq(s.largest_free_bytes, 0);
+  /* "segments (or mapped chunks) held now" (stats.h): none; it kept the
+   * count from before the pause. */
+  cr_expect_eq(s.segment_count, 0, "%zu segments while paused",
+               s.segment_count);
   cr_expect_eq(free_bytes(dev), free_before + held.reserved_bytes);
   /* Another tenant uses what the pause gave back. */
   mp_pool_t *other = make_pool(dev, NULL);
@@ -70,6 +74,7 @@ Test(pool_pause, frees_the_device_for_another_pool_and_resumes_with_content) {
   s = stats(p);
   cr_expect_eq(s.reserved_bytes, held.reserved_bytes);
   cr_expect_eq(s.free_bytes, held.free_bytes);
+  cr_expect_eq(s.segment_count, held.segment_count);
   for (unsigned i = 0; i < N; i++)
     if (v[i] != NULL)
       expect_filled(v[i], sizes[i], i); /* same address, same bytes */
@@ -183,6 +188,39 @@ Test(pool_pause, a_cap_lowered_below_what_the_pool_holds_still_resumes) {
   mp_pool_destroy(p);
   cr_expect_eq(free_bytes(dev), 64 * MiB);
   mp_device_close(dev);
+}
+
+/* A cap raised after the pool grew (mp_pool_set_max_fraction, PyTorch's
+ * set_per_process_memory_fraction) still lets it pause: its virtual range
+ * was reserved at twice the cap of the moment, the pool outgrew it into
+ * plain segments, and every pause after was MP_ENOTSUP. The range is now
+ * sized from the device. With arenas too (each arena's range). */
+static void raised_cap_pauses(const char *opts) {
+  mp_device_t *dev = open_dev("host:capacity=64M");
+  mp_pool_t *p = make_pool(dev, opts);
+  void *x, *y;
+  cr_assert_eq(mp_pool_alloc(p, 4 * MiB, NULL, &x), MP_OK, "%s",
+               mp_last_error());
+  fill(x, 4 * MiB, 1);
+  cr_assert_eq(mp_pool_set_max_fraction(p, 1.0), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_alloc(p, 24 * MiB, NULL, &y), MP_OK, "%s",
+               mp_last_error());
+  fill(y, 24 * MiB, 2);
+  cr_assert_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s: %s", opts,
+               mp_last_error());
+  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+  expect_filled(x, 4 * MiB, 1);
+  expect_filled(y, 24 * MiB, 2);
+  check(p);
+  cr_assert_eq(mp_pool_free(p, x), MP_OK);
+  cr_assert_eq(mp_pool_free(p, y), MP_OK);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+  mp_device_close(dev);
+}
+
+Test(pool_pause, a_cap_raised_after_growth_still_pauses) {
+  raised_cap_pauses("max_fraction=0.125");
+  raised_cap_pauses("max_fraction=0.125,arenas=2");
 }
 
 Test(pool_pause, resume_without_room_stays_paused_and_loses_nothing) {

@@ -200,6 +200,7 @@ Test(pool_pause, a_pool_left_part_mapped_reports_the_bytes_it_holds) {
   cr_assert_eq(fake_of(dev)->used, 3 * 2 * MiB, "three chunks still mapped");
   cr_expect_eq(stats(p).reserved_bytes, fake_of(dev)->used,
                "after the pause: %zu reserved", stats(p).reserved_bytes);
+  cr_expect_eq(stats(p).segment_count, 3, "the chunks held now");
   cr_expect_eq(stats(p).free_bytes, 0);
   /* A resume with no room for the fourth chunk keeps the three. */
   cr_expect_eq(mp_pool_resume(p), MP_ENOMEM, "%s", mp_last_error());
