@@ -10,8 +10,10 @@
 #   2. instructions per free+alloc pair at 100 and 10 000 live blocks
 #      (bench/micro/count_pairs.sh: callgrind, the same on a busy machine);
 #   3. threads: bench_pool_threads' speed-ups at 2, 4 and 8 threads, the two
-#      builds run alternately twice (wall-clock figures: meaningful only on
-#      a quiet machine, which the script cannot check; it prints the load).
+#      builds run alternately twice, each run the median of five paired
+#      repeats (a build older than the repeats argument runs once; wall-clock
+#      figures: meaningful only on a quiet machine, which the script cannot
+#      check; it prints the load).
 # Both builds must be Release builds of the same tree layout (cmake
 # -DCMAKE_BUILD_TYPE=Release); an old one comes from `git worktree add`.
 set -eu
@@ -109,7 +111,7 @@ echo "## 3. Threads: speed-up over one thread (load: $(cut -d' ' -f1-3 /proc/loa
 for run in 1 2; do
   for side in old new; do
     eval b=\$$side
-    "$b/bench/bench_pool_threads" $((pairs + pairs / 2)) 100 8 |
+    "$b/bench/bench_pool_threads" $((pairs + pairs / 2)) 100 8 5 |
       awk -v s="$side" -v r="$run" '
         $1 == "pool" && $2 == "shared" { sh[$3] = $5 }
         $1 == "pool" && $2 == "arenas" { ar[$3] = $5 }
