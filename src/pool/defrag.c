@@ -126,6 +126,15 @@ static void mp__vacated(mp__mover_t *m, mp__block_t *f) {
 static void mp__swap_places(mp__mover_t *m, mp__block_t *b, mp__block_t *f,
                             uintptr_t new_addr) {
   mp_pool_t *pool = m->pool;
+  /* In the history as PyTorch sees a copy: the old block freed, a new one
+   * allocated at new_addr. Without it, a snapshot's trace kept the block
+   * live at its old address forever and freed the new one twice, and a
+   * replay of it peaked above the pool. */
+  if (MP__UNLIKELY(pool->hist.ev != NULL)) {
+    uintptr_t hs = MP__HIST_STREAM(pool, b->sidx);
+    mp__history_free(pool, b->addr, b->size, hs);
+    mp__history_record(pool, MP__H_ALLOC, new_addr, b->size, hs);
+  }
   mp__map_remove(pool, b);
   mp__segment_t *bs = b->seg, *fs = f->seg;
   uintptr_t free_addr;

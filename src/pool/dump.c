@@ -277,7 +277,9 @@ mp_status_t mp_pool_dump(mp_pool_t *pool, FILE *out, const char *format) {
     mp__pool_lock(pool);
     mp__pool_wait_idle(pool);
     mp__stats_copy(pool, &h.s);
-    h.largest = mp__stats_largest_free(pool);
+    /* As mp_pool_get_stats says it: 0 while paused (nothing is served). */
+    h.largest = h.s.largest_free_bytes =
+        pool->paused ? 0 : mp__stats_largest_free(pool);
     part_no[nparts] = -1;
     part[nparts++] = pool;
   } else {

@@ -8,6 +8,8 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <mempool/mempool.h>
@@ -60,6 +62,16 @@ Test(pool_pause, frees_the_device_for_another_pool_and_resumes_with_content) {
    * count from before the pause. */
   cr_expect_eq(s.segment_count, 0, "%zu segments while paused",
                s.segment_count);
+  /* The dump says what the stats say: nothing served while paused (it gave
+   * the largest free block the pause had unmapped). */
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  cr_assert_not_null(f);
+  cr_assert_eq(mp_pool_dump(p, f, "json"), MP_OK, "%s", mp_last_error());
+  fclose(f);
+  cr_expect(strstr(text, "\"largest_free_bytes\":0,") != NULL, "%s", text);
+  free(text);
   cr_expect_eq(free_bytes(dev), free_before + held.reserved_bytes);
   /* Another tenant uses what the pause gave back. */
   mp_pool_t *other = make_pool(dev, NULL);

@@ -73,6 +73,64 @@ Test(pool_history, records_alloc_and_both_frees_in_order) {
   mp_pool_destroy(p);
 }
 
+/* Replays the ring's block events: every free is of a block the history
+ * has live, every alloc of an address it has free; returns the blocks
+ * still live at the end (-1 on a free of one not live). */
+static long replay_ring(const mp_pool_t *p) {
+  uintptr_t live[64];
+  size_t n = 0;
+  size_t count = p->hist.total < p->hist.cap ? p->hist.total : p->hist.cap;
+  for (size_t i = 0; i < count; i++) {
+    const mp__hevent_t *e = oldest(p, i);
+    if (e->action == MP__H_ALLOC) {
+      for (size_t k = 0; k < n; k++)
+        if (live[k] == e->addr)
+          return -1; /* allocated while live */
+      cr_assert_lt(n, 64);
+      live[n++] = e->addr;
+    } else if (e->action == MP__H_FREE_COMPLETED) {
+      size_t k = 0;
+      while (k < n && live[k] != e->addr)
+        k++;
+      if (k == n)
+        return -1;
+      live[k] = live[--n];
+    }
+  }
+  return (long)n;
+}
+
+/* A block defragmentation moves is, in the history, freed at its old
+ * address and allocated at its new one (PyTorch's view of a copy). Before,
+ * nothing was recorded: the trace kept the block live at its old address
+ * and its handle's free freed the new address, never allocated there; a
+ * replay of the snapshot peaked above the pool. */
+Test(pool_history, a_defragmentation_move_is_a_free_and_an_alloc) {
+  mp_pool_t *p = make_pool("max_bytes=16M,history=100,virtual=1");
+  void *a;
+  mp_handle_t *h;
+  cr_assert_eq(mp_pool_alloc(p, 1 << 20, NULL, &a), MP_OK);
+  cr_assert_eq(mp_pool_alloc_movable(p, 1 << 20, NULL, &h), MP_OK, "%s",
+               mp_last_error());
+  uintptr_t before = (uintptr_t)mp_handle_ptr(h);
+  cr_assert_eq(mp_pool_free(p, a), MP_OK);
+  size_t moved = 0;
+  cr_assert_eq(mp_pool_defragment(p, NULL, &moved), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(moved, (size_t)1 << 20, "the test needs the block moved");
+  uintptr_t after = (uintptr_t)mp_handle_ptr(h);
+  cr_assert_neq(after, before);
+  cr_expect_eq(replay_ring(p), 1, "the moved block, live once");
+  const mp__hevent_t *last = oldest(p, p->hist.total - 1);
+  cr_expect_eq(last->action, MP__H_ALLOC);
+  cr_expect_eq(last->addr, after);
+  cr_expect_eq(oldest(p, p->hist.total - 2)->action, MP__H_FREE_COMPLETED);
+  cr_expect_eq(oldest(p, p->hist.total - 2)->addr, before);
+  cr_assert_eq(mp_handle_free(h), MP_OK);
+  cr_expect_eq(replay_ring(p), 0, "every block freed once");
+  mp_pool_destroy(p);
+}
+
 Test(pool_history, ring_wraps_at_n_keeping_the_newest) {
   mp_pool_t *p = make_pool("max_bytes=16M,history=7");
   void *last = NULL;
