@@ -112,3 +112,34 @@ Test(cuda_default_pool, a_free_on_another_device_makes_no_pool_there,
   cr_assert_eq(cu.release(0), CUDA_SUCCESS);
   cr_assert_eq(cu.release(1), CUDA_SUCCESS);
 }
+
+/* The pool of the current device cannot be made (device 1 is small: a
+ * max_fraction device 0 takes is under the alignment there): mp_malloc
+ * says the status of the reason mp_last_error() gives, MP_EINVAL, and
+ * says it again on the next call; it said MP_ENODEV whatever the reason. */
+static void two_devices_the_second_small(void) {
+  setenv("FAKECUDA_DEVICE_1", "capacity=64M", 1); /* read at cuInit */
+  setenv("MEMPOOL_CONF", "max_fraction=0.0000001", 1);
+  two_devices();
+}
+
+Test(cuda_default_pool, a_pool_that_cannot_be_made_says_its_reasons_status,
+     .init = two_devices_the_second_small) {
+  if (fk_is_real())
+    cr_skip_test("the fake's small second device");
+  on_device(0);
+  void *p = NULL;
+  cr_assert_eq(mp_malloc(&p, 1024), MP_OK, "%s", mp_last_error());
+  on_device(1);
+  for (int i = 0; i < 2; i++) {
+    void *q = NULL;
+    cr_expect_eq(mp_malloc(&q, 1024), MP_EINVAL, "call %d: %s", i,
+                 mp_last_error());
+    cr_expect(strstr(mp_last_error(), "max_fraction") != NULL, "%s",
+              mp_last_error());
+  }
+  on_device(0);
+  cr_expect_eq(mp_free(p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(cu.release(0), CUDA_SUCCESS);
+  cr_assert_eq(cu.release(1), CUDA_SUCCESS);
+}
