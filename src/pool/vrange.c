@@ -47,6 +47,15 @@
 
 #include "pool_internal.h"
 
+/* The virtual range for a pool that may hold basis bytes: twice that,
+ * at most 4 TiB, in whole granules. */
+static size_t mp__vrange_size(const mp_pool_t *pool, size_t basis) {
+  size_t va = basis > SIZE_MAX / 2 ? SIZE_MAX : 2 * basis;
+  if (va > ((size_t)1 << 42))
+    va = (size_t)1 << 42;
+  return mp__round_up(va, pool->granule);
+}
+
 mp_status_t mp__vrange_ready(mp_pool_t *pool) {
   if (pool->vseg != NULL)
     return MP_OK;
@@ -61,16 +70,20 @@ mp_status_t mp__vrange_ready(mp_pool_t *pool) {
    * From the cap of the moment, a raised cap let the pool outgrow its
    * range into plain segments, and every pause after was MP_ENOTSUP. */
   size_t basis = pool->va_basis > pool->cap ? pool->va_basis : pool->cap;
-  size_t va = basis > SIZE_MAX / 2 ? SIZE_MAX : 2 * basis;
-  if (va > ((size_t)1 << 42))
-    va = (size_t)1 << 42;
-  va = mp__round_up(va, pool->granule);
+  size_t va = mp__vrange_size(pool, basis);
   mp__segment_t *s = mp__host_calloc(1, sizeof *s);
   if (s == NULL)
     return mp__fail(MP__EHOST, "out of host memory for the virtual range");
   void *base = NULL;
   mp__pool_device_begin(pool);
   mp_status_t st = mp__device_vm_reserve(pool->dev, va, &base);
+  /* Address space can run short too (RLIMIT_AS, many pools or arenas on
+   * a big device): then the cap's size, as before va_basis, and a raised
+   * cap may outgrow it, rather than plain segments at once. */
+  size_t small = mp__vrange_size(pool, pool->cap);
+  if (st != MP_OK && small < va &&
+      (st = mp__device_vm_reserve(pool->dev, small, &base)) == MP_OK)
+    va = small;
   mp__pool_device_end(pool);
   if (st != MP_OK) {
     free(s);

@@ -18,6 +18,9 @@ typedef struct fake_dev {
   unsigned fail_after, allocs;
   unsigned maps, unmaps, frees, bad_unmaps, syncs;
   unsigned refuse_frees; /* this many next frees fail (MP_EDRIVER) */
+  size_t max_reserve;    /* 0, or the largest vm_reserve that succeeds (an
+                            address space that runs short) */
+  unsigned reserves;     /* vm_reserve calls */
   /* Called once, at the next vm_unmap (then cleared): the pool's lock is
    * dropped there, so it may call the pool as another thread would. */
   void (*on_unmap)(void *ctx);
@@ -176,7 +179,10 @@ static mp_status_t fake_vm_gran(mp_device_t *dev, size_t *out) {
   return MP_OK;
 }
 static mp_status_t fake_vm_reserve(mp_device_t *dev, size_t bytes, void **out) {
-  (void)dev;
+  fake_dev_t *f = fake_of(dev);
+  f->reserves++;
+  if (f->max_reserve != 0 && bytes > f->max_reserve)
+    return MP_ENOMEM;
   void *p = mmap(NULL, bytes, PROT_NONE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED)

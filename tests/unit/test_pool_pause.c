@@ -224,6 +224,26 @@ Test(pool_pause, a_resume_left_part_mapped_reports_the_bytes_it_holds) {
   resume_and_finish(dev, p, v, reserved);
 }
 
+/* A capped pool reserves a virtual range for the device's size (a cap
+ * may be raised later); where the address space cannot hold that, it
+ * reserves one for its cap instead, and stays pausable. Sized from the
+ * device only, the reservation failed and the pool went to plain
+ * segments, which no pause can keep (MP_ENOTSUP). */
+Test(pool_pause, a_capped_pool_short_of_address_space_still_pauses) {
+  mp_device_t *dev = flaky_open(0); /* 1 GiB, 2 MiB granules, unmaps work */
+  fake_of(dev)->max_reserve = 64 * MiB; /* 2 x 1 GiB does not fit */
+  mp_pool_t *p = make_pool(dev, "max_bytes=16M");
+  void *x;
+  cr_assert_eq(mp_pool_alloc(p, MiB, NULL, &x), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(fake_of(dev)->reserves, 2, "the device's size, then the cap's");
+  cr_assert_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(p, x), MP_OK);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+  fake_close(dev);
+}
+
 /* ---- a pause while the out-of-memory ladder holds a block --------------- */
 /* Stream busy_s has work still running while busy: events recorded on it
  * then, and the stream itself, answer MP_EBUSY until a wait for one of
