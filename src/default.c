@@ -165,8 +165,10 @@ mp_status_t mp_malloc_async(void **ptr, size_t bytes, mp_stream_t s) {
   if (ptr == NULL)
     return mp__fail(MP_EINVAL, "mp_malloc: ptr is NULL");
   mp_pool_t *pool = mp_default_pool();
-  if (pool == NULL) /* the status of the reason mp_last_error() gives: */
-    return mp__default ? mp__last_failure() : mp__default_status;
+  if (pool == NULL) /* the status of the reason mp_last_error() gives */
+    return mp__default == NULL           ? mp__default_status
+           : mp__last_failure() != MP_OK ? mp__last_failure()
+                                         : MP_ENODEV;
   return mp_pool_alloc(pool, bytes, s, ptr);
 }
 

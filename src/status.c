@@ -67,7 +67,8 @@ mp_status_t mp__fail(mp_status_t st, const char *fmt, ...) {
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   memcpy(mp__error_buf, msg, sizeof msg);
-  mp__error_st = st;
+  if (st != MP_OK) /* MP_OK: a message put back as it was (pool.c) */
+    mp__error_st = st;
   return st;
 }
 

@@ -358,8 +358,11 @@ void *mp_torch_base_alloc(void *ptr, size_t *size) {
 }
 
 mp_status_t mp_torch_record_stream_ex(void *ptr, mp_stream_t stream) {
-  mp_pool_t *pool =
-      ptr != NULL ? mp__default_owner(ptr, "mp_torch_record_stream") : NULL;
+  /* An empty tensor's storage: nothing to record (PyTorch's own
+   * recordStream returns there too). */
+  if (ptr == NULL)
+    return MP_OK;
+  mp_pool_t *pool = mp__default_owner(ptr, "mp_torch_record_stream");
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_torch_record_stream: %p is no pool's", ptr);
   return mp_pool_record_stream(pool, ptr, stream);

@@ -74,7 +74,8 @@ MP_API mp_status_t mp_torch_memory_fraction_ex(double fraction, int device);
 MP_API void *mp_torch_base_alloc(void *ptr, size_t *size);
 /* set_record_stream_fn (tensor.record_stream): mp_pool_record_stream.
  * ptr is the block's start, as PyTorch passes its storage's pointer (a
- * view's data pointer inside the block is refused). _ex returns the
+ * view's data pointer inside the block is refused); NULL (an empty
+ * tensor's storage) records nothing, as PyTorch's own. _ex returns the
  * status the void hook drops. */
 MP_API void mp_torch_record_stream(void *ptr, mp_stream_t stream);
 MP_API mp_status_t mp_torch_record_stream_ex(void *ptr, mp_stream_t stream);

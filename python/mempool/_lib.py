@@ -94,6 +94,7 @@ _PROTOTYPES = {
     "mp_torch_memory_fraction_ex": (_st, [ctypes.c_double, ctypes.c_int]),
     "mp_torch_record_stream": (None, [_c, _c]),
     "mp_torch_record_stream_ex": (_st, [_c, _c]),
+    "mp_torch_base_alloc": (_c, [_c, ctypes.POINTER(_sz)]),
 }
 
 _lib = None

@@ -115,11 +115,23 @@ def _storage_ptr(tensor):
     return st().data_ptr() if st is not None else tensor.data_ptr()
 
 
+def _held(ptr):
+    """Whether a default pool of mempool's holds the block at ptr."""
+    import ctypes
+    size = ctypes.c_size_t(0)
+    _lib.lib().mp_torch_base_alloc(ptr, ctypes.byref(size))
+    return size.value != 0
+
+
 def record_stream(tensor, stream):
     """tensor.record_stream(stream) for mempool: the tensor's block is
     reused elsewhere only after the work queued on stream has completed.
-    A view records its whole block, as PyTorch's does. A refusal (memory no
-    pool of mempool's holds, a stream of another device): MempoolError."""
+    A view records its whole block, as PyTorch's does; as PyTorch's, an
+    empty tensor and memory mempool did not allocate record nothing. A
+    refusal (a stream of another device, a destroyed one): MempoolError."""
+    ptr = _storage_ptr(tensor)
+    if not ptr or not _held(ptr):
+        return
     from . import _check
-    _check(_lib.lib().mp_torch_record_stream_ex(_storage_ptr(tensor), stream.cuda_stream),
+    _check(_lib.lib().mp_torch_record_stream_ex(ptr, stream.cuda_stream),
            "mp_torch_record_stream")

@@ -212,18 +212,29 @@ def test_record_stream_of_a_view_holds_its_whole_block(offset):
     assert r.stdout.strip() == "held", "reused while b's work was queued"
 
 
-def test_record_stream_of_memory_no_pool_holds_raises():
+def test_record_stream_skips_what_pytorch_skips_and_raises_a_bad_stream():
+    # As Tensor.record_stream: an empty tensor (storage pointer 0) and
+    # memory mempool did not allocate record nothing; a refusal of a real
+    # block (a stream handle no device knows) raises.
     r = _run(_MALLOC + """
 import ctypes
 buf = ctypes.create_string_buffer(64)
+p = lib.mp_torch_malloc(1 << 20, 0, None)
 class Tensor:
-    def data_ptr(self): return ctypes.addressof(buf)
+    def __init__(self, ptr): self.ptr = ptr
+    def data_ptr(self): return self.ptr
 class Stream:
     cuda_stream = None
+mempool.torch.record_stream(Tensor(0), Stream())
+mempool.torch.record_stream(Tensor(ctypes.addressof(buf)), Stream())
+print("skipped")
+class Bad:
+    cuda_stream = ctypes.addressof(buf)
 try:
-    mempool.torch.record_stream(Tensor(), Stream())
+    mempool.torch.record_stream(Tensor(p), Bad())
 except mempool.MempoolError as e:
     print("raised", e.name)
+lib.mp_torch_free(p, 1 << 20, 0, None)
 """)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["raised", "MP_EINVAL"], r.stdout
+    assert r.stdout.split() == ["skipped", "raised", "MP_EINVAL"], r.stdout

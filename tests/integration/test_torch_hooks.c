@@ -121,7 +121,8 @@ Test(torch_hooks, the_ex_twins_return_what_the_hooks_drop) {
   /* A view's data pointer inside the block: PyTorch passes the storage's
    * start; the refusal is said, not swallowed. */
   cr_expect_eq(mp_torch_record_stream_ex((char *)p + 64, NULL), MP_EINVAL);
-  cr_expect_eq(mp_torch_record_stream_ex(NULL, NULL), MP_EINVAL);
+  cr_expect_eq(mp_torch_record_stream_ex(NULL, NULL), MP_OK,
+               "an empty tensor's storage: nothing to record");
   int local;
   cr_expect_eq(mp_torch_record_stream_ex(&local, NULL), MP_EINVAL);
   free_fn(p, MiB, 0, NULL);
@@ -151,8 +152,11 @@ Test(torch_hooks, record_stream_holds_the_block_for_the_streams_work) {
   cr_expect_eq(r, p, "reusable once b's work is done");
   free_fn(q, 2 * MiB, 0, c);
   free_fn(r, 2 * MiB, 0, c);
-  record_stream_fn(NULL, a); /* nothing to record: a message only */
-  cr_expect(strstr(mp_last_error(), "mp_torch_record_stream") != NULL);
+  int local;
+  record_stream_fn(&local, a); /* no pool's: refused, a message only */
+  cr_expect_eq(mp_torch_record_stream_ex(&local, a), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "not allocated from this pool") != NULL,
+            "%s", mp_last_error());
   gate_destroy(&g);
   mp_stream_destroy(dev, a);
   mp_stream_destroy(dev, b);
