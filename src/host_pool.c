@@ -108,6 +108,15 @@ static mp_status_t mp__hp_said(mp_status_t st, const char *pool_fn,
   return mp__fail(st, "%s%s", fn, rest);
 }
 
+/* Whether hp's pool has a slot for stream s (the pool forgets a stream
+ * when it is destroyed). */
+static bool mp__hp_knows(mp_host_pool_t *hp, mp_stream_t s) {
+  mp__pool_lock(hp->pool);
+  bool known = mp__stream_known(hp->pool, s);
+  mp__pool_unlock(hp->pool);
+  return known;
+}
+
 mp_status_t mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes, mp_stream_t s,
                                void **out) {
   MP__CHECK_HP(hp);
@@ -115,9 +124,11 @@ mp_status_t mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes, mp_stream_t s,
     return mp__fail(MP_EINVAL, "%s: out is NULL", __func__);
   /* The stream before the buffer: mp_pool_record_stream would refuse a
    * stream the device does not know only once the buffer is allocated,
-   * perhaps in a chunk grown for it, which would stay cached. NULL (the
-   * default stream) needs no question. */
-  if (s != NULL && mp__device_stream_kind(hp->view, s) == MP__STREAM_BAD)
+   * perhaps in a chunk grown for it, which would stay cached. The device
+   * is asked (driver calls on CUDA) only for a stream the pool has not
+   * met; NULL (the default stream) needs no question. */
+  if (s != NULL && !mp__hp_knows(hp, s) &&
+      mp__device_stream_kind(hp->view, s) == MP__STREAM_BAD)
     return mp__fail(MP_EINVAL, "%s: stream %p is not a live stream of %s",
                     __func__, (void *)s, mp_device_name(hp->dev));
   void *p = NULL;

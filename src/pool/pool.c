@@ -20,10 +20,12 @@
 /* The cap that max_bytes or max_fraction (of the device's memory) give,
  * else the device's size, else none. */
 static mp_status_t mp__pool_cap_for(const mp_pool_t *pool, size_t max_bytes,
-                                    double fraction, size_t *cap,
-                                    bool *is_max) {
+                                    double fraction, size_t *cap, bool *is_max,
+                                    size_t *total_out) {
   size_t total = 0;
   bool told = mp_device_mem_info(pool->dev, NULL, &total) == MP_OK && total > 0;
+  if (total_out != NULL)
+    *total_out = told ? total : 0;
   *is_max = max_bytes != 0 || fraction > 0;
   if (max_bytes != 0) {
     *cap = max_bytes;
@@ -65,7 +67,7 @@ mp_status_t mp_pool_set_max_fraction(mp_pool_t *pool, double fraction) {
                     pool->graph ? "graph" : "child");
   size_t cap = 0;
   bool is_max = false;
-  mp_status_t st = mp__pool_cap_for(pool, 0, fraction, &cap, &is_max);
+  mp_status_t st = mp__pool_cap_for(pool, 0, fraction, &cap, &is_max, NULL);
   if (st != MP_OK)
     return st;
   mp__pool_lock(pool);
@@ -104,16 +106,13 @@ mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
   mp_pool_t *pool;
   if ((st = mp__pool_new(dev, cfg, &pool)) != MP_OK)
     return st;
+  size_t total = 0;
   if ((st = mp__pool_cap_for(pool, cfg->max_bytes, cfg->max_fraction,
-                             &pool->cap, &pool->cap_is_max)) != MP_OK) {
+                             &pool->cap, &pool->cap_is_max, &total)) != MP_OK) {
     mp__pool_free_host(pool);
     return st;
   }
-  size_t total = 0;
-  pool->va_basis =
-      mp_device_mem_info(dev, NULL, &total) == MP_OK && total > pool->cap
-          ? total
-          : pool->cap;
+  pool->va_basis = total > pool->cap ? total : pool->cap;
   if (cfg->release_fraction > 0) {
     if (pool->cap == SIZE_MAX) {
       mp__pool_free_host(pool);

@@ -142,7 +142,7 @@ static mp__curesult mp__free(mp__variant_t v, mp__cuptr p, mp__custream s) {
     r = mp__pl_cu_error(
         mp__pl_pool_free(pl, &b, v == MP__SYNC, s, v == MP__ASYNC_PTSZ));
   } else if (b.kind == MP__PL_FROM_REAL) {
-    mp__pl_real_free_traced(&b, (uintptr_t)s);
+    mp__pl_record_free(b.ptr, b.size, (uintptr_t)s); /* first: preload.h */
     if ((r = mp__real_free(v, p, s)) != MP__CU_SUCCESS)
       mp__pl_real_free_refused(&b);
   } else if (b.kind == MP__PL_FROM_DEVICE) {

@@ -108,10 +108,6 @@ static bool mp__stream_wait(mp__custream s, bool ptsz, mp__cuctx owner) {
   return r == MP__CU_SUCCESS;
 }
 
-void mp__pl_real_free_traced(const mp__pl_block_t *b, uintptr_t s) {
-  mp__pl_record_free(b->ptr, b->size, s);
-}
-
 void mp__pl_real_free_refused(const mp__pl_block_t *b) {
   mp__pl_table_restore(b);
   mp__pl_record_unfree(b->ptr, b->size, b->stream);

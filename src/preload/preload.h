@@ -446,12 +446,11 @@ unsigned mp__pl_free_refused_in_capture(const mp__pl_t *pl,
                                         unsigned (*probe)(void));
 
 /* A free of memory the real driver or runtime handed out (a block of kind
- * MP__PL_FROM_REAL the table gave back), traced before the real call: once
- * the driver has the memory back, another thread's allocation of the same
- * address may be traced, and a replay would free the wrong block (as for
- * mp__pl_pool_free). When the real call fails, mp__pl_real_free_refused
- * puts the block back in the table and traces it live again. */
-void mp__pl_real_free_traced(const mp__pl_block_t *b, uintptr_t s);
+ * MP__PL_FROM_REAL the table gave back) is traced (mp__pl_record_free)
+ * before the real call: once the driver has the memory back, another
+ * thread's allocation of the same address may be traced, and a replay
+ * would free the wrong block (as for mp__pl_pool_free). When the real call
+ * fails, this puts the block back in the table and traces it live again. */
 void mp__pl_real_free_refused(const mp__pl_block_t *b);
 
 /* Frees a pool block the table gave back: sync (cuMemFree, cudaFree) waits

@@ -210,7 +210,7 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
     r = mp__pl_cuda_error(
         mp__pl_pool_free(pl, &b, v == MP__RT_SYNC, s, v == MP__RT_ASYNC_PTSZ));
   } else if (b.kind == MP__PL_FROM_REAL) {
-    mp__pl_real_free_traced(&b, (uintptr_t)s);
+    mp__pl_record_free(b.ptr, b.size, (uintptr_t)s); /* first: preload.h */
     if ((r = mp__rt_real_free(v, p, s)) != MP__CUDA_SUCCESS)
       mp__pl_real_free_refused(&b);
   } else if (b.kind == MP__PL_FROM_DEVICE) {

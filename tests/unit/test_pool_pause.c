@@ -230,7 +230,7 @@ Test(pool_pause, a_resume_left_part_mapped_reports_the_bytes_it_holds) {
  * device only, the reservation failed and the pool went to plain
  * segments, which no pause can keep (MP_ENOTSUP). */
 Test(pool_pause, a_capped_pool_short_of_address_space_still_pauses) {
-  mp_device_t *dev = flaky_open(0); /* 1 GiB, 2 MiB granules, unmaps work */
+  mp_device_t *dev = flaky_open(0);     /* 1 GiB, 2 MiB granules, unmaps work */
   fake_of(dev)->max_reserve = 64 * MiB; /* 2 x 1 GiB does not fit */
   mp_pool_t *p = make_pool(dev, "max_bytes=16M");
   void *x;
