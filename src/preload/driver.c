@@ -101,6 +101,8 @@ static mp__curesult mp__alloc(mp__variant_t v, mp__cuptr *dptr, size_t bytes,
         mp__pl_table_put_pool((uintptr_t)p, bytes, (uintptr_t)s, pool);
       }
       mp__pl_record_alloc((uintptr_t)p, bytes, (uintptr_t)s, st == MP_OK);
+      if (st == MP_OK && cap) /* routed to the capture's graph pool */
+        mp__pl_capture_allocated(pl, s, ptsz, (uintptr_t)p, bytes);
       r = mp__pl_cu_error(st);
       served = true;
     }

@@ -1,12 +1,13 @@
 /* graphs.c - stream capture under the shim: graph-private pools, and the
  * graph hooks cuStreamBeginCapture(_ptsz), cuStreamBeginCapture_v2(_ptsz) and
  * cuStreamBeginCaptureToGraph(_ptsz) (counted, for mp__pl_capture_begun),
- * cuStreamEndCapture(_ptsz),
- * cuGraphInstantiateWithFlags, cuGraphInstantiateWithParams(_ptsz), the
- * forms before CUDA 12.0 (cuGraphInstantiate, cuGraphInstantiate_v2),
- * cuGraphExecDestroy and cuGraphDestroy (the runtime's cudaStreamEndCapture,
- * cudaGraphInstantiate, cudaGraphInstantiateWithFlags/WithParams,
- * cudaGraphExecDestroy and cudaGraphDestroy reach them through
+ * cuStreamEndCapture(_ptsz), cuGraphInstantiateWithFlags,
+ * cuGraphInstantiateWithParams(_ptsz), the forms before CUDA 12.0
+ * (cuGraphInstantiate, cuGraphInstantiate_v2), cuGraphExecDestroy,
+ * cuGraphDestroy and cuGraphLaunch(_ptsz) (the runtime's
+ * cudaStreamEndCapture, cudaGraphInstantiate,
+ * cudaGraphInstantiateWithFlags/WithParams, cudaGraphExecDestroy,
+ * cudaGraphDestroy and cudaGraphLaunch reach them through
  * cuGetProcAddress).
  *
  * A stream-ordered allocation or free on a stream being captured makes the
@@ -23,8 +24,28 @@
  * exit, left alone like the pool itself (something may still free into
  * them).
  *
+ * A graph's outputs, what its capture allocated and did not free, are
+ * graph allocations (cuda.h, cuGraphAddMemAllocNode): "recreated every
+ * time a graph runs" (the Programming Guide, "Graph Memory Nodes"), freed
+ * by the program between launches, and a launch with one still allocated
+ * fails with CUDA_ERROR_INVALID_VALUE unless the executable was made with
+ * CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH (cuGraphLaunch). The
+ * pool block of an output stays the graph pool's for the graph's life, at
+ * its address; the shim keeps whether the program holds it, as the driver
+ * would: from the capture's end it is not allocated (out of the table of
+ * blocks, so a free is refused), cuGraphLaunch allocates it (into the
+ * table; traced as an allocation), and the program's free leaves the block
+ * where it is, free until the next launch (mp__pl_output_free). Before
+ * 2026-12-01 an output was one allocation for the graph's life: the free
+ * after the second launch was refused as a second free. What the program
+ * still holds when the graph and its last executable go stays its own
+ * ("Graph destruction does not automatically free any live
+ * graph-allocated memory"), and keeps the graph pool until freed.
+ *
  * Invariant: every slot in use names a live graph pool; `streams` are the
- * routes begun for it and are ended exactly once, at the capture's end. */
+ * routes begun for it and are ended exactly once, at the capture's end;
+ * an output not live is a block of the graph pool that no table entry
+ * names; mp__gr_outs counts the outputs of ended captures. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,6 +56,8 @@
 #define MP__PL_EXECS       256 /* the executables table's first room */
 #define MP__CAPTURE_ACTIVE 1u  /* CU_STREAM_CAPTURE_STATUS_ACTIVE */
 #define MP__PL_BEGUN       64  /* captures in progress at once it counts */
+/* CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH (cuda.h) */
+#define MP__GRAPH_AUTO_FREE_ON_LAUNCH 1ull
 
 typedef struct mp__pl_capture {
   bool used;
@@ -47,6 +70,16 @@ typedef struct mp__pl_capture {
   mp__cugraph g; /* after the end: the graph, until destroyed */
   unsigned execs;
   bool kept; /* an executable could not be counted: kept until exit */
+  /* The capture's allocations; after its end, those it did not free: its
+   * outputs (live: a launch allocated it and the program has not freed
+   * it). Without host memory for one, it stays an allocation for the
+   * graph's life (as before 2026-12-01). */
+  struct mp__pl_out {
+    uintptr_t p;
+    size_t size;
+    bool live;
+  } * outs;
+  size_t nouts, roomouts;
 } mp__pl_capture_t;
 
 static struct {
@@ -58,6 +91,7 @@ static struct {
   struct mp__pl_exec {
     mp__cugraphexec x;
     unsigned cap;
+    bool auto_free; /* CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH */
   } * execs;
   size_t nexecs, roomexecs, live;
   /* The captures begun and not ended: origin stream (a per-thread stream
@@ -72,7 +106,8 @@ static struct {
   unsigned nbegun;
   bool lost;
 } mp__gr = {.lock = PTHREAD_MUTEX_INITIALIZER};
-static atomic_uint mp__gr_begun; /* nbegun + lost, read without the lock */
+static atomic_uint mp__gr_begun;  /* nbegun + lost, read without the lock */
+static atomic_size_t mp__gr_outs; /* outputs of ended captures */
 
 /* fork() child: the parent's captures and graphs are not the child's. */
 static void mp__graphs_child(void) {
@@ -81,6 +116,7 @@ static void mp__graphs_child(void) {
   mp__gr.nbegun = 0;
   mp__gr.lost = false;
   atomic_store(&mp__gr_begun, 0);
+  atomic_store(&mp__gr_outs, 0);
   pthread_mutex_init(&mp__gr.lock, NULL);
 }
 
@@ -112,9 +148,18 @@ static bool mp__capture_id(mp__custream s, bool ptsz, unsigned long long *id) {
   return status == MP__CAPTURE_ACTIVE;
 }
 
-/* Releases slot i's graph pool and frees the slot. Under the lock. */
+/* Releases slot i's graph pool and frees the slot. The outputs the
+ * program does not hold go back to the graph pool first; those it holds
+ * stay its blocks (the graph pool lives until their free). Under the
+ * lock. */
 static void mp__capture_drop(mp__pl_capture_t *c) {
+  for (size_t k = 0; k < c->nouts; k++)
+    if (!c->outs[k].live)
+      (void)mp_pool_free(c->pool, (void *)c->outs[k].p);
+  if (!c->capturing)
+    atomic_fetch_sub(&mp__gr_outs, c->nouts);
   (void)mp_pool_graph_release(c->graph);
+  free(c->outs);
   memset(c, 0, sizeof *c);
   mp__gr.live--;
 }
@@ -165,6 +210,56 @@ size_t mp__pl_graph_pools(void) {
   return n;
 }
 
+/* The capture whose routes include s: below. */
+static mp__pl_capture_t *mp__capture_of_stream(const mp__pl_t *pl,
+                                               mp__custream s, bool ptsz);
+
+void mp__pl_capture_allocated(const mp__pl_t *pl, mp__custream s, bool ptsz,
+                              uintptr_t p, size_t bytes) {
+  mp__gr_lock();
+  mp__pl_capture_t *c = mp__capture_of_stream(pl, s, ptsz);
+  size_t k = 0;
+  while (c != NULL && k < c->nouts && c->outs[k].p != p)
+    k++; /* an address the capture freed and got again: one entry */
+  if (c != NULL && k == c->roomouts) {
+    size_t room = c->roomouts ? 2 * c->roomouts : 8;
+    struct mp__pl_out *t = realloc(c->outs, room * sizeof *t);
+    if (t != NULL) {
+      c->outs = t;
+      c->roomouts = room;
+    }
+  }
+  if (c != NULL && k < c->roomouts) {
+    c->outs[k] = (struct mp__pl_out){.p = p, .size = bytes};
+    c->nouts += k == c->nouts;
+  }
+  pthread_mutex_unlock(&mp__gr.lock);
+}
+
+/* Output ptr of an ended capture, live or not: NULL if none. Under the
+ * lock. */
+static struct mp__pl_out *mp__output_at(uintptr_t ptr) {
+  for (size_t i = 0; i < MP__PL_CAPTURES; i++) {
+    mp__pl_capture_t *c = &mp__gr.caps[i];
+    for (size_t k = 0; c->used && !c->capturing && k < c->nouts; k++)
+      if (c->outs[k].p == ptr)
+        return &c->outs[k];
+  }
+  return NULL;
+}
+
+bool mp__pl_output_free(uintptr_t ptr) {
+  if (atomic_load_explicit(&mp__gr_outs, memory_order_relaxed) == 0)
+    return false;
+  mp__gr_lock();
+  struct mp__pl_out *o = mp__output_at(ptr);
+  bool freed = o != NULL && o->live;
+  if (freed)
+    o->live = false;
+  pthread_mutex_unlock(&mp__gr.lock);
+  return freed;
+}
+
 /* The capture whose routes include s, begun and not yet ended. Streams are
  * compared as the pool names them: an explicit handle is one stream
  * whichever entry point (plain or _ptsz) passed it. */
@@ -197,6 +292,22 @@ static void mp__capture_unroute(const mp__pl_t *pl, mp__pl_capture_t *c) {
   c->capturing = false;
 }
 
+/* Capture c ended into a graph: what it allocated and did not free (still
+ * in the table) are its outputs, not allocated until a launch (out of the
+ * table, traced as freed); the rest are dropped. Under the lock. */
+static void mp__capture_outputs(mp__pl_capture_t *c) {
+  size_t n = 0;
+  for (size_t k = 0; k < c->nouts; k++) {
+    mp__pl_block_t b;
+    if (!mp__pl_table_take(c->outs[k].p, &b))
+      continue;
+    mp__pl_record_free(b.ptr, b.size, b.stream);
+    c->outs[n++] = c->outs[k];
+  }
+  c->nouts = n;
+  atomic_fetch_add(&mp__gr_outs, n);
+}
+
 /* After the real cuStreamEndCapture: routes end; the graph, if any, keeps
  * the graph pool. */
 static void mp__capture_ended(mp__custream s, bool ptsz, mp__curesult r,
@@ -226,11 +337,15 @@ static void mp__capture_ended(mp__custream s, bool ptsz, mp__curesult r,
     }
   mp__pl_capture_t *c = mp__capture_of_stream(pl, s, ptsz);
   if (c != NULL) {
-    mp__capture_unroute(pl, c);
-    if (r == MP__CU_SUCCESS && g != NULL && *g != NULL)
+    if (r == MP__CU_SUCCESS && g != NULL && *g != NULL) {
+      mp__capture_unroute(pl, c);
       c->g = *g;
-    else
+      mp__capture_outputs(c);
+    } else {
+      c->nouts = 0; /* no graph: the blocks stay the program's */
+      mp__capture_unroute(pl, c);
       mp__capture_drop(c);
+    }
   }
   pthread_mutex_unlock(&mp__gr.lock);
   mp__pl_leave();
@@ -260,6 +375,11 @@ void mp__pl_graphs_forget(const mp__pl_t *pl, mp_pool_t *pool) {
     mp__pl_capture_t *c = &mp__gr.caps[i];
     if (!c->used || c->pool != pool)
       continue;
+    /* The pool's memory is gone: its blocks, outputs too, are forgotten
+     * (mp__pl_table_forget_pool). */
+    if (!c->capturing)
+      atomic_fetch_sub(&mp__gr_outs, c->nouts);
+    c->nouts = 0;
     mp__capture_unroute(pl, c);
     for (size_t x = 0; x < mp__gr.nexecs;) /* no executable holds it now */
       if (mp__gr.execs[x].cap == i)
@@ -402,7 +522,8 @@ static bool mp__execs_room(void) {
 /* After an instantiation that returned r: the executable holds its
  * graph's graph pools (one per capture into the graph). Returns r. */
 static mp__curesult mp__exec_made(mp__curesult r, mp__cugraphexec *phGraphExec,
-                                  mp__cugraph hGraph) {
+                                  mp__cugraph hGraph,
+                                  unsigned long long flags) {
   if (r != MP__CU_SUCCESS || phGraphExec == NULL)
     return r;
   mp__gr_lock();
@@ -415,6 +536,8 @@ static mp__curesult mp__exec_made(mp__curesult r, mp__cugraphexec *phGraphExec,
       continue;
     }
     mp__gr.execs[mp__gr.nexecs].x = *phGraphExec;
+    mp__gr.execs[mp__gr.nexecs].auto_free =
+        flags & MP__GRAPH_AUTO_FREE_ON_LAUNCH;
     mp__gr.execs[mp__gr.nexecs++].cap = i;
     c->execs++;
   }
@@ -430,7 +553,7 @@ mp__curesult cuGraphInstantiateWithFlags(mp__cugraphexec *phGraphExec,
       rc->cuGraphInstantiateWithFlags
           ? rc->cuGraphInstantiateWithFlags(phGraphExec, hGraph, flags)
           : MP__CU_NOT_INITIALIZED,
-      phGraphExec, hGraph);
+      phGraphExec, hGraph, flags);
 }
 
 /* The forms before CUDA 12.0 (an error node and a log buffer): what
@@ -452,7 +575,7 @@ static mp__curesult mp__instantiate_legacy(mp__instantiate_legacy_fn real,
   return mp__exec_made(
       real ? real(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize)
            : MP__CU_NOT_INITIALIZED,
-      phGraphExec, hGraph);
+      phGraphExec, hGraph, 0);
 }
 
 mp__curesult cuGraphInstantiate(mp__cugraphexec *phGraphExec,
@@ -481,9 +604,14 @@ static mp__curesult mp__instantiate_params(mp__instantiate_params_fn real,
                                            mp__cugraphexec *phGraphExec,
                                            mp__cugraph hGraph,
                                            mp__cugraphparams params) {
+  /* cuda.h: CUDA_GRAPH_INSTANTIATE_PARAMS begins with its cuuint64_t
+   * flags, those of cuGraphInstantiateWithFlags. */
+  uint64_t flags = 0;
+  if (params != NULL)
+    memcpy(&flags, (const void *)params, sizeof flags);
   return mp__exec_made(real ? real(phGraphExec, hGraph, params)
                             : MP__CU_NOT_INITIALIZED,
-                       phGraphExec, hGraph);
+                       phGraphExec, hGraph, flags);
 }
 
 mp__curesult cuGraphInstantiateWithParams(mp__cugraphexec *phGraphExec,
@@ -521,6 +649,67 @@ mp__curesult cuGraphExecDestroy(mp__cugraphexec hGraphExec) {
   }
   pthread_mutex_unlock(&mp__gr.lock);
   return r;
+}
+
+/* Whether a launch of x may allocate its outputs: none still allocated,
+ * or x frees them at launch (cuda.h, cuGraphLaunch). Under the lock. */
+static bool mp__launch_allowed(mp__cugraphexec x) {
+  for (size_t i = 0; i < mp__gr.nexecs; i++) {
+    const mp__pl_capture_t *c = &mp__gr.caps[mp__gr.execs[i].cap];
+    for (size_t k = 0;
+         mp__gr.execs[i].x == x && !mp__gr.execs[i].auto_free && k < c->nouts;
+         k++)
+      if (c->outs[k].live)
+        return false;
+  }
+  return true;
+}
+
+/* x launched on s: its outputs are allocated (in the table as blocks of
+ * their pool, on s, and traced). Under the lock. */
+static void mp__launched(mp__cugraphexec x, mp__custream s) {
+  for (size_t i = 0; i < mp__gr.nexecs; i++) {
+    mp__pl_capture_t *c = &mp__gr.caps[mp__gr.execs[i].cap];
+    for (size_t k = 0; mp__gr.execs[i].x == x && k < c->nouts; k++) {
+      struct mp__pl_out *o = &c->outs[k];
+      if (o->live)
+        continue;
+      o->live = true;
+      mp__pl_table_put_pool(o->p, o->size, (uintptr_t)s, c->pool);
+      mp__pl_record_alloc(o->p, o->size, (uintptr_t)s, true);
+    }
+  }
+}
+
+static mp__curesult mp__launch(mp__curesult (*real)(mp__cugraphexec,
+                                                    mp__custream),
+                               mp__cugraphexec x, mp__custream s) {
+  if (real == NULL)
+    return MP__CU_NOT_INITIALIZED;
+  if (atomic_load_explicit(&mp__gr_outs, memory_order_relaxed) == 0)
+    return real(x, s); /* no graph has outputs: nothing to keep */
+  mp__gr_lock();
+  bool allowed = mp__launch_allowed(x);
+  pthread_mutex_unlock(&mp__gr.lock);
+  if (!allowed)
+    return MP__CU_INVALID_VALUE; /* the driver's answer (cuGraphLaunch) */
+  mp__curesult r = real(x, s);
+  if (r == MP__CU_SUCCESS) {
+    mp__gr_lock();
+    mp__launched(x, s);
+    pthread_mutex_unlock(&mp__gr.lock);
+  }
+  return r;
+}
+
+mp__curesult cuGraphLaunch(mp__cugraphexec hGraphExec, mp__custream hStream) {
+  return mp__launch(mp__pl_real_cuda()->cuGraphLaunch, hGraphExec, hStream);
+}
+
+mp__curesult cuGraphLaunch_ptsz(mp__cugraphexec hGraphExec,
+                                mp__custream hStream) {
+  return mp__launch(mp__pl_real_cuda()->cuGraphLaunch_ptsz, hGraphExec,
+                    hStream);
 }
 
 mp__curesult cuGraphDestroy(mp__cugraph hGraph) {

@@ -85,6 +85,8 @@
   X(cu, mp__curesult, cuGraphInstantiateWithParams_ptsz,                       \
     (mp__cugraphexec *, mp__cugraph, mp__cugraphparams))                       \
   X(cu, mp__curesult, cuGraphExecDestroy, (mp__cugraphexec))                   \
+  X(cu, mp__curesult, cuGraphLaunch, (mp__cugraphexec, mp__custream))          \
+  X(cu, mp__curesult, cuGraphLaunch_ptsz, (mp__cugraphexec, mp__custream))     \
   X(cu, mp__curesult, cuGraphDestroy, (mp__cugraph))                           \
   /* host.c */                                                                 \
   X(rt, mp__cudaerr, cudaMallocHost, (void **, size_t))                        \

@@ -163,6 +163,10 @@ void *mp__pl_proc_hook(const char *symbol, int cuda_version, uint64_t flags) {
                 : (void *)&cuGraphInstantiateWithParams;
   if (strcmp(symbol, "cuGraphExecDestroy") == 0)
     return (void *)&cuGraphExecDestroy;
+  /* cudaTypedefs.h: PFN_cuGraphLaunch_v10000 and its _ptsz, the only forms
+   * (cudaGraphLaunch asks for it). */
+  if (strcmp(symbol, "cuGraphLaunch") == 0)
+    return ptsz ? (void *)&cuGraphLaunch_ptsz : (void *)&cuGraphLaunch;
   if (strcmp(symbol, "cuGraphDestroy") == 0)
     return (void *)&cuGraphDestroy;
   if (strcmp(symbol, "cuGetProcAddress") == 0)

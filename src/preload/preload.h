@@ -375,6 +375,17 @@ mp_stream_t mp__pl_stream(const mp__pl_t *pl, mp__custream s, bool ptsz);
  * captured or the capture cannot be told (then nothing changed). */
 bool mp__pl_capture_route(const mp__pl_t *pl, mp_pool_t *pool, mp__custream s,
                           bool ptsz);
+/* A stream-ordered allocation of bytes at p that the pool served for the
+ * capture of s (mp__pl_capture_route said yes): if the capture does not
+ * free it, it is one of the graph's outputs, which cuda.h's graph
+ * allocations make the program free after each launch and each launch
+ * allocate again (cuGraphLaunch); graphs.c keeps them so. */
+void mp__pl_capture_allocated(const mp__pl_t *pl, mp__custream s, bool ptsz,
+                              uintptr_t p, size_t bytes);
+/* The program frees ptr, taken from the table: true when it is a graph's
+ * output a launch allocated, which is then free until the next launch (the
+ * block stays the graph's: nothing else to do); false otherwise. */
+bool mp__pl_output_free(uintptr_t ptr);
 /* Live graph pools the shim made (for the report). */
 size_t mp__pl_graph_pools(void);
 /* Forgets every capture and graph of pool (retired at a reset, which

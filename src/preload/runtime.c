@@ -160,6 +160,8 @@ static mp__cudaerr mp__rt_alloc(mp__rt_variant_t v, void **p, size_t bytes,
         mp__pl_table_put_pool((uintptr_t)ptr, bytes, (uintptr_t)s, pool);
       }
       mp__pl_record_alloc((uintptr_t)ptr, bytes, (uintptr_t)s, st == MP_OK);
+      if (st == MP_OK && cap) /* routed to the capture's graph pool */
+        mp__pl_capture_allocated(pl, s, ptsz, (uintptr_t)ptr, bytes);
       r = mp__pl_cuda_error(st);
       served = true;
     }

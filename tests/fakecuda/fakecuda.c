@@ -413,7 +413,22 @@ typedef struct fk_range {
                                  exported (closed at cuMemFree), or -1 */
   bool ipc_open;              /* a cuIpcOpenMemHandle mapping */
   bool stream_ordered;        /* cuMemAllocAsync's, not cuMemAlloc's */
+  unsigned char gout;         /* allocations of a graph's memory nodes:
+                                 FK_GOUT_* (0: none) */
 } fk_range_t;
+
+/* A graph allocation's state (the Programming Guide, "Graph Memory Nodes":
+ * "Graph allocations are considered recreated every time a graph runs";
+ * its lifetime "begins when GPU execution reaches the allocating graph
+ * node" and ends at its free). The fake allocates the memory at capture,
+ * at the address every launch gives, and keeps these states: */
+enum {
+  FK_GOUT_IDLE = 1,  /* not allocated: before a launch, or freed since */
+  FK_GOUT_LIVE = 2,  /* a launch allocated it, not yet freed */
+  FK_GOUT_INNER = 3, /* freed inside a graph: cuda.h, cuGraphAddMemAllocNode,
+                        "These allocations cannot be freed outside the
+                        owning graph" */
+};
 
 static struct {
   pthread_mutex_t lock; /* everything below but `ready` */
@@ -664,23 +679,34 @@ typedef struct fk_urefs {
   size_t n;
 } fk_urefs_t;
 
-/* The memory a graph allocated and freed inside itself (an allocation
- * node and its free node: cuMemAllocAsync and cuMemFreeAsync in the
- * capture), which the fake allocates at capture, at the address every
- * replay uses. An executable graph stands alone once made: "the graph may
+/* A device address of a graph's memory, on its device. */
+typedef struct fk_gaddr {
+  mp_device_t *dev;
+  CUdeviceptr p;
+} fk_gaddr_t;
+
+typedef struct fk_glist {
+  fk_gaddr_t *a;
+  size_t n, cap;
+} fk_glist_t;
+
+/* The memory of a graph's memory nodes, which the fake allocates at
+ * capture, at the address every replay uses: `mem`, what the graph frees
+ * inside itself (an allocation node and its free node), and `outs`, its
+ * allocation nodes not freed inside it, allocated again by each launch
+ * (FK_GOUT_*). An executable graph stands alone once made: "the graph may
  * be destroyed" after cuGraphInstantiate (cuda.h), and an executable owns
  * the physical memory of its allocations (the Programming Guide, "Graph
  * Memory Nodes"). So the memory is the graph's and every executable's made
  * from it, freed when the last of them is destroyed (before 2026-12-01 the
  * graph's destruction freed it under its executables, whose replays then
- * wrote freed memory). Its fields under fk.lock. */
+ * wrote freed memory), but for outputs live then: "Graph destruction does
+ * not automatically free any live graph-allocated memory" (the same
+ * section), so those become the program's to free. Its fields under
+ * fk.lock. */
 typedef struct fk_gmem {
   unsigned refs;
-  struct {
-    mp_device_t *dev;
-    CUdeviceptr p;
-  } * mem;
-  size_t n, cap;
+  fk_glist_t mem, outs;
 } fk_gmem_t;
 
 /* A graph is its nodes in capture order (a linear chain: one stream's
@@ -697,29 +723,61 @@ struct CUgraphExec_st {
   size_t n;
   fk_urefs_t urefs;
   fk_gmem_t *gmem; /* its graph's, one reference more */
+  bool auto_free;  /* CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH */
 };
 
-/* Graph g has a memory node: adds p, freed inside g (0: an allocation
- * node), to g's own memory. Under fk.lock. */
-static bool fk_gmem_own(struct CUgraph_st *g, mp_device_t *dev, CUdeviceptr p) {
+static bool fk_glist_push(fk_glist_t *l, mp_device_t *dev, CUdeviceptr p) {
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? 2 * l->cap : 4;
+    void *q = realloc(l->a, cap * sizeof *l->a);
+    if (q == NULL)
+      return false;
+    l->a = q;
+    l->cap = cap;
+  }
+  l->a[l->n].dev = dev;
+  l->a[l->n++].p = p;
+  return true;
+}
+
+static fk_range_t *fk_range_at(uintptr_t base);
+
+/* Graph g has a memory node for p: an allocation node (freed false), an
+ * output until a free node in g frees it (freed true), which makes p
+ * memory g frees inside itself. Under fk.lock. */
+static bool fk_gmem_own(struct CUgraph_st *g, mp_device_t *dev, CUdeviceptr p,
+                        bool freed) {
   fk_gmem_t *m = g->gmem;
   if (m == NULL && (m = g->gmem = calloc(1, sizeof *m)) != NULL)
     m->refs = 1;
-  if (m == NULL)
+  if (m == NULL || !fk_glist_push(freed ? &m->mem : &m->outs, dev, p))
     return false;
-  if (p == 0)
-    return true;
-  if (m->n == m->cap) {
-    size_t cap = m->cap ? 2 * m->cap : 4;
-    void *q = realloc(m->mem, cap * sizeof *m->mem);
-    if (q == NULL)
-      return false;
-    m->mem = q;
-    m->cap = cap;
-  }
-  m->mem[m->n].dev = dev;
-  m->mem[m->n++].p = p;
+  for (size_t i = 0; freed && i < m->outs.n; i++)
+    if (m->outs.a[i].p == p) {
+      m->outs.a[i] = m->outs.a[--m->outs.n];
+      break;
+    }
+  fk_range_t *r = fk_range_at(p);
+  if (r != NULL)
+    r->gout = freed ? FK_GOUT_INNER : FK_GOUT_IDLE;
   return true;
+}
+
+/* The last reference to m went: its outputs live now become the
+ * program's, and the others join m->mem, which the caller frees. Under
+ * fk.lock. */
+static void fk_gmem_orphan(fk_gmem_t *m) {
+  for (size_t i = 0; i < m->outs.n; i++) {
+    fk_range_t *r = fk_range_at(m->outs.a[i].p);
+    if (r == NULL || r->gout != FK_GOUT_IDLE) {
+      if (r != NULL && r->gout == FK_GOUT_LIVE)
+        r->gout = 0;
+      continue;
+    }
+    if (!fk_glist_push(&m->mem, m->outs.a[i].dev, m->outs.a[i].p))
+      r->gout = 0; /* no room to free it: the program's, leaked */
+  }
+  free(m->outs.a);
 }
 
 /* Drops a reference to *gm (taken from its holder, which no longer has
@@ -730,12 +788,14 @@ static void fk_gmem_drop(fk_gmem_t **gm) {
   fk_gmem_t *m = *gm;
   *gm = NULL;
   bool last = m != NULL && --m->refs == 0;
+  if (last)
+    fk_gmem_orphan(m);
   pthread_mutex_unlock(&fk.lock);
   if (!last)
     return;
-  for (size_t i = 0; i < m->n; i++)
-    (void)fk_free(m->mem[i].dev, m->mem[i].p);
-  free(m->mem);
+  for (size_t i = 0; i < m->mem.n; i++)
+    (void)fk_free(m->mem.a[i].dev, m->mem.a[i].p);
+  free(m->mem.a);
   free(m);
 }
 
@@ -873,9 +933,15 @@ static void fk_graph_free(struct CUgraph_st *g) {
     return;
   /* A graph dropped unfinished (an invalidated capture), under fk.lock:
    * no executable was made from it; its memory stays allocated, as
-   * before. cuGraphDestroy takes gmem first. */
+   * before, the program's. cuGraphDestroy takes gmem first. */
   if (g->gmem != NULL && --g->gmem->refs == 0) {
-    free(g->gmem->mem);
+    for (size_t i = 0; i < g->gmem->outs.n; i++) {
+      fk_range_t *r = fk_range_at(g->gmem->outs.a[i].p);
+      if (r != NULL)
+        r->gout = 0;
+    }
+    free(g->gmem->outs.a);
+    free(g->gmem->mem.a);
     free(g->gmem);
   }
   for (size_t i = 0; i < g->n; i++)
@@ -1360,6 +1426,12 @@ static bool fk_range_take(uintptr_t base, fk_range_t *out) {
   }
   pthread_mutex_unlock(&fk.lock);
   return found;
+}
+
+/* The range whose base is base, or NULL. Under fk.lock. */
+static fk_range_t *fk_range_at(uintptr_t base) {
+  size_t i = fk_range_lower(base);
+  return i < fk.n_ranges && fk.ranges[i].base == base ? &fk.ranges[i] : NULL;
 }
 
 /* The range holding addr. */
@@ -1973,9 +2045,28 @@ static CUresult fk_alloc_sync(mp_device_t *dev, CUdeviceptr *dptr,
   return r == CUDA_SUCCESS ? fk_alloc(dev, dptr, bytes, false) : r;
 }
 
+/* A free by the program (cuMemFree, cuMemFreeAsync outside a capture).
+ * Of a graph's output it ends the allocation a launch made; the memory
+ * stays the graph's for its next launch. Of one not live (before a launch,
+ * or freed twice) or freed inside its graph it is refused: cuda.h,
+ * cuGraphAddMemAllocNode, such allocations "can be freed by passing the
+ * allocation to cuMemFreeAsync or cuMemFree" once, and "cannot be freed
+ * outside the owning graph" when the graph frees them. */
+static CUresult fk_free_user(mp_device_t *dev, CUdeviceptr dptr) {
+  pthread_mutex_lock(&fk.lock);
+  fk_range_t *r = fk_range_at((uintptr_t)dptr);
+  unsigned char g = r != NULL ? r->gout : 0;
+  if (g == FK_GOUT_LIVE)
+    r->gout = FK_GOUT_IDLE;
+  pthread_mutex_unlock(&fk.lock);
+  if (g == 0)
+    return fk_free(dev, dptr);
+  return g == FK_GOUT_LIVE ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
 static CUresult fk_free_sync(mp_device_t *dev, CUdeviceptr dptr) {
   CUresult r = fk_unsafe();
-  return r == CUDA_SUCCESS ? fk_free(dev, dptr) : r;
+  return r == CUDA_SUCCESS ? fk_free_user(dev, dptr) : r;
 }
 
 FK_IN_CTX(cuMemAlloc_v2, (CUdeviceptr * dptr, size_t bytes),
@@ -2007,7 +2098,7 @@ static CUresult fk_alloc_async(mp_device_t *dev, CUdeviceptr *dptr,
     fk_node_t node = {
         .type = CU_GRAPH_NODE_TYPE_MEM_ALLOC, .dst = *dptr, .n = bytes};
     r = fk_capture_op(cap, &node, NULL);
-    if (r == CUDA_SUCCESS && !fk_gmem_own(cap->graph, dev, 0))
+    if (r == CUDA_SUCCESS && !fk_gmem_own(cap->graph, dev, *dptr, false))
       r = CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_unlock(&fk.lock);
   }
@@ -2079,7 +2170,7 @@ static CUresult fk_free_async(mp_device_t *dev, CUdeviceptr dptr, CUstream s,
   if (cap != NULL) {
     fk_node_t node = {.type = CU_GRAPH_NODE_TYPE_MEM_FREE, .dst = dptr};
     r = fk_capture_op(cap, &node, NULL);
-    if (r == CUDA_SUCCESS && !fk_gmem_own(cap->graph, dev, dptr))
+    if (r == CUDA_SUCCESS && !fk_gmem_own(cap->graph, dev, dptr, true))
       r = CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_unlock(&fk.lock);
     return r;
@@ -2091,7 +2182,7 @@ static CUresult fk_free_async(mp_device_t *dev, CUdeviceptr dptr, CUstream s,
   if (r != CUDA_SUCCESS)
     return r;
   mp_status_t rc = mp_stream_synchronize(dev, fk_host_stream(st));
-  return rc == MP_OK ? fk_free(dev, dptr) : fk_result_of(rc);
+  return rc == MP_OK ? fk_free_user(dev, dptr) : fk_result_of(rc);
 }
 
 static CUresult fk_free_async_any(mp_device_t *dev, CUdeviceptr dptr,
@@ -2966,7 +3057,8 @@ CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType *type) {
   return CUDA_SUCCESS;
 }
 
-static CUresult fk_instantiate(CUgraphExec *out, CUgraph g) {
+static CUresult fk_instantiate(CUgraphExec *out, CUgraph g,
+                               unsigned long long flags) {
   if (out == NULL || g == NULL)
     return CUDA_ERROR_INVALID_VALUE;
   struct CUgraphExec_st *x = calloc(1, sizeof *x);
@@ -2978,6 +3070,7 @@ static CUresult fk_instantiate(CUgraphExec *out, CUgraph g) {
   for (size_t i = 0; i < g->n; i++)
     x->nodes[i] = *g->nodes[i];
   x->n = g->n;
+  x->auto_free = flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
   /* cuda.h, cuGraphInstantiate: "If hGraph contains any allocation or free
    * nodes, there can be at most one executable graph in existence for that
    * graph at a time. An attempt to instantiate a second executable graph
@@ -3010,8 +3103,7 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *out, CUgraph g,
                                      unsigned long long flags) {
   FK_COUNT(cuGraphInstantiateWithFlags);
   FK_NEED_INIT();
-  (void)flags;
-  return fk_instantiate(out, g);
+  return fk_instantiate(out, g, flags);
 }
 
 /* The legacy forms: no flags; on success no error node and an empty log
@@ -3020,7 +3112,7 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *out, CUgraph g,
 static CUresult fk_instantiate_legacy(CUgraphExec *out, CUgraph g,
                                       CUgraphNode *err, char *log,
                                       size_t logsize) {
-  CUresult r = fk_instantiate(out, g);
+  CUresult r = fk_instantiate(out, g, 0);
   if (err != NULL)
     *err = NULL;
   if (log != NULL && logsize > 0)
@@ -3049,7 +3141,7 @@ static CUresult fk_instantiate_params(CUgraphExec *out, CUgraph g,
                                       CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
   if (p == NULL)
     return CUDA_ERROR_INVALID_VALUE;
-  CUresult r = fk_instantiate(out, g);
+  CUresult r = fk_instantiate(out, g, p->flags);
   p->hErrNode_out = NULL;
   p->result_out = r == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS
                                     : CUDA_GRAPH_INSTANTIATE_ERROR;
@@ -3124,11 +3216,37 @@ CUresult cuGraphRetainUserObject(CUgraph g, CUuserObject o, unsigned count,
   return ok ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
+/* A launch of x allocates its graph's outputs again: cuda.h, cuGraphLaunch,
+ * "If any allocations created by hGraphExec remain unfreed (from a previous
+ * launch) and hGraphExec was not instantiated with
+ * CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH, the launch will fail
+ * with CUDA_ERROR_INVALID_VALUE" (false: nothing changed); with that flag
+ * "each launch behave[s] as though it called cuMemFreeAsync for every
+ * unfreed allocation" (cuGraphAddMemAllocNode). Takes fk.lock. */
+static bool fk_graph_allocate(CUgraphExec x) {
+  pthread_mutex_lock(&fk.lock);
+  const fk_gmem_t *m = x->gmem;
+  bool ok = true;
+  for (size_t i = 0; m != NULL && ok && i < m->outs.n; i++) {
+    const fk_range_t *r = fk_range_at(m->outs.a[i].p);
+    ok = x->auto_free || r == NULL || r->gout != FK_GOUT_LIVE;
+  }
+  for (size_t i = 0; m != NULL && ok && i < m->outs.n; i++) {
+    fk_range_t *r = fk_range_at(m->outs.a[i].p);
+    if (r != NULL && r->gout == FK_GOUT_IDLE)
+      r->gout = FK_GOUT_LIVE;
+  }
+  pthread_mutex_unlock(&fk.lock);
+  return ok;
+}
+
 /* Replays the graph's operations, in order, on stream s. */
 static CUresult fk_graph_launch(mp_device_t *dev, CUgraphExec x, CUstream s,
                                 bool ptsz) {
   if (x == NULL)
     return fk_bad_handle();
+  if (!fk_graph_allocate(x))
+    return CUDA_ERROR_INVALID_VALUE;
   for (size_t i = 0; i < x->n; i++) {
     const fk_node_t *nd = &x->nodes[i];
     CUresult r = CUDA_SUCCESS;

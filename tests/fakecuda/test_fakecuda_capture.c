@@ -474,6 +474,91 @@ Test(fakecuda_capture, an_executable_keeps_its_graphs_memory_after_the_graph) {
   cr_assert_eq(cuMemFree(out), CUDA_SUCCESS);
 }
 
+/* A graph on s allocating n bytes set to v and not freeing them: its
+ * output, at *out. */
+static CUgraph capture_output(size_t n, unsigned char v, CUdeviceptr *out) {
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuMemAllocAsync(out, n, s), CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8Async(*out, v, n, s), CUDA_SUCCESS);
+  CUgraph g = NULL;
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  return g;
+}
+
+static void launch_and_read(CUgraphExec x, CUdeviceptr out, unsigned char v) {
+  cr_assert_eq(cuGraphLaunch(x, s), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  unsigned char h = 0;
+  cr_assert_eq(cuMemcpyDtoH(&h, out, 1), CUDA_SUCCESS);
+  cr_assert_eq(h, v);
+}
+
+/* An allocation node the graph does not free is allocated by each launch
+ * and freed by the program before the next (cuda.h, cuGraphLaunch: "If any
+ * allocations created by hGraphExec remain unfreed (from a previous
+ * launch) ..., the launch will fail with CUDA_ERROR_INVALID_VALUE"). The
+ * fake allowed the second launch before 2026-12-01, and refused the free
+ * after it as a second free. */
+Test(fakecuda_capture, a_graph_output_is_allocated_by_each_launch) {
+  CUdeviceptr out = 0;
+  CUgraph g = capture_output(4096, 7, &out);
+  CUgraphExec x;
+  cr_assert_eq(cuGraphInstantiate(&x, g, 0), CUDA_SUCCESS);
+  /* Not allocated before a launch (cuda.h names no error: the fake's). */
+  if (!fk_real())
+    cr_assert_eq(cuMemFreeAsync(out, s), CUDA_ERROR_INVALID_VALUE);
+  for (int k = 0; k < 3; k++) {
+    launch_and_read(x, out, 7);
+    cr_assert_eq(cuGraphLaunch(x, s), CUDA_ERROR_INVALID_VALUE,
+                 "launch %d with the output still allocated", k);
+    cr_assert_eq(k == 1 ? cuMemFree(out) : cuMemFreeAsync(out, s), CUDA_SUCCESS,
+                 "free after launch %d", k);
+    if (!fk_real())
+      cr_assert_eq(cuMemFreeAsync(out, s), CUDA_ERROR_INVALID_VALUE);
+  }
+  /* Held past the graph and its executable: the program's to free
+   * ("Graph destruction does not automatically free any live
+   * graph-allocated memory", the Programming Guide, "Graph Memory
+   * Nodes"). */
+  launch_and_read(x, out, 7);
+  cr_assert_eq(cuGraphExecDestroy(x), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+  unsigned char h = 0;
+  cr_assert_eq(cuMemcpyDtoH(&h, out + 4095, 1), CUDA_SUCCESS);
+  cr_assert_eq(h, 7);
+  cr_assert_eq(cuMemFree(out), CUDA_SUCCESS);
+  if (!fk_real())
+    cr_assert_eq(cuMemFree(out), CUDA_ERROR_INVALID_VALUE);
+}
+
+/* CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH "makes each launch behave
+ * as though it called cuMemFreeAsync for every unfreed allocation"
+ * (cuda.h, cuGraphAddMemAllocNode); an output not launched since its free
+ * goes with the graph. */
+Test(fakecuda_capture, auto_free_on_launch_relaunches_with_the_output_held) {
+  CUdeviceptr out = 0;
+  CUgraph g = capture_output(1 << 20, 9, &out);
+  CUgraphExec x;
+  cr_assert_eq(cuGraphInstantiateWithFlags(
+                   &x, g, CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH),
+               CUDA_SUCCESS);
+  for (int k = 0; k < 3; k++)
+    launch_and_read(x, out, 9);
+  cr_assert_eq(cuMemFreeAsync(out, s), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  size_t free0, free1, total;
+  cr_assert_eq(cuMemGetInfo(&free0, &total), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphExecDestroy(x), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+  cr_assert_eq(cuMemGetInfo(&free1, &total), CUDA_SUCCESS);
+  /* A GPU's graph memory pool may keep it (cuDeviceGraphMemTrim). */
+  if (!fk_real()) {
+    cr_expect_geq(free1, free0 + (1 << 20), "not freed with the graph");
+    cr_assert_eq(cuMemFree(out), CUDA_ERROR_INVALID_VALUE);
+  }
+}
+
 /* The second executable is allowed once the first is destroyed. */
 Test(fakecuda_capture, a_graph_with_memory_nodes_has_one_executable_at_a_time) {
   CUgraph g = capture_temporary(4096, 1, 0);

@@ -5,9 +5,19 @@
  * with or without the shim. Checks, whoever serves the memory:
  *  - the global-mode capture ends with CUDA_SUCCESS;
  *  - replays write the output at its captured address;
+ *  - the output is a graph allocation (cuda.h, cuGraphAddMemAllocNode,
+ *    cuGraphLaunch): each launch allocates it and the program frees it
+ *    before the next launch, which fails while it is still allocated; on
+ *    the fake (with or without the shim) a free before the first launch
+ *    and a second free are refused; the output launched last and held
+ *    outlives the graph and its executable, and is freed after them. A
+ *    second argument "auto" instantiates with
+ *    CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH instead: launches
+ *    with the output allocated are allowed, and it is freed once, last;
  *  - (under the shim, argument "pool") memory handed out during the
  *    capture is not handed out after it until the graph and its executable
- *    are destroyed; afterwards it is. A second argument "params"
+ *    are destroyed (nor while the program holds the output after them);
+ *    afterwards it is. A second argument "params"
  *    instantiates with cuGraphInstantiateWithParams instead and destroys
  *    the graph at once: the executable alone must hold the memory; so do
  *    "v1", "v2" and "proc11", with the forms before CUDA 12.0 (an error
@@ -77,6 +87,18 @@ static int probe(CUstream s, int *inside) {
   return 0;
 }
 
+/* probe() on s, which must get none of the capture's memory while `what`
+ * holds it: 0, or 1 after saying so. */
+static int probe_none(CUstream s, const char *what) {
+  int inside;
+  if (probe(s, &inside) != 0)
+    return 1;
+  if (inside != 0)
+    printf("%d of %d allocations got the graph's memory while %s\n", inside,
+           NPROBE, what);
+  return inside != 0;
+}
+
 /* After the graph and its executables went: the device idle first, so
  * that whether the probe gets the graph's memory does not hang on when the
  * streams' last markers complete (a stream of the fake runs on a thread
@@ -113,14 +135,8 @@ static int many_execs(CUstream s, CUstream other) {
   MP_TRY(cuStreamSynchronize(s));
   MP_TRY(cuMemFreeAsync(out, s));
   MP_TRY(cuStreamSynchronize(s));
-  if (probe(other, &inside) != 0)
+  if (probe_none(other, "its last executable lives") != 0)
     return 1;
-  if (inside != 0) {
-    printf("%d of %d allocations got the memory of a graph whose last "
-           "executable lives\n",
-           inside, NPROBE);
-    return 1;
-  }
   MP_TRY(cuGraphExecDestroy(x[NEXECS - 1]));
   if (probe_after(other, &inside) != 0)
     return 1;
@@ -222,6 +238,7 @@ int main(int argc, char **argv) {
   bool params = strcmp(how, "params") == 0 || strcmp(how, "v1") == 0 ||
                 strcmp(how, "v2") == 0 || strcmp(how, "proc11") == 0;
   bool ptsz = argc > 2 && strcmp(argv[2], "ptsz") == 0;
+  bool autofree = strcmp(how, "auto") == 0;
   CUresult (*alloc)(CUdeviceptr *, size_t, CUstream) =
       ptsz ? cuMemAllocAsync_ptsz : cuMemAllocAsync;
   CUresult (*release)(CUdeviceptr, CUstream) =
@@ -279,6 +296,9 @@ int main(int argc, char **argv) {
       return 1;
     MP_TRY(cuGraphDestroy(g)); /* the executable stands alone (cuda.h) */
     g = NULL;
+  } else if (autofree) {
+    MP_TRY(cuGraphInstantiateWithFlags(
+        &x, g, CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH));
   } else if (params) {
     CUDA_GRAPH_INSTANTIATE_PARAMS ip = {.flags = 0};
     MP_TRY(cuGraphInstantiateWithParams(&x, g, &ip));
@@ -291,11 +311,18 @@ int main(int argc, char **argv) {
   } else {
     MP_TRY(cuGraphInstantiate(&x, g, 0));
   }
-  /* A free of the output outside the graph is the program's: before the
-   * first replay the fake's graph may not own it (allocation nodes). */
+  bool fake = cuFakeGetCallCount != NULL;
+  /* The output is a graph allocation (cuda.h, cuGraphAddMemAllocNode):
+   * each launch allocates it, the program frees it before the next launch
+   * (or the executable frees it at launch: "auto"). Before the first
+   * launch it is not allocated: a free is refused (the fake's answer and
+   * the shim's; cuda.h names none, so not asked of a real driver). */
+  if (fake && cuMemFreeAsync(out, s) != CUDA_ERROR_INVALID_VALUE) {
+    puts("a free of the output before the first launch was not refused");
+    return 1;
+  }
   for (int k = 0; k < 3; k++) {
     unsigned char h[4096];
-    MP_TRY(cuMemsetD8Async(out, 0, 4096, s));
     MP_TRY(cuGraphLaunch(x, s));
     MP_TRY(cuStreamSynchronize(s));
     MP_TRY(cuMemcpyDtoH(h, out, sizeof h));
@@ -303,31 +330,49 @@ int main(int argc, char **argv) {
       printf("replay %d did not write the output (%d)\n", k, h[0]);
       return 1;
     }
+    /* Zeroed while allocated: the next launch must write it again. */
+    MP_TRY(cuMemsetD8(out, 0, sizeof h));
+    if (autofree)
+      continue;
+    /* cuda.h, cuGraphLaunch: with an allocation of the last launch still
+     * unfreed, "the launch will fail with CUDA_ERROR_INVALID_VALUE". */
+    if (k == 0 && cuGraphLaunch(x, s) != CUDA_ERROR_INVALID_VALUE) {
+      puts("a launch with the output still allocated was not refused");
+      return 1;
+    }
+    MP_TRY(release(out, s));
+    if (k == 0 && fake && cuMemFreeAsync(out, s) != CUDA_ERROR_INVALID_VALUE) {
+      puts("a second free of the output was not refused");
+      return 1;
+    }
   }
+  /* Launched once more and kept: "Graph destruction does not
+   * automatically free any live graph-allocated memory" (the Programming
+   * Guide, "Graph Memory Nodes"); the program frees it after the graph. */
+  MP_TRY(cuGraphLaunch(x, s));
+  MP_TRY(cuStreamSynchronize(s));
   int inside = 0;
-  if (pool) {
-    /* With the graph gone, only the executable holds what the capture got:
-     * with the output freed too, nothing else would. */
-    if (params) {
-      MP_TRY(cuMemFreeAsync(out, s));
-      MP_TRY(cuStreamSynchronize(s));
-    }
-    if (probe(other, &inside) != 0)
-      return 1;
-    if (inside != 0) {
-      printf("%d of %d allocations got the graph's memory while it lives\n",
-             inside, NPROBE);
-      return 1;
-    }
-  }
+  if (pool && probe_none(other, "it lives") != 0)
+    return 1;
   MP_TRY(cuGraphExecDestroy(x));
   if (g != NULL)
     MP_TRY(cuGraphDestroy(g));
+  unsigned char h = 0;
+  MP_TRY(cuMemcpyDtoH(&h, out + 4095, 1));
+  if (h != 42) {
+    printf("the output held after the graph went reads %d\n", h);
+    return 1;
+  }
+  /* The output held keeps the graph's memory from others until freed. */
+  if (pool && probe_none(other, "its output is held") != 0)
+    return 1;
+  MP_TRY(cuMemFreeAsync(out, s));
+  MP_TRY(cuStreamSynchronize(s));
+  if (fake && cuMemFreeAsync(out, s) != CUDA_ERROR_INVALID_VALUE) {
+    puts("a second free of the output after the graph was not refused");
+    return 1;
+  }
   if (pool) {
-    if (!params) {
-      MP_TRY(cuMemFreeAsync(out, s)); /* the graph's output, still live */
-      MP_TRY(cuStreamSynchronize(s));
-    }
     if (probe_after(other, &inside) != 0)
       return 1;
     if (inside == 0) {

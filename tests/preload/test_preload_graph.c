@@ -31,13 +31,17 @@ static void capture_under_the_shim_with(const char *how, const char *conf) {
   spawn(argv, env, &r);
   cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
   cr_assert_str_eq(r.out, "ok\n");
-  /* 2 in the warm-up, 1 + 6 in the capture, 2 * 24 probes; as many
-   * frees. to_graph_twice: 2 in the warm-up, 2 in the captures;
-   * many_execs: 2 in the warm-up, 2 in the capture, 2 * 24 probes. */
-  int n = how == NULL                          ? 57
-          : strcmp(how, "to_graph_twice") == 0 ? 4
-          : strcmp(how, "many_execs") == 0     ? 52
-                                               : 57;
+  /* 2 in the warm-up, 1 + 6 in the capture, 4 launches allocating the
+   * output (the capture's end traced as its free), 3 * 24 probes; as many
+   * frees. auto: the output allocated by the first launch only.
+   * to_graph_twice: 2 in the warm-up, 2 in the captures, 2 by the launch;
+   * many_execs: 2 in the warm-up, 2 in the capture, 1 by the launch, 2 *
+   * 24 probes. */
+  int n = how == NULL                          ? 85
+          : strcmp(how, "auto") == 0           ? 82
+          : strcmp(how, "to_graph_twice") == 0 ? 6
+          : strcmp(how, "many_execs") == 0     ? 53
+                                               : 85;
   cr_assert_eq(
       sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
          "sys.exit(0 if d[\"mode\"]==\"pool\" and "
@@ -91,19 +95,46 @@ Test(preload_graph, instantiate_found_at_11000_holds_the_graph_pool) {
   capture_under_the_shim("proc11");
 }
 
-/* Without the shim the graph destroyed after instantiation replays on the
- * fake, as on a driver, through every form of instantiation (the fake
- * freed the graph's memory with the graph before 2026-12-01). */
-Test(preload_graph, without_the_shim_a_lone_executable_replays) {
+/* graph_prog run without the shim in each mode of hows. */
+static void without_the_shim(const char *const *hows, int n) {
   const char *env[] = {"LD_PRELOAD=", NULL};
-  const char *const hows[] = {"params", "v1", "v2", "proc11"};
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < n; i++) {
     const char *argv[] = {MP_GRAPH_PROG, "plain", hows[i], NULL};
     spawn(argv, env, &r);
     cr_assert(r.exited && r.code == 0, "%s: out: %s\nerr: %s", hows[i], r.out,
               r.err);
     cr_assert_str_eq(r.out, "ok\n", "%s", hows[i]);
   }
+}
+
+/* Without the shim the graph destroyed after instantiation replays on the
+ * fake, as on a driver, through every form of instantiation (the fake
+ * freed the graph's memory with the graph before 2026-12-01). */
+Test(preload_graph, without_the_shim_a_lone_executable_replays) {
+  const char *const hows[] = {"params", "v1", "v2", "proc11"};
+  without_the_shim(hows, 4);
+}
+
+/* The canonical use of a graph's output (cuda.h, cuGraphLaunch): freed
+ * after each launch, allocated again by the next. The shim kept the
+ * output one allocation for the graph's life: the free after the second
+ * launch was refused as a second free (CUDA_ERROR_INVALID_VALUE), and a
+ * launch with the output still allocated was not refused. graph_prog
+ * checks both, a free before the first launch, a second free, and the
+ * output held past the graph; the default run above does it with
+ * cuGraphInstantiate, this one with AUTO_FREE_ON_LAUNCH (launches with
+ * the output allocated allowed). */
+Test(preload_graph, an_output_freed_after_each_launch_is_allocated_again) {
+  capture_under_the_shim("auto");
+}
+
+/* Without the shim the fake keeps the same rules (its allocation nodes'
+ * memory allocated at each launch), so that graph_prog's checks are
+ * CUDA's and not the shim's. The fake allowed a second launch with the
+ * output allocated before 2026-12-01, as the shim did. */
+Test(preload_graph, without_the_shim_outputs_are_allocated_at_each_launch) {
+  const char *const hows[] = {"auto", "ptsz"};
+  without_the_shim(hows, 2);
 }
 
 /* A capture whose allocations came through the per-thread-default-stream

@@ -151,14 +151,23 @@ fi
 # it, served by a graph-private pool, replayed on the real driver; then
 # the same capture allocating through the _ptsz entry points; then two
 # captures into one graph (cuStreamBeginCaptureToGraph); then 300
-# executables of one graph, the last alone holding its memory.
+# executables of one graph, the last alone holding its memory; "auto"
+# instantiates with AUTO_FREE_ON_LAUNCH. Every mode frees the graph's
+# output after each launch, as cuda.h's graph allocations ask; "" and
+# "auto" also run without the shim, the real driver's own graph memory
+# nodes keeping the rules the fake keeps.
 graph=$build/tests/preload/preload_graph_prog
 if [ -x "$graph" ]; then
   real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
-  for how in "" ptsz to_graph_twice many_execs; do
+  for how in "" ptsz auto to_graph_twice many_execs; do
     LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
       MEMPOOL_DEVICE=cuda "$graph" pool $how >"$work/graph.out" 2>&1 ||
       fail "graph_prog $how under the shim: $(cat "$work/graph.out")"
+  done
+  for how in "" auto; do
+    LD_LIBRARY_PATH="$(dirname "$real")" "$graph" plain $how \
+      >"$work/graph.out" 2>&1 ||
+      fail "graph_prog $how without the shim: $(cat "$work/graph.out")"
   done
 fi
 
