@@ -402,10 +402,14 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
     if (st == MP_OK)
       st = mp__evacuate_all(&m);
   }
+  /* Not the block the out-of-memory ladder holds while it waits for the
+   * streams (the lock dropped, a freeze may run): the ladder may give it
+   * back, and a fence above it would keep free memory that was never live
+   * from defragmentation for good. */
   if (st == MP_OK && freeze)
     for (mp__segment_t *seg = pool->segs; seg != NULL; seg = seg->next)
       for (mp__block_t *b = seg->first; b != NULL; b = b->next)
-        if (!(b->flags & (MP__B_FREE | MP__B_HOLE))) {
+        if (mp__block_owned(b)) {
           b->flags |= MP__B_FROZEN;
           if (b->addr + b->size > seg->fence)
             seg->fence = b->addr + b->size;

@@ -36,26 +36,20 @@ typedef struct mp__spans {
   size_t bytes; /* their sum: the host copy's size */
 } mp__spans_t;
 
-/* Blocks whose content a pause keeps: the live ones, except a block the
- * out-of-memory ladder holds while it waits for the streams (core.c,
- * mp__block_hold). That one is free memory on its way to becoming a new
- * allocation, and the ladder may give it back while the pool is paused: a
- * resume listing it no more would copy every block above it from the
- * wrong place in the host copy. Left out at both ends, the pause and the
- * resume list the same blocks. */
-static bool mp__kept(const mp__block_t *b) {
-  return !(b->flags & (MP__B_FREE | MP__B_HOLE | MP__B_LADDER));
-}
-
-/* Lists the kept blocks, under the lock: the copies run with it dropped,
- * and a thread whose allocation dropped the lock before the pause may then
- * take free blocks and put them back (alloc.c), so the block lists are
- * not walked meanwhile. MP_ENOMEM without host memory. */
+/* Lists the blocks whose content a pause keeps, the program's
+ * (mp__block_owned). The ladder's block is left out: the ladder may give
+ * it back while the pool is paused, and a resume listing it no more would
+ * copy every block above it from the wrong place in the host copy; left
+ * out at both ends, the pause and the resume list the same blocks. Under
+ * the lock: the copies run with it dropped, and a thread whose allocation
+ * dropped the lock before the pause may then take free blocks and put them
+ * back (alloc.c), so the block lists are not walked meanwhile. MP_ENOMEM
+ * without host memory. */
 static mp_status_t mp__live_spans(const mp_pool_t *pool, mp__spans_t *out) {
   size_t n = 0;
   for (const mp__segment_t *g = pool->segs; g != NULL; g = g->next)
     for (const mp__block_t *b = g->first; b != NULL; b = b->next)
-      n += mp__kept(b);
+      n += mp__block_owned(b);
   out->n = 0;
   out->bytes = 0;
   out->v = mp__host_alloc((n ? n : 1) * sizeof *out->v);
@@ -64,7 +58,7 @@ static mp_status_t mp__live_spans(const mp_pool_t *pool, mp__spans_t *out) {
                                "to copy");
   for (const mp__segment_t *g = pool->segs; g != NULL; g = g->next)
     for (const mp__block_t *b = g->first; b != NULL; b = b->next)
-      if (mp__kept(b)) {
+      if (mp__block_owned(b)) {
         out->v[out->n++] = (mp__chunk_t){b->addr, b->size};
         out->bytes += b->size;
       }

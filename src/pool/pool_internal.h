@@ -230,6 +230,14 @@ typedef struct mp__block {
   };
 } mp__block_t;
 
+/* Whether b is memory the program holds: live, and not the block the
+ * out-of-memory ladder holds while it waits (MP__B_LADDER: free memory on
+ * its way to becoming an allocation, which the ladder may yet give back).
+ * What a pause keeps (pause.c) and what a freeze fences (defrag.c). */
+static inline bool mp__block_owned(const mp__block_t *b) {
+  return !(b->flags & (MP__B_FREE | MP__B_HOLE | MP__B_LADDER));
+}
+
 /* ---- segments (segment.c, vrange.c) ------------------------------------ */
 enum { MP__SEG_PLAIN, MP__SEG_VIRTUAL, MP__SEG_RANGE };
 

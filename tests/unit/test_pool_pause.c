@@ -2,7 +2,7 @@
  * host backend cannot produce: an unmap that fails halfway through a pause
  * must leave the pool running with every live byte where it was; and a
  * pause that runs while the out-of-memory ladder holds a block keeps the
- * pool's figures. */
+ * pool's figures, and a freeze then fences only the blocks live. */
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -431,6 +431,64 @@ Test(pool_pause, a_keep_content_pause_while_the_ladder_holds_a_block_keeps_data,
                at < 2 * MiB ? ((unsigned char *)a)[at] : 0);
   if (l.st == MP_OK)
     cr_assert_eq(mp_pool_free(p, l.x), MP_OK);
+  cr_assert_eq(mp_pool_free(p, a), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, busy_s), MP_OK);
+  fake_pool_finish(p, dev);
+}
+
+/* A freeze while the out-of-memory ladder holds a block fences only what
+ * the program holds live. It fenced the ladder's block too (in the live
+ * map, no caller's: free memory on its way to becoming an allocation),
+ * and when the ladder gave the block back (its allocation failed) the
+ * fence stayed above free memory that had never been live: no
+ * defragmentation moved a block into it again. Here: A (s1, live) and B
+ * (busy_s) fill the device, B above A; the ladder of a 2 MiB request on s1
+ * holds B, waiting; the freeze runs (nothing to move: no synchronization
+ * of its own); a pause ends the ladder (MP_EBUSY), a resume. Then F takes
+ * B's space, a movable block H is grown above it, F is freed: a
+ * defragmentation slides H down into B's space, above the fence. */
+Test(pool_pause, a_freeze_while_the_ladder_holds_a_block_fences_only_live_ones,
+     .timeout = 20) {
+  mp_device_t *dev;
+  mp_stream_t s1;
+  mp_pool_t *p = ladder_setup(&dev, &s1);
+  void *a, *b, *f;
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, s1, &a), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, busy_s, &ladder_b), MP_OK);
+  b = ladder_b;
+  cr_assert_eq((char *)b, (char *)a + 2 * MiB, "the test needs B above A");
+  ladder_t l = {p, s1, MP_OK, NULL};
+  pthread_t t;
+  ladder_start(dev, &l, &t);
+  mp__pool_lock(p);
+  mp__block_t *held = mp__map_find(p, (uintptr_t)b);
+  bool by_ladder = held != NULL && (held->flags & MP__B_LADDER);
+  mp__pool_unlock(p);
+  cr_assert(by_ladder, "the ladder holds B while it waits");
+  cr_assert_eq(mp_pool_freeze(p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_pause(p, 0), MP_OK, "%s", mp_last_error());
+  pthread_join(t, NULL);
+  cr_assert_eq(ladder_free, MP_OK, "B freed during the ladder's wait");
+  cr_assert_eq(l.st, MP_EBUSY, "the ladder ended in the paused pool: %d", l.st);
+  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+  check(p);
+  cr_expect_eq(p->vseg->fence, (uintptr_t)a + 2 * MiB,
+               "the fence at A's top, not B's (%#lx above A)",
+               (unsigned long)(p->vseg->fence - (uintptr_t)a));
+  fake_of(dev)->capacity = fake_of(dev)->used + 2 * MiB;
+  mp_handle_t *h;
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, s1, &f), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(f, b, "F takes B's space");
+  cr_assert_eq(mp_pool_alloc_movable(p, 2 * MiB, s1, &h), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_handle_ptr(h), (char *)b + 2 * MiB, "H above F");
+  cr_assert_eq(mp_pool_free(p, f), MP_OK);
+  size_t moved = 0;
+  cr_assert_eq(mp_pool_defragment(p, s1, &moved), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(moved, 2 * MiB, "H slid into B's space: %zu bytes moved", moved);
+  cr_expect_eq(mp_handle_ptr(h), b);
+  check(p);
+  cr_assert_eq(mp_handle_free(h), MP_OK);
   cr_assert_eq(mp_pool_free(p, a), MP_OK);
   cr_assert_eq(mp_stream_synchronize(dev, busy_s), MP_OK);
   fake_pool_finish(p, dev);
