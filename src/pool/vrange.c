@@ -202,7 +202,9 @@ static mp__block_t *mp__join_placed(mp_pool_t *pool, mp__block_t *r, bool jp,
 /* Bookkeeping after [at, at + n) was mapped: inside hole h, or (h NULL) at
  * or above the top, a gap below it becoming a hole (spare's record; spare
  * may be NULL when at is the top or h's start, and no gap is left). The
- * new memory is a free block, merged with the neighbours jp/jn allow. */
+ * new memory is a free block, merged with the neighbours jp/jn allow. The
+ * device call (its count, its history event) is the caller's to record:
+ * an unmap undone comes back through here without one. */
 static mp__block_t *mp__after_map(mp_pool_t *pool, mp__segment_t *v,
                                   mp__block_t *h, uintptr_t at, size_t n,
                                   mp__block_t *r, mp__block_t *spare, bool jp,
@@ -223,10 +225,8 @@ static mp__block_t *mp__after_map(mp_pool_t *pool, mp__segment_t *v,
   v->chunks[i].size = n;
   v->nchunks++;
   v->size += n;
-  pool->st.device_alloc_count++;
   pool->st.segment_count++;
   mp__reserved_add(pool, n);
-  MP__HIST(pool, MP__H_SEGMENT_MAP, at, n, 0);
   r->addr = at;
   r->size = n;
   r->flags = MP__B_FREE;
@@ -359,12 +359,12 @@ static bool mp__unmap_chunk(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
     MP__HIST(pool, MP__H_SEGMENT_UNMAP, c.addr, c.size, 0);
     return true;
   }
-  /* Still mapped: take it back as free memory where it was. */
+  /* Still mapped: take it back as free memory where it was (no map was
+   * made: no device call counted, no event). */
   if ((recs = mp__recs_new(pool, 2)) != NULL && mp__vrange_room(v, 1)) {
     mp__block_t *r = mp__recs_pop(&recs), *spare = mp__recs_pop(&recs);
     (void)mp__after_map(pool, v, mp__hole_at(v, c.addr), c.addr, c.size, r,
                         spare, true, true);
-    pool->st.device_alloc_count--; /* no call was made */
     return false;
   }
   /* No host memory to describe it: it stays mapped but unused until the
@@ -756,6 +756,8 @@ mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
      * below it, and only the last touches the free neighbour above. */
     mp__block_t *rec = mp__recs_pop(&recs);
     mp__block_t *spare = off == 0 ? mp__recs_pop(&recs) : NULL;
+    pool->st.device_alloc_count++;
+    MP__HIST(pool, MP__H_SEGMENT_MAP, p.at + off, n, 0);
     *fresh =
         mp__after_map(pool, v, h, p.at + off, n, rec, spare,
                       off == 0 ? p.jp : true, off + n == grow ? p.jn : false);

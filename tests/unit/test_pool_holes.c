@@ -1,7 +1,8 @@
 /* The virtual range with holes, on the synchronous fake device: free chunks
  * are unmapped anywhere in the range (trim, and reclaim before growing past
  * the peak), blocks never span a hole, growth maps into a hole where that
- * completes a free block, and max_split holds in both modes. */
+ * completes a free block, and max_split holds in both modes; an unmap the
+ * device refuses leaves no event in the history. */
 #include <criterion/criterion.h>
 #include <stdint.h>
 
@@ -385,6 +386,76 @@ Test(pool_holes, growth_places_again_after_a_reclaim_that_failed) {
   cr_expect_eq(stats(p).reserved_bytes, 8 * MiB);
   cr_assert_eq(mp_pool_free(p, x), MP_OK);
   cr_assert_eq(mp_pool_free(p, t), MP_OK);
+  fake_pool_finish(p, dev);
+}
+
+/* Replays the history's segment events against the chunks they name: a
+ * segment_map of a range not mapped, a segment_unmap of one mapped whole;
+ * at the end the chunks the history leaves mapped are the device's. */
+static void expect_segment_history_replays(const mp_pool_t *p,
+                                           mp_device_t *dev) {
+  struct {
+    uintptr_t addr;
+    size_t size;
+  } m[16];
+  size_t n = 0, bytes = 0;
+  const mp__history_t *h = &p->hist;
+  cr_assert_leq(h->total, h->cap, "the test reads a ring that did not wrap");
+  for (size_t i = 0; i < h->total; i++) {
+    const mp__hevent_t *e = &h->ev[i];
+    if (e->action == MP__H_SEGMENT_MAP) {
+      for (size_t k = 0; k < n; k++)
+        cr_assert(
+            e->addr + e->size <= m[k].addr || m[k].addr + m[k].size <= e->addr,
+            "event %zu maps %#lx, mapped already", i, (unsigned long)e->addr);
+      cr_assert_lt(n, 16);
+      m[n].addr = e->addr;
+      m[n++].size = e->size;
+      bytes += e->size;
+    } else if (e->action == MP__H_SEGMENT_UNMAP) {
+      size_t k = 0;
+      while (k < n && !(m[k].addr == e->addr && m[k].size == e->size))
+        k++;
+      cr_assert_lt(k, n, "event %zu unmaps %#lx, not mapped", i,
+                   (unsigned long)e->addr);
+      bytes -= e->size;
+      m[k] = m[--n];
+    }
+  }
+  cr_expect_eq(n, fake_of(dev)->nmap, "chunks: history %zu, device %zu", n,
+               fake_of(dev)->nmap);
+  cr_expect_eq(bytes, fake_of(dev)->used, "bytes: history %zu, device %zu",
+               bytes, fake_of(dev)->used);
+}
+
+/* An unmap the device refuses is undone: the chunk stays where it was, a
+ * free block again. The undo went through the bookkeeping of a map, which
+ * recorded a segment_map event: the history (a snapshot's trace) mapped
+ * the chunk twice, with no unmap between, so a replay of it held a chunk
+ * more than the pool (and, once trim did unmap it, one chunk all the
+ * same). No event now: nothing happened on the device. */
+Test(pool_holes, an_unmap_that_failed_is_no_history_event) {
+  mp_device_t *dev = hooked_open();
+  mp_pool_t *p = make_pool(dev, "segment_bytes=2M,history=64");
+  void *x, *y;
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &x), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &y), MP_OK);
+  cr_assert_eq(fake_of(dev)->maps, 2, "one chunk per block");
+  cr_assert_eq(mp_pool_free(p, x), MP_OK);
+  uint64_t events = p->hist.total;
+  fail_unmap = 1;
+  (void)mp_pool_trim(p, 0);
+  cr_assert_eq(fail_unmap, 0, "trim tried to unmap X's chunk");
+  cr_assert_eq(fake_of(dev)->used, 4 * MiB, "the chunk stays mapped");
+  check(p);
+  cr_expect_eq(p->hist.total, events, "%u events for a failed unmap",
+               (unsigned)(p->hist.total - events));
+  expect_segment_history_replays(p, dev);
+  /* Unmapped at the next trim: one segment_unmap. */
+  cr_assert_eq(mp_pool_trim(p, 0), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(fake_of(dev)->used, 2 * MiB);
+  expect_segment_history_replays(p, dev);
+  cr_assert_eq(mp_pool_free(p, y), MP_OK);
   fake_pool_finish(p, dev);
 }
 
