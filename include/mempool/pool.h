@@ -651,7 +651,10 @@ MP_API mp_status_t mp_pool_set_oom_handler(mp_pool_t *pool,
  * its own stream; other streams wait for its markers, which the history
  * does not record), segment_map / segment_unmap (virtual chunks),
  * segment_alloc / segment_free (plain segments) and oom. Trace sizes are
- * block sizes (rounded), as in PyTorch. The file is written whole or not
+ * block sizes (rounded), as in PyTorch. A segment's segment_pool_id is
+ * (0, 0), or for a graph pool (0, n), n an id of its own (as PyTorch gives
+ * a private pool's segments its id); the parent's snapshot shows the
+ * ranges it lent as live blocks. The file is written whole or not
  * at all (a temporary beside it, renamed); a path that is there and is no
  * regular file (a device, a FIFO, a symbolic link) is written in place,
  * never replaced. A NULL or unwritable path is MP_EINVAL / MP_EIO with a

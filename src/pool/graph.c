@@ -117,6 +117,10 @@ mp_status_t mp__graph_create(mp_pool_t *parent, mp__upstream_t upstream,
   mp_status_t st = mp__pool_new(parent->dev, &cfg, &g);
   if (st != MP_OK)
     return st;
+  /* A pool id as PyTorch's graph_pool_handle() makes one, (0, n), for the
+   * snapshot: never (0, 0), the id of a pool's own segments. */
+  static _Atomic uint64_t ids;
+  g->graph_id = atomic_fetch_add_explicit(&ids, 1, memory_order_relaxed) + 1;
   mp__pool_lock(parent);
   if ((st = mp__pool_paused(parent, "mp_pool_graph_create")) == MP_OK) {
     g->parent = parent;

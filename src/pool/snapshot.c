@@ -18,7 +18,10 @@
  *
  * Segments: each plain segment, and each run of mapped memory of the
  * virtual range between two holes (is_expandable True, as PyTorch's
- * expandable segments); none while the pool is paused (pause.c). A
+ * expandable segments); none while the pool is paused (pause.c).
+ * segment_pool_id is (0, 0), or for a graph pool (0, n), its own id
+ * (graph.c), as PyTorch gives a private pool's segments its MempoolId_t
+ * (a parent's snapshot shows the ranges it lent as live blocks). A
  * block's state is "active_allocated" when live,
  * "inactive" when free; its frames are those of the last alloc event of
  * its address still in the history. Frames are symbolized with dladdr():
@@ -141,7 +144,8 @@ typedef struct {
   size_t nev;
   size_t next; /* the next event the trace writes (mp__write_trace) */
   size_t segment_bytes;
-  int device; /* the CUDA ordinal it is written as */
+  uint64_t pool_id; /* the second number of segment_pool_id (graph_id) */
+  int device;       /* the CUDA ordinal it is written as */
 } mp__snap_t;
 
 static void mp__snap_free(mp__snap_t *s) {
@@ -193,6 +197,7 @@ static mp_status_t mp__snap_link_events(mp__snap_t *s) {
 static mp_status_t mp__snap_take(mp_pool_t *pool, mp__snap_t *s) {
   memset(s, 0, sizeof *s);
   s->segment_bytes = pool->cfg.segment_bytes;
+  s->pool_id = pool->graph_id;
   size_t nb = 0, ns = 0;
   /* Paused, the pool maps nothing: no segment, as stats say 0 reserved
    * (the trace's segment_unmap events say where the memory went). */
@@ -306,7 +311,7 @@ static void mp__write_segment(mp__pk_t *w, const mp__snap_t *s, size_t b0,
                                                                  : "large");
   mp__pk_str(w, "segment_pool_id");
   mp__pk_int(w, 0);
-  mp__pk_int(w, 0);
+  mp__pk_int(w, s->pool_id);
   mp__pk_op(w, 0x86); /* TUPLE2 */
   mp__pk_str(w, "is_expandable");
   mp__pk_bool(w, kind == MP__SEG_VIRTUAL);

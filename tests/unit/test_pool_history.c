@@ -1,6 +1,7 @@
-/* The pool's history ring (history=N, history_stacks=1) and
- * mp_pool_snapshot's error paths. The pickle's content is checked by
- * python/tests/test_snapshot.py (Python's own pickle, and mpbench replay). */
+/* The pool's history ring (history=N, history_stacks=1),
+ * mp_pool_snapshot's error paths and its segments' pool ids. The pickle's
+ * content is checked by python/tests/test_snapshot.py (Python's own pickle, and
+ * mpbench replay). */
 #include <criterion/criterion.h>
 #include <dlfcn.h>
 #include <pthread.h>
@@ -386,6 +387,79 @@ Test(pool_history, snapshot_writes_through_a_link_or_fifo_and_keeps_it,
   unlink(fifo);
   cr_expect_eq(rmdir(dir), 0, "a temporary was left behind");
   mp_pool_destroy(p);
+}
+
+/* The segment_pool_id of each segment of pool's snapshot, in ids[] (at
+ * most max; returns how many): the key, then two BININTs and TUPLE2, as
+ * snapshot.c writes them. */
+static size_t snapshot_pool_ids(mp_pool_t *pool, uint64_t ids[][2],
+                                size_t max) {
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  cr_assert_eq(mp_pool_snapshot_file(pool, f), MP_OK, "%s", mp_last_error());
+  fclose(f);
+  static const char key[] = "X\x0f\0\0\0segment_pool_id";
+  size_t n = 0;
+  for (char *at = buf; (at = memmem(at, len - (size_t)(at - buf), key,
+                                    sizeof key - 1)) != NULL;) {
+    const unsigned char *v = (const unsigned char *)at + sizeof key - 1;
+    cr_assert(v[0] == 'J' && v[5] == 'J' && v[10] == 0x86,
+              "segment_pool_id is no tuple of two BININTs");
+    cr_assert_lt(n, max);
+    for (int k = 0; k < 2; k++)
+      ids[n][k] = (uint64_t)v[1 + 5 * k] | (uint64_t)v[2 + 5 * k] << 8 |
+                  (uint64_t)v[3 + 5 * k] << 16 | (uint64_t)v[4 + 5 * k] << 24;
+    n++;
+    at = (char *)v;
+  }
+  free(buf);
+  return n;
+}
+
+/* A graph pool's segments carry an id of their own, as PyTorch gives a
+ * private pool's segments its MempoolId_t ((0, n) for graph_pool_handle()),
+ * and the pool's own segments (0, 0). A graph pool's segments said (0, 0)
+ * too: a reader selecting a graph's memory by its id (as PyTorch's
+ * cudagraph_trees does) took it for the default pool's. */
+Test(pool_history, a_graph_pools_segments_carry_its_pool_id) {
+  mp_pool_t *p = make_pool("max_bytes=32M,history=16");
+  mp_pool_t *g[2];
+  mp_stream_t s[2];
+  void *x[2];
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(mp_stream_create(dev, &s[i]), MP_OK);
+    cr_assert_eq(mp_pool_graph_create(p, &g[i]), MP_OK, "%s", mp_last_error());
+    cr_assert_eq(mp_pool_graph_begin(p, g[i], s[i]), MP_OK, "%s",
+                 mp_last_error());
+    cr_assert_eq(mp_pool_alloc(p, 1 << 20, s[i], &x[i]), MP_OK, "%s",
+                 mp_last_error());
+    cr_assert_eq(mp_pool_graph_end(p, s[i]), MP_OK, "%s", mp_last_error());
+  }
+  uint64_t ids[8][2], gid[2] = {0, 0};
+  size_t n = snapshot_pool_ids(p, ids, 8);
+  cr_assert_gt(n, 0);
+  for (size_t k = 0; k < n; k++)
+    cr_expect(ids[k][0] == 0 && ids[k][1] == 0,
+              "the pool's segment %zu: (%llu, %llu)", k,
+              (unsigned long long)ids[k][0], (unsigned long long)ids[k][1]);
+  for (int i = 0; i < 2; i++) {
+    n = snapshot_pool_ids(g[i], ids, 8);
+    cr_assert_gt(n, 0);
+    gid[i] = ids[0][1];
+    for (size_t k = 0; k < n; k++)
+      cr_expect(ids[k][0] == 0 && ids[k][1] == gid[i],
+                "graph %d, segment %zu: (%llu, %llu)", i, k,
+                (unsigned long long)ids[k][0], (unsigned long long)ids[k][1]);
+    cr_expect_neq(gid[i], 0, "graph %d's segments say (0, 0)", i);
+  }
+  cr_expect_neq(gid[0], gid[1], "two graph pools, one id");
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(mp_pool_free(p, x[i]), MP_OK, "%s", mp_last_error());
+    cr_assert_eq(mp_pool_graph_release(g[i]), MP_OK, "%s", mp_last_error());
+    cr_assert_eq(mp_stream_destroy(dev, s[i]), MP_OK);
+  }
+  cr_assert_eq(mp_pool_destroy(p), MP_OK, "%s", mp_last_error());
 }
 
 typedef struct {
