@@ -134,8 +134,11 @@ static mp__curesult mp__free(mp__variant_t v, mp__cuptr p, mp__custream s) {
     /* Not the shim's: the driver's business, unless it lies in a pool's
      * memory (a second free, an interior pointer), which the driver gave
      * the pool: there the driver's answer, without freeing it. */
-    r = mp__pl_pools_hold(pl, (uintptr_t)p) ? MP__CU_INVALID_VALUE
-                                            : mp__real_free(v, p, s);
+    r = !mp__pl_pools_hold(pl, (uintptr_t)p) ? mp__real_free(v, p, s)
+        : v != MP__SYNC && mp__pl_output_free(pl, (uintptr_t)p, false, true, s,
+                                              v == MP__ASYNC_PTSZ)
+            ? MP__CU_SUCCESS /* a graph's output, freed inside a capture */
+            : MP__CU_INVALID_VALUE;
   } else if (b.kind == MP__PL_FROM_POOL && v == MP__SYNC &&
              (r = mp__pl_free_refused_in_capture(pl, mp__free_probe)) !=
                  MP__CU_SUCCESS) {

@@ -120,7 +120,7 @@ mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
    * the pool has it, another thread's allocation of the same address may
    * be logged first, and a replay would free the wrong block. */
   mp__pl_record_free(b->ptr, b->size, (uintptr_t)s);
-  if (mp__pl_output_free(b->ptr))
+  if (mp__pl_output_free(pl, b->ptr, true, !sync, s, ptsz))
     return MP_OK;
   mp_status_t st;
   /* A free on a capturing stream: the stream allocates to the capture's

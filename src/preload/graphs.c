@@ -45,7 +45,14 @@
  * Invariant: every slot in use names a live graph pool; `streams` are the
  * routes begun for it and are ended exactly once, at the capture's end;
  * an output not live is a block of the graph pool that no table entry
- * names; mp__gr_outs counts the outputs of ended captures. */
+ * names; an output freed inside a capture (its graph's or another's,
+ * cuda.h allowing both) becomes `inner`, the graph's memory until the
+ * graph goes, no longer checked at launches, and a free of it outside a
+ * capture is accepted and changes nothing (whether another graph's launch
+ * freed it first cannot be told; a GPU would also refuse a relaunch of its
+ * graph before the freeing graph ran: not modelled); mp__gr_outmask has
+ * the bit of every output of an ended capture, so that a free of anything
+ * else takes no lock. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,7 +84,7 @@ typedef struct mp__pl_capture {
   struct mp__pl_out {
     uintptr_t p;
     size_t size;
-    bool live;
+    bool live, inner;
   } * outs;
   size_t nouts, roomouts;
 } mp__pl_capture_t;
@@ -106,17 +113,21 @@ static struct {
   unsigned nbegun;
   bool lost;
 } mp__gr = {.lock = PTHREAD_MUTEX_INITIALIZER};
-static atomic_uint mp__gr_begun;  /* nbegun + lost, read without the lock */
-static atomic_size_t mp__gr_outs; /* outputs of ended captures */
+static atomic_uint mp__gr_begun; /* nbegun + lost, read without the lock */
+/* A bit per output address (mp__out_bit) of the outputs of ended
+ * captures: 0 when there are none. Rebuilt under the lock. */
+static _Atomic uint64_t mp__gr_outmask;
 
 /* fork() child: the parent's captures and graphs are not the child's. */
 static void mp__graphs_child(void) {
+  for (size_t i = 0; i < MP__PL_CAPTURES; i++)
+    free(mp__gr.caps[i].outs);
   memset(mp__gr.caps, 0, sizeof mp__gr.caps);
   mp__gr.nexecs = mp__gr.live = 0;
   mp__gr.nbegun = 0;
   mp__gr.lost = false;
   atomic_store(&mp__gr_begun, 0);
-  atomic_store(&mp__gr_outs, 0);
+  atomic_store(&mp__gr_outmask, 0);
   pthread_mutex_init(&mp__gr.lock, NULL);
 }
 
@@ -148,6 +159,21 @@ static bool mp__capture_id(mp__custream s, bool ptsz, unsigned long long *id) {
   return status == MP__CAPTURE_ACTIVE;
 }
 
+static uint64_t mp__out_bit(uintptr_t p) {
+  return 1ull << ((uint64_t)(p >> 8) * 0x9E3779B97F4A7C15ull >> 58);
+}
+
+/* mp__gr_outmask from the slots. Under the lock. */
+static void mp__outmask_rebuild(void) {
+  uint64_t m = 0;
+  for (size_t i = 0; i < MP__PL_CAPTURES; i++) {
+    const mp__pl_capture_t *c = &mp__gr.caps[i];
+    for (size_t k = 0; c->used && !c->capturing && k < c->nouts; k++)
+      m |= mp__out_bit(c->outs[k].p);
+  }
+  atomic_store_explicit(&mp__gr_outmask, m, memory_order_relaxed);
+}
+
 /* Releases slot i's graph pool and frees the slot. The outputs the
  * program does not hold go back to the graph pool first; those it holds
  * stay its blocks (the graph pool lives until their free). Under the
@@ -156,12 +182,11 @@ static void mp__capture_drop(mp__pl_capture_t *c) {
   for (size_t k = 0; k < c->nouts; k++)
     if (!c->outs[k].live)
       (void)mp_pool_free(c->pool, (void *)c->outs[k].p);
-  if (!c->capturing)
-    atomic_fetch_sub(&mp__gr_outs, c->nouts);
   (void)mp_pool_graph_release(c->graph);
   free(c->outs);
   memset(c, 0, sizeof *c);
   mp__gr.live--;
+  mp__outmask_rebuild();
 }
 
 bool mp__pl_capture_route(const mp__pl_t *pl, mp_pool_t *pool, mp__custream s,
@@ -236,8 +261,7 @@ void mp__pl_capture_allocated(const mp__pl_t *pl, mp__custream s, bool ptsz,
   pthread_mutex_unlock(&mp__gr.lock);
 }
 
-/* Output ptr of an ended capture, live or not: NULL if none. Under the
- * lock. */
+/* Output ptr of an ended capture, or NULL. Under the lock. */
 static struct mp__pl_out *mp__output_at(uintptr_t ptr) {
   for (size_t i = 0; i < MP__PL_CAPTURES; i++) {
     mp__pl_capture_t *c = &mp__gr.caps[i];
@@ -248,16 +272,40 @@ static struct mp__pl_out *mp__output_at(uintptr_t ptr) {
   return NULL;
 }
 
-bool mp__pl_output_free(uintptr_t ptr) {
-  if (atomic_load_explicit(&mp__gr_outs, memory_order_relaxed) == 0)
+/* Whether o is what a free of ptr (held: from the table) meets: an output
+ * in that state, or, not held, an inner one. */
+static bool mp__output_meets(const struct mp__pl_out *o, bool held) {
+  return o != NULL && (o->inner ? !held && !o->live : o->live == held);
+}
+
+bool mp__pl_output_free(const mp__pl_t *pl, uintptr_t ptr, bool held,
+                        bool ordered, mp__custream s, bool ptsz) {
+  uint64_t m = atomic_load_explicit(&mp__gr_outmask, memory_order_relaxed);
+  if ((m & mp__out_bit(ptr)) == 0)
     return false;
   mp__gr_lock();
-  struct mp__pl_out *o = mp__output_at(ptr);
-  bool freed = o != NULL && o->live;
-  if (freed)
-    o->live = false;
+  const struct mp__pl_out *o = mp__output_at(ptr);
+  bool hit = mp__output_meets(o, held), inner = hit && o->inner;
   pthread_mutex_unlock(&mp__gr.lock);
-  return freed;
+  /* The graph's memory for its life: whether this free ends what another
+   * graph's launch allocated, or repeats one, is not known; nothing to do
+   * either way. */
+  if (!hit || inner)
+    return hit;
+  /* The driver asked with no lock held. */
+  unsigned long long id;
+  bool captured = ordered && !pl->host && mp__capture_id(s, ptsz, &id);
+  if (!held && !captured)
+    return false;
+  mp__gr_lock();
+  struct mp__pl_out *w = mp__output_at(ptr);
+  bool done = mp__output_meets(w, held) && !w->inner;
+  if (done) {
+    w->live = false;
+    w->inner = captured;
+  }
+  pthread_mutex_unlock(&mp__gr.lock);
+  return done;
 }
 
 /* The capture whose routes include s, begun and not yet ended. Streams are
@@ -305,7 +353,7 @@ static void mp__capture_outputs(mp__pl_capture_t *c) {
     c->outs[n++] = c->outs[k];
   }
   c->nouts = n;
-  atomic_fetch_add(&mp__gr_outs, n);
+  mp__outmask_rebuild();
 }
 
 /* After the real cuStreamEndCapture: routes end; the graph, if any, keeps
@@ -375,11 +423,13 @@ void mp__pl_graphs_forget(const mp__pl_t *pl, mp_pool_t *pool) {
     mp__pl_capture_t *c = &mp__gr.caps[i];
     if (!c->used || c->pool != pool)
       continue;
-    /* The pool's memory is gone: its blocks, outputs too, are forgotten
-     * (mp__pl_table_forget_pool). */
-    if (!c->capturing)
-      atomic_fetch_sub(&mp__gr_outs, c->nouts);
-    c->nouts = 0;
+    /* The pool's memory is gone and the table forgot its blocks
+     * (mp__pl_table_forget_pool): every output goes back to the graph pool
+     * with the slot, so that both can be released. */
+    if (c->capturing)
+      c->nouts = 0; /* blocks of the table, forgotten */
+    for (size_t k = 0; k < c->nouts; k++)
+      c->outs[k].live = false;
     mp__capture_unroute(pl, c);
     for (size_t x = 0; x < mp__gr.nexecs;) /* no executable holds it now */
       if (mp__gr.execs[x].cap == i)
@@ -519,6 +569,18 @@ static bool mp__execs_room(void) {
   return true;
 }
 
+/* Capture c's outputs not inner become the program's blocks for good,
+ * and no longer outputs. Under the lock. */
+static void mp__outputs_held(mp__pl_capture_t *c) {
+  for (size_t k = 0; k < c->nouts; k++) {
+    struct mp__pl_out *o = &c->outs[k];
+    if (!o->inner && !o->live)
+      mp__pl_table_put_pool(o->p, o->size, 0, c->pool);
+    o->live = o->inner = true;
+  }
+  mp__outmask_rebuild();
+}
+
 /* After an instantiation that returned r: the executable holds its
  * graph's graph pools (one per capture into the graph). Returns r. */
 static mp__curesult mp__exec_made(mp__curesult r, mp__cugraphexec *phGraphExec,
@@ -532,7 +594,11 @@ static mp__curesult mp__exec_made(mp__curesult r, mp__cugraphexec *phGraphExec,
     if (!mp__capture_into(c, hGraph))
       continue;
     if (!mp__execs_room()) {
-      c->kept = true; /* its replays may use the memory until exit */
+      /* Its replays may use the memory until exit, and its launches are
+       * not seen: its outputs become allocations for the graph's life
+       * (the program's to free once), as before 2026-12-01. */
+      c->kept = true;
+      mp__outputs_held(c);
       continue;
     }
     mp__gr.execs[mp__gr.nexecs].x = *phGraphExec;
@@ -659,7 +725,7 @@ static bool mp__launch_allowed(mp__cugraphexec x) {
     for (size_t k = 0;
          mp__gr.execs[i].x == x && !mp__gr.execs[i].auto_free && k < c->nouts;
          k++)
-      if (c->outs[k].live)
+      if (c->outs[k].live && !c->outs[k].inner)
         return false;
   }
   return true;
@@ -672,7 +738,7 @@ static void mp__launched(mp__cugraphexec x, mp__custream s) {
     mp__pl_capture_t *c = &mp__gr.caps[mp__gr.execs[i].cap];
     for (size_t k = 0; mp__gr.execs[i].x == x && k < c->nouts; k++) {
       struct mp__pl_out *o = &c->outs[k];
-      if (o->live)
+      if (o->live || o->inner)
         continue;
       o->live = true;
       mp__pl_table_put_pool(o->p, o->size, (uintptr_t)s, c->pool);
@@ -686,7 +752,7 @@ static mp__curesult mp__launch(mp__curesult (*real)(mp__cugraphexec,
                                mp__cugraphexec x, mp__custream s) {
   if (real == NULL)
     return MP__CU_NOT_INITIALIZED;
-  if (atomic_load_explicit(&mp__gr_outs, memory_order_relaxed) == 0)
+  if (atomic_load_explicit(&mp__gr_outmask, memory_order_relaxed) == 0)
     return real(x, s); /* no graph has outputs: nothing to keep */
   mp__gr_lock();
   bool allowed = mp__launch_allowed(x);

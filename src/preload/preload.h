@@ -382,10 +382,16 @@ bool mp__pl_capture_route(const mp__pl_t *pl, mp_pool_t *pool, mp__custream s,
  * allocate again (cuGraphLaunch); graphs.c keeps them so. */
 void mp__pl_capture_allocated(const mp__pl_t *pl, mp__custream s, bool ptsz,
                               uintptr_t p, size_t bytes);
-/* The program frees ptr, taken from the table: true when it is a graph's
- * output a launch allocated, which is then free until the next launch (the
- * block stays the graph's: nothing else to do); false otherwise. */
-bool mp__pl_output_free(uintptr_t ptr);
+/* The program frees ptr, a graph's output: held, one a launch allocated
+ * (taken from the table), or not (not in the table). A free of one held
+ * outside a capture leaves the block to the graph until its next launch;
+ * a stream-ordered free (ordered) on a capturing stream s (ptsz: of a
+ * per-thread call), held or not, is a free inside a graph (cuda.h allows
+ * one in the output's graph or another), and makes the block the graph's
+ * memory for its life. True when ptr was such an output and the free is
+ * done so; false otherwise (nothing changed). */
+bool mp__pl_output_free(const mp__pl_t *pl, uintptr_t ptr, bool held,
+                        bool ordered, mp__custream s, bool ptsz);
 /* Live graph pools the shim made (for the report). */
 size_t mp__pl_graph_pools(void);
 /* Forgets every capture and graph of pool (retired at a reset, which

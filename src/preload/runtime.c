@@ -200,10 +200,13 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
      * without freeing what the driver gave the pool). */
     if (pl->host && p != NULL)
       mp__pl_count_bypass("foreign_free");
-    r = pl->mode == MP__PL_POOL &&
-                (pl->host || mp__pl_pools_hold(pl, (uintptr_t)p))
-            ? MP__CUDA_INVALID_VALUE
-            : mp__rt_real_free(v, p, s);
+    r = pl->mode != MP__PL_POOL ||
+                !(pl->host || mp__pl_pools_hold(pl, (uintptr_t)p))
+            ? mp__rt_real_free(v, p, s)
+        : v != MP__RT_SYNC && mp__pl_output_free(pl, (uintptr_t)p, false, true,
+                                                 s, v == MP__RT_ASYNC_PTSZ)
+            ? MP__CUDA_SUCCESS /* a graph's output, freed inside a capture */
+            : MP__CUDA_INVALID_VALUE;
   } else if (b.kind == MP__PL_FROM_POOL && v == MP__RT_SYNC &&
              (r = mp__pl_free_refused_in_capture(pl, mp__rt_free_probe)) !=
                  MP__CUDA_SUCCESS) {

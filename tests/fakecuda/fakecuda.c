@@ -707,6 +707,11 @@ typedef struct fk_glist {
 typedef struct fk_gmem {
   unsigned refs;
   fk_glist_t mem, outs;
+  /* Other graphs' outputs this graph frees (cuda.h, cuGraphAddMemAllocNode:
+   * an allocation not freed in its graph can be freed by "launching a
+   * graph with a free node for that allocation"): each launch frees them,
+   * and they stay their graph's. */
+  fk_glist_t frees;
 } fk_gmem_t;
 
 /* A graph is its nodes in capture order (a linear chain: one stream's
@@ -750,14 +755,22 @@ static bool fk_gmem_own(struct CUgraph_st *g, mp_device_t *dev, CUdeviceptr p,
   fk_gmem_t *m = g->gmem;
   if (m == NULL && (m = g->gmem = calloc(1, sizeof *m)) != NULL)
     m->refs = 1;
-  if (m == NULL || !fk_glist_push(freed ? &m->mem : &m->outs, dev, p))
+  if (m == NULL)
+    return false;
+  bool mine = !freed;
+  for (size_t i = 0; freed && !mine && i < m->outs.n; i++)
+    mine = m->outs.a[i].p == p;
+  fk_range_t *r = fk_range_at(p);
+  if (!mine && r != NULL &&
+      (r->gout == FK_GOUT_IDLE || r->gout == FK_GOUT_LIVE))
+    return fk_glist_push(&m->frees, dev, p); /* another graph's output */
+  if (!fk_glist_push(freed ? &m->mem : &m->outs, dev, p))
     return false;
   for (size_t i = 0; freed && i < m->outs.n; i++)
     if (m->outs.a[i].p == p) {
       m->outs.a[i] = m->outs.a[--m->outs.n];
       break;
     }
-  fk_range_t *r = fk_range_at(p);
   if (r != NULL)
     r->gout = freed ? FK_GOUT_INNER : FK_GOUT_IDLE;
   return true;
@@ -778,6 +791,7 @@ static void fk_gmem_orphan(fk_gmem_t *m) {
       r->gout = 0; /* no room to free it: the program's, leaked */
   }
   free(m->outs.a);
+  free(m->frees.a);
 }
 
 /* Drops a reference to *gm (taken from its holder, which no longer has
@@ -941,6 +955,7 @@ static void fk_graph_free(struct CUgraph_st *g) {
         r->gout = 0;
     }
     free(g->gmem->outs.a);
+    free(g->gmem->frees.a);
     free(g->gmem->mem.a);
     free(g->gmem);
   }
@@ -3235,6 +3250,11 @@ static bool fk_graph_allocate(CUgraphExec x) {
     fk_range_t *r = fk_range_at(m->outs.a[i].p);
     if (r != NULL && r->gout == FK_GOUT_IDLE)
       r->gout = FK_GOUT_LIVE;
+  }
+  for (size_t i = 0; m != NULL && ok && i < m->frees.n; i++) {
+    fk_range_t *r = fk_range_at(m->frees.a[i].p);
+    if (r != NULL && r->gout == FK_GOUT_LIVE)
+      r->gout = FK_GOUT_IDLE;
   }
   pthread_mutex_unlock(&fk.lock);
   return ok;

@@ -38,7 +38,10 @@
  *    instantiates the captured graph NEXECS times (more than the shim's
  *    first table of executables holds), then destroys the graph and every
  *    executable but the last: that one alone must hold the memory, and
- *    its destruction must give it back.
+ *    its destruction must give it back. "consumer": another graph frees
+ *    the output (consumer() below); "to_graph_free": a second capture
+ *    into the graph frees the first's allocation (to_graph_free()). The
+ *    test reads the report for both: no graph pool may be left.
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -149,7 +152,8 @@ static int many_execs(CUstream s, CUstream other) {
 
 /* Two captures into one graph, each with an allocation; the graph
  * replayed, then destroyed with its executable. */
-static int into_one_graph_twice(CUstream s) {
+static int into_one_graph_twice(CUstream s, CUstream other) {
+  (void)other;
   CUgraph g, out = NULL;
   CUgraphExec x;
   CUdeviceptr o[2];
@@ -194,6 +198,85 @@ static int into_one_graph_twice(CUstream s) {
   for (int k = 0; k < 2; k++)
     MP_TRY(cuMemFreeAsync(o[k], s));
   MP_TRY(cuStreamSynchronize(s));
+  return 0;
+}
+
+/* The "consumer" mode: graph G1 allocates an output, graph G2 writes and
+ * frees it (cuda.h, cuGraphAddMemAllocNode: an allocation not freed in its
+ * graph can be freed by "launching a graph with a free node for that
+ * allocation"); X1 and X2 launched in turn, then X1 alone after G2 went,
+ * and the program frees the output. */
+static int consumer(CUstream s, CUstream other) {
+  (void)other;
+  CUdeviceptr out;
+  CUgraph g1, g2;
+  CUgraphExec x1, x2;
+  MP_TRY(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  MP_TRY(cuMemAllocAsync(&out, 4096, s));
+  MP_TRY(cuMemsetD8Async(out, 42, 4096, s));
+  MP_TRY(cuStreamEndCapture(s, &g1));
+  MP_TRY(cuGraphInstantiate(&x1, g1, 0));
+  MP_TRY(cuGraphLaunch(x1, s));
+  MP_TRY(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  MP_TRY(cuMemsetD8Async(out, 7, 4096, s));
+  MP_TRY(cuMemFreeAsync(out, s));
+  MP_TRY(cuStreamEndCapture(s, &g2));
+  MP_TRY(cuGraphInstantiate(&x2, g2, 0));
+  unsigned char h = 0;
+  for (int k = 0; k < 4; k++) {
+    MP_TRY(cuGraphLaunch(x2, s));
+    if (k == 3)
+      break;
+    MP_TRY(cuGraphLaunch(x1, s));
+    MP_TRY(cuStreamSynchronize(s));
+    MP_TRY(cuMemcpyDtoH(&h, out, 1));
+    if (h != 42) {
+      printf("round %d: the output reads %d\n", k, h);
+      return 1;
+    }
+  }
+  MP_TRY(cuStreamSynchronize(s));
+  MP_TRY(cuGraphExecDestroy(x2));
+  MP_TRY(cuGraphDestroy(g2));
+  MP_TRY(cuGraphLaunch(x1, s));
+  MP_TRY(cuStreamSynchronize(s));
+  MP_TRY(cuMemcpyDtoH(&h, out + 4095, 1));
+  if (h != 42) {
+    printf("after the freeing graph went the output reads %d\n", h);
+    return 1;
+  }
+  MP_TRY(cuMemFreeAsync(out, s));
+  MP_TRY(cuStreamSynchronize(s));
+  MP_TRY(cuGraphExecDestroy(x1));
+  MP_TRY(cuGraphDestroy(g1));
+  return 0;
+}
+
+/* The "to_graph_free" mode: two captures into one graph, the second
+ * freeing what the first allocated ("freed in the same graph", cuda.h,
+ * cuGraphAddMemAllocNode), before any launch; the graph launched three
+ * times, the program freeing nothing. */
+static int to_graph_free(CUstream s, CUstream other) {
+  (void)other;
+  CUgraph g, out;
+  CUgraphExec x;
+  CUdeviceptr o;
+  MP_TRY(cuGraphCreate(&g, 0));
+  MP_TRY(cuStreamBeginCaptureToGraph(s, g, NULL, NULL, 0,
+                                     CU_STREAM_CAPTURE_MODE_GLOBAL));
+  MP_TRY(cuMemAllocAsync(&o, 4096, s));
+  MP_TRY(cuStreamEndCapture(s, &out));
+  MP_TRY(cuStreamBeginCaptureToGraph(s, g, NULL, NULL, 0,
+                                     CU_STREAM_CAPTURE_MODE_GLOBAL));
+  MP_TRY(cuMemsetD8Async(o, 3, 4096, s));
+  MP_TRY(cuMemFreeAsync(o, s));
+  MP_TRY(cuStreamEndCapture(s, &out));
+  MP_TRY(cuGraphInstantiate(&x, g, 0));
+  for (int k = 0; k < 3; k++)
+    MP_TRY(cuGraphLaunch(x, s));
+  MP_TRY(cuStreamSynchronize(s));
+  MP_TRY(cuGraphExecDestroy(x));
+  MP_TRY(cuGraphDestroy(g));
   return 0;
 }
 
@@ -265,9 +348,15 @@ int main(int argc, char **argv) {
   MP_TRY(cuStreamSynchronize(s));
   MP_TRY(cuStreamSynchronize(other));
 
-  bool twice = argc > 2 && strcmp(argv[2], "to_graph_twice") == 0;
-  if (twice || (argc > 2 && strcmp(argv[2], "many_execs") == 0)) {
-    if ((twice ? into_one_graph_twice(s) : many_execs(s, other)) != 0)
+  /* The modes with a flow of their own: */
+  int (*mode)(CUstream, CUstream) =
+      strcmp(how, "consumer") == 0         ? consumer
+      : strcmp(how, "to_graph_free") == 0  ? to_graph_free
+      : strcmp(how, "to_graph_twice") == 0 ? into_one_graph_twice
+      : strcmp(how, "many_execs") == 0     ? many_execs
+                                           : NULL;
+  if (mode != NULL) {
+    if (mode(s, other) != 0)
       return 1;
     MP_TRY(cuStreamDestroy(s));
     MP_TRY(cuStreamDestroy(other));

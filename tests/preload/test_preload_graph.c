@@ -41,6 +41,8 @@ static void capture_under_the_shim_with(const char *how, const char *conf) {
           : strcmp(how, "auto") == 0           ? 82
           : strcmp(how, "to_graph_twice") == 0 ? 6
           : strcmp(how, "many_execs") == 0     ? 53
+          : strcmp(how, "consumer") == 0       ? 4
+          : strcmp(how, "to_graph_free") == 0  ? 3
                                                : 85;
   cr_assert_eq(
       sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
@@ -126,6 +128,26 @@ Test(preload_graph, without_the_shim_a_lone_executable_replays) {
  * the output allocated allowed). */
 Test(preload_graph, an_output_freed_after_each_launch_is_allocated_again) {
   capture_under_the_shim("auto");
+}
+
+/* An output freed inside another capture: by another graph (each of its
+ * launches frees it, cuda.h allowing it) or by a later capture into its
+ * own graph. The shim took the first free for the program's own, so the
+ * freeing graph's launches, then the program's free, were refused
+ * (CUDA_ERROR_INVALID_VALUE), and the second refused outright, leaving the
+ * graph pool behind; found by a review. The freed output is the graph's
+ * memory for its life now. The fake gave another graph's free node the
+ * memory, freed with that graph under the first one's executable. */
+Test(preload_graph, an_output_freed_by_another_graph_stays_its_graphs) {
+  capture_under_the_shim("consumer");
+  const char *const hows[] = {"consumer"};
+  without_the_shim(hows, 1);
+}
+
+Test(preload_graph, an_output_freed_by_a_later_capture_into_its_graph) {
+  capture_under_the_shim("to_graph_free");
+  const char *const hows[] = {"to_graph_free"};
+  without_the_shim(hows, 1);
 }
 
 /* Without the shim the fake keeps the same rules (its allocation nodes'
