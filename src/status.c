@@ -76,6 +76,10 @@ mp_status_t mp__last_failure(void) {
   return mp__error_st;
 }
 
+mp_status_t mp_last_status(void) {
+  return mp__last_failure();
+}
+
 void mp__assert_fail(const char *cond, const char *file, int line,
                      const char *func) {
   fprintf(stderr, "mempool: internal check failed: %s (%s:%d, %s)\n", cond,

@@ -49,6 +49,12 @@ MP_API const char *mp_status_name(mp_status_t s);
  * failure. A later success does not clear it; the next failure replaces it. */
 MP_API const char *mp_last_error(void);
 
+/* The status of the failure mp_last_error() describes (MP_OK when the
+ * thread has seen none): for the calls that return a pointer rather than a
+ * status (mp_default_pool's NULL), and for bindings that raise a status's
+ * exception from it. Like the message, a later success leaves it. */
+MP_API mp_status_t mp_last_status(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -741,8 +741,8 @@ def default_pool_stats():
     L = _lib.lib()
     h = L.mp_default_pool()
     if not h:
-        raise MempoolError(-1, "MP_UNKNOWN", "no default pool", _s(L.mp_last_error()),
-                           "mp_default_pool")
+        # NULL, not a status: the status of the reason it gives.
+        raise _error(L.mp_last_status(), _s(L.mp_last_error()), "mp_default_pool")
     s = Stats()
     _check(L.mp_pool_get_stats_sized(h, ctypes.byref(s), ctypes.sizeof(s)),
            "mp_pool_get_stats")

@@ -60,6 +60,7 @@ _PROTOTYPES = {
     "mp_status_string": (ctypes.c_char_p, [_st]),
     "mp_status_name": (ctypes.c_char_p, [_st]),
     "mp_last_error": (ctypes.c_char_p, []),
+    "mp_last_status": (_st, []),
     "mp_device_open": (_st, [ctypes.c_char_p, ctypes.POINTER(_c)]),
     "mp_device_close": (None, [_c]),
     "mp_device_name": (ctypes.c_char_p, [_c]),
