@@ -235,6 +235,17 @@ def _renew_pid():
 os.register_at_fork(after_in_child=_renew_pid)
 
 
+def _on_drop(obj, fn, *args):
+    """A weakref.finalize that calls fn(*args) once obj is dropped, and not
+    at exit: there weakref.finalize runs every live finalizer while daemon
+    threads still run, and one of them may be in a call on obj (a Pool
+    destroyed under its alloc was a use after free). What is alive at exit
+    goes with the process."""
+    f = weakref.finalize(obj, fn, *args)
+    f.atexit = False
+    return f
+
+
 class _Handle:
     """An object holding a handle of this process's library state: a copy
     would share it (destroying one left the other dangling, and its next
@@ -319,8 +330,7 @@ class Device(_Handle):
         self._orphans = []
         # Dropped without close(): _dropped, with what it needs (not self).
         # Pools and Streams hold their Device, so it goes after them.
-        self._finalizer = weakref.finalize(self, Device._dropped, h.value, self._orphans,
-                                           self._pid)
+        self._finalizer = _on_drop(self, Device._dropped, h.value, self._orphans, self._pid)
 
     @staticmethod
     def _dropped(handle, orphans, pid):
@@ -425,8 +435,7 @@ class Stream(_Handle):
         self.device, self.handle, self._pid = device, h.value, os.getpid()
         # Dropped without destroy(): destroyed (the pools on the device
         # forget it first, mp_stream_destroy), unless its device is closed.
-        self._finalizer = weakref.finalize(self, Stream._dropped, device, h.value,
-                                           self._pid)
+        self._finalizer = _on_drop(self, Stream._dropped, device, h.value, self._pid)
 
     @staticmethod
     def _dropped(device, handle, pid):
@@ -546,8 +555,7 @@ class Pool(_Handle):
             self.device, self.handle, self._pid = device, h.value, os.getpid()
             device._pools.add(self)
         # Dropped without destroy(): _dropped, with what it needs (not self).
-        self._finalizer = weakref.finalize(self, Pool._dropped, device, h.value,
-                                           self._pid)
+        self._finalizer = _on_drop(self, Pool._dropped, device, h.value, self._pid)
 
     @staticmethod
     def _dropped(device, handle, pid):
