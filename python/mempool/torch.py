@@ -21,6 +21,7 @@ torch_hooks.hpp installs them all from C++). So here:
     own calls do not reach a pluggable allocator's pool from Python);
   - record_stream(tensor, stream) stands for tensor.record_stream(stream),
     which PyTorch drops for a pluggable allocator set from Python."""
+import numbers
 import os
 
 from . import _lib
@@ -98,7 +99,11 @@ def set_memory_fraction(fraction, device=0):
     number from 0 to 2**31 - 1 (a C int): ValueError (ctypes would wrap
     2**32 to device 0). A refusal of the library's (a device the default
     pools do not serve, a share under the alignment, a paused pool):
-    MempoolError, the cap as it was."""
+    MempoolError, the cap as it was. A fraction that is no real number (a
+    str, a bool, None): TypeError, as PyTorch's call raises."""
+    if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real):
+        raise TypeError("set_memory_fraction: fraction must be a real number, not %s"
+                        % type(fraction).__name__)
     fraction = float(fraction)
     if not 0.0 <= fraction <= 1.0:
         raise ValueError("set_memory_fraction: fraction %r is not in [0, 1]" % fraction)

@@ -106,6 +106,22 @@ def test_set_memory_fraction_refuses_what_the_c_hook_would_ignore(fraction, dev)
         mempool.torch.set_memory_fraction(fraction, dev)
 
 
+def test_set_memory_fraction_of_the_wrong_type_is_type_error_and_sets_nothing(monkeypatch):
+    # float() took a str ("0.5") and a bool (True as 1.0), so the cap was
+    # set from something that is no fraction (PyTorch's own call refuses
+    # them with TypeError); None and a list raised float()'s message.
+    calls = []
+    monkeypatch.setattr(mempool._lib.lib(), "mp_torch_memory_fraction_ex",
+                        lambda *a: calls.append(a) or 0)
+    for bad in ("0.5", b"0.5", True, False, None, [0.5], 0.5j):
+        with pytest.raises(TypeError, match="fraction"):
+            mempool.torch.set_memory_fraction(bad, 0)
+    assert calls == []
+    mempool.torch.set_memory_fraction(0, 0)  # numbers still go through
+    mempool.torch.set_memory_fraction(0.25, 0)
+    assert calls == [(0.0, 0), (0.25, 0)]
+
+
 def test_copying_or_pickling_a_device_pool_or_stream_is_refused(device, pool):
     # A copy shared the C handle: destroying one left the other dangling,
     # and its next call (or destroy) crashed the interpreter. A pickle
