@@ -234,6 +234,24 @@ def _renew_pid():
 
 os.register_at_fork(after_in_child=_renew_pid)
 
+# The process whose default pools (mp_default_pool's, which mp_torch_*
+# serve PyTorch from) this package used or handed to PyTorch; None until
+# then. They are process-wide library state: a forked child holds a copy
+# whose device threads do not run there (a trim waited for them for ever),
+# so the child is refused them, as it is the parent's objects (_mine).
+_default_pid = None
+
+
+def _default_pools(call):
+    """The library, for a call on the default pools of this process."""
+    global _default_pid
+    if _default_pid is not None and _forked(_default_pid):
+        raise _bad("the default pools were used by process %d, and process %d is a "
+                   "child forked from it: they are that process's"
+                   % (_default_pid, os.getpid()), call)
+    _default_pid = _this_pid
+    return _lib.lib()
+
 
 def _on_drop(obj, fn, *args):
     """A weakref.finalize that calls fn(*args) once obj is dropped, and not
@@ -746,7 +764,7 @@ class Pool(_Handle):
 
 def default_pool_stats():
     """stats() of the process-wide pool mp_malloc and mp_torch_malloc use."""
-    L = _lib.lib()
+    L = _default_pools("mp_default_pool")
     h = L.mp_default_pool()
     if not h:
         # NULL, not a status: the status of the reason it gives.

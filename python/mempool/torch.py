@@ -67,6 +67,8 @@ def use(device=None):
         raise TorchUnavailable(
             "mempool.torch.use() needs PyTorch with CUDA (import torch failed: %s); "
             "without torch, use mempool.Pool directly" % e) from e
+    from . import _default_pools
+    _default_pools("mempool.torch.use")  # PyTorch allocates from them here
     before = os.environ.get("MEMPOOL_DEVICE")
     if device is not None:
         os.environ["MEMPOOL_DEVICE"] = "cuda:%d" % device if isinstance(device, int) else device
@@ -89,7 +91,8 @@ def empty_cache():
     idle memory back to the device, and graph pools of captured graphs that
     are destroyed, with every executable made from them, are released
     (mp_torch_reset)."""
-    _lib.lib().mp_torch_reset()
+    from . import _default_pools
+    _default_pools("mp_torch_reset").mp_torch_reset()
 
 
 def set_memory_fraction(fraction, device=0):
@@ -108,9 +111,9 @@ def set_memory_fraction(fraction, device=0):
     if not 0.0 <= fraction <= 1.0:
         raise ValueError("set_memory_fraction: fraction %r is not in [0, 1]" % fraction)
     _device_number(device, "set_memory_fraction")
-    from . import _check
-    _check(_lib.lib().mp_torch_memory_fraction_ex(fraction, device),
-           "mp_torch_memory_fraction")
+    from . import _check, _default_pools
+    L = _default_pools("mp_torch_memory_fraction")
+    _check(L.mp_torch_memory_fraction_ex(fraction, device), "mp_torch_memory_fraction")
 
 
 def _storage_ptr(tensor):
@@ -124,7 +127,8 @@ def _held(ptr):
     """Whether a default pool of mempool's holds the block at ptr."""
     import ctypes
     size = ctypes.c_size_t(0)
-    _lib.lib().mp_torch_base_alloc(ptr, ctypes.byref(size))
+    from . import _default_pools
+    _default_pools("mp_torch_base_alloc").mp_torch_base_alloc(ptr, ctypes.byref(size))
     return size.value != 0
 
 

@@ -446,3 +446,50 @@ def test_dump_of_none_is_the_text_dump_as_in_c(pool):
         assert pool.dump(None) == pool.dump("text")
     finally:
         pool.free(p)
+
+
+def test_a_forked_child_is_refused_the_parents_default_pools():
+    # The default pools (default_pool_stats, mempool.torch's calls) are the
+    # library's process-wide state: a child forked after the parent used
+    # them holds a copy whose device threads do not run there, and
+    # mempool.torch.empty_cache() there waited for them for ever (the child
+    # hung); default_pool_stats() read the parent's figures. A child whose
+    # parent never used them makes its own.
+    import subprocess
+    import sys
+    code = """if True:
+        import os, sys, mempool, mempool.torch
+        if sys.argv[1] == "used":  # as PyTorch does after mempool.torch.use()
+            import ctypes
+            lib = ctypes.CDLL(mempool.library_path())
+            lib.mp_torch_malloc.restype = ctypes.c_void_p
+            lib.mp_torch_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+            lib.mp_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int,
+                                          ctypes.c_void_p]
+            mempool.torch.set_memory_fraction(0.5, 0)
+            lib.mp_torch_free(lib.mp_torch_malloc(8 << 20, 0, None), 8 << 20, 0, None)
+        else:
+            mempool.Device("host:capacity=64M").close()  # the library loaded
+        pid = os.fork()
+        if pid == 0:
+            refused = 0
+            for call in (mempool.torch.empty_cache, mempool.default_pool_stats,
+                         lambda: mempool.torch.set_memory_fraction(0, 0)):
+                try:
+                    call()
+                except mempool.InvalidArgument as e:
+                    refused += "process %d" % os.getppid() in str(e)
+            os._exit(refused)
+        status = wait_child(pid, "the child hung")
+        print(os.waitstatus_to_exitcode(status))
+        mempool.torch.empty_cache()  # the parent's still work
+        mempool.default_pool_stats()
+    """
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, MEMPOOL_DEVICE="host:capacity=64M")
+    env.pop("MEMPOOL_CONF", None)
+    for parent, refused in (("used", "3"), ("unused", "0")):
+        r = subprocess.run([sys.executable, "-c", _WAIT_CHILD + code, parent], cwd=pkg,
+                           env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == refused, parent
