@@ -5,7 +5,8 @@
  * with mp_pool_config_init ($MEMPOOL_CONF). When it cannot be made the
  * reason is kept and every later call fails with it. On a backend with
  * several devices (CUDA) the calling thread's device is served, as
- * cudaMalloc serves the current context's: every other device gets a pool
+ * cudaMalloc serves the current context's, and a stream-ordered allocation
+ * the stream's device, as cuMemAllocAsync: every other device gets a pool
  * of its own on first use, opened as "cuda:N" with the same options. A
  * free goes to the pool whose memory holds the pointer. Pools and devices
  * live until the process exits. */
@@ -45,9 +46,10 @@ static void mp__default_make(void) {
   }
   /* -1: a backend of one device, nothing more to serve. */
   int here;
-  mp__default_ordinal = mp__device_current_ordinal(dev, &here) != MP_ENOTSUP
-                            ? mp__device_ordinal(dev)
-                            : -1;
+  mp__default_ordinal =
+      mp__device_stream_ordinal(dev, NULL, &here) != MP_ENOTSUP
+          ? mp__device_ordinal(dev)
+          : -1;
 }
 
 /* Device ordinal's pool, made now if need be; NULL with the error set. */
@@ -81,7 +83,9 @@ static mp_pool_t *mp__default_other(int ordinal) {
   return pool;
 }
 
-mp_pool_t *mp_default_pool(void) {
+/* The pool of the device work on s runs on (the calling thread's for the
+ * default streams), made now if need be; NULL with the error set. */
+static mp_pool_t *mp__default_of_stream(mp_stream_t s) {
   pthread_once(&mp__default_once, mp__default_make);
   if (mp__default == NULL) {
     mp__fail(mp__default_status, "default pool unavailable: %s",
@@ -90,10 +94,15 @@ mp_pool_t *mp_default_pool(void) {
   }
   int here = -1;
   if (mp__default_ordinal < 0 ||
-      mp__device_current_ordinal(mp_pool_device(mp__default), &here) != MP_OK ||
+      mp__device_stream_ordinal(mp_pool_device(mp__default), s, &here) !=
+          MP_OK ||
       here == mp__default_ordinal || here < 0)
     return mp__default;
   return mp__default_other(here);
+}
+
+mp_pool_t *mp_default_pool(void) {
+  return mp__default_of_stream(NULL);
 }
 
 mp_pool_t *mp__default_pool_for(int device) {
@@ -164,7 +173,7 @@ mp_status_t mp_malloc(void **ptr, size_t bytes) {
 mp_status_t mp_malloc_async(void **ptr, size_t bytes, mp_stream_t s) {
   if (ptr == NULL)
     return mp__fail(MP_EINVAL, "mp_malloc: ptr is NULL");
-  mp_pool_t *pool = mp_default_pool();
+  mp_pool_t *pool = mp__default_of_stream(s);
   if (pool == NULL) /* the status of the reason mp_last_error() gives */
     return mp__default == NULL           ? mp__default_status
            : mp__last_failure() != MP_OK ? mp__last_failure()

@@ -29,8 +29,11 @@ extern "C" {
 /* One process-wide pool per device, made on first use from $MEMPOOL_DEVICE
  * and $MEMPOOL_CONF. On CUDA the calling thread's device is served (its
  * current context's, as cudaMalloc; a thread without a context gets the
- * first pool's device); mp_free finds the pool that holds the pointer,
- * whatever context is current. */
+ * first pool's device), and mp_malloc_async serves the device of its
+ * stream, as cuMemAllocAsync ("the memory pool current to the stream's
+ * device"); the default streams are the calling thread's. mp_free and
+ * mp_free_async find the pool that holds the pointer, whatever context is
+ * current. */
 MP_API mp_status_t mp_malloc(void **ptr, size_t bytes);
 MP_API mp_status_t mp_malloc_async(void **ptr, size_t bytes, mp_stream_t s);
 MP_API mp_status_t mp_free(void *ptr);

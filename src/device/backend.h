@@ -61,10 +61,13 @@ typedef struct mp__backend {
    * backend cannot tell. */
   mp_status_t (*capture_on_release)(mp_device_t *dev, mp_stream_t s,
                                     void (*fn)(void *), void *arg);
-  /* Which device of this kind the calling thread works on (CUDA: its
-   * current context's); no message on failure. NULL: one device only. */
-  mp_status_t (*current_ordinal)(mp_device_t *dev, int *out);
-  int (*ordinal)(mp_device_t *dev); /* dev's own, for current_ordinal */
+  /* Which device of this kind work on s runs on: s's own (CUDA: its
+   * context's device), the calling thread's for a default stream (NULL,
+   * CUDA's legacy and per-thread ones: its current context's) and for a
+   * handle the driver cannot place; no message on failure. NULL: one
+   * device only. */
+  mp_status_t (*stream_ordinal)(mp_device_t *dev, mp_stream_t s, int *out);
+  int (*ordinal)(mp_device_t *dev); /* dev's own, for stream_ordinal */
   mp_status_t (*launch_host)(mp_device_t *dev, mp_stream_t s,
                              void (*fn)(void *), void *arg);
   mp_status_t (*memcpy_async)(mp_device_t *dev, void *dst, const void *src,
@@ -179,10 +182,11 @@ int mp__device_stream_capture_id(mp_device_t *dev, mp_stream_t s, uint64_t *id);
 /* ops->capture_on_release; MP_ENOTSUP where the backend has none. */
 mp_status_t mp__device_capture_on_release(mp_device_t *dev, mp_stream_t s,
                                           void (*fn)(void *), void *arg);
-/* The ordinal of the device of dev's kind the calling thread works on;
- * MP_ENOTSUP when the backend has one device only, MP_ENODEV when the
- * thread is on none. */
-mp_status_t mp__device_current_ordinal(mp_device_t *dev, int *out);
+/* The ordinal of the device of dev's kind that work on s runs on (the
+ * calling thread's for NULL, see ops->stream_ordinal); MP_ENOTSUP when the
+ * backend has one device only, MP_ENODEV when the thread is on none. */
+mp_status_t mp__device_stream_ordinal(mp_device_t *dev, mp_stream_t s,
+                                      int *out);
 /* dev's own ordinal among the devices of its kind (0 with one device). */
 int mp__device_ordinal(mp_device_t *dev);
 

@@ -818,12 +818,29 @@ static mp_status_t mp__cuda_stream_query(mp_device_t *dev, mp_stream_t s) {
   return mp__cuda_ready(r, "cuStreamQuery", (void *)s);
 }
 
-/* The device of the calling thread's current context (cuCtxGetDevice);
- * MP_ENODEV when the thread has none. */
-static mp_status_t mp__cuda_current_ordinal(mp_device_t *dev, int *out) {
-  (void)dev;
+/* The device of s's context (cuStreamGetCtx, asked with dev's context
+ * current as mp__cuda_stream_kind asks it, then cuCtxGetDevice with that
+ * context pushed): cuMemAllocAsync's "the memory pool current to the
+ * stream's device". The default streams name no context of their own and
+ * are the calling thread's current context's (cuda.h, cuStreamGetCtx), as
+ * is a handle the driver cannot place (no cuStreamGetCtx, or a handle it
+ * refuses: the pool that gets it says what is wrong with it). MP_ENODEV
+ * when the thread has no context then. */
+static mp_status_t mp__cuda_stream_ordinal(mp_device_t *dev, mp_stream_t s,
+                                           int *out) {
+  CUresult r = CUDA_ERROR_NOT_SUPPORTED;
+  CUcontext owner = NULL;
+  if (s != NULL && s != (mp_stream_t)CU_STREAM_LEGACY &&
+      s != (mp_stream_t)CU_STREAM_PER_THREAD && mp__cu.StreamGetCtx != NULL)
+    MP__CU_IN_CTX(mp__cuda_of(dev), r,
+                  mp__cu.StreamGetCtx((CUstream)s, &owner));
+  bool pushed = r == CUDA_SUCCESS && owner != NULL &&
+                mp__cu.CtxPushCurrent(owner) == CUDA_SUCCESS;
   CUdevice d = 0;
-  if (mp__cu.CtxGetDevice(&d) != CUDA_SUCCESS)
+  r = mp__cu.CtxGetDevice(&d);
+  if (pushed)
+    mp__cuda_pop();
+  if (r != CUDA_SUCCESS)
     return MP_ENODEV;
   *out = (int)d;
   return MP_OK;
@@ -1426,7 +1443,7 @@ const mp__backend_t mp__cuda_backend = {
     .stream_capture_id = mp__cuda_stream_capture_id,
     .capture_on_release = mp__cuda_capture_on_release,
     .stream_owned = mp__cuda_stream_owned,
-    .current_ordinal = mp__cuda_current_ordinal,
+    .stream_ordinal = mp__cuda_stream_ordinal,
     .ordinal = mp__cuda_ordinal,
     .launch_host = mp__cuda_launch_host,
     .memcpy_async = mp__cuda_memcpy_async,

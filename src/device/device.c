@@ -168,9 +168,11 @@ uint64_t mp__device_forgets(mp_device_t *dev) {
   return begun == done ? begun : UINT64_MAX;
 }
 
-mp_status_t mp__device_current_ordinal(mp_device_t *dev, int *out) {
-  return dev->ops->current_ordinal != NULL ? dev->ops->current_ordinal(dev, out)
-                                           : MP_ENOTSUP;
+mp_status_t mp__device_stream_ordinal(mp_device_t *dev, mp_stream_t s,
+                                      int *out) {
+  return dev->ops->stream_ordinal != NULL
+             ? dev->ops->stream_ordinal(dev, s, out)
+             : MP_ENOTSUP;
 }
 
 int mp__device_ordinal(mp_device_t *dev) {

@@ -15,6 +15,9 @@ static struct {
   CUresult (*retain)(CUcontext *, CUdevice), (*release)(CUdevice);
   CUresult (*set)(CUcontext);
   CUresult (*init)(unsigned);
+  CUresult (*stream_create)(CUstream *, unsigned);
+  CUresult (*stream_destroy)(CUstream);
+  CUresult (*stream_sync)(CUstream);
 } cu;
 
 static void two_devices(void) {
@@ -24,6 +27,9 @@ static void two_devices(void) {
   FK_LOAD(cu.release, "cuDevicePrimaryCtxRelease_v2");
   FK_LOAD(cu.set, "cuCtxSetCurrent");
   FK_LOAD(cu.init, "cuInit");
+  FK_LOAD(cu.stream_create, "cuStreamCreate");
+  FK_LOAD(cu.stream_destroy, "cuStreamDestroy_v2");
+  FK_LOAD(cu.stream_sync, "cuStreamSynchronize");
   cr_assert_eq(cu.init(0), CUDA_SUCCESS);
   CUresult (*count)(int *);
   FK_LOAD(count, "cuDeviceGetCount");
@@ -62,6 +68,51 @@ Test(cuda_default_pool, serves_the_device_of_the_current_context,
   cr_assert_eq(mp_pool_get_stats(pool1, &s), MP_OK);
   cr_assert_eq(s.live_blocks, 0);
   cr_assert_eq(mp_free(p), MP_EINVAL, "a double free was accepted");
+  cr_assert_eq(cu.release(0), CUDA_SUCCESS);
+  cr_assert_eq(cu.release(1), CUDA_SUCCESS);
+}
+
+/* cuMemAllocAsync: "The allocation comes from the memory pool current to
+ * the stream's device", whatever context is current. mp_malloc_async took
+ * the current device's pool, which refused device 1's stream as one of
+ * another context (MP_EINVAL). The legacy stream is still the current
+ * device's, and the free goes to the block's own pool. */
+Test(cuda_default_pool, malloc_async_serves_the_streams_device,
+     .init = two_devices) {
+  on_device(1);
+  CUstream s1 = NULL;
+  cr_assert_eq(cu.stream_create(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  mp_pool_t *pool1 = mp_default_pool();
+  cr_assert_not_null(pool1, "%s", mp_last_error());
+  on_device(0);
+  void *p = NULL;
+  cr_assert_eq(mp_malloc_async(&p, 1u << 20, (mp_stream_t)s1), MP_OK, "%s",
+               mp_last_error());
+  mp_stats_t st;
+  cr_assert_eq(mp_pool_get_stats(pool1, &st), MP_OK);
+  cr_assert_eq(st.live_blocks, 1, "device 1's pool did not serve its stream");
+  void *q = NULL;
+  cr_assert_eq(mp_malloc_async(&q, 4096, NULL), MP_OK, "%s", mp_last_error());
+  mp_pool_t *pool0 = mp_default_pool();
+  cr_assert_neq(pool0, pool1);
+  cr_assert_eq(mp_pool_get_stats(pool0, &st), MP_OK);
+  cr_assert_eq(st.live_blocks, 1, "the legacy stream left device 0");
+  if (!fk_is_real()) { /* a handle no driver knows: refused, nothing made */
+    int junk;
+    void *r = &junk;
+    cr_assert_eq(mp_malloc_async(&r, 4096, (mp_stream_t)&junk), MP_EINVAL);
+    cr_assert_eq(r, &junk);
+    cr_assert(strstr(mp_last_error(), "not a live stream") != NULL, "%s",
+              mp_last_error());
+  }
+  cr_assert_eq(mp_free_async(p, (mp_stream_t)s1), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_free(q), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_get_stats(pool1, &st), MP_OK);
+  cr_assert_eq(st.live_blocks, 0);
+  on_device(1);
+  cr_assert_eq(cu.stream_sync(s1), CUDA_SUCCESS);
+  cr_assert_eq(mp_stream_forget(mp_pool_device(pool1), (mp_stream_t)s1), MP_OK);
+  cr_assert_eq(cu.stream_destroy(s1), CUDA_SUCCESS);
   cr_assert_eq(cu.release(0), CUDA_SUCCESS);
   cr_assert_eq(cu.release(1), CUDA_SUCCESS);
 }
