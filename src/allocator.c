@@ -27,7 +27,14 @@ struct mp_allocator {
   mp_allocator_ops_t ops;
   void *self;
   mp_pool_t *pool; /* "pool" and "child": the pool allocations come from */
-  char name[];     /* the spec (or the wrapped allocator's name) */
+  /* The built-in kinds' destroy (NULL: a wrapped allocator, ops.destroy).
+   * On failure it leaves in a what is left, so that a later destroy ends
+   * it, and names nothing that went: self is NULL once nothing is left. */
+  mp_status_t (*destroy)(mp_allocator_t *a);
+  /* A built-in kind's destroy failed after its pool went (pool and child
+   * kinds: mp_pool_destroy_ex's destroyed): only destroy is left. */
+  bool lost;
+  char name[]; /* the spec (or the wrapped allocator's name) */
 };
 
 /* ---- "pool" ----------------------------------------------------------- */
@@ -48,8 +55,16 @@ static mp_status_t mp__pool_op_stats(void *self, mp_stats_t *out) {
 static mp_status_t mp__pool_op_release(void *self) {
   return mp_pool_trim(self, 0);
 }
-static mp_status_t mp__pool_op_destroy(void *self) {
-  return mp_pool_destroy(self);
+/* A failure that took the pool with it (a device free refused after
+ * others went) leaves nothing but the allocator. */
+static mp_status_t mp__pool_allocator_destroy(mp_allocator_t *a) {
+  int gone = 0;
+  mp_status_t st = mp_pool_destroy_ex(a->self, &gone);
+  if (gone && st != MP_OK) {
+    a->self = a->pool = NULL;
+    a->lost = true;
+  }
+  return st;
 }
 
 static const mp_allocator_ops_t mp__pool_ops = {"pool",
@@ -58,7 +73,7 @@ static const mp_allocator_ops_t mp__pool_ops = {"pool",
                                                 mp__pool_op_record,
                                                 mp__pool_op_stats,
                                                 mp__pool_op_release,
-                                                mp__pool_op_destroy};
+                                                NULL};
 
 /* ---- "child" ---------------------------------------------------------- */
 
@@ -81,18 +96,25 @@ static mp_status_t mp__child_op_release(void *self) {
   mp_status_t pst = mp_pool_trim(c->parent, 0);
   return st != MP_OK ? st : pst;
 }
-/* A failure keeps what is left (the child already gone stays gone), so
- * a later destroy ends it. */
-static mp_status_t mp__child_op_destroy(void *self) {
-  mp__child_alloc_t *c = self;
-  mp_status_t st = c->child != NULL ? mp_pool_destroy(c->child) : MP_OK;
-  if (st != MP_OK)
-    return st;
-  c->child = NULL;
-  if ((st = mp_pool_destroy(c->parent)) != MP_OK)
-    return st;
-  free(c);
-  return MP_OK;
+/* A failure keeps what is left, so a later destroy ends it: the parent
+ * once the child went (the allocator then has no pool to allocate from),
+ * nothing once the parent went too (a device free refused after others
+ * went). */
+static mp_status_t mp__child_destroy(mp_allocator_t *a) {
+  mp__child_alloc_t *c = a->self;
+  int gone = 1;
+  mp_status_t st =
+      c->child != NULL ? mp_pool_destroy_ex(c->child, &gone) : MP_OK;
+  if (gone) {
+    c->child = NULL;
+    a->pool = NULL;
+  }
+  if (st == MP_OK && (st = mp_pool_destroy_ex(c->parent, &gone), gone)) {
+    free(c);
+    a->self = NULL;
+  }
+  a->lost = st != MP_OK && a->pool == NULL;
+  return st;
 }
 
 static const mp_allocator_ops_t mp__child_ops = {"child",
@@ -101,7 +123,7 @@ static const mp_allocator_ops_t mp__child_ops = {"child",
                                                  mp__child_op_record,
                                                  mp__child_op_stats,
                                                  mp__child_op_release,
-                                                 mp__child_op_destroy};
+                                                 NULL};
 
 /* ---- "direct" --------------------------------------------------------- */
 
@@ -121,8 +143,9 @@ static mp_status_t mp__direct_op_stats(void *self, mp_stats_t *out) {
 static mp_status_t mp__direct_op_release(void *self) {
   return mp_direct_free_session(self);
 }
-static mp_status_t mp__direct_op_destroy(void *self) {
-  return mp_direct_destroy(self);
+/* A failure leaves the allocator as it was (mp_direct_destroy). */
+static mp_status_t mp__direct_destroy(mp_allocator_t *a) {
+  return mp_direct_destroy(a->self);
 }
 
 static const mp_allocator_ops_t mp__direct_ops = {"direct",
@@ -131,13 +154,14 @@ static const mp_allocator_ops_t mp__direct_ops = {"direct",
                                                   mp__direct_op_record,
                                                   mp__direct_op_stats,
                                                   mp__direct_op_release,
-                                                  mp__direct_op_destroy};
+                                                  NULL};
 
 /* ---- construction ----------------------------------------------------- */
 
-static mp_status_t mp__allocator_new(const mp_allocator_ops_t *ops, void *self,
-                                     mp_pool_t *pool, const char *name,
-                                     mp_allocator_t **out) {
+static mp_status_t mp__allocator_new(const mp_allocator_ops_t *ops,
+                                     mp_status_t (*destroy)(mp_allocator_t *),
+                                     void *self, mp_pool_t *pool,
+                                     const char *name, mp_allocator_t **out) {
   size_t len = strlen(name);
   mp_allocator_t *a = mp__host_alloc(sizeof *a + len + 1);
   if (a == NULL)
@@ -145,6 +169,8 @@ static mp_status_t mp__allocator_new(const mp_allocator_ops_t *ops, void *self,
   a->ops = *ops;
   a->self = self;
   a->pool = pool;
+  a->destroy = destroy;
+  a->lost = false;
   memcpy(a->name, name, len + 1);
   *out = a;
   return MP_OK;
@@ -223,7 +249,8 @@ static mp_status_t mp__make_child(mp_device_t *dev, const char *spec,
       (void)mp_pool_destroy(ca->parent);
   }
   if (st == MP_OK) {
-    st = mp__allocator_new(&mp__child_ops, ca, ca->child, spec, out);
+    st = mp__allocator_new(&mp__child_ops, mp__child_destroy, ca, ca->child,
+                           spec, out);
     if (st != MP_OK) {
       (void)mp_pool_destroy(ca->child);
       (void)mp_pool_destroy(ca->parent);
@@ -253,7 +280,8 @@ mp_status_t mp_allocator_create(mp_device_t *dev, const char *spec,
     st = mp__make_pool(dev, opts, &cfg, &pool);
     if (st != MP_OK)
       return st;
-    st = mp__allocator_new(&mp__pool_ops, pool, pool, spec, out);
+    st = mp__allocator_new(&mp__pool_ops, mp__pool_allocator_destroy, pool,
+                           pool, spec, out);
     if (st != MP_OK)
       (void)mp_pool_destroy(pool);
     return st;
@@ -268,7 +296,8 @@ mp_status_t mp_allocator_create(mp_device_t *dev, const char *spec,
     st = mp_direct_create(dev, &d);
     if (st != MP_OK)
       return st;
-    st = mp__allocator_new(&mp__direct_ops, d, NULL, spec, out);
+    st = mp__allocator_new(&mp__direct_ops, mp__direct_destroy, d, NULL, spec,
+                           out);
     if (st != MP_OK)
       (void)mp_direct_destroy(d);
     return st;
@@ -290,7 +319,7 @@ mp_status_t mp_allocator_wrap(const mp_allocator_ops_t *ops, void *self,
                     "mp_allocator_wrap: ops->alloc and ops->free are required");
   if (name == NULL)
     return mp__fail(MP_EINVAL, "mp_allocator_wrap: name is NULL");
-  return mp__allocator_new(ops, self, NULL, name, out);
+  return mp__allocator_new(ops, NULL, self, NULL, name, out);
 }
 
 /* ---- dispatch --------------------------------------------------------- */
@@ -307,6 +336,11 @@ mp_pool_t *mp_allocator_pool(const mp_allocator_t *a) {
   do {                                                                         \
     if (MP__UNLIKELY((a) == NULL))                                             \
       return mp__fail(MP_EINVAL, "%s: allocator is NULL", __func__);           \
+    if (MP__UNLIKELY((a)->lost))                                               \
+      return mp__fail(MP_EINVAL,                                               \
+                      "%s: allocator '%s' lost its pool to a destroy that "    \
+                      "failed; destroy it again",                              \
+                      __func__, (a)->name);                                    \
   } while (0)
 
 /* An optional operation the wrapped table left out. */
@@ -365,22 +399,22 @@ mp_status_t mp_allocator_release(mp_allocator_t *a) {
 }
 
 mp_status_t mp_allocator_destroy(mp_allocator_t *a) {
-  MP__CHECK_ALLOCATOR(a);
-  if (a->ops.destroy != NULL) {
-    /* MP_EBUSY (a pool with live children) keeps the allocator usable, so
-     * the caller can fix the cause and try again, and so does any failure
-     * of the allocators made here, which keep what they hold when they
-     * fail (a destroy from a host function cannot wait for the device);
-     * after any other failure of a wrapped one the object is gone. */
-    mp_status_t st = a->ops.destroy(a->self);
-    if (st == MP_EBUSY ||
-        (st != MP_OK && (a->ops.destroy == mp__pool_op_destroy ||
-                         a->ops.destroy == mp__child_op_destroy ||
-                         a->ops.destroy == mp__direct_op_destroy)))
+  if (a == NULL)
+    return mp__fail(MP_EINVAL, "mp_allocator_destroy: allocator is NULL");
+  mp_status_t st = MP_OK;
+  if (a->destroy != NULL) {
+    /* Any failure of the allocators made here keeps the allocator, holding
+     * what is left (a pool with live children, a destroy from a host
+     * function that cannot wait for the device, memory the device refused
+     * to free), so the caller can fix the cause and destroy it again. */
+    if (a->self != NULL && (st = a->destroy(a)) != MP_OK)
       return st;
-    free(a);
-    return st;
+  } else if (a->ops.destroy != NULL) {
+    /* MP_EBUSY keeps a wrapped allocator; any other failure ends it. */
+    st = a->ops.destroy(a->self);
+    if (st == MP_EBUSY)
+      return st;
   }
   free(a);
-  return MP_OK;
+  return st;
 }

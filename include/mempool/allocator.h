@@ -56,10 +56,16 @@ MP_API mp_status_t mp_allocator_get_stats_sized(mp_allocator_t *a,
 MP_API mp_status_t mp_allocator_release(mp_allocator_t *a);
 /* Destroys the allocator (and, for "child", the pool it was carved from).
  * MP_EBUSY keeps it usable; so does any failure of "pool", "child" and
- * "direct" (a destroy from a host function cannot wait for the device).
- * After another failure of a wrapped allocator it is gone. */
+ * "direct" (a destroy from a host function cannot wait for the device),
+ * except one that took the allocator's pool with it (a "child" allocator
+ * whose parent's destroy failed, or a device free refused after others
+ * went: see mp_pool_destroy_ex): the allocator then stays for a later
+ * destroy to end what is left, every other call on it is MP_EINVAL and
+ * mp_allocator_pool gives NULL. After another failure of a wrapped
+ * allocator it is gone. */
 MP_API mp_status_t mp_allocator_destroy(mp_allocator_t *a);
-/* The underlying pool for "pool" and "child" allocators, else NULL. */
+/* The underlying pool for "pool" and "child" allocators, else NULL (also
+ * once a failed destroy took it, see above). */
 MP_API mp_pool_t *mp_allocator_pool(const mp_allocator_t *a);
 
 #ifdef __cplusplus

@@ -182,3 +182,120 @@ Test(pool_destroy_refused, destroy_ex_of_a_graph_pool_says_released_or_busy) {
   cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
   fake_close(dev);
 }
+
+/* mp_allocator_destroy over pools the device refuses to free: a built-in
+ * allocator stays after any failure, for a later destroy, and names no
+ * pool that went with the failure. A "child" allocator whose parent's
+ * destroy failed still named its child pool, already freed, through
+ * mp_allocator_pool; where the parent went too (a refusal after others
+ * went, see mp_pool_destroy_ex), the next destroy freed the parent again.
+ * A "pool" allocator kept its freed pool the same way. */
+static mp_allocator_t *child_allocator(mp_device_t *dev, mp_pool_t **parent) {
+  mp_allocator_t *a = NULL;
+  cr_assert_eq(mp_allocator_create(dev, "child:bytes=4M", &a), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_not_null(mp_allocator_pool(a));
+  *parent = mp_allocator_pool(a)->parent;
+  cr_assert_not_null(*parent);
+  return a;
+}
+
+/* A "pool" allocator with n live blocks p[] of 4 MiB, a segment each. */
+static mp_allocator_t *pool_allocator(mp_device_t *dev, int n, void **p) {
+  mp_allocator_t *a = NULL;
+  cr_assert_eq(mp_allocator_create(dev, "pool", &a), MP_OK, "%s",
+               mp_last_error());
+  for (int i = 0; i < n; i++)
+    cr_assert_eq(mp_allocator_alloc(a, 4 * MiB, NULL, &p[i]), MP_OK, "%s",
+                 mp_last_error());
+  cr_assert_eq(stats(mp_allocator_pool(a)).segment_count, (size_t)n);
+  return a;
+}
+
+/* Nothing but destroy is left of a: every other call says so. */
+static void only_destroy_is_left(mp_allocator_t *a) {
+  cr_assert_null(mp_allocator_pool(a), "a pool that is gone is still named");
+  void *q = NULL;
+  cr_expect_eq(mp_allocator_alloc(a, 4096, NULL, &q), MP_EINVAL);
+  cr_expect_null(q);
+  cr_expect(strstr(mp_last_error(), "destroy it again") != NULL, "%s",
+            mp_last_error());
+  mp_stats_t s;
+  cr_expect_eq(mp_allocator_get_stats(a, &s), MP_EINVAL);
+  cr_expect_eq(mp_allocator_release(a), MP_EINVAL);
+  cr_expect_eq(mp_allocator_free(a, NULL), MP_EINVAL);
+}
+
+/* a's pool has three plain segments: the device frees the first and
+ * refuses the second, the pool is gone; the next destroy ends a with no
+ * second free of anything, and closes dev. */
+static void destroy_half_way(mp_device_t *dev, mp_allocator_t *a) {
+  fake_dev_t *f = fake_of(dev);
+  refuse = 1;
+  f->on_free = arm_after_one;
+  f->on_free_ctx = f;
+  cr_assert_eq(mp_allocator_destroy(a), MP_EDRIVER);
+  cr_expect(strstr(mp_last_error(), "lost") != NULL, "%s", mp_last_error());
+  only_destroy_is_left(a);
+  cr_assert_eq(mp_allocator_destroy(a), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(f->frees, 2);
+  cr_expect_eq(f->nplain, 1); /* the refused segment stays the device's */
+  fake_close(dev);
+}
+
+Test(pool_destroy_refused, a_child_allocator_whose_parent_stays_names_no_pool) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  fake_dev_t *f = fake_of(dev);
+  mp_pool_t *parent;
+  mp_allocator_t *a = child_allocator(dev, &parent);
+  void *p;
+  cr_assert_eq(mp_allocator_alloc(a, 4096, NULL, &p), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_allocator_free(a, p), MP_OK);
+  f->refuse_frees = 1;
+  cr_assert_eq(mp_allocator_destroy(a), MP_EDRIVER);
+  check(parent); /* the parent stays as it was, its child gone */
+  cr_expect_eq(stats(parent).allocated_bytes, 0);
+  only_destroy_is_left(a);
+  cr_assert_eq(mp_allocator_destroy(a), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(f->used, 0);
+  cr_expect_eq(f->nplain, 0);
+  fake_close(dev);
+}
+
+Test(pool_destroy_refused,
+     a_child_allocator_whose_parent_went_half_way_frees_nothing_twice) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  mp_pool_t *parent;
+  mp_allocator_t *a = child_allocator(dev, &parent);
+  void *p[2]; /* two more segments in the parent */
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(mp_pool_alloc(parent, 4 * MiB, NULL, &p[i]), MP_OK, "%s",
+                 mp_last_error());
+  cr_assert_eq(stats(parent).segment_count, 3);
+  destroy_half_way(dev, a);
+}
+
+Test(pool_destroy_refused,
+     a_pool_allocator_whose_pool_went_half_way_frees_nothing_twice) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  void *p[3];
+  destroy_half_way(dev, pool_allocator(dev, 3, p));
+}
+
+/* A first refusal leaves a "pool" allocator as it was, usable. */
+Test(pool_destroy_refused,
+     a_pool_allocator_stays_usable_after_a_first_refusal) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  fake_dev_t *f = fake_of(dev);
+  void *p;
+  mp_allocator_t *a = pool_allocator(dev, 1, &p);
+  f->refuse_frees = 1;
+  cr_assert_eq(mp_allocator_destroy(a), MP_EDRIVER);
+  cr_assert_not_null(mp_allocator_pool(a));
+  check(mp_allocator_pool(a));
+  cr_assert_eq(mp_allocator_free(a, p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_allocator_destroy(a), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(f->used, 0);
+  fake_close(dev);
+}
