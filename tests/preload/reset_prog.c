@@ -20,14 +20,14 @@
  * malloc has handed out and not had back) must not grow with the number
  * of resets: nothing of a reset context is kept for good. With
  * "many_graph" each round also captures a graph on a non-blocking stream
- * (stream-ordered allocations freed inside the capture), instantiates and
- * launches it, resets with the graph and its executable alive, and only
- * then destroys them (the fake driver's graphs outlive the context; this
- * mode is not for a GPU). Every "many" round also holds page-locked memory
- * (cuMemHostAlloc) across the reset, one block live and one freed.
- * With "pinned" the reset destroys page-locked memory too
- * (cuda_runtime_api.h, cudaDeviceReset: the resources destroyed "also
- * include memory allocations by ::cudaMalloc, ::cudaMallocHost, ..."): a
+ * (stream-ordered allocations freed inside the capture, and an output the
+ * program frees after the launch), instantiates and launches it, resets with
+ * the graph and its executable alive, and only then destroys them (the fake
+ * driver's graphs outlive the context; this mode is not for a GPU). Every
+ * "many" round also holds page-locked memory (cuMemHostAlloc) across the reset,
+ * one block live and one freed. With "pinned" the reset destroys page-locked
+ * memory too (cuda_runtime_api.h, cudaDeviceReset: the resources destroyed
+ * "also include memory allocations by ::cudaMalloc, ::cudaMallocHost, ..."): a
  * page-locked block from before is no longer the program's (on the fake,
  * its cuMemFreeHost is refused), and a page-locked allocation after the
  * reset is new memory of the driver's (on the fake, the first one costs a
@@ -76,16 +76,24 @@ CUresult old_reset(CUdevice dev) __asm__("cuDevicePrimaryCtxReset");
  * program's (many_graph) and the shim's host pool's. */
 #define MP_GROWTH_MAX ((size_t)MP_RESETS * 1024u)
 
-/* A graph captured on s: a temporary allocated, written and freed on s. */
+/* A graph captured on s: a temporary allocated, written and freed on s,
+ * and an output allocated and written, which the program frees after the
+ * launch (a graph allocation: cuda.h, cuGraphLaunch), so that the graph
+ * lives across the reset with its output not allocated. The shim kept the
+ * device's pool for good at such a reset before 2026-12-01 (the graph
+ * pool still held the output's block): the heap grew with every reset. */
 static int capture(CUstream s, CUgraph *g, CUgraphExec *x) {
-  CUdeviceptr tmp;
+  CUdeviceptr tmp, out;
   MP_TRY(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  MP_TRY(cuMemAllocAsync(&out, MP_BYTES / 4, s));
   MP_TRY(cuMemAllocAsync(&tmp, MP_BYTES, s));
   MP_TRY(cuMemsetD8Async(tmp, 2, MP_BYTES, s));
+  MP_TRY(cuMemsetD8Async(out, 4, MP_BYTES / 4, s));
   MP_TRY(cuMemFreeAsync(tmp, s));
   MP_TRY(cuStreamEndCapture(s, g));
   MP_TRY(cuGraphInstantiate(x, *g, 0));
   MP_TRY(cuGraphLaunch(*x, s));
+  MP_TRY(cuMemFreeAsync(out, s));
   MP_TRY(cuStreamSynchronize(s));
   return 0;
 }
