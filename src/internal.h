@@ -68,6 +68,15 @@
 mp_status_t mp__fail(mp_status_t st, const char *fmt, ...) MP__PRINTF(2, 3);
 /* The status the last mp__fail on this thread gave (MP_OK: none yet). */
 mp_status_t mp__last_failure(void);
+/* The thread's last error, message and status, kept aside and put back
+ * whole: a failure a call recovers from (pool.c: a device without virtual
+ * memory) leaves mp_last_error() and mp_last_status() as they were. */
+typedef struct mp__error_saved {
+  mp_status_t st;
+  char msg[MP__ERROR_MAX];
+} mp__error_saved_t;
+void mp__error_save(mp__error_saved_t *out);
+void mp__error_restore(const mp__error_saved_t *saved);
 /* Input quoted in an error message (an option value, a path): s's len
  * bytes as they are when they fit in cap - 1 bytes, else their head and
  * tail around "...", so that a long input leaves room in the message

@@ -67,9 +67,18 @@ mp_status_t mp__fail(mp_status_t st, const char *fmt, ...) {
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   memcpy(mp__error_buf, msg, sizeof msg);
-  if (st != MP_OK) /* MP_OK: a message put back as it was (pool.c) */
-    mp__error_st = st;
+  mp__error_st = st;
   return st;
+}
+
+void mp__error_save(mp__error_saved_t *out) {
+  out->st = mp__error_st;
+  memcpy(out->msg, mp__error_buf, sizeof out->msg);
+}
+
+void mp__error_restore(const mp__error_saved_t *saved) {
+  mp__error_st = saved->st;
+  memcpy(mp__error_buf, saved->msg, sizeof mp__error_buf);
 }
 
 mp_status_t mp__last_failure(void) {

@@ -129,13 +129,13 @@ mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
   if (cfg->flags & MP_POOL_VIRTUAL) {
     /* A device without virtual memory is not a failure of this call: keep
      * the caller's last error as it was. */
-    char saved[MP__ERROR_MAX];
-    snprintf(saved, sizeof saved, "%s", mp_last_error());
+    mp__error_saved_t saved;
+    mp__error_save(&saved);
     if (mp__device_vm_granularity(dev, &g) == MP_OK && g != 0 &&
         (g & (g - 1)) == 0)
       pool->granule = g < pool->cfg.align ? pool->cfg.align : g;
     else
-      mp__fail(MP_OK, "%s", saved);
+      mp__error_restore(&saved);
   }
   /* Blocks are aligned only as far as their segments are: the virtual
    * range to the granularity, plain segments to what the device promises

@@ -2,6 +2,7 @@
  * that wraps a refusal it got says what it was doing, then why), and the
  * result is the two, not a garble of the buffer read while it is written. */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "internal.h"
@@ -51,6 +52,44 @@ Test(error_messages, a_call_that_falls_back_keeps_the_last_error_whole) {
   mp_pool_t *pool = NULL;
   cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
   cr_expect_str_eq(mp_last_error(), before);
+  cr_expect_eq(mp_last_status(), MP_EINVAL);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(dev);
+}
+
+/* The status goes with the message: put back whole, never the status of
+ * the refusal shrugged off beside the message before it. The fallback above
+ * left MP_ENOTSUP (the device's refusal) with the message before it, and
+ * MP_ENOTSUP with an empty message on a thread that had seen no failure
+ * (found by a review, 2026-12-01; mp_last_status() was new). */
+static void *fall_back_on_a_fresh_thread(void *arg) {
+  mp_device_t *dev = arg;
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cfg.flags |= MP_POOL_VIRTUAL;
+  mp_pool_t *pool = NULL;
+  cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_last_status(), MP_OK, "status %d with '%s'", mp_last_status(),
+               mp_last_error());
+  cr_expect_str_eq(mp_last_error(), "");
+  cr_assert_eq(mp_pool_free(pool, &cfg), MP_EINVAL); /* not its block */
+  char before[MP__ERROR_MAX];
+  snprintf(before, sizeof before, "%s", mp_last_error());
+  mp_pool_t *again = NULL;
+  cr_assert_eq(mp_pool_create(dev, &cfg, &again), MP_OK);
+  cr_expect_eq(mp_last_status(), MP_EINVAL);
+  cr_expect_str_eq(mp_last_error(), before);
+  cr_assert_eq(mp_pool_destroy(again), MP_OK);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  return NULL;
+}
+
+Test(error_messages, a_fallback_puts_back_the_status_with_the_message) {
+  mp_device_t *dev = NULL;
+  cr_assert_eq(mp_device_open("host:vmm=0", &dev), MP_OK, "%s",
+               mp_last_error());
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, fall_back_on_a_fresh_thread, dev), 0);
+  pthread_join(t, NULL);
   mp_device_close(dev);
 }
