@@ -9,7 +9,13 @@
  * the stream's device, as cuMemAllocAsync: every other device gets a pool
  * of its own on first use, opened as "cuda:N" with the same options. A
  * free goes to the pool whose memory holds the pointer. Pools and devices
- * live until the process exits. */
+ * live until the process exits.
+ *
+ * A child forked after the pools were made has copies of them, but not the
+ * device memory or the threads their streams run on (CUDA's own state is
+ * not inherited either): every call of the child on them is refused
+ * (MP_EINVAL) instead of waiting for work no thread will ever run (a trim,
+ * PyTorch's empty_cache, hung there before 2026-12-01). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -27,8 +33,30 @@ static char mp__default_error[MP__ERROR_MAX];
 /* The other devices' pools: written once each under the lock. */
 static _Atomic(mp_pool_t *) mp__others[MP__DEFAULT_DEVICES];
 static pthread_mutex_t mp__others_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Set in a child forked after mp__default_make: the pools are the
+ * parent's. */
+static atomic_bool mp__default_forked;
+
+static void mp__default_child(void) {
+  atomic_store_explicit(&mp__default_forked, true, memory_order_relaxed);
+}
+
+bool mp__default_in_child(void) {
+  return atomic_load_explicit(&mp__default_forked, memory_order_relaxed);
+}
+
+/* True, with the error set, in such a child. */
+static bool mp__default_refused(void) {
+  if (!mp__default_in_child())
+    return false;
+  mp__fail(MP_EINVAL, "default pool: this process was forked from the one "
+                      "that made the default pools, whose device memory "
+                      "and stream threads it does not have");
+  return true;
+}
 
 static void mp__default_make(void) {
+  (void)pthread_atfork(NULL, NULL, mp__default_child);
   mp_device_t *dev = NULL;
   mp_status_t st = mp_device_open(NULL, &dev);
   if (st == MP_OK) {
@@ -87,6 +115,8 @@ static mp_pool_t *mp__default_other(int ordinal) {
  * default streams), made now if need be; NULL with the error set. */
 static mp_pool_t *mp__default_of_stream(mp_stream_t s) {
   pthread_once(&mp__default_once, mp__default_make);
+  if (mp__default_refused())
+    return NULL;
   if (mp__default == NULL) {
     mp__fail(mp__default_status, "default pool unavailable: %s",
              mp__default_error);
@@ -107,6 +137,8 @@ mp_pool_t *mp_default_pool(void) {
 
 mp_pool_t *mp__default_pool_for(int device) {
   pthread_once(&mp__default_once, mp__default_make);
+  if (mp__default_refused())
+    return NULL;
   if (mp__default == NULL) {
     mp__fail(mp__default_status, "default pool unavailable: %s",
              mp__default_error);
@@ -129,6 +161,8 @@ mp_pool_t *mp__default_pool_for(int device) {
 
 void mp__default_each(void (*fn)(mp_pool_t *pool)) {
   pthread_once(&mp__default_once, mp__default_make);
+  if (mp__default_in_child())
+    return;
   if (mp__default != NULL)
     fn(mp__default);
   for (int i = 0; i < MP__DEFAULT_DEVICES; i++) {
@@ -145,6 +179,8 @@ void mp__default_each(void (*fn)(mp_pool_t *pool)) {
  * ptr (MP_EINVAL, naming fn, the caller's function) or there is none. */
 mp_pool_t *mp__default_owner(void *ptr, const char *fn) {
   pthread_once(&mp__default_once, mp__default_make);
+  if (mp__default_refused())
+    return NULL;
   if (mp__default == NULL) {
     mp__fail(mp__default_status, "default pool unavailable: %s",
              mp__default_error);
@@ -166,6 +202,14 @@ mp_pool_t *mp__default_owner(void *ptr, const char *fn) {
   return NULL;
 }
 
+/* After a getter above gave NULL: the status of the reason mp_last_error()
+ * gives (otherwise where none was recorded). */
+static mp_status_t mp__default_failure(mp_status_t otherwise) {
+  if (mp__default == NULL && !mp__default_in_child())
+    return mp__default_status;
+  return mp__last_failure() != MP_OK ? mp__last_failure() : otherwise;
+}
+
 mp_status_t mp_malloc(void **ptr, size_t bytes) {
   return mp_malloc_async(ptr, bytes, NULL);
 }
@@ -174,10 +218,8 @@ mp_status_t mp_malloc_async(void **ptr, size_t bytes, mp_stream_t s) {
   if (ptr == NULL)
     return mp__fail(MP_EINVAL, "mp_malloc: ptr is NULL");
   mp_pool_t *pool = mp__default_of_stream(s);
-  if (pool == NULL) /* the status of the reason mp_last_error() gives */
-    return mp__default == NULL           ? mp__default_status
-           : mp__last_failure() != MP_OK ? mp__last_failure()
-                                         : MP_ENODEV;
+  if (pool == NULL)
+    return mp__default_failure(MP_ENODEV);
   return mp_pool_alloc(pool, bytes, s, ptr);
 }
 
@@ -186,7 +228,7 @@ mp_status_t mp_free(void *ptr) {
     return MP_OK;
   mp_pool_t *pool = mp__default_owner(ptr, "mp_free");
   if (pool == NULL)
-    return mp__default ? MP_EINVAL : mp__default_status;
+    return mp__default_failure(MP_EINVAL);
   MP__HIST_ENTRY(pool);
   return mp__pool_free_named(pool, ptr, "mp_free");
 }
@@ -196,6 +238,6 @@ mp_status_t mp_free_async(void *ptr, mp_stream_t s) {
     return MP_OK;
   mp_pool_t *pool = mp__default_owner(ptr, "mp_free_async");
   if (pool == NULL)
-    return mp__default ? MP_EINVAL : mp__default_status;
+    return mp__default_failure(MP_EINVAL);
   return mp__pool_free_on(pool, ptr, s, "mp_free_async");
 }

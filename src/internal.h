@@ -195,6 +195,9 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
 mp_pool_t *mp__default_pool_for(int device);
 /* fn on every default pool made so far. */
 void mp__default_each(void (*fn)(mp_pool_t *pool));
+/* Whether this process is a child forked after the default pools were
+ * made (they are the parent's: default.c refuses them). */
+bool mp__default_in_child(void);
 /* The default pool whose memory holds ptr, whatever the calling thread's
  * device, among those made (none is made for it). NULL, the error set:
  * none holds it (MP_EINVAL, the message naming fn) or there is none. */

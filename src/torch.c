@@ -322,6 +322,8 @@ static void mp__torch_trim(mp_pool_t *pool) {
 }
 
 void mp_torch_reset(void) {
+  if (mp__default_in_child()) /* the parent's pools: nothing of ours */
+    return;
   pthread_mutex_lock(&mp__t.lock);
   for (size_t i = 0; i < MP__TORCH_POOLS; i++) {
     mp__tpool_auto_check(&mp__t.pools[i]);

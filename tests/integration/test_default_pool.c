@@ -5,9 +5,12 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <mempool/mempool.h>
+#include <mempool/torch.h>
 
 static void *grab(void *arg) {
   *(mp_pool_t **)arg = mp_default_pool();
@@ -155,4 +158,50 @@ Test(default_pool, refused_free_names_mp_free_and_frees_nothing) {
   cr_expect_eq(after.allocated_bytes + 4096, before.allocated_bytes,
                "only q was freed");
   cr_expect_eq(mp_free(p), MP_OK, "%s", mp_last_error());
+}
+
+/* In the child: the parent's pools refused, nothing waited for. 0 when
+ * every check holds, else the number of the first that failed. */
+static int child_checks(void *parents) {
+  alarm(20);        /* a hang is a failure, not a stuck test */
+  mp_torch_reset(); /* PyTorch's empty_cache: trims every default pool */
+  void *p = NULL;
+  if (mp_malloc(&p, 4096) != MP_EINVAL || p != NULL)
+    return 1;
+  if (strstr(mp_last_error(), "forked") == NULL)
+    return 2;
+  if (mp_free(parents) != MP_EINVAL ||
+      mp_free_async(parents, NULL) != MP_EINVAL)
+    return 3;
+  if (mp_default_pool() != NULL || mp_last_status() != MP_EINVAL)
+    return 4;
+  return 0;
+}
+
+/* A child forked after the default pools were made has copies of them but
+ * not the threads their streams run on: PyTorch's empty_cache (a trim of
+ * every default pool, which waits for the streams' work) hung there for
+ * ever, and an allocation took from the copy. The child's calls are now
+ * refused; the parent's pool is as it was. Found by a review, 2026-12-01. */
+Test(default_pool, a_forked_child_is_refused_the_parents_pools) {
+  mp_device_t *dev;
+  mp_stream_t s;
+  mp_pool_t *pool = host_pool_with_stream(&dev, &s);
+  void *p = NULL, *q = NULL;
+  cr_assert_eq(mp_malloc_async(&p, 1 << 20, s), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_malloc_async(&q, 1 << 20, s), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_free_async(q, s), MP_OK); /* cached, on s: a trim waits */
+  pid_t pid = fork();
+  cr_assert_neq(pid, -1);
+  if (pid == 0)
+    _exit(child_checks(p));
+  int status = 0;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  cr_assert(WIFEXITED(status), "the child was killed (signal %d): it hung",
+            WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  cr_assert_eq(WEXITSTATUS(status), 0, "child check %d failed",
+               WEXITSTATUS(status));
+  cr_expect_eq(mp_free(p), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_trim(pool, 0), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
 }
