@@ -233,11 +233,37 @@ mp_status_t mp_free(void *ptr) {
   return mp__pool_free_named(pool, ptr, "mp_free");
 }
 
+/* cudaFreeAsync takes a stream of any device, the default streams being
+ * the calling thread's device's. A block of pool freed on a stream s of
+ * another device (the block's pool cannot order on it: its events are of
+ * its own context) waits here for s, through that device's default pool,
+ * and is then free on its own stream, whose work pool orders. *elsewhere:
+ * whether s was another device's. */
+static mp_status_t mp__free_elsewhere(mp_pool_t *pool, void *ptr, mp_stream_t s,
+                                      bool *elsewhere) {
+  int here = -1, mine = mp__device_ordinal(mp_pool_device(pool));
+  *elsewhere =
+      mp__default_ordinal >= 0 &&
+      mp__device_stream_ordinal(mp_pool_device(pool), s, &here) == MP_OK &&
+      here >= 0 && here != mine;
+  if (!*elsewhere)
+    return MP_OK;
+  mp_pool_t *home = mp__default_pool_for(here);
+  if (home == NULL)
+    return mp__default_failure(MP_ENODEV);
+  mp_status_t st = mp_stream_synchronize(mp_pool_device(home), s);
+  if (st != MP_OK)
+    return st; /* nothing freed */
+  return mp__pool_free_named(pool, ptr, "mp_free_async");
+}
+
 mp_status_t mp_free_async(void *ptr, mp_stream_t s) {
   if (ptr == NULL)
     return MP_OK;
   mp_pool_t *pool = mp__default_owner(ptr, "mp_free_async");
   if (pool == NULL)
     return mp__default_failure(MP_EINVAL);
-  return mp__pool_free_on(pool, ptr, s, "mp_free_async");
+  bool elsewhere;
+  mp_status_t st = mp__free_elsewhere(pool, ptr, s, &elsewhere);
+  return elsewhere ? st : mp__pool_free_on(pool, ptr, s, "mp_free_async");
 }

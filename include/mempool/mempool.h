@@ -37,7 +37,11 @@ extern "C" {
 MP_API mp_status_t mp_malloc(void **ptr, size_t bytes);
 MP_API mp_status_t mp_malloc_async(void **ptr, size_t bytes, mp_stream_t s);
 MP_API mp_status_t mp_free(void *ptr);
-/* The block may still be in use by work on s. */
+/* The block may still be in use by work on s. s may be another device's
+ * stream than the block's (as cudaFreeAsync's; the default streams are the
+ * calling thread's device's): the call then waits for s's work and frees
+ * the block on its own stream; a child forked after the pools were made
+ * gets MP_EINVAL from every call above. */
 MP_API mp_status_t mp_free_async(void *ptr, mp_stream_t s);
 /* The calling thread's device's pool; NULL if it cannot be made
  * (mp_last_error() says why). */

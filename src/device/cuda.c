@@ -819,13 +819,14 @@ static mp_status_t mp__cuda_stream_query(mp_device_t *dev, mp_stream_t s) {
 }
 
 /* The device of s's context (cuStreamGetCtx, asked with dev's context
- * current as mp__cuda_stream_kind asks it, then cuCtxGetDevice with that
- * context pushed): cuMemAllocAsync's "the memory pool current to the
- * stream's device". The default streams name no context of their own and
- * are the calling thread's current context's (cuda.h, cuStreamGetCtx), as
- * is a handle the driver cannot place (no cuStreamGetCtx, or a handle it
- * refuses: the pool that gets it says what is wrong with it). MP_ENODEV
- * when the thread has no context then. */
+ * current as mp__cuda_stream_kind asks it, then, unless it is dev's own
+ * primary context, cuCtxGetDevice with that context pushed): three driver
+ * calls for a stream of dev, six for another device's. cuMemAllocAsync's "the
+ * memory pool current to the stream's device". The default streams name no
+ * context of their own and are the calling thread's current context's (cuda.h,
+ * cuStreamGetCtx), as is a handle the driver cannot place (no cuStreamGetCtx,
+ * or a handle it refuses: the pool that gets it says what is wrong with it).
+ * MP_ENODEV when the thread has no context then. */
 static mp_status_t mp__cuda_stream_ordinal(mp_device_t *dev, mp_stream_t s,
                                            int *out) {
   CUresult r = CUDA_ERROR_NOT_SUPPORTED;
@@ -834,6 +835,10 @@ static mp_status_t mp__cuda_stream_ordinal(mp_device_t *dev, mp_stream_t s,
       s != (mp_stream_t)CU_STREAM_PER_THREAD && mp__cu.StreamGetCtx != NULL)
     MP__CU_IN_CTX(mp__cuda_of(dev), r,
                   mp__cu.StreamGetCtx((CUstream)s, &owner));
+  if (r == CUDA_SUCCESS && owner == mp__cuda_of(dev)->ctx) {
+    *out = mp__cuda_of(dev)->ordinal; /* this device's: nothing to ask */
+    return MP_OK;
+  }
   bool pushed = r == CUDA_SUCCESS && owner != NULL &&
                 mp__cu.CtxPushCurrent(owner) == CUDA_SUCCESS;
   CUdevice d = 0;

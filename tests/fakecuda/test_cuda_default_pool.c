@@ -3,8 +3,11 @@
  * two devices (FAKECUDA_DEVICE_COUNT=2, the strict fake), device 1's
  * context gets memory of device 1 from a pool of its own, and mp_free finds
  * a pointer's pool whatever context is current. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cuda.h>
 #include <mempool/mempool.h>
@@ -113,6 +116,62 @@ Test(cuda_default_pool, malloc_async_serves_the_streams_device,
   cr_assert_eq(cu.stream_sync(s1), CUDA_SUCCESS);
   cr_assert_eq(mp_stream_forget(mp_pool_device(pool1), (mp_stream_t)s1), MP_OK);
   cr_assert_eq(cu.stream_destroy(s1), CUDA_SUCCESS);
+  cr_assert_eq(cu.release(0), CUDA_SUCCESS);
+  cr_assert_eq(cu.release(1), CUDA_SUCCESS);
+}
+
+static atomic_bool gate;
+
+static void CUDA_CB wait_for_gate(void *arg) {
+  (void)arg;
+  while (!atomic_load(&gate))
+    usleep(1000);
+}
+
+static void *open_gate_later(void *arg) {
+  (void)arg;
+  usleep(300 * 1000);
+  atomic_store(&gate, true);
+  return NULL;
+}
+
+/* A device-1 block freed with mp_free_async on device 0's stream s (NULL:
+ * its legacy stream) while work queued on s holds the gate: the free must
+ * come after that work, as cudaFreeAsync's on s. */
+static void free_on_device_0(CUstream s) {
+  CUresult (*host_fn)(CUstream, CUhostFn, void *);
+  FK_LOAD(host_fn, "cuLaunchHostFunc");
+  on_device(1);
+  void *p = NULL;
+  cr_assert_eq(mp_malloc(&p, 1u << 20), MP_OK, "%s", mp_last_error());
+  mp_pool_t *pool1 = mp_default_pool();
+  on_device(0);
+  atomic_store(&gate, false);
+  cr_assert_eq(host_fn(s, wait_for_gate, NULL), CUDA_SUCCESS);
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, open_gate_later, NULL), 0);
+  cr_assert_eq(mp_free_async(p, (mp_stream_t)s), MP_OK, "%s", mp_last_error());
+  cr_expect(atomic_load(&gate), "freed before the stream's work passed");
+  pthread_join(t, NULL);
+  mp_stats_t st;
+  cr_assert_eq(mp_pool_get_stats(pool1, &st), MP_OK);
+  cr_assert_eq(st.live_blocks, 0);
+  cr_assert_eq(cu.stream_sync(s), CUDA_SUCCESS);
+}
+
+/* cudaFreeAsync takes any device's stream, the default ones being the
+ * current device's. mp_free_async of a device-1 block on device 0's
+ * legacy stream ordered it on device 1's legacy stream, so the block was
+ * free for device 1 while device 0's work still used it; on a device-0
+ * stream it was refused (MP_EINVAL, the block still allocated). Found by a
+ * review, 2026-12-01. */
+Test(cuda_default_pool, free_async_on_another_devices_stream_waits_for_it,
+     .init = two_devices) {
+  free_on_device_0(NULL);
+  CUstream s0 = NULL;
+  cr_assert_eq(cu.stream_create(&s0, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  free_on_device_0(s0);
+  cr_assert_eq(cu.stream_destroy(s0), CUDA_SUCCESS);
   cr_assert_eq(cu.release(0), CUDA_SUCCESS);
   cr_assert_eq(cu.release(1), CUDA_SUCCESS);
 }
