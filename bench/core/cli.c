@@ -826,7 +826,21 @@ out:
   return rc;
 }
 
+/* rc, or 1 (said on stderr) where what went to stdout did not all get
+ * there (a full disk, a closed pipe): a table that was not printed is no
+ * success. */
+static int mpb_stdout_status(int rc) {
+  int err = fflush(stdout) == 0 ? 0 : errno;
+  if (err == 0 && !ferror(stdout))
+    return rc;
+  fprintf(stderr, "mpbench: writing to standard output failed: %s\n",
+          err != 0 ? strerror(err) : "a write failed");
+  return rc == 0 ? 1 : rc;
+}
+
 int mpb_main(int argc, char **argv) {
+  /* Its own writes decide (tests and embedders call it more than once). */
+  clearerr(stdout);
   mpb_cli_t c = {.out_dir = "out",
                  .capacity = true,
                  .plots = true,
@@ -987,5 +1001,5 @@ out:
   mpb_strv_free(&c.workloads);
   mpb_strv_free(&c.allocators);
   mpb_strv_free(&c.files);
-  return rc;
+  return mpb_stdout_status(rc);
 }
