@@ -92,7 +92,9 @@ static void mpb_usage(FILE *out) {
       "                      device; on host without capacity= a roomy one "
       "(the\n"
       "                      larger of 16G and 4x the peak live bytes + 1G)\n"
-      "  --no-capacity       skip the search for the smallest capacity\n"
+      "  --no-capacity       skip the search for the smallest capacity "
+      "(not with\n"
+      "                      --capacity-budget or --capacity-total)\n"
       "  --capacity-budget S seconds the capacity search may take per "
       "(workload,\n"
       "                      allocator) pair (default 15); past it the "
@@ -355,20 +357,30 @@ static bool mpb_bound_ignores(const char *a) {
   return false;
 }
 
+/* The options that take one value; seen: a bit per option, in this order. */
+static const char *const mpb_once[] = {
+    "--out",        "--traces",          "--device",
+    "--blockmap",   "--capacity-budget", "--capacity-total",
+    "--stream-work"};
+
 /* Whether option a takes one value and was given before (seen: a bit per
  * such option): twice is ambiguous, as a key twice in an option string. */
 static bool mpb_given_twice(const char *a, unsigned *seen) {
-  static const char *const once[] = {
-      "--out",        "--traces",          "--device",
-      "--blockmap",   "--capacity-budget", "--capacity-total",
-      "--stream-work"};
-  for (unsigned k = 0; k < sizeof once / sizeof *once; k++) {
-    if (strcmp(a, once[k]) != 0)
+  for (unsigned k = 0; k < sizeof mpb_once / sizeof *mpb_once; k++) {
+    if (strcmp(a, mpb_once[k]) != 0)
       continue;
     bool twice = (*seen >> k) & 1u;
     *seen |= 1u << k;
     return twice;
   }
+  return false;
+}
+
+/* Whether the option opt of mpb_once was given (seen: mpb_given_twice's). */
+static bool mpb_given(unsigned seen, const char *opt) {
+  for (unsigned k = 0; k < sizeof mpb_once / sizeof *mpb_once; k++)
+    if (strcmp(opt, mpb_once[k]) == 0)
+      return (seen >> k) & 1u;
   return false;
 }
 
@@ -501,6 +513,12 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
   if (c->traces_dir != NULL && c->no_traces)
     return mpb_fail_usage("--traces %s and --no-traces contradict each other",
                           c->traces_dir);
+  /* A budget for a search that does not run would be dropped silently. */
+  for (int k = 0; k < 2 && !c->capacity; k++) {
+    const char *opt = k ? "--capacity-total" : "--capacity-budget";
+    if (mpb_given(seen, opt))
+      return mpb_fail_usage("%s: --no-capacity searches no capacity", opt);
+  }
   if (c->traces_dir != NULL && c->files.n > 0)
     return mpb_fail_usage("--traces %s: bound replays the trace files given "
                           "(or, given none, the folder's)",

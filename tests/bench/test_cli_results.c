@@ -631,6 +631,24 @@ Test(cli_results, traces_and_no_traces_together_are_bad_usage, .init = make_tmp,
   cr_expect_eq(mpb_test_run(bound, "/dev/null"), 2);
 }
 
+/* --no-capacity searches nothing, so a --capacity-budget or
+ * --capacity-total beside it was dropped without a word: the user who gave
+ * one meant a search. */
+Test(cli_results, a_capacity_budget_beside_no_capacity_is_bad_usage,
+     .init = make_tmp, .fini = drop_tmp) {
+  char out[512];
+  snprintf(out, sizeof out, "%s/out", tmpdir);
+  const char *opts[] = {"--capacity-budget", "--capacity-total"};
+  for (size_t i = 0; i < 2; i++) {
+    const char *args[] = {"run",        "--out",         out,
+                          "--workload", "random:n=20",   "--allocator",
+                          "direct",     "--no-capacity", opts[i],
+                          "5",          "--quiet",       NULL};
+    cr_expect_eq(run(args), 2, "%s beside --no-capacity was accepted", opts[i]);
+  }
+  cr_expect_eq(access(out, F_OK), -1, "the output folder was created");
+}
+
 /* A trace file in tmpdir (its path in trace) and where --out points (out),
  * for the tests of bad usage below. */
 static void out_and_trace(char *out, char *trace, size_t len) {
