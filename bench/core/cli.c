@@ -384,6 +384,38 @@ static bool mpb_given(unsigned seen, const char *opt) {
   return false;
 }
 
+/* 2, after a message, where two of the trace files given are one file by
+ * two paths ("t.csv" and "./t.csv", a link to it): it would run twice, as
+ * rows of the same figures under two names, which the same path given
+ * twice may not do. A file stat cannot read is for the load to refuse.
+ * -1: they are distinct. */
+static int mpb_files_distinct(const mpb_strv_t *files) {
+  struct stat *sb = calloc(files->n ? files->n : 1, sizeof *sb);
+  bool *known = calloc(files->n ? files->n : 1, sizeof *known);
+  int rc = -1;
+  if (sb == NULL || known == NULL) {
+    fprintf(stderr, "mpbench: out of host memory\n");
+    rc = 1;
+  }
+  for (size_t i = 0; i < files->n && rc < 0; i++) {
+    known[i] = stat(files->v[i], &sb[i]) == 0;
+    for (size_t j = 0; j < i && known[i] && rc < 0; j++) {
+      if (!known[j] || sb[j].st_dev != sb[i].st_dev ||
+          sb[j].st_ino != sb[i].st_ino)
+        continue;
+      char msg[2 * PATH_MAX + 96];
+      snprintf(msg, sizeof msg,
+               "traces %s and %s are one file (its rows would be run "
+               "twice)",
+               files->v[j], files->v[i]);
+      rc = mpb_fail_usage("%s", msg);
+    }
+  }
+  free(sb);
+  free(known);
+  return rc;
+}
+
 static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
   int i = 1;
   unsigned seen = 0;
@@ -509,6 +541,9 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
   }
   if (c->replay && c->files.n == 0)
     return mpb_fail_usage("%s", "replay needs at least one trace file");
+  int frc = mpb_files_distinct(&c->files);
+  if (frc >= 0)
+    return frc;
   /* A folder that would not be read is a mistake to say, not to drop. */
   if (c->traces_dir != NULL && c->no_traces)
     return mpb_fail_usage("--traces %s and --no-traces contradict each other",

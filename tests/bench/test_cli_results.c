@@ -742,6 +742,25 @@ Test(cli_results, the_same_trace_workload_or_allocator_twice_is_bad_usage,
   expect_bad_usage(cmds, 6, out);
 }
 
+/* One trace file by two paths (DIR/./t.csv, a link to it) ran twice, as
+ * two rows of the same figures ("t" and "./t"), which the same path twice
+ * may not do. */
+Test(cli_results, the_same_trace_file_by_another_path_is_bad_usage,
+     .init = make_tmp, .fini = drop_tmp) {
+  char out[512], trace[512], dotted[520], link[520];
+  out_and_trace(out, trace, sizeof out);
+  snprintf(dotted, sizeof dotted, "%s/./t.csv", tmpdir);
+  snprintf(link, sizeof link, "%s/l.csv", tmpdir);
+  cr_assert_eq(symlink(trace, link), 0);
+  const char *a1[] = {"replay",  "--out", out,    "--no-capacity",
+                      "--quiet", trace,   dotted, NULL};
+  const char *a2[] = {"replay",  "--out", out,  "--no-capacity",
+                      "--quiet", trace,   link, NULL};
+  const char *a3[] = {"bound", "--quiet", link, dotted, NULL};
+  const char **const cmds[] = {a1, a2, a3};
+  expect_bad_usage(cmds, 3, out);
+}
+
 Test(cli_results, report_html_is_written_with_the_chosen_block_map,
      .init = make_tmp, .fini = drop_tmp) {
   const char *args[] = {"run",         "--workload",    "cnn:batches=5",
