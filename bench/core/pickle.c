@@ -22,7 +22,9 @@
  *    frees, reused addresses, streams numbered in order of appearance).
  *    Line k + 2 of that CSV is trace entry k (entries that do not become a
  *    row leave an empty line), so a refusal of line LINE is reported as
- *    one of device trace entry LINE-2 (pk_name_entry).
+ *    one of trace entry LINE-2 (pk_name_entry). An entry is named by its
+ *    device trace, its index and the byte of its dict (pk_where), as the
+ *    pickle's own refusals name their offset.
  *
  * Which events become rows (TraceEntry's actions):
  *  - "alloc"                       -> allocate
@@ -600,17 +602,32 @@ static mp_status_t pk_entry_fields(const char *what, pk_val_t *e, size_t d,
   return MP_OK;
 }
 
-/* A non-negative int field of entry k (v: its value, NULL if missing), or
- * an error naming it. */
-static mp_status_t pk_field(const char *what, const pk_val_t *v, size_t k,
-                            const char *key, bool required, uint64_t *out) {
+/* Entry k of device_traces[d] (e), as messages name it: with the byte of
+ * the opcode that made its dict, where it is a dict. */
+static const char *pk_where(char *buf, size_t len, size_t d, size_t k,
+                            const pk_val_t *e) {
+  if (e->type == PK_DICT)
+    snprintf(buf, len,
+             "device_traces[%zu] entry %zu (the dict at byte %" PRIu64 ")", d,
+             k, e->u);
+  else
+    snprintf(buf, len, "device_traces[%zu] entry %zu", d, k);
+  return buf;
+}
+
+/* A non-negative int field of entry k of device_traces[d] (e; v: the
+ * field's value, NULL if missing), or an error naming it. */
+static mp_status_t pk_field(const char *what, const pk_val_t *v, size_t d,
+                            size_t k, const pk_val_t *e, const char *key,
+                            bool required, uint64_t *out) {
+  char where[128];
   if (v == NULL && !required) {
     *out = 0;
     return MP_OK;
   }
   if (v == NULL || v->type != PK_INT || v->neg)
-    return mp__fail(MP_EINVAL, "%s: device trace entry %zu: '%s' %s", what, k,
-                    key,
+    return mp__fail(MP_EINVAL, "%s: %s: '%s' %s", what,
+                    pk_where(where, sizeof where, d, k, e), key,
                     v == NULL ? "is missing" : "is not a non-negative int");
   *out = v->u;
   return MP_OK;
@@ -643,15 +660,16 @@ static mp_status_t pk_trace_to_csv(const char *what, const pk_val_t *trace,
     return mp__fail(MP_ENOMEM, "%s: out of host memory", what);
   for (size_t k = 0; k < trace->n; k++) {
     pk_val_t *e = trace->items[k];
+    char where[128]; /* made only for a message (pk_where) */
     if (e->type != PK_DICT)
-      return mp__fail(MP_EINVAL, "%s: device trace entry %zu is not a dict",
-                      what, k);
+      return mp__fail(MP_EINVAL, "%s: %s is not a dict", what,
+                      pk_where(where, sizeof where, d, k, e));
     if ((st = pk_entry_fields(what, e, d, k, &f)) != MP_OK)
       return st;
     const pk_val_t *a = f[PK_F_ACTION];
     if (a == NULL || a->type != PK_STR)
-      return mp__fail(MP_EINVAL, "%s: device trace entry %zu has no action",
-                      what, k);
+      return mp__fail(MP_EINVAL, "%s: %s has no action", what,
+                      pk_where(where, sizeof where, d, k, e));
     const char *row = NULL;
     bool oom = false;
     if (pk_is_str(a, "alloc"))
@@ -666,26 +684,25 @@ static mp_status_t pk_trace_to_csv(const char *what, const pk_val_t *trace,
                pk_is_str(a, "segment_map") || pk_is_str(a, "segment_unmap") ||
                pk_is_str(a, "snapshot"))) {
       char shown[41];
-      return mp__fail(MP_EINVAL,
-                      "%s: device trace entry %zu: unknown action '%s'", what,
-                      k, mpb_printable(a->s, a->n, shown, sizeof shown));
+      return mp__fail(MP_EINVAL, "%s: %s: unknown action '%s'", what,
+                      pk_where(where, sizeof where, d, k, e),
+                      mpb_printable(a->s, a->n, shown, sizeof shown));
     }
     uint64_t addr = 0, size = 0, stream = 0, t = 0;
     if (row != NULL) {
-      if ((st = pk_field(what, f[PK_F_ADDR], k, "addr", !oom, &addr)) !=
+      if ((st = pk_field(what, f[PK_F_ADDR], d, k, e, "addr", !oom, &addr)) !=
               MP_OK ||
-          (st = pk_field(what, f[PK_F_SIZE], k, "size", true, &size)) !=
+          (st = pk_field(what, f[PK_F_SIZE], d, k, e, "size", true, &size)) !=
               MP_OK ||
-          (st = pk_field(what, f[PK_F_STREAM], k, "stream", false, &stream)) !=
-              MP_OK ||
-          (st = pk_field(what, f[PK_F_TIME_US], k, "time_us", false, &t)) !=
-              MP_OK)
+          (st = pk_field(what, f[PK_F_STREAM], d, k, e, "stream", false,
+                         &stream)) != MP_OK ||
+          (st = pk_field(what, f[PK_F_TIME_US], d, k, e, "time_us", false,
+                         &t)) != MP_OK)
         return st;
       if (row[0] == 'a' && !oom && addr == 0 && size != 0)
         return mp__fail(MP_EINVAL,
-                        "%s: device trace entry %zu: allocation of %" PRIu64
-                        " bytes at address 0",
-                        what, k, size);
+                        "%s: %s: allocation of %" PRIu64 " bytes at address 0",
+                        what, pk_where(where, sizeof where, d, k, e), size);
     }
     bool ok =
         row == NULL
@@ -700,20 +717,21 @@ static mp_status_t pk_trace_to_csv(const char *what, const pk_val_t *trace,
       return mp__fail(MP_ENOMEM, "%s: out of host memory", what);
     if (csv->n > pk_csv_cap(len))
       return mp__fail(MP_EINVAL,
-                      "%s: device trace entry %zu: its %zu entries so far "
-                      "make more than 4 times the snapshot's %zu bytes of "
-                      "rows (entries the pickle's memo repeats): not a trace "
-                      "PyTorch writes",
-                      what, k, k + 1, len);
+                      "%s: %s: its %zu entries so far make more than 4 "
+                      "times the snapshot's %zu bytes of rows (entries the "
+                      "pickle's memo repeats): not a trace PyTorch writes",
+                      what, pk_where(where, sizeof where, d, k, e), k + 1, len);
   }
   return MP_OK;
 }
 
 /* trace.c names the row it refuses "what:LINE: ...", a line of the CSV
  * made from the snapshot, which no file holds: said instead as the trace
- * entry it came from (line k + 2 is entry k), as this file's own
- * refusals say it. Other messages are left as they are. */
-static mp_status_t pk_name_entry(mp_status_t st, const char *what) {
+ * entry it came from (line k + 2 is entry k of trace, device_traces[d]),
+ * as this file's own refusals say it. Other messages are left as they
+ * are. */
+static mp_status_t pk_name_entry(mp_status_t st, const char *what,
+                                 const pk_val_t *trace, size_t d) {
   char msg[512];
   snprintf(msg, sizeof msg, "%s", mp_last_error());
   size_t wl = strlen(what), line = 0;
@@ -722,9 +740,13 @@ static mp_status_t pk_name_entry(mp_status_t st, const char *what) {
     return st;
   for (; *p >= '0' && *p <= '9' && line < SIZE_MAX / 10; p++)
     line = line * 10 + (size_t)(*p - '0');
-  if (*p != ':' || line < 2)
+  if (*p != ':' || line < 2 || line - 2 >= trace->n)
     return st;
-  return mp__fail(st, "%s: device trace entry %zu:%s", what, line - 2, p + 1);
+  char where[128];
+  return mp__fail(
+      st, "%s: %s:%s", what,
+      pk_where(where, sizeof where, d, line - 2, trace->items[line - 2]),
+      p + 1);
 }
 
 bool mpb_snapshot_detect(const void *buf, size_t len) {
@@ -781,10 +803,11 @@ mp_status_t mpb_snapshot_parse(const void *buf, size_t len, const char *what,
   pk_text_t csv = {0};
   if (st == MP_OK)
     st = pk_trace_to_csv(what, trace, d, len, &csv);
-  pk_free_all(&vm);
+  /* The values stay until then: a refusal names its entry's byte. */
   if (st == MP_OK &&
       (st = mpb_trace_parse(csv.s, csv.n, what, name, out)) != MP_OK)
-    st = pk_name_entry(st, what);
+    st = pk_name_entry(st, what, trace, d);
+  pk_free_all(&vm);
   free(csv.s);
   return st;
 }

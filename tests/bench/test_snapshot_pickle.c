@@ -288,8 +288,8 @@ Test(snapshot_pickle, a_refused_entry_is_named_by_its_index_not_a_csv_line) {
   mpb_workload_t w;
   cr_assert_eq(mpb_snapshot_parse(p, sizeof p - 1, "s.pickle", "s", &w),
                MP_EINVAL);
-  cr_expect(strstr(mp_last_error(), "s.pickle: device trace entry 1: ") ==
-                mp_last_error(),
+  cr_expect(strstr(mp_last_error(), "s.pickle: device_traces[0] entry 1 (the "
+                                    "dict at byte 88): ") == mp_last_error(),
             "%s", mp_last_error());
   cr_expect(strstr(mp_last_error(), "exceed the address space") != NULL, "%s",
             mp_last_error());
@@ -348,6 +348,77 @@ static char *memoized_entry_pickle(size_t keys, size_t repeats, bool twice,
   return buf;
 }
 
+/* Appends a dict {"action": action, "addr": addr, "size": size} (size a
+ * BININT, negative if it likes) to the pickle at p; its EMPTY_DICT's byte
+ * into *at. Returns the end. */
+static char *put_entry(char *buf, char *p, const char *action, uint16_t addr,
+                       int32_t size, size_t *at) {
+  *at = (size_t)(p - buf);
+  memcpy(p, "}(", 2);
+  p = put_str(p + 2, "action");
+  p = put_str(p, action);
+  p = put_str(p, "addr");
+  *p++ = 'M';
+  *p++ = (char)(addr & 0xff);
+  *p++ = (char)(addr >> 8);
+  p = put_str(p, "size");
+  *p++ = 'J';
+  for (int i = 0; i < 4; i++)
+    *p++ = (char)((uint32_t)size >> (8 * i));
+  *p++ = 'u';
+  return p;
+}
+
+/* A snapshot of two device traces, the first with no allocation (so the
+ * second is replayed), each refusal of an entry of the second names that
+ * trace and the byte where the entry's dict is: "device trace entry 1"
+ * named neither, and device_traces[0] has an entry 1 too. Both the
+ * pickle reader's refusals (a negative size) and the trace rules' (live
+ * bytes past a size_t) are checked. */
+Test(snapshot_pickle, a_refused_entry_names_its_device_trace_and_byte) {
+  static const int32_t bad_size[] = {-5, 0x7fffffff};
+  for (int c = 0; c < 2; c++) {
+    char buf[512], *p = buf;
+    size_t at, bad_at;
+    memcpy(p, "\x80\x02}", 3);
+    p = put_str(p + 3, "device_traces");
+    memcpy(p, "](](", 4); /* device_traces, its items; trace 0, its items */
+    p += 4;
+    p = put_entry(buf, p, "segment_alloc", 0x1000, 1 << 20, &at);
+    p = put_entry(buf, p, "segment_free", 0x1000, 1 << 20, &at);
+    memcpy(p, "e](", 3); /* trace 0 done; trace 1 */
+    p += 3;
+    p = put_entry(buf, p, "alloc", 0x1000, 0x7fffffff, &at);
+    if (c == 1) /* 2^62 - 2^29 each: 2^64 - 1 live, a size_t's most */
+      for (int k = 0; k < 4; k++) {
+        memcpy(p, "}(", 2);
+        p = put_str(p + 2, "action");
+        p = put_str(p, "alloc");
+        p = put_str(p, "addr");
+        memcpy(p, "M", 1);
+        p[1] = (char)(0x20 + k);
+        p[2] = 0x10;
+        p = put_str(p + 3, "size");
+        memcpy(p, "\x8a\x08\x00\x00\x00\xe0\xff\xff\xff\x3fu", 11);
+        p += 11;
+      }
+    p = put_entry(buf, p, "alloc", 0x3000, bad_size[c], &bad_at);
+    memcpy(p, "ees.", 4);
+    p += 4;
+    mpb_workload_t w;
+    cr_assert_eq(
+        mpb_snapshot_parse(buf, (size_t)(p - buf), "d.pickle", "d", &w),
+        MP_EINVAL, "case %d", c);
+    char want[128];
+    snprintf(want, sizeof want,
+             "d.pickle: device_traces[1] entry %d (the dict at byte %zu): ",
+             c == 0 ? 1 : 5, bad_at);
+    cr_expect(strstr(mp_last_error(), want) == mp_last_error(),
+              "case %d: want '%s', got: %s", c, want, mp_last_error());
+    cr_expect_eq(w.n, 0);
+  }
+}
+
 /* A trace entry has a handful of keys: one of more is refused, naming
  * where its dict is; one of 64 that the memo repeats 1000 times (2 input
  * bytes a repeat) is read, an allocation per repeat. */
@@ -386,7 +457,7 @@ Test(snapshot_pickle, memo_repeats_past_four_times_the_input_are_refused) {
   free(p);
   p = memoized_entry_pickle(3, 100000, false, &len);
   cr_assert_eq(mpb_snapshot_parse(p, len, "m.pickle", "m", &w), MP_EINVAL);
-  cr_expect(strstr(mp_last_error(), "m.pickle: device trace entry ") ==
+  cr_expect(strstr(mp_last_error(), "m.pickle: device_traces[0] entry ") ==
                 mp_last_error(),
             "%s", mp_last_error());
   cr_expect(strstr(mp_last_error(), "more than 4 times the snapshot's") != NULL,
