@@ -217,11 +217,25 @@ void mpb_json_str(FILE *out, const char *s) {
   fputc('"', out);
 }
 
-static void mpb_json_num(FILE *out, double v) {
-  if (isfinite(v))
-    fprintf(out, "%.6g", v);
-  else
+/* A JSON number (null where v is no finite one): 6 significant digits,
+ * or whole where it counts whole units. */
+static void mpb_json_real(FILE *out, double v, bool whole) {
+  if (!isfinite(v))
     fputs("null", out);
+  else if (whole)
+    fprintf(out, "%.0f", v);
+  else
+    fprintf(out, "%.6g", v);
+}
+
+static void mpb_json_num(FILE *out, double v) {
+  mpb_json_real(out, v, false);
+}
+
+/* Nanoseconds are whole (timed calls, the clock's cost): written whole, as
+ * results.csv and results.md write them, not cut to 6 digits. */
+static void mpb_json_ns(FILE *out, double v) {
+  mpb_json_real(out, v, true);
 }
 
 mp_status_t mpb_report_json(FILE *out, const mpb_result_t *r, size_t n) {
@@ -260,11 +274,11 @@ mp_status_t mpb_report_json(FILE *out, const mpb_result_t *r, size_t n) {
     else
       fputs("null", out);
     fputs(", \"ns_per_event_p50\": ", out);
-    mpb_json_num(out, x->ns_p50);
+    mpb_json_ns(out, x->ns_p50);
     fputs(", \"ns_per_event_p99\": ", out);
-    mpb_json_num(out, x->ns_p99);
+    mpb_json_ns(out, x->ns_p99);
     fputs(", \"timer_overhead_ns\": ", out);
-    mpb_json_num(out, x->timer_overhead_ns);
+    mpb_json_ns(out, x->timer_overhead_ns);
     fputs(", \"min_capacity_bytes\": ", out);
     if (x->capacity_state == MPB_CAP_EXACT ||
         x->capacity_state == MPB_CAP_BOUND)

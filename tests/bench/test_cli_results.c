@@ -418,6 +418,51 @@ Test(cli_results, json_keeps_valid_utf8_and_replaces_each_invalid_byte) {
   free(r);
 }
 
+/* The file f as text (a memstream: closed here). */
+static char *closed_text(FILE *f, char **buf) {
+  fclose(f);
+  return *buf;
+}
+
+/* Calls are timed in whole nanoseconds, which results.csv and results.md
+ * write whole; results.json wrote them with 6 significant digits, so a
+ * call of 1 ms or more (cudaMalloc's, a device free that waits) read
+ * 1.23457e+06 there and 1234567 in the other two. */
+Test(cli_results, json_csv_and_md_write_the_same_nanoseconds) {
+  mpb_result_t *r = calloc(1, sizeof *r);
+  cr_assert_not_null(r);
+  snprintf(r->workload, sizeof r->workload, "w");
+  snprintf(r->allocator, sizeof r->allocator, "cuda-malloc");
+  r->completed = true;
+  r->ns_p50 = 1234567;
+  r->ns_p99 = 98765432;
+  r->timer_overhead_ns = 1000001;
+  char *bufs[3] = {NULL, NULL, NULL};
+  size_t lens[3];
+  FILE *f[3];
+  for (int i = 0; i < 3; i++) {
+    f[i] = open_memstream(&bufs[i], &lens[i]);
+    cr_assert_not_null(f[i]);
+  }
+  cr_assert_eq(mpb_report_json(f[0], r, 1), MP_OK);
+  cr_assert_eq(mpb_report_csv(f[1], r, 1), MP_OK);
+  mpb_report_markdown(f[2], r, 1);
+  const char *json = closed_text(f[0], &bufs[0]);
+  const char *csv = closed_text(f[1], &bufs[1]);
+  const char *md = closed_text(f[2], &bufs[2]);
+  cr_expect(strstr(json, "\"ns_per_event_p50\": 1234567,") != NULL, "%s", json);
+  cr_expect(strstr(json, "\"ns_per_event_p99\": 98765432,") != NULL, "%s",
+            json);
+  cr_expect(strstr(json, "\"timer_overhead_ns\": 1000001,") != NULL, "%s",
+            json);
+  cr_expect(strstr(csv, ",1234567,98765432,") != NULL, "%s", csv);
+  cr_expect(strstr(csv, ",1000001,") != NULL, "%s", csv);
+  cr_expect(strstr(md, "| 1234567 | 98765432 |") != NULL, "%s", md);
+  for (int i = 0; i < 3; i++)
+    free(bufs[i]);
+  free(r);
+}
+
 /* Allocator specs of a tuning sweep run past 95 bytes, and were cut
  * there: two that differ in their last option got rows of one name. They
  * are kept whole now; one too long to keep is bad usage, not cut. */
