@@ -27,6 +27,7 @@ on bad input.
 """
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,7 +38,9 @@ ROUND = 512
 
 
 def read_trace(path):
-    """Blocks as (start event, end event, rounded bytes)."""
+    """Blocks as (start event, end event, rounded bytes). Sizes are plain
+    decimals, as mpbench reads them (int() would take "-4096", "+1" and
+    "4_096"); a trace with no block of a nonzero size is refused."""
     live, blocks, t = {}, [], 0
     with open(path, encoding="utf-8") as f:
         header = f.readline().strip()
@@ -48,10 +51,10 @@ def read_trace(path):
             if len(fields) != 6:
                 raise ValueError(f"{path}:{line_no}: {len(fields)} fields, not 6")
             action, ptr = fields[2], fields[3]
-            try:
-                size = int(fields[4])
-            except ValueError:
-                raise ValueError(f"{path}:{line_no}: bad size {fields[4]!r}")
+            if re.fullmatch(r"[0-9]+", fields[4]) is None:
+                raise ValueError(f"{path}:{line_no}: bad size {fields[4]!r} "
+                                 "(a decimal number)")
+            size = int(fields[4])
             t += 1
             if action == "allocate":
                 if ptr in live:
@@ -65,7 +68,11 @@ def read_trace(path):
             elif action != "allocate failure":
                 raise ValueError(f"{path}:{line_no}: bad action {action!r}")
     blocks += [(s, t + 1, r) for s, r in live.values()]
-    return [b for b in blocks if b[2] > 0]
+    blocks = [b for b in blocks if b[2] > 0]
+    if not blocks:
+        raise ValueError(f"{path}: no allocation of a nonzero size: "
+                         "nothing to place")
+    return blocks
 
 
 def peak_live(blocks):
@@ -173,11 +180,20 @@ def main():
     ap.add_argument("--min-size", type=int, default=256 << 10)
     ap.add_argument("--seconds", type=float, default=300)
     args = ap.parse_args()
+    # Values that mean nothing are bad input (exit 2, argparse's status):
+    # sys.exit's 1 said no placement was found, 0 granules was taken as
+    # "the bound", fewer said none fits, a solver given no time "timed out".
+    if args.unit <= 0:
+        ap.error(f"--unit {args.unit}: must be positive")
+    if args.min_size < 0:
+        ap.error(f"--min-size {args.min_size}: must not be negative")
+    if args.granules is not None and args.granules <= 0:
+        ap.error(f"--granules {args.granules}: at least 1")
+    if not args.seconds > 0:
+        ap.error(f"--seconds {args.seconds}: more than 0")
     solver = shutil.which("minisat")
     if solver is None:
         sys.exit("exact_pack: needs minisat (apt-get install minisat)")
-    if args.unit <= 0 or args.min_size < 0:
-        sys.exit("exact_pack: --unit must be positive, --min-size not negative")
     try:
         blocks = read_trace(args.trace)
     except (OSError, ValueError) as e:
