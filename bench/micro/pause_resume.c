@@ -19,6 +19,7 @@
 
 #include <mempool/mempool.h>
 
+#include "args.h"
 #include "mpbench.h"
 
 #define MiB ((size_t)1 << 20)
@@ -56,18 +57,20 @@ static int same(void **v, size_t n, unsigned tag) {
 }
 
 int main(int argc, char **argv) {
-  size_t gib = argc > 1 ? strtoull(argv[1], NULL, 10) : 1;
-  int rounds = argc > 2 ? atoi(argv[2]) : 5;
+  uint64_t ngib, nrounds;
+  if (!micro_count(argc, argv, 1, 1, 1, 1024, "GiB", &ngib) ||
+      !micro_count(argc, argv, 2, 5, 1, 100, "rounds", &nrounds)) {
+    fprintf(stderr, "usage: bench_pause_resume [GiB 1..1024] [rounds 1..100] "
+                    "[device spec]\n");
+    return 2;
+  }
+  size_t gib = (size_t)ngib;
+  int rounds = (int)nrounds;
   char spec[128];
   if (argc > 3)
     snprintf(spec, sizeof spec, "%s", argv[3]);
   else
     snprintf(spec, sizeof spec, "host:capacity=%zuM", gib * 1024 * 3 / 2);
-  if (gib == 0 || rounds < 1 || rounds > 100) {
-    fprintf(stderr, "usage: bench_pause_resume [GiB>=1] [rounds 1..100] "
-                    "[device spec]\n");
-    return 2;
-  }
   size_t bytes = gib << 30;
   mp_device_t *dev;
   CHECK(mp_device_open(spec, &dev));

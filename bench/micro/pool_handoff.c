@@ -22,6 +22,7 @@
 #include <mempool/mempool.h>
 
 #include "../core/xorshift.h"
+#include "args.h"
 
 typedef struct plan {
   size_t steps, blocks;
@@ -133,15 +134,20 @@ static int run_row(mp_device_t *dev, const plan_t *p, const char *opts) {
 }
 
 int main(int argc, char **argv) {
-  plan_t p = {argc > 1 ? strtoul(argv[1], NULL, 10) : 40,
-              argc > 2 ? strtoul(argv[2], NULL, 10) : 48, NULL, NULL};
-  const char *spec = argc > 3 ? argv[3] : "host:capacity=64G";
-  if (p.steps == 0 || p.blocks == 0) {
+  uint64_t steps, blocks;
+  if (!micro_count(argc, argv, 1, 40, 1, 100000, "steps", &steps) ||
+      !micro_count(argc, argv, 2, 48, 1, 100000, "blocks", &blocks)) {
     fprintf(stderr, "usage: bench_pool_handoff [steps] [blocks] [device]\n");
     return 2;
   }
+  plan_t p = {(size_t)steps, (size_t)blocks, NULL, NULL};
+  const char *spec = argc > 3 ? argv[3] : "host:capacity=64G";
   p.act = malloc(p.steps * p.blocks * sizeof *p.act);
   p.grad = malloc(p.steps * p.blocks * sizeof *p.grad);
+  if (p.act == NULL || p.grad == NULL) {
+    fprintf(stderr, "pool_handoff: out of host memory for the plan\n");
+    return 1;
+  }
   uint64_t rng = 0x9e3779b97f4a7c15ull;
   for (size_t i = 0; i < p.steps * p.blocks; i++) {
     p.act[i] = draw(&rng);

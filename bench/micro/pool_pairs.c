@@ -31,6 +31,8 @@
 
 #include <mempool/mempool.h>
 
+#include "args.h"
+
 #if defined(__has_include)
 #if __has_include(<valgrind/callgrind.h>)
 #include <valgrind/callgrind.h>
@@ -82,9 +84,17 @@ static size_t log_uniform(void) {
   return (size_t)exp(lo + u * (hi - lo));
 }
 
+/* The plan; its arrays NULL (freed) when host memory runs out. */
 static plan_t make_plan(size_t live, size_t pairs) {
   plan_t p = {malloc(pairs * sizeof(size_t)), malloc(pairs * sizeof(uint32_t)),
               malloc(live * sizeof(size_t)), pairs, live};
+  if (p.sizes == NULL || p.victim == NULL || p.init == NULL) {
+    free(p.sizes);
+    free(p.victim);
+    free(p.init);
+    p.sizes = NULL;
+    return p;
+  }
   for (size_t i = 0; i < live; i++)
     p.init[i] = log_uniform();
   for (size_t i = 0; i < pairs; i++) {
@@ -215,9 +225,19 @@ static int run_jemalloc(const plan_t *p, result_t *r) {
 #endif
 
 int main(int argc, char **argv) {
-  size_t pairs = argc > 1 ? (size_t)strtoull(argv[1], NULL, 10) : 2000000;
+  uint64_t npairs;
+  if (!micro_count(argc, argv, 1, 2000000, 1, 100000000, "pairs", &npairs))
+    return 2;
+  size_t pairs = (size_t)npairs;
   const char *spec = argc > 2 ? argv[2] : "host:capacity=64T";
   const char *only = argc > 3 ? argv[3] : "";
+  /* Another word ran every allocator, as if none was given. */
+  if (strcmp(only, "") != 0 && strcmp(only, "pool") != 0 &&
+      strcmp(only, "jemalloc") != 0 && strcmp(only, "history") != 0) {
+    fprintf(stderr, "%s: unknown mode '%s' (pool, jemalloc or history)\n",
+            argv[0], only);
+    return 2;
+  }
   bool history = strcmp(only, "history") == 0;
   bool do_pool = strcmp(only, "jemalloc") != 0;
   bool do_je = strcmp(only, "pool") != 0 && !history;
@@ -236,6 +256,10 @@ int main(int argc, char **argv) {
   double pool_ns[2] = {0, 0};
   for (int k = 0; k < 2; k++) {
     plan_t p = make_plan(lives[k], pairs);
+    if (p.sizes == NULL) {
+      fprintf(stderr, "%s: out of host memory for %zu pairs\n", argv[0], pairs);
+      return 1;
+    }
     result_t r = {0};
     if (history) {
       const char *modes[] = {"", "history=65536",

@@ -47,6 +47,7 @@
 #include <mempool/mempool.h>
 
 #include "../core/xorshift.h"
+#include "args.h"
 
 #if MEMPOOL_HAVE_JEMALLOC
 #include <jemalloc/jemalloc.h>
@@ -241,24 +242,27 @@ static unsigned thread_rows(unsigned maxt) {
 #define MAX_REPS 99
 
 int main(int argc, char **argv) {
-  size_t pairs = argc > 1 ? (size_t)strtoull(argv[1], NULL, 10) : 300000;
-  size_t live = argc > 2 ? (size_t)strtoull(argv[2], NULL, 10) : 100;
-  unsigned maxt = argc > 3 ? (unsigned)strtoul(argv[3], NULL, 10) : 8;
-  unsigned reps = argc > 4 ? (unsigned)strtoul(argv[4], NULL, 10) : 1;
-  if (pairs == 0 || live == 0 || live > UINT32_MAX || maxt == 0 || maxt > 64 ||
-      reps == 0 || reps > MAX_REPS) {
+  uint64_t v[4];
+  if (!micro_count(argc, argv, 1, 300000, 1, 100000000, "pairs", &v[0]) ||
+      !micro_count(argc, argv, 2, 100, 1, 10000000, "live", &v[1]) ||
+      !micro_count(argc, argv, 3, 8, 1, 64, "max threads", &v[2]) ||
+      !micro_count(argc, argv, 4, 1, 1, MAX_REPS, "repeats", &v[3])) {
     fprintf(stderr,
             "usage: bench_pool_threads [pairs per thread] [live per "
             "thread] [max threads, 1 to 64] [repeats, 1 to %d]\n",
             MAX_REPS);
     return 2;
   }
+  size_t pairs = (size_t)v[0], live = (size_t)v[1];
+  unsigned maxt = (unsigned)v[2], reps = (unsigned)v[3];
   mp_device_t *dev;
   if (mp_device_open("host:capacity=64T", &dev) != MP_OK) {
     fprintf(stderr, "device: %s\n", mp_last_error());
     return 1;
   }
   worker_t *w = calloc(maxt, sizeof *w);
+  if (w == NULL)
+    return 1;
   uint64_t rng = 0x9E3779B97F4A7C15ull;
   for (unsigned t = 0; t < maxt; t++) {
     w[t].pairs = pairs;
@@ -267,6 +271,12 @@ int main(int argc, char **argv) {
     w[t].victim = malloc(pairs * sizeof(uint32_t));
     w[t].init = malloc(live * sizeof(size_t));
     w[t].slots = calloc(live, sizeof(void *));
+    if (w[t].sizes == NULL || w[t].victim == NULL || w[t].init == NULL ||
+        w[t].slots == NULL) {
+      fprintf(stderr, "%s: out of host memory for %u threads' plans\n", argv[0],
+              maxt);
+      return 1;
+    }
     for (size_t i = 0; i < live; i++)
       w[t].init[i] = log_uniform(&rng);
     for (size_t i = 0; i < pairs; i++) {

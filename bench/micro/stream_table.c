@@ -34,6 +34,7 @@
 
 #include <mempool/mempool.h>
 
+#include "args.h"
 #include "mpbench.h"
 
 #define WINDOW 500
@@ -194,11 +195,13 @@ static int replay_streams(const char *spec, size_t nstreams) {
 }
 
 int main(int argc, char **argv) {
-  size_t max = argc > 1 ? strtoull(argv[1], NULL, 10) : 50000;
+  uint64_t max, nreplay, nlive;
   const char *spec = argc > 2 ? argv[2] : "host:capacity=64G";
-  size_t nreplay = argc > 3 ? strtoull(argv[3], NULL, 10) : 30000;
-  size_t nlive = argc > 4 ? strtoull(argv[4], NULL, 10) : 20000;
-  if (max == 0 || nreplay == 0 || nlive == 0) {
+  if (!micro_count(argc, argv, 1, 50000, 1, 100000000, "max streams", &max) ||
+      !micro_count(argc, argv, 3, 30000, 1, 100000000, "replay streams",
+                   &nreplay) ||
+      !micro_count(argc, argv, 4, 20000, 1, 100000000, "live streams",
+                   &nlive)) {
     fprintf(stderr, "usage: bench_stream_table [max streams] [device spec] "
                     "[replay streams] [live streams]\n");
     return 2;

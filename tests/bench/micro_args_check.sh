@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# micro_args_check.sh BIN_DIR - the micro benchmarks (bench/micro/) refuse
+# counts that are no plain decimal in their range, and modes they do not
+# have, with exit 2 before any work: strtoull/atoi took "-5" (2^64 - 5: a
+# plan no malloc holds, or whose size wrapped, and a crash), "5x" (5) and
+# "abc" (0) without a word, and an unknown mode ran every allocator.
+set -u
+bin=$1
+fails=0
+check() { # CMD...: must exit 2, within 20 s
+  timeout 20 "$@" >/dev/null 2>&1
+  local rc=$?
+  if [ "$rc" -ne 2 ]; then
+    echo "micro_args_check: FAIL: '$*' exited $rc, not 2"
+    fails=$((fails + 1))
+  fi
+}
+for a in -5 abc 5x 0 " 5" +5; do
+  check "$bin/bench_pool_pairs" "$a"
+  check "$bin/bench_pool_threads" "$a"
+  check "$bin/bench_pool_threads" 1000 100 "$a"
+  check "$bin/bench_pool_handoff" "$a" 2
+  check "$bin/bench_stream_table" "$a"
+  check "$bin/bench_pause_resume" "$a"
+  check "$bin/bench_pause_resume" 1 "$a"
+done
+check "$bin/bench_pool_pairs" 1000 host:capacity=64T bogus
+check "$bin/bench_pool_threads" 1000 100 2 1x
+check "$bin/bench_pool_handoff" 1 -2
+check "$bin/bench_stream_table" 10 host:capacity=1G 5 -1
+if [ "$fails" -ne 0 ]; then
+  exit 1
+fi
+echo "micro_args_check: ok"
