@@ -21,6 +21,7 @@
  * Defaults: host:capacity=8G, 32 sequences, 2000 steps, 8 KiB per token,
  * every 250 steps. */
 #include <inttypes.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,12 +67,20 @@ static void die(const char *what, mp_status_t st) {
 
 static void parse(int argc, char **argv, opts_t *o) {
   *o = (opts_t){"host:capacity=8G", 32, 2000, 250, 8 * 1024, 42};
+  /* An option with no value after it was dropped without a word. */
+  if (argc % 2 == 0) {
+    fprintf(stderr, "bench_defrag_kv: %s needs a value\n", argv[argc - 1]);
+    exit(2);
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     const char *k = argv[i], *v = argv[i + 1];
     size_t n;
+    bool count = strcmp(k, "--seqs") == 0 || strcmp(k, "--steps") == 0 ||
+                 strcmp(k, "--every") == 0;
     if (strcmp(k, "--device") == 0)
       o->device = v;
-    else if (!mp__parse_size(v, strlen(v), &n) || n == 0)
+    else if (!mp__parse_size(v, strlen(v), &n) || n == 0 ||
+             (count && n > UINT_MAX)) /* cut to 32 bits, it ran another */
       goto bad;
     else if (strcmp(k, "--seqs") == 0)
       o->seqs = (unsigned)n;
