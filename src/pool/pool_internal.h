@@ -433,9 +433,6 @@ struct mp_pool {
                           parent (MP__SEG_RANGE segments) */
   bool released;       /* graph: mp_pool_graph_release called; the pool
                           goes with its last live block */
-  uint64_t graph_id;   /* graph: its id, from 1, one per graph pool in the
-                          process (its snapshot segments' segment_pool_id
-                          is (0, graph_id), snapshot.c); else 0 */
   uint32_t ncalls;     /* graph: allocations inside it (mp__graph_enter) */
   uint32_t ncapturing; /* stream slots whose capturing count is nonzero */
   struct mp__route *routes; /* parent: streams allocating to graph pools */
@@ -535,6 +532,10 @@ struct mp_pool {
    * pool's): mp_pool_set_max_fraction may raise the cap up to it after
    * the range is reserved. */
   size_t va_basis;
+  /* graph: its id, from 1, one per graph pool in the process (its snapshot
+   * segments' segment_pool_id is (0, graph_id), snapshot.c); else 0. At
+   * the end, off the hot path's cache lines. */
+  uint64_t graph_id;
 };
 
 /* ---- lock.c: the pool lock and the one way to drop it ------------------- */
