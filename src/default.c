@@ -41,12 +41,11 @@ static void mp__default_child(void) {
   atomic_store_explicit(&mp__default_forked, true, memory_order_relaxed);
 }
 
-bool mp__default_in_child(void) {
+static bool mp__default_in_child(void) {
   return atomic_load_explicit(&mp__default_forked, memory_order_relaxed);
 }
 
-/* True, with the error set, in such a child. */
-static bool mp__default_refused(void) {
+bool mp__default_refused(void) {
   if (!mp__default_in_child())
     return false;
   mp__fail(MP_EINVAL, "default pool: this process was forked from the one "
@@ -251,6 +250,14 @@ static mp_status_t mp__free_elsewhere(mp_pool_t *pool, void *ptr, mp_stream_t s,
   mp_pool_t *home = mp__default_pool_for(here);
   if (home == NULL)
     return mp__default_failure(MP_ENODEV);
+  /* cuda.h: no synchronize during a capture (it would invalidate it); a
+   * stream whose capture cannot be told is not waited for either. */
+  if (mp__device_stream_capturing(mp_pool_device(home), s) != 0)
+    return mp__fail(MP_EBUSY,
+                    "mp_free_async: %p is device %d's memory and stream %p "
+                    "of device %d is being captured (or cannot say): the "
+                    "free cannot be ordered after it; nothing freed",
+                    ptr, mine, (void *)s, here);
   mp_status_t st = mp_stream_synchronize(mp_pool_device(home), s);
   if (st != MP_OK)
     return st; /* nothing freed */

@@ -195,9 +195,11 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
 mp_pool_t *mp__default_pool_for(int device);
 /* fn on every default pool made so far. */
 void mp__default_each(void (*fn)(mp_pool_t *pool));
-/* Whether this process is a child forked after the default pools were
- * made (they are the parent's: default.c refuses them). */
-bool mp__default_in_child(void);
+/* True, with the error set (MP_EINVAL), in a child forked after the
+ * default pools were made: they are the parent's, and so is what torch.c
+ * keeps of them (its lock may have been held by a thread the child does
+ * not have). */
+bool mp__default_refused(void);
 /* The default pool whose memory holds ptr, whatever the calling thread's
  * device, among those made (none is made for it). NULL, the error set:
  * none holds it (MP_EINVAL, the message naming fn) or there is none. */

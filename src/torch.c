@@ -322,7 +322,7 @@ static void mp__torch_trim(mp_pool_t *pool) {
 }
 
 void mp_torch_reset(void) {
-  if (mp__default_in_child()) /* the parent's pools: nothing of ours */
+  if (mp__default_refused()) /* the parent's pools: nothing of ours */
     return;
   pthread_mutex_lock(&mp__t.lock);
   for (size_t i = 0; i < MP__TORCH_POOLS; i++) {
@@ -377,6 +377,11 @@ void mp_torch_record_stream(void *ptr, mp_stream_t stream) {
 void mp_torch_begin_allocate_to_pool(int device, mp_torch_pool_id_t id,
                                      mp_torch_stream_filter_t filter, void *ctx,
                                      void (*drop)(void *)) {
+  if (mp__default_refused()) {
+    if (drop != NULL)
+      drop(ctx);
+    return;
+  }
   mp_pool_t *pool = filter != NULL ? mp__default_pool_for(device) : NULL;
   pthread_mutex_lock(&mp__t.lock);
   mp__tpool_t *t = pool != NULL ? mp__tpool_find(device, id) : NULL;
@@ -406,6 +411,8 @@ void mp_torch_begin_allocate_to_pool(int device, mp_torch_pool_id_t id,
 }
 
 void mp_torch_end_allocate_to_pool(int device, mp_torch_pool_id_t id) {
+  if (mp__default_refused())
+    return;
   pthread_mutex_lock(&mp__t.lock);
   mp__tpool_t *t = mp__tpool_find(device, id);
   if (t != NULL && t->open)
@@ -419,6 +426,8 @@ void mp_torch_end_allocate_to_pool(int device, mp_torch_pool_id_t id) {
 }
 
 void mp_torch_release_pool(int device, mp_torch_pool_id_t id) {
+  if (mp__default_refused())
+    return;
   pthread_mutex_lock(&mp__t.lock);
   mp__tpool_t *t = mp__tpool_find(device, id);
   if (t == NULL)

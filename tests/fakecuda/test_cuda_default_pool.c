@@ -176,6 +176,41 @@ Test(cuda_default_pool, free_async_on_another_devices_stream_waits_for_it,
   cr_assert_eq(cu.release(1), CUDA_SUCCESS);
 }
 
+/* The same free while device 0's stream is being captured: the wait that
+ * orders it would synchronize a capturing stream, which cuda.h forbids
+ * (it invalidated the capture, and the free failed with MP_EDRIVER). It is
+ * refused (MP_EBUSY), the capture goes on, the block stays allocated.
+ * Found by a review of the fix above. */
+Test(cuda_default_pool, free_async_on_another_devices_capture_is_refused,
+     .init = two_devices) {
+  CUresult (*begin)(CUstream, CUstreamCaptureMode);
+  CUresult (*end)(CUstream, CUgraph *);
+  CUresult (*graph_destroy)(CUgraph);
+  FK_LOAD(begin, "cuStreamBeginCapture_v2");
+  FK_LOAD(end, "cuStreamEndCapture");
+  FK_LOAD(graph_destroy, "cuGraphDestroy");
+  on_device(1);
+  void *p = NULL;
+  cr_assert_eq(mp_malloc(&p, 1u << 20), MP_OK, "%s", mp_last_error());
+  mp_pool_t *pool1 = mp_default_pool();
+  on_device(0);
+  CUstream s0 = NULL;
+  cr_assert_eq(cu.stream_create(&s0, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(begin(s0, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  cr_expect_eq(mp_free_async(p, (mp_stream_t)s0), MP_EBUSY, "%s",
+               mp_last_error());
+  CUgraph g = NULL;
+  cr_assert_eq(end(s0, &g), CUDA_SUCCESS, "the free invalidated the capture");
+  mp_stats_t st;
+  cr_assert_eq(mp_pool_get_stats(pool1, &st), MP_OK);
+  cr_expect_eq(st.live_blocks, 1, "the refused free freed the block");
+  cr_assert_eq(mp_free_async(p, (mp_stream_t)s0), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(graph_destroy(g), CUDA_SUCCESS);
+  cr_assert_eq(cu.stream_destroy(s0), CUDA_SUCCESS);
+  cr_assert_eq(cu.release(0), CUDA_SUCCESS);
+  cr_assert_eq(cu.release(1), CUDA_SUCCESS);
+}
+
 Test(cuda_default_pool, a_thread_without_a_context_gets_the_first_device,
      .init = two_devices) {
   void *p = NULL;

@@ -175,6 +175,15 @@ static int child_checks(void *parents) {
     return 3;
   if (mp_default_pool() != NULL || mp_last_status() != MP_EINVAL)
     return 4;
+  /* PyTorch's graph-pool hooks (its CUDAGraph's destructor calls
+   * releasePool): they took the lock a thread of the parent may have held
+   * at the fork, and worked on the parent's graph pools. */
+  mp_torch_pool_id_t id = {1, 0};
+  mp_torch_release_pool(0, id);
+  mp_torch_end_allocate_to_pool(0, id);
+  if (mp_last_status() != MP_EINVAL ||
+      strstr(mp_last_error(), "forked") == NULL)
+    return 5;
   return 0;
 }
 
