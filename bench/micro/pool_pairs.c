@@ -93,6 +93,8 @@ static plan_t make_plan(size_t live, size_t pairs) {
     free(p.victim);
     free(p.init);
     p.sizes = NULL;
+    p.victim = NULL;
+    p.init = NULL;
     return p;
   }
   for (size_t i = 0; i < live; i++)
