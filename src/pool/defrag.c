@@ -23,11 +23,14 @@
  * for it, and counted against the cap while it lives) makes the chunks as
  * large as the buffer instead. The space a block leaves gets a dep on the
  * copy stream, and the block gets the copy stream as a use, so no other
- * stream reuses either before the copies are done.
+ * stream reuses either before the copies are done. A slide the device
+ * refuses part-way copies back the bytes it overwrote: the block keeps its
+ * data where it was.
  *
  * Invariant: the copies for a move are queued before the pool lock is
  * released, so whoever reuses the space it vacated orders after them; the
  * blocks still tile each segment and the free index and live map match. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,31 +76,70 @@ static bool mp__above_fence_free(const mp__block_t *f) {
 
 /* ---- copies ----------------------------------------------------------- */
 
-/* Moves n bytes from src down to dst < src on the mover's stream, correct
- * when the ranges overlap. */
-static mp_status_t mp__copy_down(mp__mover_t *m, uintptr_t dst, uintptr_t src,
-                                 size_t n) {
+/* One chunk of a slide: c bytes from src to dst on the mover's stream,
+ * through the staging buffer when staged. */
+static mp_status_t mp__copy_chunk(mp__mover_t *m, uintptr_t dst, uintptr_t src,
+                                  size_t c, bool staged) {
   mp_device_t *dev = m->pool->dev;
-  size_t gap = src - dst;
-  if (gap >= n)
-    return mp_memcpy_async(dev, (void *)dst, (const void *)src, n, m->s);
-  bool staged = m->stage != 0 && gap < m->stage_size;
-  size_t chunk = staged ? m->stage_size : gap;
-  for (size_t off = 0; off < n; off += chunk) {
-    size_t c = n - off < chunk ? n - off : chunk;
-    mp_status_t st;
-    if (staged) {
-      st = mp_memcpy_async(dev, (void *)m->stage, (const void *)(src + off), c,
-                           m->s);
-      if (st == MP_OK)
-        st = mp_memcpy_async(dev, (void *)(dst + off), (const void *)m->stage,
-                             c, m->s);
-    } else {
-      st = mp_memcpy_async(dev, (void *)(dst + off), (const void *)(src + off),
-                           c, m->s);
-    }
+  if (!staged)
+    return mp_memcpy_async(dev, (void *)dst, (const void *)src, c, m->s);
+  mp_status_t st =
+      mp_memcpy_async(dev, (void *)m->stage, (const void *)src, c, m->s);
+  if (st == MP_OK)
+    st = mp_memcpy_async(dev, (void *)dst, (const void *)m->stage, c, m->s);
+  return st;
+}
+
+/* Whether a slide by gap goes through the staging buffer, and its chunk. */
+static size_t mp__slide_chunk(const mp__mover_t *m, size_t gap, bool *staged) {
+  *staged = m->stage != 0 && gap < m->stage_size;
+  return *staged ? m->stage_size : gap;
+}
+
+/* Moves n bytes from src up to dst > src, high to low: the undo of a
+ * slide refused part-way, correct when the ranges overlap (a chunk's
+ * destination covers only source bytes already copied). */
+static mp_status_t mp__copy_up(mp__mover_t *m, uintptr_t dst, uintptr_t src,
+                               size_t n) {
+  bool staged;
+  size_t chunk = mp__slide_chunk(m, dst - src, &staged);
+  for (size_t end = n; end > 0;) {
+    size_t c = end < chunk ? end : chunk;
+    end -= c;
+    mp_status_t st = mp__copy_chunk(m, dst + end, src + end, c, staged);
     if (st != MP_OK)
       return st;
+  }
+  return MP_OK;
+}
+
+/* Moves n bytes from src down to dst < src on the mover's stream, correct
+ * when the ranges overlap. Refused part-way, the bytes it overwrote at src
+ * are copied back first, so that the block still holds its data where it
+ * was. */
+static mp_status_t mp__copy_down(mp__mover_t *m, uintptr_t dst, uintptr_t src,
+                                 size_t n) {
+  size_t gap = src - dst;
+  if (gap >= n)
+    return mp_memcpy_async(m->pool->dev, (void *)dst, (const void *)src, n,
+                           m->s);
+  bool staged;
+  size_t chunk = mp__slide_chunk(m, gap, &staged);
+  for (size_t off = 0; off < n; off += chunk) {
+    size_t c = n - off < chunk ? n - off : chunk;
+    mp_status_t st = mp__copy_chunk(m, dst + off, src + off, c, staged);
+    if (st == MP_OK)
+      continue;
+    /* Copied so far: [0, off) to dst, over the source's first off - gap
+     * bytes: those go back. */
+    char why[MP__ERROR_MAX];
+    snprintf(why, sizeof why, "%s", mp_last_error());
+    if (off > gap && mp__copy_up(m, src, dst, off - gap) != MP_OK)
+      return mp__fail(st,
+                      "%s; and undoing the slide failed: the block at %p "
+                      "lost its first %zu bytes",
+                      why, (void *)src, off - gap);
+    return mp__fail(st, "%s", why);
   }
   return MP_OK;
 }
