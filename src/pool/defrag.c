@@ -116,10 +116,11 @@ static mp_status_t mp__copy_up(mp__mover_t *m, uintptr_t dst, uintptr_t src,
 /* Moves n bytes from src down to dst < src on the mover's stream, correct
  * when the ranges overlap. Refused part-way, the bytes it overwrote at src
  * are copied back first, so that the block still holds its data where it
- * was. */
+ * was (*queued: copies were queued, which still use both ranges). */
 static mp_status_t mp__copy_down(mp__mover_t *m, uintptr_t dst, uintptr_t src,
-                                 size_t n) {
+                                 size_t n, bool *queued) {
   size_t gap = src - dst;
+  *queued = false;
   if (gap >= n)
     return mp_memcpy_async(m->pool->dev, (void *)dst, (const void *)src, n,
                            m->s);
@@ -130,6 +131,7 @@ static mp_status_t mp__copy_down(mp__mover_t *m, uintptr_t dst, uintptr_t src,
     mp_status_t st = mp__copy_chunk(m, dst + off, src + off, c, staged);
     if (st == MP_OK)
       continue;
+    *queued = off > 0;
     /* Copied so far: [0, off) to dst, over the source's first off - gap
      * bytes: those go back. */
     char why[MP__ERROR_MAX];
@@ -200,6 +202,15 @@ static void mp__swap_places(mp__mover_t *m, mp__block_t *b, mp__block_t *f,
   mp__stream_add_use(m->pool, b, m->sidx);
   mp__vacated(m, f);
   m->moved += b->size;
+}
+
+/* A slide refused part-way, its bytes put back: the copies queued on the
+ * mover's stream still write f and read and write b, so f waits for that
+ * stream as vacated space does, and b counts it as a use. */
+static void mp__slide_refused(mp__mover_t *m, mp__block_t *b, mp__block_t *f) {
+  mp__index_remove(m->pool, f);
+  mp__stream_add_use(m->pool, b, m->sidx);
+  mp__vacated(m, f);
 }
 
 /* ---- new homes ---------------------------------------------------------- */
@@ -278,9 +289,13 @@ static mp_status_t mp__compact_segment(mp__mover_t *m, mp__segment_t *seg) {
         !mp__above_fence_free(f) || !mp__deps_safe(m->pool, f, m->sidx, false))
       continue;
     uintptr_t dst = f->addr;
-    mp_status_t st = mp__copy_down(m, dst, b->addr, b->size);
-    if (st != MP_OK)
+    bool queued;
+    mp_status_t st = mp__copy_down(m, dst, b->addr, b->size, &queued);
+    if (st != MP_OK) {
+      if (queued)
+        mp__slide_refused(m, b, f);
       return st;
+    }
     mp__index_remove(m->pool, f);
     mp__swap_places(m, b, f, dst);
   }

@@ -1,6 +1,7 @@
 /* Defragmentation when the device refuses a copy part-way (defrag.c): the
- * call fails, every handle still names its block's data, whole, and the
- * pool is consistent (mp_pool_check) with its counts as before. */
+ * call fails, every handle still names its block's data, whole, the pool is
+ * consistent (mp_pool_check) with its counts as before, and what the copies
+ * queued still use goes to no other stream before they are done. */
 #include <criterion/criterion.h>
 #include <stdint.h>
 #include <string.h>
@@ -74,6 +75,124 @@ Test(pool_defrag_faults, a_copy_refused_mid_slide_keeps_the_blocks_data) {
     cr_expect_eq(after.allocated_bytes, before.allocated_bytes);
     cr_expect_eq(after.live_blocks, before.live_blocks);
     cr_assert_eq(mp_handle_free(big), MP_OK);
+    fake_pool_finish(pool, dev);
+  }
+}
+
+/* The same device, whose streams run behind: a copy queued on a stream
+ * leaves it busy (its queries, and those of events recorded on it since,
+ * say MP_EBUSY) until it is synchronized. The copies still run at once:
+ * only what the pool may know of them is held back. */
+typedef struct fev {
+  mp_stream_t s;
+  bool pending;
+} fev_t;
+static mp_stream_t busy;
+
+static mp_status_t lazy_memcpy(mp_device_t *dev, void *d, const void *src,
+                               size_t n, mp_stream_t s) {
+  mp_status_t st = failing_memcpy(dev, d, src, n, s);
+  if (st == MP_OK)
+    busy = s;
+  return st;
+}
+static mp_status_t lazy_event_create(mp_device_t *dev, mp_event_t *out) {
+  (void)dev;
+  *out = (mp_event_t)calloc(1, sizeof(fev_t));
+  return *out ? MP_OK : MP_ENOMEM;
+}
+static mp_status_t lazy_event_record(mp_device_t *dev, mp_event_t e,
+                                     mp_stream_t s) {
+  (void)dev;
+  ((fev_t *)e)->s = s;
+  ((fev_t *)e)->pending = busy != NULL && s == busy;
+  return MP_OK;
+}
+static mp_status_t lazy_event_query(mp_device_t *dev, mp_event_t e) {
+  (void)dev;
+  fev_t *v = (fev_t *)e;
+  return v->pending && v->s == busy ? MP_EBUSY : MP_OK;
+}
+static mp_status_t lazy_event_sync(mp_device_t *dev, mp_event_t e) {
+  (void)dev;
+  if (((fev_t *)e)->s == busy)
+    busy = NULL;
+  return MP_OK;
+}
+static mp_status_t lazy_stream_query(mp_device_t *dev, mp_stream_t s) {
+  (void)dev;
+  return busy != NULL && s == busy ? MP_EBUSY : MP_OK;
+}
+static mp_status_t lazy_stream_sync(mp_device_t *dev, mp_stream_t s) {
+  (void)dev;
+  if (s == busy)
+    busy = NULL;
+  return MP_OK;
+}
+static mp_status_t lazy_sync(mp_device_t *dev) {
+  (void)dev;
+  busy = NULL;
+  return MP_OK;
+}
+
+static mp_device_t *lazy_open(void) {
+  mp_device_t *dev = copy_fail_open();
+  copy_backend.memcpy_async = lazy_memcpy;
+  copy_backend.event_create = lazy_event_create;
+  copy_backend.event_record = lazy_event_record;
+  copy_backend.event_query = lazy_event_query;
+  copy_backend.event_synchronize = lazy_event_sync;
+  copy_backend.stream_query = lazy_stream_query;
+  copy_backend.stream_synchronize = lazy_stream_sync;
+  copy_backend.synchronize = lazy_sync;
+  busy = NULL;
+  return dev;
+}
+
+/* Refused part-way, a slide has queued copies on the defragmenting stream
+ * that write the free block below the movable one and read and write the
+ * block itself (those it made and those that put its bytes back): neither
+ * goes to another stream before that stream's work is done. Failed
+ * before: another stream got the free block below at once, and after the
+ * handle's free the block itself, while the copies were still queued. */
+Test(pool_defrag_faults, a_refused_slides_copies_keep_its_memory_from_others) {
+  for (int free_block = 0; free_block < 2; free_block++) {
+    mp_device_t *dev = lazy_open();
+    mp_pool_t *pool =
+        make_pool(dev, "virtual=0,segment_bytes=2M,align=512,max_bytes=64M");
+    mp_stream_t s, s2;
+    cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+    cr_assert_eq(mp_stream_create(dev, &s2), MP_OK);
+    mp_handle_t *small, *big;
+    cr_assert_eq(mp_pool_alloc_movable(pool, 4 * KiB, NULL, &small), MP_OK);
+    cr_assert_eq(mp_pool_alloc_movable(pool, 64 * KiB, NULL, &big), MP_OK);
+    uintptr_t lo = (uintptr_t)mp_handle_ptr(small);
+    uintptr_t hi = (uintptr_t)mp_handle_ptr(big) + 64 * KiB;
+    cr_assert_eq(mp_handle_free(small), MP_OK);
+    copies = 0;
+    copy_fail_at = 5; /* chunks 1 to 4 copied, then put back */
+    cr_assert_eq(mp_pool_defragment(pool, s, NULL), MP_EDRIVER, "%s",
+                 mp_last_error());
+    copy_fail_at = 0;
+    cr_assert_eq((uintptr_t)mp_handle_ptr(big), lo + 4 * KiB);
+    cr_assert_eq(busy, s, "the copies left no stream behind");
+    size_t want = 4 * KiB;
+    if (free_block) {
+      cr_assert_eq(mp_handle_free(big), MP_OK);
+      want = 64 * KiB;
+    }
+    void *q;
+    cr_assert_eq(mp_pool_alloc(pool, want, s2, &q), MP_OK, "%s",
+                 mp_last_error());
+    cr_expect((uintptr_t)q + want <= lo || (uintptr_t)q >= hi,
+              "%s: another stream got %p in [%p, %p) while the copies on "
+              "the defragmenting stream still use it",
+              free_block ? "after the handle's free" : "the free block below",
+              q, (void *)lo, (void *)hi);
+    check(pool);
+    cr_assert_eq(mp_pool_free(pool, q), MP_OK);
+    if (!free_block)
+      cr_assert_eq(mp_handle_free(big), MP_OK);
     fake_pool_finish(pool, dev);
   }
 }
