@@ -425,16 +425,29 @@ static size_t mp__arena_pool_cap(mp_pool_t *pool, bool *is_max) {
   return cap;
 }
 
-/* A request on the arenas' out-of-memory path: an allocation of bytes on
- * s, or (sizes set) mp_pool_alloc_contiguous's count pieces, bytes in all
- * once rounded. */
+/* A request on the arenas' path: an allocation of bytes on s, or (sizes
+ * set) mp_pool_alloc_contiguous's count pieces, bytes in all once rounded.
+ * claim (an allocation of bytes only): run under the lock of the arena the
+ * block became live in, before that lock is dropped (see
+ * mp__arena_claim_t); *owner, if set, is then that arena. */
 typedef struct mp__arena_req {
   size_t bytes;
   mp_stream_t s;
   void **out;
   size_t count;
   const size_t *sizes;
+  mp__arena_claim_t claim;
+  void *claim_ctx;
+  mp_pool_t **owner;
 } mp__arena_req_t;
+
+/* Under x's lock, the request's block just made live in x: its claim, and
+ * x as its owner. A claim that fails has given the block back. */
+static mp_status_t mp__arena_claimed(mp_pool_t *x, const mp__arena_req_t *q) {
+  if (q->owner != NULL)
+    *q->owner = x;
+  return q->claim != NULL ? q->claim(x, q->out, q->claim_ctx) : MP_OK;
+}
 
 /* st, an MP_ENOMEM of the calling thread's that counted no out-of-memory
  * failure since seen (mp__oom_seen then), as MP__EHOST: host memory ran
@@ -457,6 +470,8 @@ static mp_status_t mp__arena_retry(mp_pool_t *a, const mp__arena_req_t *q) {
     st = mp__pool_alloc_pieces(a, q->count, q->sizes, q->s, q->out);
   } else {
     st = mp__pool_alloc_locked(a, q->bytes, q->s, q->out);
+    if (st == MP_OK)
+      st = mp__arena_claimed(a, q);
     mp__pool_unlock(a);
   }
   return mp__arena_host(st, seen);
@@ -574,21 +589,24 @@ static mp_status_t mp__arena_alloc_slow(mp_pool_t *pool, mp_pool_t *a,
  * none can. An arena learns the request's stream only when it lends (see
  * mp__pool_alloc_cached). The block stays that arena's (its range, its live
  * map): a free from any thread finds it there. */
-static mp_status_t mp__arena_borrow(mp_pool_t *pool, size_t mine, size_t bytes,
-                                    mp_stream_t s, void **out) {
+static mp_status_t mp__arena_borrow(mp_pool_t *pool, size_t mine,
+                                    const mp__arena_req_t *q) {
   size_t n = pool->cfg.arenas;
-  if (bytes < MP__LARGE_ROUND)
+  if (q->bytes < MP__LARGE_ROUND)
     return MP__EMISS;
   for (size_t k = 1; k < n; k++) {
     mp_pool_t *b = mp__arena_at(pool, mine + k < n ? mine + k : mine + k - n);
     if (b == NULL)
       continue;
     mp__pool_lock(b);
-    mp_status_t st = mp__free_bytes(b) >= b->st.allocated_bytes
-                         ? mp__pool_alloc_cached_rec(b, bytes, s, out, true)
-                         : MP__EMISS;
-    mp__pool_unlock(b);
+    mp_status_t st =
+        mp__free_bytes(b) >= b->st.allocated_bytes
+            ? mp__pool_alloc_cached_rec(b, q->bytes, q->s, q->out, true)
+            : MP__EMISS;
     if (st == MP_OK)
+      st = mp__arena_claimed(b, q);
+    mp__pool_unlock(b);
+    if (st != MP__EMISS)
       return st;
   }
   return MP__EMISS;
@@ -603,8 +621,9 @@ mp_status_t mp__arena_mine_made(mp_pool_t *pool, mp_pool_t **out) {
   return mp__arena_make(pool, i, out);
 }
 
-mp_status_t mp__arena_alloc_miss(mp_pool_t *pool, mp_pool_t *a, size_t bytes,
-                                 mp_stream_t s, void **out) {
+/* mp__arena_alloc_miss for request q (bytes, not pieces). */
+static mp_status_t mp__arena_miss(mp_pool_t *pool, mp_pool_t *a,
+                                  const mp__arena_req_t *q) {
   mp_status_t st;
   /* An arena with an event history missed its cache on purpose (the fast
    * path leaves the history out): its cache, recorded, first. (The ring
@@ -612,24 +631,33 @@ mp_status_t mp__arena_alloc_miss(mp_pool_t *pool, mp_pool_t *a, size_t bytes,
    * destroyed: read without the lock.) */
   if (a->hist.ev != NULL) {
     mp__pool_lock(a);
-    st = mp__pool_alloc_cached_rec(a, bytes, s, out, false);
-    mp__pool_unlock(a);
+    st = mp__pool_alloc_cached_rec(a, q->bytes, q->s, q->out, false);
     if (st == MP_OK)
+      st = mp__arena_claimed(a, q);
+    mp__pool_unlock(a);
+    if (st != MP__EMISS)
       return st;
   }
   /* Before a grows (or waits for its streams): a block another arena
    * caches. */
-  if (mp__arena_borrow(pool, mp__arena_mine(pool), bytes, s, out) == MP_OK)
-    return MP_OK;
+  st = mp__arena_borrow(pool, mp__arena_mine(pool), q);
+  if (st != MP__EMISS)
+    return st;
   uint64_t seen = mp__oom_seen;
   mp__pool_lock(a);
-  st = mp__pool_alloc_locked(a, bytes, s, out);
+  st = mp__pool_alloc_locked(a, q->bytes, q->s, q->out);
+  if (st == MP_OK)
+    st = mp__arena_claimed(a, q);
   mp__pool_unlock(a);
   if (MP__UNLIKELY(st != MP_OK))
-    st = mp__arena_alloc_slow(
-        pool, a, &(mp__arena_req_t){.bytes = bytes, .s = s, .out = out}, st,
-        seen);
+    st = mp__arena_alloc_slow(pool, a, q, st, seen);
   return st;
+}
+
+mp_status_t mp__arena_alloc_miss(mp_pool_t *pool, mp_pool_t *a, size_t bytes,
+                                 mp_stream_t s, void **out) {
+  return mp__arena_miss(pool, a,
+                        &(mp__arena_req_t){.bytes = bytes, .s = s, .out = out});
 }
 
 mp_status_t mp__arena_alloc_contiguous(mp_pool_t *pool, size_t count,
@@ -658,35 +686,43 @@ mp_status_t mp__arena_alloc_contiguous(mp_pool_t *pool, size_t count,
 /* mp__arena_alloc_any, MP__EHOST for host memory running out. */
 static mp_status_t mp__arena_alloc_owned(mp_pool_t *pool, size_t bytes,
                                          mp_stream_t s, void **out,
-                                         mp_pool_t **owner) {
+                                         mp_pool_t **owner,
+                                         mp__arena_claim_t claim, void *ctx) {
   mp_pool_t *a;
   uint64_t seen = mp__oom_seen;
   mp_status_t st = mp__arena_mine_made(pool, &a);
   /* Making the arena fails only for host memory (MP_ENOMEM). */
   if (st != MP_OK)
     return mp__arena_host(st, seen);
-  st = mp__arena_alloc_miss(pool, a, bytes, s, out);
-  if (st == MP_OK)
-    *owner = mp__arena_owner(pool, *out);
+  st = mp__arena_miss(pool, a,
+                      &(mp__arena_req_t){.bytes = bytes,
+                                         .s = s,
+                                         .out = out,
+                                         .claim = claim,
+                                         .claim_ctx = ctx,
+                                         .owner = owner});
   MP__ASSERT(st != MP_OK || *owner != NULL);
   return st;
 }
 
 mp_status_t mp__arena_alloc_any(mp_pool_t *pool, size_t bytes, mp_stream_t s,
-                                void **out, mp_pool_t **owner) {
-  return mp__status_out(mp__arena_alloc_owned(pool, bytes, s, out, owner));
+                                void **out, mp_pool_t **owner,
+                                mp__arena_claim_t claim, void *ctx) {
+  return mp__status_out(
+      mp__arena_alloc_owned(pool, bytes, s, out, owner, claim, ctx));
+}
+
+/* The claim of a graph pool's range: lent to it (graph.c). */
+static mp_status_t mp__arena_lend(mp_pool_t *lender, void *const *out,
+                                  void *graph) {
+  return mp__graph_lend(lender, graph, out);
 }
 
 mp_status_t mp__arena_graph_borrow(mp_pool_t *graph, size_t bytes,
                                    mp_stream_t s, void **out) {
-  mp_pool_t *pool = graph->parent, *lender = NULL;
+  mp_pool_t *lender = NULL;
   /* MP__EHOST (host memory ran out) stops the graph pool's ladder with
    * its message (graph.c's borrowing says why). */
-  mp_status_t st = mp__arena_alloc_owned(pool, bytes, s, out, &lender);
-  if (st == MP_OK) {
-    mp__pool_lock(lender);
-    st = mp__graph_lend(lender, graph, out);
-    mp__pool_unlock(lender);
-  }
-  return st;
+  return mp__arena_alloc_owned(graph->parent, bytes, s, out, &lender,
+                               mp__arena_lend, graph);
 }

@@ -16,6 +16,24 @@
 
 #include "pool_internal.h"
 
+/* The range at *base, just made live in owner, becomes child's (ctx),
+ * under owner's lock: on a pool with arenas, the claim of the arenas'
+ * path (mp__arena_claim_t), so that a raw free of its address (a stale
+ * pointer) never meets the range unmarked. */
+static mp_status_t mp__child_claim(mp_pool_t *owner, void *const *base,
+                                   void *ctx) {
+  mp_pool_t *child = ctx;
+  mp__block_t *b = mp__map_find(owner, (uintptr_t)*base);
+  MP__ASSERT(b != NULL && !owner->paused);
+  b->flags |= MP__B_CHILD;
+  b->child = child;
+  owner->children++;
+  child->parent_block = b;
+  child->segs->base = b->addr;
+  child->segs->size = child->segs->span = b->size;
+  return MP_OK;
+}
+
 mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
                                  mp_pool_t **out) {
   if (parent == NULL || out == NULL || bytes == 0)
@@ -69,39 +87,30 @@ mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
   }
   void *base = NULL;
   mp_pool_t *owner = parent; /* the block's pool: parent, or an arena */
+  child->segs = seg; /* for the claim; the segment's other fields below */
   mp__pool_lock(parent);
   /* Paused: said by this call's name, not the allocation's. */
   st = mp__pool_paused(parent, "mp_pool_create_child");
-  if (st == MP_OK && parent->arenas == NULL)
+  if (st == MP_OK && parent->arenas == NULL) {
     st = mp__pool_alloc_locked(parent, bytes, NULL, &base);
-  bool making = st == MP_OK && parent->arenas != NULL;
-  if (parent->arenas != NULL) {
-    /* Counted under the pool's lock, so that a pause (which refuses while
-     * the count is not 0) cannot reach the arena between the allocation
-     * and the child's count there: a paused arena must not change. */
-    parent->children_making += making;
-    mp__pool_unlock(parent);
     if (st == MP_OK)
-      st = mp__arena_alloc_any(parent, bytes, NULL, &base, &owner);
-    mp__pool_lock(owner);
-    MP__ASSERT(st != MP_OK || !owner->paused);
+      (void)mp__child_claim(parent, &base, child);
   }
-  if (st == MP_OK) {
-    mp__block_t *b = mp__map_find(owner, (uintptr_t)base);
-    b->flags |= MP__B_CHILD;
-    b->child = child;
-    owner->children++;
-    child->parent_block = b;
-    seg->base = b->addr;
-    seg->size = seg->span = b->size;
-  }
-  mp__pool_unlock(owner);
+  /* Counted under the pool's lock, so that a pause (which refuses while
+   * the count is not 0) cannot reach the arena between the allocation and
+   * the child's count there: a paused arena must not change. */
+  bool making = st == MP_OK && parent->arenas != NULL;
+  parent->children_making += making;
+  mp__pool_unlock(parent);
   if (making) {
+    st = mp__arena_alloc_any(parent, bytes, NULL, &base, &owner,
+                             mp__child_claim, child);
     mp__pool_lock(parent);
     parent->children_making--;
     mp__pool_unlock(parent);
   }
   if (st != MP_OK) {
+    child->segs = NULL;
     free(seg);
     mp__pool_free_host(child);
     return st;
@@ -111,7 +120,6 @@ mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
   child->cap_is_max = true;
   child->cfg.max_bytes = seg->size;
   seg->kind = MP__SEG_RANGE;
-  child->segs = seg;
   child->st.reserved_bytes = child->st.peak_reserved_bytes = seg->size;
   child->st.segment_count = 1;
   rec->addr = seg->base;

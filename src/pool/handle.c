@@ -146,29 +146,39 @@ static mp__block_t *mp__handle_lock(const mp_handle_t *h, mp_pool_t **pool) {
   return s->block;
 }
 
+/* The claim of a movable block in a pool with arenas: bound to its
+ * reserved slot (ctx) and marked movable, under the lock of the arena it
+ * became live in (mp__arena_claim_t), so that a raw free of its address
+ * (a stale pointer) never meets it unmarked. */
+typedef struct mp__movable_claim {
+  uint32_t idx;
+  mp_handle_t **out;
+} mp__movable_claim_t;
+
+static mp_status_t mp__movable_claim(mp_pool_t *a, void *const *p, void *ctx) {
+  mp__movable_claim_t *c = ctx;
+  mp__block_t *b = mp__map_find(a, (uintptr_t)*p);
+  mp__handle_bind(a, b, c->idx, c->out);
+  b->flags |= MP__B_MOVABLE;
+  return MP_OK;
+}
+
 /* mp_pool_alloc_movable on a pool with arenas: the block through the
  * arenas' whole path (the calling thread's arena, a loan, their
- * out-of-memory path), then marked movable in the arena holding it, whose
- * pool the handle names. Nobody knows the block between the two steps. */
+ * out-of-memory path), marked movable in the arena holding it, whose pool
+ * the handle names, before that arena's lock is dropped. */
 static mp_status_t mp__movable_in_arenas(mp_pool_t *pool, size_t bytes,
                                          mp_stream_t s, mp_handle_t **out) {
-  uint32_t idx = 0;
-  mp_status_t st = mp__handle_reserve(&idx);
+  mp__movable_claim_t c = {.out = out};
+  mp_status_t st = mp__handle_reserve(&c.idx);
   if (st != MP_OK)
     return st;
   void *p = NULL;
   mp_pool_t *a = NULL;
-  st = mp__arena_alloc_any(pool, bytes, s, &p, &a);
-  if (st != MP_OK) {
-    mp__handle_unreserve(idx);
-    return st;
-  }
-  mp__pool_lock(a);
-  mp__block_t *b = mp__map_find(a, (uintptr_t)p);
-  mp__handle_bind(a, b, idx, out);
-  b->flags |= MP__B_MOVABLE;
-  mp__pool_unlock(a);
-  return MP_OK;
+  st = mp__arena_alloc_any(pool, bytes, s, &p, &a, mp__movable_claim, &c);
+  if (st != MP_OK)
+    mp__handle_unreserve(c.idx);
+  return st;
 }
 
 /* Nor from a stream that allocates to a graph pool: the graph's replays

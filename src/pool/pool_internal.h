@@ -717,11 +717,20 @@ mp_status_t mp__arena_add_stream(mp_pool_t *pool, mp_stream_t s);
  * (capped), so that each asks for a share of the new cap at its next
  * growth. */
 void mp__arena_recap(mp_pool_t *pool);
+/* What a caller that marks its block (a handle, a child pool's range, a
+ * graph pool's range) does with it: run under the lock of the arena the
+ * block became live in (a), before that lock is dropped, so that no other
+ * thread meets the block unmarked (a stale raw pointer freed it, and a
+ * NULL record was marked). A claim that fails gives the block back. */
+typedef mp_status_t (*mp__arena_claim_t)(mp_pool_t *a, void *const *out,
+                                         void *ctx);
 /* An allocation of bytes on s in a pool with arenas through the whole
  * path (the calling thread's arena, a loan of an idle arena, the
- * out-of-memory path); *owner: the arena holding it. No lock held. */
+ * out-of-memory path), claimed by claim(ctx) unless NULL; *owner: the
+ * arena holding it. No lock held. */
 mp_status_t mp__arena_alloc_any(mp_pool_t *pool, size_t bytes, mp_stream_t s,
-                                void **out, mp_pool_t **owner);
+                                void **out, mp_pool_t **owner,
+                                mp__arena_claim_t claim, void *ctx);
 /* mp_pool_alloc_contiguous on a pool with arenas (no lock held): in the
  * calling thread's arena, with the arenas' out-of-memory path. */
 mp_status_t mp__arena_alloc_contiguous(mp_pool_t *pool, size_t count,
