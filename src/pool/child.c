@@ -142,6 +142,9 @@ void mp__child_release(mp_pool_t *pool) {
   mp__block_t *b = pool->parent_block;
   MP__ASSERT((b->flags & MP__B_CHILD) && b->child == pool);
   mp__map_remove(parent, b);
+  /* A free of the parent's like mp_pool_free's: release_threshold looks
+   * first. */
+  mp__segment_release_above(parent);
   mp__block_release(parent, b);
   MP__ASSERT(parent->children > 0);
   parent->children--;

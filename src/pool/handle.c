@@ -262,6 +262,8 @@ mp_status_t mp_handle_free(mp_handle_t *h) {
   }
   mp__handle_retire(pool, b);
   mp__map_remove(pool, b);
+  /* A free like mp_pool_free's: release_threshold looks first. */
+  mp__segment_release_above(pool);
   mp__block_release(pool, b);
   mp__pool_unlock(pool);
   return MP_OK;
