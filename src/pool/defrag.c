@@ -471,10 +471,11 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
           if (b->addr + b->size > seg->fence)
             seg->fence = b->addr + b->size;
         }
-  if (st == MP_OK && (any || need == 0)) { /* the OOM rung counts real runs */
+  if (st == MP_OK && (any || need == 0)) /* the OOM rung counts real runs */
     pool->st.defrag_count++;
-    pool->st.moved_bytes += m.moved;
-  }
+  /* Also what moved before a failure: those blocks are in their new
+   * places, and the caller is told so (*moved). */
+  pool->st.moved_bytes += m.moved;
   mp__pool_unlock(pool);
   if (stage != NULL) {
     /* The queued copies read it: wait for them before giving it back.

@@ -196,3 +196,48 @@ Test(pool_defrag_faults, a_refused_slides_copies_keep_its_memory_from_others) {
     fake_pool_finish(pool, dev);
   }
 }
+
+/* An evacuation the device refuses at its second block: the first block
+ * has moved (its handle names its new home, its data whole), the second
+ * stays where it was, and the pool counts what moved. */
+Test(pool_defrag_faults, an_evacuation_refused_part_way_counts_what_moved) {
+  mp_device_t *dev = copy_fail_open();
+  mp_pool_t *pool =
+      make_pool(dev, "virtual=0,segment_bytes=2M,align=512,max_bytes=64M");
+  void *raw;
+  mp_handle_t *m[2], *x[2];
+  cr_assert_eq(mp_pool_alloc(pool, MiB, NULL, &raw), MP_OK);
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(mp_pool_alloc_movable(pool, MiB / 2, NULL, &m[i]), MP_OK);
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(mp_pool_alloc_movable(pool, MiB / 4, NULL, &x[i]), MP_OK);
+    fill(x[i], MiB / 4, 40 + (unsigned)i);
+  }
+  cr_assert_eq(stats(pool).segment_count, 2);
+  uintptr_t x1 = (uintptr_t)mp_handle_ptr(x[1]);
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(mp_handle_free(m[i]), MP_OK);
+  mp_stats_t before = stats(pool);
+  copies = 0;
+  copy_fail_at = 2;
+  size_t moved = 0;
+  cr_assert_eq(mp_pool_defragment(pool, NULL, &moved), MP_EDRIVER);
+  copy_fail_at = 0;
+  cr_assert_eq(copies, 2, "the test needs an evacuation of two blocks");
+  cr_expect_eq(moved, MiB / 4);
+  cr_expect_eq((uintptr_t)mp_handle_ptr(x[1]), x1);
+  for (int i = 0; i < 2; i++)
+    cr_expect(intact(x[i], MiB / 4, 40 + (unsigned)i), "block %d lost data", i);
+  check(pool);
+  mp_stats_t after = stats(pool);
+  cr_expect_eq(after.moved_bytes - before.moved_bytes, moved,
+               "the pool counts %llu bytes moved, the call %zu",
+               (unsigned long long)(after.moved_bytes - before.moved_bytes),
+               moved);
+  cr_expect_eq(after.allocated_bytes, before.allocated_bytes);
+  cr_expect_eq(after.live_blocks, before.live_blocks);
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(mp_handle_free(x[i]), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, raw), MP_OK);
+  fake_pool_finish(pool, dev);
+}
