@@ -273,11 +273,18 @@ mp_status_t mp_direct_free(mp_direct_t *d, void *ptr) {
 }
 
 mp_status_t mp_direct_record_stream(mp_direct_t *d, void *ptr, mp_stream_t s) {
-  (void)s; /* the session synchronizes the whole device before releasing */
+  /* The session synchronizes the whole device before releasing, so s is
+   * not remembered; but one that is none of the device's is refused, as
+   * mp_direct_alloc and a pool's record_stream refuse it. */
   if (d == NULL)
     return mp__fail(MP_EINVAL, "mp_direct_record_stream: allocator is NULL");
   if (ptr == NULL)
     return mp__fail(MP_EINVAL, "mp_direct_record_stream: ptr is NULL");
+  if (s != NULL && mp__device_stream_kind(d->dev, s) == MP__STREAM_BAD)
+    return mp__fail(MP_EINVAL,
+                    "mp_direct_record_stream: stream %p is not a live stream "
+                    "of device '%s'",
+                    (void *)s, mp_device_name(d->dev));
   pthread_mutex_lock(&d->mu);
   mp__dslot_t *slot = mp__dmap_find(d, ptr);
   bool live = slot != NULL && slot->state == MP__DIRECT_LIVE;

@@ -29,8 +29,9 @@ MP_API mp_status_t mp_direct_alloc(mp_direct_t *d, size_t bytes, mp_stream_t s,
  * pointer this allocator did not hand out: MP_EINVAL. NULL: MP_OK. */
 MP_API mp_status_t mp_direct_free(mp_direct_t *d, void *ptr);
 /* ptr is also used on s. Since a session synchronizes the whole device
- * before it releases anything, this only checks that ptr is live (for the
- * allocator interface's record_stream); anything else is MP_EINVAL. */
+ * before it releases anything, this only checks that ptr is live and that
+ * s is NULL or a live stream of the device (for the allocator interface's
+ * record_stream); anything else is MP_EINVAL. */
 MP_API mp_status_t mp_direct_record_stream(mp_direct_t *d, void *ptr,
                                            mp_stream_t s);
 /* Synchronizes the device, then releases every deferred block. An

@@ -385,3 +385,19 @@ Test(direct, concurrent_threads_keep_counts_consistent) {
   cr_assert_eq(s.reserved_bytes, 0);
   cr_assert_eq(s.allocated_bytes, 0);
 }
+
+/* A stream the device does not know is refused by record_stream as by
+ * mp_direct_alloc (and by a pool's record_stream): it used to be ignored,
+ * so the allocator interface accepted through "direct" a stream every
+ * other kind refuses. */
+Test(direct, record_stream_on_a_stream_that_is_none_of_the_devices_is_einval) {
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+  void *p;
+  cr_assert_eq(mp_direct_alloc(d, 4096, NULL, &p), MP_OK);
+  cr_expect_eq(mp_direct_record_stream(d, p, s), MP_EINVAL);
+  cr_expect_neq(strstr(mp_last_error(), "stream"), NULL, "%s", mp_last_error());
+  cr_expect_eq(mp_direct_record_stream(d, p, NULL), MP_OK);
+  cr_assert_eq(mp_direct_free(d, p), MP_OK);
+}
