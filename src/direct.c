@@ -120,11 +120,12 @@ static void mp__direct_restore(mp_direct_t *d, mp__dblock_t b) {
   d->deferred_bytes += b.bytes;
 }
 
-/* Synchronizes the device, then gives every block of batch back. Blocks the
- * device refuses are put back into the session so a later call can retry;
- * the first failure is returned. */
+/* Synchronizes the device, then gives every block of batch back; *released:
+ * how many went. Blocks the device refuses are put back into the session so
+ * a later call can retry; the first failure is returned. */
 static mp_status_t mp__direct_release(mp_direct_t *d, mp__dblock_t *batch,
-                                      size_t n) {
+                                      size_t n, size_t *released) {
+  *released = 0;
   if (n == 0)
     return MP_OK;
   mp_status_t first = mp_device_synchronize(d->dev);
@@ -141,6 +142,7 @@ static mp_status_t mp__direct_release(mp_direct_t *d, mp__dblock_t *batch,
     pthread_mutex_lock(&d->mu);
     if (st == MP_OK) {
       d->st.device_free_count++;
+      (*released)++;
     } else {
       if (first == MP_OK)
         first = st;
@@ -179,17 +181,25 @@ static mp__dblock_t *mp__direct_take_session(mp_direct_t *d, size_t *n,
   return batch;
 }
 
-mp_status_t mp_direct_free_session(mp_direct_t *d) {
-  if (d == NULL)
-    return mp__fail(MP_EINVAL, "mp_direct_free_session: allocator is NULL");
+/* Ends the session; *released: how many blocks went back to the device
+ * (some may have, even when it fails). */
+static mp_status_t mp__direct_end_session(mp_direct_t *d, size_t *released) {
   size_t n;
   mp_status_t st;
+  *released = 0;
   mp__dblock_t *batch = mp__direct_take_session(d, &n, &st);
   if (batch == NULL)
     return st;
-  st = mp__direct_release(d, batch, n);
+  st = mp__direct_release(d, batch, n, released);
   free(batch);
   return st;
+}
+
+mp_status_t mp_direct_free_session(mp_direct_t *d) {
+  if (d == NULL)
+    return mp__fail(MP_EINVAL, "mp_direct_free_session: allocator is NULL");
+  size_t released;
+  return mp__direct_end_session(d, &released);
 }
 
 mp_status_t mp_direct_alloc(mp_direct_t *d, size_t bytes, mp_stream_t s,
@@ -213,12 +223,23 @@ mp_status_t mp_direct_alloc(mp_direct_t *d, size_t bytes, mp_stream_t s,
   mp_status_t st = mp_device_alloc(d->dev, bytes, &p);
   if (st == MP_ENOMEM) {
     /* Memory freed in this session is the caller's to reuse: give it back
-     * and try once more. */
+     * and try once more, if any went (a session the device refused in part
+     * still gave the rest back). One that gave nothing back leaves the
+     * device's MP_ENOMEM message, not what the session failed on. */
     pthread_mutex_lock(&d->mu);
     bool have_deferred = d->ndeferred > 0;
     pthread_mutex_unlock(&d->mu);
-    if (have_deferred && mp_direct_free_session(d) == MP_OK)
-      st = mp_device_alloc(d->dev, bytes, &p);
+    size_t released = 0;
+    if (have_deferred) {
+      mp__error_saved_t oom;
+      mp__error_save(&oom);
+      (void)mp__direct_end_session(d, &released);
+      if (released > 0) {
+        st = mp_device_alloc(d->dev, bytes, &p);
+      } else {
+        mp__error_restore(&oom);
+      }
+    }
   }
   pthread_mutex_lock(&d->mu);
   if (st != MP_OK) {
