@@ -221,6 +221,7 @@ mp_status_t mp_direct_alloc(mp_direct_t *d, size_t bytes, mp_stream_t s,
   }
   void *p = NULL;
   mp_status_t st = mp_device_alloc(d->dev, bytes, &p);
+  bool retried = false;
   if (st == MP_ENOMEM) {
     /* Memory freed in this session is the caller's to reuse: give it back
      * and try once more, if any went (a session the device refused in part
@@ -235,6 +236,7 @@ mp_status_t mp_direct_alloc(mp_direct_t *d, size_t bytes, mp_stream_t s,
       mp__error_save(&oom);
       (void)mp__direct_end_session(d, &released);
       if (released > 0) {
+        retried = true;
         st = mp_device_alloc(d->dev, bytes, &p);
       } else {
         mp__error_restore(&oom);
@@ -242,6 +244,8 @@ mp_status_t mp_direct_alloc(mp_direct_t *d, size_t bytes, mp_stream_t s,
     }
   }
   pthread_mutex_lock(&d->mu);
+  if (retried)
+    d->st.alloc_retry_count++;
   if (st != MP_OK) {
     if (st == MP_ENOMEM || st == MP_ELIMIT)
       d->st.oom_count++;

@@ -401,3 +401,16 @@ Test(direct, record_stream_on_a_stream_that_is_none_of_the_devices_is_einval) {
   cr_expect_eq(mp_direct_record_stream(d, p, NULL), MP_OK);
   cr_assert_eq(mp_direct_free(d, p), MP_OK);
 }
+
+/* An allocation that gave the session's memory back and retried counts in
+ * alloc_retry_count, as a pool's does (it stayed 0). */
+Test(direct, a_retry_after_ending_the_session_is_counted) {
+  void *a, *b;
+  cr_assert_eq(mp_direct_alloc(d, 40u << 20, NULL, &a), MP_OK);
+  cr_assert_eq(mp_direct_free(d, a), MP_OK);
+  cr_assert_eq(stats().alloc_retry_count, 0);
+  cr_assert_eq(mp_direct_alloc(d, 40u << 20, NULL, &b), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(stats().alloc_retry_count, 1);
+  cr_assert_eq(mp_direct_free(d, b), MP_OK);
+}
