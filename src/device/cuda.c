@@ -337,6 +337,7 @@ typedef struct mp__cuda_entry {
 typedef struct mp__cuda_dev {
   CUdevice cudev;
   int ordinal;
+  int count;     /* the devices the driver sees (cuDeviceGetCount at open) */
   CUcontext ctx; /* the primary context, retained */
   bool vmm;
   size_t granularity;
@@ -530,6 +531,7 @@ static mp_status_t mp__cuda_open(mp_device_t *dev, const char *opts) {
   if (cd == NULL)
     return mp__fail(MP_ENOMEM, "out of host memory opening 'cuda:%d'", ordinal);
   cd->ordinal = ordinal;
+  cd->count = count;
   char name[96] = "";
   if ((r = mp__cu.DeviceGet(&cd->cudev, ordinal)) != CUDA_SUCCESS ||
       (r = mp__cu.DeviceGetName(name, (int)sizeof name - 1, cd->cudev)) !=
@@ -821,7 +823,9 @@ static mp_status_t mp__cuda_stream_query(mp_device_t *dev, mp_stream_t s) {
 /* The device of s's context (cuStreamGetCtx, asked with dev's context
  * current as mp__cuda_stream_kind asks it, then, unless it is dev's own
  * primary context, cuCtxGetDevice with that context pushed): three driver
- * calls for a stream of dev, six for another device's. cuMemAllocAsync's "the
+ * calls for a stream of dev, six for another device's; none where the
+ * driver sees one device (the drop-in's mp_malloc, mp_malloc_async and
+ * mp_free_async ask for every call). cuMemAllocAsync's "the
  * memory pool current to the stream's device". The default streams name no
  * context of their own and are the calling thread's current context's (cuda.h,
  * cuStreamGetCtx), as is a handle the driver cannot place (no cuStreamGetCtx,
@@ -829,6 +833,10 @@ static mp_status_t mp__cuda_stream_query(mp_device_t *dev, mp_stream_t s) {
  * MP_ENODEV when the thread has no context then. */
 static mp_status_t mp__cuda_stream_ordinal(mp_device_t *dev, mp_stream_t s,
                                            int *out) {
+  if (mp__cuda_of(dev)->count == 1) { /* every stream is this device's */
+    *out = mp__cuda_of(dev)->ordinal;
+    return MP_OK;
+  }
   CUresult r = CUDA_ERROR_NOT_SUPPORTED;
   CUcontext owner = NULL;
   if (s != NULL && s != (mp_stream_t)CU_STREAM_LEGACY &&

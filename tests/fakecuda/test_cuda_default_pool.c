@@ -23,8 +23,10 @@ static struct {
   CUresult (*stream_sync)(CUstream);
 } cu;
 
-static void two_devices(void) {
-  setenv("FAKECUDA_DEVICE_COUNT", "2", 1);
+/* The driver's entry points, with n devices (skipped where it sees
+ * fewer). */
+static void devices(const char *n) {
+  setenv("FAKECUDA_DEVICE_COUNT", n, 1);
   setenv("MEMPOOL_DEVICE", "cuda", 1);
   FK_LOAD(cu.retain, "cuDevicePrimaryCtxRetain");
   FK_LOAD(cu.release, "cuDevicePrimaryCtxRelease_v2");
@@ -36,10 +38,18 @@ static void two_devices(void) {
   cr_assert_eq(cu.init(0), CUDA_SUCCESS);
   CUresult (*count)(int *);
   FK_LOAD(count, "cuDeviceGetCount");
-  int n = 0;
-  cr_assert_eq(count(&n), CUDA_SUCCESS);
-  if (n < 2)
-    cr_skip_test("one device only (a GPU twin on a one-GPU machine)");
+  int have = 0;
+  cr_assert_eq(count(&have), CUDA_SUCCESS);
+  if (have < atoi(n))
+    cr_skip_test("%d device(s) only (a GPU twin)", have);
+}
+
+static void two_devices(void) {
+  devices("2");
+}
+
+static void one_device(void) {
+  devices("1");
 }
 
 static CUcontext on_device(int d) {
@@ -135,17 +145,24 @@ static void *open_gate_later(void *arg) {
   return NULL;
 }
 
+/* A MiB of device 1's default pool (*pool1), with device 0 current after. */
+static void *device_1_block(mp_pool_t **pool1) {
+  on_device(1);
+  void *p = NULL;
+  cr_assert_eq(mp_malloc(&p, 1u << 20), MP_OK, "%s", mp_last_error());
+  *pool1 = mp_default_pool();
+  on_device(0);
+  return p;
+}
+
 /* A device-1 block freed with mp_free_async on device 0's stream s (NULL:
  * its legacy stream) while work queued on s holds the gate: the free must
  * come after that work, as cudaFreeAsync's on s. */
 static void free_on_device_0(CUstream s) {
   CUresult (*host_fn)(CUstream, CUhostFn, void *);
   FK_LOAD(host_fn, "cuLaunchHostFunc");
-  on_device(1);
-  void *p = NULL;
-  cr_assert_eq(mp_malloc(&p, 1u << 20), MP_OK, "%s", mp_last_error());
-  mp_pool_t *pool1 = mp_default_pool();
-  on_device(0);
+  mp_pool_t *pool1;
+  void *p = device_1_block(&pool1);
   atomic_store(&gate, false);
   cr_assert_eq(host_fn(s, wait_for_gate, NULL), CUDA_SUCCESS);
   pthread_t t;
@@ -189,11 +206,8 @@ Test(cuda_default_pool, free_async_on_another_devices_capture_is_refused,
   FK_LOAD(begin, "cuStreamBeginCapture_v2");
   FK_LOAD(end, "cuStreamEndCapture");
   FK_LOAD(graph_destroy, "cuGraphDestroy");
-  on_device(1);
-  void *p = NULL;
-  cr_assert_eq(mp_malloc(&p, 1u << 20), MP_OK, "%s", mp_last_error());
-  mp_pool_t *pool1 = mp_default_pool();
-  on_device(0);
+  mp_pool_t *pool1;
+  void *p = device_1_block(&pool1);
   CUstream s0 = NULL;
   cr_assert_eq(cu.stream_create(&s0, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   cr_assert_eq(begin(s0, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
@@ -209,6 +223,42 @@ Test(cuda_default_pool, free_async_on_another_devices_capture_is_refused,
   cr_assert_eq(cu.stream_destroy(s0), CUDA_SUCCESS);
   cr_assert_eq(cu.release(0), CUDA_SUCCESS);
   cr_assert_eq(cu.release(1), CUDA_SUCCESS);
+}
+
+/* Where the driver sees one device every stream is its: the drop-in asks
+ * the driver nothing per call to find the stream's device (it asked
+ * cuCtxGetDevice for every mp_malloc and default-stream mp_free_async, and
+ * three calls for every explicit stream, after 0b50e3d and 50ea93c). */
+Test(cuda_default_pool, one_device_asks_the_driver_nothing_per_call,
+     .init = one_device) {
+  on_device(0);
+  CUstream s = NULL;
+  cr_assert_eq(cu.stream_create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  void *p = NULL;
+  cr_assert_eq(mp_malloc_async(&p, 4096, (mp_stream_t)s), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_free_async(p, (mp_stream_t)s), MP_OK, "%s", mp_last_error());
+  /* What the stream's device is asked with (the pool's own calls, an
+   * event on a stream switch, are not counted). */
+  const char *asked[] = {"cuCtxGetDevice", "cuStreamGetCtx"};
+  long long before[2];
+  for (int i = 0; i < 2; i++)
+    before[i] = fk_calls(asked[i]);
+  for (int k = 0; k < 100; k++) {
+    cr_assert_eq(mp_malloc_async(&p, 4096, (mp_stream_t)s), MP_OK);
+    cr_assert_eq(mp_free_async(p, (mp_stream_t)s), MP_OK);
+    cr_assert_eq(mp_malloc(&p, 4096), MP_OK);
+    cr_assert_eq(mp_free_async(p, NULL), MP_OK);
+  }
+  for (int i = 0; i < 2; i++)
+    cr_expect_eq(fk_calls(asked[i]), before[i], "%s: %lld calls in 400",
+                 asked[i], fk_calls(asked[i]) - before[i]);
+  cr_assert_eq(cu.stream_sync(s), CUDA_SUCCESS);
+  cr_assert_eq(
+      mp_stream_forget(mp_pool_device(mp_default_pool()), (mp_stream_t)s),
+      MP_OK);
+  cr_assert_eq(cu.stream_destroy(s), CUDA_SUCCESS);
+  cr_assert_eq(cu.release(0), CUDA_SUCCESS);
 }
 
 Test(cuda_default_pool, a_thread_without_a_context_gets_the_first_device,
