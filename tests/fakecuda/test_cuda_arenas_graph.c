@@ -279,6 +279,13 @@ Test(cuda_arenas_graph, a_release_during_a_capture_leaves_no_stream_behind) {
   cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
   pthread_barrier_wait(&bar);
   pthread_barrier_wait(&bar); /* its capture ended */
+  /* The released range waits for the marker the capture's end recorded on
+   * the other thread's stream. Done before the round, so that the round's
+   * two allocations choose among the same free blocks: with the marker
+   * still running at the first and done at the second, the second took
+   * the range and the test read that as the first block not reused (7 of
+   * 240 runs under load). */
+  cr_assert_eq(cuCtxSynchronize(), CUDA_SUCCESS);
   round_on(pool, s1, &after);
   pthread_barrier_wait(&bar);
   pthread_join(t, NULL);
