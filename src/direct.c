@@ -6,8 +6,16 @@
  * them together after one device synchronization (the blocks' streams may
  * have been destroyed since, so synchronizing the device, not each stream,
  * is the one wait that is always valid). An allocation that finds the
- * device full ends the session first and retries once, as a user of
+ * device full ends the session first and retries, as a user of
  * cudaMalloc would expect memory they freed to be usable again.
+ *
+ * Sessions run without the mutex, so another thread may have taken the
+ * session's blocks and be on its way to give them back when an allocation
+ * finds the device full. That allocation fails only when its last try
+ * found the device full and no release finished since that try began
+ * (release_gen, read before each try) and none is in flight (releasing:
+ * it waits for those): memory that was on its way back is used, as it
+ * would be had the two threads run one after the other.
  *
  * Blocks are found by address in an mp__ptrmap_t (ptrmap.c: O(1) per
  * operation), so a free costs the same with ten or a million blocks. The
@@ -16,9 +24,12 @@
  *
  * Invariant (under the mutex): every block the device gave us and we have
  * not given back is in the map, LIVE or DEFERRED; the deferred array holds
- * exactly the DEFERRED ones; reserved = live + deferred bytes. The mutex is
- * never held across a device call. */
+ * exactly the DEFERRED ones; reserved = live + deferred bytes; releasing
+ * counts the sessions taken and not yet done (their blocks are in neither
+ * list), and release_gen goes up, under the mutex, as each one that gave
+ * any block back ends. The mutex is never held across a device call. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,6 +58,9 @@ struct mp_direct {
   mp__dblock_t *deferred;
   size_t ndeferred, deferred_cap;
   size_t live_bytes, deferred_bytes;
+  size_t releasing;             /* sessions taken, not yet given back */
+  _Atomic uint64_t release_gen; /* sessions that gave back memory */
+  pthread_cond_t released;      /* a session ended (releasing went down) */
   mp_stats_t st; /* counters and peaks; byte fields derived on read */
 };
 
@@ -87,6 +101,11 @@ mp_status_t mp_direct_create(mp_device_t *dev, mp_direct_t **out) {
     return mp__fail(MP_ENOMEM, "mp_direct_create: out of host memory");
   mp__ptrmap_init(&d->blocks, sizeof(mp__dslot_t));
   if (pthread_mutex_init(&d->mu, NULL) != 0) {
+    free(d);
+    return mp__fail(MP_ENOMEM, "mp_direct_create: out of host memory");
+  }
+  if (pthread_cond_init(&d->released, NULL) != 0) {
+    pthread_mutex_destroy(&d->mu);
     free(d);
     return mp__fail(MP_ENOMEM, "mp_direct_create: out of host memory");
   }
@@ -177,6 +196,7 @@ static mp__dblock_t *mp__direct_take_session(mp_direct_t *d, size_t *n,
     mp__ptrmap_remove(&d->blocks, mp__dmap_find(d, d->deferred[i].ptr));
   d->ndeferred = 0;
   d->deferred_bytes = 0;
+  d->releasing++; /* in the same step: the blocks are always somewhere */
   pthread_mutex_unlock(&d->mu);
   return batch;
 }
@@ -192,6 +212,12 @@ static mp_status_t mp__direct_end_session(mp_direct_t *d, size_t *released) {
     return st;
   st = mp__direct_release(d, batch, n, released);
   free(batch);
+  pthread_mutex_lock(&d->mu);
+  d->releasing--;
+  if (*released > 0)
+    atomic_fetch_add_explicit(&d->release_gen, 1, memory_order_release);
+  pthread_cond_broadcast(&d->released);
+  pthread_mutex_unlock(&d->mu);
   return st;
 }
 
@@ -200,6 +226,46 @@ mp_status_t mp_direct_free_session(mp_direct_t *d) {
     return mp__fail(MP_EINVAL, "mp_direct_free_session: allocator is NULL");
   size_t released;
   return mp__direct_end_session(d, &released);
+}
+
+/* After a try begun at release generation gen found the device full: tries
+ * again for as long as memory went back to the device since the last try
+ * began, ending the session first when none did and it has blocks, and
+ * waiting for sessions other threads are releasing. A session that gave
+ * nothing back (the device refused it) ends the wait for it, and so a
+ * fruitless session is never waited for twice. Fails with the last try's
+ * MP_ENOMEM and message, not what a session failed on. */
+static mp_status_t mp__direct_alloc_retry(mp_direct_t *d, size_t bytes,
+                                          uint64_t gen, void **p,
+                                          bool *retried) {
+  bool ended = false; /* this thread ended a session since the last try */
+  for (;;) {
+    mp__error_saved_t oom;
+    mp__error_save(&oom);
+    pthread_mutex_lock(&d->mu);
+    while (atomic_load_explicit(&d->release_gen, memory_order_relaxed) == gen &&
+           d->releasing > 0 && (ended || d->ndeferred == 0))
+      pthread_cond_wait(&d->released, &d->mu);
+    bool went =
+        atomic_load_explicit(&d->release_gen, memory_order_relaxed) != gen;
+    bool have_deferred = d->ndeferred > 0;
+    pthread_mutex_unlock(&d->mu);
+    if (!went) {
+      if (ended || !have_deferred)
+        return MP_ENOMEM;
+      size_t released;
+      (void)mp__direct_end_session(d, &released);
+      mp__error_restore(&oom);
+      ended = true;
+      continue;
+    }
+    *retried = true;
+    ended = false;
+    gen = atomic_load_explicit(&d->release_gen, memory_order_acquire);
+    mp_status_t st = mp_device_alloc(d->dev, bytes, p);
+    if (st != MP_ENOMEM)
+      return st;
+  }
 }
 
 mp_status_t mp_direct_alloc(mp_direct_t *d, size_t bytes, mp_stream_t s,
@@ -220,29 +286,11 @@ mp_status_t mp_direct_alloc(mp_direct_t *d, size_t bytes, mp_stream_t s,
     return MP_OK;
   }
   void *p = NULL;
+  uint64_t gen = atomic_load_explicit(&d->release_gen, memory_order_acquire);
   mp_status_t st = mp_device_alloc(d->dev, bytes, &p);
   bool retried = false;
-  if (st == MP_ENOMEM) {
-    /* Memory freed in this session is the caller's to reuse: give it back
-     * and try once more, if any went (a session the device refused in part
-     * still gave the rest back). One that gave nothing back leaves the
-     * device's MP_ENOMEM message, not what the session failed on. */
-    pthread_mutex_lock(&d->mu);
-    bool have_deferred = d->ndeferred > 0;
-    pthread_mutex_unlock(&d->mu);
-    size_t released = 0;
-    if (have_deferred) {
-      mp__error_saved_t oom;
-      mp__error_save(&oom);
-      (void)mp__direct_end_session(d, &released);
-      if (released > 0) {
-        retried = true;
-        st = mp_device_alloc(d->dev, bytes, &p);
-      } else {
-        mp__error_restore(&oom);
-      }
-    }
-  }
+  if (st == MP_ENOMEM)
+    st = mp__direct_alloc_retry(d, bytes, gen, &p, &retried);
   pthread_mutex_lock(&d->mu);
   if (retried)
     d->st.alloc_retry_count++;
@@ -400,6 +448,7 @@ mp_status_t mp_direct_destroy(mp_direct_t *d) {
       return first;
     }
   }
+  pthread_cond_destroy(&d->released);
   pthread_mutex_destroy(&d->mu);
   mp__ptrmap_destroy(&d->blocks);
   free(d->deferred);

@@ -35,11 +35,14 @@ MP_API mp_status_t mp_direct_free(mp_direct_t *d, void *ptr);
 MP_API mp_status_t mp_direct_record_stream(mp_direct_t *d, void *ptr,
                                            mp_stream_t s);
 /* Synchronizes the device, then releases every deferred block. An
- * allocation that finds the device full ends the session itself first.
+ * allocation that finds the device full ends the session itself first,
+ * or waits for a session another thread is ending, and tries again while
+ * memory went back to the device since its last try began: it is
+ * MP_ENOMEM only when none did.
  * Stats: reserved = live + deferred bytes; nothing is rounded, so allocated
  * = requested; free_bytes / free_blocks count the deferred blocks;
- * alloc_retry_count counts the allocations that ended the session to make
- * room and tried again. */
+ * alloc_retry_count counts the allocations that tried again after a
+ * session (theirs or another thread's) gave memory back. */
 MP_API mp_status_t mp_direct_free_session(mp_direct_t *d);
 MP_API mp_status_t mp_direct_get_stats(mp_direct_t *d, mp_stats_t *out);
 /* As above, for a caller whose mp_stats_t is size bytes (see "Growing" in

@@ -4,6 +4,8 @@
  * must happen: it used to be skipped whenever the session reported any
  * failure, and the allocation was MP_ENOMEM with room on the device. */
 #include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdio.h>
 
 #include <mempool/mempool.h>
 
@@ -78,4 +80,140 @@ Test(direct_full_device, an_oom_whose_session_cannot_end_explains_the_oom) {
   ops.synchronize = fake_backend.synchronize;
   cr_assert_eq(mp_direct_destroy(d), MP_OK);
   fake_close(dev);
+}
+
+/* ---- another thread's session on its way back -------------------------
+ * A session runs without the allocator's lock, so while one thread gives
+ * its blocks back another may find the device full. That allocation used
+ * to fail at once: the session it would have ended was taken already, and
+ * the memory came back a moment later. The interleaving is forced: the
+ * session's first device free (thread B) starts the allocation (thread A)
+ * and lets the free go only once A's first try has found the device full;
+ * whether A then looks before or after B is done, it must get the memory.
+ * The fake device is not thread-safe: every call to it here takes dev_mu. */
+
+static pthread_mutex_t dev_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t dev_cv = PTHREAD_COND_INITIALIZER;
+static _Thread_local bool in_a; /* this thread is A */
+static bool a_found_it_full;    /* under dev_mu */
+static bool start_a;            /* the next free starts A (B's thread) */
+static pthread_t a_thread;
+static mp_direct_t *a_direct;
+static mp_device_t *a_dev;
+static mp_status_t a_status;
+static void *a_ptr;
+static char a_error[256]; /* A's mp_last_error() */
+
+static mp_status_t locked_alloc(mp_device_t *dev, size_t bytes, void **out) {
+  pthread_mutex_lock(&dev_mu);
+  mp_status_t st = fake_alloc(dev, bytes, out);
+  if (st == MP_ENOMEM)
+    st = mp__fail(st, "fake: out of memory");
+  if (st == MP_ENOMEM && in_a) {
+    a_found_it_full = true;
+    pthread_cond_broadcast(&dev_cv);
+  }
+  pthread_mutex_unlock(&dev_mu);
+  return st;
+}
+
+static void *thread_a(void *arg) {
+  (void)arg;
+  in_a = true;
+  a_status = mp_direct_alloc(a_direct, (size_t)40 << 20, NULL, &a_ptr);
+  snprintf(a_error, sizeof a_error, "%s", mp_last_error());
+  return NULL;
+}
+
+static mp_status_t locked_free(mp_device_t *dev, void *ptr) {
+  if (start_a) { /* only B's thread frees while it is set */
+    start_a = false;
+    cr_assert_eq(pthread_create(&a_thread, NULL, thread_a, NULL), 0);
+    pthread_mutex_lock(&dev_mu);
+    while (!a_found_it_full)
+      pthread_cond_wait(&dev_cv, &dev_mu);
+    pthread_mutex_unlock(&dev_mu);
+  }
+  pthread_mutex_lock(&dev_mu);
+  mp_status_t st = fake_free(dev, ptr);
+  pthread_mutex_unlock(&dev_mu);
+  return st;
+}
+
+static mp_status_t locked_sync(mp_device_t *dev) {
+  pthread_mutex_lock(&dev_mu);
+  mp_status_t st = fake_ok(dev);
+  pthread_mutex_unlock(&dev_mu);
+  return st;
+}
+
+static mp__backend_t locked_ops;
+
+/* A direct allocator on a 64 MiB fake device (set up for threads) with a
+ * 48 MiB block freed into its session: a 40 MiB request does not fit until
+ * the session ends. B (this thread) ends it, starting A as it gives the
+ * block back; refused: how many of the device frees from then on fail. */
+static void race_a_session(unsigned refused) {
+  mp_device_t *dev;
+  mp_direct_t *d = direct_on_fake(&dev);
+  locked_ops = fake_backend;
+  locked_ops.alloc = locked_alloc;
+  locked_ops.free = locked_free;
+  locked_ops.synchronize = locked_sync;
+  dev->ops = &locked_ops;
+  void *p;
+  cr_assert_eq(mp_direct_alloc(d, (size_t)48 << 20, NULL, &p), MP_OK);
+  cr_assert_eq(mp_direct_free(d, p), MP_OK);
+  a_direct = d;
+  a_dev = dev;
+  fake_of(dev)->refuse_frees = refused;
+  start_a = true;
+  mp_status_t b = mp_direct_free_session(d);
+  cr_assert_eq(b, refused > 0 ? MP_EDRIVER : MP_OK);
+  cr_assert_eq(pthread_join(a_thread, NULL), 0);
+}
+
+Test(direct_full_device,
+     an_alloc_uses_memory_another_threads_session_gives_back, .timeout = 60) {
+  race_a_session(0);
+  cr_assert_eq(a_status, MP_OK, "the 48 MiB were on their way back: %s",
+               a_error);
+  mp_stats_t s;
+  cr_assert_eq(mp_direct_get_stats(a_direct, &s), MP_OK);
+  cr_expect_eq(s.oom_count, 0);
+  cr_expect_eq(s.alloc_retry_count, 1);
+  cr_expect_eq(s.device_free_count, 1);
+  cr_expect_eq(s.live_blocks, 1);
+  cr_expect_eq(s.reserved_bytes, (size_t)40 << 20);
+  cr_expect_eq(s.reserved_bytes, fake_of(a_dev)->used);
+}
+
+/* B's session is refused: nothing came back, so A ends the session itself
+ * (the block is in it again) rather than waiting or failing. */
+Test(direct_full_device, an_alloc_ends_a_session_another_thread_could_not,
+     .timeout = 60) {
+  race_a_session(1);
+  cr_assert_eq(a_status, MP_OK, "%s", a_error);
+  mp_stats_t s;
+  cr_assert_eq(mp_direct_get_stats(a_direct, &s), MP_OK);
+  cr_expect_eq(s.oom_count, 0);
+  cr_expect_eq(s.device_free_count, 1);
+  cr_expect_eq(s.free_blocks, 0);
+  cr_expect_eq(s.reserved_bytes, fake_of(a_dev)->used);
+}
+
+/* Both sessions are refused: A stops waiting and fails, with the device's
+ * MP_ENOMEM message, and the block stays in the session. */
+Test(direct_full_device, an_alloc_fails_when_no_session_gives_anything_back,
+     .timeout = 60) {
+  race_a_session(2);
+  cr_assert_eq(a_status, MP_ENOMEM);
+  cr_expect_neq(strstr(a_error, "out of memory"), NULL, "%s", a_error);
+  mp_stats_t s;
+  cr_assert_eq(mp_direct_get_stats(a_direct, &s), MP_OK);
+  cr_expect_eq(s.oom_count, 1);
+  cr_expect_eq(s.alloc_retry_count, 0);
+  cr_expect_eq(s.device_free_count, 0);
+  cr_expect_eq(s.free_blocks, 1, "the refused block stays deferred");
+  cr_expect_eq(s.reserved_bytes, fake_of(a_dev)->used);
 }
