@@ -392,8 +392,13 @@ void mp_torch_begin_allocate_to_pool(int device, mp_torch_pool_id_t id,
                        "mp_torch_begin_allocate_to_pool: pool (%llu, %llu) "
                        "is being allocated to already",
                        id.first, id.second);
-  else if (t == NULL && pool != NULL && (t = mp__tpool_new(pool, device)))
+  else if (t == NULL && pool != NULL && (t = mp__tpool_new(pool, device))) {
     t->id = id;
+    /* Its snapshot names it as PyTorch's does: by the id (0, 0), "no
+     * pool" to PyTorch, keeps the graph pool's own. */
+    if (id.first != 0 || id.second != 0)
+      (void)mp__graph_set_id(t->graph, id.first, id.second);
+  }
   if (t != NULL) {
     /* Only a begin that took: a refused one changes nothing, automatic
      * routing of the captures included. */

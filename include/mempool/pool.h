@@ -653,7 +653,8 @@ MP_API mp_status_t mp_pool_set_oom_handler(mp_pool_t *pool,
  * segment_alloc / segment_free (plain segments) and oom. Trace sizes are
  * block sizes (rounded), as in PyTorch. A segment's segment_pool_id is
  * (0, 0), or for a graph pool (0, n), n an id of its own (as PyTorch gives
- * a private pool's segments its id); the parent's snapshot shows the
+ * a private pool's segments its id; the graph pool of a PyTorch
+ * MempoolId_t, mempool/torch.h, says that id); the parent's snapshot shows the
  * ranges it lent as live blocks. The file is written whole or not
  * at all (a temporary beside it, renamed); a path that is there and is no
  * regular file (a device, a FIFO, a symbolic link) is written in place,

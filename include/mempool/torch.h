@@ -95,9 +95,12 @@ typedef int (*mp_torch_stream_filter_t)(mp_stream_t stream, void *ctx);
 /* set_begin_allocate_to_pool: from now until the matching end,
  * allocations (and frees) on device whose stream filter accepts come from
  * the graph pool of id (made at its first begin; each begin is one use of
- * it), at addresses that stay while the pool lives. drop(ctx), if not
- * NULL, is called when the filter is no longer needed (at the end, or at
- * once when the call fails). */
+ * it), at addresses that stay while the pool lives; its snapshot
+ * (mp_pool_graph_of, mp_pool_snapshot) names its segments' segment_pool_id
+ * by id, as PyTorch's does. An id released (its last release_pool) and
+ * begun again names a new pool. drop(ctx), if not NULL, is called when the
+ * filter is no longer needed (at the end, or at once when the call
+ * fails). */
 MP_API void mp_torch_begin_allocate_to_pool(int device, mp_torch_pool_id_t id,
                                             mp_torch_stream_filter_t filter,
                                             void *ctx, void (*drop)(void *));

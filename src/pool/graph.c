@@ -120,7 +120,7 @@ mp_status_t mp__graph_create(mp_pool_t *parent, mp__upstream_t upstream,
   /* A pool id as PyTorch's graph_pool_handle() makes one, (0, n), for the
    * snapshot: never (0, 0), the id of a pool's own segments. */
   static _Atomic uint64_t ids;
-  g->graph_id = atomic_fetch_add_explicit(&ids, 1, memory_order_relaxed) + 1;
+  g->graph_id[1] = atomic_fetch_add_explicit(&ids, 1, memory_order_relaxed) + 1;
   mp__pool_lock(parent);
   if ((st = mp__pool_paused(parent, "mp_pool_graph_create")) == MP_OK) {
     g->parent = parent;
@@ -317,6 +317,21 @@ bool mp__graph_routed_owned(mp_pool_t *parent, mp_stream_t s, uint64_t owner) {
   bool found = mp__graph_route_of(parent, s, owner) != NULL;
   mp__pool_unlock(parent);
   return found;
+}
+
+mp_status_t mp__graph_set_id(mp_pool_t *graph, uint64_t first,
+                             uint64_t second) {
+  if (graph == NULL || !graph->graph)
+    return mp__fail(MP_EINVAL, "mp__graph_set_id: not a graph pool");
+  if (first == 0 && second == 0)
+    return mp__fail(MP_EINVAL, "mp__graph_set_id: (0, 0) names a pool's own "
+                               "segments, not a graph pool's");
+  /* Under the lock: a snapshot reads the id under it. */
+  mp__pool_lock(graph);
+  graph->graph_id[0] = first;
+  graph->graph_id[1] = second;
+  mp__pool_unlock(graph);
+  return MP_OK;
 }
 
 mp_pool_t *mp_pool_graph_of(mp_pool_t *parent, mp_stream_t s) {

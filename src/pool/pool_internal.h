@@ -532,10 +532,11 @@ struct mp_pool {
    * pool's): mp_pool_set_max_fraction may raise the cap up to it after
    * the range is reserved. */
   size_t va_basis;
-  /* graph: its id, from 1, one per graph pool in the process (its snapshot
-   * segments' segment_pool_id is (0, graph_id), snapshot.c); else 0. At
-   * the end, off the hot path's cache lines. */
-  uint64_t graph_id;
+  /* graph: its id, its snapshot segments' segment_pool_id (snapshot.c):
+   * (0, n), n from 1, one per graph pool in the process, or the MempoolId_t
+   * PyTorch names it by (mp__graph_set_id); else (0, 0). At the end, off
+   * the hot path's cache lines. */
+  uint64_t graph_id[2];
 };
 
 /* ---- lock.c: the pool lock and the one way to drop it ------------------- */
@@ -793,6 +794,10 @@ mp_status_t mp__graph_end_owned(mp_pool_t *parent, mp_stream_t s,
 /* Whether s as owner's stream still allocates to a graph pool of parent
  * (a per-thread stream's route goes when its thread exits, stream.c). */
 bool mp__graph_routed_owned(mp_pool_t *parent, mp_stream_t s, uint64_t owner);
+/* Names graph by (first, second) in its snapshot (torch.c: the MempoolId_t
+ * PyTorch gave it, as PyTorch's snapshot names a private pool's segments).
+ * Not (0, 0), the id of a pool's own segments: MP_EINVAL. */
+mp_status_t mp__graph_set_id(mp_pool_t *graph, uint64_t first, uint64_t second);
 /* Under parent's lock: the range lent to a graph pool that holds p, or
  * NULL (a walk of the ranges; mp__graph_owner asks the live map first). */
 static inline const mp__grange_t *mp__grange_of(const mp_pool_t *parent,

@@ -20,7 +20,8 @@
  * virtual range between two holes (is_expandable True, as PyTorch's
  * expandable segments); none while the pool is paused (pause.c).
  * segment_pool_id is (0, 0), or for a graph pool (0, n), its own id
- * (graph.c), as PyTorch gives a private pool's segments its MempoolId_t
+ * (graph.c), as PyTorch gives a private pool's segments its MempoolId_t,
+ * and for one made by PyTorch's hooks that very MempoolId_t (torch.c)
  * (a parent's snapshot shows the ranges it lent as live blocks). A
  * block's state is "active_allocated" when live,
  * "inactive" when free; its frames are those of the last alloc event of
@@ -144,8 +145,8 @@ typedef struct {
   size_t nev;
   size_t next; /* the next event the trace writes (mp__write_trace) */
   size_t segment_bytes;
-  uint64_t pool_id; /* the second number of segment_pool_id (graph_id) */
-  int device;       /* the CUDA ordinal it is written as */
+  uint64_t pool_id[2]; /* segment_pool_id (graph_id) */
+  int device;          /* the CUDA ordinal it is written as */
 } mp__snap_t;
 
 static void mp__snap_free(mp__snap_t *s) {
@@ -197,7 +198,8 @@ static mp_status_t mp__snap_link_events(mp__snap_t *s) {
 static mp_status_t mp__snap_take(mp_pool_t *pool, mp__snap_t *s) {
   memset(s, 0, sizeof *s);
   s->segment_bytes = pool->cfg.segment_bytes;
-  s->pool_id = pool->graph_id;
+  s->pool_id[0] = pool->graph_id[0];
+  s->pool_id[1] = pool->graph_id[1];
   size_t nb = 0, ns = 0;
   /* Paused, the pool maps nothing: no segment, as stats say 0 reserved
    * (the trace's segment_unmap events say where the memory went). */
@@ -310,8 +312,8 @@ static void mp__write_segment(mp__pk_t *w, const mp__snap_t *s, size_t b0,
               kind == MP__SEG_PLAIN && total <= s->segment_bytes ? "small"
                                                                  : "large");
   mp__pk_str(w, "segment_pool_id");
-  mp__pk_int(w, 0);
-  mp__pk_int(w, s->pool_id);
+  mp__pk_int(w, s->pool_id[0]);
+  mp__pk_int(w, s->pool_id[1]);
   mp__pk_op(w, 0x86); /* TUPLE2 */
   mp__pk_str(w, "is_expandable");
   mp__pk_bool(w, kind == MP__SEG_VIRTUAL);

@@ -10,6 +10,7 @@
 
 #include <mempool/mempool.h>
 
+#include "../support/snapshot_pool_ids.h"
 #include "../support/stream_gate.h"
 
 #define MiB ((size_t)1 << 20)
@@ -216,6 +217,74 @@ Test(torch_hooks, a_private_pool_serves_its_capture_until_released) {
   cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
   mp_stream_destroy(dev, captured);
   mp_stream_destroy(dev, other);
+}
+
+/* The pool is the one PyTorch's MempoolId_t names, as PyTorch's
+ * graph_pools map keys its private pools by it: two ids are two pools, an
+ * id begun again shares its pool until its last release, and an id
+ * released and begun again names a new pool. The graph pool's snapshot
+ * names its segments by that id (PyTorch's segment_pool_id, which
+ * cudagraph_trees selects a graph's memory by); it said (0, n), an id of
+ * mempool's own. */
+Test(torch_hooks, a_pool_is_the_one_its_mempool_id_names) {
+  mp_pool_t *pool = mp_default_pool();
+  mp_stream_t sa, sb;
+  cr_assert_eq(mp_stream_create(dev, &sa), MP_OK);
+  cr_assert_eq(mp_stream_create(dev, &sb), MP_OK);
+  mp_torch_pool_id_t ida = {0, 9}, idb = {3, 0};
+  mp_torch_begin_allocate_to_pool(0, ida, capture_filter, &sa, NULL);
+  mp_torch_begin_allocate_to_pool(0, idb, capture_filter, &sb, NULL);
+  void *a = alloc_fn(MiB, 0, sa), *b = alloc_fn(MiB, 0, sb);
+  cr_assert_not_null(a, "%s", mp_last_error());
+  cr_assert_not_null(b, "%s", mp_last_error());
+  mp_pool_t *ga = mp_pool_graph_of(pool, sa), *gb = mp_pool_graph_of(pool, sb);
+  cr_assert_not_null(ga);
+  cr_assert_not_null(gb);
+  cr_expect_neq(ga, gb, "two ids, one pool");
+  const mp_torch_pool_id_t ids[2] = {ida, idb};
+  mp_pool_t *const graphs[2] = {ga, gb};
+  for (int i = 0; i < 2; i++) {
+    uint64_t seg[8][2];
+    size_t n = snapshot_pool_ids(graphs[i], seg, 8);
+    cr_assert_gt(n, 0);
+    for (size_t k = 0; k < n; k++)
+      cr_expect(seg[k][0] == ids[i].first && seg[k][1] == ids[i].second,
+                "pool (%llu, %llu), segment %zu: (%llu, %llu)", ids[i].first,
+                ids[i].second, k, (unsigned long long)seg[k][0],
+                (unsigned long long)seg[k][1]);
+  }
+  free_fn(b, MiB, 0, sb);
+  mp_torch_end_allocate_to_pool(0, idb);
+  /* Begun again, idb is the same pool: its memory comes back. */
+  mp_torch_begin_allocate_to_pool(0, idb, capture_filter, &sb, NULL);
+  void *b2 = alloc_fn(MiB, 0, sb);
+  cr_expect_eq(mp_pool_graph_of(pool, sb), gb);
+  cr_expect_eq(b2, b);
+  free_fn(b2, MiB, 0, sb);
+  mp_torch_end_allocate_to_pool(0, idb);
+  free_fn(a, MiB, 0, sa);
+  mp_torch_end_allocate_to_pool(0, ida);
+  /* Released by its two uses, then begun again: a new pool, one use. */
+  mp_torch_release_pool(0, idb);
+  mp_torch_release_pool(0, idb);
+  mp_torch_begin_allocate_to_pool(0, idb, capture_filter, &sb, NULL);
+  void *b3 = alloc_fn(MiB, 0, sb);
+  cr_assert_not_null(b3, "%s", mp_last_error());
+  uint64_t seg[8][2];
+  cr_assert_gt(snapshot_pool_ids(mp_pool_graph_of(pool, sb), seg, 8), 0);
+  cr_expect(seg[0][0] == 3 && seg[0][1] == 0, "(%llu, %llu)",
+            (unsigned long long)seg[0][0], (unsigned long long)seg[0][1]);
+  free_fn(b3, MiB, 0, sb);
+  mp_torch_end_allocate_to_pool(0, idb);
+  mp_torch_release_pool(0, idb);
+  mp_torch_release_pool(0, idb);
+  cr_expect(strstr(mp_last_error(), "no pool (3, 0)") != NULL, "%s",
+            mp_last_error());
+  mp_torch_release_pool(0, ida);
+  cr_expect_eq(stats(pool).allocated_bytes, 0, "back to the device's pool");
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  mp_stream_destroy(dev, sa);
+  mp_stream_destroy(dev, sb);
 }
 
 Test(torch_hooks, a_begin_without_a_filter_is_refused_and_dropped) {
