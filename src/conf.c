@@ -7,6 +7,7 @@
  * parsed. */
 #include <langinfo.h>
 #include <locale.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,6 +100,7 @@ bool mp__parse_decimal(const char *s, size_t len, double *out) {
   }
   if (digits == 0)
     return false;
+  size_t mantissa = i;
   if (i < len && (s[i] == 'e' || s[i] == 'E')) {
     i++;
     if (i < len && (s[i] == '+' || s[i] == '-'))
@@ -124,6 +126,11 @@ bool mp__parse_decimal(const char *s, size_t len, double *out) {
   double v = strtod_l(buf, &end, c);
   freelocale(c);
   if (end != buf + len)
+    return false;
+  /* Out of a double's range: strtod gives inf for "1e400" and 0 for
+   * "1e-400" (ERANGE), values the text does not say (to a caller, 0 and inf
+   * may mean "no limit"). A subnormal result is still the number. */
+  if (isinf(v) || (v == 0 && strcspn(buf, "123456789") < mantissa))
     return false;
   *out = v;
   return true;

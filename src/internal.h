@@ -132,7 +132,8 @@ bool mp__parse_u64(const char *s, size_t len, uint64_t *out);
 /* A plain decimal, "0.5", ".5", "5.", "2.5e-1": digits with at most one
  * '.', then an exponent if it likes; no blanks, sign, hex, inf or nan.
  * Read with '.' as the decimal point under any locale. false on anything
- * else. */
+ * else, and on a value out of a double's range ("1e400", and "1e-400",
+ * which would read as 0). */
 bool mp__parse_decimal(const char *s, size_t len, double *out);
 /* "1"/"0", "true"/"false", "yes"/"no", "on"/"off". */
 bool mp__parse_bool(const char *s, size_t len, bool *out);

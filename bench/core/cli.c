@@ -336,7 +336,8 @@ static int mpb_fail_usage(const char *fmt, const char *arg) {
 
 /* Seconds: "inf", or a plain decimal (mp__parse_decimal: a fraction and
  * an exponent if it likes, no hex, blanks, sign or nan, '.' under any
- * locale), at least 0. */
+ * locale, nothing a double cannot hold: "1e-400" is not 0, no limit), at
+ * least 0. */
 static bool mpb_parse_seconds(const char *val, double *out) {
   if (strcmp(val, "inf") == 0) {
     *out = HUGE_VAL;
@@ -503,12 +504,16 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
       c->device = val;
     } else if (strcmp(a, "--blockmap") == 0) {
       c->blockmap = val;
-    } else if (strcmp(a, "--capacity-budget") == 0) {
-      if (!mpb_parse_seconds(val, &c->budget))
-        return mpb_fail_usage("bad --capacity-budget '%s' (seconds)", val);
-    } else if (strcmp(a, "--capacity-total") == 0) {
-      if (!mpb_parse_seconds(val, &c->total))
-        return mpb_fail_usage("bad --capacity-total '%s' (seconds)", val);
+    } else if (strcmp(a, "--capacity-budget") == 0 ||
+               strcmp(a, "--capacity-total") == 0) {
+      if (!mpb_parse_seconds(val, a[11] == 'b' ? &c->budget : &c->total)) {
+        char msg[320];
+        snprintf(msg, sizeof msg,
+                 "bad %s '%.200s' (seconds: a plain decimal a double holds, "
+                 "0 or more; or inf)",
+                 a, val);
+        return mpb_fail_usage("%s", msg);
+      }
     } else if (strcmp(a, "--stream-work") == 0) {
       uint64_t us;
       if (!mp__parse_u64(val, strlen(val), &us) || us > 1000000)

@@ -33,6 +33,22 @@ static inline void rm_tree(const char *dir) {
   rmdir(dir);
 }
 
+/* A scratch folder under /tmp for one test: scratch_make as its .init,
+ * scratch_drop as its .fini, scratch_dir() its path. */
+static inline char *scratch_dir(void) {
+  static char dir[64];
+  return dir;
+}
+
+static inline void scratch_make(void) {
+  snprintf(scratch_dir(), 64, "/tmp/mpbench-test-XXXXXX");
+  cr_assert_not_null(mkdtemp(scratch_dir()));
+}
+
+static inline void scratch_drop(void) {
+  rm_tree(scratch_dir());
+}
+
 /* The first MiB of path, NUL-terminated, in a buffer the next call
  * reuses. */
 static inline char *slurp(const char *path) {
