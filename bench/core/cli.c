@@ -73,7 +73,9 @@ static void mpb_usage(FILE *out) {
       "                      with an explicit --traces). Default: all of "
       "them\n"
       "  --traces DIR        (run) replay every *.csv in DIR and its "
-      "subfolders.\n"
+      "subfolders,\n"
+      "                      each file once (not again through a link to "
+      "it).\n"
       "                      Default: $MEMPOOL_TRACES, else shared/traces "
       "found\n"
       "                      next to the source tree or the executable "
@@ -658,12 +660,17 @@ static int mpb_load(const mpb_cli_t *c, mpb_jobs_t *jobs) {
         fprintf(stderr, "mpbench: no traces folder found (set --traces DIR "
                         "or $MEMPOOL_TRACES); built-in workloads only\n");
     } else {
-      char **rel = NULL;
-      size_t nrel = 0;
-      if (mpb_traces_scan(dir, &rel, &nrel) != MP_OK) {
+      char **rel = NULL, **same = NULL;
+      size_t nrel = 0, nsame = 0;
+      if (mpb_traces_scan(dir, &rel, &nrel, &same, &nsame) != MP_OK) {
         fprintf(stderr, "mpbench: %s\n", mp_last_error());
         return 2;
       }
+      /* A link to a trace in the folder would have run it twice. */
+      for (size_t i = 0; i < nsame && !c->quiet; i++)
+        fprintf(stderr, "mpbench: traces %s: %s (one file, replayed once)\n",
+                dir, same[i]);
+      mpb_traces_free(same, nsame);
       for (size_t i = 0; i < nrel; i++) {
         char path[PATH_MAX * 2], nm[PATH_MAX * 2];
         snprintf(path, sizeof path, "%s/%s", dir, rel[i]);

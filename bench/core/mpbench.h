@@ -118,8 +118,13 @@ const char *mpb_printable(const char *s, size_t len, char *buf, size_t cap);
 const char *mpb_traces_dir(char *buf, size_t len);
 /* The *.csv files of dir and of its direct subfolders, as paths relative to
  * dir ("pytorch/x.csv"), sorted by name: *out holds *n of them, freed with
- * mpb_traces_free. A folder that cannot be opened: MP_EINVAL. */
-mp_status_t mpb_traces_scan(const char *dir, char ***out, size_t *n);
+ * mpb_traces_free. A folder that cannot be opened: MP_EINVAL. One file
+ * reached by several paths (a link to a trace, a linked subfolder, a hard
+ * link) is listed once, by the path through the fewest links (the first in
+ * name order among those); unless same is NULL, *same holds *nsame lines
+ * "REL is KEPT" for the paths left out, freed with mpb_traces_free. */
+mp_status_t mpb_traces_scan(const char *dir, char ***out, size_t *n,
+                            char ***same, size_t *nsame);
 void mpb_traces_free(char **v, size_t n);
 
 /* ---- pickle.c: PyTorch memory snapshots --------------------------------- */

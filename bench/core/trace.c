@@ -26,7 +26,8 @@
  *
  * Finding trace files (mpb_traces_dir, mpb_traces_scan) lives here too:
  * which folder holds the traces when none is named, and the *.csv files of
- * it and its direct subfolders (pytorch/, mindspore/), in name order. */
+ * it and its direct subfolders (pytorch/, mindspore/), in name order, each
+ * file once however many links lead to it. */
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
@@ -547,9 +548,89 @@ void mpb_traces_free(char **v, size_t n) {
   free(v);
 }
 
-mp_status_t mpb_traces_scan(const char *dir, char ***out, size_t *nout) {
+/* How many of the two steps from dir to dir/rel (its subfolder, the file)
+ * are symbolic links. */
+static unsigned mpb_links_on_path(const char *dir, const char *rel) {
+  char p[PATH_MAX * 2];
+  unsigned links = 0;
+  struct stat sb;
+  for (const char *c = rel;; c++) {
+    if (*c != '/' && *c != '\0')
+      continue;
+    if (snprintf(p, sizeof p, "%s/%.*s", dir, (int)(c - rel), rel) <
+            (int)sizeof p &&
+        lstat(p, &sb) == 0 && S_ISLNK(sb.st_mode))
+      links++;
+    if (*c == '\0')
+      return links;
+  }
+}
+
+/* One file reached by several of v's n paths (a link to a trace, a linked
+ * folder, a hard link: one device and inode) keeps one of them: the one
+ * through the fewest links, the first in v's order among those. The others
+ * leave v; each is said in *same as "REL is KEPT" (same NULL: not said).
+ * MP_ENOMEM: v and *same as they were then (the caller frees them). */
+static mp_status_t mpb_traces_one_each(const char *dir, char **v, size_t *n,
+                                       char ***same, size_t *nsame) {
+  size_t cap = 0, nv = *n;
+  struct stat *sb = calloc(nv ? nv : 1, sizeof *sb);
+  unsigned *links = calloc(nv ? nv : 1, sizeof *links);
+  bool *known = calloc(nv ? nv : 1, sizeof *known);
+  mp_status_t st = MP_OK;
+  if (sb == NULL || links == NULL || known == NULL)
+    st = mp__fail(MP_ENOMEM, "out of host memory");
+  for (size_t i = 0; i < nv && st == MP_OK; i++) {
+    char p[PATH_MAX * 2];
+    known[i] = snprintf(p, sizeof p, "%s/%s", dir, v[i]) < (int)sizeof p &&
+               stat(p, &sb[i]) == 0;
+    links[i] = mpb_links_on_path(dir, v[i]);
+  }
+  /* keep: for each path, the index of the one kept for its file. */
+  size_t *keep = st == MP_OK ? calloc(nv ? nv : 1, sizeof *keep) : NULL;
+  if (st == MP_OK && keep == NULL)
+    st = mp__fail(MP_ENOMEM, "out of host memory");
+  for (size_t i = 0; i < nv && st == MP_OK; i++) {
+    keep[i] = i;
+    for (size_t j = 0; j < nv && known[i]; j++)
+      if (known[j] && sb[j].st_dev == sb[i].st_dev &&
+          sb[j].st_ino == sb[i].st_ino &&
+          (links[j] < links[keep[i]] ||
+           (links[j] == links[keep[i]] && j < keep[i])))
+        keep[i] = j;
+  }
+  for (size_t i = 0; i < nv && st == MP_OK && same != NULL; i++) {
+    if (keep[i] == i)
+      continue;
+    char line[PATH_MAX * 2 + 8];
+    snprintf(line, sizeof line, "%s is %s", v[i], v[keep[i]]);
+    if (!mpb_push_copy(same, nsame, &cap, line))
+      st = mp__fail(MP_ENOMEM, "out of host memory");
+  }
+  size_t k = 0;
+  for (size_t i = 0; i < nv && st == MP_OK; i++) {
+    if (keep[i] == i)
+      v[k++] = v[i];
+    else
+      free(v[i]);
+  }
+  if (st == MP_OK)
+    *n = k;
+  free(keep);
+  free(sb);
+  free(links);
+  free(known);
+  return st;
+}
+
+mp_status_t mpb_traces_scan(const char *dir, char ***out, size_t *nout,
+                            char ***same, size_t *nsame) {
   *out = NULL;
   *nout = 0;
+  if (same != NULL) {
+    *same = NULL;
+    *nsame = 0;
+  }
   DIR *d = opendir(dir);
   if (d == NULL)
     return mp__fail(MP_EINVAL, "cannot open traces folder %s: %s", dir,
@@ -591,6 +672,16 @@ mp_status_t mpb_traces_scan(const char *dir, char ***out, size_t *nout) {
   }
   if (n > 1)
     qsort(v, n, sizeof *v, mpb_cmp_str);
+  st = mpb_traces_one_each(dir, v, &n, same, nsame);
+  if (st != MP_OK) {
+    mpb_traces_free(v, n);
+    if (same != NULL) {
+      mpb_traces_free(*same, *nsame);
+      *same = NULL;
+      *nsame = 0;
+    }
+    return st;
+  }
   *out = v;
   *nout = n;
   return MP_OK;

@@ -152,7 +152,7 @@ int main(int argc, char **argv) {
   }
   char **files = NULL;
   size_t nf = 0;
-  if (mpb_traces_scan(dir, &files, &nf) != MP_OK) {
+  if (mpb_traces_scan(dir, &files, &nf, NULL, NULL) != MP_OK) {
     fprintf(stderr, "%s\n", mp_last_error());
     return 1;
   }
