@@ -411,8 +411,12 @@ mp_status_t mpb_report_csv(FILE *out, const mpb_result_t *r, size_t n);
  * end, so a failure leaves nothing half-written. A file in dir that is a
  * symbolic link is written through: its target is replaced (through a
  * temporary beside it) and the link kept; a link to nothing or to a folder
- * is an error naming it, found before anything is moved. *plotted: whether
- * plots were made; why_not says why not. */
+ * is an error naming it, found before anything is moved. The names written
+ * go to dir/.run-files; once every file is in place, each regular file
+ * (not a link) that the last run's list names, that is one of mpbench's
+ * names (results.*, report.html, ratios.png, bytes_*.png) and that this run
+ * did not write is removed: dir holds this run's results only. *plotted:
+ * whether plots were made; why_not says why not. */
 /* Whether dir can be made and written into, without creating anything:
  * checked before a run so that a bad --out fails in seconds, not after it. */
 mp_status_t mpb_report_check_dir(const char *dir);

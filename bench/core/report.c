@@ -4,7 +4,9 @@
  * Files appear whole or not at all: everything is written into a temporary
  * folder inside the output folder (same file system), and only once all of
  * it is written are the files renamed into place; a failure removes the
- * temporary folder and leaves the output folder as it was. Plots are drawn
+ * temporary folder and leaves the output folder as it was. The folder's
+ * .run-files lists what a run wrote, so that the next removes those of its
+ * files it does not write again (stale plots). Plots are drawn
  * by one gnuplot process from data files in that temporary folder; without
  * gnuplot everything else is still written and the caller is told why. */
 #include <dirent.h>
@@ -504,6 +506,9 @@ static mp_status_t mpb_stage_beside(const char *from, const char *target,
 /* The files mpbench always writes (plots come and go with the workloads). */
 static const char *const mpb_out_names[] = {"results.json", "results.csv",
                                             "results.md", "report.html"};
+/* Beside them, the names of every file the run wrote, so that the next run
+ * into the folder can remove those it does not write again. */
+#define MPB_OUT_LIST ".run-files"
 
 mp_status_t mpb_report_check_dir(const char *dir) {
   char path[4096];
@@ -520,6 +525,8 @@ mp_status_t mpb_report_check_dir(const char *dir) {
       bool linked;
       mp_status_t st =
           mpb_out_dest(dir, mpb_out_names[i], dest, sizeof dest, &linked);
+      if (st == MP_OK && i == 0)
+        st = mpb_out_dest(dir, MPB_OUT_LIST, dest, sizeof dest, &linked);
       if (st != MP_OK)
         return st;
     }
@@ -612,6 +619,77 @@ static void mpb_names_free(mpb_names_t *ns) {
     free(ns->v[i]);
   free(ns->v);
   memset(ns, 0, sizeof *ns);
+}
+
+/* Whether name is one mpbench writes into an output folder: one of
+ * mpb_out_names, ratios.png, or bytes_STEM.png (mpb_file_stem's letters). */
+static bool mpb_own_name(const char *name) {
+  for (size_t i = 0; i < sizeof mpb_out_names / sizeof *mpb_out_names; i++)
+    if (strcmp(name, mpb_out_names[i]) == 0)
+      return true;
+  if (strcmp(name, "ratios.png") == 0)
+    return true;
+  size_t n = strlen(name);
+  if (n <= 10 || strncmp(name, "bytes_", 6) != 0 ||
+      strcmp(name + n - 4, ".png") != 0)
+    return false;
+  for (size_t i = 6; i < n - 4; i++)
+    if (strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+               "0123456789.-_",
+               name[i]) == NULL)
+      return false;
+  return true;
+}
+
+/* The names dir/MPB_OUT_LIST gives (the last run's files), each one
+ * mpbench writes; none where there is no list (a folder no run wrote
+ * into, or one written before the list was). */
+static void mpb_out_list_read(const char *dir, mpb_names_t *old) {
+  char path[4400], line[512];
+  snprintf(path, sizeof path, "%s/%s", dir, MPB_OUT_LIST);
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    return;
+  while (fgets(line, sizeof line, f) != NULL) {
+    line[strcspn(line, "\n")] = '\0';
+    if (mpb_own_name(line))
+      mpb_names_add(old, line);
+  }
+  fclose(f);
+}
+
+/* tmp/MPB_OUT_LIST: the names of files, one a line. */
+static mp_status_t mpb_out_list_write(const char *tmp,
+                                      const mpb_names_t *files) {
+  char path[4400];
+  snprintf(path, sizeof path, "%s/%s", tmp, MPB_OUT_LIST);
+  FILE *f = fopen(path, "w");
+  if (f == NULL)
+    return mp__fail(MP_EINVAL, "cannot write %s: %s", path, strerror(errno));
+  for (size_t i = 0; i < files->n; i++)
+    fprintf(f, "%s\n", files->v[i]);
+  bool failed = ferror(f) != 0;
+  if (fclose(f) != 0 || failed)
+    return mp__fail(MP_EINVAL, "cannot write %s: %s", path, strerror(errno));
+  return MP_OK;
+}
+
+/* Removes from dir each of old (the last run's files) that this run did
+ * not write (files): a plot of a workload not run again, every plot after
+ * --no-plots. A link there is the user's and is left, with its target; so
+ * is anything else that is not a regular file. */
+static void mpb_out_drop_stale(const char *dir, const mpb_names_t *old,
+                               const mpb_names_t *files) {
+  for (size_t i = 0; i < old->n; i++) {
+    char path[4400];
+    struct stat sb;
+    if (mpb_names_has(files, old->v[i]) ||
+        snprintf(path, sizeof path, "%s/%s", dir, old->v[i]) >=
+            (int)sizeof path ||
+        lstat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+      continue;
+    unlink(path);
+  }
 }
 
 static bool mpb_gnuplot_terminal(char *term, size_t len) {
@@ -937,6 +1015,16 @@ mp_status_t mpb_report_write_maps(const char *dir, const mpb_result_t *r,
   }
   if (st == MP_OK && files.oom)
     st = mp__fail(MP_ENOMEM, "out of host memory");
+  if (st == MP_OK) {
+    st = mpb_out_list_write(tmp, &files);
+    mpb_names_add(&files, MPB_OUT_LIST);
+  }
+  /* What the last run wrote, read before this one's list replaces it. */
+  mpb_names_t old = {0};
+  if (st == MP_OK)
+    mpb_out_list_read(dir, &old);
+  if (st == MP_OK && (files.oom || old.oom))
+    st = mp__fail(MP_ENOMEM, "out of host memory");
   /* Every destination is found, and every file that goes through a link
    * is copied beside its target, before anything is renamed: a bad link
    * leaves the output folder, and every target, as they were. */
@@ -970,7 +1058,11 @@ mp_status_t mpb_report_write_maps(const char *dir, const mpb_result_t *r,
   for (size_t i = 0; mv != NULL && i < files.n; i++)
     if (mv[i].staged)
       unlink(mv[i].from);
+  /* All in place: the folder holds this run's files, none of the last's. */
+  if (st == MP_OK)
+    mpb_out_drop_stale(dir, &old, &files);
   free(mv);
+  mpb_names_free(&old);
   mpb_names_free(&files);
   mpb_rm_tree(tmp);
   return st;
