@@ -16,6 +16,8 @@
 #      check; it prints the load).
 # Both builds must be Release builds of the same tree layout (cmake
 # -DCMAKE_BUILD_TYPE=Release); an old one comes from `git worktree add`.
+# results.csv is read as CSV by tools/pool_ratios.py (python3), so that a
+# trace named "a,b.csv" is one row.
 set -eu
 old=${1:?usage: compare_builds.sh OLD_BUILD NEW_BUILD [PAIRS]}
 new=${2:?usage: compare_builds.sh OLD_BUILD NEW_BUILD [PAIRS]}
@@ -29,6 +31,10 @@ for b in "$old" "$new"; do
     }
   done
 done
+command -v python3 >/dev/null || {
+  echo "compare_builds: needs python3 (results.csv is read with its csv module)" >&2
+  exit 2
+}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -42,19 +48,9 @@ for side in old new; do
     exit 1
   }
 done
-# results.csv: workload,allocator,...,ratio is the 8th column.
-awk -F, 'FNR == 1 { f++; next }
-  $2 == "pool" { r[f, $1] = $8; if (f == 1) order[++n] = $1 }
-  END {
-    printf "| workload | old | new |\n|---|---:|---:|\n"
-    for (i = 1; i <= n; i++) {
-      w = order[i]
-      mark = (r[2, w] + 0 > r[1, w] + 0) ? " (worse)" : ""
-      if (mark != "") worse++
-      printf "| %s | %s | %s%s |\n", w, r[1, w], r[2, w], mark
-    }
-    printf "\n%d of %d rows worse\n", worse, n
-  }' "$work/old/results.csv" "$work/new/results.csv"
+# results.csv read as CSV: a trace named "a,b.csv" is one quoted field.
+python3 "$here/tools/pool_ratios.py" worse "$work/old/results.csv" \
+  "$work/new/results.csv"
 
 echo
 us=${STREAM_WORK_US:-20}
@@ -72,31 +68,11 @@ for side in old new; do
 done
 # Per row and build: the caught-up figure (section 1) and the lowest and
 # highest of the three runs; rows whose figure never moved are left out.
-awk -F, 'FNR == 1 { f++; next }
-  $2 != "pool" { next }
-  { side = f <= 4 ? 1 : 2; w = $1; x = $8 + 0 }
-  f == 1 || f == 5 { base[side, w] = $8; if (f == 1) order[++n] = w; next }
-  !((side, w) in lo) || x < lo[side, w] { lo[side, w] = x }
-  !((side, w) in hi) || x > hi[side, w] { hi[side, w] = x }
-  END {
-    printf "| workload | old: caught up, behind (min to max) | new: caught up, behind (min to max) |\n|---|---:|---:|\n"
-    for (i = 1; i <= n; i++) {
-      w = order[i]
-      moved = 0
-      for (s = 1; s <= 2; s++)
-        if (lo[s, w] != base[s, w] + 0 || hi[s, w] != base[s, w] + 0)
-          moved = 1
-      if (!moved)
-        continue
-      shown++
-      printf "| %s | %.3f, %.3f to %.3f | %.3f, %.3f to %.3f |\n", w, base[1, w],
-        lo[1, w], hi[1, w], base[2, w], lo[2, w], hi[2, w]
-    }
-    printf "\n%d of %d rows moved with the stream timing\n", shown, n
-  }' "$work/old/results.csv" "$work/old.sw1/results.csv" \
-  "$work/old.sw2/results.csv" "$work/old.sw3/results.csv" \
-  "$work/new/results.csv" "$work/new.sw1/results.csv" \
-  "$work/new.sw2/results.csv" "$work/new.sw3/results.csv"
+python3 "$here/tools/pool_ratios.py" spread "$work/old/results.csv" \
+  "$work/old.sw1/results.csv" "$work/old.sw2/results.csv" \
+  "$work/old.sw3/results.csv" "$work/new/results.csv" \
+  "$work/new.sw1/results.csv" "$work/new.sw2/results.csv" \
+  "$work/new.sw3/results.csv"
 
 echo
 echo "## 2. Instructions per pair (callgrind)"
