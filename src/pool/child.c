@@ -8,9 +8,11 @@
  * before the parent's lock is taken, and released after its own lock is
  * dropped.
  *
- * On a pool with arenas the range is a block of the calling thread's arena
- * (or one an idle arena lends), taken through the arenas' out-of-memory
- * path, and that arena is the child's parent: it holds the block, counts
+ * Out of memory, the parent's handler is asked and the range tried once
+ * more, as for mp_pool_alloc. On a pool with arenas the range is a block
+ * of the calling thread's arena (or one an idle arena lends), taken through
+ * the arenas' out-of-memory path (the handler its last step), and that
+ * arena is the child's parent: it holds the block, counts
  * the child, and refuses to pause or be destroyed while the child lives. */
 #include <stdlib.h>
 
@@ -92,7 +94,11 @@ mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
   /* Paused: said by this call's name, not the allocation's. */
   st = mp__pool_paused(parent, "mp_pool_create_child");
   if (st == MP_OK && parent->arenas == NULL) {
+    /* Out of memory, the handler first, as mp_pool_alloc's (the arenas'
+     * path below asks it too). */
     st = mp__pool_alloc_locked(parent, bytes, NULL, &base);
+    if (mp__pool_oom_retry(parent, st, bytes))
+      st = mp__pool_alloc_locked(parent, bytes, NULL, &base);
     if (st == MP_OK)
       (void)mp__child_claim(parent, &base, child);
   }

@@ -19,6 +19,46 @@ bool mp__pool_pieces_total(const mp_pool_t *pool, size_t count,
   return true;
 }
 
+/* One try at the block for the pieces, under the lock (which the take
+ * may drop): refused while paused, out of memory for a sum that overflows
+ * or exceeds the cap, else taken with room in the live map for every
+ * piece and *recs holding the records the cut needs (made once, kept for
+ * a second try). */
+static mp_status_t mp__pieces_take(mp_pool_t *pool, size_t count, size_t total,
+                                   bool overflow, mp_stream_t s, uint32_t *sidx,
+                                   mp__block_t **recs, mp__block_t **b) {
+  mp_status_t st = mp__pool_paused(pool, "mp_pool_alloc_contiguous");
+  if (st != MP_OK)
+    return st;
+  /* As mp_pool_alloc does for a size that cannot be rounded. */
+  if (overflow)
+    return mp__pool_oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM,
+                        SIZE_MAX);
+  if ((st = mp__stream_index(pool, s, sidx)) != MP_OK)
+    return st;
+  if (total > pool->cap)
+    return mp__pool_oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM, total);
+  /* Records for the pieces first, so that nothing can fail once the block
+   * is cut. */
+  if (count > 1 && *recs == NULL &&
+      (*recs = mp__recs_new(pool, count - 1)) == NULL)
+    return mp__fail(MP_ENOMEM, "out of host memory for block records");
+  /* Room in the live map before the take, as mp_pool_alloc makes it: a
+   * take without the ladder is made live at once, never put back
+   * (mp__pool_take); one through the ladder (which may drop the lock) asks
+   * again. */
+  if (!mp__map_reserve(pool, count))
+    return mp__fail(MP_ENOMEM, "out of host memory for the block map");
+  bool laddered;
+  st = mp__pool_take_unpaused(pool, total, *sidx, b, "mp_pool_alloc_contiguous",
+                              &laddered);
+  if (st == MP_OK && laddered && !mp__map_reserve(pool, count)) {
+    mp__block_untake(pool, *b);
+    st = mp__fail(MP_ENOMEM, "out of host memory for the block map");
+  }
+  return st;
+}
+
 mp_status_t mp__pool_alloc_pieces(mp_pool_t *pool, size_t count,
                                   const size_t *sizes, mp_stream_t s,
                                   void **out) {
@@ -35,47 +75,20 @@ mp_status_t mp__pool_alloc_pieces(mp_pool_t *pool, size_t count,
       return mp__pool_alloc_pieces(g, count, sizes, s, out);
     }
   }
-  mp_status_t pst = mp__pool_paused(pool, "mp_pool_alloc_contiguous");
-  if (pst != MP_OK) {
-    mp__pool_unlock(pool);
-    return pst;
-  }
-  if (overflow) {
-    /* As mp_pool_alloc does for a size that cannot be rounded. */
-    mp_status_t st =
-        mp__pool_oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM, SIZE_MAX);
-    mp__pool_unlock(pool);
-    return st;
-  }
-  uint32_t sidx;
+  uint32_t sidx = 0;
   mp__block_t *b = NULL;
   mp__block_t *recs = NULL;
-  bool laddered; /* set by the take: the map's room is asked for again */
-  mp_status_t st = mp__stream_index(pool, s, &sidx);
-  if (st == MP_OK && total > pool->cap)
-    st = mp__pool_oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM, total);
-  /* Records for the pieces first, so that nothing can fail once the block
-   * is cut. */
-  if (st == MP_OK && count > 1 &&
-      (recs = mp__recs_new(pool, count - 1)) == NULL)
-    st = mp__fail(MP_ENOMEM, "out of host memory for block records");
-  /* The take may drop the lock: as mp_pool_alloc, in a graph pool. */
-  bool graph = st == MP_OK && pool->graph;
+  /* The take and the handler may drop the lock: as mp_pool_alloc, in a
+   * graph pool. */
+  bool graph = pool->graph;
   if (graph)
     mp__graph_enter(pool);
-  /* Room in the live map before the take, as mp_pool_alloc makes it: a
-   * take without the ladder is made live at once, never put back
-   * (mp__pool_take); one through the ladder (which may drop the lock) asks
-   * again. */
-  if (st == MP_OK && !mp__map_reserve(pool, count))
-    st = mp__fail(MP_ENOMEM, "out of host memory for the block map");
-  if (st == MP_OK)
-    st = mp__pool_take_unpaused(pool, total, sidx, &b,
-                                "mp_pool_alloc_contiguous", &laddered);
-  if (st == MP_OK && laddered && !mp__map_reserve(pool, count)) {
-    mp__block_untake(pool, b);
-    st = mp__fail(MP_ENOMEM, "out of host memory for the block map");
-  }
+  mp_status_t st =
+      mp__pieces_take(pool, count, total, overflow, s, &sidx, &recs, &b);
+  /* Out of memory: the handler, then once more, as mp_pool_alloc (an
+   * arena has none: the arenas' path asks the pool's, arena.c). */
+  if (mp__pool_oom_retry(pool, st, total))
+    st = mp__pieces_take(pool, count, total, overflow, s, &sidx, &recs, &b);
   if (st != MP_OK) {
     bool last = graph && mp__graph_leave(pool);
     mp__recs_free(pool, recs);

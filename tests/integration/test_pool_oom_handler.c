@@ -1,8 +1,11 @@
 /* test_pool_oom_handler.c - mp_pool_set_oom_handler: the handler hears of
  * an allocation that is about to fail (size and status), runs with the pool
  * unlocked so it can free a cache of its own, and a nonzero return retries
- * once; zero lets the allocation fail with the pool's own message. */
+ * once; zero lets the allocation fail with the pool's own message. So for
+ * every kind of allocation (mp_pool_alloc, mp_pool_alloc_contiguous,
+ * mp_pool_create_child), with arenas or without. */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <mempool/mempool.h>
@@ -89,4 +92,88 @@ Test(oom_handler, not_called_for_bad_arguments_or_successes) {
   cr_expect_eq(e.calls, 0);
   cr_assert_eq(mp_pool_free(p, x), MP_OK);
   mp_pool_destroy(p);
+}
+
+/* The configurations the handler behaves the same in: the pool's own core,
+ * and the arenas' out-of-memory path. */
+static const char *const configs[] = {"arenas=0", "arenas=2"};
+
+/* The allocation kinds besides mp_pool_alloc's. */
+typedef enum { PIECES, CHILD } kind_t;
+
+typedef struct asked {
+  void *pieces[2];
+  mp_pool_t *child;
+} asked_t;
+
+/* bytes of kind k from p (two equal pieces, or a child's range). */
+static mp_status_t ask(mp_pool_t *p, kind_t k, size_t bytes, asked_t *a) {
+  if (k == CHILD)
+    return mp_pool_create_child(p, bytes, &a->child);
+  size_t sizes[2] = {bytes / 2, bytes / 2};
+  return mp_pool_alloc_contiguous(p, 2, sizes, NULL, a->pieces);
+}
+
+static void give_back(mp_pool_t *p, kind_t k, asked_t *a) {
+  if (k == CHILD) {
+    cr_assert_eq(mp_pool_destroy(a->child), MP_OK, "%s", mp_last_error());
+    return;
+  }
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(mp_pool_free(p, a->pieces[i]), MP_OK, "%s", mp_last_error());
+}
+
+static const char *kind_name(kind_t k) {
+  return k == CHILD ? "mp_pool_create_child" : "mp_pool_alloc_contiguous";
+}
+
+/* Before, without arenas neither kind called the handler: 48 MiB failed
+ * with 40 MiB of the engine's cache in the way. */
+Test(oom_handler, every_kind_frees_a_cache_and_retries_with_or_without_arenas) {
+  for (size_t c = 0; c < sizeof configs / sizeof *configs; c++)
+    for (kind_t k = PIECES; k <= CHILD; k++) {
+      mp_pool_t *p = make_pool(dev, configs[c]);
+      engine_t e = {.answer = 1};
+      cr_assert_eq(mp_pool_alloc(p, 40 * MiB, NULL, &e.cache), MP_OK);
+      cr_assert_eq(mp_pool_set_oom_handler(p, drop_cache, &e), MP_OK);
+      asked_t a = {0};
+      cr_expect_eq(ask(p, k, 48 * MiB, &a), MP_OK, "%s, %s: %s", configs[c],
+                   kind_name(k), mp_last_error());
+      cr_expect_eq(e.calls, 1, "%s, %s", configs[c], kind_name(k));
+      cr_expect_eq(e.bytes, 48 * MiB, "%s, %s", configs[c], kind_name(k));
+      cr_expect_eq(e.status, MP_ENOMEM, "%s, %s", configs[c], kind_name(k));
+      cr_expect_null(e.cache, "%s, %s", configs[c], kind_name(k));
+      if (e.cache == NULL)
+        give_back(p, k, &a);
+      check(p);
+      cr_assert_eq(mp_pool_destroy(p), MP_OK, "%s", mp_last_error());
+    }
+}
+
+/* Zero lets each kind fail with the pool's own message, its status
+ * (MP_ELIMIT over max_bytes) told to the handler, nothing changed. */
+Test(oom_handler, zero_lets_every_kind_fail_with_or_without_arenas) {
+  for (size_t c = 0; c < sizeof configs / sizeof *configs; c++) {
+    char opts[64];
+    snprintf(opts, sizeof opts, "%s,max_bytes=16M", configs[c]);
+    mp_pool_t *p = make_pool(dev, opts);
+    engine_t e = {.answer = 0};
+    cr_assert_eq(mp_pool_set_oom_handler(p, drop_cache, &e), MP_OK);
+    for (kind_t k = PIECES; k <= CHILD; k++) {
+      asked_t a = {0};
+      cr_expect_eq(ask(p, k, 32 * MiB, &a), MP_ELIMIT, "%s, %s", opts,
+                   kind_name(k));
+      cr_expect(strstr(mp_last_error(), "max_bytes"), "%s, %s: %s", opts,
+                kind_name(k), mp_last_error());
+      cr_expect_eq(e.calls, (int)k + 1, "%s, %s", opts, kind_name(k));
+      cr_expect_eq(e.bytes, 32 * MiB, "%s, %s", opts, kind_name(k));
+      cr_expect_eq(e.status, MP_ELIMIT, "%s, %s", opts, kind_name(k));
+    }
+    mp_stats_t s = stats(p);
+    cr_expect_eq(s.oom_count, 2, "%s", opts);
+    cr_expect_eq(s.live_blocks, 0, "%s", opts);
+    cr_expect_eq(s.allocated_bytes, 0, "%s", opts);
+    check(p);
+    cr_assert_eq(mp_pool_destroy(p), MP_OK, "%s", mp_last_error());
+  }
 }
