@@ -23,13 +23,17 @@ bool mp__pool_pieces_total(const mp_pool_t *pool, size_t count,
  * may drop): refused while paused, out of memory for a sum that overflows
  * or exceeds the cap, else taken with room in the live map for every
  * piece and *recs holding the records the cut needs (made once, kept for
- * a second try). */
+ * a second try). The leases importers let go are closed first, as
+ * mp_pool_alloc closes them (alloc.c): their held blocks may be what
+ * serves the pieces. */
 static mp_status_t mp__pieces_take(mp_pool_t *pool, size_t count, size_t total,
                                    bool overflow, mp_stream_t s, uint32_t *sidx,
                                    mp__block_t **recs, mp__block_t **b) {
   mp_status_t st = mp__pool_paused(pool, "mp_pool_alloc_contiguous");
   if (st != MP_OK)
     return st;
+  if (pool->nheld > 0)
+    mp__export_reap(pool);
   /* As mp_pool_alloc does for a size that cannot be rounded. */
   if (overflow)
     return mp__pool_oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM,

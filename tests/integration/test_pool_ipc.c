@@ -4,7 +4,8 @@
  * and plain segments; a block still imported elsewhere is not reused until
  * the importer lets go (mp_ipc_close, or its exit); destroy waits for the
  * importers of a plain segment's block (MP_EBUSY), not a virtual chunk's;
- * bad handles, pointers
+ * a freed block whose importers let go serves every kind of allocation,
+ * with arenas or without; bad handles, pointers
  * and sockets are refused with nothing changed. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
@@ -537,4 +538,62 @@ Test(pool_ipc_args, two_imports_at_once_at_the_lists_capacity_both_succeed) {
     cr_assert_eq(mp_ipc_close(dev, open_q[i]), MP_OK, "%s", mp_last_error());
   pthread_barrier_destroy(&racing);
   free_released_and_destroy(pool, p);
+}
+
+/* A block freed while imported, whose importer then let go unnoticed (no
+ * poll, no allocation since): what the next allocation of each kind
+ * needs. opts: the pool; kind 0 mp_pool_alloc_contiguous, 1
+ * mp_pool_create_child. Before, without arenas or with, the pieces failed
+ * (MP_ENOMEM): their path never closed the leases, and the device had no
+ * room beside the held block. */
+static void released_block_serves(const char *opts, int kind) {
+  mp_device_t *d;
+  cr_assert_eq(mp_device_open("host:capacity=64M", &d), MP_OK, "%s",
+               mp_last_error());
+  mp_pool_t *pool = make_pool(d, opts);
+  void *p;
+  mp_ipc_handle_t h;
+  cr_assert_eq(mp_pool_alloc(pool, 48 * MiB, NULL, &p), MP_OK);
+  cr_assert_eq(mp_pool_ipc_export(pool, p, &h), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_ipc_handle_close(&h), MP_OK); /* the importer's end */
+  cr_expect_eq(stats(pool).allocated_bytes, 48 * MiB, "held");
+  mp_status_t st;
+  void *pieces[2] = {NULL, NULL};
+  mp_pool_t *child = NULL;
+  if (kind == 0) {
+    size_t sizes[2] = {24 * MiB, 24 * MiB};
+    st = mp_pool_alloc_contiguous(pool, 2, sizes, NULL, pieces);
+  } else {
+    st = mp_pool_create_child(pool, 48 * MiB, &child);
+  }
+  cr_expect_eq(st, MP_OK, "%s, %s: %s", opts, kind == 0 ? "pieces" : "child",
+               mp_last_error());
+  size_t held = 1;
+  cr_expect_eq(mp_pool_ipc_poll(pool, &held), MP_OK);
+  cr_expect_eq(held, 0);
+  mp_stats_t s = stats(pool);
+  cr_expect_eq(s.oom_count, 0, "%s", opts);
+  cr_expect_leq(s.reserved_bytes, 64 * MiB, "%s", opts);
+  if (st == MP_OK && kind == 0)
+    for (int i = 0; i < 2; i++)
+      cr_assert_eq(mp_pool_free(pool, pieces[i]), MP_OK);
+  if (st == MP_OK && kind == 1)
+    cr_assert_eq(mp_pool_destroy(child), MP_OK);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  mp_device_close(d);
+}
+
+Test(pool_ipc, a_released_block_serves_contiguous_pieces_without_arenas) {
+  released_block_serves("arenas=0", 0);
+}
+
+Test(pool_ipc, a_released_block_serves_contiguous_pieces_with_arenas) {
+  released_block_serves("arenas=2", 0);
+}
+
+Test(pool_ipc, a_released_block_serves_a_child_with_or_without_arenas) {
+  released_block_serves("arenas=0", 1);
+  released_block_serves("arenas=2", 1);
 }
