@@ -68,6 +68,9 @@
 mp_status_t mp__fail(mp_status_t st, const char *fmt, ...) MP__PRINTF(2, 3);
 /* The status the last mp__fail on this thread gave (MP_OK: none yet). */
 mp_status_t mp__last_failure(void);
+/* The number of the thread's last failure (mp__fail, mp__error_restore),
+ * counting from 1: unchanged, no failure was recorded since. */
+uint64_t mp__error_serial(void);
 /* The thread's last error, message and status, kept aside and put back
  * whole: a failure a call recovers from (pool.c: a device without virtual
  * memory) leaves mp_last_error() and mp_last_status() as they were. */

@@ -16,6 +16,9 @@ static _Thread_local char mp__error_buf[MP__ERROR_MAX];
  * (mp__last_failure): for a call that returned NULL and must say why as a
  * status. */
 static _Thread_local mp_status_t mp__error_st = MP_OK;
+/* Failures recorded on this thread so far (mp__error_serial): which one
+ * the last is. */
+static _Thread_local uint64_t mp__error_n;
 
 const char *mp_status_string(mp_status_t s) {
   switch (s) {
@@ -68,6 +71,7 @@ mp_status_t mp__fail(mp_status_t st, const char *fmt, ...) {
   va_end(ap);
   memcpy(mp__error_buf, msg, sizeof msg);
   mp__error_st = st;
+  mp__error_n++;
   return st;
 }
 
@@ -79,6 +83,11 @@ void mp__error_save(mp__error_saved_t *out) {
 void mp__error_restore(const mp__error_saved_t *saved) {
   mp__error_st = saved->st;
   memcpy(mp__error_buf, saved->msg, sizeof mp__error_buf);
+  mp__error_n++; /* recorded again: not the failure it was */
+}
+
+uint64_t mp__error_serial(void) {
+  return mp__error_n;
 }
 
 mp_status_t mp__last_failure(void) {

@@ -185,6 +185,12 @@ static mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
 
 _Thread_local uint64_t mp__oom_seen;
 
+/* The pool and the failure (mp__error_serial) of the last out of memory
+ * this thread counted: mp__pool_oom_retry's failure is that one while no
+ * other failure has come since. */
+static _Thread_local const mp_pool_t *mp__oom_pool;
+static _Thread_local uint64_t mp__oom_serial;
+
 mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked) {
   char a[32], r[32], al[32], lf[32];
   pool->st.oom_count++;
@@ -192,16 +198,18 @@ mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked) {
   /* An arena's: recorded by the arenas' path if it is final (arena.c). */
   if (!pool->arena)
     MP__HIST(pool, MP__H_OOM, mp__pool_room(pool), asked, 0);
-  return mp__fail(
-      st, "%s: asked %s, reserved %s, allocated %s, largest free block %s",
-      st != MP_ELIMIT ? "out of device memory"
-      : pool->graph   ? "graph pool: the parent's max_bytes"
-      : pool->parent  ? "child pool full"
-                      : "pool max_bytes",
-      mp__fmt_bytes(a, sizeof a, asked),
-      mp__fmt_bytes(r, sizeof r, pool->st.reserved_bytes),
-      mp__fmt_bytes(al, sizeof al, pool->st.allocated_bytes),
-      mp__fmt_bytes(lf, sizeof lf, mp__stats_largest_free(pool)));
+  mp__fail(st, "%s: asked %s, reserved %s, allocated %s, largest free block %s",
+           st != MP_ELIMIT ? "out of device memory"
+           : pool->graph   ? "graph pool: the parent's max_bytes"
+           : pool->parent  ? "child pool full"
+                           : "pool max_bytes",
+           mp__fmt_bytes(a, sizeof a, asked),
+           mp__fmt_bytes(r, sizeof r, pool->st.reserved_bytes),
+           mp__fmt_bytes(al, sizeof al, pool->st.allocated_bytes),
+           mp__fmt_bytes(lf, sizeof lf, mp__stats_largest_free(pool)));
+  mp__oom_pool = pool;
+  mp__oom_serial = mp__error_serial();
+  return st;
 }
 
 static bool mp__is_oom(mp_status_t st) {
@@ -516,7 +524,11 @@ void mp__pool_free_host(mp_pool_t *pool) {
 }
 
 bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes) {
-  if ((st != MP_ENOMEM && st != MP_ELIMIT) || pool->oom_fn == NULL)
+  /* Only for the device running out, which the failure counted (as the
+   * arenas' path, arena.c): host memory running out is MP_ENOMEM too,
+   * and no handler frees host memory. */
+  if ((st != MP_ENOMEM && st != MP_ELIMIT) || pool->oom_fn == NULL ||
+      mp__oom_pool != pool || mp__oom_serial != mp__error_serial())
     return false;
   mp_pool_oom_handler_t fn = pool->oom_fn;
   void *ctx = pool->oom_ctx;
@@ -527,6 +539,8 @@ bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes) {
   mp__pool_lock(pool);
   if (!again)
     mp__fail(st, "%s", why); /* the failure, not what the handler did */
+  else if (pool->st.oom_count > 0)
+    pool->st.oom_count--; /* the retry's answer is the allocation's */
   return again != 0;
 }
 

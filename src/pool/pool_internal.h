@@ -886,8 +886,11 @@ mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked);
  * where other threads move the pools' own counts meanwhile). */
 extern _Thread_local uint64_t mp__oom_seen;
 /* Under the lock, after an allocation of bytes failed with st: calls the
- * pool's out-of-memory handler (lock dropped) if st is out of memory and
- * one is set; true: the caller tries once more. */
+ * pool's out-of-memory handler (lock dropped) if one is set and the
+ * failure was the pool's out of memory (mp__pool_oom, the thread's last
+ * failure; not host memory); true: the caller tries once more, and the
+ * failure no longer counts in oom_count (the retry's counts, if it
+ * fails). */
 bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes);
 /* Why ptr is not a live block for a caller's fn (b: the map's block at
  * ptr, or NULL): the failure, with a message naming what is wrong with it.

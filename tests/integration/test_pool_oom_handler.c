@@ -177,3 +177,41 @@ Test(oom_handler, zero_lets_every_kind_fail_with_or_without_arenas) {
     cr_assert_eq(mp_pool_destroy(p), MP_OK, "%s", mp_last_error());
   }
 }
+
+/* An allocation counts once in oom_count if it fails, handler or not, and
+ * not at all when the handler's retry serves it, whatever its kind, with
+ * arenas or without. Before, without arenas a served retry counted one
+ * failure and a failed one two. kind 2: mp_pool_alloc. */
+static mp_status_t ask_any(mp_pool_t *p, int kind, size_t bytes, asked_t *a) {
+  return kind == 2 ? mp_pool_alloc(p, bytes, NULL, a->pieces)
+                   : ask(p, (kind_t)kind, bytes, a);
+}
+
+Test(oom_handler, an_allocation_counts_once_if_it_fails_and_not_if_served) {
+  for (size_t c = 0; c < sizeof configs / sizeof *configs; c++)
+    for (int k = 0; k <= 2; k++) {
+      mp_pool_t *p = make_pool(dev, configs[c]);
+      engine_t e = {.answer = 1};
+      cr_assert_eq(mp_pool_alloc(p, 40 * MiB, NULL, &e.cache), MP_OK);
+      cr_assert_eq(mp_pool_set_oom_handler(p, drop_cache, &e), MP_OK);
+      asked_t a = {0};
+      cr_assert_eq(ask_any(p, k, 48 * MiB, &a), MP_OK, "%s, kind %d: %s",
+                   configs[c], k, mp_last_error());
+      cr_expect_eq(e.calls, 1);
+      cr_expect_eq(stats(p).oom_count, 0, "%s, kind %d: served", configs[c], k);
+      /* Nothing left to drop: the retry fails too. */
+      asked_t b = {0};
+      cr_expect_eq(ask_any(p, k, 32 * MiB, &b), MP_ENOMEM, "%s, kind %d",
+                   configs[c], k);
+      cr_expect(strstr(mp_last_error(), "out of device memory"), "%s",
+                mp_last_error());
+      cr_expect_eq(e.calls, 2);
+      cr_expect_eq(stats(p).oom_count, 1, "%s, kind %d: failed", configs[c], k);
+      if (k == 2)
+        cr_assert_eq(mp_pool_free(p, a.pieces[0]), MP_OK);
+      else
+        give_back(p, (kind_t)k, &a);
+      check(p);
+      cr_assert_eq(mp_pool_destroy(p), MP_OK, "%s", mp_last_error());
+    }
+}

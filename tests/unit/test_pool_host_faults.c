@@ -465,14 +465,16 @@ static int count_handler(mp_pool_t *pool, size_t bytes, mp_status_t st,
   return 0;
 }
 
-/* Host memory gone while an arena grows (for every retry of the arenas'
- * out-of-memory path): the failure says host memory, counts no device
+/* Host memory gone while the pool (or an arena) grows, for every retry of
+ * its out-of-memory path: the failure says host memory, counts no device
  * out-of-memory and asks no handler (which frees device memory); nothing
- * changes. Before, the arenas' path took it for a full device: its last
- * message said "out of device memory" and the handler was called. */
-Test(pool_host_faults, a_lasting_host_failure_in_an_arena_says_host_memory) {
+ * changes. Before, the arenas' path took it for a full device (its last
+ * message said "out of device memory" and the handler was called), and
+ * without arenas the handler was called for it. */
+static void lasting_host_failure(const char *opts) {
   mp_device_t *dev = fake_open((size_t)1 << 30, 0);
-  mp_pool_t *p = make_pool(dev, "arenas=2");
+  mp_pool_t *p = make_pool(dev, opts);
+  handler_calls = 0;
   cr_assert_eq(mp_pool_set_oom_handler(p, count_handler, NULL), MP_OK);
   void *x;
   cr_assert_eq(mp_pool_alloc(p, 4096, NULL, &x), MP_OK, "%s", mp_last_error());
@@ -481,13 +483,13 @@ Test(pool_host_faults, a_lasting_host_failure_in_an_arena_says_host_memory) {
   mp__fault_host_every(true);
   mp_status_t st = mp_pool_alloc(p, 64 * MiB, NULL, &y);
   mp__fault_host_every(false);
-  cr_expect_eq(st, MP_ENOMEM);
-  cr_expect(strstr(mp_last_error(), "host memory") != NULL, "'%s'",
+  cr_expect_eq(st, MP_ENOMEM, "%s", opts);
+  cr_expect(strstr(mp_last_error(), "host memory") != NULL, "%s: '%s'", opts,
             mp_last_error());
-  cr_expect_eq(handler_calls, 0);
-  cr_expect_eq(stats(p).oom_count, 0);
+  cr_expect_eq(handler_calls, 0, "%s", opts);
+  cr_expect_eq(stats(p).oom_count, 0, "%s", opts);
   seen_t after = seen_of(p);
-  cr_expect(memcmp(&before, &after, sizeof before) == 0);
+  cr_expect(memcmp(&before, &after, sizeof before) == 0, "%s", opts);
   check(p);
   /* Host memory back: the same request is served. */
   cr_assert_eq(mp_pool_alloc(p, 64 * MiB, NULL, &y), MP_OK, "%s",
@@ -497,6 +499,14 @@ Test(pool_host_faults, a_lasting_host_failure_in_an_arena_says_host_memory) {
   cr_assert_eq(mp_pool_destroy(p), MP_OK);
   cr_expect_eq(fake_of(dev)->used, 0);
   fake_close(dev);
+}
+
+Test(pool_host_faults, a_lasting_host_failure_in_an_arena_says_host_memory) {
+  lasting_host_failure("arenas=2");
+}
+
+Test(pool_host_faults, a_lasting_host_failure_without_arenas_asks_no_handler) {
+  lasting_host_failure("arenas=0");
 }
 
 /* The out-of-memory handler frees device memory and asks for a retry,
