@@ -5,7 +5,9 @@
  * the importer lets go (mp_ipc_close, or its exit); destroy waits for the
  * importers of a plain segment's block (MP_EBUSY), not a virtual chunk's;
  * a freed block whose importers let go serves every kind of allocation,
- * with arenas or without; bad handles, pointers
+ * with arenas or without; a trim while it is held gives nothing of it
+ * back, and it goes back once, after the importer unmapped it; bad
+ * handles, pointers
  * and sockets are refused with nothing changed. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
@@ -596,4 +598,92 @@ Test(pool_ipc, a_released_block_serves_contiguous_pieces_with_arenas) {
 Test(pool_ipc, a_released_block_serves_a_child_with_or_without_arenas) {
   released_block_serves("arenas=0", 1);
   released_block_serves("arenas=2", 1);
+}
+
+/* A pool on a device of its own (*d) whose 4 MiB block *b, filled with
+ * tag, is exported, imported by this process (*q, mp_ipc_import) and then
+ * freed: held while the import is open. */
+static mp_pool_t *held_by_an_import(const char *opts, int tag, mp_device_t **d,
+                                    void **b, void **q) {
+  cr_assert_eq(mp_device_open("host:capacity=64M", d), MP_OK, "%s",
+               mp_last_error());
+  mp_pool_t *pool = make_pool(*d, opts);
+  mp_ipc_handle_t h;
+  cr_assert_eq(mp_pool_alloc(pool, 4 * MiB, NULL, b), MP_OK);
+  memset(*b, tag, 4 * MiB);
+  cr_assert_eq(mp_pool_ipc_export(pool, *b, &h), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_ipc_import(*d, &h, q), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, *b), MP_OK, "%s", mp_last_error());
+  return pool;
+}
+
+/* Whether the first and last 4 KiB at q hold tag. */
+static bool import_holds(const void *q, int tag) {
+  unsigned char want[4096];
+  memset(want, tag, sizeof want);
+  return memcmp(q, want, sizeof want) == 0 &&
+         memcmp((const char *)q + 4 * MiB - sizeof want, want, sizeof want) ==
+             0;
+}
+
+/* The release order of a block freed while imported: the importer unmaps
+ * it (mp_ipc_close), then closes its lease; the pool then frees the block
+ * (once: free_count moves by one, a second poll or trim changes nothing),
+ * and only then can a trim give its memory back. A trim while the import
+ * is open gives nothing of it back: the import still reads what the block
+ * held. opts: virtual chunks (NULL), plain segments, arenas. */
+static void held_block_release_order(const char *opts) {
+  mp_device_t *d;
+  void *b, *q;
+  mp_pool_t *pool = held_by_an_import(opts, 0x5a, &d, &b, &q);
+  mp_stats_t held = stats(pool);
+  cr_expect_eq(held.allocated_bytes, 4 * MiB, "%s: held", opts);
+  cr_assert_eq(mp_pool_trim(pool, 0), MP_OK, "%s", mp_last_error());
+  mp_stats_t s = stats(pool);
+  cr_expect_eq(s.reserved_bytes, held.reserved_bytes, "%s: trimmed", opts);
+  cr_expect_eq(s.free_count, held.free_count, "%s", opts);
+  cr_expect(import_holds(q, 0x5a), "%s: the import lost its memory", opts);
+  size_t n = 0;
+  cr_assert_eq(mp_pool_ipc_poll(pool, &n), MP_OK);
+  cr_expect_eq(n, 1, "%s", opts);
+  cr_assert_eq(mp_ipc_close(d, q), MP_OK, "%s", mp_last_error());
+  for (int again = 0; again < 2; again++) {
+    cr_assert_eq(mp_pool_trim(pool, 0), MP_OK, "%s", mp_last_error());
+    cr_assert_eq(mp_pool_ipc_poll(pool, &n), MP_OK);
+    s = stats(pool);
+    cr_expect_eq(n, 0, "%s", opts);
+    cr_expect_eq(s.allocated_bytes, 0, "%s", opts);
+    cr_expect_eq(s.reserved_bytes, 0, "%s: given back", opts);
+    cr_expect_eq(s.free_count, held.free_count + 1, "%s: freed once", opts);
+    check(pool);
+  }
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  mp_device_close(d);
+}
+
+Test(pool_ipc, a_held_virtual_block_goes_back_once_after_the_importer_unmaps) {
+  held_block_release_order(NULL);
+}
+
+Test(pool_ipc, a_held_plain_block_goes_back_once_after_the_importer_unmaps) {
+  held_block_release_order("virtual=0");
+}
+
+Test(pool_ipc,
+     a_held_block_of_an_arena_goes_back_once_after_the_importer_unmaps) {
+  held_block_release_order("arenas=2");
+}
+
+/* A pool destroyed while its freed virtual block is still imported (held):
+ * the destroy goes (the importer holds its own reference to the memory),
+ * the import still reads the block, and its close after the pool is gone
+ * is clean. */
+Test(pool_ipc, a_destroy_with_a_held_virtual_block_leaves_the_import_whole) {
+  mp_device_t *d;
+  void *b, *q;
+  mp_pool_t *pool = held_by_an_import(NULL, 0x3c, &d, &b, &q);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  cr_expect(import_holds(q, 0x3c));
+  cr_assert_eq(mp_ipc_close(d, q), MP_OK, "%s", mp_last_error());
+  mp_device_close(d);
 }
