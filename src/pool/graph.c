@@ -373,6 +373,11 @@ static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes,
     parent->granges = r;
   uint64_t ooms = parent->st.oom_count;
   st = r != NULL ? mp__pool_alloc_locked(parent, bytes, s, out) : MP__EHOST;
+  /* Out of memory, the parent's handler, as the arenas' path asks it
+   * (arena.c): the range is an allocation of the parent's. A retry's
+   * failure counts in place of the first (mp__pool_oom_retry). */
+  if (mp__pool_oom_retry(parent, st, bytes))
+    st = mp__pool_alloc_locked(parent, bytes, s, out);
   /* The parent's MP_ENOMEM without an out-of-memory count is host memory
    * running out (its message says so): MP__EHOST, so that the graph pool's
    * ladder stops with that message instead of taking it for a full

@@ -3,7 +3,7 @@
  * unlocked so it can free a cache of its own, and a nonzero return retries
  * once; zero lets the allocation fail with the pool's own message. So for
  * every kind of allocation (mp_pool_alloc, mp_pool_alloc_contiguous,
- * mp_pool_create_child), with arenas or without. */
+ * mp_pool_create_child, a graph pool's range), with arenas or without. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <string.h>
@@ -212,6 +212,38 @@ Test(oom_handler, an_allocation_counts_once_if_it_fails_and_not_if_served) {
       else
         give_back(p, (kind_t)k, &a);
       check(p);
+      cr_assert_eq(mp_pool_destroy(p), MP_OK, "%s", mp_last_error());
+    }
+}
+
+/* A graph pool grows by borrowing ranges of its parent: a range the parent
+ * cannot give asks the parent's handler (with the parent), as the arenas'
+ * path did already; before, without arenas it failed without a call. */
+Test(oom_handler, a_graph_pools_range_asks_the_parents_handler) {
+  for (size_t c = 0; c < sizeof configs / sizeof *configs; c++)
+    for (int answer = 1; answer >= 0; answer--) {
+      mp_pool_t *p = make_pool(dev, configs[c]);
+      engine_t e = {.answer = answer};
+      cr_assert_eq(mp_pool_alloc(p, 40 * MiB, NULL, &e.cache), MP_OK);
+      cr_assert_eq(mp_pool_set_oom_handler(p, drop_cache, &e), MP_OK);
+      mp_pool_t *g;
+      cr_assert_eq(mp_pool_graph_create(p, &g), MP_OK, "%s", mp_last_error());
+      void *x = NULL;
+      mp_status_t st = mp_pool_alloc(g, 48 * MiB, NULL, &x);
+      cr_expect_eq(st, answer ? MP_OK : MP_ENOMEM, "%s, answer %d: %s",
+                   configs[c], answer, mp_last_error());
+      cr_expect_eq(e.calls, 1, "%s, answer %d", configs[c], answer);
+      cr_expect_eq(e.bytes, 48 * MiB, "%s", configs[c]);
+      cr_expect_eq(e.status, MP_ENOMEM, "%s", configs[c]);
+      if (st == MP_OK)
+        cr_assert_eq(mp_pool_free(g, x), MP_OK, "%s", mp_last_error());
+      else
+        cr_expect_eq(stats(g).reserved_bytes, 0, "%s", configs[c]);
+      cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+      if (e.cache != NULL)
+        cr_assert_eq(mp_pool_free(p, e.cache), MP_OK);
+      check(p);
+      cr_expect_eq(stats(p).allocated_bytes, 0, "%s", configs[c]);
       cr_assert_eq(mp_pool_destroy(p), MP_OK, "%s", mp_last_error());
     }
 }
