@@ -11,11 +11,15 @@
  *
  * Sessions run without the mutex, so another thread may have taken the
  * session's blocks and be on its way to give them back when an allocation
- * finds the device full. That allocation fails only when its last try
- * found the device full and no release finished since that try began
- * (release_gen, read before each try) and none is in flight (releasing:
- * it waits for those): memory that was on its way back is used, as it
- * would be had the two threads run one after the other.
+ * finds the device full. That allocation waits for the sessions in flight
+ * when its try failed (inflight, numbered as taken: the horizon) and tries
+ * again as memory goes back (release_gen): memory that was on its way back
+ * is used, as it would be had the two threads run one after the other.
+ * Sessions taken later are memory freed after the try failed: they do not
+ * keep it trying, or a request that cannot fit would try for as long as
+ * other threads free. So it tries at most twice more than the sessions it
+ * waits for: once for what went back while its first try ran, once after
+ * ending the session itself (once).
  *
  * Blocks are found by address in an mp__ptrmap_t (ptrmap.c: O(1) per
  * operation), so a free costs the same with ten or a million blocks. The
@@ -24,10 +28,11 @@
  *
  * Invariant (under the mutex): every block the device gave us and we have
  * not given back is in the map, LIVE or DEFERRED; the deferred array holds
- * exactly the DEFERRED ones; reserved = live + deferred bytes; releasing
- * counts the sessions taken and not yet done (their blocks are in neither
- * list), and release_gen goes up, under the mutex, as each one that gave
- * any block back ends. The mutex is never held across a device call. */
+ * exactly the DEFERRED ones; reserved = live + deferred bytes; inflight
+ * lists the sessions taken and not yet done (their blocks are in neither
+ * list), each numbered by taken when taken, and release_gen goes up, under
+ * the mutex, as each one that gave any block back ends. The mutex is never
+ * held across a device call. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -51,6 +56,13 @@ typedef struct mp__dblock {
   size_t bytes;
 } mp__dblock_t;
 
+/* A session being given back, in its allocator's inflight list while it
+ * runs (on the stack of the thread that ends it). */
+typedef struct mp__dsession {
+  uint64_t ticket; /* its number: the sessions taken up to it */
+  struct mp__dsession *next;
+} mp__dsession_t;
+
 struct mp_direct {
   mp_device_t *dev;
   pthread_mutex_t mu;
@@ -58,9 +70,10 @@ struct mp_direct {
   mp__dblock_t *deferred;
   size_t ndeferred, deferred_cap;
   size_t live_bytes, deferred_bytes;
-  size_t releasing;             /* sessions taken, not yet given back */
+  uint64_t taken;               /* sessions taken */
+  mp__dsession_t *inflight;     /* sessions taken, not yet given back */
   _Atomic uint64_t release_gen; /* sessions that gave back memory */
-  pthread_cond_t released;      /* a session ended (releasing went down) */
+  pthread_cond_t released;      /* a session ended (left inflight) */
   mp_stats_t st; /* counters and peaks; byte fields derived on read */
 };
 
@@ -176,7 +189,8 @@ static mp_status_t mp__direct_release(mp_direct_t *d, mp__dblock_t *batch,
  * the device can hand their addresses out again) and returns them as a batch.
  */
 static mp__dblock_t *mp__direct_take_session(mp_direct_t *d, size_t *n,
-                                             mp_status_t *st) {
+                                             mp_status_t *st,
+                                             mp__dsession_t *sess) {
   *st = MP_OK;
   *n = 0;
   pthread_mutex_lock(&d->mu);
@@ -196,7 +210,10 @@ static mp__dblock_t *mp__direct_take_session(mp_direct_t *d, size_t *n,
     mp__ptrmap_remove(&d->blocks, mp__dmap_find(d, d->deferred[i].ptr));
   d->ndeferred = 0;
   d->deferred_bytes = 0;
-  d->releasing++; /* in the same step: the blocks are always somewhere */
+  /* In the same step: the blocks are always somewhere. */
+  sess->ticket = ++d->taken;
+  sess->next = d->inflight;
+  d->inflight = sess;
   pthread_mutex_unlock(&d->mu);
   return batch;
 }
@@ -206,14 +223,18 @@ static mp__dblock_t *mp__direct_take_session(mp_direct_t *d, size_t *n,
 static mp_status_t mp__direct_end_session(mp_direct_t *d, size_t *released) {
   size_t n;
   mp_status_t st;
+  mp__dsession_t sess;
   *released = 0;
-  mp__dblock_t *batch = mp__direct_take_session(d, &n, &st);
+  mp__dblock_t *batch = mp__direct_take_session(d, &n, &st, &sess);
   if (batch == NULL)
     return st;
   st = mp__direct_release(d, batch, n, released);
   free(batch);
   pthread_mutex_lock(&d->mu);
-  d->releasing--;
+  mp__dsession_t **at = &d->inflight;
+  while (*at != &sess)
+    at = &(*at)->next;
+  *at = sess.next;
   if (*released > 0)
     atomic_fetch_add_explicit(&d->release_gen, 1, memory_order_release);
   pthread_cond_broadcast(&d->released);
@@ -228,40 +249,64 @@ mp_status_t mp_direct_free_session(mp_direct_t *d) {
   return mp__direct_end_session(d, &released);
 }
 
-/* After a try begun at release generation gen found the device full: tries
- * again for as long as memory went back to the device since the last try
- * began, ending the session first when none did and it has blocks, and
- * waiting for sessions other threads are releasing. A session that gave
- * nothing back (the device refused it) ends the wait for it, and so a
- * fruitless session is never waited for twice. Fails with the last try's
- * MP_ENOMEM and message, not what a session failed on. */
+/* Under the mutex: how many sessions taken up to horizon are in flight. */
+static size_t mp__direct_pending(const mp_direct_t *d, uint64_t horizon) {
+  size_t n = 0;
+  for (const mp__dsession_t *x = d->inflight; x != NULL; x = x->next)
+    n += x->ticket <= horizon;
+  return n;
+}
+
+/* After a try begun at release generation gen found the device full:
+ * waits for the sessions in flight now (the horizon), ending the session
+ * first when it has blocks (once), and tries again as memory goes back.
+ * A release counts when it may be what the last try missed: any since the
+ * first try began, or since this thread ended the session; after that only
+ * those of the sessions waited for (fewer of them left than when the last
+ * try began). So the tries are bounded, however often other threads free
+ * (see the top of the file). A session that gave nothing back (the device
+ * refused it) ends the wait for it. Fails with the last try's MP_ENOMEM and
+ * message, not what a session failed on. */
 static mp_status_t mp__direct_alloc_retry(mp_direct_t *d, size_t bytes,
                                           uint64_t gen, void **p,
                                           bool *retried) {
-  bool ended = false; /* this thread ended a session since the last try */
+  pthread_mutex_lock(&d->mu);
+  uint64_t horizon = d->taken;
+  size_t pending = mp__direct_pending(d, horizon); /* as the try began */
+  pthread_mutex_unlock(&d->mu);
+  bool any = true;    /* any release since the last try began counts */
+  bool ended = false; /* this thread ended the session */
   for (;;) {
     mp__error_saved_t oom;
     mp__error_save(&oom);
     pthread_mutex_lock(&d->mu);
-    while (atomic_load_explicit(&d->release_gen, memory_order_relaxed) == gen &&
-           d->releasing > 0 && (ended || d->ndeferred == 0))
+    bool went;
+    size_t left;
+    for (;;) {
+      left = mp__direct_pending(d, horizon);
+      went =
+          atomic_load_explicit(&d->release_gen, memory_order_relaxed) != gen &&
+          (any || left < pending);
+      if (went || left == 0 || (!ended && d->ndeferred > 0))
+        break;
       pthread_cond_wait(&d->released, &d->mu);
-    bool went =
-        atomic_load_explicit(&d->release_gen, memory_order_relaxed) != gen;
-    bool have_deferred = d->ndeferred > 0;
+    }
+    bool have_deferred = !ended && d->ndeferred > 0;
+    /* The next try's start, read together under the mutex. */
+    gen = atomic_load_explicit(&d->release_gen, memory_order_relaxed);
+    pending = left;
     pthread_mutex_unlock(&d->mu);
     if (!went) {
-      if (ended || !have_deferred)
+      if (!have_deferred)
         return MP_ENOMEM;
       size_t released;
       (void)mp__direct_end_session(d, &released);
       mp__error_restore(&oom);
-      ended = true;
+      ended = any = true;
       continue;
     }
     *retried = true;
-    ended = false;
-    gen = atomic_load_explicit(&d->release_gen, memory_order_acquire);
+    any = false;
     mp_status_t st = mp_device_alloc(d->dev, bytes, p);
     if (st != MP_ENOMEM)
       return st;

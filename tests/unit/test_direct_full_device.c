@@ -217,3 +217,66 @@ Test(direct_full_device, an_alloc_fails_when_no_session_gives_anything_back,
   cr_expect_eq(s.free_blocks, 1, "the refused block stays deferred");
   cr_expect_eq(s.reserved_bytes, fake_of(a_dev)->used);
 }
+
+/* ---- a request that cannot fit while others keep freeing -------------
+ * An allocation used to try again for as long as any memory went back
+ * since its last try began: with another thread freeing and ending
+ * sessions as fast as it tried (or freeing into the session, which it then
+ * ended again), a request the device could never hold tried without end
+ * instead of being MP_ENOMEM. Only memory on its way back when the try
+ * failed (a session in flight then, and the session it ends itself, once)
+ * is waited for. Each failed try of the 80 MiB request here frees 1 MiB
+ * into the session, and, with session set, ends that session too, as
+ * another thread could at that moment; after churn_max of them it stops,
+ * so that the unbounded loop ends and the count shows it. */
+
+static mp_direct_t *churn_direct;
+static bool churn_session; /* each failed try also ends a session */
+static unsigned churn_tries, churn_max = 1000;
+
+static mp_status_t churn_alloc(mp_device_t *dev, size_t bytes, void **out) {
+  mp_status_t st = fake_alloc(dev, bytes, out);
+  if (st != MP_ENOMEM || bytes != (size_t)80 << 20 ||
+      churn_tries++ >= churn_max)
+    return st;
+  void *p;
+  cr_assert_eq(mp_direct_alloc(churn_direct, (size_t)1 << 20, NULL, &p), MP_OK);
+  cr_assert_eq(mp_direct_free(churn_direct, p), MP_OK);
+  if (churn_session)
+    cr_assert_eq(mp_direct_free_session(churn_direct), MP_OK);
+  return mp__fail(MP_ENOMEM, "fake: out of memory");
+}
+
+static void churn(bool session) {
+  mp_device_t *dev;
+  churn_direct = direct_on_fake(&dev);
+  mp__backend_t ops = fake_backend;
+  ops.alloc = churn_alloc;
+  dev->ops = &ops;
+  churn_session = session;
+  churn_tries = 0;
+  void *q = NULL;
+  cr_assert_eq(mp_direct_alloc(churn_direct, (size_t)80 << 20, NULL, &q),
+               MP_ENOMEM);
+  cr_expect_neq(strstr(mp_last_error(), "out of memory"), NULL, "%s",
+                mp_last_error());
+  cr_expect_leq(churn_tries, 3, "%u tries of a request that cannot fit",
+                churn_tries);
+  mp_stats_t s;
+  cr_assert_eq(mp_direct_get_stats(churn_direct, &s), MP_OK);
+  cr_expect_eq(s.oom_count, 1);
+  cr_expect_eq(s.reserved_bytes, fake_of(dev)->used);
+  cr_assert_eq(mp_direct_destroy(churn_direct), MP_OK);
+  cr_expect_eq(fake_of(dev)->used, 0);
+  fake_close(dev);
+}
+
+Test(direct_full_device, an_alloc_stops_when_others_keep_ending_sessions,
+     .timeout = 60) {
+  churn(true);
+}
+
+Test(direct_full_device, an_alloc_ends_the_session_once_while_others_free,
+     .timeout = 60) {
+  churn(false);
+}
