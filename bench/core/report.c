@@ -650,10 +650,16 @@ static void mpb_out_list_read(const char *dir, mpb_names_t *old) {
   FILE *f = fopen(path, "r");
   if (f == NULL)
     return;
+  bool whole = true; /* line starts a line of the file */
   while (fgets(line, sizeof line, f) != NULL) {
-    line[strcspn(line, "\n")] = '\0';
-    if (mpb_own_name(line))
+    /* A line longer than line (than any name mpbench writes) comes in
+     * pieces: none of them is a name, the last one included. */
+    size_t len = strcspn(line, "\n");
+    bool ends = line[len] == '\n' || feof(f);
+    line[len] = '\0';
+    if (whole && ends && mpb_own_name(line))
       mpb_names_add(old, line);
+    whole = ends;
   }
   fclose(f);
 }

@@ -105,3 +105,27 @@ Test(cli_out_this_run_only, only_its_own_regular_files_are_removed,
   cr_expect(in_out("bytes_linked.png"), "a link was removed");
   cr_expect(!in_out("bytes_old.png"), "a plot the list names was kept");
 }
+
+/* A line longer than the reader's buffer (no name mpbench writes is: a
+ * file name has at most NAME_MAX bytes) is no name at all: it was read in
+ * pieces, each taken for a line, so that a corrupt list whose long line
+ * ended in one of mpbench's names removed the user's file of that name. */
+Test(cli_out_this_run_only, a_line_too_long_for_a_name_names_nothing,
+     .init = make_tmp, .fini = scratch_drop) {
+  cr_assert_eq(run("random:n=50", NULL, false), 0, "%s", mp_last_error());
+  put("bytes_mine.png", "mine\n");
+  put("ratios.png", "mine\n");
+  char p[700];
+  snprintf(p, sizeof p, "%s/.run-files", out);
+  FILE *f = fopen(p, "a");
+  cr_assert_not_null(f);
+  for (int k = 0; k < 2; k++) {
+    for (int i = 0; i < 511 * (k + 1); i++)
+      fputc('x', f);
+    fputs(k == 0 ? "bytes_mine.png\n" : "ratios.png\n", f);
+  }
+  fclose(f);
+  cr_assert_eq(run("random:n=50", NULL, false), 0, "%s", mp_last_error());
+  cr_expect(in_out("bytes_mine.png") && in_out("ratios.png"),
+            "the end of a long line was taken for a name");
+}
