@@ -77,7 +77,10 @@ typedef struct mp_pool mp_pool_t;
  * default. */
 #define MP_POOL_DEFRAG_ON_OOM 0x2u
 /* With history: record the allocating thread's stack (raw return addresses
- * from backtrace(); symbolized only when a snapshot is written). Option
+ * from backtrace(); symbolized only when a snapshot is written), each
+ * event's starting at the caller of the call that made it (mp_pool_free,
+ * mp_handle_free, mp_pool_create_child, mp_pool_destroy of a child,
+ * mp_pool_defragment, mp_pool_pause, mp_pool_graph_release, ...). Option
  * history_stacks=1; needs history > 0. Off by default. */
 #define MP_POOL_HISTORY_STACKS 0x4u
 /* Stream waits (option stream_waits=1): a free block that another stream's
@@ -385,7 +388,11 @@ MP_API mp_status_t mp_pool_trim(mp_pool_t *pool, size_t keep_bytes);
 
 /* Child pools: a fixed range carved out of the parent; it never grows.
  * A child ignores max_split (its range is one block it must split).
- * Its reserved_bytes is its range; the parent counts the range as allocated. */
+ * Its reserved_bytes is its range; the parent counts the range as allocated.
+ * With history=N (the parent's config, as every setting but the cap and
+ * max_split) the child's trace starts with a segment_alloc of its range,
+ * and the parent's allocates the range at create and frees it at the
+ * child's destroy. */
 MP_API mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
                                         mp_pool_t **out);
 
@@ -500,12 +507,15 @@ MP_API mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
  * mp_handle_ptr, and the settings mp_pool_set_access and
  * mp_pool_set_oom_handler (kept for after the resume) is MP_EBUSY,
  * mp_pool_set_max_fraction included (a snapshot of a paused pool lists no
- * segment; with history=N its trace has a segment_unmap per chunk the pause
- * gave back and a segment_map per chunk resume maps again). A pool that holds
- * plain segments (no virtual memory, or virtual=0) or is a child: MP_ENOTSUP;
- * live child pools or a pool paused already: MP_EBUSY. A pause that fails
- * leaves the pool as it was, unless mapping back what it had unmapped fails
- * too (a second device failure): then the pool stays paused (the message
+ * segment, and mp_pool_dump's segment says it holds 0 bytes, marked
+ * paused, with the blocks the resume brings back; with history=N its trace
+ * has a segment_unmap per chunk the pause gave back and a segment_map per
+ * chunk resume maps again; where a failed undo left chunks mapped, those
+ * are what the snapshot and dump show and reserved_bytes counts). A pool that
+ * holds plain segments (no virtual memory, or virtual=0) or is a child:
+ * MP_ENOTSUP; live child pools or a pool paused already: MP_EBUSY. A pause that
+ * fails leaves the pool as it was, unless mapping back what it had unmapped
+ * fails too (a second device failure): then the pool stays paused (the message
  * says so, the host copy kept) and mp_pool_resume maps the rest. One pool
  * per tag (weights, KV cache) pauses each separately.
  */
@@ -654,7 +664,8 @@ MP_API mp_status_t mp_pool_set_oom_handler(mp_pool_t *pool,
  * free_completed (both at mp_pool_free: the block is reusable at once on
  * its own stream; other streams wait for its markers, which the history
  * does not record), segment_map / segment_unmap (virtual chunks),
- * segment_alloc / segment_free (plain segments) and oom. Trace sizes are
+ * segment_alloc / segment_free (plain segments, a child pool's range, a
+ * graph pool's borrowed ranges) and oom. Trace sizes are
  * block sizes (rounded), as in PyTorch. A segment's segment_pool_id is
  * (0, 0), or for a graph pool (0, n), n an id of its own (as PyTorch gives
  * a private pool's segments its id; the graph pool of a PyTorch

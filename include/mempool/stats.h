@@ -69,11 +69,13 @@ MP_API mp_status_t mp_pool_reset_peaks(mp_pool_t *pool);
 /* format "text" or "json" (NULL: "text"): segments, blocks, free lists by
  * class, external fragmentation = 1 - largest free / total free. */
 /* format: "text" (NULL), "json" (stats, segments with their blocks, free
- * classes), or "torch": one JSON object with torch.cuda.memory_stats()'s key
- * names where they mean the same here (allocated_bytes.all.current, ...,
- * inactive_split_bytes.all.current: free bytes that cannot go back to the
- * device while their neighbours live, num_alloc_retries, num_ooms). A
- * write that fails: MP_EIO. */
+ * classes; a segment's size is the bytes it holds on the device now: while
+ * paused, what the pause left mapped, as reserved_bytes, and the segment
+ * says " paused" / "paused":true), or "torch": one JSON object with
+ * torch.cuda.memory_stats()'s key names where they mean the same here
+ * (allocated_bytes.all.current, ..., inactive_split_bytes.all.current: free
+ * bytes that cannot go back to the device while their neighbours live,
+ * num_alloc_retries, num_ooms). A write that fails: MP_EIO. */
 MP_API mp_status_t mp_pool_dump(mp_pool_t *pool, FILE *out, const char *format);
 
 #ifdef __cplusplus

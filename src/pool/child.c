@@ -8,6 +8,10 @@
  * before the parent's lock is taken, and released after its own lock is
  * dropped.
  *
+ * With history=N the child's trace starts with a segment_alloc of its
+ * range (PyTorch's event for a segment appearing), under the parent's
+ * alloc of it; at destroy the parent's trace frees it.
+ *
  * Out of memory, the parent's handler is asked and the range tried once
  * more, as for mp_pool_alloc. On a pool with arenas the range is a block
  * of the calling thread's arena (or one an idle arena lends), taken through
@@ -64,6 +68,10 @@ mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
   mp_status_t st = mp__pool_new(parent->dev, &cfg, &child);
   if (st != MP_OK)
     return st;
+  /* The parent's alloc event of the range and the child's segment_alloc
+   * start their stacks at this call's caller (the child's config is the
+   * parent's: both record stacks or neither). */
+  MP__HIST_ENTRY(child);
   mp__segment_t *seg = mp__host_calloc(1, sizeof *seg);
   mp__block_t *rec = mp__rec_new(child);
   if (seg == NULL || rec == NULL) {
@@ -136,6 +144,14 @@ mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
   child->streams[sidx].refs++;
   mp__deps_on_free(child, rec);
   mp__index_insert(child, rec);
+  /* The range is the child's segment from here on: its trace starts with
+   * it, as a pool's starts with its first growth and a graph pool's with
+   * each range it borrows (segment.c), so that a reader of the snapshot
+   * (memory_viz's segment timeline, a reserved-bytes curve summed from
+   * segment events) sees the child's reserved memory appear. Its release
+   * at destroy is no event of the child's: its history goes with it; the
+   * parent's trace frees the range then (mp__child_release). */
+  MP__HIST(child, MP__H_SEGMENT_ALLOC, seg->base, seg->size, 0);
   mp__pool_unlock(child);
   child->st.free_blocks = 1;
   *out = child;

@@ -505,6 +505,8 @@ mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
   size_t moved = 0;
   mp_status_t st = MP_OK;
   if (pool->arenas == NULL) {
+    /* A move's events start their stacks at this call's caller. */
+    MP__HIST_ENTRY(pool);
     st = mp__defragment(pool, s, 0, false, &moved);
   } else {
     /* Each arena made in turn, as a pool of its own (its movable blocks
@@ -543,6 +545,7 @@ mp_status_t mp_pool_freeze(mp_pool_t *pool) {
     return mp__fail(MP_EINVAL, "mp_pool_freeze: pool is NULL");
   if (pool->arenas != NULL)
     return mp__arenas_freeze(pool);
+  MP__HIST_ENTRY(pool); /* a move's events, as mp_pool_defragment's */
   /* The copies go on a stream of freeze's own, waited for and destroyed
    * (which makes the pool forget it): the legacy stream would order them
    * with the application's blocking streams, and waiting on it is a call

@@ -3,6 +3,12 @@
  * Stats, then every segment with its blocks in address order, then the
  * non-empty size classes (count, bytes, size range), then external
  * fragmentation = 1 - largest free / total free (0 with no free memory).
+ * A segment's size is the bytes it holds on the device now; while the pool
+ * is paused that is what the pause left mapped (0, or the chunks an undo
+ * that failed left: pause.c), as reserved_bytes says, and the segment is
+ * marked paused (" paused" in text, "paused":true in JSON) with every
+ * block record it keeps for the resume, live ones as live (allocated_bytes
+ * and live_blocks still count them).
  * Read-only; holds the lock for the walk. */
 #include <errno.h>
 #include <string.h>
@@ -90,12 +96,25 @@ static void mp__dump_text_head(const mp_pool_t *pool, FILE *out,
           h->live, h->gone);
 }
 
+/* Under pool's lock: the bytes segment g holds on the device now: its
+ * size, or in a paused pool the chunks still mapped (a paused pool holds
+ * only its virtual segment: pause.c refuses plain ones). */
+static size_t mp__seg_held(const mp_pool_t *pool, const mp__segment_t *g) {
+  if (!pool->paused || g->kind != MP__SEG_VIRTUAL)
+    return g->size;
+  size_t held = 0, m = mp__pool_chunks_mapped(pool, g);
+  for (size_t i = 0; i < m; i++)
+    held += g->chunks[i].size;
+  return held;
+}
+
 /* Under pool's lock: its segments and blocks; arena: its number in the
  * pool with arenas, or -1. */
 static void mp__dump_text_segs(const mp_pool_t *pool, FILE *out, long arena) {
   for (mp__segment_t *g = pool->segs; g != NULL; g = g->next) {
-    fprintf(out, "  segment %p %s size %zu", (void *)g->base,
-            mp__seg_kind(g->kind), g->size);
+    fprintf(out, "  segment %p %s size %zu%s", (void *)g->base,
+            mp__seg_kind(g->kind), mp__seg_held(pool, g),
+            pool->paused ? " paused" : "");
     if (arena >= 0)
       fprintf(out, " arena %ld", arena);
     fprintf(out, "\n");
@@ -155,8 +174,9 @@ static void mp__dump_json_head(const mp_pool_t *pool, FILE *out,
 static void mp__dump_json_segs(const mp_pool_t *pool, FILE *out, long arena,
                                bool *first) {
   for (mp__segment_t *g = pool->segs; g != NULL; g = g->next) {
-    fprintf(out, "%s{\"base\":\"%p\",\"kind\":\"%s\",\"size\":%zu,",
-            *first ? "" : ",", (void *)g->base, mp__seg_kind(g->kind), g->size);
+    fprintf(out, "%s{\"base\":\"%p\",\"kind\":\"%s\",\"size\":%zu,%s",
+            *first ? "" : ",", (void *)g->base, mp__seg_kind(g->kind),
+            mp__seg_held(pool, g), pool->paused ? "\"paused\":true," : "");
     *first = false;
     if (arena >= 0)
       fprintf(out, "\"arena\":%ld,", arena);

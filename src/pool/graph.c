@@ -558,6 +558,9 @@ mp_status_t mp_pool_graph_release(mp_pool_t *graph) {
   if (graph == NULL || !graph->graph)
     return mp__fail(MP_EINVAL, "mp_pool_graph_release: %p is not a graph pool",
                     (void *)graph);
+  /* The ranges going back are frees in the parent's history: their stacks
+   * start at this call's caller. */
+  MP__HIST_ENTRY(graph->parent);
   mp__pool_lock(graph);
   mp_status_t st = MP_OK;
   if (graph->released)

@@ -260,6 +260,9 @@ mp_status_t mp_handle_free(mp_handle_t *h) {
     mp__pool_unlock(pool);
     return st;
   }
+  /* The free's events (and a release_threshold's segment events) start
+   * their stacks at this call's caller, as mp_pool_free's do. */
+  MP__HIST_ENTRY(pool);
   mp__handle_retire(pool, b);
   mp__map_remove(pool, b);
   /* A free like mp_pool_free's: release_threshold looks first. */

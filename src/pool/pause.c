@@ -11,8 +11,9 @@
  * paused, reserved and free bytes read 0 and every call on the pool but
  * resume, stats, dump, snapshot and destroy is MP_EBUSY (mp__pool_paused).
  * The history records each chunk unmapped (segment_unmap) and mapped
- * again (segment_map), and a snapshot of a paused pool lists no segment
- * (snapshot.c).
+ * again (segment_map), those a failed undo left mapped included, and a
+ * snapshot of a paused pool lists only what it still maps (snapshot.c),
+ * as its dump's segment says (dump.c): what reserved_bytes counts.
  *
  * Failure halfway leaves nothing lost: a pause that cannot unmap maps back
  * what it had unmapped (and copies the content back; without
@@ -142,12 +143,28 @@ static void mp__pause_mapped_set(mp_pool_t *pool, size_t m) {
 }
 
 /* Records what a pause unmapped or a resume mapped (action: segment_unmap
- * or segment_map), chunks [from, v->nchunks), so that a snapshot's trace
- * leads to its segments. */
+ * or segment_map), chunks [from, to), so that a snapshot's trace leads to
+ * its segments. */
 static void mp__chunks_history(mp_pool_t *pool, const mp__segment_t *v,
-                               size_t from, int action) {
-  for (size_t i = from; v != NULL && i < v->nchunks; i++)
+                               size_t from, size_t to, int action) {
+  for (size_t i = from; v != NULL && i < to; i++)
     MP__HIST(pool, action, v->chunks[i].addr, v->chunks[i].size, 0);
+}
+
+/* Under the lock, paused: a resume (or the undo of one) that could not
+ * unmap again every chunk it had mapped leaves chunks [0, m) mapped, m
+ * above pause_mapped: those it mapped are counted and recorded (the next
+ * resume records only the chunks it maps itself, from m on), then m is
+ * the pool's. Before, they were neither: the trace had their
+ * segment_unmap at the pause and no segment_map, while the pool held
+ * them again. */
+static void mp__resume_left_mapped(mp_pool_t *pool, size_t m) {
+  size_t from = pool->pause_mapped;
+  if (m > from) {
+    pool->st.device_alloc_count += m - from;
+    mp__chunks_history(pool, pool->vseg, from, m, MP__H_SEGMENT_MAP);
+  }
+  mp__pause_mapped_set(pool, m);
 }
 
 /* What pause may not handle: EBUSY/ENOTSUP with a message, or MP_OK. */
@@ -263,7 +280,7 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
              "mp_pool_resume",
              mp_last_error(), n - m, n, keep ? ", its content kept" : "");
   pool->st.device_free_count += n - m;
-  mp__chunks_history(pool, v, m, MP__H_SEGMENT_UNMAP);
+  mp__chunks_history(pool, v, m, n, MP__H_SEGMENT_UNMAP);
   pool->paused_reserved = pool->st.reserved_bytes;
   mp__pause_mapped_set(pool, m);
   mp__pool_unlock(pool);
@@ -301,7 +318,7 @@ static mp_status_t mp__resume_map(mp_pool_t *pool) {
              "stays paused (%zu of %zu chunks mapped) until mp_pool_resume "
              "maps the rest",
              mp_last_error(), m, n);
-    mp__pause_mapped_set(pool, m);
+    mp__resume_left_mapped(pool, m);
   }
   return st;
 }
@@ -319,7 +336,7 @@ static mp_status_t mp__resume_unmap(mp_pool_t *pool, bool *runs) {
   mp__pool_device_end(pool);
   *runs = st != MP_OK && m == n;
   if (st != MP_OK && m != n)
-    mp__pause_mapped_set(pool, m);
+    mp__resume_left_mapped(pool, m);
   return st;
 }
 
@@ -356,7 +373,7 @@ static void mp__resume_finish(mp_pool_t *pool) {
   size_t from = pool->pause_mapped; /* mapped before this resume */
   pool->pause_mapped = 0;
   pool->st.device_alloc_count += v ? v->nchunks - from : 0;
-  mp__chunks_history(pool, v, from, MP__H_SEGMENT_MAP);
+  mp__chunks_history(pool, v, from, v ? v->nchunks : 0, MP__H_SEGMENT_MAP);
   pool->st.reserved_bytes = pool->paused_reserved;
   pool->st.segment_count = v ? v->nchunks : 0;
   /* mp_pool_reset_peaks while paused set the peak to 0. */
@@ -563,6 +580,8 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
                     flags & ~MP_PAUSE_KEEP_CONTENT);
   if (pool->arenas != NULL)
     return mp__arenas_pause(pool, flags);
+  /* Its segment_unmap events start their stacks at this call's caller. */
+  MP__HIST_ENTRY(pool);
   return mp__pause_one(pool, flags);
 }
 
@@ -571,6 +590,7 @@ mp_status_t mp_pool_resume(mp_pool_t *pool) {
     return mp__fail(MP_EINVAL, "mp_pool_resume: pool is NULL");
   if (pool->arenas != NULL)
     return mp__arenas_resume(pool);
+  MP__HIST_ENTRY(pool); /* its segment_map events, as pause's */
   return mp__resume_one(pool);
 }
 

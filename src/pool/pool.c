@@ -313,13 +313,25 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
   return st;
 }
 
+/* A child pool's range (or a graph pool's ranges) goes back to the parent
+ * as a free in the parent's history: its stack starts at the caller of
+ * the public entry point, as mp_pool_free's does. (parent is set at
+ * create and never changes.) */
+#define MP__DESTROY_ENTRY(pool)                                                \
+  do {                                                                         \
+    if ((pool) != NULL && (pool)->parent != NULL)                              \
+      MP__HIST_ENTRY((pool)->parent);                                          \
+  } while (0)
+
 mp_status_t mp_pool_destroy(mp_pool_t *pool) {
   bool gone;
+  MP__DESTROY_ENTRY(pool);
   return mp__pool_destroy(pool, &gone);
 }
 
 mp_status_t mp_pool_destroy_ex(mp_pool_t *pool, int *destroyed) {
   bool gone = false;
+  MP__DESTROY_ENTRY(pool);
   mp_status_t st = mp__pool_destroy(pool, &gone);
   if (destroyed != NULL)
     *destroyed = gone ? 1 : 0;
@@ -891,8 +903,10 @@ mp_status_t mp_pool_ipc_export(mp_pool_t *pool, void *ptr,
 mp_status_t mp_pool_ipc_poll(mp_pool_t *pool, size_t *held) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_ipc_poll: pool is NULL");
-  if (pool->arenas == NULL)
+  if (pool->arenas == NULL) {
+    MP__HIST_ENTRY(pool); /* the frees of the blocks it reaps */
     return mp__export_poll(pool, held);
+  }
   mp_status_t st = mp__pool_paused_now(pool, "mp_pool_ipc_poll");
   size_t sum = 0;
   for (size_t i = 0; st == MP_OK && i < pool->cfg.arenas; i++) {

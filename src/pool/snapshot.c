@@ -18,7 +18,10 @@
  *
  * Segments: each plain segment, and each run of mapped memory of the
  * virtual range between two holes (is_expandable True, as PyTorch's
- * expandable segments); none while the pool is paused (pause.c).
+ * expandable segments); while the pool is paused, only what it still
+ * maps: nothing, or after an undo that failed (pause.c) the chunks left
+ * mapped, the blocks cut at their top, so that the segments' total_size
+ * is reserved_bytes as the stats say it.
  * segment_pool_id is (0, 0), or for a graph pool (0, n), its own id
  * (graph.c), as PyTorch gives a private pool's segments its MempoolId_t,
  * and for one made by PyTorch's hooks that very MempoolId_t (torch.c)
@@ -195,18 +198,38 @@ static mp_status_t mp__snap_link_events(mp__snap_t *s) {
   return MP_OK;
 }
 
+/* Under the lock: the top of what a paused pool still maps, its virtual
+ * segment's chunks [0, pause_mapped) (chunks are mapped upwards, so those
+ * mapped are the first ones; the gaps between them are hole blocks);
+ * 0 when it maps nothing. */
+static uintptr_t mp__snap_paused_top(const mp_pool_t *pool) {
+  const mp__segment_t *v = pool->vseg;
+  size_t m = mp__pool_chunks_mapped(pool, v);
+  return m == 0 ? 0 : v->chunks[m - 1].addr + v->chunks[m - 1].size;
+}
+
 static mp_status_t mp__snap_take(mp_pool_t *pool, mp__snap_t *s) {
   memset(s, 0, sizeof *s);
   s->segment_bytes = pool->cfg.segment_bytes;
   s->pool_id[0] = pool->graph_id[0];
   s->pool_id[1] = pool->graph_id[1];
   size_t nb = 0, ns = 0;
-  /* Paused, the pool maps nothing: no segment, as stats say 0 reserved
-   * (the trace's segment_unmap events say where the memory went). */
-  mp__segment_t *segs = pool->paused ? NULL : pool->segs;
-  for (mp__segment_t *g = segs; g != NULL; g = g->next, ns++)
-    for (mp__block_t *b = g->first; b != NULL; b = b->next)
+  /* Paused, the pool maps nothing, as stats say 0 reserved (the trace's
+   * segment_unmap events say where the memory went): no segment; or,
+   * left part-mapped by an undo that failed, its virtual segment's blocks
+   * below the top of the chunks still mapped (a paused pool holds no
+   * other segment: pause.c refuses plain ones). */
+  uintptr_t top = UINTPTR_MAX;
+  mp__segment_t *segs = pool->segs;
+  if (pool->paused) {
+    top = mp__snap_paused_top(pool);
+    segs = top != 0 ? pool->vseg : NULL;
+  }
+  for (mp__segment_t *g = segs; g != NULL; g = pool->paused ? NULL : g->next) {
+    ns++;
+    for (mp__block_t *b = g->first; b != NULL && b->addr < top; b = b->next)
       nb++;
+  }
   const mp__history_t *h = &pool->hist;
   size_t nev = h->total < h->cap ? (size_t)h->total : h->cap;
   s->blocks = mp__host_alloc((nb ? nb : 1) * sizeof *s->blocks);
@@ -220,21 +243,24 @@ static mp_status_t mp__snap_take(mp_pool_t *pool, mp__snap_t *s) {
     mp__snap_free(s);
     return mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
   }
-  /* Segments oldest first (the list is newest first). */
+  /* Segments oldest first (the list is newest first); paused, the one. */
   mp__segment_t *last = segs;
-  while (last != NULL && last->next != NULL)
+  while (!pool->paused && last != NULL && last->next != NULL)
     last = last->next;
-  for (mp__segment_t *g = last; g != NULL; g = g->prev) {
+  for (mp__segment_t *g = last; g != NULL; g = pool->paused ? NULL : g->prev) {
     mp__sseg_t *ss = &s->segs[s->nsegs++];
     ss->first = s->nblocks;
     ss->kind = g->kind;
-    for (mp__block_t *b = g->first; b != NULL; b = b->next) {
+    for (mp__block_t *b = g->first; b != NULL && b->addr < top; b = b->next) {
       mp__sblock_t *sb = &s->blocks[s->nblocks++];
       sb->addr = b->addr;
-      sb->size = b->size;
+      /* Cut at a paused pool's top: a block may run over several chunks. */
+      sb->size = b->size < top - b->addr ? b->size : top - b->addr;
       sb->hole = (b->flags & MP__B_HOLE) != 0;
       sb->live = !sb->hole && !(b->flags & MP__B_FREE);
-      sb->requested = sb->live ? b->requested : 0;
+      sb->requested = !sb->live                 ? 0
+                      : b->requested > sb->size ? sb->size
+                                                : b->requested;
       sb->ev = SIZE_MAX;
     }
     ss->nblocks = s->nblocks - ss->first;

@@ -219,6 +219,215 @@ Test(pool_history, a_stack_starts_at_the_pools_caller) {
   mp_pool_destroy(p);
 }
 
+__attribute__((noinline)) void history_caller_frees_a_handle(mp_handle_t *h) {
+  cr_assert_eq(mp_handle_free(h), MP_OK);
+}
+
+/* mp_handle_free marks its caller as mp_pool_free does: the free of a
+ * movable block starts its stack at the pool's caller. Failed before: the
+ * entry point set no mark, the events kept the library's own frames
+ * (mp_handle_free and the free under it) above the caller. */
+Test(pool_history, a_handle_free_stack_starts_at_the_pools_caller) {
+  mp_pool_t *p = make_pool("max_bytes=8M,history=16,history_stacks=1");
+  mp_handle_t *h;
+  cr_assert_eq(mp_pool_alloc_movable(p, 4096, NULL, &h), MP_OK, "%s",
+               mp_last_error());
+  /* Another caller's mark, left on this thread: not the one the free's
+   * events may start at. */
+  void *a;
+  history_caller_allocates(p, &a);
+  size_t before = p->hist.total;
+  history_caller_frees_a_handle(h);
+  cr_assert_eq(p->hist.total, before + 2);
+  for (size_t i = before; i < before + 2; i++) {
+    const mp__hevent_t *e = oldest(p, i);
+    cr_assert_eq(e->action,
+                 i == before ? MP__H_FREE_REQUESTED : MP__H_FREE_COMPLETED);
+    cr_assert_gt(e->nframes, 0);
+    cr_expect_str_eq(frame_symbol(p, e, 0), "history_caller_frees_a_handle",
+                     "event %zu (action %u) starts at %s", i, e->action,
+                     frame_symbol(p, e, 0));
+  }
+  cr_assert_eq(mp_pool_free(p, a), MP_OK);
+  mp_pool_destroy(p);
+}
+
+__attribute__((noinline)) void history_caller_makes_a_child(mp_pool_t *p,
+                                                            mp_pool_t **out) {
+  cr_assert_eq(mp_pool_create_child(p, 4 << 20, out), MP_OK, "%s",
+               mp_last_error());
+}
+
+__attribute__((noinline)) void history_caller_destroys_a_child(mp_pool_t *c) {
+  cr_assert_eq(mp_pool_destroy(c), MP_OK, "%s", mp_last_error());
+}
+
+/* Expects event e of p to be (action, addr, size) with a stack starting at
+ * the function named caller. */
+static void expect_event(const mp_pool_t *p, const mp__hevent_t *e,
+                         unsigned action, uintptr_t addr, size_t size,
+                         const char *caller) {
+  cr_expect_eq(e->action, action, "action %u, not %u", e->action, action);
+  cr_expect_eq(e->addr, addr, "addr %#lx, not %#lx", (unsigned long)e->addr,
+               (unsigned long)addr);
+  cr_expect_eq(e->size, size, "size %zu, not %zu", e->size, size);
+  cr_assert_gt(e->nframes, 0, "action %u: no stack", e->action);
+  cr_expect_str_eq(frame_symbol(p, e, 0), caller,
+                   "action %u starts at %s, not %s", e->action,
+                   frame_symbol(p, e, 0), caller);
+}
+
+/* A child pool's trace starts with a segment_alloc of its range, as a
+ * pool's starts with its first growth and a graph pool's with each range
+ * it borrows: memory_viz's segment timeline and a reserved curve summed
+ * from segment events see the child's memory appear. The parent's trace
+ * allocates the range at create and frees it at destroy, each with the
+ * stack of the call's caller. Failed before: the child's trace had no
+ * segment event (its reserved memory came from nowhere), and the parent's
+ * events kept the library's frames above the caller in a build where
+ * they are not inlined. */
+Test(pool_history, a_child_pools_trace_starts_with_its_segment) {
+  mp_pool_t *p = make_pool("max_bytes=16M,history=64,history_stacks=1");
+  mp_pool_t *c = NULL;
+  history_caller_makes_a_child(p, &c);
+  mp_stats_t cs;
+  cr_assert_eq(mp_pool_get_stats(c, &cs), MP_OK);
+  uintptr_t base = c->segs->base;
+  cr_assert_eq(c->hist.total, 1, "%llu events in the new child",
+               (unsigned long long)c->hist.total);
+  expect_event(c, oldest(c, 0), MP__H_SEGMENT_ALLOC, base, cs.reserved_bytes,
+               "history_caller_makes_a_child");
+  expect_event(p, oldest(p, p->hist.total - 1), MP__H_ALLOC, base,
+               cs.reserved_bytes, "history_caller_makes_a_child");
+  /* The child's own blocks come after, inside the segment. */
+  void *a;
+  cr_assert_eq(mp_pool_alloc(c, 4096, NULL, &a), MP_OK);
+  cr_expect_eq(oldest(c, 1)->action, MP__H_ALLOC);
+  cr_expect(oldest(c, 1)->addr >= base &&
+                oldest(c, 1)->addr < base + cs.reserved_bytes,
+            "the block lies outside the segment");
+  cr_expect_leq(oldest(c, 0)->time_us, oldest(c, 1)->time_us);
+  cr_assert_eq(mp_pool_free(c, a), MP_OK);
+  /* Its snapshot: the one segment and its segment_alloc. */
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  cr_assert_eq(mp_pool_snapshot_file(c, f), MP_OK, "%s", mp_last_error());
+  fclose(f);
+  cr_expect_not_null(memmem(buf, len, "segment_alloc", 13));
+  free(buf);
+  size_t before = p->hist.total;
+  history_caller_destroys_a_child(c);
+  cr_assert_eq(p->hist.total, before + 2);
+  expect_event(p, oldest(p, before), MP__H_FREE_REQUESTED, base,
+               cs.reserved_bytes, "history_caller_destroys_a_child");
+  expect_event(p, oldest(p, before + 1), MP__H_FREE_COMPLETED, base,
+               cs.reserved_bytes, "history_caller_destroys_a_child");
+  mp_pool_destroy(p);
+}
+
+/* Without stacks too, and from a child of a child. */
+Test(pool_history, a_grandchild_pools_trace_starts_with_its_segment) {
+  mp_pool_t *p = make_pool("max_bytes=16M,history=8");
+  mp_pool_t *c, *g;
+  cr_assert_eq(mp_pool_create_child(p, 8 << 20, &c), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_create_child(c, 2 << 20, &g), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(g->hist.total, 1);
+  const mp__hevent_t *e = oldest(g, 0);
+  cr_expect_eq(e->action, MP__H_SEGMENT_ALLOC);
+  cr_expect_eq(e->addr, g->segs->base);
+  cr_expect_eq(e->size, g->segs->size);
+  cr_expect_eq(e->nframes, 0);
+  /* In the middle child, the grandchild's range is a block. */
+  cr_expect_eq(oldest(c, 0)->action, MP__H_SEGMENT_ALLOC);
+  cr_expect_eq(oldest(c, 1)->action, MP__H_ALLOC);
+  cr_expect_eq(oldest(c, 1)->addr, g->segs->base);
+  cr_assert_eq(mp_pool_destroy(g), MP_OK);
+  cr_assert_eq(mp_pool_destroy(c), MP_OK);
+  mp_pool_destroy(p);
+}
+
+__attribute__((noinline)) void history_caller_defragments(mp_pool_t *p) {
+  size_t moved = 0;
+  cr_assert_eq(mp_pool_defragment(p, NULL, &moved), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_gt(moved, 0, "the test needs a block moved");
+}
+
+__attribute__((noinline)) void history_caller_pauses(mp_pool_t *p) {
+  cr_assert_eq(mp_pool_pause(p, 0), MP_OK, "%s", mp_last_error());
+}
+
+__attribute__((noinline)) void history_caller_resumes(mp_pool_t *p) {
+  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+}
+
+__attribute__((noinline)) void history_caller_releases_a_graph(mp_pool_t *g) {
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+}
+
+/* The other entry points that record events mark their caller too: a
+ * defragmentation's moves (a free and an alloc each), a pause's
+ * segment_unmap and a resume's segment_map events, and a graph pool's
+ * release (its ranges freed in the parent). */
+Test(pool_history, other_entry_points_mark_their_caller) {
+  mp_pool_t *p =
+      make_pool("max_bytes=16M,history=64,history_stacks=1,virtual=1");
+  void *a;
+  mp_handle_t *h;
+  cr_assert_eq(mp_pool_alloc(p, 1 << 20, NULL, &a), MP_OK);
+  cr_assert_eq(mp_pool_alloc_movable(p, 1 << 20, NULL, &h), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_free(p, a), MP_OK);
+  struct {
+    void (*call)(mp_pool_t *);
+    const char *name;
+  } calls[] = {{history_caller_defragments, "history_caller_defragments"},
+               {history_caller_pauses, "history_caller_pauses"},
+               {history_caller_resumes, "history_caller_resumes"}};
+  for (size_t k = 0; k < 3; k++) {
+    size_t before = p->hist.total;
+    calls[k].call(p);
+    cr_assert_gt(p->hist.total, before, "%s recorded nothing", calls[k].name);
+    cr_assert_leq(p->hist.total, p->hist.cap, "the ring wrapped");
+    for (size_t i = before; i < p->hist.total; i++) {
+      const mp__hevent_t *e = oldest(p, i);
+      cr_assert_gt(e->nframes, 0);
+      cr_expect_str_eq(frame_symbol(p, e, 0), calls[k].name,
+                       "event %zu (action %u) starts at %s", i, e->action,
+                       frame_symbol(p, e, 0));
+    }
+  }
+  mp_pool_t *g;
+  mp_stream_t s;
+  void *x;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  cr_assert_eq(mp_pool_graph_create(p, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(p, g, s), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_alloc(p, 1 << 20, s, &x), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_end(p, s), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(p, x), MP_OK, "%s", mp_last_error());
+  size_t before = p->hist.total;
+  history_caller_releases_a_graph(g);
+  cr_assert_gt(p->hist.total, before, "the release freed no range");
+  cr_assert_leq(p->hist.total, p->hist.cap, "the ring wrapped");
+  for (size_t i = before; i < p->hist.total; i++) {
+    const mp__hevent_t *e = oldest(p, i);
+    cr_expect(e->action == MP__H_FREE_REQUESTED ||
+                  e->action == MP__H_FREE_COMPLETED,
+              "action %u", e->action);
+    cr_assert_gt(e->nframes, 0);
+    cr_expect_str_eq(frame_symbol(p, e, 0), "history_caller_releases_a_graph",
+                     "event %zu (action %u) starts at %s", i, e->action,
+                     frame_symbol(p, e, 0));
+  }
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+  cr_assert_eq(mp_handle_free(h), MP_OK);
+  mp_pool_destroy(p);
+}
+
 /* A frame whose symbol is longer than the snapshot's name buffer (C++
  * template names often are): shortened in its middle, so the tail and the
  * offset after it stay. Failed before: the name was cut at 511 bytes and
