@@ -105,7 +105,9 @@ mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
     /* Out of memory, the handler first, as mp_pool_alloc's (the arenas'
      * path below asks it too). */
     st = mp__pool_alloc_locked(parent, bytes, NULL, &base);
-    if (mp__pool_oom_retry(parent, st, bytes))
+    /* A pause the handler made is said by this call's name too. */
+    if (mp__pool_oom_retry(parent, st, bytes) &&
+        (st = mp__pool_paused(parent, "mp_pool_create_child")) == MP_OK)
       st = mp__pool_alloc_locked(parent, bytes, NULL, &base);
     if (st == MP_OK)
       (void)mp__child_claim(parent, &base, child);

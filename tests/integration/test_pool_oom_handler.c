@@ -247,3 +247,44 @@ Test(oom_handler, a_graph_pools_range_asks_the_parents_handler) {
       cr_assert_eq(mp_pool_destroy(p), MP_OK, "%s", mp_last_error());
     }
 }
+
+/* The handler pauses the pool after dropping its cache (where the pool
+ * lets it: with arenas a child being made refuses the pause): the retry is
+ * refused, by the call's name as a refusal before the handler is, and
+ * nothing is left taken. Before, without arenas mp_pool_create_child's
+ * retry said "allocation: the pool is paused". */
+static int drop_and_pause(mp_pool_t *pool, size_t bytes, mp_status_t status,
+                          void *ctx) {
+  engine_t *e = ctx;
+  (void)drop_cache(pool, bytes, status, ctx);
+  e->answer = mp_pool_pause(pool, MP_PAUSE_KEEP_CONTENT) == MP_OK ? 2 : 1;
+  return e->answer;
+}
+
+Test(oom_handler, a_pause_in_the_handler_refuses_the_retry_by_its_name) {
+  for (size_t c = 0; c < sizeof configs / sizeof *configs; c++)
+    for (kind_t k = PIECES; k <= CHILD; k++) {
+      mp_pool_t *p = make_pool(dev, configs[c]);
+      engine_t e = {0};
+      cr_assert_eq(mp_pool_alloc(p, 40 * MiB, NULL, &e.cache), MP_OK);
+      cr_assert_eq(mp_pool_set_oom_handler(p, drop_and_pause, &e), MP_OK);
+      asked_t a = {0};
+      mp_status_t st = ask(p, k, 48 * MiB, &a);
+      cr_expect_eq(e.calls, 1, "%s, %s", configs[c], kind_name(k));
+      if (e.answer == 2) {
+        cr_expect_eq(st, MP_EBUSY, "%s, %s: %s", configs[c], kind_name(k),
+                     mp_last_error());
+        cr_expect(strstr(mp_last_error(), kind_name(k)) != NULL, "%s, %s: '%s'",
+                  configs[c], kind_name(k), mp_last_error());
+        cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+        cr_expect_eq(stats(p).live_blocks, 0, "%s, %s", configs[c],
+                     kind_name(k));
+      } else {
+        cr_expect_eq(st, MP_OK, "%s, %s: %s", configs[c], kind_name(k),
+                     mp_last_error());
+        give_back(p, k, &a);
+      }
+      check(p);
+      cr_assert_eq(mp_pool_destroy(p), MP_OK, "%s", mp_last_error());
+    }
+}
