@@ -190,14 +190,28 @@ _Thread_local uint64_t mp__oom_seen;
  * other failure has come since. */
 static _Thread_local const mp_pool_t *mp__oom_pool;
 static _Thread_local uint64_t mp__oom_serial;
+/* That failure's oom event, where the pool's handler may answer it: the
+ * ring's total with it (0: none recorded), what its slot held before,
+ * and the size it names. */
+static _Thread_local uint64_t mp__oom_event;
+static _Thread_local mp__hkept_t mp__oom_under;
+static _Thread_local size_t mp__oom_asked;
 
 mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked) {
   char a[32], r[32], al[32], lf[32];
   pool->st.oom_count++;
   mp__oom_seen++;
-  /* An arena's: recorded by the arenas' path if it is final (arena.c). */
-  if (!pool->arena)
+  /* An arena's: recorded by the arenas' path if it is final (arena.c).
+   * With a handler, the slot it overwrites is kept, so that the handler's
+   * retry can take it back (mp__pool_oom_retry). */
+  mp__oom_event = 0;
+  if (!pool->arena && pool->hist.ev != NULL) {
+    if (pool->oom_fn != NULL)
+      mp__history_save_next(pool, &mp__oom_under);
     MP__HIST(pool, MP__H_OOM, mp__pool_room(pool), asked, 0);
+    mp__oom_event = pool->oom_fn != NULL ? pool->hist.total : 0;
+    mp__oom_asked = asked;
+  }
   mp__fail(st, "%s: asked %s, reserved %s, allocated %s, largest free block %s",
            st != MP_ELIMIT ? "out of device memory"
            : pool->graph   ? "graph pool: the parent's max_bytes"
@@ -534,12 +548,24 @@ bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes) {
   void *ctx = pool->oom_ctx;
   char why[MP__ERROR_MAX];
   snprintf(why, sizeof why, "%s", mp_last_error());
+  /* The failure's oom event (the newest: the lock was held since) waits
+   * for the handler's answer: one event for an allocation that fails (the
+   * retry's failure records its own), none for one the retry serves, as
+   * the arenas' path records it (arena.c). */
+  bool event = mp__oom_event != 0 && mp__oom_event == pool->hist.total;
+  size_t asked = mp__oom_asked;
+  if (event)
+    mp__history_take_back(pool, &mp__oom_under);
+  void *caller = mp__hist_caller; /* the handler's calls into pools move it */
   mp__pool_unlock(pool);
   int again = fn(pool, bytes, st, ctx);
   mp__pool_lock(pool);
-  if (!again)
+  mp__hist_caller = caller;
+  if (!again) {
     mp__fail(st, "%s", why); /* the failure, not what the handler did */
-  else if (pool->st.oom_count > 0)
+    if (event)
+      MP__HIST(pool, MP__H_OOM, mp__pool_room(pool), asked, 0);
+  } else if (pool->st.oom_count > 0)
     pool->st.oom_count--; /* the retry's answer is the allocation's */
   return again != 0;
 }

@@ -118,3 +118,21 @@ void mp__history_free(mp_pool_t *pool, uintptr_t addr, size_t size,
   static const unsigned both[2] = {MP__H_FREE_REQUESTED, MP__H_FREE_COMPLETED};
   mp__hist_record(pool, both, 2, addr, size, stream);
 }
+
+void mp__history_save_next(const mp_pool_t *pool, mp__hkept_t *out) {
+  const mp__history_t *h = &pool->hist;
+  out->ev = h->ev[h->next];
+  if (h->frames != NULL)
+    memcpy(out->frames, &h->frames[h->next * MP__HIST_FRAMES],
+           sizeof out->frames);
+}
+
+void mp__history_take_back(mp_pool_t *pool, const mp__hkept_t *was) {
+  mp__history_t *h = &pool->hist;
+  h->next = h->next == 0 ? h->cap - 1 : h->next - 1;
+  h->total--;
+  h->ev[h->next] = was->ev;
+  if (h->frames != NULL)
+    memcpy(&h->frames[h->next * MP__HIST_FRAMES], was->frames,
+           sizeof was->frames);
+}

@@ -1549,6 +1549,19 @@ void mp__history_record(mp_pool_t *pool, unsigned action, uintptr_t addr,
  * stack (a block is reusable on its own stream at once). */
 void mp__history_free(mp_pool_t *pool, uintptr_t addr, size_t size,
                       uintptr_t stream);
+/* An event's slot as it was (its stack too, where stacks are kept): what
+ * mp__history_take_back puts back. */
+typedef struct mp__hkept {
+  mp__hevent_t ev;
+  void *frames[MP__HIST_FRAMES];
+} mp__hkept_t;
+/* Under the lock, the ring on: the slot the next event goes to, kept in
+ * *out before that event is recorded. */
+void mp__history_save_next(const mp_pool_t *pool, mp__hkept_t *out);
+/* Under the lock: the newest event taken back, its slot given what was
+ * there before it (mp__history_save_next's, for an event that overwrote
+ * the oldest). */
+void mp__history_take_back(mp_pool_t *pool, const mp__hkept_t *was);
 /* The hot-path hook: one predictable branch when history is off. */
 #define MP__HIST(pool, action, addr, size, stream)                             \
   do {                                                                         \

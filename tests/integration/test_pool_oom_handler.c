@@ -10,6 +10,7 @@
 
 #include <mempool/mempool.h>
 
+#include "../support/oom_kinds.h"
 #include "../support/pool_helpers.h"
 
 #define MiB ((size_t)1 << 20)
@@ -23,27 +24,6 @@ static void teardown(void) {
   mp_device_close(dev);
 }
 TestSuite(oom_handler, .init = setup, .fini = teardown);
-
-typedef struct engine {
-  void *cache; /* a block the engine can let go of */
-  int calls;
-  size_t bytes;
-  mp_status_t status;
-  int answer;
-} engine_t;
-
-static int drop_cache(mp_pool_t *pool, size_t bytes, mp_status_t status,
-                      void *ctx) {
-  engine_t *e = ctx;
-  e->calls++;
-  e->bytes = bytes;
-  e->status = status;
-  if (e->cache != NULL) {
-    cr_assert_eq(mp_pool_free(pool, e->cache), MP_OK, "%s", mp_last_error());
-    e->cache = NULL;
-  }
-  return e->answer;
-}
 
 Test(oom_handler, frees_a_cache_and_the_allocation_retries) {
   mp_pool_t *p = make_pool(dev, NULL);
@@ -92,39 +72,6 @@ Test(oom_handler, not_called_for_bad_arguments_or_successes) {
   cr_expect_eq(e.calls, 0);
   cr_assert_eq(mp_pool_free(p, x), MP_OK);
   mp_pool_destroy(p);
-}
-
-/* The configurations the handler behaves the same in: the pool's own core,
- * and the arenas' out-of-memory path. */
-static const char *const configs[] = {"arenas=0", "arenas=2"};
-
-/* The allocation kinds besides mp_pool_alloc's. */
-typedef enum { PIECES, CHILD } kind_t;
-
-typedef struct asked {
-  void *pieces[2];
-  mp_pool_t *child;
-} asked_t;
-
-/* bytes of kind k from p (two equal pieces, or a child's range). */
-static mp_status_t ask(mp_pool_t *p, kind_t k, size_t bytes, asked_t *a) {
-  if (k == CHILD)
-    return mp_pool_create_child(p, bytes, &a->child);
-  size_t sizes[2] = {bytes / 2, bytes / 2};
-  return mp_pool_alloc_contiguous(p, 2, sizes, NULL, a->pieces);
-}
-
-static void give_back(mp_pool_t *p, kind_t k, asked_t *a) {
-  if (k == CHILD) {
-    cr_assert_eq(mp_pool_destroy(a->child), MP_OK, "%s", mp_last_error());
-    return;
-  }
-  for (int i = 0; i < 2; i++)
-    cr_assert_eq(mp_pool_free(p, a->pieces[i]), MP_OK, "%s", mp_last_error());
-}
-
-static const char *kind_name(kind_t k) {
-  return k == CHILD ? "mp_pool_create_child" : "mp_pool_alloc_contiguous";
 }
 
 /* Before, without arenas neither kind called the handler: 48 MiB failed
@@ -181,36 +128,28 @@ Test(oom_handler, zero_lets_every_kind_fail_with_or_without_arenas) {
 /* An allocation counts once in oom_count if it fails, handler or not, and
  * not at all when the handler's retry serves it, whatever its kind, with
  * arenas or without. Before, without arenas a served retry counted one
- * failure and a failed one two. kind 2: mp_pool_alloc. */
-static mp_status_t ask_any(mp_pool_t *p, int kind, size_t bytes, asked_t *a) {
-  return kind == 2 ? mp_pool_alloc(p, bytes, NULL, a->pieces)
-                   : ask(p, (kind_t)kind, bytes, a);
-}
-
+ * failure and a failed one two. */
 Test(oom_handler, an_allocation_counts_once_if_it_fails_and_not_if_served) {
   for (size_t c = 0; c < sizeof configs / sizeof *configs; c++)
-    for (int k = 0; k <= 2; k++) {
+    for (kind_t k = PIECES; k <= ALLOC; k++) {
       mp_pool_t *p = make_pool(dev, configs[c]);
       engine_t e = {.answer = 1};
       cr_assert_eq(mp_pool_alloc(p, 40 * MiB, NULL, &e.cache), MP_OK);
       cr_assert_eq(mp_pool_set_oom_handler(p, drop_cache, &e), MP_OK);
       asked_t a = {0};
-      cr_assert_eq(ask_any(p, k, 48 * MiB, &a), MP_OK, "%s, kind %d: %s",
+      cr_assert_eq(ask(p, k, 48 * MiB, &a), MP_OK, "%s, kind %d: %s",
                    configs[c], k, mp_last_error());
       cr_expect_eq(e.calls, 1);
       cr_expect_eq(stats(p).oom_count, 0, "%s, kind %d: served", configs[c], k);
       /* Nothing left to drop: the retry fails too. */
       asked_t b = {0};
-      cr_expect_eq(ask_any(p, k, 32 * MiB, &b), MP_ENOMEM, "%s, kind %d",
+      cr_expect_eq(ask(p, k, 32 * MiB, &b), MP_ENOMEM, "%s, kind %d",
                    configs[c], k);
       cr_expect(strstr(mp_last_error(), "out of device memory"), "%s",
                 mp_last_error());
       cr_expect_eq(e.calls, 2);
       cr_expect_eq(stats(p).oom_count, 1, "%s, kind %d: failed", configs[c], k);
-      if (k == 2)
-        cr_assert_eq(mp_pool_free(p, a.pieces[0]), MP_OK);
-      else
-        give_back(p, (kind_t)k, &a);
+      give_back(p, k, &a);
       check(p);
       cr_assert_eq(mp_pool_destroy(p), MP_OK, "%s", mp_last_error());
     }
