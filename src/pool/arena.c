@@ -549,7 +549,7 @@ static mp_status_t mp__arena_alloc_slow(mp_pool_t *pool, mp_pool_t *a,
   mp__pool_unlock(pool);
   /* What the handler freed went to the arenas holding it (their cache,
    * their share of the cap): the retry reclaims it as the full step does. */
-  if (fn != NULL && fn(pool, bytes, st, ctx) != 0)
+  if (fn != NULL && mp__oom_call(pool, fn, bytes, st, ctx) != 0)
     st = mp__arena_reclaim_retry(pool, a, bytes > cap ? 2 : 1, q);
   if (!mp__arena_oom(st))
     return st;

@@ -537,6 +537,19 @@ void mp__pool_free_host(mp_pool_t *pool) {
   free(pool);
 }
 
+/* Whether a handler runs on this thread (mp__oom_call). */
+static _Thread_local bool mp__oom_in_handler;
+
+int mp__oom_call(mp_pool_t *pool, mp_pool_oom_handler_t fn, size_t bytes,
+                 mp_status_t st, void *ctx) {
+  if (mp__oom_in_handler)
+    return 0;
+  mp__oom_in_handler = true;
+  int again = fn(pool, bytes, st, ctx);
+  mp__oom_in_handler = false;
+  return again;
+}
+
 bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes) {
   /* Only for the device running out, which the failure counted (as the
    * arenas' path, arena.c): host memory running out is MP_ENOMEM too,
@@ -558,7 +571,7 @@ bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes) {
     mp__history_take_back(pool, &mp__oom_under);
   void *caller = mp__hist_caller; /* the handler's calls into pools move it */
   mp__pool_unlock(pool);
-  int again = fn(pool, bytes, st, ctx);
+  int again = mp__oom_call(pool, fn, bytes, st, ctx);
   mp__pool_lock(pool);
   mp__hist_caller = caller;
   if (!again) {

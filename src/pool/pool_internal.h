@@ -892,6 +892,12 @@ extern _Thread_local uint64_t mp__oom_seen;
  * failure no longer counts in oom_count (the retry's counts, if it
  * fails). */
 bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes);
+/* No lock held: pool's out-of-memory handler fn(pool, bytes, st, ctx), or 0
+ * without calling it while a handler runs on this thread (one that
+ * allocates, and answers retry whatever happens, would recurse for ever:
+ * its own allocations that run out fail at once). */
+int mp__oom_call(mp_pool_t *pool, mp_pool_oom_handler_t fn, size_t bytes,
+                 mp_status_t st, void *ctx);
 /* Why ptr is not a live block for a caller's fn (b: the map's block at
  * ptr, or NULL): the failure, with a message naming what is wrong with it.
  * mp__pool_find_live's slow half (inline below the live map's). */

@@ -227,3 +227,47 @@ Test(oom_handler, a_pause_in_the_handler_refuses_the_retry_by_its_name) {
       cr_assert_eq(mp_pool_destroy(p), MP_OK, "%s", mp_last_error());
     }
 }
+
+/* A handler that allocates from its own pool, and answers retry whatever
+ * happens: its own allocation that runs out calls no handler (one runs on
+ * its thread), so the allocation fails after one call, for every kind,
+ * with arenas or without. Before, the handler was called again from its
+ * own allocation, without end (the stack ran out). */
+typedef struct greedy {
+  int calls;
+  mp_status_t inner;
+} greedy_t;
+
+static int allocate_and_retry(mp_pool_t *pool, size_t bytes, mp_status_t status,
+                              void *ctx) {
+  (void)bytes;
+  (void)status;
+  greedy_t *g = ctx;
+  g->calls++;
+  void *p = NULL;
+  g->inner = mp_pool_alloc(pool, 48 * MiB, NULL, &p);
+  return 1;
+}
+
+Test(oom_handler, a_handler_that_allocates_and_always_retries_is_called_once) {
+  for (size_t c = 0; c < sizeof configs / sizeof *configs; c++)
+    for (kind_t k = PIECES; k <= ALLOC; k++) {
+      mp_pool_t *p = make_pool(dev, configs[c]);
+      void *held;
+      cr_assert_eq(mp_pool_alloc(p, 32 * MiB, NULL, &held), MP_OK, "%s",
+                   mp_last_error());
+      greedy_t g = {0};
+      cr_assert_eq(mp_pool_set_oom_handler(p, allocate_and_retry, &g), MP_OK);
+      asked_t a = {0};
+      cr_expect_eq(ask(p, k, 48 * MiB, &a), MP_ENOMEM, "%s, %s: %s", configs[c],
+                   kind_name(k), mp_last_error());
+      cr_expect_eq(g.calls, 1, "%s, %s", configs[c], kind_name(k));
+      cr_expect_eq(g.inner, MP_ENOMEM, "%s, %s", configs[c], kind_name(k));
+      /* The next allocation that runs out asks the handler again. */
+      cr_expect_eq(mp_pool_alloc(p, 48 * MiB, NULL, a.pieces), MP_ENOMEM);
+      cr_expect_eq(g.calls, 2, "%s, %s", configs[c], kind_name(k));
+      cr_assert_eq(mp_pool_free(p, held), MP_OK, "%s", mp_last_error());
+      check(p);
+      cr_assert_eq(mp_pool_destroy(p), MP_OK, "%s", mp_last_error());
+    }
+}
