@@ -561,6 +561,10 @@ mp_status_t mp_pool_graph_release(mp_pool_t *graph) {
   /* The ranges going back are frees in the parent's history: their stacks
    * start at this call's caller. */
   MP__HIST_ENTRY(graph->parent);
+  return mp__graph_release(graph);
+}
+
+mp_status_t mp__graph_release(mp_pool_t *graph) {
   mp__pool_lock(graph);
   mp_status_t st = MP_OK;
   if (graph->released)

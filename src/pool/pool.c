@@ -197,7 +197,8 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_destroy: pool is NULL");
   if (pool->graph) {
-    mp_status_t gst = mp_pool_graph_release(pool);
+    /* Not the public call: its mark would replace this call's caller. */
+    mp_status_t gst = mp__graph_release(pool);
     *gone = gst == MP_OK; /* its handle is done with, its memory follows */
     return gst;
   }

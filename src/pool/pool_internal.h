@@ -818,6 +818,9 @@ mp_pool_t *mp__graph_owner(const mp_pool_t *parent, uintptr_t p);
  * free and the release) from both finishing it. */
 bool mp__graph_take_last(mp_pool_t *graph);
 void mp__graph_finish_if(mp_pool_t *graph, bool last);
+/* mp_pool_graph_release without its history mark: for mp_pool_destroy of a
+ * graph pool, whose own mark (its caller's) the events keep. */
+mp_status_t mp__graph_release(mp_pool_t *graph);
 /* Under graph's lock, around an allocation in a graph pool, which may drop
  * the lock (growth, the out-of-memory handler, the nap for pending blocks,
  * a synchronize): while one is inside, a free that empties a released pool

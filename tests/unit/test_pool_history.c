@@ -368,6 +368,21 @@ __attribute__((noinline)) void history_caller_releases_a_graph(mp_pool_t *g) {
   cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
 }
 
+/* A graph pool of p holding one range of p (its block allocated through
+ * a capture on *s, made here, and freed): its release gives the range
+ * back. */
+static mp_pool_t *graph_with_a_range(mp_pool_t *p, mp_stream_t *s) {
+  mp_pool_t *g;
+  void *x;
+  cr_assert_eq(mp_stream_create(dev, s), MP_OK);
+  cr_assert_eq(mp_pool_graph_create(p, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(p, g, *s), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_alloc(p, 1 << 20, *s, &x), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_end(p, *s), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(p, x), MP_OK, "%s", mp_last_error());
+  return g;
+}
+
 /* The other entry points that record events mark their caller too: a
  * defragmentation's moves (a free and an alloc each), a pause's
  * segment_unmap and a resume's segment_map events, and a graph pool's
@@ -400,15 +415,8 @@ Test(pool_history, other_entry_points_mark_their_caller) {
                        frame_symbol(p, e, 0));
     }
   }
-  mp_pool_t *g;
   mp_stream_t s;
-  void *x;
-  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
-  cr_assert_eq(mp_pool_graph_create(p, &g), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(mp_pool_graph_begin(p, g, s), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(mp_pool_alloc(p, 1 << 20, s, &x), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(mp_pool_graph_end(p, s), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(mp_pool_free(p, x), MP_OK, "%s", mp_last_error());
+  mp_pool_t *g = graph_with_a_range(p, &s);
   size_t before = p->hist.total;
   history_caller_releases_a_graph(g);
   cr_assert_gt(p->hist.total, before, "the release freed no range");
@@ -425,6 +433,41 @@ Test(pool_history, other_entry_points_mark_their_caller) {
   }
   cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
   cr_assert_eq(mp_handle_free(h), MP_OK);
+  mp_pool_destroy(p);
+}
+
+/* Expects every event of p from the before-th oldest on to start its
+ * stack at the function named caller; at least one there. */
+static void expect_caller_since(const mp_pool_t *p, size_t before,
+                                const char *caller) {
+  cr_assert_gt(p->hist.total, before, "%s recorded nothing", caller);
+  cr_assert_leq(p->hist.total, p->hist.cap, "the ring wrapped");
+  for (size_t i = before; i < p->hist.total; i++) {
+    const mp__hevent_t *e = oldest(p, i);
+    cr_assert_gt(e->nframes, 0);
+    cr_expect_str_eq(frame_symbol(p, e, 0), caller,
+                     "event %zu (action %u) starts at %s, not %s", i, e->action,
+                     frame_symbol(p, e, 0), caller);
+  }
+}
+
+__attribute__((noinline)) void history_caller_destroys_a_graph(mp_pool_t *g) {
+  cr_assert_eq(mp_pool_destroy(g), MP_OK, "%s", mp_last_error());
+}
+
+/* A graph pool destroyed without a release first: its ranges go back to
+ * the parent with the stack of mp_pool_destroy's caller. Failed before:
+ * the destroy's release went through the public mp_pool_graph_release,
+ * whose mark (its own return address, inside mp_pool_destroy) replaced
+ * the destroy's, so the frees started at the library's frame. */
+Test(pool_history, destroying_a_graph_pool_marks_its_caller) {
+  mp_pool_t *p = make_pool("max_bytes=16M,history=64,history_stacks=1");
+  mp_stream_t s;
+  mp_pool_t *g = graph_with_a_range(p, &s);
+  size_t before = p->hist.total;
+  history_caller_destroys_a_graph(g);
+  expect_caller_since(p, before, "history_caller_destroys_a_graph");
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
   mp_pool_destroy(p);
 }
 
