@@ -74,15 +74,22 @@ Test(oom_handler, not_called_for_bad_arguments_or_successes) {
   mp_pool_destroy(p);
 }
 
+/* A pool of the 64 MiB device made with opts, 40 MiB of it e's cache,
+ * dropped by e's handler. */
+static mp_pool_t *cached_pool(const char *opts, engine_t *e) {
+  mp_pool_t *p = make_pool(dev, opts);
+  cr_assert_eq(mp_pool_alloc(p, 40 * MiB, NULL, &e->cache), MP_OK);
+  cr_assert_eq(mp_pool_set_oom_handler(p, drop_cache, e), MP_OK);
+  return p;
+}
+
 /* Before, without arenas neither kind called the handler: 48 MiB failed
  * with 40 MiB of the engine's cache in the way. */
 Test(oom_handler, every_kind_frees_a_cache_and_retries_with_or_without_arenas) {
   for (size_t c = 0; c < sizeof configs / sizeof *configs; c++)
     for (kind_t k = PIECES; k <= CHILD; k++) {
-      mp_pool_t *p = make_pool(dev, configs[c]);
       engine_t e = {.answer = 1};
-      cr_assert_eq(mp_pool_alloc(p, 40 * MiB, NULL, &e.cache), MP_OK);
-      cr_assert_eq(mp_pool_set_oom_handler(p, drop_cache, &e), MP_OK);
+      mp_pool_t *p = cached_pool(configs[c], &e);
       asked_t a = {0};
       cr_expect_eq(ask(p, k, 48 * MiB, &a), MP_OK, "%s, %s: %s", configs[c],
                    kind_name(k), mp_last_error());
@@ -132,10 +139,8 @@ Test(oom_handler, zero_lets_every_kind_fail_with_or_without_arenas) {
 Test(oom_handler, an_allocation_counts_once_if_it_fails_and_not_if_served) {
   for (size_t c = 0; c < sizeof configs / sizeof *configs; c++)
     for (kind_t k = PIECES; k <= ALLOC; k++) {
-      mp_pool_t *p = make_pool(dev, configs[c]);
       engine_t e = {.answer = 1};
-      cr_assert_eq(mp_pool_alloc(p, 40 * MiB, NULL, &e.cache), MP_OK);
-      cr_assert_eq(mp_pool_set_oom_handler(p, drop_cache, &e), MP_OK);
+      mp_pool_t *p = cached_pool(configs[c], &e);
       asked_t a = {0};
       cr_assert_eq(ask(p, k, 48 * MiB, &a), MP_OK, "%s, kind %d: %s",
                    configs[c], k, mp_last_error());

@@ -15,6 +15,7 @@
 #include <mempool/mempool.h>
 
 #include "../support/device_helpers.h"
+#include "../support/dump_json.h"
 #include "../support/pool_helpers.h"
 
 #define MiB ((size_t)1 << 20)
@@ -97,36 +98,6 @@ Test(pool_pause, frees_the_device_for_another_pool_and_resumes_with_content) {
   mp_pool_destroy(p);
   cr_expect_eq(free_bytes(dev), 64 * MiB);
   mp_device_close(dev);
-}
-
-/* pool's dump in format as a string (the caller frees it). */
-static char *dump_of(mp_pool_t *p, const char *format) {
-  char *text = NULL;
-  size_t len = 0;
-  FILE *f = open_memstream(&text, &len);
-  cr_assert_not_null(f);
-  cr_assert_eq(mp_pool_dump(p, f, format), MP_OK, "%s", mp_last_error());
-  fclose(f);
-  return text;
-}
-
-/* The sum of the segments' sizes in a JSON dump (a segment's kind is
- * followed by its size; the pool's by its stats), their count in *n, and
- * in *paused how many say "paused":true. */
-static size_t json_segments(const char *text, size_t *n, size_t *paused) {
-  size_t sum = 0;
-  *n = *paused = 0;
-  for (const char *at = text; (at = strstr(at, "\"kind\":\"")) != NULL;) {
-    at = strchr(at + 8, '"') + 1;
-    size_t v;
-    int used = 0;
-    if (sscanf(at, ",\"size\":%zu,%n", &v, &used) == 1 && used > 0) {
-      sum += v;
-      (*n)++;
-      *paused += strncmp(at + used, "\"paused\":true,", 14) == 0;
-    }
-  }
-  return sum;
 }
 
 /* A paused pool's dump says what its stats say: its segment holds 0 bytes

@@ -7,21 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../support/dump_json.h"
 #include "../support/pool_helpers.h"
 #include "arena_workers.h"
 #include "pool/pool_internal.h"
 
 MP_DEVICE_SUITE(pool_arenas_dump, "host:capacity=64M");
-
-static char *dump(mp_pool_t *pool, const char *fmt) {
-  char *buf = NULL;
-  size_t len = 0;
-  FILE *f = open_memstream(&buf, &len);
-  cr_assert_not_null(f);
-  cr_assert_eq(mp_pool_dump(pool, f, fmt), MP_OK, "%s", mp_last_error());
-  fclose(f);
-  return buf;
-}
 
 /* Whether text holds "<key><value>". */
 static bool says(const char *text, const char *key, size_t value) {
@@ -45,7 +36,7 @@ Test(pool_arenas_dump, every_arenas_blocks_and_the_summed_stats) {
   mp_stats_t s = stats(pool);
   char tag[32];
 
-  char *text = dump(pool, "text");
+  char *text = dump_of(pool, "text");
   cr_expect(says(text, "  reserved ", s.reserved_bytes), "%s", text);
   cr_expect(says(text, "allocated ", s.allocated_bytes), "%s", text);
   snprintf(tag, sizeof tag, " arena %d\n", ia);
@@ -60,7 +51,7 @@ Test(pool_arenas_dump, every_arenas_blocks_and_the_summed_stats) {
             "both arenas' free remainders: %s", text);
   free(text);
 
-  char *json = dump(pool, "json");
+  char *json = dump_of(pool, "json");
   cr_expect(says(json, "\"reserved_bytes\":", s.reserved_bytes), "%s", json);
   cr_expect(says(json, "\"live_blocks\":", 5), "%s", json);
   cr_expect(says(json, "\"arena\":", (size_t)ia), "%s", json);
@@ -74,7 +65,7 @@ Test(pool_arenas_dump, every_arenas_blocks_and_the_summed_stats) {
             json);
   free(json);
 
-  char *torch = dump(pool, "torch");
+  char *torch = dump_of(pool, "torch");
   cr_expect(says(torch, "\"reserved_bytes.all.current\":", s.reserved_bytes),
             "%s", torch);
   cr_expect(says(torch, "\"allocation.all.current\":", 5), "%s", torch);
@@ -84,7 +75,7 @@ Test(pool_arenas_dump, every_arenas_blocks_and_the_summed_stats) {
 
   /* Paused: still dumped (pool.h), nothing reserved. */
   cr_assert_eq(mp_pool_pause(pool, 0), MP_OK, "%s", mp_last_error());
-  torch = dump(pool, "torch");
+  torch = dump_of(pool, "torch");
   cr_expect(says(torch, "\"reserved_bytes.all.current\":", 0), "%s", torch);
   cr_expect(says(torch, "\"allocation.all.current\":", 5), "%s", torch);
   free(torch);

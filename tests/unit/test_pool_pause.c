@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../support/dump_json.h"
 #include "../support/pool_helpers.h"
 #include "flaky_unmap.h"
 #include "pool/pool_internal.h"
@@ -262,32 +263,6 @@ static size_t snapshot_sum(const char *buf, size_t len, const char *key,
     (*n)++;
     at = (const char *)v;
   }
-  return sum;
-}
-
-/* The sum of the segments' sizes in pool's JSON dump (a segment's kind is
- * followed by its size, the pool's kind by its stats); *paused: whether
- * each segment says "paused":true (all of them, none: as asked). */
-static size_t json_dump_segments(mp_pool_t *p, size_t *n, size_t *paused) {
-  char *text = NULL;
-  size_t len = 0;
-  FILE *f = open_memstream(&text, &len);
-  cr_assert_not_null(f);
-  cr_assert_eq(mp_pool_dump(p, f, "json"), MP_OK, "%s", mp_last_error());
-  fclose(f);
-  size_t sum = 0;
-  *n = *paused = 0;
-  for (const char *at = text; (at = strstr(at, "\"kind\":\"")) != NULL;) {
-    at = strchr(at + 8, '"') + 1;
-    size_t v;
-    int used = 0;
-    if (sscanf(at, ",\"size\":%zu,%n", &v, &used) == 1 && used > 0) {
-      sum += v;
-      (*n)++;
-      *paused += strncmp(at + used, "\"paused\":true,", 14) == 0;
-    }
-  }
-  free(text);
   return sum;
 }
 
