@@ -342,8 +342,12 @@ static mp__block_t *mp__before_unmap(mp_pool_t *pool, mp__segment_t *v,
  * trim and pause wait for the release in flight). */
 static bool mp__unmap_chunk(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
                             size_t i, mp__block_t **hole) {
+  /* Four records: two for the unmap's split, two to put the chunk back
+   * if the device refuses (taken now: with none to spare then, it stayed
+   * mapped outside the tables, reserved_bytes short of what the device
+   * held, a hole that growth would map over, never unmapped at release). */
   mp__block_t *recs;
-  if (!mp__vrange_room(v, 1) || (recs = mp__recs_new(pool, 2)) == NULL)
+  if (!mp__vrange_room(v, 1) || (recs = mp__recs_new(pool, 4)) == NULL)
     return false;
   mp__block_t *r1 = mp__recs_pop(&recs), *r2 = mp__recs_pop(&recs);
   mp__chunk_t c = v->chunks[i];
@@ -355,20 +359,25 @@ static bool mp__unmap_chunk(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
   mp_status_t st = mp__device_vm_unmap(pool->dev, (void *)c.addr, c.size);
   mp__pool_device_end(pool);
   if (st == MP_OK) {
+    mp__recs_free(pool, recs);
     pool->st.device_free_count++;
     MP__HIST(pool, MP__H_SEGMENT_UNMAP, c.addr, c.size, 0);
     return true;
   }
   /* Still mapped: take it back as free memory where it was (no map was
-   * made: no device call counted, no event). */
-  if ((recs = mp__recs_new(pool, 2)) != NULL && mp__vrange_room(v, 1)) {
-    mp__block_t *r = mp__recs_pop(&recs), *spare = mp__recs_pop(&recs);
-    (void)mp__after_map(pool, v, mp__hole_at(v, c.addr), c.addr, c.size, r,
-                        spare, true, true);
-    return false;
+   * made: no device call counted, no event). The tables have room: the
+   * unmap took out the chunk, and a gap left for a hole record (spare) is
+   * a hole it merged away. */
+  mp__block_t *back = mp__hole_at(v, c.addr);
+  bool gap = back != NULL ? c.addr > back->addr &&
+                                c.addr + c.size < back->addr + back->size
+                          : c.addr > v->base + v->span;
+  mp__block_t *r = mp__recs_pop(&recs), *spare = mp__recs_pop(&recs);
+  if (!gap) {
+    mp__rec_free(pool, spare);
+    spare = NULL;
   }
-  /* No host memory to describe it: it stays mapped but unused until the
-   * range is released. */
+  (void)mp__after_map(pool, v, back, c.addr, c.size, r, spare, true, true);
   mp__recs_free(pool, recs);
   return false;
 }

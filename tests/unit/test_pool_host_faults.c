@@ -597,3 +597,63 @@ Test(pool_host_faults, a_movable_allocation_without_a_handle_counts_nothing) {
   cr_assert_eq(mp_pool_destroy(p), MP_OK);
   fake_close(dev);
 }
+
+/* vm_unmap refused, and from then on no host memory. */
+static mp_status_t refuse_unmap_and_host(mp_device_t *dev, void *addr,
+                                         size_t bytes) {
+  (void)dev;
+  (void)addr;
+  (void)bytes;
+  mp__fault_host_every(true);
+  return mp__fail(MP_EDRIVER, "fake vm_unmap refused");
+}
+
+/* A trim's unmap that the device refuses puts the chunk back as free
+ * memory, which takes block records; with none spare and no host memory
+ * for more, the chunk was left out of the range's tables while still
+ * mapped: reserved_bytes said less than the device held, a later growth
+ * mapped over it, and the range's release never unmapped it. The records
+ * for putting it back are taken before the call. */
+Test(pool_host_faults, a_refused_unmap_without_host_memory_stays_counted) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 2 * MiB);
+  mp__backend_t be = *dev->ops;
+  be.vm_unmap = refuse_unmap_and_host;
+  mp_pool_t *p = make_pool(dev, "map_piece=2M");
+  void *x, *y;
+  /* Three pieces: x in the first two and a half, y the rest; x freed
+   * leaves a free block [0, 5M) under y, whose top whole chunk [2M, 4M)
+   * is unmapped in its middle: both records of the split are used and
+   * none comes free. */
+  cr_assert_eq(mp_pool_alloc(p, 5 * MiB, NULL, &x), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 1 * MiB, NULL, &y), MP_OK);
+  cr_assert_eq((char *)y - (char *)x, 5 * MiB);
+  cr_assert_eq(stats(p).reserved_bytes, 6 * MiB);
+  cr_assert_eq(mp_pool_free(p, x), MP_OK);
+  /* Two spare records only: the unmap's own. */
+  mp__block_t *kept = NULL;
+  while (p->rec_free != NULL && p->rec_free->next_rec != NULL &&
+         p->rec_free->next_rec->next_rec != NULL) {
+    mp__block_t *r = p->rec_free;
+    p->rec_free = r->next_rec;
+    r->next_rec = kept;
+    kept = r;
+  }
+  const mp__backend_t *ops = dev->ops;
+  dev->ops = &be;
+  (void)mp_pool_trim(p, 0);
+  dev->ops = ops;
+  mp__fault_host_every(false);
+  check(p);
+  cr_expect_eq(stats(p).reserved_bytes, fake_of(dev)->used);
+  cr_expect_eq(stats(p).segment_count, fake_of(dev)->nmap);
+  while (kept != NULL) {
+    mp__block_t *r = kept;
+    kept = r->next_rec;
+    mp__rec_free(p, r);
+  }
+  cr_assert_eq(mp_pool_trim(p, 0), MP_OK);
+  cr_expect_eq(stats(p).reserved_bytes, 2 * MiB);
+  cr_expect_eq(stats(p).reserved_bytes, fake_of(dev)->used);
+  cr_assert_eq(mp_pool_free(p, y), MP_OK);
+  fake_pool_finish(p, dev);
+}
