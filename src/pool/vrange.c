@@ -78,8 +78,9 @@ mp_status_t mp__vrange_ready(mp_pool_t *pool) {
   mp__pool_device_begin(pool);
   mp_status_t st = mp__device_vm_reserve(pool->dev, va, &base);
   /* Address space can run short too (RLIMIT_AS, many pools or arenas on
-   * a big device): then the cap's size, as before va_basis, and a raised
-   * cap may outgrow it, rather than plain segments at once. */
+   * a big device): then one sized from the cap of the moment (twice it,
+   * as above), and a raised cap may outgrow it, rather than plain segments
+   * at once. */
   size_t small = mp__vrange_size(pool, pool->cap);
   if (st != MP_OK && small < va &&
       (st = mp__device_vm_reserve(pool->dev, small, &base)) == MP_OK)
@@ -595,7 +596,7 @@ static bool mp__find_placement(mp_pool_t *pool, mp__segment_t *v, size_t size,
   bool jp = f > 0 && mp__merge_ok(lim, f + n, size);
   if (!jp)
     n = mp__bytes_to_map(pool, size, 0);
-  if (v->span + n <= v->va_size)
+  if (n <= v->va_size - v->span) /* span + n could wrap near SIZE_MAX */
     mp__placement_offer(best, &found, NULL, v->base + v->span, n, jp, false, t,
                         NULL);
   for (size_t k = 0; k < v->nholes; k++) {
