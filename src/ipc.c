@@ -383,9 +383,13 @@ mp_status_t mp_ipc_recv(int sock, mp_ipc_handle_t *out) {
           close(fd);
       }
     }
+  /* An empty handle or one of an unknown kind is none mp_ipc_send sends:
+   * received, the descriptors it came with would be the caller's to close
+   * and mp_ipc_handle_close would close none of them. */
   mp_ipc_handle_t want = h;
-  size_t expect =
-      n == (ssize_t)sizeof h ? mp__ipc_fds(&want, (int[2]){0}) : (size_t)-1;
+  size_t expect = n == (ssize_t)sizeof h && mp__ipc_kind_ok(&want)
+                      ? mp__ipc_fds(&want, (int[2]){0})
+                      : (size_t)-1;
   if (expect != nfds || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
     for (size_t i = 0; i < nfds; i++)
       close(fds[i]);

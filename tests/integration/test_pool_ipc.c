@@ -477,6 +477,55 @@ Test(pool_ipc_args, a_failed_receive_closes_no_descriptor) {
   free_released_and_destroy(pool, p);
 }
 
+/* Sends h's bytes with fd attached (SCM_RIGHTS), as a peer that is not
+ * mp_ipc_send may. */
+static void send_raw(int sock, const mp_ipc_handle_t *h, int fd) {
+  union {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(sizeof(int))];
+  } ctl;
+  memset(&ctl, 0, sizeof ctl);
+  struct iovec iov = {.iov_base = (void *)h, .iov_len = sizeof *h};
+  struct msghdr msg = {.msg_iov = &iov,
+                       .msg_iovlen = 1,
+                       .msg_control = ctl.buf,
+                       .msg_controllen = sizeof ctl.buf};
+  struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  cr_assert_eq(sendmsg(sock, &msg, 0), (ssize_t)sizeof *h);
+}
+
+/* A message whose handle is empty (kind 0) or of an unknown kind but
+ * carries a descriptor as its lease: not one mp_ipc_send sends (it refuses
+ * those), so MP_EIO with the descriptor closed. It was received as a
+ * handle holding that descriptor, which mp_ipc_handle_close then left open
+ * (an empty handle holds none; an unknown kind is refused): a leak per
+ * message a peer chose to send. Seen through a pipe's write end travelling
+ * as the lease: its read end reads EOF once no copy is left. */
+Test(pool_ipc_args, a_message_of_no_handle_kind_is_eio_and_closes_its_fds) {
+  unsigned kinds[] = {0, 99};
+  for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+    int sv[2], pfd[2];
+    cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    cr_assert_eq(pipe2(pfd, O_NONBLOCK), 0);
+    mp_ipc_handle_t h = {.kind = kinds[k], .fd = -1, .lease_fd = 5};
+    send_raw(sv[0], &h, pfd[1]);
+    close(pfd[1]);
+    mp_ipc_handle_t got = {.kind = 0, .fd = -1, .lease_fd = -1};
+    cr_expect_eq(mp_ipc_recv(sv[1], &got), MP_EIO, "kind %u", kinds[k]);
+    (void)mp_ipc_handle_close(&got);
+    char byte;
+    cr_expect_eq(read(pfd[0], &byte, 1), 0,
+                 "kind %u: the received descriptor is still open", kinds[k]);
+    close(pfd[0]);
+    close(sv[0]);
+    close(sv[1]);
+  }
+}
+
 /* Two threads importing at once while the process's list of imports has
  * one free slot: both imports succeed. Each looked for room, mapped
  * without the lock, then took the slot; the second found it taken and was
