@@ -350,9 +350,12 @@ mp_status_t mp_ipc_recv(int sock, mp_ipc_handle_t *out) {
     return mp__fail(MP_EINVAL, "mp_ipc_recv: out is NULL");
   mp_ipc_handle_t h;
   int fds[2];
+  /* Room for the sender's credentials too, which a socket with SO_PASSCRED
+   * set gets with every message: without it they would not fit, and every
+   * receive on such a socket would be refused as truncated. */
   union {
     struct cmsghdr align;
-    char buf[CMSG_SPACE(sizeof fds)];
+    char buf[CMSG_SPACE(sizeof fds) + CMSG_SPACE(sizeof(struct ucred))];
   } ctl;
   struct iovec iov = {.iov_base = &h, .iov_len = sizeof h};
   struct msghdr msg = {.msg_iov = &iov,
@@ -378,11 +381,13 @@ mp_status_t mp_ipc_recv(int sock, mp_ipc_handle_t *out) {
         int fd;
         memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
         if (nfds < 2)
-          fds[nfds++] = fd;
+          fds[nfds] = fd;
         else
-          close(fd);
+          close(fd); /* more than any handle carries: refused below */
+        nfds++;
       }
     }
+  size_t kept = nfds < 2 ? nfds : 2;
   /* An empty handle or one of an unknown kind is none mp_ipc_send sends:
    * received, the descriptors it came with would be the caller's to close
    * and mp_ipc_handle_close would close none of them. */
@@ -391,7 +396,7 @@ mp_status_t mp_ipc_recv(int sock, mp_ipc_handle_t *out) {
                       ? mp__ipc_fds(&want, (int[2]){0})
                       : (size_t)-1;
   if (expect != nfds || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
-    for (size_t i = 0; i < nfds; i++)
+    for (size_t i = 0; i < kept; i++)
       close(fds[i]);
     return mp__fail(MP_EIO, "mp_ipc_recv: socket %d: %s", sock,
                     n < 0    ? strerror(err)

@@ -477,25 +477,33 @@ Test(pool_ipc_args, a_failed_receive_closes_no_descriptor) {
   free_released_and_destroy(pool, p);
 }
 
-/* Sends h's bytes with fd attached (SCM_RIGHTS), as a peer that is not
- * mp_ipc_send may. */
-static void send_raw(int sock, const mp_ipc_handle_t *h, int fd) {
+/* Sends h's bytes with n descriptors attached (SCM_RIGHTS), as a peer
+ * that is not mp_ipc_send may. */
+static void send_raw(int sock, const mp_ipc_handle_t *h, const int *fds,
+                     size_t n) {
   union {
     struct cmsghdr align;
-    char buf[CMSG_SPACE(sizeof(int))];
+    char buf[CMSG_SPACE(4 * sizeof(int))];
   } ctl;
   memset(&ctl, 0, sizeof ctl);
   struct iovec iov = {.iov_base = (void *)h, .iov_len = sizeof *h};
   struct msghdr msg = {.msg_iov = &iov,
                        .msg_iovlen = 1,
                        .msg_control = ctl.buf,
-                       .msg_controllen = sizeof ctl.buf};
+                       .msg_controllen = CMSG_SPACE(n * sizeof(int))};
   struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  c->cmsg_len = CMSG_LEN(n * sizeof(int));
+  memcpy(CMSG_DATA(c), fds, n * sizeof(int));
   cr_assert_eq(sendmsg(sock, &msg, 0), (ssize_t)sizeof *h);
+}
+
+/* Whether every copy of the pipe whose read end is rd was closed: it reads
+ * EOF (rd non-blocking). */
+static bool write_ends_closed(int rd) {
+  char byte;
+  return read(rd, &byte, 1) == 0;
 }
 
 /* A message whose handle is empty (kind 0) or of an unknown kind but
@@ -512,18 +520,63 @@ Test(pool_ipc_args, a_message_of_no_handle_kind_is_eio_and_closes_its_fds) {
     cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
     cr_assert_eq(pipe2(pfd, O_NONBLOCK), 0);
     mp_ipc_handle_t h = {.kind = kinds[k], .fd = -1, .lease_fd = 5};
-    send_raw(sv[0], &h, pfd[1]);
+    send_raw(sv[0], &h, &pfd[1], 1);
     close(pfd[1]);
     mp_ipc_handle_t got = {.kind = 0, .fd = -1, .lease_fd = -1};
     cr_expect_eq(mp_ipc_recv(sv[1], &got), MP_EIO, "kind %u", kinds[k]);
     (void)mp_ipc_handle_close(&got);
-    char byte;
-    cr_expect_eq(read(pfd[0], &byte, 1), 0,
-                 "kind %u: the received descriptor is still open", kinds[k]);
+    cr_expect(write_ends_closed(pfd[0]),
+              "kind %u: the received descriptor is still open", kinds[k]);
     close(pfd[0]);
     close(sv[0]);
     close(sv[1]);
   }
+}
+
+/* A message with more descriptors than its handle names (three, or four,
+ * for a handle naming two): MP_EIO, every one of them closed. */
+Test(pool_ipc_args, a_message_with_more_descriptors_than_its_handle_is_eio) {
+  for (size_t n = 3; n <= 4; n++) {
+    int sv[2], pfd[2], out[4];
+    cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    cr_assert_eq(pipe2(pfd, O_NONBLOCK), 0);
+    for (size_t i = 0; i < n; i++)
+      out[i] = pfd[1];
+    mp_ipc_handle_t h = {.kind = MP_IPC_FD, .fd = 3, .lease_fd = 4};
+    send_raw(sv[0], &h, out, n);
+    close(pfd[1]);
+    mp_ipc_handle_t got = {.kind = 0, .fd = -1, .lease_fd = -1};
+    cr_expect_eq(mp_ipc_recv(sv[1], &got), MP_EIO, "%zu descriptors", n);
+    (void)mp_ipc_handle_close(&got);
+    cr_expect(write_ends_closed(pfd[0]),
+              "%zu descriptors: a received one is still open", n);
+    close(pfd[0]);
+    close(sv[0]);
+    close(sv[1]);
+  }
+}
+
+/* A socket that also receives its peer's credentials (SO_PASSCRED, as a
+ * server that checks who sent what sets): the handle comes through with
+ * its descriptors. The credentials did not fit the control buffer, sized
+ * for two descriptors, so every receive was MP_EIO (MSG_CTRUNC). */
+Test(pool_ipc_args, a_socket_passing_credentials_receives_handles) {
+  mp_pool_t *pool = make_pool(dev, NULL);
+  void *p, *q;
+  mp_ipc_handle_t good = exported(pool, &p), got;
+  int sv[2], on = 1;
+  cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  cr_assert_eq(setsockopt(sv[1], SOL_SOCKET, SO_PASSCRED, &on, sizeof on), 0);
+  cr_assert_eq(mp_ipc_send(sv[0], &good), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_ipc_recv(sv[1], &got), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_ipc_handle_close(&good), MP_OK);
+  cr_assert_eq(mp_ipc_import(dev, &got, &q), MP_OK, "%s", mp_last_error());
+  ipc_fill(dev, q, 3 * MiB, 5);
+  ipc_expect(dev, p, 3 * MiB, 5);
+  cr_assert_eq(mp_ipc_close(dev, q), MP_OK, "%s", mp_last_error());
+  close(sv[0]);
+  close(sv[1]);
+  free_released_and_destroy(pool, p);
 }
 
 /* Two threads importing at once while the process's list of imports has
