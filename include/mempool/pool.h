@@ -558,7 +558,7 @@ MP_API mp_status_t mp_pool_resume(mp_pool_t *pool);
  * in allocated_bytes), a second free of it is MP_EINVAL, and it is not
  * reused until every importer has let go; the pool checks its leases
  * (one poll each, never waiting) at allocations while it holds blocks, at
- * trim, pause and mp_pool_ipc_poll. A lease that never reaches an
+ * export, trim, pause and mp_pool_ipc_poll. A lease that never reaches an
  * importer must be closed by the exporter (mp_ipc_handle_close), or the
  * block stays held until the pool is destroyed. mp_pool_pause refuses
  * (MP_EBUSY) while any lease is open: the memory would not go back to the

@@ -211,6 +211,12 @@ mp_status_t mp__export_block(mp_pool_t *pool, void *ptr, mp_ipc_handle_t *out) {
     st = mp__pool_find_live(pool, "mp_pool_ipc_export", ptr, false, &b, &slot);
   if (st == MP_OK)
     st = mp__export_memory(pool, b, &base, &bytes, &vm);
+  /* The leases whose importers let go, before a new one: a live block
+   * exported again and again would otherwise keep one descriptor per
+   * export until it is freed (or the pool polled or trimmed). b is live,
+   * so no release moves it; a refused export (above) reaps nothing. */
+  if (st == MP_OK && pool->nexports > 0)
+    mp__export_reap(pool);
   if (st == MP_OK && pool->nexports == pool->exports_cap) {
     size_t cap = pool->exports_cap ? 2 * pool->exports_cap : 8;
     struct mp__export *n = mp__host_realloc(pool->exports, cap * sizeof *n);
