@@ -390,9 +390,12 @@ mp_status_t mp_ipc_recv(int sock, mp_ipc_handle_t *out) {
   size_t kept = nfds < 2 ? nfds : 2;
   /* An empty handle or one of an unknown kind is none mp_ipc_send sends:
    * received, the descriptors it came with would be the caller's to close
-   * and mp_ipc_handle_close would close none of them. */
+   * and mp_ipc_handle_close would close none of them. Nor is one whose
+   * backend is no string (the export writes it with snprintf), which a
+   * program printing it would read past. */
   mp_ipc_handle_t want = h;
-  size_t expect = n == (ssize_t)sizeof h && mp__ipc_kind_ok(&want)
+  size_t expect = n == (ssize_t)sizeof h && mp__ipc_kind_ok(&want) &&
+                          memchr(want.backend, '\0', sizeof want.backend)
                       ? mp__ipc_fds(&want, (int[2]){0})
                       : (size_t)-1;
   if (expect != nfds || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {

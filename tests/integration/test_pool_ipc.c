@@ -534,6 +534,28 @@ Test(pool_ipc_args, a_message_of_no_handle_kind_is_eio_and_closes_its_fds) {
   }
 }
 
+/* A message whose backend name is not a string (no terminating 0 in its
+ * 16 bytes): not a handle mp_ipc_send sends (the export writes the name
+ * with snprintf), so MP_EIO with its descriptors closed, rather than a
+ * handle whose backend a program printing it reads past. */
+Test(pool_ipc_args, a_message_whose_backend_is_no_string_is_eio) {
+  int sv[2], pfd[2];
+  cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  cr_assert_eq(pipe2(pfd, O_NONBLOCK), 0);
+  mp_ipc_handle_t h = {.kind = MP_IPC_FD, .fd = 3, .lease_fd = 4};
+  memset(h.backend, 'x', sizeof h.backend);
+  int out[2] = {pfd[1], pfd[1]};
+  send_raw(sv[0], &h, out, 2);
+  close(pfd[1]);
+  mp_ipc_handle_t got = {.kind = 0, .fd = -1, .lease_fd = -1};
+  cr_expect_eq(mp_ipc_recv(sv[1], &got), MP_EIO);
+  (void)mp_ipc_handle_close(&got);
+  cr_expect(write_ends_closed(pfd[0]), "a received descriptor is still open");
+  close(pfd[0]);
+  close(sv[0]);
+  close(sv[1]);
+}
+
 /* A message with more descriptors than its handle names (three, or four,
  * for a handle naming two): MP_EIO, every one of them closed. */
 Test(pool_ipc_args, a_message_with_more_descriptors_than_its_handle_is_eio) {
