@@ -26,6 +26,7 @@
 
 #include <cuda.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -1333,6 +1334,10 @@ static mp_status_t mp__cuda_ipc_export(mp_device_t *dev, void *base,
                     &fd, gh, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
   if (r != CUDA_SUCCESS)
     return mp__cuda_fail(r, "cuMemExportToShareableHandle(%p)", base);
+  /* Close-on-exec, as the lease and a received handle's descriptors are:
+   * cuda.h does not say the driver's descriptor is, and a program that
+   * starts another before closing the handle would hand it the memory. */
+  (void)fcntl(fd, F_SETFD, FD_CLOEXEC); /* its only descriptor flag */
   h->kind = MP_IPC_FD;
   h->fd = fd;
   return MP_OK;

@@ -3578,6 +3578,10 @@ CUresult cuMemExportToShareableHandle(void *shareableHandle,
   mp_status_t st = mp__device_ipc_export(dev, (void *)r.base, r.size, true, &h);
   if (st != MP_OK)
     return fk_result_of(st);
+  /* cuda.h promises nothing of the descriptor but that it is "the
+   * requested handle type" (shareableHandle): not close-on-exec, which
+   * the host device's export sets, so the fake clears it. */
+  (void)fcntl(h.fd, F_SETFD, 0);
   *(int *)shareableHandle = h.fd;
   return CUDA_SUCCESS;
 }

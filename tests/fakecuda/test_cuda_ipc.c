@@ -8,6 +8,7 @@
  * memory a virtual block is
  * MP_ENOTSUP. On the fake the export calls are counted; the GPU twin
  * (gpu_cuda_ipc) runs the same on a real driver. */
+#include <fcntl.h>
 #include <stdlib.h>
 
 #include <cuda.h>
@@ -56,6 +57,29 @@ Test(cuda_ipc, forked_child_writes_a_plain_segment_block_the_parent_reads_it) {
     cr_expect_eq(fk_calls("cuIpcGetMemHandle"), 1);
     cr_expect_eq(fk_calls("cuMemExportToShareableHandle"), 0);
   }
+}
+
+/* The descriptors of an exported virtual block are close-on-exec, as the
+ * host device's and a received handle's are: a program that starts another
+ * (posix_spawn, fork and exec) between the export and mp_ipc_handle_close
+ * handed it the memory's descriptor, cuMemExportToShareableHandle's own,
+ * which cuda.h does not say is close-on-exec: the child then kept the
+ * device memory alive and reachable. */
+Test(cuda_ipc, an_exported_memory_descriptor_is_close_on_exec) {
+  skip_without_vmm_fd();
+  mp_device_t *d = open_dev("cuda");
+  mp_pool_t *pool;
+  void *p;
+  mp_ipc_handle_t h;
+  cr_assert_eq(export_small(d, &pool, &p, &h), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(h.kind, MP_IPC_FD);
+  cr_expect(fcntl(h.fd, F_GETFD) & FD_CLOEXEC,
+            "the memory's descriptor is inherited across exec");
+  cr_expect(fcntl(h.lease_fd, F_GETFD) & FD_CLOEXEC);
+  cr_assert_eq(mp_ipc_handle_close(&h), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(d);
 }
 
 /* A handle whose sizes claim more memory than the exporter's allocation
