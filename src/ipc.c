@@ -293,6 +293,14 @@ void mp__ipc_close_all(mp_device_t *dev) {
 
 /* ---- handles over a Unix socket ---------------------------------------- */
 
+/* SO_PASSPIDFD's control message (Linux 6.5, include/linux/socket.h, next
+ * to SCM_RIGHTS), which older headers lack. */
+#ifdef SCM_PIDFD
+#define MP__SCM_PIDFD SCM_PIDFD
+#else
+#define MP__SCM_PIDFD 0x04
+#endif
+
 /* Whether h is of a kind that carries descriptors: an empty handle (kind
  * 0, or a struct zeroed before a failed export, whose 0s are no
  * descriptors) or one of an unknown kind holds none of the caller's. */
@@ -350,12 +358,14 @@ mp_status_t mp_ipc_recv(int sock, mp_ipc_handle_t *out) {
     return mp__fail(MP_EINVAL, "mp_ipc_recv: out is NULL");
   mp_ipc_handle_t h;
   int fds[2];
-  /* Room for the sender's credentials too, which a socket with SO_PASSCRED
-   * set gets with every message: without it they would not fit, and every
-   * receive on such a socket would be refused as truncated. */
+  /* Room for the sender's credentials and pidfd too, which a socket with
+   * SO_PASSCRED or SO_PASSPIDFD set gets with every message: without it
+   * they would not fit, and every receive on such a socket would be
+   * refused as truncated. */
   union {
     struct cmsghdr align;
-    char buf[CMSG_SPACE(sizeof fds) + CMSG_SPACE(sizeof(struct ucred))];
+    char buf[CMSG_SPACE(sizeof fds) + CMSG_SPACE(sizeof(struct ucred)) +
+             CMSG_SPACE(sizeof(int))];
   } ctl;
   struct iovec iov = {.iov_base = &h, .iov_len = sizeof h};
   struct msghdr msg = {.msg_iov = &iov,
@@ -375,7 +385,14 @@ mp_status_t mp_ipc_recv(int sock, mp_ipc_handle_t *out) {
     msg.msg_controllen = 0;
   for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL;
        c = CMSG_NXTHDR(&msg, c))
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == MP__SCM_PIDFD &&
+        c->cmsg_len == CMSG_LEN(sizeof(int))) {
+      /* The sender's pidfd, installed in this process: the caller never
+       * sees the control data, so nobody else would close it. */
+      int fd;
+      memcpy(&fd, CMSG_DATA(c), sizeof fd);
+      close(fd);
+    } else if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
       size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
       for (size_t i = 0; i < k; i++) {
         int fd;

@@ -4,9 +4,9 @@
  * plain segments by cuIpcGetMemHandle / cuIpcOpenMemHandle), writes it, and
  * the parent reads what it wrote; a block imported elsewhere is held until
  * the importer lets go, and destroy waits for the importers of a plain
- * segment's block (MP_EBUSY), not a virtual chunk's; without shareable
- * memory a virtual block is
- * MP_ENOTSUP. On the fake the export calls are counted; the GPU twin
+ * segment's block (MP_EBUSY), not a virtual chunk's; an exported
+ * memory descriptor is close-on-exec; without shareable memory a virtual
+ * block is MP_ENOTSUP. On the fake the export calls are counted; the GPU twin
  * (gpu_cuda_ipc) runs the same on a real driver. */
 #include <fcntl.h>
 #include <stdlib.h>
