@@ -892,6 +892,7 @@ mp_status_t mp_pool_ipc_export(mp_pool_t *pool, void *ptr,
                     pool == NULL  ? "pool"
                     : ptr == NULL ? "ptr"
                                   : "out");
+  MP__HIST_ENTRY(pool); /* the frees of the blocks it reaps */
   if (pool->arenas != NULL) {
     mp_pool_t *a = mp__arena_owner(pool, ptr);
     /* In no arena: the pool's own path says what ptr is not. */

@@ -471,6 +471,33 @@ Test(pool_history, destroying_a_graph_pool_marks_its_caller) {
   mp_pool_destroy(p);
 }
 
+__attribute__((noinline)) void history_caller_exports(mp_pool_t *p, void *ptr,
+                                                      mp_ipc_handle_t *h) {
+  cr_assert_eq(mp_pool_ipc_export(p, ptr, h), MP_OK, "%s", mp_last_error());
+}
+
+/* An export that reaps a lease let go (mp_pool_ipc_export polls its
+ * leases, since bfc34c4) and so frees a held block: its free events start
+ * their stacks at the export's caller. Failed before: the export set no
+ * mark, so they started where the last entry point's caller had (a stale
+ * mark: a fixed count of frames dropped, the library's own frames kept). */
+Test(pool_history, an_export_that_reaps_marks_its_caller) {
+  mp_pool_t *p = make_pool("max_bytes=16M,history=64,history_stacks=1");
+  void *a, *b;
+  cr_assert_eq(mp_pool_alloc(p, 1 << 20, NULL, &a), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 1 << 20, NULL, &b), MP_OK);
+  mp_ipc_handle_t ha, hb;
+  cr_assert_eq(mp_pool_ipc_export(p, a, &ha), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(p, a), MP_OK); /* held: ha's lease is open */
+  cr_assert_eq(mp_ipc_handle_close(&ha), MP_OK);
+  size_t before = p->hist.total;
+  history_caller_exports(p, b, &hb);
+  expect_caller_since(p, before, "history_caller_exports");
+  cr_assert_eq(mp_ipc_handle_close(&hb), MP_OK);
+  cr_assert_eq(mp_pool_free(p, b), MP_OK);
+  mp_pool_destroy(p);
+}
+
 /* A frame whose symbol is longer than the snapshot's name buffer (C++
  * template names often are): shortened in its middle, so the tail and the
  * offset after it stay. Failed before: the name was cut at 511 bytes and
