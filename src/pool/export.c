@@ -19,7 +19,7 @@
  * to the arena holding the block, a poll to every arena. An arena's
  * allocations from its cache do not reap (that path stays as short as a
  * pool without exports): its held blocks go back when it misses its cache,
- * frees an exported block, trims or is polled. */
+ * frees or exports a block, trims or is polled. */
 #include <errno.h>
 #include <poll.h>
 #include <stdlib.h>
