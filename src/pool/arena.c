@@ -441,6 +441,10 @@ typedef struct mp__arena_req {
   mp_pool_t **owner;
 } mp__arena_req_t;
 
+/* The claim of a graph pool's range (mp__arena_graph_borrow). */
+static mp_status_t mp__arena_lend(mp_pool_t *lender, void *const *out,
+                                  void *graph);
+
 /* Under x's lock, the request's block just made live in x: its claim, and
  * x as its owner. A claim that fails has given the block back. */
 static mp_status_t mp__arena_claimed(mp_pool_t *x, const mp__arena_req_t *q) {
@@ -547,6 +551,10 @@ static mp_status_t mp__arena_alloc_slow(mp_pool_t *pool, mp_pool_t *a,
   mp_pool_oom_handler_t fn = pool->oom_fn;
   void *ctx = pool->oom_ctx;
   mp__pool_unlock(pool);
+  /* A graph pool's range: asked once in the graph pool's allocation, whose
+   * ladder may borrow again (mp__graph_ask). */
+  if (q->claim == mp__arena_lend && !mp__graph_ask(st))
+    fn = NULL;
   /* What the handler freed went to the arenas holding it (their cache,
    * their share of the cap): the retry reclaims it as the full step does. */
   if (fn != NULL && mp__oom_call(pool, fn, bytes, st, ctx) != 0)

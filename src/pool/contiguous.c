@@ -85,8 +85,7 @@ mp_status_t mp__pool_alloc_pieces(mp_pool_t *pool, size_t count,
   /* The take and the handler may drop the lock: as mp_pool_alloc, in a
    * graph pool. */
   bool graph = pool->graph;
-  if (graph)
-    mp__graph_enter(pool);
+  bool outer = graph && mp__graph_enter(pool);
   mp_status_t st =
       mp__pieces_take(pool, count, total, overflow, s, &sidx, &recs, &b);
   /* Out of memory: the handler, then once more, as mp_pool_alloc (an
@@ -94,7 +93,7 @@ mp_status_t mp__pool_alloc_pieces(mp_pool_t *pool, size_t count,
   if (mp__pool_oom_retry(pool, st, total))
     st = mp__pieces_take(pool, count, total, overflow, s, &sidx, &recs, &b);
   if (st != MP_OK) {
-    bool last = graph && mp__graph_leave(pool);
+    bool last = graph && mp__graph_leave(pool, outer);
     mp__recs_free(pool, recs);
     mp__pool_unlock(pool);
     mp__graph_finish_if(pool, last);
@@ -120,7 +119,7 @@ mp_status_t mp__pool_alloc_pieces(mp_pool_t *pool, size_t count,
     }
   }
   if (graph)
-    (void)mp__graph_leave(pool); /* its blocks are live: not the last */
+    (void)mp__graph_leave(pool, outer); /* its blocks are live: not the last */
   mp__pool_unlock(pool);
   return MP_OK;
 }

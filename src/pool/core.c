@@ -550,12 +550,16 @@ int mp__oom_call(mp_pool_t *pool, mp_pool_oom_handler_t fn, size_t bytes,
   return again;
 }
 
+bool mp__pool_oom_last(const mp_pool_t *pool) {
+  return mp__oom_pool == pool && mp__oom_serial == mp__error_serial();
+}
+
 bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes) {
   /* Only for the device running out, which the failure counted (as the
    * arenas' path, arena.c): host memory running out is MP_ENOMEM too,
    * and no handler frees host memory. */
   if ((st != MP_ENOMEM && st != MP_ELIMIT) || pool->oom_fn == NULL ||
-      mp__oom_pool != pool || mp__oom_serial != mp__error_serial())
+      !mp__pool_oom_last(pool))
     return false;
   mp_pool_oom_handler_t fn = pool->oom_fn;
   void *ctx = pool->oom_ctx;

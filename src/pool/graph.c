@@ -371,18 +371,23 @@ static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes,
                                    &parent->granges_cap, sizeof *r, "ranges");
   if (r != NULL)
     parent->granges = r;
-  uint64_t ooms = parent->st.oom_count;
   st = r != NULL ? mp__pool_alloc_locked(parent, bytes, s, out) : MP__EHOST;
+  bool device = mp__pool_oom_last(parent);
   /* Out of memory, the parent's handler, as the arenas' path asks it
-   * (arena.c): the range is an allocation of the parent's. A retry's
-   * failure counts in place of the first (mp__pool_oom_retry). */
-  if (mp__pool_oom_retry(parent, st, bytes))
+   * (arena.c): the range is an allocation of the parent's. Once per
+   * allocation of the graph pool, whose ladder may borrow again
+   * (mp__graph_ask). A retry's failure counts in place of the first
+   * (mp__pool_oom_retry). */
+  if (mp__graph_ask(st) && mp__pool_oom_retry(parent, st, bytes)) {
     st = mp__pool_alloc_locked(parent, bytes, s, out);
-  /* The parent's MP_ENOMEM without an out-of-memory count is host memory
+    device = mp__pool_oom_last(parent);
+  }
+  /* The parent's MP_ENOMEM that is not its out of memory is host memory
    * running out (its message says so): MP__EHOST, so that the graph pool's
    * ladder stops with that message instead of taking it for a full
-   * device. */
-  if (st == MP_ENOMEM && parent->st.oom_count == ooms)
+   * device. Told by the failure itself: the parent's oom_count moves with
+   * other threads' failures, and with the handler's own allocations. */
+  if (st == MP_ENOMEM && !device)
     st = MP__EHOST;
   /* The allocation may have dropped the lock (growth) while another graph
    * pool borrowed: the room is asked again. */
@@ -540,13 +545,28 @@ bool mp__graph_take_last(mp_pool_t *graph) {
   return last;
 }
 
-void mp__graph_enter(mp_pool_t *graph) {
+/* Whether the graph pool allocation this thread is in asked the parent's
+ * out-of-memory handler (mp__graph_ask). */
+static _Thread_local bool mp__graph_asked;
+
+bool mp__graph_enter(mp_pool_t *graph) {
   graph->ncalls++;
+  bool outer = mp__graph_asked;
+  mp__graph_asked = false;
+  return outer;
 }
 
-bool mp__graph_leave(mp_pool_t *graph) {
+bool mp__graph_leave(mp_pool_t *graph, bool outer) {
+  mp__graph_asked = outer;
   graph->ncalls--;
   return mp__graph_take_last(graph);
+}
+
+bool mp__graph_ask(mp_status_t st) {
+  if ((st != MP_ENOMEM && st != MP_ELIMIT) || mp__graph_asked)
+    return false;
+  mp__graph_asked = true;
+  return true;
 }
 
 void mp__graph_finish_if(mp_pool_t *graph, bool last) {

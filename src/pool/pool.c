@@ -595,12 +595,11 @@ static MP__COLD mp_status_t mp__pool_alloc_rare(mp_pool_t *pool, size_t bytes,
   /* A graph pool may be finished by a free while the lock is dropped
    * (the handler may free its last block): the last call out does it. */
   bool graph = pool->graph;
-  if (graph)
-    mp__graph_enter(pool);
+  bool outer = graph && mp__graph_enter(pool);
   mp_status_t st = mp__pool_alloc_locked_hot(pool, bytes, s, out, false);
   if (st != MP_OK && mp__pool_oom_retry(pool, st, bytes))
     st = mp__pool_alloc_locked(pool, bytes, s, out);
-  bool last = graph && mp__graph_leave(pool);
+  bool last = graph && mp__graph_leave(pool, outer);
   mp__pool_unlock(pool);
   mp__graph_finish_if(pool, last);
   return st;

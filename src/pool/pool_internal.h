@@ -826,9 +826,19 @@ mp_status_t mp__graph_release(mp_pool_t *graph);
  * a synchronize): while one is inside, a free that empties a released pool
  * does not finish it, and the last allocation out does instead. _leave
  * returns mp__graph_take_last's answer, for mp__graph_finish_if once the
- * lock is dropped. */
-void mp__graph_enter(mp_pool_t *graph);
-bool mp__graph_leave(mp_pool_t *graph);
+ * lock is dropped. They also scope, on the calling thread, whether the
+ * allocation asked the parent's out-of-memory handler (mp__graph_ask):
+ * _enter returns the enclosing allocation's answer (one made inside a
+ * handler) and starts this one's at false; _leave restores outer. */
+bool mp__graph_enter(mp_pool_t *graph);
+bool mp__graph_leave(mp_pool_t *graph, bool outer);
+/* In a graph pool's growth, its range refused by the parent with st: true
+ * (and from then false) the first time in the allocation this thread is in
+ * (mp__graph_enter) that st is out of memory, when the parent's handler may
+ * be asked; false after, so that one allocation asks it at most once
+ * however many times its ladder (each growth rung, the graph pool's own
+ * retry) borrows. */
+bool mp__graph_ask(mp_status_t st);
 /* ---- export.c: IPC exports and their leases ------------------------------ */
 /* A free of exported b (lock held): true when b is still imported
  * elsewhere and is now held instead of freed. */
@@ -895,6 +905,11 @@ extern _Thread_local uint64_t mp__oom_seen;
  * failure no longer counts in oom_count (the retry's counts, if it
  * fails). */
 bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes);
+/* Whether the calling thread's last failure (mp__error_serial) is an out
+ * of memory mp__pool_oom counted in pool: an MP_ENOMEM that is not is host
+ * memory running out. Told per failure, not by pool's oom_count, which
+ * other threads and an out-of-memory handler's own allocations move. */
+bool mp__pool_oom_last(const mp_pool_t *pool);
 /* No lock held: pool's out-of-memory handler fn(pool, bytes, st, ctx), or 0
  * without calling it while a handler runs on this thread (one that
  * allocates, and answers retry whatever happens, would recurse for ever:

@@ -276,3 +276,56 @@ Test(oom_handler, a_handler_that_allocates_and_always_retries_is_called_once) {
       cr_assert_eq(mp_pool_destroy(p), MP_OK, "%s", mp_last_error());
     }
 }
+
+/* A graph pool's allocation asks the parent's handler once, however often
+ * its ladder borrows: with free bytes of its own it grows again after its
+ * synchronization, and its own handler's retry grows once more. Each
+ * borrow asked the parent's handler before (two calls, three with the
+ * graph pool's own handler), with arenas or without. */
+Test(oom_handler, a_graph_pools_allocation_asks_the_parents_handler_once) {
+  for (size_t c = 0; c < sizeof configs / sizeof *configs; c++)
+    for (int own = 0; own < 2; own++)
+      for (int answer = 0; answer < 2; answer++) {
+        mp_pool_t *p = make_pool(dev, configs[c]);
+        void *held;
+        cr_assert_eq(mp_pool_alloc(p, 40 * MiB, NULL, &held), MP_OK);
+        engine_t e = {.answer = answer}, ge = {.answer = 1};
+        cr_assert_eq(mp_pool_set_oom_handler(p, drop_cache, &e), MP_OK);
+        mp_pool_t *g;
+        cr_assert_eq(mp_pool_graph_create(p, &g), MP_OK, "%s",
+                     mp_last_error());
+        if (own)
+          cr_assert_eq(mp_pool_set_oom_handler(g, drop_cache, &ge), MP_OK);
+        /* A range with free bytes left, so that the ladder's second
+         * growth rung runs. */
+        void *small, *x;
+        cr_assert_eq(mp_pool_alloc(g, MiB, NULL, &small), MP_OK, "%s",
+                     mp_last_error());
+        cr_assert_gt(stats(g).reserved_bytes, MiB);
+        for (kind_t k = PIECES; k <= ALLOC; k += ALLOC - PIECES) {
+          int before = e.calls, gbefore = ge.calls;
+          asked_t a = {0};
+          mp_status_t st = ask(g, k, 40 * MiB, &a);
+          cr_expect_eq(st, MP_ENOMEM, "%s, own %d, answer %d, %s: %s",
+                       configs[c], own, answer, kind_name(k), mp_last_error());
+          cr_expect(strstr(mp_last_error(), "out of device memory"), "%s",
+                    mp_last_error());
+          cr_expect_eq(e.calls - before, 1, "%s, own %d, answer %d, %s",
+                       configs[c], own, answer, kind_name(k));
+          cr_expect_eq(e.bytes, 40 * MiB, "%s", configs[c]);
+          cr_expect_eq(ge.calls - gbefore, own, "%s, answer %d, %s",
+                       configs[c], answer, kind_name(k));
+        }
+        cr_expect_eq(stats(g).oom_count, 2, "%s", configs[c]);
+        /* The next allocation asks it again. */
+        cr_expect_eq(mp_pool_alloc(g, 40 * MiB, NULL, &x), MP_ENOMEM);
+        cr_expect_eq(e.calls, 3, "%s, own %d, answer %d", configs[c], own,
+                     answer);
+        cr_assert_eq(mp_pool_free(g, small), MP_OK, "%s", mp_last_error());
+        cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+        cr_assert_eq(mp_pool_free(p, held), MP_OK, "%s", mp_last_error());
+        check(p);
+        cr_expect_eq(stats(p).allocated_bytes, 0, "%s", configs[c]);
+        cr_assert_eq(mp_pool_destroy(p), MP_OK, "%s", mp_last_error());
+      }
+}

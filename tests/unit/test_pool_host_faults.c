@@ -548,6 +548,62 @@ Test(pool_host_faults, a_host_failure_after_the_handler_says_host_memory) {
   host_failure_after_the_handler("arenas=2");
 }
 
+/* The handler's own allocation from the pool runs out of device memory
+ * (counted in the pool), then it frees device memory and asks for a retry,
+ * which meets host memory running out. */
+static int handler_fails_then_no_host(mp_pool_t *pool, size_t bytes,
+                                      mp_status_t st, void *ctx) {
+  (void)bytes, (void)st;
+  void *big = NULL;
+  cr_assert_eq(mp_pool_alloc(pool, (size_t)1 << 30, NULL, &big), MP_ENOMEM);
+  return handler_then_no_host(pool, bytes, st, ctx);
+}
+
+/* A graph pool's range whose retry after the parent's handler fails for
+ * host memory says host memory and counts no out of memory in the graph
+ * pool, with or without arenas, even when the handler's own allocation
+ * from the parent ran out of device memory. Before, without arenas the
+ * borrow told host from device by the parent's oom_count, which that
+ * failure had moved: the graph pool took it for a full device ("out of
+ * device memory", counted). */
+static void graph_host_failure_after_the_handler(const char *opts) {
+  mp_device_t *dev = fake_open(64 * MiB, 0);
+  mp_pool_t *p = make_pool(dev, opts);
+  void *x, *y = NULL;
+  cr_assert_eq(mp_pool_alloc(p, 60 * MiB, NULL, &x), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_set_oom_handler(p, handler_fails_then_no_host, &x),
+               MP_OK);
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(p, &g), MP_OK, "%s", mp_last_error());
+  mp_status_t st = mp_pool_alloc(g, 16 * MiB, NULL, &y);
+  mp__fault_host_every(false);
+  const char *name = opts ? opts : "no arenas";
+  cr_expect_eq(st, MP_ENOMEM, "%s", name);
+  cr_expect(strstr(mp_last_error(), "host memory") != NULL, "%s: '%s'", name,
+            mp_last_error());
+  cr_expect_null(y);
+  cr_expect_null(x, "%s: the handler ran", name);
+  cr_expect_eq(stats(g).oom_count, 0, "%s", name);
+  cr_expect_eq(stats(g).reserved_bytes, 0, "%s", name);
+  check(g);
+  check(p);
+  /* Host memory back: the same request is served. */
+  cr_assert_eq(mp_pool_alloc(g, 16 * MiB, NULL, &y), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_free(g, y), MP_OK);
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  check(p);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(fake_of(dev)->used, 0);
+  fake_close(dev);
+}
+
+Test(pool_host_faults, a_graph_pools_host_failure_after_the_handler) {
+  graph_host_failure_after_the_handler(NULL);
+  graph_host_failure_after_the_handler("arenas=2");
+}
+
 /* Growth in pieces (map_piece) when host memory for its records runs out
  * at each point in turn. */
 Test(pool_host_faults, growth_in_pieces_under_faults) {
