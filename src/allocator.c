@@ -9,11 +9,18 @@
  * mp_pool_config_parse on top of mp_pool_config_init, so "pool" honours
  * $MEMPOOL_CONF exactly as mp_pool_create(dev, NULL) does. A spec is parsed
  * completely before anything is created, and a failure destroys whatever was
- * made, so a bad spec leaves nothing behind. */
+ * made, so a bad spec leaves nothing behind.
+ *
+ * History stacks (history_stacks=1): the dispatch of the "pool" and
+ * "child" kinds marks its caller (MP__HIST_ENTRY) and the ops call the
+ * pools without their own mark, so that an event's stack starts at the
+ * code that called mp_allocator_*, not at this file's frames, as under
+ * mp_pool_* itself. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
+#include "pool/pool_internal.h"
 #include "structs.h"
 
 /* A "child" allocator owns both its child pool and the parent it is carved
@@ -41,10 +48,10 @@ struct mp_allocator {
 
 static mp_status_t mp__pool_op_alloc(void *self, size_t bytes, mp_stream_t s,
                                      void **out) {
-  return mp_pool_alloc(self, bytes, s, out);
+  return mp__pool_alloc_marked(self, bytes, s, out);
 }
 static mp_status_t mp__pool_op_free(void *self, void *ptr) {
-  return mp_pool_free(self, ptr);
+  return mp__pool_free_marked(self, ptr);
 }
 static mp_status_t mp__pool_op_record(void *self, void *ptr, mp_stream_t s) {
   return mp_pool_record_stream(self, ptr, s);
@@ -53,7 +60,7 @@ static mp_status_t mp__pool_op_stats(void *self, mp_stats_t *out) {
   return mp_pool_get_stats(self, out);
 }
 static mp_status_t mp__pool_op_release(void *self) {
-  return mp_pool_trim(self, 0);
+  return mp__pool_trim_marked(self, 0);
 }
 /* A failure that took the pool with it (a device free refused after
  * others went) leaves nothing but the allocator. */
@@ -79,10 +86,11 @@ static const mp_allocator_ops_t mp__pool_ops = {"pool",
 
 static mp_status_t mp__child_op_alloc(void *self, size_t bytes, mp_stream_t s,
                                       void **out) {
-  return mp_pool_alloc(((mp__child_alloc_t *)self)->child, bytes, s, out);
+  return mp__pool_alloc_marked(((mp__child_alloc_t *)self)->child, bytes, s,
+                               out);
 }
 static mp_status_t mp__child_op_free(void *self, void *ptr) {
-  return mp_pool_free(((mp__child_alloc_t *)self)->child, ptr);
+  return mp__pool_free_marked(((mp__child_alloc_t *)self)->child, ptr);
 }
 static mp_status_t mp__child_op_record(void *self, void *ptr, mp_stream_t s) {
   return mp_pool_record_stream(((mp__child_alloc_t *)self)->child, ptr, s);
@@ -92,8 +100,8 @@ static mp_status_t mp__child_op_stats(void *self, mp_stats_t *out) {
 }
 static mp_status_t mp__child_op_release(void *self) {
   mp__child_alloc_t *c = self;
-  mp_status_t st = mp_pool_trim(c->child, 0);
-  mp_status_t pst = mp_pool_trim(c->parent, 0);
+  mp_status_t st = mp__pool_trim_marked(c->child, 0);
+  mp_status_t pst = mp__pool_trim_marked(c->parent, 0);
   return st != MP_OK ? st : pst;
 }
 /* A failure keeps what is left, so a later destroy ends it: the parent
@@ -215,8 +223,11 @@ static mp_status_t mp__make_pool(mp_device_t *dev, const char *opts,
   return mp_pool_create(dev, cfg, out);
 }
 
+/* ra: the return address of mp_allocator_create, where the child's first
+ * event (its range) starts its stack. */
 static mp_status_t mp__make_child(mp_device_t *dev, const char *spec,
-                                  const char *opts, mp_allocator_t **out) {
+                                  const char *opts, void *ra,
+                                  mp_allocator_t **out) {
   mp__child_spec_t c = {0};
   c.rest = mp__host_alloc(strlen(opts) + 1);
   if (c.rest == NULL)
@@ -236,7 +247,8 @@ static mp_status_t mp__make_child(mp_device_t *dev, const char *spec,
   if (st == MP_OK)
     st = mp__make_pool(dev, c.rest, &cfg, &ca->parent);
   if (st == MP_OK) {
-    st = mp_pool_create_child(ca->parent, c.bytes, &ca->child);
+    MP__HIST_ENTRY_AT(ca->parent, ra);
+    st = mp__pool_create_child_marked(ca->parent, c.bytes, &ca->child);
     /* The parent is new and empty: only its cap can stop the child, and
      * the spec set that cap. */
     if (st == MP_ELIMIT)
@@ -287,7 +299,7 @@ mp_status_t mp_allocator_create(mp_device_t *dev, const char *spec,
     return st;
   }
   if (name_len == 5 && memcmp(spec, "child", 5) == 0)
-    return mp__make_child(dev, spec, opts, out);
+    return mp__make_child(dev, spec, opts, __builtin_return_address(0), out);
   if (name_len == 6 && memcmp(spec, "direct", 6) == 0) {
     if (opts[0] != '\0')
       return mp__fail(MP_EINVAL,
@@ -343,6 +355,14 @@ mp_pool_t *mp_allocator_pool(const mp_allocator_t *a) {
                       __func__, (a)->name);                                    \
   } while (0)
 
+/* The "pool" and "child" kinds' pool records this call's caller as its
+ * events' (see the top); a wrapped allocator's calls mark their own. */
+#define MP__ALLOCATOR_ENTRY(a)                                                 \
+  do {                                                                         \
+    if ((a)->pool != NULL)                                                     \
+      MP__HIST_ENTRY((a)->pool);                                               \
+  } while (0)
+
 /* An optional operation the wrapped table left out. */
 #define MP__CHECK_OP(a, op)                                                    \
   do {                                                                         \
@@ -356,11 +376,13 @@ mp_status_t mp_allocator_alloc(mp_allocator_t *a, size_t bytes, mp_stream_t s,
   MP__CHECK_ALLOCATOR(a);
   if (out == NULL)
     return mp__fail(MP_EINVAL, "mp_allocator_alloc: out is NULL");
+  MP__ALLOCATOR_ENTRY(a);
   return a->ops.alloc(a->self, bytes, s, out);
 }
 
 mp_status_t mp_allocator_free(mp_allocator_t *a, void *ptr) {
   MP__CHECK_ALLOCATOR(a);
+  MP__ALLOCATOR_ENTRY(a);
   return a->ops.free(a->self, ptr);
 }
 
@@ -395,6 +417,7 @@ mp_status_t(mp_allocator_get_stats)(mp_allocator_t *a, mp_stats_t *out) {
 mp_status_t mp_allocator_release(mp_allocator_t *a) {
   MP__CHECK_ALLOCATOR(a);
   MP__CHECK_OP(a, release);
+  MP__ALLOCATOR_ENTRY(a);
   return a->ops.release(a->self);
 }
 

@@ -209,17 +209,25 @@ static mp_status_t mp__default_failure(mp_status_t otherwise) {
   return mp__last_failure() != MP_OK ? mp__last_failure() : otherwise;
 }
 
-mp_status_t mp_malloc(void **ptr, size_t bytes) {
-  return mp_malloc_async(ptr, bytes, NULL);
-}
-
-mp_status_t mp_malloc_async(void **ptr, size_t bytes, mp_stream_t s) {
+/* mp_malloc_async, the events' stacks starting at ra (the entry point's
+ * caller), not at this file's frames. */
+static mp_status_t mp__malloc_from(void **ptr, size_t bytes, mp_stream_t s,
+                                   void *ra) {
   if (ptr == NULL)
     return mp__fail(MP_EINVAL, "mp_malloc: ptr is NULL");
   mp_pool_t *pool = mp__default_of_stream(s);
   if (pool == NULL)
     return mp__default_failure(MP_ENODEV);
-  return mp_pool_alloc(pool, bytes, s, ptr);
+  MP__HIST_ENTRY_AT(pool, ra);
+  return mp__pool_alloc_marked(pool, bytes, s, ptr);
+}
+
+mp_status_t mp_malloc(void **ptr, size_t bytes) {
+  return mp__malloc_from(ptr, bytes, NULL, __builtin_return_address(0));
+}
+
+mp_status_t mp_malloc_async(void **ptr, size_t bytes, mp_stream_t s) {
+  return mp__malloc_from(ptr, bytes, s, __builtin_return_address(0));
 }
 
 mp_status_t mp_free(void *ptr) {
@@ -270,6 +278,7 @@ mp_status_t mp_free_async(void *ptr, mp_stream_t s) {
   mp_pool_t *pool = mp__default_owner(ptr, "mp_free_async");
   if (pool == NULL)
     return mp__default_failure(MP_EINVAL);
+  MP__HIST_ENTRY(pool); /* as mp_free's */
   bool elsewhere;
   mp_status_t st = mp__free_elsewhere(pool, ptr, s, &elsewhere);
   return elsewhere ? st : mp__pool_free_on(pool, ptr, s, "mp_free_async");

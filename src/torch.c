@@ -29,6 +29,11 @@
  * fails instead of taking memory the pool would hand others while replays
  * use it.
  *
+ * History stacks (history_stacks=1): each hook marks its caller, PyTorch's
+ * code, and calls the pools without their own mark, so that an event's
+ * stack starts there, not at this file's frames (pool_internal.h,
+ * mp__pool_alloc_marked).
+ *
  * Invariant: a pointer returned by mp_torch_malloc is a live block of a
  * default pool (or of one of its graph pools), and only mp_torch_free (or
  * mp_free) ends it; every route begun here is ended here exactly once. */
@@ -159,9 +164,11 @@ static void mp__tpool_end(mp__tpool_t *t) {
   t->ctx = NULL;
 }
 
+/* The ranges going back are frees in the parent's history, with the stack
+ * of the hook's caller (marked by the hook). */
 static void mp__tpool_release(mp__tpool_t *t) {
   mp__tpool_end(t);
-  (void)mp_pool_graph_release(t->graph);
+  (void)mp__graph_release(t->graph);
   mp__tgone_drop(t->gone);
   memset(t, 0, sizeof *t);
 }
@@ -293,7 +300,8 @@ void *mp_torch_malloc(ssize_t size, int device, mp_stream_t stream) {
   if (!mp__torch_capture_route(pool, device, stream))
     return NULL; /* mp_last_error() says why */
   void *ptr = NULL;
-  if (mp_pool_alloc(pool, (size_t)size, stream, &ptr) != MP_OK)
+  MP__HIST_ENTRY(pool);
+  if (mp__pool_alloc_marked(pool, (size_t)size, stream, &ptr) != MP_OK)
     return NULL;
   return ptr;
 }
@@ -309,7 +317,8 @@ void mp_torch_free(void *ptr, ssize_t size, int device, mp_stream_t stream) {
   /* Freed in order on the free's stream (it matters when PyTorch frees on
    * another stream than the block's), in one step: a refused pointer leaves
    * nothing behind. */
-  (void)mp_pool_free_async(pool, ptr, stream);
+  MP__HIST_ENTRY(pool);
+  (void)mp__pool_free_on(pool, ptr, stream, "mp_pool_free_async");
 }
 
 void mp_torch_init(int device_count) {
@@ -318,12 +327,16 @@ void mp_torch_init(int device_count) {
 }
 
 static void mp__torch_trim(mp_pool_t *pool) {
-  (void)mp_pool_trim(pool, 0);
+  (void)mp__pool_trim_marked(pool, 0);
 }
 
 void mp_torch_reset(void) {
   if (mp__default_refused()) /* the parent's pools: nothing of ours */
     return;
+  /* The events of every pool below (graph pools' ranges going back, the
+   * trims) start at this hook's caller: the mark set whatever the pools
+   * (MP__HIST_ENTRY asks one first), as they are not known yet. */
+  mp__hist_caller = __builtin_return_address(0);
   pthread_mutex_lock(&mp__t.lock);
   for (size_t i = 0; i < MP__TORCH_POOLS; i++) {
     mp__tpool_auto_check(&mp__t.pools[i]);
@@ -439,7 +452,9 @@ void mp_torch_release_pool(int device, mp_torch_pool_id_t id) {
     mp__fail(MP_EINVAL,
              "mp_torch_release_pool: no pool (%llu, %llu) on device %d",
              id.first, id.second, device);
-  else if (--t->uses == 0)
+  else if (--t->uses == 0) {
+    MP__HIST_ENTRY(t->parent);
     mp__tpool_release(t);
+  }
   pthread_mutex_unlock(&mp__t.lock);
 }

@@ -643,15 +643,16 @@ MP_API mp_status_t mp_ipc_handle_close(mp_ipc_handle_t *h);
  * mp_pool_alloc_movable, mp_pool_alloc_contiguous (bytes: the pieces'
  * rounded sum) or mp_pool_create_child is about to fail with MP_ENOMEM or
  * MP_ELIMIT for want of device memory (not host memory), with or without
- * arenas, after the pool's own ladder, on the allocating thread with the
- * pool unlocked (it may free, trim, dump or allocate from the pool;
- * mp_last_error() says what failed). A nonzero return tries the
- * allocation once more (what it answers is what the allocation counts in
- * oom_count: nothing once served); zero lets it fail. While a handler
- * runs, no handler is called again on its thread: an allocation it makes
- * (from any pool) that runs out fails at once, so a handler that allocates
- * and always answers nonzero cannot recurse without end. fn NULL removes
- * the handler. */
+ * arenas, after the pool's own ladder (a graph pool's range the pool
+ * cannot lend asks the pool's handler, once per allocation of the graph
+ * pool), on the allocating thread with the pool unlocked (it may free,
+ * trim, dump or allocate from the pool; mp_last_error() says what
+ * failed). A nonzero return tries the allocation once more (what it
+ * answers is what the allocation counts in oom_count: nothing once
+ * served); zero lets it fail. While a handler runs, no handler is called
+ * again on its thread: an allocation it makes (from any pool) that runs
+ * out fails at once, so a handler that allocates and always answers
+ * nonzero cannot recurse without end. fn NULL removes the handler. */
 typedef int (*mp_pool_oom_handler_t)(mp_pool_t *pool, size_t bytes,
                                      mp_status_t status, void *ctx);
 MP_API mp_status_t mp_pool_set_oom_handler(mp_pool_t *pool,

@@ -42,6 +42,16 @@ static mp_status_t mp__child_claim(mp_pool_t *owner, void *const *base,
 
 mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
                                  mp_pool_t **out) {
+  /* The parent's alloc event of the range and the child's segment_alloc
+   * start their stacks at this call's caller (the child's config is the
+   * parent's: both record stacks or neither). */
+  if (parent != NULL)
+    MP__HIST_ENTRY(parent);
+  return mp__pool_create_child_marked(parent, bytes, out);
+}
+
+mp_status_t mp__pool_create_child_marked(mp_pool_t *parent, size_t bytes,
+                                         mp_pool_t **out) {
   if (parent == NULL || out == NULL || bytes == 0)
     return mp__fail(MP_EINVAL, "mp_pool_create_child: %s",
                     parent == NULL ? "parent is NULL"
@@ -68,10 +78,6 @@ mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
   mp_status_t st = mp__pool_new(parent->dev, &cfg, &child);
   if (st != MP_OK)
     return st;
-  /* The parent's alloc event of the range and the child's segment_alloc
-   * start their stacks at this call's caller (the child's config is the
-   * parent's: both record stacks or neither). */
-  MP__HIST_ENTRY(child);
   mp__segment_t *seg = mp__host_calloc(1, sizeof *seg);
   mp__block_t *rec = mp__rec_new(child);
   if (seg == NULL || rec == NULL) {

@@ -378,7 +378,7 @@ static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes,
    * allocation of the graph pool, whose ladder may borrow again
    * (mp__graph_ask). A retry's failure counts in place of the first
    * (mp__pool_oom_retry). */
-  if (mp__graph_ask(st) && mp__pool_oom_retry(parent, st, bytes)) {
+  if (device && mp__graph_ask(st) && mp__pool_oom_retry(parent, st, bytes)) {
     st = mp__pool_alloc_locked(parent, bytes, s, out);
     device = mp__pool_oom_last(parent);
   }

@@ -583,7 +583,8 @@ mp__arena_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s, void **out) {
 static MP__COLD mp_status_t mp__pool_alloc_rare(mp_pool_t *pool, size_t bytes,
                                                 mp_stream_t s, void **out,
                                                 void *ra) {
-  MP__HIST_ENTRY_AT(pool, ra);
+  if (ra != NULL) /* NULL: the caller's mark stands (mp__pool_alloc_marked) */
+    MP__HIST_ENTRY_AT(pool, ra);
   if (pool->nroutes > 0) {
     mp_pool_t *g = mp__graph_route(pool, s);
     if (g != NULL) {
@@ -625,6 +626,18 @@ mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
     st = mp__pool_alloc_locked(pool, bytes, s, out);
   mp__pool_unlock(pool);
   return st;
+}
+
+mp_status_t mp__pool_alloc_marked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
+                                  void **out) {
+  /* Only a pool that records stacks (never one with arenas: refused at
+   * create) reads the mark, on its rare path (the ring sets pool->rare),
+   * where mp_pool_alloc would put its own return address. The ring is
+   * fixed from create to destroy: read without the lock, as the mark's. */
+  if (pool == NULL || out == NULL || bytes == 0 || pool->hist.frames == NULL)
+    return mp_pool_alloc(pool, bytes, s, out);
+  mp__pool_lock(pool);
+  return mp__pool_alloc_rare(pool, bytes, s, out, NULL);
 }
 
 mp_status_t mp_pool_set_oom_handler(mp_pool_t *pool, mp_pool_oom_handler_t fn,
@@ -818,6 +831,12 @@ mp_status_t mp__pool_free_named(mp_pool_t *pool, void *ptr, const char *fn) {
   return mp__pool_free_as(pool, ptr, MP__FREE_OWN, NULL, fn, false);
 }
 
+mp_status_t mp__pool_free_marked(mp_pool_t *pool, void *ptr) {
+  if (MP__UNLIKELY(pool == NULL))
+    return mp__fail(MP_EINVAL, "mp_pool_free: pool is NULL");
+  return mp__pool_free_as(pool, ptr, MP__FREE_OWN, NULL, "mp_pool_free", false);
+}
+
 mp_status_t mp__pool_free_done(mp_pool_t *pool, void *ptr, const char *fn) {
   return mp__pool_free_as(pool, ptr, MP__FREE_DONE, NULL, fn, false);
 }
@@ -922,11 +941,16 @@ mp_status_t mp_pool_ipc_poll(mp_pool_t *pool, size_t *held) {
 }
 
 mp_status_t mp_pool_trim(mp_pool_t *pool, size_t keep_bytes) {
+  if (pool != NULL)
+    MP__HIST_ENTRY(pool); /* a pool with arenas records no stacks */
+  return mp__pool_trim_marked(pool, keep_bytes);
+}
+
+mp_status_t mp__pool_trim_marked(mp_pool_t *pool, size_t keep_bytes) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_trim: pool is NULL");
   if (pool->arenas != NULL)
     return mp__arena_trim(pool, keep_bytes);
-  MP__HIST_ENTRY(pool);
   mp__pool_lock(pool);
   mp_status_t st = mp__pool_paused(pool, "mp_pool_trim");
   if (st == MP_OK && pool->nexports > 0)

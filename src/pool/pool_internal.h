@@ -1013,6 +1013,19 @@ mp_status_t mp__pool_free_on(mp_pool_t *pool, void *ptr, mp_stream_t s,
                              const char *fn);
 /* mp_pool_free of ptr, fn naming the caller in messages (mp_free). */
 mp_status_t mp__pool_free_named(mp_pool_t *pool, void *ptr, const char *fn);
+/* For the library's own entry points over the pools (the allocator
+ * interface, PyTorch's hooks, mp_malloc and its kin), which mark their
+ * caller first (MP__HIST_ENTRY), so that the events' stacks start at the
+ * user's code, not at the wrapper: mp_pool_alloc, mp_pool_free and
+ * mp_pool_trim without their own mark (their messages name them). */
+mp_status_t mp__pool_alloc_marked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
+                                  void **out);
+mp_status_t mp__pool_free_marked(mp_pool_t *pool, void *ptr);
+mp_status_t mp__pool_trim_marked(mp_pool_t *pool, size_t keep_bytes);
+/* mp_pool_create_child without its own mark (the allocator interface's
+ * "child", child.c). */
+mp_status_t mp__pool_create_child_marked(mp_pool_t *parent, size_t bytes,
+                                         mp_pool_t **out);
 /* mp_pool_free for a caller that has synchronized every stream the block
  * was used on (the device, or each one it recorded): its recorded uses are
  * dropped, so the block is reusable at once on its own stream, and by the

@@ -292,8 +292,7 @@ Test(oom_handler, a_graph_pools_allocation_asks_the_parents_handler_once) {
         engine_t e = {.answer = answer}, ge = {.answer = 1};
         cr_assert_eq(mp_pool_set_oom_handler(p, drop_cache, &e), MP_OK);
         mp_pool_t *g;
-        cr_assert_eq(mp_pool_graph_create(p, &g), MP_OK, "%s",
-                     mp_last_error());
+        cr_assert_eq(mp_pool_graph_create(p, &g), MP_OK, "%s", mp_last_error());
         if (own)
           cr_assert_eq(mp_pool_set_oom_handler(g, drop_cache, &ge), MP_OK);
         /* A range with free bytes left, so that the ladder's second
@@ -313,8 +312,8 @@ Test(oom_handler, a_graph_pools_allocation_asks_the_parents_handler_once) {
           cr_expect_eq(e.calls - before, 1, "%s, own %d, answer %d, %s",
                        configs[c], own, answer, kind_name(k));
           cr_expect_eq(e.bytes, 40 * MiB, "%s", configs[c]);
-          cr_expect_eq(ge.calls - gbefore, own, "%s, answer %d, %s",
-                       configs[c], answer, kind_name(k));
+          cr_expect_eq(ge.calls - gbefore, own, "%s, answer %d, %s", configs[c],
+                       answer, kind_name(k));
         }
         cr_expect_eq(stats(g).oom_count, 2, "%s", configs[c]);
         /* The next allocation asks it again. */

@@ -14,6 +14,8 @@
 #include "../support/snapshot_pool_ids.h"
 #include "pool/pool_internal.h"
 
+#define MiB_BYTES ((size_t)1 << 20)
+
 static mp_device_t *dev;
 
 static void open_host(void) {
@@ -496,6 +498,180 @@ Test(pool_history, an_export_that_reaps_marks_its_caller) {
   cr_assert_eq(mp_ipc_handle_close(&hb), MP_OK);
   cr_assert_eq(mp_pool_free(p, b), MP_OK);
   mp_pool_destroy(p);
+}
+
+/* The library's own entry points over the pools (the allocator interface,
+ * PyTorch's hooks, mp_malloc and its kin) mark their caller, the user's
+ * code, as the pool's entry points do: an event made under one starts its
+ * stack there, not at the wrapper's frame. Failed before in a build
+ * without tail calls (Debug): the wrapper called a public entry point,
+ * whose mark (its own return address) named the wrapper; mp_torch_malloc,
+ * mp_torch_release_pool and mp_torch_reset in every build, and
+ * mp_free_async set no mark at all (its frees started inside the pool). */
+__attribute__((noinline)) void
+history_caller_allocates_through_an_allocator(mp_allocator_t *a, void **out) {
+  cr_assert_eq(mp_allocator_alloc(a, 4096, NULL, out), MP_OK, "%s",
+               mp_last_error());
+}
+
+__attribute__((noinline)) void
+history_caller_frees_through_an_allocator(mp_allocator_t *a, void *ptr) {
+  cr_assert_eq(mp_allocator_free(a, ptr), MP_OK, "%s", mp_last_error());
+}
+
+__attribute__((noinline)) void
+history_caller_releases_an_allocator(mp_allocator_t *a) {
+  cr_assert_eq(mp_allocator_release(a), MP_OK, "%s", mp_last_error());
+}
+
+__attribute__((noinline)) void
+history_caller_makes_a_child_allocator(const char *spec, mp_allocator_t **a) {
+  cr_assert_eq(mp_allocator_create(dev, spec, a), MP_OK, "%s", mp_last_error());
+}
+
+/* Allocates, frees and releases through a; every event of a's pool from
+ * before on starts at the function that made it. */
+static void allocator_calls_mark_their_caller(mp_allocator_t *a,
+                                              size_t before) {
+  const mp_pool_t *p = mp_allocator_pool(a);
+  void *x;
+  history_caller_allocates_through_an_allocator(a, &x);
+  expect_caller_since(p, before,
+                      "history_caller_allocates_through_an_allocator");
+  before = p->hist.total;
+  history_caller_frees_through_an_allocator(a, x);
+  expect_caller_since(p, before, "history_caller_frees_through_an_allocator");
+}
+
+Test(pool_history, the_allocator_interface_marks_its_caller) {
+  unsetenv("MEMPOOL_CONF");
+  mp_allocator_t *a;
+  cr_assert_eq(mp_allocator_create(
+                   dev, "pool:max_bytes=16M,history=64,history_stacks=1", &a),
+               MP_OK, "%s", mp_last_error());
+  allocator_calls_mark_their_caller(a, 0);
+  /* The trim's segment_free or segment_unmap events. */
+  const mp_pool_t *p = mp_allocator_pool(a);
+  size_t before = p->hist.total;
+  history_caller_releases_an_allocator(a);
+  expect_caller_since(p, before, "history_caller_releases_an_allocator");
+  cr_assert_eq(mp_allocator_destroy(a), MP_OK, "%s", mp_last_error());
+  /* A child allocator: its pool's trace starts with the range, made by
+   * mp_allocator_create. */
+  history_caller_makes_a_child_allocator(
+      "child:bytes=8M,max_bytes=16M,history=64,history_stacks=1", &a);
+  expect_caller_since(mp_allocator_pool(a), 0,
+                      "history_caller_makes_a_child_allocator");
+  allocator_calls_mark_their_caller(a, mp_allocator_pool(a)->hist.total);
+  cr_assert_eq(mp_allocator_destroy(a), MP_OK, "%s", mp_last_error());
+}
+
+/* The default pool on the host device, with stacks. */
+static mp_pool_t *default_pool_with_stacks(void) {
+  setenv("MEMPOOL_DEVICE", "host:capacity=64M", 1);
+  setenv("MEMPOOL_CONF", "history=256,history_stacks=1", 1);
+  mp_pool_t *p = mp_default_pool();
+  cr_assert_not_null(p, "%s", mp_last_error());
+  cr_assert_not_null(p->hist.frames);
+  return p;
+}
+
+__attribute__((noinline)) void *history_caller_mallocs(size_t bytes) {
+  void *x = NULL;
+  cr_assert_eq(mp_malloc(&x, bytes), MP_OK, "%s", mp_last_error());
+  return x;
+}
+
+__attribute__((noinline)) void *history_caller_mallocs_async(size_t bytes) {
+  void *x = NULL;
+  cr_assert_eq(mp_malloc_async(&x, bytes, NULL), MP_OK, "%s", mp_last_error());
+  return x;
+}
+
+__attribute__((noinline)) void history_caller_frees_async(void *x) {
+  cr_assert_eq(mp_free_async(x, NULL), MP_OK, "%s", mp_last_error());
+}
+
+__attribute__((noinline)) void history_caller_frees_by_mp_free(void *x) {
+  cr_assert_eq(mp_free(x), MP_OK, "%s", mp_last_error());
+}
+
+Test(pool_history, mp_malloc_and_its_kin_mark_their_caller) {
+  mp_pool_t *p = default_pool_with_stacks();
+  size_t before = p->hist.total;
+  void *x = history_caller_mallocs(MiB_BYTES);
+  expect_caller_since(p, before, "history_caller_mallocs");
+  before = p->hist.total;
+  void *y = history_caller_mallocs_async(MiB_BYTES);
+  expect_caller_since(p, before, "history_caller_mallocs_async");
+  before = p->hist.total;
+  history_caller_frees_async(x);
+  expect_caller_since(p, before, "history_caller_frees_async");
+  before = p->hist.total;
+  history_caller_frees_by_mp_free(y);
+  expect_caller_since(p, before, "history_caller_frees_by_mp_free");
+}
+
+__attribute__((noinline)) void *history_caller_torch_mallocs(mp_stream_t s) {
+  void *x = mp_torch_malloc((ssize_t)MiB_BYTES, 0, s);
+  cr_assert_not_null(x, "%s", mp_last_error());
+  return x;
+}
+
+__attribute__((noinline)) void history_caller_torch_frees(void *x,
+                                                          mp_stream_t s) {
+  mp_torch_free(x, (ssize_t)MiB_BYTES, 0, s);
+  cr_assert_eq(mp_pool_check(mp_default_pool()), MP_OK, "%s", mp_last_error());
+}
+
+__attribute__((noinline)) void
+history_caller_torch_releases(mp_torch_pool_id_t id) {
+  mp_torch_release_pool(0, id);
+  cr_assert_eq(mp_pool_check(mp_default_pool()), MP_OK, "%s", mp_last_error());
+}
+
+__attribute__((noinline)) void history_caller_torch_resets(void) {
+  mp_torch_reset();
+  cr_assert_eq(mp_pool_check(mp_default_pool()), MP_OK, "%s", mp_last_error());
+}
+
+static int the_captured_stream(mp_stream_t s, void *ctx) {
+  return s == *(mp_stream_t *)ctx;
+}
+
+/* PyTorch's hooks: a tensor's allocation and free, in the pool and in a
+ * capture's graph pool (the range it borrows is an allocation of the
+ * pool's), the graph pool's release (its range freed in the pool) and the
+ * reset's trim. */
+Test(pool_history, the_torch_hooks_mark_their_caller) {
+  mp_pool_t *p = default_pool_with_stacks();
+  size_t before = p->hist.total;
+  void *x = history_caller_torch_mallocs(NULL);
+  expect_caller_since(p, before, "history_caller_torch_mallocs");
+  before = p->hist.total;
+  history_caller_torch_frees(x, NULL);
+  expect_caller_since(p, before, "history_caller_torch_frees");
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(mp_pool_device(p), &s), MP_OK);
+  mp_torch_pool_id_t id = {0, 1};
+  mp_torch_begin_allocate_to_pool(0, id, the_captured_stream, &s, NULL);
+  before = p->hist.total;
+  x = history_caller_torch_mallocs(s);
+  mp_pool_t *g = mp_pool_graph_of(p, s);
+  cr_assert_not_null(g);
+  expect_caller_since(p, before, "history_caller_torch_mallocs");
+  expect_caller_since(g, 0, "history_caller_torch_mallocs");
+  size_t gbefore = g->hist.total;
+  history_caller_torch_frees(x, s);
+  expect_caller_since(g, gbefore, "history_caller_torch_frees");
+  mp_torch_end_allocate_to_pool(0, id);
+  before = p->hist.total;
+  history_caller_torch_releases(id);
+  expect_caller_since(p, before, "history_caller_torch_releases");
+  before = p->hist.total;
+  history_caller_torch_resets();
+  expect_caller_since(p, before, "history_caller_torch_resets");
+  cr_assert_eq(mp_stream_destroy(mp_pool_device(p), s), MP_OK);
 }
 
 /* A frame whose symbol is longer than the snapshot's name buffer (C++
