@@ -325,6 +325,13 @@ mp_status_t mp_ipc_send(int sock, const mp_ipc_handle_t *h) {
     return mp__fail(MP_EINVAL,
                     "mp_ipc_send: the handle is %s (kind %u): nothing sent",
                     h->kind == 0 ? "empty" : "of an unknown kind", h->kind);
+  /* A handle imported already (the import took its descriptors) or half
+   * closed: the peer would get a handle no import accepts. */
+  if (h->lease_fd < 0 || (h->kind == MP_IPC_FD && h->fd < 0))
+    return mp__fail(MP_EINVAL,
+                    "mp_ipc_send: the handle holds no %s descriptor "
+                    "(imported or closed already?): nothing sent",
+                    h->lease_fd < 0 ? "lease" : "memory");
   int fds[2];
   size_t nfds = mp__ipc_fds(h, fds);
   union {

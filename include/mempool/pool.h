@@ -625,7 +625,8 @@ MP_API mp_status_t mp_ipc_close(mp_device_t *dev, void *ptr);
 /* Sends h over the connected Unix socket sock: its bytes in one message
  * with its open descriptors attached (SCM_RIGHTS). h is not changed: its
  * descriptors are still the sender's to close. A bad socket: MP_EIO; an
- * empty handle or one of an unknown kind: MP_EINVAL, nothing sent. */
+ * empty handle, one of an unknown kind, or one without its descriptors
+ * (imported already: the import took them): MP_EINVAL, nothing sent. */
 MP_API mp_status_t mp_ipc_send(int sock, const mp_ipc_handle_t *h);
 /* Receives what mp_ipc_send sent into *out, with descriptors of this
  * process (close-on-exec). The peer gone before a whole handle came, or a

@@ -414,7 +414,9 @@ Test(pool_ipc_args, a_socket_that_carries_no_handle_is_eio) {
   cr_expect_eq(mp_ipc_recv(sv[1], &h), MP_EIO);
   cr_expect_eq(mp_ipc_recv(sv[1], &h), MP_EIO, "peer gone");
   cr_expect_eq(mp_ipc_recv(sv[1], NULL), MP_EINVAL);
-  h = (mp_ipc_handle_t){.kind = MP_IPC_FD, .fd = -1, .lease_fd = -1};
+  /* A bad socket: MP_EIO, for a handle that holds its descriptors (one
+   * without them is MP_EINVAL before the socket is tried). */
+  h = (mp_ipc_handle_t){.kind = MP_IPC_FD, .fd = sv[0], .lease_fd = sv[0]};
   cr_expect_eq(mp_ipc_send(-1, &h), MP_EIO);
   cr_expect_eq(mp_ipc_send(sv[1], NULL), MP_EINVAL);
   cr_expect_eq(mp_ipc_handle_close(NULL), MP_EINVAL);
@@ -450,6 +452,36 @@ Test(pool_ipc_args, an_empty_handle_closes_and_sends_nothing) {
   cr_expect(fd_open(0), "a CUDA handle's fd field was closed");
   close(sv[0]);
   close(sv[1]);
+}
+
+/* A handle its import took the descriptors of (or one missing its memory
+ * descriptor) is refused by mp_ipc_send, which sends nothing: the peer
+ * would get a handle no import accepts. Before, it was sent, and only the
+ * peer's import failed. */
+Test(pool_ipc_args, a_handle_without_its_descriptors_is_not_sent) {
+  mp_pool_t *pool = make_pool(dev, "segment_bytes=32M");
+  void *p, *q = NULL;
+  mp_ipc_handle_t h = exported(pool, &p);
+  mp_ipc_handle_t no_memory = h;
+  no_memory.fd = -1;
+  int sv[2];
+  cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
+  char byte;
+  if (h.kind == MP_IPC_FD) {
+    cr_expect_eq(mp_ipc_send(sv[0], &no_memory), MP_EINVAL);
+    cr_expect(strstr(mp_last_error(), "no memory descriptor") != NULL, "%s",
+              mp_last_error());
+    cr_expect_eq(read(sv[1], &byte, 1), -1, "a handle was sent");
+  }
+  cr_assert_eq(mp_ipc_import(dev, &h, &q), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_ipc_send(sv[0], &h), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "no lease descriptor") != NULL, "%s",
+            mp_last_error());
+  cr_expect_eq(read(sv[1], &byte, 1), -1, "an imported handle was sent");
+  close(sv[0]);
+  close(sv[1]);
+  cr_assert_eq(mp_ipc_close(dev, q), MP_OK, "%s", mp_last_error());
+  free_released_and_destroy(pool, p);
 }
 
 /* One frame for both receives, so the failed one finds the first one's
