@@ -234,7 +234,8 @@ typedef struct mp_pool_config {
  *    itself records nothing), and mp_pool_snapshot merges them by time
  *    into one trace. An arena asking for its share of the cap is no oom
  *    event; an allocation that fails is one, in the calling thread's
- *    arena.
+ *    arena. With history_stacks=1 each event's stack starts at the caller
+ *    of the pool's entry point, as without arenas.
  *  - Graph pools (mp_pool_graph_create of the pool): a graph pool is one
  *    pool, whose ranges the calling thread's arena lends (with the
  *    out-of-memory path above). mp_pool_graph_begin marks the stream
@@ -245,9 +246,7 @@ typedef struct mp_pool_config {
  *    pool, from any thread, reaches the graph pool through the arena that
  *    lent the range, and the release gives each range back to its arena.
  *    While a graph pool lives, mp_pool_destroy and mp_pool_pause of the
- *    pool are MP_EBUSY and change nothing.
- * Refused with MP_EINVAL: history_stacks=1 at create (an arena's
- * allocation path does not mark its caller). */
+ *    pool are MP_EBUSY and change nothing. */
 
 /* Growing: mp_pool_config_t only ever gains fields at its end, after
  * struct_size, so struct_size sits at the same place in every layout that

@@ -335,13 +335,6 @@ mp_status_t mp__config_validate(const mp_pool_config_t *cfg) {
   if (cfg->arenas > MP_POOL_MAX_ARENAS)
     return mp__fail(MP_EINVAL, "pool config: arenas %zu is above %d",
                     cfg->arenas, MP_POOL_MAX_ARENAS);
-  /* With arenas each arena keeps a ring of its own (history.c); an
-   * arena's allocation path does not mark its caller, so no stacks. */
-  if (cfg->arenas > 0 && (cfg->flags & MP_POOL_HISTORY_STACKS))
-    return mp__fail(MP_EINVAL,
-                    "pool config: history_stacks=1 does not work with "
-                    "arenas=N (an arena's allocations do not mark their "
-                    "caller): give one");
   size_t align = cfg->align ? cfg->align : MP__DEFAULT_ALIGN;
   if (cfg->max_bytes != 0 && cfg->max_bytes < align)
     return mp__fail(MP_EINVAL,

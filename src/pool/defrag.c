@@ -504,9 +504,9 @@ mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
     return mp__fail(MP_EINVAL, "mp_pool_defragment: pool is NULL");
   size_t moved = 0;
   mp_status_t st = MP_OK;
+  /* A move's events start their stacks at this call's caller. */
+  MP__HIST_ENTRY(pool);
   if (pool->arenas == NULL) {
-    /* A move's events start their stacks at this call's caller. */
-    MP__HIST_ENTRY(pool);
     st = mp__defragment(pool, s, 0, false, &moved);
   } else {
     /* Each arena made in turn, as a pool of its own (its movable blocks
@@ -532,20 +532,26 @@ mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
  * failing leaves those before it frozen; a freeze again fences them
  * again. The pool's lock is not held across an arena's freeze, which
  * waits for its copies. */
+static mp_status_t mp__pool_freeze(mp_pool_t *pool);
+
 static mp_status_t mp__arenas_freeze(mp_pool_t *pool) {
   mp_status_t st = mp__pool_paused_now(pool, "mp_pool_freeze");
   for (size_t i = 0; st == MP_OK && i < pool->cfg.arenas; i++)
     if (mp__arena_at(pool, i) != NULL)
-      st = mp_pool_freeze(mp__arena_at(pool, i));
+      st = mp__pool_freeze(mp__arena_at(pool, i));
   return st;
 }
 
 mp_status_t mp_pool_freeze(mp_pool_t *pool) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_freeze: pool is NULL");
-  if (pool->arenas != NULL)
-    return mp__arenas_freeze(pool);
   MP__HIST_ENTRY(pool); /* a move's events, as mp_pool_defragment's */
+  return pool->arenas != NULL ? mp__arenas_freeze(pool) : mp__pool_freeze(pool);
+}
+
+/* mp_pool_freeze of a pool without arenas (one of them, maybe), its
+ * caller marked. */
+static mp_status_t mp__pool_freeze(mp_pool_t *pool) {
   /* The copies go on a stream of freeze's own, waited for and destroyed
    * (which makes the pool forget it): the legacy stream would order them
    * with the application's blocking streams, and waiting on it is a call

@@ -202,13 +202,13 @@ mp_status_t mp_pool_alloc_movable(mp_pool_t *pool, size_t bytes, mp_stream_t s,
     *out = NULL;
     return MP_OK;
   }
+  MP__HIST_ENTRY(pool);
   if (pool->arenas != NULL)
     return mp_pool_graph_of(pool, s) != NULL
                ? mp__movable_routed()
                : mp__movable_in_arenas(pool, bytes, s, out);
   /* One locked step: nobody can free the block as a raw pointer before it
    * is marked movable. */
-  MP__HIST_ENTRY(pool);
   mp__pool_lock(pool);
   if (MP__UNLIKELY(pool->nroutes > 0) && mp__graph_route(pool, s) != NULL) {
     mp__pool_unlock(pool);

@@ -30,11 +30,15 @@ _Thread_local void *mp__hist_caller;
 
 mp_status_t mp__history_init(mp_pool_t *pool) {
   size_t n = pool->cfg.history;
+  bool stacks = n > 0 && (pool->cfg.flags & MP_POOL_HISTORY_STACKS);
   /* A pool with arenas records nothing itself: each arena keeps a ring of
    * n events (its config is the pool's, arenas 0), and a snapshot merges
-   * them by time (snapshot.c). */
-  if (n == 0 || pool->cfg.arenas > 0)
+   * them by time (snapshot.c). Its entry points mark their caller for the
+   * arenas' stacks. */
+  if (n == 0 || pool->cfg.arenas > 0) {
+    pool->hist.marks = stacks;
     return MP_OK;
+  }
   pool->hist.ev = mp__host_calloc(n, sizeof *pool->hist.ev);
   if (pool->hist.ev == NULL)
     return mp__fail(MP_ENOMEM, "out of host memory for a history of %zu events",
@@ -50,6 +54,7 @@ mp_status_t mp__history_init(mp_pool_t *pool) {
      * now rather than inside the first allocation. */
     void *warm[4];
     (void)backtrace(warm, 4);
+    pool->hist.marks = true;
   }
   pool->hist.cap = n;
   mp__pool_rare_update(pool);

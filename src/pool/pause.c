@@ -578,19 +578,19 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
   if (flags & ~MP_PAUSE_KEEP_CONTENT)
     return mp__fail(MP_EINVAL, "mp_pool_pause: unknown flags 0x%x",
                     flags & ~MP_PAUSE_KEEP_CONTENT);
-  if (pool->arenas != NULL)
-    return mp__arenas_pause(pool, flags);
   /* Its segment_unmap events start their stacks at this call's caller. */
   MP__HIST_ENTRY(pool);
+  if (pool->arenas != NULL)
+    return mp__arenas_pause(pool, flags);
   return mp__pause_one(pool, flags);
 }
 
 mp_status_t mp_pool_resume(mp_pool_t *pool) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_resume: pool is NULL");
+  MP__HIST_ENTRY(pool); /* its segment_map events, as pause's */
   if (pool->arenas != NULL)
     return mp__arenas_resume(pool);
-  MP__HIST_ENTRY(pool); /* its segment_map events, as pause's */
   return mp__resume_one(pool);
 }
 

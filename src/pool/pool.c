@@ -530,7 +530,10 @@ static mp_status_t mp__pool_alloc_rare(mp_pool_t *pool, size_t bytes,
  * without the pool's lock. */
 static MP__COLD mp_status_t mp__arena_alloc_rest(mp_pool_t *pool, mp_pool_t *a,
                                                  size_t bytes, mp_stream_t s,
-                                                 void **out, mp_status_t st) {
+                                                 void **out, mp_status_t st,
+                                                 void *ra) {
+  if (ra != NULL) /* NULL: the caller's mark stands (mp__pool_alloc_marked) */
+    MP__HIST_ENTRY_AT(pool, ra);
   if (st != MP__EOFF)
     return mp__status_out(mp__arena_alloc_miss(pool, a, bytes, s, out));
   /* While a stream is captured the cache is off for every stream (one
@@ -557,7 +560,8 @@ static MP__COLD mp_status_t mp__arena_alloc_rest(mp_pool_t *pool, mp_pool_t *a,
  * whose path without arenas it slowed by 7 instructions a pair), the rest
  * out of line. */
 __attribute__((noinline)) static mp_status_t
-mp__arena_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s, void **out) {
+mp__arena_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s, void **out,
+                void *ra) {
   mp_status_t st;
   size_t i = mp__arena_index(pool, SIZE_MAX);
   mp_pool_t *a = i != SIZE_MAX ? mp__arena_at(pool, i) : NULL;
@@ -574,7 +578,7 @@ mp__arena_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s, void **out) {
   mp__pool_unlock(a);
   if (MP__LIKELY(st == MP_OK))
     return st;
-  return mp__arena_alloc_rest(pool, a, bytes, s, out, st);
+  return mp__arena_alloc_rest(pool, a, bytes, s, out, st, ra);
 }
 
 /* mp_pool_alloc, locked, in a pool where pool->rare is set: the history's
@@ -616,7 +620,7 @@ mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
     return MP_OK;
   }
   if (MP__UNLIKELY(pool->arenas != NULL))
-    return mp__arena_alloc(pool, bytes, s, out);
+    return mp__arena_alloc(pool, bytes, s, out, __builtin_return_address(0));
   mp__pool_lock(pool);
   if (MP__UNLIKELY(pool->rare != 0))
     return mp__pool_alloc_rare(pool, bytes, s, out,
@@ -630,12 +634,14 @@ mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
 
 mp_status_t mp__pool_alloc_marked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out) {
-  /* Only a pool that records stacks (never one with arenas: refused at
-   * create) reads the mark, on its rare path (the ring sets pool->rare),
-   * where mp_pool_alloc would put its own return address. The ring is
-   * fixed from create to destroy: read without the lock, as the mark's. */
-  if (pool == NULL || out == NULL || bytes == 0 || pool->hist.frames == NULL)
+  /* Only a pool that records stacks reads the mark, on its rare path (the
+   * ring sets pool->rare), or its arenas on theirs, where mp_pool_alloc
+   * would put its own return address. The ring is fixed from create to
+   * destroy: read without the lock, as the mark's. */
+  if (pool == NULL || out == NULL || bytes == 0 || !pool->hist.marks)
     return mp_pool_alloc(pool, bytes, s, out);
+  if (pool->arenas != NULL)
+    return mp__arena_alloc(pool, bytes, s, out, NULL);
   mp__pool_lock(pool);
   return mp__pool_alloc_rare(pool, bytes, s, out, NULL);
 }
@@ -884,6 +890,7 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
     if (sizes[i] == 0)
       return mp__fail(MP_EINVAL, "mp_pool_alloc_contiguous: sizes[%zu] is 0",
                       i);
+  MP__HIST_ENTRY(pool);
   if (pool->arenas != NULL) {
     /* A stream routed to a graph pool gets the pieces there (as the path
      * without arenas does, contiguous.c). */
@@ -891,7 +898,6 @@ mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
     return g != NULL ? mp__pool_alloc_pieces(g, count, sizes, s, out)
                      : mp__arena_alloc_contiguous(pool, count, sizes, s, out);
   }
-  MP__HIST_ENTRY(pool);
   return mp__pool_alloc_pieces(pool, count, sizes, s, out);
 }
 
@@ -923,10 +929,9 @@ mp_status_t mp_pool_ipc_export(mp_pool_t *pool, void *ptr,
 mp_status_t mp_pool_ipc_poll(mp_pool_t *pool, size_t *held) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_ipc_poll: pool is NULL");
-  if (pool->arenas == NULL) {
-    MP__HIST_ENTRY(pool); /* the frees of the blocks it reaps */
+  MP__HIST_ENTRY(pool); /* the frees of the blocks it reaps */
+  if (pool->arenas == NULL)
     return mp__export_poll(pool, held);
-  }
   mp_status_t st = mp__pool_paused_now(pool, "mp_pool_ipc_poll");
   size_t sum = 0;
   for (size_t i = 0; st == MP_OK && i < pool->cfg.arenas; i++) {
@@ -942,7 +947,7 @@ mp_status_t mp_pool_ipc_poll(mp_pool_t *pool, size_t *held) {
 
 mp_status_t mp_pool_trim(mp_pool_t *pool, size_t keep_bytes) {
   if (pool != NULL)
-    MP__HIST_ENTRY(pool); /* a pool with arenas records no stacks */
+    MP__HIST_ENTRY(pool);
   return mp__pool_trim_marked(pool, keep_bytes);
 }
 

@@ -339,9 +339,12 @@ typedef struct mp__hevent {
 typedef struct mp__history {
   mp__hevent_t *ev; /* NULL: no history */
   void **frames;    /* stacks: MP__HIST_FRAMES per event, else NULL */
-  size_t cap;       /* events kept */
-  size_t next;      /* slot the next event goes to */
-  uint64_t total;   /* events ever recorded (total > cap: wrapped) */
+  /* history_stacks=1: the entry points mark their caller (MP__HIST_ENTRY);
+   * set with frames, and in a pool with arenas, whose arenas hold them. */
+  bool marks;
+  size_t cap;     /* events kept */
+  size_t next;    /* slot the next event goes to */
+  uint64_t total; /* events ever recorded (total > cap: wrapped) */
 } mp__history_t;
 
 /* ---- the pool ---------------------------------------------------------- */
@@ -1617,7 +1620,7 @@ extern _Thread_local void *mp__hist_caller;
  * passes it on to where it is stored. */
 #define MP__HIST_ENTRY_AT(pool, ra)                                            \
   do {                                                                         \
-    if (MP__UNLIKELY((pool)->hist.frames != NULL))                             \
+    if (MP__UNLIKELY((pool)->hist.marks))                                      \
       mp__hist_caller = (ra);                                                  \
   } while (0)
 /* The stream handle of stream index sidx, for events. */

@@ -692,16 +692,10 @@ Test(pool_arenas, config_bounds_and_history_in_each_arena) {
   mp_pool_t *pool = NULL;
   cfg.arenas = 65;
   cr_expect_eq(mp_pool_create(dev, &cfg, &pool), MP_EINVAL);
-  /* History: a ring in each arena (none in the pool itself), without
-   * stacks. */
+  /* History: a ring in each arena (none in the pool itself); stacks:
+   * test_pool_history.c. */
   cfg.arenas = 2;
   cfg.history = 100;
-  cfg.flags |= MP_POOL_HISTORY_STACKS;
-  cr_expect_eq(mp_pool_create(dev, &cfg, &pool), MP_EINVAL);
-  cr_expect(strstr(mp_last_error(), "history_stacks") != NULL, "%s",
-            mp_last_error());
-  cr_expect_eq(pool, NULL);
-  cfg.flags &= ~(unsigned)MP_POOL_HISTORY_STACKS;
   cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
   cr_expect_null(pool->hist.ev, "the pool itself records nothing");
   job_t a = {.pool = pool, .bytes = 4096, .count = 1};

@@ -935,3 +935,134 @@ Test(pool_history, threads_record_while_snapshots_are_written) {
   cr_expect_eq(mp_pool_check(p), MP_OK, "%s", mp_last_error());
   mp_pool_destroy(p);
 }
+
+/* ---- arenas (arenas=N): each arena's ring, the pool's caller ------------ */
+
+__attribute__((noinline)) void history_caller_allocs_movable(mp_pool_t *p,
+                                                             mp_handle_t **h) {
+  cr_assert_eq(mp_pool_alloc_movable(p, 4096, NULL, h), MP_OK, "%s",
+               mp_last_error());
+}
+
+__attribute__((noinline)) void history_caller_freezes(mp_pool_t *p) {
+  cr_assert_eq(mp_pool_freeze(p), MP_OK, "%s", mp_last_error());
+}
+
+__attribute__((noinline)) void history_caller_trims(mp_pool_t *p) {
+  cr_assert_eq(mp_pool_trim(p, 0), MP_OK, "%s", mp_last_error());
+}
+
+__attribute__((noinline)) void history_caller_allocs_pieces(mp_pool_t *p,
+                                                            void **out) {
+  const size_t sizes[2] = {4096, 8192};
+  cr_assert_eq(mp_pool_alloc_contiguous(p, 2, sizes, NULL, out), MP_OK, "%s",
+               mp_last_error());
+}
+
+__attribute__((noinline)) void
+history_caller_frees_on_a_stream(mp_pool_t *p, void *ptr, mp_stream_t s) {
+  cr_assert_eq(mp_pool_free_async(p, ptr, s), MP_OK, "%s", mp_last_error());
+}
+
+/* Calls fn(...) and expects every event ring records meanwhile to start
+ * its stack at fn; at least one there. */
+#define EXPECT_MARKED(ring, fn, ...)                                           \
+  do {                                                                         \
+    size_t before_ = (ring)->hist.total;                                       \
+    fn(__VA_ARGS__);                                                           \
+    expect_caller_since((ring), before_, #fn);                                 \
+  } while (0)
+
+/* A movable block of p with a free block of its size below it, for a
+ * defragmentation or a freeze to move it down. */
+static mp_handle_t *movable_above_a_hole(mp_pool_t *p) {
+  void *a;
+  mp_handle_t *h;
+  history_caller_allocates(p, &a);
+  history_caller_allocs_movable(p, &h);
+  cr_assert_gt((uintptr_t)mp_handle_ptr(h), (uintptr_t)a);
+  history_caller_frees(p, a);
+  return h;
+}
+
+/* With arenas the pool records nothing itself: the thread's arena keeps
+ * the events, and every entry point that records marks its caller, as
+ * without arenas. Refused at create before (history_stacks=1 with
+ * arenas=N was MP_EINVAL). */
+Test(pool_history, arenas_start_stacks_at_the_pools_caller) {
+  mp_pool_t *p = make_pool(
+      "max_bytes=16M,history=256,history_stacks=1,virtual=1,arenas=1");
+  cr_expect_null(p->hist.ev, "the pool itself records nothing");
+  void *a;
+  history_caller_allocates(p, &a);
+  mp_pool_t *arena = mp__arena_at(p, 0);
+  cr_assert_not_null(arena);
+  expect_caller_since(arena, 0, "history_caller_allocates");
+  mp_handle_t *h = movable_above_a_hole(p);
+  EXPECT_MARKED(arena, history_caller_defragments, p);
+  EXPECT_MARKED(arena, history_caller_frees_a_handle, h);
+  h = movable_above_a_hole(p);
+  EXPECT_MARKED(arena, history_caller_freezes, p);
+  history_caller_frees_a_handle(h);
+  void *pieces[2];
+  EXPECT_MARKED(arena, history_caller_allocs_pieces, p, pieces);
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  EXPECT_MARKED(arena, history_caller_frees_on_a_stream, p, pieces[0], s);
+  history_caller_frees(p, pieces[1]);
+  EXPECT_MARKED(arena, history_caller_pauses, p);
+  EXPECT_MARKED(arena, history_caller_resumes, p);
+  mp_pool_t *c;
+  EXPECT_MARKED(arena, history_caller_makes_a_child, p, &c);
+  EXPECT_MARKED(arena, history_caller_destroys_a_child, c);
+  history_caller_frees(p, a);
+  cr_assert_eq(mp_stream_synchronize(dev, s), MP_OK);
+  EXPECT_MARKED(arena, history_caller_trims, p);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+  mp_pool_destroy(p);
+}
+
+static void *allocates_on_a_thread(void *arg) {
+  void **x = arg;
+  history_caller_allocates(*(mp_pool_t **)x, &x[1]);
+  return NULL;
+}
+
+/* Another thread's arena: its events start at that thread's caller. */
+Test(pool_history, each_threads_arena_starts_stacks_at_its_caller) {
+  mp_pool_t *p = make_pool("max_bytes=16M,history=64,history_stacks=1,"
+                           "arenas=2");
+  void *x[2] = {p, NULL};
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, allocates_on_a_thread, x), 0);
+  cr_assert_eq(pthread_join(t, NULL), 0);
+  void *a;
+  history_caller_allocates(p, &a);
+  for (size_t i = 0; i < 2; i++) {
+    mp_pool_t *arena = mp__arena_at(p, i);
+    cr_assert_not_null(arena, "arena %zu made", i);
+    expect_caller_since(arena, 0, "history_caller_allocates");
+  }
+  cr_assert_neq(x[1], NULL);
+  history_caller_frees(p, x[1]);
+  history_caller_frees(p, a);
+  mp_pool_destroy(p);
+}
+
+/* mp_malloc and PyTorch's hooks on a default pool with arenas: they mark
+ * their caller and the arena keeps it. */
+Test(pool_history, the_drop_in_calls_mark_their_caller_on_arenas) {
+  setenv("MEMPOOL_DEVICE", "host:capacity=64M", 1);
+  setenv("MEMPOOL_CONF", "history=256,history_stacks=1,arenas=1", 1);
+  mp_pool_t *p = mp_default_pool();
+  cr_assert_not_null(p, "%s", mp_last_error());
+  void *x = history_caller_mallocs(MiB_BYTES);
+  mp_pool_t *arena = mp__arena_at(p, 0);
+  cr_assert_not_null(arena);
+  expect_caller_since(arena, 0, "history_caller_mallocs");
+  size_t before = arena->hist.total;
+  void *y = history_caller_torch_mallocs(NULL);
+  expect_caller_since(arena, before, "history_caller_torch_mallocs");
+  EXPECT_MARKED(arena, history_caller_torch_frees, y, NULL);
+  EXPECT_MARKED(arena, history_caller_frees_by_mp_free, x);
+}
