@@ -8,7 +8,9 @@
  * Graph capture: PyTorch names a capture's private pool by a MempoolId_t
  * and a stream filter (beginAllocateToPool). Each id gets one graph pool of
  * the device's pool (mp_pool_graph_create), counted in uses: one per begin,
- * one less per release_pool; the last release releases it. While a begin
+ * one less per release_pool; the last release releases it (at the end of
+ * its capture if one is open: PyTorch's releasePool only lowers the use
+ * count, and the capture allocates to the pool until its end). While a begin
  * is open, an allocation or free on a stream its filter accepts first
  * routes that stream to the graph pool (mp_pool_graph_begin), so the pool
  * never records on the capturing stream; end_allocate_to_pool ends the
@@ -433,9 +435,13 @@ void mp_torch_end_allocate_to_pool(int device, mp_torch_pool_id_t id) {
     return;
   pthread_mutex_lock(&mp__t.lock);
   mp__tpool_t *t = mp__tpool_find(device, id);
-  if (t != NULL && t->open)
+  if (t != NULL && t->open) {
     mp__tpool_end(t);
-  else
+    if (t->uses == 0) { /* its last use was released during the capture */
+      MP__HIST_ENTRY(t->parent);
+      mp__tpool_release(t);
+    }
+  } else
     mp__fail(MP_EINVAL,
              "mp_torch_end_allocate_to_pool: pool (%llu, %llu) of device %d "
              "is not being allocated to",
@@ -448,11 +454,16 @@ void mp_torch_release_pool(int device, mp_torch_pool_id_t id) {
     return;
   pthread_mutex_lock(&mp__t.lock);
   mp__tpool_t *t = mp__tpool_find(device, id);
-  if (t == NULL)
+  /* An open capture keeps allocating to its pool, as under PyTorch's
+   * releasePool (CUDACachingAllocator.cpp: the use count goes down, the
+   * capture stays in captures_underway until endAllocateToPool): the last
+   * release during it is done by the end. */
+  if (t == NULL || t->uses == 0)
     mp__fail(MP_EINVAL,
-             "mp_torch_release_pool: no pool (%llu, %llu) on device %d",
-             id.first, id.second, device);
-  else if (--t->uses == 0) {
+             "mp_torch_release_pool: no pool (%llu, %llu) on device %d%s",
+             id.first, id.second, device,
+             t != NULL ? " (released; its capture is still open)" : "");
+  else if (--t->uses == 0 && !t->open) {
     MP__HIST_ENTRY(t->parent);
     mp__tpool_release(t);
   }

@@ -109,7 +109,10 @@ MP_API void mp_torch_begin_allocate_to_pool(int device, mp_torch_pool_id_t id,
 MP_API void mp_torch_end_allocate_to_pool(int device, mp_torch_pool_id_t id);
 /* set_release_pool: one use of id ends (a graph reset or destroyed); at the
  * last, the graph pool is released (mp_pool_graph_release): its memory
- * returns to the device's pool once its live blocks are freed. */
+ * returns to the device's pool once its live blocks are freed. While a
+ * capture into id is open (begun, not ended), it keeps allocating to the
+ * pool, as under PyTorch's releasePool, and the release is done at its
+ * end_allocate_to_pool. */
 MP_API void mp_torch_release_pool(int device, mp_torch_pool_id_t id);
 
 #ifdef __cplusplus

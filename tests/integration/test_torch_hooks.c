@@ -219,6 +219,47 @@ Test(torch_hooks, a_private_pool_serves_its_capture_until_released) {
   mp_stream_destroy(dev, other);
 }
 
+/* A release (CUDAGraph::reset) of a pool whose capture is still open: as
+ * PyTorch's releasePool, which only lowers the pool's use count (the
+ * capture keeps allocating to it until endAllocateToPool), the capture
+ * keeps its pool and its filter, and the pool is released at the end.
+ * Before, the release ended the capture's routes and released the pool
+ * under it: the capture's next allocation came from the device's pool and
+ * the end was refused ("not being allocated to"). */
+Test(torch_hooks, a_release_during_its_capture_waits_for_the_end) {
+  mp_pool_t *pool = mp_default_pool();
+  cr_assert_eq(mp_stream_create(dev, &captured), MP_OK);
+  mp_torch_pool_id_t id = {4, 2};
+  drops = 0;
+  mp_torch_begin_allocate_to_pool(0, id, capture_filter, &captured, drop);
+  void *a = alloc_fn(MiB, 0, captured);
+  cr_assert_not_null(a, "%s", mp_last_error());
+  mp_pool_t *g = mp_pool_graph_of(pool, captured);
+  cr_assert_not_null(g);
+  mp_torch_release_pool(0, id); /* its last use, the capture still open */
+  cr_expect_eq(drops, 0, "the open capture's filter is kept");
+  mp_torch_release_pool(0, id); /* one release too many: refused */
+  cr_expect(strstr(mp_last_error(), "capture is still open") != NULL, "%s",
+            mp_last_error());
+  cr_expect_eq(mp_pool_graph_of(pool, captured), g, "still routed");
+  free_fn(a, MiB, 0, captured);
+  void *b = alloc_fn(MiB, 0, captured);
+  cr_assert_not_null(b, "%s", mp_last_error());
+  cr_expect_eq(b, a, "served by the capture's pool");
+  free_fn(b, MiB, 0, captured);
+  mp_torch_end_allocate_to_pool(0, id);
+  cr_expect(strstr(mp_last_error(), "not being allocated to") == NULL, "%s",
+            mp_last_error());
+  cr_expect_eq(drops, 1);
+  cr_expect_null(mp_pool_graph_of(pool, captured));
+  cr_expect_eq(stats(pool).allocated_bytes, 0, "released at the end");
+  mp_torch_release_pool(0, id);
+  cr_expect(strstr(mp_last_error(), "no pool (4, 2)") != NULL, "%s",
+            mp_last_error());
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  mp_stream_destroy(dev, captured);
+}
+
 /* The pool is the one PyTorch's MempoolId_t names, as PyTorch's
  * graph_pools map keys its private pools by it: two ids are two pools, an
  * id begun again shares its pool until its last release, and an id
