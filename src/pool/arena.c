@@ -466,7 +466,7 @@ static mp_status_t mp__arena_host(mp_status_t st, uint64_t seen) {
 static mp_status_t mp__arena_retry(mp_pool_t *a, const mp__arena_req_t *q) {
   uint64_t seen = mp__oom_seen;
   mp__pool_lock(a);
-  if (a->st.oom_count > 0)
+  if (!mp__oom_quiet && a->st.oom_count > 0)
     a->st.oom_count--;
   mp_status_t st;
   if (q->sizes != NULL) {
@@ -568,8 +568,9 @@ static mp_status_t mp__arena_alloc_slow(mp_pool_t *pool, mp_pool_t *a,
   char as[32], r[32], al[32], lf[32];
   mp__stats_read(pool, &sum);
   mp__pool_lock(a);
-  MP__HIST(a, MP__H_OOM,
-           cap > sum.reserved_bytes ? cap - sum.reserved_bytes : 0, bytes, 0);
+  if (!mp__oom_quiet)
+    MP__HIST(a, MP__H_OOM,
+             cap > sum.reserved_bytes ? cap - sum.reserved_bytes : 0, bytes, 0);
   mp__pool_unlock(a);
   return mp__fail(st,
                   "%s: asked %s; the pool's %zu arenas reserved %s, allocated "
@@ -730,7 +731,12 @@ mp_status_t mp__arena_graph_borrow(mp_pool_t *graph, size_t bytes,
                                    mp_stream_t s, void **out) {
   mp_pool_t *lender = NULL;
   /* MP__EHOST (host memory ran out) stops the graph pool's ladder with
-   * its message (graph.c's borrowing says why). */
-  return mp__arena_alloc_owned(graph->parent, bytes, s, out, &lender,
-                               mp__arena_lend, graph);
+   * its message (graph.c's borrowing says why). A failure counts once in
+   * the graph pool's allocation, whose ladder may borrow again. */
+  bool quiet = mp__oom_quiet;
+  mp__oom_quiet = mp__graph_counted();
+  mp_status_t st = mp__arena_alloc_owned(graph->parent, bytes, s, out, &lender,
+                                         mp__arena_lend, graph);
+  mp__oom_quiet = quiet;
+  return st;
 }

@@ -184,6 +184,7 @@ static mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
 }
 
 _Thread_local uint64_t mp__oom_seen;
+_Thread_local bool mp__oom_quiet;
 
 /* The pool and the failure (mp__error_serial) of the last out of memory
  * this thread counted: mp__pool_oom_retry's failure is that one while no
@@ -199,13 +200,14 @@ static _Thread_local size_t mp__oom_asked;
 
 mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked) {
   char a[32], r[32], al[32], lf[32];
-  pool->st.oom_count++;
+  if (!mp__oom_quiet)
+    pool->st.oom_count++;
   mp__oom_seen++;
   /* An arena's: recorded by the arenas' path if it is final (arena.c).
    * With a handler, the slot it overwrites is kept, so that the handler's
    * retry can take it back (mp__pool_oom_retry). */
   mp__oom_event = 0;
-  if (!pool->arena && pool->hist.ev != NULL) {
+  if (!pool->arena && pool->hist.ev != NULL && !mp__oom_quiet) {
     if (pool->oom_fn != NULL)
       mp__history_save_next(pool, &mp__oom_under);
     MP__HIST(pool, MP__H_OOM, mp__pool_room(pool), asked, 0);
@@ -582,7 +584,7 @@ bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes) {
     mp__fail(st, "%s", why); /* the failure, not what the handler did */
     if (event)
       MP__HIST(pool, MP__H_OOM, mp__pool_room(pool), asked, 0);
-  } else if (pool->st.oom_count > 0)
+  } else if (!mp__oom_quiet && pool->st.oom_count > 0)
     pool->st.oom_count--; /* the retry's answer is the allocation's */
   return again != 0;
 }

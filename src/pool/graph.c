@@ -371,6 +371,10 @@ static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes,
                                    &parent->granges_cap, sizeof *r, "ranges");
   if (r != NULL)
     parent->granges = r;
+  /* A failure counts once in the graph pool's allocation, whose ladder may
+   * borrow again (mp__graph_counted). */
+  bool quiet = mp__oom_quiet;
+  mp__oom_quiet = mp__graph_counted();
   st = r != NULL ? mp__pool_alloc_locked(parent, bytes, s, out) : MP__EHOST;
   bool device = mp__pool_oom_last(parent);
   /* Out of memory, the parent's handler, as the arenas' path asks it
@@ -382,6 +386,7 @@ static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes,
     st = mp__pool_alloc_locked(parent, bytes, s, out);
     device = mp__pool_oom_last(parent);
   }
+  mp__oom_quiet = quiet;
   /* The parent's MP_ENOMEM that is not its out of memory is host memory
    * running out (its message says so): MP__EHOST, so that the graph pool's
    * ladder stops with that message instead of taking it for a full
@@ -567,6 +572,10 @@ bool mp__graph_ask(mp_status_t st) {
     return false;
   mp__graph_asked = true;
   return true;
+}
+
+bool mp__graph_counted(void) {
+  return mp__graph_asked;
 }
 
 void mp__graph_finish_if(mp_pool_t *graph, bool last) {

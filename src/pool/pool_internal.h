@@ -842,6 +842,11 @@ bool mp__graph_leave(mp_pool_t *graph, bool outer);
  * however many times its ladder (each growth rung, the graph pool's own
  * retry) borrows. */
 bool mp__graph_ask(mp_status_t st);
+/* Before a graph pool's growth borrows from the parent: whether an out of
+ * memory of the parent's counted already in the allocation this thread is
+ * in (mp__graph_ask answered it; a retry that served would have ended the
+ * ladder), so that this borrow's failure counts nothing (mp__oom_quiet). */
+bool mp__graph_counted(void);
 /* ---- export.c: IPC exports and their leases ------------------------------ */
 /* A free of exported b (lock held): true when b is still imported
  * elsewhere and is now held instead of freed. */
@@ -901,6 +906,13 @@ mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked);
  * not move it is host memory running out, not the device (arena.c asks,
  * where other threads move the pools' own counts meanwhile). */
 extern _Thread_local uint64_t mp__oom_seen;
+/* Set by the calling thread around a graph pool's borrow whose allocation
+ * had a failure of the parent's counted already (mp__graph_counted): an
+ * out of memory of the parent's is then a failure like any other
+ * (message, mp__oom_seen, mp__pool_oom_last) but counts nothing, neither
+ * in oom_count nor as an oom event, and no retry takes a count back: one
+ * failed allocation counts once. */
+extern _Thread_local bool mp__oom_quiet;
 /* Under the lock, after an allocation of bytes failed with st: calls the
  * pool's out-of-memory handler (lock dropped) if one is set and the
  * failure was the pool's out of memory (mp__pool_oom, the thread's last

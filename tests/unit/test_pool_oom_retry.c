@@ -170,3 +170,41 @@ Test(pool_oom_retry, a_handler_allocating_from_its_pool_counts_its_failure) {
       cr_assert_eq(mp_pool_destroy(p), MP_OK, "%s", mp_last_error());
     }
 }
+
+/* A graph pool's allocation the parent cannot serve counts once in the
+ * parent's oom_count and leaves one oom event in its history, however
+ * often the graph pool's ladder borrows (a range with free bytes left
+ * makes its second growth rung run): without a handler, with one that
+ * frees nothing, with one whose retry fails too, with arenas as without.
+ * Each borrow counted before: 2 for one failed allocation. */
+Test(pool_oom_retry, a_failed_graph_pool_allocation_counts_once_in_its_parent) {
+  for (size_t c = 0; c < sizeof configs / sizeof *configs; c++)
+    for (int answer = -1; answer < 2; answer++) {
+      const char *opts = configs[c];
+      engine_t e = {.answer = answer};
+      void *held;
+      mp_pool_t *p = history_pool(c, drop_cache, &e, &held);
+      if (answer < 0)
+        cr_assert_eq(mp_pool_set_oom_handler(p, NULL, NULL), MP_OK);
+      mp_pool_t *g;
+      cr_assert_eq(mp_pool_graph_create(p, &g), MP_OK, "%s", mp_last_error());
+      void *small, *x;
+      cr_assert_eq(mp_pool_alloc(g, MiB, NULL, &small), MP_OK, "%s",
+                   mp_last_error());
+      cr_assert_gt(stats(g).reserved_bytes, MiB);
+      for (int n = 1; n <= 2; n++) {
+        cr_expect_eq(mp_pool_alloc(g, 40 * MiB, NULL, &x), MP_ENOMEM,
+                     "%s, answer %d", opts, answer);
+        cr_expect_eq(stats(p).oom_count, n, "%s, answer %d: %llu after %d",
+                     opts, answer, (unsigned long long)stats(p).oom_count, n);
+        cr_expect_eq(oom_events(p), n, "%s, answer %d: %zu events after %d",
+                     opts, answer, oom_events(p), n);
+        cr_expect_eq(stats(g).oom_count, n, "%s, answer %d", opts, answer);
+      }
+      cr_assert_eq(mp_pool_free(g, small), MP_OK, "%s", mp_last_error());
+      cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+      cr_assert_eq(mp_pool_free(p, held), MP_OK, "%s", mp_last_error());
+      check(p);
+      cr_assert_eq(mp_pool_destroy(p), MP_OK, "%s", mp_last_error());
+    }
+}
