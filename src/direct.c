@@ -37,6 +37,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "device/backend.h"
 #include "internal.h"
@@ -60,6 +61,7 @@ typedef struct mp__dblock {
  * runs (on the stack of the thread that ends it). */
 typedef struct mp__dsession {
   uint64_t ticket; /* its number: the sessions taken up to it */
+  pid_t pid;       /* the process whose thread gives it back */
   struct mp__dsession *next;
 } mp__dsession_t;
 
@@ -212,6 +214,7 @@ static mp__dblock_t *mp__direct_take_session(mp_direct_t *d, size_t *n,
   d->deferred_bytes = 0;
   /* In the same step: the blocks are always somewhere. */
   sess->ticket = ++d->taken;
+  sess->pid = getpid();
   sess->next = d->inflight;
   d->inflight = sess;
   pthread_mutex_unlock(&d->mu);
@@ -249,11 +252,15 @@ mp_status_t mp_direct_free_session(mp_direct_t *d) {
   return mp__direct_end_session(d, &released);
 }
 
-/* Under the mutex: how many sessions taken up to horizon are in flight. */
+/* Under the mutex: how many sessions taken up to horizon are in flight in
+ * this process. A child forked while another thread of its parent gave a
+ * session back has the session in its copy of the list, but not the
+ * thread: it never ends here, and waiting for it would be for ever. */
 static size_t mp__direct_pending(const mp_direct_t *d, uint64_t horizon) {
   size_t n = 0;
+  pid_t self = getpid();
   for (const mp__dsession_t *x = d->inflight; x != NULL; x = x->next)
-    n += x->ticket <= horizon;
+    n += x->ticket <= horizon && x->pid == self;
   return n;
 }
 

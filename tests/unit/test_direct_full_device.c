@@ -5,7 +5,11 @@
  * failure, and the allocation was MP_ENOMEM with room on the device. */
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <mempool/mempool.h>
 
@@ -279,4 +283,76 @@ Test(direct_full_device, an_alloc_stops_when_others_keep_ending_sessions,
 Test(direct_full_device, an_alloc_ends_the_session_once_while_others_free,
      .timeout = 60) {
   churn(false);
+}
+
+/* ---- a child forked while a session is in flight ----------------------
+ * A session another thread of the parent is giving back when the process
+ * forks is copied into the child, but not the thread that would end it:
+ * the child's allocation on a full device waited for it for ever. Only
+ * the sessions of the calling process are waited for; the child's
+ * allocation is MP_ENOMEM. The parent's session waits in its device
+ * synchronization (held_sync) until the child is done; the child's alarm
+ * turns a hang into a failure. */
+
+static pthread_mutex_t held_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t held_cv = PTHREAD_COND_INITIALIZER;
+static bool held_in, held_go; /* under held_mu */
+
+static mp_status_t held_sync(mp_device_t *dev) {
+  pthread_mutex_lock(&held_mu);
+  held_in = true;
+  pthread_cond_broadcast(&held_cv);
+  while (!held_go)
+    pthread_cond_wait(&held_cv, &held_mu);
+  pthread_mutex_unlock(&held_mu);
+  return fake_ok(dev);
+}
+
+static void *end_held_session(void *arg) {
+  return (void *)(intptr_t)mp_direct_free_session(arg);
+}
+
+Test(direct_full_device, a_child_forked_mid_session_does_not_wait_for_it,
+     .timeout = 60) {
+  mp_device_t *dev;
+  mp_direct_t *d = direct_on_fake(&dev);
+  mp__backend_t ops = fake_backend;
+  ops.synchronize = held_sync;
+  dev->ops = &ops;
+  void *p, *q = NULL;
+  cr_assert_eq(mp_direct_alloc(d, (size_t)48 << 20, NULL, &p), MP_OK);
+  cr_assert_eq(mp_direct_free(d, p), MP_OK);
+  pthread_t b;
+  cr_assert_eq(pthread_create(&b, NULL, end_held_session, d), 0);
+  pthread_mutex_lock(&held_mu);
+  while (!held_in)
+    pthread_cond_wait(&held_cv, &held_mu);
+  pthread_mutex_unlock(&held_mu);
+  pid_t child = fork();
+  cr_assert_geq(child, 0);
+  if (child == 0) {
+    alarm(10);
+    mp_status_t st = mp_direct_alloc(d, (size_t)40 << 20, NULL, &q);
+    _exit(st == MP_ENOMEM ? 0 : 1);
+  }
+  int status = 0;
+  cr_assert_eq(waitpid(child, &status, 0), child);
+  pthread_mutex_lock(&held_mu);
+  held_go = true;
+  pthread_cond_broadcast(&held_cv);
+  pthread_mutex_unlock(&held_mu);
+  void *bst;
+  cr_assert_eq(pthread_join(b, &bst), 0);
+  cr_expect_eq((mp_status_t)(intptr_t)bst, MP_OK);
+  cr_expect(!WIFSIGNALED(status),
+            "the child waited for the parent's session (signal %d)",
+            WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+            "the child's allocation was not MP_ENOMEM");
+  /* The parent's session went back: the request fits here. */
+  cr_assert_eq(mp_direct_alloc(d, (size_t)40 << 20, NULL, &q), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_direct_free(d, q), MP_OK);
+  cr_assert_eq(mp_direct_destroy(d), MP_OK);
+  fake_close(dev);
 }
