@@ -499,6 +499,13 @@ struct mp_pool {
    * dropped reads a prefix that was complete when it began. */
   mp_device_t *peers[32];
   _Atomic unsigned npeers;
+  /* vrange.c: mappings a growth or resume left on the device outside the
+   * virtual range's chunks (a peer's access refused, then the unmap
+   * refused too: mp__pool_vm_map); unmapped before anything is mapped
+   * over them, and at release. Changed only with a device call in flight
+   * (inflight) or at destroy. */
+  mp__chunk_t strays[8];
+  unsigned nstrays;
   uint64_t release_next_free; /* release_threshold: the free_count at which
                                  a try to release may come again */
   /* arena.c: cfg.arenas entries (NULL: no arenas). An arena is a pool of

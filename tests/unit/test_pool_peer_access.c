@@ -160,3 +160,49 @@ Test(pool_peer_access, two_threads_giving_a_peer_leave_the_arenas_agreed) {
   arenas_finish(pool, dev, &a, &b, &c);
   fake_close(flaky_peer);
 }
+
+/* A pool that has the peer, whose next growth's chunk the device refuses
+ * to the peer and then refuses to unmap too: the chunk is still mapped, so
+ * the pool keeps it (a stray), never serves it, and unmaps it before it
+ * maps there again and at destroy. Before, it was forgotten: destroy left
+ * it mapped (the device's memory short for good), and the next growth
+ * mapped over it. */
+static mp_pool_t *pool_with_a_stray(mp_device_t *dev, mp_device_t *peer,
+                                    void **held) {
+  mp_pool_t *p = make_pool(dev, NULL);
+  cr_assert_eq(mp_pool_set_access(p, peer), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, held), MP_OK);
+  access_fail_at = access_calls + 1;
+  unmap_fail_at = unmap_calls + 1;
+  void *x;
+  cr_expect_eq(mp_pool_alloc(p, 2 * MiB, NULL, &x), MP_EDRIVER);
+  cr_expect(strstr(mp_last_error(), "vm_access") != NULL, "%s",
+            mp_last_error());
+  cr_expect_eq(fake_of(dev)->used, 4 * MiB, "the stray is still mapped");
+  return p;
+}
+
+Test(pool_peer_access, a_stray_mapping_is_unmapped_at_destroy) {
+  mp_device_t *dev = flaky_open(0), *peer = flaky_peer_open();
+  void *v;
+  mp_pool_t *p = pool_with_a_stray(dev, peer, &v);
+  cr_assert_eq(mp_pool_free(p, v), MP_OK);
+  fake_pool_finish(p, dev);
+  fake_close(peer);
+}
+
+Test(pool_peer_access, a_stray_mapping_is_unmapped_before_a_map_over_it) {
+  mp_device_t *dev = flaky_open(0), *peer = flaky_peer_open();
+  void *v[2];
+  mp_pool_t *p = pool_with_a_stray(dev, peer, &v[0]);
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &v[1]), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(stats(p).reserved_bytes, fake_of(dev)->used,
+               "the device holds %zu bytes, the pool %zu", fake_of(dev)->used,
+               stats(p).reserved_bytes);
+  expect_all_open(p, true);
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(mp_pool_free(p, v[i]), MP_OK);
+  fake_pool_finish(p, dev);
+  fake_close(peer);
+}
