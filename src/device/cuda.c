@@ -738,7 +738,11 @@ static mp_status_t mp__cuda_stream_create(mp_device_t *dev, mp_stream_t *out) {
 
 /* Only streams this device created are destroyed here: a stale or foreign
  * handle (a double destroy, a stream of the CUDA runtime, which
- * cudaStreamDestroy owns) would reach the driver as undefined behaviour. */
+ * cudaStreamDestroy owns) would reach the driver as undefined behaviour.
+ * No wait for the stream first: cuStreamDestroy "will return immediately"
+ * while the device still works on it (cuda.h), which is what
+ * mp_stream_destroy promises (device.h); the device synchronize of
+ * mp_device_synchronize and close still waits for that work. */
 static mp_status_t mp__cuda_stream_destroy(mp_device_t *dev, mp_stream_t s) {
   mp__cuda_dev_t *cd = mp__cuda_of(dev);
   mp__cuda_entry_t e;
@@ -747,15 +751,8 @@ static mp_status_t mp__cuda_stream_destroy(mp_device_t *dev, mp_stream_t s) {
                     "mp_stream_destroy: %p was not created by "
                     "mp_stream_create on this device (or is destroyed)",
                     (void *)s);
-  CUresult r = mp__cuda_push(cd);
-  if (r == CUDA_SUCCESS) {
-    mp__cuda_relaxed_t rx = mp__cuda_relax();
-    r = mp__cu.StreamSynchronize((CUstream)s);
-    mp__cuda_unrelax(&rx);
-    if (r == CUDA_SUCCESS)
-      r = mp__cu.StreamDestroy((CUstream)s);
-    mp__cuda_pop();
-  }
+  CUresult r;
+  MP__CU_IN_CTX(cd, r, mp__cu.StreamDestroy((CUstream)s));
   if (r != CUDA_SUCCESS) {
     (void)mp__cuda_track(cd, &cd->streams, e.key, e.size, e.handle);
     return mp__cuda_fail(r, "cuStreamDestroy(%p)", (void *)s);

@@ -281,6 +281,13 @@ mp_status_t mp_stream_destroy(mp_device_t *dev, mp_stream_t s) {
                     "mp_stream_destroy: %p was not made by "
                     "mp_stream_create on this device, or is destroyed",
                     (void *)s);
+  /* Nor one being captured, before any pool forgets it: the capture is the
+   * program's, and its end (cuStreamEndCapture) is due first. */
+  if (mp__device_stream_capturing(dev, s) > 0)
+    return mp__fail(MP_EBUSY,
+                    "mp_stream_destroy: stream %p is capturing a graph; end "
+                    "the capture first",
+                    (void *)s);
   mp_stream_forget(dev, s);
   return dev->ops->stream_destroy(dev, s);
 }

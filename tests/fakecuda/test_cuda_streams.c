@@ -212,3 +212,99 @@ Test(cuda_streams, device_free_waits_for_the_applications_own_streams) {
   cr_assert_eq(release(0), CUDA_SUCCESS);
   mp_device_close(dev);
 }
+
+typedef struct watchdog {
+  gate_t *gate;
+  atomic_int opened; /* 1: the watchdog had to open the gate */
+} watchdog_t;
+
+/* Opens the gate after 2 s, so a call that waits for the gated work comes
+ * back (and is seen to have waited) instead of hanging the test. */
+static void *open_gate_later(void *arg) {
+  watchdog_t *w = arg;
+  usleep(2000000);
+  atomic_store(&w->opened, 1);
+  gate_open(w->gate);
+  return NULL;
+}
+
+/* mp_stream_destroy returns at once, as cuStreamDestroy does (device.h;
+ * cuda.h: "In case the device is still doing work in the stream hStream
+ * when cuStreamDestroy() is called, the function will return immediately"),
+ * and the queued work still runs. It synchronized the stream first, so it
+ * waited for the gated work: a program that opens the gate only after the
+ * destroy would hang. */
+Test(cuda_streams, destroy_returns_at_once_and_the_queued_work_still_runs) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_stream_t s = NULL;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK, "%s", mp_last_error());
+  unsigned char *d = NULL, *h = NULL;
+  cr_assert_eq(mp_device_alloc(dev, 4096, (void **)&d), MP_OK);
+  cr_assert_eq(mp_device_host_alloc(dev, 4096, (void **)&h), MP_OK);
+  h[0] = 0;
+  gate_t g;
+  gate_init(&g);
+  watchdog_t w = {.gate = &g};
+  atomic_init(&w.opened, 0);
+  cr_assert_eq(mp_stream_launch_host(dev, s, gate_wait, &g), MP_OK);
+  cr_assert_eq(mp_memset_async(dev, d, 9, 4096, s), MP_OK);
+  cr_assert_eq(mp_memcpy_async(dev, h, d, 4096, s), MP_OK);
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, open_gate_later, &w), 0);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(atomic_load(&w.opened), 0,
+               "mp_stream_destroy waited for the stream's queued work");
+  gate_open(&g);
+  cr_assert_eq(mp_device_synchronize(dev), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(h[0], 9, "the destroyed stream's queued work did not run");
+  pthread_join(t, NULL);
+  gate_destroy(&g);
+  mp_device_host_free(dev, h);
+  mp_device_free(dev, d);
+  mp_device_close(dev);
+}
+
+/* A stream being captured is not destroyed: MP_EBUSY, and the capture goes
+ * on to its end. The destroy's stream synchronize, a wait on a capturing
+ * stream (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "the operation is not
+ * permitted when the stream is capturing", cuda.h; the fake refuses it in
+ * every mode, as an H200 did), invalidated the program's capture and was
+ * answered as a driver failure. */
+Test(cuda_streams,
+     destroying_a_capturing_stream_is_ebusy_and_keeps_the_capture) {
+  CUresult (*retain)(CUcontext *, CUdevice), (*release)(CUdevice);
+  CUresult (*push)(CUcontext), (*pop)(CUcontext *);
+  CUresult (*begin)(CUstream, CUstreamCaptureMode);
+  CUresult (*end)(CUstream, CUgraph *), (*graph_destroy)(CUgraph);
+  CUresult (*capturing)(CUstream, CUstreamCaptureStatus *);
+  FK_LOAD(retain, "cuDevicePrimaryCtxRetain");
+  FK_LOAD(release, "cuDevicePrimaryCtxRelease_v2");
+  FK_LOAD(push, "cuCtxPushCurrent_v2");
+  FK_LOAD(pop, "cuCtxPopCurrent_v2");
+  FK_LOAD(begin, "cuStreamBeginCapture_v2");
+  FK_LOAD(end, "cuStreamEndCapture");
+  FK_LOAD(graph_destroy, "cuGraphDestroy");
+  FK_LOAD(capturing, "cuStreamIsCapturing");
+  mp_device_t *dev = open_dev("cuda");
+  mp_stream_t s = NULL;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK, "%s", mp_last_error());
+  CUcontext ctx;
+  cr_assert_eq(retain(&ctx, 0), CUDA_SUCCESS);
+  cr_assert_eq(push(ctx), CUDA_SUCCESS);
+  cr_assert_eq(begin((CUstream)s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  mp_status_t st = mp_stream_destroy(dev, s);
+  cr_expect_eq(st, MP_EBUSY, "%s: %s", mp_status_name(st), mp_last_error());
+  cr_expect(strstr(mp_last_error(), "captur") != NULL, "%s", mp_last_error());
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  cr_assert_eq(capturing((CUstream)s, &cs), CUDA_SUCCESS);
+  cr_expect_eq(cs, CU_STREAM_CAPTURE_STATUS_ACTIVE,
+               "the refused destroy broke the capture (status %d)", (int)cs);
+  CUgraph graph = NULL;
+  cr_expect_eq(end((CUstream)s, &graph), CUDA_SUCCESS);
+  if (graph != NULL)
+    cr_assert_eq(graph_destroy(graph), CUDA_SUCCESS);
+  cr_assert_eq(pop(NULL), CUDA_SUCCESS);
+  cr_assert_eq(release(0), CUDA_SUCCESS);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK, "%s", mp_last_error());
+  mp_device_close(dev);
+}
