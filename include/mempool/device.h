@@ -112,6 +112,8 @@ MP_API mp_status_t mp_memcpy_async(mp_device_t *dev, void *dst, const void *src,
 MP_API mp_status_t mp_memset_async(mp_device_t *dev, void *dst, int value,
                                    size_t n, mp_stream_t s);
 
+/* The event calls below take events made by mp_event_create on dev and
+ * not destroyed yet; any other handle is MP_EINVAL. */
 MP_API mp_status_t mp_event_create(mp_device_t *dev, mp_event_t *out);
 MP_API mp_status_t mp_event_destroy(mp_device_t *dev, mp_event_t e);
 MP_API mp_status_t mp_event_record(mp_device_t *dev, mp_event_t e,

@@ -760,12 +760,18 @@ static mp_status_t mp__cuda_stream_destroy(mp_device_t *dev, mp_stream_t s) {
   return MP_OK;
 }
 
-static bool mp__cuda_stream_owned(mp_device_t *dev, mp_stream_t s) {
-  mp__cuda_dev_t *cd = mp__cuda_of(dev);
+/* Whether key is in map m of cd (asks no driver). */
+static bool mp__cuda_tracked(mp__cuda_dev_t *cd, const mp__ptrmap_t *m,
+                             uintptr_t key) {
   pthread_mutex_lock(&cd->lock);
-  bool found = mp__ptrmap_find(&cd->streams, (uintptr_t)s) != NULL;
+  bool found = mp__ptrmap_find(m, key) != NULL;
   pthread_mutex_unlock(&cd->lock);
   return found;
+}
+
+static bool mp__cuda_stream_owned(mp_device_t *dev, mp_stream_t s) {
+  return mp__cuda_tracked(mp__cuda_of(dev), &mp__cuda_of(dev)->streams,
+                          (uintptr_t)s);
 }
 
 static mp_status_t mp__cuda_stream_synchronize(mp_device_t *dev,
@@ -1070,8 +1076,26 @@ static mp_status_t mp__cuda_event_destroy(mp_device_t *dev, mp_event_t e) {
   return MP_OK;
 }
 
+/* Only events this device made, and has not destroyed, reach the driver:
+ * a destroyed event's handle is as undefined there as a destroyed stream's
+ * (mp_stream_destroy), and the driver may have given it to an event made
+ * since, which the call would then touch. The host device refuses them
+ * too. */
+static mp_status_t mp__cuda_event_known(mp_device_t *dev, mp_event_t e,
+                                        const char *fn) {
+  if (mp__cuda_tracked(mp__cuda_of(dev), &mp__cuda_of(dev)->events,
+                       (uintptr_t)e))
+    return MP_OK;
+  return mp__fail(MP_EINVAL,
+                  "%s: %p is not an event of %s (foreign or already "
+                  "destroyed)",
+                  fn, (void *)e, dev->name);
+}
+
 static mp_status_t mp__cuda_event_record(mp_device_t *dev, mp_event_t e,
                                          mp_stream_t s) {
+  if (mp__cuda_event_known(dev, e, "mp_event_record") != MP_OK)
+    return MP_EINVAL;
   CUresult r;
   MP__CU_IN_CTX(mp__cuda_of(dev), r,
                 mp__cu.EventRecord((CUevent)e, (CUstream)s));
@@ -1081,12 +1105,16 @@ static mp_status_t mp__cuda_event_record(mp_device_t *dev, mp_event_t e,
 }
 
 static mp_status_t mp__cuda_event_query(mp_device_t *dev, mp_event_t e) {
+  if (mp__cuda_event_known(dev, e, "mp_event_query") != MP_OK)
+    return MP_EINVAL;
   CUresult r;
   MP__CU_IN_CTX_RELAXED(mp__cuda_of(dev), r, mp__cu.EventQuery((CUevent)e));
   return mp__cuda_ready(r, "cuEventQuery", (void *)e);
 }
 
 static mp_status_t mp__cuda_event_synchronize(mp_device_t *dev, mp_event_t e) {
+  if (mp__cuda_event_known(dev, e, "mp_event_synchronize") != MP_OK)
+    return MP_EINVAL;
   CUresult r;
   MP__CU_IN_CTX_RELAXED(mp__cuda_of(dev), r,
                         mp__cu.EventSynchronize((CUevent)e));
@@ -1097,6 +1125,8 @@ static mp_status_t mp__cuda_event_synchronize(mp_device_t *dev, mp_event_t e) {
 
 static mp_status_t mp__cuda_stream_wait_event(mp_device_t *dev, mp_stream_t s,
                                               mp_event_t e) {
+  if (mp__cuda_event_known(dev, e, "mp_stream_wait_event") != MP_OK)
+    return MP_EINVAL;
   CUresult r;
   MP__CU_IN_CTX(mp__cuda_of(dev), r,
                 mp__cu.StreamWaitEvent((CUstream)s, (CUevent)e, 0));

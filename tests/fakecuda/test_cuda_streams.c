@@ -308,3 +308,38 @@ Test(cuda_streams,
   cr_assert_eq(mp_stream_destroy(dev, s), MP_OK, "%s", mp_last_error());
   mp_device_close(dev);
 }
+
+/* A destroyed event's handle never reaches the driver, as a destroyed
+ * stream's does not (test_cuda_stream_handles.c): to the driver it is
+ * undefined behaviour (an H200 crashed given a destroyed stream's, and a
+ * driver may give the handle to the next event made, which the call would
+ * then touch). Record, query, synchronize and wait are MP_EINVAL, saying
+ * so, as on the host device; they reached the driver before. */
+Test(cuda_streams, a_destroyed_event_never_reaches_the_driver) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_stream_t s = NULL;
+  mp_event_t e = NULL;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_event_create(dev, &e), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_event_record(dev, e, s), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_event_synchronize(dev, e), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_event_destroy(dev, e), MP_OK, "%s", mp_last_error());
+  static const char *const calls[] = {"cuEventRecord", "cuEventQuery",
+                                      "cuEventSynchronize",
+                                      "cuStreamWaitEvent"};
+  long long before[4];
+  for (int i = 0; i < 4; i++)
+    before[i] = fk_calls(calls[i]);
+  mp_status_t got[4] = {mp_event_record(dev, e, s), mp_event_query(dev, e),
+                        mp_event_synchronize(dev, e),
+                        mp_stream_wait_event(dev, s, e)};
+  for (int i = 0; i < 4; i++) {
+    cr_expect_eq(got[i], MP_EINVAL, "%s: %s", calls[i], mp_status_name(got[i]));
+    cr_expect_eq(fk_calls(calls[i]), before[i],
+                 "%s reached the driver with a destroyed event", calls[i]);
+  }
+  cr_expect(strstr(mp_last_error(), "destroyed") != NULL, "%s",
+            mp_last_error());
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK, "%s", mp_last_error());
+  mp_device_close(dev);
+}
