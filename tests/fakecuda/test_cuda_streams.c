@@ -11,6 +11,7 @@
 #include <mempool/mempool.h>
 
 #include "../support/device_helpers.h"
+#include "../support/stream_destroy_check.h"
 #include "../support/stream_gate.h"
 #include "fakecuda_test.h"
 
@@ -213,21 +214,6 @@ Test(cuda_streams, device_free_waits_for_the_applications_own_streams) {
   mp_device_close(dev);
 }
 
-typedef struct watchdog {
-  gate_t *gate;
-  atomic_int opened; /* 1: the watchdog had to open the gate */
-} watchdog_t;
-
-/* Opens the gate after 2 s, so a call that waits for the gated work comes
- * back (and is seen to have waited) instead of hanging the test. */
-static void *open_gate_later(void *arg) {
-  watchdog_t *w = arg;
-  usleep(2000000);
-  atomic_store(&w->opened, 1);
-  gate_open(w->gate);
-  return NULL;
-}
-
 /* mp_stream_destroy returns at once, as cuStreamDestroy does (device.h;
  * cuda.h: "In case the device is still doing work in the stream hStream
  * when cuStreamDestroy() is called, the function will return immediately"),
@@ -236,31 +222,7 @@ static void *open_gate_later(void *arg) {
  * destroy would hang. */
 Test(cuda_streams, destroy_returns_at_once_and_the_queued_work_still_runs) {
   mp_device_t *dev = open_dev("cuda");
-  mp_stream_t s = NULL;
-  cr_assert_eq(mp_stream_create(dev, &s), MP_OK, "%s", mp_last_error());
-  unsigned char *d = NULL, *h = NULL;
-  cr_assert_eq(mp_device_alloc(dev, 4096, (void **)&d), MP_OK);
-  cr_assert_eq(mp_device_host_alloc(dev, 4096, (void **)&h), MP_OK);
-  h[0] = 0;
-  gate_t g;
-  gate_init(&g);
-  watchdog_t w = {.gate = &g};
-  atomic_init(&w.opened, 0);
-  cr_assert_eq(mp_stream_launch_host(dev, s, gate_wait, &g), MP_OK);
-  cr_assert_eq(mp_memset_async(dev, d, 9, 4096, s), MP_OK);
-  cr_assert_eq(mp_memcpy_async(dev, h, d, 4096, s), MP_OK);
-  pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, open_gate_later, &w), 0);
-  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK, "%s", mp_last_error());
-  cr_expect_eq(atomic_load(&w.opened), 0,
-               "mp_stream_destroy waited for the stream's queued work");
-  gate_open(&g);
-  cr_assert_eq(mp_device_synchronize(dev), MP_OK, "%s", mp_last_error());
-  cr_expect_eq(h[0], 9, "the destroyed stream's queued work did not run");
-  pthread_join(t, NULL);
-  gate_destroy(&g);
-  mp_device_host_free(dev, h);
-  mp_device_free(dev, d);
+  check_stream_destroy_returns_at_once(dev);
   mp_device_close(dev);
 }
 

@@ -17,6 +17,7 @@
 #include <criterion/criterion.h>
 #include <mempool/mempool.h>
 
+#include "../support/stream_destroy_check.h"
 #include "../support/stream_gate.h"
 #include "device/backend.h"
 
@@ -129,6 +130,15 @@ Test(cuda_gpu, events_and_cross_stream_waits) {
   gate_destroy(&g);
   mp_device_host_free(dev, h);
   mp_device_free(dev, d);
+  mp_device_close(dev);
+}
+
+/* Twin of test_cuda_streams' destroy_returns_at_once_and_the_queued_work_
+ * still_runs: mp_stream_destroy returns while the stream's work is held
+ * back (cuStreamDestroy returns at once), and that work still runs. */
+Test(cuda_gpu, stream_destroy_returns_at_once) {
+  mp_device_t *dev = open_gpu();
+  check_stream_destroy_returns_at_once(dev);
   mp_device_close(dev);
 }
 

@@ -6,7 +6,9 @@
 #define MEMPOOL_TEST_STREAM_GATE_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
+#include <unistd.h>
 
 typedef struct gate {
   pthread_mutex_t mu;
@@ -34,6 +36,37 @@ static inline void gate_open(gate_t *g) {
   g->open = true;
   pthread_cond_broadcast(&g->cv);
   pthread_mutex_unlock(&g->mu);
+}
+
+/* Opens a gate from a thread of its own after delay_us, so that a call
+ * that should not wait for the gated work, but does, comes back (opened
+ * tells it waited) instead of hanging the test. */
+typedef struct gate_timer {
+  gate_t *gate;
+  unsigned delay_us;
+  atomic_int opened; /* 1: the timer opened the gate */
+  pthread_t thread;
+} gate_timer_t;
+
+static inline void *gate_timer_main(void *arg) {
+  gate_timer_t *t = (gate_timer_t *)arg;
+  usleep(t->delay_us);
+  atomic_store(&t->opened, 1);
+  gate_open(t->gate);
+  return NULL;
+}
+
+/* 0 when the timer runs; join it with gate_timer_join. */
+static inline int gate_timer_start(gate_timer_t *t, gate_t *g,
+                                   unsigned delay_us) {
+  t->gate = g;
+  t->delay_us = delay_us;
+  atomic_init(&t->opened, 0);
+  return pthread_create(&t->thread, NULL, gate_timer_main, t);
+}
+
+static inline void gate_timer_join(gate_timer_t *t) {
+  pthread_join(t->thread, NULL);
 }
 
 /* Only once nothing can still be waiting on it. */
