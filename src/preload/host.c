@@ -28,6 +28,10 @@
  * recorded at the free (under load that came late, and the pool grew a
  * chunk for a program that never holds two buffers).
  *
+ * 0 bytes through the runtime (cudaMallocHost, cudaHostAlloc) is success
+ * with a NULL pointer in pool mode, as the runtime answers it (and its
+ * cudaMalloc, runtime.c); the driver's calls keep their invalid value.
+ *
  * The host pool is made on the first served call, on the device of the
  * shim's state; a forked child makes its own (its parent's device is not
  * its device). */
@@ -237,12 +241,21 @@ static unsigned int mp__h_alloc(mp__hvariant_t v, void **p, size_t bytes,
   bool outer = mp__pl_enter();
   const mp__pl_t *pl = outer ? mp__pl_get() : NULL;
   mp_host_pool_t *hp = NULL;
+  /* The runtime's convention, as for its cudaMalloc (runtime.c): 0 bytes
+   * is success with a NULL pointer, nothing allocated or recorded (the
+   * driver's cuMemHostAlloc refuses it, as cuMemAlloc does). */
+  bool empty = runtime && bytes == 0 && p != NULL &&
+               (flags & ~MP__HOST_FLAGS) == 0;
   /* The emulated device has no write-combined memory: the pool serves all. */
-  if (pl != NULL && pl->mode == MP__PL_POOL &&
+  if (pl != NULL && pl->mode == MP__PL_POOL && !empty &&
       (pl->host || (flags & MP__HOST_WRITECOMBINED) == 0))
     hp = mp__hpl_get(pl);
   unsigned int r;
-  if (hp != NULL) {
+  if (pl != NULL && pl->mode == MP__PL_POOL && empty) {
+    *p = NULL;
+    mp__pl_leave();
+    return 0;
+  } else if (hp != NULL) {
     mp_status_t st = p == NULL || bytes == 0 || (flags & ~MP__HOST_FLAGS)
                          ? MP_EINVAL
                          : mp_host_pool_alloc(hp, bytes, NULL, p);

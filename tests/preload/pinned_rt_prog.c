@@ -7,7 +7,11 @@
  * "pinned_rt_prog N wrong-free" first frees a device buffer with
  * cudaFreeHost and a pinned one with cudaFree: each must be refused
  * (cudaErrorInvalidValue) and leave the buffer to its right free, which
- * must then succeed. */
+ * must then succeed.
+ * "pinned_rt_prog 1 zero" asks cudaMallocHost and cudaHostAlloc (plain and
+ * write-combined) for 0 bytes: each must succeed with a NULL pointer, as
+ * the runtime answers (its cudaMalloc too), and cudaFreeHost of it too;
+ * prints "ok". */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +38,24 @@ int main(int argc, char **argv) {
       check(cudaErrorUnknown, "cudaFree of a pinned buffer");
     check(cudaFree(d), "cudaFree after a refused cudaFreeHost");
     check(cudaFreeHost(h), "cudaFreeHost after a refused cudaFree");
+  }
+  if (argc > 2 && strcmp(argv[2], "zero") == 0) {
+    unsigned int flags[] = {cudaHostAllocDefault, cudaHostAllocMapped,
+                            cudaHostAllocWriteCombined};
+    for (int i = 0; i < 4; i++) {
+      void *p = (void *)&n; /* not NULL: the call must write NULL */
+      cudaError_t e = i == 3 ? cudaMallocHost(&p, 0)
+                             : cudaHostAlloc(&p, 0, flags[i]);
+      printf("zero %d: %s (%d) %p\n", i, cudaGetErrorName(e), (int)e, p);
+      check(e, i == 3 ? "cudaMallocHost(0)" : "cudaHostAlloc(0)");
+      if (p != NULL) {
+        printf("FAILED a 0-byte allocation is not NULL\n");
+        return 2;
+      }
+      check(cudaFreeHost(p), "cudaFreeHost of a 0-byte allocation");
+    }
+    printf("ok\n");
+    return 0;
   }
   int done = 0;
   for (int i = 0; i < 2 * n; i++) {

@@ -76,3 +76,30 @@ Test(preload_pinned_runtime, a_free_with_the_wrong_call_leaves_the_buffer) {
   unlink(report);
   rmdir(dir);
 }
+
+/* 0 bytes: the runtime's cudaMallocHost and cudaHostAlloc succeed with a
+ * NULL pointer (programs and frameworks ask for empty staging buffers:
+ * PyTorch's pinned allocator called cudaHostAlloc with 0 before it learned
+ * to skip it, Triton's pinned pool with a size of 0), as the runtime's
+ * cudaMalloc does, which the shim already answers so (runtime.c). The
+ * host pool path refused them with cudaErrorInvalidValue. Nothing is
+ * allocated, recorded or counted. */
+Test(preload_pinned_runtime, zero_bytes_is_success_with_a_null_pointer) {
+  char dir[64], report[128], e1[160];
+  scratch_dir(dir, sizeof dir);
+  snprintf(report, sizeof report, "%s/report.json", dir);
+  snprintf(e1, sizeof e1, "MEMPOOL_REPORT=%s", report);
+  const char *argv[] = {MP_PINNED_RT_PROG, "1", "zero", NULL};
+  const char *env[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=host", e1, NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert(strstr(r.out, "ok\n") != NULL, "%s", r.out);
+  cr_assert_eq(
+      sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+         "sys.exit(0 if d[\"calls\"].get(\"pinned\", 0)==0 and "
+         "d[\"live_bytes\"]==0 else 1)' %s",
+         report),
+      0, "report: %s", (slurp(report, r.out, sizeof r.out), r.out));
+  unlink(report);
+  rmdir(dir);
+}
