@@ -92,7 +92,11 @@
  *    stream's context: the memory is that device's; cuMemFree frees memory
  *    on the device it came from, whatever context is current);
  *    cuDevicePrimaryCtxReset destroys everything the primary
- *    context held; a destroyed context is CUDA_ERROR_INVALID_CONTEXT.
+ *    context held; a destroyed context is CUDA_ERROR_INVALID_CONTEXT;
+ *    page-locked memory (cuMemHostAlloc, cuMemAllocHost) is freed by
+ *    cuMemFreeHost whatever context is current, and cuMemHostGetFlags and
+ *    cuMemHostGetDevicePointer (only for CU_MEMHOSTALLOC_DEVICEMAP
+ *    memory) answer for any address inside it.
  * Limits (rules it cannot or does not model): no kernels, so nothing runs
  * on the device but copies, memsets and host functions, and a race a GPU
  * would show appears only as far as host threads interleave; memory is
@@ -229,6 +233,8 @@ void cuFakeResetCallCounts(void);
   X(cuMemHostAlloc)                                                            \
   X(cuMemAllocHost_v2)                                                         \
   X(cuMemFreeHost)                                                             \
+  X(cuMemHostGetFlags)                                                         \
+  X(cuMemHostGetDevicePointer_v2)                                              \
   X(cuMemHostRegister_v2)                                                      \
   X(cuMemHostUnregister)                                                       \
   X(cuStreamCreate)                                                            \
@@ -1769,6 +1775,8 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
+static void fk_pins_drop_ctx(const struct CUctx_st *ctx);
+
 /* Closes a context's host device (freeing everything made in it) after
  * forgetting its streams. */
 static void fk_ctx_close(struct CUctx_st *c, mp_device_t *closing) {
@@ -1779,6 +1787,7 @@ static void fk_ctx_close(struct CUctx_st *c, mp_device_t *closing) {
   pthread_mutex_unlock(&fk.lock);
   mp_device_close(closing);
   fk_range_drop_ctx(c);
+  fk_pins_drop_ctx(c);
 }
 
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
@@ -2224,28 +2233,157 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize,
   return CUDA_SUCCESS;
 }
 
-static CUresult fk_host_alloc(mp_device_t *dev, void **pp, size_t bytes) {
+/* Page-locked allocations (cuMemHostAlloc, cuMemAllocHost), as the driver
+ * tracks them (cuda.h, cuMemHostAlloc: "The driver tracks the virtual
+ * memory ranges allocated with this function"): each one's range, the
+ * flags it was made with and the context it was made in, under fk.lock.
+ * With unified addressing a pointer names its allocation whichever
+ * context is current (cuda.h, "Unified Addressing"; cuMemAllocHost: the
+ * memory is "immediately accessible to all contexts on all devices"), so
+ * cuMemFreeHost frees it in the context that made it, as cuMemFree does
+ * device memory (fk_free), and cuMemHostGetFlags and
+ * cuMemHostGetDevicePointer find it from any address inside it ("the
+ * pointer does not reside in an allocation performed by cuMemAllocHost()
+ * or cuMemHostAlloc()"). A context's close frees its allocations with its
+ * host device and drops them here. */
+typedef struct fk_pin {
+  uintptr_t base;
+  size_t size;
+  unsigned flags;
+  const struct CUctx_st *ctx;
+} fk_pin_t;
+static fk_pin_t *fk_pins;
+static size_t fk_npins, fk_cap_pins;
+
+/* Under fk.lock: the index of the allocation holding addr (exact: starting
+ * at it), or fk_npins. */
+static size_t fk_pin_find(uintptr_t addr, bool exact) {
+  for (size_t i = 0; i < fk_npins; i++)
+    if (exact ? fk_pins[i].base == addr
+              : addr - fk_pins[i].base < fk_pins[i].size)
+      return i;
+  return fk_npins;
+}
+
+static bool fk_pin_add(fk_pin_t pin) {
+  pthread_mutex_lock(&fk.lock);
+  bool ok = true;
+  if (fk_npins == fk_cap_pins) {
+    size_t cap = fk_cap_pins ? 2 * fk_cap_pins : 16;
+    fk_pin_t *p = realloc(fk_pins, cap * sizeof *p);
+    if (p == NULL) {
+      ok = false;
+    } else {
+      fk_pins = p;
+      fk_cap_pins = cap;
+    }
+  }
+  if (ok)
+    fk_pins[fk_npins++] = pin;
+  pthread_mutex_unlock(&fk.lock);
+  return ok;
+}
+
+/* The allocation holding addr (exact: starting at it), taken out of the
+ * table when take; false when there is none. */
+static bool fk_pin_get(uintptr_t addr, bool exact, bool take, fk_pin_t *out) {
+  pthread_mutex_lock(&fk.lock);
+  size_t i = fk_pin_find(addr, exact);
+  bool found = i < fk_npins;
+  if (found) {
+    *out = fk_pins[i];
+    if (take)
+      fk_pins[i] = fk_pins[--fk_npins];
+  }
+  pthread_mutex_unlock(&fk.lock);
+  return found;
+}
+
+static void fk_pins_drop_ctx(const struct CUctx_st *ctx) {
+  pthread_mutex_lock(&fk.lock);
+  size_t k = 0;
+  for (size_t i = 0; i < fk_npins; i++)
+    if (fk_pins[i].ctx != ctx)
+      fk_pins[k++] = fk_pins[i];
+  fk_npins = k;
+  pthread_mutex_unlock(&fk.lock);
+}
+
+static CUresult fk_host_alloc(mp_device_t *dev, void **pp, size_t bytes,
+                              unsigned flags) {
   if (pp == NULL || bytes == 0)
     return CUDA_ERROR_INVALID_VALUE;
   FK_UNSAFE();
-  return fk_result_of(mp_device_host_alloc(dev, bytes, pp));
+  void *p = NULL;
+  mp_status_t st = mp_device_host_alloc(dev, bytes, &p);
+  if (st != MP_OK)
+    return fk_result_of(st);
+  if (!fk_pin_add((fk_pin_t){.base = (uintptr_t)p,
+                             .size = bytes,
+                             .flags = flags,
+                             .ctx = fk_stack[fk_depth - 1]})) {
+    (void)mp_device_host_free(dev, p);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *pp = p;
+  return CUDA_SUCCESS;
 }
 
 /* Flags other than PORTABLE | DEVICEMAP | WRITECOMBINED (cuda.h's list):
- * CUDA_ERROR_INVALID_VALUE. */
+ * CUDA_ERROR_INVALID_VALUE. cuMemAllocHost takes none. */
 FK_IN_CTX(cuMemHostAlloc, (void **pp, size_t bytes, unsigned int flags),
           (flags & ~0x7u ? CUDA_ERROR_INVALID_VALUE
-                         : fk_host_alloc(dev, pp, bytes)))
+                         : fk_host_alloc(dev, pp, bytes, flags)))
 FK_IN_CTX(cuMemAllocHost_v2, (void **pp, size_t bytes),
-          fk_host_alloc(dev, pp, bytes))
+          fk_host_alloc(dev, pp, bytes, 0))
 
 CUresult cuMemFreeHost(void *p) {
   FK_COUNT(cuMemFreeHost);
   FK_CURRENT(dev);
   FK_UNSAFE();
-  if (p == NULL)
+  fk_pin_t pin;
+  if (p == NULL || !fk_pin_get((uintptr_t)p, true, true, &pin))
     return CUDA_ERROR_INVALID_VALUE;
-  return fk_result_of(mp_device_host_free(dev, p));
+  /* Freed in the context that made it, whichever is current. */
+  mp_device_t *home = pin.ctx != NULL ? atomic_load(&pin.ctx->dev) : NULL;
+  mp_status_t st = mp_device_host_free(home != NULL ? home : dev, p);
+  if (st != MP_OK)
+    (void)fk_pin_add(pin);
+  return fk_result_of(st);
+}
+
+/* cuda.h, cuMemHostGetFlags: "the flags pFlags that were specified when
+ * allocating the pinned host buffer p"; it "will fail if the pointer does
+ * not reside in an allocation performed by cuMemAllocHost() or
+ * cuMemHostAlloc()" (CUDA_ERROR_INVALID_VALUE). */
+CUresult cuMemHostGetFlags(unsigned int *pFlags, void *p) {
+  FK_COUNT(cuMemHostGetFlags);
+  FK_CURRENT(dev);
+  (void)dev;
+  fk_pin_t pin;
+  if (pFlags == NULL || !fk_pin_get((uintptr_t)p, false, false, &pin))
+    return CUDA_ERROR_INVALID_VALUE;
+  *pFlags = pin.flags;
+  return CUDA_SUCCESS;
+}
+
+/* cuda.h, cuMemHostGetDevicePointer: "will fail if the
+ * CU_MEMHOSTALLOC_DEVICEMAP flag was not specified at the time the memory
+ * was allocated"; Flags "must be set to 0". Any address inside a mapped
+ * allocation has its device pointer: with unified addressing, the same
+ * address (the fake's devices are all the host's). */
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p,
+                                      unsigned int Flags) {
+  FK_COUNT(cuMemHostGetDevicePointer_v2);
+  FK_CURRENT(dev);
+  (void)dev;
+  fk_pin_t pin;
+  if (pdptr == NULL || Flags != 0 ||
+      !fk_pin_get((uintptr_t)p, false, false, &pin) ||
+      (pin.flags & CU_MEMHOSTALLOC_DEVICEMAP) == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  *pdptr = (CUdeviceptr)(uintptr_t)p;
+  return CUDA_SUCCESS;
 }
 
 /* cuMemHostRegister / cuMemHostUnregister (cuda.h's documentation): a
@@ -3917,6 +4055,8 @@ static const fk_proc_t fk_procs[] = {
     FK_P("cuMemHostAlloc", 2020, cuMemHostAlloc),
     FK_P("cuMemAllocHost", 3020, cuMemAllocHost_v2),
     FK_P("cuMemFreeHost", 2000, cuMemFreeHost),
+    FK_P("cuMemHostGetFlags", 2030, cuMemHostGetFlags),
+    FK_P("cuMemHostGetDevicePointer", 3020, cuMemHostGetDevicePointer_v2),
     FK_P("cuMemHostRegister", 6050, cuMemHostRegister_v2),
     FK_P("cuMemHostUnregister", 4000, cuMemHostUnregister),
     FK_P("cuStreamCreate", 2000, cuStreamCreate),

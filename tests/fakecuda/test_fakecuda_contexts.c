@@ -211,3 +211,42 @@ Test(fakecuda_contexts, stream_ordered_calls_follow_the_streams_device) {
   cr_assert_eq(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
   cr_assert_eq(cuDevicePrimaryCtxRelease(1), CUDA_SUCCESS);
 }
+
+/* Page-locked memory is every context's (cuda.h, cuMemAllocHost: it is
+ * "immediately accessible to all contexts on all devices which support
+ * unified addressing"): with another device's context current,
+ * cuMemFreeHost frees it (in the context that made it), as cuMemFree frees
+ * another device's memory, and its flags and device pointer are found from
+ * any address inside it. The fake refused the free (it looked for the
+ * memory in the current context only). */
+Test(fakecuda_contexts, page_locked_memory_is_freed_from_another_context) {
+  int n = 0;
+  cr_assert_eq(cuDeviceGetCount(&n), CUDA_SUCCESS);
+  if (fk_real() && n < 2)
+    cr_skip_test("one GPU");
+  CUcontext a = primary(0), b = primary(1);
+  cr_assert_eq(cuCtxPushCurrent(a), CUDA_SUCCESS);
+  void *p = NULL, *q = NULL;
+  cr_assert_eq(cuMemHostAlloc(&p, 8192, CU_MEMHOSTALLOC_DEVICEMAP),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuMemAllocHost(&q, 8192), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxPushCurrent(b), CUDA_SUCCESS);
+  unsigned flags = 0;
+  cr_assert_eq(cuMemHostGetFlags(&flags, (char *)p + 100), CUDA_SUCCESS);
+  cr_assert(flags & CU_MEMHOSTALLOC_DEVICEMAP, "flags %#x", flags);
+  CUdeviceptr d = 0;
+  cr_assert_eq(cuMemHostGetDevicePointer(&d, (char *)p + 100, 0),
+               CUDA_SUCCESS);
+  cr_assert_neq(d, 0);
+  cr_assert_eq(cuMemFreeHost(p), CUDA_SUCCESS,
+               "page-locked memory of device 0 not freed from device 1");
+  cr_assert_eq(cuMemFreeHost(q), CUDA_SUCCESS);
+  if (!fk_real()) { /* a second free: the fake's answer */
+    cr_assert_eq(cuMemFreeHost(p), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuMemHostGetFlags(&flags, p), CUDA_ERROR_INVALID_VALUE);
+  }
+  cr_assert_eq(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
+  cr_assert_eq(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+  cr_assert_eq(cuDevicePrimaryCtxRelease(1), CUDA_SUCCESS);
+}
