@@ -71,7 +71,8 @@ MP_API mp_status_t mp_device_alloc(mp_device_t *dev, size_t bytes, void **out);
 /* Synchronizes the device first, like cuMemFree. A pointer that
  * mp_device_alloc did not return is MP_EINVAL. */
 MP_API mp_status_t mp_device_free(mp_device_t *dev, void *ptr);
-/* Page-locked host memory. */
+/* Page-locked host memory; on CUDA portable and mapped
+ * (cuMemHostAlloc(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP)). */
 MP_API mp_status_t mp_device_host_alloc(mp_device_t *dev, size_t bytes,
                                         void **out);
 MP_API mp_status_t mp_device_host_free(mp_device_t *dev, void *ptr);

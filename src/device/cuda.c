@@ -670,7 +670,14 @@ static mp_status_t mp__cuda_host_alloc(mp_device_t *dev, size_t bytes,
   CUresult r = mp__cuda_push(cd);
   if (r == CUDA_SUCCESS) {
     mp__cuda_relaxed_t rx = mp__cuda_relax();
-    r = mp__cu.MemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE);
+    /* PORTABLE: every context's (the host pool serves all devices);
+     * DEVICEMAP: cuMemHostGetDevicePointer "will fail if the
+     * CU_MEMHOSTALLOC_DEVICEMAP flag was not specified at the time the
+     * memory was allocated" (cuda.h), and the shim serves mapped requests
+     * (cudaHostAllocMapped) from these chunks. */
+    r = mp__cu.MemHostAlloc(&p, bytes,
+                            CU_MEMHOSTALLOC_PORTABLE |
+                                CU_MEMHOSTALLOC_DEVICEMAP);
     mp__cuda_unrelax(&rx);
     if (r == CUDA_SUCCESS &&
         !mp__cuda_track(cd, &cd->hosts, (uintptr_t)p, bytes, 0)) {

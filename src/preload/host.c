@@ -8,9 +8,13 @@
  * write-combined flag (write-combined memory is a different memory type;
  * it goes to the driver; the host device has none, its pool serves all).
  * Portable and mapped requests are served: the pool's chunks are
- * cuMemHostAlloc(CU_MEMHOSTALLOC_PORTABLE), and with unified addressing all
- * page-locked memory from cuMemHostAlloc is mapped into every device at the
- * same address (CUDA Driver API, "Unified Addressing"). A free goes to the pool
+ * cuMemHostAlloc(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP), so
+ * cuMemHostGetDevicePointer (which fails for memory allocated without
+ * DEVICEMAP, cuda.h) answers for a mapped request, and with unified
+ * addressing all page-locked memory from cuMemHostAlloc is mapped into
+ * every device at the same address (CUDA Driver API, "Unified
+ * Addressing"). cuMemHostGetFlags, not hooked, gives the chunk's flags
+ * (PORTABLE | DEVICEMAP), not the request's. A free goes to the pool
  * when the shim's table says the pool handed the pointer out; any other pointer
  * (the driver's, memory from cudaHostRegister is never freed here) goes to the
  * real entry point. Write-combined memory the driver handed out is in the

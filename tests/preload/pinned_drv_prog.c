@@ -24,6 +24,11 @@
  * on a stream of device 1 reads late is freed (cuMemFreeHost), and a block
  * of the same size allocated and overwritten at once: the copy must read
  * what was there before the free (page-locked memory is any device's).
+ *   pinned_drv_prog 1 mapped
+ * page-locked blocks asked for with CU_MEMHOSTALLOC_DEVICEMAP (alone and
+ * with PORTABLE), each given its device pointer by
+ * cuMemHostGetDevicePointer (the driver refuses memory allocated without
+ * the flag), at its start and inside it; prints "ok".
  *   pinned_drv_prog 1 late_runtime LIBRARY
  * a write-combined cuMemHostAlloc and its free, then LIBRARY (a stand-in
  * runtime, late_runtime.c) loaded and its cudaMalloc called through dlsym:
@@ -126,6 +131,31 @@ int main(int argc, char **argv) {
   }
   if (argc > 2 && strcmp(argv[2], "other_device") == 0)
     return other_device();
+  if (argc > 2 && strcmp(argv[2], "mapped") == 0) {
+    unsigned int flags[] = {CU_MEMHOSTALLOC_DEVICEMAP,
+                            CU_MEMHOSTALLOC_DEVICEMAP |
+                                CU_MEMHOSTALLOC_PORTABLE};
+    for (int i = 0; i < 2; i++) {
+      unsigned char *p = NULL;
+      expect(cuMemHostAlloc((void **)&p, 4096, flags[i]) == CUDA_SUCCESS,
+             "cuMemHostAlloc(DEVICEMAP)");
+      if (p == NULL)
+        return 1;
+      CUdeviceptr d = 0;
+      CUresult r = cuMemHostGetDevicePointer(&d, p, 0);
+      if (r != CUDA_SUCCESS)
+        printf("cuMemHostGetDevicePointer: error %d\n", (int)r);
+      expect(r == CUDA_SUCCESS && d != 0,
+             "a mapped block has a device pointer");
+      r = cuMemHostGetDevicePointer(&d, p + 100, 0);
+      expect(r == CUDA_SUCCESS && d != 0,
+             "an address inside a mapped block has a device pointer");
+      expect(cuMemFreeHost(p) == CUDA_SUCCESS, "cuMemFreeHost");
+    }
+    if (failures == 0)
+      printf("ok\n");
+    return failures == 0 ? 0 : 1;
+  }
   if (argc > 3 && strcmp(argv[2], "late_runtime") == 0) {
     void *p = NULL, *q = NULL;
     expect(cuMemHostAlloc(&p, 4096, CU_MEMHOSTALLOC_WRITECOMBINED) ==

@@ -122,6 +122,20 @@ Test(preload_pinned_driver, under_the_shim_looked_up_entry_points_agree) {
   cr_assert_eq(word_value(r.out, "driver_host_allocs"), 1, "%s", r.out);
 }
 
+/* Mapped page-locked memory (CU_MEMHOSTALLOC_DEVICEMAP, the runtime's
+ * cudaHostAllocMapped: zero-copy buffers) has a device pointer:
+ * cuMemHostGetDevicePointer "will fail if the CU_MEMHOSTALLOC_DEVICEMAP
+ * flag was not specified at the time the memory was allocated" (cuda.h).
+ * The host pool served such requests from chunks made PORTABLE only, so
+ * under the shim the program's cuMemHostGetDevicePointer failed. */
+Test(preload_pinned_driver, without_the_shim_mapped_memory_has_a_device_pointer) {
+  run_mode(false, "mapped");
+}
+
+Test(preload_pinned_driver, under_the_shim_mapped_memory_has_a_device_pointer) {
+  run_mode(true, "mapped");
+}
+
 /* Flags no driver knows: the host pool served them (CUDA_SUCCESS). */
 Test(preload_pinned_driver, without_the_shim_unknown_flags_are_refused) {
   run_mode(false, "bad_flags");

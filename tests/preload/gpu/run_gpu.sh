@@ -232,6 +232,14 @@ PY
   LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
     MEMPOOL_DEVICE=cuda "$pinned" 1 proc >"$work/pinned.out" 2>&1 ||
     fail "pinned_drv_prog proc under the shim: $(cat "$work/pinned.out")"
+  # Mapped blocks (CU_MEMHOSTALLOC_DEVICEMAP) have a device pointer, with
+  # and without the shim.
+  LD_LIBRARY_PATH="$(dirname "$real")" "$pinned" 1 mapped \
+    >"$work/pinned.out" 2>&1 ||
+    fail "pinned_drv_prog mapped: $(cat "$work/pinned.out")"
+  LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
+    MEMPOOL_DEVICE=cuda "$pinned" 1 mapped >"$work/pinned.out" 2>&1 ||
+    fail "pinned_drv_prog mapped under the shim: $(cat "$work/pinned.out")"
 fi
 
 # 5. IPC on the real driver (the twin of integration_preload_ipc): a
