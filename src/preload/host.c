@@ -32,6 +32,18 @@
  * recorded at the free (under load that came late, and the pool grew a
  * chunk for a program that never holds two buffers).
  *
+ * While a capture may be under way (mp__pl_sync_in_capture) a page-locked
+ * allocation or free is a potentially unsafe call (cuda.h,
+ * cuThreadExchangeStreamCaptureMode), and synchronizing a device is not
+ * allowed at all (it would fail and invalidate the program's capture):
+ * an allocation then goes to the driver, which answers it (refused where
+ * the capture prohibits it, else its memory, known as
+ * MP__PL_FROM_REAL_HOST); a free of a pool block gets the driver's refusal
+ * where the capture prohibits it (a probe, as for cuMemFree), else
+ * succeeds and the block goes back to the pool at the next page-locked
+ * call made outside any capture, after that call's synchronization
+ * (mp__hpl_flush).
+ *
  * 0 bytes through the runtime (cudaMallocHost, cudaHostAlloc) is success
  * with a NULL pointer in pool mode, as the runtime answers it (and its
  * cudaMalloc, runtime.c); the driver's calls keep their invalid value.
@@ -55,6 +67,17 @@ static struct {
   pthread_mutex_t lock;
   mp_device_t *dev; /* the device hp was made on */
   mp_host_pool_t *hp;
+  /* Blocks of hp the program freed while a capture was under way, still
+   * live in hp: the synchronization a free makes first (mp__hsync_devices)
+   * is not allowed then (cuCtxSynchronize during a capture is refused and
+   * invalidates it), so they go back to hp at the next call outside a
+   * capture, after its synchronization (mp__hpl_flush). */
+  struct mp__hpl_late {
+    void *ptr;
+    uint64_t seq; /* late_seq when it came */
+  } *late;
+  size_t nlate, late_cap;
+  uint64_t late_seq;
 } mp__hpl = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* The parent's host pool, left alone in a forked child (its chunks are the
@@ -67,6 +90,9 @@ static void mp__hpl_child(void) {
   mp__hpl_parents = mp__hpl.hp;
   mp__hpl.dev = NULL;
   mp__hpl.hp = NULL;
+  free(mp__hpl.late); /* the parent's blocks, in the parent's pool */
+  mp__hpl.late = NULL;
+  mp__hpl.nlate = mp__hpl.late_cap = 0;
 }
 
 /* The host pool of pl's device, made on first use; NULL when it cannot be
@@ -114,6 +140,7 @@ void mp__pl_host_reset(const mp__pl_t *pl, int ordinal) {
   mp_host_pool_t *hp = mp__hpl.hp;
   mp__hpl.hp = NULL;
   mp__hpl.dev = NULL;
+  mp__hpl.nlate = 0; /* freed late: they go with the pool */
   pthread_mutex_unlock(&mp__hpl.lock);
   if (hp == NULL) {
     free(keep);
@@ -239,6 +266,80 @@ static mp_status_t mp__hsync_devices(const mp__pl_t *pl) {
   return h.st;
 }
 
+/* A block of hp freed during a capture: kept for mp__hpl_flush. */
+static mp_status_t mp__hpl_defer(mp_host_pool_t *hp, void *ptr) {
+  mp_status_t st = MP_OK;
+  pthread_mutex_lock(&mp__hpl.lock);
+  if (hp != mp__hpl.hp) {
+    st = MP_EINVAL; /* retired by a reset meanwhile: gone with it */
+  } else if (mp__hpl.nlate == mp__hpl.late_cap) {
+    size_t cap = mp__hpl.late_cap ? 2 * mp__hpl.late_cap : 16;
+    struct mp__hpl_late *l = realloc(mp__hpl.late, cap * sizeof *l);
+    if (l == NULL) {
+      st = MP_ENOMEM;
+    } else {
+      mp__hpl.late = l;
+      mp__hpl.late_cap = cap;
+    }
+  }
+  if (st == MP_OK)
+    mp__hpl.late[mp__hpl.nlate++] =
+        (struct mp__hpl_late){.ptr = ptr, .seq = mp__hpl.late_seq++};
+  pthread_mutex_unlock(&mp__hpl.lock);
+  return st;
+}
+
+/* The mark of the blocks freed late so far, taken before a
+ * synchronization of the devices: mp__hpl_flush(pl, &mark) after it. */
+static uint64_t mp__hpl_mark(void) {
+  pthread_mutex_lock(&mp__hpl.lock);
+  uint64_t seq = mp__hpl.late_seq;
+  pthread_mutex_unlock(&mp__hpl.lock);
+  return seq;
+}
+
+/* Outside a capture: the blocks freed during one go back to the pool once
+ * a synchronization of the devices begun after their free has returned
+ * (synced: the caller's own, its mark taken before it; NULL: one made
+ * here). One freed after the synchronization began waits for the next
+ * call, as all do when it fails. */
+static void mp__hpl_flush(const mp__pl_t *pl, const uint64_t *synced) {
+  pthread_mutex_lock(&mp__hpl.lock);
+  size_t n = mp__hpl.nlate;
+  uint64_t upto = synced != NULL ? *synced : mp__hpl.late_seq;
+  mp_host_pool_t *hp = mp__hpl.hp;
+  pthread_mutex_unlock(&mp__hpl.lock);
+  if (n == 0 || (synced == NULL && mp__hsync_devices(pl) != MP_OK))
+    return;
+  pthread_mutex_lock(&mp__hpl.lock);
+  size_t k = 0;
+  for (size_t i = 0; i < mp__hpl.nlate; i++) {
+    if (hp == mp__hpl.hp && mp__hpl.late[i].seq < upto)
+      (void)mp__host_pool_free_done(hp, mp__hpl.late[i].ptr);
+    else
+      mp__hpl.late[k++] = mp__hpl.late[i];
+  }
+  mp__hpl.nlate = k;
+  pthread_mutex_unlock(&mp__hpl.lock);
+}
+
+/* The driver's or the runtime's answer to a page-locked allocation of one
+ * byte (freed when given), for mp__pl_free_refused_in_capture. */
+static unsigned mp__h_probe(bool runtime) {
+  void *x = NULL;
+  unsigned r = mp__h_real_alloc(
+      runtime ? MP__H_RT_MALLOC_HOST : MP__H_CU_ALLOC_HOST, &x, 1, 0);
+  if (r == 0)
+    (void)mp__h_real_free(runtime, x);
+  return r;
+}
+static unsigned mp__h_probe_cu(void) {
+  return mp__h_probe(false);
+}
+static unsigned mp__h_probe_rt(void) {
+  return mp__h_probe(true);
+}
+
 static unsigned int mp__h_alloc(mp__hvariant_t v, void **p, size_t bytes,
                                 unsigned int flags) {
   bool runtime = v == MP__H_RT_MALLOC_HOST || v == MP__H_RT_HOST_ALLOC;
@@ -250,16 +351,24 @@ static unsigned int mp__h_alloc(mp__hvariant_t v, void **p, size_t bytes,
    * driver's cuMemHostAlloc refuses it, as cuMemAlloc does). */
   bool empty = runtime && bytes == 0 && p != NULL &&
                (flags & ~MP__HOST_FLAGS) == 0;
-  /* The emulated device has no write-combined memory: the pool serves all. */
-  if (pl != NULL && pl->mode == MP__PL_POOL && !empty &&
+  /* The emulated device has no write-combined memory: the pool serves all.
+   * While a capture may prohibit the call, the driver answers it (as a
+   * cuMemAlloc then, driver.c): a page-locked allocation is a
+   * potentially unsafe call (cuda.h, cuThreadExchangeStreamCaptureMode). */
+  bool capture = pl != NULL && pl->mode == MP__PL_POOL && !empty &&
+                 mp__pl_sync_in_capture(pl);
+  if (pl != NULL && pl->mode == MP__PL_POOL && !empty && !capture &&
       (pl->host || (flags & MP__HOST_WRITECOMBINED) == 0))
     hp = mp__hpl_get(pl);
+  if (capture)
+    mp__pl_count_bypass("capture");
   unsigned int r;
   if (pl != NULL && pl->mode == MP__PL_POOL && empty) {
     *p = NULL;
     mp__pl_leave();
     return 0;
   } else if (hp != NULL) {
+    mp__hpl_flush(pl, NULL);
     mp_status_t st = p == NULL || bytes == 0 || (flags & ~MP__HOST_FLAGS)
                          ? MP_EINVAL
                          : mp_host_pool_alloc(hp, bytes, NULL, p);
@@ -291,14 +400,29 @@ static unsigned int mp__h_free(bool runtime, void *ptr) {
     if (b.kind == MP__PL_FROM_HOSTMEM) {
       const mp__pl_t *pl = mp__pl_get();
       mp_host_pool_t *hp = mp__hpl_get(pl);
-      mp_status_t st = mp__hsync_devices(pl);
-      if (st == MP_OK)
-        st = hp ? mp__host_pool_free_done(hp, ptr) : MP_EINVAL;
-      if (st == MP_OK)
+      mp_status_t st = MP_OK;
+      unsigned refused = 0;
+      if (mp__pl_sync_in_capture(pl)) {
+        /* No synchronization now: the driver's refusal where the capture
+         * prohibits the call, else the block goes back after the capture
+         * (mp__hpl_flush). */
+        refused = mp__pl_free_refused_in_capture(
+            pl, runtime ? mp__h_probe_rt : mp__h_probe_cu);
+        if (refused == 0)
+          st = hp ? mp__hpl_defer(hp, ptr) : MP_EINVAL;
+      } else {
+        uint64_t mark = mp__hpl_mark();
+        st = mp__hsync_devices(pl);
+        if (st == MP_OK)
+          st = hp ? mp__host_pool_free_done(hp, ptr) : MP_EINVAL;
+        if (st == MP_OK)
+          mp__hpl_flush(pl, &mark);
+      }
+      if (st == MP_OK && refused == 0)
         mp__pl_record_other("pinned_free", b.ptr, b.size);
       else
         mp__pl_table_restore(&b);
-      r = mp__h_error(runtime, st);
+      r = refused != 0 ? refused : mp__h_error(runtime, st);
     } else if (b.kind == MP__PL_FROM_REAL_HOST) {
       r = mp__h_real_free(runtime, ptr);
       if (r == 0)

@@ -29,6 +29,14 @@
  * with PORTABLE), each given its device pointer by
  * cuMemHostGetDevicePointer (the driver refuses memory allocated without
  * the flag), at its start and inside it; prints "ok".
+ *   pinned_drv_prog 1 capture relaxed | global
+ * a page-locked block allocated, then a capture begun in that mode on a
+ * stream of its own, and, while it is under way, cuMemAllocHost and
+ * cuMemFreeHost of the first block: in relaxed mode both succeed and the
+ * capture ends valid; in global mode both are
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and the capture ends invalidated.
+ * After it the blocks are freed (once) and the memory serves again;
+ * prints "ok".
  *   pinned_drv_prog 1 late_runtime LIBRARY
  * a write-combined cuMemHostAlloc and its free, then LIBRARY (a stand-in
  * runtime, late_runtime.c) loaded and its cudaMalloc called through dlsym:
@@ -36,6 +44,7 @@
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <dlfcn.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,6 +140,53 @@ int main(int argc, char **argv) {
   }
   if (argc > 2 && strcmp(argv[2], "other_device") == 0)
     return other_device();
+  if (argc > 3 && strcmp(argv[2], "capture") == 0) {
+    bool global = strcmp(argv[3], "global") == 0;
+    CUstream s;
+    CUgraph g = NULL;
+    unsigned char *h0 = NULL, *h = NULL, *h2 = NULL;
+    expect(cuMemAllocHost((void **)&h0, 4096) == CUDA_SUCCESS,
+           "cuMemAllocHost before the capture");
+    expect(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS,
+           "stream");
+    if (failures != 0)
+      return 1;
+    memset(h0, 7, 4096);
+    expect(cuStreamBeginCapture(s, global ? CU_STREAM_CAPTURE_MODE_GLOBAL
+                                          : CU_STREAM_CAPTURE_MODE_RELAXED) ==
+               CUDA_SUCCESS,
+           "begin capture");
+    CUresult a = cuMemAllocHost((void **)&h, 4096);
+    CUresult f = cuMemFreeHost(h0);
+    CUresult e = cuStreamEndCapture(s, &g);
+    printf("in capture: alloc %d free %d, end %d\n", (int)a, (int)f, (int)e);
+    CUresult want = global ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+                           : CUDA_SUCCESS;
+    expect(a == want, "cuMemAllocHost during the capture");
+    expect(f == want, "cuMemFreeHost during the capture");
+    expect(e == (global ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+                        : CUDA_SUCCESS),
+           "the capture's end");
+    if (g != NULL)
+      expect(cuGraphDestroy(g) == CUDA_SUCCESS, "graph destroy");
+    if (h != NULL) {
+      memset(h, 8, 4096);
+      expect(cuMemFreeHost(h) == CUDA_SUCCESS, "free after the capture");
+    }
+    /* h0 once: freed in the capture (relaxed), or still live (global). */
+    expect((cuMemFreeHost(h0) == CUDA_SUCCESS) == global,
+           "h0 is freed exactly once");
+    expect(cuMemAllocHost((void **)&h2, 4096) == CUDA_SUCCESS,
+           "cuMemAllocHost after the capture");
+    if (h2 != NULL) {
+      memset(h2, 9, 4096);
+      expect(cuMemFreeHost(h2) == CUDA_SUCCESS, "cuMemFreeHost after");
+    }
+    expect(cuStreamDestroy(s) == CUDA_SUCCESS, "stream destroy");
+    if (failures == 0)
+      printf("ok\n");
+    return failures == 0 ? 0 : 1;
+  }
   if (argc > 2 && strcmp(argv[2], "mapped") == 0) {
     unsigned int flags[] = {CU_MEMHOSTALLOC_DEVICEMAP,
                             CU_MEMHOSTALLOC_DEVICEMAP |

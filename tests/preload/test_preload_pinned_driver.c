@@ -136,6 +136,55 @@ Test(preload_pinned_driver, under_the_shim_mapped_memory_has_a_device_pointer) {
   run_mode(true, "mapped");
 }
 
+/* Page-locked calls while a capture is under way answer as the driver
+ * does (cuda.h, cuThreadExchangeStreamCaptureMode: they are potentially
+ * unsafe calls). Relaxed: both succeed and the capture stays valid; under
+ * the shim the free synchronized the devices (cuCtxSynchronize, refused
+ * during a capture), failed with CUDA_ERROR_UNKNOWN and invalidated the
+ * program's capture. Global: both are
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidate it; under the shim
+ * the allocation succeeded from the pool. */
+static void run_capture(bool shim, const char *mode) {
+  char dir[64], report[128], e1[160];
+  scratch_dir(dir, sizeof dir);
+  snprintf(report, sizeof report, "%s/report.json", dir);
+  snprintf(e1, sizeof e1, "MEMPOOL_REPORT=%s", report);
+  const char *argv[] = {MP_PINNED_DRV_PROG, "1", "capture", mode, NULL};
+  const char *env[] = {shim ? "LD_PRELOAD=" MP_SHIM : "LD_PRELOAD=",
+                       "MEMPOOL_DEVICE=cuda", e1, NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert(strstr(r.out, "ok\n") != NULL, "%s", r.out);
+  /* A block freed during the capture went back to the host pool at the
+   * first call after it: nothing is left allocated there. */
+  if (shim)
+    cr_assert_eq(
+        sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+           "h=d[\"host_pool\"]; "
+           "sys.exit(0 if h[\"allocated_bytes\"]==0 and "
+           "h[\"alloc_count\"]==h[\"free_count\"] else 1)' %s",
+           report),
+        0, "report: %s", (slurp(report, r.out, sizeof r.out), r.out));
+  unlink(report);
+  rmdir(dir);
+}
+
+Test(preload_pinned_driver, without_the_shim_pinned_calls_in_a_relaxed_capture) {
+  run_capture(false, "relaxed");
+}
+
+Test(preload_pinned_driver, under_the_shim_pinned_calls_in_a_relaxed_capture) {
+  run_capture(true, "relaxed");
+}
+
+Test(preload_pinned_driver, without_the_shim_pinned_calls_in_a_global_capture) {
+  run_capture(false, "global");
+}
+
+Test(preload_pinned_driver, under_the_shim_pinned_calls_in_a_global_capture) {
+  run_capture(true, "global");
+}
+
 /* Flags no driver knows: the host pool served them (CUDA_SUCCESS). */
 Test(preload_pinned_driver, without_the_shim_unknown_flags_are_refused) {
   run_mode(false, "bad_flags");

@@ -240,6 +240,17 @@ PY
   LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
     MEMPOOL_DEVICE=cuda "$pinned" 1 mapped >"$work/pinned.out" 2>&1 ||
     fail "pinned_drv_prog mapped under the shim: $(cat "$work/pinned.out")"
+  # Page-locked calls during a capture answer as the driver does (relaxed:
+  # allowed, the capture stays valid; global: refused, invalidated); the
+  # run without the shim checks the fake's model of the rule.
+  for mode in relaxed global; do
+    LD_LIBRARY_PATH="$(dirname "$real")" "$pinned" 1 capture $mode \
+      >"$work/pinned.out" 2>&1 ||
+      fail "pinned_drv_prog capture $mode: $(cat "$work/pinned.out")"
+    LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
+      MEMPOOL_DEVICE=cuda "$pinned" 1 capture $mode >"$work/pinned.out" 2>&1 ||
+      fail "pinned_drv_prog capture $mode under the shim: $(cat "$work/pinned.out")"
+  done
 fi
 
 # 5. IPC on the real driver (the twin of integration_preload_ipc): a
