@@ -40,6 +40,9 @@
  * empty for a device without a pool. Each pool is copied under its own
  * lock in turn, so the pools are not caught at one instant. */
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -531,6 +534,22 @@ mp_status_t mp_pool_snapshot_file(mp_pool_t *pool, FILE *out) {
   return mp__snapshot_write_all(&pool, &device0, 1, out);
 }
 
+/* A new temporary beside path, in tmp (tn bytes), created as open(2)
+ * creates any file: mode 0666 less the umask (default ACLs applied), not
+ * mkstemp's 0600, which the renamed snapshot kept; exclusive, so never a
+ * file that was there. The descriptor, or -1 (errno set). */
+static int mp__snap_tmp_open(const char *path, char *tmp, size_t tn) {
+  static atomic_uint seq;
+  for (int tries = 0; tries < 64; tries++) {
+    snprintf(tmp, tn, "%s.tmp.%ld.%u", path, (long)getpid(),
+             atomic_fetch_add(&seq, 1));
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd >= 0 || errno != EEXIST)
+      return fd;
+  }
+  return -1;
+}
+
 mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
                                    size_t n, const char *path) {
   if (n == 0 || pools == NULL || devices == NULL || path == NULL ||
@@ -549,7 +568,8 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
    * it would be replaced by a regular file (with root's rights, the
    * device node itself), and a link instead of the file it names. */
   struct stat sb;
-  if (lstat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+  bool there = lstat(path, &sb) == 0;
+  if (there && !S_ISREG(sb.st_mode)) {
     FILE *f = fopen(path, "wb");
     if (f == NULL)
       return mp__fail(MP_EIO, "mp_pool_snapshot: cannot write '%s'", path);
@@ -559,13 +579,15 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
     return st;
   }
   /* Otherwise a temporary beside path, renamed over it once complete: a
-   * failed snapshot leaves whatever was at path untouched. */
-  size_t tn = strlen(path) + 16;
+   * failed snapshot leaves whatever was at path untouched. A file it
+   * replaces keeps its mode, as a write in place would leave it. */
+  size_t tn = strlen(path) + 40;
   char *tmp = mp__host_alloc(tn);
   if (tmp == NULL)
     return mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
-  snprintf(tmp, tn, "%s.tmp.XXXXXX", path);
-  int fd = mkstemp(tmp);
+  int fd = mp__snap_tmp_open(path, tmp, tn);
+  if (fd >= 0 && there)
+    (void)fchmod(fd, sb.st_mode & 0777);
   FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
   if (f == NULL) {
     mp_status_t st =

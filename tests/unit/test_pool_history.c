@@ -789,6 +789,34 @@ Test(pool_history, snapshot_replaces_a_file_whole) {
   mp_pool_destroy(p);
 }
 
+/* The file gets the mode any new file gets (0666 less the umask), and one
+ * it replaces keeps its own, as a write with fopen or Python's open would
+ * leave them: the temporary came from mkstemp, and its 0600 stayed, so a
+ * snapshot written for another user or a viewer's server (or over a
+ * shared file) was readable by its owner only. */
+Test(pool_history, snapshot_file_gets_a_new_files_mode_or_keeps_the_old) {
+  mp_pool_t *p = make_pool("max_bytes=8M,history=8");
+  char dir[] = "/tmp/mp_snap_XXXXXX", path[64];
+  cr_assert_not_null(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/s.pickle", dir);
+  mode_t was = umask(022);
+  mp_status_t st = mp_pool_snapshot(p, path);
+  umask(was);
+  cr_assert_eq(st, MP_OK, "%s", mp_last_error());
+  struct stat sb;
+  cr_assert_eq(stat(path, &sb), 0);
+  cr_expect_eq(sb.st_mode & 0777, 0644, "a new snapshot has mode %o",
+               (unsigned)(sb.st_mode & 0777));
+  cr_assert_eq(chmod(path, 0640), 0);
+  cr_assert_eq(mp_pool_snapshot(p, path), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(stat(path, &sb), 0);
+  cr_expect_eq(sb.st_mode & 0777, 0640, "the replaced file's mode became %o",
+               (unsigned)(sb.st_mode & 0777));
+  unlink(path);
+  cr_expect_eq(rmdir(dir), 0, "the temporary was left behind");
+  mp_pool_destroy(p);
+}
+
 /* Reads a FIFO to its end: the first bytes into head. */
 static void *drain_fifo(void *arg) {
   const char *path = arg;
