@@ -365,7 +365,7 @@ void *mp_torch_base_alloc(void *ptr, size_t *size) {
       ptr != NULL ? mp__default_owner(ptr, "mp_torch_base_alloc") : NULL;
   void *base = NULL;
   size_t bytes = 0;
-  if (pool == NULL || !mp__pool_block_of(pool, ptr, &base, &bytes)) {
+  if (pool == NULL || !mp__pool_base_of(pool, ptr, &base, &bytes)) {
     mp__fail(MP_EINVAL, "mp_torch_base_alloc: %p is in no live block", ptr);
     return ptr;
   }

@@ -68,9 +68,14 @@ MP_API void mp_torch_reset(void);
  * mp_torch_memory_fraction_ex returns it (mempool.torch raises it). */
 MP_API void mp_torch_memory_fraction(double fraction, int device);
 MP_API mp_status_t mp_torch_memory_fraction_ex(double fraction, int device);
-/* set_base_alloc_fn: the live block holding ptr, its start returned and its
- * size in *size (PyTorch asks for the allocation a tensor's storage lies
- * in); ptr itself and *size unchanged when no pool holds it. */
+/* set_base_alloc_fn (PyTorch's getBaseAllocation, which sharing a tensor
+ * with another process exports with cudaIpcGetMemHandle): the device
+ * allocation a tensor's storage lies in, its start returned and its size
+ * in *size: for memory of a plain segment (virtual=0) that segment, as
+ * PyTorch's own allocator answers; in the virtual range (no allocation
+ * there that cudaIpcGetMemHandle takes, as PyTorch's expandable segments)
+ * the live block holding ptr. ptr itself and *size unchanged when no live
+ * block of a pool holds it. */
 MP_API void *mp_torch_base_alloc(void *ptr, size_t *size);
 /* set_record_stream_fn (tensor.record_stream): mp_pool_record_stream.
  * ptr is the block's start, as PyTorch passes its storage's pointer (a

@@ -679,6 +679,25 @@ bool mp__pool_block_of(mp_pool_t *pool, const void *ptr, void **base,
   return g != NULL ? mp__pool_block_of(g, ptr, base, size) : found;
 }
 
+bool mp__pool_base_of(mp_pool_t *pool, const void *ptr, void **base,
+                      size_t *size) {
+  if (!mp__pool_block_of(pool, ptr, base, size))
+    return false;
+  /* The segment is the pool's (an arena's) own, a graph pool's range
+   * being a block of it. */
+  mp_pool_t *owner = pool->arenas != NULL ? mp__arena_owner(pool, ptr) : pool;
+  if (owner == NULL)
+    return true;
+  mp__pool_lock(owner);
+  const mp__segment_t *seg = mp__segment_containing(owner, (uintptr_t)ptr);
+  if (seg != NULL && seg->kind == MP__SEG_PLAIN) {
+    *base = (void *)seg->base;
+    *size = seg->size;
+  }
+  mp__pool_unlock(owner);
+  return true;
+}
+
 mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr, mp_stream_t s) {
   if (pool == NULL || ptr == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_record_stream: %s is NULL",

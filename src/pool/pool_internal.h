@@ -1028,6 +1028,13 @@ void mp__child_release(mp_pool_t *pool);
  * there. */
 bool mp__pool_block_of(mp_pool_t *pool, const void *ptr, void **base,
                        size_t *size);
+/* The device allocation holding the live block at ptr (PyTorch's
+ * getBaseAllocation, whose base PyTorch exports with cudaIpcGetMemHandle):
+ * in a plain segment, the segment's start and size; in the virtual range,
+ * whose chunks no IPC handle of PyTorch's can name, the block's
+ * (mp__pool_block_of). False when no block is live there. */
+bool mp__pool_base_of(mp_pool_t *pool, const void *ptr, void **base,
+                      size_t *size);
 /* mp_pool_free of ptr, with s recorded as a use first (mp_free_async): one
  * locked step, so a pointer it refuses leaves no use behind. fn names the
  * caller in messages. */

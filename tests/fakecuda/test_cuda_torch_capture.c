@@ -551,3 +551,37 @@ Test(cuda_torch_capture, a_stream_joined_to_a_capture_allocates_to_its_pool) {
   cr_assert_eq(cuEventDestroy(back), CUDA_SUCCESS);
   all_released_then_destroy(s);
 }
+
+/* mp_torch_base_alloc is PyTorch's getBaseAllocation: the device
+ * allocation a tensor's storage lies in. Sharing a tensor with another
+ * process (torch.multiprocessing, a DataLoader worker's CUDA tensor),
+ * PyTorch exports it with cudaIpcGetMemHandle(base) and sends ptr - base
+ * as the offset; the receiver opens the handle at the allocation's base
+ * and adds the offset. It answered the pool block: inside a plain segment
+ * that is no allocation's base, and the driver refuses it (CUDA: "a
+ * pointer to the base of an existing device memory allocation"), or,
+ * where one takes an interior pointer, exports the whole segment, which
+ * the receiver opened at its base plus offset 0: another tensor's
+ * memory. */
+Test(cuda_torch_capture, base_alloc_is_the_device_allocation_pytorch_shares) {
+  setenv("MEMPOOL_CONF", "virtual=0", 1);
+  on_device(0);
+  char *a = mp_torch_malloc(4096, 0, NULL), *b = mp_torch_malloc(4096, 0, NULL);
+  cr_assert(a != NULL && b != NULL, "%s", mp_last_error());
+  char *p = a < b ? b : a; /* the higher: not at its segment's start */
+  CUdeviceptr rbase = 0;
+  size_t rsize = 0;
+  cr_assert_eq(cuMemGetAddressRange(&rbase, &rsize, (CUdeviceptr)p + 100),
+               CUDA_SUCCESS);
+  cr_assert_neq(rbase, (CUdeviceptr)p, "both blocks in one segment");
+  size_t size = 0;
+  void *base = mp_torch_base_alloc(p + 100, &size);
+  cr_expect_eq((CUdeviceptr)base, rbase, "base %p, the allocation's %p", base,
+               (void *)rbase);
+  cr_expect_eq(size, rsize, "size %zu, the allocation's %zu", size, rsize);
+  CUipcMemHandle h;
+  cr_expect_eq(cuIpcGetMemHandle(&h, (CUdeviceptr)base), CUDA_SUCCESS,
+               "PyTorch's export of the base");
+  mp_torch_free(a, 4096, 0, NULL);
+  mp_torch_free(b, 4096, 0, NULL);
+}
