@@ -28,10 +28,13 @@
  * both are pointers to an opaque struct, passed the same way, so this
  * header needs no CUDA header. A device the backend does not have (the
  * emulated host device answers to 0 only), a negative or zero size, or a
- * failure returns NULL, which PyTorch reports as out of memory;
- * mp_last_error() says why. The void calls report failures through
- * mp_last_error() only. mp_torch_free of NULL or of a pointer no pool
- * handed out does nothing but set mp_last_error(). */
+ * failure returns NULL; mp_last_error() says why. PyTorch's
+ * CUDAPluggableAllocator does not check that pointer: set from Python, a
+ * failed allocation becomes a tensor at address 0 (its first kernel
+ * faults); mempool/torch_hooks.hpp's malloc throws instead (std::bad_alloc,
+ * which leaves PyTorch's allocate as an error) for any size above 0. The void
+ * calls report failures through mp_last_error() only. mp_torch_free of NULL or
+ * of a pointer no pool handed out does nothing but set mp_last_error(). */
 #ifndef MEMPOOL_TORCH_H
 #define MEMPOOL_TORCH_H
 

@@ -20,6 +20,8 @@
 
 #include <cstddef>
 #include <functional>
+#include <new>
+#include <string>
 #include <utility>
 
 #include <mempool/torch.h>
@@ -38,9 +40,30 @@ inline mp_stream_t to_mp(stream_t s) {
   return reinterpret_cast<mp_stream_t>(s);
 }
 
-/* std::function<void*(size_t, int, cudaStream_t)> */
+/* What malloc throws when no memory is served for a size above 0:
+ * PyTorch's CUDAPluggableAllocator does not check the pointer the hook
+ * returns (a NULL would be the tensor's memory, and its first kernel
+ * faults); an exception leaves PyTorch's allocate as its own allocator's
+ * out-of-memory error does (Python: a RuntimeError with this message).
+ * what(): mp_last_error(). */
+class out_of_memory : public std::bad_alloc {
+public:
+  explicit out_of_memory(const char *why) : why_(why != nullptr ? why : "") {}
+  const char *what() const noexcept override {
+    return why_.c_str();
+  }
+
+private:
+  std::string why_;
+};
+
+/* std::function<void*(size_t, int, cudaStream_t)>: NULL only for size 0
+ * (an empty tensor), else the memory or out_of_memory. */
 inline void *malloc(std::size_t size, int device, stream_t stream) {
-  return mp_torch_malloc(static_cast<ssize_t>(size), device, to_mp(stream));
+  void *p = mp_torch_malloc(static_cast<ssize_t>(size), device, to_mp(stream));
+  if (p == nullptr && size != 0)
+    throw out_of_memory(mp_last_error());
+  return p;
 }
 /* std::function<void(void*, size_t, int, cudaStream_t)> */
 inline void free(void *ptr, std::size_t size, int device, stream_t stream) {

@@ -7,7 +7,9 @@
 #include <criterion/criterion.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <functional>
+#include <new>
 #include <stdexcept>
 #include <utility>
 
@@ -144,6 +146,39 @@ Test(torch_hooks_adapter, a_filter_that_throws_leaves_mempool_usable,
   free_fn(p, 4096, 0, nullptr);
   a.end(0, id);
   a.release(0, id);
+  mp_stats_t st;
+  cr_assert_eq(mp_pool_get_stats(mp_default_pool(), &st), MP_OK);
+  cr_expect_eq(st.allocated_bytes, 0u);
+}
+
+// PyTorch's CUDAPluggableAllocator::malloc keeps whatever the hook returns
+// and hands it out as the tensor's memory: it never checks for NULL. A
+// failed allocation (the pool's cap, the device full) came back as a
+// tensor at address 0, and its first kernel faulted, taking the CUDA
+// context with it, where PyTorch's own allocator raises an out-of-memory
+// error. The adapter now throws (std::bad_alloc, mempool's message as
+// what()); an empty tensor's size 0 is still NULL, without a throw.
+Test(torch_hooks_adapter, a_failed_malloc_throws_instead_of_returning_null,
+     .init = on_host) {
+  setenv("MEMPOOL_CONF", "max_bytes=8M", 1);
+  bool threw = false;
+  void *p = nullptr;
+  try {
+    p = alloc_fn(size_t(64) << 20, 0, nullptr);
+  } catch (const std::bad_alloc &e) {
+    threw = true;
+    cr_expect(std::strstr(e.what(), "max_bytes") != nullptr, "what(): %s",
+              e.what());
+  }
+  cr_expect(threw, "a failed allocation returned %p to PyTorch", p);
+  threw = false;
+  try {
+    p = alloc_fn(0, 0, nullptr);
+  } catch (...) {
+    threw = true;
+  }
+  cr_expect(!threw, "an empty tensor's allocation threw");
+  cr_expect_null(p);
   mp_stats_t st;
   cr_assert_eq(mp_pool_get_stats(mp_default_pool(), &st), MP_OK);
   cr_expect_eq(st.allocated_bytes, 0u);
