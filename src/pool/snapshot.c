@@ -47,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "pool_internal.h"
@@ -537,12 +538,16 @@ mp_status_t mp_pool_snapshot_file(mp_pool_t *pool, FILE *out) {
 /* A new temporary beside path, in tmp (tn bytes), created as open(2)
  * creates any file: mode 0666 less the umask (default ACLs applied), not
  * mkstemp's 0600, which the renamed snapshot kept; exclusive, so never a
- * file that was there. The descriptor, or -1 (errno set). */
+ * file that was there, and named with the clock's nanoseconds too, so
+ * that names made ahead in a shared directory do not block it. The
+ * descriptor, or -1 (errno set). */
 static int mp__snap_tmp_open(const char *path, char *tmp, size_t tn) {
   static atomic_uint seq;
   for (int tries = 0; tries < 64; tries++) {
-    snprintf(tmp, tn, "%s.tmp.%ld.%u", path, (long)getpid(),
-             atomic_fetch_add(&seq, 1));
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    snprintf(tmp, tn, "%s.tmp.%ld.%u.%lx", path, (long)getpid(),
+             atomic_fetch_add(&seq, 1), (unsigned long)ts.tv_nsec);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd >= 0 || errno != EEXIST)
       return fd;
@@ -581,7 +586,7 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
   /* Otherwise a temporary beside path, renamed over it once complete: a
    * failed snapshot leaves whatever was at path untouched. A file it
    * replaces keeps its mode, as a write in place would leave it. */
-  size_t tn = strlen(path) + 40;
+  size_t tn = strlen(path) + 64;
   char *tmp = mp__host_alloc(tn);
   if (tmp == NULL)
     return mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
