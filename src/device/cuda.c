@@ -675,9 +675,8 @@ static mp_status_t mp__cuda_host_alloc(mp_device_t *dev, size_t bytes,
      * CU_MEMHOSTALLOC_DEVICEMAP flag was not specified at the time the
      * memory was allocated" (cuda.h), and the shim serves mapped requests
      * (cudaHostAllocMapped) from these chunks. */
-    r = mp__cu.MemHostAlloc(&p, bytes,
-                            CU_MEMHOSTALLOC_PORTABLE |
-                                CU_MEMHOSTALLOC_DEVICEMAP);
+    r = mp__cu.MemHostAlloc(
+        &p, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
     mp__cuda_unrelax(&rx);
     if (r == CUDA_SUCCESS &&
         !mp__cuda_track(cd, &cd->hosts, (uintptr_t)p, bytes, 0)) {

@@ -75,7 +75,7 @@ static struct {
   struct mp__hpl_late {
     void *ptr;
     uint64_t seq; /* late_seq when it came */
-  } *late;
+  } * late;
   size_t nlate, late_cap;
   uint64_t late_seq;
 } mp__hpl = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -349,8 +349,8 @@ static unsigned int mp__h_alloc(mp__hvariant_t v, void **p, size_t bytes,
   /* The runtime's convention, as for its cudaMalloc (runtime.c): 0 bytes
    * is success with a NULL pointer, nothing allocated or recorded (the
    * driver's cuMemHostAlloc refuses it, as cuMemAlloc does). */
-  bool empty = runtime && bytes == 0 && p != NULL &&
-               (flags & ~MP__HOST_FLAGS) == 0;
+  bool empty =
+      runtime && bytes == 0 && p != NULL && (flags & ~MP__HOST_FLAGS) == 0;
   /* The emulated device has no write-combined memory: the pool serves all.
    * While a capture may prohibit the call, the driver answers it (as a
    * cuMemAlloc then, driver.c): a page-locked allocation is a
@@ -406,8 +406,8 @@ static unsigned int mp__h_free(bool runtime, void *ptr) {
         /* No synchronization now: the driver's refusal where the capture
          * prohibits the call, else the block goes back after the capture
          * (mp__hpl_flush). */
-        refused = mp__pl_free_refused_in_capture(
-            pl, runtime ? mp__h_probe_rt : mp__h_probe_cu);
+        refused = mp__pl_free_refused_in_capture(pl, runtime ? mp__h_probe_rt
+                                                             : mp__h_probe_cu);
         if (refused == 0)
           st = hp ? mp__hpl_defer(hp, ptr) : MP_EINVAL;
       } else {

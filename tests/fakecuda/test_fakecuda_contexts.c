@@ -235,8 +235,7 @@ Test(fakecuda_contexts, page_locked_memory_is_freed_from_another_context) {
   cr_assert_eq(cuMemHostGetFlags(&flags, (char *)p + 100), CUDA_SUCCESS);
   cr_assert(flags & CU_MEMHOSTALLOC_DEVICEMAP, "flags %#x", flags);
   CUdeviceptr d = 0;
-  cr_assert_eq(cuMemHostGetDevicePointer(&d, (char *)p + 100, 0),
-               CUDA_SUCCESS);
+  cr_assert_eq(cuMemHostGetDevicePointer(&d, (char *)p + 100, 0), CUDA_SUCCESS);
   cr_assert_neq(d, 0);
   cr_assert_eq(cuMemFreeHost(p), CUDA_SUCCESS,
                "page-locked memory of device 0 not freed from device 1");

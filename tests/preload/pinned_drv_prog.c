@@ -160,12 +160,11 @@ int main(int argc, char **argv) {
     CUresult f = cuMemFreeHost(h0);
     CUresult e = cuStreamEndCapture(s, &g);
     printf("in capture: alloc %d free %d, end %d\n", (int)a, (int)f, (int)e);
-    CUresult want = global ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
-                           : CUDA_SUCCESS;
+    CUresult want =
+        global ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
     expect(a == want, "cuMemAllocHost during the capture");
     expect(f == want, "cuMemFreeHost during the capture");
-    expect(e == (global ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
-                        : CUDA_SUCCESS),
+    expect(e == (global ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS),
            "the capture's end");
     if (g != NULL)
       expect(cuGraphDestroy(g) == CUDA_SUCCESS, "graph destroy");

@@ -44,8 +44,8 @@ int main(int argc, char **argv) {
                             cudaHostAllocWriteCombined};
     for (int i = 0; i < 4; i++) {
       void *p = (void *)&n; /* not NULL: the call must write NULL */
-      cudaError_t e = i == 3 ? cudaMallocHost(&p, 0)
-                             : cudaHostAlloc(&p, 0, flags[i]);
+      cudaError_t e =
+          i == 3 ? cudaMallocHost(&p, 0) : cudaHostAlloc(&p, 0, flags[i]);
       printf("zero %d: %s (%d) %p\n", i, cudaGetErrorName(e), (int)e, p);
       check(e, i == 3 ? "cudaMallocHost(0)" : "cudaHostAlloc(0)");
       if (p != NULL) {

@@ -128,7 +128,8 @@ Test(preload_pinned_driver, under_the_shim_looked_up_entry_points_agree) {
  * flag was not specified at the time the memory was allocated" (cuda.h).
  * The host pool served such requests from chunks made PORTABLE only, so
  * under the shim the program's cuMemHostGetDevicePointer failed. */
-Test(preload_pinned_driver, without_the_shim_mapped_memory_has_a_device_pointer) {
+Test(preload_pinned_driver,
+     without_the_shim_mapped_memory_has_a_device_pointer) {
   run_mode(false, "mapped");
 }
 
@@ -169,7 +170,8 @@ static void run_capture(bool shim, const char *mode) {
   rmdir(dir);
 }
 
-Test(preload_pinned_driver, without_the_shim_pinned_calls_in_a_relaxed_capture) {
+Test(preload_pinned_driver,
+     without_the_shim_pinned_calls_in_a_relaxed_capture) {
   run_capture(false, "relaxed");
 }
 

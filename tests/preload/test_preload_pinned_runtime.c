@@ -16,6 +16,27 @@
 
 static spawn_result_t r;
 
+/* Runs pinned_rt_prog with n and mode under the shim on the host device,
+ * its report in a scratch folder; expects it to exit 0, then the python
+ * check (a sys.exit expression over the report's JSON d) to pass. */
+static void run_and_check_report(const char *n, const char *mode,
+                                 const char *check) {
+  char dir[64], report[128], e1[160];
+  scratch_dir(dir, sizeof dir);
+  snprintf(report, sizeof report, "%s/report.json", dir);
+  snprintf(e1, sizeof e1, "MEMPOOL_REPORT=%s", report);
+  const char *argv[] = {MP_PINNED_RT_PROG, n, mode, NULL};
+  const char *env[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=host", e1, NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_eq(sh("python3 -c 'import json,sys; "
+                  "d=json.load(open(sys.argv[1])); %s' %s",
+                  check, report),
+               0, "report: %s", (slurp(report, r.out, sizeof r.out), r.out));
+  unlink(report);
+  rmdir(dir);
+}
+
 Test(preload_pinned_runtime, host_pool_serves_and_records_pinned_memory) {
   char dir[64], trace[128], report[128], e1[160], e2[160], n[16];
   scratch_dir(dir, sizeof dir);
@@ -58,23 +79,10 @@ Test(preload_pinned_runtime, host_pool_serves_and_records_pinned_memory) {
  * cudaFreeHost used to put the block back without its pool, so the later
  * cudaFree failed and the block leaked. */
 Test(preload_pinned_runtime, a_free_with_the_wrong_call_leaves_the_buffer) {
-  char dir[64], report[128], e1[160];
-  scratch_dir(dir, sizeof dir);
-  snprintf(report, sizeof report, "%s/report.json", dir);
-  snprintf(e1, sizeof e1, "MEMPOOL_REPORT=%s", report);
-  const char *argv[] = {MP_PINNED_RT_PROG, "2", "wrong-free", NULL};
-  const char *env[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=host", e1, NULL};
-  spawn(argv, env, &r);
-  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
-  cr_assert_eq(
-      sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
-         "sys.exit(0 if d[\"live_bytes\"]==0 and "
-         "d[\"pool\"][\"allocated_bytes\"]==0 and "
-         "d[\"host_pool\"][\"allocated_bytes\"]==0 else 1)' %s",
-         report),
-      0, "report: %s", (slurp(report, r.out, sizeof r.out), r.out));
-  unlink(report);
-  rmdir(dir);
+  run_and_check_report("2", "wrong-free",
+                       "sys.exit(0 if d[\"live_bytes\"]==0 and "
+                       "d[\"pool\"][\"allocated_bytes\"]==0 and "
+                       "d[\"host_pool\"][\"allocated_bytes\"]==0 else 1)");
 }
 
 /* 0 bytes: the runtime's cudaMallocHost and cudaHostAlloc succeed with a
@@ -85,21 +93,8 @@ Test(preload_pinned_runtime, a_free_with_the_wrong_call_leaves_the_buffer) {
  * host pool path refused them with cudaErrorInvalidValue. Nothing is
  * allocated, recorded or counted. */
 Test(preload_pinned_runtime, zero_bytes_is_success_with_a_null_pointer) {
-  char dir[64], report[128], e1[160];
-  scratch_dir(dir, sizeof dir);
-  snprintf(report, sizeof report, "%s/report.json", dir);
-  snprintf(e1, sizeof e1, "MEMPOOL_REPORT=%s", report);
-  const char *argv[] = {MP_PINNED_RT_PROG, "1", "zero", NULL};
-  const char *env[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=host", e1, NULL};
-  spawn(argv, env, &r);
-  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  run_and_check_report("1", "zero",
+                       "sys.exit(0 if d[\"calls\"].get(\"pinned\", 0)==0 and "
+                       "d[\"live_bytes\"]==0 else 1)");
   cr_assert(strstr(r.out, "ok\n") != NULL, "%s", r.out);
-  cr_assert_eq(
-      sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
-         "sys.exit(0 if d[\"calls\"].get(\"pinned\", 0)==0 and "
-         "d[\"live_bytes\"]==0 else 1)' %s",
-         report),
-      0, "report: %s", (slurp(report, r.out, sizeof r.out), r.out));
-  unlink(report);
-  rmdir(dir);
 }
