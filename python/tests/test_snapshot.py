@@ -96,8 +96,13 @@ def test_snapshot_has_the_fields_the_viewer_reads(device, tmp_path, virtual):
     p.destroy()
 
 
-def test_stacks_come_symbolized_only_with_history_stacks(device, tmp_path):
-    p = mempool.Pool(device, max_bytes="8M", history=64, history_stacks=1)
+# With arenas too (refused at create before 2026-12-01): the arena's ring
+# holds the events, its stacks start at the pool's caller as well.
+@pytest.mark.parametrize("arenas", [0, 2])
+def test_stacks_come_symbolized_only_with_history_stacks(device, tmp_path,
+                                                         arenas):
+    p = mempool.Pool(device, max_bytes="8M", history=64, history_stacks=1,
+                     arenas=arenas)
     a = p.alloc(4096)
     p.snapshot(str(tmp_path / "s.pickle"))
     s = _load(tmp_path / "s.pickle")
