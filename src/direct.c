@@ -58,12 +58,20 @@ typedef struct mp__dblock {
 } mp__dblock_t;
 
 /* A session being given back, in its allocator's inflight list while it
- * runs (on the stack of the thread that ends it). */
+ * runs. On the heap with its blocks, not on the stack of the thread that
+ * ends it: a child forked meanwhile keeps it in its list, and there the
+ * stack of a thread that did not survive the fork is memory glibc hands
+ * to the child's next new thread, which writes over it. */
 typedef struct mp__dsession {
   uint64_t ticket; /* its number: the sessions taken up to it */
   pid_t pid;       /* the process whose thread gives it back */
   struct mp__dsession *next;
 } mp__dsession_t;
+
+typedef struct mp__dbatch {
+  mp__dsession_t sess;
+  mp__dblock_t blocks[];
+} mp__dbatch_t;
 
 struct mp_direct {
   mp_device_t *dev;
@@ -188,11 +196,11 @@ static mp_status_t mp__direct_release(mp_direct_t *d, mp__dblock_t *batch,
 }
 
 /* Takes the session's deferred blocks out of the map (they must be gone before
- * the device can hand their addresses out again) and returns them as a batch.
+ * the device can hand their addresses out again) and returns them as a batch,
+ * its session in the inflight list.
  */
-static mp__dblock_t *mp__direct_take_session(mp_direct_t *d, size_t *n,
-                                             mp_status_t *st,
-                                             mp__dsession_t *sess) {
+static mp__dbatch_t *mp__direct_take_session(mp_direct_t *d, size_t *n,
+                                             mp_status_t *st) {
   *st = MP_OK;
   *n = 0;
   pthread_mutex_lock(&d->mu);
@@ -200,19 +208,21 @@ static mp__dblock_t *mp__direct_take_session(mp_direct_t *d, size_t *n,
     pthread_mutex_unlock(&d->mu);
     return NULL;
   }
-  mp__dblock_t *batch = mp__host_alloc(d->ndeferred * sizeof *batch);
+  mp__dbatch_t *batch =
+      mp__host_alloc(sizeof *batch + d->ndeferred * sizeof *batch->blocks);
   if (batch == NULL) {
     pthread_mutex_unlock(&d->mu);
     *st = mp__fail(MP_ENOMEM, "mp_direct_free_session: out of host memory");
     return NULL;
   }
-  memcpy(batch, d->deferred, d->ndeferred * sizeof *batch);
+  memcpy(batch->blocks, d->deferred, d->ndeferred * sizeof *batch->blocks);
   *n = d->ndeferred;
   for (size_t i = 0; i < d->ndeferred; i++)
     mp__ptrmap_remove(&d->blocks, mp__dmap_find(d, d->deferred[i].ptr));
   d->ndeferred = 0;
   d->deferred_bytes = 0;
   /* In the same step: the blocks are always somewhere. */
+  mp__dsession_t *sess = &batch->sess;
   sess->ticket = ++d->taken;
   sess->pid = getpid();
   sess->next = d->inflight;
@@ -226,22 +236,21 @@ static mp__dblock_t *mp__direct_take_session(mp_direct_t *d, size_t *n,
 static mp_status_t mp__direct_end_session(mp_direct_t *d, size_t *released) {
   size_t n;
   mp_status_t st;
-  mp__dsession_t sess;
   *released = 0;
-  mp__dblock_t *batch = mp__direct_take_session(d, &n, &st, &sess);
+  mp__dbatch_t *batch = mp__direct_take_session(d, &n, &st);
   if (batch == NULL)
     return st;
-  st = mp__direct_release(d, batch, n, released);
-  free(batch);
+  st = mp__direct_release(d, batch->blocks, n, released);
   pthread_mutex_lock(&d->mu);
   mp__dsession_t **at = &d->inflight;
-  while (*at != &sess)
+  while (*at != &batch->sess)
     at = &(*at)->next;
-  *at = sess.next;
+  *at = batch->sess.next;
   if (*released > 0)
     atomic_fetch_add_explicit(&d->release_gen, 1, memory_order_release);
   pthread_cond_broadcast(&d->released);
   pthread_mutex_unlock(&d->mu);
+  free(batch);
   return st;
 }
 

@@ -312,8 +312,18 @@ static void *end_held_session(void *arg) {
   return (void *)(intptr_t)mp_direct_free_session(arg);
 }
 
-Test(direct_full_device, a_child_forked_mid_session_does_not_wait_for_it,
-     .timeout = 60) {
+/* In the child, a thread that writes over the stack it was given: glibc
+ * hands a forked child's new thread a stack of a thread that did not
+ * survive the fork (its stack cache), here the one that was giving the
+ * session back. */
+static void *scribble_stack(void *arg) {
+  unsigned char buf[256 << 10];
+  memset(buf, 0xA5, sizeof buf);
+  __asm__ volatile("" : : "r"(buf) : "memory");
+  return arg;
+}
+
+static void fork_mid_session(bool new_thread_in_child) {
   mp_device_t *dev;
   mp_direct_t *d = direct_on_fake(&dev);
   mp__backend_t ops = fake_backend;
@@ -332,6 +342,11 @@ Test(direct_full_device, a_child_forked_mid_session_does_not_wait_for_it,
   cr_assert_geq(child, 0);
   if (child == 0) {
     alarm(10);
+    pthread_t t;
+    if (new_thread_in_child &&
+        (pthread_create(&t, NULL, scribble_stack, NULL) != 0 ||
+         pthread_join(t, NULL) != 0))
+      _exit(2);
     mp_status_t st = mp_direct_alloc(d, (size_t)40 << 20, NULL, &q);
     _exit(st == MP_ENOMEM ? 0 : 1);
   }
@@ -345,7 +360,8 @@ Test(direct_full_device, a_child_forked_mid_session_does_not_wait_for_it,
   cr_assert_eq(pthread_join(b, &bst), 0);
   cr_expect_eq((mp_status_t)(intptr_t)bst, MP_OK);
   cr_expect(!WIFSIGNALED(status),
-            "the child waited for the parent's session (signal %d)",
+            "the child waited for the parent's session (SIGALRM) or "
+            "crashed (signal %d)",
             WIFSIGNALED(status) ? WTERMSIG(status) : 0);
   cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
             "the child's allocation was not MP_ENOMEM");
@@ -355,4 +371,18 @@ Test(direct_full_device, a_child_forked_mid_session_does_not_wait_for_it,
   cr_assert_eq(mp_direct_free(d, q), MP_OK);
   cr_assert_eq(mp_direct_destroy(d), MP_OK);
   fake_close(dev);
+}
+
+Test(direct_full_device, a_child_forked_mid_session_does_not_wait_for_it,
+     .timeout = 60) {
+  fork_mid_session(false);
+}
+
+/* The parent's session was on the stack of the thread giving it back: in
+ * the child, a new thread's stack is that memory, and the allocation read
+ * the session's list through what the thread wrote there (SIGSEGV). */
+Test(direct_full_device,
+     a_child_forked_mid_session_survives_a_new_thread_over_its_stack,
+     .timeout = 60) {
+  fork_mid_session(true);
 }
