@@ -170,7 +170,22 @@ static bool mp__hpl_holds(const void *ptr) {
   return mp__host_pool_contains(hp, ptr);
 }
 
-void mp__pl_host_report(FILE *f) {
+static void mp__hpl_flush(const mp__pl_t *pl, const uint64_t *synced);
+
+void mp__pl_host_report(FILE *f, const mp__pl_t *pl) {
+  pthread_mutex_lock(&mp__hpl.lock);
+  bool late = mp__hpl.nlate > 0;
+  pthread_mutex_unlock(&mp__hpl.lock);
+  /* Blocks the program freed during a capture, with no page-locked call
+   * made after it, go back first (after a synchronization of the devices,
+   * as at that call), so that the counts are the program's: else they
+   * read as allocated, a leak it did not make. Not while a capture is
+   * still under way (the synchronization is refused then). */
+  if (late) {
+    if (mp__pl_enter() && !mp__pl_sync_in_capture(pl))
+      mp__hpl_flush(pl, NULL);
+    mp__pl_leave();
+  }
   pthread_mutex_lock(&mp__hpl.lock);
   mp_host_pool_t *hp = mp__hpl.hp;
   pthread_mutex_unlock(&mp__hpl.lock);

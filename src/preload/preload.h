@@ -429,8 +429,10 @@ bool mp__pl_capture_prohibits(unsigned thread_mode);
  * said on stderr and kept, never used again, until exit. */
 void mp__pl_host_reset(const mp__pl_t *pl, int ordinal);
 /* The report's "host_pool" object (",\n  \"host_pool\": {...}"), nothing
- * when no host pool was made. */
-void mp__pl_host_report(FILE *f);
+ * when no host pool was made. Blocks freed during a capture that no
+ * page-locked call has returned to the pool yet go back first (after a
+ * synchronization of the devices) unless a capture is under way. */
+void mp__pl_host_report(FILE *f, const mp__pl_t *pl);
 
 /* ---- free.c ------------------------------------------------------------- */
 

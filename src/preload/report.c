@@ -88,7 +88,7 @@ static void mp__report(FILE *f, const mp__pl_t *pl, const mp__pl_counts_t *n,
   }
   if (torch != NULL)
     fprintf(f, ",\n  \"torch\": {%s  }", torch);
-  mp__pl_host_report(f);
+  mp__pl_host_report(f, pl);
   fputs("\n}\n", f);
 }
 

@@ -37,6 +37,10 @@
  * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and the capture ends invalidated.
  * After it the blocks are freed (once) and the memory serves again;
  * prints "ok".
+ *   pinned_drv_prog 1 capture_exit
+ * a page-locked block allocated, then freed during a relaxed capture on a
+ * stream of its own; after the capture the program exits without another
+ * page-locked call; prints "ok".
  *   pinned_drv_prog 1 late_runtime LIBRARY
  * a write-combined cuMemHostAlloc and its free, then LIBRARY (a stand-in
  * runtime, late_runtime.c) loaded and its cudaMalloc called through dlsym:
@@ -140,6 +144,28 @@ int main(int argc, char **argv) {
   }
   if (argc > 2 && strcmp(argv[2], "other_device") == 0)
     return other_device();
+  if (argc > 2 && strcmp(argv[2], "capture_exit") == 0) {
+    CUstream s;
+    CUgraph g = NULL;
+    void *h0 = NULL;
+    expect(cuMemAllocHost(&h0, 4096) == CUDA_SUCCESS,
+           "cuMemAllocHost before the capture");
+    expect(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS,
+           "stream");
+    if (failures != 0)
+      return 1;
+    expect(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED) ==
+               CUDA_SUCCESS,
+           "begin capture");
+    expect(cuMemFreeHost(h0) == CUDA_SUCCESS, "cuMemFreeHost in the capture");
+    expect(cuStreamEndCapture(s, &g) == CUDA_SUCCESS, "end capture");
+    if (g != NULL)
+      expect(cuGraphDestroy(g) == CUDA_SUCCESS, "graph destroy");
+    expect(cuStreamDestroy(s) == CUDA_SUCCESS, "stream destroy");
+    if (failures == 0)
+      printf("ok\n");
+    return failures == 0 ? 0 : 1;
+  }
   if (argc > 3 && strcmp(argv[2], "capture") == 0) {
     bool global = strcmp(argv[3], "global") == 0;
     CUstream s;
