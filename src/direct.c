@@ -20,6 +20,12 @@
  * other threads free. So it tries at most twice more than the sessions it
  * waits for: once for what went back while its first try ran, once after
  * ending the session itself (once).
+ * The wait is bounded (MP__DIRECT_INFLIGHT_WAIT_MS in all): a session's
+ * device synchronization waits for every stream's work, and that work may
+ * wait for the allocating thread itself (a stream held by a host function
+ * this thread would let go next), which would then wait for ever; a plain
+ * cudaMalloc would have been out of memory at once. Past the bound the
+ * allocation is MP_ENOMEM, said so.
  *
  * Blocks are found by address in an mp__ptrmap_t (ptrmap.c: O(1) per
  * operation), so a free costs the same with ten or a million blocks. The
@@ -33,10 +39,12 @@
  * list), each numbered by taken when taken, and release_gen goes up, under
  * the mutex, as each one that gave any block back ends. The mutex is never
  * held across a device call. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "device/backend.h"
@@ -44,6 +52,10 @@
 #include "structs.h"
 
 enum { MP__DIRECT_LIVE = 1, MP__DIRECT_DEFERRED = 2 };
+
+/* How long, in all, an allocation on a full device waits for other
+ * threads' sessions in flight (see the top of the file). */
+#define MP__DIRECT_INFLIGHT_WAIT_MS 5000
 
 /* An entry of the block map. */
 typedef struct mp__dslot {
@@ -127,7 +139,16 @@ mp_status_t mp_direct_create(mp_device_t *dev, mp_direct_t **out) {
     free(d);
     return mp__fail(MP_ENOMEM, "mp_direct_create: out of host memory");
   }
-  if (pthread_cond_init(&d->released, NULL) != 0) {
+  /* Waited on with a deadline on the monotonic clock (mp__direct_alloc_retry),
+   * which a change of the wall clock cannot stretch. */
+  pthread_condattr_t ca;
+  bool cond_ok = pthread_condattr_init(&ca) == 0;
+  if (cond_ok) {
+    cond_ok = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
+              pthread_cond_init(&d->released, &ca) == 0;
+    pthread_condattr_destroy(&ca);
+  }
+  if (!cond_ok) {
     pthread_mutex_destroy(&d->mu);
     free(d);
     return mp__fail(MP_ENOMEM, "mp_direct_create: out of host memory");
@@ -282,7 +303,9 @@ static size_t mp__direct_pending(const mp_direct_t *d, uint64_t horizon) {
  * try began). So the tries are bounded, however often other threads free
  * (see the top of the file). A session that gave nothing back (the device
  * refused it) ends the wait for it. Fails with the last try's MP_ENOMEM and
- * message, not what a session failed on. */
+ * message, not what a session failed on; after waiting
+ * MP__DIRECT_INFLIGHT_WAIT_MS for sessions that did not end, with a
+ * message that says so too. */
 static mp_status_t mp__direct_alloc_retry(mp_direct_t *d, size_t bytes,
                                           uint64_t gen, void **p,
                                           bool *retried) {
@@ -292,6 +315,15 @@ static mp_status_t mp__direct_alloc_retry(mp_direct_t *d, size_t bytes,
   pthread_mutex_unlock(&d->mu);
   bool any = true;    /* any release since the last try began counts */
   bool ended = false; /* this thread ended the session */
+  bool late = false;  /* the deadline passed: no more waiting */
+  struct timespec deadline;
+  clock_gettime(CLOCK_MONOTONIC, &deadline);
+  deadline.tv_sec += MP__DIRECT_INFLIGHT_WAIT_MS / 1000;
+  deadline.tv_nsec += (long)(MP__DIRECT_INFLIGHT_WAIT_MS % 1000) * 1000000L;
+  if (deadline.tv_nsec >= 1000000000L) {
+    deadline.tv_sec++;
+    deadline.tv_nsec -= 1000000000L;
+  }
   for (;;) {
     mp__error_saved_t oom;
     mp__error_save(&oom);
@@ -303,9 +335,10 @@ static mp_status_t mp__direct_alloc_retry(mp_direct_t *d, size_t bytes,
       went =
           atomic_load_explicit(&d->release_gen, memory_order_relaxed) != gen &&
           (any || left < pending);
-      if (went || left == 0 || (!ended && d->ndeferred > 0))
+      if (went || left == 0 || (!ended && d->ndeferred > 0) || late)
         break;
-      pthread_cond_wait(&d->released, &d->mu);
+      late =
+          pthread_cond_timedwait(&d->released, &d->mu, &deadline) == ETIMEDOUT;
     }
     bool have_deferred = !ended && d->ndeferred > 0;
     /* The next try's start, read together under the mutex. */
@@ -313,6 +346,13 @@ static mp_status_t mp__direct_alloc_retry(mp_direct_t *d, size_t bytes,
     pending = left;
     pthread_mutex_unlock(&d->mu);
     if (!went) {
+      if (!have_deferred && left > 0)
+        return mp__fail(MP_ENOMEM,
+                        "%s; %zu session(s) of other threads giving memory "
+                        "back did not end within %d ms (a session's device "
+                        "synchronization may wait for work this thread has "
+                        "yet to let go)",
+                        oom.msg, left, MP__DIRECT_INFLIGHT_WAIT_MS);
       if (!have_deferred)
         return MP_ENOMEM;
       size_t released;

@@ -39,7 +39,9 @@ MP_API mp_status_t mp_direct_record_stream(mp_direct_t *d, void *ptr,
  * (once), or waits for the sessions other threads were ending when it
  * found it full, and tries again as their memory goes back: it is
  * MP_ENOMEM when none of that memory made room (sessions begun after its
- * try failed do not keep it trying).
+ * try failed do not keep it trying), or when those sessions have not ended
+ * within 5 s (their synchronization may wait for work the allocating
+ * thread itself has yet to let go).
  * Stats: reserved = live + deferred bytes; nothing is rounded, so allocated
  * = requested; free_bytes / free_blocks count the deferred blocks;
  * alloc_retry_count counts the allocations that tried again after a

@@ -4,11 +4,14 @@
  * must happen: it used to be skipped whenever the session reported any
  * failure, and the allocation was MP_ENOMEM with room on the device. */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <mempool/mempool.h>
@@ -385,4 +388,85 @@ Test(direct_full_device,
      a_child_forked_mid_session_survives_a_new_thread_over_its_stack,
      .timeout = 60) {
   fork_mid_session(true);
+}
+
+/* ---- a session held up by work the allocating thread releases ---------
+ * A session's device synchronization waits for every stream's work, and
+ * that work may wait for the very thread whose allocation then finds the
+ * device full (a stream gated on a host function that thread opens next).
+ * The allocation waited for that session without end, and the session
+ * for it: a deadlock of the library's making, where cudaMalloc would have
+ * answered out of memory. It waits a bounded time, then is MP_ENOMEM with
+ * a message that says so. Here the held session (held_sync) is let go by
+ * a timer thread after 30 s, so that a wait for it fails the test instead
+ * of hanging it; timer_opened tells that it had to. */
+
+static bool timer_opened; /* under held_mu */
+
+static void *open_held_later(void *arg) {
+  (void)arg;
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 30;
+  pthread_mutex_lock(&held_mu);
+  while (!held_go)
+    if (pthread_cond_timedwait(&held_cv, &held_mu, &until) == ETIMEDOUT) {
+      timer_opened = held_go = true;
+      pthread_cond_broadcast(&held_cv);
+    }
+  pthread_mutex_unlock(&held_mu);
+  return NULL;
+}
+
+Test(direct_full_device,
+     an_alloc_gives_up_on_a_session_held_by_work_it_would_release,
+     .timeout = 120) {
+  mp_device_t *dev;
+  mp_direct_t *d = direct_on_fake(&dev);
+  mp__backend_t ops = fake_backend;
+  ops.alloc = say_full;
+  ops.synchronize = held_sync;
+  dev->ops = &ops;
+  held_in = held_go = timer_opened = false;
+  void *p, *q = NULL;
+  cr_assert_eq(mp_direct_alloc(d, (size_t)48 << 20, NULL, &p), MP_OK);
+  cr_assert_eq(mp_direct_free(d, p), MP_OK);
+  pthread_t b, timer;
+  cr_assert_eq(pthread_create(&timer, NULL, open_held_later, NULL), 0);
+  cr_assert_eq(pthread_create(&b, NULL, end_held_session, d), 0);
+  pthread_mutex_lock(&held_mu);
+  while (!held_in)
+    pthread_cond_wait(&held_cv, &held_mu);
+  pthread_mutex_unlock(&held_mu);
+  /* B's session is in its synchronization, which this thread's next step
+   * (the gate) would let go: the allocation must not wait for it. */
+  mp_status_t st = mp_direct_alloc(d, (size_t)40 << 20, NULL, &q);
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", mp_last_error());
+  pthread_mutex_lock(&held_mu);
+  bool waited = timer_opened;
+  held_go = true;
+  pthread_cond_broadcast(&held_cv);
+  pthread_mutex_unlock(&held_mu);
+  void *bst;
+  cr_assert_eq(pthread_join(b, &bst), 0);
+  cr_assert_eq(pthread_join(timer, NULL), 0);
+  cr_assert(!waited,
+            "the allocation waited for the held session until the "
+            "timer let it go (status %s)",
+            mp_status_name(st));
+  cr_assert_eq(st, MP_ENOMEM, "%s", msg);
+  cr_expect_neq(strstr(msg, "out of memory"), NULL, "%s", msg);
+  cr_expect_neq(strstr(msg, "session"), NULL, "%s", msg);
+  cr_expect_eq((mp_status_t)(intptr_t)bst, MP_OK);
+  mp_stats_t s;
+  cr_assert_eq(mp_direct_get_stats(d, &s), MP_OK);
+  cr_expect_eq(s.oom_count, 1);
+  cr_expect_eq(s.reserved_bytes, fake_of(dev)->used);
+  /* The session went back once let go: the request fits now. */
+  cr_assert_eq(mp_direct_alloc(d, (size_t)40 << 20, NULL, &q), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_direct_free(d, q), MP_OK);
+  cr_assert_eq(mp_direct_destroy(d), MP_OK);
+  fake_close(dev);
 }
