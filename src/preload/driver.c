@@ -10,8 +10,9 @@
  * goes to the real driver and is only recorded.
  * A free goes wherever its pointer came from, found in the shim's table;
  * pointers the shim never saw go to the real driver untouched, but one in
- * a pool's memory (a second free, an interior pointer) is refused as the
- * driver refuses it, never passed on to free the pool's segment. A call made
+ * a pool's memory (a second free, an interior pointer; a device pool's or
+ * the page-locked host pool's) is refused as the driver refuses it, never
+ * passed on to free the pool's segment or chunk. A call made
  * from inside another hook (the runtime's cudaMalloc calling cuMemAlloc_v2
  * on its way to the driver) is the real driver's and is not recorded twice.
  * Error codes follow the driver's: 0 bytes and NULL outputs are
@@ -132,9 +133,10 @@ static mp__curesult mp__free(mp__variant_t v, mp__cuptr p, mp__custream s) {
   mp__curesult r;
   if (!mp__pl_table_take((uintptr_t)p, &b)) {
     /* Not the shim's: the driver's business, unless it lies in a pool's
-     * memory (a second free, an interior pointer), which the driver gave
-     * the pool: there the driver's answer, without freeing it. */
-    r = !mp__pl_pools_hold(pl, (uintptr_t)p) ? mp__real_free(v, p, s)
+     * memory (a second free, an interior pointer), a device pool's or the
+     * page-locked host pool's, which the driver gave the pool: there the
+     * driver's answer, without freeing it. */
+    r = !mp__pl_memory_holds(pl, (uintptr_t)p) ? mp__real_free(v, p, s)
         : v != MP__SYNC && mp__pl_output_free(pl, (uintptr_t)p, false, true, s,
                                               v == MP__ASYNC_PTSZ)
             ? MP__CU_SUCCESS /* a graph's output, freed inside a capture */

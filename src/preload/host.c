@@ -22,7 +22,9 @@
  * like its allocation, and a reset of the primary context that allocated
  * it forgets it, traced as freed there (driver.c). cudaHostRegister /
  * cuMemHostRegister are not hooked: registered memory is the program's, never
- * counted or traced.
+ * counted or traced. The device-memory frees (cuMemFree*, cudaFree*) of an
+ * address in the pool's chunks that is no live block of the program's are
+ * refused there, never passed on to the driver (mp__pl_memory_holds).
  *
  * cudaFreeHost and cuMemFreeHost synchronize the devices before the memory
  * goes (the driver's do, as an implicit synchronization); the shim keeps
@@ -168,6 +170,11 @@ static bool mp__hpl_holds(const void *ptr) {
   mp_host_pool_t *hp = mp__hpl.hp;
   pthread_mutex_unlock(&mp__hpl.lock);
   return mp__host_pool_contains(hp, ptr);
+}
+
+bool mp__pl_memory_holds(const mp__pl_t *pl, uintptr_t addr) {
+  return mp__pl_pools_hold(pl, addr) || (pl->mode == MP__PL_POOL && addr != 0 &&
+                                         mp__hpl_holds((const void *)addr));
 }
 
 static void mp__hpl_flush(const mp__pl_t *pl, const uint64_t *synced);

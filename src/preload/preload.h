@@ -172,6 +172,13 @@ void mp__pl_pools(const mp__pl_t *pl, mp__pl_pools_t *out);
  * shim's table does not know there (a second free, an interior pointer)
  * is not the driver's to free. */
 bool mp__pl_pools_hold(const mp__pl_t *pl, uintptr_t addr);
+/* Whether addr lies in memory the driver gave one of pl's pools: a device
+ * pool's (mp__pl_pools_hold) or the page-locked host pool's (host.c). The
+ * device-memory frees (cuMemFree*, cudaFree*) refuse a pointer there that
+ * the table does not know (a second free, an interior pointer, one of the
+ * host pool's blocks freed) without passing it on: the driver never gave
+ * the program that pointer, but a live allocation of the pool's holds it. */
+bool mp__pl_memory_holds(const mp__pl_t *pl, uintptr_t addr);
 /* The pool of the device current(&ordinal) names (cuCtxGetDevice,
  * cudaGetDevice; both answer 0 on success), or NULL: no current device (the
  * real entry point answers), no pool for it, or a current context that is

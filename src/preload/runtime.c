@@ -196,12 +196,13 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
   } else if (!mp__pl_table_take((uintptr_t)p, &b)) {
     /* On the host device there is no runtime memory to free: a pointer
      * the shim does not know (double free, interior pointer) is invalid;
-     * elsewhere too when it lies in a pool's memory (the driver's answer,
-     * without freeing what the driver gave the pool). */
+     * elsewhere too when it lies in a pool's memory, the page-locked host
+     * pool's included (the driver's answer, without freeing what the
+     * driver gave the pool). */
     if (pl->host && p != NULL)
       mp__pl_count_bypass("foreign_free");
     r = pl->mode != MP__PL_POOL ||
-                !(pl->host || mp__pl_pools_hold(pl, (uintptr_t)p))
+                !(pl->host || mp__pl_memory_holds(pl, (uintptr_t)p))
             ? mp__rt_real_free(v, p, s)
         : v != MP__RT_SYNC && mp__pl_output_free(pl, (uintptr_t)p, false, true,
                                                  s, v == MP__RT_ASYNC_PTSZ)

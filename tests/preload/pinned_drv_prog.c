@@ -41,6 +41,14 @@
  * a page-locked block allocated, then freed during a relaxed capture on a
  * stream of its own; after the capture the program exits without another
  * page-locked call; prints "ok".
+ *   pinned_drv_prog 1 device_free [LIBRARY]
+ * the device-memory frees (cuMemFree, cuMemFreeAsync; with LIBRARY, a
+ * stand-in runtime over the driver, its cudaFree too) given a pointer
+ * inside a live page-locked block and a page-locked block already freed:
+ * each must be CUDA_ERROR_INVALID_VALUE, the block must stay intact and
+ * its cuMemFreeHost must then succeed. Prints "driver_frees=F" (the
+ * fake's count of its cuMemFree_v2 and cuMemFreeAsync calls meanwhile)
+ * and "ok".
  *   pinned_drv_prog 1 late_runtime LIBRARY
  * a write-combined cuMemHostAlloc and its free, then LIBRARY (a stand-in
  * runtime, late_runtime.c) loaded and its cudaMalloc called through dlsym:
@@ -116,6 +124,62 @@ static int other_device(void) {
   expect(cuMemFreeHost(h2) == CUDA_SUCCESS, "cuMemFreeHost again");
   expect(cuMemFree(dst) == CUDA_SUCCESS, "cuMemFree");
   expect(cuStreamDestroy(s1) == CUDA_SUCCESS, "stream destroy");
+  if (failures == 0)
+    printf("ok\n");
+  return failures == 0 ? 0 : 1;
+}
+
+/* The host memory still serves after a refused call: a page-locked
+ * block is allocated, filled with fill and freed. */
+static void still_serves(int fill) {
+  void *q = NULL;
+  expect(cuMemAllocHost(&q, 4096) == CUDA_SUCCESS, "cuMemAllocHost again");
+  if (q != NULL) {
+    memset(q, fill, 4096);
+    expect(cuMemFreeHost(q) == CUDA_SUCCESS, "cuMemFreeHost again");
+  }
+}
+
+/* The device-memory frees of page-locked memory the program holds: an
+ * address inside a live block, and a block freed already. With runtime (a
+ * stand-in runtime's path), its cudaFree is tried as well. */
+static int device_free(const char *runtime) {
+  unsigned int (*rt_free)(void *) = NULL;
+  if (runtime != NULL) {
+    void *h = dlopen(runtime, RTLD_NOW | RTLD_GLOBAL);
+    expect(h != NULL, "dlopen of the stand-in runtime");
+    if (h != NULL)
+      *(void **)&rt_free = dlsym(h, "cudaFree");
+    expect(rt_free != NULL, "dlsym(cudaFree)");
+  }
+  unsigned char *p = NULL, *q = NULL;
+  expect(cuMemAllocHost((void **)&p, 4096) == CUDA_SUCCESS, "cuMemAllocHost");
+  expect(cuMemAllocHost((void **)&q, 4096) == CUDA_SUCCESS, "cuMemAllocHost");
+  if (p == NULL || q == NULL)
+    return 1;
+  memset(p, 0x6b, 4096);
+  expect(cuMemFreeHost(q) == CUDA_SUCCESS, "cuMemFreeHost");
+  long long f0 = calls("cuMemFree_v2") + calls("cuMemFreeAsync");
+  CUdeviceptr inside = (CUdeviceptr)(uintptr_t)(p + 64);
+  CUdeviceptr freed = (CUdeviceptr)(uintptr_t)q;
+  expect(cuMemFree(inside) == CUDA_ERROR_INVALID_VALUE,
+         "cuMemFree inside a page-locked block is invalid value");
+  expect(cuMemFree(freed) == CUDA_ERROR_INVALID_VALUE,
+         "cuMemFree of a freed page-locked block is invalid value");
+  expect(cuMemFreeAsync(inside, NULL) == CUDA_ERROR_INVALID_VALUE,
+         "cuMemFreeAsync inside a page-locked block is invalid value");
+  if (rt_free != NULL) {
+    expect(rt_free(p + 64) == CUDA_ERROR_INVALID_VALUE,
+           "cudaFree inside a page-locked block is invalid value");
+    expect(rt_free(q) == CUDA_ERROR_INVALID_VALUE,
+           "cudaFree of a freed page-locked block is invalid value");
+  }
+  printf("driver_frees=%lld\n",
+         calls("cuMemFree_v2") + calls("cuMemFreeAsync") - f0);
+  expect(p[0] == 0x6b && p[4095] == 0x6b, "the block is intact");
+  memset(p, 0x2e, 4096);
+  expect(cuMemFreeHost(p) == CUDA_SUCCESS, "the block's own free after");
+  still_serves(0x1f);
   if (failures == 0)
     printf("ok\n");
   return failures == 0 ? 0 : 1;
@@ -309,19 +373,17 @@ int main(int argc, char **argv) {
       printf("ok\n");
     return failures == 0 ? 0 : 1;
   }
+  if (argc > 2 && strcmp(argv[2], "device_free") == 0)
+    return device_free(argc > 3 ? argv[3] : NULL);
   if (argc > 2 && strcmp(argv[2], "double_free") == 0) {
     /* A second cuMemFreeHost is the driver's error, and what comes next
      * still works. */
-    void *p = NULL, *q = NULL;
+    void *p = NULL;
     expect(cuMemAllocHost(&p, 4096) == CUDA_SUCCESS, "cuMemAllocHost");
     expect(cuMemFreeHost(p) == CUDA_SUCCESS, "cuMemFreeHost");
     expect(cuMemFreeHost(p) != CUDA_SUCCESS,
            "a second cuMemFreeHost of the same block is refused");
-    expect(cuMemAllocHost(&q, 4096) == CUDA_SUCCESS, "cuMemAllocHost again");
-    if (q != NULL) {
-      memset(q, 0x3d, 4096);
-      expect(cuMemFreeHost(q) == CUDA_SUCCESS, "cuMemFreeHost again");
-    }
+    still_serves(0x3d);
     if (failures == 0)
       printf("ok\n");
     return failures == 0 ? 0 : 1;

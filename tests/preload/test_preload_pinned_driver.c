@@ -107,6 +107,40 @@ Test(preload_pinned_driver, under_the_shim_a_second_free_is_refused) {
   run_mode(true, "double_free");
 }
 
+/* The device-memory frees (cuMemFree, cuMemFreeAsync, and cudaFree of a
+ * stand-in runtime over the driver) of page-locked memory: an address
+ * inside a live block, and a block freed already. Each is the driver's
+ * CUDA_ERROR_INVALID_VALUE and leaves the block to its cuMemFreeHost.
+ * Under the shim the address lies in a chunk of the host pool, which the
+ * driver allocated for the pool, not for the program: the shim passed it
+ * on to the driver all the same (it looked only in the device pools),
+ * handing the driver a pointer inside, or at the start of, one of its own
+ * live page-locked allocations. It answers them itself now, as it does
+ * for the device pools' memory: no call reaches the driver. */
+static void run_device_free(bool shim) {
+  const char *argv[] = {MP_PINNED_DRV_PROG, "1", "device_free",
+                        MP_STAND_RUNTIME, NULL};
+  const char *env[] = {shim ? "LD_PRELOAD=" MP_SHIM : "LD_PRELOAD=",
+                       "MEMPOOL_DEVICE=cuda", NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert(strstr(r.out, "ok\n") != NULL, "%s", r.out);
+}
+
+Test(preload_pinned_driver,
+     without_the_shim_a_device_free_of_pinned_memory_is_refused) {
+  run_device_free(false);
+  cr_assert_eq(word_value(r.out, "driver_frees"), 5, "%s", r.out);
+}
+
+Test(preload_pinned_driver,
+     under_the_shim_a_device_free_of_pinned_memory_stays_off_the_driver) {
+  run_device_free(true);
+  cr_assert_eq(word_value(r.out, "driver_frees"), 0,
+               "a pointer in the host pool's chunk reached the driver: %s",
+               r.out);
+}
+
 /* Page-locked memory through the entry points cuGetProcAddress answers
  * (nvcc's static runtime, cuda-python): the real driver's cuMemFreeHost
  * was given blocks inside the host pool's chunks (refused, or the chunk
