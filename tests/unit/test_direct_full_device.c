@@ -16,6 +16,7 @@
 
 #include <mempool/mempool.h>
 
+#include "../support/stream_gate.h"
 #include "pool_fakedev.h"
 
 /* A direct allocator on a new fake device of 64 MiB. */
@@ -397,25 +398,72 @@ Test(direct_full_device,
  * The allocation waited for that session without end, and the session
  * for it: a deadlock of the library's making, where cudaMalloc would have
  * answered out of memory. It waits a bounded time, then is MP_ENOMEM with
- * a message that says so. Here the held session (held_sync) is let go by
- * a timer thread after 30 s, so that a wait for it fails the test instead
- * of hanging it; timer_opened tells that it had to. */
+ * a message that says so. The gate (hold) is opened by a deadline thread
+ * after 30 s, so that a wait for the session fails the test instead of
+ * hanging it; the deadline's opened flag tells that it had to. */
 
-static bool timer_opened; /* under held_mu */
+static gate_t hold;
 
-static void *open_held_later(void *arg) {
-  (void)arg;
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += 30;
+/* The fake device's synchronization, held behind the gate as a stream's
+ * gated work holds a real one; held_in says it has begun. */
+static mp_status_t gated_sync(mp_device_t *dev) {
   pthread_mutex_lock(&held_mu);
-  while (!held_go)
-    if (pthread_cond_timedwait(&held_cv, &held_mu, &until) == ETIMEDOUT) {
-      timer_opened = held_go = true;
-      pthread_cond_broadcast(&held_cv);
-    }
+  held_in = true;
+  pthread_cond_broadcast(&held_cv);
   pthread_mutex_unlock(&held_mu);
-  return NULL;
+  gate_wait(&hold);
+  return fake_ok(dev);
+}
+
+/* d's session, with a block of 48 MiB, is ended by a thread of its own,
+ * which waits in the session's synchronization until the gate opens;
+ * in_sync(d) tells when it has begun. Then this thread, the one that
+ * would open the gate, asks for 40 MiB, which fit only once the session
+ * is done: the answer must come before the deadline opens the gate, and
+ * be MP_ENOMEM with a message about the sessions. Then the gate opens and
+ * the request fits. */
+static void alloc_beside_a_gated_session(mp_direct_t *d, gate_t *g,
+                                         bool (*in_sync)(mp_direct_t *)) {
+  void *p, *q = NULL;
+  cr_assert_eq(mp_direct_alloc(d, (size_t)48 << 20, NULL, &p), MP_OK);
+  cr_assert_eq(mp_direct_free(d, p), MP_OK);
+  gate_timer_t deadline;
+  pthread_t b;
+  cr_assert_eq(gate_deadline_start(&deadline, g, 30000000u), 0);
+  cr_assert_eq(pthread_create(&b, NULL, end_held_session, d), 0);
+  while (!in_sync(d))
+    usleep(1000);
+  mp_status_t st = mp_direct_alloc(d, (size_t)40 << 20, NULL, &q);
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", mp_last_error());
+  bool waited = atomic_load(&deadline.opened) != 0;
+  gate_open(g);
+  void *bst;
+  cr_assert_eq(pthread_join(b, &bst), 0);
+  gate_timer_join(&deadline);
+  cr_assert(!waited,
+            "the allocation waited for the gated session until the deadline "
+            "opened the gate (status %s)",
+            mp_status_name(st));
+  cr_assert_eq(st, MP_ENOMEM, "%s", msg);
+  cr_expect_neq(strstr(msg, "session"), NULL, "%s", msg);
+  cr_expect_eq((mp_status_t)(intptr_t)bst, MP_OK);
+  mp_stats_t s;
+  cr_assert_eq(mp_direct_get_stats(d, &s), MP_OK);
+  cr_expect_eq(s.oom_count, 1);
+  /* The session went back once the gate opened: the request fits now. */
+  cr_assert_eq(mp_direct_alloc(d, (size_t)40 << 20, NULL, &q), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_direct_free(d, q), MP_OK);
+  cr_assert_eq(mp_direct_destroy(d), MP_OK);
+}
+
+static bool fake_in_sync(mp_direct_t *d) {
+  (void)d;
+  pthread_mutex_lock(&held_mu);
+  bool in = held_in;
+  pthread_mutex_unlock(&held_mu);
+  return in;
 }
 
 Test(direct_full_device,
@@ -425,48 +473,41 @@ Test(direct_full_device,
   mp_direct_t *d = direct_on_fake(&dev);
   mp__backend_t ops = fake_backend;
   ops.alloc = say_full;
-  ops.synchronize = held_sync;
+  ops.synchronize = gated_sync;
   dev->ops = &ops;
-  held_in = held_go = timer_opened = false;
-  void *p, *q = NULL;
-  cr_assert_eq(mp_direct_alloc(d, (size_t)48 << 20, NULL, &p), MP_OK);
-  cr_assert_eq(mp_direct_free(d, p), MP_OK);
-  pthread_t b, timer;
-  cr_assert_eq(pthread_create(&timer, NULL, open_held_later, NULL), 0);
-  cr_assert_eq(pthread_create(&b, NULL, end_held_session, d), 0);
-  pthread_mutex_lock(&held_mu);
-  while (!held_in)
-    pthread_cond_wait(&held_cv, &held_mu);
-  pthread_mutex_unlock(&held_mu);
-  /* B's session is in its synchronization, which this thread's next step
-   * (the gate) would let go: the allocation must not wait for it. */
-  mp_status_t st = mp_direct_alloc(d, (size_t)40 << 20, NULL, &q);
-  char msg[512];
-  snprintf(msg, sizeof msg, "%s", mp_last_error());
-  pthread_mutex_lock(&held_mu);
-  bool waited = timer_opened;
-  held_go = true;
-  pthread_cond_broadcast(&held_cv);
-  pthread_mutex_unlock(&held_mu);
-  void *bst;
-  cr_assert_eq(pthread_join(b, &bst), 0);
-  cr_assert_eq(pthread_join(timer, NULL), 0);
-  cr_assert(!waited,
-            "the allocation waited for the held session until the "
-            "timer let it go (status %s)",
-            mp_status_name(st));
-  cr_assert_eq(st, MP_ENOMEM, "%s", msg);
-  cr_expect_neq(strstr(msg, "out of memory"), NULL, "%s", msg);
-  cr_expect_neq(strstr(msg, "session"), NULL, "%s", msg);
-  cr_expect_eq((mp_status_t)(intptr_t)bst, MP_OK);
+  held_in = false;
+  gate_init(&hold);
+  alloc_beside_a_gated_session(d, &hold, fake_in_sync);
+  cr_expect_eq(fake_of(dev)->used, 0);
+  fake_close(dev);
+  gate_destroy(&hold);
+}
+
+/* The same on the emulated host device, with a stream held by a host
+ * function behind the gate: the session's mp_device_synchronize waits for
+ * it. The session has begun once its blocks left the allocator's deferred
+ * list (free_blocks 0). */
+static bool session_taken(mp_direct_t *d) {
   mp_stats_t s;
   cr_assert_eq(mp_direct_get_stats(d, &s), MP_OK);
-  cr_expect_eq(s.oom_count, 1);
-  cr_expect_eq(s.reserved_bytes, fake_of(dev)->used);
-  /* The session went back once let go: the request fits now. */
-  cr_assert_eq(mp_direct_alloc(d, (size_t)40 << 20, NULL, &q), MP_OK, "%s",
+  return s.free_blocks == 0;
+}
+
+Test(direct_full_device,
+     an_alloc_gives_up_on_a_session_waiting_for_a_gated_stream,
+     .timeout = 120) {
+  mp_device_t *host;
+  mp_direct_t *d;
+  mp_stream_t s;
+  cr_assert_eq(mp_device_open("host:capacity=64M", &host), MP_OK, "%s",
                mp_last_error());
-  cr_assert_eq(mp_direct_free(d, q), MP_OK);
-  cr_assert_eq(mp_direct_destroy(d), MP_OK);
-  fake_close(dev);
+  cr_assert_eq(mp_direct_create(host, &d), MP_OK);
+  cr_assert_eq(mp_stream_create(host, &s), MP_OK);
+  gate_init(&hold);
+  cr_assert_eq(mp_stream_launch_host(host, s, gate_wait, &hold), MP_OK);
+  alloc_beside_a_gated_session(d, &hold, session_taken);
+  cr_assert_eq(mp_stream_synchronize(host, s), MP_OK);
+  mp_stream_destroy(host, s);
+  mp_device_close(host);
+  gate_destroy(&hold);
 }
