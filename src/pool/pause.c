@@ -3,12 +3,14 @@
  * at the same addresses (RLHF engines take turns on one GPU this way).
  *
  * Only the virtual range can do it (plain segments have no address without
- * their memory): a pool holding plain segments or live child pools is
- * refused. Pausing keeps every block record as it is and unmaps each mapped
- * chunk (the exact (addr, size) of one vm_map, as CUDA requires); with
- * MP_PAUSE_KEEP_CONTENT the live blocks are first copied, in address order,
- * into one page-locked host buffer, and resume copies them back. While
- * paused, reserved and free bytes read 0 and every call on the pool but
+ * their memory): a pool without one, or with live child pools, is refused;
+ * a pool on its range gives back the plain segments it took near its cap
+ * if they hold only free memory, and is refused if one holds a block in
+ * use (mp__pause_plain_check). Pausing keeps every block record as it is and
+ * unmaps each mapped chunk (the exact (addr, size) of one vm_map, as CUDA
+ * requires); with MP_PAUSE_KEEP_CONTENT the live blocks are first copied, in
+ * address order, into one page-locked host buffer, and resume copies them back.
+ * While paused, reserved and free bytes read 0 and every call on the pool but
  * resume, stats, dump, snapshot and destroy is MP_EBUSY (mp__pool_paused).
  * The history records each chunk unmapped (segment_unmap) and mapped
  * again (segment_map), those a failed undo left mapped included, and a
@@ -167,6 +169,73 @@ static void mp__resume_left_mapped(mp_pool_t *pool, size_t m) {
   mp__pause_mapped_set(pool, m);
 }
 
+/* Plain segments: a pool without a virtual range (virtual=0, or no
+ * virtual memory) holds nothing else, and none can be paused. A pool on
+ * its range holds them only where growth took one (vrange.c,
+ * mp__vrange_grow): near a cap that is no whole number of granules, where
+ * whole granules no longer fit but the request does (or where the range
+ * ran full). Those holding only free memory go back at the pause
+ * (mp__pause_plain_release); a block in use in one (live, or the ladder's)
+ * cannot keep its address: MP_ENOTSUP, naming the cause and the ways out.
+ * It was "no virtual memory, or virtual=0" for any of them, even free. */
+static mp_status_t mp__pause_plain_check(const mp_pool_t *pool) {
+  size_t n = 0, bytes = 0, segs = 0;
+  for (const mp__segment_t *g = pool->segs; g != NULL; g = g->next) {
+    if (g->kind == MP__SEG_VIRTUAL)
+      continue;
+    segs++;
+    for (const mp__block_t *b = g->first; b != NULL; b = b->next)
+      if (!(b->flags & MP__B_FREE)) {
+        n++;
+        bytes += b->size;
+      }
+  }
+  if (segs > 0 && pool->vseg == NULL)
+    return mp__fail(MP_ENOTSUP,
+                    "mp_pool_pause: the pool holds plain segments (no "
+                    "virtual memory, or virtual=0): their addresses cannot "
+                    "be kept");
+  if (n == 0)
+    return MP_OK;
+  char b[32], g[32];
+  return mp__fail(
+      MP_ENOTSUP,
+      "mp_pool_pause: %zu block%s in use (%s) lie%s in plain segments, which "
+      "the pool takes near its cap (max_bytes, max_fraction) where whole "
+      "granules (%s) no longer fit: a plain segment's address cannot be "
+      "kept. Free %s before pausing (free plain segments go back with the "
+      "pause), or give the pool a cap that is a whole number of granules",
+      n, n == 1 ? "" : "s", mp__fmt_bytes(b, sizeof b, bytes),
+      n == 1 ? "s" : "", mp__fmt_bytes(g, sizeof g, pool->granule),
+      n == 1 ? "it" : "them");
+}
+
+/* Under the lock, marked paused, once the streams' work is done (their
+ * free blocks releasable): gives back the plain segments, which
+ * mp__pause_plain_check found free, so that the range is all the pool
+ * holds (each a segment_free in the history, as trim records it). One
+ * left (the device refused the free; or a block of it taken meanwhile by
+ * an allocation that had dropped the lock before the pause): the error,
+ * those given back staying given back, as a trim's would. */
+static mp_status_t mp__pause_plain_release(mp_pool_t *pool) {
+  mp__block_merge_deferred(pool);
+  while (mp__plain_trim_one(pool))
+    ;
+  for (const mp__segment_t *g = pool->segs; g != NULL; g = g->next)
+    if (g->kind != MP__SEG_VIRTUAL) {
+      mp_status_t st = mp__pause_plain_check(pool);
+      return st != MP_OK
+                 ? st
+                 : mp__fail(MP_EBUSY,
+                            "mp_pool_pause: the free plain segment at %p "
+                            "(%zu bytes) could not be given back (the "
+                            "device refused, or a stream uses it again): "
+                            "the pool is not paused",
+                            (void *)g->base, g->size);
+    }
+  return MP_OK;
+}
+
 /* What pause may not handle: EBUSY/ENOTSUP with a message, or MP_OK. */
 static mp_status_t mp__pause_check(const mp_pool_t *pool) {
   if (pool->paused)
@@ -190,13 +259,7 @@ static mp_status_t mp__pause_check(const mp_pool_t *pool) {
                     "another process (or handles not closed): its memory "
                     "would not go back to the device",
                     pool->nexports, pool->nexports == 1 ? " is" : "s are");
-  for (const mp__segment_t *g = pool->segs; g != NULL; g = g->next)
-    if (g->kind != MP__SEG_VIRTUAL)
-      return mp__fail(MP_ENOTSUP,
-                      "mp_pool_pause: the pool holds plain segments (no "
-                      "virtual memory, or virtual=0): their addresses cannot "
-                      "be kept");
-  return MP_OK;
+  return mp__pause_plain_check(pool);
 }
 
 /* Pauses pool, a pool without arenas or one arena (flags checked). No lock
@@ -240,7 +303,16 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
   uint64_t snap = mp__streams_sync_begin(pool);
   mp__pool_device_begin(pool);
   st = mp__sync_set_wait(pool->dev, &set);
-  bool waited = st == MP_OK;
+  mp__pool_device_end(pool);
+  mp__sync_set_release(pool, &set);
+  if (st == MP_OK)
+    mp__streams_sync_end(pool, snap);
+  else
+    mp__streams_sync_failed(pool);
+  /* The streams are done with the memory: free plain segments go back. */
+  if (st == MP_OK)
+    st = mp__pause_plain_release(pool);
+  mp__pool_device_begin(pool);
   if (st == MP_OK && keep) {
     st = mp_device_host_alloc(pool->dev, sp.bytes, &pool->pause_copy);
     if (st == MP_OK && (st = mp__copy_live(pool, &sp, true)) != MP_OK) {
@@ -259,11 +331,6 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
   }
   mp__pool_device_end(pool);
   free(sp.v);
-  mp__sync_set_release(pool, &set);
-  if (waited)
-    mp__streams_sync_end(pool, snap);
-  else
-    mp__streams_sync_failed(pool);
   if (st != MP_OK && m == n) {
     pool->paused = false;
     mp__pool_rare_update(pool);

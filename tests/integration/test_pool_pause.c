@@ -365,6 +365,97 @@ Test(pool_pause, plain_segments_child_pools_and_bad_input_are_refused) {
   mp_device_close(dev);
 }
 
+/* A virtual pool whose cap is no whole number of granules (max_bytes=21M:
+ * 10 granules of 2 MiB and 1 MiB more) takes the last MiB as a plain
+ * segment of the request's size, the one shape a pause cannot keep. Fills
+ * the pool to its cap that way: *big in the range, *small in the plain
+ * segment (opts: more options, e.g. arenas). */
+static mp_pool_t *filled_past_the_granules(mp_device_t *dev, const char *opts,
+                                           void **big, void **small) {
+  char o[96];
+  snprintf(o, sizeof o, "max_bytes=21M%s%s", opts ? "," : "", opts ? opts : "");
+  mp_pool_t *p = make_pool(dev, o);
+  cr_assert_eq(mp_pool_alloc(p, 20 * MiB, NULL, big), MP_OK, "%s",
+               mp_last_error());
+  fill(*big, 20 * MiB, 1);
+  cr_assert_eq(mp_pool_alloc(p, 512 * 1024, NULL, small), MP_OK, "%s",
+               mp_last_error());
+  fill(*small, 512 * 1024, 2);
+  return p;
+}
+
+/* Frees big, destroys p and closes dev, which must have all its memory. */
+static void finish_filled(mp_device_t *dev, mp_pool_t *p, void *big) {
+  cr_assert_eq(mp_pool_free(p, big), MP_OK);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+  cr_expect_eq(free_bytes(dev), 64 * MiB);
+  mp_device_close(dev);
+}
+
+/* Sleep mode near the cap: the plain segment taken there holds no live
+ * block any more, so the pause gives it back with the chunks and succeeds
+ * (it was MP_ENOTSUP, "no virtual memory, or virtual=0", on a virtual
+ * pool); the resume maps the chunks only. With arenas too. */
+static void plain_segment_freed_pauses(const char *opts) {
+  mp_device_t *dev = open_dev("host:capacity=64M");
+  void *big, *small;
+  mp_pool_t *p = filled_past_the_granules(dev, opts, &big, &small);
+  cr_assert_gt(stats(p).segment_count, 1, "%s: the test needs a plain segment",
+               opts ? opts : "");
+  cr_assert_eq(mp_pool_free(p, small), MP_OK);
+  cr_assert_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s: %s",
+               opts ? opts : "", mp_last_error());
+  cr_expect_eq(stats(p).reserved_bytes, 0);
+  cr_expect_eq(free_bytes(dev), 64 * MiB, "the plain segment went back too");
+  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+  expect_filled(big, 20 * MiB, 1);
+  cr_expect_eq(stats(p).reserved_bytes, 20 * MiB, "the chunks only");
+  check(p);
+  /* The pool still grows to its cap afterwards. */
+  cr_assert_eq(mp_pool_alloc(p, 512 * 1024, NULL, &small), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_free(p, small), MP_OK);
+  finish_filled(dev, p, big);
+}
+
+Test(pool_pause, a_free_plain_segment_taken_near_the_cap_goes_back_at_pause) {
+  plain_segment_freed_pauses(NULL);
+  plain_segment_freed_pauses("arenas=2");
+  plain_segment_freed_pauses("arenas=2,history=300");
+}
+
+/* A live block in such a plain segment: the pause is refused and changes
+ * nothing, and its message names the cause (the cap, not whole granules)
+ * and the ways out, not "no virtual memory, or virtual=0". */
+static void plain_segment_live_refused(const char *opts) {
+  mp_device_t *dev = open_dev("host:capacity=64M");
+  void *big, *small;
+  mp_pool_t *p = filled_past_the_granules(dev, opts, &big, &small);
+  mp_stats_t before = stats(p);
+  cr_expect_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_ENOTSUP);
+  const char *why = mp_last_error();
+  cr_expect(strstr(why, "virtual=0") == NULL, "%s: %s", opts ? opts : "", why);
+  cr_expect(strstr(why, "granule") != NULL && strstr(why, "cap") != NULL &&
+                strstr(why, "free") != NULL,
+            "%s: %s", opts ? opts : "", why);
+  mp_stats_t s = stats(p);
+  cr_expect_eq(s.reserved_bytes, before.reserved_bytes);
+  cr_expect_eq(s.segment_count, before.segment_count);
+  expect_filled(big, 20 * MiB, 1);
+  expect_filled(small, 512 * 1024, 2);
+  check(p);
+  /* Freeing it is the way out. */
+  cr_assert_eq(mp_pool_free(p, small), MP_OK);
+  cr_assert_eq(mp_pool_pause(p, 0), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+  finish_filled(dev, p, big);
+}
+
+Test(pool_pause, a_live_block_in_a_plain_segment_near_the_cap_says_why) {
+  plain_segment_live_refused(NULL);
+  plain_segment_live_refused("arenas=2");
+}
+
 Test(pool_pause, peaks_reset_while_paused_cover_what_resume_maps_again) {
   mp_device_t *dev = open_dev("host:capacity=64M");
   void *v[N];
