@@ -96,6 +96,15 @@ typedef struct mp_pool mp_pool_t;
  * flag or a peer, a host function waiting for the host) and then waits for
  * another stream can deadlock, where without it the pool would grow. */
 #define MP_POOL_STREAM_WAITS 0x8u
+/* Pausable (option pausable=1): a pool on its virtual range that must stay
+ * pausable (mp_pool_pause; sleep mode) never takes a plain segment. Near a
+ * cap that is no whole number of granules, a request that whole granules
+ * no longer fit under it, but the request itself would, is MP_ELIMIT
+ * (without the flag it gets a plain segment of its own size, which no
+ * pause can keep while a block in it is live); the cap is then used in
+ * whole granules. Likewise a request the range cannot place (it is twice
+ * the cap or the device: rare) is MP_ENOMEM. Off by default. */
+#define MP_POOL_PAUSABLE 0x10u
 
 typedef struct mp_pool_config {
   size_t
@@ -512,11 +521,20 @@ MP_API mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
  * chunk resume maps again; where a failed undo left chunks mapped, those
  * are what the snapshot and dump show and reserved_bytes counts). A pool that
  * holds plain segments (no virtual memory, or virtual=0) or is a child:
- * MP_ENOTSUP; live child pools or a pool paused already: MP_EBUSY. A pause that
- * fails leaves the pool as it was, unless mapping back what it had unmapped
- * fails too (a second device failure): then the pool stays paused (the message
- * says so, the host copy kept) and mp_pool_resume maps the rest. One pool
- * per tag (weights, KV cache) pauses each separately.
+ * MP_ENOTSUP. A pool on its virtual range holds plain segments only where it
+ * took one near its cap: when the cap (max_bytes, max_fraction) is no whole
+ * number of granules (2 MiB), the last request that fits under it but whose
+ * whole granules do not gets a plain segment of its own size. The pause gives
+ * such a segment back with the rest when it holds no block in use (resume does
+ * not bring it back); a block in use in one is MP_ENOTSUP, the message saying
+ * how many and what to do: free them, or use a cap that is a whole number of
+ * granules, or create the pool with pausable=1 (MP_POOL_PAUSABLE: it never
+ * takes a plain segment, and such a request is MP_ELIMIT instead). Live child
+ * pools or a pool paused already: MP_EBUSY. A pause that fails leaves the pool
+ * as it was (but for free plain segments it gave back), unless mapping back
+ * what it had unmapped fails too (a second device failure): then the pool stays
+ * paused (the message says so, the host copy kept) and mp_pool_resume maps the
+ * rest. One pool per tag (weights, KV cache) pauses each separately.
  */
 #define MP_PAUSE_KEEP_CONTENT 0x1u
 MP_API mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags);

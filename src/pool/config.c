@@ -71,6 +71,10 @@ static const mp__conf_key_t mp__conf_keys[] = {
     MP__FLAG_KEY("stream_waits", MP_POOL_STREAM_WAITS,
                  "reuse a block other streams' queued work still uses by "
                  "making the allocating stream wait for that work"),
+    MP__FLAG_KEY("pausable", MP_POOL_PAUSABLE,
+                 "never take a plain segment (near a cap that is no whole "
+                 "number of granules), so that pause always can; the cap is "
+                 "used in whole granules"),
     {"max_fraction", MP__KEY_FRACTION, MP__FIELD(max_fraction), 0, 0, false,
      "cap as a share of the device's memory (or max_bytes, not both)"},
     {"arenas", MP__KEY_COUNT, MP__FIELD(arenas), 0, MP_POOL_MAX_ARENAS, false,

@@ -198,6 +198,17 @@ static _Thread_local uint64_t mp__oom_event;
 static _Thread_local mp__hkept_t mp__oom_under;
 static _Thread_local size_t mp__oom_asked;
 
+const char *mp__pausable_note(const mp_pool_t *pool, mp_status_t st,
+                              size_t asked, size_t room) {
+  bool whole = (pool->cfg.flags & MP_POOL_PAUSABLE) &&
+               (pool->cfg.flags & MP_POOL_VIRTUAL) && st == MP_ELIMIT &&
+               asked <= room;
+  return whole ? " (pausable=1: what is left under the cap is less than the "
+                 "whole granules the request needs, and a plain segment "
+                 "would make the pool unpausable)"
+               : "";
+}
+
 mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked) {
   char a[32], r[32], al[32], lf[32];
   if (!mp__oom_quiet)
@@ -214,7 +225,8 @@ mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked) {
     mp__oom_event = pool->oom_fn != NULL ? pool->hist.total : 0;
     mp__oom_asked = asked;
   }
-  mp__fail(st, "%s: asked %s, reserved %s, allocated %s, largest free block %s",
+  mp__fail(st,
+           "%s: asked %s, reserved %s, allocated %s, largest free block %s%s",
            st != MP_ELIMIT ? "out of device memory"
            : pool->graph   ? "graph pool: the parent's max_bytes"
            : pool->parent  ? "child pool full"
@@ -222,7 +234,8 @@ mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked) {
            mp__fmt_bytes(a, sizeof a, asked),
            mp__fmt_bytes(r, sizeof r, pool->st.reserved_bytes),
            mp__fmt_bytes(al, sizeof al, pool->st.allocated_bytes),
-           mp__fmt_bytes(lf, sizeof lf, mp__stats_largest_free(pool)));
+           mp__fmt_bytes(lf, sizeof lf, mp__stats_largest_free(pool)),
+           mp__pausable_note(pool, st, asked, mp__pool_room(pool)));
   mp__oom_pool = pool;
   mp__oom_serial = mp__error_serial();
   return st;

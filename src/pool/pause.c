@@ -204,7 +204,8 @@ static mp_status_t mp__pause_plain_check(const mp_pool_t *pool) {
       "the pool takes near its cap (max_bytes, max_fraction) where whole "
       "granules (%s) no longer fit: a plain segment's address cannot be "
       "kept. Free %s before pausing (free plain segments go back with the "
-      "pause), or give the pool a cap that is a whole number of granules",
+      "pause), or give the pool a cap that is a whole number of granules, "
+      "or create it with pausable=1",
       n, n == 1 ? "" : "s", mp__fmt_bytes(b, sizeof b, bytes),
       n == 1 ? "s" : "", mp__fmt_bytes(g, sizeof g, pool->granule),
       n == 1 ? "it" : "them");

@@ -102,7 +102,7 @@
 #define MP__POOL_CONF_BAD 0x80000000u
 #define MP__POOL_FLAGS                                                         \
   (MP_POOL_VIRTUAL | MP_POOL_DEFRAG_ON_OOM | MP_POOL_HISTORY_STACKS |          \
-   MP_POOL_STREAM_WAITS)
+   MP_POOL_STREAM_WAITS | MP_POOL_PAUSABLE)
 
 /* Internal status, never returned to a caller: growth ran out of host
  * memory for its bookkeeping (the message says so). The out-of-memory
@@ -909,6 +909,11 @@ void mp__block_untake(mp_pool_t *pool, mp__block_t *b);
 /* Counts an out-of-memory failure of a request of `asked` bytes and
  * returns st (MP_ENOMEM or MP_ELIMIT) with a message naming the figures. */
 mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked);
+/* What an MP_ELIMIT message adds where pausable=1 (MP_POOL_PAUSABLE)
+ * turned down the plain segment a request of `asked` bytes fitted in, room
+ * bytes left under the cap: why; else "". */
+const char *mp__pausable_note(const mp_pool_t *pool, mp_status_t st,
+                              size_t asked, size_t room);
 /* The calling thread's count of mp__pool_oom calls: an MP_ENOMEM that did
  * not move it is host memory running out, not the device (arena.c asks,
  * where other threads move the pools' own counts meanwhile). */

@@ -705,8 +705,10 @@ mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
      * exactly size when its rounding does not fit), if the device gives
      * one. A range of the cap's size (before 2026-11-29) did so by running
      * out: staging completed on a 86.6 MiB host device, then needed 88.0
-     * (its 6.56 MiB request found 7 MiB left, the granules asked 8). */
-    if (size <= room) {
+     * (its 6.56 MiB request found 7 MiB left, the granules asked 8). Not
+     * for a pool that must stay pausable (MP_POOL_PAUSABLE): no pause can
+     * keep a plain segment's blocks. */
+    if (size <= room && !(pool->cfg.flags & MP_POOL_PAUSABLE)) {
       mp_status_t st = mp__plain_grow(pool, size, sidx, fresh);
       if (st == MP_OK || st == MP__EHOST)
         return st;

@@ -456,6 +456,36 @@ Test(pool_pause, a_live_block_in_a_plain_segment_near_the_cap_says_why) {
   plain_segment_live_refused("arenas=2");
 }
 
+/* pausable=1: a pool that must stay pausable takes no plain segment near
+ * its cap; the request that only a plain segment could serve is
+ * MP_ELIMIT, its message saying why, and the pool pauses with its blocks
+ * live. With arenas too. */
+static void pausable_pool_stays_pausable(const char *opts) {
+  mp_device_t *dev = open_dev("host:capacity=64M");
+  char o[96];
+  snprintf(o, sizeof o, "max_bytes=21M,pausable=1%s%s", opts ? "," : "",
+           opts ? opts : "");
+  mp_pool_t *p = make_pool(dev, o);
+  void *big, *small;
+  cr_assert_eq(mp_pool_alloc(p, 20 * MiB, NULL, &big), MP_OK, "%s",
+               mp_last_error());
+  fill(big, 20 * MiB, 1);
+  cr_expect_eq(mp_pool_alloc(p, 512 * 1024, NULL, &small), MP_ELIMIT, "%s", o);
+  cr_expect(strstr(mp_last_error(), "pausable") != NULL, "%s", mp_last_error());
+  cr_expect_eq(stats(p).reserved_bytes, 20 * MiB, "%s: whole granules only", o);
+  cr_assert_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s: %s", o,
+               mp_last_error());
+  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+  expect_filled(big, 20 * MiB, 1);
+  check(p);
+  finish_filled(dev, p, big);
+}
+
+Test(pool_pause, a_pausable_pool_takes_no_plain_segment_near_its_cap) {
+  pausable_pool_stays_pausable(NULL);
+  pausable_pool_stays_pausable("arenas=2,history=300");
+}
+
 Test(pool_pause, peaks_reset_while_paused_cover_what_resume_maps_again) {
   mp_device_t *dev = open_dev("host:capacity=64M");
   void *v[N];
