@@ -486,6 +486,62 @@ Test(pool_pause, a_pausable_pool_takes_no_plain_segment_near_its_cap) {
   pausable_pool_stays_pausable("arenas=2,history=300");
 }
 
+/* The report's case: two threads churn near a cap that is no whole number
+ * of granules on a pool with arenas and a history; each arena takes plain
+ * segments at its edge. Once both have freed all they hold, the pool
+ * pauses (it was MP_ENOTSUP, "no virtual memory, or virtual=0"). */
+typedef struct {
+  mp_pool_t *p;
+  unsigned seed;
+} churner_t;
+
+static void *churn_near_the_cap(void *arg) {
+  churner_t *c = arg;
+  void *v[64] = {NULL};
+  for (int it = 0; it < 4000; it++) {
+    int i = rand_r(&c->seed) % 64;
+    size_t bytes = (size_t)(rand_r(&c->seed) % 2048 + 1) * 1024;
+    if (v[i] != NULL) {
+      cr_assert_eq(mp_pool_free(c->p, v[i]), MP_OK);
+      v[i] = NULL;
+    } else if (mp_pool_alloc(c->p, bytes, NULL, &v[i]) != MP_OK) {
+      v[i] = NULL; /* MP_ELIMIT at the cap */
+    }
+  }
+  for (int i = 0; i < 64; i++)
+    if (v[i] != NULL)
+      cr_assert_eq(mp_pool_free(c->p, v[i]), MP_OK);
+  return NULL;
+}
+
+Test(pool_pause, threads_that_churned_near_the_cap_and_freed_all_pause) {
+  mp_device_t *dev = open_dev("host:capacity=256M");
+  mp_pool_t *p = make_pool(dev, "max_bytes=33M,arenas=2,history=300");
+  /* Until some plain segment (not whole granules) is left: the churn's
+   * timing decides where the arenas' edges fall. */
+  for (unsigned round = 0; round < 20; round++) {
+    churner_t c[2] = {{p, 2 * round + 1}, {p, 2 * round + 2}};
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+      cr_assert_eq(pthread_create(&t[i], NULL, churn_near_the_cap, &c[i]), 0);
+    for (int i = 0; i < 2; i++)
+      pthread_join(t[i], NULL);
+    if (stats(p).reserved_bytes % (2 * MiB) != 0)
+      break;
+  }
+  cr_assert_neq(stats(p).reserved_bytes % (2 * MiB), 0,
+                "no plain segment left by the churn");
+  cr_assert_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(free_bytes(dev), 256 * MiB);
+  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(stats(p).reserved_bytes % (2 * MiB), 0, "the chunks only");
+  check(p);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK);
+  cr_expect_eq(free_bytes(dev), 256 * MiB);
+  mp_device_close(dev);
+}
+
 Test(pool_pause, peaks_reset_while_paused_cover_what_resume_maps_again) {
   mp_device_t *dev = open_dev("host:capacity=64M");
   void *v[N];
