@@ -305,11 +305,7 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
   mp__pool_device_begin(pool);
   st = mp__sync_set_wait(pool->dev, &set);
   mp__pool_device_end(pool);
-  mp__sync_set_release(pool, &set);
-  if (st == MP_OK)
-    mp__streams_sync_end(pool, snap);
-  else
-    mp__streams_sync_failed(pool);
+  mp__sync_set_done(pool, &set, snap, st);
   /* The streams are done with the memory: free plain segments go back. */
   if (st == MP_OK)
     st = mp__pause_plain_release(pool);

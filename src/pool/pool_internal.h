@@ -1528,6 +1528,11 @@ bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set);
  * (no events held) synchronizes the device instead. Lock dropped. */
 mp_status_t mp__sync_set_wait(mp_device_t *dev, const mp__sync_set_t *set);
 void mp__sync_set_release(mp_pool_t *pool, mp__sync_set_t *set); /* locked */
+/* Locked, after the set's wait answered st: releases the set, and closes
+ * the streams' epochs up to snap (mp__streams_sync_begin) if the wait
+ * succeeded, or records that it failed. */
+void mp__sync_set_done(mp_pool_t *pool, mp__sync_set_t *set, uint64_t snap,
+                       mp_status_t st);
 /* Whether stream sidx has finished all its work (asked without waiting);
  * if so every epoch of it opened before is marked done. */
 bool mp__stream_idle_now(mp_pool_t *pool, uint32_t sidx);

@@ -1120,6 +1120,15 @@ void mp__sync_set_release(mp_pool_t *pool, mp__sync_set_t *set) {
   set->n = 0;
 }
 
+void mp__sync_set_done(mp_pool_t *pool, mp__sync_set_t *set, uint64_t snap,
+                       mp_status_t st) {
+  mp__sync_set_release(pool, set);
+  if (st == MP_OK)
+    mp__streams_sync_end(pool, snap);
+  else
+    mp__streams_sync_failed(pool);
+}
+
 bool mp__stream_idle_now(mp_pool_t *pool, uint32_t sidx) {
   mp__strm_t *st = &pool->streams[sidx];
   if (st->gone || st->capturing || (st->owner != 0 && st->owner != mp__self()))
@@ -1246,11 +1255,7 @@ mp_status_t mp__pool_sync_alloc(mp_pool_t *pool, size_t buf_bytes, void **buf) {
       mp_device_alloc(pool->dev, buf_bytes, buf) != MP_OK)
     *buf = NULL;
   mp__pool_sync_end(pool);
-  mp__sync_set_release(pool, &set);
-  if (st == MP_OK)
-    mp__streams_sync_end(pool, snap);
-  else
-    mp__streams_sync_failed(pool);
+  mp__sync_set_done(pool, &set, snap, st);
   return st;
 }
 
