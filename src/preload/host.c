@@ -13,8 +13,13 @@
  * DEVICEMAP, cuda.h) answers for a mapped request, and with unified
  * addressing all page-locked memory from cuMemHostAlloc is mapped into
  * every device at the same address (CUDA Driver API, "Unified
- * Addressing"). cuMemHostGetFlags, not hooked, gives the chunk's flags
- * (PORTABLE | DEVICEMAP), not the request's. A free goes to the pool
+ * Addressing"). cuMemHostGetFlags gives a block the flags it was asked
+ * for, not the chunk's (PORTABLE | DEVICEMAP): cuda.h, "the flags pFlags
+ * that were specified when allocating the pinned host buffer p"; an
+ * address in the chunks but in no live block (a freed one) is
+ * CUDA_ERROR_INVALID_VALUE, as it "will fail if the pointer does not
+ * reside in an allocation performed by cuMemAllocHost() or
+ * cuMemHostAlloc()". A free goes to the pool
  * when the shim's table says the pool handed the pointer out; any other pointer
  * (the driver's, memory from cudaHostRegister is never freed here) goes to the
  * real entry point. Write-combined memory the driver handed out is in the
@@ -395,7 +400,7 @@ static unsigned int mp__h_alloc(mp__hvariant_t v, void **p, size_t bytes,
                          ? MP_EINVAL
                          : mp_host_pool_alloc(hp, bytes, NULL, p);
     if (st == MP_OK)
-      mp__pl_table_put((uintptr_t)*p, bytes, 0, MP__PL_FROM_HOSTMEM);
+      mp__pl_table_put_hostmem((uintptr_t)*p, bytes, flags);
     r = mp__h_error(runtime, st);
   } else if (pl != NULL && pl->host) {
     r = mp__h_error(runtime, MP_ENOMEM); /* no driver behind the host device */
@@ -493,4 +498,26 @@ mp__curesult cuMemAllocHost_v2(void **pp, size_t bytesize) {
 
 mp__curesult cuMemFreeHost(void *p) {
   return mp__h_free(false, p);
+}
+
+/* The flags asked for (see the top of the file); any pointer outside the
+ * host pool's chunks is the driver's (and costs no scan of the table). */
+mp__curesult cuMemHostGetFlags(unsigned int *pFlags, void *p) {
+  bool outer = mp__pl_enter();
+  const mp__pl_t *pl = outer ? mp__pl_get() : NULL;
+  mp__pl_block_t b;
+  mp__curesult r;
+  if (pl != NULL && pl->mode == MP__PL_POOL && p != NULL && mp__hpl_holds(p)) {
+    bool live = mp__pl_table_find_hostmem((uintptr_t)p, &b);
+    if (live && pFlags != NULL)
+      *pFlags = b.host_flags;
+    /* Not live: freed, or never handed out. */
+    r = live && pFlags != NULL ? MP__CU_SUCCESS : MP__CU_INVALID_VALUE;
+  } else {
+    const mp__real_cuda_t *rc = mp__pl_real_cuda();
+    r = rc->cuMemHostGetFlags ? rc->cuMemHostGetFlags(pFlags, p)
+                              : MP__CU_NOT_INITIALIZED;
+  }
+  mp__pl_leave();
+  return r;
 }

@@ -107,6 +107,10 @@ void *mp__pl_proc_hook(const char *symbol, int cuda_version, uint64_t flags) {
     return (void *)&cuMemHostAlloc;
   if (strcmp(symbol, "cuMemFreeHost") == 0)
     return (void *)&cuMemFreeHost;
+  /* Its flags are the request's, not the pool chunk's (host.c);
+   * PFN_cuMemHostGetFlags_v2030 is the only form. */
+  if (strcmp(symbol, "cuMemHostGetFlags") == 0)
+    return (void *)&cuMemHostGetFlags;
   /* cuDevicePrimaryCtxReset_v2 came with CUDA 11.0 (cudaTypedefs.h:
    * PFN_cuDevicePrimaryCtxReset_v11000; below it the original, _v7000,
    * hooked as well); cudaDeviceReset asks for it. */

@@ -336,6 +336,10 @@ typedef struct mp__pl_block {
    * stream-ordered allocation (a reset leaves it: driver.c), or any other
    * kind. */
   int ordinal;
+  /* MP__PL_FROM_HOSTMEM: the flags the program asked for (cuMemHostAlloc,
+   * cudaHostAlloc; 0 for cuMemAllocHost, cudaMallocHost), which
+   * cuMemHostGetFlags answers (host.c); 0 for any other kind. */
+  unsigned host_flags;
 } mp__pl_block_t;
 
 void mp__pl_table_put(uintptr_t ptr, size_t size, uintptr_t stream,
@@ -345,6 +349,8 @@ void mp__pl_table_put(uintptr_t ptr, size_t size, uintptr_t stream,
  * primary context (-1: another context, or memory its reset leaves). */
 void mp__pl_table_put_real(uintptr_t ptr, size_t size, uintptr_t stream,
                            mp__pl_kind_t kind, int ordinal);
+/* A block of the host pool (MP__PL_FROM_HOSTMEM) asked for with flags. */
+void mp__pl_table_put_hostmem(uintptr_t ptr, size_t size, unsigned flags);
 /* A block of pool (MP__PL_FROM_POOL). */
 void mp__pl_table_put_pool(uintptr_t ptr, size_t size, uintptr_t stream,
                            mp_pool_t *pool);
@@ -355,6 +361,8 @@ void mp__pl_table_restore(const mp__pl_block_t *b);
 bool mp__pl_table_take(uintptr_t ptr, mp__pl_block_t *out);
 /* The pool block containing addr (its start or inside it). */
 bool mp__pl_table_find_pool(uintptr_t addr, mp__pl_block_t *out);
+/* The host pool block (MP__PL_FROM_HOSTMEM) containing addr. */
+bool mp__pl_table_find_hostmem(uintptr_t addr, mp__pl_block_t *out);
 /* Removes every block of pool (a retired pool: its memory is gone), each
  * traced as freed; how many there were. */
 size_t mp__pl_table_forget_pool(mp_pool_t *pool);

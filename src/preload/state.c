@@ -64,6 +64,14 @@ void mp__pl_table_put(uintptr_t ptr, size_t size, uintptr_t stream,
       .ptr = ptr, .size = size, .stream = stream, .kind = kind, .ordinal = -1});
 }
 
+void mp__pl_table_put_hostmem(uintptr_t ptr, size_t size, unsigned flags) {
+  mp__table_put_whole(&(mp__pl_block_t){.ptr = ptr,
+                                        .size = size,
+                                        .kind = MP__PL_FROM_HOSTMEM,
+                                        .ordinal = -1,
+                                        .host_flags = flags});
+}
+
 void mp__pl_table_put_pool(uintptr_t ptr, size_t size, uintptr_t stream,
                            mp_pool_t *pool) {
   mp__table_put_whole(&(mp__pl_block_t){.ptr = ptr,
@@ -94,17 +102,19 @@ bool mp__pl_table_take(uintptr_t ptr, mp__pl_block_t *out) {
   return found;
 }
 
-bool mp__pl_table_find_pool(uintptr_t addr, mp__pl_block_t *out) {
+/* The block of kind containing addr (its start or inside it). */
+static bool mp__table_find_kind(uintptr_t addr, mp__pl_kind_t kind,
+                                mp__pl_block_t *out) {
   bool found = false;
   pthread_mutex_lock(&mp__tab.lock);
   const mp__pl_block_t *exact = mp__ptrmap_find(&mp__tab.map, addr);
-  if (exact != NULL && exact->kind == MP__PL_FROM_POOL) {
+  if (exact != NULL && exact->kind == kind) {
     *out = *exact;
     found = true;
   }
   for (size_t k = 0; !found && k < mp__tab.map.cap; k++) {
     const mp__pl_block_t *b = mp__ptrmap_at(&mp__tab.map, k);
-    if (b != NULL && b->kind == MP__PL_FROM_POOL && addr >= b->ptr &&
+    if (b != NULL && b->kind == kind && addr >= b->ptr &&
         addr - b->ptr < (b->size ? b->size : 1)) {
       *out = *b;
       found = true;
@@ -112,6 +122,14 @@ bool mp__pl_table_find_pool(uintptr_t addr, mp__pl_block_t *out) {
   }
   pthread_mutex_unlock(&mp__tab.lock);
   return found;
+}
+
+bool mp__pl_table_find_pool(uintptr_t addr, mp__pl_block_t *out) {
+  return mp__table_find_kind(addr, MP__PL_FROM_POOL, out);
+}
+
+bool mp__pl_table_find_hostmem(uintptr_t addr, mp__pl_block_t *out) {
+  return mp__table_find_kind(addr, MP__PL_FROM_HOSTMEM, out);
 }
 
 /* Removes every entry of kind, pool and ordinal (NULL and -1 where the

@@ -29,6 +29,12 @@
  * with PORTABLE), each given its device pointer by
  * cuMemHostGetDevicePointer (the driver refuses memory allocated without
  * the flag), at its start and inside it; prints "ok".
+ *   pinned_drv_prog 1 flags
+ * page-locked blocks from cuMemHostAlloc with flags 0, PORTABLE and
+ * DEVICEMAP and from cuMemAllocHost: cuMemHostGetFlags gives each (at its
+ * start and inside it) the flags it was asked for (cuMemAllocHost: none);
+ * once the first is freed, while the others stay live, its address is
+ * CUDA_ERROR_INVALID_VALUE; prints "ok".
  *   pinned_drv_prog 1 capture relaxed | global
  * a page-locked block allocated, then a capture begun in that mode on a
  * stream of its own, and, while it is under way, cuMemAllocHost and
@@ -272,6 +278,42 @@ int main(int argc, char **argv) {
       expect(cuMemFreeHost(h2) == CUDA_SUCCESS, "cuMemFreeHost after");
     }
     expect(cuStreamDestroy(s) == CUDA_SUCCESS, "stream destroy");
+    if (failures == 0)
+      printf("ok\n");
+    return failures == 0 ? 0 : 1;
+  }
+  if (argc > 2 && strcmp(argv[2], "flags") == 0) {
+    unsigned int asked[] = {0, CU_MEMHOSTALLOC_PORTABLE,
+                            CU_MEMHOSTALLOC_DEVICEMAP, 0};
+    unsigned char *p[4] = {NULL};
+    for (int i = 0; i < 4; i++) {
+      CUresult r = i < 3 ? cuMemHostAlloc((void **)&p[i], 4096, asked[i])
+                         : cuMemAllocHost((void **)&p[i], 4096);
+      expect(r == CUDA_SUCCESS && p[i] != NULL, "page-locked allocation");
+      if (p[i] == NULL)
+        return 1;
+    }
+    for (int i = 0; i < 4; i++) {
+      unsigned int f = 99, g = 99;
+      CUresult r = cuMemHostGetFlags(&f, p[i]);
+      CUresult r2 = cuMemHostGetFlags(&g, p[i] + 100);
+      if (r != CUDA_SUCCESS || f != asked[i] || g != asked[i])
+        printf("block %d asked for flags %u: cuMemHostGetFlags %d gives %u, "
+               "inside %d gives %u\n",
+               i, asked[i], (int)r, f, (int)r2, g);
+      expect(r == CUDA_SUCCESS && r2 == CUDA_SUCCESS && f == asked[i] &&
+                 g == asked[i],
+             "cuMemHostGetFlags gives the flags asked for");
+    }
+    expect(cuMemFreeHost(p[0]) == CUDA_SUCCESS, "cuMemFreeHost");
+    unsigned int f = 99;
+    CUresult r = cuMemHostGetFlags(&f, p[0]);
+    if (r != CUDA_ERROR_INVALID_VALUE)
+      printf("cuMemHostGetFlags of a freed block: %d (flags %u)\n", (int)r, f);
+    expect(r == CUDA_ERROR_INVALID_VALUE,
+           "a freed block has no flags (CUDA_ERROR_INVALID_VALUE)");
+    for (int i = 1; i < 4; i++)
+      expect(cuMemFreeHost(p[i]) == CUDA_SUCCESS, "cuMemFreeHost");
     if (failures == 0)
       printf("ok\n");
     return failures == 0 ? 0 : 1;

@@ -171,6 +171,21 @@ Test(preload_pinned_driver, under_the_shim_mapped_memory_has_a_device_pointer) {
   run_mode(true, "mapped");
 }
 
+/* cuMemHostGetFlags "Passes back the flags pFlags that were specified when
+ * allocating the pinned host buffer p" and "will fail if the pointer does
+ * not reside in an allocation performed by cuMemAllocHost() or
+ * cuMemHostAlloc()" (cuda.h). Under the shim it reached the driver, which
+ * answered the host pool chunk's flags (PORTABLE | DEVICEMAP) for every
+ * block, and success for a block the program had freed. */
+Test(preload_pinned_driver,
+     without_the_shim_host_flags_are_the_ones_asked_for) {
+  run_mode(false, "flags");
+}
+
+Test(preload_pinned_driver, under_the_shim_host_flags_are_the_ones_asked_for) {
+  run_mode(true, "flags");
+}
+
 /* Page-locked calls while a capture is under way answer as the driver
  * does (cuda.h, cuThreadExchangeStreamCaptureMode: they are potentially
  * unsafe calls). Relaxed: both succeed and the capture stays valid; under

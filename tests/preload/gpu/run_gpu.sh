@@ -232,14 +232,18 @@ PY
   LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
     MEMPOOL_DEVICE=cuda "$pinned" 1 proc >"$work/pinned.out" 2>&1 ||
     fail "pinned_drv_prog proc under the shim: $(cat "$work/pinned.out")"
-  # Mapped blocks (CU_MEMHOSTALLOC_DEVICEMAP) have a device pointer, with
-  # and without the shim.
-  LD_LIBRARY_PATH="$(dirname "$real")" "$pinned" 1 mapped \
-    >"$work/pinned.out" 2>&1 ||
-    fail "pinned_drv_prog mapped: $(cat "$work/pinned.out")"
-  LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
-    MEMPOOL_DEVICE=cuda "$pinned" 1 mapped >"$work/pinned.out" 2>&1 ||
-    fail "pinned_drv_prog mapped under the shim: $(cat "$work/pinned.out")"
+  # Mapped blocks (CU_MEMHOSTALLOC_DEVICEMAP) have a device pointer (mapped);
+  # cuMemHostGetFlags gives each block the flags it was asked for, and a
+  # freed block CUDA_ERROR_INVALID_VALUE (flags); with and without the shim
+  # (the run without it checks the fake's model of cuda.h's rules).
+  for mode in mapped flags; do
+    LD_LIBRARY_PATH="$(dirname "$real")" "$pinned" 1 $mode \
+      >"$work/pinned.out" 2>&1 ||
+      fail "pinned_drv_prog $mode: $(cat "$work/pinned.out")"
+    LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
+      MEMPOOL_DEVICE=cuda "$pinned" 1 $mode >"$work/pinned.out" 2>&1 ||
+      fail "pinned_drv_prog $mode under the shim: $(cat "$work/pinned.out")"
+  done
   # Page-locked calls during a capture answer as the driver does (relaxed:
   # allowed, the capture stays valid; global: refused, invalidated); the
   # run without the shim checks the fake's model of the rule.
