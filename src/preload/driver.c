@@ -219,8 +219,20 @@ mp__curesult cuMemGetInfo_v2(size_t *free, size_t *total) {
 static bool mp__pl_freed_in_pool(mp__cuptr addr) {
   const mp__pl_t *pl = mp__pl_started();
   mp__pl_block_t b;
-  return pl != NULL && mp__pl_pools_hold(pl, (uintptr_t)addr) &&
-         !mp__pl_table_find_pool((uintptr_t)addr, &b);
+  bool live = true;
+  return pl != NULL &&
+         ((mp__pl_pools_hold(pl, (uintptr_t)addr) &&
+           !mp__pl_table_find_pool((uintptr_t)addr, &b)) ||
+          (mp__pl_host_block(pl, (uintptr_t)addr, &b, &live) && !live));
+}
+
+/* The page-locked block of the host pool holding addr, live: its range is
+ * the block, as a pool block's is (cuPointerGetAttribute below), not the
+ * chunk the driver knows. */
+static bool mp__pl_host_live(mp__cuptr addr, mp__pl_block_t *b) {
+  const mp__pl_t *pl = mp__pl_started();
+  bool live = false;
+  return pl != NULL && mp__pl_host_block(pl, (uintptr_t)addr, b, &live) && live;
 }
 
 /* A sub-allocated pointer's range is its block, not the pool's segment:
@@ -282,7 +294,8 @@ mp__curesult cuPointerGetAttribute(void *data, unsigned int attribute,
   if (data != NULL &&
       (attribute == MP__CU_POINTER_RANGE_START ||
        attribute == MP__CU_POINTER_RANGE_SIZE) &&
-      mp__pl_table_find_pool((uintptr_t)ptr, &b)) {
+      (mp__pl_table_find_pool((uintptr_t)ptr, &b) ||
+       mp__pl_host_live(ptr, &b))) {
     if (attribute == MP__CU_POINTER_RANGE_START)
       *(mp__cuptr *)data = (mp__cuptr)b.ptr;
     else
@@ -325,10 +338,13 @@ mp__curesult cuPointerGetAttributes(unsigned int numAttributes,
   mp__curesult r =
       rc->cuPointerGetAttributes(numAttributes, attributes, data, ptr);
   mp__pl_block_t b;
+  bool host = false;
   if (r != MP__CU_SUCCESS || attributes == NULL || data == NULL ||
-      !mp__pl_table_find_pool((uintptr_t)ptr, &b))
+      (!mp__pl_table_find_pool((uintptr_t)ptr, &b) &&
+       !(host = mp__pl_host_live(ptr, &b))))
     return r;
-  bool refused = !mp__pl_starts_allocation(&b);
+  /* A page-locked block: the driver's own IPC answer stands. */
+  bool refused = !host && !mp__pl_starts_allocation(&b);
   for (unsigned int i = 0; i < numAttributes; i++) {
     if (data[i] == NULL)
       continue;

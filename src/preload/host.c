@@ -182,6 +182,15 @@ bool mp__pl_memory_holds(const mp__pl_t *pl, uintptr_t addr) {
                                          mp__hpl_holds((const void *)addr));
 }
 
+bool mp__pl_host_block(const mp__pl_t *pl, uintptr_t addr, mp__pl_block_t *b,
+                       bool *live) {
+  if (pl->mode != MP__PL_POOL || addr == 0 ||
+      !mp__hpl_holds((const void *)addr))
+    return false;
+  *live = mp__pl_table_find_hostmem(addr, b);
+  return true;
+}
+
 static void mp__hpl_flush(const mp__pl_t *pl, const uint64_t *synced);
 
 void mp__pl_host_report(FILE *f, const mp__pl_t *pl) {
@@ -506,9 +515,9 @@ mp__curesult cuMemHostGetFlags(unsigned int *pFlags, void *p) {
   bool outer = mp__pl_enter();
   const mp__pl_t *pl = outer ? mp__pl_get() : NULL;
   mp__pl_block_t b;
+  bool live = false;
   mp__curesult r;
-  if (pl != NULL && pl->mode == MP__PL_POOL && p != NULL && mp__hpl_holds(p)) {
-    bool live = mp__pl_table_find_hostmem((uintptr_t)p, &b);
+  if (pl != NULL && mp__pl_host_block(pl, (uintptr_t)p, &b, &live)) {
     if (live && pFlags != NULL)
       *pFlags = b.host_flags;
     /* Not live: freed, or never handed out. */

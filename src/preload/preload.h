@@ -448,6 +448,11 @@ void mp__pl_host_reset(const mp__pl_t *pl, int ordinal);
  * page-locked call has returned to the pool yet go back first (after a
  * synchronization of the devices) unless a capture is under way. */
 void mp__pl_host_report(FILE *f, const mp__pl_t *pl);
+/* Whether addr lies in the page-locked host pool's chunks (pool mode);
+ * *live then says whether a block the program holds contains it, that
+ * block in *b (its range and flags are the block's, not the chunk's). */
+bool mp__pl_host_block(const mp__pl_t *pl, uintptr_t addr, mp__pl_block_t *b,
+                       bool *live);
 
 /* ---- free.c ------------------------------------------------------------- */
 

@@ -3858,8 +3858,21 @@ static CUresult fk_pointer_attribute(void *data, CUpointer_attribute attribute,
   if (data == NULL)
     return CUDA_ERROR_INVALID_VALUE;
   fk_range_t r;
-  if (!fk_range_find((uintptr_t)ptr, &r))
-    return CUDA_ERROR_INVALID_VALUE;
+  fk_pin_t pin;
+  /* Page-locked memory (cuMemHostAlloc, cuMemAllocHost): with unified
+   * addressing its host address is its device pointer (cuda.h,
+   * cuMemHostGetDevicePointer: the two "will match" where every device can
+   * use host pointers, and "Unified Addressing"), so RANGE_START_ADDR and
+   * RANGE_SIZE are "the allocation referenced by the device pointer ptr"
+   * (cuda.h, cuPointerGetAttribute): the page-locked allocation. It is no
+   * cuMemAlloc memory: not IPC capable. */
+  bool pinned = false;
+  if (!fk_range_find((uintptr_t)ptr, &r)) {
+    if (!fk_pin_get((uintptr_t)ptr, false, false, &pin))
+      return CUDA_ERROR_INVALID_VALUE;
+    pinned = true;
+    r = (fk_range_t){.base = pin.base, .size = pin.size};
+  }
   switch (attribute) {
   case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
     *(CUdeviceptr *)data = (CUdeviceptr)r.base;
@@ -3869,9 +3882,11 @@ static CUresult fk_pointer_attribute(void *data, CUpointer_attribute attribute,
     return CUDA_SUCCESS;
   case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
     *(unsigned int *)data =
-        r.phys == NULL && !r.ipc_open && !r.stream_ordered ? 1u : 0u;
+        !pinned && r.phys == NULL && !r.ipc_open && !r.stream_ordered ? 1u : 0u;
     return CUDA_SUCCESS;
   case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+    if (pinned)
+      return CUDA_ERROR_NOT_SUPPORTED; /* not modelled */
     /* cuda.h: "a device ordinal of a device against which the memory was
      * allocated": a mapping's physical memory's, else its context's. */
     *(int *)data = r.phys != NULL  ? r.phys->ordinal
@@ -3900,7 +3915,9 @@ CUresult cuPointerGetAttributes(unsigned int numAttributes,
   if (attributes == NULL || data == NULL)
     return CUDA_ERROR_INVALID_VALUE;
   fk_range_t r;
-  bool known = fk_range_find((uintptr_t)ptr, &r);
+  fk_pin_t pin;
+  bool known = fk_range_find((uintptr_t)ptr, &r) ||
+               fk_pin_get((uintptr_t)ptr, false, false, &pin);
   for (unsigned int i = 0; i < numAttributes; i++) {
     if (data[i] == NULL)
       continue;

@@ -35,6 +35,12 @@
  * start and inside it) the flags it was asked for (cuMemAllocHost: none);
  * once the first is freed, while the others stay live, its address is
  * CUDA_ERROR_INVALID_VALUE; prints "ok".
+ *   pinned_drv_prog 1 range
+ * two page-locked blocks of 4096 bytes: cuPointerGetAttribute and
+ * cuPointerGetAttributes give an address inside each the range of its own
+ * allocation (RANGE_START_ADDR its start, RANGE_SIZE at least 4096 and
+ * under 64 KiB), not memory around it; once the first is freed (the
+ * second live) its address is CUDA_ERROR_INVALID_VALUE; prints "ok".
  *   pinned_drv_prog 1 capture relaxed | global
  * a page-locked block allocated, then a capture begun in that mode on a
  * stream of its own, and, while it is under way, cuMemAllocHost and
@@ -278,6 +284,55 @@ int main(int argc, char **argv) {
       expect(cuMemFreeHost(h2) == CUDA_SUCCESS, "cuMemFreeHost after");
     }
     expect(cuStreamDestroy(s) == CUDA_SUCCESS, "stream destroy");
+    if (failures == 0)
+      printf("ok\n");
+    return failures == 0 ? 0 : 1;
+  }
+  if (argc > 2 && strcmp(argv[2], "range") == 0) {
+    unsigned char *p[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+      expect(cuMemHostAlloc((void **)&p[i], 4096, 0) == CUDA_SUCCESS &&
+                 p[i] != NULL,
+             "cuMemHostAlloc");
+      if (p[i] == NULL)
+        return 1;
+    }
+    for (int i = 0; i < 2; i++) {
+      CUdeviceptr start = 0, start2 = 0;
+      size_t size = 0, size2 = 0;
+      CUresult r1 =
+          cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                (CUdeviceptr)(uintptr_t)(p[i] + 100));
+      CUresult r2 =
+          cuPointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                (CUdeviceptr)(uintptr_t)(p[i] + 100));
+      CUpointer_attribute at[2] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                   CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+      void *data[2] = {&start2, &size2};
+      CUresult r3 = cuPointerGetAttributes(
+          2, at, data, (CUdeviceptr)(uintptr_t)(p[i] + 100));
+      bool ok = r1 == CUDA_SUCCESS && r2 == CUDA_SUCCESS &&
+                r3 == CUDA_SUCCESS && start == (CUdeviceptr)(uintptr_t)p[i] &&
+                start2 == start && size >= 4096 && size < 65536 &&
+                size2 == size;
+      if (!ok)
+        printf("block %d at %p: range %d/%d start %#llx size %zu, plural %d "
+               "start %#llx size %zu\n",
+               i, (void *)p[i], (int)r1, (int)r2, (unsigned long long)start,
+               size, (int)r3, (unsigned long long)start2, size2);
+      expect(ok, "a page-locked block's range is its allocation");
+    }
+    expect(cuMemFreeHost(p[0]) == CUDA_SUCCESS, "cuMemFreeHost");
+    CUdeviceptr start = 0;
+    CUresult r =
+        cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                              (CUdeviceptr)(uintptr_t)p[0]);
+    if (r != CUDA_ERROR_INVALID_VALUE)
+      printf("range of a freed block: %d start %#llx\n", (int)r,
+             (unsigned long long)start);
+    expect(r == CUDA_ERROR_INVALID_VALUE,
+           "a freed block has no range (CUDA_ERROR_INVALID_VALUE)");
+    expect(cuMemFreeHost(p[1]) == CUDA_SUCCESS, "cuMemFreeHost");
     if (failures == 0)
       printf("ok\n");
     return failures == 0 ? 0 : 1;

@@ -186,6 +186,20 @@ Test(preload_pinned_driver, under_the_shim_host_flags_are_the_ones_asked_for) {
   run_mode(true, "flags");
 }
 
+/* cuPointerGetAttribute's RANGE_START_ADDR and RANGE_SIZE are "the
+ * allocation referenced by the device pointer ptr" (cuda.h), which for
+ * page-locked memory under unified addressing is its host address. Under
+ * the shim the driver answered the host pool's whole chunk: a library that
+ * registers or caches by that range (as for device memory, which the shim
+ * answers with the block) took in other blocks' memory. */
+Test(preload_pinned_driver, without_the_shim_a_pinned_range_is_its_allocation) {
+  run_mode(false, "range");
+}
+
+Test(preload_pinned_driver, under_the_shim_a_pinned_range_is_its_allocation) {
+  run_mode(true, "range");
+}
+
 /* Page-locked calls while a capture is under way answer as the driver
  * does (cuda.h, cuThreadExchangeStreamCaptureMode: they are potentially
  * unsafe calls). Relaxed: both succeed and the capture stays valid; under

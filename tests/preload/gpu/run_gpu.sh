@@ -234,9 +234,11 @@ PY
     fail "pinned_drv_prog proc under the shim: $(cat "$work/pinned.out")"
   # Mapped blocks (CU_MEMHOSTALLOC_DEVICEMAP) have a device pointer (mapped);
   # cuMemHostGetFlags gives each block the flags it was asked for, and a
-  # freed block CUDA_ERROR_INVALID_VALUE (flags); with and without the shim
-  # (the run without it checks the fake's model of cuda.h's rules).
-  for mode in mapped flags; do
+  # freed block CUDA_ERROR_INVALID_VALUE (flags); a block's range
+  # (cuPointerGetAttribute RANGE_START_ADDR, RANGE_SIZE) is its allocation
+  # (range); with and without the shim (the run without it checks the
+  # fake's model of cuda.h's rules).
+  for mode in mapped flags range; do
     LD_LIBRARY_PATH="$(dirname "$real")" "$pinned" 1 $mode \
       >"$work/pinned.out" 2>&1 ||
       fail "pinned_drv_prog $mode: $(cat "$work/pinned.out")"
