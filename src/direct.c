@@ -25,7 +25,10 @@
  * wait for the allocating thread itself (a stream held by a host function
  * this thread would let go next), which would then wait for ever; a plain
  * cudaMalloc would have been out of memory at once. Past the bound the
- * allocation is MP_ENOMEM, said so.
+ * allocation is MP_ENOMEM, said so. For the same reason it ends the
+ * session itself only once no other session of its process is in flight:
+ * its own synchronization would wait for the work theirs waits for,
+ * without a bound (its blocks stay deferred if they do not end in time).
  *
  * Blocks are found by address in an mp__ptrmap_t (ptrmap.c: O(1) per
  * operation), so a free costs the same with ten or a million blocks. The
@@ -295,8 +298,8 @@ static size_t mp__direct_pending(const mp_direct_t *d, uint64_t horizon) {
 }
 
 /* After a try begun at release generation gen found the device full:
- * waits for the sessions in flight now (the horizon), ending the session
- * first when it has blocks (once), and tries again as memory goes back.
+ * waits for the sessions in flight now (the horizon), then ends the
+ * session when it has blocks (once), and tries again as memory goes back.
  * A release counts when it may be what the last try missed: any since the
  * first try began, or since this thread ended the session; after that only
  * those of the sessions waited for (fewer of them left than when the last
@@ -335,7 +338,7 @@ static mp_status_t mp__direct_alloc_retry(mp_direct_t *d, size_t bytes,
       went =
           atomic_load_explicit(&d->release_gen, memory_order_relaxed) != gen &&
           (any || left < pending);
-      if (went || left == 0 || (!ended && d->ndeferred > 0) || late)
+      if (went || left == 0 || late)
         break;
       late =
           pthread_cond_timedwait(&d->released, &d->mu, &deadline) == ETIMEDOUT;
@@ -346,7 +349,7 @@ static mp_status_t mp__direct_alloc_retry(mp_direct_t *d, size_t bytes,
     pending = left;
     pthread_mutex_unlock(&d->mu);
     if (!went) {
-      if (!have_deferred && left > 0)
+      if (left > 0)
         return mp__fail(MP_ENOMEM,
                         "%s; %zu session(s) of other threads giving memory "
                         "back did not end within %d ms (a session's device "

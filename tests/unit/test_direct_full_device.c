@@ -423,9 +423,12 @@ static mp_status_t gated_sync(mp_device_t *dev) {
  * be MP_ENOMEM with a message about the sessions. Then the gate opens and
  * the request fits. */
 static void alloc_beside_a_gated_session(mp_direct_t *d, gate_t *g,
-                                         bool (*in_sync)(mp_direct_t *)) {
-  void *p, *q = NULL;
+                                         bool (*in_sync)(mp_direct_t *),
+                                         bool own_deferred) {
+  void *p, *q = NULL, *r = NULL;
   cr_assert_eq(mp_direct_alloc(d, (size_t)48 << 20, NULL, &p), MP_OK);
+  if (own_deferred)
+    cr_assert_eq(mp_direct_alloc(d, (size_t)8 << 20, NULL, &r), MP_OK);
   cr_assert_eq(mp_direct_free(d, p), MP_OK);
   gate_timer_t deadline;
   pthread_t b;
@@ -433,6 +436,9 @@ static void alloc_beside_a_gated_session(mp_direct_t *d, gate_t *g,
   cr_assert_eq(pthread_create(&b, NULL, end_held_session, d), 0);
   while (!in_sync(d))
     usleep(1000);
+  /* A block this thread frees meanwhile waits in the next session. */
+  if (own_deferred)
+    cr_assert_eq(mp_direct_free(d, r), MP_OK);
   mp_status_t st = mp_direct_alloc(d, (size_t)40 << 20, NULL, &q);
   char msg[512];
   snprintf(msg, sizeof msg, "%s", mp_last_error());
@@ -451,6 +457,8 @@ static void alloc_beside_a_gated_session(mp_direct_t *d, gate_t *g,
   mp_stats_t s;
   cr_assert_eq(mp_direct_get_stats(d, &s), MP_OK);
   cr_expect_eq(s.oom_count, 1);
+  cr_expect_eq(s.free_blocks, own_deferred,
+               "this thread's block stays deferred");
   /* The session went back once the gate opened: the request fits now. */
   cr_assert_eq(mp_direct_alloc(d, (size_t)40 << 20, NULL, &q), MP_OK, "%s",
                mp_last_error());
@@ -466,9 +474,9 @@ static bool fake_in_sync(mp_direct_t *d) {
   return in;
 }
 
-Test(direct_full_device,
-     an_alloc_gives_up_on_a_session_held_by_work_it_would_release,
-     .timeout = 120) {
+/* alloc_beside_a_gated_session on the fake device, its synchronization
+ * held behind the gate. */
+static void gated_on_fake(bool own_deferred) {
   mp_device_t *dev;
   mp_direct_t *d = direct_on_fake(&dev);
   mp__backend_t ops = fake_backend;
@@ -477,10 +485,27 @@ Test(direct_full_device,
   dev->ops = &ops;
   held_in = false;
   gate_init(&hold);
-  alloc_beside_a_gated_session(d, &hold, fake_in_sync);
+  alloc_beside_a_gated_session(d, &hold, fake_in_sync, own_deferred);
   cr_expect_eq(fake_of(dev)->used, 0);
   fake_close(dev);
   gate_destroy(&hold);
+}
+
+Test(direct_full_device,
+     an_alloc_gives_up_on_a_session_held_by_work_it_would_release,
+     .timeout = 120) {
+  gated_on_fake(false);
+}
+
+/* The same with a block this thread freed since the session began: the
+ * allocation ended that session itself, and its device synchronization
+ * waited for the same gated work as the other thread's, without a bound
+ * (until the test's deadline opened the gate). It leaves its blocks
+ * deferred while another thread's session is in flight. */
+Test(direct_full_device,
+     an_alloc_with_blocks_of_its_own_deferred_gives_up_on_a_held_session,
+     .timeout = 120) {
+  gated_on_fake(true);
 }
 
 /* The same on the emulated host device, with a stream held by a host
@@ -505,7 +530,7 @@ Test(direct_full_device,
   cr_assert_eq(mp_stream_create(host, &s), MP_OK);
   gate_init(&hold);
   cr_assert_eq(mp_stream_launch_host(host, s, gate_wait, &hold), MP_OK);
-  alloc_beside_a_gated_session(d, &hold, session_taken);
+  alloc_beside_a_gated_session(d, &hold, session_taken, false);
   cr_assert_eq(mp_stream_synchronize(host, s), MP_OK);
   mp_stream_destroy(host, s);
   mp_device_close(host);
