@@ -35,13 +35,13 @@ MP_API mp_status_t mp_direct_free(mp_direct_t *d, void *ptr);
 MP_API mp_status_t mp_direct_record_stream(mp_direct_t *d, void *ptr,
                                            mp_stream_t s);
 /* Synchronizes the device, then releases every deferred block. An
- * allocation that finds the device full ends the session itself first
- * (once), or waits for the sessions other threads were ending when it
- * found it full, and tries again as their memory goes back: it is
+ * allocation that finds the device full waits for the sessions other
+ * threads were ending when it found it full, then ends the session itself
+ * (once), and tries again as their memory, then its own, goes back: it is
  * MP_ENOMEM when none of that memory made room (sessions begun after its
  * try failed do not keep it trying), or when those sessions have not ended
  * within 5 s (their synchronization may wait for work the allocating
- * thread itself has yet to let go).
+ * thread itself has yet to let go; the deferred blocks then stay).
  * Stats: reserved = live + deferred bytes; nothing is rounded, so allocated
  * = requested; free_bytes / free_blocks count the deferred blocks;
  * alloc_retry_count counts the allocations that tried again after a
