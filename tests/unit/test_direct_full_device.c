@@ -400,7 +400,11 @@ Test(direct_full_device,
  * answered out of memory. It waits a bounded time, then is MP_ENOMEM with
  * a message that says so. The gate (hold) is opened by a deadline thread
  * after 30 s, so that a wait for the session fails the test instead of
- * hanging it; the deadline's opened flag tells that it had to. */
+ * hanging it; the deadline's opened flag tells that it had to. These
+ * tests set no Criterion .timeout (the deadline bounds them): with one,
+ * Criterion's runner leaked 48 bytes under ASan with --jobs 2 in 6 of 7
+ * runs of this file (LeakSanitizer, allocated in libcriterion), none in 7
+ * without. */
 
 static gate_t hold;
 
@@ -492,8 +496,7 @@ static void gated_on_fake(bool own_deferred) {
 }
 
 Test(direct_full_device,
-     an_alloc_gives_up_on_a_session_held_by_work_it_would_release,
-     .timeout = 120) {
+     an_alloc_gives_up_on_a_session_held_by_work_it_would_release) {
   gated_on_fake(false);
 }
 
@@ -503,8 +506,7 @@ Test(direct_full_device,
  * (until the test's deadline opened the gate). It leaves its blocks
  * deferred while another thread's session is in flight. */
 Test(direct_full_device,
-     an_alloc_with_blocks_of_its_own_deferred_gives_up_on_a_held_session,
-     .timeout = 120) {
+     an_alloc_with_blocks_of_its_own_deferred_gives_up_on_a_held_session) {
   gated_on_fake(true);
 }
 
@@ -519,8 +521,7 @@ static bool session_taken(mp_direct_t *d) {
 }
 
 Test(direct_full_device,
-     an_alloc_gives_up_on_a_session_waiting_for_a_gated_stream,
-     .timeout = 120) {
+     an_alloc_gives_up_on_a_session_waiting_for_a_gated_stream) {
   mp_device_t *host;
   mp_direct_t *d;
   mp_stream_t s;
