@@ -170,7 +170,29 @@ static mp_status_t mp__cuda_status_of(CUresult r) {
   case CUDA_ERROR_INVALID_VALUE:
   case CUDA_ERROR_INVALID_HANDLE: return MP_EINVAL;
   case CUDA_ERROR_NOT_SUPPORTED: return MP_ENOTSUP;
+  /* A call the driver forbids where it was made: the one case cuda.h
+   * names is a call from a host function ("Attempting to use a CUDA API
+   * may result in CUDA_ERROR_NOT_PERMITTED", cuLaunchHostFunc), which the
+   * host device refuses with MP_EINVAL (host.c): one status for one
+   * mistake on both backends. */
+  case CUDA_ERROR_NOT_PERMITTED: return MP_EINVAL;
   default: return MP_EDRIVER;
+  }
+}
+
+/* The names of the errors mp__cuda_status_of maps, for a driver that
+ * cannot name them itself: cuGetErrorName is a driver call too, refused
+ * from a host function. */
+static const char *mp__cuda_known_name(CUresult r) {
+  switch (r) {
+  case CUDA_ERROR_OUT_OF_MEMORY: return "CUDA_ERROR_OUT_OF_MEMORY";
+  case CUDA_ERROR_NO_DEVICE: return "CUDA_ERROR_NO_DEVICE";
+  case CUDA_ERROR_NOT_READY: return "CUDA_ERROR_NOT_READY";
+  case CUDA_ERROR_INVALID_VALUE: return "CUDA_ERROR_INVALID_VALUE";
+  case CUDA_ERROR_INVALID_HANDLE: return "CUDA_ERROR_INVALID_HANDLE";
+  case CUDA_ERROR_NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED";
+  case CUDA_ERROR_NOT_PERMITTED: return "CUDA_ERROR_NOT_PERMITTED";
+  default: return "unknown CUDA error";
   }
 }
 
@@ -180,7 +202,7 @@ static void mp__cuda_describe(char *buf, size_t cap, CUresult r,
   const char *name = NULL, *str = NULL;
   if (mp__cu.GetErrorName == NULL || mp__cu.GetErrorName(r, &name) != 0 ||
       name == NULL)
-    name = "unknown CUDA error";
+    name = mp__cuda_known_name(r);
   if (mp__cu.GetErrorString == NULL || mp__cu.GetErrorString(r, &str) != 0 ||
       str == NULL)
     str = "no description";

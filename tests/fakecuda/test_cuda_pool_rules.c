@@ -535,6 +535,49 @@ Test(cuda_pool_rules,
   mp_device_close(dev);
 }
 
+typedef struct {
+  mp_pool_t *pool;
+  mp_status_t st;
+  char msg[512];
+} alloc_call_t;
+
+static void alloc_call(void *arg) {
+  alloc_call_t *c = arg;
+  void *p = NULL;
+  c->st = mp_pool_alloc(c->pool, 3u << 20, NULL, &p);
+  snprintf(c->msg, sizeof c->msg, "%s", mp_last_error()); /* thread-local */
+}
+
+/* An allocation that must grow, from a host function: the driver refuses
+ * the call (cuda.h, cuLaunchHostFunc: "Attempting to use a CUDA API may
+ * result in CUDA_ERROR_NOT_PERMITTED"), and the pool answers MP_EINVAL, as
+ * the host device answers the same call (host.c, host_check_caller): one
+ * status for one mistake on every backend. Before: MP_EDRIVER on cuda. Not
+ * on a GPU, where the forbidden call may hang. */
+Test(cuda_pool_rules, a_growth_in_a_host_function_is_einval_as_on_the_host,
+     .init = load_driver) {
+  if (fk_is_real())
+    cr_skip_test("a driver call from a host function may hang a GPU");
+  const char *specs[] = {"cuda", "host"};
+  for (size_t i = 0; i < 2; i++) {
+    mp_device_t *dev = open_dev(specs[i]);
+    mp_pool_t *pool = cuda_pool(dev, "");
+    alloc_call_t c = {.pool = pool, .st = MP_OK};
+    run_in_host_fn(dev, alloc_call, &c);
+    cr_expect_eq(c.st, MP_EINVAL, "%s: %s (%s)", specs[i], mp_status_name(c.st),
+                 c.msg);
+    cr_expect(strstr(c.msg, i == 0 ? "CUDA_ERROR_NOT_PERMITTED"
+                                   : "host function") != NULL,
+              "%s: %s", specs[i], c.msg);
+    mp_stats_t st;
+    cr_assert_eq(mp_pool_get_stats(pool, &st), MP_OK);
+    cr_expect_eq(st.reserved_bytes, 0, "%s: the refused growth reserved",
+                 specs[i]);
+    cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+    mp_device_close(dev);
+  }
+}
+
 /* While a blocking stream captures, the legacy stream is "in an unusable
  * state" (cuda.h, cuStreamIsCapturing): cuStreamIsCapturing on it answers
  * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, and a cuStreamQuery of it or an event
