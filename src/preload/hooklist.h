@@ -96,6 +96,8 @@
   X(cu, mp__curesult, cuMemAllocHost_v2, (void **, size_t))                    \
   X(cu, mp__curesult, cuMemFreeHost, (void *))                                 \
   X(cu, mp__curesult, cuMemHostGetFlags, (unsigned int *, void *))             \
+  X(cu, mp__curesult, cuMemHostGetDevicePointer_v2,                            \
+    (mp__cuptr *, void *, unsigned int))                                       \
   /* pause.c: not CUDA's, the shim's own (see the file) */                     \
   X(own, int, mempool_preload_pause, (unsigned))                               \
   X(own, int, mempool_preload_resume, (void))                                  \

@@ -19,7 +19,12 @@
  * address in the chunks but in no live block (a freed one) is
  * CUDA_ERROR_INVALID_VALUE, as it "will fail if the pointer does not
  * reside in an allocation performed by cuMemAllocHost() or
- * cuMemHostAlloc()". A free goes to the pool
+ * cuMemHostAlloc()". cuMemHostGetDevicePointer of a live block is the
+ * driver's answer for that address in the chunk (the chunk's device
+ * pointer plus the offset); of a freed one CUDA_ERROR_INVALID_VALUE, as
+ * the driver refuses memory that is no "mapped, pinned host buffer p
+ * allocated by cuMemHostAlloc" (cuda.h), where the chunk, still the
+ * driver's, would have given one. A free goes to the pool
  * when the shim's table says the pool handed the pointer out; any other pointer
  * (the driver's, memory from cudaHostRegister is never freed here) goes to the
  * real entry point. Write-combined memory the driver handed out is in the
@@ -526,6 +531,27 @@ mp__curesult cuMemHostGetFlags(unsigned int *pFlags, void *p) {
     const mp__real_cuda_t *rc = mp__pl_real_cuda();
     r = rc->cuMemHostGetFlags ? rc->cuMemHostGetFlags(pFlags, p)
                               : MP__CU_NOT_INITIALIZED;
+  }
+  mp__pl_leave();
+  return r;
+}
+
+/* A live block's device pointer is the driver's; a freed block has none
+ * (see the top of the file). */
+mp__curesult cuMemHostGetDevicePointer_v2(mp__cuptr *pdptr, void *p,
+                                          unsigned int Flags) {
+  bool outer = mp__pl_enter();
+  const mp__pl_t *pl = outer ? mp__pl_get() : NULL;
+  mp__pl_block_t b;
+  bool live = true;
+  mp__curesult r;
+  if (pl != NULL && mp__pl_host_block(pl, (uintptr_t)p, &b, &live) && !live) {
+    r = MP__CU_INVALID_VALUE;
+  } else {
+    const mp__real_cuda_t *rc = mp__pl_real_cuda();
+    r = rc->cuMemHostGetDevicePointer_v2
+            ? rc->cuMemHostGetDevicePointer_v2(pdptr, p, Flags)
+            : MP__CU_NOT_INITIALIZED;
   }
   mp__pl_leave();
   return r;

@@ -111,6 +111,11 @@ void *mp__pl_proc_hook(const char *symbol, int cuda_version, uint64_t flags) {
    * PFN_cuMemHostGetFlags_v2030 is the only form. */
   if (strcmp(symbol, "cuMemHostGetFlags") == 0)
     return (void *)&cuMemHostGetFlags;
+  /* A freed block has none (host.c); cudaHostGetDevicePointer asks for
+   * it. cudaTypedefs.h: PFN_cuMemHostGetDevicePointer_v3020 (64-bit
+   * CUdeviceptr); below 3.2 the original, left real. */
+  if (cuda_version >= 3020 && strcmp(symbol, "cuMemHostGetDevicePointer") == 0)
+    return (void *)&cuMemHostGetDevicePointer_v2;
   /* cuDevicePrimaryCtxReset_v2 came with CUDA 11.0 (cudaTypedefs.h:
    * PFN_cuDevicePrimaryCtxReset_v11000; below it the original, _v7000,
    * hooked as well); cudaDeviceReset asks for it. */

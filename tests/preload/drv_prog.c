@@ -80,6 +80,7 @@ static void check_lookups(void *h) {
       {"cuMemFree", "cuMemFree_v2", 3020, 0},
       {"cuMemGetInfo", "cuMemGetInfo_v2", 3020, 0},
       {"cuMemGetAddressRange", "cuMemGetAddressRange_v2", 3020, 0},
+      {"cuMemHostGetDevicePointer", "cuMemHostGetDevicePointer_v2", 3020, 0},
       {"cuPointerGetAttribute", "cuPointerGetAttribute", 4000, 0},
       {"cuPointerGetAttributes", "cuPointerGetAttributes", 7000, 0},
       {"cuIpcGetMemHandle", "cuIpcGetMemHandle", 4010, 0},

@@ -41,6 +41,16 @@
  * allocation (RANGE_START_ADDR its start, RANGE_SIZE at least 4096 and
  * under 64 KiB), not memory around it; once the first is freed (the
  * second live) its address is CUDA_ERROR_INVALID_VALUE; prints "ok".
+ *   pinned_drv_prog 1 devptr
+ * two live page-locked blocks of 4096 bytes from cuMemHostAlloc with
+ * CU_MEMHOSTALLOC_DEVICEMAP: cuMemHostGetDevicePointer, called and as
+ * cuGetProcAddress answers it at CUDA 3.2 (how the runtime's
+ * cudaHostGetDevicePointer reaches it), gives each (at its start and 100
+ * bytes inside) a device pointer, the inner one 100 bytes past the
+ * start's, the two blocks' apart by at least 4096; once the first is
+ * freed (the second live) its address is CUDA_ERROR_INVALID_VALUE through
+ * both, as cuda.h's refusal of memory that is no such allocation; prints
+ * "ok".
  *   pinned_drv_prog 1 capture relaxed | global
  * a page-locked block allocated, then a capture begun in that mode on a
  * stream of its own, and, while it is under way, cuMemAllocHost and
@@ -197,6 +207,73 @@ static int device_free(const char *runtime) {
   return failures == 0 ? 0 : 1;
 }
 
+/* Two live DEVICEMAP blocks of MP_QUERY_BYTES for the devptr mode, and the
+ * entry point cuGetProcAddress answers for name at CUDA 3.2 (as the runtime
+ * looks it up) in *looked; false when any is missing. */
+#define MP_QUERY_BYTES 4096
+static bool query_setup(const char *name, unsigned char *p[2], void **looked) {
+  for (int i = 0; i < 2; i++)
+    expect(cuMemHostAlloc((void **)&p[i], MP_QUERY_BYTES,
+                          CU_MEMHOSTALLOC_DEVICEMAP) == CUDA_SUCCESS &&
+               p[i] != NULL,
+           "cuMemHostAlloc(DEVICEMAP)");
+  expect(cuGetProcAddress(name, looked, 3020, CU_GET_PROC_ADDRESS_DEFAULT,
+                          NULL) == CUDA_SUCCESS &&
+             *looked != NULL,
+         name);
+  return p[0] != NULL && p[1] != NULL && *looked != NULL;
+}
+
+/* The rest of the mode, once the first block is freed: the second's
+ * free, and "ok". */
+static int query_done(unsigned char *live) {
+  expect(cuMemFreeHost(live) == CUDA_SUCCESS, "cuMemFreeHost");
+  if (failures == 0)
+    printf("ok\n");
+  return failures == 0 ? 0 : 1;
+}
+
+/* cuMemHostGetDevicePointer of live and freed page-locked blocks. */
+static int devptr(void) {
+  typedef CUresult (*fn_t)(CUdeviceptr *, void *, unsigned int);
+  unsigned char *p[2] = {NULL, NULL};
+  void *looked = NULL;
+  if (!query_setup("cuMemHostGetDevicePointer", p, &looked))
+    return 1;
+  CUdeviceptr d[2] = {0, 0};
+  for (int i = 0; i < 2; i++) {
+    for (int via = 0; via < 2; via++) {
+      fn_t get = via ? (fn_t)looked : cuMemHostGetDevicePointer;
+      CUdeviceptr at = 0, in = 0;
+      CUresult r1 = get(&at, p[i], 0), r2 = get(&in, p[i] + 100, 0);
+      bool ok = r1 == CUDA_SUCCESS && r2 == CUDA_SUCCESS && at != 0 &&
+                in == at + 100 && (via == 0 || at == d[i]);
+      if (!ok)
+        printf("block %d at %p (%s): %d %#llx, +100: %d %#llx\n", i,
+               (void *)p[i], via ? "looked up" : "called", (int)r1,
+               (unsigned long long)at, (int)r2, (unsigned long long)in);
+      expect(ok, "a live mapped block's device pointer");
+      if (via == 0)
+        d[i] = at;
+    }
+  }
+  /* Unsigned: each difference is either the distance or wraps past it. */
+  expect(d[1] - d[0] >= MP_QUERY_BYTES && d[0] - d[1] >= MP_QUERY_BYTES,
+         "two live blocks have device pointers of their own");
+  expect(cuMemFreeHost(p[0]) == CUDA_SUCCESS, "cuMemFreeHost");
+  for (int via = 0; via < 2; via++) {
+    CUdeviceptr at = 0;
+    fn_t get = via ? (fn_t)looked : cuMemHostGetDevicePointer;
+    CUresult r = get(&at, p[0], 0);
+    if (r != CUDA_ERROR_INVALID_VALUE)
+      printf("device pointer of a freed block (%s): %d %#llx\n",
+             via ? "looked up" : "called", (int)r, (unsigned long long)at);
+    expect(r == CUDA_ERROR_INVALID_VALUE,
+           "a freed block has no device pointer (CUDA_ERROR_INVALID_VALUE)");
+  }
+  return query_done(p[1]);
+}
+
 int main(int argc, char **argv) {
   int n = argc > 1 ? atoi(argv[1]) : 32;
   if (n < 1 || n > 100000)
@@ -220,6 +297,8 @@ int main(int argc, char **argv) {
   }
   if (argc > 2 && strcmp(argv[2], "other_device") == 0)
     return other_device();
+  if (argc > 2 && strcmp(argv[2], "devptr") == 0)
+    return devptr();
   if (argc > 2 && strcmp(argv[2], "capture_exit") == 0) {
     CUstream s;
     CUgraph g = NULL;

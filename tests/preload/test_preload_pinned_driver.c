@@ -200,6 +200,21 @@ Test(preload_pinned_driver, under_the_shim_a_pinned_range_is_its_allocation) {
   run_mode(true, "range");
 }
 
+/* cuMemHostGetDevicePointer "Passes back the device pointer pdptr
+ * corresponding to the mapped, pinned host buffer p allocated by
+ * cuMemHostAlloc" (cuda.h); memory the program freed is no such buffer:
+ * CUDA_ERROR_INVALID_VALUE. Under the shim the driver answered for a freed
+ * block too (the host pool's chunk holding it stays registered). */
+Test(preload_pinned_driver,
+     without_the_shim_a_freed_block_has_no_device_pointer) {
+  run_mode(false, "devptr");
+}
+
+Test(preload_pinned_driver,
+     under_the_shim_a_freed_block_has_no_device_pointer) {
+  run_mode(true, "devptr");
+}
+
 /* Page-locked calls while a capture is under way answer as the driver
  * does (cuda.h, cuThreadExchangeStreamCaptureMode: they are potentially
  * unsafe calls). Relaxed: both succeed and the capture stays valid; under
