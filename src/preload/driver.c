@@ -240,11 +240,20 @@ static bool mp__pl_host_live(mp__cuptr addr, mp__pl_block_t *b) {
  * range start and size say the same. A program that shares memory with
  * another process sends a CUipcMemHandle of that range's start and the
  * offset from it: cuIpcGetMemHandle below refuses the blocks for which that
- * would be wrong. */
+ * would be wrong. So is a page-locked block of the host pool's: cuda.h
+ * gives "the allocation ... that contains the input pointer dptr", and
+ * with unified addressing a page-locked allocation's host address is its
+ * device pointer ("Automatic Mapping of Host Allocated Host Memory": the
+ * pointer value kernels use "is the same as the pointer value through
+ * which that memory is accessed on the host"), so the driver answers the
+ * pool's whole chunk for it; the block is the allocation the program
+ * made, and a freed one is in none (CUDA_ERROR_NOT_FOUND, as for a freed
+ * device block). */
 mp__curesult cuMemGetAddressRange_v2(mp__cuptr *pbase, size_t *psize,
                                      mp__cuptr dptr) {
   mp__pl_block_t b;
-  if (mp__pl_table_find_pool((uintptr_t)dptr, &b)) {
+  if (mp__pl_table_find_pool((uintptr_t)dptr, &b) ||
+      mp__pl_host_live(dptr, &b)) {
     if (pbase != NULL)
       *pbase = (mp__cuptr)b.ptr;
     if (psize != NULL)

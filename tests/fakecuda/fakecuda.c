@@ -2218,13 +2218,24 @@ FK_IN_CTX_TWINS(cuMemFreeAsync, cuMemFreeAsync_ptsz,
                 (CUdeviceptr dptr, CUstream s),
                 fk_free_async_any(dev, dptr, s, ptsz))
 
+static bool fk_pin_range(uintptr_t addr, fk_range_t *r);
+
+/* cuda.h: "the allocation by cuMemAlloc() or cuMemAllocPitch() that
+ * contains the input pointer dptr"; a pointer in no allocation is
+ * CUDA_ERROR_NOT_FOUND. Page-locked memory (cuMemHostAlloc,
+ * cuMemAllocHost) is such an allocation too, as cuPointerGetAttribute's
+ * RANGE_START_ADDR and RANGE_SIZE have it (fk_pin_range): with unified
+ * addressing its host address is its device pointer (cuda.h, "Automatic
+ * Mapping of Host Allocated Host Memory": the pointer value through which
+ * it is accessed in kernels "is the same as the pointer value through which
+ * that memory is accessed on the host"). */
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize,
                                  CUdeviceptr dptr) {
   FK_COUNT(cuMemGetAddressRange_v2);
   FK_CURRENT(dev);
   (void)dev;
   fk_range_t r;
-  if (!fk_range_find((uintptr_t)dptr, &r))
+  if (!fk_range_find((uintptr_t)dptr, &r) && !fk_pin_range((uintptr_t)dptr, &r))
     return CUDA_ERROR_NOT_FOUND;
   if (pbase != NULL)
     *pbase = (CUdeviceptr)r.base;
@@ -2297,6 +2308,16 @@ static bool fk_pin_get(uintptr_t addr, bool exact, bool take, fk_pin_t *out) {
   }
   pthread_mutex_unlock(&fk.lock);
   return found;
+}
+
+/* The page-locked allocation holding addr as a range (its base and size
+ * only); false when there is none. */
+static bool fk_pin_range(uintptr_t addr, fk_range_t *r) {
+  fk_pin_t pin;
+  if (!fk_pin_get(addr, false, false, &pin))
+    return false;
+  *r = (fk_range_t){.base = pin.base, .size = pin.size};
+  return true;
 }
 
 static void fk_pins_drop_ctx(const struct CUctx_st *ctx) {
@@ -3858,7 +3879,6 @@ static CUresult fk_pointer_attribute(void *data, CUpointer_attribute attribute,
   if (data == NULL)
     return CUDA_ERROR_INVALID_VALUE;
   fk_range_t r;
-  fk_pin_t pin;
   /* Page-locked memory (cuMemHostAlloc, cuMemAllocHost): with unified
    * addressing its host address is its device pointer (cuda.h,
    * cuMemHostGetDevicePointer: the two "will match" where every device can
@@ -3868,10 +3888,9 @@ static CUresult fk_pointer_attribute(void *data, CUpointer_attribute attribute,
    * cuMemAlloc memory: not IPC capable. */
   bool pinned = false;
   if (!fk_range_find((uintptr_t)ptr, &r)) {
-    if (!fk_pin_get((uintptr_t)ptr, false, false, &pin))
+    if (!fk_pin_range((uintptr_t)ptr, &r))
       return CUDA_ERROR_INVALID_VALUE;
     pinned = true;
-    r = (fk_range_t){.base = pin.base, .size = pin.size};
   }
   switch (attribute) {
   case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:

@@ -51,6 +51,15 @@
  * freed (the second live) its address is CUDA_ERROR_INVALID_VALUE through
  * both, as cuda.h's refusal of memory that is no such allocation; prints
  * "ok".
+ *   pinned_drv_prog 1 addr_range
+ * two live page-locked blocks of 4096 bytes (cuMemHostAlloc, DEVICEMAP):
+ * cuMemGetAddressRange, called and as cuGetProcAddress answers it at CUDA
+ * 3.2, gives an address 100 bytes inside each its own allocation (base
+ * its start, size at least 4096 and under 64 KiB, as
+ * cuPointerGetAttribute's RANGE_START_ADDR / RANGE_SIZE say), not memory
+ * around it; once the first is freed (the second live) its address is
+ * CUDA_ERROR_NOT_FOUND through both, as for freed device memory; prints
+ * "ok".
  *   pinned_drv_prog 1 capture relaxed | global
  * a page-locked block allocated, then a capture begun in that mode on a
  * stream of its own, and, while it is under way, cuMemAllocHost and
@@ -207,9 +216,10 @@ static int device_free(const char *runtime) {
   return failures == 0 ? 0 : 1;
 }
 
-/* Two live DEVICEMAP blocks of MP_QUERY_BYTES for the devptr mode, and the
- * entry point cuGetProcAddress answers for name at CUDA 3.2 (as the runtime
- * looks it up) in *looked; false when any is missing. */
+/* Two live DEVICEMAP blocks of MP_QUERY_BYTES for the devptr and
+ * addr_range modes, and the entry point cuGetProcAddress answers for name
+ * at CUDA 3.2 (as the runtime looks it up) in *looked; false when any is
+ * missing. */
 #define MP_QUERY_BYTES 4096
 static bool query_setup(const char *name, unsigned char *p[2], void **looked) {
   for (int i = 0; i < 2; i++)
@@ -224,7 +234,7 @@ static bool query_setup(const char *name, unsigned char *p[2], void **looked) {
   return p[0] != NULL && p[1] != NULL && *looked != NULL;
 }
 
-/* The rest of the mode, once the first block is freed: the second's
+/* The rest of both modes, once the first block is freed: the second's
  * free, and "ok". */
 static int query_done(unsigned char *live) {
   expect(cuMemFreeHost(live) == CUDA_SUCCESS, "cuMemFreeHost");
@@ -274,6 +284,55 @@ static int devptr(void) {
   return query_done(p[1]);
 }
 
+/* cuMemGetAddressRange of live and freed page-locked blocks. */
+static int addr_range(void) {
+  typedef CUresult (*fn_t)(CUdeviceptr *, size_t *, CUdeviceptr);
+  unsigned char *p[2] = {NULL, NULL};
+  void *looked = NULL;
+  if (!query_setup("cuMemGetAddressRange", p, &looked))
+    return 1;
+  for (int i = 0; i < 2; i++) {
+    CUdeviceptr in = (CUdeviceptr)(uintptr_t)(p[i] + 100), start = 0;
+    size_t attr_size = 0;
+    expect(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                 in) == CUDA_SUCCESS &&
+               cuPointerGetAttribute(&attr_size,
+                                     CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                     in) == CUDA_SUCCESS,
+           "cuPointerGetAttribute's range");
+    for (int via = 0; via < 2; via++) {
+      fn_t range = via ? (fn_t)looked : cuMemGetAddressRange;
+      CUdeviceptr base = 0;
+      size_t size = 0;
+      CUresult r = range(&base, &size, in);
+      bool ok = r == CUDA_SUCCESS && base == (CUdeviceptr)(uintptr_t)p[i] &&
+                size >= MP_QUERY_BYTES && size < 65536 && base == start &&
+                size == attr_size;
+      if (!ok)
+        printf("block %d at %p (%s): %d base %#llx size %zu; attribute "
+               "start %#llx size %zu\n",
+               i, (void *)p[i], via ? "looked up" : "called", (int)r,
+               (unsigned long long)base, size, (unsigned long long)start,
+               attr_size);
+      expect(ok, "a page-locked block's address range is its allocation");
+    }
+  }
+  expect(cuMemFreeHost(p[0]) == CUDA_SUCCESS, "cuMemFreeHost");
+  for (int via = 0; via < 2; via++) {
+    fn_t range = via ? (fn_t)looked : cuMemGetAddressRange;
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    CUresult r = range(&base, &size, (CUdeviceptr)(uintptr_t)p[0]);
+    if (r != CUDA_ERROR_NOT_FOUND)
+      printf("address range of a freed block (%s): %d base %#llx size %zu\n",
+             via ? "looked up" : "called", (int)r, (unsigned long long)base,
+             size);
+    expect(r == CUDA_ERROR_NOT_FOUND,
+           "a freed block has no address range (CUDA_ERROR_NOT_FOUND)");
+  }
+  return query_done(p[1]);
+}
+
 int main(int argc, char **argv) {
   int n = argc > 1 ? atoi(argv[1]) : 32;
   if (n < 1 || n > 100000)
@@ -299,6 +358,8 @@ int main(int argc, char **argv) {
     return other_device();
   if (argc > 2 && strcmp(argv[2], "devptr") == 0)
     return devptr();
+  if (argc > 2 && strcmp(argv[2], "addr_range") == 0)
+    return addr_range();
   if (argc > 2 && strcmp(argv[2], "capture_exit") == 0) {
     CUstream s;
     CUgraph g = NULL;

@@ -215,6 +215,22 @@ Test(preload_pinned_driver,
   run_mode(true, "devptr");
 }
 
+/* cuMemGetAddressRange gives "the allocation ... that contains the input
+ * pointer dptr" (cuda.h); with unified addressing a page-locked block's
+ * host address is its device pointer, so its range is the block's, as
+ * cuPointerGetAttribute's RANGE_START_ADDR says. Under the shim the driver
+ * answered the host pool's whole chunk for a live block and its range
+ * for a freed one. */
+Test(preload_pinned_driver,
+     without_the_shim_a_pinned_address_range_is_its_allocation) {
+  run_mode(false, "addr_range");
+}
+
+Test(preload_pinned_driver,
+     under_the_shim_a_pinned_address_range_is_its_allocation) {
+  run_mode(true, "addr_range");
+}
+
 /* Page-locked calls while a capture is under way answer as the driver
  * does (cuda.h, cuThreadExchangeStreamCaptureMode: they are potentially
  * unsafe calls). Relaxed: both succeed and the capture stays valid; under

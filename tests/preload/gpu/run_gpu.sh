@@ -237,10 +237,11 @@ PY
   # freed block CUDA_ERROR_INVALID_VALUE (flags); a block's range
   # (cuPointerGetAttribute RANGE_START_ADDR, RANGE_SIZE) is its allocation
   # (range); a freed block has no device pointer
-  # (cuMemHostGetDevicePointer, called and looked up: devptr); with and
-  # without the shim (the run without it checks the fake's model of cuda.h's
-  # rules).
-  for mode in mapped flags range devptr; do
+  # (cuMemHostGetDevicePointer, called and looked up: devptr); a live
+  # block's cuMemGetAddressRange is the block, a freed one's
+  # CUDA_ERROR_NOT_FOUND (addr_range); with and without the shim (the run
+  # without it checks the fake's model of cuda.h's rules).
+  for mode in mapped flags range devptr addr_range; do
     LD_LIBRARY_PATH="$(dirname "$real")" "$pinned" 1 $mode \
       >"$work/pinned.out" 2>&1 ||
       fail "pinned_drv_prog $mode: $(cat "$work/pinned.out")"
