@@ -174,12 +174,19 @@ void mp__pl_host_reset(const mp__pl_t *pl, int ordinal) {
   pthread_mutex_unlock(&mp__hpl.lock);
 }
 
-/* Whether ptr lies in the host pool's memory (none made: false). */
+/* Whether ptr lies in the host pool's memory (none made: false). The
+ * lookup runs under mp__hpl.lock, which a reset takes to retire the pool
+ * before destroying it (mp__pl_host_reset): a free of any device's memory
+ * the shim does not know comes here, and a reset of the host pool's device
+ * on another thread would otherwise destroy the pool under the lookup (the
+ * reset's rule, cuda.h cuDevicePrimaryCtxReset, binds only users of that
+ * device). The lock is the one this took already; it is held a little
+ * longer, no new lock on the free path. */
 static bool mp__hpl_holds(const void *ptr) {
   pthread_mutex_lock(&mp__hpl.lock);
-  mp_host_pool_t *hp = mp__hpl.hp;
+  bool in = mp__host_pool_contains(mp__hpl.hp, ptr);
   pthread_mutex_unlock(&mp__hpl.lock);
-  return mp__host_pool_contains(hp, ptr);
+  return in;
 }
 
 bool mp__pl_memory_holds(const mp__pl_t *pl, uintptr_t addr) {
