@@ -527,12 +527,19 @@ static mp_status_t mp__snapshot_write_all(mp_pool_t *const *pools,
   return st;
 }
 
+/* The ordinal a pool's snapshot names: its device's (cuda:N is N; the
+ * host device 0). It was 0 for every pool, so that a pool on cuda:1 read
+ * as device 0's in memory_viz. */
+static int mp__snap_ordinal(mp_pool_t *pool) {
+  return mp__device_ordinal(pool->dev);
+}
+
 mp_status_t mp_pool_snapshot_file(mp_pool_t *pool, FILE *out) {
   if (pool == NULL || out == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_snapshot: %s is NULL",
                     pool == NULL ? "pool" : "out");
-  static const int device0 = 0;
-  return mp__snapshot_write_all(&pool, &device0, 1, out);
+  int device = mp__snap_ordinal(pool);
+  return mp__snapshot_write_all(&pool, &device, 1, out);
 }
 
 /* A new temporary beside path, in tmp (tn bytes), created as open(2)
@@ -618,6 +625,6 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
 mp_status_t mp_pool_snapshot(mp_pool_t *pool, const char *path) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_snapshot: pool is NULL");
-  static const int device0 = 0;
-  return mp__pool_snapshot_many(&pool, &device0, 1, path);
+  int device = mp__snap_ordinal(pool);
+  return mp__pool_snapshot_many(&pool, &device, 1, path);
 }
