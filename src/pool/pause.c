@@ -13,9 +13,11 @@
  * While paused, reserved and free bytes read 0 and every call on the pool but
  * resume, stats, dump, snapshot and destroy is MP_EBUSY (mp__pool_paused).
  * The history records each chunk unmapped (segment_unmap) and mapped
- * again (segment_map), those a failed undo left mapped included, and a
- * snapshot of a paused pool lists only what it still maps (snapshot.c),
- * as its dump's segment says (dump.c): what reserved_bytes counts.
+ * again (segment_map), those a failed undo left mapped included, the
+ * live blocks there freed before and allocated again after (as memory_viz
+ * needs: mp__chunks_history), and a snapshot of a paused pool lists only what
+ * it still maps (snapshot.c), as its dump's segment says (dump.c): what
+ * reserved_bytes counts.
  *
  * Failure halfway leaves nothing lost: a pause that cannot unmap maps back
  * what it had unmapped (and copies the content back; without
@@ -144,13 +146,63 @@ static void mp__pause_mapped_set(mp_pool_t *pool, size_t m) {
   pool->st.segment_count = m;
 }
 
+/* For mp__chunks_history: a free (freed) or an alloc of each live block
+ * of v (neither free nor a hole) whose address lies in [lo, hi). */
+static void mp__blocks_history(mp_pool_t *pool, const mp__segment_t *v,
+                               uintptr_t lo, uintptr_t hi, bool freed) {
+  for (const mp__block_t *b = v->first; b != NULL && b->addr < hi;
+       b = b->next) {
+    if (b->addr < lo || (b->flags & (MP__B_FREE | MP__B_HOLE)))
+      continue;
+    uintptr_t hs = MP__HIST_STREAM(pool, b->sidx);
+    if (freed)
+      mp__history_free(pool, b->addr, b->size, hs);
+    else
+      mp__history_record(pool, MP__H_ALLOC, b->addr, b->size, hs);
+  }
+}
+
 /* Records what a pause unmapped or a resume mapped (action: segment_unmap
  * or segment_map), chunks [from, to), so that a snapshot's trace leads to
- * its segments. */
+ * its segments; and, around them, the blocks held there: a free of each
+ * before an unmap, an alloc of each after a map.
+ *
+ * Why the blocks: PyTorch's memory_viz ("Allocator State History",
+ * MemoryViz.js simulate_memory) replays the trace backwards from the
+ * snapshot and, as PyTorch's allocator only unmaps memory no block uses,
+ * cuts an undone segment_map out of its segment and then finds the
+ * segment of every live block; a block left live over unmapped memory has
+ * none, and the page throws. Two truthful ways out were weighed:
+ *  - no segment events for a pause (a tenancy event, told some other way
+ *    the viewer skips): the trace would keep the memory reserved through
+ *    the pause, while stats say 0 reserved and a paused pool's snapshot
+ *    lists no segment (what the device holds); a snapshot taken while
+ *    paused would then not replay either (the growth's segment_map undone
+ *    finds no segment);
+ *  - the blocks leave the device with their memory, and come back with
+ *    it: a free at the pause and an alloc at the resume, at the same
+ *    address and size, as a defragmentation's move is recorded (defrag.c).
+ * The second is what the device saw (the content is on the host, or given
+ * up without MP_PAUSE_KEEP_CONTENT), agrees with a paused snapshot's empty
+ * segments, and replays both ways; the price is two events per live block
+ * in the ring, and a resumed block's frames are the resume's (its last
+ * alloc event, snapshot.c). A block is the snapshot's live one (neither
+ * free nor a hole) whose address lies in the chunks: a block that begins
+ * below chunk from and runs into it stays live, as a part-mapped pool's
+ * snapshot shows it, cut (snapshot.c). */
 static void mp__chunks_history(mp_pool_t *pool, const mp__segment_t *v,
                                size_t from, size_t to, int action) {
-  for (size_t i = from; v != NULL && i < to; i++)
+  if (v == NULL || from >= to || pool->hist.ev == NULL)
+    return;
+  uintptr_t lo = v->chunks[from].addr,
+            hi = v->chunks[to - 1].addr + v->chunks[to - 1].size;
+  bool unmap = action == MP__H_SEGMENT_UNMAP;
+  if (unmap)
+    mp__blocks_history(pool, v, lo, hi, true);
+  for (size_t i = from; i < to; i++)
     MP__HIST(pool, action, v->chunks[i].addr, v->chunks[i].size, 0);
+  if (!unmap)
+    mp__blocks_history(pool, v, lo, hi, false);
 }
 
 /* Under the lock, paused: a resume (or the undo of one) that could not

@@ -271,14 +271,28 @@ static size_t snapshot_sum(const char *buf, size_t len, const char *key,
  * its segments and the dump's segment says it holds it, marked paused.
  * Failed before: the snapshot listed no segment (reserved_bytes said 6
  * MiB) and the dump's segment said the 8 MiB it held before the pause. */
-Test(pool_pause, a_pool_left_part_mapped_shows_what_it_holds_in_dumps) {
-  mp_device_t *dev = flaky_open(2);
-  void *v[4];
-  mp_pool_t *p = four_chunks_with(dev, v, "history=64");
-  size_t reserved = stats(p).reserved_bytes, capacity = fake_of(dev)->capacity;
-  fake_of(dev)->capacity = reserved - MiB; /* the pause's undo fails */
+/* A pool of four chunks with history whose pause fails at its second
+ * unmap and whose undo cannot map the first back (no room): paused, with
+ * three chunks mapped. The pool's reserved bytes before in *reserved, the
+ * device's capacity before in *capacity. */
+static mp_pool_t *pause_undo_failed(mp_device_t **dev, void *v[4],
+                                    size_t *reserved, size_t *capacity) {
+  *dev = flaky_open(2);
+  mp_pool_t *p = four_chunks_with(*dev, v, "history=64");
+  *reserved = stats(p).reserved_bytes;
+  *capacity = fake_of(*dev)->capacity;
+  fake_of(*dev)->capacity = *reserved - MiB; /* the pause's undo fails */
   cr_assert_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_EDRIVER);
   cr_assert(mp__pool_is_paused(p));
+  cr_assert_eq(p->pause_mapped, 3, "the test needs chunks still mapped");
+  return p;
+}
+
+Test(pool_pause, a_pool_left_part_mapped_shows_what_it_holds_in_dumps) {
+  mp_device_t *dev;
+  void *v[4];
+  size_t reserved, capacity;
+  mp_pool_t *p = pause_undo_failed(&dev, v, &reserved, &capacity);
   mp_stats_t s = stats(p);
   cr_assert_eq(s.reserved_bytes, 3 * 2 * MiB, "three chunks still mapped");
   size_t len, n, np;
@@ -346,11 +360,14 @@ Test(pool_pause, a_block_over_the_top_of_what_stays_mapped_is_cut) {
 
 /* Replays the history's segment events (the ring has not wrapped): every
  * segment_map of a chunk not mapped, every segment_unmap of one mapped;
- * the chunks left mapped are the device's. */
+ * the chunks left mapped are the device's. The block events too, as
+ * PyTorch's memory_viz needs them (python/tests/
+ * test_snapshot_viewer_replay.py): a block allocated lies in a chunk
+ * mapped, and no chunk is unmapped under a live block. */
 static void expect_segment_history_replays(const mp_pool_t *p,
                                            mp_device_t *dev) {
-  uintptr_t m[16];
-  size_t n = 0, bytes = 0;
+  uintptr_t m[16], live[16];
+  size_t msz[16], n = 0, nlive = 0, bytes = 0;
   const mp__history_t *h = &p->hist;
   cr_assert_leq(h->total, h->cap, "the test reads a ring that did not wrap");
   for (size_t i = 0; i < h->total; i++) {
@@ -362,13 +379,34 @@ static void expect_segment_history_replays(const mp_pool_t *p,
       cr_assert_eq(k, n, "event %zu maps %#lx, mapped already", i,
                    (unsigned long)e->addr);
       cr_assert_lt(n, 16);
+      msz[n] = e->size;
       m[n++] = e->addr;
       bytes += e->size;
     } else if (e->action == MP__H_SEGMENT_UNMAP) {
       cr_assert_lt(k, n, "event %zu unmaps %#lx, not mapped", i,
                    (unsigned long)e->addr);
+      for (size_t j = 0; j < nlive; j++)
+        cr_assert(live[j] < e->addr || live[j] >= e->addr + e->size,
+                  "event %zu unmaps %#lx under the live block %#lx", i,
+                  (unsigned long)e->addr, (unsigned long)live[j]);
+      msz[k] = msz[n - 1];
       m[k] = m[--n];
       bytes -= e->size;
+    } else if (e->action == MP__H_ALLOC) {
+      size_t c = 0;
+      while (c < n && (e->addr < m[c] || e->addr >= m[c] + msz[c]))
+        c++;
+      cr_assert_lt(c, n, "event %zu allocates %#lx in no chunk mapped", i,
+                   (unsigned long)e->addr);
+      cr_assert_lt(nlive, 16);
+      live[nlive++] = e->addr;
+    } else if (e->action == MP__H_FREE_COMPLETED) {
+      size_t j = 0;
+      while (j < nlive && live[j] != e->addr)
+        j++;
+      cr_assert_lt(j, nlive, "event %zu frees %#lx, not live", i,
+                   (unsigned long)e->addr);
+      live[j] = live[--nlive];
     }
   }
   cr_expect_eq(n, fake_of(dev)->nmap, "chunks: history %zu, device %zu", n,
@@ -411,6 +449,44 @@ Test(pool_pause, a_resume_left_part_mapped_records_the_chunk_it_kept) {
                "device allocs %llu less frees %llu, %zu chunks mapped",
                (unsigned long long)s.device_alloc_count,
                (unsigned long long)s.device_free_count, fake_of(dev)->nmap);
+  for (unsigned i = 0; i < 4; i++)
+    cr_assert_eq(mp_pool_free(p, v[i]), MP_OK);
+  fake_pool_finish(p, dev);
+}
+
+/* How many events of action the history holds (the ring has not
+ * wrapped); *last: the address of the newest. */
+static size_t history_count(const mp_pool_t *p, unsigned action,
+                            uintptr_t *last) {
+  size_t n = 0;
+  *last = 0;
+  for (size_t i = 0; i < p->hist.total && i < p->hist.cap; i++)
+    if (p->hist.ev[i].action == action) {
+      n++;
+      *last = p->hist.ev[i].addr;
+    }
+  return n;
+}
+
+/* A pause whose undo failed unmapped one chunk of four: the history frees
+ * only the block there before its segment_unmap, and the resume allocates
+ * it again after its segment_map, so that no event leaves a block live in
+ * unmapped memory (PyTorch's memory_viz throws on such a trace). Failed
+ * before: the chunk was unmapped under its live block. */
+Test(pool_pause, a_part_mapped_pause_records_only_the_blocks_it_unmapped) {
+  mp_device_t *dev;
+  void *v[4];
+  size_t reserved, capacity;
+  mp_pool_t *p = pause_undo_failed(&dev, v, &reserved, &capacity);
+  expect_segment_history_replays(p, dev);
+  uintptr_t at;
+  cr_expect_eq(history_count(p, MP__H_FREE_COMPLETED, &at), 1);
+  cr_expect_eq(at, (uintptr_t)v[3], "the block freed is not the unmapped one");
+  fake_of(dev)->capacity = capacity;
+  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+  expect_segment_history_replays(p, dev);
+  cr_expect_eq(history_count(p, MP__H_ALLOC, &at), 5, "four blocks and one");
+  cr_expect_eq(at, (uintptr_t)v[3], "the block allocated again");
   for (unsigned i = 0; i < 4; i++)
     cr_assert_eq(mp_pool_free(p, v[i]), MP_OK);
   fake_pool_finish(p, dev);
