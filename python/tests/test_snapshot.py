@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import subprocess
+import sys
 import threading
 import time
 
@@ -149,6 +150,43 @@ def test_without_history_the_trace_is_empty_but_segments_are_there(device, tmp_p
     assert len(s["segments"]) == 1
     p.free(a)
     p.destroy()
+
+
+_ON_CUDA1 = """
+import sys
+import mempool
+d = mempool.Device("cuda:1")
+p = mempool.Pool(d, max_bytes="16M", history=64)
+a = p.alloc(1 << 20)
+p.snapshot(sys.argv[1])
+p.free(a)
+p.destroy()
+d.close()
+"""
+
+
+def test_a_pool_on_cuda1_is_device_1(tmp_path):
+    # PyTorch's snapshot names each segment's device and keeps one list of
+    # events per device, indexed by ordinal (memory_viz reads
+    # device_traces[device]). Run on the fake CUDA driver with two devices,
+    # in a child process that has it on its library path.
+    fake = os.environ.get("MEMPOOL_TEST_FAKECUDA_DIR")
+    if not fake or not os.path.isdir(fake):
+        pytest.skip("no fake CUDA driver (MEMPOOL_TEST_FAKECUDA_DIR unset)")
+    env = dict(os.environ, FAKECUDA_DEVICE_COUNT="2",
+               LD_LIBRARY_PATH=fake + os.pathsep +
+               os.environ.get("LD_LIBRARY_PATH", ""),
+               PYTHONPATH=os.path.dirname(os.path.dirname(
+                   os.path.abspath(mempool.__file__))))
+    path = tmp_path / "cuda1.pickle"
+    r = subprocess.run([sys.executable, "-c", _ON_CUDA1, str(path)], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = _load(path)
+    assert s["segments"] and all(seg["device"] == 1 for seg in s["segments"])
+    assert len(s["device_traces"]) == 2
+    assert s["device_traces"][0] == []
+    assert [e["action"] for e in s["device_traces"][1]][-1] == "alloc"
 
 
 def test_bad_path_raises_and_writes_nothing(device, tmp_path):
