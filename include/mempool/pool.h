@@ -517,8 +517,11 @@ MP_API mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
  * mp_pool_set_max_fraction included (a snapshot of a paused pool lists no
  * segment, and mp_pool_dump's segment says it holds 0 bytes, marked
  * paused, with the blocks the resume brings back; with history=N its trace
- * has a segment_unmap per chunk the pause gave back and a segment_map per
- * chunk resume maps again; where a failed undo left chunks mapped, those
+ * has a segment_unmap per chunk the pause gave back, after a free
+ * (free_requested, free_completed) of each live block there, and a
+ * segment_map per chunk resume maps again, before an alloc of each live
+ * block there: memory_viz allows no live block in unmapped memory; where a
+ * failed undo left chunks mapped, those
  * are what the snapshot and dump show and reserved_bytes counts). A pool that
  * holds plain segments (no virtual memory, or virtual=0) or is a child:
  * MP_ENOTSUP. A pool on its virtual range holds plain segments only where it
@@ -680,7 +683,9 @@ MP_API mp_status_t mp_pool_set_oom_handler(mp_pool_t *pool,
  * torch.cuda.memory._snapshot() returns, pickled (protocol 2), so that
  * torch/cuda/_memory_viz.py, the memory_viz page and `mpbench replay` read
  * it: "segments" (mapped runs of the virtual range and plain segments, with
- * their blocks) and "device_traces" (one list: the history ring, oldest
+ * their blocks, each with "device": the ordinal of the pool's device, N for
+ * cuda:N, 0 for host) and "device_traces" (one list per ordinal up to the
+ * pool's, the lists of the lower ordinals empty: the history ring, oldest
  * first, the rings of a pool's arenas merged by time; empty without
  * history=N). Trace actions: alloc, free_requested and
  * free_completed (both at mp_pool_free: the block is reusable at once on
