@@ -80,6 +80,7 @@ static void mp__hist_put(mp__history_t *h, unsigned action, uintptr_t addr,
   e->stream = stream;
   e->action = (uint8_t)action;
   e->nframes = (uint8_t)nframes;
+  e->restored = false;
   if (nframes > 0)
     memcpy(&h->frames[i * MP__HIST_FRAMES], frames,
            (size_t)nframes * sizeof(void *));
@@ -116,6 +117,13 @@ mp__hist_record(mp_pool_t *pool, const unsigned *actions, int n, uintptr_t addr,
 void mp__history_record(mp_pool_t *pool, unsigned action, uintptr_t addr,
                         size_t size, uintptr_t stream) {
   mp__hist_record(pool, &action, 1, addr, size, stream);
+}
+
+void mp__history_restored(mp_pool_t *pool, uintptr_t addr, size_t size,
+                          uintptr_t stream) {
+  mp__history_t *h = &pool->hist;
+  mp__history_record(pool, MP__H_ALLOC, addr, size, stream);
+  h->ev[h->next == 0 ? h->cap - 1 : h->next - 1].restored = true;
 }
 
 void mp__history_free(mp_pool_t *pool, uintptr_t addr, size_t size,

@@ -158,7 +158,7 @@ static void mp__blocks_history(mp_pool_t *pool, const mp__segment_t *v,
     if (freed)
       mp__history_free(pool, b->addr, b->size, hs);
     else
-      mp__history_record(pool, MP__H_ALLOC, b->addr, b->size, hs);
+      mp__history_restored(pool, b->addr, b->size, hs);
   }
 }
 
@@ -185,10 +185,11 @@ static void mp__blocks_history(mp_pool_t *pool, const mp__segment_t *v,
  * The second is what the device saw (the content is on the host, or given
  * up without MP_PAUSE_KEEP_CONTENT), agrees with a paused snapshot's empty
  * segments, and replays both ways; the price is two events per live block
- * in the ring, and a resumed block's frames are the resume's (its last
- * alloc event, snapshot.c). A block is the snapshot's live one (neither
- * free nor a hole) whose address lies in the chunks: a block that begins
- * below chunk from and runs into it stays live, as a part-mapped pool's
+ * in the ring. The resume's alloc is marked restored, so that a snapshot
+ * still gives the block the frames of its own alloc while the ring holds
+ * it (snapshot.c), not the resume's. A block is the snapshot's live one
+ * (neither free nor a hole) whose address lies in the chunks: a block that
+ * begins below chunk from and runs into it stays live, as a part-mapped pool's
  * snapshot shows it, cut (snapshot.c). */
 static void mp__chunks_history(mp_pool_t *pool, const mp__segment_t *v,
                                size_t from, size_t to, int action) {

@@ -334,6 +334,10 @@ typedef struct mp__hevent {
   uintptr_t stream;
   uint8_t action; /* MP__H_* */
   uint8_t nframes;
+  /* An alloc a resume recorded for a block that was live before the pause
+   * (pause.c): a snapshot gives the block the frames of its own earlier
+   * alloc while the ring still holds it (snapshot.c). */
+  bool restored;
 } mp__hevent_t;
 
 typedef struct mp__history {
@@ -1621,6 +1625,10 @@ void mp__history_release(mp_pool_t *pool);
 /* Under the lock: appends one event, overwriting the oldest when full. */
 void mp__history_record(mp_pool_t *pool, unsigned action, uintptr_t addr,
                         size_t size, uintptr_t stream);
+/* An alloc of a block that was live before a pause, at its resume: marked
+ * restored (mp__hevent_t). */
+void mp__history_restored(mp_pool_t *pool, uintptr_t addr, size_t size,
+                          uintptr_t stream);
 /* A free: free_requested and free_completed with one clock read and one
  * stack (a block is reusable on its own stream at once). */
 void mp__history_free(mp_pool_t *pool, uintptr_t addr, size_t size,

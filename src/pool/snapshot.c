@@ -195,7 +195,13 @@ static mp_status_t mp__snap_link_events(mp__snap_t *s) {
       else
         hi = mid;
     }
-    if (lo < nlive && by[lo]->addr == s->ev[e].addr)
+    /* A resume's alloc (restored) gives the block the frames of its own
+     * earlier alloc where the ring still holds that: the ring drops the
+     * oldest first, so an earlier alloc of the address still held is the
+     * block's own, or one of a block freed before it, which the block's
+     * own later alloc then replaces. */
+    if (lo < nlive && by[lo]->addr == s->ev[e].addr &&
+        !(s->ev[e].restored && by[lo]->ev != SIZE_MAX))
       by[lo]->ev = e;
   }
   free(by);

@@ -703,6 +703,37 @@ Test(pool_history, a_long_frame_name_keeps_its_tail_and_offset) {
   mp_pool_destroy(p);
 }
 
+/* A block live through a pause and resume: the resume records an alloc
+ * of it (memory_viz needs one after the segment_map, pause.c), with the
+ * resume's stack; the snapshot's block keeps the frames of its own alloc
+ * (the segments come before device_traces in the pickle, every string
+ * written out). Before: the block's frames were the resume's. */
+Test(pool_history, a_resumed_block_keeps_the_frames_of_its_own_alloc) {
+  mp_pool_t *p = make_pool("history=64,history_stacks=1");
+  void *a;
+  history_caller_allocates(p, &a);
+  history_caller_pauses(p);
+  history_caller_resumes(p);
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  cr_assert_eq(mp_pool_snapshot_file(p, f), MP_OK, "%s", mp_last_error());
+  fclose(f);
+  const char *traces = memmem(buf, len, "device_traces", 13);
+  cr_assert_not_null(traces);
+  size_t seglen = (size_t)(traces - buf);
+  cr_expect_not_null(memmem(buf, seglen, "history_caller_allocates", 24),
+                     "the block lost its own alloc's frames");
+  cr_expect_null(memmem(buf, seglen, "history_caller_resumes", 22),
+                 "the block has the resume's frames");
+  /* The trace still says who mapped and allocated at the resume. */
+  cr_expect_not_null(
+      memmem(traces, len - seglen, "history_caller_resumes", 22));
+  free(buf);
+  cr_assert_eq(mp_pool_free(p, a), MP_OK);
+  mp_pool_destroy(p);
+}
+
 Test(pool_history, an_oom_is_an_event) {
   mp_pool_t *p = make_pool("max_bytes=4M,history=8");
   void *a = NULL;
