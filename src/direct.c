@@ -30,6 +30,11 @@
  * its own synchronization would wait for the work theirs waits for,
  * without a bound (its blocks stay deferred if they do not end in time).
  *
+ * A child forked while another thread ended a session keeps the session
+ * in its list, not the thread: its allocations do not wait for it
+ * (mp__direct_pending), and its destroy frees the blocks the thread had
+ * not yet given back at the fork (mp__direct_adopt_orphans).
+ *
  * Blocks are found by address in an mp__ptrmap_t (ptrmap.c: O(1) per
  * operation), so a free costs the same with ten or a million blocks. The
  * deferred blocks of the session are also listed in an array, so ending a
@@ -81,6 +86,11 @@ typedef struct mp__dsession {
   uint64_t ticket; /* its number: the sessions taken up to it */
   pid_t pid;       /* the process whose thread gives it back */
   struct mp__dsession *next;
+  /* Its blocks, and how far the thread got (under the mutex): the device
+   * free of blocks[0, started) has begun, that of [0, done) returned (each
+   * then gone or back in the session). A child forked meanwhile frees
+   * [started, n) itself (mp__direct_adopt_orphans). */
+  size_t n, started, done;
 } mp__dsession_t;
 
 typedef struct mp__dbatch {
@@ -161,12 +171,16 @@ mp_status_t mp_direct_create(mp_device_t *dev, mp_direct_t **out) {
   return MP_OK;
 }
 
-/* Grows the deferred array for one more block; false when the host is out
+/* Grows the deferred array for more blocks; false when the host is out
  * of memory. */
-static bool mp__direct_reserve_deferred(mp_direct_t *d) {
-  if (d->ndeferred < d->deferred_cap)
+static bool mp__direct_reserve_deferred(mp_direct_t *d, size_t more) {
+  if (more <= d->deferred_cap - d->ndeferred)
     return true;
-  size_t ncap = d->deferred_cap ? d->deferred_cap * 2 : 64;
+  if (more > SIZE_MAX / 4 / sizeof *d->deferred - d->ndeferred)
+    return false;
+  size_t ncap = d->deferred_cap ? d->deferred_cap : 64;
+  while (ncap - d->ndeferred < more)
+    ncap *= 2;
   mp__dblock_t *nd = mp__host_realloc(d->deferred, ncap * sizeof *nd);
   if (nd == NULL)
     return false;
@@ -179,7 +193,7 @@ static bool mp__direct_reserve_deferred(mp_direct_t *d) {
  * later session can retry it. Without host memory to track it the block is
  * lost to this allocator (the device still frees it when it closes). */
 static void mp__direct_restore(mp_direct_t *d, mp__dblock_t b) {
-  if (!mp__ptrmap_reserve(&d->blocks, 1) || !mp__direct_reserve_deferred(d))
+  if (!mp__ptrmap_reserve(&d->blocks, 1) || !mp__direct_reserve_deferred(d, 1))
     return;
   mp__dmap_put(d, b.ptr, b.bytes, MP__DIRECT_DEFERRED);
   d->deferred[d->ndeferred++] = b;
@@ -188,23 +202,29 @@ static void mp__direct_restore(mp_direct_t *d, mp__dblock_t b) {
 
 /* Synchronizes the device, then gives every block of batch back; *released:
  * how many went. Blocks the device refuses are put back into the session so
- * a later call can retry; the first failure is returned. */
-static mp_status_t mp__direct_release(mp_direct_t *d, mp__dblock_t *batch,
-                                      size_t n, size_t *released) {
+ * a later call can retry; the first failure is returned. The session's
+ * started and done follow, under the mutex, with each block's step. */
+static mp_status_t mp__direct_release(mp_direct_t *d, mp__dbatch_t *batch,
+                                      size_t *released) {
+  mp__dsession_t *sess = &batch->sess;
+  size_t n = sess->n;
   *released = 0;
   if (n == 0)
     return MP_OK;
   mp_status_t first = mp_device_synchronize(d->dev);
+  pthread_mutex_lock(&d->mu);
   if (first != MP_OK) {
     /* Nothing may be freed while work on it could still be running. */
-    pthread_mutex_lock(&d->mu);
+    sess->started = sess->done = n;
     for (size_t i = 0; i < n; i++)
-      mp__direct_restore(d, batch[i]);
+      mp__direct_restore(d, batch->blocks[i]);
     pthread_mutex_unlock(&d->mu);
     return first;
   }
+  sess->started = 1;
+  pthread_mutex_unlock(&d->mu);
   for (size_t i = 0; i < n; i++) {
-    mp_status_t st = mp_device_free(d->dev, batch[i].ptr);
+    mp_status_t st = mp_device_free(d->dev, batch->blocks[i].ptr);
     pthread_mutex_lock(&d->mu);
     if (st == MP_OK) {
       d->st.device_free_count++;
@@ -212,8 +232,11 @@ static mp_status_t mp__direct_release(mp_direct_t *d, mp__dblock_t *batch,
     } else {
       if (first == MP_OK)
         first = st;
-      mp__direct_restore(d, batch[i]);
+      mp__direct_restore(d, batch->blocks[i]);
     }
+    sess->done = i + 1;
+    if (i + 1 < n)
+      sess->started = i + 2;
     pthread_mutex_unlock(&d->mu);
   }
   return first;
@@ -249,6 +272,8 @@ static mp__dbatch_t *mp__direct_take_session(mp_direct_t *d, size_t *n,
   mp__dsession_t *sess = &batch->sess;
   sess->ticket = ++d->taken;
   sess->pid = getpid();
+  sess->n = *n;
+  sess->started = sess->done = 0;
   sess->next = d->inflight;
   d->inflight = sess;
   pthread_mutex_unlock(&d->mu);
@@ -264,7 +289,7 @@ static mp_status_t mp__direct_end_session(mp_direct_t *d, size_t *released) {
   mp__dbatch_t *batch = mp__direct_take_session(d, &n, &st);
   if (batch == NULL)
     return st;
-  st = mp__direct_release(d, batch->blocks, n, released);
+  st = mp__direct_release(d, batch, released);
   pthread_mutex_lock(&d->mu);
   mp__dsession_t **at = &d->inflight;
   while (*at != &batch->sess)
@@ -436,7 +461,7 @@ mp_status_t mp_direct_free(mp_direct_t *d, void *ptr) {
                             "direct allocator (or was already released)",
                     ptr);
   }
-  if (!mp__direct_reserve_deferred(d)) {
+  if (!mp__direct_reserve_deferred(d, 1)) {
     pthread_mutex_unlock(&d->mu);
     return mp__fail(MP_ENOMEM, "mp_direct_free: out of host memory");
   }
@@ -523,9 +548,44 @@ static void mp__direct_keep_refused(mp_direct_t *d) {
   }
 }
 
+/* In a child forked while threads of its parent (or of an earlier
+ * ancestor) gave sessions back, those sessions stay in inflight, their
+ * threads gone: nothing here would ever free their blocks or records. The
+ * blocks whose device free had not begun at the fork ([started, n)) are
+ * still allocated in this process's copy of the device: they go back into
+ * the session (deferred), for destroy to free with the rest, and the
+ * records are freed. A block whose free was under way (started > done)
+ * may or may not have gone, and its address may since be another
+ * allocation's: it is left alone, lost to this process, rather than freed
+ * a second time. All or nothing: MP_ENOMEM without the host memory to
+ * list the blocks, and d as it was. No other thread of this process uses
+ * d (destroy's contract), so every session in flight is an orphan. */
+static mp_status_t mp__direct_adopt_orphans(mp_direct_t *d) {
+  size_t more = 0;
+  for (const mp__dsession_t *x = d->inflight; x != NULL; x = x->next)
+    more += x->n - x->started;
+  if (d->inflight == NULL)
+    return MP_OK;
+  if (!mp__ptrmap_reserve(&d->blocks, more) ||
+      !mp__direct_reserve_deferred(d, more))
+    return mp__fail(MP_ENOMEM, "mp_direct_destroy: out of host memory");
+  while (d->inflight != NULL) {
+    mp__dsession_t *x = d->inflight;
+    mp__dbatch_t *batch = (mp__dbatch_t *)x; /* sess is its first member */
+    for (size_t i = x->started; i < x->n; i++)
+      mp__direct_restore(d, batch->blocks[i]);
+    d->inflight = x->next;
+    free(batch);
+  }
+  return MP_OK;
+}
+
 mp_status_t mp_direct_destroy(mp_direct_t *d) {
   if (d == NULL)
     return mp__fail(MP_EINVAL, "mp_direct_destroy: allocator is NULL");
+  mp_status_t adopted = mp__direct_adopt_orphans(d);
+  if (adopted != MP_OK)
+    return adopted;
   /* No other thread may use d now, so the lock is not needed. A failure
    * leaves d usable and holding what it still holds: a synchronization
    * that fails (a call from a host function) frees nothing, since work on

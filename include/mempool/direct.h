@@ -57,7 +57,10 @@ MP_API mp_status_t mp_direct_get_stats_sized(mp_direct_t *d, mp_stats_t *out,
 /* Synchronizes the device and releases every block, live or deferred. On
  * failure the allocator stays, usable: a synchronization that fails
  * (called from a host function) changes nothing; blocks the device refuses
- * to free stay in it, for a later destroy. */
+ * to free stay in it, for a later destroy. In a process forked while
+ * another thread was ending a session, that session's blocks are released
+ * too (but for one whose device free was under way at the fork: it may
+ * have gone already, and is left alone). */
 MP_API mp_status_t mp_direct_destroy(mp_direct_t *d);
 
 #ifdef __cplusplus

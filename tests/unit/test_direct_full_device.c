@@ -16,6 +16,10 @@
 
 #include <mempool/mempool.h>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#endif
+
 #include "../support/stream_gate.h"
 #include "pool_fakedev.h"
 
@@ -302,14 +306,28 @@ static pthread_mutex_t held_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t held_cv = PTHREAD_COND_INITIALIZER;
 static bool held_in, held_go; /* under held_mu */
 
-static mp_status_t held_sync(mp_device_t *dev) {
+/* Waits until the test lets it go (held_go), saying it is here (held_in). */
+static void held_here(void) {
   pthread_mutex_lock(&held_mu);
   held_in = true;
   pthread_cond_broadcast(&held_cv);
   while (!held_go)
     pthread_cond_wait(&held_cv, &held_mu);
   pthread_mutex_unlock(&held_mu);
+}
+
+static mp_status_t held_sync(mp_device_t *dev) {
+  held_here();
   return fake_ok(dev);
+}
+
+/* A device free held once it is done (the first; the rest pass once the
+ * test lets go): a fork then finds the block gone from the device, and the
+ * session's thread not yet back in the allocator. */
+static mp_status_t held_free(mp_device_t *dev, void *ptr) {
+  mp_status_t st = fake_free(dev, ptr);
+  held_here();
+  return st;
 }
 
 static void *end_held_session(void *arg) {
@@ -327,15 +345,74 @@ static void *scribble_stack(void *arg) {
   return arg;
 }
 
-static void fork_mid_session(bool new_thread_in_child) {
+/* What the child does with the allocator, and the exit codes that say
+ * what went wrong there. */
+typedef enum {
+  CHILD_ALLOCS,                /* a 40 MiB request on the full device */
+  CHILD_ALLOCS_AFTER_A_THREAD, /* the same after a thread of its own */
+  CHILD_DESTROYS,              /* mp_direct_destroy, then nothing left behind */
+} child_does_t;
+enum {
+  CHILD_OK,
+  CHILD_NOT_ENOMEM = 1,
+  CHILD_NO_THREAD = 2,
+  CHILD_DESTROY_FAILED = 3,
+  CHILD_DEVICE_LEFT = 4,
+  CHILD_HOST_LEFT = 5,
+};
+
+/* Whether LeakSanitizer finds host memory nothing points to (it says
+ * what); false where there is none. */
+static bool child_leaks(void) {
+#if defined(__SANITIZE_ADDRESS__)
+  return __lsan_do_recoverable_leak_check() != 0;
+#else
+  return false;
+#endif
+}
+
+/* In the child: destroys d, whose device has to hold nothing afterwards
+ * (the parent's session's blocks were the child's copies too), and whose
+ * records must all be freed. The parent's thread is not here to let the
+ * held device calls go: they are the fake's own again. */
+static int child_destroys(mp_direct_t *d, mp_device_t *dev,
+                          mp__backend_t *ops) {
+  ops->synchronize = fake_backend.synchronize;
+  ops->free = fake_backend.free;
+  mp_status_t st = mp_direct_destroy(d);
+  size_t used = fake_of(dev)->used;
+  if (st != MP_OK) {
+    fprintf(stderr, "child: mp_direct_destroy: %s: %s\n", mp_status_name(st),
+            mp_last_error());
+    return CHILD_DESTROY_FAILED;
+  }
+  if (used != 0) {
+    fprintf(stderr, "child: %zu bytes still used on the device\n", used);
+    return CHILD_DEVICE_LEFT;
+  }
+  fake_close(dev);
+  return child_leaks() ? CHILD_HOST_LEFT : CHILD_OK;
+}
+
+/* in_free: the session is held in its first device free, done (two blocks,
+ * 16 and 32 MiB), instead of in its synchronization (one of 48 MiB). */
+static void fork_mid_session(child_does_t does, bool in_free) {
   mp_device_t *dev;
   mp_direct_t *d = direct_on_fake(&dev);
   mp__backend_t ops = fake_backend;
-  ops.synchronize = held_sync;
+  if (in_free)
+    ops.free = held_free;
+  else
+    ops.synchronize = held_sync;
   dev->ops = &ops;
-  void *p, *q = NULL;
-  cr_assert_eq(mp_direct_alloc(d, (size_t)48 << 20, NULL, &p), MP_OK);
+  void *p, *p2, *q = NULL;
+  cr_assert_eq(mp_direct_alloc(d, (size_t)(in_free ? 16 : 48) << 20, NULL, &p),
+               MP_OK);
   cr_assert_eq(mp_direct_free(d, p), MP_OK);
+  if (in_free) {
+    cr_assert_eq(mp_direct_alloc(d, (size_t)32 << 20, NULL, &p2), MP_OK);
+    cr_assert_eq(mp_direct_free(d, p2), MP_OK);
+  }
   pthread_t b;
   cr_assert_eq(pthread_create(&b, NULL, end_held_session, d), 0);
   pthread_mutex_lock(&held_mu);
@@ -347,12 +424,14 @@ static void fork_mid_session(bool new_thread_in_child) {
   if (child == 0) {
     alarm(10);
     pthread_t t;
-    if (new_thread_in_child &&
+    if (does == CHILD_DESTROYS)
+      _exit(child_destroys(d, dev, &ops));
+    if (does == CHILD_ALLOCS_AFTER_A_THREAD &&
         (pthread_create(&t, NULL, scribble_stack, NULL) != 0 ||
          pthread_join(t, NULL) != 0))
-      _exit(2);
+      _exit(CHILD_NO_THREAD);
     mp_status_t st = mp_direct_alloc(d, (size_t)40 << 20, NULL, &q);
-    _exit(st == MP_ENOMEM ? 0 : 1);
+    _exit(st == MP_ENOMEM ? CHILD_OK : CHILD_NOT_ENOMEM);
   }
   int status = 0;
   cr_assert_eq(waitpid(child, &status, 0), child);
@@ -367,8 +446,19 @@ static void fork_mid_session(bool new_thread_in_child) {
             "the child waited for the parent's session (SIGALRM) or "
             "crashed (signal %d)",
             WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-            "the child's allocation was not MP_ENOMEM");
+  int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  cr_expect(code == CHILD_OK || WIFSIGNALED(status), "%s",
+            code == CHILD_NOT_ENOMEM
+                ? "the child's allocation was not MP_ENOMEM"
+            : code == CHILD_NO_THREAD ? "the child could not start a thread"
+            : code == CHILD_DESTROY_FAILED
+                ? "the child's destroy failed (a block freed twice?)"
+            : code == CHILD_DEVICE_LEFT
+                ? "the child's destroy left the parent's session's blocks "
+                  "on its device"
+            : code == CHILD_HOST_LEFT
+                ? "the child's destroy leaked host memory (LeakSanitizer)"
+                : "the child failed");
   /* The parent's session went back: the request fits here. */
   cr_assert_eq(mp_direct_alloc(d, (size_t)40 << 20, NULL, &q), MP_OK, "%s",
                mp_last_error());
@@ -379,7 +469,7 @@ static void fork_mid_session(bool new_thread_in_child) {
 
 Test(direct_full_device, a_child_forked_mid_session_does_not_wait_for_it,
      .timeout = 60) {
-  fork_mid_session(false);
+  fork_mid_session(CHILD_ALLOCS, false);
 }
 
 /* The parent's session was on the stack of the thread giving it back: in
@@ -393,7 +483,25 @@ Test(direct_full_device,
    * threads ("not supported"); the plain and ASan runs cover it. */
   cr_skip_test("TSan cannot start a thread in a forked child");
 #endif
-  fork_mid_session(true);
+  fork_mid_session(CHILD_ALLOCS_AFTER_A_THREAD, false);
+}
+
+/* The child's destroy freed the blocks it owned but those of the parent's
+ * session in flight at the fork: that session was out of the map, and its
+ * record and blocks stayed behind in the child (on the host device, its
+ * memory charged to the child's copy of the device). */
+Test(direct_full_device,
+     a_child_forked_mid_session_frees_the_session_s_blocks_at_destroy) {
+  fork_mid_session(CHILD_DESTROYS, false);
+}
+
+/* Forked while the session's first device free had returned but the
+ * session's thread had not yet told the allocator: that block is gone
+ * from the device (and its address may be another allocation's by now);
+ * the child's destroy frees the other one and leaves it alone. */
+Test(direct_full_device,
+     a_child_forked_mid_free_frees_the_rest_and_nothing_twice) {
+  fork_mid_session(CHILD_DESTROYS, true);
 }
 
 /* ---- a session held up by work the allocating thread releases ---------
