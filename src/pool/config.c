@@ -74,7 +74,8 @@ static const mp__conf_key_t mp__conf_keys[] = {
     MP__FLAG_KEY("pausable", MP_POOL_PAUSABLE,
                  "never take a plain segment (near a cap that is no whole "
                  "number of granules), so that pause always can; the cap is "
-                 "used in whole granules"),
+                 "used in whole granules (needs virtual, and a device with "
+                 "virtual memory)"),
     {"max_fraction", MP__KEY_FRACTION, MP__FIELD(max_fraction), 0, 0, false,
      "cap as a share of the device's memory (or max_bytes, not both)"},
     {"arenas", MP__KEY_COUNT, MP__FIELD(arenas), 0, MP_POOL_MAX_ARENAS, false,
@@ -333,6 +334,13 @@ mp_status_t mp__config_validate(const mp_pool_config_t *cfg) {
   if ((cfg->flags & MP_POOL_HISTORY_STACKS) && cfg->history == 0)
     return mp__fail(MP_EINVAL,
                     "pool config: history_stacks=1 needs history=N (N > 0)");
+  /* What pausable=1 promises (pause always can) needs the virtual range:
+   * a pool of plain segments cannot keep its addresses through a pause. */
+  if ((cfg->flags & MP_POOL_PAUSABLE) && !(cfg->flags & MP_POOL_VIRTUAL))
+    return mp__fail(MP_EINVAL,
+                    "pool config: pausable=1 needs virtual=1 "
+                    "(expandable_segments): a pool of plain segments "
+                    "cannot keep its addresses through a pause");
   if (cfg->map_piece > SIZE_MAX / 2)
     return mp__fail(MP_EINVAL, "pool config: map_piece %zu is absurd",
                     cfg->map_piece);

@@ -137,6 +137,17 @@ mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
     else
       mp__error_restore(&saved);
   }
+  /* pausable=1 (virtual=1 checked by mp__config_validate) on a device
+   * without virtual memory: every segment would be plain, and no pause
+   * could keep its addresses. */
+  if ((cfg->flags & MP_POOL_PAUSABLE) && pool->granule == 0) {
+    mp__pool_free_host(pool);
+    return mp__fail(MP_ENOTSUP,
+                    "pool config: pausable=1 needs virtual memory, which "
+                    "device '%s' does not offer: its pool would hold plain "
+                    "segments, which no pause can keep",
+                    mp_device_name(dev));
+  }
   /* Blocks are aligned only as far as their segments are: the virtual
    * range to the granularity, plain segments to what the device promises
    * for an allocation (a virtual pool may fall back to them). */

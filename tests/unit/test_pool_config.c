@@ -106,6 +106,77 @@ Test(pool_config, create_validates_the_config) {
   fake_close(dev);
 }
 
+/* pausable=1 promises that pause always can, which only the virtual range
+ * does: with virtual=0 (or PyTorch's expandable_segments=0) create is
+ * MP_EINVAL, from an option string, $MEMPOOL_CONF or the struct's flags
+ * alike. It used to make a pool of plain segments that no pause could
+ * keep, without a word. */
+static void expect_pausable_refused(mp_device_t *dev, mp_pool_config_t *c,
+                                    mp_status_t want, const char *says) {
+  mp_pool_t *p = NULL;
+  cr_expect_eq(mp_pool_create(dev, c, &p), want, "%s", mp_last_error());
+  cr_expect(strstr(mp_last_error(), says) != NULL, "%s", mp_last_error());
+  cr_expect_null(p);
+  if (p != NULL)
+    mp_pool_destroy(p);
+}
+
+Test(pool_config, pausable_without_virtual_is_einval_at_create) {
+  unsetenv("MEMPOOL_CONF");
+  mp_device_t *dev = fake_open((size_t)1 << 30, (size_t)2 << 20);
+  const char *opts[] = {"pausable=1,virtual=0", "virtual=off,pausable=yes",
+                        "expandable_segments=0,pausable=1"};
+  mp_pool_config_t c;
+  for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) {
+    mp_pool_config_init(&c);
+    cr_assert_eq(mp_pool_config_parse(&c, opts[i]), MP_OK, "%s", opts[i]);
+    expect_pausable_refused(dev, &c, MP_EINVAL, "pausable=1 needs virtual=1");
+  }
+  setenv("MEMPOOL_CONF", "pausable=1,virtual=0", 1);
+  mp_pool_config_init(&c);
+  unsetenv("MEMPOOL_CONF");
+  expect_pausable_refused(dev, &c, MP_EINVAL, "pausable=1 needs virtual=1");
+  mp_pool_config_init(&c);
+  c.flags = MP_POOL_PAUSABLE | MP_POOL_DEFRAG_ON_OOM;
+  expect_pausable_refused(dev, &c, MP_EINVAL, "pausable=1 needs virtual=1");
+  /* With the range (the default), and without pausable: made. */
+  mp_pool_t *p = NULL;
+  mp_pool_config_init(&c);
+  cr_assert_eq(mp_pool_config_parse(&c, "pausable=1"), MP_OK);
+  cr_assert_eq(mp_pool_create(dev, &c, &p), MP_OK, "%s", mp_last_error());
+  mp_pool_destroy(p);
+  mp_pool_config_init(&c);
+  cr_assert_eq(mp_pool_config_parse(&c, "virtual=0"), MP_OK);
+  cr_assert_eq(mp_pool_create(dev, &c, &p), MP_OK, "%s", mp_last_error());
+  mp_pool_destroy(p);
+  fake_close(dev);
+}
+
+/* The same asked of a device without virtual memory: every segment would
+ * be plain. MP_ENOTSUP (the device cannot), the message naming it. A pool
+ * without pausable=1 is made there as before, on plain segments. */
+Test(pool_config, pausable_on_a_device_without_virtual_memory_is_enotsup) {
+  unsetenv("MEMPOOL_CONF");
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  mp_pool_config_t c;
+  mp_pool_config_init(&c);
+  cr_assert_eq(mp_pool_config_parse(&c, "pausable=1"), MP_OK);
+  expect_pausable_refused(dev, &c, MP_ENOTSUP, "needs virtual memory");
+  cr_expect(strstr(mp_last_error(), "'fake'") != NULL, "%s", mp_last_error());
+  mp_pool_t *p = NULL;
+  mp_pool_config_init(&c);
+  cr_assert_eq(mp_pool_create(dev, &c, &p), MP_OK, "%s", mp_last_error());
+  mp_pool_destroy(p);
+  fake_close(dev);
+  /* The emulated device with its virtual memory off. */
+  cr_assert_eq(mp_device_open("host:vmm=0", &dev), MP_OK, "%s",
+               mp_last_error());
+  mp_pool_config_init(&c);
+  cr_assert_eq(mp_pool_config_parse(&c, "pausable=1"), MP_OK);
+  expect_pausable_refused(dev, &c, MP_ENOTSUP, "needs virtual memory");
+  mp_device_close(dev);
+}
+
 Test(pool_config, pytorch_option_names_mean_the_same_here) {
   unsetenv("MEMPOOL_CONF");
   mp_pool_config_t c;
