@@ -240,16 +240,19 @@ static void mp__ipc_done(mp_device_t *dev, void *ptr, bool gone) {
   pthread_mutex_unlock(&mp__ipc_mu);
 }
 
-/* Unmaps an import mp__ipc_take marked and closes its lease. A close the
- * backend failed before the memory was unmapped changes nothing (unless
- * force: the device is closing): the import stays listed with its lease
- * open (the exporter must not reuse a block still mapped here), and may be
- * closed again. */
+/* Unmaps an import mp__ipc_take marked and closes its lease, once the work
+ * that may use it is done: the work queued on s so far (on_stream), else
+ * the device's. A close that failed before the memory was unmapped (the
+ * wait included) changes nothing (unless force: the device is closing):
+ * the import stays listed with its lease open (the exporter must not reuse
+ * a block still mapped here), and may be closed again. */
 static mp_status_t mp__ipc_unmap(mp_device_t *dev, const struct mp__import *im,
-                                 bool force) {
+                                 bool force, bool on_stream, mp_stream_t s) {
   bool unmapped = false;
   mp_status_t st =
-      dev->ops->ipc_close(dev, im->base, im->bytes, im->kind, &unmapped);
+      on_stream ? mp_stream_synchronize(dev, s) : mp_device_synchronize(dev);
+  if (st == MP_OK)
+    st = dev->ops->ipc_close(dev, im->base, im->bytes, im->kind, &unmapped);
   mp__ipc_done(dev, (void *)im->ptr, unmapped || force);
   if (!unmapped && !force)
     return mp__fail(st,
@@ -262,23 +265,54 @@ static mp_status_t mp__ipc_unmap(mp_device_t *dev, const struct mp__import *im,
   return st;
 }
 
+/* mp_ipc_close's refusal of a ptr that is no open import of dev. */
+static mp_status_t mp__ipc_not_open(const char *fn, const mp_device_t *dev,
+                                    const void *ptr) {
+  return mp__fail(MP_EINVAL,
+                  "%s: %p is not memory mp_ipc_import mapped on %s (closed "
+                  "already?)",
+                  fn, ptr, dev->name);
+}
+
 mp_status_t mp_ipc_close(mp_device_t *dev, void *ptr) {
   if (dev == NULL)
     return mp__fail(MP_EINVAL, "mp_ipc_close: dev is NULL");
   struct mp__import im;
   if (!mp__ipc_take(dev, ptr, &im))
+    return mp__ipc_not_open("mp_ipc_close", dev, ptr);
+  return mp__ipc_unmap(dev, &im, false, false, NULL);
+}
+
+/* As mp_ipc_close, waiting only for the work queued on s: no device
+ * synchronization, which CUDA refuses (and which invalidates the capture)
+ * while another thread captures a graph in global mode, whatever this
+ * thread's capture mode (the fake models it, cuCtxSynchronize). A stream
+ * being captured runs nothing until its graph is launched: refused. */
+mp_status_t mp_ipc_close_after(mp_device_t *dev, void *ptr, mp_stream_t s) {
+  if (dev == NULL)
+    return mp__fail(MP_EINVAL, "mp_ipc_close_after: dev is NULL");
+  if (s != NULL && mp__device_stream_kind(dev, s) == MP__STREAM_BAD)
     return mp__fail(MP_EINVAL,
-                    "mp_ipc_close: %p is not memory mp_ipc_import mapped on "
-                    "%s (closed already?)",
-                    ptr, dev->name);
-  return mp__ipc_unmap(dev, &im, false);
+                    "mp_ipc_close_after: stream %p is not a live stream of "
+                    "device '%s'",
+                    (void *)s, mp_device_name(dev));
+  if (mp__device_stream_capturing(dev, s) == 1)
+    return mp__fail(MP_EBUSY,
+                    "mp_ipc_close_after: stream %p is being captured: its "
+                    "work runs when the graph is launched, not before the "
+                    "close",
+                    (void *)s);
+  struct mp__import im;
+  if (!mp__ipc_take(dev, ptr, &im))
+    return mp__ipc_not_open("mp_ipc_close_after", dev, ptr);
+  return mp__ipc_unmap(dev, &im, false, true, s);
 }
 
 void mp__ipc_close_all(mp_device_t *dev) {
   struct mp__import im;
   while (dev->nimports > 0 &&
          mp__ipc_take(dev, (void *)dev->imports[0].ptr, &im))
-    (void)mp__ipc_unmap(dev, &im, true);
+    (void)mp__ipc_unmap(dev, &im, true, false, NULL);
   free(dev->imports);
   dev->imports = NULL;
   dev->imports_cap = 0;

@@ -643,8 +643,21 @@ MP_API mp_status_t mp_ipc_import(mp_device_t *dev, mp_ipc_handle_t *h,
  * nothing: the import stays mapped and leased and may be closed again;
  * only when the device had unmapped the memory before failing is the
  * import closed anyway (the message says so). Imports left open are
- * closed by mp_device_close. */
+ * closed by mp_device_close. The wait is a device synchronization, which
+ * CUDA refuses while another thread captures a graph in global mode (the
+ * capture is invalidated, whatever this thread's capture mode): where
+ * that may happen, use mp_ipc_close_after. */
 MP_API mp_status_t mp_ipc_close(mp_device_t *dev, void *ptr);
+/* mp_ipc_close after the work queued on s so far instead of the device's
+ * (a stream synchronization, which leaves other threads' captures alone):
+ * the caller vouches that s covers every use of the import (it was used on
+ * s only, or s waits on events of the other streams that used it), as
+ * PyTorch's consumer of shared CUDA memory synchronizes its current
+ * stream. s: NULL (the default stream) or a live stream of dev, else
+ * MP_EINVAL; a stream being captured into a graph: MP_EBUSY (its work runs
+ * when the graph is launched). Otherwise as mp_ipc_close. */
+MP_API mp_status_t mp_ipc_close_after(mp_device_t *dev, void *ptr,
+                                      mp_stream_t s);
 /* Sends h over the connected Unix socket sock: its bytes in one message
  * with its open descriptors attached (SCM_RIGHTS). h is not changed: its
  * descriptors are still the sender's to close. A bad socket: MP_EIO; an

@@ -1476,21 +1476,20 @@ static mp_status_t mp__cuda_ipc_close(mp_device_t *dev, void *base,
                                       bool *unmapped) {
   mp__cuda_dev_t *cd = mp__cuda_of(dev);
   *unmapped = false;
-  /* Work queued on this device may still use it. */
-  mp_status_t st = mp__cuda_synchronize(dev);
-  if (st != MP_OK)
-    return st;
+  /* No wait here: ipc.c has waited for the work that may use it (the
+   * device's, or one stream's). Relaxed, as every unmap and free. */
   CUresult r;
   if (kind == MP_IPC_CUDA) {
-    MP__CU_IN_CTX(cd, r, mp__cu.IpcCloseMemHandle((CUdeviceptr)base));
+    MP__CU_IN_CTX_RELAXED(cd, r, mp__cu.IpcCloseMemHandle((CUdeviceptr)base));
     *unmapped = r == CUDA_SUCCESS;
   } else {
-    MP__CU_IN_CTX(cd, r, mp__cu.MemUnmap((CUdeviceptr)base, bytes));
+    MP__CU_IN_CTX_RELAXED(cd, r, mp__cu.MemUnmap((CUdeviceptr)base, bytes));
     /* Unmapped, the memory is gone: a failing address free after it
      * leaves only the reservation behind. */
     *unmapped = r == CUDA_SUCCESS;
     if (r == CUDA_SUCCESS)
-      MP__CU_IN_CTX(cd, r, mp__cu.MemAddressFree((CUdeviceptr)base, bytes));
+      MP__CU_IN_CTX_RELAXED(cd, r,
+                            mp__cu.MemAddressFree((CUdeviceptr)base, bytes));
   }
   return r == CUDA_SUCCESS
              ? MP_OK

@@ -1680,8 +1680,10 @@ static mp_status_t host_ipc_open(mp_device_t *dev, const mp_ipc_handle_t *h,
 static mp_status_t host_ipc_close(mp_device_t *dev, void *base, size_t bytes,
                                   unsigned kind, bool *unmapped) {
   (void)kind;
-  /* Queued copies may still touch it, as before any free. */
-  mp_status_t st = host_sync_all(host_of(dev), "mp_ipc_close");
+  (void)dev;
+  /* No wait here: ipc.c has waited for the work that may use it (the
+   * device's, or one stream's). A driver call on the cuda backend. */
+  mp_status_t st = host_check_caller("mp_ipc_close");
   if (st == MP_OK)
     munmap(base, bytes);
   *unmapped = st == MP_OK;

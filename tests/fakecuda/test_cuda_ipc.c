@@ -6,8 +6,10 @@
  * the importer lets go, and destroy waits for the importers of a plain
  * segment's block (MP_EBUSY), not a virtual chunk's; an exported
  * memory descriptor is close-on-exec; without shareable memory a virtual
- * block is MP_ENOTSUP. On the fake the export calls are counted; the GPU twin
- * (gpu_cuda_ipc) runs the same on a real driver. */
+ * block is MP_ENOTSUP; mp_ipc_close_after waits for one stream's work and
+ * leaves another thread's global-mode capture valid (mp_ipc_close's device
+ * synchronization invalidated it). On the fake the export calls are
+ * counted; the GPU twin (gpu_cuda_ipc) runs the same on a real driver. */
 #include <fcntl.h>
 #include <stdlib.h>
 
@@ -16,6 +18,8 @@
 
 #include "../support/device_helpers.h"
 #include "../support/ipc_helpers.h"
+#include "../support/stream_gate.h"
+#include "capture_beside.h"
 #include "fakecuda_test.h"
 
 /* A pool on "cuda" with one small block, exported into *h. */
@@ -237,4 +241,110 @@ Test(cuda_ipc, a_copy_of_a_handle_imported_on_another_device_is_einval) {
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
   mp_device_close(d2);
   mp_device_close(d);
+}
+
+/* ---- closing beside another thread's capture ----------------------------
+ * mp_ipc_close waits for the device's queued work with cuCtxSynchronize,
+ * which CUDA refuses while another thread captures a graph in global mode:
+ * that capture is invalidated, whatever the closing thread's capture mode
+ * (the fake models what an H200 did: fakecuda.c, cuCtxSynchronize).
+ * mp_ipc_close_after waits for the work queued on one stream only. */
+
+/* An import (q) of a small block (p) of a new pool on "cuda", written on a
+ * new stream s; lease: the import's lease descriptor. Skipped where the
+ * device cannot export virtual memory. */
+typedef struct {
+  mp_device_t *d;
+  mp_pool_t *pool;
+  void *p, *q;
+  mp_stream_t s;
+  int lease;
+} used_import_t;
+
+static used_import_t import_used_on_a_stream(void) {
+  skip_without_vmm_fd();
+  used_import_t u;
+  u.d = open_dev("cuda");
+  mp_ipc_handle_t h;
+  cr_assert_eq(export_small(u.d, &u.pool, &u.p, &h), MP_OK, "%s",
+               mp_last_error());
+  u.lease = h.lease_fd;
+  cr_assert_eq(mp_ipc_import(u.d, &h, &u.q), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_stream_create(u.d, &u.s), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_memset_async(u.d, u.q, 0x5a, 4096, u.s), MP_OK, "%s",
+               mp_last_error());
+  return u;
+}
+
+/* The import is closed (its lease too); then everything goes. */
+static void closed_then_done(used_import_t *u) {
+  cr_expect_eq(fcntl(u->lease, F_GETFD), -1, "the close kept the lease open");
+  cr_assert_eq(mp_stream_destroy(u->d, u->s), MP_OK);
+  cr_assert_eq(mp_pool_free(u->pool, u->p), MP_OK);
+  size_t held = 1;
+  cr_assert_eq(mp_pool_ipc_poll(u->pool, &held), MP_OK);
+  cr_expect_eq(held, 0);
+  cr_assert_eq(mp_pool_destroy(u->pool), MP_OK);
+  mp_device_close(u->d);
+}
+
+Test(cuda_ipc, a_close_after_a_stream_keeps_another_threads_global_capture) {
+  used_import_t u = import_used_on_a_stream();
+  long long syncs = fk_is_real() ? 0 : fk_calls("cuCtxSynchronize");
+  capture_t c;
+  capture_start(&c);
+  mp_status_t st = mp_ipc_close_after(u.d, u.q, u.s);
+  capture_finish(&c);
+  cr_assert_eq(st, MP_OK, "%s", mp_last_error());
+  if (!fk_is_real())
+    cr_expect_eq(fk_calls("cuCtxSynchronize"), syncs,
+                 "the close synchronized the device");
+  closed_then_done(&u);
+}
+
+/* It waits for that stream's work: a host function on it, held behind a
+ * gate a timer opens after 300 ms, has run when the close returns. */
+Test(cuda_ipc, a_close_after_a_stream_waits_for_its_work) {
+  used_import_t u = import_used_on_a_stream();
+  gate_t g;
+  gate_init(&g);
+  cr_assert_eq(mp_stream_launch_host(u.d, u.s, gate_wait, &g), MP_OK);
+  gate_timer_t timer;
+  cr_assert_eq(gate_deadline_start(&timer, &g, 300000u), 0);
+  mp_status_t st = mp_ipc_close_after(u.d, u.q, u.s);
+  bool waited = atomic_load(&timer.opened) != 0;
+  gate_open(&g);
+  gate_timer_join(&timer);
+  gate_destroy(&g);
+  cr_assert_eq(st, MP_OK, "%s", mp_last_error());
+  cr_expect(waited, "the close returned before the stream's work ran");
+  closed_then_done(&u);
+}
+
+/* A stream that is none of the device's: MP_EINVAL; one being captured:
+ * MP_EBUSY (its work runs only when the graph is launched). Neither
+ * changes anything: the import is still open and closes after. */
+Test(cuda_ipc, a_close_after_a_bad_or_capturing_stream_is_refused) {
+  used_import_t u = import_used_on_a_stream();
+  int not_a_stream; /* a driver may crash on it: only the fake is asked */
+  if (!fk_is_real()) {
+    cr_expect_eq(mp_ipc_close_after(u.d, u.q, (mp_stream_t)&not_a_stream),
+                 MP_EINVAL);
+    cr_expect(strstr(mp_last_error(), "not a live stream") != NULL, "%s",
+              mp_last_error());
+  }
+  capture_load();
+  CUstream k = capture_begin_here();
+  mp_status_t st = mp_ipc_close_after(u.d, u.q, (mp_stream_t)k);
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", mp_last_error());
+  cr_assert_eq(mp_stream_forget(u.d, (mp_stream_t)k), MP_OK);
+  CUresult end = capture_end_here(k);
+  cr_expect_eq(st, MP_EBUSY, "%s", msg);
+  cr_expect(strstr(msg, "captured") != NULL, "%s", msg);
+  cr_expect_eq(end, CUDA_SUCCESS, "the refusal invalidated the capture");
+  cr_expect_neq(fcntl(u.lease, F_GETFD), -1,
+                "a refused close closed the lease");
+  cr_assert_eq(mp_ipc_close_after(u.d, u.q, u.s), MP_OK, "%s", mp_last_error());
+  closed_then_done(&u);
 }

@@ -20,56 +20,36 @@
 #include "../support/stream_merges.h"
 #include "../support/stream_reclaim.h"
 #include "../support/stream_reuse.h"
+#include "capture_beside.h"
 #include "fakecuda_test.h"
 
+/* The driver's entry points these tests call besides capture_beside.h's
+ * (capcu). */
 static struct {
-  CUresult (*retain)(CUcontext *, CUdevice), (*release)(CUdevice);
-  CUresult (*push)(CUcontext), (*pop)(CUcontext *);
-  CUresult (*create)(CUstream *, unsigned), (*destroy)(CUstream);
   CUresult (*launch)(CUstream, CUhostFn, void *);
-  CUresult (*begin)(CUstream, CUstreamCaptureMode);
-  CUresult (*end)(CUstream, CUgraph *);
-  CUresult (*graph_destroy)(CUgraph);
   CUresult (*event_create)(CUevent *, unsigned), (*event_destroy)(CUevent);
   CUresult (*record)(CUevent, CUstream), (*wait)(CUstream, CUevent, unsigned);
-  long long (*errors)(CUresult);
 } cu;
 
 static void load_driver(void) {
-  FK_LOAD(cu.retain, "cuDevicePrimaryCtxRetain");
-  FK_LOAD(cu.release, "cuDevicePrimaryCtxRelease_v2");
-  FK_LOAD(cu.push, "cuCtxPushCurrent_v2");
-  FK_LOAD(cu.pop, "cuCtxPopCurrent_v2");
-  FK_LOAD(cu.create, "cuStreamCreate");
-  FK_LOAD(cu.destroy, "cuStreamDestroy_v2");
+  capture_load();
   FK_LOAD(cu.launch, "cuLaunchHostFunc");
-  FK_LOAD(cu.begin, "cuStreamBeginCapture_v2");
-  FK_LOAD(cu.end, "cuStreamEndCapture");
-  FK_LOAD(cu.graph_destroy, "cuGraphDestroy");
   FK_LOAD(cu.event_create, "cuEventCreate");
   FK_LOAD(cu.event_destroy, "cuEventDestroy_v2");
   FK_LOAD(cu.record, "cuEventRecord");
   FK_LOAD(cu.wait, "cuStreamWaitEvent");
-  void *errs = fk_test_sym_opt("cuFakeGetErrorCount");
-  memcpy(&cu.errors, &errs, sizeof errs); /* NULL on a real driver */
-}
-
-/* How often the fake refused with r (0 on a real driver, the GPU twin,
- * where the other checks stand alone). */
-static long long errors(CUresult r) {
-  return cu.errors != NULL ? cu.errors(r) : 0;
 }
 
 /* Makes device 0's primary context current on this thread. */
 static void enter_ctx(void) {
   CUcontext c;
-  cr_assert_eq(cu.retain(&c, 0), CUDA_SUCCESS);
-  cr_assert_eq(cu.push(c), CUDA_SUCCESS);
+  cr_assert_eq(capcu.retain(&c, 0), CUDA_SUCCESS);
+  cr_assert_eq(capcu.push(c), CUDA_SUCCESS);
 }
 
 static void leave_ctx(void) {
-  cr_assert_eq(cu.pop(NULL), CUDA_SUCCESS);
-  cr_assert_eq(cu.release(0), CUDA_SUCCESS);
+  cr_assert_eq(capcu.pop(NULL), CUDA_SUCCESS);
+  cr_assert_eq(capcu.release(0), CUDA_SUCCESS);
 }
 
 /* The application's side of the end of a stream a pool knows
@@ -79,7 +59,7 @@ static void leave_ctx(void) {
  * (driver 580.159.04, 2026-11-28); the fake driver stops such a test. */
 static void stream_end(mp_device_t *dev, CUstream s) {
   cr_assert_eq(mp_stream_forget(dev, (mp_stream_t)s), MP_OK);
-  cr_assert_eq(cu.destroy(s), CUDA_SUCCESS);
+  cr_assert_eq(capcu.destroy(s), CUDA_SUCCESS);
 }
 
 /* A pool on the cuda device with options opts. */
@@ -92,50 +72,7 @@ static mp_pool_t *cuda_pool(mp_device_t *dev, const char *opts) {
   return pool;
 }
 
-/* ---- another thread's global-mode capture -------------------------------- */
-
-typedef struct {
-  atomic_int stage; /* 1: capture begun, 2: the pool is done */
-  CUresult end;
-  pthread_t thread;
-  long long refused; /* the fake's refusals when it began */
-} capture_t;
-
-static void *capture_beside(void *p) {
-  capture_t *c = p;
-  enter_ctx();
-  CUstream s;
-  cr_assert_eq(cu.create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  cr_assert_eq(cu.begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-  atomic_store(&c->stage, 1);
-  while (atomic_load(&c->stage) != 2)
-    usleep(1000);
-  CUgraph g = NULL;
-  c->end = cu.end(s, &g);
-  if (g != NULL)
-    cr_assert_eq(cu.graph_destroy(g), CUDA_SUCCESS);
-  cr_assert_eq(cu.destroy(s), CUDA_SUCCESS);
-  leave_ctx();
-  return NULL;
-}
-
-/* Starts the capture on another thread and waits until it is underway. */
-static void capture_start(capture_t *c) {
-  c->end = CUDA_ERROR_UNKNOWN;
-  atomic_store(&c->stage, 0);
-  cr_assert_eq(pthread_create(&c->thread, NULL, capture_beside, c), 0);
-  while (atomic_load(&c->stage) != 1)
-    usleep(1000);
-  c->refused = errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-}
-
-/* Ends it: the capture must have stayed valid, nothing refused. */
-static void capture_finish(capture_t *c) {
-  atomic_store(&c->stage, 2);
-  pthread_join(c->thread, NULL);
-  cr_assert_eq(c->end, CUDA_SUCCESS, "the pool invalidated the capture");
-  cr_assert_eq(errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), c->refused);
-}
+/* ---- another thread's global-mode capture (capture_beside.h) ---------- */
 
 /* Pool growth through cuMemAlloc (a device without virtual memory) while
  * another thread captures in global mode: cuMemAlloc is a potentially
@@ -172,8 +109,8 @@ Test(cuda_pool_rules, stream_work_keeps_another_threads_global_capture,
   cr_assert_eq(mp_pool_create(dev, NULL, &pool), MP_OK, "%s", mp_last_error());
   enter_ctx();
   CUstream a, b;
-  cr_assert_eq(cu.create(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  cr_assert_eq(cu.create(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(capcu.create(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(capcu.create(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   void *warm = NULL;
   cr_assert_eq(mp_pool_alloc(pool, 8u << 20, (mp_stream_t)a, &warm), MP_OK);
   cr_assert_eq(mp_pool_free(pool, warm), MP_OK);
@@ -224,7 +161,7 @@ static void syncs_beside_a_capture(const char *conf) {
   cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
   enter_ctx();
   CUstream s;
-  cr_assert_eq(cu.create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(capcu.create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   enum { N = 32 };
   mp_handle_t *h[N] = {0};
   for (int i = 0; i < N; i++)
@@ -298,7 +235,7 @@ Test(cuda_pool_rules, no_device_synchronize_when_allocating_freeing_or_trimming,
   enter_ctx();
   CUstream s[4];
   for (int i = 0; i < 4; i++)
-    cr_assert_eq(cu.create(&s[i], CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    cr_assert_eq(capcu.create(&s[i], CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   if (!fk_is_real())
     fk_reset_calls();
   void *live[8] = {0};
@@ -373,8 +310,8 @@ static void churn_in(churn_pool_t cp, mp_stream_t owed, CUstream cap,
   void *p = NULL;
   cr_assert_eq(cp.alloc(cp.pool, 4u << 20, owed, &p), MP_OK);
   cr_assert_eq(cp.free(cp.pool, p), MP_OK);
-  long long refused = errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-  cr_assert_eq(cu.begin(cap, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  long long refused = capture_errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  cr_assert_eq(capcu.begin(cap, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
   mp_status_t st = MP_OK;
   for (int i = 0; i < rounds && st == MP_OK; i++) {
     void *q = NULL;
@@ -383,12 +320,12 @@ static void churn_in(churn_pool_t cp, mp_stream_t owed, CUstream cap,
       st = cp.free(cp.pool, q);
   }
   CUgraph g = NULL;
-  CUresult end = cu.end(cap, &g);
+  CUresult end = capcu.end(cap, &g);
   if (g != NULL)
-    cr_assert_eq(cu.graph_destroy(g), CUDA_SUCCESS);
+    cr_assert_eq(capcu.graph_destroy(g), CUDA_SUCCESS);
   cr_assert_eq(st, MP_OK, "%s", mp_last_error());
   cr_assert_eq(end, CUDA_SUCCESS, "the pool invalidated the capture");
-  cr_assert_eq(errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), refused);
+  cr_assert_eq(capture_errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), refused);
 }
 
 static void churn_beside_a_capture(mp_pool_t *pool, mp_stream_t owed,
@@ -413,8 +350,8 @@ static void unaware_capture_is_not_asked(unsigned flags) {
   cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
   enter_ctx();
   CUstream a, b;
-  cr_assert_eq(cu.create(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  cr_assert_eq(cu.create(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(capcu.create(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(capcu.create(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   churn_beside_a_capture(pool, (mp_stream_t)a, a, b, 32); /* a owes a free */
   stream_end(dev, a);
   stream_end(dev, b);
@@ -450,26 +387,26 @@ Test(cuda_pool_rules, destroy_waits_for_no_unaware_capture,
   mp_pool_t *pool = cuda_pool(dev, "");
   enter_ctx();
   CUstream a;
-  cr_assert_eq(cu.create(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(capcu.create(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   void *p = NULL;
   cr_assert_eq(mp_pool_alloc(pool, 4u << 20, (mp_stream_t)a, &p), MP_OK);
   cr_assert_eq(mp_pool_free(pool, p), MP_OK);
   cr_assert_eq(mp_pool_alloc(pool, 1u << 20, (mp_stream_t)a, &p), MP_OK);
   mp_stats_t before, after;
   cr_assert_eq(mp_pool_get_stats(pool, &before), MP_OK);
-  long long refused = errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-  cr_assert_eq(cu.begin(a, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  long long refused = capture_errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  cr_assert_eq(capcu.begin(a, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
   mp_status_t destroy = mp_pool_destroy(pool);
   CUgraph g = NULL;
-  CUresult end = cu.end(a, &g);
+  CUresult end = capcu.end(a, &g);
   if (g != NULL)
-    cr_assert_eq(cu.graph_destroy(g), CUDA_SUCCESS);
+    cr_assert_eq(capcu.graph_destroy(g), CUDA_SUCCESS);
   cr_assert_eq(destroy, MP_EBUSY, "destroy during an unaware capture: %d",
                destroy);
   cr_assert(strstr(mp_last_error(), "mp_pool_destroy") != NULL, "%s",
             mp_last_error());
   cr_assert_eq(end, CUDA_SUCCESS, "the pool invalidated the capture");
-  cr_assert_eq(errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), refused);
+  cr_assert_eq(capture_errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), refused);
   /* Nothing changed: the live block is still the pool's. */
   cr_assert_eq(mp_pool_check(pool), MP_OK);
   cr_assert_eq(mp_pool_get_stats(pool, &after), MP_OK);
@@ -593,8 +530,8 @@ Test(cuda_pool_rules,
   mp_pool_t *pool = cuda_pool(dev, "");
   enter_ctx();
   CUstream k, o;
-  cr_assert_eq(cu.create(&k, CU_STREAM_DEFAULT), CUDA_SUCCESS);
-  cr_assert_eq(cu.create(&o, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(capcu.create(&k, CU_STREAM_DEFAULT), CUDA_SUCCESS);
+  cr_assert_eq(capcu.create(&o, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   churn_beside_a_capture(pool, NULL, k, o, 16); /* the legacy stream owes */
   /* Once the capture is over, the legacy stream's block is reusable: no
    * growth for it. */
@@ -629,8 +566,8 @@ Test(cuda_pool_rules, a_host_pool_leaves_an_unaware_capture_alone,
                mp_last_error());
   enter_ctx();
   CUstream a, b;
-  cr_assert_eq(cu.create(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  cr_assert_eq(cu.create(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(capcu.create(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(capcu.create(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   churn_in((churn_pool_t){hp, host_pool_alloc, host_pool_free}, (mp_stream_t)a,
            a, b, 16); /* a owes a free */
   cr_assert_eq(mp_host_pool_check(hp), MP_OK);
@@ -654,17 +591,17 @@ Test(cuda_pool_rules,
   mp_pool_t *pool = cuda_pool(dev, "");
   enter_ctx();
   CUstream k;
-  cr_assert_eq(cu.create(&k, CU_STREAM_DEFAULT), CUDA_SUCCESS);
+  cr_assert_eq(capcu.create(&k, CU_STREAM_DEFAULT), CUDA_SUCCESS);
   void *p = NULL;
   cr_assert_eq(mp_pool_alloc(pool, 4u << 20, NULL, &p), MP_OK);
   cr_assert_eq(mp_pool_free(pool, p), MP_OK);
-  cr_assert_eq(cu.begin(k, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  cr_assert_eq(capcu.begin(k, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
   mp_status_t trim = mp_pool_trim(pool, 0);
   mp_status_t pause = mp_pool_pause(pool, 0);
   CUgraph g = NULL;
-  CUresult end = cu.end(k, &g);
+  CUresult end = capcu.end(k, &g);
   if (g != NULL)
-    cr_assert_eq(cu.graph_destroy(g), CUDA_SUCCESS);
+    cr_assert_eq(capcu.graph_destroy(g), CUDA_SUCCESS);
   cr_assert_eq(end, CUDA_SUCCESS, "the pool invalidated the capture");
   cr_assert_eq(trim, MP_EBUSY);
   cr_assert_eq(pause, MP_EBUSY);
@@ -697,9 +634,9 @@ static void alloc_during_capture(mp_pool_t *pool, mp_stream_t s, CUstream k,
   void *y = NULL;
   mp_status_t st = mp_pool_alloc(pool, 8u << 20, s, &y);
   CUgraph g = NULL;
-  CUresult end = cu.end(k, &g);
+  CUresult end = capcu.end(k, &g);
   if (g != NULL)
-    cr_assert_eq(cu.graph_destroy(g), CUDA_SUCCESS);
+    cr_assert_eq(capcu.graph_destroy(g), CUDA_SUCCESS);
   gate_open(gate);
   cr_assert_eq(st, MP_OK, "%s", mp_last_error());
   cr_assert_eq(end, CUDA_SUCCESS, "the pool invalidated the capture");
@@ -719,14 +656,14 @@ Test(cuda_pool_rules, stream_waits_leave_the_legacy_stream_alone_in_a_capture,
   mp_pool_t *pool = cuda_pool(dev, "stream_waits=1");
   enter_ctx();
   CUstream k, o;
-  cr_assert_eq(cu.create(&k, CU_STREAM_DEFAULT), CUDA_SUCCESS);
-  cr_assert_eq(cu.create(&o, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(capcu.create(&k, CU_STREAM_DEFAULT), CUDA_SUCCESS);
+  cr_assert_eq(capcu.create(&o, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   void *t = NULL;
   cr_assert_eq(mp_pool_alloc(pool, 1u << 20, NULL, &t), MP_OK);
   cr_assert_eq(mp_pool_free(pool, t), MP_OK); /* the pool knows both */
   gate_t gate;
   void *x = gated_free(pool, o, &gate);
-  cr_assert_eq(cu.begin(k, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  cr_assert_eq(capcu.begin(k, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
   alloc_during_capture(pool, NULL, k, x, &gate);
   stream_end(dev, k);
   stream_end(dev, o);
@@ -750,16 +687,16 @@ Test(cuda_pool_rules, stream_waits_leave_a_joined_stream_alone,
   enter_ctx();
   CUstream k, o, j;
   CUevent fork;
-  cr_assert_eq(cu.create(&k, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  cr_assert_eq(cu.create(&o, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  cr_assert_eq(cu.create(&j, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(capcu.create(&k, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(capcu.create(&o, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(capcu.create(&j, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   cr_assert_eq(cu.event_create(&fork, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
   void *t = NULL;
   cr_assert_eq(mp_pool_alloc(pool, 1u << 20, (mp_stream_t)j, &t), MP_OK);
   cr_assert_eq(mp_pool_free(pool, t), MP_OK); /* the pool knows j */
   gate_t gate;
   void *x = gated_free(pool, o, &gate);
-  cr_assert_eq(cu.begin(k, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  cr_assert_eq(capcu.begin(k, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
   cr_assert_eq(cu.record(fork, k), CUDA_SUCCESS);
   cr_assert_eq(cu.wait(j, fork, 0), CUDA_SUCCESS);
   alloc_during_capture(pool, (mp_stream_t)j, k, x, &gate);
@@ -786,8 +723,8 @@ static two_t two_open(void) {
   t.dev = open_dev("cuda");
   t.pool = cuda_pool(t.dev, "");
   enter_ctx();
-  cr_assert_eq(cu.create(&t.s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  cr_assert_eq(cu.create(&t.s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(capcu.create(&t.s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(capcu.create(&t.s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   return t;
 }
 
@@ -918,14 +855,14 @@ Test(cuda_pool_rules, frees_on_a_busy_stream_record_one_marker_and_stay_with_it,
  * destroyed). */
 static void capture_relaxed(mp_stream_t s, bool begin) {
   if (begin) {
-    cr_assert_eq(cu.begin((CUstream)s, CU_STREAM_CAPTURE_MODE_RELAXED),
+    cr_assert_eq(capcu.begin((CUstream)s, CU_STREAM_CAPTURE_MODE_RELAXED),
                  CUDA_SUCCESS);
     return;
   }
   CUgraph g = NULL;
-  cr_assert_eq(cu.end((CUstream)s, &g), CUDA_SUCCESS);
+  cr_assert_eq(capcu.end((CUstream)s, &g), CUDA_SUCCESS);
   if (g != NULL)
-    cr_assert_eq(cu.graph_destroy(g), CUDA_SUCCESS);
+    cr_assert_eq(capcu.graph_destroy(g), CUDA_SUCCESS);
 }
 
 /* support/stream_markers.h: blocks freed and finished on s1 before its
@@ -934,12 +871,12 @@ static void capture_relaxed(mp_stream_t s, bool begin) {
 Test(cuda_pool_rules, frees_finished_before_a_capture_serve_another_stream,
      .init = load_driver) {
   two_t t = two_open();
-  long long refused = errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) +
-                      errors(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  long long refused = capture_errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) +
+                      capture_errors(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
   markers_frees_before_a_capture(t.pool, t.dev, (mp_stream_t)t.s1,
                                  (mp_stream_t)t.s2, capture_relaxed);
-  cr_expect_eq(errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) +
-                   errors(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
+  cr_expect_eq(capture_errors(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) +
+                   capture_errors(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
                refused, "the pool broke s1's capture");
   cr_expect_eq(mp_pool_check(t.pool), MP_OK, "%s", mp_last_error());
   two_close(&t);
@@ -973,8 +910,8 @@ Test(cuda_pool_rules, stream_waits_order_the_reusing_stream_after_the_free,
   mp_pool_t *pool = stream_waits_pool(dev);
   enter_ctx();
   CUstream a, b;
-  cr_assert_eq(cu.create(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  cr_assert_eq(cu.create(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(capcu.create(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(capcu.create(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   unsigned char *h = NULL;
   cr_assert_eq(mp_device_host_alloc(dev, 4096, (void **)&h), MP_OK);
   memset(h, 0, 4096);
@@ -1026,9 +963,9 @@ Test(cuda_pool_rules, stream_waits_join_more_streams_than_a_record_names,
   enter_ctx();
   CUstream s[NS], b;
   void *x[NS], *t, *guard, *y;
-  cr_assert_eq(cu.create(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(capcu.create(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   for (int i = 0; i < NS; i++) {
-    cr_assert_eq(cu.create(&s[i], CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    cr_assert_eq(capcu.create(&s[i], CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     cr_assert_eq(mp_pool_alloc(pool, 4096, (mp_stream_t)s[i], &t), MP_OK);
     cr_assert_eq(mp_pool_free(pool, t), MP_OK);
   }
@@ -1264,21 +1201,21 @@ Test(cuda_pool_rules,
   gate_t gate;
   gate_init(&gate);
   CUstream s, s2;
-  cr_assert_eq(cu.create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(capcu.create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   void *a = NULL, *b = NULL;
   cr_assert_eq(mp_pool_alloc(pool, 1u << 20, (mp_stream_t)s, &a), MP_OK);
   cr_assert_eq(cu.launch(s, gate_wait, &gate), CUDA_SUCCESS);
   cr_assert_eq(mp_pool_free(pool, a), MP_OK);
-  long long bad = errors(CUDA_ERROR_INVALID_HANDLE);
+  long long bad = capture_errors(CUDA_ERROR_INVALID_HANDLE);
   cr_assert_eq(mp_stream_forget(dev, (mp_stream_t)s), MP_OK);
-  cr_assert_eq(cu.destroy(s), CUDA_SUCCESS);
-  cr_assert_eq(cu.create(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(capcu.destroy(s), CUDA_SUCCESS);
+  cr_assert_eq(capcu.create(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   cr_assert_eq(mp_pool_alloc(pool, 1u << 20, (mp_stream_t)s2, &b), MP_OK);
   cr_assert_neq(b, a,
                 "the block was reused while the destroyed stream's "
                 "work still held it");
   cr_assert_eq(mp_pool_free(pool, b), MP_OK);
-  cr_assert_eq(errors(CUDA_ERROR_INVALID_HANDLE), bad,
+  cr_assert_eq(capture_errors(CUDA_ERROR_INVALID_HANDLE), bad,
                "the pool used the destroyed handle");
   gate_open(&gate);
   cr_assert_eq(mp_device_synchronize(dev), MP_OK);
@@ -1367,7 +1304,7 @@ Test(cuda_pool_rules, map_pieces_are_whole_mappings_trim_unmaps_one_by_one,
   mp_pool_t *pool = cuda_pool(dev, "map_piece=2M");
   if (!fk_is_real())
     fk_reset_calls();
-  long long refused = errors(CUDA_ERROR_INVALID_VALUE);
+  long long refused = capture_errors(CUDA_ERROR_INVALID_VALUE);
   void *a, *b;
   cr_assert_eq(mp_pool_alloc(pool, 8u << 20, NULL, &a), MP_OK, "%s",
                mp_last_error());
@@ -1387,7 +1324,7 @@ Test(cuda_pool_rules, map_pieces_are_whole_mappings_trim_unmaps_one_by_one,
   cr_expect_eq(st.device_free_count, 3);
   if (!fk_is_real())
     cr_expect_eq(fk_calls("cuMemUnmap"), 3);
-  cr_expect_eq(errors(CUDA_ERROR_INVALID_VALUE), refused);
+  cr_expect_eq(capture_errors(CUDA_ERROR_INVALID_VALUE), refused);
   cr_assert_eq(mp_pool_free(pool, b), MP_OK);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
   mp_device_close(dev);
