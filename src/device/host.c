@@ -5,7 +5,8 @@
  * the emulated "physical memory"); every device allocation and every
  * vm_map is its own MAP_SHARED|MAP_NORESERVE mapping of a fresh range of
  * that file (offsets are handed out upwards and never reused; a range is
- * given back with a hole punch). The OS commits pages only when they are
+ * given back with a hole punch, never by a forked child, whose view of the
+ * file is the parent's memory). The OS commits pages only when they are
  * touched, so a capacity of terabytes costs nothing for workloads that
  * never write their memory. Because the memory is a file, another process
  * can map it: ipc_export hands out a new open file description of the
@@ -188,6 +189,7 @@ struct host_dev {
   uint64_t fail_after;
   bool vmm;
   size_t granularity;
+  pid_t owner; /* the process that opened it (host_file_release) */
 
   int memfd; /* the device's memory (a sparse memfd) */
 
@@ -1087,9 +1089,15 @@ static mp_status_t host_file_range(host_dev_t *h, const char *what,
 }
 
 /* Gives a range of the device file back (its pages go), unless another
- * process may still map it. */
+ * process may still map it. A child forked from the process that opened
+ * the device shares the file (its mappings are MAP_SHARED) but is not that
+ * process: a range it frees is the parent's memory still (a live block of
+ * the parent's, or one the parent freed that its queued work still uses),
+ * so the child only lets go of its own view (unmapped, uncharged): a hole
+ * punched there zeroed the parent's data. */
 static void host_file_release(host_dev_t *h, const host_entry_t *e) {
-  if (e->flags & (HOST_MEM_EXPORTED | HOST_MEM_FOREIGN))
+  if ((e->flags & (HOST_MEM_EXPORTED | HOST_MEM_FOREIGN)) ||
+      getpid() != h->owner)
     return;
   (void)fallocate(h->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                   (off_t)e->off, (off_t)host_page_round(e->bytes));
@@ -1802,6 +1810,7 @@ static mp_status_t host_open(mp_device_t *dev, const char *opts) {
   h->fail_after = o.fail_after;
   h->vmm = o.vmm;
   h->granularity = o.granularity;
+  h->owner = getpid();
   h->memfd = memfd_create(HOST_MEMFD_NAME, MFD_CLOEXEC);
   if (h->memfd < 0) {
     int err = errno;

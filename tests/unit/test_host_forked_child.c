@@ -1,0 +1,78 @@
+/* test_host_forked_child.c - a child forked from a process using the host
+ * device frees what it inherited without touching the parent's memory.
+ * The device's memory is one shared memfd: the child's mappings of it are
+ * the parent's pages, and a free in the child punched a hole in the file,
+ * zeroing a block the parent still held (a child's mp_direct_destroy wiped
+ * every live block of the parent's direct allocator). The child only lets
+ * go of its own view. */
+#include <criterion/criterion.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <mempool/mempool.h>
+
+#define BLOCK ((size_t)1 << 20)
+
+/* Forks a child that runs in_child(ctx) and exits with its status; then
+ * the parent's block p must still hold 0x5a in every byte. */
+static void child_frees_parent_keeps(void *p, mp_status_t (*in_child)(void *),
+                                     void *ctx) {
+  memset(p, 0x5a, BLOCK);
+  pid_t child = fork();
+  cr_assert_geq(child, 0);
+  if (child == 0) {
+    alarm(10);
+    _exit((int)in_child(ctx));
+  }
+  int status = 0;
+  cr_assert_eq(waitpid(child, &status, 0), child);
+  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == MP_OK,
+            "the child's free failed (status %d)",
+            WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  const unsigned char *b = p;
+  size_t bad = 0;
+  for (size_t i = 0; i < BLOCK; i++)
+    bad += b[i] != 0x5a;
+  cr_expect_eq(bad, 0, "%zu bytes of the parent's block changed (%#x first)",
+               bad, b[0]);
+}
+
+typedef struct {
+  mp_device_t *dev;
+  void *p;
+} device_block_t;
+
+static mp_status_t free_device_block(void *ctx) {
+  device_block_t *db = ctx;
+  return mp_device_free(db->dev, db->p);
+}
+
+Test(host_forked_child, a_child_s_device_free_keeps_the_parent_s_block) {
+  device_block_t db;
+  cr_assert_eq(mp_device_open("host:capacity=64M", &db.dev), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_device_alloc(db.dev, BLOCK, &db.p), MP_OK, "%s",
+               mp_last_error());
+  child_frees_parent_keeps(db.p, free_device_block, &db);
+  cr_assert_eq(mp_device_free(db.dev, db.p), MP_OK, "%s", mp_last_error());
+  mp_device_close(db.dev);
+}
+
+static mp_status_t destroy_direct(void *ctx) {
+  return mp_direct_destroy(ctx);
+}
+
+Test(host_forked_child, a_child_s_direct_destroy_keeps_the_parent_s_blocks) {
+  mp_device_t *dev;
+  mp_direct_t *d;
+  void *p;
+  cr_assert_eq(mp_device_open("host:capacity=64M", &dev), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_direct_create(dev, &d), MP_OK);
+  cr_assert_eq(mp_direct_alloc(d, BLOCK, NULL, &p), MP_OK, "%s",
+               mp_last_error());
+  child_frees_parent_keeps(p, destroy_direct, d);
+  cr_assert_eq(mp_direct_destroy(d), MP_OK, "%s", mp_last_error());
+  mp_device_close(dev);
+}
