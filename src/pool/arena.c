@@ -63,8 +63,10 @@
  * when it was last set (growth never lifts reserved above an arena's cap,
  * and shares are lowered only with no growth in flight). So no atomic is
  * shared on the hot path: an arena grows within its share, and asks for
- * more only when it runs out. Uncapped pools give each arena the device's
- * size and let the device say no.
+ * more only when it runs out. Shares are whole granules (but for what a
+ * cap that is none leaves over), so that an arena near its share still
+ * grows its range and takes no plain segment. Uncapped pools give each
+ * arena the device's size and let the device say no.
  *
  * mp_pool_set_max_fraction moves the pool's cap (mp__arena_recap). Lifted
  * to no limit, every arena takes the device's size. Capped, every arena's
@@ -229,6 +231,18 @@ void mp__arena_recap(mp_pool_t *pool) {
   atomic_fetch_add_explicit(&pool->share_seq, 1, memory_order_acq_rel);
 }
 
+/* Half of the room left, rounded up to arena a's granule, at most all of
+ * it: a share that is no whole number of granules left the arena unable to
+ * map its last granule below it, and a request that fitted took a plain
+ * segment (which no pause can keep) though the cap itself was whole
+ * granules (34 MiB, 17 granules: shares of 17 MiB). */
+static size_t mp__arena_half(const mp_pool_t *a, size_t left) {
+  size_t half = left / 2;
+  if (a->granule != 0)
+    half = mp__round_up(half, a->granule);
+  return half < left ? half : left;
+}
+
 /* Under the pool's lock: takes back every other arena's unused share of
  * the cap, and gives arena a what is left (all of it, or half). An arena's
  * share is lowered only with no growth or release in flight: an arena
@@ -269,7 +283,7 @@ static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
   mp__pool_lock(a);
   size_t room = pool->cap > held ? pool->cap - held : 0;
   size_t r = a->st.reserved_bytes + a->staged;
-  size_t cap = all || room <= r ? room : r + (room - r) / 2;
+  size_t cap = all || room <= r ? room : r + mp__arena_half(a, room - r);
   /* Paused meanwhile (its failure was out of memory): a keeps its share.
    * Less room than a reserved: only after a cut (the shares added up to
    * at most the cap otherwise), and a stays cut. */
