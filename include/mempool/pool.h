@@ -535,7 +535,10 @@ MP_API mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
  * not bring it back); a block in use in one is MP_ENOTSUP, the message saying
  * how many and what to do: free them, or use a cap that is a whole number of
  * granules, or create the pool with pausable=1 (MP_POOL_PAUSABLE: it never
- * takes a plain segment, and such a request is MP_ELIMIT instead). Live child
+ * takes a plain segment, and such a request is MP_ELIMIT instead). A mapping
+ * that a peer's refused access left behind (mp_pool_set_access: the device
+ * refused the access and then its unmap) is unmapped first; refused again, the
+ * pause fails (the driver's status), the pool running as it was. Live child
  * pools or a pool paused already: MP_EBUSY. A pause that fails leaves the pool
  * as it was (but for free plain segments it gave back), unless mapping back
  * what it had unmapped fails too (a second device failure): then the pool stays

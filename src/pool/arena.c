@@ -315,6 +315,8 @@ static mp_status_t mp__arena_trim_one(mp_pool_t *a, size_t keep, size_t *left,
     /* At least (growth may run while a release has the lock down). */
     if (before > a->st.reserved_bytes)
       *gave = before - a->st.reserved_bytes;
+  } else if (!a->paused) {
+    (void)mp__vrange_strays_retry(a); /* as mp_pool_trim */
   }
   *left = mp__free_bytes(a);
   mp__pool_unlock(a);

@@ -58,6 +58,9 @@ void mp__segment_trim(mp_pool_t *pool, size_t keep) {
   mp__pool_wait_idle(pool);
   if (pool->paused)
     return; /* paused meanwhile: nothing is mapped */
+  /* Mappings a refused peer access left (vrange.c): the driver may take
+   * them back now; those it refuses again wait for the next try. */
+  (void)mp__vrange_strays_retry(pool);
   mp__block_merge_deferred(pool);
   while (mp__free_bytes(pool) > keep) {
     if (mp__vrange_reclaim(pool, mp__free_bytes(pool) - keep, NULL, NULL,

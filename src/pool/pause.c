@@ -19,6 +19,9 @@
  * it still maps (snapshot.c), as its dump's segment says (dump.c): what
  * reserved_bytes counts.
  *
+ * A pause first unmaps the mappings a refused peer access left (strays,
+ * vrange.c), and is refused, nothing changed, if the device keeps one.
+ *
  * Failure halfway leaves nothing lost: a pause that cannot unmap maps back
  * what it had unmapped (and copies the content back; without
  * MP_PAUSE_KEEP_CONTENT there is no copy, and what was mapped back reads
@@ -362,6 +365,15 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
   /* The streams are done with the memory: free plain segments go back. */
   if (st == MP_OK)
     st = mp__pause_plain_release(pool);
+  /* A mapping a refused peer access left (vrange.c) holds device memory
+   * no chunk accounts for: unmapped first, or the pause would claim to
+   * give back what it still holds; one the device refuses again leaves the
+   * pool running, nothing unmapped. */
+  if (st == MP_OK && (st = mp__vrange_strays_retry(pool)) != MP_OK) {
+    char why[MP__ERROR_MAX];
+    snprintf(why, sizeof why, "%s", mp_last_error());
+    mp__fail(st, "mp_pool_pause: %s: the pool is not paused", why);
+  }
   mp__pool_device_begin(pool);
   if (st == MP_OK && keep) {
     st = mp_device_host_alloc(pool->dev, sp.bytes, &pool->pause_copy);

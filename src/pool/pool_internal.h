@@ -506,10 +506,12 @@ struct mp_pool {
   /* vrange.c: mappings a growth or resume left on the device outside the
    * virtual range's chunks (a peer's access refused, then the unmap
    * refused too: mp__pool_vm_map); unmapped before anything is mapped
-   * over them, and at release. Changed only with a device call in flight
-   * (inflight) or at destroy. */
-  mp__chunk_t strays[8];
-  unsigned nstrays;
+   * over them, tried again at trim and pause (mp__vrange_strays_retry),
+   * and unmapped at release. Grown on the host before a map that may
+   * leave one, so none is forgotten. Changed only with a device call in
+   * flight (inflight) or at destroy. */
+  mp__chunk_t *strays;
+  size_t nstrays, strays_cap;
   uint64_t release_next_free; /* release_threshold: the free_count at which
                                  a try to release may come again */
   /* arena.c: cfg.arenas entries (NULL: no arenas). An arena is a pool of
@@ -1588,6 +1590,11 @@ bool mp__vrange_chunk_of(const mp__segment_t *v, uintptr_t a, mp__chunk_t *out);
 /* vm_map, then the peers' access (mp_pool_set_access); unmapped again if
  * that fails. Callable with the lock dropped. */
 mp_status_t mp__pool_vm_map(mp_pool_t *pool, void *addr, size_t bytes);
+/* Under the lock, unless a device call is in flight (then nothing):
+ * unmaps the strays again (a later driver call may succeed), the lock
+ * dropped for the calls; the failure of the first that stays mapped (the
+ * others are tried too). */
+mp_status_t mp__vrange_strays_retry(mp_pool_t *pool);
 /* Destroy: unmaps (unless paused) and releases virtual segment s and frees
  * its tables. */
 void mp__vrange_release(mp_pool_t *pool, mp__segment_t *s);

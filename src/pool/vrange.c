@@ -781,37 +781,74 @@ mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
   return st;
 }
 
-/* Unmaps the strays (pool->strays) that overlap [a, a + bytes); the
- * failure of the first one that stays mapped. */
+/* Unmaps the strays (pool->strays) that overlap [a, a + bytes), every one
+ * of them (one refused does not keep the others); the failure of the first
+ * that stays mapped. */
 static mp_status_t mp__strays_unmap(mp_pool_t *pool, uintptr_t a,
                                     size_t bytes) {
-  for (unsigned i = 0; i < pool->nstrays;) {
+  mp_status_t first = MP_OK;
+  mp__chunk_t left = {0, 0};
+  char why[MP__ERROR_MAX] = "";
+  for (size_t i = 0; i < pool->nstrays;) {
     mp__chunk_t c = pool->strays[i];
     if (c.addr >= a + bytes || c.addr + c.size <= a) {
       i++;
       continue;
     }
     mp_status_t st = mp__device_vm_unmap(pool->dev, (void *)c.addr, c.size);
-    if (st != MP_OK) {
-      char why[MP__ERROR_MAX];
-      snprintf(why, sizeof why, "%s", mp_last_error());
-      return mp__fail(st,
-                      "the mapping at %p (%zu bytes) a refused peer access "
-                      "left is still mapped: %s",
-                      (void *)c.addr, c.size, why);
+    if (st == MP_OK) {
+      pool->strays[i] = pool->strays[--pool->nstrays];
+      continue;
     }
-    pool->strays[i] = pool->strays[--pool->nstrays];
+    if (first == MP_OK) {
+      first = st;
+      left = c;
+      snprintf(why, sizeof why, "%s", mp_last_error());
+    }
+    i++;
   }
-  return MP_OK;
+  if (first == MP_OK)
+    return MP_OK;
+  return mp__fail(first,
+                  "the mapping at %p (%zu bytes) a refused peer access left "
+                  "is still mapped: %s",
+                  (void *)left.addr, left.size, why);
+}
+
+mp_status_t mp__vrange_strays_retry(mp_pool_t *pool) {
+  MP__ASSERT_LOCKED(pool);
+  /* A call in flight may be changing the strays: not waited for (another
+   * arena's reclaim trims this one while its growth may be held up, and
+   * would wait for it), the next trim tries again. */
+  if (pool->inflight || pool->nstrays == 0)
+    return MP_OK;
+  mp__pool_device_begin(pool);
+  mp_status_t st =
+      mp__strays_unmap(pool, pool->vseg->base, pool->vseg->va_size);
+  mp__pool_device_end(pool);
+  return st;
 }
 
 mp_status_t mp__pool_vm_map(mp_pool_t *pool, void *addr, size_t bytes) {
+  /* The peers cannot change while a map is in flight (mp_pool_set_access
+   * waits for it). With one, a refused access may leave a stray: room for
+   * its record first, so that it is never forgotten (a fixed table of
+   * eight forgot the ninth, which the next growth there then mapped over;
+   * its memory was held until the process ended). */
+  unsigned n = atomic_load_explicit(&pool->npeers, memory_order_acquire);
+  if (n > 0) {
+    mp__chunk_t *s = mp__host_room(pool->strays, &pool->strays_cap,
+                                   pool->nstrays, sizeof *s);
+    if (s == NULL)
+      return mp__fail(MP__EHOST, "out of host memory for the record of a "
+                                 "mapping its peers may be refused");
+    pool->strays = s;
+  }
   mp_status_t st = pool->nstrays > 0
                        ? mp__strays_unmap(pool, (uintptr_t)addr, bytes)
                        : MP_OK;
   if (st == MP_OK)
     st = mp__device_vm_map(pool->dev, addr, bytes);
-  unsigned n = atomic_load_explicit(&pool->npeers, memory_order_acquire);
   for (unsigned i = 0; st == MP_OK && i < n; i++) {
     st = mp__device_vm_access(pool->dev, addr, bytes, pool->peers[i]);
     if (st != MP_OK) {
@@ -819,12 +856,11 @@ mp_status_t mp__pool_vm_map(mp_pool_t *pool, void *addr, size_t bytes) {
       snprintf(why, sizeof why, "%s", mp_last_error());
       /* Refused too, the mapping stays on the device outside the chunks:
        * kept (a stray), never served (a peer cannot reach it), unmapped
-       * before a map over it and at release (a ninth while eight wait is
-       * still forgotten). Before, it was forgotten:
-       * its memory held until the process ended, and the next growth at
-       * its address mapped over it. */
-      if (mp__device_vm_unmap(pool->dev, addr, bytes) != MP_OK &&
-          pool->nstrays < sizeof pool->strays / sizeof *pool->strays)
+       * before a map over it, tried again at trim and pause (pause.c) and
+       * unmapped at release. Before, it was forgotten: its memory held
+       * until the process ended, and the next growth at its address mapped
+       * over it. */
+      if (mp__device_vm_unmap(pool->dev, addr, bytes) != MP_OK)
         pool->strays[pool->nstrays++] = (mp__chunk_t){(uintptr_t)addr, bytes};
       mp__fail(st, "%s", why);
     }
@@ -839,6 +875,9 @@ void mp__vrange_release(mp_pool_t *pool, mp__segment_t *s) {
     pool->st.device_free_count++;
   }
   (void)mp__strays_unmap(pool, s->base, s->va_size);
+  free(pool->strays);
+  pool->strays = NULL;
+  pool->nstrays = pool->strays_cap = 0;
   mp__device_vm_release(pool->dev, (void *)s->base, s->va_size);
   free(s->chunks);
   free(s->holes);

@@ -161,6 +161,16 @@ Test(pool_peer_access, two_threads_giving_a_peer_leave_the_arenas_agreed) {
   fake_close(flaky_peer);
 }
 
+/* Frees the n blocks v[i], then as fake_pool_finish, and closes the
+ * peer. */
+static void free_and_finish(mp_pool_t *p, mp_device_t *dev, mp_device_t *peer,
+                            void *const *v, int n) {
+  for (int i = 0; i < n; i++)
+    cr_assert_eq(mp_pool_free(p, v[i]), MP_OK);
+  fake_pool_finish(p, dev);
+  fake_close(peer);
+}
+
 /* A pool that has the peer, whose next growth's chunk the device refuses
  * to the peer and then refuses to unmap too: the chunk is still mapped, so
  * the pool keeps it (a stray), never serves it, and unmaps it before it
@@ -201,8 +211,118 @@ Test(pool_peer_access, a_stray_mapping_is_unmapped_before_a_map_over_it) {
                "the device holds %zu bytes, the pool %zu", fake_of(dev)->used,
                stats(p).reserved_bytes);
   expect_all_open(p, true);
-  for (int i = 0; i < 2; i++)
-    cr_assert_eq(mp_pool_free(p, v[i]), MP_OK);
-  fake_pool_finish(p, dev);
-  fake_close(peer);
+  free_and_finish(p, dev, peer, v, 2);
+}
+
+/* mp__pool_vm_map of a granule at a, as growth and resume call it: a
+ * device call in flight, the lock dropped. */
+static mp_status_t map_directly(mp_pool_t *p, uintptr_t a) {
+  mp__pool_lock(p);
+  mp__pool_device_begin(p);
+  mp_status_t st = mp__pool_vm_map(p, (void *)a, 2 * MiB);
+  mp__pool_device_end(p);
+  mp__pool_unlock(p);
+  return st;
+}
+
+/* Nine strays, each a granule above the top where a growth's map was
+ * refused to the peer and then refused its unmap (made directly, as a
+ * growth or resume makes them, a device call in flight): every one is
+ * unmapped before the growth that maps over them and none is left after
+ * destroy. Before, the table held eight: the ninth was forgotten, the
+ * growth mapped over it (the device held 2 MiB more than the pool) and it
+ * stayed mapped after destroy. */
+Test(pool_peer_access, a_ninth_stray_mapping_is_not_forgotten) {
+  mp_device_t *dev = flaky_open(0), *peer = flaky_peer_open();
+  mp_pool_t *p = make_pool(dev, NULL);
+  cr_assert_eq(mp_pool_set_access(p, peer), MP_OK, "%s", mp_last_error());
+  void *v[2];
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &v[0]), MP_OK);
+  uintptr_t top = p->vseg->base + p->vseg->span;
+  for (size_t k = 0; k < 9; k++) {
+    access_fail_at = access_calls + 1;
+    unmap_fail_at = unmap_calls + 1;
+    mp_status_t st = map_directly(p, top + k * 2 * MiB);
+    cr_assert_eq(st, MP_EDRIVER, "stray %zu: %s", k, mp_last_error());
+  }
+  size_t held = stats(p).reserved_bytes;
+  cr_expect_eq(fake_of(dev)->used, held + 18 * MiB, "nine strays are mapped");
+  cr_assert_eq(mp_pool_alloc(p, 18 * MiB, NULL, &v[1]), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(stats(p).reserved_bytes, fake_of(dev)->used,
+               "the device holds %zu bytes, the pool %zu", fake_of(dev)->used,
+               stats(p).reserved_bytes);
+  free_and_finish(p, dev, peer, v, 2);
+}
+
+/* A map that may leave a stray takes the room for its record first: with
+ * no host memory for it, the map is refused before the device maps
+ * anything, and the growth fails with MP__EHOST, the pool as it was. */
+Test(pool_peer_access, no_host_room_for_a_stray_refuses_the_map_first) {
+  mp_device_t *dev = flaky_open(0), *peer = flaky_peer_open();
+  mp_pool_t *p = make_pool(dev, NULL);
+  void *v[2];
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &v[0]), MP_OK);
+  /* The peer after the first map: no record's room taken yet. */
+  cr_assert_eq(mp_pool_set_access(p, peer), MP_OK, "%s", mp_last_error());
+  size_t maps = fake_of(dev)->maps, used = fake_of(dev)->used;
+  mp__fault_host_after(0);
+  mp_status_t st = map_directly(p, p->vseg->base + p->vseg->span);
+  mp__fault_host_after(-1);
+  cr_expect_eq(st, MP__EHOST, "%s", mp_last_error());
+  cr_expect(strstr(mp_last_error(), "host memory") != NULL, "%s",
+            mp_last_error());
+  cr_expect_eq(fake_of(dev)->maps, maps, "nothing was mapped");
+  cr_expect_eq(fake_of(dev)->used, used);
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &v[1]), MP_OK, "%s",
+               mp_last_error());
+  expect_all_open(p, true);
+  free_and_finish(p, dev, peer, v, 2);
+}
+
+/* A pool with a stray (pool_with_a_stray) whose next unmap the device
+ * refuses too. */
+static mp_pool_t *pool_with_a_stuck_stray(mp_device_t *dev, mp_device_t *peer,
+                                          void **held) {
+  mp_pool_t *p = pool_with_a_stray(dev, peer, held);
+  unmap_fail_at = unmap_calls + 1;
+  return p;
+}
+
+/* A trim unmaps the strays again: the first refused too (it stays, the
+ * trim still gives back what else it can), the second succeeds. Before,
+ * only a map over a stray or destroy tried again: the trim left it. */
+Test(pool_peer_access, a_trim_unmaps_a_stray_mapping_again) {
+  mp_device_t *dev = flaky_open(0), *peer = flaky_peer_open();
+  void *v;
+  mp_pool_t *p = pool_with_a_stuck_stray(dev, peer, &v);
+  cr_expect_eq(mp_pool_trim(p, 0), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(fake_of(dev)->used, 4 * MiB, "refused again, still mapped");
+  cr_expect_eq(mp_pool_trim(p, 0), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(fake_of(dev)->used, 2 * MiB, "the trim unmapped the stray");
+  cr_expect_eq(stats(p).reserved_bytes, 2 * MiB);
+  free_and_finish(p, dev, peer, &v, 1);
+}
+
+/* A pause unmaps the strays before anything else: one the device refuses
+ * again fails the pause, the pool running as it was; the next pause
+ * unmaps it and gives everything back. Before, the pause left the stray
+ * mapped and said it had given the pool's memory back (reserved 0, the
+ * device 2 MiB short). */
+Test(pool_peer_access, a_pause_gives_back_a_stray_mapping_or_fails) {
+  mp_device_t *dev = flaky_open(0), *peer = flaky_peer_open();
+  void *v;
+  mp_pool_t *p = pool_with_a_stuck_stray(dev, peer, &v);
+  cr_expect_eq(mp_pool_pause(p, 0), MP_EDRIVER);
+  cr_expect(strstr(mp_last_error(), "still mapped") != NULL &&
+                strstr(mp_last_error(), "not paused") != NULL,
+            "%s", mp_last_error());
+  cr_expect(!mp__pool_is_paused(p));
+  cr_expect_eq(fake_of(dev)->used, 4 * MiB);
+  cr_expect_eq(stats(p).reserved_bytes, 2 * MiB, "nothing was unmapped");
+  check(p);
+  cr_assert_eq(mp_pool_pause(p, 0), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(fake_of(dev)->used, 0, "the pause gave everything back");
+  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+  free_and_finish(p, dev, peer, &v, 1);
 }
