@@ -329,15 +329,26 @@ void mp__pl_pools(const mp__pl_t *pl, mp__pl_pools_t *out) {
   mp__pl_each_pool(pl, mp__collect, out);
 }
 
+/* The lookup runs under mp__devs_walk, read, which a reset takes written
+ * to destroy a retired pool (mp__pl_devices_release): a free of any
+ * device's memory the shim does not know comes here, and a reset of
+ * another device on another thread (cuda.h's rule for
+ * cuDevicePrimaryCtxReset binds only users of that device) would
+ * otherwise destroy its pool under the lookup. The lock is the one this
+ * took already; it is held a little longer, no new lock on the free path.
+ * Each pool's lock is taken inside it, as the walks' callbacks do; no one
+ * holding a pool's lock takes mp__devs_walk. */
 bool mp__pl_pools_hold(const mp__pl_t *pl, uintptr_t addr) {
-  mp__pl_pools_t ps;
+  mp__pl_pools_t ps = {.n = 0};
+  bool in = false;
   if (pl->mode != MP__PL_POOL || addr == 0)
     return false;
-  mp__pl_pools(pl, &ps);
-  for (int k = 0; k < ps.n; k++)
-    if (mp__pool_contains(ps.pool[k], (const void *)addr))
-      return true;
-  return false;
+  pthread_rwlock_rdlock(&mp__devs_walk);
+  mp__each_pool(pl, mp__collect, &ps);
+  for (int k = 0; k < ps.n && !in; k++)
+    in = mp__pool_contains(ps.pool[k], (const void *)addr);
+  pthread_rwlock_unlock(&mp__devs_walk);
+  return in;
 }
 
 int mp__pl_snapshot(const mp__pl_t *pl, const char *path) {

@@ -1,0 +1,153 @@
+/* lookup_during_reset.h - a reset on one thread (cuDevicePrimaryCtxReset,
+ * what cudaDeviceReset does) made to run while a lookup of a pool on
+ * another thread has that pool in hand: the tests that include it wrap,
+ * with -Wl,--wrap, the lookup they check and the pool's destruction, and
+ * call mp_race_looking and mp_race_destroyed from the wrappers.
+ *
+ * The interleaving is made, not waited for: the armed lookup, once it has
+ * its pool, waits (up to MP_WAIT_MS) for the reset begun then to destroy
+ * it. Where the lookup holds nothing that keeps the pool alive, the reset
+ * destroys it meanwhile, and the lookup would read freed memory: the
+ * wrapper sees that (mp_race.used_freed) and answers without reading it.
+ * Where the lookup does hold the reset off, the wait times out and the
+ * reset destroys the pool after the lookup. The shim's sources run in the
+ * test's process (no LD_PRELOAD), on the fake driver (tests/fakecuda). */
+#ifndef MP_TESTS_PRELOAD_LOOKUP_DURING_RESET_H
+#define MP_TESTS_PRELOAD_LOOKUP_DURING_RESET_H
+
+#include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "preload/hooks.h"
+
+#define MP_WAIT_MS 500
+
+static struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool armed;            /* the next lookup of a pool waits */
+  const void *target;    /* armed for this pool only (NULL: any) */
+  bool in_lookup;        /* a lookup has its pool and waits */
+  bool used_freed;       /* a lookup had a pool destroyed under it */
+  const void *destroyed; /* the pool a reset destroyed last */
+} mp_race = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+/* The next lookup of target (NULL: of any pool) waits for its
+ * destruction. */
+static inline void mp_race_arm(const void *target) {
+  pthread_mutex_lock(&mp_race.mu);
+  mp_race.armed = true;
+  mp_race.target = target;
+  pthread_mutex_unlock(&mp_race.mu);
+}
+
+/* From the destruction's wrapper, after the real one: ok, it succeeded. */
+static inline void mp_race_destroyed(const void *pool, bool ok) {
+  pthread_mutex_lock(&mp_race.mu);
+  if (ok)
+    mp_race.destroyed = pool;
+  pthread_cond_broadcast(&mp_race.cv);
+  pthread_mutex_unlock(&mp_race.mu);
+}
+
+/* From the lookup's wrapper, before the real one: whether pool is
+ * destroyed (the wrapper must not read it then). */
+static inline bool mp_race_looking(const void *pool) {
+  pthread_mutex_lock(&mp_race.mu);
+  if (mp_race.armed && pool != NULL &&
+      (mp_race.target == NULL || mp_race.target == pool)) {
+    mp_race.armed = false;
+    mp_race.in_lookup = true;
+    pthread_cond_broadcast(&mp_race.cv);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += MP_WAIT_MS * 1000000L;
+    until.tv_sec += until.tv_nsec / 1000000000L;
+    until.tv_nsec %= 1000000000L;
+    while (mp_race.destroyed != pool &&
+           pthread_cond_timedwait(&mp_race.cv, &mp_race.mu, &until) !=
+               ETIMEDOUT)
+      ;
+  }
+  bool freed = pool != NULL && pool == mp_race.destroyed;
+  mp_race.used_freed |= freed;
+  pthread_mutex_unlock(&mp_race.mu);
+  return freed;
+}
+
+typedef struct {
+  int ordinal;         /* the device to reset */
+  mp__curesult result; /* the reset's */
+} mp_race_reset_t;
+
+/* Thread body: once the armed lookup has its pool, resets the device. */
+static inline void *mp_race_reset_once_looking(void *arg) {
+  mp_race_reset_t *r = arg;
+  pthread_mutex_lock(&mp_race.mu);
+  while (!mp_race.in_lookup)
+    pthread_cond_wait(&mp_race.cv, &mp_race.mu);
+  pthread_mutex_unlock(&mp_race.mu);
+  r->result = cuDevicePrimaryCtxReset_v2(r->ordinal);
+  return NULL;
+}
+
+static inline void mp_race_cuda_mode(void) {
+  setenv("MEMPOOL_DEVICE", "cuda", 1);
+  unsetenv("MEMPOOL_PRELOAD");
+  unsetenv("MEMPOOL_CONF");
+}
+
+/* As a program starts, or switches devices: the driver initialized,
+ * device `ordinal`'s primary context current (entry points the shim does
+ * not hook, from the driver). */
+static inline void mp_race_use_device(int ordinal) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+  cr_assert_not_null(lib, "the fake driver: %s", dlerror());
+  mp__curesult (*init)(unsigned) = NULL;
+  mp__curesult (*retain)(void **, int) = NULL;
+  mp__curesult (*set)(void *) = NULL;
+  *(void **)&init = dlsym(lib, "cuInit");
+  *(void **)&retain = dlsym(lib, "cuDevicePrimaryCtxRetain");
+  *(void **)&set = dlsym(lib, "cuCtxSetCurrent");
+  cr_assert(init != NULL && retain != NULL && set != NULL);
+  void *ctx = NULL;
+  cr_assert(init(0) == 0 && retain(&ctx, ordinal) == 0 && set(ctx) == 0,
+            "the fake driver's device %d", ordinal);
+}
+
+/* The shim started, pooling on the fake driver. */
+static inline const mp__pl_t *mp_race_shim(void) {
+  const mp__pl_t *pl = mp__pl_get();
+  cr_assert(pl != NULL && pl->mode == MP__PL_POOL && !pl->host,
+            "the shim is not pooling on the fake driver");
+  return pl;
+}
+
+/* Arms the lookup of target (NULL: of any pool), resets device `ordinal`
+ * on another thread once that lookup has its pool, and meanwhile frees
+ * here memory the shim never saw (and no driver's): the lookup, then the
+ * driver's refusal. The reset's result. */
+static inline mp__curesult mp_race_free_foreign_during_reset(const void *target,
+                                                             int ordinal) {
+  mp_race_arm(target);
+  mp_race_reset_t reset = {.ordinal = ordinal, .result = 99};
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, mp_race_reset_once_looking, &reset), 0);
+  int foreign = 0;
+  mp__curesult r = cuMemFree_v2((mp__cuptr)(uintptr_t)&foreign);
+  pthread_mutex_lock(&mp_race.mu);
+  bool looked = mp_race.in_lookup;
+  mp_race.in_lookup = true; /* the reset goes on either way: no hang */
+  pthread_cond_broadcast(&mp_race.cv);
+  pthread_mutex_unlock(&mp_race.mu);
+  pthread_join(t, NULL);
+  cr_expect(looked, "the free looked in no armed pool");
+  cr_expect_neq(r, MP__CU_SUCCESS, "cuMemFree of a foreign pointer");
+  return reset.result;
+}
+
+#endif

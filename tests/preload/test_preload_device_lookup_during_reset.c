@@ -1,0 +1,58 @@
+/* test_preload_device_lookup_during_reset.c - a cuDevicePrimaryCtxReset
+ * (what cudaDeviceReset does) of one device, on one thread, never destroys
+ * that device's pool under a lookup of it on another: a cuMemFree of a
+ * pointer the shim does not know asks whether it lies in any device pool's
+ * memory (mp__pl_pools_hold), and the reset destroys the device's pool
+ * (devices.c, mp__pl_devices_release). Here the free is made in another
+ * device's context: the reset's rule (cuda.h, cuDevicePrimaryCtxReset:
+ * nothing else may use that device meanwhile) does not forbid it.
+ *
+ * The interleaving is made with lookup_during_reset.h: the link wraps the
+ * pools' lookup and destruction (-Wl,--wrap). */
+#include "lookup_during_reset.h"
+
+mp_status_t __real_mp_pool_destroy_ex(mp_pool_t *pool, int *destroyed);
+bool __real_mp__pool_contains(mp_pool_t *pool, const void *ptr);
+mp_status_t __wrap_mp_pool_destroy_ex(mp_pool_t *pool, int *destroyed);
+bool __wrap_mp__pool_contains(mp_pool_t *pool, const void *ptr);
+
+mp_status_t __wrap_mp_pool_destroy_ex(mp_pool_t *pool, int *destroyed) {
+  int gone = 0;
+  mp_status_t st = __real_mp_pool_destroy_ex(pool, &gone);
+  if (destroyed != NULL)
+    *destroyed = gone;
+  mp_race_destroyed(pool, gone != 0);
+  return st;
+}
+
+bool __wrap_mp__pool_contains(mp_pool_t *pool, const void *ptr) {
+  return !mp_race_looking(pool) && __real_mp__pool_contains(pool, ptr);
+}
+
+static void two_devices(void) {
+  mp_race_cuda_mode();
+  setenv("FAKECUDA_DEVICE_COUNT", "2", 1);
+}
+
+/* Failed before: the lookup collected the pools under the walk lock and
+ * looked in them after releasing it; the reset destroyed device 0's pool
+ * in between ("a lookup used device 0's pool after the reset destroyed
+ * it"). */
+Test(preload_device_lookup_during_reset,
+     a_reset_never_destroys_a_device_pool_under_a_lookup, .init = two_devices) {
+  mp_race_use_device(0);
+  const mp__pl_t *pl = mp_race_shim();
+  mp__cuptr d = 0;
+  mp__curesult a = cuMemAlloc_v2(&d, 4096);
+  cr_assert_eq(a, 0, "cuMemAlloc: %u (%s)", a, mp_last_error());
+  cr_assert_eq(cuMemFree_v2(d), 0, "cuMemFree"); /* the pool stays */
+  mp_pool_t *pool0 = mp__pl_pool_first(pl);
+  cr_assert_not_null(pool0, "device 0 has no pool");
+  mp_race_use_device(1); /* this thread leaves device 0 to the reset */
+  mp__curesult reset = mp_race_free_foreign_during_reset(pool0, 0);
+  cr_expect_eq(reset, MP__CU_SUCCESS, "the reset");
+  cr_expect_eq(mp_race.destroyed, (const void *)pool0,
+               "the reset did not destroy device 0's pool");
+  cr_expect_not(mp_race.used_freed,
+                "a lookup used device 0's pool after the reset destroyed it");
+}
