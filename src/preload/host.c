@@ -60,11 +60,19 @@
  * with a NULL pointer in pool mode, as the runtime answers it (and its
  * cudaMalloc, runtime.c); the driver's calls keep their invalid value.
  *
- * The host pool is made on the first served call, on the device of the
- * shim's state; a forked child makes its own (its parent's device is not
- * its device). */
+ * One host pool per CUDA device, made on the first call served there:
+ * the device current at the request (cudaGetDevice for the runtime's
+ * calls, cuCtxGetDevice for the driver's; the shim's own device when none
+ * is), whose primary context holds the pool's chunks, as the real runtime
+ * and driver allocate page-locked memory in the current context. A reset
+ * of a device takes only its pool (mp__pl_host_reset): page-locked memory
+ * asked for while another device was current survives it, as on a real
+ * driver. The host device has one pool. A forked child makes its own (its
+ * parent's devices are not its devices). */
 #include <dlfcn.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "hooks.h"
 
@@ -75,68 +83,116 @@
  * runtime's Mapped) and WRITECOMBINED; any other is their invalid value. */
 #define MP__HOST_FLAGS 0x07u
 
+/* A device's host pool. */
+typedef struct mp__hpl_one {
+  mp_device_t *dev; /* the device hp was made on; NULL: none made */
+  bool own_dev;     /* dev opened for hp (closed with it); else pl->dev */
+  mp_host_pool_t *hp;
+} mp__hpl_one_t;
+
 static struct {
   pthread_mutex_t lock;
-  mp_device_t *dev; /* the device hp was made on */
-  mp_host_pool_t *hp;
-  /* Blocks of hp the program freed while a capture was under way, still
-   * live in hp: the synchronization a free makes first (mp__hsync_devices)
+  mp__hpl_one_t at[MP__PL_MAX_DEVICES]; /* by CUDA ordinal (host: 0) */
+  /* Blocks the program freed while a capture was under way, still live in
+   * their pool: the synchronization a free makes first (mp__hsync_devices)
    * is not allowed then (cuCtxSynchronize during a capture is refused and
-   * invalidates it), so they go back to hp at the next call outside a
+   * invalidates it), so they go back to it at the next call outside a
    * capture, after its synchronization (mp__hpl_flush). */
   struct mp__hpl_late {
     void *ptr;
-    uint64_t seq; /* late_seq when it came */
+    mp_host_pool_t *hp; /* the pool it came from */
+    uint64_t seq;       /* late_seq when it came */
   } * late;
   size_t nlate, late_cap;
   uint64_t late_seq;
 } mp__hpl = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-/* The parent's host pool, left alone in a forked child (its chunks are the
- * parent's device's) but kept reachable, as state.c keeps the parent's
- * pool: a leak checker in the child must not report it. Never read. */
-__attribute__((used)) static mp_host_pool_t *mp__hpl_parents;
+/* The parent's host pools, left alone in a forked child (their chunks are
+ * the parent's devices') but kept reachable, as state.c keeps the parent's
+ * pool: a leak checker in the child must not report them. Never read. */
+__attribute__((used)) static mp__hpl_one_t mp__hpl_parents[MP__PL_MAX_DEVICES];
 
 static void mp__hpl_child(void) {
   pthread_mutex_init(&mp__hpl.lock, NULL);
-  mp__hpl_parents = mp__hpl.hp;
-  mp__hpl.dev = NULL;
-  mp__hpl.hp = NULL;
-  free(mp__hpl.late); /* the parent's blocks, in the parent's pool */
+  memcpy(mp__hpl_parents, mp__hpl.at, sizeof mp__hpl_parents);
+  memset(mp__hpl.at, 0, sizeof mp__hpl.at);
+  free(mp__hpl.late); /* the parent's blocks, in the parent's pools */
   mp__hpl.late = NULL;
   mp__hpl.nlate = mp__hpl.late_cap = 0;
 }
 
-/* The host pool of pl's device, made on first use; NULL when it cannot be
- * made (the call then goes to the driver). */
-static mp_host_pool_t *mp__hpl_get(const mp__pl_t *pl) {
+/* The slot of the device a page-locked request is made on: the one current
+ * (the runtime's device for its calls, the current context's for the
+ * driver's), else the shim's own; the host device's one pool is at 0. */
+static int mp__hpl_ordinal(const mp__pl_t *pl, bool runtime) {
+  if (pl->host)
+    return 0;
+  unsigned int (*current)(int *) = runtime ? mp__pl_real_cudart()->cudaGetDevice
+                                           : mp__pl_real_cuda()->cuCtxGetDevice;
+  int d = -1;
+  if (current == NULL || current(&d) != 0 || d < 0 || d >= MP__PL_MAX_DEVICES)
+    d = pl->ordinal; /* cudaSuccess, CUDA_SUCCESS */
+  return d >= 0 && d < MP__PL_MAX_DEVICES ? d : 0;
+}
+
+/* Under mp__hpl.lock: whether hp is a pool not retired. */
+static bool mp__hpl_live(const mp_host_pool_t *hp) {
+  for (int i = 0; hp != NULL && i < MP__PL_MAX_DEVICES; i++)
+    if (mp__hpl.at[i].hp == hp)
+      return true;
+  return false;
+}
+
+/* The host pool of device slot `at`, made on first use; NULL when it
+ * cannot be made (the call then goes to the driver). Each CUDA device is
+ * opened for its pool ("cuda:N", a retain of its primary context, which
+ * makes that context anew after a reset of it); the host device's one
+ * pool is on pl->dev. */
+static mp_host_pool_t *mp__hpl_get(const mp__pl_t *pl, int at) {
   static bool atfork_done;
   pthread_mutex_lock(&mp__hpl.lock);
-  if (mp__hpl.dev != pl->dev) {
+  mp__hpl_one_t *one = &mp__hpl.at[at];
+  if (one->hp == NULL) {
     if (!atfork_done)
       atfork_done = pthread_atfork(NULL, NULL, mp__hpl_child) == 0;
+    bool own = !pl->host;
+    mp_device_t *dev = own ? NULL : pl->dev;
+    char spec[32];
+    snprintf(spec, sizeof spec, "cuda:%d", at);
     mp_host_pool_t *hp = NULL;
-    if (mp_host_pool_create(pl->dev, NULL, &hp) == MP_OK) {
-      mp__hpl.hp = hp;
-      mp__hpl.dev = pl->dev;
-    }
+    if ((!own || mp_device_open(spec, &dev) == MP_OK) &&
+        mp_host_pool_create(dev, NULL, &hp) == MP_OK)
+      *one = (mp__hpl_one_t){.dev = dev, .own_dev = own, .hp = hp};
+    else if (own && dev != NULL)
+      mp_device_close(dev);
   }
-  mp_host_pool_t *hp = mp__hpl.hp;
+  mp_host_pool_t *hp = one->hp;
+  pthread_mutex_unlock(&mp__hpl.lock);
+  return hp;
+}
+
+/* The host pool of device slot `at` as it is (none made, or out of range:
+ * NULL). */
+static mp_host_pool_t *mp__hpl_at(int at) {
+  if (at < 0 || at >= MP__PL_MAX_DEVICES)
+    return NULL;
+  pthread_mutex_lock(&mp__hpl.lock);
+  mp_host_pool_t *hp = mp__hpl.at[at].hp;
   pthread_mutex_unlock(&mp__hpl.lock);
   return hp;
 }
 
 /* Host pools a reset retired that could not be destroyed (said on
- * stderr): never used again, kept reachable until exit, as the parent's
- * pool is in a forked child. Under mp__hpl.lock. */
+ * stderr): never used again, kept reachable until exit (their devices
+ * open), as the parent's pool is in a forked child. Under mp__hpl.lock. */
 typedef struct mp__hpl_kept {
-  mp_host_pool_t *hp;
+  mp__hpl_one_t one;
   struct mp__hpl_kept *next;
 } mp__hpl_kept_t;
 __attribute__((used)) static mp__hpl_kept_t *mp__hpl_kept;
 
-/* The chunks are cuMemHostAlloc'd in the primary context of pl->dev's
- * device (device/cuda.c pushes it for every driver call), and a reset
+/* The chunks of device ordinal's pool are cuMemHostAlloc'd in its primary
+ * context (device/cuda.c pushes it for every driver call), and a reset
  * destroys them with it: cuda_runtime_api.h, cudaDeviceReset, "These
  * resources also include memory allocations by ::cudaMalloc,
  * ::cudaMallocHost, ...", and cuda.h, cuCtxDestroy, "memory allocations
@@ -145,46 +201,54 @@ __attribute__((used)) static mp__hpl_kept_t *mp__hpl_kept;
  * the program's problem, as after a real reset; a later free of one is
  * the driver's answer. The emulated device has no driver to reset. */
 void mp__pl_host_reset(const mp__pl_t *pl, int ordinal) {
-  if (pl->host || pl->mode != MP__PL_POOL || ordinal != pl->ordinal)
+  if (pl->host || pl->mode != MP__PL_POOL || ordinal < 0 ||
+      ordinal >= MP__PL_MAX_DEVICES)
     return;
   mp__hpl_kept_t *keep = calloc(1, sizeof *keep);
   pthread_mutex_lock(&mp__hpl.lock);
-  mp_host_pool_t *hp = mp__hpl.hp;
-  mp__hpl.hp = NULL;
-  mp__hpl.dev = NULL;
-  mp__hpl.nlate = 0; /* freed late: they go with the pool */
+  mp__hpl_one_t one = mp__hpl.at[ordinal];
+  mp__hpl.at[ordinal] = (mp__hpl_one_t){.dev = NULL};
+  size_t k = 0; /* its blocks freed late go with it */
+  for (size_t i = 0; i < mp__hpl.nlate; i++)
+    if (mp__hpl.late[i].hp != one.hp)
+      mp__hpl.late[k++] = mp__hpl.late[i];
+  mp__hpl.nlate = k;
   pthread_mutex_unlock(&mp__hpl.lock);
-  if (hp == NULL) {
+  if (one.hp == NULL) {
     free(keep);
     return;
   }
-  (void)mp__pl_table_forget_hostmem();
-  if (mp_host_pool_destroy(hp) == MP_OK) {
+  (void)mp__pl_table_forget_hostmem(ordinal);
+  if (mp_host_pool_destroy(one.hp) == MP_OK) {
+    if (one.own_dev)
+      mp_device_close(one.dev);
     free(keep);
     return;
   }
-  MP__PL_SAY("cuDevicePrimaryCtxReset: the page-locked host pool cannot be "
-             "released and is kept until exit: %s",
-             mp_last_error());
+  MP__PL_SAY("cuDevicePrimaryCtxReset: the page-locked host pool of CUDA "
+             "device %d cannot be released and is kept until exit: %s",
+             ordinal, mp_last_error());
   if (keep == NULL)
     return; /* without memory for the record: lost, as a leak */
   pthread_mutex_lock(&mp__hpl.lock);
-  *keep = (mp__hpl_kept_t){.hp = hp, .next = mp__hpl_kept};
+  *keep = (mp__hpl_kept_t){.one = one, .next = mp__hpl_kept};
   mp__hpl_kept = keep;
   pthread_mutex_unlock(&mp__hpl.lock);
 }
 
-/* Whether ptr lies in the host pool's memory (none made: false). The
- * lookup runs under mp__hpl.lock, which a reset takes to retire the pool
+/* Whether ptr lies in a host pool's memory (none made: false). The
+ * lookup runs under mp__hpl.lock, which a reset takes to retire a pool
  * before destroying it (mp__pl_host_reset): a free of any device's memory
- * the shim does not know comes here, and a reset of the host pool's device
+ * the shim does not know comes here, and a reset of a host pool's device
  * on another thread would otherwise destroy the pool under the lookup (the
  * reset's rule, cuda.h cuDevicePrimaryCtxReset, binds only users of that
  * device). The lock is the one this took already; it is held a little
  * longer, no new lock on the free path. */
 static bool mp__hpl_holds(const void *ptr) {
+  bool in = false;
   pthread_mutex_lock(&mp__hpl.lock);
-  bool in = mp__host_pool_contains(mp__hpl.hp, ptr);
+  for (int i = 0; i < MP__PL_MAX_DEVICES && !in; i++)
+    in = mp__host_pool_contains(mp__hpl.at[i].hp, ptr);
   pthread_mutex_unlock(&mp__hpl.lock);
   return in;
 }
@@ -219,11 +283,26 @@ void mp__pl_host_report(FILE *f, const mp__pl_t *pl) {
       mp__hpl_flush(pl, NULL);
     mp__pl_leave();
   }
+  /* Every device's pool, summed (the peak: the sum of theirs). */
+  mp_stats_t s = {0}, one;
+  bool any = false;
   pthread_mutex_lock(&mp__hpl.lock);
-  mp_host_pool_t *hp = mp__hpl.hp;
+  for (int i = 0; i < MP__PL_MAX_DEVICES; i++) {
+    mp_host_pool_t *hp = mp__hpl.at[i].hp;
+    if (hp == NULL || mp_host_pool_get_stats(hp, &one) != MP_OK)
+      continue;
+    any = true;
+    s.alloc_count += one.alloc_count;
+    s.free_count += one.free_count;
+    s.device_alloc_count += one.device_alloc_count;
+    s.device_free_count += one.device_free_count;
+    s.reserved_bytes += one.reserved_bytes;
+    s.peak_reserved_bytes += one.peak_reserved_bytes;
+    s.allocated_bytes += one.allocated_bytes;
+    s.requested_bytes += one.requested_bytes;
+  }
   pthread_mutex_unlock(&mp__hpl.lock);
-  mp_stats_t s;
-  if (hp == NULL || mp_host_pool_get_stats(hp, &s) != MP_OK)
+  if (!any)
     return;
   fprintf(f,
           ",\n  \"host_pool\": {\"alloc_count\": %llu, \"free_count\": %llu, "
@@ -293,24 +372,36 @@ static unsigned int mp__h_error(bool runtime, mp_status_t st) {
 /* The synchronize before a page-locked block goes back to the pool: the
  * pool's chunks are PORTABLE ("considered as pinned memory by all CUDA
  * contexts", cuda.h, cuMemHostAlloc), so work of any device may still read
- * or write the block. pl's own device first, then every other device the
- * shim has a pool on (work of a device it never served is not waited
- * for); the first failure is the answer. */
+ * or write the block. Every device the shim has a pool or a host pool on,
+ * each once (work of a device it never served is not waited for; nor of a
+ * device reset since, whose primary context is gone until it is used
+ * again: synchronizing it would fail); the first failure is the answer.
+ * The host device: its one. */
 typedef struct mp__hsync {
-  mp_device_t *done;
+  bool done[MP__PL_MAX_DEVICES]; /* by CUDA ordinal */
   mp_status_t st;
 } mp__hsync_t;
 
-static void mp__hsync_other(mp_device_t *dev, void *ctx) {
+static void mp__hsync_pool(mp_pool_t *pool, int ordinal, void *ctx) {
   mp__hsync_t *h = ctx;
-  if (dev != h->done && h->st == MP_OK)
-    h->st = mp_device_synchronize(dev);
+  h->done[ordinal] = true;
+  if (h->st == MP_OK)
+    h->st = mp_device_synchronize(mp_pool_device(pool));
 }
 
 static mp_status_t mp__hsync_devices(const mp__pl_t *pl) {
-  mp__hsync_t h = {.done = pl->dev, .st = mp_device_synchronize(pl->dev)};
-  if (!pl->host)
-    mp__pl_each_device(mp__hsync_other, &h);
+  if (pl->host)
+    return mp_device_synchronize(pl->dev);
+  mp__hsync_t h = {.st = MP_OK};
+  mp__pl_each_pool(pl, mp__hsync_pool, &h);
+  /* The host pools' devices with no device pool, under the lock, which a
+   * reset takes to retire a host pool before it closes its device (as the
+   * walk above holds the device pools'). */
+  pthread_mutex_lock(&mp__hpl.lock);
+  for (int i = 0; i < MP__PL_MAX_DEVICES && h.st == MP_OK; i++)
+    if (mp__hpl.at[i].dev != NULL && !h.done[i])
+      h.st = mp_device_synchronize(mp__hpl.at[i].dev);
+  pthread_mutex_unlock(&mp__hpl.lock);
   return h.st;
 }
 
@@ -318,7 +409,7 @@ static mp_status_t mp__hsync_devices(const mp__pl_t *pl) {
 static mp_status_t mp__hpl_defer(mp_host_pool_t *hp, void *ptr) {
   mp_status_t st = MP_OK;
   pthread_mutex_lock(&mp__hpl.lock);
-  if (hp != mp__hpl.hp) {
+  if (!mp__hpl_live(hp)) {
     st = MP_EINVAL; /* retired by a reset meanwhile: gone with it */
   } else if (mp__hpl.nlate == mp__hpl.late_cap) {
     size_t cap = mp__hpl.late_cap ? 2 * mp__hpl.late_cap : 16;
@@ -332,7 +423,7 @@ static mp_status_t mp__hpl_defer(mp_host_pool_t *hp, void *ptr) {
   }
   if (st == MP_OK)
     mp__hpl.late[mp__hpl.nlate++] =
-        (struct mp__hpl_late){.ptr = ptr, .seq = mp__hpl.late_seq++};
+        (struct mp__hpl_late){.ptr = ptr, .hp = hp, .seq = mp__hpl.late_seq++};
   pthread_mutex_unlock(&mp__hpl.lock);
   return st;
 }
@@ -355,15 +446,14 @@ static void mp__hpl_flush(const mp__pl_t *pl, const uint64_t *synced) {
   pthread_mutex_lock(&mp__hpl.lock);
   size_t n = mp__hpl.nlate;
   uint64_t upto = synced != NULL ? *synced : mp__hpl.late_seq;
-  mp_host_pool_t *hp = mp__hpl.hp;
   pthread_mutex_unlock(&mp__hpl.lock);
   if (n == 0 || (synced == NULL && mp__hsync_devices(pl) != MP_OK))
     return;
   pthread_mutex_lock(&mp__hpl.lock);
   size_t k = 0;
   for (size_t i = 0; i < mp__hpl.nlate; i++) {
-    if (hp == mp__hpl.hp && mp__hpl.late[i].seq < upto)
-      (void)mp__host_pool_free_done(hp, mp__hpl.late[i].ptr);
+    if (mp__hpl.late[i].seq < upto && mp__hpl_live(mp__hpl.late[i].hp))
+      (void)mp__host_pool_free_done(mp__hpl.late[i].hp, mp__hpl.late[i].ptr);
     else
       mp__hpl.late[k++] = mp__hpl.late[i];
   }
@@ -394,6 +484,7 @@ static unsigned int mp__h_alloc(mp__hvariant_t v, void **p, size_t bytes,
   bool outer = mp__pl_enter();
   const mp__pl_t *pl = outer ? mp__pl_get() : NULL;
   mp_host_pool_t *hp = NULL;
+  int at = 0; /* hp's device */
   /* The runtime's convention, as for its cudaMalloc (runtime.c): 0 bytes
    * is success with a NULL pointer, nothing allocated or recorded (the
    * driver's cuMemHostAlloc refuses it, as cuMemAlloc does). */
@@ -407,7 +498,7 @@ static unsigned int mp__h_alloc(mp__hvariant_t v, void **p, size_t bytes,
                  mp__pl_sync_in_capture(pl);
   if (pl != NULL && pl->mode == MP__PL_POOL && !empty && !capture &&
       (pl->host || (flags & MP__HOST_WRITECOMBINED) == 0))
-    hp = mp__hpl_get(pl);
+    hp = mp__hpl_get(pl, at = mp__hpl_ordinal(pl, runtime));
   if (capture)
     mp__pl_count_bypass("capture");
   unsigned int r;
@@ -421,7 +512,7 @@ static unsigned int mp__h_alloc(mp__hvariant_t v, void **p, size_t bytes,
                          ? MP_EINVAL
                          : mp_host_pool_alloc(hp, bytes, NULL, p);
     if (st == MP_OK)
-      mp__pl_table_put_hostmem((uintptr_t)*p, bytes, flags);
+      mp__pl_table_put_hostmem((uintptr_t)*p, bytes, flags, at);
     r = mp__h_error(runtime, st);
   } else if (pl != NULL && pl->host) {
     r = mp__h_error(runtime, MP_ENOMEM); /* no driver behind the host device */
@@ -447,7 +538,7 @@ static unsigned int mp__h_free(bool runtime, void *ptr) {
   if (outer && ptr != NULL && mp__pl_table_take((uintptr_t)ptr, &b)) {
     if (b.kind == MP__PL_FROM_HOSTMEM) {
       const mp__pl_t *pl = mp__pl_get();
-      mp_host_pool_t *hp = mp__hpl_get(pl);
+      mp_host_pool_t *hp = mp__hpl_at(b.ordinal);
       mp_status_t st = MP_OK;
       unsigned refused = 0;
       if (mp__pl_sync_in_capture(pl)) {

@@ -334,7 +334,7 @@ typedef struct mp__pl_block {
   /* MP__PL_FROM_REAL and MP__PL_FROM_REAL_HOST: the device whose primary
    * context allocated it (its reset destroys it); -1: another context, a
    * stream-ordered allocation (a reset leaves it: driver.c), or any other
-   * kind. */
+   * kind. MP__PL_FROM_HOSTMEM: the device whose host pool served it. */
   int ordinal;
   /* MP__PL_FROM_HOSTMEM: the flags the program asked for (cuMemHostAlloc,
    * cudaHostAlloc; 0 for cuMemAllocHost, cudaMallocHost), which
@@ -349,8 +349,10 @@ void mp__pl_table_put(uintptr_t ptr, size_t size, uintptr_t stream,
  * primary context (-1: another context, or memory its reset leaves). */
 void mp__pl_table_put_real(uintptr_t ptr, size_t size, uintptr_t stream,
                            mp__pl_kind_t kind, int ordinal);
-/* A block of the host pool (MP__PL_FROM_HOSTMEM) asked for with flags. */
-void mp__pl_table_put_hostmem(uintptr_t ptr, size_t size, unsigned flags);
+/* A block of device ordinal's host pool (MP__PL_FROM_HOSTMEM) asked for
+ * with flags. */
+void mp__pl_table_put_hostmem(uintptr_t ptr, size_t size, unsigned flags,
+                              int ordinal);
 /* A block of pool (MP__PL_FROM_POOL). */
 void mp__pl_table_put_pool(uintptr_t ptr, size_t size, uintptr_t stream,
                            mp_pool_t *pool);
@@ -366,9 +368,10 @@ bool mp__pl_table_find_hostmem(uintptr_t addr, mp__pl_block_t *out);
 /* Removes every block of pool (a retired pool: its memory is gone), each
  * traced as freed; how many there were. */
 size_t mp__pl_table_forget_pool(mp_pool_t *pool);
-/* Removes every block of the host pool (MP__PL_FROM_HOSTMEM: its chunks
- * are gone with a reset), each traced as a pinned free; how many. */
-size_t mp__pl_table_forget_hostmem(void);
+/* Removes every block of device ordinal's host pool (MP__PL_FROM_HOSTMEM:
+ * its chunks are gone with the device's reset), each traced as a pinned
+ * free; how many. */
+size_t mp__pl_table_forget_hostmem(int ordinal);
 /* Removes every block of memory from the real entry point that device
  * ordinal's primary context allocated (gone with its reset), each device
  * block traced as freed and each page-locked one as a pinned free; how
@@ -435,9 +438,10 @@ bool mp__pl_capture_prohibits(unsigned thread_mode);
 /* Before the real cuDevicePrimaryCtxReset(ordinal) (the page-locked
  * memory the driver handed out in that primary context, write-combined
  * memory or any when the shim does not pool, is forgotten after it, with
- * the device memory: mp__pl_table_forget_real in driver.c). When the host
- * pool's chunks are page-locked memory of that device's primary context, which
- * the reset destroys, the pool is taken away, its blocks forgotten
+ * the device memory: mp__pl_table_forget_real in driver.c). The device's
+ * host pool, whose chunks are page-locked memory of that device's primary
+ * context, which the reset destroys, is taken away (the other devices'
+ * pools stay), its blocks forgotten
  * (mp__pl_table_forget_hostmem) and the pool destroyed while its chunks
  * are still the driver's to take back; the next page-locked allocation
  * makes a new pool, with new chunks. A pool that cannot be destroyed is
@@ -448,7 +452,7 @@ void mp__pl_host_reset(const mp__pl_t *pl, int ordinal);
  * page-locked call has returned to the pool yet go back first (after a
  * synchronization of the devices) unless a capture is under way. */
 void mp__pl_host_report(FILE *f, const mp__pl_t *pl);
-/* Whether addr lies in the page-locked host pool's chunks (pool mode);
+/* Whether addr lies in a page-locked host pool's chunks (pool mode);
  * *live then says whether a block the program holds contains it, that
  * block in *b (its range and flags are the block's, not the chunk's). */
 bool mp__pl_host_block(const mp__pl_t *pl, uintptr_t addr, mp__pl_block_t *b,

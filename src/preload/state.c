@@ -64,11 +64,12 @@ void mp__pl_table_put(uintptr_t ptr, size_t size, uintptr_t stream,
       .ptr = ptr, .size = size, .stream = stream, .kind = kind, .ordinal = -1});
 }
 
-void mp__pl_table_put_hostmem(uintptr_t ptr, size_t size, unsigned flags) {
+void mp__pl_table_put_hostmem(uintptr_t ptr, size_t size, unsigned flags,
+                              int ordinal) {
   mp__table_put_whole(&(mp__pl_block_t){.ptr = ptr,
                                         .size = size,
                                         .kind = MP__PL_FROM_HOSTMEM,
-                                        .ordinal = -1,
+                                        .ordinal = ordinal,
                                         .host_flags = flags});
 }
 
@@ -185,8 +186,8 @@ size_t mp__pl_table_forget_pool(mp_pool_t *pool) {
   return mp__table_forget(MP__PL_FROM_POOL, pool, -1, mp__traced_free);
 }
 
-size_t mp__pl_table_forget_hostmem(void) {
-  return mp__table_forget(MP__PL_FROM_HOSTMEM, NULL, -1,
+size_t mp__pl_table_forget_hostmem(int ordinal) {
+  return mp__table_forget(MP__PL_FROM_HOSTMEM, NULL, ordinal,
                           mp__traced_pinned_free);
 }
 

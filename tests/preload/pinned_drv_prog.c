@@ -24,6 +24,15 @@
  * on a stream of device 1 reads late is freed (cuMemFreeHost), and a block
  * of the same size allocated and overwritten at once: the copy must read
  * what was there before the free (page-locked memory is any device's).
+ *   pinned_drv_prog 1 other_reset
+ * (two devices) a page-locked block asked for while device 0's primary
+ * context is current, and one, filled, while device 1's is; then
+ * cuDevicePrimaryCtxReset of device 0: the reset destroys only device 0's
+ * block (cuda.h, cuDevicePrimaryCtxReset: "Destroy all allocations ... on
+ * the primary context"; page-locked memory is the context's that
+ * allocated it), so device 1's is still page-locked memory
+ * (cuMemHostGetFlags), keeps its content and its cuMemFreeHost succeeds,
+ * while device 0's free is CUDA_ERROR_INVALID_VALUE; prints "ok".
  *   pinned_drv_prog 1 mapped
  * page-locked blocks asked for with CU_MEMHOSTALLOC_DEVICEMAP (alone and
  * with PORTABLE), each given its device pointer by
@@ -155,6 +164,53 @@ static int other_device(void) {
   expect(cuMemFreeHost(h2) == CUDA_SUCCESS, "cuMemFreeHost again");
   expect(cuMemFree(dst) == CUDA_SUCCESS, "cuMemFree");
   expect(cuStreamDestroy(s1) == CUDA_SUCCESS, "stream destroy");
+  if (failures == 0)
+    printf("ok\n");
+  return failures == 0 ? 0 : 1;
+}
+
+/* Device 1's page-locked block outlives device 0's reset; device 0's does
+ * not. */
+static int other_reset(void) {
+  CUdevice d1;
+  CUcontext c1;
+  unsigned char *h0 = NULL, *h1 = NULL;
+  unsigned flags = 99;
+  expect(cuMemAllocHost((void **)&h0, MP_OTHER_BYTES) == CUDA_SUCCESS,
+         "cuMemAllocHost on device 0");
+  expect(cuDeviceGet(&d1, 1) == CUDA_SUCCESS, "device 1");
+  expect(cuDevicePrimaryCtxRetain(&c1, d1) == CUDA_SUCCESS, "device 1 ctx");
+  expect(cuCtxSetCurrent(c1) == CUDA_SUCCESS, "set device 1 ctx");
+  expect(cuMemAllocHost((void **)&h1, MP_OTHER_BYTES) == CUDA_SUCCESS,
+         "cuMemAllocHost on device 1");
+  if (failures != 0 || h1 == NULL)
+    return 1;
+  memset(h1, 5, MP_OTHER_BYTES);
+  expect(cuDevicePrimaryCtxReset(0) == CUDA_SUCCESS, "reset device 0");
+  CUresult f = cuMemHostGetFlags(&flags, h1);
+  if (f != CUDA_SUCCESS)
+    printf("cuMemHostGetFlags of device 1's block after device 0's reset: "
+           "%d\n",
+           (int)f);
+  expect(f == CUDA_SUCCESS,
+         "device 1's block is still page-locked memory after device 0's "
+         "reset");
+  if (f == CUDA_SUCCESS) { /* else gone: not read */
+    size_t bad = 0;
+    for (size_t i = 0; i < MP_OTHER_BYTES; i++)
+      bad += h1[i] != 5;
+    expect(bad == 0, "device 1's block keeps its content");
+    memset(h1, 6, MP_OTHER_BYTES);
+  }
+  CUresult r1 = cuMemFreeHost(h1);
+  if (r1 != CUDA_SUCCESS)
+    printf("cuMemFreeHost of device 1's block after device 0's reset: %d\n",
+           (int)r1);
+  expect(r1 == CUDA_SUCCESS,
+         "device 1's block is freed after device 0's reset");
+  expect(cuMemFreeHost(h0) == CUDA_ERROR_INVALID_VALUE,
+         "device 0's block went with its reset");
+  expect(cuDevicePrimaryCtxRelease(d1) == CUDA_SUCCESS, "release device 1");
   if (failures == 0)
     printf("ok\n");
   return failures == 0 ? 0 : 1;
@@ -356,6 +412,8 @@ int main(int argc, char **argv) {
   }
   if (argc > 2 && strcmp(argv[2], "other_device") == 0)
     return other_device();
+  if (argc > 2 && strcmp(argv[2], "other_reset") == 0)
+    return other_reset();
   if (argc > 2 && strcmp(argv[2], "devptr") == 0)
     return devptr();
   if (argc > 2 && strcmp(argv[2], "addr_range") == 0)

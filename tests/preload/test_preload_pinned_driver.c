@@ -85,16 +85,36 @@ static void run_mode(bool shim, const char *mode) {
   cr_assert(strstr(r.out, "ok\n") != NULL, "%s", r.out);
 }
 
+/* run_mode on a fake driver with two devices. */
+static void run_mode_on_two(bool shim, const char *mode) {
+  const char *argv[] = {MP_PINNED_DRV_PROG, "1", mode, NULL};
+  const char *env[] = {shim ? "LD_PRELOAD=" MP_SHIM : "LD_PRELOAD=",
+                       "MEMPOOL_DEVICE=cuda", "FAKECUDA_DEVICE_COUNT=2", NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert(strstr(r.out, "ok\n") != NULL, "%s", r.out);
+}
+
 /* A page-locked block is any device's (the host pool's chunks are
  * PORTABLE): its cuMemFreeHost waits for the work of every device the
  * shim has, not only the first one's, before the pool hands it out again. */
 Test(preload_pinned_driver, under_the_shim_a_free_waits_for_other_devices) {
-  const char *argv[] = {MP_PINNED_DRV_PROG, "1", "other_device", NULL};
-  const char *env[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=cuda",
-                       "FAKECUDA_DEVICE_COUNT=2", NULL};
-  spawn(argv, env, &r);
-  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
-  cr_assert(strstr(r.out, "ok\n") != NULL, "%s", r.out);
+  run_mode_on_two(true, "other_device");
+}
+
+/* Page-locked memory is the context's that allocated it: a reset of device
+ * 0 leaves a block asked for while device 1 was current (its content, its
+ * flags, its free) and takes device 0's. Under the shim one host pool
+ * served both from chunks of device 0's primary context, so the reset
+ * took device 1's block too; each device has its own pool now. */
+Test(preload_pinned_driver,
+     without_the_shim_a_reset_leaves_other_devices_pinned_memory) {
+  run_mode_on_two(false, "other_reset");
+}
+
+Test(preload_pinned_driver,
+     under_the_shim_a_reset_leaves_other_devices_pinned_memory) {
+  run_mode_on_two(true, "other_reset");
 }
 
 /* A second cuMemFreeHost of a block the host pool served is refused as the

@@ -317,8 +317,9 @@ if [ -x "$ipc" ]; then
 fi
 
 # 6. Stream-ordered calls on another device's stream (the twin of
-#    preload_driver stream_ordered_calls_follow_the_streams_device): needs
-#    two GPUs; the driver alone, then the shim.
+#    preload_driver stream_ordered_calls_follow_the_streams_device), and
+#    page-locked memory across another device's reset: needs two GPUs;
+#    the driver alone, then the shim.
 drv=$build/tests/preload/preload_drv_prog
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if [ -x "$drv" ] && [ "${ngpu:-0}" -ge 2 ]; then
@@ -329,6 +330,17 @@ if [ -x "$drv" ] && [ "${ngpu:-0}" -ge 2 ]; then
   LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
     MEMPOOL_DEVICE=cuda "$drv" preloaded cuda cross >"$work/cross.out" 2>&1 ||
     fail "drv_prog cross under the shim: $(cat "$work/cross.out")"
+  # A reset of device 0 leaves page-locked memory asked for while device
+  # 1 was current (the twin of preload_pinned_driver
+  # under_the_shim_a_reset_leaves_other_devices_pinned_memory).
+  if [ -x "$pinned" ]; then
+    LD_LIBRARY_PATH="$(dirname "$real")" "$pinned" 1 other_reset \
+      >"$work/pinned.out" 2>&1 ||
+      fail "pinned_drv_prog other_reset: $(cat "$work/pinned.out")"
+    LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
+      MEMPOOL_DEVICE=cuda "$pinned" 1 other_reset >"$work/pinned.out" 2>&1 ||
+      fail "pinned_drv_prog other_reset under the shim: $(cat "$work/pinned.out")"
+  fi
 fi
 
 if [ -f "$lib" ]; then
