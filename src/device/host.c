@@ -1071,9 +1071,20 @@ static uint64_t host_page_round(uint64_t bytes) {
 }
 
 /* mem_lock held. A fresh page-aligned range of the device file for bytes
- * (the file grows as ranges are handed out; it stays sparse). */
+ * (the file grows as ranges are handed out; it stays sparse). Only in the
+ * process that opened the device: a forked child shares the file but has
+ * its own copy of file_next, so the two would hand out the same offsets
+ * (the same memory) and the child's ftruncate could cut the file under
+ * the parent's newer mappings. Refused there, as CUDA refuses a forked
+ * child its parent's context (the child opens a device of its own). */
 static mp_status_t host_file_range(host_dev_t *h, const char *what,
                                    size_t bytes, uint64_t *off) {
+  if (MP__UNLIKELY(getpid() != h->owner))
+    return mp__fail(MP_ENODEV,
+                    "host device: %s: this process is a forked child of the "
+                    "one that opened the device (pid %ld), whose memory it "
+                    "shares: open a device of its own",
+                    what, (long)h->owner);
   uint64_t len = host_page_round(bytes);
   if (h->file_next > (uint64_t)INT64_MAX / 2 - len)
     return mp__fail(MP_ENOMEM, "host device: %s: the device file is full",

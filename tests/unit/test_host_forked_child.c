@@ -59,6 +59,50 @@ Test(host_forked_child, a_child_s_device_free_keeps_the_parent_s_block) {
   mp_device_close(db.dev);
 }
 
+/* The child's own allocations: refused (its copy of the device would hand
+ * out the parent's offsets of the shared file: the same memory), with a
+ * message that says why; its own device works. 0 when all holds. */
+static int child_allocs(mp_device_t *parents) {
+  alarm(10);
+  void *q = NULL;
+  if (mp_device_alloc(parents, BLOCK, &q) != MP_ENODEV || q != NULL)
+    return 1;
+  if (strstr(mp_last_error(), "forked child") == NULL)
+    return 2;
+  mp_device_t *own = NULL;
+  if (mp_device_open("host:capacity=64M", &own) != MP_OK ||
+      mp_device_alloc(own, BLOCK, &q) != MP_OK)
+    return 5;
+  memset(q, 0xc1, BLOCK);
+  return mp_device_free(own, q) == MP_OK ? 0 : 6;
+}
+
+/* Before: the child's block was the parent's next block (the same offset
+ * of the shared file): the parent read the child's 0xc1. */
+Test(host_forked_child, a_child_cannot_allocate_from_the_parents_device) {
+  mp_device_t *dev;
+  cr_assert_eq(mp_device_open("host:capacity=64M", &dev), MP_OK, "%s",
+               mp_last_error());
+  pid_t child = fork();
+  cr_assert_geq(child, 0);
+  if (child == 0)
+    _exit(child_allocs(dev));
+  int status = 0;
+  cr_assert_eq(waitpid(child, &status, 0), child);
+  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+            "child check %d failed",
+            WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  void *p = NULL;
+  cr_assert_eq(mp_device_alloc(dev, BLOCK, &p), MP_OK, "%s", mp_last_error());
+  const unsigned char *b = p;
+  size_t seen = 0;
+  for (size_t i = 0; i < BLOCK; i++)
+    seen += b[i] == 0xc1;
+  cr_expect_eq(seen, 0, "the parent's new block holds the child's bytes");
+  cr_assert_eq(mp_device_free(dev, p), MP_OK);
+  mp_device_close(dev);
+}
+
 static mp_status_t destroy_direct(void *ctx) {
   return mp_direct_destroy(ctx);
 }
