@@ -483,20 +483,67 @@ static void host_stream_stop(host_stream_t *s) {
   host_stream_put(s);
 }
 
-static void host_stream_drain(host_stream_t *s) {
+/* Set in every child forked from a process that opened a host device
+ * (pthread_atfork, registered at the first open), so that the check below
+ * costs a load, not a getpid(), in a process that never forked. */
+static atomic_bool host_in_child;
+static pthread_once_t host_atfork_once = PTHREAD_ONCE_INIT;
+
+static void host_mark_child(void) {
+  atomic_store_explicit(&host_in_child, true, memory_order_relaxed);
+}
+
+static void host_atfork(void) {
+  (void)pthread_atfork(NULL, NULL, host_mark_child);
+}
+
+/* Whether h is a device this process inherited: it is a child forked from
+ * the process that opened h. Such a child shares h's memory file (its
+ * mappings are the parent's pages) but has none of its stream threads:
+ * work queued there would never run, and a wait for work queued before
+ * the fork would never end. So the child may free (its own view) and ask,
+ * but not allocate, queue or wait for queued work: as CUDA refuses a
+ * forked child its parent's context, it opens a device of its own. */
+static bool host_inherited(const host_dev_t *h) {
+  return MP__UNLIKELY(
+             atomic_load_explicit(&host_in_child, memory_order_relaxed)) &&
+         getpid() != h->owner;
+}
+
+static mp_status_t host_refuse_inherited(const char *fn) {
+  return mp__fail(MP_ENODEV,
+                  "host device: %s: this process is a forked child of the "
+                  "one that opened the device, whose memory it shares and "
+                  "whose stream threads did not survive the fork: open a "
+                  "device of its own",
+                  fn);
+}
+
+/* Waits for the work queued on s so far; false (without waiting) in a
+ * child that inherited s with work still queued, which no thread runs. */
+static bool host_stream_drain(host_stream_t *s) {
   pthread_mutex_lock(&s->mu);
   uint64_t target = s->submitted;
+  if (s->completed < target && host_inherited(s->dev)) {
+    pthread_mutex_unlock(&s->mu);
+    return false;
+  }
   while (s->completed < target)
     pthread_cond_wait(&s->idle_cv, &s->mu);
   host_op_t *done = s->done;
   s->done = NULL;
   pthread_mutex_unlock(&s->mu);
   host_ops_free(done);
+  return true;
 }
 
 /* Takes ownership of op: queues it, or frees it when the stream is being
  * destroyed. */
 static mp_status_t host_stream_push(host_stream_t *s, host_op_t *op) {
+  if (host_inherited(s->dev)) {
+    free(op);
+    return host_refuse_inherited("queueing work on a stream");
+  }
   pthread_mutex_lock(&s->mu);
   if (s->stopping) {
     pthread_mutex_unlock(&s->mu);
@@ -587,13 +634,14 @@ static mp_status_t host_sync_all(host_dev_t *h, const char *fn) {
     all[n++] = s;
   }
   pthread_mutex_unlock(&h->busy_mu);
+  bool drained = true;
   for (size_t i = 0; i < n; i++) {
-    host_stream_drain(all[i]);
+    drained = host_stream_drain(all[i]) && drained;
     host_stream_put(all[i]);
   }
   if (all != few)
     free(all);
-  return MP_OK;
+  return drained ? MP_OK : host_refuse_inherited(fn);
 }
 
 static mp_status_t host_synchronize(mp_device_t *dev) {
@@ -667,9 +715,9 @@ static mp_status_t host_stream_synchronize(mp_device_t *dev,
     st = host_stream_get(h, "mp_stream_synchronize", handle, &s);
   if (st != MP_OK)
     return st;
-  host_stream_drain(s);
+  bool drained = host_stream_drain(s);
   host_stream_put(s);
-  return MP_OK;
+  return drained ? MP_OK : host_refuse_inherited("mp_stream_synchronize");
 }
 
 static mp_status_t host_stream_query(mp_device_t *dev, mp_stream_t handle) {
@@ -899,11 +947,12 @@ static mp_status_t host_event_synchronize(mp_device_t *dev, mp_event_t handle) {
     m->refs++;
   /* The marker ref keeps what we wait on alive if e is destroyed. */
   pthread_rwlock_unlock(&h->reg);
-  while (m != NULL && !m->done)
+  bool never = m != NULL && !m->done && host_inherited(h);
+  while (!never && m != NULL && !m->done)
     pthread_cond_wait(&h->ev_cv, &h->ev_lock);
   host_marker_unref(h, m);
   pthread_mutex_unlock(&h->ev_lock);
-  return MP_OK;
+  return never ? host_refuse_inherited("mp_event_synchronize") : MP_OK;
 }
 
 static mp_status_t host_stream_wait_event(mp_device_t *dev, mp_stream_t stream,
@@ -1079,12 +1128,8 @@ static uint64_t host_page_round(uint64_t bytes) {
  * child its parent's context (the child opens a device of its own). */
 static mp_status_t host_file_range(host_dev_t *h, const char *what,
                                    size_t bytes, uint64_t *off) {
-  if (MP__UNLIKELY(getpid() != h->owner))
-    return mp__fail(MP_ENODEV,
-                    "host device: %s: this process is a forked child of the "
-                    "one that opened the device (pid %ld), whose memory it "
-                    "shares: open a device of its own",
-                    what, (long)h->owner);
+  if (host_inherited(h))
+    return host_refuse_inherited(what);
   uint64_t len = host_page_round(bytes);
   if (h->file_next > (uint64_t)INT64_MAX / 2 - len)
     return mp__fail(MP_ENOMEM, "host device: %s: the device file is full",
@@ -1107,8 +1152,7 @@ static mp_status_t host_file_range(host_dev_t *h, const char *what,
  * so the child only lets go of its own view (unmapped, uncharged): a hole
  * punched there zeroed the parent's data. */
 static void host_file_release(host_dev_t *h, const host_entry_t *e) {
-  if ((e->flags & (HOST_MEM_EXPORTED | HOST_MEM_FOREIGN)) ||
-      getpid() != h->owner)
+  if ((e->flags & (HOST_MEM_EXPORTED | HOST_MEM_FOREIGN)) || host_inherited(h))
     return;
   (void)fallocate(h->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                   (off_t)e->off, (off_t)host_page_round(e->bytes));
@@ -1821,6 +1865,7 @@ static mp_status_t host_open(mp_device_t *dev, const char *opts) {
   h->fail_after = o.fail_after;
   h->vmm = o.vmm;
   h->granularity = o.granularity;
+  (void)pthread_once(&host_atfork_once, host_atfork);
   h->owner = getpid();
   h->memfd = memfd_create(HOST_MEMFD_NAME, MFD_CLOEXEC);
   if (h->memfd < 0) {

@@ -61,7 +61,8 @@ Test(host_forked_child, a_child_s_device_free_keeps_the_parent_s_block) {
 
 /* The child's own allocations: refused (its copy of the device would hand
  * out the parent's offsets of the shared file: the same memory), with a
- * message that says why; its own device works. 0 when all holds. */
+ * message that says why, and so is queueing work; its own device works.
+ * 0 when all holds. */
 static int child_allocs(mp_device_t *parents) {
   alarm(10);
   void *q = NULL;
@@ -69,6 +70,19 @@ static int child_allocs(mp_device_t *parents) {
     return 1;
   if (strstr(mp_last_error(), "forked child") == NULL)
     return 2;
+  /* No work queued (no stream thread would run it), and nothing that
+   * would wait for it: a pool's calls end (before: its destroy waited
+   * for ever for a marker recorded in the child). */
+  mp_event_t ev;
+  if (mp_event_create(parents, &ev) != MP_OK ||
+      mp_event_record(parents, ev, NULL) != MP_ENODEV ||
+      mp_event_destroy(parents, ev) != MP_OK)
+    return 3;
+  mp_pool_t *pool = NULL;
+  if (mp_pool_create(parents, NULL, &pool) != MP_OK ||
+      mp_pool_alloc(pool, BLOCK, NULL, &q) != MP_ENODEV ||
+      mp_pool_destroy(pool) != MP_OK)
+    return 4;
   mp_device_t *own = NULL;
   if (mp_device_open("host:capacity=64M", &own) != MP_OK ||
       mp_device_alloc(own, BLOCK, &q) != MP_OK)
