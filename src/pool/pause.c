@@ -106,8 +106,10 @@ static mp_status_t mp__chunks_step(mp_pool_t *pool, mp__segment_t *v, size_t *m,
   while (*m != target) {
     bool map = *m < target;
     mp__chunk_t c = v->chunks[map ? *m : *m - 1];
+    /* A map with no host memory for a stray's record (MP__EHOST, internal:
+     * growth tells it from the device's) is a public call's MP_ENOMEM. */
     mp_status_t st =
-        map ? mp__pool_vm_map(pool, (void *)c.addr, c.size)
+        map ? mp__status_out(mp__pool_vm_map(pool, (void *)c.addr, c.size))
             : mp__device_vm_unmap(pool->dev, (void *)c.addr, c.size);
     if (st != MP_OK)
       return st;

@@ -326,3 +326,31 @@ Test(pool_peer_access, a_pause_gives_back_a_stray_mapping_or_fails) {
   cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
   free_and_finish(p, dev, peer, &v, 1);
 }
+
+/* A resume of a pool with a peer takes the room for a stray's record
+ * before each map (mp__pool_vm_map): with no host memory for it the
+ * resume fails as a public call fails for want of host memory, MP_ENOMEM
+ * (MP__EHOST is internal, never a caller's), the pool still paused with
+ * nothing mapped; the next resume maps it back. Before, mp_pool_resume
+ * returned MP__EHOST (0x4854), a status no caller knows. */
+Test(pool_peer_access, no_host_room_for_a_stray_fails_a_resume_with_enomem) {
+  mp_device_t *dev = flaky_open(0), *peer = flaky_peer_open();
+  mp_pool_t *p = make_pool(dev, NULL);
+  void *v;
+  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &v), MP_OK);
+  /* The peer after the map: no record's room taken yet. */
+  cr_assert_eq(mp_pool_set_access(p, peer), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_pause(p, 0), MP_OK, "%s", mp_last_error());
+  mp__fault_host_after(0);
+  mp_status_t st = mp_pool_resume(p);
+  mp__fault_host_after(-1);
+  cr_expect_eq(st, MP_ENOMEM, "status 0x%x: %s", (unsigned)st, mp_last_error());
+  cr_expect(strstr(mp_last_error(), "host memory") != NULL, "%s",
+            mp_last_error());
+  cr_expect(mp__pool_is_paused(p));
+  cr_expect_eq(fake_of(dev)->used, 0, "nothing was mapped");
+  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(fake_of(dev)->used, 2 * MiB);
+  expect_all_open(p, true);
+  free_and_finish(p, dev, peer, &v, 1);
+}
