@@ -103,7 +103,9 @@ typedef struct mp_pool mp_pool_t;
  * (without the flag it gets a plain segment of its own size, which no
  * pause can keep while a block in it is live); the cap is then used in
  * whole granules. Likewise a request the range cannot place (it is twice
- * the cap or the device: rare) is MP_ENOMEM. It needs the virtual range:
+ * the cap or the device: rare) is MP_ENOMEM, and so is a growth while the
+ * range cannot be reserved (the address space short; the next growth
+ * tries again). It needs the virtual range:
  * with virtual=0 (no MP_POOL_VIRTUAL) mp_pool_create is MP_EINVAL, and on
  * a device without virtual memory MP_ENOTSUP, the message saying why (a
  * pool of plain segments could never pause). Off by default. */

@@ -200,13 +200,18 @@ static _Thread_local size_t mp__oom_asked;
 
 const char *mp__pausable_note(const mp_pool_t *pool, mp_status_t st,
                               size_t asked, size_t room) {
-  bool whole = (pool->cfg.flags & MP_POOL_PAUSABLE) &&
-               (pool->cfg.flags & MP_POOL_VIRTUAL) && st == MP_ELIMIT &&
-               asked <= room;
-  return whole ? " (pausable=1: what is left under the cap is less than the "
-                 "whole granules the request needs, and a plain segment "
-                 "would make the pool unpausable)"
-               : "";
+  bool pausable = (pool->cfg.flags & MP_POOL_PAUSABLE) &&
+                  (pool->cfg.flags & MP_POOL_VIRTUAL);
+  if (pausable && st == MP_ELIMIT && asked <= room)
+    return " (pausable=1: what is left under the cap is less than the "
+           "whole granules the request needs, and a plain segment would "
+           "make the pool unpausable)";
+  /* A pool without arenas (one with arenas has no range of its own). */
+  if (pausable && st == MP_ENOMEM && pool->arenas == NULL && pool->vseg == NULL)
+    return " (pausable=1: the pool's virtual range could not be reserved, "
+           "the address space short, and a plain segment would make the "
+           "pool unpausable)";
+  return "";
 }
 
 mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked) {

@@ -43,9 +43,10 @@ mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
       st = mp__vrange_grow(pool, size, sidx, fresh);
     if (st != MP_ENOTSUP)
       return st;
-    /* The range could not place it: no plain segment for a pool that must
-     * stay pausable (one without a range has nothing to pause). */
-    if (pool->vseg != NULL && (pool->cfg.flags & MP_POOL_PAUSABLE))
+    /* The range could not place it, or could not be reserved (the address
+     * space short: mp__vrange_ready tries again at the next growth): no
+     * plain segment for a pool that must stay pausable. */
+    if (pool->cfg.flags & MP_POOL_PAUSABLE)
       return MP_ENOMEM;
   }
   return mp__plain_grow(pool, size, sidx, fresh);

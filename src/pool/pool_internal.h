@@ -917,7 +917,8 @@ void mp__block_untake(mp_pool_t *pool, mp__block_t *b);
 mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked);
 /* What an MP_ELIMIT message adds where pausable=1 (MP_POOL_PAUSABLE)
  * turned down the plain segment a request of `asked` bytes fitted in, room
- * bytes left under the cap: why; else "". */
+ * bytes left under the cap, or an MP_ENOMEM where it did so because its
+ * virtual range could not be reserved: why; else "". */
 const char *mp__pausable_note(const mp_pool_t *pool, mp_status_t st,
                               size_t asked, size_t room);
 /* The calling thread's count of mp__pool_oom calls: an MP_ENOMEM that did

@@ -88,7 +88,9 @@ mp_status_t mp__vrange_ready(mp_pool_t *pool) {
   mp__pool_device_end(pool);
   if (st != MP_OK) {
     free(s);
-    pool->vm_failed = true;
+    /* Final, but for a pool that must stay pausable: it takes no plain
+     * segment instead (grow.c), and tries again at its next growth. */
+    pool->vm_failed = !(pool->cfg.flags & MP_POOL_PAUSABLE);
     return MP_ENOTSUP;
   }
   s->base = (uintptr_t)base;

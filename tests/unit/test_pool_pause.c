@@ -512,6 +512,43 @@ Test(pool_pause, a_capped_pool_short_of_address_space_still_pauses) {
   fake_close(dev);
 }
 
+/* A pausable pool (pausable=1) whose virtual range cannot be reserved at
+ * all (an address space too short even for its cap's range) takes no
+ * plain segment: the allocation fails, nothing taken; once the address
+ * space allows, the next growth reserves the range and the pool pauses
+ * with its block. Before, the failed reservation was final (vm_failed)
+ * and the pool served from plain segments for good, which no pause can
+ * keep: every pause with a block live was MP_ENOTSUP. With arenas too
+ * (each reserves its range when it is made). */
+static void pausable_short_of_address_space(const char *opts) {
+  mp_device_t *dev = flaky_open(0);    /* 1 GiB, 2 MiB granules, unmaps work */
+  fake_of(dev)->max_reserve = 2 * MiB; /* not even the cap's range fits */
+  mp_pool_t *p = make_pool(dev, opts);
+  void *x = NULL;
+  mp_status_t st = mp_pool_alloc(p, MiB, NULL, &x);
+  cr_expect_eq(st, MP_ENOMEM, "%s: served at %p (status %d)", opts, x, (int)st);
+  cr_expect(strstr(opts, "arenas") != NULL ||
+                strstr(mp_last_error(), "pausable") != NULL,
+            "%s", mp_last_error());
+  cr_expect_eq(fake_of(dev)->used, 0, "%s: a plain segment was taken", opts);
+  if (st == MP_OK)
+    cr_assert_eq(mp_pool_free(p, x), MP_OK);
+  fake_of(dev)->max_reserve = 0;
+  cr_assert_eq(mp_pool_alloc(p, MiB, NULL, &x), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s: %s", opts,
+               mp_last_error());
+  if (mp__pool_is_paused(p))
+    cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(p, x), MP_OK);
+  fake_pool_finish(p, dev);
+}
+
+Test(pool_pause,
+     a_pausable_pool_short_of_address_space_takes_no_plain_segment) {
+  pausable_short_of_address_space("max_bytes=16M,pausable=1");
+  pausable_short_of_address_space("max_bytes=16M,pausable=1,arenas=2");
+}
+
 /* ---- a pause while the out-of-memory ladder holds a block --------------- */
 /* Stream busy_s has work still running while busy: events recorded on it
  * then, and the stream itself, answer MP_EBUSY until a wait for one of
