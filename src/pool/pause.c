@@ -364,18 +364,19 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
   st = mp__sync_set_wait(pool->dev, &set);
   mp__pool_device_end(pool);
   mp__sync_set_done(pool, &set, snap, st);
-  /* The streams are done with the memory: free plain segments go back. */
-  if (st == MP_OK)
-    st = mp__pause_plain_release(pool);
   /* A mapping a refused peer access left (vrange.c) holds device memory
    * no chunk accounts for: unmapped first, or the pause would claim to
    * give back what it still holds; one the device refuses again leaves the
-   * pool running, nothing unmapped. */
+   * pool running, nothing unmapped or given back (so before the plain
+   * segments below). */
   if (st == MP_OK && (st = mp__vrange_strays_retry(pool)) != MP_OK) {
     char why[MP__ERROR_MAX];
     snprintf(why, sizeof why, "%s", mp_last_error());
     mp__fail(st, "mp_pool_pause: %s: the pool is not paused", why);
   }
+  /* The streams are done with the memory: free plain segments go back. */
+  if (st == MP_OK)
+    st = mp__pause_plain_release(pool);
   mp__pool_device_begin(pool);
   if (st == MP_OK && keep) {
     st = mp_device_host_alloc(pool->dev, sp.bytes, &pool->pause_copy);
