@@ -287,7 +287,8 @@ mp_status_t mp_ipc_close(mp_device_t *dev, void *ptr) {
  * synchronization, which CUDA refuses (and which invalidates the capture)
  * while another thread captures a graph in global mode, whatever this
  * thread's capture mode (the fake models it, cuCtxSynchronize). A stream
- * being captured runs nothing until its graph is launched: refused. */
+ * being captured runs nothing until its graph is launched: refused; so is
+ * one whose wait would join a capture (below). */
 mp_status_t mp_ipc_close_after(mp_device_t *dev, void *ptr, mp_stream_t s) {
   if (dev == NULL)
     return mp__fail(MP_EINVAL, "mp_ipc_close_after: dev is NULL");
@@ -296,11 +297,23 @@ mp_status_t mp_ipc_close_after(mp_device_t *dev, void *ptr, mp_stream_t s) {
                     "mp_ipc_close_after: stream %p is not a live stream of "
                     "device '%s'",
                     (void *)s, mp_device_name(dev));
-  if (mp__device_stream_capturing(dev, s) == 1)
+  int capturing = mp__device_stream_capturing(dev, s);
+  if (capturing == 1)
     return mp__fail(MP_EBUSY,
                     "mp_ipc_close_after: stream %p is being captured: its "
                     "work runs when the graph is launched, not before the "
                     "close",
+                    (void *)s);
+  /* The driver cannot say: the legacy stream while a blocking stream of
+   * the context captures, in any mode (cuStreamIsCapturing answers
+   * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), where a wait for it is refused
+   * with that code and invalidates the program's capture (cuda.h). */
+  if (capturing < 0)
+    return mp__fail(MP_EBUSY,
+                    "mp_ipc_close_after: the device cannot tell whether "
+                    "stream %p joins a capture (the legacy stream while a "
+                    "blocking stream captures): a wait for it would "
+                    "invalidate that capture",
                     (void *)s);
   struct mp__import im;
   if (!mp__ipc_take(dev, ptr, &im))

@@ -660,7 +660,10 @@ MP_API mp_status_t mp_ipc_close(mp_device_t *dev, void *ptr);
  * PyTorch's consumer of shared CUDA memory synchronizes its current
  * stream. s: NULL (the default stream) or a live stream of dev, else
  * MP_EINVAL; a stream being captured into a graph: MP_EBUSY (its work runs
- * when the graph is launched). Otherwise as mp_ipc_close. */
+ * when the graph is launched), and so is NULL while a blocking stream of
+ * the device captures, in any capture mode (CUDA refuses a wait for the
+ * legacy stream then, and invalidates that capture). Otherwise as
+ * mp_ipc_close. */
 MP_API mp_status_t mp_ipc_close_after(mp_device_t *dev, void *ptr,
                                       mp_stream_t s);
 /* Sends h over the connected Unix socket sock: its bytes in one message

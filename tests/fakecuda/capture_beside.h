@@ -41,15 +41,21 @@ static long long capture_errors(CUresult r) {
 }
 
 /* Makes device 0's primary context current on this thread, and begins a
- * global-mode capture on a new stream of it. */
-static CUstream capture_begin_here(void) {
+ * capture in mode on a new stream of it (made with flags). */
+static CUstream capture_begin_with(unsigned flags, CUstreamCaptureMode mode) {
   CUcontext ctx;
   cr_assert_eq(capcu.retain(&ctx, 0), CUDA_SUCCESS);
   cr_assert_eq(capcu.push(ctx), CUDA_SUCCESS);
   CUstream s;
-  cr_assert_eq(capcu.create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  cr_assert_eq(capcu.begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  cr_assert_eq(capcu.create(&s, flags), CUDA_SUCCESS);
+  cr_assert_eq(capcu.begin(s, mode), CUDA_SUCCESS);
   return s;
+}
+
+/* The same, a global-mode capture on a non-blocking stream. */
+static CUstream capture_begin_here(void) {
+  return capture_begin_with(CU_STREAM_NON_BLOCKING,
+                            CU_STREAM_CAPTURE_MODE_GLOBAL);
 }
 
 /* Ends capture_begin_here's capture (its graph destroyed), the stream and

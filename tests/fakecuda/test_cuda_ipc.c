@@ -348,3 +348,34 @@ Test(cuda_ipc, a_close_after_a_bad_or_capturing_stream_is_refused) {
   cr_assert_eq(mp_ipc_close_after(u.d, u.q, u.s), MP_OK, "%s", mp_last_error());
   closed_then_done(&u);
 }
+
+/* The legacy stream (s NULL) while a blocking stream of the device's
+ * context captures, in any capture mode: a wait for it would wait for that
+ * capture's work, and the driver refuses it and invalidates the capture
+ * (cuda.h, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: "a disallowed implicit
+ * dependency on a current capture sequence from cudaStreamLegacy"), as
+ * cuStreamIsCapturing of it says (that code, the capture left alone).
+ * MP_EBUSY, as for a stream being captured, nothing changed. Failed before:
+ * the close waited on the legacy stream, the driver's refusal (MP_EDRIVER)
+ * and an invalidated capture. */
+Test(cuda_ipc, a_close_after_the_legacy_stream_beside_a_blocking_capture) {
+  used_import_t u = import_used_on_a_stream();
+  /* The legacy stream covers no work of the non-blocking u.s: done first,
+   * so that a close after the legacy stream is the program's right one. */
+  cr_assert_eq(mp_stream_synchronize(u.d, u.s), MP_OK, "%s", mp_last_error());
+  capture_load();
+  CUstream k =
+      capture_begin_with(CU_STREAM_DEFAULT, CU_STREAM_CAPTURE_MODE_RELAXED);
+  mp_status_t st = mp_ipc_close_after(u.d, u.q, NULL);
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", mp_last_error());
+  CUresult end = capture_end_here(k);
+  cr_expect_eq(st, MP_EBUSY, "%s (%s)", mp_status_name(st), msg);
+  cr_expect_eq(end, CUDA_SUCCESS, "the close invalidated the capture (%d)",
+               (int)end);
+  cr_expect_neq(fcntl(u.lease, F_GETFD), -1,
+                "a refused close closed the lease");
+  cr_assert_eq(mp_ipc_close_after(u.d, u.q, NULL), MP_OK, "%s",
+               mp_last_error());
+  closed_then_done(&u);
+}
