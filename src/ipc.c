@@ -243,16 +243,26 @@ static void mp__ipc_done(mp_device_t *dev, void *ptr, bool gone) {
 /* Unmaps an import mp__ipc_take marked and closes its lease, once the work
  * that may use it is done: the work queued on s so far (on_stream), else
  * the device's. A close that failed before the memory was unmapped (the
- * wait included) changes nothing (unless force: the device is closing):
- * the import stays listed with its lease open (the exporter must not reuse
- * a block still mapped here), and may be closed again. */
+ * wait included) changes nothing (unless force: the device is closing, and
+ * the import is unmapped whatever the wait said): the import stays listed
+ * with its lease open (the exporter must not reuse a block still mapped
+ * here), and may be closed again. */
 static mp_status_t mp__ipc_unmap(mp_device_t *dev, const struct mp__import *im,
                                  bool force, bool on_stream, mp_stream_t s) {
   bool unmapped = false;
   mp_status_t st =
       on_stream ? mp_stream_synchronize(dev, s) : mp_device_synchronize(dev);
-  if (st == MP_OK)
-    st = dev->ops->ipc_close(dev, im->base, im->bytes, im->kind, &unmapped);
+  /* Forced, unmapped even when the wait failed: the lease goes, so the
+   * exporter may reuse the block, and the device's close releases the
+   * rest of its memory after such a failure too; a mapping kept would
+   * outlive the device (its context may be the program's too) and show
+   * the reused memory. */
+  if (st == MP_OK || force) {
+    mp_status_t cst =
+        dev->ops->ipc_close(dev, im->base, im->bytes, im->kind, &unmapped);
+    if (st == MP_OK)
+      st = cst;
+  }
   mp__ipc_done(dev, (void *)im->ptr, unmapped || force);
   if (!unmapped && !force)
     return mp__fail(st,

@@ -379,3 +379,40 @@ Test(cuda_ipc, a_close_after_the_legacy_stream_beside_a_blocking_capture) {
                mp_last_error());
   closed_then_done(&u);
 }
+
+/* mp_device_close closes the imports left open, unmapping them even when
+ * its wait for the device's work is refused (another thread captures in
+ * global mode: cuCtxSynchronize is refused, fakecuda.c), as it releases
+ * the rest of the device then: the lease goes, and the exporter may reuse
+ * the block, so a mapping kept would leak (the program's context, kept
+ * here as the runtime keeps it, outlives the close) and still show the
+ * reused memory. Failed before: the failed wait skipped the unmap, the
+ * import's range still mapped after the close. */
+Test(cuda_ipc, a_device_closed_beside_a_global_capture_unmaps_its_imports) {
+  used_import_t u = import_used_on_a_stream();
+  cr_assert_eq(mp_stream_synchronize(u.d, u.s), MP_OK);
+  cr_assert_eq(mp_stream_destroy(u.d, u.s), MP_OK);
+  cr_assert_eq(mp_pool_free(u.pool, u.p), MP_OK);
+  cr_assert_eq(mp_pool_destroy(u.pool), MP_OK, "%s", mp_last_error());
+  capture_load();
+  CUresult (*range)(CUdeviceptr *, size_t *, CUdeviceptr);
+  FK_LOAD(range, "cuMemGetAddressRange_v2");
+  CUcontext ctx;
+  cr_assert_eq(capcu.retain(&ctx, 0), CUDA_SUCCESS);
+  cr_assert_eq(capcu.push(ctx), CUDA_SUCCESS);
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  cr_assert_eq(range(&base, &size, (CUdeviceptr)(uintptr_t)u.q), CUDA_SUCCESS);
+  capture_t c;
+  capture_start(&c);
+  mp_device_close(u.d); /* its own wait breaks the capture: not checked */
+  atomic_store(&c.stage, 2);
+  pthread_join(c.thread, NULL);
+  CUresult r = range(&base, &size, (CUdeviceptr)(uintptr_t)u.q);
+  cr_expect_neq(r, CUDA_SUCCESS,
+                "the closed device left the import mapped (%p, %zu bytes)",
+                (void *)(uintptr_t)base, size);
+  cr_expect_eq(fcntl(u.lease, F_GETFD), -1, "the close kept the lease open");
+  cr_assert_eq(capcu.pop(NULL), CUDA_SUCCESS);
+  cr_assert_eq(capcu.release(0), CUDA_SUCCESS);
+}
