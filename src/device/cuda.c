@@ -170,11 +170,15 @@ static mp_status_t mp__cuda_status_of(CUresult r) {
   case CUDA_ERROR_INVALID_VALUE:
   case CUDA_ERROR_INVALID_HANDLE: return MP_EINVAL;
   case CUDA_ERROR_NOT_SUPPORTED: return MP_ENOTSUP;
-  /* A call the driver forbids where it was made: the one case cuda.h
-   * names is a call from a host function ("Attempting to use a CUDA API
-   * may result in CUDA_ERROR_NOT_PERMITTED", cuLaunchHostFunc), which the
-   * host device refuses with MP_EINVAL (host.c): one status for one
-   * mistake on both backends. */
+  /* A call the driver does not permit as it was made: from a host
+   * function ("Attempting to use a CUDA API may result in
+   * CUDA_ERROR_NOT_PERMITTED", cuLaunchHostFunc), which the host device
+   * refuses with MP_EINVAL (host.c): one status for one mistake on both
+   * backends. cuda.h lists it for some virtual memory calls too
+   * (cuMemCreate, cuMemMap, cuMemExportToShareableHandle with a handle
+   * type the allocation was not made for, ...): a request the call does
+   * not allow, MP_EINVAL as well; nothing in the library tells the two
+   * apart, and the message names the driver's error. */
   case CUDA_ERROR_NOT_PERMITTED: return MP_EINVAL;
   default: return MP_EDRIVER;
   }
