@@ -88,42 +88,54 @@ static void mp__hist_put(mp__history_t *h, unsigned action, uintptr_t addr,
   h->total++;
 }
 
+/* The clock and (stacks) the stack for the events of one call. */
+__attribute__((noinline)) void mp__history_stamp(const mp_pool_t *pool,
+                                                 mp__hstamp_t *out) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  out->us = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+  out->nframes = 0;
+  if (pool->hist.frames == NULL)
+    return;
+  void *raw[MP__HIST_DEPTH + MP__HIST_FRAMES];
+  int got = backtrace(raw, MP__HIST_DEPTH + MP__HIST_FRAMES);
+  int skip = MP__HIST_SKIP;
+  for (int i = 0; i < got && i < MP__HIST_DEPTH; i++)
+    if (raw[i] == mp__hist_caller) {
+      skip = i;
+      break;
+    }
+  int nf = got - skip;
+  nf = nf < 0 ? 0 : nf > MP__HIST_FRAMES ? MP__HIST_FRAMES : nf;
+  if (nf > 0)
+    memcpy(out->frames, raw + skip, (size_t)nf * sizeof(void *));
+  out->nframes = nf;
+}
+
+void mp__history_put(mp_pool_t *pool, const mp__hstamp_t *at, unsigned action,
+                     uintptr_t addr, size_t size, uintptr_t stream,
+                     bool restored) {
+  mp__history_t *h = &pool->hist;
+  size_t i = h->next;
+  mp__hist_put(h, action, addr, size, stream, at->us, at->frames, at->nframes);
+  h->ev[i].restored = restored;
+}
+
 /* Records actions[0..n) of one block with one clock read and (stacks) one
  * backtrace: a free's requested and completed events share them. */
 __attribute__((noinline)) static void
 mp__hist_record(mp_pool_t *pool, const unsigned *actions, int n, uintptr_t addr,
                 size_t size, uintptr_t stream) {
-  mp__history_t *h = &pool->hist;
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  uint64_t us = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-  void *raw[MP__HIST_DEPTH + MP__HIST_FRAMES];
-  int nf = 0, skip = 0;
-  if (h->frames != NULL) {
-    int got = backtrace(raw, MP__HIST_DEPTH + MP__HIST_FRAMES);
-    skip = MP__HIST_SKIP;
-    for (int i = 0; i < got && i < MP__HIST_DEPTH; i++)
-      if (raw[i] == mp__hist_caller) {
-        skip = i;
-        break;
-      }
-    nf = got - skip;
-    nf = nf < 0 ? 0 : nf > MP__HIST_FRAMES ? MP__HIST_FRAMES : nf;
-  }
+  mp__hstamp_t at;
+  mp__history_stamp(pool, &at);
   for (int k = 0; k < n; k++)
-    mp__hist_put(h, actions[k], addr, size, stream, us, raw + skip, nf);
+    mp__hist_put(&pool->hist, actions[k], addr, size, stream, at.us, at.frames,
+                 at.nframes);
 }
 
 void mp__history_record(mp_pool_t *pool, unsigned action, uintptr_t addr,
                         size_t size, uintptr_t stream) {
   mp__hist_record(pool, &action, 1, addr, size, stream);
-}
-
-void mp__history_restored(mp_pool_t *pool, uintptr_t addr, size_t size,
-                          uintptr_t stream) {
-  mp__history_t *h = &pool->hist;
-  mp__history_record(pool, MP__H_ALLOC, addr, size, stream);
-  h->ev[h->next == 0 ? h->cap - 1 : h->next - 1].restored = true;
 }
 
 void mp__history_free(mp_pool_t *pool, uintptr_t addr, size_t size,

@@ -1633,10 +1633,21 @@ void mp__history_release(mp_pool_t *pool);
 /* Under the lock: appends one event, overwriting the oldest when full. */
 void mp__history_record(mp_pool_t *pool, unsigned action, uintptr_t addr,
                         size_t size, uintptr_t stream);
-/* An alloc of a block that was live before a pause, at its resume: marked
- * restored (mp__hevent_t). */
-void mp__history_restored(mp_pool_t *pool, uintptr_t addr, size_t size,
-                          uintptr_t stream);
+/* The clock read and (history_stacks) the stack of one call, for several
+ * events (mp__history_put): a pause's and a resume's events of every live
+ * block take one backtrace, not one each. */
+typedef struct mp__hstamp {
+  uint64_t us;
+  int nframes;
+  void *frames[MP__HIST_FRAMES];
+} mp__hstamp_t;
+void mp__history_stamp(const mp_pool_t *pool, mp__hstamp_t *out);
+/* Under the lock, the ring on: one event at the stamp's time and stack;
+ * restored: an alloc of a block that was live before a pause, at its
+ * resume (mp__hevent_t). */
+void mp__history_put(mp_pool_t *pool, const mp__hstamp_t *at, unsigned action,
+                     uintptr_t addr, size_t size, uintptr_t stream,
+                     bool restored);
 /* A free: free_requested and free_completed with one clock read and one
  * stack (a block is reusable on its own stream at once). */
 void mp__history_free(mp_pool_t *pool, uintptr_t addr, size_t size,
