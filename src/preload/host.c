@@ -105,7 +105,19 @@ static struct {
   } * late;
   size_t nlate, late_cap;
   uint64_t late_seq;
-} mp__hpl = {.lock = PTHREAD_MUTEX_INITIALIZER};
+  /* The calls using slot i's pool after letting go of the lock (an
+   * allocation from it, a free to it), each held from mp__hpl_get or
+   * mp__hpl_at until mp__hpl_put: a reset retires the slot's pool, then
+   * waits for users[i] to reach 0 (signalled on idle) before it destroys
+   * it (mp__pl_host_reset). Counted per slot, not per pool: a call has its
+   * slot to give back, and the pool's record leaves the slot when it is
+   * retired. A pool made in the slot meanwhile (a call on the device being
+   * reset, which cuDevicePrimaryCtxReset's rule forbids) only makes the
+   * reset wait for its calls too. */
+  unsigned users[MP__PL_MAX_DEVICES];
+  pthread_cond_t idle;
+} mp__hpl = {.lock = PTHREAD_MUTEX_INITIALIZER,
+             .idle = PTHREAD_COND_INITIALIZER};
 
 /* The parent's host pools, left alone in a forked child (their chunks are
  * the parent's devices') but kept reachable, as state.c keeps the parent's
@@ -114,6 +126,8 @@ __attribute__((used)) static mp__hpl_one_t mp__hpl_parents[MP__PL_MAX_DEVICES];
 
 static void mp__hpl_child(void) {
   pthread_mutex_init(&mp__hpl.lock, NULL);
+  pthread_cond_init(&mp__hpl.idle, NULL);
+  memset(mp__hpl.users, 0, sizeof mp__hpl.users); /* the parent's threads' */
   memcpy(mp__hpl_parents, mp__hpl.at, sizeof mp__hpl_parents);
   memset(mp__hpl.at, 0, sizeof mp__hpl.at);
   free(mp__hpl.late); /* the parent's blocks, in the parent's pools */
@@ -143,11 +157,31 @@ static bool mp__hpl_live(const mp_host_pool_t *hp) {
   return false;
 }
 
-/* The host pool of device slot `at`, made on first use; NULL when it
- * cannot be made (the call then goes to the driver). Each CUDA device is
- * opened for its pool ("cuda:N", a retain of its primary context, which
- * makes that context anew after a reset of it); the host device's one
- * pool is on pl->dev. */
+/* Under mp__hpl.lock: slot at's pool (NULL: none), held for the caller
+ * until mp__hpl_put. */
+static mp_host_pool_t *mp__hpl_hold_locked(int at) {
+  mp_host_pool_t *hp = mp__hpl.at[at].hp;
+  if (hp != NULL)
+    mp__hpl.users[at]++;
+  return hp;
+}
+
+/* Lets go of slot at's pool hp that mp__hpl_get or mp__hpl_at gave
+ * (NULL: nothing held). */
+static void mp__hpl_put(int at, const mp_host_pool_t *hp) {
+  if (hp == NULL)
+    return;
+  pthread_mutex_lock(&mp__hpl.lock);
+  if (--mp__hpl.users[at] == 0)
+    pthread_cond_broadcast(&mp__hpl.idle);
+  pthread_mutex_unlock(&mp__hpl.lock);
+}
+
+/* The host pool of device slot `at`, made on first use, held until
+ * mp__hpl_put; NULL when it cannot be made (the call then goes to the
+ * driver). Each CUDA device is opened for its pool ("cuda:N", a retain of
+ * its primary context, which makes that context anew after a reset of
+ * it); the host device's one pool is on pl->dev. */
 static mp_host_pool_t *mp__hpl_get(const mp__pl_t *pl, int at) {
   static bool atfork_done;
   pthread_mutex_lock(&mp__hpl.lock);
@@ -166,18 +200,18 @@ static mp_host_pool_t *mp__hpl_get(const mp__pl_t *pl, int at) {
     else if (own && dev != NULL)
       mp_device_close(dev);
   }
-  mp_host_pool_t *hp = one->hp;
+  mp_host_pool_t *hp = mp__hpl_hold_locked(at);
   pthread_mutex_unlock(&mp__hpl.lock);
   return hp;
 }
 
 /* The host pool of device slot `at` as it is (none made, or out of range:
- * NULL). */
+ * NULL), held until mp__hpl_put. */
 static mp_host_pool_t *mp__hpl_at(int at) {
   if (at < 0 || at >= MP__PL_MAX_DEVICES)
     return NULL;
   pthread_mutex_lock(&mp__hpl.lock);
-  mp_host_pool_t *hp = mp__hpl.at[at].hp;
+  mp_host_pool_t *hp = mp__hpl_hold_locked(at);
   pthread_mutex_unlock(&mp__hpl.lock);
   return hp;
 }
@@ -213,6 +247,10 @@ void mp__pl_host_reset(const mp__pl_t *pl, int ordinal) {
     if (mp__hpl.late[i].hp != one.hp)
       mp__hpl.late[k++] = mp__hpl.late[i];
   mp__hpl.nlate = k;
+  /* Not under a call that took it before it was retired (one on another
+   * thread, using another device, which the reset's rule does not bind). */
+  while (one.hp != NULL && mp__hpl.users[ordinal] > 0)
+    pthread_cond_wait(&mp__hpl.idle, &mp__hpl.lock);
   pthread_mutex_unlock(&mp__hpl.lock);
   if (one.hp == NULL) {
     free(keep);
@@ -513,6 +551,7 @@ static unsigned int mp__h_alloc(mp__hvariant_t v, void **p, size_t bytes,
                          : mp_host_pool_alloc(hp, bytes, NULL, p);
     if (st == MP_OK)
       mp__pl_table_put_hostmem((uintptr_t)*p, bytes, flags, at);
+    mp__hpl_put(at, hp);
     r = mp__h_error(runtime, st);
   } else if (pl != NULL && pl->host) {
     r = mp__h_error(runtime, MP_ENOMEM); /* no driver behind the host device */
@@ -561,6 +600,9 @@ static unsigned int mp__h_free(bool runtime, void *ptr) {
         mp__pl_record_other("pinned_free", b.ptr, b.size);
       else
         mp__pl_table_restore(&b);
+      /* After the restore: a reset waiting for hp forgets the block with
+       * it (mp__pl_table_forget_hostmem). */
+      mp__hpl_put(b.ordinal, hp);
       r = refused != 0 ? refused : mp__h_error(runtime, st);
     } else if (b.kind == MP__PL_FROM_REAL_HOST) {
       r = mp__h_real_free(runtime, ptr);

@@ -128,26 +128,46 @@ static inline const mp__pl_t *mp_race_shim(void) {
 }
 
 /* Arms the lookup of target (NULL: of any pool), resets device `ordinal`
+ * on another thread once that lookup has its pool, and meanwhile runs
+ * call(arg) here, which is to make that lookup. The reset's result;
+ * *looked: whether the call looked in an armed pool. */
+static inline mp__curesult mp_race_during_reset(const void *target, int ordinal,
+                                                void (*call)(void *), void *arg,
+                                                bool *looked) {
+  mp_race_arm(target);
+  mp_race_reset_t reset = {.ordinal = ordinal, .result = 99};
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, mp_race_reset_once_looking, &reset), 0);
+  call(arg);
+  pthread_mutex_lock(&mp_race.mu);
+  *looked = mp_race.in_lookup;
+  mp_race.in_lookup = true; /* the reset goes on either way: no hang */
+  pthread_cond_broadcast(&mp_race.cv);
+  pthread_mutex_unlock(&mp_race.mu);
+  pthread_join(t, NULL);
+  return reset.result;
+}
+
+/* Frees memory the shim never saw (and no driver's): the lookup, then the
+ * driver's refusal. */
+static inline void mp_race_free_foreign(void *arg) {
+  int foreign = 0;
+  *(mp__curesult *)arg = cuMemFree_v2((mp__cuptr)(uintptr_t)&foreign);
+}
+
+/* Arms the lookup of target (NULL: of any pool), resets device `ordinal`
  * on another thread once that lookup has its pool, and meanwhile frees
  * here memory the shim never saw (and no driver's): the lookup, then the
  * driver's refusal. The reset's result. */
 static inline mp__curesult mp_race_free_foreign_during_reset(const void *target,
                                                              int ordinal) {
-  mp_race_arm(target);
-  mp_race_reset_t reset = {.ordinal = ordinal, .result = 99};
-  pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, mp_race_reset_once_looking, &reset), 0);
-  int foreign = 0;
-  mp__curesult r = cuMemFree_v2((mp__cuptr)(uintptr_t)&foreign);
-  pthread_mutex_lock(&mp_race.mu);
-  bool looked = mp_race.in_lookup;
-  mp_race.in_lookup = true; /* the reset goes on either way: no hang */
-  pthread_cond_broadcast(&mp_race.cv);
-  pthread_mutex_unlock(&mp_race.mu);
-  pthread_join(t, NULL);
+  mp__curesult r = MP__CU_SUCCESS;
+  bool looked = false;
+  mp__curesult reset =
+      mp_race_during_reset(target, ordinal, mp_race_free_foreign, &r, &looked);
   cr_expect(looked, "the free looked in no armed pool");
   cr_expect_neq(r, MP__CU_SUCCESS, "cuMemFree of a foreign pointer");
-  return reset.result;
+  return reset;
 }
 
 #endif
