@@ -67,8 +67,10 @@
  * and driver allocate page-locked memory in the current context. A reset
  * of a device takes only its pool (mp__pl_host_reset): page-locked memory
  * asked for while another device was current survives it, as on a real
- * driver. The host device has one pool. A forked child makes its own (its
- * parent's devices are not its devices). */
+ * driver. While the reset is under way, a page-locked allocation on that
+ * device goes to the driver (no pool is made in the context being reset;
+ * the reset forgets that memory with it). The host device has one pool. A
+ * forked child makes its own (its parent's devices are not its devices). */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,11 +113,18 @@ static struct {
    * waits for users[i] to reach 0 (signalled on idle) before it destroys
    * it (mp__pl_host_reset). Counted per slot, not per pool: a call has its
    * slot to give back, and the pool's record leaves the slot when it is
-   * retired. A pool made in the slot meanwhile (a call on the device being
-   * reset, which cuDevicePrimaryCtxReset's rule forbids) only makes the
-   * reset wait for its calls too. */
+   * retired. */
   unsigned users[MP__PL_MAX_DEVICES];
   pthread_cond_t idle;
+  /* The resets of slot i's device under way, from the retirement of its
+   * pool (mp__pl_host_reset) until the driver's reset has returned
+   * (mp__pl_host_reset_done): meanwhile no pool is made in the slot
+   * (mp__hpl_get), as its chunks would be the primary context's that the
+   * driver is about to destroy, while the shim still hands out their
+   * blocks; a page-locked call on the device goes to the driver, whose
+   * memory the reset forgets with its context (driver.c). A count: two
+   * threads may reset one device. */
+  unsigned resetting[MP__PL_MAX_DEVICES];
 } mp__hpl = {.lock = PTHREAD_MUTEX_INITIALIZER,
              .idle = PTHREAD_COND_INITIALIZER};
 
@@ -128,6 +137,7 @@ static void mp__hpl_child(void) {
   pthread_mutex_init(&mp__hpl.lock, NULL);
   pthread_cond_init(&mp__hpl.idle, NULL);
   memset(mp__hpl.users, 0, sizeof mp__hpl.users); /* the parent's threads' */
+  memset(mp__hpl.resetting, 0, sizeof mp__hpl.resetting);
   memcpy(mp__hpl_parents, mp__hpl.at, sizeof mp__hpl_parents);
   memset(mp__hpl.at, 0, sizeof mp__hpl.at);
   free(mp__hpl.late); /* the parent's blocks, in the parent's pools */
@@ -178,15 +188,16 @@ static void mp__hpl_put(int at, const mp_host_pool_t *hp) {
 }
 
 /* The host pool of device slot `at`, made on first use, held until
- * mp__hpl_put; NULL when it cannot be made (the call then goes to the
- * driver). Each CUDA device is opened for its pool ("cuda:N", a retain of
- * its primary context, which makes that context anew after a reset of
- * it); the host device's one pool is on pl->dev. */
+ * mp__hpl_put; NULL when it cannot be made, or while the device is
+ * being reset and the slot has none (the call then goes to the driver).
+ * Each CUDA device is opened for its pool ("cuda:N", a retain of its
+ * primary context, which makes that context anew after a reset of it); the
+ * host device's one pool is on pl->dev. */
 static mp_host_pool_t *mp__hpl_get(const mp__pl_t *pl, int at) {
   static bool atfork_done;
   pthread_mutex_lock(&mp__hpl.lock);
   mp__hpl_one_t *one = &mp__hpl.at[at];
-  if (one->hp == NULL) {
+  if (one->hp == NULL && mp__hpl.resetting[at] == 0) {
     if (!atfork_done)
       atfork_done = pthread_atfork(NULL, NULL, mp__hpl_child) == 0;
     bool own = !pl->host;
@@ -225,6 +236,13 @@ typedef struct mp__hpl_kept {
 } mp__hpl_kept_t;
 __attribute__((used)) static mp__hpl_kept_t *mp__hpl_kept;
 
+/* Whether a reset of device ordinal takes a host pool (mp__pl_host_reset)
+ * and marks its slot resetting until mp__pl_host_reset_done. */
+static bool mp__hpl_resets(const mp__pl_t *pl, int ordinal) {
+  return !pl->host && pl->mode == MP__PL_POOL && ordinal >= 0 &&
+         ordinal < MP__PL_MAX_DEVICES;
+}
+
 /* The chunks of device ordinal's pool are cuMemHostAlloc'd in its primary
  * context (device/cuda.c pushes it for every driver call), and a reset
  * destroys them with it: cuda_runtime_api.h, cudaDeviceReset, "These
@@ -235,13 +253,14 @@ __attribute__((used)) static mp__hpl_kept_t *mp__hpl_kept;
  * the program's problem, as after a real reset; a later free of one is
  * the driver's answer. The emulated device has no driver to reset. */
 void mp__pl_host_reset(const mp__pl_t *pl, int ordinal) {
-  if (pl->host || pl->mode != MP__PL_POOL || ordinal < 0 ||
-      ordinal >= MP__PL_MAX_DEVICES)
+  if (!mp__hpl_resets(pl, ordinal))
     return;
   mp__hpl_kept_t *keep = calloc(1, sizeof *keep);
   pthread_mutex_lock(&mp__hpl.lock);
   mp__hpl_one_t one = mp__hpl.at[ordinal];
   mp__hpl.at[ordinal] = (mp__hpl_one_t){.dev = NULL};
+  /* No new pool in the slot until the driver's reset has returned. */
+  mp__hpl.resetting[ordinal]++;
   size_t k = 0; /* its blocks freed late go with it */
   for (size_t i = 0; i < mp__hpl.nlate; i++)
     if (mp__hpl.late[i].hp != one.hp)
@@ -271,6 +290,15 @@ void mp__pl_host_reset(const mp__pl_t *pl, int ordinal) {
   pthread_mutex_lock(&mp__hpl.lock);
   *keep = (mp__hpl_kept_t){.one = one, .next = mp__hpl_kept};
   mp__hpl_kept = keep;
+  pthread_mutex_unlock(&mp__hpl.lock);
+}
+
+void mp__pl_host_reset_done(const mp__pl_t *pl, int ordinal) {
+  if (!mp__hpl_resets(pl, ordinal))
+    return;
+  pthread_mutex_lock(&mp__hpl.lock);
+  if (mp__hpl.resetting[ordinal] > 0)
+    mp__hpl.resetting[ordinal]--;
   pthread_mutex_unlock(&mp__hpl.lock);
 }
 

@@ -447,6 +447,12 @@ bool mp__pl_capture_prohibits(unsigned thread_mode);
  * makes a new pool, with new chunks. A pool that cannot be destroyed is
  * said on stderr and kept, never used again, until exit. */
 void mp__pl_host_reset(const mp__pl_t *pl, int ordinal);
+/* After the real cuDevicePrimaryCtxReset(ordinal) has returned, whatever
+ * its result, once for each mp__pl_host_reset(pl, ordinal): from that
+ * call until this one, a page-locked allocation on the device goes to the
+ * driver (no new host pool is made in the context being reset, whose
+ * chunks the driver's reset would destroy under the shim). */
+void mp__pl_host_reset_done(const mp__pl_t *pl, int ordinal);
 /* The report's "host_pool" object (",\n  \"host_pool\": {...}"), nothing
  * when no host pool was made. Blocks freed during a capture that no
  * page-locked call has returned to the pool yet go back first (after a

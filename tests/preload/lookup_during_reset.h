@@ -101,22 +101,29 @@ static inline void mp_race_cuda_mode(void) {
   unsetenv("MEMPOOL_CONF");
 }
 
-/* As a program starts, or switches devices: the driver initialized,
- * device `ordinal`'s primary context current (entry points the shim does
- * not hook, from the driver). */
-static inline void mp_race_use_device(int ordinal) {
+/* As a program starts, or switches devices, on the calling thread: the
+ * driver initialized, device `ordinal`'s primary context current (entry
+ * points the shim does not hook, from the driver). Whether it is (no
+ * assertion: any thread may call it). */
+static inline bool mp_race_make_current(int ordinal) {
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-  cr_assert_not_null(lib, "the fake driver: %s", dlerror());
+  if (lib == NULL)
+    return false;
   mp__curesult (*init)(unsigned) = NULL;
   mp__curesult (*retain)(void **, int) = NULL;
   mp__curesult (*set)(void *) = NULL;
   *(void **)&init = dlsym(lib, "cuInit");
   *(void **)&retain = dlsym(lib, "cuDevicePrimaryCtxRetain");
   *(void **)&set = dlsym(lib, "cuCtxSetCurrent");
-  cr_assert(init != NULL && retain != NULL && set != NULL);
   void *ctx = NULL;
-  cr_assert(init(0) == 0 && retain(&ctx, ordinal) == 0 && set(ctx) == 0,
-            "the fake driver's device %d", ordinal);
+  return init != NULL && retain != NULL && set != NULL && init(0) == 0 &&
+         retain(&ctx, ordinal) == 0 && set(ctx) == 0;
+}
+
+/* mp_race_make_current on the test's thread, asserted. */
+static inline void mp_race_use_device(int ordinal) {
+  cr_assert(mp_race_make_current(ordinal), "the fake driver's device %d",
+            ordinal);
 }
 
 /* The shim started, pooling on the fake driver. */
