@@ -87,7 +87,9 @@ static bool mp__is_primary(int ordinal, mp__cuctx ctx) {
 static pthread_mutex_t mp__devs_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Walks of the pools and devices that are not the program's own calls on
  * a device (the snapshot helper thread, the report, a stream's
- * forgetting) read under it; a retired pool is destroyed under it
+ * forgetting, the lookup, the process-wide pause and resume, the
+ * synchronization before a page-locked free) read under it, each of them
+ * over its use of the pools; a retired pool is destroyed under it
  * written (mp__pl_devices_release). The allocation paths do not take it:
  * cuda.h, cuDevicePrimaryCtxReset, leaves it to the caller that nothing
  * else uses the context meanwhile. */
@@ -324,9 +326,16 @@ static void mp__collect(mp_pool_t *pool, int ordinal, void *ctx) {
   }
 }
 
-void mp__pl_pools(const mp__pl_t *pl, mp__pl_pools_t *out) {
-  out->n = 0;
-  mp__pl_each_pool(pl, mp__collect, out);
+/* Under mp__devs_walk, read, over fn as over the collection: a reset of a
+ * device on another thread destroys its retired pool under the lock
+ * written (mp__pl_devices_release), so not under fn's use of it. */
+void mp__pl_with_pools(const mp__pl_t *pl, void (*fn)(mp__pl_pools_t *, void *),
+                       void *ctx) {
+  mp__pl_pools_t ps = {.n = 0};
+  pthread_rwlock_rdlock(&mp__devs_walk);
+  mp__each_pool(pl, mp__collect, &ps);
+  fn(&ps, ctx);
+  pthread_rwlock_unlock(&mp__devs_walk);
 }
 
 /* The lookup runs under mp__devs_walk, read, which a reset takes written

@@ -18,10 +18,57 @@
  * for a pool without virtual memory, MP_EBUSY when every pool is in that
  * state already, MP_EINVAL outside pool mode). While paused, allocations
  * and frees the program makes fail (cudaErrorUnknown / CUDA_ERROR_UNKNOWN)
- * and change nothing; the shim's own page-locked host pool is not paused. */
+ * and change nothing; the shim's own page-locked host pool is not paused.
+ * A reset of a device (cuDevicePrimaryCtxReset, cudaDeviceReset) on
+ * another thread waits for a pause or resume under way before it destroys
+ * the device's pool (mp__pl_with_pools). */
 #include "hooks.h"
 
 static pthread_mutex_t mp__pause_lock = PTHREAD_MUTEX_INITIALIZER;
+
+typedef struct mp__pause_job {
+  bool pause;
+  unsigned flags;
+  int n;          /* the pools found */
+  mp_status_t st; /* the answer */
+} mp__pause_job_t;
+
+/* The pause or resume of the pools in ps, under mp__pl_with_pools: a reset
+ * of a device on another thread waits for it before it destroys that
+ * device's pool (a pause waits for the pools' streams, and copies their
+ * content with MP_PAUSE_KEEP_CONTENT: the reset waits that long). The
+ * pools' calls reach the driver directly (the cuda backend), never a hook,
+ * so nothing here resets a device. */
+static void mp__pause_pools(mp__pl_pools_t *ps, void *ctx) {
+  mp__pause_job_t *job = ctx;
+  bool pause = job->pause;
+  mp_status_t st = ps->n > 0 ? MP_OK : MP_EINVAL;
+  job->n = ps->n;
+  pthread_mutex_lock(&mp__pause_lock);
+  /* Only the pools not in the state asked for yet: a pool made while the
+   * others were paused is not paused, and refusing the resume for it (and
+   * pausing the others again) left the process paused for good. */
+  int todo = 0;
+  for (int i = 0; i < ps->n; i++)
+    if (mp__pool_is_paused(ps->pool[i]) != pause)
+      ps->pool[todo++] = ps->pool[i];
+  if (st == MP_OK && todo == 0)
+    st = mp__fail(MP_EBUSY, "every pool is %s already",
+                  pause ? "paused" : "running (not paused)");
+  int done = 0;
+  for (; st == MP_OK && done < todo; done++) {
+    st = pause ? mp_pool_pause(ps->pool[done], job->flags)
+               : mp_pool_resume(ps->pool[done]);
+    if (st != MP_OK)
+      break;
+  }
+  /* All or none: undo the pools done before the one that failed. */
+  for (int i = 0; st != MP_OK && i < done; i++)
+    (void)(pause ? mp_pool_resume(ps->pool[i])
+                 : mp_pool_pause(ps->pool[i], MP_PAUSE_KEEP_CONTENT));
+  pthread_mutex_unlock(&mp__pause_lock);
+  job->st = st;
+}
 
 static int mp__pause_all(bool pause, unsigned flags) {
   if (!mp__pl_enter()) {
@@ -29,39 +76,15 @@ static int mp__pause_all(bool pause, unsigned flags) {
     return MP_EBUSY;
   }
   const mp__pl_t *pl = mp__pl_get();
-  mp__pl_pools_t ps = {.n = 0};
+  mp__pause_job_t job = {.pause = pause, .flags = flags, .st = MP_EINVAL};
   if (pl->mode == MP__PL_POOL)
-    mp__pl_pools(pl, &ps);
-  mp_status_t st = ps.n > 0 ? MP_OK : MP_EINVAL;
-  pthread_mutex_lock(&mp__pause_lock);
-  /* Only the pools not in the state asked for yet: a pool made while the
-   * others were paused is not paused, and refusing the resume for it (and
-   * pausing the others again) left the process paused for good. */
-  int todo = 0;
-  for (int i = 0; i < ps.n; i++)
-    if (mp__pool_is_paused(ps.pool[i]) != pause)
-      ps.pool[todo++] = ps.pool[i];
-  if (st == MP_OK && todo == 0)
-    st = mp__fail(MP_EBUSY, "every pool is %s already",
-                  pause ? "paused" : "running (not paused)");
-  int done = 0;
-  for (; st == MP_OK && done < todo; done++) {
-    st = pause ? mp_pool_pause(ps.pool[done], flags)
-               : mp_pool_resume(ps.pool[done]);
-    if (st != MP_OK)
-      break;
-  }
-  /* All or none: undo the pools done before the one that failed. */
-  for (int i = 0; st != MP_OK && i < done; i++)
-    (void)(pause ? mp_pool_resume(ps.pool[i])
-                 : mp_pool_pause(ps.pool[i], MP_PAUSE_KEEP_CONTENT));
-  pthread_mutex_unlock(&mp__pause_lock);
-  if (st != MP_OK)
+    mp__pl_with_pools(pl, mp__pause_pools, &job);
+  if (job.st != MP_OK)
     fprintf(stderr, "mempool preload: %s: %s\n",
             pause ? "mempool_preload_pause" : "mempool_preload_resume",
-            ps.n > 0 ? mp_last_error() : "not serving from a pool");
+            job.n > 0 ? mp_last_error() : "not serving from a pool");
   mp__pl_leave();
-  return (int)st;
+  return (int)job.st;
 }
 
 int mempool_preload_pause(unsigned flags) {

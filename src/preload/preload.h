@@ -147,7 +147,7 @@ typedef struct mp__pl {
  * serves. */
 #define MP__PL_MAX_DEVICES 64
 
-/* Every pool and its ordinal (mp__pl_pools). */
+/* Every pool and its ordinal (mp__pl_with_pools). */
 typedef struct mp__pl_pools {
   mp_pool_t *pool[MP__PL_MAX_DEVICES];
   int ordinal[MP__PL_MAX_DEVICES];
@@ -166,8 +166,12 @@ void mp__pl_each_device(void (*fn)(mp_device_t *, void *), void *ctx);
  * mode: the one, as ordinal 0). */
 void mp__pl_each_pool(const mp__pl_t *pl, void (*fn)(mp_pool_t *, int, void *),
                       void *ctx);
-/* Every pool of pl and its ordinal, collected by mp__pl_each_pool. */
-void mp__pl_pools(const mp__pl_t *pl, mp__pl_pools_t *out);
+/* Calls fn(ps, ctx) with every pool of pl and its ordinal in *ps (fn may
+ * change *ps), all of them kept from a reset on another thread until fn
+ * returns (mp__devs_walk held read, as by mp__pl_each_pool: fn must not
+ * reset a device, nor make a call that does). */
+void mp__pl_with_pools(const mp__pl_t *pl, void (*fn)(mp__pl_pools_t *, void *),
+                       void *ctx);
 /* Whether addr lies in the memory of one of pl's pools: a pointer the
  * shim's table does not know there (a second free, an interior pointer)
  * is not the driver's to free. */

@@ -29,6 +29,20 @@ bool __wrap_mp__pool_contains(mp_pool_t *pool, const void *ptr) {
   return !mp_race_looking(pool) && __real_mp__pool_contains(pool, ptr);
 }
 
+/* A pause or resume of a destroyed pool answers without touching it. */
+mp_status_t __real_mp_pool_pause(mp_pool_t *pool, unsigned flags);
+mp_status_t __real_mp_pool_resume(mp_pool_t *pool);
+mp_status_t __wrap_mp_pool_pause(mp_pool_t *pool, unsigned flags);
+mp_status_t __wrap_mp_pool_resume(mp_pool_t *pool);
+
+mp_status_t __wrap_mp_pool_pause(mp_pool_t *pool, unsigned flags) {
+  return mp_race_looking(pool) ? MP_EINVAL : __real_mp_pool_pause(pool, flags);
+}
+
+mp_status_t __wrap_mp_pool_resume(mp_pool_t *pool) {
+  return mp_race_looking(pool) ? MP_EINVAL : __real_mp_pool_resume(pool);
+}
+
 static void two_devices(void) {
   mp_race_cuda_mode();
   setenv("FAKECUDA_DEVICE_COUNT", "2", 1);
@@ -38,21 +52,72 @@ static void two_devices(void) {
  * looked in them after releasing it; the reset destroyed device 0's pool
  * in between ("a lookup used device 0's pool after the reset destroyed
  * it"). */
-Test(preload_device_lookup_during_reset,
-     a_reset_never_destroys_a_device_pool_under_a_lookup, .init = two_devices) {
+/* Device 0's pool, made (a block allocated and freed: the pool stays),
+ * and device 1 current on this thread, which leaves device 0 to the
+ * reset. */
+static mp_pool_t *device_0_pool(void) {
   mp_race_use_device(0);
   const mp__pl_t *pl = mp_race_shim();
   mp__cuptr d = 0;
   mp__curesult a = cuMemAlloc_v2(&d, 4096);
   cr_assert_eq(a, 0, "cuMemAlloc: %u (%s)", a, mp_last_error());
-  cr_assert_eq(cuMemFree_v2(d), 0, "cuMemFree"); /* the pool stays */
+  cr_assert_eq(cuMemFree_v2(d), 0, "cuMemFree");
   mp_pool_t *pool0 = mp__pl_pool_first(pl);
   cr_assert_not_null(pool0, "device 0 has no pool");
-  mp_race_use_device(1); /* this thread leaves device 0 to the reset */
+  mp_race_use_device(1);
+  return pool0;
+}
+
+Test(preload_device_lookup_during_reset,
+     a_reset_never_destroys_a_device_pool_under_a_lookup, .init = two_devices) {
+  mp_pool_t *pool0 = device_0_pool();
   mp__curesult reset = mp_race_free_foreign_during_reset(pool0, 0);
   cr_expect_eq(reset, MP__CU_SUCCESS, "the reset");
   cr_expect_eq(mp_race.destroyed, (const void *)pool0,
                "the reset did not destroy device 0's pool");
   cr_expect_not(mp_race.used_freed,
                 "a lookup used device 0's pool after the reset destroyed it");
+}
+
+/* mempool_preload_pause(0) or, with *arg true, mempool_preload_resume();
+ * its answer in *arg. */
+static void pause_or_resume(void *arg) {
+  int *r = arg;
+  *r = *r ? mempool_preload_resume() : mempool_preload_pause(0);
+}
+
+/* The process-wide pause (resume: the resume) on this thread while device
+ * 0 is reset on another, once the pause has device 0's pool in hand. */
+static void pause_during_reset(bool resume) {
+  mp_pool_t *pool0 = device_0_pool();
+  if (resume)
+    cr_assert_eq(mempool_preload_pause(0), 0, "the pause before the resume");
+  int r = resume;
+  bool looked = false;
+  mp__curesult reset =
+      mp_race_during_reset(pool0, 0, pause_or_resume, &r, &looked);
+  cr_expect(looked, "the %s took no pool", resume ? "resume" : "pause");
+  cr_expect_eq(reset, MP__CU_SUCCESS, "the reset");
+  cr_expect_eq(mp_race.destroyed, (const void *)pool0,
+               "the reset did not destroy device 0's pool");
+  cr_expect_not(mp_race.used_freed,
+                "the %s used device 0's pool after the reset destroyed it",
+                resume ? "resume" : "pause");
+  cr_expect_eq(r, 0, "the %s: %d (%s)", resume ? "resume" : "pause", r,
+               mp_last_error());
+}
+
+/* Failed before: the pause collected the pools under the walk lock and
+ * paused them after releasing it; the reset destroyed device 0's pool in
+ * between ("the pause used device 0's pool after the reset destroyed
+ * it"). */
+Test(preload_device_lookup_during_reset,
+     a_reset_never_destroys_a_device_pool_under_a_pause, .init = two_devices) {
+  pause_during_reset(false);
+}
+
+/* Failed before, as the pause. */
+Test(preload_device_lookup_during_reset,
+     a_reset_never_destroys_a_device_pool_under_a_resume, .init = two_devices) {
+  pause_during_reset(true);
 }
