@@ -22,8 +22,9 @@
 /* A stack starts at the caller of the public entry point (MP__HIST_ENTRY),
  * searched for in the first MP__HIST_DEPTH frames; the pool's own frames
  * above it (entry point, locked core, block and segment code, this file)
- * are dropped. Without the mark, only this file's two frames are. */
-#define MP__HIST_SKIP  2
+ * are dropped. Without the mark, only this file's three frames are
+ * (mp__history_stamp, mp__hist_record, mp__history_record). */
+#define MP__HIST_SKIP  3
 #define MP__HIST_DEPTH 32
 
 _Thread_local void *mp__hist_caller;
