@@ -170,6 +170,13 @@ const char *mp__fmt_g(char *buf, size_t cap, double v);
 /* Whether ptr lies in one of pool's segments (takes the lock). */
 bool mp__pool_contains(mp_pool_t *pool, const void *ptr);
 
+/* ---- pool/stats.c ------------------------------------------------------- */
+
+/* Adds b's counters to a: sums, peaks summed too (pool.h, Arenas; the
+ * shim's report of its host pools), the largest free block the largest of
+ * both. */
+void mp__stats_add(mp_stats_t *a, const mp_stats_t *b);
+
 /* ---- pool/pause.c ------------------------------------------------------- */
 
 /* Whether pool is paused now (takes the lock). */

@@ -533,18 +533,12 @@ static mp_status_t mp__snapshot_write_all(mp_pool_t *const *pools,
   return st;
 }
 
-/* The ordinal a pool's snapshot names: its device's (cuda:N is N; the
- * host device 0). It was 0 for every pool, so that a pool on cuda:1 read
- * as device 0's in memory_viz. */
-static int mp__snap_ordinal(mp_pool_t *pool) {
-  return mp__device_ordinal(pool->dev);
-}
-
 mp_status_t mp_pool_snapshot_file(mp_pool_t *pool, FILE *out) {
   if (pool == NULL || out == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_snapshot: %s is NULL",
                     pool == NULL ? "pool" : "out");
-  int device = mp__snap_ordinal(pool);
+  /* Its device's ordinal (cuda:N is N, the host device 0). */
+  int device = mp__device_ordinal(pool->dev);
   return mp__snapshot_write_all(&pool, &device, 1, out);
 }
 
@@ -631,6 +625,7 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
 mp_status_t mp_pool_snapshot(mp_pool_t *pool, const char *path) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_snapshot: pool is NULL");
-  int device = mp__snap_ordinal(pool);
+  /* Its device's ordinal (cuda:N is N, the host device 0). */
+  int device = mp__device_ordinal(pool->dev);
   return mp__pool_snapshot_many(&pool, &device, 1, path);
 }

@@ -51,9 +51,7 @@ static void mp__stats_one(mp_pool_t *pool, mp_stats_t *out) {
   mp__pool_unlock(pool);
 }
 
-/* Adds b's counters to a: sums, peaks summed too (pool.h, Arenas), the
- * largest free block the largest of both. */
-static void mp__stats_add(mp_stats_t *a, const mp_stats_t *b) {
+void mp__stats_add(mp_stats_t *a, const mp_stats_t *b) {
   a->reserved_bytes += b->reserved_bytes;
   a->peak_reserved_bytes += b->peak_reserved_bytes;
   a->allocated_bytes += b->allocated_bytes;

@@ -358,14 +358,7 @@ void mp__pl_host_report(FILE *f, const mp__pl_t *pl) {
     if (hp == NULL || mp_host_pool_get_stats(hp, &one) != MP_OK)
       continue;
     any = true;
-    s.alloc_count += one.alloc_count;
-    s.free_count += one.free_count;
-    s.device_alloc_count += one.device_alloc_count;
-    s.device_free_count += one.device_free_count;
-    s.reserved_bytes += one.reserved_bytes;
-    s.peak_reserved_bytes += one.peak_reserved_bytes;
-    s.allocated_bytes += one.allocated_bytes;
-    s.requested_bytes += one.requested_bytes;
+    mp__stats_add(&s, &one);
   }
   pthread_mutex_unlock(&mp__hpl.lock);
   if (!any)
