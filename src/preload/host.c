@@ -453,14 +453,24 @@ static mp_status_t mp__hsync_devices(const mp__pl_t *pl) {
     return mp_device_synchronize(pl->dev);
   mp__hsync_t h = {.st = MP_OK};
   mp__pl_each_pool(pl, mp__hsync_pool, &h);
-  /* The host pools' devices with no device pool, under the lock, which a
-   * reset takes to retire a host pool before it closes its device (as the
-   * walk above holds the device pools'). */
+  /* The host pools' devices with no device pool, each held (a reset waits
+   * for its users before it closes the device) rather than synchronized
+   * under mp__hpl.lock, which every page-locked call and every lookup of a
+   * pointer the shim does not know would then wait behind. */
+  mp_host_pool_t *held[MP__PL_MAX_DEVICES] = {0};
+  mp_device_t *devs[MP__PL_MAX_DEVICES] = {0};
   pthread_mutex_lock(&mp__hpl.lock);
-  for (int i = 0; i < MP__PL_MAX_DEVICES && h.st == MP_OK; i++)
-    if (mp__hpl.at[i].dev != NULL && !h.done[i])
-      h.st = mp_device_synchronize(mp__hpl.at[i].dev);
+  for (int i = 0; i < MP__PL_MAX_DEVICES; i++)
+    if (mp__hpl.at[i].dev != NULL && !h.done[i]) {
+      devs[i] = mp__hpl.at[i].dev;
+      held[i] = mp__hpl_hold_locked(i);
+    }
   pthread_mutex_unlock(&mp__hpl.lock);
+  for (int i = 0; i < MP__PL_MAX_DEVICES; i++) {
+    if (devs[i] != NULL && h.st == MP_OK)
+      h.st = mp_device_synchronize(devs[i]);
+    mp__hpl_put(i, held[i]);
+  }
   return h.st;
 }
 
