@@ -22,9 +22,11 @@
 /* A stack starts at the caller of the public entry point (MP__HIST_ENTRY),
  * searched for in the first MP__HIST_DEPTH frames; the pool's own frames
  * above it (entry point, locked core, block and segment code, this file)
- * are dropped. Without the mark, only this file's three frames are
- * (mp__history_stamp, mp__hist_record, mp__history_record). */
-#define MP__HIST_SKIP  3
+ * are dropped. Without the mark, only this file's frames are: the stamp's
+ * own and what a sanitizer's backtrace interceptor adds below it (found by
+ * the stamp's return address), then these two (mp__hist_record,
+ * mp__history_record). */
+#define MP__HIST_SKIP  2
 #define MP__HIST_DEPTH 32
 
 _Thread_local void *mp__hist_caller;
@@ -100,12 +102,18 @@ __attribute__((noinline)) void mp__history_stamp(const mp_pool_t *pool,
     return;
   void *raw[MP__HIST_DEPTH + MP__HIST_FRAMES];
   int got = backtrace(raw, MP__HIST_DEPTH + MP__HIST_FRAMES);
-  int skip = MP__HIST_SKIP;
-  for (int i = 0; i < got && i < MP__HIST_DEPTH; i++)
+  void *from = __builtin_return_address(0);
+  int skip = -1, base = 1; /* base: the stamp's caller's frame */
+  for (int i = 0; i < got && i < MP__HIST_DEPTH; i++) {
+    if (raw[i] == from && base == 1 && i > 0)
+      base = i;
     if (raw[i] == mp__hist_caller) {
       skip = i;
       break;
     }
+  }
+  if (skip < 0)
+    skip = base + MP__HIST_SKIP;
   int nf = got - skip;
   nf = nf < 0 ? 0 : nf > MP__HIST_FRAMES ? MP__HIST_FRAMES : nf;
   if (nf > 0)
