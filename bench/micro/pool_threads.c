@@ -3,7 +3,7 @@
  * arena without thread caches, for T = 1, 2, 4, 8, side by side in one run;
  * and T threads on one shared pool made with arenas=8 (per-thread arenas:
  * each thread allocates from one of 8 private sub-pools, up to 8 threads
- * one each).
+ * one each), also with arenas_auto=1 (solo until threads contend).
  *
  * Each thread keeps its own live set (100 blocks by default) and runs its
  * own plan: sizes log-uniform in [512 B, 16 MiB], victims uniform, drawn
@@ -53,11 +53,15 @@
 #include <jemalloc/jemalloc.h>
 #endif
 
-enum mode { SHARED, ARENAS, PER_THREAD, JEMALLOC, MODES };
-static const char *const mode_name[MODES] = {
-    "pool shared", "pool arenas", "pool per thread", "jemalloc arena"};
+enum mode { SHARED, ARENAS, AUTO, PER_THREAD, JEMALLOC, MODES };
+static const char *const mode_name[MODES] = {"pool shared", "pool arenas",
+                                             "pool auto", "pool per thread",
+                                             "jemalloc arena"};
 /* The ARENAS row: one shared pool made with arenas=8 (the pool's per-thread
- * arenas), whatever the thread count. */
+ * arenas), whatever the thread count. The AUTO row: the same with
+ * arenas_auto=1, which runs one thread solo on arena 0 (a plain pool's
+ * path) and switches to the arenas when threads contend: its speed-up is
+ * over that solo thread. */
 #define ARENAS_N 8
 
 typedef struct worker {
@@ -158,10 +162,14 @@ static double run(mp_device_t *dev, enum mode m, worker_t *w, unsigned n,
   pthread_barrier_t start;
   pthread_barrier_init(&start, NULL, n + 1);
   mp_pool_t *pools[64] = {0};
-  unsigned npools = m == SHARED || m == ARENAS ? 1 : m == PER_THREAD ? n : 0;
+  unsigned npools = m == SHARED || m == ARENAS || m == AUTO ? 1
+                    : m == PER_THREAD                       ? n
+                                                            : 0;
   mp_pool_config_t cfg;
   mp_pool_config_init(&cfg);
-  cfg.arenas = m == ARENAS ? ARENAS_N : 0;
+  cfg.arenas = m == ARENAS || m == AUTO ? ARENAS_N : 0;
+  if (m == AUTO)
+    cfg.flags |= MP_POOL_ARENAS_AUTO;
   for (unsigned i = 0; i < npools; i++)
     if (mp_pool_create(dev, &cfg, &pools[i]) != MP_OK) {
       fprintf(stderr, "pool: %s\n", mp_last_error());

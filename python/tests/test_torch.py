@@ -73,8 +73,9 @@ print(before, mempool.default_pool_stats()["reserved_bytes.all.current"])
 
 
 # With per-thread arenas too: the fraction was refused there (and the C
-# hook ignores a refusal), so the cap silently did nothing.
-@pytest.mark.parametrize("conf", [None, "arenas=2"])
+# hook ignores a refusal), so the cap silently did nothing. With
+# arenas_auto=1 the pool runs solo on arena 0, which takes the whole new cap.
+@pytest.mark.parametrize("conf", [None, "arenas=2", "arenas=2,arenas_auto=1"])
 def test_set_memory_fraction_caps_the_default_pool(conf):
     r = _run(_MALLOC + """
 mempool.torch.set_memory_fraction(16 / 1024, 0)   # 16 MiB of 1 GiB

@@ -77,7 +77,32 @@
  * holds) and it cannot grow until they come under it. A share counts
  * each other arena at the larger of its share and what it reserved (and,
  * while a growth checked against an older share is in flight, that share:
- * cap_held), so the arenas grow back to the new cap and no further. */
+ * cap_held), so the arenas grow back to the new cap and no further.
+ *
+ * Solo (arenas_auto=1): the arenas' path costs a pair some 50 instructions
+ * more than a pool without arenas (the thread-local arena number, the
+ * table, the free's range check, one more frame), which a program with one
+ * allocating thread pays for nothing. So such a pool makes arena 0 at
+ * create and points pool->hot at it: mp_pool_alloc and mp_pool_free read
+ * hot (one load, which a pool without arenas pays too: its hot is itself)
+ * and run their plain path on arena 0, from any thread, under arena 0's
+ * lock. Every other call takes the arenas' path, which finds arena 0 there
+ * too. When threads contend for arena 0's lock (mp__pool_lock_wait counts
+ * the contended takes: MP__SOLO_WAITS of them), hot becomes the pool and
+ * stays so: from then on every thread takes the arenas' path and its own
+ * arena, and arena 0 keeps its blocks and cache, which a thread numbered
+ * 0 mod N uses and the others borrow from as from any idle arena. A thread
+ * that read hot just before the switch finishes its call on arena 0, as
+ * the arenas' path may have it do: arena 0 is an arena like the others.
+ * A free of a block of another arena can only come after that block's
+ * allocation, which read hot after the switch (release / acquire), so no
+ * free runs solo on a pointer arena 0 does not hold. What arena 0's plain
+ * path would not see in solo: the arenas' out-of-memory path (a failure
+ * there goes on to it, mp__arena_solo_failed: the pool's handler), the cap's
+ * shares (arena 0 holds the whole cap, also after mp_pool_set_max_fraction)
+ * and a stream routed to a graph pool (a graph pool made of the pool ends
+ * solo first). A pause needs nothing: it holds arena 0's growth and pauses
+ * it as any arena, and arena 0's own paused flag refuses its plain path. */
 #include <stdlib.h>
 
 #include "pool_internal.h"
@@ -92,6 +117,29 @@ static void mp__arena_number(void) {
   mp__arena_thread = k % (1u << 30) + 1;
 }
 
+static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out);
+static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all);
+
+/* arenas_auto=1: arena 0 made, holding the whole cap, and the pool solo
+ * (the opening comment). Not with a history (each arena's ring, and the
+ * stacks' caller, come from the arenas' path) or a release threshold (split
+ * among the arenas): their pools take no plain path anyway. */
+static mp_status_t mp__arena_solo_start(mp_pool_t *pool) {
+  if (!(pool->cfg.flags & MP_POOL_ARENAS_AUTO) || pool->cfg.history != 0 ||
+      pool->cfg.release_threshold != 0)
+    return MP_OK;
+  mp_pool_t *a;
+  mp_status_t st = mp__arena_make(pool, 0, &a);
+  if (st != MP_OK)
+    return st;
+  mp__pool_lock(pool);
+  mp__arena_share(pool, a, true);
+  atomic_store_explicit(&a->solo_of, pool, memory_order_relaxed);
+  atomic_store_explicit(&pool->hot, a, memory_order_release);
+  mp__pool_unlock(pool);
+  return MP_OK;
+}
+
 mp_status_t mp__arenas_init(mp_pool_t *pool) {
   pool->arenas = mp__host_calloc(pool->cfg.arenas, sizeof *pool->arenas);
   if (pool->arenas == NULL)
@@ -99,7 +147,12 @@ mp_status_t mp__arenas_init(mp_pool_t *pool) {
                     pool->cfg.arenas);
   for (size_t i = 0; i < pool->cfg.arenas; i++)
     atomic_init(&pool->arenas[i].pool, NULL);
-  return MP_OK;
+  mp_status_t st = mp__arena_solo_start(pool);
+  if (st != MP_OK) {
+    free(pool->arenas);
+    pool->arenas = NULL;
+  }
+  return st;
 }
 
 /* No lock held: arena i made (its virtual range reserved, the streams
@@ -133,6 +186,7 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
     return st;
   }
   a->arena = true;
+  a->arena_of = pool;
   a->cap = pool->cap;
   a->va_basis = pool->va_basis; /* its virtual range's size (vrange.c) */
   a->cap_is_max = pool->cap_is_max;
@@ -229,6 +283,11 @@ void mp__arena_recap(mp_pool_t *pool) {
     mp__pool_unlock(a);
   }
   atomic_fetch_add_explicit(&pool->share_seq, 1, memory_order_acq_rel);
+  /* Solo, arena 0 asks for no share (its plain path does not): it takes
+   * the whole new cap at once. */
+  mp_pool_t *solo = mp__pool_hot(pool);
+  if (solo != pool)
+    mp__arena_share(pool, solo, true);
 }
 
 /* Half of the room left, rounded up to arena a's granule, at most all of
@@ -548,12 +607,33 @@ static mp_status_t mp__arena_reclaim_retry(mp_pool_t *pool, mp_pool_t *a,
  * out-of-memory failure counted: the first or a retry's) stops there with
  * its own message, MP__EHOST to the caller, as it stops a pool's ladder:
  * no reclaim or handler frees host memory. */
+static mp_status_t mp__arena_alloc_oom(mp_pool_t *pool, mp_pool_t *a,
+                                       const mp__arena_req_t *q,
+                                       mp_status_t st);
 static mp_status_t mp__arena_alloc_slow(mp_pool_t *pool, mp_pool_t *a,
                                         const mp__arena_req_t *q,
                                         mp_status_t st, uint64_t seen) {
   st = mp__arena_host(st, seen);
   if (!mp__arena_oom(st))
     return st;
+  return mp__arena_alloc_oom(pool, a, q, st);
+}
+
+mp_status_t mp__arena_solo_failed(mp_pool_t *a, size_t bytes, mp_stream_t s,
+                                  void **out, mp_status_t st) {
+  /* Host memory (no out-of-memory failure counted) stops here, as in a
+   * pool without arenas. */
+  if (!mp__arena_oom(st) || !mp__pool_oom_last(a))
+    return st;
+  return mp__status_out(mp__arena_alloc_oom(
+      a->arena_of, a, &(mp__arena_req_t){.bytes = bytes, .s = s, .out = out},
+      st));
+}
+
+/* mp__arena_alloc_slow once st is the device's (or the cap's) refusal. */
+static mp_status_t mp__arena_alloc_oom(mp_pool_t *pool, mp_pool_t *a,
+                                       const mp__arena_req_t *q,
+                                       mp_status_t st) {
   size_t bytes = q->bytes;
   /* More than the whole pool may hold: no reclaim would help. */
   bool is_max;

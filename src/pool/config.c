@@ -81,6 +81,10 @@ static const mp__conf_key_t mp__conf_keys[] = {
     {"arenas", MP__KEY_COUNT, MP__FIELD(arenas), 0, MP_POOL_MAX_ARENAS, false,
      "per-thread arenas: each thread allocates from one of N private "
      "sub-pools; 0: none (see pool.h, Arenas)"},
+    MP__FLAG_KEY("arenas_auto", MP_POOL_ARENAS_AUTO,
+                 "start solo on arena 0 (a plain pool's path) and switch to "
+                 "per-thread arenas when threads contend (needs arenas=N, "
+                 "N at least 2)"),
     MP__SIZE_KEY(map_piece, false,
                  "largest device mapping a growth makes (rounded up to the "
                  "granule): memory goes back in pieces this size, for more "
@@ -347,6 +351,11 @@ mp_status_t mp__config_validate(const mp_pool_config_t *cfg) {
   if (cfg->arenas > MP_POOL_MAX_ARENAS)
     return mp__fail(MP_EINVAL, "pool config: arenas %zu is above %d",
                     cfg->arenas, MP_POOL_MAX_ARENAS);
+  if ((cfg->flags & MP_POOL_ARENAS_AUTO) && cfg->arenas < 2)
+    return mp__fail(MP_EINVAL,
+                    "pool config: arenas_auto=1 needs arenas=N with N at "
+                    "least 2 (the arenas it switches to), not %zu",
+                    cfg->arenas);
   size_t align = cfg->align ? cfg->align : MP__DEFAULT_ALIGN;
   if (cfg->max_bytes != 0 && cfg->max_bytes < align)
     return mp__fail(MP_EINVAL,

@@ -514,6 +514,9 @@ mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
   atomic_init(&pool->lock, 0);
   atomic_init(&pool->lock_seq, 0);
   atomic_init(&pool->idle_seq, 0);
+  atomic_init(&pool->hot, pool);
+  atomic_init(&pool->solo_of, NULL);
+  atomic_init(&pool->solo_waits, 0);
   pool->dev = dev;
   pool->cfg = *cfg;
   if (pool->cfg.align == 0)

@@ -148,6 +148,9 @@ static void mp__cpu_relax(void) {
 MP__COLD void mp__pool_lock_wait(mp_pool_t *pool) {
   _Atomic uint32_t *w = &pool->lock;
   bool patient = false;
+  mp_pool_t *solo = atomic_load_explicit(&pool->solo_of, memory_order_relaxed);
+  if (MP__UNLIKELY(solo != NULL))
+    mp__arena_solo_contended(pool, solo);
   for (;;) {
     for (unsigned i = MP__LOCK_SPINS; i > 0; i--) {
       if (mp__lock_try(w))

@@ -613,11 +613,31 @@ static MP__COLD mp_status_t mp__pool_alloc_rare(mp_pool_t *pool, size_t bytes,
   bool graph = pool->graph;
   bool outer = graph && mp__graph_enter(pool);
   mp_status_t st = mp__pool_alloc_locked_hot(pool, bytes, s, out, false);
+  if (st != MP_OK && pool->arena) { /* solo (arena.c): never a graph pool */
+    mp__pool_unlock(pool);
+    return mp__arena_solo_failed(pool, bytes, s, out, st);
+  }
   if (st != MP_OK && mp__pool_oom_retry(pool, st, bytes))
     st = mp__pool_alloc_locked(pool, bytes, s, out);
   bool last = graph && mp__graph_leave(pool, outer);
   mp__pool_unlock(pool);
   mp__graph_finish_if(pool, last);
+  return st;
+}
+
+/* mp_pool_alloc's plain path after its take failed with st, locked:
+ * the out-of-memory handler and a retry, or on arena 0 of a solo pool
+ * (arena.c) the arenas' out-of-memory path. Unlocks. */
+static MP__COLD mp_status_t mp__pool_alloc_failed(mp_pool_t *pool, size_t bytes,
+                                                  mp_stream_t s, void **out,
+                                                  mp_status_t st) {
+  if (pool->arena) {
+    mp__pool_unlock(pool);
+    return mp__arena_solo_failed(pool, bytes, s, out, st);
+  }
+  if (mp__pool_oom_retry(pool, st, bytes))
+    st = mp__pool_alloc_locked(pool, bytes, s, out);
+  mp__pool_unlock(pool);
   return st;
 }
 
@@ -630,6 +650,8 @@ mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
     *out = NULL;
     return MP_OK;
   }
+  /* Solo (arenas_auto=1, arena.c): arena 0, its plain path. */
+  pool = mp__pool_hot(pool);
   if (MP__UNLIKELY(pool->arenas != NULL))
     return mp__arena_alloc(pool, bytes, s, out, __builtin_return_address(0));
   mp__pool_lock(pool);
@@ -637,8 +659,8 @@ mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
     return mp__pool_alloc_rare(pool, bytes, s, out,
                                __builtin_return_address(0));
   mp_status_t st = mp__pool_alloc_locked_hot(pool, bytes, s, out, true);
-  if (MP__UNLIKELY(st != MP_OK) && mp__pool_oom_retry(pool, st, bytes))
-    st = mp__pool_alloc_locked(pool, bytes, s, out);
+  if (MP__UNLIKELY(st != MP_OK))
+    return mp__pool_alloc_failed(pool, bytes, s, out, st);
   mp__pool_unlock(pool);
   return st;
 }
@@ -755,6 +777,17 @@ static mp_status_t mp__pool_free_in(mp_pool_t *pool, void *ptr,
                                     mp__free_how_t how, mp_stream_t s,
                                     const char *fn);
 
+/* The pool a free of ptr works on in a pool with arenas: the arena holding
+ * ptr (the rest is the arena's free: an arena has no arenas or graph
+ * pools); not in an arena, the pool itself, whose own path says what is
+ * wrong with it. A call: inline, its registers cost the plain path a
+ * push, a pop and a move. */
+__attribute__((noinline)) static mp_pool_t *
+mp__arena_free_pool(mp_pool_t *pool, const void *ptr) {
+  mp_pool_t *a = mp__arena_owner(pool, ptr);
+  return a != NULL ? a : pool;
+}
+
 /* The free under the lock, which it drops; plain: pool->rare is 0, and
  * what only a rare state needs (mp__pool_rare_of) is left out. */
 static MP__HOT mp_status_t mp__pool_free_locked(mp_pool_t *pool, void *ptr,
@@ -829,14 +862,9 @@ static MP__HOT mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
       MP__HIST_ENTRY(pool);
     return MP_OK;
   }
-  if (MP__UNLIKELY(pool->arenas != NULL)) {
-    /* The rest is the arena's free (an arena has no arenas or graph
-     * pools), here rather than through a call. Not in an arena: the
-     * pool's own path says what is wrong with it. */
-    mp_pool_t *a = mp__arena_owner(pool, ptr);
-    if (a != NULL)
-      pool = a;
-  }
+  pool = mp__pool_hot(pool); /* solo: arena 0 (arena.c) */
+  if (MP__UNLIKELY(pool->arenas != NULL))
+    pool = mp__arena_free_pool(pool, ptr);
   mp__pool_lock(pool);
   if (MP__UNLIKELY(pool->rare != 0))
     return mp__pool_free_rare(pool, ptr, how, s, fn,

@@ -102,7 +102,7 @@
 #define MP__POOL_CONF_BAD 0x80000000u
 #define MP__POOL_FLAGS                                                         \
   (MP_POOL_VIRTUAL | MP_POOL_DEFRAG_ON_OOM | MP_POOL_HISTORY_STACKS |          \
-   MP_POOL_STREAM_WAITS | MP_POOL_PAUSABLE)
+   MP_POOL_STREAM_WAITS | MP_POOL_PAUSABLE | MP_POOL_ARENAS_AUTO)
 
 /* Internal status, never returned to a caller: growth ran out of host
  * memory for its bookkeeping (the message says so). The out-of-memory
@@ -357,6 +357,11 @@ struct mp_pool {
    * the sleepers sleep on lock_seq, which a wake bumps. */
   _Atomic uint32_t lock;
   _Atomic uint32_t lock_seq;
+  /* The pool mp_pool_alloc and mp_pool_free work on: the pool itself, or
+   * while a pool made with arenas_auto=1 runs solo, its arena 0, used as
+   * a plain pool (arena.c, "Solo"). Read without the lock (acquire);
+   * changes once, from arena 0 to the pool (release). */
+  _Atomic(mp_pool_t *) hot;
 #if MP__LOCK_OWNER
   pthread_t lock_owner; /* MP_DEBUG: the thread holding lock, if owned */
   bool lock_owned;
@@ -420,7 +425,14 @@ struct mp_pool {
   /* One of a pool's arenas (arena.c): its out-of-memory failures are not
    * final (the arenas' path retries), so they are no history events. */
   bool arena;
-  size_t granule; /* virtual memory granule; 0: plain segments */
+  /* Arena 0 of a pool made with arenas_auto=1 while that pool runs solo
+   * (its hot is this arena): the pool; NULL otherwise, and once contention
+   * on this arena's lock ended solo (arena.c, "Solo"). solo_waits counts
+   * those contended takes. Read without a lock. */
+  _Atomic(mp_pool_t *) solo_of;
+  _Atomic uint32_t solo_waits;
+  mp_pool_t *arena_of; /* an arena: its pool (set once, at its make) */
+  size_t granule;      /* virtual memory granule; 0: plain segments */
 
   mp_pool_t *parent;         /* child pools: the parent */
   mp__block_t *parent_block; /* child pools: the range's block in parent */
@@ -679,8 +691,43 @@ typedef struct mp__arena {
 static inline mp_pool_t *mp__arena_at(const mp_pool_t *pool, size_t i) {
   return atomic_load_explicit(&pool->arenas[i].pool, memory_order_acquire);
 }
-/* At create: the table of cfg.arenas empty arenas. */
+/* At create: the table of cfg.arenas empty arenas; with arenas_auto=1
+ * (and no history or release threshold), arena 0 made and the pool solo. */
 mp_status_t mp__arenas_init(mp_pool_t *pool);
+/* The pool mp_pool_alloc and mp_pool_free work on (pool->hot). */
+static inline mp_pool_t *mp__pool_hot(mp_pool_t *pool) {
+  return atomic_load_explicit(&pool->hot, memory_order_acquire);
+}
+/* Ends solo for good (no lock needed; any thread, more than once): every
+ * call then takes the arenas' path. Before any change that path sees and
+ * the plain path of arena 0 would not (a stream routed to a graph pool).
+ * Inline, as the next: lock.c and graph.c call them, and arena.c calls
+ * theirs (src/pool's files call in one direction, cmake/layers.py). */
+static inline void mp__arena_unsolo(mp_pool_t *pool) {
+  mp_pool_t *a = mp__pool_hot(pool);
+  if (a == pool)
+    return;
+  atomic_store_explicit(&a->solo_of, NULL, memory_order_release);
+  atomic_store_explicit(&pool->hot, pool, memory_order_release);
+}
+/* Contended takes of arena 0's lock that end solo. A take is contended
+ * when another thread holds the lock: a thread that allocates now and then
+ * beside the main one (a host function's free, a stats reader) meets it
+ * rarely; two threads doing pairs meet it within microseconds. */
+#define MP__SOLO_WAITS 64
+/* mp__pool_lock_wait on arena a, which runs solo for pool: one contended
+ * take more; MP__SOLO_WAITS of them end solo. */
+static inline void mp__arena_solo_contended(mp_pool_t *a, mp_pool_t *pool) {
+  if (atomic_fetch_add_explicit(&a->solo_waits, 1, memory_order_relaxed) + 1 >=
+      MP__SOLO_WAITS)
+    mp__arena_unsolo(pool);
+}
+/* mp_pool_alloc's plain path failed with st on arena a (solo: the only way
+ * that path runs on an arena), a's lock dropped: the arenas' out-of-memory
+ * path from there (the cap's share, the pool's handler, the retries), as
+ * the arenas' path would have taken. */
+mp_status_t mp__arena_solo_failed(mp_pool_t *a, size_t bytes, mp_stream_t s,
+                                  void **out, mp_status_t st);
 /* mp_pool_check on a pool with arenas, beyond each arena's own check
  * (no lock held): under the pool's lock, no arena above its share of the
  * cap, and the shares within the cap. */

@@ -1,0 +1,294 @@
+/* arenas_auto=1 (MP_POOL_ARENAS_AUTO, src/pool/arena.c, "Solo"): a pool
+ * with arenas that runs solo on its arena 0, through the plain path of a
+ * pool without arenas, until threads contend for that arena's lock, and
+ * then for good on the arenas' path. White-box: it reads which pool the
+ * hot path works on and which arena holds a block. */
+#include <criterion/criterion.h>
+#include <stdatomic.h>
+
+#include "../support/pool_helpers.h"
+#include "arena_workers.h"
+#include "pool/pool_internal.h"
+
+#define MiB ((size_t)1 << 20)
+
+MP_DEVICE_SUITE(pool_arenas_auto, "host:capacity=64M");
+
+static bool solo(mp_pool_t *pool) {
+  mp_pool_t *a0 = mp__arena_at(pool, 0);
+  return a0 != NULL && mp__pool_hot(pool) == a0;
+}
+
+Test(pool_arenas_auto, one_thread_runs_solo_on_arena_zero) {
+  mp_pool_t *pool = make_pool(dev, "arenas=4,arenas_auto=1");
+  cr_assert(solo(pool), "a new auto pool is not solo on arena 0");
+  void *p[10];
+  for (int i = 0; i < 10; i++) {
+    cr_assert_eq(mp_pool_alloc(pool, (size_t)(i + 1) * 4096, NULL, &p[i]),
+                 MP_OK, "%s", mp_last_error());
+    cr_expect_eq(arena_holding(pool, p[i]), 0, "block %d is in arena %d", i,
+                 arena_holding(pool, p[i]));
+  }
+  cr_expect_eq(arenas_made(pool), 1, "%zu arenas made by one thread",
+               arenas_made(pool));
+  cr_expect_geq(stats(pool).allocated_bytes, 55 * 4096);
+  check(pool);
+  for (int i = 0; i < 10; i++)
+    cr_assert_eq(mp_pool_free(pool, p[i]), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(stats(pool).allocated_bytes, 0);
+  cr_expect(solo(pool), "one thread ended solo");
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+}
+
+/* Threads that use the pool one after the other never contend: each runs
+ * on arena 0, and the pool stays solo. */
+Test(pool_arenas_auto, threads_taking_turns_stay_solo) {
+  mp_pool_t *pool = make_pool(dev, "arenas=4,arenas_auto=1");
+  job_t j = {.pool = pool, .bytes = 64 * 1024, .tag = 3, .count = 4};
+  for (int round = 0; round < 3; round++) {
+    cr_assert_eq(on_thread(&j, ALLOC), MP_OK, "%s", j.why);
+    for (int i = 0; i < 4; i++)
+      cr_expect_eq(arena_holding(pool, j.ptrs[i]), 0,
+                   "round %d: a new thread's block is in arena %d", round,
+                   arena_holding(pool, j.ptrs[i]));
+    cr_assert_eq(on_thread(&j, FREE), MP_OK, "%s", j.why);
+  }
+  cr_expect(solo(pool), "threads taking turns ended solo");
+  cr_expect_eq(arenas_made(pool), 1);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+}
+
+typedef struct pairs {
+  mp_pool_t *pool;
+  _Atomic bool *stop;
+  void *kept[4]; /* allocated before the pairs, freed by the test */
+  mp_status_t st;
+  char why[256];
+} pairs_t;
+
+static void *do_pairs(void *arg) {
+  pairs_t *w = arg;
+  w->st = MP_OK;
+  for (int i = 0; i < 4 && w->st == MP_OK; i++)
+    w->st = mp_pool_alloc(w->pool, 8192, NULL, &w->kept[i]);
+  void *x[16] = {0};
+  for (unsigned i = 0; w->st == MP_OK && !atomic_load(w->stop); i++) {
+    unsigned k = i % 16;
+    if (x[k] != NULL)
+      w->st = mp_pool_free(w->pool, x[k]);
+    if (w->st == MP_OK)
+      w->st = mp_pool_alloc(w->pool, 512 + (i * 7919u) % 65536, NULL, &x[k]);
+  }
+  for (int k = 0; k < 16 && w->st == MP_OK; k++)
+    if (x[k] != NULL)
+      w->st = mp_pool_free(w->pool, x[k]);
+  snprintf(w->why, sizeof w->why, "%s", mp_last_error());
+  return NULL;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Two threads doing pairs contend for arena 0's lock: the pool leaves solo
+ * (within 60 s, however slow the machine), threads made after that take
+ * arenas of their own, and what was allocated solo is freed from any
+ * thread. */
+Test(pool_arenas_auto, contention_switches_to_per_thread_arenas) {
+  mp_pool_t *pool = make_pool(dev, "arenas=4,arenas_auto=1");
+  _Atomic bool stop = false;
+  pairs_t w[2] = {{.pool = pool, .stop = &stop}, {.pool = pool, .stop = &stop}};
+  pthread_t t[2];
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(pthread_create(&t[i], NULL, do_pairs, &w[i]), 0);
+  double t0 = now_s();
+  while (solo(pool) && now_s() - t0 < 60)
+    usleep(1000);
+  bool switched = !solo(pool);
+  usleep(20000); /* some pairs on the arenas' path too */
+  atomic_store(&stop, true);
+  for (int i = 0; i < 2; i++) {
+    pthread_join(t[i], NULL);
+    cr_assert_eq(w[i].st, MP_OK, "worker %d: %s", i, w[i].why);
+  }
+  cr_assert(switched, "two threads doing pairs for 60 s left the pool solo");
+  cr_expect(mp__pool_hot(pool) == pool, "the pool went back to solo");
+  /* Two new threads, numbered one after the other: two arenas. */
+  job_t a = {.pool = pool, .bytes = 4096, .tag = 1, .count = 1};
+  job_t b = a;
+  cr_assert_eq(on_thread(&a, ALLOC), MP_OK, "%s", a.why);
+  cr_assert_eq(on_thread(&b, ALLOC), MP_OK, "%s", b.why);
+  int ia = arena_holding(pool, a.ptrs[0]), ib = arena_holding(pool, b.ptrs[0]);
+  cr_expect(ia >= 0 && ib >= 0 && ia != ib,
+            "two new threads' blocks are in arenas %d and %d", ia, ib);
+  /* The blocks the workers allocated solo, from this thread. */
+  for (int i = 0; i < 2; i++)
+    for (int k = 0; k < 4; k++) {
+      cr_expect_eq(arena_holding(pool, w[i].kept[k]), 0);
+      cr_assert_eq(mp_pool_free(pool, w[i].kept[k]), MP_OK, "%s",
+                   mp_last_error());
+    }
+  cr_assert_eq(mp_pool_free(pool, a.ptrs[0]), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, b.ptrs[0]), MP_OK, "%s", mp_last_error());
+  check(pool);
+  cr_expect_eq(stats(pool).allocated_bytes, 0);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+}
+
+typedef struct oom_seen {
+  mp_pool_t *pool; /* what the handler was called with */
+  void *drop;      /* freed by the handler */
+  int calls;
+} oom_seen_t;
+
+static int free_one(mp_pool_t *pool, size_t bytes, mp_status_t st, void *ctx) {
+  (void)bytes;
+  (void)st;
+  oom_seen_t *o = ctx;
+  o->pool = pool;
+  o->calls++;
+  if (o->drop == NULL)
+    return 0;
+  mp_status_t fst = mp_pool_free(pool, o->drop);
+  o->drop = NULL;
+  return fst == MP_OK;
+}
+
+/* Solo, an allocation past the cap reaches the pool's own handler, called
+ * with the pool (not its arena 0), and the retry after it succeeds. */
+Test(pool_arenas_auto, the_pools_handler_answers_a_solo_failure) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2,arenas_auto=1,max_bytes=8M");
+  oom_seen_t o = {0};
+  cr_assert_eq(mp_pool_set_oom_handler(pool, free_one, &o), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, 6 * MiB, NULL, &o.drop), MP_OK, "%s",
+               mp_last_error());
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, 4 * MiB, NULL, &p), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(o.calls, 1, "the handler ran %d times", o.calls);
+  cr_expect(o.pool == pool, "the handler got %p, not the pool %p",
+            (void *)o.pool, (void *)pool);
+  cr_expect(solo(pool));
+  /* Nothing left to free: the failure is the pool's, MP_ELIMIT. */
+  void *q;
+  cr_expect_eq(mp_pool_alloc(pool, 6 * MiB, NULL, &q), MP_ELIMIT);
+  cr_expect_eq(o.calls, 2);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK, "%s", mp_last_error());
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+}
+
+/* Fills pool with 1 MiB blocks into p[from..max) until one fails; returns
+ * the count reached and the failure in *st. */
+static int fill_mib(mp_pool_t *pool, void **p, int from, int max,
+                    mp_status_t *st) {
+  int n = from;
+  while (n < max && (*st = mp_pool_alloc(pool, MiB, NULL, &p[n])) == MP_OK)
+    n++;
+  return n;
+}
+
+/* Solo, arena 0 holds the whole cap (it asks for no share), also the cap
+ * mp_pool_set_max_fraction moves. */
+Test(pool_arenas_auto, a_solo_pool_fills_its_whole_cap) {
+  mp_pool_t *pool = make_pool(dev, "arenas=4,arenas_auto=1,max_bytes=16M");
+  void *p[40];
+  mp_status_t st = MP_OK;
+  int n = fill_mib(pool, p, 0, 40, &st);
+  cr_expect_eq(n, 16, "%d blocks of 1 MiB under a 16 MiB cap", n);
+  cr_expect_eq(st, MP_ELIMIT, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_set_max_fraction(pool, 0.5), MP_OK, "%s",
+               mp_last_error());
+  n = fill_mib(pool, p, n, 40, &st);
+  cr_expect_eq(n, 32, "%d blocks of 1 MiB under a 32 MiB cap", n);
+  cr_expect(solo(pool));
+  check(pool);
+  for (int i = 0; i < n; i++)
+    cr_assert_eq(mp_pool_free(pool, p[i]), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+}
+
+/* A graph pool routes a captured stream on the arenas' path: making one
+ * ends solo, and the pool still serves and frees. */
+Test(pool_arenas_auto, a_graph_pool_ends_solo) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2,arenas_auto=1");
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p), MP_OK);
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  cr_expect(!solo(pool), "a pool with a graph pool is still solo");
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+}
+
+/* Bad frees in solo are the plain path's errors and change nothing. */
+Test(pool_arenas_auto, a_bad_free_in_solo_changes_nothing) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2,arenas_auto=1");
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p), MP_OK);
+  mp_stats_t before = stats(pool);
+  int local;
+  cr_expect_eq(mp_pool_free(pool, &local), MP_EINVAL);
+  cr_expect_eq(mp_pool_free(pool, (char *)p + 64), MP_EINVAL);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_free(pool, p), MP_EINVAL, "a double free");
+  mp_stats_t after = stats(pool);
+  cr_expect_eq(after.reserved_bytes, before.reserved_bytes);
+  cr_expect_eq(after.allocated_bytes, 0);
+  cr_expect(solo(pool));
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+}
+
+/* Pause and resume in solo: arena 0 pauses as any arena, its plain path is
+ * refused meanwhile, and the content comes back. */
+Test(pool_arenas_auto, a_solo_pool_pauses_and_resumes) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2,arenas_auto=1");
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, 3 * MiB, NULL, &p), MP_OK);
+  fill(p, 3 * MiB, 0x5a);
+  cr_assert_eq(mp_pool_pause(pool, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(stats(pool).reserved_bytes, 0);
+  void *q;
+  cr_expect_eq(mp_pool_alloc(pool, 4096, NULL, &q), MP_EBUSY);
+  cr_expect_eq(mp_pool_free(pool, p), MP_EBUSY);
+  cr_assert_eq(mp_pool_resume(pool), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(first_difference(p, 3 * MiB, 0x5a), 3 * MiB);
+  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &q), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(arena_holding(pool, q), 0);
+  cr_assert_eq(mp_pool_free(pool, q), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+}
+
+/* arenas_auto=1 needs arenas to switch to; with a history it never runs
+ * solo (the arenas' path keeps the rings), and works as arenas=N. */
+Test(pool_arenas_auto, config_needs_arenas_and_history_keeps_the_arenas_path) {
+  const char *bad[] = {"arenas_auto=1", "arenas=1,arenas_auto=1"};
+  for (int i = 0; i < 2; i++) {
+    mp_pool_config_t cfg;
+    mp_pool_config_init(&cfg);
+    cr_assert_eq(mp_pool_config_parse(&cfg, bad[i]), MP_OK, "%s",
+                 mp_last_error());
+    mp_pool_t *p = NULL;
+    cr_expect_eq(mp_pool_create(dev, &cfg, &p), MP_EINVAL, "%s", bad[i]);
+    cr_expect_null(p);
+    cr_expect(strstr(mp_last_error(), "arenas_auto=1 needs arenas=N") != NULL,
+              "%s: %s", bad[i], mp_last_error());
+  }
+  mp_pool_t *pool = make_pool(dev, "arenas=2,arenas_auto=1,history=64");
+  cr_expect(mp__pool_hot(pool) == pool, "a pool with a history runs solo");
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+}
