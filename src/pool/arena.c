@@ -687,11 +687,22 @@ static mp_status_t mp__arena_alloc_oom(mp_pool_t *pool, mp_pool_t *a,
  * growth): memory one
  * thread freed serves another thread's next large request, as in a pool
  * without arenas (a training step's backward pass, on a thread of its own,
- * reuses what its forward pass freed). Only an idle arena lends (at least
- * half of what it reserved free): threads busy with blocks of their own
- * keep to their arenas, and taking each other's blocks would bring back
- * the shared lock's traffic (two threads doing pairs ran at 0.9x one
- * thread when every arena lent). Smaller requests never borrow: growth for
+ * reuses what its forward pass freed). Only an idle arena lends: at least
+ * half of what it reserved free, and its lock free at the moment it is
+ * asked (not waited for: a held lock is its own thread at work). Threads
+ * busy with blocks of their own keep to their arenas, and taking each
+ * other's blocks would bring back the shared lock's traffic (two threads
+ * doing pairs ran at 0.9x one thread when every arena lent). The lock test
+ * is for an arena with much free memory whose own thread is at work: arena
+ * 0 of a pool that left solo (arenas_auto=1) holds what every thread freed
+ * before, and two threads doing pairs ran at 0.98x one thread with one of
+ * them taking its large blocks from the other's arena, waiting for its
+ * lock; 1.58x with the test (bench_pool_threads, medians of nine; arenas=8
+ * 1.87x and 1.78x in the same runs). A thread that allocates while
+ * another frees what it allocated (bench_pool_handoff) borrows as before:
+ * the arenas=2 row 1.244 with and without it (a rule on the lender's
+ * allocations since the last loans, instead of its lock, gave 1.323 and
+ * 1.583 there). Smaller requests never borrow: growth for
  * one costs at most a granule. The arenas after mine in turn, one lock at
  * a time, the block taken as it is (no growth, no wait); MP__EMISS when
  * none can. An arena learns the request's stream only when it lends (see
@@ -706,7 +717,8 @@ static mp_status_t mp__arena_borrow(mp_pool_t *pool, size_t mine,
     mp_pool_t *b = mp__arena_at(pool, mine + k < n ? mine + k : mine + k - n);
     if (b == NULL)
       continue;
-    mp__pool_lock(b);
+    if (!mp__pool_trylock(b))
+      continue; /* busy now */
     mp_status_t st =
         mp__free_bytes(b) >= b->st.allocated_bytes
             ? mp__pool_alloc_cached_rec(b, q->bytes, q->s, q->out, true)

@@ -590,6 +590,20 @@ static inline void mp__pool_lock(mp_pool_t *pool) {
   pool->lock_owned = true;
 #endif
 }
+/* Takes the pool's lock if it is free now (true), else false at once. */
+static inline bool mp__pool_trylock(mp_pool_t *pool) {
+  if ((atomic_load_explicit(&pool->lock, memory_order_relaxed) &
+       MP__LOCK_HELD) ||
+      (atomic_fetch_or_explicit(&pool->lock, MP__LOCK_HELD,
+                                memory_order_acquire) &
+       MP__LOCK_HELD))
+    return false;
+#if MP__LOCK_OWNER
+  pool->lock_owner = pthread_self();
+  pool->lock_owned = true;
+#endif
+  return true;
+}
 /* Whether the calling thread holds pool's lock (MP_DEBUG builds; true
  * otherwise, where MP__ASSERT never evaluates it). */
 static inline bool mp__pool_held(const mp_pool_t *pool) {
