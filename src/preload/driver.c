@@ -55,7 +55,7 @@ static mp__curesult mp__real_free(mp__variant_t v, mp__cuptr p,
 }
 
 /* A 1-byte cuMemAlloc, freed at once: the driver's answer for a cuMemFree
- * it never sees (mp__pl_free_refused_in_capture). */
+ * it never sees (mp__pl_free_refused). */
 static unsigned mp__free_probe(void) {
   mp__cuptr x = 0;
   mp__curesult r = mp__real_alloc(MP__SYNC, &x, 1, NULL);
@@ -141,9 +141,11 @@ static mp__curesult mp__free(mp__variant_t v, mp__cuptr p, mp__custream s) {
                                               v == MP__ASYNC_PTSZ)
             ? MP__CU_SUCCESS /* a graph's output, freed inside a capture */
             : MP__CU_INVALID_VALUE;
-  } else if (b.kind == MP__PL_FROM_POOL && v == MP__SYNC &&
-             (r = mp__pl_free_refused_in_capture(pl, mp__free_probe)) !=
-                 MP__CU_SUCCESS) {
+  } else if (b.kind == MP__PL_FROM_POOL &&
+             (r = mp__pl_free_refused(pl, v == MP__SYNC, s, v == MP__ASYNC_PTSZ,
+                                      mp__free_probe)) != MP__CU_SUCCESS) {
+    /* Refused (a host function's, or prohibited by a capture): nothing
+     * freed or traced, still the program's. */
     mp__pl_table_restore(&b);
   } else if (b.kind == MP__PL_FROM_POOL) {
     r = mp__pl_cu_error(
@@ -252,8 +254,13 @@ static bool mp__pl_host_live(mp__cuptr addr, mp__pl_block_t *b) {
 mp__curesult cuMemGetAddressRange_v2(mp__cuptr *pbase, size_t *psize,
                                      mp__cuptr dptr) {
   mp__pl_block_t b;
-  if (mp__pl_table_find_pool((uintptr_t)dptr, &b) ||
-      mp__pl_host_live(dptr, &b)) {
+  bool own =
+      mp__pl_table_find_pool((uintptr_t)dptr, &b) || mp__pl_host_live(dptr, &b);
+  /* Answered here, not by the driver, which refuses it in a host
+   * function (mp__pl_calls_refused): so is it here. */
+  if ((own || mp__pl_freed_in_pool(dptr)) && mp__pl_calls_refused())
+    return MP__CU_NOT_PERMITTED;
+  if (own) {
     if (pbase != NULL)
       *pbase = (mp__cuptr)b.ptr;
     if (psize != NULL)
@@ -300,26 +307,34 @@ static bool mp__pl_ipc_refused(mp__cuptr dptr, mp__pl_block_t *b) {
 mp__curesult cuPointerGetAttribute(void *data, unsigned int attribute,
                                    mp__cuptr ptr) {
   mp__pl_block_t b;
-  if (data != NULL &&
+  bool range =
+      data != NULL &&
       (attribute == MP__CU_POINTER_RANGE_START ||
        attribute == MP__CU_POINTER_RANGE_SIZE) &&
-      (mp__pl_table_find_pool((uintptr_t)ptr, &b) ||
-       mp__pl_host_live(ptr, &b))) {
+      (mp__pl_table_find_pool((uintptr_t)ptr, &b) || mp__pl_host_live(ptr, &b));
+  bool no_ipc = !range && data != NULL &&
+                attribute == MP__CU_POINTER_LEGACY_IPC &&
+                mp__pl_ipc_refused(ptr, &b);
+  /* cuda.h: "If ptr was not allocated by, mapped by, or registered with a
+   * CUcontext which uses unified virtual addressing then
+   * CUDA_ERROR_INVALID_VALUE is returned": a freed block is not. */
+  bool freed = !range && !no_ipc && mp__pl_freed_in_pool(ptr);
+  /* What the shim answers itself, the driver refuses in a host function
+   * (mp__pl_calls_refused): so is it here. */
+  if ((range || no_ipc || freed) && mp__pl_calls_refused())
+    return MP__CU_NOT_PERMITTED;
+  if (range) {
     if (attribute == MP__CU_POINTER_RANGE_START)
       *(mp__cuptr *)data = (mp__cuptr)b.ptr;
     else
       *(size_t *)data = b.size;
     return MP__CU_SUCCESS;
   }
-  if (data != NULL && attribute == MP__CU_POINTER_LEGACY_IPC &&
-      mp__pl_ipc_refused(ptr, &b)) {
+  if (no_ipc) {
     *(unsigned int *)data = 0;
     return MP__CU_SUCCESS;
   }
-  /* cuda.h: "If ptr was not allocated by, mapped by, or registered with a
-   * CUcontext which uses unified virtual addressing then
-   * CUDA_ERROR_INVALID_VALUE is returned": a freed block is not. */
-  if (mp__pl_freed_in_pool(ptr))
+  if (freed)
     return MP__CU_INVALID_VALUE;
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   return rc->cuPointerGetAttribute

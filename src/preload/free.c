@@ -10,17 +10,20 @@
  * capture in progress anywhere that would forbid it. An error answer (for
  * instance CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) also means: let the driver
  * decide. */
-bool mp__pl_capturing(const mp__pl_t *pl, mp__custream s, bool ptsz) {
+static mp__curesult mp__capture_query(mp__custream s, bool ptsz,
+                                      unsigned int *status) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  if (pl->host)
-    return false;
   mp__curesult (*fn)(mp__custream, unsigned int *) =
       ptsz && rc->cuStreamIsCapturing_ptsz ? rc->cuStreamIsCapturing_ptsz
                                            : rc->cuStreamIsCapturing;
-  if (fn == NULL)
-    return false;
+  *status = 0;
+  return fn != NULL ? fn(s, status) : MP__CU_SUCCESS;
+}
+
+bool mp__pl_capturing(const mp__pl_t *pl, mp__custream s, bool ptsz) {
   unsigned int status = 0;
-  return fn(s, &status) != MP__CU_SUCCESS || status != 0;
+  return !pl->host &&
+         (mp__capture_query(s, ptsz, &status) != MP__CU_SUCCESS || status != 0);
 }
 
 bool mp__pl_sync_in_capture(const mp__pl_t *pl) {
@@ -64,19 +67,33 @@ static bool mp__thread_capture_mode(unsigned *mode) {
   return true;
 }
 
-/* Where the legacy stream reports no capture and the captures begun
- * through the shim cannot prohibit the free in this thread's mode
- * (mp__pl_capture_prohibits), it is allowed and nothing is asked.
- * Otherwise, as the pool never asks the driver, the API answers for it:
+/* A host function: cuda.h, cuLaunchHostFunc and cuStreamAddCallback, "The
+ * host function must not make any CUDA API calls. Attempting to use a CUDA
+ * API may result in CUDA_ERROR_NOT_PERMITTED"; the driver refuses the
+ * free so and changes nothing. The pool never asks the driver, so the
+ * question the free asks anyway, whether the stream it is ordered on is
+ * being captured (the legacy stream for a synchronous free, which
+ * mp__pl_capturing asked already), is asked first, once, and its answer
+ * CUDA_ERROR_NOT_PERMITTED, and that alone, refuses the free (any other
+ * failure keeps the rules below).
+ * Then, for a synchronous free: where the legacy stream reports no
+ * capture and the captures begun through the shim cannot prohibit the
+ * free in this thread's mode (mp__pl_capture_prohibits), it is allowed
+ * and nothing more is asked. Otherwise the API answers for the pool:
  * probe, an allocation of one byte, a call of the same kind (both
  * synchronize implicitly), is refused, with the capture invalidated,
  * exactly when the free would be. */
-unsigned mp__pl_free_refused_in_capture(const mp__pl_t *pl,
-                                        unsigned (*probe)(void)) {
+unsigned mp__pl_free_refused(const mp__pl_t *pl, bool sync, mp__custream s,
+                             bool ptsz, unsigned (*probe)(void)) {
   if (pl->host)
     return 0;
-  bool legacy = mp__pl_capturing(pl, NULL, false);
-  if (!legacy && !mp__pl_capture_begun())
+  unsigned int status = 0;
+  mp__curesult q = sync ? mp__capture_query(NULL, false, &status)
+                        : mp__capture_query(s, ptsz, &status);
+  if (q == MP__CU_NOT_PERMITTED)
+    return q;
+  bool legacy = q != MP__CU_SUCCESS || status != 0;
+  if (!sync || (!legacy && !mp__pl_capture_begun()))
     return 0;
   unsigned mode;
   if (!legacy && mp__thread_capture_mode(&mode) &&
@@ -106,6 +123,13 @@ static bool mp__stream_wait(mp__custream s, bool ptsz, mp__cuctx owner) {
     mp__pl_mode_restore(mode);
   (void)rc->cuCtxPopCurrent_v2(&popped);
   return r == MP__CU_SUCCESS;
+}
+
+/* cuda.h, cuLaunchHostFunc and cuStreamAddCallback: see preload.h. */
+bool mp__pl_calls_refused(void) {
+  mp__curesult (*current)(mp__cuctx *) = mp__pl_real_cuda()->cuCtxGetCurrent;
+  mp__cuctx c = NULL;
+  return current != NULL && current(&c) == MP__CU_NOT_PERMITTED;
 }
 
 void mp__pl_real_free_refused(const mp__pl_block_t *b) {

@@ -531,7 +531,7 @@ static void mp__hpl_flush(const mp__pl_t *pl, const uint64_t *synced) {
 }
 
 /* The driver's or the runtime's answer to a page-locked allocation of one
- * byte (freed when given), for mp__pl_free_refused_in_capture. */
+ * byte (freed when given), for mp__pl_free_refused. */
 static unsigned mp__h_probe(bool runtime) {
   void *x = NULL;
   unsigned r = mp__h_real_alloc(
@@ -610,15 +610,16 @@ static unsigned int mp__h_free(bool runtime, void *ptr) {
       const mp__pl_t *pl = mp__pl_get();
       mp_host_pool_t *hp = mp__hpl_at(b.ordinal);
       mp_status_t st = MP_OK;
-      unsigned refused = 0;
-      if (mp__pl_sync_in_capture(pl)) {
-        /* No synchronization now: the driver's refusal where the capture
-         * prohibits the call, else the block goes back after the capture
+      /* The driver's refusal from a host function, or where a capture
+       * prohibits the call (mp__pl_free_refused). */
+      unsigned refused = mp__pl_free_refused(
+          pl, true, NULL, false, runtime ? mp__h_probe_rt : mp__h_probe_cu);
+      if (refused != 0) {
+        /* still the program's */
+      } else if (mp__pl_sync_in_capture(pl)) {
+        /* No synchronization now: the block goes back after the capture
          * (mp__hpl_flush). */
-        refused = mp__pl_free_refused_in_capture(pl, runtime ? mp__h_probe_rt
-                                                             : mp__h_probe_cu);
-        if (refused == 0)
-          st = hp ? mp__hpl_defer(hp, ptr) : MP_EINVAL;
+        st = hp ? mp__hpl_defer(hp, ptr) : MP_EINVAL;
       } else {
         uint64_t mark = mp__hpl_mark();
         st = mp__hsync_devices(pl);
@@ -693,7 +694,10 @@ mp__curesult cuMemHostGetFlags(unsigned int *pFlags, void *p) {
   mp__pl_block_t b;
   bool live = false;
   mp__curesult r;
-  if (pl != NULL && mp__pl_host_block(pl, (uintptr_t)p, &b, &live)) {
+  bool own = pl != NULL && mp__pl_host_block(pl, (uintptr_t)p, &b, &live);
+  if (own && mp__pl_calls_refused()) {
+    r = MP__CU_NOT_PERMITTED; /* a host function's, as the driver's */
+  } else if (own) {
     if (live && pFlags != NULL)
       *pFlags = b.host_flags;
     /* Not live: freed, or never handed out. */

@@ -53,14 +53,17 @@ typedef struct CUgraphEdgeData_st mp__cugraphedgedata;
 typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st *mp__cugraphparams;
 /* CUipcMemHandle (64 opaque bytes), only ever passed on by address */
 typedef struct CUipcMemHandle_st mp__cuipcmemhandle;
-#define MP__CU_SUCCESS             0u
-#define MP__CU_INVALID_VALUE       1u
-#define MP__CU_OUT_OF_MEMORY       2u
-#define MP__CU_NOT_INITIALIZED     3u
-#define MP__CU_NOT_SUPPORTED       801u
-#define MP__CU_NOT_FOUND           500u
-#define MP__CU_NO_DEVICE           100u
-#define MP__CU_UNKNOWN             999u
+#define MP__CU_SUCCESS         0u
+#define MP__CU_INVALID_VALUE   1u
+#define MP__CU_OUT_OF_MEMORY   2u
+#define MP__CU_NOT_INITIALIZED 3u
+#define MP__CU_NOT_SUPPORTED   801u
+#define MP__CU_NOT_FOUND       500u
+#define MP__CU_NO_DEVICE       100u
+#define MP__CU_UNKNOWN         999u
+/* CUDA_ERROR_NOT_PERMITTED (cuda.h); cudaErrorNotPermitted (driver_types.h)
+ * is the same number: the driver's answer to a call from a host function. */
+#define MP__CU_NOT_PERMITTED       800u
 #define MP__CUDA_SUCCESS           0u
 #define MP__CUDA_INVALID_VALUE     1u
 #define MP__CUDA_MEMORY_ALLOCATION 2u
@@ -486,17 +489,36 @@ void mp__pl_mode_restore(unsigned old);
  * (mp__pl_capture_begun: any stream, blocking or not), or one the legacy
  * stream reports. Such an allocation is the API's to answer. */
 bool mp__pl_sync_in_capture(const mp__pl_t *pl);
-/* A synchronous free of a pool block (cuMemFree, cudaFree), which the
- * shim serves itself, while a capture may prohibit it in this thread
- * (cuda.h, cuThreadExchangeStreamCaptureMode: "prohibited from potentially
- * unsafe API calls"): the API refuses such a call with
- * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (cudaErrorStreamCaptureUnsupported)
- * and invalidates the capture, and the block stays the program's. 0: the
- * free may go on; else the capture error (900..908, the same numbers in
- * CUresult and cudaError_t) that probe, a real allocation of one byte
- * freed when allowed, got from the caller's API. */
-unsigned mp__pl_free_refused_in_capture(const mp__pl_t *pl,
-                                        unsigned (*probe)(void));
+/* A free of a block the shim serves itself (a pool block: cuMemFree,
+ * cudaFree, sync; their stream-ordered forms on stream s, ptsz for a
+ * per-thread call; a page-locked block of the host pool, sync), which the
+ * API would refuse, the block staying the program's:
+ *  - from a host function (cuda.h, cuLaunchHostFunc, cuStreamAddCallback:
+ *    "must not make any CUDA API calls"), where the driver answers the
+ *    free's own capture question (cuStreamIsCapturing of s, or of the
+ *    legacy stream when sync) with CUDA_ERROR_NOT_PERMITTED: that, 800
+ *    (cudaErrorNotPermitted has the same number); one driver call, the
+ *    only one for a stream-ordered free;
+ *  - sync, while a capture may prohibit it in this thread (cuda.h,
+ *    cuThreadExchangeStreamCaptureMode: "prohibited from potentially
+ *    unsafe API calls"): the API refuses such a call with
+ *    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+ *    (cudaErrorStreamCaptureUnsupported) and invalidates the capture: the
+ *    capture error (900..908, the same numbers in CUresult and
+ *    cudaError_t) that probe, a real allocation of one byte freed when
+ *    allowed, got from the caller's API.
+ * 0: the free may go on. */
+unsigned mp__pl_free_refused(const mp__pl_t *pl, bool sync, mp__custream s,
+                             bool ptsz, unsigned (*probe)(void));
+
+/* Whether the driver refuses every call of this thread now, as it does in
+ * a host function (cuda.h, cuLaunchHostFunc and cuStreamAddCallback: "The
+ * host function must not make any CUDA API calls. Attempting to use a
+ * CUDA API may result in CUDA_ERROR_NOT_PERMITTED"): its cuCtxGetCurrent
+ * answers CUDA_ERROR_NOT_PERMITTED (no other failure counts). For the
+ * queries the shim answers from its own tables (a pool block's range,
+ * a page-locked block's flags), asked only when it would. */
+bool mp__pl_calls_refused(void);
 
 /* A free of memory the real driver or runtime handed out (a block of kind
  * MP__PL_FROM_REAL the table gave back) is traced (mp__pl_record_free)

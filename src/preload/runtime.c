@@ -107,7 +107,7 @@ static void mp__rt_set_last_error(const mp__pl_t *pl, mp__cudaerr r) {
 }
 
 /* A 1-byte cudaMalloc, freed at once: the runtime's answer for a cudaFree
- * it never sees (mp__pl_free_refused_in_capture), its last error set as
+ * it never sees (mp__pl_free_refused), its last error set as
  * the refused cudaFree would have. */
 static unsigned mp__rt_free_probe(void) {
   const mp__real_cudart_t *rt = mp__pl_real_cudart();
@@ -208,9 +208,12 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
                                                  s, v == MP__RT_ASYNC_PTSZ)
             ? MP__CUDA_SUCCESS /* a graph's output, freed inside a capture */
             : MP__CUDA_INVALID_VALUE;
-  } else if (b.kind == MP__PL_FROM_POOL && v == MP__RT_SYNC &&
-             (r = mp__pl_free_refused_in_capture(pl, mp__rt_free_probe)) !=
-                 MP__CUDA_SUCCESS) {
+  } else if (b.kind == MP__PL_FROM_POOL &&
+             (r = mp__pl_free_refused(pl, v == MP__RT_SYNC, s,
+                                      v == MP__RT_ASYNC_PTSZ,
+                                      mp__rt_free_probe)) != MP__CUDA_SUCCESS) {
+    /* As driver.c's: cudaErrorNotPermitted is CUDA_ERROR_NOT_PERMITTED's
+     * number, the capture errors theirs. */
     mp__pl_table_restore(&b);
   } else if (b.kind == MP__PL_FROM_POOL) {
     r = mp__pl_cuda_error(

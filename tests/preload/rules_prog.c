@@ -62,6 +62,9 @@
  * the trace the shim recorded (MEMPOOL_TRACE). With "refused_free" (or
  * "refused_free rt LIB"), a free during a global capture is refused, the
  * capture ends, and the block is freed again, for good.
+ * With "host_fn" (or "host_fn rt LIB"), frees and queries of blocks the
+ * program holds, made from a host function, are refused as the driver
+ * refuses them, and the blocks stay the program's.
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -825,6 +828,84 @@ static int trace_threads(void) {
   return 0;
 }
 
+/* host_fn: what a host function (cuLaunchHostFunc) gets for a free of a
+ * device block the program holds, synchronous and stream-ordered (with
+ * "rt LIB", the runtime's cudaFree and cudaFreeAsync), for a
+ * cuMemHostGetFlags and a cuMemFreeHost of a page-locked block, and for
+ * cuMemGetInfo,
+ * cuMemGetAddressRange and cuPointerGetAttribute of the device block.
+ * cuda.h (cuLaunchHostFunc, cuStreamAddCallback): "The host function must
+ * not make any CUDA API calls"; the driver answers such a call with
+ * CUDA_ERROR_NOT_PERMITTED and does nothing. One line with the answers
+ * (the same with and without the shim); then both blocks must still be
+ * the program's: the device block is written, not handed out again by an
+ * allocation of the same size, freed once for good (a second free is
+ * refused), and the page-locked block freed. */
+typedef struct host_fn_calls {
+  CUdeviceptr p;
+  void *h;
+  CUstream s;
+  unsigned free, free_async, host_flags, free_host, mem_info, range, attribute;
+} host_fn_calls_t;
+
+static unsigned free_block(CUdeviceptr p) {
+  return rt_free != NULL ? rt_free((void *)(uintptr_t)p) : cuMemFree(p);
+}
+
+static void calls_from_host_fn(void *arg) {
+  host_fn_calls_t *c = arg;
+  size_t free_b = 0, total = 0, size = 0, psize = 0;
+  CUdeviceptr base = 0;
+  c->free = free_block(c->p);
+  c->free_async = rt_free_async != NULL
+                      ? rt_free_async((void *)(uintptr_t)c->p, c->s)
+                      : cuMemFreeAsync(c->p, c->s);
+  unsigned int flags = 0;
+  c->host_flags = cuMemHostGetFlags(&flags, c->h);
+  c->free_host = cuMemFreeHost(c->h);
+  c->mem_info = cuMemGetInfo(&free_b, &total);
+  c->range = cuMemGetAddressRange(&base, &size, c->p);
+  c->attribute =
+      cuPointerGetAttribute(&psize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, c->p);
+}
+
+static int host_fn(void) {
+  host_fn_calls_t c = {0};
+  CUdeviceptr q;
+  MP_TRY(cuStreamCreate(&c.s, CU_STREAM_NON_BLOCKING));
+  MP_TRY(cuMemAllocHost(&c.h, 4096));
+  if (rt_malloc != NULL) {
+    void *d = NULL;
+    if (rt_malloc(&d, MP_BYTES) != 0) {
+      puts("cudaMalloc failed");
+      return 1;
+    }
+    c.p = (CUdeviceptr)(uintptr_t)d;
+  } else {
+    MP_TRY(cuMemAlloc(&c.p, MP_BYTES));
+  }
+  MP_TRY(cuLaunchHostFunc(c.s, calls_from_host_fn, &c));
+  MP_TRY(cuStreamSynchronize(c.s));
+  printf("free %u, free_async %u, host_flags %u, free_host %u, mem_info %u, "
+         "range %u, attribute %u\n",
+         c.free, c.free_async, c.host_flags, c.free_host, c.mem_info, c.range,
+         c.attribute);
+  MP_TRY(cuMemsetD8(c.p, 5, MP_BYTES));
+  MP_TRY(cuMemAlloc(&q, MP_BYTES));
+  if (q == c.p) {
+    puts("the block the host function failed to free was handed out again");
+    return 1;
+  }
+  MP_TRY(cuMemFree(q));
+  unsigned last = free_block(c.p);
+  unsigned again = free_block(c.p);
+  printf("free after %u, again %s\n", last, again != 0 ? "refused" : "0");
+  MP_TRY(cuMemFreeHost(c.h));
+  MP_TRY(cuStreamDestroy(c.s));
+  MP_TRY(cuCtxSynchronize());
+  return 0;
+}
+
 /* free_modes / alloc_modes with "rt LIB": the runtime's calls, from LIB
  * (the real libcudart.so on a GPU, stand_runtime.c on the fake), loaded
  * before any of them is made, in the global scope as a program linked
@@ -863,6 +944,8 @@ static int runtime_modes(const char *mode, const char *lib) {
     return refused_free();
   if (strcmp(mode, "cross_device") == 0)
     return cross_device();
+  if (strcmp(mode, "host_fn") == 0)
+    return host_fn();
   return free_modes(strcmp(mode, "alloc_modes") == 0);
 }
 
@@ -928,6 +1011,8 @@ int main(int argc, char **argv) {
     return trace_threads();
   if (argc > 1 && strcmp(argv[1], "refused_free") == 0)
     return refused_free();
+  if (argc > 1 && strcmp(argv[1], "host_fn") == 0)
+    return host_fn();
   if (argc > 1 && strcmp(argv[1], "calls_in_capture") == 0) {
     const char *how = argc > 2 ? argv[2] : "";
     bool to_graph = strstr(how, "to_graph") == how;

@@ -314,3 +314,54 @@ Test(preload_rules,
 Test(preload_rules, under_the_shim_calls_in_a_capture_begun_by_v1_are_refused) {
   rules_ok("LD_PRELOAD=" MP_SHIM, NULL, "calls_in_capture", "v1");
 }
+
+/* A host function (cuLaunchHostFunc) "must not make any CUDA API calls"
+ * (cuda.h, cuLaunchHostFunc, cuStreamAddCallback): the driver refuses a
+ * cuMemFree, cuMemFreeAsync or cuMemFreeHost made from one with
+ * CUDA_ERROR_NOT_PERMITTED (800) and the memory stays the program's. The
+ * shim served the pool's blocks without a driver call and freed them; it
+ * must refuse them as the driver does, and answer the range queries as
+ * the driver does there, the same lines with and without it. */
+Test(preload_rules, under_the_shim_calls_from_a_host_function_are_refused) {
+  answers_as_without_the_shim("host_fn", NULL,
+                              "free 800, free_async 800, host_flags 800, "
+                              "free_host 800, "
+                              "mem_info 800, range 800, attribute 800\n"
+                              "free after 0, again refused\n");
+}
+
+/* The same for the runtime's cudaFree and cudaFreeAsync (the stand-in
+ * runtime over the fake; cudaErrorNotPermitted is 800 too,
+ * driver_types.h). */
+Test(preload_rules, under_the_shim_runtime_frees_from_a_host_function_refused) {
+  answers_as_without_the_shim("host_fn", MP_STAND_RUNTIME,
+                              "free 800, free_async 800, host_flags 800, "
+                              "free_host 800, "
+                              "mem_info 800, range 800, attribute 800\n"
+                              "free after 0, again refused\n");
+}
+
+/* A free refused in a host function is no free in the trace or the
+ * report: two allocations (the block and one more), two frees. */
+static void host_fn_traced(const char *rt) {
+  char dir[64], trace[128], env_trace[160];
+  scratch_dir(dir, sizeof dir);
+  snprintf(trace, sizeof trace, "%s/run.csv", dir);
+  snprintf(env_trace, sizeof env_trace, "MEMPOOL_TRACE=%s", trace);
+  const char *argv[] = {MP_RULES_PROG, "host_fn", rt ? "rt" : NULL, rt, NULL};
+  const char *env[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=cuda", env_trace,
+                       "MEMPOOL_REPORT=stderr", NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_eq(count_lines(trace, ",allocate,"), 2, "%s", r.out);
+  cr_assert_eq(count_lines(trace, ",free,"), 2, "%s", r.out);
+  cr_assert_neq(strstr(r.err, "\"allocate\": 2, "), NULL, "%s", r.err);
+  cr_assert_neq(strstr(r.err, "\"free\": 2, "), NULL, "%s", r.err);
+  unlink(trace);
+  rmdir(dir);
+}
+
+Test(preload_rules, a_free_refused_in_a_host_function_is_not_traced) {
+  host_fn_traced(NULL);
+  host_fn_traced(MP_STAND_RUNTIME);
+}

@@ -128,8 +128,12 @@ if [ -x "$rules" ]; then
   # context the program made, with the primary context current (the
   # driver's answer with the shim too, no pool made for that context).
   cudart=$(dirname "$nvcc")/../lib64/libcudart.so
+  # And frees and range queries from a host function (cuLaunchHostFunc):
+  # the driver's refusal (CUDA_ERROR_NOT_PERMITTED) for a pool block too,
+  # the block still the program's, with the driver's and the runtime's
+  # frees.
   for m in "alloc_modes" "free_modes rt $cudart" "alloc_modes rt $cudart" \
-    "other_context 0"; do
+    "other_context 0" host_fn "host_fn rt $cudart"; do
     LD_LIBRARY_PATH="$(dirname "$real")" MEMPOOL_DEVICE=cuda "$rules" \
       $m >"$work/modes.none" 2>&1 ||
       fail "rules_prog $m: $(cat "$work/modes.none")"
