@@ -234,6 +234,13 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
     pool->arenas[i].vbase = a->vseg->base;
     pool->arenas[i].vsize = a->vseg->va_size;
   }
+  /* Solo (arenas_auto=1), only arena 0 may hold blocks: the solo free
+   * looks nowhere else. An arena made beside it (the arenas' path of
+   * mp_pool_alloc_contiguous, a child pool's range, a movable block, on a
+   * thread numbered other than 0 mod N) ends solo before it is published,
+   * so that any block it holds is freed after the switch (release). */
+  if (i != 0)
+    mp__arena_unsolo(pool);
   atomic_store_explicit(&pool->arenas[i].pool, a, memory_order_release);
   mp__pool_unlock(pool);
   *out = a;

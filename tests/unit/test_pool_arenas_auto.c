@@ -292,3 +292,40 @@ Test(pool_arenas_auto, config_needs_arenas_and_history_keeps_the_arenas_path) {
   cr_assert_eq(mp_pool_free(pool, p), MP_OK);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
 }
+
+typedef struct pieces_job {
+  mp_pool_t *pool;
+  void *out[2];
+  mp_status_t st;
+} pieces_job_t;
+
+static void *do_pieces(void *arg) {
+  pieces_job_t *j = arg;
+  const size_t sizes[2] = {4096, 8192};
+  j->st = mp_pool_alloc_contiguous(j->pool, 2, sizes, NULL, j->out);
+  return NULL;
+}
+
+/* mp_pool_alloc_contiguous takes the arenas' path, and a thread numbered
+ * 1 mod N gets its pieces in an arena other than 0: a free of them from
+ * any thread finds them (the solo path looked only in arena 0: "was not
+ * allocated from this pool"). */
+Test(pool_arenas_auto, a_solo_free_finds_pieces_of_another_arena) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2,arenas_auto=1");
+  pieces_job_t j[2] = {{.pool = pool}, {.pool = pool}};
+  for (int i = 0; i < 2; i++) {
+    on_new_thread(do_pieces, &j[i]);
+    cr_assert_eq(j[i].st, MP_OK, "%s", mp_last_error());
+  }
+  int ia = arena_holding(pool, j[0].out[0]);
+  int ib = arena_holding(pool, j[1].out[0]);
+  cr_expect(ia != ib, "two threads' pieces in arenas %d and %d", ia, ib);
+  for (int i = 0; i < 2; i++)
+    for (int k = 0; k < 2; k++)
+      cr_expect_eq(mp_pool_free(pool, j[i].out[k]), MP_OK,
+                   "piece %d of thread %d (arena %d): %s", k, i,
+                   arena_holding(pool, j[i].out[k]), mp_last_error());
+  cr_expect_eq(stats(pool).allocated_bytes, 0);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+}
