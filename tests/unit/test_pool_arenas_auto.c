@@ -192,8 +192,20 @@ static int fill_mib(mp_pool_t *pool, void **p, int from, int max,
 
 /* Solo, arena 0 holds the whole cap (it asks for no share), also the cap
  * mp_pool_set_max_fraction moves. */
+/* Arena 0's share of the cap, read under its lock. */
+static size_t arena0_cap(mp_pool_t *pool) {
+  mp_pool_t *a = mp__arena_at(pool, 0);
+  mp__pool_lock(a);
+  size_t cap = a->cap;
+  mp__pool_unlock(a);
+  return cap;
+}
+
 Test(pool_arenas_auto, a_solo_pool_fills_its_whole_cap) {
   mp_pool_t *pool = make_pool(dev, "arenas=4,arenas_auto=1,max_bytes=16M");
+  /* Given at create, not asked for by an out-of-memory path. */
+  cr_expect_eq(arena0_cap(pool), 16 * MiB, "arena 0's share at create: %zu",
+               arena0_cap(pool));
   void *p[40];
   mp_status_t st = MP_OK;
   int n = fill_mib(pool, p, 0, 40, &st);
@@ -201,6 +213,8 @@ Test(pool_arenas_auto, a_solo_pool_fills_its_whole_cap) {
   cr_expect_eq(st, MP_ELIMIT, "%s", mp_last_error());
   cr_assert_eq(mp_pool_set_max_fraction(pool, 0.5), MP_OK, "%s",
                mp_last_error());
+  cr_expect_eq(arena0_cap(pool), 32 * MiB,
+               "arena 0's share after set_max_fraction: %zu", arena0_cap(pool));
   n = fill_mib(pool, p, n, 40, &st);
   cr_expect_eq(n, 32, "%d blocks of 1 MiB under a 32 MiB cap", n);
   cr_expect(solo(pool));
