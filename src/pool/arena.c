@@ -94,9 +94,11 @@
  * 0 mod N uses and the others borrow from as from any idle arena. A thread
  * that read hot just before the switch finishes its call on arena 0, as
  * the arenas' path may have it do: arena 0 is an arena like the others.
- * A free of a block of another arena can only come after that block's
- * allocation, which read hot after the switch (release / acquire), so no
- * free runs solo on a pointer arena 0 does not hold. What arena 0's plain
+ * A free of a block of another arena can only come after that arena was
+ * made, and making any arena but 0 ends solo first (the calls that take
+ * the arenas' path while solo, such as mp_pool_alloc_contiguous or a child
+ * pool's range, make the calling thread's arena), so no free runs solo on a
+ * pointer arena 0 does not hold (release / acquire). What arena 0's plain
  * path would not see in solo: the arenas' out-of-memory path (a failure
  * there goes on to it, mp__arena_solo_failed: the pool's handler), the cap's
  * shares (arena 0 holds the whole cap, also after mp_pool_set_max_fraction)
@@ -617,6 +619,8 @@ static mp_status_t mp__arena_reclaim_retry(mp_pool_t *pool, mp_pool_t *a,
 static mp_status_t mp__arena_alloc_oom(mp_pool_t *pool, mp_pool_t *a,
                                        const mp__arena_req_t *q,
                                        mp_status_t st);
+static mp_status_t mp__arena_borrow(mp_pool_t *pool, size_t mine,
+                                    const mp__arena_req_t *q, bool wait);
 static mp_status_t mp__arena_alloc_slow(mp_pool_t *pool, mp_pool_t *a,
                                         const mp__arena_req_t *q,
                                         mp_status_t st, uint64_t seen) {
@@ -642,6 +646,21 @@ static mp_status_t mp__arena_alloc_oom(mp_pool_t *pool, mp_pool_t *a,
                                        const mp__arena_req_t *q,
                                        mp_status_t st) {
   size_t bytes = q->bytes;
+  /* First the loans the miss path passed over because their lender's lock
+   * was held at that moment (mp__arena_borrow), its lock waited for now:
+   * with plain segments a cached block in a segment still partly used
+   * cannot be trimmed, and whether the request failed would depend on
+   * that moment. */
+  mp_status_t lent = mp__arena_borrow(pool, mp__arena_mine(pool), q, true);
+  if (lent != MP__EMISS) {
+    /* The request's answer is the loan's: a's failure no longer counts
+     * (as mp__arena_retry). */
+    mp__pool_lock(a);
+    if (!mp__oom_quiet && a->st.oom_count > 0)
+      a->st.oom_count--;
+    mp__pool_unlock(a);
+    return lent;
+  }
   /* More than the whole pool may hold: no reclaim would help. */
   bool is_max;
   size_t cap = mp__arena_pool_cap(pool, &is_max);
@@ -709,22 +728,27 @@ static mp_status_t mp__arena_alloc_oom(mp_pool_t *pool, mp_pool_t *a,
  * another frees what it allocated (bench_pool_handoff) borrows as before:
  * the arenas=2 row 1.244 with and without it (a rule on the lender's
  * allocations since the last loans, instead of its lock, gave 1.323 and
- * 1.583 there). Smaller requests never borrow: growth for
- * one costs at most a granule. The arenas after mine in turn, one lock at
- * a time, the block taken as it is (no growth, no wait); MP__EMISS when
- * none can. An arena learns the request's stream only when it lends (see
- * mp__pool_alloc_cached). The block stays that arena's (its range, its live
- * map): a free from any thread finds it there. */
+ * 1.583 there). The out-of-memory path (mp__arena_alloc_oom) asks again,
+ * waiting for each lender's lock, before it fails: whether a request fails
+ * must not depend on the moment (with plain segments a lender's cached
+ * block in a segment still in use cannot be trimmed). Smaller requests never
+ * borrow: growth for one costs at most a granule. The arenas after mine in
+ * turn, one lock at a time, the block taken as it is (no growth, no wait);
+ * MP__EMISS when none can. An arena learns the request's stream only when it
+ * lends (see mp__pool_alloc_cached). The block stays that arena's (its range,
+ * its live map): a free from any thread finds it there. */
 static mp_status_t mp__arena_borrow(mp_pool_t *pool, size_t mine,
-                                    const mp__arena_req_t *q) {
+                                    const mp__arena_req_t *q, bool wait) {
   size_t n = pool->cfg.arenas;
-  if (q->bytes < MP__LARGE_ROUND)
+  if (q->bytes < MP__LARGE_ROUND || q->sizes != NULL)
     return MP__EMISS;
   for (size_t k = 1; k < n; k++) {
     mp_pool_t *b = mp__arena_at(pool, mine + k < n ? mine + k : mine + k - n);
     if (b == NULL)
       continue;
-    if (!mp__pool_trylock(b))
+    if (wait)
+      mp__pool_lock(b);
+    else if (!mp__pool_trylock(b))
       continue; /* busy now */
     mp_status_t st =
         mp__free_bytes(b) >= b->st.allocated_bytes
@@ -767,7 +791,7 @@ static mp_status_t mp__arena_miss(mp_pool_t *pool, mp_pool_t *a,
   }
   /* Before a grows (or waits for its streams): a block another arena
    * caches. */
-  st = mp__arena_borrow(pool, mp__arena_mine(pool), q);
+  st = mp__arena_borrow(pool, mp__arena_mine(pool), q, false);
   if (st != MP__EMISS)
     return st;
   uint64_t seen = mp__oom_seen;

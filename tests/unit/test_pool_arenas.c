@@ -252,6 +252,70 @@ Test(pool_arenas, with_a_history_a_large_request_still_borrows) {
   borrows_what_an_idle_arena_caches("arenas=2,history=100");
 }
 
+/* A loan the miss path passes over because the lender's lock is held at
+ * that moment is still taken before the request fails. Plain segments
+ * under a 10 MiB cap: the lender's 8 MiB segment holds a live 4 MiB block
+ * (split from a freed 8 MiB one) and 4 MiB free, which no trim gives back
+ * (the segment is in use), and the 2 MiB left under the cap fit no 4 MiB
+ * segment, so without the loan the request is MP_ELIMIT. */
+typedef struct lender {
+  mp_pool_t *pool;
+  void *x, *y;
+  mp_status_t st;
+} lender_t;
+
+static void *lender_caches(void *arg) {
+  lender_t *l = arg;
+  l->st = mp_pool_alloc(l->pool, 8 * MiB, NULL, &l->x);
+  if (l->st == MP_OK)
+    l->st = mp_pool_free(l->pool, l->x);
+  if (l->st == MP_OK)
+    l->st = mp_pool_alloc(l->pool, 4 * MiB, NULL, &l->y);
+  return NULL;
+}
+
+typedef struct holder {
+  mp_pool_t *arena;
+  atomic_int held;
+} holder_t;
+
+static void *hold_for_a_while(void *arg) {
+  holder_t *h = arg;
+  mp__pool_lock(h->arena);
+  atomic_store(&h->held, 1);
+  usleep(200 * 1000);
+  mp__pool_unlock(h->arena);
+  return NULL;
+}
+
+Test(pool_arenas, a_loan_passed_over_for_a_held_lock_comes_before_failing) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2,virtual=0,max_bytes=10M");
+  lender_t l = {.pool = pool};
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, lender_caches, &l), 0);
+  pthread_join(t, NULL);
+  cr_assert_eq(l.st, MP_OK, "%s", mp_last_error());
+  int ib = arena_holding(pool, l.y);
+  cr_assert_geq(ib, 0);
+  holder_t h = {.arena = mp__arena_at(pool, (size_t)ib)};
+  atomic_init(&h.held, 0);
+  cr_assert_eq(pthread_create(&t, NULL, hold_for_a_while, &h), 0);
+  while (!atomic_load(&h.held))
+    usleep(100);
+  void *p = NULL;
+  mp_status_t st = mp_pool_alloc(pool, 4 * MiB, NULL, &p);
+  pthread_join(t, NULL);
+  cr_assert_eq(st, MP_OK, "the request failed beside a fitting loan: %s",
+               mp_last_error());
+  cr_expect_eq(arena_holding(pool, p), ib, "the block is not the loan");
+  cr_expect_eq(stats(pool).oom_count, 0,
+               "the loan's request counted a failure");
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, l.y), MP_OK);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
 /* Small requests grow their own arena (a granule at most), and an arena
  * busy with blocks of its own (less than half of it free) lends nothing:
  * threads keep to their arenas. */
