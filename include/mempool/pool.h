@@ -118,7 +118,10 @@ typedef struct mp_pool mp_pool_t;
  * (a few dozen contended takes). From then on it is a pool with arenas=N
  * ("Arenas" below), arena 0 keeping what it holds. Every other call works
  * on it as on a pool with arenas from the start. A graph pool made of it
- * also ends solo (the arenas' path routes a captured stream to it). Solo
+ * also ends solo (the arenas' path routes a captured stream to it), and so
+ * does any arena but 0 being made (mp_pool_alloc_contiguous,
+ * mp_pool_alloc_movable or a child pool's range from a thread whose arena
+ * is another: the solo free looks in arena 0 only). Solo
  * does not start with history=N or a release threshold (their pools take
  * no plain path anyway). Off by default. */
 #define MP_POOL_ARENAS_AUTO 0x20u
@@ -194,8 +197,9 @@ typedef struct mp_pool_config {
  * k counting the threads that ever used one. Fragmentation is that of a
  * pool per thread, but for large requests (2 MiB and up): before its arena
  * grows for one, a thread takes a fitting block that an idle arena (at
- * least half of what it reserved free) caches, so memory one thread freed
- * serves another thread's next large request; the block stays in the
+ * least half of what it reserved free, its lock free at that moment; an
+ * allocation about to fail asks again, waiting) caches, so memory one thread
+ * freed serves another thread's next large request; the block stays in the
  * arena that holds it. With arenas_auto=1 (MP_POOL_ARENAS_AUTO) arena 0
  * is made at create and serves every thread through the path of a pool
  * without arenas until threads contend for its lock; then the pool works
