@@ -398,6 +398,12 @@ mp__curesult cuIpcGetMemHandle(mp__cuipcmemhandle *pHandle, mp__cuptr dptr) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   mp__pl_block_t b;
   bool pool = mp__pl_table_find_pool((uintptr_t)dptr, &b);
+  bool freed = !pool && mp__pl_freed_in_pool(dptr);
+  /* Answered below without the driver, which refuses it in a host
+   * function (mp__pl_calls_refused): so is it here. */
+  if (((pool && !mp__pl_starts_allocation(&b)) || freed) &&
+      mp__pl_calls_refused())
+    return MP__CU_NOT_PERMITTED;
   if (pool && !mp__pl_starts_allocation(&b)) {
     MP__PL_SAY("cuIpcGetMemHandle(%p) refused: the pool block at %p (%zu "
                "bytes) does not start the device allocation holding it, so "
@@ -411,7 +417,7 @@ mp__curesult cuIpcGetMemHandle(mp__cuipcmemhandle *pHandle, mp__cuptr dptr) {
   /* A freed block is no "existing device memory allocation" (cuda.h): the
    * driver's refusal for such a pointer, not a handle of the segment that
    * the pool hands out again. */
-  if (!pool && mp__pl_freed_in_pool(dptr))
+  if (freed)
     return MP__CU_INVALID_VALUE;
   if (rc->cuIpcGetMemHandle == NULL)
     return MP__CU_NOT_INITIALIZED;

@@ -833,7 +833,8 @@ static int trace_threads(void) {
  * "rt LIB", the runtime's cudaFree and cudaFreeAsync), for a
  * cuMemHostGetFlags and a cuMemFreeHost of a page-locked block, and for
  * cuMemGetInfo,
- * cuMemGetAddressRange and cuPointerGetAttribute of the device block.
+ * cuMemGetAddressRange, cuPointerGetAttribute and cuIpcGetMemHandle of the
+ * device block.
  * cuda.h (cuLaunchHostFunc, cuStreamAddCallback): "The host function must
  * not make any CUDA API calls"; the driver answers such a call with
  * CUDA_ERROR_NOT_PERMITTED and does nothing. One line with the answers
@@ -845,7 +846,8 @@ typedef struct host_fn_calls {
   CUdeviceptr p;
   void *h;
   CUstream s;
-  unsigned free, free_async, host_flags, free_host, mem_info, range, attribute;
+  unsigned free, free_async, host_flags, free_host, mem_info, range, attribute,
+      ipc;
 } host_fn_calls_t;
 
 static unsigned free_block(CUdeviceptr p) {
@@ -867,6 +869,8 @@ static void calls_from_host_fn(void *arg) {
   c->range = cuMemGetAddressRange(&base, &size, c->p);
   c->attribute =
       cuPointerGetAttribute(&psize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, c->p);
+  CUipcMemHandle ipc;
+  c->ipc = cuIpcGetMemHandle(&ipc, c->p);
 }
 
 static int host_fn(void) {
@@ -887,9 +891,9 @@ static int host_fn(void) {
   MP_TRY(cuLaunchHostFunc(c.s, calls_from_host_fn, &c));
   MP_TRY(cuStreamSynchronize(c.s));
   printf("free %u, free_async %u, host_flags %u, free_host %u, mem_info %u, "
-         "range %u, attribute %u\n",
+         "range %u, attribute %u, ipc %u\n",
          c.free, c.free_async, c.host_flags, c.free_host, c.mem_info, c.range,
-         c.attribute);
+         c.attribute, c.ipc);
   MP_TRY(cuMemsetD8(c.p, 5, MP_BYTES));
   MP_TRY(cuMemAlloc(&q, MP_BYTES));
   if (q == c.p) {

@@ -323,22 +323,24 @@ Test(preload_rules, under_the_shim_calls_in_a_capture_begun_by_v1_are_refused) {
  * must refuse them as the driver does, and answer the range queries as
  * the driver does there, the same lines with and without it. */
 Test(preload_rules, under_the_shim_calls_from_a_host_function_are_refused) {
-  answers_as_without_the_shim("host_fn", NULL,
-                              "free 800, free_async 800, host_flags 800, "
-                              "free_host 800, "
-                              "mem_info 800, range 800, attribute 800\n"
-                              "free after 0, again refused\n");
+  answers_as_without_the_shim(
+      "host_fn", NULL,
+      "free 800, free_async 800, host_flags 800, "
+      "free_host 800, "
+      "mem_info 800, range 800, attribute 800, ipc 800\n"
+      "free after 0, again refused\n");
 }
 
 /* The same for the runtime's cudaFree and cudaFreeAsync (the stand-in
  * runtime over the fake; cudaErrorNotPermitted is 800 too,
  * driver_types.h). */
 Test(preload_rules, under_the_shim_runtime_frees_from_a_host_function_refused) {
-  answers_as_without_the_shim("host_fn", MP_STAND_RUNTIME,
-                              "free 800, free_async 800, host_flags 800, "
-                              "free_host 800, "
-                              "mem_info 800, range 800, attribute 800\n"
-                              "free after 0, again refused\n");
+  answers_as_without_the_shim(
+      "host_fn", MP_STAND_RUNTIME,
+      "free 800, free_async 800, host_flags 800, "
+      "free_host 800, "
+      "mem_info 800, range 800, attribute 800, ipc 800\n"
+      "free after 0, again refused\n");
 }
 
 /* A free refused in a host function is no free in the trace or the
