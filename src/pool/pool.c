@@ -533,6 +533,9 @@ mp_device_t *mp_pool_device(const mp_pool_t *pool) {
 
 static mp_status_t mp__pool_alloc_rare(mp_pool_t *pool, size_t bytes,
                                        mp_stream_t s, void **out, void *ra);
+static mp_status_t mp__pool_alloc_failed(mp_pool_t *pool, size_t bytes,
+                                         mp_stream_t s, void **out,
+                                         mp_status_t st);
 
 /* The rest of mp__arena_alloc after arena a's cache answered st (a miss,
  * or MP__EOFF: its cache is off): a stream routed to a graph pool
@@ -613,10 +616,8 @@ static MP__COLD mp_status_t mp__pool_alloc_rare(mp_pool_t *pool, size_t bytes,
   bool graph = pool->graph;
   bool outer = graph && mp__graph_enter(pool);
   mp_status_t st = mp__pool_alloc_locked_hot(pool, bytes, s, out, false);
-  if (st != MP_OK && pool->arena) { /* solo (arena.c): never a graph pool */
-    mp__pool_unlock(pool);
-    return mp__arena_solo_failed(pool, bytes, s, out, st);
-  }
+  if (st != MP_OK && !graph) /* the plain path's failure, solo's too */
+    return mp__pool_alloc_failed(pool, bytes, s, out, st);
   if (st != MP_OK && mp__pool_oom_retry(pool, st, bytes))
     st = mp__pool_alloc_locked(pool, bytes, s, out);
   bool last = graph && mp__graph_leave(pool, outer);
