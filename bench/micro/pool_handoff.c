@@ -4,9 +4,11 @@
  * allocates the activations, then thread B (backward) frees them in
  * reverse order, allocating a gradient before each free, and frees the
  * gradients at the end of the step. Peak reserved / peak live for one pool
- * shared by the two threads, without arenas and with arenas=2 (each thread
+ * shared by the two threads, without arenas, with arenas=2 (each thread
  * its own arena: without borrowing, B's arena grows to hold everything B
- * allocates while F's arena keeps the activations' memory cached).
+ * allocates while F's arena keeps the activations' memory cached), and
+ * with arenas=2,arenas_auto=1 (the threads take turns, never contending:
+ * the pool stays solo on F's arena).
  *
  *   bench_pool_handoff [steps=40] [blocks=48] [device=host:capacity=64G]
  *
@@ -162,7 +164,8 @@ int main(int argc, char **argv) {
          p.blocks, p.blocks);
   printf("%-22s %12s %14s %10s %8s\n", "pool", "peak live MiB",
          "peak reserved MiB", "ratio", "dev allocs");
-  int bad = run_row(dev, &p, "") | run_row(dev, &p, "arenas=2");
+  int bad = run_row(dev, &p, "") | run_row(dev, &p, "arenas=2") |
+            run_row(dev, &p, "arenas=2,arenas_auto=1");
   mp_device_close(dev);
   free(p.act);
   free(p.grad);

@@ -111,19 +111,21 @@ typedef struct mp_pool mp_pool_t;
  * pool of plain segments could never pause). Off by default. */
 #define MP_POOL_PAUSABLE 0x10u
 /* Arenas on contention (option arenas_auto=1, with arenas=N, N at least 2):
- * the pool starts solo, its arena 0 made at create and used by every
- * thread as a pool without arenas is (no thread-local lookup, no arena
- * table: the instructions of a pool without arenas), and switches to
- * per-thread arenas for good once threads contend for that arena's lock
- * (a few dozen contended takes). From then on it is a pool with arenas=N
- * ("Arenas" below), arena 0 keeping what it holds. Every other call works
- * on it as on a pool with arenas from the start. A graph pool made of it
- * also ends solo (the arenas' path routes a captured stream to it), and so
- * does any arena but 0 being made (mp_pool_alloc_contiguous,
- * mp_pool_alloc_movable or a child pool's range from a thread whose arena
- * is another: the solo free looks in arena 0 only). Solo
- * does not start with history=N or a release threshold (their pools take
- * no plain path anyway). Off by default. */
+ * the pool runs solo on its first arena, the one the first allocation
+ * makes for its thread, which every thread then uses as a pool without
+ * arenas is used (no thread-local lookup, no arena table: the instructions
+ * of a pool without arenas); it switches to per-thread arenas for good
+ * once threads contend for that arena's lock (a few dozen contended
+ * takes). From then on it is a pool with arenas=N ("Arenas" below), and
+ * the first thread keeps its arena with what it holds. Every other call
+ * works on it as on a pool with arenas from the start. A graph pool made
+ * of it also ends solo, or keeps it from starting (the arenas' path routes
+ * a captured stream to it), and so does any other arena being made
+ * (another thread's first allocation before solo began,
+ * mp_pool_alloc_contiguous, mp_pool_alloc_movable or a child pool's range
+ * from a thread whose arena is another: the solo free looks in the solo
+ * arena only). Solo does not start with history=N or a release threshold
+ * (their pools take no plain path anyway). Off by default. */
 #define MP_POOL_ARENAS_AUTO 0x20u
 
 typedef struct mp_pool_config {
@@ -200,10 +202,11 @@ typedef struct mp_pool_config {
  * least half of what it reserved free, its lock free at that moment; an
  * allocation about to fail asks again, waiting) caches, so memory one thread
  * freed serves another thread's next large request; the block stays in the
- * arena that holds it. With arenas_auto=1 (MP_POOL_ARENAS_AUTO) arena 0
- * is made at create and serves every thread through the path of a pool
- * without arenas until threads contend for its lock; then the pool works
- * as below for good. What works on the pool as a whole:
+ * arena that holds it. With arenas_auto=1 (MP_POOL_ARENAS_AUTO) the
+ * first arena made (the first allocating thread's) serves every thread
+ * through the path of a pool without arenas until threads contend for its
+ * lock; then the pool works as below for good. What works on the pool as a
+ * whole:
  *  - mp_pool_alloc, mp_pool_free, mp_pool_free_async,
  *    mp_pool_free_after_all, mp_pool_record_stream: from any thread; a
  *    free goes to the arena that holds the pointer. free_after_all waits

@@ -74,7 +74,8 @@ print(before, mempool.default_pool_stats()["reserved_bytes.all.current"])
 
 # With per-thread arenas too: the fraction was refused there (and the C
 # hook ignores a refusal), so the cap silently did nothing. With
-# arenas_auto=1 the pool runs solo on arena 0, which takes the whole new cap.
+# arenas_auto=1 the pool runs solo on its first arena, which takes the whole
+# cap.
 @pytest.mark.parametrize("conf", [None, "arenas=2", "arenas=2,arenas_auto=1"])
 def test_set_memory_fraction_caps_the_default_pool(conf):
     r = _run(_MALLOC + """

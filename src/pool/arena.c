@@ -82,29 +82,38 @@
  * Solo (arenas_auto=1): the arenas' path costs a pair some 50 instructions
  * more than a pool without arenas (the thread-local arena number, the
  * table, the free's range check, one more frame), which a program with one
- * allocating thread pays for nothing. So such a pool makes arena 0 at
- * create and points pool->hot at it: mp_pool_alloc and mp_pool_free read
- * hot (one load, which a pool without arenas pays too: its hot is itself)
- * and run their plain path on arena 0, from any thread, under arena 0's
- * lock. Every other call takes the arenas' path, which finds arena 0 there
- * too. When threads contend for arena 0's lock (mp__pool_lock_wait counts
- * the contended takes: MP__SOLO_WAITS of them), hot becomes the pool and
- * stays so: from then on every thread takes the arenas' path and its own
- * arena, and arena 0 keeps its blocks and cache, which a thread numbered
- * 0 mod N uses and the others borrow from as from any idle arena. A thread
- * that read hot just before the switch finishes its call on arena 0, as
- * the arenas' path may have it do: arena 0 is an arena like the others.
- * A free of a block of another arena can only come after that arena was
- * made, and making any arena but 0 ends solo first (the calls that take
- * the arenas' path while solo, such as mp_pool_alloc_contiguous or a child
- * pool's range, make the calling thread's arena), so no free runs solo on a
- * pointer arena 0 does not hold (release / acquire). What arena 0's plain
- * path would not see in solo: the arenas' out-of-memory path (a failure
- * there goes on to it, mp__arena_solo_failed: the pool's handler), the cap's
- * shares (arena 0 holds the whole cap, also after mp_pool_set_max_fraction)
- * and a stream routed to a graph pool (a graph pool made of the pool ends
- * solo first). A pause needs nothing: it holds arena 0's growth and pauses
- * it as any arena, and arena 0's own paused flag refuses its plain path. */
+ * allocating thread pays for nothing. So in such a pool the first arena
+ * made (by the first allocation, on the calling thread's arena) runs solo:
+ * pool->hot points at it, and mp_pool_alloc and mp_pool_free read hot (one
+ * load, which a pool without arenas pays too: its hot is itself) and run
+ * their plain path on that arena, from any thread, under its lock. Every
+ * other call takes the arenas' path, which finds the solo arena there too
+ * for the thread that made it. When threads contend for the solo arena's
+ * lock (mp__pool_lock_wait counts the contended takes: MP__SOLO_WAITS of
+ * them), hot becomes the pool and stays so: from then on every thread takes
+ * the arenas' path and its own arena. The solo arena keeps its blocks and
+ * cache for the thread that made it, usually the one that allocates most;
+ * the others borrow from it as from any idle arena. (Arena 0 ran solo
+ * before 2026-12-01, whichever thread came first: where no thread was
+ * numbered 0 mod N, as for worker threads started after others had used
+ * arenas, every thread's large requests borrowed from it after the switch
+ * and freed back into it, under its lock: 1 443 to 10 686 loans in 300 000
+ * pairs a thread against 5 to 8 for arenas=8, bench_pool_threads.) A
+ * thread that read hot just before the switch finishes its call on the
+ * solo arena, as the arenas' path may have it do: it is an arena like the
+ * others. A free of a block of another arena can only come after that
+ * arena was made, and making any other arena ends solo first (another
+ * thread's first allocation on the arenas' path, or the calls that take
+ * that path while solo, such as mp_pool_alloc_contiguous or a child pool's
+ * range), so no free runs solo on a pointer the solo arena does not hold
+ * (release / acquire). What the solo arena's plain path would not see:
+ * the arenas' out-of-memory path (a failure there goes on to it,
+ * mp__arena_solo_failed: the pool's handler), the cap's shares (the solo
+ * arena holds the whole cap, also after mp_pool_set_max_fraction) and a
+ * stream routed to a graph pool (a graph pool made of the pool ends solo,
+ * or keeps it from starting). A pause needs nothing: it holds the solo
+ * arena's growth and pauses it as any arena, and the arena's own paused
+ * flag refuses its plain path. */
 #include <stdlib.h>
 
 #include "pool_internal.h"
@@ -122,24 +131,13 @@ static void mp__arena_number(void) {
 static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out);
 static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all);
 
-/* arenas_auto=1: arena 0 made, holding the whole cap, and the pool solo
- * (the opening comment). Not with a history (each arena's ring, and the
- * stacks' caller, come from the arenas' path) or a release threshold (split
- * among the arenas): their pools take no plain path anyway. */
-static mp_status_t mp__arena_solo_start(mp_pool_t *pool) {
-  if (!(pool->cfg.flags & MP_POOL_ARENAS_AUTO) || pool->cfg.history != 0 ||
-      pool->cfg.release_threshold != 0)
-    return MP_OK;
-  mp_pool_t *a;
-  mp_status_t st = mp__arena_make(pool, 0, &a);
-  if (st != MP_OK)
-    return st;
-  mp__pool_lock(pool);
-  mp__arena_share(pool, a, true);
-  atomic_store_explicit(&a->solo_of, pool, memory_order_relaxed);
-  atomic_store_explicit(&pool->hot, a, memory_order_release);
-  mp__pool_unlock(pool);
-  return MP_OK;
+/* arenas_auto=1: the first arena made runs solo (the opening comment).
+ * Not with a history (each arena's ring, and the stacks' caller, come from
+ * the arenas' path) or a release threshold (split among the arenas): their
+ * pools take no plain path anyway. */
+static void mp__arena_solo_start(mp_pool_t *pool) {
+  pool->solo_next = (pool->cfg.flags & MP_POOL_ARENAS_AUTO) &&
+                    pool->cfg.history == 0 && pool->cfg.release_threshold == 0;
 }
 
 mp_status_t mp__arenas_init(mp_pool_t *pool) {
@@ -149,12 +147,8 @@ mp_status_t mp__arenas_init(mp_pool_t *pool) {
                     pool->cfg.arenas);
   for (size_t i = 0; i < pool->cfg.arenas; i++)
     atomic_init(&pool->arenas[i].pool, NULL);
-  mp_status_t st = mp__arena_solo_start(pool);
-  if (st != MP_OK) {
-    free(pool->arenas);
-    pool->arenas = NULL;
-  }
-  return st;
+  mp__arena_solo_start(pool);
+  return MP_OK;
 }
 
 /* No lock held: arena i made (its virtual range reserved, the streams
@@ -236,14 +230,23 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
     pool->arenas[i].vbase = a->vseg->base;
     pool->arenas[i].vsize = a->vseg->va_size;
   }
-  /* Solo (arenas_auto=1), only arena 0 may hold blocks: the solo free
-   * looks nowhere else. An arena made beside it (the arenas' path of
-   * mp_pool_alloc_contiguous, a child pool's range, a movable block, on a
-   * thread numbered other than 0 mod N) ends solo before it is published,
-   * so that any block it holds is freed after the switch (release). */
-  if (i != 0)
+  /* Solo (arenas_auto=1), only the solo arena may hold blocks: the solo
+   * free looks nowhere else. An arena made beside it (another thread's
+   * first allocation, the arenas' path of mp_pool_alloc_contiguous, a
+   * child pool's range, a movable block) ends solo before it is
+   * published, so that any block it holds is freed after the switch
+   * (release). The first arena made runs solo: published before hot
+   * points at it, so that the arenas' path finds it once solo ends. */
+  bool solo = pool->solo_next;
+  pool->solo_next = false;
+  if (!solo)
     mp__arena_unsolo(pool);
   atomic_store_explicit(&pool->arenas[i].pool, a, memory_order_release);
+  if (solo) {
+    mp__arena_share(pool, a, true);
+    atomic_store_explicit(&a->solo_of, pool, memory_order_relaxed);
+    atomic_store_explicit(&pool->hot, a, memory_order_release);
+  }
   mp__pool_unlock(pool);
   *out = a;
   return MP_OK;
@@ -292,8 +295,8 @@ void mp__arena_recap(mp_pool_t *pool) {
     mp__pool_unlock(a);
   }
   atomic_fetch_add_explicit(&pool->share_seq, 1, memory_order_acq_rel);
-  /* Solo, arena 0 asks for no share (its plain path does not): it takes
-   * the whole new cap at once. */
+  /* Solo, the solo arena asks for no share (its plain path does not): it
+   * takes the whole new cap at once. */
   mp_pool_t *solo = mp__pool_hot(pool);
   if (solo != pool)
     mp__arena_share(pool, solo, true);
@@ -719,13 +722,13 @@ static mp_status_t mp__arena_alloc_oom(mp_pool_t *pool, mp_pool_t *a,
  * busy with blocks of their own keep to their arenas, and taking each
  * other's blocks would bring back the shared lock's traffic (two threads
  * doing pairs ran at 0.9x one thread when every arena lent). The lock test
- * is for an arena with much free memory whose own thread is at work: arena
- * 0 of a pool that left solo (arenas_auto=1) holds what every thread freed
- * before, and two threads doing pairs ran at 0.98x one thread with one of
- * them taking its large blocks from the other's arena, waiting for its
- * lock; 1.58x with the test (bench_pool_threads, medians of nine; arenas=8
- * 1.87x and 1.78x in the same runs). A thread that allocates while
- * another frees what it allocated (bench_pool_handoff) borrows as before:
+ * is for an arena with much free memory whose own thread is at work: the
+ * solo arena of a pool that left solo (arenas_auto=1) holds what every
+ * thread freed before, and two threads doing pairs ran at 0.98x one
+ * thread with one of them taking its large blocks from the other's arena,
+ * waiting for its lock; 1.58x with the test (bench_pool_threads, medians of
+ * nine; arenas=8 1.87x and 1.78x in the same runs). A thread that allocates
+ * while another frees what it allocated (bench_pool_handoff) borrows as before:
  * the arenas=2 row 1.244 with and without it (a rule on the lender's
  * allocations since the last loans, instead of its lock, gave 1.323 and
  * 1.583 there). The out-of-memory path (mp__arena_alloc_oom) asks again,

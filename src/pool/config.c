@@ -82,9 +82,9 @@ static const mp__conf_key_t mp__conf_keys[] = {
      "per-thread arenas: each thread allocates from one of N private "
      "sub-pools; 0: none (see pool.h, Arenas)"},
     MP__FLAG_KEY("arenas_auto", MP_POOL_ARENAS_AUTO,
-                 "start solo on arena 0 (a plain pool's path) and switch to "
-                 "per-thread arenas when threads contend (needs arenas=N, "
-                 "N at least 2)"),
+                 "start solo on the first allocating thread's arena (a plain "
+                 "pool's path) and switch to per-thread arenas when threads "
+                 "contend (needs arenas=N, N at least 2)"),
     MP__SIZE_KEY(map_piece, false,
                  "largest device mapping a growth makes (rounded up to the "
                  "granule): memory goes back in pieces this size, for more "

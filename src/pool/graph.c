@@ -99,11 +99,11 @@ mp_status_t mp__graph_create(mp_pool_t *parent, mp__upstream_t upstream,
   if (parent->parent != NULL)
     return mp__fail(MP_EINVAL, "mp_pool_graph_create: the parent is a %s pool",
                     parent->graph ? "graph" : "child");
-  /* A stream it routes must reach the arenas' path (arena.c, "Solo"). */
-  if (parent->arenas != NULL)
-    mp__arena_unsolo(parent);
   /* Under the lock: mp_pool_set_max_fraction changes it. */
   mp__pool_lock(parent);
+  /* A stream it routes must reach the arenas' path (arena.c, "Solo"). */
+  if (parent->arenas != NULL)
+    mp__arena_solo_never(parent);
   mp_pool_config_t cfg = parent->cfg;
   mp__pool_unlock(parent);
   /* Ranges borrowed from the parent are plain segments of the graph pool;
@@ -219,8 +219,11 @@ mp_status_t mp__graph_begin_owned(mp_pool_t *parent, mp_pool_t *graph,
   mp_status_t st = mp__graph_check(parent, graph, "mp_pool_graph_begin");
   if (st != MP_OK)
     return st;
-  if (parent->arenas != NULL) /* its create did; kept beside the route */
-    mp__arena_unsolo(parent);
+  if (parent->arenas != NULL) { /* its create did; kept beside the route */
+    mp__pool_lock(parent);
+    mp__arena_solo_never(parent);
+    mp__pool_unlock(parent);
+  }
   /* The graph side first: a released pool refuses, and the slot is marked
    * before any allocation can be routed to it. */
   mp__pool_lock(graph);

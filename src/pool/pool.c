@@ -627,7 +627,7 @@ static MP__COLD mp_status_t mp__pool_alloc_rare(mp_pool_t *pool, size_t bytes,
 }
 
 /* mp_pool_alloc's plain path after its take failed with st, locked:
- * the out-of-memory handler and a retry, or on arena 0 of a solo pool
+ * the out-of-memory handler and a retry, or on the solo arena of a pool
  * (arena.c) the arenas' out-of-memory path. Unlocks. */
 static MP__COLD mp_status_t mp__pool_alloc_failed(mp_pool_t *pool, size_t bytes,
                                                   mp_stream_t s, void **out,
@@ -651,7 +651,7 @@ mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
     *out = NULL;
     return MP_OK;
   }
-  /* Solo (arenas_auto=1, arena.c): arena 0, its plain path. */
+  /* Solo (arenas_auto=1, arena.c): the solo arena, its plain path. */
   pool = mp__pool_hot(pool);
   if (MP__UNLIKELY(pool->arenas != NULL))
     return mp__arena_alloc(pool, bytes, s, out, __builtin_return_address(0));
@@ -863,7 +863,7 @@ static MP__HOT mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
       MP__HIST_ENTRY(pool);
     return MP_OK;
   }
-  pool = mp__pool_hot(pool); /* solo: arena 0 (arena.c) */
+  pool = mp__pool_hot(pool); /* solo: the solo arena (arena.c) */
   if (MP__UNLIKELY(pool->arenas != NULL))
     pool = mp__arena_free_pool(pool, ptr);
   mp__pool_lock(pool);

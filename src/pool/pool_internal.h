@@ -358,9 +358,10 @@ struct mp_pool {
   _Atomic uint32_t lock;
   _Atomic uint32_t lock_seq;
   /* The pool mp_pool_alloc and mp_pool_free work on: the pool itself, or
-   * while a pool made with arenas_auto=1 runs solo, its arena 0, used as
-   * a plain pool (arena.c, "Solo"). Read without the lock (acquire);
-   * changes once, from arena 0 to the pool (release). */
+   * while a pool made with arenas_auto=1 runs solo, its solo arena (the
+   * first one made), used as a plain pool (arena.c, "Solo"). Read without
+   * the lock (acquire); changes at most twice, from the pool to the solo
+   * arena and back (release). */
   _Atomic(mp_pool_t *) hot;
 #if MP__LOCK_OWNER
   pthread_t lock_owner; /* MP_DEBUG: the thread holding lock, if owned */
@@ -425,12 +426,15 @@ struct mp_pool {
   /* One of a pool's arenas (arena.c): its out-of-memory failures are not
    * final (the arenas' path retries), so they are no history events. */
   bool arena;
-  /* Arena 0 of a pool made with arenas_auto=1 while that pool runs solo
-   * (its hot is this arena): the pool; NULL otherwise, and once contention
-   * on this arena's lock ended solo (arena.c, "Solo"). solo_waits counts
-   * those contended takes. Read without a lock. */
+  /* The solo arena of a pool made with arenas_auto=1 while that pool runs
+   * solo (its hot is this arena): the pool; NULL otherwise, and once
+   * contention on this arena's lock ended solo (arena.c, "Solo").
+   * solo_waits counts those contended takes. Read without a lock. */
   _Atomic(mp_pool_t *) solo_of;
   _Atomic uint32_t solo_waits;
+  /* A pool made with arenas_auto=1 whose first arena, not yet made, is to
+   * run solo (arena.c, "Solo"). Under the pool's lock. */
+  bool solo_next;
   mp_pool_t *arena_of; /* an arena: its pool (set once, at its make) */
   size_t granule;      /* virtual memory granule; 0: plain segments */
 
@@ -706,17 +710,18 @@ static inline mp_pool_t *mp__arena_at(const mp_pool_t *pool, size_t i) {
   return atomic_load_explicit(&pool->arenas[i].pool, memory_order_acquire);
 }
 /* At create: the table of cfg.arenas empty arenas; with arenas_auto=1
- * (and no history or release threshold), arena 0 made and the pool solo. */
+ * (and no history or release threshold), the first arena made runs solo
+ * (solo_next). */
 mp_status_t mp__arenas_init(mp_pool_t *pool);
 /* The pool mp_pool_alloc and mp_pool_free work on (pool->hot). */
 static inline mp_pool_t *mp__pool_hot(mp_pool_t *pool) {
   return atomic_load_explicit(&pool->hot, memory_order_acquire);
 }
 /* Ends solo for good (no lock needed; any thread, more than once): every
- * call then takes the arenas' path. Before any change that path sees and
- * the plain path of arena 0 would not (a stream routed to a graph pool).
- * Inline, as the next: lock.c and graph.c call them, and arena.c calls
- * theirs (src/pool's files call in one direction, cmake/layers.py). */
+ * call then takes the arenas' path. Once solo ran (or under the pool's
+ * lock: mp__arena_solo_never). Inline, as the next ones: lock.c and
+ * graph.c call them, and arena.c calls theirs (src/pool's files call in
+ * one direction, cmake/layers.py). */
 static inline void mp__arena_unsolo(mp_pool_t *pool) {
   mp_pool_t *a = mp__pool_hot(pool);
   if (a == pool)
@@ -724,7 +729,16 @@ static inline void mp__arena_unsolo(mp_pool_t *pool) {
   atomic_store_explicit(&a->solo_of, NULL, memory_order_release);
   atomic_store_explicit(&pool->hot, pool, memory_order_release);
 }
-/* Contended takes of arena 0's lock that end solo. A take is contended
+/* Ends solo, or keeps it from starting, before any change that the
+ * arenas' path sees and the solo arena's plain path would not (a stream
+ * routed to a graph pool). Under the pool's lock, which the make of the
+ * solo arena holds. */
+static inline void mp__arena_solo_never(mp_pool_t *pool) {
+  MP__ASSERT_LOCKED(pool);
+  pool->solo_next = false;
+  mp__arena_unsolo(pool);
+}
+/* Contended takes of the solo arena's lock that end solo. A take is contended
  * when another thread holds the lock: a thread that allocates now and then
  * beside the main one (a host function's free, a stats reader) meets it
  * rarely; two threads doing pairs meet it within microseconds. */

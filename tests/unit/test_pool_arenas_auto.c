@@ -1,8 +1,9 @@
 /* arenas_auto=1 (MP_POOL_ARENAS_AUTO, src/pool/arena.c, "Solo"): a pool
- * with arenas that runs solo on its arena 0, through the plain path of a
- * pool without arenas, until threads contend for that arena's lock, and
- * then for good on the arenas' path. White-box: it reads which pool the
- * hot path works on and which arena holds a block. */
+ * with arenas that runs solo on its first arena (the first allocating
+ * thread's), through the plain path of a pool without arenas, until
+ * threads contend for that arena's lock, and then for good on the arenas'
+ * path. White-box: it reads which pool the hot path works on and which
+ * arena holds a block. */
 #include <criterion/criterion.h>
 #include <stdatomic.h>
 
@@ -14,20 +15,41 @@
 
 MP_DEVICE_SUITE(pool_arenas_auto, "host:capacity=64M");
 
-static bool solo(mp_pool_t *pool) {
-  mp_pool_t *a0 = mp__arena_at(pool, 0);
-  return a0 != NULL && mp__pool_hot(pool) == a0;
+/* The index of the arena the pool runs solo on, or -1. */
+static int solo_at(mp_pool_t *pool) {
+  mp_pool_t *hot = mp__pool_hot(pool);
+  for (size_t i = 0; hot != pool && i < pool->cfg.arenas; i++)
+    if (mp__arena_at(pool, i) == hot)
+      return (int)i;
+  return -1;
 }
 
-Test(pool_arenas_auto, one_thread_runs_solo_on_arena_zero) {
+static bool solo(mp_pool_t *pool) {
+  return solo_at(pool) >= 0;
+}
+
+/* A thread numbered now, by its first allocation from a pool with arenas,
+ * so that the next thread to use arenas is not numbered 0 mod N. */
+static void number_a_thread(void) {
+  mp_pool_t *other = make_pool(dev, "arenas=2");
+  job_t j = {.pool = other, .bytes = 4096, .tag = 1, .count = 1};
+  cr_assert_eq(on_thread(&j, ALLOC), MP_OK, "%s", j.why);
+  cr_assert_eq(on_thread(&j, FREE), MP_OK, "%s", j.why);
+  cr_assert_eq(mp_pool_destroy(other), MP_OK, "%s", mp_last_error());
+}
+
+Test(pool_arenas_auto, one_thread_runs_solo_on_its_arena) {
   mp_pool_t *pool = make_pool(dev, "arenas=4,arenas_auto=1");
-  cr_assert(solo(pool), "a new auto pool is not solo on arena 0");
+  cr_expect(!solo(pool) && arenas_made(pool) == 0,
+            "a new auto pool made an arena before its first allocation");
   void *p[10];
   for (int i = 0; i < 10; i++) {
     cr_assert_eq(mp_pool_alloc(pool, (size_t)(i + 1) * 4096, NULL, &p[i]),
                  MP_OK, "%s", mp_last_error());
-    cr_expect_eq(arena_holding(pool, p[i]), 0, "block %d is in arena %d", i,
-                 arena_holding(pool, p[i]));
+    cr_assert(solo(pool), "the first allocation did not start solo");
+    cr_expect_eq(arena_holding(pool, p[i]), (int)mp__arena_mine(pool),
+                 "block %d is in arena %d, not the thread's %zu", i,
+                 arena_holding(pool, p[i]), mp__arena_mine(pool));
   }
   cr_expect_eq(arenas_made(pool), 1, "%zu arenas made by one thread",
                arenas_made(pool));
@@ -41,14 +63,14 @@ Test(pool_arenas_auto, one_thread_runs_solo_on_arena_zero) {
 }
 
 /* Threads that use the pool one after the other never contend: each runs
- * on arena 0, and the pool stays solo. */
+ * on the solo arena, and the pool stays solo. */
 Test(pool_arenas_auto, threads_taking_turns_stay_solo) {
   mp_pool_t *pool = make_pool(dev, "arenas=4,arenas_auto=1");
   job_t j = {.pool = pool, .bytes = 64 * 1024, .tag = 3, .count = 4};
   for (int round = 0; round < 3; round++) {
     cr_assert_eq(on_thread(&j, ALLOC), MP_OK, "%s", j.why);
     for (int i = 0; i < 4; i++)
-      cr_expect_eq(arena_holding(pool, j.ptrs[i]), 0,
+      cr_expect_eq(arena_holding(pool, j.ptrs[i]), solo_at(pool),
                    "round %d: a new thread's block is in arena %d", round,
                    arena_holding(pool, j.ptrs[i]));
     cr_assert_eq(on_thread(&j, FREE), MP_OK, "%s", j.why);
@@ -92,8 +114,8 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Two threads doing pairs contend for arena 0's lock: the pool leaves solo
- * (within 60 s, however slow the machine), threads made after that take
+/* Two threads doing pairs contend for the solo arena's lock: the pool leaves
+ * solo (within 60 s, however slow the machine), threads made after that take
  * arenas of their own, and what was allocated solo is freed from any
  * thread. */
 Test(pool_arenas_auto, contention_switches_to_per_thread_arenas) {
@@ -101,6 +123,11 @@ Test(pool_arenas_auto, contention_switches_to_per_thread_arenas) {
   _Atomic bool stop = false;
   pairs_t w[2] = {{.pool = pool, .stop = &stop}, {.pool = pool, .stop = &stop}};
   pthread_t t[2];
+  /* Solo first: the first arena made before the workers start. */
+  void *first;
+  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &first), MP_OK);
+  int at = solo_at(pool);
+  cr_assert(at >= 0, "the first allocation did not start solo");
   for (int i = 0; i < 2; i++)
     cr_assert_eq(pthread_create(&t[i], NULL, do_pairs, &w[i]), 0);
   double t0 = now_s();
@@ -126,12 +153,13 @@ Test(pool_arenas_auto, contention_switches_to_per_thread_arenas) {
   /* The blocks the workers allocated solo, from this thread. */
   for (int i = 0; i < 2; i++)
     for (int k = 0; k < 4; k++) {
-      cr_expect_eq(arena_holding(pool, w[i].kept[k]), 0);
+      cr_expect_eq(arena_holding(pool, w[i].kept[k]), at);
       cr_assert_eq(mp_pool_free(pool, w[i].kept[k]), MP_OK, "%s",
                    mp_last_error());
     }
   cr_assert_eq(mp_pool_free(pool, a.ptrs[0]), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_pool_free(pool, b.ptrs[0]), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, first), MP_OK, "%s", mp_last_error());
   check(pool);
   cr_expect_eq(stats(pool).allocated_bytes, 0);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
@@ -157,7 +185,7 @@ static int free_one(mp_pool_t *pool, size_t bytes, mp_status_t st, void *ctx) {
 }
 
 /* Solo, an allocation past the cap reaches the pool's own handler, called
- * with the pool (not its arena 0), and the retry after it succeeds. */
+ * with the pool (not its solo arena), and the retry after it succeeds. */
 Test(pool_arenas_auto, the_pools_handler_answers_a_solo_failure) {
   mp_pool_t *pool = make_pool(dev, "arenas=2,arenas_auto=1,max_bytes=8M");
   oom_seen_t o = {0};
@@ -190,11 +218,12 @@ static int fill_mib(mp_pool_t *pool, void **p, int from, int max,
   return n;
 }
 
-/* Solo, arena 0 holds the whole cap (it asks for no share), also the cap
- * mp_pool_set_max_fraction moves. */
-/* Arena 0's share of the cap, read under its lock. */
-static size_t arena0_cap(mp_pool_t *pool) {
-  mp_pool_t *a = mp__arena_at(pool, 0);
+/* Solo, the solo arena holds the whole cap (it asks for no share), also
+ * the cap mp_pool_set_max_fraction moves. */
+/* The solo arena's share of the cap, read under its lock. */
+static size_t solo_cap(mp_pool_t *pool) {
+  cr_assert(solo(pool));
+  mp_pool_t *a = mp__pool_hot(pool);
   mp__pool_lock(a);
   size_t cap = a->cap;
   mp__pool_unlock(a);
@@ -203,18 +232,21 @@ static size_t arena0_cap(mp_pool_t *pool) {
 
 Test(pool_arenas_auto, a_solo_pool_fills_its_whole_cap) {
   mp_pool_t *pool = make_pool(dev, "arenas=4,arenas_auto=1,max_bytes=16M");
-  /* Given at create, not asked for by an out-of-memory path. */
-  cr_expect_eq(arena0_cap(pool), 16 * MiB, "arena 0's share at create: %zu",
-               arena0_cap(pool));
   void *p[40];
+  cr_assert_eq(mp_pool_alloc(pool, MiB, NULL, &p[0]), MP_OK, "%s",
+               mp_last_error());
+  /* Given when it was made, not asked for by an out-of-memory path. */
+  cr_expect_eq(solo_cap(pool), 16 * MiB, "the solo arena's first share: %zu",
+               solo_cap(pool));
   mp_status_t st = MP_OK;
-  int n = fill_mib(pool, p, 0, 40, &st);
+  int n = fill_mib(pool, p, 1, 40, &st);
   cr_expect_eq(n, 16, "%d blocks of 1 MiB under a 16 MiB cap", n);
   cr_expect_eq(st, MP_ELIMIT, "%s", mp_last_error());
   cr_assert_eq(mp_pool_set_max_fraction(pool, 0.5), MP_OK, "%s",
                mp_last_error());
-  cr_expect_eq(arena0_cap(pool), 32 * MiB,
-               "arena 0's share after set_max_fraction: %zu", arena0_cap(pool));
+  cr_expect_eq(solo_cap(pool), 32 * MiB,
+               "the solo arena's share after set_max_fraction: %zu",
+               solo_cap(pool));
   n = fill_mib(pool, p, n, 40, &st);
   cr_expect_eq(n, 32, "%d blocks of 1 MiB under a 32 MiB cap", n);
   cr_expect(solo(pool));
@@ -260,8 +292,8 @@ Test(pool_arenas_auto, a_bad_free_in_solo_changes_nothing) {
   cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
 }
 
-/* Pause and resume in solo: arena 0 pauses as any arena, its plain path is
- * refused meanwhile, and the content comes back. */
+/* Pause and resume in solo: the solo arena pauses as any arena, its plain path
+ * is refused meanwhile, and the content comes back. */
 Test(pool_arenas_auto, a_solo_pool_pauses_and_resumes) {
   mp_pool_t *pool = make_pool(dev, "arenas=2,arenas_auto=1");
   void *p;
@@ -277,7 +309,7 @@ Test(pool_arenas_auto, a_solo_pool_pauses_and_resumes) {
   cr_expect_eq(first_difference(p, 3 * MiB, 0x5a), 3 * MiB);
   cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &q), MP_OK, "%s",
                mp_last_error());
-  cr_expect_eq(arena_holding(pool, q), 0);
+  cr_expect_eq(arena_holding(pool, q), solo_at(pool));
   cr_assert_eq(mp_pool_free(pool, q), MP_OK);
   cr_assert_eq(mp_pool_free(pool, p), MP_OK);
   check(pool);
@@ -300,9 +332,9 @@ Test(pool_arenas_auto, config_needs_arenas_and_history_keeps_the_arenas_path) {
               "%s: %s", bad[i], mp_last_error());
   }
   mp_pool_t *pool = make_pool(dev, "arenas=2,arenas_auto=1,history=64");
-  cr_expect(mp__pool_hot(pool) == pool, "a pool with a history runs solo");
   void *p;
   cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p), MP_OK);
+  cr_expect(mp__pool_hot(pool) == pool, "a pool with a history runs solo");
   cr_assert_eq(mp_pool_free(pool, p), MP_OK);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
 }
@@ -320,10 +352,10 @@ static void *do_pieces(void *arg) {
   return NULL;
 }
 
-/* mp_pool_alloc_contiguous takes the arenas' path, and a thread numbered
- * 1 mod N gets its pieces in an arena other than 0: a free of them from
- * any thread finds them (the solo path looked only in arena 0: "was not
- * allocated from this pool"). */
+/* mp_pool_alloc_contiguous takes the arenas' path: the first thread's
+ * pieces start solo on its arena, and a second thread gets its pieces in
+ * another arena: a free of them from any thread finds them (the solo path
+ * looked only in the solo arena: "was not allocated from this pool"). */
 Test(pool_arenas_auto, a_solo_free_finds_pieces_of_another_arena) {
   mp_pool_t *pool = make_pool(dev, "arenas=2,arenas_auto=1");
   pieces_job_t j[2] = {{.pool = pool}, {.pool = pool}};
@@ -340,6 +372,64 @@ Test(pool_arenas_auto, a_solo_free_finds_pieces_of_another_arena) {
                    "piece %d of thread %d (arena %d): %s", k, i,
                    arena_holding(pool, j[i].out[k]), mp_last_error());
   cr_expect_eq(stats(pool).allocated_bytes, 0);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+}
+
+/* The solo arena is the first allocating thread's own: after the switch
+ * that thread finds what it cached solo in its arena, with no loan and no
+ * growth. (Arena 0 ran solo before: a first thread not numbered 0 mod N
+ * then borrowed its own cache back from arena 0, or grew.) */
+Test(pool_arenas_auto, the_first_thread_keeps_its_solo_cache) {
+  number_a_thread();
+  mp_pool_t *pool = make_pool(dev, "arenas=4,arenas_auto=1");
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, 8 * MiB, NULL, &p), MP_OK, "%s",
+               mp_last_error());
+  int at = solo_at(pool);
+  cr_expect_eq(at, (int)mp__arena_mine(pool),
+               "solo on arena %d, not the first thread's arena %zu", at,
+               mp__arena_mine(pool));
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK, "%s", mp_last_error());
+  cr_assert(at >= 0);
+  mp_pool_t *a = mp__arena_at(pool, (size_t)at);
+  mp__pool_lock(a);
+  size_t reserved = a->st.reserved_bytes;
+  mp__pool_unlock(a);
+  /* Another thread's arena ends solo. */
+  pieces_job_t j = {.pool = pool};
+  on_new_thread(do_pieces, &j);
+  cr_assert_eq(j.st, MP_OK, "%s", mp_last_error());
+  cr_assert(!solo(pool), "another thread's arena left the pool solo");
+  cr_assert_eq(mp_pool_alloc(pool, 8 * MiB, NULL, &p), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(arena_holding(pool, p), (int)mp__arena_mine(pool),
+               "after the switch the first thread's block is in arena %d, "
+               "not its own %zu",
+               arena_holding(pool, p), mp__arena_mine(pool));
+  mp__pool_lock(a);
+  cr_expect_eq(a->st.reserved_bytes, reserved, "its arena grew");
+  mp__pool_unlock(a);
+  for (int k = 0; k < 2; k++)
+    cr_assert_eq(mp_pool_free(pool, j.out[k]), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK, "%s", mp_last_error());
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+}
+
+/* A graph pool made before the first allocation keeps solo from starting:
+ * its routed stream needs the arenas' path. */
+Test(pool_arenas_auto, a_graph_pool_made_first_keeps_the_pool_off_solo) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2,arenas_auto=1");
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p), MP_OK, "%s",
+               mp_last_error());
+  cr_expect(!solo(pool), "the first allocation after a graph pool ran solo");
+  cr_expect_eq(arenas_made(pool), 1);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
   check(pool);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
 }
