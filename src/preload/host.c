@@ -712,7 +712,9 @@ mp__curesult cuMemHostGetFlags(unsigned int *pFlags, void *p) {
 }
 
 /* A live block's device pointer is the driver's; a freed block has none
- * (see the top of the file). */
+ * (see the top of the file), and from a host function the driver refuses
+ * the call whatever the pointer (mp__pl_calls_refused): so does the shim
+ * where it answers itself. */
 mp__curesult cuMemHostGetDevicePointer_v2(mp__cuptr *pdptr, void *p,
                                           unsigned int Flags) {
   bool outer = mp__pl_enter();
@@ -721,7 +723,7 @@ mp__curesult cuMemHostGetDevicePointer_v2(mp__cuptr *pdptr, void *p,
   bool live = true;
   mp__curesult r;
   if (pl != NULL && mp__pl_host_block(pl, (uintptr_t)p, &b, &live) && !live) {
-    r = MP__CU_INVALID_VALUE;
+    r = mp__pl_calls_refused() ? MP__CU_NOT_PERMITTED : MP__CU_INVALID_VALUE;
   } else {
     const mp__real_cuda_t *rc = mp__pl_real_cuda();
     r = rc->cuMemHostGetDevicePointer_v2

@@ -831,8 +831,9 @@ static int trace_threads(void) {
 /* host_fn: what a host function (cuLaunchHostFunc) gets for a free of a
  * device block the program holds, synchronous and stream-ordered (with
  * "rt LIB", the runtime's cudaFree and cudaFreeAsync), for a
- * cuMemHostGetFlags and a cuMemFreeHost of a page-locked block, and for
- * cuMemGetInfo,
+ * cuMemHostGetFlags and a cuMemFreeHost of a page-locked block, a
+ * cuMemHostGetDevicePointer of a page-locked block freed before (the shim
+ * answers that one itself: its block is cached), and for cuMemGetInfo,
  * cuMemGetAddressRange, cuPointerGetAttribute and cuIpcGetMemHandle of the
  * device block.
  * cuda.h (cuLaunchHostFunc, cuStreamAddCallback): "The host function must
@@ -844,10 +845,10 @@ static int trace_threads(void) {
  * refused), and the page-locked block freed. */
 typedef struct host_fn_calls {
   CUdeviceptr p;
-  void *h;
+  void *h, *freed_h;
   CUstream s;
   unsigned free, free_async, host_flags, free_host, mem_info, range, attribute,
-      ipc;
+      ipc, host_dev;
 } host_fn_calls_t;
 
 static unsigned free_block(CUdeviceptr p) {
@@ -871,6 +872,8 @@ static void calls_from_host_fn(void *arg) {
       cuPointerGetAttribute(&psize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, c->p);
   CUipcMemHandle ipc;
   c->ipc = cuIpcGetMemHandle(&ipc, c->p);
+  CUdeviceptr dp;
+  c->host_dev = cuMemHostGetDevicePointer(&dp, c->freed_h, 0);
 }
 
 static int host_fn(void) {
@@ -878,6 +881,8 @@ static int host_fn(void) {
   CUdeviceptr q;
   MP_TRY(cuStreamCreate(&c.s, CU_STREAM_NON_BLOCKING));
   MP_TRY(cuMemAllocHost(&c.h, 4096));
+  MP_TRY(cuMemAllocHost(&c.freed_h, 4096));
+  MP_TRY(cuMemFreeHost(c.freed_h));
   if (rt_malloc != NULL) {
     void *d = NULL;
     if (rt_malloc(&d, MP_BYTES) != 0) {
@@ -891,9 +896,9 @@ static int host_fn(void) {
   MP_TRY(cuLaunchHostFunc(c.s, calls_from_host_fn, &c));
   MP_TRY(cuStreamSynchronize(c.s));
   printf("free %u, free_async %u, host_flags %u, free_host %u, mem_info %u, "
-         "range %u, attribute %u, ipc %u\n",
+         "range %u, attribute %u, ipc %u, host_dev %u\n",
          c.free, c.free_async, c.host_flags, c.free_host, c.mem_info, c.range,
-         c.attribute, c.ipc);
+         c.attribute, c.ipc, c.host_dev);
   MP_TRY(cuMemsetD8(c.p, 5, MP_BYTES));
   MP_TRY(cuMemAlloc(&q, MP_BYTES));
   if (q == c.p) {

@@ -327,7 +327,7 @@ Test(preload_rules, under_the_shim_calls_from_a_host_function_are_refused) {
       "host_fn", NULL,
       "free 800, free_async 800, host_flags 800, "
       "free_host 800, "
-      "mem_info 800, range 800, attribute 800, ipc 800\n"
+      "mem_info 800, range 800, attribute 800, ipc 800, host_dev 800\n"
       "free after 0, again refused\n");
 }
 
@@ -339,7 +339,7 @@ Test(preload_rules, under_the_shim_runtime_frees_from_a_host_function_refused) {
       "host_fn", MP_STAND_RUNTIME,
       "free 800, free_async 800, host_flags 800, "
       "free_host 800, "
-      "mem_info 800, range 800, attribute 800, ipc 800\n"
+      "mem_info 800, range 800, attribute 800, ipc 800, host_dev 800\n"
       "free after 0, again refused\n");
 }
 
