@@ -601,6 +601,15 @@ mp__arena_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s, void **out,
 static MP__COLD mp_status_t mp__pool_alloc_rare(mp_pool_t *pool, size_t bytes,
                                                 mp_stream_t s, void **out,
                                                 void *ra) {
+  /* An arena's plain path runs solo, or for a call that read its pool's
+   * hot pointer just before solo ended (arena.c, "Solo"). Past solo, with
+   * a stream marked capturing (routed to a graph pool, which only the
+   * arenas' path finds), that call goes to the arenas' path. */
+  if (MP__UNLIKELY(pool->arena) &&
+      atomic_load_explicit(&pool->solo_of, memory_order_relaxed) == NULL) {
+    mp__pool_unlock(pool);
+    return mp__arena_alloc(pool->arena_of, bytes, s, out, ra);
+  }
   if (ra != NULL) /* NULL: the caller's mark stands (mp__pool_alloc_marked) */
     MP__HIST_ENTRY_AT(pool, ra);
   if (pool->nroutes > 0) {

@@ -671,13 +671,17 @@ static inline size_t mp__pool_chunks_mapped(const mp_pool_t *pool,
 /* Nonzero while any state holds that the plain alloc and free paths
  * (pool.c) leave out: streams routed or ranges lent to graph pools, a graph
  * pool itself, paused, exported blocks held, a per-thread stream met, an
- * event history, a release threshold. Kept in pool->rare (under the lock),
- * so that those paths test one word instead of each; whoever changes one
- * of these calls mp__pool_rare_update after (mp_pool_check checks it). */
+ * event history, a release threshold, an arena with a stream marked
+ * capturing (routed to a graph pool by its pool: a call that reaches the
+ * arena's plain path past solo goes to the arenas' path, pool.c). Kept in
+ * pool->rare (under the lock), so that those paths test one word instead
+ * of each; whoever changes one of these calls mp__pool_rare_update after
+ * (mp_pool_check checks it). */
 static inline uint32_t mp__pool_rare_of(const mp_pool_t *pool) {
   return (pool->nroutes | pool->ngranges | pool->nheld) != 0 || pool->graph ||
          pool->paused || pool->has_pt || pool->hist.ev != NULL ||
-         pool->cfg.release_threshold != 0;
+         pool->cfg.release_threshold != 0 ||
+         (pool->arena && pool->ncapturing > 0);
 }
 static inline void mp__pool_rare_update(mp_pool_t *pool) {
   pool->rare = mp__pool_rare_of(pool);

@@ -433,3 +433,35 @@ Test(pool_arenas_auto, a_graph_pool_made_first_keeps_the_pool_off_solo) {
   check(pool);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
 }
+
+/* A call that read the pool's hot pointer just before solo ended runs the
+ * former solo arena's plain path. If a capture began meanwhile, its
+ * stream is routed to a graph pool, which only the arenas' path finds:
+ * the call must still allocate there. mp_pool_alloc on the arena itself
+ * is that plain path (an arena's hot is itself). */
+Test(pool_arenas_auto, a_stale_solo_alloc_on_a_captured_stream_uses_the_graph) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2,arenas_auto=1");
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK, "%s", mp_last_error());
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p), MP_OK);
+  mp_pool_t *x = mp__pool_hot(pool);
+  cr_assert(solo(pool));
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK, "%s", mp_last_error());
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(pool, g, s), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_alloc(x, 64 * 1024, s, &p), MP_OK, "%s",
+               mp_last_error());
+  mp_stats_t gs;
+  cr_assert_eq(mp_pool_get_stats(g, &gs), MP_OK);
+  cr_expect_geq(gs.allocated_bytes, 64 * 1024,
+                "the graph pool holds %zu bytes: the block came from arena %d",
+                gs.allocated_bytes, arena_holding(pool, p));
+  cr_assert_eq(mp_pool_graph_end(pool, s), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK, "%s", mp_last_error());
+}
