@@ -101,8 +101,10 @@
  * pairs a thread against 5 to 8 for arenas=8, bench_pool_threads.) A
  * thread that read hot just before the switch finishes its call on the
  * solo arena, as the arenas' path may have it do: it is an arena like the
- * others. A free of a block of another arena can only come after that
- * arena was made, and making any other arena ends solo first (another
+ * others (but an allocation there once a stream is marked capturing, which
+ * only a graph pool made after the switch does, goes to the arenas' path:
+ * mp__pool_alloc_rare). A free of a block of another arena can only come after
+ * that arena was made, and making any other arena ends solo first (another
  * thread's first allocation on the arenas' path, or the calls that take
  * that path while solo, such as mp_pool_alloc_contiguous or a child pool's
  * range), so no free runs solo on a pointer the solo arena does not hold
