@@ -61,11 +61,12 @@
  * bytes. Invariant, under the pool's lock: the arenas' caps add up to at
  * most the pool's cap, and each arena's cap is at least what it reserved
  * when it was last set (growth never lifts reserved above an arena's cap,
- * and shares are lowered only with no growth in flight). So no atomic is
- * shared on the hot path: an arena grows within its share, and asks for
- * more only when it runs out. Shares are whole granules (but for what a
- * cap that is none leaves over), so that an arena near its share still
- * grows its range and takes no plain segment. Uncapped pools give each
+ * and a share is lowered with a growth in flight only to what the arena
+ * holds once it lands). So no atomic is shared on the hot path: an arena
+ * grows within its share, and asks for more only when it runs out. Shares
+ * are whole granules (but for what a cap that is none leaves over), so
+ * that an arena near its share still grows its range and takes no plain
+ * segment. Uncapped pools give each
  * arena the device's size and let the device say no.
  *
  * mp_pool_set_max_fraction moves the pool's cap (mp__arena_recap). Lifted
@@ -317,13 +318,13 @@ static size_t mp__arena_half(const mp_pool_t *a, size_t left) {
 }
 
 /* Under the pool's lock: takes back every other arena's unused share of
- * the cap, and gives arena a what is left (all of it, or half). An arena's
- * share is lowered only with no growth or release in flight: an arena
- * with one (another, or a itself) keeps its share (another's counted
- * whole), not waited for. A release
- * synchronizes the device (a plain segment's free, as cuMemFree), which
- * waits for host functions, and one of them may be waiting for this lock,
- * or be this share (a new arena's first allocation). */
+ * the cap, and gives arena a what is left (all of it, or half). Another
+ * arena's share is lowered to what it reserved, or with a growth in
+ * flight to what it holds once that lands; one with a release in flight,
+ * and a itself with either, keeps its share. Neither is waited for. A
+ * release synchronizes the device (a plain segment's free, as cuMemFree),
+ * which waits for host functions, and one of them may be waiting for this
+ * lock, or be this share (a new arena's first allocation). */
 static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
   MP__ASSERT_LOCKED(pool);
   /* Lifted to no limit since the caller looked (every arena has the
@@ -338,11 +339,19 @@ static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
       continue;
     mp__pool_lock(b);
     /* A paused arena reads 0 reserved: it keeps its share for resume. A
-     * cut one keeps its lower share, and counts what it reserved. */
+     * cut one keeps its lower share, and counts what it reserved. One
+     * with a growth in flight (checked against its share, maybe the whole
+     * cap: the solo arena's) keeps what it holds once the growth lands,
+     * and no more: kept whole, it left no room for a new arena's first
+     * request until the growth landed (two threads' first allocations in
+     * a capped arenas_auto=1 pool). One with a release in flight keeps
+     * its share: an unmap the device refuses takes its chunk back. */
     size_t r =
         b->paused ? b->paused_reserved : b->st.reserved_bytes + b->staged;
-    if (!b->inflight && !b->paused && r < b->cap)
-      b->cap = r;
+    size_t grow = b->inflight ? b->grow_inflight : 0;
+    size_t will = grow <= SIZE_MAX - r ? r + grow : SIZE_MAX;
+    if (!b->paused && (!b->inflight || grow != 0) && will < b->cap)
+      b->cap = will;
     mp__arena_cut_settle(b);
     size_t h = mp__arena_may_hold(b, r);
     held = held > SIZE_MAX - h ? SIZE_MAX : held + h;

@@ -343,12 +343,14 @@ typedef struct pieces_job {
   mp_pool_t *pool;
   void *out[2];
   mp_status_t st;
+  char why[256]; /* mp_last_error() of the job's thread, after it */
 } pieces_job_t;
 
 static void *do_pieces(void *arg) {
   pieces_job_t *j = arg;
   const size_t sizes[2] = {4096, 8192};
   j->st = mp_pool_alloc_contiguous(j->pool, 2, sizes, NULL, j->out);
+  snprintf(j->why, sizeof j->why, "%s", mp_last_error());
   return NULL;
 }
 
@@ -464,4 +466,46 @@ Test(pool_arenas_auto, a_stale_solo_alloc_on_a_captured_stream_uses_the_graph) {
   check(pool);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_stream_destroy(dev, s), MP_OK, "%s", mp_last_error());
+}
+
+/* The solo arena holds the whole cap. While its growth is in flight (its
+ * lock dropped for the device's map), another thread's arena is made: two
+ * threads' first allocations at once (the second read the hot pointer
+ * before the first arena was made), or a contiguous call as here. That
+ * arena's share must count what the solo arena holds once the growth
+ * lands, not the whole cap the growth was checked against, or every
+ * request of the new arena fails until the growth lands, under a cap the
+ * pool is far from. White-box: the growth in flight is set by hand (the
+ * solo arena holds nothing free, so no trim waits for it), as in
+ * test_pool_arenas_max_fraction.c. */
+Test(pool_arenas_auto, a_solo_growth_in_flight_leaves_room_for_another_arena) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2,arenas_auto=1,max_bytes=16M");
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, 2 * MiB, NULL, &p), MP_OK, "%s",
+               mp_last_error());
+  cr_assert(solo(pool));
+  mp_pool_t *a = mp__pool_hot(pool);
+  mp__pool_lock(a);
+  cr_assert_eq(mp__free_bytes(a), 0, "a trim would wait for the growth");
+  a->inflight = true; /* a 4 MiB growth, checked against the whole cap */
+  a->grow_inflight = 4 * MiB;
+  mp__pool_unlock(a);
+  pieces_job_t j = {.pool = pool};
+  on_new_thread(do_pieces, &j);
+  mp__pool_lock(a);
+  a->inflight = false; /* landed (nothing, here) */
+  a->grow_inflight = 0;
+  mp__pool_unlock(a);
+  cr_expect_eq(j.st, MP_OK,
+               "12 KiB in another arena beside the solo arena's 4 MiB growth "
+               "in flight, under a 16 MiB cap: %s",
+               j.why);
+  cr_expect(!solo(pool));
+  cr_expect_leq(stats(pool).reserved_bytes, 16 * MiB);
+  check(pool);
+  for (int k = 0; k < 2 && j.st == MP_OK; k++)
+    cr_assert_eq(mp_pool_free(pool, j.out[k]), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK, "%s", mp_last_error());
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
 }
