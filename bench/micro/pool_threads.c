@@ -59,9 +59,9 @@ static const char *const mode_name[MODES] = {"pool shared", "pool arenas",
                                              "jemalloc arena"};
 /* The ARENAS row: one shared pool made with arenas=8 (the pool's per-thread
  * arenas), whatever the thread count. The AUTO row: the same with
- * arenas_auto=1, which runs one thread solo on arena 0 (a plain pool's
- * path) and switches to the arenas when threads contend: its speed-up is
- * over that solo thread. */
+ * arenas_auto=1, which runs solo on the first allocating thread's arena (a
+ * plain pool's path) and switches to the arenas when threads contend: its
+ * speed-up is over one thread solo. */
 #define ARENAS_N 8
 
 typedef struct worker {
