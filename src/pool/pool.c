@@ -656,8 +656,8 @@ static MP__COLD mp_status_t mp__pool_alloc_failed(mp_pool_t *pool, size_t bytes,
  * jump. Inline in mp_pool_alloc, the frame this path needs was made before
  * the arenas' test, and the arenas' path paid for it and its own (29
  * instructions a call in mp_pool_alloc): arenas=1 420.3 / 380.8
- * instructions a pair inline, 400.2 / 360.7 so; this path 358.1 / 318.3
- * inline, 361.1 / 321.8 so (the jump and ra's load; count_pairs.sh). ra:
+ * instructions a pair inline, 400.3 / 360.8 so; this path 358.1 / 318.3
+ * inline, 361.2 / 321.8 so (the jump and ra's load; count_pairs.sh). ra:
  * mp_pool_alloc's return address, for a history's stacks. */
 __attribute__((noinline)) static mp_status_t
 mp__pool_alloc_plain(mp_pool_t *pool, size_t bytes, mp_stream_t s, void **out,
