@@ -484,8 +484,8 @@ mp_pool_t *mp__arena_owner_slow(mp_pool_t *pool, uintptr_t p, size_t mine) {
   /* The calling thread's arena was looked at (mp__arena_owner). */
   for (size_t k = 1; k < n; k++) {
     size_t i = mine + k < n ? mine + k : mine + k - n;
-    mp_pool_t *a = mp__arena_at(pool, i);
-    if (a != NULL && p - pool->arenas[i].vbase < pool->arenas[i].vsize)
+    mp_pool_t *a = mp__arena_holding(pool, i, p);
+    if (a != NULL)
       return a;
   }
   /* Plain segments: a block starting at p in an arena's live map (a hash

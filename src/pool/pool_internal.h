@@ -775,9 +775,14 @@ extern _Thread_local unsigned mp__arena_thread;
  * reads UINT_MAX, which no arena count reaches (MP_POOL_MAX_ARENAS), so
  * one compare finds the common case (testing for 0 first cost 2
  * instructions a call more). */
-static inline size_t mp__arena_index(const mp_pool_t *pool, size_t none) {
-  size_t k = mp__arena_thread - 1u, n = pool->cfg.arenas;
+static inline size_t mp__arena_index_of(const mp_pool_t *pool, unsigned thread,
+                                        size_t none) {
+  size_t k = thread - 1u, n = pool->cfg.arenas;
   return MP__LIKELY(k < n) ? k : k == UINT_MAX ? none : k % n;
+}
+/* mp__arena_index_of the calling thread's number. */
+static inline size_t mp__arena_index(const mp_pool_t *pool, size_t none) {
+  return mp__arena_index_of(pool, mp__arena_thread, none);
 }
 /* mp__arena_index, arena 0 for a thread without a number. */
 static inline size_t mp__arena_mine(const mp_pool_t *pool) {
@@ -786,19 +791,24 @@ static inline size_t mp__arena_mine(const mp_pool_t *pool) {
 /* mp__arena_owner's other half: every arena but mine, by virtual range,
  * then each arena's live map (under its lock) for plain segments. */
 mp_pool_t *mp__arena_owner_slow(mp_pool_t *pool, uintptr_t p, size_t mine);
-/* The arena whose memory holds ptr (the calling thread's first, inline: a
- * thread freeing what it allocated), or NULL. No lock held; an arena's
- * range is read after the arena itself (published with release). */
-static inline mp_pool_t *mp__arena_owner(mp_pool_t *pool, const void *ptr) {
-  uintptr_t p = (uintptr_t)ptr;
-  size_t i = mp__arena_mine(pool);
+/* Arena i of pool where its virtual range holds p, NULL otherwise (not
+ * made yet, or on plain segments). No lock held; the range is read after
+ * the arena itself (published with release). */
+static inline mp_pool_t *mp__arena_holding(mp_pool_t *pool, size_t i,
+                                           uintptr_t p) {
   /* Its range through e, taken before the acquire: pool->arenas is not
    * read again after it. */
   const mp__arena_t *e = &pool->arenas[i];
   mp_pool_t *a = mp__arena_at(pool, i);
-  if (MP__LIKELY(a != NULL && p - e->vbase < e->vsize))
-    return a;
-  return mp__arena_owner_slow(pool, p, i);
+  return MP__LIKELY(a != NULL && p - e->vbase < e->vsize) ? a : NULL;
+}
+/* The arena whose memory holds ptr (the calling thread's first, inline: a
+ * thread freeing what it allocated), or NULL. No lock held. */
+static inline mp_pool_t *mp__arena_owner(mp_pool_t *pool, const void *ptr) {
+  uintptr_t p = (uintptr_t)ptr;
+  size_t i = mp__arena_mine(pool);
+  mp_pool_t *a = mp__arena_holding(pool, i, p);
+  return MP__LIKELY(a != NULL) ? a : mp__arena_owner_slow(pool, p, i);
 }
 /* The upstream of a graph pool of a pool with arenas (mp__upstream_t): the
  * calling thread's arena lends the range (or an idle arena's cache, or the
