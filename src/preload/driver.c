@@ -131,6 +131,7 @@ static mp__curesult mp__free(mp__variant_t v, mp__cuptr p, mp__custream s) {
   const mp__pl_t *pl = mp__pl_get();
   mp__pl_block_t b;
   mp__curesult r;
+  bool captured = false; /* mp__pl_free_refused's answer for s */
   if (!mp__pl_table_take((uintptr_t)p, &b)) {
     /* Not the shim's: the driver's business, unless it lies in a pool's
      * memory (a second free, an interior pointer), a device pool's or the
@@ -143,13 +144,14 @@ static mp__curesult mp__free(mp__variant_t v, mp__cuptr p, mp__custream s) {
             : MP__CU_INVALID_VALUE;
   } else if (b.kind == MP__PL_FROM_POOL &&
              (r = mp__pl_free_refused(pl, v == MP__SYNC, s, v == MP__ASYNC_PTSZ,
-                                      mp__free_probe)) != MP__CU_SUCCESS) {
+                                      mp__free_probe, &captured)) !=
+                 MP__CU_SUCCESS) {
     /* Refused (a host function's, or prohibited by a capture): nothing
      * freed or traced, still the program's. */
     mp__pl_table_restore(&b);
   } else if (b.kind == MP__PL_FROM_POOL) {
-    r = mp__pl_cu_error(
-        mp__pl_pool_free(pl, &b, v == MP__SYNC, s, v == MP__ASYNC_PTSZ));
+    r = mp__pl_cu_error(mp__pl_pool_free(pl, &b, v == MP__SYNC, s,
+                                         v == MP__ASYNC_PTSZ, captured));
   } else if (b.kind == MP__PL_FROM_REAL) {
     mp__pl_record_free(b.ptr, b.size, (uintptr_t)s); /* first: preload.h */
     if ((r = mp__real_free(v, p, s)) != MP__CU_SUCCESS)

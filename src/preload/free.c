@@ -84,7 +84,10 @@ static bool mp__thread_capture_mode(unsigned *mode) {
  * synchronize implicitly), is refused, with the capture invalidated,
  * exactly when the free would be. */
 unsigned mp__pl_free_refused(const mp__pl_t *pl, bool sync, mp__custream s,
-                             bool ptsz, unsigned (*probe)(void)) {
+                             bool ptsz, unsigned (*probe)(void),
+                             bool *captured) {
+  if (captured != NULL)
+    *captured = false;
   if (pl->host)
     return 0;
   unsigned int status = 0;
@@ -93,6 +96,8 @@ unsigned mp__pl_free_refused(const mp__pl_t *pl, bool sync, mp__custream s,
   if (q == MP__CU_NOT_PERMITTED)
     return q;
   bool legacy = q != MP__CU_SUCCESS || status != 0;
+  if (captured != NULL)
+    *captured = legacy; /* as mp__pl_capturing answers */
   if (!sync || (!legacy && !mp__pl_capture_begun()))
     return 0;
   unsigned mode;
@@ -138,7 +143,8 @@ void mp__pl_real_free_refused(const mp__pl_block_t *b) {
 }
 
 mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
-                             bool sync, mp__custream s, bool ptsz) {
+                             bool sync, mp__custream s, bool ptsz,
+                             bool captured) {
   void *ptr = (void *)b->ptr;
   /* The trace says "free" before the block can be handed out again: once
    * the pool has it, another thread's allocation of the same address may
@@ -148,14 +154,15 @@ mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
     return MP_OK;
   mp_status_t st;
   /* A free on a capturing stream: the stream allocates to the capture's
-   * graph pool from now on, and neither pool records on it. */
+   * graph pool from now on, and neither pool records on it. Whether s is
+   * captured, mp__pl_free_refused asked already: not asked again. */
   mp__cuctx owner = NULL;
-  bool routed =
-      !sync && !pl->host && mp__pl_capture_route(pl, b->pool, s, ptsz);
+  bool routed = !sync && !pl->host && captured &&
+                mp__pl_capture_route(pl, b->pool, s, ptsz);
   if (sync) /* cuMemFree / cudaFree: after the work of every stream */
     st = pl->host ? mp_pool_free(b->pool, ptr)
                   : mp_pool_free_after_all(b->pool, ptr);
-  else if (!routed && !pl->host && !mp__pl_capturing(pl, s, ptsz) &&
+  else if (!routed && !pl->host && !captured &&
            !mp__pl_stream_of_pool(pl, b->pool, s, &owner))
     /* Another device's stream (or one of a context the program made),
      * which the pool cannot order on (its events are of its own context):

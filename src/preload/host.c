@@ -612,8 +612,9 @@ static unsigned int mp__h_free(bool runtime, void *ptr) {
       mp_status_t st = MP_OK;
       /* The driver's refusal from a host function, or where a capture
        * prohibits the call (mp__pl_free_refused). */
-      unsigned refused = mp__pl_free_refused(
-          pl, true, NULL, false, runtime ? mp__h_probe_rt : mp__h_probe_cu);
+      unsigned refused =
+          mp__pl_free_refused(pl, true, NULL, false,
+                              runtime ? mp__h_probe_rt : mp__h_probe_cu, NULL);
       if (refused != 0) {
         /* still the program's */
       } else if (mp__pl_sync_in_capture(pl)) {

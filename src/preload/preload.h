@@ -507,9 +507,14 @@ bool mp__pl_sync_in_capture(const mp__pl_t *pl);
  *    capture error (900..908, the same numbers in CUresult and
  *    cudaError_t) that probe, a real allocation of one byte freed when
  *    allowed, got from the caller's API.
- * 0: the free may go on. */
+ * 0: the free may go on. *captured (unless NULL): the answer to that
+ * question, as mp__pl_capturing gives it (captured, or the question
+ * failed), false where the shim runs on the host device; mp__pl_pool_free
+ * reads it rather than asking again (before, a stream-ordered free asked
+ * three times). */
 unsigned mp__pl_free_refused(const mp__pl_t *pl, bool sync, mp__custream s,
-                             bool ptsz, unsigned (*probe)(void));
+                             bool ptsz, unsigned (*probe)(void),
+                             bool *captured);
 
 /* Whether the driver refuses every call of this thread now, as it does in
  * a host function (cuda.h, cuLaunchHostFunc and cuStreamAddCallback: "The
@@ -529,9 +534,12 @@ bool mp__pl_calls_refused(void);
 void mp__pl_real_free_refused(const mp__pl_block_t *b);
 
 /* Frees a pool block the table gave back: sync (cuMemFree, cudaFree) waits
- * for every stream's work, async on s; traced before the pool has it. */
+ * for every stream's work, async on s; traced before the pool has it.
+ * captured: mp__pl_free_refused's *captured for the same call (whether s is
+ * being captured, asked once per free). */
 mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
-                             bool sync, mp__custream s, bool ptsz);
+                             bool sync, mp__custream s, bool ptsz,
+                             bool captured);
 
 /* ---- lookup.c ----------------------------------------------------------- */
 

@@ -191,6 +191,7 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
   const mp__pl_t *pl = mp__pl_get();
   mp__pl_block_t b;
   mp__cudaerr r;
+  bool captured = false; /* mp__pl_free_refused's answer for s */
   if (p == NULL && pl->host) {
     r = MP__CUDA_SUCCESS;
   } else if (!mp__pl_table_take((uintptr_t)p, &b)) {
@@ -210,14 +211,14 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
             : MP__CUDA_INVALID_VALUE;
   } else if (b.kind == MP__PL_FROM_POOL &&
              (r = mp__pl_free_refused(pl, v == MP__RT_SYNC, s,
-                                      v == MP__RT_ASYNC_PTSZ,
-                                      mp__rt_free_probe)) != MP__CUDA_SUCCESS) {
+                                      v == MP__RT_ASYNC_PTSZ, mp__rt_free_probe,
+                                      &captured)) != MP__CUDA_SUCCESS) {
     /* As driver.c's: cudaErrorNotPermitted is CUDA_ERROR_NOT_PERMITTED's
      * number, the capture errors theirs. */
     mp__pl_table_restore(&b);
   } else if (b.kind == MP__PL_FROM_POOL) {
-    r = mp__pl_cuda_error(
-        mp__pl_pool_free(pl, &b, v == MP__RT_SYNC, s, v == MP__RT_ASYNC_PTSZ));
+    r = mp__pl_cuda_error(mp__pl_pool_free(pl, &b, v == MP__RT_SYNC, s,
+                                           v == MP__RT_ASYNC_PTSZ, captured));
   } else if (b.kind == MP__PL_FROM_REAL) {
     mp__pl_record_free(b.ptr, b.size, (uintptr_t)s); /* first: preload.h */
     if ((r = mp__rt_real_free(v, p, s)) != MP__CUDA_SUCCESS)

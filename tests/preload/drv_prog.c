@@ -112,6 +112,16 @@ static long long calls(const char *name) {
   return cuFakeGetCallCount(name);
 }
 
+/* What the driver was asked about captures (cuda.h: cuStreamIsCapturing,
+ * cuStreamGetCaptureInfo, each also _ptsz). */
+static long long capture_queries(void) {
+  return calls("cuStreamIsCapturing") + calls("cuStreamIsCapturing_ptsz") +
+         calls("cuStreamGetCaptureInfo_v2") +
+         calls("cuStreamGetCaptureInfo_v2_ptsz") +
+         calls("cuStreamGetCaptureInfo_v3") +
+         calls("cuStreamGetCaptureInfo_v3_ptsz");
+}
+
 static void check_serving(int preloaded, int cuda) {
   CUcontext ctx0 = NULL, ctx1 = NULL;
   CUdevice dev = 0;
@@ -166,7 +176,17 @@ static void check_serving(int preloaded, int cuda) {
   const char *want = getenv("DRV_PROG_TOTAL");
   expect(want == NULL || strtoull(want, NULL, 10) == total_b,
          "cuMemGetInfo_v2's total is the cap");
+  long long asked0 = capture_queries();
   expect(cuMemFreeAsync(d[1], NULL) == CUDA_SUCCESS, "async free");
+  long long asked = capture_queries() - asked0;
+  /* The shim asks once whether the free's stream is captured (a host
+   * function's refusal and the capture's graph pool both read that one
+   * answer); the pool on the cuda device may ask once more, closing the
+   * stream's epoch with a marker (stream.c). Before: the shim asked three
+   * times. On the host device nothing asks the driver. */
+  if (preloaded)
+    expect(cuda ? asked <= 2 : asked == 0,
+           "a stream-ordered free asks about captures once");
   expect(cuMemFreeAsync_ptsz(d[2], NULL) == CUDA_SUCCESS, "ptsz free");
   expect(cuMemFree_v2(d[0]) == CUDA_SUCCESS, "free");
   expect(cuMemFree_v2(d[3]) == CUDA_SUCCESS, "free");
