@@ -192,6 +192,12 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
   mp__pl_block_t b;
   mp__cudaerr r;
   bool captured = false; /* mp__pl_free_refused's answer for s */
+  /* The shim's own answer, not the runtime's: its failure is raised in the
+   * runtime's last error too (mp__rt_set_last_error), as the runtime's
+   * cudaFree would have. Not for a refusal the runtime gave (the probe),
+   * nor for a host function's (the driver's CUDA_ERROR_NOT_PERMITTED: no
+   * call of the runtime would be let through to raise it). */
+  bool answered = true;
   if (p == NULL && pl->host) {
     r = MP__CUDA_SUCCESS;
   } else if (!mp__pl_table_take((uintptr_t)p, &b)) {
@@ -202,9 +208,9 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
      * driver gave the pool). */
     if (pl->host && p != NULL)
       mp__pl_count_bypass("foreign_free");
-    r = pl->mode != MP__PL_POOL ||
-                !(pl->host || mp__pl_memory_holds(pl, (uintptr_t)p))
-            ? mp__rt_real_free(v, p, s)
+    answered = pl->mode == MP__PL_POOL &&
+               (pl->host || mp__pl_memory_holds(pl, (uintptr_t)p));
+    r = !answered ? mp__rt_real_free(v, p, s)
         : v != MP__RT_SYNC && mp__pl_output_free(pl, (uintptr_t)p, false, true,
                                                  s, v == MP__RT_ASYNC_PTSZ)
             ? MP__CUDA_SUCCESS /* a graph's output, freed inside a capture */
@@ -216,6 +222,7 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
     /* As driver.c's: cudaErrorNotPermitted is CUDA_ERROR_NOT_PERMITTED's
      * number, the capture errors theirs. */
     mp__pl_table_restore(&b);
+    answered = false;
   } else if (b.kind == MP__PL_FROM_POOL) {
     r = mp__pl_cuda_error(mp__pl_pool_free(pl, &b, v == MP__RT_SYNC, s,
                                            v == MP__RT_ASYNC_PTSZ, captured));
@@ -223,15 +230,19 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
     mp__pl_record_free(b.ptr, b.size, (uintptr_t)s); /* first: preload.h */
     if ((r = mp__rt_real_free(v, p, s)) != MP__CUDA_SUCCESS)
       mp__pl_real_free_refused(&b);
+    answered = false;
   } else if (b.kind == MP__PL_FROM_DEVICE) {
     /* Refused (a free from a host function): still the program's. */
     r = mp__pl_cuda_error(mp_device_free(pl->dev, p));
     if (r != MP__CUDA_SUCCESS)
       mp__pl_table_restore(&b);
+    answered = false;
   } else {
     mp__pl_table_restore(&b); /* needs cudaFreeHost */
     r = MP__CUDA_INVALID_VALUE;
   }
+  if (answered && r != MP__CUDA_SUCCESS)
+    mp__rt_set_last_error(pl, r);
   mp__pl_leave();
   return r;
 }

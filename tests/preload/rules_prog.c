@@ -62,6 +62,9 @@
  * the trace the shim recorded (MEMPOOL_TRACE). With "refused_free" (or
  * "refused_free rt LIB"), a free during a global capture is refused, the
  * capture ends, and the block is freed again, for good.
+ * With "last_error rt LIB", the runtime's cudaFree of a block freed
+ * already, and of a pointer inside a live block, prints what each returned
+ * and what the runtime's cudaGetLastError said after it, twice.
  * With "host_fn" (or "host_fn rt LIB"), frees and queries of blocks the
  * program holds, made from a host function, are refused as the driver
  * refuses them, and the blocks stay the program's.
@@ -915,6 +918,36 @@ static int host_fn(void) {
   return 0;
 }
 
+/* last_error: cuda_runtime_api.h, cudaGetLastError, "Returns the last error
+ * that has been produced by any of the runtime calls in the same instance
+ * of the CUDA Runtime library in the host thread and resets it to
+ * cudaSuccess": a cudaFree the runtime refuses (cudaErrorInvalidValue for
+ * a double free or an interior pointer) is the next cudaGetLastError's
+ * answer, then cudaSuccess. Under the shim the shim answers such a free of
+ * its pool's memory itself, without the runtime. */
+static int last_error(void) {
+  void *sym = dlsym(RTLD_DEFAULT, "cudaGetLastError");
+  unsigned (*get_last)(void);
+  if (sym == NULL) {
+    puts("the runtime lacks cudaGetLastError");
+    return 1;
+  }
+  memcpy(&get_last, &sym, sizeof sym);
+  void *q = NULL, *live = NULL;
+  MP_TRY((CUresult)rt_malloc(&q, 1 << 20));
+  MP_TRY((CUresult)rt_malloc(&live, 1 << 20));
+  MP_TRY((CUresult)rt_free(q));
+  (void)get_last();
+  unsigned twice = rt_free(q), after_twice = get_last(), then = get_last();
+  unsigned inside = rt_free((char *)live + 4096), after_inside = get_last(),
+           then_inside = get_last();
+  MP_TRY((CUresult)rt_free(live));
+  printf("double free %u, last error %u then %u; interior %u, last error %u "
+         "then %u\n",
+         twice, after_twice, then, inside, after_inside, then_inside);
+  return 0;
+}
+
 /* free_modes / alloc_modes with "rt LIB": the runtime's calls, from LIB
  * (the real libcudart.so on a GPU, stand_runtime.c on the fake), loaded
  * before any of them is made, in the global scope as a program linked
@@ -955,6 +988,8 @@ static int runtime_modes(const char *mode, const char *lib) {
     return cross_device();
   if (strcmp(mode, "host_fn") == 0)
     return host_fn();
+  if (strcmp(mode, "last_error") == 0)
+    return last_error();
   return free_modes(strcmp(mode, "alloc_modes") == 0);
 }
 

@@ -11,7 +11,13 @@
  * CUDA_ERROR_INVALID_VALUE 1, _OUT_OF_MEMORY 2, _STREAM_CAPTURE_UNSUPPORTED
  * 900 ... _WRONG_THREAD 908; driver_types.h's cudaErrorInvalidValue 1,
  * cudaErrorMemoryAllocation 2, cudaErrorStreamCaptureUnsupported 900 ...
- * cudaErrorStreamCaptureWrongThread 908). */
+ * cudaErrorStreamCaptureWrongThread 908). Each call's failure is also the
+ * thread's last error, which cudaGetLastError returns and resets and
+ * cudaPeekAtLastError returns (cuda_runtime_api.h: "Returns the last error
+ * that has been produced by any of the runtime calls in the same instance
+ * of the CUDA Runtime library in the host thread and resets it to
+ * cudaSuccess"; sticky errors, which a reset does not clear, are not
+ * modelled). */
 #include <cuda.h>
 #include <stdint.h>
 
@@ -21,40 +27,61 @@ unsigned int cudaMallocAsync(void **p, size_t bytes, CUstream s);
 unsigned int cudaFreeAsync(void *p, CUstream s);
 unsigned int cudaGetDevice(int *device);
 unsigned int cudaStreamIsCapturing(CUstream s, unsigned int *status);
+unsigned int cudaGetLastError(void);
+unsigned int cudaPeekAtLastError(void);
+
+static _Thread_local unsigned int last_error;
+
+/* r, kept as the thread's last error when it is one. */
+static unsigned int kept(unsigned int r) {
+  if (r != CUDA_SUCCESS)
+    last_error = r;
+  return r;
+}
+
+unsigned int cudaGetLastError(void) {
+  unsigned int r = last_error;
+  last_error = CUDA_SUCCESS;
+  return r;
+}
+
+unsigned int cudaPeekAtLastError(void) {
+  return last_error;
+}
 
 unsigned int cudaMalloc(void **p, size_t bytes) {
   CUdeviceptr d = 0;
   if (p == NULL)
-    return CUDA_ERROR_INVALID_VALUE;
+    return kept(CUDA_ERROR_INVALID_VALUE);
   CUresult r = cuMemAlloc(&d, bytes);
   *p = (void *)(uintptr_t)d;
-  return r;
+  return kept(r);
 }
 
 unsigned int cudaFree(void *p) {
-  return p == NULL ? CUDA_SUCCESS : cuMemFree((CUdeviceptr)(uintptr_t)p);
+  return p == NULL ? CUDA_SUCCESS : kept(cuMemFree((CUdeviceptr)(uintptr_t)p));
 }
 
 unsigned int cudaMallocAsync(void **p, size_t bytes, CUstream s) {
   CUdeviceptr d = 0;
   if (p == NULL)
-    return CUDA_ERROR_INVALID_VALUE;
+    return kept(CUDA_ERROR_INVALID_VALUE);
   CUresult r = cuMemAllocAsync(&d, bytes, s);
   *p = (void *)(uintptr_t)d;
-  return r;
+  return kept(r);
 }
 
 unsigned int cudaFreeAsync(void *p, CUstream s) {
-  return cuMemFreeAsync((CUdeviceptr)(uintptr_t)p, s);
+  return kept(cuMemFreeAsync((CUdeviceptr)(uintptr_t)p, s));
 }
 
 unsigned int cudaGetDevice(int *device) {
-  return cuCtxGetDevice(device);
+  return kept(cuCtxGetDevice(device));
 }
 
 unsigned int cudaStreamIsCapturing(CUstream s, unsigned int *status) {
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
   CUresult r = cuStreamIsCapturing(s, &st);
   *status = (unsigned int)st;
-  return r;
+  return kept(r);
 }

@@ -253,6 +253,16 @@ Test(preload_rules, under_the_shim_runtime_mallocs_in_a_capture_answer_alike) {
                               "alloc 900, end 901");
 }
 
+/* A cudaFree the shim answers itself (a double free, an interior pointer
+ * of its pool's memory: cudaErrorInvalidValue) is also the runtime's last
+ * error, as the runtime's own refusal is (cudaGetLastError, then
+ * cudaSuccess); before, the runtime's last error stayed cudaSuccess. */
+Test(preload_rules, under_the_shim_a_refused_cuda_free_is_the_last_error) {
+  answers_as_without_the_shim("last_error", MP_STAND_RUNTIME,
+                              "double free 1, last error 1 then 0; interior "
+                              "1, last error 1 then 0");
+}
+
 /* cudaMallocAsync / cudaFreeAsync on another device's stream: the stream's
  * device serves, without the shim and under it (where the pool of device
  * 1 serves, not the driver); the shim refused both before. */

@@ -131,9 +131,11 @@ if [ -x "$rules" ]; then
   # And frees and range queries from a host function (cuLaunchHostFunc):
   # the driver's refusal (CUDA_ERROR_NOT_PERMITTED) for a pool block too,
   # the block still the program's, with the driver's and the runtime's
-  # frees.
+  # frees. And the runtime's last error after a cudaFree it refuses (a
+  # double free, an interior pointer), which the shim answers itself for
+  # its pool's memory.
   for m in "alloc_modes" "free_modes rt $cudart" "alloc_modes rt $cudart" \
-    "other_context 0" host_fn "host_fn rt $cudart"; do
+    "other_context 0" host_fn "host_fn rt $cudart" "last_error rt $cudart"; do
     LD_LIBRARY_PATH="$(dirname "$real")" MEMPOOL_DEVICE=cuda "$rules" \
       $m >"$work/modes.none" 2>&1 ||
       fail "rules_prog $m: $(cat "$work/modes.none")"
