@@ -118,7 +118,9 @@
  * There is no runtime (libcudart) over it, so the runtime's own state
  * after the shim serves a cudaMalloc (the primary context current, the
  * shim's failures in cudaGetLastError) is checked only on a GPU
- * (tests/preload/gpu/gpu_prog.cu). */
+ * (tests/preload/gpu/gpu_prog.cu); the preload tests' stand-in runtime
+ * (tests/preload/stand_runtime.c) keeps a last error, for the shim's
+ * refused frees. */
 #include <cuda.h>
 #include <fcntl.h>
 #include <pthread.h>
