@@ -137,6 +137,11 @@ bool mp__pl_calls_refused(void) {
   return current != NULL && current(&c) == MP__CU_NOT_PERMITTED;
 }
 
+unsigned mp__pl_free_invalid(const mp__pl_t *pl) {
+  return !pl->host && mp__pl_calls_refused() ? MP__CU_NOT_PERMITTED
+                                             : MP__CU_INVALID_VALUE;
+}
+
 void mp__pl_real_free_refused(const mp__pl_block_t *b) {
   mp__pl_table_restore(b);
   mp__pl_record_unfree(b->ptr, b->size, b->stream);

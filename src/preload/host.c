@@ -647,7 +647,7 @@ static unsigned int mp__h_free(bool runtime, void *ptr) {
       /* Not pinned (a cudaMalloc block, say): refused, and left whole, its
        * pool included, for its own free. */
       mp__pl_table_restore(&b);
-      r = mp__h_error(runtime, MP_EINVAL);
+      r = mp__pl_free_invalid(mp__pl_get());
     }
   } else if (ptr == NULL && outer && mp__pl_get()->host) {
     r = 0;
@@ -655,7 +655,7 @@ static unsigned int mp__h_free(bool runtime, void *ptr) {
     /* In the host pool's memory but not handed out (a second free, an
      * interior pointer): the driver's answer, without freeing the chunk
      * the driver gave the pool. */
-    r = mp__h_error(runtime, MP_EINVAL);
+    r = mp__pl_free_invalid(mp__pl_get());
   } else {
     r = mp__h_real_free(runtime, ptr);
   }

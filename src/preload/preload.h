@@ -524,6 +524,15 @@ unsigned mp__pl_free_refused(const mp__pl_t *pl, bool sync, mp__custream s,
  * queries the shim answers from its own tables (a pool block's range,
  * a page-locked block's flags), asked only when it would. */
 bool mp__pl_calls_refused(void);
+/* The answer to a free the shim refuses itself, without the driver (a
+ * pointer in a pool's memory that is no block the program holds: a second
+ * free, an interior pointer; a page-locked block given to a device free,
+ * a device block to a page-locked one): from a host function the driver's
+ * refusal of any call there, CUDA_ERROR_NOT_PERMITTED (cudaErrorNotPermitted,
+ * the same number), as the driver answers such a free;
+ * CUDA_ERROR_INVALID_VALUE otherwise. Asked only on that error path
+ * (mp__pl_calls_refused); host mode: always the latter. */
+unsigned mp__pl_free_invalid(const mp__pl_t *pl);
 
 /* A free of memory the real driver or runtime handed out (a block of kind
  * MP__PL_FROM_REAL the table gave back) is traced (mp__pl_record_free)

@@ -91,9 +91,13 @@ static void mp__rt_start_thread(const mp__pl_t *pl) {
     mp__pl_mode_restore(mode);
 }
 
+/* Only the errors it can raise: no call at all for another one (a host
+ * function's cudaErrorNotPermitted, mp__pl_free_invalid, which no call of
+ * the runtime there would be let through to raise). */
 static void mp__rt_set_last_error(const mp__pl_t *pl, mp__cudaerr r) {
   const mp__real_cudart_t *rt = mp__pl_real_cudart();
-  if (pl->host || rt->cudaMalloc == NULL)
+  if (pl->host || rt->cudaMalloc == NULL ||
+      (r != MP__CUDA_INVALID_VALUE && r != MP__CUDA_MEMORY_ALLOCATION))
     return;
   void *x = NULL;
   unsigned mode;
@@ -214,7 +218,7 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
         : v != MP__RT_SYNC && mp__pl_output_free(pl, (uintptr_t)p, false, true,
                                                  s, v == MP__RT_ASYNC_PTSZ)
             ? MP__CUDA_SUCCESS /* a graph's output, freed inside a capture */
-            : MP__CUDA_INVALID_VALUE;
+            : mp__pl_free_invalid(pl);
   } else if (b.kind == MP__PL_FROM_POOL &&
              (r = mp__pl_free_refused(pl, v == MP__RT_SYNC, s,
                                       v == MP__RT_ASYNC_PTSZ, mp__rt_free_probe,
@@ -239,7 +243,7 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
     answered = false;
   } else {
     mp__pl_table_restore(&b); /* needs cudaFreeHost */
-    r = MP__CUDA_INVALID_VALUE;
+    r = mp__pl_free_invalid(pl);
   }
   if (answered && r != MP__CUDA_SUCCESS)
     mp__rt_set_last_error(pl, r);

@@ -838,7 +838,11 @@ static int trace_threads(void) {
  * cuMemHostGetDevicePointer of a page-locked block freed before (the shim
  * answers that one itself: its block is cached), and for cuMemGetInfo,
  * cuMemGetAddressRange, cuPointerGetAttribute and cuIpcGetMemHandle of the
- * device block.
+ * device block, and for frees the shim answers itself, without the driver:
+ * of a device block freed before (double_free), of a pointer inside the
+ * live one (interior), of the page-locked block (pinned), and
+ * cuMemFreeHost of the page-locked block freed before (host_twice) and of
+ * the device block (host_dev_free).
  * cuda.h (cuLaunchHostFunc, cuStreamAddCallback): "The host function must
  * not make any CUDA API calls"; the driver answers such a call with
  * CUDA_ERROR_NOT_PERMITTED and does nothing. One line with the answers
@@ -847,11 +851,11 @@ static int trace_threads(void) {
  * allocation of the same size, freed once for good (a second free is
  * refused), and the page-locked block freed. */
 typedef struct host_fn_calls {
-  CUdeviceptr p;
+  CUdeviceptr p, freed;
   void *h, *freed_h;
   CUstream s;
   unsigned free, free_async, host_flags, free_host, mem_info, range, attribute,
-      ipc, host_dev;
+      ipc, host_dev, double_free, interior, pinned, host_twice, host_dev_free;
 } host_fn_calls_t;
 
 static unsigned free_block(CUdeviceptr p) {
@@ -877,6 +881,11 @@ static void calls_from_host_fn(void *arg) {
   c->ipc = cuIpcGetMemHandle(&ipc, c->p);
   CUdeviceptr dp;
   c->host_dev = cuMemHostGetDevicePointer(&dp, c->freed_h, 0);
+  c->double_free = free_block(c->freed);
+  c->interior = free_block(c->p + 4096);
+  c->pinned = free_block((CUdeviceptr)(uintptr_t)c->h);
+  c->host_twice = cuMemFreeHost(c->freed_h);
+  c->host_dev_free = cuMemFreeHost((void *)(uintptr_t)c->p);
 }
 
 static int host_fn(void) {
@@ -887,21 +896,29 @@ static int host_fn(void) {
   MP_TRY(cuMemAllocHost(&c.freed_h, 4096));
   MP_TRY(cuMemFreeHost(c.freed_h));
   if (rt_malloc != NULL) {
-    void *d = NULL;
-    if (rt_malloc(&d, MP_BYTES) != 0) {
+    void *d = NULL, *f = NULL;
+    if (rt_malloc(&f, MP_BYTES) != 0 || rt_malloc(&d, MP_BYTES) != 0) {
       puts("cudaMalloc failed");
       return 1;
     }
+    c.freed = (CUdeviceptr)(uintptr_t)f;
     c.p = (CUdeviceptr)(uintptr_t)d;
   } else {
+    MP_TRY(cuMemAlloc(&c.freed, MP_BYTES));
     MP_TRY(cuMemAlloc(&c.p, MP_BYTES));
+  }
+  if (free_block(c.freed) != 0) {
+    puts("a free failed");
+    return 1;
   }
   MP_TRY(cuLaunchHostFunc(c.s, calls_from_host_fn, &c));
   MP_TRY(cuStreamSynchronize(c.s));
   printf("free %u, free_async %u, host_flags %u, free_host %u, mem_info %u, "
-         "range %u, attribute %u, ipc %u, host_dev %u\n",
+         "range %u, attribute %u, ipc %u, host_dev %u, double_free %u, "
+         "interior %u, pinned %u, host_twice %u, host_dev_free %u\n",
          c.free, c.free_async, c.host_flags, c.free_host, c.mem_info, c.range,
-         c.attribute, c.ipc, c.host_dev);
+         c.attribute, c.ipc, c.host_dev, c.double_free, c.interior, c.pinned,
+         c.host_twice, c.host_dev_free);
   MP_TRY(cuMemsetD8(c.p, 5, MP_BYTES));
   MP_TRY(cuMemAlloc(&q, MP_BYTES));
   if (q == c.p) {

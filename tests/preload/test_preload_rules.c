@@ -331,13 +331,20 @@ Test(preload_rules, under_the_shim_calls_in_a_capture_begun_by_v1_are_refused) {
  * CUDA_ERROR_NOT_PERMITTED (800) and the memory stays the program's. The
  * shim served the pool's blocks without a driver call and freed them; it
  * must refuse them as the driver does, and answer the range queries as
- * the driver does there, the same lines with and without it. */
+ * the driver does there, the same lines with and without it. So too the
+ * frees it answers itself, without the driver: a double free, an interior
+ * pointer, a page-locked block given to a device free, a page-locked
+ * block freed before, a device block given to cuMemFreeHost (before: 1,
+ * and under cudaFree a call of the runtime from the host function to raise
+ * the runtime's last error). */
 Test(preload_rules, under_the_shim_calls_from_a_host_function_are_refused) {
   answers_as_without_the_shim(
       "host_fn", NULL,
       "free 800, free_async 800, host_flags 800, "
       "free_host 800, "
-      "mem_info 800, range 800, attribute 800, ipc 800, host_dev 800\n"
+      "mem_info 800, range 800, attribute 800, ipc 800, host_dev 800, "
+      "double_free 800, interior 800, pinned 800, host_twice 800, "
+      "host_dev_free 800\n"
       "free after 0, again refused\n");
 }
 
@@ -349,12 +356,15 @@ Test(preload_rules, under_the_shim_runtime_frees_from_a_host_function_refused) {
       "host_fn", MP_STAND_RUNTIME,
       "free 800, free_async 800, host_flags 800, "
       "free_host 800, "
-      "mem_info 800, range 800, attribute 800, ipc 800, host_dev 800\n"
+      "mem_info 800, range 800, attribute 800, ipc 800, host_dev 800, "
+      "double_free 800, interior 800, pinned 800, host_twice 800, "
+      "host_dev_free 800\n"
       "free after 0, again refused\n");
 }
 
 /* A free refused in a host function is no free in the trace or the
- * report: two allocations (the block and one more), two frees. */
+ * report: three allocations (a block freed before the host function, the
+ * block and one more), three frees. */
 static void host_fn_traced(const char *rt) {
   char dir[64], trace[128], env_trace[160];
   scratch_dir(dir, sizeof dir);
@@ -365,10 +375,10 @@ static void host_fn_traced(const char *rt) {
                        "MEMPOOL_REPORT=stderr", NULL};
   spawn(argv, env, &r);
   cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
-  cr_assert_eq(count_lines(trace, ",allocate,"), 2, "%s", r.out);
-  cr_assert_eq(count_lines(trace, ",free,"), 2, "%s", r.out);
-  cr_assert_neq(strstr(r.err, "\"allocate\": 2, "), NULL, "%s", r.err);
-  cr_assert_neq(strstr(r.err, "\"free\": 2, "), NULL, "%s", r.err);
+  cr_assert_eq(count_lines(trace, ",allocate,"), 3, "%s", r.out);
+  cr_assert_eq(count_lines(trace, ",free,"), 3, "%s", r.out);
+  cr_assert_neq(strstr(r.err, "\"allocate\": 3, "), NULL, "%s", r.err);
+  cr_assert_neq(strstr(r.err, "\"free\": 3, "), NULL, "%s", r.err);
   unlink(trace);
   rmdir(dir);
 }
