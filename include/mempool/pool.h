@@ -234,7 +234,10 @@ typedef struct mp_pool_config {
  *    in one unmaps those it mapped (the pool stays paused, every host copy
  *    kept). While paused, the calls refused there are MP_EBUSY from any
  *    thread, and a thread with no arena yet gets none (its allocation is
- *    MP_EBUSY).
+ *    MP_EBUSY). A resume lets the arenas run one after another once all
+ *    are mapped again; under a cap, an arena running meanwhile counts one
+ *    still paused at what it reserved before the pause (what its resume
+ *    maps back), not at its whole share.
  *  - mp_pool_freeze freezes every arena made as a pool of its own (its
  *    movable blocks move down, then what it holds live is fenced);
  *    paused: MP_EBUSY.

@@ -34,9 +34,11 @@
  * Pause and resume (pause.c) pause every arena made, each as a pool of its
  * own; the pool's paused flag keeps arenas from being made meanwhile (and
  * arenas from growing while the pause runs: grow_held), and
- * the paths across arenas (borrowing, the reclaim's trims, the cap's
- * shares) leave a paused arena alone: its memory is unmapped, its free
- * and reserved bytes read 0, and its share of the cap stays for resume.
+ * the paths across arenas (borrowing, the reclaim's trims) leave a paused
+ * arena alone: its memory is unmapped, its free and reserved bytes read 0.
+ * The cap's shares count it at what it maps back at its resume (what it
+ * reserved when paused), and lower its share to that: the arenas resumed
+ * before it run meanwhile, and may grow into the rest.
  *
  * Graph pools (graph.c): a graph pool of the pool is one pool, and its
  * upstream (mp__arena_graph_borrow) is the calling thread's arena, which
@@ -338,7 +340,11 @@ static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
     if (b == NULL || b == a)
       continue;
     mp__pool_lock(b);
-    /* A paused arena reads 0 reserved: it keeps its share for resume. A
+    /* A paused arena reads 0 reserved: it counts at, and its share is
+     * lowered to, what its resume maps back (paused_reserved; nothing
+     * grows while paused). Kept whole, its share left an arena resumed
+     * before it (running while the resume finishes the others, or beside
+     * those a failed undo left paused) MP_ELIMIT with room under the cap. A
      * cut one keeps its lower share, and counts what it reserved. One
      * with a growth in flight (checked against its share, maybe the whole
      * cap: the solo arena's) keeps what it holds once the growth lands,
@@ -350,7 +356,7 @@ static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
         b->paused ? b->paused_reserved : b->st.reserved_bytes + b->staged;
     size_t grow = b->inflight ? b->grow_inflight : 0;
     size_t will = grow <= SIZE_MAX - r ? r + grow : SIZE_MAX;
-    if (!b->paused && (!b->inflight || grow != 0) && will < b->cap)
+    if ((b->paused || !b->inflight || grow != 0) && will < b->cap)
       b->cap = will;
     mp__arena_cut_settle(b);
     size_t h = mp__arena_may_hold(b, r);

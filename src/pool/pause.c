@@ -548,14 +548,15 @@ static mp_status_t mp__resume_one(mp_pool_t *pool) {
  * arena pauses and cleared after the last resumes, it keeps arenas from
  * being made meanwhile (mp__arena_make) and refuses trim and add_stream;
  * pause_turn keeps a second pause or resume out while one runs. The cross-
- * arena paths (borrowing, the reclaim's trims, the cap's shares) leave a
- * paused arena alone. All or nothing: a pause failing in arena k resumes
- * the arenas it paused; a resume failing in arena k unmaps the arenas it
- * mapped (their host copies are kept until every arena is mapped), so the
- * pool stays paused with nothing lost. Should such an undo fail too (a
- * second device failure), the arena is left as it stands, paused or
- * running, and the message says so; a later resume resumes every arena
- * still paused. */
+ * arena paths (borrowing, the reclaim's trims) leave a paused arena alone;
+ * the cap's shares count it at what it maps back (paused_reserved), as the
+ * arenas resumed before it run while the resume finishes it. All or nothing: a
+ * pause failing in arena k resumes the arenas it paused; a resume failing in
+ * arena k unmaps the arenas it mapped (their host copies are kept until every
+ * arena is mapped), so the pool stays paused with nothing lost. Should such an
+ * undo fail too (a second device failure), the arena is left as it stands,
+ * paused or running, and the message says so; a later resume resumes every
+ * arena still paused. */
 
 /* Under the pool's lock: what pause refuses in the pool or any arena (as
  * a pool without arenas refuses it: plain segments, a captured stream), so

@@ -402,7 +402,8 @@ struct mp_pool {
                          walk left apart (merge_later): a request above it
                          does not wait for them */
   void *pause_copy;   /* MP_PAUSE_KEEP_CONTENT: the live blocks, in order */
-  /* st's reserved bytes before the pause */
+  /* st's reserved bytes before the pause: what the resume maps back, at
+   * which the cap's shares count a paused arena (arena.c) */
   size_t paused_reserved;
   mp_pool_oom_handler_t oom_fn; /* mp_pool_set_oom_handler */
   void *oom_ctx;

@@ -221,6 +221,32 @@ Test(pool_arenas_pause, a_pause_failing_in_one_arena_resumes_the_others) {
 static worker_t *hook_worker;
 static job_t hook_job;
 
+/* A pool of opts on fdev whose two arenas each hold a block of 2 MiB (a's,
+ * tagged tag, and b's, tag + 0x10), hook_worker the worker of arena
+ * `arena`. */
+static mp_pool_t *hooked_arenas(mp_device_t *fdev, const char *opts, job_t *a,
+                                job_t *b, unsigned tag, int arena) {
+  mp_pool_t *pool = make_pool(fdev, opts);
+  *a = (job_t){.pool = pool, .bytes = 2 * MiB, .tag = tag, .count = 1};
+  *b = (job_t){.pool = pool, .bytes = 2 * MiB, .tag = tag + 0x10, .count = 1};
+  two_arenas(pool, a, b);
+  hook_worker = arena_holding(pool, a->ptrs[0]) == arena ? &wa : &wb;
+  return pool;
+}
+
+/* Frees hook_job's block (if it got one), a's and b's, stops the workers
+ * and destroys the pool. */
+static void hooked_finish(mp_pool_t *pool, mp_device_t *fdev, job_t *a,
+                          job_t *b) {
+  if (hook_job.st == MP_OK)
+    cr_expect_eq(on_worker(hook_worker, &hook_job, FREE), MP_OK);
+  cr_expect_eq(on_worker(&wa, a, FREE), MP_OK);
+  cr_expect_eq(on_worker(&wb, b, FREE), MP_OK);
+  worker_stop(&wa);
+  worker_stop(&wb);
+  fake_pool_finish(pool, fdev);
+}
+
 static void alloc_in_the_unmap(void *ctx) {
   (void)ctx;
   on_worker(hook_worker, &hook_job, ALLOC);
@@ -228,12 +254,9 @@ static void alloc_in_the_unmap(void *ctx) {
 
 Test(pool_arenas_pause, no_arena_grows_while_the_pool_is_being_paused) {
   mp_device_t *fdev = flaky_open(0);
-  mp_pool_t *pool = make_pool(fdev, "arenas=2");
-  job_t a = {.pool = pool, .bytes = 2 * MiB, .tag = 0xd0, .count = 1};
-  job_t b = {.pool = pool, .bytes = 2 * MiB, .tag = 0xe0, .count = 1};
-  two_arenas(pool, &a, &b);
+  job_t a, b;
   /* The worker whose arena pauses second. */
-  hook_worker = arena_holding(pool, a.ptrs[0]) == 1 ? &wa : &wb;
+  mp_pool_t *pool = hooked_arenas(fdev, "arenas=2", &a, &b, 0xd0, 1);
   hook_job = (job_t){.pool = pool, .bytes = 4 * MiB, .tag = 0xf0, .count = 1};
   mp_stats_t before = stats(pool);
   fake_of(fdev)->on_unmap = alloc_in_the_unmap;
@@ -250,12 +273,62 @@ Test(pool_arenas_pause, no_arena_grows_while_the_pool_is_being_paused) {
   /* Running again: the same request grows. */
   cr_expect_eq(on_worker(hook_worker, &hook_job, ALLOC), MP_OK, "%s",
                hook_job.why);
-  cr_expect_eq(on_worker(hook_worker, &hook_job, FREE), MP_OK);
-  cr_expect_eq(on_worker(&wa, &a, FREE), MP_OK);
-  cr_expect_eq(on_worker(&wb, &b, FREE), MP_OK);
-  worker_stop(&wa);
-  worker_stop(&wb);
-  fake_pool_finish(pool, fdev);
+  hooked_finish(pool, fdev, &a, &b);
+}
+
+/* A capped pool: arena 1 has a share larger than what it reserved (its
+ * first request got half of the room). While the resume frees arena 1's
+ * kept content (every arena mapped again, arena 0 running, arena 1 still
+ * paused), arena 0's thread asks for more than its own share: arena 1 will
+ * hold only what it maps back, so the room is there. It was MP_ELIMIT: a
+ * paused arena kept its whole share "for its resume", which maps back only
+ * what it reserved. */
+static mp_pool_t *resume_pool;
+static void *resume_last_copy; /* the kept content freed last */
+
+static void alloc_in_the_last_copy_free(void *ptr) {
+  if (ptr != resume_last_copy)
+    return;
+  host_free_hook = NULL;
+  cr_expect(!arena_paused(resume_pool, 0) && arena_paused(resume_pool, 1),
+            "arena 0 runs, arena 1 is still paused");
+  on_worker(hook_worker, &hook_job, ALLOC);
+}
+
+Test(pool_arenas_pause,
+     a_paused_arena_keeps_only_what_it_maps_back_of_the_cap) {
+  mp_device_t *fdev = flaky_open(0);
+  job_t a, b;
+  /* The worker of arena 0 (resumed first), and arena 1's figures. */
+  mp_pool_t *pool =
+      hooked_arenas(fdev, "arenas=2,max_bytes=32M", &a, &b, 0x61, 0);
+  mp_pool_t *a0 = mp__arena_at(pool, 0), *a1 = mp__arena_at(pool, 1);
+  size_t r0 = stats(a0).reserved_bytes, r1 = stats(a1).reserved_bytes;
+  mp__pool_lock(a1);
+  size_t share1 = a1->cap;
+  mp__pool_unlock(a1);
+  cr_assert(share1 > r1, "arena 1's share %zu, reserved %zu", share1, r1);
+  /* Above what the cap leaves beside arena 1's share, within what it
+   * leaves beside what arena 1 reserved. */
+  size_t want = 32 * MiB - r1 - r0;
+  cr_assert(r0 + want > 32 * MiB - share1);
+  hook_job = (job_t){.pool = pool, .bytes = want, .tag = 0x81, .count = 1};
+  cr_assert_eq(mp_pool_pause(pool, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
+               mp_last_error());
+  resume_pool = pool;
+  resume_last_copy = a1->pause_copy;
+  cr_assert_not_null(resume_last_copy);
+  host_free_hook = alloc_in_the_last_copy_free;
+  cr_assert_eq(mp_pool_resume(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_null(host_free_hook, "the resume freed arena 1's copy");
+  cr_expect_eq(hook_job.st, MP_OK,
+               "an allocation within the cap failed during the resume: %s",
+               hook_job.why);
+  cr_expect_eq(stats(pool).reserved_bytes, 32 * MiB, "up to the cap");
+  expect_kept(&a);
+  expect_kept(&b);
+  check(pool);
+  hooked_finish(pool, fdev, &a, &b);
 }
 
 /* A resume failing in the third arena (no room) whose undo cannot unmap the
