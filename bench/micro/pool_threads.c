@@ -15,7 +15,11 @@
  * slowest run of 256 pairs in any thread ("worst run"; one thread alone
  * does one in about 35 us) and when the first thread ended, as a fraction
  * of the whole run ("first end": near 1 when the threads share fairly, 1/T
- * when one thread ran while the others waited). The device is the host
+ * when one thread ran while the others waited), and how many cores the
+ * threads got ("cores": their CPU time from the start to each one's end,
+ * CLOCK_THREAD_CPUTIME_ID, over the run's time; near T when each thread
+ * had a core of its own throughout, lower when the machine's other load
+ * took some, or when a thread slept on a lock). The device is the host
  * backend with a large capacity, whose pages are never touched.
  *
  *   bench_pool_threads [pairs per thread=300000] [live per thread=100]
@@ -29,7 +33,7 @@
  * speed-up over that repeat's own one-thread run (the two runs close in
  * time) and, in "range", the lowest and highest of those speed-ups; the
  * reserved/live and worst-run columns show the worst repeat, "first end"
- * the lowest.
+ * the lowest, "cores" the median.
  *
  * A speed-up is only meaningful up to the machine's core count; past it the
  * rows show what oversubscription costs (a lock held by a descheduled
@@ -76,6 +80,7 @@ typedef struct worker {
   int failed;
   double end_ns;       /* when this thread's last pair ended */
   double worst_run_ns; /* the slowest run of BATCH pairs */
+  double cpu_ns;       /* its CPU time from the start to its end */
 } worker_t;
 
 /* Pairs per timed run: the slowest run shows a thread kept waiting (a
@@ -88,10 +93,14 @@ static size_t log_uniform(uint64_t *rng) {
   return (size_t)exp(lo + u * (hi - lo));
 }
 
-static double now_ns(void) {
+static double clock_ns(clockid_t c) {
   struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  clock_gettime(c, &ts);
   return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static double now_ns(void) {
+  return clock_ns(CLOCK_MONOTONIC);
 }
 
 /* Called after pair i: times each run of BATCH pairs (*t: the run's start). */
@@ -111,7 +120,7 @@ static void *run_pool(void *arg) {
     if (mp_pool_alloc(w->pool, w->init[i], NULL, &w->slots[i]) != MP_OK)
       w->failed = 1;
   pthread_barrier_wait(w->start);
-  double t = now_ns();
+  double t = now_ns(), cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID);
   for (size_t i = 0; i < w->pairs && !w->failed; i++) {
     uint32_t v = w->victim[i];
     mp_pool_free(w->pool, w->slots[v]);
@@ -119,6 +128,7 @@ static void *run_pool(void *arg) {
       w->failed = 1;
     batch_tick(w, i, &t);
   }
+  w->cpu_ns = clock_ns(CLOCK_THREAD_CPUTIME_ID) - cpu;
   pthread_barrier_wait(w->start);
   for (size_t i = 0; i < w->live; i++)
     mp_pool_free(w->pool, w->slots[i]);
@@ -133,7 +143,7 @@ static void *run_jemalloc(void *arg) {
     if ((w->slots[i] = mallocx(w->init[i], flags)) == NULL)
       w->failed = 1;
   pthread_barrier_wait(w->start);
-  double t = now_ns();
+  double t = now_ns(), cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID);
   for (size_t i = 0; i < w->pairs && !w->failed; i++) {
     uint32_t v = w->victim[i];
     dallocx(w->slots[v], flags);
@@ -141,6 +151,7 @@ static void *run_jemalloc(void *arg) {
       w->failed = 1;
     batch_tick(w, i, &t);
   }
+  w->cpu_ns = clock_ns(CLOCK_THREAD_CPUTIME_ID) - cpu;
   pthread_barrier_wait(w->start);
   for (size_t i = 0; i < w->live; i++)
     if (w->slots[i] != NULL)
@@ -154,6 +165,7 @@ typedef struct outcome {
   double ratio;      /* pools' peak reserved / peak live; 0 for jemalloc */
   double worst_us;   /* the slowest run of BATCH pairs in any thread */
   double first_done; /* the first thread's end / the last thread's end */
+  double cores;      /* the threads' CPU time over the run's time */
 } outcome_t;
 
 /* Runs mode with n threads; pairs per second, or 0 on failure. */
@@ -185,7 +197,7 @@ static double run(mp_device_t *dev, enum mode m, worker_t *w, unsigned n,
     w[t].pool = pools[m == PER_THREAD ? t : 0];
     w[t].start = &start;
     w[t].failed = 0;
-    w[t].end_ns = w[t].worst_run_ns = 0;
+    w[t].end_ns = w[t].worst_run_ns = w[t].cpu_ns = 0;
     void *(*fn)(void *) = run_pool;
 #if MEMPOOL_HAVE_JEMALLOC
     w[t].arena = arena;
@@ -199,17 +211,19 @@ static double run(mp_device_t *dev, enum mode m, worker_t *w, unsigned n,
   pthread_barrier_wait(&start);
   double t1 = now_ns();
   int failed = 0;
-  double first = t1, last = t0;
+  double first = t1, last = t0, cpu = 0;
   o->worst_us = 0;
   for (unsigned t = 0; t < n; t++) {
     pthread_join(w[t].tid, NULL);
     failed |= w[t].failed;
+    cpu += w[t].cpu_ns;
     first = w[t].end_ns < first ? w[t].end_ns : first;
     last = w[t].end_ns > last ? w[t].end_ns : last;
     if (w[t].worst_run_ns / 1e3 > o->worst_us)
       o->worst_us = w[t].worst_run_ns / 1e3;
   }
   o->first_done = last > t0 ? (first - t0) / (last - t0) : 1;
+  o->cores = last > t0 ? cpu / (last - t0) : 0;
   pthread_barrier_destroy(&start);
   double reserved = 0, live = 0;
   for (unsigned i = 0; i < npools; i++) {
@@ -298,9 +312,9 @@ int main(int argc, char **argv) {
   if (reps > 1)
     printf(", %u repeats: medians", reps);
   printf("\n");
-  printf("%-16s %7s %14s %9s %16s %11s %10s %15s\n", "mode", "threads",
+  printf("%-16s %7s %14s %9s %16s %11s %10s %15s %6s\n", "mode", "threads",
          "pairs/s", "speed-up", "reserved/live", "worst run", "first end",
-         "range");
+         "range", "cores");
   /* rate[(m * rows + k) * reps + r]: mode m, 2^k threads, repeat r. */
   unsigned rows = thread_rows(maxt);
   double *rate = calloc((size_t)MODES * rows * reps, sizeof *rate);
@@ -326,10 +340,12 @@ int main(int argc, char **argv) {
     if (skip[m])
       continue;
     for (unsigned k = 0; k < rows; k++) {
-      double rates[MAX_REPS], ups[MAX_REPS], ratio = 0, worst = 0, first = 1;
+      double rates[MAX_REPS], ups[MAX_REPS], got[MAX_REPS],
+          ratio = 0, worst = 0, first = 1;
       for (unsigned r = 0; r < reps; r++) {
         size_t at = ((size_t)m * rows + k) * reps + r;
         rates[r] = rate[at];
+        got[r] = out[at].cores;
         ups[r] = rate[at] / rate[(size_t)m * rows * reps + r];
         ratio = out[at].ratio > ratio ? out[at].ratio : ratio;
         worst = out[at].worst_us > worst ? out[at].worst_us : worst;
@@ -344,9 +360,10 @@ int main(int argc, char **argv) {
         printf(" %16s", "");
       printf(" %8.0f us %10.2f", worst, first);
       if (reps > 1)
-        printf("   %5.2fx-%5.2fx\n", ups[0], ups[reps - 1]);
+        printf("   %5.2fx-%5.2fx", ups[0], ups[reps - 1]);
       else
-        printf(" %15s\n", "-");
+        printf(" %15s", "-");
+      printf(" %6.2f\n", median(got, reps));
     }
   }
   free(rate);
