@@ -19,6 +19,7 @@
  * cudaSuccess"; sticky errors, which a reset does not clear, are not
  * modelled). */
 #include <cuda.h>
+#include <pthread.h>
 #include <stdint.h>
 
 unsigned int cudaMalloc(void **p, size_t bytes);
@@ -30,23 +31,44 @@ unsigned int cudaStreamIsCapturing(CUstream s, unsigned int *status);
 unsigned int cudaGetLastError(void);
 unsigned int cudaPeekAtLastError(void);
 
-static _Thread_local unsigned int last_error;
+/* The thread's last error, in a pthread key rather than a thread-local:
+ * this library is dlopen'ed, so a thread-local of its own is dynamic TLS,
+ * allocated at a thread's first use; written first from the fake driver's
+ * thread that runs host functions, LeakSanitizer's stop-the-world at exit
+ * crashed reading it (ASan build, glibc 2.36: "Tracer caught signal 11",
+ * in most runs of rules_prog's host_fn mode). */
+static pthread_key_t last_key;
+static pthread_once_t last_once = PTHREAD_ONCE_INIT;
+
+static void last_key_make(void) {
+  (void)pthread_key_create(&last_key, NULL);
+}
+
+static unsigned int last_get(void) {
+  pthread_once(&last_once, last_key_make);
+  return (unsigned int)(uintptr_t)pthread_getspecific(last_key);
+}
+
+static void last_set(unsigned int r) {
+  pthread_once(&last_once, last_key_make);
+  (void)pthread_setspecific(last_key, (void *)(uintptr_t)r);
+}
 
 /* r, kept as the thread's last error when it is one. */
 static unsigned int kept(unsigned int r) {
   if (r != CUDA_SUCCESS)
-    last_error = r;
+    last_set(r);
   return r;
 }
 
 unsigned int cudaGetLastError(void) {
-  unsigned int r = last_error;
-  last_error = CUDA_SUCCESS;
+  unsigned int r = last_get();
+  last_set(CUDA_SUCCESS);
   return r;
 }
 
 unsigned int cudaPeekAtLastError(void) {
-  return last_error;
+  return last_get();
 }
 
 unsigned int cudaMalloc(void **p, size_t bytes) {
