@@ -355,12 +355,12 @@ static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
     size_t r =
         b->paused ? b->paused_reserved : b->st.reserved_bytes + b->staged;
     size_t grow = b->inflight ? b->grow_inflight : 0;
-    size_t will = grow <= SIZE_MAX - r ? r + grow : SIZE_MAX;
+    size_t will = mp__add_sat(r, grow);
     if ((b->paused || !b->inflight || grow != 0) && will < b->cap)
       b->cap = will;
     mp__arena_cut_settle(b);
     size_t h = mp__arena_may_hold(b, r);
-    held = held > SIZE_MAX - h ? SIZE_MAX : held + h;
+    held = mp__add_sat(held, h);
     mp__pool_unlock(b);
   }
   /* Nor is a's own growth or release waited for (another thread sharing

@@ -500,7 +500,7 @@ mp_status_t mp_pool_mem_info(mp_pool_t *pool, size_t *free_bytes,
   mp__pool_lock(capped);
   size_t cap = capped->cap_is_max ? capped->cap : SIZE_MAX;
   mp__pool_unlock(capped);
-  f = f > SIZE_MAX - idle ? SIZE_MAX : f + idle;
+  f = mp__add_sat(f, idle);
   if (cap < t)
     t = cap;
   size_t left = cap > used ? cap - used : 0;

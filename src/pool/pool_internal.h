@@ -1814,6 +1814,11 @@ static inline size_t mp__round_up(size_t v, size_t to) {
   return (v + to - 1) / to * to;
 }
 
+/* a + b, SIZE_MAX where that overflows. */
+static inline size_t mp__add_sat(size_t a, size_t b) {
+  return a > SIZE_MAX - b ? SIZE_MAX : a + b;
+}
+
 /* ---- fit and split policy (inline rules; no file of their own) ----------
  * A block above max_split is never split for a smaller request; it goes
  * whole only to a request above max_split that it fits within the slack
