@@ -3,7 +3,8 @@
  * arena without thread caches, for T = 1, 2, 4, 8, side by side in one run;
  * and T threads on one shared pool made with arenas=8 (per-thread arenas:
  * each thread allocates from one of 8 private sub-pools, up to 8 threads
- * one each), also with arenas_auto=1 (solo until threads contend).
+ * one each), also with arenas_auto=1 (solo until threads contend), and
+ * with arenas_auto=1 past solo (the lane).
  *
  * Each thread keeps its own live set (100 blocks by default) and runs its
  * own plan: sizes log-uniform in [512 B, 16 MiB], victims uniform, drawn
@@ -57,15 +58,19 @@
 #include <jemalloc/jemalloc.h>
 #endif
 
-enum mode { SHARED, ARENAS, AUTO, PER_THREAD, JEMALLOC, MODES };
-static const char *const mode_name[MODES] = {"pool shared", "pool arenas",
-                                             "pool auto", "pool per thread",
-                                             "jemalloc arena"};
+enum mode { SHARED, ARENAS, AUTO, LANE, PER_THREAD, JEMALLOC, MODES };
+static const char *const mode_name[MODES] = {
+    "pool shared",     "pool arenas",     "pool auto",
+    "pool auto, lane", "pool per thread", "jemalloc arena"};
 /* The ARENAS row: one shared pool made with arenas=8 (the pool's per-thread
  * arenas), whatever the thread count. The AUTO row: the same with
  * arenas_auto=1, which runs solo on the first allocating thread's arena (a
  * plain pool's path) and switches to the arenas when threads contend: its
- * speed-up is over one thread solo. */
+ * speed-up is over one thread solo. The LANE row: the same pool taken out
+ * of solo before the timed pairs (another thread's arena, made once the
+ * first thread's blocks are), so that its one-thread run is the first
+ * thread past solo: in the lane since 2026-12-02 (the plain path), on the
+ * arenas' path before. */
 #define ARENAS_N 8
 
 typedef struct worker {
@@ -78,6 +83,7 @@ typedef struct worker {
   void **slots;
   pthread_barrier_t *start;
   int failed;
+  bool lane;           /* LANE: ends solo once its own blocks are made */
   double end_ns;       /* when this thread's last pair ended */
   double worst_run_ns; /* the slowest run of BATCH pairs */
   double cpu_ns;       /* its CPU time from the start to its end */
@@ -114,11 +120,27 @@ static void batch_tick(worker_t *w, size_t i, double *t) {
   w->end_ns = now;
 }
 
+/* On a thread of its own: an arena made for it (mp_pool_alloc_contiguous
+ * takes the arenas' path), which ends solo. */
+static void *take_an_arena(void *arg) {
+  mp_pool_t *pool = arg;
+  size_t size = 4096;
+  void *p;
+  if (mp_pool_alloc_contiguous(pool, 1, &size, NULL, &p) == MP_OK)
+    mp_pool_free(pool, p);
+  return NULL;
+}
+
 static void *run_pool(void *arg) {
   worker_t *w = arg;
   for (size_t i = 0; i < w->live; i++)
     if (mp_pool_alloc(w->pool, w->init[i], NULL, &w->slots[i]) != MP_OK)
       w->failed = 1;
+  if (w->lane) {
+    pthread_t t;
+    pthread_create(&t, NULL, take_an_arena, w->pool);
+    pthread_join(t, NULL);
+  }
   pthread_barrier_wait(w->start);
   double t = now_ns(), cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID);
   for (size_t i = 0; i < w->pairs && !w->failed; i++) {
@@ -174,13 +196,14 @@ static double run(mp_device_t *dev, enum mode m, worker_t *w, unsigned n,
   pthread_barrier_t start;
   pthread_barrier_init(&start, NULL, n + 1);
   mp_pool_t *pools[64] = {0};
-  unsigned npools = m == SHARED || m == ARENAS || m == AUTO ? 1
-                    : m == PER_THREAD                       ? n
-                                                            : 0;
+  bool auto_ = m == AUTO || m == LANE;
+  unsigned npools = m == SHARED || m == ARENAS || auto_ ? 1
+                    : m == PER_THREAD                   ? n
+                                                        : 0;
   mp_pool_config_t cfg;
   mp_pool_config_init(&cfg);
-  cfg.arenas = m == ARENAS || m == AUTO ? ARENAS_N : 0;
-  if (m == AUTO)
+  cfg.arenas = m == ARENAS || auto_ ? ARENAS_N : 0;
+  if (auto_)
     cfg.flags |= MP_POOL_ARENAS_AUTO;
   for (unsigned i = 0; i < npools; i++)
     if (mp_pool_create(dev, &cfg, &pools[i]) != MP_OK) {
@@ -197,6 +220,7 @@ static double run(mp_device_t *dev, enum mode m, worker_t *w, unsigned n,
     w[t].pool = pools[m == PER_THREAD ? t : 0];
     w[t].start = &start;
     w[t].failed = 0;
+    w[t].lane = m == LANE && t == 0;
     w[t].end_ns = w[t].worst_run_ns = w[t].cpu_ns = 0;
     void *(*fn)(void *) = run_pool;
 #if MEMPOOL_HAVE_JEMALLOC

@@ -93,10 +93,11 @@
  * other call takes the arenas' path, which finds the solo arena there too
  * for the thread that made it. When threads contend for the solo arena's
  * lock (mp__pool_lock_wait counts the contended takes: MP__SOLO_WAITS of
- * them), hot becomes the pool and stays so: from then on every thread takes
- * the arenas' path and its own arena. The solo arena keeps its blocks and
- * cache for the thread that made it, usually the one that allocates most;
- * the others borrow from it as from any idle arena. (Arena 0 ran solo
+ * them), or another arena is made, solo ends in the lane (below): every
+ * other thread takes the arenas' path and its own arena. The solo arena
+ * keeps its blocks and cache for the thread that made it, usually the one
+ * that allocates most; the others borrow from it as from any idle arena.
+ * (Arena 0 ran solo
  * before 2026-12-01, whichever thread came first: where no thread was
  * numbered 0 mod N, as for worker threads started after others had used
  * arenas, every thread's large requests borrowed from it after the switch
@@ -118,7 +119,31 @@
  * stream routed to a graph pool (a graph pool made of the pool ends solo,
  * or keeps it from starting). A pause needs nothing: it holds the solo
  * arena's growth and pauses it as any arena, and the arena's own paused
- * flag refuses its plain path. */
+ * flag refuses its plain path.
+ *
+ * The lane (since 2026-12-02): when solo ends, hot stays the solo arena,
+ * and its gate (pool->gate, which a pool without arenas reads as NULL
+ * where it read its arenas before) sends every thread to the arenas' path
+ * but the one that made the arena (gate_owner, its thread pointer: one
+ * load, where a thread-local's address in the shared library is a call).
+ * That thread keeps the plain path, some 40 instructions a pair shorter
+ * than the arenas' (count_pairs.sh: arenas=1 against the plain pool), so
+ * that a program whose main thread allocates beside helper threads keeps
+ * the main thread's speed once a helper shows up. Its frees may now meet
+ * other arenas' blocks: a pointer outside the lane arena's segments misses
+ * its live map, and the miss (MP__EFORWARD, pool.c's
+ * mp__pool_free_forward) looks for it in the other arenas before it is an
+ * error, once (only the lane arena forwards, and its gate stays set: a
+ * free that read hot just before the lane ended forwards too). Its
+ * allocations grow the arena where the arenas' path would first borrow
+ * from an idle arena; its failures take the arenas' out-of-memory path,
+ * which asks for a share of the cap (mp__arena_solo_failed), as solo's.
+ * A pool in the lane has left solo: the solo arena no longer takes the
+ * whole cap at mp_pool_set_max_fraction, and a graph pool ends the lane
+ * as it ends solo (mp__arena_solo_never: hot becomes the pool). Which
+ * thread owns the lane is a matter of speed only: any thread may run the
+ * plain path of any arena, as one that read hot just before a switch
+ * does. */
 #include <stdlib.h>
 
 #include "pool_internal.h"
@@ -152,6 +177,7 @@ mp_status_t mp__arenas_init(mp_pool_t *pool) {
                     pool->cfg.arenas);
   for (size_t i = 0; i < pool->cfg.arenas; i++)
     atomic_init(&pool->arenas[i].pool, NULL);
+  atomic_store_explicit(&pool->gate, pool, memory_order_relaxed);
   mp__arena_solo_start(pool);
   return MP_OK;
 }
@@ -245,10 +271,13 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
   bool solo = pool->solo_next;
   pool->solo_next = false;
   if (!solo)
-    mp__arena_unsolo(pool);
+    mp__arena_lane(pool);
   atomic_store_explicit(&pool->arenas[i].pool, a, memory_order_release);
   if (solo) {
     mp__arena_share(pool, a, true);
+    /* The lane's owner once solo ends: the thread that made it. */
+    atomic_store_explicit(&a->gate_owner, mp__thread_self(),
+                          memory_order_relaxed);
     atomic_store_explicit(&a->solo_of, pool, memory_order_relaxed);
     atomic_store_explicit(&pool->hot, a, memory_order_release);
   }
@@ -303,7 +332,8 @@ void mp__arena_recap(mp_pool_t *pool) {
   /* Solo, the solo arena asks for no share (its plain path does not): it
    * takes the whole new cap at once. */
   mp_pool_t *solo = mp__pool_hot(pool);
-  if (solo != pool)
+  if (solo != pool &&
+      atomic_load_explicit(&solo->solo_of, memory_order_relaxed) != NULL)
     mp__arena_share(pool, solo, true);
 }
 

@@ -515,6 +515,8 @@ mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
   atomic_init(&pool->lock_seq, 0);
   atomic_init(&pool->idle_seq, 0);
   atomic_init(&pool->hot, pool);
+  atomic_init(&pool->gate, NULL);
+  atomic_init(&pool->gate_owner, 0);
   atomic_init(&pool->solo_of, NULL);
   atomic_init(&pool->solo_waits, 0);
   pool->dev = dev;
@@ -615,10 +617,16 @@ bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes) {
  * it. movable_ok: a movable block's current pointer is accepted
  * (record_stream), not only raw blocks (free). */
 mp_status_t mp__pool_find_live_why(mp_pool_t *pool, const char *fn, void *ptr,
-                                   bool movable_ok, const mp__block_t *b) {
+                                   bool movable_ok, bool fwd,
+                                   const mp__block_t *b) {
   uintptr_t p = (uintptr_t)ptr;
   if (b == NULL) {
     mp__segment_t *seg = mp__segment_containing(pool, p);
+    /* The lane arena's owner frees any arena's blocks on its plain path
+     * (its gate is set once the lane starts, and stays). */
+    if (seg == NULL && fwd && pool->arena &&
+        atomic_load_explicit(&pool->gate, memory_order_relaxed) != NULL)
+      return MP__EFORWARD;
     if (seg == NULL)
       return mp__fail(MP_EINVAL, "%s: %p was not allocated from this pool", fn,
                       ptr);

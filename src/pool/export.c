@@ -208,7 +208,8 @@ mp_status_t mp__export_block(mp_pool_t *pool, void *ptr, mp_ipc_handle_t *out) {
   bool vm = false;
   mp_status_t st = mp__pool_paused(pool, "mp_pool_ipc_export");
   if (st == MP_OK)
-    st = mp__pool_find_live(pool, "mp_pool_ipc_export", ptr, false, &b, &slot);
+    st = mp__pool_find_live(pool, "mp_pool_ipc_export", ptr, false, false, &b,
+                            &slot);
   if (st == MP_OK)
     st = mp__export_memory(pool, b, &base, &bytes, &vm);
   /* The leases whose importers let go, before a new one: a live block

@@ -681,11 +681,13 @@ mp_status_t mp_pool_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s,
     *out = NULL;
     return MP_OK;
   }
-  /* Solo (arenas_auto=1, arena.c): the solo arena, its plain path. */
+  /* Solo or the lane (arenas_auto=1, arena.c): the solo arena, its plain
+   * path, or through its gate the arenas' path. */
   pool = mp__pool_hot(pool);
   void *ra = __builtin_return_address(0);
-  if (MP__UNLIKELY(pool->arenas != NULL))
-    return mp__arena_alloc(pool, bytes, s, out, ra);
+  mp_pool_t *g = mp__pool_gate(pool);
+  if (MP__UNLIKELY(g != NULL))
+    return mp__arena_alloc(g, bytes, s, out, ra);
   return mp__pool_alloc_plain(pool, bytes, s, out, ra);
 }
 
@@ -777,8 +779,8 @@ mp_status_t mp_pool_record_stream(mp_pool_t *pool, void *ptr, mp_stream_t s) {
   mp__slot_t *slot = NULL;
   mp_status_t st = mp__pool_paused(pool, "mp_pool_record_stream");
   if (st == MP_OK)
-    st =
-        mp__pool_find_live(pool, "mp_pool_record_stream", ptr, true, &b, &slot);
+    st = mp__pool_find_live(pool, "mp_pool_record_stream", ptr, true, false, &b,
+                            &slot);
   if (st == MP_OK)
     st = mp__stream_index(pool, s, &sidx);
   if (st == MP_OK)
@@ -825,6 +827,27 @@ static MP__COLD mp_pool_t *mp__arena_free_other(mp_pool_t *pool,
   return a != NULL ? a : pool;
 }
 
+/* A free on the lane arena a (arena.c, "The lane") of a pointer outside
+ * its segments, a's lock dropped: the other arena holding it frees it
+ * (whose own path says what is wrong with it), and where none does, a's
+ * answer. Once: the other arenas forward nothing (their gate is NULL). */
+static MP__COLD mp_status_t mp__pool_free_forward(mp_pool_t *a, void *ptr,
+                                                  mp__free_how_t how,
+                                                  mp_stream_t s,
+                                                  const char *fn) {
+  mp_pool_t *pool = a->arena_of;
+  size_t i = 0;
+  while (i < pool->cfg.arenas && mp__arena_at(pool, i) != a)
+    i++;
+  mp_pool_t *x = mp__arena_owner_slow(pool, (uintptr_t)ptr, i);
+  if (x != NULL && x != a)
+    return mp__pool_free_in(x, ptr, how, s, fn);
+  mp__pool_lock(a);
+  mp_status_t st = mp__pool_find_live_why(a, fn, ptr, false, false, NULL);
+  mp__pool_unlock(a);
+  return st;
+}
+
 /* The free under the lock, which it drops; plain: pool->rare is 0, and
  * what only a rare state needs (mp__pool_rare_of) is left out. */
 static MP__HOT mp_status_t mp__pool_free_locked(mp_pool_t *pool, void *ptr,
@@ -844,7 +867,7 @@ static MP__HOT mp_status_t mp__pool_free_locked(mp_pool_t *pool, void *ptr,
   mp__slot_t *slot = NULL;
   mp_status_t st = plain ? MP_OK : mp__pool_paused(pool, fn);
   if (st == MP_OK)
-    st = mp__pool_find_live(pool, fn, ptr, false, &b, &slot);
+    st = mp__pool_find_live(pool, fn, ptr, false, true, &b, &slot);
   if (st == MP_OK && how == MP__FREE_ON)
     st = mp__stream_index(pool, s, &sidx);
   if (st == MP_OK) {
@@ -868,6 +891,9 @@ static MP__HOT mp_status_t mp__pool_free_locked(mp_pool_t *pool, void *ptr,
         mp__segment_release_above(pool);
       mp__index_insert_hot(pool, mp__block_release_merged(pool, b, plain));
     }
+  } else if (MP__UNLIKELY(st == MP__EFORWARD)) {
+    mp__pool_unlock(pool);
+    return mp__pool_free_forward(pool, ptr, how, s, fn);
   }
   bool last = !plain && MP__UNLIKELY(pool->graph) && mp__graph_take_last(pool);
   mp__pool_unlock(pool);
@@ -899,10 +925,11 @@ static MP__HOT mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
       MP__HIST_ENTRY(pool);
     return MP_OK;
   }
-  pool = mp__pool_hot(pool); /* solo: the solo arena (arena.c) */
-  if (MP__UNLIKELY(pool->arenas != NULL)) {
-    mp_pool_t *a = mp__arena_free_mine(pool, ptr, mp__arena_thread);
-    pool = MP__LIKELY(a != NULL) ? a : mp__arena_free_other(pool, ptr);
+  pool = mp__pool_hot(pool); /* solo, the lane: the solo arena (arena.c) */
+  mp_pool_t *g = mp__pool_gate(pool);
+  if (MP__UNLIKELY(g != NULL)) {
+    mp_pool_t *a = mp__arena_free_mine(g, ptr, mp__arena_thread);
+    pool = MP__LIKELY(a != NULL) ? a : mp__arena_free_other(g, ptr);
   }
   mp__pool_lock(pool);
   if (MP__UNLIKELY(pool->rare != 0))

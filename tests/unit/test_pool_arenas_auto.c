@@ -1,8 +1,9 @@
-/* arenas_auto=1 (MP_POOL_ARENAS_AUTO, src/pool/arena.c, "Solo"): a pool
- * with arenas that runs solo on its first arena (the first allocating
- * thread's), through the plain path of a pool without arenas, until
- * threads contend for that arena's lock, and then for good on the arenas'
- * path. White-box: it reads which pool the hot path works on and which
+/* arenas_auto=1 (MP_POOL_ARENAS_AUTO, src/pool/arena.c, "Solo" and "The
+ * lane"): a pool with arenas that runs solo on its first arena (the first
+ * allocating thread's), through the plain path of a pool without arenas,
+ * until threads contend for that arena's lock, and then in the lane: that
+ * thread keeps the plain path, every other thread takes the arenas' path.
+ * White-box: it reads which pool the hot path works on, its gate and which
  * arena holds a block. */
 #include <criterion/criterion.h>
 #include <stdatomic.h>
@@ -15,8 +16,9 @@
 
 MP_DEVICE_SUITE(pool_arenas_auto, "host:capacity=64M");
 
-/* The index of the arena the pool runs solo on, or -1. */
-static int solo_at(mp_pool_t *pool) {
+/* The index of the arena the pool's hot path works on (solo, or the
+ * lane), or -1. */
+static int hot_at(mp_pool_t *pool) {
   mp_pool_t *hot = mp__pool_hot(pool);
   for (size_t i = 0; hot != pool && i < pool->cfg.arenas; i++)
     if (mp__arena_at(pool, i) == hot)
@@ -24,8 +26,24 @@ static int solo_at(mp_pool_t *pool) {
   return -1;
 }
 
+/* Solo: every thread on that arena's plain path. */
 static bool solo(mp_pool_t *pool) {
-  return solo_at(pool) >= 0;
+  mp_pool_t *hot = mp__pool_hot(pool);
+  return hot != pool && atomic_load(&hot->solo_of) == pool;
+}
+
+/* The index of the arena the pool runs solo on, or -1. */
+static int solo_at(mp_pool_t *pool) {
+  return solo(pool) ? hot_at(pool) : -1;
+}
+
+/* The lane: solo ended, and the arena that ran solo keeps its plain path
+ * for the thread that made it; every other thread goes through its gate
+ * to the arenas' path. */
+static bool lane(mp_pool_t *pool) {
+  mp_pool_t *hot = mp__pool_hot(pool);
+  return hot != pool && atomic_load(&hot->solo_of) == NULL &&
+         atomic_load(&hot->gate) == pool;
 }
 
 /* A thread numbered now, by its first allocation from a pool with arenas,
@@ -115,9 +133,9 @@ static double now_s(void) {
 }
 
 /* Two threads doing pairs contend for the solo arena's lock: the pool leaves
- * solo (within 60 s, however slow the machine), threads made after that take
- * arenas of their own, and what was allocated solo is freed from any
- * thread. */
+ * solo for the lane (within 60 s, however slow the machine), threads made
+ * after that take arenas of their own, and what was allocated solo is freed
+ * from any thread. */
 Test(pool_arenas_auto, contention_switches_to_per_thread_arenas) {
   mp_pool_t *pool = make_pool(dev, "arenas=4,arenas_auto=1");
   _Atomic bool stop = false;
@@ -141,7 +159,9 @@ Test(pool_arenas_auto, contention_switches_to_per_thread_arenas) {
     cr_assert_eq(w[i].st, MP_OK, "worker %d: %s", i, w[i].why);
   }
   cr_assert(switched, "two threads doing pairs for 60 s left the pool solo");
-  cr_expect(mp__pool_hot(pool) == pool, "the pool went back to solo");
+  cr_expect(lane(pool) && hot_at(pool) == at,
+            "after solo the pool is not in the lane of arena %d (hot on %d)",
+            at, hot_at(pool));
   /* Two new threads, numbered one after the other: two arenas. */
   job_t a = {.pool = pool, .bytes = 4096, .tag = 1, .count = 1};
   job_t b = a;
@@ -253,23 +273,6 @@ Test(pool_arenas_auto, a_solo_pool_fills_its_whole_cap) {
   check(pool);
   for (int i = 0; i < n; i++)
     cr_assert_eq(mp_pool_free(pool, p[i]), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
-}
-
-/* A graph pool routes a captured stream on the arenas' path: making one
- * ends solo, and the pool still serves and frees. */
-Test(pool_arenas_auto, a_graph_pool_ends_solo) {
-  mp_pool_t *pool = make_pool(dev, "arenas=2,arenas_auto=1");
-  void *p;
-  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p), MP_OK);
-  mp_pool_t *g;
-  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
-  cr_expect(!solo(pool), "a pool with a graph pool is still solo");
-  cr_assert_eq(mp_pool_free(pool, p), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p), MP_OK);
-  cr_assert_eq(mp_pool_free(pool, p), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
-  check(pool);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
 }
 
@@ -508,4 +511,121 @@ Test(pool_arenas_auto, a_solo_growth_in_flight_leaves_room_for_another_arena) {
   cr_assert_eq(mp_pool_free(pool, p), MP_OK, "%s", mp_last_error());
   check(pool);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+}
+
+typedef struct gate_seen {
+  mp_pool_t *pool;
+  mp_pool_t *gate; /* mp__pool_gate of the pool's hot, on the thread */
+} gate_seen_t;
+
+static void *read_gate(void *arg) {
+  gate_seen_t *g = arg;
+  g->gate = mp__pool_gate(mp__pool_hot(g->pool));
+  return NULL;
+}
+
+/* Solo ends in the lane: the first thread keeps the former solo arena's
+ * plain path (its gate lets that thread through), every other thread goes
+ * to the arenas' path and an arena of its own, and the first thread frees
+ * their blocks on its plain path too (a miss there looks in the other
+ * arenas); a bad free from it is still the right error and changes
+ * nothing. */
+Test(pool_arenas_auto, in_the_lane_the_first_thread_frees_any_arenas_blocks) {
+  mp_pool_t *pool = make_pool(dev, "arenas=4,arenas_auto=1");
+  void *first;
+  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &first), MP_OK);
+  int at = solo_at(pool);
+  cr_assert(at >= 0, "the first allocation did not start solo");
+  /* Another thread's arena (mp_pool_alloc_contiguous takes the arenas'
+   * path) ends solo. */
+  pieces_job_t pj = {.pool = pool};
+  on_new_thread(do_pieces, &pj);
+  cr_assert_eq(pj.st, MP_OK, "%s", pj.why);
+  cr_assert(lane(pool) && hot_at(pool) == at,
+            "another thread's arena did not start the lane of arena %d (hot "
+            "on %d, solo %d)",
+            at, hot_at(pool), solo(pool));
+  cr_expect_null(mp__pool_gate(mp__pool_hot(pool)),
+                 "the first thread does not take its plain path");
+  gate_seen_t gs = {.pool = pool};
+  on_new_thread(read_gate, &gs);
+  cr_expect_eq(gs.gate, pool, "another thread is not sent to the arenas");
+  /* Another thread's blocks are in an arena of its own. */
+  job_t j = {.pool = pool, .bytes = 64 * 1024, .tag = 7, .count = 3};
+  cr_assert_eq(on_thread(&j, ALLOC), MP_OK, "%s", j.why);
+  int other = arena_holding(pool, j.ptrs[0]);
+  cr_assert(other >= 0 && other != at, "another thread's block in arena %d",
+            other);
+  void *mine;
+  cr_assert_eq(mp_pool_alloc(pool, 64 * 1024, NULL, &mine), MP_OK);
+  cr_expect_eq(arena_holding(pool, mine), at);
+  mp_stats_t before = stats(pool);
+  /* Bad frees from the first thread: errors, and nothing changes. */
+  int local;
+  cr_expect_eq(mp_pool_free(pool, &local), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "not allocated from this pool") != NULL,
+            "a foreign pointer: %s", mp_last_error());
+  cr_expect_eq(mp_pool_free(pool, (char *)j.ptrs[0] + 64), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "points inside the block") != NULL,
+            "an interior pointer of another arena's block: %s",
+            mp_last_error());
+  mp_stats_t same = stats(pool);
+  cr_expect_eq(same.allocated_bytes, before.allocated_bytes);
+  cr_expect_eq(same.reserved_bytes, before.reserved_bytes);
+  /* Its frees of the other thread's blocks, plain and stream-ordered. */
+  cr_assert_eq(mp_pool_free(pool, j.ptrs[0]), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free_async(pool, j.ptrs[1], NULL), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_free_after_all(pool, j.ptrs[2]), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(stats(pool).allocated_bytes,
+               before.allocated_bytes - 3 * 64 * 1024);
+  cr_expect_eq(mp_pool_free(pool, j.ptrs[0]), MP_EINVAL, "a double free");
+  cr_expect(strstr(mp_last_error(), "double free") != NULL, "%s",
+            mp_last_error());
+  /* The other thread frees the first thread's block. */
+  job_t f = {.pool = pool, .count = 1, .ptrs = {mine}};
+  cr_assert_eq(on_thread(&f, FREE), MP_OK, "%s", f.why);
+  for (int k = 0; k < 2; k++)
+    cr_assert_eq(mp_pool_free(pool, pj.out[k]), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, first), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(stats(pool).allocated_bytes, 0);
+  cr_expect(lane(pool), "the lane ended");
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+}
+
+/* A graph pool routes a captured stream on the arenas' path: making one
+ * ends solo, or the lane (in_lane: another thread's arena started it), for
+ * good, and the pool still serves and frees. */
+static void a_graph_pool_ends(bool in_lane) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2,arenas_auto=1");
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p), MP_OK);
+  pieces_job_t pj = {.pool = pool};
+  if (in_lane) {
+    on_new_thread(do_pieces, &pj);
+    cr_assert_eq(pj.st, MP_OK, "%s", pj.why);
+    cr_assert(lane(pool));
+  }
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  cr_expect(mp__pool_hot(pool) == pool, "a pool with a graph pool is still %s",
+            in_lane ? "in the lane" : "solo");
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK, "%s", mp_last_error());
+  for (int k = 0; in_lane && k < 2; k++)
+    cr_assert_eq(mp_pool_free(pool, pj.out[k]), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+}
+
+Test(pool_arenas_auto, a_graph_pool_ends_solo) {
+  a_graph_pool_ends(false);
+}
+
+Test(pool_arenas_auto, a_graph_pool_ends_the_lane) {
+  a_graph_pool_ends(true);
 }
