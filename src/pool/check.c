@@ -52,6 +52,31 @@ static mp_status_t mp__check_chunks(const mp__segment_t *s) {
   return MP_OK;
 }
 
+/* The strays (vrange.c): inside the virtual range, on no chunk (a map
+ * unmaps them first, growth maps around them), and counted in reserved
+ * as stray_bytes. */
+static mp_status_t mp__check_strays(const mp_pool_t *pool) {
+  const mp__segment_t *v = pool->vseg;
+  size_t held = 0;
+  for (size_t i = 0; i < pool->nstrays; i++) {
+    mp__chunk_t c = pool->strays[i];
+    held += c.size;
+    if (v == NULL || c.addr < v->base || c.size > v->va_size ||
+        c.addr - v->base > v->va_size - c.size)
+      MP__CORRUPT("stray mapping %p (%zu bytes) lies outside the range",
+                  (void *)c.addr, c.size);
+    for (size_t k = 0; k < v->nchunks; k++)
+      if (v->chunks[k].addr < c.addr + c.size &&
+          c.addr < v->chunks[k].addr + v->chunks[k].size)
+        MP__CORRUPT("stray mapping %p (%zu bytes) overlaps chunk %p",
+                    (void *)c.addr, c.size, (void *)v->chunks[k].addr);
+  }
+  if (held != pool->stray_bytes)
+    MP__CORRUPT("the strays hold %zu bytes, reserved counts %zu", held,
+                pool->stray_bytes);
+  return MP_OK;
+}
+
 static mp_status_t mp__check_segment(mp_pool_t *pool, mp__segment_t *s,
                                      size_t *live_n, size_t *live_b,
                                      size_t *req_b, size_t *free_n,
@@ -187,8 +212,12 @@ mp_status_t mp__pool_check_locked(mp_pool_t *pool) {
                              &free_b);
   }
   free(v);
+  /* Changed with a device call in flight: counted when it ends. */
+  if (st == MP_OK && !pool->inflight)
+    st = mp__check_strays(pool);
   if (st != MP_OK)
     return st;
+  reserved += pool->stray_bytes;
 
   size_t idx_n = 0, idx_b = 0;
   for (unsigned fl = 0; fl < MP__FL_COUNT; fl++) {

@@ -139,7 +139,8 @@ static mp_status_t mp__chunks_to(mp_pool_t *pool, mp__segment_t *v, size_t *m,
 
 /* Under the lock, paused: chunks [0, m) of the pool's virtual segment stay
  * mapped (m > 0 after an undo that failed). The stats say so: reserved is
- * their bytes (device memory held, stats.h) and segment_count their number
+ * their bytes and the strays' (device memory held, stats.h; a resume's map
+ * refused to a peer may leave one) and segment_count their number
  * (the chunks held now: a pool with plain segments is never paused), free
  * stays 0 (a paused pool serves nothing). */
 static void mp__pause_mapped_set(mp_pool_t *pool, size_t m) {
@@ -147,7 +148,7 @@ static void mp__pause_mapped_set(mp_pool_t *pool, size_t m) {
   for (size_t i = 0; i < m; i++)
     held += pool->vseg->chunks[i].size;
   pool->pause_mapped = m;
-  pool->st.reserved_bytes = held;
+  pool->st.reserved_bytes = held + pool->stray_bytes;
   pool->st.segment_count = m;
 }
 
@@ -407,6 +408,7 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
     pool->pause_copy = NULL;
   }
   mp__pool_device_end(pool);
+  mp__vrange_strays_count(pool); /* an undo's map may leave one */
   free(sp.v);
   if (st != MP_OK && m == n) {
     pool->paused = false;
@@ -454,6 +456,7 @@ static mp_status_t mp__resume_map(mp_pool_t *pool) {
       (st = mp__copy_live(pool, &sp, false)) != MP_OK)
     (void)mp__chunks_to(pool, v, &m, pool->pause_mapped);
   mp__pool_device_end(pool);
+  mp__vrange_strays_count(pool); /* a map may leave one, or unmap one */
   free(sp.v);
   if (st != MP_OK && m != pool->pause_mapped) {
     /* The undo stopped part-way: still paused, with what it mapped. */
@@ -478,6 +481,7 @@ static mp_status_t mp__resume_unmap(mp_pool_t *pool, bool *runs) {
   mp__pool_device_begin(pool);
   mp_status_t st = mp__chunks_to(pool, v, &m, pool->pause_mapped);
   mp__pool_device_end(pool);
+  mp__vrange_strays_count(pool); /* an undo's map may leave one */
   *runs = st != MP_OK && m == n;
   if (st != MP_OK && m != n)
     mp__resume_left_mapped(pool, m);

@@ -489,11 +489,13 @@ mp_status_t mp_pool_mem_info(mp_pool_t *pool, size_t *free_bytes,
     return st;
   mp_stats_t sum; /* summed over arenas, if any */
   mp__stats_read(pool, &sum);
-  /* Paused: nothing reserved while the live blocks still count. */
-  size_t idle = sum.reserved_bytes > sum.allocated_bytes
-                    ? sum.reserved_bytes - sum.allocated_bytes
-                    : 0;
-  size_t used = sum.allocated_bytes;
+  /* The cache (free_bytes: 0 paused, when nothing serves). Strays
+   * (vrange.c) are reserved but serve nothing: no cache, and they hold
+   * room under the cap as the live blocks do. Paused: nothing reserved
+   * while the live blocks still count. */
+  size_t idle = sum.free_bytes;
+  size_t held = sum.reserved_bytes - sum.free_bytes;
+  size_t used = held > sum.allocated_bytes ? held : sum.allocated_bytes;
   /* Under the lock: mp_pool_set_max_fraction moves it. A graph pool has
    * no cap of its own: it grows within its parent's (graph.c). */
   mp_pool_t *capped = pool->graph ? pool->parent : pool;

@@ -406,8 +406,9 @@ struct mp_pool {
                          walk left apart (merge_later): a request above it
                          does not wait for them */
   void *pause_copy;   /* MP_PAUSE_KEEP_CONTENT: the live blocks, in order */
-  /* st's reserved bytes before the pause: what the resume maps back, at
-   * which the cap's shares count a paused arena (arena.c) */
+  /* st's reserved bytes before the pause: what the resume maps back (and
+   * the strays held meanwhile: vrange.c), at which the cap's shares count
+   * a paused arena (arena.c) */
   size_t paused_reserved;
   mp_pool_oom_handler_t oom_fn; /* mp_pool_set_oom_handler */
   void *oom_ctx;
@@ -533,6 +534,12 @@ struct mp_pool {
    * flight (inflight) or at destroy. */
   mp__chunk_t *strays;
   size_t nstrays, strays_cap;
+  /* Their bytes as counted in st.reserved_bytes (and, paused, in
+   * paused_reserved): device memory held, as the device's own figure and
+   * the cap count it, though none of it serves a block. Brought up to the
+   * strays under the lock after each device call that may change them
+   * (mp__vrange_strays_count). */
+  size_t stray_bytes;
   uint64_t release_next_free; /* release_threshold: the free_count at which
                                  a try to release may come again */
   /* arena.c: cfg.arenas entries (NULL: no arenas). An arena is a pool of
@@ -1739,6 +1746,10 @@ mp_status_t mp__pool_vm_map(mp_pool_t *pool, void *addr, size_t bytes);
  * dropped for the calls; the failure of the first that stays mapped (the
  * others are tried too). */
 mp_status_t mp__vrange_strays_retry(mp_pool_t *pool);
+/* Under the lock, after a device call that may have left strays or
+ * unmapped some (mp__pool_vm_map, a retry): counts them in reserved_bytes
+ * (stray_bytes), lifting the peak. */
+void mp__vrange_strays_count(mp_pool_t *pool);
 /* Destroy: unmaps (unless paused) and releases virtual segment s and frees
  * its tables. */
 void mp__vrange_release(mp_pool_t *pool, mp__segment_t *s);
@@ -1848,9 +1859,12 @@ size_t mp__stats_largest_free(const mp_pool_t *pool);
 /* The bytes reserved but not allocated: the cache. Not kept (every change
  * of reserved or allocated would move it too); 0 while paused, when the
  * pool serves nothing (reserved is then the bytes a failed undo left
- * mapped, which the live blocks' bytes may exceed). */
+ * mapped, which the live blocks' bytes may exceed). Strays are reserved
+ * but serve nothing: not the cache. */
 static inline size_t mp__free_bytes(const mp_pool_t *pool) {
-  return pool->paused ? 0 : pool->st.reserved_bytes - pool->st.allocated_bytes;
+  return pool->paused ? 0
+                      : pool->st.reserved_bytes - pool->st.allocated_bytes -
+                            pool->stray_bytes;
 }
 /* ---- check.c ------------------------------------------------------------ */
 mp_status_t mp__pool_check_locked(mp_pool_t *pool);

@@ -12,8 +12,9 @@
  *
  * Locking: every device call here runs with the pool lock dropped and the
  * pool marked inflight (lock.c); only one grow or release is in flight at a
- * time. Invariant: reserved_bytes equals the sum of segment sizes, and the
- * blocks of a segment tile it. */
+ * time. Invariant: reserved_bytes equals the sum of segment sizes plus the
+ * strays' bytes (stray_bytes, vrange.c), and the blocks of a segment tile
+ * it. */
 #include <stdlib.h>
 #include <string.h>
 

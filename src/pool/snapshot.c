@@ -21,7 +21,8 @@
  * expandable segments); while the pool is paused, only what it still
  * maps: nothing, or after an undo that failed (pause.c) the chunks left
  * mapped, the blocks cut at their top, so that the segments' total_size
- * is reserved_bytes as the stats say it.
+ * is reserved_bytes as the stats say it, less the strays (vrange.c:
+ * mappings the device would not take back, which hold no block).
  * segment_pool_id is (0, 0), or for a graph pool (0, n), its own id
  * (graph.c), as PyTorch gives a private pool's segments its MempoolId_t,
  * and for one made by PyTorch's hooks that very MempoolId_t (torch.c)

@@ -6,7 +6,9 @@
  * top class's largest block), and live_blocks is the live map's count
  * (mp__stats_copy), alloc_count the frees plus that count (less the blocks
  * the ladder holds there: nladder), free_bytes reserved less allocated (0
- * while paused, mp__free_bytes): no operation pays for these. A pool with
+ * while paused, mp__free_bytes): no operation pays for these. Reserved
+ * counts the strays too (vrange.c: mappings the device would not take
+ * back), as the device does, though they serve nothing (not free). A pool with
  * arenas reads as the sum of its arenas (arena.c). */
 #include "../structs.h"
 #include "pool_internal.h"

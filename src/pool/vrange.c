@@ -747,6 +747,7 @@ mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
       mapped += n;
   }
   mp__pool_device_end(pool);
+  mp__vrange_strays_count(pool);
   /* Meanwhile other threads freed, took, split and merged blocks: the new
    * memory joins a neighbour only if it is still the free block the
    * placement counted on (a block merged into a bigger one may be above
@@ -828,7 +829,27 @@ mp_status_t mp__vrange_strays_retry(mp_pool_t *pool) {
   mp_status_t st =
       mp__strays_unmap(pool, pool->vseg->base, pool->vseg->va_size);
   mp__pool_device_end(pool);
+  mp__vrange_strays_count(pool);
   return st;
+}
+
+void mp__vrange_strays_count(mp_pool_t *pool) {
+  MP__ASSERT_LOCKED(pool);
+  /* The strays change only with a device call in flight, one at a time:
+   * the one that just ended (a map: mp__pool_vm_map, or a retry). They
+   * are counted here, under the lock, where the stats are read, not where
+   * they change (the lock dropped). A paused pool holds them too once
+   * resumed (paused_reserved). */
+  size_t held = 0;
+  for (size_t i = 0; i < pool->nstrays; i++)
+    held += pool->strays[i].size;
+  if (held == pool->stray_bytes)
+    return;
+  pool->st.reserved_bytes = pool->st.reserved_bytes - pool->stray_bytes + held;
+  if (pool->paused)
+    pool->paused_reserved = pool->paused_reserved - pool->stray_bytes + held;
+  pool->stray_bytes = held;
+  mp__stats_peaks(pool);
 }
 
 mp_status_t mp__pool_vm_map(mp_pool_t *pool, void *addr, size_t bytes) {

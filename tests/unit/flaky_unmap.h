@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
+#include "pool/pool_internal.h"
 #include "pool_fakedev.h"
 
 static unsigned unmap_calls, unmap_fail_at;
@@ -103,6 +104,21 @@ static mp_status_t flaky_host_free(mp_device_t *dev, void *ptr) {
 }
 
 static mp__backend_t flaky_backend;
+
+/* mp__pool_vm_map of bytes at a, as growth and resume call it: a device
+ * call in flight, the lock dropped, and the strays counted after. With
+ * the peer's access refused (access_fail_at) and then the unmap, it
+ * leaves a stray. */
+static inline mp_status_t flaky_map_directly(mp_pool_t *p, uintptr_t a,
+                                             size_t bytes) {
+  mp__pool_lock(p);
+  mp__pool_device_begin(p);
+  mp_status_t st = mp__pool_vm_map(p, (void *)a, bytes);
+  mp__pool_device_end(p);
+  mp__vrange_strays_count(p);
+  mp__pool_unlock(p);
+  return st;
+}
 
 /* A fake device of 1 GiB with a 2 MiB granule. */
 static inline mp_device_t *flaky_open(unsigned fail_at) {
