@@ -528,7 +528,8 @@ struct mp_pool {
   /* vrange.c: mappings a growth or resume left on the device outside the
    * virtual range's chunks (a peer's access refused, then the unmap
    * refused too: mp__pool_vm_map); unmapped before anything is mapped
-   * over them, tried again at trim and pause (mp__vrange_strays_retry),
+   * over them (growth maps around those still kept), tried again at
+   * growth, trim and pause (mp__vrange_strays_retry),
    * and unmapped at release. Grown on the host before a map that may
    * leave one, so none is forgotten. Changed only with a device call in
    * flight (inflight) or at destroy. */

@@ -19,7 +19,9 @@
  * even that is more than is left but the request is not: a plain segment
  * of the request's size, mp__vrange_grow). What is mapped is one chunk, or
  * (map_piece) adjacent chunks of at most map_piece each, which can go back
- * one by one.
+ * one by one. A stray (a mapping the device would not take back:
+ * mp__pool_vm_map) is never mapped over: growth unmaps the strays again
+ * first, and places around those the device still keeps.
  *
  * Release: a free chunk (one lying wholly inside a free block whose work is
  * done) can be unmapped wherever it is: the block around it splits into a
@@ -563,6 +565,35 @@ static size_t mp__bytes_to_map(const mp_pool_t *pool, size_t size,
   return n ? n : pool->granule;
 }
 
+/* Whether [a, a + n) lies clear of the strays (pool->strays): a stray is
+ * still mapped there, so a map over it would first have to unmap it, and
+ * the device refused that. */
+static bool mp__clear_of_strays(const mp_pool_t *pool, uintptr_t a, size_t n) {
+  for (size_t i = 0; i < pool->nstrays; i++)
+    if (pool->strays[i].addr < a + n &&
+        a < pool->strays[i].addr + pool->strays[i].size)
+      return false;
+  return true;
+}
+
+/* The lowest address at or above a where n bytes lie clear of the strays.
+ * Each stray moves it at most once (past its end, it never meets that one
+ * again); strays are whole granules where growth or resume mapped, so the
+ * address stays on a granule. */
+static uintptr_t mp__past_strays(const mp_pool_t *pool, uintptr_t a, size_t n) {
+  for (bool moved = pool->nstrays > 0; moved;) {
+    moved = false;
+    for (size_t i = 0; i < pool->nstrays; i++) {
+      mp__chunk_t c = pool->strays[i];
+      if (c.addr < a + n && a < c.addr + c.size) {
+        a = c.addr + c.size;
+        moved = true;
+      }
+    }
+  }
+  return a;
+}
+
 static void mp__placement_offer(mp__placement_t *best, bool *found,
                                 mp__block_t *hole, uintptr_t at, size_t n,
                                 bool jp, bool jn, mp__block_t *k1,
@@ -580,7 +611,9 @@ static void mp__placement_offer(mp__placement_t *best, bool *found,
 }
 
 /* The best place for size on sidx; false when neither the top nor a hole
- * has room. */
+ * has room. Never on a stray (mp__vrange_grow retried their unmap first):
+ * a place that completes a free block but would cover one is passed over,
+ * and fresh memory (joining no block) goes past it, the gap below a hole. */
 static bool mp__find_placement(mp_pool_t *pool, mp__segment_t *v, size_t size,
                                uint32_t sidx, mp__placement_t *best) {
   size_t lim = mp__vsplit_limit(pool), g = pool->granule;
@@ -593,14 +626,18 @@ static bool mp__find_placement(mp_pool_t *pool, mp__segment_t *v, size_t size,
   bool found = false;
   /* The top first, so that it wins ties. */
   mp__block_t *t = v->last;
+  uintptr_t at = v->base + v->span;
   size_t f = mp__usable_bytes(pool, t, sidx);
   size_t n = mp__bytes_to_map(pool, size, f);
-  bool jp = f > 0 && mp__merge_ok(lim, f + n, size);
-  if (!jp)
+  bool jp = f > 0 && mp__merge_ok(lim, f + n, size) &&
+            mp__clear_of_strays(pool, at, n);
+  if (!jp) {
     n = mp__bytes_to_map(pool, size, 0);
-  if (n <= v->va_size - v->span) /* span + n could wrap near SIZE_MAX */
-    mp__placement_offer(best, &found, NULL, v->base + v->span, n, jp, false, t,
-                        NULL);
+    at = mp__past_strays(pool, at, n);
+  }
+  /* at - base + n could wrap near SIZE_MAX */
+  if (at - v->base <= v->va_size && n <= v->va_size - (at - v->base))
+    mp__placement_offer(best, &found, NULL, at, n, jp, false, t, NULL);
   for (size_t k = 0; k < v->nholes; k++) {
     mp__block_t *h = v->holes[k];
     mp__block_t *lo = h->prev, *up = h->next;
@@ -608,20 +645,23 @@ static bool mp__find_placement(mp_pool_t *pool, mp__segment_t *v, size_t size,
            fu = mp__usable_bytes(pool, up, sidx);
     uintptr_t hend = h->addr + h->size;
     if (fl + h->size + fu >= size &&
-        mp__merge_ok(lim, fl + h->size + fu, size) && (fl || fu))
+        mp__merge_ok(lim, fl + h->size + fu, size) && (fl || fu) &&
+        mp__clear_of_strays(pool, h->addr, h->size))
       mp__placement_offer(best, &found, h, h->addr, h->size, fl > 0, fu > 0, lo,
                           up);
     if (fl > 0 && (n = mp__bytes_to_map(pool, size, fl)) <= h->size &&
-        mp__merge_ok(lim, fl + n + (n == h->size ? fu : 0), size))
+        mp__merge_ok(lim, fl + n + (n == h->size ? fu : 0), size) &&
+        mp__clear_of_strays(pool, h->addr, n))
       mp__placement_offer(best, &found, h, h->addr, n, true,
                           n == h->size && fu > 0, lo, up);
     if (fu > 0 && (n = mp__bytes_to_map(pool, size, fu)) <= h->size &&
-        mp__merge_ok(lim, fu + n + (n == h->size ? fl : 0), size))
+        mp__merge_ok(lim, fu + n + (n == h->size ? fl : 0), size) &&
+        mp__clear_of_strays(pool, hend - n, n))
       mp__placement_offer(best, &found, h, hend - n, n, n == h->size && fl > 0,
                           true, lo, up);
-    if ((n = mp__bytes_to_map(pool, size, 0)) <= h->size)
-      mp__placement_offer(best, &found, h, h->addr, n, false, false, NULL,
-                          NULL);
+    if ((n = mp__bytes_to_map(pool, size, 0)) <= h->size &&
+        (at = mp__past_strays(pool, h->addr, n)) <= hend - n)
+      mp__placement_offer(best, &found, h, at, n, false, false, NULL, NULL);
   }
   if (!found)
     return false;
@@ -652,13 +692,18 @@ static bool mp__find_placement(mp_pool_t *pool, mp__segment_t *v, size_t size,
     if (fb >= step && fb < res / 8 && res + step > peak)
       step = peak > res ? (peak - res) / g * g : 0;
   }
-  size_t space = best->hole ? best->hole->size : v->va_size - v->span;
+  /* Up from at to the hole's end or the range's, or (joining only the
+   * block above) down from the hole's end; not over a stray. */
+  bool down = best->hole != NULL && best->jn && !best->jp;
+  uintptr_t end = best->hole != NULL ? best->hole->addr + best->hole->size
+                                     : v->base + v->va_size;
+  size_t space = down ? best->hole->size : end - best->at;
   if (step > space)
     step = space;
-  if (step > best->need) {
+  at = down ? end - step : best->at;
+  if (step > best->need && mp__clear_of_strays(pool, at, step)) {
     best->bytes = step;
-    if (best->hole != NULL && best->jn && !best->jp)
-      best->at = best->hole->addr + best->hole->size - step;
+    best->at = at;
   }
   return true;
 }
@@ -677,6 +722,12 @@ mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
   MP__ASSERT_LOCKED(pool);
   mp__segment_t *v = pool->vseg;
   mp__placement_t p = {0};
+  /* The strays first: the device may take them back now (their memory
+   * counts against the cap), and the placement goes around those it
+   * still refuses, where a map over one failed (its unmap refused again)
+   * at every growth that chose the same place. */
+  if (pool->nstrays > 0)
+    (void)mp__vrange_strays_retry(pool);
   for (int round = 0;; round++) {
     if (!mp__find_placement(pool, v, size, sidx, &p))
       return MP_ENOTSUP; /* range exhausted: the caller goes plain */

@@ -64,6 +64,16 @@ static void expect_device_held(mp_pool_t *p, mp_device_t *dev) {
   check(p);
 }
 
+/* A block of n bytes in *out, not on the stray at a (one granule). */
+static void alloc_around(mp_pool_t *p, mp_device_t *dev, size_t n, uintptr_t a,
+                         void **out) {
+  cr_assert_eq(mp_pool_alloc(p, n, NULL, out), MP_OK, "%s", mp_last_error());
+  uintptr_t b = (uintptr_t)*out;
+  cr_expect(b + n <= a || b >= a + 2 * MiB, "%p is on the stray at %p", *out,
+            (void *)a);
+  expect_device_held(p, dev);
+}
+
 /* Unsticks the stray, frees the n blocks v[i], and as fake_pool_finish
  * (the device holds nothing after destroy). */
 static void finish(mp_pool_t *p, mp_device_t *dev, mp_device_t *peer,
@@ -104,6 +114,59 @@ Test(pool_stray_mappings, a_stray_counts_in_reserved_bytes_until_unmapped) {
   cr_expect_eq(s.reserved_bytes, 2 * MiB);
   cr_expect_eq(s.peak_reserved_bytes, 4 * MiB);
   finish(p, dev, peer, &v, 1);
+}
+
+/* The stray lies at the top, where the next growth would map, and the
+ * device keeps refusing its unmap: the growth maps above it, leaving it
+ * in a hole of its own. Before, every growth chose that place again and
+ * failed (MP_EDRIVER, "still mapped"): the pool could not grow at all. */
+Test(pool_stray_mappings, growth_maps_around_a_stray_at_the_top) {
+  mp_device_t *dev, *peer;
+  void *v[2];
+  mp_pool_t *p = stuck_pool(&dev, &peer, NULL, &v[0]);
+  uintptr_t a = top_of(p);
+  stray_at(p, a);
+  alloc_around(p, dev, 2 * MiB, a, &v[1]);
+  cr_expect_eq(fake_of(dev)->used, 6 * MiB);
+  finish(p, dev, peer, v, 2);
+}
+
+/* The stray lies in a hole whose free neighbour makes it growth's best
+ * place (2 MiB to map there, 4 at the top): the growth maps at the top
+ * instead. Before: MP_EDRIVER, "still mapped". */
+Test(pool_stray_mappings, growth_maps_around_a_stray_in_a_hole) {
+  mp_device_t *dev, *peer;
+  void *v[5];
+  mp_pool_t *p = stuck_pool(&dev, &peer, NULL, &v[0]);
+  for (int i = 1; i < 4; i++)
+    cr_assert_eq(mp_pool_alloc(p, 2 * MiB, NULL, &v[i]), MP_OK);
+  cr_assert_eq(p->vseg->nchunks, 4, "the test needs four chunks");
+  uintptr_t a = (uintptr_t)v[1];
+  cr_assert_eq(mp_pool_free(p, v[1]), MP_OK);
+  cr_assert_eq(mp_pool_trim(p, 0), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(p, v[2]), MP_OK);
+  cr_assert_eq(p->vseg->nholes, 1, "a hole where v[1] was");
+  stray_at(p, a);
+  alloc_around(p, dev, 4 * MiB, a, &v[4]);
+  v[1] = v[3];
+  v[2] = v[4];
+  finish(p, dev, peer, v, 3);
+}
+
+/* The growth's step (segment_bytes=8M: 8 MiB mapped for a 2 MiB request)
+ * would cover a stray 4 MiB above the top: it maps only what the request
+ * needs. Before, the step mapped over it: MP_EDRIVER, "still mapped". */
+Test(pool_stray_mappings, a_growth_step_stops_short_of_a_stray) {
+  mp_device_t *dev, *peer;
+  void *v[2];
+  mp_pool_t *p = stuck_pool(&dev, &peer, "segment_bytes=8M", &v[0]);
+  cr_assert_eq(mp_pool_free(p, v[0]), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 8 * MiB, NULL, &v[0]), MP_OK);
+  cr_assert_eq(stats(p).free_bytes, 0, "the test needs no free memory");
+  uintptr_t a = top_of(p) + 4 * MiB;
+  stray_at(p, a);
+  alloc_around(p, dev, 2 * MiB, a, &v[1]);
+  finish(p, dev, peer, v, 2);
 }
 
 /* A stray counts against max_bytes: with 2 MiB held, a stray of 2 and a
