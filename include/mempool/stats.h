@@ -19,7 +19,9 @@ extern "C" {
 
 typedef struct mp_stats {
   size_t reserved_bytes, peak_reserved_bytes; /* device memory held (mapped, for
-                                                 virtual segments) */
+                                                 virtual segments, with any
+                                                 mapping the device refused
+                                                 to take back) */
   size_t allocated_bytes, peak_allocated_bytes; /* handed out, after rounding */
   size_t requested_bytes, peak_requested_bytes; /* asked for by callers */
   size_t largest_free_bytes; /* biggest block one alloc could get without the
