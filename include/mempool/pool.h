@@ -116,16 +116,18 @@ typedef struct mp_pool mp_pool_t;
  * arenas is used (no thread-local lookup, no arena table: the instructions
  * of a pool without arenas); it switches to per-thread arenas for good
  * once threads contend for that arena's lock (a few dozen contended
- * takes). From then on it is a pool with arenas=N ("Arenas" below), and
- * the first thread keeps its arena with what it holds. Every other call
- * works on it as on a pool with arenas from the start. A graph pool made
- * of it also ends solo, or keeps it from starting (the arenas' path routes
- * a captured stream to it), and so does any other arena being made
- * (another thread's first allocation before solo began,
- * mp_pool_alloc_contiguous, mp_pool_alloc_movable or a child pool's range
- * from a thread whose arena is another: the solo free looks in the solo
- * arena only). Solo does not start with history=N or a release threshold
- * (their pools take no plain path anyway). Off by default. */
+ * takes), or another arena is made (another thread's first allocation
+ * before solo began, mp_pool_alloc_contiguous, mp_pool_alloc_movable or a
+ * child pool's range from a thread whose arena is another). From then on
+ * it is a pool with arenas=N ("Arenas" below), but that the first thread
+ * keeps its arena with what it holds and still allocates and frees there
+ * through the path of a pool without arenas (a free of another arena's
+ * block is found there too). Every other call works on it as on a pool
+ * with arenas from the start. A graph pool made of it ends solo, and that
+ * first thread's path, for good, or keeps solo from starting (the arenas'
+ * path routes a captured stream to it). Solo does not start with
+ * history=N or a release threshold (their pools take no plain path
+ * anyway). Off by default. */
 #define MP_POOL_ARENAS_AUTO 0x20u
 
 typedef struct mp_pool_config {
@@ -205,8 +207,8 @@ typedef struct mp_pool_config {
  * arena that holds it. With arenas_auto=1 (MP_POOL_ARENAS_AUTO) the
  * first arena made (the first allocating thread's) serves every thread
  * through the path of a pool without arenas until threads contend for its
- * lock; then the pool works as below for good. What works on the pool as a
- * whole:
+ * lock; then the pool works as below, the first thread keeping that path on
+ * its arena. What works on the pool as a whole:
  *  - mp_pool_alloc, mp_pool_free, mp_pool_free_async,
  *    mp_pool_free_after_all, mp_pool_record_stream: from any thread; a
  *    free goes to the arena that holds the pointer. free_after_all waits

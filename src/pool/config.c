@@ -84,7 +84,8 @@ static const mp__conf_key_t mp__conf_keys[] = {
     MP__FLAG_KEY("arenas_auto", MP_POOL_ARENAS_AUTO,
                  "start solo on the first allocating thread's arena (a plain "
                  "pool's path) and switch to per-thread arenas when threads "
-                 "contend (needs arenas=N, N at least 2)"),
+                 "contend, that thread keeping the plain path (needs "
+                 "arenas=N, N at least 2)"),
     MP__SIZE_KEY(map_piece, false,
                  "largest device mapping a growth makes (rounded up to the "
                  "granule): memory goes back in pieces this size, for more "
