@@ -629,3 +629,65 @@ Test(pool_arenas_auto, a_graph_pool_ends_solo) {
 Test(pool_arenas_auto, a_graph_pool_ends_the_lane) {
   a_graph_pool_ends(true);
 }
+
+/* In the lane the first thread's plain path grows within its arena's
+ * share of the cap, and past it takes the arenas' out-of-memory path: the
+ * other arena's unused share comes back, the pool never holds more than
+ * the cap (mp_pool_check: no arena above its share, the shares within the
+ * cap), and mp_pool_set_max_fraction's new cap is shared, not handed whole
+ * to the lane arena as it is to a solo one. A pause refuses the first
+ * thread's plain path, and the resume gives it back. */
+Test(pool_arenas_auto, in_the_lane_the_first_thread_keeps_to_the_cap) {
+  mp_pool_t *pool = make_pool(dev, "arenas=4,arenas_auto=1,max_bytes=16M");
+  void *p[40];
+  cr_assert_eq(mp_pool_alloc(pool, MiB, NULL, &p[0]), MP_OK, "%s",
+               mp_last_error());
+  pieces_job_t pj = {.pool = pool};
+  on_new_thread(do_pieces, &pj);
+  cr_assert_eq(pj.st, MP_OK, "%s", pj.why);
+  cr_assert(lane(pool), "another thread's arena did not start the lane");
+  job_t j = {.pool = pool, .bytes = 4 * MiB, .tag = 9, .count = 2};
+  cr_assert_eq(on_thread(&j, ALLOC), MP_OK, "%s", j.why);
+  mp_status_t st = MP_OK;
+  int n = fill_mib(pool, p, 1, 40, &st);
+  cr_expect_eq(st, MP_ELIMIT, "%s", mp_last_error());
+  cr_expect(n >= 4 && n <= 8,
+            "%d blocks of 1 MiB beside another arena's 8 MiB under a 16 MiB "
+            "cap",
+            n);
+  cr_expect_leq(stats(pool).reserved_bytes, 16 * MiB);
+  check(pool);
+  /* The other thread's blocks go (freed from this thread, through the
+   * lane's forward): their room comes back to the first thread. */
+  for (int k = 0; k < 2; k++) {
+    cr_assert_eq(mp_pool_free(pool, j.ptrs[k]), MP_OK, "%s", mp_last_error());
+    cr_assert_eq(mp_pool_free(pool, pj.out[k]), MP_OK, "%s", mp_last_error());
+  }
+  n = fill_mib(pool, p, n, 40, &st);
+  cr_expect_eq(n, 16, "%d blocks of 1 MiB once the other arena's went", n);
+  cr_expect_leq(stats(pool).reserved_bytes, 16 * MiB);
+  check(pool);
+  cr_assert_eq(mp_pool_set_max_fraction(pool, 0.5), MP_OK, "%s",
+               mp_last_error());
+  mp_pool_t *a = mp__pool_hot(pool);
+  mp__pool_lock(a);
+  size_t share = a->cap;
+  mp__pool_unlock(a);
+  cr_expect_lt(share, 32 * MiB, "the lane arena took the whole new cap");
+  n = fill_mib(pool, p, n, 40, &st);
+  cr_expect_eq(n, 32, "%d blocks of 1 MiB under a 32 MiB cap", n);
+  cr_expect_leq(stats(pool).reserved_bytes, 32 * MiB);
+  check(pool);
+  cr_assert_eq(mp_pool_pause(pool, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
+               mp_last_error());
+  void *q;
+  cr_expect_eq(mp_pool_alloc(pool, 4096, NULL, &q), MP_EBUSY);
+  cr_expect_eq(mp_pool_free(pool, p[0]), MP_EBUSY);
+  cr_assert_eq(mp_pool_resume(pool), MP_OK, "%s", mp_last_error());
+  cr_expect(lane(pool), "a pause ended the lane");
+  for (int i = 0; i < n; i++)
+    cr_assert_eq(mp_pool_free(pool, p[i]), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(stats(pool).allocated_bytes, 0);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+}
