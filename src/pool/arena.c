@@ -686,6 +686,23 @@ mp_status_t mp__arena_solo_failed(mp_pool_t *a, size_t bytes, mp_stream_t s,
    * pool without arenas. */
   if (!mp__arena_oom(st) || !mp__pool_oom_last(a))
     return st;
+  /* The lane ("The lane"): the plain path refuses a request above a's
+   * share of the cap before it looks in a's cache, which the arenas' path
+   * serves whatever the share; a cap lowered below what the other arenas
+   * hold (mp__arena_recap) left a none, and the lane's thread failed with
+   * MP_ELIMIT beside a cached block that any other thread got. Its cache
+   * first, as there (the failure then no longer counts, as
+   * mp__arena_retry's). Solo, a holds the whole cap, as a pool without
+   * arenas. */
+  if (atomic_load_explicit(&a->solo_of, memory_order_relaxed) == NULL) {
+    mp__pool_lock(a);
+    mp_status_t c = mp__pool_alloc_cached_rec(a, bytes, s, out, false);
+    if (c == MP_OK && !mp__oom_quiet && a->st.oom_count > 0)
+      a->st.oom_count--;
+    mp__pool_unlock(a);
+    if (c == MP_OK)
+      return MP_OK;
+  }
   return mp__status_out(mp__arena_alloc_oom(
       a->arena_of, a, &(mp__arena_req_t){.bytes = bytes, .s = s, .out = out},
       st));

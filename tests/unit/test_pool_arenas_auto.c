@@ -691,3 +691,44 @@ Test(pool_arenas_auto, in_the_lane_the_first_thread_keeps_to_the_cap) {
   check(pool);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
 }
+
+/* In the lane, mp_pool_set_max_fraction lowered below what the arenas
+ * hold gives nothing back, and cached memory still serves (as on the
+ * arenas' path, and as in a pool without arenas): the first thread's
+ * plain path gets its own cached block back, though another thread's arena
+ * holds the whole new cap. */
+Test(pool_arenas_auto, in_the_lane_a_lowered_cap_leaves_the_first_its_cache) {
+  mp_pool_t *pool = make_pool(dev, "arenas=4,arenas_auto=1,max_bytes=32M");
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, 4 * MiB, NULL, &p), MP_OK, "%s",
+               mp_last_error());
+  int at = solo_at(pool);
+  cr_assert(at >= 0);
+  /* Another thread's arena starts the lane (mp_pool_alloc_contiguous
+   * takes the arenas' path); a third thread's arena keeps 4 MiB live. */
+  pieces_job_t pj = {.pool = pool};
+  on_new_thread(do_pieces, &pj);
+  cr_assert_eq(pj.st, MP_OK, "%s", pj.why);
+  cr_assert(lane(pool));
+  job_t j = {.pool = pool, .bytes = 4 * MiB, .tag = 3, .count = 1};
+  cr_assert_eq(on_thread(&j, ALLOC), MP_OK, "%s", j.why);
+  cr_assert(arena_holding(pool, j.ptrs[0]) != at);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK, "%s", mp_last_error());
+  size_t reserved = stats(pool).reserved_bytes;
+  /* 4 MiB of the device's 64: what the other arena holds. */
+  cr_assert_eq(mp_pool_set_max_fraction(pool, 4.0 / 64), MP_OK, "%s",
+               mp_last_error());
+  void *q;
+  cr_assert_eq(mp_pool_alloc(pool, 4 * MiB, NULL, &q), MP_OK,
+               "the first thread's cached 4 MiB under a 4 MiB cap: %s",
+               mp_last_error());
+  cr_expect_eq(arena_holding(pool, q), at);
+  cr_expect_eq(stats(pool).reserved_bytes, reserved, "nothing grew");
+  cr_expect_eq(stats(pool).oom_count, 0);
+  check(pool);
+  cr_assert_eq(mp_pool_free(pool, q), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(on_thread(&j, FREE), MP_OK, "%s", j.why);
+  for (int k = 0; k < 2; k++)
+    cr_assert_eq(mp_pool_free(pool, pj.out[k]), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+}
