@@ -790,8 +790,11 @@ static inline void mp__arena_unsolo(mp_pool_t *pool) {
  * solo for good (hot is the pool) or is in the lane already stays so. */
 static inline void mp__arena_lane(mp_pool_t *pool) {
   mp_pool_t *a = mp__pool_hot(pool);
+  /* Acquire: a maker of another arena that finds the lane started by
+   * contention publishes its arena after the gate (the lane arena's free
+   * of that arena's blocks reads the gate to forward them). */
   if (a == pool ||
-      atomic_load_explicit(&a->solo_of, memory_order_relaxed) == NULL)
+      atomic_load_explicit(&a->solo_of, memory_order_acquire) == NULL)
     return;
   atomic_store_explicit(&a->gate, pool, memory_order_release);
   atomic_store_explicit(&a->solo_of, NULL, memory_order_release);
