@@ -66,8 +66,7 @@ static mp_status_t mp__check_strays(const mp_pool_t *pool) {
       MP__CORRUPT("stray mapping %p (%zu bytes) lies outside the range",
                   (void *)c.addr, c.size);
     for (size_t k = 0; k < v->nchunks; k++)
-      if (v->chunks[k].addr < c.addr + c.size &&
-          c.addr < v->chunks[k].addr + v->chunks[k].size)
+      if (mp__chunk_meets(v->chunks[k], c.addr, c.size))
         MP__CORRUPT("stray mapping %p (%zu bytes) overlaps chunk %p",
                     (void *)c.addr, c.size, (void *)v->chunks[k].addr);
   }

@@ -249,6 +249,10 @@ typedef struct mp__chunk {
   uintptr_t addr;
   size_t size; /* exactly one vm_map call */
 } mp__chunk_t;
+/* Whether chunk c and [a, a + n) share a byte. */
+static inline bool mp__chunk_meets(mp__chunk_t c, uintptr_t a, size_t n) {
+  return c.addr < a + n && a < c.addr + c.size;
+}
 
 struct mp__segment {
   uintptr_t base;

@@ -565,17 +565,6 @@ static size_t mp__bytes_to_map(const mp_pool_t *pool, size_t size,
   return n ? n : pool->granule;
 }
 
-/* Whether [a, a + n) lies clear of the strays (pool->strays): a stray is
- * still mapped there, so a map over it would first have to unmap it, and
- * the device refused that. */
-static bool mp__clear_of_strays(const mp_pool_t *pool, uintptr_t a, size_t n) {
-  for (size_t i = 0; i < pool->nstrays; i++)
-    if (pool->strays[i].addr < a + n &&
-        a < pool->strays[i].addr + pool->strays[i].size)
-      return false;
-  return true;
-}
-
 /* The lowest address at or above a where n bytes lie clear of the strays.
  * Each stray moves it at most once (past its end, it never meets that one
  * again); strays are whole granules where growth or resume mapped, so the
@@ -585,13 +574,20 @@ static uintptr_t mp__past_strays(const mp_pool_t *pool, uintptr_t a, size_t n) {
     moved = false;
     for (size_t i = 0; i < pool->nstrays; i++) {
       mp__chunk_t c = pool->strays[i];
-      if (c.addr < a + n && a < c.addr + c.size) {
+      if (mp__chunk_meets(c, a, n)) {
         a = c.addr + c.size;
         moved = true;
       }
     }
   }
   return a;
+}
+
+/* Whether [a, a + n) lies clear of the strays (pool->strays): a stray is
+ * still mapped there, so a map over it would first have to unmap it, and
+ * the device refused that. */
+static bool mp__clear_of_strays(const mp_pool_t *pool, uintptr_t a, size_t n) {
+  return mp__past_strays(pool, a, n) == a;
 }
 
 static void mp__placement_offer(mp__placement_t *best, bool *found,
@@ -845,7 +841,7 @@ static mp_status_t mp__strays_unmap(mp_pool_t *pool, uintptr_t a,
   char why[MP__ERROR_MAX] = "";
   for (size_t i = 0; i < pool->nstrays;) {
     mp__chunk_t c = pool->strays[i];
-    if (c.addr >= a + bytes || c.addr + c.size <= a) {
+    if (!mp__chunk_meets(c, a, bytes)) {
       i++;
       continue;
     }
