@@ -29,6 +29,9 @@
  * stream's handle with CUDA_ERROR_INVALID_HANDLE instead of stopping the
  * process (fk_dead_or_bad); FAKECUDA_UNMAP_IN_USE=refuse likewise answers
  * an unmap of memory queued work still uses (fk_flight_t);
+ * FAKECUDA_FREE_IN_USE=stop (any value) has cuMemFree of cuMemAlloc memory
+ * that queued work still uses stop the process instead of waiting, and
+ * =refuse answers it CUDA_ERROR_INVALID_VALUE (fk_free_in_use);
  * FAKECUDA_IPC_INTERIOR=1 lets cuIpcGetMemHandle take a pointer inside an
  * allocation (see IPC below); FAKECUDA_REUSE_STREAMS=1 gives a new stream
  * the handle of the stream released last, as a driver may (fk_unbury).
@@ -48,7 +51,8 @@
  *    (cuFakeGetErrorCount), never a crash;
  *  - a host function's CUDA calls get CUDA_ERROR_NOT_PERMITTED (counted);
  *  - cuMemUnmap does not wait for queued work: unmapping memory a queued
- *    copy or memset still uses stops the process (fk_flight_t);
+ *    copy or memset still uses stops the process (fk_flight_t); nor does
+ *    cuMemFree of cuMemAllocAsync memory (fk_free_in_use);
  *  - a mapping starts with no access: a copy or memset of it runs only on
  *    a device cuMemSetAccess gave access to (read: PROT_READ or
  *    PROT_READWRITE; write: PROT_READWRITE), else it is refused with
@@ -1510,14 +1514,22 @@ typedef struct fk_flight {
 static fk_flight_t *fk_flights;
 static size_t fk_nflights, fk_flights_cap;
 
-/* Whether [lo, hi) reaches into a mapping (cuMemMap). Under fk.lock. */
-static bool fk_touches_mapping(uintptr_t lo, uintptr_t hi) {
+/* Whether a range's memory is watched for queued work: a mapping (for
+ * cuMemUnmap), stream-ordered memory (for cuMemFree, which does not wait
+ * for it: fk_free_in_use), and, with FAKECUDA_FREE_IN_USE set, every
+ * allocation (fk_free_in_use). */
+static bool fk_watched(const fk_range_t *r, bool all) {
+  return r->phys != NULL || r->stream_ordered || (all && !r->ipc_open);
+}
+
+/* Whether [lo, hi) reaches into a watched range. Under fk.lock. */
+static bool fk_touches_watched(uintptr_t lo, uintptr_t hi, bool all) {
   size_t i = fk_range_lower(lo + 1);
   if (i > 0 && lo - fk.ranges[i - 1].base < fk.ranges[i - 1].size &&
-      fk.ranges[i - 1].phys != NULL)
+      fk_watched(&fk.ranges[i - 1], all))
     return true;
   for (; i < fk.n_ranges && fk.ranges[i].base < hi; i++)
-    if (fk.ranges[i].phys != NULL)
+    if (fk_watched(&fk.ranges[i], all))
       return true;
   return false;
 }
@@ -1543,8 +1555,9 @@ static void fk_flights_prune(const mp_device_t *closing) {
  * failure). Under fk.lock. */
 static void fk_flight_add(mp_device_t *dev, mp_stream_t hs, uintptr_t dst,
                           uintptr_t src, size_t n) {
-  if (!fk_touches_mapping(dst, dst + n) &&
-      (src == 0 || !fk_touches_mapping(src, src + n)))
+  bool all = getenv("FAKECUDA_FREE_IN_USE") != NULL;
+  if (!fk_touches_watched(dst, dst + n, all) &&
+      (src == 0 || !fk_touches_watched(src, src + n, all)))
     return;
   fk_flights_prune(NULL);
   fk_flight_t *p = fk_room(fk_flights, fk_nflights, &fk_flights_cap, sizeof *p);
@@ -2090,8 +2103,48 @@ static CUresult fk_free_user(mp_device_t *dev, CUdeviceptr dptr) {
   return g == FK_GOUT_LIVE ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+/* cuMemFree and the work still queued on the memory it frees. cuda.h,
+ * cuMemFree: "This API will not perform any implicit synchronization when
+ * the pointer was allocated with ::cuMemAllocAsync ... Callers must ensure
+ * that all accesses to these pointer have completed before invoking
+ * ::cuMemFree"; "For all other pointers, this API may perform implicit
+ * synchronization". So freeing stream-ordered memory a queued copy or
+ * memset still uses stops the process with a message (a GPU would run the
+ * work on freed memory), as cuMemUnmap does (fk_flight_t). cuMemAlloc
+ * memory is waited for, as drivers do in practice (the host device's free
+ * waits for every stream), unless FAKECUDA_FREE_IN_USE is set: then freeing
+ * any memory such work still uses stops the process too, for a caller that
+ * says it never relies on that "may" (the cuda backend: mp__cuda_free).
+ * FAKECUDA_FREE_IN_USE=refuse answers CUDA_ERROR_INVALID_VALUE instead (a
+ * test of the rule); nothing is freed then. Only copies and memsets are
+ * seen, queued after the variable was set. */
+static CUresult fk_free_in_use(CUdeviceptr dptr) {
+  const char *v = getenv("FAKECUDA_FREE_IN_USE");
+  bool all = v != NULL;
+  pthread_mutex_lock(&fk.lock);
+  fk_range_t *r = fk_range_at((uintptr_t)dptr);
+  bool busy = r != NULL && fk_watched(r, all) && r->phys == NULL &&
+              fk_in_flight(r->base, r->base + r->size);
+  size_t size = r != NULL ? r->size : 0;
+  bool ordered = r != NULL && r->stream_ordered;
+  pthread_mutex_unlock(&fk.lock);
+  if (!busy)
+    return CUDA_SUCCESS;
+  if (v != NULL && strcmp(v, "refuse") == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  fprintf(stderr,
+          "fakecuda: cuMemFree(%p) of %s memory (%zu bytes) that queued "
+          "copies or memsets still use (%s)\n",
+          (void *)dptr, ordered ? "stream-ordered" : "cuMemAlloc", size,
+          ordered ? "cuMemFree does not wait for it"
+                  : "FAKECUDA_FREE_IN_USE: a driver may not wait for it");
+  abort();
+}
+
 static CUresult fk_free_sync(mp_device_t *dev, CUdeviceptr dptr) {
   CUresult r = fk_unsafe();
+  if (r == CUDA_SUCCESS)
+    r = fk_free_in_use(dptr);
   return r == CUDA_SUCCESS ? fk_free_user(dev, dptr) : r;
 }
 

@@ -409,6 +409,14 @@ static CUstream gated_memset(CUdeviceptr va, size_t g, probe_t *pr) {
   return s;
 }
 
+/* A memset of [p, p + n) queued behind a kernel whose gate stays shut: the
+ * tests that use it stop the process while it waits. */
+static void memset_behind_a_shut_gate(CUdeviceptr p, size_t n) {
+  static atomic_int gate;
+  static probe_t pr = {.flag = &gate};
+  (void)gated_memset(p, n, &pr);
+}
+
 /* cuMemUnmap does not wait for work queued on the memory (cuda.h promises
  * no such wait; a GPU faults, or writes into whatever is mapped there
  * next): the fake refuses an unmap of memory a queued memset still writes.
@@ -443,10 +451,55 @@ Test(fakecuda_rules, unmapping_memory_queued_work_still_uses_stops_the_process,
   CUdeviceptr va;
   size_t g;
   (void)map_granule(&va, &g);
-  atomic_int gate = 0;
-  probe_t pr = {.flag = &gate};
-  (void)gated_memset(va, g, &pr);
+  memset_behind_a_shut_gate(va, g);
   (void)cuMemUnmap(va, g);
+}
+
+/* cuda.h, cuMemFree: "This API will not perform any implicit
+ * synchronization when the pointer was allocated with ::cuMemAllocAsync",
+ * and "Callers must ensure that all accesses to these pointer have
+ * completed": a free of such memory that a queued memset still writes
+ * stops the process. (cuMemAlloc memory, for which it only "may", is
+ * waited for: mem_free_waits_for_the_applications_streams.) Undefined on
+ * a GPU. */
+Test(fakecuda_rules, freeing_stream_ordered_memory_in_use_stops_the_process,
+     .signal = SIGABRT) {
+  if (fk_real())
+    abort();
+  CUdeviceptr a;
+  cr_assert_eq(cuMemAllocAsync(&a, 1 << 20, NULL), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(NULL), CUDA_SUCCESS);
+  memset_behind_a_shut_gate(a, 1 << 20);
+  (void)cuMemFree(a);
+}
+
+/* With FAKECUDA_FREE_IN_USE=refuse, a free of memory a queued memset still
+ * writes is refused instead, with nothing freed, for cuMemAlloc memory too
+ * (the variable asks the fake to check a caller that never relies on the
+ * "may" of cuMemFree's implicit synchronization); once the stream is done
+ * it goes through. */
+Test(fakecuda_rules, freeing_memory_queued_work_still_uses_is_refused) {
+  if (fk_real())
+    return;
+  setenv("FAKECUDA_FREE_IN_USE", "refuse", 1);
+  CUdeviceptr d, a;
+  cr_assert_eq(cuMemAlloc(&d, 1 << 20), CUDA_SUCCESS);
+  cr_assert_eq(cuMemAllocAsync(&a, 1 << 20, NULL), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(NULL), CUDA_SUCCESS);
+  const CUdeviceptr mem[] = {d, a};
+  for (int i = 0; i < 2; i++) {
+    atomic_int gate = 0;
+    probe_t pr = {.flag = &gate};
+    CUstream s = gated_memset(mem[i], 1 << 20, &pr);
+    cr_expect_eq(cuMemFree(mem[i]), CUDA_ERROR_INVALID_VALUE,
+                 "%s memory freed under a queued memset",
+                 i ? "stream-ordered" : "cuMemAlloc");
+    atomic_store(&gate, 1);
+    cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+    cr_expect_eq(cuMemFree(mem[i]), CUDA_SUCCESS, "not freed once done");
+    cr_assert_eq(cuStreamDestroy(s), CUDA_SUCCESS);
+  }
+  unsetenv("FAKECUDA_FREE_IN_USE");
 }
 
 /* A mapping is accessible only as cuMemSetAccess says: "all mappings start
