@@ -424,6 +424,10 @@ typedef struct fk_range {
   int ipc_fd;                 /* allocations: the descriptor cuIpcGetMemHandle
                                  exported (closed at cuMemFree), or -1 */
   bool ipc_open;              /* a cuIpcOpenMemHandle mapping */
+  uint64_t ipc_serial;        /* allocations: their handles' serial (0: none
+                                 yet); opened mappings: the handle's */
+  int32_t ipc_pid;            /* opened mappings: the exporter */
+  unsigned ipc_refs;          /* opened mappings: opens not yet closed */
   bool stream_ordered;        /* cuMemAllocAsync's, not cuMemAlloc's */
   unsigned char gout;         /* allocations of a graph's memory nodes:
                                  FK_GOUT_* (0: none) */
@@ -3744,11 +3748,20 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
  * pointer gets;
  * cuIpcOpenMemHandle's flags must be CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS and
  * its memory is released with cuIpcCloseMemHandle, never cuMemFree.
+ * A handle opened again in a context that has it open gives the same
+ * pointer and counts the open (cuda.h, cuIpcOpenMemHandle: "If the memory
+ * handle has already been opened by the current context, the reference
+ * count on the handle is incremented by 1 and the existing device pointer
+ * is returned"); cuIpcCloseMemHandle unmaps at the last close ("Decrements
+ * the reference count ... When the reference count reaches 0, this API
+ * unmaps the memory"). A handle names its allocation by the exporter and a
+ * serial, so an allocation made since at the same address has another
+ * handle ("cuIpcGetMemHandle will return a unique handle for the new
+ * memory").
  * Limits: a cuMemCreate handle can be exported only while it is mapped
  * (physical memory exists here only in a mapping); an imported handle maps
  * any size that fits in the exporter's file range, not only the exported
- * allocation's; a handle opened twice in one context gives two mappings
- * instead of one counted one; opening a handle in its exporting process
+ * allocation's; opening a handle in its exporting process
  * is refused (CUDA_ERROR_INVALID_CONTEXT), as the runtime documents for
  * cudaIpcOpenMemHandle. */
 
@@ -3757,7 +3770,11 @@ typedef struct fk_ipc {
   int32_t pid;   /* the exporter */
   int32_t fd;    /* its descriptor of the memory, positioned at off */
   uint64_t off, size;
+  uint64_t serial; /* the allocation's, unique in the exporter */
 } fk_ipc_t;
+
+/* The serials of exported allocations (fk_ipc_t). */
+static atomic_ullong fk_ipc_serials = 1;
 _Static_assert(sizeof(fk_ipc_t) <= CU_IPC_HANDLE_SIZE, "fits the handle");
 
 /* The range a mapping of p lies at in the current context's device. */
@@ -3840,6 +3857,7 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
       (r.base != (uintptr_t)dptr && !fk_env_flag("FAKECUDA_IPC_INTERIOR")))
     return CUDA_ERROR_INVALID_VALUE; /* the base of a cuMemAlloc only */
   int fd = r.ipc_fd;
+  uint64_t serial = r.ipc_serial;
   if (fd < 0) {
     mp_ipc_handle_t h;
     mp_status_t st =
@@ -3850,13 +3868,16 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
     pthread_mutex_lock(&fk.lock);
     size_t i = fk_range_lower(r.base);
     if (i < fk.n_ranges && fk.ranges[i].base == r.base &&
-        fk.ranges[i].ipc_fd < 0)
+        fk.ranges[i].ipc_fd < 0) {
       fk.ranges[i].ipc_fd = fd;
-    else {
+      fk.ranges[i].ipc_serial = atomic_fetch_add(&fk_ipc_serials, 1);
+    } else {
       close(fd);
       fd = i < fk.n_ranges && fk.ranges[i].base == r.base ? fk.ranges[i].ipc_fd
                                                           : -1;
     }
+    if (fd >= 0)
+      serial = fk.ranges[i].ipc_serial;
     pthread_mutex_unlock(&fk.lock);
     if (fd < 0)
       return CUDA_ERROR_INVALID_VALUE;
@@ -3865,7 +3886,8 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
                 .pid = (int32_t)getpid(),
                 .fd = fd,
                 .off = (uint64_t)lseek(fd, 0, SEEK_CUR),
-                .size = r.size};
+                .size = r.size,
+                .serial = serial};
   memset(pHandle, 0, sizeof *pHandle);
   memcpy(pHandle->reserved, &e, sizeof e);
   return CUDA_SUCCESS;
@@ -3884,6 +3906,21 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
     return CUDA_ERROR_INVALID_HANDLE;
   if (e.pid == (int32_t)getpid())
     return CUDA_ERROR_INVALID_CONTEXT;
+  /* Open already in this context: counted, the same pointer. */
+  const struct CUctx_st *ctx = fk_stack[fk_depth - 1];
+  pthread_mutex_lock(&fk.lock);
+  fk_range_t *held = NULL;
+  for (size_t i = 0; i < fk.n_ranges && held == NULL; i++)
+    if (fk.ranges[i].ipc_open && fk.ranges[i].ctx == ctx &&
+        fk.ranges[i].ipc_pid == e.pid && fk.ranges[i].ipc_serial == e.serial)
+      held = &fk.ranges[i];
+  if (held != NULL) {
+    held->ipc_refs++;
+    *pdptr = (CUdeviceptr)held->base;
+  }
+  pthread_mutex_unlock(&fk.lock);
+  if (held != NULL)
+    return CUDA_SUCCESS;
   char path[64];
   snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)e.pid, (int)e.fd);
   int fd = open(path, O_RDWR | O_CLOEXEC);
@@ -3896,9 +3933,12 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
     return CUDA_ERROR_MAP_FAILED;
   fk_range_t r = {.base = (uintptr_t)p,
                   .size = e.size,
-                  .ctx = fk_stack[fk_depth - 1],
+                  .ctx = ctx,
                   .ipc_fd = -1,
-                  .ipc_open = true};
+                  .ipc_open = true,
+                  .ipc_serial = e.serial,
+                  .ipc_pid = e.pid,
+                  .ipc_refs = 1};
   if (!fk_range_add(r)) {
     munmap(p, e.size);
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -3914,9 +3954,9 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
   fk_range_t r;
   if (!fk_range_take((uintptr_t)dptr, &r))
     return CUDA_ERROR_INVALID_VALUE;
-  if (!r.ipc_open) {
+  if (!r.ipc_open || --r.ipc_refs > 0) { /* not one; or opened again */
     (void)fk_range_add(r);
-    return CUDA_ERROR_INVALID_VALUE;
+    return r.ipc_open ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
   }
   munmap((void *)r.base, r.size);
   return CUDA_SUCCESS;

@@ -107,6 +107,46 @@ Test(cuda_ipc, a_virtual_handle_claiming_more_memory_is_einval) {
   ipc_round_trip_as("cuda", NULL, IPC_CHILD_FORGED);
 }
 
+/* Two blocks of one plain segment, exported each, imported in one process:
+ * cuIpcGetMemHandle names the segment for both, and the importer's driver
+ * opens it once, counted (cuda.h, cuIpcOpenMemHandle: "the existing device
+ * pointer is returned"), so the imports share one mapping at the
+ * exporter's distance. Closing the first leaves the second mapped (one
+ * cuIpcCloseMemHandle each: the fake unmaps at the last, as cuda.h says);
+ * what the child wrote through it reaches the parent. Before the fake
+ * counted opens, each import was a mapping of its own (the child failed
+ * at step 32). */
+Test(cuda_ipc, two_blocks_of_one_segment_share_the_importers_mapping) {
+  int sock;
+  pid_t pid = ipc_fork_child("cuda", IPC_CHILD_TWO_BLOCKS, &sock);
+  mp_device_t *dev;
+  mp_pool_t *pool = ipc_open_pool("cuda", "virtual=0", &dev);
+  void *p[2];
+  const size_t n[2] = {4096, (size_t)1 << 19};
+  for (int k = 0; k < 2; k++) {
+    cr_assert_eq(mp_pool_alloc(pool, n[k], NULL, &p[k]), MP_OK, "%s",
+                 mp_last_error());
+    ipc_fill(dev, p[k], n[k], IPC_PARENT_TAG);
+  }
+  for (int k = 0; k < 2; k++) {
+    mp_ipc_handle_t h;
+    cr_assert_eq(mp_pool_ipc_export(pool, p[k], &h), MP_OK, "%s",
+                 mp_last_error());
+    cr_assert_eq(h.kind, MP_IPC_CUDA);
+    cr_assert_eq(mp_ipc_send(sock, &h), MP_OK, "%s", mp_last_error());
+    cr_assert_eq(mp_ipc_handle_close(&h), MP_OK);
+  }
+  bool done = ipc_get(sock, 'D');
+  ipc_wait_child(pid);
+  cr_assert(done, "the importer did not finish");
+  ipc_expect(dev, p[1], n[1], IPC_CHILD_TAG);
+  for (int k = 0; k < 2; k++)
+    cr_assert_eq(mp_pool_free(pool, p[k]), MP_OK);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  mp_device_close(dev);
+  close(sock);
+}
+
 Test(cuda_ipc, imported_block_is_not_reused_until_the_importer_closes_it) {
   ipc_held_until_released("cuda", IPC_CHILD_WAIT_CLOSE);
 }

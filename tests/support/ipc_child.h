@@ -24,10 +24,15 @@ typedef enum ipc_child_mode {
                            claims more memory (its block past the real
                            allocation's end) was refused, h left as it
                            was */
-  IPC_CHILD_FORGED_FD   /* as CLOSE, after a copy of a CUDA IPC handle
+  IPC_CHILD_FORGED_FD,  /* as CLOSE, after a copy of a CUDA IPC handle
                            (which carries no descriptor) naming one of the
                            importer's own descriptors was refused and left
                            that descriptor open */
+  IPC_CHILD_TWO_BLOCKS  /* imports two handles of blocks of one plain
+                           segment, sent in turn: each reads the parent's
+                           pattern at the exporter's distance; the first
+                           closed, the second still reads and writes; then
+                           closed (ipc_child_two) */
 } ipc_child_mode_t;
 
 static inline unsigned char ipc_byte(size_t i, unsigned tag) {
@@ -63,11 +68,61 @@ static inline bool ipc_get(int sock, char want) {
   return recv(sock, &c, 1, MSG_WAITALL) == 1 && c == want;
 }
 
+/* Reads [p, p + n) and checks it holds tag's pattern. */
+static inline bool ipc_holds(mp_device_t *d, const void *p, size_t n,
+                             unsigned tag) {
+  unsigned char *buf = malloc(n);
+  bool ok =
+      buf != NULL && ipc_copy(d, buf, p, n) && ipc_mismatch(buf, n, tag) == n;
+  free(buf);
+  return ok;
+}
+
+/* IPC_CHILD_TWO_BLOCKS. A CUDA IPC handle names a block's whole device
+ * allocation, and one opened again in a context is counted and gives "the
+ * existing device pointer" (cuda.h, cuIpcOpenMemHandle): the two imports
+ * share one mapping, which the first close must leave to the second
+ * ("When the reference count reaches 0, this API unmaps the memory",
+ * cuIpcCloseMemHandle). */
+static inline int ipc_child_two(int sock, mp_device_t *d) {
+  mp_ipc_handle_t h[2];
+  void *p[2] = {NULL, NULL};
+  for (int k = 0; k < 2; k++)
+    if (mp_ipc_recv(sock, &h[k]) != MP_OK ||
+        mp_ipc_import(d, &h[k], &p[k]) != MP_OK)
+      return 30 + k;
+  if ((uintptr_t)p[1] - h[1].offset != (uintptr_t)p[0] - h[0].offset)
+    return 32; /* not one mapping of the segment */
+  for (int k = 0; k < 2; k++)
+    if (!ipc_holds(d, p[k], h[k].bytes, IPC_PARENT_TAG))
+      return 33 + k;
+  if (mp_ipc_close(d, p[0]) != MP_OK)
+    return 35;
+  if (!ipc_holds(d, p[1], h[1].bytes, IPC_PARENT_TAG))
+    return 36; /* the first close unmapped the second's memory */
+  unsigned char *buf = malloc(h[1].bytes);
+  if (buf == NULL)
+    return 37;
+  ipc_pattern(buf, h[1].bytes, IPC_CHILD_TAG);
+  bool wrote = ipc_copy(d, p[1], buf, h[1].bytes);
+  free(buf);
+  if (!wrote)
+    return 38;
+  if (mp_ipc_close(d, p[1]) != MP_OK)
+    return 39;
+  if (!ipc_put(sock, 'D'))
+    return 19;
+  mp_device_close(d);
+  return 0;
+}
+
 /* The importer's life; returns its exit status. */
 static inline int ipc_child(int sock, const char *spec, ipc_child_mode_t mode) {
   mp_device_t *d = NULL;
   if (mp_device_open(spec, &d) != MP_OK)
     return 10;
+  if (mode == IPC_CHILD_TWO_BLOCKS)
+    return ipc_child_two(sock, d);
   mp_ipc_handle_t h;
   void *p = NULL;
   if (mp_ipc_recv(sock, &h) != MP_OK)
