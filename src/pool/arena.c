@@ -20,12 +20,17 @@
  * function on one of them may call into the pool. Lock order: the pool's, then
  * one arena's at a time; the hot path takes only an arena's.
  *
- * Finding a pointer's arena (free, record_stream from any thread): each
- * arena's virtual range is reserved before the arena is published and is
- * fixed until the pool is destroyed, so the ranges are read without a lock
- * (the calling thread's arena first); a pointer in a plain segment (no
- * virtual memory, or a range used up) is looked up in each arena's live
- * map, under its lock, in turn.
+ * Finding a pointer's arena: a free looks in the calling thread's arena's
+ * live map, under its lock, as a pool without arenas does; a pointer
+ * outside that arena's segments (another thread's block) goes on from
+ * there (MP__EFORWARD, pool.c's mp__pool_free_forward) to the arena found
+ * as record_stream finds it, from any thread: each arena's virtual range
+ * is reserved before the arena is published and is fixed until the pool
+ * is destroyed, so the ranges are read without a lock; a pointer in a
+ * plain segment (no virtual memory, or a range used up) is looked up in
+ * each arena's live map, under its lock, in turn. (Until 2026-12-02 the
+ * free read the calling thread's arena's range first, and took its lock
+ * only for a pointer in it: 13 instructions a pair more, count_pairs.sh.)
  *
  * Before an arena grows for a large request, it borrows a block that an
  * idle arena caches (mp__arena_borrow says which and why), so what one
@@ -82,9 +87,9 @@
  * while a growth checked against an older share is in flight, that share:
  * cap_held), so the arenas grow back to the new cap and no further.
  *
- * Solo (arenas_auto=1): the arenas' path costs a pair some 50 instructions
- * more than a pool without arenas (the thread-local arena number, the
- * table, the free's range check, one more frame), which a program with one
+ * Solo (arenas_auto=1): the arenas' path costs a pair some 26 instructions
+ * more than a pool without arenas (the thread-local arena number and the
+ * table, twice; one more frame), which a program with one
  * allocating thread pays for nothing. So in such a pool the first arena
  * made (by the first allocation, on the calling thread's arena) runs solo:
  * pool->hot points at it, and mp_pool_alloc and mp_pool_free read hot (one
@@ -126,15 +131,15 @@
  * where it read its arenas before) sends every thread to the arenas' path
  * but the one that made the arena (gate_owner, its thread pointer: one
  * load, where a thread-local's address in the shared library is a call).
- * That thread keeps the plain path, some 40 instructions a pair shorter
+ * That thread keeps the plain path, some 26 instructions a pair shorter
  * than the arenas' (count_pairs.sh: arenas=1 against the plain pool), so
  * that a program whose main thread allocates beside helper threads keeps
  * the main thread's speed once a helper shows up. Its frees may now meet
  * other arenas' blocks: a pointer outside the lane arena's segments misses
  * its live map, and the miss (MP__EFORWARD, pool.c's
  * mp__pool_free_forward) looks for it in the other arenas before it is an
- * error, once (only the lane arena forwards, and its gate stays set: a
- * free that read hot just before the lane ended forwards too). Its
+ * error, once (as every arena's free does; the arena found frees it
+ * without a forward of its own). Its
  * allocations grow the arena where the arenas' path would first borrow
  * from an idle arena; its failures take the arenas' out-of-memory path,
  * which asks for a share of the cap (mp__arena_solo_failed), as solo's.
@@ -214,6 +219,7 @@ static mp_status_t mp__arena_make(mp_pool_t *pool, size_t i, mp_pool_t **out) {
   }
   a->arena = true;
   a->arena_of = pool;
+  a->arena_index = (uint32_t)i;
   a->cap = pool->cap;
   a->va_basis = pool->va_basis; /* its virtual range's size (vrange.c) */
   a->cap_is_max = pool->cap_is_max;

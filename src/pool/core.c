@@ -621,12 +621,9 @@ mp_status_t mp__pool_find_live_why(mp_pool_t *pool, const char *fn, void *ptr,
                                    const mp__block_t *b) {
   uintptr_t p = (uintptr_t)ptr;
   if (b == NULL) {
+    if (mp__arena_forwards(pool, p, fwd))
+      return MP__EFORWARD; /* no message: another arena's block, maybe */
     mp__segment_t *seg = mp__segment_containing(pool, p);
-    /* The lane arena's owner frees any arena's blocks on its plain path
-     * (its gate is set once the lane starts, and stays). */
-    if (seg == NULL && fwd && pool->arena &&
-        atomic_load_explicit(&pool->gate, memory_order_relaxed) != NULL)
-      return MP__EFORWARD;
     if (seg == NULL)
       return mp__fail(MP_EINVAL, "%s: %p was not allocated from this pool", fn,
                       ptr);

@@ -805,23 +805,10 @@ static mp_status_t mp__pool_free_in(mp_pool_t *pool, void *ptr,
                                     mp__free_how_t how, mp_stream_t s,
                                     const char *fn);
 
-/* The arena holding ptr where it is the one of the thread numbered thread
- * (mp__arena_thread: mp__arena_owner's first half), NULL otherwise. A leaf
- * call, given the number by its caller: the thread-local read, which the
- * compiler makes as a call (__tls_get_addr, in a static link relaxed to a
- * load), made the callee save its arguments; so it is 5 instructions a
- * pair less (arenas=1: 402.3 to 397.3, count_pairs.sh). Inline in
- * mp__pool_free_as, its registers cost the plain path 4 a pair. */
-__attribute__((noinline)) static mp_pool_t *
-mp__arena_free_mine(mp_pool_t *pool, const void *ptr, unsigned thread) {
-  return mp__arena_holding(pool, mp__arena_index_of(pool, thread, 0),
-                           (uintptr_t)ptr);
-}
-
-/* The pool a free of ptr works on in a pool with arenas when it is not in
- * the calling thread's own arena: the arena holding it (the rest is the
- * arena's free: an arena has no arenas or graph pools); not in an arena,
- * the pool itself, whose own path says what is wrong with it. */
+/* The pool a free of ptr works on in a pool with arenas when the calling
+ * thread has no arena there: the arena holding it (the rest is the arena's
+ * free: an arena has no arenas or graph pools); not in an arena, the pool
+ * itself, whose own path says what is wrong with it. */
 static MP__COLD mp_pool_t *mp__arena_free_other(mp_pool_t *pool,
                                                 const void *ptr) {
   mp_pool_t *a =
@@ -829,25 +816,26 @@ static MP__COLD mp_pool_t *mp__arena_free_other(mp_pool_t *pool,
   return a != NULL ? a : pool;
 }
 
-/* A free on the lane arena a (arena.c, "The lane") of a pointer outside
- * its segments, a's lock dropped: the other arena holding it frees it
- * (whose own path says what is wrong with it), and where none does, a's
- * answer. Once: the other arenas forward nothing (their gate is NULL). */
+static mp_status_t mp__pool_free_locked(mp_pool_t *pool, void *ptr,
+                                        mp__free_how_t how, mp_stream_t s,
+                                        const char *fn, bool plain, bool fwd);
+
+/* A free on arena a (the calling thread's, or the lane's: arena.c) of a
+ * pointer outside its segments, a's lock dropped: the other arena holding
+ * it frees it (whose own path says what is wrong with it), without a
+ * forward of its own; where none does, a's answer. */
 static MP__COLD mp_status_t mp__pool_free_forward(mp_pool_t *a, void *ptr,
                                                   mp__free_how_t how,
                                                   mp_stream_t s,
                                                   const char *fn) {
-  mp_pool_t *pool = a->arena_of;
-  size_t i = 0;
-  while (i < pool->cfg.arenas && mp__arena_at(pool, i) != a)
-    i++;
-  mp_pool_t *x = mp__arena_owner_slow(pool, (uintptr_t)ptr, i);
-  if (x != NULL && x != a)
-    return mp__pool_free_in(x, ptr, how, s, fn);
-  mp__pool_lock(a);
-  mp_status_t st = mp__pool_find_live_why(a, fn, ptr, false, false, NULL);
-  mp__pool_unlock(a);
-  return st;
+  mp_pool_t *x =
+      mp__arena_owner_slow(a->arena_of, (uintptr_t)ptr, a->arena_index);
+  if (x == NULL || x == a)
+    x = a;
+  mp__pool_lock(x);
+  if (x->rare != 0)
+    return mp__pool_free_locked(x, ptr, how, s, fn, false, false);
+  return mp__pool_free_locked(x, ptr, how, s, fn, true, false);
 }
 
 /* The free under the lock, which it drops; plain: pool->rare is 0, and
@@ -855,7 +843,7 @@ static MP__COLD mp_status_t mp__pool_free_forward(mp_pool_t *a, void *ptr,
 static MP__HOT mp_status_t mp__pool_free_locked(mp_pool_t *pool, void *ptr,
                                                 mp__free_how_t how,
                                                 mp_stream_t s, const char *fn,
-                                                bool plain) {
+                                                bool plain, bool fwd) {
   MP__ASSERT(!plain || pool->rare == 0);
   if (!plain && MP__UNLIKELY(pool->ngranges > 0)) {
     mp_pool_t *g = mp__graph_owner(pool, (uintptr_t)ptr);
@@ -869,7 +857,9 @@ static MP__HOT mp_status_t mp__pool_free_locked(mp_pool_t *pool, void *ptr,
   mp__slot_t *slot = NULL;
   mp_status_t st = plain ? MP_OK : mp__pool_paused(pool, fn);
   if (st == MP_OK)
-    st = mp__pool_find_live(pool, fn, ptr, false, true, &b, &slot);
+    st = mp__pool_find_live(pool, fn, ptr, false, fwd, &b, &slot);
+  else if (mp__arena_forwards(pool, (uintptr_t)ptr, fwd))
+    st = MP__EFORWARD; /* a paused arena: another may be running (pause.c) */
   if (st == MP_OK && how == MP__FREE_ON)
     st = mp__stream_index(pool, s, &sidx);
   if (st == MP_OK) {
@@ -911,7 +901,7 @@ static MP__COLD mp_status_t mp__pool_free_rare(mp_pool_t *pool, void *ptr,
                                                void *ra) {
   if (ra != NULL)
     MP__HIST_ENTRY_AT(pool, ra);
-  return mp__pool_free_locked(pool, ptr, how, s, fn, false);
+  return mp__pool_free_locked(pool, ptr, how, s, fn, false, true);
 }
 
 /* entry: inline in a public entry point, whose return address is the
@@ -930,14 +920,19 @@ static MP__HOT mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
   pool = mp__pool_hot(pool); /* solo, the lane: the solo arena (arena.c) */
   mp_pool_t *g = mp__pool_gate(pool);
   if (MP__UNLIKELY(g != NULL)) {
-    mp_pool_t *a = mp__arena_free_mine(g, ptr, mp__arena_thread);
+    /* The calling thread's arena, whose live map finds its own blocks;
+     * another arena's block misses and goes on (mp__pool_free_forward). A
+     * check of the arena's range here first cost 13 instructions a pair
+     * (arenas=1: 401.3 against 388.3, count_pairs.sh). */
+    size_t i = mp__arena_index(g, SIZE_MAX);
+    mp_pool_t *a = MP__LIKELY(i != SIZE_MAX) ? mp__arena_at(g, i) : NULL;
     pool = MP__LIKELY(a != NULL) ? a : mp__arena_free_other(g, ptr);
   }
   mp__pool_lock(pool);
   if (MP__UNLIKELY(pool->rare != 0))
     return mp__pool_free_rare(pool, ptr, how, s, fn,
                               entry ? __builtin_return_address(0) : NULL);
-  return mp__pool_free_locked(pool, ptr, how, s, fn, true);
+  return mp__pool_free_locked(pool, ptr, how, s, fn, true, true);
 }
 
 /* mp__pool_free_as in the graph pool holding ptr: a call (the inline body

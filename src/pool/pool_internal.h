@@ -434,8 +434,10 @@ struct mp_pool {
    * (arena.c); 0 otherwise. */
   size_t cap_held;
   /* One of a pool's arenas (arena.c): its out-of-memory failures are not
-   * final (the arenas' path retries), so they are no history events. */
+   * final (the arenas' path retries), so they are no history events.
+   * arena_index: its index in arena_of's table (set once, at its make). */
   bool arena;
+  uint32_t arena_index;
   /* The solo arena of a pool made with arenas_auto=1 while that pool runs
    * solo (its hot is this arena): the pool; NULL otherwise, and once
    * contention on this arena's lock ended solo (arena.c, "Solo").
@@ -1108,8 +1110,8 @@ int mp__oom_call(mp_pool_t *pool, mp_pool_oom_handler_t fn, size_t bytes,
 /* Why ptr is not a live block for a caller's fn (b: the map's block at
  * ptr, or NULL): the failure, with a message naming what is wrong with it.
  * mp__pool_find_live's slow half (inline below the live map's). fwd (a
- * free): in the lane arena (arena.c, "The lane"), a pointer outside its
- * segments is MP__EFORWARD, with no message: another arena's, maybe. */
+ * free): in an arena, a pointer outside its segments is MP__EFORWARD, with
+ * no message: another arena's, maybe (pool.c, mp__pool_free_forward). */
 mp_status_t mp__pool_find_live_why(mp_pool_t *pool, const char *fn, void *ptr,
                                    bool movable_ok, bool fwd,
                                    const mp__block_t *b);
@@ -1710,6 +1712,11 @@ void mp__event_put(mp_pool_t *pool, mp_event_t e);
 /* ---- segment.c: the segment list and plain segments ---------------------
  * Called with the lock held; growth drops it around device calls (lock.c). */
 mp__segment_t *mp__segment_containing(const mp_pool_t *pool, uintptr_t p);
+/* Whether a free (fwd) of p on pool goes on to another arena: pool is an
+ * arena and p lies outside its segments. */
+static inline bool mp__arena_forwards(mp_pool_t *pool, uintptr_t p, bool fwd) {
+  return fwd && pool->arena && mp__segment_containing(pool, p) == NULL;
+}
 /* Adds s at the head of the pool's segment list. */
 void mp__segment_push(mp_pool_t *pool, mp__segment_t *s);
 /* Reserved (and free) bytes grow / shrink by bytes; peaks follow. */

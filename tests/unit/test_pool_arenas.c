@@ -528,6 +528,90 @@ Test(pool_arenas, foreign_and_double_frees_are_einval_and_change_nothing) {
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
 }
 
+/* A thread with an arena of its own frees another arena's blocks: its own
+ * arena's live map misses them, and the free goes on to the arena holding
+ * them. Bad pointers get the message of the arena they point into (or of
+ * the pool) and change nothing, in neither arena: no stream slot is added
+ * to the caller's arena by a stream free that went on. */
+static void frees_go_on_from_the_callers_arena(const char *conf) {
+  mp_pool_t *pool = make_pool(dev, conf);
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  void *mine;
+  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &mine), MP_OK, "%s",
+               mp_last_error());
+  job_t w = {.pool = pool, .bytes = 3 * MiB, .count = 4};
+  on_thread(alloc_job, &w);
+  cr_assert_eq(w.st, MP_OK, "%s", mp_last_error());
+  int im = arena_holding(pool, mine), iw = arena_holding(pool, w.ptrs[0]);
+  cr_assert(im >= 0 && iw >= 0 && im != iw, "arenas %d, %d", im, iw);
+  mp_pool_t *am = mp__arena_at(pool, (size_t)im);
+  mp_pool_t *aw = mp__arena_at(pool, (size_t)iw);
+  uint32_t streams = am->nstreams;
+  cr_expect_eq(mp_pool_free(pool, w.ptrs[0]), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_free_async(pool, w.ptrs[1], s), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(mp__map_count(aw), 2);
+  cr_expect_eq(am->nstreams, streams, "the caller's arena met no stream");
+  mp_stats_t before = stats(pool);
+  char *inner = (char *)w.ptrs[2] + 4096;
+  cr_expect_eq(mp_pool_free(pool, inner), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "points inside the block") != NULL, "'%s'",
+            mp_last_error());
+  cr_expect_eq(mp_pool_free(pool, w.ptrs[0]), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "double free") != NULL, "'%s'",
+            mp_last_error());
+  int stack_word;
+  cr_expect_eq(mp_pool_free_async(pool, &stack_word, s), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "not allocated from this pool") != NULL,
+            "'%s'", mp_last_error());
+  mp_stats_t after = stats(pool);
+  cr_expect_eq(memcmp(&before, &after, sizeof before), 0);
+  cr_expect_eq(am->nstreams, streams, "the caller's arena met no stream");
+  cr_expect_eq(mp_pool_free(pool, w.ptrs[2]), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_free(pool, w.ptrs[3]), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_free(pool, mine), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(stats(pool).live_blocks, 0);
+  mp_stream_synchronize(dev, s);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_stream_destroy(dev, s);
+}
+
+Test(pool_arenas, a_thread_with_an_arena_frees_another_arenas_blocks) {
+  frees_go_on_from_the_callers_arena("arenas=2");
+}
+
+Test(pool_arenas, a_thread_with_an_arena_frees_another_arenas_plain_blocks) {
+  frees_go_on_from_the_callers_arena("arenas=2,virtual=0");
+}
+
+/* A pool's pause pauses its arenas one after another: a thread whose arena
+ * is paused already still frees a block of an arena that runs (here the
+ * caller's arena alone is paused, as mid-pause), and its own blocks are
+ * refused (MP_EBUSY) until the arena resumes. */
+Test(pool_arenas, a_paused_arena_still_frees_a_running_arenas_block) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  void *mine;
+  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &mine), MP_OK, "%s",
+               mp_last_error());
+  job_t w = {.pool = pool, .bytes = 4096, .count = 1};
+  on_thread(alloc_job, &w);
+  cr_assert_eq(w.st, MP_OK, "%s", mp_last_error());
+  int im = arena_holding(pool, mine);
+  cr_assert(im >= 0 && im != arena_holding(pool, w.ptrs[0]));
+  mp_pool_t *am = mp__arena_at(pool, (size_t)im);
+  cr_assert_eq(mp_pool_pause(am, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(mp_pool_free(pool, w.ptrs[0]), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_free(pool, mine), MP_EBUSY);
+  cr_assert_eq(mp_pool_resume(am), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_free(pool, mine), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(stats(pool).live_blocks, 0);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
+
 /* Without virtual memory an arena's blocks lie in plain segments, outside
  * any range: a free still finds their arena (by its live map). */
 Test(pool_arenas, plain_segment_blocks_are_freed_in_their_arena) {
