@@ -350,22 +350,48 @@ static bool mp__holds_back(mp_pool_t *pool, mp__block_t *b, mp__block_t *nb) {
   return true;
 }
 
+/* Whether merging free neighbour nb into b, freed with uses on streams it
+ * never ran on (mp__block_release_apart), would hold nb back: b waits for
+ * their work, and nb, merged, would wait for it too. A graph pool's range
+ * given back to the arena that lent it waits so for every stream the
+ * arena's pool knows (graph.c); merged into what the arena cached, it made
+ * all of that wait for the other threads' streams, anew at each capture.
+ * While those streams ran behind, the arena, which cannot wait for them
+ * during a capture, grew at every capture until the device was full: a
+ * captured 3 MiB request failed beside some 200 MiB the arena had free.
+ * own: b's stream (its first dep at the free: the ask below drops done
+ * deps). Once b waits for its own stream at most, the rule of any free. */
+static bool mp__holds_back_uses(mp_pool_t *pool, mp__block_t *b,
+                                mp__block_t *nb, uint32_t own) {
+  if ((b->flags & MP__B_SYNC) || b->ndeps == 0 ||
+      mp__deps_safe(pool, b, own, true))
+    return mp__holds_back(pool, b, nb);
+  b->flags |= MP__B_UNMERGED;
+  nb->flags |= MP__B_UNMERGED;
+  pool->merge_later = true;
+  return true;
+}
+
 /* The merges of a free; streams: the pool knows several (mp__holds_back is
- * asked). One body, two copies: a pool used from one stream runs the
- * copy without the question. */
+ * asked); apart: mp__holds_back_uses is (mp__block_coalesce_apart). One
+ * body, three copies: a pool used from one stream runs the copy without the
+ * question. */
 static MP__HOT mp__block_t *mp__coalesce(mp_pool_t *pool, mp__block_t *b,
-                                         bool streams) {
+                                         bool streams, bool apart) {
   b->flags &= ~(uint32_t)MP__B_UNMERGED;
+  uint32_t own = apart && b->ndeps > 0 ? mp__dep_sidx(b->deps[0]) : 0;
   mp__block_t *n = b->next;
   if (n != NULL && (n->flags & MP__B_FREE) &&
-      !(streams && mp__holds_back(pool, b, n))) {
+      !(streams && (apart ? mp__holds_back_uses(pool, b, n, own)
+                          : mp__holds_back(pool, b, n)))) {
     mp__index_remove_hot(pool, n);
     if (!mp__absorb(pool, b, n, false))
       mp__index_insert(pool, n);
   }
   mp__block_t *p = b->prev;
   if (p != NULL && (p->flags & MP__B_FREE) &&
-      !(streams && mp__holds_back(pool, b, p))) {
+      !(streams && (apart ? mp__holds_back_uses(pool, b, p, own)
+                          : mp__holds_back(pool, b, p)))) {
     mp__index_remove_hot(pool, p);
     if (mp__absorb(pool, p, b, false))
       b = p;
@@ -377,14 +403,19 @@ static MP__HOT mp__block_t *mp__coalesce(mp_pool_t *pool, mp__block_t *b,
 
 __attribute__((noinline)) static mp__block_t *
 mp__coalesce_streams(mp_pool_t *pool, mp__block_t *b) {
-  return mp__coalesce(pool, b, true);
+  return mp__coalesce(pool, b, true, false);
+}
+
+mp__block_t *mp__block_coalesce_apart(mp_pool_t *pool, mp__block_t *b) {
+  MP__ASSERT_LOCKED(pool);
+  return mp__coalesce(pool, b, pool->nstreams != 1, true);
 }
 
 MP__HOT mp__block_t *mp__block_coalesce(mp_pool_t *pool, mp__block_t *b) {
   MP__ASSERT_LOCKED(pool);
   if (MP__UNLIKELY(pool->nstreams != 1))
     return mp__coalesce_streams(pool, b);
-  return mp__coalesce(pool, b, false);
+  return mp__coalesce(pool, b, false, false);
 }
 
 /* Whether free neighbours b and n, left apart, may join now: joined, each

@@ -481,8 +481,9 @@ MP__HOT void mp__block_make_live(mp_pool_t *pool, mp__block_t *b,
     MP__HIST(pool, MP__H_ALLOC, b->addr, b->size, MP__HIST_STREAM(pool, sidx));
 }
 
-MP__HOT mp__block_t *mp__block_release_merged(mp_pool_t *pool, mp__block_t *b,
-                                              bool plain) {
+/* mp__block_release_merged before the merges: b free, not yet merged. */
+static inline __attribute__((always_inline)) void
+mp__block_freed(mp_pool_t *pool, mp__block_t *b, bool plain) {
   MP__ASSERT_LOCKED(pool);
   MP__ASSERT(!(b->flags & (MP__B_FREE | MP__B_HOLE)));
   MP__ASSERT(pool->st.allocated_bytes >= b->size);
@@ -499,11 +500,21 @@ MP__HOT mp__block_t *mp__block_release_merged(mp_pool_t *pool, mp__block_t *b,
    * child: read only under MP__B_MOVABLE / MP__B_CHILD, cleared below. */
   mp__deps_on_free(pool, b);
   b->flags &= MP__B_SYNC;
+}
+
+MP__HOT mp__block_t *mp__block_release_merged(mp_pool_t *pool, mp__block_t *b,
+                                              bool plain) {
+  mp__block_freed(pool, b, plain);
   return mp__block_coalesce(pool, b);
 }
 
 MP__HOT void mp__block_release(mp_pool_t *pool, mp__block_t *b) {
   mp__index_insert(pool, mp__block_release_merged(pool, b, false));
+}
+
+void mp__block_release_apart(mp_pool_t *pool, mp__block_t *b) {
+  mp__block_freed(pool, b, false);
+  mp__index_insert(pool, mp__block_coalesce_apart(pool, b));
 }
 
 mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,

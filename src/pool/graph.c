@@ -429,7 +429,9 @@ static void mp__graph_give_back(mp_pool_t *lender, uintptr_t base,
   if (device)
     mp__stream_use_device(lender, b);
   mp__map_remove_slot(lender, slot);
-  mp__block_release(lender, b);
+  /* Apart from lender's free memory while the streams' work is pending:
+   * merged, that memory would wait for it too (block.c). */
+  mp__block_release_apart(lender, b);
 }
 
 /* A stream an arena has met (not only through a capture's mark). */

@@ -140,7 +140,8 @@ enum {
                                 kept under max_split, their pending
                                 streams do not fit one record, or the
                                 neighbour's work on another stream would
-                                hold a block just freed back (block.c);
+                                hold a block just freed back, or a graph's
+                                range given back its neighbour (block.c);
                                 merged by a later free, a sync or trim, or
                                 (the last kind) by an allocation that finds
                                 no block (merge_later) */
@@ -1129,6 +1130,10 @@ void mp__block_release(mp_pool_t *pool, mp__block_t *b);
  * pool->rare is 0 (no history to record the free in). */
 mp__block_t *mp__block_release_merged(mp_pool_t *pool, mp__block_t *b,
                                       bool plain);
+/* mp__block_release of a block whose uses name streams it never ran on (a
+ * graph pool's range given back: every stream the lender knows, graph.c):
+ * merged through mp__block_coalesce_apart. */
+void mp__block_release_apart(mp_pool_t *pool, mp__block_t *b);
 /* A pool's host structures with cfg (no checks; the caller fills in cap and
  * memory). */
 mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
@@ -1446,6 +1451,11 @@ bool mp__block_absorb(mp_pool_t *pool, mp__block_t *into, mp__block_t *gone,
 /* [defrag] Merges free b (not in the index) with its free neighbours (taken
  * out of the index) and returns the merged block, still not in the index. */
 mp__block_t *mp__block_coalesce(mp_pool_t *pool, mp__block_t *b);
+/* mp__block_coalesce, but b stays apart from a free neighbour while b waits
+ * for other streams' work (more than its own stream's), which merged would
+ * hold the neighbour back too (merged once that work is done, as any pair
+ * left apart). */
+mp__block_t *mp__block_coalesce_apart(mp_pool_t *pool, mp__block_t *b);
 /* Merges every pair of adjacent free blocks left apart (MP__B_UNMERGED)
  * that can join now: after a device sync, at trim, and before growth when
  * a free kept one apart (merge_later). */

@@ -4,7 +4,8 @@
  * the graph's ranges and takes each back at the release; the pool refuses
  * to pause, trim or be destroyed meanwhile, and the refusal changes
  * nothing; captures race other threads' allocations without handing graph
- * memory out. The contract shared with pools without arenas is
+ * memory out, and a range given back leaves what its lender cached beside
+ * it reusable. The contract shared with pools without arenas is
  * tests/integration/test_pool_arenas_graph.c. White-box: it reads the
  * arenas' stream marks and lent ranges. */
 #include <criterion/criterion.h>
@@ -319,6 +320,48 @@ Test(pool_arenas_graph, captures_race_allocations_on_other_threads) {
   }
   cr_expect_eq(captured_in_arena, 0);
   expect_marks(pool, 0);
+  expect_empty_and_destroy(pool, s1, s2);
+}
+
+/* The race above, held still: a graph's range goes back to the lending
+ * arena, which knows s2, while s2 runs behind (a gate), so the range waits
+ * for s2. The memory the arena cached beside it must stay reusable: the
+ * next capture's range comes from it, no growth. Merged into the range, it
+ * waited for s2 too, the arena could not wait during the capture and grew
+ * instead, at every round while the racers' streams ran behind, until the
+ * device was full (the race's 3 MiB request failed so). */
+Test(pool_arenas_graph, a_range_given_back_leaves_the_lenders_cache_free) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  mp_stream_t s1 = new_stream(), s2 = new_stream();
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, MiB, s2, &p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, 8 * MiB, s1, &p), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, s2), MP_OK);
+  gate_t gate;
+  gate_init(&gate);
+  cr_assert_eq(mp_stream_launch_host(dev, s2, gate_wait, &gate), MP_OK);
+  size_t reserved = stats(pool).reserved_bytes;
+  for (int round = 0; round < 2; round++) {
+    mp_pool_t *g;
+    cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+    cr_assert_eq(mp_pool_graph_begin(pool, g, s1), MP_OK, "%s",
+                 mp_last_error());
+    cr_assert_eq(mp_pool_alloc(pool, MiB, s1, &p), MP_OK, "%s",
+                 mp_last_error());
+    cr_expect_geq(arena_lending(pool, p), 0, "no arena lent the range");
+    cr_assert_eq(mp_pool_free(pool, p), MP_OK, "%s", mp_last_error());
+    cr_assert_eq(mp_pool_graph_end(pool, s1), MP_OK, "%s", mp_last_error());
+    cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+    cr_expect_eq(stats(pool).reserved_bytes, reserved,
+                 "round %d: the arena grew beside its cache", round);
+  }
+  gate_open(&gate);
+  cr_assert_eq(mp_stream_synchronize(dev, s2), MP_OK);
+  gate_destroy(&gate);
   expect_empty_and_destroy(pool, s1, s2);
 }
 
