@@ -13,7 +13,9 @@
  * A thread picks arena (k mod N) once, k counting the threads that ever
  * used arenas (a thread-local number), so with N at least the thread count
  * every thread has an arena of its own, and its allocations and frees of
- * its own blocks take only that arena's lock. The pool itself holds no
+ * its own blocks take only that arena's lock. A thread remembers its arena
+ * of the last pool it used (mp__arena_memo, keyed by the pool's serial,
+ * which no later pool at the same address shares). The pool itself holds no
  * memory; its lock orders the rare work across arenas: making one, sharing
  * the cap, add_stream. It is never held while an arena waits for its
  * streams (trim, the reclaim's trims and its retry's ladder): a host
@@ -87,9 +89,9 @@
  * while a growth checked against an older share is in flight, that share:
  * cap_held), so the arenas grow back to the new cap and no further.
  *
- * Solo (arenas_auto=1): the arenas' path costs a pair some 26 instructions
- * more than a pool without arenas (the thread-local arena number and the
- * table, twice; one more frame), which a program with one
+ * Solo (arenas_auto=1): the arenas' path costs a pair some 17 instructions
+ * more than a pool without arenas (the thread's arena, from its memo,
+ * twice; one more frame), which a program with one
  * allocating thread pays for nothing. So in such a pool the first arena
  * made (by the first allocation, on the calling thread's arena) runs solo:
  * pool->hot points at it, and mp_pool_alloc and mp_pool_free read hot (one
@@ -131,7 +133,7 @@
  * where it read its arenas before) sends every thread to the arenas' path
  * but the one that made the arena (gate_owner, its thread pointer: one
  * load, where a thread-local's address in the shared library is a call).
- * That thread keeps the plain path, some 26 instructions a pair shorter
+ * That thread keeps the plain path, some 17 instructions a pair shorter
  * than the arenas' (count_pairs.sh: arenas=1 against the plain pool), so
  * that a program whose main thread allocates beside helper threads keeps
  * the main thread's speed once a helper shows up. Its frees may now meet
@@ -155,6 +157,15 @@
 
 /* 0: the thread has used no arena yet; else its number k + 1. */
 _Thread_local unsigned mp__arena_thread;
+_Thread_local mp__arena_memo_t mp__arena_memo;
+
+mp_pool_t *mp__arena_memo_miss(mp_pool_t *pool) {
+  size_t i = mp__arena_index(pool, SIZE_MAX);
+  mp_pool_t *a = i != SIZE_MAX ? mp__arena_at(pool, i) : NULL;
+  if (a != NULL)
+    mp__arena_memo = (mp__arena_memo_t){pool->serial, a};
+  return a;
+}
 static _Atomic unsigned mp__arena_threads;
 
 static void mp__arena_number(void) {

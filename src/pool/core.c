@@ -528,6 +528,9 @@ mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
   atomic_init(&pool->hot, pool);
   atomic_init(&pool->gate, NULL);
   atomic_init(&pool->gate_owner, 0);
+  static _Atomic uint64_t serials; /* pool->serial: one per pool made */
+  pool->serial =
+      atomic_fetch_add_explicit(&serials, 1, memory_order_relaxed) + 1;
   atomic_init(&pool->solo_of, NULL);
   atomic_init(&pool->solo_waits, 0);
   pool->dev = dev;

@@ -579,8 +579,7 @@ __attribute__((noinline)) static mp_status_t
 mp__arena_alloc(mp_pool_t *pool, size_t bytes, mp_stream_t s, void **out,
                 void *ra) {
   mp_status_t st;
-  size_t i = mp__arena_index(pool, SIZE_MAX);
-  mp_pool_t *a = i != SIZE_MAX ? mp__arena_at(pool, i) : NULL;
+  mp_pool_t *a = mp__arena_mine_memo(pool);
   if (MP__UNLIKELY(a == NULL)) {
     /* Through a local: with a's own address taken, a lived on the stack
      * (a store, and a load at the unlock). */
@@ -924,8 +923,7 @@ static MP__HOT mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
      * another arena's block misses and goes on (mp__pool_free_forward). A
      * check of the arena's range here first cost 13 instructions a pair
      * (arenas=1: 401.3 against 388.3, count_pairs.sh). */
-    size_t i = mp__arena_index(g, SIZE_MAX);
-    mp_pool_t *a = MP__LIKELY(i != SIZE_MAX) ? mp__arena_at(g, i) : NULL;
+    mp_pool_t *a = mp__arena_mine_memo(g);
     pool = MP__LIKELY(a != NULL) ? a : mp__arena_free_other(g, ptr);
   }
   mp__pool_lock(pool);

@@ -567,6 +567,10 @@ struct mp_pool {
    * path, bench_pool_threads). */
   _Atomic(mp_pool_t *) gate;
   _Atomic uintptr_t gate_owner;
+  /* Unique among the pools a process makes (never 0), set at create: the
+   * key of a thread's memo of its arena (mp__arena_memo), which a pool
+   * made later at the same address does not match. */
+  uint64_t serial;
   /* arena.c: odd while mp__arena_share moves the cap's shares (under the
    * pool's lock), bumped again when done: a stats read across arenas that
    * saw it change reads again (stats.c). */
@@ -848,6 +852,25 @@ static inline size_t mp__arena_index_of(const mp_pool_t *pool, unsigned thread,
                                         size_t none) {
   size_t k = thread - 1u, n = pool->cfg.arenas;
   return MP__LIKELY(k < n) ? k : k == UINT_MAX ? none : k % n;
+}
+/* The calling thread's arena in the pool whose serial is serial (the last
+ * pool with arenas the thread used; arena.c): one compare instead of the
+ * number, the table and the arena's load (8 instructions a call with
+ * arenas=1, count_pairs.sh). */
+typedef struct mp__arena_memo {
+  uint64_t serial;
+  mp_pool_t *arena;
+} mp__arena_memo_t;
+extern _Thread_local mp__arena_memo_t mp__arena_memo;
+/* mp__arena_mine_memo's miss: the thread's arena by its number, NULL where
+ * it has none yet; the memo keeps one made. */
+mp_pool_t *mp__arena_memo_miss(mp_pool_t *pool);
+/* The calling thread's arena in pool (which has arenas), NULL where it
+ * has none yet. */
+static inline mp_pool_t *mp__arena_mine_memo(mp_pool_t *pool) {
+  if (MP__LIKELY(mp__arena_memo.serial == pool->serial))
+    return mp__arena_memo.arena;
+  return mp__arena_memo_miss(pool);
 }
 /* mp__arena_index_of the calling thread's number. */
 static inline size_t mp__arena_index(const mp_pool_t *pool, size_t none) {

@@ -612,6 +612,43 @@ Test(pool_arenas, a_paused_arena_still_frees_a_running_arenas_block) {
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
 }
 
+/* A thread remembers its arena of the last pool with arenas it used (a
+ * memo keyed by the pool's serial): moving between two pools, and on to
+ * pools made after one was destroyed (maybe at the same address), every
+ * block lands in an arena of the pool it was asked of, and frees find it.
+ * A memo that outlived its pool would hand out a destroyed arena (ASan). */
+Test(pool_arenas, a_thread_finds_its_arena_in_each_pool_it_moves_between) {
+  mp_pool_t *p[2] = {make_pool(dev, "arenas=2"), make_pool(dev, "arenas=3")};
+  for (int round = 0; round < 8; round++) {
+    void *x[2][4];
+    uint64_t freed[2] = {stats(p[0]).free_count, stats(p[1]).free_count};
+    for (int k = 0; k < 4; k++)
+      for (int j = 0; j < 2; j++)
+        cr_assert_eq(mp_pool_alloc(p[j], 4096 << j, NULL, &x[j][k]), MP_OK,
+                     "%s", mp_last_error());
+    for (int j = 0; j < 2; j++)
+      for (int k = 0; k < 4; k++) {
+        cr_expect_geq(arena_holding(p[j], x[j][k]), 0, "round %d", round);
+        cr_expect_lt(arena_holding(p[!j], x[j][k]), 0, "round %d", round);
+      }
+    for (int k = 0; k < 4; k++)
+      for (int j = 0; j < 2; j++)
+        cr_assert_eq(mp_pool_free(p[j], x[j][k]), MP_OK, "%s", mp_last_error());
+    for (int j = 0; j < 2; j++) {
+      mp_stats_t s = stats(p[j]);
+      cr_expect_eq(s.live_blocks, 0);
+      cr_expect_eq(s.free_count, freed[j] + 4);
+    }
+    /* One pool goes; the next is made, often where it was. */
+    int j = round % 2;
+    check(p[j]);
+    cr_assert_eq(mp_pool_destroy(p[j]), MP_OK);
+    p[j] = make_pool(dev, j ? "arenas=3" : "arenas=2");
+  }
+  for (int j = 0; j < 2; j++)
+    cr_assert_eq(mp_pool_destroy(p[j]), MP_OK);
+}
+
 /* Without virtual memory an arena's blocks lie in plain segments, outside
  * any range: a free still finds their arena (by its live map). */
 Test(pool_arenas, plain_segment_blocks_are_freed_in_their_arena) {
