@@ -16,6 +16,14 @@
 # 10 000-block live set (about 17 GiB). bench_pool_pairs names the pool's
 # segments ("range": virtual or plain); a count on plain segments is
 # refused (exit 3), as it would not be the native path's.
+#
+# Then the remote frees (bench_pool_pairs' mode "remote"): thread A
+# allocates PAIRS blocks of 4 to 7 KiB, thread B, with an arena of its own,
+# frees them (the pool with arenas=2: each free misses B's arena and is
+# forwarded to A's); instructions and ns per free, in rows that start with
+# "remote", after the pairs' rows (which are unchanged), on the same
+# DEVICE; a count on plain segments is refused (exit 3) here too. A build
+# whose bench_pool_pairs has no mode "remote" (exit 2) prints no remote rows.
 set -eu
 build=${1:-build-release}
 pairs=${2:-200000}
@@ -46,4 +54,32 @@ for f in "$work"/cg.*; do
   ns=$(awk -v a="$1" -v l="$2" '$1 == a && $2 == l { print $3; exit }' "$work/ns.txt")
   awk -v a="$1" -v l="$2" -v t="${total%% *}" -v n="$pairs" -v ns="${ns:--}" \
     'BEGIN { printf "%-10s %8s %14.1f %10s\n", a, l, t / n, ns }'
+done
+
+rc=0
+"$bin" "$pairs" "$dev" remote >"$work/rns.txt" 2>"$work/rns.err" || rc=$?
+if [ "$rc" -eq 2 ]; then
+  echo "count_pairs: $bin has no mode remote: no remote rows" >&2
+  exit 0
+elif [ "$rc" -ne 0 ]; then
+  cat "$work/rns.err" >&2
+  exit 1
+fi
+valgrind --tool=callgrind --instr-atstart=no \
+  --callgrind-out-file="$work/rcg.%p" "$bin" "$pairs" "$dev" remote \
+  >"$work/rvg.out" 2>"$work/rvg.txt"
+if grep -q '^remote  *pool .* plain ' "$work/rvg.out"; then
+  echo "count_pairs: under valgrind the remote frees' pool ran on plain segments" >&2
+  echo "(its arenas' ranges could not be reserved on $dev): use a smaller capacity" >&2
+  exit 3
+fi
+printf '%-10s %-10s %8s %14s %10s\n' remote allocator blocks instr/free ns/free
+for f in "$work"/rcg.*; do
+  what=$(sed -n 's/^desc: Trigger: Client Request: //p' "$f")
+  [ -n "$what" ] || continue
+  total=$(sed -n 's/^totals: //p' "$f")
+  set -- $what
+  ns=$(awk -v a="$1" '$1 == "remote" && $2 == a { print $4; exit }' "$work/rns.txt")
+  awk -v a="$1" -v l="$2" -v t="${total%% *}" -v ns="${ns:--}" \
+    'BEGIN { printf "%-10s %-10s %8s %14.1f %10s\n", "remote", a, l, t / l, ns }'
 done

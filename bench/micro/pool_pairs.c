@@ -11,17 +11,36 @@
  * during the timed phase (0 once a repeating workload is warm).
  *
  *   bench_pool_pairs [pairs=2000000] [device spec, default
- *                    "host:capacity=64T"] [pool|jemalloc: run only that]
+ *                    "host:capacity=64T"] [pool|jemalloc: run only that,
+ *                    or history, or remote]
  *
  * Mode "history" (third argument) runs the pool alone, side by side with its
  * event history off, on (history=65536) and on with stacks
  * (history_stacks=1): the cost of recording per pair (3 events a pair).
+ *
+ * Mode "remote" runs no pairs: it measures a free of another thread's
+ * block. Thread A allocates PAIRS blocks, then thread B, which allocated a
+ * block first and so has an arena of its own, frees them in A's order;
+ * twice, and only B's frees of the second round are timed and counted
+ * (dumped as "ALLOCATOR PAIRS"): ns and instructions per free. The pool has
+ * its config ($MEMPOOL_CONF) with arenas=2 where that has fewer, so every
+ * free misses B's arena's live map and is forwarded to A's arena; the
+ * jemalloc arena's blocks are freed without a thread cache, as its pairs
+ * are. Sizes are uniform in [4 KiB, 7 KiB], not the pairs' log-uniform
+ * ones: 100 000 of those would be about 150 GiB, past the ranges two arenas
+ * can reserve under valgrind (about 60 GiB in all). The pool's figure
+ * (count_pairs.sh build-release 100000: 100 000 frees) was 273.5
+ * instructions a free at ae42207 and is 386.5 at eac33d1, the forward from
+ * the miss (468e13e) in between; the jemalloc arena's about 925 in both.
+ * 190 to 350 ns a free in both builds: too noisy on a shared 2-core machine
+ * to tell them apart.
  *
  * Instructions per pair: run under callgrind with --instr-atstart=no
  * (bench/micro/count_pairs.sh does it and prints them beside ns): each
  * timed phase, and only that, is instrumented and dumped as "ALLOCATOR
  * LIVE", so the count is the pairs' own, without set-up or the plan. */
 #include <math.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -226,6 +245,157 @@ static int run_jemalloc(const plan_t *p, result_t *r) {
 }
 #endif
 
+/* Remote frees (mode "remote"): thread A allocates every block, then the
+ * calling thread B, which holds a block of its own (and so, with arenas,
+ * an arena of its own), frees them all. A round is A's allocations, then
+ * B's frees in A's order; the second round, and only B's frees in it, is
+ * timed and counted (the first warms A's arena up, so the second grows
+ * nothing). pool is NULL for the jemalloc arena. */
+typedef struct remote {
+  mp_pool_t *pool;
+  unsigned je_arena;
+  const size_t *sizes;
+  void **blocks;
+  size_t n;
+  pthread_barrier_t turn;
+  int failed;
+} remote_t;
+
+static void *remote_owner(void *arg) {
+  remote_t *r = arg;
+  for (int round = 0; round < 2 && !r->failed; round++) {
+    for (size_t i = 0; i < r->n; i++) {
+#if MEMPOOL_HAVE_JEMALLOC
+      if (r->pool == NULL) {
+        int flags = (int)MALLOCX_ARENA(r->je_arena) | MALLOCX_TCACHE_NONE;
+        if ((r->blocks[i] = mallocx(r->sizes[i], flags)) != NULL)
+          continue;
+        fprintf(stderr, "jemalloc: out of memory\n");
+        r->failed = 1;
+        break;
+      }
+#endif
+      if (mp_pool_alloc(r->pool, r->sizes[i], NULL, &r->blocks[i]) != MP_OK) {
+        fprintf(stderr, "pool: %s\n", mp_last_error());
+        r->failed = 1;
+        break;
+      }
+    }
+    pthread_barrier_wait(&r->turn); /* B's frees */
+    pthread_barrier_wait(&r->turn); /* done */
+  }
+  return NULL;
+}
+
+/* B's side of remote_owner's rounds: ns per free of the timed round into
+ * r->ns_per_pair, the device frees it made into r->device_frees. */
+static int run_remote(remote_t *x, result_t *r) {
+  pthread_t a;
+  pthread_barrier_init(&x->turn, NULL, 2);
+  if (pthread_create(&a, NULL, remote_owner, x) != 0) {
+    fprintf(stderr, "remote: no thread\n");
+    return 1;
+  }
+  mp_stats_t s0 = {0}, s1 = {0};
+  double t0 = 0, t1 = 0;
+  size_t errors = 0;
+  for (int round = 0; round < 2; round++) {
+    pthread_barrier_wait(&x->turn);
+    if (x->failed) {
+      pthread_barrier_wait(&x->turn);
+      break;
+    }
+    if (round == 1) {
+      if (x->pool != NULL)
+        mp_pool_get_stats(x->pool, &s0);
+      count_begin();
+      t0 = now_ns();
+    }
+    for (size_t i = 0; i < x->n; i++) {
+#if MEMPOOL_HAVE_JEMALLOC
+      if (x->pool == NULL) {
+        dallocx(x->blocks[i], MALLOCX_TCACHE_NONE);
+        continue;
+      }
+#endif
+      errors += mp_pool_free(x->pool, x->blocks[i]) != MP_OK;
+    }
+    if (round == 1) {
+      t1 = now_ns();
+      count_end(x->pool != NULL ? "pool" : "jemalloc", x->n);
+      if (x->pool != NULL)
+        mp_pool_get_stats(x->pool, &s1);
+    }
+    pthread_barrier_wait(&x->turn);
+  }
+  pthread_join(a, NULL);
+  pthread_barrier_destroy(&x->turn);
+  if (errors != 0)
+    fprintf(stderr, "remote: %zu frees failed\n", errors);
+  r->ns_per_pair = (t1 - t0) / (double)x->n;
+  r->device_frees = s1.device_free_count - s0.device_free_count;
+  return x->failed || errors != 0;
+}
+
+/* The remote rows: the pool (its config, with arenas=2 where it has fewer
+ * than 2) and the jemalloc arena, on blocks of 4 to 7 KiB. */
+static int remote_rows(mp_device_t *dev, size_t n) {
+  size_t *sizes = malloc(n * sizeof(size_t));
+  void **blocks = malloc(n * sizeof(void *));
+  if (sizes == NULL || blocks == NULL) {
+    fprintf(stderr, "remote: out of host memory for %zu blocks\n", n);
+    return 1;
+  }
+  for (size_t i = 0; i < n; i++)
+    sizes[i] = 4096 + (size_t)(next_u64() % 3073);
+  printf("remote frees: thread A allocates %zu blocks of 4-7 KiB, thread B "
+         "(a block and an arena of its own) frees them, device %s\n",
+         n, mp_device_name(dev));
+  printf("%-10s %-10s %8s %12s %12s %8s %8s\n", "remote", "allocator", "blocks",
+         "ns/free", "dev frees", "range", "arenas");
+  int rc = 0;
+  result_t r = {0};
+  {
+    mp_pool_config_t cfg;
+    mp_pool_t *pool;
+    void *own;
+    mp_pool_config_init(&cfg);
+    if ((cfg.arenas < 2 && mp_pool_config_parse(&cfg, "arenas=2") != MP_OK) ||
+        mp_pool_create(dev, &cfg, &pool) != MP_OK ||
+        mp_pool_alloc(pool, 4096, NULL, &own) != MP_OK) {
+      fprintf(stderr, "pool: %s\n", mp_last_error());
+      return 1;
+    }
+    remote_t x = {.pool = pool, .sizes = sizes, .blocks = blocks, .n = n};
+    rc = run_remote(&x, &r);
+    if (rc == 0)
+      printf("%-10s %-10s %8zu %12.1f %12llu %8s %8zu\n", "remote", "pool", n,
+             r.ns_per_pair, r.device_frees,
+             uses_virtual_range(pool) ? "virtual" : "plain", cfg.arenas);
+    mp_pool_free(pool, own);
+    if (mp_pool_check(pool) != MP_OK)
+      fprintf(stderr, "pool check: %s\n", mp_last_error());
+    mp_pool_destroy(pool);
+  }
+#if MEMPOOL_HAVE_JEMALLOC
+  unsigned arena;
+  size_t sz = sizeof arena;
+  if (rc == 0 && mallctl("arenas.create", &arena, &sz, NULL, 0) != 0) {
+    fprintf(stderr, "jemalloc: arenas.create failed\n");
+    rc = 1;
+  } else if (rc == 0) {
+    remote_t x = {.je_arena = arena, .sizes = sizes, .blocks = blocks, .n = n};
+    rc = run_remote(&x, &r);
+    if (rc == 0)
+      printf("%-10s %-10s %8zu %12.1f %12s %8s %8s\n", "remote", "jemalloc", n,
+             r.ns_per_pair, "-", "-", "-");
+  }
+#endif
+  free(sizes);
+  free(blocks);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   uint64_t npairs;
   if (!micro_count(argc, argv, 1, 2000000, 1, 100000000, "pairs", &npairs))
@@ -235,8 +405,10 @@ int main(int argc, char **argv) {
   const char *only = argc > 3 ? argv[3] : "";
   /* Another word ran every allocator, as if none was given. */
   if (strcmp(only, "") != 0 && strcmp(only, "pool") != 0 &&
-      strcmp(only, "jemalloc") != 0 && strcmp(only, "history") != 0) {
-    fprintf(stderr, "%s: unknown mode '%s' (pool, jemalloc or history)\n",
+      strcmp(only, "jemalloc") != 0 && strcmp(only, "history") != 0 &&
+      strcmp(only, "remote") != 0) {
+    fprintf(stderr,
+            "%s: unknown mode '%s' (pool, jemalloc, history or remote)\n",
             argv[0], only);
     return 2;
   }
@@ -247,6 +419,11 @@ int main(int argc, char **argv) {
   if (mp_device_open(spec, &dev) != MP_OK) {
     fprintf(stderr, "device: %s\n", mp_last_error());
     return 1;
+  }
+  if (strcmp(only, "remote") == 0) {
+    int rc = remote_rows(dev, pairs);
+    mp_device_close(dev);
+    return rc;
   }
   printf("free+alloc pairs, sizes log-uniform 512 B .. 16 MiB, %zu pairs, "
          "device %s\n",

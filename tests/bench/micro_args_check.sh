@@ -17,6 +17,7 @@ check() { # CMD...: must exit 2, within 20 s
 }
 for a in -5 abc 5x 0 " 5" +5; do
   check "$bin/bench_pool_pairs" "$a"
+  check "$bin/bench_pool_pairs" "$a" host:capacity=1G remote
   check "$bin/bench_pool_threads" "$a"
   check "$bin/bench_pool_threads" 1000 100 "$a"
   check "$bin/bench_pool_handoff" "$a" 2
@@ -25,12 +26,24 @@ for a in -5 abc 5x 0 " 5" +5; do
   check "$bin/bench_pause_resume" 1 "$a"
 done
 check "$bin/bench_pool_pairs" 1000 host:capacity=64T bogus
+check "$bin/bench_pool_pairs" 1000 host:capacity=64T remotes
 check "$bin/bench_pool_threads" 1000 100 2 1x
 check "$bin/bench_pool_handoff" 1 -2
 check "$bin/bench_stream_table" 10 host:capacity=1G 5 -1
 # An option with no value after it was dropped; a count past 32 bits cut.
 check "$bin/bench_defrag_kv" --steps 10 --seqs
 check "$bin/bench_defrag_kv" --steps 10 --seqs 4294967297
+# Mode remote runs (a pool row on the virtual range, as count_pairs.sh
+# needs, and the jemalloc row where built with it) and exits 0.
+out=$(timeout 20 "$bin/bench_pool_pairs" 100 host:capacity=1G remote 2>&1)
+rc=$?
+if [ "$rc" -ne 0 ] ||
+  ! printf '%s\n' "$out" | grep -q '^remote  *pool  *100 .* virtual '; then
+  echo "micro_args_check: FAIL: bench_pool_pairs 100 host:capacity=1G remote" \
+    "exited $rc:"
+  printf '%s\n' "$out"
+  fails=$((fails + 1))
+fi
 if [ "$fails" -ne 0 ]; then
   exit 1
 fi
