@@ -15,7 +15,8 @@
  * every thread has an arena of its own, and its allocations and frees of
  * its own blocks take only that arena's lock. A thread remembers its arena
  * of the last pool it used (mp__arena_memo, keyed by the pool's serial,
- * which no later pool at the same address shares). The pool itself holds no
+ * which no later pool at the same address shares, and which a destroy
+ * that failed after some arenas went renews). The pool itself holds no
  * memory; its lock orders the rare work across arenas: making one, sharing
  * the cap, add_stream. It is never held while an arena waits for its
  * streams (trim, the reclaim's trims and its retry's ladder): a host

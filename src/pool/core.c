@@ -517,6 +517,13 @@ void mp__block_release_apart(mp_pool_t *pool, mp__block_t *b) {
   mp__index_insert(pool, mp__block_coalesce_apart(pool, b));
 }
 
+static _Atomic uint64_t mp__pool_serials; /* the last serial given */
+
+uint64_t mp__pool_serial_new(void) {
+  return atomic_fetch_add_explicit(&mp__pool_serials, 1, memory_order_relaxed) +
+         1;
+}
+
 mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
                          mp_pool_t **out) {
   mp_pool_t *pool = mp__host_calloc(1, sizeof *pool);
@@ -528,9 +535,7 @@ mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
   atomic_init(&pool->hot, pool);
   atomic_init(&pool->gate, NULL);
   atomic_init(&pool->gate_owner, 0);
-  static _Atomic uint64_t serials; /* pool->serial: one per pool made */
-  pool->serial =
-      atomic_fetch_add_explicit(&serials, 1, memory_order_relaxed) + 1;
+  pool->serial = mp__pool_serial_new();
   atomic_init(&pool->solo_of, NULL);
   atomic_init(&pool->solo_waits, 0);
   pool->dev = dev;

@@ -249,8 +249,12 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
     mp_pool_t *a = mp__arena_at(pool, i);
     bool a_gone = false;
     mp_status_t ast = a != NULL ? mp__pool_destroy(a, &a_gone) : MP_OK;
-    if (a != NULL && !a_gone)
+    if (a != NULL && !a_gone) {
+      /* The arenas before it went: the threads' memos of them must miss
+       * (mp__arena_mine_memo), so that their next calls make new ones. */
+      pool->serial = mp__pool_serial_new();
       return ast;
+    }
     atomic_store_explicit(&pool->arenas[i].pool, NULL, memory_order_release);
     if (ast != MP_OK && lost == MP_OK) {
       lost = ast;

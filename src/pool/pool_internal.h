@@ -569,7 +569,8 @@ struct mp_pool {
   _Atomic uintptr_t gate_owner;
   /* Unique among the pools a process makes (never 0), set at create: the
    * key of a thread's memo of its arena (mp__arena_memo), which a pool
-   * made later at the same address does not match. */
+   * made later at the same address does not match; a new one where a
+   * destroy that failed freed some arenas (pool.c). */
   uint64_t serial;
   /* arena.c: odd while mp__arena_share moves the cap's shares (under the
    * pool's lock), bumped again when done: a stats read across arenas that
@@ -1161,6 +1162,9 @@ void mp__block_release_apart(mp_pool_t *pool, mp__block_t *b);
  * memory). */
 mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
                          mp_pool_t **out);
+/* A pool serial no pool had (never 0): mp__pool_new's, and a pool's new
+ * one where the arenas its threads' memos name went (mp_pool_destroy). */
+uint64_t mp__pool_serial_new(void);
 /* Frees a pool's host structures (it holds no memory any more). */
 void mp__pool_free_host(mp_pool_t *pool);
 

@@ -649,6 +649,55 @@ Test(pool_arenas, a_thread_finds_its_arena_in_each_pool_it_moves_between) {
     cr_assert_eq(mp_pool_destroy(p[j]), MP_OK);
 }
 
+/* on_free hooks: the first free goes, the next is refused. */
+static void refuse_one(void *ctx) {
+  ((fake_dev_t *)ctx)->refuse_frees = 1;
+}
+static void refuse_after_one(void *ctx) {
+  fake_dev_t *f = ctx;
+  f->on_free = refuse_one;
+  f->on_free_ctx = f;
+}
+
+/* A destroy that frees the calling thread's arena and then fails on a later
+ * arena (the device refuses its first free) leaves the pool, with that
+ * arena's entry empty: the thread's next call makes the arena again. Its
+ * memo of the arena freed (the pool's serial unchanged) handed that freed
+ * arena out instead (ASan: heap-use-after-free). */
+Test(pool_arenas, a_thread_whose_arena_a_failed_destroy_freed_gets_a_new_one) {
+  mp_device_t *d = fake_open((size_t)1 << 30, 0);
+  fake_dev_t *f = fake_of(d);
+  mp_pool_t *pool = make_pool(d, "arenas=8");
+  void *mine;
+  cr_assert_eq(mp_pool_alloc(pool, 4 * MiB, NULL, &mine), MP_OK, "%s",
+               mp_last_error());
+  int im = arena_holding(pool, mine), iw = -1;
+  /* Consecutive threads take consecutive arenas: one lands after mine. */
+  job_t w = {.pool = pool, .bytes = 4 * MiB, .count = 1};
+  for (int k = 0; k < 8 && iw <= im; k++) {
+    on_thread(alloc_job, &w);
+    cr_assert_eq(w.st, MP_OK, "%s", mp_last_error());
+    iw = arena_holding(pool, w.ptrs[0]);
+  }
+  cr_assert(im >= 0 && iw > im, "arenas %d, %d", im, iw);
+  cr_assert_eq(mp_pool_free(pool, mine), MP_OK, "%s", mp_last_error());
+  f->on_free = refuse_after_one;
+  f->on_free_ctx = f;
+  cr_assert_eq(mp_pool_destroy(pool), MP_EDRIVER);
+  f->on_free = NULL;
+  f->refuse_frees = 0;
+  cr_assert_null(mp__arena_at(pool, (size_t)im), "arena %d went", im);
+  cr_assert_not_null(mp__arena_at(pool, (size_t)iw), "arena %d stayed", iw);
+  void *again;
+  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &again), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(arena_holding(pool, again), im, "in a new arena %d", im);
+  cr_expect_eq(mp_pool_free(pool, again), MP_OK, "%s", mp_last_error());
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  fake_close(d);
+}
+
 /* Without virtual memory an arena's blocks lie in plain segments, outside
  * any range: a free still finds their arena (by its live map). */
 Test(pool_arenas, plain_segment_blocks_are_freed_in_their_arena) {
