@@ -248,6 +248,11 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
   for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);
     bool a_gone = false;
+    /* The solo (or lane) arena: the pool leaves solo for good before it
+     * goes, so that a pool that stays (a later arena's failure) does not
+     * point its hot path at it. */
+    if (a != NULL && mp__pool_hot(pool) == a)
+      mp__arena_unsolo(pool);
     mp_status_t ast = a != NULL ? mp__pool_destroy(a, &a_gone) : MP_OK;
     if (a != NULL && !a_gone) {
       /* The arenas before it went: the threads' memos of them must miss

@@ -659,35 +659,47 @@ static void refuse_after_one(void *ctx) {
   f->on_free_ctx = f;
 }
 
-/* A destroy that frees the calling thread's arena and then fails on a later
- * arena (the device refuses its first free) leaves the pool, with that
- * arena's entry empty: the thread's next call makes the arena again. Its
- * memo of the arena freed (the pool's serial unchanged) handed that freed
- * arena out instead (ASan: heap-use-after-free). */
-Test(pool_arenas, a_thread_whose_arena_a_failed_destroy_freed_gets_a_new_one) {
-  mp_device_t *d = fake_open((size_t)1 << 30, 0);
+/* A pool on d made with conf, with the calling thread's arena (*im) and
+ * another thread's after it in the table; then a destroy that frees the
+ * calling thread's arena and fails on the other's (the device refuses its
+ * first free): the pool stays, that arena's entry empty. lane: solo ends
+ * first (arenas_auto=1), as contention ends it. */
+static mp_pool_t *destroy_fails_after_mine(mp_device_t *d, const char *conf,
+                                           bool lane, int *im) {
   fake_dev_t *f = fake_of(d);
-  mp_pool_t *pool = make_pool(d, "arenas=8");
+  mp_pool_t *pool = make_pool(d, conf);
   void *mine;
   cr_assert_eq(mp_pool_alloc(pool, 4 * MiB, NULL, &mine), MP_OK, "%s",
                mp_last_error());
-  int im = arena_holding(pool, mine), iw = -1;
+  int iw = -1;
+  *im = arena_holding(pool, mine);
+  /* On the arenas' path, the free leaves the thread's memo of its arena. */
+  cr_assert_eq(mp_pool_free(pool, mine), MP_OK, "%s", mp_last_error());
+  if (lane) {
+    cr_assert_eq(mp__pool_hot(pool), mp__arena_at(pool, (size_t)*im), "solo");
+    mp__arena_lane(pool);
+  }
   /* Consecutive threads take consecutive arenas: one lands after mine. */
   job_t w = {.pool = pool, .bytes = 4 * MiB, .count = 1};
-  for (int k = 0; k < 8 && iw <= im; k++) {
+  for (int k = 0; k < 8 && iw <= *im; k++) {
     on_thread(alloc_job, &w);
     cr_assert_eq(w.st, MP_OK, "%s", mp_last_error());
     iw = arena_holding(pool, w.ptrs[0]);
   }
-  cr_assert(im >= 0 && iw > im, "arenas %d, %d", im, iw);
-  cr_assert_eq(mp_pool_free(pool, mine), MP_OK, "%s", mp_last_error());
+  cr_assert(*im >= 0 && iw > *im, "arenas %d, %d", *im, iw);
   f->on_free = refuse_after_one;
   f->on_free_ctx = f;
   cr_assert_eq(mp_pool_destroy(pool), MP_EDRIVER);
   f->on_free = NULL;
   f->refuse_frees = 0;
-  cr_assert_null(mp__arena_at(pool, (size_t)im), "arena %d went", im);
+  cr_assert_null(mp__arena_at(pool, (size_t)*im), "arena %d went", *im);
   cr_assert_not_null(mp__arena_at(pool, (size_t)iw), "arena %d stayed", iw);
+  return pool;
+}
+
+/* The calling thread's next allocation from pool lands in a new arena im;
+ * then the pool goes. */
+static void allocates_in_a_new_arena(mp_pool_t *pool, int im) {
   void *again;
   cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &again), MP_OK, "%s",
                mp_last_error());
@@ -695,6 +707,32 @@ Test(pool_arenas, a_thread_whose_arena_a_failed_destroy_freed_gets_a_new_one) {
   cr_expect_eq(mp_pool_free(pool, again), MP_OK, "%s", mp_last_error());
   check(pool);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+}
+
+/* A destroy that frees the calling thread's arena and then fails on a later
+ * arena leaves the pool: the thread's next call makes the arena again. Its
+ * memo of the arena freed (the pool's serial unchanged) handed that freed
+ * arena out instead (ASan: heap-use-after-free). */
+Test(pool_arenas, a_thread_whose_arena_a_failed_destroy_freed_gets_a_new_one) {
+  mp_device_t *d = fake_open((size_t)1 << 30, 0);
+  int im;
+  mp_pool_t *pool = destroy_fails_after_mine(d, "arenas=8", false, &im);
+  allocates_in_a_new_arena(pool, im);
+  fake_close(d);
+}
+
+/* The same with arenas_auto=1: the solo arena (the lane's, once another
+ * arena was made) is the calling thread's, and the pool's hot path
+ * pointed at it after the destroy freed it; now the pool leaves solo for
+ * good first (hot: the pool), and the thread's next call makes a new
+ * arena on the arenas' path. */
+Test(pool_arenas, a_failed_destroy_that_freed_the_solo_arena_leaves_solo) {
+  mp_device_t *d = fake_open((size_t)1 << 30, 0);
+  int im;
+  mp_pool_t *pool =
+      destroy_fails_after_mine(d, "arenas=8,arenas_auto=1", true, &im);
+  cr_assert_eq(mp__pool_hot(pool), pool, "the hot path left the arena gone");
+  allocates_in_a_new_arena(pool, im);
   fake_close(d);
 }
 
