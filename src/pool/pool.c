@@ -863,11 +863,16 @@ static MP__HOT mp_status_t mp__pool_free_locked(mp_pool_t *pool, void *ptr,
   mp__block_t *b = NULL; /* set when mp__pool_find_live succeeds */
   uint32_t sidx = 0;
   mp__slot_t *slot = NULL;
-  mp_status_t st = plain ? MP_OK : mp__pool_paused(pool, fn);
-  if (st == MP_OK)
+  mp_status_t st;
+  if (!plain && MP__UNLIKELY(pool->paused))
+    /* Paused: refused; but in an arena, a pointer outside it goes on to
+     * the arena holding it, which may run (mid-pause, pause.c): no
+     * failure, so no message. */
+    st = mp__arena_forwards(pool, (uintptr_t)ptr, fwd)
+             ? MP__EFORWARD
+             : mp__pool_paused(pool, fn);
+  else
     st = mp__pool_find_live(pool, fn, ptr, false, fwd, &b, &slot);
-  else if (mp__arena_forwards(pool, (uintptr_t)ptr, fwd))
-    st = MP__EFORWARD; /* a paused arena: another may be running (pause.c) */
   if (st == MP_OK && how == MP__FREE_ON)
     st = mp__stream_index(pool, s, &sidx);
   if (st == MP_OK) {

@@ -603,7 +603,11 @@ Test(pool_arenas, a_paused_arena_still_frees_a_running_arenas_block) {
   mp_pool_t *am = mp__arena_at(pool, (size_t)im);
   cr_assert_eq(mp_pool_pause(am, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
                mp_last_error());
+  /* The free that goes on is no failure: the thread's last one stays. */
+  cr_assert_eq(mp_pool_free(NULL, mine), MP_EINVAL);
   cr_expect_eq(mp_pool_free(pool, w.ptrs[0]), MP_OK, "%s", mp_last_error());
+  cr_expect(strstr(mp_last_error(), "pool is NULL") != NULL, "'%s'",
+            mp_last_error());
   cr_expect_eq(mp_pool_free(pool, mine), MP_EBUSY);
   cr_assert_eq(mp_pool_resume(am), MP_OK, "%s", mp_last_error());
   cr_expect_eq(mp_pool_free(pool, mine), MP_OK, "%s", mp_last_error());
