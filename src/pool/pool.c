@@ -814,13 +814,17 @@ static mp_status_t mp__pool_free_in(mp_pool_t *pool, void *ptr,
                                     const char *fn);
 
 /* The pool a free of ptr works on in a pool with arenas when the calling
- * thread has no arena there: the arena holding it (the rest is the arena's
- * free: an arena has no arenas or graph pools); not in an arena, the pool
- * itself, whose own path says what is wrong with it. */
+ * thread has no arena there: the arena holding it, found as record_stream
+ * finds it (the rest is the arena's free: an arena has no arenas or graph
+ * pools); not in an arena, the pool itself, whose own path says what is
+ * wrong with it. mp__arena_owner reads the range of the arena the thread
+ * would have (arena 0 for a thread without a number) first, without a
+ * lock; mp__arena_owner_slow alone leaves that range out, and looked for a
+ * bad pointer in it in every arena's live map and segments, under each
+ * arena's lock. */
 static MP__COLD mp_pool_t *mp__arena_free_other(mp_pool_t *pool,
                                                 const void *ptr) {
-  mp_pool_t *a =
-      mp__arena_owner_slow(pool, (uintptr_t)ptr, mp__arena_mine(pool));
+  mp_pool_t *a = mp__arena_owner(pool, ptr);
   return a != NULL ? a : pool;
 }
 

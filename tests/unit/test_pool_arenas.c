@@ -586,18 +586,26 @@ Test(pool_arenas, a_thread_with_an_arena_frees_another_arenas_plain_blocks) {
   frees_go_on_from_the_callers_arena("arenas=2,virtual=0");
 }
 
+/* A pool with arenas=2: a block of the calling thread's arena (*mine) and
+ * one of a thread's after it (w->ptrs[0], in the other arena). */
+static mp_pool_t *mine_and_another_threads(void **mine, job_t *w) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, mine), MP_OK, "%s",
+               mp_last_error());
+  *w = (job_t){.pool = pool, .bytes = 4096, .count = 1};
+  on_thread(alloc_job, w);
+  cr_assert_eq(w->st, MP_OK, "%s", mp_last_error());
+  return pool;
+}
+
 /* A pool's pause pauses its arenas one after another: a thread whose arena
  * is paused already still frees a block of an arena that runs (here the
  * caller's arena alone is paused, as mid-pause), and its own blocks are
  * refused (MP_EBUSY) until the arena resumes. */
 Test(pool_arenas, a_paused_arena_still_frees_a_running_arenas_block) {
-  mp_pool_t *pool = make_pool(dev, "arenas=2");
   void *mine;
-  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &mine), MP_OK, "%s",
-               mp_last_error());
-  job_t w = {.pool = pool, .bytes = 4096, .count = 1};
-  on_thread(alloc_job, &w);
-  cr_assert_eq(w.st, MP_OK, "%s", mp_last_error());
+  job_t w;
+  mp_pool_t *pool = mine_and_another_threads(&mine, &w);
   int im = arena_holding(pool, mine);
   cr_assert(im >= 0 && im != arena_holding(pool, w.ptrs[0]));
   mp_pool_t *am = mp__arena_at(pool, (size_t)im);
@@ -651,6 +659,63 @@ Test(pool_arenas, a_thread_finds_its_arena_in_each_pool_it_moves_between) {
   }
   for (int j = 0; j < 2; j++)
     cr_assert_eq(mp_pool_destroy(p[j]), MP_OK);
+}
+
+/* A bad free of arena 0's memory on a thread with no arena (numbered by no
+ * allocation): the pointer found in arena 0's range, which is read without
+ * a lock. */
+typedef struct {
+  mp_pool_t *pool;
+  void *ptr;
+  mp_status_t st;
+  char why[256];
+  atomic_bool done;
+} unnumbered_free_t;
+
+static void *unnumbered_free(void *arg) {
+  unnumbered_free_t *u = arg;
+  u->st = mp_pool_free(u->pool, u->ptr);
+  snprintf(u->why, sizeof u->why, "%s", mp_last_error());
+  atomic_store(&u->done, true);
+  return NULL;
+}
+
+/* A thread that never allocated (a host function's, a consumer's) frees
+ * blocks of arena 0 as any thread's: by arena 0's range, without a lock,
+ * as record_stream finds them, so that a bad pointer there takes no other
+ * arena's lock. The search for such a thread's pointer left arena 0 (the
+ * arena a thread without a number counts as its own) out of the ranges
+ * read, and went on to every arena's live map and segments under its
+ * lock: here it waited for arena 1's lock, which this thread holds. */
+Test(pool_arenas, a_thread_without_an_arena_finds_arena_0_by_its_range,
+     .timeout = 20) {
+  void *mine;
+  job_t w;
+  mp_pool_t *pool = mine_and_another_threads(&mine, &w);
+  cr_assert_not_null(mp__arena_at(pool, 0));
+  cr_assert_not_null(mp__arena_at(pool, 1));
+  cr_assert_not_null(mp__arena_at(pool, 0)->vseg, "arena 0 has a range");
+  void *in0 = arena_holding(pool, mine) == 0 ? mine : w.ptrs[0];
+  void *in1 = in0 == mine ? w.ptrs[0] : mine;
+  cr_assert_eq(arena_holding(pool, in0), 0);
+  cr_assert_eq(mp_pool_free(pool, in0), MP_OK, "%s", mp_last_error());
+  mp_pool_t *a1 = mp__arena_at(pool, 1);
+  unnumbered_free_t u = {.pool = pool, .ptr = in0};
+  atomic_init(&u.done, false);
+  pthread_t t;
+  mp__pool_lock(a1);
+  cr_assert_eq(pthread_create(&t, NULL, unnumbered_free, &u), 0);
+  for (int k = 0; k < 2000 && !atomic_load(&u.done); k++)
+    usleep(1000);
+  bool done = atomic_load(&u.done);
+  mp__pool_unlock(a1);
+  pthread_join(t, NULL);
+  cr_expect(done, "the free waited for arena 1's lock");
+  cr_expect_eq(u.st, MP_EINVAL);
+  cr_expect(strstr(u.why, "double free") != NULL, "'%s'", u.why);
+  cr_expect_eq(mp_pool_free(pool, in1), MP_OK, "%s", mp_last_error());
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
 }
 
 /* on_free hooks: the first free goes, the next is refused. */
