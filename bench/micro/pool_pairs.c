@@ -357,13 +357,17 @@ static int remote_rows(mp_device_t *dev, size_t n) {
   result_t r = {0};
   {
     mp_pool_config_t cfg;
-    mp_pool_t *pool;
+    mp_pool_t *pool = NULL;
     void *own;
     mp_pool_config_init(&cfg);
     if ((cfg.arenas < 2 && mp_pool_config_parse(&cfg, "arenas=2") != MP_OK) ||
         mp_pool_create(dev, &cfg, &pool) != MP_OK ||
         mp_pool_alloc(pool, 4096, NULL, &own) != MP_OK) {
       fprintf(stderr, "pool: %s\n", mp_last_error());
+      if (pool != NULL)
+        mp_pool_destroy(pool);
+      free(sizes);
+      free(blocks);
       return 1;
     }
     remote_t x = {.pool = pool, .sizes = sizes, .blocks = blocks, .n = n};

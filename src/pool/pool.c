@@ -828,27 +828,10 @@ static MP__COLD mp_pool_t *mp__arena_free_other(mp_pool_t *pool,
   return a != NULL ? a : pool;
 }
 
-static mp_status_t mp__pool_free_locked(mp_pool_t *pool, void *ptr,
-                                        mp__free_how_t how, mp_stream_t s,
-                                        const char *fn, bool plain, bool fwd);
-
-/* A free on arena a (the calling thread's, or the lane's: arena.c) of a
- * pointer outside its segments, a's lock dropped: the other arena holding
- * it frees it (whose own path says what is wrong with it), without a
- * forward of its own; where none does, a's answer. */
 static MP__COLD mp_status_t mp__pool_free_forward(mp_pool_t *a, void *ptr,
                                                   mp__free_how_t how,
                                                   mp_stream_t s,
-                                                  const char *fn) {
-  mp_pool_t *x =
-      mp__arena_owner_slow(a->arena_of, (uintptr_t)ptr, a->arena_index);
-  if (x == NULL || x == a)
-    x = a;
-  mp__pool_lock(x);
-  if (x->rare != 0)
-    return mp__pool_free_locked(x, ptr, how, s, fn, false, false);
-  return mp__pool_free_locked(x, ptr, how, s, fn, true, false);
-}
+                                                  const char *fn);
 
 /* The free under the lock, which it drops; plain: pool->rare is 0, and
  * what only a rare state needs (mp__pool_rare_of) is left out. */
@@ -915,10 +898,36 @@ static MP__HOT mp_status_t mp__pool_free_locked(mp_pool_t *pool, void *ptr,
 static MP__COLD mp_status_t mp__pool_free_rare(mp_pool_t *pool, void *ptr,
                                                mp__free_how_t how,
                                                mp_stream_t s, const char *fn,
-                                               void *ra) {
+                                               void *ra, bool fwd) {
   if (ra != NULL)
     MP__HIST_ENTRY_AT(pool, ra);
-  return mp__pool_free_locked(pool, ptr, how, s, fn, false, true);
+  return mp__pool_free_locked(pool, ptr, how, s, fn, false, fwd);
+}
+
+/* The free on pool, whose lock it takes: the rare path or the plain one.
+ * entry: as mp__pool_free_as's; fwd: as mp__pool_free_locked's. */
+static MP__HOT mp_status_t mp__pool_free_at(mp_pool_t *pool, void *ptr,
+                                            mp__free_how_t how, mp_stream_t s,
+                                            const char *fn, bool entry,
+                                            bool fwd) {
+  mp__pool_lock(pool);
+  if (MP__UNLIKELY(pool->rare != 0))
+    return mp__pool_free_rare(pool, ptr, how, s, fn,
+                              entry ? __builtin_return_address(0) : NULL, fwd);
+  return mp__pool_free_locked(pool, ptr, how, s, fn, true, fwd);
+}
+
+/* A free on arena a (the calling thread's, or the lane's: arena.c) of a
+ * pointer outside its segments, a's lock dropped: the other arena holding
+ * it frees it (whose own path says what is wrong with it), without a
+ * forward of its own; where none does, a's answer. */
+static MP__COLD mp_status_t mp__pool_free_forward(mp_pool_t *a, void *ptr,
+                                                  mp__free_how_t how,
+                                                  mp_stream_t s,
+                                                  const char *fn) {
+  mp_pool_t *x =
+      mp__arena_owner_slow(a->arena_of, (uintptr_t)ptr, a->arena_index);
+  return mp__pool_free_at(x != NULL ? x : a, ptr, how, s, fn, false, false);
 }
 
 /* entry: inline in a public entry point, whose return address is the
@@ -944,11 +953,7 @@ static MP__HOT mp_status_t mp__pool_free_as(mp_pool_t *pool, void *ptr,
     mp_pool_t *a = mp__arena_mine_memo(g);
     pool = MP__LIKELY(a != NULL) ? a : mp__arena_free_other(g, ptr);
   }
-  mp__pool_lock(pool);
-  if (MP__UNLIKELY(pool->rare != 0))
-    return mp__pool_free_rare(pool, ptr, how, s, fn,
-                              entry ? __builtin_return_address(0) : NULL);
-  return mp__pool_free_locked(pool, ptr, how, s, fn, true, true);
+  return mp__pool_free_at(pool, ptr, how, s, fn, entry, true);
 }
 
 /* mp__pool_free_as in the graph pool holding ptr: a call (the inline body
