@@ -197,11 +197,12 @@ static mp_status_t mp__child_kv(void *ctx, const char *key, size_t key_len,
                                 const char *val, size_t val_len) {
   mp__child_spec_t *c = ctx;
   if (key_len == 5 && memcmp(key, "bytes", 5) == 0) {
+    char shown[MP__CLIP];
     if (!mp__parse_size(val, val_len, &c->bytes) || c->bytes == 0)
       return mp__fail(MP_EINVAL,
-                      "bad allocator spec: child bytes '%.*s' is not a "
+                      "bad allocator spec: child bytes '%s' is not a "
                       "non-zero size",
-                      (int)val_len, val);
+                      mp__clip(val, val_len, shown, sizeof shown));
     c->have_bytes = true;
     return MP_OK;
   }
@@ -234,9 +235,11 @@ static mp_status_t mp__make_child(mp_device_t *dev, const char *spec,
     return mp__fail(MP_ENOMEM, "mp_allocator_create: out of host memory");
   c.rest[0] = '\0';
   mp_status_t st = mp__kv_each("allocator spec", opts, mp__child_kv, &c);
+  char shown[MP__CLIP]; /* the spec as messages quote it */
+  mp__clip(spec, strlen(spec), shown, sizeof shown);
   if (st == MP_OK && !c.have_bytes)
     st = mp__fail(MP_EINVAL, "bad allocator spec '%s': child needs bytes=SIZE",
-                  spec);
+                  shown);
   mp__child_alloc_t *ca = NULL;
   if (st == MP_OK) {
     ca = mp__host_calloc(1, sizeof *ca);
@@ -255,7 +258,7 @@ static mp_status_t mp__make_child(mp_device_t *dev, const char *spec,
       st = mp__fail(MP_EINVAL,
                     "bad allocator spec '%s': child bytes %zu are above the "
                     "parent's cap (its %s)",
-                    spec, c.bytes,
+                    shown, c.bytes,
                     cfg.max_bytes != 0 ? "max_bytes" : "max_fraction");
     if (st != MP_OK)
       (void)mp_pool_destroy(ca->parent);
@@ -300,10 +303,12 @@ mp_status_t mp_allocator_create(mp_device_t *dev, const char *spec,
   }
   if (name_len == 5 && memcmp(spec, "child", 5) == 0)
     return mp__make_child(dev, spec, opts, __builtin_return_address(0), out);
+  char shown[MP__CLIP], name[MP__CLIP]; /* spec as messages quote it */
+  mp__clip(spec, strlen(spec), shown, sizeof shown);
   if (name_len == 6 && memcmp(spec, "direct", 6) == 0) {
     if (opts[0] != '\0')
-      return mp__fail(MP_EINVAL,
-                      "bad allocator spec '%s': direct takes no options", spec);
+      return mp__fail(
+          MP_EINVAL, "bad allocator spec '%s': direct takes no options", shown);
     mp_direct_t *d;
     st = mp_direct_create(dev, &d);
     if (st != MP_OK)
@@ -315,9 +320,9 @@ mp_status_t mp_allocator_create(mp_device_t *dev, const char *spec,
     return st;
   }
   return mp__fail(MP_EINVAL,
-                  "bad allocator spec '%s': unknown allocator '%.*s' "
+                  "bad allocator spec '%s': unknown allocator '%s' "
                   "(expected pool, child or direct)",
-                  spec, (int)name_len, spec);
+                  shown, mp__clip(spec, name_len, name, sizeof name));
 }
 
 mp_status_t mp_allocator_wrap(const mp_allocator_ops_t *ops, void *self,

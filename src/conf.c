@@ -182,13 +182,14 @@ mp_status_t mp__kv_each(const char *what, const char *str, mp__kv_fn fn,
     const char *end = strchr(p, ',');
     size_t len = end ? (size_t)(end - p) : strlen(p);
     const char *eq = mp__kv_sep(p, len);
+    char shown[MP__CLIP]; /* a long pair leaves room for the reason */
     if (eq == NULL || eq == p)
-      return mp__fail(MP_EINVAL, "bad %s: '%.*s' is not key=value", what,
-                      (int)len, p);
+      return mp__fail(MP_EINVAL, "bad %s: '%s' is not key=value", what,
+                      mp__clip(p, len, shown, sizeof shown));
     size_t key_len = (size_t)(eq - p);
     if (mp__key_seen(str, p, key_len))
-      return mp__fail(MP_EINVAL, "bad %s: '%.*s' given twice", what,
-                      (int)key_len, p);
+      return mp__fail(MP_EINVAL, "bad %s: '%s' given twice", what,
+                      mp__clip(p, key_len, shown, sizeof shown));
     mp_status_t st = fn(ctx, p, key_len, eq + 1, len - key_len - 1);
     if (st != MP_OK)
       return st;

@@ -489,11 +489,12 @@ static mp_status_t mp__cuda_parse_index(const char *opts, int *out) {
     *out = 0;
     return MP_OK;
   }
+  char shown[MP__CLIP]; /* a long spec leaves room for the reason */
   if (!mp__parse_u64(opts, strlen(opts), &n) || n > 1024)
     return mp__fail(MP_EINVAL,
                     "bad device spec 'cuda:%s': expected a device index "
                     "('cuda' or 'cuda:N')",
-                    opts);
+                    mp__clip(opts, strlen(opts), shown, sizeof shown));
   *out = (int)n;
   return MP_OK;
 }

@@ -72,10 +72,12 @@ mp_status_t mp_device_open(const char *spec, mp_device_t **out) {
         MP_ENODEV, "device 'cuda': mempool was built without the CUDA backend");
 #endif
   }
+  char shown[MP__CLIP], name[MP__CLIP]; /* room left for the reason */
   return mp__fail(MP_EINVAL,
-                  "bad device spec '%s': unknown device '%.*s' (expected "
+                  "bad device spec '%s': unknown device '%s' (expected "
                   "'host' or 'cuda')",
-                  spec, (int)name_len, spec);
+                  mp__clip(spec, strlen(spec), shown, sizeof shown),
+                  mp__clip(spec, name_len, name, sizeof name));
 }
 
 void mp_device_close(mp_device_t *dev) {

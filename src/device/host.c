@@ -1779,9 +1779,10 @@ typedef struct host_opts {
 
 static mp_status_t host_bad_value(const char *key, const char *val,
                                   size_t val_len, const char *expected) {
+  char shown[MP__CLIP];
   return mp__fail(MP_EINVAL,
-                  "bad device spec: host option %s='%.*s': expected %s", key,
-                  (int)val_len, val, expected);
+                  "bad device spec: host option %s='%s': expected %s", key,
+                  mp__clip(val, val_len, shown, sizeof shown), expected);
 }
 
 static mp_status_t host_opt(void *ctx, const char *key, size_t key_len,
@@ -1791,12 +1792,13 @@ static mp_status_t host_opt(void *ctx, const char *key, size_t key_len,
   while (k < HOST_OPT_COUNT && !(strlen(host_opt_names[k]) == key_len &&
                                  memcmp(host_opt_names[k], key, key_len) == 0))
     k++;
+  char shown[MP__CLIP];
   if (k == HOST_OPT_COUNT)
     return mp__fail(MP_EINVAL,
-                    "bad device spec: unknown host option '%.*s' (known: "
+                    "bad device spec: unknown host option '%s' (known: "
                     "capacity, latency_us, stream_latency_us, fail_after, vmm, "
                     "granularity)",
-                    (int)key_len, key);
+                    mp__clip(key, key_len, shown, sizeof shown));
   const char *name = host_opt_names[k];
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
   switch (k) {

@@ -1,0 +1,90 @@
+/* A long option string, device spec or allocator spec is quoted shortened
+ * in its refusal, so that mp_last_error (512 bytes) still says what is wrong
+ * with it: quoted whole, the input filled the message and the reason ("is
+ * not key=value", "unknown device") was cut off. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+#include "mempool/allocator.h"
+#include "mempool/device.h"
+#include "mempool/pool.h"
+
+#define LONG_LEN 1500
+
+/* LONG_LEN letters 'a', NUL-terminated, in buf (LONG_LEN + 1 bytes). */
+static const char *long_word(char *buf) {
+  memset(buf, 'a', LONG_LEN);
+  buf[LONG_LEN] = '\0';
+  return buf;
+}
+
+/* The last failure ends with reason and fits the buffer with room. */
+static void expect_reason(const char *input, const char *reason) {
+  const char *msg = mp_last_error();
+  size_t n = strlen(msg), r = strlen(reason);
+  cr_expect_lt(n, MP__ERROR_MAX - 1, "message filled the buffer: %s", msg);
+  cr_expect(n >= r && strcmp(msg + n - r, reason) == 0,
+            "input %.40s...: message does not end with '%s': %s", input, reason,
+            msg);
+}
+
+Test(long_spec_errors, pool_options_keep_their_reason) {
+  char w[LONG_LEN + 1], s[2 * LONG_LEN + 16];
+  long_word(w);
+  mp_pool_config_t cfg, before;
+  mp_pool_config_init(&cfg);
+  before = cfg;
+  cr_assert_eq(mp_pool_config_parse(&cfg, w), MP_EINVAL);
+  expect_reason(w, "' is not key=value");
+  snprintf(s, sizeof s, "%s=1,%s=2", w, w);
+  cr_assert_eq(mp_pool_config_parse(&cfg, s), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "unknown key") != NULL, "%s",
+            mp_last_error());
+  snprintf(s, sizeof s, "max_split=1,max_split:%s", w);
+  cr_assert_eq(mp_pool_config_parse(&cfg, s), MP_EINVAL);
+  expect_reason(s, "' given twice");
+  cr_expect_eq(memcmp(&cfg, &before, sizeof cfg), 0, "a refusal changed cfg");
+}
+
+Test(long_spec_errors, device_specs_keep_their_reason) {
+  char w[LONG_LEN + 1], s[LONG_LEN + 64];
+  long_word(w);
+  mp_device_t *dev = NULL;
+  snprintf(s, sizeof s, "host:capacity=1G,%s", w);
+  cr_assert_eq(mp_device_open(s, &dev), MP_EINVAL);
+  expect_reason(s, "' is not key=value");
+  snprintf(s, sizeof s, "host:%s=1", w);
+  cr_assert_eq(mp_device_open(s, &dev), MP_EINVAL);
+  expect_reason(s, "' (known: capacity, latency_us, stream_latency_us, "
+                   "fail_after, vmm, granularity)");
+  snprintf(s, sizeof s, "host:capacity=%s", w);
+  cr_assert_eq(mp_device_open(s, &dev), MP_EINVAL);
+  expect_reason(s, "': expected a size above 0 (e.g. 16G)");
+  cr_assert_eq(mp_device_open(w, &dev), MP_EINVAL);
+  expect_reason(w, "' (expected 'host' or 'cuda')");
+  cr_expect_null(dev);
+}
+
+Test(long_spec_errors, allocator_specs_keep_their_reason) {
+  char w[LONG_LEN + 1], s[LONG_LEN + 64];
+  long_word(w);
+  mp_device_t *dev = NULL;
+  cr_assert_eq(mp_device_open("host:capacity=1G", &dev), MP_OK, "%s",
+               mp_last_error());
+  mp_allocator_t *a = NULL;
+  cr_assert_eq(mp_allocator_create(dev, w, &a), MP_EINVAL);
+  expect_reason(w, "' (expected pool, child or direct)");
+  snprintf(s, sizeof s, "child:bytes=%s", w);
+  cr_assert_eq(mp_allocator_create(dev, s, &a), MP_EINVAL);
+  expect_reason(s, "' is not a non-zero size");
+  snprintf(s, sizeof s, "child:max_split=1%s", w);
+  cr_assert_eq(mp_allocator_create(dev, s, &a), MP_EINVAL);
+  expect_reason(s, "': child needs bytes=SIZE");
+  snprintf(s, sizeof s, "direct:%s", w);
+  cr_assert_eq(mp_allocator_create(dev, s, &a), MP_EINVAL);
+  expect_reason(s, "': direct takes no options");
+  cr_expect_null(a);
+  mp_device_close(dev);
+}
