@@ -43,6 +43,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -547,15 +548,25 @@ mp_status_t mp_pool_snapshot_file(mp_pool_t *pool, FILE *out) {
  * creates any file: mode 0666 less the umask (default ACLs applied), not
  * mkstemp's 0600, which the renamed snapshot kept; exclusive, so never a
  * file that was there, and named with the clock's nanoseconds too, so
- * that names made ahead in a shared directory do not block it. The
- * descriptor, or -1 (errno set). */
+ * that names made ahead in a shared directory do not block it. Its name is
+ * path's own with the suffix, path's cut to leave the suffix room where
+ * the two would pass NAME_MAX (the open's ENAMETOOLONG refused a path that
+ * can be written). tn: at least strlen(path) + 64. The descriptor, or -1
+ * (errno set). */
 static int mp__snap_tmp_open(const char *path, char *tmp, size_t tn) {
   static atomic_uint seq;
+  const char *slash = strrchr(path, '/');
+  size_t dir_len = slash != NULL ? (size_t)(slash + 1 - path) : 0;
+  size_t base_len = strlen(path + dir_len);
   for (int tries = 0; tries < 64; tries++) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    snprintf(tmp, tn, "%s.tmp.%ld.%u.%lx", path, (long)getpid(),
-             atomic_fetch_add(&seq, 1), (unsigned long)ts.tv_nsec);
+    char suffix[64];
+    size_t sl = (size_t)snprintf(suffix, sizeof suffix, ".tmp.%ld.%u.%lx",
+                                 (long)getpid(), atomic_fetch_add(&seq, 1),
+                                 (unsigned long)ts.tv_nsec);
+    size_t keep = base_len + sl > NAME_MAX ? NAME_MAX - sl : base_len;
+    snprintf(tmp, tn, "%.*s%s", (int)(dir_len + keep), path, suffix);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd >= 0 || errno != EEXIST)
       return fd;
@@ -582,13 +593,16 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
    * device node itself), and a link instead of the file it names. */
   struct stat sb;
   bool there = lstat(path, &sb) == 0;
+  char shown[MP__CLIP]; /* path as messages quote it, the reason after */
+  mp__clip(path, strlen(path), shown, sizeof shown);
   if (there && !S_ISREG(sb.st_mode)) {
     FILE *f = fopen(path, "wb");
     if (f == NULL)
-      return mp__fail(MP_EIO, "mp_pool_snapshot: cannot write '%s'", path);
+      return mp__fail(MP_EIO, "mp_pool_snapshot: cannot write '%s': %s", shown,
+                      strerror(errno));
     mp_status_t st = mp__snapshot_write_all(pools, devices, n, f);
     if (fclose(f) != 0 && st == MP_OK)
-      st = mp__fail(MP_EIO, "mp_pool_snapshot: write error on '%s'", path);
+      st = mp__fail(MP_EIO, "mp_pool_snapshot: write error on '%s'", shown);
     return st;
   }
   /* Otherwise a temporary beside path, renamed over it once complete: a
@@ -603,8 +617,8 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
     (void)fchmod(fd, sb.st_mode & 0777);
   FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
   if (f == NULL) {
-    mp_status_t st =
-        mp__fail(MP_EIO, "mp_pool_snapshot: cannot write '%s'", path);
+    mp_status_t st = mp__fail(MP_EIO, "mp_pool_snapshot: cannot write '%s': %s",
+                              shown, strerror(errno));
     if (fd >= 0) {
       close(fd);
       unlink(tmp);
@@ -614,9 +628,10 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
   }
   mp_status_t st = mp__snapshot_write_all(pools, devices, n, f);
   if (fclose(f) != 0 && st == MP_OK)
-    st = mp__fail(MP_EIO, "mp_pool_snapshot: write error on '%s'", path);
+    st = mp__fail(MP_EIO, "mp_pool_snapshot: write error on '%s'", shown);
   if (st == MP_OK && rename(tmp, path) != 0)
-    st = mp__fail(MP_EIO, "mp_pool_snapshot: cannot rename onto '%s'", path);
+    st = mp__fail(MP_EIO, "mp_pool_snapshot: cannot rename onto '%s': %s",
+                  shown, strerror(errno));
   if (st != MP_OK)
     unlink(tmp);
   free(tmp);

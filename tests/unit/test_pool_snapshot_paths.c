@@ -1,0 +1,96 @@
+/* mp_pool_snapshot to paths at the edges: a file name near NAME_MAX, which
+ * fopen writes, is written too (the temporary beside it, named with a
+ * suffix, passed NAME_MAX and the open's ENAMETOOLONG was "cannot write"),
+ * and a path that cannot be written is refused with the reason, leaving
+ * nothing behind. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "mempool/device.h"
+#include "mempool/pool.h"
+
+static mp_device_t *dev;
+static mp_pool_t *pool;
+static char dir[] = "/tmp/mp_snap_paths_XXXXXX";
+
+static void setup(void) {
+  cr_assert_not_null(mkdtemp(dir));
+  cr_assert_eq(mp_device_open("host:capacity=256M", &dev), MP_OK);
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cr_assert_eq(mp_pool_config_parse(&cfg, "history=64"), MP_OK);
+  cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
+}
+
+/* The files in dir; with unlink_them, removed as they are counted. */
+static size_t files_in_dir(bool unlink_them) {
+  size_t n = 0;
+  DIR *d = opendir(dir);
+  for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;) {
+    char p[PATH_MAX];
+    if (e->d_name[0] == '.')
+      continue;
+    n++;
+    if (unlink_them &&
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < (int)sizeof p)
+      unlink(p);
+  }
+  if (d != NULL)
+    closedir(d);
+  return n;
+}
+
+static void teardown(void) {
+  mp_pool_destroy(pool);
+  mp_device_close(dev);
+  (void)files_in_dir(true);
+  rmdir(dir);
+}
+
+TestSuite(pool_snapshot_paths, .init = setup, .fini = teardown);
+
+Test(pool_snapshot_paths, a_name_near_name_max_is_written) {
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p), MP_OK);
+  char path[PATH_MAX];
+  size_t n = (size_t)snprintf(path, sizeof path, "%s/", dir);
+  memset(path + n, 's', NAME_MAX - 4);
+  memcpy(path + n + NAME_MAX - 4, ".pkl", 5);
+  cr_assert_eq(mp_pool_snapshot(pool, path), MP_OK, "%s", mp_last_error());
+  FILE *f = fopen(path, "rb");
+  cr_assert_not_null(f);
+  unsigned char head[2] = {0};
+  cr_expect_eq(fread(head, 1, 2, f), 2);
+  fclose(f);
+  cr_expect_eq(head[0], 0x80, "not a pickle");
+  cr_expect_eq(files_in_dir(false), 1,
+               "a temporary was left beside the snapshot");
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+}
+
+Test(pool_snapshot_paths, an_unwritable_path_is_refused_with_the_reason) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/no/such/folder/x.pkl", dir);
+  cr_assert_eq(mp_pool_snapshot(pool, path), MP_EIO);
+  cr_expect(strstr(mp_last_error(), "No such file or directory") != NULL, "%s",
+            mp_last_error());
+  cr_assert_eq(mp_pool_snapshot(pool, dir), MP_EIO);
+  cr_expect(strstr(mp_last_error(), "Is a directory") != NULL, "%s",
+            mp_last_error());
+  /* A long path is quoted shortened: the reason still fits. */
+  size_t n = (size_t)snprintf(path, sizeof path, "%s/", dir);
+  for (size_t i = 0; i < 12; i++, n += NAME_MAX / 2 + 1)
+    snprintf(path + n, sizeof path - n, "%0*d/", NAME_MAX / 2, 0);
+  snprintf(path + n, sizeof path - n, "x.pkl");
+  cr_assert_eq(mp_pool_snapshot(pool, path), MP_EIO);
+  cr_expect(strstr(mp_last_error(), "No such file or directory") != NULL, "%s",
+            mp_last_error());
+  cr_expect_eq(files_in_dir(false), 0, "a refused snapshot left a file");
+}
