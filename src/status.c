@@ -44,11 +44,20 @@ const char *mp_last_error(void) {
   return mp__error_buf;
 }
 
+/* buf with each ASCII control byte (a newline, an escape) as '?': quoted
+ * input keeps a message on one line, and off the terminal's controls. */
+static const char *mp__no_controls(char *buf) {
+  for (char *c = buf; *c != '\0'; c++)
+    if ((unsigned char)*c < 0x20 || *c == 0x7f)
+      *c = '?';
+  return buf;
+}
+
 const char *mp__clip(const char *s, size_t len, char *buf, size_t cap) {
   if (len < cap) {
     memcpy(buf, s, len);
     buf[len] = '\0';
-    return buf;
+    return mp__no_controls(buf);
   }
   size_t keep = cap - 4; /* "..." and the NUL */
   size_t head = keep / 2, tail = keep - head;
@@ -56,7 +65,7 @@ const char *mp__clip(const char *s, size_t len, char *buf, size_t cap) {
   memcpy(buf + head, "...", 3);
   memcpy(buf + head + 3, s + len - tail, tail);
   buf[cap - 1] = '\0';
-  return buf;
+  return mp__no_controls(buf);
 }
 
 mp_status_t mp__fail(mp_status_t st, const char *fmt, ...) {

@@ -93,3 +93,33 @@ Test(error_messages, a_fallback_puts_back_the_status_with_the_message) {
   pthread_join(t, NULL);
   mp_device_close(dev);
 }
+
+/* The message is one line (status.h) whatever the input it quotes: a
+ * newline, a carriage return or an escape sequence in an option string
+ * comes out as '?' (a newline in $MEMPOOL_CONF split the message, and an
+ * escape reached the terminal the message was printed to). */
+static void expect_one_line(const char *want) {
+  const char *msg = mp_last_error();
+  for (const char *c = msg; *c != '\0'; c++)
+    cr_expect((unsigned char)*c >= 0x20 && *c != 0x7f,
+              "control byte 0x%02x at %zu of: %s", (unsigned char)*c,
+              (size_t)(c - msg), msg);
+  cr_expect(strstr(msg, want) != NULL, "'%s' not in: %s", want, msg);
+}
+
+Test(error_messages, quoted_input_stays_on_one_line) {
+  mp_pool_config_t cfg, before;
+  mp_pool_config_init(&cfg);
+  before = cfg;
+  cr_assert_eq(mp_pool_config_parse(&cfg, "max_split=1\n\x1b[31m"), MP_EINVAL);
+  expect_one_line("max_split='1??[31m' is not a size");
+  cr_assert_eq(mp_pool_config_parse(&cfg, "max_\nsplit=1"), MP_EINVAL);
+  expect_one_line("unknown key 'max_?split'");
+  cr_assert_eq(mp_pool_config_parse(&cfg, "align=512,x\r\ny"), MP_EINVAL);
+  expect_one_line("'x??y' is not key=value");
+  cr_expect_eq(memcmp(&cfg, &before, sizeof cfg), 0, "a refusal changed cfg");
+  mp_device_t *dev = NULL;
+  cr_assert_eq(mp_device_open("host:capacity=1G\x7f", &dev), MP_EINVAL);
+  expect_one_line("capacity='1G?'");
+  cr_expect_null(dev);
+}
