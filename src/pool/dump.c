@@ -281,11 +281,13 @@ mp_status_t mp_pool_dump(mp_pool_t *pool, FILE *out, const char *format) {
     kind = 1;
   else if (strcmp(format, "torch") == 0)
     kind = 2;
-  else
+  else {
+    char shown[MP__CLIP]; /* a long one leaves room for the reason */
     return mp__fail(MP_EINVAL,
                     "mp_pool_dump: unknown format '%s' (expected text, json "
                     "or torch)",
-                    format);
+                    mp__clip(format, strlen(format), shown, sizeof shown));
+  }
   mp__dump_head_t h = {.live = 0};
   mp__class_sums_t c = {.n = {0}};
   size_t split_bytes = 0, split_blocks = 0;

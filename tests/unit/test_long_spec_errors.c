@@ -88,3 +88,22 @@ Test(long_spec_errors, allocator_specs_keep_their_reason) {
   cr_expect_null(a);
   mp_device_close(dev);
 }
+
+Test(long_spec_errors, a_dump_format_keeps_its_reason) {
+  char w[LONG_LEN + 1];
+  long_word(w);
+  mp_device_t *dev = NULL;
+  cr_assert_eq(mp_device_open("host:capacity=64M", &dev), MP_OK);
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  mp_pool_t *pool = NULL;
+  cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
+  FILE *out = tmpfile();
+  cr_assert_not_null(out);
+  cr_assert_eq(mp_pool_dump(pool, out, w), MP_EINVAL);
+  expect_reason(w, "' (expected text, json or torch)");
+  cr_expect_eq(ftell(out), 0, "a refused dump wrote");
+  fclose(out);
+  mp_pool_destroy(pool);
+  mp_device_close(dev);
+}
