@@ -153,8 +153,8 @@ static mp_status_t mpb_stream_index(mpb_parser_t *p, uint64_t id, size_t line,
     return mp__fail(MP_EINVAL, "%s:%zu: more than %d streams", p->what, line,
                     UINT16_MAX - 1);
   mpb_stream_entry_t *n = mp__ptrmap_put(&p->streams, (uintptr_t)id);
-  if (n == NULL)
-    return MP_ENOMEM; /* mpb_trace_parse says the trace is too big */
+  if (n == NULL) /* the cause, which mpb_trace_parse's "too big" quotes */
+    return mp__fail(MP_ENOMEM, "out of host memory for the streams' map");
   n->index = (uint16_t)++p->nstream_ids;
   *out = n->index;
   return MP_OK;
