@@ -749,9 +749,10 @@ MP_API mp_status_t mp_pool_set_oom_handler(mp_pool_t *pool,
  * a private pool's segments its id; the graph pool of a PyTorch
  * MempoolId_t, mempool/torch.h, says that id); the parent's snapshot shows the
  * ranges it lent as live blocks. The file is written whole or not
- * at all (a temporary beside it, renamed); a path that is there and is no
- * regular file (a device, a FIFO, a symbolic link) is written in place,
- * never replaced. A NULL or unwritable path is MP_EINVAL / MP_EIO with a
+ * at all (a temporary beside it, renamed); a symbolic link to a regular
+ * file stays a link, the file it names replaced so; a path that is there
+ * and is no regular file (a device, a FIFO, a link to one) is written in
+ * place, never replaced. A NULL or unwritable path is MP_EINVAL / MP_EIO with a
  * message. A pool with arenas: the segments of
  * every arena made so far, on the pool's device. */
 MP_API mp_status_t mp_pool_snapshot(mp_pool_t *pool, const char *path);

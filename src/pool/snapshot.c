@@ -588,13 +588,25 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
                       "device ordinal is out of range",
                       k);
   /* A path that is there and is no regular file (a device such as
-   * /dev/null, a FIFO, a symbolic link) is written in place: renamed over,
-   * it would be replaced by a regular file (with root's rights, the
-   * device node itself), and a link instead of the file it names. */
+   * /dev/null, a FIFO) is written in place: renamed over, it would be
+   * replaced by a regular file (with root's rights, the device node
+   * itself). A symbolic link to a regular file is followed: the file it
+   * names is replaced as a regular path is (written in place, a failed
+   * snapshot left it truncated), and the link stays a link; a link to
+   * anything else is written through in place. */
   struct stat sb;
   bool there = lstat(path, &sb) == 0;
   char shown[MP__CLIP]; /* path as messages quote it, the reason after */
   mp__clip(path, strlen(path), shown, sizeof shown);
+  char *target = NULL; /* the file a link names, from realpath */
+  if (there && S_ISLNK(sb.st_mode)) {
+    struct stat tb;
+    if (stat(path, &tb) == 0 && S_ISREG(tb.st_mode) &&
+        (target = realpath(path, NULL)) != NULL) {
+      sb = tb;
+      path = target;
+    }
+  }
   if (there && !S_ISREG(sb.st_mode)) {
     FILE *f = fopen(path, "wb");
     if (f == NULL)
@@ -610,8 +622,10 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
    * replaces keeps its mode, as a write in place would leave it. */
   size_t tn = strlen(path) + 64;
   char *tmp = mp__host_alloc(tn);
-  if (tmp == NULL)
+  if (tmp == NULL) {
+    free(target);
     return mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
+  }
   int fd = mp__snap_tmp_open(path, tmp, tn);
   if (fd >= 0 && there)
     (void)fchmod(fd, sb.st_mode & 0777);
@@ -624,6 +638,7 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
       unlink(tmp);
     }
     free(tmp);
+    free(target);
     return st;
   }
   mp_status_t st = mp__snapshot_write_all(pools, devices, n, f);
@@ -635,6 +650,7 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
   if (st != MP_OK)
     unlink(tmp);
   free(tmp);
+  free(target);
   return st;
 }
 

@@ -883,10 +883,11 @@ static void *drain_fifo(void *arg) {
   return head;
 }
 
-/* A path that is no regular file is written, never replaced: the
- * temporary renamed over it replaced a symbolic link by a file (the file
- * it named untouched) and a FIFO (or, with root's rights, a device node
- * such as /dev/null) by a regular file. */
+/* A path that is no regular file is never replaced: the temporary renamed
+ * over it replaced a symbolic link by a file (the file it named untouched)
+ * and a FIFO (or, with root's rights, a device node such as /dev/null) by
+ * a regular file. A link's file is replaced whole, beside it
+ * (test_pool_snapshot_paths.c); a FIFO is written. */
 Test(pool_history, snapshot_writes_through_a_link_or_fifo_and_keeps_it,
      .timeout = 30) {
   mp_pool_t *p = make_pool("max_bytes=8M,history=8");

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -93,4 +94,53 @@ Test(pool_snapshot_paths, an_unwritable_path_is_refused_with_the_reason) {
   cr_expect(strstr(mp_last_error(), "No such file or directory") != NULL, "%s",
             mp_last_error());
   cr_expect_eq(files_in_dir(false), 0, "a refused snapshot left a file");
+}
+
+/* A symbolic link to a regular file: the file it names is replaced whole,
+ * as a regular path is (a temporary beside it, renamed over it, its mode
+ * kept), and the link stays a link. Written in place through the link, a
+ * snapshot that failed part-way left that file truncated, and a reader
+ * that held it open saw it change under it. */
+Test(pool_snapshot_paths, a_link_to_a_file_replaces_the_file_whole) {
+  char sub[PATH_MAX / 2], real[PATH_MAX], link[PATH_MAX];
+  snprintf(sub, sizeof sub, "%s/t", dir);
+  snprintf(real, sizeof real, "%s/real.pickle", sub);
+  snprintf(link, sizeof link, "%s/link.pickle", dir);
+  cr_assert_eq(mkdir(sub, 0700), 0);
+  FILE *f = fopen(real, "wb");
+  cr_assert_not_null(f);
+  fputs("old", f);
+  fclose(f);
+  cr_assert_eq(chmod(real, 0640), 0);
+  cr_assert_eq(symlink("t/real.pickle", link), 0);
+  FILE *held = fopen(real, "rb"); /* a reader of the old snapshot */
+  cr_assert_not_null(held);
+
+  cr_assert_eq(mp_pool_snapshot(pool, link), MP_OK, "%s", mp_last_error());
+
+  char old[4] = {0};
+  cr_expect_eq(fread(old, 1, 3, held), 3);
+  fclose(held);
+  cr_expect_str_eq(old, "old", "the file was written in place");
+  struct stat sb;
+  cr_assert(lstat(link, &sb) == 0 && S_ISLNK(sb.st_mode),
+            "the link was replaced");
+  cr_assert_eq(stat(real, &sb), 0);
+  cr_expect_eq(sb.st_mode & 0777, 0640, "the file's mode changed");
+  f = fopen(link, "rb");
+  cr_assert_not_null(f);
+  unsigned char head[2] = {0};
+  cr_expect_eq(fread(head, 1, 2, f), 2);
+  fclose(f);
+  cr_expect_eq(head[0], 0x80, "the file the link names is no snapshot");
+  DIR *d = opendir(sub);
+  size_t n = 0;
+  for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;)
+    n += e->d_name[0] != '.';
+  if (d != NULL)
+    closedir(d);
+  cr_expect_eq(n, 1, "a temporary was left beside the file");
+  cr_expect_eq(files_in_dir(false), 2, "a temporary was left beside the link");
+  unlink(real);
+  rmdir(sub);
 }
