@@ -16,7 +16,11 @@
  *    the opcode and its byte offset; so is a truncated or inconsistent
  *    pickle. It never recurses, so deep nesting cannot overflow the C stack,
  *    and every allocation is bounded by the input's length (the CSV below
- *    by 4 times it: pk_csv_cap).
+ *    by 4 times it: pk_csv_cap), but for a constant: the values come from
+ *    chunks of 64 KiB, and the small ints shared from a table of 32 KiB
+ *    (pk_alloc, pk_int). Each value made takes 40 bytes (None, True and
+ *    False none), each item of a list or dict 8, at most twice that while
+ *    its list grows.
  *  - the conversion of one device's trace into the RMM CSV that trace.c
  *    parses, so that both inputs replay through the same rules (unknown
  *    frees, reused addresses, streams numbered in order of appearance).
@@ -57,63 +61,142 @@
 
 enum { PK_NONE, PK_BOOL, PK_INT, PK_FLOAT, PK_STR, PK_LIST, PK_DICT, PK_MARK };
 
+/* 40 bytes: the fields that no type uses together share their room. */
 typedef struct pk_val pk_val_t;
 struct pk_val {
-  int type;
-  bool neg;   /* PK_INT: below 0 (u holds its two's complement) */
-  uint64_t u; /* PK_INT, PK_BOOL; PK_DICT: the byte offset of the opcode
-                 that made it */
-  double f;   /* PK_FLOAT */
+  unsigned char type;
+  bool neg;        /* PK_INT: below 0 (u holds its two's complement) */
+  bool has_fields; /* PK_DICT: fields is set (and cap no longer) */
   union {
-    const char *s;           /* PK_STR: into the input, not NUL-terminated */
-    const pk_val_t **fields; /* PK_DICT read as a trace entry: its fields
-                                (pk_entry_fields), NULL until then */
+    uint64_t u; /* PK_INT, PK_BOOL; PK_LIST, PK_DICT: the byte offset of
+                   the opcode that made it */
+    double f;   /* PK_FLOAT */
+  };
+  union {
+    const char *s;    /* PK_STR: into the input, not NUL-terminated */
+    pk_val_t **items; /* PK_LIST items; PK_DICT key, value, key, value... */
   };
   size_t n; /* PK_STR length; PK_LIST items; PK_DICT 2 * pairs */
-  size_t cap;
-  pk_val_t **items; /* PK_LIST items; PK_DICT key, value, key, value... */
+  union {
+    size_t cap;              /* PK_LIST, PK_DICT: room in items */
+    const pk_val_t **fields; /* PK_DICT read as a trace entry, after the
+                                pickle has run: its fields
+                                (pk_entry_fields) */
+  };
+};
+_Static_assert(sizeof(pk_val_t) <= 40, "pk_val_t grew past its 40 bytes");
+
+/* Values, items arrays and entries' fields come from chunks freed together
+ * (pk_free_all): a malloc each cost its header and, with the array of
+ * them to free, made a pickle of empty lists take 80 times its size. An
+ * array outgrown is left in its chunk until then (at most as much again
+ * as the array it grew to). */
+typedef struct pk_chunk pk_chunk_t;
+struct pk_chunk {
+  pk_chunk_t *next;
+  size_t used, cap;
+  max_align_t data[];
+};
+enum {
+  PK_CHUNK = 64 << 10,
+  PK_INTS = 4096,
+  PK_BIG_ITEMS = PK_CHUNK / 16 / sizeof(pk_val_t *)
 };
 
 typedef struct pk_vm {
   const unsigned char *buf;
   size_t len, pos;
   const char *what;
-  pk_val_t **all; /* every value made, to free them */
-  size_t nall, all_cap;
+  pk_chunk_t *chunks; /* the one bumped first, then the others */
   pk_val_t **stack;
   size_t nstack, stack_cap;
   pk_val_t **memo;
   size_t nmemo, memo_cap;
-  pk_val_t mark; /* the MARK sentinel pushed on the stack */
+  pk_val_t mark;          /* the MARK sentinel pushed on the stack */
+  pk_val_t none, yes, no; /* None, True and False: one value each */
+  pk_val_t **ints;        /* PK_INTS small ints made, to share (pk_int) */
+  pk_val_t **big;         /* the containers of more than PK_BIG_ITEMS items */
+  size_t nbig, big_cap;
 } pk_vm_t;
 
-static pk_val_t *pk_new(pk_vm_t *vm, int type) {
-  if (!mpb_grow(&vm->all, &vm->all_cap, vm->nall, sizeof *vm->all))
+/* Room for n elements of elem bytes (8-byte aligned, not zeroed), or NULL.
+ * A request of more than a sixteenth of a chunk gets a chunk of its own,
+ * so a chunk left for a new one wastes at most that. */
+static void *pk_alloc(pk_vm_t *vm, size_t n, size_t elem) {
+  if (elem != 0 && n > (SIZE_MAX / 2 - sizeof(pk_chunk_t)) / elem)
     return NULL;
-  pk_val_t *v = calloc(1, sizeof *v);
+  size_t bytes = (n * elem + 7) & ~(size_t)7;
+  pk_chunk_t *c = vm->chunks;
+  if (c == NULL || c->cap - c->used < bytes) {
+    size_t cap = bytes > PK_CHUNK / 16 ? bytes : PK_CHUNK;
+    pk_chunk_t *nc = malloc(sizeof *nc + cap);
+    if (nc == NULL)
+      return NULL;
+    nc->used = 0;
+    nc->cap = cap;
+    if (cap == bytes && c != NULL) { /* its own: bump the current one on */
+      nc->next = c->next;
+      c->next = nc;
+    } else {
+      nc->next = c;
+      vm->chunks = nc;
+    }
+    c = nc;
+  }
+  void *p = (char *)c->data + c->used;
+  c->used += bytes;
+  return p;
+}
+
+static pk_val_t *pk_new(pk_vm_t *vm, int type) {
+  pk_val_t *v = pk_alloc(vm, 1, sizeof *v);
   if (v != NULL) {
-    v->type = type;
-    vm->all[vm->nall++] = v;
+    memset(v, 0, sizeof *v);
+    v->type = (unsigned char)type;
   }
   return v;
 }
 
 static void pk_free_all(pk_vm_t *vm) {
-  for (size_t i = 0; i < vm->nall; i++) {
-    if (vm->all[i]->type == PK_DICT)
-      free(vm->all[i]->fields);
-    free(vm->all[i]->items);
-    free(vm->all[i]);
+  for (size_t i = 0; i < vm->nbig; i++)
+    free(vm->big[i]->items);
+  free(vm->big);
+  while (vm->chunks != NULL) {
+    pk_chunk_t *next = vm->chunks->next;
+    free(vm->chunks);
+    vm->chunks = next;
   }
-  free(vm->all);
   free(vm->stack);
   free(vm->memo);
 }
 
-static bool pk_add_item(pk_val_t *c, pk_val_t *v) {
-  if (!mpb_grow(&c->items, &c->cap, c->n, sizeof *c->items))
+/* Room in container c for k more items: an array of exactly what the
+ * first fill needs (a dict's SETITEMS brings all its pairs at once), then
+ * twice as much at each growth. An array of more than PK_BIG_ITEMS is
+ * malloc'd and grows in place (realloc), its container listed in vm->big
+ * to free it; a smaller one is in a chunk, and one outgrown stays there. */
+static bool pk_reserve(pk_vm_t *vm, pk_val_t *c, size_t k) {
+  if (c->cap - c->n >= k)
+    return true;
+  size_t cap = c->cap * 2 > c->n + k ? c->cap * 2 : c->n + k;
+  pk_val_t **items;
+  if (cap <= PK_BIG_ITEMS)
+    items = pk_alloc(vm, cap, sizeof *items);
+  else if (cap > SIZE_MAX / sizeof *items)
     return false;
-  c->items[c->n++] = v;
+  else if (c->cap > PK_BIG_ITEMS)
+    items = realloc(c->items, cap * sizeof *items);
+  else if (!mpb_grow(&vm->big, &vm->big_cap, vm->nbig, sizeof *vm->big) ||
+           (items = malloc(cap * sizeof *items)) == NULL)
+    return false;
+  else
+    vm->big[vm->nbig++] = c;
+  if (items == NULL)
+    return false;
+  if (c->n > 0 && c->cap <= PK_BIG_ITEMS)
+    memcpy(items, c->items, c->n * sizeof *items);
+  c->items = items;
+  c->cap = cap;
   return true;
 }
 
@@ -198,12 +281,13 @@ static mp_status_t pk_fill(pk_vm_t *vm, pk_val_t *c, size_t from, size_t at) {
                     "%s: bad pickle at byte %zu: odd number of items (%zu) "
                     "for a dict",
                     vm->what, at, k);
+  if (!pk_reserve(vm, c, k))
+    return pk_oom(vm);
   for (size_t i = from; i < vm->nstack; i++) {
     if (vm->stack[i] == &vm->mark)
       return mp__fail(MP_EINVAL, "%s: bad pickle at byte %zu: stray MARK",
                       vm->what, at);
-    if (!pk_add_item(c, vm->stack[i]))
-      return pk_oom(vm);
+    c->items[c->n++] = vm->stack[i];
   }
   vm->nstack = from;
   return MP_OK;
@@ -264,13 +348,27 @@ static mp_status_t pk_long(pk_vm_t *vm, const unsigned char *p, size_t n,
   return pk_push(vm, v);
 }
 
+/* An int of BININT, BININT1 or BININT2. A value is never changed once
+ * made, so one is shared by the ints of the same value that meet in its
+ * slot of vm->ints: frames repeat their line numbers, which made a value
+ * each. */
 static mp_status_t pk_int(pk_vm_t *vm, int64_t x) {
-  pk_val_t *v = pk_new(vm, PK_INT);
-  if (v == NULL)
-    return pk_oom(vm);
-  v->u = (uint64_t)x;
-  v->neg = x < 0;
-  return pk_push(vm, v);
+  if (vm->ints == NULL) {
+    vm->ints = pk_alloc(vm, PK_INTS, sizeof *vm->ints);
+    if (vm->ints == NULL)
+      return pk_oom(vm);
+    memset(vm->ints, 0, PK_INTS * sizeof *vm->ints);
+  }
+  pk_val_t **slot = &vm->ints[(uint64_t)x % PK_INTS];
+  if (*slot == NULL || (*slot)->u != (uint64_t)x) {
+    pk_val_t *v = pk_new(vm, PK_INT);
+    if (v == NULL)
+      return pk_oom(vm);
+    v->u = (uint64_t)x;
+    v->neg = x < 0;
+    *slot = v;
+  }
+  return pk_push(vm, *slot);
 }
 
 static mp_status_t pk_str(pk_vm_t *vm, size_t lenbytes, size_t at) {
@@ -341,14 +439,9 @@ static mp_status_t pk_run(pk_vm_t *vm, const pk_val_t **out) {
       st = pk_push(vm, c);
       break;
     case '(': /* MARK */ st = pk_push(vm, &vm->mark); break;
-    case 'N': st = pk_push(vm, pk_new(vm, PK_NONE)); break;
-    case 0x88: /* NEWTRUE */
-    case 0x89: /* NEWFALSE */
-      c = pk_new(vm, PK_BOOL);
-      if (c != NULL)
-        c->u = op == 0x88;
-      st = pk_push(vm, c);
-      break;
+    case 'N': st = pk_push(vm, &vm->none); break;
+    case 0x88: /* NEWTRUE */ st = pk_push(vm, &vm->yes); break;
+    case 0x89: /* NEWFALSE */ st = pk_push(vm, &vm->no); break;
     case 'J': /* BININT: 4 bytes, signed */
       st = pk_take(vm, 4, at, &p);
       if (st == MP_OK)
@@ -576,27 +669,31 @@ enum { PK_ENTRY_MAX_KEYS = 64 };
  * however often it stands in the trace: a scan of its keys per repeat made
  * reading quadratic in the file's length. A value that is not a dict has
  * no fields. */
-static mp_status_t pk_entry_fields(const char *what, pk_val_t *e, size_t d,
-                                   size_t k, const pk_val_t *const **out) {
+static mp_status_t pk_entry_fields(pk_vm_t *vm, pk_val_t *e, size_t d, size_t k,
+                                   const pk_val_t *const **out) {
   static const pk_val_t *const none[PK_NFIELDS];
+  const char *what = vm->what;
   *out = none;
   if (e->type != PK_DICT)
     return MP_OK;
-  if (e->fields == NULL) {
+  if (!e->has_fields) {
     if (e->n / 2 > PK_ENTRY_MAX_KEYS)
       return mp__fail(MP_EINVAL,
                       "%s: device_traces[%zu] entry %zu: the dict made at "
                       "byte %" PRIu64 " has %zu keys, more than a trace "
                       "entry has (at most %d are read)",
                       what, d, k, e->u, e->n / 2, (int)PK_ENTRY_MAX_KEYS);
-    const pk_val_t **f = calloc(PK_NFIELDS, sizeof *f);
+    const pk_val_t **f = pk_alloc(vm, PK_NFIELDS, sizeof *f);
     if (f == NULL)
       return mp__fail(MP_ENOMEM, "%s: out of host memory", what);
+    for (int j = 0; j < PK_NFIELDS; j++)
+      f[j] = NULL;
     for (size_t i = 0; i + 1 < e->n; i += 2)
       for (int j = 0; j < PK_NFIELDS; j++)
         if (pk_is_str(e->items[i], pk_field_names[j]))
           f[j] = e->items[i + 1];
     e->fields = f;
+    e->has_fields = true;
   }
   *out = e->fields;
   return MP_OK;
@@ -646,13 +743,14 @@ static size_t pk_csv_cap(size_t len) {
 }
 
 /* device_traces[d] as the CSV; len: the pickle's bytes. */
-static mp_status_t pk_trace_to_csv(const char *what, const pk_val_t *trace,
-                                   size_t d, size_t len, pk_text_t *csv) {
+static mp_status_t pk_trace_to_csv(pk_vm_t *vm, const pk_val_t *trace, size_t d,
+                                   size_t len, pk_text_t *csv) {
+  const char *what = vm->what;
   const pk_val_t *const *f;
   mp_status_t st = MP_OK;
   bool has_completed = false;
   for (size_t k = 0; k < trace->n; k++) {
-    if ((st = pk_entry_fields(what, trace->items[k], d, k, &f)) != MP_OK)
+    if ((st = pk_entry_fields(vm, trace->items[k], d, k, &f)) != MP_OK)
       return st;
     has_completed |= pk_is_str(f[PK_F_ACTION], "free_completed");
   }
@@ -664,7 +762,7 @@ static mp_status_t pk_trace_to_csv(const char *what, const pk_val_t *trace,
     if (e->type != PK_DICT)
       return mp__fail(MP_EINVAL, "%s: %s is not a dict", what,
                       pk_where(where, sizeof where, d, k, e));
-    if ((st = pk_entry_fields(what, e, d, k, &f)) != MP_OK)
+    if ((st = pk_entry_fields(vm, e, d, k, &f)) != MP_OK)
       return st;
     const pk_val_t *a = f[PK_F_ACTION];
     if (a == NULL || a->type != PK_STR)
@@ -768,6 +866,9 @@ mp_status_t mpb_snapshot_parse(const void *buf, size_t len, const char *what,
                     what);
   pk_vm_t vm = {.buf = buf, .len = len, .what = what};
   vm.mark.type = PK_MARK;
+  vm.none.type = PK_NONE;
+  vm.yes.type = vm.no.type = PK_BOOL;
+  vm.yes.u = 1;
   const pk_val_t *root = NULL;
   mp_status_t st = pk_run(&vm, &root);
   const pk_val_t *traces = NULL, *trace = NULL;
@@ -789,7 +890,7 @@ mp_status_t mpb_snapshot_parse(const void *buf, size_t len, const char *what,
     }
     const pk_val_t *const *f;
     for (size_t k = 0; k < t->n && trace == NULL && st == MP_OK; k++)
-      if ((st = pk_entry_fields(what, t->items[k], d, k, &f)) == MP_OK &&
+      if ((st = pk_entry_fields(&vm, t->items[k], d, k, &f)) == MP_OK &&
           pk_is_str(f[PK_F_ACTION], "alloc"))
         trace = t;
     if (trace != NULL)
@@ -802,7 +903,7 @@ mp_status_t mpb_snapshot_parse(const void *buf, size_t len, const char *what,
                   what);
   pk_text_t csv = {0};
   if (st == MP_OK)
-    st = pk_trace_to_csv(what, trace, d, len, &csv);
+    st = pk_trace_to_csv(&vm, trace, d, len, &csv);
   /* The values stay until then: a refusal names its entry's byte. */
   if (st == MP_OK &&
       (st = mpb_trace_parse(csv.s, csv.n, what, name, out)) != MP_OK)
