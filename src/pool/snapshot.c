@@ -599,12 +599,17 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
   char shown[MP__CLIP]; /* path as messages quote it, the reason after */
   mp__clip(path, strlen(path), shown, sizeof shown);
   char *target = NULL; /* the file a link names, from realpath */
-  if (there && S_ISLNK(sb.st_mode)) {
+  if (there && S_ISLNK(sb.st_mode) && (target = realpath(path, NULL)) != NULL) {
+    /* The check is of the path that will be replaced, resolved first: a
+     * stat of the link, before, could pass for a file that the link no
+     * longer named when it was resolved (a FIFO renamed over). */
     struct stat tb;
-    if (stat(path, &tb) == 0 && S_ISREG(tb.st_mode) &&
-        (target = realpath(path, NULL)) != NULL) {
+    if (lstat(target, &tb) == 0 && S_ISREG(tb.st_mode)) {
       sb = tb;
       path = target;
+    } else {
+      free(target);
+      target = NULL;
     }
   }
   if (there && !S_ISREG(sb.st_mode)) {
