@@ -30,22 +30,27 @@ static void setup(void) {
   cr_assert_eq(mp_pool_create(dev, &cfg, &pool), MP_OK, "%s", mp_last_error());
 }
 
-/* The files in dir; with unlink_them, removed as they are counted. */
-static size_t files_in_dir(bool unlink_them) {
+/* The files in folder d (not . or ..); with unlink_them, removed as they
+ * are counted. */
+static size_t files_in(const char *d_path, bool unlink_them) {
   size_t n = 0;
-  DIR *d = opendir(dir);
+  DIR *d = opendir(d_path);
   for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;) {
     char p[PATH_MAX];
     if (e->d_name[0] == '.')
       continue;
     n++;
     if (unlink_them &&
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < (int)sizeof p)
+        snprintf(p, sizeof p, "%s/%s", d_path, e->d_name) < (int)sizeof p)
       unlink(p);
   }
   if (d != NULL)
     closedir(d);
   return n;
+}
+
+static size_t files_in_dir(bool unlink_them) {
+  return files_in(dir, unlink_them);
 }
 
 static void teardown(void) {
@@ -133,13 +138,7 @@ Test(pool_snapshot_paths, a_link_to_a_file_replaces_the_file_whole) {
   cr_expect_eq(fread(head, 1, 2, f), 2);
   fclose(f);
   cr_expect_eq(head[0], 0x80, "the file the link names is no snapshot");
-  DIR *d = opendir(sub);
-  size_t n = 0;
-  for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;)
-    n += e->d_name[0] != '.';
-  if (d != NULL)
-    closedir(d);
-  cr_expect_eq(n, 1, "a temporary was left beside the file");
+  cr_expect_eq(files_in(sub, false), 1, "a temporary was left beside the file");
   cr_expect_eq(files_in_dir(false), 2, "a temporary was left beside the link");
   unlink(real);
   rmdir(sub);
