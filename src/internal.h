@@ -84,9 +84,10 @@ void mp__error_restore(const mp__error_saved_t *saved);
  * bytes as they are when they fit in cap - 1 bytes, else their head and
  * tail around "...", so that a long input leaves room in the message
  * (mp_last_error holds 512 bytes) for what it says about it: the line,
- * the offset, the reason. ASCII control bytes (a newline, an escape) come
- * out as '?', so that the message stays one line. Returns buf,
- * NUL-terminated. cap >= 8. */
+ * the offset, the reason. Control characters (a newline, an escape, C1's
+ * U+0080 to U+009F) and each byte of ill-formed UTF-8 come out as '?', so
+ * that the message stays one line and valid UTF-8; the cut falls between
+ * characters. Returns buf, NUL-terminated. cap >= 8. */
 #define MP__CLIP 96
 const char *mp__clip(const char *s, size_t len, char *buf, size_t cap);
 

@@ -44,28 +44,76 @@ const char *mp_last_error(void) {
   return mp__error_buf;
 }
 
-/* buf with each ASCII control byte (a newline, an escape) as '?': quoted
- * input keeps a message on one line, and off the terminal's controls. */
-static const char *mp__no_controls(char *buf) {
-  for (char *c = buf; *c != '\0'; c++)
-    if ((unsigned char)*c < 0x20 || *c == 0x7f)
-      *c = '?';
-  return buf;
+/* The length of the well-formed UTF-8 character at p (at most n bytes),
+ * its code point in *cp; 0: ill-formed there (RFC 3629, section 4: no
+ * overlong form, no surrogate, nothing past U+10FFFF). */
+static size_t mp__utf8_char(const unsigned char *p, size_t n, uint32_t *cp) {
+  unsigned char c = p[0];
+  size_t len = c < 0x80                 ? 1
+               : c >= 0xc2 && c <= 0xdf ? 2
+               : (c & 0xf0) == 0xe0     ? 3
+               : c >= 0xf0 && c <= 0xf4 ? 4
+                                        : 0;
+  if (len == 0 || len > n)
+    return 0;
+  uint32_t v = len == 1 ? c : c & (0x7f >> len);
+  for (size_t i = 1; i < len; i++) {
+    if ((p[i] & 0xc0) != 0x80)
+      return 0;
+    v = v << 6 | (p[i] & 0x3f);
+  }
+  static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
+  if (v < least[len] || v > 0x10ffff || (v >= 0xd800 && v <= 0xdfff))
+    return 0;
+  *cp = v;
+  return len;
+}
+
+/* s[0, n) as shown in a message, into out, at most room bytes, whole
+ * characters only: a control character (ASCII's, DEL, and C1's U+0080 to
+ * U+009F, which a terminal also obeys) and each byte of ill-formed UTF-8
+ * as '?', so quoted input keeps a message on one line, off the terminal's
+ * controls, and valid UTF-8 (a clip never cuts a character in two).
+ * Returns the bytes written; no NUL. */
+static size_t mp__shown(const char *s, size_t n, char *out, size_t room) {
+  const unsigned char *p = (const unsigned char *)s;
+  size_t w = 0;
+  for (size_t i = 0; i < n;) {
+    uint32_t cp = 0;
+    size_t len = mp__utf8_char(p + i, n - i, &cp);
+    bool control = len == 0 || cp < 0x20 || (cp >= 0x7f && cp <= 0x9f);
+    size_t out_len = control ? 1 : len;
+    if (out_len > room - w)
+      break;
+    if (control)
+      out[w] = '?';
+    else
+      memcpy(out + w, p + i, len);
+    w += out_len;
+    i += len != 0 ? len : 1;
+  }
+  return w;
 }
 
 const char *mp__clip(const char *s, size_t len, char *buf, size_t cap) {
   if (len < cap) {
-    memcpy(buf, s, len);
-    buf[len] = '\0';
-    return mp__no_controls(buf);
+    /* Never longer than s: a control or a bad byte shows as one byte. */
+    buf[mp__shown(s, len, buf, cap - 1)] = '\0';
+    return buf;
   }
   size_t keep = cap - 4; /* "..." and the NUL */
   size_t head = keep / 2, tail = keep - head;
-  memcpy(buf, s, head);
-  memcpy(buf + head, "...", 3);
-  memcpy(buf + head + 3, s + len - tail, tail);
-  buf[cap - 1] = '\0';
-  return mp__no_controls(buf);
+  size_t w = mp__shown(s, len, buf, head);
+  memcpy(buf + w, "...", 3);
+  w += 3;
+  /* The tail starts on a character: past at most three continuation
+   * bytes (a character is at most four bytes long). */
+  size_t t = len - tail;
+  for (int k = 0; k < 3 && t < len && ((unsigned char)s[t] & 0xc0) == 0x80; k++)
+    t++;
+  w += mp__shown(s + t, len - t, buf + w, tail);
+  buf[w] = '\0';
+  return buf;
 }
 
 mp_status_t mp__fail(mp_status_t st, const char *fmt, ...) {

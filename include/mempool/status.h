@@ -46,7 +46,10 @@ MP_API const char *mp_status_name(mp_status_t s);
 /* A one-line description of the last failure in the calling thread, naming
  * what was wrong ("bad device spec: unknown key 'capcity'", "out of memory:
  * asked 1.0 GiB, reserved ..."). Empty string when the thread has seen no
- * failure. A later success does not clear it; the next failure replaces it. */
+ * failure. A later success does not clear it; the next failure replaces it.
+ * Input it quotes (an option string, a spec) is shortened when long, the
+ * cut between characters, and shows control characters and bytes that are
+ * not well-formed UTF-8 as '?'. */
 MP_API const char *mp_last_error(void);
 
 /* The status of the failure mp_last_error() describes (MP_OK when the

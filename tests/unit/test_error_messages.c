@@ -123,3 +123,30 @@ Test(error_messages, quoted_input_stays_on_one_line) {
   expect_one_line("capacity='1G?'");
   cr_expect_null(dev);
 }
+
+/* Quoted input is shown as valid UTF-8 without controls: C1's controls
+ * (U+0080 to U+009F, "\xc2\x9b" is CSI, which a terminal takes as an
+ * escape sequence's start) and each byte of ill-formed UTF-8 (a stray
+ * continuation byte, 0xff, an overlong '/', a surrogate) come out as '?',
+ * and well-formed characters pass as they are. */
+Test(error_messages, quoted_input_is_shown_as_utf8_without_controls) {
+  mp_pool_config_t cfg, before;
+  mp_pool_config_init(&cfg);
+  before = cfg;
+  cr_assert_eq(mp_pool_config_parse(&cfg, "max_split=1\xc2\x9b"
+                                          "31m"),
+               MP_EINVAL);
+  expect_one_line("max_split='1?31m' is not a size");
+  cr_assert_eq(mp_pool_config_parse(&cfg, "max_split=\x80\xff\xc0\xaf"),
+               MP_EINVAL);
+  expect_one_line("max_split='?\?\?\?' is not a size");
+  cr_assert_eq(mp_pool_config_parse(&cfg, "max_split=\xed\xa0\x80x"),
+               MP_EINVAL);
+  expect_one_line("max_split='???x' is not a size");
+  cr_assert_eq(mp_pool_config_parse(&cfg, "max_split=d\xc3\xa9j\xc3\xa0 "
+                                          "\xe2\x82\xac\xf0\x9f\x98\x80"),
+               MP_EINVAL);
+  expect_one_line("max_split='d\xc3\xa9j\xc3\xa0 \xe2\x82\xac\xf0\x9f\x98\x80'"
+                  " is not a size");
+  cr_expect_eq(memcmp(&cfg, &before, sizeof cfg), 0, "a refusal changed cfg");
+}

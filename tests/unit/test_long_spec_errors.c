@@ -3,7 +3,9 @@
  * with it: quoted whole, the input filled the message and the reason ("is
  * not key=value", "unknown device") was cut off. */
 #include <criterion/criterion.h>
+#include <locale.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -106,4 +108,38 @@ Test(long_spec_errors, a_dump_format_keeps_its_reason) {
   fclose(out);
   mp_pool_destroy(pool);
   mp_device_close(dev);
+}
+
+/* A clipped quote cuts between characters, never inside one: for runs of
+ * two-, three- and four-byte characters, shifted by 0 to 3 ASCII bytes so
+ * that the cut meets every offset inside a character, the message is valid
+ * UTF-8 (mbstowcs in a UTF-8 locale) and still ends with its reason. */
+Test(long_spec_errors, a_clip_never_cuts_a_character) {
+  cr_assert_not_null(setlocale(LC_CTYPE, "C.UTF-8"), "no C.UTF-8 locale");
+  static const char *const chars[] = {"\xc3\xa9", "\xe2\x82\xac",
+                                      "\xf0\x9f\x98\x80"};
+  char s[LONG_LEN + 8];
+  for (size_t c = 0; c < sizeof chars / sizeof *chars; c++)
+    for (size_t shift = 0; shift < 4; shift++)
+      for (size_t tailshift = 0; tailshift < 4; tailshift++) {
+        size_t n = strlen(chars[c]), at = 0;
+        memset(s, 'a', shift);
+        at = shift;
+        while (at + n < LONG_LEN) {
+          memcpy(s + at, chars[c], n);
+          at += n;
+        }
+        memset(s + at, 'b', tailshift);
+        s[at + tailshift] = '\0';
+        mp_pool_config_t cfg;
+        mp_pool_config_init(&cfg);
+        cr_assert_eq(mp_pool_config_parse(&cfg, s), MP_EINVAL);
+        const char *msg = mp_last_error();
+        cr_expect_neq(mbstowcs(NULL, msg, 0), (size_t)-1,
+                      "char %zu, shift %zu/%zu: not valid UTF-8: %s", c, shift,
+                      tailshift, msg);
+        cr_expect(strstr(msg, "...") != NULL, "not clipped: %s", msg);
+        expect_reason(s, "' is not key=value");
+      }
+  setlocale(LC_CTYPE, "C");
 }
