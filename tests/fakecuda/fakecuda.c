@@ -57,6 +57,18 @@
  *    a device cuMemSetAccess gave access to (read: PROT_READ or
  *    PROT_READWRITE; write: PROT_READWRITE), else it is refused with
  *    CUDA_ERROR_ILLEGAL_ADDRESS, counted (fk_access_ok);
+ *  - virtual memory (test_fakecuda_vmm_rules.c, cuda.h's text cited there):
+ *    cuMemCreate allocates the device's memory, so it fails with
+ *    CUDA_ERROR_OUT_OF_MEMORY where the handle does not fit, and memory a
+ *    handle keeps unmapped is used for cuMemGetInfo and cuMemAlloc until
+ *    the handle is released and unmapped (fk_phys_count); a released
+ *    handle is refused by cuMemMap, cuMemRelease and
+ *    cuMemExportToShareableHandle (CUDA_ERROR_INVALID_VALUE) while its
+ *    mappings keep the memory (fk_phys_valid); cuMemMap takes offset 0,
+ *    flags 0, granularity-aligned addresses and sizes inside one
+ *    reservation, never over a mapping; cuMemUnmap and cuMemSetAccess take
+ *    whole mappings only; cuMemAddressFree takes exactly a reservation with
+ *    nothing mapped in it (else CUDA_ERROR_INVALID_VALUE);
  *  - a user object's destructor runs on the fake's own thread, never on
  *    the one that dropped the last reference, and nothing waits for it
  *    (fk_dtor_queue);
@@ -107,19 +119,23 @@
  * host memory, so a use after free reads stale data instead of faulting;
  * cuMemFreeAsync waits for its stream; a thread's per-thread stream lives
  * until its context is destroyed (16 contexts per thread keep theirs); cuMemMap
- * maps whole handles only (offset 0); event flags (timing, blocking sync) are
- * ignored. Capture: a graph is a chain of nodes in the order they were
- * captured, whatever stream of the capture made them (an order the graph's
- * edges allow); at most FK_CAP_STREAMS streams take part in one capture;
- * the legacy stream never joins one; an end on a joined stream
- * invalidates nothing; memory of an allocation
- * node is allocated once, at
- * capture, and freed with the graph if a free node releases it; the VMM
- * calls (cuMemMap, cuMemUnmap, cuMemCreate...) are not treated as unsafe;
- * cuStreamGetCaptureInfo gives no dependencies; a captured event
- * record or wait makes no node. Events are plain host-device events: one
- * of another context is CUDA_ERROR_INVALID_VALUE, not an invalid handle.
- * There is no runtime (libcudart) over it, so the runtime's own state
+ * maps whole handles only (offset 0), and charges the current context's
+ * device, so a handle mapped twice is charged twice; cuMemAddressReserve
+ * refuses an alignment above the granularity (cuda.h allows any power of
+ * two) and a size that is not a multiple of it (cuda.h asks for the host
+ * page size); cuMemUnmap takes one mapping a call, where cuda.h's "the
+ * entire contiguous address range that was mapped" may take several
+ * adjacent ones; event flags (timing, blocking sync) are ignored. Capture: a
+ * graph is a chain of nodes in the order they were captured, whatever stream of
+ * the capture made them (an order the graph's edges allow); at most
+ * FK_CAP_STREAMS streams take part in one capture; the legacy stream never
+ * joins one; an end on a joined stream invalidates nothing; memory of an
+ * allocation node is allocated once, at capture, and freed with the graph if a
+ * free node releases it; the VMM calls (cuMemMap, cuMemUnmap, cuMemCreate...)
+ * are not treated as unsafe; cuStreamGetCaptureInfo gives no dependencies; a
+ * captured event record or wait makes no node. Events are plain host-device
+ * events: one of another context is CUDA_ERROR_INVALID_VALUE, not an invalid
+ * handle. There is no runtime (libcudart) over it, so the runtime's own state
  * after the shim serves a cudaMalloc (the primary context current, the
  * shim's failures in cudaGetLastError) is checked only on a GPU
  * (tests/preload/gpu/gpu_prog.cu); the preload tests' stand-in runtime
@@ -400,9 +416,13 @@ struct CUctx_st {
   struct fk_stream *live, *retired;
   mp_event_t legacy_tail;
   unsigned generation;
+  /* Bytes of the device's physical memory cuMemCreate handed out that no
+   * mapping holds (fk_phys_count), under fk.lock. */
+  size_t unbacked;
 };
 
-/* A physical allocation from cuMemCreate; a handle is its address. */
+/* A physical allocation from cuMemCreate; a handle is its address, valid
+ * while it is listed (fk.phys) and not released (fk_phys_valid). */
 typedef struct fk_phys {
   size_t size; /* 0 for an imported handle: the importer gives the size */
   int ordinal;
@@ -410,6 +430,10 @@ typedef struct fk_phys {
   bool released; /* cuMemRelease called; freed with its last mapping */
   CUmemAllocationHandleType types; /* requestedHandleTypes at cuMemCreate */
   int import_fd; /* cuMemImportFromShareableHandle: the memory; else -1 */
+  /* The primary context whose device memory it is (NULL: imported, or that
+   * device was closed, which freed it), and the list of every handle. */
+  struct CUctx_st *ctx;
+  struct fk_phys *next;
 } fk_phys_t;
 
 /* One range of device addresses handed out: an allocation or a mapping. */
@@ -462,6 +486,7 @@ static struct {
   struct CUctx_st ctx[FK_MAX_DEVICES];
   fk_range_t *ranges; /* sorted by base */
   size_t n_ranges, cap_ranges;
+  fk_phys_t *phys; /* every handle not yet freed, listed through next */
 } fk = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static _Thread_local struct CUctx_st *fk_stack[FK_MAX_CTX_DEPTH];
@@ -1401,10 +1426,90 @@ static CUresult fk_capturing_stream(mp_device_t *dev, CUstream h, bool ptsz,
 
 /* ---- address ranges ------------------------------------------------------ */
 
+/* A handle's memory, freed once fk_phys_unlink took it off the list. */
 static void fk_phys_free(fk_phys_t *p) {
   if (p->import_fd >= 0)
     close(p->import_fd);
   free(p);
+}
+
+/* Physical memory is the device's from cuMemCreate to the release of its
+ * handle and its last unmap (cuda.h, cuMemCreate: "This creates a memory
+ * allocation on the target device"; it may fail with
+ * CUDA_ERROR_OUT_OF_MEMORY; cuMemRelease: "The memory allocation will be
+ * freed when all outstanding mappings to the memory are unmapped and when
+ * all outstanding references to the handle ... are also released"). The
+ * host device charges memory when it is mapped (vm_map) and gives it back
+ * when it is unmapped, so a handle that no mapping holds is counted here,
+ * in its context's unbacked bytes: cuMemCreate and cuMemAlloc fail with
+ * CUDA_ERROR_OUT_OF_MEMORY where they would not fit beside it, and
+ * cuMemGetInfo reports it used, as a GPU does. Call with add false before
+ * changing p's state and with add true after. Under fk.lock. */
+static void fk_phys_count(const fk_phys_t *p, bool add) {
+  if (p->ctx == NULL || p->released || p->maps != 0 || p->import_fd >= 0)
+    return;
+  if (add)
+    p->ctx->unbacked += p->size;
+  else
+    p->ctx->unbacked -= p->size;
+}
+
+/* Whether h names a handle that is neither freed nor released: cuda.h,
+ * cuMemRelease, "If handle is not a valid handle the behavior is
+ * undefined"; a GPU's handle table refuses one it no longer holds, the
+ * fake refuses it with CUDA_ERROR_INVALID_VALUE (and never reads freed
+ * memory). Under fk.lock. */
+static fk_phys_t *fk_phys_valid(CUmemGenericAllocationHandle h) {
+  for (fk_phys_t *p = fk.phys; p != NULL; p = p->next)
+    if ((uintptr_t)p == (uintptr_t)h)
+      return p->released ? NULL : p;
+  return NULL;
+}
+
+/* Takes p off the list of handles (it is freed next). Under fk.lock. */
+static void fk_phys_unlink(fk_phys_t *p) {
+  for (fk_phys_t **at = &fk.phys; *at != NULL; at = &(*at)->next)
+    if (*at == p) {
+      *at = p->next;
+      return;
+    }
+}
+
+/* A mapping of p went (or was never made): p is freed with its last one
+ * once released. Takes fk.lock. */
+static void fk_phys_unmapped(fk_phys_t *p) {
+  pthread_mutex_lock(&fk.lock);
+  fk_phys_count(p, false);
+  p->maps--;
+  fk_phys_count(p, true);
+  bool free_now = p->maps == 0 && p->released;
+  if (free_now)
+    fk_phys_unlink(p);
+  pthread_mutex_unlock(&fk.lock);
+  if (free_now)
+    fk_phys_free(p);
+}
+
+/* The bytes of host device dev that handles no mapping holds keep
+ * (fk_phys_count). Under fk.lock. */
+static size_t fk_unbacked_of(const mp_device_t *dev) {
+  size_t n = 0;
+  for (int i = 0; i < FK_MAX_DEVICES; i++)
+    if (atomic_load(&fk.ctx[i].dev) == dev)
+      n += fk.ctx[i].unbacked;
+  return n;
+}
+
+/* CUDA_SUCCESS when bytes more of dev's memory fit beside what it has in
+ * use and what unmapped handles keep, else CUDA_ERROR_OUT_OF_MEMORY.
+ * Under fk.lock. */
+static CUresult fk_fits(mp_device_t *dev, size_t bytes) {
+  size_t free_b = 0, total_b = 0, held = fk_unbacked_of(dev);
+  mp_status_t st = mp_device_mem_info(dev, &free_b, &total_b);
+  if (st != MP_OK)
+    return fk_result_of(st);
+  return held <= free_b && bytes <= free_b - held ? CUDA_SUCCESS
+                                                  : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 /* Index of the first range whose base is >= addr. Under fk.lock. */
@@ -1477,7 +1582,7 @@ static bool fk_range_find(uintptr_t addr, fk_range_t *out) {
 }
 
 /* Drops every range of a device whose host device is closing. */
-static void fk_range_drop_ctx(const struct CUctx_st *ctx) {
+static void fk_range_drop_ctx(struct CUctx_st *ctx) {
   pthread_mutex_lock(&fk.lock);
   size_t k = 0;
   for (size_t i = 0; i < fk.n_ranges; i++) {
@@ -1486,12 +1591,25 @@ static void fk_range_drop_ctx(const struct CUctx_st *ctx) {
       fk.ranges[k++] = *r;
       continue;
     }
-    if (r->phys != NULL && --r->phys->maps == 0 && r->phys->released)
-      fk_phys_free(r->phys);
+    fk_phys_t *p = r->phys;
+    if (p != NULL) {
+      fk_phys_count(p, false);
+      p->maps--;
+      fk_phys_count(p, true);
+    }
+    if (p != NULL && p->maps == 0 && p->released) {
+      fk_phys_unlink(p);
+      fk_phys_free(p);
+    }
     if (r->ipc_fd >= 0)
       close(r->ipc_fd);
   }
   fk.n_ranges = k;
+  /* The closed device's memory went with it: its handles hold none. */
+  for (fk_phys_t *p = fk.phys; p != NULL; p = p->next)
+    if (p->ctx == ctx)
+      p->ctx = NULL;
+  ctx->unbacked = 0;
   pthread_mutex_unlock(&fk.lock);
 }
 
@@ -2021,13 +2139,28 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
   FK_CURRENT(dev);
   if (free_bytes == NULL || total_bytes == NULL)
     return CUDA_ERROR_INVALID_VALUE;
-  return fk_result_of(mp_device_mem_info(dev, free_bytes, total_bytes));
+  /* Memory that cuMemCreate handles keep unmapped is in use too
+   * (fk_phys_count). */
+  pthread_mutex_lock(&fk.lock);
+  mp_status_t st = mp_device_mem_info(dev, free_bytes, total_bytes);
+  size_t held = fk_unbacked_of(dev);
+  if (st == MP_OK)
+    *free_bytes -= held < *free_bytes ? held : *free_bytes;
+  pthread_mutex_unlock(&fk.lock);
+  return fk_result_of(st);
 }
 
 static CUresult fk_alloc(mp_device_t *dev, CUdeviceptr *dptr, size_t bytes,
                          bool stream_ordered) {
   if (dptr == NULL || bytes == 0)
     return CUDA_ERROR_INVALID_VALUE;
+  /* Not where unmapped cuMemCreate handles keep the memory
+   * (fk_phys_count); the host device checks the rest. */
+  pthread_mutex_lock(&fk.lock);
+  CUresult fit = fk_unbacked_of(dev) != 0 ? fk_fits(dev, bytes) : CUDA_SUCCESS;
+  pthread_mutex_unlock(&fk.lock);
+  if (fit != CUDA_SUCCESS)
+    return fit;
   void *p = NULL;
   mp_status_t st = mp_device_alloc(dev, bytes, &p);
   if (st != MP_OK)
@@ -3550,7 +3683,18 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   FK_CURRENT(dev);
   if (ptr == 0 || size == 0)
     return CUDA_ERROR_INVALID_VALUE;
-  return fk_result_of(mp__device_vm_release(dev, (void *)ptr, size));
+  /* The host device refuses a reservation that still has mappings
+   * (MP_EBUSY), which fk_result_of would answer CUDA_ERROR_NOT_READY, a
+   * code cuda.h does not list for cuMemAddressFree (CUDA_SUCCESS,
+   * _INVALID_VALUE, _NOT_INITIALIZED, _DEINITIALIZED, _NOT_PERMITTED,
+   * _NOT_SUPPORTED) and one a caller may take for "try again later". cuda.h
+   * says nothing of a mapped range, and cuMemUnmap's text ("the address
+   * range is converted to an address reservation") puts the unmap before
+   * the free; the fake refuses it with CUDA_ERROR_INVALID_VALUE, changing
+   * nothing. Not yet checked on a GPU: test_fakecuda_vmm_rules.c's twin
+   * logs the code a real driver gives. */
+  mp_status_t st = mp__device_vm_release(dev, (void *)ptr, size);
+  return st == MP_EBUSY ? CUDA_ERROR_INVALID_VALUE : fk_result_of(st);
 }
 
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
@@ -3571,10 +3715,6 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
   if (fk.no_shareable && (wants_fd || prop->allocFlags.gpuDirectRDMACapable))
     return CUDA_ERROR_NOT_SUPPORTED;
-  pthread_mutex_lock(&fk.lock);
-  fk.last_handle_types = prop->requestedHandleTypes;
-  fk.last_rdma = prop->allocFlags.gpuDirectRDMACapable;
-  pthread_mutex_unlock(&fk.lock);
   fk_phys_t *p = calloc(1, sizeof *p);
   if (p == NULL)
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -3582,6 +3722,23 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
   p->ordinal = prop->location.id;
   p->types = prop->requestedHandleTypes;
   p->import_fd = -1;
+  p->ctx = &fk.ctx[prop->location.id];
+  /* The memory is the device's from here (fk_phys_count): a handle that
+   * does not fit is CUDA_ERROR_OUT_OF_MEMORY now, not at cuMemMap. */
+  pthread_mutex_lock(&fk.lock);
+  fk.last_handle_types = prop->requestedHandleTypes;
+  fk.last_rdma = prop->allocFlags.gpuDirectRDMACapable;
+  CUresult r = fk_fits(dev, size);
+  if (r == CUDA_SUCCESS) {
+    p->next = fk.phys;
+    fk.phys = p;
+    fk_phys_count(p, true);
+  }
+  pthread_mutex_unlock(&fk.lock);
+  if (r != CUDA_SUCCESS) {
+    free(p);
+    return r;
+  }
   *handle = (CUmemGenericAllocationHandle)(uintptr_t)p;
   return CUDA_SUCCESS;
 }
@@ -3589,15 +3746,20 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   FK_COUNT(cuMemRelease);
   FK_NEED_INIT();
-  fk_phys_t *p = (fk_phys_t *)(uintptr_t)handle;
-  if (p == NULL)
-    return CUDA_ERROR_INVALID_VALUE;
+  /* A handle released before (or never made) is refused (fk_phys_valid);
+   * one still mapped is freed with its last unmap. */
   pthread_mutex_lock(&fk.lock);
-  bool was_released = p->released;
-  p->released = true;
-  bool free_now = !was_released && p->maps == 0;
+  fk_phys_t *p = fk_phys_valid(handle);
+  bool free_now = false;
+  if (p != NULL) {
+    fk_phys_count(p, false);
+    p->released = true;
+    free_now = p->maps == 0;
+    if (free_now)
+      fk_phys_unlink(p);
+  }
   pthread_mutex_unlock(&fk.lock);
-  if (was_released)
+  if (p == NULL)
     return CUDA_ERROR_INVALID_VALUE;
   if (free_now)
     fk_phys_free(p);
@@ -3609,31 +3771,41 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                   unsigned long long flags) {
   FK_COUNT(cuMemMap);
   FK_CURRENT(dev);
-  fk_phys_t *p = (fk_phys_t *)(uintptr_t)handle;
-  if (p == NULL || ptr == 0 || offset != 0 || flags != 0 ||
-      (p->import_fd < 0 && size != p->size))
+  if (ptr == 0 || offset != 0 || flags != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  /* A released handle is no handle (fk_phys_valid), even while a mapping
+   * keeps its memory. The mapping is counted at once, so that a release
+   * meanwhile cannot free the handle under it; its memory is then the
+   * host device's to charge (vm_map), no longer unbacked. */
+  pthread_mutex_lock(&fk.lock);
+  fk_phys_t *p = fk_phys_valid(handle);
+  bool ok = p != NULL && (p->import_fd >= 0 || size == p->size);
+  int import_fd = ok ? p->import_fd : -1;
+  if (ok) {
+    fk_phys_count(p, false);
+    p->maps++;
+  }
+  pthread_mutex_unlock(&fk.lock);
+  if (!ok)
     return CUDA_ERROR_INVALID_VALUE;
   /* An imported handle maps the exporter's memory (its file range); the
    * host backend checks that size fits in it. */
-  mp_status_t st =
-      p->import_fd >= 0
-          ? mp__host_vm_map_file(dev, (void *)ptr, size, p->import_fd)
-          : mp__device_vm_map(dev, (void *)ptr, size);
-  if (st != MP_OK)
-    return fk_result_of(st);
+  mp_status_t st = import_fd >= 0
+                       ? mp__host_vm_map_file(dev, (void *)ptr, size, import_fd)
+                       : mp__device_vm_map(dev, (void *)ptr, size);
+  CUresult res = fk_result_of(st);
   fk_range_t r = {.base = (uintptr_t)ptr,
                   .size = size,
                   .ctx = fk_stack[fk_depth - 1],
                   .phys = p,
                   .ipc_fd = -1};
-  if (!fk_range_add(r)) {
+  if (st == MP_OK && !fk_range_add(r)) {
     (void)mp__device_vm_unmap(dev, (void *)ptr, size);
-    return CUDA_ERROR_OUT_OF_MEMORY;
+    res = CUDA_ERROR_OUT_OF_MEMORY;
   }
-  pthread_mutex_lock(&fk.lock);
-  p->maps++;
-  pthread_mutex_unlock(&fk.lock);
-  return CUDA_SUCCESS;
+  if (res != CUDA_SUCCESS)
+    fk_phys_unmapped(p);
+  return res;
 }
 
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
@@ -3663,11 +3835,7 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     (void)fk_range_add(r);
     return fk_result_of(st);
   }
-  pthread_mutex_lock(&fk.lock);
-  bool free_now = --r.phys->maps == 0 && r.phys->released;
-  pthread_mutex_unlock(&fk.lock);
-  if (free_now)
-    fk_phys_free(r.phys);
+  fk_phys_unmapped(r.phys);
   return CUDA_SUCCESS;
 }
 
@@ -3796,14 +3964,18 @@ CUresult cuMemExportToShareableHandle(void *shareableHandle,
                                       unsigned long long flags) {
   FK_COUNT(cuMemExportToShareableHandle);
   FK_CURRENT(dev);
-  fk_phys_t *p = (fk_phys_t *)(uintptr_t)handle;
+  pthread_mutex_lock(&fk.lock);
+  fk_phys_t *p = fk_phys_valid(handle); /* not a released one */
+  CUmemAllocationHandleType types = p != NULL ? p->types : 0;
+  bool imported = p != NULL && p->import_fd >= 0;
+  pthread_mutex_unlock(&fk.lock);
   if (shareableHandle == NULL || p == NULL || flags != 0 ||
       handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
     return CUDA_ERROR_INVALID_VALUE;
-  if (!(p->types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+  if (!(types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
     return CUDA_ERROR_NOT_PERMITTED;
   fk_range_t r;
-  if (p->import_fd >= 0 || !fk_phys_mapping(p, &r))
+  if (imported || !fk_phys_mapping(p, &r))
     return CUDA_ERROR_NOT_SUPPORTED; /* the fake's limit, see above */
   mp_ipc_handle_t h;
   mp_status_t st = mp__device_ipc_export(dev, (void *)r.base, r.size, true, &h);
@@ -3842,6 +4014,10 @@ cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
   }
   p->import_fd = fd;
   p->types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  pthread_mutex_lock(&fk.lock);
+  p->next = fk.phys;
+  fk.phys = p;
+  pthread_mutex_unlock(&fk.lock);
   *handle = (CUmemGenericAllocationHandle)(uintptr_t)p;
   return CUDA_SUCCESS;
 }

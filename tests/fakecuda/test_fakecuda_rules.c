@@ -11,16 +11,10 @@
 
 #include <cuda.h>
 
+#include "driver_rules.h"
 #include "fakecuda_test.h"
 
 long long cuFakeGetCallCount(const char *name);
-/* The fake's hook, weak: tests/gpu runs this file against a real
- * libcuda.so.1 too (gpu_twin.sh), where it is absent and fk_real() holds;
- * what only the fake promises is then skipped. */
-long long cuFakeGetErrorCount(CUresult code) __attribute__((weak));
-static bool fk_real(void) {
-  return cuFakeGetErrorCount == NULL;
-}
 CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *arg);
 CUresult cuStreamSynchronize_ptsz(CUstream s);
 CUresult cuEventRecord_ptsz(CUevent e, CUstream s);
@@ -29,18 +23,10 @@ CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n);
 static CUcontext ctx;
 
 static void open_ctx(void) {
-  cr_assert_eq(cuInit(0), CUDA_SUCCESS);
-  cr_assert_eq(cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
-  cr_assert_eq(cuCtxPushCurrent(ctx), CUDA_SUCCESS);
+  fk_primary_open(&ctx);
 }
 
-static void close_ctx(void) {
-  (void)cuCtxSynchronize();
-  (void)cuCtxPopCurrent(NULL);
-  (void)cuDevicePrimaryCtxRelease(0);
-}
-
-TestSuite(fakecuda_rules, .init = open_ctx, .fini = close_ctx);
+TestSuite(fakecuda_rules, .init = open_ctx, .fini = fk_primary_close);
 
 static double now_s(void) {
   struct timespec t;

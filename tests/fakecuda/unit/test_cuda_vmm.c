@@ -72,6 +72,9 @@ Test(cuda_vmm, map_write_read_unmap_release) {
   mp_device_close(dev);
 }
 
+/* Memory beyond the device's is refused by cuMemCreate, which allocates it
+ * (cuda.h: CUDA_ERROR_OUT_OF_MEMORY), so nothing is mapped; a map whose
+ * cuMemMap is refused (over a mapping) releases the handle it made. */
 Test(cuda_vmm, mapping_beyond_capacity_is_enomem_and_undone) {
   mp_device_t *dev = open_cuda();
   char *base = NULL;
@@ -80,10 +83,15 @@ Test(cuda_vmm, mapping_beyond_capacity_is_enomem_and_undone) {
                mp_last_error());
   cr_assert_eq(mp__device_vm_map(dev, base, big), MP_ENOMEM);
   cr_assert_neq(mp_last_error()[0], '\0');
-  /* Whatever the failing step, the handle made for it was released. */
-  cr_assert_eq(fk_calls("cuMemCreate"), fk_calls("cuMemRelease"));
+  cr_assert_eq(fk_calls("cuMemCreate"), 1);
+  cr_assert_eq(fk_calls("cuMemMap"), 0, "memory never created was mapped");
   cr_assert_eq(mp__device_vm_map(dev, base, G), MP_OK, "%s", mp_last_error());
+  cr_assert_neq(mp__device_vm_map(dev, base, G), MP_OK, "mapped twice");
+  cr_assert_eq(fk_calls("cuMemCreate"), 3);
+  cr_assert_eq(fk_calls("cuMemRelease"), 1,
+               "the handle of the refused cuMemMap was kept");
   cr_assert_eq(mp__device_vm_unmap(dev, base, G), MP_OK);
+  cr_assert_eq(fk_calls("cuMemRelease"), 2);
   cr_assert_eq(mp__device_vm_release(dev, base, big), MP_OK);
   mp_device_close(dev);
 }

@@ -1,0 +1,234 @@
+/* The virtual memory calls' documented rules, as the fake driver keeps them
+ * (source: /usr/local/cuda-13.0/include/cuda.h, the comments of
+ * cuMemAddressReserve, cuMemAddressFree, cuMemCreate, cuMemRelease, cuMemMap,
+ * cuMemUnmap and cuMemGetInfo). The program calls the driver API itself
+ * (this test links the fake libcuda.so.1); its GPU twin gpu_fakecuda_vmm_rules
+ * runs it on the real driver. Where cuda.h says a call fails but not with
+ * which code, the fake's code is asserted on the fake and only the failure on
+ * a GPU, which logs the code it got (expect_refused). */
+#include <stdint.h>
+#include <string.h>
+
+#include <cuda.h>
+
+#include "driver_rules.h"
+#include "fakecuda_test.h"
+
+static CUcontext ctx;
+
+static void open_ctx(void) {
+  fk_primary_open(&ctx);
+}
+
+TestSuite(fakecuda_vmm, .init = open_ctx, .fini = fk_primary_close);
+
+static const CUmemAllocationProp prop = {
+    .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+    .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+
+static size_t granularity(void) {
+  size_t g = 0;
+  cr_assert_eq(cuMemGetAllocationGranularity(&g, &prop,
+                                             CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+               CUDA_SUCCESS);
+  cr_assert_gt(g, 0);
+  return g;
+}
+
+static size_t round_up(size_t n, size_t g) {
+  return (n + g - 1) / g * g;
+}
+
+static size_t free_bytes(void) {
+  size_t fr = 0, total = 0;
+  cr_assert_eq(cuMemGetInfo(&fr, &total), CUDA_SUCCESS);
+  return fr;
+}
+
+/* A call cuda.h says fails: on the fake with fake_code, on a GPU with any
+ * code, logged so that a GPU run tells the real one. */
+static void expect_refused(CUresult r, CUresult fake_code, const char *what) {
+  const char *name = NULL;
+  if (cuGetErrorName(r, &name) != CUDA_SUCCESS)
+    name = "?";
+  if (fk_real()) {
+    cr_log_info("real driver: %s answers %s (%d)", what, name, (int)r);
+    cr_expect_neq(r, CUDA_SUCCESS, "%s succeeded", what);
+  } else {
+    cr_expect_eq(r, fake_code, "%s answers %s (%d)", what, name, (int)r);
+  }
+}
+
+/* Maps handle h (size bytes) at va and lets device 0 read and write it. */
+static void map_rw(CUdeviceptr va, size_t size,
+                   CUmemGenericAllocationHandle h) {
+  cr_assert_eq(cuMemMap(va, size, 0, h, 0), CUDA_SUCCESS);
+  CUmemAccessDesc rw = {.location = prop.location,
+                        .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  cr_assert_eq(cuMemSetAccess(va, size, &rw, 1), CUDA_SUCCESS);
+}
+
+/* Writes a byte pattern to [va, va + 64) and reads it back. */
+static void expect_usable(CUdeviceptr va, unsigned char seed) {
+  unsigned char in[64], out[64];
+  for (size_t i = 0; i < sizeof in; i++)
+    in[i] = (unsigned char)(seed + i);
+  memset(out, 0, sizeof out);
+  cr_assert_eq(cuMemcpyHtoD(va, in, sizeof in), CUDA_SUCCESS);
+  cr_assert_eq(cuMemcpyDtoH(out, va, sizeof out), CUDA_SUCCESS);
+  cr_expect_arr_eq(in, out, sizeof in, "the mapping lost its memory");
+}
+
+/* cuMemCreate "creates a memory allocation on the target device": the
+ * memory is used from there, mapped or not, until the handle is released
+ * and its last mapping unmapped (cuMemRelease); cuMemGetInfo says so. The
+ * fake charged memory only while it was mapped. */
+Test(fakecuda_vmm, a_handle_holds_device_memory_until_released_and_unmapped) {
+  size_t g = granularity(), size = round_up(256u << 20, g);
+  size_t before = free_bytes();
+  CUmemGenericAllocationHandle h;
+  cr_assert_eq(cuMemCreate(&h, size, &prop, 0), CUDA_SUCCESS);
+  cr_expect_leq(free_bytes(), before - size, "created, not counted used");
+  CUdeviceptr va;
+  cr_assert_eq(cuMemAddressReserve(&va, size, g, 0, 0), CUDA_SUCCESS);
+  map_rw(va, size, h);
+  cr_expect_leq(free_bytes(), before - size, "mapped, not counted used");
+  cr_assert_eq(cuMemUnmap(va, size), CUDA_SUCCESS);
+  cr_expect_leq(free_bytes(), before - size, "unmapped but not released");
+  map_rw(va, size, h);
+  cr_assert_eq(cuMemRelease(h), CUDA_SUCCESS);
+  cr_expect_leq(free_bytes(), before - size, "released but still mapped");
+  cr_assert_eq(cuMemUnmap(va, size), CUDA_SUCCESS);
+  cr_expect_geq(free_bytes(), before - size / 2, "not given back");
+  cr_assert_eq(cuMemAddressFree(va, size), CUDA_SUCCESS);
+}
+
+/* So a handle that does not fit fails at cuMemCreate with
+ * CUDA_ERROR_OUT_OF_MEMORY (in cuMemCreate's list), before any cuMemMap,
+ * and the memory unmapped handles keep is not cuMemAlloc's either. */
+Test(fakecuda_vmm, creating_more_than_the_device_holds_fails_at_create) {
+  size_t g = granularity(), fr = 0, total = 0;
+  cr_assert_eq(cuMemGetInfo(&fr, &total), CUDA_SUCCESS);
+  size_t size = round_up(total / 4 + 1, g);
+  CUmemGenericAllocationHandle h[8];
+  int made = 0;
+  CUresult r = CUDA_SUCCESS;
+  while (made < 8 &&
+         (r = cuMemCreate(&h[made], size, &prop, 0)) == CUDA_SUCCESS)
+    made++;
+  cr_expect_eq(r, CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate #%d answered %d",
+               made + 1, (int)r);
+  cr_expect_lt(made, 4, "more than the device holds was created");
+  CUdeviceptr d = 0;
+  if (made > 0)
+    cr_expect_eq(cuMemAlloc(&d, size), CUDA_ERROR_OUT_OF_MEMORY,
+                 "cuMemAlloc took memory unmapped handles keep");
+  for (int i = 0; i < made; i++)
+    cr_assert_eq(cuMemRelease(h[i]), CUDA_SUCCESS);
+  cr_assert_eq(cuMemAlloc(&d, size), CUDA_SUCCESS, "released, not given back");
+  cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
+}
+
+/* "The generic memory handle can be freed when there are still
+ * outstanding mappings made with this handle" (cuMemRelease): the mapping
+ * keeps the memory, but the handle is gone ("If handle is not a valid
+ * handle the behavior is undefined"): the fake refuses a map or a second
+ * release of it, where it mapped it again before. Undefined on a GPU, so
+ * not asked there. */
+Test(fakecuda_vmm, a_released_handle_is_no_handle_while_its_mapping_lives) {
+  size_t g = granularity();
+  size_t before = free_bytes();
+  CUmemGenericAllocationHandle h;
+  cr_assert_eq(cuMemCreate(&h, g, &prop, 0), CUDA_SUCCESS);
+  CUdeviceptr va;
+  cr_assert_eq(cuMemAddressReserve(&va, 2 * g, g, 0, 0), CUDA_SUCCESS);
+  map_rw(va, g, h);
+  cr_assert_eq(cuMemRelease(h), CUDA_SUCCESS);
+  expect_usable(va, 7);
+  if (!fk_real()) {
+    cr_expect_eq(cuMemMap(va + g, g, 0, h, 0), CUDA_ERROR_INVALID_VALUE,
+                 "a released handle was mapped again");
+    cr_expect_eq(cuMemRelease(h), CUDA_ERROR_INVALID_VALUE,
+                 "a handle was released twice");
+    expect_usable(va, 9);
+  }
+  cr_assert_eq(cuMemUnmap(va, g), CUDA_SUCCESS);
+  if (!fk_real())
+    cr_expect_eq(free_bytes(), before, "the last unmap did not free it");
+  cr_assert_eq(cuMemAddressFree(va, 2 * g), CUDA_SUCCESS);
+}
+
+/* cuMemAddressFree: "The size must match what was given to
+ * memAddressReserve and the ptr given must match what was returned"; a
+ * reservation that still has a mapping is refused (cuMemUnmap converts a
+ * range back to "an address reservation" first) and keeps its mapping. The
+ * fake answered CUDA_ERROR_NOT_READY, which cuda.h does not list. */
+Test(fakecuda_vmm,
+     a_reservation_is_freed_whole_and_only_when_nothing_is_mapped) {
+  size_t g = granularity();
+  CUmemGenericAllocationHandle h;
+  cr_assert_eq(cuMemCreate(&h, g, &prop, 0), CUDA_SUCCESS);
+  CUdeviceptr va;
+  cr_assert_eq(cuMemAddressReserve(&va, 2 * g, g, 0, 0), CUDA_SUCCESS);
+  expect_refused(cuMemAddressFree(va, g), CUDA_ERROR_INVALID_VALUE,
+                 "cuMemAddressFree of half a reservation");
+  map_rw(va + g, g, h);
+  expect_refused(cuMemAddressFree(va, 2 * g), CUDA_ERROR_INVALID_VALUE,
+                 "cuMemAddressFree of a reservation with a mapping");
+  expect_usable(va + g, 3);
+  cr_assert_eq(cuMemUnmap(va + g, g), CUDA_SUCCESS);
+  cr_assert_eq(cuMemRelease(h), CUDA_SUCCESS);
+  cr_assert_eq(cuMemAddressFree(va, 2 * g), CUDA_SUCCESS);
+}
+
+/* cuMemMap: ptr, size and offset multiples of the granularity, offset
+ * "currently must be zero", flags zero, offset + size within the
+ * allocation, and only on "VA range reservations that are not currently
+ * mapped"; cuMemUnmap "cannot unmap a sub-range of an address range
+ * mapped". Each refusal changes nothing: the mapping made stays usable. */
+Test(fakecuda_vmm, maps_and_unmaps_keep_the_granularity_and_whole_mappings) {
+  size_t g = granularity();
+  CUmemGenericAllocationHandle h2, h1;
+  cr_assert_eq(cuMemCreate(&h2, 2 * g, &prop, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuMemCreate(&h1, g, &prop, 0), CUDA_SUCCESS);
+  CUdeviceptr va;
+  cr_assert_eq(cuMemAddressReserve(&va, 4 * g, g, 0, 0), CUDA_SUCCESS);
+  expect_refused(cuMemMap(va, g, g, h2, 0), CUDA_ERROR_INVALID_VALUE,
+                 "cuMemMap at a non-zero offset");
+  expect_refused(cuMemMap(va + g / 2, g, 0, h1, 0), CUDA_ERROR_INVALID_VALUE,
+                 "cuMemMap at an address off the granularity");
+  expect_refused(cuMemMap(va, 2 * g, 0, h1, 0), CUDA_ERROR_INVALID_VALUE,
+                 "cuMemMap of more than the allocation");
+  expect_refused(cuMemMap(va, g, 0, h1, 1), CUDA_ERROR_INVALID_VALUE,
+                 "cuMemMap with flags");
+  map_rw(va, 2 * g, h2);
+  expect_refused(cuMemMap(va + g, g, 0, h1, 0), CUDA_ERROR_INVALID_VALUE,
+                 "cuMemMap over a mapping");
+  expect_refused(cuMemUnmap(va, g), CUDA_ERROR_INVALID_VALUE,
+                 "cuMemUnmap of a mapping's first half");
+  expect_refused(cuMemUnmap(va + g, g), CUDA_ERROR_INVALID_VALUE,
+                 "cuMemUnmap of a mapping's second half");
+  expect_usable(va, 1);
+  expect_usable(va + g, 2);
+  map_rw(va + 2 * g, g, h1);
+  expect_usable(va + 2 * g, 5);
+  cr_assert_eq(cuMemUnmap(va + 2 * g, g), CUDA_SUCCESS);
+  cr_assert_eq(cuMemUnmap(va, 2 * g), CUDA_SUCCESS);
+  cr_assert_eq(cuMemRelease(h1), CUDA_SUCCESS);
+  cr_assert_eq(cuMemRelease(h2), CUDA_SUCCESS);
+  cr_assert_eq(cuMemAddressFree(va, 4 * g), CUDA_SUCCESS);
+}
+
+/* cuMemAddressReserve: "the alignment must be a power of two or zero";
+ * flags "must be zero". */
+Test(fakecuda_vmm, a_reservation_needs_a_power_of_two_alignment_and_no_flags) {
+  size_t g = granularity();
+  CUdeviceptr va = 0;
+  expect_refused(cuMemAddressReserve(&va, g, 3 * g, 0, 0),
+                 CUDA_ERROR_INVALID_VALUE, "cuMemAddressReserve aligned to 3g");
+  expect_refused(cuMemAddressReserve(&va, g, g, 0, 1), CUDA_ERROR_INVALID_VALUE,
+                 "cuMemAddressReserve with flags");
+  cr_assert_eq(cuMemAddressReserve(&va, g, 0, 0, 0), CUDA_SUCCESS);
+  cr_expect_eq(va % g, 0, "not aligned to the granularity");
+  cr_assert_eq(cuMemAddressFree(va, g), CUDA_SUCCESS);
+}
