@@ -1512,6 +1512,26 @@ static CUresult fk_fits(mp_device_t *dev, size_t bytes) {
                                                   : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
+/* Address reservations (cuMemAddressReserve), for the ranges
+ * cuPointerGetAttribute gives of mapped memory (fk_pointer_attribute); the
+ * host device keeps its own. Under fk.lock. */
+typedef struct fk_resv {
+  uintptr_t base;
+  size_t size;
+  const struct CUctx_st *ctx;
+} fk_resv_t;
+static fk_resv_t *fk_resvs;
+static size_t fk_nresvs, fk_resvs_cap;
+
+/* The index of the reservation holding addr, or fk_nresvs. Under
+ * fk.lock. */
+static size_t fk_resv_find(uintptr_t addr) {
+  size_t i = 0;
+  while (i < fk_nresvs && addr - fk_resvs[i].base >= fk_resvs[i].size)
+    i++;
+  return i;
+}
+
 /* Index of the first range whose base is >= addr. Under fk.lock. */
 static size_t fk_range_lower(uintptr_t addr) {
   size_t lo = 0, hi = fk.n_ranges;
@@ -1610,6 +1630,12 @@ static void fk_range_drop_ctx(struct CUctx_st *ctx) {
     if (p->ctx == ctx)
       p->ctx = NULL;
   ctx->unbacked = 0;
+  /* Its reservations too (the host device released them). */
+  k = 0;
+  for (size_t i = 0; i < fk_nresvs; i++)
+    if (fk_resvs[i].ctx != ctx)
+      fk_resvs[k++] = fk_resvs[i];
+  fk_nresvs = k;
   pthread_mutex_unlock(&fk.lock);
 }
 
@@ -3673,9 +3699,22 @@ CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
     return CUDA_ERROR_INVALID_VALUE;
   void *p = NULL;
   st = mp__device_vm_reserve(dev, size, &p);
-  if (st == MP_OK)
-    *ptr = (CUdeviceptr)p;
-  return fk_result_of(st);
+  if (st != MP_OK)
+    return fk_result_of(st);
+  pthread_mutex_lock(&fk.lock);
+  fk_resv_t *t = fk_room(fk_resvs, fk_nresvs, &fk_resvs_cap, sizeof *t);
+  if (t != NULL) {
+    fk_resvs = t;
+    fk_resvs[fk_nresvs++] = (fk_resv_t){
+        .base = (uintptr_t)p, .size = size, .ctx = fk_stack[fk_depth - 1]};
+  }
+  pthread_mutex_unlock(&fk.lock);
+  if (t == NULL) {
+    (void)mp__device_vm_release(dev, p, size);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *ptr = (CUdeviceptr)p;
+  return CUDA_SUCCESS;
 }
 
 CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
@@ -3694,6 +3733,13 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
    * nothing. Not yet checked on a GPU: test_fakecuda_vmm_rules.c's twin
    * logs the code a real driver gives. */
   mp_status_t st = mp__device_vm_release(dev, (void *)ptr, size);
+  if (st == MP_OK) {
+    pthread_mutex_lock(&fk.lock);
+    size_t i = fk_resv_find((uintptr_t)ptr);
+    if (i < fk_nresvs)
+      fk_resvs[i] = fk_resvs[--fk_nresvs];
+    pthread_mutex_unlock(&fk.lock);
+  }
   return st == MP_EBUSY ? CUDA_ERROR_INVALID_VALUE : fk_result_of(st);
 }
 
@@ -3784,6 +3830,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
   if (ok) {
     fk_phys_count(p, false);
     p->maps++;
+    fk_phys_count(p, true);
   }
   pthread_mutex_unlock(&fk.lock);
   if (!ok)
@@ -4140,7 +4187,12 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
 
 /* The attributes the shim answers for pool memory (cuda.h,
  * CUpointer_attribute): RANGE_START_ADDR and RANGE_SIZE are the
- * allocation or mapping holding ptr, as cuMemGetAddressRange says;
+ * allocation holding ptr, as cuMemGetAddressRange says, but for mapped
+ * memory the reservation holding it (cuda.h, cuPointerGetAttribute: "not
+ * necessarily the address of the mapped region, but the address of the
+ * mappable address range ptr references (e.g. from
+ * ::cuMemAddressReserve)"; "To retrieve the size of the mapped region, see
+ * ::cuMemGetAddressRange"; the fake gave the mapping);
  * IS_LEGACY_CUDA_IPC_CAPABLE ("suitable for ::cudaIpcGetMemHandle") is 1
  * in a cuMemAlloc allocation, 0 in a cuMemCreate mapping, stream-ordered
  * memory or an opened CUipcMemHandle (what cuIpcGetMemHandle refuses),
@@ -4163,12 +4215,23 @@ static CUresult fk_pointer_attribute(void *data, CUpointer_attribute attribute,
       return CUDA_ERROR_INVALID_VALUE;
     pinned = true;
   }
+  uintptr_t base = r.base;
+  size_t size = r.size;
+  if (r.phys != NULL) {
+    pthread_mutex_lock(&fk.lock);
+    size_t i = fk_resv_find((uintptr_t)ptr);
+    if (i < fk_nresvs) {
+      base = fk_resvs[i].base;
+      size = fk_resvs[i].size;
+    }
+    pthread_mutex_unlock(&fk.lock);
+  }
   switch (attribute) {
   case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
-    *(CUdeviceptr *)data = (CUdeviceptr)r.base;
+    *(CUdeviceptr *)data = (CUdeviceptr)base;
     return CUDA_SUCCESS;
   case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
-    *(size_t *)data = r.size;
+    *(size_t *)data = size;
     return CUDA_SUCCESS;
   case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
     *(unsigned int *)data =

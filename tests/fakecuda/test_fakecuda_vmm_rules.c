@@ -232,3 +232,35 @@ Test(fakecuda_vmm, a_reservation_needs_a_power_of_two_alignment_and_no_flags) {
   cr_expect_eq(va % g, 0, "not aligned to the granularity");
   cr_assert_eq(cuMemAddressFree(va, g), CUDA_SUCCESS);
 }
+
+/* cuPointerGetAttribute's RANGE_START_ADDR and RANGE_SIZE of mapped memory
+ * are "not necessarily the address of the mapped region, but the address
+ * of the mappable address range ptr references (e.g. from
+ * ::cuMemAddressReserve)", and "To retrieve the size of the mapped region,
+ * see ::cuMemGetAddressRange". The fake gave the mapping for both. */
+Test(fakecuda_vmm, pointer_ranges_of_mapped_memory_are_the_reservation) {
+  size_t g = granularity();
+  CUmemGenericAllocationHandle h;
+  cr_assert_eq(cuMemCreate(&h, 2 * g, &prop, 0), CUDA_SUCCESS);
+  CUdeviceptr va;
+  cr_assert_eq(cuMemAddressReserve(&va, 4 * g, g, 0, 0), CUDA_SUCCESS);
+  map_rw(va + g, 2 * g, h);
+  CUdeviceptr p = va + g + g / 2, start = 0, base = 0;
+  size_t range = 0, size = 0;
+  cr_assert_eq(
+      cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p),
+      CUDA_SUCCESS);
+  cr_assert_eq(
+      cuPointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p),
+      CUDA_SUCCESS);
+  cr_expect_eq(start, va, "the range starts at %#llx, not the reservation's",
+               (unsigned long long)start);
+  cr_expect_eq(range, 4 * g, "the range is %zu bytes, not the reservation's",
+               range);
+  cr_assert_eq(cuMemGetAddressRange(&base, &size, p), CUDA_SUCCESS);
+  cr_expect_eq(base, va + g, "cuMemGetAddressRange is not the mapping");
+  cr_expect_eq(size, 2 * g);
+  cr_assert_eq(cuMemUnmap(va + g, 2 * g), CUDA_SUCCESS);
+  cr_assert_eq(cuMemRelease(h), CUDA_SUCCESS);
+  cr_assert_eq(cuMemAddressFree(va, 4 * g), CUDA_SUCCESS);
+}
