@@ -365,6 +365,57 @@ Test(pool_arenas_graph, a_range_given_back_leaves_the_lenders_cache_free) {
   expect_empty_and_destroy(pool, s1, s2);
 }
 
+/* The same where the range must wait for a device synchronize: another
+ * arena met x, which runs behind and is then forgotten, so the lender
+ * cannot learn it (graph.c, mp__graph_give_back_to_arena). The range went
+ * back marked for the next device sync and merged with the cache beside
+ * it, which waited for that sync too; the arena cannot synchronize the
+ * device during the next capture and grew instead. */
+Test(pool_arenas_graph, a_range_waiting_for_a_device_sync_leaves_cache_free) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  mp_stream_t s1 = new_stream(), s2 = new_stream(), x = new_stream();
+  worker_start(&wa);
+  worker_start(&wb);
+  job_t on_x = {.pool = pool, .bytes = MiB, .tag = 0xc1, .count = 1, .s = x};
+  cr_assert_eq(on_worker(&wb, &on_x, ALLOC), MP_OK, "%s", on_x.why);
+  cr_assert_eq(on_worker(&wb, &on_x, FREE), MP_OK, "%s", on_x.why);
+  job_t cache = {
+      .pool = pool, .bytes = 8 * MiB, .tag = 0xc2, .count = 1, .s = s1};
+  cr_assert_eq(on_worker(&wa, &cache, ALLOC), MP_OK, "%s", cache.why);
+  cr_assert_eq(on_worker(&wa, &cache, FREE), MP_OK, "%s", cache.why);
+  cr_assert_eq(mp_stream_synchronize(dev, NULL), MP_OK);
+  gate_t gate;
+  gate_init(&gate);
+  cr_assert_eq(mp_stream_launch_host(dev, x, gate_wait, &gate), MP_OK);
+  cr_assert_eq(mp_stream_forget(dev, x), MP_OK);
+  size_t reserved = stats(pool).reserved_bytes;
+  for (int round = 0; round < 3; round++) {
+    mp_pool_t *g;
+    cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+    cr_assert_eq(mp_pool_graph_begin(pool, g, s1), MP_OK, "%s",
+                 mp_last_error());
+    job_t in = {.pool = pool, .bytes = MiB, .tag = 0xc3, .count = 1, .s = s1};
+    cr_assert_eq(on_worker(&wa, &in, ALLOC), MP_OK, "%s", in.why);
+    cr_expect_geq(arena_lending(pool, in.ptrs[0]), 0, "no arena lent it");
+    cr_assert_eq(on_worker(&wa, &in, FREE), MP_OK, "%s", in.why);
+    cr_assert_eq(mp_pool_graph_end(pool, s1), MP_OK, "%s", mp_last_error());
+    cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+    cr_expect_eq(stats(pool).reserved_bytes, reserved,
+                 "round %d: the arena grew beside its cache", round);
+  }
+  gate_open(&gate);
+  cr_assert_eq(mp_stream_synchronize(dev, x), MP_OK);
+  gate_destroy(&gate);
+  worker_stop(&wa);
+  worker_stop(&wb);
+  mp_stream_destroy(dev, x);
+  /* The trim synchronizes the device: the ranges rejoin the cache, and
+   * all of it goes back. */
+  cr_assert_eq(mp_pool_trim(pool, 0), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(stats(pool).reserved_bytes, 0);
+  expect_empty_and_destroy(pool, s1, s2);
+}
+
 /* Whether pool's stream table has a live slot for s (owner 0). */
 static bool knows(mp_pool_t *pool, mp_stream_t s) {
   mp__pool_lock(pool);
