@@ -323,6 +323,36 @@ Test(pool_arenas_graph, captures_race_allocations_on_other_threads) {
   expect_empty_and_destroy(pool, s1, s2);
 }
 
+/* j's op on worker w, or on this thread where w is NULL. */
+static mp_status_t here_or_on(worker_t *w, job_t *j, op_t op) {
+  if (w != NULL)
+    return on_worker(w, j, op);
+  j->op = op;
+  (void)job_run(j);
+  return j->st;
+}
+
+/* rounds captures of s1, each allocating and freeing 1 MiB on worker w
+ * (NULL: this thread), whose arena lends the range: none grows the pool. */
+static void captures_reuse_the_cache(mp_pool_t *pool, mp_stream_t s1,
+                                     worker_t *w, int rounds) {
+  size_t reserved = stats(pool).reserved_bytes;
+  for (int round = 0; round < rounds; round++) {
+    mp_pool_t *g;
+    cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+    cr_assert_eq(mp_pool_graph_begin(pool, g, s1), MP_OK, "%s",
+                 mp_last_error());
+    job_t in = {.pool = pool, .bytes = MiB, .tag = 0xc3, .count = 1, .s = s1};
+    cr_assert_eq(here_or_on(w, &in, ALLOC), MP_OK, "%s", in.why);
+    cr_expect_geq(arena_lending(pool, in.ptrs[0]), 0, "no arena lent it");
+    cr_assert_eq(here_or_on(w, &in, FREE), MP_OK, "%s", in.why);
+    cr_assert_eq(mp_pool_graph_end(pool, s1), MP_OK, "%s", mp_last_error());
+    cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+    cr_expect_eq(stats(pool).reserved_bytes, reserved,
+                 "round %d: the arena grew beside its cache", round);
+  }
+}
+
 /* The race above, held still: a graph's range goes back to the lending
  * arena, which knows s2, while s2 runs behind (a gate), so the range waits
  * for s2. The memory the arena cached beside it must stay reusable: the
@@ -344,21 +374,7 @@ Test(pool_arenas_graph, a_range_given_back_leaves_the_lenders_cache_free) {
   gate_t gate;
   gate_init(&gate);
   cr_assert_eq(mp_stream_launch_host(dev, s2, gate_wait, &gate), MP_OK);
-  size_t reserved = stats(pool).reserved_bytes;
-  for (int round = 0; round < 2; round++) {
-    mp_pool_t *g;
-    cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
-    cr_assert_eq(mp_pool_graph_begin(pool, g, s1), MP_OK, "%s",
-                 mp_last_error());
-    cr_assert_eq(mp_pool_alloc(pool, MiB, s1, &p), MP_OK, "%s",
-                 mp_last_error());
-    cr_expect_geq(arena_lending(pool, p), 0, "no arena lent the range");
-    cr_assert_eq(mp_pool_free(pool, p), MP_OK, "%s", mp_last_error());
-    cr_assert_eq(mp_pool_graph_end(pool, s1), MP_OK, "%s", mp_last_error());
-    cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
-    cr_expect_eq(stats(pool).reserved_bytes, reserved,
-                 "round %d: the arena grew beside its cache", round);
-  }
+  captures_reuse_the_cache(pool, s1, NULL, 2);
   gate_open(&gate);
   cr_assert_eq(mp_stream_synchronize(dev, s2), MP_OK);
   gate_destroy(&gate);
@@ -388,21 +404,7 @@ Test(pool_arenas_graph, a_range_waiting_for_a_device_sync_leaves_cache_free) {
   gate_init(&gate);
   cr_assert_eq(mp_stream_launch_host(dev, x, gate_wait, &gate), MP_OK);
   cr_assert_eq(mp_stream_forget(dev, x), MP_OK);
-  size_t reserved = stats(pool).reserved_bytes;
-  for (int round = 0; round < 3; round++) {
-    mp_pool_t *g;
-    cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
-    cr_assert_eq(mp_pool_graph_begin(pool, g, s1), MP_OK, "%s",
-                 mp_last_error());
-    job_t in = {.pool = pool, .bytes = MiB, .tag = 0xc3, .count = 1, .s = s1};
-    cr_assert_eq(on_worker(&wa, &in, ALLOC), MP_OK, "%s", in.why);
-    cr_expect_geq(arena_lending(pool, in.ptrs[0]), 0, "no arena lent it");
-    cr_assert_eq(on_worker(&wa, &in, FREE), MP_OK, "%s", in.why);
-    cr_assert_eq(mp_pool_graph_end(pool, s1), MP_OK, "%s", mp_last_error());
-    cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
-    cr_expect_eq(stats(pool).reserved_bytes, reserved,
-                 "round %d: the arena grew beside its cache", round);
-  }
+  captures_reuse_the_cache(pool, s1, &wa, 3);
   gate_open(&gate);
   cr_assert_eq(mp_stream_synchronize(dev, x), MP_OK);
   gate_destroy(&gate);
