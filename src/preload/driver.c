@@ -141,7 +141,7 @@ static mp__curesult mp__free(mp__variant_t v, mp__cuptr p, mp__custream s) {
         : v != MP__SYNC && mp__pl_output_free(pl, (uintptr_t)p, false, true, s,
                                               v == MP__ASYNC_PTSZ)
             ? MP__CU_SUCCESS /* a graph's output, freed inside a capture */
-            : mp__pl_free_invalid(pl);
+            : mp__pl_free_foreign(pl, v == MP__SYNC, mp__free_probe);
   } else if (b.kind == MP__PL_FROM_POOL &&
              (r = mp__pl_free_refused(pl, v == MP__SYNC, s, v == MP__ASYNC_PTSZ,
                                       mp__free_probe, &captured)) !=
@@ -164,7 +164,7 @@ static mp__curesult mp__free(mp__variant_t v, mp__cuptr p, mp__custream s) {
   } else {
     /* Pinned host memory is not freed with cuMemFree. */
     mp__pl_table_restore(&b);
-    r = mp__pl_free_invalid(pl);
+    r = mp__pl_free_foreign(pl, v == MP__SYNC, mp__free_probe);
   }
   mp__pl_leave();
   return r;

@@ -31,12 +31,6 @@ bool mp__pl_sync_in_capture(const mp__pl_t *pl) {
          (mp__pl_capture_begun() || mp__pl_capturing(pl, NULL, false));
 }
 
-/* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED .. _WRONG_THREAD (cuda.h), and
- * cudaErrorStreamCaptureUnsupported .. WrongThread (driver_types.h): the
- * same numbers. */
-#define MP__CU_CAPTURE_FIRST 900u
-#define MP__CU_CAPTURE_LAST  908u
-
 /* cuda.h, cuThreadExchangeStreamCaptureMode: "Sets the calling thread's
  * stream capture interaction mode to the value contained in *mode, and
  * overwrites *mode with the previous mode for the thread"; it touches no
@@ -140,6 +134,13 @@ bool mp__pl_calls_refused(void) {
 unsigned mp__pl_free_invalid(const mp__pl_t *pl) {
   return !pl->host && mp__pl_calls_refused() ? MP__CU_NOT_PERMITTED
                                              : MP__CU_INVALID_VALUE;
+}
+
+unsigned mp__pl_free_foreign(const mp__pl_t *pl, bool sync,
+                             unsigned (*probe)(void)) {
+  unsigned r =
+      sync ? mp__pl_free_refused(pl, true, NULL, false, probe, NULL) : 0;
+  return r != 0 ? r : mp__pl_free_invalid(pl);
 }
 
 void mp__pl_real_free_refused(const mp__pl_block_t *b) {

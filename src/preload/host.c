@@ -647,15 +647,17 @@ static unsigned int mp__h_free(bool runtime, void *ptr) {
       /* Not pinned (a cudaMalloc block, say): refused, and left whole, its
        * pool included, for its own free. */
       mp__pl_table_restore(&b);
-      r = mp__pl_free_invalid(mp__pl_get());
+      r = mp__pl_free_foreign(mp__pl_get(), true,
+                              runtime ? mp__h_probe_rt : mp__h_probe_cu);
     }
   } else if (ptr == NULL && outer && mp__pl_get()->host) {
     r = 0;
   } else if (outer && ptr != NULL && mp__hpl_holds(ptr)) {
     /* In the host pool's memory but not handed out (a second free, an
      * interior pointer): the driver's answer, without freeing the chunk
-     * the driver gave the pool. */
-    r = mp__pl_free_invalid(mp__pl_get());
+     * the driver gave the pool; a capture's refusal first). */
+    r = mp__pl_free_foreign(mp__pl_get(), true,
+                            runtime ? mp__h_probe_rt : mp__h_probe_cu);
   } else {
     r = mp__h_real_free(runtime, ptr);
   }

@@ -489,6 +489,12 @@ void mp__pl_mode_restore(unsigned old);
  * (mp__pl_capture_begun: any stream, blocking or not), or one the legacy
  * stream reports. Such an allocation is the API's to answer. */
 bool mp__pl_sync_in_capture(const mp__pl_t *pl);
+/* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED .. _WRONG_THREAD (cuda.h), and
+ * cudaErrorStreamCaptureUnsupported .. WrongThread (driver_types.h): the
+ * same numbers. */
+#define MP__CU_CAPTURE_FIRST 900u
+#define MP__CU_CAPTURE_LAST  908u
+
 /* A free of a block the shim serves itself (a pool block: cuMemFree,
  * cudaFree, sync; their stream-ordered forms on stream s, ptsz for a
  * per-thread call; a page-locked block of the host pool, sync), which the
@@ -533,6 +539,15 @@ bool mp__pl_calls_refused(void);
  * CUDA_ERROR_INVALID_VALUE otherwise. Asked only on that error path
  * (mp__pl_calls_refused); host mode: always the latter. */
 unsigned mp__pl_free_invalid(const mp__pl_t *pl);
+/* mp__pl_free_invalid for a free the shim refuses itself, but where the
+ * free is synchronous (sync: cuMemFree, cudaFree, cuMemFreeHost,
+ * cudaFreeHost), first the refusal a capture makes of it, as
+ * mp__pl_free_refused asks (probe: a call of the same kind): the driver
+ * refuses a call a capture prohibits whatever its argument (cuda.h,
+ * cuThreadExchangeStreamCaptureMode: the thread "is prohibited from
+ * potentially unsafe API calls"), and invalidates the capture. */
+unsigned mp__pl_free_foreign(const mp__pl_t *pl, bool sync,
+                             unsigned (*probe)(void));
 
 /* A free of memory the real driver or runtime handed out (a block of kind
  * MP__PL_FROM_REAL the table gave back) is traced (mp__pl_record_free)

@@ -187,6 +187,16 @@ static mp__cudaerr mp__rt_alloc(mp__rt_variant_t v, void **p, size_t bytes,
   return r;
 }
 
+/* mp__pl_free_foreign for cudaFree*: a refusal the probe got is the
+ * runtime's own, its last error set by it (*answered false). */
+static mp__cudaerr mp__rt_free_foreign(const mp__pl_t *pl, mp__rt_variant_t v,
+                                       bool *answered) {
+  unsigned r = mp__pl_free_foreign(pl, v == MP__RT_SYNC, mp__rt_free_probe);
+  if (r >= MP__CU_CAPTURE_FIRST && r <= MP__CU_CAPTURE_LAST)
+    *answered = false;
+  return r;
+}
+
 static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
   if (!mp__pl_enter()) {
     mp__pl_leave();
@@ -218,7 +228,7 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
         : v != MP__RT_SYNC && mp__pl_output_free(pl, (uintptr_t)p, false, true,
                                                  s, v == MP__RT_ASYNC_PTSZ)
             ? MP__CUDA_SUCCESS /* a graph's output, freed inside a capture */
-            : mp__pl_free_invalid(pl);
+            : mp__rt_free_foreign(pl, v, &answered);
   } else if (b.kind == MP__PL_FROM_POOL &&
              (r = mp__pl_free_refused(pl, v == MP__RT_SYNC, s,
                                       v == MP__RT_ASYNC_PTSZ, mp__rt_free_probe,
@@ -243,7 +253,7 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
     answered = false;
   } else {
     mp__pl_table_restore(&b); /* needs cudaFreeHost */
-    r = mp__pl_free_invalid(pl);
+    r = mp__rt_free_foreign(pl, v, &answered);
   }
   if (answered && r != MP__CUDA_SUCCESS)
     mp__rt_set_last_error(pl, r);

@@ -31,7 +31,9 @@
  * overwrites what it gets. s2 is another stream than s1 whatever its
  * handle: the block is not the third stream's before s2's kernel is done.
  * With "double_free", a second cuMemFree of a block is refused as the
- * driver refuses it, and what the program allocates next still works.
+ * driver refuses it, and what the program allocates next still works;
+ * "double_free_modes" is free_modes's table for such a second free,
+ * "double_free_host_modes" the same for cuMemFreeHost.
  * With "freed_range", the range and pointer attributes of a freed block are
  * those of memory the driver does not know.
  * With "own_context", memory and a stream of a context the program made
@@ -509,6 +511,16 @@ __attribute__((weak)) long long cuFakeGetCallCount(const char *name);
 static unsigned (*rt_malloc)(void **, size_t);
 static unsigned (*rt_free)(void *);
 
+/* double_free_modes: the block is freed before the capture and freed
+ * again during it: a second free, which the driver refuses as any free
+ * where the capture prohibits the call (cuda.h,
+ * cuThreadExchangeStreamCaptureMode: the thread "is prohibited from
+ * potentially unsafe API calls"), else as memory it does not know. */
+static bool free_twice;
+/* double_free_host_modes: the same with page-locked memory (cuMemAllocHost,
+ * cuMemFreeHost). */
+static bool free_host;
+
 typedef struct freer {
   CUdeviceptr p;
   CUstreamCaptureMode mode; /* the freeing thread's */
@@ -525,6 +537,8 @@ static CUresult call_in_mode(freer_t *f) {
   }
   if (f->alloc)
     return cuMemAlloc(&f->p, MP_BYTES);
+  if (free_host)
+    return cuMemFreeHost((void *)(uintptr_t)f->p);
   return rt_free != NULL ? (CUresult)rt_free((void *)(uintptr_t)f->p)
                          : cuMemFree(f->p);
 }
@@ -552,8 +566,15 @@ static int free_modes(bool alloc) {
         freer_t f = {.mode = (CUstreamCaptureMode)thr, .alloc = alloc};
         CUgraph g = NULL;
         pthread_t t;
-        if (!alloc)
+        void *h = NULL;
+        if (free_host) {
+          MP_TRY(cuMemAllocHost(&h, MP_BYTES));
+          f.p = (CUdeviceptr)(uintptr_t)h;
+        } else if (!alloc) {
           MP_TRY(cuMemAlloc(&f.p, MP_BYTES));
+        }
+        if (free_twice && call_in_mode(&f) != CUDA_SUCCESS)
+          return 1;
         MP_TRY(cuStreamBeginCapture(s, (CUstreamCaptureMode)cap));
         if (!other)
           free_in_mode(&f);
@@ -563,7 +584,8 @@ static int free_modes(bool alloc) {
         CUresult end = cuStreamEndCapture(s, &g);
         if (g != NULL)
           MP_TRY(cuGraphDestroy(g));
-        if (f.got != CUDA_SUCCESS && !alloc) /* still the program's */
+        /* Refused: still the program's (one freed twice is not). */
+        if (f.got != CUDA_SUCCESS && !alloc && !free_twice)
           MP_TRY(cuMemFree(f.p));
         if (f.got == CUDA_SUCCESS && alloc)
           MP_TRY(cuMemFree(f.p));
@@ -1007,6 +1029,7 @@ static int runtime_modes(const char *mode, const char *lib) {
     return host_fn();
   if (strcmp(mode, "last_error") == 0)
     return last_error();
+  free_twice = strcmp(mode, "double_free_modes") == 0;
   return free_modes(strcmp(mode, "alloc_modes") == 0);
 }
 
@@ -1066,6 +1089,12 @@ int main(int argc, char **argv) {
     return free_modes(false);
   if (argc > 1 && strcmp(argv[1], "alloc_modes") == 0)
     return free_modes(true);
+  if (argc > 1 && (strcmp(argv[1], "double_free_modes") == 0 ||
+                   strcmp(argv[1], "double_free_host_modes") == 0)) {
+    free_twice = true;
+    free_host = strcmp(argv[1], "double_free_host_modes") == 0;
+    return free_modes(false);
+  }
   if (argc > 1 && strcmp(argv[1], "free_probes") == 0)
     return free_probes();
   if (argc > 1 && strcmp(argv[1], "trace_threads") == 0)

@@ -237,6 +237,30 @@ Test(preload_rules, under_the_shim_frees_in_a_capture_answer_as_the_driver) {
   answers_as_without_the_shim("free_modes", NULL, "free 900, end 901");
 }
 
+/* A second free of a pool block during a capture, the block freed before
+ * it: refused as the driver refuses it, with the capture error where the
+ * capture prohibits the call in the freeing thread's mode (the fake driver
+ * asks that first, as cuda.h words it: such a thread "is prohibited from
+ * potentially unsafe API calls", cuThreadExchangeStreamCaptureMode), and
+ * the capture then invalidated; else as memory the driver does not know.
+ * The shim answered CUDA_ERROR_INVALID_VALUE in every mode and left the
+ * capture valid (lines "free 1, end 0"). */
+Test(preload_rules, under_the_shim_second_frees_in_a_capture_answer_alike) {
+  answers_as_without_the_shim("double_free_modes", NULL, "free 900, end 901");
+}
+
+Test(preload_rules,
+     under_the_shim_runtime_second_frees_in_a_capture_answer_alike) {
+  answers_as_without_the_shim("double_free_modes", MP_STAND_RUNTIME,
+                              "free 900, end 901");
+}
+
+Test(preload_rules,
+     under_the_shim_second_page_locked_frees_in_a_capture_answer_alike) {
+  answers_as_without_the_shim("double_free_host_modes", NULL,
+                              "free 900, end 901");
+}
+
 /* The runtime's cudaFree and cudaMalloc (of a stand-in runtime over the
  * fake driver, as the real one calls the driver) during a capture: the
  * shim serves the pool's blocks itself, and must refuse where the runtime
