@@ -133,9 +133,12 @@ if [ -x "$rules" ]; then
   # the block still the program's, with the driver's and the runtime's
   # frees. And the runtime's last error after a cudaFree it refuses (a
   # double free, an interior pointer), which the shim answers itself for
-  # its pool's memory.
+  # its pool's memory. And a second free (cuMemFree, cudaFree,
+  # cuMemFreeHost) during a capture: the capture's refusal where its mode
+  # prohibits the call, as for a live block.
   for m in "alloc_modes" "free_modes rt $cudart" "alloc_modes rt $cudart" \
-    "other_context 0" host_fn "host_fn rt $cudart" "last_error rt $cudart"; do
+    "other_context 0" host_fn "host_fn rt $cudart" "last_error rt $cudart" \
+    double_free_modes "double_free_modes rt $cudart" double_free_host_modes; do
     LD_LIBRARY_PATH="$(dirname "$real")" MEMPOOL_DEVICE=cuda "$rules" \
       $m >"$work/modes.none" 2>&1 ||
       fail "rules_prog $m: $(cat "$work/modes.none")"
