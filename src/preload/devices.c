@@ -21,6 +21,13 @@ static struct {
   /* Where no pool can be made (mp__is_primary): the primary context the
    * driver named last, not retained; NULL after a reset. */
   _Atomic(mp__cuctx) seen;
+  /* The resets of the device under way, from the retirement of its pool
+   * (mp__pl_devices_retire) until the driver's reset has returned
+   * (mp__pl_devices_reset_done): meanwhile no pool is made, as its memory
+   * would be the primary context's that the driver is about to destroy
+   * while the shim still served it. A count (two threads may reset one
+   * device); under mp__devs_lock. */
+  unsigned resetting;
 } mp__devs[MP__PL_MAX_DEVICES];
 /* Pools are made per CUDA device (pool mode on the cuda backend): set by
  * the first mp__pl_devices_put. */
@@ -118,6 +125,7 @@ void mp__pl_devices_child(void) {
     atomic_store(&mp__devs[i].failed, false);
     atomic_store(&mp__devs[i].primary, NULL);
     atomic_store(&mp__devs[i].seen, NULL);
+    mp__devs[i].resetting = 0;
   }
 }
 
@@ -134,7 +142,8 @@ mp_pool_t *mp__pl_pool_of(const mp__pl_t *pl, int ordinal) {
     return pool;
   pthread_mutex_lock(&mp__devs_lock);
   pool = atomic_load(&mp__devs[ordinal].pool);
-  if (pool == NULL && !atomic_load(&mp__devs[ordinal].failed)) {
+  if (pool == NULL && !atomic_load(&mp__devs[ordinal].failed) &&
+      mp__devs[ordinal].resetting == 0) {
     char spec[32];
     snprintf(spec, sizeof spec, "cuda:%d", ordinal);
     mp_device_t *dev = NULL;
@@ -405,9 +414,20 @@ mp_pool_t *mp__pl_devices_retire(const mp__pl_t *pl, int ordinal) {
   mp__devs[ordinal].dev = NULL;
   atomic_store(&mp__devs[ordinal].failed, false);
   atomic_store(&mp__devs[ordinal].primary, NULL);
+  mp__devs[ordinal].resetting++;
   pthread_mutex_unlock(&mp__devs_lock);
   free(keep);
   return pool;
+}
+
+void mp__pl_devices_reset_done(const mp__pl_t *pl, int ordinal) {
+  if (ordinal < 0 || ordinal >= MP__PL_MAX_DEVICES || pl->mode != MP__PL_POOL ||
+      pl->host)
+    return;
+  pthread_mutex_lock(&mp__devs_lock);
+  if (mp__devs[ordinal].resetting > 0)
+    mp__devs[ordinal].resetting--;
+  pthread_mutex_unlock(&mp__devs_lock);
 }
 
 /* Finds pool in the retired list (its device in *dev) and, with take,

@@ -458,9 +458,12 @@ static mp__curesult mp__primary_reset(int dev, mp__curesult (*real)(int)) {
     mp__pl_host_reset(pl, dev);
   mp__curesult r = real != NULL ? real(dev) : MP__CU_NOT_INITIALIZED;
   /* Until here a page-locked call on dev went to the driver, not to a new
-   * host pool in the context being reset (host.c). */
-  if (pl != NULL)
+   * host pool in the context being reset (host.c), and so did a device
+   * allocation, not to a new device pool (devices.c). */
+  if (pl != NULL) {
     mp__pl_host_reset_done(pl, dev);
+    mp__pl_devices_reset_done(pl, dev);
+  }
   /* What the driver handed out in that context while the shim passed
    * through (and its write-combined page-locked memory) is gone with it:
    * forgotten, traced as freed, once the driver has destroyed it (a reset

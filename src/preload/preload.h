@@ -254,6 +254,11 @@ void mp__pl_devices_child(void);
  * NULL: there was none (or host mode, or not pool mode). In every mode the
  * device's primary context handle kept without a pool is forgotten. */
 mp_pool_t *mp__pl_devices_retire(const mp__pl_t *pl, int ordinal);
+/* After the driver's reset of device `ordinal` has returned, whatever its
+ * result: from the retirement until here no pool is made for the device
+ * (mp__pl_pool_of answers NULL, the driver serves), as it would be the
+ * primary context's that the driver is about to destroy. */
+void mp__pl_devices_reset_done(const mp__pl_t *pl, int ordinal);
 /* Destroys retired pool `pool` (and closes its device, unless it is
  * pl->dev), before the reset: after it, destroying the pool would free
  * addresses the driver may have handed out since. Its memory goes back

@@ -177,4 +177,50 @@ static inline mp__curesult mp_race_free_foreign_during_reset(const void *target,
   return reset;
 }
 
+/* A call on device 0 (an allocation of 4 KiB, its memory in *p) that the
+ * next pool destruction, armed, makes on another thread and waits for,
+ * while the reset that destroys the pool has not yet reset the device:
+ * armed, made and read on the test's thread, the reset's. */
+static struct {
+  bool armed;
+  bool current;   /* the thread had device 0's primary context current */
+  mp__curesult a; /* the call's answer */
+  void *p;        /* and its memory */
+  mp__curesult (*call)(void **p);
+} mp_race_in_reset;
+
+static inline void *mp_race_in_reset_main(void *arg) {
+  (void)arg;
+  mp_race_in_reset.current = mp_race_make_current(0);
+  if (mp_race_in_reset.current)
+    mp_race_in_reset.a = mp_race_in_reset.call(&mp_race_in_reset.p);
+  return NULL;
+}
+
+/* From the destruction's wrapper, before the real one: the armed call. */
+static inline void mp_race_in_reset_run(void) {
+  pthread_t t;
+  if (mp_race_in_reset.armed &&
+      pthread_create(&t, NULL, mp_race_in_reset_main, NULL) == 0) {
+    mp_race_in_reset.armed = false;
+    pthread_join(t, NULL);
+  }
+}
+
+/* Resets device 0 with call armed (what: its name): the reset succeeds,
+ * destroys a pool, and call, made during it, succeeds. Its memory. */
+static inline void *mp_race_reset_with_call(mp__curesult (*call)(void **),
+                                            const char *what) {
+  mp_race_in_reset.armed = true;
+  mp_race_in_reset.a = 99;
+  mp_race_in_reset.call = call;
+  mp__curesult reset = cuDevicePrimaryCtxReset_v2(0);
+  cr_assert_eq(reset, MP__CU_SUCCESS, "the reset");
+  cr_assert_not(mp_race_in_reset.armed, "the reset destroyed no pool");
+  cr_assert(mp_race_in_reset.current, "device 0 current on the thread");
+  cr_assert_eq(mp_race_in_reset.a, 0, "%s during the reset: %u (%s)", what,
+               mp_race_in_reset.a, mp_last_error());
+  return mp_race_in_reset.p;
+}
+
 #endif

@@ -16,7 +16,16 @@ bool __real_mp__pool_contains(mp_pool_t *pool, const void *ptr);
 mp_status_t __wrap_mp_pool_destroy_ex(mp_pool_t *pool, int *destroyed);
 bool __wrap_mp__pool_contains(mp_pool_t *pool, const void *ptr);
 
+/* A cuMemAlloc of 4 KiB (mp_race_reset_with_call). */
+static mp__curesult alloc_4k(void **p) {
+  mp__cuptr d = 0;
+  mp__curesult r = cuMemAlloc_v2(&d, 4096);
+  *p = (void *)(uintptr_t)d;
+  return r;
+}
+
 mp_status_t __wrap_mp_pool_destroy_ex(mp_pool_t *pool, int *destroyed) {
+  mp_race_in_reset_run();
   int gone = 0;
   mp_status_t st = __real_mp_pool_destroy_ex(pool, &gone);
   if (destroyed != NULL)
@@ -120,4 +129,35 @@ Test(preload_device_lookup_during_reset,
 Test(preload_device_lookup_during_reset,
      a_reset_never_destroys_a_device_pool_under_a_resume, .init = two_devices) {
   pause_during_reset(true);
+}
+
+/* Failed before: a cuMemAlloc on the device between the retirement of its
+ * pool and the driver's reset found the slot empty and made a new pool in
+ * the primary context being reset; the reset then destroyed that pool's
+ * memory while the shim still held it as its cache and handed it out ("the
+ * block allocated during the reset is in a device pool"). Such a call
+ * breaks cuda.h's rule for cuDevicePrimaryCtxReset ("it is responsibility
+ * of the calling function to ensure that no other module in the process
+ * is using the device any more"), and the shim keeps the driver's answer
+ * for it: the driver serves it, and its memory goes with the context. */
+Test(preload_device_lookup_during_reset,
+     an_allocation_during_a_reset_makes_no_pool_it_destroys,
+     .init = mp_race_cuda_mode) {
+  mp_race_use_device(0);
+  const mp__pl_t *pl = mp_race_shim();
+  mp__cuptr d = 0;
+  cr_assert_eq(cuMemAlloc_v2(&d, 4096), 0, "cuMemAlloc: %s", mp_last_error());
+  cr_assert_eq(cuMemFree_v2(d), 0, "cuMemFree");
+  void *p = mp_race_reset_with_call(alloc_4k, "cuMemAlloc");
+  mp__pl_block_t b;
+  cr_expect_not(mp__pl_table_find_pool((uintptr_t)p, &b),
+                "the block allocated during the reset is in a device pool");
+  /* After the reset (the primary context made again, as a program's
+   * next call does) the device gets a pool again. */
+  mp_race_use_device(0);
+  mp__curesult a = cuMemAlloc_v2(&d, 4096);
+  cr_assert_eq(a, 0, "cuMemAlloc after the reset: %u (%s)", a, mp_last_error());
+  cr_expect_not_null(mp__pl_pool_first(pl), "no pool after the reset");
+  cr_expect(mp__pl_table_find_pool((uintptr_t)d, &b), "not the pool's");
+  cr_expect_eq(cuMemFree_v2(d), 0, "cuMemFree");
 }

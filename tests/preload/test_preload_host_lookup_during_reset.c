@@ -22,32 +22,13 @@ mp_status_t __real_mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes,
 mp_status_t __wrap_mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes,
                                       mp_stream_t s, void **out);
 
-/* A cuMemAllocHost on device 0 that the next host pool destruction runs
- * on another thread, and waits for, while the reset that destroys the pool
- * has not yet reset the device (armed, made and read on the test's thread,
- * the reset's). */
-static struct {
-  bool armed;
-  bool current;   /* the thread had device 0's primary context current */
-  mp__curesult a; /* the allocation's answer */
-  void *h;        /* and its memory */
-} in_reset;
-
-static void *alloc_host_on_device_0(void *arg) {
-  (void)arg;
-  in_reset.current = mp_race_make_current(0);
-  if (in_reset.current)
-    in_reset.a = cuMemAllocHost_v2(&in_reset.h, 4096);
-  return NULL;
+/* A cuMemAllocHost of 4 KiB (mp_race_reset_with_call). */
+static mp__curesult alloc_host_4k(void **p) {
+  return cuMemAllocHost_v2(p, 4096);
 }
 
 mp_status_t __wrap_mp_host_pool_destroy(mp_host_pool_t *hp) {
-  pthread_t t;
-  if (in_reset.armed &&
-      pthread_create(&t, NULL, alloc_host_on_device_0, NULL) == 0) {
-    in_reset.armed = false;
-    pthread_join(t, NULL);
-  }
+  mp_race_in_reset_run();
   mp_status_t st = __real_mp_host_pool_destroy(hp);
   mp_race_destroyed(hp, st == MP_OK);
   return st;
@@ -127,21 +108,14 @@ Test(preload_host_lookup_during_reset,
      .init = mp_race_cuda_mode) {
   host_pool_cached();
   const mp__pl_t *pl = mp_race_shim();
-  in_reset.armed = true;
-  in_reset.a = 99;
-  mp__curesult reset = cuDevicePrimaryCtxReset_v2(0);
-  cr_assert_eq(reset, MP__CU_SUCCESS, "the reset");
-  cr_assert_not(in_reset.armed, "the reset destroyed no host pool");
-  cr_assert(in_reset.current, "device 0 current on the allocating thread");
-  cr_assert_eq(in_reset.a, 0, "cuMemAllocHost during the reset: %u (%s)",
-               in_reset.a, mp_last_error());
+  void *h = mp_race_reset_with_call(alloc_host_4k, "cuMemAllocHost");
   mp__pl_block_t b;
   bool live = false;
-  cr_expect_not(mp__pl_host_block(pl, (uintptr_t)in_reset.h, &b, &live),
+  cr_expect_not(mp__pl_host_block(pl, (uintptr_t)h, &b, &live),
                 "the block allocated during the reset is in a host pool "
                 "(live: %d), made in the context the reset destroyed",
                 live);
-  cr_expect_neq(cuMemFreeHost(in_reset.h), 0,
+  cr_expect_neq(cuMemFreeHost(h), 0,
                 "cuMemFreeHost after the reset of the memory allocated "
                 "during it: the reset destroyed it");
 }
