@@ -350,24 +350,6 @@ static bool mp__holds_back(mp_pool_t *pool, mp__block_t *b, mp__block_t *nb) {
   return true;
 }
 
-/* Whether b waits for a device synchronize not yet made (MP__B_SYNC). */
-static bool mp__sync_pending(const mp_pool_t *pool, const mp__block_t *b) {
-  return (b->flags & MP__B_SYNC) && b->gen >= pool->sync_done;
-}
-
-/* Whether free neighbours b and n stay apart because one of them waits
- * for a device synchronize and the other does not: joined, the other
- * would wait for it too (mp__deps_try_union hands the mark on). A graph
- * pool's range given back to an arena that cannot learn every stream its
- * replays may run on waits so (graph.c, mp__stream_use_device); merged
- * into the arena's cache, that cache waited for the device sync as well,
- * which the arena cannot make during a capture: it grew at each one. The
- * pair joins after that sync (mp__block_merge_deferred). */
-static bool mp__sync_apart(const mp_pool_t *pool, const mp__block_t *b,
-                           const mp__block_t *n) {
-  return mp__sync_pending(pool, b) != mp__sync_pending(pool, n);
-}
-
 /* Whether merging free neighbour nb into b, freed with uses on streams it
  * never ran on (mp__block_release_apart), would hold nb back: b waits for
  * their work, and nb, merged, would wait for it too. A graph pool's range
@@ -390,41 +372,29 @@ static bool mp__holds_back_uses(mp_pool_t *pool, mp__block_t *b,
   return true;
 }
 
-/* The question of a free with uses on streams it never ran on: a pair one
- * of whose halves waits for a device sync stays apart (mp__sync_apart), in
- * a pool of one stream too; else, where the pool knows several,
- * mp__holds_back_uses. */
-static bool mp__holds_back_apart(mp_pool_t *pool, mp__block_t *b,
-                                 mp__block_t *nb, uint32_t own, bool streams) {
-  if (mp__sync_apart(pool, b, nb)) {
-    b->flags |= MP__B_UNMERGED;
-    nb->flags |= MP__B_UNMERGED;
-    pool->merge_later = true;
-    return true;
-  }
-  return streams && mp__holds_back_uses(pool, b, nb, own);
-}
-
 /* The merges of a free; streams: the pool knows several (mp__holds_back is
- * asked); apart: mp__holds_back_apart is (mp__block_coalesce_apart). One
+ * asked); apart: mp__holds_back_uses is (mp__block_coalesce_apart). One
  * body, three copies: a pool used from one stream runs the copy without the
- * question. */
+ * question. A neighbour waiting for a device sync that b does not wait
+ * for (mp__sync_apart) stays apart in every copy: its MP__B_SYNC takes the
+ * merge off mp__deps_try_merge's fast path, and mp__deps_try_union refuses
+ * it, so the plain path pays nothing for the question. */
 static MP__HOT mp__block_t *mp__coalesce(mp_pool_t *pool, mp__block_t *b,
                                          bool streams, bool apart) {
   b->flags &= ~(uint32_t)MP__B_UNMERGED;
   uint32_t own = apart && b->ndeps > 0 ? mp__dep_sidx(b->deps[0]) : 0;
   mp__block_t *n = b->next;
   if (n != NULL && (n->flags & MP__B_FREE) &&
-      !(apart ? mp__holds_back_apart(pool, b, n, own, streams)
-              : streams && mp__holds_back(pool, b, n))) {
+      !(streams && (apart ? mp__holds_back_uses(pool, b, n, own)
+                          : mp__holds_back(pool, b, n)))) {
     mp__index_remove_hot(pool, n);
     if (!mp__absorb(pool, b, n, false))
       mp__index_insert(pool, n);
   }
   mp__block_t *p = b->prev;
   if (p != NULL && (p->flags & MP__B_FREE) &&
-      !(apart ? mp__holds_back_apart(pool, b, p, own, streams)
-              : streams && mp__holds_back(pool, b, p))) {
+      !(streams && (apart ? mp__holds_back_uses(pool, b, p, own)
+                          : mp__holds_back(pool, b, p)))) {
     mp__index_remove_hot(pool, p);
     if (mp__absorb(pool, p, b, false))
       b = p;

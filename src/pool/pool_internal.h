@@ -1623,12 +1623,33 @@ static inline void mp__deps_on_free(mp_pool_t *pool, mp__block_t *b) {
   own->dirty = true;
   b->ndeps = 1;
 }
+/* Whether b waits for a device synchronize not yet made (MP__B_SYNC). */
+static inline bool mp__sync_pending(const mp_pool_t *pool,
+                                    const mp__block_t *b) {
+  return (b->flags & MP__B_SYNC) && b->gen >= pool->sync_done;
+}
+/* Whether free neighbours b and n stay apart because one of them waits
+ * for a device synchronize and the other does not: joined, the other
+ * would wait for it too (a forced merge hands the mark on). A graph
+ * pool's range given back to an arena that cannot learn every stream its
+ * replays may run on waits so (graph.c, mp__stream_use_device); merged
+ * into the arena's cache, that cache waited for the device sync as well,
+ * which the arena cannot make during a capture: it grew at each one. The
+ * pair joins after that sync (mp__block_merge_deferred). */
+static inline bool mp__sync_apart(const mp_pool_t *pool, const mp__block_t *b,
+                                  const mp__block_t *n) {
+  return mp__sync_pending(pool, b) != mp__sync_pending(pool, n);
+}
 /* mp__deps_try_merge when the two name more than one stream, or one waits
- * for a device sync: the union of what is still pending. */
+ * for a device sync: the union of what is still pending. False, nothing
+ * changed, for a pair mp__sync_apart keeps apart (merge_later set: a free
+ * on the plain path reaches it here, as its neighbour's MP__B_SYNC takes
+ * the merge off the fast path), or one whose streams do not fit. */
 bool mp__deps_try_union(mp_pool_t *pool, mp__block_t *dst,
                         const mp__block_t *src);
 /* Merges src's deps into dst (coalescing); false, nothing changed, when the
- * union of what is still pending spans more than MP__MAX_DEPS streams. */
+ * union of what is still pending spans more than MP__MAX_DEPS streams, or
+ * one of the two waits for a device sync and the other does not. */
 static inline bool mp__deps_try_merge(mp_pool_t *pool, mp__block_t *dst,
                                       const mp__block_t *src) {
   /* One dep each, on the same stream (a pool of one stream has no other

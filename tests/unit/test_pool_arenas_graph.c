@@ -418,6 +418,59 @@ Test(pool_arenas_graph, a_range_waiting_for_a_device_sync_leaves_cache_free) {
   expect_empty_and_destroy(pool, s1, s2);
 }
 
+/* The same range, where the block beside it is freed after the range went
+ * back: an arena of one stream frees on its plain path, which merged the
+ * block (and the cache it also borders) into the range waiting for the
+ * device sync, so the next captures, which cannot synchronize the device,
+ * grew the arena. Now the plain free too keeps such a pair apart until the
+ * sync. */
+Test(pool_arenas_graph, a_free_beside_a_range_waiting_for_a_sync_stays_usable) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  mp_stream_t s1 = new_stream(), s2 = new_stream(), x = new_stream();
+  worker_start(&wa);
+  worker_start(&wb);
+  job_t on_x = {.pool = pool, .bytes = MiB, .tag = 0xd1, .count = 1, .s = x};
+  cr_assert_eq(on_worker(&wb, &on_x, ALLOC), MP_OK, "%s", on_x.why);
+  cr_assert_eq(on_worker(&wb, &on_x, FREE), MP_OK, "%s", on_x.why);
+  job_t cache = {
+      .pool = pool, .bytes = 8 * MiB, .tag = 0xd2, .count = 1, .s = s1};
+  cr_assert_eq(on_worker(&wa, &cache, ALLOC), MP_OK, "%s", cache.why);
+  cr_assert_eq(on_worker(&wa, &cache, FREE), MP_OK, "%s", cache.why);
+  cr_assert_eq(mp_stream_synchronize(dev, NULL), MP_OK);
+  gate_t gate;
+  gate_init(&gate);
+  cr_assert_eq(mp_stream_launch_host(dev, x, gate_wait, &gate), MP_OK);
+  cr_assert_eq(mp_stream_forget(dev, x), MP_OK);
+  size_t reserved = stats(pool).reserved_bytes;
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(pool, g, s1), MP_OK, "%s", mp_last_error());
+  job_t in = {.pool = pool, .bytes = MiB, .tag = 0xd3, .count = 1, .s = s1};
+  cr_assert_eq(on_worker(&wa, &in, ALLOC), MP_OK, "%s", in.why);
+  cr_assert_eq(on_worker(&wa, &in, FREE), MP_OK, "%s", in.why);
+  cr_assert_eq(mp_pool_graph_end(pool, s1), MP_OK, "%s", mp_last_error());
+  /* Beside the range, from the cache, before the range goes back. */
+  job_t beside = {.pool = pool, .bytes = MiB, .tag = 0xd4, .count = 1, .s = s1};
+  cr_assert_eq(on_worker(&wa, &beside, ALLOC), MP_OK, "%s", beside.why);
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(on_worker(&wa, &beside, FREE), MP_OK, "%s", beside.why);
+  cr_expect_eq(stats(pool).reserved_bytes, reserved);
+  captures_reuse_the_cache(pool, s1, &wa, 2);
+  cr_assert_eq(on_worker(&wa, &beside, ALLOC), MP_OK, "%s", beside.why);
+  cr_assert_eq(on_worker(&wa, &beside, FREE), MP_OK, "%s", beside.why);
+  cr_expect_eq(stats(pool).reserved_bytes, reserved,
+               "a block freed beside the range waited for the device sync");
+  gate_open(&gate);
+  cr_assert_eq(mp_stream_synchronize(dev, x), MP_OK);
+  gate_destroy(&gate);
+  worker_stop(&wa);
+  worker_stop(&wb);
+  mp_stream_destroy(dev, x);
+  cr_assert_eq(mp_pool_trim(pool, 0), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(stats(pool).reserved_bytes, 0);
+  expect_empty_and_destroy(pool, s1, s2);
+}
+
 /* Whether pool's stream table has a live slot for s (owner 0). */
 static bool knows(mp_pool_t *pool, mp_stream_t s) {
   mp__pool_lock(pool);
