@@ -111,12 +111,16 @@ static mp_status_t mp__ipc_check(const mp_device_t *dev,
                     "mp_ipc_import: a block of %zu bytes at offset %zu does "
                     "not lie in %zu bytes of memory",
                     h->bytes, h->offset, h->mem_bytes);
+  /* The name as sent (mp_ipc_recv checks only that it is a string):
+   * quoted as input is (mp__clip). */
+  char shown[sizeof h->backend + 1];
   if (strncmp(h->backend, dev->ops->name, sizeof h->backend) != 0)
-    return mp__fail(MP_EINVAL,
-                    "mp_ipc_import: a handle from a '%.*s' device cannot be "
-                    "imported on %s",
-                    (int)strnlen(h->backend, sizeof h->backend), h->backend,
-                    dev->name);
+    return mp__fail(
+        MP_EINVAL,
+        "mp_ipc_import: a handle from a '%s' device cannot be imported on %s",
+        mp__clip(h->backend, strnlen(h->backend, sizeof h->backend), shown,
+                 sizeof shown),
+        dev->name);
   if (dev->ops->ipc_open == NULL)
     return mp__fail(MP_ENOTSUP,
                     "mp_ipc_import: %s cannot map memory of "

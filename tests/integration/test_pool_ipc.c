@@ -136,6 +136,31 @@ Test(pool_ipc_args, bad_handles_are_einval_and_keep_their_descriptors) {
   free_released_and_destroy(pool, p);
 }
 
+/* A handle's backend name, which a handle received from another process
+ * carries as it was sent (mp_ipc_recv checks only that it is a string), is
+ * quoted in the refusal as any input is (status.h, mp_last_error): an
+ * escape sequence and ill-formed UTF-8 come out as '?', not as bytes a
+ * terminal obeys. */
+Test(pool_ipc_args, a_foreign_backend_name_is_quoted_without_controls) {
+  mp_pool_t *pool = make_pool(dev, NULL);
+  void *p, *q = NULL;
+  mp_ipc_handle_t h = exported(pool, &p);
+  int fd = h.fd, lease = h.lease_fd;
+  snprintf(h.backend, sizeof h.backend, "\x1b[2J\xc2\x9b\xffx");
+  cr_expect_eq(mp_ipc_import(dev, &h, &q), MP_EINVAL);
+  const char *msg = mp_last_error();
+  for (const char *c = msg; *c != '\0'; c++)
+    cr_expect((unsigned char)*c >= 0x20 && (unsigned char)*c < 0x7f,
+              "byte %#x at %zu of: %s", (unsigned)(unsigned char)*c,
+              (size_t)(c - msg), msg);
+  cr_expect(strstr(msg, "'?[2J??x'") != NULL, "%s", msg);
+  cr_expect_eq(h.fd, fd);
+  cr_expect_eq(h.lease_fd, lease);
+  cr_expect(fd_open(fd) && fd_open(lease), "the refusal closed a descriptor");
+  cr_assert_eq(mp_ipc_handle_close(&h), MP_OK);
+  free_released_and_destroy(pool, p);
+}
+
 /* A memory descriptor that is no host device's exported memory: any
  * other regular file (large enough, at an aligned offset or not), a memfd
  * of the program's own, or the device's file at an offset no export
