@@ -7,6 +7,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <time.h>
 
 #include <cuda.h>
 
@@ -31,6 +32,13 @@ static inline void fk_primary_close(void) {
   (void)cuCtxSynchronize();
   (void)cuCtxPopCurrent(NULL);
   (void)cuDevicePrimaryCtxRelease(0);
+}
+
+/* A monotonic clock, in seconds. */
+static inline double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
 #endif /* MEMPOOL_DRIVER_RULES_H */

@@ -1475,19 +1475,16 @@ static void fk_phys_unlink(fk_phys_t *p) {
     }
 }
 
-/* A mapping of p went (or was never made): p is freed with its last one
- * once released. Takes fk.lock. */
-static void fk_phys_unmapped(fk_phys_t *p) {
-  pthread_mutex_lock(&fk.lock);
+/* A mapping of p went: whether p is to be freed now (its last one, once
+ * released; then off the list already). Under fk.lock. */
+static bool fk_phys_unmapped_locked(fk_phys_t *p) {
   fk_phys_count(p, false);
   p->maps--;
   fk_phys_count(p, true);
   bool free_now = p->maps == 0 && p->released;
   if (free_now)
     fk_phys_unlink(p);
-  pthread_mutex_unlock(&fk.lock);
-  if (free_now)
-    fk_phys_free(p);
+  return free_now;
 }
 
 /* The bytes of host device dev that handles no mapping holds keep
@@ -3820,38 +3817,46 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
   if (ptr == 0 || offset != 0 || flags != 0)
     return CUDA_ERROR_INVALID_VALUE;
   /* A released handle is no handle (fk_phys_valid), even while a mapping
-   * keeps its memory. The mapping is counted at once, so that a release
-   * meanwhile cannot free the handle under it; its memory is then the
-   * host device's to charge (vm_map), no longer unbacked. */
+   * keeps its memory. The map is made under fk.lock, so that a release
+   * meanwhile cannot free the handle under it, and so that its memory goes
+   * from unbacked to the host device's charge (vm_map) in one step: in
+   * between, another thread's cuMemCreate or cuMemAlloc took it as free
+   * (fk_fits), and this map then ran out of memory. */
   pthread_mutex_lock(&fk.lock);
   fk_phys_t *p = fk_phys_valid(handle);
   bool ok = p != NULL && (p->import_fd >= 0 || size == p->size);
-  int import_fd = ok ? p->import_fd : -1;
+  mp_status_t st = MP_EINVAL;
   if (ok) {
     fk_phys_count(p, false);
-    p->maps++;
+    /* An imported handle maps the exporter's memory (its file range); the
+     * host backend checks that size fits in it. */
+    st = p->import_fd >= 0
+             ? mp__host_vm_map_file(dev, (void *)ptr, size, p->import_fd)
+             : mp__device_vm_map(dev, (void *)ptr, size);
+    if (st == MP_OK)
+      p->maps++;
     fk_phys_count(p, true);
   }
   pthread_mutex_unlock(&fk.lock);
   if (!ok)
     return CUDA_ERROR_INVALID_VALUE;
-  /* An imported handle maps the exporter's memory (its file range); the
-   * host backend checks that size fits in it. */
-  mp_status_t st = import_fd >= 0
-                       ? mp__host_vm_map_file(dev, (void *)ptr, size, import_fd)
-                       : mp__device_vm_map(dev, (void *)ptr, size);
-  CUresult res = fk_result_of(st);
+  if (st != MP_OK)
+    return fk_result_of(st);
+  CUresult res = CUDA_SUCCESS;
   fk_range_t r = {.base = (uintptr_t)ptr,
                   .size = size,
                   .ctx = fk_stack[fk_depth - 1],
                   .phys = p,
                   .ipc_fd = -1};
-  if (st == MP_OK && !fk_range_add(r)) {
+  if (!fk_range_add(r)) {
+    pthread_mutex_lock(&fk.lock);
     (void)mp__device_vm_unmap(dev, (void *)ptr, size);
+    bool free_now = fk_phys_unmapped_locked(p);
+    pthread_mutex_unlock(&fk.lock);
+    if (free_now)
+      fk_phys_free(p);
     res = CUDA_ERROR_OUT_OF_MEMORY;
   }
-  if (res != CUDA_SUCCESS)
-    fk_phys_unmapped(p);
   return res;
 }
 
@@ -3877,12 +3882,18 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     (void)fk_range_add(r);
     return CUDA_ERROR_INVALID_VALUE;
   }
+  /* Under fk.lock: the memory goes from the host device's charge back to
+   * the handle's count (unbacked) in one step, as in cuMemMap. */
+  pthread_mutex_lock(&fk.lock);
   mp_status_t st = mp__device_vm_unmap(dev, (void *)ptr, size);
+  bool free_now = st == MP_OK && fk_phys_unmapped_locked(r.phys);
+  pthread_mutex_unlock(&fk.lock);
   if (st != MP_OK) {
     (void)fk_range_add(r);
     return fk_result_of(st);
   }
-  fk_phys_unmapped(r.phys);
+  if (free_now)
+    fk_phys_free(r.phys);
   return CUDA_SUCCESS;
 }
 

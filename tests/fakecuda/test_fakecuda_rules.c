@@ -28,12 +28,6 @@ static void open_ctx(void) {
 
 TestSuite(fakecuda_rules, .init = open_ctx, .fini = fk_primary_close);
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
 /* A kernel that sleeps 150 ms, then raises its flag. */
 static void slow_set(void *flag) {
   usleep(150000);

@@ -7,6 +7,8 @@
  * fails but not with which code, the fake's code is asserted on the fake and
  * only the failure on a GPU, which logs the code it got as a warning
  * (expect_refused). */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -269,4 +271,67 @@ Test(fakecuda_vmm, pointer_ranges_of_mapped_memory_are_the_reservation) {
   cr_assert_eq(cuMemUnmap(va + g, 2 * g), CUDA_SUCCESS);
   cr_assert_eq(cuMemRelease(h), CUDA_SUCCESS);
   cr_assert_eq(cuMemAddressFree(va, 4 * g), CUDA_SUCCESS);
+}
+
+/* Memory a handle holds stays the device's while it is being mapped:
+ * cuMemCreate "creates a memory allocation on the target device", so a
+ * cuMemMap of it never runs out of memory, and no other allocation can take
+ * that memory meanwhile. Thread A maps and unmaps handle h (size bytes)
+ * over and over while thread B asks for a handle of all the device has
+ * free beside h and one granule more, which never fits. The fake counted
+ * h's memory neither as a handle's nor as a mapping's for a moment inside
+ * each cuMemMap and cuMemUnmap: B's handle was made then (and A's next
+ * cuMemMap could fail with CUDA_ERROR_OUT_OF_MEMORY). Fake only: a GPU is
+ * shared. */
+typedef struct {
+  CUdeviceptr va;
+  size_t size;
+  CUmemGenericAllocationHandle h;
+  atomic_bool stop;
+  atomic_int rounds; /* maps made; -1 - the code of a refused one */
+} mapper_t;
+
+static void *map_over_and_over(void *arg) {
+  mapper_t *m = arg;
+  CUresult r = cuCtxSetCurrent(ctx);
+  while (r == CUDA_SUCCESS && !atomic_load(&m->stop)) {
+    if ((r = cuMemMap(m->va, m->size, 0, m->h, 0)) == CUDA_SUCCESS) {
+      (void)cuMemUnmap(m->va, m->size);
+      atomic_fetch_add(&m->rounds, 1);
+    }
+  }
+  if (r != CUDA_SUCCESS)
+    atomic_store(&m->rounds, -1 - (int)r);
+  return NULL;
+}
+
+Test(fakecuda_vmm, a_handle_being_mapped_keeps_its_memory) {
+  if (fk_real())
+    return;
+  size_t g = granularity(), size = 16 * g;
+  mapper_t m = {.size = size};
+  cr_assert_eq(cuMemCreate(&m.h, size, &prop, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuMemAddressReserve(&m.va, size, g, 0, 0), CUDA_SUCCESS);
+  size_t too_big = round_up(free_bytes() + 1, g);
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, map_over_and_over, &m), 0);
+  int made = 0;
+  /* Until A has mapped h 20000 times (or 10 s), or B got a handle. */
+  double until = now_s() + 10;
+  int rounds = 0;
+  while (made == 0 && (rounds = atomic_load(&m.rounds)) >= 0 &&
+         rounds < 20000 && now_s() < until) {
+    CUmemGenericAllocationHandle b;
+    if (cuMemCreate(&b, too_big, &prop, 0) == CUDA_SUCCESS) {
+      made++;
+      (void)cuMemRelease(b);
+    }
+  }
+  atomic_store(&m.stop, true);
+  cr_assert_eq(pthread_join(t, NULL), 0);
+  rounds = atomic_load(&m.rounds);
+  cr_expect_eq(made, 0, "a handle made of memory h held (map %d)", rounds);
+  cr_expect_geq(rounds, 0, "cuMemMap of h answered %d", -1 - rounds);
+  cr_assert_eq(cuMemRelease(m.h), CUDA_SUCCESS);
+  cr_assert_eq(cuMemAddressFree(m.va, size), CUDA_SUCCESS);
 }
