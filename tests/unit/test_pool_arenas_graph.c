@@ -381,15 +381,12 @@ Test(pool_arenas_graph, a_range_given_back_leaves_the_lenders_cache_free) {
   expect_empty_and_destroy(pool, s1, s2);
 }
 
-/* The same where the range must wait for a device synchronize: another
- * arena met x, which runs behind and is then forgotten, so the lender
- * cannot learn it (graph.c, mp__graph_give_back_to_arena). The range went
- * back marked for the next device sync and merged with the cache beside
- * it, which waited for that sync too; the arena cannot synchronize the
- * device during the next capture and grew instead. */
-Test(pool_arenas_graph, a_range_waiting_for_a_device_sync_leaves_cache_free) {
-  mp_pool_t *pool = make_pool(dev, "arenas=2");
-  mp_stream_t s1 = new_stream(), s2 = new_stream(), x = new_stream();
+/* The scene of the two tests below: wb's arena met x and wa's arena
+ * caches 8 MiB on s1; x then runs behind (gate) and is forgotten, so a
+ * graph range wa's arena lends waits for a device sync when it goes back
+ * (graph.c, mp__graph_give_back_to_arena). */
+static void x_behind_and_forgotten(mp_pool_t *pool, mp_stream_t s1,
+                                   mp_stream_t x, gate_t *gate) {
   worker_start(&wa);
   worker_start(&wb);
   job_t on_x = {.pool = pool, .bytes = MiB, .tag = 0xc1, .count = 1, .s = x};
@@ -400,22 +397,39 @@ Test(pool_arenas_graph, a_range_waiting_for_a_device_sync_leaves_cache_free) {
   cr_assert_eq(on_worker(&wa, &cache, ALLOC), MP_OK, "%s", cache.why);
   cr_assert_eq(on_worker(&wa, &cache, FREE), MP_OK, "%s", cache.why);
   cr_assert_eq(mp_stream_synchronize(dev, NULL), MP_OK);
-  gate_t gate;
-  gate_init(&gate);
-  cr_assert_eq(mp_stream_launch_host(dev, x, gate_wait, &gate), MP_OK);
+  gate_init(gate);
+  cr_assert_eq(mp_stream_launch_host(dev, x, gate_wait, gate), MP_OK);
   cr_assert_eq(mp_stream_forget(dev, x), MP_OK);
-  captures_reuse_the_cache(pool, s1, &wa, 3);
-  gate_open(&gate);
+}
+
+/* x_behind_and_forgotten's end: x catches up, and the trim synchronizes
+ * the device, so the ranges rejoin the cache and all of it goes back. */
+static void x_caught_up(mp_pool_t *pool, mp_stream_t s1, mp_stream_t s2,
+                        mp_stream_t x, gate_t *gate) {
+  gate_open(gate);
   cr_assert_eq(mp_stream_synchronize(dev, x), MP_OK);
-  gate_destroy(&gate);
+  gate_destroy(gate);
   worker_stop(&wa);
   worker_stop(&wb);
   mp_stream_destroy(dev, x);
-  /* The trim synchronizes the device: the ranges rejoin the cache, and
-   * all of it goes back. */
   cr_assert_eq(mp_pool_trim(pool, 0), MP_OK, "%s", mp_last_error());
   cr_expect_eq(stats(pool).reserved_bytes, 0);
   expect_empty_and_destroy(pool, s1, s2);
+}
+
+/* The same where the range must wait for a device synchronize: another
+ * arena met x, which runs behind and is then forgotten, so the lender
+ * cannot learn it (graph.c, mp__graph_give_back_to_arena). The range went
+ * back marked for the next device sync and merged with the cache beside
+ * it, which waited for that sync too; the arena cannot synchronize the
+ * device during the next capture and grew instead. */
+Test(pool_arenas_graph, a_range_waiting_for_a_device_sync_leaves_cache_free) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  mp_stream_t s1 = new_stream(), s2 = new_stream(), x = new_stream();
+  gate_t gate;
+  x_behind_and_forgotten(pool, s1, x, &gate);
+  captures_reuse_the_cache(pool, s1, &wa, 3);
+  x_caught_up(pool, s1, s2, x, &gate);
 }
 
 /* The same range, where the block beside it is freed after the range went
@@ -427,20 +441,8 @@ Test(pool_arenas_graph, a_range_waiting_for_a_device_sync_leaves_cache_free) {
 Test(pool_arenas_graph, a_free_beside_a_range_waiting_for_a_sync_stays_usable) {
   mp_pool_t *pool = make_pool(dev, "arenas=2");
   mp_stream_t s1 = new_stream(), s2 = new_stream(), x = new_stream();
-  worker_start(&wa);
-  worker_start(&wb);
-  job_t on_x = {.pool = pool, .bytes = MiB, .tag = 0xd1, .count = 1, .s = x};
-  cr_assert_eq(on_worker(&wb, &on_x, ALLOC), MP_OK, "%s", on_x.why);
-  cr_assert_eq(on_worker(&wb, &on_x, FREE), MP_OK, "%s", on_x.why);
-  job_t cache = {
-      .pool = pool, .bytes = 8 * MiB, .tag = 0xd2, .count = 1, .s = s1};
-  cr_assert_eq(on_worker(&wa, &cache, ALLOC), MP_OK, "%s", cache.why);
-  cr_assert_eq(on_worker(&wa, &cache, FREE), MP_OK, "%s", cache.why);
-  cr_assert_eq(mp_stream_synchronize(dev, NULL), MP_OK);
   gate_t gate;
-  gate_init(&gate);
-  cr_assert_eq(mp_stream_launch_host(dev, x, gate_wait, &gate), MP_OK);
-  cr_assert_eq(mp_stream_forget(dev, x), MP_OK);
+  x_behind_and_forgotten(pool, s1, x, &gate);
   size_t reserved = stats(pool).reserved_bytes;
   mp_pool_t *g;
   cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
@@ -460,15 +462,7 @@ Test(pool_arenas_graph, a_free_beside_a_range_waiting_for_a_sync_stays_usable) {
   cr_assert_eq(on_worker(&wa, &beside, FREE), MP_OK, "%s", beside.why);
   cr_expect_eq(stats(pool).reserved_bytes, reserved,
                "a block freed beside the range waited for the device sync");
-  gate_open(&gate);
-  cr_assert_eq(mp_stream_synchronize(dev, x), MP_OK);
-  gate_destroy(&gate);
-  worker_stop(&wa);
-  worker_stop(&wb);
-  mp_stream_destroy(dev, x);
-  cr_assert_eq(mp_pool_trim(pool, 0), MP_OK, "%s", mp_last_error());
-  cr_expect_eq(stats(pool).reserved_bytes, 0);
-  expect_empty_and_destroy(pool, s1, s2);
+  x_caught_up(pool, s1, s2, x, &gate);
 }
 
 /* Whether pool's stream table has a live slot for s (owner 0). */
