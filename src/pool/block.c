@@ -451,6 +451,7 @@ void mp__block_merge_deferred(mp_pool_t *pool) {
   MP__ASSERT_LOCKED(pool);
   pool->merge_later = false; /* set again by a pair that must still wait */
   pool->apart_bytes = 0;
+  pool->apart_sync = 0;
   for (mp__segment_t *s = pool->segs; s != NULL; s = s->next) {
     size_t run = 0; /* the free blocks just below b, left apart */
     for (mp__block_t *b = s->first; b != NULL;) {
@@ -463,10 +464,11 @@ void mp__block_merge_deferred(mp_pool_t *pool) {
       if (mp__sync_apart(pool, b, n)) {
         /* Until the device sync, which no stream's work brings nearer:
          * not counted as pending (apart_bytes), which would make an
-         * allocation wait for it before growing. */
+         * allocation wait for it before growing, and owing no walk before
+         * that sync (apart_sync). */
         b->flags |= MP__B_UNMERGED;
         n->flags |= MP__B_UNMERGED;
-        pool->merge_later = true;
+        mp__sync_apart_note(pool, b, n);
         run = 0;
         b = n;
         continue;

@@ -112,7 +112,7 @@ static mp__block_t *mp__search(mp_pool_t *pool, size_t size, uint32_t sidx) {
  * each growth while any pair was apart). */
 static mp__block_t *mp__search_joined(mp_pool_t *pool, size_t size,
                                       uint32_t sidx, bool *pending) {
-  if (pool->merge_later)
+  if (pool->merge_later || mp__apart_sync_due(pool))
     mp__block_merge_deferred(pool);
   mp__block_t *passed = NULL;
   mp__block_t *b = mp__search_ex(pool, size, sidx, &passed);
@@ -129,7 +129,7 @@ static mp__block_t *mp__search_joined(mp_pool_t *pool, size_t size,
 static mp__block_t *mp__search_patiently(mp_pool_t *pool, size_t size,
                                          uint32_t sidx, bool pending) {
   mp__block_t *b = NULL;
-  if (pool->merge_later)
+  if (pool->merge_later || mp__apart_sync_due(pool))
     b = mp__search_joined(pool, size, sidx, &pending);
   for (unsigned waited = 0;
        b == NULL && pending && waited < MP__PENDING_WAIT_US; waited += 10) {

@@ -608,6 +608,11 @@ struct mp_pool {
    * PyTorch names it by (mp__graph_set_id); else (0, 0). At the end, off
    * the hot path's cache lines. */
   uint64_t graph_id[2];
+  /* Free neighbours are kept apart until device-sync generation
+   * apart_sync has passed (mp__sync_apart; 0: none): only a sync joins
+   * them, so they owe no joining walk (merge_later) before it, where every
+   * allocation that found no block walked every block again. */
+  uint64_t apart_sync;
 };
 
 /* ---- lock.c: the pool lock and the one way to drop it ------------------- */
@@ -1640,11 +1645,24 @@ static inline bool mp__sync_apart(const mp_pool_t *pool, const mp__block_t *b,
                                   const mp__block_t *n) {
   return mp__sync_pending(pool, b) != mp__sync_pending(pool, n);
 }
+/* Records a pair mp__sync_apart keeps apart: joined once the later of the
+ * syncs they wait for has passed (mp__apart_sync_due). */
+static inline void mp__sync_apart_note(mp_pool_t *pool, const mp__block_t *b,
+                                       const mp__block_t *n) {
+  uint64_t g = mp__sync_pending(pool, b) ? b->gen : n->gen;
+  if (g + 1 > pool->apart_sync)
+    pool->apart_sync = g + 1;
+}
+/* Whether a pair kept apart for a device sync may join now: the sync has
+ * passed (mp__block_merge_deferred). */
+static inline bool mp__apart_sync_due(const mp_pool_t *pool) {
+  return pool->apart_sync != 0 && pool->sync_done >= pool->apart_sync;
+}
 /* mp__deps_try_merge when the two name more than one stream, or one waits
  * for a device sync: the union of what is still pending. False, nothing
- * changed, for a pair mp__sync_apart keeps apart (merge_later set: a free
- * on the plain path reaches it here, as its neighbour's MP__B_SYNC takes
- * the merge off the fast path), or one whose streams do not fit. */
+ * changed, for a pair mp__sync_apart keeps apart (noted: a free on the
+ * plain path reaches it here, as its neighbour's MP__B_SYNC takes the
+ * merge off the fast path), or one whose streams do not fit. */
 bool mp__deps_try_union(mp_pool_t *pool, mp__block_t *dst,
                         const mp__block_t *src);
 /* Merges src's deps into dst (coalescing); false, nothing changed, when the

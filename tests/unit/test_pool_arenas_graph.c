@@ -459,6 +459,15 @@ Test(pool_arenas_graph, a_free_beside_a_range_waiting_for_a_sync_stays_usable) {
   cr_expect_eq(stats(pool).reserved_bytes, reserved);
   captures_reuse_the_cache(pool, s1, &wa, 2);
   cr_assert_eq(on_worker(&wa, &beside, ALLOC), MP_OK, "%s", beside.why);
+  /* Only a device sync joins the pair: it owes no joining walk before
+   * (one at every allocation that found no block, each over every block). */
+  int i = arena_serving(pool, beside.ptrs[0]);
+  cr_assert_geq(i, 0);
+  mp_pool_t *a = mp__arena_at(pool, (size_t)i);
+  mp__pool_lock(a);
+  bool owed = a->merge_later;
+  mp__pool_unlock(a);
+  cr_expect_not(owed, "the arena walks its blocks again at each miss");
   cr_assert_eq(on_worker(&wa, &beside, FREE), MP_OK, "%s", beside.why);
   cr_expect_eq(stats(pool).reserved_bytes, reserved,
                "a block freed beside the range waited for the device sync");
