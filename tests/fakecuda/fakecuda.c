@@ -2178,14 +2178,19 @@ static CUresult fk_alloc(mp_device_t *dev, CUdeviceptr *dptr, size_t bytes,
   if (dptr == NULL || bytes == 0)
     return CUDA_ERROR_INVALID_VALUE;
   /* Not where unmapped cuMemCreate handles keep the memory
-   * (fk_phys_count); the host device checks the rest. */
+   * (fk_phys_count); the host device checks the rest. The check and the
+   * charge are one step under fk.lock, as cuMemCreate's and cuMemMap's
+   * are: between the two another thread's cuMemCreate took the same free
+   * memory (fk_fits), and together they held more than the device has,
+   * which a GPU never hands out. */
   pthread_mutex_lock(&fk.lock);
   CUresult fit = fk_unbacked_of(dev) != 0 ? fk_fits(dev, bytes) : CUDA_SUCCESS;
+  void *p = NULL;
+  mp_status_t st =
+      fit == CUDA_SUCCESS ? mp_device_alloc(dev, bytes, &p) : MP_OK;
   pthread_mutex_unlock(&fk.lock);
   if (fit != CUDA_SUCCESS)
     return fit;
-  void *p = NULL;
-  mp_status_t st = mp_device_alloc(dev, bytes, &p);
   if (st != MP_OK)
     return fk_result_of(st);
   fk_range_t r = {.base = (uintptr_t)p,

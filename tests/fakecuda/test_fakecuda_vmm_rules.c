@@ -335,3 +335,92 @@ Test(fakecuda_vmm, a_handle_being_mapped_keeps_its_memory) {
   cr_assert_eq(cuMemRelease(m.h), CUDA_SUCCESS);
   cr_assert_eq(cuMemAddressFree(m.va, size), CUDA_SUCCESS);
 }
+
+/* A device never hands out more memory than it has: cuMemAlloc and
+ * cuMemCreate both take "memory on the target device" (cuda.h, cuMemAlloc:
+ * "Allocates bytesize bytes of linear memory on the device"; cuMemCreate:
+ * "creates a memory allocation on the target device"), and fail with
+ * CUDA_ERROR_OUT_OF_MEMORY where it has none left. In each round four
+ * threads ask together for three eighths of a 64 MiB device each, in
+ * chunks of an eighth, from cuMemAlloc and cuMemCreate in turn; what
+ * succeeded (all of it still held: the round's frees wait for the count)
+ * must not sum to more than the device's total. The fake checked a
+ * cuMemAlloc's fit and then charged it outside its lock, the host device
+ * slow to allocate (latency_us) widening the gap: a cuMemCreate in
+ * between took the same memory. Fake only: a GPU is shared, so filling it
+ * is not asked there. */
+enum { RACE_THREADS = 4, RACE_KEEP = 3, RACE_ROUNDS = 60 };
+
+typedef struct {
+  size_t chunk, total;
+  atomic_size_t held;  /* bytes held by all threads this round */
+  atomic_size_t most;  /* the most held after any round */
+  atomic_int failures; /* calls that failed with another code */
+  pthread_barrier_t go;
+} race_t;
+
+static void *race_allocate(void *arg) {
+  race_t *rc = arg;
+  if (cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
+    atomic_fetch_add(&rc->failures, 1);
+  for (int round = 0; round < RACE_ROUNDS; round++) {
+    CUdeviceptr d[RACE_KEEP] = {0};
+    CUmemGenericAllocationHandle h[RACE_KEEP] = {0};
+    bool live[RACE_KEEP] = {false};
+    pthread_barrier_wait(&rc->go);
+    for (int k = 0; k < RACE_KEEP; k++) {
+      bool alloc = (k + round) % 2 == 0;
+      CUresult r = alloc ? cuMemAlloc(&d[k], rc->chunk)
+                         : cuMemCreate(&h[k], rc->chunk, &prop, 0);
+      live[k] = r == CUDA_SUCCESS;
+      if (live[k])
+        atomic_fetch_add(&rc->held, rc->chunk);
+      else if (r != CUDA_ERROR_OUT_OF_MEMORY)
+        atomic_fetch_add(&rc->failures, 1);
+    }
+    pthread_barrier_wait(&rc->go); /* every thread's calls returned */
+    size_t now = atomic_load(&rc->held);
+    size_t most = atomic_load(&rc->most);
+    while (now > most && !atomic_compare_exchange_weak(&rc->most, &most, now))
+      ;
+    pthread_barrier_wait(&rc->go); /* every thread read the count */
+    for (int k = 0; k < RACE_KEEP; k++) {
+      if (!live[k])
+        continue;
+      atomic_fetch_sub(&rc->held, rc->chunk);
+      if ((d[k] != 0 ? cuMemFree(d[k]) : cuMemRelease(h[k])) != CUDA_SUCCESS)
+        atomic_fetch_add(&rc->failures, 1);
+    }
+  }
+  return NULL;
+}
+
+static void open_slow_ctx(void) {
+  setenv("FAKECUDA_DEVICE", "capacity=64M,latency_us=1000", 1);
+  fk_primary_open(&ctx);
+}
+
+TestSuite(fakecuda_vmm_race);
+
+Test(fakecuda_vmm_race, allocations_and_handles_never_hold_more_than_the_device,
+     .init = open_slow_ctx, .fini = fk_primary_close) {
+  if (fk_real())
+    return;
+  size_t g = granularity(), fr = 0;
+  race_t rc = {0};
+  cr_assert_eq(cuMemGetInfo(&fr, &rc.total), CUDA_SUCCESS);
+  cr_assert_eq(rc.total, (size_t)64 << 20, "FAKECUDA_DEVICE was not read");
+  rc.chunk = round_up(rc.total / 8, g);
+  cr_assert_eq(pthread_barrier_init(&rc.go, NULL, RACE_THREADS), 0);
+  pthread_t t[RACE_THREADS];
+  for (int i = 0; i < RACE_THREADS; i++)
+    cr_assert_eq(pthread_create(&t[i], NULL, race_allocate, &rc), 0);
+  for (int i = 0; i < RACE_THREADS; i++)
+    cr_assert_eq(pthread_join(t[i], NULL), 0);
+  pthread_barrier_destroy(&rc.go);
+  cr_expect_eq(atomic_load(&rc.failures), 0, "a call failed otherwise");
+  cr_expect_leq(atomic_load(&rc.most), rc.total,
+                "%zu bytes held at once of a device of %zu",
+                atomic_load(&rc.most), rc.total);
+  cr_expect_eq(free_bytes(), rc.total, "not all given back");
+}
