@@ -421,9 +421,11 @@ struct CUctx_st {
   size_t unbacked;
 };
 
-/* A physical allocation from cuMemCreate; a handle is its address, valid
- * while it is listed (fk.phys) and not released (fk_phys_valid). */
+/* A physical allocation from cuMemCreate (or an imported one); a handle
+ * is its id, valid while it is listed (fk.phys) and not released
+ * (fk_phys_valid). */
 typedef struct fk_phys {
+  CUmemGenericAllocationHandle id; /* never reused (fk.next_phys_id) */
   size_t size; /* 0 for an imported handle: the importer gives the size */
   int ordinal;
   int maps;      /* live mappings; under fk.lock */
@@ -487,6 +489,7 @@ static struct {
   fk_range_t *ranges; /* sorted by base */
   size_t n_ranges, cap_ranges;
   fk_phys_t *phys; /* every handle not yet freed, listed through next */
+  CUmemGenericAllocationHandle next_phys_id; /* the last handle given out */
 } fk = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static _Thread_local struct CUctx_st *fk_stack[FK_MAX_CTX_DEPTH];
@@ -1458,12 +1461,26 @@ static void fk_phys_count(const fk_phys_t *p, bool add) {
  * cuMemRelease, "If handle is not a valid handle the behavior is
  * undefined"; a GPU's handle table refuses one it no longer holds, the
  * fake refuses it with CUDA_ERROR_INVALID_VALUE (and never reads freed
- * memory). Under fk.lock. */
+ * memory). A handle is an id no other handle gets again (fk_phys_list),
+ * not the address of its record: calloc hands that address to the next
+ * cuMemCreate, and a stale handle named the new allocation. Under
+ * fk.lock. */
 static fk_phys_t *fk_phys_valid(CUmemGenericAllocationHandle h) {
   for (fk_phys_t *p = fk.phys; p != NULL; p = p->next)
-    if ((uintptr_t)p == (uintptr_t)h)
+    if (p->id == h)
       return p->released ? NULL : p;
   return NULL;
+}
+
+/* Lists p (fk.phys) under a new handle, never given out before (ids count
+ * up from a base no small integer or host address is likely to meet).
+ * Under fk.lock. */
+static void fk_phys_list(fk_phys_t *p) {
+  if (fk.next_phys_id == 0)
+    fk.next_phys_id = (CUmemGenericAllocationHandle)0xfa4e000000000000ull;
+  p->id = ++fk.next_phys_id;
+  p->next = fk.phys;
+  fk.phys = p;
 }
 
 /* Takes p off the list of handles (it is freed next). Under fk.lock. */
@@ -3778,16 +3795,15 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
   fk.last_rdma = prop->allocFlags.gpuDirectRDMACapable;
   CUresult r = fk_fits(dev, size);
   if (r == CUDA_SUCCESS) {
-    p->next = fk.phys;
-    fk.phys = p;
+    fk_phys_list(p);
     fk_phys_count(p, true);
+    *handle = p->id;
   }
   pthread_mutex_unlock(&fk.lock);
   if (r != CUDA_SUCCESS) {
     free(p);
     return r;
   }
-  *handle = (CUmemGenericAllocationHandle)(uintptr_t)p;
   return CUDA_SUCCESS;
 }
 
@@ -4078,10 +4094,9 @@ cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
   p->import_fd = fd;
   p->types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   pthread_mutex_lock(&fk.lock);
-  p->next = fk.phys;
-  fk.phys = p;
+  fk_phys_list(p);
+  *handle = p->id;
   pthread_mutex_unlock(&fk.lock);
-  *handle = (CUmemGenericAllocationHandle)(uintptr_t)p;
   return CUDA_SUCCESS;
 }
 

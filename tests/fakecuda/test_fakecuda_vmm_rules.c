@@ -424,3 +424,41 @@ Test(fakecuda_vmm_race, allocations_and_handles_never_hold_more_than_the_device,
                 atomic_load(&rc.most), rc.total);
   cr_expect_eq(free_bytes(), rc.total, "not all given back");
 }
+
+/* A handle cuMemRelease released is no handle (cuda.h, cuMemRelease: "If
+ * handle is not a valid handle the behavior is undefined"), also once the
+ * driver made others since: the fake named a handle by the address of its
+ * record, which the next cuMemCreate got back from calloc, so the stale
+ * handle named the new allocation (a map of it, or a second release, took
+ * the new handle's memory). A GPU's handles are not host addresses that
+ * come back. Undefined on a GPU, so not asked there. */
+Test(fakecuda_vmm, a_released_handle_stays_refused_after_new_ones_are_made) {
+  if (fk_real())
+    return;
+  size_t g = granularity();
+  CUmemGenericAllocationHandle stale, fresh[8];
+  cr_assert_eq(cuMemCreate(&stale, g, &prop, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuMemRelease(stale), CUDA_SUCCESS);
+  for (int i = 0; i < 8; i++) {
+    cr_assert_eq(cuMemCreate(&fresh[i], g, &prop, 0), CUDA_SUCCESS);
+    cr_expect_neq(fresh[i], stale, "new handle #%d is the released one", i);
+  }
+  CUdeviceptr va;
+  cr_assert_eq(cuMemAddressReserve(&va, g, g, 0, 0), CUDA_SUCCESS);
+  cr_expect_eq(cuMemMap(va, g, 0, stale, 0), CUDA_ERROR_INVALID_VALUE,
+               "a released handle was mapped");
+  cr_expect_eq(cuMemRelease(stale), CUDA_ERROR_INVALID_VALUE,
+               "a released handle was released again");
+  int fd = -1;
+  cr_expect_eq(cuMemExportToShareableHandle(
+                   &fd, stale, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+               CUDA_ERROR_INVALID_VALUE, "a released handle was exported");
+  /* The new ones are untouched: each maps, and is released once. */
+  for (int i = 0; i < 8; i++) {
+    map_rw(va, g, fresh[i]);
+    expect_usable(va, (unsigned char)i);
+    cr_assert_eq(cuMemUnmap(va, g), CUDA_SUCCESS);
+    cr_expect_eq(cuMemRelease(fresh[i]), CUDA_SUCCESS, "handle #%d lost", i);
+  }
+  cr_assert_eq(cuMemAddressFree(va, g), CUDA_SUCCESS);
+}
