@@ -3468,9 +3468,40 @@ CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType *type) {
   return CUDA_SUCCESS;
 }
 
+/* The flags cuda.h allows (cuGraphInstantiate: "Valid flags are"
+ * AUTO_FREE_ON_LAUNCH, DEVICE_LAUNCH, USE_NODE_PRIORITY; UPLOAD is "Only
+ * supported by cuGraphInstantiateWithParams", CUgraphInstantiate_flags),
+ * DEVICE_LAUNCH not "in conjunction with" AUTO_FREE_ON_LAUNCH and only for
+ * a graph that is not empty and "can only contain kernel nodes, memcpy
+ * nodes, memset nodes, and child graph nodes". Else
+ * CUDA_ERROR_INVALID_VALUE, the one error the calls list. (Nor may a
+ * device-launch graph's copies touch pageable host memory: not checked.) */
+static CUresult fk_instantiate_flags_ok(CUgraph g, unsigned long long flags,
+                                        bool with_params) {
+  unsigned long long known = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
+                             CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH |
+                             CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
+  if (with_params)
+    known |= CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD;
+  if ((flags & ~known) != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!(flags & CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH))
+    return CUDA_SUCCESS;
+  if ((flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) || g->n == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < g->n; i++)
+    if (g->nodes[i]->type != CU_GRAPH_NODE_TYPE_MEMSET &&
+        g->nodes[i]->type != CU_GRAPH_NODE_TYPE_MEMCPY &&
+        g->nodes[i]->type != CU_GRAPH_NODE_TYPE_KERNEL &&
+        g->nodes[i]->type != CU_GRAPH_NODE_TYPE_GRAPH)
+      return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+
 static CUresult fk_instantiate(CUgraphExec *out, CUgraph g,
-                               unsigned long long flags) {
-  if (out == NULL || g == NULL)
+                               unsigned long long flags, bool with_params) {
+  if (out == NULL || g == NULL ||
+      fk_instantiate_flags_ok(g, flags, with_params) != CUDA_SUCCESS)
     return CUDA_ERROR_INVALID_VALUE;
   struct CUgraphExec_st *x = calloc(1, sizeof *x);
   if (x == NULL ||
@@ -3514,7 +3545,7 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *out, CUgraph g,
                                      unsigned long long flags) {
   FK_COUNT(cuGraphInstantiateWithFlags);
   FK_NEED_INIT();
-  return fk_instantiate(out, g, flags);
+  return fk_instantiate(out, g, flags, false);
 }
 
 /* The legacy forms: no flags; on success no error node and an empty log
@@ -3523,7 +3554,7 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *out, CUgraph g,
 static CUresult fk_instantiate_legacy(CUgraphExec *out, CUgraph g,
                                       CUgraphNode *err, char *log,
                                       size_t logsize) {
-  CUresult r = fk_instantiate(out, g, 0);
+  CUresult r = fk_instantiate(out, g, 0, false);
   if (err != NULL)
     *err = NULL;
   if (log != NULL && logsize > 0)
@@ -3552,7 +3583,7 @@ static CUresult fk_instantiate_params(CUgraphExec *out, CUgraph g,
                                       CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
   if (p == NULL)
     return CUDA_ERROR_INVALID_VALUE;
-  CUresult r = fk_instantiate(out, g, p->flags);
+  CUresult r = fk_instantiate(out, g, p->flags, true);
   p->hErrNode_out = NULL;
   p->result_out = r == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS
                                     : CUDA_GRAPH_INSTANTIATE_ERROR;

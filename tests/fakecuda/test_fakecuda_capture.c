@@ -1108,3 +1108,84 @@ Test(fakecuda_capture, a_graph_being_captured_into_cannot_be_destroyed) {
                CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
   cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
 }
+
+/* cuda.h, cuGraphInstantiate: "Valid flags are" AUTO_FREE_ON_LAUNCH,
+ * DEVICE_LAUNCH and USE_NODE_PRIORITY (UPLOAD is "Only supported by
+ * cuGraphInstantiateWithParams", CUgraphInstantiate_flags); DEVICE_LAUNCH
+ * "cannot be used in conjunction with" AUTO_FREE_ON_LAUNCH, and a graph
+ * instantiated for device launch "can only contain kernel nodes, memcpy
+ * nodes, memset nodes, and child graph nodes" and "cannot be empty". Each
+ * is refused with the one error the call lists, CUDA_ERROR_INVALID_VALUE,
+ * and the graph instantiates after. The fake took any flags (and gave
+ * device launch to a graph of host functions and allocations). */
+static void instantiate_refused(CUgraph g, unsigned long long flags,
+                                const char *what) {
+  CUgraphExec x = NULL;
+  CUresult r = cuGraphInstantiateWithFlags(&x, g, flags);
+  cr_expect_eq(r, CUDA_ERROR_INVALID_VALUE, "%s answered %d", what, (int)r);
+  if (r == CUDA_SUCCESS)
+    (void)cuGraphExecDestroy(x);
+}
+
+Test(fakecuda_capture, instantiate_refuses_flags_cuda_h_does_not_allow) {
+  atomic_int ran = 0;
+  CUdeviceptr out = 0;
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuLaunchHostFunc(s, bump, &ran), CUDA_SUCCESS);
+  cr_assert_eq(cuMemAllocAsync(&out, 4096, s), CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8Async(out, 3, 4096, s), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFreeAsync(out, s), CUDA_SUCCESS);
+  CUgraph g = NULL, empty = NULL;
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphCreate(&empty, 0), CUDA_SUCCESS);
+  instantiate_refused(g, 1ull << 20, "an unknown flag");
+  instantiate_refused(g,
+                      CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
+                          CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH,
+                      "AUTO_FREE_ON_LAUNCH with DEVICE_LAUNCH");
+  instantiate_refused(g, CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH,
+                      "DEVICE_LAUNCH of host and memory nodes");
+  instantiate_refused(empty, CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH,
+                      "DEVICE_LAUNCH of an empty graph");
+  if (!fk_real()) /* the flag's comment, not the call's: a GPU is told */
+    instantiate_refused(g, CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD,
+                        "UPLOAD outside cuGraphInstantiateWithParams");
+  /* Nothing changed: the graph has no executable yet and gets one. */
+  CUgraphExec x = NULL;
+  cr_assert_eq(cuGraphInstantiateWithFlags(
+                   &x, g, CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuGraphLaunch(x, s), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  cr_expect_eq(atomic_load(&ran), 1);
+  cr_assert_eq(cuGraphExecDestroy(x), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(empty), CUDA_SUCCESS);
+}
+
+/* A graph of memsets of device memory is one a device can launch (the
+ * restrictions above): it instantiates with DEVICE_LAUNCH and runs when
+ * launched from the host ("can be used to launch the graph from both the
+ * host and device"). */
+Test(fakecuda_capture, a_memset_graph_instantiates_for_device_launch) {
+  CUdeviceptr d = 0;
+  cr_assert_eq(cuMemAlloc(&d, 4096), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8Async(d, 5, 4096, s), CUDA_SUCCESS);
+  CUgraph g = NULL;
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  CUgraphExec x = NULL;
+  cr_assert_eq(cuGraphInstantiateWithFlags(
+                   &x, g, CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuGraphLaunch(x, s), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  unsigned char h = 0;
+  cr_assert_eq(cuMemcpyDtoH(&h, d + 4095, 1), CUDA_SUCCESS);
+  cr_expect_eq(h, 5);
+  cr_assert_eq(cuGraphExecDestroy(x), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
+}
