@@ -544,20 +544,19 @@ mp_status_t mp_pool_snapshot_file(mp_pool_t *pool, FILE *out) {
   return mp__snapshot_write_all(&pool, &device, 1, out);
 }
 
-/* A new temporary beside path, in tmp (tn bytes), created as open(2)
- * creates any file: mode 0666 less the umask (default ACLs applied), not
- * mkstemp's 0600, which the renamed snapshot kept; exclusive, so never a
- * file that was there, and named with the clock's nanoseconds too, so
- * that names made ahead in a shared directory do not block it. Its name is
- * path's own with the suffix, path's cut to leave the suffix room where
- * the two would pass NAME_MAX (the open's ENAMETOOLONG refused a path that
- * can be written). tn: at least strlen(path) + 64. The descriptor, or -1
- * (errno set). */
-static int mp__snap_tmp_open(const char *path, char *tmp, size_t tn) {
+/* A new temporary in the folder dirfd, beside its file base, its name in
+ * tmp (tn bytes), created as open(2) creates any file: mode 0666 less the
+ * umask (default ACLs applied), not mkstemp's 0600, which the renamed
+ * snapshot kept; exclusive and never through a link, so never a file that
+ * was there, and named with the clock's nanoseconds too, so that names made
+ * ahead in a shared directory do not block it. Its name is base's own with
+ * the suffix, base cut to leave the suffix room where the two would pass
+ * NAME_MAX (the open's ENAMETOOLONG refused a path that can be written).
+ * tn: at least strlen(base) + 64. The descriptor, or -1 (errno set). */
+static int mp__snap_tmp_open(int dirfd, const char *base, char *tmp,
+                             size_t tn) {
   static atomic_uint seq;
-  const char *slash = strrchr(path, '/');
-  size_t dir_len = slash != NULL ? (size_t)(slash + 1 - path) : 0;
-  size_t base_len = strlen(path + dir_len);
+  size_t base_len = strlen(base);
   for (int tries = 0; tries < 64; tries++) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -566,12 +565,35 @@ static int mp__snap_tmp_open(const char *path, char *tmp, size_t tn) {
                                  (long)getpid(), atomic_fetch_add(&seq, 1),
                                  (unsigned long)ts.tv_nsec);
     size_t keep = base_len + sl > NAME_MAX ? NAME_MAX - sl : base_len;
-    snprintf(tmp, tn, "%.*s%s", (int)(dir_len + keep), path, suffix);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    snprintf(tmp, tn, "%.*s%s", (int)keep, base, suffix);
+    int fd = openat(dirfd, tmp,
+                    O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
     if (fd >= 0 || errno != EEXIST)
       return fd;
   }
   return -1;
+}
+
+/* The folder that holds path's last component, opened (O_PATH) so that
+ * what is checked there and what is written or renamed there are in the
+ * same folder whatever becomes of the path's other components meanwhile;
+ * *base: that component, in path. -1 (errno set) when it cannot be. */
+static int mp__snap_dir_open(const char *path, const char **base) {
+  const char *slash = strrchr(path, '/');
+  *base = slash != NULL ? slash + 1 : path;
+  if (slash == NULL)
+    return open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  size_t dl = slash == path ? 1 : (size_t)(slash - path);
+  char *dir = mp__host_alloc(dl + 1);
+  if (dir == NULL) {
+    errno = ENOMEM;
+    return -1;
+  }
+  memcpy(dir, path, dl);
+  dir[dl] = '\0';
+  int fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  free(dir);
+  return fd;
 }
 
 mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
@@ -593,30 +615,81 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
    * itself). A symbolic link to a regular file is followed: the file it
    * names is replaced as a regular path is (written in place, a failed
    * snapshot left it truncated), and the link stays a link; a link to
-   * anything else is written through in place. */
-  struct stat sb;
-  bool there = lstat(path, &sb) == 0;
+   * anything else is written through in place.
+   *
+   * What is checked is what is written: the path's folder is opened once
+   * and everything after is relative to it (a folder swapped for a link
+   * meanwhile changes nothing), and a file written in place is opened
+   * without following a link and without truncating, then fstat'ed: one
+   * swapped meanwhile for a link or a regular file (which the check would
+   * have replaced whole, not written into) is refused untouched. */
   char shown[MP__CLIP]; /* path as messages quote it, the reason after */
   mp__clip(path, strlen(path), shown, sizeof shown);
+  struct stat sb;
   char *target = NULL; /* the file a link names, from realpath */
-  if (there && S_ISLNK(sb.st_mode) && (target = realpath(path, NULL)) != NULL) {
+  bool is_link = lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode);
+  bool dangling = false; /* a link to nothing */
+  if (is_link && (target = realpath(path, NULL)) == NULL)
+    dangling = errno == ENOENT;
+  if (target != NULL) {
     /* The check is of the path that will be replaced, resolved first: a
      * stat of the link, before, could pass for a file that the link no
      * longer named when it was resolved (a FIFO renamed over). */
     struct stat tb;
     if (lstat(target, &tb) == 0 && S_ISREG(tb.st_mode)) {
-      sb = tb;
       path = target;
+      is_link = false;
     } else {
       free(target);
       target = NULL;
     }
   }
+  const char *base;
+  int dirfd = mp__snap_dir_open(path, &base);
+  if (dirfd < 0 || base[0] == '\0') {
+    mp_status_t st = mp__fail(MP_EIO, "mp_pool_snapshot: cannot write '%s': %s",
+                              shown, strerror(dirfd < 0 ? errno : EISDIR));
+    if (dirfd >= 0)
+      close(dirfd);
+    free(target);
+    return st;
+  }
+  bool there = fstatat(dirfd, base, &sb, AT_SYMLINK_NOFOLLOW) == 0;
   if (there && !S_ISREG(sb.st_mode)) {
-    FILE *f = fopen(path, "wb");
-    if (f == NULL)
-      return mp__fail(MP_EIO, "mp_pool_snapshot: cannot write '%s': %s", shown,
-                      strerror(errno));
+    /* In place. A link (to no regular file) is followed, as documented;
+     * one that names nothing yet gets its file made, as a write through it
+     * makes one, never truncated: a file there by the open, not empty, is
+     * one the link was pointed at meanwhile. */
+    int fd = openat(dirfd, base,
+                    O_WRONLY | O_CLOEXEC | O_NOCTTY |
+                        (is_link ? 0 : O_NOFOLLOW) | (dangling ? O_CREAT : 0),
+                    0666);
+    struct stat ob;
+    bool swapped = fd >= 0 && fstat(fd, &ob) == 0 && S_ISREG(ob.st_mode) &&
+                   !(dangling && ob.st_size == 0);
+    FILE *f = fd >= 0 && !swapped ? fdopen(fd, "wb") : NULL;
+    if (f == NULL) {
+      mp_status_t st =
+          fd < 0 && errno == ELOOP && !is_link
+              ? mp__fail(MP_EIO,
+                         "mp_pool_snapshot: '%s' became a symbolic link "
+                         "while it was written: not written",
+                         shown)
+          : swapped
+              ? mp__fail(MP_EIO,
+                         "mp_pool_snapshot: '%s' became a regular file "
+                         "while it was written: not written",
+                         shown)
+              : mp__fail(MP_EIO, "mp_pool_snapshot: cannot write '%s': %s",
+                         shown, strerror(errno));
+      if (fd >= 0)
+        close(fd);
+      close(dirfd);
+      free(target);
+      return st;
+    }
+    close(dirfd);
+    free(target);
     mp_status_t st = mp__snapshot_write_all(pools, devices, n, f);
     if (fclose(f) != 0 && st == MP_OK)
       st = mp__fail(MP_EIO, "mp_pool_snapshot: write error on '%s'", shown);
@@ -624,14 +697,17 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
   }
   /* Otherwise a temporary beside path, renamed over it once complete: a
    * failed snapshot leaves whatever was at path untouched. A file it
-   * replaces keeps its mode, as a write in place would leave it. */
-  size_t tn = strlen(path) + 64;
+   * replaces keeps its mode, as a write in place would leave it. The
+   * rename follows no link: whatever was put at path meanwhile is replaced
+   * (a folder refuses it), never written through. */
+  size_t tn = strlen(base) + 64;
   char *tmp = mp__host_alloc(tn);
   if (tmp == NULL) {
+    close(dirfd);
     free(target);
     return mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
   }
-  int fd = mp__snap_tmp_open(path, tmp, tn);
+  int fd = mp__snap_tmp_open(dirfd, base, tmp, tn);
   if (fd >= 0 && there)
     (void)fchmod(fd, sb.st_mode & 0777);
   FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
@@ -640,8 +716,9 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
                               shown, strerror(errno));
     if (fd >= 0) {
       close(fd);
-      unlink(tmp);
+      unlinkat(dirfd, tmp, 0);
     }
+    close(dirfd);
     free(tmp);
     free(target);
     return st;
@@ -649,11 +726,12 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
   mp_status_t st = mp__snapshot_write_all(pools, devices, n, f);
   if (fclose(f) != 0 && st == MP_OK)
     st = mp__fail(MP_EIO, "mp_pool_snapshot: write error on '%s'", shown);
-  if (st == MP_OK && rename(tmp, path) != 0)
+  if (st == MP_OK && renameat(dirfd, tmp, dirfd, base) != 0)
     st = mp__fail(MP_EIO, "mp_pool_snapshot: cannot rename onto '%s': %s",
                   shown, strerror(errno));
   if (st != MP_OK)
-    unlink(tmp);
+    unlinkat(dirfd, tmp, 0);
+  close(dirfd);
   free(tmp);
   free(target);
   return st;

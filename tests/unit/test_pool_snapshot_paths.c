@@ -143,3 +143,36 @@ Test(pool_snapshot_paths, a_link_to_a_file_replaces_the_file_whole) {
   unlink(real);
   rmdir(sub);
 }
+
+/* A symbolic link that names nothing yet is written through, as documented:
+ * the file it names is made, and the link stays a link. */
+Test(pool_snapshot_paths, a_link_to_nothing_gets_its_file_made) {
+  char real[PATH_MAX], link[PATH_MAX];
+  snprintf(real, sizeof real, "%s/made.pickle", dir);
+  snprintf(link, sizeof link, "%s/link.pickle", dir);
+  cr_assert_eq(symlink("made.pickle", link), 0);
+
+  cr_assert_eq(mp_pool_snapshot(pool, link), MP_OK, "%s", mp_last_error());
+
+  struct stat sb;
+  cr_expect(lstat(link, &sb) == 0 && S_ISLNK(sb.st_mode),
+            "the link was replaced");
+  FILE *f = fopen(real, "rb");
+  cr_assert_not_null(f, "the file the link names was not made");
+  unsigned char head[2] = {0};
+  cr_expect_eq(fread(head, 1, 2, f), 2);
+  fclose(f);
+  cr_expect_eq(head[0], 0x80, "the file the link names is no snapshot");
+  cr_expect_eq(files_in_dir(false), 2, "a temporary was left");
+}
+
+/* A path with a trailing slash names a folder: refused with the reason,
+ * nothing written in the folder. */
+Test(pool_snapshot_paths, a_path_ending_in_a_slash_is_refused) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/", dir);
+  cr_assert_eq(mp_pool_snapshot(pool, path), MP_EIO);
+  cr_expect(strstr(mp_last_error(), "Is a directory") != NULL, "%s",
+            mp_last_error());
+  cr_expect_eq(files_in_dir(false), 0, "a file was left in the folder");
+}
