@@ -372,7 +372,11 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
   if (mp__free_bytes(pool) > 0 || pool->nstreams > 1) {
     pool->st.alloc_retry_count++;
     if (mp__pool_sync(pool) == MP_OK) {
-      if ((b = mp__search(pool, size, sidx)) != NULL)
+      /* Joined first, the pairs the sync let join (merge_later, and those
+       * kept apart for a device sync, which no search before counted as
+       * pending): a child's trim below walks none, and it failed with a
+       * pair that held the request. */
+      if ((b = mp__search_joined(pool, size, sidx, &pending)) != NULL)
         goto got;
       mp__segment_trim(pool, 0);
       st = mp__grow_and_search(pool, size, sidx, &b);

@@ -609,9 +609,10 @@ struct mp_pool {
    * the hot path's cache lines. */
   uint64_t graph_id[2];
   /* Free neighbours are kept apart until device-sync generation
-   * apart_sync has passed (mp__sync_apart; 0: none): only a sync joins
-   * them, so they owe no joining walk (merge_later) before it, where every
-   * allocation that found no block walked every block again. */
+   * apart_sync has passed (mp__sync_apart; 0: none; the earliest of the
+   * pairs'): only a sync joins them, so they owe no joining walk
+   * (merge_later) before it, where every allocation that found no block
+   * walked every block again. */
   uint64_t apart_sync;
 };
 
@@ -1645,12 +1646,16 @@ static inline bool mp__sync_apart(const mp_pool_t *pool, const mp__block_t *b,
                                   const mp__block_t *n) {
   return mp__sync_pending(pool, b) != mp__sync_pending(pool, n);
 }
-/* Records a pair mp__sync_apart keeps apart: joined once the later of the
- * syncs they wait for has passed (mp__apart_sync_due). */
+/* Records a pair mp__sync_apart keeps apart: owed a walk once the sync
+ * its waiting half waits for has passed (mp__apart_sync_due). With several
+ * pairs the earliest such sync is kept: the walk that joins those it may
+ * records the rest again. (The latest hid a pair whose sync had passed
+ * behind one noted after it, until the later sync: the pool grew
+ * meanwhile.) */
 static inline void mp__sync_apart_note(mp_pool_t *pool, const mp__block_t *b,
                                        const mp__block_t *n) {
   uint64_t g = mp__sync_pending(pool, b) ? b->gen : n->gen;
-  if (g + 1 > pool->apart_sync)
+  if (pool->apart_sync == 0 || g + 1 < pool->apart_sync)
     pool->apart_sync = g + 1;
 }
 /* Whether a pair kept apart for a device sync may join now: the sync has
