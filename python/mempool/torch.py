@@ -138,9 +138,12 @@ def record_stream(tensor, stream):
     A view records its whole block, as PyTorch's does; as PyTorch's, an
     empty tensor and memory mempool did not allocate record nothing. A
     refusal (a stream of another device, a destroyed one): MempoolError."""
-    ptr = _storage_ptr(tensor)
+    from . import _check, _ptr_or_none, _word
+    call = "mp_torch_record_stream"
+    # Both as C words: ctypes wraps an int past 2**64 (or a negative one)
+    # silently, and 2**64 + p recorded the block at p.
+    ptr = _word(_storage_ptr(tensor), "ptr", call)
+    handle = _ptr_or_none(stream.cuda_stream, call)
     if not ptr or not _held(ptr):
         return
-    from . import _check
-    _check(_lib.lib().mp_torch_record_stream_ex(ptr, stream.cuda_stream),
-           "mp_torch_record_stream")
+    _check(_lib.lib().mp_torch_record_stream_ex(ptr, handle), call)

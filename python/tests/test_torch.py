@@ -240,3 +240,33 @@ lib.mp_torch_free(p, 1 << 20, 0, None)
 """)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["skipped", "raised", "MP_EINVAL"], r.stdout
+
+
+def test_record_stream_refuses_a_pointer_or_stream_past_a_c_word():
+    # ctypes wraps an int past 2**64 (or a negative one) into a pointer
+    # silently: 2**64 + p recorded the block at p, on a stream b + 2**64
+    # named b. Each is refused, as the package's other pointer arguments.
+    r = _run(_MALLOC + """
+V = ctypes.c_void_p
+lib.mp_pool_device.restype = V
+lib.mp_pool_device.argtypes = [V]
+lib.mp_default_pool.restype = V
+lib.mp_stream_create.argtypes = [V, ctypes.POINTER(V)]
+p = lib.mp_torch_malloc(1 << 20, 0, None)
+s = V()
+assert lib.mp_stream_create(lib.mp_pool_device(lib.mp_default_pool()), ctypes.byref(s)) == 0
+class Tensor:
+    def __init__(self, ptr): self.ptr = ptr
+    def data_ptr(self): return self.ptr
+class Stream:
+    def __init__(self, h): self.cuda_stream = h
+for ptr, h in [(p + 2**64, s.value), (p - 2**64, s.value), (p, s.value + 2**64), (p, -1)]:
+    try:
+        mempool.torch.record_stream(Tensor(ptr), Stream(h))
+        print("recorded")
+    except mempool.InvalidArgument:
+        print("refused")
+lib.mp_torch_free(p, 1 << 20, 0, None)
+""")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["refused"] * 4, r.stdout
