@@ -97,15 +97,21 @@ static mp__curesult mp__alloc(mp__variant_t v, mp__cuptr *dptr, size_t bytes,
       void *p = NULL;
       mp_status_t st =
           mp_pool_alloc(pool, bytes, mp__pl_stream(pl, s, ptsz), &p);
+      /* MP_EDRIVER: the driver refused one of the pool's own calls with
+       * an error the pool has no status for (a sticky one after a
+       * kernel's fault, CUDA_ERROR_ILLEGAL_ADDRESS ...): the driver
+       * answers the request itself, with its own code, as it would
+       * without the shim, never CUDA_ERROR_UNKNOWN (mp__pl_cu_error). */
+      served = st != MP_EDRIVER || pl->host;
       if (st == MP_OK) {
         *dptr = (mp__cuptr)(uintptr_t)p;
         mp__pl_table_put_pool((uintptr_t)p, bytes, (uintptr_t)s, pool);
       }
-      mp__pl_record_alloc((uintptr_t)p, bytes, (uintptr_t)s, st == MP_OK);
+      if (served)
+        mp__pl_record_alloc((uintptr_t)p, bytes, (uintptr_t)s, st == MP_OK);
       if (st == MP_OK && cap) /* routed to the capture's graph pool */
         mp__pl_capture_allocated(pl, s, ptsz, (uintptr_t)p, bytes);
       r = mp__pl_cu_error(st);
-      served = true;
     }
   }
   if (!served) {

@@ -159,15 +159,19 @@ static mp__cudaerr mp__rt_alloc(mp__rt_variant_t v, void **p, size_t bytes,
       void *ptr = NULL;
       mp_status_t st =
           mp_pool_alloc(pool, bytes, mp__pl_stream(pl, s, ptsz), &ptr);
+      /* A driver error the pool has no status for: the runtime answers,
+       * its own code in its last error (sticky ones included), never
+       * cudaErrorUnknown (see driver.c). */
+      served = st != MP_EDRIVER || pl->host;
       if (st == MP_OK) {
         *p = ptr;
         mp__pl_table_put_pool((uintptr_t)ptr, bytes, (uintptr_t)s, pool);
       }
-      mp__pl_record_alloc((uintptr_t)ptr, bytes, (uintptr_t)s, st == MP_OK);
+      if (served)
+        mp__pl_record_alloc((uintptr_t)ptr, bytes, (uintptr_t)s, st == MP_OK);
       if (st == MP_OK && cap) /* routed to the capture's graph pool */
         mp__pl_capture_allocated(pl, s, ptsz, (uintptr_t)ptr, bytes);
       r = mp__pl_cuda_error(st);
-      served = true;
     }
     if (served && r != MP__CUDA_SUCCESS)
       mp__rt_set_last_error(pl, r);

@@ -89,6 +89,20 @@ LD_PRELOAD=$preload MEMPOOL_PRELOAD=passthrough MEMPOOL_TRACE=$work/pass.csv \
 [ "$(rows allocate "$work/pass.csv")" = "$ra_shared" ] ||
   fail "passthrough trace counts differ from the pool's"
 
+# A sticky error (a kernel's illegal access), then a cudaMalloc the pool
+# must ask the driver for: the driver's code, as without the shim
+# (sticky_prog.cu, the twin of unit_preload_driver_error).
+for kind in static shared; do
+  if [ "$kind" = static ]; then cudart=""; else cudart="-cudart shared"; fi
+  # shellcheck disable=SC2086
+  "$nvcc" -O2 $cudart -o "$work/sticky_$kind" "$here/sticky_prog.cu" ||
+    fail "nvcc sticky_prog ($kind)"
+  "$work/sticky_$kind" >"$work/sticky.none" 2>&1
+  LD_PRELOAD=$preload "$work/sticky_$kind" >"$work/sticky.shim" 2>/dev/null
+  cmp -s "$work/sticky.none" "$work/sticky.shim" ||
+    fail "sticky_prog ($kind) differs: $(cat "$work/sticky.none") vs $(cat "$work/sticky.shim")"
+done
+
 # 3. CUDA's rules under the shim on the real driver: rules_prog (built
 #    against the fake, run here with the real libcuda.so.1 first on the
 #    path): cuMemFree's ordering, streams made and destroyed past the
