@@ -48,6 +48,7 @@ static struct {
   pthread_mutex_t lock;
   FILE *trace;
   bool json, first, closed, child;
+  int werr; /* errno of the trace's first failed write; 0: none */
   const mp__pl_t *pl;
   struct timespec t0;
   mp__pl_counts_t n; /* under lock */
@@ -196,6 +197,23 @@ static void mp__json_event(const char *name, uintptr_t ptr, size_t size,
           ts, pid, reserved, ts, pid, mp__rec.n.live);
 }
 
+/* Under the lock, after a write to the trace: its first failure (a full
+ * disk) is said at once, with its errno, kept for the word at exit. A
+ * process that ends by _exit or a crash runs no exit handler, and would
+ * leave a trace cut short without a word; at exit errno may be another
+ * call's. The program goes on; later rows are still tried. */
+static void mp__check_written(void) {
+  if (mp__rec.werr != 0 || !ferror(mp__rec.trace))
+    return;
+  mp__rec.werr = errno != 0 ? errno : EIO;
+  char tb[4096];
+  const char *tp = mp__pl_env_path("MEMPOOL_TRACE", tb, sizeof tb);
+  fprintf(stderr,
+          "mempool preload: writing MEMPOOL_TRACE '%s' failed (%s); the "
+          "trace is incomplete from here, the program goes on\n",
+          tp ? tp : "", strerror(mp__rec.werr));
+}
+
 /* Reserved bytes: the pool's, or (passthrough) the live ones. Read before
  * taking the record lock, so the pool's lock is never taken inside it. */
 static size_t mp__reserved_now(void) {
@@ -216,6 +234,7 @@ static void mp__write(const char *action, uintptr_t ptr, size_t size,
   else
     mp__json_event(action, ptr, size, stream,
                    reserved == SIZE_MAX ? mp__rec.n.live : reserved);
+  mp__check_written();
 }
 
 void mp__pl_record_alloc(uintptr_t ptr, size_t size, uintptr_t stream,
@@ -259,6 +278,7 @@ void mp__pl_record_unfree(uintptr_t ptr, size_t size, uintptr_t stream) {
     else
       mp__json_event("free refused", ptr, size, stream,
                      reserved == SIZE_MAX ? mp__rec.n.live : reserved);
+    mp__check_written();
   }
   pthread_mutex_unlock(&mp__rec.lock);
 }
@@ -277,6 +297,7 @@ void mp__pl_record_other(const char *what, uintptr_t ptr, size_t size) {
             "\"ts\":%s,\"pid\":%d,\"tid\":%ld,\"args\":{\"ptr\":\"%#lx\","
             "\"size\":%zu}}",
             what, ts, (int)getpid(), mp__thread_id(), (unsigned long)ptr, size);
+    mp__check_written();
   }
   pthread_mutex_unlock(&mp__rec.lock);
 }
@@ -308,15 +329,18 @@ bool mp__pl_record_close(mp__pl_counts_t *out) {
       mp__rec.closed = true;
     }
     /* The CSV stays open: exit's stdio cleanup writes the lines of frees
-     * made by later exit handlers. A write that failed (a full disk) is
-     * said once, here: the trace is incomplete. */
+     * made by later exit handlers. A write that failed (a full disk),
+     * said when it failed (mp__check_written), is said again here: the
+     * trace is incomplete. */
+    errno = 0;
     if (fflush(mp__rec.trace) != 0 || ferror(mp__rec.trace)) {
       char tb[4096];
       const char *tp = mp__pl_env_path("MEMPOOL_TRACE", tb, sizeof tb);
+      int e = mp__rec.werr != 0 ? mp__rec.werr : errno != 0 ? errno : EIO;
       fprintf(stderr,
               "mempool preload: writing MEMPOOL_TRACE '%s' failed (%s); the "
               "trace is incomplete\n",
-              tp ? tp : "", strerror(errno ? errno : EIO));
+              tp ? tp : "", strerror(e));
     }
   }
   *out = mp__rec.n;

@@ -490,6 +490,19 @@ Test(preload_runtime, trace_write_errors_are_reported_at_exit) {
   expect_full_disk_said("MEMPOOL_TRACE");
 }
 
+/* A trace the disk cannot take is said when the write fails, so that a
+ * program that ends with _exit (or crashes), which runs no exit handler,
+ * does not leave a trace cut short without a word; the program goes on.
+ * Failed before: said only at exit, so not at all here. */
+Test(preload_runtime, trace_write_errors_are_said_without_exit_handlers) {
+  const char *argv[] = {MP_RT_PROG, N, "_exit", NULL};
+  run_preloaded(argv, "MEMPOOL_TRACE=/dev/full", NULL, NULL, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert(strstr(r.err, "MEMPOOL_TRACE '/dev/full' failed (No space left "
+                          "on device)") != NULL,
+            "nothing said: %s", r.err);
+}
+
 /* Misuse gets the runtime's own answer, invalid value, on the host device
  * (not "insufficient driver" from a runtime that has no GPU under it). */
 Test(preload_runtime, misuse_is_invalid_value_on_the_host_device) {
