@@ -1109,6 +1109,16 @@ Test(fakecuda_capture, a_graph_being_captured_into_cannot_be_destroyed) {
   cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
 }
 
+/* Instantiates g with flags, launches it on s once and waits for it;
+ * the executable is destroyed after. */
+static void instantiate_and_run(CUgraph g, unsigned long long flags) {
+  CUgraphExec x = NULL;
+  cr_assert_eq(cuGraphInstantiateWithFlags(&x, g, flags), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphLaunch(x, s), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphExecDestroy(x), CUDA_SUCCESS);
+}
+
 /* cuda.h, cuGraphInstantiate: "Valid flags are" AUTO_FREE_ON_LAUNCH,
  * DEVICE_LAUNCH and USE_NODE_PRIORITY (UPLOAD is "Only supported by
  * cuGraphInstantiateWithParams", CUgraphInstantiate_flags); DEVICE_LAUNCH
@@ -1152,14 +1162,8 @@ Test(fakecuda_capture, instantiate_refuses_flags_cuda_h_does_not_allow) {
     instantiate_refused(g, CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD,
                         "UPLOAD outside cuGraphInstantiateWithParams");
   /* Nothing changed: the graph has no executable yet and gets one. */
-  CUgraphExec x = NULL;
-  cr_assert_eq(cuGraphInstantiateWithFlags(
-                   &x, g, CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY),
-               CUDA_SUCCESS);
-  cr_assert_eq(cuGraphLaunch(x, s), CUDA_SUCCESS);
-  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  instantiate_and_run(g, CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY);
   cr_expect_eq(atomic_load(&ran), 1);
-  cr_assert_eq(cuGraphExecDestroy(x), CUDA_SUCCESS);
   cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
   cr_assert_eq(cuGraphDestroy(empty), CUDA_SUCCESS);
 }
@@ -1176,16 +1180,10 @@ Test(fakecuda_capture, a_memset_graph_instantiates_for_device_launch) {
   cr_assert_eq(cuMemsetD8Async(d, 5, 4096, s), CUDA_SUCCESS);
   CUgraph g = NULL;
   cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
-  CUgraphExec x = NULL;
-  cr_assert_eq(cuGraphInstantiateWithFlags(
-                   &x, g, CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH),
-               CUDA_SUCCESS);
-  cr_assert_eq(cuGraphLaunch(x, s), CUDA_SUCCESS);
-  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  instantiate_and_run(g, CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH);
   unsigned char h = 0;
   cr_assert_eq(cuMemcpyDtoH(&h, d + 4095, 1), CUDA_SUCCESS);
   cr_expect_eq(h, 5);
-  cr_assert_eq(cuGraphExecDestroy(x), CUDA_SUCCESS);
   cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
   cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
 }
