@@ -376,7 +376,14 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
        * kept apart for a device sync, which no search before counted as
        * pending): a child's trim below walks none, and it failed with a
        * pair that held the request. */
-      if ((b = mp__search_joined(pool, size, sidx, &pending)) != NULL)
+      /* Joined first, the pairs kept apart for the device sync that just
+       * passed (no search before counted them as pending): a child's trim
+       * below walks none, and it failed with a pair that held the request.
+       * Only those: a walk at every ladder for merge_later too made a
+       * churn near the cap several times slower under TSan. */
+      if (mp__apart_sync_due(pool))
+        mp__block_merge_deferred(pool);
+      if ((b = mp__search(pool, size, sidx)) != NULL)
         goto got;
       mp__segment_trim(pool, 0);
       st = mp__grow_and_search(pool, size, sidx, &b);
