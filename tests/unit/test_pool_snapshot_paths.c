@@ -81,15 +81,17 @@ Test(pool_snapshot_paths, a_name_near_name_max_is_written) {
   cr_assert_eq(mp_pool_free(pool, p), MP_OK);
 }
 
+/* A snapshot to path is refused (MP_EIO) and the message gives why. */
+static void refused_with(const char *path, const char *why) {
+  cr_assert_eq(mp_pool_snapshot(pool, path), MP_EIO);
+  cr_expect(strstr(mp_last_error(), why) != NULL, "%s", mp_last_error());
+}
+
 Test(pool_snapshot_paths, an_unwritable_path_is_refused_with_the_reason) {
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/no/such/folder/x.pkl", dir);
-  cr_assert_eq(mp_pool_snapshot(pool, path), MP_EIO);
-  cr_expect(strstr(mp_last_error(), "No such file or directory") != NULL, "%s",
-            mp_last_error());
-  cr_assert_eq(mp_pool_snapshot(pool, dir), MP_EIO);
-  cr_expect(strstr(mp_last_error(), "Is a directory") != NULL, "%s",
-            mp_last_error());
+  refused_with(path, "No such file or directory");
+  refused_with(dir, "Is a directory");
   /* A long path is quoted shortened: the reason still fits. */
   size_t n = (size_t)snprintf(path, sizeof path, "%s/", dir);
   for (size_t i = 0; i < 12; i++, n += NAME_MAX / 2 + 1)
@@ -171,8 +173,6 @@ Test(pool_snapshot_paths, a_link_to_nothing_gets_its_file_made) {
 Test(pool_snapshot_paths, a_path_ending_in_a_slash_is_refused) {
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/", dir);
-  cr_assert_eq(mp_pool_snapshot(pool, path), MP_EIO);
-  cr_expect(strstr(mp_last_error(), "Is a directory") != NULL, "%s",
-            mp_last_error());
+  refused_with(path, "Is a directory");
   cr_expect_eq(files_in_dir(false), 0, "a file was left in the folder");
 }
