@@ -66,6 +66,10 @@
 /* Records a one-line message for mp_last_error() in this thread and returns
  * st, so that failing paths read `return mp__fail(MP_EINVAL, "...", ...);`. */
 mp_status_t mp__fail(mp_status_t st, const char *fmt, ...) MP__PRINTF(2, 3);
+/* mp__fail for a driver call that returned code (a CUresult): the status it
+ * maps to, with code kept for mp_last_driver_error(). */
+mp_status_t mp__fail_driver(int code, mp_status_t st, const char *fmt, ...)
+    MP__PRINTF(3, 4);
 /* The status the last mp__fail on this thread gave (MP_OK: none yet). */
 mp_status_t mp__last_failure(void);
 /* The number of the thread's last failure (mp__fail, mp__error_restore),
@@ -76,6 +80,7 @@ uint64_t mp__error_serial(void);
  * memory) leaves mp_last_error() and mp_last_status() as they were. */
 typedef struct mp__error_saved {
   mp_status_t st;
+  int cu;
   char msg[MP__ERROR_MAX];
 } mp__error_saved_t;
 void mp__error_save(mp__error_saved_t *out);

@@ -16,6 +16,8 @@ static _Thread_local char mp__error_buf[MP__ERROR_MAX];
  * (mp__last_failure): for a call that returned NULL and must say why as a
  * status. */
 static _Thread_local mp_status_t mp__error_st = MP_OK;
+/* The driver's code behind it (mp_last_driver_error); 0: none. */
+static _Thread_local int mp__error_cu;
 /* Failures recorded on this thread so far (mp__error_serial): which one
  * the last is. */
 static _Thread_local uint64_t mp__error_n;
@@ -116,29 +118,53 @@ const char *mp__clip(const char *s, size_t len, char *buf, size_t cap) {
   return buf;
 }
 
-mp_status_t mp__fail(mp_status_t st, const char *fmt, ...) {
+/* Records msg as the thread's last failure, of status st and driver code
+ * cu. */
+static mp_status_t mp__fail_as(mp_status_t st, int cu, const char *fmt,
+                               va_list ap) MP__PRINTF(3, 0);
+static mp_status_t mp__fail_as(mp_status_t st, int cu, const char *fmt,
+                               va_list ap) {
   /* Formatted aside first: an argument may be mp_last_error() itself (a
    * message that wraps the refusal before it), and formatting into the
    * buffer being read is undefined (C11 7.21.6.5, snprintf: "copying
    * takes place between objects that overlap"); glibc garbles it. */
   char msg[sizeof mp__error_buf];
-  va_list ap;
-  va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
   memcpy(mp__error_buf, msg, sizeof msg);
   mp__error_st = st;
+  mp__error_cu = cu;
   mp__error_n++;
+  return st;
+}
+
+mp_status_t mp__fail(mp_status_t st, const char *fmt, ...) {
+  /* MP_EDRIVER comes only from a driver call (mp__fail_driver); a later
+   * mp__fail of it wraps that failure's message and keeps its code. */
+  int cu = st == MP_EDRIVER && mp__error_st == MP_EDRIVER ? mp__error_cu : 0;
+  va_list ap;
+  va_start(ap, fmt);
+  mp__fail_as(st, cu, fmt, ap);
+  va_end(ap);
+  return st;
+}
+
+mp_status_t mp__fail_driver(int code, mp_status_t st, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  mp__fail_as(st, st == MP_EDRIVER ? code : 0, fmt, ap);
+  va_end(ap);
   return st;
 }
 
 void mp__error_save(mp__error_saved_t *out) {
   out->st = mp__error_st;
+  out->cu = mp__error_cu;
   memcpy(out->msg, mp__error_buf, sizeof out->msg);
 }
 
 void mp__error_restore(const mp__error_saved_t *saved) {
   mp__error_st = saved->st;
+  mp__error_cu = saved->cu;
   memcpy(mp__error_buf, saved->msg, sizeof mp__error_buf);
   mp__error_n++; /* recorded again: not the failure it was */
 }
@@ -153,6 +179,10 @@ mp_status_t mp__last_failure(void) {
 
 mp_status_t mp_last_status(void) {
   return mp__last_failure();
+}
+
+int mp_last_driver_error(void) {
+  return mp__error_cu;
 }
 
 void mp__assert_fail(const char *cond, const char *file, int line,

@@ -58,6 +58,15 @@ MP_API const char *mp_last_error(void);
  * exception from it. Like the message, a later success leaves it. */
 MP_API mp_status_t mp_last_status(void);
 
+/* The driver's own error code (a CUresult of cuda.h) when the failure
+ * mp_last_status() names is MP_EDRIVER from a CUDA driver call the library
+ * made (CUDA_ERROR_ILLEGAL_ADDRESS, 700, once a kernel's fault has left the
+ * context unusable, say); 0 for any other failure and when the thread has
+ * seen none. A shim that stands in for the driver answers with it rather
+ * than with a code of its own. Like the message, a later success leaves
+ * it. */
+MP_API int mp_last_driver_error(void);
+
 #ifdef __cplusplus
 }
 #endif

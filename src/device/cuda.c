@@ -213,7 +213,8 @@ static void mp__cuda_describe(char *buf, size_t cap, CUresult r,
   snprintf(buf, cap, "%s: %s (%d: %s)", what, name, (int)r, str);
 }
 
-/* Fails with the status r maps to and a message naming the call. */
+/* Fails with the status r maps to and a message naming the call; r itself
+ * for mp_last_driver_error(). */
 static mp_status_t mp__cuda_fail(CUresult r, const char *fmt, ...)
     MP__PRINTF(2, 3);
 static mp_status_t mp__cuda_fail(CUresult r, const char *fmt, ...) {
@@ -223,7 +224,7 @@ static mp_status_t mp__cuda_fail(CUresult r, const char *fmt, ...) {
   vsnprintf(what, sizeof what, fmt, ap);
   va_end(ap);
   mp__cuda_describe(msg, sizeof msg, r, what);
-  return mp__fail(mp__cuda_status_of(r), "%s", msg);
+  return mp__fail_driver((int)r, mp__cuda_status_of(r), "%s", msg);
 }
 
 /* ---- loading the driver -------------------------------------------------- */

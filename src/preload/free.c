@@ -105,23 +105,25 @@ unsigned mp__pl_free_refused(const mp__pl_t *pl, bool sync, mp__custream s,
 /* Waits for stream s (ptsz: of a per-thread call) of context owner, with
  * owner current (a stream is always its own context's to synchronize) and
  * in relaxed capture mode, a call of the shim's own (mp__pl_mode_relax; s
- * does not capture): cuda.h, cuStreamSynchronize. False when the driver
- * says no. */
-static bool mp__stream_wait(mp__custream s, bool ptsz, mp__cuctx owner) {
+ * does not capture): cuda.h, cuStreamSynchronize. The driver's answer,
+ * CUDA_ERROR_UNKNOWN where it has not the calls. */
+static mp__curesult mp__stream_wait(mp__custream s, bool ptsz,
+                                    mp__cuctx owner) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   mp__cuctx popped = NULL;
   if (rc->cuStreamSynchronize == NULL || rc->cuCtxPushCurrent_v2 == NULL ||
-      rc->cuCtxPopCurrent_v2 == NULL ||
-      rc->cuCtxPushCurrent_v2(owner) != MP__CU_SUCCESS)
-    return false;
+      rc->cuCtxPopCurrent_v2 == NULL)
+    return MP__CU_UNKNOWN;
+  mp__curesult r = rc->cuCtxPushCurrent_v2(owner);
+  if (r != MP__CU_SUCCESS)
+    return r;
   unsigned mode;
   bool relaxed = mp__pl_mode_relax(&mode);
-  mp__curesult r =
-      rc->cuStreamSynchronize(ptsz && s == NULL ? MP__CU_STREAM_PER_THREAD : s);
+  r = rc->cuStreamSynchronize(ptsz && s == NULL ? MP__CU_STREAM_PER_THREAD : s);
   if (relaxed)
     mp__pl_mode_restore(mode);
   (void)rc->cuCtxPopCurrent_v2(&popped);
-  return r == MP__CU_SUCCESS;
+  return r;
 }
 
 /* cuda.h, cuLaunchHostFunc and cuStreamAddCallback: see preload.h. */
@@ -169,14 +171,20 @@ mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
     st = pl->host ? mp_pool_free(b->pool, ptr)
                   : mp_pool_free_after_all(b->pool, ptr);
   else if (!routed && !pl->host && !captured &&
-           !mp__pl_stream_of_pool(pl, b->pool, s, &owner))
+           !mp__pl_stream_of_pool(pl, b->pool, s, &owner)) {
     /* Another device's stream (or one of a context the program made),
      * which the pool cannot order on (its events are of its own context):
      * the free waits for that stream here, and the block is then free on
-     * its own stream, whose work the pool still orders. */
-    st = mp__stream_wait(s, ptsz, owner) ? mp_pool_free(b->pool, ptr)
-                                         : MP_EDRIVER;
-  else
+     * its own stream, whose work the pool still orders. Refused, the
+     * driver's code is the answer (mp__pl_cu_error). */
+    mp__curesult r = mp__stream_wait(s, ptsz, owner);
+    st = r == MP__CU_SUCCESS
+             ? mp_pool_free(b->pool, ptr)
+             : mp__fail_driver((int)r, MP_EDRIVER,
+                               "stream-ordered free: the driver refused the "
+                               "wait for another context's stream (%u)",
+                               r);
+  } else
     /* On the caller's stream, always through the pool's stream table,
      * never by the handle the block was allocated on: the same handle may
      * name another stream (a per-thread one names another in each thread,

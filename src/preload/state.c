@@ -336,8 +336,29 @@ mp__curesult mp__pl_cu_error(mp_status_t st) {
   case MP_ENOMEM:
   case MP_ELIMIT: return MP__CU_OUT_OF_MEMORY;
   case MP_ENODEV: return MP__CU_NO_DEVICE;
+  case MP_EDRIVER: /* the driver's own code, where the pool kept it */
+    return mp_last_driver_error() > 0 ? (mp__curesult)mp_last_driver_error()
+                                      : MP__CU_UNKNOWN;
   default: return MP__CU_UNKNOWN;
   }
+}
+
+/* The runtime's code for the driver's code cu: the same number wherever
+ * driver_types.h has one (CUDA 13.0's cuda.h and driver_types.h agree on
+ * the number and the meaning of every code both name: 700 is
+ * CUDA_ERROR_ILLEGAL_ADDRESS and cudaErrorIllegalAddress, 719
+ * CUDA_ERROR_LAUNCH_FAILED and cudaErrorLaunchFailure); the driver's codes
+ * the runtime does not name (202 CUDA_ERROR_CONTEXT_ALREADY_CURRENT, 916
+ * CUDA_ERROR_KEY_ROTATION, any later one) are cudaErrorUnknown. */
+static mp__cudaerr mp__pl_runtime_code(int cu) {
+  static const int named[][2] = {{1, 8},     {34, 34},   {36, 36},   {46, 46},
+                                 {100, 102}, {200, 201}, {205, 226}, {300, 304},
+                                 {400, 402}, {500, 500}, {600, 600}, {700, 705},
+                                 {708, 721}, {800, 812}, {900, 915}};
+  for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
+    if (cu >= named[i][0] && cu <= named[i][1])
+      return (mp__cudaerr)cu;
+  return MP__CUDA_UNKNOWN;
 }
 
 mp__cudaerr mp__pl_cuda_error(mp_status_t st) {
@@ -347,6 +368,7 @@ mp__cudaerr mp__pl_cuda_error(mp_status_t st) {
   case MP_ENOMEM:
   case MP_ELIMIT: return MP__CUDA_MEMORY_ALLOCATION;
   case MP_ENODEV: return MP__CUDA_NO_DEVICE;
+  case MP_EDRIVER: return mp__pl_runtime_code(mp_last_driver_error());
   default: return MP__CUDA_UNKNOWN;
   }
 }

@@ -357,6 +357,41 @@ static const char *const fk_names[FK_N_ENTRY_POINTS] = {
 
 static atomic_llong fk_calls[FK_N_ENTRY_POINTS];
 
+/* A sticky error (cuFakeSetStickyError): after a kernel's fault "any
+ * further CUDA work will return the same error. To continue using CUDA,
+ * the process must be terminated and relaunched" (CUDA 13.0's cuda.h,
+ * CUDA_ERROR_ILLEGAL_ADDRESS). Every entry point answers it but those that do
+ * no work in a context: naming errors, versions and entry points, the devices'
+ * properties, and the thread's current context. A test hook clears it (0); a
+ * real process must exit. */
+static atomic_int fk_sticky;
+static bool fk_sticky_spares(int entry) {
+  static const char *const spared[] = {"cuInit",
+                                       "cuDriverGetVersion",
+                                       "cuDeviceGet",
+                                       "cuDeviceGetCount",
+                                       "cuDeviceGetName",
+                                       "cuDeviceGetAttribute",
+                                       "cuDeviceTotalMem_v2",
+                                       "cuCtxGetCurrent",
+                                       "cuCtxSetCurrent",
+                                       "cuCtxPushCurrent_v2",
+                                       "cuCtxPopCurrent_v2",
+                                       "cuCtxGetDevice",
+                                       "cuGetErrorName",
+                                       "cuGetErrorString",
+                                       "cuGetProcAddress",
+                                       "cuGetProcAddress_v2"};
+  for (size_t i = 0; i < sizeof spared / sizeof spared[0]; i++)
+    if (strcmp(fk_names[entry], spared[i]) == 0)
+      return true;
+  return false;
+}
+void cuFakeSetStickyError(CUresult code);
+void cuFakeSetStickyError(CUresult code) {
+  atomic_store(&fk_sticky, (int)code);
+}
+
 /* Counts a call; a call from a host function is refused: "The host function
  * must not make any CUDA API calls" (cuda.h, cuLaunchHostFunc; the
  * Programming Guide's "Host Functions (Callbacks)"), the real driver's answer
@@ -368,6 +403,10 @@ static atomic_llong fk_calls[FK_N_ENTRY_POINTS];
       atomic_fetch_add(&fk_not_permitted, 1);                                  \
       return CUDA_ERROR_NOT_PERMITTED;                                         \
     }                                                                          \
+    if (MP__UNLIKELY(atomic_load_explicit(&fk_sticky, memory_order_relaxed) != \
+                     0) &&                                                     \
+        !fk_sticky_spares(FK_##name))                                          \
+      return (CUresult)atomic_load(&fk_sticky);                                \
   } while (0)
 
 long long cuFakeGetCallCount(const char *name) {
@@ -4386,6 +4425,8 @@ int cuFakeAccessMask(CUdeviceptr addr) {
   X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                       \
   X(CUDA_ERROR_MAP_FAILED, "mapping of buffer object failed")                  \
   X(CUDA_ERROR_ILLEGAL_STATE, "the operation is not permitted in this state")  \
+  X(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered")    \
+  X(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure")                    \
   X(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,                                     \
     "operation not permitted when stream is capturing")                        \
   X(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,                                     \

@@ -57,4 +57,13 @@ static inline void fk_reset_calls(void) {
   reset();
 }
 
+/* Every later call that works in a context answers code (a sticky error,
+ * as after a kernel's fault), until a call with 0 (fakecuda.c). */
+static inline void fk_sticky_error(int code) {
+  void (*set)(int);
+  void *sym = fk_test_sym("cuFakeSetStickyError");
+  memcpy(&set, &sym, sizeof sym);
+  set(code);
+}
+
 #endif /* MEMPOOL_FAKECUDA_TEST_H */

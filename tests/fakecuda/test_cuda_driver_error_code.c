@@ -1,0 +1,70 @@
+/* test_cuda_driver_error_code.c - a failure of the driver that has no
+ * status of its own (MP_EDRIVER) keeps the driver's code for
+ * mp_last_driver_error(), so that a program or a shim standing in for the
+ * driver can answer with it: CUDA_ERROR_ILLEGAL_ADDRESS (700) after a
+ * kernel's fault, which cuda.h says leaves "the process in an
+ * inconsistent state", is not an error to retry. Run on the fake driver
+ * with its sticky error (cuFakeSetStickyError). */
+#include <string.h>
+
+#include <cuda.h>
+#include <mempool/mempool.h>
+
+#include "../support/device_helpers.h"
+#include "fakecuda_test.h"
+
+static mp_pool_t *cuda_pool(mp_device_t **dev) {
+  *dev = open_dev("cuda");
+  mp_pool_t *pool = NULL;
+  cr_assert_eq(mp_pool_create(*dev, NULL, &pool), MP_OK, "%s", mp_last_error());
+  return pool;
+}
+
+Test(cuda_driver_error_code, a_refused_growth_keeps_the_drivers_code) {
+  mp_device_t *dev;
+  mp_pool_t *pool = cuda_pool(&dev);
+  void *a = NULL, *b = NULL;
+  cr_assert_eq(mp_pool_alloc(pool, 1 << 20, NULL, &a), MP_OK);
+  mp_stats_t before, after;
+  cr_assert_eq(mp_pool_get_stats(pool, &before), MP_OK);
+  fk_sticky_error(CUDA_ERROR_ILLEGAL_ADDRESS);
+  mp_status_t st = mp_pool_alloc(pool, 256u << 20, NULL, &b);
+  fk_sticky_error(0);
+  cr_assert_eq(st, MP_EDRIVER, "%s", mp_status_name(st));
+  cr_expect_eq(mp_last_status(), MP_EDRIVER);
+  cr_expect_eq(mp_last_driver_error(), CUDA_ERROR_ILLEGAL_ADDRESS, "%d",
+               mp_last_driver_error());
+  cr_expect(strstr(mp_last_error(), "CUDA_ERROR_ILLEGAL_ADDRESS") != NULL, "%s",
+            mp_last_error());
+  cr_expect_null(b, "written on failure");
+  cr_assert_eq(mp_pool_get_stats(pool, &after), MP_OK);
+  cr_expect_eq(after.reserved_bytes, before.reserved_bytes);
+  cr_expect_eq(after.allocated_bytes, before.allocated_bytes);
+  /* Another failure, not the driver's: no code. */
+  cr_assert_eq(mp_pool_free(pool, (char *)a + 1), MP_EINVAL);
+  cr_expect_eq(mp_last_driver_error(), 0, "%d", mp_last_driver_error());
+  /* The driver answers again (the fake's sticky error cleared): nothing
+   * was left half done. */
+  cr_assert_eq(mp_pool_alloc(pool, 256u << 20, NULL, &b), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(mp_pool_free(pool, b), MP_OK);
+  cr_expect_eq(mp_pool_free(pool, a), MP_OK);
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(dev);
+}
+
+/* A driver error the library has a status for is that status, and no
+ * driver code: CUDA_ERROR_OUT_OF_MEMORY is MP_ENOMEM. */
+Test(cuda_driver_error_code, a_known_error_is_its_status_without_a_code) {
+  mp_device_t *dev;
+  mp_pool_t *pool = cuda_pool(&dev);
+  void *b = NULL;
+  fk_sticky_error(CUDA_ERROR_OUT_OF_MEMORY);
+  mp_status_t st = mp_pool_alloc(pool, 64u << 20, NULL, &b);
+  fk_sticky_error(0);
+  cr_assert_eq(st, MP_ENOMEM, "%s: %s", mp_status_name(st), mp_last_error());
+  cr_expect_eq(mp_last_driver_error(), 0, "%d", mp_last_driver_error());
+  cr_expect_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(dev);
+}
