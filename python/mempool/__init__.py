@@ -162,7 +162,14 @@ def _cstr(text, what, call):
     if not isinstance(text, (str, bytes)):
         raise TypeError("%s: %s must be a str, not %s"
                         % (call, what, type(text).__name__))
-    b = text if isinstance(text, bytes) else text.encode()
+    try:
+        b = text if isinstance(text, bytes) else text.encode()
+    except UnicodeEncodeError as e:
+        # A lone surrogate (from os.fsdecode of bytes that are not UTF-8,
+        # or "\udcff" written out) is no text the library can read: the
+        # package's own refusal, naming where, not the codec's.
+        raise _bad("%s %r is not UTF-8 text: %s at offset %d"
+                   % (what, text, e.reason, e.start), call) from None
     if b"\0" in b:
         raise _bad("%s %r holds a NUL byte" % (what, text), call)
     return b

@@ -85,6 +85,35 @@ def test_a_nul_byte_in_a_string_is_refused(device, tmp_path):
     assert list(tmp_path.iterdir()) == [], "a file was written"
 
 
+def test_a_lone_surrogate_in_a_string_is_refused_by_name(device):
+    # "\udcff" (what os.fsdecode makes of a byte that is not UTF-8) cannot
+    # be encoded: it raised the codec's UnicodeEncodeError, which names
+    # neither the call nor the argument.
+    with pytest.raises(mempool.InvalidArgument, match="spec .* offset 4"):
+        mempool.Device("host\udcff")
+    with pytest.raises(mempool.InvalidArgument, match="options .* offset 0"):
+        mempool.Pool(device, "\udcffmax_bytes=1G")
+    with mempool.Pool(device, "max_bytes=16M") as p:
+        with pytest.raises(mempool.InvalidArgument, match="format"):
+            p.dump("te\udcffxt")
+
+
+def test_record_stream_of_the_wrong_kind_is_type_error():
+    # As Tensor.record_stream(1): TypeError, not the AttributeError of
+    # reading a cuda_stream or data_ptr the argument does not have.
+    class Tensor:
+        def data_ptr(self):
+            return 0
+
+    class Stream:
+        cuda_stream = None
+
+    with pytest.raises(TypeError, match="stream must be"):
+        mempool.torch.record_stream(Tensor(), 7)
+    with pytest.raises(TypeError, match="tensor must be"):
+        mempool.torch.record_stream(object(), Stream())
+
+
 def test_closing_a_device_under_a_live_pool_is_busy_and_keeps_both(device):
     p = mempool.Pool(device, "max_bytes=16M")
     with pytest.raises(mempool.Busy) as e:
