@@ -458,6 +458,8 @@ struct CUctx_st {
   /* Bytes of the device's physical memory cuMemCreate handed out that no
    * mapping holds (fk_phys_count), under fk.lock. */
   size_t unbacked;
+  /* Under fk.lock: the next context cuCtxCreate made (fk.created). */
+  struct CUctx_st *next_created;
 };
 
 /* A physical allocation from cuMemCreate (or an imported one); a handle
@@ -525,6 +527,9 @@ static struct {
   char spec[FK_MAX_DEVICES][512]; /* "host:<FAKECUDA_DEVICE[_N]>" */
   char name[128];
   struct CUctx_st ctx[FK_MAX_DEVICES];
+  /* Every context cuCtxCreate made, newest first; a destroyed one stays
+   * (its streams are forgotten), as its handle may still be passed. */
+  struct CUctx_st *created;
   fk_range_t *ranges; /* sorted by base */
   size_t n_ranges, cap_ranges;
   fk_phys_t *phys; /* every handle not yet freed, listed through next */
@@ -2077,6 +2082,10 @@ static CUresult fk_ctx_create(CUcontext *pctx, CUdevice dev) {
   c->refs = 1;
   c->created = true;
   atomic_store(&c->dev, h);
+  pthread_mutex_lock(&fk.lock);
+  c->next_created = fk.created;
+  fk.created = c;
+  pthread_mutex_unlock(&fk.lock);
   fk_stack[fk_depth++] = c;
   *pctx = c;
   return CUDA_SUCCESS;
@@ -2410,8 +2419,9 @@ static CUresult fk_alloc_async(mp_device_t *dev, CUdeviceptr *dptr,
 static fk_stream_t *fk_foreign_stream(CUstream h, struct CUctx_st **ctx);
 
 /* The context of an explicit stream handle that is not the current
- * context's but another device's primary context's; NULL otherwise (a
- * default stream, the current context's, or no stream: fk_resolve judges). */
+ * context's but another device's primary context's or one cuCtxCreate
+ * made; NULL otherwise (a default stream, the current context's, or no
+ * stream: fk_resolve judges). */
 static struct CUctx_st *fk_stream_home(CUstream h) {
   if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD)
     return NULL;
@@ -2822,15 +2832,31 @@ static CUresult fk_stream_query(mp_device_t *dev, CUstream s, bool ptsz) {
 FK_IN_CTX_TWINS(cuStreamQuery, cuStreamQuery_ptsz, (CUstream s),
                 fk_stream_query(dev, s, ptsz))
 
-/* A stream made in another device's primary context, or NULL. Under
- * fk.lock. */
+/* A stream of c, or NULL. Under fk.lock. */
+static fk_stream_t *fk_stream_in(struct CUctx_st *c, CUstream h) {
+  for (fk_stream_t *st = c->live; st != NULL; st = st->next)
+    if ((CUstream)st == h)
+      return st;
+  return NULL;
+}
+
+/* A stream made in a context that is not current: another device's
+ * primary context, or one cuCtxCreate made (cuda.h, cuStreamGetCtx:
+ * "Returns the CUDA context that the stream is associated with", asked of
+ * any stream; cuMemFreeAsync takes any stream), with it in *ctx; or NULL.
+ * Under fk.lock. */
 static fk_stream_t *fk_foreign_stream(CUstream h, struct CUctx_st **ctx) {
+  fk_stream_t *st;
   for (int i = 0; i < fk.count; i++)
-    for (fk_stream_t *st = fk.ctx[i].live; st != NULL; st = st->next)
-      if ((CUstream)st == h) {
-        *ctx = &fk.ctx[i];
-        return st;
-      }
+    if ((st = fk_stream_in(&fk.ctx[i], h)) != NULL) {
+      *ctx = &fk.ctx[i];
+      return st;
+    }
+  for (struct CUctx_st *c = fk.created; c != NULL; c = c->next_created)
+    if ((st = fk_stream_in(c, h)) != NULL) {
+      *ctx = c;
+      return st;
+    }
   return NULL;
 }
 

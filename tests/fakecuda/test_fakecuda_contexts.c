@@ -52,6 +52,19 @@ static void contexts_are_apart(CUcontext busy, CUcontext other) {
    * 2026-11-28) synchronized it, and answered cuStreamGetFlags for it. */
   if (!fk_real())
     cr_assert_eq(cuStreamSynchronize(s), CUDA_ERROR_INVALID_HANDLE);
+  /* Asked about, the stream is answered from any context (cuda.h,
+   * cuStreamGetCtx: "Returns the CUDA context that the stream is associated
+   * with"): the fake answered only for other devices' primary contexts'
+   * streams, and refused a made context's. */
+  CUcontext owner = NULL;
+  CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  unsigned int flags = 0;
+  cr_assert_eq(cuStreamGetCtx(s, &owner), CUDA_SUCCESS);
+  cr_assert_eq(owner, busy);
+  cr_assert_eq(cuStreamIsCapturing(s, &cap), CUDA_SUCCESS);
+  cr_assert_eq(cap, CU_STREAM_CAPTURE_STATUS_NONE);
+  cr_assert_eq(cuStreamGetFlags(s, &flags), CUDA_SUCCESS);
+  cr_assert_eq(flags, CU_STREAM_NON_BLOCKING);
   cr_assert_eq(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
   cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
   cr_assert_eq(atomic_load(&flag), 1);

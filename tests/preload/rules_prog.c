@@ -710,8 +710,9 @@ static int cross_device(void) {
  * context), and the shim must not retain device N's primary context to
  * tell, as a retain of an inactive one creates it (cuda.h,
  * cuDevicePrimaryCtxRetain). Prints what the allocation got (and the
- * block's device), the primary retains made meanwhile and whether device
- * N's primary context is active. */
+ * block's device), the primary retains made meanwhile, whether device
+ * N's primary context is active, and what cuMemFreeAsync of a block of the
+ * current context on that stream got. */
 static int other_context(int n) {
   CUcontext own = NULL;
   CUdevice dev;
@@ -742,14 +743,21 @@ static int other_context(int n) {
           ? cuFakeGetCallCount("cuDevicePrimaryCtxRetain") - before
           : 0;
   MP_TRY(cuDevicePrimaryCtxGetState(dev, &flags, &active));
+  /* The current context's memory (under the shim a pool block) freed on
+   * that stream: cuMemFreeAsync takes any stream (cuda.h). */
+  CUdeviceptr mine = 0;
+  MP_TRY(cuMemAlloc(&mine, MP_BYTES));
+  CUresult freed = cuMemFreeAsync(mine, s);
+  if (freed != CUDA_SUCCESS)
+    MP_TRY(cuMemFree(mine));
   MP_TRY(cuCtxPushCurrent(own));
   MP_TRY(cuStreamSynchronize(s));
   MP_TRY(cuStreamDestroy(s));
   MP_TRY(cuCtxPopCurrent(NULL));
   MP_TRY(cuCtxDestroy(own));
   printf("allocation %d on device %d, primary retains %lld, primary active "
-         "%d\n",
-         (int)r, ord, retains, active);
+         "%d, a block of the current context freed on it %d\n",
+         (int)r, ord, retains, active, (int)freed);
   return 0;
 }
 

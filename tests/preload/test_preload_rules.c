@@ -140,7 +140,9 @@ Test(preload_rules, under_the_shim_a_destroyed_context_takes_its_memory) {
 /* A stream of a context the program made (cuCtxCreate) on device 0 or 1,
  * used while device 0's primary context is current: its stream-ordered
  * allocations get what the driver gives them, under the shim as without
- * it, and the shim neither makes a pool for that context's device nor
+ * it, a block of the current context may be freed on it (the shim waits
+ * for the stream, which the pool cannot order on), and the shim neither
+ * makes a pool for that context's device nor
  * creates the device's primary context to tell (the stream's creation
  * under the shim made device 1's pool, and with it its primary context,
  * before). */
@@ -152,6 +154,14 @@ static void other_context_rules(const char *ordinal, const char *count) {
   spawn(argv, none, &r);
   cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
   cr_assert(strstr(r.out, "primary retains 0,") != NULL, "%s", r.out);
+  /* The driver served both (the fake refused the stream, 400, until it
+   * found streams of a made context from another one: then the two runs
+   * agreed on a refusal, and the shim's free answered 1 to the driver's
+   * 400). */
+  char served[64];
+  snprintf(served, sizeof served, "allocation 0 on device %s,", ordinal);
+  cr_assert(strstr(r.out, served) != NULL, "%s", r.out);
+  cr_assert(strstr(r.out, "freed on it 0\n") != NULL, "%s", r.out);
   static char driver[sizeof r.out];
   snprintf(driver, sizeof driver, "%s", r.out);
   spawn(argv, shim, &r);
