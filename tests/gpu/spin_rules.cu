@@ -16,6 +16,13 @@
  *                     next request, which the host fills at once (twin of
  *                     host_pool_streams'
  *                     same_stream_does_not_get_a_buffer_its_pending_copy_reads)
+ *   sticky            last, as it leaves the context unusable: after a
+ *                     kernel's illegal access a growth fails with MP_EDRIVER
+ *                     and mp_last_driver_error() is 700,
+ *                     CUDA_ERROR_ILLEGAL_ADDRESS (cuda.h: "any further CUDA
+ *                     work will return the same error"); the twin of
+ *                     test_cuda_driver_error_code.c on the fake's sticky
+ *                     error
  *
  * Built and run by tests/gpu/run_spin.sh (ctest gpu_spin_rules) against
  * libmempool.so; exits 0 when every rule held, 1 naming the one that did
@@ -224,6 +231,22 @@ static void host_staging(mp_device_t *dev, gate_t *g) {
   CHECK(mp_host_pool_destroy(hp) == MP_OK, "destroy: %s", mp_last_error());
 }
 
+/* A store to an address no allocation holds. */
+__global__ void fault(int *p) {
+  *p = 1;
+}
+
+static void sticky(mp_pool_t *pool) {
+  fault<<<1, 1>>>((int *)0x10);
+  cudaError_t e = cudaDeviceSynchronize();
+  CHECK(e == cudaErrorIllegalAddress, "sticky: the fault gave %d", (int)e);
+  void *p = NULL;
+  mp_status_t st = mp_pool_alloc(pool, (size_t)1 << 30, NULL, &p);
+  CHECK(st == MP_EDRIVER && mp_last_driver_error() == 700,
+        "sticky: %s, driver code %d (%s)", mp_status_name(st),
+        mp_last_driver_error(), mp_last_error());
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0); /* what failed survives a crash */
   int n = 0;
@@ -255,6 +278,8 @@ int main(int argc, char **argv) {
   if (only == NULL || strcmp(only, "host_staging") == 0)
     host_staging(dev, &g);
   CHECK(mp_pool_check(pool) == MP_OK, "check: %s", mp_last_error());
+  if (only == NULL || strcmp(only, "sticky") == 0)
+    sticky(pool); /* last: the context is unusable after it */
   gate_close(&g);
   mp_pool_destroy(pool);
   mp_device_close(dev);
