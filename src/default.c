@@ -30,6 +30,7 @@ static mp_pool_t *mp__default;
 static int mp__default_ordinal;
 static mp_status_t mp__default_status = MP_OK;
 static char mp__default_error[MP__ERROR_MAX];
+static int mp__default_cu; /* its driver code (mp_last_driver_error) */
 /* The other devices' pools: written once each under the lock. */
 static _Atomic(mp_pool_t *) mp__others[MP__DEFAULT_DEVICES];
 static pthread_mutex_t mp__others_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -67,6 +68,7 @@ static void mp__default_make(void) {
   }
   if (st != MP_OK) {
     mp__default_status = st;
+    mp__default_cu = mp_last_driver_error();
     snprintf(mp__default_error, sizeof mp__default_error, "%s",
              mp_last_error());
     return;
@@ -117,8 +119,8 @@ static mp_pool_t *mp__default_of_stream(mp_stream_t s) {
   if (mp__default_refused())
     return NULL;
   if (mp__default == NULL) {
-    mp__fail(mp__default_status, "default pool unavailable: %s",
-             mp__default_error);
+    mp__fail_driver(mp__default_cu, mp__default_status,
+                    "default pool unavailable: %s", mp__default_error);
     return NULL;
   }
   int here = -1;
@@ -139,8 +141,8 @@ mp_pool_t *mp__default_pool_for(int device) {
   if (mp__default_refused())
     return NULL;
   if (mp__default == NULL) {
-    mp__fail(mp__default_status, "default pool unavailable: %s",
-             mp__default_error);
+    mp__fail_driver(mp__default_cu, mp__default_status,
+                    "default pool unavailable: %s", mp__default_error);
     return NULL;
   }
   /* A backend of one device (the emulated one answers to 0). */
@@ -181,8 +183,8 @@ mp_pool_t *mp__default_owner(void *ptr, const char *fn) {
   if (mp__default_refused())
     return NULL;
   if (mp__default == NULL) {
-    mp__fail(mp__default_status, "default pool unavailable: %s",
-             mp__default_error);
+    mp__fail_driver(mp__default_cu, mp__default_status,
+                    "default pool unavailable: %s", mp__default_error);
     return NULL;
   }
   /* A backend of one device: its pool is the only one, and says what is

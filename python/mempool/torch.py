@@ -140,8 +140,6 @@ def record_stream(tensor, stream):
     refusal (a stream of another device, a destroyed one): MempoolError."""
     from . import _check, _ptr_or_none, _word
     call = "mp_torch_record_stream"
-    # Both as C words: ctypes wraps an int past 2**64 (or a negative one)
-    # silently, and 2**64 + p recorded the block at p.
     # As Tensor.record_stream, an argument of the wrong kind is TypeError
     # (it was AttributeError, from reading what it does not have).
     if not hasattr(stream, "cuda_stream"):
@@ -150,6 +148,8 @@ def record_stream(tensor, stream):
     if not hasattr(tensor, "data_ptr"):
         raise TypeError("%s: tensor must be a torch.Tensor (an object with "
                         "data_ptr), not %s" % (call, type(tensor).__name__))
+    # Both as C words: ctypes wraps an int past 2**64 (or a negative one)
+    # silently, and 2**64 + p recorded the block at p.
     ptr = _word(_storage_ptr(tensor), "ptr", call)
     handle = _ptr_or_none(stream.cuda_stream, call)
     if not ptr or not _held(ptr):

@@ -158,6 +158,7 @@ static pthread_once_t mp__cuda_once = PTHREAD_ONCE_INIT;
 static mp__cuda_api_t mp__cu;
 static mp_status_t mp__cuda_load_status;
 static char mp__cuda_load_msg[384];
+static CUresult mp__cuda_load_cu; /* cuInit's refusal, else 0 */
 
 /* ---- errors -------------------------------------------------------------- */
 
@@ -344,6 +345,7 @@ static void mp__cuda_load(void) {
   } else if (r != CUDA_SUCCESS) {
     char msg[320];
     mp__cuda_describe(msg, sizeof msg, r, "cuInit");
+    mp__cuda_load_cu = r;
     mp__cuda_load_fail(MP_EDRIVER,
                        "device 'cuda': the CUDA driver failed to "
                        "initialise: %s",
@@ -544,7 +546,8 @@ static mp_status_t mp__cuda_open(mp_device_t *dev, const char *opts) {
     return st;
   pthread_once(&mp__cuda_once, mp__cuda_load);
   if (mp__cuda_load_status != MP_OK)
-    return mp__fail(mp__cuda_load_status, "%s", mp__cuda_load_msg);
+    return mp__fail_driver((int)mp__cuda_load_cu, mp__cuda_load_status, "%s",
+                           mp__cuda_load_msg);
 
   int count = 0;
   CUresult r = mp__cu.DeviceGetCount(&count);

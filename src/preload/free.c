@@ -178,12 +178,17 @@ mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
      * its own stream, whose work the pool still orders. Refused, the
      * driver's code is the answer (mp__pl_cu_error). */
     mp__curesult r = mp__stream_wait(s, ptsz, owner);
+    const char *name = NULL;
+    mp__curesult (*named)(mp__curesult, const char **) =
+        mp__pl_real_cuda()->cuGetErrorName;
+    if (r != MP__CU_SUCCESS && (named == NULL || named(r, &name) != 0))
+      name = NULL;
     st = r == MP__CU_SUCCESS
              ? mp_pool_free(b->pool, ptr)
              : mp__fail_driver((int)r, MP_EDRIVER,
-                               "stream-ordered free: the driver refused the "
-                               "wait for another context's stream (%u)",
-                               r);
+                               "stream-ordered free: cuStreamSynchronize of "
+                               "another context's stream: %s (%u)",
+                               name != NULL ? name : "a CUDA error", r);
   } else
     /* On the caller's stream, always through the pool's stream table,
      * never by the handle the block was allocated on: the same handle may

@@ -105,6 +105,7 @@
   X(own, int, mempool_preload_snapshot, (const char *))
 
 #define MP__PL_REAL(X)                                                         \
+  X(cu, mp__curesult, cuGetErrorName, (mp__curesult, const char **))           \
   X(cu, mp__curesult, cuCtxGetDevice, (int *))                                 \
   X(cu, mp__curesult, cuCtxGetCurrent, (mp__cuctx *))                          \
   X(cu, mp__curesult, cuDeviceGet, (int *, int))                               \

@@ -93,7 +93,10 @@ static void mp__rt_start_thread(const mp__pl_t *pl) {
 
 /* Only the errors it can raise: no call at all for another one (a host
  * function's cudaErrorNotPermitted, mp__pl_free_invalid, which no call of
- * the runtime there would be let through to raise). */
+ * the runtime there would be let through to raise; a driver's code passed
+ * on from a refused wait, mp__pl_cuda_error, which a sticky error raises
+ * in the runtime by itself and another the runtime's last error does not
+ * show). */
 static void mp__rt_set_last_error(const mp__pl_t *pl, mp__cudaerr r) {
   const mp__real_cudart_t *rt = mp__pl_real_cudart();
   if (pl->host || rt->cudaMalloc == NULL ||
@@ -211,8 +214,9 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
   mp__cudaerr r;
   bool captured = false; /* mp__pl_free_refused's answer for s */
   /* The shim's own answer, not the runtime's: its failure is raised in the
-   * runtime's last error too (mp__rt_set_last_error), as the runtime's
-   * cudaFree would have. Not for a refusal the runtime gave (the probe),
+   * runtime's last error too (mp__rt_set_last_error: invalid value, out of
+   * memory), as the runtime's cudaFree would have. Not for a refusal the
+   * runtime gave (the probe),
    * nor for a host function's (the driver's CUDA_ERROR_NOT_PERMITTED: no
    * call of the runtime would be let through to raise it). */
   bool answered = true;

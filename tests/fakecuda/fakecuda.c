@@ -363,7 +363,8 @@ static atomic_llong fk_calls[FK_N_ENTRY_POINTS];
  * CUDA_ERROR_ILLEGAL_ADDRESS). Every entry point answers it but those that do
  * no work in a context: naming errors, versions and entry points, the devices'
  * properties, and the thread's current context. A test hook clears it (0); a
- * real process must exit. */
+ * real process must exit. Process-wide, every device and context alike: a
+ * test cannot show another device still working. */
 static atomic_int fk_sticky;
 static bool fk_sticky_spares(int entry) {
   static const char *const spared[] = {"cuInit",
@@ -403,10 +404,9 @@ void cuFakeSetStickyError(CUresult code) {
       atomic_fetch_add(&fk_not_permitted, 1);                                  \
       return CUDA_ERROR_NOT_PERMITTED;                                         \
     }                                                                          \
-    if (MP__UNLIKELY(atomic_load_explicit(&fk_sticky, memory_order_relaxed) != \
-                     0) &&                                                     \
-        !fk_sticky_spares(FK_##name))                                          \
-      return (CUresult)atomic_load(&fk_sticky);                                \
+    int fk_sticky_ = atomic_load_explicit(&fk_sticky, memory_order_relaxed);   \
+    if (MP__UNLIKELY(fk_sticky_ != 0) && !fk_sticky_spares(FK_##name))         \
+      return (CUresult)fk_sticky_;                                             \
   } while (0)
 
 long long cuFakeGetCallCount(const char *name) {

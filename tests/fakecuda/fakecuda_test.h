@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include <criterion/criterion.h>
+#include <cuda.h>
 
 /* A symbol of the fake libcuda.so.1 (loaded on demand). */
 static inline void *fk_test_sym(const char *name) {
@@ -59,8 +60,8 @@ static inline void fk_reset_calls(void) {
 
 /* Every later call that works in a context answers code (a sticky error,
  * as after a kernel's fault), until a call with 0 (fakecuda.c). */
-static inline void fk_sticky_error(int code) {
-  void (*set)(int);
+static inline void fk_sticky_error(CUresult code) {
+  void (*set)(CUresult);
   void *sym = fk_test_sym("cuFakeSetStickyError");
   memcpy(&set, &sym, sizeof sym);
   set(code);

@@ -15,6 +15,7 @@
 #include <criterion/criterion.h>
 #include <dlfcn.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "preload/hooks.h"
 
@@ -163,6 +164,8 @@ Test(preload_driver_error, cuMemFreeAsync_answers_the_drivers_code,
   sync_code = 0;
   cr_assert_eq(r, 700, "the shim answered %u, not the driver's 700 (%s)", r,
                mp_last_error());
+  cr_expect(strstr(mp_last_error(), "CUDA_ERROR_ILLEGAL_ADDRESS") != NULL,
+            "the message names no error: %s", mp_last_error());
   cr_expect_eq(pool_frees(), before, "the pool took the block");
   cr_expect_eq(cuMemFreeAsync(d, s), MP__CU_SUCCESS, "not the program's");
   cr_expect_eq(pool_frees(), before + 1);
