@@ -47,7 +47,9 @@ typedef struct mp__backend {
    * handle is a stream shared by all threads. */
   int (*stream_kind)(mp_device_t *dev, mp_stream_t s);
   /* 1 when s is being captured into a graph, 0 when not, -1 when it cannot
-   * be told; allowed during capture, never waits. NULL: no capture. */
+   * be told, -2 when the driver failed the question with an error of its
+   * own (recorded, MP_EDRIVER: a capture may be running or not); allowed
+   * during capture, never waits. NULL: no capture. */
   int (*stream_capturing)(mp_device_t *dev, mp_stream_t s);
   /* stream_capturing, and when 1 the capture's id in *id: unique to one
    * capture, so two captures of one stream are told apart (CUDA:

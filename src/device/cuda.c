@@ -954,9 +954,20 @@ static int mp__cuda_stream_kind(mp_device_t *dev, mp_stream_t s) {
 
 static int mp__cuda_stream_capturing(mp_device_t *dev, mp_stream_t s) {
   CUstreamCaptureStatus st;
-  if (mp__cuda_capture_status(mp__cuda_of(dev), s, &st) != CUDA_SUCCESS)
+  CUresult r = mp__cuda_capture_status(mp__cuda_of(dev), s, &st);
+  if (r == CUDA_SUCCESS)
+    return st != CU_STREAM_CAPTURE_STATUS_NONE;
+  /* A capture's own refusals (900 to 908: CUDA_ERROR_STREAM_CAPTURE_*,
+   * CUDA_ERROR_CAPTURED_EVENT) and the errors of a bad handle or a call not
+   * permitted here cannot be told from a capture: -1. Any other is the
+   * driver's failure (a sticky one after a kernel's fault, "any further
+   * CUDA work will return the same error", cuda.h), recorded: -2. */
+  if (mp__cuda_status_of(r) != MP_EDRIVER ||
+      (r >= CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED &&
+       r <= CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD))
     return -1;
-  return st != CU_STREAM_CAPTURE_STATUS_NONE;
+  (void)mp__cuda_fail(r, "cuStreamIsCapturing");
+  return -2;
 }
 
 static int mp__cuda_stream_capture_id(mp_device_t *dev, mp_stream_t s,

@@ -1060,7 +1060,10 @@ mp_status_t mp__streams_unwaitable(const mp_pool_t *pool, const char *what) {
     const mp__strm_t *st = &pool->streams[i];
     if (st->gone || st->capturing || (st->owner != 0 && st->owner != self))
       continue;
-    if (mp__device_stream_capturing(pool->dev, st->s) != 0)
+    int cap = mp__device_stream_capturing(pool->dev, st->s);
+    if (cap == -2) /* the driver's own failure, not a capture */
+      return mp__fail(MP_EDRIVER, "no %s: %s", what, mp_last_error());
+    if (cap != 0)
       return mp__fail(MP_EBUSY,
                       "no %s while stream %p is captured without the pool's "
                       "knowledge, or is the legacy stream while a blocking "

@@ -68,3 +68,38 @@ Test(cuda_driver_error_code, a_known_error_is_its_status_without_a_code) {
   cr_expect_eq(mp_pool_destroy(pool), MP_OK);
   mp_device_close(dev);
 }
+
+/* After a kernel's fault a trim and a destroy say the driver's error: the
+ * question whether a stream is captured, asked before their waits, fails
+ * with it, and it was taken for a capture (MP_EBUSY, "captured without
+ * the pool's knowledge"). Nothing is released; once the driver answers
+ * again the destroy goes through. */
+Test(cuda_driver_error_code, a_trim_and_a_destroy_say_the_drivers_error) {
+  mp_device_t *dev;
+  mp_pool_t *pool = cuda_pool(&dev);
+  void *a = NULL;
+  cr_assert_eq(mp_pool_alloc(pool, 4u << 20, NULL, &a), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, a), MP_OK);
+  mp_stats_t before, after;
+  cr_assert_eq(mp_pool_get_stats(pool, &before), MP_OK);
+  fk_sticky_error(CUDA_ERROR_ILLEGAL_ADDRESS);
+  mp_status_t trim = mp_pool_trim(pool, 0);
+  int trim_cu = mp_last_driver_error();
+  mp_status_t destroy = mp_pool_destroy(pool);
+  int destroy_cu = mp_last_driver_error();
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", mp_last_error());
+  fk_sticky_error(0);
+  cr_expect_eq(trim, MP_EDRIVER, "trim: %s", mp_status_name(trim));
+  cr_expect_eq(trim_cu, CUDA_ERROR_ILLEGAL_ADDRESS);
+  cr_assert_eq(destroy, MP_EDRIVER, "destroy: %s: %s", mp_status_name(destroy),
+               msg);
+  cr_expect_eq(destroy_cu, CUDA_ERROR_ILLEGAL_ADDRESS);
+  cr_expect(strstr(msg, "mp_pool_destroy") != NULL &&
+                strstr(msg, "CUDA_ERROR_ILLEGAL_ADDRESS") != NULL,
+            "%s", msg);
+  cr_assert_eq(mp_pool_get_stats(pool, &after), MP_OK);
+  cr_expect_eq(after.reserved_bytes, before.reserved_bytes);
+  cr_expect_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  mp_device_close(dev);
+}
