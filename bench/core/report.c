@@ -4,11 +4,12 @@
  * Files appear whole or not at all: everything is written into a temporary
  * folder inside the output folder (same file system), and only once all of
  * it is written are the files renamed into place; a failure removes the
- * temporary folder and leaves the output folder as it was. The folder's
- * .run-files lists what a run wrote, so that the next removes those of its
- * files it does not write again (stale plots). Plots are drawn
- * by one gnuplot process from data files in that temporary folder; without
- * gnuplot everything else is still written and the caller is told why. */
+ * temporary folder and leaves the output folder as it was (a rename that
+ * fails midway puts back the files the renames before it replaced). The
+ * folder's .run-files lists what a run wrote, so that the next removes those of
+ * its files it does not write again (stale plots). Plots are drawn by one
+ * gnuplot process from data files in that temporary folder; without gnuplot
+ * everything else is still written and the caller is told why. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -501,6 +502,61 @@ static mp_status_t mpb_stage_beside(const char *from, const char *target,
                     strerror(err));
   }
   return MP_OK;
+}
+
+/* One result file's way into place: from (in the temporary folder, or
+ * staged beside a link's target) to its destination; old, the file it
+ * replaces, kept under a second name until every file is in place. */
+typedef struct {
+  char from[4400], to[4400], old[4400];
+  bool staged, existed, kept, moved;
+} mpb_move_t;
+
+/* A second name (a hard link beside it, on the same file system) for the
+ * file at path, if there is one: *existed says whether there is, *kept
+ * whether it has the name old now. A file system without hard links keeps
+ * nothing: the rename still replaces the file whole, but a later failure
+ * cannot put it back. */
+static void mpb_keep_old(const char *path, char *old, size_t len, bool *existed,
+                         bool *kept) {
+  struct stat sb;
+  *existed = lstat(path, &sb) == 0;
+  *kept = false;
+  const char *slash = strrchr(path, '/'); /* dir/name or an absolute path */
+  if (!*existed || slash == NULL)
+    return;
+  int dirlen = (int)(slash - path);
+  if (snprintf(old, len, "%.*s/.%s.mpbench-old-XXXXXX", dirlen, path,
+               slash + 1) >= (int)len)
+    return;
+  int fd = mkstemp(old); /* a free name, then the link takes it */
+  if (fd < 0)
+    return;
+  close(fd);
+  unlink(old);
+  *kept = link(path, old) == 0;
+}
+
+/* After the rename of mv[failed] failed: each file moved before it is put
+ * back as it was (the kept file renamed back, a file that was not there
+ * removed). false when one of them could not be. */
+static bool mpb_put_back(mpb_move_t *mv, size_t failed) {
+  bool all = true;
+  for (size_t i = failed; i-- > 0;) {
+    if (!mv[i].moved)
+      continue;
+    if (mv[i].kept) {
+      if (rename(mv[i].old, mv[i].to) == 0)
+        mv[i].kept = false;
+      else
+        all = false;
+    } else if (!mv[i].existed) {
+      all = unlink(mv[i].to) == 0 && all;
+    } else {
+      all = false;
+    }
+  }
+  return all;
 }
 
 /* The files mpbench always writes (plots come and go with the workloads). */
@@ -1034,10 +1090,6 @@ mp_status_t mpb_report_write_maps(const char *dir, const mpb_result_t *r,
   /* Every destination is found, and every file that goes through a link
    * is copied beside its target, before anything is renamed: a bad link
    * leaves the output folder, and every target, as they were. */
-  typedef struct {
-    char from[4400], to[4400];
-    bool staged;
-  } mpb_move_t;
   mpb_move_t *mv = st == MP_OK ? calloc(files.n + 1, sizeof *mv) : NULL;
   if (st == MP_OK && mv == NULL)
     st = mp__fail(MP_ENOMEM, "out of host memory");
@@ -1054,16 +1106,33 @@ mp_status_t mpb_report_write_maps(const char *dir, const mpb_result_t *r,
       }
     }
   }
-  for (size_t i = 0; i < files.n && st == MP_OK; i++) {
-    if (rename(mv[i].from, mv[i].to) != 0)
-      st = mp__fail(MP_EINVAL, "cannot move %s into place: %s", mv[i].to,
-                    strerror(errno));
-    else
-      mv[i].staged = false;
+  /* The file each rename replaces is kept under a second name until every
+   * rename is done, so that one failing midway puts the earlier ones back:
+   * the folder then holds the last run's files, not a mix of the two. */
+  for (size_t i = 0; i < files.n && st == MP_OK; i++)
+    mpb_keep_old(mv[i].to, mv[i].old, sizeof mv[i].old, &mv[i].existed,
+                 &mv[i].kept);
+  size_t done = 0;
+  for (; done < files.n && st == MP_OK; done++) {
+    if (rename(mv[done].from, mv[done].to) != 0) {
+      int err = errno;
+      bool back = mpb_put_back(mv, done);
+      st = mp__fail(MP_EINVAL, "cannot move %s into place: %s%s", mv[done].to,
+                    strerror(err),
+                    back ? ": results not written"
+                         : ": some files of the run before could not be "
+                           "put back");
+      break;
+    }
+    mv[done].staged = false;
+    mv[done].moved = true;
   }
-  for (size_t i = 0; mv != NULL && i < files.n; i++)
+  for (size_t i = 0; mv != NULL && i < files.n; i++) {
     if (mv[i].staged)
       unlink(mv[i].from);
+    if (mv[i].kept)
+      unlink(mv[i].old);
+  }
   /* All in place: the folder holds this run's files, none of the last's. */
   if (st == MP_OK)
     mpb_out_drop_stale(dir, &old, &files);
