@@ -18,12 +18,22 @@
 /* ---- create / destroy --------------------------------------------------- */
 
 /* The cap that max_bytes or max_fraction (of the device's memory) give,
- * else the device's size, else none. */
+ * else the device's size, else none. A device that does not tell its size
+ * is no failure (nor a message for mp_last_error()); a driver that fails
+ * the question (a kernel's fault left its error) is: a pool sized without
+ * it would keep a range made for no cap after the driver answers again. */
 static mp_status_t mp__pool_cap_for(const mp_pool_t *pool, size_t max_bytes,
                                     double fraction, size_t *cap, bool *is_max,
                                     size_t *total_out) {
   size_t total = 0;
-  bool told = mp_device_mem_info(pool->dev, NULL, &total) == MP_OK && total > 0;
+  mp__error_saved_t saved;
+  mp__error_save(&saved);
+  mp_status_t info = mp_device_mem_info(pool->dev, NULL, &total);
+  if (info == MP_EDRIVER)
+    return mp__fail(MP_EDRIVER, "the device's size: %s", mp_last_error());
+  if (info != MP_OK)
+    mp__error_restore(&saved);
+  bool told = info == MP_OK && total > 0;
   if (total_out != NULL)
     *total_out = told ? total : 0;
   *is_max = max_bytes != 0 || fraction > 0;

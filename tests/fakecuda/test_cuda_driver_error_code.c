@@ -103,3 +103,31 @@ Test(cuda_driver_error_code, a_trim_and_a_destroy_say_the_drivers_error) {
   cr_expect_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
   mp_device_close(dev);
 }
+
+/* A pool asked for while the driver fails every call (a kernel's fault)
+ * is refused with the driver's error: created, it had sized itself for no
+ * device (cuMemGetInfo failed) and left that failure as the thread's last
+ * error after a success. The driver answering again, the pool is made
+ * and the thread's last failure is still the one it saw. */
+Test(cuda_driver_error_code, a_pool_is_not_made_without_the_devices_size) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_pool_t *pool = NULL;
+  fk_sticky_error(CUDA_ERROR_ILLEGAL_ADDRESS);
+  mp_status_t st = mp_pool_create(dev, NULL, &pool);
+  int cu = mp_last_driver_error();
+  fk_sticky_error(0);
+  cr_expect_eq(st, MP_EDRIVER, "%s", mp_status_name(st));
+  cr_expect_eq(cu, CUDA_ERROR_ILLEGAL_ADDRESS, "%d", cu);
+  cr_expect(strstr(mp_last_error(), "cuMemGetInfo") != NULL, "%s",
+            mp_last_error());
+  cr_expect_null(pool, "written on failure");
+  if (pool != NULL)
+    mp_pool_destroy(pool);
+  mp_pool_t *p2 = NULL;
+  cr_assert_eq(mp_pool_free(NULL, NULL), MP_EINVAL);
+  cr_assert_eq(mp_pool_create(dev, NULL, &p2), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_last_status(), MP_EINVAL, "%s",
+               mp_status_name(mp_last_status()));
+  cr_expect_eq(mp_pool_destroy(p2), MP_OK);
+  mp_device_close(dev);
+}

@@ -22,7 +22,7 @@
  *                     CUDA_ERROR_ILLEGAL_ADDRESS (cuda.h: "any further CUDA
  *                     work will return the same error"); the twin of
  *                     test_cuda_driver_error_code.c on the fake's sticky
- *                     error
+ *                     error; a pool made then is refused the same way
  *
  * Built and run by tests/gpu/run_spin.sh (ctest gpu_spin_rules) against
  * libmempool.so; exits 0 when every rule held, 1 naming the one that did
@@ -244,6 +244,12 @@ static void sticky(mp_pool_t *pool) {
   mp_status_t st = mp_pool_alloc(pool, (size_t)1 << 30, NULL, &p);
   CHECK(st == MP_EDRIVER && mp_last_driver_error() == 700,
         "sticky: %s, driver code %d (%s)", mp_status_name(st),
+        mp_last_driver_error(), mp_last_error());
+  /* A pool asked for now is refused the same way (its size unknown). */
+  mp_pool_t *again = NULL;
+  st = mp_pool_create(mp_pool_device(pool), NULL, &again);
+  CHECK(st == MP_EDRIVER && mp_last_driver_error() == 700 && again == NULL,
+        "sticky: a new pool: %s, driver code %d (%s)", mp_status_name(st),
         mp_last_driver_error(), mp_last_error());
 }
 
