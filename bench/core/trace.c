@@ -136,6 +136,7 @@ typedef struct mpb_parser {
   uint32_t nstream_ids;
   size_t live;    /* bytes the trace has live now */
   bool any_bytes; /* an allocation of a nonzero size was seen */
+  size_t line;    /* lines parsed so far */
 } mpb_parser_t;
 
 static mp_status_t mpb_stream_index(mpb_parser_t *p, uint64_t id, size_t line,
@@ -320,6 +321,62 @@ static mp_status_t mpb_too_big(const char *what, size_t line, bool at_end) {
       at_end ? ", freeing the blocks still live at its end" : "", why);
 }
 
+/* The CSV parser, fed line by line: mpb_trace_parse gives it a whole text,
+ * mpb_trace_load each line as it is read, so that what is not a trace is
+ * refused at its first bad line without reading on. what is kept (the
+ * caller's, clipped); out is emptied on a failure. */
+static mp_status_t mpb_csv_begin(mpb_parser_t **out_p, const char *what,
+                                 const char *name, mpb_workload_t *out) {
+  mpb_workload_init(out, name);
+  mpb_parser_t *p = calloc(1, sizeof *p);
+  if (p == NULL)
+    return mp__fail(MP_ENOMEM, "%s: out of host memory", what);
+  p->what = what;
+  p->w = out;
+  mp__ptrmap_init(&p->map, sizeof(mpb_addr_entry_t));
+  mp__ptrmap_init(&p->streams, sizeof(mpb_stream_entry_t));
+  *out_p = p;
+  return MP_OK;
+}
+
+/* The next line, s[0, l) without its '\n' (a '\r' before it is dropped). */
+static mp_status_t mpb_csv_line(mpb_parser_t *p, const char *s, size_t l) {
+  if (l > 0 && s[l - 1] == '\r')
+    l--;
+  mp_status_t st = MP_OK;
+  if (++p->line == 1)
+    st = mpb_trace_header(s, l, p->what);
+  else if (memchr(s, '\0', l) != NULL)
+    st = mp__fail(MP_EINVAL, "%s:%zu: NUL byte in a text file", p->what,
+                  p->line);
+  else if (l > 0)
+    st = mpb_parse_row(p, s, l, p->line);
+  return st == MP_ENOMEM ? mpb_too_big(p->what, p->line, false) : st;
+}
+
+/* After the last line (st: how the lines went): the workload, or the
+ * reason there is none. Frees p. */
+static mp_status_t mpb_csv_end(mpb_parser_t *p, mp_status_t st) {
+  if (st == MP_OK && p->line == 0)
+    st = mp__fail(MP_EINVAL, "%s: empty file (no header)", p->what);
+  /* Nothing to replay would give figures of zero that look like results. */
+  if (st == MP_OK && !p->any_bytes)
+    st = mp__fail(MP_EINVAL,
+                  "%s: no allocation of a nonzero size: nothing to replay",
+                  p->what);
+  /* Blocks the trace never freed are freed at its end, so every replay
+   * ends empty and allocators are compared on the same events. */
+  if (st == MP_OK && (st = mpb_workload_drain(p->w)) == MP_ENOMEM)
+    st = mpb_too_big(p->what, p->line, true);
+  mpb_workload_t *out = p->w;
+  mp__ptrmap_destroy(&p->map);
+  mp__ptrmap_destroy(&p->streams);
+  free(p);
+  if (st != MP_OK)
+    mpb_workload_free(out);
+  return st;
+}
+
 mp_status_t mpb_trace_parse(const char *text, size_t len, const char *what,
                             const char *name, mpb_workload_t *out) {
   if (text == NULL || out == NULL || what == NULL)
@@ -331,52 +388,18 @@ mp_status_t mpb_trace_parse(const char *text, size_t len, const char *what,
   /* A pickle (PyTorch memory snapshot) by content, whatever its name. */
   if (mpb_snapshot_detect(text, len))
     return mpb_snapshot_parse(text, len, what, name, out);
-  mpb_parser_t *p = calloc(1, sizeof *p);
-  if (p == NULL)
-    return mp__fail(MP_ENOMEM, "%s: out of host memory", what);
-  p->what = what;
-  p->w = out;
-  mp__ptrmap_init(&p->map, sizeof(mpb_addr_entry_t));
-  mp__ptrmap_init(&p->streams, sizeof(mpb_stream_entry_t));
-  mpb_workload_init(out, name);
-  mp_status_t st = MP_OK;
-  size_t line = 0;
+  mpb_parser_t *p;
+  mp_status_t st = mpb_csv_begin(&p, what, name, out);
+  if (st != MP_OK)
+    return st;
   const char *s = text, *end = text + len;
   while (s < end && st == MP_OK) {
     const char *nl = memchr(s, '\n', (size_t)(end - s));
     const char *le = nl ? nl : end;
-    size_t l = (size_t)(le - s);
-    if (l > 0 && s[l - 1] == '\r')
-      l--;
-    line++;
-    if (line == 1) {
-      st = mpb_trace_header(s, l, what);
-    } else if (memchr(s, '\0', l) != NULL) {
-      st = mp__fail(MP_EINVAL, "%s:%zu: NUL byte in a text file", what, line);
-    } else if (l > 0) {
-      st = mpb_parse_row(p, s, l, line);
-    }
+    st = mpb_csv_line(p, s, (size_t)(le - s));
     s = nl ? nl + 1 : end;
   }
-  if (st == MP_ENOMEM)
-    st = mpb_too_big(what, line, false);
-  if (st == MP_OK && line == 0)
-    st = mp__fail(MP_EINVAL, "%s: empty file (no header)", what);
-  /* Nothing to replay would give figures of zero that look like results. */
-  if (st == MP_OK && !p->any_bytes)
-    st = mp__fail(MP_EINVAL,
-                  "%s: no allocation of a nonzero size: nothing to replay",
-                  what);
-  /* Blocks the trace never freed are freed at its end, so every replay
-   * ends empty and allocators are compared on the same events. */
-  if (st == MP_OK && (st = mpb_workload_drain(out)) == MP_ENOMEM)
-    st = mpb_too_big(what, line, true);
-  mp__ptrmap_destroy(&p->map);
-  mp__ptrmap_destroy(&p->streams);
-  free(p);
-  if (st != MP_OK)
-    mpb_workload_free(out);
-  return st;
+  return mpb_csv_end(p, st);
 }
 
 /* Lines counted as the file is read, so that a file with bytes no trace
@@ -406,22 +429,6 @@ static mp_status_t mpb_trace_scan(mpb_scan_t *sc, const char *p, size_t n,
   return MP_OK;
 }
 
-/* Once the first line of buf[0, len) is complete (or is longer than any
- * header), whether it can start a trace: mpb_trace_parse says exactly what
- * is wrong with it; *ok true means read on. */
-static mp_status_t mpb_trace_head_ok(const char *buf, size_t len,
-                                     const char *path, bool *ok) {
-  const char *nl = memchr(buf, '\n', len);
-  if (nl == NULL)
-    return MP_OK; /* not complete yet (mpb_trace_scan bounds it) */
-  size_t l = (size_t)(nl - buf);
-  if (l > 0 && buf[l - 1] == '\r')
-    l--;
-  mp_status_t st = mpb_trace_header(buf, l, path);
-  *ok = st == MP_OK;
-  return st;
-}
-
 mp_status_t mpb_trace_load(const char *path, const char *name,
                            mpb_workload_t *out) {
   if (path == NULL || out == NULL)
@@ -446,7 +453,14 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
   bool regular = stat_ok && S_ISREG(sb.st_mode);
   char *buf = NULL;
   size_t len = 0, cap = 0;
-  bool head_ok = false;
+  /* CSV (known from the first byte) goes to the parser line by line as it
+   * is read, and only the line being read stays in buf: what is not a
+   * trace is refused at its first bad line, not read to its end (a device
+   * or a pipe, /dev/zero, may have none). A snapshot pickle is binary: its
+   * reader checks it once it is read whole, so from a pipe or a device it
+   * is read up to a limit. */
+  mpb_parser_t *csv = NULL;
+  bool pickle = false;
   mpb_scan_t scan = {.line = 1};
   mp_status_t st = MP_OK;
   for (;;) {
@@ -465,21 +479,21 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
     }
     /* A pickle from a pipe or a device: one byte past the limit at most. */
     size_t want = cap - len;
-    if (!regular && mpb_snapshot_detect(buf, len) &&
-        want > MPB_MAX_PIPED_SNAPSHOT + 1 - len)
+    if (pickle && !regular && want > MPB_MAX_PIPED_SNAPSHOT + 1 - len)
       want = MPB_MAX_PIPED_SNAPSHOT + 1 - len;
     size_t got = fread(buf + len, 1, want, f);
     if (got == 0)
       break;
-    /* What is not a trace is refused at its first bad line, not read to
-     * its end: a device or a pipe (/dev/zero) may have none. A snapshot
-     * pickle is binary: its reader checks it once it is read, so from a
-     * pipe or a device it is read up to a limit. */
-    bool csv = !mpb_snapshot_detect(buf, len + got);
-    if (csv && (st = mpb_trace_scan(&scan, buf + len, got, what)) != MP_OK)
+    if (csv == NULL && !pickle) {
+      pickle = mpb_snapshot_detect(buf, got);
+      if (!pickle && (st = mpb_csv_begin(&csv, what, name, out)) != MP_OK)
+        break;
+    }
+    if (csv != NULL &&
+        (st = mpb_trace_scan(&scan, buf + len, got, what)) != MP_OK)
       break;
     len += got;
-    if (!csv && !regular && len > MPB_MAX_PIPED_SNAPSHOT) {
+    if (pickle && !regular && len > MPB_MAX_PIPED_SNAPSHOT) {
       st = mp__fail(MP_EINVAL,
                     "%s: a snapshot pickle read from a pipe or device (not a "
                     "regular file) may be at most %zu bytes: read stopped at "
@@ -487,15 +501,28 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
                     what, MPB_MAX_PIPED_SNAPSHOT, len);
       break;
     }
-    if (csv && !head_ok &&
-        (st = mpb_trace_head_ok(buf, len, what, &head_ok)) != MP_OK)
+    if (csv == NULL)
+      continue;
+    size_t used = 0;
+    for (const char *nl;
+         st == MP_OK && (nl = memchr(buf + used, '\n', len - used)) != NULL;
+         used = (size_t)(nl - buf) + 1)
+      st = mpb_csv_line(csv, buf + used, (size_t)(nl - buf) - used);
+    if (st != MP_OK)
       break;
+    memmove(buf, buf + used, len - used);
+    len -= used;
   }
   if (st == MP_OK && ferror(f) != 0)
     st = mp__fail(MP_EINVAL, "cannot read trace %s", what);
   fclose(f);
-  if (st == MP_OK)
+  if (csv != NULL) { /* the last line, if it has no '\n' */
+    if (st == MP_OK && len > 0)
+      st = mpb_csv_line(csv, buf, len);
+    st = mpb_csv_end(csv, st);
+  } else if (st == MP_OK) {
     st = mpb_trace_parse(buf, len, what, name, out);
+  }
   free(buf);
   return st;
 }
