@@ -321,6 +321,37 @@ static mp_status_t mpb_too_big(const char *what, size_t line, bool at_end) {
       at_end ? ", freeing the blocks still live at its end" : "", why);
 }
 
+/* The CSV parser, fed line by line (below). */
+static mp_status_t mpb_csv_begin(mpb_parser_t **out_p, const char *what,
+                                 const char *name, mpb_workload_t *out);
+static mp_status_t mpb_csv_line(mpb_parser_t *p, const char *s, size_t l);
+static mp_status_t mpb_csv_end(mpb_parser_t *p, mp_status_t st);
+
+mp_status_t mpb_trace_parse(const char *text, size_t len, const char *what,
+                            const char *name, mpb_workload_t *out) {
+  if (text == NULL || out == NULL || what == NULL)
+    return mp__fail(MP_EINVAL, "mpb_trace_parse: NULL argument");
+  /* Named shortened in messages: a long path would leave no room for the
+   * line and the reason (mp__clip; the same for a name clipped before). */
+  char shown[MP__CLIP];
+  what = mp__clip(what, strlen(what), shown, sizeof shown);
+  /* A pickle (PyTorch memory snapshot) by content, whatever its name. */
+  if (mpb_snapshot_detect(text, len))
+    return mpb_snapshot_parse(text, len, what, name, out);
+  mpb_parser_t *p;
+  mp_status_t st = mpb_csv_begin(&p, what, name, out);
+  if (st != MP_OK)
+    return st;
+  const char *s = text, *end = text + len;
+  while (s < end && st == MP_OK) {
+    const char *nl = memchr(s, '\n', (size_t)(end - s));
+    const char *le = nl ? nl : end;
+    st = mpb_csv_line(p, s, (size_t)(le - s));
+    s = nl ? nl + 1 : end;
+  }
+  return mpb_csv_end(p, st);
+}
+
 /* The CSV parser, fed line by line: mpb_trace_parse gives it a whole text,
  * mpb_trace_load each line as it is read, so that what is not a trace is
  * refused at its first bad line without reading on. what is kept (the
@@ -375,31 +406,6 @@ static mp_status_t mpb_csv_end(mpb_parser_t *p, mp_status_t st) {
   if (st != MP_OK)
     mpb_workload_free(out);
   return st;
-}
-
-mp_status_t mpb_trace_parse(const char *text, size_t len, const char *what,
-                            const char *name, mpb_workload_t *out) {
-  if (text == NULL || out == NULL || what == NULL)
-    return mp__fail(MP_EINVAL, "mpb_trace_parse: NULL argument");
-  /* Named shortened in messages: a long path would leave no room for the
-   * line and the reason (mp__clip; the same for a name clipped before). */
-  char shown[MP__CLIP];
-  what = mp__clip(what, strlen(what), shown, sizeof shown);
-  /* A pickle (PyTorch memory snapshot) by content, whatever its name. */
-  if (mpb_snapshot_detect(text, len))
-    return mpb_snapshot_parse(text, len, what, name, out);
-  mpb_parser_t *p;
-  mp_status_t st = mpb_csv_begin(&p, what, name, out);
-  if (st != MP_OK)
-    return st;
-  const char *s = text, *end = text + len;
-  while (s < end && st == MP_OK) {
-    const char *nl = memchr(s, '\n', (size_t)(end - s));
-    const char *le = nl ? nl : end;
-    st = mpb_csv_line(p, s, (size_t)(le - s));
-    s = nl ? nl + 1 : end;
-  }
-  return mpb_csv_end(p, st);
 }
 
 /* Lines counted as the file is read, so that a file with bytes no trace

@@ -73,7 +73,7 @@ Test(trace_load, a_device_of_zeros_is_refused_at_line_one) {
 static void *feed_pickle(void *arg) {
   int fd = open(arg, O_WRONLY);
   if (fd < 0)
-    return (void *)1;
+    return (void *)SIZE_MAX;
   static char chunk[1 << 16];
   chunk[0] = (char)0x80;
   chunk[1] = 2;
@@ -88,25 +88,34 @@ static void *feed_pickle(void *arg) {
   return NULL;
 }
 
-Test(trace_load, a_pickle_from_a_pipe_is_read_up_to_the_limit) {
+/* mpb_trace_load of a FIFO named name that feed (a thread) writes into,
+ * refused (MP_EINVAL, the workload left empty): what feed returned
+ * (SIZE_MAX: it could not open the FIFO). The FIFO's path in fifo. */
+static void *load_fifo_refused(const char *name, void *(*feed)(void *),
+                               char *fifo, size_t len) {
   signal(SIGPIPE, SIG_IGN);
   char dir[] = "/tmp/mp_trace_fifo_XXXXXX";
   cr_assert_not_null(mkdtemp(dir));
-  char fifo[64];
-  snprintf(fifo, sizeof fifo, "%s/snap.pickle", dir);
+  snprintf(fifo, len, "%s/%s", dir, name);
   cr_assert_eq(mkfifo(fifo, 0600), 0);
   pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, feed_pickle, fifo), 0);
+  cr_assert_eq(pthread_create(&t, NULL, feed, fifo), 0);
   mpb_workload_t w;
   memset(&w, 0xa5, sizeof w);
-  mp_status_t st = mpb_trace_load(fifo, "p", &w);
-  void *ret;
-  pthread_join(t, &ret);
+  mp_status_t st = mpb_trace_load(fifo, "fifo", &w);
+  void *fed;
+  pthread_join(t, &fed);
   unlink(fifo);
   rmdir(dir);
-  cr_assert_null(ret, "the writer could not open the FIFO");
-  cr_assert_eq(st, MP_EINVAL);
+  cr_assert_neq((size_t)fed, SIZE_MAX, "the writer could not open the FIFO");
+  cr_assert_eq(st, MP_EINVAL, "%s", mp_status_name(st));
   expect_empty(&w);
+  return fed;
+}
+
+Test(trace_load, a_pickle_from_a_pipe_is_read_up_to_the_limit) {
+  char fifo[64];
+  load_fifo_refused("snap.pickle", feed_pickle, fifo, sizeof fifo);
   char limit[32];
   snprintf(limit, sizeof limit, "at most %zu bytes", MPB_MAX_PIPED_SNAPSHOT);
   cr_expect(strstr(mp_last_error(), fifo) != NULL, "%s", mp_last_error());
@@ -141,25 +150,9 @@ static void *feed_bad_rows(void *arg) {
 }
 
 Test(trace_load, a_pipe_of_bad_rows_is_refused_at_line_two) {
-  signal(SIGPIPE, SIG_IGN);
-  char dir[] = "/tmp/mp_trace_fifo_XXXXXX";
-  cr_assert_not_null(mkdtemp(dir));
   char fifo[64];
-  snprintf(fifo, sizeof fifo, "%s/rows.csv", dir);
-  cr_assert_eq(mkfifo(fifo, 0600), 0);
-  pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, feed_bad_rows, fifo), 0);
-  mpb_workload_t w;
-  memset(&w, 0xa5, sizeof w);
-  mp_status_t st = mpb_trace_load(fifo, "rows", &w);
-  void *ret;
-  pthread_join(t, &ret);
-  unlink(fifo);
-  rmdir(dir);
-  size_t sent = (size_t)ret;
-  cr_assert_neq(sent, SIZE_MAX, "the writer could not open the FIFO");
-  cr_assert_eq(st, MP_EINVAL);
-  expect_empty(&w);
+  size_t sent =
+      (size_t)load_fifo_refused("rows.csv", feed_bad_rows, fifo, sizeof fifo);
   char at[96];
   snprintf(at, sizeof at, "%s:2:", fifo);
   cr_expect(strstr(mp_last_error(), at) != NULL, "'%s' lacks '%s'",
