@@ -262,7 +262,10 @@ static mp_status_t mp__free_elsewhere(mp_pool_t *pool, void *ptr, mp_stream_t s,
     return mp__default_failure(MP_ENODEV);
   /* cuda.h: no synchronize during a capture (it would invalidate it); a
    * stream whose capture cannot be told is not waited for either. */
-  if (mp__device_stream_capturing(mp_pool_device(home), s) != 0)
+  int capturing = mp__device_stream_capturing(mp_pool_device(home), s);
+  if (capturing == -2) /* the driver's own failure (a kernel's fault) */
+    return mp__fail(MP_EDRIVER, "mp_free_async: %s", mp_last_error());
+  if (capturing != 0)
     return mp__fail(MP_EBUSY,
                     "mp_free_async: %p is device %d's memory and stream %p "
                     "of device %d is being captured (or cannot say): the "

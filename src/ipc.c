@@ -312,6 +312,8 @@ mp_status_t mp_ipc_close_after(mp_device_t *dev, void *ptr, mp_stream_t s) {
                     "device '%s'",
                     (void *)s, mp_device_name(dev));
   int capturing = mp__device_stream_capturing(dev, s);
+  if (capturing == -2) /* the driver's own failure (a kernel's fault) */
+    return mp__fail(MP_EDRIVER, "mp_ipc_close_after: %s", mp_last_error());
   if (capturing == 1)
     return mp__fail(MP_EBUSY,
                     "mp_ipc_close_after: stream %p is being captured: its "

@@ -225,6 +225,30 @@ Test(cuda_default_pool, free_async_on_another_devices_capture_is_refused,
   cr_assert_eq(cu.release(1), CUDA_SUCCESS);
 }
 
+/* The same free after a kernel's fault (the fake's sticky error): the
+ * capture question fails with the driver's error, which is the answer
+ * (MP_EDRIVER, code 700); it was taken for a capture (MP_EBUSY, code 0).
+ * The block stays allocated, and is freed once the driver answers. */
+Test(cuda_default_pool,
+     free_async_elsewhere_after_a_fault_says_the_drivers_error,
+     .init = two_devices) {
+  mp_pool_t *pool1;
+  void *p = device_1_block(&pool1);
+  cr_assert_not_null(mp_default_pool(), "%s", mp_last_error());
+  fk_sticky_error(CUDA_ERROR_ILLEGAL_ADDRESS);
+  mp_status_t st = mp_free_async(p, NULL);
+  int code = mp_last_driver_error();
+  fk_sticky_error(0);
+  cr_expect_eq(st, MP_EDRIVER, "%s: %s", mp_status_name(st), mp_last_error());
+  cr_expect_eq(code, CUDA_ERROR_ILLEGAL_ADDRESS, "%d", code);
+  mp_stats_t stats;
+  cr_assert_eq(mp_pool_get_stats(pool1, &stats), MP_OK);
+  cr_expect_eq(stats.live_blocks, 1, "the refused free freed the block");
+  cr_assert_eq(mp_free_async(p, NULL), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(cu.release(0), CUDA_SUCCESS);
+  cr_assert_eq(cu.release(1), CUDA_SUCCESS);
+}
+
 /* Where the driver sees one device every stream is its: the drop-in asks
  * the driver nothing per call to find the stream's device (it asked
  * cuCtxGetDevice for every mp_malloc and default-stream mp_free_async, and

@@ -131,3 +131,27 @@ Test(cuda_driver_error_code, a_pool_is_not_made_without_the_devices_size) {
   cr_expect_eq(mp_pool_destroy(p2), MP_OK);
   mp_device_close(dev);
 }
+
+/* mp_ipc_close_after after a kernel's fault: the question whether its
+ * stream joins a capture fails with the driver's error, which is the
+ * answer (MP_EDRIVER, 700), not "cannot tell" (MP_EBUSY, code 0). */
+Test(cuda_driver_error_code, an_ipc_close_after_says_the_drivers_error) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_stream_t s = NULL;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK, "%s", mp_last_error());
+  int never_opened;
+  fk_sticky_error(CUDA_ERROR_ILLEGAL_ADDRESS);
+  mp_status_t legacy = mp_ipc_close_after(dev, &never_opened, NULL);
+  int legacy_code = mp_last_driver_error();
+  mp_status_t own = mp_ipc_close_after(dev, &never_opened, s);
+  int own_code = mp_last_driver_error();
+  fk_sticky_error(0);
+  cr_expect_eq(legacy, MP_EDRIVER, "%s", mp_status_name(legacy));
+  cr_expect_eq(legacy_code, CUDA_ERROR_ILLEGAL_ADDRESS, "%d", legacy_code);
+  cr_expect_eq(own, MP_EDRIVER, "%s", mp_status_name(own));
+  cr_expect_eq(own_code, CUDA_ERROR_ILLEGAL_ADDRESS, "%d", own_code);
+  /* The driver answering, the pointer is what is wrong. */
+  cr_expect_eq(mp_ipc_close_after(dev, &never_opened, s), MP_EINVAL);
+  cr_expect_eq(mp_stream_destroy(dev, s), MP_OK);
+  mp_device_close(dev);
+}
