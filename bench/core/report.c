@@ -539,22 +539,37 @@ static void mpb_keep_old(const char *path, char *old, size_t len, bool *existed,
 
 /* After the rename of mv[failed] failed: each file moved before it is put
  * back as it was (the kept file renamed back, a file that was not there
- * removed). false when one of them could not be. */
-static bool mpb_put_back(mpb_move_t *mv, size_t failed) {
+ * removed). true when all were; else why says what is left of the first
+ * that was not (its kept copy stays: the cleanup removes only what is no
+ * longer needed). Two result names linked to one file keep two links of
+ * it: renamed back onto the file it already is, a kept link stays and is
+ * removed here. */
+static bool mpb_put_back(mpb_move_t *mv, size_t failed, char *why, size_t len) {
   bool all = true;
+  size_t lost = 0;
   for (size_t i = failed; i-- > 0;) {
-    if (!mv[i].moved)
-      continue;
+    bool back;
     if (mv[i].kept) {
-      if (rename(mv[i].old, mv[i].to) == 0)
+      back = rename(mv[i].old, mv[i].to) == 0;
+      if (back) {
+        unlink(mv[i].old); /* still there when it was a link of mv[i].to */
         mv[i].kept = false;
-      else
-        all = false;
-    } else if (!mv[i].existed) {
-      all = unlink(mv[i].to) == 0 && all;
+      } else if (all) {
+        snprintf(why, len, "the run before's %s is kept as %s", mv[i].to,
+                 mv[i].old);
+      }
     } else {
-      all = false;
+      back = !mv[i].existed && unlink(mv[i].to) == 0;
+      if (!back && all)
+        snprintf(why, len, "%s is this run's%s", mv[i].to,
+                 mv[i].existed ? " (the run before's could not be kept)" : "");
     }
+    lost += !back;
+    all = all && back;
+  }
+  if (lost > 1) {
+    size_t n = strlen(why);
+    snprintf(why + n, len - n, " (and %zu more not put back)", lost - 1);
   }
   return all;
 }
@@ -1116,12 +1131,16 @@ mp_status_t mpb_report_write_maps(const char *dir, const mpb_result_t *r,
   for (; done < files.n && st == MP_OK; done++) {
     if (rename(mv[done].from, mv[done].to) != 0) {
       int err = errno;
-      bool back = mpb_put_back(mv, done);
-      st = mp__fail(MP_EINVAL, "cannot move %s into place: %s%s", mv[done].to,
-                    strerror(err),
-                    back ? ": results not written"
-                         : ": some files of the run before could not be "
-                           "put back");
+      char why[9000] = "";
+      if (mpb_put_back(mv, done, why, sizeof why))
+        st = mp__fail(MP_EINVAL,
+                      "cannot move %s into place: %s: results not written",
+                      mv[done].to, strerror(err));
+      else
+        st = mp__fail(MP_EINVAL,
+                      "cannot move %s into place: %s; putting the run "
+                      "before's files back failed: %s",
+                      mv[done].to, strerror(err), why);
       break;
     }
     mv[done].staged = false;
@@ -1130,7 +1149,8 @@ mp_status_t mpb_report_write_maps(const char *dir, const mpb_result_t *r,
   for (size_t i = 0; mv != NULL && i < files.n; i++) {
     if (mv[i].staged)
       unlink(mv[i].from);
-    if (mv[i].kept)
+    /* A kept file whose put-back failed stays (the message names it). */
+    if (mv[i].kept && (st == MP_OK || !mv[i].moved))
       unlink(mv[i].old);
   }
   /* All in place: the folder holds this run's files, none of the last's. */

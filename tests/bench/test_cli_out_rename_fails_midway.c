@@ -20,10 +20,12 @@
 int __real_rename(const char *from, const char *to);
 
 static const char *fail_name; /* NULL: every rename goes through */
+static bool fail_back;        /* the renames that put a kept file back fail */
 
 int __wrap_rename(const char *from, const char *to) {
   size_t n = fail_name != NULL ? strlen(fail_name) : 0, m = strlen(to);
-  if (fail_name != NULL && m >= n && strcmp(to + m - n, fail_name) == 0) {
+  if ((fail_name != NULL && m >= n && strcmp(to + m - n, fail_name) == 0) ||
+      (fail_back && strstr(from, ".mpbench-old-") != NULL)) {
     errno = EIO;
     return -1;
   }
@@ -38,6 +40,7 @@ static void make_tmp(void) {
   snprintf(docs, sizeof docs, "%s/docs", scratch_dir());
   cr_assert_eq(mkdir(docs, 0777), 0);
   fail_name = NULL;
+  fail_back = false;
 }
 
 static int run(const char *workload) {
@@ -145,4 +148,70 @@ Test(cli_out_rename_fails_midway, a_links_target_is_put_back, .init = make_tmp,
             "results.json is no longer a link");
   expect_no_leftovers(out);
   expect_no_leftovers(docs);
+}
+
+/* results.json and results.csv linked to one file: each rename kept a link
+ * of it, and the second put back (a rename onto the file it already is,
+ * which does nothing) left its link behind. */
+Test(cli_out_rename_fails_midway, two_names_linked_to_one_file_leave_nothing,
+     .init = make_tmp, .fini = scratch_drop) {
+  char shared[700], p[700];
+  snprintf(shared, sizeof shared, "%s/shared", docs);
+  FILE *f = fopen(shared, "w");
+  cr_assert_not_null(f);
+  fputs("the user's file\n", f);
+  fclose(f);
+  cr_assert_eq(mkdir(out, 0777), 0);
+  snprintf(p, sizeof p, "%s/results.json", out);
+  cr_assert_eq(symlink(shared, p), 0);
+  snprintf(p, sizeof p, "%s/results.csv", out);
+  cr_assert_eq(symlink(shared, p), 0);
+  fail_name = "/results.md";
+  cr_assert_neq(run("random:n=50"), 0);
+  cr_expect(strstr(mp_last_error(), "results not written") != NULL, "%s",
+            mp_last_error());
+  char *now = file_of(docs, "shared");
+  cr_expect_str_eq(now, "the user's file\n");
+  free(now);
+  expect_no_leftovers(docs);
+  expect_no_leftovers(out);
+}
+
+/* A kept file that cannot be renamed back stays, and the message names it:
+ * the cleanup removed it, and with it the only copy of the run before's
+ * file. */
+Test(cli_out_rename_fails_midway, a_failed_put_back_keeps_the_run_befores_file,
+     .init = make_tmp, .fini = scratch_drop) {
+  cr_assert_eq(run("random:n=50"), 0, "%s", mp_last_error());
+  char *before[4];
+  for (int i = 0; i < 4; i++)
+    before[i] = file_of(out, names[i]);
+  fail_name = "/report.html"; /* after results.json, .csv and .md */
+  fail_back = true;
+  cr_assert_neq(run("cnn:batches=2"), 0);
+  char msg[2048];
+  snprintf(msg, sizeof msg, "%s", mp_last_error());
+  const char *named = strstr(msg, "failed: the run before's ");
+  const char *kept = strstr(msg, " is kept as ");
+  cr_assert(named != NULL && kept != NULL && named < kept, "%s", msg);
+  cr_expect(strstr(msg, "and 2 more not put back") != NULL, "%s", msg);
+  named += strlen("failed: the run before's ");
+  char file[700], copy[700];
+  snprintf(file, sizeof file, "%.*s", (int)(kept - named), named);
+  snprintf(copy, sizeof copy, "%s", kept + strlen(" is kept as "));
+  *strchrnul(copy, ' ') = '\0';
+  int which = -1;
+  for (int i = 0; i < 4; i++) {
+    char p[700];
+    snprintf(p, sizeof p, "%s/%s", out, names[i]);
+    if (strcmp(p, file) == 0)
+      which = i;
+  }
+  cr_assert_geq(which, 0, "%s names no result file", msg);
+  char *now = strdup(slurp(copy));
+  cr_expect_str_eq(now, before[which], "%s is not the run before's %s", copy,
+                   names[which]);
+  free(now);
+  for (int i = 0; i < 4; i++)
+    free(before[i]);
 }
