@@ -61,4 +61,12 @@ static inline char *slurp(const char *path) {
   return buf;
 }
 
+/* path made (or emptied) to hold text. */
+static inline void put_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  cr_assert_not_null(f, "cannot write %s", path);
+  fputs(text, f);
+  fclose(f);
+}
+
 #endif /* MPBENCH_TEST_CLI_FILES_H */

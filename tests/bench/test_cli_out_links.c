@@ -30,13 +30,6 @@ static void drop_tmp(void) {
   rm_tree(tmpdir);
 }
 
-static void put(const char *path, const char *text) {
-  FILE *f = fopen(path, "w");
-  cr_assert_not_null(f, "cannot write %s", path);
-  fputs(text, f);
-  fclose(f);
-}
-
 /* out/name made a link to target (as given: relative or absolute). */
 static void link_out(const char *name, const char *target) {
   char p[700];
@@ -90,8 +83,8 @@ Test(cli_out_links, results_are_written_through_links_into_their_targets,
   char md[600], json[600];
   snprintf(md, sizeof md, "%s/results.md", docs);
   snprintf(json, sizeof json, "%s/results.json", docs);
-  put(md, "old table\n");
-  put(json, "{}\n");
+  put_text(md, "old table\n");
+  put_text(json, "{}\n");
   cr_assert_eq(chmod(md, 0640), 0);
   link_out("results.md", "../docs/results.md"); /* relative */
   link_out("results.json", json);               /* absolute */
@@ -121,7 +114,7 @@ Test(cli_out_links, a_plot_is_written_through_its_link, .init = make_tmp,
     cr_skip_test("gnuplot with a png terminal is not installed");
   char png[600];
   snprintf(png, sizeof png, "%s/ratios.png", docs);
-  put(png, "not a png\n");
+  put_text(png, "not a png\n");
   link_out("ratios.png", png);
   cr_assert_eq(run_small(true), 0, "%s", mp_last_error());
   expect_link("ratios.png", png);
@@ -134,7 +127,7 @@ Test(cli_out_links, a_plot_is_written_through_its_link, .init = make_tmp,
 static void expect_refused(const char *name, const char *why) {
   char json[600];
   snprintf(json, sizeof json, "%s/results.json", out);
-  put(json, "old json\n");
+  put_text(json, "old json\n");
   cr_expect_eq(run_small(false), 2);
   const char *err = mp_last_error();
   cr_expect(strstr(err, name) != NULL, "%s", err);
@@ -174,8 +167,8 @@ Test(cli_out_links, a_bad_link_found_at_the_end_changes_nothing,
   char md[600], json[600];
   snprintf(md, sizeof md, "%s/results.md", docs);
   snprintf(json, sizeof json, "%s/results.json", out);
-  put(md, "old table\n");
-  put(json, "old json\n");
+  put_text(md, "old table\n");
+  put_text(json, "old json\n");
   link_out("results.md", md);
   link_out("ratios.png", "nowhere.png");
   cr_expect_eq(run_small(true), 1);

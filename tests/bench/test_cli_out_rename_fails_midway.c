@@ -80,12 +80,17 @@ static void expect_no_leftovers(const char *dir) {
 static const char *const names[] = {"results.json", "results.csv", "results.md",
                                     ".run-files"};
 
-Test(cli_out_rename_fails_midway, the_files_moved_before_are_put_back,
-     .init = make_tmp, .fini = scratch_drop) {
+/* A run that goes through; what it wrote of names[] in before. */
+static void first_run(char *before[4]) {
   cr_assert_eq(run("random:n=50"), 0, "%s", mp_last_error());
-  char *before[4];
   for (int i = 0; i < 4; i++)
     before[i] = file_of(out, names[i]);
+}
+
+Test(cli_out_rename_fails_midway, the_files_moved_before_are_put_back,
+     .init = make_tmp, .fini = scratch_drop) {
+  char *before[4];
+  first_run(before);
   char *html = file_of(out, "report.html");
   /* results.json, .csv and .md are moved before report.html. */
   fail_name = "/report.html";
@@ -157,10 +162,7 @@ Test(cli_out_rename_fails_midway, two_names_linked_to_one_file_leave_nothing,
      .init = make_tmp, .fini = scratch_drop) {
   char shared[700], p[700];
   snprintf(shared, sizeof shared, "%s/shared", docs);
-  FILE *f = fopen(shared, "w");
-  cr_assert_not_null(f);
-  fputs("the user's file\n", f);
-  fclose(f);
+  put_text(shared, "the user's file\n");
   cr_assert_eq(mkdir(out, 0777), 0);
   snprintf(p, sizeof p, "%s/results.json", out);
   cr_assert_eq(symlink(shared, p), 0);
@@ -182,10 +184,8 @@ Test(cli_out_rename_fails_midway, two_names_linked_to_one_file_leave_nothing,
  * file. */
 Test(cli_out_rename_fails_midway, a_failed_put_back_keeps_the_run_befores_file,
      .init = make_tmp, .fini = scratch_drop) {
-  cr_assert_eq(run("random:n=50"), 0, "%s", mp_last_error());
   char *before[4];
-  for (int i = 0; i < 4; i++)
-    before[i] = file_of(out, names[i]);
+  first_run(before);
   fail_name = "/report.html"; /* after results.json, .csv and .md */
   fail_back = true;
   cr_assert_neq(run("cnn:batches=2"), 0);
