@@ -415,7 +415,8 @@ static void mp__snapshot_signal_arm(void) {
   if (sig == 0)
     why = "not USR1, USR2 or a signal number that can be caught and is "
           "not raised by faults (SEGV, BUS, FPE, ILL)";
-  else if (getenv("MEMPOOL_SNAPSHOT") == NULL)
+  else if (getenv("MEMPOOL_SNAPSHOT") == NULL ||
+           getenv("MEMPOOL_SNAPSHOT")[0] == '\0') /* as mp__pl_env_path */
     why = "MEMPOOL_SNAPSHOT (the path) is not set";
   else if (pipe2(fds, O_CLOEXEC) != 0 ||
            fcntl(fds[1], F_SETFL, O_NONBLOCK) != 0)

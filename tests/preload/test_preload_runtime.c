@@ -474,6 +474,23 @@ Test(preload_runtime, bad_snapshot_signal_is_said_and_ignored) {
   }
 }
 
+/* A snapshot signal without a path (MEMPOOL_SNAPSHOT unset, or set empty,
+ * which every path variable takes as unset) is said and not armed: the
+ * signal keeps its default action. Set empty, it was armed in silence, and
+ * each signal then wrote nothing. (spawn takes "VAR=" as unset: the empty
+ * value is set by env(1), which runs the program.) */
+Test(preload_runtime, a_snapshot_signal_without_a_path_is_said) {
+  const char *empty[] = {"/usr/bin/env", "MEMPOOL_SNAPSHOT=", MP_RT_PROG, N,
+                         NULL};
+  const char *const *argv[] = {prog, empty};
+  for (size_t i = 0; i < 2; i++) {
+    run_preloaded(argv[i], "MEMPOOL_SNAPSHOT_SIGNAL=USR1", NULL, NULL, &r);
+    cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+    cr_expect(strstr(r.err, "MEMPOOL_SNAPSHOT (the path) is not set") != NULL,
+              "%s: nothing said: %s", i == 0 ? "unset" : "empty", r.err);
+  }
+}
+
 /* With var=/dev/full the program runs as ever and the failed write is
  * said on stderr at exit, naming var and the path. */
 static void expect_full_disk_said(const char *var) {
