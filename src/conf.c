@@ -90,6 +90,31 @@ static size_t mp__digits(const char *s, size_t len) {
   return n;
 }
 
+/* buf (len bytes, a decimal number mp__parse_decimal checked, its
+ * mantissa the first mantissa bytes) as a double in *out. */
+static bool mp__strtod_c(const char *buf, size_t len, size_t mantissa,
+                         double *out) {
+  /* strtod reads the decimal point of LC_NUMERIC (a program that called
+   * setlocale(LC_ALL, "") under de_DE has ','): strtod_l in the "C"
+   * locale reads '.' whatever the program set. glibc hands "C" out
+   * without allocating; elsewhere a failed newlocale is a refusal. */
+  locale_t c = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
+  if (c == (locale_t)0)
+    return false;
+  char *end = NULL;
+  double v = strtod_l(buf, &end, c);
+  freelocale(c);
+  if (end != buf + len)
+    return false;
+  /* Out of a double's range: strtod gives inf for "1e400" and 0 for
+   * "1e-400" (ERANGE), values the text does not say (to a caller, 0 and inf
+   * may mean "no limit"). A subnormal result is still the number. */
+  if (isinf(v) || (v == 0 && strcspn(buf, "123456789") < mantissa))
+    return false;
+  *out = v;
+  return true;
+}
+
 bool mp__parse_decimal(const char *s, size_t len, double *out) {
   size_t i = mp__digits(s, len);
   size_t digits = i;
@@ -110,30 +135,20 @@ bool mp__parse_decimal(const char *s, size_t len, double *out) {
       return false;
     i += exp;
   }
-  char buf[64];
-  if (i != len || len >= sizeof buf)
+  if (i != len)
+    return false;
+  /* A copy to end the text for strtod: on the heap when long (a fraction
+   * written with many digits is still a fraction). */
+  char small[64];
+  char *buf = len < sizeof small ? small : mp__host_alloc(len + 1);
+  if (buf == NULL)
     return false;
   memcpy(buf, s, len);
   buf[len] = '\0';
-  /* strtod reads the decimal point of LC_NUMERIC (a program that called
-   * setlocale(LC_ALL, "") under de_DE has ','): strtod_l in the "C"
-   * locale reads '.' whatever the program set. glibc hands "C" out
-   * without allocating; elsewhere a failed newlocale is a refusal. */
-  locale_t c = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
-  if (c == (locale_t)0)
-    return false;
-  char *end = NULL;
-  double v = strtod_l(buf, &end, c);
-  freelocale(c);
-  if (end != buf + len)
-    return false;
-  /* Out of a double's range: strtod gives inf for "1e400" and 0 for
-   * "1e-400" (ERANGE), values the text does not say (to a caller, 0 and inf
-   * may mean "no limit"). A subnormal result is still the number. */
-  if (isinf(v) || (v == 0 && strcspn(buf, "123456789") < mantissa))
-    return false;
-  *out = v;
-  return true;
+  bool ok = mp__strtod_c(buf, len, mantissa, out);
+  if (buf != small)
+    free(buf);
+  return ok;
 }
 
 bool mp__parse_bool(const char *s, size_t len, bool *out) {

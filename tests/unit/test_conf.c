@@ -41,6 +41,24 @@ Test(conf, malformed_sizes_are_rejected) {
   }
 }
 
+/* A fraction written with more digits than a short buffer holds is still
+ * that fraction (it was refused as "not a fraction"); what is not a number
+ * is refused however long. */
+Test(conf, long_decimals_are_numbers) {
+  char s[300];
+  memset(s, '0', sizeof s - 1);
+  s[sizeof s - 1] = '\0';
+  s[1] = '.';
+  s[2] = '5';
+  double v = 0;
+  cr_expect(mp__parse_decimal(s, strlen(s), &v), "%s", s);
+  cr_expect_eq(v, 0.5);
+  s[200] = 'x';
+  v = 7;
+  cr_expect_not(mp__parse_decimal(s, strlen(s), &v));
+  cr_expect_eq(v, 7, "a rejected decimal must not change the output");
+}
+
 Test(conf, bools_accept_common_spellings) {
   bool b = false;
   cr_expect(mp__parse_bool("on", 2, &b) && b);
