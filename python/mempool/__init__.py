@@ -135,6 +135,22 @@ def _bad(detail, call):
 _WORD = 1 << (8 * ctypes.sizeof(ctypes.c_size_t))
 
 
+def _int_text(value):
+    """An int as a message shows it: decimal, but by its size past 128
+    bits (str() of an int of more than 4300 digits raises ValueError, which
+    would replace the refusal being made)."""
+    if value.bit_length() <= 128:
+        return "%d" % value
+    return "%s(a %d-bit integer)" % ("-" if value < 0 else "", value.bit_length())
+
+
+def _shown(value):
+    """repr(value) for a call's name, an int by _int_text."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _int_text(value)
+    return repr(value)
+
+
 def _word(value, what, call):
     """value as a C size_t or pointer: ctypes would wrap an int outside
     [0, 2**64) silently (2**64 + p freed p; -1 asked 16 EiB). Any integer
@@ -145,15 +161,15 @@ def _word(value, what, call):
                         % (call, what, type(value).__name__))
     value = operator.index(value)
     if not 0 <= value < _WORD:
-        raise _bad("%s %d is not in [0, 2**%d)" % (what, value, 8 * ctypes.sizeof(ctypes.c_size_t)),
-                   call)
+        raise _bad("%s %s is not in [0, 2**%d)"
+                   % (what, _int_text(value), 8 * ctypes.sizeof(ctypes.c_size_t)), call)
     return value
 
 
-def _ptr_or_none(ptr, call):
+def _ptr_or_none(ptr, call, what="ptr"):
     """A pointer argument that may be None, passed as NULL: alloc(0)
     returns None, and freeing it must be what freeing NULL is in C."""
-    return None if ptr is None else _word(ptr, "ptr", call)
+    return None if ptr is None else _word(ptr, what, call)
 
 
 def _cstr(text, what, call):
@@ -269,6 +285,22 @@ def _on_drop(obj, fn, *args):
     f = weakref.finalize(obj, fn, *args)
     f.atexit = False
     return f
+
+
+def _exit_closing(close, exc_type):
+    """close() on leaving a with block. While the block's own exception is
+    on its way out, a refusal of the close (Busy: a pool still alive on the
+    device, a call running on another thread) does not replace it: it is
+    said as a ResourceWarning, and the object stays open as close() leaves
+    it."""
+    if exc_type is None:
+        close()
+        return
+    try:
+        close()
+    except MempoolError as e:
+        warnings.warn("%s (leaving a with block that raised %s)" % (e, exc_type.__name__),
+                      ResourceWarning, stacklevel=3)
 
 
 class _Handle:
@@ -436,8 +468,8 @@ class Device(_Handle):
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        _exit_closing(self.close, exc_type)
 
     def __repr__(self):
         if self.handle is None:
@@ -515,8 +547,8 @@ class Stream(_Handle):
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.destroy()
+    def __exit__(self, exc_type, exc, tb):
+        _exit_closing(self.destroy, exc_type)
 
 
 class _Config(ctypes.Structure):
@@ -531,8 +563,15 @@ class _Config(ctypes.Structure):
 
 
 def _options(options, kwargs):
+    if isinstance(options, bytes):  # as Device takes its spec
+        try:
+            options = options.decode()
+        except UnicodeDecodeError as e:
+            raise _bad("options %r are not UTF-8 text: %s at offset %d"
+                       % (options, e.reason, e.start), "Pool") from None
     if options is not None and not isinstance(options, str):
-        raise TypeError("Pool: options must be a str, not %s" % type(options).__name__)
+        raise TypeError("Pool: options must be a str or bytes, not %s"
+                        % type(options).__name__)
     # The string goes to the library as given: a trailing ',' it refuses
     # ("trailing ','") stays refused with keywords after it (an empty
     # option), never dropped here.
@@ -629,7 +668,7 @@ class Pool(_Handle):
     def alloc(self, nbytes, stream=None):
         """The address (int) of a block of nbytes for use on stream; None for 0."""
         out = ctypes.c_void_p()
-        call = "mp_pool_alloc(%r)" % (nbytes,)
+        call = "mp_pool_alloc(%s)" % _shown(nbytes)
         nbytes = _word(nbytes, "nbytes", call)
         with _use(self, stream):
             _check(_lib.lib().mp_pool_alloc(self.handle, nbytes, _stream_handle(stream),
@@ -765,8 +804,8 @@ class Pool(_Handle):
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.destroy()
+    def __exit__(self, exc_type, exc, tb):
+        _exit_closing(self.destroy, exc_type)
 
 
 def default_pool_stats():

@@ -39,8 +39,9 @@ def _device_number(device, call):
     (ctypes would wrap 2**32 to device 0)."""
     if isinstance(device, bool) or not isinstance(device, int) \
             or not 0 <= device <= _INT_MAX:
-        raise ValueError("%s: device %r is not a device number (0 to %d)"
-                         % (call, device, _INT_MAX))
+        from . import _shown
+        raise ValueError("%s: device %s is not a device number (0 to %d)"
+                         % (call, _shown(device), _INT_MAX))
     return device
 
 
@@ -95,9 +96,20 @@ def empty_cache():
     _default_pools("mp_torch_reset").mp_torch_reset()
 
 
-def set_memory_fraction(fraction, device=0):
+def _current_device():
+    """torch.cuda.current_device(), or 0 without torch or CUDA."""
+    try:
+        import torch
+        return torch.cuda.current_device() if torch.cuda.is_available() else 0
+    except ImportError:
+        return 0
+
+
+def set_memory_fraction(fraction, device=None):
     """torch.cuda.set_per_process_memory_fraction() for mempool: caps the
     default pool of device at fraction of its memory; 0 lifts the cap.
+    device None, as in PyTorch's call, is PyTorch's current device (device
+    0 where torch cannot be imported or has no CUDA).
     A fraction outside [0, 1] (NaN included) or a device that is not a
     number from 0 to 2**31 - 1 (a C int): ValueError (ctypes would wrap
     2**32 to device 0). A refusal of the library's (a device the default
@@ -110,6 +122,8 @@ def set_memory_fraction(fraction, device=0):
     fraction = float(fraction)
     if not 0.0 <= fraction <= 1.0:
         raise ValueError("set_memory_fraction: fraction %r is not in [0, 1]" % fraction)
+    if device is None:
+        device = _current_device()
     _device_number(device, "set_memory_fraction")
     from . import _check, _default_pools
     L = _default_pools("mp_torch_memory_fraction")
@@ -151,7 +165,7 @@ def record_stream(tensor, stream):
     # Both as C words: ctypes wraps an int past 2**64 (or a negative one)
     # silently, and 2**64 + p recorded the block at p.
     ptr = _word(_storage_ptr(tensor), "ptr", call)
-    handle = _ptr_or_none(stream.cuda_stream, call)
+    handle = _ptr_or_none(stream.cuda_stream, call, "stream")
     if not ptr or not _held(ptr):
         return
     _check(_lib.lib().mp_torch_record_stream_ex(ptr, handle), call)

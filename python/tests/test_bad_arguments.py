@@ -126,6 +126,45 @@ def test_closing_a_device_under_a_live_pool_is_busy_and_keeps_both(device):
     assert device.handle is None
 
 
+def test_leaving_a_with_block_that_raised_keeps_its_exception(device):
+    # Device.__exit__ closed the device under a live pool: Busy replaced
+    # the block's own exception (the KeyError only its __context__).
+    with pytest.warns(ResourceWarning, match="MP_EBUSY.*KeyError"):
+        with pytest.raises(KeyError, match="the block's own"):
+            with device:
+                p = mempool.Pool(device, "max_bytes=16M")
+                raise KeyError("the block's own")
+    assert device.handle is not None  # refused, as close() refuses it
+    p.destroy()
+    with device:  # no exception: close() as ever, and it goes through
+        pass
+    assert device.handle is None
+    with pytest.raises(mempool.Busy):  # and without one, Busy is raised
+        with mempool.Device("host:capacity=64M") as d:
+            q = mempool.Pool(d, "max_bytes=16M")
+    q.destroy()
+    d.close()
+
+
+def test_integers_past_the_digit_limit_are_refused_by_the_package(pool):
+    # Formatting the value for the message raised Python's own ValueError
+    # ("Exceeds the limit (4300 digits) for integer string conversion"),
+    # which MempoolError handlers do not catch.
+    huge = 10**5000
+    for call in (lambda: pool.alloc(huge), lambda: pool.free(huge),
+                 lambda: pool.alloc(-huge), lambda: pool.record_stream(huge, None)):
+        with pytest.raises(mempool.InvalidArgument, match="-bit integer"):
+            call()
+
+
+def test_pool_options_may_be_bytes_as_a_device_spec_may(device):
+    p = mempool.Pool(device, b"max_bytes=16M")
+    assert p.alloc(4096) is not None
+    p.destroy()
+    with pytest.raises(mempool.InvalidArgument, match="UTF-8"):
+        mempool.Pool(device, b"max_bytes=\xff")
+
+
 @pytest.mark.parametrize("fraction, dev", [(2.0, 0), (-1.0, 0), (math.nan, 0),
                                            (0.5, -3), (0.5, 1.5), (0.5, True),
                                            (0.5, 2**31), (0.5, 2**32)])
@@ -149,6 +188,12 @@ def test_set_memory_fraction_of_the_wrong_type_is_type_error_and_sets_nothing(mo
     mempool.torch.set_memory_fraction(0, 0)  # numbers still go through
     mempool.torch.set_memory_fraction(0.25, 0)
     assert calls == [(0.0, 0), (0.25, 0)]
+    # device None, as PyTorch's call takes it: the current device (0
+    # without torch); it was refused as "not a device number".
+    mempool.torch.set_memory_fraction(0.5, None)
+    mempool.torch.set_memory_fraction(0.5)
+    current = mempool.torch._current_device()
+    assert calls[2:] == [(0.5, current), (0.5, current)]
 
 
 def test_copying_or_pickling_a_device_pool_or_stream_is_refused(device, pool):

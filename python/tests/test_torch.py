@@ -264,9 +264,10 @@ for ptr, h in [(p + 2**64, s.value), (p - 2**64, s.value), (p, s.value + 2**64),
     try:
         mempool.torch.record_stream(Tensor(ptr), Stream(h))
         print("recorded")
-    except mempool.InvalidArgument:
-        print("refused")
+    except mempool.InvalidArgument as e:
+        # named as what it is (a bad stream was called "ptr")
+        print("refused", "ptr" if " ptr " in str(e) else "stream" if " stream " in str(e) else "?")
 lib.mp_torch_free(p, 1 << 20, 0, None)
 """)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["refused"] * 4, r.stdout
+    assert r.stdout.split() == ["refused", "ptr"] * 2 + ["refused", "stream"] * 2, r.stdout
