@@ -338,7 +338,7 @@ mp_status_t mpb_trace_parse(const char *text, size_t len, const char *what,
   /* A pickle (PyTorch memory snapshot) by content, whatever its name. */
   if (mpb_snapshot_detect(text, len))
     return mpb_snapshot_parse(text, len, what, name, out);
-  mpb_parser_t *p;
+  mpb_parser_t *p = NULL;
   mp_status_t st = mpb_csv_begin(&p, what, name, out);
   if (st != MP_OK)
     return st;
