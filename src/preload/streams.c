@@ -14,7 +14,9 @@
  *    that the driver gives the same handle as a new stream.
  * What the shim cannot see: streams created before it started (none under
  * LD_PRELOAD) and per-thread default streams of threads that never
- * allocated through the shim; a kernel there is not waited for by a free. */
+ * allocated through the shim. A kernel on such a per-thread stream is
+ * still waited for by a free: the stream is a blocking one, which the
+ * legacy stream's work (the pool's marker there) waits for. */
 #include "hooks.h"
 
 static void mp__stream_made(mp__curesult r, mp__custream *ps) {

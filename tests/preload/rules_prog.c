@@ -168,6 +168,15 @@ static int per_thread(void) {
   return 0;
 }
 
+/* The end of a rule that passed: every stream's work done, the host
+ * byte the kernels wrote freed, "ok" said. */
+static int settled_ok(unsigned char *seen) {
+  MP_TRY(cuCtxSynchronize());
+  MP_TRY(cuMemFreeHost(seen));
+  puts("ok");
+  return 0;
+}
+
 static CUdeviceptr shared_p;
 static unsigned char *shared_seen;
 static pthread_mutex_t step_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -188,23 +197,59 @@ static void step_wait(int n) {
   pthread_mutex_unlock(&step_mu);
 }
 
-/* Thread B: its kernel reads A's block late, then frees it on B's own
- * per-thread stream; B's stream is waited for only once A is done. */
-static void *read_and_free_on_own_per_thread_stream(void *unused) {
-  (void)unused;
+/* Thread B: its kernel reads A's block late on B's own per-thread stream
+ * and, with frees (not NULL), B then frees the block there; B's stream is
+ * waited for only once A is done. */
+static void *read_late_on_own_per_thread_stream(void *frees) {
   CUstream pt = CU_STREAM_PER_THREAD;
   void *failed = NULL;
   if (cuCtxSetCurrent(ctx) != CUDA_SUCCESS ||
       cuLaunchHostFunc(pt, slow_start, NULL) != CUDA_SUCCESS ||
       cuMemcpyAsync((CUdeviceptr)(uintptr_t)shared_seen, shared_p, 1, pt) !=
           CUDA_SUCCESS ||
-      cuMemFreeAsync(shared_p, pt) != CUDA_SUCCESS)
+      (frees != NULL && cuMemFreeAsync(shared_p, pt) != CUDA_SUCCESS))
     failed = (void *)1;
   step_to(1);
   step_wait(2);
   if (cuStreamSynchronize(pt) != CUDA_SUCCESS)
     failed = (void *)1;
   return failed;
+}
+
+/* Thread B reads shared_p late on its per-thread stream (and frees it
+ * there, with b_frees); meanwhile
+ * thread A (after a cuMemFree of shared_p, with free_first) allocates a
+ * block on s into *q and overwrites it. B must have read 1: else says
+ * what happened (what) and returns 1. */
+static int overwrite_while_b_reads(bool b_frees, bool free_first, CUstream s,
+                                   CUdeviceptr *q, const char *what) {
+  pthread_t t;
+  void *failed = NULL;
+  if (pthread_create(&t, NULL, read_late_on_own_per_thread_stream,
+                     b_frees ? (void *)1 : NULL) != 0) {
+    puts("no thread B");
+    return 1;
+  }
+  step_wait(1);
+  CUresult a = free_first ? cuMemFree(shared_p) : CUDA_SUCCESS;
+  if (a == CUDA_SUCCESS)
+    a = cuMemAllocAsync(q, MP_BYTES, s);
+  if (a == CUDA_SUCCESS)
+    a = cuMemsetD8Async(*q, 2, MP_BYTES, s);
+  if (a == CUDA_SUCCESS)
+    a = cuStreamSynchronize(s);
+  step_to(2);
+  if (pthread_join(t, &failed) != 0 || failed != NULL || a != CUDA_SUCCESS) {
+    printf("a call failed (thread A: error %d)\n", (int)a);
+    return 1;
+  }
+  if (*shared_seen != 1) {
+    printf("the kernel on thread B's per-thread stream read %d, not 1: %s "
+           "(new block %s the old) and overwrote it under it\n",
+           *shared_seen, what, *q == shared_p ? "is" : "is not");
+    return 1;
+  }
+  return 0;
 }
 
 static int per_thread_free(void) {
@@ -214,36 +259,43 @@ static int per_thread_free(void) {
   MP_TRY(cuMemAllocAsync(&shared_p, MP_BYTES, pt));
   MP_TRY(cuMemsetD8Async(shared_p, 1, MP_BYTES, pt));
   MP_TRY(cuStreamSynchronize(pt));
-  pthread_t t;
-  void *failed = NULL;
-  if (pthread_create(&t, NULL, read_and_free_on_own_per_thread_stream, NULL) !=
-      0) {
-    puts("no thread B");
+  if (overwrite_while_b_reads(true, false, pt, &q,
+                              "thread A got the block B freed on B's stream"))
     return 1;
-  }
-  step_wait(1);
-  CUresult a = cuMemAllocAsync(&q, MP_BYTES, pt);
-  if (a == CUDA_SUCCESS)
-    a = cuMemsetD8Async(q, 2, MP_BYTES, pt);
-  if (a == CUDA_SUCCESS)
-    a = cuStreamSynchronize(pt);
-  step_to(2);
-  if (pthread_join(t, &failed) != 0 || failed != NULL || a != CUDA_SUCCESS) {
-    printf("a call failed (thread A: error %d)\n", (int)a);
-    return 1;
-  }
-  if (*shared_seen != 1) {
-    printf("the kernel on thread B's per-thread stream read %d, not 1: "
-           "thread A got the block B freed on B's stream (new block %s the "
-           "old) and overwrote it under it\n",
-           *shared_seen, q == shared_p ? "is" : "is not");
-    return 1;
-  }
   MP_TRY(cuMemFreeAsync(q, pt));
-  MP_TRY(cuCtxSynchronize());
-  MP_TRY(cuMemFreeHost(shared_seen));
-  puts("ok");
-  return 0;
+  return settled_ok(shared_seen);
+}
+
+/* cuMemFree of a block a kernel on another thread's per-thread stream
+ * still reads (a thread that never allocated, so the shim never met its
+ * stream): cuda.h, cuMemFree; the per-thread stream is a blocking stream,
+ * which the legacy stream's work waits for (the driver API's "Stream
+ * synchronization behavior"). A non-blocking stream's allocation may not
+ * get the block and overwrite it before that kernel has read it. With
+ * same (under the shim, its pool capped at two blocks, one kept live),
+ * the allocation must get that very block: the check is not passed by a
+ * block from elsewhere. */
+static int unseen_per_thread(bool same) {
+  CUstream s;
+  CUdeviceptr q, other;
+  MP_TRY(cuMemAllocHost((void **)&shared_seen, 1));
+  MP_TRY(cuMemAlloc(&shared_p, MP_BYTES));
+  MP_TRY(cuMemAlloc(&other, MP_BYTES));
+  MP_TRY(cuMemsetD8(shared_p, 1, MP_BYTES));
+  MP_TRY(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  if (overwrite_while_b_reads(false, true, s, &q,
+                              "the block A freed (cuMemFree) was given to "
+                              "stream s"))
+    return 1;
+  if (same && q != shared_p) {
+    puts("stream s got another block than the one freed: the check proves "
+         "nothing (a pool capped at two blocks grew?)");
+    return 1;
+  }
+  MP_TRY(cuMemFreeAsync(q, s));
+  MP_TRY(cuMemFree(other));
+  MP_TRY(cuStreamDestroy(s));
+  return settled_ok(shared_seen);
 }
 
 static int reused_handle(void) {
@@ -282,10 +334,7 @@ static int reused_handle(void) {
   MP_TRY(cuMemFreeAsync(q, s3));
   MP_TRY(cuStreamDestroy(s2));
   MP_TRY(cuStreamDestroy(s3));
-  MP_TRY(cuCtxSynchronize());
-  MP_TRY(cuMemFreeHost(seen));
-  puts("ok");
-  return 0;
+  return settled_ok(seen);
 }
 
 static int double_free(void) {
@@ -1077,6 +1126,8 @@ int main(int argc, char **argv) {
     return many_streams();
   if (argc > 1 && strcmp(argv[1], "per_thread") == 0)
     return per_thread();
+  if (argc > 1 && strcmp(argv[1], "unseen_per_thread") == 0)
+    return unseen_per_thread(argc > 2 && strcmp(argv[2], "same") == 0);
   if (argc > 1 && strcmp(argv[1], "per_thread_free") == 0)
     return per_thread_free();
   if (argc > 1 && strcmp(argv[1], "reused_handle") == 0)

@@ -66,6 +66,23 @@ Test(preload_rules, under_the_shim_a_free_on_another_threads_stream) {
   per_thread_free_rules("LD_PRELOAD=" MP_SHIM);
 }
 
+/* cuMemFree of a block a kernel still reads on the per-thread stream of a
+ * thread that never allocated (the shim never met that stream): the block
+ * is not handed to another stream before that kernel is done. The shim
+ * waits for it through the legacy stream, which a per-thread stream (a
+ * blocking one) is ordered with; under the shim the pool is capped at the
+ * two blocks the program holds, so the allocation gets the freed block
+ * itself (rules_prog checks it) and must wait rather than grow. */
+Test(preload_rules,
+     without_the_shim_an_unseen_per_thread_stream_is_waited_for) {
+  rules_ok("LD_PRELOAD=", NULL, "unseen_per_thread", NULL);
+}
+
+Test(preload_rules, under_the_shim_an_unseen_per_thread_stream_is_waited_for) {
+  rules_ok("LD_PRELOAD=" MP_SHIM, "MEMPOOL_CONF=max_bytes=2M",
+           "unseen_per_thread", "same");
+}
+
 /* A stream made after another was destroyed may get its handle (a driver
  * may reuse it; the fake does with FAKECUDA_REUSE_STREAMS=1): a block
  * allocated on the dead stream and freed with cuMemFreeAsync on the new

@@ -125,6 +125,13 @@ if [ -x "$rules" ]; then
       MEMPOOL_DEVICE=cuda "$rules" $arg >"$work/rules.out" 2>&1 ||
       fail "rules_prog $arg under the shim: $(cat "$work/rules.out")"
   done
+  # A kernel on the per-thread stream of a thread the shim never met,
+  # still reading a block cuMemFree freed: waited for through the legacy
+  # stream (a pool of two blocks, so the allocation gets that block).
+  LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
+    MEMPOOL_DEVICE=cuda MEMPOOL_CONF=max_bytes=2M \
+    "$rules" unseen_per_thread same >"$work/rules.out" 2>&1 ||
+    fail "rules_prog unseen_per_thread under the shim: $(cat "$work/rules.out")"
   # cuMemFree during a capture, every capture mode x the freeing thread's
   # mode x the thread that began it or another: the shim's answers are
   # the driver's.
