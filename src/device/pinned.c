@@ -15,6 +15,7 @@
  *
  * Invariant: the view owns nothing but its mp_device_t; closing it leaves
  * the underlying device open, and the underlying device must outlive it. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -49,9 +50,32 @@ static mp_status_t pinned_mem_info(mp_device_t *dev, size_t *free_b,
   return MP_OK;
 }
 
+/* Page-locked memory is whole pages: the host device's is an mmap, and the
+ * driver pins whole pages (its cuMemHostAlloc memory starts on one), so a
+ * host pool may align blocks to the page (O_DIRECT and GPUDirect Storage
+ * bounce buffers want 4 KiB); 512, the default for a device, refused
+ * align=4096. pinned_alloc holds the underlying device to it. */
+static size_t pinned_alloc_align(mp_device_t *dev) {
+  (void)dev;
+  long page = sysconf(_SC_PAGESIZE);
+  return page > 0 ? (size_t)page : MP__DEVICE_ALLOC_ALIGN;
+}
+
 static mp_status_t pinned_alloc(mp_device_t *dev, size_t bytes, void **out) {
   mp_device_t *u = pinned_under(dev);
-  return u->ops->host_alloc(u, bytes, out);
+  void *p = NULL;
+  mp_status_t st = u->ops->host_alloc(u, bytes, &p);
+  if (st != MP_OK)
+    return st;
+  if ((uintptr_t)p % pinned_alloc_align(dev) != 0) {
+    (void)u->ops->host_free(u, p);
+    return mp__fail(MP_ENOTSUP,
+                    "page-locked memory of device '%s' at %p does not start "
+                    "on a page (%zu bytes): the host pool needs it to",
+                    mp_device_name(u), p, pinned_alloc_align(dev));
+  }
+  *out = p;
+  return MP_OK;
 }
 
 static mp_status_t pinned_free(mp_device_t *dev, void *ptr) {
@@ -144,6 +168,7 @@ const mp__backend_t mp__pinned_backend = {
     .open = pinned_open,
     .close = pinned_close,
     .mem_info = pinned_mem_info,
+    .alloc_align = pinned_alloc_align,
     .alloc = pinned_alloc,
     .free = pinned_free,
     .host_alloc = pinned_alloc,

@@ -650,8 +650,8 @@ static unsigned int mp__h_free(bool runtime, void *ptr) {
       r = mp__pl_free_foreign(mp__pl_get(), true,
                               runtime ? mp__h_probe_rt : mp__h_probe_cu);
     }
-  } else if (ptr == NULL && outer && mp__pl_get()->host) {
-    r = 0;
+  } else if (ptr == NULL && outer && mp__pl_get()->host && runtime) {
+    r = 0; /* cudaFreeHost(NULL); cuMemFreeHost(NULL) is the driver's */
   } else if (outer && ptr != NULL && mp__hpl_holds(ptr)) {
     /* In the host pool's memory but not handed out (a second free, an
      * interior pointer): the driver's answer, without freeing the chunk

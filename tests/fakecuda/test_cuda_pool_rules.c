@@ -15,6 +15,7 @@
 #include <mempool/mempool.h>
 
 #include "../support/device_helpers.h"
+#include "../support/host_pool_alignment.h"
 #include "../support/stream_gate.h"
 #include "../support/stream_markers.h"
 #include "../support/stream_merges.h"
@@ -575,6 +576,16 @@ Test(cuda_pool_rules, a_host_pool_leaves_an_unaware_capture_alone,
   stream_end(dev, a);
   stream_end(dev, b);
   leave_ctx();
+  mp_device_close(dev);
+}
+
+/* The host pool aligns blocks to the page on the cuda device too (its
+ * chunks are cuMemHostAlloc's, which start on a page): align = 4096 was
+ * refused as past the device's 512. */
+Test(cuda_pool_rules, a_host_pool_aligns_blocks_to_the_page,
+     .init = load_driver) {
+  mp_device_t *dev = open_dev("cuda");
+  expect_host_pool_page_alignment(dev);
   mp_device_close(dev);
 }
 

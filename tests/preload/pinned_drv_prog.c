@@ -410,6 +410,16 @@ int main(int argc, char **argv) {
       printf("ok\n");
     return failures == 0 ? 0 : 1;
   }
+  if (argc > 2 && strcmp(argv[2], "free_null") == 0) {
+    /* cuMemFreeHost(NULL) is the driver's invalid value (the fake's, as
+     * cuda.h lists no success for it), also where the shim serves pinned
+     * memory from the host device. */
+    expect(cuMemFreeHost(NULL) == CUDA_ERROR_INVALID_VALUE,
+           "cuMemFreeHost(NULL) is invalid value");
+    if (failures == 0)
+      printf("ok\n");
+    return failures == 0 ? 0 : 1;
+  }
   if (argc > 2 && strcmp(argv[2], "other_device") == 0)
     return other_device();
   if (argc > 2 && strcmp(argv[2], "other_reset") == 0)

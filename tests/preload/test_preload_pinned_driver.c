@@ -76,23 +76,32 @@ Test(preload_pinned_driver, host_pool_serves_pinned_memory_on_the_fake) {
 
 /* pinned_drv_prog's mode (double_free, bad_flags), with or without the
  * shim: it must answer as the driver does. */
-static void run_mode(bool shim, const char *mode) {
+static void run_mode_with(bool shim, const char *mode, const char *device,
+                          const char *extra) {
   const char *argv[] = {MP_PINNED_DRV_PROG, "1", mode, NULL};
-  const char *env[] = {shim ? "LD_PRELOAD=" MP_SHIM : "LD_PRELOAD=",
-                       "MEMPOOL_DEVICE=cuda", NULL};
+  const char *env[] = {shim ? "LD_PRELOAD=" MP_SHIM : "LD_PRELOAD=", device,
+                       extra, NULL};
   spawn(argv, env, &r);
   cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
   cr_assert(strstr(r.out, "ok\n") != NULL, "%s", r.out);
 }
 
+static void run_mode(bool shim, const char *mode) {
+  run_mode_with(shim, mode, "MEMPOOL_DEVICE=cuda", NULL);
+}
+
 /* run_mode on a fake driver with two devices. */
 static void run_mode_on_two(bool shim, const char *mode) {
-  const char *argv[] = {MP_PINNED_DRV_PROG, "1", mode, NULL};
-  const char *env[] = {shim ? "LD_PRELOAD=" MP_SHIM : "LD_PRELOAD=",
-                       "MEMPOOL_DEVICE=cuda", "FAKECUDA_DEVICE_COUNT=2", NULL};
-  spawn(argv, env, &r);
-  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
-  cr_assert(strstr(r.out, "ok\n") != NULL, "%s", r.out);
+  run_mode_with(shim, mode, "MEMPOOL_DEVICE=cuda", "FAKECUDA_DEVICE_COUNT=2");
+}
+
+/* cuMemFreeHost(NULL) is the driver's CUDA_ERROR_INVALID_VALUE under the
+ * shim too, also with the host device serving pinned memory (which
+ * answered success, as cudaFreeHost(NULL) is). */
+Test(preload_pinned_driver, a_free_of_null_is_the_drivers_answer) {
+  run_mode(false, "free_null");
+  run_mode(true, "free_null");
+  run_mode_with(true, "free_null", "MEMPOOL_DEVICE=host", NULL);
 }
 
 /* A page-locked block is any device's (the host pool's chunks are
