@@ -373,9 +373,13 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
    * destroyed streams the set took are gone, and only this marks their
    * frees done. */
   uint64_t snap = mp__streams_sync_begin(pool);
-  mp__pool_device_begin(pool);
+  /* A wait for the streams, under the syncing flag (lock.c): a host
+   * function on one of them may call what a paused pool answers (dump,
+   * snapshot, check), which waits for a device call in flight; under that
+   * flag the pause and the host function waited for each other. */
+  mp__pool_sync_begin(pool);
   st = mp__sync_set_wait(pool->dev, &set);
-  mp__pool_device_end(pool);
+  mp__pool_sync_end(pool);
   mp__sync_set_done(pool, &set, snap, st);
   /* A mapping a refused peer access left (vrange.c) holds device memory
    * no chunk accounts for: unmapped first, or the pause would claim to
@@ -399,27 +403,42 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
     }
   }
   size_t n = v != NULL ? v->nchunks : 0, m = n;
+  bool kept = false; /* the undo could not copy the content back */
   if (st == MP_OK && (st = mp__chunks_to(pool, v, &m, 0)) != MP_OK && m == n &&
       keep) {
     /* The chunks unmapped before the failure are mapped again, empty: the
-     * content goes back (a copy succeeding leaves the error as it is). */
-    (void)mp__copy_live(pool, &sp, false);
-    mp_device_host_free(pool->dev, pool->pause_copy);
-    pool->pause_copy = NULL;
+     * content goes back. A copy that fails too leaves the pool paused with
+     * its host copy (every chunk mapped), which a resume copies back:
+     * running, the pool had lost the content without a word. */
+    char why[MP__ERROR_MAX];
+    snprintf(why, sizeof why, "%s", mp_last_error());
+    kept = mp__copy_live(pool, &sp, false) != MP_OK;
+    if (kept) {
+      mp__fail(st,
+               "%s; copying the kept content back failed too (%s): the pool "
+               "stays paused, every chunk mapped and its content kept, until "
+               "mp_pool_resume",
+               why, mp_last_error());
+    } else {
+      mp__fail(st, "%s", why); /* the copy's success left the message */
+      mp_device_host_free(pool->dev, pool->pause_copy);
+      pool->pause_copy = NULL;
+    }
   }
   mp__pool_device_end(pool);
   mp__vrange_strays_count(pool); /* an undo's map may leave one */
   free(sp.v);
-  if (st != MP_OK && m == n) {
+  if (st != MP_OK && m == n && !kept) {
     pool->paused = false;
     mp__pool_rare_update(pool);
     mp__pool_unlock(pool);
     return st;
   }
-  /* Paused, or (an undo that could not map every chunk back) left paused
-   * with chunks [0, m) mapped: the pool cannot run with a hole under its
-   * blocks, and a resume maps back exactly the others. */
-  if (st != MP_OK)
+  /* Paused, or (an undo that could not map every chunk back, or copy the
+   * content back) left paused with chunks [0, m) mapped: the pool cannot
+   * run with a hole under its blocks, and a resume maps back exactly the
+   * others (and copies the content back). */
+  if (st != MP_OK && !kept)
     mp__fail(st,
              "%s; mapping back what it had unmapped failed too: the pool "
              "stays paused (%zu of %zu chunks unmapped%s) until "
@@ -581,6 +600,10 @@ static mp_status_t mp__arenas_pause_check(mp_pool_t *pool) {
     if (a == NULL)
       continue;
     mp__pool_lock(a);
+    /* Leases closed since (mp_ipc_handle_close) let their blocks go, as
+     * mp__pause_one does: counted, they refused the pause. */
+    if (!a->paused && a->nexports > 0)
+      mp__export_reap(a);
     if (!a->paused)
       st = mp__pause_check(a);
     mp__pool_unlock(a);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <mempool/mempool.h>
 
@@ -46,6 +47,57 @@ static mp_pool_t *loaded(mp_device_t *dev, void **v) {
   cr_assert_eq(mp_pool_free(p, v[1]), MP_OK);
   v[1] = NULL;
   return p;
+}
+
+/* A host function on one of the pool's streams that asks the pool what a
+ * paused pool answers (dump, snapshot, check), while a pause waits for
+ * that stream: the pause goes through and so do the host function's
+ * calls. The pause waited for the stream with a device call marked in
+ * flight, which those calls wait for: each waited for the other for ever
+ * (a pool with arenas too). */
+typedef struct {
+  mp_pool_t *pool;
+  mp_status_t dump, check;
+} asking_t;
+
+static void ask_the_pool_late(void *arg) {
+  asking_t *q = arg;
+  struct timespec t = {0, 100 * 1000 * 1000};
+  nanosleep(&t, NULL);
+  FILE *null = fopen("/dev/null", "w");
+  q->dump = mp_pool_dump(q->pool, null, "text");
+  fclose(null);
+  q->check = mp_pool_check(q->pool);
+}
+
+static void pause_beside_a_host_function_asking(const char *opts) {
+  mp_device_t *dev = open_dev("host:capacity=64M");
+  mp_pool_t *p = make_pool(dev, opts);
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  void *a = NULL;
+  cr_assert_eq(mp_pool_alloc(p, 4 * MiB, s, &a), MP_OK, "%s", mp_last_error());
+  asking_t q = {p, MP_EINVAL, MP_EINVAL};
+  cr_assert_eq(mp_stream_launch_host(dev, s, ask_the_pool_late, &q), MP_OK);
+  cr_expect_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s: %s", opts,
+               mp_last_error());
+  cr_assert_eq(mp_stream_synchronize(dev, s), MP_OK);
+  cr_expect_eq(q.dump, MP_OK, "%s: the host function's dump", opts);
+  cr_expect(q.check == MP_OK || q.check == MP_EBUSY,
+            "%s: the host function's check said %s", opts,
+            mp_status_name(q.check));
+  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_free(p, a), MP_OK);
+  check(p);
+  cr_expect_eq(mp_pool_destroy(p), MP_OK);
+  mp_stream_destroy(dev, s);
+  mp_device_close(dev);
+}
+
+Test(pool_pause, a_host_function_asking_the_pool_does_not_stop_a_pause,
+     .timeout = 60) {
+  pause_beside_a_host_function_asking(NULL);
+  pause_beside_a_host_function_asking("arenas=2");
 }
 
 Test(pool_pause, frees_the_device_for_another_pool_and_resumes_with_content) {

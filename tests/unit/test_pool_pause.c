@@ -106,6 +106,37 @@ static void resume_and_finish(mp_device_t *dev, mp_pool_t *p, void *v[4],
  * stays paused (its content kept, the message says so) and a resume maps
  * back exactly those. Failed before: the pool ran on with a chunk
  * unmapped under its live blocks, and a resume was MP_EINVAL. */
+/* The same failure, and then the undo's copy of the content back fails
+ * too (the fake's memcpy #n refused): the pool stays paused with its host
+ * copy and every chunk mapped, says so, and a resume brings the content
+ * back. It ran on with the content of the chunks unmapped lost, and the
+ * message named only the copy's failure. */
+static unsigned copies, copy_fails_at;
+
+static mp_status_t copy_failing_once(mp_device_t *dev, void *dst,
+                                     const void *src, size_t n, mp_stream_t s) {
+  if (++copies == copy_fails_at)
+    return mp__fail(MP_EDRIVER, "fake memcpy #%u fails", copies);
+  return fake_memcpy(dev, dst, src, n, s);
+}
+
+Test(pool_pause, a_failed_undo_copy_keeps_the_content_for_resume) {
+  mp_device_t *dev = flaky_open(2);
+  flaky_backend.memcpy_async = copy_failing_once;
+  copies = 0;
+  copy_fails_at = 5; /* four copies out, then the first copy back */
+  void *v[4];
+  mp_pool_t *p = four_chunks(dev, v);
+  size_t reserved = stats(p).reserved_bytes;
+  cr_assert_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_EDRIVER);
+  cr_expect(strstr(mp_last_error(), "vm_unmap #2") != NULL &&
+                strstr(mp_last_error(), "memcpy #5") != NULL &&
+                strstr(mp_last_error(), "stays paused") != NULL,
+            "%s", mp_last_error());
+  cr_expect(mp__pool_is_paused(p), "the pool ran on without its content");
+  resume_and_finish(dev, p, v, reserved);
+}
+
 Test(pool_pause, a_pause_whose_undo_fails_stays_paused_and_resumes) {
   mp_device_t *dev = flaky_open(2);
   void *v[4];
