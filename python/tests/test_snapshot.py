@@ -253,6 +253,44 @@ def test_snapshot_uses_only_opcodes_the_memory_viz_page_reads(device, tmp_path):
     p.destroy()
 
 
+def _append_batches(data):
+    """The number of items each APPENDS of the pickle adds: the values
+    pushed since its MARK (each opcode's net effect on the stack, from
+    pickletools' own description of it)."""
+    import pickletools
+    marks, batches = [0], []
+    for op, _, _ in pickletools.genops(data):
+        if op.name == "MARK":
+            marks.append(0)
+        elif op.name in ("APPENDS", "SETITEMS"):
+            n = marks.pop()
+            if op.name == "APPENDS":
+                batches.append(n)
+        else:
+            marks[-1] += len(op.stack_after) - len(op.stack_before)
+    return batches
+
+
+def test_long_lists_are_appended_in_batches_the_viewer_can_spread(device,
+                                                                  tmp_path):
+    # memory_viz's unpickler spreads each APPENDS batch into one push()
+    # call, which V8 refuses above about 125 000 arguments: a trace of
+    # 200 000 entries in one batch did not open there. Written as Python
+    # writes lists, in batches of at most 1000, it does.
+    p = mempool.Pool(device, max_bytes="16M", history=5000)
+    for _ in range(1200):  # alloc, free_requested, free_completed
+        p.free(p.alloc(4096))
+    p.snapshot(str(tmp_path / "s.pickle"))
+    data = (tmp_path / "s.pickle").read_bytes()
+    batches = _append_batches(data)
+    assert max(batches) <= 1000, max(batches)
+    trace = pickle.loads(data)["device_traces"][0]
+    assert len(trace) == 3601  # and the first segment_map
+    # 3601 entries: three full batches and the rest.
+    assert batches.count(1000) == 3, batches
+    p.destroy()
+
+
 @pytest.mark.parametrize("keep_content", [False, True])
 def test_a_paused_pool_lists_no_mapped_memory(device, tmp_path, keep_content):
     # Pause gives every mapped byte back to the device: a snapshot then

@@ -56,9 +56,21 @@
 
 /* ---- a protocol-2 pickle writer ----------------------------------------- */
 
+/* Lists are written as Python's pickler writes them: APPENDS in batches
+ * of at most MP__PK_BATCH items (its _BATCHSIZE). The memory_viz page's
+ * own unpickler (torch/utils/viz/MemoryViz.js) spreads a batch into one
+ * push() call, which V8 refuses above about 125 000 arguments: a long
+ * trace in one batch would not open there. Every list item here is a dict
+ * or a list, so a container's end counts an item of the list around it. */
+#define MP__PK_BATCH 1000
+#define MP__PK_DEPTH 8
+
 typedef struct {
   FILE *f;
   bool bad;
+  unsigned depth;               /* open containers */
+  bool list[MP__PK_DEPTH];      /* each one a list (else a dict) */
+  uint32_t items[MP__PK_DEPTH]; /* a list's items since its last MARK */
 } mp__pk_t;
 
 static void mp__pk_bytes(mp__pk_t *w, const void *p, size_t n) {
@@ -106,20 +118,44 @@ static void mp__pk_str(mp__pk_t *w, const char *s) {
 static void mp__pk_bool(mp__pk_t *w, bool v) {
   mp__pk_op(w, v ? 0x88 : 0x89);
 }
-/* EMPTY_DICT/EMPTY_LIST then MARK; the items follow; then SETITEMS/APPENDS. */
-static void mp__pk_dict(mp__pk_t *w) {
-  mp__pk_op(w, '}');
+/* EMPTY_DICT/EMPTY_LIST then MARK; the items follow; then SETITEMS/APPENDS
+ * (a list's every MP__PK_BATCH items, then MARK again). The writer nests
+ * at most 7 deep (the snapshot, segments, a segment, blocks, a block,
+ * frames, a frame): deeper would be a bug here, marked bad. */
+static void mp__pk_open(mp__pk_t *w, unsigned char op, bool list) {
+  mp__pk_op(w, op);
   mp__pk_op(w, '(');
+  if (w->depth == MP__PK_DEPTH) {
+    w->bad = true;
+    return;
+  }
+  w->list[w->depth] = list;
+  w->items[w->depth++] = 0;
+}
+static void mp__pk_close(mp__pk_t *w, unsigned char op) {
+  mp__pk_op(w, op);
+  if (w->depth == 0) {
+    w->bad = true;
+    return;
+  }
+  unsigned up = --w->depth;
+  if (up > 0 && w->list[up - 1] && ++w->items[up - 1] == MP__PK_BATCH) {
+    mp__pk_op(w, 'e');
+    mp__pk_op(w, '(');
+    w->items[up - 1] = 0;
+  }
+}
+static void mp__pk_dict(mp__pk_t *w) {
+  mp__pk_open(w, '}', false);
 }
 static void mp__pk_list(mp__pk_t *w) {
-  mp__pk_op(w, ']');
-  mp__pk_op(w, '(');
+  mp__pk_open(w, ']', true);
 }
 static void mp__pk_dict_end(mp__pk_t *w) {
-  mp__pk_op(w, 'u');
+  mp__pk_close(w, 'u');
 }
 static void mp__pk_list_end(mp__pk_t *w) {
-  mp__pk_op(w, 'e');
+  mp__pk_close(w, 'e');
 }
 static void mp__pk_kint(mp__pk_t *w, const char *k, uint64_t v) {
   mp__pk_str(w, k);
@@ -252,7 +288,7 @@ static mp_status_t mp__snap_take(mp_pool_t *pool, mp__snap_t *s) {
         mp__host_alloc((nev ? nev : 1) * MP__HIST_FRAMES * sizeof(void *));
   if (s->blocks == NULL || s->segs == NULL || s->ev == NULL ||
       (h->frames != NULL && s->frames == NULL)) {
-    mp__snap_free(s);
+    /* The caller frees what was taken (mp__snaps_free): none twice. */
     return mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
   }
   /* Segments oldest first (the list is newest first); paused, the one. */
@@ -485,7 +521,7 @@ static mp_status_t mp__snapshot_write(mp_pool_t *const *pools,
     st = mp__snap_link_events(&snaps[got]);
   }
   if (st == MP_OK) {
-    mp__pk_t w = {out, false};
+    mp__pk_t w = {.f = out};
     mp__write_snapshot(&w, snaps, n);
     if (w.bad || fflush(out) != 0)
       st = mp__fail(MP_EIO, "mp_pool_snapshot: write error");
@@ -647,8 +683,12 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
   const char *base;
   int dirfd = mp__snap_dir_open(path, &base);
   if (dirfd < 0 || base[0] == '\0') {
-    mp_status_t st = mp__fail(MP_EIO, "mp_pool_snapshot: cannot write '%s': %s",
-                              shown, strerror(dirfd < 0 ? errno : EISDIR));
+    int err = dirfd < 0 ? errno : EISDIR;
+    mp_status_t st =
+        err == ENOMEM
+            ? mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory")
+            : mp__fail(MP_EIO, "mp_pool_snapshot: cannot write '%s': %s", shown,
+                       strerror(err));
     if (dirfd >= 0)
       close(dirfd);
     free(target);

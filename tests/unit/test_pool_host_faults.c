@@ -9,11 +9,16 @@
  * growth (chunk and hole tables), record slabs and live-map growth under
  * many live blocks, stream-table growth, graph pools (create, begin,
  * growth borrowed from the parent), and frees (which need no host memory:
- * they always succeed). */
+ * they always succeed), and snapshots (to a FILE and to a path: no
+ * buffer freed twice, no temporary left behind). */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../support/pool_helpers.h"
 #include "../support/stream_gate.h"
@@ -711,5 +716,62 @@ Test(pool_host_faults, a_refused_unmap_without_host_memory_stays_counted) {
   cr_expect_eq(stats(p).reserved_bytes, 2 * MiB);
   cr_expect_eq(stats(p).reserved_bytes, fake_of(dev)->used);
   cr_assert_eq(mp_pool_free(p, y), MP_OK);
+  fake_pool_finish(p, dev);
+}
+
+/* A snapshot copies the pool's blocks, segments, events and stacks under
+ * the lock; any of those copies failing said out of host memory, and the
+ * ones made before it were then freed twice (glibc stopped the process). */
+static mp_status_t snapshot_to_file(mp_pool_t *p, void *ctx) {
+  (void)ctx;
+  FILE *f = tmpfile();
+  cr_assert_not_null(f);
+  mp_status_t st = mp_pool_snapshot_file(p, f);
+  long size = ftell(f);
+  fclose(f);
+  /* A failed one wrote nothing. */
+  cr_assert(st == MP_OK || size == 0, "status %d but %ld bytes written", st,
+            size);
+  return st;
+}
+
+static size_t entries(const char *dir) {
+  size_t n = 0;
+  DIR *d = opendir(dir);
+  cr_assert_not_null(d);
+  for (struct dirent *e; (e = readdir(d)) != NULL;)
+    n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+static mp_status_t snapshot_to_path(mp_pool_t *p, void *ctx) {
+  const char *dir = ctx;
+  char path[256];
+  snprintf(path, sizeof path, "%s/s.pickle", dir);
+  mp_status_t st = mp_pool_snapshot(p, path);
+  /* Whole or nothing: a failed one leaves no file and no temporary. */
+  cr_assert_eq(entries(dir), st == MP_OK ? 1u : 0u, "status %d: %s", st,
+               st == MP_OK ? "" : mp_last_error());
+  return st;
+}
+
+Test(pool_host_faults, a_snapshot_without_host_memory_frees_nothing_twice) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 2 * MiB);
+  mp_pool_t *p = make_pool(dev, "history=64,history_stacks=1");
+  void *a, *b;
+  cr_assert_eq(mp_pool_alloc(p, 4096, NULL, &a), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 3 * MiB, NULL, &b), MP_OK);
+  cr_assert_eq(mp_pool_free(p, a), MP_OK);
+  /* blocks, segments, events, stacks, the events' link: five copies. */
+  cr_expect_geq(until_ok(p, snapshot_to_file, NULL), 5);
+  char dir[] = "/tmp/mp_snap_faults_XXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  cr_expect_geq(until_ok(p, snapshot_to_path, dir), 5);
+  char path[sizeof dir + 16];
+  snprintf(path, sizeof path, "%s/s.pickle", dir);
+  cr_assert_eq(unlink(path), 0);
+  cr_assert_eq(rmdir(dir), 0);
+  cr_assert_eq(mp_pool_free(p, b), MP_OK);
   fake_pool_finish(p, dev);
 }
