@@ -108,7 +108,8 @@ typedef int (*mp_torch_stream_filter_t)(mp_stream_t stream, void *ctx);
  * by id, as PyTorch's does. An id released (its last release_pool) and
  * begun again names a new pool. drop(ctx), if not NULL, is called when the
  * filter is no longer needed (at the end, or at once when the call
- * fails). */
+ * fails); like the filter, it may run under a lock of mempool's and must
+ * not call mempool. */
 MP_API void mp_torch_begin_allocate_to_pool(int device, mp_torch_pool_id_t id,
                                             mp_torch_stream_filter_t filter,
                                             void *ctx, void (*drop)(void *));
