@@ -528,11 +528,15 @@ MP_API void *mp_handle_ptr(const mp_handle_t *h);
 MP_API mp_status_t mp_handle_free(mp_handle_t *h);
 /* Copies are ordered on s: work queued on s afterwards sees the moved data;
  * synchronize s before touching it from the host or another stream. Work
- * queued earlier on any stream is waited for (one device synchronize when
- * something is to move). Movable blocks slide down over the free space
- * below them inside their segment (raw-pointer blocks never move), and
- * plain segments holding only movable blocks are emptied into free space
- * elsewhere, so the freed space coalesces and mp_pool_trim can return it. */
+ * queued earlier on every stream the pool knows is waited for, by an event
+ * on each, when something is to move: the streams its blocks were
+ * allocated, freed or recorded on (mp_pool_record_stream names another
+ * stream that uses a movable block; no device synchronize, which CUDA
+ * forbids while another thread captures a graph in global mode). Movable blocks
+ * slide down over the free space below them inside their segment (raw-pointer
+ * blocks never move), and plain segments holding only movable blocks are
+ * emptied into free space elsewhere, so the freed space coalesces and
+ * mp_pool_trim can return it. */
 MP_API mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
                                       size_t *moved_bytes /* may be NULL */);
 

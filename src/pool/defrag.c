@@ -305,7 +305,9 @@ static mp_status_t mp__compact_segment(mp__mover_t *m, mp__segment_t *seg) {
 /* ---- evacuation of plain segments -------------------------------------- */
 
 /* Bytes of live blocks in seg, or 0 when seg is not a plain segment made
- * only of blocks that may move (nothing to evacuate). */
+ * only of blocks that may move (nothing to evacuate). A live block below
+ * the fence stays where it is (pool.h, mp_pool_freeze: defragmentation
+ * works only above the fence), so its segment is not evacuated. */
 static size_t mp__evacuable(const mp__segment_t *seg) {
   if (seg->kind != MP__SEG_PLAIN)
     return 0;
@@ -313,7 +315,7 @@ static size_t mp__evacuable(const mp__segment_t *seg) {
   for (const mp__block_t *b = seg->first; b != NULL; b = b->next) {
     if (b->flags & MP__B_FREE)
       continue;
-    if (!mp__is_mover(b))
+    if (!mp__is_mover(b) || b->addr < seg->fence)
       return 0;
     live += b->size;
   }
@@ -330,6 +332,7 @@ static mp_status_t mp__evacuate(mp__mover_t *m, mp__segment_t *seg,
     n += !(b->flags & MP__B_FREE);
   /* The live blocks first: coalescing around a vacated place frees the
    * records of free neighbours, never those of live blocks. */
+  done[ndone] = seg; /* tried, whatever comes of it (the caller counts it) */
   mp__block_t **live = mp__host_alloc(2 * n * sizeof *live);
   if (live == NULL)
     return MP_OK; /* no host memory: simply do not evacuate */
@@ -338,7 +341,6 @@ static mp_status_t mp__evacuate(mp__mover_t *m, mp__segment_t *seg,
   for (mp__block_t *b = seg->first; b != NULL; b = b->next)
     if (!(b->flags & MP__B_FREE))
       live[k++] = b;
-  done[ndone] = seg;
   for (k = 0; k < n; k++)
     if ((home[k] = mp__take_home(m, live[k]->size, done, ndone + 1)) == NULL)
       break;
@@ -444,6 +446,8 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
     if (stage == NULL) {
       pool->staged -= stage_bytes;
       stage_bytes = 0;
+    } else {
+      pool->st.device_alloc_count++; /* stats.h: calls into the driver */
     }
     /* The synchronization drops the lock: a pause may have run. */
     if (st == MP_OK)
@@ -488,8 +492,10 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
     if (st == MP_OK)
       st = sst != MP_OK ? sst : fst;
     mp__pool_lock(pool);
-    if (fst == MP_OK)
+    if (fst == MP_OK) {
       pool->staged -= stage_bytes;
+      pool->st.device_free_count++;
+    }
     mp__pool_unlock(pool);
   }
   *moved = m.moved;

@@ -135,3 +135,27 @@ Test(pool_defrag_staging, a_failed_sync_still_frees_the_staging_buffer) {
   cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
   fake_close(dev);
 }
+
+/* The staging buffer a slide uses is a device allocation and free: the
+ * pool's device call counts (stats.h: "calls into the driver") say so. */
+Test(pool_defrag_staging, the_staging_buffer_counts_as_device_calls) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  fake_dev_t *f = fake_of(dev);
+  mp_pool_t *pool =
+      make_pool(dev, "virtual=0,max_bytes=8M,segment_bytes=2M,align=512");
+  mp_handle_t *small, *big;
+  cr_assert_eq(mp_pool_alloc_movable(pool, 4096, NULL, &small), MP_OK);
+  cr_assert_eq(mp_pool_alloc_movable(pool, MiB, NULL, &big), MP_OK);
+  cr_assert_eq(mp_handle_free(small), MP_OK);
+  mp_stats_t b = stats(pool);
+  unsigned allocs = f->allocs, frees = f->frees;
+  size_t moved = 0;
+  cr_assert_eq(mp_pool_defragment(pool, NULL, &moved), MP_OK);
+  cr_assert_eq(moved, MiB);
+  mp_stats_t a = stats(pool);
+  cr_assert_gt(f->allocs - allocs, 0, "the slide used no staging buffer");
+  cr_expect_eq(a.device_alloc_count - b.device_alloc_count, f->allocs - allocs);
+  cr_expect_eq(a.device_free_count - b.device_free_count, f->frees - frees);
+  cr_assert_eq(mp_handle_free(big), MP_OK);
+  fake_pool_finish(pool, dev);
+}

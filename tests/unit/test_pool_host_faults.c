@@ -775,3 +775,37 @@ Test(pool_host_faults, a_snapshot_without_host_memory_frees_nothing_twice) {
   cr_assert_eq(mp_pool_free(p, b), MP_OK);
   fake_pool_finish(p, dev);
 }
+
+/* Defragmentation whose evacuation cannot get host memory for its list of
+ * a segment's blocks evacuates nothing from that segment: MP_OK, every
+ * movable block's data where its handle says, nothing read or written past
+ * the list of segments tried (it crashed: the segment was tried again). */
+Test(pool_host_faults, an_evacuation_without_host_memory_moves_nothing) {
+  for (long k = 0; k < 8; k++) {
+    mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+    mp_pool_t *p =
+        make_pool(dev, "virtual=0,segment_bytes=2M,align=512,max_bytes=64M");
+    /* Three segments of movable blocks, none with room for another's. */
+    size_t sz[5] = {MiB, MiB, MiB, MiB, MiB / 2};
+    mp_handle_t *h[5];
+    for (int i = 0; i < 5; i++) {
+      cr_assert_eq(mp_pool_alloc_movable(p, sz[i], NULL, &h[i]), MP_OK);
+      memset(mp_handle_ptr(h[i]), 0x30 + i, sz[i]);
+    }
+    cr_assert_eq(stats(p).segment_count, 3);
+    mp__fault_host_after(k);
+    size_t moved = 1;
+    mp_status_t st = mp_pool_defragment(p, NULL, &moved);
+    mp__fault_host_after(-1);
+    cr_expect(st == MP_OK || st == MP_ENOMEM, "k=%ld: %d %s", k, st,
+              mp_last_error());
+    cr_expect_eq(moved, 0, "k=%ld: nothing fits elsewhere", k);
+    check(p);
+    for (int i = 0; i < 5; i++) {
+      const unsigned char *d = mp_handle_ptr(h[i]);
+      cr_expect(d[0] == 0x30 + i && d[sz[i] - 1] == 0x30 + i, "k=%ld %d", k, i);
+      cr_assert_eq(mp_handle_free(h[i]), MP_OK);
+    }
+    fake_pool_finish(p, dev);
+  }
+}
