@@ -503,10 +503,25 @@ mp_status_t mp_pool_mem_info(mp_pool_t *pool, size_t *free_bytes,
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_mem_info: pool is NULL");
   size_t f = 0, t = 0;
+  mp_stats_t sum; /* summed over arenas, if any */
+  if (pool->graph) {
+    /* No cap or device room of its own (graph.c): what its parent can
+     * still give it, plus its own idle cache (its ranges count as the
+     * parent's allocated bytes). */
+    mp_status_t st = mp_pool_mem_info(pool->parent, &f, &t);
+    if (st != MP_OK)
+      return st;
+    mp__stats_read(pool, &sum);
+    f = mp__add_sat(f, sum.free_bytes);
+    if (free_bytes != NULL)
+      *free_bytes = f < t ? f : t;
+    if (total_bytes != NULL)
+      *total_bytes = t;
+    return MP_OK;
+  }
   mp_status_t st = mp_device_mem_info(pool->dev, &f, &t);
   if (st != MP_OK)
     return st;
-  mp_stats_t sum; /* summed over arenas, if any */
   mp__stats_read(pool, &sum);
   /* The cache (free_bytes: 0 paused, when nothing serves). Strays
    * (vrange.c) are reserved but serve nothing: no cache, and they hold
@@ -515,12 +530,10 @@ mp_status_t mp_pool_mem_info(mp_pool_t *pool, size_t *free_bytes,
   size_t idle = sum.free_bytes;
   size_t held = sum.reserved_bytes - sum.free_bytes;
   size_t used = held > sum.allocated_bytes ? held : sum.allocated_bytes;
-  /* Under the lock: mp_pool_set_max_fraction moves it. A graph pool has
-   * no cap of its own: it grows within its parent's (graph.c). */
-  mp_pool_t *capped = pool->graph ? pool->parent : pool;
-  mp__pool_lock(capped);
-  size_t cap = capped->cap_is_max ? capped->cap : SIZE_MAX;
-  mp__pool_unlock(capped);
+  /* Under the lock: mp_pool_set_max_fraction moves it. */
+  mp__pool_lock(pool);
+  size_t cap = pool->cap_is_max ? pool->cap : SIZE_MAX;
+  mp__pool_unlock(pool);
   f = mp__add_sat(f, idle);
   if (cap < t)
     t = cap;

@@ -130,3 +130,33 @@ Test(pool_graph_cap, a_refusal_under_the_parents_cap_says_so) {
   cr_expect(strstr(why, "max_bytes") != NULL, "%s", why);
   close_parent();
 }
+
+/* mp_pool_mem_info of a graph pool promises what its parent can still
+ * give, plus its own idle cache: with the parent's cap nearly used by the
+ * parent's own blocks, no more than the parent has left (it said the whole
+ * cap), and what it promises can be had. */
+Test(pool_graph_cap, mem_info_of_a_graph_pool_is_what_the_parent_has_left) {
+  open_parent(64 * MiB, 0);
+  void *big, *a;
+  cr_assert_eq(mp_pool_alloc(parent, 60 * MiB, NULL, &big), MP_OK);
+  size_t pf = 0, gf = 0, gt = 0;
+  cr_assert_eq(mp_pool_mem_info(parent, &pf, NULL), MP_OK);
+  cr_assert_eq(mp_pool_mem_info(graph, &gf, &gt), MP_OK);
+  cr_expect_eq(gt, 64 * MiB);
+  cr_expect_leq(gf, pf, "the graph pool promises %zu, its parent has %zu", gf,
+                pf);
+  cr_expect_gt(gf, 0);
+  cr_expect_eq(mp_pool_alloc(parent, 16 * MiB, s, &a), MP_ELIMIT);
+  /* Its own idle cache counts: a block freed in the graph pool. */
+  cr_assert_eq(mp_pool_alloc(parent, MiB, s, &a), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(parent, a), MP_OK);
+  cr_assert_eq(mp_pool_mem_info(parent, &pf, NULL), MP_OK);
+  cr_assert_eq(mp_pool_mem_info(graph, &gf, NULL), MP_OK);
+  mp_stats_t g;
+  cr_assert_eq(mp_pool_get_stats(graph, &g), MP_OK);
+  cr_expect_gt(g.free_bytes, 0);
+  cr_expect_eq(gf, pf + g.free_bytes, "graph %zu, parent %zu + idle %zu", gf,
+               pf, (size_t)g.free_bytes);
+  cr_assert_eq(mp_pool_free(parent, big), MP_OK);
+  close_parent();
+}
