@@ -578,14 +578,15 @@ bool mp__graph_leave(mp_pool_t *graph, bool outer) {
 }
 
 bool mp__graph_ask(mp_status_t st) {
-  if ((st != MP_ENOMEM && st != MP_ELIMIT) || mp__graph_asked)
+  if ((st != MP_ENOMEM && st != MP_ELIMIT) || mp__graph_asked ||
+      mp__segment_trying)
     return false;
   mp__graph_asked = true;
   return true;
 }
 
 bool mp__graph_counted(void) {
-  return mp__graph_asked;
+  return mp__graph_asked || mp__segment_trying;
 }
 
 void mp__graph_finish_if(mp_pool_t *graph, bool last) {

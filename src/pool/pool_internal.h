@@ -1048,6 +1048,11 @@ bool mp__graph_ask(mp_status_t st);
  * in (mp__graph_ask answered it; a retry that served would have ended the
  * ladder), so that this borrow's failure counts nothing (mp__oom_quiet). */
 bool mp__graph_counted(void);
+/* [segment] On around a graph pool's borrow of a whole segment when a
+ * range of the request's own size would do: the borrow is a try, whose
+ * refusal counts nothing and asks no handler (mp__graph_counted is true,
+ * mp__graph_ask false); the request's size is borrowed next. */
+extern _Thread_local bool mp__segment_trying;
 /* ---- export.c: IPC exports and their leases ------------------------------ */
 /* A free of exported b (lock held): true when b is still imported
  * elsewhere and is now held instead of freed. */

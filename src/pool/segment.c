@@ -87,6 +87,8 @@ static mp__block_t *mp__tail_extend(mp_pool_t *pool, mp__segment_t *seg,
   return rec;
 }
 
+_Thread_local bool mp__segment_trying;
+
 mp_status_t mp__segment_limit(mp_pool_t *pool) {
   return pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM;
 }
@@ -125,7 +127,21 @@ mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
   mp_stream_t strm = pool->streams[sidx].s;
   pool->grow_inflight = bytes; /* a cap change meanwhile counts it */
   mp__pool_device_begin(pool);
+  /* A graph pool has no cap of its own (bytes > room never holds): its
+   * parent may refuse a whole segment and still hold a range of the
+   * request's size (a free block, or room under its cap). */
+  bool smaller = pool->graph && bytes > size;
+  if (smaller) /* never cleared by the parent's own growth meanwhile */
+    mp__segment_trying = true;
   mp_status_t st = mp__plain_source(pool, bytes, strm, &p);
+  if (smaller) {
+    mp__segment_trying = false;
+    if (st == MP_ELIMIT || st == MP_ENOMEM) {
+      bytes = size;
+      pool->grow_inflight = bytes;
+      st = mp__plain_source(pool, bytes, strm, &p);
+    }
+  }
   mp__pool_device_end(pool);
   if (st == MP_OK && (uintptr_t)p % pool->cfg.align != 0) {
     /* A virtual pool's align may exceed what plain memory promises; it

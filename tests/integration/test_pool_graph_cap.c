@@ -160,3 +160,31 @@ Test(pool_graph_cap, mem_info_of_a_graph_pool_is_what_the_parent_has_left) {
   cr_assert_eq(mp_pool_free(parent, big), MP_OK);
   close_parent();
 }
+
+/* Near the parent's cap a graph pool's growth takes a range of the
+ * request's size where a whole segment would not fit (it asked for the
+ * segment only, MP_ELIMIT), with nothing counted as out of memory in
+ * either pool; a request that does not fit at all still is MP_ELIMIT,
+ * counted in the graph pool. */
+Test(pool_graph_cap, near_the_cap_a_graph_pool_borrows_what_the_request_needs) {
+  open_parent(4 * MiB, 0);
+  void *big, *x, *a, *b;
+  cr_assert_eq(mp_pool_alloc(parent, 3 * MiB, NULL, &big), MP_OK);
+  /* The parent itself still serves 512 KiB: room for it under the cap. */
+  cr_assert_eq(mp_pool_alloc(parent, 512 * 1024, NULL, &x), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_free(parent, x), MP_OK);
+  cr_assert_eq(mp_pool_alloc(parent, 512 * 1024, s, &a), MP_OK,
+               "512 KiB in the graph pool: %s", mp_last_error());
+  memset(a, 0x3C, 512 * 1024);
+  cr_expect_eq(stats(graph).reserved_bytes, 512 * 1024);
+  cr_expect_eq(stats(graph).oom_count, 0);
+  cr_expect_eq(stats(parent).oom_count, 0);
+  cr_expect_eq(mp_pool_alloc(parent, 2 * MiB, s, &b), MP_ELIMIT);
+  cr_expect_eq(stats(graph).oom_count, 1);
+  check(graph);
+  check(parent);
+  cr_assert_eq(mp_pool_free(parent, a), MP_OK);
+  cr_assert_eq(mp_pool_free(parent, big), MP_OK);
+  close_parent();
+}
