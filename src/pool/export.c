@@ -210,14 +210,21 @@ mp_status_t mp__export_block(mp_pool_t *pool, void *ptr, mp_ipc_handle_t *out) {
   if (st == MP_OK)
     st = mp__pool_find_live(pool, "mp_pool_ipc_export", ptr, false, false, &b,
                             &slot);
-  if (st == MP_OK)
-    st = mp__export_memory(pool, b, &base, &bytes, &vm);
   /* The leases whose importers let go, before a new one: a live block
    * exported again and again would otherwise keep one descriptor per
-   * export until it is freed (or the pool polled or trimmed). b is live,
-   * so no release moves it; a refused export (above) reaps nothing. */
-  if (st == MP_OK && pool->nexports > 0)
+   * export until it is freed (or the pool polled or trimmed). A refused
+   * export reaps nothing. The reap may drop the lock (a release that
+   * unmaps, with release_threshold): a pause, or another thread's free of
+   * ptr, may have come meanwhile, so both are asked again. */
+  if (st == MP_OK && pool->nexports > 0) {
     mp__export_reap(pool);
+    st = mp__pool_paused(pool, "mp_pool_ipc_export");
+    if (st == MP_OK)
+      st = mp__pool_find_live(pool, "mp_pool_ipc_export", ptr, false, false, &b,
+                              &slot);
+  }
+  if (st == MP_OK)
+    st = mp__export_memory(pool, b, &base, &bytes, &vm);
   if (st == MP_OK && pool->nexports == pool->exports_cap) {
     size_t cap = pool->exports_cap ? 2 * pool->exports_cap : 8;
     struct mp__export *n = mp__host_realloc(pool->exports, cap * sizeof *n);

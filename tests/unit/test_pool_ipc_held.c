@@ -6,8 +6,10 @@
  * have moved meanwhile: the free must remove the entry where it is now,
  * not at the slot its lookup found before the reap. */
 #include <criterion/criterion.h>
+#include <pthread.h>
 
 #include "../support/pool_helpers.h"
+#include "device/backend.h"
 #include "pool/pool_internal.h"
 
 #define NBLOCKS 512
@@ -72,5 +74,66 @@ Test(pool_ipc_held, a_free_that_reaps_held_blocks_removes_its_own_entry) {
   check(pool);
   cr_expect_eq(stats(pool).live_blocks, 0);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  mp_device_close(dev);
+}
+
+/* An export reaps the leases importers let go before it makes its own; the
+ * reap may drop the lock for an unmap (release_threshold), and another
+ * thread may free the very block being exported meanwhile. The export must
+ * then refuse (the block is no longer live) or the free must: never both
+ * succeed with the pool naming a free block as exported. The host backend
+ * here frees the block from another thread during the unmap. */
+static mp__backend_t unmap_hook;
+static mp_pool_t *race_pool;
+static void *race_ptr;
+static mp_status_t race_free_st = (mp_status_t)-1;
+static bool race_armed;
+
+static void *free_race_ptr(void *arg) {
+  (void)arg;
+  race_free_st = mp_pool_free(race_pool, race_ptr);
+  return NULL;
+}
+
+static mp_status_t unmap_and_free(mp_device_t *dev, void *addr, size_t n) {
+  if (race_armed) {
+    race_armed = false;
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, free_race_ptr, NULL), 0);
+    pthread_join(t, NULL);
+  }
+  return mp__host_backend.vm_unmap(dev, addr, n);
+}
+
+Test(pool_ipc_held, an_export_whose_reap_drops_the_lock_sees_a_free_meanwhile) {
+  mp_device_t *dev;
+  cr_assert_eq(mp_device_open("host:capacity=256M", &dev), MP_OK);
+  unmap_hook = mp__host_backend;
+  unmap_hook.vm_unmap = unmap_and_free;
+  dev->ops = &unmap_hook;
+  mp_pool_t *pool = make_pool(dev, "release_threshold=3M");
+  void *big, *small, *x;
+  cr_assert_eq(mp_pool_alloc(pool, 4 << 20, NULL, &big), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, 512, NULL, &small), MP_OK);
+  cr_assert_eq(mp_pool_alloc(pool, 512, NULL, &x), MP_OK);
+  mp_ipc_handle_t a, b, c;
+  cr_assert_eq(mp_pool_ipc_export(pool, big, &a), MP_OK);
+  cr_assert_eq(mp_pool_ipc_export(pool, small, &b), MP_OK);
+  /* Both held by their importers, who then let go. */
+  cr_assert_eq(mp_pool_free(pool, big), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, small), MP_OK);
+  cr_assert_eq(mp_ipc_handle_close(&a), MP_OK);
+  cr_assert_eq(mp_ipc_handle_close(&b), MP_OK);
+  race_pool = pool;
+  race_ptr = x;
+  race_armed = true;
+  mp_status_t st = mp_pool_ipc_export(pool, x, &c);
+  cr_assert(!race_armed, "the reap never unmapped (set-up)");
+  cr_assert_eq(race_free_st, MP_OK, "%s", mp_last_error());
+  cr_expect_neq(st, MP_OK, "the export of %p succeeded after its free", x);
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  if (st == MP_OK)
+    mp_ipc_handle_close(&c);
+  cr_expect_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
   mp_device_close(dev);
 }
