@@ -454,7 +454,10 @@ MP_API mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
  * capturing stream and querying events captured on it, and in global mode
  * a device synchronize by any thread. So a block freed on that stream is
  * reusable at once on the same stream (later captured work runs after the
- * free), by another stream only after the capture ended; and an
+ * free), by another stream only after the capture ended (a graph pool
+ * borrows from its parent only memory no work queued so far uses, on any
+ * stream, the capturing one included: a graph launched on another stream
+ * runs after nothing queued before its capture); and an
  * out-of-memory ladder in either pool skips its synchronize rung
  * (mp_pool_trim of the parent is MP_EBUSY meanwhile; a graph pool's trim
  * gives nothing back before its release). Growth during capture is memory
@@ -491,8 +494,10 @@ MP_API mp_status_t mp_pool_graph_end(mp_pool_t *parent, mp_stream_t s);
 MP_API mp_pool_t *mp_pool_graph_of(mp_pool_t *parent, mp_stream_t s);
 /* The graph is gone (its last executable destroyed): graph's memory goes
  * back to its parent as free blocks, reusable there once the work queued
- * on every stream the parent knows has passed (mp_pool_free_after_all; a
- * replay on a stream the parent never saw must be complete). Blocks still
+ * on every stream the parent or the graph pool knows has passed
+ * (mp_pool_free_after_all; the parent learns the graph pool's streams
+ * first, or waits for a device synchronize where it cannot; a replay on a
+ * stream neither pool saw must be complete). Blocks still
  * live (a graph's outputs) keep the pool until their last free, which
  * returns everything (a free from inside an allocation on graph, such as
  * its out-of-memory handler's, leaves that to the allocation, which does it

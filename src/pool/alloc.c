@@ -23,9 +23,11 @@ MP__HOT mp_status_t mp__pool_take_unpaused(mp_pool_t *pool, size_t size,
   return mp__pool_paused(pool, fn);
 }
 
-MP__HOT mp_status_t mp__pool_alloc_locked_hot(mp_pool_t *pool, size_t bytes,
-                                              mp_stream_t s, void **out,
-                                              bool plain) {
+/* The body of mp__pool_alloc_locked_hot and _done: any takes a block
+ * whose work is done on every stream, s's own included. */
+static inline __attribute__((always_inline)) mp_status_t
+mp__alloc_locked_as(mp_pool_t *pool, size_t bytes, mp_stream_t s, void **out,
+                    bool plain, bool any) {
   MP__ASSERT_LOCKED(pool);
   MP__ASSERT(!plain || pool->rare == 0);
   uint32_t sidx;
@@ -47,8 +49,8 @@ MP__HOT mp_status_t mp__pool_alloc_locked_hot(mp_pool_t *pool, size_t bytes,
   bool laddered;
   if (MP__UNLIKELY(!mp__map_has_room(pool, 1)) && !mp__map_reserve(pool, 1))
     return mp__fail(MP_ENOMEM, "out of host memory for the block map");
-  if ((st = mp__pool_take_unpaused(pool, size, sidx, &b, "allocation",
-                                   &laddered)) != MP_OK)
+  if ((st = mp__pool_take_unpaused(pool, size, any ? UINT32_MAX : sidx, &b,
+                                   "allocation", &laddered)) != MP_OK)
     return st;
   if (MP__UNLIKELY(laddered) && !mp__map_has_room(pool, 1) &&
       !mp__map_reserve(pool, 1)) {
@@ -60,15 +62,28 @@ MP__HOT mp_status_t mp__pool_alloc_locked_hot(mp_pool_t *pool, size_t bytes,
   return MP_OK;
 }
 
+MP__HOT mp_status_t mp__pool_alloc_locked_hot(mp_pool_t *pool, size_t bytes,
+                                              mp_stream_t s, void **out,
+                                              bool plain) {
+  return mp__alloc_locked_as(pool, bytes, s, out, plain, false);
+}
+
 mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out) {
   return mp__pool_alloc_locked_hot(pool, bytes, s, out, false);
 }
 
-/* mp__pool_alloc_cached's body; plain: no history to record in. */
+mp_status_t mp__pool_alloc_locked_done(mp_pool_t *pool, size_t bytes,
+                                       mp_stream_t s, void **out) {
+  return mp__alloc_locked_as(pool, bytes, s, out, false, true);
+}
+
+/* mp__pool_alloc_cached's body; plain: no history to record in; any: a
+ * block whose work is done on every stream, s's own included (looked for
+ * as a stranger's, mp__pool_alloc_locked_done). */
 static inline __attribute__((always_inline)) mp_status_t
 mp__alloc_cached_as(mp_pool_t *pool, size_t bytes, mp_stream_t s, void **out,
-                    bool lend, bool plain) {
+                    bool lend, bool plain, bool any) {
   MP__ASSERT_LOCKED(pool);
   /* Held blocks (export.c) are not reaped here: they are neither free
    * nor in the index, and the arena reaps them on its other paths. */
@@ -81,7 +96,7 @@ mp__alloc_cached_as(mp_pool_t *pool, size_t bytes, mp_stream_t s, void **out,
   /* A stream the arena knows only by a capture's mark is a stranger too:
    * looked up (and so kept after the capture) only once a block is
    * lent. */
-  bool stranger = lend && !mp__stream_met(pool, s);
+  bool stranger = any || (lend && !mp__stream_met(pool, s));
   if ((!stranger && mp__stream_index(pool, s, &sidx) != MP_OK) ||
       (!mp__map_has_room(pool, 1) && !mp__map_reserve(pool, 1)) ||
       !mp__pool_take_cached(pool, size, sidx, &b, !stranger))
@@ -99,17 +114,18 @@ mp__alloc_cached_as(mp_pool_t *pool, size_t bytes, mp_stream_t s, void **out,
 }
 
 mp_status_t mp__pool_alloc_cached_rec(mp_pool_t *pool, size_t bytes,
-                                      mp_stream_t s, void **out, bool lend) {
+                                      mp_stream_t s, void **out, bool lend,
+                                      bool any) {
   if (pool->paused)
     return MP__EMISS;
-  return mp__alloc_cached_as(pool, bytes, s, out, lend, false);
+  return mp__alloc_cached_as(pool, bytes, s, out, lend, false, any);
 }
 
 mp_status_t mp__pool_alloc_cached_off(mp_pool_t *pool, size_t bytes,
                                       mp_stream_t s, void **out) {
   if (pool->paused || pool->hist.ev != NULL || mp__stream_captured(pool, s))
     return MP__EMISS;
-  return mp__alloc_cached_as(pool, bytes, s, out, false, true);
+  return mp__alloc_cached_as(pool, bytes, s, out, false, true, false);
 }
 
 /* One flag for what this path leaves out (cached_off), tested where the
@@ -123,5 +139,5 @@ MP__HOT mp_status_t mp__pool_alloc_cached(mp_pool_t *pool, size_t bytes,
                                           bool lend) {
   if (MP__UNLIKELY(pool->cached_off))
     return MP__EOFF; /* mp__pool_alloc_cached_off, on the miss path */
-  return mp__alloc_cached_as(pool, bytes, s, out, lend, true);
+  return mp__alloc_cached_as(pool, bytes, s, out, lend, true, false);
 }

@@ -591,7 +591,15 @@ typedef struct mp__arena_req {
   mp__arena_claim_t claim;
   void *claim_ctx;
   mp_pool_t **owner;
+  bool any; /* a graph pool's range: mp__pool_alloc_locked_done */
 } mp__arena_req_t;
+
+/* q (bytes, not pieces) in arena a, under its lock. */
+static mp_status_t mp__arena_req_locked(mp_pool_t *a,
+                                        const mp__arena_req_t *q) {
+  return q->any ? mp__pool_alloc_locked_done(a, q->bytes, q->s, q->out)
+                : mp__pool_alloc_locked(a, q->bytes, q->s, q->out);
+}
 
 /* The claim of a graph pool's range (mp__arena_graph_borrow). */
 static mp_status_t mp__arena_lend(mp_pool_t *lender, void *const *out,
@@ -625,7 +633,7 @@ static mp_status_t mp__arena_retry(mp_pool_t *a, const mp__arena_req_t *q) {
     mp__pool_unlock(a); /* the call takes it */
     st = mp__pool_alloc_pieces(a, q->count, q->sizes, q->s, q->out);
   } else {
-    st = mp__pool_alloc_locked(a, q->bytes, q->s, q->out);
+    st = mp__arena_req_locked(a, q);
     if (st == MP_OK)
       st = mp__arena_claimed(a, q);
     mp__pool_unlock(a);
@@ -714,7 +722,7 @@ mp_status_t mp__arena_solo_failed(mp_pool_t *a, size_t bytes, mp_stream_t s,
    * arenas. */
   if (atomic_load_explicit(&a->solo_of, memory_order_relaxed) == NULL) {
     mp__pool_lock(a);
-    mp_status_t c = mp__pool_alloc_cached_rec(a, bytes, s, out, false);
+    mp_status_t c = mp__pool_alloc_cached_rec(a, bytes, s, out, false, false);
     if (c == MP_OK && !mp__oom_quiet && a->st.oom_count > 0)
       a->st.oom_count--;
     mp__pool_unlock(a);
@@ -837,7 +845,7 @@ static mp_status_t mp__arena_borrow(mp_pool_t *pool, size_t mine,
       continue; /* busy now */
     mp_status_t st =
         mp__free_bytes(b) >= b->st.allocated_bytes
-            ? mp__pool_alloc_cached_rec(b, q->bytes, q->s, q->out, true)
+            ? mp__pool_alloc_cached_rec(b, q->bytes, q->s, q->out, true, q->any)
             : MP__EMISS;
     if (st == MP_OK)
       st = mp__arena_claimed(b, q);
@@ -867,7 +875,7 @@ static mp_status_t mp__arena_miss(mp_pool_t *pool, mp_pool_t *a,
    * destroyed: read without the lock.) */
   if (a->hist.ev != NULL) {
     mp__pool_lock(a);
-    st = mp__pool_alloc_cached_rec(a, q->bytes, q->s, q->out, false);
+    st = mp__pool_alloc_cached_rec(a, q->bytes, q->s, q->out, false, q->any);
     if (st == MP_OK)
       st = mp__arena_claimed(a, q);
     mp__pool_unlock(a);
@@ -881,7 +889,7 @@ static mp_status_t mp__arena_miss(mp_pool_t *pool, mp_pool_t *a,
     return st;
   uint64_t seen = mp__oom_seen;
   mp__pool_lock(a);
-  st = mp__pool_alloc_locked(a, q->bytes, q->s, q->out);
+  st = mp__arena_req_locked(a, q);
   if (st == MP_OK)
     st = mp__arena_claimed(a, q);
   mp__pool_unlock(a);
@@ -936,7 +944,8 @@ static mp_status_t mp__arena_alloc_owned(mp_pool_t *pool, size_t bytes,
                                          .out = out,
                                          .claim = claim,
                                          .claim_ctx = ctx,
-                                         .owner = owner});
+                                         .owner = owner,
+                                         .any = claim == mp__arena_lend});
   MP__ASSERT(st != MP_OK || *owner != NULL);
   return st;
 }

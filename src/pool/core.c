@@ -271,7 +271,7 @@ static mp_status_t mp__grow_and_search(mp_pool_t *pool, size_t size,
     if (f != NULL && (f->flags & MP__B_FREE) && f->size >= size &&
         mp__fits(pool, f, size)) {
       if (mp__deps_safe(pool, f, sidx, false) ||
-          ((pool->cfg.flags & MP_POOL_STREAM_WAITS) &&
+          ((pool->cfg.flags & MP_POOL_STREAM_WAITS) && sidx != UINT32_MAX &&
            mp__deps_order(pool, f, sidx))) {
         *out = f;
         st = MP_OK;
@@ -399,7 +399,8 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
   }
   /* Rung: defragment movable blocks (defrag.c; it synchronizes the device:
    * not while a stream of the pool is captured). */
-  if ((pool->cfg.flags & MP_POOL_DEFRAG_ON_OOM) && pool->ncapturing == 0) {
+  if ((pool->cfg.flags & MP_POOL_DEFRAG_ON_OOM) && pool->ncapturing == 0 &&
+      sidx != UINT32_MAX) {
     mp_stream_t s = pool->streams[sidx].s;
     mp__pool_unlock(pool);
     size_t moved = mp__defrag_on_oom(pool, size, s);
@@ -430,7 +431,8 @@ got:
 MP__HOT mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
                                   mp__block_t **out, bool *laddered) {
   MP__ASSERT_LOCKED(pool);
-  MP__ASSERT(sidx < pool->nstreams && size % pool->cfg.align == 0);
+  MP__ASSERT((sidx < pool->nstreams || sidx == UINT32_MAX) &&
+             size % pool->cfg.align == 0);
   mp__block_t *pending;   /* set by a search that finds nothing */
   mp__block_t *const *at; /* the link to b, or NULL */
   mp__block_t *b = mp__search_ex_at(pool, size, sidx, &pending, &at);

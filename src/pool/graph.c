@@ -383,7 +383,11 @@ static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes,
    * borrow again (mp__graph_counted). */
   bool quiet = mp__oom_quiet;
   mp__oom_quiet = mp__graph_counted();
-  st = r != NULL ? mp__pool_alloc_locked(parent, bytes, s, out) : MP__EHOST;
+  /* Only memory no work queued so far uses, on any stream: a replay runs
+   * after nothing queued before the capture unless launched on s itself
+   * (a block s freed is s's at once by stream order, but not a graph's). */
+  st =
+      r != NULL ? mp__pool_alloc_locked_done(parent, bytes, s, out) : MP__EHOST;
   bool device = mp__pool_oom_last(parent);
   /* Out of memory, the parent's handler, as the arenas' path asks it
    * (arena.c): the range is an allocation of the parent's. Once per
@@ -391,7 +395,7 @@ static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes,
    * (mp__graph_ask). A retry's failure counts in place of the first
    * (mp__pool_oom_retry). */
   if (device && mp__graph_ask(st) && mp__pool_oom_retry(parent, st, bytes)) {
-    st = mp__pool_alloc_locked(parent, bytes, s, out);
+    st = mp__pool_alloc_locked_done(parent, bytes, s, out);
     device = mp__pool_oom_last(parent);
   }
   mp__oom_quiet = quiet;
@@ -434,13 +438,13 @@ static void mp__graph_give_back(mp_pool_t *lender, uintptr_t base,
   mp__block_release_apart(lender, b);
 }
 
-/* A stream an arena has met (not only through a capture's mark). */
+/* A stream a pool has met (not only through a capture's mark). */
 typedef struct {
   mp_stream_t s;
   uint64_t owner;
 } mp__met_t;
 
-/* Adds the streams arena a has met, those whose work may still run, to
+/* Adds the streams pool a has met, those whose work may still run, to
  * *m (*n of them, room for *cap); false when host memory runs out or a
  * forgotten stream's work is not done (its handle may be gone: no other
  * arena can learn it). */
@@ -488,11 +492,15 @@ static bool mp__graph_learn_streams(mp_pool_t *lender, const mp__met_t *m,
 
 /* With arenas: gives graph's range at base back to the arena that lent
  * it, the one whose table of ranges holds it. The graph's replays may run
- * on any stream any arena has met: the lender learns those it has not, or
- * where it cannot, the range waits for a device synchronize of the
- * lender. Each arena under its own lock, never two at once; a stream met
- * after the look was not known at the release. */
-static void mp__graph_give_back_to_arena(mp_pool_t *parent, uintptr_t base) {
+ * on any stream any arena has met: the lender learns those it has not, and
+ * the graph pool's own (gm, gn of them; gok: all of them listed), or where
+ * it cannot, the range waits for a device synchronize of the lender. Each
+ * arena under its own lock, never two at once; a stream met after the look
+ * was not known at the release. forgets: the device's count of forgets
+ * before the graph pool's streams were listed. */
+static void mp__graph_give_back_to_arena(mp_pool_t *parent, uintptr_t base,
+                                         const mp__met_t *gm, size_t gn,
+                                         bool gok, uint64_t forgets) {
   for (size_t i = 0; i < parent->cfg.arenas; i++) {
     mp_pool_t *a = mp__arena_at(parent, i);
     if (a == NULL)
@@ -505,17 +513,17 @@ static void mp__graph_give_back_to_arena(mp_pool_t *parent, uintptr_t base) {
     if (!lent)
       continue;
     /* Only this caller gives the range back: it stays lent meanwhile. */
-    uint64_t forgets = mp__device_forgets(parent->dev);
     mp__met_t *m = NULL;
     size_t n = 0, cap = 0;
-    bool ok = true;
+    bool ok = gok;
     for (size_t k = 0; ok && k < parent->cfg.arenas; k++) {
       mp_pool_t *o = mp__arena_at(parent, k);
       if (o != NULL && o != a)
         ok = mp__graph_streams_met(o, &m, &n, &cap);
     }
     mp__pool_lock(a);
-    ok = ok && mp__graph_learn_streams(a, m, n, forgets);
+    ok = ok && mp__graph_learn_streams(a, gm, gn, forgets) &&
+         mp__graph_learn_streams(a, m, n, forgets);
     mp__graph_give_back(a, base, !ok);
     mp__pool_unlock(a);
     free(m);
@@ -525,17 +533,30 @@ static void mp__graph_give_back_to_arena(mp_pool_t *parent, uintptr_t base) {
 }
 
 /* Gives every range of a released, empty graph pool back to the pool that
- * lent it (its parent, or the parent's arena that lent it) and frees it. */
+ * lent it (its parent, or the parent's arena that lent it) and frees it.
+ * The lender first learns the streams the graph pool met: a block freed in
+ * it may still be used by one the lender never saw (a free or
+ * mp_pool_record_stream there), and the range must wait for that work as
+ * for its own streams'; where it cannot learn one, the range waits for a
+ * device synchronize. */
 static void mp__graph_finish(mp_pool_t *graph) {
   mp_pool_t *parent = graph->parent;
   bool arenas = parent->arenas != NULL;
-  if (!arenas)
+  uint64_t forgets = mp__device_forgets(parent->dev);
+  mp__met_t *gm = NULL;
+  size_t gn = 0, gcap = 0;
+  bool gok = mp__graph_streams_met(graph, &gm, &gn, &gcap);
+  bool learned = false;
+  if (!arenas) {
     mp__pool_lock(parent);
+    learned = gok && mp__graph_learn_streams(parent, gm, gn, forgets);
+  }
   for (mp__segment_t *s = graph->segs; s != NULL; s = s->next)
     if (arenas)
-      mp__graph_give_back_to_arena(parent, s->base);
+      mp__graph_give_back_to_arena(parent, s->base, gm, gn, gok, forgets);
     else
-      mp__graph_give_back(parent, s->base, false);
+      mp__graph_give_back(parent, s->base, !learned);
+  free(gm);
   if (arenas)
     mp__pool_lock(parent);
   parent->children--;

@@ -1188,6 +1188,12 @@ mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
                                   void **out);
 mp_status_t mp__pool_alloc_locked_hot(mp_pool_t *pool, size_t bytes,
                                       mp_stream_t s, void **out, bool plain);
+/* mp__pool_alloc_locked of a block no work queued so far uses, on any
+ * stream, s included (searched for as stream UINT32_MAX; the block is s's
+ * once live): a graph pool's range, which a replay launched on another
+ * stream uses after nothing queued before the capture. */
+mp_status_t mp__pool_alloc_locked_done(mp_pool_t *pool, size_t bytes,
+                                       mp_stream_t s, void **out);
 /* Under the lock, in an arena: an allocation the arena's cache serves as
  * it is, or MP__EMISS with no message (paused, an event history, a
  * stream it cannot take, no free block that fits and is usable on s
@@ -1206,9 +1212,12 @@ mp_status_t mp__pool_alloc_cached(mp_pool_t *pool, size_t bytes, mp_stream_t s,
 mp_status_t mp__pool_alloc_cached_off(mp_pool_t *pool, size_t bytes,
                                       mp_stream_t s, void **out);
 /* The same in an arena with an event history, which records the
- * allocation (MP__EMISS only when paused, or as above). */
+ * allocation (MP__EMISS only when paused, or as above); any: only a block
+ * whose work is done on every stream, s's own included (a graph pool's
+ * range, mp__pool_alloc_locked_done). */
 mp_status_t mp__pool_alloc_cached_rec(mp_pool_t *pool, size_t bytes,
-                                      mp_stream_t s, void **out, bool lend);
+                                      mp_stream_t s, void **out, bool lend,
+                                      bool any);
 /* The calling thread's arena in pool (no lock held): the thread numbered
  * and the arena made on first use. */
 mp_status_t mp__arena_mine_made(mp_pool_t *pool, mp_pool_t **out);

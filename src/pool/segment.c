@@ -124,7 +124,9 @@ mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
     return mp__fail(MP__EHOST, "out of host memory for a segment record");
   }
   void *p = NULL;
-  mp_stream_t strm = pool->streams[sidx].s;
+  /* UINT32_MAX: a take for every stream (a graph pool's borrowing, which
+   * names no stream to a parent's device allocation). */
+  mp_stream_t strm = sidx != UINT32_MAX ? pool->streams[sidx].s : NULL;
   pool->grow_inflight = bytes; /* a cap change meanwhile counts it */
   mp__pool_device_begin(pool);
   /* A graph pool has no cap of its own (bytes > room never holds): its

@@ -3,10 +3,12 @@
  * (through a graph pool) and on another thread's streams at the same time,
  * ends with CUDA_SUCCESS; the graph's replays find their memory at the
  * same addresses, nobody else gets it until the graph pool is released,
- * and then the parent does. Run on a real GPU too (gpu_cuda_graph_pool). */
+ * and then the parent does; a capture borrows no memory that work queued
+ * before it still uses. Run on a real GPU too (gpu_cuda_graph_pool). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -14,6 +16,7 @@
 #include <mempool/mempool.h>
 
 #include "../support/device_helpers.h"
+#include "../support/stream_gate.h"
 #include "fakecuda_test.h"
 
 #define MiB  ((size_t)1 << 20)
@@ -323,4 +326,56 @@ Test(cuda_graph_pool,
   leave_ctx();
   cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
   mp_device_close(dev);
+}
+
+/* A graph runs after nothing queued before its capture unless it is
+ * launched on the capturing stream: a block freed on that stream while
+ * work before the capture still used it is reusable on the stream (stream
+ * order), but not as a graph's range, which a launch on another stream
+ * would use while that work runs. Here the work is a host function held
+ * at a gate for the whole capture. */
+Test(cuda_graph_pool, a_capture_borrows_no_block_that_work_before_it_uses) {
+  mp_device_t *dev = NULL;
+  mp_pool_t *pool = pool_in_ctx(&dev), *g = NULL;
+  CUstream cap;
+  cr_assert_eq(cuStreamCreate(&cap, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  mp_stream_t s = (mp_stream_t)cap;
+  gate_t gate;
+  gate_init(&gate);
+  void *x = NULL, *y = NULL;
+  cr_assert_eq(mp_pool_alloc(pool, 4 * MiB, s, &x), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_stream_launch_host(dev, s, gate_wait, &gate), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, x), MP_OK); /* the gated work uses x */
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(pool, g, s), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(cuStreamBeginCapture(cap, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  mp_status_t st = mp_pool_alloc(pool, 3 * MiB, s, &y);
+  char why[256];
+  snprintf(why, sizeof why, "%s", st == MP_OK ? "" : mp_last_error());
+  CUgraph graph = NULL;
+  CUresult end = cuStreamEndCapture(cap, &graph);
+  cr_expect_eq(mp_pool_graph_end(pool, s), MP_OK, "%s", mp_last_error());
+  gate_open(&gate);
+  cr_expect_eq(st, MP_OK, "the capture's allocation: %s", why);
+  cr_expect_eq(end, CUDA_SUCCESS, "the capture ended with %d", (int)end);
+  cr_expect(st != MP_OK || (uintptr_t)y + 3 * MiB <= (uintptr_t)x ||
+                (uintptr_t)x + 4 * MiB <= (uintptr_t)y,
+            "the graph borrowed %p, which work before the capture used (%p)", y,
+            x);
+  if (st == MP_OK)
+    cr_expect_eq(mp_pool_free(pool, y), MP_OK, "%s", mp_last_error());
+  if (graph != NULL)
+    cr_expect_eq(cuGraphDestroy(graph), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(cap), CUDA_SUCCESS);
+  cr_expect_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_stream_forget(dev, s), MP_OK);
+  cr_assert_eq(cuStreamDestroy(cap), CUDA_SUCCESS);
+  leave_ctx();
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  mp_device_close(dev);
+  gate_destroy(&gate);
 }

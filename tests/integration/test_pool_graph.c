@@ -11,6 +11,7 @@
 #include <mempool/mempool.h>
 
 #include "../support/pool_helpers.h"
+#include "../support/stream_gate.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -116,6 +117,96 @@ Test(pool_graph, memory_freed_in_a_capture_is_reused_only_by_the_graph_pool,
   cr_assert_eq(mp_pool_graph_end(parent, s2), MP_OK);
   cr_expect_eq(mp_pool_check(g), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_pool_graph_release(g), MP_OK);
+}
+
+/* A graph replays on whichever stream it is launched on, after nothing
+ * queued before the capture unless launched on the capturing stream: a
+ * range the graph pool borrows must not still be in use by work queued
+ * before the capture, on any stream, the capturing one included (a block
+ * freed on s1 before the capture is reusable on s1 by stream order, but
+ * not by a graph launched on s2). Once that work is done, it is borrowed. */
+Test(pool_graph, a_capture_borrows_no_block_work_before_it_still_uses,
+     .init = setup, .fini = teardown) {
+  gate_t gate;
+  gate_init(&gate);
+  void *x;
+  cr_assert_eq(mp_pool_alloc(parent, 4 * MiB, s1, &x), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, s1, gate_wait, &gate), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_free(parent, x), MP_OK); /* s1's gated work uses x */
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(parent, &g), MP_OK);
+  cr_assert_eq(mp_pool_graph_begin(parent, g, s1), MP_OK, "%s",
+               mp_last_error());
+  void *y;
+  cr_assert_eq(mp_pool_alloc(parent, 3 * MiB, s1, &y), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_not(inside(y, x, 4 * MiB) || inside(x, y, 3 * MiB),
+                "the graph borrowed %p, which work before the capture still "
+                "uses (%p)",
+                y, x);
+  cr_assert_eq(mp_pool_free(parent, y), MP_OK);
+  cr_assert_eq(mp_pool_graph_end(parent, s1), MP_OK);
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  gate_open(&gate);
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+  /* Done now: a capture borrows it instead of growing the parent. */
+  cr_assert_eq(mp_pool_trim(parent, 0), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_alloc(parent, 4 * MiB, s1, &x), MP_OK);
+  cr_assert_eq(mp_pool_free(parent, x), MP_OK);
+  /* Its free's marker on s1 passed (else stream order still holds it). */
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+  size_t reserved = stats(parent).reserved_bytes;
+  cr_assert_eq(mp_pool_graph_create(parent, &g), MP_OK);
+  cr_assert_eq(mp_pool_graph_begin(parent, g, s2), MP_OK);
+  cr_assert_eq(mp_pool_alloc(parent, 3 * MiB, s2, &y), MP_OK);
+  cr_expect(inside(y, x, 4 * MiB), "done memory %p not borrowed (%p)", x, y);
+  cr_expect_eq(stats(parent).reserved_bytes, reserved, "the parent grew");
+  cr_assert_eq(mp_pool_free(parent, y), MP_OK);
+  cr_assert_eq(mp_pool_graph_end(parent, s2), MP_OK);
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  gate_destroy(&gate);
+}
+
+/* A released graph pool's ranges go back to the parent once the work of
+ * every stream that used them has passed, a stream only the graph pool
+ * met included (here s3, named by mp_pool_record_stream on graph memory,
+ * its work held at a gate): until then the parent grows instead. */
+Test(pool_graph, a_released_range_waits_for_streams_only_the_graph_met,
+     .init = setup, .fini = teardown) {
+  gate_t gate;
+  gate_init(&gate);
+  mp_stream_t s3;
+  cr_assert_eq(mp_stream_create(dev, &s3), MP_OK);
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(parent, &g), MP_OK);
+  cr_assert_eq(mp_pool_graph_begin(parent, g, s1), MP_OK);
+  void *y;
+  cr_assert_eq(mp_pool_alloc(parent, 3 * MiB, s1, &y), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_graph_end(parent, s1), MP_OK);
+  cr_assert_eq(mp_pool_record_stream(parent, y, s3), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_stream_launch_host(dev, s3, gate_wait, &gate), MP_OK);
+  cr_assert_eq(mp_pool_free(parent, y), MP_OK); /* s3's gated work uses y */
+  cr_assert_eq(mp_stream_synchronize(dev, s1), MP_OK);
+  size_t lent = stats(g).reserved_bytes;
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  void *z;
+  cr_assert_eq(mp_pool_alloc(parent, 3 * MiB, s2, &z), MP_OK, "%s",
+               mp_last_error());
+  bool clash = inside(z, y, lent) || inside(y, z, 3 * MiB);
+  gate_open(&gate);
+  cr_expect_not(clash, "s2 got %p while s3's work still uses %p", z, y);
+  cr_assert_eq(mp_pool_free(parent, z), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, s3), MP_OK);
+  /* Done now: the range serves the parent again. */
+  cr_assert_eq(mp_pool_alloc(parent, 3 * MiB, s2, &z), MP_OK);
+  cr_expect_eq(mp_pool_check(parent), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(parent, z), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(dev, s2), MP_OK);
+  mp_stream_destroy(dev, s3);
+  gate_destroy(&gate);
 }
 
 Test(pool_graph, released_graph_memory_returns_to_the_parent, .init = setup,
