@@ -437,6 +437,7 @@ static mp_status_t mp__arena_trim_one(mp_pool_t *a, size_t keep, size_t *left,
                                       size_t *gave) {
   mp_status_t st = MP_OK;
   *gave = 0;
+  (void)mp__defrag_stage_retry(a); /* as mp_pool_trim */
   mp__pool_lock(a);
   /* A paused arena has nothing mapped to give back (its free bytes read
    * 0 too). */

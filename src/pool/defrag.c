@@ -417,10 +417,26 @@ static bool mp__plan(mp_pool_t *pool, size_t *stage_bytes) {
    * pool->staged): none where the cap leaves no room for it (the
    * out-of-memory rung), nor in a child or graph pool, whose memory is its
    * parent's (a child's cap is its range): gap-sized chunks then. */
-  if (pool->parent != NULL || stage > mp__pool_room(pool))
+  if (pool->parent != NULL || stage > mp__pool_room(pool) ||
+      pool->stage_slots == MP__STAGE_SLOTS)
     stage = 0;
   *stage_bytes = stage;
   return any;
+}
+
+/* Under the lock: staging buffer p (n bytes) after its free, st: given
+ * back (its room under the cap the pool's again), or kept for the next try
+ * (its slot was taken when it was allocated). */
+static void mp__stage_freed(mp_pool_t *pool, void *p, size_t n,
+                            mp_status_t st) {
+  if (st != MP_OK) {
+    pool->stage_kept[pool->nstage_kept] = p;
+    pool->stage_kept_bytes[pool->nstage_kept++] = n;
+    return;
+  }
+  pool->staged -= n;
+  pool->stage_slots--;
+  pool->st.device_free_count++;
 }
 
 /* Defragments pool on s; with freeze, then fences every live block. Takes
@@ -429,6 +445,7 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
                                   bool freeze, size_t *moved) {
   mp__mover_t m = {.pool = pool, .s = s, .need = need};
   void *stage = NULL;
+  (void)mp__defrag_stage_retry(pool); /* a buffer a refused free kept */
   mp__pool_lock(pool);
   mp__pool_wait_idle(pool);
   const char *fn = freeze ? "mp_pool_freeze" : "mp_pool_defragment";
@@ -442,9 +459,11 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
      * meanwhile, or while the copies still read the buffer, leaves room
      * for it under the cap; given back once it is freed (or not had). */
     pool->staged += stage_bytes;
+    pool->stage_slots += stage_bytes > 0;
     st = mp__pool_sync_alloc(pool, stage_bytes, &stage);
     if (stage == NULL) {
       pool->staged -= stage_bytes;
+      pool->stage_slots -= stage_bytes > 0;
       stage_bytes = 0;
     } else {
       pool->st.device_alloc_count++; /* stats.h: calls into the driver */
@@ -485,20 +504,34 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
     /* The queued copies read it: wait for them before giving it back.
      * Given back even when that wait fails: mp_device_free synchronizes
      * the device first (device.h, as cuMemFree), and a buffer kept would
-     * be held by nobody. Booked against the cap while the device still
-     * holds it (a refused free). */
+     * be held by nobody. A refused free keeps it, booked against the cap,
+     * for the next try (mp__defrag_stage_retry). */
     mp_status_t sst = mp_stream_synchronize(pool->dev, s);
     mp_status_t fst = mp_device_free(pool->dev, stage);
     if (st == MP_OK)
       st = sst != MP_OK ? sst : fst;
     mp__pool_lock(pool);
-    if (fst == MP_OK) {
-      pool->staged -= stage_bytes;
-      pool->st.device_free_count++;
-    }
+    mp__stage_freed(pool, stage, stage_bytes, fst);
     mp__pool_unlock(pool);
   }
   *moved = m.moved;
+  return st;
+}
+
+mp_status_t mp__defrag_stage_retry(mp_pool_t *pool) {
+  MP__ASSERT(!mp__pool_held(pool));
+  mp_status_t st = MP_OK;
+  mp__pool_lock(pool);
+  while (st == MP_OK && pool->nstage_kept > 0) {
+    unsigned i = --pool->nstage_kept;
+    void *p = pool->stage_kept[i];
+    size_t n = pool->stage_kept_bytes[i];
+    mp__pool_unlock(pool);
+    st = mp_device_free(pool->dev, p);
+    mp__pool_lock(pool);
+    mp__stage_freed(pool, p, n, st);
+  }
+  mp__pool_unlock(pool);
   return st;
 }
 

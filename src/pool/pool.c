@@ -324,7 +324,14 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
   mp__pool_unlock(pool);
   /* The first device free comes before anything else is given up: a
    * device that refuses it (a driver error, a free it does not permit
-   * now) leaves the pool as it was, for a later destroy. */
+   * now) leaves the pool as it was, for a later destroy. First a staging
+   * buffer an earlier refusal kept (defrag.c). */
+  if ((st = mp__defrag_stage_retry(pool)) != MP_OK)
+    return mp__fail(st,
+                    "mp_pool_destroy: the device refused to free a "
+                    "defragmentation staging buffer, so nothing was "
+                    "released and the pool is as it was: %s",
+                    mp_last_error());
   if (pool->parent == NULL && (st = mp__plain_release_first(pool)) != MP_OK)
     return st;
   mp__pool_lock(pool);
@@ -1121,6 +1128,7 @@ mp_status_t mp__pool_trim_marked(mp_pool_t *pool, size_t keep_bytes) {
     return mp__fail(MP_EINVAL, "mp_pool_trim: pool is NULL");
   if (pool->arenas != NULL)
     return mp__arena_trim(pool, keep_bytes);
+  (void)mp__defrag_stage_retry(pool); /* a staging buffer a refusal kept */
   mp__pool_lock(pool);
   mp_status_t st = mp__pool_paused(pool, "mp_pool_trim");
   if (st == MP_OK && pool->nexports > 0)

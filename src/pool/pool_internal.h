@@ -33,7 +33,7 @@
  *   check.c     mp_pool_check. export, block, index, lock.
  *   dump.c      mp_pool_dump. stats, lock.
  *   snapshot.c  mp_pool_snapshot. Nothing (the lock is inline).
- *   pause.c     pause and resume. export, vrange, stream, lock.
+ *   pause.c     pause and resume. export, vrange, stream, defrag, lock.
  *   child.c     child pools. alloc, core, block, index.
  *   graph.c     graph-private pools: routes, capture marks (in every
  *               arena of a parent with arenas), lending and giving back
@@ -43,7 +43,7 @@
  *               arena holding a pointer, sharing the cap, reclaiming the
  *               other arenas' cache on out-of-memory, trim, lending to
  *               graph pools. alloc, core, grow, vrange, block, stream,
- *               stats, contiguous, graph.
+ *               stats, contiguous, graph, defrag.
  *   pool.c      the public entry points (create, destroy, alloc, free,
  *               record_stream, trim, ...): route to graph pools, leases,
  *               pause, handles, children, then the core. Any file above.
@@ -96,6 +96,8 @@
 /* Plain segments for requests above segment_bytes/2 are rounded to this,
  * the allocation granularity of cuMemAlloc. */
 #define MP__LARGE_ROUND ((size_t)2 << 20)
+/* Defragmentation's staging buffers alive or kept at once (defrag.c). */
+#define MP__STAGE_SLOTS 2
 
 /* Private config flag: set by mp_pool_config_init when $MEMPOOL_CONF did not
  * parse; mp_pool_create then reports it. */
@@ -420,10 +422,16 @@ struct mp_pool {
   /* pause.c, paused: vseg's chunks [0, pause_mapped) are still mapped (an
    * undo that failed left them), 0 after a clean pause. */
   size_t pause_mapped;
-  size_t cap;      /* effective cap on reserved bytes */
-  size_t staged;   /* device bytes held outside the segments that count
-                      against cap: defragmentation's staging buffer while
-                      it lives (defrag.c) */
+  size_t cap;    /* effective cap on reserved bytes */
+  size_t staged; /* device bytes held outside the segments that count
+                    against cap: defragmentation's staging buffer while
+                    it lives (defrag.c) */
+  /* defrag.c: staging buffers alive or kept (stage_slots, at most
+   * MP__STAGE_SLOTS), and those the device refused to free (kept, their
+   * bytes still in staged), freed again by mp__defrag_stage_retry. */
+  unsigned stage_slots, nstage_kept;
+  void *stage_kept[MP__STAGE_SLOTS];
+  size_t stage_kept_bytes[MP__STAGE_SLOTS];
   bool cap_is_max; /* cap came from cfg.max_bytes (MP_ELIMIT) */
   /* An arena whose share (cap) mp_pool_set_max_fraction cut below what it
    * reserved, or while its growth was in flight: its reserved bytes may
@@ -1240,6 +1248,12 @@ mp_status_t mp__pool_take_unpaused(mp_pool_t *pool, size_t size, uint32_t sidx,
  * block of at least `need` bytes forms. Called without the lock. Returns
  * bytes moved. */
 size_t mp__defrag_on_oom(mp_pool_t *pool, size_t need, mp_stream_t s);
+/* No lock held: frees again the staging buffers the device refused to free
+ * at the end of a defragmentation (kept, booked against the cap); MP_OK
+ * when none is left, else the device's refusal (the rest stay kept). At
+ * every defragmentation, trim, pause and destroy (which fails with the
+ * refusal, the pool as it was). */
+mp_status_t mp__defrag_stage_retry(mp_pool_t *pool);
 
 /* ---- child.c ------------------------------------------------------------ */
 /* Destroy of a child pool: its range back to the parent, its segment record

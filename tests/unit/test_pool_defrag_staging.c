@@ -5,6 +5,7 @@
  * cap for the pool; once the buffer is freed its room is the pool's again.
  */
 #include <criterion/criterion.h>
+#include <string.h>
 
 #include "../support/pool_helpers.h"
 #include "pool_fakedev.h"
@@ -158,4 +159,75 @@ Test(pool_defrag_staging, the_staging_buffer_counts_as_device_calls) {
   cr_expect_eq(a.device_free_count - b.device_free_count, f->frees - frees);
   cr_assert_eq(mp_handle_free(big), MP_OK);
   fake_pool_finish(pool, dev);
+}
+
+/* slide_ready's pool, defragmented with the staging buffer's free
+ * refused (the device keeps it): the block moved, the buffer still held. */
+static mp_pool_t *refused_slide(mp_device_t *dev, mp_stream_t *s,
+                                mp_handle_t **big) {
+  fake_dev_t *f = fake_of(dev);
+  mp_pool_t *pool;
+  (void)slide_ready(dev, &pool, s, big);
+  size_t held = f->used;
+  unsigned allocs = f->allocs;
+  f->refuse_frees = 1; /* the staging buffer's free */
+  size_t moved = 0;
+  cr_expect_eq(mp_pool_defragment(pool, *s, &moved), MP_EDRIVER,
+               "the refused free is the caller's to know");
+  cr_assert_eq(moved, MiB);
+  cr_assert_gt(f->allocs, allocs, "no staging buffer: the test proves nothing");
+  cr_assert_eq(f->used, held + MiB, "the device still holds the buffer");
+  return pool;
+}
+
+/* A staging buffer whose free the device refuses is kept, booked against
+ * the cap, and freed again later: here by mp_pool_trim, which gives its
+ * room under the cap back. Before, the buffer was held by nobody: its
+ * bytes stayed booked for good and the device kept it past the destroy. */
+Test(pool_defrag_staging, a_refused_free_of_the_staging_buffer_is_tried_again) {
+  const size_t cap = 8 * MiB;
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  fake_dev_t *f = fake_of(dev);
+  mp_stream_t s;
+  mp_handle_t *big;
+  mp_pool_t *pool = refused_slide(dev, &s, &big);
+  void *p;
+  cr_expect_eq(mp_pool_alloc(pool, cap - 2 * MiB, s, &p), MP_ELIMIT,
+               "the kept buffer counts against the cap");
+  mp_stats_t before = stats(pool);
+  unsigned frees = f->frees;
+  cr_assert_eq(mp_pool_trim(pool, 0), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(f->used, stats(pool).reserved_bytes,
+               "the device holds %zu bytes, the pool reserves %zu", f->used,
+               (size_t)stats(pool).reserved_bytes);
+  cr_expect_eq(stats(pool).device_free_count - before.device_free_count,
+               f->frees - frees);
+  cr_assert_eq(mp_pool_alloc(pool, cap - 2 * MiB, s, &p), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(mp_handle_free(big), MP_OK);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(f->used, 0, "the device still holds %zu bytes", f->used);
+  fake_close(dev);
+}
+
+/* A destroy that finds a kept staging buffer whose free is refused again
+ * fails with the pool as it was; its next try frees everything. */
+Test(pool_defrag_staging, a_destroy_frees_a_kept_staging_buffer_first) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  fake_dev_t *f = fake_of(dev);
+  mp_stream_t s;
+  mp_handle_t *big;
+  mp_pool_t *pool = refused_slide(dev, &s, &big);
+  cr_assert_eq(mp_handle_free(big), MP_OK);
+  size_t used = f->used;
+  f->refuse_frees = 1;
+  cr_expect_eq(mp_pool_destroy(pool), MP_EDRIVER, "the destroy went on");
+  cr_expect_neq(strstr(mp_last_error(), "staging"), NULL, "%s",
+                mp_last_error());
+  cr_expect_eq(f->used, used, "the refused destroy gave memory back");
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(f->used, 0, "the device still holds %zu bytes", f->used);
+  fake_close(dev);
 }
