@@ -69,6 +69,20 @@ static bool mp__ipc_room(mp_device_t *dev) {
   return true;
 }
 
+/* A handle whose memory descriptor is its lease's number (a handle made
+ * by hand, or corrupted): no export makes one, and closing both would
+ * close the number twice (the second time maybe another thread's new
+ * descriptor). MP_EINVAL naming fn, or MP_OK. */
+static mp_status_t mp__ipc_fds_apart(const mp_ipc_handle_t *h, const char *fn) {
+  if (h->kind == MP_IPC_FD && h->fd >= 0 && h->fd == h->lease_fd)
+    return mp__fail(MP_EINVAL,
+                    "%s: the handle names descriptor %d as both its memory "
+                    "and its lease (no export makes such a handle): nothing "
+                    "closed",
+                    fn, h->fd);
+  return MP_OK;
+}
+
 static mp_status_t mp__ipc_check(const mp_device_t *dev,
                                  const mp_ipc_handle_t *h) {
   if (h->kind != MP_IPC_FD && h->kind != MP_IPC_CUDA)
@@ -89,6 +103,9 @@ static mp_status_t mp__ipc_check(const mp_device_t *dev,
   if (h->lease_fd < 0)
     return mp__fail(MP_EINVAL, "mp_ipc_import: the handle has no lease "
                                "descriptor (closed already, or imported?)");
+  mp_status_t st = mp__ipc_fds_apart(h, "mp_ipc_import");
+  if (st != MP_OK)
+    return st;
   /* The import owns the lease and mp_ipc_close closes it: any other
    * descriptor of the program (a file, a pipe) is no lease, and closing
    * it later would close the program's own. */
@@ -518,6 +535,9 @@ mp_status_t mp_ipc_handle_close(mp_ipc_handle_t *h) {
                     "mp_ipc_handle_close: unknown handle kind %u: nothing "
                     "closed",
                     h->kind);
+  mp_status_t st = mp__ipc_fds_apart(h, "mp_ipc_handle_close");
+  if (st != MP_OK)
+    return st;
   /* A copy of a handle imported already: its lease is the import's (closing
    * it would let the exporter reuse the block under the import), and its
    * memory descriptor the import closed (a number the program may have

@@ -255,6 +255,32 @@ Test(pool_ipc_args, a_lease_descriptor_that_is_no_socket_is_einval) {
   free_released_and_destroy(pool, p);
 }
 
+/* A handle naming one descriptor as both its memory and its lease (made by
+ * hand: no export makes one) is refused by the import and by the close,
+ * which would close the number twice (the second time, maybe a descriptor
+ * another thread opened meanwhile); nothing is closed. Failed before: the
+ * close closed it (twice). */
+Test(pool_ipc_args, a_handle_whose_memory_is_its_lease_is_einval) {
+  mp_pool_t *pool = make_pool(dev, NULL);
+  void *p, *q = NULL;
+  mp_ipc_handle_t good = exported(pool, &p);
+  cr_assert_eq(good.kind, MP_IPC_FD);
+  mp_ipc_handle_t bad = good;
+  bad.fd = good.lease_fd;
+  mp_status_t st = mp_ipc_import(dev, &bad, &q);
+  if (st == MP_OK)
+    (void)mp_ipc_close(dev, q);
+  cr_expect_eq(st, MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "both") != NULL, "%s", mp_last_error());
+  cr_expect_eq(mp_ipc_handle_close(&bad), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "both") != NULL, "%s", mp_last_error());
+  cr_expect_eq(bad.fd, good.lease_fd, "a refusal changed the handle");
+  cr_expect(fd_open(good.fd) && fd_open(good.lease_fd),
+            "a refusal closed a descriptor");
+  cr_assert_eq(mp_ipc_handle_close(&good), MP_OK, "%s", mp_last_error());
+  free_released_and_destroy(pool, p);
+}
+
 /* A copy of a handle taken before it was imported still names the lease
  * the import now owns; by the time it is imported, its memory descriptor's
  * number may name another export's memory (descriptor numbers are reused:
