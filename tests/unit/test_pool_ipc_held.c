@@ -105,27 +105,42 @@ static mp_status_t unmap_and_free(mp_device_t *dev, void *addr, size_t n) {
   return mp__host_backend.vm_unmap(dev, addr, n);
 }
 
-Test(pool_ipc_held, an_export_whose_reap_drops_the_lock_sees_a_free_meanwhile) {
-  mp_device_t *dev;
-  cr_assert_eq(mp_device_open("host:capacity=256M", &dev), MP_OK);
+/* A pool with release_threshold=3M on the host device whose unmaps free
+ * race_ptr from another thread once armed; two blocks (4 MiB, 512 B)
+ * exported, freed (held) and let go by their importers, so that the next
+ * reap releases them and unmaps; x: a third, live 512-byte block,
+ * exported before that when xh is set. */
+static mp_pool_t *reap_ready(mp_device_t **dev, void **x, mp_ipc_handle_t *xh) {
+  cr_assert_eq(mp_device_open("host:capacity=256M", dev), MP_OK);
   unmap_hook = mp__host_backend;
   unmap_hook.vm_unmap = unmap_and_free;
-  dev->ops = &unmap_hook;
-  mp_pool_t *pool = make_pool(dev, "release_threshold=3M");
-  void *big, *small, *x;
+  (*dev)->ops = &unmap_hook;
+  mp_pool_t *pool = make_pool(*dev, "release_threshold=3M");
+  void *big, *small;
   cr_assert_eq(mp_pool_alloc(pool, 4 << 20, NULL, &big), MP_OK);
   cr_assert_eq(mp_pool_alloc(pool, 512, NULL, &small), MP_OK);
-  cr_assert_eq(mp_pool_alloc(pool, 512, NULL, &x), MP_OK);
-  mp_ipc_handle_t a, b, c;
+  cr_assert_eq(mp_pool_alloc(pool, 512, NULL, x), MP_OK);
+  mp_ipc_handle_t a, b;
   cr_assert_eq(mp_pool_ipc_export(pool, big, &a), MP_OK);
   cr_assert_eq(mp_pool_ipc_export(pool, small, &b), MP_OK);
+  if (xh != NULL)
+    cr_assert_eq(mp_pool_ipc_export(pool, *x, xh), MP_OK);
   /* Both held by their importers, who then let go. */
   cr_assert_eq(mp_pool_free(pool, big), MP_OK);
   cr_assert_eq(mp_pool_free(pool, small), MP_OK);
   cr_assert_eq(mp_ipc_handle_close(&a), MP_OK);
   cr_assert_eq(mp_ipc_handle_close(&b), MP_OK);
   race_pool = pool;
-  race_ptr = x;
+  race_ptr = *x;
+  race_free_st = (mp_status_t)-1;
+  return pool;
+}
+
+Test(pool_ipc_held, an_export_whose_reap_drops_the_lock_sees_a_free_meanwhile) {
+  mp_device_t *dev;
+  void *x;
+  mp_pool_t *pool = reap_ready(&dev, &x, NULL);
+  mp_ipc_handle_t c;
   race_armed = true;
   mp_status_t st = mp_pool_ipc_export(pool, x, &c);
   cr_assert(!race_armed, "the reap never unmapped (set-up)");
@@ -134,6 +149,34 @@ Test(pool_ipc_held, an_export_whose_reap_drops_the_lock_sees_a_free_meanwhile) {
   cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
   if (st == MP_OK)
     mp_ipc_handle_close(&c);
+  cr_expect_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  mp_device_close(dev);
+}
+
+/* A free of an exported block reaps the leases importers let go first; the
+ * reap may drop the lock for an unmap (release_threshold), the block being
+ * freed out of the live map meanwhile. A second free of the same pointer
+ * from another thread then must not succeed with the first (and
+ * mp_pool_check, which waits for the unmap, sees the pool whole after).
+ * The host backend runs the second free from another thread during the
+ * unmap. */
+Test(pool_ipc_held, a_second_free_during_the_reap_of_the_first_fails) {
+  mp_device_t *dev;
+  void *x;
+  mp_ipc_handle_t c;
+  mp_pool_t *pool = reap_ready(&dev, &x, &c);
+  race_armed = true;
+  mp_status_t st = mp_pool_free(pool, x);
+  cr_assert(!race_armed, "the reap never unmapped (set-up)");
+  cr_expect((st == MP_OK) != (race_free_st == MP_OK),
+            "frees of %p: %s and %s, one must fail", x, mp_status_string(st),
+            mp_status_string(race_free_st));
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_ipc_handle_close(&c), MP_OK);
+  size_t held = 1;
+  cr_assert_eq(mp_pool_ipc_poll(pool, &held), MP_OK);
+  cr_expect_eq(held, 0);
+  cr_expect_eq(stats(pool).live_blocks, 0);
   cr_expect_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
   mp_device_close(dev);
 }
