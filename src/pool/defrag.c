@@ -588,6 +588,21 @@ mp_status_t mp_pool_freeze(mp_pool_t *pool) {
   return pool->arenas != NULL ? mp__arenas_freeze(pool) : mp__pool_freeze(pool);
 }
 
+/* The copies queued on stream s are done (waited for): the blocks they
+ * moved name s as a use no more, so that its slot in the stream table goes
+ * once s is destroyed. (Each block a freeze moved kept its destroyed
+ * stream's slot for as long as it lived.) */
+static void mp__moves_done(mp_pool_t *pool, mp_stream_t s) {
+  mp__pool_lock(pool);
+  uint32_t sidx;
+  if (mp__stream_known(pool, s) && mp__stream_lookup(pool, s, &sidx) == MP_OK)
+    for (mp__segment_t *seg = pool->segs; seg != NULL; seg = seg->next)
+      for (mp__block_t *b = seg->first; b != NULL; b = b->next)
+        if (mp__block_owned(b))
+          mp__stream_use_done(pool, b, sidx);
+  mp__pool_unlock(pool);
+}
+
 /* mp_pool_freeze of a pool without arenas (one of them, maybe), its
  * caller marked. */
 static mp_status_t mp__pool_freeze(mp_pool_t *pool) {
@@ -602,6 +617,8 @@ static mp_status_t mp__pool_freeze(mp_pool_t *pool) {
   size_t moved = 0;
   st = mp__defragment(pool, s, 0, true, &moved);
   mp_status_t sy = mp_stream_synchronize(pool->dev, s);
+  if (sy == MP_OK)
+    mp__moves_done(pool, s);
   mp_status_t de = mp_stream_destroy(pool->dev, s);
   return st != MP_OK ? st : sy != MP_OK ? sy : de;
 }

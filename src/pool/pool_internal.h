@@ -1616,6 +1616,10 @@ void mp__stream_add_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx);
  * the device): forgotten, so that its free waits for its own stream only
  * (mp__pool_free_done). */
 void mp__stream_drop_uses(mp_pool_t *pool, mp__block_t *b);
+/* Live block b's use on stream sidx, if it names one, is finished (the
+ * caller waited for that stream): forgotten, so that sidx's slot may go
+ * once the stream is (a freeze's own stream, defrag.c). */
+void mp__stream_use_done(mp_pool_t *pool, mp__block_t *b, uint32_t sidx);
 /* Live block b may be in use on every stream whose work is not known done
  * (mp_pool_free_after_all). */
 void mp__stream_use_all(mp_pool_t *pool, mp__block_t *b);

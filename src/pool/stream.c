@@ -604,6 +604,16 @@ void mp__stream_add_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx) {
   }
 }
 
+void mp__stream_use_done(mp_pool_t *pool, mp__block_t *b, uint32_t sidx) {
+  MP__ASSERT_LOCKED(pool);
+  for (uint32_t i = 0; i < b->ndeps; i++)
+    if (mp__dep_sidx(b->deps[i]) == sidx) {
+      b->deps[i] = b->deps[--b->ndeps];
+      pool->streams[sidx].refs--;
+      return;
+    }
+}
+
 void mp__stream_drop_uses(mp_pool_t *pool, mp__block_t *b) {
   MP__ASSERT_LOCKED(pool);
   for (uint32_t i = 0; i < b->ndeps; i++)
