@@ -604,7 +604,7 @@ static mp_status_t mp__arena_req_locked(mp_pool_t *a,
 
 /* The claim of a graph pool's range (mp__arena_graph_borrow). */
 static mp_status_t mp__arena_lend(mp_pool_t *lender, void *const *out,
-                                  void *graph);
+                                  void *loan);
 
 /* Under x's lock, the request's block just made live in x: its claim, and
  * x as its owner. A claim that fails has given the block back. */
@@ -959,12 +959,20 @@ mp_status_t mp__arena_alloc_any(mp_pool_t *pool, size_t bytes, mp_stream_t s,
 }
 
 /* The claim of a graph pool's range: lent to it (graph.c). */
+/* A graph pool's range request: the graph pool, and the bytes asked, then
+ * lent (mp__graph_lend). */
+typedef struct mp__arena_loan {
+  mp_pool_t *graph;
+  size_t bytes;
+} mp__arena_loan_t;
+
 static mp_status_t mp__arena_lend(mp_pool_t *lender, void *const *out,
-                                  void *graph) {
-  return mp__graph_lend(lender, graph, out);
+                                  void *loan) {
+  mp__arena_loan_t *l = loan;
+  return mp__graph_lend(lender, l->graph, out, &l->bytes);
 }
 
-mp_status_t mp__arena_graph_borrow(mp_pool_t *graph, size_t bytes,
+mp_status_t mp__arena_graph_borrow(mp_pool_t *graph, size_t *bytes,
                                    mp_stream_t s, void **out) {
   mp_pool_t *lender = NULL;
   /* MP__EHOST (host memory ran out) stops the graph pool's ladder with
@@ -972,8 +980,11 @@ mp_status_t mp__arena_graph_borrow(mp_pool_t *graph, size_t bytes,
    * the graph pool's allocation, whose ladder may borrow again. */
   bool quiet = mp__oom_quiet;
   mp__oom_quiet = mp__graph_counted();
-  mp_status_t st = mp__arena_alloc_owned(graph->parent, bytes, s, out, &lender,
-                                         mp__arena_lend, graph);
+  mp__arena_loan_t loan = {graph, *bytes};
+  mp_status_t st = mp__arena_alloc_owned(graph->parent, *bytes, s, out, &lender,
+                                         mp__arena_lend, &loan);
   mp__oom_quiet = quiet;
+  if (st == MP_OK)
+    *bytes = loan.bytes;
   return st;
 }

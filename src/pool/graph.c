@@ -56,7 +56,7 @@ static void *mp__graph_room(void *arr, size_t n, size_t *cap, size_t elem,
 /* Graph growth, the graph pool's upstream: with graph's lock dropped
  * (inflight), borrows bytes of the parent on stream s for a new range of
  * graph. */
-static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes,
+static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t *bytes,
                                     mp_stream_t s, void **out);
 
 /* The route of s as owner's stream (mp__stream_owner), or NULL. */
@@ -352,7 +352,7 @@ mp_pool_t *mp_pool_graph_of(mp_pool_t *parent, mp_stream_t s) {
 }
 
 mp_status_t mp__graph_lend(mp_pool_t *lender, mp_pool_t *graph,
-                           void *const *out) {
+                           void *const *out, size_t *bytes) {
   mp__grange_t *r = mp__graph_room(lender->granges, lender->ngranges,
                                    &lender->granges_cap, sizeof *r, "ranges");
   mp__slot_t *slot = NULL;
@@ -367,10 +367,11 @@ mp_status_t mp__graph_lend(mp_pool_t *lender, mp_pool_t *graph,
   b->child = graph;
   lender->granges[lender->ngranges++] = (mp__grange_t){b->addr, b->size, graph};
   mp__pool_rare_update(lender);
+  *bytes = b->size;
   return MP_OK;
 }
 
-static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes,
+static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t *bytes,
                                     mp_stream_t s, void **out) {
   mp_pool_t *parent = graph->parent;
   mp_status_t st;
@@ -386,16 +387,16 @@ static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes,
   /* Only memory no work queued so far uses, on any stream: a replay runs
    * after nothing queued before the capture unless launched on s itself
    * (a block s freed is s's at once by stream order, but not a graph's). */
-  st =
-      r != NULL ? mp__pool_alloc_locked_done(parent, bytes, s, out) : MP__EHOST;
+  st = r != NULL ? mp__pool_alloc_locked_done(parent, *bytes, s, out)
+                 : MP__EHOST;
   bool device = mp__pool_oom_last(parent);
   /* Out of memory, the parent's handler, as the arenas' path asks it
    * (arena.c): the range is an allocation of the parent's. Once per
    * allocation of the graph pool, whose ladder may borrow again
    * (mp__graph_ask). A retry's failure counts in place of the first
    * (mp__pool_oom_retry). */
-  if (device && mp__graph_ask(st) && mp__pool_oom_retry(parent, st, bytes)) {
-    st = mp__pool_alloc_locked_done(parent, bytes, s, out);
+  if (device && mp__graph_ask(st) && mp__pool_oom_retry(parent, st, *bytes)) {
+    st = mp__pool_alloc_locked_done(parent, *bytes, s, out);
     device = mp__pool_oom_last(parent);
   }
   mp__oom_quiet = quiet;
@@ -409,7 +410,7 @@ static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t bytes,
   /* The allocation may have dropped the lock (growth) while another graph
    * pool borrowed: the room is asked again. */
   if (st == MP_OK)
-    st = mp__graph_lend(parent, graph, out);
+    st = mp__graph_lend(parent, graph, out, bytes);
   mp__pool_unlock(parent);
   return st;
 }

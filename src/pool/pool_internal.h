@@ -469,7 +469,7 @@ struct mp_pool {
   /* Growth from the parent instead of the device (graph pools, set in
    * graph.c): called with the lock dropped (inflight) for a new plain
    * segment of bytes on stream s. NULL: the device. */
-  mp_status_t (*upstream)(mp_pool_t *pool, size_t bytes, mp_stream_t s,
+  mp_status_t (*upstream)(mp_pool_t *pool, size_t *bytes, mp_stream_t s,
                           void **out); /* an mp__upstream_t */
 
   /* graph.c */
@@ -920,7 +920,7 @@ static inline mp_pool_t *mp__arena_owner(mp_pool_t *pool, const void *ptr) {
 /* The upstream of a graph pool of a pool with arenas (mp__upstream_t): the
  * calling thread's arena lends the range (or an idle arena's cache, or the
  * arenas' out-of-memory path), and keeps it in its table of ranges. */
-mp_status_t mp__arena_graph_borrow(mp_pool_t *graph, size_t bytes,
+mp_status_t mp__arena_graph_borrow(mp_pool_t *graph, size_t *bytes,
                                    mp_stream_t s, void **out);
 /* mp_pool_trim / mp_pool_add_stream on a pool with arenas (no lock held). */
 mp_status_t mp__arena_trim(mp_pool_t *pool, size_t keep_bytes);
@@ -977,9 +977,10 @@ typedef struct mp__grange {
   size_t size;
   mp_pool_t *graph;
 } mp__grange_t;
-/* How a graph pool grows: it borrows bytes of its parent on stream s
- * (called with the graph pool's lock dropped, inflight). */
-typedef mp_status_t (*mp__upstream_t)(mp_pool_t *graph, size_t bytes,
+/* How a graph pool grows: it borrows *bytes of its parent on stream s
+ * (called with the graph pool's lock dropped, inflight); on MP_OK *bytes
+ * is what the range holds, more when the parent lent a block whole. */
+typedef mp_status_t (*mp__upstream_t)(mp_pool_t *graph, size_t *bytes,
                                       mp_stream_t s, void **out);
 /* mp_pool_graph_create, the graph pool growing through upstream (pool.c
  * chooses: NULL, graph.c's own borrowing under the parent's lock, or
@@ -988,10 +989,11 @@ mp_status_t mp__graph_create(mp_pool_t *parent, mp__upstream_t upstream,
                              mp_pool_t **out);
 /* Under lender's lock (the parent, or the arena of a parent with arenas
  * that allocated it): its live block at *out becomes graph's range, in
- * lender's table of ranges, so that frees through it reach graph. Without
- * host memory for the table the block goes back: MP__EHOST. */
+ * lender's table of ranges, so that frees through it reach graph; *bytes:
+ * the block's size (at least what was asked). Without host memory for the
+ * table the block goes back: MP__EHOST. */
 mp_status_t mp__graph_lend(mp_pool_t *lender, mp_pool_t *graph,
-                           void *const *out);
+                           void *const *out, size_t *bytes);
 /* Under parent's lock: the graph pool stream s (the calling thread's, for
  * a per-thread stream) allocates to, or NULL. */
 mp_pool_t *mp__graph_route(const mp_pool_t *parent, mp_stream_t s);

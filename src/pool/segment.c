@@ -94,12 +94,14 @@ mp_status_t mp__segment_limit(mp_pool_t *pool) {
 }
 
 /* A new plain segment's memory: from the device, or from the pool's
- * upstream (a graph pool borrows a range of its parent; graph.c sets it). */
-static mp_status_t mp__plain_source(mp_pool_t *pool, size_t bytes,
+ * upstream (a graph pool borrows a range of its parent; graph.c sets it),
+ * which may lend more than *bytes (a block its parent hands out whole):
+ * *bytes is then what the range holds, the segment's size. */
+static mp_status_t mp__plain_source(mp_pool_t *pool, size_t *bytes,
                                     mp_stream_t s, void **p) {
   if (pool->upstream != NULL)
     return pool->upstream(pool, bytes, s, p);
-  return mp_device_alloc(pool->dev, bytes, p);
+  return mp_device_alloc(pool->dev, *bytes, p);
 }
 
 mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
@@ -135,13 +137,13 @@ mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
   bool smaller = pool->graph && bytes > size;
   if (smaller) /* never cleared by the parent's own growth meanwhile */
     mp__segment_trying = true;
-  mp_status_t st = mp__plain_source(pool, bytes, strm, &p);
+  mp_status_t st = mp__plain_source(pool, &bytes, strm, &p);
   if (smaller) {
     mp__segment_trying = false;
     if (st == MP_ELIMIT || st == MP_ENOMEM) {
       bytes = size;
       pool->grow_inflight = bytes;
-      st = mp__plain_source(pool, bytes, strm, &p);
+      st = mp__plain_source(pool, &bytes, strm, &p);
     }
   }
   mp__pool_device_end(pool);

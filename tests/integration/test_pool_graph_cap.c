@@ -193,3 +193,37 @@ Test(pool_graph_cap, near_the_cap_a_graph_pool_borrows_what_the_request_needs) {
   cr_assert_eq(mp_pool_free(parent, big), MP_OK);
   close_parent();
 }
+
+/* A range the parent hands out whole (its rest too small to keep: under
+ * min(size/16, 1 MiB)) is the graph pool's whole: its reserved_bytes says
+ * what it pins in the parent. Before, it counted
+ * the bytes it asked for, 64 KiB less than the parent lent here. */
+Test(pool_graph_cap, a_range_lent_whole_counts_whole_in_the_graph_pool) {
+  const size_t KiB = 1024;
+  cr_assert_eq(mp_device_open("host:capacity=1G", &dev), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  parent = make_pool(dev, "virtual=0");
+  void *head, *p;
+  /* One 4 MiB plain segment: 1984 KiB live, 2 MiB + 64 KiB free after. */
+  cr_assert_eq(mp_pool_alloc(parent, 4 * MiB, NULL, &head), MP_OK);
+  cr_assert_eq(mp_pool_free(parent, head), MP_OK);
+  cr_assert_eq(mp_pool_alloc(parent, 1984 * KiB, NULL, &head), MP_OK);
+  cr_assert_eq(stats(parent).reserved_bytes, 4 * MiB);
+  cr_assert_eq(mp_stream_synchronize(dev, NULL), MP_OK);
+  cr_assert_eq(mp_pool_graph_create(parent, &graph), MP_OK);
+  cr_assert_eq(mp_pool_graph_begin(parent, graph, s), MP_OK);
+  cr_assert_eq(mp_pool_alloc(parent, 2 * MiB, s, &p), MP_OK, "%s",
+               mp_last_error());
+  mp_stats_t ps = stats(parent), gs = stats(graph);
+  cr_assert_eq(ps.reserved_bytes, 4 * MiB, "the parent grew (set-up)");
+  cr_assert_eq(ps.allocated_bytes, 4 * MiB, "not lent whole (set-up)");
+  cr_expect_eq(gs.reserved_bytes, 2 * MiB + 64 * KiB,
+               "the graph pool counts %zu of the %zu its parent lent",
+               (size_t)gs.reserved_bytes, (size_t)(2 * MiB + 64 * KiB));
+  check(graph);
+  check(parent);
+  cr_assert_eq(mp_pool_free(parent, p), MP_OK);
+  cr_assert_eq(mp_pool_free(parent, head), MP_OK);
+  close_parent();
+}
