@@ -422,16 +422,10 @@ struct mp_pool {
   /* pause.c, paused: vseg's chunks [0, pause_mapped) are still mapped (an
    * undo that failed left them), 0 after a clean pause. */
   size_t pause_mapped;
-  size_t cap;    /* effective cap on reserved bytes */
-  size_t staged; /* device bytes held outside the segments that count
-                    against cap: defragmentation's staging buffer while
-                    it lives (defrag.c) */
-  /* defrag.c: staging buffers alive or kept (stage_slots, at most
-   * MP__STAGE_SLOTS), and those the device refused to free (kept, their
-   * bytes still in staged), freed again by mp__defrag_stage_retry. */
-  unsigned stage_slots, nstage_kept;
-  void *stage_kept[MP__STAGE_SLOTS];
-  size_t stage_kept_bytes[MP__STAGE_SLOTS];
+  size_t cap;      /* effective cap on reserved bytes */
+  size_t staged;   /* device bytes held outside the segments that count
+                      against cap: defragmentation's staging buffer while
+                      it lives (defrag.c) */
   bool cap_is_max; /* cap came from cfg.max_bytes (MP_ELIMIT) */
   /* An arena whose share (cap) mp_pool_set_max_fraction cut below what it
    * reserved, or while its growth was in flight: its reserved bytes may
@@ -622,6 +616,12 @@ struct mp_pool {
    * (merge_later) before it, where every allocation that found no block
    * walked every block again. */
   uint64_t apart_sync;
+  /* defrag.c: staging buffers alive or kept (stage_slots, at most
+   * MP__STAGE_SLOTS), and those the device refused to free (kept, their
+   * bytes still in staged), freed again by mp__defrag_stage_retry. */
+  unsigned stage_slots, nstage_kept;
+  void *stage_kept[MP__STAGE_SLOTS];
+  size_t stage_kept_bytes[MP__STAGE_SLOTS];
 };
 
 /* ---- lock.c: the pool lock and the one way to drop it ------------------- */
