@@ -75,7 +75,13 @@ mp_status_t mp__pool_alloc_locked(mp_pool_t *pool, size_t bytes, mp_stream_t s,
 
 mp_status_t mp__pool_alloc_locked_done(mp_pool_t *pool, size_t bytes,
                                        mp_stream_t s, void **out) {
-  return mp__alloc_locked_as(pool, bytes, s, out, false, true);
+  /* Restored after: a graph pool's take (its own stream's) may run inside
+   * another's borrowing (an out-of-memory handler's allocation). */
+  mp_stream_t was = mp__take_stream;
+  mp__take_stream = s;
+  mp_status_t st = mp__alloc_locked_as(pool, bytes, s, out, false, true);
+  mp__take_stream = was;
+  return st;
 }
 
 /* mp__pool_alloc_cached's body; plain: no history to record in; any: a

@@ -33,6 +33,8 @@
 
 #define MP__SEARCH_LIMIT 16
 
+_Thread_local mp_stream_t mp__take_stream;
+
 bool mp__pool_round(const mp_pool_t *pool, size_t bytes, size_t *out) {
   size_t up;
   /* The overflow check is the add's carry: no separate compare. */
@@ -399,9 +401,12 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
   }
   /* Rung: defragment movable blocks (defrag.c; it synchronizes the device:
    * not while a stream of the pool is captured). */
-  if ((pool->cfg.flags & MP_POOL_DEFRAG_ON_OOM) && pool->ncapturing == 0 &&
-      sidx != UINT32_MAX) {
-    mp_stream_t s = pool->streams[sidx].s;
+  if ((pool->cfg.flags & MP_POOL_DEFRAG_ON_OOM) && pool->ncapturing == 0) {
+    /* A take for every stream (UINT32_MAX) moves on the stream it is for
+     * (mp__take_stream); the space moved blocks leave then waits for
+     * that stream, and the last look below waits for it. */
+    mp_stream_t s =
+        sidx != UINT32_MAX ? pool->streams[sidx].s : mp__take_stream;
     mp__pool_unlock(pool);
     size_t moved = mp__defrag_on_oom(pool, size, s);
     mp__pool_lock(pool);

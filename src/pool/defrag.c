@@ -522,7 +522,10 @@ mp_status_t mp__defrag_stage_retry(mp_pool_t *pool) {
   MP__ASSERT(!mp__pool_held(pool));
   mp_status_t st = MP_OK;
   mp__pool_lock(pool);
-  while (st == MP_OK && pool->nstage_kept > 0) {
+  /* Not while a stream of the pool is captured (a graph pool's): no
+   * device free then, as PyTorch's allocator frees nothing during a
+   * capture; a later call tries. */
+  while (st == MP_OK && pool->nstage_kept > 0 && pool->ncapturing == 0) {
     unsigned i = --pool->nstage_kept;
     void *p = pool->stage_kept[i];
     size_t n = pool->stage_kept_bytes[i];

@@ -1096,9 +1096,14 @@ void mp__handle_retire_all(mp_pool_t *pool);
 /* ---- core.c: the allocation core --------------------------------------- */
 /* [defrag] Rounds bytes up to the pool's align; false on overflow. */
 bool mp__pool_round(const mp_pool_t *pool, size_t bytes, size_t *out);
-/* Best fit for `size` (rounded) usable on stream sidx, through the whole
- * out-of-memory ladder (drops and retakes the lock). On MP_OK *out is a
- * block of at least `size` bytes, out of the index, not yet live.
+/* The stream a take for every stream (sidx UINT32_MAX: a graph pool's
+ * borrowing, mp__pool_alloc_locked_done) is for: the ladder's
+ * defragmentation moves blocks on it. Set by the caller of the take. */
+extern _Thread_local mp_stream_t mp__take_stream;
+/* Best fit for `size` (rounded) usable on stream sidx (UINT32_MAX: on
+ * every stream), through the whole out-of-memory ladder (drops and
+ * retakes the lock). On MP_OK *out is a block of at least `size` bytes,
+ * out of the index, not yet live.
  * *laddered: the first look found nothing and the ladder ran (it may have
  * dropped the lock); false, the lock was held throughout, and then the
  * caller must make the block live under this hold of the lock, never put
@@ -1252,7 +1257,8 @@ mp_status_t mp__pool_take_unpaused(mp_pool_t *pool, size_t size, uint32_t sidx,
 size_t mp__defrag_on_oom(mp_pool_t *pool, size_t need, mp_stream_t s);
 /* No lock held: frees again the staging buffers the device refused to free
  * at the end of a defragmentation (kept, booked against the cap); MP_OK
- * when none is left, else the device's refusal (the rest stay kept). At
+ * when none is left or a stream of the pool is captured (they wait), else
+ * the device's refusal (the rest stay kept). At
  * every defragmentation, trim, pause and destroy (which fails with the
  * refusal, the pool as it was). */
 mp_status_t mp__defrag_stage_retry(mp_pool_t *pool);
