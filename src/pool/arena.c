@@ -958,7 +958,6 @@ mp_status_t mp__arena_alloc_any(mp_pool_t *pool, size_t bytes, mp_stream_t s,
       mp__arena_alloc_owned(pool, bytes, s, out, owner, claim, ctx));
 }
 
-/* The claim of a graph pool's range: lent to it (graph.c). */
 /* A graph pool's range request: the graph pool, and the bytes asked, then
  * lent (mp__graph_lend). */
 typedef struct mp__arena_loan {
@@ -966,6 +965,7 @@ typedef struct mp__arena_loan {
   size_t bytes;
 } mp__arena_loan_t;
 
+/* The claim of a graph pool's range: lent to it (graph.c). */
 static mp_status_t mp__arena_lend(mp_pool_t *lender, void *const *out,
                                   void *loan) {
   mp__arena_loan_t *l = loan;
