@@ -543,6 +543,12 @@ static void mp__graph_give_back_to_arena(mp_pool_t *parent, uintptr_t base,
 static void mp__graph_finish(mp_pool_t *graph) {
   mp_pool_t *parent = graph->parent;
   bool arenas = parent->arenas != NULL;
+  /* A look refused here (host memory, a stream) only makes a range wait
+   * for a synchronize: the release or free that finishes succeeds, and
+   * leaves the thread's last failure message as it was. */
+  mp__error_saved_t saved;
+  mp__error_save(&saved);
+  uint64_t serial = mp__error_serial();
   uint64_t forgets = mp__device_forgets(parent->dev);
   mp__met_t *gm = NULL;
   size_t gn = 0, gcap = 0;
@@ -569,6 +575,8 @@ static void mp__graph_finish(mp_pool_t *graph) {
   }
   graph->segs = NULL;
   mp__pool_free_host(graph);
+  if (mp__error_serial() != serial)
+    mp__error_restore(&saved);
 }
 
 /* Growth (inflight) runs only inside an allocation (a graph pool's trim

@@ -55,4 +55,19 @@ static inline void release_pairs(mp_pool_t *p, mp_stream_t s) {
   }
 }
 
+/* A graph pool of p that captured, on s, one block of bytes and freed it:
+ * the capture has ended and s's work is done; the caller releases it. */
+static inline mp_pool_t *graph_used_once(mp_pool_t *p, mp_stream_t s,
+                                         size_t bytes) {
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(p, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(p, g, s), MP_OK, "%s", mp_last_error());
+  void *x;
+  cr_assert_eq(mp_pool_alloc(p, bytes, s, &x), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(p, x), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_end(p, s), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_stream_synchronize(mp_pool_device(p), s), MP_OK);
+  return g;
+}
+
 #endif /* MEMPOOL_TEST_POOL_HELPERS_H */

@@ -809,3 +809,46 @@ Test(pool_host_faults, an_evacuation_without_host_memory_moves_nothing) {
     fake_pool_finish(p, dev);
   }
 }
+
+/* A release whose look at the streams the graph pool met runs out of host
+ * memory still succeeds (the range then waits for a device synchronize),
+ * and, as a success, leaves the thread's last failure message as it was:
+ * before, the refused look's "out of host memory" stayed in
+ * mp_last_error() behind an MP_OK. */
+static void release_under_faults(const char *opts) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 2 * MiB);
+  mp_pool_t *p = make_pool(dev, opts);
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  int fired_n = 0;
+  for (long k = 0; k < 1000; k++) {
+    mp_pool_t *g = graph_used_once(p, s, 3 * MiB);
+    int foreign;
+    cr_assert_eq(mp_pool_free(p, &foreign), MP_EINVAL);
+    char before[512];
+    snprintf(before, sizeof before, "%s", mp_last_error());
+    mp__fault_host_after(k);
+    mp_status_t st = mp_pool_graph_release(g);
+    bool fired = !mp__fault_host_pending();
+    mp__fault_host_after(-1);
+    cr_assert_eq(st, MP_OK, "%s k=%ld: %s", opts, k, mp_last_error());
+    cr_expect_str_eq(mp_last_error(), before,
+                     "%s k=%ld: a release that succeeded left a message", opts,
+                     k);
+    check(p);
+    if (!fired)
+      break;
+    fired_n++;
+  }
+  cr_expect_geq(fired_n, 1, "%s: no look of the release ran out", opts);
+  cr_assert_eq(mp_stream_synchronize(dev, s), MP_OK);
+  cr_assert_eq(mp_pool_destroy(p), MP_OK, "%s", mp_last_error());
+  mp_stream_destroy(dev, s);
+  cr_expect_eq(fake_of(dev)->used, 0);
+  fake_close(dev);
+}
+
+Test(pool_host_faults, a_release_short_of_host_memory_leaves_no_message) {
+  release_under_faults("arenas=0");
+  release_under_faults("arenas=2");
+}
