@@ -86,13 +86,21 @@ mp_status_t mp_host_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
 
 mp_status_t mp_host_pool_destroy(mp_host_pool_t *hp) {
   MP__CHECK_HP(hp);
-  mp_status_t st = mp_pool_destroy(hp->pool);
-  if (st != MP_OK)
+  int gone = 0;
+  mp_status_t st = mp_pool_destroy_ex(hp->pool, &gone);
+  if (!gone)
     return st;
+  /* The pool is gone also when the device refused a free after others
+   * went (pool.h): the rest of hp goes with it, and that refusal is what
+   * the caller hears (hp must not be used again). */
+  mp__error_saved_t why;
+  mp__error_save(&why);
   mp_stream_destroy(hp->dev, hp->host);
   mp_device_close(hp->view);
   free(hp);
-  return MP_OK;
+  if (st != MP_OK)
+    mp__error_restore(&why);
+  return st;
 }
 
 /* The pool's refusal st, said as the host pool's call the caller made:
@@ -127,10 +135,16 @@ mp_status_t mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes, mp_stream_t s,
    * perhaps in a chunk grown for it, which would stay cached. The device
    * is asked (driver calls on CUDA) only for a stream the pool has not
    * met; NULL (the default stream) needs no question. */
-  if (s != NULL && !mp__hp_knows(hp, s) &&
-      mp__device_stream_kind(hp->view, s) == MP__STREAM_BAD)
-    return mp__fail(MP_EINVAL, "%s: stream %p is not a live stream of %s",
-                    __func__, (void *)s, mp_device_name(hp->dev));
+  if (!mp__hp_knows(hp, s)) {
+    if (s != NULL && mp__device_stream_kind(hp->view, s) == MP__STREAM_BAD)
+      return mp__fail(MP_EINVAL, "%s: stream %p is not a live stream of %s",
+                      __func__, (void *)s, mp_device_name(hp->dev));
+    /* Its slot too: a record refused for want of host memory for the
+     * stream table, after the buffer grew a chunk, would leave it cached. */
+    mp_status_t ast = mp_pool_add_stream(hp->pool, s);
+    if (ast != MP_OK)
+      return mp__hp_said(ast, "mp_pool_add_stream", __func__);
+  }
   void *p = NULL;
   mp_status_t st = mp_pool_alloc(hp->pool, bytes, hp->host, &p);
   if (st != MP_OK)

@@ -50,7 +50,10 @@ MP_API mp_status_t mp_host_pool_create(mp_device_t *dev,
                                        const mp_pool_config_t *cfg,
                                        mp_host_pool_t **out);
 /* Synchronizes the streams that used the pool and gives every chunk back
- * to the device (mp_device_host_free). NULL: MP_EINVAL. */
+ * to the device (mp_device_host_free). NULL: MP_EINVAL. A free the device
+ * refuses first leaves the host pool as it was (its status); one refused
+ * after others went is still reported, but the host pool is then
+ * destroyed (as mp_pool_destroy) and hp must not be used again. */
 MP_API mp_status_t mp_host_pool_destroy(mp_host_pool_t *hp);
 
 /* Page-locked memory for use on stream s (NULL: the default stream, or

@@ -348,3 +348,53 @@ Test(host_faults, work_that_cannot_be_queued_is_not_queued) {
   cr_expect_eq(mp_event_destroy(dev, work_event), MP_OK);
   cr_expect_eq(mp_stream_destroy(dev, work_stream), MP_OK);
 }
+
+/* mp_host_pool_alloc for a stream the host pool has not met, with host
+ * allocation k failing, after n other streams filled part of the pool's
+ * stream table: a refusal keeps no page-locked memory. Before, the buffer
+ * came first (growing a chunk for it) and the stream's record after, so
+ * a stream table that could not grow left the new chunk cached. */
+Test(host_faults, host_pool_alloc_for_a_new_stream_keeps_no_chunk) {
+  enum { NS = 40 };
+  mp_stream_t s[NS];
+  for (int i = 0; i < NS; i++)
+    cr_assert_eq(mp_stream_create(dev, &s[i]), MP_OK);
+  long refused = 0;
+  for (int n = 0; n < NS - 1; n++) {
+    for (long k = 0; k < MAX_K; k++) {
+      mp_host_pool_t *hp;
+      cr_assert_eq(mp_host_pool_create(dev, NULL, &hp), MP_OK);
+      for (int i = 0; i < n; i++) {
+        void *x;
+        cr_assert_eq(mp_host_pool_alloc(hp, 512, s[i], &x), MP_OK);
+        cr_assert_eq(mp_host_pool_free(hp, x), MP_OK);
+      }
+      mp_stats_t before, after;
+      cr_assert_eq(mp_host_pool_get_stats(hp, &before), MP_OK);
+      void *sentinel = &k, *q = sentinel;
+      mp__fault_host_after(k);
+      mp_status_t st = mp_host_pool_alloc(hp, 8 << 20, s[n], &q);
+      bool pending = mp__fault_host_pending();
+      mp__fault_host_after(-1);
+      cr_assert_eq(mp_host_pool_get_stats(hp, &after), MP_OK);
+      if (st == MP_OK) {
+        cr_expect_eq(mp_host_pool_free(hp, q), MP_OK);
+      } else {
+        refused++;
+        expect_host_enomem(st, "mp_host_pool_alloc", k);
+        cr_expect_eq(q, sentinel, "*out written on failure");
+        cr_expect_eq(after.reserved_bytes, before.reserved_bytes,
+                     "%d streams met, host allocation %ld failing: the "
+                     "refusal kept %zu bytes of page-locked memory",
+                     n, k, after.reserved_bytes - before.reserved_bytes);
+      }
+      cr_expect_eq(mp_host_pool_check(hp), MP_OK, "%s", mp_last_error());
+      cr_expect_eq(mp_host_pool_destroy(hp), MP_OK, "%s", mp_last_error());
+      if (pending)
+        break;
+    }
+  }
+  cr_expect_geq(refused, NS - 1, "every stream's allocation was refused once");
+  for (int i = 0; i < NS; i++)
+    cr_expect_eq(mp_stream_destroy(dev, s[i]), MP_OK);
+}
