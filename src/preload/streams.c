@@ -20,7 +20,12 @@
 #include "hooks.h"
 
 static void mp__stream_made(mp__curesult r, mp__custream *ps) {
-  if (r != MP__CU_SUCCESS || ps == NULL || !mp__pl_enter()) {
+  /* A refused create enters nothing, so leaves nothing: a leave without
+   * its enter left the thread's depth at -1, and every later hook on the
+   * thread went to the driver (a pool block's cuMemFree included). */
+  if (r != MP__CU_SUCCESS || ps == NULL)
+    return;
+  if (!mp__pl_enter()) {
     mp__pl_leave();
     return;
   }

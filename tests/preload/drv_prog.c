@@ -130,6 +130,13 @@ static void check_serving(int preloaded, int cuda) {
   expect(cuDevicePrimaryCtxRetain(&ctx0, dev) == CUDA_SUCCESS, "ctx 0");
   expect(cuCtxSetCurrent(ctx0) == CUDA_SUCCESS, "set ctx 0");
 
+  /* A stream creation the driver refuses (flags cuda.h does not name)
+   * leaves the shim serving this thread: under it, the refusal once left
+   * the thread's hook depth unbalanced, and every later call on the thread
+   * went to the driver (the checks below: the pool served nothing). */
+  CUstream refused;
+  expect(cuStreamCreate(&refused, 0x80) != CUDA_SUCCESS,
+         "cuStreamCreate with unknown flags is refused");
   long long alloc0 = calls("cuMemAlloc_v2");
   long long async0 = calls("cuMemAllocAsync") + calls("cuMemAllocAsync_ptsz");
   CUdeviceptr d[4] = {0};
