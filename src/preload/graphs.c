@@ -308,18 +308,24 @@ bool mp__pl_output_free(const mp__pl_t *pl, uintptr_t ptr, bool held,
   return done;
 }
 
-/* The capture whose routes include s, begun and not yet ended. Streams are
- * compared as the pool names them: an explicit handle is one stream
- * whichever entry point (plain or _ptsz) passed it. */
+/* Whether capture c, begun and not yet ended, routes the stream the pool
+ * names ms. Streams are compared as the pool names them: an explicit
+ * handle is one stream whichever entry point (plain or _ptsz) passed it. */
+static bool mp__capture_routes(const mp__pl_t *pl, const mp__pl_capture_t *c,
+                               mp_stream_t ms) {
+  for (unsigned k = 0; c->used && c->capturing && k < c->nstreams; k++)
+    if (mp__pl_stream(pl, c->streams[k], c->ptsz[k]) == ms)
+      return true;
+  return false;
+}
+
+/* The capture whose routes include s. */
 static mp__pl_capture_t *mp__capture_of_stream(const mp__pl_t *pl,
                                                mp__custream s, bool ptsz) {
   mp_stream_t ms = mp__pl_stream(pl, s, ptsz);
-  for (size_t i = 0; i < MP__PL_CAPTURES; i++) {
-    mp__pl_capture_t *c = &mp__gr.caps[i];
-    for (unsigned k = 0; c->used && c->capturing && k < c->nstreams; k++)
-      if (mp__pl_stream(pl, c->streams[k], c->ptsz[k]) == ms)
-        return c;
-  }
+  for (size_t i = 0; i < MP__PL_CAPTURES; i++)
+    if (mp__capture_routes(pl, &mp__gr.caps[i], ms))
+      return &mp__gr.caps[i];
   return NULL;
 }
 
@@ -356,23 +362,33 @@ static void mp__capture_outputs(mp__pl_capture_t *c) {
   mp__outmask_rebuild();
 }
 
-/* After the real cuStreamEndCapture: routes end; the graph, if any, keeps
- * the graph pool. */
-static void mp__capture_ended(mp__custream s, bool ptsz, mp__curesult r,
+/* After the real cuStreamEndCapture of the capture whose id the driver
+ * gave before it (NULL: none was given, an invalidated capture): the
+ * routes of every stream the capture allocated or freed on end, whether or
+ * not the end's own stream was one (a capture begun on s0 that forked to
+ * s1, only s1 allocating); the graph, if any, keeps the graph pool. */
+static void mp__capture_ended(mp__custream s, bool ptsz,
+                              const unsigned long long *id, mp__curesult r,
                               mp__cugraph *g) {
   if (!mp__pl_enter()) {
     mp__pl_leave();
     return;
   }
   const mp__pl_t *pl = mp__pl_get();
-  /* The capture is over when the stream no longer captures (an end on a
-   * stream that did not begin it is refused and changes nothing). */
+  /* The capture is over when the end succeeded or the stream no longer
+   * captures. A refused end of a capture that goes on (cuda.h,
+   * cuStreamEndCapture: CUDA_ERROR_STREAM_CAPTURE_UNMATCHED on a stream
+   * that did not begin it; a NULL phGraph) changes nothing: its graph pool
+   * serves the capture to its real end. Where the driver cannot say, the
+   * routes stay (the graph pool kept until exit, never released under a
+   * capture that goes on). */
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   mp__curesult (*is)(mp__custream, unsigned int *) =
       ptsz && rc->cuStreamIsCapturing_ptsz ? rc->cuStreamIsCapturing_ptsz
                                            : rc->cuStreamIsCapturing;
   unsigned int status = 0;
-  bool over = is != NULL && is(s, &status) == MP__CU_SUCCESS && status == 0;
+  bool over = r == MP__CU_SUCCESS ||
+              (is != NULL && is(s, &status) == MP__CU_SUCCESS && status == 0);
   mp__gr_lock();
   mp__custream key = ptsz && s == NULL ? MP__CU_STREAM_PER_THREAD : s;
   for (unsigned k = 0; over && k < mp__gr.nbegun; k++)
@@ -383,8 +399,12 @@ static void mp__capture_ended(mp__custream s, bool ptsz, mp__curesult r,
       atomic_store(&mp__gr_begun, mp__gr.nbegun + mp__gr.lost);
       break;
     }
-  mp__pl_capture_t *c = mp__capture_of_stream(pl, s, ptsz);
-  if (c != NULL) {
+  mp_stream_t ms = mp__pl_stream(pl, s, ptsz);
+  for (size_t i = 0; over && i < MP__PL_CAPTURES; i++) {
+    mp__pl_capture_t *c = &mp__gr.caps[i];
+    if (!c->used || !c->capturing ||
+        (id != NULL ? c->id != *id : !mp__capture_routes(pl, c, ms)))
+      continue;
     if (r == MP__CU_SUCCESS && g != NULL && *g != NULL) {
       mp__capture_unroute(pl, c);
       c->g = *g;
@@ -539,20 +559,24 @@ cuStreamBeginCaptureToGraph_ptsz(mp__custream hStream, mp__cugraph hGraph,
 
 mp__curesult cuStreamEndCapture(mp__custream hStream, mp__cugraph *phGraph) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  unsigned long long id;
+  bool known = mp__capture_id(hStream, false, &id);
   mp__curesult r = rc->cuStreamEndCapture
                        ? rc->cuStreamEndCapture(hStream, phGraph)
                        : MP__CU_NOT_INITIALIZED;
-  mp__capture_ended(hStream, false, r, phGraph);
+  mp__capture_ended(hStream, false, known ? &id : NULL, r, phGraph);
   return r;
 }
 
 mp__curesult cuStreamEndCapture_ptsz(mp__custream hStream,
                                      mp__cugraph *phGraph) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  unsigned long long id;
+  bool known = mp__capture_id(hStream, true, &id);
   mp__curesult r = rc->cuStreamEndCapture_ptsz
                        ? rc->cuStreamEndCapture_ptsz(hStream, phGraph)
                        : MP__CU_NOT_INITIALIZED;
-  mp__capture_ended(hStream, true, r, phGraph);
+  mp__capture_ended(hStream, true, known ? &id : NULL, r, phGraph);
   return r;
 }
 

@@ -42,6 +42,7 @@
  *    the output (consumer() below); "to_graph_free": a second capture
  *    into the graph frees the first's allocation (to_graph_free()). The
  *    test reads the report for both: no graph pool may be left.
+ *    "refused_end" and "side_stream": refused_end() and side_stream().
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -280,6 +281,73 @@ static int to_graph_free(CUstream s, CUstream other) {
   return 0;
 }
 
+/* The "refused_end" and "side_stream" modes. A capture begun on s forks
+ * to other and joins back; its temporary is allocated, written and freed
+ * on s, or (side) on other alone, so that the end is on a stream that
+ * never allocated in the capture. After the end, with the graph alive,
+ * other's allocations must not get the temporary's memory, and the
+ * graph's destruction must release its graph pool (the test reads the
+ * report).
+ *  - refused_end: before the real end, ends the driver refuses while the
+ *    capture goes on (cuda.h, cuStreamEndCapture: a NULL phGraph; on the
+ *    joined stream, CUDA_ERROR_STREAM_CAPTURE_UNMATCHED). The shim once
+ *    took them for the capture's end and gave its graph pool back.
+ *  - side_stream: the shim once found the capture by the end's stream
+ *    only; it never ended other's route, which went on allocating from
+ *    the graph pool, and the graph pool outlived the graph. */
+static int forked_capture(CUstream s, CUstream other, bool side) {
+  CUevent fork, join;
+  MP_TRY(cuEventCreate(&fork, CU_EVENT_DISABLE_TIMING));
+  MP_TRY(cuEventCreate(&join, CU_EVENT_DISABLE_TIMING));
+  CUstream on = side ? other : s;
+  CUdeviceptr t;
+  CUgraph g;
+  CUgraphExec x;
+  MP_TRY(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  MP_TRY(cuEventRecord(fork, s));
+  MP_TRY(cuStreamWaitEvent(other, fork, 0));
+  MP_TRY(cuMemAllocAsync(&t, BYTES, on));
+  MP_TRY(cuMemsetD8Async(t, 7, BYTES, on));
+  MP_TRY(cuMemFreeAsync(t, on));
+  MP_TRY(cuEventRecord(join, other));
+  MP_TRY(cuStreamWaitEvent(s, join, 0));
+  if (!side && (cuStreamEndCapture(s, NULL) == CUDA_SUCCESS ||
+                cuStreamEndCapture(other, &g) == CUDA_SUCCESS)) {
+    puts("a refused end of the capture succeeded");
+    return 1;
+  }
+  MP_TRY(cuStreamEndCapture(s, &g));
+  MP_TRY(cuGraphInstantiate(&x, g, 0));
+  CUdeviceptr q[NPROBE];
+  int hits = 0;
+  for (int i = 0; i < NPROBE; i++) {
+    MP_TRY(cuMemAllocAsync(&q[i], BYTES, other));
+    hits += q[i] < t + BYTES && t < q[i] + BYTES;
+  }
+  if (hits != 0) {
+    printf("%d allocations got the live graph's memory\n", hits);
+    return 1;
+  }
+  for (int i = 0; i < NPROBE; i++)
+    MP_TRY(cuMemFreeAsync(q[i], other));
+  MP_TRY(cuGraphLaunch(x, s));
+  MP_TRY(cuStreamSynchronize(s));
+  MP_TRY(cuStreamSynchronize(other));
+  MP_TRY(cuGraphExecDestroy(x));
+  MP_TRY(cuGraphDestroy(g));
+  MP_TRY(cuEventDestroy(fork));
+  MP_TRY(cuEventDestroy(join));
+  return 0;
+}
+
+static int refused_end(CUstream s, CUstream other) {
+  return forked_capture(s, other, false);
+}
+
+static int side_stream(CUstream s, CUstream other) {
+  return forked_capture(s, other, true);
+}
+
 /* cudaTypedefs.h: PFN_cuGraphInstantiate_v10000 and _v11000, the forms
  * before CUDA 12.0 (cuda.h declares them for the driver's own build). */
 typedef CUresult (*legacy_instantiate_fn)(CUgraphExec *, CUgraph, CUgraphNode *,
@@ -354,6 +422,8 @@ int main(int argc, char **argv) {
       : strcmp(how, "to_graph_free") == 0  ? to_graph_free
       : strcmp(how, "to_graph_twice") == 0 ? into_one_graph_twice
       : strcmp(how, "many_execs") == 0     ? many_execs
+      : strcmp(how, "refused_end") == 0    ? refused_end
+      : strcmp(how, "side_stream") == 0    ? side_stream
                                            : NULL;
   if (mode != NULL) {
     if (mode(s, other) != 0)

@@ -9,6 +9,9 @@
 
 static spawn_result_t r;
 
+/* graph_prog's probes of a mode (its NPROBE). */
+#define NPROBE_ALLOCS 24
+
 Test(preload_graph, without_the_shim_the_capture_replays) {
   const char *argv[] = {MP_GRAPH_PROG, NULL};
   const char *env[] = {"LD_PRELOAD=", NULL};
@@ -43,6 +46,8 @@ static void capture_under_the_shim_with(const char *how, const char *conf) {
           : strcmp(how, "many_execs") == 0     ? 53
           : strcmp(how, "consumer") == 0       ? 4
           : strcmp(how, "to_graph_free") == 0  ? 3
+          : strcmp(how, "refused_end") == 0    ? 2 + 1 + NPROBE_ALLOCS
+          : strcmp(how, "side_stream") == 0    ? 2 + 1 + NPROBE_ALLOCS
                                                : 85;
   cr_assert_eq(
       sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
@@ -109,6 +114,12 @@ static void without_the_shim(const char *const *hows, int n) {
   }
 }
 
+/* how under the shim (capture_under_the_shim) and without it. */
+static void both_ways(const char *how) {
+  capture_under_the_shim(how);
+  without_the_shim(&how, 1);
+}
+
 /* Without the shim the graph destroyed after instantiation replays on the
  * fake, as on a driver, through every form of instantiation (the fake
  * freed the graph's memory with the graph before 2026-12-01). */
@@ -139,15 +150,11 @@ Test(preload_graph, an_output_freed_after_each_launch_is_allocated_again) {
  * memory for its life now. The fake gave another graph's free node the
  * memory, freed with that graph under the first one's executable. */
 Test(preload_graph, an_output_freed_by_another_graph_stays_its_graphs) {
-  capture_under_the_shim("consumer");
-  const char *const hows[] = {"consumer"};
-  without_the_shim(hows, 1);
+  both_ways("consumer");
 }
 
 Test(preload_graph, an_output_freed_by_a_later_capture_into_its_graph) {
-  capture_under_the_shim("to_graph_free");
-  const char *const hows[] = {"to_graph_free"};
-  without_the_shim(hows, 1);
+  both_ways("to_graph_free");
 }
 
 /* Without the shim the fake keeps the same rules (its allocation nodes'
@@ -186,4 +193,20 @@ Test(preload_graph, two_captures_into_one_graph_release_both_graph_pools) {
  * memory to others while replays still used it. */
 Test(preload_graph, the_last_of_many_executables_holds_the_graph_pool) {
   capture_under_the_shim("many_execs");
+}
+
+/* An end the driver refuses while the capture goes on (a NULL graph, or
+ * on a stream joined into the capture) changes nothing: the graph pool
+ * keeps serving the capture and is tied to the graph at the real end. The
+ * shim dropped the capture at the refused end, and the live graph's memory
+ * went to other allocations. */
+Test(preload_graph, a_refused_end_leaves_the_capture_its_graph_pool) {
+  both_ways("refused_end");
+}
+
+/* A capture whose only allocating stream is one it forked to ends on its
+ * origin stream: the shim now finds it by its capture id, ends the side
+ * stream's route and ties the graph pool to the graph. */
+Test(preload_graph, a_capture_allocating_only_on_a_forked_stream_ends) {
+  both_ways("side_stream");
 }
