@@ -350,10 +350,14 @@ bool mp__pl_record_close(mp__pl_counts_t *out) {
 
 /* ---- the snapshot signal ------------------------------------------------ */
 
-/* The pipe's write end, -1 when no signal is armed (and in a forked child
- * until its own start arms a new one). Read by the handler. */
+/* The pipe's write end, -1 when no signal is armed (and in a forked
+ * child, which records nothing). Read by the handler. */
 static volatile sig_atomic_t mp__snap_wfd = -1;
 static int mp__snap_rfd = -1;
+/* The signal armed and what it did before (the program's handler or the
+ * default action), given back in a forked child. */
+static int mp__snap_sig;
+static struct sigaction mp__snap_was;
 
 static void mp__snap_signal(int sig) {
   (void)sig;
@@ -437,7 +441,8 @@ static void mp__snapshot_signal_arm(void) {
     sa.sa_handler = mp__snap_signal;
     sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
-    if (sigaction(sig, &sa, NULL) != 0) {
+    mp__snap_sig = sig;
+    if (sigaction(sig, &sa, &mp__snap_was) != 0) {
       why = "sigaction failed";
       mp__snap_wfd = -1;
       mp__snap_rfd = -1;
@@ -474,12 +479,16 @@ void mp__pl_record_child(void) {
   mp__rec.child = true;
   mp__rec.pl = NULL;
   /* The parent's helper thread did not come along: the child's signal
-   * must not reach the parent's pipe. Its own start arms a new one. */
+   * must not reach the parent's pipe. A child writes no snapshot (as it
+   * records nothing), so the signal does again what it did before the
+   * shim armed it: inherited, the handler took it and did nothing, and a
+   * child that would have ended on it went on. */
   if (mp__snap_wfd >= 0) {
     int w = (int)mp__snap_wfd;
     mp__snap_wfd = -1;
     close(w);
     close(mp__snap_rfd);
     mp__snap_rfd = -1;
+    (void)sigaction(mp__snap_sig, &mp__snap_was, NULL);
   }
 }

@@ -9,6 +9,9 @@
  * It exits 0 when every call succeeded and 2 (naming the call) otherwise.
  * "atexit" leaves one block to an exit handler to free; "fork" also runs
  * allocations in a forked child and frees a parent's block there;
+ * "fork-signal" does the same and the child then raises SIGUSR1, which
+ * must end it (the default action: a forked child writes no snapshot, so
+ * MEMPOOL_SNAPSHOT_SIGNAL must leave the signal as it was there);
  * "threads" first has 4 threads race through N allocate/free pairs each
  * (then goes on with at most 64);
  * "host-memory" writes to the pinned and managed blocks it makes (which it
@@ -30,7 +33,9 @@
 #include <locale.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,7 +198,8 @@ int main(int argc, char **argv) {
     check(cudaFree(p[i]), "cudaFree");
     frees++;
   }
-  if (strcmp(mode, "fork") == 0) {
+  bool signal = strcmp(mode, "fork-signal") == 0;
+  if (strcmp(mode, "fork") == 0 || signal) {
     /* Pinned memory first, so that the child starts with its parent's
      * host pool, which the shim's fork reset must leave reachable (a leak
      * checker in the child reported it). The free's stream-ordered
@@ -208,11 +214,14 @@ int main(int argc, char **argv) {
     if (pid == 0) {
       int rc = child_work(p[1]);
       free(p);
+      if (rc == 0 && signal)
+        raise(SIGUSR1);
       exit(rc); /* exit, not _exit: the shim's exit runs */
     }
     int status = 0;
-    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
-        WEXITSTATUS(status) != 0) {
+    bool ended = pid > 0 && waitpid(pid, &status, 0) == pid;
+    if (!ended || (signal ? !WIFSIGNALED(status) || WTERMSIG(status) != SIGUSR1
+                          : !WIFEXITED(status) || WEXITSTATUS(status) != 0)) {
       printf("FAILED fork child: status %d\n", status);
       return 2;
     }

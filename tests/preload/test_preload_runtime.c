@@ -474,6 +474,25 @@ Test(preload_runtime, bad_snapshot_signal_is_said_and_ignored) {
   }
 }
 
+/* A forked child writes no snapshot (it records nothing), so there the
+ * snapshot signal does what it did before the shim armed it: the child
+ * that raises SIGUSR1 ends on it. Before, it kept the parent's handler,
+ * which then wrote nowhere: the signal was swallowed and the child went
+ * on. The parent still writes its snapshot at exit. */
+Test(preload_runtime, a_forked_child_gets_the_snapshot_signal_back) {
+  char dir[64], env_snap[160];
+  scratch_dir(dir, sizeof dir);
+  snprintf(env_snap, sizeof env_snap, "MEMPOOL_SNAPSHOT=%s/parent.pickle", dir);
+  const char *argv[] = {MP_RT_PROG, N, "fork-signal", NULL};
+  run_preloaded(argv, env_snap, "MEMPOOL_SNAPSHOT_SIGNAL=USR1", MP_FORK_ENV,
+                &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  const char *snap = strchr(env_snap, '=') + 1;
+  cr_expect_eq(access(snap, F_OK), 0, "the parent wrote no snapshot");
+  unlink(snap);
+  rmdir(dir);
+}
+
 /* A snapshot signal without a path (MEMPOOL_SNAPSHOT unset, or set empty,
  * which every path variable takes as unset) is said and not armed: the
  * signal keeps its default action. Set empty, it was armed in silence, and
