@@ -261,11 +261,15 @@ static mp_status_t mp__pause_plain_check(const mp_pool_t *pool) {
         bytes += b->size;
       }
   }
-  if (segs > 0 && pool->vseg == NULL)
+  /* Without a range, also while empty when none can come (virtual=0, no
+   * virtual memory, no address space for one): whatever it grows into
+   * next is plain. An empty virtual pool reserves its range lazily. */
+  bool rangeless = pool->granule == 0 || pool->vm_failed;
+  if ((segs > 0 || rangeless) && pool->vseg == NULL)
     return mp__fail(MP_ENOTSUP,
-                    "mp_pool_pause: the pool holds plain segments (no "
-                    "virtual memory, or virtual=0): their addresses cannot "
-                    "be kept");
+                    "mp_pool_pause: the pool has no virtual range (no "
+                    "virtual memory, or virtual=0): the addresses of its "
+                    "plain segments cannot be kept");
   if (n == 0)
     return MP_OK;
   char b[32], g[32];

@@ -395,11 +395,17 @@ Test(pool_pause, a_device_failing_halfway_through_resume_leaves_it_paused) {
   mp_device_close(dev);
 }
 
+/* A pool without a virtual range (virtual=0) is refused also while it is
+ * empty: it can never keep an address (an empty one was accepted and then
+ * refused every allocation until resumed, and its next pause, once it
+ * held memory, was MP_ENOTSUP). */
 Test(pool_pause, plain_segments_child_pools_and_bad_input_are_refused) {
   mp_device_t *dev = open_dev("host:capacity=64M");
   mp_pool_t *plain = make_pool(dev, "virtual=0");
+  cr_expect_eq(mp_pool_pause(plain, 0), MP_ENOTSUP, "an empty plain pool");
   void *x;
-  cr_assert_eq(mp_pool_alloc(plain, MiB, NULL, &x), MP_OK);
+  cr_assert_eq(mp_pool_alloc(plain, MiB, NULL, &x), MP_OK, "%s",
+               mp_last_error());
   cr_expect_eq(mp_pool_pause(plain, 0), MP_ENOTSUP);
   cr_expect_eq(mp_pool_alloc(plain, MiB, NULL, &x), MP_OK, "not paused");
   mp_pool_destroy(plain);
