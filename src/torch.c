@@ -27,9 +27,9 @@
  * cannot tell, never). A capture is told by its id: one begun right after
  * on the same stream is another graph, which must not reuse what the first
  * one's replays use. An allocation on a stream that belongs to a capture
- * but cannot be routed to its pool (MP__TORCH_POOLS private pools alive)
- * fails instead of taking memory the pool would hand others while replays
- * use it.
+ * but cannot be routed to its pool (no host memory for its entry, more
+ * than MP__TORCH_STREAMS streams in it) fails instead of taking memory the pool
+ * would hand others while replays use it.
  *
  * History stacks (history_stacks=1): each hook marks its caller, PyTorch's
  * code, and calls the pools without their own mark, so that an event's
@@ -48,8 +48,7 @@
 #include "internal.h"
 #include "pool/pool_internal.h"
 
-#define MP__TORCH_POOLS   64 /* private pools alive at once */
-#define MP__TORCH_STREAMS 8  /* streams one capture routes */
+#define MP__TORCH_STREAMS 8 /* streams one capture routes */
 
 /* Whether an automatic entry's graph is gone: set from the driver's thread
  * once the graph and its executables are destroyed; two references, the
@@ -91,14 +90,18 @@ typedef struct mp__tpool {
 
 static struct {
   pthread_mutex_t lock;
-  mp__tpool_t pools[MP__TORCH_POOLS];
+  /* The entries, each allocated once and reused when released (pointers
+   * to them stay valid); grown as private pools come, without a limit (a
+   * program capturing graphs without a shared pool= makes one each). */
+  mp__tpool_t **pools;
+  size_t npools;
   atomic_uint open;   /* entries open (begun, or automatic and routed) */
   atomic_bool hooked; /* a begin hook was called: no automatic capture */
 } mp__t = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static mp__tpool_t *mp__tpool_find(int device, mp_torch_pool_id_t id) {
-  for (size_t i = 0; i < MP__TORCH_POOLS; i++) {
-    mp__tpool_t *t = &mp__t.pools[i];
+  for (size_t i = 0; i < mp__t.npools; i++) {
+    mp__tpool_t *t = mp__t.pools[i];
     if (t->used && !t->automatic && t->device == device &&
         t->id.first == id.first && t->id.second == id.second)
       return t;
@@ -106,22 +109,40 @@ static mp__tpool_t *mp__tpool_find(int device, mp_torch_pool_id_t id) {
   return NULL;
 }
 
+/* An entry not in use: a released one, else a new one (the table grown
+ * for it); NULL (error set) without host memory. Under the lock. */
+static mp__tpool_t *mp__tpool_slot(void) {
+  for (size_t i = 0; i < mp__t.npools; i++)
+    if (!mp__t.pools[i]->used)
+      return mp__t.pools[i];
+  size_t n = mp__t.npools;
+  if ((n & (n - 1)) == 0) { /* full at 0, 1, 2, 4, ...: double it */
+    mp__tpool_t **p =
+        mp__host_realloc(mp__t.pools, (n ? 2 * n : 8) * sizeof *p);
+    if (p == NULL) {
+      mp__fail(MP_ENOMEM, "torch: out of host memory for a private pool");
+      return NULL;
+    }
+    mp__t.pools = p;
+  }
+  mp__tpool_t *t = mp__host_calloc(1, sizeof *t);
+  if (t == NULL) {
+    mp__fail(MP_ENOMEM, "torch: out of host memory for a private pool");
+    return NULL;
+  }
+  mp__t.pools[mp__t.npools++] = t;
+  return t;
+}
+
 /* A new entry with a graph pool of parent, or NULL (error set). */
 static mp__tpool_t *mp__tpool_new(mp_pool_t *parent, int device) {
-  for (size_t i = 0; i < MP__TORCH_POOLS; i++) {
-    mp__tpool_t *t = &mp__t.pools[i];
-    if (t->used)
-      continue;
-    if (mp_pool_graph_create(parent, &t->graph) != MP_OK)
-      return NULL;
-    t->used = true;
-    t->parent = parent;
-    t->device = device;
-    return t;
-  }
-  mp__fail(MP_ENOMEM, "torch: more than %d private pools alive",
-           MP__TORCH_POOLS);
-  return NULL;
+  mp__tpool_t *t = mp__tpool_slot();
+  if (t == NULL || mp_pool_graph_create(parent, &t->graph) != MP_OK)
+    return NULL;
+  t->used = true;
+  t->parent = parent;
+  t->device = device;
+  return t;
 }
 
 /* Whether t routes s as the calling thread names it: the per-thread
@@ -243,8 +264,8 @@ static bool mp__torch_capture_route(mp_pool_t *pool, int device,
   bool ok = true;
   pthread_mutex_lock(&mp__t.lock);
   mp__tpool_t *mine = NULL, *joined = NULL;
-  for (size_t i = 0; i < MP__TORCH_POOLS; i++) {
-    mp__tpool_t *t = &mp__t.pools[i];
+  for (size_t i = 0; i < mp__t.npools; i++) {
+    mp__tpool_t *t = mp__t.pools[i];
     if (!t->used || !t->open || t->device != device)
       continue;
     if (t->automatic) {
@@ -340,10 +361,10 @@ void mp_torch_reset(void) {
    * (MP__HIST_ENTRY asks one first), as they are not known yet. */
   mp__hist_caller = __builtin_return_address(0);
   pthread_mutex_lock(&mp__t.lock);
-  for (size_t i = 0; i < MP__TORCH_POOLS; i++) {
-    mp__tpool_auto_check(&mp__t.pools[i]);
-    if (mp__tpool_done(&mp__t.pools[i]))
-      mp__tpool_release(&mp__t.pools[i]);
+  for (size_t i = 0; i < mp__t.npools; i++) {
+    mp__tpool_auto_check(mp__t.pools[i]);
+    if (mp__tpool_done(mp__t.pools[i]))
+      mp__tpool_release(mp__t.pools[i]);
   }
   pthread_mutex_unlock(&mp__t.lock);
   mp__default_each(mp__torch_trim);
@@ -389,13 +410,15 @@ void mp_torch_record_stream(void *ptr, mp_stream_t stream) {
   (void)mp_torch_record_stream_ex(ptr, stream);
 }
 
-void mp_torch_begin_allocate_to_pool(int device, mp_torch_pool_id_t id,
-                                     mp_torch_stream_filter_t filter, void *ctx,
-                                     void (*drop)(void *)) {
+mp_status_t mp_torch_begin_allocate_to_pool_ex(int device,
+                                               mp_torch_pool_id_t id,
+                                               mp_torch_stream_filter_t filter,
+                                               void *ctx,
+                                               void (*drop)(void *)) {
   if (mp__default_refused()) {
     if (drop != NULL)
       drop(ctx);
-    return;
+    return MP_EINVAL; /* mp_last_error() says why */
   }
   mp_pool_t *pool = filter != NULL ? mp__default_pool_for(device) : NULL;
   pthread_mutex_lock(&mp__t.lock);
@@ -428,6 +451,16 @@ void mp_torch_begin_allocate_to_pool(int device, mp_torch_pool_id_t id,
   pthread_mutex_unlock(&mp__t.lock);
   if (t == NULL && drop != NULL)
     drop(ctx);
+  if (t != NULL)
+    return MP_OK;
+  mp_status_t st = mp__last_failure();
+  return st != MP_OK ? st : MP_EINVAL;
+}
+
+void mp_torch_begin_allocate_to_pool(int device, mp_torch_pool_id_t id,
+                                     mp_torch_stream_filter_t filter, void *ctx,
+                                     void (*drop)(void *)) {
+  (void)mp_torch_begin_allocate_to_pool_ex(device, id, filter, ctx, drop);
 }
 
 void mp_torch_end_allocate_to_pool(int device, mp_torch_pool_id_t id) {

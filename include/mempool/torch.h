@@ -33,8 +33,10 @@
  * failed allocation becomes a tensor at address 0 (its first kernel
  * faults); mempool/torch_hooks.hpp's malloc throws instead (std::bad_alloc,
  * which leaves PyTorch's allocate as an error) for any size above 0. The void
- * calls report failures through mp_last_error() only. mp_torch_free of NULL or
- * of a pointer no pool handed out does nothing but set mp_last_error(). */
+ * calls report failures through mp_last_error() only. mp_torch_free of NULL
+ * (an empty tensor's storage, as mp_torch_malloc of 0 bytes gives) does
+ * nothing; of a pointer no pool handed out, nothing but set
+ * mp_last_error(). */
 #ifndef MEMPOOL_TORCH_H
 #define MEMPOOL_TORCH_H
 
@@ -109,10 +111,19 @@ typedef int (*mp_torch_stream_filter_t)(mp_stream_t stream, void *ctx);
  * begun again names a new pool. drop(ctx), if not NULL, is called when the
  * filter is no longer needed (at the end, or at once when the call
  * fails); like the filter, it may run under a lock of mempool's and must
- * not call mempool. */
+ * not call mempool. A refused begin (filter NULL: MP_EINVAL; id being
+ * allocated to already: MP_EBUSY; no host memory for the pool:
+ * MP_ENOMEM) routes nothing: the capture's allocations would come from
+ * the device's pool, and what it frees would go to others while replays
+ * use it. _ex returns the status the void hook drops;
+ * mempool/torch_hooks.hpp throws on it, as PyTorch's own beginAllocateToPool
+ * does, so that the capture is not begun. */
 MP_API void mp_torch_begin_allocate_to_pool(int device, mp_torch_pool_id_t id,
                                             mp_torch_stream_filter_t filter,
                                             void *ctx, void (*drop)(void *));
+MP_API mp_status_t mp_torch_begin_allocate_to_pool_ex(
+    int device, mp_torch_pool_id_t id, mp_torch_stream_filter_t filter,
+    void *ctx, void (*drop)(void *));
 /* set_end_allocate_to_pool_fn: the capture is about to end; its streams
  * allocate from the device's pool again. */
 MP_API void mp_torch_end_allocate_to_pool(int device, mp_torch_pool_id_t id);

@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <functional>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -57,6 +58,17 @@ private:
   std::string why_;
 };
 
+/* What begin_allocate_to_pool throws when mempool refuses the begin (an id
+ * being allocated to already, no host memory): PyTorch's own
+ * beginAllocateToPool throws there too (a TORCH_CHECK), before the
+ * capture begins; routed nowhere, the capture would take memory that
+ * others get once it is freed while replays still use it. what():
+ * mp_last_error(). */
+class refused : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
 /* std::function<void*(size_t, int, cudaStream_t)>: NULL only for size 0
  * (an empty tensor), else the memory or out_of_memory. */
 inline void *malloc(std::size_t size, int device, stream_t stream) {
@@ -78,7 +90,7 @@ inline void record_stream(void *ptr, stream_t stream) {
 inline void begin_allocate_to_pool(int device, mempool_id id,
                                    stream_filter filter) {
   auto *kept = new stream_filter(std::move(filter));
-  mp_torch_begin_allocate_to_pool(
+  mp_status_t st = mp_torch_begin_allocate_to_pool_ex(
       device, mp_torch_pool_id_t{id.first, id.second},
       // No exception may cross mempool's C code (it holds a lock around
       // the filter): PyTorch's throws where the driver cannot tell a
@@ -95,6 +107,8 @@ inline void begin_allocate_to_pool(int device, mempool_id id,
         }
       },
       kept, [](void *ctx) { delete static_cast<stream_filter *>(ctx); });
+  if (st != MP_OK) /* the filter was dropped already */
+    throw refused(mp_last_error());
 }
 /* std::function<void(int, MempoolId_t)> */
 inline void end_allocate_to_pool(int device, mempool_id id) {

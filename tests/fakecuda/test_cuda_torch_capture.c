@@ -318,12 +318,12 @@ Test(cuda_torch_capture, a_capture_of_an_exited_threads_stream_is_released) {
   cr_expect_eq(mp_pool_check(mp_default_pool()), MP_OK, "%s", mp_last_error());
 }
 
-/* Only so many private pools live at once (until mp_torch_reset). A
- * capture past that limit was served from the device's pool itself, as if
- * no capture ran: what the graph's replays use went to other allocations
- * once freed. Its allocation fails instead (PyTorch reports it as out of
- * memory; mp_last_error says why). */
-Test(cuda_torch_capture, a_capture_past_the_private_pool_limit_is_refused) {
+/* Captures seen without the hooks each get a private pool, which stays
+ * pinned until mp_torch_reset finds its graph gone: more of them than the
+ * 64 the table once held. Past 64 the allocation failed (the entry could
+ * not be made), where PyTorch's own allocator makes a pool for every
+ * capture. */
+Test(cuda_torch_capture, eighty_captures_each_get_a_private_pool) {
   on_device(0);
   CUstream s;
   cr_assert_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
@@ -332,20 +332,14 @@ Test(cuda_torch_capture, a_capture_past_the_private_pool_limit_is_refused) {
   cr_assert_not_null(warm, "%s", mp_last_error());
   mp_torch_free(warm, MiB, 0, ms);
   cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
-  bool refused = false;
-  for (int i = 0; i < 80 && !refused; i++) {
+  for (int i = 0; i < 80; i++) {
     cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED),
                  CUDA_SUCCESS);
     void *a = mp_torch_malloc(MiB, 0, ms);
-    if (a == NULL) {
-      refused = true;
-      cr_expect(strstr(mp_last_error(), "private pools") != NULL, "%s",
-                mp_last_error());
-    } else {
-      cr_expect_not_null(mp_pool_graph_of(mp_default_pool(), ms),
-                         "capture %d allocates outside a graph pool", i);
-      mp_torch_free(a, MiB, 0, ms);
-    }
+    cr_assert_not_null(a, "capture %d: %s", i, mp_last_error());
+    cr_expect_not_null(mp_pool_graph_of(mp_default_pool(), ms),
+                       "capture %d allocates outside a graph pool", i);
+    mp_torch_free(a, MiB, 0, ms);
     CUgraph g = NULL;
     cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS,
                  "capture %d invalidated", i);
@@ -354,7 +348,7 @@ Test(cuda_torch_capture, a_capture_past_the_private_pool_limit_is_refused) {
     /* A call after the capture ends its entry; the pool stays pinned. */
     mp_torch_free(mp_torch_malloc(MiB, 0, NULL), MiB, 0, NULL);
   }
-  cr_expect(refused, "no capture was refused");
+  cr_expect_gt(allocated(), 0, "the graph pools' ranges are lent");
   reset_until_released();
   cr_expect_eq(allocated(), 0);
   cr_expect_eq(mp_pool_check(mp_default_pool()), MP_OK, "%s", mp_last_error());

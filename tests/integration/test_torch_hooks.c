@@ -337,3 +337,67 @@ Test(torch_hooks, a_begin_without_a_filter_is_refused_and_dropped) {
   mp_torch_begin_allocate_to_pool(5, id, capture_filter, &captured, drop);
   cr_expect_eq(drops, 2, "device 5 does not exist here");
 }
+
+/* The refusals as statuses (_ex): a NULL filter, an id being allocated to
+ * already (a second capture into it before the first ends). */
+static mp_stream_t new_stream(void);
+
+Test(torch_hooks, a_refused_begin_says_why_as_a_status) {
+  mp_stream_t s1 = new_stream(), s2 = new_stream();
+  mp_torch_pool_id_t id = {3, 1};
+  drops = 0;
+  cr_expect_eq(mp_torch_begin_allocate_to_pool_ex(0, id, NULL, NULL, drop),
+               MP_EINVAL);
+  cr_expect_eq(
+      mp_torch_begin_allocate_to_pool_ex(0, id, capture_filter, &s1, drop),
+      MP_OK, "%s", mp_last_error());
+  cr_expect_eq(
+      mp_torch_begin_allocate_to_pool_ex(0, id, capture_filter, &s2, drop),
+      MP_EBUSY);
+  cr_expect_eq(drops, 2, "each refused filter dropped");
+  mp_torch_end_allocate_to_pool(0, id);
+  mp_torch_release_pool(0, id);
+  cr_expect_eq(stats(mp_default_pool()).allocated_bytes, 0);
+  mp_stream_destroy(dev, s1);
+  mp_stream_destroy(dev, s2);
+}
+
+/* More private pools alive than the 64 the table once held (a program
+ * capturing graphs without a shared pool= makes one per graph): each
+ * capture gets a pool of its own. The 65th begin was refused, in silence
+ * through the void hook, and its capture's allocations came from the
+ * device's pool: what it freed went to other streams while its replays
+ * still wrote there. */
+static mp_stream_t new_stream(void) {
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK, "%s", mp_last_error());
+  return s;
+}
+
+Test(torch_hooks, a_hundred_graphs_each_get_a_private_pool) {
+  enum { GRAPHS = 100 };
+  mp_stream_t s = new_stream(), other = new_stream();
+  mp_pool_t *pool = mp_default_pool();
+  for (unsigned long long i = 1; i <= GRAPHS; i++) {
+    mp_torch_pool_id_t id = {4, i};
+    cr_assert_eq(
+        mp_torch_begin_allocate_to_pool_ex(0, id, capture_filter, &s, NULL),
+        MP_OK, "graph %llu: %s", i, mp_last_error());
+    void *t = alloc_fn(MiB, 0, s);
+    cr_assert_not_null(t, "graph %llu: %s", i, mp_last_error());
+    cr_assert_not_null(mp_pool_graph_of(pool, s), "graph %llu", i);
+    free_fn(t, MiB, 0, s); /* the graph's temporary, freed in its capture */
+    mp_torch_end_allocate_to_pool(0, id);
+    cr_assert_eq(mp_stream_synchronize(dev, s), MP_OK);
+    void *o = alloc_fn(MiB, 0, other);
+    cr_assert_neq(o, t, "graph %llu: another stream got its memory", i);
+    free_fn(o, MiB, 0, other);
+  }
+  for (unsigned long long i = 1; i <= GRAPHS; i++)
+    mp_torch_release_pool(0, (mp_torch_pool_id_t){4, i});
+  cr_assert_eq(mp_stream_synchronize(dev, other), MP_OK);
+  cr_expect_eq(stats(pool).allocated_bytes, 0, "every pool released");
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  mp_stream_destroy(dev, s);
+  mp_stream_destroy(dev, other);
+}

@@ -183,3 +183,27 @@ Test(torch_hooks_adapter, a_failed_malloc_throws_instead_of_returning_null,
   cr_assert_eq(mp_pool_get_stats(mp_default_pool(), &st), MP_OK);
   cr_expect_eq(st.allocated_bytes, 0u);
 }
+
+// A begin mempool refuses (here: the id is being allocated to already, a
+// second capture into it before the first's end) throws, as PyTorch's own
+// beginAllocateToPool does, so that CUDAGraph::capture_begin stops before
+// the capture begins. The void hook dropped the refusal: the capture then
+// allocated from the device's pool, whose memory others got once the
+// capture freed it while replays still used it.
+Test(torch_hooks_adapter, a_refused_begin_throws, .init = on_host) {
+  PluggableStandIn a;
+  mempool::torch_hooks::install(a);
+  MempoolId_t id{0, 3};
+  a.begin(0, id, [](cudaStream_t) { return false; });
+  bool threw = false;
+  try {
+    a.begin(0, id, [](cudaStream_t) { return false; });
+  } catch (const mempool::torch_hooks::refused &e) {
+    threw = true;
+    cr_expect(std::strstr(e.what(), "being allocated to") != nullptr,
+              "what(): %s", e.what());
+  }
+  cr_expect(threw, "a refused begin returned as if the pool were routed");
+  a.end(0, id);
+  a.release(0, id);
+}
