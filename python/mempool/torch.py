@@ -119,9 +119,15 @@ def set_memory_fraction(fraction, device=None):
     if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real):
         raise TypeError("set_memory_fraction: fraction must be a real number, not %s"
                         % type(fraction).__name__)
-    fraction = float(fraction)
-    if not 0.0 <= fraction <= 1.0:
-        raise ValueError("set_memory_fraction: fraction %r is not in [0, 1]" % fraction)
+    try:
+        number = float(fraction)
+    except OverflowError:  # an int past a double's range: out of [0, 1]
+        number = float("inf")
+    if not 0.0 <= number <= 1.0:
+        from . import _shown
+        raise ValueError("set_memory_fraction: fraction %s is not in [0, 1]"
+                         % _shown(fraction))
+    fraction = number
     if device is None:
         device = _current_device()
     _device_number(device, "set_memory_fraction")

@@ -166,10 +166,13 @@ def test_pool_options_may_be_bytes_as_a_device_spec_may(device):
 
 
 @pytest.mark.parametrize("fraction, dev", [(2.0, 0), (-1.0, 0), (math.nan, 0),
+                                           pytest.param(10**400, 0, id="10**400"),
+                                           pytest.param(-10**400, 0, id="-10**400"),
                                            (0.5, -3), (0.5, 1.5), (0.5, True),
                                            (0.5, 2**31), (0.5, 2**32)])
 def test_set_memory_fraction_refuses_what_the_c_hook_would_ignore(fraction, dev):
     # A device past a C int was wrapped by ctypes: 2**32 capped device 0.
+    # An int past a double's range raised float()'s OverflowError.
     with pytest.raises(ValueError):
         mempool.torch.set_memory_fraction(fraction, dev)
 
