@@ -224,7 +224,7 @@ static mp_status_t mp__direct_release(mp_direct_t *d, mp__dbatch_t *batch,
   sess->started = 1;
   pthread_mutex_unlock(&d->mu);
   for (size_t i = 0; i < n; i++) {
-    mp_status_t st = mp_device_free(d->dev, batch->blocks[i].ptr);
+    mp_status_t st = mp__device_free(d->dev, batch->blocks[i].ptr);
     pthread_mutex_lock(&d->mu);
     if (st == MP_OK) {
       d->st.device_free_count++;
@@ -431,7 +431,7 @@ mp_status_t mp_direct_alloc(mp_direct_t *d, size_t bytes, mp_stream_t s,
   }
   if (!mp__ptrmap_reserve(&d->blocks, 1)) {
     pthread_mutex_unlock(&d->mu);
-    (void)mp_device_free(d->dev, p);
+    (void)mp__device_free(d->dev, p);
     return mp__fail(MP_ENOMEM, "mp_direct_alloc: out of host memory");
   }
   mp__dmap_put(d, p, bytes, MP__DIRECT_LIVE);
@@ -599,7 +599,7 @@ mp_status_t mp_direct_destroy(mp_direct_t *d) {
       mp__dslot_t *b = mp__ptrmap_at(&d->blocks, i);
       if (b == NULL)
         continue;
-      mp_status_t st = mp_device_free(d->dev, (void *)b->key);
+      mp_status_t st = mp__device_free(d->dev, (void *)b->key);
       if (st == MP_OK) {
         d->st.device_free_count++;
         b->state = 0;

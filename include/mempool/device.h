@@ -75,6 +75,9 @@ MP_API mp_status_t mp_device_free(mp_device_t *dev, void *ptr);
  * (cuMemHostAlloc(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP)). */
 MP_API mp_status_t mp_device_host_alloc(mp_device_t *dev, size_t bytes,
                                         void **out);
+/* Synchronizes the device first, as mp_device_free (cuMemFreeHost promises
+ * no wait). A pointer that mp_device_host_alloc did not return is
+ * MP_EINVAL. */
 MP_API mp_status_t mp_device_host_free(mp_device_t *dev, void *ptr);
 /* Waits for all work on every stream of the device. */
 MP_API mp_status_t mp_device_synchronize(mp_device_t *dev);

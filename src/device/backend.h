@@ -157,6 +157,12 @@ extern const mp__backend_t mp__cuda_backend;
 #define MP__DEVICE_ALLOC_ALIGN ((size_t)512)
 size_t mp__device_alloc_align(mp_device_t *dev);
 /* MP_ENOTSUP when the device has no virtual memory. */
+/* mp_device_free and mp_device_host_free without their synchronize:
+ * for callers that free only memory no queued work uses (the pools after
+ * a sync of their streams or their events, the direct allocator after its
+ * session's synchronize). */
+mp_status_t mp__device_free(mp_device_t *dev, void *ptr);
+mp_status_t mp__device_host_free(mp_device_t *dev, void *ptr);
 mp_status_t mp__device_vm_granularity(mp_device_t *dev, size_t *out);
 mp_status_t mp__device_vm_reserve(mp_device_t *dev, size_t bytes, void **out);
 mp_status_t mp__device_vm_release(mp_device_t *dev, void *base, size_t bytes);

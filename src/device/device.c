@@ -240,9 +240,19 @@ mp_status_t mp_device_alloc(mp_device_t *dev, size_t bytes, void **out) {
   return dev->ops->alloc(dev, bytes, out);
 }
 
+/* The public frees keep device.h's promise: the device synchronized
+ * first. cuda.h promises no wait of the driver's (cuMemFree "may perform
+ * implicit synchronization"; cuMemFreeHost says nothing), so without one a
+ * copy still queued would run on freed memory. mempool's own callers free
+ * only what no queued work uses, without the wait (mp__device_free). */
 mp_status_t mp_device_free(mp_device_t *dev, void *ptr) {
   MP__CHECK_DEV(dev);
   MP__CHECK_OUT(ptr);
+  mp_status_t st = dev->ops->synchronize(dev);
+  return st != MP_OK ? st : dev->ops->free(dev, ptr);
+}
+
+mp_status_t mp__device_free(mp_device_t *dev, void *ptr) {
   return dev->ops->free(dev, ptr);
 }
 
@@ -257,6 +267,11 @@ mp_status_t mp_device_host_alloc(mp_device_t *dev, size_t bytes, void **out) {
 mp_status_t mp_device_host_free(mp_device_t *dev, void *ptr) {
   MP__CHECK_DEV(dev);
   MP__CHECK_OUT(ptr);
+  mp_status_t st = dev->ops->synchronize(dev);
+  return st != MP_OK ? st : dev->ops->host_free(dev, ptr);
+}
+
+mp_status_t mp__device_host_free(mp_device_t *dev, void *ptr) {
   return dev->ops->host_free(dev, ptr);
 }
 

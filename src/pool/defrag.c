@@ -507,7 +507,7 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
      * be held by nobody. A refused free keeps it, booked against the cap,
      * for the next try (mp__defrag_stage_retry). */
     mp_status_t sst = mp_stream_synchronize(pool->dev, s);
-    mp_status_t fst = mp_device_free(pool->dev, stage);
+    mp_status_t fst = mp__device_free(pool->dev, stage);
     if (st == MP_OK)
       st = sst != MP_OK ? sst : fst;
     mp__pool_lock(pool);
@@ -530,7 +530,7 @@ mp_status_t mp__defrag_stage_retry(mp_pool_t *pool) {
     void *p = pool->stage_kept[i];
     size_t n = pool->stage_kept_bytes[i];
     mp__pool_unlock(pool);
-    st = mp_device_free(pool->dev, p);
+    st = mp__device_free(pool->dev, p);
     mp__pool_lock(pool);
     mp__stage_freed(pool, p, n, st);
   }

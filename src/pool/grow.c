@@ -101,7 +101,7 @@ mp_status_t mp__segment_release_all(mp_pool_t *pool) {
   while (s != NULL) {
     mp__segment_t *next = s->next;
     if (s->kind == MP__SEG_PLAIN) {
-      mp_status_t st = mp_device_free(pool->dev, (void *)s->base);
+      mp_status_t st = mp__device_free(pool->dev, (void *)s->base);
       if (st == MP_OK) {
         pool->st.device_free_count++;
       } else if (lost++ == 0) {

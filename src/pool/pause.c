@@ -403,7 +403,7 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
   if (st == MP_OK && keep) {
     st = mp_device_host_alloc(pool->dev, sp.bytes, &pool->pause_copy);
     if (st == MP_OK && (st = mp__copy_live(pool, &sp, true)) != MP_OK) {
-      mp_device_host_free(pool->dev, pool->pause_copy);
+      mp__device_host_free(pool->dev, pool->pause_copy);
       pool->pause_copy = NULL;
     }
   }
@@ -426,7 +426,7 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
                why, mp_last_error());
     } else {
       mp__fail(st, "%s", why); /* the copy's success left the message */
-      mp_device_host_free(pool->dev, pool->pause_copy);
+      mp__device_host_free(pool->dev, pool->pause_copy);
       pool->pause_copy = NULL;
     }
   }
@@ -537,7 +537,7 @@ static void mp__resume_finish(mp_pool_t *pool) {
     void *copy = pool->pause_copy;
     pool->pause_copy = NULL;
     mp__pool_device_begin(pool);
-    mp_device_host_free(pool->dev, copy);
+    mp__device_host_free(pool->dev, copy);
     mp__pool_device_end(pool);
   }
   pool->paused = false;
@@ -781,7 +781,7 @@ bool mp__pool_is_paused(mp_pool_t *pool) {
 /* At destroy: what a paused pool still holds beside its reservation. */
 void mp__pool_pause_release(mp_pool_t *pool) {
   if (pool->pause_copy != NULL) {
-    mp_device_host_free(pool->dev, pool->pause_copy);
+    mp__device_host_free(pool->dev, pool->pause_copy);
     pool->pause_copy = NULL;
   }
 }

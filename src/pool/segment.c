@@ -151,7 +151,7 @@ mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
     /* A virtual pool's align may exceed what plain memory promises; it
      * gets no plain segment that would break it. */
     mp__pool_device_begin(pool);
-    mp_device_free(pool->dev, p);
+    mp__device_free(pool->dev, p);
     mp__pool_device_end(pool);
     st = mp__fail(MP_ENOTSUP,
                   "the device returned memory at %p, not aligned to the "
@@ -185,7 +185,7 @@ bool mp__plain_trim_one(mp_pool_t *pool) {
     mp__index_remove(pool, b);
     mp__segment_unlink(pool, s);
     mp__pool_device_begin(pool);
-    mp_status_t st = mp_device_free(pool->dev, (void *)s->base);
+    mp_status_t st = mp__device_free(pool->dev, (void *)s->base);
     mp__pool_device_end(pool);
     if (st != MP_OK) {
       /* Keep it: the pool still owns the memory. */
@@ -211,7 +211,7 @@ mp_status_t mp__plain_release_first(mp_pool_t *pool) {
     s = s->next;
   if (s == NULL)
     return MP_OK;
-  mp_status_t st = mp_device_free(pool->dev, (void *)s->base);
+  mp_status_t st = mp__device_free(pool->dev, (void *)s->base);
   if (st != MP_OK) {
     return mp__fail(st,
                     "mp_pool_destroy: the device refused to free the plain "

@@ -1075,6 +1075,35 @@ static fk_stream_t *fk_capture_origin(fk_stream_t *st) {
  * being captured to the same capture graph are taken out of capture mode
  * upon cudaStreamEndCapture()"); a joined stream (one destroyed) leaves
  * alone, its graph the origin's. Under fk.lock. */
+/* Events whose last record was made in a capture that has ended: still
+ * "last recorded in a capturing stream" (cuda.h, CUDA_ERROR_CAPTURED_EVENT)
+ * until recorded again outside a capture or destroyed. Under fk.lock. */
+static CUevent *fk_stale_caps;
+static size_t fk_nstale_caps, fk_stale_caps_cap;
+static void fk_stale_cap_add(CUevent e) {
+  for (size_t i = 0; i < fk_nstale_caps; i++)
+    if (fk_stale_caps[i] == e)
+      return;
+  if (fk_nstale_caps == fk_stale_caps_cap) {
+    size_t c = fk_stale_caps_cap ? 2 * fk_stale_caps_cap : 16;
+    CUevent *n = realloc(fk_stale_caps, c * sizeof *n);
+    if (n == NULL)
+      return;
+    fk_stale_caps = n;
+    fk_stale_caps_cap = c;
+  }
+  fk_stale_caps[fk_nstale_caps++] = e;
+}
+static bool fk_stale_cap_take(CUevent e, bool take) {
+  for (size_t i = 0; i < fk_nstale_caps; i++)
+    if (fk_stale_caps[i] == e) {
+      if (take)
+        fk_stale_caps[i] = fk_stale_caps[--fk_nstale_caps];
+      return true;
+    }
+  return false;
+}
+
 static struct CUgraph_st *fk_capture_end(fk_stream_t *st, bool keep) {
   for (fk_stream_t *o = fk_capturing; st->cap_origin == NULL && o != NULL;) {
     if (o->cap_origin == st) {
@@ -1098,6 +1127,8 @@ static struct CUgraph_st *fk_capture_end(fk_stream_t *st, bool keep) {
   st->cap_next = st->cap_origin = NULL;
   st->cap_slot = st->cap_width = 0;
   memset(st->cap_clock, 0, sizeof st->cap_clock);
+  for (size_t i = 0; i < st->n_cap_events; i++)
+    fk_stale_cap_add(st->cap_events[i].ev);
   free(st->cap_events);
   st->cap_events = NULL;
   st->n_cap_events = st->cap_cap_events = 0;
@@ -1728,8 +1759,11 @@ static bool fk_watched(const fk_range_t *r, bool all) {
   return r->phys != NULL || r->stream_ordered || (all && !r->ipc_open);
 }
 
+static bool fk_pin_touches_locked(uintptr_t lo, uintptr_t hi);
 /* Whether [lo, hi) reaches into a watched range. Under fk.lock. */
 static bool fk_touches_watched(uintptr_t lo, uintptr_t hi, bool all) {
+  if (all && fk_pin_touches_locked(lo, hi))
+    return true; /* page-locked memory: cuMemFreeHost promises no wait */
   size_t i = fk_range_lower(lo + 1);
   if (i > 0 && lo - fk.ranges[i - 1].base < fk.ranges[i - 1].size &&
       fk_watched(&fk.ranges[i - 1], all))
@@ -2581,6 +2615,14 @@ static bool fk_pin_add(fk_pin_t pin) {
   return ok;
 }
 
+/* Whether [lo, hi) reaches into page-locked memory. Under fk.lock. */
+static bool fk_pin_touches_locked(uintptr_t lo, uintptr_t hi) {
+  for (size_t i = 0; i < fk_npins; i++)
+    if (fk_pins[i].base < hi && lo < fk_pins[i].base + fk_pins[i].size)
+      return true;
+  return false;
+}
+
 /* The allocation holding addr (exact: starting at it), taken out of the
  * table when take; false when there is none. */
 static bool fk_pin_get(uintptr_t addr, bool exact, bool take, fk_pin_t *out) {
@@ -2649,6 +2691,24 @@ CUresult cuMemFreeHost(void *p) {
   FK_CURRENT(dev);
   FK_UNSAFE();
   fk_pin_t pin;
+  /* cuda.h, cuMemFreeHost, promises no synchronization at all: with
+   * FAKECUDA_FREE_IN_USE set, freeing page-locked memory that queued
+   * copies or memsets still use stops the process, as cuMemFree does. */
+  if (p != NULL && getenv("FAKECUDA_FREE_IN_USE") != NULL &&
+      fk_pin_get((uintptr_t)p, true, false, &pin)) {
+    pthread_mutex_lock(&fk.lock);
+    bool busy = fk_in_flight(pin.base, pin.base + pin.size);
+    pthread_mutex_unlock(&fk.lock);
+    if (busy) {
+      fprintf(stderr,
+              "fakecuda: cuMemFreeHost(%p) of page-locked memory (%zu "
+              "bytes) that queued copies or memsets still use\n",
+              p, pin.size);
+      if (fk_env_flag_is("FAKECUDA_FREE_IN_USE", "refuse"))
+        return CUDA_ERROR_INVALID_VALUE;
+      abort();
+    }
+  }
   if (p == NULL || !fk_pin_get((uintptr_t)p, true, true, &pin))
     return CUDA_ERROR_INVALID_VALUE;
   /* Freed in the context that made it, whichever is current. */
@@ -3162,8 +3222,10 @@ static CUresult fk_event_op(mp_device_t *dev, CUevent e, CUstream s, bool ptsz,
   CUresult r = CUDA_SUCCESS;
   if (wait)
     r = fk_capture_join(dev, s, ptsz, e, flags);
-  else
+  else {
     fk_captured_event_forget(e);
+    (void)fk_stale_cap_take(e, true);
+  }
   pthread_mutex_unlock(&fk.lock);
   if (r != CUDA_SUCCESS)
     return r;
@@ -3191,6 +3253,17 @@ FK_IN_CTX_TWINS(cuEventRecord, cuEventRecord_ptsz, (CUevent e, CUstream s),
 static CUresult fk_event_wait(mp_device_t *dev, CUevent e, bool query) {
   if (e == NULL)
     return fk_bad_handle();
+  pthread_mutex_lock(&fk.lock);
+  bool stale = fk_stale_cap_take(e, false);
+  pthread_mutex_unlock(&fk.lock);
+  if (stale) {
+    fprintf(stderr,
+            "fakecuda: %s(%p) of an event last recorded in a "
+            "capture that has ended: CUDA_ERROR_CAPTURED_EVENT\n",
+            query ? "cuEventQuery" : "cuEventSynchronize", (void *)e);
+    atomic_fetch_add(&fk_capture_refusals, 1);
+    return CUDA_ERROR_CAPTURED_EVENT;
+  }
   if (atomic_load(&fk_n_captures) > 0) {
     CUresult r = CUDA_SUCCESS;
     pthread_mutex_lock(&fk.lock);
@@ -3217,6 +3290,7 @@ static CUresult fk_event_destroy(mp_device_t *dev, CUevent e) {
     return fk_bad_handle();
   pthread_mutex_lock(&fk.lock);
   fk_captured_event_forget(e);
+  (void)fk_stale_cap_take(e, true);
   pthread_mutex_unlock(&fk.lock);
   return fk_result_of(mp_event_destroy(dev, (mp_event_t)e));
 }

@@ -305,3 +305,47 @@ Test(cuda_streams, a_destroyed_event_never_reaches_the_driver) {
   cr_assert_eq(mp_stream_destroy(dev, s), MP_OK, "%s", mp_last_error());
   mp_device_close(dev);
 }
+
+/* device.h: mp_device_free "Synchronizes the device first, like
+ * cuMemFree", and mp_device_host_free too (test_device_memory.c checks it
+ * on the host device). cuda.h promises neither wait (cuMemFree "may
+ * perform implicit synchronization"; cuMemFreeHost says nothing), and
+ * the cuda backend made none: with FAKECUDA_FREE_IN_USE=stop the fake
+ * stopped the process, as a driver that does not wait would let the copy
+ * run on freed memory. Work queued behind a gate uses the memory when it
+ * is freed; a timer opens the gate. */
+static void free_while_queued(bool host) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_stream_t s = NULL;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  void *d = NULL, *h = NULL;
+  cr_assert_eq(mp_device_alloc(dev, 1 << 20, &d), MP_OK);
+  cr_assert_eq(mp_device_host_alloc(dev, 1 << 20, &h), MP_OK);
+  gate_t g;
+  gate_init(&g);
+  gate_timer_t t;
+  cr_assert_eq(mp_stream_launch_host(dev, s, gate_wait, &g), MP_OK);
+  cr_assert_eq(mp_memcpy_async(dev, h, d, 1 << 20, s), MP_OK);
+  cr_assert_eq(gate_timer_start(&t, &g, 200000), 0);
+  if (host)
+    cr_assert_eq(mp_device_host_free(dev, h), MP_OK, "%s", mp_last_error());
+  else
+    cr_assert_eq(mp_device_free(dev, d), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(atomic_load(&t.opened), 1, "the free did not wait");
+  gate_timer_join(&t);
+  cr_assert_eq(mp_stream_synchronize(dev, s), MP_OK);
+  if (host)
+    cr_assert_eq(mp_device_free(dev, d), MP_OK);
+  else
+    cr_assert_eq(mp_device_host_free(dev, h), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+  mp_device_close(dev);
+}
+
+Test(cuda_streams, device_free_waits_for_queued_work_as_documented) {
+  free_while_queued(false);
+}
+
+Test(cuda_streams, host_free_waits_for_queued_work_as_documented) {
+  free_while_queued(true);
+}
