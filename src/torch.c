@@ -28,7 +28,7 @@
  * on the same stream is another graph, which must not reuse what the first
  * one's replays use. An allocation on a stream that belongs to a capture
  * but cannot be routed to its pool (no host memory for its entry, more
- * than MP__TORCH_STREAMS streams in it) fails instead of taking memory the pool
+ * room for one more of its streams) fails instead of taking memory the pool
  * would hand others while replays use it.
  *
  * History stacks (history_stacks=1): each hook marks its caller, PyTorch's
@@ -47,8 +47,6 @@
 
 #include "internal.h"
 #include "pool/pool_internal.h"
-
-#define MP__TORCH_STREAMS 8 /* streams one capture routes */
 
 /* Whether an automatic entry's graph is gone: set from the driver's thread
  * once the graph and its executables are destroyed; two references, the
@@ -83,9 +81,13 @@ typedef struct mp__tpool {
   mp_torch_stream_filter_t filter;
   void *ctx;
   void (*drop)(void *);
-  mp_stream_t streams[MP__TORCH_STREAMS];
-  uint64_t owners[MP__TORCH_STREAMS]; /* the per-thread stream's thread */
-  unsigned nstreams;
+  /* The streams routed, each with the per-thread stream's thread (0 for
+   * an explicit handle); the room stays with the entry when reused. */
+  struct mp__troute {
+    mp_stream_t s;
+    uint64_t owner;
+  } * routes;
+  unsigned nstreams, room;
 } mp__tpool_t;
 
 static struct {
@@ -149,7 +151,8 @@ static mp__tpool_t *mp__tpool_new(mp_pool_t *parent, int device) {
  * handle (an owner) names the caller's own stream only. */
 static bool mp__tpool_routes(const mp__tpool_t *t, mp_stream_t s) {
   for (unsigned k = 0; k < t->nstreams; k++)
-    if (t->streams[k] == s && (t->owners[k] == 0 || t->owners[k] == mp__self()))
+    if (t->routes[k].s == s &&
+        (t->routes[k].owner == 0 || t->routes[k].owner == mp__self()))
       return true;
   return false;
 }
@@ -157,17 +160,20 @@ static bool mp__tpool_routes(const mp__tpool_t *t, mp_stream_t s) {
 /* Routes s to t's graph pool; false (error set) if it cannot. */
 static bool mp__tpool_route(mp__tpool_t *t, mp_stream_t s) {
   uint64_t owner = 0;
-  if (t->nstreams == MP__TORCH_STREAMS) {
-    mp__fail(MP_ENOMEM,
-             "torch: more than %d streams allocate to one private "
-             "pool",
-             MP__TORCH_STREAMS);
-    return false;
+  if (t->nstreams == t->room) {
+    unsigned room = t->room ? 2 * t->room : 8;
+    struct mp__troute *r = mp__host_realloc(t->routes, room * sizeof *r);
+    if (r == NULL) {
+      mp__fail(MP_ENOMEM, "torch: out of host memory for a stream of a "
+                          "private pool");
+      return false;
+    }
+    t->routes = r;
+    t->room = room;
   }
   if (mp__graph_begin_owned(t->parent, t->graph, s, &owner) != MP_OK)
     return false;
-  t->owners[t->nstreams] = owner;
-  t->streams[t->nstreams++] = s;
+  t->routes[t->nstreams++] = (struct mp__troute){s, owner};
   return true;
 }
 
@@ -175,7 +181,7 @@ static bool mp__tpool_route(mp__tpool_t *t, mp_stream_t s) {
  * per-thread handle would name the caller's stream). */
 static void mp__tpool_end(mp__tpool_t *t) {
   for (unsigned k = 0; k < t->nstreams; k++)
-    (void)mp__graph_end_owned(t->parent, t->streams[k], t->owners[k]);
+    (void)mp__graph_end_owned(t->parent, t->routes[k].s, t->routes[k].owner);
   t->nstreams = 0;
   if (t->open)
     atomic_fetch_sub(&mp__t.open, 1);
@@ -193,7 +199,11 @@ static void mp__tpool_release(mp__tpool_t *t) {
   mp__tpool_end(t);
   (void)mp__graph_release(t->graph);
   mp__tgone_drop(t->gone);
+  struct mp__troute *routes = t->routes;
+  unsigned room = t->room;
   memset(t, 0, sizeof *t);
+  t->routes = routes;
+  t->room = room;
 }
 
 /* Has t (automatic) told when the graph its stream is being captured into
@@ -224,10 +234,11 @@ static bool mp__tpool_done(const mp__tpool_t *t) {
  * caller's own), so it is while its route lasts (its thread's next call
  * tells; the route goes when the thread exits). */
 static bool mp__tpool_capturing(const mp__tpool_t *t, unsigned k) {
-  if (t->owners[k] != 0 && t->owners[k] != mp__self())
-    return mp__graph_routed_owned(t->parent, t->streams[k], t->owners[k]);
+  if (t->routes[k].owner != 0 && t->routes[k].owner != mp__self())
+    return mp__graph_routed_owned(t->parent, t->routes[k].s,
+                                  t->routes[k].owner);
   uint64_t id = 0;
-  return mp__device_stream_capture_id(mp_pool_device(t->parent), t->streams[k],
+  return mp__device_stream_capture_id(mp_pool_device(t->parent), t->routes[k].s,
                                       &id) == 1 &&
          id == t->capture;
 }

@@ -401,3 +401,42 @@ Test(torch_hooks, a_hundred_graphs_each_get_a_private_pool) {
   mp_stream_destroy(dev, s);
   mp_stream_destroy(dev, other);
 }
+
+static int any_of(mp_stream_t s, void *ctx) {
+  const mp_stream_t *set = ctx;
+  for (int i = 0; set[i] != NULL; i++)
+    if (set[i] == s)
+      return 1;
+  return 0;
+}
+
+/* One capture over more streams than the 8 an entry once held (PyTorch's
+ * own allocator has no such limit): each stream allocates from the
+ * capture's private pool. The ninth stream's allocation failed, a NULL
+ * that PyTorch's pluggable allocator takes for the tensor's memory. */
+Test(torch_hooks, a_capture_over_twelve_streams_routes_them_all) {
+  enum { N = 12 };
+  mp_stream_t s[N + 1] = {NULL};
+  void *p[N];
+  for (int i = 0; i < N; i++)
+    s[i] = new_stream();
+  mp_torch_pool_id_t id = {5, 1};
+  cr_assert_eq(mp_torch_begin_allocate_to_pool_ex(0, id, any_of, s, NULL),
+               MP_OK, "%s", mp_last_error());
+  mp_pool_t *pool = mp_default_pool();
+  for (int i = 0; i < N; i++) {
+    p[i] = alloc_fn(MiB, 0, s[i]);
+    cr_assert_not_null(p[i], "stream %d: %s", i, mp_last_error());
+    cr_expect_not_null(mp_pool_graph_of(pool, s[i]), "stream %d", i);
+  }
+  for (int i = 0; i < N; i++)
+    free_fn(p[i], MiB, 0, s[i]);
+  mp_torch_end_allocate_to_pool(0, id);
+  for (int i = 0; i < N; i++)
+    cr_expect_null(mp_pool_graph_of(pool, s[i]), "stream %d still routed", i);
+  mp_torch_release_pool(0, id);
+  for (int i = 0; i < N; i++)
+    mp_stream_destroy(dev, s[i]);
+  cr_expect_eq(stats(pool).allocated_bytes, 0);
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+}
