@@ -375,8 +375,11 @@ struct mp_pool {
    * arena and back (release). */
   _Atomic(mp_pool_t *) hot;
 #if MP__LOCK_OWNER
-  pthread_t lock_owner; /* MP_DEBUG: the thread holding lock, if owned */
-  bool lock_owned;
+  /* MP_DEBUG: the thread holding lock, if owned; atomics (relaxed), as
+   * an assertion that the caller does not hold the lock reads them while
+   * another thread may take it. */
+  _Atomic(pthread_t) lock_owner;
+  atomic_bool lock_owned;
 #endif
   /* lock.c: bumped, and its sleepers woken, when inflight or syncing
    * drops; idle_waiters (under the lock) counts those sleepers. */
@@ -643,8 +646,9 @@ static inline void mp__pool_lock(mp_pool_t *pool) {
                    MP__LOCK_HELD))
     mp__pool_lock_wait(pool);
 #if MP__LOCK_OWNER
-  pool->lock_owner = pthread_self();
-  pool->lock_owned = true;
+  atomic_store_explicit(&pool->lock_owner, pthread_self(),
+                        memory_order_relaxed);
+  atomic_store_explicit(&pool->lock_owned, true, memory_order_relaxed);
 #endif
 }
 /* Takes the pool's lock if it is free now (true), else false at once. */
@@ -656,8 +660,9 @@ static inline bool mp__pool_trylock(mp_pool_t *pool) {
        MP__LOCK_HELD))
     return false;
 #if MP__LOCK_OWNER
-  pool->lock_owner = pthread_self();
-  pool->lock_owned = true;
+  atomic_store_explicit(&pool->lock_owner, pthread_self(),
+                        memory_order_relaxed);
+  atomic_store_explicit(&pool->lock_owned, true, memory_order_relaxed);
 #endif
   return true;
 }
@@ -665,7 +670,10 @@ static inline bool mp__pool_trylock(mp_pool_t *pool) {
  * otherwise, where MP__ASSERT never evaluates it). */
 static inline bool mp__pool_held(const mp_pool_t *pool) {
 #if MP__LOCK_OWNER
-  return pool->lock_owned && pthread_equal(pool->lock_owner, pthread_self());
+  return atomic_load_explicit(&pool->lock_owned, memory_order_relaxed) &&
+         pthread_equal(
+             atomic_load_explicit(&pool->lock_owner, memory_order_relaxed),
+             pthread_self());
 #else
   (void)pool;
   return true;
@@ -675,7 +683,7 @@ static inline bool mp__pool_held(const mp_pool_t *pool) {
 static inline void mp__pool_unlock(mp_pool_t *pool) {
   MP__ASSERT_LOCKED(pool);
 #if MP__LOCK_OWNER
-  pool->lock_owned = false;
+  atomic_store_explicit(&pool->lock_owned, false, memory_order_relaxed);
 #endif
   uint32_t v = MP__LOCK_HELD;
   if (MP__UNLIKELY(!atomic_compare_exchange_strong_explicit(
