@@ -423,7 +423,12 @@ static mp_status_t pk_run(pk_vm_t *vm, const pk_val_t **out) {
                       vm->what, at, pk_le(p, 8), vm->len);
       break;
     case '.': /* STOP */
-      if (vm->nstack != 1 || vm->stack[0] == &vm->mark)
+      if (vm->nstack == 1 && vm->stack[0] == &vm->mark)
+        return mp__fail(MP_EINVAL,
+                        "%s: bad pickle at byte %zu: STOP with a MARK on "
+                        "the stack, not a value",
+                        vm->what, at);
+      if (vm->nstack != 1)
         return mp__fail(MP_EINVAL,
                         "%s: bad pickle at byte %zu: STOP with %zu values "
                         "on the stack (1 expected)",

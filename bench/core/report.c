@@ -45,6 +45,17 @@ static const char *mpb_capacity_text(const mpb_result_t *r, char *buf,
   return buf;
 }
 
+/* s as a Markdown table cell: a '|' in it (a trace file "a|b.csv") would
+ * end the cell, so it is escaped, and a control byte (a newline in a
+ * file's name), which would end the row, is written '?'. */
+static void mpb_md_cell(FILE *out, const char *s) {
+  for (; *s; s++) {
+    if (*s == '|')
+      fputc('\\', out);
+    fputc((unsigned char)*s < 0x20 || *s == 0x7f ? '?' : *s, out);
+  }
+}
+
 /* The runs of r that failed, each with its error, under a table. */
 static void mpb_report_failed(FILE *out, const mpb_result_t *r, size_t n) {
   bool any_failed = false;
@@ -53,19 +64,12 @@ static void mpb_report_failed(FILE *out, const mpb_result_t *r, size_t n) {
       if (!any_failed)
         fprintf(out, "\nFailed runs (figures up to the failure):\n");
       any_failed = true;
-      fprintf(out, "- %s / %s: %s\n", r[i].workload, r[i].allocator,
-              r[i].error);
+      fputs("- ", out);
+      mpb_md_cell(out, r[i].workload);
+      fputs(" / ", out);
+      mpb_md_cell(out, r[i].allocator);
+      fprintf(out, ": %s\n", r[i].error);
     }
-}
-
-/* s as a Markdown table cell: a '|' in it (a trace file "a|b.csv") would
- * end the cell, so it is escaped. */
-static void mpb_md_cell(FILE *out, const char *s) {
-  for (; *s; s++) {
-    if (*s == '|')
-      fputc('\\', out);
-    fputc(*s, out);
-  }
 }
 
 void mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n) {

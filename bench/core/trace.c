@@ -495,9 +495,6 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
       if (!pickle && (st = mpb_csv_begin(&csv, what, name, out)) != MP_OK)
         break;
     }
-    if (csv != NULL &&
-        (st = mpb_trace_scan(&scan, buf + len, got, what)) != MP_OK)
-      break;
     len += got;
     if (pickle && !regular && len > MPB_MAX_PIPED_SNAPSHOT) {
       st = mp__fail(MP_EINVAL,
@@ -509,11 +506,22 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
     }
     if (csv == NULL)
       continue;
+    /* Each whole line checked (a NUL, its length) just before it is
+     * parsed, so that the first bad line is the one named; then the
+     * unfinished one, on a copy of the scan (it is checked again once
+     * whole), so that a read of what is no text (/dev/zero) stops here. */
     size_t used = 0;
     for (const char *nl;
          st == MP_OK && (nl = memchr(buf + used, '\n', len - used)) != NULL;
-         used = (size_t)(nl - buf) + 1)
-      st = mpb_csv_line(csv, buf + used, (size_t)(nl - buf) - used);
+         used = (size_t)(nl - buf) + 1) {
+      st = mpb_trace_scan(&scan, buf + used, (size_t)(nl - buf) + 1 - used,
+                          what);
+      if (st == MP_OK)
+        st = mpb_csv_line(csv, buf + used, (size_t)(nl - buf) - used);
+    }
+    mpb_scan_t tail = scan;
+    if (st == MP_OK)
+      st = mpb_trace_scan(&tail, buf + used, len - used, what);
     if (st != MP_OK)
       break;
     memmove(buf, buf + used, len - used);

@@ -205,6 +205,9 @@ Test(snapshot_pickle, garbage_is_refused_with_opcode_and_offset) {
   /* SETITEM on a list, and STOP with two values. */
   expect_refused("\x80\x02]K\x01K\x02s.", 9, "byte 7: opcode 's' on a value");
   expect_refused("\x80\x02K\x01K\x02.", 7, "STOP with 2 values");
+  /* STOP on a MARK alone: a MARK, not a value (it said "1 values on the
+   * stack (1 expected)"). */
+  expect_refused("\x80\x04(.", 4, "STOP with a MARK on the stack");
   /* BINGET of a memo slot never stored; BINPUT far out of range. */
   expect_refused("\x80\x02h\x05.", 5, "memo index 5 was never stored");
   expect_refused("\x80\x02Nr\xff\xff\xff\x7f.", 9, "out of range");

@@ -374,3 +374,14 @@ Test(trace_load, a_long_path_leaves_room_for_a_pickles_offset) {
             msg);
   remove_long();
 }
+
+/* The first bad line is the one named, also when a later line of the same
+ * read has a NUL byte or is too long: the checks of the bytes ran over a
+ * whole read before any of its lines was parsed, so a bad row at line 2
+ * was reported as line 3's NUL byte. */
+Test(trace_load, a_bad_row_before_a_nul_byte_is_the_one_named) {
+  static const char text[] = HEADER "1,00:00:00.000001,allocate,0xZZ,100,0\n"
+                                    "1,00:00:00.000002,allocate,0x2000,100,0";
+  write_file(text, sizeof text, '\0', 1);
+  expect_refused("2:", "0xZZ");
+}
