@@ -35,6 +35,10 @@ typedef struct mp__backend {
 
   mp_status_t (*stream_create)(mp_device_t *dev, mp_stream_t *out);
   mp_status_t (*stream_destroy)(mp_device_t *dev, mp_stream_t s);
+  /* The refusal (MP_EINVAL, said) of device call fn made where it may not
+   * be (the host device: from a host function), before anything changes;
+   * MP_OK else. NULL: no call is refused so (CUDA leaves it undefined). */
+  mp_status_t (*caller_check)(mp_device_t *dev, const char *fn);
   /* true when s was made by stream_create on dev and is not destroyed yet;
    * asks no driver (a destroyed handle is undefined behaviour there). */
   bool (*stream_owned)(mp_device_t *dev, mp_stream_t s);

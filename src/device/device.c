@@ -305,6 +305,13 @@ mp_status_t mp_stream_destroy(mp_device_t *dev, mp_stream_t s) {
                     "mp_stream_destroy: stream %p is capturing a graph; end "
                     "the capture first",
                     (void *)s);
+  /* Nor from where the device refuses the call (a host function), before
+   * any pool forgets it: a refused call changes nothing. */
+  if (dev->ops->caller_check != NULL) {
+    mp_status_t st = dev->ops->caller_check(dev, "mp_stream_destroy");
+    if (st != MP_OK)
+      return st;
+  }
   mp_stream_forget(dev, s);
   return dev->ops->stream_destroy(dev, s);
 }

@@ -312,6 +312,11 @@ static mp_status_t host_check_caller(const char *fn) {
   return MP_OK;
 }
 
+static mp_status_t host_caller_check(mp_device_t *dev, const char *fn) {
+  (void)dev;
+  return host_check_caller(fn);
+}
+
 /* Returns the refusal from the enclosing function (see host_fn_dev). */
 #define HOST_NOT_IN_HOST_FN(fn)                                                \
   do {                                                                         \
@@ -1944,6 +1949,7 @@ const mp__backend_t mp__host_backend = {
     .synchronize = host_synchronize,
     .stream_create = host_stream_create,
     .stream_destroy = host_stream_destroy,
+    .caller_check = host_caller_check,
     .stream_synchronize = host_stream_synchronize,
     .stream_query = host_stream_query,
     .stream_kind = host_stream_kind,

@@ -6,11 +6,13 @@
  * where a GPU's driver answers CUDA_ERROR_NOT_PERMITTED. Each refusal is
  * MP_EINVAL with a message, and changes nothing. */
 #include <criterion/criterion.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "device/backend.h"
 
 #include "../support/device_helpers.h"
+#include "../support/dump_json.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -22,8 +24,9 @@ typedef struct calls {
   mp_event_t ev;     /* a live event of dev */
   mp_status_t mem_info, alloc, free, host_alloc, stream_create, query, launch,
       copy, set, ev_create, ev_record, ev_query, ev_destroy, wait, reserve,
-      peer_alloc;
-  void *got; /* what the refused alloc wrote, if anything */
+      peer_alloc, destroy;
+  mp_stream_t victim; /* a stream destroy_victim destroys */
+  void *got;          /* what the refused alloc wrote, if anything */
   char why[256];
 } calls_t;
 
@@ -100,5 +103,44 @@ Test(host_host_functions, every_device_call_from_a_host_function_is_einval) {
   cr_expect_eq(mp_event_destroy(dev, c.ev), MP_OK);
   cr_expect_eq(mp_device_free(dev, c.mem), MP_OK);
   mp_device_close(c.peer);
+  mp_device_close(dev);
+}
+
+static void destroy_victim(void *arg) {
+  calls_t *c = arg;
+  c->destroy = mp_stream_destroy(c->dev, c->victim);
+}
+
+/* The "destroyed" streams pool's dump counts. */
+static unsigned destroyed_streams(mp_pool_t *pool) {
+  char *buf = dump_of(pool, "json");
+  const char *at = strstr(buf, "\"destroyed\":");
+  cr_assert_not_null(at, "%s", buf);
+  unsigned n = (unsigned)strtoul(at + strlen("\"destroyed\":"), NULL, 10);
+  free(buf);
+  return n;
+}
+
+/* mp_stream_destroy from a host function is refused before the pools
+ * forget the stream: it made every pool retire its slot first (its dump
+ * counted the live stream as destroyed), and only then was refused. */
+Test(host_host_functions,
+     a_refused_stream_destroy_leaves_the_pools_as_they_were) {
+  mp_device_t *dev = open_dev("host:capacity=64M");
+  mp_pool_t *pool;
+  cr_assert_eq(mp_pool_create(dev, NULL, &pool), MP_OK, "%s", mp_last_error());
+  calls_t c = {.dev = dev};
+  cr_assert_eq(mp_stream_create(dev, &c.victim), MP_OK);
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, MiB, c.victim, &p), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(destroyed_streams(pool), 0);
+  run_in_host_fn(dev, destroy_victim, &c);
+  cr_expect_eq(c.destroy, MP_EINVAL, "%s", mp_status_name(c.destroy));
+  cr_expect_eq(mp_stream_query(dev, c.victim), MP_OK, "the stream lives");
+  cr_expect_eq(destroyed_streams(pool), 0, "the pool forgot a live stream");
+  cr_assert_eq(mp_stream_destroy(dev, c.victim), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(destroyed_streams(pool), 1);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
   mp_device_close(dev);
 }
