@@ -133,6 +133,9 @@ mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
     }
     pool->cfg.release_threshold =
         (size_t)((double)pool->cap * cfg->release_fraction);
+    /* A share under a byte is a byte: 0 would mean "keep all until
+     * trim", the opposite of a threshold that small. */
+    pool->cfg.release_threshold += pool->cfg.release_threshold == 0;
     mp__pool_rare_update(pool);
   }
   size_t g = 0;

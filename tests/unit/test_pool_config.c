@@ -265,6 +265,10 @@ Test(pool_config, garbage_collection_threshold_is_a_share_of_the_cap) {
   /* No cap: the device's memory is what the pool may hold. */
   cr_expect_eq(release_threshold_of(dev, "garbage_collection_threshold:0.75"),
                (size_t)768 << 20);
+  /* A share under one byte is one byte, not 0, which would mean "keep all
+   * until trim": the smallest threshold kept the most memory. */
+  cr_expect_eq(release_threshold_of(dev, "garbage_collection_threshold:1e-12"),
+               1);
   fake_close(dev);
 }
 
