@@ -682,6 +682,11 @@ static mp_status_t host_stream_destroy(mp_device_t *dev, mp_stream_t handle) {
   pthread_rwlock_unlock(&h->reg);
   if (!found)
     return host_unknown_stream("mp_stream_destroy", handle);
+  /* A forked child: the stream's worker did not come along (a join would
+   * wait for ever), and a lock it held at the fork stays held here. The
+   * stream is only let go, as the rest of the parent's state. */
+  if (host_inherited(h))
+    return MP_OK;
   /* "In case the device is still doing work in the stream hStream when
    * cuStreamDestroy() is called, the function will return immediately and
    * the resources associated with hStream will be released automatically
@@ -1903,6 +1908,16 @@ static mp_status_t host_open(mp_device_t *dev, const char *opts) {
 
 static void host_close(mp_device_t *dev) {
   host_dev_t *h = host_of(dev);
+  /* A forked child closing its parent's device: the stream threads did not
+   * come along (stopping one joins it: it would wait for ever), and a lock
+   * one of them held at the fork stays held here. Nothing is stopped,
+   * taken or freed: what h holds goes with the process, whose mappings are
+   * the parent's pages, left alone (host_inherited). */
+  if (host_inherited(h)) {
+    close(h->memfd);
+    dev->impl = NULL;
+    return;
+  }
   /* Stopping one stream never waits on a stream stopped before it: a wait
    * only refers to records queued earlier, and the streams that hold them
    * keep running until their own turn comes. */
