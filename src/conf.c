@@ -174,6 +174,8 @@ static const char *mp__kv_sep(const char *p, size_t len) {
   return eq != NULL ? eq : memchr(p, ':', len);
 }
 
+#define MP__KV_MAX 64
+
 /* Whether the key at p (key_len bytes) already stands in str before p: a
  * repeated key is ambiguous (which value was meant?), so it is an error for
  * every option string. Option strings are short; a scan is fine. */
@@ -193,11 +195,18 @@ mp_status_t mp__kv_each(const char *what, const char *str, mp__kv_fn fn,
   if (str == NULL)
     return MP_OK;
   const char *p = str;
-  while (*p) {
+  /* No option string has more keys than MP__KV_MAX (each key may stand
+   * once): more pairs are refused before the scan for repeats, which grows
+   * with their square (200 000 pairs took seconds to refuse). */
+  for (unsigned pairs = 1; *p; pairs++) {
     const char *end = strchr(p, ',');
     size_t len = end ? (size_t)(end - p) : strlen(p);
     const char *eq = mp__kv_sep(p, len);
     char shown[MP__CLIP]; /* a long pair leaves room for the reason */
+    if (pairs > MP__KV_MAX)
+      return mp__fail(MP_EINVAL,
+                      "bad %s: more than %d key=value pairs (at '%s')", what,
+                      MP__KV_MAX, mp__clip(p, len, shown, sizeof shown));
     if (eq == NULL || eq == p)
       return mp__fail(MP_EINVAL, "bad %s: '%s' is not key=value", what,
                       mp__clip(p, len, shown, sizeof shown));
