@@ -429,6 +429,10 @@ MP_API mp_status_t mp_pool_trim(mp_pool_t *pool, size_t keep_bytes);
 /* Child pools: a fixed range carved out of the parent; it never grows.
  * A child ignores max_split (its range is one block it must split).
  * Its reserved_bytes is its range; the parent counts the range as allocated.
+ * The range is the block the parent hands out for bytes, which may be a
+ * little larger (rounded to the alignment, and a rest too small to split
+ * off stays in it: 20 MiB - 600 KiB gave 20 MiB on the host device); the
+ * child may use all of it.
  * With history=N (the parent's config, as every setting but the cap and
  * max_split) the child's trace starts with a segment_alloc of its range,
  * and the parent's allocates the range at create and frees it at the
