@@ -24,7 +24,8 @@
  * (the metadata lives in host memory).
  *
  * "cuda-malloc" is the device with nothing between: mp_device_alloc per
- * request and mp_device_free per free (cuMemAlloc/cuMemFree on CUDA), its
+ * request and the backend's free per free (cuMemAlloc/cuMemFree on CUDA;
+ * mp__device_free, without the synchronize mp_device_free adds), its
  * reserved bytes the device's used memory since it was opened, as
  * cuMemGetInfo reports it (so the driver's own rounding shows).
  * "cuda-async" is CUDA's own pool (cuda_async.c). Both are listed on the
@@ -35,7 +36,7 @@
  * pool's: max_bytes, align, segment_bytes, max_split), measured from its
  * stats; "host-pow2" is PyTorch's CachingHostAllocator's policy
  * (host_pow2.c); "host-direct" is one mp_device_host_alloc per request and
- * one mp_device_host_free per free (cudaHostAlloc/cudaFreeHost);
+ * one backend host free per free (cudaHostAlloc/cudaFreeHost);
  * "host-jemalloc" is above.
  *
  * Graph events (the "graph" workload): a mempool pool gives the captures a
@@ -54,6 +55,7 @@
 
 /* internal.h for: mp__fail (errors through mp_last_error), mp__ptrmap_* (the
  * jemalloc adaptor's extent table). */
+#include "device/backend.h"
 #include "internal.h"
 #include "mpbench.h"
 
@@ -252,9 +254,9 @@ static mp_status_t mpb_je_get(mpb_jemalloc_t *j, size_t size, void **p) {
 
 static void mpb_je_put(mpb_jemalloc_t *j, void *p) {
   if (j->pinned)
-    mp_device_host_free(j->dev, p);
+    mp__device_host_free(j->dev, p);
   else
-    mp_device_free(j->dev, p);
+    mp__device_free(j->dev, p);
 }
 
 static bool mpb_je_track(mpb_jemalloc_t *j, void *p) {
@@ -453,7 +455,7 @@ static mp_status_t mpb_host_direct_alloc(mpb_allocator_t *a, size_t size,
     return st;
   mpb_held_t *e = mp__ptrmap_put(&a->held, (uintptr_t)*out);
   if (e == NULL) {
-    mp_device_host_free(a->dev, *out);
+    mp__device_host_free(a->dev, *out);
     return mp__fail(MP_ENOMEM, "host-direct: out of host memory");
   }
   e->bytes = size;
@@ -469,7 +471,7 @@ static mp_status_t mpb_host_direct_free(mpb_allocator_t *a, void *ptr) {
     return mp__fail(MP_EINVAL, "host-direct: %p is not live", ptr);
   a->raw_calls++;
   a->raw_held -= e.bytes;
-  return mp_device_host_free(a->dev, ptr);
+  return mp__device_host_free(a->dev, ptr);
 }
 
 /* ---- graph events -------------------------------------------------------
@@ -510,7 +512,7 @@ static void mpb_nograph_release(mpb_allocator_t *a, bool all) {
   for (size_t i = 0; i < a->ngb; i++) {
     if (a->gb[i].freed || all) {
       a->gb_calls++;
-      mp_device_free(a->dev, a->gb[i].ptr);
+      mp__device_free(a->dev, a->gb[i].ptr);
       a->gb_bytes -= a->gb[i].bytes;
     } else {
       a->gb[k++] = a->gb[i];
@@ -593,7 +595,7 @@ mp_status_t mpb_allocator_free(mpb_allocator_t *a, void *ptr) {
   }
   if (a->kind == MPB_KIND_RAW) {
     a->raw_calls++;
-    return ptr ? mp_device_free(a->dev, ptr) : MP_OK;
+    return ptr ? mp__device_free(a->dev, ptr) : MP_OK;
   }
   if (a->kind == MPB_KIND_CUDA_ASYNC)
     return mpb_cuasync_free(a->cu, ptr);
@@ -683,7 +685,7 @@ void mpb_allocator_close(mpb_allocator_t *a) {
     for (size_t i = 0; i < a->held.cap; i++) {
       mpb_held_t *e = mp__ptrmap_at(&a->held, i);
       if (e != NULL)
-        mp_device_host_free(a->dev, (void *)e->key);
+        mp__device_host_free(a->dev, (void *)e->key);
     }
     mp__ptrmap_destroy(&a->held);
   }

@@ -13,6 +13,7 @@
 
 /* internal.h for: mp__fail, mp__ptrmap_* (the power-of-two pool's block table).
  */
+#include "device/backend.h"
 #include "internal.h"
 #include "mpbench.h"
 
@@ -69,7 +70,7 @@ mp_status_t mpb_pow2_alloc(mpb_pow2_t *p, size_t size, void **out) {
       return st;
     mpb_pow2_entry_t *e = mp__ptrmap_put(&p->blocks, (uintptr_t)ptr);
     if (e == NULL) {
-      mp_device_host_free(p->dev, ptr);
+      mp__device_host_free(p->dev, ptr);
       return mp__fail(MP_ENOMEM, "host-pow2: out of host memory");
     }
     e->cls = c;
@@ -105,7 +106,7 @@ void mpb_pow2_close(mpb_pow2_t *p) {
   for (size_t i = 0; i < p->blocks.cap; i++) {
     mpb_pow2_entry_t *e = mp__ptrmap_at(&p->blocks, i);
     if (e != NULL)
-      mp_device_host_free(p->dev, (void *)e->key);
+      mp__device_host_free(p->dev, (void *)e->key);
   }
   mp__ptrmap_destroy(&p->blocks);
   for (unsigned c = 0; c < MPB_POW2_CLASSES; c++)
