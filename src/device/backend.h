@@ -31,6 +31,9 @@ typedef struct mp__backend {
   mp_status_t (*free)(mp_device_t *dev, void *ptr);
   mp_status_t (*host_alloc)(mp_device_t *dev, size_t bytes, void **out);
   mp_status_t (*host_free)(mp_device_t *dev, void *ptr);
+  /* free and host_free wait for all queued work themselves (the host
+   * device): mp_device_free adds no synchronize of its own. */
+  bool free_waits;
   mp_status_t (*synchronize)(mp_device_t *dev);
 
   mp_status_t (*stream_create)(mp_device_t *dev, mp_stream_t *out);

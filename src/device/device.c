@@ -245,10 +245,19 @@ mp_status_t mp_device_alloc(mp_device_t *dev, size_t bytes, void **out) {
  * implicit synchronization"; cuMemFreeHost says nothing), so without one a
  * copy still queued would run on freed memory. mempool's own callers free
  * only what no queued work uses, without the wait (mp__device_free). */
+static mp_status_t mp__device_free_sync(mp_device_t *dev, const char *fn) {
+  if (dev->ops->caller_check != NULL) {
+    mp_status_t st = dev->ops->caller_check(dev, fn);
+    if (st != MP_OK)
+      return st;
+  }
+  return dev->ops->free_waits ? MP_OK : dev->ops->synchronize(dev);
+}
+
 mp_status_t mp_device_free(mp_device_t *dev, void *ptr) {
   MP__CHECK_DEV(dev);
   MP__CHECK_OUT(ptr);
-  mp_status_t st = dev->ops->synchronize(dev);
+  mp_status_t st = mp__device_free_sync(dev, "mp_device_free");
   return st != MP_OK ? st : dev->ops->free(dev, ptr);
 }
 
@@ -267,7 +276,7 @@ mp_status_t mp_device_host_alloc(mp_device_t *dev, size_t bytes, void **out) {
 mp_status_t mp_device_host_free(mp_device_t *dev, void *ptr) {
   MP__CHECK_DEV(dev);
   MP__CHECK_OUT(ptr);
-  mp_status_t st = dev->ops->synchronize(dev);
+  mp_status_t st = mp__device_free_sync(dev, "mp_device_host_free");
   return st != MP_OK ? st : dev->ops->host_free(dev, ptr);
 }
 

@@ -656,6 +656,10 @@ static mp_status_t host_synchronize(mp_device_t *dev) {
 static mp_status_t host_stream_create(mp_device_t *dev, mp_stream_t *out) {
   HOST_NOT_IN_HOST_FN("mp_stream_create");
   host_dev_t *h = host_of(dev);
+  /* No work could be queued on it (host_stream_push), and its worker
+   * would outlive every destroy and close of the inherited device. */
+  if (host_inherited(h))
+    return host_refuse_inherited("mp_stream_create");
   host_streams_reap(h, false);
   host_stream_t *s = NULL;
   mp_status_t st = host_stream_start(h, &s);
@@ -1961,6 +1965,7 @@ const mp__backend_t mp__host_backend = {
     .free = host_free,
     .host_alloc = host_host_alloc,
     .host_free = host_host_free,
+    .free_waits = true,
     .synchronize = host_synchronize,
     .stream_create = host_stream_create,
     .stream_destroy = host_stream_destroy,

@@ -375,9 +375,10 @@ struct mp_pool {
    * arena and back (release). */
   _Atomic(mp_pool_t *) hot;
 #if MP__LOCK_OWNER
-  /* MP_DEBUG: the thread holding lock, if owned; atomics (relaxed), as
-   * an assertion that the caller does not hold the lock reads them while
-   * another thread may take it. */
+  /* MP_DEBUG: the thread holding lock, if owned; atomics, as an
+   * assertion that the caller does not hold the lock reads them while
+   * another thread may take it (the owner stored before the flag, with
+   * release: a flag seen set comes with its owner). */
   _Atomic(pthread_t) lock_owner;
   atomic_bool lock_owned;
 #endif
@@ -648,7 +649,7 @@ static inline void mp__pool_lock(mp_pool_t *pool) {
 #if MP__LOCK_OWNER
   atomic_store_explicit(&pool->lock_owner, pthread_self(),
                         memory_order_relaxed);
-  atomic_store_explicit(&pool->lock_owned, true, memory_order_relaxed);
+  atomic_store_explicit(&pool->lock_owned, true, memory_order_release);
 #endif
 }
 /* Takes the pool's lock if it is free now (true), else false at once. */
@@ -662,7 +663,7 @@ static inline bool mp__pool_trylock(mp_pool_t *pool) {
 #if MP__LOCK_OWNER
   atomic_store_explicit(&pool->lock_owner, pthread_self(),
                         memory_order_relaxed);
-  atomic_store_explicit(&pool->lock_owned, true, memory_order_relaxed);
+  atomic_store_explicit(&pool->lock_owned, true, memory_order_release);
 #endif
   return true;
 }
@@ -670,7 +671,7 @@ static inline bool mp__pool_trylock(mp_pool_t *pool) {
  * otherwise, where MP__ASSERT never evaluates it). */
 static inline bool mp__pool_held(const mp_pool_t *pool) {
 #if MP__LOCK_OWNER
-  return atomic_load_explicit(&pool->lock_owned, memory_order_relaxed) &&
+  return atomic_load_explicit(&pool->lock_owned, memory_order_acquire) &&
          pthread_equal(
              atomic_load_explicit(&pool->lock_owner, memory_order_relaxed),
              pthread_self());

@@ -481,14 +481,20 @@ void mp__pl_record_child(void) {
   /* The parent's helper thread did not come along: the child's signal
    * must not reach the parent's pipe. A child writes no snapshot (as it
    * records nothing), so the signal does again what it did before the
-   * shim armed it: inherited, the handler took it and did nothing, and a
-   * child that would have ended on it went on. */
+   * shim armed it: inherited, the shim's handler took it and did nothing,
+   * and a child that would have ended on it went on. */
   if (mp__snap_wfd >= 0) {
     int w = (int)mp__snap_wfd;
     mp__snap_wfd = -1;
     close(w);
     close(mp__snap_rfd);
     mp__snap_rfd = -1;
-    (void)sigaction(mp__snap_sig, &mp__snap_was, NULL);
+    /* Only if the shim's handler is still the signal's: a handler the
+     * program installed since stays (a child keeps it, as without the
+     * shim). */
+    struct sigaction now;
+    if (sigaction(mp__snap_sig, NULL, &now) == 0 &&
+        !(now.sa_flags & SA_SIGINFO) && now.sa_handler == mp__snap_signal)
+      (void)sigaction(mp__snap_sig, &mp__snap_was, NULL);
   }
 }

@@ -12,6 +12,8 @@
  * "fork-signal" does the same and the child then raises SIGUSR1, which
  * must end it (the default action: a forked child writes no snapshot, so
  * MEMPOOL_SNAPSHOT_SIGNAL must leave the signal as it was there);
+ * "fork-handler" first installs a SIGUSR1 handler of its own, which the
+ * child's raise must run (the child then exits 0);
  * "threads" first has 4 threads race through N allocate/free pairs each
  * (then goes on with at most 64);
  * "host-memory" writes to the pinned and managed blocks it makes (which it
@@ -28,6 +30,7 @@
  * crash or a killed process leaves its files the same way); "locale"
  * first calls setlocale(LC_ALL, "") (as many programs do) and prints
  * radix=<its decimal point>. */
+#define _GNU_SOURCE /* sigaction */
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <locale.h>
@@ -72,6 +75,22 @@ static int child_work(void *parents) {
 }
 
 static int per_thread;
+
+/* "fork-handler": the program's own SIGUSR1 handler. */
+static volatile sig_atomic_t handled;
+
+static void on_usr1(int sig) {
+  (void)sig;
+  handled = 1;
+}
+
+static int signal_handler_install(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_usr1;
+  sigemptyset(&sa.sa_mask);
+  return sigaction(SIGUSR1, &sa, NULL);
+}
 
 static void *thread_work(void *arg) {
   (void)arg;
@@ -199,7 +218,10 @@ int main(int argc, char **argv) {
     frees++;
   }
   bool signal = strcmp(mode, "fork-signal") == 0;
-  if (strcmp(mode, "fork") == 0 || signal) {
+  bool handler = strcmp(mode, "fork-handler") == 0;
+  if (handler)
+    (void)signal_handler_install();
+  if (strcmp(mode, "fork") == 0 || signal || handler) {
     /* Pinned memory first, so that the child starts with its parent's
      * host pool, which the shim's fork reset must leave reachable (a leak
      * checker in the child reported it). The free's stream-ordered
@@ -214,8 +236,10 @@ int main(int argc, char **argv) {
     if (pid == 0) {
       int rc = child_work(p[1]);
       free(p);
-      if (rc == 0 && signal)
+      if (rc == 0 && (signal || handler))
         raise(SIGUSR1);
+      if (rc == 0 && handler && !handled)
+        rc = 7; /* the program's handler did not run */
       exit(rc); /* exit, not _exit: the shim's exit runs */
     }
     int status = 0;

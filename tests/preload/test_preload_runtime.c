@@ -487,6 +487,13 @@ Test(preload_runtime, a_forked_child_gets_the_snapshot_signal_back) {
   run_preloaded(argv, env_snap, "MEMPOOL_SNAPSHOT_SIGNAL=USR1", MP_FORK_ENV,
                 &r);
   cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  /* A handler the program installed after the shim armed the signal stays
+   * the child's (the first fix gave the child the action from before the
+   * shim's, and the raise ended it). */
+  argv[2] = "fork-handler";
+  run_preloaded(argv, env_snap, "MEMPOOL_SNAPSHOT_SIGNAL=USR1", MP_FORK_ENV,
+                &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
   const char *snap = strchr(env_snap, '=') + 1;
   cr_expect_eq(access(snap, F_OK), 0, "the parent wrote no snapshot");
   unlink(snap);

@@ -85,6 +85,11 @@ static int child_allocs(mp_device_t *parents) {
       mp_pool_alloc(pool, BLOCK, NULL, &q) != MP_ENODEV ||
       mp_pool_destroy(pool) != MP_OK)
     return 4;
+  /* Nor a stream: no work could be queued on it, and its thread outlived
+   * its destroy (the child's stream threads grew with each create). */
+  mp_stream_t s = NULL;
+  if (mp_stream_create(parents, &s) != MP_ENODEV || s != NULL)
+    return 7;
 #ifdef __SANITIZE_THREAD__
   /* A device of its own starts stream threads, which TSan refuses in a
    * child forked from a multi-threaded process. */

@@ -28,6 +28,7 @@ typedef struct calls {
   mp_stream_t victim; /* a stream destroy_victim destroys */
   void *got;          /* what the refused alloc wrote, if anything */
   char why[256];
+  char free_why[256]; /* the refused free's message */
 } calls_t;
 
 static void nothing(void *arg) {
@@ -41,6 +42,7 @@ static void call_everything(void *arg) {
   c->alloc = mp_device_alloc(c->dev, MiB, &c->got);
   snprintf(c->why, sizeof c->why, "%s", mp_last_error());
   c->free = mp_device_free(c->dev, c->mem);
+  snprintf(c->free_why, sizeof c->free_why, "%s", mp_last_error());
   void *h = NULL;
   c->host_alloc = mp_device_host_alloc(c->dev, 4096, &h);
   mp_stream_t s = NULL;
@@ -94,6 +96,9 @@ Test(host_host_functions, every_device_call_from_a_host_function_is_einval) {
     cr_expect_eq(got[i].st, MP_EINVAL, "%s from a host function: %s",
                  got[i].name, mp_status_name(got[i].st));
   cr_expect(strstr(c.why, "host function") != NULL, "%s", c.why);
+  /* Named as the call made (it said mp_device_synchronize once the free
+   * synchronized first). */
+  cr_expect(strncmp(c.free_why, "mp_device_free: ", 16) == 0, "%s", c.free_why);
   cr_expect_null(c.got);
   /* Nothing changed: the memory, its bytes and the event are as they were. */
   cr_expect_eq(free_bytes(dev), before);
