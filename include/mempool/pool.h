@@ -556,9 +556,11 @@ MP_API mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
  * (with MP_PAUSE_KEEP_CONTENT, the live blocks are first copied to one
  * page-locked host buffer). Afterwards reserved_bytes and free_bytes are 0
  * (reserved_bytes: the bytes still mapped, when a failed undo left some);
- * every call on the pool but resume, stats, dump, snapshot, destroy,
- * mp_handle_ptr, and the settings mp_pool_set_access and
- * mp_pool_set_oom_handler (kept for after the resume) is MP_EBUSY,
+ * every call on the pool but resume, stats, mp_pool_mem_info (the cap and
+ * what is free under it), dump, snapshot, destroy, mp_handle_ptr, calls
+ * that do nothing (an allocation of 0 bytes, a free of NULL: MP_OK), and
+ * the settings mp_pool_set_access and mp_pool_set_oom_handler (kept for
+ * after the resume) is MP_EBUSY,
  * mp_pool_set_max_fraction included (a snapshot of a paused pool lists no
  * segment, and mp_pool_dump's segment says it holds 0 bytes, marked
  * paused, with the blocks the resume brings back; with history=N its trace
