@@ -45,7 +45,10 @@ MP_API mp_status_t mp_direct_record_stream(mp_direct_t *d, void *ptr,
  * Stats: reserved = live + deferred bytes; nothing is rounded, so allocated
  * = requested; free_bytes / free_blocks count the deferred blocks;
  * alloc_retry_count counts the allocations that tried again after a
- * session (theirs or another thread's) gave memory back. */
+ * session (theirs or another thread's) gave memory back. A block the
+ * device refuses to free stays deferred, for the next session; where host
+ * memory to keep it runs out too, it is lost to the allocator (its memory
+ * stays the device's until it closes). */
 MP_API mp_status_t mp_direct_free_session(mp_direct_t *d);
 MP_API mp_status_t mp_direct_get_stats(mp_direct_t *d, mp_stats_t *out);
 /* As above, for a caller whose mp_stats_t is size bytes (see "Growing" in
