@@ -24,7 +24,8 @@
  *      fail_after=N     the N-th device allocation (1-based; mp_device_alloc
  *                       and virtual-memory maps both count) and every later
  *                       one fail with MP_ENOMEM; 0 disables
- *      vmm=0|1          emulate virtual-memory segments (default 1)
+ *      vmm=BOOL         emulate virtual-memory segments (default 1): 1/0,
+ *                       true/false, yes/no or on/off, as pool options
  *      granularity=SIZE the virtual-memory granule (default 2M, as CUDA); a
  *                       power of two from the page size to 1T
  *    An unknown, repeated or malformed option is MP_EINVAL.

@@ -1835,7 +1835,8 @@ static mp_status_t host_opt(void *ctx, const char *key, size_t key_len,
     break;
   case HOST_OPT_VMM:
     if (!mp__parse_bool(val, val_len, &o->vmm))
-      return host_bad_value(name, val, val_len, "0 or 1");
+      return host_bad_value(name, val, val_len,
+                            "a boolean (1/0, true/false, yes/no, on/off)");
     break;
   case HOST_OPT_GRANULARITY:
     if (!mp__parse_size(val, val_len, &o->granularity) ||

@@ -47,6 +47,9 @@ Test(device_spec, bad_values_are_einval) {
   expect_rejected("host:stream_latency_us=10000001", "stream_latency_us");
   expect_rejected("host:fail_after=-3", "fail_after");
   expect_rejected("host:vmm=2", "vmm");
+  /* What it takes, as pool options' booleans (it said "0 or 1", and took
+   * "yes" all the same). */
+  expect_rejected("host:vmm=2", "true/false, yes/no, on/off");
   expect_rejected("host:granularity=3000", "3000");
   expect_rejected("host:granularity=1K", "granularity");
   expect_rejected("host:granularity=3M", "granularity");
