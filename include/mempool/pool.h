@@ -758,8 +758,10 @@ MP_API mp_status_t mp_pool_set_oom_handler(mp_pool_t *pool,
  * its own stream; other streams wait for its markers, which the history
  * does not record), segment_map / segment_unmap (virtual chunks),
  * segment_alloc / segment_free (plain segments, a child pool's range, a
- * graph pool's borrowed ranges) and oom. Trace sizes are
- * block sizes (rounded), as in PyTorch. A segment's segment_pool_id is
+ * graph pool's borrowed ranges) and oom. An alloc's and a free's size is
+ * the bytes asked for (the block's requested_size), as PyTorch records
+ * them (its alloc event takes the request, before rounding); a segment
+ * event's, the segment's or chunk's. A segment's segment_pool_id is
  * (0, 0), or for a graph pool (0, n), n an id of its own (as PyTorch gives
  * a private pool's segments its id; the graph pool of a PyTorch
  * MempoolId_t, mempool/torch.h, says that id); the parent's snapshot shows the

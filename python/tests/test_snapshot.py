@@ -223,9 +223,9 @@ def test_replay_of_a_snapshot_reproduces_peak_live_bytes(device, tmp_path, virtu
     pool = [x for x in rows if x["allocator"] == ("pool" if virtual else
                                                    "pool:virtual=0")]
     assert pool and pool[0]["completed"]
-    # Trace sizes are block sizes: the replay's live bytes are the pool's
-    # allocated bytes, and its peak is the run's.
-    assert pool[0]["peak_live_bytes"] == st["peak_allocated_bytes"]
+    # Trace sizes are the bytes asked for, as PyTorch's: the replay's live
+    # bytes are the pool's requested bytes, and its peak is the run's.
+    assert pool[0]["peak_live_bytes"] == st["peak_requested_bytes"]
     # The same allocator on the same sequence reserves the same peak.
     assert pool[0]["peak_reserved_bytes"] == st["peak_reserved_bytes"]
 

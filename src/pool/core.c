@@ -496,7 +496,8 @@ MP__HOT void mp__block_make_live(mp_pool_t *pool, mp__block_t *b,
   /* alloc_count is derived (mp__stats_copy): the live map gained b. */
   mp__stats_live_peaks(pool);
   if (!plain)
-    MP__HIST(pool, MP__H_ALLOC, b->addr, b->size, MP__HIST_STREAM(pool, sidx));
+    MP__HIST(pool, MP__H_ALLOC, b->addr, requested,
+             MP__HIST_STREAM(pool, sidx));
 }
 
 /* mp__block_release_merged before the merges: b free, not yet merged. */
@@ -506,7 +507,8 @@ mp__block_freed(mp_pool_t *pool, mp__block_t *b, bool plain) {
   MP__ASSERT(!(b->flags & (MP__B_FREE | MP__B_HOLE)));
   MP__ASSERT(pool->st.allocated_bytes >= b->size);
   if (!plain && MP__UNLIKELY(pool->hist.ev != NULL))
-    mp__history_free(pool, b->addr, b->size, MP__HIST_STREAM(pool, b->sidx));
+    mp__history_free(pool, b->addr, b->requested,
+                     MP__HIST_STREAM(pool, b->sidx));
   pool->st.allocated_bytes -= b->size;
   pool->st.requested_bytes -= b->requested;
   pool->st.free_count++;

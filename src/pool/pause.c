@@ -165,12 +165,12 @@ static void mp__blocks_history(mp_pool_t *pool, const mp__segment_t *v,
       continue;
     uintptr_t hs = MP__HIST_STREAM(pool, b->sidx);
     if (freed) {
-      mp__history_put(pool, at, MP__H_FREE_REQUESTED, b->addr, b->size, hs,
+      mp__history_put(pool, at, MP__H_FREE_REQUESTED, b->addr, b->requested, hs,
                       false);
-      mp__history_put(pool, at, MP__H_FREE_COMPLETED, b->addr, b->size, hs,
+      mp__history_put(pool, at, MP__H_FREE_COMPLETED, b->addr, b->requested, hs,
                       false);
     } else {
-      mp__history_put(pool, at, MP__H_ALLOC, b->addr, b->size, hs, true);
+      mp__history_put(pool, at, MP__H_ALLOC, b->addr, b->requested, hs, true);
     }
   }
 }
