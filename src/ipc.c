@@ -15,6 +15,7 @@
  * mp__ipc_leases, whatever its device, so that no two imports of the
  * process own one lease. */
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,6 +122,16 @@ static mp_status_t mp__ipc_check(const mp_device_t *dev,
     return mp__fail(MP_EINVAL,
                     "mp_ipc_import: lease descriptor %d is not a Unix socket "
                     "(the lease end mp_pool_ipc_export made)",
+                    h->lease_fd);
+  /* The importer's end: its peer, the pool's end, has shut writing (or is
+   * gone). The pool's own end, or another socket pair's, is no lease: the
+   * import would own it, and its close would close the pool's. */
+  struct pollfd pl = {.fd = h->lease_fd, .events = POLLRDHUP};
+  if (poll(&pl, 1, 0) != 1 || !(pl.revents & (POLLRDHUP | POLLHUP)))
+    return mp__fail(MP_EINVAL,
+                    "mp_ipc_import: lease descriptor %d is not the importer's "
+                    "end of a lease (the exporting pool's own end, or "
+                    "another socket)",
                     h->lease_fd);
   if (h->bytes == 0 || h->mem_bytes == 0 || h->offset > h->mem_bytes ||
       h->bytes > h->mem_bytes - h->offset)

@@ -240,6 +240,13 @@ mp_status_t mp__export_block(mp_pool_t *pool, void *ptr, mp_ipc_handle_t *out) {
       socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, lease) != 0)
     st = mp__fail(MP_EIO, "mp_pool_ipc_export: cannot make a lease: %s",
                   strerror(errno));
+  /* The pool's end writes nothing: shut so, it marks the importer's end
+   * (its peer has shut writing, POLLRDHUP there), which mp_ipc_import
+   * requires, so that no handle can name the pool's own end as a lease
+   * (the import would own it and close it under the pool). */
+  if (st == MP_OK && shutdown(lease[0], SHUT_WR) != 0)
+    st = mp__fail(MP_EIO, "mp_pool_ipc_export: cannot make a lease: %s",
+                  strerror(errno));
   mp_ipc_handle_t h;
   memset(&h, 0, sizeof h);
   h.fd = -1;

@@ -281,6 +281,37 @@ Test(pool_ipc_args, a_handle_whose_memory_is_its_lease_is_einval) {
   free_released_and_destroy(pool, p);
 }
 
+/* A lease descriptor that is a Unix socket but not the importer's end of a
+ * lease (another socket pair's end here; the exporting pool's own end is
+ * one too) is refused, and nothing is closed: the import would own it,
+ * and its close close it. Taken before: the pool's own end of a lease,
+ * named in a handle, was closed by the importer's close under the pool,
+ * which later closed its number again (a program's descriptor by then). */
+Test(pool_ipc_args, a_lease_that_is_no_importers_end_is_einval) {
+  mp_pool_t *pool = make_pool(dev, NULL);
+  void *p, *q = NULL;
+  mp_ipc_handle_t good = exported(pool, &p);
+  int sp[2];
+  cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sp), 0);
+  for (int end = 0; end < 2; end++) {
+    mp_ipc_handle_t bad = good;
+    bad.lease_fd = sp[end];
+    mp_status_t st = mp_ipc_import(dev, &bad, &q);
+    if (st == MP_OK)
+      (void)mp_ipc_close(dev, q);
+    cr_expect_eq(st, MP_EINVAL, "end %d", end);
+    cr_expect(strstr(mp_last_error(), "importer's end") != NULL, "%s",
+              mp_last_error());
+    cr_expect(fd_open(sp[end]), "a refusal closed a descriptor");
+  }
+  close(sp[0]);
+  close(sp[1]);
+  /* The genuine handle still imports. */
+  cr_assert_eq(mp_ipc_import(dev, &good, &q), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_ipc_close(dev, q), MP_OK, "%s", mp_last_error());
+  free_released_and_destroy(pool, p);
+}
+
 /* A copy of a handle taken before it was imported still names the lease
  * the import now owns; by the time it is imported, its memory descriptor's
  * number may name another export's memory (descriptor numbers are reused:
