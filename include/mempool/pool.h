@@ -633,7 +633,9 @@ MP_API mp_status_t mp_pool_resume(mp_pool_t *pool);
  * block stays held until the pool is destroyed. mp_pool_pause refuses
  * (MP_EBUSY) while any lease is open: the memory would not go back to the
  * device. mp_pool_destroy polls the leases too, and refuses (MP_EBUSY,
- * nothing changed) while a block of a plain segment is still imported:
+ * nothing else changed: freed blocks whose importers all let go are
+ * released, as any poll releases them) while a block of a plain segment is
+ * still imported:
  * cuMemFree of the segment before the importer's cuIpcCloseMemHandle is
  * undefined (cuda.h, cuIpcOpenMemHandle). Otherwise it closes the leases
  * left, and what importers still map of virtual chunks stays valid on their
@@ -665,7 +667,8 @@ typedef struct mp_ipc_handle {
  * be exported any number of times (a lease each). NULL arguments, a
  * pointer that is not the start of a live block of this pool, a movable
  * block: MP_EINVAL; paused: MP_EBUSY; see Limits for MP_ENOTSUP. A failed
- * export changes nothing and leaves *out untouched. */
+ * export leaves *out untouched and changes nothing but what its poll of
+ * the leases did (freed blocks whose importers all let go are released). */
 MP_API mp_status_t mp_pool_ipc_export(mp_pool_t *pool, void *ptr,
                                       mp_ipc_handle_t *out);
 /* Releases every held block whose importers have all let go (one poll per

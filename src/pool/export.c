@@ -212,10 +212,11 @@ mp_status_t mp__export_block(mp_pool_t *pool, void *ptr, mp_ipc_handle_t *out) {
                             &slot);
   /* The leases whose importers let go, before a new one: a live block
    * exported again and again would otherwise keep one descriptor per
-   * export until it is freed (or the pool polled or trimmed). A refused
-   * export reaps nothing. The reap may drop the lock (a release that
-   * unmaps, with release_threshold): a pause, or another thread's free of
-   * ptr, may have come meanwhile, so both are asked again. */
+   * export until it is freed (or the pool polled or trimmed). An export
+   * refused before it (bad pointer, paused) reaps nothing; one refused
+   * later keeps what the reap released (pool.h). The reap may drop the lock (a
+   * release that unmaps, with release_threshold): a pause, or another thread's
+   * free of ptr, may have come meanwhile, so both are asked again. */
   if (st == MP_OK && pool->nexports > 0) {
     mp__export_reap(pool);
     st = mp__pool_paused(pool, "mp_pool_ipc_export");
