@@ -614,6 +614,23 @@ static int mp__snap_tmp_open(int dirfd, const char *base, char *tmp,
  * what is checked there and what is written or renamed there are in the
  * same folder whatever becomes of the path's other components meanwhile;
  * *base: that component, in path. -1 (errno set) when it cannot be. */
+/* A failed write through the link base (in dirfd) to nothing: the file
+ * its open made, ob, is removed, so that the snapshot is written whole or
+ * not at all (it was left cut short). Only that file: the one the link
+ * names now, if it still is ob. */
+static void mp__snap_unmake(int dirfd, const char *base,
+                            const struct stat *ob) {
+  char to[PATH_MAX];
+  ssize_t k = readlinkat(dirfd, base, to, sizeof to - 1);
+  if (k <= 0)
+    return;
+  to[k] = '\0';
+  struct stat now;
+  if (fstatat(dirfd, to, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+      now.st_dev == ob->st_dev && now.st_ino == ob->st_ino)
+    (void)unlinkat(dirfd, to, 0);
+}
+
 static int mp__snap_dir_open(const char *path, const char **base) {
   const char *slash = strrchr(path, '/');
   *base = slash != NULL ? slash + 1 : path;
@@ -728,11 +745,13 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
       free(target);
       return st;
     }
-    close(dirfd);
     free(target);
     mp_status_t st = mp__snapshot_write_all(pools, devices, n, f);
     if (fclose(f) != 0 && st == MP_OK)
       st = mp__fail(MP_EIO, "mp_pool_snapshot: write error on '%s'", shown);
+    if (st != MP_OK && dangling)
+      mp__snap_unmake(dirfd, base, &ob);
+    close(dirfd);
     return st;
   }
   /* Otherwise a temporary beside path, renamed over it once complete: a

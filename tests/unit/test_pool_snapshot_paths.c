@@ -6,10 +6,12 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -166,6 +168,34 @@ Test(pool_snapshot_paths, a_link_to_nothing_gets_its_file_made) {
   fclose(f);
   cr_expect_eq(head[0], 0x80, "the file the link names is no snapshot");
   cr_expect_eq(files_in_dir(false), 2, "a temporary was left");
+}
+
+/* A link to nothing whose file cannot be written whole (the file-size
+ * limit stops the write) is refused and leaves no file: the file its
+ * write made is removed, as a snapshot is written whole or not at all
+ * (pool.h). It was left cut short, a pickle that did not load. */
+Test(pool_snapshot_paths, a_link_to_nothing_written_in_part_leaves_no_file) {
+  char real[PATH_MAX], link[PATH_MAX];
+  snprintf(real, sizeof real, "%s/made.pickle", dir);
+  snprintf(link, sizeof link, "%s/link.pickle", dir);
+  cr_assert_eq(symlink("made.pickle", link), 0);
+  void *p[8];
+  for (int i = 0; i < 8; i++)
+    cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p[i]), MP_OK);
+  signal(SIGXFSZ, SIG_IGN);
+  struct rlimit lim = {64, 64};
+  cr_assert_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+  cr_expect_eq(mp_pool_snapshot(pool, link), MP_EIO);
+  cr_expect(strstr(mp_last_error(), "write error") != NULL, "%s",
+            mp_last_error());
+  struct stat sb;
+  cr_expect(lstat(link, &sb) == 0 && S_ISLNK(sb.st_mode),
+            "the link was replaced");
+  cr_expect_neq(stat(real, &sb), 0, "a file cut at %lld bytes was left",
+                (long long)sb.st_size);
+  for (int i = 0; i < 8; i++)
+    cr_assert_eq(mp_pool_free(pool, p[i]), MP_OK);
+  cr_expect_eq(files_in_dir(false), 1, "more than the link was left");
 }
 
 /* A path with a trailing slash names a folder: refused with the reason,
