@@ -70,6 +70,10 @@ mp_status_t mp_host_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
     st = mp_stream_create(dev, &hp->host);
     if (st == MP_OK) {
       st = mp_pool_create(hp->view, &c, &hp->pool);
+      /* The default stream's slot now, so that an allocation for it never
+       * needs one (mp_host_pool_alloc). */
+      if (st == MP_OK && (st = mp_pool_add_stream(hp->pool, NULL)) != MP_OK)
+        (void)mp_pool_destroy(hp->pool);
       if (st != MP_OK)
         mp_stream_destroy(dev, hp->host);
     }
@@ -134,9 +138,10 @@ mp_status_t mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes, mp_stream_t s,
    * stream the device does not know only once the buffer is allocated,
    * perhaps in a chunk grown for it, which would stay cached. The device
    * is asked (driver calls on CUDA) only for a stream the pool has not
-   * met; NULL (the default stream) needs no question. */
-  if (!mp__hp_knows(hp, s)) {
-    if (s != NULL && mp__device_stream_kind(hp->view, s) == MP__STREAM_BAD)
+   * met; NULL (the default stream), whose slot the create made, needs no
+   * question. */
+  if (s != NULL && !mp__hp_knows(hp, s)) {
+    if (mp__device_stream_kind(hp->view, s) == MP__STREAM_BAD)
       return mp__fail(MP_EINVAL, "%s: stream %p is not a live stream of %s",
                       __func__, (void *)s, mp_device_name(hp->dev));
     /* Its slot too: a record refused for want of host memory for the

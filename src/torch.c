@@ -96,7 +96,7 @@ static struct {
    * to them stay valid); grown as private pools come, without a limit (a
    * program capturing graphs without a shared pool= makes one each). */
   mp__tpool_t **pools;
-  size_t npools;
+  size_t npools, cap;
   atomic_uint open;   /* entries open (begun, or automatic and routed) */
   atomic_bool hooked; /* a begin hook was called: no automatic capture */
 } mp__t = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -117,15 +117,15 @@ static mp__tpool_t *mp__tpool_slot(void) {
   for (size_t i = 0; i < mp__t.npools; i++)
     if (!mp__t.pools[i]->used)
       return mp__t.pools[i];
-  size_t n = mp__t.npools;
-  if ((n & (n - 1)) == 0) { /* full at 0, 1, 2, 4, ...: double it */
-    mp__tpool_t **p =
-        mp__host_realloc(mp__t.pools, (n ? 2 * n : 8) * sizeof *p);
+  if (mp__t.npools == mp__t.cap) {
+    size_t cap = mp__t.cap ? 2 * mp__t.cap : 8;
+    mp__tpool_t **p = mp__host_realloc(mp__t.pools, cap * sizeof *p);
     if (p == NULL) {
       mp__fail(MP_ENOMEM, "torch: out of host memory for a private pool");
       return NULL;
     }
     mp__t.pools = p;
+    mp__t.cap = cap;
   }
   mp__tpool_t *t = mp__host_calloc(1, sizeof *t);
   if (t == NULL) {

@@ -245,13 +245,18 @@ mp_status_t mp_device_alloc(mp_device_t *dev, size_t bytes, void **out) {
  * implicit synchronization"; cuMemFreeHost says nothing), so without one a
  * copy still queued would run on freed memory. mempool's own callers free
  * only what no queued work uses, without the wait (mp__device_free). */
+/* The device's refusal of call fn made where it may not be (a host
+ * function), before anything changes. */
+static mp_status_t mp__device_caller_check(mp_device_t *dev, const char *fn) {
+  return dev->ops->caller_check != NULL ? dev->ops->caller_check(dev, fn)
+                                        : MP_OK;
+}
+
 static mp_status_t mp__device_free_sync(mp_device_t *dev, const char *fn) {
-  if (dev->ops->caller_check != NULL) {
-    mp_status_t st = dev->ops->caller_check(dev, fn);
-    if (st != MP_OK)
-      return st;
-  }
-  return dev->ops->free_waits ? MP_OK : dev->ops->synchronize(dev);
+  mp_status_t st = mp__device_caller_check(dev, fn);
+  if (st != MP_OK || dev->ops->free_waits)
+    return st;
+  return dev->ops->synchronize(dev);
 }
 
 mp_status_t mp_device_free(mp_device_t *dev, void *ptr) {
@@ -316,11 +321,9 @@ mp_status_t mp_stream_destroy(mp_device_t *dev, mp_stream_t s) {
                     (void *)s);
   /* Nor from where the device refuses the call (a host function), before
    * any pool forgets it: a refused call changes nothing. */
-  if (dev->ops->caller_check != NULL) {
-    mp_status_t st = dev->ops->caller_check(dev, "mp_stream_destroy");
-    if (st != MP_OK)
-      return st;
-  }
+  mp_status_t st = mp__device_caller_check(dev, "mp_stream_destroy");
+  if (st != MP_OK)
+    return st;
   mp_stream_forget(dev, s);
   return dev->ops->stream_destroy(dev, s);
 }
