@@ -414,8 +414,8 @@ mp_status_t mp_allocator_get_stats_sized(mp_allocator_t *a, mp_stats_t *out,
   return mp__stats_put("mp_allocator_get_stats", &s, out, size);
 }
 
-/* The symbol itself, for callers that do not see the header's macro. */
-mp_status_t(mp_allocator_get_stats)(mp_allocator_t *a, mp_stats_t *out) {
+/* MP_STATS_SIZE_V1 bytes (stats.h, "Growing"). */
+mp_status_t mp_allocator_get_stats(mp_allocator_t *a, mp_stats_t *out) {
   return mp_allocator_get_stats_sized(a, out, MP_STATS_SIZE_V1);
 }
 

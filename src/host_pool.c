@@ -27,7 +27,7 @@
 #include <string.h>
 
 #include "device/backend.h"
-#include "pool/pool_internal.h" /* MP__POOL_CONF_BAD */
+#include "pool/pool_internal.h" /* mp__config_env_check */
 #include "structs.h"
 
 struct mp_host_pool {
@@ -53,14 +53,14 @@ mp_status_t mp_host_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
   mp_pool_config_t c = {0};
   if (cfg != NULL) {
     /* Only as much of *cfg as the caller's header has. */
-    mp_status_t st = mp__config_in("mp_host_pool_create", cfg, &c);
-    if (st != MP_OK)
+    mp_status_t st = mp__config_env_check("mp_host_pool_create", cfg);
+    if (st != MP_OK ||
+        (st = mp__config_in("mp_host_pool_create", cfg, &c)) != MP_OK)
       return st;
   }
   /* Page-locked memory cannot be mapped into a reserved range, and host
-   * buffers are raw pointers that must never move. The mark of a bad
-   * $MEMPOOL_CONF stays, for mp_pool_create to refuse the config with. */
-  c.flags &= MP__POOL_CONF_BAD;
+   * buffers are raw pointers that must never move. */
+  c.flags = 0;
   mp_host_pool_t *hp = mp__host_calloc(1, sizeof *hp);
   if (hp == NULL)
     return mp__fail(MP_ENOMEM, "out of host memory creating a host pool");
@@ -203,8 +203,8 @@ mp_status_t mp_host_pool_get_stats_sized(mp_host_pool_t *hp, mp_stats_t *out,
                      : mp__stats_put("mp_host_pool_get_stats", &s, out, size);
 }
 
-/* The symbol itself, for callers that do not see the header's macro. */
-mp_status_t(mp_host_pool_get_stats)(mp_host_pool_t *hp, mp_stats_t *out) {
+/* MP_STATS_SIZE_V1 bytes (stats.h, "Growing"). */
+mp_status_t mp_host_pool_get_stats(mp_host_pool_t *hp, mp_stats_t *out) {
   return mp_host_pool_get_stats_sized(hp, out, MP_STATS_SIZE_V1);
 }
 

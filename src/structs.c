@@ -27,6 +27,14 @@ static const size_t mp__config_sizes[] = {
 };
 #define MP__COUNT(a) (sizeof(a) / sizeof *(a))
 
+/* A field appended to either struct needs its symbols named (stats.h and
+ * pool.h, "Growing"): the stats calls fill MP_STATS_SIZE_V1 bytes, and
+ * mp_pool_config_init_v3 the config up to map_piece. */
+_Static_assert(sizeof(mp_stats_t) == MP_STATS_SIZE_V1,
+               "mp_stats_t grew: name the stats calls' new symbols");
+_Static_assert(sizeof(mp_pool_config_t) == MP__END(mp_pool_config_t, map_piece),
+               "mp_pool_config_t grew: add mp_pool_config_init_v4");
+
 static bool mp__known(const size_t *sizes, size_t n, size_t size) {
   for (size_t i = 0; i < n; i++)
     if (sizes[i] == size)

@@ -48,11 +48,9 @@ MP_API mp_status_t mp_allocator_record_stream(mp_allocator_t *a, void *ptr,
                                               mp_stream_t s);
 MP_API mp_status_t mp_allocator_get_stats(mp_allocator_t *a, mp_stats_t *out);
 /* As above, for a caller whose mp_stats_t is size bytes (see "Growing" in
- * mempool/stats.h); the name above is a macro that passes sizeof. */
+ * mempool/stats.h). */
 MP_API mp_status_t mp_allocator_get_stats_sized(mp_allocator_t *a,
                                                 mp_stats_t *out, size_t size);
-#define mp_allocator_get_stats(a, out)                                         \
-  mp_allocator_get_stats_sized((a), (out), sizeof(mp_stats_t))
 MP_API mp_status_t mp_allocator_release(mp_allocator_t *a);
 /* Destroys the allocator (and, for "child", the pool it was carved from).
  * MP_EBUSY keeps it usable; so does any failure of "pool", "child" and

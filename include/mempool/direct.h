@@ -52,11 +52,9 @@ MP_API mp_status_t mp_direct_record_stream(mp_direct_t *d, void *ptr,
 MP_API mp_status_t mp_direct_free_session(mp_direct_t *d);
 MP_API mp_status_t mp_direct_get_stats(mp_direct_t *d, mp_stats_t *out);
 /* As above, for a caller whose mp_stats_t is size bytes (see "Growing" in
- * mempool/stats.h); the name above is a macro that passes sizeof. */
+ * mempool/stats.h). */
 MP_API mp_status_t mp_direct_get_stats_sized(mp_direct_t *d, mp_stats_t *out,
                                              size_t size);
-#define mp_direct_get_stats(d, out)                                            \
-  mp_direct_get_stats_sized((d), (out), sizeof(mp_stats_t))
 /* Synchronizes the device and releases every block, live or deferred. On
  * failure the allocator stays, usable: a synchronization that fails
  * (called from a host function) changes nothing; blocks the device refuses

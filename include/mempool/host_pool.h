@@ -76,11 +76,9 @@ MP_API mp_status_t mp_host_pool_trim(mp_host_pool_t *hp, size_t keep_bytes);
  * device_alloc_count/device_free_count the driver calls made. */
 MP_API mp_status_t mp_host_pool_get_stats(mp_host_pool_t *hp, mp_stats_t *out);
 /* As above, for a caller whose mp_stats_t is size bytes (see "Growing" in
- * mempool/stats.h); the name above is a macro that passes sizeof. */
+ * mempool/stats.h). */
 MP_API mp_status_t mp_host_pool_get_stats_sized(mp_host_pool_t *hp,
                                                 mp_stats_t *out, size_t size);
-#define mp_host_pool_get_stats(hp, out)                                        \
-  mp_host_pool_get_stats_sized((hp), (out), sizeof(mp_stats_t))
 /* As mp_pool_dump: format "text" or "json" (NULL: "text"). */
 MP_API mp_status_t mp_host_pool_dump(mp_host_pool_t *hp, FILE *out,
                                      const char *format);

@@ -133,7 +133,9 @@ typedef struct mp_pool mp_pool_t;
 typedef struct mp_pool_config {
   size_t
       max_bytes; /* cap on reserved device memory; 0: the device's capacity */
-  size_t align;  /* every block's address and size; 0: 512 */
+  size_t align;  /* every block's address and size, a power of two up to
+                    the device's own alignment (2 MiB; 4 KiB with vmm=0)
+                    and 1 GiB, else MP_EINVAL at create; 0: 512 */
   size_t segment_bytes; /* smallest device allocation the pool makes; 0: its
                            default */
   size_t max_split;     /* a free block above this is never split for a smaller
@@ -291,9 +293,11 @@ typedef struct mp_pool_config {
 
 /* Growing: mp_pool_config_t only ever gains fields at its end, after
  * struct_size, so struct_size sits at the same place in every layout that
- * has it. mp_pool_config_init is a macro that passes sizeof(mp_pool_config_t)
- * (as the caller's header knows it) to mp_pool_config_init_sized, which
- * writes exactly that many bytes and records the size in struct_size;
+ * has it. mp_pool_config_init, as the caller's header names it, writes
+ * sizeof(mp_pool_config_t) as that header knows it (it names the symbol of
+ * that layout: mp_pool_config_init_v3 below), and mp_pool_config_init_sized
+ * takes the size: each writes exactly that many bytes and records the
+ * size in struct_size;
  * mp_pool_config_parse and mp_pool_create then read and write only
  * struct_size bytes, and a field a shorter struct lacks keeps its default
  * (new fields default to 0; $MEMPOOL_CONF may name it, but an option
@@ -301,25 +305,38 @@ typedef struct mp_pool_config {
  * against an older header keeps working with a newer library. A struct_size
  * this library does not know (smaller than MP_POOL_CONFIG_SIZE_V1, not on a
  * field's end, or from a newer header than the library) is MP_EINVAL, names the
- * sizes it knows in mp_last_error(), and changes nothing. The function
- * mp_pool_config_init itself (through a pointer, or from another language)
- * writes MP_POOL_CONFIG_SIZE_V1 bytes: the struct as it was when struct_size
- * came. A config filled by hand keeps struct_size 0 and reads as V1: to use a
- * field appended after V1, set struct_size = sizeof(mp_pool_config_t) (or
- * start from mp_pool_config_init). */
+ * sizes it knows in mp_last_error(), and changes nothing. The symbol
+ * mp_pool_config_init itself (a program built before the header named
+ * another, or another language) writes MP_POOL_CONFIG_SIZE_V1 bytes: the
+ * struct as it was when struct_size came. A config filled by hand keeps
+ * struct_size 0 and reads as V1: to use a field appended after V1, set
+ * struct_size = sizeof(mp_pool_config_t) (or start from mp_pool_config_init).
+ */
 #define MP_POOL_CONFIG_SIZE_V1                                                 \
   (offsetof(mp_pool_config_t, struct_size) + sizeof(size_t))
 
 /* Defaults, then $MEMPOOL_CONF overrides ("max_bytes=8G,align=512,..."). A
- * bad $MEMPOOL_CONF leaves the defaults and is reported by mp_pool_create. */
+ * bad $MEMPOOL_CONF leaves the defaults and marks the config with
+ * MP_POOL_CONFIG_BAD_ENV in struct_size (a bit no size has, kept whatever
+ * the caller then sets in the other fields): mp_pool_config_parse and
+ * mp_pool_create refuse a config so marked (MP_EINVAL, the message naming
+ * the bad pair), as mp_pool_create(dev, NULL) refuses. */
 MP_API void mp_pool_config_init(mp_pool_config_t *cfg);
 /* mp_pool_config_init for a caller whose mp_pool_config_t is size bytes:
  * MP_EINVAL (cfg NULL, or a size this library does not know) writes
  * nothing. */
 MP_API mp_status_t mp_pool_config_init_sized(mp_pool_config_t *cfg,
                                              size_t size);
-#define mp_pool_config_init(cfg)                                               \
-  ((void)mp_pool_config_init_sized((cfg), sizeof(mp_pool_config_t)))
+/* The third layout of mp_pool_config_t (up to map_piece), this header's:
+ * a program built with it calls this symbol, by the name
+ * mp_pool_config_init (an object-like macro, so the name keeps API.md's
+ * prototype: it can be declared again, its address taken). The symbol
+ * mp_pool_config_init itself (a program built against an older header, or
+ * another language) writes MP_POOL_CONFIG_SIZE_V1 bytes. When a field is
+ * appended, a _v4 comes and this one keeps writing its own bytes. */
+MP_API void mp_pool_config_init_v3(mp_pool_config_t *cfg);
+#define mp_pool_config_init    mp_pool_config_init_v3
+#define MP_POOL_CONFIG_BAD_ENV ((size_t)1 << (sizeof(size_t) * 8 - 1))
 /* sizeof(mp_pool_config_t) as this library was built: for callers from
  * another language (Python's ctypes), which hold at least that many bytes
  * and pass it to mp_pool_config_init_sized, to reach every option. */
@@ -556,8 +573,9 @@ MP_API mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
  * (with MP_PAUSE_KEEP_CONTENT, the live blocks are first copied to one
  * page-locked host buffer). Afterwards reserved_bytes and free_bytes are 0
  * (reserved_bytes: the bytes still mapped, when a failed undo left some);
- * every call on the pool but resume, stats, mp_pool_mem_info (the cap and
- * what is free under it), dump, snapshot, destroy, mp_handle_ptr, calls
+ * every call on the pool but resume, stats (mp_pool_reset_peaks too: the
+ * peaks start again from the paused pool's values), mp_pool_mem_info (the cap
+ * and what is free under it), dump, snapshot, destroy, mp_handle_ptr, calls
  * that do nothing (an allocation of 0 bytes, a free of NULL: MP_OK), and
  * the settings mp_pool_set_access and mp_pool_set_oom_handler (kept for
  * after the resume) is MP_EBUSY,

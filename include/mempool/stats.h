@@ -43,29 +43,28 @@ typedef struct mp_stats {
                                  wrote (see "Growing" below) */
 } mp_stats_t;
 
-/* Growing: mp_stats_t only ever gains fields at its end. Every call below
- * that fills one (mp_pool_get_stats, mp_direct_get_stats,
- * mp_allocator_get_stats, mp_host_pool_get_stats) is also a macro that
- * passes sizeof(mp_stats_t), as the header the caller was built against
- * knows it, to its _sized twin. So a program built against an older header
- * (a shorter mp_stats_t) keeps working with a newer library: exactly its
- * own bytes are written, never more. size must end on a field, from
- * oom_count (MP_STATS_SIZE_MIN, the first published layout) to the last
- * field this library knows (sizeof(mp_stats_t)); anything else (a struct
- * from a header newer than the library, a size inside a field) is
+/* Growing: mp_stats_t only ever gains fields at its end. Each call that
+ * fills one (mp_pool_get_stats, mp_direct_get_stats,
+ * mp_allocator_get_stats, mp_host_pool_get_stats) has a _sized twin that
+ * takes the caller's sizeof(mp_stats_t), so a program built against an
+ * older header (a shorter mp_stats_t) keeps working with a newer library:
+ * exactly its own bytes are written, never more. size must end on a field,
+ * from oom_count (MP_STATS_SIZE_MIN, the first published layout) to the
+ * last field this library knows (sizeof(mp_stats_t)); anything else (a
+ * struct from a header newer than the library, a size inside a field) is
  * MP_EINVAL, says which sizes are known in mp_last_error(), and writes
  * nothing. struct_size is set to size when the struct has room for it. The
- * functions themselves (reached through a pointer, or as
- * (mp_pool_get_stats)(pool, &st), or from another language) fill
- * MP_STATS_SIZE_V1 bytes: the struct as it was when struct_size came. */
+ * calls themselves are plain functions with the signatures of API.md and
+ * fill MP_STATS_SIZE_V1 bytes, today the whole struct. When a field is
+ * appended, those symbols keep filling MP_STATS_SIZE_V1 bytes for the
+ * programs built before, and this header will name each call's new symbol
+ * for the programs built after (as pool.h does with mp_pool_config_init). */
 #define MP_STATS_SIZE_MIN (offsetof(mp_stats_t, oom_count) + sizeof(uint64_t))
 #define MP_STATS_SIZE_V1  (offsetof(mp_stats_t, struct_size) + sizeof(size_t))
 
 MP_API mp_status_t mp_pool_get_stats(mp_pool_t *pool, mp_stats_t *out);
 MP_API mp_status_t mp_pool_get_stats_sized(mp_pool_t *pool, mp_stats_t *out,
                                            size_t size);
-#define mp_pool_get_stats(pool, out)                                           \
-  mp_pool_get_stats_sized((pool), (out), sizeof(mp_stats_t))
 /* Peaks start again from the current values. */
 MP_API mp_status_t mp_pool_reset_peaks(mp_pool_t *pool);
 /* format "text" or "json" (NULL: "text"): segments, blocks, free lists by

@@ -5,8 +5,9 @@
  * means; "key=value" or PyTorch's "key:value". A string is applied to a copy
  * and the copy is committed only when every pair parsed, so a rejected string
  * leaves the caller's config unchanged. A bad $MEMPOOL_CONF in
- * mp_pool_config_init leaves the defaults and sets a private flag that
- * mp_pool_create reports. */
+ * mp_pool_config_init leaves the defaults and marks struct_size with
+ * MP_POOL_CONFIG_BAD_ENV, which mp_pool_config_parse and mp_pool_create
+ * refuse (mp__config_env_check). */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -265,21 +266,46 @@ mp_status_t mp_pool_config_init_sized(mp_pool_config_t *cfg, size_t size) {
   c.segment_bytes = MP__DEFAULT_SEGMENT;
   c.flags = MP_POOL_VIRTUAL | MP_POOL_DEFRAG_ON_OOM;
   const char *env = getenv("MEMPOOL_CONF");
-  if (env != NULL && env[0] != '\0' &&
-      mp__conf_apply(&c, "MEMPOOL_CONF", env, sizeof c) != MP_OK)
-    c.flags |= MP__POOL_CONF_BAD;
+  bool bad = env != NULL && env[0] != '\0' &&
+             mp__conf_apply(&c, "MEMPOOL_CONF", env, sizeof c) != MP_OK;
   mp__config_out(&c, cfg);
+  if (bad)
+    cfg->struct_size |= MP_POOL_CONFIG_BAD_ENV;
   return MP_OK;
+}
+
+mp_status_t mp__config_env_check(const char *fn, const mp_pool_config_t *cfg) {
+  if (!(cfg->struct_size & MP_POOL_CONFIG_BAD_ENV))
+    return MP_OK;
+  /* Parse again only to name the culprit in the message. */
+  mp_pool_config_t scratch;
+  memset(&scratch, 0, sizeof scratch);
+  const char *env = getenv("MEMPOOL_CONF");
+  if (env != NULL &&
+      mp__conf_apply(&scratch, "MEMPOOL_CONF", env, sizeof scratch) != MP_OK)
+    return MP_EINVAL;
+  return mp__fail(MP_EINVAL,
+                  "%s: the config was made while $MEMPOOL_CONF "
+                  "was bad",
+                  fn);
 }
 
 size_t mp_pool_config_sizeof(void) {
   return sizeof(mp_pool_config_t);
 }
 
-/* The symbol itself, for callers that do not see the header's macro. */
-void(mp_pool_config_init)(mp_pool_config_t *cfg) {
-  if (cfg != NULL)
-    (void)mp_pool_config_init_sized(cfg, MP_POOL_CONFIG_SIZE_V1);
+/* The third layout's: what a program built with this header calls by the
+ * name mp_pool_config_init. */
+void mp_pool_config_init_v3(mp_pool_config_t *cfg) {
+  (void)mp_pool_config_init_sized(cfg, offsetof(mp_pool_config_t, map_piece) +
+                                           sizeof cfg->map_piece);
+}
+
+/* The symbol itself, for programs built before the header named the
+ * layouts' symbols, and other languages: the first layout. */
+#undef mp_pool_config_init
+void mp_pool_config_init(mp_pool_config_t *cfg) {
+  (void)mp_pool_config_init_sized(cfg, MP_POOL_CONFIG_SIZE_V1);
 }
 
 mp_status_t mp_pool_config_parse(mp_pool_config_t *cfg, const char *options) {
@@ -287,7 +313,9 @@ mp_status_t mp_pool_config_parse(mp_pool_config_t *cfg, const char *options) {
     return mp__fail(MP_EINVAL, "mp_pool_config_parse: %s is NULL",
                     cfg == NULL ? "cfg" : "options");
   mp_pool_config_t full;
-  mp_status_t st = mp__config_in("mp_pool_config_parse", cfg, &full);
+  mp_status_t st = mp__config_env_check("mp_pool_config_parse", cfg);
+  if (st == MP_OK)
+    st = mp__config_in("mp_pool_config_parse", cfg, &full);
   if (st == MP_OK &&
       (st = mp__conf_apply(&full, "pool options", options,
                            cfg->struct_size ? cfg->struct_size
@@ -300,15 +328,6 @@ mp_status_t mp__config_validate(const mp_pool_config_t *cfg) {
   mp_status_t st = mp__config_size_check("pool config", cfg->struct_size);
   if (st != MP_OK)
     return st;
-  if (cfg->flags & MP__POOL_CONF_BAD) {
-    /* Parse again only to name the culprit in the message. */
-    mp_pool_config_t scratch = *cfg;
-    const char *env = getenv("MEMPOOL_CONF");
-    if (env == NULL ||
-        mp__conf_apply(&scratch, "MEMPOOL_CONF", env, sizeof scratch) == MP_OK)
-      return mp__fail(MP_EINVAL, "bad MEMPOOL_CONF when the config was made");
-    return MP_EINVAL;
-  }
   if (cfg->flags & ~MP__POOL_FLAGS)
     return mp__fail(MP_EINVAL, "pool config: unknown flags 0x%x",
                     cfg->flags & ~MP__POOL_FLAGS);

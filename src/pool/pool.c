@@ -104,13 +104,15 @@ mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
     return mp__fail(MP_EINVAL, "mp_pool_create: device is NULL");
   /* The caller's struct, as long as its header made it, read into this
    * library's whole one (fields it lacks keep their defaults). */
-  mp_pool_config_t c;
-  mp_status_t st = MP_OK;
-  if (cfg == NULL)
-    mp_pool_config_init(&c);
-  else
-    st = mp__config_in("mp_pool_create: pool config", cfg, &c);
-  if (st != MP_OK || (st = mp__config_validate(&c)) != MP_OK)
+  mp_pool_config_t c, made;
+  if (cfg == NULL) {
+    mp_pool_config_init(&made);
+    cfg = &made;
+  }
+  mp_status_t st;
+  if ((st = mp__config_env_check("mp_pool_create", cfg)) != MP_OK ||
+      (st = mp__config_in("mp_pool_create: pool config", cfg, &c)) != MP_OK ||
+      (st = mp__config_validate(&c)) != MP_OK)
     return st;
   cfg = &c;
   mp_pool_t *pool;

@@ -99,9 +99,6 @@
 /* Defragmentation's staging buffers alive or kept at once (defrag.c). */
 #define MP__STAGE_SLOTS 2
 
-/* Private config flag: set by mp_pool_config_init when $MEMPOOL_CONF did not
- * parse; mp_pool_create then reports it. */
-#define MP__POOL_CONF_BAD 0x80000000u
 #define MP__POOL_FLAGS                                                         \
   (MP_POOL_VIRTUAL | MP_POOL_DEFRAG_ON_OOM | MP_POOL_HISTORY_STACKS |          \
    MP_POOL_STREAM_WAITS | MP_POOL_PAUSABLE | MP_POOL_ARENAS_AUTO)
@@ -2015,6 +2012,9 @@ static inline size_t mp__free_bytes(const mp_pool_t *pool) {
 mp_status_t mp__pool_check_locked(mp_pool_t *pool);
 /* ---- config.c ----------------------------------------------------------- */
 mp_status_t mp__config_validate(const mp_pool_config_t *cfg);
+/* MP_EINVAL, naming the bad pair, for a config mp_pool_config_init marked
+ * with MP_POOL_CONFIG_BAD_ENV (a bad $MEMPOOL_CONF); else MP_OK. */
+mp_status_t mp__config_env_check(const char *fn, const mp_pool_config_t *cfg);
 
 /* True when free block b can be given back now: no work pending on it. */
 static inline bool mp__releasable(mp_pool_t *pool, mp__block_t *b) {

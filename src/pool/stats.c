@@ -124,8 +124,8 @@ mp_status_t mp_pool_get_stats_sized(mp_pool_t *pool, mp_stats_t *out,
   return mp__stats_put("mp_pool_get_stats", &s, out, size);
 }
 
-/* The symbol itself, for callers that do not see the header's macro. */
-mp_status_t(mp_pool_get_stats)(mp_pool_t *pool, mp_stats_t *out) {
+/* MP_STATS_SIZE_V1 bytes (stats.h, "Growing"). */
+mp_status_t mp_pool_get_stats(mp_pool_t *pool, mp_stats_t *out) {
   return mp_pool_get_stats_sized(pool, out, MP_STATS_SIZE_V1);
 }
 

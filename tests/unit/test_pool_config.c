@@ -83,6 +83,42 @@ Test(pool_config, bad_environment_keeps_defaults_and_create_reports_it) {
   fake_close(dev);
 }
 
+/* The mark of a bad $MEMPOOL_CONF lives in struct_size, not in flags: a
+ * caller that sets flags by assignment (the usual way) keeps it, and flags
+ * hold only the documented bits. */
+Test(pool_config, a_bad_environment_is_refused_whatever_flags_are_set) {
+  unsetenv("MEMPOOL_CONF");
+  mp_pool_config_t c;
+  mp_pool_config_init(&c);
+  cr_expect_eq(c.flags, MP_POOL_VIRTUAL | MP_POOL_DEFRAG_ON_OOM);
+  setenv("MEMPOOL_CONF", "colour=blue", 1);
+  mp_pool_config_init(&c);
+  cr_expect_eq(c.flags, MP_POOL_VIRTUAL | MP_POOL_DEFRAG_ON_OOM);
+  cr_expect_eq(c.struct_size & ~MP_POOL_CONFIG_BAD_ENV,
+               sizeof(mp_pool_config_t));
+  c.flags = MP_POOL_VIRTUAL;
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  mp_pool_t *p = NULL;
+  cr_expect_eq(mp_pool_create(dev, &c, &p), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "colour"), "%s", mp_last_error());
+  mp_pool_config_t before = c;
+  cr_expect_eq(mp_pool_config_parse(&c, "align=1024"), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "colour"), "%s", mp_last_error());
+  cr_expect_eq(memcmp(&c, &before, sizeof c), 0);
+  /* The variable put right after the config was made: still refused. */
+  unsetenv("MEMPOOL_CONF");
+  cr_expect_eq(mp_pool_create(dev, &c, &p), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "MEMPOOL_CONF"), "%s", mp_last_error());
+  cr_expect_null(p);
+  /* The top flag bit is an unknown flag like any other. */
+  mp_pool_config_init(&c);
+  c.flags = 0x80000000u;
+  cr_expect_eq(mp_pool_create(dev, &c, &p), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "unknown flags"), "%s", mp_last_error());
+  cr_expect_null(p);
+  fake_close(dev);
+}
+
 Test(pool_config, create_validates_the_config) {
   unsetenv("MEMPOOL_CONF");
   mp_device_t *dev = fake_open((size_t)1 << 30, 0);
