@@ -603,8 +603,10 @@ static mp_status_t mp__cuda_mem_info(mp_device_t *dev, size_t *free_b,
 }
 
 /* Driver allocation and mapping calls (cuMemAlloc, cuMemFree, cuMemCreate,
- * cuMemMap, cuMemUnmap, cuMemHostAlloc, cuMemFreeHost, ...) are made in this
- * thread's relaxed capture mode: under the default (global) mode a "potentially
+ * cuMemMap, cuMemUnmap, cuMemHostAlloc, cuMemFreeHost, the address
+ * reservations, the IPC calls that share, open or close memory, and the
+ * undoing of any of them after a failure) are made in this thread's relaxed
+ * capture mode: under the default (global) mode a "potentially
  * unsafe" call fails and invalidates a capture another thread has underway
  * (cuda.h, cuThreadExchangeStreamCaptureMode). A pool growing or shrinking for
  * one thread must not break another's capture; PyTorch's caching allocator
@@ -618,8 +620,8 @@ static mp_status_t mp__cuda_mem_info(mp_device_t *dev, size_t *free_b,
  * capture (gpu_cuda_graph_pool failed so); in relaxed mode they succeeded
  * and the capture held (PyTorch queries its events in relaxed mode for the
  * same reason). The fake models the rule for all of these; the virtual
- * memory calls were seen safe in global mode on that driver, and are
- * relaxed anyway. */
+ * memory calls were seen safe in global mode on that driver, but cuda.h
+ * exempts none of them, and the fake refuses them too (FK_UNSAFE_VMM). */
 typedef struct mp__cuda_relaxed {
   CUstreamCaptureMode mode;
   bool swapped;
@@ -636,26 +638,23 @@ static void mp__cuda_unrelax(mp__cuda_relaxed_t *r) {
     (void)mp__cu.ThreadExchangeStreamCaptureMode(&r->mode);
 }
 
-static CUresult mp__cuda_mem_alloc_relaxed(CUdeviceptr *p, size_t bytes) {
-  mp__cuda_relaxed_t rx = mp__cuda_relax();
-  CUresult r = mp__cu.MemAlloc(p, bytes);
-  mp__cuda_unrelax(&rx);
-  return r;
-}
-
 static mp_status_t mp__cuda_alloc(mp_device_t *dev, size_t bytes, void **out) {
   mp__cuda_dev_t *cd = mp__cuda_of(dev);
   CUdeviceptr p = 0;
+  bool untracked = false;
+  mp__cuda_relaxed_t rx = mp__cuda_relax();
   CUresult r = mp__cuda_push(cd);
   if (r == CUDA_SUCCESS) {
-    r = mp__cuda_mem_alloc_relaxed(&p, bytes);
-    if (r == CUDA_SUCCESS && !mp__cuda_track(cd, &cd->allocs, p, bytes, 0)) {
+    r = mp__cu.MemAlloc(&p, bytes);
+    untracked =
+        r == CUDA_SUCCESS && !mp__cuda_track(cd, &cd->allocs, p, bytes, 0);
+    if (untracked)
       (void)mp__cu.MemFree(p);
-      mp__cuda_pop();
-      return mp__fail(MP_ENOMEM, "mp_device_alloc: out of host memory");
-    }
     mp__cuda_pop();
   }
+  mp__cuda_unrelax(&rx);
+  if (untracked)
+    return mp__fail(MP_ENOMEM, "mp_device_alloc: out of host memory");
   if (r != CUDA_SUCCESS) {
     char buf[16];
     return mp__cuda_fail(r, "cuMemAlloc(%s) on %s",
@@ -698,9 +697,10 @@ static mp_status_t mp__cuda_host_alloc(mp_device_t *dev, size_t bytes,
                                        void **out) {
   mp__cuda_dev_t *cd = mp__cuda_of(dev);
   void *p = NULL;
+  bool untracked = false;
+  mp__cuda_relaxed_t rx = mp__cuda_relax();
   CUresult r = mp__cuda_push(cd);
   if (r == CUDA_SUCCESS) {
-    mp__cuda_relaxed_t rx = mp__cuda_relax();
     /* PORTABLE: every context's (the host pool serves all devices);
      * DEVICEMAP: cuMemHostGetDevicePointer "will fail if the
      * CU_MEMHOSTALLOC_DEVICEMAP flag was not specified at the time the
@@ -708,15 +708,15 @@ static mp_status_t mp__cuda_host_alloc(mp_device_t *dev, size_t bytes,
      * (cudaHostAllocMapped) from these chunks. */
     r = mp__cu.MemHostAlloc(
         &p, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
-    mp__cuda_unrelax(&rx);
-    if (r == CUDA_SUCCESS &&
-        !mp__cuda_track(cd, &cd->hosts, (uintptr_t)p, bytes, 0)) {
+    untracked = r == CUDA_SUCCESS &&
+                !mp__cuda_track(cd, &cd->hosts, (uintptr_t)p, bytes, 0);
+    if (untracked)
       (void)mp__cu.MemFreeHost(p);
-      mp__cuda_pop();
-      return mp__fail(MP_ENOMEM, "mp_device_host_alloc: out of host memory");
-    }
     mp__cuda_pop();
   }
+  mp__cuda_unrelax(&rx);
+  if (untracked)
+    return mp__fail(MP_ENOMEM, "mp_device_host_alloc: out of host memory");
   if (r != CUDA_SUCCESS) {
     char buf[16];
     return mp__cuda_fail(r, "cuMemHostAlloc(%s)",
@@ -1206,16 +1206,20 @@ static mp_status_t mp__cuda_vm_reserve(mp_device_t *dev, size_t bytes,
   if (!cd->vmm)
     return mp__cuda_no_vmm(dev);
   CUdeviceptr p = 0;
+  bool untracked = false;
+  mp__cuda_relaxed_t rx = mp__cuda_relax();
   CUresult r = mp__cuda_push(cd);
   if (r == CUDA_SUCCESS) {
     r = mp__cu.MemAddressReserve(&p, bytes, cd->granularity, 0, 0);
-    if (r == CUDA_SUCCESS && !mp__cuda_track(cd, &cd->reserves, p, bytes, 0)) {
+    untracked =
+        r == CUDA_SUCCESS && !mp__cuda_track(cd, &cd->reserves, p, bytes, 0);
+    if (untracked)
       (void)mp__cu.MemAddressFree(p, bytes);
-      mp__cuda_pop();
-      return mp__fail(MP_ENOMEM, "vm_reserve: out of host memory");
-    }
     mp__cuda_pop();
   }
+  mp__cuda_unrelax(&rx);
+  if (untracked)
+    return mp__fail(MP_ENOMEM, "vm_reserve: out of host memory");
   if (r != CUDA_SUCCESS) {
     char buf[16];
     return mp__cuda_fail(r, "cuMemAddressReserve(%s)",
@@ -1241,7 +1245,7 @@ static mp_status_t mp__cuda_vm_release(mp_device_t *dev, void *base,
                     base, e.size, bytes);
   }
   CUresult r;
-  MP__CU_IN_CTX(cd, r, mp__cu.MemAddressFree((CUdeviceptr)base, bytes));
+  MP__CU_IN_CTX_RELAXED(cd, r, mp__cu.MemAddressFree((CUdeviceptr)base, bytes));
   if (r != CUDA_SUCCESS) {
     (void)mp__cuda_track(cd, &cd->reserves, e.key, e.size, 0);
     return mp__cuda_fail(r, "cuMemAddressFree(%p, %zu)", base, bytes);
@@ -1280,20 +1284,22 @@ static mp_status_t mp__cuda_vm_map(mp_device_t *dev, void *addr, size_t bytes) {
   if (!cd->vmm)
     return mp__cuda_no_vmm(dev);
   CUmemGenericAllocationHandle h = 0;
+  bool untracked = false;
+  mp__cuda_relaxed_t rx = mp__cuda_relax();
   CUresult r = mp__cuda_push(cd);
   if (r == CUDA_SUCCESS) {
-    mp__cuda_relaxed_t rx = mp__cuda_relax();
     r = mp__cuda_map_chunk(cd, (CUdeviceptr)addr, bytes, &h);
-    mp__cuda_unrelax(&rx);
-    if (r == CUDA_SUCCESS &&
-        !mp__cuda_track(cd, &cd->chunks, (uintptr_t)addr, bytes, h)) {
+    untracked = r == CUDA_SUCCESS &&
+                !mp__cuda_track(cd, &cd->chunks, (uintptr_t)addr, bytes, h);
+    if (untracked) {
       (void)mp__cu.MemUnmap((CUdeviceptr)addr, bytes);
       (void)mp__cu.MemRelease(h);
-      mp__cuda_pop();
-      return mp__fail(MP_ENOMEM, "vm_map: out of host memory");
     }
     mp__cuda_pop();
   }
+  mp__cuda_unrelax(&rx);
+  if (untracked)
+    return mp__fail(MP_ENOMEM, "vm_map: out of host memory");
   if (r != CUDA_SUCCESS) {
     char buf[16];
     return mp__cuda_fail(r, "vm_map(%p, %s) on %s", addr,
@@ -1380,7 +1386,8 @@ static mp_status_t mp__cuda_ipc_export(mp_device_t *dev, void *base,
   CUresult r;
   if (!vm) {
     CUipcMemHandle ih;
-    MP__CU_IN_CTX(cd, r, mp__cu.IpcGetMemHandle(&ih, (CUdeviceptr)base));
+    MP__CU_IN_CTX_RELAXED(cd, r,
+                          mp__cu.IpcGetMemHandle(&ih, (CUdeviceptr)base));
     if (r != CUDA_SUCCESS)
       return mp__cuda_fail(r, "cuIpcGetMemHandle(%p)", base);
     _Static_assert(sizeof ih <= sizeof h->opaque, "CUipcMemHandle fits");
@@ -1404,9 +1411,10 @@ static mp_status_t mp__cuda_ipc_export(mp_device_t *dev, void *base,
     return mp__fail(MP_EINVAL, "ipc_export: (%p, %zu) is not one mapping of %s",
                     base, bytes, dev->name);
   int fd = -1;
-  MP__CU_IN_CTX(cd, r,
-                mp__cu.MemExportToShareableHandle(
-                    &fd, gh, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  MP__CU_IN_CTX_RELAXED(
+      cd, r,
+      mp__cu.MemExportToShareableHandle(
+          &fd, gh, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
   if (r != CUDA_SUCCESS)
     return mp__cuda_fail(r, "cuMemExportToShareableHandle(%p)", base);
   /* Close-on-exec, as the lease and a received handle's descriptors are:
@@ -1455,7 +1463,7 @@ static mp_status_t mp__cuda_ipc_open(mp_device_t *dev, const mp_ipc_handle_t *h,
   if (h->kind == MP_IPC_CUDA) {
     CUipcMemHandle ih;
     memcpy(&ih, h->opaque, sizeof ih);
-    MP__CU_IN_CTX(
+    MP__CU_IN_CTX_RELAXED(
         cd, r,
         mp__cu.IpcOpenMemHandle(&p, ih, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
     if (r != CUDA_SUCCESS)
@@ -1467,7 +1475,7 @@ static mp_status_t mp__cuda_ipc_open(mp_device_t *dev, const mp_ipc_handle_t *h,
     size_t size = 0;
     MP__CU_IN_CTX(cd, r, mp__cu.MemGetAddressRange(&base, &size, p));
     if (r != CUDA_SUCCESS || base != p || size < h->mem_bytes) {
-      MP__CU_IN_CTX(cd, r, mp__cu.IpcCloseMemHandle(p));
+      MP__CU_IN_CTX_RELAXED(cd, r, mp__cu.IpcCloseMemHandle(p));
       return mp__fail(MP_EINVAL,
                       "mp_ipc_import: the handle says %zu bytes of memory, "
                       "the allocation it names on %s has %zu",
@@ -1481,7 +1489,8 @@ static mp_status_t mp__cuda_ipc_open(mp_device_t *dev, const mp_ipc_handle_t *h,
                       "mp_ipc_import: %zu bytes is not a multiple of %s's "
                       "granularity (%zu)",
                       h->mem_bytes, dev->name, cd->granularity);
-    MP__CU_IN_CTX(cd, r, mp__cuda_import_fd(cd, h->fd, h->mem_bytes, &p));
+    MP__CU_IN_CTX_RELAXED(cd, r,
+                          mp__cuda_import_fd(cd, h->fd, h->mem_bytes, &p));
     if (r != CUDA_SUCCESS)
       return mp__cuda_fail(r,
                            "mp_ipc_import of descriptor %d (%zu bytes) on %s",

@@ -77,7 +77,9 @@
  *    cuMemAllocAsync/cuMemFreeAsync as allocation and free nodes), not
  *    run; cuGraphInstantiate/cuGraphLaunch replay it; potentially unsafe
  *    calls (cuMemAlloc, cuMemFree, host allocations, cuCtxSynchronize,
- *    synchronous copies, waiting on the legacy stream) are refused with
+ *    synchronous copies, waiting on the legacy stream, the virtual memory
+ *    and IPC calls that make, map or give back memory: FK_UNSAFE_VMM)
+ *    are refused with
  *    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED as the calling thread's mode
  *    (cuThreadExchangeStreamCaptureMode) and the captures' modes say, and
  *    invalidate those captures (cuStreamEndCapture then says
@@ -131,13 +133,13 @@
  * FK_CAP_STREAMS streams take part in one capture; the legacy stream never
  * joins one; an end on a joined stream invalidates nothing; memory of an
  * allocation node is allocated once, at capture, and freed with the graph if a
- * free node releases it; the VMM calls (cuMemMap, cuMemUnmap, cuMemCreate...)
- * are not treated as unsafe; cuStreamGetCaptureInfo gives no dependencies; a
- * captured event record or wait makes no node. Events are plain host-device
- * events: one of another context is CUDA_ERROR_INVALID_VALUE, not an invalid
- * handle. There is no runtime (libcudart) over it, so the runtime's own state
- * after the shim serves a cudaMalloc (the primary context current, the
- * shim's failures in cudaGetLastError) is checked only on a GPU
+ * free node releases it; the VMM and IPC calls are treated as unsafe where
+ * an H200 allowed them (FK_UNSAFE_VMM); cuStreamGetCaptureInfo gives no
+ * dependencies; a captured event record or wait makes no node. Events are plain
+ * host-device events: one of another context is CUDA_ERROR_INVALID_VALUE, not
+ * an invalid handle. There is no runtime (libcudart) over it, so the runtime's
+ * own state after the shim serves a cudaMalloc (the primary context current,
+ * the shim's failures in cudaGetLastError) is checked only on a GPU
  * (tests/preload/gpu/gpu_prog.cu); the preload tests' stand-in runtime
  * (tests/preload/stand_runtime.c) keeps a last error, for the shim's
  * refused frees. */
@@ -1210,6 +1212,21 @@ static fk_stream_t *fk_blocking_capture(struct CUctx_st *c) {
     if (fk_unsafe_r_ != CUDA_SUCCESS)                                          \
       return fk_unsafe_r_;                                                     \
   } while (0)
+
+/* The virtual memory and IPC calls that make, map, share or give back
+ * memory (cuMemAddressReserve/Free, cuMemCreate/Release, cuMemMap/Unmap,
+ * cuMemSetAccess, cuMemExport/ImportFromShareableHandle, cuIpcGetMemHandle,
+ * cuIpcOpenMemHandle, cuIpcCloseMemHandle) are potentially unsafe as
+ * cudaMalloc is: cuda.h (cuThreadExchangeStreamCaptureMode) names
+ * cudaMalloc's as the example because "the operation is not enqueued
+ * asynchronously to a stream, and is not observed by stream capture",
+ * which is as true of these, and it exempts none of them. An H200 (driver
+ * 580.159.04, 2026-11-28) allowed cuMemCreate/cuMemMap in global mode
+ * beside another thread's global capture: the fake is stricter than that
+ * driver, so that a library call that relies on a driver's leniency here
+ * fails in CI instead of on some other driver. Queries (granularity,
+ * properties, address ranges) are not. */
+#define FK_UNSAFE_VMM() FK_UNSAFE()
 
 /* This thread's per-thread default stream in each context it used (valid
  * while the context's generation is the one it was made in). */
@@ -3878,6 +3895,7 @@ CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
                              CUdeviceptr addr, unsigned long long flags) {
   FK_COUNT(cuMemAddressReserve);
   FK_CURRENT(dev);
+  FK_UNSAFE_VMM();
   (void)addr; /* a hint only */
   size_t g = 0;
   mp_status_t st = mp__device_vm_granularity(dev, &g);
@@ -3909,6 +3927,7 @@ CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
 CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   FK_COUNT(cuMemAddressFree);
   FK_CURRENT(dev);
+  FK_UNSAFE_VMM();
   if (ptr == 0 || size == 0)
     return CUDA_ERROR_INVALID_VALUE;
   /* The host device refuses a reservation that still has mappings
@@ -3937,6 +3956,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                      unsigned long long flags) {
   FK_COUNT(cuMemCreate);
   FK_NEED_INIT();
+  FK_UNSAFE_VMM();
   mp_device_t *dev = fk_prop_device(prop);
   size_t g = 0;
   if (handle == NULL || dev == NULL || size == 0 || flags != 0)
@@ -3980,6 +4000,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   FK_COUNT(cuMemRelease);
   FK_NEED_INIT();
+  FK_UNSAFE_VMM();
   /* A handle released before (or never made) is refused (fk_phys_valid);
    * one still mapped is freed with its last unmap. */
   pthread_mutex_lock(&fk.lock);
@@ -4005,6 +4026,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                   unsigned long long flags) {
   FK_COUNT(cuMemMap);
   FK_CURRENT(dev);
+  FK_UNSAFE_VMM();
   if (ptr == 0 || offset != 0 || flags != 0)
     return CUDA_ERROR_INVALID_VALUE;
   /* A released handle is no handle (fk_phys_valid), even while a mapping
@@ -4054,6 +4076,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   FK_COUNT(cuMemUnmap);
   FK_CURRENT(dev);
+  FK_UNSAFE_VMM();
   pthread_mutex_lock(&fk.lock);
   bool busy = fk_in_flight((uintptr_t)ptr, (uintptr_t)ptr + size);
   pthread_mutex_unlock(&fk.lock);
@@ -4093,6 +4116,7 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
                         const CUmemAccessDesc *desc, size_t count) {
   FK_COUNT(cuMemSetAccess);
   FK_CURRENT(dev);
+  FK_UNSAFE_VMM();
   (void)dev;
   if (desc == NULL || count == 0 || size == 0)
     return CUDA_ERROR_INVALID_VALUE;
@@ -4213,6 +4237,7 @@ CUresult cuMemExportToShareableHandle(void *shareableHandle,
                                       unsigned long long flags) {
   FK_COUNT(cuMemExportToShareableHandle);
   FK_CURRENT(dev);
+  FK_UNSAFE_VMM();
   pthread_mutex_lock(&fk.lock);
   fk_phys_t *p = fk_phys_valid(handle); /* not a released one */
   CUmemAllocationHandleType types = p != NULL ? p->types : 0;
@@ -4244,6 +4269,7 @@ cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
                                CUmemAllocationHandleType shHandleType) {
   FK_COUNT(cuMemImportFromShareableHandle);
   FK_CURRENT(dev);
+  FK_UNSAFE_VMM();
   (void)dev;
   if (handle == NULL ||
       shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
@@ -4273,6 +4299,7 @@ cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
 CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
   FK_COUNT(cuIpcGetMemHandle);
   FK_CURRENT(dev);
+  FK_UNSAFE_VMM();
   if (pHandle == NULL)
     return CUDA_ERROR_INVALID_VALUE;
   fk_range_t r;
@@ -4321,6 +4348,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
                                unsigned int Flags) {
   FK_COUNT(cuIpcOpenMemHandle_v2);
   FK_CURRENT(dev);
+  FK_UNSAFE_VMM();
   (void)dev;
   fk_ipc_t e;
   memcpy(&e, handle.reserved, sizeof e);
@@ -4374,6 +4402,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
 CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
   FK_COUNT(cuIpcCloseMemHandle);
   FK_CURRENT(dev);
+  FK_UNSAFE_VMM();
   (void)dev;
   fk_range_t r;
   if (!fk_range_take((uintptr_t)dptr, &r))

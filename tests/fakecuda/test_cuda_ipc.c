@@ -342,6 +342,56 @@ Test(cuda_ipc, a_close_after_a_stream_keeps_another_threads_global_capture) {
   closed_then_done(&u);
 }
 
+/* Export, import and close of a virtual block, and the export of a plain
+ * segment's block, while another thread captures in global mode:
+ * cuMemExportToShareableHandle, cuMemImportFromShareableHandle,
+ * cuMemAddressReserve, cuMemMap, cuMemSetAccess, cuMemUnmap,
+ * cuMemAddressFree and cuIpcGetMemHandle make, share or map memory outside
+ * any stream, potentially unsafe as cudaMalloc (cuda.h,
+ * cuThreadExchangeStreamCaptureMode; the fake refuses them there,
+ * FK_UNSAFE_VMM): the backend makes them in relaxed mode. The blocks are
+ * allocated before the capture (growth: test_cuda_pool_rules.c). Failed
+ * before: the export was refused and the capture invalidated. */
+Test(cuda_ipc, export_import_and_close_keep_another_threads_global_capture) {
+  skip_without_vmm_fd();
+  mp_device_t *d = open_dev("cuda");
+  mp_pool_t *pool, *plain;
+  void *p, *q = NULL, *r;
+  cr_assert_eq(mp_pool_create(d, NULL, &pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p), MP_OK, "%s",
+               mp_last_error());
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cr_assert_eq(mp_pool_config_parse(&cfg, "virtual=0"), MP_OK);
+  cr_assert_eq(mp_pool_create(d, &cfg, &plain), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_alloc(plain, 4096, NULL, &r), MP_OK, "%s",
+               mp_last_error());
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(d, &s), MP_OK, "%s", mp_last_error());
+  capture_t c;
+  capture_start(&c);
+  mp_ipc_handle_t h, hr;
+  mp_status_t ex = mp_pool_ipc_export(pool, p, &h);
+  mp_status_t im = ex == MP_OK ? mp_ipc_import(d, &h, &q) : ex;
+  mp_status_t cl = im == MP_OK ? mp_ipc_close_after(d, q, s) : im;
+  mp_status_t exr = mp_pool_ipc_export(plain, r, &hr);
+  capture_finish(&c);
+  cr_assert_eq(ex, MP_OK, "%s", mp_last_error());
+  cr_assert_eq(im, MP_OK, "%s", mp_last_error());
+  cr_assert_eq(cl, MP_OK, "%s", mp_last_error());
+  cr_assert_eq(exr, MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_ipc_handle_close(&hr), MP_OK);
+  cr_assert_eq(mp_stream_destroy(d, s), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(mp_pool_free(plain, r), MP_OK);
+  size_t held = 1;
+  cr_assert_eq(mp_pool_ipc_poll(pool, &held), MP_OK);
+  cr_expect_eq(held, 0);
+  cr_assert_eq(mp_pool_destroy(plain), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  mp_device_close(d);
+}
+
 /* It waits for that stream's work: a host function on it, held behind a
  * gate a timer opens after 300 ms, has run when the close returns. */
 Test(cuda_ipc, a_close_after_a_stream_waits_for_its_work) {

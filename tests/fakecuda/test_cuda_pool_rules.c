@@ -97,6 +97,38 @@ Test(cuda_pool_rules, growth_keeps_another_threads_global_capture,
   mp_device_close(dev);
 }
 
+/* A virtual pool's growth (cuMemAddressReserve, cuMemCreate, cuMemMap,
+ * cuMemSetAccess), its trim (cuMemUnmap, cuMemRelease) and its destroy
+ * (cuMemAddressFree) while another thread captures in global mode: each
+ * makes, maps or gives back memory outside any stream, potentially unsafe
+ * as cudaMalloc (cuda.h, cuThreadExchangeStreamCaptureMode; the fake
+ * refuses them there, FK_UNSAFE_VMM), so the backend makes them all in
+ * relaxed mode. Failed before: the reservation (and the release of the
+ * range at destroy) was made in global mode, refused, and the capture was
+ * invalidated. */
+Test(cuda_pool_rules, virtual_growth_trim_and_destroy_keep_a_global_capture,
+     .init = load_driver) {
+  mp_device_t *dev = open_dev("cuda");
+  mp_pool_t *pool = cuda_pool(dev, "virtual=1");
+  capture_t c;
+  capture_start(&c);
+  void *p = NULL;
+  mp_status_t st = mp_pool_alloc(pool, 32u << 20, NULL, &p);
+  mp_status_t fr = st == MP_OK ? mp_pool_free(pool, p) : st;
+  mp_status_t trim = fr == MP_OK ? mp_pool_trim(pool, 0) : fr;
+  mp_stats_t stats;
+  cr_assert_eq(mp_pool_get_stats(pool, &stats), MP_OK);
+  mp_status_t destroy = mp_pool_destroy(pool);
+  capture_finish(&c);
+  cr_assert_eq(st, MP_OK, "%s", mp_last_error());
+  cr_assert_eq(fr, MP_OK, "%s", mp_last_error());
+  cr_assert_eq(trim, MP_OK, "%s", mp_last_error());
+  cr_expect_eq(stats.reserved_bytes, 0, "the trim kept %zu bytes mapped",
+               stats.reserved_bytes);
+  cr_assert_eq(destroy, MP_OK, "%s", mp_last_error());
+  mp_device_close(dev);
+}
+
 /* Everything the pool does on its streams while another thread captures
  * in global mode: frees that record marker events, reuse that queries
  * them, record_stream, a free after all streams, trim. None of it may be
