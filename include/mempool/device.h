@@ -59,7 +59,12 @@ typedef struct mp_event *mp_event_t;
  * initialise: MP_EDRIVER. A malformed spec is MP_EINVAL and mp_last_error()
  * names the bad key or value. */
 MP_API mp_status_t mp_device_open(const char *spec, mp_device_t **out);
-/* Drains every stream, releases what is left, then closes. NULL: no-op. */
+/* Drains every stream, releases what is left, then closes. NULL: no-op.
+ * On CUDA a close that cannot wait for the device's work (cuCtxSynchronize
+ * refused: called from a host function, or while a stream of the device
+ * is being captured) closes nothing: the device stays open and usable,
+ * mp_last_status() and mp_last_error() say why, and a later close (once
+ * the wait is possible) closes it. */
 MP_API void mp_device_close(mp_device_t *dev);
 /* e.g. "host", "cuda:0 NVIDIA H200"; "" for NULL. */
 MP_API const char *mp_device_name(const mp_device_t *dev);

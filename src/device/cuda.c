@@ -390,6 +390,42 @@ static void mp__cuda_pop(void) {
   (void)mp__cu.CtxPopCurrent(&ignored);
 }
 
+/* Driver allocation and mapping calls (cuMemAlloc, cuMemFree, cuMemCreate,
+ * cuMemMap, cuMemUnmap, cuMemHostAlloc, cuMemFreeHost, the address
+ * reservations, the IPC calls that share, open or close memory, and the
+ * undoing of any of them after a failure) are made in this thread's relaxed
+ * capture mode: under the default (global) mode a "potentially
+ * unsafe" call fails and invalidates a capture another thread has underway
+ * (cuda.h, cuThreadExchangeStreamCaptureMode). A pool growing or shrinking for
+ * one thread must not break another's capture; PyTorch's caching allocator
+ * likewise allocates in relaxed mode. None of it is part of any capture.
+ * So are the waits and queries of streams and events (cuStreamSynchronize,
+ * cuStreamQuery, cuEventSynchronize, cuEventQuery), which the pool makes to
+ * learn whether a freed block's work is done: on an H200 (driver
+ * 580.159.04, 2026-11-28) each of them, made in global mode on a stream or
+ * event outside the capture while another thread captured in global mode,
+ * failed with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidated that
+ * capture (gpu_cuda_graph_pool failed so); in relaxed mode they succeeded
+ * and the capture held (PyTorch queries its events in relaxed mode for the
+ * same reason). The fake models the rule for all of these; the virtual
+ * memory calls were seen safe in global mode on that driver, but cuda.h
+ * exempts none of them, and the fake refuses them too (FK_UNSAFE_VMM). */
+typedef struct mp__cuda_relaxed {
+  CUstreamCaptureMode mode;
+  bool swapped;
+} mp__cuda_relaxed_t;
+
+static mp__cuda_relaxed_t mp__cuda_relax(void) {
+  mp__cuda_relaxed_t r = {.mode = CU_STREAM_CAPTURE_MODE_RELAXED};
+  r.swapped = mp__cu.ThreadExchangeStreamCaptureMode(&r.mode) == CUDA_SUCCESS;
+  return r;
+}
+
+static void mp__cuda_unrelax(mp__cuda_relaxed_t *r) {
+  if (r->swapped)
+    (void)mp__cu.ThreadExchangeStreamCaptureMode(&r->mode);
+}
+
 /* r = call, made with cd's context current (r is the push's failure if the
  * context cannot be made current). */
 #define MP__CU_IN_CTX(cd, r, call)                                             \
@@ -460,10 +496,16 @@ static void mp__cuda_drain(mp__ptrmap_t *m, mp__cuda_release_fn release) {
   mp__ptrmap_destroy(m);
 }
 
+/* No wait here: mp_device_close waited for the device's work first
+ * (close_ready: mp__cuda_synchronize), and closes nothing where that wait
+ * is refused (from a host function, CUDA_ERROR_NOT_PERMITTED; beside a
+ * capture, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED): going on then unmapped
+ * and freed memory that work still queued may use, and, from a host
+ * function, freed the device while every driver call was refused. */
 static void mp__cuda_close(mp_device_t *dev) {
   mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  mp__cuda_relaxed_t rx = mp__cuda_relax();
   if (mp__cuda_push(cd) == CUDA_SUCCESS) {
-    (void)mp__cu.CtxSynchronize();
     /* Chunks before the reservations they sit in. */
     mp__cuda_drain(&cd->streams, mp__cuda_release_stream);
     mp__cuda_drain(&cd->events, mp__cuda_release_event);
@@ -473,6 +515,7 @@ static void mp__cuda_close(mp_device_t *dev) {
     mp__cuda_drain(&cd->hosts, mp__cuda_release_host);
     mp__cuda_pop();
   }
+  mp__cuda_unrelax(&rx);
   (void)mp__cu.DevicePrimaryCtxRelease(cd->cudev);
   mp__ptrmap_destroy(&cd->streams);
   mp__ptrmap_destroy(&cd->events);
@@ -600,42 +643,6 @@ static mp_status_t mp__cuda_mem_info(mp_device_t *dev, size_t *free_b,
   CUresult r;
   MP__CU_IN_CTX(cd, r, mp__cu.MemGetInfo(free_b, total_b));
   return r == CUDA_SUCCESS ? MP_OK : mp__cuda_fail(r, "cuMemGetInfo");
-}
-
-/* Driver allocation and mapping calls (cuMemAlloc, cuMemFree, cuMemCreate,
- * cuMemMap, cuMemUnmap, cuMemHostAlloc, cuMemFreeHost, the address
- * reservations, the IPC calls that share, open or close memory, and the
- * undoing of any of them after a failure) are made in this thread's relaxed
- * capture mode: under the default (global) mode a "potentially
- * unsafe" call fails and invalidates a capture another thread has underway
- * (cuda.h, cuThreadExchangeStreamCaptureMode). A pool growing or shrinking for
- * one thread must not break another's capture; PyTorch's caching allocator
- * likewise allocates in relaxed mode. None of it is part of any capture.
- * So are the waits and queries of streams and events (cuStreamSynchronize,
- * cuStreamQuery, cuEventSynchronize, cuEventQuery), which the pool makes to
- * learn whether a freed block's work is done: on an H200 (driver
- * 580.159.04, 2026-11-28) each of them, made in global mode on a stream or
- * event outside the capture while another thread captured in global mode,
- * failed with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidated that
- * capture (gpu_cuda_graph_pool failed so); in relaxed mode they succeeded
- * and the capture held (PyTorch queries its events in relaxed mode for the
- * same reason). The fake models the rule for all of these; the virtual
- * memory calls were seen safe in global mode on that driver, but cuda.h
- * exempts none of them, and the fake refuses them too (FK_UNSAFE_VMM). */
-typedef struct mp__cuda_relaxed {
-  CUstreamCaptureMode mode;
-  bool swapped;
-} mp__cuda_relaxed_t;
-
-static mp__cuda_relaxed_t mp__cuda_relax(void) {
-  mp__cuda_relaxed_t r = {.mode = CU_STREAM_CAPTURE_MODE_RELAXED};
-  r.swapped = mp__cu.ThreadExchangeStreamCaptureMode(&r.mode) == CUDA_SUCCESS;
-  return r;
-}
-
-static void mp__cuda_unrelax(mp__cuda_relaxed_t *r) {
-  if (r->swapped)
-    (void)mp__cu.ThreadExchangeStreamCaptureMode(&r->mode);
 }
 
 static mp_status_t mp__cuda_alloc(mp_device_t *dev, size_t bytes, void **out) {
@@ -1528,6 +1535,7 @@ static mp_status_t mp__cuda_ipc_close(mp_device_t *dev, void *base,
 const mp__backend_t mp__cuda_backend = {
     .name = "cuda",
     .open = mp__cuda_open,
+    .close_ready = mp__cuda_synchronize,
     .close = mp__cuda_close,
     .mem_info = mp__cuda_mem_info,
     .alloc = mp__cuda_alloc,

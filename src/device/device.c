@@ -83,6 +83,16 @@ mp_status_t mp_device_open(const char *spec, mp_device_t **out) {
 void mp_device_close(mp_device_t *dev) {
   if (dev == NULL)
     return;
+  /* Memory that queued work may still use is not given back: a close that
+   * cannot wait for the device closes nothing, not even the imports, and
+   * says why (the device stays open: close it again once it can wait). */
+  if (dev->ops->close_ready != NULL && dev->ops->close_ready(dev) != MP_OK) {
+    (void)mp__fail(mp_last_status(),
+                   "mp_device_close(%s): %s; nothing was closed (close it "
+                   "again once the device's work can be waited for)",
+                   dev->name, mp_last_error());
+    return;
+  }
   mp__ipc_close_all(dev);
   dev->ops->close(dev);
   free(dev->watch);

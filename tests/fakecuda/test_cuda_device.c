@@ -300,3 +300,68 @@ Test(cuda_device, reopen_after_close) {
   }
   cr_assert_eq(fk_calls("cuInit"), 1);
 }
+
+/* ---- a close that cannot wait for the device ---------------------------- */
+
+typedef struct {
+  mp_device_t *dev;
+  mp_status_t st;
+  char msg[512];
+  long long torn; /* driver calls of the teardown the close made */
+} close_call_t;
+
+/* The teardown's driver calls so far (fake only). */
+static long long teardown_calls(void) {
+  return fk_calls("cuStreamDestroy_v2") + fk_calls("cuEventDestroy_v2") +
+         fk_calls("cuMemFree_v2") + fk_calls("cuMemFreeHost") +
+         fk_calls("cuDevicePrimaryCtxRelease_v2");
+}
+
+static void close_in_host_fn(void *p) {
+  close_call_t *c = p;
+  long long before = teardown_calls();
+  mp_device_close(c->dev);
+  c->torn = teardown_calls() - before;
+  c->st = mp_last_status();
+  snprintf(c->msg, sizeof c->msg, "%s", mp_last_error());
+}
+
+/* A close from a host function, where cuCtxSynchronize is a call CUDA
+ * forbids (cuda.h, cuLaunchHostFunc: "must not make any CUDA API calls";
+ * the fake answers CUDA_ERROR_NOT_PERMITTED): refused, it closes nothing
+ * and says why; the device, its memory, stream and event stay usable and
+ * a later close releases them. Failed before: the close went on after the
+ * refused wait, called the driver to tear everything down (refused too)
+ * and freed the device under its caller. Not on a GPU, where the
+ * forbidden call may hang. */
+Test(cuda_device, a_close_that_cannot_wait_closes_nothing_and_says_why) {
+  if (fk_is_real())
+    cr_skip_test("a driver call from a host function may hang a GPU");
+  mp_device_t *dev = open_dev("cuda");
+  void *p = NULL, *h = NULL;
+  mp_stream_t s = NULL;
+  mp_event_t e = NULL;
+  cr_assert_eq(mp_device_alloc(dev, 4096, &p), MP_OK);
+  cr_assert_eq(mp_device_host_alloc(dev, 4096, &h), MP_OK);
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  cr_assert_eq(mp_event_create(dev, &e), MP_OK);
+  close_call_t c = {.dev = dev, .st = MP_OK, .torn = -1};
+  run_in_host_fn(dev, close_in_host_fn, &c);
+  cr_assert_eq(c.torn, 0, "the refused close tore the device down (%lld calls)",
+               c.torn);
+  cr_expect_eq(c.st, MP_EINVAL, "%s", c.msg);
+  cr_expect(strstr(c.msg, "mp_device_close") != NULL &&
+                strstr(c.msg, "CUDA_ERROR_NOT_PERMITTED") != NULL &&
+                strstr(c.msg, "nothing was closed") != NULL,
+            "%s", c.msg);
+  cr_assert_eq(mp_memset_async(dev, p, 7, 4096, s), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_event_record(dev, e, s), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_event_synchronize(dev, e), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_device_free(dev, p), MP_OK, "%s", mp_last_error());
+  long long released = fk_calls("cuDevicePrimaryCtxRelease_v2");
+  mp_device_close(dev);
+  cr_expect_eq(fk_calls("cuDevicePrimaryCtxRelease_v2"), released + 1);
+  cr_expect_eq(fk_calls("cuMemFreeHost"), 1);
+  cr_expect_eq(fk_calls("cuEventDestroy_v2"), 1);
+}

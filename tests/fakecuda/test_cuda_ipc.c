@@ -470,15 +470,15 @@ Test(cuda_ipc, a_close_after_the_legacy_stream_beside_a_blocking_capture) {
   closed_then_done(&u);
 }
 
-/* mp_device_close closes the imports left open, unmapping them even when
- * its wait for the device's work is refused (another thread captures in
- * global mode: cuCtxSynchronize is refused, fakecuda.c), as it releases
- * the rest of the device then: the lease goes, and the exporter may reuse
- * the block, so a mapping kept would leak (the program's context, kept
- * here as the runtime keeps it, outlives the close) and still show the
- * reused memory. Failed before: the failed wait skipped the unmap, the
- * import's range still mapped after the close. */
-Test(cuda_ipc, a_device_closed_beside_a_global_capture_unmaps_its_imports) {
+/* mp_device_close beside another thread's global-mode capture: its wait
+ * for the device's work (cuCtxSynchronize) is refused (fakecuda.c, as on
+ * an H200), so it closes nothing, the imports left open included: the
+ * import stays mapped and leased (the exporter may not reuse the block
+ * while this process may still read it), and the message says why. Once
+ * the capture has ended, a close unmaps the import and lets the lease go.
+ * Before, the close went on after the refused wait: it unmapped the import
+ * and released the device's memory under work that may still use it. */
+Test(cuda_ipc, a_device_close_beside_a_global_capture_closes_nothing) {
   used_import_t u = import_used_on_a_stream();
   cr_assert_eq(mp_stream_synchronize(u.d, u.s), MP_OK);
   cr_assert_eq(mp_stream_destroy(u.d, u.s), MP_OK);
@@ -495,9 +495,19 @@ Test(cuda_ipc, a_device_closed_beside_a_global_capture_unmaps_its_imports) {
   cr_assert_eq(range(&base, &size, (CUdeviceptr)(uintptr_t)u.q), CUDA_SUCCESS);
   capture_t c;
   capture_start(&c);
-  mp_device_close(u.d); /* its own wait breaks the capture: not checked */
+  mp_device_close(u.d); /* its wait breaks the capture: not checked */
+  mp_status_t st = mp_last_status();
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", mp_last_error());
   atomic_store(&c.stage, 2);
   pthread_join(c.thread, NULL);
+  cr_expect_neq(st, MP_OK, "%s", msg);
+  cr_expect(strstr(msg, "nothing was closed") != NULL, "%s", msg);
+  cr_expect_eq(range(&base, &size, (CUdeviceptr)(uintptr_t)u.q), CUDA_SUCCESS,
+               "the refused close unmapped the import");
+  cr_expect_neq(fcntl(u.lease, F_GETFD), -1,
+                "the refused close let the lease go");
+  mp_device_close(u.d);
   CUresult r = range(&base, &size, (CUdeviceptr)(uintptr_t)u.q);
   cr_expect_neq(r, CUDA_SUCCESS,
                 "the closed device left the import mapped (%p, %zu bytes)",
