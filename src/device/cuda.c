@@ -1434,11 +1434,13 @@ static mp_status_t mp__cuda_ipc_export(mp_device_t *dev, void *base,
 }
 
 /* Imports a descriptor's allocation and maps it at a fresh reservation,
- * readable and writable from this device; undone step by step on failure. */
+ * readable and writable from this device; undone step by step on failure.
+ * *map_refused: whether cuMemMap was the step refused. */
 static CUresult mp__cuda_import_fd(mp__cuda_dev_t *cd, int fd, size_t bytes,
-                                   CUdeviceptr *out) {
+                                   CUdeviceptr *out, bool *map_refused) {
   CUmemGenericAllocationHandle gh = 0;
   CUdeviceptr va = 0;
+  *map_refused = false;
   CUresult r = mp__cu.MemImportFromShareableHandle(
       &gh, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   if (r != CUDA_SUCCESS)
@@ -1446,6 +1448,7 @@ static CUresult mp__cuda_import_fd(mp__cuda_dev_t *cd, int fd, size_t bytes,
   r = mp__cu.MemAddressReserve(&va, bytes, cd->granularity, 0, 0);
   if (r == CUDA_SUCCESS) {
     r = mp__cu.MemMap(va, bytes, 0, gh, 0);
+    *map_refused = r != CUDA_SUCCESS;
     CUmemAccessDesc access = {.location = cd->prop.location,
                               .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     if (r == CUDA_SUCCESS &&
@@ -1496,8 +1499,21 @@ static mp_status_t mp__cuda_ipc_open(mp_device_t *dev, const mp_ipc_handle_t *h,
                       "mp_ipc_import: %zu bytes is not a multiple of %s's "
                       "granularity (%zu)",
                       h->mem_bytes, dev->name, cd->granularity);
-    MP__CU_IN_CTX_RELAXED(cd, r,
-                          mp__cuda_import_fd(cd, h->fd, h->mem_bytes, &p));
+    bool map_refused = false;
+    MP__CU_IN_CTX_RELAXED(
+        cd, r, mp__cuda_import_fd(cd, h->fd, h->mem_bytes, &p, &map_refused));
+    /* The handle's mem_bytes is the sender's word too, and no driver call
+     * tells an imported allocation's size: the map is the comparison,
+     * since cuMemMap maps no more than the allocation ("offset + size must
+     * be less than the size of the memory allocation", cuda.h) and the
+     * size is a multiple of the granularity (checked above). */
+    if (r == CUDA_ERROR_INVALID_VALUE && map_refused)
+      return mp__cuda_fail(r,
+                           "mp_ipc_import: the handle says %zu bytes of "
+                           "memory, more than the allocation descriptor %d "
+                           "names holds on %s (a forged or stale handle?): "
+                           "cuMemMap",
+                           h->mem_bytes, h->fd, dev->name);
     if (r != CUDA_SUCCESS)
       return mp__cuda_fail(r,
                            "mp_ipc_import of descriptor %d (%zu bytes) on %s",

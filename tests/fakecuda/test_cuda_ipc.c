@@ -107,6 +107,53 @@ Test(cuda_ipc, a_virtual_handle_claiming_more_memory_is_einval) {
   ipc_round_trip_as("cuda", NULL, IPC_CHILD_FORGED);
 }
 
+/* The same in the importing process itself, where the message is seen: a
+ * virtual block's handle whose mem_bytes is more than the allocation its
+ * descriptor names. The driver maps no more than the allocation (cuda.h,
+ * cuMemMap: "offset + size must be less than the size of the memory
+ * allocation"), and there is no call that tells an imported allocation's
+ * size: the refused map is the comparison. MP_EINVAL, a message that
+ * names both sizes' source and the handle's claim, no reservation left
+ * behind, the handle's descriptors as they were; the genuine handle then
+ * imports. Before, the message was the driver's "invalid argument" for a
+ * descriptor, with no word of the handle's size being wrong. */
+Test(cuda_ipc, a_virtual_handle_claiming_more_memory_says_so) {
+  skip_without_vmm_fd();
+  mp_device_t *d = open_dev("cuda");
+  mp_pool_t *pool;
+  void *p, *q = NULL;
+  mp_ipc_handle_t h;
+  cr_assert_eq(export_small(d, &pool, &p, &h), MP_OK, "%s", mp_last_error());
+  mp_ipc_handle_t f = h;
+  f.mem_bytes = 2 * h.mem_bytes; /* still a multiple of the granularity */
+  long long reserves = fk_is_real() ? 0 : fk_calls("cuMemAddressReserve");
+  long long frees = fk_is_real() ? 0 : fk_calls("cuMemAddressFree");
+  mp_status_t st = mp_ipc_import(d, &f, &q);
+  if (st == MP_OK)
+    (void)mp_ipc_close(d, q);
+  cr_expect_eq(st, MP_EINVAL, "%s", mp_last_error());
+  char want[64];
+  snprintf(want, sizeof want, "says %zu bytes", f.mem_bytes);
+  cr_expect(strstr(mp_last_error(), want) != NULL &&
+                strstr(mp_last_error(), "forged or stale") != NULL,
+            "%s", mp_last_error());
+  cr_expect_eq(f.fd, h.fd);
+  cr_expect_eq(f.lease_fd, h.lease_fd);
+  cr_expect_neq(fcntl(h.fd, F_GETFD), -1, "the refusal closed the descriptor");
+  if (!fk_is_real())
+    cr_expect_eq(fk_calls("cuMemAddressReserve") - reserves,
+                 fk_calls("cuMemAddressFree") - frees,
+                 "the refused import left a reservation");
+  cr_assert_eq(mp_ipc_import(d, &h, &q), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_ipc_close(d, q), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  size_t held = 1;
+  cr_assert_eq(mp_pool_ipc_poll(pool, &held), MP_OK);
+  cr_expect_eq(held, 0);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  mp_device_close(d);
+}
+
 /* Two blocks of one plain segment, exported each, imported in one process:
  * cuIpcGetMemHandle names the segment for both, and the importer's driver
  * opens it once, counted (cuda.h, cuIpcOpenMemHandle: "the existing device
