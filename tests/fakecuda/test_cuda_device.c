@@ -273,16 +273,26 @@ Test(cuda_device, host_alloc_is_writable_and_freed_once) {
   mp_device_close(dev);
 }
 
+/* A device on "cuda" holding one allocation, one page-locked buffer, one
+ * stream and one event, each made by the device. */
+typedef struct {
+  mp_device_t *dev;
+  void *p, *h;
+  mp_stream_t s;
+  mp_event_t e;
+} one_of_each_t;
+
+static one_of_each_t one_of_each(void) {
+  one_of_each_t o = {.dev = open_dev("cuda")};
+  cr_assert_eq(mp_device_alloc(o.dev, 4096, &o.p), MP_OK);
+  cr_assert_eq(mp_device_host_alloc(o.dev, 4096, &o.h), MP_OK);
+  cr_assert_eq(mp_stream_create(o.dev, &o.s), MP_OK);
+  cr_assert_eq(mp_event_create(o.dev, &o.e), MP_OK);
+  return o;
+}
+
 Test(cuda_device, close_releases_what_was_left) {
-  mp_device_t *dev = open_dev("cuda");
-  void *p = NULL, *h = NULL;
-  mp_stream_t s = NULL;
-  mp_event_t e = NULL;
-  cr_assert_eq(mp_device_alloc(dev, 4096, &p), MP_OK);
-  cr_assert_eq(mp_device_host_alloc(dev, 4096, &h), MP_OK);
-  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
-  cr_assert_eq(mp_event_create(dev, &e), MP_OK);
-  mp_device_close(dev);
+  mp_device_close(one_of_each().dev);
   cr_assert_eq(fk_calls("cuMemFree_v2"), 1);
   cr_assert_eq(fk_calls("cuMemFreeHost"), 1);
   cr_assert_eq(fk_calls("cuStreamDestroy_v2"), 1);
@@ -337,14 +347,8 @@ static void close_in_host_fn(void *p) {
 Test(cuda_device, a_close_that_cannot_wait_closes_nothing_and_says_why) {
   if (fk_is_real())
     cr_skip_test("a driver call from a host function may hang a GPU");
-  mp_device_t *dev = open_dev("cuda");
-  void *p = NULL, *h = NULL;
-  mp_stream_t s = NULL;
-  mp_event_t e = NULL;
-  cr_assert_eq(mp_device_alloc(dev, 4096, &p), MP_OK);
-  cr_assert_eq(mp_device_host_alloc(dev, 4096, &h), MP_OK);
-  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
-  cr_assert_eq(mp_event_create(dev, &e), MP_OK);
+  one_of_each_t o = one_of_each();
+  mp_device_t *dev = o.dev;
   close_call_t c = {.dev = dev, .st = MP_OK, .torn = -1};
   run_in_host_fn(dev, close_in_host_fn, &c);
   cr_assert_eq(c.torn, 0, "the refused close tore the device down (%lld calls)",
@@ -354,11 +358,11 @@ Test(cuda_device, a_close_that_cannot_wait_closes_nothing_and_says_why) {
                 strstr(c.msg, "CUDA_ERROR_NOT_PERMITTED") != NULL &&
                 strstr(c.msg, "nothing was closed") != NULL,
             "%s", c.msg);
-  cr_assert_eq(mp_memset_async(dev, p, 7, 4096, s), MP_OK, "%s",
+  cr_assert_eq(mp_memset_async(dev, o.p, 7, 4096, o.s), MP_OK, "%s",
                mp_last_error());
-  cr_assert_eq(mp_event_record(dev, e, s), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(mp_event_synchronize(dev, e), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(mp_device_free(dev, p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_event_record(dev, o.e, o.s), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_event_synchronize(dev, o.e), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_device_free(dev, o.p), MP_OK, "%s", mp_last_error());
   long long released = fk_calls("cuDevicePrimaryCtxRelease_v2");
   mp_device_close(dev);
   cr_expect_eq(fk_calls("cuDevicePrimaryCtxRelease_v2"), released + 1);

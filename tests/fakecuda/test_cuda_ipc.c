@@ -30,6 +30,16 @@ static mp_status_t export_small(mp_device_t *d, mp_pool_t **pool, void **p,
   return mp_pool_ipc_export(*pool, *p, h);
 }
 
+/* p freed, no block of the pool held by an importer any more, then the pool
+ * destroyed. */
+static void free_unheld_destroy(mp_pool_t *pool, void *p) {
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  size_t held = 1;
+  cr_assert_eq(mp_pool_ipc_poll(pool, &held), MP_OK);
+  cr_expect_eq(held, 0);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+}
+
 static void skip_without_vmm_fd(void) {
   mp_device_t *d = open_dev("cuda");
   mp_pool_t *pool;
@@ -146,11 +156,7 @@ Test(cuda_ipc, a_virtual_handle_claiming_more_memory_says_so) {
                  "the refused import left a reservation");
   cr_assert_eq(mp_ipc_import(d, &h, &q), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_ipc_close(d, q), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
-  size_t held = 1;
-  cr_assert_eq(mp_pool_ipc_poll(pool, &held), MP_OK);
-  cr_expect_eq(held, 0);
-  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  free_unheld_destroy(pool, p);
   mp_device_close(d);
 }
 
@@ -281,11 +287,7 @@ Test(cuda_ipc, a_close_that_fails_keeps_the_import_and_its_lease) {
                "the import was dropped by the failed close: %s",
                mp_last_error());
   cr_expect_eq(fcntl(lease, F_GETFD), -1, "close keeps the lease open");
-  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
-  size_t held = 1;
-  cr_assert_eq(mp_pool_ipc_poll(pool, &held), MP_OK);
-  cr_expect_eq(held, 0);
-  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  free_unheld_destroy(pool, p);
   mp_device_close(d);
 }
 
@@ -320,12 +322,8 @@ Test(cuda_ipc, a_copy_of_a_handle_imported_on_another_device_is_einval) {
                 "the refusal closed the first import's lease");
   cr_assert_eq(mp_ipc_close(d, q), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_ipc_handle_close(&b), MP_OK);
-  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
   cr_assert_eq(mp_pool_free(pool, p2), MP_OK);
-  size_t held = 1;
-  cr_assert_eq(mp_pool_ipc_poll(pool, &held), MP_OK);
-  cr_expect_eq(held, 0);
-  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  free_unheld_destroy(pool, p);
   mp_device_close(d2);
   mp_device_close(d);
 }
@@ -367,11 +365,7 @@ static used_import_t import_used_on_a_stream(void) {
 static void closed_then_done(used_import_t *u) {
   cr_expect_eq(fcntl(u->lease, F_GETFD), -1, "the close kept the lease open");
   cr_assert_eq(mp_stream_destroy(u->d, u->s), MP_OK);
-  cr_assert_eq(mp_pool_free(u->pool, u->p), MP_OK);
-  size_t held = 1;
-  cr_assert_eq(mp_pool_ipc_poll(u->pool, &held), MP_OK);
-  cr_expect_eq(held, 0);
-  cr_assert_eq(mp_pool_destroy(u->pool), MP_OK);
+  free_unheld_destroy(u->pool, u->p);
   mp_device_close(u->d);
 }
 
@@ -429,13 +423,9 @@ Test(cuda_ipc, export_import_and_close_keep_another_threads_global_capture) {
   cr_assert_eq(exr, MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_ipc_handle_close(&hr), MP_OK);
   cr_assert_eq(mp_stream_destroy(d, s), MP_OK);
-  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
   cr_assert_eq(mp_pool_free(plain, r), MP_OK);
-  size_t held = 1;
-  cr_assert_eq(mp_pool_ipc_poll(pool, &held), MP_OK);
-  cr_expect_eq(held, 0);
   cr_assert_eq(mp_pool_destroy(plain), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  free_unheld_destroy(pool, p);
   mp_device_close(d);
 }
 
