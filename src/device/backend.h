@@ -28,8 +28,9 @@ typedef struct mp__backend {
   /* mp_device_close's first step, before anything goes: the wait for the
    * device's work that the close needs (the cuda device's
    * cuCtxSynchronize). A refusal (from a host function, or while a stream
-   * captures) leaves the device open and as it was. NULL: close waits by
-   * itself (the host device stops its streams). */
+   * captures: refusals a later close may not meet) leaves the device open
+   * and as it was. NULL: close waits by itself (the host device stops its
+   * streams). */
   mp_status_t (*close_ready)(mp_device_t *dev);
   void (*close)(mp_device_t *dev); /* drain streams, release all, close */
   mp_status_t (*mem_info)(mp_device_t *dev, size_t *free_b, size_t *total_b);

@@ -497,7 +497,7 @@ static void mp__cuda_drain(mp__ptrmap_t *m, mp__cuda_release_fn release) {
 }
 
 /* No wait here: mp_device_close waited for the device's work first
- * (close_ready: mp__cuda_synchronize), and closes nothing where that wait
+ * (close_ready: mp__cuda_close_ready), and closes nothing where that wait
  * is refused (from a host function, CUDA_ERROR_NOT_PERMITTED; beside a
  * capture, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED): going on then unmapped
  * and freed memory that work still queued may use, and, from a host
@@ -756,6 +756,23 @@ static mp_status_t mp__cuda_synchronize(mp_device_t *dev) {
   CUresult r;
   MP__CU_IN_CTX(mp__cuda_of(dev), r, mp__cu.CtxSynchronize());
   return r == CUDA_SUCCESS ? MP_OK : mp__cuda_fail(r, "cuCtxSynchronize");
+}
+
+/* mp_device_close's wait (backend.h, close_ready). Refused only where a
+ * later wait can succeed: from a host function (CUDA_ERROR_NOT_PERMITTED)
+ * and beside a capture (CUDA_ERROR_STREAM_CAPTURE_* and
+ * CUDA_ERROR_CAPTURED_EVENT, 900 to 908). A context the driver has given
+ * up on (a sticky error after a kernel's fault: "any further CUDA work
+ * will return the same error", cuda.h) runs nothing any more, and would
+ * refuse every later wait too: its close goes on. */
+static mp_status_t mp__cuda_close_ready(mp_device_t *dev) {
+  CUresult r;
+  MP__CU_IN_CTX(mp__cuda_of(dev), r, mp__cu.CtxSynchronize());
+  if (r == CUDA_ERROR_NOT_PERMITTED ||
+      (r >= CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED &&
+       r <= CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD))
+    return mp__cuda_fail(r, "cuCtxSynchronize");
+  return MP_OK;
 }
 
 /* ---- streams and events -------------------------------------------------- */
@@ -1551,7 +1568,7 @@ static mp_status_t mp__cuda_ipc_close(mp_device_t *dev, void *base,
 const mp__backend_t mp__cuda_backend = {
     .name = "cuda",
     .open = mp__cuda_open,
-    .close_ready = mp__cuda_synchronize,
+    .close_ready = mp__cuda_close_ready,
     .close = mp__cuda_close,
     .mem_info = mp__cuda_mem_info,
     .alloc = mp__cuda_alloc,

@@ -369,3 +369,21 @@ Test(cuda_device, a_close_that_cannot_wait_closes_nothing_and_says_why) {
   cr_expect_eq(fk_calls("cuMemFreeHost"), 1);
   cr_expect_eq(fk_calls("cuEventDestroy_v2"), 1);
 }
+
+/* A context the driver has given up on (a sticky error, as after a
+ * kernel's fault: cuda.h, "any further CUDA work will return the same
+ * error") refuses every wait for ever, and runs nothing: its close is not
+ * refused (it could never close), it releases what was left and the
+ * primary context. */
+Test(cuda_device, a_close_after_a_sticky_error_still_closes) {
+  if (fk_is_real())
+    cr_skip_test("the sticky error is the fake's knob");
+  one_of_each_t o = one_of_each();
+  fk_sticky_error(CUDA_ERROR_ILLEGAL_ADDRESS);
+  mp_device_close(o.dev);
+  fk_sticky_error(0);
+  cr_expect_eq(fk_calls("cuDevicePrimaryCtxRelease_v2"), 1,
+               "the close was refused: %s", mp_last_error());
+  cr_expect_eq(fk_calls("cuStreamDestroy_v2"), 1);
+  cr_expect_eq(fk_calls("cuEventDestroy_v2"), 1);
+}
