@@ -11,7 +11,8 @@
  *  - a stream the program destroys is forgotten first, while its handle is
  *    still valid (mp_stream_forget): the pool closes its epoch with one
  *    marker event, never touches the handle again, and meets a new stream
- *    that the driver gives the same handle as a new stream.
+ *    that the driver gives the same handle as a new stream; a destroy the
+ *    driver refuses gives the stream back to its pool (mp_pool_add_stream).
  * What the shim cannot see: streams created before it started (none under
  * LD_PRELOAD) and per-thread default streams of threads that never
  * allocated through the shim. A kernel on such a per-thread stream is
@@ -61,12 +62,33 @@ static void mp__forget_on(mp_device_t *dev, void *s) {
 
 mp__curesult cuStreamDestroy_v2(mp__custream hStream) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  bool forgot = false;
   if (mp__pl_enter()) {
     const mp__pl_t *pl = mp__pl_get();
-    if (pl->mode == MP__PL_POOL && !pl->host && hStream != NULL)
+    /* The default streams are never destroyed (nor forgotten). */
+    forgot = pl->mode == MP__PL_POOL && !pl->host && hStream != NULL &&
+             hStream != MP__CU_STREAM_LEGACY &&
+             hStream != MP__CU_STREAM_PER_THREAD;
+    if (forgot)
       mp__pl_each_device(mp__forget_on, hStream);
   }
   mp__pl_leave();
-  return rc->cuStreamDestroy_v2 ? rc->cuStreamDestroy_v2(hStream)
-                                : MP__CU_NOT_INITIALIZED;
+  mp__curesult r = rc->cuStreamDestroy_v2 ? rc->cuStreamDestroy_v2(hStream)
+                                          : MP__CU_NOT_INITIALIZED;
+  /* A destroy the driver refused (a stream of another context, a call it
+   * does not permit) changes nothing: the stream lives on, so its pool
+   * meets it again, and a free waits for its work as before. The pools
+   * forgot it before the real destroy, while the handle was valid; left
+   * forgotten, a cuMemFree of a block its kernel still read handed the
+   * block to the next allocation. */
+  if (r != MP__CU_SUCCESS && forgot) {
+    if (mp__pl_enter()) {
+      const mp__pl_t *pl = mp__pl_get();
+      mp_pool_t *pool = mp__pl_pool_for_stream(pl, hStream, mp__pl_pool_here);
+      if (pool != NULL)
+        (void)mp_pool_add_stream(pool, (mp_stream_t)hStream);
+    }
+    mp__pl_leave();
+  }
+  return r;
 }

@@ -70,6 +70,8 @@
  * With "host_fn" (or "host_fn rt LIB"), frees and queries of blocks the
  * program holds, made from a host function, are refused as the driver
  * refuses them, and the blocks stay the program's.
+ * With "refused_destroy", a cuStreamDestroy the driver refuses changes
+ * nothing: the reproducer above then runs on that stream.
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -1090,6 +1092,64 @@ static int runtime_modes(const char *mode, const char *lib) {
   return free_modes(strcmp(mode, "alloc_modes") == 0);
 }
 
+/* The issue-9 reproducer on n1 and n2: a kernel on n1 reads a buffer
+ * late, the program frees it (cuMemFree), allocates the same size again
+ * and overwrites the new buffer on n2. The kernel must read what was
+ * there before the free. 0, or 1 after saying what broke. */
+static int late_reader(CUstream n1, CUstream n2) {
+  CUdeviceptr p, q;
+  unsigned char *seen = NULL;
+  MP_TRY(cuMemAllocHost((void **)&seen, 1));
+  MP_TRY(cuMemAlloc(&p, MP_BYTES));
+  MP_TRY(cuMemsetD8(p, 1, MP_BYTES));
+  MP_TRY(cuLaunchHostFunc(n1, slow_start, NULL));
+  MP_TRY(cuMemcpyAsync((CUdeviceptr)(uintptr_t)seen, p, 1, n1));
+  MP_TRY(cuMemFree(p));
+  MP_TRY(cuMemAlloc(&q, MP_BYTES));
+  MP_TRY(cuMemsetD8Async(q, 2, MP_BYTES, n2));
+  MP_TRY(cuCtxSynchronize());
+  if (*seen != 1) {
+    printf("the kernel on n1 read %d, not 1: the freed buffer was reused "
+           "(new buffer %s the old) and overwritten on n2 under it\n",
+           *seen, q == p ? "==" : "!=");
+    return 1;
+  }
+  MP_TRY(cuMemFreeHost(seen));
+  MP_TRY(cuMemFree(q));
+  return 0;
+}
+
+/* refused_destroy: a cuStreamDestroy the driver refuses leaves the stream
+ * a stream, and the pool's view of it as it was: the reproducer above on
+ * it, after the refusal. The destroy is asked while a context the program
+ * made is current, of a stream of the primary context: the fake refuses
+ * it (CUDA_ERROR_INVALID_HANDLE, a stream of another context); a driver
+ * that destroys it leaves nothing to check (said, not failed). */
+static int refused_destroy(void) {
+  CUstream n1, n2;
+  CUcontext own;
+  MP_TRY(cuStreamCreate(&n1, CU_STREAM_NON_BLOCKING));
+  MP_TRY(cuStreamCreate(&n2, CU_STREAM_NON_BLOCKING));
+#if CUDA_VERSION >= 13000 /* cuCtxCreate is cuCtxCreate_v4 */
+  MP_TRY(cuCtxCreate(&own, NULL, 0, 0));
+#else
+  MP_TRY(cuCtxCreate(&own, 0, 0));
+#endif
+  CUresult d = cuStreamDestroy(n1);
+  MP_TRY(cuCtxDestroy(own));
+  MP_TRY(cuCtxSetCurrent(ctx));
+  if (d == CUDA_SUCCESS)
+    puts("the driver destroyed the stream: nothing to check");
+  else if (late_reader(n1, n2) != 0)
+    return 1;
+  if (d != CUDA_SUCCESS)
+    MP_TRY(cuStreamDestroy(n1));
+  MP_TRY(cuStreamDestroy(n2));
+  MP_TRY(cuCtxSynchronize());
+  puts("ok");
+  return 0;
+}
+
 static int free_probes(void) {
   CUstream s;
   CUdeviceptr p[50];
@@ -1117,8 +1177,6 @@ static int free_probes(void) {
 
 int main(int argc, char **argv) {
   CUstream n1, n2;
-  CUdeviceptr p, q;
-  unsigned char *seen = NULL;
   MP_TRY(cuInit(0));
   MP_TRY(cuDevicePrimaryCtxRetain(&ctx, 0));
   MP_TRY(cuCtxPushCurrent(ctx));
@@ -1169,25 +1227,12 @@ int main(int argc, char **argv) {
                             strcmp(how, "to_graph_proc") == 0,
                             strcmp(how, "v1") == 0);
   }
+  if (argc > 1 && strcmp(argv[1], "refused_destroy") == 0)
+    return refused_destroy();
   MP_TRY(cuStreamCreate(&n1, CU_STREAM_NON_BLOCKING));
   MP_TRY(cuStreamCreate(&n2, CU_STREAM_NON_BLOCKING));
-  MP_TRY(cuMemAllocHost((void **)&seen, 1));
-  MP_TRY(cuMemAlloc(&p, MP_BYTES));
-  MP_TRY(cuMemsetD8(p, 1, MP_BYTES));
-  MP_TRY(cuLaunchHostFunc(n1, slow_start, NULL));
-  MP_TRY(cuMemcpyAsync((CUdeviceptr)(uintptr_t)seen, p, 1, n1));
-  MP_TRY(cuMemFree(p));
-  MP_TRY(cuMemAlloc(&q, MP_BYTES));
-  MP_TRY(cuMemsetD8Async(q, 2, MP_BYTES, n2));
-  MP_TRY(cuCtxSynchronize());
-  if (*seen != 1) {
-    printf("the kernel on n1 read %d, not 1: the freed buffer was reused "
-           "(new buffer %s the old) and overwritten on n2 under it\n",
-           *seen, q == p ? "==" : "!=");
+  if (late_reader(n1, n2) != 0)
     return 1;
-  }
-  MP_TRY(cuMemFreeHost(seen));
-  MP_TRY(cuMemFree(q));
   MP_TRY(cuStreamDestroy(n1));
   MP_TRY(cuStreamDestroy(n2));
   MP_TRY(cuCtxPopCurrent(NULL));

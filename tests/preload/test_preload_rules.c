@@ -35,6 +35,20 @@ Test(preload_rules, under_the_shim_destroyed_streams_are_forgotten,
   rules_ok("LD_PRELOAD=" MP_SHIM, NULL, "streams", NULL);
 }
 
+/* A cuStreamDestroy the driver refuses (here a stream of the primary
+ * context, destroyed while a context the program made is current) changes
+ * nothing: the stream lives on, and a cuMemFree still waits for its work.
+ * The shim made the pools forget the stream before the real destroy and
+ * left it forgotten when the destroy failed: the freed block went to the
+ * next allocation while the stream's kernel still read it. */
+Test(preload_rules, without_the_shim_a_refused_stream_destroy_changes_nothing) {
+  rules_ok("LD_PRELOAD=", NULL, "refused_destroy", NULL);
+}
+
+Test(preload_rules, under_the_shim_a_refused_stream_destroy_changes_nothing) {
+  rules_ok("LD_PRELOAD=" MP_SHIM, NULL, "refused_destroy", NULL);
+}
+
 /* CU_STREAM_PER_THREAD is another stream in each thread, under the shim as
  * without it: a block thread A freed on its per-thread stream while A's
  * kernel still reads it is not thread B's to overwrite. */

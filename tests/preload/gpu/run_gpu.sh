@@ -113,14 +113,17 @@ done
 #    cuStreamBeginCapture or into the program's graph with
 #    cuStreamBeginCaptureToGraph (called, or found by cuGetProcAddress),
 #    or with CUDA 10.0's cuStreamBeginCapture (no mode), and a
-#    cuMemFreeAsync on a stream that may have a destroyed stream's handle.
+#    cuMemFreeAsync on a stream that may have a destroyed stream's handle,
+#    and cuMemFree's ordering on a stream whose cuStreamDestroy was refused
+#    (asked while another context is current; a driver that destroys it
+#    leaves nothing to check, and the program says so).
 rules=$build/tests/preload/preload_rules_prog
 if [ -x "$rules" ]; then
   real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
   for arg in "" streams freed_range own_context calls_in_capture \
     "calls_in_capture per_thread" "calls_in_capture to_graph" \
     "calls_in_capture to_graph_proc" "calls_in_capture to_graph_per_thread" \
-    "calls_in_capture v1" reused_handle; do
+    "calls_in_capture v1" reused_handle refused_destroy; do
     LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
       MEMPOOL_DEVICE=cuda "$rules" $arg >"$work/rules.out" 2>&1 ||
       fail "rules_prog $arg under the shim: $(cat "$work/rules.out")"
