@@ -109,6 +109,8 @@ static struct {
     mp__custream s;
     unsigned mode;
     pthread_t thread;
+    bool known;            /* id was given at the begin */
+    unsigned long long id; /* the capture's id */
   } begun[MP__PL_BEGUN];
   unsigned nbegun;
   bool lost;
@@ -391,10 +393,18 @@ static void mp__capture_ended(mp__custream s, bool ptsz,
               (is != NULL && is(s, &status) == MP__CU_SUCCESS && status == 0);
   mp__gr_lock();
   mp__custream key = ptsz && s == NULL ? MP__CU_STREAM_PER_THREAD : s;
+  unsigned long long begun_id;
   for (unsigned k = 0; over && k < mp__gr.nbegun; k++)
     if (mp__gr.begun[k].s == key &&
         (key != MP__CU_STREAM_PER_THREAD ||
          pthread_equal(mp__gr.begun[k].thread, pthread_self()))) {
+      /* An invalidated capture has no id by now (cuStreamGetCaptureInfo
+       * gives none): the one its begin got finds it, and so the routes of
+       * every stream it forked to, not only the end's. */
+      if (id == NULL && mp__gr.begun[k].known) {
+        begun_id = mp__gr.begun[k].id;
+        id = &begun_id;
+      }
       mp__gr.begun[k] = mp__gr.begun[--mp__gr.nbegun];
       atomic_store(&mp__gr_begun, mp__gr.nbegun + mp__gr.lost);
       break;
@@ -424,10 +434,14 @@ static mp__curesult mp__capture_begun(mp__curesult r, mp__custream s, bool ptsz,
                                       unsigned mode) {
   if (r != MP__CU_SUCCESS)
     return r;
+  unsigned long long id = 0;
+  bool known = mp__capture_id(s, ptsz, &id);
   mp__gr_lock();
   if (mp__gr.nbegun < MP__PL_BEGUN) {
     mp__gr.begun[mp__gr.nbegun].s =
         ptsz && s == NULL ? MP__CU_STREAM_PER_THREAD : s;
+    mp__gr.begun[mp__gr.nbegun].known = known;
+    mp__gr.begun[mp__gr.nbegun].id = id;
     mp__gr.begun[mp__gr.nbegun].mode = mode;
     mp__gr.begun[mp__gr.nbegun++].thread = pthread_self();
   } else

@@ -42,7 +42,8 @@
  *    the output (consumer() below); "to_graph_free": a second capture
  *    into the graph frees the first's allocation (to_graph_free()). The
  *    test reads the report for both: no graph pool may be left.
- *    "refused_end" and "side_stream": refused_end() and side_stream().
+ *    "refused_end", "side_stream" and "invalidated_side": the functions
+ *    of those names.
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -295,22 +296,31 @@ static int to_graph_free(CUstream s, CUstream other) {
  *  - side_stream: the shim once found the capture by the end's stream
  *    only; it never ended other's route, which went on allocating from
  *    the graph pool, and the graph pool outlived the graph. */
+static CUevent fork_ev, join_ev;
+
+/* Begins a global capture on s, forks it to other, allocates, writes and
+ * frees a temporary (*t) on `on` and joins other back. */
+static int fork_and_allocate(CUstream s, CUstream other, CUstream on,
+                             CUdeviceptr *t) {
+  MP_TRY(cuEventCreate(&fork_ev, CU_EVENT_DISABLE_TIMING));
+  MP_TRY(cuEventCreate(&join_ev, CU_EVENT_DISABLE_TIMING));
+  MP_TRY(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  MP_TRY(cuEventRecord(fork_ev, s));
+  MP_TRY(cuStreamWaitEvent(other, fork_ev, 0));
+  MP_TRY(cuMemAllocAsync(t, BYTES, on));
+  MP_TRY(cuMemsetD8Async(*t, 7, BYTES, on));
+  MP_TRY(cuMemFreeAsync(*t, on));
+  MP_TRY(cuEventRecord(join_ev, other));
+  MP_TRY(cuStreamWaitEvent(s, join_ev, 0));
+  return 0;
+}
+
 static int forked_capture(CUstream s, CUstream other, bool side) {
-  CUevent fork, join;
-  MP_TRY(cuEventCreate(&fork, CU_EVENT_DISABLE_TIMING));
-  MP_TRY(cuEventCreate(&join, CU_EVENT_DISABLE_TIMING));
-  CUstream on = side ? other : s;
   CUdeviceptr t;
   CUgraph g;
   CUgraphExec x;
-  MP_TRY(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
-  MP_TRY(cuEventRecord(fork, s));
-  MP_TRY(cuStreamWaitEvent(other, fork, 0));
-  MP_TRY(cuMemAllocAsync(&t, BYTES, on));
-  MP_TRY(cuMemsetD8Async(t, 7, BYTES, on));
-  MP_TRY(cuMemFreeAsync(t, on));
-  MP_TRY(cuEventRecord(join, other));
-  MP_TRY(cuStreamWaitEvent(s, join, 0));
+  if (fork_and_allocate(s, other, side ? other : s, &t) != 0)
+    return 1;
   if (!side && (cuStreamEndCapture(s, NULL) == CUDA_SUCCESS ||
                 cuStreamEndCapture(other, &g) == CUDA_SUCCESS)) {
     puts("a refused end of the capture succeeded");
@@ -335,8 +345,8 @@ static int forked_capture(CUstream s, CUstream other, bool side) {
   MP_TRY(cuStreamSynchronize(other));
   MP_TRY(cuGraphExecDestroy(x));
   MP_TRY(cuGraphDestroy(g));
-  MP_TRY(cuEventDestroy(fork));
-  MP_TRY(cuEventDestroy(join));
+  MP_TRY(cuEventDestroy(fork_ev));
+  MP_TRY(cuEventDestroy(join_ev));
   return 0;
 }
 
@@ -346,6 +356,39 @@ static int refused_end(CUstream s, CUstream other) {
 
 static int side_stream(CUstream s, CUstream other) {
   return forked_capture(s, other, true);
+}
+
+/* The "invalidated_side" mode: the capture of side_stream, allocating on
+ * other alone, invalidated before its end by a call global mode prohibits
+ * (cuCtxSynchronize: cuda.h, cuThreadExchangeStreamCaptureMode), so that
+ * its end has no graph (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED). other
+ * then allocates outside any capture: from the device's pool, the graph
+ * pool released at the end (the test reads the report). The shim found
+ * an invalidated capture by the end's stream only, which never allocated:
+ * other's route stayed, its allocations went on coming from the graph
+ * pool, and the graph pool lived until exit. */
+static int invalidated_side(CUstream s, CUstream other) {
+  CUdeviceptr t, q[NPROBE];
+  CUgraph g = NULL;
+  if (fork_and_allocate(s, other, other, &t) != 0)
+    return 1;
+  if (cuCtxSynchronize() != CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) {
+    puts("a cuCtxSynchronize during a global capture was not refused");
+    return 1;
+  }
+  if (cuStreamEndCapture(s, &g) != CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ||
+      g != NULL) {
+    puts("the end of an invalidated capture did not say so");
+    return 1;
+  }
+  for (int i = 0; i < NPROBE; i++)
+    MP_TRY(cuMemAllocAsync(&q[i], BYTES, other));
+  for (int i = 0; i < NPROBE; i++)
+    MP_TRY(cuMemFreeAsync(q[i], other));
+  MP_TRY(cuStreamSynchronize(other));
+  MP_TRY(cuEventDestroy(fork_ev));
+  MP_TRY(cuEventDestroy(join_ev));
+  return 0;
 }
 
 /* cudaTypedefs.h: PFN_cuGraphInstantiate_v10000 and _v11000, the forms
@@ -418,13 +461,14 @@ int main(int argc, char **argv) {
 
   /* The modes with a flow of their own: */
   int (*mode)(CUstream, CUstream) =
-      strcmp(how, "consumer") == 0         ? consumer
-      : strcmp(how, "to_graph_free") == 0  ? to_graph_free
-      : strcmp(how, "to_graph_twice") == 0 ? into_one_graph_twice
-      : strcmp(how, "many_execs") == 0     ? many_execs
-      : strcmp(how, "refused_end") == 0    ? refused_end
-      : strcmp(how, "side_stream") == 0    ? side_stream
-                                           : NULL;
+      strcmp(how, "consumer") == 0           ? consumer
+      : strcmp(how, "to_graph_free") == 0    ? to_graph_free
+      : strcmp(how, "to_graph_twice") == 0   ? into_one_graph_twice
+      : strcmp(how, "many_execs") == 0       ? many_execs
+      : strcmp(how, "refused_end") == 0      ? refused_end
+      : strcmp(how, "side_stream") == 0      ? side_stream
+      : strcmp(how, "invalidated_side") == 0 ? invalidated_side
+                                             : NULL;
   if (mode != NULL) {
     if (mode(s, other) != 0)
       return 1;

@@ -40,15 +40,16 @@ static void capture_under_the_shim_with(const char *how, const char *conf) {
    * to_graph_twice: 2 in the warm-up, 2 in the captures, 2 by the launch;
    * many_execs: 2 in the warm-up, 2 in the capture, 1 by the launch, 2 *
    * 24 probes. */
-  int n = how == NULL                          ? 85
-          : strcmp(how, "auto") == 0           ? 82
-          : strcmp(how, "to_graph_twice") == 0 ? 6
-          : strcmp(how, "many_execs") == 0     ? 53
-          : strcmp(how, "consumer") == 0       ? 4
-          : strcmp(how, "to_graph_free") == 0  ? 3
-          : strcmp(how, "refused_end") == 0    ? 2 + 1 + NPROBE_ALLOCS
-          : strcmp(how, "side_stream") == 0    ? 2 + 1 + NPROBE_ALLOCS
-                                               : 85;
+  int n = how == NULL                            ? 85
+          : strcmp(how, "auto") == 0             ? 82
+          : strcmp(how, "to_graph_twice") == 0   ? 6
+          : strcmp(how, "many_execs") == 0       ? 53
+          : strcmp(how, "consumer") == 0         ? 4
+          : strcmp(how, "to_graph_free") == 0    ? 3
+          : strcmp(how, "refused_end") == 0      ? 2 + 1 + NPROBE_ALLOCS
+          : strcmp(how, "side_stream") == 0      ? 2 + 1 + NPROBE_ALLOCS
+          : strcmp(how, "invalidated_side") == 0 ? 2 + 1 + NPROBE_ALLOCS
+                                                 : 85;
   cr_assert_eq(
       sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
          "sys.exit(0 if d[\"mode\"]==\"pool\" and "
@@ -209,4 +210,13 @@ Test(preload_graph, a_refused_end_leaves_the_capture_its_graph_pool) {
  * stream's route and ties the graph pool to the graph. */
 Test(preload_graph, a_capture_allocating_only_on_a_forked_stream_ends) {
   both_ways("side_stream");
+}
+
+/* The same capture invalidated before its end (no graph): the end must
+ * end the side stream's route and release the graph pool. The shim found
+ * an invalidated capture by the end's stream alone (its id is gone by
+ * then), so the side stream kept allocating from the graph pool, which
+ * lived until exit; it now finds it by the id its begin got. */
+Test(preload_graph, an_invalidated_capture_ends_its_forked_streams_route) {
+  both_ways("invalidated_side");
 }
