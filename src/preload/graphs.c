@@ -4,10 +4,12 @@
  * cuStreamEndCapture(_ptsz), cuGraphInstantiateWithFlags,
  * cuGraphInstantiateWithParams(_ptsz), the forms before CUDA 12.0
  * (cuGraphInstantiate, cuGraphInstantiate_v2), cuGraphExecDestroy,
- * cuGraphDestroy and cuGraphLaunch(_ptsz) (the runtime's
- * cudaStreamEndCapture, cudaGraphInstantiate,
+ * cuGraphDestroy, cuGraphLaunch(_ptsz), cuGraphClone,
+ * cuGraphAddChildGraphNode and cuGraphExecUpdate (both forms) (the
+ * runtime's cudaStreamEndCapture, cudaGraphInstantiate,
  * cudaGraphInstantiateWithFlags/WithParams, cudaGraphExecDestroy,
- * cudaGraphDestroy and cudaGraphLaunch reach them through
+ * cudaGraphDestroy, cudaGraphLaunch, cudaGraphClone,
+ * cudaGraphAddChildGraphNode and cudaGraphExecUpdate reach them through
  * cuGetProcAddress).
  *
  * A stream-ordered allocation or free on a stream being captured makes the
@@ -17,9 +19,11 @@
  * keeps across replays, reuses what the capture frees only inside the same
  * graph pool, and never records on or queries the capturing stream. The
  * capture's end stops the routing and ties the graph pool to the graph;
- * each executable instantiated from the graph holds it too, and when the
- * graph and its last executable are destroyed the graph pool is released
- * (its memory back to the device's pool). A capture that ends in failure
+ * each executable instantiated from the graph holds it too, and so do
+ * copies of the graph (a clone, a graph with a child graph node made from
+ * it) and their executables, and an executable updated from any of them;
+ * when the last of these is destroyed the graph pool is released (its
+ * memory back to the device's pool). A capture that ends in failure
  * releases it at once. Graph pools of graphs never destroyed live until
  * exit, left alone like the pool itself (something may still free into
  * them).
@@ -74,7 +78,8 @@ typedef struct mp__pl_capture {
   mp__custream streams[MP__PL_CAP_STREAMS];
   bool ptsz[MP__PL_CAP_STREAMS];
   unsigned nstreams;
-  mp__cugraph g; /* after the end: the graph, until destroyed */
+  mp__cugraph g;   /* after the end: the graph, until destroyed */
+  unsigned graphs; /* other graphs holding it (mp__gr.gholds) */
   unsigned execs;
   bool kept; /* an executable could not be counted: kept until exit */
   /* The capture's allocations; after its end, those it did not free: its
@@ -99,8 +104,19 @@ static struct {
     mp__cugraphexec x;
     unsigned cap;
     bool auto_free; /* CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH */
+    bool held;      /* memory only: x was updated from another graph since,
+                       its launches no longer allocate these outputs */
   } * execs;
   size_t nexecs, roomexecs, live;
+  /* The graphs other than its capture's that hold a slot: clones of a
+   * graph holding it (cuGraphClone) and graphs with a child graph node
+   * made from one (cuGraphAddChildGraphNode copies the child in). Grown
+   * as needed; without room the graph pool is kept until exit. */
+  struct mp__pl_ghold {
+    mp__cugraph g;
+    unsigned cap;
+  } * gholds;
+  size_t ngholds, roomgholds;
   /* The captures begun and not ended: origin stream (a per-thread stream
    * once per thread capturing it), mode and the thread that began it;
    * past MP__PL_BEGUN at once, `lost` keeps mp__pl_capture_begun true and
@@ -126,6 +142,7 @@ static void mp__graphs_child(void) {
     free(mp__gr.caps[i].outs);
   memset(mp__gr.caps, 0, sizeof mp__gr.caps);
   mp__gr.nexecs = mp__gr.live = 0;
+  mp__gr.ngholds = 0;
   mp__gr.nbegun = 0;
   mp__gr.lost = false;
   atomic_store(&mp__gr_begun, 0);
@@ -331,11 +348,26 @@ static mp__pl_capture_t *mp__capture_of_stream(const mp__pl_t *pl,
   return NULL;
 }
 
-/* Whether capture c ended into graph g. Several captures may have
- * (cuStreamBeginCaptureToGraph into one graph), each with its own graph
- * pool: the graph and its executables hold them all. */
-static bool mp__capture_into(const mp__pl_capture_t *c, mp__cugraph g) {
-  return g != NULL && c->used && !c->capturing && c->g == g;
+/* Whether graph g holds slot i: its capture ended into g (several
+ * captures may have, cuStreamBeginCaptureToGraph into one graph, each
+ * with its own graph pool: the graph and its executables hold them all),
+ * or g is a copy (mp__gr.gholds). Under the lock. */
+static bool mp__capture_into(unsigned i, mp__cugraph g) {
+  const mp__pl_capture_t *c = &mp__gr.caps[i];
+  if (g == NULL || !c->used || c->capturing)
+    return false;
+  for (size_t k = 0; c->g != g && k < mp__gr.ngholds; k++)
+    if (mp__gr.gholds[k].g == g && mp__gr.gholds[k].cap == i)
+      return true;
+  return c->g == g;
+}
+
+/* Releases slot c if nothing holds it any longer: no graph, no
+ * executable, not kept. Under the lock. */
+static void mp__capture_unheld(mp__pl_capture_t *c) {
+  if (c->used && !c->capturing && c->g == NULL && c->graphs == 0 &&
+      c->execs == 0 && !c->kept)
+    mp__capture_drop(c);
 }
 
 /* Ends every route of capture c (its streams allocate to the device's pool
@@ -470,6 +502,11 @@ void mp__pl_graphs_forget(const mp__pl_t *pl, mp_pool_t *pool) {
         mp__gr.execs[x] = mp__gr.execs[--mp__gr.nexecs];
       else
         x++;
+    for (size_t k = 0; k < mp__gr.ngholds;) /* nor any copy of its graph */
+      if (mp__gr.gholds[k].cap == i)
+        mp__gr.gholds[k] = mp__gr.gholds[--mp__gr.ngholds];
+      else
+        k++;
     mp__capture_drop(c);
   }
   pthread_mutex_unlock(&mp__gr.lock);
@@ -619,6 +656,23 @@ static void mp__outputs_held(mp__pl_capture_t *c) {
   mp__outmask_rebuild();
 }
 
+/* Executable x holds slot i, its launches allocating the slot's
+ * outputs. Without room in the table its replays may use the memory until
+ * exit, and its launches are not seen: the slot is kept, its outputs
+ * allocations for the graph's life (the program's to free once), as
+ * before 2026-12-01. Under the lock. */
+static void mp__exec_hold(mp__cugraphexec x, unsigned i, bool auto_free) {
+  mp__pl_capture_t *c = &mp__gr.caps[i];
+  if (!mp__execs_room()) {
+    c->kept = true;
+    mp__outputs_held(c);
+    return;
+  }
+  mp__gr.execs[mp__gr.nexecs++] =
+      (struct mp__pl_exec){.x = x, .cap = i, .auto_free = auto_free};
+  c->execs++;
+}
+
 /* After an instantiation that returned r: the executable holds its
  * graph's graph pools (one per capture into the graph). Returns r. */
 static mp__curesult mp__exec_made(mp__curesult r, mp__cugraphexec *phGraphExec,
@@ -627,24 +681,9 @@ static mp__curesult mp__exec_made(mp__curesult r, mp__cugraphexec *phGraphExec,
   if (r != MP__CU_SUCCESS || phGraphExec == NULL)
     return r;
   mp__gr_lock();
-  for (unsigned i = 0; i < MP__PL_CAPTURES; i++) {
-    mp__pl_capture_t *c = &mp__gr.caps[i];
-    if (!mp__capture_into(c, hGraph))
-      continue;
-    if (!mp__execs_room()) {
-      /* Its replays may use the memory until exit, and its launches are
-       * not seen: its outputs become allocations for the graph's life
-       * (the program's to free once), as before 2026-12-01. */
-      c->kept = true;
-      mp__outputs_held(c);
-      continue;
-    }
-    mp__gr.execs[mp__gr.nexecs].x = *phGraphExec;
-    mp__gr.execs[mp__gr.nexecs].auto_free =
-        flags & MP__GRAPH_AUTO_FREE_ON_LAUNCH;
-    mp__gr.execs[mp__gr.nexecs++].cap = i;
-    c->execs++;
-  }
+  for (unsigned i = 0; i < MP__PL_CAPTURES; i++)
+    if (mp__capture_into(i, hGraph))
+      mp__exec_hold(*phGraphExec, i, flags & MP__GRAPH_AUTO_FREE_ON_LAUNCH);
   pthread_mutex_unlock(&mp__gr.lock);
   return r;
 }
@@ -748,8 +787,8 @@ mp__curesult cuGraphExecDestroy(mp__cugraphexec hGraphExec) {
     }
     mp__pl_capture_t *c = &mp__gr.caps[mp__gr.execs[i].cap];
     mp__gr.execs[i] = mp__gr.execs[--mp__gr.nexecs];
-    if (--c->execs == 0 && c->g == NULL && !c->kept)
-      mp__capture_drop(c);
+    c->execs--;
+    mp__capture_unheld(c);
   }
   pthread_mutex_unlock(&mp__gr.lock);
   return r;
@@ -760,8 +799,8 @@ mp__curesult cuGraphExecDestroy(mp__cugraphexec hGraphExec) {
 static bool mp__launch_allowed(mp__cugraphexec x) {
   for (size_t i = 0; i < mp__gr.nexecs; i++) {
     const mp__pl_capture_t *c = &mp__gr.caps[mp__gr.execs[i].cap];
-    for (size_t k = 0;
-         mp__gr.execs[i].x == x && !mp__gr.execs[i].auto_free && k < c->nouts;
+    for (size_t k = 0; mp__gr.execs[i].x == x && !mp__gr.execs[i].auto_free &&
+                       !mp__gr.execs[i].held && k < c->nouts;
          k++)
       if (c->outs[k].live && !c->outs[k].inner)
         return false;
@@ -774,7 +813,8 @@ static bool mp__launch_allowed(mp__cugraphexec x) {
 static void mp__launched(mp__cugraphexec x, mp__custream s) {
   for (size_t i = 0; i < mp__gr.nexecs; i++) {
     mp__pl_capture_t *c = &mp__gr.caps[mp__gr.execs[i].cap];
-    for (size_t k = 0; mp__gr.execs[i].x == x && k < c->nouts; k++) {
+    for (size_t k = 0;
+         mp__gr.execs[i].x == x && !mp__gr.execs[i].held && k < c->nouts; k++) {
       struct mp__pl_out *o = &c->outs[k];
       if (o->live || o->inner)
         continue;
@@ -823,14 +863,150 @@ mp__curesult cuGraphDestroy(mp__cugraph hGraph) {
   if (r != MP__CU_SUCCESS)
     return r;
   mp__gr_lock();
+  for (size_t k = 0; k < mp__gr.ngholds;) {
+    if (mp__gr.gholds[k].g != hGraph) {
+      k++;
+      continue;
+    }
+    mp__pl_capture_t *c = &mp__gr.caps[mp__gr.gholds[k].cap];
+    mp__gr.gholds[k] = mp__gr.gholds[--mp__gr.ngholds];
+    c->graphs--;
+    mp__capture_unheld(c);
+  }
   for (unsigned i = 0; i < MP__PL_CAPTURES; i++) {
     mp__pl_capture_t *c = &mp__gr.caps[i];
-    if (!mp__capture_into(c, hGraph))
+    if (!mp__capture_into(i, hGraph))
       continue;
     c->g = NULL;
-    if (c->execs == 0 && !c->kept)
-      mp__capture_drop(c);
+    mp__capture_unheld(c);
   }
   pthread_mutex_unlock(&mp__gr.lock);
   return r;
+}
+
+/* Graph g now holds every slot that graph `from` holds: g is a copy of it, or
+ * has one in a child graph node. A copy's replays use the same memory
+ * (the graph pool's, at the addresses the capture gave) and its launches
+ * allocate the same outputs, so the graph pool stays until the original,
+ * every copy and every executable of any of them are destroyed. Without
+ * room to note it, the graph pool is kept until exit. Under the lock. */
+static void mp__graph_copied(mp__cugraph g, mp__cugraph from) {
+  for (unsigned i = 0; i < MP__PL_CAPTURES; i++) {
+    mp__pl_capture_t *c = &mp__gr.caps[i];
+    if (!mp__capture_into(i, from) || mp__capture_into(i, g))
+      continue;
+    if (mp__gr.ngholds == mp__gr.roomgholds) {
+      size_t room = mp__gr.roomgholds ? 2 * mp__gr.roomgholds : 16;
+      struct mp__pl_ghold *t = realloc(mp__gr.gholds, room * sizeof *t);
+      if (t == NULL) {
+        c->kept = true; /* its copies' executables unseen: as exec_hold */
+        mp__outputs_held(c);
+        continue;
+      }
+      mp__gr.gholds = t;
+      mp__gr.roomgholds = room;
+    }
+    mp__gr.gholds[mp__gr.ngholds++] = (struct mp__pl_ghold){.g = g, .cap = i};
+    c->graphs++;
+  }
+}
+
+/* cuda.h, cuGraphClone: "creates a copy of originalGraph", child graph
+ * nodes "recursively copied into the clone"; and cuGraphAddChildGraphNode:
+ * "The child graph is cloned in this call". cuda.h allows neither for a
+ * graph with memory allocation or free nodes (cuGraphAddMemAllocNode: "The
+ * graph cannot be cloned", and in a child node only if moved), but the
+ * graph the shim's pool served has none, so the driver copies it: before,
+ * the copy outlived the graph pool its memory came from (the original's
+ * destruction released it), and its replays wrote memory handed out to
+ * others. */
+mp__curesult cuGraphClone(mp__cugraph *phGraphClone,
+                          mp__cugraph originalGraph) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__curesult r = rc->cuGraphClone
+                       ? rc->cuGraphClone(phGraphClone, originalGraph)
+                       : MP__CU_NOT_INITIALIZED;
+  if (r != MP__CU_SUCCESS || phGraphClone == NULL)
+    return r;
+  mp__gr_lock();
+  mp__graph_copied(*phGraphClone, originalGraph);
+  pthread_mutex_unlock(&mp__gr.lock);
+  return r;
+}
+
+mp__curesult cuGraphAddChildGraphNode(mp__cugraphnode *phGraphNode,
+                                      mp__cugraph hGraph,
+                                      const mp__cugraphnode *dependencies,
+                                      size_t numDependencies,
+                                      mp__cugraph childGraph) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__curesult r =
+      rc->cuGraphAddChildGraphNode
+          ? rc->cuGraphAddChildGraphNode(phGraphNode, hGraph, dependencies,
+                                         numDependencies, childGraph)
+          : MP__CU_NOT_INITIALIZED;
+  if (r != MP__CU_SUCCESS)
+    return r;
+  mp__gr_lock();
+  mp__graph_copied(hGraph, childGraph);
+  pthread_mutex_unlock(&mp__gr.lock);
+  return r;
+}
+
+/* After a successful update of executable x from graph g (cuda.h,
+ * cuGraphExecUpdate: "Updates the node parameters in the instantiated
+ * graph ... with the node parameters in" g): x's replays use g's memory
+ * from now on, and its launches allocate g's outputs, so x holds g's
+ * graph pools. The ones it held before stay held, for their memory only,
+ * until x goes (a replay queued before the update may still use them);
+ * before, an executable updated from a graph that was then destroyed
+ * replayed into a released graph pool. Its flags are the driver's
+ * (cuGraphExecGetFlags, CUDA 12.0; without it none). */
+static mp__curesult mp__exec_updated(mp__curesult r, mp__cugraphexec x,
+                                     mp__cugraph g) {
+  if (r != MP__CU_SUCCESS)
+    return r;
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  uint64_t flags = 0;
+  if (rc->cuGraphExecGetFlags == NULL ||
+      rc->cuGraphExecGetFlags(x, &flags) != MP__CU_SUCCESS)
+    flags = 0;
+  mp__gr_lock();
+  for (size_t k = 0; k < mp__gr.nexecs; k++)
+    if (mp__gr.execs[k].x == x)
+      mp__gr.execs[k].held = !mp__capture_into(mp__gr.execs[k].cap, g);
+  for (unsigned i = 0; i < MP__PL_CAPTURES; i++) {
+    bool has = false;
+    for (size_t k = 0; !has && k < mp__gr.nexecs; k++)
+      has = mp__gr.execs[k].x == x && mp__gr.execs[k].cap == i;
+    if (!has && mp__capture_into(i, g))
+      mp__exec_hold(x, i, flags & MP__GRAPH_AUTO_FREE_ON_LAUNCH);
+  }
+  pthread_mutex_unlock(&mp__gr.lock);
+  return r;
+}
+
+/* The form before CUDA 12.0 (cudaTypedefs.h: PFN_cuGraphExecUpdate_v10020)
+ * and CUDA 12.0's (cuGraphExecUpdate_v2, with a result info). */
+mp__curesult cuGraphExecUpdate(mp__cugraphexec hGraphExec, mp__cugraph hGraph,
+                               mp__cugraphnode *hErrorNode_out,
+                               mp__cugraphupdateresult *updateResult_out) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  return mp__exec_updated(rc->cuGraphExecUpdate
+                              ? rc->cuGraphExecUpdate(hGraphExec, hGraph,
+                                                      hErrorNode_out,
+                                                      updateResult_out)
+                              : MP__CU_NOT_INITIALIZED,
+                          hGraphExec, hGraph);
+}
+
+mp__curesult cuGraphExecUpdate_v2(mp__cugraphexec hGraphExec,
+                                  mp__cugraph hGraph,
+                                  mp__cugraphupdateinfo *resultInfo) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  return mp__exec_updated(
+      rc->cuGraphExecUpdate_v2
+          ? rc->cuGraphExecUpdate_v2(hGraphExec, hGraph, resultInfo)
+          : MP__CU_NOT_INITIALIZED,
+      hGraphExec, hGraph);
 }

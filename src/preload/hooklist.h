@@ -88,6 +88,15 @@
   X(cu, mp__curesult, cuGraphLaunch, (mp__cugraphexec, mp__custream))          \
   X(cu, mp__curesult, cuGraphLaunch_ptsz, (mp__cugraphexec, mp__custream))     \
   X(cu, mp__curesult, cuGraphDestroy, (mp__cugraph))                           \
+  X(cu, mp__curesult, cuGraphClone, (mp__cugraph *, mp__cugraph))              \
+  X(cu, mp__curesult, cuGraphAddChildGraphNode,                                \
+    (mp__cugraphnode *, mp__cugraph, const mp__cugraphnode *, size_t,          \
+     mp__cugraph))                                                             \
+  X(cu, mp__curesult, cuGraphExecUpdate,                                       \
+    (mp__cugraphexec, mp__cugraph, mp__cugraphnode *,                          \
+     mp__cugraphupdateresult *))                                               \
+  X(cu, mp__curesult, cuGraphExecUpdate_v2,                                    \
+    (mp__cugraphexec, mp__cugraph, mp__cugraphupdateinfo *))                   \
   /* host.c */                                                                 \
   X(rt, mp__cudaerr, cudaMallocHost, (void **, size_t))                        \
   X(rt, mp__cudaerr, cudaHostAlloc, (void **, size_t, unsigned int))           \
@@ -127,6 +136,7 @@
   X(cu, mp__curesult, cuCtxPushCurrent_v2, (mp__cuctx))                        \
   X(cu, mp__curesult, cuCtxPopCurrent_v2, (mp__cuctx *))                       \
   X(cu, mp__curesult, cuStreamSynchronize, (mp__custream))                     \
+  X(cu, mp__curesult, cuGraphExecGetFlags, (mp__cugraphexec, uint64_t *))      \
   X(rt, mp__cudaerr, cudaGetDevice, (int *))                                   \
   X(rt, mp__cudaerr, cudaStreamIsCapturing, (mp__custream, unsigned int *))
 

@@ -178,6 +178,18 @@ void *mp__pl_proc_hook(const char *symbol, int cuda_version, uint64_t flags) {
     return ptsz ? (void *)&cuGraphLaunch_ptsz : (void *)&cuGraphLaunch;
   if (strcmp(symbol, "cuGraphDestroy") == 0)
     return (void *)&cuGraphDestroy;
+  /* cudaTypedefs.h: PFN_cuGraphClone_v10000 and
+   * PFN_cuGraphAddChildGraphNode_v10000, the only forms; cuGraphExecUpdate
+   * at 12.0 or later is the form with a result info
+   * (PFN_cuGraphExecUpdate_v12000), below it the one with an error node
+   * and a result (_v10020). */
+  if (strcmp(symbol, "cuGraphClone") == 0)
+    return (void *)&cuGraphClone;
+  if (strcmp(symbol, "cuGraphAddChildGraphNode") == 0)
+    return (void *)&cuGraphAddChildGraphNode;
+  if (strcmp(symbol, "cuGraphExecUpdate") == 0)
+    return cuda_version >= 12000 ? (void *)&cuGraphExecUpdate_v2
+                                 : (void *)&cuGraphExecUpdate;
   if (strcmp(symbol, "cuGetProcAddress") == 0)
     return cuda_version >= 12000 ? (void *)&cuGetProcAddress_v2
                                  : (void *)&cuGetProcAddress;

@@ -51,6 +51,10 @@ typedef struct CUgraphNode_st *mp__cugraphnode; /* CUgraphNode */
 typedef struct CUgraphEdgeData_st mp__cugraphedgedata;
 /* CUDA_GRAPH_INSTANTIATE_PARAMS *, passed through untouched */
 typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st *mp__cugraphparams;
+/* CUgraphExecUpdateResultInfo, passed through untouched */
+typedef struct CUgraphExecUpdateResultInfo_st mp__cugraphupdateinfo;
+/* CUgraphExecUpdateResult (an enum of non-negatives), passed through */
+typedef unsigned int mp__cugraphupdateresult;
 /* CUipcMemHandle (64 opaque bytes), only ever passed on by address */
 typedef struct CUipcMemHandle_st mp__cuipcmemhandle;
 #define MP__CU_SUCCESS         0u

@@ -31,6 +31,14 @@ CUresult CUDAAPI cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph,
                                        CUgraphNode *phErrorNode,
                                        char *logBuffer, size_t bufferSize);
 
+/* And for cuGraphExecUpdate before CUDA 12.0, with an error node and a
+ * result (cudaTypedefs.h: PFN_cuGraphExecUpdate_v10020); since 12.0 the
+ * name is cuGraphExecUpdate_v2, with a result info. */
+#undef cuGraphExecUpdate
+CUresult CUDAAPI cuGraphExecUpdate(CUgraphExec hGraphExec, CUgraph hGraph,
+                                   CUgraphNode *hErrorNode_out,
+                                   CUgraphExecUpdateResult *updateResult_out);
+
 #include "hooks.h"
 
 _Static_assert(sizeof(CUresult) == sizeof(mp__curesult), "CUresult");

@@ -101,6 +101,10 @@
  *    (CUDA_ERROR_STREAM_CAPTURE_UNMATCHED elsewhere) and with
  *    CUDA_ERROR_STREAM_CAPTURE_UNJOINED when a joined stream's work was
  *    not joined back, taking every joined stream out of capture;
+ *    cuGraphClone and cuGraphAddChildGraphNode copy a graph but refuse
+ *    one with memory nodes (CUDA_ERROR_INVALID_VALUE), and
+ *    cuGraphExecUpdate takes a graph with as many nodes of the same types
+ *    (else CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE);
  *  - contexts (test_fakecuda_contexts.c): a context made by cuCtxCreate,
  *    and each device's primary context (FAKECUDA_DEVICE_COUNT devices),
  *    has its own memory, streams and work: cuCtxSynchronize waits for the
@@ -135,11 +139,15 @@
  * allocation node is allocated once, at capture, and freed with the graph if a
  * free node releases it; the VMM and IPC calls are treated as unsafe where
  * an H200 allowed them (FK_UNSAFE_VMM); cuStreamGetCaptureInfo gives no
- * dependencies; a captured event record or wait makes no node. Events are plain
- * host-device events: one of another context is CUDA_ERROR_INVALID_VALUE, not
- * an invalid handle. There is no runtime (libcudart) over it, so the runtime's
- * own state after the shim serves a cudaMalloc (the primary context current,
- * the shim's failures in cudaGetLastError) is checked only on a GPU
+ * dependencies; a captured event record or wait makes no node; a child
+ * graph node is its graph's nodes copied into the chain, then a node
+ * standing for them; cuGraphExecUpdate refuses graphs with memory nodes
+ * and keeps the executable's user object references. Events are plain
+ * host-device events: one of another context is CUDA_ERROR_INVALID_VALUE,
+ * not an invalid handle. There is no runtime (libcudart) over it, so the
+ * runtime's own state after the shim serves a cudaMalloc (the primary
+ * context current, the shim's failures in cudaGetLastError) is checked only
+ * on a GPU
  * (tests/preload/gpu/gpu_prog.cu); the preload tests' stand-in runtime
  * (tests/preload/stand_runtime.c) keeps a last error, for the shim's
  * refused frees. */
@@ -208,6 +216,10 @@ CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *out, CUgraph g,
  * PFN_cuGraphInstantiate_v10000 and _v11000; since 12.0 the name
  * cuGraphInstantiate is cuGraphInstantiateWithFlags. */
 #undef cuGraphInstantiate
+/* And PFN_cuGraphExecUpdate_v10020, before CUDA 12.0's result info. */
+#undef cuGraphExecUpdate
+CUresult cuGraphExecUpdate(CUgraphExec x, CUgraph g, CUgraphNode *err,
+                           CUgraphExecUpdateResult *result);
 CUresult cuGraphInstantiate(CUgraphExec *out, CUgraph g, CUgraphNode *err,
                             char *log, size_t logsize);
 CUresult cuGraphInstantiate_v2(CUgraphExec *out, CUgraph g, CUgraphNode *err,
@@ -322,6 +334,11 @@ void cuFakeResetCallCounts(void);
   X(cuGraphInstantiateWithParams)                                              \
   X(cuGraphInstantiateWithParams_ptsz)                                         \
   X(cuGraphExecDestroy)                                                        \
+  X(cuGraphExecGetFlags)                                                       \
+  X(cuGraphClone)                                                              \
+  X(cuGraphAddChildGraphNode)                                                  \
+  X(cuGraphExecUpdate)                                                         \
+  X(cuGraphExecUpdate_v2)                                                      \
   X(cuGraphLaunch)                                                             \
   X(cuGraphLaunch_ptsz)                                                        \
   X(cuMemGetAllocationGranularity)                                             \
@@ -819,6 +836,7 @@ struct CUgraphExec_st {
   fk_urefs_t urefs;
   fk_gmem_t *gmem; /* its graph's, one reference more */
   bool auto_free;  /* CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH */
+  unsigned long long flags; /* those it was instantiated with */
 };
 
 static bool fk_glist_push(fk_glist_t *l, mp_device_t *dev, CUdeviceptr p) {
@@ -3669,6 +3687,7 @@ static CUresult fk_instantiate(CUgraphExec *out, CUgraph g,
     x->nodes[i] = *g->nodes[i];
   x->n = g->n;
   x->auto_free = flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
+  x->flags = flags;
   /* cuda.h, cuGraphInstantiate: "If hGraph contains any allocation or free
    * nodes, there can be at most one executable graph in existence for that
    * graph at a time. An attempt to instantiate a second executable graph
@@ -3770,6 +3789,171 @@ CUresult cuGraphExecDestroy(CUgraphExec x) {
   free(x->nodes);
   free(x);
   return CUDA_SUCCESS;
+}
+
+/* cuda.h, cuGraphExecGetFlags: "the flags that were passed to
+ * instantiation" (CUDA 12.0). */
+CUresult cuGraphExecGetFlags(CUgraphExec x, cuuint64_t *flags) {
+  FK_COUNT(cuGraphExecGetFlags);
+  FK_NEED_INIT();
+  if (x == NULL || flags == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  *flags = x->flags;
+  return CUDA_SUCCESS;
+}
+
+/* Copies src's nodes, in order, onto the end of dst, and src's user
+ * object references to dst (the copy holding references of its own: an
+ * assumption, cuda.h does not say). Nothing changes where host memory runs
+ * out (false). Under fk.lock. */
+static bool fk_graph_append(struct CUgraph_st *dst,
+                            const struct CUgraph_st *src) {
+  size_t n = dst->n, refs = dst->urefs.n;
+  bool ok = true;
+  for (size_t i = 0; ok && i < src->n; i++)
+    ok = fk_graph_add(dst, src->nodes[i]);
+  for (size_t i = 0; ok && i < src->urefs.n; i++)
+    ok = fk_urefs_add(&dst->urefs, src->urefs.objs[i], src->urefs.counts[i],
+                      false);
+  if (ok)
+    return true;
+  while (dst->n > n)
+    free(dst->nodes[--dst->n]);
+  while (dst->urefs.n > refs) { /* src holds them too: never the last */
+    dst->urefs.n--;
+    atomic_fetch_sub(&dst->urefs.objs[dst->urefs.n]->refs,
+                     dst->urefs.counts[dst->urefs.n]);
+  }
+  return false;
+}
+
+/* cuda.h, cuGraphClone: "creates a copy of originalGraph", child graph
+ * nodes "recursively copied into the clone" (the fake's child graph nodes
+ * hold copies of their graphs' nodes already: fk_graph_append); "Cloning
+ * is not supported for graphs which contain memory allocation nodes,
+ * memory free nodes" (the same in cuGraphAddMemAllocNode's restrictions:
+ * "The graph cannot be cloned"): CUDA_ERROR_INVALID_VALUE, the error the
+ * call lists, and nothing made. */
+CUresult cuGraphClone(CUgraph *out, CUgraph g) {
+  FK_COUNT(cuGraphClone);
+  FK_NEED_INIT();
+  if (out == NULL || g == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  struct CUgraph_st *c = calloc(1, sizeof *c);
+  if (c == NULL)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_lock(&fk.lock);
+  CUresult r = g->gmem != NULL         ? CUDA_ERROR_INVALID_VALUE
+               : fk_graph_append(c, g) ? CUDA_SUCCESS
+                                       : CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_unlock(&fk.lock);
+  if (r != CUDA_SUCCESS) {
+    free(c);
+    return r;
+  }
+  *out = c;
+  return CUDA_SUCCESS;
+}
+
+/* cuda.h, cuGraphAddChildGraphNode: a node that "executes an embedded
+ * graph"; "The child graph is cloned in this call"; "If childGraph
+ * contains allocation nodes, free nodes, or conditional nodes, this call
+ * will return an error" (CUDA_ERROR_INVALID_VALUE, the one it lists), as
+ * it does for dependencies not in hGraph. The fake's graph is a chain: the
+ * child's nodes are copied onto its end, followed by a node of type
+ * CU_GRAPH_NODE_TYPE_GRAPH that stands for them (the handle returned; a
+ * launch runs the copies and passes it by). */
+CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph g,
+                                  const CUgraphNode *deps, size_t ndeps,
+                                  CUgraph child) {
+  FK_COUNT(cuGraphAddChildGraphNode);
+  FK_NEED_INIT();
+  if (node == NULL || g == NULL || child == NULL || g == child ||
+      (ndeps > 0 && deps == NULL))
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fk.lock);
+  size_t n = g->n;
+  fk_node_t stand = {.type = CU_GRAPH_NODE_TYPE_GRAPH};
+  CUresult r = child->gmem != NULL || !fk_graph_has(g, deps, ndeps)
+                   ? CUDA_ERROR_INVALID_VALUE
+               : fk_graph_append(g, child) ? CUDA_SUCCESS
+                                           : CUDA_ERROR_OUT_OF_MEMORY;
+  if (r == CUDA_SUCCESS && !fk_graph_add(g, &stand)) {
+    while (g->n > n) /* the references stay: released with g */
+      free(g->nodes[--g->n]);
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (r == CUDA_SUCCESS)
+    *node = (CUgraphNode)g->nodes[g->n - 1];
+  pthread_mutex_unlock(&fk.lock);
+  return r;
+}
+
+/* cuda.h, cuGraphExecUpdate: "Updates the node parameters in the
+ * instantiated graph specified by hGraphExec with the node parameters in a
+ * topologically identical graph"; CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE
+ * with CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED where the count of
+ * nodes differs (no error node), _NODE_TYPE_CHANGED where a node's type
+ * does (the node of hGraph), _ERROR for an invalid value; x unchanged
+ * then. Not modelled: the limits on a node's parameters, user object
+ * references (x keeps its own), and an update where either graph has
+ * memory nodes, which the fake refuses (_NOT_SUPPORTED: an executable's
+ * memory is its graph's, fk_gmem_t, which it cannot trade). */
+static CUresult fk_exec_update(CUgraphExec x, CUgraph g, CUgraphNode *err,
+                               CUgraphExecUpdateResult *result) {
+  *err = NULL;
+  *result = CU_GRAPH_EXEC_UPDATE_ERROR;
+  if (x == NULL || g == NULL)
+    return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+  pthread_mutex_lock(&fk.lock);
+  if (x->n != g->n)
+    *result = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
+  else if (x->gmem != NULL || g->gmem != NULL)
+    *result = CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED;
+  else
+    *result = CU_GRAPH_EXEC_UPDATE_SUCCESS;
+  for (size_t i = 0; *result == CU_GRAPH_EXEC_UPDATE_SUCCESS && i < g->n; i++)
+    if (x->nodes[i].type != g->nodes[i]->type) {
+      *result = CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED;
+      *err = (CUgraphNode)g->nodes[i];
+    }
+  for (size_t i = 0; *result == CU_GRAPH_EXEC_UPDATE_SUCCESS && i < g->n; i++)
+    x->nodes[i] = *g->nodes[i];
+  pthread_mutex_unlock(&fk.lock);
+  return *result == CU_GRAPH_EXEC_UPDATE_SUCCESS
+             ? CUDA_SUCCESS
+             : CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+}
+
+/* The form before CUDA 12.0 (cudaTypedefs.h: PFN_cuGraphExecUpdate_v10020)
+ * and CUDA 12.0's, with a result info. */
+CUresult cuGraphExecUpdate(CUgraphExec x, CUgraph g, CUgraphNode *err,
+                           CUgraphExecUpdateResult *result) {
+  FK_COUNT(cuGraphExecUpdate);
+  FK_NEED_INIT();
+  CUgraphNode e;
+  CUgraphExecUpdateResult res;
+  CUresult r = fk_exec_update(x, g, &e, &res);
+  if (err != NULL)
+    *err = e;
+  if (result != NULL)
+    *result = res;
+  return r;
+}
+
+CUresult cuGraphExecUpdate_v2(CUgraphExec x, CUgraph g,
+                              CUgraphExecUpdateResultInfo *info) {
+  FK_COUNT(cuGraphExecUpdate_v2);
+  FK_NEED_INIT();
+  CUgraphNode e;
+  CUgraphExecUpdateResult res;
+  CUresult r = fk_exec_update(x, g, &e, &res);
+  if (info != NULL) {
+    info->result = res;
+    info->errorNode = e;
+    info->errorFromNode = NULL;
+  }
+  return r;
 }
 
 CUresult cuUserObjectCreate(CUuserObject *out, void *ptr, CUhostFn destroy,
@@ -4716,6 +4900,11 @@ static const fk_proc_t fk_procs[] = {
           cuGraphInstantiateWithParams_ptsz),
     FK_PT("cuGraphLaunch", 10000, cuGraphLaunch, cuGraphLaunch_ptsz),
     FK_P("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
+    FK_P("cuGraphExecGetFlags", 12000, cuGraphExecGetFlags),
+    FK_P("cuGraphClone", 10000, cuGraphClone),
+    FK_P("cuGraphAddChildGraphNode", 10000, cuGraphAddChildGraphNode),
+    FK_P("cuGraphExecUpdate", 10020, cuGraphExecUpdate),
+    FK_P("cuGraphExecUpdate", 12000, cuGraphExecUpdate_v2),
     FK_P("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
     FK_P("cuMemAddressReserve", 10020, cuMemAddressReserve),
     FK_P("cuMemAddressFree", 10020, cuMemAddressFree),

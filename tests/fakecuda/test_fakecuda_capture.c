@@ -573,6 +573,79 @@ Test(fakecuda_capture, a_graph_with_memory_nodes_has_one_executable_at_a_time) {
   cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
 }
 
+/* A graph captured on s: n bytes of d set to v (one memset node). */
+static CUgraph capture_memset(CUdeviceptr d, unsigned char v, size_t n) {
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8Async(d, v, n, s), CUDA_SUCCESS);
+  CUgraph g = NULL;
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  return g;
+}
+
+/* cuda.h: cuGraphClone "creates a copy of originalGraph" (which may then
+ * go); cuGraphAddChildGraphNode makes a node that "executes an embedded
+ * graph", "cloned in this call"; cuGraphExecUpdate updates an executable
+ * from "a topologically identical graph"
+ * (CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, TOPOLOGY_CHANGED, where the node
+ * counts differ). A graph with memory nodes is neither cloned nor made a
+ * child ("Cloning is not supported for graphs which contain memory
+ * allocation nodes, memory free nodes"; "If childGraph contains allocation
+ * nodes, free nodes, ... this call will return an error"). */
+Test(fakecuda_capture, graphs_are_cloned_embedded_and_updated_as_cuda_h_says) {
+  CUdeviceptr d;
+  cr_assert_eq(cuMemAlloc(&d, 4096), CUDA_SUCCESS);
+  CUgraph g7 = capture_memset(d, 7, 4096), g9 = capture_memset(d, 9, 4096);
+  CUgraph c, parent, two;
+  cr_assert_eq(cuGraphClone(&c, g7), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(g7), CUDA_SUCCESS);
+  CUgraphExec x;
+  cr_assert_eq(cuGraphInstantiate(&x, c, 0), CUDA_SUCCESS);
+  launch_and_read(x, d, 7);
+  CUgraphNode node;
+  cr_assert_eq(cuGraphCreate(&parent, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphAddChildGraphNode(&node, parent, NULL, 0, g9),
+               CUDA_SUCCESS);
+  CUgraphNodeType t;
+  cr_assert_eq(cuGraphNodeGetType(node, &t), CUDA_SUCCESS);
+  cr_assert_eq(t, CU_GRAPH_NODE_TYPE_GRAPH);
+  CUgraphExec px;
+  cr_assert_eq(cuGraphInstantiate(&px, parent, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(parent), CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8(d, 0, 4096), CUDA_SUCCESS);
+  launch_and_read(px, d, 9);
+  /* x (memset 7) updated from g9 (memset 9): its replays set 9. */
+  CUgraphExecUpdateResultInfo info;
+  cr_assert_eq(cuGraphExecUpdate(x, g9, &info), CUDA_SUCCESS);
+  cr_assert_eq(info.result, CU_GRAPH_EXEC_UPDATE_SUCCESS);
+  cr_assert_eq(cuMemsetD8(d, 0, 4096), CUDA_SUCCESS);
+  launch_and_read(x, d, 9);
+  /* Two nodes where x has one: refused, x unchanged. */
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8Async(d, 1, 4096, s), CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8Async(d, 2, 4096, s), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamEndCapture(s, &two), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphExecUpdate(x, two, &info),
+               CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE);
+  cr_assert_eq(info.result, CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED);
+  launch_and_read(x, d, 9);
+  /* Memory nodes: no clone, no child. */
+  CUgraph m = capture_temporary(4096, 1, 0), mc = NULL;
+  cr_assert_neq(cuGraphClone(&mc, m), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphCreate(&parent, 0), CUDA_SUCCESS);
+  cr_assert_neq(cuGraphAddChildGraphNode(&node, parent, NULL, 0, m),
+                CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(parent), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(m), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(two), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphExecDestroy(px), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphExecDestroy(x), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(c), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(g9), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
+}
+
 static void *end_elsewhere(void *p) {
   cr_assert_eq(cuCtxPushCurrent(ctx), CUDA_SUCCESS);
   CUgraph g;

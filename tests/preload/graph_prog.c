@@ -43,7 +43,8 @@
  *    into the graph frees the first's allocation (to_graph_free()). The
  *    test reads the report for both: no graph pool may be left.
  *    "refused_end", "side_stream" and "invalidated_side": the functions
- *    of those names.
+ *    of those names; "clone", "child" and "update": copy_outlives() and
+ *    updated_from().
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -116,21 +117,30 @@ static int probe_after(CUstream s, int *inside) {
 
 #define NEXECS 300
 
-/* The "many_execs" mode (above), probing on other. */
-static int many_execs(CUstream s, CUstream other) {
-  static CUgraphExec x[NEXECS];
-  CUdeviceptr out, t;
-  CUgraph g;
-  int inside;
+/* Captures on s a step into *g: a temporary allocated, written and
+ * freed, and an output *out (4096 bytes of 42) kept; both noted. */
+static int capture_step(CUstream s, CUdeviceptr *out, CUgraph *g) {
+  CUdeviceptr t;
   MP_TRY(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
-  MP_TRY(cuMemAllocAsync(&out, 4096, s));
-  note(out, 4096);
+  MP_TRY(cuMemAllocAsync(out, 4096, s));
+  note(*out, 4096);
   MP_TRY(cuMemAllocAsync(&t, BYTES, s));
   note(t, BYTES);
   MP_TRY(cuMemsetD8Async(t, 1, BYTES, s));
-  MP_TRY(cuMemsetD8Async(out, 42, 4096, s));
+  MP_TRY(cuMemsetD8Async(*out, 42, 4096, s));
   MP_TRY(cuMemFreeAsync(t, s));
-  MP_TRY(cuStreamEndCapture(s, &g));
+  MP_TRY(cuStreamEndCapture(s, g));
+  return 0;
+}
+
+/* The "many_execs" mode (above), probing on other. */
+static int many_execs(CUstream s, CUstream other) {
+  static CUgraphExec x[NEXECS];
+  CUdeviceptr out;
+  CUgraph g;
+  int inside;
+  if (capture_step(s, &out, &g) != 0)
+    return 1;
   for (int i = 0; i < NEXECS; i++)
     MP_TRY(cuGraphInstantiate(&x[i], g, 0));
   MP_TRY(cuGraphDestroy(g));
@@ -280,6 +290,134 @@ static int to_graph_free(CUstream s, CUstream other) {
   MP_TRY(cuGraphExecDestroy(x));
   MP_TRY(cuGraphDestroy(g));
   return 0;
+}
+
+/* Launches x on s: its output out (capture_step's) must read 42; then
+ * frees it. */
+static int launch_reads(CUgraphExec x, CUstream s, CUdeviceptr out) {
+  unsigned char h[4096];
+  MP_TRY(cuGraphLaunch(x, s));
+  MP_TRY(cuStreamSynchronize(s));
+  MP_TRY(cuMemcpyDtoH(h, out, sizeof h));
+  if (h[0] != 42 || h[4095] != 42) {
+    printf("the replay did not write the output (%d)\n", h[0]);
+    return 1;
+  }
+  MP_TRY(cuMemFreeAsync(out, s));
+  MP_TRY(cuStreamSynchronize(s));
+  return 0;
+}
+
+/* After the copies and executables holding the capture's memory went,
+ * probing on other: the memory must be back (1 after saying so if not). */
+static int memory_back(CUstream other) {
+  int inside;
+  if (probe_after(other, &inside) != 0)
+    return 1;
+  if (inside == 0)
+    puts("the graph's memory did not come back after its last holder went");
+  return inside == 0;
+}
+
+/* The "clone" and "child" modes: a copy of a captured graph, a clone
+ * (cuGraphClone) or a graph with a child graph node made from it
+ * (cuGraphAddChildGraphNode, which "clones" the child: cuda.h), outlives
+ * the graph. cuda.h allows neither for a graph with memory nodes: without
+ * the shim the driver refuses the copy (checked, and nothing more to do).
+ * Under the shim the graph has none, the driver copies it, and the copy's
+ * replays use the graph pool's memory: it must stay out of others' hands
+ * until the copy and its executable are destroyed, then come back. The
+ * shim released it with the original graph. */
+static int copy_outlives(CUstream s, CUstream other, bool pool, bool child) {
+  CUdeviceptr out;
+  CUgraph g, copy = NULL;
+  CUgraphExec x;
+  CUgraphNode node;
+  if (capture_step(s, &out, &g) != 0)
+    return 1;
+  CUresult r;
+  if (child) {
+    MP_TRY(cuGraphCreate(&copy, 0));
+    r = cuGraphAddChildGraphNode(&node, copy, NULL, 0, g);
+  } else {
+    r = cuGraphClone(&copy, g);
+  }
+  if (!pool) { /* the driver's own memory nodes */
+    if (r == CUDA_SUCCESS) {
+      puts("a graph with memory nodes was copied");
+      return 1;
+    }
+    if (copy != NULL)
+      MP_TRY(cuGraphDestroy(copy));
+    MP_TRY(cuGraphDestroy(g));
+    return 0;
+  }
+  MP_TRY(r);
+  MP_TRY(cuGraphDestroy(g));
+  if (probe_none(other, "a copy of its graph lives") != 0)
+    return 1;
+  MP_TRY(cuGraphInstantiate(&x, copy, 0));
+  if (launch_reads(x, s, out) != 0)
+    return 1;
+  MP_TRY(cuGraphExecDestroy(x));
+  if (probe_none(other, "a copy of its graph lives") != 0)
+    return 1;
+  MP_TRY(cuGraphDestroy(copy));
+  return memory_back(other);
+}
+
+static int clone_outlives(CUstream s, CUstream other, bool pool) {
+  return copy_outlives(s, other, pool, false);
+}
+
+static int child_outlives(CUstream s, CUstream other, bool pool) {
+  return copy_outlives(s, other, pool, true);
+}
+
+/* The "update" mode: an executable of one captured graph (g1) updated
+ * from another (g2, the same step captured again: cuGraphExecUpdate,
+ * "topologically identical"), g2 then destroyed. The executable's
+ * replays use g2's memory and allocate g2's output, not g1's: g2's memory
+ * must stay out of others' hands until the executable goes. Without the
+ * shim the graphs have memory nodes, whose update the fake refuses (not
+ * modelled; what a GPU does is its own): the mode ends after the update,
+ * whatever it said. The shim released g2's graph pool with g2. */
+static int updated_from(CUstream s, CUstream other, bool pool) {
+  CUdeviceptr out1, out2;
+  CUgraph g1, g2;
+  CUgraphExec x;
+  if (capture_step(s, &out1, &g1) != 0)
+    return 1;
+  lo = ~(CUdeviceptr)0; /* the probes watch g2's memory */
+  hi = 0;
+  if (capture_step(s, &out2, &g2) != 0)
+    return 1;
+  MP_TRY(cuGraphInstantiate(&x, g1, 0));
+  CUgraphExecUpdateResultInfo info;
+  CUresult r = cuGraphExecUpdate(x, g2, &info);
+  if (!pool) { /* the driver's own memory nodes: its answer, whichever */
+    MP_TRY(cuGraphExecDestroy(x));
+    MP_TRY(cuGraphDestroy(g1));
+    MP_TRY(cuGraphDestroy(g2));
+    return 0;
+  }
+  MP_TRY(r);
+  MP_TRY(cuGraphDestroy(g2));
+  if (probe_none(other, "an executable updated from it lives") != 0)
+    return 1;
+  for (int k = 0; k < 2; k++) /* the second: g1's output is not live */
+    if (launch_reads(x, s, out2) != 0)
+      return 1;
+  if (cuFakeGetCallCount != NULL &&
+      cuMemFreeAsync(out1, s) != CUDA_ERROR_INVALID_VALUE) {
+    puts("a free of the output of the graph before the update succeeded");
+    return 1;
+  }
+  if (probe_none(other, "an executable updated from it lives") != 0)
+    return 1;
+  MP_TRY(cuGraphExecDestroy(x));
+  MP_TRY(cuGraphDestroy(g1));
+  return memory_back(other);
 }
 
 /* The "refused_end" and "side_stream" modes. A capture begun on s forks
@@ -469,8 +607,13 @@ int main(int argc, char **argv) {
       : strcmp(how, "side_stream") == 0      ? side_stream
       : strcmp(how, "invalidated_side") == 0 ? invalidated_side
                                              : NULL;
-  if (mode != NULL) {
-    if (mode(s, other) != 0)
+  int (*copy_mode)(CUstream, CUstream, bool) =
+      strcmp(how, "clone") == 0    ? clone_outlives
+      : strcmp(how, "child") == 0  ? child_outlives
+      : strcmp(how, "update") == 0 ? updated_from
+                                   : NULL;
+  if (mode != NULL || copy_mode != NULL) {
+    if (mode != NULL ? mode(s, other) != 0 : copy_mode(s, other, pool) != 0)
       return 1;
     MP_TRY(cuStreamDestroy(s));
     MP_TRY(cuStreamDestroy(other));

@@ -39,7 +39,8 @@ static void capture_under_the_shim_with(const char *how, const char *conf) {
    * frees. auto: the output allocated by the first launch only.
    * to_graph_twice: 2 in the warm-up, 2 in the captures, 2 by the launch;
    * many_execs: 2 in the warm-up, 2 in the capture, 1 by the launch, 2 *
-   * 24 probes. */
+   * 24 probes; clone and child: the same with 3 * 24 probes; update: with
+   * 2 captures, 2 launches and 3 * 24 probes. */
   int n = how == NULL                            ? 85
           : strcmp(how, "auto") == 0             ? 82
           : strcmp(how, "to_graph_twice") == 0   ? 6
@@ -49,6 +50,9 @@ static void capture_under_the_shim_with(const char *how, const char *conf) {
           : strcmp(how, "refused_end") == 0      ? 2 + 1 + NPROBE_ALLOCS
           : strcmp(how, "side_stream") == 0      ? 2 + 1 + NPROBE_ALLOCS
           : strcmp(how, "invalidated_side") == 0 ? 2 + 1 + NPROBE_ALLOCS
+          : strcmp(how, "clone") == 0            ? 2 + 2 + 1 + 3 * NPROBE_ALLOCS
+          : strcmp(how, "child") == 0            ? 2 + 2 + 1 + 3 * NPROBE_ALLOCS
+          : strcmp(how, "update") == 0           ? 2 + 4 + 2 + 3 * NPROBE_ALLOCS
                                                  : 85;
   cr_assert_eq(
       sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
@@ -219,4 +223,25 @@ Test(preload_graph, a_capture_allocating_only_on_a_forked_stream_ends) {
  * lived until exit; it now finds it by the id its begin got. */
 Test(preload_graph, an_invalidated_capture_ends_its_forked_streams_route) {
   both_ways("invalidated_side");
+}
+
+/* A copy of a captured graph (cuGraphClone, or a child graph node made
+ * from it by cuGraphAddChildGraphNode) holds the graph pool as the graph
+ * does: its replays use that memory. The shim did not see the copies and
+ * released the graph pool with the original graph, under the copy's
+ * executable. Without the shim the fake refuses both for a graph with
+ * memory nodes, as cuda.h says. */
+Test(preload_graph, a_clone_of_a_captured_graph_holds_its_graph_pool) {
+  both_ways("clone");
+}
+
+Test(preload_graph, a_child_graph_node_holds_its_graphs_graph_pool) {
+  both_ways("child");
+}
+
+/* An executable updated from another captured graph (cuGraphExecUpdate)
+ * replays into that graph's memory and allocates its output: it holds its
+ * graph pool until destroyed. The shim released it with the graph. */
+Test(preload_graph, an_updated_executable_holds_the_new_graphs_graph_pool) {
+  both_ways("update");
 }

@@ -188,7 +188,11 @@ fi
 # instantiates with AUTO_FREE_ON_LAUNCH; refused_end (ends the driver
 # refuses while the capture goes on), side_stream (only a forked
 # stream allocates) and invalidated_side (the same capture invalidated by
-# cuCtxSynchronize before its end). Every mode frees the graph's output
+# cuCtxSynchronize before its end); clone, child and update (a clone of
+# the graph, a graph with a child graph node made from it, an executable
+# updated from it: each holds its graph pool; without the shim the driver
+# must refuse the first two, cuda.h forbidding them for memory nodes).
+# Every mode frees the graph's output
 # after each launch, as cuda.h's graph allocations ask; "", "auto",
 # refused_end, side_stream and invalidated_side also run without the
 # shim, the real driver's own graph memory nodes keeping the rules the
@@ -197,12 +201,13 @@ graph=$build/tests/preload/preload_graph_prog
 if [ -x "$graph" ]; then
   real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
   for how in "" ptsz auto to_graph_twice many_execs refused_end side_stream \
-    invalidated_side; do
+    invalidated_side clone child update; do
     LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
       MEMPOOL_DEVICE=cuda "$graph" pool $how >"$work/graph.out" 2>&1 ||
       fail "graph_prog $how under the shim: $(cat "$work/graph.out")"
   done
-  for how in "" auto refused_end side_stream invalidated_side; do
+  for how in "" auto refused_end side_stream invalidated_side clone child \
+    update; do
     LD_LIBRARY_PATH="$(dirname "$real")" "$graph" plain $how \
       >"$work/graph.out" 2>&1 ||
       fail "graph_prog $how without the shim: $(cat "$work/graph.out")"
