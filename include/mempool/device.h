@@ -57,10 +57,14 @@ typedef struct mp_event *mp_event_t;
  * NULL: $MEMPOOL_DEVICE if set, else "cuda" where a GPU is usable, else
  * "host". "cuda" with no driver or GPU: MP_ENODEV; a driver that fails to
  * initialise: MP_EDRIVER. A malformed spec is MP_EINVAL and mp_last_error()
- * names the bad key or value. */
+ * names the bad key or value. From a host function (mp_stream_launch_host)
+ * of a host device: MP_EINVAL, nothing opened (CUDA forbids API calls
+ * there). */
 MP_API mp_status_t mp_device_open(const char *spec, mp_device_t **out);
 /* Drains every stream, releases what is left, then closes. NULL: no-op.
- * On CUDA a close that cannot wait for the device's work (cuCtxSynchronize
+ * From a host function of a host device (which runs on one of its
+ * streams): refused, nothing closed, and mp_last_error() says so. On CUDA
+ * a close that cannot wait for the device's work (cuCtxSynchronize
  * refused: called from a host function, or while a stream of the device
  * is being captured) closes nothing: the device stays open and usable,
  * mp_last_status() and mp_last_error() say why, and a later close (once

@@ -47,7 +47,9 @@ typedef struct mp__backend {
   mp_status_t (*stream_destroy)(mp_device_t *dev, mp_stream_t s);
   /* The refusal (MP_EINVAL, said) of device call fn made where it may not
    * be (the host device: from a host function), before anything changes;
-   * MP_OK else. NULL: no call is refused so (CUDA leaves it undefined). */
+   * MP_OK else. NULL: no call is refused so (CUDA leaves it undefined).
+   * The host backend's takes a NULL dev too (mp_device_open: no device
+   * yet), and refuses from a host function of any host device. */
   mp_status_t (*caller_check)(mp_device_t *dev, const char *fn);
   /* true when s was made by stream_create on dev and is not destroyed yet;
    * asks no driver (a destroyed handle is undefined behaviour there). */

@@ -22,6 +22,13 @@
       return mp__fail(MP_EINVAL, "%s: %s is NULL", __func__, #p);              \
   } while (0)
 
+/* The device's refusal of call fn made where it may not be (a host
+ * function), before anything changes. */
+static mp_status_t mp__device_caller_check(mp_device_t *dev, const char *fn) {
+  return dev->ops->caller_check != NULL ? dev->ops->caller_check(dev, fn)
+                                        : MP_OK;
+}
+
 static mp_status_t mp__open_backend(const mp__backend_t *ops, const char *opts,
                                     mp_device_t **out) {
   mp_device_t *dev = mp__host_calloc(1, sizeof *dev);
@@ -39,6 +46,12 @@ static mp_status_t mp__open_backend(const mp__backend_t *ops, const char *opts,
 
 mp_status_t mp_device_open(const char *spec, mp_device_t **out) {
   MP__CHECK_OUT(out);
+  /* Nor from a host function (a driver call on the cuda backend): no
+   * device yet, so the host backend's check, which tells whether this
+   * thread runs a host function of any host device. */
+  mp_status_t hst = mp__host_backend.caller_check(NULL, "mp_device_open");
+  if (hst != MP_OK)
+    return hst;
   if (spec == NULL) {
     spec = getenv("MEMPOOL_DEVICE");
     if (spec == NULL || spec[0] == '\0') {
@@ -82,6 +95,12 @@ mp_status_t mp_device_open(const char *spec, mp_device_t **out) {
 
 void mp_device_close(mp_device_t *dev) {
   if (dev == NULL)
+    return;
+  /* Nor from where the device refuses calls (a host function, which runs
+   * on one of its streams: the close would stop that stream from its own
+   * thread and free what runs it). Refused before anything changes; the
+   * refusal is mp_last_error()'s. */
+  if (mp__device_caller_check(dev, "mp_device_close") != MP_OK)
     return;
   /* Memory that queued work may still use is not given back: a close that
    * cannot wait for the device closes nothing, not even the imports, and
@@ -255,13 +274,6 @@ mp_status_t mp_device_alloc(mp_device_t *dev, size_t bytes, void **out) {
  * implicit synchronization"; cuMemFreeHost says nothing), so without one a
  * copy still queued would run on freed memory. mempool's own callers free
  * only what no queued work uses, without the wait (mp__device_free). */
-/* The device's refusal of call fn made where it may not be (a host
- * function), before anything changes. */
-static mp_status_t mp__device_caller_check(mp_device_t *dev, const char *fn) {
-  return dev->ops->caller_check != NULL ? dev->ops->caller_check(dev, fn)
-                                        : MP_OK;
-}
-
 static mp_status_t mp__device_free_sync(mp_device_t *dev, const char *fn) {
   mp_status_t st = mp__device_caller_check(dev, fn);
   if (st != MP_OK || dev->ops->free_waits)

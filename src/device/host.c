@@ -295,10 +295,11 @@ static void host_ops_free(host_op_t *op) {
  * "The host function must not make any CUDA API calls. Attempting to use a
  * CUDA API may result in CUDA_ERROR_NOT_PERMITTED, but this is not
  * required." (cuda.h, cuLaunchHostFunc). So every call into a host device
- * that is a driver call on the cuda backend (allocations, frees, streams,
- * copies, events, virtual memory, IPC) is refused with MP_EINVAL from any
- * host function, not only the ones that would wait for their own stream
- * and hang: code that works here would fail on a GPU. */
+ * that is a driver call on the cuda backend (opening and closing a device,
+ * allocations, frees, streams, copies, events, virtual memory, IPC) is
+ * refused with MP_EINVAL from any host function, not only the ones that would
+ * wait for their own stream and hang: code that works here would fail on a GPU.
+ */
 static _Thread_local host_dev_t *host_fn_dev;
 
 static mp_status_t host_check_caller(const char *fn) {

@@ -149,3 +149,52 @@ Test(host_host_functions,
   cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
   mp_device_close(dev);
 }
+
+/* What open_and_close got from a host function: mp_device_open and
+ * mp_device_close, each a driver call on the cuda backend, and a close of
+ * the very device whose stream runs the function would stop (join) that
+ * stream from its own thread. */
+typedef struct open_close {
+  mp_device_t *dev, *peer;
+  mp_device_t *opened; /* what the refused open wrote, if anything */
+  mp_status_t open;
+  char open_why[256], close_why[256], own_close_why[256];
+} open_close_t;
+
+static void open_and_close(void *arg) {
+  open_close_t *c = arg;
+  c->open = mp_device_open("host:capacity=64M", &c->opened);
+  snprintf(c->open_why, sizeof c->open_why, "%s", mp_last_error());
+  mp_device_close(c->peer);
+  snprintf(c->close_why, sizeof c->close_why, "%s", mp_last_error());
+  mp_device_close(c->dev);
+  snprintf(c->own_close_why, sizeof c->own_close_why, "%s", mp_last_error());
+}
+
+Test(host_host_functions,
+     a_device_open_or_close_from_a_host_function_is_refused, .timeout = 30) {
+  mp_device_t *dev = open_dev("host:capacity=64M");
+  open_close_t c = {.dev = dev, .peer = open_dev("host:capacity=64M")};
+  void *mem;
+  cr_assert_eq(mp_device_alloc(c.peer, MiB, &mem), MP_OK);
+  memset(mem, 0x5a, MiB);
+  run_in_host_fn(dev, open_and_close, &c);
+  cr_expect_eq(c.open, MP_EINVAL, "%s", mp_status_name(c.open));
+  cr_expect_null(c.opened, "the refused open wrote a device");
+  cr_expect(strncmp(c.open_why, "mp_device_open: ", 16) == 0 &&
+                strstr(c.open_why, "host function") != NULL,
+            "%s", c.open_why);
+  cr_expect(strncmp(c.close_why, "mp_device_close: ", 17) == 0 &&
+                strstr(c.close_why, "host function") != NULL,
+            "%s", c.close_why);
+  cr_expect(strncmp(c.own_close_why, "mp_device_close: ", 17) == 0, "%s",
+            c.own_close_why);
+  /* Nothing closed: both devices and the peer's memory still serve. */
+  cr_expect_eq(((unsigned char *)mem)[MiB - 1], 0x5a);
+  cr_expect_eq(mp_device_free(c.peer, mem), MP_OK, "%s", mp_last_error());
+  void *p;
+  cr_expect_eq(mp_device_alloc(dev, MiB, &p), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_device_free(dev, p), MP_OK, "%s", mp_last_error());
+  mp_device_close(c.peer);
+  mp_device_close(dev);
+}
