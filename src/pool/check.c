@@ -3,7 +3,8 @@
  * Segments do not overlap; each segment's blocks tile it in address order
  * with consistent prev/next/seg links and aligned non-zero sizes; a free
  * block is in the treap of its class and never next to another free block;
- * a live block is in the live map; class bitmaps are set exactly for the
+ * a live block is in the live map, whose room is no more than it holds;
+ * class bitmaps are set exactly for the
  * non-empty classes and each treap is ordered and heap-ordered; the stats
  * equal what the blocks add up to. Cost O(blocks log blocks); for tests and
  * debugging, never on a hot path. */
@@ -240,6 +241,12 @@ mp_status_t mp__pool_check_locked(mp_pool_t *pool) {
   if (idx_n != free_n || idx_b != free_b)
     MP__CORRUPT("free index holds %zu blocks / %zu bytes, segments %zu / %zu",
                 idx_n, idx_b, free_n, free_b);
+  /* A room above the map's share (an entry put back where none was left:
+   * the count wraps) would let it fill past its load and never grow. */
+  if (pool->map_room > pool->map_cap / MP__MAP_LOAD)
+    MP__CORRUPT("the live map's room is %zu entries, more than the %zu it "
+                "holds at most",
+                pool->map_room, pool->map_cap / MP__MAP_LOAD);
   if (mp__map_count(pool) != live_n)
     MP__CORRUPT("live map holds %zu blocks, segments %zu", mp__map_count(pool),
                 live_n);

@@ -82,8 +82,22 @@ void mp__export_reap(mp_pool_t *pool) {
 
 bool mp__export_hold(mp_pool_t *pool, mp__block_t *b) {
   MP__ASSERT_LOCKED(pool);
-  mp__export_reap(pool);
-  if (!mp__export_has(pool, b)) {
+  /* b's own leases only: a release of another block (mp__export_reap) may
+   * drop the lock, and b must be decided first, in the live map or out of
+   * it for good, never out of it while other threads look (or allocate:
+   * the room its removal left would go to them). */
+  bool open = false;
+  for (size_t i = 0; i < pool->nexports;) {
+    if (pool->exports[i].b != b) {
+      i++;
+    } else if (mp__lease_gone(pool->exports[i].lease)) {
+      mp__export_drop(pool, i);
+    } else {
+      open = true;
+      i++;
+    }
+  }
+  if (!open) {
     b->flags &= ~(uint32_t)MP__B_EXPORTED;
     return false;
   }

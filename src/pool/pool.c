@@ -868,6 +868,30 @@ static MP__COLD mp_status_t mp__pool_free_forward(mp_pool_t *a, void *ptr,
                                                   mp_stream_t s,
                                                   const char *fn);
 
+/* The rest of a free once b is out of the live map. */
+static MP__HOT void mp__pool_free_release(mp_pool_t *pool, mp__block_t *b,
+                                          bool plain) {
+  /* Before b joins its free neighbours: the new block's own stream has not
+   * reached the free yet, and merged in it would hold them back. */
+  if (!plain)
+    mp__segment_release_above(pool);
+  mp__index_insert_hot(pool, mp__block_release_merged(pool, b, plain));
+}
+
+/* The free of exported b at slot: held (kept in the live map, where it
+ * is throughout) while an importer holds it, else freed. The lock is not
+ * dropped until b is one or the other; then the leases of other blocks
+ * that importers let go are reaped, which may release their blocks and
+ * drop the lock (an unmap, release_threshold). */
+static MP__COLD void mp__pool_free_exported(mp_pool_t *pool, mp__block_t *b,
+                                            mp__slot_t *slot, bool plain) {
+  if (!mp__export_hold(pool, b)) {
+    mp__map_remove_slot(pool, slot);
+    mp__pool_free_release(pool, b, plain);
+  }
+  mp__export_reap(pool);
+}
+
 /* The free under the lock, which it drops; plain: pool->rare is 0, and
  * what only a rare state needs (mp__pool_rare_of) is left out. */
 static MP__HOT mp_status_t mp__pool_free_locked(mp_pool_t *pool, void *ptr,
@@ -904,19 +928,11 @@ static MP__HOT mp_status_t mp__pool_free_locked(mp_pool_t *pool, void *ptr,
       mp__stream_use_all(pool, b);
     else if (how == MP__FREE_DONE)
       mp__stream_drop_uses(pool, b);
-    /* Out of the live map first, while slot is still b's: an exported
-     * block's lease check frees the blocks whose leases closed, and their
-     * removal moves the entries after them (b's, maybe). */
-    mp__map_remove_slot(pool, slot);
-    if (MP__UNLIKELY(b->flags & MP__B_EXPORTED) && mp__export_hold(pool, b)) {
-      /* imported elsewhere: kept live until its leases close */
-      mp__map_add(pool, b); /* the removal left room */
+    if (MP__UNLIKELY(b->flags & MP__B_EXPORTED)) {
+      mp__pool_free_exported(pool, b, slot, plain);
     } else {
-      /* Before b joins its free neighbours: the new block's own stream has
-       * not reached the free yet, and merged in it would hold them back. */
-      if (!plain)
-        mp__segment_release_above(pool);
-      mp__index_insert_hot(pool, mp__block_release_merged(pool, b, plain));
+      mp__map_remove_slot(pool, slot);
+      mp__pool_free_release(pool, b, plain);
     }
   } else if (MP__UNLIKELY(st == MP__EFORWARD)) {
     mp__pool_unlock(pool);

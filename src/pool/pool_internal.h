@@ -1071,7 +1071,9 @@ bool mp__graph_counted(void);
 extern _Thread_local bool mp__segment_trying;
 /* ---- export.c: IPC exports and their leases ------------------------------ */
 /* A free of exported b (lock held): true when b is still imported
- * elsewhere and is now held instead of freed. */
+ * elsewhere and is now held instead of freed. Polls b's leases only and
+ * never drops the lock; the caller reaps the others (mp__export_reap)
+ * once b is settled. */
 bool mp__export_hold(mp_pool_t *pool, mp__block_t *b);
 /* Closes the leases whose importers have let go (one poll each) and
  * releases held blocks left with none. */

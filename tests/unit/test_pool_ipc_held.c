@@ -1,10 +1,10 @@
-/* A free of an exported block first closes the leases importers let go
+/* A free of an exported block also closes the leases importers let go
  * (export.c's reap), which frees the blocks those held: it removes them
  * from the live map, whose backward-shift deletion moves the entries after
  * each one (and with release_threshold it may drop the lock for an unmap,
  * while other threads change the map). The freed block's own entry may
- * have moved meanwhile: the free must remove the entry where it is now,
- * not at the slot its lookup found before the reap. */
+ * move so: the free must settle its own block (out of the map, or held in
+ * it) before the reap, not remove it at a slot its lookup found before. */
 #include <criterion/criterion.h>
 #include <pthread.h>
 
@@ -95,11 +95,15 @@ static void *free_race_ptr(void *arg) {
   return NULL;
 }
 
+/* What the other thread does during the unmap (free_race_ptr unless a
+ * test says otherwise). */
+static void *(*race_fn)(void *) = free_race_ptr;
+
 static mp_status_t unmap_and_free(mp_device_t *dev, void *addr, size_t n) {
   if (race_armed) {
     race_armed = false;
     pthread_t t;
-    cr_assert_eq(pthread_create(&t, NULL, free_race_ptr, NULL), 0);
+    cr_assert_eq(pthread_create(&t, NULL, race_fn, NULL), 0);
     pthread_join(t, NULL);
   }
   return mp__host_backend.vm_unmap(dev, addr, n);
@@ -153,10 +157,21 @@ Test(pool_ipc_held, an_export_whose_reap_drops_the_lock_sees_a_free_meanwhile) {
   mp_device_close(dev);
 }
 
-/* A free of an exported block reaps the leases importers let go first; the
- * reap may drop the lock for an unmap (release_threshold), the block being
- * freed out of the live map meanwhile. A second free of the same pointer
- * from another thread then must not succeed with the first (and
+/* reap_ready with x exported (its handle in *c), then x freed (*st) while
+ * fn runs on another thread during the reap's unmap. */
+static mp_pool_t *free_racing(mp_device_t **dev, void **x, mp_ipc_handle_t *c,
+                              void *(*fn)(void *), mp_status_t *st) {
+  mp_pool_t *pool = reap_ready(dev, x, c);
+  race_fn = fn;
+  race_armed = true;
+  *st = mp_pool_free(pool, *x);
+  cr_assert(!race_armed, "the reap never unmapped (set-up)");
+  return pool;
+}
+
+/* A free of an exported block reaps the leases importers let go; the reap
+ * may drop the lock for an unmap (release_threshold). A second free of the
+ * same pointer from another thread then must not succeed with the first (and
  * mp_pool_check, which waits for the unmap, sees the pool whole after).
  * The host backend runs the second free from another thread during the
  * unmap. */
@@ -164,10 +179,8 @@ Test(pool_ipc_held, a_second_free_during_the_reap_of_the_first_fails) {
   mp_device_t *dev;
   void *x;
   mp_ipc_handle_t c;
-  mp_pool_t *pool = reap_ready(&dev, &x, &c);
-  race_armed = true;
-  mp_status_t st = mp_pool_free(pool, x);
-  cr_assert(!race_armed, "the reap never unmapped (set-up)");
+  mp_status_t st;
+  mp_pool_t *pool = free_racing(&dev, &x, &c, free_race_ptr, &st);
   cr_expect((st == MP_OK) != (race_free_st == MP_OK),
             "frees of %p: %s and %s, one must fail", x, mp_status_string(st),
             mp_status_string(race_free_st));
@@ -176,6 +189,71 @@ Test(pool_ipc_held, a_second_free_during_the_reap_of_the_first_fails) {
   size_t held = 1;
   cr_assert_eq(mp_pool_ipc_poll(pool, &held), MP_OK);
   cr_expect_eq(held, 0);
+  cr_expect_eq(stats(pool).live_blocks, 0);
+  cr_expect_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  mp_device_close(dev);
+}
+
+/* What race_fill saw and got during the unmap. */
+static bool race_ptr_live;
+static mp_status_t race_alloc_st = MP_OK;
+static void *race_fill[NBLOCKS];
+static size_t race_nfill;
+
+static size_t map_room(mp_pool_t *pool) {
+  mp__pool_lock(pool);
+  size_t room = pool->map_room;
+  mp__pool_unlock(pool);
+  return room;
+}
+
+/* Whether race_ptr is in the live map; then allocations from the cache
+ * (free memory is there: no growth, which would wait for the unmap) until
+ * the live map has no room left. */
+static void *race_fill_map(void *arg) {
+  (void)arg;
+  mp__pool_lock(race_pool);
+  race_ptr_live = mp__map_find(race_pool, (uintptr_t)race_ptr) != NULL;
+  mp__pool_unlock(race_pool);
+  while (race_alloc_st == MP_OK && race_nfill < NBLOCKS &&
+         map_room(race_pool) > 0)
+    race_alloc_st =
+        mp_pool_alloc(race_pool, 512, NULL, &race_fill[race_nfill++]);
+  return NULL;
+}
+
+/* A free of an exported block that is still imported keeps it in the live
+ * map (held). Its reap of the leases importers let go may drop the lock
+ * for an unmap (release_threshold): the block must be in the live map all
+ * the while, not taken out and put back after the unmap. Out of it
+ * meanwhile, it was missing to every other thread, and the room its
+ * removal left in the map went to allocations there, so that putting it
+ * back overfilled the map (its room wrapped below zero, and the map never
+ * grew again). The other thread fills the map during the unmap. */
+Test(pool_ipc_held, a_held_block_stays_in_the_live_map_while_the_reap_unmaps) {
+  mp_device_t *dev;
+  void *x;
+  mp_ipc_handle_t c;
+  mp_status_t st;
+  mp_pool_t *pool = free_racing(&dev, &x, &c, race_fill_map, &st);
+  cr_assert_eq(st, MP_OK, "%s", mp_last_error());
+  cr_expect(race_ptr_live, "the held block %p left the live map", x);
+  cr_assert_eq(race_alloc_st, MP_OK, "%s", mp_last_error());
+  cr_assert_lt(race_nfill, NBLOCKS, "the map never filled (set-up)");
+  mp__pool_lock(pool);
+  size_t room = pool->map_room, most = pool->map_cap / MP__MAP_LOAD;
+  mp__pool_unlock(pool);
+  cr_expect_leq(room, most, "the live map's room is %zu of at most %zu", room,
+                most);
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_free(pool, x), MP_EINVAL, "a held block freed again");
+  cr_assert_eq(mp_ipc_handle_close(&c), MP_OK);
+  size_t held = 1;
+  cr_assert_eq(mp_pool_ipc_poll(pool, &held), MP_OK);
+  cr_expect_eq(held, 0);
+  for (size_t i = 0; i < race_nfill; i++)
+    cr_assert_eq(mp_pool_free(pool, race_fill[i]), MP_OK);
+  check(pool);
   cr_expect_eq(stats(pool).live_blocks, 0);
   cr_expect_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
   mp_device_close(dev);
