@@ -701,8 +701,10 @@ MP_API mp_status_t mp_pool_ipc_poll(mp_pool_t *pool, size_t *held);
  * without its descriptors, whose lease an open import owns (a copy of a
  * handle imported already, on any device of the process: import a handle
  * once; another device needs a handle of its own), or whose block does not
- * lie inside its memory: MP_EINVAL, and h is left as it was (its
- * descriptors still open). */
+ * lie inside its memory (on the host device, inside the allocation that
+ * was exported, whatever the handle's sizes and its descriptor's offset
+ * claim): MP_EINVAL, and h is left as it was (its descriptors still
+ * open). */
 MP_API mp_status_t mp_ipc_import(mp_device_t *dev, mp_ipc_handle_t *h,
                                  void **out);
 /* Unmaps an import (ptr as mp_ipc_import gave it) after the device's

@@ -15,8 +15,10 @@
  * exported is not hole-punched when freed or unmapped (an importer may
  * still map it, as CUDA keeps exported physical memory alive until every
  * importer lets go); its pages go when the last mapping of the file does.
- * An emulation limit: the descriptor opens the whole device file, where a
- * CUDA handle names one allocation. Live allocations are kept in a table
+ * The descriptor opens the whole device file, where a CUDA handle names
+ * one allocation: it carries the allocation as a lock of its own (an
+ * open file description's, F_OFD_SETLK), and an import of memory outside
+ * it is refused. Live allocations are kept in a table
  * sorted by address, which is what makes a free of an unknown or already
  * freed pointer MP_EINVAL instead of a crash, and a copy or memset that
  * runs past an allocation's end MP_EINVAL instead of a stray write. Virtual
@@ -1604,11 +1606,35 @@ static bool host_fd_is_device_file(int fd) {
          (link[sizeof want - 1] == '\0' || link[sizeof want - 1] == ' ');
 }
 
+/* The range ipc_export handed out on descriptor fd, positioned at `at`:
+ * its lock (host_ipc_export) covers the byte at `at`. Seen from another
+ * open file description of the file (F_OFD_GETLK reports the locks of
+ * other descriptions only), made for the question: false when no export
+ * covers that byte, or it cannot be asked. Exports lock whole
+ * allocations, whose ranges of the file are disjoint, so a lock over that
+ * byte is one of the allocation holding it. */
+static bool host_fd_export(int fd, off_t at, off_t *start, off_t *len) {
+  char path[48];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  int other = open(path, O_RDONLY | O_CLOEXEC);
+  if (other < 0)
+    return false;
+  struct flock fl = {
+      .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = at, .l_len = 1};
+  bool ok = fcntl(other, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK;
+  close(other);
+  *start = fl.l_start;
+  *len = fl.l_len;
+  return ok;
+}
+
 /* The descriptor's file offset, and whether (offset, bytes) lies in it:
  * what a descriptor from ipc_export names, a host device's file positioned
  * at the page-aligned start of a range (host_file_range). Anything else
  * (another file, a misaligned offset) is refused as no IPC handle, before
- * mmap would fail on it with an error that tells nothing. */
+ * mmap would fail on it with an error that tells nothing; and so is a
+ * range outside the allocation exported (host_fd_export): the descriptor
+ * opens the whole file, its neighbours too. */
 static mp_status_t host_fd_range(const char *fn, int fd, size_t bytes,
                                  uint64_t *off) {
   struct stat sb;
@@ -1631,6 +1657,18 @@ static mp_status_t host_fd_range(const char *fn, int fd, size_t bytes,
                     "%s: descriptor %d does not hold %zu bytes of host device "
                     "memory",
                     fn, fd, bytes);
+  off_t start = 0, len = 0;
+  if (!host_fd_export(fd, at, &start, &len) || start != at)
+    return mp__fail(MP_EINVAL,
+                    "%s: descriptor %d is at offset %lld of the device file, "
+                    "where no exported allocation starts (a handle no "
+                    "export made, or of another one)",
+                    fn, fd, (long long)at);
+  if ((uint64_t)len < bytes)
+    return mp__fail(MP_EINVAL,
+                    "%s: descriptor %d names an exported allocation of %lld "
+                    "bytes, not the %zu the handle claims",
+                    fn, fd, (long long)len, bytes);
   *off = (uint64_t)at;
   return MP_OK;
 }
@@ -1698,7 +1736,11 @@ static mp_status_t host_vm_unmap(mp_device_t *dev, void *addr, size_t bytes) {
 
 /* A new open file description of the device file positioned at the
  * range's offset, so that the descriptor alone names the memory (as a
- * CUDA shareable handle does); exporting twice gives two descriptors. */
+ * CUDA shareable handle does); exporting twice gives two descriptors. The
+ * description opens the whole file: it holds a read lock (F_OFD_SETLK,
+ * which no one else takes) over the range exported, which an import
+ * checks its range against (host_fd_range). The lock goes with the
+ * description, when its last descriptor closes, in any process. */
 static mp_status_t host_ipc_export(mp_device_t *dev, void *base, size_t bytes,
                                    bool vm, mp_ipc_handle_t *h) {
   HOST_NOT_IN_HOST_FN("ipc_export");
@@ -1720,11 +1762,17 @@ static mp_status_t host_ipc_export(mp_device_t *dev, void *base, size_t bytes,
   char path[64];
   snprintf(path, sizeof path, "/proc/self/fd/%d", hd->memfd);
   int fd = open(path, O_RDWR | O_CLOEXEC);
-  if (fd < 0 || lseek(fd, (off_t)off, SEEK_SET) != (off_t)off) {
+  struct flock fl = {.l_type = F_RDLCK,
+                     .l_whence = SEEK_SET,
+                     .l_start = (off_t)off,
+                     .l_len = (off_t)bytes};
+  if (fd < 0 || lseek(fd, (off_t)off, SEEK_SET) != (off_t)off ||
+      fcntl(fd, F_OFD_SETLK, &fl) != 0) {
     int err = errno;
     if (fd >= 0)
       close(fd);
-    return mp__fail(MP_EIO, "ipc_export: cannot open the device file: %s",
+    return mp__fail(MP_EIO,
+                    "ipc_export: cannot open or lock the device file: %s",
                     strerror(err));
   }
   h->kind = MP_IPC_FD;

@@ -4385,8 +4385,9 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
  * memory").
  * Limits: a cuMemCreate handle can be exported only while it is mapped
  * (physical memory exists here only in a mapping); an imported handle maps
- * any size that fits in the exporter's file range, not only the exported
- * allocation's; opening a handle in its exporting process
+ * any size that fits in the exported allocation (the host backend checks
+ * it against the export: mp__host_vm_map_file), not only its whole size;
+ * opening a handle in its exporting process
  * is refused (CUDA_ERROR_INVALID_CONTEXT), as the runtime documents for
  * cudaIpcOpenMemHandle. */
 

@@ -214,6 +214,68 @@ Test(pool_ipc_args, a_descriptor_of_another_file_is_no_mempool_handle) {
   free_released_and_destroy(pool, p);
 }
 
+/* A handle of the device's own file that names memory outside the
+ * allocation exported: more of it than was exported (into the next
+ * allocation of the file), or a start where no export starts (an
+ * unexported allocation, or inside the exported one). The descriptor
+ * opens the whole device file, so each fitted in it and was mapped: the
+ * importer read and wrote memory nobody exported to it. Refused now, with
+ * nothing mapped and the handle as it was; the genuine handle imports. */
+Test(pool_ipc_args, a_handle_naming_memory_outside_its_export_is_einval) {
+  mp_pool_t *pool = make_pool(dev, NULL);
+  void *p, *after, *q = NULL;
+  mp_ipc_handle_t good = exported(pool, &p);
+  /* An allocation of the file after the exported one: 64 MiB, a virtual
+   * chunk of its own. */
+  cr_assert_eq(mp_pool_alloc(pool, 64 * MiB, NULL, &after), MP_OK);
+  off_t good_at = lseek(good.fd, 0, SEEK_CUR);
+  cr_assert_geq(good_at, 0);
+  const off_t page = (off_t)sysconf(_SC_PAGESIZE);
+  struct {
+    off_t at;
+    size_t mem_bytes;
+    const char *what;
+  } forged[] = {
+      {good_at, good.mem_bytes + 2 * MiB, "more than was exported"},
+      {good_at + (off_t)good.mem_bytes, good.mem_bytes,
+       "the allocation after the export"},
+      {good_at + page, good.mem_bytes - (size_t)page,
+       "a start inside the export"},
+  };
+  for (size_t i = 0; i < sizeof forged / sizeof *forged; i++) {
+    cr_assert_eq(lseek(good.fd, forged[i].at, SEEK_SET), forged[i].at);
+    /* Copies of the descriptors (the file position is shared), which an
+     * import that succeeds takes and closes. */
+    mp_ipc_handle_t bad = good;
+    bad.fd = dup(good.fd);
+    bad.lease_fd = dup(good.lease_fd);
+    cr_assert(bad.fd >= 0 && bad.lease_fd >= 0);
+    bad.mem_bytes = forged[i].mem_bytes;
+    bad.offset = 0;
+    bad.bytes = forged[i].mem_bytes;
+    int fd = bad.fd, lease = bad.lease_fd;
+    mp_status_t st = mp_ipc_import(dev, &bad, &q);
+    if (st == MP_OK)
+      (void)mp_ipc_close(dev, q);
+    cr_expect_eq(st, MP_EINVAL, "%s: %s", forged[i].what, mp_status_name(st));
+    cr_expect(strstr(mp_last_error(), "export") != NULL, "%s: %s",
+              forged[i].what, mp_last_error());
+    if (st == MP_OK)
+      continue;
+    cr_expect(bad.fd == fd && bad.lease_fd == lease,
+              "%s: a refusal changed the handle", forged[i].what);
+    cr_expect(fd_open(fd) && fd_open(lease),
+              "%s: a refused import closed a descriptor", forged[i].what);
+    close(fd);
+    close(lease);
+  }
+  cr_assert_eq(lseek(good.fd, good_at, SEEK_SET), good_at);
+  cr_assert_eq(mp_ipc_import(dev, &good, &q), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_ipc_close(dev, q), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, after), MP_OK);
+  free_released_and_destroy(pool, p);
+}
+
 /* A lease that is not one (any open descriptor of the program, here a
  * pipe's) is refused like a missing one: the import would own it, and
  * mp_ipc_close would close the program's pipe, while the exporter's block
