@@ -779,7 +779,9 @@ MP_API mp_status_t mp_pool_set_oom_handler(mp_pool_t *pool,
  * history=N). Trace actions: alloc, free_requested and
  * free_completed (both at mp_pool_free: the block is reusable at once on
  * its own stream; other streams wait for its markers, which the history
- * does not record), segment_map / segment_unmap (virtual chunks),
+ * does not record; a block freed while another process imports it, the
+ * free_requested at the free, the free_completed when its leases close),
+ * segment_map / segment_unmap (virtual chunks),
  * segment_alloc / segment_free (plain segments, a child pool's range, a
  * graph pool's borrowed ranges) and oom. An alloc's and a free's size is
  * the bytes asked for (the block's requested_size), as PyTorch records
@@ -788,7 +790,14 @@ MP_API mp_status_t mp_pool_set_oom_handler(mp_pool_t *pool,
  * (0, 0), or for a graph pool (0, n), n an id of its own (as PyTorch gives
  * a private pool's segments its id; the graph pool of a PyTorch
  * MempoolId_t, mempool/torch.h, says that id); the parent's snapshot shows the
- * ranges it lent as live blocks. The file is written whole or not
+ * ranges it lent as live blocks. A block's state is PyTorch's:
+ * "active_allocated" while the program holds it, "active_pending_free"
+ * while it is no caller's but not yet reusable (freed while imported, or
+ * held by the out-of-memory ladder while it waits for the streams),
+ * "inactive" when free; a segment's allocated_size sums the first,
+ * active_size and requested_size the first two (so allocated_size leaves
+ * out pending blocks that the stats' allocated_bytes counts). The file is
+ * written whole or not
  * at all (a temporary beside it, renamed); a symbolic link to a regular
  * file stays a link, the file it names replaced so; a path that is there
  * and is no regular file (a device, a FIFO, a link to one) is written in

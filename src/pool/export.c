@@ -104,6 +104,10 @@ bool mp__export_hold(mp_pool_t *pool, mp__block_t *b) {
   b->flags |= MP__B_HELD;
   pool->nheld++;
   mp__pool_rare_update(pool);
+  /* PyTorch's free_requested: the program let go of it; its
+   * free_completed comes when the leases close (mp__export_release). */
+  MP__HIST(pool, MP__H_FREE_REQUESTED, b->addr, b->requested,
+           MP__HIST_STREAM(pool, b->sidx));
   return true;
 }
 

@@ -148,9 +148,9 @@ void mp__history_record(mp_pool_t *pool, unsigned action, uintptr_t addr,
 }
 
 void mp__history_free(mp_pool_t *pool, uintptr_t addr, size_t size,
-                      uintptr_t stream) {
+                      uintptr_t stream, bool requested) {
   static const unsigned both[2] = {MP__H_FREE_REQUESTED, MP__H_FREE_COMPLETED};
-  mp__hist_record(pool, both, 2, addr, size, stream);
+  mp__hist_record(pool, both + requested, 2 - requested, addr, size, stream);
 }
 
 void mp__history_save_next(const mp_pool_t *pool, mp__hkept_t *out) {

@@ -1947,9 +1947,12 @@ void mp__history_put(mp_pool_t *pool, const mp__hstamp_t *at, unsigned action,
                      uintptr_t addr, size_t size, uintptr_t stream,
                      bool restored);
 /* A free: free_requested and free_completed with one clock read and one
- * stack (a block is reusable on its own stream at once). */
+ * stack (a block is reusable on its own stream at once); requested: the
+ * free_requested was recorded already (a block freed while imported,
+ * whose free_completed comes when its leases close: export.c), only the
+ * free_completed. */
 void mp__history_free(mp_pool_t *pool, uintptr_t addr, size_t size,
-                      uintptr_t stream);
+                      uintptr_t stream, bool requested);
 /* An event's slot as it was (its stack too, where stacks are kept): what
  * mp__history_take_back puts back. */
 typedef struct mp__hkept {

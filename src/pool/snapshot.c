@@ -27,9 +27,19 @@
  * (graph.c), as PyTorch gives a private pool's segments its MempoolId_t,
  * and for one made by PyTorch's hooks that very MempoolId_t (torch.c)
  * (a parent's snapshot shows the ranges it lent as live blocks). A
- * block's state is "active_allocated" when live,
- * "inactive" when free; its frames are those of the last alloc event of
- * its address still in the history. Frames are symbolized with dladdr():
+ * block's state is PyTorch's (torch/csrc/cuda/memory_snapshot.cpp:
+ * allocated, else active, else inactive, where CUDACachingAllocator.cpp's
+ * snapshot() calls a block active while it is allocated or its reuse
+ * waits for events or stream uses): "active_allocated" when the program
+ * holds it; "active_pending_free" when it is no caller's but not yet
+ * reusable: freed while another process imports it (MP__B_HELD, until its
+ * leases close) or held by the out-of-memory ladder while it waits for
+ * the streams (MP__B_LADDER); "inactive" when free. A segment's
+ * allocated_size sums the first kind, active_size and requested_size the
+ * first two, as PyTorch's do, so allocated_size leaves out the pending
+ * blocks that the stats' allocated_bytes counts. An active block's
+ * frames are those of the last alloc event of its address still in the
+ * history. Frames are symbolized with dladdr():
  * filename is the object file, name the nearest dynamic symbol ("??" when
  * none) with the offset, line 0.
  *
@@ -171,7 +181,9 @@ static void mp__pk_kstr(mp__pk_t *w, const char *k, const char *v) {
 typedef struct {
   uintptr_t addr;
   size_t size, requested;
-  bool live, hole;
+  bool live;    /* active_allocated: the program's */
+  bool pending; /* active_pending_free: freed, its reuse waiting */
+  bool hole;
   size_t ev; /* last alloc event of this address, or SIZE_MAX */
 } mp__sblock_t;
 
@@ -207,11 +219,16 @@ static int mp__sblock_cmp(const void *a, const void *b) {
   return x->addr < y->addr ? -1 : x->addr > y->addr;
 }
 
-/* Gives each live block the index of its last alloc event in the ring. */
+/* Whether b is active in PyTorch's sense: allocated or pending free. */
+static bool mp__sblock_active(const mp__sblock_t *b) {
+  return b->live || b->pending;
+}
+
+/* Gives each active block the index of its last alloc event in the ring. */
 static mp_status_t mp__snap_link_events(mp__snap_t *s) {
   size_t nlive = 0;
   for (size_t i = 0; i < s->nblocks; i++)
-    nlive += s->blocks[i].live;
+    nlive += mp__sblock_active(&s->blocks[i]);
   if (nlive == 0 || s->nev == 0)
     return MP_OK;
   mp__sblock_t **by = mp__host_alloc(nlive * sizeof *by);
@@ -219,7 +236,7 @@ static mp_status_t mp__snap_link_events(mp__snap_t *s) {
     return mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
   nlive = 0;
   for (size_t i = 0; i < s->nblocks; i++)
-    if (s->blocks[i].live)
+    if (mp__sblock_active(&s->blocks[i]))
       by[nlive++] = &s->blocks[i];
   qsort(by, nlive, sizeof *by, mp__sblock_cmp);
   for (size_t e = 0; e < s->nev; e++) {
@@ -305,8 +322,12 @@ static mp_status_t mp__snap_take(mp_pool_t *pool, mp__snap_t *s) {
       /* Cut at a paused pool's top: a block may run over several chunks. */
       sb->size = b->size < top - b->addr ? b->size : top - b->addr;
       sb->hole = (b->flags & MP__B_HOLE) != 0;
-      sb->live = !sb->hole && !(b->flags & MP__B_FREE);
-      sb->requested = !sb->live                 ? 0
+      /* A block freed while imported (held until its leases close) and
+       * the one the out-of-memory ladder holds while it waits for the
+       * streams are no caller's: PyTorch's active_pending_free. */
+      sb->pending = (b->flags & (MP__B_HELD | MP__B_LADDER)) != 0;
+      sb->live = !sb->hole && !(b->flags & MP__B_FREE) && !sb->pending;
+      sb->requested = !mp__sblock_active(sb)    ? 0
                       : b->requested > sb->size ? sb->size
                                                 : b->requested;
       sb->ev = SIZE_MAX;
@@ -366,11 +387,13 @@ static void mp__write_frames(mp__pk_t *w, const mp__snap_t *s, size_t e) {
 /* One PyTorch segment: blocks [b0, b1) of s, none a hole. */
 static void mp__write_segment(mp__pk_t *w, const mp__snap_t *s, size_t b0,
                               size_t b1, int kind) {
-  size_t total = 0, allocated = 0, requested = 0;
+  size_t total = 0, allocated = 0, active = 0, requested = 0;
   for (size_t i = b0; i < b1; i++) {
     total += s->blocks[i].size;
-    if (s->blocks[i].live) {
+    if (s->blocks[i].live)
       allocated += s->blocks[i].size;
+    if (mp__sblock_active(&s->blocks[i])) {
+      active += s->blocks[i].size;
       requested += s->blocks[i].requested;
     }
   }
@@ -379,7 +402,7 @@ static void mp__write_segment(mp__pk_t *w, const mp__snap_t *s, size_t b0,
   mp__pk_kint(w, "address", s->blocks[b0].addr);
   mp__pk_kint(w, "total_size", total);
   mp__pk_kint(w, "allocated_size", allocated);
-  mp__pk_kint(w, "active_size", allocated);
+  mp__pk_kint(w, "active_size", active);
   mp__pk_kint(w, "requested_size", requested);
   mp__pk_kint(w, "stream", 0);
   mp__pk_kstr(w, "segment_type",
@@ -400,8 +423,11 @@ static void mp__write_segment(mp__pk_t *w, const mp__snap_t *s, size_t b0,
     mp__pk_kint(w, "address", b->addr);
     mp__pk_kint(w, "size", b->size);
     mp__pk_kint(w, "requested_size", b->requested);
-    mp__pk_kstr(w, "state", b->live ? "active_allocated" : "inactive");
-    mp__write_frames(w, s, b->live ? b->ev : SIZE_MAX);
+    mp__pk_kstr(w, "state",
+                b->live      ? "active_allocated"
+                : b->pending ? "active_pending_free"
+                             : "inactive");
+    mp__write_frames(w, s, mp__sblock_active(b) ? b->ev : SIZE_MAX);
     mp__pk_dict_end(w);
   }
   mp__pk_list_end(w);
