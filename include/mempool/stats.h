@@ -76,7 +76,9 @@ MP_API mp_status_t mp_pool_reset_peaks(mp_pool_t *pool);
  * torch.cuda.memory_stats()'s key names where they mean the same here
  * (allocated_bytes.all.current, ..., inactive_split_bytes.all.current: free
  * bytes that cannot go back to the device while their neighbours live,
- * num_alloc_retries, num_ooms). A write that fails: MP_EIO. */
+ * num_alloc_retries, num_ooms). While paused it lists no free class (free
+ * is 0: a paused pool serves nothing). A write of the dump's that fails:
+ * MP_EIO (an error flag the stream had before the call is not one). */
 MP_API mp_status_t mp_pool_dump(mp_pool_t *pool, FILE *out, const char *format);
 
 #ifdef __cplusplus

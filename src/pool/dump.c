@@ -8,12 +8,33 @@
  * that failed left: pause.c), as reserved_bytes says, and the segment is
  * marked paused (" paused" in text, "paused":true in JSON) with every
  * block record it keeps for the resume, live ones as live (allocated_bytes
- * and live_blocks still count them).
+ * and live_blocks still count them), and no free class (free is 0).
  * Read-only; holds the lock for the walk. */
 #include <errno.h>
+#include <stdarg.h>
 #include <string.h>
 
 #include "pool_internal.h"
+
+/* The dump's stream and the first failure of its own writes (an errno, 0
+ * while none): the stream's error flag is sticky, and one the caller's
+ * earlier writes left set is no failure of the dump's. */
+typedef struct mp__dump_out {
+  FILE *f;
+  int err;
+} mp__dump_out_t;
+
+__attribute__((format(printf, 2, 3))) static void
+mp__out(mp__dump_out_t *out, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int errno_was = errno;
+  errno = 0;
+  if (vfprintf(out->f, fmt, ap) < 0 && out->err == 0)
+    out->err = errno != 0 ? errno : EIO;
+  errno = errno_was;
+  va_end(ap);
+}
 
 static const char *mp__seg_kind(int k) {
   return k == MP__SEG_VIRTUAL ? "virtual"
@@ -73,11 +94,11 @@ typedef struct mp__dump_head {
   unsigned live, gone;
 } mp__dump_head_t;
 
-static void mp__dump_text_head(const mp_pool_t *pool, FILE *out,
+static void mp__dump_text_head(const mp_pool_t *pool, mp__dump_out_t *out,
                                const mp__dump_head_t *h) {
   const mp_stats_t *s = &h->s;
   char frag[32]; /* "0.5000" under any locale, as the JSON dump writes it */
-  fprintf(out,
+  mp__out(out,
           "pool %p (%s)\n"
           "  reserved %zu (peak %zu)  allocated %zu (peak %zu)  requested %zu "
           "(peak %zu)\n"
@@ -92,7 +113,7 @@ static void mp__dump_text_head(const mp_pool_t *pool, FILE *out,
           (unsigned long long)s->device_alloc_count,
           (unsigned long long)s->device_free_count,
           (unsigned long long)s->oom_count);
-  fprintf(out, "  streams %u (%u destroyed, kept until their work is done)\n",
+  mp__out(out, "  streams %u (%u destroyed, kept until their work is done)\n",
           h->live, h->gone);
 }
 
@@ -110,16 +131,17 @@ static size_t mp__seg_held(const mp_pool_t *pool, const mp__segment_t *g) {
 
 /* Under pool's lock: its segments and blocks; arena: its number in the
  * pool with arenas, or -1. */
-static void mp__dump_text_segs(const mp_pool_t *pool, FILE *out, long arena) {
+static void mp__dump_text_segs(const mp_pool_t *pool, mp__dump_out_t *out,
+                               long arena) {
   for (mp__segment_t *g = pool->segs; g != NULL; g = g->next) {
-    fprintf(out, "  segment %p %s size %zu%s", (void *)g->base,
+    mp__out(out, "  segment %p %s size %zu%s", (void *)g->base,
             mp__seg_kind(g->kind), mp__seg_held(pool, g),
             pool->paused ? " paused" : "");
     if (arena >= 0)
-      fprintf(out, " arena %ld", arena);
-    fprintf(out, "\n");
+      mp__out(out, " arena %ld", arena);
+    mp__out(out, "\n");
     for (mp__block_t *b = g->first; b != NULL; b = b->next)
-      fprintf(out, "    block %p size %zu %s requested %zu\n", (void *)b->addr,
+      mp__out(out, "    block %p size %zu %s requested %zu\n", (void *)b->addr,
               b->size,
               (b->flags & MP__B_FREE)   ? "free"
               : (b->flags & MP__B_HOLE) ? "unmapped"
@@ -128,26 +150,26 @@ static void mp__dump_text_segs(const mp_pool_t *pool, FILE *out, long arena) {
   }
 }
 
-static void mp__dump_text_classes(const mp_pool_t *pool, FILE *out,
+static void mp__dump_text_classes(const mp_pool_t *pool, mp__dump_out_t *out,
                                   const mp__class_sums_t *c) {
-  fprintf(out, "  free lists by class:\n");
+  mp__out(out, "  free lists by class:\n");
   for (unsigned fl = 0; fl < MP__FL_COUNT; fl++)
     for (unsigned sl = 0; sl < MP__SL_COUNT; sl++) {
       size_t k = fl * MP__SL_COUNT + sl, lo, hi;
       if (c->n[k] == 0)
         continue;
       mp__class_range(pool, fl, sl, &lo, &hi);
-      fprintf(out, "    class %u.%u [%zu, %zu]: %zu blocks, %zu bytes\n", fl,
+      mp__out(out, "    class %u.%u [%zu, %zu]: %zu blocks, %zu bytes\n", fl,
               sl, lo, hi, c->n[k], c->bytes[k]);
     }
 }
 
-static void mp__dump_json_head(const mp_pool_t *pool, FILE *out,
+static void mp__dump_json_head(const mp_pool_t *pool, mp__dump_out_t *out,
                                const mp__dump_head_t *h) {
   const mp_stats_t *s = &h->s;
   char frag[32]; /* a JSON number under any locale */
   mp__fmt_fixed(frag, sizeof frag, h->frag, 6);
-  fprintf(out,
+  mp__out(out,
           "{\"kind\":\"%s\",\"stats\":{\"reserved_bytes\":%zu,"
           "\"peak_reserved_bytes\":%zu,\"allocated_bytes\":%zu,"
           "\"peak_allocated_bytes\":%zu,\"requested_bytes\":%zu,"
@@ -171,30 +193,30 @@ static void mp__dump_json_head(const mp_pool_t *pool, FILE *out,
 
 /* Under pool's lock: its segments, each after a comma unless *first (then
  * cleared); arena as mp__dump_text_segs's. */
-static void mp__dump_json_segs(const mp_pool_t *pool, FILE *out, long arena,
-                               bool *first) {
+static void mp__dump_json_segs(const mp_pool_t *pool, mp__dump_out_t *out,
+                               long arena, bool *first) {
   for (mp__segment_t *g = pool->segs; g != NULL; g = g->next) {
-    fprintf(out, "%s{\"base\":\"%p\",\"kind\":\"%s\",\"size\":%zu,%s",
+    mp__out(out, "%s{\"base\":\"%p\",\"kind\":\"%s\",\"size\":%zu,%s",
             *first ? "" : ",", (void *)g->base, mp__seg_kind(g->kind),
             mp__seg_held(pool, g), pool->paused ? "\"paused\":true," : "");
     *first = false;
     if (arena >= 0)
-      fprintf(out, "\"arena\":%ld,", arena);
-    fprintf(out, "\"blocks\":[");
+      mp__out(out, "\"arena\":%ld,", arena);
+    mp__out(out, "\"blocks\":[");
     for (mp__block_t *b = g->first; b != NULL; b = b->next)
-      fprintf(out,
+      mp__out(out,
               "%s{\"addr\":\"%p\",\"size\":%zu,\"free\":%s,"
               "\"requested\":%zu%s}",
               b == g->first ? "" : ",", (void *)b->addr, b->size,
               (b->flags & MP__B_FREE) ? "true" : "false", mp__dump_requested(b),
               (b->flags & MP__B_HOLE) ? ",\"unmapped\":true" : "");
-    fprintf(out, "]}");
+    mp__out(out, "]}");
   }
 }
 
-static void mp__dump_json_classes(const mp_pool_t *pool, FILE *out,
+static void mp__dump_json_classes(const mp_pool_t *pool, mp__dump_out_t *out,
                                   const mp__class_sums_t *c) {
-  fprintf(out, "],\"free_classes\":[");
+  mp__out(out, "],\"free_classes\":[");
   bool first = true;
   for (unsigned fl = 0; fl < MP__FL_COUNT; fl++)
     for (unsigned sl = 0; sl < MP__SL_COUNT; sl++) {
@@ -202,13 +224,13 @@ static void mp__dump_json_classes(const mp_pool_t *pool, FILE *out,
       if (c->n[k] == 0)
         continue;
       mp__class_range(pool, fl, sl, &lo, &hi);
-      fprintf(out,
+      mp__out(out,
               "%s{\"fl\":%u,\"sl\":%u,\"min_size\":%zu,\"max_size\":%zu,"
               "\"blocks\":%zu,\"bytes\":%zu}",
               first ? "" : ",", fl, sl, lo, hi, c->n[k], c->bytes[k]);
       first = false;
     }
-  fprintf(out, "]}\n");
+  mp__out(out, "]}\n");
 }
 
 /* Bytes of free block b that cannot go back to the device while its
@@ -242,9 +264,9 @@ static void mp__inactive_add(const mp_pool_t *pool, size_t *bytes,
 
 /* torch.cuda.memory_stats()'s key names, where they mean the same here
  * (python/mempool/_stats.py's TORCH_KEYS, which a test compares). */
-static void mp__dump_torch(const mp_stats_t *s, FILE *out, size_t split_bytes,
-                           size_t split_blocks) {
-  fprintf(out,
+static void mp__dump_torch(const mp_stats_t *s, mp__dump_out_t *out,
+                           size_t split_bytes, size_t split_blocks) {
+  mp__out(out,
           "{\"allocated_bytes.all.current\":%zu,"
           "\"allocated_bytes.all.peak\":%zu,"
           "\"reserved_bytes.all.current\":%zu,"
@@ -270,8 +292,8 @@ static void mp__dump_torch(const mp_stats_t *s, FILE *out, size_t split_bytes,
           (unsigned long long)s->alloc_retry_count);
 }
 
-mp_status_t mp_pool_dump(mp_pool_t *pool, FILE *out, const char *format) {
-  if (pool == NULL || out == NULL)
+mp_status_t mp_pool_dump(mp_pool_t *pool, FILE *file, const char *format) {
+  if (pool == NULL || file == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_dump: %s is NULL",
                     pool == NULL ? "pool" : "out");
   int kind; /* 0 text, 1 json, 2 torch */
@@ -288,6 +310,7 @@ mp_status_t mp_pool_dump(mp_pool_t *pool, FILE *out, const char *format) {
                     "or torch)",
                     mp__clip(format, strlen(format), shown, sizeof shown));
   }
+  mp__dump_out_t o = {.f = file, .err = 0}, *out = &o;
   mp__dump_head_t h = {.live = 0};
   mp__class_sums_t c = {.n = {0}};
   size_t split_bytes = 0, split_blocks = 0;
@@ -326,7 +349,10 @@ mp_status_t mp_pool_dump(mp_pool_t *pool, FILE *out, const char *format) {
     }
     h.live += a->nstreams - a->ngone;
     h.gone += a->ngone;
-    mp__class_add(a, &c);
+    /* Paused, it serves nothing (free 0, as the stats say): the free
+     * blocks it keeps for the resume are no free lists now. */
+    if (!a->paused)
+      mp__class_add(a, &c);
     mp__inactive_add(a, &split_bytes, &split_blocks);
     if (a != pool)
       mp__pool_unlock(a);
@@ -357,9 +383,13 @@ mp_status_t mp_pool_dump(mp_pool_t *pool, FILE *out, const char *format) {
     mp__dump_text_classes(pool, out, &c);
   if (pool->arenas == NULL)
     mp__pool_unlock(pool);
-  /* A full disk or a closed pipe must not pass for a dump. */
-  if (fflush(out) != 0 || ferror(out))
+  /* A full disk or a closed pipe must not pass for a dump: its own
+   * writes and the flush are judged, not the stream's sticky error flag
+   * (an error the caller's earlier writes left set failed every dump). */
+  if (o.err == 0 && fflush(file) != 0)
+    o.err = errno != 0 ? errno : EIO;
+  if (o.err != 0)
     return mp__fail(MP_EIO, "mp_pool_dump: writing the dump failed: %s",
-                    strerror(errno));
+                    strerror(o.err));
   return MP_OK;
 }

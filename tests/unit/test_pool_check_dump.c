@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "pool/pool_internal.h"
 #include "pool_fakedev.h"
@@ -272,6 +273,52 @@ Test(pool_dump, a_write_that_fails_is_eio, .init = setup, .fini = teardown) {
             mp_last_error());
   cr_expect_eq(mp_pool_dump(pool, full, "json"), MP_EIO);
   fclose(full);
+}
+
+/* The stream's error flag is sticky: one the caller's earlier use left set
+ * (here a read of a write-only stream) is no failure of the dump, whose own
+ * writes went through. It was MP_EIO. */
+Test(pool_dump, an_earlier_error_on_the_stream_is_not_the_dumps, .init = setup,
+     .fini = teardown) {
+  char path[] = "/tmp/mp_dump_XXXXXX";
+  int fd = mkstemp(path);
+  cr_assert_geq(fd, 0);
+  FILE *f = fdopen(fd, "w");
+  cr_assert_not_null(f);
+  cr_assert_eq(fgetc(f), EOF);
+  cr_assert(ferror(f), "the test needs the stream's error flag set");
+  cr_expect_eq(mp_pool_dump(pool, f, "text"), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_dump(pool, f, "json"), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_dump(pool, f, "torch"), MP_OK, "%s", mp_last_error());
+  fclose(f);
+  char buf[1 << 16];
+  FILE *r = fopen(path, "r");
+  cr_assert_not_null(r);
+  buf[fread(buf, 1, sizeof buf - 1, r)] = '\0';
+  fclose(r);
+  unlink(path);
+  cr_expect(strstr(buf, "free lists by class"), "%s", buf);
+  cr_expect(strstr(buf, "\"free_classes\":["), "%s", buf);
+}
+
+/* A paused pool serves nothing: its header says free 0 (as the stats) and
+ * it lists no free class, though it keeps its free blocks' records for the
+ * resume. It listed them. */
+Test(pool_dump, a_paused_pool_lists_no_free_class, .init = setup,
+     .fini = teardown) {
+  cr_assert_eq(mp_pool_pause(pool, 0), MP_OK, "%s", mp_last_error());
+  char *t = dump("text", MP_OK);
+  cr_expect(strstr(t, "  free 0  largest free 0 "), "%s", t);
+  cr_expect_null(strstr(t, "    class "), "%s", t);
+  free(t);
+  char *j = dump("json", MP_OK);
+  cr_expect(strstr(j, "\"free_bytes\":0,"), "%s", j);
+  cr_expect(strstr(j, "\"free_classes\":[]}"), "%s", j);
+  free(j);
+  cr_assert_eq(mp_pool_resume(pool), MP_OK, "%s", mp_last_error());
+  t = dump("text", MP_OK);
+  cr_expect(strstr(t, "    class "), "resumed, it serves again: %s", t);
+  free(t);
 }
 
 Test(pool_dump, torch_names_carry_the_stats_and_inactive_split_bytes,
