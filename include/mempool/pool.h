@@ -790,7 +790,12 @@ MP_API mp_status_t mp_pool_set_oom_handler(mp_pool_t *pool,
  * (0, 0), or for a graph pool (0, n), n an id of its own (as PyTorch gives
  * a private pool's segments its id; the graph pool of a PyTorch
  * MempoolId_t, mempool/torch.h, says that id); the parent's snapshot shows the
- * ranges it lent as live blocks. A block's state is PyTorch's:
+ * ranges it lent as live blocks. A segment's segment_type is "small" for
+ * a plain segment made for a request of at most segment_bytes/2 (the one
+ * such requests share, as PyTorch's small pool packs requests up to 1 MiB
+ * into 2 MiB segments), else "large" (the virtual range's runs too);
+ * unlike PyTorch's, a small segment may later hold a larger block (one
+ * free index serves every size). A block's state is PyTorch's:
  * "active_allocated" while the program holds it, "active_pending_free"
  * while it is no caller's but not yet reusable (freed while imported, or
  * held by the out-of-memory ladder while it waits for the streams),

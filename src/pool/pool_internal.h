@@ -260,6 +260,8 @@ struct mp__segment {
   size_t span; /* the blocks tile [base, base + span): size, or for the
                   virtual range up to the top of its highest chunk */
   int kind;
+  bool small; /* plain: made for a request of at most segment_bytes/2,
+                 the one such requests share (PyTorch's small pool) */
   mp__block_t *first, *last;
   mp__segment_t *prev, *next;
   size_t va_size;      /* virtual: reserved address range */

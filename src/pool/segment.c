@@ -166,6 +166,7 @@ mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
   s->base = (uintptr_t)p;
   s->size = s->span = bytes;
   s->kind = pool->graph ? MP__SEG_RANGE : MP__SEG_PLAIN;
+  s->small = size <= pool->cfg.segment_bytes / 2;
   mp__segment_push(pool, s);
   pool->st.device_alloc_count++;
   pool->st.segment_count++;

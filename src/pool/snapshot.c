@@ -18,7 +18,14 @@
  *
  * Segments: each plain segment, and each run of mapped memory of the
  * virtual range between two holes (is_expandable True, as PyTorch's
- * expandable segments); while the pool is paused, only what it still
+ * expandable segments); segment_type "small" for a plain segment made for
+ * a request of at most segment_bytes/2 (by default 2 MiB for requests up
+ * to 1 MiB), the kind such requests share, as PyTorch's small pool packs
+ * requests up to 1 MiB into 2 MiB segments (CUDACachingAllocator.cpp,
+ * kSmallSize, kSmallBuffer; its snapshot says "small" for a segment of
+ * that pool), else "large" (one free index serves every size here, so a
+ * small segment wholly free may later hold a larger block, which
+ * PyTorch's never does); while the pool is paused, only what it still
  * maps: nothing, or after an undo that failed (pause.c) the chunks left
  * mapped, the blocks cut at their top, so that the segments' total_size
  * is reserved_bytes as the stats say it, less the strays (vrange.c:
@@ -190,6 +197,7 @@ typedef struct {
 typedef struct {
   size_t first, nblocks; /* into blocks[] */
   int kind;              /* MP__SEG_* */
+  bool small;            /* mp__segment_t's */
 } mp__sseg_t;
 
 typedef struct {
@@ -200,8 +208,7 @@ typedef struct {
   mp__hevent_t *ev; /* oldest first */
   void **frames;    /* MP__HIST_FRAMES per event, or NULL */
   size_t nev;
-  size_t next; /* the next event the trace writes (mp__write_trace) */
-  size_t segment_bytes;
+  size_t next;         /* the next event the trace writes (mp__write_trace) */
   uint64_t pool_id[2]; /* segment_pool_id (graph_id) */
   int device;          /* the CUDA ordinal it is written as */
 } mp__snap_t;
@@ -275,7 +282,6 @@ static uintptr_t mp__snap_paused_top(const mp_pool_t *pool) {
 
 static mp_status_t mp__snap_take(mp_pool_t *pool, mp__snap_t *s) {
   memset(s, 0, sizeof *s);
-  s->segment_bytes = pool->cfg.segment_bytes;
   s->pool_id[0] = pool->graph_id[0];
   s->pool_id[1] = pool->graph_id[1];
   size_t nb = 0, ns = 0;
@@ -316,6 +322,7 @@ static mp_status_t mp__snap_take(mp_pool_t *pool, mp__snap_t *s) {
     mp__sseg_t *ss = &s->segs[s->nsegs++];
     ss->first = s->nblocks;
     ss->kind = g->kind;
+    ss->small = g->small;
     for (mp__block_t *b = g->first; b != NULL && b->addr < top; b = b->next) {
       mp__sblock_t *sb = &s->blocks[s->nblocks++];
       sb->addr = b->addr;
@@ -386,7 +393,7 @@ static void mp__write_frames(mp__pk_t *w, const mp__snap_t *s, size_t e) {
 
 /* One PyTorch segment: blocks [b0, b1) of s, none a hole. */
 static void mp__write_segment(mp__pk_t *w, const mp__snap_t *s, size_t b0,
-                              size_t b1, int kind) {
+                              size_t b1, int kind, bool small) {
   size_t total = 0, allocated = 0, active = 0, requested = 0;
   for (size_t i = b0; i < b1; i++) {
     total += s->blocks[i].size;
@@ -405,9 +412,7 @@ static void mp__write_segment(mp__pk_t *w, const mp__snap_t *s, size_t b0,
   mp__pk_kint(w, "active_size", active);
   mp__pk_kint(w, "requested_size", requested);
   mp__pk_kint(w, "stream", 0);
-  mp__pk_kstr(w, "segment_type",
-              kind == MP__SEG_PLAIN && total <= s->segment_bytes ? "small"
-                                                                 : "large");
+  mp__pk_kstr(w, "segment_type", small ? "small" : "large");
   mp__pk_str(w, "segment_pool_id");
   mp__pk_int(w, s->pool_id[0]);
   mp__pk_int(w, s->pool_id[1]);
@@ -456,7 +461,7 @@ static void mp__write_segments(mp__pk_t *w, const mp__snap_t *s) {
       while (j < end && !s->blocks[j].hole)
         j++;
       if (j > i)
-        mp__write_segment(w, s, i, j, s->segs[g].kind);
+        mp__write_segment(w, s, i, j, s->segs[g].kind, s->segs[g].small);
       i = j;
     }
   }
