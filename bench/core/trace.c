@@ -426,6 +426,11 @@ static mp_status_t mpb_trace_scan(mpb_scan_t *sc, const char *p, size_t n,
     } else if (p[i] == '\0') {
       return mp__fail(MP_EINVAL, "%s:%zu: NUL byte in a text file", path,
                       sc->line);
+    } else if (p[i] == '\r' && (i + 1 == n || p[i + 1] == '\n')) {
+      /* A CRLF's '\r' is no byte of the line (mpb_csv_line drops it): a
+       * line of MPB_MAX_LINE bytes ending in CRLF was refused. One that
+       * ends what was read is judged again once its line is whole. */
+      continue;
     } else if (++sc->line_len > MPB_MAX_LINE) {
       return mp__fail(MP_EINVAL,
                       "%s:%zu: line longer than %d bytes: not a trace", path,

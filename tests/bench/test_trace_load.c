@@ -173,6 +173,39 @@ Test(trace_load, a_line_no_trace_has_stops_the_read_at_its_line) {
   expect_refused("4:", "longer than");
 }
 
+/* A row of the longest length a line may have, ending in CRLF: the '\r'
+ * is no byte of it (the row is read without it), so it is read as the
+ * same row ending in LF is. It was refused as longer than the limit. */
+static void expect_longest_row_read(const char *eol) {
+  static const char tail[] = ",15:47:02.841961,allocate,0x1000,4096,0";
+  char text[2 * 4096];
+  size_t n = strlen(HEADER), pad = 4096 - (sizeof tail - 1);
+  memcpy(text, HEADER, n);
+  memset(text + n, '0', pad - 1); /* thread 000...01 */
+  text[n + pad - 1] = '1';
+  n += pad;
+  memcpy(text + n, tail, sizeof tail - 1);
+  n += sizeof tail - 1;
+  n += (size_t)sprintf(text + n, "%s", eol);
+  write_file(text, n, 0, 0);
+  mpb_workload_t w;
+  cr_expect_eq(mpb_trace_load(path, "t", &w), MP_OK, "%s", mp_last_error());
+  mpb_workload_free(&w);
+  unlink(path);
+  /* One byte more is refused, whatever ends the line. */
+  memmove(text + strlen(HEADER) + 1, text + strlen(HEADER), n - strlen(HEADER));
+  text[strlen(HEADER)] = '0';
+  write_file(text, n + 1, 0, 0);
+  expect_refused("2:", "longer than 4096 bytes");
+}
+
+Test(trace_load, the_longest_row_is_read_whatever_ends_it) {
+  expect_longest_row_read("\n");
+  expect_longest_row_read("\r\n");
+  expect_longest_row_read("\r"); /* the file's last line */
+  expect_longest_row_read("");
+}
+
 Test(trace_load, binary_header_is_shown_printable) {
   write_file("\x01\x02\xff\xfe garbage\n", 13, 'y', 0);
   expect_refused("1:", "found '??");
