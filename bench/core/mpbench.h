@@ -60,7 +60,8 @@ typedef struct mpb_workload {
   uint32_t *free_slots;
   size_t nfree, free_cap;
   size_t *slot_size;
-  size_t live; /* bytes allocated and not freed: they must fit a size_t */
+  size_t live;       /* bytes allocated and not freed: they must fit a size_t */
+  size_t max_events; /* events it may have (0: no bound): a built-in's */
   /* What a trace had that could not be replayed as is (see trace.c). */
   uint64_t unknown_frees;    /* frees of pointers the trace never allocated */
   uint64_t failure_rows;     /* "allocate failure" rows, skipped */
@@ -84,12 +85,23 @@ mp_status_t mpb_workload_drain(mpb_workload_t *w);
 /* Appends a pause (MPB_PAUSE) or resume (MPB_RESUME) of tenant. */
 mp_status_t mpb_workload_turn(mpb_workload_t *w, uint8_t op, uint8_t tenant);
 
-/* spec: "NAME" or "NAME:key=val,...", NAME one of mpb_builtin_names. */
+/* The most events a built-in workload may make: 16 times the largest
+ * default one's (llm, about 257 000; 100 MB of events), as much as a
+ * replay runs in minutes on every allocator.
+ * Parameters each in range may together ask for far more (llm at its
+ * maximums: about 10^13, hours to generate and more memory than a host
+ * has). */
+#define MPB_MAX_GENERATED_EVENTS ((size_t)1 << 22)
+
+/* spec: "NAME" or "NAME:key=val,...", NAME one of mpb_builtin_names. A
+ * spec whose parameters make more than MPB_MAX_GENERATED_EVENTS events is
+ * MP_EINVAL, said once the generator reaches the bound (nothing kept). */
 mp_status_t mpb_workload_generate(const char *spec, mpb_workload_t *out);
 /* Whether spec names a built-in workload with known parameters, each
  * well formed and in its range, without generating it (MP_EINVAL naming
  * what is wrong). Constraints between parameters (random's max_size above
- * max_live) are the generator's to refuse. */
+ * max_live, the events they make together) are the generator's to
+ * refuse. */
 mp_status_t mpb_workload_check(const char *spec);
 /* NULL-terminated list of built-in workload names, and a help text. */
 extern const char *const mpb_builtin_names[];

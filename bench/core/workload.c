@@ -67,6 +67,11 @@ bool mpb_grow(void *arr, size_t *cap, size_t n, size_t elem) {
 }
 
 static mp_status_t mpb_push(mpb_workload_t *w, mpb_event_t e) {
+  if (w->max_events != 0 && w->n >= w->max_events)
+    return mp__fail(MP_EINVAL,
+                    "workload %s: its parameters make more than %zu events "
+                    "(the most a built-in workload may make): lower them",
+                    w->name, w->max_events);
   if (!mpb_grow(&w->ev, &w->cap, w->n, sizeof *w->ev))
     return mp__fail(MP_ENOMEM, "%s: out of host memory for events", w->name);
   e.tenant = w->tenant;
@@ -857,6 +862,7 @@ mp_status_t mpb_workload_generate(const char *spec, mpb_workload_t *out) {
   mpb_params_t ps;
   MPB_TRY(mpb_workload_spec(spec, &b, params, &ps));
   mpb_workload_init(out, spec);
+  out->max_events = MPB_MAX_GENERATED_EVENTS;
   mp_status_t st = b->gen(out, &ps);
   if (st == MP_OK)
     st = mpb_workload_drain(out);

@@ -173,6 +173,26 @@ Test(workloads, live_bytes_beyond_a_size_t_are_einval) {
                  "live bytes");
 }
 
+/* Parameters each in range can together ask for hours of generating and
+ * more host memory than there is (llm at these: about 10^13 events): the
+ * generator stops at MPB_MAX_GENERATED_EVENTS and says why. They were all
+ * accepted, and generated until the host ran out. Just under the bound is
+ * generated (random with max_live=1: each of its n allocations freed
+ * before the next, the last by the drain at its end: 2n events). */
+Test(workloads, parameters_that_make_too_many_events_are_einval) {
+  expect_refused("llm:requests=100000,layers=1000,max_gen=100000", "events");
+  cr_expect(strstr(mp_last_error(), "lower them") != NULL, "%s",
+            mp_last_error());
+  expect_refused("random:n=100000000", "more than 4194304 events");
+  char spec[64];
+  snprintf(spec, sizeof spec, "random:n=%zu,max_size=1,max_live=1",
+           (size_t)MPB_MAX_GENERATED_EVENTS / 2);
+  mpb_workload_t w;
+  cr_assert_eq(mpb_workload_generate(spec, &w), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(w.n, MPB_MAX_GENERATED_EVENTS);
+  mpb_workload_free(&w);
+}
+
 /* adversarial grows its block size each round; a size past what a size_t
  * holds (round 7 here: 2.1e19 bytes) wrapped to a small one, and the
  * spec generated rounds of blocks smaller than the round before. */
