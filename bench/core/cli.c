@@ -257,15 +257,31 @@ typedef struct mpb_strv {
   size_t n, cap;
 } mpb_strv_t;
 
-/* false, with s unchanged, when out of memory. */
+/* false, with s unchanged, when out of memory. Through mp__host_* so
+ * that a test can make it fail (fault.c). */
 static bool mpb_strv_push(mpb_strv_t *s, const char *str) {
-  if (!mpb_grow(&s->v, &s->cap, s->n, sizeof *s->v))
-    return false;
-  char *copy = strdup(str);
+  if (s->n == s->cap) {
+    size_t ncap = s->cap ? s->cap * 2 : 16;
+    char **v = mp__host_realloc(s->v, ncap * sizeof *v);
+    if (v == NULL)
+      return false;
+    s->v = v;
+    s->cap = ncap;
+  }
+  size_t len = strlen(str) + 1;
+  char *copy = mp__host_alloc(len);
   if (copy == NULL)
     return false;
+  memcpy(copy, str, len);
   s->v[s->n++] = copy;
   return true;
+}
+
+/* The arguments could not be kept: said, exit status 1 (as every other
+ * out of host memory of mpbench's). */
+static int mpb_fail_oom(const char *what) {
+  fprintf(stderr, "mpbench: out of host memory keeping %s\n", what);
+  return 1;
 }
 
 /* A workload or allocator spec as it names its rows: "NAME:" (a colon with
@@ -485,7 +501,8 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
         return mpb_fail_usage("--workload %s given twice (its rows would "
                               "look the same)",
                               val);
-      mpb_strv_push(&c->workloads, val);
+      if (!mpb_strv_push(&c->workloads, val))
+        return mpb_fail_oom("the --workload arguments");
     } else if (strcmp(a, "--traces") == 0) {
       if (c->replay)
         return mpb_fail_usage("%s: replay takes trace files, not a folder", a);
@@ -507,7 +524,8 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
         return mpb_fail_usage("--allocator %s given twice (its rows would "
                               "look the same)",
                               val);
-      mpb_strv_push(&c->allocators, val);
+      if (!mpb_strv_push(&c->allocators, val))
+        return mpb_fail_oom("the --allocator arguments");
     } else if (strcmp(a, "--device") == 0) {
       c->device = val;
     } else if (strcmp(a, "--blockmap") == 0) {
@@ -545,7 +563,8 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
         return mpb_fail_usage("trace %s given twice (its rows would look the "
                               "same)",
                               a);
-      mpb_strv_push(&c->files, a);
+      if (!mpb_strv_push(&c->files, a))
+        return mpb_fail_oom("the trace file arguments");
     } else {
       return mpb_fail_usage("unexpected argument '%s' (trace files go to "
                             "`mpbench replay`)",
@@ -769,7 +788,8 @@ static int mpb_check_allocators(const char *const *names, size_t nnames,
     char why[160], line[MPB_MAX_ALLOCATOR + 200];
     if (!mpb_allocator_available(names[i], dev, why, sizeof why)) {
       snprintf(line, sizeof line, "%s: %s", names[i], why);
-      mpb_strv_push(unavailable, line);
+      if (!mpb_strv_push(unavailable, line))
+        return mpb_fail_oom("the allocators that cannot run");
       continue;
     }
     mpb_allocator_t *a;
@@ -782,7 +802,8 @@ static int mpb_check_allocators(const char *const *names, size_t nnames,
       fprintf(stderr, "mpbench: allocator %s: %s\n", names[i], mp_last_error());
       return 2;
     }
-    mpb_strv_push(allocs, names[i]);
+    if (!mpb_strv_push(allocs, names[i]))
+      return mpb_fail_oom("the allocators to run");
   }
   return 0;
 }
