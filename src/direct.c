@@ -45,8 +45,13 @@
  * exactly the DEFERRED ones; reserved = live + deferred bytes; inflight
  * lists the sessions taken and not yet done (their blocks are in neither
  * list), each numbered by taken when taken, and release_gen goes up, under
- * the mutex, as each one that gave any block back ends. The mutex is never
- * held across a device call. */
+ * the mutex, as each one that gave any block back ends; the map and the
+ * deferred array have room for restoring more entries each (the blocks of
+ * the sessions in flight whose device free has not returned), so that a
+ * block the device refuses goes back into the session without allocating:
+ * taking a session leaves that room (its blocks leave both), and every
+ * other addition reserves room beyond it. The mutex is never held across
+ * a device call. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -105,8 +110,11 @@ struct mp_direct {
   mp__dblock_t *deferred;
   size_t ndeferred, deferred_cap;
   size_t live_bytes, deferred_bytes;
-  uint64_t taken;               /* sessions taken */
-  mp__dsession_t *inflight;     /* sessions taken, not yet given back */
+  uint64_t taken;           /* sessions taken */
+  mp__dsession_t *inflight; /* sessions taken, not yet given back */
+  size_t restoring; /* blocks of the sessions in flight whose device free
+                       has not returned: each may come back (refused), and
+                       the map and the deferred array keep room for them */
   _Atomic uint64_t release_gen; /* sessions that gave back memory */
   pthread_cond_t released;      /* a session ended (left inflight) */
   mp_stats_t st; /* counters and peaks; byte fields derived on read */
@@ -171,9 +179,13 @@ mp_status_t mp_direct_create(mp_device_t *dev, mp_direct_t **out) {
   return MP_OK;
 }
 
-/* Grows the deferred array for more blocks; false when the host is out
- * of memory. */
+/* Grows the deferred array for more blocks, beyond the room kept for
+ * the sessions in flight (restoring); false when the host is out of
+ * memory. */
 static bool mp__direct_reserve_deferred(mp_direct_t *d, size_t more) {
+  if (more > SIZE_MAX / 4 / sizeof *d->deferred - d->restoring)
+    return false;
+  more += d->restoring;
   if (more <= d->deferred_cap - d->ndeferred)
     return true;
   if (more > SIZE_MAX / 4 / sizeof *d->deferred - d->ndeferred)
@@ -189,11 +201,20 @@ static bool mp__direct_reserve_deferred(mp_direct_t *d, size_t more) {
   return true;
 }
 
-/* Puts a block that could not be released back into the session, so a
- * later session can retry it. Without host memory to track it the block is
- * lost to this allocator (the device still frees it when it closes). */
-static void mp__direct_restore(mp_direct_t *d, mp__dblock_t b) {
-  if (!mp__ptrmap_reserve(&d->blocks, 1) || !mp__direct_reserve_deferred(d, 1))
+/* Room in the block map for more blocks, beyond the room kept for the
+ * sessions in flight (restoring); false when the host is out of memory. */
+static bool mp__direct_reserve_map(mp_direct_t *d, size_t more) {
+  return more <= SIZE_MAX / 4 - d->restoring &&
+         mp__ptrmap_reserve(&d->blocks, more + d->restoring);
+}
+
+/* A block of a session in flight whose device free returned (under the
+ * mutex): gone (refused false), or refused and put back into the session,
+ * so a later session can retry it, in the room kept for it (nothing
+ * allocated: it cannot be lost for want of host memory). */
+static void mp__direct_returned(mp_direct_t *d, mp__dblock_t b, bool refused) {
+  d->restoring--;
+  if (!refused)
     return;
   mp__dmap_put(d, b.ptr, b.bytes, MP__DIRECT_DEFERRED);
   d->deferred[d->ndeferred++] = b;
@@ -217,7 +238,7 @@ static mp_status_t mp__direct_release(mp_direct_t *d, mp__dbatch_t *batch,
     /* Nothing may be freed while work on it could still be running. */
     sess->started = sess->done = n;
     for (size_t i = 0; i < n; i++)
-      mp__direct_restore(d, batch->blocks[i]);
+      mp__direct_returned(d, batch->blocks[i], true);
     pthread_mutex_unlock(&d->mu);
     return first;
   }
@@ -229,11 +250,10 @@ static mp_status_t mp__direct_release(mp_direct_t *d, mp__dbatch_t *batch,
     if (st == MP_OK) {
       d->st.device_free_count++;
       (*released)++;
-    } else {
-      if (first == MP_OK)
-        first = st;
-      mp__direct_restore(d, batch->blocks[i]);
+    } else if (first == MP_OK) {
+      first = st;
     }
+    mp__direct_returned(d, batch->blocks[i], st != MP_OK);
     sess->done = i + 1;
     if (i + 1 < n)
       sess->started = i + 2;
@@ -268,6 +288,8 @@ static mp__dbatch_t *mp__direct_take_session(mp_direct_t *d, size_t *n,
     mp__ptrmap_remove(&d->blocks, mp__dmap_find(d, d->deferred[i].ptr));
   d->ndeferred = 0;
   d->deferred_bytes = 0;
+  /* Their room in the map and the array stays theirs while they are out. */
+  d->restoring += *n;
   /* In the same step: the blocks are always somewhere. */
   mp__dsession_t *sess = &batch->sess;
   sess->ticket = ++d->taken;
@@ -429,7 +451,7 @@ mp_status_t mp_direct_alloc(mp_direct_t *d, size_t bytes, mp_stream_t s,
     pthread_mutex_unlock(&d->mu);
     return st;
   }
-  if (!mp__ptrmap_reserve(&d->blocks, 1)) {
+  if (!mp__direct_reserve_map(d, 1)) {
     pthread_mutex_unlock(&d->mu);
     (void)mp__device_free(d->dev, p);
     return mp__fail(MP_ENOMEM, "mp_direct_alloc: out of host memory");
@@ -557,35 +579,26 @@ static void mp__direct_keep_refused(mp_direct_t *d) {
  * records are freed. A block whose free was under way (started > done)
  * may or may not have gone, and its address may since be another
  * allocation's: it is left alone, lost to this process, rather than freed
- * a second time. All or nothing: MP_ENOMEM without the host memory to
- * list the blocks, and d as it was. No other thread of this process uses
- * d (destroy's contract), so every session in flight is an orphan. */
-static mp_status_t mp__direct_adopt_orphans(mp_direct_t *d) {
-  size_t more = 0;
-  for (const mp__dsession_t *x = d->inflight; x != NULL; x = x->next)
-    more += x->n - x->started;
-  if (d->inflight == NULL)
-    return MP_OK;
-  if (!mp__ptrmap_reserve(&d->blocks, more) ||
-      !mp__direct_reserve_deferred(d, more))
-    return mp__fail(MP_ENOMEM, "mp_direct_destroy: out of host memory");
+ * a second time. The blocks go into the room kept for them (restoring):
+ * nothing is allocated. No other thread of this process uses d (destroy's
+ * contract), so every session in flight is an orphan. */
+static void mp__direct_adopt_orphans(mp_direct_t *d) {
   while (d->inflight != NULL) {
     mp__dsession_t *x = d->inflight;
     mp__dbatch_t *batch = (mp__dbatch_t *)x; /* sess is its first member */
     for (size_t i = x->started; i < x->n; i++)
-      mp__direct_restore(d, batch->blocks[i]);
+      mp__direct_returned(d, batch->blocks[i], true);
+    /* The one whose free was under way ([done, started)) is left alone. */
+    d->restoring -= x->started - x->done;
     d->inflight = x->next;
     free(batch);
   }
-  return MP_OK;
 }
 
 mp_status_t mp_direct_destroy(mp_direct_t *d) {
   if (d == NULL)
     return mp__fail(MP_EINVAL, "mp_direct_destroy: allocator is NULL");
-  mp_status_t adopted = mp__direct_adopt_orphans(d);
-  if (adopted != MP_OK)
-    return adopted;
+  mp__direct_adopt_orphans(d);
   /* No other thread may use d now, so the lock is not needed. A failure
    * leaves d usable and holding what it still holds: a synchronization
    * that fails (a call from a host function) frees nothing, since work on

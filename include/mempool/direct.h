@@ -46,9 +46,10 @@ MP_API mp_status_t mp_direct_record_stream(mp_direct_t *d, void *ptr,
  * = requested; free_bytes / free_blocks count the deferred blocks;
  * alloc_retry_count counts the allocations that tried again after a
  * session (theirs or another thread's) gave memory back. A block the
- * device refuses to free stays deferred, for the next session; where host
- * memory to keep it runs out too, it is lost to the allocator (its memory
- * stays the device's until it closes). */
+ * device refuses to free stays deferred, for the next session, even when
+ * host memory has run out meanwhile (the room to keep it is kept while its
+ * session runs: an allocation or free that would take that room grows the
+ * allocator's tables first, and is MP_ENOMEM where it cannot). */
 MP_API mp_status_t mp_direct_free_session(mp_direct_t *d);
 MP_API mp_status_t mp_direct_get_stats(mp_direct_t *d, mp_stats_t *out);
 /* As above, for a caller whose mp_stats_t is size bytes (see "Growing" in
