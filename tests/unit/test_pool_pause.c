@@ -670,6 +670,35 @@ static void ladder_start(mp_device_t *dev, ladder_t *l, pthread_t *t) {
   }
 }
 
+/* A ladder scenario: the device full with A (stream s1, live, a) and B
+ * (busy_s, above A); l's 2 MiB request on s1 started (ladder_start) on
+ * thread t: its ladder holds B. */
+typedef struct {
+  mp_device_t *dev;
+  mp_pool_t *p;
+  void *a;
+  ladder_t l;
+  pthread_t t;
+} ladder_scene_t;
+
+static void ladder_holding_b(ladder_scene_t *x) {
+  mp_stream_t s1;
+  x->p = ladder_setup(&x->dev, &s1);
+  cr_assert_eq(mp_pool_alloc(x->p, 2 * MiB, s1, &x->a), MP_OK);
+  cr_assert_eq(mp_pool_alloc(x->p, 2 * MiB, busy_s, &ladder_b), MP_OK);
+  x->l = (ladder_t){x->p, s1, MP_OK, NULL};
+  ladder_start(x->dev, &x->l, &x->t);
+}
+
+/* After the ladder ended: frees what it and A hold, and the pool. */
+static void ladder_finish(ladder_scene_t *x) {
+  if (x->l.st == MP_OK)
+    cr_assert_eq(mp_pool_free(x->p, x->l.x), MP_OK);
+  cr_assert_eq(mp_pool_free(x->p, x->a), MP_OK);
+  cr_assert_eq(mp_stream_synchronize(x->dev, busy_s), MP_OK);
+  fake_pool_finish(x->p, x->dev);
+}
+
 /* The last rung of the out-of-memory ladder takes a block another stream's
  * newer work holds and keeps it live (in the map, counted allocated) while
  * it waits for the streams. Its synchronization first waits for the one in
@@ -684,30 +713,19 @@ static void ladder_start(mp_device_t *dev, ladder_t *l, pthread_t *t) {
  * flag set white-box), cleared without waking it; the pause runs. */
 Test(pool_pause, a_pause_while_the_ladder_holds_a_block_keeps_the_figures,
      .timeout = 20) {
-  mp_device_t *dev;
-  mp_stream_t s1;
-  mp_pool_t *p = ladder_setup(&dev, &s1);
-  void *a;
-  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, s1, &a), MP_OK);
-  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, busy_s, &ladder_b), MP_OK);
-  ladder_t l = {p, s1, MP_OK, NULL};
-  pthread_t t;
-  ladder_start(dev, &l, &t);
-  cr_assert_eq(mp_pool_pause(p, 0), MP_OK, "%s", mp_last_error());
-  pthread_join(t, NULL);
+  ladder_scene_t x;
+  ladder_holding_b(&x);
+  cr_assert_eq(mp_pool_pause(x.p, 0), MP_OK, "%s", mp_last_error());
+  pthread_join(x.t, NULL);
   cr_expect_eq(ladder_free, MP_OK, "B freed during the ladder's wait");
   /* EBUSY: it ended in the paused pool. (A spurious wake-up before the
    * pause could let it take B first: MP_OK, nothing then tested.) */
-  cr_expect(l.st == MP_EBUSY || l.st == MP_OK, "%d", l.st);
-  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
-  check(p);
-  mp_stats_t s = stats(p);
-  cr_expect_eq(s.free_bytes, l.st == MP_EBUSY ? 2 * MiB : 0);
-  if (l.st == MP_OK)
-    cr_assert_eq(mp_pool_free(p, l.x), MP_OK);
-  cr_assert_eq(mp_pool_free(p, a), MP_OK);
-  cr_assert_eq(mp_stream_synchronize(dev, busy_s), MP_OK);
-  fake_pool_finish(p, dev);
+  cr_expect(x.l.st == MP_EBUSY || x.l.st == MP_OK, "%d", x.l.st);
+  cr_assert_eq(mp_pool_resume(x.p), MP_OK, "%s", mp_last_error());
+  check(x.p);
+  mp_stats_t s = stats(x.p);
+  cr_expect_eq(s.free_bytes, x.l.st == MP_EBUSY ? 2 * MiB : 0);
+  ladder_finish(&x);
 }
 
 /* The same scenario, a snapshot taken while the ladder holds B: B is no
@@ -718,20 +736,13 @@ Test(pool_pause, a_pause_while_the_ladder_holds_a_block_keeps_the_figures,
  * allocation than the program holds. */
 Test(pool_pause, a_snapshot_while_the_ladder_holds_a_block_shows_it_pending,
      .timeout = 20) {
-  mp_device_t *dev;
-  mp_stream_t s1;
-  mp_pool_t *p = ladder_setup(&dev, &s1);
-  void *a;
-  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, s1, &a), MP_OK);
-  cr_assert_eq(mp_pool_alloc(p, 2 * MiB, busy_s, &ladder_b), MP_OK);
-  ladder_t l = {p, s1, MP_OK, NULL};
-  pthread_t t;
-  ladder_start(dev, &l, &t);
-  mp__pool_lock(p);
-  size_t held = p->nladder;
-  mp__pool_unlock(p);
+  ladder_scene_t x;
+  ladder_holding_b(&x);
+  mp__pool_lock(x.p);
+  size_t held = x.p->nladder;
+  mp__pool_unlock(x.p);
   size_t len, n;
-  char *snap = snapshot_of(p, &len);
+  char *snap = snapshot_of(x.p, &len);
   if (held == 1) { /* else a spurious wake-up: nothing to see */
     cr_expect_eq(snapshot_str_count(snap, len, "active_allocated"), 1);
     cr_expect_eq(snapshot_str_count(snap, len, "active_pending_free"), 1);
@@ -739,15 +750,11 @@ Test(pool_pause, a_snapshot_while_the_ladder_holds_a_block_shows_it_pending,
     cr_expect_eq(snapshot_sum(snap, len, "active_size", &n), 4 * MiB);
   }
   free(snap);
-  cr_assert_eq(mp_pool_pause(p, 0), MP_OK, "%s", mp_last_error());
-  pthread_join(t, NULL);
-  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
-  check(p);
-  if (l.st == MP_OK)
-    cr_assert_eq(mp_pool_free(p, l.x), MP_OK);
-  cr_assert_eq(mp_pool_free(p, a), MP_OK);
-  cr_assert_eq(mp_stream_synchronize(dev, busy_s), MP_OK);
-  fake_pool_finish(p, dev);
+  cr_assert_eq(mp_pool_pause(x.p, 0), MP_OK, "%s", mp_last_error());
+  pthread_join(x.t, NULL);
+  cr_assert_eq(mp_pool_resume(x.p), MP_OK, "%s", mp_last_error());
+  check(x.p);
+  ladder_finish(&x);
 }
 
 /* The same scenario with the content kept, and the ladder's block B below
