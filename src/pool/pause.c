@@ -164,22 +164,13 @@ static void mp__blocks_history(mp_pool_t *pool, const mp__segment_t *v,
     if (b->addr < lo || (b->flags & (MP__B_FREE | MP__B_HOLE)))
       continue;
     uintptr_t hs = MP__HIST_STREAM(pool, b->sidx);
-    /* A block freed while imported (MP__B_HELD) had its free_requested
-     * at that free (export.c): a pause completes it, a resume brings it
-     * back requested again, so that its release's free_completed closes
-     * it. */
-    bool held = (b->flags & MP__B_HELD) != 0;
     if (freed) {
-      if (!held)
-        mp__history_put(pool, at, MP__H_FREE_REQUESTED, b->addr, b->requested,
-                        hs, false);
+      mp__history_put(pool, at, MP__H_FREE_REQUESTED, b->addr, b->requested, hs,
+                      false);
       mp__history_put(pool, at, MP__H_FREE_COMPLETED, b->addr, b->requested, hs,
                       false);
     } else {
       mp__history_put(pool, at, MP__H_ALLOC, b->addr, b->requested, hs, true);
-      if (held)
-        mp__history_put(pool, at, MP__H_FREE_REQUESTED, b->addr, b->requested,
-                        hs, false);
     }
   }
 }
