@@ -307,6 +307,9 @@ void mp_pool_config_init_v3(mp_pool_config_t *cfg) {
 void mp_pool_config_init(mp_pool_config_t *cfg) {
   (void)mp_pool_config_init_sized(cfg, MP_POOL_CONFIG_SIZE_V1);
 }
+/* The header's name again, for the files after this one in a unity build
+ * (MEMPOOL_UNITY_BUILD), which must reach this layout's symbol. */
+#define mp_pool_config_init mp_pool_config_init_v3
 
 mp_status_t mp_pool_config_parse(mp_pool_config_t *cfg, const char *options) {
   if (cfg == NULL || options == NULL)
@@ -325,7 +328,10 @@ mp_status_t mp_pool_config_parse(mp_pool_config_t *cfg, const char *options) {
 }
 
 mp_status_t mp__config_validate(const mp_pool_config_t *cfg) {
-  mp_status_t st = mp__config_size_check("pool config", cfg->struct_size);
+  mp_status_t st = mp__config_env_check("pool config", cfg);
+  if (st != MP_OK)
+    return st;
+  st = mp__config_size_check("pool config", cfg->struct_size);
   if (st != MP_OK)
     return st;
   if (cfg->flags & ~MP__POOL_FLAGS)
