@@ -773,15 +773,59 @@ mp__curesult cuGraphInstantiateWithParams_ptsz(mp__cugraphexec *phGraphExec,
       hGraph, params);
 }
 
+/* A name for a handle being destroyed, that no handle of the driver's
+ * can be (odd: the driver's are addresses of its objects), different for
+ * each destroy under way. A destroy renames the handle's entries in the
+ * tables before the real destroy and releases them by that name after it
+ * (or names them back if it was refused): the driver may give the handle
+ * to a new graph or executable as soon as the real destroy returns, and
+ * another thread's clone or instantiation may note the new one's holds
+ * under it before this destroy takes the lock again. Released by handle
+ * after the real destroy, those holds were taken for the old one's and
+ * dropped: the new graph or executable held nothing, and the graph pool
+ * went under it. */
+static uintptr_t mp__dying_name(void) {
+  static atomic_uintptr_t seq;
+  return atomic_fetch_add_explicit(&seq, 1, memory_order_relaxed) << 1 | 1;
+}
+
+/* Renames executable `from`'s entries `to`. Under the lock. */
+static void mp__execs_rename(mp__cugraphexec from, mp__cugraphexec to) {
+  for (size_t i = 0; i < mp__gr.nexecs; i++)
+    if (mp__gr.execs[i].x == from)
+      mp__gr.execs[i].x = to;
+}
+
+/* Renames graph `from` `to` in the slots it ended into and its copies'
+ * holds. Under the lock. */
+static void mp__graph_rename(mp__cugraph from, mp__cugraph to) {
+  for (size_t k = 0; k < mp__gr.ngholds; k++)
+    if (mp__gr.gholds[k].g == from)
+      mp__gr.gholds[k].g = to;
+  for (unsigned i = 0; i < MP__PL_CAPTURES; i++) {
+    mp__pl_capture_t *c = &mp__gr.caps[i];
+    if (c->used && !c->capturing && c->g == from)
+      c->g = to;
+  }
+}
+
 mp__curesult cuGraphExecDestroy(mp__cugraphexec hGraphExec) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  mp__curesult r = rc->cuGraphExecDestroy ? rc->cuGraphExecDestroy(hGraphExec)
-                                          : MP__CU_NOT_INITIALIZED;
-  if (r != MP__CU_SUCCESS)
-    return r;
+  if (rc->cuGraphExecDestroy == NULL)
+    return MP__CU_NOT_INITIALIZED;
+  mp__cugraphexec dying = (mp__cugraphexec)mp__dying_name();
   mp__gr_lock();
+  mp__execs_rename(hGraphExec, dying);
+  pthread_mutex_unlock(&mp__gr.lock);
+  mp__curesult r = rc->cuGraphExecDestroy(hGraphExec);
+  mp__gr_lock();
+  if (r != MP__CU_SUCCESS) {
+    mp__execs_rename(dying, hGraphExec);
+    pthread_mutex_unlock(&mp__gr.lock);
+    return r;
+  }
   for (size_t i = 0; i < mp__gr.nexecs;) {
-    if (mp__gr.execs[i].x != hGraphExec) {
+    if (mp__gr.execs[i].x != dying) {
       i++;
       continue;
     }
@@ -858,13 +902,24 @@ mp__curesult cuGraphLaunch_ptsz(mp__cugraphexec hGraphExec,
 
 mp__curesult cuGraphDestroy(mp__cugraph hGraph) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  mp__curesult r =
-      rc->cuGraphDestroy ? rc->cuGraphDestroy(hGraph) : MP__CU_NOT_INITIALIZED;
-  if (r != MP__CU_SUCCESS)
-    return r;
+  if (rc->cuGraphDestroy == NULL)
+    return MP__CU_NOT_INITIALIZED;
+  if (hGraph == NULL) /* no graph: the driver's answer, nothing held */
+    return rc->cuGraphDestroy(hGraph);
+  /* Renamed for the real destroy, as an executable (mp__dying_name). */
+  mp__cugraph dying = (mp__cugraph)mp__dying_name();
   mp__gr_lock();
+  mp__graph_rename(hGraph, dying);
+  pthread_mutex_unlock(&mp__gr.lock);
+  mp__curesult r = rc->cuGraphDestroy(hGraph);
+  mp__gr_lock();
+  if (r != MP__CU_SUCCESS) {
+    mp__graph_rename(dying, hGraph);
+    pthread_mutex_unlock(&mp__gr.lock);
+    return r;
+  }
   for (size_t k = 0; k < mp__gr.ngholds;) {
-    if (mp__gr.gholds[k].g != hGraph) {
+    if (mp__gr.gholds[k].g != dying) {
       k++;
       continue;
     }
@@ -875,7 +930,7 @@ mp__curesult cuGraphDestroy(mp__cugraph hGraph) {
   }
   for (unsigned i = 0; i < MP__PL_CAPTURES; i++) {
     mp__pl_capture_t *c = &mp__gr.caps[i];
-    if (!mp__capture_into(i, hGraph))
+    if (!mp__capture_into(i, dying))
       continue;
     c->g = NULL;
     mp__capture_unheld(c);

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "preload/hooks.h"
+#include "in_process.h"
 
 mp_status_t __real_mp_pool_alloc(mp_pool_t *pool, size_t size,
                                  mp_stream_t stream, void **out);
@@ -34,25 +34,9 @@ mp_status_t __wrap_mp_pool_alloc(mp_pool_t *pool, size_t size,
 /* Pooling on the fake driver, device 0's primary context current, the
  * stand-in runtime loaded where the shim looks for the real one. */
 static void cuda_mode(void) {
-  setenv("MEMPOOL_DEVICE", "cuda", 1);
-  unsetenv("MEMPOOL_PRELOAD");
-  unsetenv("MEMPOOL_CONF");
   cr_assert_not_null(dlopen(MP_STAND_RUNTIME, RTLD_NOW | RTLD_GLOBAL), "%s",
                      dlerror());
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-  cr_assert_not_null(lib, "%s", dlerror());
-  mp__curesult (*init)(unsigned) = NULL;
-  mp__curesult (*retain)(void **, int) = NULL;
-  mp__curesult (*set)(void *) = NULL;
-  *(void **)&init = dlsym(lib, "cuInit");
-  *(void **)&retain = dlsym(lib, "cuDevicePrimaryCtxRetain");
-  *(void **)&set = dlsym(lib, "cuCtxSetCurrent");
-  void *ctx = NULL;
-  cr_assert(init != NULL && retain != NULL && set != NULL && init(0) == 0 &&
-            retain(&ctx, 0) == 0 && set(ctx) == 0);
-  const mp__pl_t *pl = mp__pl_get();
-  cr_assert(pl->mode == MP__PL_POOL && !pl->host,
-            "the shim is not pooling on the fake driver");
+  mp_in_process_cuda();
 }
 
 /* The shim's pool's statistics. */
