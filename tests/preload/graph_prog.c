@@ -44,7 +44,8 @@
  *    test reads the report for both: no graph pool may be left.
  *    "refused_end", "side_stream" and "invalidated_side": the functions
  *    of those names; "clone", "child" and "update": copy_outlives() and
- *    updated_from().
+ *    updated_from(); "copy_chain" and "update_refused": the functions of
+ *    those names.
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -420,6 +421,85 @@ static int updated_from(CUstream s, CUstream other, bool pool) {
   return memory_back(other);
 }
 
+/* The "copy_chain" mode (under the shim only: a graph with memory nodes
+ * has no copies): copies of copies hold the graph pool as the first copy
+ * does. A clone of a clone, a parent with both as children (the second
+ * adds nothing to hold), and a clone of the parent; every graph but the
+ * last destroyed, the original first among them: the last copy, then its
+ * executable, must keep the memory out of others' hands, and its
+ * destruction must give it back. */
+static int copy_chain(CUstream s, CUstream other, bool pool) {
+  CUdeviceptr out;
+  CUgraph g, c1, c2, parent, pc;
+  CUgraphNode node;
+  CUgraphExec x;
+  (void)pool;
+  if (capture_step(s, &out, &g) != 0)
+    return 1;
+  MP_TRY(cuGraphClone(&c1, g));
+  MP_TRY(cuGraphClone(&c2, c1));
+  MP_TRY(cuGraphCreate(&parent, 0));
+  MP_TRY(cuGraphAddChildGraphNode(&node, parent, NULL, 0, c2));
+  MP_TRY(cuGraphAddChildGraphNode(&node, parent, NULL, 0, c1)); /* twice */
+  MP_TRY(cuGraphClone(&pc, parent));
+  MP_TRY(cuGraphDestroy(c1));
+  MP_TRY(cuGraphDestroy(g));
+  MP_TRY(cuGraphDestroy(parent));
+  MP_TRY(cuGraphDestroy(c2));
+  if (probe_none(other, "a clone of a parent lives") != 0)
+    return 1;
+  MP_TRY(cuGraphInstantiate(&x, pc, 0));
+  MP_TRY(cuGraphDestroy(pc));
+  if (launch_reads(x, s, out) != 0)
+    return 1;
+  if (probe_none(other, "an executable of a clone of a parent lives") != 0)
+    return 1;
+  MP_TRY(cuGraphExecDestroy(x));
+  return memory_back(other);
+}
+
+/* The "update_refused" mode (under the shim only): a cuGraphExecUpdate
+ * the driver refuses (another topology: cuda.h,
+ * CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED) changes nothing. The
+ * executable x of g1 does not hold the other graph's graph pool, which
+ * comes back with that graph; x still holds g1's after g1 goes, and its
+ * launch allocates g1's output. */
+static int update_refused(CUstream s, CUstream other, bool pool) {
+  CUdeviceptr out1, out2, t;
+  CUgraph g1, two;
+  CUgraphExec x;
+  (void)pool;
+  if (capture_step(s, &out1, &g1) != 0)
+    return 1;
+  lo = ~(CUdeviceptr)0; /* the probe watches the other graph's memory */
+  hi = 0;
+  MP_TRY(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  MP_TRY(cuMemAllocAsync(&out2, 4096, s));
+  note(out2, 4096);
+  MP_TRY(cuMemAllocAsync(&t, BYTES, s));
+  note(t, BYTES);
+  MP_TRY(cuMemsetD8Async(t, 3, BYTES, s));
+  MP_TRY(cuMemsetD8Async(out2, 5, 4096, s));
+  MP_TRY(cuMemsetD8Async(out2, 6, 4096, s));
+  MP_TRY(cuMemFreeAsync(t, s));
+  MP_TRY(cuStreamEndCapture(s, &two));
+  MP_TRY(cuGraphInstantiate(&x, g1, 0));
+  CUgraphExecUpdateResultInfo info;
+  if (cuGraphExecUpdate(x, two, &info) !=
+      CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE) {
+    puts("an update from another topology was not refused");
+    return 1;
+  }
+  MP_TRY(cuGraphDestroy(two));
+  if (memory_back(other) != 0)
+    return 1;
+  MP_TRY(cuGraphDestroy(g1));
+  if (launch_reads(x, s, out1) != 0)
+    return 1;
+  MP_TRY(cuGraphExecDestroy(x));
+  return 0;
+}
+
 /* The "refused_end" and "side_stream" modes. A capture begun on s forks
  * to other and joins back; its temporary is allocated, written and freed
  * on s, or (side) on other alone, so that the end is on a stream that
@@ -608,10 +688,12 @@ int main(int argc, char **argv) {
       : strcmp(how, "invalidated_side") == 0 ? invalidated_side
                                              : NULL;
   int (*copy_mode)(CUstream, CUstream, bool) =
-      strcmp(how, "clone") == 0    ? clone_outlives
-      : strcmp(how, "child") == 0  ? child_outlives
-      : strcmp(how, "update") == 0 ? updated_from
-                                   : NULL;
+      strcmp(how, "clone") == 0            ? clone_outlives
+      : strcmp(how, "child") == 0          ? child_outlives
+      : strcmp(how, "update") == 0         ? updated_from
+      : strcmp(how, "copy_chain") == 0     ? copy_chain
+      : strcmp(how, "update_refused") == 0 ? update_refused
+                                           : NULL;
   if (mode != NULL || copy_mode != NULL) {
     if (mode != NULL ? mode(s, other) != 0 : copy_mode(s, other, pool) != 0)
       return 1;

@@ -40,7 +40,8 @@ static void capture_under_the_shim_with(const char *how, const char *conf) {
    * to_graph_twice: 2 in the warm-up, 2 in the captures, 2 by the launch;
    * many_execs: 2 in the warm-up, 2 in the capture, 1 by the launch, 2 *
    * 24 probes; clone and child: the same with 3 * 24 probes; update: with
-   * 2 captures, 2 launches and 3 * 24 probes. */
+   * 2 captures, 2 launches and 3 * 24 probes; copy_chain: as clone;
+   * update_refused: 2 captures, 1 launch and 24 probes. */
   int n = how == NULL                            ? 85
           : strcmp(how, "auto") == 0             ? 82
           : strcmp(how, "to_graph_twice") == 0   ? 6
@@ -53,6 +54,8 @@ static void capture_under_the_shim_with(const char *how, const char *conf) {
           : strcmp(how, "clone") == 0            ? 2 + 2 + 1 + 3 * NPROBE_ALLOCS
           : strcmp(how, "child") == 0            ? 2 + 2 + 1 + 3 * NPROBE_ALLOCS
           : strcmp(how, "update") == 0           ? 2 + 4 + 2 + 3 * NPROBE_ALLOCS
+          : strcmp(how, "copy_chain") == 0       ? 2 + 2 + 1 + 3 * NPROBE_ALLOCS
+          : strcmp(how, "update_refused") == 0   ? 2 + 4 + 1 + NPROBE_ALLOCS
                                                  : 85;
   cr_assert_eq(
       sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
@@ -244,4 +247,17 @@ Test(preload_graph, a_child_graph_node_holds_its_graphs_graph_pool) {
  * graph pool until destroyed. The shim released it with the graph. */
 Test(preload_graph, an_updated_executable_holds_the_new_graphs_graph_pool) {
   both_ways("update");
+}
+
+/* Holders of holders: a clone of a clone, a parent of copies and a clone
+ * of the parent each hold the graph pool, the last alone at the end. */
+Test(preload_graph, copies_of_copies_hold_the_graph_pool) {
+  capture_under_the_shim("copy_chain");
+}
+
+/* A cuGraphExecUpdate the driver refuses changes nothing under the shim:
+ * the executable holds neither the other graph's graph pool nor less of
+ * its own, and its launch allocates its own graph's output. */
+Test(preload_graph, a_refused_update_changes_nothing) {
+  capture_under_the_shim("update_refused");
 }
