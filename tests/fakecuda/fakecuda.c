@@ -836,7 +836,7 @@ struct CUgraphExec_st {
   fk_urefs_t urefs;
   fk_gmem_t *gmem; /* its graph's, one reference more */
   bool auto_free;  /* CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH */
-  unsigned long long flags; /* those it was instantiated with */
+  unsigned long long flags; /* those it was instantiated with, but UPLOAD */
 };
 
 static bool fk_glist_push(fk_glist_t *l, mp_device_t *dev, CUdeviceptr p) {
@@ -3687,7 +3687,10 @@ static CUresult fk_instantiate(CUgraphExec *out, CUgraph g,
     x->nodes[i] = *g->nodes[i];
   x->n = g->n;
   x->auto_free = flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
-  x->flags = flags;
+  /* cuGraphExecGetFlags: "CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD will not be
+   * returned by this API as it does not affect the resulting executable
+   * graph" (cuda.h). */
+  x->flags = flags & ~(unsigned long long)CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD;
   /* cuda.h, cuGraphInstantiate: "If hGraph contains any allocation or free
    * nodes, there can be at most one executable graph in existence for that
    * graph at a time. An attempt to instantiate a second executable graph

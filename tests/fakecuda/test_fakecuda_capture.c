@@ -646,6 +646,29 @@ Test(fakecuda_capture, graphs_are_cloned_embedded_and_updated_as_cuda_h_says) {
   cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
 }
 
+/* cuda.h, cuGraphExecGetFlags: "the flags that were passed to
+ * instantiation"; "CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD will not be
+ * returned by this API as it does not affect the resulting executable
+ * graph". Failed before: the fake returned UPLOAD too. */
+Test(fakecuda_capture, an_executables_flags_are_its_instantiations_but_upload) {
+  CUdeviceptr d;
+  cr_assert_eq(cuMemAlloc(&d, 4096), CUDA_SUCCESS);
+  CUgraph g = capture_memset(d, 4, 4096);
+  CUDA_GRAPH_INSTANTIATE_PARAMS ip = {
+      .flags = CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD |
+               CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
+      .hUploadStream = s};
+  CUgraphExec x;
+  cr_assert_eq(cuGraphInstantiateWithParams(&x, g, &ip), CUDA_SUCCESS);
+  cuuint64_t flags = 0;
+  cr_assert_eq(cuGraphExecGetFlags(x, &flags), CUDA_SUCCESS);
+  cr_expect_eq(flags, CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
+               "flags %#llx", (unsigned long long)flags);
+  cr_assert_eq(cuGraphExecDestroy(x), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
+}
+
 static void *end_elsewhere(void *p) {
   cr_assert_eq(cuCtxPushCurrent(ctx), CUDA_SUCCESS);
   CUgraph g;
