@@ -67,9 +67,18 @@ MP_API mp_status_t mp_device_open(const char *spec, mp_device_t **out);
  * a close that cannot wait for the device's work (cuCtxSynchronize
  * refused: called from a host function, or while a stream of the device
  * is being captured) closes nothing: the device stays open and usable,
- * mp_last_status() and mp_last_error() say why, and a later close (once
- * the wait is possible) closes it. */
+ * mp_last_error() says why, and a later close (once the wait is possible)
+ * closes it. A refused close cannot be told from one that closed here (no
+ * status, and mp_last_status() keeps an earlier failure): callers that may
+ * meet one use mp_device_close_ex. A device dropped after a refused close
+ * is never closed: its memory, page-locked buffers, streams, events and
+ * imports, and on CUDA its hold on the primary context, stay until the
+ * process exits. */
 MP_API void mp_device_close(mp_device_t *dev);
+/* mp_device_close with its status: MP_OK when the device was closed (NULL
+ * too), else the refusal's status (MP_EINVAL from a host function; the
+ * driver's refusal of the wait on CUDA), the device open and unchanged. */
+MP_API mp_status_t mp_device_close_ex(mp_device_t *dev);
 /* e.g. "host", "cuda:0 NVIDIA H200"; "" for NULL. */
 MP_API const char *mp_device_name(const mp_device_t *dev);
 MP_API mp_status_t mp_device_mem_info(mp_device_t *dev, size_t *free_bytes,

@@ -93,29 +93,33 @@ mp_status_t mp_device_open(const char *spec, mp_device_t **out) {
                   mp__clip(spec, name_len, name, sizeof name));
 }
 
-void mp_device_close(mp_device_t *dev) {
+mp_status_t mp_device_close_ex(mp_device_t *dev) {
   if (dev == NULL)
-    return;
+    return MP_OK;
   /* Nor from where the device refuses calls (a host function, which runs
    * on one of its streams: the close would stop that stream from its own
    * thread and free what runs it). Refused before anything changes; the
    * refusal is mp_last_error()'s. */
-  if (mp__device_caller_check(dev, "mp_device_close") != MP_OK)
-    return;
+  mp_status_t st = mp__device_caller_check(dev, "mp_device_close");
+  if (st != MP_OK)
+    return st;
   /* Memory that queued work may still use is not given back: a close that
    * cannot wait for the device closes nothing, not even the imports, and
    * says why (the device stays open: close it again once it can wait). */
-  if (dev->ops->close_ready != NULL && dev->ops->close_ready(dev) != MP_OK) {
-    (void)mp__fail(mp_last_status(),
-                   "mp_device_close(%s): %s; nothing was closed (close it "
-                   "again once the device's work can be waited for)",
-                   dev->name, mp_last_error());
-    return;
-  }
+  if (dev->ops->close_ready != NULL && dev->ops->close_ready(dev) != MP_OK)
+    return mp__fail(mp_last_status(),
+                    "mp_device_close(%s): %s; nothing was closed (close it "
+                    "again once the device's work can be waited for)",
+                    dev->name, mp_last_error());
   mp__ipc_close_all(dev);
   dev->ops->close(dev);
   free(dev->watch);
   free(dev);
+  return MP_OK;
+}
+
+void mp_device_close(mp_device_t *dev) {
+  (void)mp_device_close_ex(dev);
 }
 
 /* ---- stream watchers ---------------------------------------------------- */

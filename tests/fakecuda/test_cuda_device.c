@@ -387,3 +387,29 @@ Test(cuda_device, a_close_after_a_sticky_error_still_closes) {
   cr_expect_eq(fk_calls("cuStreamDestroy_v2"), 1);
   cr_expect_eq(fk_calls("cuEventDestroy_v2"), 1);
 }
+
+static void close_ex_in_host_fn(void *p) {
+  close_call_t *c = p;
+  c->st = mp_device_close_ex(c->dev);
+  snprintf(c->msg, sizeof c->msg, "%s", mp_last_error());
+}
+
+/* mp_device_close returns nothing and mp_last_status() keeps an earlier
+ * failure, so a refused close could not be told from one that closed: a
+ * caller dropped the device, and with it everything it held and the
+ * primary context's retain. mp_device_close_ex says which. */
+Test(cuda_device, a_refused_close_says_so_in_its_status) {
+  if (fk_is_real())
+    cr_skip_test("a driver call from a host function may hang a GPU");
+  cr_assert_eq(mp_device_close_ex(NULL), MP_OK);
+  one_of_each_t o = one_of_each();
+  close_call_t c = {.dev = o.dev, .st = MP_OK};
+  run_in_host_fn(o.dev, close_ex_in_host_fn, &c);
+  cr_expect_eq(c.st, MP_EINVAL, "%s: %s", mp_status_name(c.st), c.msg);
+  /* An earlier failure stays mp_last_status()'s after a close that
+   * closed: only the status tells. */
+  cr_assert_eq(mp_device_free(o.dev, (void *)(uintptr_t)1), MP_EINVAL);
+  cr_expect_eq(mp_device_close_ex(o.dev), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_last_status(), MP_EINVAL);
+  cr_expect_eq(fk_calls("cuDevicePrimaryCtxRelease_v2"), 1);
+}

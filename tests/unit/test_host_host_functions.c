@@ -157,7 +157,7 @@ Test(host_host_functions,
 typedef struct open_close {
   mp_device_t *dev, *peer;
   mp_device_t *opened; /* what the refused open wrote, if anything */
-  mp_status_t open;
+  mp_status_t open, own_close;
   char open_why[256], close_why[256], own_close_why[256];
 } open_close_t;
 
@@ -167,7 +167,7 @@ static void open_and_close(void *arg) {
   snprintf(c->open_why, sizeof c->open_why, "%s", mp_last_error());
   mp_device_close(c->peer);
   snprintf(c->close_why, sizeof c->close_why, "%s", mp_last_error());
-  mp_device_close(c->dev);
+  c->own_close = mp_device_close_ex(c->dev);
   snprintf(c->own_close_why, sizeof c->own_close_why, "%s", mp_last_error());
 }
 
@@ -187,6 +187,8 @@ Test(host_host_functions,
   cr_expect(strncmp(c.close_why, "mp_device_close: ", 17) == 0 &&
                 strstr(c.close_why, "host function") != NULL,
             "%s", c.close_why);
+  /* Its status: the message alone was the close above's already. */
+  cr_expect_eq(c.own_close, MP_EINVAL, "%s", c.own_close_why);
   cr_expect(strncmp(c.own_close_why, "mp_device_close: ", 17) == 0, "%s",
             c.own_close_why);
   /* Nothing closed: both devices and the peer's memory still serve. */
