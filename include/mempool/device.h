@@ -68,12 +68,15 @@ MP_API mp_status_t mp_device_open(const char *spec, mp_device_t **out);
  * refused: called from a host function, or while a stream of the device
  * is being captured) closes nothing: the device stays open and usable,
  * mp_last_error() says why, and a later close (once the wait is possible)
- * closes it. A refused close cannot be told from one that closed here (no
- * status, and mp_last_status() keeps an earlier failure): callers that may
- * meet one use mp_device_close_ex. A device dropped after a refused close
- * is never closed: its memory, page-locked buffers, streams, events and
- * imports, and on CUDA its hold on the primary context, stay until the
- * process exits. */
+ * closes it. Beside another thread's capture the refused wait still
+ * invalidates that capture (a device-wide synchronize from another
+ * thread does on a GPU, in global and thread-local captures alike): close a
+ * device once its captures ended. A refused close cannot be told from one that
+ * closed here (no status, and mp_last_status() keeps an earlier failure):
+ * callers that may meet one use mp_device_close_ex. A device dropped after a
+ * refused close is never closed: its memory, page-locked buffers, streams,
+ * events and imports, and on CUDA its hold on the primary context, stay until
+ * the process exits. */
 MP_API void mp_device_close(mp_device_t *dev);
 /* mp_device_close with its status: MP_OK when the device was closed (NULL
  * too), else the refusal's status (MP_EINVAL from a host function; the

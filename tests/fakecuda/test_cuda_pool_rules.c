@@ -1372,3 +1372,28 @@ Test(cuda_pool_rules, map_pieces_are_whole_mappings_trim_unmaps_one_by_one,
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
   mp_device_close(dev);
 }
+
+/* A close while another thread captures in global mode on the device: its
+ * wait (cuCtxSynchronize) is refused, so it closes nothing and says why,
+ * and the device serves on; the wait invalidates the capture beside it
+ * all the same, as a device-wide synchronize from another thread does on
+ * a GPU in global and thread-local captures alike (device.h says so). */
+Test(cuda_pool_rules, a_close_beside_a_global_capture_is_refused,
+     .init = load_driver) {
+  mp_device_t *dev = open_dev("cuda");
+  capture_t c;
+  capture_start(&c);
+  mp_status_t st = mp_device_close_ex(dev);
+  char why[512];
+  snprintf(why, sizeof why, "%s", mp_last_error());
+  atomic_store(&c.stage, 2);
+  pthread_join(c.thread, NULL);
+  cr_assert_neq(st, MP_OK, "the close went on beside the capture");
+  cr_expect(strstr(why, "nothing was closed") != NULL, "%s", why);
+  cr_expect_eq(c.end, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+               "the capture beside ended with %d", (int)c.end);
+  void *p = NULL;
+  cr_assert_eq(mp_device_alloc(dev, 4096, &p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_device_free(dev, p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_device_close_ex(dev), MP_OK, "%s", mp_last_error());
+}
