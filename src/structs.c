@@ -66,6 +66,10 @@ mp_status_t mp__stats_put(const char *fn, const mp_stats_t *full,
   return MP_OK;
 }
 
+bool mp__config_size_known(size_t size) {
+  return mp__known(mp__config_sizes, MP__COUNT(mp__config_sizes), size);
+}
+
 mp_status_t mp__config_size_check(const char *fn, size_t size) {
   if (size == 0 ||
       mp__known(mp__config_sizes, MP__COUNT(mp__config_sizes), size))

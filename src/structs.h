@@ -16,6 +16,9 @@ mp_status_t mp__stats_put(const char *fn, const mp_stats_t *full,
 /* MP_OK when size is a mp_pool_config_t size this library knows (0 reads
  * as MP_POOL_CONFIG_SIZE_V1); else MP_EINVAL naming fn and the known sizes. */
 mp_status_t mp__config_size_check(const char *fn, size_t size);
+/* Whether size is one mp_pool_config_init_sized writes: a known size, not
+ * 0. No message. */
+bool mp__config_size_known(size_t size);
 /* The caller's config as this library's full struct: its struct_size bytes,
  * then zeros (every appended field's default). Checks struct_size first. */
 mp_status_t mp__config_in(const char *fn, const mp_pool_config_t *user,

@@ -275,7 +275,12 @@ mp_status_t mp_pool_config_init_sized(mp_pool_config_t *cfg, size_t size) {
 }
 
 mp_status_t mp__config_env_check(const char *fn, const mp_pool_config_t *cfg) {
-  if (!(cfg->struct_size & MP_POOL_CONFIG_BAD_ENV))
+  /* The mark is the top bit on a size mp_pool_config_init wrote: a
+   * struct_size that is garbage (a config never made by init, a foreign
+   * struct) is no bad $MEMPOOL_CONF but an unknown size, for
+   * mp__config_size_check to name. */
+  if (!(cfg->struct_size & MP_POOL_CONFIG_BAD_ENV) ||
+      !mp__config_size_known(cfg->struct_size & ~MP_POOL_CONFIG_BAD_ENV))
     return MP_OK;
   /* Parse again only to name the culprit in the message. */
   mp_pool_config_t scratch;

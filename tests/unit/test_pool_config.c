@@ -119,6 +119,38 @@ Test(pool_config, a_bad_environment_is_refused_whatever_flags_are_set) {
   fake_close(dev);
 }
 
+/* The mark of a bad $MEMPOOL_CONF is the top bit on a size
+ * mp_pool_config_init wrote. A struct_size that is garbage with that bit
+ * set (a config never made by init: stack garbage, a foreign struct) is an
+ * unknown size, named as such and changing nothing; it was blamed on
+ * $MEMPOOL_CONF, unset here ("the config was made while $MEMPOOL_CONF was
+ * bad"). */
+Test(pool_config, a_garbage_struct_size_is_no_bad_environment) {
+  unsetenv("MEMPOOL_CONF");
+  mp_pool_config_t c;
+  mp_pool_config_init(&c);
+  memset(&c.struct_size, 0xee, sizeof c.struct_size);
+  cr_assert(c.struct_size & MP_POOL_CONFIG_BAD_ENV, "set-up: the top bit");
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  mp_pool_t *p = NULL;
+  cr_expect_eq(mp_pool_create(dev, &c, &p), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "is not a size of mp_pool_config_t"), "%s",
+            mp_last_error());
+  cr_expect_null(strstr(mp_last_error(), "MEMPOOL_CONF"), "%s",
+                 mp_last_error());
+  cr_expect_null(p);
+  mp_pool_config_t before = c;
+  cr_expect_eq(mp_pool_config_parse(&c, "align=1024"), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "is not a size of mp_pool_config_t"), "%s",
+            mp_last_error());
+  cr_expect_eq(memcmp(&c, &before, sizeof c), 0);
+  /* The mark on a size init writes is still the bad $MEMPOOL_CONF's. */
+  c.struct_size = sizeof c | MP_POOL_CONFIG_BAD_ENV;
+  cr_expect_eq(mp_pool_create(dev, &c, &p), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "MEMPOOL_CONF"), "%s", mp_last_error());
+  fake_close(dev);
+}
+
 Test(pool_config, create_validates_the_config) {
   unsetenv("MEMPOOL_CONF");
   mp_device_t *dev = fake_open((size_t)1 << 30, 0);
