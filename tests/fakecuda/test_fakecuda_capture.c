@@ -573,6 +573,14 @@ Test(fakecuda_capture, a_graph_with_memory_nodes_has_one_executable_at_a_time) {
   cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
 }
 
+/* Destroys the NULL-ended graphs, then the NULL-ended executables. */
+static void destroy_graphs(CUgraph *graphs, CUgraphExec *execs) {
+  for (; *graphs != NULL; graphs++)
+    cr_assert_eq(cuGraphDestroy(*graphs), CUDA_SUCCESS);
+  for (; execs != NULL && *execs != NULL; execs++)
+    cr_assert_eq(cuGraphExecDestroy(*execs), CUDA_SUCCESS);
+}
+
 /* A graph captured on s: n bytes of d set to v (one memset node). */
 static CUgraph capture_memset(CUdeviceptr d, unsigned char v, size_t n) {
   cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
@@ -636,13 +644,8 @@ Test(fakecuda_capture, graphs_are_cloned_embedded_and_updated_as_cuda_h_says) {
   cr_assert_eq(cuGraphCreate(&parent, 0), CUDA_SUCCESS);
   cr_assert_neq(cuGraphAddChildGraphNode(&node, parent, NULL, 0, m),
                 CUDA_SUCCESS);
-  cr_assert_eq(cuGraphDestroy(parent), CUDA_SUCCESS);
-  cr_assert_eq(cuGraphDestroy(m), CUDA_SUCCESS);
-  cr_assert_eq(cuGraphDestroy(two), CUDA_SUCCESS);
-  cr_assert_eq(cuGraphExecDestroy(px), CUDA_SUCCESS);
-  cr_assert_eq(cuGraphExecDestroy(x), CUDA_SUCCESS);
-  cr_assert_eq(cuGraphDestroy(c), CUDA_SUCCESS);
-  cr_assert_eq(cuGraphDestroy(g9), CUDA_SUCCESS);
+  destroy_graphs((CUgraph[]){parent, m, two, c, g9, NULL},
+                 (CUgraphExec[]){px, x, NULL});
   cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
 }
 
