@@ -1609,23 +1609,24 @@ static bool host_fd_is_device_file(int fd) {
 /* The range ipc_export handed out on descriptor fd, positioned at `at`:
  * its lock (host_ipc_export) covers the byte at `at`. Seen from another
  * open file description of the file (F_OFD_GETLK reports the locks of
- * other descriptions only), made for the question: false when no export
- * covers that byte, or it cannot be asked. Exports lock whole
+ * other descriptions only), made for the question: 0 with the lock's
+ * range, -1 when no export covers that byte, or the errno that kept it
+ * from being asked (out of descriptors: EMFILE). Exports lock whole
  * allocations, whose ranges of the file are disjoint, so a lock over that
  * byte is one of the allocation holding it. */
-static bool host_fd_export(int fd, off_t at, off_t *start, off_t *len) {
+static int host_fd_export(int fd, off_t at, off_t *start, off_t *len) {
   char path[48];
   snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
   int other = open(path, O_RDONLY | O_CLOEXEC);
   if (other < 0)
-    return false;
+    return errno;
   struct flock fl = {
       .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = at, .l_len = 1};
-  bool ok = fcntl(other, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK;
+  int err = fcntl(other, F_OFD_GETLK, &fl) == 0 ? 0 : errno;
   close(other);
   *start = fl.l_start;
   *len = fl.l_len;
-  return ok;
+  return err != 0 ? err : fl.l_type != F_UNLCK ? 0 : -1;
 }
 
 /* The descriptor's file offset, and whether (offset, bytes) lies in it:
@@ -1658,7 +1659,13 @@ static mp_status_t host_fd_range(const char *fn, int fd, size_t bytes,
                     "memory",
                     fn, fd, bytes);
   off_t start = 0, len = 0;
-  if (!host_fd_export(fd, at, &start, &len) || start != at)
+  int err = host_fd_export(fd, at, &start, &len);
+  if (err > 0)
+    return mp__fail(MP_EIO,
+                    "%s: cannot ask which allocation descriptor %d exports: "
+                    "%s",
+                    fn, fd, strerror(err));
+  if (err != 0 || start != at)
     return mp__fail(MP_EINVAL,
                     "%s: descriptor %d is at offset %lld of the device file, "
                     "where no exported allocation starts (a handle no "

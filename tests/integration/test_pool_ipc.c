@@ -13,11 +13,13 @@
  * pidfds receive handles and leave nothing open. */
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -273,6 +275,38 @@ Test(pool_ipc_args, a_handle_naming_memory_outside_its_export_is_einval) {
   cr_assert_eq(mp_ipc_import(dev, &good, &q), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_ipc_close(dev, q), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_pool_free(pool, after), MP_OK);
+  free_released_and_destroy(pool, p);
+}
+
+/* An import that cannot ask which allocation its descriptor exports (the
+ * process out of descriptors: the question opens one) says so, and keeps
+ * the handle; before, it called the handle one no export made. */
+Test(pool_ipc_args, an_import_out_of_descriptors_says_so) {
+  mp_pool_t *pool = make_pool(dev, NULL);
+  void *p, *q = NULL;
+  mp_ipc_handle_t h = exported(pool, &p);
+  struct rlimit was;
+  cr_assert_eq(getrlimit(RLIMIT_NOFILE, &was), 0);
+  int fill[64], n = 0;
+  int top = dup(0);
+  cr_assert_geq(top, 0);
+  close(top);
+  struct rlimit low = {(rlim_t)top + 8, was.rlim_max};
+  cr_assert_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+  while (n < 64 && (fill[n] = dup(0)) >= 0)
+    n++;
+  cr_assert_lt(n, 64, "the limit did not stop the copies");
+  mp_status_t st = mp_ipc_import(dev, &h, &q);
+  for (int i = 0; i < n; i++)
+    close(fill[i]);
+  cr_assert_eq(setrlimit(RLIMIT_NOFILE, &was), 0);
+  cr_expect_eq(st, MP_EIO, "%s: %s", mp_status_name(st), mp_last_error());
+  cr_expect(strstr(mp_last_error(), "cannot ask") != NULL &&
+                strstr(mp_last_error(), strerror(EMFILE)) != NULL,
+            "%s", mp_last_error());
+  cr_expect(fd_open(h.fd) && fd_open(h.lease_fd));
+  cr_assert_eq(mp_ipc_import(dev, &h, &q), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_ipc_close(dev, q), MP_OK, "%s", mp_last_error());
   free_released_and_destroy(pool, p);
 }
 
