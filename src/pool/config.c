@@ -146,7 +146,9 @@ mp_status_t mp_pool_config_help(FILE *out, const char *format) {
                          mp__conf_keys[i].help, "", values);
     bad |= r < 0;
   }
-  if (bad || ferror(out))
+  /* Its own writes and their flush, not the stream's error flag, which an
+   * earlier write of the caller's may have left set (as mp_pool_dump). */
+  if (bad || fflush(out) != 0)
     return mp__fail(MP_EIO, "mp_pool_config_help: write failed");
   return MP_OK;
 }

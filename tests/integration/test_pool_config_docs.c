@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <mempool/mempool.h>
 
@@ -114,6 +115,27 @@ Test(pool_config_docs, out_of_range_messages_give_the_tables_bounds) {
                MP_EINVAL);
   cr_expect(strstr(mp_last_error(), "a fraction in (0, 1)") != NULL, "%s",
             mp_last_error());
+}
+
+/* The help is judged by its own writes: a stream whose error flag the
+ * caller's earlier use left set (a read from a write-only stream) still
+ * gets the whole text and MP_OK; a stream that cannot take it is MP_EIO. */
+Test(pool_config_docs, help_judges_its_own_writes) {
+  FILE *f = tmpfile();
+  cr_assert_not_null(f);
+  FILE *w = fdopen(dup(fileno(f)), "w");
+  cr_assert_not_null(w);
+  cr_assert_eq(fgetc(w), EOF);
+  cr_assert(ferror(w), "the test needs the stream's error flag set");
+  cr_expect_eq(mp_pool_config_help(w, "text"), MP_OK, "%s", mp_last_error());
+  fclose(w);
+  cr_expect_gt(lseek(fileno(f), 0, SEEK_END), 1000);
+  fclose(f);
+  FILE *full = fopen("/dev/full", "w");
+  if (full != NULL) {
+    cr_expect_eq(mp_pool_config_help(full, "markdown"), MP_EIO);
+    fclose(full);
+  }
 }
 
 Test(pool_config_docs, help_refuses_bad_arguments) {
