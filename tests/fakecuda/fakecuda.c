@@ -104,7 +104,13 @@
  *    cuGraphClone and cuGraphAddChildGraphNode copy a graph but refuse
  *    one with memory nodes (CUDA_ERROR_INVALID_VALUE), and
  *    cuGraphExecUpdate takes a graph with as many nodes of the same types
- *    (else CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE);
+ *    (else CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE); cuGraphAddNode (both
+ *    forms) makes child graph nodes only, cloning or moving the child
+ *    (CUDA_CHILD_GRAPH_NODE_PARAMS.ownership; a moved graph is neither
+ *    destroyed nor instantiated on its own), cuGraphChildGraphNodeGetGraph
+ *    gives the graph a child graph node embeds, and
+ *    cuGraphExecChildGraphNodeSetParams and cuGraphExecNodeSetParams
+ *    (child graph nodes only) replace an executable's copy of it;
  *  - contexts (test_fakecuda_contexts.c): a context made by cuCtxCreate,
  *    and each device's primary context (FAKECUDA_DEVICE_COUNT devices),
  *    has its own memory, streams and work: cuCtxSynchronize waits for the
@@ -141,7 +147,11 @@
  * an H200 allowed them (FK_UNSAFE_VMM); cuStreamGetCaptureInfo gives no
  * dependencies; a captured event record or wait makes no node; a child
  * graph node is its graph's nodes copied into the chain, then a node
- * standing for them; cuGraphExecUpdate refuses graphs with memory nodes
+ * standing for them (embedding the graph, whose later changes the parent
+ * does not see); a graph with memory nodes is not moved into a child graph
+ * node (CUDA_ERROR_NOT_SUPPORTED); cuGraphAddNode and
+ * cuGraphExecNodeSetParams take no other node type (the same error);
+ * cuGraphExecUpdate refuses graphs with memory nodes
  * and keeps the executable's user object references. Events are plain
  * host-device events: one of another context is CUDA_ERROR_INVALID_VALUE,
  * not an invalid handle. There is no runtime (libcudart) over it, so the
@@ -216,6 +226,10 @@ CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *out, CUgraph g,
  * PFN_cuGraphInstantiate_v10000 and _v11000; since 12.0 the name
  * cuGraphInstantiate is cuGraphInstantiateWithFlags. */
 #undef cuGraphInstantiate
+/* And PFN_cuGraphAddNode_v12020, before CUDA 12.3's edge data. */
+#undef cuGraphAddNode
+CUresult cuGraphAddNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
+                        size_t ndeps, CUgraphNodeParams *p);
 /* And PFN_cuGraphExecUpdate_v10020, before CUDA 12.0's result info. */
 #undef cuGraphExecUpdate
 CUresult cuGraphExecUpdate(CUgraphExec x, CUgraph g, CUgraphNode *err,
@@ -337,6 +351,11 @@ void cuFakeResetCallCounts(void);
   X(cuGraphExecGetFlags)                                                       \
   X(cuGraphClone)                                                              \
   X(cuGraphAddChildGraphNode)                                                  \
+  X(cuGraphAddNode)                                                            \
+  X(cuGraphAddNode_v2)                                                         \
+  X(cuGraphChildGraphNodeGetGraph)                                             \
+  X(cuGraphExecChildGraphNodeSetParams)                                        \
+  X(cuGraphExecNodeSetParams)                                                  \
   X(cuGraphExecUpdate)                                                         \
   X(cuGraphExecUpdate_v2)                                                      \
   X(cuGraphLaunch)                                                             \
@@ -762,12 +781,19 @@ typedef struct fk_cap_event {
 
 /* One captured operation. */
 typedef struct fk_node {
-  CUgraphNodeType type; /* HOST, MEMSET, MEMCPY, MEM_ALLOC, MEM_FREE */
+  CUgraphNodeType type; /* HOST, MEMSET, MEMCPY, MEM_ALLOC, MEM_FREE, GRAPH */
   CUhostFn fn;
   void *arg;
   CUdeviceptr dst, src; /* MEM_ALLOC, MEM_FREE: the memory in dst */
   unsigned char value;
-  size_t n;
+  size_t n; /* GRAPH: how many nodes before it are its graph's copies */
+  /* GRAPH, the node a child graph node call returned: its embedded graph
+   * (cuGraphChildGraphNodeGetGraph), the node's own, freed with it; NULL
+   * in the copies of it in other graphs and executables. */
+  struct CUgraph_st *child;
+  /* Which node of a graph it is: its copy in an executable keeps it
+   * (cuGraphExecNodeSetParams names an executable's node by its graph's). */
+  unsigned long long id;
 } fk_node_t;
 
 /* A user object (cuUserObjectCreate): its destructor runs on the fake's
@@ -829,6 +855,9 @@ struct CUgraph_st {
   size_t n, cap;
   fk_urefs_t urefs;
   fk_gmem_t *gmem; /* NULL: no memory node */
+  /* Moved into a parent's child graph node (cuda.h,
+   * CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE): the parent's, destroyed with it. */
+  bool moved;
 };
 struct CUgraphExec_st {
   fk_node_t *nodes;
@@ -1045,7 +1074,9 @@ static bool fk_graph_add(struct CUgraph_st *g, const fk_node_t *node) {
   fk_node_t *copy = malloc(sizeof *copy);
   if (copy == NULL)
     return false;
+  static atomic_ullong ids;
   *copy = *node;
+  copy->id = atomic_fetch_add(&ids, 1) + 1;
   g->nodes[g->n++] = copy;
   return true;
 }
@@ -1067,8 +1098,10 @@ static void fk_graph_free(struct CUgraph_st *g) {
     free(g->gmem->mem.a);
     free(g->gmem);
   }
-  for (size_t i = 0; i < g->n; i++)
+  for (size_t i = 0; i < g->n; i++) {
+    fk_graph_free(g->nodes[i]->child); /* a child graph node's own */
     free(g->nodes[i]);
+  }
   free(g->nodes);
   fk_urefs_drop(&g->urefs);
   free(g);
@@ -3610,7 +3643,10 @@ CUresult cuGraphDestroy(CUgraph g) {
   if (g == NULL)
     return fk_bad_handle();
   pthread_mutex_lock(&fk.lock);
-  bool building = fk_graph_capturing(g);
+  /* A graph moved into a child graph node is the parent's: it "Cannot be
+   * independently instantiated or destroyed" (cuda.h,
+   * CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE). */
+  bool building = fk_graph_capturing(g) || g->moved;
   pthread_mutex_unlock(&fk.lock);
   if (building)
     return CUDA_ERROR_INVALID_VALUE;
@@ -3674,7 +3710,7 @@ static CUresult fk_instantiate_flags_ok(CUgraph g, unsigned long long flags,
 
 static CUresult fk_instantiate(CUgraphExec *out, CUgraph g,
                                unsigned long long flags, bool with_params) {
-  if (out == NULL || g == NULL ||
+  if (out == NULL || g == NULL || g->moved || /* as in cuGraphDestroy */
       fk_instantiate_flags_ok(g, flags, with_params) != CUDA_SUCCESS)
     return CUDA_ERROR_INVALID_VALUE;
   struct CUgraphExec_st *x = calloc(1, sizeof *x);
@@ -3807,14 +3843,16 @@ CUresult cuGraphExecGetFlags(CUgraphExec x, cuuint64_t *flags) {
 
 /* Copies src's nodes, in order, onto the end of dst, and src's user
  * object references to dst (the copy holding references of its own: an
- * assumption, cuda.h does not say). Nothing changes where host memory runs
- * out (false). Under fk.lock. */
+ * assumption, cuda.h does not say). The copies of child graph nodes embed
+ * no graph (fk_node_t.child): fk_graph_copy gives a clone's its own.
+ * Nothing changes where host memory runs out (false). Under fk.lock. */
 static bool fk_graph_append(struct CUgraph_st *dst,
                             const struct CUgraph_st *src) {
   size_t n = dst->n, refs = dst->urefs.n;
   bool ok = true;
   for (size_t i = 0; ok && i < src->n; i++)
-    ok = fk_graph_add(dst, src->nodes[i]);
+    if ((ok = fk_graph_add(dst, src->nodes[i])))
+      dst->nodes[dst->n - 1]->child = NULL;
   for (size_t i = 0; ok && i < src->urefs.n; i++)
     ok = fk_urefs_add(&dst->urefs, src->urefs.objs[i], src->urefs.counts[i],
                       false);
@@ -3830,66 +3868,221 @@ static bool fk_graph_append(struct CUgraph_st *dst,
   return false;
 }
 
+/* A new graph with g's nodes, each child graph node embedding a copy of
+ * its graph, recursively (cuda.h, cuGraphClone: child graph nodes
+ * "recursively copied into the clone"); NULL without host memory. Under
+ * fk.lock. */
+static struct CUgraph_st *fk_graph_copy(const struct CUgraph_st *g) {
+  struct CUgraph_st *c = calloc(1, sizeof *c);
+  if (c == NULL || !fk_graph_append(c, g)) {
+    free(c);
+    return NULL;
+  }
+  for (size_t i = 0; i < g->n; i++)
+    if (g->nodes[i]->child != NULL &&
+        (c->nodes[i]->child = fk_graph_copy(g->nodes[i]->child)) == NULL) {
+      fk_graph_free(c);
+      return NULL;
+    }
+  return c;
+}
+
 /* cuda.h, cuGraphClone: "creates a copy of originalGraph", child graph
- * nodes "recursively copied into the clone" (the fake's child graph nodes
- * hold copies of their graphs' nodes already: fk_graph_append); "Cloning
- * is not supported for graphs which contain memory allocation nodes,
- * memory free nodes" (the same in cuGraphAddMemAllocNode's restrictions:
- * "The graph cannot be cloned"): CUDA_ERROR_INVALID_VALUE, the error the
- * call lists, and nothing made. */
+ * nodes "recursively copied into the clone"; "Cloning is not supported
+ * for graphs which contain memory allocation nodes, memory free nodes"
+ * (the same in cuGraphAddMemAllocNode's restrictions: "The graph cannot
+ * be cloned"): CUDA_ERROR_INVALID_VALUE, the error the call lists, and
+ * nothing made. */
 CUresult cuGraphClone(CUgraph *out, CUgraph g) {
   FK_COUNT(cuGraphClone);
   FK_NEED_INIT();
   if (out == NULL || g == NULL)
     return CUDA_ERROR_INVALID_VALUE;
-  struct CUgraph_st *c = calloc(1, sizeof *c);
-  if (c == NULL)
-    return CUDA_ERROR_OUT_OF_MEMORY;
   pthread_mutex_lock(&fk.lock);
-  CUresult r = g->gmem != NULL         ? CUDA_ERROR_INVALID_VALUE
-               : fk_graph_append(c, g) ? CUDA_SUCCESS
-                                       : CUDA_ERROR_OUT_OF_MEMORY;
+  struct CUgraph_st *c = g->gmem != NULL ? NULL : fk_graph_copy(g);
+  CUresult r = g->gmem != NULL ? CUDA_ERROR_INVALID_VALUE
+               : c == NULL     ? CUDA_ERROR_OUT_OF_MEMORY
+                               : CUDA_SUCCESS;
   pthread_mutex_unlock(&fk.lock);
-  if (r != CUDA_SUCCESS) {
-    free(c);
-    return r;
-  }
-  *out = c;
-  return CUDA_SUCCESS;
+  if (r == CUDA_SUCCESS)
+    *out = c;
+  return r;
 }
 
-/* cuda.h, cuGraphAddChildGraphNode: a node that "executes an embedded
- * graph"; "The child graph is cloned in this call"; "If childGraph
- * contains allocation nodes, free nodes, or conditional nodes, this call
- * will return an error" (CUDA_ERROR_INVALID_VALUE, the one it lists), as
- * it does for dependencies not in hGraph. The fake's graph is a chain: the
- * child's nodes are copied onto its end, followed by a node of type
- * CU_GRAPH_NODE_TYPE_GRAPH that stands for them (the handle returned; a
- * launch runs the copies and passes it by). */
-CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph g,
-                                  const CUgraphNode *deps, size_t ndeps,
-                                  CUgraph child) {
-  FK_COUNT(cuGraphAddChildGraphNode);
-  FK_NEED_INIT();
+/* A child graph node of g embedding child (cuda.h, cuGraphAddChildGraphNode
+ * and CUgraphChildGraphNodeOwnership): cloned ("CLONE: Default behavior
+ * for a child graph node. Child graph is cloned into the parent and memory
+ * allocation/free nodes can't be present in the child graph"), or moved
+ * ("MOVE: The child graph is moved to the parent. The handle to the child
+ * graph is owned by the parent and will be destroyed when the parent is
+ * destroyed"; it "Cannot be added as a child graph of a separate parent
+ * graph"). Refused with CUDA_ERROR_INVALID_VALUE, the error the calls
+ * list, for memory nodes in a clone, a child moved before, and
+ * dependencies not in g. Not modelled: moving a graph with memory nodes
+ * (CUDA_ERROR_NOT_SUPPORTED: the fake's memory is one graph's, fk_gmem_t).
+ * The fake's graph is a chain: the child's nodes are copied onto its end,
+ * followed by a node of type CU_GRAPH_NODE_TYPE_GRAPH that stands for them
+ * (the handle returned; a launch runs the copies and passes it by), which
+ * embeds the copy, or the moved graph, for cuGraphChildGraphNodeGetGraph.
+ * Changes made to that graph afterwards are not seen by the parent's
+ * copies (not modelled). */
+static CUresult fk_child_node(CUgraphNode *node, CUgraph g,
+                              const CUgraphNode *deps, size_t ndeps,
+                              CUgraph child, bool move) {
   if (node == NULL || g == NULL || child == NULL || g == child ||
       (ndeps > 0 && deps == NULL))
     return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&fk.lock);
   size_t n = g->n;
-  fk_node_t stand = {.type = CU_GRAPH_NODE_TYPE_GRAPH};
-  CUresult r = child->gmem != NULL || !fk_graph_has(g, deps, ndeps)
+  fk_node_t stand = {.type = CU_GRAPH_NODE_TYPE_GRAPH, .n = child->n};
+  CUresult r = child->moved || (child->gmem != NULL && !move) ||
+                       !fk_graph_has(g, deps, ndeps)
                    ? CUDA_ERROR_INVALID_VALUE
+               : child->gmem != NULL       ? CUDA_ERROR_NOT_SUPPORTED
                : fk_graph_append(g, child) ? CUDA_SUCCESS
                                            : CUDA_ERROR_OUT_OF_MEMORY;
-  if (r == CUDA_SUCCESS && !fk_graph_add(g, &stand)) {
+  if (r == CUDA_SUCCESS &&
+      ((stand.child = move ? child : fk_graph_copy(child)) == NULL ||
+       !fk_graph_add(g, &stand))) {
+    if (!move)
+      fk_graph_free(stand.child);
     while (g->n > n) /* the references stay: released with g */
       free(g->nodes[--g->n]);
     r = CUDA_ERROR_OUT_OF_MEMORY;
   }
-  if (r == CUDA_SUCCESS)
+  if (r == CUDA_SUCCESS) {
+    child->moved = move;
     *node = (CUgraphNode)g->nodes[g->n - 1];
+  }
   pthread_mutex_unlock(&fk.lock);
   return r;
+}
+
+/* cuda.h, cuGraphAddChildGraphNode: a node that "executes an embedded
+ * graph"; "The child graph is cloned in this call"; "If childGraph
+ * contains allocation nodes, free nodes, or conditional nodes, this call
+ * will return an error". */
+CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph g,
+                                  const CUgraphNode *deps, size_t ndeps,
+                                  CUgraph child) {
+  FK_COUNT(cuGraphAddChildGraphNode);
+  FK_NEED_INIT();
+  return fk_child_node(node, g, deps, ndeps, child, false);
+}
+
+/* cuda.h, cuGraphAddNode: "Creates a new node in hGraph described by
+ * nodeParams"; CU_GRAPH_NODE_TYPE_GRAPH with CUDA_CHILD_GRAPH_NODE_PARAMS
+ * ("The child graph to clone into the node for node creation"; "Graphs
+ * containing memory allocation or memory free nodes must set the
+ * ownership to be moved to the parent"), as fk_child_node. Another
+ * ownership: CUDA_ERROR_INVALID_VALUE. Other node types are not modelled
+ * (CUDA_ERROR_NOT_SUPPORTED, which the call lists), nor edge data. */
+static CUresult fk_add_node(CUgraphNode *node, CUgraph g,
+                            const CUgraphNode *deps, size_t ndeps,
+                            const CUgraphNodeParams *p) {
+  if (p == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (p->type != CU_GRAPH_NODE_TYPE_GRAPH)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (p->graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE &&
+      p->graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE)
+    return CUDA_ERROR_INVALID_VALUE;
+  return fk_child_node(node, g, deps, ndeps, p->graph.graph,
+                       p->graph.ownership ==
+                           CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE);
+}
+
+/* CUDA 12.2's form (cudaTypedefs.h: PFN_cuGraphAddNode_v12020) and 12.3's,
+ * with edge data (_v12030). */
+CUresult cuGraphAddNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
+                        size_t ndeps, CUgraphNodeParams *p) {
+  FK_COUNT(cuGraphAddNode);
+  FK_NEED_INIT();
+  return fk_add_node(node, g, deps, ndeps, p);
+}
+
+CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph g,
+                           const CUgraphNode *deps,
+                           const CUgraphEdgeData *edges, size_t ndeps,
+                           CUgraphNodeParams *p) {
+  FK_COUNT(cuGraphAddNode_v2);
+  FK_NEED_INIT();
+  (void)edges;
+  return fk_add_node(node, g, deps, ndeps, p);
+}
+
+/* cuda.h, cuGraphChildGraphNodeGetGraph: "Gets a handle to the embedded
+ * graph in a child graph node. This call does not clone the graph";
+ * CUDA_ERROR_INVALID_VALUE for a node that embeds none (in the fake, also
+ * the copies of a child graph node in its parent's parents). */
+CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *out) {
+  FK_COUNT(cuGraphChildGraphNodeGetGraph);
+  FK_NEED_INIT();
+  const fk_node_t *nd = (const fk_node_t *)node;
+  if (nd == NULL || out == NULL || nd->type != CU_GRAPH_NODE_TYPE_GRAPH ||
+      nd->child == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  *out = nd->child;
+  return CUDA_SUCCESS;
+}
+
+/* cuda.h, cuGraphExecChildGraphNodeSetParams: "Updates the work
+ * represented by hNode in hGraphExec as though the nodes contained in
+ * hNode's graph had the parameters contained in childGraph's nodes at
+ * instantiation. hNode must remain in the graph which was used to
+ * instantiate hGraphExec"; "The topology of childGraph, as well as the
+ * node insertion order, must match that of the graph contained in hNode";
+ * "hNode is also not modified by this call". In the fake: x's copies of
+ * the node's graph, before its own copy, become childGraph's, which must
+ * have as many nodes of the same types and no memory nodes (cuGraphExecUpdate's
+ * restrictions, fk_exec_update); else CUDA_ERROR_INVALID_VALUE, the one
+ * error listed, and x unchanged. */
+static CUresult fk_exec_child_set(CUgraphExec x, CUgraphNode node,
+                                  CUgraph child) {
+  const fk_node_t *nd = (const fk_node_t *)node;
+  if (x == NULL || nd == NULL || child == NULL ||
+      nd->type != CU_GRAPH_NODE_TYPE_GRAPH)
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fk.lock);
+  size_t k = 0, span = nd->n;
+  while (k < x->n && x->nodes[k].id != nd->id)
+    k++;
+  bool ok = k < x->n && k >= span && child->n == span && child->gmem == NULL &&
+            !child->moved;
+  for (size_t i = 0; ok && i < span; i++)
+    ok = x->nodes[k - span + i].type == child->nodes[i]->type;
+  for (size_t i = 0; ok && i < span; i++) {
+    fk_node_t *to = &x->nodes[k - span + i];
+    unsigned long long id = to->id;
+    *to = *child->nodes[i];
+    to->id = id;
+    to->child = NULL;
+  }
+  pthread_mutex_unlock(&fk.lock);
+  return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGraphExecChildGraphNodeSetParams(CUgraphExec x, CUgraphNode node,
+                                            CUgraph child) {
+  FK_COUNT(cuGraphExecChildGraphNodeSetParams);
+  FK_NEED_INIT();
+  return fk_exec_child_set(x, node, child);
+}
+
+/* cuda.h, cuGraphExecNodeSetParams: "Sets the parameters of a node in an
+ * executable graph"; for a child graph node "Topology must match and
+ * restrictions apply recursively" (fk_exec_child_set); a type other than
+ * the node's is CUDA_ERROR_INVALID_VALUE. Other node types are not
+ * modelled (CUDA_ERROR_NOT_SUPPORTED, which the call lists). */
+CUresult cuGraphExecNodeSetParams(CUgraphExec x, CUgraphNode node,
+                                  CUgraphNodeParams *p) {
+  FK_COUNT(cuGraphExecNodeSetParams);
+  FK_NEED_INIT();
+  if (p == NULL || node == NULL || p->type != ((const fk_node_t *)node)->type)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (p->type != CU_GRAPH_NODE_TYPE_GRAPH)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  return fk_exec_child_set(x, node, p->graph.graph);
 }
 
 /* cuda.h, cuGraphExecUpdate: "Updates the node parameters in the
@@ -3920,8 +4113,12 @@ static CUresult fk_exec_update(CUgraphExec x, CUgraph g, CUgraphNode *err,
       *result = CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED;
       *err = (CUgraphNode)g->nodes[i];
     }
-  for (size_t i = 0; *result == CU_GRAPH_EXEC_UPDATE_SUCCESS && i < g->n; i++)
+  for (size_t i = 0; *result == CU_GRAPH_EXEC_UPDATE_SUCCESS && i < g->n;
+       i++) { /* x's nodes are still named by its own graph's */
+    unsigned long long id = x->nodes[i].id;
     x->nodes[i] = *g->nodes[i];
+    x->nodes[i].id = id;
+  }
   pthread_mutex_unlock(&fk.lock);
   return *result == CU_GRAPH_EXEC_UPDATE_SUCCESS
              ? CUDA_SUCCESS
@@ -4907,6 +5104,12 @@ static const fk_proc_t fk_procs[] = {
     FK_P("cuGraphExecGetFlags", 12000, cuGraphExecGetFlags),
     FK_P("cuGraphClone", 10000, cuGraphClone),
     FK_P("cuGraphAddChildGraphNode", 10000, cuGraphAddChildGraphNode),
+    FK_P("cuGraphAddNode", 12020, cuGraphAddNode),
+    FK_P("cuGraphAddNode", 12030, cuGraphAddNode_v2),
+    FK_P("cuGraphChildGraphNodeGetGraph", 10000, cuGraphChildGraphNodeGetGraph),
+    FK_P("cuGraphExecChildGraphNodeSetParams", 11010,
+         cuGraphExecChildGraphNodeSetParams),
+    FK_P("cuGraphExecNodeSetParams", 12020, cuGraphExecNodeSetParams),
     FK_P("cuGraphExecUpdate", 10020, cuGraphExecUpdate),
     FK_P("cuGraphExecUpdate", 12000, cuGraphExecUpdate_v2),
     FK_P("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),

@@ -649,6 +649,51 @@ Test(fakecuda_capture, graphs_are_cloned_embedded_and_updated_as_cuda_h_says) {
   cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
 }
 
+/* cuda.h: cuGraphAddNode with CUDA_CHILD_GRAPH_NODE_PARAMS makes a child
+ * graph node, the child cloned in or moved (MOVE: "The handle to the child
+ * graph is owned by the parent", which "Cannot be independently
+ * instantiated or destroyed"); cuGraphChildGraphNodeGetGraph "does not
+ * clone the graph" (the moved handle itself, or the node's copy);
+ * cuGraphExecChildGraphNodeSetParams and cuGraphExecNodeSetParams update
+ * an executable's child graph node "as though the nodes contained in
+ * hNode's graph had the parameters contained in childGraph's nodes". */
+Test(fakecuda_capture,
+     child_graph_nodes_are_added_embedded_and_set_as_cuda_h_says) {
+  CUdeviceptr d;
+  cr_assert_eq(cuMemAlloc(&d, 4096), CUDA_SUCCESS);
+  CUgraph g7 = capture_memset(d, 7, 4096), g8 = capture_memset(d, 8, 4096),
+          g9 = capture_memset(d, 9, 4096), parent, parent2, e;
+  CUgraphNode node, node2;
+  CUgraphExec x;
+  cr_assert_eq(cuGraphCreate(&parent, 0), CUDA_SUCCESS);
+  CUgraphNodeParams p = {.type = CU_GRAPH_NODE_TYPE_GRAPH};
+  p.graph.graph = g7;
+  p.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
+  cr_assert_eq(cuGraphAddNode(&node, parent, NULL, NULL, 0, &p), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphChildGraphNodeGetGraph(node, &e), CUDA_SUCCESS);
+  cr_assert_eq(e, g7);
+  cr_assert_eq(cuGraphDestroy(g7), CUDA_ERROR_INVALID_VALUE);
+  cr_assert_eq(cuGraphInstantiate(&x, g7, 0), CUDA_ERROR_INVALID_VALUE);
+  cr_assert_eq(cuGraphInstantiate(&x, parent, 0), CUDA_SUCCESS);
+  launch_and_read(x, d, 7);
+  cr_assert_eq(cuGraphExecChildGraphNodeSetParams(x, node, g9), CUDA_SUCCESS);
+  launch_and_read(x, d, 9);
+  CUgraphNodeParams q = {.type = CU_GRAPH_NODE_TYPE_GRAPH};
+  q.graph.graph = g8;
+  cr_assert_eq(cuGraphExecNodeSetParams(x, node, &q), CUDA_SUCCESS);
+  launch_and_read(x, d, 8);
+  /* Cloned in: the node embeds a copy. */
+  cr_assert_eq(cuGraphCreate(&parent2, 0), CUDA_SUCCESS);
+  q.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE;
+  cr_assert_eq(cuGraphAddNode(&node2, parent2, NULL, NULL, 0, &q),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuGraphChildGraphNodeGetGraph(node2, &e), CUDA_SUCCESS);
+  cr_assert_neq(e, g8);
+  destroy_graphs((CUgraph[]){parent2, g8, g9, parent, NULL},
+                 (CUgraphExec[]){x, NULL});
+  cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
+}
+
 /* cuda.h, cuGraphExecGetFlags: "the flags that were passed to
  * instantiation"; "CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD will not be
  * returned by this API as it does not affect the resulting executable
