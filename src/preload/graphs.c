@@ -5,7 +5,9 @@
  * cuGraphInstantiateWithParams(_ptsz), the forms before CUDA 12.0
  * (cuGraphInstantiate, cuGraphInstantiate_v2), cuGraphExecDestroy,
  * cuGraphDestroy, cuGraphLaunch(_ptsz), cuGraphClone,
- * cuGraphAddChildGraphNode and cuGraphExecUpdate (both forms) (the
+ * cuGraphAddChildGraphNode and cuGraphExecUpdate (both forms),
+ * cuGraphAddNode (both forms), cuGraphChildGraphNodeGetGraph,
+ * cuGraphExecChildGraphNodeSetParams and cuGraphExecNodeSetParams (the
  * runtime's cudaStreamEndCapture, cudaGraphInstantiate,
  * cudaGraphInstantiateWithFlags/WithParams, cudaGraphExecDestroy,
  * cudaGraphDestroy, cudaGraphLaunch, cudaGraphClone,
@@ -117,6 +119,22 @@ static struct {
     unsigned cap;
   } * gholds;
   size_t ngholds, roomgholds;
+  /* The child graph nodes added through the hooks, each with the graph it
+   * was added to (cuGraphChildGraphNodeGetGraph names no parent), and the
+   * graphs embedded in child graph nodes, given by
+   * cuGraphChildGraphNodeGetGraph or moved in
+   * (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE), each with the graph that is not
+   * embedded and holds for it (its root: mp__graph_root). Grown as needed;
+   * without room the graph pools concerned are kept until exit. */
+  struct mp__pl_node {
+    mp__cugraphnode n;
+    mp__cugraph parent;
+  } * nodes;
+  size_t nnodes, roomnodes;
+  struct mp__pl_embed {
+    mp__cugraph e, root;
+  } * embeds;
+  size_t nembeds, roomembeds;
   /* The captures begun and not ended: origin stream (a per-thread stream
    * once per thread capturing it), mode and the thread that began it;
    * past MP__PL_BEGUN at once, `lost` keeps mp__pl_capture_begun true and
@@ -142,7 +160,7 @@ static void mp__graphs_child(void) {
     free(mp__gr.caps[i].outs);
   memset(mp__gr.caps, 0, sizeof mp__gr.caps);
   mp__gr.nexecs = mp__gr.live = 0;
-  mp__gr.ngholds = 0;
+  mp__gr.ngholds = mp__gr.nnodes = mp__gr.nembeds = 0;
   mp__gr.nbegun = 0;
   mp__gr.lost = false;
   atomic_store(&mp__gr_begun, 0);
@@ -348,12 +366,26 @@ static mp__pl_capture_t *mp__capture_of_stream(const mp__pl_t *pl,
   return NULL;
 }
 
+/* The graph that holds for g: g, or, for a graph embedded in a child
+ * graph node (mp__gr.embeds), the graph not embedded that contains it,
+ * which holds what the embedded graph's copies use (its parent's pools:
+ * all of them, more than the embedded graph's own, as the shim does not
+ * know which are). Under the lock. */
+static mp__cugraph mp__graph_root(mp__cugraph g) {
+  for (size_t k = 0; k < mp__gr.nembeds; k++)
+    if (mp__gr.embeds[k].e == g)
+      return mp__gr.embeds[k].root;
+  return g;
+}
+
 /* Whether graph g holds slot i: its capture ended into g (several
  * captures may have, cuStreamBeginCaptureToGraph into one graph, each
  * with its own graph pool: the graph and its executables hold them all),
- * or g is a copy (mp__gr.gholds). Under the lock. */
+ * or g is a copy (mp__gr.gholds); an embedded graph as its root does.
+ * Under the lock. */
 static bool mp__capture_into(unsigned i, mp__cugraph g) {
   const mp__pl_capture_t *c = &mp__gr.caps[i];
+  g = mp__graph_root(g);
   if (g == NULL || !c->used || c->capturing)
     return false;
   for (size_t k = 0; c->g != g && k < mp__gr.ngholds; k++)
@@ -449,7 +481,7 @@ static void mp__capture_ended(mp__custream s, bool ptsz,
       continue;
     if (r == MP__CU_SUCCESS && g != NULL && *g != NULL) {
       mp__capture_unroute(pl, c);
-      c->g = *g;
+      c->g = mp__graph_root(*g); /* a capture into an embedded graph */
       mp__capture_outputs(c);
     } else {
       c->nouts = 0; /* no graph: the blocks stay the program's */
@@ -796,12 +828,21 @@ static void mp__execs_rename(mp__cugraphexec from, mp__cugraphexec to) {
       mp__gr.execs[i].x = to;
 }
 
-/* Renames graph `from` `to` in the slots it ended into and its copies'
- * holds. Under the lock. */
+/* Renames graph `from` `to` in the slots it ended into, its copies'
+ * holds, its child graph nodes and its embedded graphs. Under the lock. */
 static void mp__graph_rename(mp__cugraph from, mp__cugraph to) {
   for (size_t k = 0; k < mp__gr.ngholds; k++)
     if (mp__gr.gholds[k].g == from)
       mp__gr.gholds[k].g = to;
+  for (size_t k = 0; k < mp__gr.nnodes; k++)
+    if (mp__gr.nodes[k].parent == from)
+      mp__gr.nodes[k].parent = to;
+  for (size_t k = 0; k < mp__gr.nembeds; k++) {
+    if (mp__gr.embeds[k].e == from)
+      mp__gr.embeds[k].e = to;
+    if (mp__gr.embeds[k].root == from)
+      mp__gr.embeds[k].root = to;
+  }
   for (unsigned i = 0; i < MP__PL_CAPTURES; i++) {
     mp__pl_capture_t *c = &mp__gr.caps[i];
     if (c->used && !c->capturing && c->g == from)
@@ -900,6 +941,28 @@ mp__curesult cuGraphLaunch_ptsz(mp__cugraphexec hGraphExec,
                     hStream);
 }
 
+/* Graph g holds nothing any more (destroyed, or moved into another):
+ * the slots only it held are released. Under the lock. */
+static void mp__graph_release(mp__cugraph g) {
+  for (size_t k = 0; k < mp__gr.ngholds;) {
+    if (mp__gr.gholds[k].g != g) {
+      k++;
+      continue;
+    }
+    mp__pl_capture_t *c = &mp__gr.caps[mp__gr.gholds[k].cap];
+    mp__gr.gholds[k] = mp__gr.gholds[--mp__gr.ngholds];
+    c->graphs--;
+    mp__capture_unheld(c);
+  }
+  for (unsigned i = 0; i < MP__PL_CAPTURES; i++) {
+    mp__pl_capture_t *c = &mp__gr.caps[i];
+    if (!c->used || c->capturing || c->g != g)
+      continue;
+    c->g = NULL;
+    mp__capture_unheld(c);
+  }
+}
+
 mp__curesult cuGraphDestroy(mp__cugraph hGraph) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   if (rc->cuGraphDestroy == NULL)
@@ -918,23 +981,20 @@ mp__curesult cuGraphDestroy(mp__cugraph hGraph) {
     pthread_mutex_unlock(&mp__gr.lock);
     return r;
   }
-  for (size_t k = 0; k < mp__gr.ngholds;) {
-    if (mp__gr.gholds[k].g != dying) {
+  /* Its child graph nodes and embedded graphs went with it (a graph moved
+   * into it too: cuda.h, CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE, "will be
+   * destroyed when the parent is destroyed"). */
+  for (size_t k = 0; k < mp__gr.nnodes;)
+    if (mp__graph_root(mp__gr.nodes[k].parent) == dying)
+      mp__gr.nodes[k] = mp__gr.nodes[--mp__gr.nnodes];
+    else
       k++;
-      continue;
-    }
-    mp__pl_capture_t *c = &mp__gr.caps[mp__gr.gholds[k].cap];
-    mp__gr.gholds[k] = mp__gr.gholds[--mp__gr.ngholds];
-    c->graphs--;
-    mp__capture_unheld(c);
-  }
-  for (unsigned i = 0; i < MP__PL_CAPTURES; i++) {
-    mp__pl_capture_t *c = &mp__gr.caps[i];
-    if (!mp__capture_into(i, dying))
-      continue;
-    c->g = NULL;
-    mp__capture_unheld(c);
-  }
+  for (size_t k = 0; k < mp__gr.nembeds;)
+    if (mp__gr.embeds[k].root == dying || mp__gr.embeds[k].e == dying)
+      mp__gr.embeds[k] = mp__gr.embeds[--mp__gr.nembeds];
+    else
+      k++;
+  mp__graph_release(dying);
   pthread_mutex_unlock(&mp__gr.lock);
   return r;
 }
@@ -946,6 +1006,7 @@ mp__curesult cuGraphDestroy(mp__cugraph hGraph) {
  * every copy and every executable of any of them are destroyed. Without
  * room to note it, the graph pool is kept until exit. Under the lock. */
 static void mp__graph_copied(mp__cugraph g, mp__cugraph from) {
+  g = mp__graph_root(g); /* copied into an embedded graph: into its root */
   for (unsigned i = 0; i < MP__PL_CAPTURES; i++) {
     mp__pl_capture_t *c = &mp__gr.caps[i];
     if (!mp__capture_into(i, from) || mp__capture_into(i, g))
@@ -963,6 +1024,114 @@ static void mp__graph_copied(mp__cugraph g, mp__cugraph from) {
     }
     mp__gr.gholds[mp__gr.ngholds++] = (struct mp__pl_ghold){.g = g, .cap = i};
     c->graphs++;
+  }
+}
+
+/* Room for one more entry in a table a of n entries of `size` bytes, room
+ * of them allocated: the table, grown if need be, or NULL without host
+ * memory (a unchanged). Under the lock. */
+static void *mp__grown(void *a, size_t *room, size_t n, size_t size) {
+  if (n < *room)
+    return a;
+  size_t more = *room ? 2 * *room : 16;
+  void *t = realloc(a, more * size);
+  if (t != NULL)
+    *room = more;
+  return t;
+}
+
+/* Every slot g holds is kept until exit (something g's copies hold could
+ * not be noted). Under the lock. */
+static void mp__graph_kept(mp__cugraph g) {
+  for (unsigned i = 0; i < MP__PL_CAPTURES; i++)
+    if (mp__capture_into(i, g) && !mp__gr.caps[i].kept) {
+      mp__gr.caps[i].kept = true;
+      mp__outputs_held(&mp__gr.caps[i]);
+    }
+}
+
+/* Child graph node n was added to graph parent. Under the lock. */
+static void mp__node_note(mp__cugraphnode n, mp__cugraph parent) {
+  size_t k = 0;
+  while (k < mp__gr.nnodes && mp__gr.nodes[k].n != n)
+    k++; /* a handle given again after its node went */
+  if (k == mp__gr.nnodes) {
+    struct mp__pl_node *t =
+        mp__grown(mp__gr.nodes, &mp__gr.roomnodes, mp__gr.nnodes, sizeof *t);
+    if (t == NULL) {
+      mp__graph_kept(parent);
+      return;
+    }
+    mp__gr.nodes = t;
+    mp__gr.nnodes++;
+  }
+  mp__gr.nodes[k] = (struct mp__pl_node){.n = n, .parent = parent};
+}
+
+/* Graph e is embedded in a child graph node of root's. Under the lock. */
+static void mp__embed_note(mp__cugraph e, mp__cugraph root) {
+  size_t k = 0;
+  while (k < mp__gr.nembeds && mp__gr.embeds[k].e != e)
+    k++;
+  if (k == mp__gr.nembeds) {
+    struct mp__pl_embed *t =
+        mp__grown(mp__gr.embeds, &mp__gr.roomembeds, mp__gr.nembeds, sizeof *t);
+    if (t == NULL) {
+      mp__graph_kept(root);
+      return;
+    }
+    mp__gr.embeds = t;
+    mp__gr.nembeds++;
+  }
+  mp__gr.embeds[k] = (struct mp__pl_embed){.e = e, .root = root};
+}
+
+/* After an addition to g of a child graph node *node (NULL: not given)
+ * made from child that returned r: g (its root) holds what child holds;
+ * moved (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE), child is g's, to be
+ * destroyed with it, not by the program: child holds nothing of its own
+ * any longer and is embedded in g's root, as the graphs embedded in it
+ * are. Returns r. */
+static mp__curesult mp__child_added(mp__curesult r, const mp__cugraphnode *node,
+                                    mp__cugraph g, mp__cugraph child,
+                                    bool moved) {
+  if (r != MP__CU_SUCCESS)
+    return r;
+  mp__gr_lock();
+  mp__graph_copied(g, child);
+  if (moved) {
+    mp__cugraph root = mp__graph_root(g);
+    mp__graph_release(child);
+    for (size_t k = 0; k < mp__gr.nembeds; k++)
+      if (mp__gr.embeds[k].root == child)
+        mp__gr.embeds[k].root = root;
+    mp__embed_note(child, root);
+  }
+  if (node != NULL)
+    mp__node_note(*node, g);
+  pthread_mutex_unlock(&mp__gr.lock);
+  return r;
+}
+
+/* The flags executable x was instantiated with: the driver's
+ * (cuGraphExecGetFlags, CUDA 12.0; without it none). */
+static uint64_t mp__exec_flags(mp__cugraphexec x) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  uint64_t flags = 0;
+  if (rc->cuGraphExecGetFlags == NULL ||
+      rc->cuGraphExecGetFlags(x, &flags) != MP__CU_SUCCESS)
+    flags = 0;
+  return flags;
+}
+
+/* Executable x holds every slot g holds that it did not. Under the lock. */
+static void mp__exec_takes(mp__cugraphexec x, mp__cugraph g, uint64_t flags) {
+  for (unsigned i = 0; i < MP__PL_CAPTURES; i++) {
+    bool has = false;
+    for (size_t k = 0; !has && k < mp__gr.nexecs; k++)
+      has = mp__gr.execs[k].x == x && mp__gr.execs[k].cap == i;
+    if (!has && mp__capture_into(i, g))
+      mp__exec_hold(x, i, flags & MP__GRAPH_AUTO_FREE_ON_LAUNCH);
   }
 }
 
@@ -1000,15 +1169,105 @@ mp__curesult cuGraphAddChildGraphNode(mp__cugraphnode *phGraphNode,
           ? rc->cuGraphAddChildGraphNode(phGraphNode, hGraph, dependencies,
                                          numDependencies, childGraph)
           : MP__CU_NOT_INITIALIZED;
-  if (r != MP__CU_SUCCESS)
+  return mp__child_added(r, phGraphNode, hGraph, childGraph, false);
+}
+
+/* A child graph node's graph and ownership from the parameters p of
+ * cuGraphAddNode or cuGraphExecNodeSetParams (cuda.h, CUgraphNodeParams:
+ * type, then the union's CUDA_CHILD_GRAPH_NODE_PARAMS graph), or false
+ * for another node type. */
+static bool mp__child_params(const mp__cugraphnodeparams *p, mp__cugraph *child,
+                             bool *move) {
+  unsigned type, ownership;
+  if (p == NULL)
+    return false;
+  memcpy(&type, p, sizeof type);
+  if (type != MP__GRAPH_NODE_TYPE_GRAPH)
+    return false;
+  memcpy(child, (const char *)p + MP__NODE_PARAMS_GRAPH, sizeof *child);
+  memcpy(&ownership, (const char *)p + MP__NODE_PARAMS_OWNERSHIP,
+         sizeof ownership);
+  *move = ownership == MP__CHILD_GRAPH_OWNERSHIP_MOVE;
+  return true;
+}
+
+/* cuda.h, cuGraphAddNode: "Creates a new node in hGraph described by
+ * nodeParams"; for a CU_GRAPH_NODE_TYPE_GRAPH node,
+ * CUDA_CHILD_GRAPH_NODE_PARAMS.graph is "The child graph to clone into the
+ * node", CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE ("Child graph is cloned into
+ * the parent"), as cuGraphAddChildGraphNode, or _MOVE ("The child graph is
+ * moved to the parent. The handle to the child graph is owned by the
+ * parent and will be destroyed when the parent is destroyed"; it "Cannot
+ * be independently instantiated or destroyed"): then the parent holds
+ * what the child held, and the child as an embedded graph
+ * (mp__child_added). Before, neither was seen: a clone's graph pool was
+ * released under the parent's executables with the child's destruction,
+ * and a moved graph's, which the program may not destroy, lived until
+ * exit. The form before CUDA 12.3 (cudaTypedefs.h:
+ * PFN_cuGraphAddNode_v12020) and 12.3's, with edge data. */
+mp__curesult cuGraphAddNode(mp__cugraphnode *phGraphNode, mp__cugraph hGraph,
+                            const mp__cugraphnode *dependencies,
+                            size_t numDependencies,
+                            mp__cugraphnodeparams *nodeParams) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__cugraph child = NULL;
+  bool move = false, graph = mp__child_params(nodeParams, &child, &move);
+  mp__curesult r = rc->cuGraphAddNode
+                       ? rc->cuGraphAddNode(phGraphNode, hGraph, dependencies,
+                                            numDependencies, nodeParams)
+                       : MP__CU_NOT_INITIALIZED;
+  return graph ? mp__child_added(r, phGraphNode, hGraph, child, move) : r;
+}
+
+mp__curesult cuGraphAddNode_v2(mp__cugraphnode *phGraphNode, mp__cugraph hGraph,
+                               const mp__cugraphnode *dependencies,
+                               const mp__cugraphedgedata *dependencyData,
+                               size_t numDependencies,
+                               mp__cugraphnodeparams *nodeParams) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__cugraph child = NULL;
+  bool move = false, graph = mp__child_params(nodeParams, &child, &move);
+  mp__curesult r =
+      rc->cuGraphAddNode_v2
+          ? rc->cuGraphAddNode_v2(phGraphNode, hGraph, dependencies,
+                                  dependencyData, numDependencies, nodeParams)
+          : MP__CU_NOT_INITIALIZED;
+  return graph ? mp__child_added(r, phGraphNode, hGraph, child, move) : r;
+}
+
+/* cuda.h, cuGraphChildGraphNodeGetGraph: "Gets a handle to the embedded
+ * graph in a child graph node. This call does not clone the graph.
+ * Changes to the graph will be reflected in the node, and the node
+ * retains ownership of the graph." A clone of it, a child graph node made
+ * from it, an executable instantiated or updated from it use what the
+ * node's parent does: the embedded graph holds as its root
+ * (mp__graph_root), and what is copied into it, its root holds. Before,
+ * they held nothing, and the parent's destruction released the graph
+ * pools under them. A node the shim did not see added (a node of a
+ * clone, found by cuGraphNodeFindInClone) is not known: its graph holds
+ * nothing. */
+mp__curesult cuGraphChildGraphNodeGetGraph(mp__cugraphnode hNode,
+                                           mp__cugraph *phGraph) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__curesult r = rc->cuGraphChildGraphNodeGetGraph
+                       ? rc->cuGraphChildGraphNodeGetGraph(hNode, phGraph)
+                       : MP__CU_NOT_INITIALIZED;
+  if (r != MP__CU_SUCCESS || phGraph == NULL || *phGraph == NULL)
     return r;
   mp__gr_lock();
-  mp__graph_copied(hGraph, childGraph);
+  for (size_t k = 0; k < mp__gr.nnodes; k++) {
+    if (mp__gr.nodes[k].n != hNode)
+      continue;
+    mp__cugraph root = mp__graph_root(mp__gr.nodes[k].parent);
+    if (root != *phGraph)
+      mp__embed_note(*phGraph, root);
+    break;
+  }
   pthread_mutex_unlock(&mp__gr.lock);
   return r;
 }
 
-/* After a successful update of executable x from graph g (cuda.h,
+/* After an update of executable x from graph g (cuda.h,
  * cuGraphExecUpdate: "Updates the node parameters in the instantiated
  * graph ... with the node parameters in" g): x's replays use g's memory
  * from now on, and its launches allocate g's outputs, so x holds g's
@@ -1021,22 +1280,12 @@ static mp__curesult mp__exec_updated(mp__curesult r, mp__cugraphexec x,
                                      mp__cugraph g) {
   if (r != MP__CU_SUCCESS)
     return r;
-  const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  uint64_t flags = 0;
-  if (rc->cuGraphExecGetFlags == NULL ||
-      rc->cuGraphExecGetFlags(x, &flags) != MP__CU_SUCCESS)
-    flags = 0;
+  uint64_t flags = mp__exec_flags(x);
   mp__gr_lock();
   for (size_t k = 0; k < mp__gr.nexecs; k++)
     if (mp__gr.execs[k].x == x)
       mp__gr.execs[k].held = !mp__capture_into(mp__gr.execs[k].cap, g);
-  for (unsigned i = 0; i < MP__PL_CAPTURES; i++) {
-    bool has = false;
-    for (size_t k = 0; !has && k < mp__gr.nexecs; k++)
-      has = mp__gr.execs[k].x == x && mp__gr.execs[k].cap == i;
-    if (!has && mp__capture_into(i, g))
-      mp__exec_hold(x, i, flags & MP__GRAPH_AUTO_FREE_ON_LAUNCH);
-  }
+  mp__exec_takes(x, g, flags);
   pthread_mutex_unlock(&mp__gr.lock);
   return r;
 }
@@ -1064,4 +1313,50 @@ mp__curesult cuGraphExecUpdate_v2(mp__cugraphexec hGraphExec,
           ? rc->cuGraphExecUpdate_v2(hGraphExec, hGraph, resultInfo)
           : MP__CU_NOT_INITIALIZED,
       hGraphExec, hGraph);
+}
+
+/* After x's child graph node was given another graph's parameters
+ * (cuda.h, cuGraphExecChildGraphNodeSetParams: "Updates the work
+ * represented by hNode in hGraphExec as though the nodes contained in
+ * hNode's graph had the parameters contained in childGraph's nodes";
+ * cuGraphExecNodeSetParams, for a child graph node "Topology must match
+ * and restrictions apply recursively"), returning r: x's launches use
+ * child's memory from now on, so x holds child's graph pools, as it holds
+ * its own graph's (its launches allocate their outputs); what it held, it
+ * keeps ("Already enqueued or running launches of hGraphExec are not
+ * affected by this call", and its other nodes may use it). Before, child's
+ * destruction released its graph pools under x. */
+static mp__curesult mp__exec_child_set(mp__curesult r, mp__cugraphexec x,
+                                       mp__cugraph child) {
+  if (r != MP__CU_SUCCESS)
+    return r;
+  uint64_t flags = mp__exec_flags(x);
+  mp__gr_lock();
+  mp__exec_takes(x, child, flags);
+  pthread_mutex_unlock(&mp__gr.lock);
+  return r;
+}
+
+mp__curesult cuGraphExecChildGraphNodeSetParams(mp__cugraphexec hGraphExec,
+                                                mp__cugraphnode hNode,
+                                                mp__cugraph childGraph) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  return mp__exec_child_set(rc->cuGraphExecChildGraphNodeSetParams
+                                ? rc->cuGraphExecChildGraphNodeSetParams(
+                                      hGraphExec, hNode, childGraph)
+                                : MP__CU_NOT_INITIALIZED,
+                            hGraphExec, childGraph);
+}
+
+mp__curesult cuGraphExecNodeSetParams(mp__cugraphexec hGraphExec,
+                                      mp__cugraphnode hNode,
+                                      mp__cugraphnodeparams *nodeParams) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__cugraph child = NULL;
+  bool move = false, graph = mp__child_params(nodeParams, &child, &move);
+  mp__curesult r =
+      rc->cuGraphExecNodeSetParams
+          ? rc->cuGraphExecNodeSetParams(hGraphExec, hNode, nodeParams)
+          : MP__CU_NOT_INITIALIZED;
+  return graph ? mp__exec_child_set(r, hGraphExec, child) : r;
 }

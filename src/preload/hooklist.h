@@ -97,6 +97,18 @@
      mp__cugraphupdateresult *))                                               \
   X(cu, mp__curesult, cuGraphExecUpdate_v2,                                    \
     (mp__cugraphexec, mp__cugraph, mp__cugraphupdateinfo *))                   \
+  X(cu, mp__curesult, cuGraphAddNode,                                          \
+    (mp__cugraphnode *, mp__cugraph, const mp__cugraphnode *, size_t,          \
+     mp__cugraphnodeparams *))                                                 \
+  X(cu, mp__curesult, cuGraphAddNode_v2,                                       \
+    (mp__cugraphnode *, mp__cugraph, const mp__cugraphnode *,                  \
+     const mp__cugraphedgedata *, size_t, mp__cugraphnodeparams *))            \
+  X(cu, mp__curesult, cuGraphChildGraphNodeGetGraph,                           \
+    (mp__cugraphnode, mp__cugraph *))                                          \
+  X(cu, mp__curesult, cuGraphExecChildGraphNodeSetParams,                      \
+    (mp__cugraphexec, mp__cugraphnode, mp__cugraph))                           \
+  X(cu, mp__curesult, cuGraphExecNodeSetParams,                                \
+    (mp__cugraphexec, mp__cugraphnode, mp__cugraphnodeparams *))               \
   /* host.c */                                                                 \
   X(rt, mp__cudaerr, cudaMallocHost, (void **, size_t))                        \
   X(rt, mp__cudaerr, cudaHostAlloc, (void **, size_t, unsigned int))           \

@@ -190,6 +190,20 @@ void *mp__pl_proc_hook(const char *symbol, int cuda_version, uint64_t flags) {
   if (strcmp(symbol, "cuGraphExecUpdate") == 0)
     return cuda_version >= 12000 ? (void *)&cuGraphExecUpdate_v2
                                  : (void *)&cuGraphExecUpdate;
+  /* cudaTypedefs.h: PFN_cuGraphAddNode_v12020, and _v12030 with edge data
+   * (cuda.h's cuGraphAddNode_v2) at 12.3 or later;
+   * PFN_cuGraphChildGraphNodeGetGraph_v10000,
+   * PFN_cuGraphExecChildGraphNodeSetParams_v11010 and
+   * PFN_cuGraphExecNodeSetParams_v12020, the only forms. */
+  if (strcmp(symbol, "cuGraphAddNode") == 0)
+    return cuda_version >= 12030 ? (void *)&cuGraphAddNode_v2
+                                 : (void *)&cuGraphAddNode;
+  if (strcmp(symbol, "cuGraphChildGraphNodeGetGraph") == 0)
+    return (void *)&cuGraphChildGraphNodeGetGraph;
+  if (strcmp(symbol, "cuGraphExecChildGraphNodeSetParams") == 0)
+    return (void *)&cuGraphExecChildGraphNodeSetParams;
+  if (strcmp(symbol, "cuGraphExecNodeSetParams") == 0)
+    return (void *)&cuGraphExecNodeSetParams;
   if (strcmp(symbol, "cuGetProcAddress") == 0)
     return cuda_version >= 12000 ? (void *)&cuGetProcAddress_v2
                                  : (void *)&cuGetProcAddress;

@@ -55,6 +55,15 @@ typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st *mp__cugraphparams;
 typedef struct CUgraphExecUpdateResultInfo_st mp__cugraphupdateinfo;
 /* CUgraphExecUpdateResult (an enum of non-negatives), passed through */
 typedef unsigned int mp__cugraphupdateresult;
+/* CUgraphNodeParams, read only for a child graph node (type
+ * CU_GRAPH_NODE_TYPE_GRAPH): its CUDA_CHILD_GRAPH_NODE_PARAMS' graph and
+ * ownership, at the offsets cuda.h gives them (sigcheck.c checks) */
+typedef struct CUgraphNodeParams_st mp__cugraphnodeparams;
+#define MP__GRAPH_NODE_TYPE_GRAPH 4u  /* CU_GRAPH_NODE_TYPE_GRAPH */
+#define MP__NODE_PARAMS_GRAPH     16u /* graph.graph's offset */
+#define MP__NODE_PARAMS_OWNERSHIP 24u /* graph.ownership's offset */
+#define MP__CHILD_GRAPH_OWNERSHIP_MOVE                                         \
+  1u /* CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE */
 /* CUipcMemHandle (64 opaque bytes), only ever passed on by address */
 typedef struct CUipcMemHandle_st mp__cuipcmemhandle;
 #define MP__CU_SUCCESS         0u

@@ -39,9 +39,31 @@ CUresult CUDAAPI cuGraphExecUpdate(CUgraphExec hGraphExec, CUgraph hGraph,
                                    CUgraphNode *hErrorNode_out,
                                    CUgraphExecUpdateResult *updateResult_out);
 
+/* And for cuGraphAddNode before CUDA 12.3, without edge data
+ * (cudaTypedefs.h: PFN_cuGraphAddNode_v12020); since 12.3 the name is
+ * cuGraphAddNode_v2. */
+#undef cuGraphAddNode
+CUresult CUDAAPI cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                const CUgraphNode *dependencies,
+                                size_t numDependencies,
+                                CUgraphNodeParams *nodeParams);
+
+#include <stddef.h>
+
 #include "hooks.h"
 
 _Static_assert(sizeof(CUresult) == sizeof(mp__curesult), "CUresult");
+_Static_assert(CU_GRAPH_NODE_TYPE_GRAPH == MP__GRAPH_NODE_TYPE_GRAPH &&
+                   sizeof(CUgraphNodeType) == sizeof(unsigned) &&
+                   offsetof(CUgraphNodeParams, type) == 0 &&
+                   offsetof(CUgraphNodeParams, graph.graph) ==
+                       MP__NODE_PARAMS_GRAPH &&
+                   offsetof(CUgraphNodeParams, graph.ownership) ==
+                       MP__NODE_PARAMS_OWNERSHIP &&
+                   sizeof(CUgraphChildGraphNodeOwnership) == sizeof(unsigned) &&
+                   CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE ==
+                       MP__CHILD_GRAPH_OWNERSHIP_MOVE,
+               "child graph node parameters");
 _Static_assert(sizeof(cudaError_t) == sizeof(mp__cudaerr), "cudaError_t");
 _Static_assert(sizeof(CUdeviceptr) == sizeof(mp__cuptr), "CUdeviceptr");
 _Static_assert(CUDA_ERROR_OUT_OF_MEMORY == MP__CU_OUT_OF_MEMORY, "errors");

@@ -45,7 +45,9 @@
  *    "refused_end", "side_stream" and "invalidated_side": the functions
  *    of those names; "clone", "child" and "update": copy_outlives() and
  *    updated_from(); "copy_chain" and "update_refused": the functions of
- *    those names.
+ *    those names; "add_node" (copy_outlives() with cuGraphAddNode),
+ *    "add_node_move" (moved_in()), "exec_child_set" and "exec_node_set"
+ *    (child_set()) and "embedded" (embedded_outlives()).
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -293,6 +295,17 @@ static int to_graph_free(CUstream s, CUstream other) {
   return 0;
 }
 
+/* capture_step() twice, into *g1 and *g2; the probes watch g2's memory
+ * alone. */
+static int capture_two(CUstream s, CUdeviceptr *out1, CUgraph *g1,
+                       CUdeviceptr *out2, CUgraph *g2) {
+  if (capture_step(s, out1, g1) != 0)
+    return 1;
+  lo = ~(CUdeviceptr)0;
+  hi = 0;
+  return capture_step(s, out2, g2);
+}
+
 /* Launches x on s: its output out (capture_step's) must read 42; then
  * frees it. */
 static int launch_reads(CUgraphExec x, CUstream s, CUdeviceptr out) {
@@ -320,6 +333,23 @@ static int memory_back(CUstream other) {
   return inside == 0;
 }
 
+/* Instantiates holder, a graph holding the captured step's memory, and
+ * launches it (launch_reads: out is the step's output); after its
+ * executable goes, holder must still keep the memory from others (`what`
+ * says why), and its destruction here must give it back. */
+static int holder_replays(CUstream s, CUstream other, CUgraph holder,
+                          CUdeviceptr out, const char *what) {
+  CUgraphExec x;
+  MP_TRY(cuGraphInstantiate(&x, holder, 0));
+  if (launch_reads(x, s, out) != 0)
+    return 1;
+  MP_TRY(cuGraphExecDestroy(x));
+  if (probe_none(other, what) != 0)
+    return 1;
+  MP_TRY(cuGraphDestroy(holder));
+  return memory_back(other);
+}
+
 /* The "clone" and "child" modes: a copy of a captured graph, a clone
  * (cuGraphClone) or a graph with a child graph node made from it
  * (cuGraphAddChildGraphNode, which "clones" the child: cuda.h), outlives
@@ -329,15 +359,20 @@ static int memory_back(CUstream other) {
  * replays use the graph pool's memory: it must stay out of others' hands
  * until the copy and its executable are destroyed, then come back. The
  * shim released it with the original graph. */
-static int copy_outlives(CUstream s, CUstream other, bool pool, bool child) {
+static int copy_outlives(CUstream s, CUstream other, bool pool, int child) {
   CUdeviceptr out;
   CUgraph g, copy = NULL;
-  CUgraphExec x;
   CUgraphNode node;
   if (capture_step(s, &out, &g) != 0)
     return 1;
   CUresult r;
-  if (child) {
+  if (child == 2) { /* "add_node": cuGraphAddNode (_v2), cloned in */
+    CUgraphNodeParams p = {.type = CU_GRAPH_NODE_TYPE_GRAPH};
+    p.graph.graph = g;
+    p.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE;
+    MP_TRY(cuGraphCreate(&copy, 0));
+    r = cuGraphAddNode(&node, copy, NULL, NULL, 0, &p);
+  } else if (child) {
     MP_TRY(cuGraphCreate(&copy, 0));
     r = cuGraphAddChildGraphNode(&node, copy, NULL, 0, g);
   } else {
@@ -357,22 +392,143 @@ static int copy_outlives(CUstream s, CUstream other, bool pool, bool child) {
   MP_TRY(cuGraphDestroy(g));
   if (probe_none(other, "a copy of its graph lives") != 0)
     return 1;
-  MP_TRY(cuGraphInstantiate(&x, copy, 0));
-  if (launch_reads(x, s, out) != 0)
-    return 1;
-  MP_TRY(cuGraphExecDestroy(x));
-  if (probe_none(other, "a copy of its graph lives") != 0)
-    return 1;
-  MP_TRY(cuGraphDestroy(copy));
-  return memory_back(other);
+  return holder_replays(s, other, copy, out, "a copy of its graph lives");
 }
 
 static int clone_outlives(CUstream s, CUstream other, bool pool) {
-  return copy_outlives(s, other, pool, false);
+  return copy_outlives(s, other, pool, 0);
 }
 
 static int child_outlives(CUstream s, CUstream other, bool pool) {
-  return copy_outlives(s, other, pool, true);
+  return copy_outlives(s, other, pool, 1);
+}
+
+static int add_node_outlives(CUstream s, CUstream other, bool pool) {
+  return copy_outlives(s, other, pool, 2);
+}
+
+/* The "add_node_move" mode: a captured graph moved into a parent's child
+ * graph node (cuGraphAddNode, CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE: "The
+ * handle to the child graph is owned by the parent and will be destroyed
+ * when the parent is destroyed", and "Cannot be independently
+ * instantiated or destroyed", cuda.h). The parent and its executable
+ * hold the memory; the parent's destruction must give it back. The shim
+ * did not see the move: the graph pool stayed the moved graph's, which
+ * the program never destroys, until exit. Without the shim the graph has
+ * memory nodes, which cuda.h lets a move take (the fake does not model
+ * it): the mode ends after the driver's answer, whichever. */
+static int moved_in(CUstream s, CUstream other, bool pool) {
+  CUdeviceptr out;
+  CUgraph g, parent;
+  CUgraphNode node;
+  if (capture_step(s, &out, &g) != 0)
+    return 1;
+  MP_TRY(cuGraphCreate(&parent, 0));
+  CUgraphNodeParams p = {.type = CU_GRAPH_NODE_TYPE_GRAPH};
+  p.graph.graph = g;
+  p.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
+  CUresult r = cuGraphAddNode(&node, parent, NULL, NULL, 0, &p);
+  if (!pool) {
+    if (r != CUDA_SUCCESS)
+      MP_TRY(cuGraphDestroy(g));
+    MP_TRY(cuGraphDestroy(parent));
+    return 0;
+  }
+  MP_TRY(r);
+  if (cuFakeGetCallCount != NULL &&
+      cuGraphDestroy(g) != CUDA_ERROR_INVALID_VALUE) {
+    puts("a graph moved into a child graph node was destroyed on its own");
+    return 1;
+  }
+  if (probe_none(other, "the graph it was moved into lives") != 0)
+    return 1;
+  return holder_replays(s, other, parent, out,
+                        "the graph it was moved into lives");
+}
+
+/* The "exec_child_set" and "exec_node_set" modes (under the shim only: a
+ * graph with memory nodes is no child): the executable x of a parent with
+ * a child graph node made from one captured graph (g1) is given another's
+ * (g2, the same step captured again) in that node: cuda.h,
+ * cuGraphExecChildGraphNodeSetParams, "as though the nodes contained in
+ * hNode's graph had the parameters contained in childGraph's nodes", and
+ * cuGraphExecNodeSetParams with CUDA_CHILD_GRAPH_NODE_PARAMS. g2 then
+ * goes: x's replays use g2's memory, which must stay out of others' hands
+ * until x goes. The shim released it with g2. x holds g1's as before (its
+ * launch allocates both outputs, freed after). */
+static int child_set(CUstream s, CUstream other, bool node_params) {
+  CUdeviceptr out1, out2;
+  CUgraph g1, g2, parent;
+  CUgraphNode node;
+  CUgraphExec x;
+  if (capture_two(s, &out1, &g1, &out2, &g2) != 0)
+    return 1;
+  MP_TRY(cuGraphCreate(&parent, 0));
+  MP_TRY(cuGraphAddChildGraphNode(&node, parent, NULL, 0, g1));
+  MP_TRY(cuGraphInstantiate(&x, parent, 0));
+  if (node_params) {
+    CUgraphNodeParams p = {.type = CU_GRAPH_NODE_TYPE_GRAPH};
+    p.graph.graph = g2;
+    MP_TRY(cuGraphExecNodeSetParams(x, node, &p));
+  } else {
+    MP_TRY(cuGraphExecChildGraphNodeSetParams(x, node, g2));
+  }
+  MP_TRY(cuGraphDestroy(g2));
+  if (probe_none(other, "an executable given its parameters lives") != 0)
+    return 1;
+  if (launch_reads(x, s, out2) != 0)
+    return 1;
+  MP_TRY(cuMemFreeAsync(out1, s));
+  MP_TRY(cuStreamSynchronize(s));
+  if (probe_none(other, "an executable given its parameters lives") != 0)
+    return 1;
+  MP_TRY(cuGraphExecDestroy(x));
+  MP_TRY(cuGraphDestroy(parent));
+  MP_TRY(cuGraphDestroy(g1));
+  return memory_back(other);
+}
+
+static int exec_child_set(CUstream s, CUstream other, bool pool) {
+  (void)pool;
+  return child_set(s, other, false);
+}
+
+static int exec_node_set(CUstream s, CUstream other, bool pool) {
+  (void)pool;
+  return child_set(s, other, true);
+}
+
+/* The "embedded" mode (under the shim only): the graph embedded in a
+ * child graph node (cuda.h, cuGraphChildGraphNodeGetGraph: "This call
+ * does not clone the graph"), cloned and instantiated; the parent then
+ * goes, and the embedded graph with it. The clone and the executable
+ * replay the captured step's memory: it must stay out of others' hands
+ * until both go. The shim knew neither as a holder and released the
+ * graph pool with the parent. */
+static int embedded_outlives(CUstream s, CUstream other, bool pool) {
+  CUdeviceptr out;
+  CUgraph g, parent, e, c;
+  CUgraphNode node;
+  CUgraphExec x;
+  (void)pool;
+  if (capture_step(s, &out, &g) != 0)
+    return 1;
+  MP_TRY(cuGraphCreate(&parent, 0));
+  MP_TRY(cuGraphAddChildGraphNode(&node, parent, NULL, 0, g));
+  MP_TRY(cuGraphDestroy(g));
+  MP_TRY(cuGraphChildGraphNodeGetGraph(node, &e));
+  MP_TRY(cuGraphClone(&c, e));
+  MP_TRY(cuGraphInstantiate(&x, e, 0));
+  MP_TRY(cuGraphDestroy(parent));
+  if (probe_none(other, "copies of its embedded graph live") != 0)
+    return 1;
+  if (launch_reads(x, s, out) != 0)
+    return 1;
+  MP_TRY(cuGraphExecDestroy(x));
+  if (probe_none(other, "a clone of its embedded graph lives") != 0)
+    return 1;
+  MP_TRY(cuGraphDestroy(c));
+  return memory_back(other);
 }
 
 /* The "update" mode: an executable of one captured graph (g1) updated
@@ -387,11 +543,7 @@ static int updated_from(CUstream s, CUstream other, bool pool) {
   CUdeviceptr out1, out2;
   CUgraph g1, g2;
   CUgraphExec x;
-  if (capture_step(s, &out1, &g1) != 0)
-    return 1;
-  lo = ~(CUdeviceptr)0; /* the probes watch g2's memory */
-  hi = 0;
-  if (capture_step(s, &out2, &g2) != 0)
+  if (capture_two(s, &out1, &g1, &out2, &g2) != 0)
     return 1;
   MP_TRY(cuGraphInstantiate(&x, g1, 0));
   CUgraphExecUpdateResultInfo info;
@@ -693,6 +845,11 @@ int main(int argc, char **argv) {
       : strcmp(how, "update") == 0         ? updated_from
       : strcmp(how, "copy_chain") == 0     ? copy_chain
       : strcmp(how, "update_refused") == 0 ? update_refused
+      : strcmp(how, "add_node") == 0       ? add_node_outlives
+      : strcmp(how, "add_node_move") == 0  ? moved_in
+      : strcmp(how, "exec_child_set") == 0 ? exec_child_set
+      : strcmp(how, "exec_node_set") == 0  ? exec_node_set
+      : strcmp(how, "embedded") == 0       ? embedded_outlives
                                            : NULL;
   if (mode != NULL || copy_mode != NULL) {
     if (mode != NULL ? mode(s, other) != 0 : copy_mode(s, other, pool) != 0)

@@ -56,6 +56,11 @@ static void capture_under_the_shim_with(const char *how, const char *conf) {
           : strcmp(how, "update") == 0           ? 2 + 4 + 2 + 3 * NPROBE_ALLOCS
           : strcmp(how, "copy_chain") == 0       ? 2 + 2 + 1 + 3 * NPROBE_ALLOCS
           : strcmp(how, "update_refused") == 0   ? 2 + 4 + 1 + NPROBE_ALLOCS
+          : strcmp(how, "add_node") == 0         ? 2 + 2 + 1 + 3 * NPROBE_ALLOCS
+          : strcmp(how, "add_node_move") == 0    ? 2 + 2 + 1 + 3 * NPROBE_ALLOCS
+          : strcmp(how, "exec_child_set") == 0   ? 2 + 4 + 2 + 3 * NPROBE_ALLOCS
+          : strcmp(how, "exec_node_set") == 0    ? 2 + 4 + 2 + 3 * NPROBE_ALLOCS
+          : strcmp(how, "embedded") == 0         ? 2 + 2 + 1 + 3 * NPROBE_ALLOCS
                                                  : 85;
   cr_assert_eq(
       sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
@@ -260,4 +265,42 @@ Test(preload_graph, copies_of_copies_hold_the_graph_pool) {
  * its own, and its launch allocates its own graph's output. */
 Test(preload_graph, a_refused_update_changes_nothing) {
   capture_under_the_shim("update_refused");
+}
+
+/* A child graph node added by cuGraphAddNode (CUDA_CHILD_GRAPH_NODE_PARAMS)
+ * holds the child's graph pool as cuGraphAddChildGraphNode's does: cloned
+ * in, the parent holds it after the child goes; moved in
+ * (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE), the child is the parent's, never
+ * destroyed by the program, and the parent's destruction gives it back.
+ * The shim did not hook cuGraphAddNode: the clone's graph pool went with
+ * the child under the parent's executable, the moved one's lived until
+ * exit. Without the shim the fake refuses both for a graph with memory
+ * nodes (the move: not modelled). */
+Test(preload_graph, a_child_graph_node_added_by_cuGraphAddNode_holds) {
+  both_ways("add_node");
+}
+
+Test(preload_graph,
+     a_graph_moved_into_a_child_node_is_released_with_its_parent) {
+  both_ways("add_node_move");
+}
+
+/* An executable whose child graph node is given another graph's
+ * parameters (cuGraphExecChildGraphNodeSetParams, cuGraphExecNodeSetParams)
+ * replays that graph's memory: it holds its graph pool until destroyed.
+ * The shim released it with that graph. */
+Test(preload_graph, an_executable_given_a_child_graphs_params_holds_its_pool) {
+  capture_under_the_shim("exec_child_set");
+}
+
+Test(preload_graph, an_executable_given_child_node_params_holds_its_pool) {
+  capture_under_the_shim("exec_node_set");
+}
+
+/* The graph a child graph node embeds (cuGraphChildGraphNodeGetGraph),
+ * cloned and instantiated: the clone and the executable hold the parent's
+ * graph pools after the parent goes. The shim knew neither and released
+ * them with the parent. */
+Test(preload_graph, copies_of_an_embedded_graph_hold_the_parents_pool) {
+  capture_under_the_shim("embedded");
 }

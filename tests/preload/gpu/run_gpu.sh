@@ -191,7 +191,14 @@ fi
 # cuCtxSynchronize before its end); clone, child and update (a clone of
 # the graph, a graph with a child graph node made from it, an executable
 # updated from it: each holds its graph pool; without the shim the driver
-# must refuse the first two, cuda.h forbidding them for memory nodes).
+# must refuse the first two, cuda.h forbidding them for memory nodes);
+# add_node and add_node_move (a child graph node by cuGraphAddNode, the
+# graph cloned or moved in: the parent holds its graph pool; without the
+# shim the clone must be refused, the move is the driver's to answer),
+# and, under the shim only, exec_child_set and exec_node_set (an
+# executable given another graph in its child graph node holds that
+# graph's pool) and embedded (a clone and an executable of the graph
+# cuGraphChildGraphNodeGetGraph gives hold the parent's pools).
 # Every mode frees the graph's output
 # after each launch, as cuda.h's graph allocations ask; "", "auto",
 # refused_end, side_stream and invalidated_side also run without the
@@ -201,13 +208,14 @@ graph=$build/tests/preload/preload_graph_prog
 if [ -x "$graph" ]; then
   real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
   for how in "" ptsz auto to_graph_twice many_execs refused_end side_stream \
-    invalidated_side clone child update; do
+    invalidated_side clone child update add_node add_node_move \
+    exec_child_set exec_node_set embedded; do
     LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
       MEMPOOL_DEVICE=cuda "$graph" pool $how >"$work/graph.out" 2>&1 ||
       fail "graph_prog $how under the shim: $(cat "$work/graph.out")"
   done
   for how in "" auto refused_end side_stream invalidated_side clone child \
-    update; do
+    update add_node add_node_move; do
     LD_LIBRARY_PATH="$(dirname "$real")" "$graph" plain $how \
       >"$work/graph.out" 2>&1 ||
       fail "graph_prog $how without the shim: $(cat "$work/graph.out")"
