@@ -133,10 +133,37 @@ def _load():
                 "(another library, or an older build)" % (path, name)) from None
         fn.restype = res
         fn.argtypes = args
+    if os.sep not in path:
+        path = _opened_file(handle, path)
     return handle, path
 
 
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def _opened_file(handle, name):
+    """The file the dynamic loader opened for a bare library name (what
+    ctypes.util.find_library gives: "libmempool.so.0"), found by dladdr on
+    one of its functions; the name itself where dladdr cannot say."""
+    addr = ctypes.cast(handle.mp_status_string, ctypes.c_void_p)
+    for dl in (None, ctypes.util.find_library("dl")):
+        try:
+            dladdr = ctypes.CDLL(dl).dladdr
+        except (OSError, AttributeError):
+            continue
+        dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+        dladdr.restype = ctypes.c_int
+        info = _DlInfo()
+        if dladdr(addr, ctypes.byref(info)) and info.dli_fname:
+            return os.path.abspath(os.fsdecode(info.dli_fname))
+    return name
+
+
 def library_path():
-    """The path of the loaded libmempool.so (loads it if needed)."""
+    """The path of the loaded libmempool.so (loads it if needed): for one
+    found on the system's library path, the file the loader opened, not
+    the bare name find_library() gives."""
     lib()
     return _path
