@@ -39,7 +39,11 @@ def _candidates():
 
 
 def find_library():
-    """The path of the libmempool.so this package would load."""
+    """The libmempool.so this package would load, without loading it: a
+    path, or, for one left to the dynamic loader's search (no
+    MEMPOOL_LIBRARY, none beside the package), the name it asks the loader
+    for (such as libmempool.so.0). library_path() gives the file the
+    loader opened."""
     tried = []
     for where, path in _candidates():
         if where == "system" or os.path.exists(path):
