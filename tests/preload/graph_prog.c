@@ -108,6 +108,12 @@ static int probe_none(CUstream s, const char *what) {
   return inside != 0;
 }
 
+/* g destroyed, then probe_none: what still holds g's graph pool keeps it. */
+static int destroyed_then_none(CUgraph g, CUstream other, const char *what) {
+  MP_TRY(cuGraphDestroy(g));
+  return probe_none(other, what);
+}
+
 /* After the graph and its executables went: the device idle first, so
  * that whether the probe gets the graph's memory does not hang on when the
  * streams' last markers complete (a stream of the fake runs on a thread
@@ -389,8 +395,7 @@ static int copy_outlives(CUstream s, CUstream other, bool pool, int child) {
     return 0;
   }
   MP_TRY(r);
-  MP_TRY(cuGraphDestroy(g));
-  if (probe_none(other, "a copy of its graph lives") != 0)
+  if (destroyed_then_none(g, other, "a copy of its graph lives") != 0)
     return 1;
   return holder_replays(s, other, copy, out, "a copy of its graph lives");
 }
@@ -473,8 +478,8 @@ static int child_set(CUstream s, CUstream other, bool node_params) {
   } else {
     MP_TRY(cuGraphExecChildGraphNodeSetParams(x, node, g2));
   }
-  MP_TRY(cuGraphDestroy(g2));
-  if (probe_none(other, "an executable given its parameters lives") != 0)
+  if (destroyed_then_none(g2, other,
+                          "an executable given its parameters lives") != 0)
     return 1;
   if (launch_reads(x, s, out2) != 0)
     return 1;
@@ -519,8 +524,8 @@ static int embedded_outlives(CUstream s, CUstream other, bool pool) {
   MP_TRY(cuGraphChildGraphNodeGetGraph(node, &e));
   MP_TRY(cuGraphClone(&c, e));
   MP_TRY(cuGraphInstantiate(&x, e, 0));
-  MP_TRY(cuGraphDestroy(parent));
-  if (probe_none(other, "copies of its embedded graph live") != 0)
+  if (destroyed_then_none(parent, other, "copies of its embedded graph live") !=
+      0)
     return 1;
   if (launch_reads(x, s, out) != 0)
     return 1;
@@ -555,8 +560,8 @@ static int updated_from(CUstream s, CUstream other, bool pool) {
     return 0;
   }
   MP_TRY(r);
-  MP_TRY(cuGraphDestroy(g2));
-  if (probe_none(other, "an executable updated from it lives") != 0)
+  if (destroyed_then_none(g2, other, "an executable updated from it lives") !=
+      0)
     return 1;
   for (int k = 0; k < 2; k++) /* the second: g1's output is not live */
     if (launch_reads(x, s, out2) != 0)
@@ -597,8 +602,7 @@ static int copy_chain(CUstream s, CUstream other, bool pool) {
   MP_TRY(cuGraphDestroy(c1));
   MP_TRY(cuGraphDestroy(g));
   MP_TRY(cuGraphDestroy(parent));
-  MP_TRY(cuGraphDestroy(c2));
-  if (probe_none(other, "a clone of a parent lives") != 0)
+  if (destroyed_then_none(c2, other, "a clone of a parent lives") != 0)
     return 1;
   MP_TRY(cuGraphInstantiate(&x, pc, 0));
   MP_TRY(cuGraphDestroy(pc));
