@@ -779,35 +779,36 @@ MP_API mp_status_t mp_pool_set_oom_handler(mp_pool_t *pool,
  * history=N). Trace actions: alloc, free_requested and
  * free_completed (both at mp_pool_free: the block is reusable at once on
  * its own stream; other streams wait for its markers, which the history
- * does not record; a block freed while another process imports it, the
- * free_requested at the free, the free_completed when its leases close),
- * segment_map / segment_unmap (virtual chunks),
- * segment_alloc / segment_free (plain segments, a child pool's range, a
- * graph pool's borrowed ranges) and oom. An alloc's and a free's size is
- * the bytes asked for (the block's requested_size), as PyTorch records
- * them (its alloc event takes the request, before rounding); a segment
- * event's, the segment's or chunk's. A segment's segment_pool_id is
- * (0, 0), or for a graph pool (0, n), n an id of its own (as PyTorch gives
- * a private pool's segments its id; the graph pool of a PyTorch
- * MempoolId_t, mempool/torch.h, says that id); the parent's snapshot shows the
- * ranges it lent as live blocks. A segment's segment_type is "small" for
- * a plain segment made for a request of at most segment_bytes/2 (the one
- * such requests share, as PyTorch's small pool packs requests up to 1 MiB
- * into 2 MiB segments), else "large" (the virtual range's runs too);
- * unlike PyTorch's, a small segment may later hold a larger block (one
- * free index serves every size). A block's state is PyTorch's:
+ * does not record, nor the end of the work of streams it was used on,
+ * which the snapshot's state shows as active_pending_free; a block freed while
+ * another process imports it, the free_requested at the free, the
+ * free_completed when its leases close), segment_map / segment_unmap (virtual
+ * chunks), segment_alloc / segment_free (plain segments, a child pool's range,
+ * a graph pool's borrowed ranges) and oom. An alloc's and a free's size is the
+ * bytes asked for (the block's requested_size), as PyTorch records them (its
+ * alloc event takes the request, before rounding); a segment event's, the
+ * segment's or chunk's. A segment's segment_pool_id is (0, 0), or for a graph
+ * pool (0, n), n an id of its own (as PyTorch gives a private pool's segments
+ * its id; the graph pool of a PyTorch MempoolId_t, mempool/torch.h, says that
+ * id); the parent's snapshot shows the ranges it lent as live blocks. A
+ * segment's segment_type is "small" for a plain segment made for a request of
+ * at most segment_bytes/2 (the one such requests share, as PyTorch's small pool
+ * packs requests up to 1 MiB into 2 MiB segments), else "large" (the virtual
+ * range's runs too); unlike PyTorch's, a small segment may later hold a larger
+ * block (one free index serves every size). A block's state is PyTorch's:
  * "active_allocated" while the program holds it, "active_pending_free"
- * while it is no caller's but not yet reusable (freed while imported, or
- * held by the out-of-memory ladder while it waits for the streams),
- * "inactive" when free; a segment's allocated_size sums the first,
- * active_size and requested_size the first two (so allocated_size leaves
- * out pending blocks that the stats' allocated_bytes counts). The file is
- * written whole or not
- * at all (a temporary beside it, renamed); a symbolic link to a regular
- * file stays a link, the file it names replaced so; a path that is there
- * and is no regular file (a device, a FIFO, a link to one) is written in
- * place, never replaced. A NULL or unwritable path is MP_EINVAL / MP_EIO with a
- * message. A pool with arenas: the segments of
+ * while it is no caller's but not yet reusable (freed while imported,
+ * held by the out-of-memory ladder while it waits for the streams, or free
+ * but waiting, as far as the pool knows without asking the device, for
+ * work on two streams or more or for a device sync, so that no stream
+ * could take it without waiting), "inactive" when free otherwise; a segment's
+ * allocated_size sums the first, active_size and requested_size the first two
+ * (so allocated_size leaves out pending blocks that the stats' allocated_bytes
+ * counts). The file is written whole or not at all (a temporary beside it,
+ * renamed); a symbolic link to a regular file stays a link, the file it names
+ * replaced so; a path that is there and is no regular file (a device, a FIFO, a
+ * link to one) is written in place, never replaced. A NULL or unwritable path
+ * is MP_EINVAL / MP_EIO with a message. A pool with arenas: the segments of
  * every arena made so far, on the pool's device. */
 MP_API mp_status_t mp_pool_snapshot(mp_pool_t *pool, const char *path);
 /* The same pickle written to an open stream (not closed). */

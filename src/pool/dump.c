@@ -255,7 +255,7 @@ static void mp__inactive_add(const mp_pool_t *pool, size_t *bytes,
   for (mp__segment_t *g = pool->paused ? NULL : pool->segs; g != NULL;
        g = g->next)
     for (mp__block_t *b = g->first; b != NULL; b = b->next)
-      if (b->flags & MP__B_FREE) {
+      if ((b->flags & MP__B_FREE) && !mp__deps_pending(pool, b)) {
         size_t n = mp__inactive_split(b);
         *bytes += n;
         *blocks += n > 0;

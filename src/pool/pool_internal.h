@@ -1773,6 +1773,14 @@ static inline bool mp__deps_safe(mp_pool_t *pool, mp__block_t *b, uint32_t sidx,
  * when a wait failed), when a dep has no marker to wait on (a capturing or
  * unaware-captured stream, a block waiting for a device sync, no event). */
 bool mp__deps_order(mp_pool_t *pool, mp__block_t *b, uint32_t sidx);
+/* Whether free block b waits, as far as the pool knows now (no device
+ * call), for the work of other streams whichever stream asks: it waits for
+ * the next device sync (MP__B_SYNC), or unfinished deps name two streams or
+ * more, so that even one of them must wait for the other. PyTorch's
+ * snapshot calls such a block active ("active_pending_free"): a freed
+ * block whose events are not yet done. One with unfinished work on one
+ * stream is that stream's at once, as a PyTorch block is its stream's. */
+bool mp__deps_pending(const mp_pool_t *pool, const mp__block_t *b);
 /* Whether mp__deps_order would likely succeed, with no device call: every
  * unfinished dep has a marker or an open epoch this thread can close. */
 bool mp__deps_orderable(mp_pool_t *pool, const mp__block_t *b, uint32_t sidx);

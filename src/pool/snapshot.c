@@ -41,7 +41,12 @@
  * holds it; "active_pending_free" when it is no caller's but not yet
  * reusable: freed while another process imports it (MP__B_HELD, until its
  * leases close) or held by the out-of-memory ladder while it waits for
- * the streams (MP__B_LADDER); "inactive" when free. A segment's
+ * the streams (MP__B_LADDER), or free but waiting, as far as the pool
+ * knows without asking the device, for work on two streams or more, or
+ * for a device sync (mp__deps_pending: no stream could take it now
+ * without waiting for another's work, as a PyTorch block freed with
+ * stream uses waits for its events); "inactive" when free otherwise. The
+ * dump's inactive_split figures leave the pending ones out too. A segment's
  * allocated_size sums the first kind, active_size and requested_size the
  * first two, as PyTorch's do, so allocated_size leaves out the pending
  * blocks that the stats' allocated_bytes counts. An active block's
@@ -329,12 +334,15 @@ static mp_status_t mp__snap_take(mp_pool_t *pool, mp__snap_t *s) {
       /* Cut at a paused pool's top: a block may run over several chunks. */
       sb->size = b->size < top - b->addr ? b->size : top - b->addr;
       sb->hole = (b->flags & MP__B_HOLE) != 0;
-      /* A block freed while imported (held until its leases close) and
-       * the one the out-of-memory ladder holds while it waits for the
-       * streams are no caller's: PyTorch's active_pending_free. */
-      sb->pending = (b->flags & (MP__B_HELD | MP__B_LADDER)) != 0;
+      /* A block freed while imported (held until its leases close), the
+       * one the out-of-memory ladder holds while it waits for the streams,
+       * and a free one that every stream would have to wait for
+       * (mp__deps_pending) are no caller's: PyTorch's active_pending_free. */
+      sb->pending = (b->flags & (MP__B_HELD | MP__B_LADDER)) != 0 ||
+                    ((b->flags & MP__B_FREE) && mp__deps_pending(pool, b));
       sb->live = !sb->hole && !(b->flags & MP__B_FREE) && !sb->pending;
-      sb->requested = !mp__sblock_active(sb)    ? 0
+      /* A free block's record keeps no request of its own (merges). */
+      sb->requested = !mp__sblock_active(sb) || (b->flags & MP__B_FREE) ? 0
                       : b->requested > sb->size ? sb->size
                                                 : b->requested;
       sb->ev = SIZE_MAX;

@@ -973,6 +973,21 @@ bool mp__deps_check(mp_pool_t *pool, mp__block_t *b, uint32_t sidx, bool poll) {
   return safe;
 }
 
+bool mp__deps_pending(const mp_pool_t *pool, const mp__block_t *b) {
+  if (mp__sync_pending(pool, b))
+    return true;
+  uint32_t first = UINT32_MAX;
+  for (uint32_t i = 0; i < b->ndeps; i++) {
+    if (mp__dep_done(pool, &b->deps[i]))
+      continue;
+    if (first == UINT32_MAX)
+      first = mp__dep_sidx(b->deps[i]);
+    else if (mp__dep_sidx(b->deps[i]) != first)
+      return true;
+  }
+  return false;
+}
+
 bool mp__deps_orderable(mp_pool_t *pool, const mp__block_t *b, uint32_t sidx) {
   const mp__strm_t *me = &pool->streams[sidx];
   if ((b->flags & MP__B_SYNC) || me->gone || me->capturing)
