@@ -18,9 +18,12 @@
  * The descriptor opens the whole device file, where a CUDA handle names
  * one allocation: it carries the allocation as a lock of its own (an
  * open file description's, F_OFD_SETLK), and an import of memory outside
- * it is refused. Live allocations are kept in a table
- * sorted by address, which is what makes a free of an unknown or already
- * freed pointer MP_EINVAL instead of a crash, and a copy or memset that
+ * it is refused. Each export also holds a lock of its own far past the
+ * file's end (its tag), which the handle names: a handle whose descriptor
+ * number was closed and reused for another export's descriptor is
+ * refused, not mapped as that other export's memory. Live allocations are kept
+ * in a table sorted by address, which is what makes a free of an unknown or
+ * already freed pointer MP_EINVAL instead of a crash, and a copy or memset that
  * runs past an allocation's end MP_EINVAL instead of a stray write. Virtual
  * memory is emulated the way CUDA does it: a reservation is a PROT_NONE mapping
  * aligned to the granularity; vm_map maps a granule-aligned range of the device
@@ -199,6 +202,7 @@ struct host_dev {
   size_t used;
   uint64_t file_next;   /* the next unused offset of memfd (page aligned) */
   uint64_t alloc_calls; /* device allocations attempted (fail_after) */
+  uint64_t export_tag;  /* the last tag host_ipc_export tried */
   host_atab_t allocs;   /* plain allocations (mp_device_alloc) */
   host_atab_t pins;     /* page-locked host memory (mp_device_host_alloc) */
   mp__ptrmap_t maps;    /* vm_map address -> bytes */
@@ -1606,15 +1610,40 @@ static bool host_fd_is_device_file(int fd) {
          (link[sizeof want - 1] == '\0' || link[sizeof want - 1] == ' ');
 }
 
-/* The range ipc_export handed out on descriptor fd, positioned at `at`:
- * its lock (host_ipc_export) covers the byte at `at`. Seen from another
- * open file description of the file (F_OFD_GETLK reports the locks of
- * other descriptions only), made for the question: 0 with the lock's
- * range, -1 when no export covers that byte, or the errno that kept it
- * from being asked (out of descriptors: EMFILE). Exports lock whole
- * allocations, whose ranges of the file are disjoint, so a lock over that
- * byte is one of the allocation holding it. */
-static int host_fd_export(int fd, off_t at, off_t *start, off_t *len) {
+/* Export tags (host_ipc_export): byte HOST_TAG_BASE + tag of the device
+ * file, past every range host_file_range hands out (the file stays under
+ * INT64_MAX / 2 bytes), write-locked by one export's open file description
+ * only. The handle names its tag, and the file's identity, in its opaque
+ * bytes (a host_ipc_tag_t). */
+#define HOST_TAG_BASE  ((uint64_t)INT64_MAX / 2 + 1)
+#define HOST_TAG_MAGIC UINT64_C(0x6d70686f73747467)
+#define HOST_TAG_TRIES 4096u
+
+typedef struct host_ipc_tag {
+  uint64_t magic, dev, ino, tag;
+} host_ipc_tag_t;
+_Static_assert(sizeof(host_ipc_tag_t) <= sizeof(((mp_ipc_handle_t *)0)->opaque),
+               "an export's tag fits in a handle's opaque bytes");
+
+static struct flock host_tag_lock(short type, uint64_t tag) {
+  return (struct flock){.l_type = type,
+                        .l_whence = SEEK_SET,
+                        .l_start = (off_t)(HOST_TAG_BASE + tag),
+                        .l_len = 1};
+}
+
+/* What host_fd_range learns of descriptor fd from another open file
+ * description of its file, made for the questions (F_OFD_GETLK reports the
+ * locks of other descriptions only): the range of the export lock
+ * (host_ipc_export) covering the byte at `at` (*start, *len; *len 0: none),
+ * and whether fd's own description holds export tag `tag` (*tagged: a lock
+ * there that the new description sees and fd's does not; a tag is only
+ * ever write-locked by one description). Exports lock whole allocations,
+ * whose ranges of the file are disjoint, so a lock over that byte is one
+ * of the allocation holding it. 0, or the errno that kept a question from
+ * being asked (out of descriptors: EMFILE). */
+static int host_fd_export(int fd, off_t at, uint64_t tag, off_t *start,
+                          off_t *len, bool *tagged) {
   char path[48];
   snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
   int other = open(path, O_RDONLY | O_CLOEXEC);
@@ -1622,11 +1651,18 @@ static int host_fd_export(int fd, off_t at, off_t *start, off_t *len) {
     return errno;
   struct flock fl = {
       .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = at, .l_len = 1};
-  int err = fcntl(other, F_OFD_GETLK, &fl) == 0 ? 0 : errno;
+  struct flock seen = host_tag_lock(F_WRLCK, tag);
+  struct flock own = seen;
+  int err = fcntl(other, F_OFD_GETLK, &fl) == 0 &&
+                    fcntl(other, F_OFD_GETLK, &seen) == 0 &&
+                    fcntl(fd, F_OFD_GETLK, &own) == 0
+                ? 0
+                : errno;
   close(other);
   *start = fl.l_start;
-  *len = fl.l_len;
-  return err != 0 ? err : fl.l_type != F_UNLCK ? 0 : -1;
+  *len = fl.l_type != F_UNLCK ? fl.l_len : 0;
+  *tagged = seen.l_type != F_UNLCK && own.l_type == F_UNLCK;
+  return err;
 }
 
 /* The descriptor's file offset, and whether (offset, bytes) lies in it:
@@ -1635,9 +1671,13 @@ static int host_fd_export(int fd, off_t at, off_t *start, off_t *len) {
  * (another file, a misaligned offset) is refused as no IPC handle, before
  * mmap would fail on it with an error that tells nothing; and so is a
  * range outside the allocation exported (host_fd_export): the descriptor
- * opens the whole file, its neighbours too. */
+ * opens the whole file, its neighbours too. With id (an import), the
+ * descriptor must also be the one that export made (its description holds
+ * the export's tag): a number closed and reused for another descriptor of
+ * the file (another export's) names memory the handle's sizes and lease
+ * are not of. */
 static mp_status_t host_fd_range(const char *fn, int fd, size_t bytes,
-                                 uint64_t *off) {
+                                 const host_ipc_tag_t *id, uint64_t *off) {
   struct stat sb;
   if (fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) ||
       !host_fd_is_device_file(fd))
@@ -1645,6 +1685,11 @@ static mp_status_t host_fd_range(const char *fn, int fd, size_t bytes,
                     "%s: not a mempool IPC handle: descriptor %d is not a "
                     "host device's memory file",
                     fn, fd);
+  if (id != NULL && id->magic != HOST_TAG_MAGIC)
+    return mp__fail(MP_EINVAL,
+                    "%s: not a mempool IPC handle: it names no host device "
+                    "export (its opaque bytes are not an export's)",
+                    fn);
   off_t at = lseek(fd, 0, SEEK_CUR);
   if (at < 0 || (uint64_t)at % (uint64_t)sysconf(_SC_PAGESIZE) != 0)
     return mp__fail(MP_EINVAL,
@@ -1659,13 +1704,23 @@ static mp_status_t host_fd_range(const char *fn, int fd, size_t bytes,
                     "memory",
                     fn, fd, bytes);
   off_t start = 0, len = 0;
-  int err = host_fd_export(fd, at, &start, &len);
-  if (err > 0)
+  bool tagged = false;
+  int err =
+      host_fd_export(fd, at, id != NULL ? id->tag : 0, &start, &len, &tagged);
+  if (err != 0)
     return mp__fail(MP_EIO,
                     "%s: cannot ask which allocation descriptor %d exports: "
                     "%s",
                     fn, fd, strerror(err));
-  if (err != 0 || start != at)
+  if (id != NULL &&
+      (id->dev != (uint64_t)sb.st_dev || id->ino != (uint64_t)sb.st_ino ||
+       id->tag >= HOST_TAG_BASE || !tagged))
+    return mp__fail(MP_EINVAL,
+                    "%s: descriptor %d is not the one its export made (its "
+                    "number closed and reused for another descriptor, maybe "
+                    "another export's?): nothing mapped",
+                    fn, fd);
+  if (len == 0 || start != at)
     return mp__fail(MP_EINVAL,
                     "%s: descriptor %d is at offset %lld of the device file, "
                     "where no exported allocation starts (a handle no "
@@ -1686,7 +1741,7 @@ mp_status_t mp__host_vm_map_file(mp_device_t *dev, void *addr, size_t bytes,
     return mp__fail(MP_ENOTSUP, "vm_map_file: %s is not a host device",
                     dev->name);
   uint64_t off = 0;
-  mp_status_t st = host_fd_range("vm_map_file", fd, bytes, &off);
+  mp_status_t st = host_fd_range("vm_map_file", fd, bytes, NULL, &off);
   return st == MP_OK ? host_vm_map_at(dev, addr, bytes, fd, off) : st;
 }
 
@@ -1746,8 +1801,10 @@ static mp_status_t host_vm_unmap(mp_device_t *dev, void *addr, size_t bytes) {
  * CUDA shareable handle does); exporting twice gives two descriptors. The
  * description opens the whole file: it holds a read lock (F_OFD_SETLK,
  * which no one else takes) over the range exported, which an import
- * checks its range against (host_fd_range). The lock goes with the
- * description, when its last descriptor closes, in any process. */
+ * checks its range against (host_fd_range), and a write lock on a tag of
+ * its own, which the handle names (an import checks that its descriptor's
+ * description holds it). The locks go with the description, when its last
+ * descriptor closes, in any process. */
 static mp_status_t host_ipc_export(mp_device_t *dev, void *base, size_t bytes,
                                    bool vm, mp_ipc_handle_t *h) {
   HOST_NOT_IN_HOST_FN("ipc_export");
@@ -1773,17 +1830,38 @@ static mp_status_t host_ipc_export(mp_device_t *dev, void *base, size_t bytes,
                      .l_whence = SEEK_SET,
                      .l_start = (off_t)off,
                      .l_len = (off_t)bytes};
-  if (fd < 0 || lseek(fd, (off_t)off, SEEK_SET) != (off_t)off ||
-      fcntl(fd, F_OFD_SETLK, &fl) != 0) {
-    int err = errno;
+  struct stat sb;
+  host_ipc_tag_t id = {.magic = HOST_TAG_MAGIC};
+  int err = fd < 0 || lseek(fd, (off_t)off, SEEK_SET) != (off_t)off ||
+                    fcntl(fd, F_OFD_SETLK, &fl) != 0 || fstat(fd, &sb) != 0
+                ? errno
+                : 0;
+  /* A tag no other description holds: another process sharing the file
+   * (a forked child) counts tags of its own, so a taken one is skipped. */
+  bool tagged = false;
+  for (unsigned i = 0; err == 0 && !tagged && i < HOST_TAG_TRIES; i++) {
+    pthread_mutex_lock(&hd->mem_lock);
+    id.tag = ++hd->export_tag;
+    pthread_mutex_unlock(&hd->mem_lock);
+    struct flock tl = host_tag_lock(F_WRLCK, id.tag);
+    tagged = fcntl(fd, F_OFD_SETLK, &tl) == 0;
+    if (!tagged && errno != EAGAIN && errno != EACCES)
+      err = errno;
+  }
+  if (err == 0 && !tagged)
+    err = EAGAIN; /* every tag tried is another description's */
+  if (err != 0) {
     if (fd >= 0)
       close(fd);
     return mp__fail(MP_EIO,
                     "ipc_export: cannot open or lock the device file: %s",
                     strerror(err));
   }
+  id.dev = (uint64_t)sb.st_dev;
+  id.ino = (uint64_t)sb.st_ino;
   h->kind = MP_IPC_FD;
   h->fd = fd;
+  memcpy(h->opaque, &id, sizeof id);
   return MP_OK;
 }
 
@@ -1792,9 +1870,11 @@ static mp_status_t host_ipc_open(mp_device_t *dev, const mp_ipc_handle_t *h,
   HOST_NOT_IN_HOST_FN("ipc_open");
   (void)dev;
   uint64_t off = 0;
+  host_ipc_tag_t id;
+  memcpy(&id, h->opaque, sizeof id);
   mp_status_t st =
       h->kind == MP_IPC_FD
-          ? host_fd_range("mp_ipc_import", h->fd, h->mem_bytes, &off)
+          ? host_fd_range("mp_ipc_import", h->fd, h->mem_bytes, &id, &off)
           : mp__fail(MP_EINVAL,
                      "mp_ipc_import: a host device imports "
                      "descriptors only (kind %u)",

@@ -7,7 +7,8 @@
  * a freed block whose importers let go serves every kind of allocation,
  * with arenas or without; a trim while it is held gives nothing of it
  * back, and it goes back once, after the importer unmapped it; a block
- * exported again and again keeps no lease its importers let go; bad
+ * exported again and again keeps no lease its importers let go; a stale
+ * handle (its numbers reused for another export's) is refused; bad
  * handles, pointers, sockets and messages are refused with nothing changed
  * and nothing received left open; sockets that also pass credentials or
  * pidfds receive handles and leave nothing open. */
@@ -473,6 +474,60 @@ Test(pool_ipc_args, a_copy_of_a_handle_imported_on_another_device_is_einval) {
   cr_assert_eq(mp_pool_free(pool, p), MP_OK);
   free_released_and_destroy(pool, p2);
   mp_device_close(dev2);
+}
+
+/* A stale handle: a copy kept after its descriptors were closed (by
+ * mp_ipc_handle_close, an import, the exporter), whose numbers the OS has
+ * since given to another export's descriptors (here copies of them stand
+ * for the reused numbers). It names that export now, with its own sizes
+ * and offset: imported, it mapped the other export's memory as its block,
+ * under the other export's lease. Refused (nothing mapped, every
+ * descriptor as it was), whether the other export is of another device
+ * allocation (pool2 another pool) or of another block of the same one;
+ * the other export's handle still imports. Failed before: both imported. */
+static void a_stale_copy_is_einval(mp_pool_t *pool, mp_pool_t *pool2) {
+  void *p, *p2, *q = NULL;
+  mp_ipc_handle_t a = exported(pool, &p);
+  mp_ipc_handle_t stale = a;
+  cr_assert_eq(mp_ipc_handle_close(&a), MP_OK);
+  mp_ipc_handle_t b = exported(pool2, &p2);
+  cr_assert_eq(b.mem_bytes, stale.mem_bytes);
+  stale.fd = dup(b.fd);
+  stale.lease_fd = dup(b.lease_fd);
+  cr_assert(stale.fd >= 0 && stale.lease_fd >= 0);
+  mp_ipc_handle_t copy = stale;
+  mp_status_t st = mp_ipc_import(dev, &copy, &q);
+  if (st == MP_OK)
+    (void)mp_ipc_close(dev, q);
+  cr_expect_eq(st, MP_EINVAL, "a stale handle was imported as another export");
+  cr_expect(strstr(mp_last_error(), "not the one its export") != NULL, "%s",
+            mp_last_error());
+  if (st != MP_OK) {
+    cr_expect(memcmp(&copy, &stale, sizeof copy) == 0,
+              "a refusal changed the handle");
+    cr_expect(fd_open(stale.fd) && fd_open(stale.lease_fd),
+              "a refused import closed a descriptor");
+    close(stale.fd);
+    close(stale.lease_fd);
+  }
+  cr_assert_eq(mp_ipc_import(dev, &b, &q), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_ipc_close(dev, q), MP_OK, "%s", mp_last_error());
+  if (pool2 == pool) {
+    cr_assert_eq(mp_pool_free(pool, p2), MP_OK);
+  } else {
+    free_released_and_destroy(pool2, p2);
+  }
+  free_released_and_destroy(pool, p);
+}
+
+Test(pool_ipc_args, a_stale_copy_naming_another_allocation_is_einval) {
+  a_stale_copy_is_einval(make_pool(dev, NULL), make_pool(dev, NULL));
+}
+
+Test(pool_ipc_args, a_stale_copy_naming_another_block_of_its_memory_is_einval) {
+  /* Both blocks in one device allocation. */
+  mp_pool_t *pool = make_pool(dev, "segment_bytes=32M");
+  a_stale_copy_is_einval(pool, pool);
 }
 
 /* mp_ipc_handle_close of a copy of a handle imported already (one passed
