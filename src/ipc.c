@@ -35,6 +35,9 @@ struct mp__import {
 };
 
 static pthread_mutex_t mp__ipc_mu = PTHREAD_MUTEX_INITIALIZER;
+/* A close ended (mp__ipc_done): mp__ipc_close_all waits on it for the
+ * closes of other threads under way. With mp__ipc_mu. */
+static pthread_cond_t mp__ipc_cv = PTHREAD_COND_INITIALIZER;
 /* The lease descriptors of the process's open imports, on every device
  * (mp_ipc_import's copy check). Under mp__ipc_mu. */
 static int *mp__ipc_leases;
@@ -237,15 +240,20 @@ static size_t mp__ipc_find(const mp_device_t *dev, void *ptr, bool closing) {
   return SIZE_MAX;
 }
 
+/* Marks import i of dev as closing and copies it to *out. mp__ipc_mu
+ * held. */
+static void mp__ipc_mark(mp_device_t *dev, size_t i, struct mp__import *out) {
+  dev->imports[i].closing = true;
+  *out = dev->imports[i];
+}
+
 /* Marks the import at ptr as closing and copies it to *out; false when
  * there is none (or another close of it is under way). */
 static bool mp__ipc_take(mp_device_t *dev, void *ptr, struct mp__import *out) {
   pthread_mutex_lock(&mp__ipc_mu);
   size_t i = mp__ipc_find(dev, ptr, false);
-  if (i != SIZE_MAX) {
-    dev->imports[i].closing = true;
-    *out = dev->imports[i];
-  }
+  if (i != SIZE_MAX)
+    mp__ipc_mark(dev, i, out);
   pthread_mutex_unlock(&mp__ipc_mu);
   return i != SIZE_MAX;
 }
@@ -269,6 +277,7 @@ static void mp__ipc_done(mp_device_t *dev, void *ptr, bool gone) {
     dev->imports[i] = dev->imports[--dev->nimports];
   } else
     dev->imports[i].closing = false;
+  pthread_cond_broadcast(&mp__ipc_cv);
   pthread_mutex_unlock(&mp__ipc_mu);
 }
 
@@ -365,15 +374,29 @@ mp_status_t mp_ipc_close_after(mp_device_t *dev, void *ptr, mp_stream_t s) {
   return mp__ipc_unmap(dev, &im, false, true, s);
 }
 
+/* Closes every import of dev, at mp_device_close. An import another
+ * thread is closing (its mp_ipc_close waits for the device's work) is
+ * waited for: that close ends in dev's list, and one that failed leaves
+ * the import to be closed here. */
 void mp__ipc_close_all(mp_device_t *dev) {
-  struct mp__import im;
-  while (dev->nimports > 0 &&
-         mp__ipc_take(dev, (void *)dev->imports[0].ptr, &im))
+  pthread_mutex_lock(&mp__ipc_mu);
+  while (dev->nimports > 0) {
+    size_t i = 0;
+    while (i < dev->nimports && dev->imports[i].closing)
+      i++;
+    if (i == dev->nimports) {
+      pthread_cond_wait(&mp__ipc_cv, &mp__ipc_mu);
+      continue;
+    }
+    struct mp__import im;
+    mp__ipc_mark(dev, i, &im);
+    pthread_mutex_unlock(&mp__ipc_mu);
     (void)mp__ipc_unmap(dev, &im, true, false, NULL);
+    pthread_mutex_lock(&mp__ipc_mu);
+  }
   free(dev->imports);
   dev->imports = NULL;
   dev->imports_cap = 0;
-  pthread_mutex_lock(&mp__ipc_mu);
   if (mp__ipc_nleases == 0) { /* the last device with imports */
     free(mp__ipc_leases);
     mp__ipc_leases = NULL;
