@@ -76,7 +76,9 @@ MP_API mp_status_t mp_device_open(const char *spec, mp_device_t **out);
  * callers that may meet one use mp_device_close_ex. A device dropped after a
  * refused close is never closed: its memory, page-locked buffers, streams,
  * events and imports, and on CUDA its hold on the primary context, stay until
- * the process exits. */
+ * the process exits. Close a device only once other threads' calls on it
+ * have returned (a call begun after the close is a use of freed memory),
+ * but for mp_ipc_close: one under way on another thread is waited for. */
 MP_API void mp_device_close(mp_device_t *dev);
 /* mp_device_close with its status: MP_OK when the device was closed (NULL
  * too), else the refusal's status (MP_EINVAL from a host function; the

@@ -675,7 +675,10 @@ typedef struct mp_ipc_handle {
   size_t mem_bytes;         /* size of the exported device allocation */
   size_t offset;            /* the block's offset inside it */
   size_t bytes;             /* the block's size (rounded, as allocated) */
-  unsigned char opaque[64]; /* MP_IPC_CUDA: the CUipcMemHandle */
+  unsigned char opaque[64]; /* MP_IPC_CUDA: the CUipcMemHandle; MP_IPC_FD
+                               of a host device: the export's tag, which
+                               an import checks its descriptor holds (a
+                               number closed and reused: MP_EINVAL) */
   char backend[16];         /* the exporting device's kind: "host", "cuda" */
 } mp_ipc_handle_t;
 
