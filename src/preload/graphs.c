@@ -7,7 +7,8 @@
  * cuGraphDestroy, cuGraphLaunch(_ptsz), cuGraphClone,
  * cuGraphAddChildGraphNode and cuGraphExecUpdate (both forms),
  * cuGraphAddNode (both forms), cuGraphChildGraphNodeGetGraph,
- * cuGraphExecChildGraphNodeSetParams and cuGraphExecNodeSetParams (the
+ * cuGraphExecChildGraphNodeSetParams, cuGraphExecNodeSetParams and
+ * cuGraphNodeSetParams (the
  * runtime's cudaStreamEndCapture, cudaGraphInstantiate,
  * cudaGraphInstantiateWithFlags/WithParams, cudaGraphExecDestroy,
  * cudaGraphDestroy, cudaGraphLaunch, cudaGraphClone,
@@ -1359,4 +1360,35 @@ mp__curesult cuGraphExecNodeSetParams(mp__cugraphexec hGraphExec,
           ? rc->cuGraphExecNodeSetParams(hGraphExec, hNode, nodeParams)
           : MP__CU_NOT_INITIALIZED;
   return graph ? mp__exec_child_set(r, hGraphExec, child) : r;
+}
+
+/* cuda.h, cuGraphNodeSetParams: "Sets the parameters of graph node hNode
+ * to nodeParams"; for a child graph node, CUDA_CHILD_GRAPH_NODE_PARAMS.graph
+ * is "The child graph to clone into the node": from then on the node's
+ * graph, and so the graph it is in and that graph's copies and
+ * executables, replay the child's memory. The graph holds what the child
+ * holds (mp__child_added), as after cuGraphAddNode; what it held, it keeps
+ * (its copies made before may still use it). A node the shim did not see
+ * added names no graph (a node of a clone, cuGraphGetNodes'): what the
+ * child holds is kept until exit, never released under it. Before, the
+ * hook was missing: the child's destruction released its graph pools
+ * under the graph given its parameters. */
+mp__curesult cuGraphNodeSetParams(mp__cugraphnode hNode,
+                                  mp__cugraphnodeparams *nodeParams) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__cugraph child = NULL, parent = NULL;
+  bool move = false, graph = mp__child_params(nodeParams, &child, &move);
+  mp__curesult r = rc->cuGraphNodeSetParams
+                       ? rc->cuGraphNodeSetParams(hNode, nodeParams)
+                       : MP__CU_NOT_INITIALIZED;
+  if (!graph || r != MP__CU_SUCCESS)
+    return r;
+  mp__gr_lock();
+  for (size_t k = 0; parent == NULL && k < mp__gr.nnodes; k++)
+    if (mp__gr.nodes[k].n == hNode)
+      parent = mp__gr.nodes[k].parent;
+  if (parent == NULL)
+    mp__graph_kept(child);
+  pthread_mutex_unlock(&mp__gr.lock);
+  return parent != NULL ? mp__child_added(r, NULL, parent, child, move) : r;
 }

@@ -109,6 +109,8 @@
     (mp__cugraphexec, mp__cugraphnode, mp__cugraph))                           \
   X(cu, mp__curesult, cuGraphExecNodeSetParams,                                \
     (mp__cugraphexec, mp__cugraphnode, mp__cugraphnodeparams *))               \
+  X(cu, mp__curesult, cuGraphNodeSetParams,                                    \
+    (mp__cugraphnode, mp__cugraphnodeparams *))                                \
   /* host.c */                                                                 \
   X(rt, mp__cudaerr, cudaMallocHost, (void **, size_t))                        \
   X(rt, mp__cudaerr, cudaHostAlloc, (void **, size_t, unsigned int))           \

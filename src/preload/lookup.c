@@ -194,7 +194,9 @@ void *mp__pl_proc_hook(const char *symbol, int cuda_version, uint64_t flags) {
    * (cuda.h's cuGraphAddNode_v2) at 12.3 or later;
    * PFN_cuGraphChildGraphNodeGetGraph_v10000,
    * PFN_cuGraphExecChildGraphNodeSetParams_v11010 and
-   * PFN_cuGraphExecNodeSetParams_v12020, the only forms. */
+   * PFN_cuGraphExecNodeSetParams_v12020 and
+   * PFN_cuGraphNodeSetParams_v12020, the only forms (cudaGraphNodeSetParams
+   * asks for the last). */
   if (strcmp(symbol, "cuGraphAddNode") == 0)
     return cuda_version >= 12030 ? (void *)&cuGraphAddNode_v2
                                  : (void *)&cuGraphAddNode;
@@ -204,6 +206,8 @@ void *mp__pl_proc_hook(const char *symbol, int cuda_version, uint64_t flags) {
     return (void *)&cuGraphExecChildGraphNodeSetParams;
   if (strcmp(symbol, "cuGraphExecNodeSetParams") == 0)
     return (void *)&cuGraphExecNodeSetParams;
+  if (strcmp(symbol, "cuGraphNodeSetParams") == 0)
+    return (void *)&cuGraphNodeSetParams;
   if (strcmp(symbol, "cuGetProcAddress") == 0)
     return cuda_version >= 12000 ? (void *)&cuGetProcAddress_v2
                                  : (void *)&cuGetProcAddress;

@@ -110,7 +110,8 @@
  *    destroyed nor instantiated on its own), cuGraphChildGraphNodeGetGraph
  *    gives the graph a child graph node embeds, and
  *    cuGraphExecChildGraphNodeSetParams and cuGraphExecNodeSetParams
- *    (child graph nodes only) replace an executable's copy of it;
+ *    (child graph nodes only) replace an executable's copy of it, and
+ *    cuGraphNodeSetParams (child graph nodes only, cloned in) a graph's;
  *  - contexts (test_fakecuda_contexts.c): a context made by cuCtxCreate,
  *    and each device's primary context (FAKECUDA_DEVICE_COUNT devices),
  *    has its own memory, streams and work: cuCtxSynchronize waits for the
@@ -356,6 +357,7 @@ void cuFakeResetCallCounts(void);
   X(cuGraphChildGraphNodeGetGraph)                                             \
   X(cuGraphExecChildGraphNodeSetParams)                                        \
   X(cuGraphExecNodeSetParams)                                                  \
+  X(cuGraphNodeSetParams)                                                      \
   X(cuGraphExecUpdate)                                                         \
   X(cuGraphExecUpdate_v2)                                                      \
   X(cuGraphLaunch)                                                             \
@@ -794,6 +796,9 @@ typedef struct fk_node {
   /* Which node of a graph it is: its copy in an executable keeps it
    * (cuGraphExecNodeSetParams names an executable's node by its graph's). */
   unsigned long long id;
+  /* The graph the node is in (fk_graph_add), for cuGraphNodeSetParams,
+   * which names no graph; not read in an executable's copies. */
+  struct CUgraph_st *in;
 } fk_node_t;
 
 /* A user object (cuUserObjectCreate): its destructor runs on the fake's
@@ -1077,6 +1082,7 @@ static bool fk_graph_add(struct CUgraph_st *g, const fk_node_t *node) {
   static atomic_ullong ids;
   *copy = *node;
   copy->id = atomic_fetch_add(&ids, 1) + 1;
+  copy->in = g;
   g->nodes[g->n++] = copy;
   return true;
 }
@@ -4085,6 +4091,61 @@ CUresult cuGraphExecNodeSetParams(CUgraphExec x, CUgraphNode node,
   return fk_exec_child_set(x, node, p->graph.graph);
 }
 
+/* cuda.h, cuGraphNodeSetParams: "Sets the parameters of graph node hNode
+ * to nodeParams. The node type specified by nodeParams->type must match
+ * the type of hNode" (else CUDA_ERROR_INVALID_VALUE); for a child graph
+ * node, CUDA_CHILD_GRAPH_NODE_PARAMS.graph is a graph "to clone into the
+ * node", which with memory allocation or free nodes must be moved
+ * (CUDA_ERROR_INVALID_VALUE for one with them). In the fake: the node's
+ * embedded graph (cuGraphChildGraphNodeGetGraph, the same handle after)
+ * and its graph's copies of it (the chain before the node) become a copy
+ * of the new graph's nodes, whose topology must match (as many nodes of
+ * the same types: CUDA_ERROR_INVALID_VALUE otherwise, the node
+ * unchanged), as fk_exec_child_set does for an executable; the
+ * executables instantiated before do not change ("An executable graph
+ * stands alone"). Not modelled: other node types (CUDA_ERROR_NOT_SUPPORTED,
+ * which the call lists), a move (the same error), a change of topology,
+ * and the copies in the node's graph's own parents. */
+static CUresult fk_node_set(fk_node_t *nd, const CUgraphNodeParams *p) {
+  if (nd == NULL || p == NULL || p->type != nd->type)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (p->type != CU_GRAPH_NODE_TYPE_GRAPH ||
+      p->graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  const struct CUgraph_st *from = p->graph.graph;
+  if (from == NULL || nd->child == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fk.lock);
+  struct CUgraph_st *g = nd->in, *e = nd->child;
+  size_t k = 0, span = nd->n;
+  while (k < g->n && g->nodes[k] != nd)
+    k++;
+  bool ok = k < g->n && k >= span && from != g && from != e &&
+            from->n == span && e->n == span && from->gmem == NULL &&
+            !from->moved;
+  for (size_t i = 0; ok && i < span; i++)
+    ok = from->nodes[i]->type == e->nodes[i]->type &&
+         from->nodes[i]->type == g->nodes[k - span + i]->type;
+  for (size_t i = 0; ok && i < span; i++) {
+    fk_node_t *to[2] = {g->nodes[k - span + i], e->nodes[i]};
+    for (int t = 0; t < 2; t++) {
+      fk_node_t keep = *to[t];
+      *to[t] = *from->nodes[i];
+      to[t]->id = keep.id;
+      to[t]->in = keep.in;
+      to[t]->child = keep.child;
+    }
+  }
+  pthread_mutex_unlock(&fk.lock);
+  return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGraphNodeSetParams(CUgraphNode node, CUgraphNodeParams *p) {
+  FK_COUNT(cuGraphNodeSetParams);
+  FK_NEED_INIT();
+  return fk_node_set((fk_node_t *)node, p);
+}
+
 /* cuda.h, cuGraphExecUpdate: "Updates the node parameters in the
  * instantiated graph specified by hGraphExec with the node parameters in a
  * topologically identical graph"; CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE
@@ -5110,6 +5171,7 @@ static const fk_proc_t fk_procs[] = {
     FK_P("cuGraphExecChildGraphNodeSetParams", 11010,
          cuGraphExecChildGraphNodeSetParams),
     FK_P("cuGraphExecNodeSetParams", 12020, cuGraphExecNodeSetParams),
+    FK_P("cuGraphNodeSetParams", 12020, cuGraphNodeSetParams),
     FK_P("cuGraphExecUpdate", 10020, cuGraphExecUpdate),
     FK_P("cuGraphExecUpdate", 12000, cuGraphExecUpdate_v2),
     FK_P("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),

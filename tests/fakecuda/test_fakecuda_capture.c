@@ -694,6 +694,48 @@ Test(fakecuda_capture,
   cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
 }
 
+/* cuda.h, cuGraphNodeSetParams: "Sets the parameters of graph node hNode
+ * to nodeParams. The node type specified by nodeParams->type must match
+ * the type of hNode"; for a child graph node the graph is cloned in
+ * (CUDA_CHILD_GRAPH_NODE_PARAMS): the node's graph and an executable
+ * instantiated after replay the new graph's work, one instantiated before
+ * stays as it was ("An executable graph stands alone"), and a type that is
+ * not the node's changes nothing. */
+Test(fakecuda_capture, a_child_graph_node_is_given_a_graphs_params) {
+  CUdeviceptr d;
+  cr_assert_eq(cuMemAlloc(&d, 4096), CUDA_SUCCESS);
+  CUgraph g7 = capture_memset(d, 7, 4096), g9 = capture_memset(d, 9, 4096),
+          parent, e;
+  CUgraphNode node;
+  CUgraphExec before, after, ex;
+  cr_assert_eq(cuGraphCreate(&parent, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphAddChildGraphNode(&node, parent, NULL, 0, g7),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuGraphInstantiate(&before, parent, 0), CUDA_SUCCESS);
+  CUgraphNodeParams p = {.type = CU_GRAPH_NODE_TYPE_MEMSET};
+  cr_assert_eq(cuGraphNodeSetParams(node, &p), CUDA_ERROR_INVALID_VALUE);
+  cr_assert_eq(cuGraphNodeSetParams(node, NULL), CUDA_ERROR_INVALID_VALUE);
+  p.type = CU_GRAPH_NODE_TYPE_GRAPH;
+  p.graph.graph = g9;
+  p.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE;
+  cr_assert_eq(cuGraphNodeSetParams(node, &p), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(g9), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphInstantiate(&after, parent, 0), CUDA_SUCCESS);
+  launch_and_read(after, d, 9);
+  launch_and_read(before, d, 7);
+  cr_assert_eq(cuGraphChildGraphNodeGetGraph(node, &e), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphInstantiate(&ex, e, 0), CUDA_SUCCESS);
+  launch_and_read(ex, d, 9);
+  /* Memory nodes are not cloned into a node. */
+  CUgraph m = capture_temporary(4096, 1, 0);
+  p.graph.graph = m;
+  cr_assert_eq(cuGraphNodeSetParams(node, &p), CUDA_ERROR_INVALID_VALUE);
+  launch_and_read(after, d, 9);
+  destroy_graphs((CUgraph[]){m, parent, g7, NULL},
+                 (CUgraphExec[]){ex, after, before, NULL});
+  cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
+}
+
 /* cuda.h, cuGraphExecGetFlags: "the flags that were passed to
  * instantiation"; "CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD will not be
  * returned by this API as it does not affect the resulting executable

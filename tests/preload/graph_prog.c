@@ -47,7 +47,8 @@
  *    updated_from(); "copy_chain" and "update_refused": the functions of
  *    those names; "add_node" (copy_outlives() with cuGraphAddNode),
  *    "add_node_move" (moved_in()), "exec_child_set" and "exec_node_set"
- *    (child_set()) and "embedded" (embedded_outlives()).
+ *    (child_set()), "embedded" (embedded_outlives()) and "node_set"
+ *    (node_set()).
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -503,6 +504,43 @@ static int exec_node_set(CUstream s, CUstream other, bool pool) {
   return child_set(s, other, true);
 }
 
+/* The "node_set" mode (under the shim only: a graph with memory nodes is
+ * no child): a parent's child graph node made from one captured graph
+ * (g1) is given another's (g2, the same step captured again) by
+ * cuGraphNodeSetParams with CUDA_CHILD_GRAPH_NODE_PARAMS ("The child graph
+ * to clone into the node", cuda.h); g2 then goes. The parent's replays
+ * use g2's memory, which must stay out of others' hands until the parent
+ * and its executable go. The shim did not hook the call and released
+ * g2's graph pool with g2. */
+static int node_set(CUstream s, CUstream other, bool pool) {
+  CUdeviceptr out1, out2;
+  CUgraph g1, g2, parent;
+  CUgraphNode node;
+  CUgraphExec x;
+  (void)pool;
+  if (capture_two(s, &out1, &g1, &out2, &g2) != 0)
+    return 1;
+  MP_TRY(cuGraphCreate(&parent, 0));
+  MP_TRY(cuGraphAddChildGraphNode(&node, parent, NULL, 0, g1));
+  CUgraphNodeParams p = {.type = CU_GRAPH_NODE_TYPE_GRAPH};
+  p.graph.graph = g2;
+  p.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE;
+  MP_TRY(cuGraphNodeSetParams(node, &p));
+  if (destroyed_then_none(g2, other, "a graph given its parameters lives") != 0)
+    return 1;
+  MP_TRY(cuGraphInstantiate(&x, parent, 0));
+  if (launch_reads(x, s, out2) != 0)
+    return 1;
+  MP_TRY(cuMemFreeAsync(out1, s)); /* the shim's launch allocated g1's too */
+  MP_TRY(cuStreamSynchronize(s));
+  MP_TRY(cuGraphExecDestroy(x));
+  if (probe_none(other, "a graph given its parameters lives") != 0)
+    return 1;
+  MP_TRY(cuGraphDestroy(parent));
+  MP_TRY(cuGraphDestroy(g1));
+  return memory_back(other);
+}
+
 /* The "embedded" mode (under the shim only): the graph embedded in a
  * child graph node (cuda.h, cuGraphChildGraphNodeGetGraph: "This call
  * does not clone the graph"), cloned and instantiated; the parent then
@@ -854,6 +892,7 @@ int main(int argc, char **argv) {
       : strcmp(how, "exec_child_set") == 0 ? exec_child_set
       : strcmp(how, "exec_node_set") == 0  ? exec_node_set
       : strcmp(how, "embedded") == 0       ? embedded_outlives
+      : strcmp(how, "node_set") == 0       ? node_set
                                            : NULL;
   if (mode != NULL || copy_mode != NULL) {
     if (mode != NULL ? mode(s, other) != 0 : copy_mode(s, other, pool) != 0)

@@ -61,6 +61,7 @@ static void capture_under_the_shim_with(const char *how, const char *conf) {
           : strcmp(how, "exec_child_set") == 0   ? 2 + 4 + 2 + 3 * NPROBE_ALLOCS
           : strcmp(how, "exec_node_set") == 0    ? 2 + 4 + 2 + 3 * NPROBE_ALLOCS
           : strcmp(how, "embedded") == 0         ? 2 + 2 + 1 + 3 * NPROBE_ALLOCS
+          : strcmp(how, "node_set") == 0         ? 2 + 4 + 2 + 3 * NPROBE_ALLOCS
                                                  : 85;
   cr_assert_eq(
       sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
@@ -303,4 +304,13 @@ Test(preload_graph, an_executable_given_child_node_params_holds_its_pool) {
  * them with the parent. */
 Test(preload_graph, copies_of_an_embedded_graph_hold_the_parents_pool) {
   capture_under_the_shim("embedded");
+}
+
+/* A graph whose child graph node is given another graph's parameters
+ * (cuGraphNodeSetParams, CUDA_CHILD_GRAPH_NODE_PARAMS) replays that
+ * graph's memory: it holds its graph pool after that graph goes, as after
+ * cuGraphAddNode. The shim did not hook the call and released the graph
+ * pool with that graph. */
+Test(preload_graph, a_graph_given_child_node_params_holds_their_pool) {
+  capture_under_the_shim("node_set");
 }
