@@ -7,8 +7,8 @@
  * cuGraphDestroy, cuGraphLaunch(_ptsz), cuGraphClone,
  * cuGraphAddChildGraphNode and cuGraphExecUpdate (both forms),
  * cuGraphAddNode (both forms), cuGraphChildGraphNodeGetGraph,
- * cuGraphExecChildGraphNodeSetParams, cuGraphExecNodeSetParams and
- * cuGraphNodeSetParams (the
+ * cuGraphExecChildGraphNodeSetParams, cuGraphExecNodeSetParams,
+ * cuGraphNodeSetParams and cuGraphNodeFindInClone (the
  * runtime's cudaStreamEndCapture, cudaGraphInstantiate,
  * cudaGraphInstantiateWithFlags/WithParams, cudaGraphExecDestroy,
  * cudaGraphDestroy, cudaGraphLaunch, cudaGraphClone,
@@ -1244,9 +1244,9 @@ mp__curesult cuGraphAddNode_v2(mp__cugraphnode *phGraphNode, mp__cugraph hGraph,
  * node's parent does: the embedded graph holds as its root
  * (mp__graph_root), and what is copied into it, its root holds. Before,
  * they held nothing, and the parent's destruction released the graph
- * pools under them. A node the shim did not see added (a node of a
- * clone, found by cuGraphNodeFindInClone) is not known: its graph holds
- * nothing. */
+ * pools under them. A node the shim did not see added or found in a
+ * clone (cuGraphNodeFindInClone; one of cuGraphGetNodes) is not known:
+ * its graph holds nothing. */
 mp__curesult cuGraphChildGraphNodeGetGraph(mp__cugraphnode hNode,
                                            mp__cugraph *phGraph) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
@@ -1391,4 +1391,32 @@ mp__curesult cuGraphNodeSetParams(mp__cugraphnode hNode,
     mp__graph_kept(child);
   pthread_mutex_unlock(&mp__gr.lock);
   return parent != NULL ? mp__child_added(r, NULL, parent, child, move) : r;
+}
+
+/* cuda.h, cuGraphNodeFindInClone: "returns the node in hClonedGraph
+ * corresponding to hOriginalNode in the original graph". The clone's copy
+ * of a child graph node the shim knows is a child graph node of the clone
+ * (cuGraphClone: child graph nodes "recursively copied into the clone"):
+ * noted with the clone as its graph, so that the graph it embeds
+ * (cuGraphChildGraphNodeGetGraph) holds what the clone holds. Before, it
+ * was not known: a clone of that embedded graph held nothing, and the
+ * clone's destruction released the graph pools under it. */
+mp__curesult cuGraphNodeFindInClone(mp__cugraphnode *phNode,
+                                    mp__cugraphnode hOriginalNode,
+                                    mp__cugraph hClonedGraph) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__curesult r =
+      rc->cuGraphNodeFindInClone
+          ? rc->cuGraphNodeFindInClone(phNode, hOriginalNode, hClonedGraph)
+          : MP__CU_NOT_INITIALIZED;
+  if (r != MP__CU_SUCCESS || phNode == NULL || *phNode == NULL)
+    return r;
+  mp__gr_lock();
+  for (size_t k = 0; k < mp__gr.nnodes; k++)
+    if (mp__gr.nodes[k].n == hOriginalNode) {
+      mp__node_note(*phNode, hClonedGraph);
+      break;
+    }
+  pthread_mutex_unlock(&mp__gr.lock);
+  return r;
 }

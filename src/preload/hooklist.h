@@ -111,6 +111,8 @@
     (mp__cugraphexec, mp__cugraphnode, mp__cugraphnodeparams *))               \
   X(cu, mp__curesult, cuGraphNodeSetParams,                                    \
     (mp__cugraphnode, mp__cugraphnodeparams *))                                \
+  X(cu, mp__curesult, cuGraphNodeFindInClone,                                  \
+    (mp__cugraphnode *, mp__cugraphnode, mp__cugraph))                         \
   /* host.c */                                                                 \
   X(rt, mp__cudaerr, cudaMallocHost, (void **, size_t))                        \
   X(rt, mp__cudaerr, cudaHostAlloc, (void **, size_t, unsigned int))           \

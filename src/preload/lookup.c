@@ -195,8 +195,9 @@ void *mp__pl_proc_hook(const char *symbol, int cuda_version, uint64_t flags) {
    * PFN_cuGraphChildGraphNodeGetGraph_v10000,
    * PFN_cuGraphExecChildGraphNodeSetParams_v11010 and
    * PFN_cuGraphExecNodeSetParams_v12020 and
-   * PFN_cuGraphNodeSetParams_v12020, the only forms (cudaGraphNodeSetParams
-   * asks for the last). */
+   * PFN_cuGraphNodeSetParams_v12020 and PFN_cuGraphNodeFindInClone_v10000,
+   * the only forms (cudaGraphNodeSetParams and cudaGraphNodeFindInClone ask
+   * for the last two). */
   if (strcmp(symbol, "cuGraphAddNode") == 0)
     return cuda_version >= 12030 ? (void *)&cuGraphAddNode_v2
                                  : (void *)&cuGraphAddNode;
@@ -208,6 +209,8 @@ void *mp__pl_proc_hook(const char *symbol, int cuda_version, uint64_t flags) {
     return (void *)&cuGraphExecNodeSetParams;
   if (strcmp(symbol, "cuGraphNodeSetParams") == 0)
     return (void *)&cuGraphNodeSetParams;
+  if (strcmp(symbol, "cuGraphNodeFindInClone") == 0)
+    return (void *)&cuGraphNodeFindInClone;
   if (strcmp(symbol, "cuGetProcAddress") == 0)
     return cuda_version >= 12000 ? (void *)&cuGetProcAddress_v2
                                  : (void *)&cuGetProcAddress;

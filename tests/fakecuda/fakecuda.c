@@ -102,7 +102,8 @@
  *    CUDA_ERROR_STREAM_CAPTURE_UNJOINED when a joined stream's work was
  *    not joined back, taking every joined stream out of capture;
  *    cuGraphClone and cuGraphAddChildGraphNode copy a graph but refuse
- *    one with memory nodes (CUDA_ERROR_INVALID_VALUE), and
+ *    one with memory nodes (CUDA_ERROR_INVALID_VALUE), cuGraphNodeFindInClone
+ *    gives a clone's copy of a node, and
  *    cuGraphExecUpdate takes a graph with as many nodes of the same types
  *    (else CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE); cuGraphAddNode (both
  *    forms) makes child graph nodes only, cloning or moving the child
@@ -358,6 +359,7 @@ void cuFakeResetCallCounts(void);
   X(cuGraphExecChildGraphNodeSetParams)                                        \
   X(cuGraphExecNodeSetParams)                                                  \
   X(cuGraphNodeSetParams)                                                      \
+  X(cuGraphNodeFindInClone)                                                    \
   X(cuGraphExecUpdate)                                                         \
   X(cuGraphExecUpdate_v2)                                                      \
   X(cuGraphLaunch)                                                             \
@@ -799,6 +801,9 @@ typedef struct fk_node {
   /* The graph the node is in (fk_graph_add), for cuGraphNodeSetParams,
    * which names no graph; not read in an executable's copies. */
   struct CUgraph_st *in;
+  /* In a clone (cuGraphClone), the id of the original's node it copies,
+   * for cuGraphNodeFindInClone; 0 in any other node. */
+  unsigned long long from;
 } fk_node_t;
 
 /* A user object (cuUserObjectCreate): its destructor runs on the fake's
@@ -1083,6 +1088,7 @@ static bool fk_graph_add(struct CUgraph_st *g, const fk_node_t *node) {
   *copy = *node;
   copy->id = atomic_fetch_add(&ids, 1) + 1;
   copy->in = g;
+  copy->from = 0;
   g->nodes[g->n++] = copy;
   return true;
 }
@@ -3885,6 +3891,8 @@ static struct CUgraph_st *fk_graph_copy(const struct CUgraph_st *g) {
     return NULL;
   }
   for (size_t i = 0; i < g->n; i++)
+    c->nodes[i]->from = g->nodes[i]->id;
+  for (size_t i = 0; i < g->n; i++)
     if (g->nodes[i]->child != NULL &&
         (c->nodes[i]->child = fk_graph_copy(g->nodes[i]->child)) == NULL) {
       fk_graph_free(c);
@@ -3912,6 +3920,28 @@ CUresult cuGraphClone(CUgraph *out, CUgraph g) {
   pthread_mutex_unlock(&fk.lock);
   if (r == CUDA_SUCCESS)
     *out = c;
+  return r;
+}
+
+/* cuda.h, cuGraphNodeFindInClone: "returns the node in hClonedGraph
+ * corresponding to hOriginalNode in the original graph. hClonedGraph must
+ * have been cloned from hOriginalGraph via cuGraphClone"; else
+ * CUDA_ERROR_INVALID_VALUE, the error the call lists. */
+CUresult cuGraphNodeFindInClone(CUgraphNode *out, CUgraphNode orig,
+                                CUgraph clone) {
+  FK_COUNT(cuGraphNodeFindInClone);
+  FK_NEED_INIT();
+  const fk_node_t *nd = (const fk_node_t *)orig;
+  if (out == NULL || nd == NULL || clone == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fk.lock);
+  size_t k = 0;
+  while (k < clone->n && clone->nodes[k]->from != nd->id)
+    k++;
+  CUresult r = k < clone->n ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS)
+    *out = (CUgraphNode)clone->nodes[k];
+  pthread_mutex_unlock(&fk.lock);
   return r;
 }
 
@@ -5172,6 +5202,7 @@ static const fk_proc_t fk_procs[] = {
          cuGraphExecChildGraphNodeSetParams),
     FK_P("cuGraphExecNodeSetParams", 12020, cuGraphExecNodeSetParams),
     FK_P("cuGraphNodeSetParams", 12020, cuGraphNodeSetParams),
+    FK_P("cuGraphNodeFindInClone", 10000, cuGraphNodeFindInClone),
     FK_P("cuGraphExecUpdate", 10020, cuGraphExecUpdate),
     FK_P("cuGraphExecUpdate", 12000, cuGraphExecUpdate_v2),
     FK_P("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),

@@ -736,6 +736,36 @@ Test(fakecuda_capture, a_child_graph_node_is_given_a_graphs_params) {
   cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
 }
 
+/* cuda.h, cuGraphNodeFindInClone: "returns the node in hClonedGraph
+ * corresponding to hOriginalNode in the original graph"; a graph not
+ * cloned from the node's is CUDA_ERROR_INVALID_VALUE. The clone's copy of
+ * a child graph node embeds a copy of its graph ("recursively copied",
+ * cuGraphClone). */
+Test(fakecuda_capture, a_node_is_found_in_a_clone_of_its_graph) {
+  CUdeviceptr d;
+  cr_assert_eq(cuMemAlloc(&d, 4096), CUDA_SUCCESS);
+  CUgraph g7 = capture_memset(d, 7, 4096), parent, c, e, ce;
+  CUgraphNode node, cn;
+  cr_assert_eq(cuGraphCreate(&parent, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphAddChildGraphNode(&node, parent, NULL, 0, g7),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuGraphClone(&c, parent), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphNodeFindInClone(&cn, node, g7), CUDA_ERROR_INVALID_VALUE);
+  cr_assert_eq(cuGraphNodeFindInClone(&cn, node, c), CUDA_SUCCESS);
+  cr_assert_neq(cn, node);
+  CUgraphNodeType t;
+  cr_assert_eq(cuGraphNodeGetType(cn, &t), CUDA_SUCCESS);
+  cr_assert_eq(t, CU_GRAPH_NODE_TYPE_GRAPH);
+  cr_assert_eq(cuGraphChildGraphNodeGetGraph(node, &e), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphChildGraphNodeGetGraph(cn, &ce), CUDA_SUCCESS);
+  cr_assert_neq(ce, e);
+  CUgraphExec x;
+  cr_assert_eq(cuGraphInstantiate(&x, ce, 0), CUDA_SUCCESS);
+  launch_and_read(x, d, 7);
+  destroy_graphs((CUgraph[]){c, parent, g7, NULL}, (CUgraphExec[]){x, NULL});
+  cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
+}
+
 /* cuda.h, cuGraphExecGetFlags: "the flags that were passed to
  * instantiation"; "CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD will not be
  * returned by this API as it does not affect the resulting executable

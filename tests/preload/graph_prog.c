@@ -47,8 +47,8 @@
  *    updated_from(); "copy_chain" and "update_refused": the functions of
  *    those names; "add_node" (copy_outlives() with cuGraphAddNode),
  *    "add_node_move" (moved_in()), "exec_child_set" and "exec_node_set"
- *    (child_set()), "embedded" (embedded_outlives()) and "node_set"
- *    (node_set()).
+ *    (child_set()), "embedded" (embedded_outlives()), "node_set"
+ *    (node_set()) and "clone_parent" (clone_parent()).
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -541,6 +541,35 @@ static int node_set(CUstream s, CUstream other, bool pool) {
   return memory_back(other);
 }
 
+/* The "clone_parent" mode (under the shim only): a clone (cuGraphClone)
+ * of a parent whose child graph node was made from a captured graph; the
+ * clone's copy of the node (cuGraphNodeFindInClone) and the graph it
+ * embeds (cuGraphChildGraphNodeGetGraph), cloned in turn. The child
+ * graph, the parent, then the first clone go: each copy replays the
+ * captured step's memory, which must stay out of others' hands until the
+ * last copy and its executable go. */
+static int clone_parent(CUstream s, CUstream other, bool pool) {
+  CUdeviceptr out;
+  CUgraph g, parent, c, ce, cc;
+  CUgraphNode node, cn;
+  (void)pool;
+  if (capture_step(s, &out, &g) != 0)
+    return 1;
+  MP_TRY(cuGraphCreate(&parent, 0));
+  MP_TRY(cuGraphAddChildGraphNode(&node, parent, NULL, 0, g));
+  MP_TRY(cuGraphDestroy(g));
+  MP_TRY(cuGraphClone(&c, parent));
+  MP_TRY(cuGraphNodeFindInClone(&cn, node, c));
+  MP_TRY(cuGraphChildGraphNodeGetGraph(cn, &ce));
+  MP_TRY(cuGraphClone(&cc, ce));
+  if (destroyed_then_none(parent, other, "a clone of its parent lives") != 0)
+    return 1;
+  if (destroyed_then_none(c, other, "a clone of its clone's child lives") != 0)
+    return 1;
+  return holder_replays(s, other, cc, out,
+                        "a clone of its clone's child lives");
+}
+
 /* The "embedded" mode (under the shim only): the graph embedded in a
  * child graph node (cuda.h, cuGraphChildGraphNodeGetGraph: "This call
  * does not clone the graph"), cloned and instantiated; the parent then
@@ -893,6 +922,7 @@ int main(int argc, char **argv) {
       : strcmp(how, "exec_node_set") == 0  ? exec_node_set
       : strcmp(how, "embedded") == 0       ? embedded_outlives
       : strcmp(how, "node_set") == 0       ? node_set
+      : strcmp(how, "clone_parent") == 0   ? clone_parent
                                            : NULL;
   if (mode != NULL || copy_mode != NULL) {
     if (mode != NULL ? mode(s, other) != 0 : copy_mode(s, other, pool) != 0)

@@ -62,6 +62,7 @@ static void capture_under_the_shim_with(const char *how, const char *conf) {
           : strcmp(how, "exec_node_set") == 0    ? 2 + 4 + 2 + 3 * NPROBE_ALLOCS
           : strcmp(how, "embedded") == 0         ? 2 + 2 + 1 + 3 * NPROBE_ALLOCS
           : strcmp(how, "node_set") == 0         ? 2 + 4 + 2 + 3 * NPROBE_ALLOCS
+          : strcmp(how, "clone_parent") == 0     ? 2 + 2 + 1 + 4 * NPROBE_ALLOCS
                                                  : 85;
   cr_assert_eq(
       sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
@@ -313,4 +314,13 @@ Test(preload_graph, copies_of_an_embedded_graph_hold_the_parents_pool) {
  * pool with that graph. */
 Test(preload_graph, a_graph_given_child_node_params_holds_their_pool) {
   capture_under_the_shim("node_set");
+}
+
+/* A clone of a graph with a child graph node holds the child's graph pool
+ * (cuGraphClone copies child graph nodes "recursively"), and so does a
+ * clone of the graph the clone's copy of the node embeds (found with
+ * cuGraphNodeFindInClone, then cuGraphChildGraphNodeGetGraph), after the
+ * parent and its clone go. */
+Test(preload_graph, clones_of_a_parent_and_of_its_clones_child_hold_the_pool) {
+  capture_under_the_shim("clone_parent");
 }
