@@ -341,20 +341,31 @@ static int memory_back(CUstream other) {
 }
 
 /* Instantiates holder, a graph holding the captured step's memory, and
- * launches it (launch_reads: out is the step's output); after its
+ * launches it (launch_reads: out is the step's output; `also`, unless 0,
+ * another output its launch allocates, freed after); after its
  * executable goes, holder must still keep the memory from others (`what`
  * says why), and its destruction here must give it back. */
-static int holder_replays(CUstream s, CUstream other, CUgraph holder,
-                          CUdeviceptr out, const char *what) {
+static int holder_replays_also(CUstream s, CUstream other, CUgraph holder,
+                               CUdeviceptr out, const char *what,
+                               CUdeviceptr also) {
   CUgraphExec x;
   MP_TRY(cuGraphInstantiate(&x, holder, 0));
   if (launch_reads(x, s, out) != 0)
     return 1;
+  if (also != 0) {
+    MP_TRY(cuMemFreeAsync(also, s));
+    MP_TRY(cuStreamSynchronize(s));
+  }
   MP_TRY(cuGraphExecDestroy(x));
   if (probe_none(other, what) != 0)
     return 1;
   MP_TRY(cuGraphDestroy(holder));
   return memory_back(other);
+}
+
+static int holder_replays(CUstream s, CUstream other, CUgraph holder,
+                          CUdeviceptr out, const char *what) {
+  return holder_replays_also(s, other, holder, out, what, 0);
 }
 
 /* The "clone" and "child" modes: a copy of a captured graph, a clone
@@ -516,7 +527,6 @@ static int node_set(CUstream s, CUstream other, bool pool) {
   CUdeviceptr out1, out2;
   CUgraph g1, g2, parent;
   CUgraphNode node;
-  CUgraphExec x;
   (void)pool;
   if (capture_two(s, &out1, &g1, &out2, &g2) != 0)
     return 1;
@@ -528,17 +538,24 @@ static int node_set(CUstream s, CUstream other, bool pool) {
   MP_TRY(cuGraphNodeSetParams(node, &p));
   if (destroyed_then_none(g2, other, "a graph given its parameters lives") != 0)
     return 1;
-  MP_TRY(cuGraphInstantiate(&x, parent, 0));
-  if (launch_reads(x, s, out2) != 0)
-    return 1;
-  MP_TRY(cuMemFreeAsync(out1, s)); /* the shim's launch allocated g1's too */
-  MP_TRY(cuStreamSynchronize(s));
-  MP_TRY(cuGraphExecDestroy(x));
-  if (probe_none(other, "a graph given its parameters lives") != 0)
-    return 1;
-  MP_TRY(cuGraphDestroy(parent));
   MP_TRY(cuGraphDestroy(g1));
-  return memory_back(other);
+  /* The shim's launch allocates g1's output too (the parent holds both). */
+  return holder_replays_also(s, other, parent, out2,
+                             "a graph given its parameters lives", out1);
+}
+
+/* capture_step() into a graph made the child of a new graph *parent (its
+ * node *node, cuGraphAddChildGraphNode), then destroyed: the parent alone
+ * holds the step's memory. */
+static int step_in_parent(CUstream s, CUdeviceptr *out, CUgraph *parent,
+                          CUgraphNode *node) {
+  CUgraph g;
+  if (capture_step(s, out, &g) != 0)
+    return 1;
+  MP_TRY(cuGraphCreate(parent, 0));
+  MP_TRY(cuGraphAddChildGraphNode(node, *parent, NULL, 0, g));
+  MP_TRY(cuGraphDestroy(g));
+  return 0;
 }
 
 /* The "clone_parent" mode (under the shim only): a clone (cuGraphClone)
@@ -550,14 +567,11 @@ static int node_set(CUstream s, CUstream other, bool pool) {
  * last copy and its executable go. */
 static int clone_parent(CUstream s, CUstream other, bool pool) {
   CUdeviceptr out;
-  CUgraph g, parent, c, ce, cc;
+  CUgraph parent, c, ce, cc;
   CUgraphNode node, cn;
   (void)pool;
-  if (capture_step(s, &out, &g) != 0)
+  if (step_in_parent(s, &out, &parent, &node) != 0)
     return 1;
-  MP_TRY(cuGraphCreate(&parent, 0));
-  MP_TRY(cuGraphAddChildGraphNode(&node, parent, NULL, 0, g));
-  MP_TRY(cuGraphDestroy(g));
   MP_TRY(cuGraphClone(&c, parent));
   MP_TRY(cuGraphNodeFindInClone(&cn, node, c));
   MP_TRY(cuGraphChildGraphNodeGetGraph(cn, &ce));
@@ -579,15 +593,12 @@ static int clone_parent(CUstream s, CUstream other, bool pool) {
  * graph pool with the parent. */
 static int embedded_outlives(CUstream s, CUstream other, bool pool) {
   CUdeviceptr out;
-  CUgraph g, parent, e, c;
+  CUgraph parent, e, c;
   CUgraphNode node;
   CUgraphExec x;
   (void)pool;
-  if (capture_step(s, &out, &g) != 0)
+  if (step_in_parent(s, &out, &parent, &node) != 0)
     return 1;
-  MP_TRY(cuGraphCreate(&parent, 0));
-  MP_TRY(cuGraphAddChildGraphNode(&node, parent, NULL, 0, g));
-  MP_TRY(cuGraphDestroy(g));
   MP_TRY(cuGraphChildGraphNodeGetGraph(node, &e));
   MP_TRY(cuGraphClone(&c, e));
   MP_TRY(cuGraphInstantiate(&x, e, 0));
