@@ -89,6 +89,31 @@ static void check_lookups(void *h) {
       {"cuMemFreeAsync", "cuMemFreeAsync", 11020, 0},
       {"cuMemFreeAsync", "cuMemFreeAsync_ptsz", 11020, 2},
       {"cuMemAlloc", "cuMemAlloc_v2", 12000, 1},
+      /* The graph hooks (graphs.c), at the versions cudaTypedefs.h gives
+       * each form: a copy made through the driver's answer must hold the
+       * graph pools as one made by a direct call does. */
+      {"cuGraphClone", "cuGraphClone", 10000, 0},
+      {"cuGraphAddChildGraphNode", "cuGraphAddChildGraphNode", 10000, 0},
+      {"cuGraphExecUpdate", "cuGraphExecUpdate", 10020, 0},
+      {"cuGraphExecUpdate", "cuGraphExecUpdate_v2", 12000, 0},
+      {"cuGraphAddNode", "cuGraphAddNode", 12020, 0},
+      {"cuGraphAddNode", "cuGraphAddNode_v2", 12030, 0},
+      {"cuGraphChildGraphNodeGetGraph", "cuGraphChildGraphNodeGetGraph", 10000,
+       0},
+      {"cuGraphExecChildGraphNodeSetParams",
+       "cuGraphExecChildGraphNodeSetParams", 11010, 0},
+      {"cuGraphExecNodeSetParams", "cuGraphExecNodeSetParams", 12020, 0},
+      {"cuGraphNodeSetParams", "cuGraphNodeSetParams", 12020, 0},
+      {"cuGraphNodeFindInClone", "cuGraphNodeFindInClone", 10000, 0},
+      {"cuGraphDestroy", "cuGraphDestroy", 10000, 0},
+      {"cuGraphExecDestroy", "cuGraphExecDestroy", 10000, 0},
+      {"cuGraphLaunch", "cuGraphLaunch", 10000, 0},
+      {"cuGraphLaunch", "cuGraphLaunch_ptsz", 10000, 2},
+      {"cuGraphInstantiate", "cuGraphInstantiateWithFlags", 12000, 0},
+      {"cuGraphInstantiateWithParams", "cuGraphInstantiateWithParams", 12000,
+       0},
+      {"cuStreamBeginCaptureToGraph", "cuStreamBeginCaptureToGraph", 12030, 0},
+      {"cuStreamEndCapture", "cuStreamEndCapture", 10000, 0},
   };
   for (size_t i = 0; i < sizeof hooked / sizeof *hooked; i++) {
     void *by_proc =
@@ -103,6 +128,9 @@ static void check_lookups(void *h) {
   expect(init != NULL && !in_shim(init) && init == dlsym(h, "cuInit"),
          "cuInit stays the driver's");
   expect(!in_shim(dlsym(h, "cuCtxGetDevice")), "cuCtxGetDevice untouched");
+  /* cuGraphExecGetFlags is only asked by the shim, not replaced. */
+  void *flags = proc(get_v2, "cuGraphExecGetFlags", 12000, 0);
+  expect(flags != NULL && !in_shim(flags), "cuGraphExecGetFlags untouched");
   expect(!in_shim(proc(get_v2, "cuMemAlloc", 2000, 0)),
          "cuMemAlloc below 3.2 untouched");
   expect(dlsym(h, "cuNoSuchFunction") == NULL, "unknown names stay unknown");

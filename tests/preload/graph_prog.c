@@ -45,13 +45,15 @@
  *    "refused_end", "side_stream" and "invalidated_side": the functions
  *    of those names; "clone", "child" and "update": copy_outlives() and
  *    updated_from(); "copy_chain" and "update_refused": the functions of
- *    those names; "add_node" (copy_outlives() with cuGraphAddNode),
+ *    those names; "add_node" (copy_outlives() with cuGraphAddNode;
+ *    "add_node_proc" with what cuGetProcAddress answers for it),
  *    "add_node_move" (moved_in()), "exec_child_set" and "exec_node_set"
  *    (child_set()), "embedded" (embedded_outlives()), "node_set"
  *    (node_set()) and "clone_parent" (clone_parent()).
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
+#include <cudaTypedefs.h>
 #include <dlfcn.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -384,12 +386,19 @@ static int copy_outlives(CUstream s, CUstream other, bool pool, int child) {
   if (capture_step(s, &out, &g) != 0)
     return 1;
   CUresult r;
-  if (child == 2) { /* "add_node": cuGraphAddNode (_v2), cloned in */
+  if (child >= 2) { /* "add_node": cuGraphAddNode (_v2), cloned in */
     CUgraphNodeParams p = {.type = CU_GRAPH_NODE_TYPE_GRAPH};
     p.graph.graph = g;
     p.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE;
     MP_TRY(cuGraphCreate(&copy, 0));
-    r = cuGraphAddNode(&node, copy, NULL, NULL, 0, &p);
+    /* "add_node_proc": as cuGetProcAddress answers it at 12030 (how the
+     * runtime's cudaGraphAddNode reaches it, cudaTypedefs.h:
+     * PFN_cuGraphAddNode_v12030). */
+    PFN_cuGraphAddNode_v12030 add = cuGraphAddNode;
+    CUdriverProcAddressQueryResult st;
+    if (child == 3)
+      MP_TRY(cuGetProcAddress("cuGraphAddNode", (void **)&add, 12030, 0, &st));
+    r = add(&node, copy, NULL, NULL, 0, &p);
   } else if (child) {
     MP_TRY(cuGraphCreate(&copy, 0));
     r = cuGraphAddChildGraphNode(&node, copy, NULL, 0, g);
@@ -422,6 +431,10 @@ static int child_outlives(CUstream s, CUstream other, bool pool) {
 
 static int add_node_outlives(CUstream s, CUstream other, bool pool) {
   return copy_outlives(s, other, pool, 2);
+}
+
+static int add_node_proc_outlives(CUstream s, CUstream other, bool pool) {
+  return copy_outlives(s, other, pool, 3);
 }
 
 /* The "add_node_move" mode: a captured graph moved into a parent's child
@@ -928,6 +941,7 @@ int main(int argc, char **argv) {
       : strcmp(how, "copy_chain") == 0     ? copy_chain
       : strcmp(how, "update_refused") == 0 ? update_refused
       : strcmp(how, "add_node") == 0       ? add_node_outlives
+      : strcmp(how, "add_node_proc") == 0  ? add_node_proc_outlives
       : strcmp(how, "add_node_move") == 0  ? moved_in
       : strcmp(how, "exec_child_set") == 0 ? exec_child_set
       : strcmp(how, "exec_node_set") == 0  ? exec_node_set

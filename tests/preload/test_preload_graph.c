@@ -58,6 +58,7 @@ static void capture_under_the_shim_with(const char *how, const char *conf) {
           : strcmp(how, "update_refused") == 0   ? 2 + 4 + 1 + NPROBE_ALLOCS
           : strcmp(how, "add_node") == 0         ? 2 + 2 + 1 + 3 * NPROBE_ALLOCS
           : strcmp(how, "add_node_move") == 0    ? 2 + 2 + 1 + 3 * NPROBE_ALLOCS
+          : strcmp(how, "add_node_proc") == 0    ? 2 + 2 + 1 + 3 * NPROBE_ALLOCS
           : strcmp(how, "exec_child_set") == 0   ? 2 + 4 + 2 + 3 * NPROBE_ALLOCS
           : strcmp(how, "exec_node_set") == 0    ? 2 + 4 + 2 + 3 * NPROBE_ALLOCS
           : strcmp(how, "embedded") == 0         ? 2 + 2 + 1 + 3 * NPROBE_ALLOCS
@@ -280,6 +281,12 @@ Test(preload_graph, a_refused_update_changes_nothing) {
  * nodes (the move: not modelled). */
 Test(preload_graph, a_child_graph_node_added_by_cuGraphAddNode_holds) {
   both_ways("add_node");
+}
+
+/* The same through what cuGetProcAddress answers for "cuGraphAddNode" at
+ * 12030 (the runtime's way): the shim's hook, which holds. */
+Test(preload_graph, cuGraphAddNode_from_cuGetProcAddress_holds) {
+  both_ways("add_node_proc");
 }
 
 Test(preload_graph,
