@@ -430,9 +430,17 @@ void mp__pl_devices_reset_done(const mp__pl_t *pl, int ordinal) {
   pthread_mutex_unlock(&mp__devs_lock);
 }
 
-/* Finds pool in the retired list (its device in *dev) and, with take,
- * takes it out; false when it is not there. */
-static bool mp__retired_entry(mp_pool_t *pool, mp_device_t **dev, bool take) {
+/* What mp__retired_entry does with the entry it finds. */
+typedef enum {
+  MP__RETIRED_LOOK,     /* nothing */
+  MP__RETIRED_TAKE,     /* takes it out: pool and device are gone */
+  MP__RETIRED_DEV_ONLY, /* the pool is gone, its device is kept */
+} mp__retired_do_t;
+
+/* Finds pool in the retired list (its device in *dev) and does `what`
+ * with it; false when it is not there. */
+static bool mp__retired_entry(mp_pool_t *pool, mp_device_t **dev,
+                              mp__retired_do_t what) {
   pthread_mutex_lock(&mp__devs_lock);
   mp__retired_t **at = &mp__retired;
   while (*at != NULL && (*at)->pool != pool)
@@ -440,20 +448,22 @@ static bool mp__retired_entry(mp_pool_t *pool, mp_device_t **dev, bool take) {
   mp__retired_t *r = *at;
   if (r != NULL) {
     *dev = r->dev;
-    if (take)
+    if (what == MP__RETIRED_TAKE)
       *at = r->next;
+    else if (what == MP__RETIRED_DEV_ONLY)
+      r->pool = NULL; /* never found by a pool again */
   }
   pthread_mutex_unlock(&mp__devs_lock);
-  if (take)
+  if (what == MP__RETIRED_TAKE)
     free(r);
   return r != NULL;
 }
 
 bool mp__pl_devices_release(const mp__pl_t *pl, mp_pool_t *pool) {
   mp_device_t *dev = NULL;
-  if (pool == NULL || !mp__retired_entry(pool, &dev, false))
+  if (pool == NULL || !mp__retired_entry(pool, &dev, MP__RETIRED_LOOK))
     return false;
-  char name[96], why[512] = "";
+  char name[96], why[512] = "", closing[512] = "";
   snprintf(name, sizeof name, "%s", dev != NULL ? mp_device_name(dev) : "?");
   int destroyed = 0;
   pthread_rwlock_wrlock(&mp__devs_walk);
@@ -462,17 +472,29 @@ bool mp__pl_devices_release(const mp__pl_t *pl, mp_pool_t *pool) {
   if (st != MP_OK)
     snprintf(why, sizeof why, "%s", mp_last_error());
   /* The first device's stays open: the host pool (host.c) and the report
-   * use it (pl->dev). */
-  if (gone && dev != NULL && dev != pl->dev)
-    mp_device_close(dev);
+   * use it (pl->dev). A close the device refuses (mp_device_close_ex: its
+   * wait for the device's work refused, from a host function or beside a
+   * capture) leaves it open: it stays in the retired list, reachable and
+   * said, until exit, as a pool that cannot be released does. Before, it
+   * was dropped without a word, open: its memory, streams, events and
+   * retain of the primary context leaked. */
+  bool closed = !gone || dev == NULL || dev == pl->dev ||
+                mp_device_close_ex(dev) == MP_OK;
+  if (!closed)
+    snprintf(closing, sizeof closing, "%s", mp_last_error());
   pthread_rwlock_unlock(&mp__devs_walk);
   if (gone)
-    (void)mp__retired_entry(pool, &dev, true);
+    (void)mp__retired_entry(pool, &dev,
+                            closed ? MP__RETIRED_TAKE : MP__RETIRED_DEV_ONLY);
   if (st != MP_OK)
     MP__PL_SAY("cuDevicePrimaryCtxReset: the pool of device '%s' %s: %s", name,
                gone ? "was released with an error"
                     : "cannot be released and is kept until exit",
                why);
+  if (!closed)
+    MP__PL_SAY("cuDevicePrimaryCtxReset: device '%s' cannot be closed and is "
+               "kept open until exit: %s",
+               name, closing);
   return gone;
 }
 

@@ -227,9 +227,10 @@ static mp_host_pool_t *mp__hpl_at(int at) {
   return hp;
 }
 
-/* Host pools a reset retired that could not be destroyed (said on
- * stderr): never used again, kept reachable until exit (their devices
- * open), as the parent's pool is in a forked child. Under mp__hpl.lock. */
+/* Host pools a reset retired that could not be destroyed, and devices of
+ * destroyed ones that could not be closed (hp NULL) (said on stderr):
+ * never used again, kept reachable until exit (their devices open), as
+ * the parent's pool is in a forked child. Under mp__hpl.lock. */
 typedef struct mp__hpl_kept {
   mp__hpl_one_t one;
   struct mp__hpl_kept *next;
@@ -276,15 +277,23 @@ void mp__pl_host_reset(const mp__pl_t *pl, int ordinal) {
     return;
   }
   (void)mp__pl_table_forget_hostmem(ordinal);
+  /* Its own device, once the pool went: a close the device refuses
+   * (mp_device_close_ex) leaves it open, kept and said as a pool that
+   * cannot go (before, it was dropped open without a word). */
   if (mp_host_pool_destroy(one.hp) == MP_OK) {
-    if (one.own_dev)
-      mp_device_close(one.dev);
-    free(keep);
-    return;
-  }
-  MP__PL_SAY("cuDevicePrimaryCtxReset: the page-locked host pool of CUDA "
-             "device %d cannot be released and is kept until exit: %s",
-             ordinal, mp_last_error());
+    if (!one.own_dev || mp_device_close_ex(one.dev) == MP_OK) {
+      free(keep);
+      return;
+    }
+    one.hp = NULL; /* destroyed */
+    MP__PL_SAY("cuDevicePrimaryCtxReset: the device of CUDA device %d's "
+               "page-locked host pool cannot be closed and is kept open "
+               "until exit: %s",
+               ordinal, mp_last_error());
+  } else
+    MP__PL_SAY("cuDevicePrimaryCtxReset: the page-locked host pool of CUDA "
+               "device %d cannot be released and is kept until exit: %s",
+               ordinal, mp_last_error());
   if (keep == NULL)
     return; /* without memory for the record: lost, as a leak */
   pthread_mutex_lock(&mp__hpl.lock);
