@@ -87,7 +87,8 @@ static void mpb_usage(FILE *out) {
       "                      next to the source tree or the executable "
       "(not with\n"
       "                      --no-traces, nor with bound's FILEs)\n"
-      "  --no-traces         (run) built-in workloads only\n"
+      "  --no-traces         (run, bound without FILEs) built-in workloads "
+      "only\n"
       "  --allocator NAME    repeatable; default: all (see `mpbench list`);\n"
       "                      bound: none, each one given adds its ratio "
       "column\n"
@@ -124,7 +125,8 @@ static void mpb_usage(FILE *out) {
       "                      measured run; the capacity search still catches "
       "up).\n"
       "                      Default 0: the device catches up after each "
-      "free\n"
+      "free.\n"
+      "                      bound: only with --allocator (its replays)\n"
       "  --no-plots          no PNG plots (report.html is still written)\n"
       "  --blockmap NAME     the allocator whose block map (each block's "
       "address over\n"
@@ -590,6 +592,14 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
     return mpb_fail_usage("--traces %s: bound replays the trace files given "
                           "(or, given none, the folder's)",
                           c->traces_dir);
+  if (c->no_traces && c->files.n > 0)
+    return mpb_fail_usage("%s", "--no-traces: bound replays the trace files "
+                                "given (--no-traces is for built-in "
+                                "workloads only)");
+  /* bound replays only for its --allocator columns. */
+  if (c->bound && c->allocators.n == 0 && mpb_given(seen, "--stream-work"))
+    return mpb_fail_usage("%s", "--stream-work: bound replays nothing "
+                                "without an --allocator");
   return -1; /* go on */
 }
 

@@ -44,6 +44,14 @@ static void write_file(const char *path, const char *body) {
   fclose(f);
 }
 
+/* tmpdir/small.csv, one 4 KiB block allocated and freed, its path in
+ * trace. */
+static void write_small(char *trace, size_t len) {
+  snprintf(trace, len, "%s/small.csv", tmpdir);
+  write_file(trace, "1,00:00:00.000001,allocate,0x1000,4096,0\n"
+                    "1,00:00:00.000002,free,0x1000,4096,0\n");
+}
+
 /* 1 MiB and 2 MiB together, the 1 MiB goes, another 2 MiB comes: 4 MiB
  * live at most, placed in 4 MiB (largest first), two whole granules. */
 Test(cli_bound, bound_prints_the_figures_of_each_trace, .init = make_tmp,
@@ -131,9 +139,7 @@ Test(cli_bound, bound_with_a_workload_and_no_file_runs_only_it,
  * "(FAILED)"). */
 Test(cli_bound, failed_replay_says_why, .init = make_tmp, .fini = drop_tmp) {
   char trace[512];
-  snprintf(trace, sizeof trace, "%s/small.csv", tmpdir);
-  write_file(trace, "1,00:00:00.000001,allocate,0x1000,4096,0\n"
-                    "1,00:00:00.000002,free,0x1000,4096,0\n");
+  write_small(trace, sizeof trace);
   const char *args[] = {
       "bound",   "--device", "host", "--allocator", "pool:max_bytes=1K",
       "--quiet", trace,      NULL};
@@ -150,10 +156,8 @@ Test(cli_bound, failed_replay_says_why, .init = make_tmp, .fini = drop_tmp) {
 Test(cli_bound, bound_refuses_the_options_it_does_not_use, .init = make_tmp,
      .fini = drop_tmp) {
   char trace[512], out[512];
-  snprintf(trace, sizeof trace, "%s/small.csv", tmpdir);
+  write_small(trace, sizeof trace);
   snprintf(out, sizeof out, "%s/out", tmpdir);
-  write_file(trace, "1,00:00:00.000001,allocate,0x1000,4096,0\n"
-                    "1,00:00:00.000002,free,0x1000,4096,0\n");
   const char *opts[][2] = {{"--out", out},
                            {"--blockmap", "pool"},
                            {"--capacity-budget", "5"},
@@ -175,9 +179,7 @@ Test(cli_bound, bound_refuses_the_options_it_does_not_use, .init = make_tmp,
 Test(cli_bound, bound_with_files_refuses_a_traces_folder, .init = make_tmp,
      .fini = drop_tmp) {
   char trace[512];
-  snprintf(trace, sizeof trace, "%s/small.csv", tmpdir);
-  write_file(trace, "1,00:00:00.000001,allocate,0x1000,4096,0\n"
-                    "1,00:00:00.000002,free,0x1000,4096,0\n");
+  write_small(trace, sizeof trace);
   const char *args[] = {"bound",    "--device", "host",       "--quiet",
                         "--traces", tmpdir,     "--workload", "random:n=20",
                         trace,      NULL};
@@ -188,6 +190,40 @@ Test(cli_bound, bound_with_files_refuses_a_traces_folder, .init = make_tmp,
                          "--quiet",    "--traces",    tmpdir,
                          "--workload", "random:n=20", NULL};
   cr_expect_eq(run_text(alone), 0, "%s", mp_last_error());
+  cr_expect(strstr(text, "| small |") != NULL, "%s", text);
+}
+
+/* bound FILE... replays the files given: --no-traces beside them was
+ * accepted and did nothing (the files' rows were printed). */
+Test(cli_bound, bound_with_files_refuses_no_traces, .init = make_tmp,
+     .fini = drop_tmp) {
+  char trace[512];
+  write_small(trace, sizeof trace);
+  const char *args[] = {"bound",       "--device", "host", "--quiet",
+                        "--no-traces", trace,      NULL};
+  cr_expect_eq(run_text(args), 2);
+  cr_expect(strstr(text, "| workload |") == NULL, "a table: %s", text);
+  /* With built-in workloads only, it is what it says. */
+  const char *alone[] = {"bound",       "--device",   "host",        "--quiet",
+                         "--no-traces", "--workload", "random:n=20", NULL};
+  cr_expect_eq(run_text(alone), 0, "%s", mp_last_error());
+  cr_expect(strstr(text, "| random:n=20 |") != NULL, "%s", text);
+}
+
+/* --stream-work shapes the replays of the --allocator columns; with none
+ * bound replays nothing, and the option was accepted and did nothing. */
+Test(cli_bound, bound_refuses_stream_work_without_an_allocator,
+     .init = make_tmp, .fini = drop_tmp) {
+  char trace[512];
+  write_small(trace, sizeof trace);
+  const char *args[] = {"bound",         "--device", "host", "--quiet",
+                        "--stream-work", "5",        trace,  NULL};
+  cr_expect_eq(run_text(args), 2);
+  cr_expect(strstr(text, "| workload |") == NULL, "a table: %s", text);
+  const char *with[] = {"bound",       "--device", "host",          "--quiet",
+                        "--allocator", "direct",   "--stream-work", "5",
+                        trace,         NULL};
+  cr_expect_eq(run_text(with), 0, "%s", mp_last_error());
   cr_expect(strstr(text, "| small |") != NULL, "%s", text);
 }
 
