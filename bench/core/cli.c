@@ -765,26 +765,15 @@ out:
   return rc;
 }
 
-/* Under a table: what each trace of jobs had that its replay skipped or
- * changed (trace.c), so that no figure hides it. */
+/* Under bound's table: what each trace of jobs had that its replay skipped
+ * or changed (trace.c), so that no figure hides it (run's table notes it
+ * itself: mpb_report_markdown). */
 static void mpb_trace_notes(const mpb_jobs_t *jobs) {
   bool noted = false;
   for (size_t w = 0; w < jobs->nw; w++) {
     const mpb_workload_t *x = &jobs->w[w];
-    if (x->unknown_frees + x->failure_rows + x->implicit_frees +
-            x->zero_size_allocs ==
-        0)
-      continue;
-    if (!noted)
-      printf("\nTrace notes:\n");
-    noted = true;
-    printf("- %s: %llu frees of never-allocated pointers skipped, %llu "
-           "'allocate failure' rows skipped, %llu allocations of a live "
-           "address (old block freed first), %llu zero-byte allocations\n",
-           x->name, (unsigned long long)x->unknown_frees,
-           (unsigned long long)x->failure_rows,
-           (unsigned long long)x->implicit_frees,
-           (unsigned long long)x->zero_size_allocs);
+    mpb_report_trace_note(stdout, x->name, x->unknown_frees, x->failure_rows,
+                          x->implicit_frees, x->zero_size_allocs, &noted);
   }
 }
 
@@ -1082,7 +1071,6 @@ int mpb_main(int argc, char **argv) {
     for (size_t i = 0; i < unavailable.n; i++)
       printf("- %s\n", unavailable.v[i]);
   }
-  mpb_trace_notes(&jobs);
   if (!plotted && c.plots)
     printf("\nNo plots: %s\n", why);
   printf("\nResults: %s/results.json, %s/results.csv, %s/results.md, "

@@ -270,6 +270,10 @@ typedef struct mpb_result {
    * device). */
   unsigned pauses;
   double pause_ms_per_gib, resume_ms_per_gib;
+  /* What the workload's trace had that its replay skipped or changed
+   * (mpb_workload_t's counts, copied): results.md notes them under the
+   * table, results.json has them. */
+  uint64_t unknown_frees, failure_rows, implicit_frees, zero_size_allocs;
   /* Bytes over time, MPB_SERIES_POINTS buckets of events (the maximum in
    * each), for the plots. */
   size_t npoints;
@@ -406,7 +410,15 @@ void mpb_touched_free(mpb_touched_t *t);
 
 /* ---- report.c: table, JSON, CSV, plots --------------------------------- */
 
+/* The table, then its notes: graph memory, pauses, what each trace had
+ * that its replay skipped or changed, the runs that failed. */
 void mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n);
+/* The note of one trace (name) under a table, after a "Trace notes:"
+ * heading when *noted is false (set then); nothing where every count is
+ * 0. */
+void mpb_report_trace_note(FILE *out, const char *name, uint64_t unknown_frees,
+                           uint64_t failure_rows, uint64_t implicit_frees,
+                           uint64_t zero_size_allocs, bool *noted);
 mp_status_t mpb_report_json(FILE *out, const mpb_result_t *r, size_t n);
 /* `mpbench bound`'s table: per workload o[i], the granule bound, the
  * offline placement's figures, the ratio of each of nalloc allocators

@@ -453,6 +453,10 @@ mp_status_t mpb_replay(const mpb_workload_t *w, const char *allocator,
   memset(r, 0, sizeof *r);
   snprintf(r->workload, sizeof r->workload, "%s", w->name);
   snprintf(r->allocator, sizeof r->allocator, "%s", allocator);
+  r->unknown_frees = w->unknown_frees;
+  r->failure_rows = w->failure_rows;
+  r->implicit_frees = w->implicit_frees;
+  r->zero_size_allocs = w->zero_size_allocs;
   /* Which device: open the user's once to learn whether it is host. */
   mp_device_t *probe;
   mp_status_t st = mp_device_open(opts->device_spec, &probe);

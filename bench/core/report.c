@@ -72,6 +72,39 @@ static void mpb_report_failed(FILE *out, const mpb_result_t *r, size_t n) {
     }
 }
 
+void mpb_report_trace_note(FILE *out, const char *name, uint64_t unknown_frees,
+                           uint64_t failure_rows, uint64_t implicit_frees,
+                           uint64_t zero_size_allocs, bool *noted) {
+  if (unknown_frees + failure_rows + implicit_frees + zero_size_allocs == 0)
+    return;
+  if (!*noted)
+    fprintf(out, "\nTrace notes:\n");
+  *noted = true;
+  fputs("- ", out);
+  mpb_md_cell(out, name);
+  fprintf(out,
+          ": %llu frees of never-allocated pointers skipped, %llu "
+          "'allocate failure' rows skipped, %llu allocations of a live "
+          "address (old block freed first), %llu zero-byte allocations\n",
+          (unsigned long long)unknown_frees, (unsigned long long)failure_rows,
+          (unsigned long long)implicit_frees,
+          (unsigned long long)zero_size_allocs);
+}
+
+/* The trace notes of r's workloads, each once (its first row's). */
+static void mpb_report_trace_notes(FILE *out, const mpb_result_t *r, size_t n) {
+  bool noted = false;
+  for (size_t i = 0; i < n; i++) {
+    bool seen = false;
+    for (size_t j = 0; j < i && !seen; j++)
+      seen = strcmp(r[j].workload, r[i].workload) == 0;
+    if (!seen)
+      mpb_report_trace_note(out, r[i].workload, r[i].unknown_frees,
+                            r[i].failure_rows, r[i].implicit_frees,
+                            r[i].zero_size_allocs, &noted);
+  }
+}
+
 void mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n) {
   fprintf(out, "| workload | allocator | peak live | peak reserved | ratio | "
                "utilization | avg waste | ext. frag | device calls | ns p50 "
@@ -125,6 +158,7 @@ void mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n) {
       fprintf(out, " | %u | %.1f | %.1f |\n", r[i].pauses,
               r[i].pause_ms_per_gib, r[i].resume_ms_per_gib);
     }
+  mpb_report_trace_notes(out, r, n);
   mpb_report_failed(out, r, n);
 }
 
@@ -308,6 +342,14 @@ mp_status_t mpb_report_json(FILE *out, const mpb_result_t *r, size_t n) {
       mpb_json_num(out, x->resume_ms_per_gib);
     else
       fputs("null", out);
+    fprintf(out,
+            ", \"trace_unknown_frees\": %llu, \"trace_failure_rows\": %llu, "
+            "\"trace_implicit_frees\": %llu, \"trace_zero_size_allocs\": "
+            "%llu",
+            (unsigned long long)x->unknown_frees,
+            (unsigned long long)x->failure_rows,
+            (unsigned long long)x->implicit_frees,
+            (unsigned long long)x->zero_size_allocs);
     fputs("}", out);
   }
   fputs("\n]\n", out);

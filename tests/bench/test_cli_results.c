@@ -591,6 +591,49 @@ Test(cli_results, malformed_trace_stops_with_its_line_and_writes_nothing,
   cr_expect_eq(access(out, F_OK), -1, "the output folder was created");
 }
 
+/* What a trace had that its replay skipped or changed (a free of a pointer
+ * it never allocated, an allocation of a live address) is noted in
+ * results.md, once per trace, and in results.json: it was said on stdout
+ * only, and the files the README points to showed the figures without it. */
+Test(cli_results, trace_notes_are_in_results_md_and_json, .init = make_tmp,
+     .fini = drop_tmp) {
+  char trace[512], out[512], md[600], json[600];
+  snprintf(trace, sizeof trace, "%s/odd.csv", tmpdir);
+  snprintf(out, sizeof out, "%s/out", tmpdir);
+  FILE *f = fopen(trace, "w");
+  cr_assert_not_null(f);
+  fputs("Thread,Time,Action,Pointer,Size,Stream\n"
+        "1,00:00:00.000001,allocate,0x1000,4096,0\n"
+        "1,00:00:00.000002,free,0x9000,4096,0\n"
+        "1,00:00:00.000003,allocate,0x1000,8192,0\n"
+        "1,00:00:00.000004,free,0x1000,8192,0\n",
+        f);
+  fclose(f);
+  const char *args[] = {"replay",      "--out",      out,
+                        "--quiet",     "--no-plots", "--no-capacity",
+                        "--allocator", "pool",       "--allocator",
+                        "direct",      trace,        NULL};
+  cr_assert_eq(run(args), 0, "%s", mp_last_error());
+  snprintf(md, sizeof md, "%s/results.md", out);
+  const char *text = slurp(md);
+  const char *note = strstr(text, "Trace notes:");
+  cr_expect_not_null(note, "%s", text);
+  const char *odd = "- odd: 1 frees of never-allocated pointers skipped, 0 "
+                    "'allocate failure' rows skipped, 1 allocations of a "
+                    "live address (old block freed first), 0 zero-byte "
+                    "allocations\n";
+  const char *at = note ? strstr(note, odd) : NULL;
+  cr_expect_not_null(at, "%s", text);
+  cr_expect(at == NULL || strstr(at + 1, "- odd:") == NULL, "noted twice: %s",
+            text);
+  snprintf(json, sizeof json, "%s/results.json", out);
+  text = slurp(json);
+  cr_expect_eq(json_u64(text, "trace_unknown_frees"), 1, "%s", text);
+  cr_expect_eq(json_u64(text, "trace_implicit_frees"), 1, "%s", text);
+  cr_expect_eq(json_u64(text, "trace_failure_rows"), 0, "%s", text);
+  cr_expect_eq(json_u64(text, "trace_zero_size_allocs"), 0, "%s", text);
+}
+
 Test(cli_results, unwritable_out_is_bad_usage_before_any_replay,
      .init = make_tmp, .fini = drop_tmp) {
   char file[512], out[600];
