@@ -303,6 +303,18 @@ static mp_status_t mpb_trace_header(const char *s, size_t l, const char *what) {
     return mp__fail(MP_EINVAL, "%s:1: NUL byte in a text file", what);
   if (mpb_field_is(s, l, "Thread,Time,Action,Pointer,Size,Stream"))
     return MP_OK;
+  /* JSON (the shim's MEMPOOL_TRACE=*.json, a Chrome/Perfetto trace): the
+   * header's message alone would not say which trace mpbench reads. */
+  size_t b = 0;
+  while (b < l && (s[b] == ' ' || s[b] == '\t'))
+    b++;
+  if (b < l && (s[b] == '{' || s[b] == '['))
+    return mp__fail(MP_EINVAL,
+                    "%s:1: a JSON file, not a trace: mpbench replays RMM's "
+                    "CSV (a MEMPOOL_TRACE path ending in .json gets a "
+                    "Chrome/Perfetto trace to view; record to a .csv path to "
+                    "replay) or a PyTorch snapshot pickle",
+                    what);
   char shown[61]; /* binary input shows as '?' */
   return mp__fail(MP_EINVAL,
                   "%s:1: expected the header "

@@ -139,6 +139,18 @@ Test(trace_parse, bad_header_is_line_1) {
   expect_bad("1,00:00:00.000001,allocate,0x10,8,0\n", 1, "header");
 }
 
+/* The preload shim writes a Chrome/Perfetto JSON trace for a MEMPOOL_TRACE
+ * path ending in .json; given to mpbench it was refused as a CSV whose
+ * header is wrong, with nothing saying which trace mpbench replays. */
+Test(trace_parse, a_json_trace_is_refused_naming_the_csv_one) {
+  expect_bad("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n"
+             "{\"name\":\"allocate\",\"ph\":\"i\"}]}\n",
+             1, "JSON");
+  cr_expect(strstr(mp_last_error(), "MEMPOOL_TRACE") != NULL, "%s",
+            mp_last_error());
+  expect_bad("  [\n]\n", 1, "JSON");
+}
+
 Test(trace_parse, empty_file_is_einval) {
   mpb_workload_t w;
   cr_assert_eq(parse("", &w), MP_EINVAL);
