@@ -6,11 +6,11 @@
  * reads, measured per replay and reported), which is otherwise a third of
  * a fast allocator's figure and the same for all; after each event the
  * allocator's reserved bytes are sampled (outside the timed region) for the
- * time-averaged waste and the plots. Live bytes are what the workload asked
- * for, tracked here, the same for every allocator.
- * On a workload with several streams the device is synchronized after each
- * free (also outside the timed region), so that cross-stream reuse does not
- * depend on thread scheduling.
+ * waste averaged over events and the plots. Live bytes are what the workload
+ * asked for, tracked here, the same for every allocator. On a workload with
+ * several streams the device is synchronized after each free (also outside the
+ * timed region), so that cross-stream reuse does not depend on thread
+ * scheduling.
  *
  * The smallest capacity is found by bisection on the host device's
  * capacity= option: a workload cannot complete below its peak live bytes,
