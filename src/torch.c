@@ -99,7 +99,40 @@ static struct {
   size_t npools, cap;
   atomic_uint open;   /* entries open (begun, or automatic and routed) */
   atomic_bool hooked; /* a begin hook was called: no automatic capture */
+  /* The default pools PyTorch set a memory fraction of 0 on: it allows 0
+   * bytes, and mp_torch_malloc serves them nothing (see
+   * mp_torch_memory_fraction_ex); at most one per default pool (64
+   * devices' and the default one, src/default.c). nzero: how many, read
+   * without the lock so that malloc looks further only when some are. */
+  mp_pool_t *zero[65];
+  atomic_uint nzero;
 } mp__t = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Whether PyTorch's memory fraction of pool is 0. */
+static bool mp__torch_zero(mp_pool_t *pool) {
+  if (atomic_load_explicit(&mp__t.nzero, memory_order_acquire) == 0)
+    return false;
+  bool zero = false;
+  pthread_mutex_lock(&mp__t.lock);
+  for (unsigned i = 0; i < atomic_load(&mp__t.nzero) && !zero; i++)
+    zero = mp__t.zero[i] == pool;
+  pthread_mutex_unlock(&mp__t.lock);
+  return zero;
+}
+
+/* Marks (on) or clears pool's fraction of 0. Under the lock. */
+static void mp__torch_set_zero(mp_pool_t *pool, bool on) {
+  unsigned n = atomic_load(&mp__t.nzero), i = 0;
+  while (i < n && mp__t.zero[i] != pool)
+    i++;
+  if (on && i == n && n < sizeof mp__t.zero / sizeof mp__t.zero[0]) {
+    mp__t.zero[n] = pool;
+    atomic_store_explicit(&mp__t.nzero, n + 1, memory_order_release);
+  } else if (!on && i < n) {
+    mp__t.zero[i] = mp__t.zero[n - 1];
+    atomic_store_explicit(&mp__t.nzero, n - 1, memory_order_release);
+  }
+}
 
 static mp__tpool_t *mp__tpool_find(int device, mp_torch_pool_id_t id) {
   for (size_t i = 0; i < mp__t.npools; i++) {
@@ -331,6 +364,14 @@ void *mp_torch_malloc(ssize_t size, int device, mp_stream_t stream) {
   mp_pool_t *pool = mp__default_pool_for(device);
   if (pool == NULL)
     return NULL; /* mp_last_error() says why */
+  if (mp__torch_zero(pool)) {
+    mp__fail(MP_ELIMIT,
+             "mp_torch_malloc: %zd bytes on device %d, whose memory "
+             "fraction is 0 (set_per_process_memory_fraction): no memory "
+             "is allowed",
+             size, device);
+    return NULL;
+  }
   if (!mp__torch_capture_route(pool, device, stream))
     return NULL; /* mp_last_error() says why */
   void *ptr = NULL;
@@ -381,11 +422,22 @@ void mp_torch_reset(void) {
   mp__default_each(mp__torch_trim);
 }
 
+/* PyTorch's fraction 0 allows 0 bytes (setMemoryFraction,
+ * CUDACachingAllocator.cpp: fraction x the device's memory), where the
+ * pool's max_fraction 0 is no cap: it is kept here, the pool's own cap as
+ * it was, and mp_torch_malloc refuses while it is set. */
 mp_status_t mp_torch_memory_fraction_ex(double fraction, int device) {
   mp_pool_t *pool = mp__default_pool_for(device);
   if (pool == NULL)
     return mp__last_failure() != MP_OK ? mp__last_failure() : MP_EINVAL;
-  return mp_pool_set_max_fraction(pool, fraction);
+  mp_status_t st =
+      fraction == 0 ? MP_OK : mp_pool_set_max_fraction(pool, fraction);
+  if (st == MP_OK) {
+    pthread_mutex_lock(&mp__t.lock);
+    mp__torch_set_zero(pool, fraction == 0);
+    pthread_mutex_unlock(&mp__t.lock);
+  }
+  return st;
 }
 
 void mp_torch_memory_fraction(double fraction, int device) {

@@ -107,7 +107,10 @@ def _current_device():
 
 def set_memory_fraction(fraction, device=None):
     """torch.cuda.set_per_process_memory_fraction() for mempool: caps the
-    default pool of device at fraction of its memory; 0 lifts the cap.
+    default pool of device at fraction of its memory (1: the whole
+    device). 0 allows nothing, as in PyTorch: until a fraction above 0 is
+    set, every allocation PyTorch asks on device fails (cached blocks
+    included), while the pool's own cap stays as it was.
     device None, as in PyTorch's call, is PyTorch's current device (device
     0 where torch cannot be imported or has no CUDA).
     A fraction outside [0, 1] (NaN included) or a device that is not a

@@ -81,12 +81,28 @@ def test_set_memory_fraction_caps_the_default_pool(conf):
     r = _run(_MALLOC + """
 mempool.torch.set_memory_fraction(16 / 1024, 0)   # 16 MiB of 1 GiB
 capped = lib.mp_torch_malloc(32 << 20, 0, None)
-mempool.torch.set_memory_fraction(0, 0)
+mempool.torch.set_memory_fraction(1, 0)
 lifted = lib.mp_torch_malloc(32 << 20, 0, None)
 print(capped is None, lifted is not None)
 """, conf)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True", "True"]
+
+
+@pytest.mark.parametrize("conf", [None, "arenas=2"])
+def test_set_memory_fraction_zero_allows_nothing_as_pytorchs(conf):
+    # torch.cuda.set_per_process_memory_fraction(0) lets PyTorch's own
+    # allocator take 0 bytes; here 0 had lifted the cap (the pool's C
+    # meaning of a fraction 0), so a program meaning "nothing more" got the
+    # whole device.
+    r = _run(_MALLOC + """
+mempool.torch.set_memory_fraction(0, 0)
+print(lib.mp_torch_malloc(1 << 20, 0, None) is None)
+mempool.torch.set_memory_fraction(0.5, 0)
+print(lib.mp_torch_malloc(1 << 20, 0, None) is not None)
+""", conf)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "True"], r.stdout
 
 
 def test_use_with_a_bad_device_raises_and_installs_nothing(monkeypatch):

@@ -56,14 +56,14 @@ Test(torch_hooks, reset_gives_idle_memory_back) {
   cr_expect_eq(stats(mp_default_pool()).reserved_bytes, 0);
 }
 
-Test(torch_hooks, memory_fraction_caps_the_pool_and_zero_lifts_it) {
+Test(torch_hooks, memory_fraction_caps_the_pool_and_one_lifts_it) {
   size_t total = 0;
   cr_assert_eq(mp_device_mem_info(dev, NULL, &total), MP_OK);
   double f = (double)(16 * MiB) / (double)total;
   fraction_fn(f, 0);
   void *p = alloc_fn(32 * MiB, 0, NULL);
   cr_expect_null(p, "32 MiB past a 16 MiB cap");
-  fraction_fn(0, 0);
+  fraction_fn(1.0, 0);
   p = alloc_fn(32 * MiB, 0, NULL);
   cr_assert_not_null(p, "%s", mp_last_error());
   free_fn(p, 32 * MiB, 0, NULL);
@@ -72,6 +72,36 @@ Test(torch_hooks, memory_fraction_caps_the_pool_and_zero_lifts_it) {
             mp_last_error());
   p = alloc_fn(32 * MiB, 0, NULL);
   cr_expect_not_null(p);
+  free_fn(p, 32 * MiB, 0, NULL);
+}
+
+/* PyTorch's setMemoryFraction (CUDACachingAllocator.cpp) allows
+ * fraction x the device's memory, 0 bytes for 0: an allocation then
+ * fails as out of memory. mp_pool_set_max_fraction's 0 ("no cap") had
+ * lifted the cap instead. The pool's C callers keep their meaning. */
+Test(torch_hooks, memory_fraction_zero_allows_nothing_as_pytorchs) {
+  size_t total = 0;
+  cr_assert_eq(mp_device_mem_info(dev, NULL, &total), MP_OK);
+  fraction_fn((double)(16 * MiB) / (double)total, 0);
+  void *cached = alloc_fn(MiB, 0, NULL);
+  cr_assert_not_null(cached, "%s", mp_last_error());
+  free_fn(cached, MiB, 0, NULL);
+  fraction_fn(0, 0);
+  cr_expect_null(alloc_fn(MiB, 0, NULL), "fraction 0 allows no byte");
+  cr_expect_eq(mp_last_status(), MP_ELIMIT, "%s", mp_last_error());
+  cr_expect_null(alloc_fn(64 * MiB, 0, NULL), "nor past the old cap");
+  /* Refused calls change nothing: still 0. */
+  cr_expect_eq(mp_torch_memory_fraction_ex(2.0, 0), MP_EINVAL);
+  cr_expect_eq(mp_torch_memory_fraction_ex(0.5, 1), MP_ENODEV);
+  cr_expect_null(alloc_fn(MiB, 0, NULL));
+  /* The default pool itself (mp_malloc's) is not PyTorch's setting. */
+  void *own = NULL;
+  cr_expect_eq(mp_pool_alloc(mp_default_pool(), MiB, NULL, &own), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(mp_pool_free(mp_default_pool(), own), MP_OK);
+  fraction_fn(0.5, 0);
+  void *p = alloc_fn(32 * MiB, 0, NULL);
+  cr_expect_not_null(p, "a fraction above 0 allows again: %s", mp_last_error());
   free_fn(p, 32 * MiB, 0, NULL);
 }
 
@@ -115,6 +145,7 @@ Test(torch_hooks, the_ex_twins_return_what_the_hooks_drop) {
                "a device the host backend does not serve: %s", mp_last_error());
   cr_expect_eq(mp_torch_memory_fraction_ex(2.0, 0), MP_EINVAL);
   cr_expect_eq(mp_torch_memory_fraction_ex(0, 0), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_torch_memory_fraction_ex(1, 0), MP_OK, "%s", mp_last_error());
   void *p = alloc_fn(MiB, 0, NULL);
   cr_assert_not_null(p);
   cr_expect_eq(mp_torch_record_stream_ex(p, NULL), MP_OK, "%s",
