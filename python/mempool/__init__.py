@@ -402,7 +402,10 @@ class Device(_Handle):
                           "dropped with live blocks were on it: it is kept open"
                           % len(orphans), ResourceWarning, stacklevel=2)
             return
-        _lib.lib().mp_device_close(handle)
+        L = _lib.lib()
+        if L.mp_device_close_ex(handle) != 0:  # open for good: said, not hidden
+            warnings.warn("a dropped mempool.Device could not be closed and stays open: %s"
+                          % _s(L.mp_last_error()), ResourceWarning, stacklevel=2)
 
     @property
     def name(self):
@@ -439,7 +442,9 @@ class Device(_Handle):
         ones still in a reference cycle are collected first. Pools dropped
         with blocks still live (Pool._dropped) are destroyed here. Busy
         while a call on the device or one of its streams runs on another
-        thread."""
+        thread. A close the library refuses (from a host function, or on
+        CUDA a wait for the device the driver refuses, such as while one of
+        its streams is captured) raises, the device open as it was."""
         with self._ending("Device.close") as there:
             if there:
                 self._close()
@@ -461,7 +466,10 @@ class Device(_Handle):
             if gone:
                 self._orphans.pop()
             _check(status, "mp_pool_destroy (a Pool dropped with live blocks)")
-        _lib.lib().mp_device_close(self.handle)
+        # The status: a refused close (from a host function, a wait the
+        # driver refuses) leaves the device open, and its handle must stay
+        # for a later close, not be dropped as if closed.
+        _check(_lib.lib().mp_device_close_ex(self.handle), "mp_device_close")
         self.handle = None
         self._finalizer.detach()
 

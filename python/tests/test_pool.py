@@ -293,6 +293,44 @@ def test_a_dropped_device_is_closed():
     assert _threads() == before
 
 
+def test_a_refused_close_raises_and_leaves_the_device_open():
+    # The library refuses a close from a host function (a stream's worker
+    # runs it; CUDA forbids API calls there) and keeps the device open.
+    # close() called mp_device_close, which returns nothing: it dropped the
+    # handle as if closed, so the device (its worker threads, its memory)
+    # stayed open for the life of the process and could not be closed.
+    import threading
+    gc.collect()
+    before = _threads()
+    d = mempool.Device("host:capacity=64M")
+    st = d.stream()
+    lib = ctypes.CDLL(mempool.library_path())
+    V = ctypes.c_void_p
+    HOSTFN = ctypes.CFUNCTYPE(None, V)
+    lib.mp_stream_launch_host.argtypes = [V, V, HOSTFN, V]
+    lib.mp_stream_launch_host.restype = ctypes.c_int
+    seen, done = [], threading.Event()
+
+    def on_stream(_):
+        try:
+            d.close()
+            seen.append("closed")
+        except mempool.MempoolError as e:
+            seen.append(e)
+        done.set()
+    fn = HOSTFN(on_stream)
+    assert lib.mp_stream_launch_host(d.handle, st.handle, fn, None) == 0
+    assert done.wait(30)
+    assert isinstance(seen[0], mempool.InvalidArgument), seen
+    assert d.handle is not None  # still open, still usable
+    st.synchronize()
+    del st
+    d.close()  # from here it closes
+    assert d.handle is None
+    gc.collect()
+    assert _threads() == before
+
+
 def test_a_dropped_device_keeps_a_pool_dropped_with_live_blocks():
     # Those blocks' addresses may still be in use: the device stays open
     # (with a ResourceWarning), its memory still there to write.
