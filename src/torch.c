@@ -424,17 +424,25 @@ void mp_torch_reset(void) {
 
 /* PyTorch's fraction 0 allows 0 bytes (setMemoryFraction,
  * CUDACachingAllocator.cpp: fraction x the device's memory), where the
- * pool's max_fraction 0 is no cap: it is kept here, the pool's own cap as
- * it was, and mp_torch_malloc refuses while it is set. */
+ * pool's max_fraction 0 is no cap: it is kept here (with a share under a
+ * block, the same), the pool's own cap as it was, and mp_torch_malloc
+ * refuses while it is set. */
 mp_status_t mp_torch_memory_fraction_ex(double fraction, int device) {
   mp_pool_t *pool = mp__default_pool_for(device);
   if (pool == NULL)
     return mp__last_failure() != MP_OK ? mp__last_failure() : MP_EINVAL;
-  mp_status_t st =
-      fraction == 0 ? MP_OK : mp_pool_set_max_fraction(pool, fraction);
+  /* A share under the pool's alignment, which the pool refuses as a cap,
+   * is PyTorch's cap of a few bytes: no block fits, as 0. */
+  size_t total = 0;
+  bool none =
+      fraction == 0 ||
+      (fraction > 0 && fraction <= 1 &&
+       mp_device_mem_info(mp_pool_device(pool), NULL, &total) == MP_OK &&
+       (double)total * fraction < (double)pool->cfg.align);
+  mp_status_t st = none ? MP_OK : mp_pool_set_max_fraction(pool, fraction);
   if (st == MP_OK) {
     pthread_mutex_lock(&mp__t.lock);
-    mp__torch_set_zero(pool, fraction == 0);
+    mp__torch_set_zero(pool, none);
     pthread_mutex_unlock(&mp__t.lock);
   }
   return st;

@@ -69,14 +69,15 @@ MP_API void mp_torch_reset(void);
 /* set_memory_fraction_fn (torch.cuda.set_per_process_memory_fraction):
  * mp_pool_set_max_fraction on device's pool for a fraction in (0, 1]. A
  * fraction of 0 allows 0 bytes, as PyTorch's own allocator (fraction x
- * the device's memory), not the pool's "no cap": from then until a
- * fraction above 0 is set, mp_torch_malloc on device fails (MP_ELIMIT),
- * blocks the pool has cached included; the pool's own cap, and its
- * callers other than the torch hooks (mp_malloc), are left as they were.
- * PyTorch's hook returns nothing, so a refusal (a device no pool serves,
- * a fraction outside [0, 1], one whose share is under the alignment, a
- * paused pool), which changes nothing, is in mp_last_error() only;
- * mp_torch_memory_fraction_ex returns it (mempool.torch raises it). */
+ * the device's memory), not the pool's "no cap"; so does one whose share
+ * is under the pool's alignment (a cap no block fits, which PyTorch takes
+ * and the pool refuses): from then until a larger fraction is set,
+ * mp_torch_malloc on device fails (MP_ELIMIT), blocks the pool has cached
+ * included; the pool's own cap, and its callers other than the torch
+ * hooks (mp_malloc), are left as they were. PyTorch's hook returns
+ * nothing, so a refusal (a device no pool serves, a fraction outside
+ * [0, 1], a paused pool), which changes nothing, is in mp_last_error()
+ * only; mp_torch_memory_fraction_ex returns it (mempool.torch raises it). */
 MP_API void mp_torch_memory_fraction(double fraction, int device);
 MP_API mp_status_t mp_torch_memory_fraction_ex(double fraction, int device);
 /* set_base_alloc_fn (PyTorch's getBaseAllocation, which sharing a tensor

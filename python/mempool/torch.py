@@ -108,15 +108,16 @@ def _current_device():
 def set_memory_fraction(fraction, device=None):
     """torch.cuda.set_per_process_memory_fraction() for mempool: caps the
     default pool of device at fraction of its memory (1: the whole
-    device). 0 allows nothing, as in PyTorch: until a fraction above 0 is
-    set, every allocation PyTorch asks on device fails (cached blocks
-    included), while the pool's own cap stays as it was.
+    device). 0 allows nothing, as in PyTorch, and so does a fraction whose
+    share is under the pool's alignment (no block fits): until a larger
+    fraction is set, every allocation PyTorch asks on device fails (cached
+    blocks included), while the pool's own cap stays as it was.
     device None, as in PyTorch's call, is PyTorch's current device (device
     0 where torch cannot be imported or has no CUDA).
     A fraction outside [0, 1] (NaN included) or a device that is not a
     number from 0 to 2**31 - 1 (a C int): ValueError (ctypes would wrap
     2**32 to device 0). A refusal of the library's (a device the default
-    pools do not serve, a share under the alignment, a paused pool):
+    pools do not serve, a paused pool):
     MempoolError, the cap as it was. A fraction that is no real number (a
     str, a bool, None): TypeError, as PyTorch's call raises."""
     if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real):

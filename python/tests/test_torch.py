@@ -95,14 +95,19 @@ def test_set_memory_fraction_zero_allows_nothing_as_pytorchs(conf):
     # allocator take 0 bytes; here 0 had lifted the cap (the pool's C
     # meaning of a fraction 0), so a program meaning "nothing more" got the
     # whole device.
+    # A fraction whose share is under one block (1e-15 of 1 GiB: a byte)
+    # is taken by PyTorch and allows nothing; the library's refusal of such
+    # a cap raised InvalidArgument here (and the C++ hook dropped it,
+    # leaving the pool uncapped).
     r = _run(_MALLOC + """
-mempool.torch.set_memory_fraction(0, 0)
-print(lib.mp_torch_malloc(1 << 20, 0, None) is None)
-mempool.torch.set_memory_fraction(0.5, 0)
-print(lib.mp_torch_malloc(1 << 20, 0, None) is not None)
+for f in (0, 1e-15):
+    mempool.torch.set_memory_fraction(f, 0)
+    print(lib.mp_torch_malloc(1 << 20, 0, None) is None)
+    mempool.torch.set_memory_fraction(0.5, 0)
+    print(lib.mp_torch_malloc(1 << 20, 0, None) is not None)
 """, conf)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["True", "True"], r.stdout
+    assert r.stdout.split() == ["True"] * 4, r.stdout
 
 
 def test_use_with_a_bad_device_raises_and_installs_nothing(monkeypatch):

@@ -105,6 +105,21 @@ Test(torch_hooks, memory_fraction_zero_allows_nothing_as_pytorchs) {
   free_fn(p, 32 * MiB, 0, NULL);
 }
 
+/* A fraction whose share is under the pool's alignment: PyTorch takes it
+ * (a cap of a few bytes, which no allocation fits); the pool's refusal of
+ * such a cap, dropped by the void hook, had left the pool uncapped. */
+Test(torch_hooks, memory_fraction_under_one_block_allows_nothing) {
+  cr_expect_eq(mp_torch_memory_fraction_ex(1e-15, 0), MP_OK, "%s",
+               mp_last_error());
+  fraction_fn(1e-15, 0);
+  cr_expect_null(alloc_fn(MiB, 0, NULL), "a share of bytes fits no block");
+  cr_expect_eq(mp_last_status(), MP_ELIMIT, "%s", mp_last_error());
+  fraction_fn(0.5, 0);
+  void *p = alloc_fn(MiB, 0, NULL);
+  cr_expect_not_null(p, "%s", mp_last_error());
+  free_fn(p, MiB, 0, NULL);
+}
+
 Test(torch_hooks, base_alloc_is_the_block_holding_the_pointer) {
   char *p = alloc_fn(MiB, 0, NULL);
   cr_assert_not_null(p);
