@@ -817,7 +817,10 @@ class Pool(_Handle):
 
 
 def default_pool_stats():
-    """stats() of the process-wide pool mp_malloc and mp_torch_malloc use."""
+    """stats() of the calling thread's device's default pool (mp_default_pool),
+    the one mp_malloc and mp_torch_malloc use for that device: with
+    PyTorch, its current device (torch.cuda.set_device). Each other device
+    PyTorch allocates on has a pool of its own, not counted here."""
     L = _default_pools("mp_default_pool")
     h = L.mp_default_pool()
     if not h:

@@ -41,7 +41,8 @@ def _candidates():
 def find_library():
     """The libmempool.so this package would load, without loading it: a
     path, or, for one left to the dynamic loader's search (no
-    MEMPOOL_LIBRARY, none beside the package), the name it asks the loader
+    MEMPOOL_LIBRARY, none beside the package or in the repository's build
+    tree), the name it asks the loader
     for (such as libmempool.so.0). library_path() gives the file the
     loader opened."""
     tried = []

@@ -6,8 +6,8 @@
 installs torch.cuda.memory.CUDAPluggableAllocator(libmempool.so,
 "mp_torch_malloc", "mp_torch_free") (include/mempool/torch.h). The tensors
 then come from mempool's default pool of their device;
-mempool.default_pool_stats() reads it. PyTorch accepts a new allocator only
-before it has allocated anything.
+mempool.default_pool_stats() reads the current device's. PyTorch accepts
+a new allocator only before it has allocated anything.
 
 From Python, PyTorch lets an allocator set only malloc and free; the other
 hooks of CUDAPluggableAllocator are C++ setters (include/mempool/
