@@ -77,8 +77,10 @@ MP_API mp_status_t mp_device_open(const char *spec, mp_device_t **out);
  * refused close is never closed: its memory, page-locked buffers, streams,
  * events and imports, and on CUDA its hold on the primary context, stay until
  * the process exits. Close a device only once other threads' calls on it
- * have returned (a call begun after the close is a use of freed memory),
- * but for mp_ipc_close: one under way on another thread is waited for. */
+ * have returned (a call that races the close may use freed memory); an
+ * mp_ipc_close on another thread that already took its import (and waits
+ * for the device's work) is waited for, so that the import is unmapped once
+ * and its lease closed, but one that has not may fail or use freed memory. */
 MP_API void mp_device_close(mp_device_t *dev);
 /* mp_device_close with its status: MP_OK when the device was closed (NULL
  * too), else the refusal's status (MP_EINVAL from a host function; the

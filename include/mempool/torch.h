@@ -73,11 +73,13 @@ MP_API void mp_torch_reset(void);
  * is under the pool's alignment (a cap no block fits, which PyTorch takes
  * and the pool refuses): from then until a larger fraction is set,
  * mp_torch_malloc on device fails (MP_ELIMIT), blocks the pool has cached
- * included; the pool's own cap, and its callers other than the torch
- * hooks (mp_malloc), are left as they were. PyTorch's hook returns
- * nothing, so a refusal (a device no pool serves, a fraction outside
- * [0, 1], a paused pool), which changes nothing, is in mp_last_error()
- * only; mp_torch_memory_fraction_ex returns it (mempool.torch raises it). */
+ * included (PyTorch's own still hands out what it has cached); the pool's own
+ * cap, and its callers other than the torch hooks (mp_malloc), are left as they
+ * were. PyTorch's hook returns nothing, so a refusal (a device no pool serves,
+ * a fraction outside [0, 1], a paused pool for a fraction whose share holds a
+ * block; one that allows nothing is taken while paused too), which changes
+ * nothing, is in mp_last_error() only; mp_torch_memory_fraction_ex returns it
+ * (mempool.torch raises it). */
 MP_API void mp_torch_memory_fraction(double fraction, int device);
 MP_API mp_status_t mp_torch_memory_fraction_ex(double fraction, int device);
 /* set_base_alloc_fn (PyTorch's getBaseAllocation, which sharing a tensor

@@ -117,7 +117,8 @@ def set_memory_fraction(fraction, device=None):
     A fraction outside [0, 1] (NaN included) or a device that is not a
     number from 0 to 2**31 - 1 (a C int): ValueError (ctypes would wrap
     2**32 to device 0). A refusal of the library's (a device the default
-    pools do not serve, a paused pool):
+    pools do not serve, a paused pool for a fraction that allows some
+    memory):
     MempoolError, the cap as it was. A fraction that is no real number (a
     str, a bool, None): TypeError, as PyTorch's call raises."""
     if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real):

@@ -67,7 +67,12 @@ Test(pool_ipc_close_race, a_device_close_waits_for_an_import_close_under_way) {
   closer_t c = {imp, q[0], MP_EINVAL};
   pthread_t t_import, t_device;
   cr_assert_eq(pthread_create(&t_import, NULL, close_import, &c), 0);
-  sleep_ms(100); /* the import's close is waiting for the gate */
+  /* The import's close is waiting for the gate, its import marked: its
+   * thread's start and first steps are not observable from here, so a
+   * second's margin, for a loaded machine under a sanitizer (with 100 ms
+   * the device's close could come first: the import's close then fails,
+   * or runs on the closed device). */
+  sleep_ms(1000);
   cr_assert_eq(pthread_create(&t_device, NULL, close_device, imp), 0);
   sleep_ms(100); /* the device's close has begun */
   atomic_store(&gate_open, true);
