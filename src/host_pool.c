@@ -22,12 +22,13 @@
  * Invariant: hp->pool draws from hp->view, which lives until the pool is
  * destroyed; hp->host is a stream of the underlying device that no work is
  * ever queued on, destroyed after the pool. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "device/backend.h"
-#include "pool/pool_internal.h" /* mp__config_env_check */
+#include "pool/pool_internal.h" /* mp__config_env_check, mp__round_up */
 #include "structs.h"
 
 struct mp_host_pool {
@@ -67,6 +68,14 @@ mp_status_t mp_host_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
   hp->dev = dev;
   mp_status_t st = mp__device_pinned_open(dev, &hp->view);
   if (st == MP_OK) {
+    /* Page-locking pins whole pages (mlock(2): "all pages that contain a
+     * part of the specified address range"): a chunk of part of a page
+     * would pin the rest of it unseen, neither counted in reserved_bytes
+     * (nor against max_bytes) nor handed out. The view's alignment is the
+     * page (pinned.c); past SIZE_MAX / 2 the pool refuses it anyway. */
+    size_t page = mp__device_alloc_align(hp->view);
+    if (c.segment_bytes % page != 0 && c.segment_bytes <= SIZE_MAX / 2)
+      c.segment_bytes = mp__round_up(c.segment_bytes, page);
     st = mp_stream_create(dev, &hp->host);
     if (st == MP_OK) {
       st = mp_pool_create(hp->view, &c, &hp->pool);

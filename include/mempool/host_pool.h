@@ -41,7 +41,8 @@ typedef struct mp_host_pool mp_host_pool_t;
 /* cfg NULL: every field 0, i.e. the defaults: no cap below the machine's
  * physical memory, 512-byte alignment, 2 MiB chunks, no split limit
  * ($MEMPOOL_CONF is the device pool's and is not read); align may be up to
- * the page size (page-locked memory is whole pages). max_bytes caps the
+ * the page size (page-locked memory is whole pages), and segment_bytes is
+ * rounded up to a whole number of pages. max_bytes caps the
  * page-locked bytes held; an allocation it stops is MP_ELIMIT. cfg->flags
  * is ignored: page-locked memory has no virtual memory and host blocks
  * never move. A bad cfg is MP_EINVAL, as for mp_pool_create (one that
