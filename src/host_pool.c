@@ -138,27 +138,37 @@ static bool mp__hp_knows(mp_host_pool_t *hp, mp_stream_t s) {
   return known;
 }
 
+/* Whether s may be named to hp's pool by fn: a stream the pool has met,
+ * else one the device says is live. The pool's own refusal would come
+ * only once a buffer is allocated (mp_host_pool_alloc), and names the
+ * device view, which the caller never opened. The device is asked (driver
+ * calls on CUDA) only for a stream the pool has not met; NULL (the default
+ * stream), whose slot the create made, needs no question. add: also make
+ * its slot now. */
+static mp_status_t mp__hp_stream_check(mp_host_pool_t *hp, mp_stream_t s,
+                                       bool add, const char *fn) {
+  if (s == NULL || mp__hp_knows(hp, s))
+    return MP_OK;
+  if (mp__device_stream_kind(hp->view, s) == MP__STREAM_BAD)
+    return mp__fail(MP_EINVAL, "%s: stream %p is not a live stream of %s", fn,
+                    (void *)s, mp_device_name(hp->dev));
+  if (!add)
+    return MP_OK;
+  mp_status_t st = mp_pool_add_stream(hp->pool, s);
+  return st == MP_OK ? st : mp__hp_said(st, "mp_pool_add_stream", fn);
+}
+
 mp_status_t mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes, mp_stream_t s,
                                void **out) {
   MP__CHECK_HP(hp);
   if (out == NULL)
     return mp__fail(MP_EINVAL, "%s: out is NULL", __func__);
-  /* The stream before the buffer: mp_pool_record_stream would refuse a
-   * stream the device does not know only once the buffer is allocated,
-   * perhaps in a chunk grown for it, which would stay cached. The device
-   * is asked (driver calls on CUDA) only for a stream the pool has not
-   * met; NULL (the default stream), whose slot the create made, needs no
-   * question. */
-  if (s != NULL && !mp__hp_knows(hp, s)) {
-    if (mp__device_stream_kind(hp->view, s) == MP__STREAM_BAD)
-      return mp__fail(MP_EINVAL, "%s: stream %p is not a live stream of %s",
-                      __func__, (void *)s, mp_device_name(hp->dev));
-    /* Its slot too: a record refused for want of host memory for the
-     * stream table, after the buffer grew a chunk, would leave it cached. */
-    mp_status_t ast = mp_pool_add_stream(hp->pool, s);
-    if (ast != MP_OK)
-      return mp__hp_said(ast, "mp_pool_add_stream", __func__);
-  }
+  /* The stream before the buffer, and its slot too: a record refused
+   * after the buffer grew a chunk (a stream the device does not know, or
+   * no host memory for the stream table) would leave that chunk cached. */
+  mp_status_t cst = mp__hp_stream_check(hp, s, true, __func__);
+  if (cst != MP_OK)
+    return cst;
   void *p = NULL;
   mp_status_t st = mp_pool_alloc(hp->pool, bytes, hp->host, &p);
   if (st != MP_OK)
@@ -191,6 +201,11 @@ bool mp__host_pool_contains(mp_host_pool_t *hp, const void *ptr) {
 mp_status_t mp_host_pool_record_stream(mp_host_pool_t *hp, void *ptr,
                                        mp_stream_t s) {
   MP__CHECK_HP(hp);
+  /* No slot made here: a bad ptr must change nothing (the pool makes the
+   * slot only once it found the buffer). */
+  mp_status_t st = mp__hp_stream_check(hp, s, false, __func__);
+  if (st != MP_OK)
+    return st;
   return mp__hp_said(mp_pool_record_stream(hp->pool, ptr, s),
                      "mp_pool_record_stream", __func__);
 }

@@ -194,21 +194,53 @@ static void alloc_on_refused(mp_stream_t bad, const char *what) {
                before.reserved_bytes, after.reserved_bytes);
 }
 
-Test(host_pool_streams, an_unknown_stream_is_refused_and_takes_nothing) {
+/* refused(s, what) for each stream the device does not know: a destroyed
+ * one and another device's. */
+static void on_unknown_streams(void (*refused)(mp_stream_t, const char *)) {
   mp_stream_t gone;
   cr_assert_eq(mp_stream_create(dev, &gone), MP_OK);
   cr_assert_eq(mp_stream_destroy(dev, gone), MP_OK);
-  alloc_on_refused(gone, "a destroyed stream");
+  refused(gone, "a destroyed stream");
   mp_device_t *other;
   mp_stream_t foreign;
   cr_assert_eq(mp_device_open("host", &other), MP_OK);
   cr_assert_eq(mp_stream_create(other, &foreign), MP_OK);
-  alloc_on_refused(foreign, "another device's stream");
+  refused(foreign, "another device's stream");
   cr_expect_eq(mp_stream_destroy(other, foreign), MP_OK);
   mp_device_close(other);
+}
+
+Test(host_pool_streams, an_unknown_stream_is_refused_and_takes_nothing) {
+  on_unknown_streams(alloc_on_refused);
   /* A good stream after them still works. */
   void *p;
   cr_assert_eq(mp_host_pool_alloc(hp, 4 * MiB, s1, &p), MP_OK, "%s",
                mp_last_error());
   cr_expect_eq(mp_host_pool_free(hp, p), MP_OK);
+}
+
+/* record_stream of a stream the device does not know is refused as the
+ * allocation refuses it: MP_EINVAL naming the call and the caller's device,
+ * and nothing changes (the buffer stays live, its stats as they were).
+ * Before, the message named neither: "stream 0x... is not a live stream of
+ * device 'pinned(host)'", a device view the caller never opened. */
+static void record_on_refused(mp_stream_t bad, const char *what) {
+  void *p;
+  cr_assert_eq(mp_host_pool_alloc(hp, 4 * KiB, s1, &p), MP_OK);
+  mp_stats_t before = stats();
+  cr_expect_eq(mp_host_pool_record_stream(hp, p, bad), MP_EINVAL,
+               "%s was accepted", what);
+  const char *m = mp_last_error();
+  cr_expect(strncmp(m, "mp_host_pool_record_stream: ", 28) == 0, "%s: %s", what,
+            m);
+  cr_expect(strstr(m, "pinned(") == NULL, "%s: %s", what, m);
+  mp_stats_t after = stats();
+  cr_expect_eq(memcmp(&before, &after, sizeof before), 0,
+               "%s: the refusal changed the stats", what);
+  cr_expect_eq(mp_host_pool_free(hp, p), MP_OK, "%s", mp_last_error());
+}
+
+Test(host_pool_streams,
+     record_of_an_unknown_stream_is_refused_naming_the_call) {
+  on_unknown_streams(record_on_refused);
 }
