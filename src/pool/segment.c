@@ -113,8 +113,14 @@ mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
   if (bytes < size)
     bytes = size;
   size_t room = mp__pool_room(pool);
-  if (bytes > room)
-    bytes = size;
+  if (bytes > room) {
+    /* Near the cap: what the request needs, in whole units of the
+     * device's allocation alignment where they fit (the page, for host
+     * memory: mapped or page-locked whole, so counted whole, and the next
+     * small request shares it instead of making a segment of its own). */
+    size_t whole = mp__round_up(size, mp__device_alloc_align(pool->dev));
+    bytes = whole >= size && whole <= room ? whole : size;
+  }
   if (bytes > room)
     return mp__segment_limit(pool);
   mp__segment_t *s = mp__host_calloc(1, sizeof *s);

@@ -81,3 +81,38 @@ Test(host_pool_page_chunks, segment_bytes_off_the_page_makes_whole_pages) {
     cr_expect_eq(mp_host_pool_destroy(hp), MP_OK, "%s", mp_last_error());
   }
 }
+
+/* Near a cap, where a whole segment no longer fits, a small request's
+ * chunk is still whole pages, and the next small requests share it. It
+ * was the request rounded to the pool's alignment: each 1000-byte request
+ * pinned a page of its own, one device call each, counted as 1 KiB. */
+Test(host_pool_page_chunks, small_requests_near_the_cap_share_whole_pages) {
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  mp_pool_config_t c;
+  mp_pool_config_init(&c);
+  c.segment_bytes = (size_t)2 << 20;
+  c.max_bytes = c.segment_bytes + 16 * page;
+  mp_host_pool_t *hp = NULL;
+  cr_assert_eq(mp_host_pool_create(dev, &c, &hp), MP_OK, "%s", mp_last_error());
+  void *big, *p[3];
+  cr_assert_eq(mp_host_pool_alloc(hp, c.segment_bytes, NULL, &big), MP_OK, "%s",
+               mp_last_error());
+  atomic_store(&asked, 0);
+  atomic_store(&odd_chunks, 0);
+  for (int k = 0; k < 3; k++)
+    cr_assert_eq(mp_host_pool_alloc(hp, 1000, NULL, &p[k]), MP_OK, "%s",
+                 mp_last_error());
+  cr_expect_eq(atomic_load(&odd_chunks), 0, "%zu chunks not whole pages",
+               atomic_load(&odd_chunks));
+  cr_expect_eq(atomic_load(&asked), page,
+               "three 1000-byte requests asked the device for %zu bytes",
+               atomic_load(&asked));
+  mp_stats_t st;
+  cr_assert_eq(mp_host_pool_get_stats(hp, &st), MP_OK);
+  cr_expect_eq(st.reserved_bytes, c.segment_bytes + page);
+  for (int k = 0; k < 3; k++)
+    cr_expect_eq(mp_host_pool_free(hp, p[k]), MP_OK);
+  cr_expect_eq(mp_host_pool_free(hp, big), MP_OK);
+  cr_expect_eq(mp_host_pool_check(hp), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_host_pool_destroy(hp), MP_OK, "%s", mp_last_error());
+}
