@@ -1069,6 +1069,15 @@ static void mp__node_note(mp__cugraphnode n, mp__cugraph parent) {
   mp__gr.nodes[k] = (struct mp__pl_node){.n = n, .parent = parent};
 }
 
+/* The graph child graph node n was noted in (mp__node_note), or NULL for
+ * a node the shim does not know. Under the lock. */
+static mp__cugraph mp__node_parent(mp__cugraphnode n) {
+  for (size_t k = 0; k < mp__gr.nnodes; k++)
+    if (mp__gr.nodes[k].n == n)
+      return mp__gr.nodes[k].parent;
+  return NULL;
+}
+
 /* Graph e is embedded in a child graph node of root's. Under the lock. */
 static void mp__embed_note(mp__cugraph e, mp__cugraph root) {
   size_t k = 0;
@@ -1256,13 +1265,11 @@ mp__curesult cuGraphChildGraphNodeGetGraph(mp__cugraphnode hNode,
   if (r != MP__CU_SUCCESS || phGraph == NULL || *phGraph == NULL)
     return r;
   mp__gr_lock();
-  for (size_t k = 0; k < mp__gr.nnodes; k++) {
-    if (mp__gr.nodes[k].n != hNode)
-      continue;
-    mp__cugraph root = mp__graph_root(mp__gr.nodes[k].parent);
+  mp__cugraph parent = mp__node_parent(hNode);
+  if (parent != NULL) {
+    mp__cugraph root = mp__graph_root(parent);
     if (root != *phGraph)
       mp__embed_note(*phGraph, root);
-    break;
   }
   pthread_mutex_unlock(&mp__gr.lock);
   return r;
@@ -1384,9 +1391,7 @@ mp__curesult cuGraphNodeSetParams(mp__cugraphnode hNode,
   if (!graph || r != MP__CU_SUCCESS)
     return r;
   mp__gr_lock();
-  for (size_t k = 0; parent == NULL && k < mp__gr.nnodes; k++)
-    if (mp__gr.nodes[k].n == hNode)
-      parent = mp__gr.nodes[k].parent;
+  parent = mp__node_parent(hNode);
   if (parent == NULL)
     mp__graph_kept(child);
   pthread_mutex_unlock(&mp__gr.lock);
@@ -1412,11 +1417,8 @@ mp__curesult cuGraphNodeFindInClone(mp__cugraphnode *phNode,
   if (r != MP__CU_SUCCESS || phNode == NULL || *phNode == NULL)
     return r;
   mp__gr_lock();
-  for (size_t k = 0; k < mp__gr.nnodes; k++)
-    if (mp__gr.nodes[k].n == hOriginalNode) {
-      mp__node_note(*phNode, hClonedGraph);
-      break;
-    }
+  if (mp__node_parent(hOriginalNode) != NULL)
+    mp__node_note(*phNode, hClonedGraph);
   pthread_mutex_unlock(&mp__gr.lock);
   return r;
 }
