@@ -252,5 +252,8 @@ void mp__ipc_close_all(mp_device_t *dev);
  * streams and events are under's; no virtual memory. mp_device_close
  * closes the view only; under must outlive it. */
 mp_status_t mp__device_pinned_open(mp_device_t *under, mp_device_t **out);
+/* What dev's alloc hands out, for messages: "page-locked host memory" for a
+ * pinned view, else "device memory". */
+const char *mp__device_memory_name(const mp_device_t *dev);
 
 #endif /* MEMPOOL_DEVICE_BACKEND_H */

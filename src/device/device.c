@@ -135,6 +135,11 @@ static mp_device_t *mp__watch_root(mp_device_t *dev) {
   return dev->ops == &mp__pinned_backend ? (mp_device_t *)dev->impl : dev;
 }
 
+const char *mp__device_memory_name(const mp_device_t *dev) {
+  return dev->ops == &mp__pinned_backend ? "page-locked host memory"
+                                         : "device memory";
+}
+
 mp_status_t mp__device_watch(mp_device_t *dev, void (*fn)(void *, mp_stream_t),
                              void *ctx) {
   dev = mp__watch_root(dev);

@@ -788,17 +788,19 @@ static mp_status_t mp__arena_alloc_oom(mp_pool_t *pool, mp_pool_t *a,
     MP__HIST(a, MP__H_OOM,
              cap > sum.reserved_bytes ? cap - sum.reserved_bytes : 0, bytes, 0);
   mp__pool_unlock(a);
-  return mp__fail(st,
-                  "%s: asked %s; the pool's %zu arenas reserved %s, allocated "
-                  "%s, largest free block %s%s",
-                  st == MP_ELIMIT ? "pool max_bytes" : "out of device memory",
-                  mp__fmt_bytes(as, sizeof as, bytes), pool->cfg.arenas,
-                  mp__fmt_bytes(r, sizeof r, sum.reserved_bytes),
-                  mp__fmt_bytes(al, sizeof al, sum.allocated_bytes),
-                  mp__fmt_bytes(lf, sizeof lf, sum.largest_free_bytes),
-                  mp__pausable_note(
-                      pool, st, bytes,
-                      cap > sum.reserved_bytes ? cap - sum.reserved_bytes : 0));
+  return mp__fail(
+      st,
+      "%s%s: asked %s; the pool's %zu arenas reserved %s, "
+      "allocated %s, largest free block %s%s",
+      st == MP_ELIMIT ? "" : "out of ",
+      st == MP_ELIMIT ? "pool max_bytes" : mp__device_memory_name(pool->dev),
+      mp__fmt_bytes(as, sizeof as, bytes), pool->cfg.arenas,
+      mp__fmt_bytes(r, sizeof r, sum.reserved_bytes),
+      mp__fmt_bytes(al, sizeof al, sum.allocated_bytes),
+      mp__fmt_bytes(lf, sizeof lf, sum.largest_free_bytes),
+      mp__pausable_note(pool, st, bytes,
+                        cap > sum.reserved_bytes ? cap - sum.reserved_bytes
+                                                 : 0));
 }
 
 /* No lock held: a request of at least MP__LARGE_ROUND that mine cannot

@@ -233,8 +233,9 @@ mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked) {
     mp__oom_asked = asked;
   }
   mp__fail(st,
-           "%s: asked %s, reserved %s, allocated %s, largest free block %s%s",
-           st != MP_ELIMIT ? "out of device memory"
+           "%s%s: asked %s, reserved %s, allocated %s, largest free block %s%s",
+           st != MP_ELIMIT ? "out of " : "",
+           st != MP_ELIMIT ? mp__device_memory_name(pool->dev)
            : pool->graph   ? "graph pool: the parent's max_bytes"
            : pool->parent  ? "child pool full"
                            : "pool max_bytes",
