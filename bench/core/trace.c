@@ -9,7 +9,9 @@
  * a decimal (or 0x-hex) stream. Rows are strict: any other shape is an error
  * naming the file and line, and the workload is left empty. So is a trace
  * whose live bytes would not fit a size_t (every figure is built on them),
- * and one with no allocation of a nonzero size (nothing to measure).
+ * one with no allocation of a nonzero size (nothing to measure), and a free
+ * whose size is neither its allocation's nor 0 (a log that does not know a
+ * free's size, as cudaFree takes none, writes 0).
  *
  * Pointers become slots through the library's address map (src/ptrmap.c)
  * from live address to slot; a free
@@ -257,6 +259,15 @@ static mp_status_t mpb_parse_row(mpb_parser_t *p, const char *s, size_t len,
       return MP_OK;
     }
     uint32_t slot = e->slot;
+    /* A free names its block's size, or 0 where the log does not know it
+     * (cudaFree takes none); another size: rows that do not go together. */
+    if (size != 0 && size != w->slot_size[slot])
+      return mp__fail(MP_EINVAL,
+                      "%s:%zu: free of 0x%llx gives %llu bytes, but it was "
+                      "allocated with %zu (a free's size is its "
+                      "allocation's, or 0)",
+                      p->what, line, (unsigned long long)addr,
+                      (unsigned long long)size, w->slot_size[slot]);
     mp__ptrmap_remove(&p->map, e);
     p->live -= w->slot_size[slot];
     return mpb_workload_free_slot(w, slot);

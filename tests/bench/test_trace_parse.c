@@ -9,8 +9,25 @@
 
 #define HEADER "Thread,Time,Action,Pointer,Size,Stream\n"
 
+/* A snapshot pickle's start, {"device_traces": [[{"action": "alloc",
+ * "addr": 16, "size": 8}, with the entries a test adds after it, and its
+ * end (]]}). */
+#define PK_ALLOC_16_8                                                          \
+  "\x80\x04}\x8c\x0d"                                                          \
+  "device_traces]](}(\x8c\x06"                                                 \
+  "action\x8c\x05"                                                             \
+  "alloc\x8c\x04"                                                              \
+  "addrK\x10\x8c\x04"                                                          \
+  "sizeK\x08u"
+#define PK_END "eas."
+
 static mp_status_t parse(const char *text, mpb_workload_t *w) {
   return mpb_trace_parse(text, strlen(text), "t.csv", "t", w);
+}
+
+/* Parses text, which must be accepted, into *w. */
+static void parse_ok(const char *text, mpb_workload_t *w) {
+  cr_assert_eq(parse(text, w), MP_OK, "%s", mp_last_error());
 }
 
 /* Expects a parse failure whose message names t.csv and the line. */
@@ -134,6 +151,50 @@ Test(trace_parse, skips_failures_unknown_frees_and_nil_frees_and_counts) {
   mpb_workload_free(&w);
 }
 
+/* A free names its block's size (as RMM's log and the shim's recording
+ * do), or 0 where the log does not know it (cudaFree takes no size): any
+ * other size says the rows do not go together, and was replayed silently
+ * with the allocation's size. */
+Test(trace_parse, a_free_whose_size_is_not_its_allocations_names_its_line) {
+  expect_bad(HEADER "1,00:00:00.000001,allocate,0x1000,4096,0\n"
+                    "1,00:00:00.000002,allocate,0x9000,64,0\n"
+                    "1,00:00:00.000003,free,0x1000,8192,0\n",
+             4, "free of 0x1000 gives 8192 bytes");
+  cr_expect(strstr(mp_last_error(), "allocated with 4096") != NULL, "%s",
+            mp_last_error());
+  /* After a reuse of the address, the size is the new allocation's. */
+  expect_bad(HEADER "1,00:00:00.000001,allocate,0x1000,4096,0\n"
+                    "1,00:00:00.000002,free,0x1000,4096,0\n"
+                    "1,00:00:00.000003,allocate,0x1000,512,0\n"
+                    "1,00:00:00.000004,free,0x1000,4096,0\n",
+             5, "allocated with 512");
+  /* The same size, or 0, is the block's free. */
+  mpb_workload_t w;
+  parse_ok(HEADER "1,00:00:00.000001,allocate,0x1000,4096,0\n"
+                  "1,00:00:00.000002,allocate,0x2000,64,0\n"
+                  "1,00:00:00.000003,free,0x1000,4096,0\n"
+                  "1,00:00:00.000004,free,0x2000,0,0\n",
+           &w);
+  cr_assert_eq(w.n, 4);
+  cr_expect_eq(w.ev[3].op, MPB_FREE);
+  cr_expect_eq(w.ev[3].size, 64);
+  mpb_workload_free(&w);
+  /* A snapshot's free_completed the same way, named as its entry:
+   * {"device_traces": [[{"action": "alloc", "addr": 16, "size": 8},
+   * {"action": "free_completed", "addr": 16, "size": 9}]]}. */
+  static const char pk[] = PK_ALLOC_16_8 "}(\x8c\x06"
+                                         "action\x8c\x0e"
+                                         "free_completed\x8c\x04"
+                                         "addrK\x10\x8c\x04"
+                                         "sizeK\x09u" PK_END;
+  cr_assert_eq(mpb_snapshot_parse(pk, sizeof pk - 1, "s.pickle", "s", &w),
+               MP_EINVAL, "%s", mp_last_error());
+  cr_expect(strstr(mp_last_error(), "entry 1") != NULL, "%s", mp_last_error());
+  cr_expect(strstr(mp_last_error(), "gives 9 bytes") != NULL, "%s",
+            mp_last_error());
+  cr_expect_null(w.ev);
+}
+
 Test(trace_parse, bad_header_is_line_1) {
   expect_bad("Thread,Time,Action,Pointer,Size\n", 1, "header");
   expect_bad("1,00:00:00.000001,allocate,0x10,8,0\n", 1, "header");
@@ -180,13 +241,11 @@ Test(trace_parse, live_bytes_past_the_address_space_name_their_line) {
 
 Test(trace_parse, sizes_that_fit_once_freed_are_fine) {
   mpb_workload_t w;
-  cr_assert_eq(parse(HEADER
-                     "1,00:00:00.000001,allocate,0x10,9223372036854775808,0\n"
-                     "1,00:00:00.000002,free,0x10,9223372036854775808,0\n"
-                     "1,00:00:00.000003,allocate,0x20,9223372036854775808,0\n"
-                     "1,00:00:00.000004,allocate,0x20,9223372036854775808,0\n",
-                     &w),
-               MP_OK, "%s", mp_last_error());
+  parse_ok(HEADER "1,00:00:00.000001,allocate,0x10,9223372036854775808,0\n"
+                  "1,00:00:00.000002,free,0x10,9223372036854775808,0\n"
+                  "1,00:00:00.000003,allocate,0x20,9223372036854775808,0\n"
+                  "1,00:00:00.000004,allocate,0x20,9223372036854775808,0\n",
+           &w);
   cr_expect_eq(w.implicit_frees, 1);
   mpb_workload_free(&w);
 }
@@ -257,14 +316,8 @@ Test(trace_parse, control_bytes_of_a_bad_field_are_shown_as_question_marks) {
   cr_expect_not(has_control(mp_last_error()), "%s", mp_last_error());
   /* The same in a snapshot's action: {"device_traces": [[{"action":
    * "alloc", "addr": 16, "size": 8}, {"action": "\x1b[2J"}]]}. */
-  static const char pk[] = "\x80\x04}\x8c\x0d"
-                           "device_traces]](}(\x8c\x06"
-                           "action\x8c\x05"
-                           "alloc\x8c\x04"
-                           "addrK\x10\x8c\x04"
-                           "sizeK\x08u}(\x8c\x06"
-                           "action\x8c\x04\x1b[2Jue"
-                           "as.";
+  static const char pk[] = PK_ALLOC_16_8 "}(\x8c\x06"
+                                         "action\x8c\x04\x1b[2Ju" PK_END;
   mpb_workload_t w;
   cr_assert_eq(mpb_snapshot_parse(pk, sizeof pk - 1, "s.pickle", "s", &w),
                MP_EINVAL, "%s", mp_last_error());
