@@ -23,6 +23,11 @@
  *  - an allocation of an address still live: a missing free (threads logged
  *    out of order); the old block is freed first, as the address shows the
  *    device must have done.
+ * A pointer only names its block: ranges are not checked, since the
+ * MindSpore plans (shared/traces/mindspore) give tensors ids 4 KiB apart
+ * whatever their sizes, so live ranges overlap by design. Times are checked
+ * for their form only and rows replay in file order: converted traces have
+ * times out of order (a block live before recording began is at time 0).
  * Streams are numbered in order of first appearance; stream 0 of the log
  * (the default stream) is always index 0.
  *
