@@ -22,6 +22,7 @@ torch_hooks.hpp installs them all from C++). So here:
   - record_stream(tensor, stream) stands for tensor.record_stream(stream),
     which PyTorch drops for a pluggable allocator set from Python."""
 import numbers
+import operator
 import os
 
 from . import _lib
@@ -35,29 +36,33 @@ _INT_MAX = 2**31 - 1  # the C hooks take the device as an int
 
 
 def _device_number(device, call):
-    """device if it is a CUDA device number a C int holds; else ValueError
-    (ctypes would wrap 2**32 to device 0)."""
-    if isinstance(device, bool) or not isinstance(device, int) \
-            or not 0 <= device <= _INT_MAX:
-        from . import _shown
-        raise ValueError("%s: device %s is not a device number (0 to %d)"
-                         % (call, _shown(device), _INT_MAX))
-    return device
+    """device as a CUDA device number a C int holds: any integer (numpy's
+    int64 too) is taken through __index__, as Python's own index arguments
+    are; a bool, a float or another object: ValueError (ctypes would wrap
+    2**32 to device 0)."""
+    if not isinstance(device, bool) and hasattr(type(device), "__index__"):
+        number = operator.index(device)
+        if 0 <= number <= _INT_MAX:
+            return number
+    from . import _shown
+    raise ValueError("%s: device %s is not a device number (an integer from 0 to %d)"
+                     % (call, _shown(device), _INT_MAX))
 
 
 def use(device=None):
     """Installs mempool as PyTorch's CUDA allocator; returns the allocator.
 
-    device: the device spec of the default pool ("cuda:1", "host", or an int
-    N for "cuda:N"); None keeps $MEMPOOL_DEVICE or the library's choice. It
-    is set as $MEMPOOL_DEVICE, which the default pool reads when it is made
-    (on the first allocation). A negative number, one past a C int, a
-    bool or a float: ValueError; another type than int or str: TypeError;
-    either way nothing is set or installed. If PyTorch refuses the
-    allocator (it has allocated already), its error is raised and
-    $MEMPOOL_DEVICE is left as it was."""
-    if isinstance(device, (int, float)):
-        _device_number(device, "mempool.torch.use")
+    device: the device spec of the default pool ("cuda:1", "host", or an
+    integer N, numpy's included, for "cuda:N"); None keeps $MEMPOOL_DEVICE
+    or the library's choice. It is set as $MEMPOOL_DEVICE, which the default
+    pool reads when it is made (on the first allocation). A negative
+    number, one past a C int, a bool or a float: ValueError; another type
+    than an integer or a str: TypeError; either way nothing is set or
+    installed. If PyTorch refuses the allocator (it has allocated
+    already), its error is raised and $MEMPOOL_DEVICE is left as it was."""
+    if isinstance(device, (float, bool)) or \
+            (not isinstance(device, str) and hasattr(type(device), "__index__")):
+        device = _device_number(device, "mempool.torch.use")
     elif device is not None and not isinstance(device, str):
         raise TypeError("mempool.torch.use: device must be an int or a str, not %s"
                         % type(device).__name__)
@@ -69,10 +74,11 @@ def use(device=None):
             "mempool.torch.use() needs PyTorch with CUDA (import torch failed: %s); "
             "without torch, use mempool.Pool directly" % e) from e
     from . import _default_pools
+    spec = device if not isinstance(device, int) else "cuda:%d" % device
     _default_pools("mempool.torch.use")  # PyTorch allocates from them here
     before = os.environ.get("MEMPOOL_DEVICE")
-    if device is not None:
-        os.environ["MEMPOOL_DEVICE"] = "cuda:%d" % device if isinstance(device, int) else device
+    if spec is not None:
+        os.environ["MEMPOOL_DEVICE"] = spec
     del torch
     try:
         alloc = CUDAPluggableAllocator(_lib.library_path(), "mp_torch_malloc", "mp_torch_free")
@@ -112,14 +118,14 @@ def set_memory_fraction(fraction, device=None):
     share is under the pool's alignment (no block fits): until a larger
     fraction is set, every allocation PyTorch asks on device fails (cached
     blocks included), while the pool's own cap stays as it was.
-    device None, as in PyTorch's call, is PyTorch's current device (device
-    0 where torch cannot be imported or has no CUDA).
-    A fraction outside [0, 1] (NaN included) or a device that is not a
-    number from 0 to 2**31 - 1 (a C int): ValueError (ctypes would wrap
-    2**32 to device 0). A refusal of the library's (a device the default
-    pools do not serve, a paused pool for a fraction that allows some
-    memory):
-    MempoolError, the cap as it was. A fraction that is no real number (a
+    device: an integer (numpy's included); None, as in PyTorch's call, is
+    PyTorch's current device (device 0 where torch cannot be imported or
+    has no CUDA).
+    A fraction outside [0, 1] (NaN included) or a device that is not an
+    integer from 0 to 2**31 - 1 (a C int; a bool is not): ValueError
+    (ctypes would wrap 2**32 to device 0). A refusal of the library's (a
+    device the default pools do not serve, a paused pool for a fraction
+    that allows some memory): MempoolError, the cap as it was. A fraction that is no real number (a
     str, a bool, None): TypeError, as PyTorch's call raises."""
     if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real):
         raise TypeError("set_memory_fraction: fraction must be a real number, not %s"
@@ -135,7 +141,7 @@ def set_memory_fraction(fraction, device=None):
     fraction = number
     if device is None:
         device = _current_device()
-    _device_number(device, "set_memory_fraction")
+    device = _device_number(device, "set_memory_fraction")
     from . import _check, _default_pools
     L = _default_pools("mp_torch_memory_fraction")
     _check(L.mp_torch_memory_fraction_ex(fraction, device), "mp_torch_memory_fraction")

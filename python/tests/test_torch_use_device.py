@@ -1,0 +1,92 @@
+"""mempool.torch.use(device=...) and set_memory_fraction(device=...): the
+device takes effect or is refused with nothing changed. A stand-in torch
+module (installed in a child process) records what use() installs."""
+import os
+import subprocess
+import sys
+
+import mempool
+
+_STAND_IN = """
+import ctypes, os, sys, types
+import mempool, mempool.torch
+installed = []
+torch = types.ModuleType("torch")
+torch.cuda = types.ModuleType("torch.cuda")
+torch.cuda.memory = types.ModuleType("torch.cuda.memory")
+torch.cuda.memory.CUDAPluggableAllocator = lambda *a: ("allocator", a)
+torch.cuda.memory.change_current_allocator = installed.append
+sys.modules.update({"torch": torch, "torch.cuda": torch.cuda,
+                    "torch.cuda.memory": torch.cuda.memory})
+lib = ctypes.CDLL(mempool.library_path())
+V = ctypes.c_void_p
+lib.mp_default_pool.restype = V
+lib.mp_pool_device.restype = V
+lib.mp_pool_device.argtypes = [V]
+lib.mp_device_mem_info.argtypes = [V, V, ctypes.POINTER(ctypes.c_size_t)]
+lib.mp_torch_malloc.restype = V
+lib.mp_torch_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, V]
+def capacity():
+    total = ctypes.c_size_t(0)
+    dev = lib.mp_pool_device(lib.mp_default_pool())
+    assert lib.mp_device_mem_info(dev, None, ctypes.byref(total)) == 0
+    return total.value >> 20
+class Index:                     # an integer as numpy's int64 is one
+    def __init__(self, n): self.n = n
+    def __index__(self): return self.n
+"""
+
+
+def _run(code):
+    env = dict(os.environ, MEMPOOL_DEVICE="host:capacity=64M",
+               MEMPOOL_LIBRARY=mempool.library_path())
+    env.pop("MEMPOOL_CONF", None)
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-c", _STAND_IN + code], env=env,
+                       cwd=pkg, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split("\n")
+
+
+def test_use_before_the_default_pools_exist_sets_their_device():
+    out = _run("""
+mempool.torch.use(device="host:capacity=128M")
+print(len(installed), os.environ["MEMPOOL_DEVICE"], capacity())
+""")
+    assert out[0] == "1 host:capacity=128M 128"
+
+
+def test_any_integer_is_a_device_and_a_bool_or_a_non_integer_is_refused():
+    # numpy.int64(0) was TypeError in use() and ValueError in
+    # set_memory_fraction(): only an exact int was taken.
+    out = _run("""
+mempool.torch.use(device=Index(3))
+print(os.environ["MEMPOOL_DEVICE"], len(installed))
+os.environ["MEMPOOL_DEVICE"] = "host:capacity=64M"
+for bad in (Index(-1), Index(2**31), True, 0.0):
+    try:
+        mempool.torch.use(device=bad)
+    except ValueError as e:
+        print("ValueError", "device" in str(e), os.environ["MEMPOOL_DEVICE"])
+try:
+    mempool.torch.use(device=[0])
+except TypeError as e:
+    print("TypeError", "device" in str(e))
+print(len(installed))
+# The host backend serves device 0: 16M of 64M; a refused device leaves it.
+mempool.torch.set_memory_fraction(0.25, Index(0))
+print(lib.mp_torch_malloc(32 << 20, 0, None) is None)
+for bad in (Index(-1), False, 0.0, "0", None.__class__):
+    try:
+        mempool.torch.set_memory_fraction(1, bad)
+    except ValueError as e:
+        print("ValueError", "device" in str(e))
+print(lib.mp_torch_malloc(32 << 20, 0, None) is None)  # still capped
+""")
+    assert out[0] == "cuda:3 1"
+    assert out[1:5] == ["ValueError True host:capacity=64M"] * 4, out
+    assert out[5] == "TypeError True"
+    assert out[6] == "1"
+    assert out[7] == "True"
+    assert out[8:13] == ["ValueError True"] * 5, out
+    assert out[13] == "True"
