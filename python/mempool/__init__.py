@@ -264,15 +264,27 @@ os.register_at_fork(after_in_child=_renew_pid)
 # so the child is refused them, as it is the parent's objects (_mine).
 _default_pid = None
 
+# The $MEMPOOL_DEVICE (None: unset) the default pools were made with, once a
+# call of this package made them; _NOT_MADE before. The library reads it
+# once, when the first default pool is made, and those pools live until the
+# process exits (src/default.c): mempool.torch.use() refuses a device that
+# could no longer take effect.
+_NOT_MADE = object()
+_default_device = _NOT_MADE
 
-def _default_pools(call):
-    """The library, for a call on the default pools of this process."""
-    global _default_pid
+
+def _default_pools(call, make=True):
+    """The library, for a call on the default pools of this process. make:
+    the call makes them if they are not yet (every call on them does, but
+    mempool.torch.use(), which only hands them to PyTorch)."""
+    global _default_pid, _default_device
     if _default_pid is not None and _forked(_default_pid):
         raise _bad("the default pools were used by process %d, and process %d is a "
                    "child forked from it: they are that process's"
                    % (_default_pid, os.getpid()), call)
     _default_pid = _this_pid
+    if make and _default_device is _NOT_MADE:
+        _default_device = os.environ.get("MEMPOOL_DEVICE")
     return _lib.lib()
 
 

@@ -58,8 +58,16 @@ def use(device=None):
     pool reads when it is made (on the first allocation). A negative
     number, one past a C int, a bool or a float: ValueError; another type
     than an integer or a str: TypeError; either way nothing is set or
-    installed. If PyTorch refuses the allocator (it has allocated
-    already), its error is raised and $MEMPOOL_DEVICE is left as it was."""
+    installed.
+
+    The default pools are made once per process and live until it exits:
+    once this package has made them (default_pool_stats(), empty_cache(),
+    set_memory_fraction(), record_stream()), a device other than the one
+    they were made on cannot take effect, and use() raises RuntimeError,
+    naming both, with nothing set or installed (call use() first). Pools
+    made by C code of the process (mp_malloc) are not seen here. If PyTorch
+    refuses the allocator (it has allocated already), its error is raised
+    and $MEMPOOL_DEVICE is left as it was."""
     if isinstance(device, (float, bool)) or \
             (not isinstance(device, str) and hasattr(type(device), "__index__")):
         device = _device_number(device, "mempool.torch.use")
@@ -73,9 +81,18 @@ def use(device=None):
         raise TorchUnavailable(
             "mempool.torch.use() needs PyTorch with CUDA (import torch failed: %s); "
             "without torch, use mempool.Pool directly" % e) from e
-    from . import _default_pools
+    from . import _NOT_MADE, _default_device as made, _default_pools
     spec = device if not isinstance(device, int) else "cuda:%d" % device
-    _default_pools("mempool.torch.use")  # PyTorch allocates from them here
+    if spec is not None and made is not _NOT_MADE and spec != made:
+        raise RuntimeError(
+            "mempool.torch.use: device %r cannot take effect: the default pools "
+            "were made already, on %s, and live until the process exits (the "
+            "device is read once, when the first is made); call use() before "
+            "anything allocates from them"
+            % (spec, "$MEMPOOL_DEVICE=%r" % made if made is not None
+               else "the library's choice ($MEMPOOL_DEVICE unset)"))
+    # PyTorch allocates from them from here.
+    _default_pools("mempool.torch.use", make=False)
     before = os.environ.get("MEMPOOL_DEVICE")
     if spec is not None:
         os.environ["MEMPOOL_DEVICE"] = spec

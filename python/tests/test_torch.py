@@ -126,6 +126,9 @@ def test_use_with_a_bad_device_raises_and_installs_nothing(monkeypatch):
     for name, mod in (("torch", torch), ("torch.cuda", torch.cuda),
                       ("torch.cuda.memory", torch.cuda.memory)):
         monkeypatch.setitem(sys.modules, name, mod)
+    # As in a process whose default pools are not made yet (this one's may
+    # be, by other tests): use() refuses a device there.
+    monkeypatch.setattr(mempool, "_default_device", mempool._NOT_MADE)
     monkeypatch.delenv("MEMPOOL_DEVICE", raising=False)  # restored after
     # 2**32 was set as "cuda:4294967296", a device no C int can name.
     for bad in (-1, True, False, 1.0, 2**31, 2**32):
@@ -156,6 +159,9 @@ def test_use_that_pytorch_refuses_leaves_mempool_device_as_it_was(monkeypatch):
     for name, mod in (("torch", torch), ("torch.cuda", torch.cuda),
                       ("torch.cuda.memory", torch.cuda.memory)):
         monkeypatch.setitem(sys.modules, name, mod)
+    # As in a process whose default pools are not made yet (this one's may
+    # be, by other tests): use() refuses a device there.
+    monkeypatch.setattr(mempool, "_default_device", mempool._NOT_MADE)
     monkeypatch.setenv("MEMPOOL_DEVICE", "host")
     for dev in (1, "cuda:0"):
         with pytest.raises(RuntimeError, match="already initialized"):

@@ -56,6 +56,45 @@ print(len(installed), os.environ["MEMPOOL_DEVICE"], capacity())
     assert out[0] == "1 host:capacity=128M 128"
 
 
+def test_use_of_another_device_once_the_default_pools_exist_is_refused():
+    # The default pools read $MEMPOOL_DEVICE once, when the first is made,
+    # and live until the process exits: use() set the new device and
+    # installed the allocator, and PyTorch's tensors still came from the
+    # pools of the old device, silently.
+    out = _run("""
+mempool.default_pool_stats()   # makes the default pools, on 64M
+try:
+    mempool.torch.use(device="host:capacity=128M")
+except RuntimeError as e:
+    print("refused:", e)
+else:
+    print("taken")
+print(len(installed), os.environ["MEMPOOL_DEVICE"], capacity())
+mempool.torch.use(device="host:capacity=64M")   # theirs: nothing to change
+mempool.torch.use()                             # no device: nothing either
+print(len(installed), os.environ["MEMPOOL_DEVICE"])
+""")
+    assert out[0].startswith("refused:"), out
+    assert "'host:capacity=128M' cannot take effect" in out[0]
+    assert "made already, on $MEMPOOL_DEVICE='host:capacity=64M'" in out[0]
+    assert out[1] == "0 host:capacity=64M 64"  # nothing set or installed
+    assert out[2] == "2 host:capacity=64M"
+
+
+def test_use_once_the_default_pools_exist_without_a_device_set_names_it():
+    out = _run("""
+del os.environ["MEMPOOL_DEVICE"]
+mempool.torch.empty_cache()    # makes the default pools, library's choice
+try:
+    mempool.torch.use(device="host")
+except RuntimeError as e:
+    print("refused:", e)
+print(len(installed), "MEMPOOL_DEVICE" in os.environ)
+""")
+    assert "the library's choice ($MEMPOOL_DEVICE unset)" in out[0], out
+    assert out[1] == "0 False"
+
+
 def test_any_integer_is_a_device_and_a_bool_or_a_non_integer_is_refused():
     # numpy.int64(0) was TypeError in use() and ValueError in
     # set_memory_fraction(): only an exact int was taken.
