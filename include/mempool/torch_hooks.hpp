@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <limits>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -70,8 +71,18 @@ public:
 };
 
 /* std::function<void*(size_t, int, cudaStream_t)>: NULL only for size 0
- * (an empty tensor), else the memory or out_of_memory. */
+ * (an empty tensor), else the memory or out_of_memory. A size past
+ * SSIZE_MAX, which mp_torch_malloc's ssize_t cannot hold (cast, it was a
+ * negative size), is out_of_memory naming the size and that limit. */
 inline void *malloc(std::size_t size, int device, stream_t stream) {
+  constexpr ssize_t most = std::numeric_limits<ssize_t>::max();
+  if (size > static_cast<std::size_t>(most))
+    throw out_of_memory(
+        ("mempool::torch_hooks::malloc: " + std::to_string(size) +
+         " bytes asked on device " + std::to_string(device) +
+         ", past the most mp_torch_malloc takes (SSIZE_MAX, " +
+         std::to_string(most) + " bytes)")
+            .c_str());
   void *p = mp_torch_malloc(static_cast<ssize_t>(size), device, to_mp(stream));
   if (p == nullptr && size != 0)
     throw out_of_memory(mp_last_error());

@@ -6,11 +6,14 @@
 // pool, on the emulated device.
 #include <criterion/criterion.h>
 
+#include <climits>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <new>
 #include <stdexcept>
+#include <string>
 #include <utility>
 
 #include <mempool/mempool.h>
@@ -206,4 +209,33 @@ Test(torch_hooks_adapter, a_refused_begin_throws, .init = on_host) {
   cr_expect(threw, "a refused begin returned as if the pool were routed");
   a.end(0, id);
   a.release(0, id);
+}
+
+// A size past SSIZE_MAX (what mp_torch_malloc's ssize_t holds) was cast to
+// a negative ssize_t, and what() said "size -9223372036854775808 is not
+// positive": neither the size PyTorch asked nor why it was too much. It now
+// names both, and nothing is allocated.
+Test(torch_hooks_adapter, a_size_past_ssize_max_names_the_size_and_the_limit,
+     .init = on_host) {
+  const size_t asked[] = {size_t(SSIZE_MAX) + 1, SIZE_MAX};
+  for (size_t size : asked) {
+    std::string what;
+    try {
+      (void)alloc_fn(size, 0, nullptr);
+    } catch (const std::bad_alloc &e) {
+      what = e.what();
+    }
+    // After a space: "-9223372036854775808" holds SSIZE_MAX + 1's digits.
+    std::string want_size = " " + std::to_string(size);
+    std::string want_limit = std::to_string(SSIZE_MAX);
+    cr_expect(what.find(want_size) != std::string::npos,
+              "what() does not name the size%s: %s", want_size.c_str(),
+              what.c_str());
+    cr_expect(what.find(want_limit) != std::string::npos,
+              "what() does not name the limit %zd: %s", ssize_t(SSIZE_MAX),
+              what.c_str());
+  }
+  mp_stats_t st;
+  cr_assert_eq(mp_pool_get_stats(mp_default_pool(), &st), MP_OK);
+  cr_expect_eq(st.allocated_bytes, 0u);
 }
