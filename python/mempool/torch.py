@@ -49,6 +49,24 @@ def _device_number(device, call):
                      % (call, _shown(device), _INT_MAX))
 
 
+_BACKENDS = ("host", "cuda")  # the device names mp_device_open takes
+
+
+def _spec_checked(spec, call):
+    """spec, a device spec, if it names a device mp_device_open knows:
+    else InvalidArgument, before it is set anywhere (the default pools
+    read it only at the first allocation, and keep its failure). Its
+    options are the library's to check."""
+    from . import _bad, _cstr
+    _cstr(spec, "device spec", call)  # a NUL byte, a lone surrogate
+    name, colon, rest = spec.partition(":")
+    if name not in _BACKENDS or (name == "cuda" and colon and not rest):
+        raise _bad("device spec %r names no device (expected %s)"
+                   % (spec, ", ".join("'%s', '%s:...'" % (b, b) for b in _BACKENDS)),
+                   call)
+    return spec
+
+
 def use(device=None):
     """Installs mempool as PyTorch's CUDA allocator; returns the allocator.
 
@@ -56,9 +74,10 @@ def use(device=None):
     integer N, numpy's included, for "cuda:N"); None keeps $MEMPOOL_DEVICE
     or the library's choice. It is set as $MEMPOOL_DEVICE, which the default
     pool reads when it is made (on the first allocation). A negative
-    number, one past a C int, a bool or a float: ValueError; another type
-    than an integer or a str: TypeError; either way nothing is set or
-    installed.
+    number, one past a C int, a bool or a float: ValueError; a str that
+    names no device ("", "gpu:0", "cuda:", one with a NUL byte):
+    InvalidArgument (a ValueError); another type than an integer or a str:
+    TypeError; either way nothing is set or installed.
 
     The default pools are made once per process and live until it exits:
     once this package has made them (default_pool_stats(), empty_cache(),
@@ -71,7 +90,9 @@ def use(device=None):
     if isinstance(device, (float, bool)) or \
             (not isinstance(device, str) and hasattr(type(device), "__index__")):
         device = _device_number(device, "mempool.torch.use")
-    elif device is not None and not isinstance(device, str):
+    elif isinstance(device, str):
+        _spec_checked(device, "mempool.torch.use")
+    elif device is not None:
         raise TypeError("mempool.torch.use: device must be an int or a str, not %s"
                         % type(device).__name__)
     try:

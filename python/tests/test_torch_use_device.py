@@ -129,3 +129,24 @@ print(lib.mp_torch_malloc(32 << 20, 0, None) is None)  # still capped
     assert out[7] == "True"
     assert out[8:13] == ["ValueError True"] * 5, out
     assert out[13] == "True"
+
+
+def test_a_spec_of_no_device_is_refused_before_anything_is_installed():
+    # A spec naming no device ("bogus", "" or "cuda:") was set as
+    # $MEMPOOL_DEVICE and the allocator installed: the mistake surfaced
+    # only at PyTorch's first allocation, as an out-of-memory error, and
+    # the default pools stayed unusable for the process. A NUL byte was
+    # os.environ's "embedded null byte", naming no device.
+    out = _run("""
+for bad in ("bogus", "", "cuda:", "gpu:0", "hostx", "cuda:0\\0", "\\udcff"):
+    try:
+        mempool.torch.use(device=bad)
+    except mempool.InvalidArgument as e:
+        print("refused", "device" in str(e), os.environ["MEMPOOL_DEVICE"])
+print(len(installed))
+mempool.torch.use(device="host:capacity=32M")   # good ones still work
+print(len(installed), capacity())
+""")
+    assert out[:7] == ["refused True host:capacity=64M"] * 7, out
+    assert out[7] == "0"
+    assert out[8] == "1 32"
