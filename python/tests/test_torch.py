@@ -6,6 +6,7 @@ import pytest
 
 import mempool
 import mempool.torch
+import torch_stand_in
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is not None,
@@ -116,15 +117,8 @@ def test_use_with_a_bad_device_raises_and_installs_nothing(monkeypatch):
     # allocation, as an out-of-memory error inside PyTorch. A stand-in
     # torch records what use() would have installed.
     import sys
-    import types
     installed = []
-    torch = types.ModuleType("torch")
-    torch.cuda = types.ModuleType("torch.cuda")
-    torch.cuda.memory = types.ModuleType("torch.cuda.memory")
-    torch.cuda.memory.CUDAPluggableAllocator = lambda *a: ("allocator", a)
-    torch.cuda.memory.change_current_allocator = installed.append
-    for name, mod in (("torch", torch), ("torch.cuda", torch.cuda),
-                      ("torch.cuda.memory", torch.cuda.memory)):
+    for name, mod in torch_stand_in.modules(installed.append).items():
         monkeypatch.setitem(sys.modules, name, mod)
     # As in a process whose default pools are not made yet (this one's may
     # be, by other tests): use() refuses a device there.
@@ -147,17 +141,10 @@ def test_use_that_pytorch_refuses_leaves_mempool_device_as_it_was(monkeypatch):
     # default pools, mempool.Device(None) and child processes take. A
     # device of another type (a list, a dict) was set as its str().
     import sys
-    import types
-    torch = types.ModuleType("torch")
-    torch.cuda = types.ModuleType("torch.cuda")
-    torch.cuda.memory = types.ModuleType("torch.cuda.memory")
-    torch.cuda.memory.CUDAPluggableAllocator = lambda *a: ("allocator", a)
 
     def refuse(alloc):
         raise RuntimeError("Can't swap an already initialized allocator")
-    torch.cuda.memory.change_current_allocator = refuse
-    for name, mod in (("torch", torch), ("torch.cuda", torch.cuda),
-                      ("torch.cuda.memory", torch.cuda.memory)):
+    for name, mod in torch_stand_in.modules(refuse).items():
         monkeypatch.setitem(sys.modules, name, mod)
     # As in a process whose default pools are not made yet (this one's may
     # be, by other tests): use() refuses a device there.

@@ -8,16 +8,13 @@ import sys
 import mempool
 
 _STAND_IN = """
-import ctypes, os, sys, types
+import ctypes, os, sys
 import mempool, mempool.torch
+sys.path.insert(0, %r)
+import torch_stand_in
 installed = []
-torch = types.ModuleType("torch")
-torch.cuda = types.ModuleType("torch.cuda")
-torch.cuda.memory = types.ModuleType("torch.cuda.memory")
-torch.cuda.memory.CUDAPluggableAllocator = lambda *a: ("allocator", a)
-torch.cuda.memory.change_current_allocator = installed.append
-sys.modules.update({"torch": torch, "torch.cuda": torch.cuda,
-                    "torch.cuda.memory": torch.cuda.memory})
+sys.modules.update(torch_stand_in.modules(installed.append))
+""" % os.path.dirname(os.path.abspath(__file__)) + """
 lib = ctypes.CDLL(mempool.library_path())
 V = ctypes.c_void_p
 lib.mp_default_pool.restype = V
