@@ -1659,6 +1659,15 @@ void mp__stream_use_device(mp_pool_t *pool, mp__block_t *b);
 bool mp__stream_met_owned(const mp_pool_t *pool, mp_stream_t s, uint64_t owner);
 /* The device watcher: s is going away (mp_stream_forget). */
 void mp__stream_gone(void *pool, mp_stream_t s);
+/* Around a destroy of stream s that the driver may refuse (a stream being
+ * captured, whose epoch no marker can close: mp_stream_forget would leave
+ * it open in a slot gone for good): before it, while the handle is valid,
+ * every pool of dev sets its slot of s aside, whole (matched by no handle,
+ * never recorded on or asked); after it, destroyed, each forgets that slot
+ * without touching the handle (a new stream given the same handle
+ * meanwhile keeps its own slot), else each gives it back as it was. */
+void mp__stream_set_aside(mp_device_t *dev, mp_stream_t s);
+void mp__stream_set_aside_end(mp_device_t *dev, mp_stream_t s, bool destroyed);
 /* mp__deps_on_free for a block with recorded uses, or in a pool of
  * several streams. */
 void mp__deps_on_free_uses(mp_pool_t *pool, mp__block_t *b);

@@ -373,19 +373,23 @@ static void mp__stream_unhash(mp_pool_t *pool, uint32_t i) {
   pool->gone[pool->ngone++] = i;
 }
 
-/* Forgets slot i: closes its epoch with a marker while the handle is
- * still valid, then never matches or records on it again. */
-static void mp__stream_retire(mp_pool_t *pool, uint32_t i) {
-  mp__strm_t *st = &pool->streams[i];
-  /* A stream that allocates to a graph pool stops (as at
-   * mp_pool_graph_end, which could find neither slot by its handle any
-   * more): each pool clears its own mark, the parent drops the route. */
+/* A stream that allocates to a graph pool stops, its slot being forgotten
+ * (as at mp_pool_graph_end, which could find neither slot by its handle
+ * any more): each pool clears its own mark, the parent drops the route. */
+static void mp__stream_uncapture(mp_pool_t *pool, mp__strm_t *st) {
   if (st->capturing) {
     st->capturing = 0;
     pool->ncapturing--;
     mp__stream_unroute(pool, st);
     mp__pool_rare_update(pool); /* cached_off follows ncapturing */
   }
+}
+
+/* Forgets slot i: closes its epoch with a marker while the handle is
+ * still valid, then never matches or records on it again. */
+static void mp__stream_retire(mp_pool_t *pool, uint32_t i) {
+  mp__strm_t *st = &pool->streams[i];
+  mp__stream_uncapture(pool, st);
   /* Whatever was queued on it may still use blocks freed on it, or blocks
    * it allocated: close the epoch (without a marker it waits for a sync). */
   st->dirty = true;
@@ -393,13 +397,81 @@ static void mp__stream_retire(mp_pool_t *pool, uint32_t i) {
   mp__stream_unhash(pool, i);
 }
 
+/* What mp__stream_gone does with the stream it is told of, this thread's
+ * forget only (mp_stream_forget tells every watcher on the caller's
+ * thread): forget it (RETIRE), or, around the destroy of a stream being
+ * captured, which the driver may refuse, set its slot aside (HIDE), then
+ * give it back as it was (SHOW) or forget it with its handle dead (DROP). */
+enum { MP__GONE_RETIRE, MP__GONE_HIDE, MP__GONE_SHOW, MP__GONE_DROP };
+static _Thread_local int mp__gone_how;
+
+/* Slot i set aside: matched by no handle and never recorded on or asked
+ * (gone), but kept whole: its epoch, marks, capture marks and route, and
+ * out of the forgotten list, so no new stream takes it. Its handle stays
+ * in it, which tells it from a forgotten slot (MP__STREAM_GONE) and, once
+ * a new stream may have the handle, from that stream's slot (hashed). */
+static void mp__stream_hide(mp_pool_t *pool, uint32_t i) {
+  mp__shash_remove(pool, i);
+  pool->streams[i].gone = true;
+  if (pool->last_sidx == i)
+    pool->last_s = MP__STREAM_GONE;
+}
+
+/* Set-aside slot i forgotten with its handle dead (destroyed): as
+ * mp__stream_retire, without the marker, which no capturing stream can
+ * take anyway (mp__stream_close): its open epoch waits for a device
+ * synchronize. */
+static void mp__stream_drop(mp_pool_t *pool, uint32_t i) {
+  mp__strm_t *st = &pool->streams[i];
+  mp__stream_uncapture(pool, st);
+  st->dirty = true;
+  st->mark_only = false;
+  st->s = MP__STREAM_GONE;
+  pool->gone[pool->ngone++] = i;
+}
+
+/* Set-aside slot i matched by its handle again, as before it was set
+ * aside; forgotten instead if the handle has a slot meanwhile (a use of
+ * the stream during its destroy) or the table has no room. */
+static void mp__stream_show(mp_pool_t *pool, uint32_t i) {
+  mp__strm_t *st = &pool->streams[i];
+  if (mp__shash_find(pool, st->s, st->owner) != UINT32_MAX ||
+      !mp__shash_reserve(pool, pool->nstreams - pool->ngone)) {
+    mp__stream_drop(pool, i);
+    return;
+  }
+  st->gone = false;
+  mp__shash_put(pool, i);
+}
+
 void mp__stream_gone(void *ctx, mp_stream_t s) {
   mp_pool_t *pool = ctx;
   mp__pool_lock(pool);
   uint32_t i = mp__shash_find(pool, s, 0);
-  if (i != UINT32_MAX)
+  if (mp__gone_how == MP__GONE_RETIRE && i != UINT32_MAX)
     mp__stream_retire(pool, i);
+  else if (mp__gone_how == MP__GONE_HIDE && i != UINT32_MAX)
+    mp__stream_hide(pool, i);
+  for (uint32_t k = 0; mp__gone_how > MP__GONE_HIDE && k < pool->nstreams; k++)
+    if (k != i && pool->streams[k].s == s && pool->streams[k].owner == 0)
+      (mp__gone_how == MP__GONE_SHOW ? mp__stream_show : mp__stream_drop)(pool,
+                                                                          k);
   mp__pool_unlock(pool);
+}
+
+/* mp_stream_forget of s with mp__stream_gone doing how. */
+static void mp__stream_forget_as(mp_device_t *dev, mp_stream_t s, int how) {
+  mp__gone_how = how;
+  (void)mp_stream_forget(dev, s);
+  mp__gone_how = MP__GONE_RETIRE;
+}
+
+void mp__stream_set_aside(mp_device_t *dev, mp_stream_t s) {
+  mp__stream_forget_as(dev, s, MP__GONE_HIDE);
+}
+
+void mp__stream_set_aside_end(mp_device_t *dev, mp_stream_t s, bool destroyed) {
+  mp__stream_forget_as(dev, s, destroyed ? MP__GONE_DROP : MP__GONE_SHOW);
 }
 
 /* ---- per-thread default streams of threads that exit ------------------- */

@@ -18,6 +18,7 @@
  * allocated through the shim. A kernel on such a per-thread stream is
  * still waited for by a free: the stream is a blocking one, which the
  * legacy stream's work (the pool's marker there) waits for. */
+#include "../pool/pool_internal.h"
 #include "hooks.h"
 
 static void mp__stream_made(mp__curesult r, mp__custream *ps) {
@@ -60,21 +61,54 @@ static void mp__forget_on(mp_device_t *dev, void *s) {
   (void)mp_stream_forget(dev, (mp_stream_t)s);
 }
 
+static void mp__set_aside_on(mp_device_t *dev, void *s) {
+  mp__stream_set_aside(dev, (mp_stream_t)s);
+}
+
+static void mp__destroyed_on(mp_device_t *dev, void *s) {
+  mp__stream_set_aside_end(dev, (mp_stream_t)s, true);
+}
+
+static void mp__kept_on(mp_device_t *dev, void *s) {
+  mp__stream_set_aside_end(dev, (mp_stream_t)s, false);
+}
+
 mp__curesult cuStreamDestroy_v2(mp__custream hStream) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  bool forgot = false;
+  bool forgot = false, aside = false;
   if (mp__pl_enter()) {
     const mp__pl_t *pl = mp__pl_get();
     /* The default streams are never destroyed (nor forgotten). */
     forgot = pl->mode == MP__PL_POOL && !pl->host && hStream != NULL &&
              hStream != MP__CU_STREAM_LEGACY &&
              hStream != MP__CU_STREAM_PER_THREAD;
+    /* A stream being captured (or whose state the driver cannot tell):
+     * no marker can close its epoch, so a forget would leave that epoch
+     * open in a slot gone for good, and drop its capture's route; were the
+     * destroy refused, the stream would live on unknown to its pool, and
+     * what its capture freed in the graph pool would wait for a device
+     * synchronize. Its slots are set aside instead, whole, until the
+     * driver has answered (cuda.h lists no capture error for
+     * cuStreamDestroy; any refusal, a stream of another context one,
+     * must change nothing). */
+    aside = forgot && mp__pl_capturing(pl, hStream, false);
     if (forgot)
-      mp__pl_each_device(mp__forget_on, hStream);
+      mp__pl_each_device(aside ? mp__set_aside_on : mp__forget_on, hStream);
   }
   mp__pl_leave();
   mp__curesult r = rc->cuStreamDestroy_v2 ? rc->cuStreamDestroy_v2(hStream)
                                           : MP__CU_NOT_INITIALIZED;
+  /* Destroyed, the set-aside slots are forgotten with the handle dead
+   * (never asked: a new stream may have it already, and keeps its own
+   * slot); refused, they are the stream's again, epochs and routes as
+   * they were. */
+  if (aside) {
+    (void)mp__pl_enter();
+    mp__pl_each_device(r == MP__CU_SUCCESS ? mp__destroyed_on : mp__kept_on,
+                       hStream);
+    mp__pl_leave();
+    return r;
+  }
   /* A destroy the driver refused (a stream of another context, a call it
    * does not permit) changes nothing: the stream lives on, so its pool
    * meets it again, and a free waits for its work as before. The pools

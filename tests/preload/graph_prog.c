@@ -856,6 +856,78 @@ static int invalidated_side(CUstream s, CUstream other) {
   return 0;
 }
 
+/* cuStreamDestroy(s) asked while a context the program made is current:
+ * the fake refuses it (CUDA_ERROR_INVALID_HANDLE, a stream of another
+ * context), as rules_prog's refused_destroy relies on; 0 when refused. */
+static int destroy_refused(CUstream s) {
+  CUcontext prim, own;
+  MP_TRY(cuCtxGetCurrent(&prim));
+#if CUDA_VERSION >= 13000 /* cuCtxCreate is cuCtxCreate_v4 */
+  MP_TRY(cuCtxCreate(&own, NULL, 0, 0));
+#else
+  MP_TRY(cuCtxCreate(&own, 0, 0));
+#endif
+  CUresult d = cuStreamDestroy(s);
+  MP_TRY(cuCtxDestroy(own));
+  MP_TRY(cuCtxSetCurrent(prim));
+  if (d == CUDA_SUCCESS)
+    puts("the driver destroyed a stream of another context");
+  return d == CUDA_SUCCESS;
+}
+
+/* The "refused_destroy" (rounds 1) and "refused_destroy_many" (rounds 10)
+ * modes: a relaxed capture on s allocates, writes and frees a temporary,
+ * then a destroy of s is refused, each round. The capture ends, its graph
+ * is launched and goes; with s and other synchronized, not the device,
+ * other must get the temporaries' memory back. The shim forgot s before
+ * the real destroy: its pools retired their slots of s with the capture's
+ * epoch open (no marker on a capturing stream), so that memory waited for
+ * a device synchronize, and each next round listed s again in the
+ * capture's 8 routes, the ninth allocation bypassing the pool. */
+static int refused_destroy_rounds(CUstream s, CUstream other, int rounds) {
+  CUdeviceptr t[10];
+  CUgraph g;
+  CUgraphExec x;
+  MP_TRY(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  for (int k = 0; k < rounds; k++) {
+    MP_TRY(cuMemAllocAsync(&t[k], BYTES, s));
+    MP_TRY(cuMemsetD8Async(t[k], 5, BYTES, s));
+    MP_TRY(cuMemFreeAsync(t[k], s));
+    if (destroy_refused(s) != 0)
+      return 1;
+  }
+  MP_TRY(cuStreamEndCapture(s, &g));
+  MP_TRY(cuGraphInstantiate(&x, g, 0));
+  MP_TRY(cuGraphLaunch(x, s));
+  MP_TRY(cuStreamSynchronize(s));
+  MP_TRY(cuGraphExecDestroy(x));
+  MP_TRY(cuGraphDestroy(g));
+  MP_TRY(cuStreamSynchronize(s));
+  MP_TRY(cuStreamSynchronize(other));
+  CUdeviceptr q[NPROBE];
+  int hits = 0;
+  for (int i = 0; i < NPROBE; i++) {
+    MP_TRY(cuMemAllocAsync(&q[i], BYTES, other));
+    for (int k = 0; k < rounds; k++)
+      hits += q[i] < t[k] + BYTES && t[k] < q[i] + BYTES;
+  }
+  for (int i = 0; i < NPROBE; i++)
+    MP_TRY(cuMemFreeAsync(q[i], other));
+  MP_TRY(cuStreamSynchronize(other));
+  if (hits == 0)
+    puts("the graph's memory did not come back without a device "
+         "synchronize after a refused destroy");
+  return hits == 0;
+}
+
+static int refused_destroy(CUstream s, CUstream other) {
+  return refused_destroy_rounds(s, other, 1);
+}
+
+static int refused_destroy_many(CUstream s, CUstream other) {
+  return refused_destroy_rounds(s, other, 10);
+}
+
 /* cudaTypedefs.h: PFN_cuGraphInstantiate_v10000 and _v11000, the forms
  * before CUDA 12.0 (cuda.h declares them for the driver's own build). */
 typedef CUresult (*legacy_instantiate_fn)(CUgraphExec *, CUgraph, CUgraphNode *,
@@ -926,14 +998,16 @@ int main(int argc, char **argv) {
 
   /* The modes with a flow of their own: */
   int (*mode)(CUstream, CUstream) =
-      strcmp(how, "consumer") == 0           ? consumer
-      : strcmp(how, "to_graph_free") == 0    ? to_graph_free
-      : strcmp(how, "to_graph_twice") == 0   ? into_one_graph_twice
-      : strcmp(how, "many_execs") == 0       ? many_execs
-      : strcmp(how, "refused_end") == 0      ? refused_end
-      : strcmp(how, "side_stream") == 0      ? side_stream
-      : strcmp(how, "invalidated_side") == 0 ? invalidated_side
-                                             : NULL;
+      strcmp(how, "consumer") == 0               ? consumer
+      : strcmp(how, "to_graph_free") == 0        ? to_graph_free
+      : strcmp(how, "to_graph_twice") == 0       ? into_one_graph_twice
+      : strcmp(how, "many_execs") == 0           ? many_execs
+      : strcmp(how, "refused_end") == 0          ? refused_end
+      : strcmp(how, "side_stream") == 0          ? side_stream
+      : strcmp(how, "invalidated_side") == 0     ? invalidated_side
+      : strcmp(how, "refused_destroy") == 0      ? refused_destroy
+      : strcmp(how, "refused_destroy_many") == 0 ? refused_destroy_many
+                                                 : NULL;
   int (*copy_mode)(CUstream, CUstream, bool) =
       strcmp(how, "clone") == 0            ? clone_outlives
       : strcmp(how, "child") == 0          ? child_outlives
