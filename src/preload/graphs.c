@@ -227,6 +227,10 @@ static void mp__capture_drop(mp__pl_capture_t *c) {
   mp__outmask_rebuild();
 }
 
+/* Whether capture c routes the stream the pool names ms: below. */
+static bool mp__capture_routes(const mp__pl_t *pl, const mp__pl_capture_t *c,
+                               mp_stream_t ms);
+
 bool mp__pl_capture_route(const mp__pl_t *pl, mp_pool_t *pool, mp__custream s,
                           bool ptsz) {
   unsigned long long id;
@@ -253,10 +257,16 @@ bool mp__pl_capture_route(const mp__pl_t *pl, mp_pool_t *pool, mp__custream s,
   }
   if (c != NULL) {
     ok = mp_pool_graph_of(pool, ms) == c->graph;
-    if (!ok && c->nstreams < MP__PL_CAP_STREAMS &&
+    /* A stream listed already whose route went (its pool forgot it) is
+     * routed again, not listed again: a capture that re-routed one stream
+     * eight times ran out of room for its other streams. */
+    bool listed = !ok && mp__capture_routes(pl, c, ms);
+    if (!ok && (listed || c->nstreams < MP__PL_CAP_STREAMS) &&
         mp_pool_graph_begin(pool, c->graph, ms) == MP_OK) {
-      c->streams[c->nstreams] = s;
-      c->ptsz[c->nstreams++] = ptsz;
+      if (!listed) {
+        c->streams[c->nstreams] = s;
+        c->ptsz[c->nstreams++] = ptsz;
+      }
       ok = true;
     }
     if (c->nstreams == 0) /* made here and never routed: not kept */

@@ -250,6 +250,14 @@ Test(preload_graph, a_refused_destroy_of_a_capturing_stream_changes_nothing) {
   capture_under_the_shim("refused_destroy");
 }
 
+/* Ten refused destroys in one capture, each after an allocation: the
+ * capture's list of routed streams (8) holds the stream once. Each
+ * re-route after a refusal listed it again, and the ninth allocation
+ * found no room and bypassed the pool. */
+Test(preload_graph, a_capture_lists_a_rerouted_stream_once) {
+  capture_under_the_shim("refused_destroy_many");
+}
+
 /* A copy of a captured graph (cuGraphClone, or a child graph node made
  * from it by cuGraphAddChildGraphNode) holds the graph pool as the graph
  * does: its replays use that memory. The shim did not see the copies and
