@@ -126,6 +126,43 @@ static mp__dslot_t *mp__dmap_find(mp_direct_t *d, const void *p) {
   return mp__ptrmap_find(&d->blocks, (uintptr_t)p);
 }
 
+/* The block (live or freed in this session) whose bytes hold p past its
+ * start, or NULL: for the message of a refused pointer only, so a scan of
+ * the map is fine. Under the mutex. */
+static const mp__dslot_t *mp__dmap_inside(const mp_direct_t *d, const void *p) {
+  uintptr_t a = (uintptr_t)p;
+  for (size_t i = 0; i < d->blocks.cap; i++) {
+    const mp__dslot_t *s = mp__ptrmap_at(&d->blocks, i);
+    if (s != NULL && a > s->key && a - s->key < s->bytes)
+      return s;
+  }
+  return NULL;
+}
+
+/* MP_EINVAL for p, no block's start (s NULL) or none live (s freed in this
+ * session), naming what is wrong with it. Under the mutex, which it
+ * drops. */
+static mp_status_t mp__direct_refuse(mp_direct_t *d, const char *fn,
+                                     const void *p, const mp__dslot_t *s) {
+  const mp__dslot_t *in = s == NULL ? mp__dmap_inside(d, p) : NULL;
+  void *at = in != NULL ? (void *)in->key : NULL;
+  size_t bytes = in != NULL ? in->bytes : 0;
+  bool freed = in != NULL ? in->state != MP__DIRECT_LIVE : s != NULL;
+  pthread_mutex_unlock(&d->mu);
+  if (at != NULL)
+    return mp__fail(MP_EINVAL,
+                    "%s: %p points inside the block at %p (%zu bytes%s), "
+                    "not at its start",
+                    fn, p, at, bytes, freed ? ", freed in this session" : "");
+  if (freed)
+    return mp__fail(MP_EINVAL, "%s: %p was already freed in this session", fn,
+                    p);
+  return mp__fail(MP_EINVAL,
+                  "%s: %p was not allocated by this direct allocator (or "
+                  "was already released)",
+                  fn, p);
+}
+
 /* Adds a block; the caller made room with mp__ptrmap_reserve. */
 static void mp__dmap_put(mp_direct_t *d, void *p, size_t bytes, int state) {
   mp__dslot_t *s = mp__ptrmap_put(&d->blocks, (uintptr_t)p);
@@ -473,16 +510,8 @@ mp_status_t mp_direct_free(mp_direct_t *d, void *ptr) {
     return MP_OK;
   pthread_mutex_lock(&d->mu);
   mp__dslot_t *s = mp__dmap_find(d, ptr);
-  if (s == NULL || s->state != MP__DIRECT_LIVE) {
-    bool twice = s != NULL;
-    pthread_mutex_unlock(&d->mu);
-    return mp__fail(MP_EINVAL,
-                    twice ? "mp_direct_free: %p was already freed in this "
-                            "session"
-                          : "mp_direct_free: %p was not allocated by this "
-                            "direct allocator (or was already released)",
-                    ptr);
-  }
+  if (s == NULL || s->state != MP__DIRECT_LIVE)
+    return mp__direct_refuse(d, "mp_direct_free", ptr, s);
   if (!mp__direct_reserve_deferred(d, 1)) {
     pthread_mutex_unlock(&d->mu);
     return mp__fail(MP_ENOMEM, "mp_direct_free: out of host memory");
@@ -511,13 +540,9 @@ mp_status_t mp_direct_record_stream(mp_direct_t *d, void *ptr, mp_stream_t s) {
                     (void *)s, mp_device_name(d->dev));
   pthread_mutex_lock(&d->mu);
   mp__dslot_t *slot = mp__dmap_find(d, ptr);
-  bool live = slot != NULL && slot->state == MP__DIRECT_LIVE;
+  if (slot == NULL || slot->state != MP__DIRECT_LIVE)
+    return mp__direct_refuse(d, "mp_direct_record_stream", ptr, slot);
   pthread_mutex_unlock(&d->mu);
-  if (!live)
-    return mp__fail(MP_EINVAL,
-                    "mp_direct_record_stream: %p is not a live block of this "
-                    "direct allocator",
-                    ptr);
   return MP_OK;
 }
 
