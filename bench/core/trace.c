@@ -9,9 +9,10 @@
  * a decimal (or 0x-hex) stream. Rows are strict: any other shape is an error
  * naming the file and line, and the workload is left empty. So is a trace
  * whose live bytes would not fit a size_t (every figure is built on them),
- * one with no allocation of a nonzero size (nothing to measure), and a free
+ * one with no allocation of a nonzero size (nothing to measure), a free
  * whose size is neither its allocation's nor 0 (a log that does not know a
- * free's size, as cudaFree takes none, writes 0).
+ * free's size, as cudaFree takes none, writes 0), and a free of (nil) with
+ * a size (free(NULL) frees nothing).
  *
  * Pointers become slots through the library's address map (src/ptrmap.c)
  * from live address to slot; a free
@@ -238,6 +239,14 @@ static mp_status_t mpb_parse_row(mpb_parser_t *p, const char *s, size_t len,
     return MP_OK;
   }
   if (addr == 0) {
+    /* free(NULL) frees nothing, so has no size: a size names a block the
+     * row does not (no shared trace has one; the shim records only frees
+     * of blocks it found). */
+    if (action == MPB_FREE && size != 0)
+      return mp__fail(MP_EINVAL,
+                      "%s:%zu: free of %llu bytes at pointer (nil) (a free "
+                      "of (nil) frees nothing: its size is 0)",
+                      p->what, line, (unsigned long long)size);
     if (action == MPB_FREE)
       return MP_OK; /* free(NULL) */
     if (size != 0)

@@ -202,6 +202,20 @@ Test(trace_parse, a_free_whose_size_is_not_its_allocations_names_its_line) {
   cr_expect_null(w.ev);
 }
 
+/* A free of (nil) is free(NULL), which frees nothing and so has no size:
+ * with one, the row names a block it does not have (no shared trace has
+ * a free of (nil); the shim records only frees of blocks it found). It
+ * was skipped as free(NULL). */
+Test(trace_parse, a_nil_free_with_a_size_names_its_line) {
+  expect_bad(HEADER "1,00:00:00.000001,allocate,0x1000,4096,0\n"
+                    "1,00:00:00.000002,free,(nil),0,0\n"
+                    "1,00:00:00.000003,free,(nil),4096,0\n",
+             4, "free of 4096 bytes at pointer (nil)");
+  expect_bad(HEADER "1,00:00:00.000001,allocate,0x1000,4096,0\n"
+                    "1,00:00:00.000002,free,0x0,1,0\n",
+             3, "(nil)");
+}
+
 Test(trace_parse, bad_header_is_line_1) {
   expect_bad("Thread,Time,Action,Pointer,Size\n", 1, "header");
   expect_bad("1,00:00:00.000001,allocate,0x10,8,0\n", 1, "header");
