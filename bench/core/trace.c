@@ -234,6 +234,10 @@ static mp_status_t mpb_parse_row(mpb_parser_t *p, const char *s, size_t len,
                     mpb_printable(f[5], fl[5], shown, sizeof shown));
 
   mpb_workload_t *w = p->w;
+  /* A failure's pointer is not checked: RMM's log writes a null one, but a
+   * PyTorch snapshot's "oom" entry has the device's free bytes in its addr
+   * field (CUDACachingAllocator.cpp: record_trace(TraceEntry::OOM,
+   * device_free, ...)), which pickle.c writes as the row's pointer. */
   if (action < 0) {
     w->failure_rows++;
     return MP_OK;

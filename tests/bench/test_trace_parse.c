@@ -216,6 +216,29 @@ Test(trace_parse, a_nil_free_with_a_size_names_its_line) {
              3, "(nil)");
 }
 
+/* An "allocate failure" row's pointer is not checked: PyTorch records an
+ * out-of-memory entry ("oom") with the device's free bytes in its addr
+ * field (CUDACachingAllocator.cpp: record_trace(TraceEntry::OOM,
+ * device_free, ...)), which the snapshot reader writes as the row's
+ * pointer. Such a snapshot loads, its oom counted as a failure row:
+ * {"device_traces": [[{"action": "alloc", "addr": 16, "size": 8},
+ * {"action": "oom", "addr": 1073741824, "size": 32}]]}. */
+Test(trace_parse, an_oom_entry_with_the_devices_free_bytes_is_a_failure_row) {
+  static const char pk[] = PK_ALLOC_16_8 "}(\x8c\x06"
+                                         "action\x8c\x03"
+                                         "oom\x8c\x04"
+                                         "addrJ\x00\x00\x00\x40\x8c\x04"
+                                         "sizeK\x20u" PK_END;
+  mpb_workload_t w;
+  cr_assert_eq(mpb_snapshot_parse(pk, sizeof pk - 1, "s.pickle", "s", &w),
+               MP_OK, "%s", mp_last_error());
+  cr_expect_eq(w.failure_rows, 1);
+  /* The allocation, and its free at the end. */
+  cr_assert_eq(w.n, 2);
+  expect_event(&w, 0, MPB_ALLOC, 8);
+  mpb_workload_free(&w);
+}
+
 Test(trace_parse, bad_header_is_line_1) {
   expect_bad("Thread,Time,Action,Pointer,Size\n", 1, "header");
   expect_bad("1,00:00:00.000001,allocate,0x10,8,0\n", 1, "header");
