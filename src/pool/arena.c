@@ -766,6 +766,8 @@ static mp_status_t mp__arena_alloc_oom(mp_pool_t *pool, mp_pool_t *a,
   mp__pool_lock(pool);
   mp_pool_oom_handler_t fn = pool->oom_fn;
   void *ctx = pool->oom_ctx;
+  const char *cap_name =
+      pool->cfg.max_fraction > 0 ? "pool max_fraction" : "pool max_bytes";
   mp__pool_unlock(pool);
   /* A graph pool's range: asked once in the graph pool's allocation, whose
    * ladder may borrow again (mp__graph_ask). */
@@ -793,7 +795,7 @@ static mp_status_t mp__arena_alloc_oom(mp_pool_t *pool, mp_pool_t *a,
       "%s%s: asked %s; the pool's %zu arenas reserved %s, "
       "allocated %s, largest free block %s%s",
       st == MP_ELIMIT ? "" : "out of ",
-      st == MP_ELIMIT ? "pool max_bytes" : mp__device_memory_name(pool->dev),
+      st == MP_ELIMIT ? cap_name : mp__device_memory_name(pool->dev),
       mp__fmt_bytes(as, sizeof as, bytes), pool->cfg.arenas,
       mp__fmt_bytes(r, sizeof r, sum.reserved_bytes),
       mp__fmt_bytes(al, sizeof al, sum.allocated_bytes),

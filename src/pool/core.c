@@ -235,10 +235,11 @@ mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked) {
   mp__fail(st,
            "%s%s: asked %s, reserved %s, allocated %s, largest free block %s%s",
            st != MP_ELIMIT ? "out of " : "",
-           st != MP_ELIMIT ? mp__device_memory_name(pool->dev)
-           : pool->graph   ? "graph pool: the parent's max_bytes"
-           : pool->parent  ? "child pool full"
-                           : "pool max_bytes",
+           st != MP_ELIMIT              ? mp__device_memory_name(pool->dev)
+           : pool->graph                ? "graph pool: the parent's cap"
+           : pool->parent               ? "child pool full"
+           : pool->cfg.max_fraction > 0 ? "pool max_fraction"
+                                        : "pool max_bytes",
            mp__fmt_bytes(a, sizeof a, asked),
            mp__fmt_bytes(r, sizeof r, pool->st.reserved_bytes),
            mp__fmt_bytes(al, sizeof al, pool->st.allocated_bytes),
