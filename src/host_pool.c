@@ -72,9 +72,11 @@ mp_status_t mp_host_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
      * part of the specified address range"): a chunk of part of a page
      * would pin the rest of it unseen, neither counted in reserved_bytes
      * (nor against max_bytes) nor handed out. The view's alignment is the
-     * page (pinned.c); past SIZE_MAX / 2 the pool refuses it anyway. */
+     * page (pinned.c). A size the rounding would carry past the pool's
+     * limit (SIZE_MAX / 2) is left as given, for the pool to judge as it
+     * would judge it on the device. */
     size_t page = mp__device_alloc_align(hp->view);
-    if (c.segment_bytes % page != 0 && c.segment_bytes <= SIZE_MAX / 2)
+    if (c.segment_bytes % page != 0 && c.segment_bytes <= SIZE_MAX / 2 - page)
       c.segment_bytes = mp__round_up(c.segment_bytes, page);
     st = mp_stream_create(dev, &hp->host);
     if (st == MP_OK) {

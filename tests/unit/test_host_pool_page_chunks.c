@@ -9,6 +9,7 @@
  * the sizes asked. */
 #include <criterion/criterion.h>
 #include <stdatomic.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "device/backend.h"
@@ -115,4 +116,29 @@ Test(host_pool_page_chunks, small_requests_near_the_cap_share_whole_pages) {
   cr_expect_eq(mp_host_pool_free(hp, big), MP_OK);
   cr_expect_eq(mp_host_pool_check(hp), MP_OK, "%s", mp_last_error());
   cr_expect_eq(mp_host_pool_destroy(hp), MP_OK, "%s", mp_last_error());
+}
+
+/* segment_bytes at the pool's limit (SIZE_MAX / 2, not a multiple of the
+ * page): the host pool judges it as a pool on the device does, and any
+ * refusal quotes the size given. Rounding it up first carried it past the
+ * limit: refused, quoting 9223372036854775808, a size never given. */
+Test(host_pool_page_chunks, segment_bytes_at_the_limit_is_judged_as_given) {
+  mp_device_t *d;
+  cr_assert_eq(mp_device_open("host", &d), MP_OK, "%s", mp_last_error());
+  mp_pool_config_t c;
+  mp_pool_config_init(&c);
+  c.segment_bytes = SIZE_MAX / 2;
+  mp_pool_t *p;
+  mp_status_t on_device = mp_pool_create(d, &c, &p);
+  if (on_device == MP_OK)
+    cr_expect_eq(mp_pool_destroy(p), MP_OK);
+  mp_host_pool_t *hp;
+  mp_status_t st = mp_host_pool_create(d, &c, &hp);
+  cr_expect_eq(st, on_device, "%s", mp_last_error());
+  if (st == MP_OK)
+    cr_expect_eq(mp_host_pool_destroy(hp), MP_OK);
+  else
+    cr_expect(strstr(mp_last_error(), "9223372036854775807") != NULL, "%s",
+              mp_last_error());
+  mp_device_close(d);
 }
