@@ -90,14 +90,17 @@
 typedef struct {
   FILE *f;
   bool bad;
+  int err;                      /* the first failed write's errno */
   unsigned depth;               /* open containers */
   bool list[MP__PK_DEPTH];      /* each one a list (else a dict) */
   uint32_t items[MP__PK_DEPTH]; /* a list's items since its last MARK */
 } mp__pk_t;
 
 static void mp__pk_bytes(mp__pk_t *w, const void *p, size_t n) {
-  if (!w->bad && fwrite(p, 1, n, w->f) != n)
+  if (!w->bad && fwrite(p, 1, n, w->f) != n) {
     w->bad = true;
+    w->err = errno != 0 ? errno : EIO;
+  }
 }
 static void mp__pk_op(mp__pk_t *w, unsigned char op) {
   mp__pk_bytes(w, &op, 1);
@@ -561,9 +564,17 @@ static mp_status_t mp__snapshot_write(mp_pool_t *const *pools,
   }
   if (st == MP_OK) {
     mp__pk_t w = {.f = out};
+    errno = 0;
     mp__write_snapshot(&w, snaps, n);
-    if (w.bad || fflush(out) != 0)
-      st = mp__fail(MP_EIO, "mp_pool_snapshot: write error");
+    if (!w.bad && fflush(out) != 0)
+      w.err = errno != 0 ? errno : EIO;
+    /* A writer bug (nesting past its depth) is no errno of the file's. */
+    if (w.bad && w.err == 0)
+      st = mp__fail(MP_EIO, "mp_pool_snapshot: write error: the pickle's "
+                            "containers nest too deep");
+    else if (w.bad || w.err != 0)
+      st = mp__fail(MP_EIO, "mp_pool_snapshot: write error: %s",
+                    strerror(w.err));
   }
   mp__snaps_free(snaps, n);
   return st;
