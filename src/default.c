@@ -37,6 +37,8 @@ static pthread_mutex_t mp__others_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Set in a child forked after mp__default_make: the pools are the
  * parent's. */
 static atomic_bool mp__default_forked;
+/* Set once mp__default_make has run: mp_default_pool_made. */
+static atomic_bool mp__default_done;
 
 static void mp__default_child(void) {
   atomic_store_explicit(&mp__default_forked, true, memory_order_relaxed);
@@ -55,7 +57,18 @@ bool mp__default_refused(void) {
   return true;
 }
 
+static void mp__default_make_once(void);
+
 static void mp__default_make(void) {
+  mp__default_make_once();
+  atomic_store_explicit(&mp__default_done, true, memory_order_release);
+}
+
+int mp_default_pool_made(void) {
+  return atomic_load_explicit(&mp__default_done, memory_order_acquire);
+}
+
+static void mp__default_make_once(void) {
   (void)pthread_atfork(NULL, NULL, mp__default_child);
   mp_device_t *dev = NULL;
   mp_status_t st = mp_device_open(NULL, &dev);

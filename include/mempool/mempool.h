@@ -46,6 +46,12 @@ MP_API mp_status_t mp_free_async(void *ptr, mp_stream_t s);
 /* The calling thread's device's pool; NULL if it cannot be made
  * (mp_last_error() says why). */
 MP_API mp_pool_t *mp_default_pool(void);
+/* 1 once the first default pool was made, or failed to be: from then on
+ * $MEMPOOL_DEVICE and $MEMPOOL_CONF are read and fixed for the process (a
+ * later change of either changes nothing). 0 before. Makes nothing, so a
+ * binding can tell whether a device it is about to name could still take
+ * effect (mempool.torch.use). */
+MP_API int mp_default_pool_made(void);
 
 #ifdef __cplusplus
 }

@@ -94,6 +94,7 @@ _PROTOTYPES = {
     "mp_pool_pause": (_st, [_c, ctypes.c_uint]),
     "mp_pool_resume": (_st, [_c]),
     "mp_default_pool": (_c, []),
+    "mp_default_pool_made": (ctypes.c_int, []),
     "mp_torch_init": (None, [ctypes.c_int]),
     "mp_torch_reset": (None, []),
     "mp_torch_memory_fraction": (None, [ctypes.c_double, ctypes.c_int]),

@@ -104,13 +104,20 @@ def use(device=None):
             "without torch, use mempool.Pool directly" % e) from e
     from . import _NOT_MADE, _default_device as made, _default_pools
     spec = device if not isinstance(device, int) else "cuda:%d" % device
+    by = ""
+    if made is _NOT_MADE and _lib.lib().mp_default_pool_made():
+        # Made by C code of this process (mp_malloc, the preload shim),
+        # which read $MEMPOOL_DEVICE as it was then: as it is now, unless
+        # the program changed it since.
+        made = os.environ.get("MEMPOOL_DEVICE")
+        by = " by C code of this process (mp_malloc, the preload shim)"
     if spec is not None and made is not _NOT_MADE and spec != made:
         raise RuntimeError(
             "mempool.torch.use: device %r cannot take effect: the default pools "
-            "were made already, on %s, and live until the process exits (the "
+            "were made already%s, on %s, and live until the process exits (the "
             "device is read once, when the first is made); call use() before "
             "anything allocates from them"
-            % (spec, "$MEMPOOL_DEVICE=%r" % made if made is not None
+            % (spec, by, "$MEMPOOL_DEVICE=%r" % made if made is not None
                else "the library's choice ($MEMPOOL_DEVICE unset)"))
     # PyTorch allocates from them from here.
     _default_pools("mempool.torch.use", make=False)

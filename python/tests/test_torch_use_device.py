@@ -34,6 +34,19 @@ class Index:                     # an integer as numpy's int64 is one
 """
 
 
+# use() of a device other than the default pools' (host:capacity=64M), then
+# what it set and installed and the pools' capacity in MiB.
+_USE_128 = """
+try:
+    mempool.torch.use(device="host:capacity=128M")
+except RuntimeError as e:
+    print("refused:", e)
+else:
+    print("taken")
+print(len(installed), os.environ["MEMPOOL_DEVICE"], capacity())
+"""
+
+
 def _run(code):
     env = dict(os.environ, MEMPOOL_DEVICE="host:capacity=64M",
                MEMPOOL_LIBRARY=mempool.library_path())
@@ -60,14 +73,7 @@ def test_use_of_another_device_once_the_default_pools_exist_is_refused():
     # pools of the old device, silently.
     out = _run("""
 mempool.default_pool_stats()   # makes the default pools, on 64M
-try:
-    mempool.torch.use(device="host:capacity=128M")
-except RuntimeError as e:
-    print("refused:", e)
-else:
-    print("taken")
-print(len(installed), os.environ["MEMPOOL_DEVICE"], capacity())
-mempool.torch.use(device="host:capacity=64M")   # theirs: nothing to change
+""" + _USE_128 + """mempool.torch.use(device="host:capacity=64M")   # theirs: nothing to change
 mempool.torch.use()                             # no device: nothing either
 print(len(installed), os.environ["MEMPOOL_DEVICE"])
 """)
@@ -147,3 +153,22 @@ print(len(installed), capacity())
     assert out[:7] == ["refused True host:capacity=64M"] * 7, out
     assert out[7] == "0"
     assert out[8] == "1 32"
+
+
+def test_use_of_another_device_once_c_code_made_the_default_pools_is_refused():
+    # mp_malloc (or the preload shim) made the default pools before the
+    # package was asked: the package has no record of them, and use() set
+    # the new device and installed the allocator, to no effect.
+    out = _run("""
+lib.mp_malloc.argtypes = [ctypes.POINTER(V), ctypes.c_size_t]
+lib.mp_free.argtypes = [V]
+p = V()
+assert lib.mp_malloc(ctypes.byref(p), 4096) == 0
+assert lib.mp_free(p) == 0
+""" + _USE_128 + """mempool.torch.use(device="host:capacity=64M")   # theirs: nothing to change
+print(len(installed))
+""")
+    assert out[0].startswith("refused:"), out
+    assert "by C code of this process" in out[0], out
+    assert out[1] == "0 host:capacity=64M 64"
+    assert out[2] == "1"

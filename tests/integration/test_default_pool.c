@@ -214,3 +214,24 @@ Test(default_pool, a_forked_child_is_refused_the_parents_pools) {
   cr_expect_eq(mp_pool_trim(pool, 0), MP_OK);
   cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
 }
+
+/* mp_default_pool_made: 0 until the first default pool is made (asking
+ * makes nothing), 1 from then on, also where making it failed (the device
+ * and options were read then, for good). */
+Test(default_pool, made_says_whether_the_device_was_read_and_makes_nothing) {
+  setenv("MEMPOOL_DEVICE", "host", 1);
+  unsetenv("MEMPOOL_CONF");
+  cr_expect_eq(mp_default_pool_made(), 0);
+  cr_expect_eq(mp_default_pool_made(), 0, "asking made the pools");
+  void *p = NULL;
+  cr_assert_eq(mp_malloc(&p, 64), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_default_pool_made(), 1);
+  cr_expect_eq(mp_free(p), MP_OK);
+}
+
+Test(default_pool, made_is_one_after_a_failed_make_too) {
+  setenv("MEMPOOL_DEVICE", "nosuchdevice", 1);
+  cr_expect_eq(mp_default_pool_made(), 0);
+  cr_expect_null(mp_default_pool());
+  cr_expect_eq(mp_default_pool_made(), 1);
+}
