@@ -127,7 +127,7 @@ Test(pool_graph_cap, a_refusal_under_the_parents_cap_says_so) {
   cr_expect_eq(mp_pool_alloc(parent, 128 * MiB, s, &p), MP_ELIMIT);
   const char *why = mp_last_error();
   cr_expect(strstr(why, "child pool") == NULL, "%s", why);
-  cr_expect(strstr(why, "max_bytes") != NULL, "%s", why);
+  cr_expect(strstr(why, "the parent's cap") != NULL, "%s", why);
   close_parent();
 }
 
