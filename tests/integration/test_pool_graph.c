@@ -255,6 +255,29 @@ Test(pool_graph, a_released_graph_pool_goes_with_its_last_live_block,
   cr_expect_eq(mp_pool_check(parent), MP_OK, "%s", mp_last_error());
 }
 
+/* A released graph pool kept by a live block takes no new block: it
+ * borrowed more of the parent for a graph that is gone, and kept it until
+ * that block too was freed. The live block still frees. */
+Test(pool_graph, a_released_graph_pool_takes_no_new_block, .init = setup,
+     .fini = teardown) {
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(parent, &g), MP_OK);
+  cr_assert_eq(mp_pool_graph_begin(parent, g, s1), MP_OK);
+  void *out, *more = NULL;
+  cr_assert_eq(mp_pool_alloc(parent, MiB, s1, &out), MP_OK);
+  cr_assert_eq(mp_pool_graph_end(parent, s1), MP_OK);
+  cr_assert_eq(mp_pool_graph_release(g), MP_OK);
+  mp_stats_t before = stats(parent);
+  cr_expect_eq(mp_pool_alloc(g, 8 * MiB, s1, &more), MP_EINVAL);
+  cr_expect_null(more);
+  cr_expect(strstr(mp_last_error(), "released") != NULL, "%s", mp_last_error());
+  cr_expect_eq(stats(parent).allocated_bytes, before.allocated_bytes);
+  cr_expect_eq(stats(parent).reserved_bytes, before.reserved_bytes);
+  cr_assert_eq(mp_pool_free(parent, out), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(stats(parent).allocated_bytes, 0);
+  cr_expect_eq(mp_pool_check(parent), MP_OK, "%s", mp_last_error());
+}
+
 Test(pool_graph, bad_calls_are_refused_and_change_nothing, .init = setup,
      .fini = teardown) {
   mp_pool_t *g, *g2, *child;
