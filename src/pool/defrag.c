@@ -55,17 +55,32 @@ static bool mp__is_mover(const mp__block_t *b) {
          MP__B_MOVABLE;
 }
 
+/* The last block of seg that starts below its fence; NULL when none does
+ * (or seg has no fence). */
+static mp__block_t *mp__below_fence(const mp__segment_t *seg) {
+  mp__block_t *x = seg->fence != 0 ? seg->last : NULL;
+  while (x != NULL && x->addr >= seg->fence)
+    x = x->prev;
+  return x;
+}
+
 /* The first block defragmentation may touch: the first that starts at or
  * above the segment's fence (the top of what was live at the last freeze),
  * or the segment's first. The fence stays where freeze put it when frozen
  * blocks are freed, so nothing is ever moved into the space below it. */
 static mp__block_t *mp__above_fence(const mp__segment_t *seg) {
-  if (seg->fence == 0)
-    return seg->first;
-  mp__block_t *x = seg->last;
-  while (x != NULL && x->addr >= seg->fence)
-    x = x->prev;
+  mp__block_t *x = mp__below_fence(seg);
   return x != NULL ? x->next : seg->first;
+}
+
+/* The bytes of free block f above its segment's fence when f starts below
+ * it (the top frozen block freed, joined with free space above the
+ * fence); else 0. That part is space defragmentation closes. */
+static size_t mp__straddle(const mp__block_t *f) {
+  uintptr_t fence = f->seg->fence;
+  return (f->flags & MP__B_FREE) && f->addr < fence && f->addr + f->size > fence
+             ? f->addr + f->size - fence
+             : 0;
 }
 
 /* Whether free block f may receive a moved block: not below its
@@ -223,10 +238,15 @@ static bool mp__avoided(const mp__block_t *f, mp__segment_t *const *avoid,
   return false;
 }
 
-static void mp__untake_home(mp_pool_t *pool, mp__block_t *f) {
-  pool->st.free_blocks++;
+/* Free f, out of the index, back into it merged with its neighbours. */
+static void mp__rejoin(mp_pool_t *pool, mp__block_t *f) {
   f = mp__block_coalesce(pool, f);
   mp__index_insert(pool, f);
+}
+
+static void mp__untake_home(mp_pool_t *pool, mp__block_t *f) {
+  pool->st.free_blocks++;
+  mp__rejoin(pool, f);
 }
 
 /* Takes a free block of exactly `size` bytes out of the index, outside the
@@ -282,18 +302,37 @@ static bool mp__need_met(const mp__mover_t *m) {
  * blocks from the top first was tried: on bench_defrag_kv it moved as many
  * bytes or more, since the slide still has to close what the fills leave.)
  */
+/* Cuts free block f, which straddles its segment's fence, at the fence:
+ * the part below stays free in the index; the part above, returned (also
+ * in the index), is what a slide may fill. NULL (f whole) without a
+ * record for the cut. */
+static mp__block_t *mp__cut_at_fence(mp_pool_t *pool, mp__block_t *f) {
+  mp__index_remove(pool, f);
+  mp__block_t *above = mp__block_split(pool, f, f->seg->fence - f->addr);
+  mp__index_insert(pool, f);
+  return above;
+}
+
 static mp_status_t mp__compact_segment(mp__mover_t *m, mp__segment_t *seg) {
   for (mp__block_t *b = mp__above_fence(seg); b != NULL; b = b->next) {
     mp__block_t *f = b->prev;
     if (!mp__is_mover(b) || f == NULL || !(f->flags & MP__B_FREE) ||
-        !mp__above_fence_free(f) || !mp__deps_safe(m->pool, f, m->sidx, false))
+        (!mp__above_fence_free(f) && mp__straddle(f) == 0) ||
+        !mp__deps_safe(m->pool, f, m->sidx, false))
+      continue;
+    bool cut = !mp__above_fence_free(f);
+    if (cut && (f = mp__cut_at_fence(m->pool, f)) == NULL)
       continue;
     uintptr_t dst = f->addr;
     bool queued;
     mp_status_t st = mp__copy_down(m, dst, b->addr, b->size, &queued);
     if (st != MP_OK) {
-      if (queued)
+      if (queued) {
         mp__slide_refused(m, b, f);
+      } else if (cut) { /* nothing copied: the halves join again */
+        mp__index_remove(m->pool, f);
+        mp__rejoin(m->pool, f);
+      }
       return st;
     }
     mp__index_remove(m->pool, f);
@@ -397,7 +436,8 @@ static bool mp__plan(mp_pool_t *pool, size_t *stage_bytes) {
   bool any = false;
   size_t stage = 0;
   for (mp__segment_t *seg = pool->segs; seg != NULL; seg = seg->next) {
-    size_t gap = 0;
+    const mp__block_t *below = mp__below_fence(seg);
+    size_t gap = below != NULL ? mp__straddle(below) : 0;
     for (mp__block_t *b = mp__above_fence(seg); b != NULL; b = b->next) {
       if (b->flags & MP__B_FREE) {
         gap += b->size;

@@ -171,6 +171,37 @@ Test(freeze, freeing_the_top_frozen_block_does_not_lower_the_fence) {
   check();
 }
 
+/* The top frozen block freed joins the free space just above the fence
+ * into one free block that starts below it: the part above the fence is
+ * still space defragmentation closes (pool.h: it works above the fence),
+ * so a block above slides down to the fence itself. */
+Test(freeze, a_freed_top_frozen_block_does_not_stop_compaction_at_the_fence) {
+  mp_handle_t *low = movable(256 * 1024, 1), *top = movable(256 * 1024, 2);
+  cr_assert_eq(mp_pool_freeze(pool), MP_OK, "%s", mp_last_error());
+  uintptr_t fence = (uintptr_t)mp_handle_ptr(top) + 256 * 1024;
+  mp_handle_t *gap = movable(96 * 1024, 3), *late = movable(96 * 1024, 4);
+  cr_assert_eq((uintptr_t)mp_handle_ptr(gap), fence);
+  cr_assert_eq((uintptr_t)mp_handle_ptr(late), fence + 96 * 1024);
+  cr_assert_eq(mp_handle_free(gap), MP_OK);
+  cr_assert_eq(mp_handle_free(top), MP_OK);
+  check();
+  size_t moved = defragment();
+  cr_expect_eq(moved, 96 * 1024);
+  cr_expect_eq((uintptr_t)mp_handle_ptr(late), fence,
+               "the block above stayed at %p, the fence is at %p",
+               mp_handle_ptr(late), (void *)fence);
+  expect_pattern(mp_handle_ptr(late), 96 * 1024, 4);
+  expect_pattern(mp_handle_ptr(low), 256 * 1024, 1);
+  /* The space below the fence stays free, and still serves allocations. */
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, 256 * 1024, stream, &p), MP_OK);
+  cr_expect_eq((uintptr_t)p, fence - 256 * 1024);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(mp_handle_free(late), MP_OK);
+  cr_assert_eq(mp_handle_free(low), MP_OK);
+  check();
+}
+
 Test(freeze, raw_blocks_are_frozen_in_place_and_still_freeable) {
   void *raw[4];
   mp_handle_t *h[4];

@@ -241,3 +241,47 @@ Test(pool_defrag_faults, an_evacuation_refused_part_way_counts_what_moved) {
   cr_assert_eq(mp_pool_free(pool, raw), MP_OK);
   fake_pool_finish(pool, dev);
 }
+
+/* A slide down to a freeze's fence out of a free block that reaches below
+ * it (the top frozen block freed) cuts that block at the fence first.
+ * Refused before a chunk was copied (k = 1) or part-way (k = 2), the
+ * block keeps its data where it was and the free space below it is whole
+ * again (or kept apart where copies still use it): mp_pool_check passes
+ * and a slide that is not refused reaches the fence. */
+Test(pool_defrag_faults, a_refused_slide_to_the_fence_leaves_the_pool_whole) {
+  for (unsigned k = 1; k <= 2; k++) {
+    mp_device_t *dev = copy_fail_open();
+    mp_pool_t *pool =
+        make_pool(dev, "virtual=0,segment_bytes=2M,align=512,max_bytes=64M");
+    mp_handle_t *top, *gap, *late;
+    cr_assert_eq(mp_pool_alloc_movable(pool, 32 * KiB, NULL, &top), MP_OK);
+    cr_assert_eq(mp_pool_freeze(pool), MP_OK, "%s", mp_last_error());
+    uintptr_t fence = (uintptr_t)mp_handle_ptr(top) + 32 * KiB;
+    cr_assert_eq(mp_pool_alloc_movable(pool, 32 * KiB, NULL, &gap), MP_OK);
+    cr_assert_eq(mp_pool_alloc_movable(pool, 128 * KiB, NULL, &late), MP_OK);
+    uintptr_t at = (uintptr_t)mp_handle_ptr(late);
+    cr_assert_eq(at, fence + 32 * KiB);
+    fill(late, 128 * KiB, k);
+    cr_assert_eq(mp_handle_free(gap), MP_OK);
+    cr_assert_eq(mp_handle_free(top), MP_OK);
+    mp_stats_t before = stats(pool);
+    copies = 0;
+    copy_fail_at = k;
+    cr_expect_eq(mp_pool_defragment(pool, NULL, NULL), MP_EDRIVER, "k=%u", k);
+    copy_fail_at = 0;
+    cr_expect_eq((uintptr_t)mp_handle_ptr(late), at, "k=%u", k);
+    cr_expect(intact(late, 128 * KiB, k), "k=%u: the block's data is lost", k);
+    check(pool);
+    mp_stats_t after = stats(pool);
+    cr_expect_eq(after.allocated_bytes, before.allocated_bytes);
+    if (k == 1)
+      cr_expect_eq(after.free_blocks, before.free_blocks, "k=1: not joined");
+    cr_assert_eq(mp_pool_defragment(pool, NULL, NULL), MP_OK, "%s",
+                 mp_last_error());
+    cr_expect_eq((uintptr_t)mp_handle_ptr(late), fence, "k=%u", k);
+    cr_expect(intact(late, 128 * KiB, k), "k=%u: the moved data", k);
+    check(pool);
+    cr_assert_eq(mp_handle_free(late), MP_OK);
+    fake_pool_finish(pool, dev);
+  }
+}
