@@ -228,6 +228,17 @@ static void mp__slide_refused(mp__mover_t *m, mp__block_t *b, mp__block_t *f) {
   mp__vacated(m, f);
 }
 
+/* Cuts free block f, which straddles its segment's fence, at the fence:
+ * the part below stays free in the index; the part above, returned (also
+ * in the index), is what a slide or an evacuated block may fill. NULL (f
+ * whole) without a record for the cut. */
+static mp__block_t *mp__cut_at_fence(mp_pool_t *pool, mp__block_t *f) {
+  mp__index_remove(pool, f);
+  mp__block_t *above = mp__block_split(pool, f, f->seg->fence - f->addr);
+  mp__index_insert(pool, f);
+  return above;
+}
+
 /* ---- new homes ---------------------------------------------------------- */
 
 static bool mp__avoided(const mp__block_t *f, mp__segment_t *const *avoid,
@@ -252,7 +263,8 @@ static void mp__untake_home(mp_pool_t *pool, mp__block_t *f) {
 /* Takes a free block of exactly `size` bytes out of the index, outside the
  * segments of avoid[], that the mover's stream may write now; NULL if none.
  * The search follows the index's best-fit order and is bounded, so it
- * never scans the pool. */
+ * never scans the pool. A free block straddling its segment's fence
+ * serves from its part above the fence, cut off first. */
 static mp__block_t *mp__take_home(mp__mover_t *m, size_t size,
                                   mp__segment_t *const *avoid, size_t navoid) {
   mp_pool_t *pool = m->pool;
@@ -260,11 +272,13 @@ static mp__block_t *mp__take_home(mp__mover_t *m, size_t size,
   for (unsigned k = 0; f != NULL; k++, f = mp__index_next(pool, f)) {
     if (k == 64)
       return NULL;
-    if (!mp__avoided(f, avoid, navoid) && mp__above_fence_free(f) &&
+    if (!mp__avoided(f, avoid, navoid) &&
+        (mp__above_fence_free(f) || mp__straddle(f) >= size) &&
         mp__deps_safe(pool, f, m->sidx, false))
       break;
   }
-  if (f == NULL)
+  if (f == NULL ||
+      (!mp__above_fence_free(f) && (f = mp__cut_at_fence(pool, f)) == NULL))
     return NULL;
   mp__index_remove(pool, f);
   pool->st.free_blocks--;
@@ -302,17 +316,6 @@ static bool mp__need_met(const mp__mover_t *m) {
  * blocks from the top first was tried: on bench_defrag_kv it moved as many
  * bytes or more, since the slide still has to close what the fills leave.)
  */
-/* Cuts free block f, which straddles its segment's fence, at the fence:
- * the part below stays free in the index; the part above, returned (also
- * in the index), is what a slide may fill. NULL (f whole) without a
- * record for the cut. */
-static mp__block_t *mp__cut_at_fence(mp_pool_t *pool, mp__block_t *f) {
-  mp__index_remove(pool, f);
-  mp__block_t *above = mp__block_split(pool, f, f->seg->fence - f->addr);
-  mp__index_insert(pool, f);
-  return above;
-}
-
 static mp_status_t mp__compact_segment(mp__mover_t *m, mp__segment_t *seg) {
   for (mp__block_t *b = mp__above_fence(seg); b != NULL; b = b->next) {
     mp__block_t *f = b->prev;

@@ -48,3 +48,47 @@ Test(pool_defrag_fence, a_block_below_the_fence_is_not_evacuated) {
   cr_assert_eq(mp_pool_free(pool, raw), MP_OK);
   fake_pool_finish(pool, dev);
 }
+
+/* Segment A's top frozen block freed joins A's free space above the fence
+ * into one free block that starts below it. The part above the fence is
+ * still space defragmentation uses: segment B, holding one movable block
+ * that fits there, is emptied into it (and trim gives B back). */
+Test(pool_defrag_fence, a_freed_top_frozen_block_still_takes_evacuated_blocks) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 0);
+  mp_pool_t *pool = make_pool(dev, "virtual=0,segment_bytes=2M,align=512");
+  mp_handle_t *low, *top, *x;
+  void *tail;
+  /* Segment A: two movable blocks, frozen; its fence is 1.5 MiB up. */
+  cr_assert_eq(mp_pool_alloc_movable(pool, MiB, NULL, &low), MP_OK);
+  cr_assert_eq(mp_pool_alloc_movable(pool, MiB / 2, NULL, &top), MP_OK);
+  cr_assert_eq(mp_pool_freeze(pool), MP_OK);
+  uintptr_t fence = (uintptr_t)mp_handle_ptr(top) + MiB / 2;
+  /* A's tail taken for now, so that x goes to segment B. */
+  cr_assert_eq(mp_pool_alloc(pool, MiB / 2, NULL, &tail), MP_OK);
+  cr_assert_eq((uintptr_t)tail, fence);
+  cr_assert_eq(mp_pool_alloc_movable(pool, MiB / 2, NULL, &x), MP_OK);
+  cr_assert_eq(stats(pool).segment_count, 2);
+  memset(mp_handle_ptr(x), 0x3C, MiB / 2);
+  cr_assert_eq(mp_pool_free(pool, tail), MP_OK);
+  cr_assert_eq(mp_handle_free(top), MP_OK);
+  check(pool);
+  size_t moved = 0;
+  cr_assert_eq(mp_pool_defragment(pool, NULL, &moved), MP_OK, "%s",
+               mp_last_error());
+  check(pool);
+  cr_expect_eq(moved, MiB / 2);
+  cr_expect_eq((uintptr_t)mp_handle_ptr(x), fence,
+               "x stayed at %p; the space above A's fence starts at %p",
+               mp_handle_ptr(x), (void *)fence);
+  cr_expect_eq(((unsigned char *)mp_handle_ptr(x))[MiB / 2 - 1], 0x3C);
+  cr_assert_eq(mp_pool_trim(pool, 0), MP_OK);
+  cr_expect_eq(stats(pool).segment_count, 1, "segment B was not emptied");
+  /* Below the fence the space stays free and serves allocations. */
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, MiB / 2, NULL, &p), MP_OK);
+  cr_expect_eq((uintptr_t)p, fence - MiB / 2);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(mp_handle_free(x), MP_OK);
+  cr_assert_eq(mp_handle_free(low), MP_OK);
+  fake_pool_finish(pool, dev);
+}
