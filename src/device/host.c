@@ -68,7 +68,8 @@
  *    queued copy can touch freed memory (as cuMemFree synchronizes).
  * Locks: reg (rwlock) may be held while taking ev_lock or a stream mutex;
  * those two are never held together; mem_lock is never held with another
- * lock, nor across a sleep or a synchronization; busy_mu and dying_mu are
+ * lock (but the process-wide host_devs_mu, taken before it), nor across a
+ * sleep or a synchronization; busy_mu and dying_mu are
  * taken inside a stream mutex (a stream joins or leaves the busy list, is
  * orphaned) or alone, never together. */
 #include <errno.h>
@@ -195,6 +196,8 @@ struct host_dev {
   bool vmm;
   size_t granularity;
   pid_t owner; /* the process that opened it (host_file_release) */
+  /* On host_devs, the process's open host devices (host_devs_mu). */
+  struct host_dev *peer_prev, *peer_next;
 
   int memfd; /* the device's memory (a sparse memfd) */
 
@@ -205,6 +208,7 @@ struct host_dev {
   uint64_t export_tag;  /* the last tag host_ipc_export tried */
   host_atab_t allocs;   /* plain allocations (mp_device_alloc) */
   host_atab_t pins;     /* page-locked host memory (mp_device_host_alloc) */
+  host_atab_t imports;  /* IPC imports mapped by ipc_open (mp_ipc_import) */
   mp__ptrmap_t maps;    /* vm_map address -> bytes */
   host_resv_t *resv;    /* sorted by base */
   size_t nresv, resv_cap;
@@ -232,6 +236,13 @@ struct host_dev {
   size_t dying;
   host_stream_t *dead;
 };
+
+/* The process's open host devices (host_open, host_close): a copy or
+ * memset queued on one may name another's memory, as host devices share
+ * their memory (backend.h: the host backend has no vm_access). Taken
+ * before a device's mem_lock, never inside one. */
+static pthread_mutex_t host_devs_mu = PTHREAD_MUTEX_INITIALIZER;
+static host_dev_t *host_devs;
 
 static host_dev_t *host_of(mp_device_t *dev) {
   return (host_dev_t *)dev->impl;
@@ -505,8 +516,23 @@ static void host_mark_child(void) {
   atomic_store_explicit(&host_in_child, true, memory_order_relaxed);
 }
 
+/* host_devs_mu is held across a fork, so that a child never inherits it
+ * held by a thread that did not come along. */
+static void host_fork_prepare(void) {
+  pthread_mutex_lock(&host_devs_mu);
+}
+
+static void host_fork_parent(void) {
+  pthread_mutex_unlock(&host_devs_mu);
+}
+
+static void host_fork_child(void) {
+  pthread_mutex_unlock(&host_devs_mu);
+  host_mark_child();
+}
+
 static void host_atfork(void) {
-  (void)pthread_atfork(NULL, NULL, host_mark_child);
+  (void)pthread_atfork(host_fork_prepare, host_fork_parent, host_fork_child);
 }
 
 /* Whether h is a device this process inherited: it is a child forked from
@@ -806,7 +832,7 @@ static mp_status_t host_launch_host(mp_device_t *dev, mp_stream_t s,
 }
 
 static mp_status_t host_check_access(host_dev_t *h, const char *fn,
-                                     const void *p, size_t n);
+                                     const void *p, size_t n, bool device);
 
 static mp_status_t host_memcpy_async(mp_device_t *dev, void *dst,
                                      const void *src, size_t n, mp_stream_t s) {
@@ -822,9 +848,11 @@ static mp_status_t host_memcpy_async(mp_device_t *dev, void *dst,
                     "(cuda_runtime_api.h, cudaMemcpyAsync: \"The memory "
                     "areas may not overlap\")",
                     dst, n, src, n);
-  mp_status_t st = host_check_access(h, "mp_memcpy_async", dst, n);
+  /* Either side may be host memory (cuMemcpyAsync infers the direction
+   * from the pointers: host_check_access). */
+  mp_status_t st = host_check_access(h, "mp_memcpy_async", dst, n, false);
   if (st == MP_OK)
-    st = host_check_access(h, "mp_memcpy_async", src, n);
+    st = host_check_access(h, "mp_memcpy_async", src, n, false);
   if (st != MP_OK)
     return st;
   host_op_t *op = host_op_new(HOST_OP_COPY);
@@ -840,7 +868,8 @@ static mp_status_t host_memset_async(mp_device_t *dev, void *dst, int value,
                                      size_t n, mp_stream_t s) {
   HOST_NOT_IN_HOST_FN("mp_memset_async");
   host_dev_t *h = host_of(dev);
-  mp_status_t st = host_check_access(h, "mp_memset_async", dst, n);
+  /* Device memory only (host_check_access). */
+  mp_status_t st = host_check_access(h, "mp_memset_async", dst, n, true);
   if (st != MP_OK)
     return st;
   host_op_t *op = host_op_new(HOST_OP_SET);
@@ -1355,14 +1384,19 @@ static bool host_resv_all_mapped(const host_resv_t *r, size_t first, size_t n) {
 
 /* mem_lock held. MP_EINVAL when [p, p + n), which does not wrap, reaches
  * into an allocation of t (what: its kind, for the message) without lying
- * inside it. */
+ * inside it; else MP_OK, with *inside set when it lies inside one. */
 static mp_status_t host_atab_inside(const host_atab_t *t, const char *what,
-                                    const char *fn, const void *p, size_t n) {
+                                    const char *fn, const void *p, size_t n,
+                                    bool *inside) {
   uintptr_t a = (uintptr_t)p, end = a + n;
   size_t k = host_tab_touched(t->e, t->n, sizeof *t->e, a, end);
   const host_entry_t *m = k < t->n ? &t->e[k] : NULL;
-  if (m == NULL || (a >= m->key && end <= m->key + m->bytes))
+  if (m == NULL)
     return MP_OK;
+  if (a >= m->key && end <= m->key + m->bytes) {
+    *inside = true;
+    return MP_OK;
+  }
   return mp__fail(MP_EINVAL,
                   "%s: (%p, %zu bytes) crosses the edge of the %s "
                   "allocation at %p (%zu bytes): a copy or memset must lie "
@@ -1370,32 +1404,15 @@ static mp_status_t host_atab_inside(const host_atab_t *t, const char *what,
                   fn, p, n, what, (void *)m->key, m->bytes);
 }
 
-/* Copies and memsets may touch a reservation only where it is mapped: a
- * range that reaches into one must lie inside it, on mapped granules. This
- * turns what would be a fault on a worker thread into MP_EINVAL for the
- * caller. The check is made at enqueue time only: vm_unmap does not wait
- * for queued work (its caller must, as on CUDA), so a range unmapped
- * before the work ran faults on its worker thread then.
- *
- * Likewise a range that reaches into a plain allocation must lie inside
- * it. The driver knows the allocation each device pointer is in (cuda.h,
- * cuPointerGetAttribute: CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, "Starting
- * address for this requested pointer", and CU_POINTER_ATTRIBUTE_RANGE_SIZE),
- * and a copy past its end is CUDA_ERROR_INVALID_VALUE or, once run, a
- * fault (CUDA_ERROR_ILLEGAL_ADDRESS); here it would read or write whatever
- * host memory lies beyond. The same holds for page-locked host memory
- * (mp_device_host_alloc, cuMemHostAlloc): the driver knows its range too
- * (the same attributes answer for it), and both tables are searched
- * alike (host_atab_inside). */
-static mp_status_t host_check_access(host_dev_t *h, const char *fn,
-                                     const void *p, size_t n) {
-  uintptr_t a = (uintptr_t)p;
-  if (n > UINTPTR_MAX - a)
-    return mp__fail(MP_EINVAL, "%s: (%p, %zu bytes) wraps around memory", fn, p,
-                    n);
-  uintptr_t end = a + n;
+/* mem_lock held. Where [p, p + n), which does not wrap, lies in h's
+ * memory: MP_EINVAL (said) when it reaches into a reservation, an
+ * allocation, page-locked host memory or an IPC import without lying
+ * inside it (or on granules not mapped); else MP_OK, with *inside set when
+ * it lies inside one of them. */
+static mp_status_t host_locate(host_dev_t *h, const char *fn, const void *p,
+                               size_t n, bool *inside) {
+  uintptr_t a = (uintptr_t)p, end = a + n;
   mp_status_t st = MP_OK;
-  pthread_mutex_lock(&h->mem_lock);
   size_t i = host_tab_touched(h->resv, h->nresv, sizeof *h->resv, a, end);
   const host_resv_t *r = i < h->nresv ? &h->resv[i] : NULL;
   if (r != NULL) {
@@ -1412,13 +1429,116 @@ static mp_status_t host_check_access(host_dev_t *h, const char *fn,
                     "%s: (%p, %zu bytes) touches virtual memory that is not "
                     "mapped",
                     fn, p, n);
+    else
+      *inside = true;
   }
   if (st == MP_OK)
-    st = host_atab_inside(&h->allocs, "device", fn, p, n);
+    st = host_atab_inside(&h->allocs, "device", fn, p, n, inside);
   if (st == MP_OK)
-    st = host_atab_inside(&h->pins, "page-locked host", fn, p, n);
-  pthread_mutex_unlock(&h->mem_lock);
+    st = host_atab_inside(&h->pins, "page-locked host", fn, p, n, inside);
+  if (st == MP_OK)
+    st = host_atab_inside(&h->imports, "IPC-imported", fn, p, n, inside);
   return st;
+}
+
+static void host_devs_link(host_dev_t *h, bool in) {
+  pthread_mutex_lock(&host_devs_mu);
+  if (in) {
+    h->peer_prev = NULL;
+    h->peer_next = host_devs;
+    if (host_devs != NULL)
+      host_devs->peer_prev = h;
+    host_devs = h;
+  } else {
+    if (h->peer_prev != NULL)
+      h->peer_prev->peer_next = h->peer_next;
+    else
+      host_devs = h->peer_next;
+    if (h->peer_next != NULL)
+      h->peer_next->peer_prev = h->peer_prev;
+  }
+  pthread_mutex_unlock(&host_devs_mu);
+}
+
+/* Whether [p, p + n), which does not wrap, is mapped in this process:
+ * msync answers ENOMEM for a range with pages not mapped, and with
+ * MS_ASYNC it writes nothing back. */
+static bool host_mapped(const void *p, size_t n) {
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  uintptr_t a = (uintptr_t)p & ~(page - 1);
+  return msync((void *)a, (uintptr_t)p + n - a, MS_ASYNC) == 0;
+}
+
+/* Checks [p, p + n), a range a copy or memset queued on h touches, when it
+ * is queued, so that what would fault on a worker thread (and kill the
+ * process) is MP_EINVAL for the caller instead. The memory a host device
+ * knows (its own, or any other open host device's: host_devs) is its
+ * plain allocations, the mapped granules of its reservations, its
+ * page-locked host memory and its IPC imports; a range that reaches into
+ * one of them must lie inside it, and inside mapped granules. device:
+ * the range must be such memory (a memset's destination); else it may
+ * also be host memory the process has mapped (a copy's sides).
+ *
+ * This is the driver's rule. It knows the allocation each device pointer
+ * is in (cuda.h, cuPointerGetAttribute: CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+ * "Starting address for this requested pointer", and
+ * CU_POINTER_ATTRIBUTE_RANGE_SIZE), and a copy past its end is
+ * CUDA_ERROR_INVALID_VALUE or, once run, a fault
+ * (CUDA_ERROR_ILLEGAL_ADDRESS); page-locked host memory (cuMemHostAlloc)
+ * answers the same attributes. cuMemsetD8Async takes "dstDevice -
+ * Destination device pointer" and returns CUDA_ERROR_INVALID_VALUE for
+ * one that is not (cuda.h), so a memset is refused unless its whole range
+ * is such memory. cuMemcpyAsync "infers the type of the transfer (host to
+ * host, host to device, device to device, or device to host) from the
+ * pointer values" (cuda.h, unified addressing): a pointer the driver does
+ * not know is host memory, so a copy may take any host memory the process
+ * has mapped, malloc'ed or not, but not an address nothing is mapped at
+ * (a foreign pointer, a freed allocation), which would fault on the
+ * worker. Host memory mapped without the access the copy needs (read-only,
+ * PROT_NONE) is not told apart. The check is made at enqueue time only:
+ * vm_unmap does not wait for queued work (its caller must, as on CUDA),
+ * so a range unmapped before the work ran faults on its worker thread
+ * then. */
+static mp_status_t host_check_access(host_dev_t *h, const char *fn,
+                                     const void *p, size_t n, bool device) {
+  uintptr_t a = (uintptr_t)p;
+  if (n > UINTPTR_MAX - a)
+    return mp__fail(MP_EINVAL, "%s: (%p, %zu bytes) wraps around memory", fn, p,
+                    n);
+  bool inside = false;
+  pthread_mutex_lock(&h->mem_lock);
+  mp_status_t st = host_locate(h, fn, p, n, &inside);
+  pthread_mutex_unlock(&h->mem_lock);
+  if (st == MP_OK && !inside) {
+    pthread_mutex_lock(&host_devs_mu);
+    for (host_dev_t *o = host_devs; o != NULL && st == MP_OK && !inside;
+         o = o->peer_next) {
+      if (o == h)
+        continue;
+      pthread_mutex_lock(&o->mem_lock);
+      st = host_locate(o, fn, p, n, &inside);
+      pthread_mutex_unlock(&o->mem_lock);
+    }
+    pthread_mutex_unlock(&host_devs_mu);
+  }
+  if (st != MP_OK || inside)
+    return st;
+  if (device)
+    return mp__fail(MP_EINVAL,
+                    "%s: (%p, %zu bytes) is not device memory: no allocation, "
+                    "virtual memory mapping, page-locked host memory or IPC "
+                    "import of a host device holds it (cuda.h, "
+                    "cuMemsetD8Async: dstDevice must be a device pointer, "
+                    "else CUDA_ERROR_INVALID_VALUE)",
+                    fn, p, n);
+  if (!host_mapped(p, n))
+    return mp__fail(MP_EINVAL,
+                    "%s: (%p, %zu bytes) is neither memory of a host device "
+                    "nor host memory mapped in this process (a foreign or "
+                    "freed pointer?): cuMemcpyAsync takes a pointer the "
+                    "device does not know for host memory",
+                    fn, p, n);
+  return MP_OK;
 }
 
 static mp_status_t host_vm_reserve(mp_device_t *dev, size_t bytes, void **out) {
@@ -1868,7 +1988,6 @@ static mp_status_t host_ipc_export(mp_device_t *dev, void *base, size_t bytes,
 static mp_status_t host_ipc_open(mp_device_t *dev, const mp_ipc_handle_t *h,
                                  void **out) {
   HOST_NOT_IN_HOST_FN("ipc_open");
-  (void)dev;
   uint64_t off = 0;
   host_ipc_tag_t id;
   memcpy(&id, h->opaque, sizeof id);
@@ -1886,6 +2005,17 @@ static mp_status_t host_ipc_open(mp_device_t *dev, const mp_ipc_handle_t *h,
   if (p == MAP_FAILED)
     return mp__fail(MP_ENOMEM, "mp_ipc_import: mmap of %zu bytes failed: %s",
                     h->mem_bytes, strerror(errno));
+  /* Known to copies and memsets (host_check_access) until ipc_close. */
+  host_dev_t *hd = host_of(dev);
+  pthread_mutex_lock(&hd->mem_lock);
+  bool kept = host_atab_add(
+      &hd->imports, (host_entry_t){.key = (uintptr_t)p, .bytes = h->mem_bytes});
+  pthread_mutex_unlock(&hd->mem_lock);
+  if (!kept) {
+    munmap(p, h->mem_bytes);
+    return mp__fail(MP_ENOMEM, "mp_ipc_import: out of host memory to track "
+                               "an import");
+  }
   *out = p;
   return MP_OK;
 }
@@ -1893,12 +2023,15 @@ static mp_status_t host_ipc_open(mp_device_t *dev, const mp_ipc_handle_t *h,
 static mp_status_t host_ipc_close(mp_device_t *dev, void *base, size_t bytes,
                                   unsigned kind, bool *unmapped) {
   (void)kind;
-  (void)dev;
   /* No wait here: ipc.c has waited for the work that may use it (the
    * device's, or one stream's). A driver call on the cuda backend. */
   mp_status_t st = host_check_caller("mp_ipc_close");
-  if (st == MP_OK)
+  if (st == MP_OK) {
+    host_dev_t *h = host_of(dev);
+    host_entry_t gone;
+    (void)host_atab_take_locked(h, &h->imports, base, &gone);
     munmap(base, bytes);
+  }
   *unmapped = st == MP_OK;
   return st;
 }
@@ -1993,6 +2126,7 @@ static void host_free_state(host_dev_t *h) {
   free(h->resv);
   free(h->allocs.e);
   free(h->pins.e);
+  free(h->imports.e);
   pthread_cond_destroy(&h->ev_cv);
   pthread_mutex_destroy(&h->ev_lock);
   pthread_mutex_destroy(&h->busy_mu);
@@ -2044,11 +2178,13 @@ static mp_status_t host_open(mp_device_t *dev, const char *opts) {
   }
   dev->impl = h;
   snprintf(dev->name, sizeof dev->name, "host");
+  host_devs_link(h, true);
   return MP_OK;
 }
 
 static void host_close(mp_device_t *dev) {
   host_dev_t *h = host_of(dev);
+  host_devs_link(h, false); /* no copy or memset elsewhere looks at it */
   /* A forked child closing its parent's device: the stream threads did not
    * come along (stopping one joins it: it would wait for ever), and a lock
    * one of them held at the fork stays held here. Nothing is stopped,
