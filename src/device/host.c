@@ -1269,13 +1269,32 @@ static mp_status_t host_alloc(mp_device_t *dev, size_t bytes, void **out) {
   return MP_OK;
 }
 
-/* Whether ptr starts an allocation of t (mem_lock taken here). */
-static bool host_atab_has(host_dev_t *h, const host_atab_t *t,
-                          const void *ptr) {
+/* Whether ptr starts an allocation of t (mem_lock taken here); *in is
+ * the allocation holding ptr (bytes 0: none), for the refusal's message
+ * (host_not_allocated). */
+static bool host_atab_has(host_dev_t *h, const host_atab_t *t, const void *ptr,
+                          host_entry_t *in) {
   pthread_mutex_lock(&h->mem_lock);
-  bool found = host_atab_at(t, ptr) != NULL;
+  size_t i = host_tab_find(t->e, t->n, sizeof *t->e, (uintptr_t)ptr);
+  *in = i < t->n ? t->e[i] : (host_entry_t){0};
   pthread_mutex_unlock(&h->mem_lock);
-  return found;
+  return in->bytes != 0 && in->key == (uintptr_t)ptr;
+}
+
+/* fn's refusal of ptr, which starts no allocation of those by made: it
+ * names the allocation ptr lies inside (in, from host_atab_has), as the
+ * pools and the direct allocator name a block. */
+static mp_status_t host_not_allocated(const char *fn, const char *by,
+                                      const void *ptr, const host_entry_t *in) {
+  if (in->bytes != 0)
+    return mp__fail(MP_EINVAL,
+                    "%s: %p points inside the allocation at %p (%zu bytes), "
+                    "not at its start",
+                    fn, ptr, (void *)in->key, in->bytes);
+  return mp__fail(MP_EINVAL,
+                  "%s: %p was not returned by %s on this device, or was "
+                  "already freed",
+                  fn, ptr, by);
 }
 
 /* Takes the allocation of t that starts at ptr (mem_lock taken here). */
@@ -1290,11 +1309,9 @@ static bool host_atab_take_locked(host_dev_t *h, host_atab_t *t,
 static mp_status_t host_free(mp_device_t *dev, void *ptr) {
   HOST_NOT_IN_HOST_FN("mp_device_free");
   host_dev_t *h = host_of(dev);
-  if (!host_atab_has(h, &h->allocs, ptr))
-    return mp__fail(MP_EINVAL,
-                    "mp_device_free: %p was not returned by mp_device_alloc "
-                    "on this device, or was already freed",
-                    ptr);
+  host_entry_t in;
+  if (!host_atab_has(h, &h->allocs, ptr, &in))
+    return host_not_allocated("mp_device_free", "mp_device_alloc", ptr, &in);
   mp_status_t st = host_sync_all(h, "mp_device_free");
   if (st != MP_OK)
     return st;
@@ -1336,12 +1353,10 @@ static mp_status_t host_host_alloc(mp_device_t *dev, size_t bytes, void **out) {
 static mp_status_t host_host_free(mp_device_t *dev, void *ptr) {
   HOST_NOT_IN_HOST_FN("mp_device_host_free");
   host_dev_t *h = host_of(dev);
-  if (!host_atab_has(h, &h->pins, ptr))
-    return mp__fail(MP_EINVAL,
-                    "mp_device_host_free: %p was not returned by "
-                    "mp_device_host_alloc on this device, or was already "
-                    "freed",
-                    ptr);
+  host_entry_t in;
+  if (!host_atab_has(h, &h->pins, ptr, &in))
+    return host_not_allocated("mp_device_host_free", "mp_device_host_alloc",
+                              ptr, &in);
   /* Queued copies may still read or write it (cuMemFreeHost syncs too). */
   mp_status_t st = host_sync_all(h, "mp_device_host_free");
   if (st != MP_OK)
