@@ -439,11 +439,55 @@ static void mp__capture_outputs(mp__pl_capture_t *c) {
   mp__outmask_rebuild();
 }
 
+/* Capture bookkeeping over for the capture begun on key (its origin
+ * stream, MP__CU_STREAM_PER_THREAD for this thread's per-thread stream),
+ * whose id is *id (NULL: not known; for a known begin whose id differs,
+ * another capture's, the begin is not this one's), and on which ms, as
+ * the pools name it, was routed: its begin is no longer counted, and the
+ * routes of every stream it allocated or freed on end, whether or not ms
+ * was one (a capture begun on s0 that forked to s1, only s1 allocating);
+ * ended into *g (NULL: none, an invalidated capture), the graph keeps the
+ * graph pool; with none, it is released. Under the lock. */
+static void mp__capture_over(const mp__pl_t *pl, mp__custream key,
+                             mp_stream_t ms, const unsigned long long *id,
+                             const mp__cugraph *g) {
+  unsigned long long begun_id;
+  for (unsigned k = 0; k < mp__gr.nbegun; k++)
+    if (mp__gr.begun[k].s == key &&
+        (key != MP__CU_STREAM_PER_THREAD ||
+         pthread_equal(mp__gr.begun[k].thread, pthread_self())) &&
+        (id == NULL || !mp__gr.begun[k].known || mp__gr.begun[k].id == *id)) {
+      /* An invalidated capture has no id by now (cuStreamGetCaptureInfo
+       * gives none): the one its begin got finds it, and so the routes of
+       * every stream it forked to, not only the end's. */
+      if (id == NULL && mp__gr.begun[k].known) {
+        begun_id = mp__gr.begun[k].id;
+        id = &begun_id;
+      }
+      mp__gr.begun[k] = mp__gr.begun[--mp__gr.nbegun];
+      atomic_store(&mp__gr_begun, mp__gr.nbegun + mp__gr.lost);
+      break;
+    }
+  for (size_t i = 0; i < MP__PL_CAPTURES; i++) {
+    mp__pl_capture_t *c = &mp__gr.caps[i];
+    if (!c->used || !c->capturing ||
+        (id != NULL ? c->id != *id : !mp__capture_routes(pl, c, ms)))
+      continue;
+    if (g != NULL && *g != NULL) {
+      mp__capture_unroute(pl, c);
+      c->g = mp__graph_root(*g); /* a capture into an embedded graph */
+      mp__capture_outputs(c);
+    } else {
+      c->nouts = 0; /* no graph: the blocks stay the program's */
+      mp__capture_unroute(pl, c);
+      mp__capture_drop(c);
+    }
+  }
+}
+
 /* After the real cuStreamEndCapture of the capture whose id the driver
- * gave before it (NULL: none was given, an invalidated capture): the
- * routes of every stream the capture allocated or freed on end, whether or
- * not the end's own stream was one (a capture begun on s0 that forked to
- * s1, only s1 allocating); the graph, if any, keeps the graph pool. */
+ * gave before it (NULL: none was given, an invalidated capture):
+ * mp__capture_over once the capture is over. */
 static void mp__capture_ended(mp__custream s, bool ptsz,
                               const unsigned long long *id, mp__curesult r,
                               mp__cugraph *g) {
@@ -467,41 +511,54 @@ static void mp__capture_ended(mp__custream s, bool ptsz,
   bool over = r == MP__CU_SUCCESS ||
               (is != NULL && is(s, &status) == MP__CU_SUCCESS && status == 0);
   mp__gr_lock();
-  mp__custream key = ptsz && s == NULL ? MP__CU_STREAM_PER_THREAD : s;
-  unsigned long long begun_id;
-  for (unsigned k = 0; over && k < mp__gr.nbegun; k++)
-    if (mp__gr.begun[k].s == key &&
-        (key != MP__CU_STREAM_PER_THREAD ||
-         pthread_equal(mp__gr.begun[k].thread, pthread_self()))) {
-      /* An invalidated capture has no id by now (cuStreamGetCaptureInfo
-       * gives none): the one its begin got finds it, and so the routes of
-       * every stream it forked to, not only the end's. */
-      if (id == NULL && mp__gr.begun[k].known) {
-        begun_id = mp__gr.begun[k].id;
-        id = &begun_id;
-      }
-      mp__gr.begun[k] = mp__gr.begun[--mp__gr.nbegun];
-      atomic_store(&mp__gr_begun, mp__gr.nbegun + mp__gr.lost);
-      break;
-    }
-  mp_stream_t ms = mp__pl_stream(pl, s, ptsz);
-  for (size_t i = 0; over && i < MP__PL_CAPTURES; i++) {
-    mp__pl_capture_t *c = &mp__gr.caps[i];
-    if (!c->used || !c->capturing ||
-        (id != NULL ? c->id != *id : !mp__capture_routes(pl, c, ms)))
-      continue;
-    if (r == MP__CU_SUCCESS && g != NULL && *g != NULL) {
-      mp__capture_unroute(pl, c);
-      c->g = mp__graph_root(*g); /* a capture into an embedded graph */
-      mp__capture_outputs(c);
-    } else {
-      c->nouts = 0; /* no graph: the blocks stay the program's */
-      mp__capture_unroute(pl, c);
-      mp__capture_drop(c);
-    }
-  }
+  if (over)
+    mp__capture_over(pl, ptsz && s == NULL ? MP__CU_STREAM_PER_THREAD : s,
+                     mp__pl_stream(pl, s, ptsz), id,
+                     r == MP__CU_SUCCESS ? g : NULL);
   pthread_mutex_unlock(&mp__gr.lock);
   mp__pl_leave();
+}
+
+bool mp__pl_capture_origin(mp__custream s, unsigned long long *id,
+                           bool *known) {
+  if (!mp__pl_capture_begun())
+    return false;
+  bool found = false;
+  mp__gr_lock();
+  for (unsigned k = 0; !found && k < mp__gr.nbegun; k++)
+    if (mp__gr.begun[k].s == s) {
+      found = true;
+      *id = mp__gr.begun[k].id;
+      *known = mp__gr.begun[k].known;
+    }
+  pthread_mutex_unlock(&mp__gr.lock);
+  return found;
+}
+
+void mp__pl_capture_destroyed(const mp__pl_t *pl, mp__custream s, bool origin,
+                              const unsigned long long *id) {
+  mp_stream_t ms = mp__pl_stream(pl, s, false);
+  mp__gr_lock();
+  /* Its routes went with its slots (mp__stream_set_aside_end): a capture
+   * that goes on never ends them by the handle, which a new stream may
+   * have by now. */
+  for (size_t i = 0; i < MP__PL_CAPTURES; i++) {
+    mp__pl_capture_t *c = &mp__gr.caps[i];
+    for (unsigned k = 0; c->used && c->capturing && k < c->nstreams;)
+      if (mp__pl_stream(pl, c->streams[k], c->ptsz[k]) == ms) {
+        c->streams[k] = c->streams[--c->nstreams];
+        c->ptsz[k] = c->ptsz[c->nstreams];
+      } else {
+        k++;
+      }
+  }
+  /* Found by the begin's id (the stream gone, its routes listed no more;
+   * a begin that got no id has no routes either, mp__pl_capture_route
+   * asking the same): every stream the capture forked to ends its route,
+   * and the graph pool goes, as at the end of an invalidated capture. */
+  if (origin)
+    mp__capture_over(pl, s, ms, id, NULL);
+  pthread_mutex_unlock(&mp__gr.lock);
 }
 
 /* A capture begun in `mode`: its origin stream counted until its end. */

@@ -457,6 +457,21 @@ bool mp__pl_capture_begun(void);
  * modes of the captures begun and not ended, and the threads that began
  * them, allow it. */
 bool mp__pl_capture_prohibits(unsigned thread_mode);
+/* Before a cuStreamDestroy of the explicit stream s: whether s began a
+ * capture not yet ended, with the id its begin got in *id (*known false:
+ * none). */
+bool mp__pl_capture_origin(mp__custream s, unsigned long long *id, bool *known);
+/* After a cuStreamDestroy that destroyed s while it was capturing (its
+ * slots forgotten, routes with them): no capture lists s any longer; if
+ * s began the capture whose id is *id (origin, from mp__pl_capture_origin;
+ * NULL: no id), that capture is over, as an invalidated one ends. The
+ * capture can end nowhere else: "Capture must be ended on the same stream
+ * in which it was initiated" (cuda.h, cuStreamBeginCapture), and a
+ * destroyed stream's handle is dead (cuda_runtime_api.h, cudaStreamDestroy:
+ * \note_destroy_ub, "Use of the handle after this call is undefined
+ * behavior" in the Runtime API reference). */
+void mp__pl_capture_destroyed(const mp__pl_t *pl, mp__custream s, bool origin,
+                              const unsigned long long *id);
 
 /* ---- host.c ------------------------------------------------------------- */
 

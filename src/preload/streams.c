@@ -75,7 +75,8 @@ static void mp__kept_on(mp_device_t *dev, void *s) {
 
 mp__curesult cuStreamDestroy_v2(mp__custream hStream) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  bool forgot = false, aside = false;
+  bool forgot = false, aside = false, origin = false, known = false;
+  unsigned long long id = 0;
   if (mp__pl_enter()) {
     const mp__pl_t *pl = mp__pl_get();
     /* The default streams are never destroyed (nor forgotten). */
@@ -92,6 +93,10 @@ mp__curesult cuStreamDestroy_v2(mp__custream hStream) {
      * cuStreamDestroy; any refusal, a stream of another context one,
      * must change nothing). */
     aside = forgot && mp__pl_capturing(pl, hStream, false);
+    /* The capture it began, if any, which its destroy ends (below). */
+    origin = hStream != NULL && hStream != MP__CU_STREAM_LEGACY &&
+             hStream != MP__CU_STREAM_PER_THREAD &&
+             mp__pl_capture_origin(hStream, &id, &known);
     if (forgot)
       mp__pl_each_device(aside ? mp__set_aside_on : mp__forget_on, hStream);
   }
@@ -101,13 +106,21 @@ mp__curesult cuStreamDestroy_v2(mp__custream hStream) {
   /* Destroyed, the set-aside slots are forgotten with the handle dead
    * (never asked: a new stream may have it already, and keeps its own
    * slot); refused, they are the stream's again, epochs and routes as
-   * they were. */
-  if (aside) {
+   * they were. Destroyed, a capture the stream began is over: nothing can
+   * end it now (mp__pl_capture_destroyed); left begun, it prohibited
+   * this thread's cuMemAlloc and cuMemFree in global mode for good, and
+   * its graph pool lived until exit. */
+  if (aside || (origin && r == MP__CU_SUCCESS)) {
     (void)mp__pl_enter();
-    mp__pl_each_device(r == MP__CU_SUCCESS ? mp__destroyed_on : mp__kept_on,
-                       hStream);
+    if (aside)
+      mp__pl_each_device(r == MP__CU_SUCCESS ? mp__destroyed_on : mp__kept_on,
+                         hStream);
+    if (r == MP__CU_SUCCESS)
+      mp__pl_capture_destroyed(mp__pl_get(), hStream, origin,
+                               known ? &id : NULL);
     mp__pl_leave();
-    return r;
+    if (aside)
+      return r;
   }
   /* A destroy the driver refused (a stream of another context, a call it
    * does not permit) changes nothing: the stream lives on, so its pool

@@ -49,7 +49,8 @@
  *    "add_node_proc" with what cuGetProcAddress answers for it),
  *    "add_node_move" (moved_in()), "exec_child_set" and "exec_node_set"
  *    (child_set()), "embedded" (embedded_outlives()), "node_set"
- *    (node_set()) and "clone_parent" (clone_parent()).
+ *    (node_set()), "clone_parent" (clone_parent()) and
+ *    "destroyed_capture" (destroyed_capture()).
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -875,6 +876,23 @@ static int destroy_refused(CUstream s) {
   return d == CUDA_SUCCESS;
 }
 
+/* Allocates NPROBE buffers of BYTES on other, holding them all, then
+ * frees them: in *hits, how many met one of the n ranges of BYTES at t. */
+static int probe_ranges(CUstream other, const CUdeviceptr *t, int n,
+                        int *hits) {
+  CUdeviceptr q[NPROBE];
+  *hits = 0;
+  for (int i = 0; i < NPROBE; i++) {
+    MP_TRY(cuMemAllocAsync(&q[i], BYTES, other));
+    for (int k = 0; k < n; k++)
+      *hits += q[i] < t[k] + BYTES && t[k] < q[i] + BYTES;
+  }
+  for (int i = 0; i < NPROBE; i++)
+    MP_TRY(cuMemFreeAsync(q[i], other));
+  MP_TRY(cuStreamSynchronize(other));
+  return 0;
+}
+
 /* The "refused_destroy" (rounds 1) and "refused_destroy_many" (rounds 10)
  * modes: a relaxed capture on s allocates, writes and frees a temporary,
  * then a destroy of s is refused, each round. The capture ends, its graph
@@ -904,16 +922,9 @@ static int refused_destroy_rounds(CUstream s, CUstream other, int rounds) {
   MP_TRY(cuGraphDestroy(g));
   MP_TRY(cuStreamSynchronize(s));
   MP_TRY(cuStreamSynchronize(other));
-  CUdeviceptr q[NPROBE];
-  int hits = 0;
-  for (int i = 0; i < NPROBE; i++) {
-    MP_TRY(cuMemAllocAsync(&q[i], BYTES, other));
-    for (int k = 0; k < rounds; k++)
-      hits += q[i] < t[k] + BYTES && t[k] < q[i] + BYTES;
-  }
-  for (int i = 0; i < NPROBE; i++)
-    MP_TRY(cuMemFreeAsync(q[i], other));
-  MP_TRY(cuStreamSynchronize(other));
+  int hits;
+  if (probe_ranges(other, t, rounds, &hits) != 0)
+    return 1;
   if (hits == 0)
     puts("the graph's memory did not come back without a device "
          "synchronize after a refused destroy");
@@ -926,6 +937,45 @@ static int refused_destroy(CUstream s, CUstream other) {
 
 static int refused_destroy_many(CUstream s, CUstream other) {
   return refused_destroy_rounds(s, other, 10);
+}
+
+/* The "destroyed_capture" mode: a global-mode capture begun on a stream
+ * c of its own allocates, writes and frees a temporary, then c is
+ * destroyed: cuda.h lists no capture error for cuStreamDestroy, and the
+ * fake ends c's capture with it. That capture can never end ("Capture must
+ * be ended on the same stream in which it was initiated", cuda.h,
+ * cuStreamBeginCapture). Then a cuMemAlloc and a cuMemFree, which the
+ * capture would have prohibited (global mode: cuda.h,
+ * cuThreadExchangeStreamCaptureMode), are served (the test reads the
+ * report: no capture bypass, no graph pool left), and under the shim
+ * the temporary's memory comes back: with the pool capped at 24 MiB (the
+ * test's MEMPOOL_CONF=max_bytes=24M), other's NPROBE probes of 1 MiB
+ * held at once fit only with it, one of them getting it. The shim never
+ * learnt of the destroy: the capture stayed begun, so the cuMemAlloc went
+ * to the driver and every cuMemFree was checked with a probe, for good,
+ * and its graph pool, never released, kept the memory (a probe out of
+ * memory). */
+static int destroyed_capture(CUstream s, CUstream other, bool pool) {
+  CUstream c;
+  CUdeviceptr t, p;
+  (void)s;
+  MP_TRY(cuStreamCreate(&c, CU_STREAM_NON_BLOCKING));
+  MP_TRY(cuStreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  MP_TRY(cuMemAllocAsync(&t, BYTES, c));
+  MP_TRY(cuMemsetD8Async(t, 3, BYTES, c));
+  MP_TRY(cuMemFreeAsync(t, c));
+  MP_TRY(cuStreamDestroy(c));
+  MP_TRY(cuMemAlloc(&p, BYTES));
+  MP_TRY(cuMemFree(p));
+  if (!pool)
+    return 0;
+  int hits;
+  if (probe_ranges(other, &t, 1, &hits) != 0)
+    return 1;
+  if (hits == 0)
+    puts("the memory of a capture whose stream was destroyed did not come "
+         "back");
+  return hits == 0;
 }
 
 /* cudaTypedefs.h: PFN_cuGraphInstantiate_v10000 and _v11000, the forms
@@ -1009,20 +1059,21 @@ int main(int argc, char **argv) {
       : strcmp(how, "refused_destroy_many") == 0 ? refused_destroy_many
                                                  : NULL;
   int (*copy_mode)(CUstream, CUstream, bool) =
-      strcmp(how, "clone") == 0            ? clone_outlives
-      : strcmp(how, "child") == 0          ? child_outlives
-      : strcmp(how, "update") == 0         ? updated_from
-      : strcmp(how, "copy_chain") == 0     ? copy_chain
-      : strcmp(how, "update_refused") == 0 ? update_refused
-      : strcmp(how, "add_node") == 0       ? add_node_outlives
-      : strcmp(how, "add_node_proc") == 0  ? add_node_proc_outlives
-      : strcmp(how, "add_node_move") == 0  ? moved_in
-      : strcmp(how, "exec_child_set") == 0 ? exec_child_set
-      : strcmp(how, "exec_node_set") == 0  ? exec_node_set
-      : strcmp(how, "embedded") == 0       ? embedded_outlives
-      : strcmp(how, "node_set") == 0       ? node_set
-      : strcmp(how, "clone_parent") == 0   ? clone_parent
-                                           : NULL;
+      strcmp(how, "clone") == 0               ? clone_outlives
+      : strcmp(how, "child") == 0             ? child_outlives
+      : strcmp(how, "update") == 0            ? updated_from
+      : strcmp(how, "copy_chain") == 0        ? copy_chain
+      : strcmp(how, "update_refused") == 0    ? update_refused
+      : strcmp(how, "add_node") == 0          ? add_node_outlives
+      : strcmp(how, "add_node_proc") == 0     ? add_node_proc_outlives
+      : strcmp(how, "add_node_move") == 0     ? moved_in
+      : strcmp(how, "exec_child_set") == 0    ? exec_child_set
+      : strcmp(how, "exec_node_set") == 0     ? exec_node_set
+      : strcmp(how, "embedded") == 0          ? embedded_outlives
+      : strcmp(how, "node_set") == 0          ? node_set
+      : strcmp(how, "clone_parent") == 0      ? clone_parent
+      : strcmp(how, "destroyed_capture") == 0 ? destroyed_capture
+                                              : NULL;
   if (mode != NULL || copy_mode != NULL) {
     if (mode != NULL ? mode(s, other) != 0 : copy_mode(s, other, pool) != 0)
       return 1;

@@ -66,7 +66,8 @@ static void capture_under_the_shim_with(const char *how, const char *conf) {
           : strcmp(how, "embedded") == 0       ? 2 + 2 + 1 + 3 * NPROBE_ALLOCS
           : strcmp(how, "node_set") == 0       ? 2 + 4 + 2 + 3 * NPROBE_ALLOCS
           : strcmp(how, "clone_parent") == 0   ? 2 + 2 + 1 + 4 * NPROBE_ALLOCS
-                                               : 85;
+          : strcmp(how, "destroyed_capture") == 0 ? 2 + 1 + 1 + NPROBE_ALLOCS
+                                                  : 85;
   cr_assert_eq(
       sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
          "sys.exit(0 if d[\"mode\"]==\"pool\" and "
@@ -352,4 +353,19 @@ Test(preload_graph, a_graph_given_child_node_params_holds_their_pool) {
  * parent and its clone go. */
 Test(preload_graph, clones_of_a_parent_and_of_its_clones_child_hold_the_pool) {
   capture_under_the_shim("clone_parent");
+}
+
+/* A capturing stream that began a global-mode capture, destroyed
+ * (cuStreamDestroy succeeds: cuda.h lists no capture error for it, and
+ * the fake ends the capture with the stream): the capture can never end
+ * ("Capture must be ended on the same stream in which it was initiated",
+ * cuda.h, cuStreamBeginCapture), so it ends there, as an invalidated one
+ * would. The shim was never told: the capture stayed begun, a later
+ * cuMemAlloc went to the driver (a capture bypass) and every cuMemFree
+ * was probed, for good, and the graph pool lived until exit, its memory
+ * lost to the pool (capped here, so that other streams need it). */
+Test(preload_graph, a_destroyed_capturing_stream_ends_the_capture_it_began) {
+  const char *how = "destroyed_capture";
+  capture_under_the_shim_with(how, "MEMPOOL_CONF=max_bytes=24M");
+  without_the_shim(&how, 1);
 }
