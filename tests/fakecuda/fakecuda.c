@@ -106,9 +106,11 @@
  *    gives a clone's copy of a node, and
  *    cuGraphExecUpdate takes a graph with as many nodes of the same types
  *    (else CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE); cuGraphAddNode (both
- *    forms) makes child graph nodes only, cloning or moving the child
+ *    forms) makes child graph nodes, cloning or moving the child
  *    (CUDA_CHILD_GRAPH_NODE_PARAMS.ownership; a moved graph is neither
- *    destroyed nor instantiated on its own), cuGraphChildGraphNodeGetGraph
+ *    destroyed nor instantiated on its own), and conditional nodes with
+ *    handles of cuGraphConditionalHandleCreate, their body graphs the
+ *    node's (not run by a launch), cuGraphChildGraphNodeGetGraph
  *    gives the graph a child graph node embeds, and
  *    cuGraphExecChildGraphNodeSetParams and cuGraphExecNodeSetParams
  *    (child graph nodes only) replace an executable's copy of it, and
@@ -355,6 +357,7 @@ void cuFakeResetCallCounts(void);
   X(cuGraphAddChildGraphNode)                                                  \
   X(cuGraphAddNode)                                                            \
   X(cuGraphAddNode_v2)                                                         \
+  X(cuGraphConditionalHandleCreate)                                            \
   X(cuGraphChildGraphNodeGetGraph)                                             \
   X(cuGraphExecChildGraphNodeSetParams)                                        \
   X(cuGraphExecNodeSetParams)                                                  \
@@ -804,6 +807,12 @@ typedef struct fk_node {
   /* In a clone (cuGraphClone), the id of the original's node it copies,
    * for cuGraphNodeFindInClone; 0 in any other node. */
   unsigned long long from;
+  /* CONDITIONAL, the node cuGraphAddNode returned: its nbodies body graphs
+   * (CUDA_CONDITIONAL_NODE_PARAMS.phGraph_out, "CUDA-owned", "Valid for
+   * the lifetime of the conditional node"), freed with it; NULL in the
+   * copies of it. */
+  struct CUgraph_st **bodies;
+  unsigned nbodies;
 } fk_node_t;
 
 /* A user object (cuUserObjectCreate): its destructor runs on the fake's
@@ -1112,6 +1121,9 @@ static void fk_graph_free(struct CUgraph_st *g) {
   }
   for (size_t i = 0; i < g->n; i++) {
     fk_graph_free(g->nodes[i]->child); /* a child graph node's own */
+    for (unsigned k = 0; k < g->nodes[i]->nbodies; k++)
+      fk_graph_free(g->nodes[i]->bodies[k]); /* a conditional node's own */
+    free(g->nodes[i]->bodies);
     free(g->nodes[i]);
   }
   free(g->nodes);
@@ -3863,8 +3875,11 @@ static bool fk_graph_append(struct CUgraph_st *dst,
   size_t n = dst->n, refs = dst->urefs.n;
   bool ok = true;
   for (size_t i = 0; ok && i < src->n; i++)
-    if ((ok = fk_graph_add(dst, src->nodes[i])))
+    if ((ok = fk_graph_add(dst, src->nodes[i]))) {
       dst->nodes[dst->n - 1]->child = NULL;
+      dst->nodes[dst->n - 1]->bodies = NULL; /* a clone's: not modelled */
+      dst->nodes[dst->n - 1]->nbodies = 0;
+    }
   for (size_t i = 0; ok && i < src->urefs.n; i++)
     ok = fk_urefs_add(&dst->urefs, src->urefs.objs[i], src->urefs.counts[i],
                       false);
@@ -4006,18 +4021,93 @@ CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph g,
   return fk_child_node(node, g, deps, ndeps, child, false);
 }
 
+/* cuda.h, cuGraphConditionalHandleCreate: "Creates a conditional handle
+ * associated with hGraph"; flags "Currently must be
+ * CU_GRAPH_COND_ASSIGN_DEFAULT or 0" (else CUDA_ERROR_INVALID_VALUE, which
+ * the call lists). The handle is a number the fake gave, which a
+ * conditional node must name ("Handles must be created in advance of
+ * creating the node", CUDA_CONDITIONAL_NODE_PARAMS); its graph, context
+ * and default value are not kept (no launch runs a body). */
+static atomic_ullong fk_cond_handles;
+
+CUresult cuGraphConditionalHandleCreate(CUgraphConditionalHandle *out,
+                                        CUgraph g, CUcontext ctx,
+                                        unsigned int value,
+                                        unsigned int flags) {
+  FK_COUNT(cuGraphConditionalHandleCreate);
+  FK_NEED_INIT();
+  (void)ctx;
+  (void)value;
+  if (out == NULL || g == NULL ||
+      (flags != 0 && flags != CU_GRAPH_COND_ASSIGN_DEFAULT))
+    return CUDA_ERROR_INVALID_VALUE;
+  *out = (CUgraphConditionalHandle)(atomic_fetch_add(&fk_cond_handles, 1) + 1);
+  return CUDA_SUCCESS;
+}
+
+/* A conditional node of g (cuda.h, CUDA_CONDITIONAL_NODE_PARAMS): a
+ * handle made by cuGraphConditionalHandleCreate; `size` "1 for
+ * CU_GRAPH_COND_TYPE_WHILE, 1 or 2 for CU_GRAPH_COND_TYPE_IF, or any value
+ * greater than zero for CU_GRAPH_COND_TYPE_SWITCH"; phGraph_out is set to
+ * a "CUDA-owned array populated with conditional node child graphs during
+ * creation of the node", empty graphs the program fills ("using graph
+ * node creation APIs or cuStreamBeginCaptureToGraph"), "Valid for the
+ * lifetime of the conditional node": the node's, freed with g, and, as
+ * the driver's, neither destroyed nor instantiated on their own (as a
+ * moved child graph). Anything else: CUDA_ERROR_INVALID_VALUE, and
+ * nothing made. Not modelled: a launch running a body, the node types a
+ * body may hold, and a clone's copies of the bodies. */
+static CUresult fk_conditional_node(CUgraphNode *node, CUgraph g,
+                                    const CUgraphNode *deps, size_t ndeps,
+                                    CUDA_CONDITIONAL_NODE_PARAMS *c) {
+  unsigned n = c->size;
+  bool sized = c->type == CU_GRAPH_COND_TYPE_WHILE ? n == 1
+               : c->type == CU_GRAPH_COND_TYPE_IF
+                   ? n == 1 || n == 2
+                   : c->type == CU_GRAPH_COND_TYPE_SWITCH && n > 0;
+  if (node == NULL || g == NULL || !sized || c->handle == 0 ||
+      c->handle > atomic_load(&fk_cond_handles) || (ndeps > 0 && deps == NULL))
+    return CUDA_ERROR_INVALID_VALUE;
+  fk_node_t cond = {.type = CU_GRAPH_NODE_TYPE_CONDITIONAL, .nbodies = n};
+  if ((cond.bodies = calloc(n, sizeof *cond.bodies)) == NULL)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  bool ok = true;
+  for (unsigned k = 0; ok && k < n; k++)
+    if ((ok = (cond.bodies[k] = calloc(1, sizeof **cond.bodies)) != NULL))
+      cond.bodies[k]->moved = true;
+  pthread_mutex_lock(&fk.lock);
+  CUresult r = !fk_graph_has(g, deps, ndeps)  ? CUDA_ERROR_INVALID_VALUE
+               : ok && fk_graph_add(g, &cond) ? CUDA_SUCCESS
+                                              : CUDA_ERROR_OUT_OF_MEMORY;
+  if (r == CUDA_SUCCESS)
+    *node = (CUgraphNode)g->nodes[g->n - 1];
+  pthread_mutex_unlock(&fk.lock);
+  if (r != CUDA_SUCCESS) {
+    for (unsigned k = 0; k < n; k++)
+      free(cond.bodies[k]);
+    free(cond.bodies);
+    return r;
+  }
+  c->phGraph_out = cond.bodies;
+  return CUDA_SUCCESS;
+}
+
 /* cuda.h, cuGraphAddNode: "Creates a new node in hGraph described by
  * nodeParams"; CU_GRAPH_NODE_TYPE_GRAPH with CUDA_CHILD_GRAPH_NODE_PARAMS
  * ("The child graph to clone into the node for node creation"; "Graphs
  * containing memory allocation or memory free nodes must set the
  * ownership to be moved to the parent"), as fk_child_node. Another
- * ownership: CUDA_ERROR_INVALID_VALUE. Other node types are not modelled
+ * ownership: CUDA_ERROR_INVALID_VALUE. CU_GRAPH_NODE_TYPE_CONDITIONAL with
+ * CUDA_CONDITIONAL_NODE_PARAMS, as fk_conditional_node. Other node types
+ * are not modelled
  * (CUDA_ERROR_NOT_SUPPORTED, which the call lists), nor edge data. */
 static CUresult fk_add_node(CUgraphNode *node, CUgraph g,
                             const CUgraphNode *deps, size_t ndeps,
-                            const CUgraphNodeParams *p) {
+                            CUgraphNodeParams *p) {
   if (p == NULL)
     return CUDA_ERROR_INVALID_VALUE;
+  if (p->type == CU_GRAPH_NODE_TYPE_CONDITIONAL)
+    return fk_conditional_node(node, g, deps, ndeps, &p->conditional);
   if (p->type != CU_GRAPH_NODE_TYPE_GRAPH)
     return CUDA_ERROR_NOT_SUPPORTED;
   if (p->graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE &&

@@ -1403,3 +1403,50 @@ Test(fakecuda_capture, a_memset_graph_instantiates_for_device_launch) {
   cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
   cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
 }
+
+/* cuda.h, cuGraphConditionalHandleCreate (flags "Currently must be
+ * CU_GRAPH_COND_ASSIGN_DEFAULT or 0") and cuGraphAddNode with
+ * CUDA_CONDITIONAL_NODE_PARAMS: `size` "1 for CU_GRAPH_COND_TYPE_WHILE, 1
+ * or 2 for CU_GRAPH_COND_TYPE_IF"; phGraph_out comes back as a
+ * "CUDA-owned array populated with conditional node child graphs", which
+ * the program may fill "using graph node creation APIs or
+ * cuStreamBeginCaptureToGraph", "Valid for the lifetime of the
+ * conditional node" (the fake refuses their destruction). */
+Test(fakecuda_capture, conditional_nodes_give_body_graphs_as_cuda_h_says) {
+  CUdeviceptr d;
+  CUgraph parent, body;
+  CUgraphConditionalHandle h;
+  CUgraphNode node;
+  cr_assert_eq(cuMemAlloc(&d, 4096), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphCreate(&parent, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphConditionalHandleCreate(&h, parent, ctx, 0, 2),
+               CUDA_ERROR_INVALID_VALUE);
+  cr_assert_eq(cuGraphConditionalHandleCreate(&h, parent, ctx, 1,
+                                              CU_GRAPH_COND_ASSIGN_DEFAULT),
+               CUDA_SUCCESS);
+  CUgraphNodeParams p = {.type = CU_GRAPH_NODE_TYPE_CONDITIONAL};
+  p.conditional.handle = h;
+  p.conditional.type = CU_GRAPH_COND_TYPE_WHILE;
+  p.conditional.size = 2;
+  p.conditional.ctx = ctx;
+  cr_assert_eq(cuGraphAddNode(&node, parent, NULL, NULL, 0, &p),
+               CUDA_ERROR_INVALID_VALUE);
+  p.conditional.type = CU_GRAPH_COND_TYPE_IF;
+  cr_assert_eq(cuGraphAddNode(&node, parent, NULL, NULL, 0, &p), CUDA_SUCCESS);
+  cr_assert_not_null(p.conditional.phGraph_out);
+  body = p.conditional.phGraph_out[0];
+  cr_assert_not_null(body);
+  cr_assert_not_null(p.conditional.phGraph_out[1]);
+  cr_assert_neq(body, p.conditional.phGraph_out[1]);
+  CUgraph g = NULL;
+  cr_assert_eq(cuStreamBeginCaptureToGraph(s, body, NULL, NULL, 0,
+                                           CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8Async(d, 5, 4096, s), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  cr_assert_eq(g, body);
+  if (!fk_real())
+    cr_assert_eq(cuGraphDestroy(body), CUDA_ERROR_INVALID_VALUE);
+  cr_assert_eq(cuGraphDestroy(parent), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
+}
