@@ -1282,6 +1282,38 @@ static bool mp__child_params(const mp__cugraphnodeparams *p, mp__cugraph *child,
  * and a moved graph's, which the program may not destroy, lived until
  * exit. The form before CUDA 12.3 (cudaTypedefs.h:
  * PFN_cuGraphAddNode_v12020) and 12.3's, with edge data. */
+/* After an addition to g of a node with parameters p that returned r: a
+ * conditional node's body graphs (cuda.h, CUDA_CONDITIONAL_NODE_PARAMS:
+ * phGraph_out, a "CUDA-owned array populated with conditional node child
+ * graphs during creation of the node", `size` of them, "Valid for the
+ * lifetime of the conditional node", which the program may fill "using
+ * graph node creation APIs or ::cuStreamBeginCaptureToGraph") are
+ * embedded in g's root, which holds what a capture into one ends with
+ * (mp__capture_ended), as for a graph moved into a child graph node.
+ * Before, a body was a graph of its own: the graph pool of a capture into
+ * it was the body's, which no executable of the parent held and the
+ * program never destroys, so it lived until exit (or went with a later
+ * graph given the body's handle). Returns r. */
+static mp__curesult mp__node_added(mp__curesult r, mp__cugraph g,
+                                   const mp__cugraphnodeparams *p) {
+  unsigned type, size;
+  mp__cugraph *bodies;
+  if (r != MP__CU_SUCCESS || p == NULL)
+    return r;
+  memcpy(&type, p, sizeof type);
+  if (type != MP__GRAPH_NODE_TYPE_COND)
+    return r;
+  memcpy(&size, (const char *)p + MP__NODE_PARAMS_COND_SIZE, sizeof size);
+  memcpy(&bodies, (const char *)p + MP__NODE_PARAMS_COND_BODIES, sizeof bodies);
+  mp__gr_lock();
+  mp__cugraph root = mp__graph_root(g);
+  for (unsigned k = 0; bodies != NULL && k < size; k++)
+    if (bodies[k] != NULL)
+      mp__embed_note(bodies[k], root);
+  pthread_mutex_unlock(&mp__gr.lock);
+  return r;
+}
+
 mp__curesult cuGraphAddNode(mp__cugraphnode *phGraphNode, mp__cugraph hGraph,
                             const mp__cugraphnode *dependencies,
                             size_t numDependencies,
@@ -1293,7 +1325,8 @@ mp__curesult cuGraphAddNode(mp__cugraphnode *phGraphNode, mp__cugraph hGraph,
                        ? rc->cuGraphAddNode(phGraphNode, hGraph, dependencies,
                                             numDependencies, nodeParams)
                        : MP__CU_NOT_INITIALIZED;
-  return graph ? mp__child_added(r, phGraphNode, hGraph, child, move) : r;
+  return graph ? mp__child_added(r, phGraphNode, hGraph, child, move)
+               : mp__node_added(r, hGraph, nodeParams);
 }
 
 mp__curesult cuGraphAddNode_v2(mp__cugraphnode *phGraphNode, mp__cugraph hGraph,
@@ -1309,7 +1342,8 @@ mp__curesult cuGraphAddNode_v2(mp__cugraphnode *phGraphNode, mp__cugraph hGraph,
           ? rc->cuGraphAddNode_v2(phGraphNode, hGraph, dependencies,
                                   dependencyData, numDependencies, nodeParams)
           : MP__CU_NOT_INITIALIZED;
-  return graph ? mp__child_added(r, phGraphNode, hGraph, child, move) : r;
+  return graph ? mp__child_added(r, phGraphNode, hGraph, child, move)
+               : mp__node_added(r, hGraph, nodeParams);
 }
 
 /* cuda.h, cuGraphChildGraphNodeGetGraph: "Gets a handle to the embedded

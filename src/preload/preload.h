@@ -57,13 +57,19 @@ typedef struct CUgraphExecUpdateResultInfo_st mp__cugraphupdateinfo;
 typedef unsigned int mp__cugraphupdateresult;
 /* CUgraphNodeParams, read only for a child graph node (type
  * CU_GRAPH_NODE_TYPE_GRAPH): its CUDA_CHILD_GRAPH_NODE_PARAMS' graph and
- * ownership, at the offsets cuda.h gives them (sigcheck.c checks) */
+ * ownership, at the offsets cuda.h gives them (sigcheck.c checks), and
+ * for a conditional node below */
 typedef struct CUgraphNodeParams_st mp__cugraphnodeparams;
 #define MP__GRAPH_NODE_TYPE_GRAPH 4u  /* CU_GRAPH_NODE_TYPE_GRAPH */
 #define MP__NODE_PARAMS_GRAPH     16u /* graph.graph's offset */
 #define MP__NODE_PARAMS_OWNERSHIP 24u /* graph.ownership's offset */
 #define MP__CHILD_GRAPH_OWNERSHIP_MOVE                                         \
   1u /* CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE */
+/* And for a conditional node (CU_GRAPH_NODE_TYPE_CONDITIONAL, 13, CUDA
+ * 12.3): its CUDA_CONDITIONAL_NODE_PARAMS' size and phGraph_out */
+#define MP__GRAPH_NODE_TYPE_COND    13u
+#define MP__NODE_PARAMS_COND_SIZE   28u /* conditional.size's offset */
+#define MP__NODE_PARAMS_COND_BODIES 32u /* conditional.phGraph_out's */
 /* CUipcMemHandle (64 opaque bytes), only ever passed on by address */
 typedef struct CUipcMemHandle_st mp__cuipcmemhandle;
 #define MP__CU_SUCCESS         0u

@@ -64,6 +64,16 @@ _Static_assert(CU_GRAPH_NODE_TYPE_GRAPH == MP__GRAPH_NODE_TYPE_GRAPH &&
                    CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE ==
                        MP__CHILD_GRAPH_OWNERSHIP_MOVE,
                "child graph node parameters");
+#if CUDA_VERSION >= 12030 /* conditional nodes in cuGraphAddNode */
+_Static_assert(CU_GRAPH_NODE_TYPE_CONDITIONAL == MP__GRAPH_NODE_TYPE_COND &&
+                   offsetof(CUgraphNodeParams, conditional.size) ==
+                       MP__NODE_PARAMS_COND_SIZE &&
+                   sizeof(((CUgraphNodeParams *)0)->conditional.size) ==
+                       sizeof(unsigned) &&
+                   offsetof(CUgraphNodeParams, conditional.phGraph_out) ==
+                       MP__NODE_PARAMS_COND_BODIES,
+               "conditional node parameters");
+#endif
 _Static_assert(sizeof(cudaError_t) == sizeof(mp__cudaerr), "cudaError_t");
 _Static_assert(sizeof(CUdeviceptr) == sizeof(mp__cuptr), "CUdeviceptr");
 _Static_assert(CUDA_ERROR_OUT_OF_MEMORY == MP__CU_OUT_OF_MEMORY, "errors");

@@ -49,8 +49,9 @@
  *    "add_node_proc" with what cuGetProcAddress answers for it),
  *    "add_node_move" (moved_in()), "exec_child_set" and "exec_node_set"
  *    (child_set()), "embedded" (embedded_outlives()), "node_set"
- *    (node_set()), "clone_parent" (clone_parent()) and
- *    "destroyed_capture" (destroyed_capture()).
+ *    (node_set()), "clone_parent" (clone_parent()),
+ *    "destroyed_capture" (destroyed_capture()) and "conditional_body"
+ *    (conditional_body()).
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -628,6 +629,59 @@ static int embedded_outlives(CUstream s, CUstream other, bool pool) {
   return memory_back(other);
 }
 
+/* The "conditional_body" mode (under the shim only: without it the
+ * capture makes memory nodes, which a body may not hold, cuda.h,
+ * CUDA_CONDITIONAL_NODE_PARAMS: "Allowed node types are kernel nodes,
+ * empty nodes, child graphs, memsets, memcopies, and conditionals"): a
+ * capture (cuStreamBeginCaptureToGraph) into the body graph of a
+ * conditional node (cuGraphAddNode, CU_GRAPH_NODE_TYPE_CONDITIONAL: its
+ * phGraph_out, "CUDA-owned", "Valid for the lifetime of the conditional
+ * node") allocates, writes and frees a temporary; the parent is
+ * instantiated, then destroyed, the body with it. The executable replays
+ * the body: the memory must stay out of others' hands until it goes, then
+ * come back. The shim tied the graph pool to the body, which no
+ * executable of the parent held and the program never destroys: it lived
+ * until exit. */
+static int conditional_body(CUstream s, CUstream other, bool pool) {
+  CUgraph parent, g = NULL;
+  CUgraphConditionalHandle h;
+  CUgraphNode node;
+  CUgraphExec x;
+  CUcontext cur;
+  CUdeviceptr t;
+  (void)pool;
+  MP_TRY(cuCtxGetCurrent(&cur));
+  MP_TRY(cuGraphCreate(&parent, 0));
+  MP_TRY(cuGraphConditionalHandleCreate(&h, parent, cur, 1,
+                                        CU_GRAPH_COND_ASSIGN_DEFAULT));
+  CUgraphNodeParams p = {.type = CU_GRAPH_NODE_TYPE_CONDITIONAL};
+  p.conditional.handle = h;
+  p.conditional.type = CU_GRAPH_COND_TYPE_IF;
+  p.conditional.size = 1;
+  p.conditional.ctx = cur;
+  MP_TRY(cuGraphAddNode(&node, parent, NULL, NULL, 0, &p));
+  CUgraph body = p.conditional.phGraph_out[0];
+  MP_TRY(cuStreamBeginCaptureToGraph(s, body, NULL, NULL, 0,
+                                     CU_STREAM_CAPTURE_MODE_GLOBAL));
+  MP_TRY(cuMemAllocAsync(&t, BYTES, s));
+  note(t, BYTES);
+  MP_TRY(cuMemsetD8Async(t, 4, BYTES, s));
+  MP_TRY(cuMemFreeAsync(t, s));
+  MP_TRY(cuStreamEndCapture(s, &g));
+  if (g != body) {
+    puts("the capture into a body graph did not end with it");
+    return 1;
+  }
+  MP_TRY(cuGraphInstantiate(&x, parent, 0));
+  MP_TRY(cuGraphLaunch(x, s));
+  MP_TRY(cuStreamSynchronize(s));
+  if (destroyed_then_none(parent, other,
+                          "an executable of its body's parent lives") != 0)
+    return 1;
+  MP_TRY(cuGraphExecDestroy(x));
+  return memory_back(other);
+}
+
 /* The "update" mode: an executable of one captured graph (g1) updated
  * from another (g2, the same step captured again: cuGraphExecUpdate,
  * "topologically identical"), g2 then destroyed. The executable's
@@ -1073,6 +1127,7 @@ int main(int argc, char **argv) {
       : strcmp(how, "node_set") == 0          ? node_set
       : strcmp(how, "clone_parent") == 0      ? clone_parent
       : strcmp(how, "destroyed_capture") == 0 ? destroyed_capture
+      : strcmp(how, "conditional_body") == 0  ? conditional_body
                                               : NULL;
   if (mode != NULL || copy_mode != NULL) {
     if (mode != NULL ? mode(s, other) != 0 : copy_mode(s, other, pool) != 0)

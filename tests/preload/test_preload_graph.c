@@ -67,6 +67,7 @@ static void capture_under_the_shim_with(const char *how, const char *conf) {
           : strcmp(how, "node_set") == 0       ? 2 + 4 + 2 + 3 * NPROBE_ALLOCS
           : strcmp(how, "clone_parent") == 0   ? 2 + 2 + 1 + 4 * NPROBE_ALLOCS
           : strcmp(how, "destroyed_capture") == 0 ? 2 + 1 + 1 + NPROBE_ALLOCS
+          : strcmp(how, "conditional_body") == 0  ? 2 + 1 + 2 * NPROBE_ALLOCS
                                                   : 85;
   cr_assert_eq(
       sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
@@ -368,4 +369,15 @@ Test(preload_graph, a_destroyed_capturing_stream_ends_the_capture_it_began) {
   const char *how = "destroyed_capture";
   capture_under_the_shim_with(how, "MEMPOOL_CONF=max_bytes=24M");
   without_the_shim(&how, 1);
+}
+
+/* A capture into the body graph of a conditional node (cuGraphAddNode,
+ * CU_GRAPH_NODE_TYPE_CONDITIONAL; cuStreamBeginCaptureToGraph): the
+ * parent's executable replays the body, so it holds the graph pool after
+ * the parent (and its body) go, and its destruction gives the memory back.
+ * The shim did not see the body embedded in the parent: the graph pool
+ * was the body's, which the program never destroys, and lived until
+ * exit. */
+Test(preload_graph, a_conditional_nodes_body_capture_is_held_by_its_parent) {
+  capture_under_the_shim("conditional_body");
 }
