@@ -41,7 +41,7 @@ Test(pool_arenas_max_fraction, a_cap_below_what_arenas_hold_stops_growth) {
   job_t more = {.pool = pool, .bytes = 4 * MiB, .tag = 0x30, .count = 1};
   cr_expect_eq(on_worker(&wa, &more, ALLOC), MP_ELIMIT, "%s", more.why);
   cr_expect_eq(on_worker(&wb, &more, ALLOC), MP_ELIMIT, "%s", more.why);
-  cr_expect_neq(strstr(more.why, "max_bytes"), NULL, "%s", more.why);
+  cr_expect_neq(strstr(more.why, "max_fraction"), NULL, "%s", more.why);
   expect_kept(&a);
   expect_kept(&b);
   check(pool);
