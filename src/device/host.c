@@ -2035,6 +2035,27 @@ static mp_status_t host_ipc_open(mp_device_t *dev, const mp_ipc_handle_t *h,
   return MP_OK;
 }
 
+mp_status_t mp__host_note_import(mp_device_t *dev, void *p, size_t bytes,
+                                 bool mapped) {
+  if (dev->ops != &mp__host_backend)
+    return mp__fail(MP_ENOTSUP, "note_import: %s is not a host device",
+                    dev->name);
+  host_dev_t *h = host_of(dev);
+  if (!mapped) {
+    host_entry_t gone;
+    return host_atab_take_locked(h, &h->imports, p, &gone)
+               ? MP_OK
+               : mp__fail(MP_EINVAL, "note_import: %p is no import", p);
+  }
+  pthread_mutex_lock(&h->mem_lock);
+  bool kept = host_atab_add(
+      &h->imports, (host_entry_t){.key = (uintptr_t)p, .bytes = bytes});
+  pthread_mutex_unlock(&h->mem_lock);
+  return kept ? MP_OK
+              : mp__fail(MP_ENOMEM, "note_import: out of host memory to track "
+                                    "an import");
+}
+
 static mp_status_t host_ipc_close(mp_device_t *dev, void *base, size_t bytes,
                                   unsigned kind, bool *unmapped) {
   (void)kind;

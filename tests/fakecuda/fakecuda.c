@@ -4957,7 +4957,15 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
                   .ipc_serial = e.serial,
                   .ipc_pid = e.pid,
                   .ipc_refs = 1};
+  /* Device memory of this context from now, to copies and memsets
+   * (cuda.h, cuIpcOpenMemHandle: "Maps memory exported from another
+   * process ... into the current device address space"). */
+  if (mp__host_note_import(dev, p, e.size, true) != MP_OK) {
+    munmap(p, e.size);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   if (!fk_range_add(r)) {
+    (void)mp__host_note_import(dev, p, e.size, false);
     munmap(p, e.size);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
@@ -4977,6 +4985,10 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
     (void)fk_range_add(r);
     return r.ipc_open ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
   }
+  /* Known to the device of the context it was opened in. */
+  mp_device_t *opened_on = atomic_load(&((struct CUctx_st *)r.ctx)->dev);
+  (void)mp__host_note_import(opened_on != NULL ? opened_on : dev,
+                             (void *)r.base, r.size, false);
   munmap((void *)r.base, r.size);
   return CUDA_SUCCESS;
 }
