@@ -137,8 +137,20 @@ MP_API mp_status_t mp_stream_query(mp_device_t *dev, mp_stream_t s);
  * MP_EINVAL and changes nothing. */
 MP_API mp_status_t mp_stream_launch_host(mp_device_t *dev, mp_stream_t s,
                                          void (*fn)(void *), void *arg);
+/* Copies n bytes from src to dst in s's order (cuMemcpyAsync: the
+ * direction is told from the pointers, unified addressing). Either side
+ * may be device memory (an allocation, a virtual memory mapping,
+ * page-locked host memory, an IPC import; the whole range inside one) or
+ * ordinary host memory; overlapping ranges are MP_EINVAL ("The memory
+ * areas may not overlap", cudaMemcpyAsync). The host device refuses at the
+ * call (MP_EINVAL, nothing queued) a range that reaches past the device
+ * memory it starts in, or is neither device memory nor mapped host memory
+ * (a freed or made-up pointer), where a GPU's copy would fault. */
 MP_API mp_status_t mp_memcpy_async(mp_device_t *dev, void *dst, const void *src,
                                    size_t n, mp_stream_t s);
+/* Sets n bytes at dst to (unsigned char)value in s's order
+ * (cuMemsetD8Async): dst must be device memory, the whole range inside one
+ * piece of it, else MP_EINVAL and nothing queued. */
 MP_API mp_status_t mp_memset_async(mp_device_t *dev, void *dst, int value,
                                    size_t n, mp_stream_t s);
 
