@@ -198,8 +198,15 @@ fi
 # and, under the shim only, exec_child_set and exec_node_set (an
 # executable given another graph in its child graph node holds that
 # graph's pool) and embedded (a clone and an executable of the graph
-# cuGraphChildGraphNodeGetGraph gives hold the parent's pools).
-# Every mode frees the graph's output
+# cuGraphChildGraphNodeGetGraph gives hold the parent's pools),
+# refused_destroy and refused_destroy_many (a cuStreamDestroy of the
+# capturing stream refused, asked while another context is current: the
+# pool keeps the stream; a driver that destroys it fails the mode, saying
+# so) and conditional_body (a capture into a conditional node's body graph
+# is held by the parent's executable); destroyed_capture (a capturing
+# stream destroyed ends its capture: later cuMemAlloc/cuMemFree served, the
+# memory back) under the shim with the pool capped at 24 MiB, and without
+# it. Every mode frees the graph's output
 # after each launch, as cuda.h's graph allocations ask; "", "auto",
 # refused_end, side_stream and invalidated_side also run without the
 # shim, the real driver's own graph memory nodes keeping the rules the
@@ -209,13 +216,18 @@ if [ -x "$graph" ]; then
   real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
   for how in "" ptsz auto to_graph_twice many_execs refused_end side_stream \
     invalidated_side clone child update add_node add_node_move \
-    exec_child_set exec_node_set embedded; do
+    exec_child_set exec_node_set embedded refused_destroy \
+    refused_destroy_many conditional_body; do
     LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
       MEMPOOL_DEVICE=cuda "$graph" pool $how >"$work/graph.out" 2>&1 ||
       fail "graph_prog $how under the shim: $(cat "$work/graph.out")"
   done
+  LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
+    MEMPOOL_DEVICE=cuda MEMPOOL_CONF=max_bytes=24M \
+    "$graph" pool destroyed_capture >"$work/graph.out" 2>&1 ||
+    fail "graph_prog destroyed_capture under the shim: $(cat "$work/graph.out")"
   for how in "" auto refused_end side_stream invalidated_side clone child \
-    update add_node add_node_move; do
+    update add_node add_node_move destroyed_capture; do
     LD_LIBRARY_PATH="$(dirname "$real")" "$graph" plain $how \
       >"$work/graph.out" 2>&1 ||
       fail "graph_prog $how without the shim: $(cat "$work/graph.out")"
