@@ -522,11 +522,11 @@ MP_API mp_pool_t *mp_pool_graph_of(mp_pool_t *parent, mp_stream_t s);
  * live (a graph's outputs) keep the pool until their last free, which
  * returns everything (a free from inside an allocation on graph, such as
  * its out-of-memory handler's, leaves that to the allocation, which does it
- * before it returns); meanwhile mp_pool_alloc on graph is MP_EINVAL (no
- * new block for a graph that is gone). graph is invalid after the last block
- * goes; it is MP_EBUSY (nothing done) while a stream still allocates to it,
- * MP_EINVAL when it is no graph pool or released already. mp_pool_destroy of a
- * graph pool does the same. */
+ * before it returns); meanwhile mp_pool_alloc and mp_pool_alloc_contiguous
+ * on graph are MP_EINVAL (no new block for a graph that is gone). graph is
+ * invalid after the last block goes; it is MP_EBUSY (nothing done) while a
+ * stream still allocates to it, MP_EINVAL when it is no graph pool or released
+ * already. mp_pool_destroy of a graph pool does the same. */
 MP_API mp_status_t mp_pool_graph_release(mp_pool_t *graph);
 
 /* Model memory: compact what is live now to the bottom and freeze it there.

@@ -85,6 +85,9 @@ mp_status_t mp__pool_alloc_pieces(mp_pool_t *pool, size_t count,
   /* The take and the handler may drop the lock: as mp_pool_alloc, in a
    * graph pool. */
   bool graph = pool->graph;
+  /* Released, as mp_pool_alloc: no new block for a graph that is gone. */
+  if (MP__UNLIKELY(graph && pool->released))
+    return mp__graph_refuse_released(pool, "mp_pool_alloc_contiguous");
   bool outer = graph && mp__graph_enter(pool);
   mp_status_t st =
       mp__pieces_take(pool, count, total, overflow, s, &sidx, &recs, &b);

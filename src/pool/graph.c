@@ -601,6 +601,15 @@ bool mp__graph_enter(mp_pool_t *graph) {
   return outer;
 }
 
+MP__COLD mp_status_t mp__graph_refuse_released(mp_pool_t *graph,
+                                               const char *fn) {
+  mp__pool_unlock(graph);
+  return mp__fail(MP_EINVAL,
+                  "%s: graph pool %p is released (its live blocks keep it "
+                  "only until they are freed)",
+                  fn, (void *)graph);
+}
+
 bool mp__graph_leave(mp_pool_t *graph, bool outer) {
   mp__graph_asked = outer;
   graph->ncalls--;

@@ -671,13 +671,8 @@ static MP__COLD mp_status_t mp__pool_alloc_rare(mp_pool_t *pool, size_t bytes,
   /* Released, a graph pool lives on only for its live blocks' frees
    * (mp_pool_graph_release): a new block would borrow from the parent for
    * a graph that is gone. */
-  if (MP__UNLIKELY(graph && pool->released)) {
-    mp__pool_unlock(pool);
-    return mp__fail(MP_EINVAL,
-                    "mp_pool_alloc: graph pool %p is released (its live "
-                    "blocks keep it only until they are freed)",
-                    (void *)pool);
-  }
+  if (MP__UNLIKELY(graph && pool->released))
+    return mp__graph_refuse_released(pool, "mp_pool_alloc");
   bool outer = graph && mp__graph_enter(pool);
   mp_status_t st = mp__pool_alloc_locked_hot(pool, bytes, s, out, false);
   if (st != MP_OK && !graph) /* the plain path's failure, solo's too */

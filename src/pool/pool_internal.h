@@ -1054,6 +1054,12 @@ mp_status_t mp__graph_release(mp_pool_t *graph);
  * handler) and starts this one's at false; _leave restores outer. */
 bool mp__graph_enter(mp_pool_t *graph);
 bool mp__graph_leave(mp_pool_t *graph, bool outer);
+/* Under a graph pool's lock, which it drops: fn's refusal of a new block
+ * in graph, released (mp_pool_graph_release): a new block would borrow
+ * from the parent for a graph that is gone. Every allocation into a graph
+ * pool (mp_pool_alloc, mp_pool_alloc_contiguous) refuses so before
+ * mp__graph_enter. */
+mp_status_t mp__graph_refuse_released(mp_pool_t *graph, const char *fn);
 /* In a graph pool's growth, its range refused by the parent with st: true
  * (and from then false) the first time in the allocation this thread is in
  * (mp__graph_enter) that st is out of memory, when the parent's handler may

@@ -255,27 +255,56 @@ Test(pool_graph, a_released_graph_pool_goes_with_its_last_live_block,
   cr_expect_eq(mp_pool_check(parent), MP_OK, "%s", mp_last_error());
 }
 
-/* A released graph pool kept by a live block takes no new block: it
- * borrowed more of the parent for a graph that is gone, and kept it until
- * that block too was freed. The live block still frees. */
-Test(pool_graph, a_released_graph_pool_takes_no_new_block, .init = setup,
-     .fini = teardown) {
+/* A graph pool whose capture allocated out (1 MiB), released: its live
+ * block keeps it. */
+static mp_pool_t *released_with_a_live_block(void **out) {
   mp_pool_t *g;
   cr_assert_eq(mp_pool_graph_create(parent, &g), MP_OK);
   cr_assert_eq(mp_pool_graph_begin(parent, g, s1), MP_OK);
-  void *out, *more = NULL;
-  cr_assert_eq(mp_pool_alloc(parent, MiB, s1, &out), MP_OK);
+  cr_assert_eq(mp_pool_alloc(parent, MiB, s1, out), MP_OK);
   cr_assert_eq(mp_pool_graph_end(parent, s1), MP_OK);
   cr_assert_eq(mp_pool_graph_release(g), MP_OK);
-  mp_stats_t before = stats(parent);
-  cr_expect_eq(mp_pool_alloc(g, 8 * MiB, s1, &more), MP_EINVAL);
-  cr_expect_null(more);
+  return g;
+}
+
+/* st, an allocation on the released graph pool, was refused naming the
+ * release, with the parent as it was (before); out, the live block, still
+ * frees, and the pool goes with it. */
+static void expect_refused_then_gone(mp_status_t st, mp_stats_t before,
+                                     void *out) {
+  cr_expect_eq(st, MP_EINVAL);
   cr_expect(strstr(mp_last_error(), "released") != NULL, "%s", mp_last_error());
   cr_expect_eq(stats(parent).allocated_bytes, before.allocated_bytes);
   cr_expect_eq(stats(parent).reserved_bytes, before.reserved_bytes);
   cr_assert_eq(mp_pool_free(parent, out), MP_OK, "%s", mp_last_error());
   cr_expect_eq(stats(parent).allocated_bytes, 0);
   cr_expect_eq(mp_pool_check(parent), MP_OK, "%s", mp_last_error());
+}
+
+/* A released graph pool kept by a live block takes no new block: it
+ * borrowed more of the parent for a graph that is gone, and kept it until
+ * that block too was freed. The live block still frees. */
+Test(pool_graph, a_released_graph_pool_takes_no_new_block, .init = setup,
+     .fini = teardown) {
+  void *out, *more = NULL;
+  mp_pool_t *g = released_with_a_live_block(&out);
+  mp_stats_t before = stats(parent);
+  mp_status_t st = mp_pool_alloc(g, 8 * MiB, s1, &more);
+  cr_expect_null(more);
+  expect_refused_then_gone(st, before, out);
+}
+
+/* So does mp_pool_alloc_contiguous: its pieces borrowed from the parent
+ * for the gone graph as mp_pool_alloc's block did. */
+Test(pool_graph, a_released_graph_pool_takes_no_new_pieces, .init = setup,
+     .fini = teardown) {
+  void *out, *more[2] = {NULL, NULL};
+  mp_pool_t *g = released_with_a_live_block(&out);
+  mp_stats_t before = stats(parent);
+  size_t sizes[2] = {4 * MiB, 4 * MiB};
+  mp_status_t st = mp_pool_alloc_contiguous(g, 2, sizes, s1, more);
+  cr_expect_null(more[0]);
+  expect_refused_then_gone(st, before, out);
 }
 
 Test(pool_graph, bad_calls_are_refused_and_change_nothing, .init = setup,
