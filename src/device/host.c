@@ -1487,9 +1487,10 @@ static bool host_mapped(const void *p, size_t n) {
 /* Checks [p, p + n), a range a copy or memset queued on h touches, when it
  * is queued, so that what would fault on a worker thread (and kill the
  * process) is MP_EINVAL for the caller instead. The memory a host device
- * knows (its own, or any other open host device's: host_devs) is its
- * plain allocations, the mapped granules of its reservations, its
- * page-locked host memory and its IPC imports; a range that reaches into
+ * knows (its own, or any other open host device's: host_devs, but not
+ * one a forked child inherited) is its plain allocations, the mapped
+ * granules of its reservations, its page-locked host memory and its IPC
+ * imports; a range that reaches into
  * one of them must lie inside it, and inside mapped granules. device:
  * the range must be such memory (a memset's destination); else it may
  * also be host memory the process has mapped (a copy's sides).
@@ -1528,7 +1529,11 @@ static mp_status_t host_check_access(host_dev_t *h, const char *fn,
     pthread_mutex_lock(&host_devs_mu);
     for (host_dev_t *o = host_devs; o != NULL && st == MP_OK && !inside;
          o = o->peer_next) {
-      if (o == h)
+      /* Not a device this process inherited (a forked child): its memory
+       * is the parent's, no device memory of the child's (host_inherited),
+       * and its mem_lock may have been held at the fork by a thread that
+       * did not come along (host_close): taken, it would hang the child. */
+      if (o == h || host_inherited(o))
         continue;
       pthread_mutex_lock(&o->mem_lock);
       st = host_locate(o, fn, p, n, &inside);

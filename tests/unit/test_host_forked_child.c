@@ -129,6 +129,46 @@ Test(host_forked_child, a_child_cannot_allocate_from_the_parents_device) {
   mp_device_close(dev);
 }
 
+/* In the child: a memset queued on a device of its own into the parent's
+ * block ctx. MP_OK when it is refused as no device memory (nothing
+ * queued); MP_EIO when it was queued (it has run when this returns). */
+static mp_status_t memset_parents_block(void *ctx) {
+  mp_device_t *own;
+  mp_stream_t s;
+  if (mp_device_open("host:capacity=16M", &own) != MP_OK)
+    return MP_ENODEV;
+  if (mp_stream_create(own, &s) != MP_OK)
+    return MP_ENODEV;
+  mp_status_t st = mp_memset_async(own, ctx, 0, BLOCK, s);
+  bool refused =
+      st == MP_EINVAL && strstr(mp_last_error(), "not device memory") != NULL;
+  (void)mp_stream_synchronize(own, s);
+  (void)mp_stream_destroy(own, s);
+  mp_device_close(own);
+  return refused ? MP_OK : MP_EIO;
+}
+
+/* A child's own device does not take its parent's block for device memory
+ * of a host device: CUDA gives a forked child no part of its parent's
+ * context, and the block is the parent's pages of the shared file. The
+ * copies' and memsets' check looks at every open host device of the
+ * process, but not at those the child inherited: before, it found the
+ * block there, the memset ran and the parent's block was zeroed; and it
+ * took each inherited device's memory lock, which a thread of the parent
+ * may have held at the fork, so that the child could hang in any copy
+ * between host memory and its own device. */
+Test(host_forked_child,
+     a_child_s_device_refuses_a_memset_of_the_parents_block) {
+  device_block_t db;
+  cr_assert_eq(mp_device_open("host:capacity=64M", &db.dev), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_device_alloc(db.dev, BLOCK, &db.p), MP_OK, "%s",
+               mp_last_error());
+  child_frees_parent_keeps(db.p, memset_parents_block, db.p);
+  cr_assert_eq(mp_device_free(db.dev, db.p), MP_OK, "%s", mp_last_error());
+  mp_device_close(db.dev);
+}
+
 static mp_status_t destroy_direct(void *ctx) {
   return mp_direct_destroy(ctx);
 }
