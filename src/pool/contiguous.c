@@ -94,7 +94,10 @@ mp_status_t mp__pool_alloc_pieces(mp_pool_t *pool, size_t count,
   /* Out of memory: the handler, then once more, as mp_pool_alloc (an
    * arena has none: the arenas' path asks the pool's, arena.c). */
   if (mp__pool_oom_retry(pool, st, total))
-    st = mp__pieces_take(pool, count, total, overflow, s, &sidx, &recs, &b);
+    st = graph && pool->released
+             ? mp__graph_refuse_retry(pool, "mp_pool_alloc_contiguous")
+             : mp__pieces_take(pool, count, total, overflow, s, &sidx, &recs,
+                               &b);
   if (st != MP_OK) {
     bool last = graph && mp__graph_leave(pool, outer);
     mp__recs_free(pool, recs);

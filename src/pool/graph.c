@@ -610,6 +610,14 @@ MP__COLD mp_status_t mp__graph_refuse_released(mp_pool_t *graph,
                   fn, (void *)graph);
 }
 
+MP__COLD mp_status_t mp__graph_refuse_retry(const mp_pool_t *graph,
+                                            const char *fn) {
+  return mp__fail(MP_EINVAL,
+                  "%s: graph pool %p was released by its out-of-memory "
+                  "handler",
+                  fn, (const void *)graph);
+}
+
 bool mp__graph_leave(mp_pool_t *graph, bool outer) {
   mp__graph_asked = outer;
   graph->ncalls--;

@@ -677,8 +677,11 @@ static MP__COLD mp_status_t mp__pool_alloc_rare(mp_pool_t *pool, size_t bytes,
   mp_status_t st = mp__pool_alloc_locked_hot(pool, bytes, s, out, false);
   if (st != MP_OK && !graph) /* the plain path's failure, solo's too */
     return mp__pool_alloc_failed(pool, bytes, s, out, st);
+  /* A handler may release the graph pool before it asks for the retry:
+   * no new block then either. */
   if (st != MP_OK && mp__pool_oom_retry(pool, st, bytes))
-    st = mp__pool_alloc_locked(pool, bytes, s, out);
+    st = !pool->released ? mp__pool_alloc_locked(pool, bytes, s, out)
+                         : mp__graph_refuse_retry(pool, "mp_pool_alloc");
   bool last = graph && mp__graph_leave(pool, outer);
   mp__pool_unlock(pool);
   mp__graph_finish_if(pool, last);

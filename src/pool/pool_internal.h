@@ -1060,6 +1060,9 @@ bool mp__graph_leave(mp_pool_t *graph, bool outer);
  * pool (mp_pool_alloc, mp_pool_alloc_contiguous) refuses so before
  * mp__graph_enter. */
 mp_status_t mp__graph_refuse_released(mp_pool_t *graph, const char *fn);
+/* The same for the retry an out-of-memory handler asked for after it
+ * released the graph pool: MP_EINVAL, the lock kept. */
+mp_status_t mp__graph_refuse_retry(const mp_pool_t *graph, const char *fn);
 /* In a graph pool's growth, its range refused by the parent with st: true
  * (and from then false) the first time in the allocation this thread is in
  * (mp__graph_enter) that st is out of memory, when the parent's handler may

@@ -307,6 +307,37 @@ Test(pool_graph, a_released_graph_pool_takes_no_new_pieces, .init = setup,
   expect_refused_then_gone(st, before, out);
 }
 
+/* The out-of-memory handler of a graph pool releases it, lifts the
+ * parent's cap and asks for the retry: the retry is refused too (it took a
+ * new block of the parent for the gone graph). */
+static int release_and_lift(mp_pool_t *pool, size_t bytes, mp_status_t st,
+                            void *ctx) {
+  (void)bytes;
+  (void)st;
+  (void)ctx;
+  cr_expect_eq(mp_pool_graph_release(pool), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_set_max_fraction(parent, 1.0), MP_OK, "%s",
+               mp_last_error());
+  return 1;
+}
+
+Test(pool_graph, a_graph_pool_its_handler_released_takes_no_retry_block,
+     .init = setup, .fini = teardown) {
+  size_t total = 0;
+  cr_assert_eq(mp_device_mem_info(dev, NULL, &total), MP_OK);
+  mp_pool_t *g;
+  cr_assert_eq(mp_pool_graph_create(parent, &g), MP_OK);
+  void *out, *more = NULL;
+  cr_assert_eq(mp_pool_alloc(g, MiB, s1, &out), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_set_max_fraction(parent, (double)(8 * MiB) / total),
+               MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_set_oom_handler(g, release_and_lift, NULL), MP_OK);
+  mp_stats_t before = stats(parent);
+  mp_status_t st = mp_pool_alloc(g, 16 * MiB, s1, &more);
+  cr_expect_null(more);
+  expect_refused_then_gone(st, before, out);
+}
+
 Test(pool_graph, bad_calls_are_refused_and_change_nothing, .init = setup,
      .fini = teardown) {
   mp_pool_t *g, *g2, *child;
