@@ -516,23 +516,21 @@ static void host_mark_child(void) {
   atomic_store_explicit(&host_in_child, true, memory_order_relaxed);
 }
 
-/* host_devs_mu is held across a fork, so that a child never inherits it
- * held by a thread that did not come along. */
-static void host_fork_prepare(void) {
-  pthread_mutex_lock(&host_devs_mu);
-}
-
-static void host_fork_parent(void) {
-  pthread_mutex_unlock(&host_devs_mu);
-}
-
+/* A child starts a list of open host devices of its own, empty, with
+ * host_devs_mu new: the devices it inherited are no device of its own
+ * (host_inherited; never unlinked there, host_devs_link), and a thread
+ * that held the mutex at the fork did not come along. The mutex is not
+ * held across the fork: a prepare handler taking it ran before the preload
+ * shim's, which takes its state lock, the lock a device open holds while
+ * it takes host_devs_mu (TSan: lock-order inversion). */
 static void host_fork_child(void) {
-  pthread_mutex_unlock(&host_devs_mu);
+  pthread_mutex_init(&host_devs_mu, NULL);
+  host_devs = NULL;
   host_mark_child();
 }
 
 static void host_atfork(void) {
-  (void)pthread_atfork(host_fork_prepare, host_fork_parent, host_fork_child);
+  (void)pthread_atfork(NULL, NULL, host_fork_child);
 }
 
 /* Whether h is a device this process inherited: it is a child forked from
@@ -1457,6 +1455,9 @@ static mp_status_t host_locate(host_dev_t *h, const char *fn, const void *p,
 }
 
 static void host_devs_link(host_dev_t *h, bool in) {
+  /* On the parent's list, which a child does not have (host_fork_child). */
+  if (!in && host_inherited(h))
+    return;
   pthread_mutex_lock(&host_devs_mu);
   if (in) {
     h->peer_prev = NULL;
