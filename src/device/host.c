@@ -2006,6 +2006,19 @@ static mp_status_t host_ipc_export(mp_device_t *dev, void *base, size_t bytes,
   return MP_OK;
 }
 
+/* (p, bytes), mapped from another process's memory, is an import of h:
+ * device memory to copies and memsets until taken out of h->imports. */
+static mp_status_t host_import_add(host_dev_t *h, const char *fn, void *p,
+                                   size_t bytes) {
+  pthread_mutex_lock(&h->mem_lock);
+  bool kept = host_atab_add(
+      &h->imports, (host_entry_t){.key = (uintptr_t)p, .bytes = bytes});
+  pthread_mutex_unlock(&h->mem_lock);
+  return kept ? MP_OK
+              : mp__fail(MP_ENOMEM, "%s: out of host memory to track an import",
+                         fn);
+}
+
 static mp_status_t host_ipc_open(mp_device_t *dev, const mp_ipc_handle_t *h,
                                  void **out) {
   HOST_NOT_IN_HOST_FN("ipc_open");
@@ -2027,15 +2040,10 @@ static mp_status_t host_ipc_open(mp_device_t *dev, const mp_ipc_handle_t *h,
     return mp__fail(MP_ENOMEM, "mp_ipc_import: mmap of %zu bytes failed: %s",
                     h->mem_bytes, strerror(errno));
   /* Known to copies and memsets (host_check_access) until ipc_close. */
-  host_dev_t *hd = host_of(dev);
-  pthread_mutex_lock(&hd->mem_lock);
-  bool kept = host_atab_add(
-      &hd->imports, (host_entry_t){.key = (uintptr_t)p, .bytes = h->mem_bytes});
-  pthread_mutex_unlock(&hd->mem_lock);
-  if (!kept) {
+  st = host_import_add(host_of(dev), "mp_ipc_import", p, h->mem_bytes);
+  if (st != MP_OK) {
     munmap(p, h->mem_bytes);
-    return mp__fail(MP_ENOMEM, "mp_ipc_import: out of host memory to track "
-                               "an import");
+    return st;
   }
   *out = p;
   return MP_OK;
@@ -2053,13 +2061,7 @@ mp_status_t mp__host_note_import(mp_device_t *dev, void *p, size_t bytes,
                ? MP_OK
                : mp__fail(MP_EINVAL, "note_import: %p is no import", p);
   }
-  pthread_mutex_lock(&h->mem_lock);
-  bool kept = host_atab_add(
-      &h->imports, (host_entry_t){.key = (uintptr_t)p, .bytes = bytes});
-  pthread_mutex_unlock(&h->mem_lock);
-  return kept ? MP_OK
-              : mp__fail(MP_ENOMEM, "note_import: out of host memory to track "
-                                    "an import");
+  return host_import_add(h, "note_import", p, bytes);
 }
 
 static mp_status_t host_ipc_close(mp_device_t *dev, void *base, size_t bytes,
