@@ -81,10 +81,11 @@ def use(device=None):
 
     The default pools are made once per process and live until it exits:
     once this package has made them (default_pool_stats(), empty_cache(),
-    set_memory_fraction(), record_stream()), a device other than the one
-    they were made on cannot take effect, and use() raises RuntimeError,
-    naming both, with nothing set or installed (call use() first). Pools
-    made by C code of the process (mp_malloc) are not seen here. If PyTorch
+    set_memory_fraction(), record_stream()), or C code of the process has
+    (mp_malloc, the preload shim: mp_default_pool_made()), a device other
+    than the one they were made on cannot take effect, and use() raises
+    RuntimeError, naming both, with nothing set or installed (call use()
+    first). If PyTorch
     refuses the allocator (it has allocated already), its error is raised
     and $MEMPOOL_DEVICE is left as it was."""
     if isinstance(device, (float, bool)) or \
