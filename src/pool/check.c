@@ -173,11 +173,15 @@ mp_status_t mp__pool_check_locked(mp_pool_t *pool) {
     MP__CORRUPT("the remembered stream %p is not stream slot %u's",
                 (void *)pool->last_s, pool->last_sidx);
   /* A slot that only carries capture marks is marked, used by no block,
-   * and never the remembered one (stream.c: its first use clears it). */
+   * and never the remembered one (stream.c: its first use clears it). It
+   * may be set aside (gone with its handle kept: mp__stream_hide, while
+   * the shim's real cuStreamDestroy of its capturing stream runs), but
+   * never forgotten (a forget clears the mark_only). */
   for (uint32_t k = 0; k < pool->nstreams; k++) {
     const mp__strm_t *t = &pool->streams[k];
     if (t->mark_only &&
-        (t->gone || t->capturing == 0 || t->refs > 0 ||
+        ((t->gone && t->s == MP__STREAM_GONE) || t->capturing == 0 ||
+         t->refs > 0 ||
          (pool->last_s != MP__STREAM_GONE && pool->last_sidx == k)))
       MP__CORRUPT("stream slot %u carries only capture marks but is %s", k,
                   t->gone             ? "forgotten"
