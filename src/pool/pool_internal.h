@@ -311,6 +311,11 @@ typedef union mp__strm {
     bool mark_only;     /* added only to carry capture marks (a pool with
                            arenas: mp__stream_capture_mark_owned); it goes
                            with its last mark if no block used it */
+    bool capture_only;  /* marked capturing while the device said so, with
+                           no live block and no open epoch: what its open
+                           epoch holds since is the capture's alone, which
+                           never runs once the capture is over without a
+                           graph (mp__stream_drop) */
     uint64_t sync_snap; /* epoch closed by the device sync in flight */
     bool sync_owed;     /* forgotten, with work that sync is to cover */
     mp__marker_t marks[MP__MAX_MARKS]; /* FIFO of recorded markers */
@@ -1676,7 +1681,10 @@ void mp__stream_gone(void *pool, mp_stream_t s);
  * without touching the handle (a new stream given the same handle
  * meanwhile keeps its own slot), else each gives it back as it was. */
 void mp__stream_set_aside(mp_device_t *dev, mp_stream_t s);
-void mp__stream_set_aside_end(mp_device_t *dev, mp_stream_t s, bool destroyed);
+/* destroyed: the real destroy succeeded; over too: the stream began the
+ * capture it was in, which is over with it, without a graph. */
+void mp__stream_set_aside_end(mp_device_t *dev, mp_stream_t s, bool destroyed,
+                              bool over);
 /* mp__deps_on_free for a block with recorded uses, or in a pool of
  * several streams. */
 void mp__deps_on_free_uses(mp_pool_t *pool, mp__block_t *b);

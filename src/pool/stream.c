@@ -377,6 +377,7 @@ static void mp__stream_unhash(mp_pool_t *pool, uint32_t i) {
  * (as at mp_pool_graph_end, which could find neither slot by its handle
  * any more): each pool clears its own mark, the parent drops the route. */
 static void mp__stream_uncapture(mp_pool_t *pool, mp__strm_t *st) {
+  st->capture_only = false;
   if (st->capturing) {
     st->capturing = 0;
     pool->ncapturing--;
@@ -402,7 +403,13 @@ static void mp__stream_retire(mp_pool_t *pool, uint32_t i) {
  * thread): forget it (RETIRE), or, around the destroy of a stream being
  * captured, which the driver may refuse, set its slot aside (HIDE), then
  * give it back as it was (SHOW) or forget it with its handle dead (DROP). */
-enum { MP__GONE_RETIRE, MP__GONE_HIDE, MP__GONE_SHOW, MP__GONE_DROP };
+enum {
+  MP__GONE_RETIRE,
+  MP__GONE_HIDE,
+  MP__GONE_SHOW,
+  MP__GONE_DROP,
+  MP__GONE_DROP_OVER
+};
 static _Thread_local int mp__gone_how;
 
 /* Slot i set aside: matched by no handle and never recorded on or asked
@@ -417,17 +424,51 @@ static void mp__stream_hide(mp_pool_t *pool, uint32_t i) {
     pool->last_s = MP__STREAM_GONE;
 }
 
+/* The open epoch of st, whose content never runs, counted done once the
+ * epochs before it are: joined to the newest marker (stream order: its
+ * point comes before), or done now where none is pending and every epoch
+ * before is. False where a device sync in flight is still to cover
+ * those. */
+static bool mp__stream_never_runs(mp_pool_t *pool, mp__strm_t *st) {
+  mp__stream_poll(pool, st);
+  if (st->nmarks > 0)
+    st->marks[(st->mark_head + st->nmarks - 1) % MP__MAX_MARKS].epoch =
+        st->epoch;
+  else if (st->done >= st->epoch)
+    st->done = st->epoch + 1;
+  else
+    return false;
+  st->epoch++;
+  st->dirty = false;
+  return true;
+}
+
 /* Set-aside slot i forgotten with its handle dead (destroyed): as
  * mp__stream_retire, without the marker, which no capturing stream can
  * take anyway (mp__stream_close): its open epoch waits for a device
- * synchronize. */
-static void mp__stream_drop(mp_pool_t *pool, uint32_t i) {
+ * synchronize. Unless the capture is over with the stream (over: it began
+ * it; it ends without a graph, cuda.h: "Capture must be ended on the same
+ * stream in which it was initiated") and the slot was marked with nothing
+ * of its own open (capture_only): then its open epoch holds only captured
+ * work, which never runs, and what the stream queued before the capture
+ * is behind its earlier markers. */
+static void mp__stream_drop_as(mp_pool_t *pool, uint32_t i, bool over) {
   mp__strm_t *st = &pool->streams[i];
+  bool captured = over && st->capturing > 0 && st->capture_only;
   mp__stream_uncapture(pool, st);
-  st->dirty = true;
+  if (!captured || !mp__stream_never_runs(pool, st))
+    st->dirty = true;
   st->mark_only = false;
   st->s = MP__STREAM_GONE;
   pool->gone[pool->ngone++] = i;
+}
+
+static void mp__stream_drop(mp_pool_t *pool, uint32_t i) {
+  mp__stream_drop_as(pool, i, false);
+}
+
+static void mp__stream_drop_over(mp_pool_t *pool, uint32_t i) {
+  mp__stream_drop_as(pool, i, true);
 }
 
 /* Set-aside slot i matched by its handle again, as before it was set
@@ -452,10 +493,13 @@ void mp__stream_gone(void *ctx, mp_stream_t s) {
     mp__stream_retire(pool, i);
   else if (mp__gone_how == MP__GONE_HIDE && i != UINT32_MAX)
     mp__stream_hide(pool, i);
+  void (*end)(mp_pool_t *, uint32_t) =
+      mp__gone_how == MP__GONE_SHOW   ? mp__stream_show
+      : mp__gone_how == MP__GONE_DROP ? mp__stream_drop
+                                      : mp__stream_drop_over;
   for (uint32_t k = 0; mp__gone_how > MP__GONE_HIDE && k < pool->nstreams; k++)
     if (k != i && pool->streams[k].s == s && pool->streams[k].owner == 0)
-      (mp__gone_how == MP__GONE_SHOW ? mp__stream_show : mp__stream_drop)(pool,
-                                                                          k);
+      end(pool, k);
   mp__pool_unlock(pool);
 }
 
@@ -470,8 +514,12 @@ void mp__stream_set_aside(mp_device_t *dev, mp_stream_t s) {
   mp__stream_forget_as(dev, s, MP__GONE_HIDE);
 }
 
-void mp__stream_set_aside_end(mp_device_t *dev, mp_stream_t s, bool destroyed) {
-  mp__stream_forget_as(dev, s, destroyed ? MP__GONE_DROP : MP__GONE_SHOW);
+void mp__stream_set_aside_end(mp_device_t *dev, mp_stream_t s, bool destroyed,
+                              bool over) {
+  mp__stream_forget_as(dev, s,
+                       !destroyed ? MP__GONE_SHOW
+                       : over     ? MP__GONE_DROP_OVER
+                                  : MP__GONE_DROP);
 }
 
 /* ---- per-thread default streams of threads that exit ------------------- */
@@ -771,10 +819,13 @@ void mp__stream_capture_mark(mp_pool_t *pool, uint32_t sidx, bool on) {
     if (t->capturing == 0) {
       mp__stream_settle(pool, sidx); /* t stays valid: no new slot */
       pool->ncapturing++;
+      t->capture_only = t->refs == 0 && !t->dirty &&
+                        mp__device_stream_capturing(pool->dev, t->s) == 1;
     }
     t->capturing++;
   } else if (t->capturing > 0 && --t->capturing == 0) {
     pool->ncapturing--;
+    t->capture_only = false;
     /* The epoch the capture left open closes now (no marker could be
      * recorded meanwhile), so that by the time another stream asks about
      * what the capture freed, the marker has had time to complete. */

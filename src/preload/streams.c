@@ -66,11 +66,16 @@ static void mp__set_aside_on(mp_device_t *dev, void *s) {
 }
 
 static void mp__destroyed_on(mp_device_t *dev, void *s) {
-  mp__stream_set_aside_end(dev, (mp_stream_t)s, true);
+  mp__stream_set_aside_end(dev, (mp_stream_t)s, true, false);
+}
+
+/* Destroyed, with the capture it began: over, without a graph. */
+static void mp__destroyed_origin_on(mp_device_t *dev, void *s) {
+  mp__stream_set_aside_end(dev, (mp_stream_t)s, true, true);
 }
 
 static void mp__kept_on(mp_device_t *dev, void *s) {
-  mp__stream_set_aside_end(dev, (mp_stream_t)s, false);
+  mp__stream_set_aside_end(dev, (mp_stream_t)s, false, false);
 }
 
 mp__curesult cuStreamDestroy_v2(mp__custream hStream) {
@@ -113,7 +118,9 @@ mp__curesult cuStreamDestroy_v2(mp__custream hStream) {
   if (aside || (origin && r == MP__CU_SUCCESS)) {
     (void)mp__pl_enter();
     if (aside)
-      mp__pl_each_device(r == MP__CU_SUCCESS ? mp__destroyed_on : mp__kept_on,
+      mp__pl_each_device(r != MP__CU_SUCCESS ? mp__kept_on
+                         : origin            ? mp__destroyed_origin_on
+                                             : mp__destroyed_on,
                          hStream);
     if (r == MP__CU_SUCCESS)
       mp__pl_capture_destroyed(mp__pl_get(), hStream, origin,

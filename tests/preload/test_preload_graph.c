@@ -371,6 +371,16 @@ Test(preload_graph, a_destroyed_capturing_stream_ends_the_capture_it_began) {
   without_the_shim(&how, 1);
 }
 
+/* The same, with no cap: the temporary's memory comes back to other
+ * streams without a device synchronize, which the pool makes only under
+ * pressure. What the capture freed was never to run (the capture is over
+ * without a graph), and the stream was new; the pools' slots of it were
+ * dropped with their epoch open, as if queued work were still to use it,
+ * and other's probes got new memory instead. */
+Test(preload_graph, a_destroyed_capturing_streams_memory_comes_back_at_once) {
+  capture_under_the_shim("destroyed_capture");
+}
+
 /* A capture into the body graph of a conditional node (cuGraphAddNode,
  * CU_GRAPH_NODE_TYPE_CONDITIONAL; cuStreamBeginCaptureToGraph): the
  * parent's executable replays the body, so it holds the graph pool after

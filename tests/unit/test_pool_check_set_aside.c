@@ -39,7 +39,7 @@ static void run(bool destroyed) {
   check_ok(pool, "before the set-aside");
   mp__stream_set_aside(dev, s);
   check_ok(pool, "while the slot is set aside");
-  mp__stream_set_aside_end(dev, s, destroyed);
+  mp__stream_set_aside_end(dev, s, destroyed, false);
   check_ok(pool, destroyed ? "after the drop" : "after the slot came back");
   if (!destroyed)
     cr_assert_eq(mp_pool_graph_end(pool, s), MP_OK, "%s", mp_last_error());

@@ -205,8 +205,8 @@ fi
 # so) and conditional_body (a capture into a conditional node's body graph
 # is held by the parent's executable); destroyed_capture (a capturing
 # stream destroyed ends its capture: later cuMemAlloc/cuMemFree served, the
-# memory back) under the shim with the pool capped at 24 MiB, and without
-# it. Every mode frees the graph's output
+# memory back) under the shim with the pool capped at 24 MiB, uncapped
+# (the memory back without a device sync), and without the shim. Every mode frees the graph's output
 # after each launch, as cuda.h's graph allocations ask; "", "auto",
 # refused_end, side_stream and invalidated_side also run without the
 # shim, the real driver's own graph memory nodes keeping the rules the
@@ -217,7 +217,7 @@ if [ -x "$graph" ]; then
   for how in "" ptsz auto to_graph_twice many_execs refused_end side_stream \
     invalidated_side clone child update add_node add_node_move \
     exec_child_set exec_node_set embedded refused_destroy \
-    refused_destroy_many conditional_body; do
+    refused_destroy_many conditional_body destroyed_capture; do
     LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
       MEMPOOL_DEVICE=cuda "$graph" pool $how >"$work/graph.out" 2>&1 ||
       fail "graph_prog $how under the shim: $(cat "$work/graph.out")"
