@@ -214,7 +214,7 @@ static void mp__swap_places(mp__mover_t *m, mp__block_t *b, mp__block_t *f,
   mp__map_insert(pool, b);
   /* The moved block was written on the mover's stream: after its free no
    * other stream may reuse it before the copy. */
-  mp__stream_add_use(m->pool, b, m->sidx);
+  mp__stream_add_copy_use(m->pool, b, m->sidx);
   mp__vacated(m, f);
   m->moved += b->size;
 }
@@ -224,7 +224,7 @@ static void mp__swap_places(mp__mover_t *m, mp__block_t *b, mp__block_t *f,
  * stream as vacated space does, and b counts it as a use. */
 static void mp__slide_refused(mp__mover_t *m, mp__block_t *b, mp__block_t *f) {
   mp__index_remove(m->pool, f);
-  mp__stream_add_use(m->pool, b, m->sidx);
+  mp__stream_add_copy_use(m->pool, b, m->sidx);
   mp__vacated(m, f);
 }
 

@@ -1644,6 +1644,10 @@ mp_status_t mp__stream_capture_mark_owned(mp_pool_t *pool, mp_stream_t s,
                                           uint64_t owner, bool on, bool carry);
 /* Live block b is also used on stream sidx (record_stream, a move). */
 void mp__stream_add_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx);
+/* A copy queued on stream sidx now reads or writes b: a use that ends
+ * when the stream's open epoch is done (room for it made by dropping the
+ * copies' uses that are; defrag.c). */
+void mp__stream_add_copy_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx);
 /* Live block b's recorded uses are all finished (the caller synchronized
  * the device): forgotten, so that its free waits for its own stream only
  * (mp__pool_free_done). */

@@ -59,6 +59,7 @@ void mp__event_put(mp_pool_t *pool, mp_event_t e) {
 static void mp__stream_close(mp_pool_t *pool, mp__strm_t *st);
 static bool mp__pt_register(mp_pool_t *pool);
 static void mp__stream_poll(mp_pool_t *pool, mp__strm_t *st);
+static bool mp__dep_done(const mp_pool_t *pool, const mp__dep_t *d);
 
 _Static_assert(MP_POOL_FREE_AFTER_ALL_STREAMS == MP__MAX_DEPS,
                "pool.h promises what a block record holds");
@@ -704,17 +705,50 @@ static void mp__dep_now(mp_pool_t *pool, mp__dep_t *d, uint32_t sidx) {
   st->dirty = true;
 }
 
-void mp__stream_add_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx) {
+/* A live block's uses: epoch 0 (no epoch is 0) for a use until its free
+ * (record_stream), else a copy's (defrag.c), which ends with that epoch
+ * of its stream. */
+static bool mp__use_copy_done(const mp_pool_t *pool, const mp__dep_t *d) {
+  return mp__dep_epoch(*d) != 0 && mp__dep_done(pool, d);
+}
+
+/* The copies' uses of b that are done go: room for another use. */
+static void mp__uses_prune(mp_pool_t *pool, mp__block_t *b) {
+  for (uint32_t i = 0; i < b->ndeps;) {
+    mp__strm_t *st = &pool->streams[mp__dep_sidx(b->deps[i])];
+    mp__stream_poll(pool, st);
+    if (mp__use_copy_done(pool, &b->deps[i])) {
+      st->refs--;
+      b->deps[i] = b->deps[--b->ndeps];
+    } else {
+      i++;
+    }
+  }
+}
+
+/* Stream sidx uses b until its free (epoch 0) or until its open epoch is
+ * done (copy: a copy queued on it now). */
+static void mp__stream_add_use_as(mp_pool_t *pool, mp__block_t *b,
+                                  uint32_t sidx, bool copy) {
   MP__ASSERT_LOCKED(pool);
   if (sidx == b->sidx || (b->flags & MP__B_MANY_USES))
     return;
+  mp__dep_t use = mp__dep(sidx, 0);
+  if (copy)
+    mp__dep_now(pool, &use, sidx); /* its epoch, the copy's */
   for (uint32_t i = 0; i < b->ndeps; i++)
-    if (mp__dep_sidx(b->deps[i]) == sidx)
+    if (mp__dep_sidx(b->deps[i]) == sidx) {
+      /* A use until the free stays one; a copy's ends later or never. */
+      if (mp__dep_epoch(b->deps[i]) != 0)
+        b->deps[i] = use;
       return;
+    }
+  if (b->ndeps + 1 == MP__MAX_DEPS)
+    mp__uses_prune(pool, b);
   /* One dep slot stays for the block's own stream at the free. A use that
    * does not fit is not named: the block then waits for a device sync. */
   if (b->ndeps + 1 < MP__MAX_DEPS) {
-    b->deps[b->ndeps++] = mp__dep(sidx, 0); /* a use: no epoch */
+    b->deps[b->ndeps++] = use;
     pool->streams[sidx].refs++;
     /* A use (mp_pool_free_after_all names every stream, a capture's mark
      * slot too): the slot is the pool's now, not only the mark's. */
@@ -722,6 +756,14 @@ void mp__stream_add_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx) {
   } else {
     b->flags |= MP__B_MANY_USES;
   }
+}
+
+void mp__stream_add_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx) {
+  mp__stream_add_use_as(pool, b, sidx, false);
+}
+
+void mp__stream_add_copy_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx) {
+  mp__stream_add_use_as(pool, b, sidx, true);
 }
 
 void mp__stream_use_done(mp_pool_t *pool, mp__block_t *b, uint32_t sidx) {
@@ -762,15 +804,22 @@ void mp__deps_on_free_uses(mp_pool_t *pool, mp__block_t *b) {
         pool->streams[i].dirty = true;
     return;
   }
-  uint32_t uses[MP__MAX_DEPS];
+  mp__dep_t uses[MP__MAX_DEPS];
   uint32_t nuses = b->ndeps;
   for (uint32_t i = 0; i < nuses; i++)
-    uses[i] = mp__dep_sidx(b->deps[i]);
+    uses[i] = b->deps[i];
   mp__dep_now(pool, &b->deps[0], b->sidx);
   uint32_t n = 1;
-  for (uint32_t i = 0; i < nuses && n < MP__MAX_DEPS; i++)
-    if (uses[i] != b->sidx)
-      mp__dep_now(pool, &b->deps[n++], uses[i]);
+  /* A use until the free: the stream's work so far; a copy's: its epoch,
+   * unless done. */
+  for (uint32_t i = 0; i < nuses && n < MP__MAX_DEPS; i++) {
+    if (mp__dep_sidx(uses[i]) == b->sidx)
+      continue;
+    if (mp__dep_epoch(uses[i]) == 0)
+      mp__dep_now(pool, &b->deps[n++], mp__dep_sidx(uses[i]));
+    else if (!mp__dep_done(pool, &uses[i]))
+      b->deps[n++] = uses[i];
+  }
   b->ndeps = n;
   /* With one stream nobody else can want the block: stay lazy (no device
    * call). With several, close the epoch now so that the marker has
