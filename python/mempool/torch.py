@@ -24,6 +24,8 @@ torch_hooks.hpp installs them all from C++). So here:
 import numbers
 import operator
 import os
+import re
+import sys
 
 from . import _lib
 
@@ -46,6 +48,43 @@ def _device_number(device, call):
             return number
     from . import _shown
     raise ValueError("%s: device %s is not a device number (an integer from 0 to %d)"
+                     % (call, _shown(device), _INT_MAX))
+
+
+# torch.device's grammar (c10/core/Device.cpp: type[:index], the index
+# without leading zeros), of type cuda with an index.
+_CUDA_INDEX = re.compile(r"cuda:(0|[1-9][0-9]*)")
+
+
+def _fraction_device(device, call):
+    """device as torch.cuda.set_per_process_memory_fraction takes it
+    (torch.cuda._utils._get_device_index, no index optional), as a C int:
+    None (PyTorch's current device), an integer (__index__, a bool
+    excepted), "cuda:N", a torch.device of type cuda with an index, a
+    torch.cuda.device. Anything else, or an index outside a C int:
+    ValueError, as PyTorch's call raises."""
+    if device is None:
+        device = _current_device()
+    number = None
+    torch = sys.modules.get("torch")  # a torch.device exists only then
+    tdev = getattr(torch, "device", None)
+    cdev = getattr(getattr(torch, "cuda", None), "device", None)
+    if isinstance(device, str):
+        m = _CUDA_INDEX.fullmatch(device)
+        number = int(m.group(1)) if m else None
+    elif isinstance(tdev, type) and isinstance(device, tdev):
+        if device.type == "cuda" and device.index is not None:
+            number = operator.index(device.index)
+    elif isinstance(cdev, type) and isinstance(device, cdev):
+        number = operator.index(device.idx)
+    elif not isinstance(device, bool) and hasattr(type(device), "__index__"):
+        number = operator.index(device)
+    if number is not None and 0 <= number <= _INT_MAX:
+        return number
+    from . import _shown
+    raise ValueError("%s: device %s is not a CUDA device with an index: an integer "
+                     "from 0 to %d, 'cuda:N' or torch.device('cuda', N) (as "
+                     "torch.cuda.set_per_process_memory_fraction takes)"
                      % (call, _shown(device), _INT_MAX))
 
 
@@ -164,12 +203,15 @@ def set_memory_fraction(fraction, device=None):
     share is under the pool's alignment (no block fits): until a larger
     fraction is set, every allocation PyTorch asks on device fails (cached
     blocks included), while the pool's own cap stays as it was.
-    device: an integer (numpy's included); None, as in PyTorch's call, is
+    device: what PyTorch's call takes: an integer (numpy's included),
+    "cuda:N", torch.device("cuda", N) or a torch.cuda.device; None is
     PyTorch's current device (device 0 where torch cannot be imported or
     has no CUDA).
-    A fraction outside [0, 1] (NaN included) or a device that is not an
-    integer from 0 to 2**31 - 1 (a C int; a bool is not): ValueError
-    (ctypes would wrap 2**32 to device 0). A refusal of the library's (a
+    A fraction outside [0, 1] (NaN included) or a device that is none of
+    those, or whose index is not from 0 to 2**31 - 1 (a C int; a bool is no
+    integer here), "cuda" and torch.device("cuda") without an index or
+    "cpu" included: ValueError, as PyTorch's call raises (ctypes would wrap
+    2**32 to device 0). A refusal of the library's (a
     device the default pools do not serve, a paused pool for a fraction
     that allows some memory): MempoolError, the cap as it was. A fraction that is no real number (a
     str, a bool, None): TypeError, as PyTorch's call raises."""
@@ -185,9 +227,7 @@ def set_memory_fraction(fraction, device=None):
         raise ValueError("set_memory_fraction: fraction %s is not in [0, 1]"
                          % _shown(fraction))
     fraction = number
-    if device is None:
-        device = _current_device()
-    device = _device_number(device, "set_memory_fraction")
+    device = _fraction_device(device, "set_memory_fraction")
     from . import _check, _default_pools
     L = _default_pools("mp_torch_memory_fraction")
     _check(L.mp_torch_memory_fraction_ex(fraction, device), "mp_torch_memory_fraction")

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import mempool
 
 _STAND_IN = """
@@ -172,3 +174,50 @@ print(len(installed))
     assert "by C code of this process" in out[0], out
     assert out[1] == "0 host:capacity=64M 64"
     assert out[2] == "1"
+
+
+def _fraction_calls(monkeypatch):
+    """The stand-in torch in sys.modules and the (fraction, device) pairs
+    set_memory_fraction hands the library, recorded instead of set."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import torch_stand_in
+    for name, mod in torch_stand_in.modules(lambda alloc: None).items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    calls = []
+    monkeypatch.setattr(mempool._lib.lib(), "mp_torch_memory_fraction_ex",
+                        lambda *a: calls.append(a) or 0)
+    return torch_stand_in, calls
+
+
+def test_set_memory_fraction_takes_a_device_as_pytorchs_call_does(monkeypatch):
+    # torch.cuda.set_per_process_memory_fraction(f, device) takes None, an
+    # int, "cuda:N" and a torch.device (torch.cuda._utils._get_device_index);
+    # here "cuda:1" and torch.device("cuda:1") were ValueError ("not a
+    # device number"), so code written for PyTorch's call failed.
+    import mempool.torch
+    torch, calls = _fraction_calls(monkeypatch)
+    for dev in (1, "cuda:1", torch.device("cuda:1"), torch.device("cuda", 1),
+                torch.cuda_device(1)):
+        mempool.torch.set_memory_fraction(0.5, dev)
+    mempool.torch.set_memory_fraction(0.5, "cuda:0")
+    mempool.torch.set_memory_fraction(0.5, "cuda:10")
+    mempool.torch.set_memory_fraction(0.5, None)  # torch's current device
+    assert calls == [(0.5, 1)] * 5 + [(0.5, 0), (0.5, 10), (0.5, 2)]
+
+
+def test_set_memory_fraction_refuses_a_device_pytorch_refuses_and_sets_nothing(monkeypatch):
+    # As PyTorch's call: a device with no index ("cuda"), another type of
+    # device ("cpu"), a string torch.device does not parse (its grammar is
+    # type[:index], the index without leading zeros) and a value of
+    # another type are ValueError, naming the device; nothing is set.
+    import mempool.torch
+    torch, calls = _fraction_calls(monkeypatch)
+    for bad in ("cuda", "cuda:", "cpu", "cpu:0", "host", "cuda:-1", "cuda:01",
+                " cuda:1", "cuda:1 ", "cuda:1x", "cuda:\u0661", "cuda:%d" % 2**31,
+                torch.device("cuda"), torch.device("cpu"), torch.device("meta", 0),
+                torch.device("cuda", -1), torch.device("cuda", 2**31),
+                torch.cuda_device(-1), b"cuda:1", [1], 1.0, True):
+        with pytest.raises(ValueError, match="device") as e:
+            mempool.torch.set_memory_fraction(0.5, bad)
+        assert "set_memory_fraction" in str(e.value), e.value
+    assert calls == []
