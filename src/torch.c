@@ -428,6 +428,16 @@ void mp_torch_reset(void) {
  * block, the same), the pool's own cap as it was, and mp_torch_malloc
  * refuses while it is set. */
 mp_status_t mp_torch_memory_fraction_ex(double fraction, int device) {
+  char num[32];
+  mp__fmt_g(num, sizeof num, fraction);
+  /* Said as this hook, which the program called (PyTorch's
+   * set_per_process_memory_fraction through the C++ setter,
+   * mempool.torch.set_memory_fraction): PyTorch's call refuses the same
+   * ("Allowed range: 0~1"). */
+  if (!(fraction >= 0 && fraction <= 1))
+    return mp__fail(MP_EINVAL,
+                    "mp_torch_memory_fraction: fraction %s is not in [0, 1]",
+                    num);
   mp_pool_t *pool = mp__default_pool_for(device);
   if (pool == NULL)
     return mp__last_failure() != MP_OK ? mp__last_failure() : MP_EINVAL;
@@ -440,12 +450,18 @@ mp_status_t mp_torch_memory_fraction_ex(double fraction, int device) {
        mp_device_mem_info(mp_pool_device(pool), NULL, &total) == MP_OK &&
        (double)total * fraction < (double)pool->cfg.align);
   mp_status_t st = none ? MP_OK : mp_pool_set_max_fraction(pool, fraction);
-  if (st == MP_OK) {
-    pthread_mutex_lock(&mp__t.lock);
-    mp__torch_set_zero(pool, none);
-    pthread_mutex_unlock(&mp__t.lock);
-  }
-  return st;
+  if (st != MP_OK)
+    /* The pool's refusal (a paused pool, a device that does not tell its
+     * size) kept after this hook's name: the program never called
+     * mp_pool_set_max_fraction. A driver's code stays (mp__fail). */
+    return mp__fail(st,
+                    "mp_torch_memory_fraction: fraction %s on device %d: "
+                    "the default pool refused it (%s)",
+                    num, device, mp_last_error());
+  pthread_mutex_lock(&mp__t.lock);
+  mp__torch_set_zero(pool, none);
+  pthread_mutex_unlock(&mp__t.lock);
+  return MP_OK;
 }
 
 void mp_torch_memory_fraction(double fraction, int device) {

@@ -120,6 +120,31 @@ Test(torch_hooks, memory_fraction_under_one_block_allows_nothing) {
   free_fn(p, MiB, 0, NULL);
 }
 
+/* A refused fraction is said as the hook PyTorch calls (the C++
+ * set_per_process_memory_fraction's, mempool.torch.set_memory_fraction's),
+ * with the fraction and the device, and the pool's own reason after it: it
+ * named mp_pool_set_max_fraction, which the program never called. */
+Test(torch_hooks, a_refused_fraction_names_the_hook_and_the_pools_reason) {
+  mp_pool_t *pool = mp_default_pool();
+  void *p = alloc_fn(MiB, 0, NULL);
+  cr_assert_not_null(p, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_pause(pool, 0), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_torch_memory_fraction_ex(0.5, 0), MP_EBUSY);
+  static const char hook[] = "mp_torch_memory_fraction: fraction 0.5 on "
+                             "device 0: ";
+  const char *e = mp_last_error();
+  cr_expect(strncmp(e, hook, sizeof hook - 1) == 0, "%s", e);
+  cr_expect(strstr(e, "paused") != NULL, "the pool's reason: %s", e);
+  cr_expect(strstr(e, "(mp_pool_set_max_fraction") != NULL,
+            "the call that refused, after: %s", e);
+  cr_assert_eq(mp_pool_resume(pool), MP_OK, "%s", mp_last_error());
+  fraction_fn(2.0, 0);
+  cr_expect_eq(mp_last_status(), MP_EINVAL);
+  cr_expect_str_eq(mp_last_error(),
+                   "mp_torch_memory_fraction: fraction 2 is not in [0, 1]");
+  free_fn(p, MiB, 0, NULL);
+}
+
 Test(torch_hooks, base_alloc_is_the_block_holding_the_pointer) {
   char *p = alloc_fn(MiB, 0, NULL);
   cr_assert_not_null(p);
