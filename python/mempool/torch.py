@@ -229,8 +229,9 @@ def set_memory_fraction(fraction, device=None):
     fraction = number
     device = _fraction_device(device, "set_memory_fraction")
     from . import _check, _default_pools
-    L = _default_pools("mp_torch_memory_fraction")
-    _check(L.mp_torch_memory_fraction_ex(fraction, device), "mp_torch_memory_fraction")
+    # Named as the caller's call; the library's message names its own.
+    L = _default_pools("set_memory_fraction")
+    _check(L.mp_torch_memory_fraction_ex(fraction, device), "set_memory_fraction")
 
 
 def _storage_ptr(tensor):

@@ -181,6 +181,32 @@ print(lib.mp_torch_malloc(32 << 20, 0, None) is None)
     assert r.stdout.split() == ["raised", "MP_ENODEV", "True"], r.stdout
 
 
+def test_a_refused_fraction_names_the_call_made_and_the_pools_reason():
+    # The refusal of a paused default pool read "mp_torch_memory_fraction:
+    # ... : mp_pool_set_max_fraction: the pool is paused": two calls the
+    # program never made. It names set_memory_fraction, then what it asked
+    # of the library, and keeps the pool's reason.
+    r = _run(_MALLOC + """
+V = ctypes.c_void_p
+lib.mp_default_pool.restype = V
+lib.mp_pool_pause.argtypes = [V, ctypes.c_int]
+lib.mp_pool_resume.argtypes = [V]
+p = lib.mp_torch_malloc(1 << 20, 0, None)
+assert lib.mp_pool_pause(lib.mp_default_pool(), 0) == 0
+try:
+    mempool.torch.set_memory_fraction(0.5, 0)
+except mempool.Busy as e:
+    print(e)
+assert lib.mp_pool_resume(lib.mp_default_pool()) == 0
+lib.mp_torch_free(p, 1 << 20, 0, None)
+""")
+    assert r.returncode == 0, r.stderr
+    msg = r.stdout.strip()
+    assert msg.startswith("set_memory_fraction: "), msg
+    assert ": mp_torch_memory_fraction: fraction 0.5 on device 0: " in msg, msg
+    assert "(mp_pool_set_max_fraction: the pool is paused)" in msg, msg
+
+
 _RECORD = _MALLOC + r"""
 import threading
 V = ctypes.c_void_p
