@@ -89,6 +89,10 @@ def _fraction_device(device, call):
 
 
 _BACKENDS = ("host", "cuda")  # the device names mp_device_open takes
+# The indices "cuda:N" opens: decimal digits, at most 1024 (src/device/
+# cuda.c, mp__cuda_parse_index).
+_CUDA_SPEC_INDEX = re.compile(r"[0-9]+")
+_CUDA_MAX_INDEX = 1024
 
 
 def _spec_checked(spec, call):
@@ -103,6 +107,14 @@ def _spec_checked(spec, call):
         raise _bad("device spec %r names no device (expected %s)"
                    % (spec, ", ".join("'%s', '%s:...'" % (b, b) for b in _BACKENDS)),
                    call)
+    # After "cuda:" comes the index, no options: one the library cannot
+    # open would fail only at PyTorch's first allocation.
+    index = rest.lstrip("0") or "0"  # int() of 4300 digits raises
+    if name == "cuda" and colon and not (_CUDA_SPEC_INDEX.fullmatch(rest) and
+                                         len(index) <= len(str(_CUDA_MAX_INDEX)) and
+                                         int(index) <= _CUDA_MAX_INDEX):
+        raise _bad("device spec %r names no CUDA device: expected 'cuda:N', N a "
+                   "decimal index from 0 to %d" % (spec, _CUDA_MAX_INDEX), call)
     return spec
 
 
@@ -114,9 +126,11 @@ def use(device=None):
     or the library's choice. It is set as $MEMPOOL_DEVICE, which the default
     pool reads when it is made (on the first allocation). A negative
     number, one past a C int, a bool or a float: ValueError; a str that
-    names no device ("", "gpu:0", "cuda:", one with a NUL byte):
-    InvalidArgument (a ValueError); another type than an integer or a str:
-    TypeError; either way nothing is set or installed.
+    names no device ("", "gpu:0", "cuda:", one with a NUL byte) or a CUDA
+    index the library cannot open ("cuda:abc", past "cuda:1024", an
+    integer past 1024 too): InvalidArgument (a ValueError); another type
+    than an integer or a str: TypeError; either way nothing is set or
+    installed.
 
     The default pools are made once per process and live until it exits:
     once this package has made them (default_pool_stats(), empty_cache(),
@@ -130,6 +144,7 @@ def use(device=None):
     if isinstance(device, (float, bool)) or \
             (not isinstance(device, str) and hasattr(type(device), "__index__")):
         device = _device_number(device, "mempool.torch.use")
+        _spec_checked("cuda:%d" % device, "mempool.torch.use")
     elif isinstance(device, str):
         _spec_checked(device, "mempool.torch.use")
     elif device is not None:

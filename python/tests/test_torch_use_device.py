@@ -221,3 +221,26 @@ def test_set_memory_fraction_refuses_a_device_pytorch_refuses_and_sets_nothing(m
             mempool.torch.set_memory_fraction(0.5, bad)
         assert "set_memory_fraction" in str(e.value), e.value
     assert calls == []
+
+
+def test_a_cuda_index_the_library_cannot_open_is_refused_before_anything_is_installed():
+    # "cuda:" then anything but a device index the library opens (decimal,
+    # at most 1024: src/device/cuda.c) passed the check of the device's
+    # name, was set as $MEMPOOL_DEVICE and the allocator installed; the
+    # mistake surfaced at PyTorch's first allocation, the default pools
+    # unusable for the process. An integer past 1024 was set as "cuda:N".
+    out = _run("""
+for bad in ("cuda:abc", "cuda:-1", "cuda:1x", "cuda: 1", "cuda:+1", "cuda:1025",
+            "cuda:\\u0661", "cuda:" + "9" * 5000, 1025, 2**31 - 1):
+    try:
+        mempool.torch.use(device=bad)
+    except ValueError as e:
+        print("refused", "device" in str(e), os.environ["MEMPOOL_DEVICE"])
+print(len(installed))
+mempool.torch.use(device="cuda:01024")  # the last one the library opens
+mempool.torch.use(device=1024)
+print(len(installed), os.environ["MEMPOOL_DEVICE"])
+""")
+    assert out[:10] == ["refused True host:capacity=64M"] * 10, out
+    assert out[10] == "0"
+    assert out[11] == "2 cuda:1024"
