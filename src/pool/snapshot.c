@@ -808,7 +808,18 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
    * failed snapshot leaves whatever was at path untouched. A file it
    * replaces keeps its mode, as a write in place would leave it. The
    * rename follows no link: whatever was put at path meanwhile is replaced
-   * (a folder refuses it), never written through. */
+   * (a folder refuses it), never written through. A file there that the
+   * caller may not write is refused untouched, as fopen(path, "wb") or
+   * PyTorch's _dump_snapshot refuse it: the folder's rights alone let the
+   * rename replace it. */
+  if (there && faccessat(dirfd, base, W_OK, AT_EACCESS) != 0 &&
+      (errno == EACCES || errno == EPERM || errno == EROFS)) {
+    mp_status_t st = mp__fail(MP_EIO, "mp_pool_snapshot: cannot write '%s': %s",
+                              shown, strerror(errno));
+    close(dirfd);
+    free(target);
+    return st;
+  }
   size_t tn = strlen(base) + 64;
   char *tmp = mp__host_alloc(tn);
   if (tmp == NULL) {

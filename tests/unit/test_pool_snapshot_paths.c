@@ -6,14 +6,17 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -208,4 +211,51 @@ Test(pool_snapshot_paths, a_path_ending_in_a_slash_is_refused) {
   snprintf(path, sizeof path, "%s/", dir);
   refused_with(path, "Is a directory");
   cr_expect_eq(files_in_dir(false), 0, "a file was left in the folder");
+}
+
+/* In a child without root's rights (nobody's, where the test runs as
+ * root, who may write any file): mp_pool_snapshot(pool, path); exits 0 on
+ * MP_EIO, its message in why (shared with the parent). */
+static void snapshot_as_another_user(const char *path, char *why, size_t n) {
+  if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0))
+    _exit(2);
+  mp_status_t st = mp_pool_snapshot(pool, path);
+  snprintf(why, n, "%s", mp_last_error());
+  _exit(st == MP_EIO ? 0 : 1);
+}
+
+/* A file that is there and that the caller may not write (mode 0444) is
+ * refused with the reason, as fopen(path, "wb") or PyTorch's
+ * _dump_snapshot (Python's open) refuse it, and left as it was: the
+ * temporary renamed over it replaced it whenever its folder was
+ * writable. */
+Test(pool_snapshot_paths, a_file_the_caller_may_not_write_is_left_alone) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/ro.pkl", dir);
+  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0444);
+  cr_assert_geq(fd, 0);
+  cr_assert_eq(write(fd, "old", 3), 3);
+  close(fd);
+  cr_assert_eq(chmod(dir, 0777), 0); /* the other user's folder too */
+  char *why = mmap(NULL, 512, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  cr_assert_neq(why, MAP_FAILED);
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0)
+    snapshot_as_another_user(path, why, 512);
+  int status = 0;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  cr_assert(WIFEXITED(status));
+  cr_expect_eq(WEXITSTATUS(status), 0, "not refused with MP_EIO: '%s'", why);
+  cr_expect(strstr(why, "Permission denied") != NULL && strstr(why, "ro.pkl"),
+            "%s", why);
+  char was[8] = {0};
+  fd = open(path, O_RDONLY);
+  cr_assert_geq(fd, 0);
+  cr_expect_eq(read(fd, was, sizeof was), 3);
+  close(fd);
+  cr_expect_str_eq(was, "old", "the file the caller may not write changed");
+  cr_expect_eq(files_in_dir(false), 1, "a refused snapshot left a file");
+  munmap(why, 512);
 }
