@@ -806,10 +806,10 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
   }
   /* Otherwise a temporary beside path, renamed over it once complete: a
    * failed snapshot leaves whatever was at path untouched. A file it
-   * replaces keeps its mode, as a write in place would leave it. The
-   * rename follows no link: whatever was put at path meanwhile is replaced
-   * (a folder refuses it), never written through. A file there that the
-   * caller may not write is refused untouched, as fopen(path, "wb") or
+   * replaces keeps its mode, owner and group, as a write in place would leave
+   * it. The rename follows no link: whatever was put at path meanwhile is
+   * replaced (a folder refuses it), never written through. A file there that
+   * the caller may not write is refused untouched, as fopen(path, "wb") or
    * PyTorch's _dump_snapshot refuse it: the folder's rights alone let the
    * rename replace it. */
   if (there && faccessat(dirfd, base, W_OK, AT_EACCESS) != 0 &&
@@ -828,8 +828,14 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
     return mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
   }
   int fd = mp__snap_tmp_open(dirfd, base, tmp, tn);
-  if (fd >= 0 && there)
+  /* Its owner and group too (as far as the caller may give them: root
+   * any, another user the groups it is in), then its mode (a chown may
+   * clear bits of it). */
+  if (fd >= 0 && there) {
+    if (fchown(fd, sb.st_uid, sb.st_gid) != 0)
+      (void)fchown(fd, (uid_t)-1, sb.st_gid);
     (void)fchmod(fd, sb.st_mode & 0777);
+  }
   FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
   if (f == NULL) {
     mp_status_t st = mp__fail(MP_EIO, "mp_pool_snapshot: cannot write '%s': %s",

@@ -259,3 +259,26 @@ Test(pool_snapshot_paths, a_file_the_caller_may_not_write_is_left_alone) {
   cr_expect_eq(files_in_dir(false), 1, "a refused snapshot left a file");
   munmap(why, 512);
 }
+
+/* A file it replaces keeps its owner and group, as its mode, as a write in
+ * place would leave them: root's snapshot over another user's file (the
+ * shim's MEMPOOL_SNAPSHOT of a program run as root into a user's folder)
+ * gave the file to root, and the user could no longer write it. */
+Test(pool_snapshot_paths, a_replaced_file_keeps_its_owner) {
+  if (geteuid() != 0)
+    cr_skip_test("only root may give a file to another user");
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/theirs.pkl", dir);
+  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0644);
+  cr_assert_geq(fd, 0);
+  cr_assert_eq(fchown(fd, 65534, 65534), 0);
+  close(fd);
+  cr_assert_eq(mp_pool_snapshot(pool, path), MP_OK, "%s", mp_last_error());
+  struct stat sb;
+  cr_assert_eq(stat(path, &sb), 0);
+  cr_expect_eq(sb.st_uid, 65534, "the replaced file's owner became %u",
+               (unsigned)sb.st_uid);
+  cr_expect_eq(sb.st_gid, 65534, "the replaced file's group became %u",
+               (unsigned)sb.st_gid);
+  cr_expect_gt(sb.st_size, 0, "not the snapshot");
+}
