@@ -40,7 +40,8 @@ mp__alloc_locked_as(mp_pool_t *pool, size_t bytes, mp_stream_t s, void **out,
     return st;
   size_t size;
   if (!mp__pool_round(pool, bytes, &size) || size > pool->cap)
-    return mp__pool_oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM, bytes);
+    return mp__pool_oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM, bytes,
+                        MP__HIST_STREAM(pool, sidx));
   /* Room in the live map first, so that a host failure there leaves the
    * device memory as it was; taking may drop the lock (growth), and
    * another thread may fill the room meanwhile: looked at again after

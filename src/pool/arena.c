@@ -788,7 +788,8 @@ static mp_status_t mp__arena_alloc_oom(mp_pool_t *pool, mp_pool_t *a,
   mp__pool_lock(a);
   if (!mp__oom_quiet)
     MP__HIST(a, MP__H_OOM,
-             cap > sum.reserved_bytes ? cap - sum.reserved_bytes : 0, bytes, 0);
+             cap > sum.reserved_bytes ? cap - sum.reserved_bytes : 0, bytes,
+             (uintptr_t)q->s);
   mp__pool_unlock(a);
   return mp__fail(
       st,

@@ -37,11 +37,12 @@ static mp_status_t mp__pieces_take(mp_pool_t *pool, size_t count, size_t total,
   /* As mp_pool_alloc does for a size that cannot be rounded. */
   if (overflow)
     return mp__pool_oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM,
-                        SIZE_MAX);
+                        SIZE_MAX, (uintptr_t)s);
   if ((st = mp__stream_index(pool, s, sidx)) != MP_OK)
     return st;
   if (total > pool->cap)
-    return mp__pool_oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM, total);
+    return mp__pool_oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM, total,
+                        MP__HIST_STREAM(pool, *sidx));
   /* Records for the pieces first, so that nothing can fail once the block
    * is cut. */
   if (count > 1 && *recs == NULL &&

@@ -199,6 +199,7 @@ static _Thread_local uint64_t mp__oom_serial;
 static _Thread_local uint64_t mp__oom_event;
 static _Thread_local mp__hkept_t mp__oom_under;
 static _Thread_local size_t mp__oom_asked;
+static _Thread_local uintptr_t mp__oom_stream;
 
 const char *mp__pausable_note(const mp_pool_t *pool, mp_status_t st,
                               size_t asked, size_t room) {
@@ -216,7 +217,8 @@ const char *mp__pausable_note(const mp_pool_t *pool, mp_status_t st,
   return "";
 }
 
-mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked) {
+mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked,
+                         uintptr_t hs) {
   char a[32], r[32], al[32], lf[32];
   if (!mp__oom_quiet)
     pool->st.oom_count++;
@@ -228,9 +230,10 @@ mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked) {
   if (!pool->arena && pool->hist.ev != NULL && !mp__oom_quiet) {
     if (pool->oom_fn != NULL)
       mp__history_save_next(pool, &mp__oom_under);
-    MP__HIST(pool, MP__H_OOM, mp__pool_room(pool), asked, 0);
+    MP__HIST(pool, MP__H_OOM, mp__pool_room(pool), asked, hs);
     mp__oom_event = pool->oom_fn != NULL ? pool->hist.total : 0;
     mp__oom_asked = asked;
+    mp__oom_stream = hs;
   }
   mp__fail(st,
            "%s%s: asked %s, reserved %s, allocated %s, largest free block %s%s",
@@ -429,7 +432,9 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
     return MP_OK;
   if (pool->paused)
     return mp__pool_paused(pool, "allocation");
-  return mp__pool_oom(pool, st == MP_ELIMIT ? MP_ELIMIT : MP_ENOMEM, size);
+  return mp__pool_oom(pool, st == MP_ELIMIT ? MP_ELIMIT : MP_ENOMEM, size,
+                      sidx != UINT32_MAX ? MP__HIST_STREAM(pool, sidx)
+                                         : (uintptr_t)mp__take_stream);
 got:
   *out = mp__take_block(pool, b, size);
   return MP_OK;
@@ -638,6 +643,7 @@ bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes) {
    * the arenas' path records it (arena.c). */
   bool event = mp__oom_event != 0 && mp__oom_event == pool->hist.total;
   size_t asked = mp__oom_asked;
+  uintptr_t hs = mp__oom_stream;
   if (event)
     mp__history_take_back(pool, &mp__oom_under);
   void *caller = mp__hist_caller; /* the handler's calls into pools move it */
@@ -648,7 +654,7 @@ bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes) {
   if (!again) {
     mp__fail(st, "%s", why); /* the failure, not what the handler did */
     if (event)
-      MP__HIST(pool, MP__H_OOM, mp__pool_room(pool), asked, 0);
+      MP__HIST(pool, MP__H_OOM, mp__pool_room(pool), asked, hs);
   } else if (!mp__oom_quiet && pool->st.oom_count > 0)
     pool->st.oom_count--; /* the retry's answer is the allocation's */
   return again != 0;

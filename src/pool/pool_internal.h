@@ -1146,7 +1146,8 @@ bool mp__pool_take_cached(mp_pool_t *pool, size_t size, uint32_t sidx,
 void mp__block_untake(mp_pool_t *pool, mp__block_t *b);
 /* Counts an out-of-memory failure of a request of `asked` bytes and
  * returns st (MP_ENOMEM or MP_ELIMIT) with a message naming the figures. */
-mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked);
+mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked,
+                         uintptr_t hs);
 /* What an MP_ELIMIT message adds where pausable=1 (MP_POOL_PAUSABLE)
  * turned down the plain segment a request of `asked` bytes fitted in, room
  * bytes left under the cap, or an MP_ENOMEM where it did so because its

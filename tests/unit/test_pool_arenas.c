@@ -1064,7 +1064,9 @@ Test(pool_arenas, history_has_one_oom_event_per_failed_allocation) {
   job_t a = {.pool = pool, .bytes = 16 * MiB, .count = 1};
   on_thread(alloc_hold_job, &a); /* the arena's first: asks for a share */
   cr_assert_eq(a.st, MP_OK, "%s", mp_last_error());
-  job_t b = {.pool = pool, .bytes = 16 * MiB, .count = 1};
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK, "%s", mp_last_error());
+  job_t b = {.pool = pool, .bytes = 16 * MiB, .count = 1, .s = s};
   on_thread(alloc_job, &b); /* 16 + 16 > 24: fails after the reclaim */
   cr_assert_eq(b.st, MP_ELIMIT);
   size_t ooms = 0, events = 0;
@@ -1075,6 +1077,7 @@ Test(pool_arenas, history_has_one_oom_event_per_failed_allocation) {
         ooms++;
         cr_expect_eq(x->hist.ev[e].size, 16 * MiB);
         cr_expect_leq(x->hist.ev[e].addr, 8 * MiB, "what could be reserved");
+        cr_expect_eq(x->hist.ev[e].stream, (uintptr_t)s, "the request's");
       }
   }
   cr_expect_gt(events, 0);
@@ -1083,6 +1086,7 @@ Test(pool_arenas, history_has_one_oom_event_per_failed_allocation) {
   on_thread(free_job, &a);
   check(pool);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
 }
 
 Test(pool_arenas, arenas_zero_is_the_pool_itself) {

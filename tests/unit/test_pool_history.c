@@ -771,6 +771,38 @@ Test(pool_history, an_oom_is_an_event) {
   mp_pool_destroy(p);
 }
 
+/* On the stream the request named, as PyTorch's trace records an oom
+ * (its TraceEntry carries the allocation's stream): the history recorded
+ * 0 for every one. Past the cap, past what a size can round to, and a
+ * contiguous request, each on its stream; then with a handler that
+ * declines, whose answer the event waits for. */
+static int decline(mp_pool_t *pool, size_t bytes, mp_status_t why, void *ctx) {
+  (void)pool, (void)bytes, (void)why, (void)ctx;
+  return 0;
+}
+
+Test(pool_history, an_oom_is_an_event_on_the_requests_stream) {
+  mp_pool_t *p = make_pool("max_bytes=4M,history=16");
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK, "%s", mp_last_error());
+  void *a = NULL;
+  cr_assert_eq(mp_pool_alloc(p, (size_t)64 << 20, s, &a), MP_ELIMIT);
+  cr_expect_eq(oldest(p, p->hist.total - 1)->stream, (uintptr_t)s);
+  cr_assert_eq(mp_pool_alloc(p, SIZE_MAX, s, &a), MP_ELIMIT);
+  cr_expect_eq(oldest(p, p->hist.total - 1)->stream, (uintptr_t)s);
+  void *ptrs[2];
+  size_t sizes[2] = {(size_t)3 << 20, (size_t)3 << 20};
+  cr_assert_eq(mp_pool_alloc_contiguous(p, 2, sizes, s, ptrs), MP_ELIMIT);
+  cr_expect_eq(oldest(p, p->hist.total - 1)->action, MP__H_OOM);
+  cr_expect_eq(oldest(p, p->hist.total - 1)->stream, (uintptr_t)s);
+  cr_assert_eq(mp_pool_set_oom_handler(p, decline, NULL), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, (size_t)64 << 20, s, &a), MP_ELIMIT);
+  cr_expect_eq(oldest(p, p->hist.total - 1)->action, MP__H_OOM);
+  cr_expect_eq(oldest(p, p->hist.total - 1)->stream, (uintptr_t)s);
+  mp_pool_destroy(p);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+}
+
 Test(pool_history, bad_options_are_refused_and_change_nothing) {
   unsetenv("MEMPOOL_CONF");
   const char *bad[] = {"history=-1", "history=abc", "history=16777217",
