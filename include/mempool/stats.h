@@ -67,10 +67,9 @@ MP_API mp_status_t mp_pool_get_stats_sized(mp_pool_t *pool, mp_stats_t *out,
                                            size_t size);
 /* Peaks start again from the current values. */
 MP_API mp_status_t mp_pool_reset_peaks(mp_pool_t *pool);
-/* format "text" or "json" (NULL: "text"): segments, blocks, free lists by
- * class, external fragmentation = 1 - largest free / total free. */
 /* format: "text" (NULL), "json" (stats, segments with their blocks, free
- * classes; a segment's size is the bytes it holds on the device now: while
+ * classes with external fragmentation = 1 - largest free / total free; a
+ * segment's size is the bytes it holds on the device now: while
  * paused, what the pause left mapped, as reserved_bytes, and the segment
  * says " paused" / "paused":true), or "torch": one JSON object with
  * torch.cuda.memory_stats()'s key names where they mean the same here
