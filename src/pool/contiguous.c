@@ -34,12 +34,15 @@ static mp_status_t mp__pieces_take(mp_pool_t *pool, size_t count, size_t total,
     return st;
   if (pool->nheld > 0)
     mp__export_reap(pool);
+  /* The stream before the sizes, as mp_pool_alloc looks: a stream that is
+   * none of the device's is bad input (MP_EINVAL), whatever is asked, not
+   * an allocation that ran out (no oom_count, no handler). */
+  if ((st = mp__stream_index(pool, s, sidx)) != MP_OK)
+    return st;
   /* As mp_pool_alloc does for a size that cannot be rounded. */
   if (overflow)
     return mp__pool_oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM,
-                        SIZE_MAX, (uintptr_t)s);
-  if ((st = mp__stream_index(pool, s, sidx)) != MP_OK)
-    return st;
+                        SIZE_MAX, MP__HIST_STREAM(pool, *sidx));
   if (total > pool->cap)
     return mp__pool_oom(pool, pool->cap_is_max ? MP_ELIMIT : MP_ENOMEM, total,
                         MP__HIST_STREAM(pool, *sidx));
