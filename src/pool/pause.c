@@ -316,12 +316,22 @@ static mp_status_t mp__pause_plain_release(mp_pool_t *pool) {
 static mp_status_t mp__pause_check(const mp_pool_t *pool) {
   if (pool->paused)
     return mp__fail(MP_EBUSY, "mp_pool_pause: the pool is paused already");
+  /* A graph pool has a parent too, and the parent pauses only once the
+   * graph pool is released (MP_EBUSY while it lives). */
+  if (pool->parent != NULL && pool->graph)
+    return mp__fail(MP_ENOTSUP,
+                    "mp_pool_pause: a graph pool's ranges are borrowed from "
+                    "its parent: release it (mp_pool_graph_release), then "
+                    "pause the parent");
   if (pool->parent != NULL)
     return mp__fail(MP_ENOTSUP, "mp_pool_pause: a child pool's range belongs "
                                 "to its parent: pause the parent");
   if (pool->children > 0)
-    return mp__fail(MP_EBUSY, "mp_pool_pause: %zu child pools live",
-                    pool->children);
+    return mp__fail(MP_EBUSY,
+                    "mp_pool_pause: %zu child or graph pool%s live (destroy "
+                    "or release %s first)",
+                    pool->children, pool->children == 1 ? "" : "s",
+                    pool->children == 1 ? "it" : "them");
   if (pool->ncapturing > 0) /* waiting for a capturing stream is refused */
     return mp__fail(MP_EBUSY, "mp_pool_pause: a stream of the pool is being "
                               "captured (graph pool): pause after "
