@@ -391,9 +391,10 @@ MP_API mp_status_t mp_pool_set_max_fraction(mp_pool_t *pool, double fraction);
  * synchronization that fails (called from a host function), changes
  * nothing: the pool stays as it was. So does a device that refuses the
  * first free of a plain segment (made before anything else is given up):
- * its status, the segment named. A free refused after others went is
- * still reported (its status, the segment named and the others counted),
- * but the pool is then destroyed and that memory lost to it. */
+ * its status, the segment named. A free refused after others went, or an
+ * unmap or release of the pool's virtual range refused, is still reported
+ * (its status, what was refused named and the other refusals counted), but
+ * the pool is then destroyed and that memory lost to it. */
 MP_API mp_status_t mp_pool_destroy(mp_pool_t *pool);
 /* mp_pool_destroy that also says whether the pool is gone: *destroyed is 1
  * when the pool was destroyed (its handle must not be used again), also on
@@ -589,24 +590,25 @@ MP_API mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
  * block there: memory_viz allows no live block in unmapped memory; where a
  * failed undo left chunks mapped, those
  * are what the snapshot and dump show and reserved_bytes counts). A pool that
- * holds plain segments (no virtual memory, or virtual=0) or is a child:
- * MP_ENOTSUP. A pool on its virtual range holds plain segments only where it
- * took one near its cap: when the cap (max_bytes, max_fraction) is no whole
- * number of granules (2 MiB), the last request that fits under it but whose
- * whole granules do not gets a plain segment of its own size. The pause gives
- * such a segment back with the rest when it holds no block in use (resume does
- * not bring it back); a block in use in one is MP_ENOTSUP, the message saying
- * how many and what to do: free them, or use a cap that is a whole number of
- * granules, or create the pool with pausable=1 (MP_POOL_PAUSABLE: it never
- * takes a plain segment, and such a request is MP_ELIMIT instead). A mapping
- * that a peer's refused access left behind (mp_pool_set_access: the device
- * refused the access and then its unmap) is unmapped first; refused again, the
- * pause fails (the driver's status), the pool running as it was. Live child
- * pools or a pool paused already: MP_EBUSY. A pause that fails leaves the pool
- * as it was (but for free plain segments it gave back), unless mapping back
- * what it had unmapped fails too (a second device failure): then the pool stays
- * paused (the message says so, the host copy kept) and mp_pool_resume maps the
- * rest. One pool per tag (weights, KV cache) pauses each separately.
+ * holds plain segments (no virtual memory, or virtual=0), is a child or a
+ * graph pool: MP_ENOTSUP. A pool on its virtual range holds plain segments only
+ * where it took one near its cap: when the cap (max_bytes, max_fraction) is no
+ * whole number of granules (2 MiB), the last request that fits under it but
+ * whose whole granules do not gets a plain segment of its own size. The pause
+ * gives such a segment back with the rest when it holds no block in use (resume
+ * does not bring it back); a block in use in one is MP_ENOTSUP, the message
+ * saying how many and what to do: free them, or use a cap that is a whole
+ * number of granules, or create the pool with pausable=1 (MP_POOL_PAUSABLE: it
+ * never takes a plain segment, and such a request is MP_ELIMIT instead). A
+ * mapping that a peer's refused access left behind (mp_pool_set_access: the
+ * device refused the access and then its unmap) is unmapped first; refused
+ * again, the pause fails (the driver's status), the pool running as it was.
+ * Live child pools or a pool paused already: MP_EBUSY. A pause that fails
+ * leaves the pool as it was (but for free plain segments it gave back), unless
+ * mapping back what it had unmapped fails too (a second device failure): then
+ * the pool stays paused (the message says so, the host copy kept) and
+ * mp_pool_resume maps the rest. One pool per tag (weights, KV cache) pauses
+ * each separately.
  */
 #define MP_PAUSE_KEEP_CONTENT 0x1u
 MP_API mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags);

@@ -93,39 +93,33 @@ void mp__segment_release_over(mp_pool_t *pool) {
 }
 
 mp_status_t mp__segment_release_all(mp_pool_t *pool) {
-  mp_status_t first = MP_OK;
-  char why[MP__ERROR_MAX] = "";
-  uintptr_t at = 0;
-  size_t bytes = 0, lost = 0;
+  mp__lost_t lost = {.first = MP_OK, .n = 0};
   mp__segment_t *s = pool->segs;
   while (s != NULL) {
     mp__segment_t *next = s->next;
     if (s->kind == MP__SEG_PLAIN) {
       mp_status_t st = mp__device_free(pool->dev, (void *)s->base);
-      if (st == MP_OK) {
+      if (st == MP_OK)
         pool->st.device_free_count++;
-      } else if (lost++ == 0) {
-        first = st;
-        at = s->base;
-        bytes = s->size;
-        snprintf(why, sizeof why, "%s", mp_last_error());
-      }
+      else
+        mp__lost_note(&lost, st, "free the plain segment", s->base, s->size);
     } else if (s->kind == MP__SEG_VIRTUAL) {
-      mp__vrange_release(pool, s);
+      mp__vrange_release(pool, s, &lost);
     }
     free(s);
     s = next;
   }
   pool->segs = NULL;
   pool->vseg = NULL;
-  if (first == MP_OK)
+  if (lost.n == 0)
     return MP_OK;
   char more[48] = "";
-  if (lost > 1)
-    snprintf(more, sizeof more, " and %zu more", lost - 1);
-  return mp__fail(first,
-                  "mp_pool_destroy: the device refused to free the plain "
-                  "segment at %p (%zu bytes)%s after others had gone, so the "
-                  "pool is destroyed and that memory is lost to it: %s",
-                  (void *)at, bytes, more, why);
+  if (lost.n > 1)
+    snprintf(more, sizeof more, " (and %zu more refusal%s)", lost.n - 1,
+             lost.n == 2 ? "" : "s");
+  return mp__fail(lost.first,
+                  "mp_pool_destroy: the device refused to %s at %p (%zu "
+                  "bytes)%s after others had gone, so the pool is destroyed "
+                  "and that memory is lost to it: %s",
+                  lost.what, (void *)lost.at, lost.bytes, more, lost.why);
 }

@@ -1935,9 +1935,31 @@ mp_status_t mp__vrange_strays_retry(mp_pool_t *pool);
  * unmapped some (mp__pool_vm_map, a retry): counts them in reserved_bytes
  * (stray_bytes), lifting the peak. */
 void mp__vrange_strays_count(mp_pool_t *pool);
+/* What a destroy could not give back to the device: the first refusal
+ * (its status, what was refused, where, and the driver's message), and how
+ * many refusals in all (grow.c). */
+typedef struct mp__lost {
+  mp_status_t first;
+  const char *what;
+  uintptr_t at;
+  size_t bytes, n;
+  char why[MP__ERROR_MAX];
+} mp__lost_t;
+/* Notes refusal st (mp_last_error() its message) of what at [at, +bytes).
+ * Inline: grow.c and vrange.c, which grow.c calls, both note. */
+static inline void mp__lost_note(mp__lost_t *lost, mp_status_t st,
+                                 const char *what, uintptr_t at, size_t bytes) {
+  if (lost->n++ > 0)
+    return;
+  lost->first = st;
+  lost->what = what;
+  lost->at = at;
+  lost->bytes = bytes;
+  snprintf(lost->why, sizeof lost->why, "%s", mp_last_error());
+}
 /* Destroy: unmaps (unless paused) and releases virtual segment s and frees
- * its tables. */
-void mp__vrange_release(mp_pool_t *pool, mp__segment_t *s);
+ * its tables; a refusal goes on with the rest, noted in lost. */
+void mp__vrange_release(mp_pool_t *pool, mp__segment_t *s, mp__lost_t *lost);
 
 /* ---- grow.c: growth and release dispatch --------------------------------- */
 /* Makes room for a block of `size` usable on sidx. MP_ELIMIT when the cap

@@ -938,17 +938,26 @@ mp_status_t mp__pool_vm_map(mp_pool_t *pool, void *addr, size_t bytes) {
   return st;
 }
 
-void mp__vrange_release(mp_pool_t *pool, mp__segment_t *s) {
+void mp__vrange_release(mp_pool_t *pool, mp__segment_t *s, mp__lost_t *lost) {
   for (size_t i = mp__pool_chunks_mapped(pool, s); i-- > 0;) {
-    mp__device_vm_unmap(pool->dev, (void *)s->chunks[i].addr,
-                        s->chunks[i].size);
-    pool->st.device_free_count++;
+    mp__chunk_t c = s->chunks[i];
+    mp_status_t st = mp__device_vm_unmap(pool->dev, (void *)c.addr, c.size);
+    if (st == MP_OK)
+      pool->st.device_free_count++;
+    else
+      mp__lost_note(lost, st, "unmap the chunk", c.addr, c.size);
   }
-  (void)mp__strays_unmap(pool, s->base, s->va_size);
+  mp_status_t st = mp__strays_unmap(pool, s->base, s->va_size);
+  if (st != MP_OK)
+    mp__lost_note(lost, st, "unmap a stray mapping in the range", s->base,
+                  s->va_size);
   free(pool->strays);
   pool->strays = NULL;
   pool->nstrays = pool->strays_cap = 0;
-  mp__device_vm_release(pool->dev, (void *)s->base, s->va_size);
+  /* Refused too where a mapping stays in it (cuMemAddressFree). */
+  st = mp__device_vm_release(pool->dev, (void *)s->base, s->va_size);
+  if (st != MP_OK)
+    mp__lost_note(lost, st, "release the virtual range", s->base, s->va_size);
   free(s->chunks);
   free(s->holes);
 }
