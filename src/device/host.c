@@ -208,7 +208,9 @@ struct host_dev {
   uint64_t export_tag;  /* the last tag host_ipc_export tried */
   host_atab_t allocs;   /* plain allocations (mp_device_alloc) */
   host_atab_t pins;     /* page-locked host memory (mp_device_host_alloc) */
-  host_atab_t imports;  /* IPC imports mapped by ipc_open (mp_ipc_import) */
+  host_atab_t imports;  /* IPC imports mapped by ipc_open (mp_ipc_import),
+                           and the fake driver's (mp__host_note_import:
+                           its IPC imports and registered host memory) */
   mp__ptrmap_t maps;    /* vm_map address -> bytes */
   host_resv_t *resv;    /* sorted by base */
   size_t nresv, resv_cap;
@@ -1450,7 +1452,8 @@ static mp_status_t host_locate(host_dev_t *h, const char *fn, const void *p,
   if (st == MP_OK)
     st = host_atab_inside(&h->pins, "page-locked host", fn, p, n, inside);
   if (st == MP_OK)
-    st = host_atab_inside(&h->imports, "IPC-imported", fn, p, n, inside);
+    st = host_atab_inside(&h->imports, "IPC-imported or registered host", fn, p,
+                          n, inside);
   return st;
 }
 

@@ -2087,7 +2087,12 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib,
   case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
   case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
   case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
-  case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: *pi = 1; break;
+  case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
+  /* Registered memory is the device's at its host address (cuda.h,
+   * cuMemHostRegister; fk_host_register). */
+  case CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM:
+    *pi = 1;
+    break;
   default: *pi = 0; break;
   }
   return CUDA_SUCCESS;
@@ -2123,6 +2128,7 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
 }
 
 static void fk_pins_drop_ctx(const struct CUctx_st *ctx);
+static void fk_registered_drop_ctx(const struct CUctx_st *ctx);
 
 /* Closes a context's host device (freeing everything made in it) after
  * forgetting its streams. */
@@ -2135,6 +2141,7 @@ static void fk_ctx_close(struct CUctx_st *c, mp_device_t *closing) {
   mp_device_close(closing);
   fk_range_drop_ctx(c);
   fk_pins_drop_ctx(c);
+  fk_registered_drop_ctx(c);
 }
 
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
@@ -2851,18 +2858,33 @@ CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p,
  * does not start a registered range CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
  * flags other than PORTABLE | DEVICEMAP | IOMEMORY | READ_ONLY
  * CUDA_ERROR_INVALID_VALUE. The host device needs nothing pinned: the
- * ranges are only remembered, under fk.lock. */
+ * ranges are remembered, under fk.lock, each with the context that
+ * registered it, and are device memory to copies and memsets while
+ * registered (mp__host_note_import on that context's device, as an IPC
+ * import's): cuMemHostRegister "Page-locks the memory range ... and maps
+ * it for the device(s)", and "For devices that have a non-zero value for
+ * the device attribute
+ * CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM [the fake's
+ * devices], the memory can also be accessed from the device using the
+ * host pointer p"; cuMemHostUnregister "Unmaps the memory range". Before
+ * 2026-12-04 the device did not know it, and refused a memset of it. Not
+ * modelled: READ_ONLY's "considered read-only by the device" (a write to
+ * it is taken). A context's close forgets its registrations, as its
+ * device does (fk_registered_drop_ctx). */
 #define FK_MAX_REGISTERED 64
 static struct {
   uintptr_t base;
   size_t size;
+  struct CUctx_st *ctx;
 } fk_registered[FK_MAX_REGISTERED];
 
-static CUresult fk_host_register(void *p, size_t bytes, unsigned flags) {
+static CUresult fk_host_register(mp_device_t *dev, void *p, size_t bytes,
+                                 unsigned flags) {
   const unsigned known =
       CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
       CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY;
-  if (p == NULL || bytes == 0 || (flags & ~known) != 0)
+  if (p == NULL || bytes == 0 || (flags & ~known) != 0 ||
+      bytes > UINTPTR_MAX - (uintptr_t)p)
     return CUDA_ERROR_INVALID_VALUE;
   uintptr_t b = (uintptr_t)p;
   CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -2881,28 +2903,51 @@ static CUresult fk_host_register(void *p, size_t bytes, unsigned flags) {
   if (slot >= 0) {
     fk_registered[slot].base = b;
     fk_registered[slot].size = bytes;
+    fk_registered[slot].ctx = fk_ctx();
     r = CUDA_SUCCESS;
   }
   pthread_mutex_unlock(&fk.lock);
+  if (r == CUDA_SUCCESS && mp__host_note_import(dev, p, bytes, true) != MP_OK) {
+    pthread_mutex_lock(&fk.lock);
+    fk_registered[slot].size = 0; /* nothing changed */
+    pthread_mutex_unlock(&fk.lock);
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  }
   return r;
 }
 
-static CUresult fk_host_unregister(void *p) {
+static CUresult fk_host_unregister(mp_device_t *dev, void *p) {
   CUresult r = CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  struct CUctx_st *c = NULL;
   pthread_mutex_lock(&fk.lock);
   for (int i = 0; p != NULL && i < FK_MAX_REGISTERED; i++)
     if (fk_registered[i].size != 0 && fk_registered[i].base == (uintptr_t)p) {
       fk_registered[i].size = 0;
+      c = fk_registered[i].ctx;
       r = CUDA_SUCCESS;
       break;
     }
   pthread_mutex_unlock(&fk.lock);
+  if (r == CUDA_SUCCESS) {
+    /* Known to the device of the context that registered it. */
+    mp_device_t *home = c != NULL ? atomic_load(&c->dev) : NULL;
+    (void)mp__host_note_import(home != NULL ? home : dev, p, 0, false);
+  }
   return r;
 }
 
+/* The registrations of a context whose device closed (with them). */
+static void fk_registered_drop_ctx(const struct CUctx_st *ctx) {
+  pthread_mutex_lock(&fk.lock);
+  for (int i = 0; i < FK_MAX_REGISTERED; i++)
+    if (fk_registered[i].ctx == ctx)
+      fk_registered[i].size = 0;
+  pthread_mutex_unlock(&fk.lock);
+}
+
 FK_IN_CTX(cuMemHostRegister_v2, (void *p, size_t bytes, unsigned int flags),
-          ((void)dev, fk_host_register(p, bytes, flags)))
-FK_IN_CTX(cuMemHostUnregister, (void *p), ((void)dev, fk_host_unregister(p)))
+          fk_host_register(dev, p, bytes, flags))
+FK_IN_CTX(cuMemHostUnregister, (void *p), fk_host_unregister(dev, p))
 
 /* ---- streams, copies, events --------------------------------------------- */
 

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -633,4 +634,63 @@ Test(fakecuda_rules, copies_past_an_allocations_end_are_refused) {
   cr_expect_eq(b[1], 0x33);
   cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
   cr_assert_eq(cuMemFree(e), CUDA_SUCCESS);
+}
+
+/* cuda.h, cuMemHostRegister: it "Page-locks the memory range ... and maps
+ * it for the device(s)"; "For devices that have a non-zero value for the
+ * device attribute CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
+ * the memory can also be accessed from the device using the host pointer
+ * p": a memset and a copy take it as device memory, inside the range only.
+ * cuMemHostUnregister "Unmaps the memory range": a memset of it is then
+ * refused again (cuMemsetD8: dstDevice, a device pointer, else
+ * CUDA_ERROR_INVALID_VALUE; not where the device reads pageable memory
+ * itself, CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS), a copy takes it as
+ * pageable host memory, and once unmapped by the program (the fake only:
+ * what a GPU does with an address nothing is mapped at is its own) a copy
+ * of it is refused. Before, the fake remembered the range but its device
+ * did not know it: a memset of registered memory was refused. */
+Test(fakecuda_rules,
+     registered_host_memory_is_device_memory_until_unregistered) {
+  int by_host_ptr = 0, pageable = 0;
+  cr_assert_eq(cuDeviceGetAttribute(
+                   &by_host_ptr,
+                   CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
+                   0),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuDeviceGetAttribute(
+                   &pageable, CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, 0),
+               CUDA_SUCCESS);
+  if (!by_host_ptr)
+    cr_skip_test("the device does not take registered memory's host pointer");
+  size_t page = (size_t)sysconf(_SC_PAGESIZE), n = 3 * page;
+  /* One page more, never registered: a memset running into it is refused. */
+  unsigned char *reg = mmap(NULL, n + page, PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  cr_assert_neq(reg, MAP_FAILED);
+  CUdeviceptr r = (CUdeviceptr)(uintptr_t)reg, d = 0;
+  cr_assert_eq(cuMemHostRegister(reg, n, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuMemAlloc(&d, n), CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8(r, 0x3c, n), CUDA_SUCCESS);
+  cr_assert(reg[0] == 0x3c && reg[n - 1] == 0x3c);
+  cr_assert_eq(cuMemsetD8Async(r + page, 0x5a, page, NULL), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(NULL), CUDA_SUCCESS);
+  cr_assert(reg[page - 1] == 0x3c && reg[page] == 0x5a &&
+            reg[2 * page - 1] == 0x5a && reg[2 * page] == 0x3c);
+  cr_assert_eq(cuMemcpyDtoD(d, r, n), CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8(r, 0, n), CUDA_SUCCESS);
+  cr_assert_eq(cuMemcpy(r, d, n), CUDA_SUCCESS);
+  cr_assert(reg[0] == 0x3c && reg[page] == 0x5a);
+  if (!fk_real() || !pageable)
+    cr_assert_eq(cuMemsetD8(r + n - 8, 1, 16), CUDA_ERROR_INVALID_VALUE,
+                 "a memset past the registered range's end");
+  cr_assert_eq(cuMemHostUnregister(reg), CUDA_SUCCESS);
+  if (!pageable)
+    cr_assert_eq(cuMemsetD8(r, 0, n), CUDA_ERROR_INVALID_VALUE,
+                 "a memset of memory no longer registered");
+  cr_assert_eq(cuMemcpyHtoD(d, reg, n), CUDA_SUCCESS);
+  cr_assert_eq(munmap(reg, n + page), 0);
+  if (!fk_real())
+    cr_assert_eq(cuMemcpyHtoD(d, reg, n), CUDA_ERROR_INVALID_VALUE,
+                 "a copy of unmapped memory");
+  cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
 }
