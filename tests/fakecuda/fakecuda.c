@@ -102,7 +102,10 @@
  *    CUDA_ERROR_STREAM_CAPTURE_UNJOINED when a joined stream's work was
  *    not joined back, taking every joined stream out of capture;
  *    cuGraphClone and cuGraphAddChildGraphNode copy a graph but refuse
- *    one with memory nodes (CUDA_ERROR_INVALID_VALUE), cuGraphNodeFindInClone
+ *    one with memory nodes or conditional nodes (CUDA_ERROR_INVALID_VALUE),
+ *    cuGraphDestroyNode removes a node with what it owns (a child graph
+ *    node's graph, a conditional node's bodies) but not from a graph with
+ *    memory nodes or one a capture builds, cuGraphNodeFindInClone
  *    gives a clone's copy of a node, and
  *    cuGraphExecUpdate takes a graph with as many nodes of the same types
  *    (else CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE); cuGraphAddNode (both
@@ -346,6 +349,7 @@ void cuFakeResetCallCounts(void);
   X(cuGraphRetainUserObject)                                                   \
   X(cuGraphGetNodes)                                                           \
   X(cuGraphNodeGetType)                                                        \
+  X(cuGraphDestroyNode)                                                        \
   X(cuGraphInstantiate)                                                        \
   X(cuGraphInstantiate_v2)                                                     \
   X(cuGraphInstantiateWithFlags)                                               \
@@ -3724,6 +3728,72 @@ CUresult cuGraphDestroy(CUgraph g) {
   return CUDA_SUCCESS;
 }
 
+/* cuda.h, cuGraphDestroyNode: "Removes hNode from its graph. This
+ * operation also severs any dependencies of other nodes on hNode and vice
+ * versa. Nodes which belong to a graph which contains allocation or free
+ * nodes cannot be destroyed": CUDA_ERROR_INVALID_VALUE, the error the call
+ * lists, as for a node of a graph a capture is building (cuda.h,
+ * cuStreamGetCaptureInfo, graph_out: "All operations other than destroy
+ * and node removal are permitted on the graph while the capture sequence
+ * is in progress") or that holds a graph one is (the node's own, below);
+ * nothing changes then. What the node owns goes with it: a child graph
+ * node's embedded graph (cuGraphChildGraphNodeGetGraph: "the node retains
+ * ownership of the graph"; a graph moved in,
+ * CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE, is the node's too) and a conditional
+ * node's body graphs (CUDA_CONDITIONAL_NODE_PARAMS.phGraph_out: "Valid for the
+ * lifetime of the conditional node"). In the fake's chain a child graph node
+ * stands after the copies of its graph's nodes (fk_child_node): they go with
+ * it. Executables made from the graph before stand alone and keep the node. A
+ * node handle already destroyed is the program's error (undefined in CUDA), not
+ * checked. */
+static bool fk_graph_busy(const struct CUgraph_st *g) {
+  if (g == NULL)
+    return false;
+  if (fk_graph_capturing(g))
+    return true;
+  for (size_t i = 0; i < g->n; i++) {
+    if (fk_graph_busy(g->nodes[i]->child))
+      return true;
+    for (unsigned k = 0; k < g->nodes[i]->nbodies; k++)
+      if (fk_graph_busy(g->nodes[i]->bodies[k]))
+        return true;
+  }
+  return false;
+}
+
+CUresult cuGraphDestroyNode(CUgraphNode node) {
+  FK_COUNT(cuGraphDestroyNode);
+  FK_NEED_INIT();
+  fk_node_t *nd = (fk_node_t *)node;
+  if (nd == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fk.lock);
+  struct CUgraph_st *g = nd->in;
+  size_t k = 0;
+  while (k < g->n && g->nodes[k] != nd)
+    k++;
+  bool busy = fk_graph_capturing(g) || fk_graph_busy(nd->child);
+  for (unsigned b = 0; b < nd->nbodies; b++)
+    busy = busy || fk_graph_busy(nd->bodies[b]);
+  bool ok = k < g->n && g->gmem == NULL && !busy &&
+            (nd->type != CU_GRAPH_NODE_TYPE_GRAPH || k >= nd->n);
+  if (ok) {
+    size_t from = nd->type == CU_GRAPH_NODE_TYPE_GRAPH ? k - nd->n : k;
+    for (size_t i = from; i < k; i++)
+      free(g->nodes[i]); /* copies: they own no graph */
+    memmove(&g->nodes[from], &g->nodes[k + 1],
+            (g->n - k - 1) * sizeof *g->nodes);
+    g->n -= k + 1 - from;
+    fk_graph_free(nd->child);
+    for (unsigned b = 0; b < nd->nbodies; b++)
+      fk_graph_free(nd->bodies[b]);
+    free(nd->bodies);
+    free(nd);
+  }
+  pthread_mutex_unlock(&fk.lock);
+  return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
 CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n) {
   FK_COUNT(cuGraphGetNodes);
   FK_NEED_INIT();
@@ -3922,7 +3992,7 @@ static bool fk_graph_append(struct CUgraph_st *dst,
   for (size_t i = 0; ok && i < src->n; i++)
     if ((ok = fk_graph_add(dst, src->nodes[i]))) {
       dst->nodes[dst->n - 1]->child = NULL;
-      dst->nodes[dst->n - 1]->bodies = NULL; /* a clone's: not modelled */
+      dst->nodes[dst->n - 1]->bodies = NULL; /* the node's own, not a copy's */
       dst->nodes[dst->n - 1]->nbodies = 0;
     }
   for (size_t i = 0; ok && i < src->urefs.n; i++)
@@ -3961,22 +4031,34 @@ static struct CUgraph_st *fk_graph_copy(const struct CUgraph_st *g) {
   return c;
 }
 
+/* Whether g holds a conditional node, itself or in a graph a child graph
+ * node of it embeds. Under fk.lock. */
+static bool fk_graph_has_cond(const struct CUgraph_st *g) {
+  for (size_t i = 0; i < g->n; i++)
+    if (g->nodes[i]->type == CU_GRAPH_NODE_TYPE_CONDITIONAL ||
+        (g->nodes[i]->child != NULL && fk_graph_has_cond(g->nodes[i]->child)))
+      return true;
+  return false;
+}
+
 /* cuda.h, cuGraphClone: "creates a copy of originalGraph", child graph
  * nodes "recursively copied into the clone"; "Cloning is not supported
- * for graphs which contain memory allocation nodes, memory free nodes"
- * (the same in cuGraphAddMemAllocNode's restrictions: "The graph cannot
- * be cloned"): CUDA_ERROR_INVALID_VALUE, the error the call lists, and
- * nothing made. */
+ * for graphs which contain memory allocation nodes, memory free nodes, or
+ * conditional nodes" (the same in cuGraphAddMemAllocNode's restrictions:
+ * "The graph cannot be cloned"): CUDA_ERROR_INVALID_VALUE, the error the
+ * call lists, and nothing made. Before 2026-12-04 a graph with conditional
+ * nodes was cloned, the copies without body graphs. */
 CUresult cuGraphClone(CUgraph *out, CUgraph g) {
   FK_COUNT(cuGraphClone);
   FK_NEED_INIT();
   if (out == NULL || g == NULL)
     return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&fk.lock);
-  struct CUgraph_st *c = g->gmem != NULL ? NULL : fk_graph_copy(g);
-  CUresult r = g->gmem != NULL ? CUDA_ERROR_INVALID_VALUE
-               : c == NULL     ? CUDA_ERROR_OUT_OF_MEMORY
-                               : CUDA_SUCCESS;
+  bool refused = g->gmem != NULL || fk_graph_has_cond(g);
+  struct CUgraph_st *c = refused ? NULL : fk_graph_copy(g);
+  CUresult r = refused     ? CUDA_ERROR_INVALID_VALUE
+               : c == NULL ? CUDA_ERROR_OUT_OF_MEMORY
+                           : CUDA_SUCCESS;
   pthread_mutex_unlock(&fk.lock);
   if (r == CUDA_SUCCESS)
     *out = c;
@@ -4013,15 +4095,17 @@ CUresult cuGraphNodeFindInClone(CUgraphNode *out, CUgraphNode orig,
  * graph is owned by the parent and will be destroyed when the parent is
  * destroyed"; it "Cannot be added as a child graph of a separate parent
  * graph"). Refused with CUDA_ERROR_INVALID_VALUE, the error the calls
- * list, for memory nodes in a clone, a child moved before, and
- * dependencies not in g. Not modelled: moving a graph with memory nodes
- * (CUDA_ERROR_NOT_SUPPORTED: the fake's memory is one graph's, fk_gmem_t).
- * The fake's graph is a chain: the child's nodes are copied onto its end,
- * followed by a node of type CU_GRAPH_NODE_TYPE_GRAPH that stands for them
- * (the handle returned; a launch runs the copies and passes it by), which
- * embeds the copy, or the moved graph, for cuGraphChildGraphNodeGetGraph.
- * Changes made to that graph afterwards are not seen by the parent's
- * copies (not modelled). */
+ * list, for memory nodes in a clone, conditional nodes in a clone
+ * (cuGraphAddChildGraphNode: "If childGraph contains allocation nodes,
+ * free nodes, or conditional nodes, this call will return an error"), a
+ * child moved before, and dependencies not in g. Not modelled: moving a graph
+ * with memory nodes (CUDA_ERROR_NOT_SUPPORTED: the fake's memory is one
+ * graph's, fk_gmem_t). The fake's graph is a chain: the child's nodes are
+ * copied onto its end, followed by a node of type CU_GRAPH_NODE_TYPE_GRAPH that
+ * stands for them (the handle returned; a launch runs the copies and passes it
+ * by), which embeds the copy, or the moved graph, for
+ * cuGraphChildGraphNodeGetGraph. Changes made to that graph afterwards are not
+ * seen by the parent's copies (not modelled). */
 static CUresult fk_child_node(CUgraphNode *node, CUgraph g,
                               const CUgraphNode *deps, size_t ndeps,
                               CUgraph child, bool move) {
@@ -4031,12 +4115,14 @@ static CUresult fk_child_node(CUgraphNode *node, CUgraph g,
   pthread_mutex_lock(&fk.lock);
   size_t n = g->n;
   fk_node_t stand = {.type = CU_GRAPH_NODE_TYPE_GRAPH, .n = child->n};
-  CUresult r = child->moved || (child->gmem != NULL && !move) ||
-                       !fk_graph_has(g, deps, ndeps)
-                   ? CUDA_ERROR_INVALID_VALUE
-               : child->gmem != NULL       ? CUDA_ERROR_NOT_SUPPORTED
-               : fk_graph_append(g, child) ? CUDA_SUCCESS
-                                           : CUDA_ERROR_OUT_OF_MEMORY;
+  CUresult r =
+      child->moved ||
+              (!move && (child->gmem != NULL || fk_graph_has_cond(child))) ||
+              !fk_graph_has(g, deps, ndeps)
+          ? CUDA_ERROR_INVALID_VALUE
+      : child->gmem != NULL       ? CUDA_ERROR_NOT_SUPPORTED
+      : fk_graph_append(g, child) ? CUDA_SUCCESS
+                                  : CUDA_ERROR_OUT_OF_MEMORY;
   if (r == CUDA_SUCCESS &&
       ((stand.child = move ? child : fk_graph_copy(child)) == NULL ||
        !fk_graph_add(g, &stand))) {
@@ -4101,7 +4187,7 @@ CUresult cuGraphConditionalHandleCreate(CUgraphConditionalHandle *out,
  * the driver's, neither destroyed nor instantiated on their own (as a
  * moved child graph). Anything else: CUDA_ERROR_INVALID_VALUE, and
  * nothing made. Not modelled: a launch running a body, the node types a
- * body may hold, and a clone's copies of the bodies. */
+ * body may hold. A graph holding one is not cloned (cuGraphClone). */
 static CUresult fk_conditional_node(CUgraphNode *node, CUgraph g,
                                     const CUgraphNode *deps, size_t ndeps,
                                     CUDA_CONDITIONAL_NODE_PARAMS *c) {
@@ -5328,6 +5414,7 @@ static const fk_proc_t fk_procs[] = {
     FK_P("cuGraphRetainUserObject", 11030, cuGraphRetainUserObject),
     FK_P("cuGraphGetNodes", 10000, cuGraphGetNodes),
     FK_P("cuGraphNodeGetType", 10000, cuGraphNodeGetType),
+    FK_P("cuGraphDestroyNode", 10000, cuGraphDestroyNode),
     FK_P("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
     /* cudaTypedefs.h: PFN_cuGraphInstantiate_v10000 and _v11000 (the error
      * node and log forms), then cuda.h's cuGraphInstantiate, since 12.0

@@ -1404,6 +1404,18 @@ Test(fakecuda_capture, a_memset_graph_instantiates_for_device_launch) {
   cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
 }
 
+/* A conditional node's parameters: handle h, its type and size, in ctx. */
+static CUgraphNodeParams cond_params(CUgraphConditionalHandle h,
+                                     CUgraphConditionalNodeType type,
+                                     unsigned size) {
+  CUgraphNodeParams p = {.type = CU_GRAPH_NODE_TYPE_CONDITIONAL};
+  p.conditional.handle = h;
+  p.conditional.type = type;
+  p.conditional.size = size;
+  p.conditional.ctx = ctx;
+  return p;
+}
+
 /* cuda.h, cuGraphConditionalHandleCreate (flags "Currently must be
  * CU_GRAPH_COND_ASSIGN_DEFAULT or 0") and cuGraphAddNode with
  * CUDA_CONDITIONAL_NODE_PARAMS: `size` "1 for CU_GRAPH_COND_TYPE_WHILE, 1
@@ -1424,11 +1436,7 @@ Test(fakecuda_capture, conditional_nodes_give_body_graphs_as_cuda_h_says) {
   cr_assert_eq(cuGraphConditionalHandleCreate(&h, parent, ctx, 1,
                                               CU_GRAPH_COND_ASSIGN_DEFAULT),
                CUDA_SUCCESS);
-  CUgraphNodeParams p = {.type = CU_GRAPH_NODE_TYPE_CONDITIONAL};
-  p.conditional.handle = h;
-  p.conditional.type = CU_GRAPH_COND_TYPE_WHILE;
-  p.conditional.size = 2;
-  p.conditional.ctx = ctx;
+  CUgraphNodeParams p = cond_params(h, CU_GRAPH_COND_TYPE_WHILE, 2);
   cr_assert_eq(cuGraphAddNode(&node, parent, NULL, NULL, 0, &p),
                CUDA_ERROR_INVALID_VALUE);
   p.conditional.type = CU_GRAPH_COND_TYPE_IF;
@@ -1448,5 +1456,124 @@ Test(fakecuda_capture, conditional_nodes_give_body_graphs_as_cuda_h_says) {
   if (!fk_real())
     cr_assert_eq(cuGraphDestroy(body), CUDA_ERROR_INVALID_VALUE);
   cr_assert_eq(cuGraphDestroy(parent), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
+}
+
+/* A graph g with a conditional node of type IF (one body); *body: its
+ * body graph. */
+static CUgraphNode add_if_node(CUgraph g, CUgraph *body) {
+  CUgraphConditionalHandle h;
+  CUgraphNode node;
+  cr_assert_eq(cuGraphConditionalHandleCreate(&h, g, ctx, 1,
+                                              CU_GRAPH_COND_ASSIGN_DEFAULT),
+               CUDA_SUCCESS);
+  CUgraphNodeParams p = cond_params(h, CU_GRAPH_COND_TYPE_IF, 1);
+  cr_assert_eq(cuGraphAddNode(&node, g, NULL, NULL, 0, &p), CUDA_SUCCESS);
+  if (body != NULL)
+    *body = p.conditional.phGraph_out[0];
+  return node;
+}
+
+/* A refusal: CUDA_ERROR_INVALID_VALUE on the fake (the error the call
+ * lists), any error on a GPU, whose own is its own. */
+static void assert_refused(CUresult r, const char *what) {
+  if (fk_real())
+    cr_assert_neq(r, CUDA_SUCCESS, "%s", what);
+  else
+    cr_assert_eq(r, CUDA_ERROR_INVALID_VALUE, "%s", what);
+}
+
+/* cuda.h, cuGraphClone: "Cloning is not supported for graphs which
+ * contain memory allocation nodes, memory free nodes, or conditional
+ * nodes"; cuGraphAddChildGraphNode: "If childGraph contains allocation
+ * nodes, free nodes, or conditional nodes, this call will return an
+ * error", and cuGraphAddNode with CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE
+ * clones the child the same way. Nothing is made. Before, the fake cloned
+ * such a graph, its copy of the conditional node without body graphs. */
+Test(fakecuda_capture, graphs_with_conditional_nodes_are_not_cloned) {
+  CUgraph parent, other, c = NULL;
+  CUgraphNode child;
+  cr_assert_eq(cuGraphCreate(&parent, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphCreate(&other, 0), CUDA_SUCCESS);
+  (void)add_if_node(parent, NULL);
+  assert_refused(cuGraphClone(&c, parent), "cuGraphClone");
+  assert_refused(cuGraphAddChildGraphNode(&child, other, NULL, 0, parent),
+                 "cuGraphAddChildGraphNode");
+  CUgraphNodeParams p = {.type = CU_GRAPH_NODE_TYPE_GRAPH};
+  p.graph.graph = parent;
+  p.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE;
+  assert_refused(cuGraphAddNode(&child, other, NULL, NULL, 0, &p),
+                 "cuGraphAddNode, a child graph node cloning it");
+  size_t n = 1;
+  cr_assert_eq(cuGraphGetNodes(other, NULL, &n), CUDA_SUCCESS);
+  cr_assert_eq(n, 0);
+  cr_assert_eq(cuGraphDestroy(other), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(parent), CUDA_SUCCESS);
+}
+
+/* cuda.h, cuGraphDestroyNode: "Removes hNode from its graph"; "Nodes
+ * which belong to a graph which contains allocation or free nodes cannot
+ * be destroyed. Any attempt to do so will return an error"; and
+ * cuStreamGetCaptureInfo: "All operations other than destroy and node
+ * removal are permitted on the graph while the capture sequence is in
+ * progress" (the fake refuses it; a GPU's answer is not asked). A child
+ * graph node takes its embedded graph with it ("the node retains
+ * ownership of the graph", cuGraphChildGraphNodeGetGraph), a conditional
+ * node its bodies ("Valid for the lifetime of the conditional node"): the
+ * graph then runs neither, while an executable made before it keeps
+ * them. Before, the fake had no cuGraphDestroyNode. */
+Test(fakecuda_capture, destroying_a_node_takes_what_it_owns_with_it) {
+  CUdeviceptr d, t;
+  CUgraph child, parent, body, m, g = NULL;
+  CUgraphNode cn, cond, mc;
+  CUgraphExec before, after;
+  unsigned char h = 9;
+  cr_assert_eq(cuMemAlloc(&d, 4096), CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8(d, 0, 4096), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8Async(d, 1, 4096, s), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamEndCapture(s, &child), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphCreate(&parent, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphAddChildGraphNode(&cn, parent, NULL, 0, child),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuGraphInstantiate(&before, parent, 0), CUDA_SUCCESS);
+  cond = add_if_node(parent, &body);
+  cr_assert_eq(cuStreamBeginCaptureToGraph(s, body, NULL, NULL, 0,
+                                           CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8Async(d, 2, 4096, s), CUDA_SUCCESS);
+  if (!fk_real())
+    cr_assert_eq(cuGraphDestroyNode(cond), CUDA_ERROR_INVALID_VALUE,
+                 "a node whose body a capture is building");
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  cr_assert_eq(g, body);
+  cr_assert_eq(cuGraphDestroyNode(cn), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroyNode(cond), CUDA_SUCCESS);
+  size_t n = 1;
+  cr_assert_eq(cuGraphGetNodes(parent, NULL, &n), CUDA_SUCCESS);
+  cr_assert_eq(n, 0);
+  cr_assert_eq(cuGraphInstantiate(&after, parent, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphLaunch(after, s), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  cr_assert_eq(cuMemcpyDtoH(&h, d, 1), CUDA_SUCCESS);
+  cr_assert_eq(h, 0, "the graph ran a destroyed node's graph");
+  cr_assert_eq(cuGraphLaunch(before, s), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  cr_assert_eq(cuMemcpyDtoH(&h, d, 1), CUDA_SUCCESS);
+  cr_assert_eq(h, 1, "an executable made before lost the node");
+  /* A graph with memory nodes keeps its nodes. */
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuMemAllocAsync(&t, 4096, s), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFreeAsync(t, s), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamEndCapture(s, &m), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphAddChildGraphNode(&mc, m, NULL, 0, child), CUDA_SUCCESS);
+  assert_refused(cuGraphDestroyNode(mc), "a node of a graph with memory nodes");
+  cr_assert_eq(cuGraphDestroy(m), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphExecDestroy(after), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphExecDestroy(before), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(parent), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(child), CUDA_SUCCESS);
   cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
 }
