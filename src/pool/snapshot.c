@@ -772,8 +772,9 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
                         (is_link ? 0 : O_NOFOLLOW) | (dangling ? O_CREAT : 0),
                     0666);
     struct stat ob;
-    bool swapped = fd >= 0 && fstat(fd, &ob) == 0 && S_ISREG(ob.st_mode) &&
-                   !(dangling && ob.st_size == 0);
+    bool known = fd >= 0 && fstat(fd, &ob) == 0; /* ob is read only so */
+    bool swapped =
+        known && S_ISREG(ob.st_mode) && !(dangling && ob.st_size == 0);
     FILE *f = fd >= 0 && !swapped ? fdopen(fd, "wb") : NULL;
     if (f == NULL) {
       mp_status_t st =
@@ -799,7 +800,7 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
     mp_status_t st = mp__snapshot_write_all(pools, devices, n, f);
     if (fclose(f) != 0 && st == MP_OK)
       st = mp__fail(MP_EIO, "mp_pool_snapshot: write error on '%s'", shown);
-    if (st != MP_OK && dangling)
+    if (st != MP_OK && dangling && known)
       mp__snap_unmake(dirfd, base, &ob);
     close(dirfd);
     return st;
