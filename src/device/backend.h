@@ -243,10 +243,12 @@ mp_status_t mp__device_ipc_export(mp_device_t *dev, void *base, size_t bytes,
  * cuMemImportFromShareableHandle + cuMemMap). */
 mp_status_t mp__host_vm_map_file(mp_device_t *dev, void *addr, size_t bytes,
                                  int fd);
-/* Host backend only: (p, bytes), memory mapped from another process
- * outside the device's own calls (the fake driver's cuIpcOpenMemHandle),
- * is device memory to copies and memsets from now (mapped) or no more
- * (!mapped), as an mp_ipc_import's. */
+/* Host backend only: (p, bytes), memory made the device's outside its
+ * own calls (the fake driver's cuIpcOpenMemHandle, mapped from another
+ * process, and its cuMemHostRegister, the program's own host memory
+ * registered), is device memory to copies and memsets from now (mapped)
+ * or no more (!mapped; bytes unused, p the start noted), as an
+ * mp_ipc_import's. */
 mp_status_t mp__host_note_import(mp_device_t *dev, void *p, size_t bytes,
                                  bool mapped);
 /* ipc.c, at mp_device_close: closes what is still imported. */
