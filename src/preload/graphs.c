@@ -8,7 +8,7 @@
  * cuGraphAddChildGraphNode and cuGraphExecUpdate (both forms),
  * cuGraphAddNode (both forms), cuGraphChildGraphNodeGetGraph,
  * cuGraphExecChildGraphNodeSetParams, cuGraphExecNodeSetParams,
- * cuGraphNodeSetParams and cuGraphNodeFindInClone (the
+ * cuGraphNodeSetParams, cuGraphNodeFindInClone and cuGraphDestroyNode (the
  * runtime's cudaStreamEndCapture, cudaGraphInstantiate,
  * cudaGraphInstantiateWithFlags/WithParams, cudaGraphExecDestroy,
  * cudaGraphDestroy, cudaGraphLaunch, cudaGraphClone,
@@ -81,7 +81,11 @@ typedef struct mp__pl_capture {
   mp__custream streams[MP__PL_CAP_STREAMS];
   bool ptsz[MP__PL_CAP_STREAMS];
   unsigned nstreams;
-  mp__cugraph g;   /* after the end: the graph, until destroyed */
+  mp__cugraph g; /* after the end: the graph, until destroyed */
+  /* After an end into a graph embedded in g (mp__gr.embeds), that
+   * embedding's id: the hold ends with the node that embeds it
+   * (cuGraphDestroyNode). 0: into g itself. */
+  unsigned long long via;
   unsigned graphs; /* other graphs holding it (mp__gr.gholds) */
   unsigned execs;
   bool kept; /* an executable could not be counted: kept until exit */
@@ -126,16 +130,25 @@ static struct {
    * cuGraphChildGraphNodeGetGraph or moved in
    * (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE), each with the graph that is not
    * embedded and holds for it (its root: mp__graph_root). Grown as needed;
-   * without room the graph pools concerned are kept until exit. */
+   * without room the graph pools concerned are kept until exit. An
+   * embedded graph also has the node that embeds it (a child graph node,
+   * or a conditional node for its bodies; NULL: not known) and the graph
+   * that node is in, and an id no other embedding gets. `was`: a node's
+   * or an embedded graph's handle while a cuGraphDestroyNode is under way
+   * (the entry then bears that destroy's name, mp__dying_name), NULL
+   * otherwise. */
   struct mp__pl_node {
-    mp__cugraphnode n;
+    mp__cugraphnode n, was;
     mp__cugraph parent;
   } * nodes;
   size_t nnodes, roomnodes;
   struct mp__pl_embed {
-    mp__cugraph e, root;
+    mp__cugraph e, root, in, was;
+    mp__cugraphnode node;
+    unsigned long long id;
   } * embeds;
   size_t nembeds, roomembeds;
+  unsigned long long embed_ids; /* the last id given */
   /* The captures begun and not ended: origin stream (a per-thread stream
    * once per thread capturing it), mode and the thread that began it;
    * past MP__PL_BEGUN at once, `lost` keeps mp__pl_capture_begun true and
@@ -389,6 +402,15 @@ static mp__cugraph mp__graph_root(mp__cugraph g) {
   return g;
 }
 
+/* The id of g's embedding (mp__gr.embeds), or 0 for a graph not
+ * embedded. Under the lock. */
+static unsigned long long mp__embed_id(mp__cugraph g) {
+  for (size_t k = 0; k < mp__gr.nembeds; k++)
+    if (mp__gr.embeds[k].e == g)
+      return mp__gr.embeds[k].id;
+  return 0;
+}
+
 /* Whether graph g holds slot i: its capture ended into g (several
  * captures may have, cuStreamBeginCaptureToGraph into one graph, each
  * with its own graph pool: the graph and its executables hold them all),
@@ -476,6 +498,7 @@ static void mp__capture_over(const mp__pl_t *pl, mp__custream key,
     if (g != NULL && *g != NULL) {
       mp__capture_unroute(pl, c);
       c->g = mp__graph_root(*g); /* a capture into an embedded graph */
+      c->via = mp__embed_id(*g);
       mp__capture_outputs(c);
     } else {
       c->nouts = 0; /* no graph: the blocks stay the program's */
@@ -1009,6 +1032,14 @@ mp__curesult cuGraphLaunch_ptsz(mp__cugraphexec hGraphExec,
                     hStream);
 }
 
+/* Slot c's graph (c->g) holds it no more: released if nothing else does.
+ * Under the lock. */
+static void mp__capture_ungraphed(mp__pl_capture_t *c) {
+  c->g = NULL;
+  c->via = 0;
+  mp__capture_unheld(c);
+}
+
 /* Graph g holds nothing any more (destroyed, or moved into another):
  * the slots only it held are released. Under the lock. */
 static void mp__graph_release(mp__cugraph g) {
@@ -1024,10 +1055,8 @@ static void mp__graph_release(mp__cugraph g) {
   }
   for (unsigned i = 0; i < MP__PL_CAPTURES; i++) {
     mp__pl_capture_t *c = &mp__gr.caps[i];
-    if (!c->used || c->capturing || c->g != g)
-      continue;
-    c->g = NULL;
-    mp__capture_unheld(c);
+    if (c->used && !c->capturing && c->g == g)
+      mp__capture_ungraphed(c);
   }
 }
 
@@ -1067,6 +1096,20 @@ mp__curesult cuGraphDestroy(mp__cugraph hGraph) {
   return r;
 }
 
+/* Whether graph g (a root: mp__graph_root) holds slot i for as long as g
+ * lives: a copy's hold, or its capture's end into g itself, not into a
+ * graph embedded in g (a node's destruction ends that hold:
+ * cuGraphDestroyNode). Under the lock. */
+static bool mp__capture_firm(unsigned i, mp__cugraph g) {
+  const mp__pl_capture_t *c = &mp__gr.caps[i];
+  if (g == NULL || !c->used || c->capturing)
+    return false;
+  for (size_t k = 0; k < mp__gr.ngholds; k++)
+    if (mp__gr.gholds[k].g == g && mp__gr.gholds[k].cap == i)
+      return true;
+  return c->g == g && c->via == 0;
+}
+
 /* Graph g now holds every slot that graph `from` holds: g is a copy of it, or
  * has one in a child graph node. A copy's replays use the same memory
  * (the graph pool's, at the addresses the capture gave) and its launches
@@ -1077,7 +1120,7 @@ static void mp__graph_copied(mp__cugraph g, mp__cugraph from) {
   g = mp__graph_root(g); /* copied into an embedded graph: into its root */
   for (unsigned i = 0; i < MP__PL_CAPTURES; i++) {
     mp__pl_capture_t *c = &mp__gr.caps[i];
-    if (!mp__capture_into(i, from) || mp__capture_into(i, g))
+    if (!mp__capture_into(i, from) || mp__capture_firm(i, g))
       continue;
     if (mp__gr.ngholds == mp__gr.roomgholds) {
       size_t room = mp__gr.roomgholds ? 2 * mp__gr.roomgholds : 16;
@@ -1145,8 +1188,10 @@ static mp__cugraph mp__node_parent(mp__cugraphnode n) {
   return NULL;
 }
 
-/* Graph e is embedded in a child graph node of root's. Under the lock. */
-static void mp__embed_note(mp__cugraph e, mp__cugraph root) {
+/* Graph e is embedded in node (NULL: not known) of graph in, a graph of
+ * root's (root itself, or one embedded in it). Under the lock. */
+static void mp__embed_note(mp__cugraph e, mp__cugraph root,
+                           mp__cugraphnode node, mp__cugraph in) {
   size_t k = 0;
   while (k < mp__gr.nembeds && mp__gr.embeds[k].e != e)
     k++;
@@ -1159,8 +1204,10 @@ static void mp__embed_note(mp__cugraph e, mp__cugraph root) {
     }
     mp__gr.embeds = t;
     mp__gr.nembeds++;
+    t[k].id = ++mp__gr.embed_ids;
   }
-  mp__gr.embeds[k] = (struct mp__pl_embed){.e = e, .root = root};
+  mp__gr.embeds[k] = (struct mp__pl_embed){
+      .e = e, .root = root, .in = in, .node = node, .id = mp__gr.embeds[k].id};
 }
 
 /* After an addition to g of a child graph node *node (NULL: not given)
@@ -1182,7 +1229,7 @@ static mp__curesult mp__child_added(mp__curesult r, const mp__cugraphnode *node,
     for (size_t k = 0; k < mp__gr.nembeds; k++)
       if (mp__gr.embeds[k].root == child)
         mp__gr.embeds[k].root = root;
-    mp__embed_note(child, root);
+    mp__embed_note(child, root, node != NULL ? *node : NULL, g);
   }
   if (node != NULL)
     mp__node_note(*node, g);
@@ -1294,7 +1341,8 @@ static bool mp__child_params(const mp__cugraphnodeparams *p, mp__cugraph *child,
  * it was the body's, which no executable of the parent held and the
  * program never destroys, so it lived until exit (or went with a later
  * graph given the body's handle). Returns r. */
-static mp__curesult mp__node_added(mp__curesult r, mp__cugraph g,
+static mp__curesult mp__node_added(mp__curesult r, const mp__cugraphnode *node,
+                                   mp__cugraph g,
                                    const mp__cugraphnodeparams *p) {
   unsigned type, size;
   mp__cugraph *bodies;
@@ -1309,7 +1357,7 @@ static mp__curesult mp__node_added(mp__curesult r, mp__cugraph g,
   mp__cugraph root = mp__graph_root(g);
   for (unsigned k = 0; bodies != NULL && k < size; k++)
     if (bodies[k] != NULL)
-      mp__embed_note(bodies[k], root);
+      mp__embed_note(bodies[k], root, node != NULL ? *node : NULL, g);
   pthread_mutex_unlock(&mp__gr.lock);
   return r;
 }
@@ -1326,7 +1374,7 @@ mp__curesult cuGraphAddNode(mp__cugraphnode *phGraphNode, mp__cugraph hGraph,
                                             numDependencies, nodeParams)
                        : MP__CU_NOT_INITIALIZED;
   return graph ? mp__child_added(r, phGraphNode, hGraph, child, move)
-               : mp__node_added(r, hGraph, nodeParams);
+               : mp__node_added(r, phGraphNode, hGraph, nodeParams);
 }
 
 mp__curesult cuGraphAddNode_v2(mp__cugraphnode *phGraphNode, mp__cugraph hGraph,
@@ -1343,7 +1391,7 @@ mp__curesult cuGraphAddNode_v2(mp__cugraphnode *phGraphNode, mp__cugraph hGraph,
                                   dependencyData, numDependencies, nodeParams)
           : MP__CU_NOT_INITIALIZED;
   return graph ? mp__child_added(r, phGraphNode, hGraph, child, move)
-               : mp__node_added(r, hGraph, nodeParams);
+               : mp__node_added(r, phGraphNode, hGraph, nodeParams);
 }
 
 /* cuda.h, cuGraphChildGraphNodeGetGraph: "Gets a handle to the embedded
@@ -1370,7 +1418,7 @@ mp__curesult cuGraphChildGraphNodeGetGraph(mp__cugraphnode hNode,
   if (parent != NULL) {
     mp__cugraph root = mp__graph_root(parent);
     if (root != *phGraph)
-      mp__embed_note(*phGraph, root);
+      mp__embed_note(*phGraph, root, hNode, parent);
   }
   pthread_mutex_unlock(&mp__gr.lock);
   return r;
@@ -1496,7 +1544,7 @@ mp__curesult cuGraphNodeSetParams(mp__cugraphnode hNode,
   if (parent == NULL)
     mp__graph_kept(child);
   pthread_mutex_unlock(&mp__gr.lock);
-  return parent != NULL ? mp__child_added(r, NULL, parent, child, move) : r;
+  return parent != NULL ? mp__child_added(r, &hNode, parent, child, move) : r;
 }
 
 /* cuda.h, cuGraphNodeFindInClone: "returns the node in hClonedGraph
@@ -1520,6 +1568,114 @@ mp__curesult cuGraphNodeFindInClone(mp__cugraphnode *phNode,
   mp__gr_lock();
   if (mp__node_parent(hOriginalNode) != NULL)
     mp__node_note(*phNode, hClonedGraph);
+  pthread_mutex_unlock(&mp__gr.lock);
+  return r;
+}
+
+/* Whether graph g is one of those the node destroy named tag takes
+ * (mp__node_doom). Under the lock. */
+static bool mp__embed_doomed(mp__cugraph g, mp__cugraph tag) {
+  for (size_t k = 0; g != NULL && k < mp__gr.nembeds; k++)
+    if (mp__gr.embeds[k].e == tag && mp__gr.embeds[k].was == g)
+      return true;
+  return false;
+}
+
+/* Names tag (keeping their handles in `was`) the entries node n's
+ * destruction takes with it: the graphs n embeds, the graphs embedded in
+ * nodes of those in turn, and the child graph nodes in them, n among
+ * them. Renamed before the real destroy, as cuGraphDestroy renames a
+ * graph (mp__dying_name): the driver may give their handles to new
+ * graphs and nodes as soon as it returns, which must not meet them.
+ * Under the lock. */
+static void mp__node_doom(mp__cugraphnode n, mp__cugraph tag) {
+  for (bool more = true; more;) {
+    more = false;
+    for (size_t k = 0; k < mp__gr.nembeds; k++) {
+      struct mp__pl_embed *m = &mp__gr.embeds[k];
+      if (m->was == NULL && (m->node == n || mp__embed_doomed(m->in, tag))) {
+        m->was = m->e;
+        m->e = tag;
+        more = true;
+      }
+    }
+  }
+  for (size_t k = 0; k < mp__gr.nnodes; k++) {
+    struct mp__pl_node *x = &mp__gr.nodes[k];
+    if (x->was == NULL && (x->n == n || mp__embed_doomed(x->parent, tag))) {
+      x->was = x->n;
+      x->n = (mp__cugraphnode)tag;
+    }
+  }
+}
+
+/* After the real destroy of the node whose entries bear tag (mp__node_doom)
+ * answered r: refused, the entries get their handles back and nothing
+ * changed; done, they go, and so do the holds of the captures that ended
+ * into the graphs they embedded (a graph pool only they held is released
+ * once no executable holds it either). Under the lock. */
+static void mp__node_doomed(mp__cugraph tag, mp__curesult r) {
+  for (size_t k = 0; k < mp__gr.nnodes;) {
+    struct mp__pl_node *x = &mp__gr.nodes[k];
+    if (x->n != (mp__cugraphnode)tag) {
+      k++;
+    } else if (r != MP__CU_SUCCESS) {
+      x->n = x->was;
+      x->was = NULL;
+      k++;
+    } else {
+      *x = mp__gr.nodes[--mp__gr.nnodes];
+    }
+  }
+  for (size_t k = 0; k < mp__gr.nembeds;) {
+    struct mp__pl_embed *m = &mp__gr.embeds[k];
+    if (m->e != tag) {
+      k++;
+      continue;
+    }
+    if (r != MP__CU_SUCCESS) {
+      m->e = m->was;
+      m->was = NULL;
+      k++;
+      continue;
+    }
+    for (unsigned i = 0; i < MP__PL_CAPTURES; i++) {
+      mp__pl_capture_t *c = &mp__gr.caps[i];
+      if (c->used && !c->capturing && c->g != NULL && c->via == m->id)
+        mp__capture_ungraphed(c);
+    }
+    *m = mp__gr.embeds[--mp__gr.nembeds];
+  }
+}
+
+/* cuda.h, cuGraphDestroyNode: "Removes hNode from its graph". What the
+ * node owns goes with it: a child graph node's embedded graph
+ * (cuGraphChildGraphNodeGetGraph: "the node retains ownership of the
+ * graph") and a conditional node's bodies
+ * (CUDA_CONDITIONAL_NODE_PARAMS.phGraph_out: "Valid for the lifetime of
+ * the conditional node"). The graph no longer replays what a capture into
+ * one of them made: its hold on that capture's graph pool ends
+ * (mp__node_doomed), as a graph's destruction ends its holds; its
+ * executables made before keep the node, and their holds. A refused
+ * destroy changes nothing. Before, the hook was missing: the graph pool
+ * stayed held until the node's parent was destroyed, and the shim kept
+ * the bodies' handles as embedded in that parent, so a later graph given
+ * one of them had its captures held by the old parent. Copies into the
+ * node's graphs (a clone, a child graph node made there) still hold
+ * until the parent goes (the shim notes them on the parent). */
+mp__curesult cuGraphDestroyNode(mp__cugraphnode hNode) {
+  const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  if (rc->cuGraphDestroyNode == NULL)
+    return MP__CU_NOT_INITIALIZED;
+  if (hNode == NULL) /* no node: the driver's answer, nothing held */
+    return rc->cuGraphDestroyNode(hNode);
+  mp__cugraph tag = (mp__cugraph)mp__dying_name();
+  mp__gr_lock();
+  mp__node_doom(hNode, tag);
+  pthread_mutex_unlock(&mp__gr.lock);
+  mp__curesult r = rc->cuGraphDestroyNode(hNode);
+  mp__gr_lock();
+  mp__node_doomed(tag, r);
   pthread_mutex_unlock(&mp__gr.lock);
   return r;
 }

@@ -113,6 +113,7 @@
     (mp__cugraphnode, mp__cugraphnodeparams *))                                \
   X(cu, mp__curesult, cuGraphNodeFindInClone,                                  \
     (mp__cugraphnode *, mp__cugraphnode, mp__cugraph))                         \
+  X(cu, mp__curesult, cuGraphDestroyNode, (mp__cugraphnode))                   \
   /* host.c */                                                                 \
   X(rt, mp__cudaerr, cudaMallocHost, (void **, size_t))                        \
   X(rt, mp__cudaerr, cudaHostAlloc, (void **, size_t, unsigned int))           \

@@ -211,6 +211,10 @@ void *mp__pl_proc_hook(const char *symbol, int cuda_version, uint64_t flags) {
     return (void *)&cuGraphNodeSetParams;
   if (strcmp(symbol, "cuGraphNodeFindInClone") == 0)
     return (void *)&cuGraphNodeFindInClone;
+  /* cudaTypedefs.h: PFN_cuGraphDestroyNode_v10000, the only form
+   * (cudaGraphDestroyNode asks for it). */
+  if (strcmp(symbol, "cuGraphDestroyNode") == 0)
+    return (void *)&cuGraphDestroyNode;
   if (strcmp(symbol, "cuGetProcAddress") == 0)
     return cuda_version >= 12000 ? (void *)&cuGetProcAddress_v2
                                  : (void *)&cuGetProcAddress;

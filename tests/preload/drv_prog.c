@@ -105,6 +105,7 @@ static void check_lookups(void *h) {
       {"cuGraphExecNodeSetParams", "cuGraphExecNodeSetParams", 12020, 0},
       {"cuGraphNodeSetParams", "cuGraphNodeSetParams", 12020, 0},
       {"cuGraphNodeFindInClone", "cuGraphNodeFindInClone", 10000, 0},
+      {"cuGraphDestroyNode", "cuGraphDestroyNode", 10000, 0},
       {"cuGraphDestroy", "cuGraphDestroy", 10000, 0},
       {"cuGraphExecDestroy", "cuGraphExecDestroy", 10000, 0},
       {"cuGraphLaunch", "cuGraphLaunch", 10000, 0},

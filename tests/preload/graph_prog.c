@@ -50,8 +50,8 @@
  *    "add_node_move" (moved_in()), "exec_child_set" and "exec_node_set"
  *    (child_set()), "embedded" (embedded_outlives()), "node_set"
  *    (node_set()), "clone_parent" (clone_parent()),
- *    "destroyed_capture" (destroyed_capture()) and "conditional_body"
- *    (conditional_body()).
+ *    "destroyed_capture" (destroyed_capture()), "conditional_body"
+ *    (conditional_body()) and "destroyed_body" (destroyed_body()).
  * Prints "ok" and exits 0, or says what broke and exits 1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -629,6 +629,70 @@ static int embedded_outlives(CUstream s, CUstream other, bool pool) {
   return memory_back(other);
 }
 
+/* A new graph *parent with a conditional node *node (cuGraphAddNode,
+ * CU_GRAPH_NODE_TYPE_CONDITIONAL, one body: *body, its phGraph_out[0],
+ * "CUDA-owned", "Valid for the lifetime of the conditional node"). */
+static int conditional_parent(CUgraph *parent, CUgraphNode *node,
+                              CUgraph *body) {
+  CUgraphConditionalHandle h;
+  CUcontext cur;
+  MP_TRY(cuCtxGetCurrent(&cur));
+  MP_TRY(cuGraphCreate(parent, 0));
+  MP_TRY(cuGraphConditionalHandleCreate(&h, *parent, cur, 1,
+                                        CU_GRAPH_COND_ASSIGN_DEFAULT));
+  CUgraphNodeParams p = {.type = CU_GRAPH_NODE_TYPE_CONDITIONAL};
+  p.conditional.handle = h;
+  p.conditional.type = CU_GRAPH_COND_TYPE_IF;
+  p.conditional.size = 1;
+  p.conditional.ctx = cur;
+  MP_TRY(cuGraphAddNode(node, *parent, NULL, NULL, 0, &p));
+  *body = p.conditional.phGraph_out[0];
+  return 0;
+}
+
+/* Captures into graph g on s (cuStreamBeginCaptureToGraph) a temporary
+ * allocated, written and freed, noted; the capture must end with g. On
+ * the fake, a destroy of `busy` (unless NULL: the node whose graph g is)
+ * during the capture must be refused (cuda.h, cuStreamGetCaptureInfo:
+ * "All operations other than destroy and node removal are permitted on
+ * the graph while the capture sequence is in progress"), changing
+ * nothing. */
+static int capture_temporary_into(CUstream s, CUgraph g, CUgraphNode busy) {
+  CUgraph ended = NULL;
+  CUdeviceptr t;
+  MP_TRY(cuStreamBeginCaptureToGraph(s, g, NULL, NULL, 0,
+                                     CU_STREAM_CAPTURE_MODE_GLOBAL));
+  MP_TRY(cuMemAllocAsync(&t, BYTES, s));
+  note(t, BYTES);
+  MP_TRY(cuMemsetD8Async(t, 4, BYTES, s));
+  MP_TRY(cuMemFreeAsync(t, s));
+  if (busy != NULL && cuFakeGetCallCount != NULL &&
+      cuGraphDestroyNode(busy) != CUDA_ERROR_INVALID_VALUE) {
+    puts("a node whose graph a capture builds was destroyed");
+    return 1;
+  }
+  MP_TRY(cuStreamEndCapture(s, &ended));
+  if (ended != g) {
+    puts("a capture into a graph did not end with it");
+    return 1;
+  }
+  return 0;
+}
+
+/* conditional_parent(), capture_temporary_into() its body (busy: the
+ * node's destroy tried during the capture), then *x instantiated from the
+ * parent and launched on s, done. */
+static int body_launched(CUstream s, bool busy, CUgraph *parent,
+                         CUgraphNode *node, CUgraph *body, CUgraphExec *x) {
+  if (conditional_parent(parent, node, body) != 0 ||
+      capture_temporary_into(s, *body, busy ? *node : NULL) != 0)
+    return 1;
+  MP_TRY(cuGraphInstantiate(x, *parent, 0));
+  MP_TRY(cuGraphLaunch(*x, s));
+  MP_TRY(cuStreamSynchronize(s));
+  return 0;
+}
+
 /* The "conditional_body" mode (under the shim only: without it the
  * capture makes memory nodes, which a body may not hold, cuda.h,
  * CUDA_CONDITIONAL_NODE_PARAMS: "Allowed node types are kernel nodes,
@@ -643,43 +707,59 @@ static int embedded_outlives(CUstream s, CUstream other, bool pool) {
  * executable of the parent held and the program never destroys: it lived
  * until exit. */
 static int conditional_body(CUstream s, CUstream other, bool pool) {
-  CUgraph parent, g = NULL;
-  CUgraphConditionalHandle h;
+  CUgraph parent, body;
   CUgraphNode node;
   CUgraphExec x;
-  CUcontext cur;
-  CUdeviceptr t;
   (void)pool;
-  MP_TRY(cuCtxGetCurrent(&cur));
-  MP_TRY(cuGraphCreate(&parent, 0));
-  MP_TRY(cuGraphConditionalHandleCreate(&h, parent, cur, 1,
-                                        CU_GRAPH_COND_ASSIGN_DEFAULT));
-  CUgraphNodeParams p = {.type = CU_GRAPH_NODE_TYPE_CONDITIONAL};
-  p.conditional.handle = h;
-  p.conditional.type = CU_GRAPH_COND_TYPE_IF;
-  p.conditional.size = 1;
-  p.conditional.ctx = cur;
-  MP_TRY(cuGraphAddNode(&node, parent, NULL, NULL, 0, &p));
-  CUgraph body = p.conditional.phGraph_out[0];
-  MP_TRY(cuStreamBeginCaptureToGraph(s, body, NULL, NULL, 0,
-                                     CU_STREAM_CAPTURE_MODE_GLOBAL));
-  MP_TRY(cuMemAllocAsync(&t, BYTES, s));
-  note(t, BYTES);
-  MP_TRY(cuMemsetD8Async(t, 4, BYTES, s));
-  MP_TRY(cuMemFreeAsync(t, s));
-  MP_TRY(cuStreamEndCapture(s, &g));
-  if (g != body) {
-    puts("the capture into a body graph did not end with it");
+  if (body_launched(s, false, &parent, &node, &body, &x) != 0)
     return 1;
-  }
-  MP_TRY(cuGraphInstantiate(&x, parent, 0));
-  MP_TRY(cuGraphLaunch(x, s));
-  MP_TRY(cuStreamSynchronize(s));
   if (destroyed_then_none(parent, other,
                           "an executable of its body's parent lives") != 0)
     return 1;
   MP_TRY(cuGraphExecDestroy(x));
   return memory_back(other);
+}
+
+/* The "destroyed_body" mode (under the shim only, as conditional_body): a
+ * capture into the body graph of a conditional node; the parent
+ * instantiated and launched, then the node destroyed (cuda.h,
+ * cuGraphDestroyNode: "Removes hNode from its graph"; its bodies are
+ * "Valid for the lifetime of the conditional node",
+ * CUDA_CONDITIONAL_NODE_PARAMS.phGraph_out). The executable made before
+ * keeps the node (cuda.h, cuGraphExecNodeSetParams: "hNode must not have
+ * been removed from the original graph", the executable still holding
+ * it), so the memory stays out of others' hands until it goes; then it
+ * must come back with the parent still alive, which replays the body no
+ * more. Next a new graph (which may get the body's handle) captured into
+ * and destroyed: its memory must come back too. On the fake, first a
+ * destroy of the node during the capture into its body, refused
+ * (capture_temporary_into), must change nothing. The shim had no
+ * cuGraphDestroyNode: the graph pool stayed held until the parent was
+ * destroyed (0 of 24 probes got its memory), and a new graph given the
+ * body's handle had its captures held by the parent. */
+static int destroyed_body(CUstream s, CUstream other, bool pool) {
+  CUgraph parent, body, g;
+  CUgraphNode node;
+  CUgraphExec x;
+  (void)pool;
+  if (body_launched(s, true, &parent, &node, &body, &x) != 0)
+    return 1;
+  MP_TRY(cuGraphDestroyNode(node));
+  if (probe_none(other, "an executable made before its node went lives") != 0)
+    return 1;
+  MP_TRY(cuGraphExecDestroy(x));
+  if (memory_back(other) != 0)
+    return 1;
+  MP_TRY(cuGraphCreate(&g, 0));
+  if (g == body) /* where the driver reuses it: what the mode is after */
+    fputs("the new graph got the destroyed body's handle\n", stderr);
+  if (capture_temporary_into(s, g, NULL) != 0)
+    return 1;
+  MP_TRY(cuGraphDestroy(g));
+  if (memory_back(other) != 0)
+    return 1;
+  MP_TRY(cuGraphDestroy(parent));
+  return 0;
 }
 
 /* The "update" mode: an executable of one captured graph (g1) updated
@@ -1128,6 +1208,7 @@ int main(int argc, char **argv) {
       : strcmp(how, "clone_parent") == 0      ? clone_parent
       : strcmp(how, "destroyed_capture") == 0 ? destroyed_capture
       : strcmp(how, "conditional_body") == 0  ? conditional_body
+      : strcmp(how, "destroyed_body") == 0    ? destroyed_body
                                               : NULL;
   if (mode != NULL || copy_mode != NULL) {
     if (mode != NULL ? mode(s, other) != 0 : copy_mode(s, other, pool) != 0)

@@ -68,6 +68,7 @@ static void capture_under_the_shim_with(const char *how, const char *conf) {
           : strcmp(how, "clone_parent") == 0   ? 2 + 2 + 1 + 4 * NPROBE_ALLOCS
           : strcmp(how, "destroyed_capture") == 0 ? 2 + 1 + 1 + NPROBE_ALLOCS
           : strcmp(how, "conditional_body") == 0  ? 2 + 1 + 2 * NPROBE_ALLOCS
+          : strcmp(how, "destroyed_body") == 0    ? 2 + 2 + 3 * NPROBE_ALLOCS
                                                   : 85;
   cr_assert_eq(
       sh("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
@@ -390,4 +391,17 @@ Test(preload_graph, a_destroyed_capturing_streams_memory_comes_back_at_once) {
  * exit. */
 Test(preload_graph, a_conditional_nodes_body_capture_is_held_by_its_parent) {
   capture_under_the_shim("conditional_body");
+}
+
+/* A capture into a conditional node's body graph, then the node destroyed
+ * (cuGraphDestroyNode: the node's bodies go with it): the executable made
+ * before keeps the graph pool, and its destruction gives the memory back
+ * though the parent lives on; a new graph (the fake may give it the
+ * body's handle) captured into and destroyed gives its memory back too;
+ * a destroy refused during the capture changes nothing. The shim had no
+ * cuGraphDestroyNode: the parent held the graph pool until its own
+ * destruction (0 of 24 probes got the memory), and kept the body's handle
+ * as embedded in it. */
+Test(preload_graph, a_destroyed_nodes_body_capture_is_released_with_its_node) {
+  capture_under_the_shim("destroyed_body");
 }

@@ -203,8 +203,10 @@ fi
 # capturing stream refused, asked while another context is current: the
 # pool keeps the stream; a driver that destroys it fails the mode, saying
 # so) and conditional_body (a capture into a conditional node's body graph
-# is held by the parent's executable); destroyed_capture (a capturing
-# stream destroyed ends its capture: later cuMemAlloc/cuMemFree served, the
+# is held by the parent's executable), destroyed_body (the same body's
+# node destroyed: the executable made before keeps the memory, its
+# destruction gives it back with the parent still alive); destroyed_capture
+# (a capturing stream destroyed ends its capture: later cuMemAlloc/cuMemFree served, the
 # memory back) under the shim with the pool capped at 24 MiB, uncapped
 # (the memory back without a device sync), and without the shim. Every mode frees the graph's output
 # after each launch, as cuda.h's graph allocations ask; "", "auto",
@@ -217,7 +219,7 @@ if [ -x "$graph" ]; then
   for how in "" ptsz auto to_graph_twice many_execs refused_end side_stream \
     invalidated_side clone child update add_node add_node_move \
     exec_child_set exec_node_set embedded refused_destroy \
-    refused_destroy_many conditional_body destroyed_capture; do
+    refused_destroy_many conditional_body destroyed_body destroyed_capture; do
     LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
       MEMPOOL_DEVICE=cuda "$graph" pool $how >"$work/graph.out" 2>&1 ||
       fail "graph_prog $how under the shim: $(cat "$work/graph.out")"
