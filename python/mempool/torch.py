@@ -56,6 +56,16 @@ def _device_number(device, call):
 _CUDA_INDEX = re.compile(r"cuda:(0|[1-9][0-9]*)")
 
 
+def _torch_device_types():
+    """(torch.device, torch.cuda.device), each None where torch is not
+    imported or lacks it (a torch.device exists only once it is)."""
+    torch = sys.modules.get("torch")
+    tdev = getattr(torch, "device", None)
+    cdev = getattr(getattr(torch, "cuda", None), "device", None)
+    return (tdev if isinstance(tdev, type) else None,
+            cdev if isinstance(cdev, type) else None)
+
+
 def _fraction_device(device, call):
     """device as torch.cuda.set_per_process_memory_fraction takes it
     (torch.cuda._utils._get_device_index, no index optional), as a C int:
@@ -66,16 +76,14 @@ def _fraction_device(device, call):
     if device is None:
         device = _current_device()
     number = None
-    torch = sys.modules.get("torch")  # a torch.device exists only then
-    tdev = getattr(torch, "device", None)
-    cdev = getattr(getattr(torch, "cuda", None), "device", None)
+    tdev, cdev = _torch_device_types()
     if isinstance(device, str):
         m = _CUDA_INDEX.fullmatch(device)
         number = int(m.group(1)) if m else None
-    elif isinstance(tdev, type) and isinstance(device, tdev):
+    elif tdev is not None and isinstance(device, tdev):
         if device.type == "cuda" and device.index is not None:
             number = operator.index(device.index)
-    elif isinstance(cdev, type) and isinstance(device, cdev):
+    elif cdev is not None and isinstance(device, cdev):
         number = operator.index(device.idx)
     elif not isinstance(device, bool) and hasattr(type(device), "__index__"):
         number = operator.index(device)
@@ -83,9 +91,9 @@ def _fraction_device(device, call):
         return number
     from . import _shown
     raise ValueError("%s: device %s is not a CUDA device with an index: an integer "
-                     "from 0 to %d, 'cuda:N' or torch.device('cuda', N) (as "
-                     "torch.cuda.set_per_process_memory_fraction takes)"
-                     % (call, _shown(device), _INT_MAX))
+                     "from 0 to %d, 'cuda:N', torch.device('cuda', N) or "
+                     "torch.cuda.device(N) (as torch.cuda.set_per_process_memory_fraction "
+                     "takes)" % (call, _shown(device), _INT_MAX))
 
 
 _BACKENDS = ("host", "cuda")  # the device names mp_device_open takes
@@ -122,15 +130,16 @@ def use(device=None):
     """Installs mempool as PyTorch's CUDA allocator; returns the allocator.
 
     device: the device spec of the default pool ("cuda:1", "host", or an
-    integer N, numpy's included, for "cuda:N"); None keeps $MEMPOOL_DEVICE
-    or the library's choice. It is set as $MEMPOOL_DEVICE, which the default
+    integer N, numpy's included, torch.device("cuda", N) or
+    torch.cuda.device(N), for "cuda:N"); None keeps $MEMPOOL_DEVICE or the
+    library's choice. It is set as $MEMPOOL_DEVICE, which the default
     pool reads when it is made (on the first allocation). A negative
-    number, one past a C int, a bool or a float: ValueError; a str that
+    number, one past a C int, a bool, a float or a torch.device that is
+    not CUDA's or has no index: ValueError (as set_memory_fraction); a str that
     names no device ("", "gpu:0", "cuda:", one with a NUL byte) or a CUDA
     index the library cannot open ("cuda:abc", past "cuda:1024", an
     integer past 1024 too): InvalidArgument (a ValueError); another type
-    than an integer or a str: TypeError; either way nothing is set or
-    installed.
+    than those: TypeError; either way nothing is set or installed.
 
     The default pools are made once per process and live until it exits:
     once this package has made them (default_pool_stats(), empty_cache(),
@@ -141,6 +150,9 @@ def use(device=None):
     first). If PyTorch
     refuses the allocator (it has allocated already), its error is raised
     and $MEMPOOL_DEVICE is left as it was."""
+    if isinstance(device, tuple(filter(None, _torch_device_types()))):
+        # PyTorch's devices, read as set_memory_fraction reads them.
+        device = _fraction_device(device, "mempool.torch.use")
     if isinstance(device, (float, bool)) or \
             (not isinstance(device, str) and hasattr(type(device), "__index__")):
         device = _device_number(device, "mempool.torch.use")
@@ -148,7 +160,8 @@ def use(device=None):
     elif isinstance(device, str):
         _spec_checked(device, "mempool.torch.use")
     elif device is not None:
-        raise TypeError("mempool.torch.use: device must be an int or a str, not %s"
+        raise TypeError("mempool.torch.use: device must be an int, a str or a CUDA "
+                        "torch.device, not %s"
                         % type(device).__name__)
     try:
         import torch

@@ -244,3 +244,26 @@ print(len(installed), os.environ["MEMPOOL_DEVICE"])
     assert out[:10] == ["refused True host:capacity=64M"] * 10, out
     assert out[10] == "0"
     assert out[11] == "2 cuda:1024"
+
+
+def test_use_takes_a_torch_device_as_set_memory_fraction_does():
+    # set_memory_fraction took torch.device("cuda", N) and a
+    # torch.cuda.device; use() raised TypeError ("must be an int or a
+    # str") for them. A device with no CUDA index is refused as there.
+    out = _run("""
+torch = sys.modules["torch"]
+for dev in (torch.device("cuda", 3), torch.device("cuda:1"), torch.cuda.device(2)):
+    mempool.torch.use(device=dev)
+    print(os.environ["MEMPOOL_DEVICE"])
+os.environ["MEMPOOL_DEVICE"] = "host:capacity=64M"
+for bad in (torch.device("cuda"), torch.device("cpu"), torch.device("cuda", -1),
+            torch.device("cuda", 1025)):
+    try:
+        mempool.torch.use(device=bad)
+    except ValueError as e:
+        print("ValueError", "mempool.torch.use" in str(e), os.environ["MEMPOOL_DEVICE"])
+print(len(installed))
+""")
+    assert out[:3] == ["cuda:3", "cuda:1", "cuda:2"], out
+    assert out[3:7] == ["ValueError True host:capacity=64M"] * 4, out
+    assert out[7] == "3"
