@@ -273,15 +273,19 @@ _NOT_MADE = object()
 _default_device = _NOT_MADE
 
 
-def _default_pools(call, make=True):
+def _default_pools(call, make=True, mark=True):
     """The library, for a call on the default pools of this process. make:
     the call makes them if they are not yet (every call on them does, but
-    mempool.torch.use(), which only hands them to PyTorch)."""
+    mempool.torch.use(), which only hands them to PyTorch). mark: record
+    them as used by this process (use() checks first, with mark False, and
+    records them only once PyTorch took the allocator)."""
     global _default_pid, _default_device
     if _default_pid is not None and _forked(_default_pid):
         raise _bad("the default pools were used by process %d, and process %d is a "
                    "child forked from it: they are that process's"
                    % (_default_pid, os.getpid()), call)
+    if not mark:
+        return _lib.lib()
     _default_pid = _this_pid
     if make and _default_device is _NOT_MADE:
         _default_device = os.environ.get("MEMPOOL_DEVICE")

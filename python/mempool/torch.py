@@ -149,7 +149,9 @@ def use(device=None):
     RuntimeError, naming both, with nothing set or installed (call use()
     first). If PyTorch
     refuses the allocator (it has allocated already), its error is raised
-    and $MEMPOOL_DEVICE is left as it was."""
+    and nothing changes: $MEMPOOL_DEVICE is left as it was, and the default
+    pools are not recorded as this process's (a child forked later may
+    still make its own)."""
     if isinstance(device, tuple(filter(None, _torch_device_types()))):
         # PyTorch's devices, read as set_memory_fraction reads them.
         device = _fraction_device(device, "mempool.torch.use")
@@ -187,8 +189,8 @@ def use(device=None):
             "anything allocates from them"
             % (spec, by, "$MEMPOOL_DEVICE=%r" % made if made is not None
                else "the library's choice ($MEMPOOL_DEVICE unset)"))
-    # PyTorch allocates from them from here.
-    _default_pools("mempool.torch.use", make=False)
+    # Refused here in a child forked from a process that used them.
+    _default_pools("mempool.torch.use", make=False, mark=False)
     before = os.environ.get("MEMPOOL_DEVICE")
     if spec is not None:
         os.environ["MEMPOOL_DEVICE"] = spec
@@ -203,6 +205,9 @@ def use(device=None):
         else:
             os.environ["MEMPOOL_DEVICE"] = before
         raise
+    # PyTorch allocates from them from here: a child forked from now on
+    # is refused them (not before: a refused use() changes nothing).
+    _default_pools("mempool.torch.use", make=False)
     return alloc
 
 

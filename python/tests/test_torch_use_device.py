@@ -267,3 +267,39 @@ print(len(installed))
     assert out[:3] == ["cuda:3", "cuda:1", "cuda:2"], out
     assert out[3:7] == ["ValueError True host:capacity=64M"] * 4, out
     assert out[7] == "3"
+
+
+def test_use_that_pytorch_refuses_leaves_the_default_pools_to_a_forked_child():
+    # use() recorded the default pools as this process's before PyTorch
+    # took the allocator: after a refusal (PyTorch had allocated already)
+    # a child forked from here, which has pools of its own to make, was
+    # refused them as the parent's.
+    out = _run("""
+def refuse(alloc):
+    raise RuntimeError("Can't swap an already initialized allocator")
+sys.modules["torch.cuda.memory"].change_current_allocator = refuse
+try:
+    mempool.torch.use(device="host:capacity=128M")
+except RuntimeError as e:
+    print("refused", "already initialized" in str(e), os.environ["MEMPOOL_DEVICE"])
+def child():
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            mempool.default_pool_stats()
+            print("child served", capacity())
+        except mempool.InvalidArgument as e:
+            print("child refused", "forked" in str(e))
+        sys.stdout.flush()
+        os._exit(0)
+    os.waitpid(pid, 0)
+child()
+# Taken: PyTorch's allocations come from them, the parent's from here.
+sys.modules["torch.cuda.memory"].change_current_allocator = installed.append
+mempool.torch.use()
+child()
+""")
+    assert out[0] == "refused True host:capacity=64M", out
+    assert out[1] == "child served 64", out
+    assert out[2] == "child refused True", out
