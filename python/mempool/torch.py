@@ -74,7 +74,7 @@ def _fraction_device(device, call):
     torch.cuda.device. Anything else, or an index outside a C int:
     ValueError, as PyTorch's call raises."""
     if device is None:
-        device = _current_device()
+        device = _current_device(call)
     number = None
     tdev, cdev = _torch_device_types()
     if isinstance(device, str):
@@ -220,13 +220,22 @@ def empty_cache():
     _default_pools("mp_torch_reset").mp_torch_reset()
 
 
-def _current_device():
-    """torch.cuda.current_device(), or 0 without torch or CUDA."""
+def _current_device(call):
+    """torch.cuda.current_device(), as PyTorch's calls read device None; 0
+    without torch or CUDA (the host backend's one device). A torch that
+    cannot tell it (no torch.cuda.is_available or current_device, either
+    raising, CUDA failing to initialise): RuntimeError naming the call and
+    the reason, where PyTorch's own call would fail too."""
     try:
         import torch
-        return torch.cuda.current_device() if torch.cuda.is_available() else 0
     except ImportError:
         return 0
+    try:
+        return torch.cuda.current_device() if torch.cuda.is_available() else 0
+    except Exception as e:
+        raise RuntimeError("%s: device None is PyTorch's current device, which "
+                           "torch.cuda could not tell (%s: %s); pass the device"
+                           % (call, type(e).__name__, e)) from e
 
 
 def set_memory_fraction(fraction, device=None):
@@ -239,7 +248,7 @@ def set_memory_fraction(fraction, device=None):
     device: what PyTorch's call takes: an integer (numpy's included),
     "cuda:N", torch.device("cuda", N) or a torch.cuda.device; None is
     PyTorch's current device (device 0 where torch cannot be imported or
-    has no CUDA).
+    has no CUDA; RuntimeError, nothing set, where torch cannot tell it).
     A fraction outside [0, 1] (NaN included) or a device that is none of
     those, or whose index is not from 0 to 2**31 - 1 (a C int; a bool is no
     integer here), "cuda" and torch.device("cuda") without an index or

@@ -195,7 +195,7 @@ def test_set_memory_fraction_of_the_wrong_type_is_type_error_and_sets_nothing(mo
     # without torch); it was refused as "not a device number".
     mempool.torch.set_memory_fraction(0.5, None)
     mempool.torch.set_memory_fraction(0.5)
-    current = mempool.torch._current_device()
+    current = mempool.torch._current_device("set_memory_fraction")
     assert calls[2:] == [(0.5, current), (0.5, current)]
 
 

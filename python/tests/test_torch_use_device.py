@@ -303,3 +303,29 @@ child()
     assert out[0] == "refused True host:capacity=64M", out
     assert out[1] == "child served 64", out
     assert out[2] == "child refused True", out
+
+
+def test_set_memory_fraction_of_the_current_device_says_when_torch_cannot_tell_it(monkeypatch):
+    # Device None is PyTorch's current device. A torch with no
+    # torch.cuda.is_available raised AttributeError, and one whose
+    # current_device() failed (CUDA's initialisation) its bare error,
+    # neither naming the call or the device; nothing is set either way.
+    import mempool.torch
+    torch, calls = _fraction_calls(monkeypatch)
+    cuda = sys.modules["torch.cuda"]
+
+    def failing():
+        raise RuntimeError("CUDA error: initialization error")
+    monkeypatch.setattr(cuda, "current_device", failing)
+    with pytest.raises(RuntimeError, match="set_memory_fraction: device None") as e:
+        mempool.torch.set_memory_fraction(0.5)
+    assert "initialization error" in str(e.value)
+    monkeypatch.delattr(cuda, "is_available")
+    with pytest.raises(RuntimeError, match="set_memory_fraction: device None") as e:
+        mempool.torch.set_memory_fraction(0.5, None)
+    assert "is_available" in str(e.value)
+    assert calls == []
+    # Without CUDA: device 0, the host backend's.
+    monkeypatch.setattr(cuda, "is_available", lambda: False, raising=False)
+    mempool.torch.set_memory_fraction(0.5)
+    assert calls == [(0.5, 0)]
