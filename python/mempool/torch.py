@@ -103,6 +103,35 @@ _CUDA_SPEC_INDEX = re.compile(r"[0-9]+")
 _CUDA_MAX_INDEX = 1024
 
 
+def _cuda_spec_index(rest):
+    """The index after "cuda:" as the library opens it (decimal digits,
+    leading zeros taken, at most 1024), or None where it opens none."""
+    index = rest.lstrip("0") or "0"  # int() of 4300 digits raises
+    if (_CUDA_SPEC_INDEX.fullmatch(rest) and len(index) <= len(str(_CUDA_MAX_INDEX))
+            and int(index) <= _CUDA_MAX_INDEX):
+        return int(index)
+    return None
+
+
+def _spec_opens(spec):
+    """spec as the device it opens, so that two spellings of one compare
+    equal: "cuda", "cuda:0" and "cuda:000" are "cuda:0", "host:" is "host"
+    (mp_device_open reads no options there). Host options stay as written:
+    they are the library's to read (src/device/host.c, which exports no
+    parser of them), so "capacity=64M" and "capacity=67108864" differ here.
+    None (the library's choice) and a spec opening nothing: as they are."""
+    if spec is None:
+        return None
+    name, colon, rest = spec.partition(":")
+    if name == "cuda":
+        index = _cuda_spec_index(rest) if colon else 0
+        if index is not None:
+            return "cuda:%d" % index
+    if name == "host" and colon and not rest:
+        return "host"
+    return spec
+
+
 def _spec_checked(spec, call):
     """spec, a device spec, if it names a device mp_device_open knows:
     else InvalidArgument, before it is set anywhere (the default pools
@@ -117,10 +146,7 @@ def _spec_checked(spec, call):
                    call)
     # After "cuda:" comes the index, no options: one the library cannot
     # open would fail only at PyTorch's first allocation.
-    index = rest.lstrip("0") or "0"  # int() of 4300 digits raises
-    if name == "cuda" and colon and not (_CUDA_SPEC_INDEX.fullmatch(rest) and
-                                         len(index) <= len(str(_CUDA_MAX_INDEX)) and
-                                         int(index) <= _CUDA_MAX_INDEX):
+    if name == "cuda" and colon and _cuda_spec_index(rest) is None:
         raise _bad("device spec %r names no CUDA device: expected 'cuda:N', N a "
                    "decimal index from 0 to %d" % (spec, _CUDA_MAX_INDEX), call)
     return spec
@@ -147,8 +173,10 @@ def use(device=None):
     (mp_malloc, the preload shim: mp_default_pool_made()), a device other
     than the one they were made on cannot take effect, and use() raises
     RuntimeError, naming both, with nothing set or installed (call use()
-    first). If PyTorch
-    refuses the allocator (it has allocated already), its error is raised
+    first). Specs are compared as the device they open ("cuda", "cuda:0",
+    "cuda:00" and 0 are one; "host:" is "host"), host options as written
+    (the library's to read: "capacity=64M" and "capacity=67108864" differ).
+    If PyTorch refuses the allocator (it has allocated already), its error is raised
     and nothing changes: $MEMPOOL_DEVICE is left as it was, and the default
     pools are not recorded as this process's (a child forked later may
     still make its own)."""
@@ -181,7 +209,8 @@ def use(device=None):
         # the program changed it since.
         made = os.environ.get("MEMPOOL_DEVICE")
         by = " by C code of this process (mp_malloc, the preload shim)"
-    if spec is not None and made is not _NOT_MADE and spec != made:
+    # Compared as the devices they open ("cuda" is "cuda:0").
+    if spec is not None and made is not _NOT_MADE and _spec_opens(spec) != _spec_opens(made):
         raise RuntimeError(
             "mempool.torch.use: device %r cannot take effect: the default pools "
             "were made already%s, on %s, and live until the process exits (the "

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch_stand_in
 
 import mempool
 
@@ -329,3 +330,26 @@ def test_set_memory_fraction_of_the_current_device_says_when_torch_cannot_tell_i
     monkeypatch.setattr(cuda, "is_available", lambda: False, raising=False)
     mempool.torch.set_memory_fraction(0.5)
     assert calls == [(0.5, 0)]
+
+
+def test_use_of_the_default_pools_device_in_another_spelling_is_taken(monkeypatch):
+    # Specs were compared as text: once the default pools existed on
+    # "cuda", use("cuda:0") (or use(0)) was refused as another device.
+    import mempool.torch
+    installed = []
+    for name, mod in torch_stand_in.modules(installed.append).items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setattr(mempool, "_default_pid", None)
+    monkeypatch.setenv("MEMPOOL_DEVICE", "cuda")
+    monkeypatch.setattr(mempool, "_default_device", "cuda")  # made on it
+    for same in ("cuda:0", 0, "cuda:000", torch_stand_in.device("cuda", 0), "cuda"):
+        mempool.torch.use(device=same)
+    assert len(installed) == 5
+    for other in ("cuda:1", 1, "host"):
+        with pytest.raises(RuntimeError, match="cannot take effect"):
+            mempool.torch.use(device=other)
+    monkeypatch.setattr(mempool, "_default_device", "cuda:01")
+    mempool.torch.use(device="cuda:1")
+    monkeypatch.setattr(mempool, "_default_device", "host")
+    mempool.torch.use(device="host:")
+    assert len(installed) == 7
