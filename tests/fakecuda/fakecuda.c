@@ -131,7 +131,8 @@
  *    page-locked memory (cuMemHostAlloc, cuMemAllocHost) is freed by
  *    cuMemFreeHost whatever context is current, and cuMemHostGetFlags and
  *    cuMemHostGetDevicePointer (only for CU_MEMHOSTALLOC_DEVICEMAP
- *    memory) answer for any address inside it.
+ *    memory, and CU_MEMHOSTREGISTER_DEVICEMAP registrations) answer for
+ *    any address inside it.
  * Limits (rules it cannot or does not model): no kernels, so nothing runs
  * on the device but copies, memsets and host functions, and a race a GPU
  * would show appears only as far as host threads interleave; memory is
@@ -2837,25 +2838,6 @@ CUresult cuMemHostGetFlags(unsigned int *pFlags, void *p) {
   return CUDA_SUCCESS;
 }
 
-/* cuda.h, cuMemHostGetDevicePointer: "will fail if the
- * CU_MEMHOSTALLOC_DEVICEMAP flag was not specified at the time the memory
- * was allocated"; Flags "must be set to 0". Any address inside a mapped
- * allocation has its device pointer: with unified addressing, the same
- * address (the fake's devices are all the host's). */
-CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p,
-                                      unsigned int Flags) {
-  FK_COUNT(cuMemHostGetDevicePointer_v2);
-  FK_CURRENT(dev);
-  (void)dev;
-  fk_pin_t pin;
-  if (pdptr == NULL || Flags != 0 ||
-      !fk_pin_get((uintptr_t)p, false, false, &pin) ||
-      (pin.flags & CU_MEMHOSTALLOC_DEVICEMAP) == 0)
-    return CUDA_ERROR_INVALID_VALUE;
-  *pdptr = (CUdeviceptr)(uintptr_t)p;
-  return CUDA_SUCCESS;
-}
-
 /* cuMemHostRegister / cuMemHostUnregister (cuda.h's documentation): a
  * range already registered (overlapping one) is
  * CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, unregistering a pointer that
@@ -2871,7 +2853,8 @@ CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p,
  * CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM [the fake's
  * devices], the memory can also be accessed from the device using the
  * host pointer p"; cuMemHostUnregister "Unmaps the memory range". Before
- * 2026-12-04 the device did not know it, and refused a memset of it. Not
+ * 2026-12-04 the device did not know it, and refused a memset of it.
+ * Each keeps its flags (DEVICEMAP for cuMemHostGetDevicePointer). Not
  * modelled: READ_ONLY's "considered read-only by the device" (a write to
  * it is taken). A context's close forgets its registrations, as its
  * device does (fk_registered_drop_ctx). */
@@ -2879,8 +2862,21 @@ CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p,
 static struct {
   uintptr_t base;
   size_t size;
+  unsigned flags;
   struct CUctx_st *ctx;
 } fk_registered[FK_MAX_REGISTERED];
+
+/* The flags of the registration holding addr; 0 when none does. */
+static unsigned fk_registered_flags(uintptr_t addr) {
+  unsigned flags = 0;
+  pthread_mutex_lock(&fk.lock);
+  for (int i = 0; i < FK_MAX_REGISTERED; i++)
+    if (fk_registered[i].size != 0 &&
+        addr - fk_registered[i].base < fk_registered[i].size)
+      flags = fk_registered[i].flags;
+  pthread_mutex_unlock(&fk.lock);
+  return flags;
+}
 
 static CUresult fk_host_register(mp_device_t *dev, void *p, size_t bytes,
                                  unsigned flags) {
@@ -2907,6 +2903,7 @@ static CUresult fk_host_register(mp_device_t *dev, void *p, size_t bytes,
   if (slot >= 0) {
     fk_registered[slot].base = b;
     fk_registered[slot].size = bytes;
+    fk_registered[slot].flags = flags;
     fk_registered[slot].ctx = fk_ctx();
     r = CUDA_SUCCESS;
   }
@@ -2947,6 +2944,38 @@ static void fk_registered_drop_ctx(const struct CUctx_st *ctx) {
     if (fk_registered[i].ctx == ctx)
       fk_registered[i].size = 0;
   pthread_mutex_unlock(&fk.lock);
+}
+
+/* cuda.h, cuMemHostGetDevicePointer: "Passes back the device pointer pdptr
+ * corresponding to the mapped, pinned host buffer p allocated by
+ * cuMemHostAlloc"; it "will fail if the CU_MEMHOSTALLOC_DEVICEMAP flag was
+ * not specified at the time the memory was allocated"; "Flags provides for
+ * future releases. For now, it must be set to 0". cuMemHostRegister's
+ * memory has one too: "CU_MEMHOSTREGISTER_DEVICEMAP: Maps the allocation
+ * into the CUDA address space. The device pointer to the memory may be
+ * obtained by calling cuMemHostGetDevicePointer()" (a registration made
+ * without it is refused, read as cuMemHostAlloc's rule; before 2026-12-04
+ * every registration was). Any address inside a mapped allocation has its
+ * device pointer: "If all devices visible to the application have a
+ * non-zero value for the device attribute
+ * [CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, the fake's], the device pointer
+ * returned by cuMemHostGetDevicePointer() will match the original pointer". */
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p,
+                                      unsigned int Flags) {
+  FK_COUNT(cuMemHostGetDevicePointer_v2);
+  FK_CURRENT(dev);
+  (void)dev;
+  fk_pin_t pin;
+  if (pdptr == NULL || Flags != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  bool mapped = fk_pin_get((uintptr_t)p, false, false, &pin)
+                    ? (pin.flags & CU_MEMHOSTALLOC_DEVICEMAP) != 0
+                    : (fk_registered_flags((uintptr_t)p) &
+                       CU_MEMHOSTREGISTER_DEVICEMAP) != 0;
+  if (!mapped)
+    return CUDA_ERROR_INVALID_VALUE;
+  *pdptr = (CUdeviceptr)(uintptr_t)p;
+  return CUDA_SUCCESS;
 }
 
 FK_IN_CTX(cuMemHostRegister_v2, (void *p, size_t bytes, unsigned int flags),

@@ -694,3 +694,52 @@ Test(fakecuda_rules,
                  "a copy of unmapped memory");
   cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
 }
+
+/* cuda.h, cuMemHostRegister: "CU_MEMHOSTREGISTER_DEVICEMAP: Maps the
+ * allocation into the CUDA address space. The device pointer to the memory
+ * may be obtained by calling ::cuMemHostGetDevicePointer()", which "will
+ * match the original pointer p" where every device has
+ * CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM. Its Flags
+ * "must be set to 0"; it "will fail if the ::CU_MEMHOSTALLOC_DEVICEMAP flag
+ * was not specified" (the fake reads that of a registration made without
+ * DEVICEMAP too; a GPU's answer is not asked), and memory no longer
+ * registered has no device pointer. Before, the fake refused every
+ * registered range: it looked only at cuMemHostAlloc's. */
+Test(fakecuda_rules, registered_mapped_memory_has_a_device_pointer) {
+  int by_host_ptr = 0;
+  cr_assert_eq(cuDeviceGetAttribute(
+                   &by_host_ptr,
+                   CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
+                   0),
+               CUDA_SUCCESS);
+  size_t n = 2 * (size_t)sysconf(_SC_PAGESIZE);
+  unsigned char *reg =
+      mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  cr_assert_neq(reg, MAP_FAILED);
+  CUdeviceptr d = 0;
+  cr_assert_eq(cuMemHostRegister(reg, n, CU_MEMHOSTREGISTER_DEVICEMAP),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuMemHostGetDevicePointer(&d, reg, 0), CUDA_SUCCESS,
+               "registered DEVICEMAP memory has a device pointer");
+  cr_assert_neq(d, 0);
+  if (by_host_ptr)
+    cr_assert_eq(d, (CUdeviceptr)(uintptr_t)reg, "not the host pointer");
+  cr_assert_eq(cuMemsetD8(d, 0x6b, n), CUDA_SUCCESS);
+  cr_assert(reg[0] == 0x6b && reg[n - 1] == 0x6b);
+  CUdeviceptr inner = 0;
+  cr_assert_eq(cuMemHostGetDevicePointer(&inner, reg + 100, 0), CUDA_SUCCESS);
+  cr_assert_eq(inner, d + 100);
+  cr_assert_eq(cuMemHostGetDevicePointer(&inner, reg, 1),
+               CUDA_ERROR_INVALID_VALUE, "Flags must be 0");
+  cr_assert_eq(cuMemHostGetDevicePointer(NULL, reg, 0),
+               CUDA_ERROR_INVALID_VALUE);
+  cr_assert_eq(cuMemHostUnregister(reg), CUDA_SUCCESS);
+  cr_assert_eq(cuMemHostGetDevicePointer(&inner, reg, 0),
+               CUDA_ERROR_INVALID_VALUE, "memory no longer registered");
+  cr_assert_eq(cuMemHostRegister(reg, n, 0), CUDA_SUCCESS);
+  if (!fk_real())
+    cr_assert_eq(cuMemHostGetDevicePointer(&inner, reg, 0),
+                 CUDA_ERROR_INVALID_VALUE, "registered without DEVICEMAP");
+  cr_assert_eq(cuMemHostUnregister(reg), CUDA_SUCCESS);
+  cr_assert_eq(munmap(reg, n), 0);
+}
