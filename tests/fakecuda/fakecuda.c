@@ -56,7 +56,10 @@
  *  - a mapping starts with no access: a copy or memset of it runs only on
  *    a device cuMemSetAccess gave access to (read: PROT_READ or
  *    PROT_READWRITE; write: PROT_READWRITE), else it is refused with
- *    CUDA_ERROR_ILLEGAL_ADDRESS, counted (fk_access_ok);
+ *    CUDA_ERROR_ILLEGAL_ADDRESS, counted (fk_access_ok); so is a device
+ *    write (a memset, a copy into it) to host memory registered
+ *    CU_MEMHOSTREGISTER_READ_ONLY, "considered read-only by the device"
+ *    (fk_read_only_touched);
  *  - virtual memory (test_fakecuda_vmm_rules.c, cuda.h's text cited there):
  *    cuMemCreate allocates the device's memory, so it fails with
  *    CUDA_ERROR_OUT_OF_MEMORY where the handle does not fit, and memory a
@@ -1975,13 +1978,12 @@ static bool fk_within_allocation(uintptr_t lo, size_t n) {
 }
 
 static CUresult fk_no_access(int ordinal, CUdeviceptr dst, CUdeviceptr src,
-                             size_t n) {
+                             size_t n, const char *what) {
   atomic_fetch_add(&fk_illegal_addresses, 1);
   fprintf(stderr,
           "fakecuda: a copy or memset on device %d of %zu bytes (dst %p, src "
-          "%p) touches a mapping that device may not access "
-          "(cuMemSetAccess): CUDA_ERROR_ILLEGAL_ADDRESS\n",
-          ordinal, n, (void *)dst, (void *)src);
+          "%p) %s: CUDA_ERROR_ILLEGAL_ADDRESS\n",
+          ordinal, n, (void *)dst, (void *)src, what);
   return CUDA_ERROR_ILLEGAL_ADDRESS;
 }
 
@@ -2094,10 +2096,12 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib,
   case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
   case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
   /* Registered memory is the device's at its host address (cuda.h,
-   * cuMemHostRegister; fk_host_register). */
+   * cuMemHostRegister; fk_host_register), and may be registered READ_ONLY
+   * ("Support for the use of this flag can be queried from the device
+   * attribute CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED"; the
+   * fake took the flag while it answered 0 before 2026-12-04). */
   case CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM:
-    *pi = 1;
-    break;
+  case CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: *pi = 1; break;
   default: *pi = 0; break;
   }
   return CUDA_SUCCESS;
@@ -2854,10 +2858,11 @@ CUresult cuMemHostGetFlags(unsigned int *pFlags, void *p) {
  * devices], the memory can also be accessed from the device using the
  * host pointer p"; cuMemHostUnregister "Unmaps the memory range". Before
  * 2026-12-04 the device did not know it, and refused a memset of it.
- * Each keeps its flags (DEVICEMAP for cuMemHostGetDevicePointer). Not
- * modelled: READ_ONLY's "considered read-only by the device" (a write to
- * it is taken). A context's close forgets its registrations, as its
- * device does (fk_registered_drop_ctx). */
+ * Each keeps its flags: DEVICEMAP for cuMemHostGetDevicePointer, READ_ONLY
+ * for copies and memsets ("The pointer is treated as pointing to memory
+ * that is considered read-only by the device", fk_read_only_touched). A
+ * context's close forgets its registrations, as its device does
+ * (fk_registered_drop_ctx). */
 #define FK_MAX_REGISTERED 64
 static struct {
   uintptr_t base;
@@ -2876,6 +2881,19 @@ static unsigned fk_registered_flags(uintptr_t addr) {
       flags = fk_registered[i].flags;
   pthread_mutex_unlock(&fk.lock);
   return flags;
+}
+
+/* Whether [lo, lo + n) reaches into a READ_ONLY registration. Under
+ * fk.lock. */
+static bool fk_read_only_touched(uintptr_t lo, size_t n) {
+  uintptr_t hi = n > UINTPTR_MAX - lo ? UINTPTR_MAX : lo + n;
+  for (int i = 0; i < FK_MAX_REGISTERED; i++)
+    if (fk_registered[i].size != 0 &&
+        (fk_registered[i].flags & CU_MEMHOSTREGISTER_READ_ONLY) != 0 &&
+        fk_registered[i].base < hi &&
+        lo < fk_registered[i].base + fk_registered[i].size)
+      return true;
+  return false;
 }
 
 static CUresult fk_host_register(mp_device_t *dev, void *p, size_t bytes,
@@ -3218,7 +3236,18 @@ static CUresult fk_copy(mp_device_t *dev, CUdeviceptr dst, CUdeviceptr src,
   if (!fk_access_ok((uintptr_t)dst, n, ordinal, true) ||
       (!set && !fk_access_ok((uintptr_t)src, n, ordinal, false))) {
     fk_end();
-    return fk_no_access(ordinal, dst, src, n);
+    return fk_no_access(ordinal, dst, src, n,
+                        "touches a mapping that device may not access "
+                        "(cuMemSetAccess)");
+  }
+  /* A device write to a READ_ONLY registration (fk_host_register): a GPU
+   * faults on it, the fake refuses it, as a write to a mapping the device
+   * may only read. */
+  if (fk_read_only_touched((uintptr_t)dst, n)) {
+    fk_end();
+    return fk_no_access(ordinal, dst, src, n,
+                        "writes host memory registered "
+                        "CU_MEMHOSTREGISTER_READ_ONLY");
   }
   mp_status_t st =
       set ? mp_memset_async(dev, (void *)dst, v, n, hs)

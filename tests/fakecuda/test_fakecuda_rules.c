@@ -743,3 +743,73 @@ Test(fakecuda_rules, registered_mapped_memory_has_a_device_pointer) {
   cr_assert_eq(cuMemHostUnregister(reg), CUDA_SUCCESS);
   cr_assert_eq(munmap(reg, n), 0);
 }
+
+/* cuda.h, cuMemHostRegister: "CU_MEMHOSTREGISTER_READ_ONLY: The pointer is
+ * treated as pointing to memory that is considered read-only by the
+ * device"; "Support for the use of this flag can be queried from the device
+ * attribute CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED. Using
+ * this flag with a current context associated with a device that does not
+ * have this attribute set will cause cuMemHostRegister to error with
+ * CUDA_ERROR_NOT_SUPPORTED". The fake's devices have it (before, they
+ * answered 0 and took the flag all the same). A device write to such memory
+ * is undefined (a GPU faults); the fake refuses a memset of it and a copy
+ * into it with CUDA_ERROR_ILLEGAL_ADDRESS, counted, writing nothing, as
+ * for a mapping the device may only read (fk_access_ok). Reads are taken,
+ * and the host's own writes. Before, the device wrote it. */
+Test(fakecuda_rules, read_only_registered_memory_is_not_written_by_the_device) {
+  int ro = 0;
+  cr_assert_eq(
+      cuDeviceGetAttribute(
+          &ro, CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, 0),
+      CUDA_SUCCESS);
+  if (!fk_real())
+    cr_assert_eq(ro, 1, "the fake's devices take READ_ONLY registrations");
+  size_t page = (size_t)sysconf(_SC_PAGESIZE), n = 2 * page;
+  /* One page more, never registered: written freely. */
+  unsigned char *reg = mmap(NULL, n + page, PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  cr_assert_neq(reg, MAP_FAILED);
+  memset(reg, 0x11, n + page);
+  const unsigned flags =
+      CU_MEMHOSTREGISTER_READ_ONLY | CU_MEMHOSTREGISTER_DEVICEMAP;
+  if (!ro) {
+    cr_assert_eq(cuMemHostRegister(reg, n, flags), CUDA_ERROR_NOT_SUPPORTED);
+    cr_assert_eq(munmap(reg, n + page), 0);
+    cr_skip_test("the device takes no READ_ONLY registration");
+  }
+  CUdeviceptr r = 0, d = 0;
+  cr_assert_eq(cuMemHostRegister(reg, n, flags), CUDA_SUCCESS);
+  cr_assert_eq(cuMemHostGetDevicePointer(&r, reg, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuMemAlloc(&d, n), CUDA_SUCCESS);
+  cr_assert_eq(cuMemcpyDtoD(d, r, n), CUDA_SUCCESS, "a device read");
+  cr_assert_eq(cuMemcpyHtoD(d, reg, n), CUDA_SUCCESS, "a read of the host's");
+  reg[0] = 0x22; /* the host still writes it */
+  if (!fk_real()) {
+    long long before = cuFakeGetErrorCount(CUDA_ERROR_ILLEGAL_ADDRESS);
+    cr_expect_eq(cuMemsetD8(r, 0, n), CUDA_ERROR_ILLEGAL_ADDRESS,
+                 "a memset of read-only memory");
+    cr_expect_eq(cuMemsetD8Async(r + n - 1, 0, 1, NULL),
+                 CUDA_ERROR_ILLEGAL_ADDRESS, "its last byte");
+    cr_expect_eq(cuMemcpyDtoD(r + page, d, page), CUDA_ERROR_ILLEGAL_ADDRESS,
+                 "a copy into read-only memory");
+    cr_expect_eq(cuMemcpyDtoH(reg, d, 1), CUDA_ERROR_ILLEGAL_ADDRESS,
+                 "a copy to its host pointer");
+    cr_assert_eq(cuCtxSynchronize(), CUDA_SUCCESS);
+    cr_expect_eq(cuFakeGetErrorCount(CUDA_ERROR_ILLEGAL_ADDRESS) - before, 4);
+    cr_assert(reg[0] == 0x22 && reg[1] == 0x11 && reg[n - 1] == 0x11,
+              "the device wrote read-only memory");
+  }
+  cr_assert_eq(cuMemsetD8(d, 0x33, n), CUDA_SUCCESS);
+  cr_assert_eq(cuMemcpyDtoH(reg + n, d, page), CUDA_SUCCESS,
+               "a copy to the page after it");
+  cr_assert_eq(reg[n], 0x33);
+  cr_assert_eq(cuMemHostUnregister(reg), CUDA_SUCCESS);
+  /* Registered again without the flag, the device writes it. */
+  cr_assert_eq(cuMemHostRegister(reg, n, CU_MEMHOSTREGISTER_DEVICEMAP),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8(r, 0x44, n), CUDA_SUCCESS);
+  cr_assert(reg[0] == 0x44 && reg[n - 1] == 0x44);
+  cr_assert_eq(cuMemHostUnregister(reg), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
+  cr_assert_eq(munmap(reg, n + page), 0);
+}
