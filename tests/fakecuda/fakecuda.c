@@ -3852,6 +3852,26 @@ CUresult cuGraphDestroyNode(CUgraphNode node) {
   return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+/* The index of the node before the one at k in g's chain, and before the
+ * copies of a child graph's nodes that stand before a child graph node
+ * (fk_child_node), nested ones among them: k, walked back from g->n, visits
+ * g's own nodes only. */
+static size_t fk_graph_prev_own(const struct CUgraph_st *g, size_t k) {
+  const fk_node_t *nd = g->nodes[k - 1];
+  return k - 1 - (nd->type == CU_GRAPH_NODE_TYPE_GRAPH ? nd->n : 0);
+}
+
+/* cuda.h, cuGraphGetNodes: "Returns a list of hGraph's nodes. nodes may be
+ * NULL, in which case this function will return the number of nodes in
+ * numNodes. Otherwise, numNodes entries will be filled in. If numNodes is
+ * higher than the actual number of nodes, the remaining entries in nodes
+ * will be set to NULL, and the number of nodes actually obtained will be
+ * returned in numNodes." The graph's own nodes, a child graph node one of
+ * them: the copies of its graph's nodes it runs are not listed (its graph's
+ * own are that graph's, cuGraphChildGraphNodeGetGraph). Before 2026-12-04
+ * they were, so a program could destroy one of them (cuGraphDestroyNode),
+ * and the entries past the nodes were left as they were. With numNodes
+ * lower, the first numNodes nodes, and numNodes is set to the count. */
 CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n) {
   FK_COUNT(cuGraphGetNodes);
   FK_NEED_INIT();
@@ -3859,10 +3879,20 @@ CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n) {
     return fk_bad_handle();
   if (n == NULL)
     return CUDA_ERROR_INVALID_VALUE;
-  if (nodes != NULL)
-    for (size_t i = 0; i < *n && i < g->n; i++)
-      nodes[i] = (CUgraphNode)g->nodes[i];
-  *n = g->n;
+  pthread_mutex_lock(&fk.lock);
+  size_t own = 0;
+  for (size_t k = g->n; k > 0; k = fk_graph_prev_own(g, k))
+    own++;
+  if (nodes != NULL) {
+    for (size_t i = own; i < *n; i++)
+      nodes[i] = NULL;
+    size_t i = own;
+    for (size_t k = g->n; k > 0; k = fk_graph_prev_own(g, k))
+      if (--i < *n)
+        nodes[i] = (CUgraphNode)g->nodes[k - 1];
+  }
+  pthread_mutex_unlock(&fk.lock);
+  *n = own;
   return CUDA_SUCCESS;
 }
 

@@ -1577,3 +1577,72 @@ Test(fakecuda_capture, destroying_a_node_takes_what_it_owns_with_it) {
   cr_assert_eq(cuGraphDestroy(child), CUDA_SUCCESS);
   cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
 }
+
+/* cuda.h, cuGraphGetNodes: "Returns a list of hGraph's nodes"; "If
+ * numNodes is higher than the actual number of nodes, the remaining
+ * entries in nodes will be set to NULL, and the number of nodes actually
+ * obtained will be returned in numNodes". A child graph node is one node of
+ * its graph: the graph it embeds has its own nodes
+ * (cuGraphChildGraphNodeGetGraph), however deep. Each node listed can be
+ * destroyed (cuGraphDestroyNode: "Removes hNode from its graph"), the
+ * child graph node taking its graph's work with it. Before, the fake
+ * listed the copies of a child graph's nodes that it runs in the parent,
+ * which a program could then destroy one by one, and left the entries
+ * past the nodes as they were. */
+Test(fakecuda_capture, a_graph_lists_its_own_nodes_not_its_childs) {
+  CUdeviceptr d;
+  atomic_int runs = 0;
+  cr_assert_eq(cuMemAlloc(&d, 4096), CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8(d, 0, 4096), CUDA_SUCCESS);
+  CUgraph child, parent, top, embedded;
+  CUgraphNode cn, pn;
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8Async(d, 1, 2048, s), CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8Async(d + 2048, 2, 2048, s), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamEndCapture(s, &child), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuLaunchHostFunc(s, bump, &runs), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamEndCapture(s, &parent), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphAddChildGraphNode(&cn, parent, NULL, 0, child),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuGraphCreate(&top, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphAddChildGraphNode(&pn, top, NULL, 0, parent),
+               CUDA_SUCCESS);
+  cr_assert_eq(node_count(child), 2);
+  cr_assert_eq(node_count(parent), 2, "a child graph node is one node");
+  cr_assert_eq(node_count(top), 1, "nor are a grandchild's nodes listed");
+  cr_assert_eq(cuGraphChildGraphNodeGetGraph(cn, &embedded), CUDA_SUCCESS);
+  cr_assert_eq(node_count(embedded), 2, "the child's are in its own graph");
+  CUgraphNode nodes[4] = {(CUgraphNode)&runs, (CUgraphNode)&runs,
+                          (CUgraphNode)&runs, (CUgraphNode)&runs};
+  size_t n = 4;
+  cr_assert_eq(cuGraphGetNodes(parent, nodes, &n), CUDA_SUCCESS);
+  cr_assert_eq(n, 2);
+  cr_assert_eq(nodes[1], cn);
+  cr_assert(nodes[2] == NULL && nodes[3] == NULL,
+            "the entries past the nodes are not NULL");
+  CUgraphNodeType t;
+  cr_assert_eq(cuGraphNodeGetType(nodes[0], &t), CUDA_SUCCESS);
+  cr_assert_eq(t, CU_GRAPH_NODE_TYPE_HOST);
+  CUgraphNode only = NULL;
+  n = 1;
+  cr_assert_eq(cuGraphGetNodes(top, &only, &n), CUDA_SUCCESS);
+  cr_assert_eq(only, pn);
+  /* Every node listed is the graph's to destroy. */
+  cr_assert_eq(cuGraphDestroyNode(nodes[0]), CUDA_SUCCESS);
+  cr_assert_eq(node_count(parent), 1);
+  unsigned char h[2] = {0, 0};
+  instantiate_and_run(parent, 0);
+  cr_assert_eq(cuMemcpyDtoH(&h[0], d, 1), CUDA_SUCCESS);
+  cr_assert_eq(cuMemcpyDtoH(&h[1], d + 4095, 1), CUDA_SUCCESS);
+  cr_assert(h[0] == 1 && h[1] == 2, "the child graph's work did not run");
+  cr_assert_eq(atomic_load(&runs), 0, "a destroyed node ran");
+  cr_assert_eq(cuGraphDestroyNode(cn), CUDA_SUCCESS);
+  cr_assert_eq(node_count(parent), 0);
+  cr_assert_eq(cuGraphDestroy(top), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(parent), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphDestroy(child), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
+}
