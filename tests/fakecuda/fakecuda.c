@@ -3852,13 +3852,14 @@ CUresult cuGraphDestroyNode(CUgraphNode node) {
   return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-/* The index of the node before the one at k in g's chain, and before the
- * copies of a child graph's nodes that stand before a child graph node
- * (fk_child_node), nested ones among them: k, walked back from g->n, visits
- * g's own nodes only. */
-static size_t fk_graph_prev_own(const struct CUgraph_st *g, size_t k) {
-  const fk_node_t *nd = g->nodes[k - 1];
-  return k - 1 - (nd->type == CU_GRAPH_NODE_TYPE_GRAPH ? nd->n : 0);
+/* The index of the node before nd, the node at k - 1 of a chain (a
+ * graph's or an executable's), and before the copies of a child graph's
+ * nodes that stand before a child graph node (fk_child_node), nested ones
+ * among them: k, walked back from the chain's length, visits the graph's
+ * own nodes only. */
+static size_t fk_prev_own(const fk_node_t *nd, size_t k) {
+  size_t span = nd->type == CU_GRAPH_NODE_TYPE_GRAPH ? nd->n : 0;
+  return span < k ? k - 1 - span : 0;
 }
 
 /* cuda.h, cuGraphGetNodes: "Returns a list of hGraph's nodes. nodes may be
@@ -3881,13 +3882,13 @@ CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n) {
     return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&fk.lock);
   size_t own = 0;
-  for (size_t k = g->n; k > 0; k = fk_graph_prev_own(g, k))
+  for (size_t k = g->n; k > 0; k = fk_prev_own(g->nodes[k - 1], k))
     own++;
   if (nodes != NULL) {
     for (size_t i = own; i < *n; i++)
       nodes[i] = NULL;
     size_t i = own;
-    for (size_t k = g->n; k > 0; k = fk_graph_prev_own(g, k))
+    for (size_t k = g->n; k > 0; k = fk_prev_own(g->nodes[k - 1], k))
       if (--i < *n)
         nodes[i] = (CUgraphNode)g->nodes[k - 1];
   }
@@ -4488,13 +4489,19 @@ CUresult cuGraphNodeSetParams(CUgraphNode node, CUgraphNodeParams *p) {
 /* cuda.h, cuGraphExecUpdate: "Updates the node parameters in the
  * instantiated graph specified by hGraphExec with the node parameters in a
  * topologically identical graph"; CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE
- * with CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED where the count of
- * nodes differs (no error node), _NODE_TYPE_CHANGED where a node's type
- * does (the node of hGraph), _ERROR for an invalid value; x unchanged
- * then. Not modelled: the limits on a node's parameters, user object
- * references (x keeps its own), and an update where either graph has
- * memory nodes, which the fake refuses (_NOT_SUPPORTED: an executable's
- * memory is its graph's, fk_gmem_t, which it cannot trade). */
+ * with CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED where "The count of
+ * nodes directly in hGraphExec and hGraph differ" (no error node), or a
+ * child graph's (the fake's choice: no error node either),
+ * _NODE_TYPE_CHANGED where a node's type does ("hErrorNode_out is set to
+ * the node from hGraph": one of its own, cuGraphGetNodes', for a node
+ * inside a child graph the child graph node), _ERROR for an invalid value;
+ * x unchanged then. Before 2026-12-04 the fake compared the chains it runs,
+ * child graphs' copies among them: another topology of as many nodes of the
+ * same types was updated, and the error node could be a copy. Not modelled: the
+ * limits on a node's parameters, user object references (x keeps its own), and
+ * an update where either graph has memory nodes, which the fake refuses
+ * (_NOT_SUPPORTED: an executable's memory is its graph's, fk_gmem_t, which it
+ * cannot trade). */
 static CUresult fk_exec_update(CUgraphExec x, CUgraph g, CUgraphNode *err,
                                CUgraphExecUpdateResult *result) {
   *err = NULL;
@@ -4502,16 +4509,29 @@ static CUresult fk_exec_update(CUgraphExec x, CUgraph g, CUgraphNode *err,
   if (x == NULL || g == NULL)
     return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
   pthread_mutex_lock(&fk.lock);
-  if (x->n != g->n)
+  size_t xown = 0, gown = 0;
+  for (size_t k = x->n; k > 0; k = fk_prev_own(&x->nodes[k - 1], k))
+    xown++;
+  for (size_t k = g->n; k > 0; k = fk_prev_own(g->nodes[k - 1], k))
+    gown++;
+  if (x->n != g->n || xown != gown)
     *result = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
   else if (x->gmem != NULL || g->gmem != NULL)
     *result = CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED;
   else
     *result = CU_GRAPH_EXEC_UPDATE_SUCCESS;
+  /* Equal types, and equal spans of the child graph nodes' copies, are the
+   * same nodes directly in each and in each child graph. */
   for (size_t i = 0; *result == CU_GRAPH_EXEC_UPDATE_SUCCESS && i < g->n; i++)
     if (x->nodes[i].type != g->nodes[i]->type) {
       *result = CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED;
-      *err = (CUgraphNode)g->nodes[i];
+      size_t k = g->n; /* the node of g's own that holds i */
+      while (fk_prev_own(g->nodes[k - 1], k) > i)
+        k = fk_prev_own(g->nodes[k - 1], k);
+      *err = (CUgraphNode)g->nodes[k - 1];
+    } else if (g->nodes[i]->type == CU_GRAPH_NODE_TYPE_GRAPH &&
+               x->nodes[i].n != g->nodes[i]->n) {
+      *result = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
     }
   for (size_t i = 0; *result == CU_GRAPH_EXEC_UPDATE_SUCCESS && i < g->n;
        i++) { /* x's nodes are still named by its own graph's */

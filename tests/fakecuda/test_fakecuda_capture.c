@@ -1646,3 +1646,87 @@ Test(fakecuda_capture, a_graph_lists_its_own_nodes_not_its_childs) {
   cr_assert_eq(cuGraphDestroy(child), CUDA_SUCCESS);
   cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
 }
+
+/* A graph of one node captured on s: a memset of d, or a host function. */
+static CUgraph one_node_graph(CUdeviceptr d, bool memset) {
+  CUgraph g = NULL;
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  if (memset)
+    cr_assert_eq(cuMemsetD8Async(d, 5, 64, s), CUDA_SUCCESS);
+  else
+    cr_assert_eq(cuLaunchHostFunc(s, bump, &(atomic_int){0}), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  return g;
+}
+
+/* cuda.h, cuGraphExecUpdate: TOPOLOGY_CHANGED where "The count of nodes
+ * directly in hGraphExec and hGraph differ", NODE_TYPE_CHANGED "if the type
+ * of a node changed, in which case hErrorNode_out is set to the node from
+ * hGraph": a node of hGraph's own (cuGraphGetNodes), for a change inside a
+ * child graph its child graph node. Before, the fake compared the nodes
+ * it runs, a child graph's copies among them: a graph of a memset and a
+ * child graph of one memset updated an executable of two memsets and an
+ * empty child graph, and a type changed inside a child graph named the
+ * copy, which a program could then destroy. */
+Test(fakecuda_capture, an_update_compares_a_graphs_own_nodes) {
+  CUdeviceptr d;
+  cr_assert_eq(cuMemAlloc(&d, 4096), CUDA_SUCCESS);
+  CUgraph hosts = one_node_graph(d, false), sets = one_node_graph(d, true);
+  CUgraph empty, a = one_node_graph(d, true), b = one_node_graph(d, true);
+  CUgraph c = one_node_graph(d, true);
+  CUgraphNode an, bn, cn;
+  cr_assert_eq(cuGraphCreate(&empty, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphAddChildGraphNode(&an, a, NULL, 0, hosts), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphAddChildGraphNode(&bn, b, NULL, 0, sets), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphAddChildGraphNode(&cn, c, NULL, 0, sets), CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8(d, 0, 4096), CUDA_SUCCESS);
+  CUgraph two = one_node_graph(d, true);
+  CUgraphNode tn;
+  cr_assert_eq(cuStreamBeginCaptureToGraph(s, two, NULL, NULL, 0,
+                                           CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8Async(d + 64, 6, 64, s), CUDA_SUCCESS);
+  CUgraph out = NULL;
+  cr_assert_eq(cuStreamEndCapture(s, &out), CUDA_SUCCESS);
+  cr_assert_eq(out, two);
+  cr_assert_eq(cuGraphAddChildGraphNode(&tn, two, NULL, 0, empty),
+               CUDA_SUCCESS);
+  CUgraphExec x;
+  CUgraphExecUpdateResultInfo info;
+  /* A memset and a child graph of a host function, to a memset and a
+   * child graph of a memset: the child graph node is named. */
+  cr_assert_eq(cuGraphInstantiate(&x, a, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphExecUpdate(x, b, &info),
+               CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE);
+  cr_assert_eq(info.result, CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED);
+  CUgraphNode own[3] = {NULL, NULL, NULL};
+  size_t n = 3;
+  cr_assert_eq(cuGraphGetNodes(b, own, &n), CUDA_SUCCESS);
+  cr_assert_eq(n, 2);
+  cr_assert(info.errorNode == own[0] || info.errorNode == own[1],
+            "the error node is not one of the graph's");
+  if (!fk_real())
+    cr_assert_eq(info.errorNode, bn, "not the child graph node");
+  cr_assert_eq(cuGraphExecDestroy(x), CUDA_SUCCESS);
+  /* Two memsets and an empty child graph (three nodes directly), to a
+   * memset and a child graph of one memset (two): the topology changed. */
+  cr_assert_eq(cuGraphInstantiate(&x, two, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuGraphExecUpdate(x, c, &info),
+               CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE,
+               "three nodes updated from two");
+  cr_assert_eq(info.result, CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED);
+  cr_assert_null(info.errorNode);
+  /* Unchanged: it still sets both ranges, and the child graph adds none. */
+  cr_assert_eq(cuGraphLaunch(x, s), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+  unsigned char h[2];
+  cr_assert_eq(cuMemcpyDtoH(&h[0], d, 1), CUDA_SUCCESS);
+  cr_assert_eq(cuMemcpyDtoH(&h[1], d + 64, 1), CUDA_SUCCESS);
+  cr_assert(h[0] == 5 && h[1] == 6, "the executable changed");
+  cr_assert_eq(cuGraphExecDestroy(x), CUDA_SUCCESS);
+  CUgraph all[] = {hosts, sets, empty, a, b, c, two};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+    cr_assert_eq(cuGraphDestroy(all[i]), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
+}
