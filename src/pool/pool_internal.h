@@ -315,7 +315,8 @@ typedef union mp__strm {
                            no live block and no open epoch: what its open
                            epoch holds since is the capture's alone, which
                            never runs once the capture is over without a
-                           graph (mp__stream_drop) */
+                           graph (mp__stream_drop); cleared by a use of
+                           another stream's block on it */
     uint64_t sync_snap; /* epoch closed by the device sync in flight */
     bool sync_owed;     /* forgotten, with work that sync is to cover */
     mp__marker_t marks[MP__MAX_MARKS]; /* FIFO of recorded markers */

@@ -733,6 +733,10 @@ static void mp__stream_add_use_as(mp_pool_t *pool, mp__block_t *b,
   MP__ASSERT_LOCKED(pool);
   if (sidx == b->sidx || (b->flags & MP__B_MANY_USES))
     return;
+  /* A block of another stream used on sidx (a free there, record_stream):
+   * work queued on sidx before a capture began may use it, so what sidx's
+   * open epoch holds is no longer the capture's alone. */
+  pool->streams[sidx].capture_only = false;
   mp__dep_t use = mp__dep(sidx, 0);
   if (copy)
     mp__dep_now(pool, &use, sidx); /* its epoch, the copy's */

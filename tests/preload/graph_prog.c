@@ -57,9 +57,11 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <dlfcn.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "prog_try.h"
 
@@ -1112,6 +1114,47 @@ static int destroyed_capture(CUstream s, CUstream other, bool pool) {
   return hits == 0;
 }
 
+/* The "prior_work" mode: a block b allocated on s is used on a stream c
+ * of its own by work queued before c begins a capture (a host function
+ * that holds c, then a memset of b), freed on c during the capture
+ * (cuMemFreeAsync: after c's work so far), then c, the capture's origin,
+ * is destroyed. While c's memset is still queued, none of other's NPROBE
+ * probes may get b's memory. The pool counted the capture's open epoch on
+ * c done with c's last marker, recorded before that work, and handed b to
+ * a probe, which c's memset then overwrote. */
+static atomic_int prior_go;
+
+static void CUDA_CB prior_hold(void *arg) {
+  (void)arg;
+  for (int i = 0; i < 500 && !atomic_load(&prior_go); i++)
+    usleep(10000); /* at most 5 s */
+}
+
+static int prior_work(CUstream s, CUstream other) {
+  CUstream c;
+  CUdeviceptr b;
+  MP_TRY(cuMemAllocAsync(&b, BYTES, s));
+  MP_TRY(cuMemsetD8Async(b, 1, BYTES, s));
+  MP_TRY(cuStreamSynchronize(s));
+  MP_TRY(cuStreamCreate(&c, CU_STREAM_NON_BLOCKING));
+  MP_TRY(cuLaunchHostFunc(c, prior_hold, NULL));
+  MP_TRY(cuMemsetD8Async(b, 7, BYTES, c));
+  MP_TRY(cuStreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_RELAXED));
+  MP_TRY(cuMemFreeAsync(b, c));
+  MP_TRY(cuStreamDestroy(c));
+  int hits;
+  int st = probe_ranges(other, &b, 1, &hits);
+  bool held = !atomic_load(&prior_go);
+  atomic_store(&prior_go, 1);
+  MP_TRY(cuCtxSynchronize());
+  if (st != 0)
+    return 1;
+  if (hits > 0 && held)
+    puts("a block freed during a capture went to another stream while "
+         "work queued before the capture still used it");
+  return hits > 0 && held;
+}
+
 /* cudaTypedefs.h: PFN_cuGraphInstantiate_v10000 and _v11000, the forms
  * before CUDA 12.0 (cuda.h declares them for the driver's own build). */
 typedef CUresult (*legacy_instantiate_fn)(CUgraphExec *, CUgraph, CUgraphNode *,
@@ -1191,6 +1234,7 @@ int main(int argc, char **argv) {
       : strcmp(how, "invalidated_side") == 0     ? invalidated_side
       : strcmp(how, "refused_destroy") == 0      ? refused_destroy
       : strcmp(how, "refused_destroy_many") == 0 ? refused_destroy_many
+      : strcmp(how, "prior_work") == 0           ? prior_work
                                                  : NULL;
   int (*copy_mode)(CUstream, CUstream, bool) =
       strcmp(how, "clone") == 0               ? clone_outlives

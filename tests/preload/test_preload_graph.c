@@ -53,6 +53,7 @@ static void capture_under_the_shim_with(const char *how, const char *conf) {
           : strcmp(how, "invalidated_side") == 0     ? 2 + 1 + NPROBE_ALLOCS
           : strcmp(how, "refused_destroy") == 0      ? 2 + 1 + NPROBE_ALLOCS
           : strcmp(how, "refused_destroy_many") == 0 ? 2 + 10 + NPROBE_ALLOCS
+          : strcmp(how, "prior_work") == 0           ? 2 + 1 + NPROBE_ALLOCS
           : strcmp(how, "clone") == 0          ? 2 + 2 + 1 + 3 * NPROBE_ALLOCS
           : strcmp(how, "child") == 0          ? 2 + 2 + 1 + 3 * NPROBE_ALLOCS
           : strcmp(how, "update") == 0         ? 2 + 4 + 2 + 3 * NPROBE_ALLOCS
@@ -380,6 +381,16 @@ Test(preload_graph, a_destroyed_capturing_stream_ends_the_capture_it_began) {
  * and other's probes got new memory instead. */
 Test(preload_graph, a_destroyed_capturing_streams_memory_comes_back_at_once) {
   capture_under_the_shim("destroyed_capture");
+}
+
+/* A block freed on a capturing stream (cuMemFreeAsync during the capture)
+ * after work queued there before the capture, the stream then destroyed:
+ * its memory waits for that work (graph_prog's "prior_work" mode). The
+ * pool counted the capture's epoch done with the stream's last marker,
+ * recorded before that work, and gave the block to another stream. */
+Test(preload_graph,
+     a_destroyed_capture_origin_keeps_earlier_work_on_its_frees) {
+  capture_under_the_shim("prior_work");
 }
 
 /* A capture into the body graph of a conditional node (cuGraphAddNode,

@@ -219,7 +219,8 @@ if [ -x "$graph" ]; then
   for how in "" ptsz auto to_graph_twice many_execs refused_end side_stream \
     invalidated_side clone child update add_node add_node_move \
     exec_child_set exec_node_set embedded refused_destroy \
-    refused_destroy_many conditional_body destroyed_body destroyed_capture; do
+    refused_destroy_many conditional_body destroyed_body destroyed_capture \
+    prior_work; do
     LD_LIBRARY_PATH="$(dirname "$real")" LD_PRELOAD=$preload \
       MEMPOOL_DEVICE=cuda "$graph" pool $how >"$work/graph.out" 2>&1 ||
       fail "graph_prog $how under the shim: $(cat "$work/graph.out")"
