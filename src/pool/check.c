@@ -184,10 +184,10 @@ mp_status_t mp__pool_check_locked(mp_pool_t *pool) {
          t->refs > 0 ||
          (pool->last_s != MP__STREAM_GONE && pool->last_sidx == k)))
       MP__CORRUPT("stream slot %u carries only capture marks but is %s", k,
-                  t->gone             ? "forgotten"
-                  : t->capturing == 0 ? "not marked"
-                  : t->refs > 0       ? "used by blocks"
-                                      : "the remembered one");
+                  t->gone && t->s == MP__STREAM_GONE ? "forgotten"
+                  : t->capturing == 0                ? "not marked"
+                  : t->refs > 0                      ? "used by blocks"
+                                                     : "the remembered one");
   }
   size_t nseg = 0, reserved = 0, chunks = 0;
   for (mp__segment_t *s = pool->segs; s != NULL; s = s->next) {

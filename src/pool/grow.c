@@ -119,7 +119,7 @@ mp_status_t mp__segment_release_all(mp_pool_t *pool) {
              lost.n == 2 ? "" : "s");
   return mp__fail(lost.first,
                   "mp_pool_destroy: the device refused to %s at %p (%zu "
-                  "bytes)%s after others had gone, so the pool is destroyed "
-                  "and that memory is lost to it: %s",
+                  "bytes)%s once the release had begun, so the pool is "
+                  "destroyed all the same and that memory is lost to it: %s",
                   lost.what, (void *)lost.at, lost.bytes, more, lost.why);
 }

@@ -1661,8 +1661,10 @@ static void mp__node_doomed(mp__cugraph tag, mp__curesult r) {
  * stayed held until the node's parent was destroyed, and the shim kept
  * the bodies' handles as embedded in that parent, so a later graph given
  * one of them had its captures held by the old parent. Copies into the
- * node's graphs (a clone, a child graph node made there) still hold
- * until the parent goes (the shim notes them on the parent). */
+ * node's graphs (a clone, a child graph node made there), and a capture
+ * made into a graph before it was moved into the node (its hold passed to
+ * the parent, mp__child_added), still hold until the parent goes (the
+ * shim notes them on the parent): held too long, never too briefly. */
 mp__curesult cuGraphDestroyNode(mp__cugraphnode hNode) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   if (rc->cuGraphDestroyNode == NULL)
