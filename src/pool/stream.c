@@ -453,7 +453,7 @@ static bool mp__stream_never_runs(mp_pool_t *pool, mp__strm_t *st) {
  * of its own open (capture_only): then its open epoch holds only captured
  * work, which never runs, and what the stream queued before the capture
  * is behind its earlier markers. */
-static void mp__stream_drop_as(mp_pool_t *pool, uint32_t i, bool over) {
+static void mp__stream_drop(mp_pool_t *pool, uint32_t i, bool over) {
   mp__strm_t *st = &pool->streams[i];
   bool captured = over && st->capturing > 0 && st->capture_only;
   mp__stream_uncapture(pool, st);
@@ -464,14 +464,6 @@ static void mp__stream_drop_as(mp_pool_t *pool, uint32_t i, bool over) {
   pool->gone[pool->ngone++] = i;
 }
 
-static void mp__stream_drop(mp_pool_t *pool, uint32_t i) {
-  mp__stream_drop_as(pool, i, false);
-}
-
-static void mp__stream_drop_over(mp_pool_t *pool, uint32_t i) {
-  mp__stream_drop_as(pool, i, true);
-}
-
 /* Set-aside slot i matched by its handle again, as before it was set
  * aside; forgotten instead if the handle has a slot meanwhile (a use of
  * the stream during its destroy) or the table has no room. */
@@ -479,7 +471,7 @@ static void mp__stream_show(mp_pool_t *pool, uint32_t i) {
   mp__strm_t *st = &pool->streams[i];
   if (mp__shash_find(pool, st->s, st->owner) != UINT32_MAX ||
       !mp__shash_reserve(pool, pool->nstreams - pool->ngone)) {
-    mp__stream_drop(pool, i);
+    mp__stream_drop(pool, i, false);
     return;
   }
   st->gone = false;
@@ -494,13 +486,13 @@ void mp__stream_gone(void *ctx, mp_stream_t s) {
     mp__stream_retire(pool, i);
   else if (mp__gone_how == MP__GONE_HIDE && i != UINT32_MAX)
     mp__stream_hide(pool, i);
-  void (*end)(mp_pool_t *, uint32_t) =
-      mp__gone_how == MP__GONE_SHOW   ? mp__stream_show
-      : mp__gone_how == MP__GONE_DROP ? mp__stream_drop
-                                      : mp__stream_drop_over;
   for (uint32_t k = 0; mp__gone_how > MP__GONE_HIDE && k < pool->nstreams; k++)
-    if (k != i && pool->streams[k].s == s && pool->streams[k].owner == 0)
-      end(pool, k);
+    if (k != i && pool->streams[k].s == s && pool->streams[k].owner == 0) {
+      if (mp__gone_how == MP__GONE_SHOW)
+        mp__stream_show(pool, k);
+      else
+        mp__stream_drop(pool, k, mp__gone_how == MP__GONE_DROP_OVER);
+    }
   mp__pool_unlock(pool);
 }
 
