@@ -173,7 +173,11 @@ mp_pool_t *mp__default_pool_for(int device) {
   return mp__default_other(device);
 }
 
+/* Before the first pool there is none to visit, and none is made for it
+ * (PyTorch's empty_cache makes none either). */
 void mp__default_each(void (*fn)(mp_pool_t *pool)) {
+  if (!mp_default_pool_made())
+    return;
   pthread_once(&mp__default_once, mp__default_make);
   if (mp__default_in_child())
     return;
@@ -192,12 +196,28 @@ void mp__default_each(void (*fn)(mp_pool_t *pool)) {
  * leave the block allocated). NULL with the error set where no pool holds
  * ptr (MP_EINVAL, naming fn, the caller's function) or there is none. */
 mp_pool_t *mp__default_owner(void *ptr, const char *fn) {
+  /* Before the first pool no pool holds ptr, and making one to say so
+   * would read $MEMPOOL_DEVICE and $MEMPOOL_CONF for good, open a device
+   * and answer with that device's failure. A block mp_malloc handed out
+   * came after mp__default_done was set, and reached this thread after
+   * that. */
+  if (!mp_default_pool_made()) {
+    mp__fail(MP_EINVAL,
+             "%s: %p was not allocated from any device's default pool "
+             "(mp_malloc): none was made yet",
+             fn, ptr);
+    return NULL;
+  }
   pthread_once(&mp__default_once, mp__default_make);
   if (mp__default_refused())
     return NULL;
+  /* No pool at all holds no pointer: the device's failure is the
+   * allocations' answer, not a free's. */
   if (mp__default == NULL) {
-    mp__fail_driver(mp__default_cu, mp__default_status,
-                    "default pool unavailable: %s", mp__default_error);
+    mp__fail(MP_EINVAL,
+             "%s: %p was not allocated from any device's default pool "
+             "(mp_malloc): none could be made (%s)",
+             fn, ptr, mp__default_error);
     return NULL;
   }
   /* A backend of one device: its pool is the only one, and says what is
@@ -217,10 +237,8 @@ mp_pool_t *mp__default_owner(void *ptr, const char *fn) {
 }
 
 /* After a getter above gave NULL: the status of the reason mp_last_error()
- * gives (otherwise where none was recorded). */
+ * gives, which every getter recorded (otherwise where none was). */
 static mp_status_t mp__default_failure(mp_status_t otherwise) {
-  if (mp__default == NULL && !mp__default_in_child())
-    return mp__default_status;
   return mp__last_failure() != MP_OK ? mp__last_failure() : otherwise;
 }
 

@@ -235,3 +235,57 @@ Test(default_pool, made_is_one_after_a_failed_make_too) {
   cr_expect_null(mp_default_pool());
   cr_expect_eq(mp_default_pool_made(), 1);
 }
+
+/* A free of a pointer before any default pool was made: no pool can hold
+ * it, so it is MP_EINVAL (API.md: a foreign pointer) and makes nothing.
+ * It made the default pool, reading $MEMPOOL_DEVICE and $MEMPOOL_CONF for
+ * good (mempool.torch.use then refused another device), and where that
+ * pool could not be made answered with the device's failure (here
+ * MP_ENOTSUP) instead of MP_EINVAL. */
+Test(default_pool, a_free_before_any_allocation_is_einval_and_makes_nothing) {
+  setenv("MEMPOOL_DEVICE", "host:vmm=0", 1);
+  setenv("MEMPOOL_CONF", "pausable=1", 1); /* a pool this device refuses */
+  int local;
+  cr_expect_eq(mp_free(&local), MP_EINVAL, "%s", mp_last_error());
+  cr_expect_eq(strncmp(mp_last_error(), "mp_free: ", 9), 0, "%s",
+               mp_last_error());
+  cr_expect_eq(mp_free_async(&local, NULL), MP_EINVAL, "%s", mp_last_error());
+  cr_expect_eq(strncmp(mp_last_error(), "mp_free_async: ", 15), 0, "%s",
+               mp_last_error());
+  cr_expect_eq(mp_default_pool_made(), 0, "a refused free made the pools");
+  /* The device and options are still free to change. */
+  setenv("MEMPOOL_DEVICE", "host", 1);
+  unsetenv("MEMPOOL_CONF");
+  void *p = NULL;
+  cr_assert_eq(mp_malloc(&p, 64), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_free(p), MP_OK, "%s", mp_last_error());
+}
+
+/* PyTorch's empty_cache (mp_torch_reset) before anything was allocated
+ * has nothing to trim: it makes no pool, as PyTorch's own makes none. */
+Test(default_pool, empty_cache_before_any_allocation_makes_nothing) {
+  setenv("MEMPOOL_DEVICE", "host", 1);
+  unsetenv("MEMPOOL_CONF");
+  mp_torch_reset();
+  cr_expect_eq(mp_default_pool_made(), 0, "a trim of nothing made the pools");
+}
+
+/* Where the default pool could not be made no pool holds any pointer: a
+ * free of one is MP_EINVAL (API.md: a foreign pointer) that names mp_free
+ * and still says why there is no pool. It answered with the device's
+ * failure (here MP_ENOTSUP), a status mp_free has for no pointer. */
+Test(default_pool, a_free_after_the_pool_failed_to_be_made_is_einval) {
+  setenv("MEMPOOL_DEVICE", "host:vmm=0", 1);
+  setenv("MEMPOOL_CONF", "pausable=1", 1); /* a pool this device refuses */
+  void *p = NULL;
+  cr_assert_eq(mp_malloc(&p, 64), MP_ENOTSUP, "%s", mp_last_error());
+  int local;
+  cr_expect_eq(mp_free(&local), MP_EINVAL, "%s", mp_last_error());
+  cr_expect_eq(strncmp(mp_last_error(), "mp_free: ", 9), 0, "%s",
+               mp_last_error());
+  cr_expect_neq(strstr(mp_last_error(), "pausable=1"), NULL, "%s",
+                mp_last_error());
+  cr_expect_eq(mp_free_async(&local, NULL), MP_EINVAL, "%s", mp_last_error());
+  cr_expect_eq(strncmp(mp_last_error(), "mp_free_async: ", 15), 0, "%s",
+               mp_last_error());
+}
