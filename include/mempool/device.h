@@ -61,6 +61,23 @@ typedef struct mp_event *mp_event_t;
  * of a host device: MP_EINVAL, nothing opened (CUDA forbids API calls
  * there). */
 MP_API mp_status_t mp_device_open(const char *spec, mp_device_t **out);
+/* spec as mp_device_open reads it, in canonical form, without opening
+ * anything: specs that open the same kind of device with the same
+ * settings give the same text, so that a program can tell whether two
+ * spellings mean one device ("cuda", "cuda:0" and "cuda:00" are "cuda:0";
+ * "host", "host:" and "host:capacity=16G" are "host"; "host:capacity=8G"
+ * and "host:capacity=8192M" are "host:capacity=8589934592"). A host spec
+ * lists, in the order of the list above, each option that differs from its
+ * default, as a decimal number (sizes in bytes, vmm as 0); granularity is
+ * left out with vmm=0, where it means nothing. Written to buf, cap bytes
+ * with the NUL (MP_DEVICE_SPEC_MAX always suffices). A NULL spec or buf, a
+ * spec mp_device_open refuses as malformed (the same message), or a cap
+ * too small (the message says how many bytes): MP_EINVAL, buf untouched.
+ * Whether the device is there is not asked ("cuda:7" is canonical where no
+ * GPU is, and in a build without the CUDA backend). */
+MP_API mp_status_t mp_device_spec_canonical(const char *spec, char *buf,
+                                            size_t cap);
+#define MP_DEVICE_SPEC_MAX 256
 /* Drains every stream, releases what is left, then closes. NULL: no-op.
  * From a host function of a host device (which runs on one of its
  * streams): refused, nothing closed, and mp_last_error() says so. On CUDA

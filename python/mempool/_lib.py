@@ -67,6 +67,7 @@ _PROTOTYPES = {
     "mp_last_error": (ctypes.c_char_p, []),
     "mp_last_status": (_st, []),
     "mp_device_open": (_st, [ctypes.c_char_p, ctypes.POINTER(_c)]),
+    "mp_device_spec_canonical": (_st, [ctypes.c_char_p, ctypes.c_char_p, _sz]),
     "mp_device_close_ex": (_st, [_c]),
     "mp_device_name": (ctypes.c_char_p, [_c]),
     "mp_device_mem_info": (_st, [_c, ctypes.POINTER(_sz), ctypes.POINTER(_sz)]),

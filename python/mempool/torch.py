@@ -21,6 +21,7 @@ torch_hooks.hpp installs them all from C++). So here:
     own calls do not reach a pluggable allocator's pool from Python);
   - record_stream(tensor, stream) stands for tensor.record_stream(stream),
     which PyTorch drops for a pluggable allocator set from Python."""
+import ctypes
 import numbers
 import operator
 import os
@@ -96,59 +97,40 @@ def _fraction_device(device, call):
                      "takes)" % (call, _shown(device), _INT_MAX))
 
 
-_BACKENDS = ("host", "cuda")  # the device names mp_device_open takes
-# The indices "cuda:N" opens: decimal digits, at most 1024 (src/device/
-# cuda.c, mp__cuda_parse_index).
-_CUDA_SPEC_INDEX = re.compile(r"[0-9]+")
-_CUDA_MAX_INDEX = 1024
+_SPEC_MAX = 256  # MP_DEVICE_SPEC_MAX (include/mempool/device.h)
 
 
-def _cuda_spec_index(rest):
-    """The index after "cuda:" as the library opens it (decimal digits,
-    leading zeros taken, at most 1024), or None where it opens none."""
-    index = rest.lstrip("0") or "0"  # int() of 4300 digits raises
-    if (_CUDA_SPEC_INDEX.fullmatch(rest) and len(index) <= len(str(_CUDA_MAX_INDEX))
-            and int(index) <= _CUDA_MAX_INDEX):
-        return int(index)
-    return None
+def _canonical(spec, call):
+    """spec as the library reads it, in canonical form
+    (mp_device_spec_canonical: "cuda" and "cuda:00" are "cuda:0", "host:"
+    and "host:capacity=16G" are "host", "host:capacity=64M" is
+    "host:capacity=67108864"); InvalidArgument, with the library's message
+    naming the bad part, for a spec mp_device_open would refuse."""
+    from . import _check, _cstr
+    raw = _cstr(spec, "device spec", call)  # a NUL byte, a lone surrogate
+    buf = ctypes.create_string_buffer(_SPEC_MAX)
+    _check(_lib.lib().mp_device_spec_canonical(raw, buf, _SPEC_MAX), call)
+    return buf.value.decode()
 
 
 def _spec_opens(spec):
-    """spec as the device it opens, so that two spellings of one compare
-    equal: "cuda", "cuda:0" and "cuda:000" are "cuda:0", "host:" is "host"
-    (mp_device_open reads no options there). Host options stay as written:
-    they are the library's to read (src/device/host.c, which exports no
-    parser of them), so "capacity=64M" and "capacity=67108864" differ here.
-    None (the library's choice) and a spec opening nothing: as they are."""
+    """spec as the device it opens (its canonical form), so that two
+    spellings of one compare equal. None (the library's choice) and a spec
+    opening nothing: as they are."""
     if spec is None:
         return None
-    name, colon, rest = spec.partition(":")
-    if name == "cuda":
-        index = _cuda_spec_index(rest) if colon else 0
-        if index is not None:
-            return "cuda:%d" % index
-    if name == "host" and colon and not rest:
-        return "host"
-    return spec
+    try:
+        return _canonical(spec, "mempool.torch.use")
+    except (ValueError, TypeError):
+        return spec
 
 
 def _spec_checked(spec, call):
-    """spec, a device spec, if it names a device mp_device_open knows:
-    else InvalidArgument, before it is set anywhere (the default pools
-    read it only at the first allocation, and keep its failure). Its
-    options are the library's to check."""
-    from . import _bad, _cstr
-    _cstr(spec, "device spec", call)  # a NUL byte, a lone surrogate
-    name, colon, rest = spec.partition(":")
-    if name not in _BACKENDS or (name == "cuda" and colon and not rest):
-        raise _bad("device spec %r names no device (expected %s)"
-                   % (spec, ", ".join("'%s', '%s:...'" % (b, b) for b in _BACKENDS)),
-                   call)
-    # After "cuda:" comes the index, no options: one the library cannot
-    # open would fail only at PyTorch's first allocation.
-    if name == "cuda" and colon and _cuda_spec_index(rest) is None:
-        raise _bad("device spec %r names no CUDA device: expected 'cuda:N', N a "
-                   "decimal index from 0 to %d" % (spec, _CUDA_MAX_INDEX), call)
+    """spec, a device spec, if the library would open it as written (its
+    device, a CUDA index it opens, host options it takes): else
+    InvalidArgument, before it is set anywhere (the default pools read it
+    only at the first allocation, and keep its failure)."""
+    _canonical(spec, call)
     return spec
 
 
@@ -164,7 +146,8 @@ def use(device=None):
     not CUDA's or has no index: ValueError (as set_memory_fraction); a str that
     names no device ("", "gpu:0", "cuda:", one with a NUL byte) or a CUDA
     index the library cannot open ("cuda:abc", past "cuda:1024", an
-    integer past 1024 too): InvalidArgument (a ValueError); another type
+    integer past 1024 too) or host options the library refuses
+    ("host:capacity=oops"): InvalidArgument (a ValueError); another type
     than those: TypeError; either way nothing is set or installed.
 
     The default pools are made once per process and live until it exits:
@@ -173,9 +156,10 @@ def use(device=None):
     (mp_malloc, the preload shim: mp_default_pool_made()), a device other
     than the one they were made on cannot take effect, and use() raises
     RuntimeError, naming both, with nothing set or installed (call use()
-    first). Specs are compared as the device they open ("cuda", "cuda:0",
-    "cuda:00" and 0 are one; "host:" is "host"), host options as written
-    (the library's to read: "capacity=64M" and "capacity=67108864" differ).
+    first). Specs are compared as the device they open, in the library's
+    canonical form (mp_device_spec_canonical: "cuda", "cuda:0", "cuda:00"
+    and 0 are one; "host:" and "host:capacity=16G" are "host";
+    "host:capacity=64M" and "host:capacity=67108864" are one).
     If PyTorch refuses the allocator (it has allocated already), its error is raised
     and nothing changes: $MEMPOOL_DEVICE is left as it was, and the default
     pools are not recorded as this process's (a child forked later may
@@ -244,9 +228,14 @@ def empty_cache():
     """torch.cuda.empty_cache() for mempool: every default pool gives its
     idle memory back to the device, and graph pools of captured graphs that
     are destroyed, with every executable made from them, are released
-    (mp_torch_reset)."""
+    (mp_torch_reset). Before anything made the default pools it makes
+    none, and they are not recorded as made: use() may still pick their
+    device."""
     from . import _default_pools
-    _default_pools("mp_torch_reset").mp_torch_reset()
+    lib = _default_pools("mp_torch_reset", mark=False)  # a forked child's
+    lib.mp_torch_reset()
+    if lib.mp_default_pool_made():
+        _default_pools("mp_torch_reset")
 
 
 def _current_device(call):

@@ -90,7 +90,7 @@ print(len(installed), os.environ["MEMPOOL_DEVICE"])
 def test_use_once_the_default_pools_exist_without_a_device_set_names_it():
     out = _run("""
 del os.environ["MEMPOOL_DEVICE"]
-mempool.torch.empty_cache()    # makes the default pools, library's choice
+mempool.default_pool_stats()   # makes the default pools, library's choice
 try:
     mempool.torch.use(device="host")
 except RuntimeError as e:
@@ -156,6 +156,50 @@ print(len(installed), capacity())
     assert out[:7] == ["refused True host:capacity=64M"] * 7, out
     assert out[7] == "0"
     assert out[8] == "1 32"
+
+
+def test_another_spelling_of_the_default_pools_device_is_that_device():
+    # Host options were compared as written: "capacity=67108864" or
+    # "capacity=65536K" was "another device" than "capacity=64M", and
+    # use() refused the device the pools were made on.
+    out = _run("""
+mempool.default_pool_stats()   # makes the default pools, on 64M
+for same in ("host:capacity=67108864", "host:capacity=65536K",
+             "host:vmm=1,capacity=64M,latency_us=0"):
+    mempool.torch.use(device=same)
+    print(len(installed), capacity())
+""" + _USE_128)
+    assert out[:3] == ["1 64", "2 64", "3 64"], out
+    assert out[3].startswith("refused:"), out  # 128M is another device
+
+
+def test_host_options_the_library_refuses_are_refused_before_anything_is_installed():
+    # Only the device's name and a CUDA index were checked: a host spec
+    # with a bad option was set as $MEMPOOL_DEVICE and the allocator
+    # installed, and the default pools failed at the first allocation.
+    out = _run("""
+for bad in ("host:capacity=oops", "host:capacity=0", "host:nokey=1",
+            "host:vmm=2", "host:capacity=1G,capacity=2G", "host:,"):
+    try:
+        mempool.torch.use(device=bad)
+    except mempool.InvalidArgument as e:
+        print("refused", "device spec" in str(e), os.environ["MEMPOOL_DEVICE"])
+print(len(installed))
+""")
+    assert out[:6] == ["refused True host:capacity=64M"] * 6, out
+    assert out[6] == "0"
+
+
+def test_empty_cache_before_the_default_pools_exist_leaves_their_device_open():
+    # empty_cache() made no pool (the library makes none to trim), but the
+    # package recorded the pools as made, on $MEMPOOL_DEVICE as it was, and
+    # refused use() of another device that could still take effect.
+    out = _run("""
+mempool.torch.empty_cache()
+print(lib.mp_default_pool_made())
+""" + _USE_128)
+    assert out[0] == "0", out
+    assert out[1:3] == ["taken", "1 host:capacity=128M 128"], out
 
 
 def test_use_of_another_device_once_c_code_made_the_default_pools_is_refused():

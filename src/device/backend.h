@@ -159,6 +159,15 @@ struct mp_device {
 };
 
 extern const mp__backend_t mp__host_backend;
+/* The host device's options opts (the spec after "host:") in canonical
+ * form (mp_device_spec_canonical) into text: "host", then ':' and each
+ * option that differs from its default, in a fixed order. */
+mp_status_t mp__host_spec_canonical(const char *opts,
+                                    char text[MP_DEVICE_SPEC_MAX]);
+/* The device index of a "cuda" spec's opts ("" for device 0, else decimal
+ * digits up to 1024), whether or not the CUDA backend is built; MP_EINVAL
+ * naming the spec otherwise. */
+mp_status_t mp__cuda_spec_index(const char *opts, int *out);
 extern const mp__backend_t mp__pinned_backend;
 #if MEMPOOL_HAVE_CUDA
 extern const mp__backend_t mp__cuda_backend;
@@ -253,6 +262,10 @@ mp_status_t mp__host_note_import(mp_device_t *dev, void *p, size_t bytes,
                                  bool mapped);
 /* ipc.c, at mp_device_close: closes what is still imported. */
 void mp__ipc_close_all(mp_device_t *dev);
+/* ipc.c, at mp_pool_ipc_export: writes into the pool's end of a new lease
+ * (before it shuts writing) what h, the handle made, names, which
+ * mp_ipc_import checks a handle's lease holds. MP_EIO on failure. */
+mp_status_t mp__ipc_lease_stamp(int lease, const mp_ipc_handle_t *h);
 
 /* ---- pinned.c: the page-locked host memory of a device as a device ---- */
 

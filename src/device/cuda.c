@@ -528,23 +528,6 @@ static void mp__cuda_close(mp_device_t *dev) {
   dev->impl = NULL;
 }
 
-/* opts: "" (device 0) or a decimal device index. */
-static mp_status_t mp__cuda_parse_index(const char *opts, int *out) {
-  uint64_t n = 0;
-  if (opts[0] == '\0') {
-    *out = 0;
-    return MP_OK;
-  }
-  char shown[MP__CLIP]; /* a long spec leaves room for the reason */
-  if (!mp__parse_u64(opts, strlen(opts), &n) || n > 1024)
-    return mp__fail(MP_EINVAL,
-                    "bad device spec 'cuda:%s': expected a device index "
-                    "('cuda' or 'cuda:N')",
-                    mp__clip(opts, strlen(opts), shown, sizeof shown));
-  *out = (int)n;
-  return MP_OK;
-}
-
 /* Virtual memory is optional: anything missing leaves cd->vmm false. */
 static void mp__cuda_probe_vmm(mp__cuda_dev_t *cd) {
   int supported = 0;
@@ -584,7 +567,7 @@ static void mp__cuda_probe_vmm(mp__cuda_dev_t *cd) {
 
 static mp_status_t mp__cuda_open(mp_device_t *dev, const char *opts) {
   int ordinal = 0;
-  mp_status_t st = mp__cuda_parse_index(opts, &ordinal);
+  mp_status_t st = mp__cuda_spec_index(opts, &ordinal);
   if (st != MP_OK)
     return st;
   pthread_once(&mp__cuda_once, mp__cuda_load);

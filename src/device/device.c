@@ -6,6 +6,7 @@
  * call returns before the backend is reached and changes nothing. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,6 +45,66 @@ static mp_status_t mp__open_backend(const mp__backend_t *ops, const char *opts,
   return MP_OK;
 }
 
+enum { MP__SPEC_BAD, MP__SPEC_HOST, MP__SPEC_CUDA };
+
+/* The device spec names: host or cuda, *opts what follows the colon ("" if
+ * none), *ordinal the index of a cuda spec; MP__SPEC_BAD with mp__fail's
+ * message for a name it does not know, "cuda:" cut short or a bad index
+ * (checked in every build: "cuda:x" is a bad spec, not a missing backend). */
+static int mp__spec_read(const char *spec, const char **opts, int *ordinal) {
+  const char *colon = strchr(spec, ':');
+  size_t name_len = colon ? (size_t)(colon - spec) : strlen(spec);
+  *opts = colon ? colon + 1 : "";
+  if (name_len == 4 && memcmp(spec, "host", 4) == 0)
+    return MP__SPEC_HOST;
+  if (name_len == 4 && memcmp(spec, "cuda", 4) == 0) {
+    /* "cuda:" with no index is a spec cut short, not device 0. */
+    if (colon != NULL && (*opts)[0] == '\0') {
+      (void)mp__fail(MP_EINVAL, "bad device spec 'cuda:': expected a device "
+                                "index after the colon ('cuda' or 'cuda:N')");
+      return MP__SPEC_BAD;
+    }
+    return mp__cuda_spec_index(*opts, ordinal) == MP_OK ? MP__SPEC_CUDA
+                                                        : MP__SPEC_BAD;
+  }
+  char shown[MP__CLIP], name[MP__CLIP]; /* room left for the reason */
+  (void)mp__fail(MP_EINVAL,
+                 "bad device spec '%s': unknown device '%s' (expected "
+                 "'host' or 'cuda')",
+                 mp__clip(spec, strlen(spec), shown, sizeof shown),
+                 mp__clip(spec, name_len, name, sizeof name));
+  return MP__SPEC_BAD;
+}
+
+mp_status_t mp__cuda_spec_index(const char *opts, int *out) {
+  uint64_t n = 0;
+  if (opts[0] == '\0') {
+    *out = 0;
+    return MP_OK;
+  }
+  char shown[MP__CLIP]; /* a long spec leaves room for the reason */
+  if (!mp__parse_u64(opts, strlen(opts), &n) || n > 1024)
+    return mp__fail(MP_EINVAL,
+                    "bad device spec 'cuda:%s': expected a device index "
+                    "('cuda' or 'cuda:N', N from 0 to 1024)",
+                    mp__clip(opts, strlen(opts), shown, sizeof shown));
+  *out = (int)n;
+  return MP_OK;
+}
+
+/* text into buf (cap bytes, NUL included), or MP_EINVAL saying how many
+ * it needs (buf untouched). */
+static mp_status_t mp__spec_out(const char *text, char *buf, size_t cap) {
+  size_t n = strlen(text);
+  if (n >= cap)
+    return mp__fail(MP_EINVAL,
+                    "mp_device_spec_canonical: '%s' needs %zu bytes, the "
+                    "buffer has %zu",
+                    text, n + 1, cap);
+  memcpy(buf, text, n + 1);
+  return MP_OK;
+}
+
 mp_status_t mp_device_open(const char *spec, mp_device_t **out) {
   MP__CHECK_OUT(out);
   /* Nor from a host function (a driver call on the cuda backend): no
@@ -67,30 +128,36 @@ mp_status_t mp_device_open(const char *spec, mp_device_t **out) {
       spec = "host";
     }
   }
-  const char *colon = strchr(spec, ':');
-  size_t name_len = colon ? (size_t)(colon - spec) : strlen(spec);
-  const char *opts = colon ? colon + 1 : "";
-  if (name_len == 4 && memcmp(spec, "host", 4) == 0)
+  const char *opts;
+  int ordinal;
+  int kind = mp__spec_read(spec, &opts, &ordinal);
+  if (kind == MP__SPEC_HOST)
     return mp__open_backend(&mp__host_backend, opts, out);
-  if (name_len == 4 && memcmp(spec, "cuda", 4) == 0) {
-    /* "cuda:" with no index is a spec cut short, not device 0. */
-    if (colon != NULL && opts[0] == '\0')
-      return mp__fail(MP_EINVAL,
-                      "bad device spec 'cuda:': expected a device index "
-                      "after the colon ('cuda' or 'cuda:N')");
+  if (kind != MP__SPEC_CUDA)
+    return mp_last_status();
 #if MEMPOOL_HAVE_CUDA
-    return mp__open_backend(&mp__cuda_backend, opts, out);
+  return mp__open_backend(&mp__cuda_backend, opts, out);
 #else
-    return mp__fail(
-        MP_ENODEV, "device 'cuda': mempool was built without the CUDA backend");
+  return mp__fail(MP_ENODEV,
+                  "device 'cuda': mempool was built without the CUDA backend");
 #endif
-  }
-  char shown[MP__CLIP], name[MP__CLIP]; /* room left for the reason */
-  return mp__fail(MP_EINVAL,
-                  "bad device spec '%s': unknown device '%s' (expected "
-                  "'host' or 'cuda')",
-                  mp__clip(spec, strlen(spec), shown, sizeof shown),
-                  mp__clip(spec, name_len, name, sizeof name));
+}
+
+mp_status_t mp_device_spec_canonical(const char *spec, char *buf, size_t cap) {
+  MP__CHECK_OUT(spec);
+  MP__CHECK_OUT(buf);
+  const char *opts;
+  int ordinal;
+  int kind = mp__spec_read(spec, &opts, &ordinal);
+  if (kind == MP__SPEC_BAD)
+    return mp_last_status();
+  char text[MP_DEVICE_SPEC_MAX];
+  mp_status_t st = MP_OK;
+  if (kind == MP__SPEC_HOST)
+    st = mp__host_spec_canonical(opts, text);
+  else
+    snprintf(text, sizeof text, "cuda:%d", ordinal);
+  return st != MP_OK ? st : mp__spec_out(text, buf, cap);
 }
 
 mp_status_t mp_device_close_ex(mp_device_t *dev) {

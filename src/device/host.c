@@ -2184,10 +2184,48 @@ static void host_free_state(host_dev_t *h) {
   free(h);
 }
 
+static const host_opts_t host_opts_default = {
+    .capacity = 16 * MP__GiB, .vmm = true, .granularity = 2 * MP__MiB};
+
+/* The options of opts over the defaults, or mp__kv_each's refusal. */
+static mp_status_t host_opts_read(const char *opts, host_opts_t *o) {
+  *o = host_opts_default;
+  return mp__kv_each("device spec", opts, host_opt, o);
+}
+
+/* o's options as numbers, in host_opt_names' order. */
+static void host_opt_values(const host_opts_t *o, uint64_t v[HOST_OPT_COUNT]) {
+  v[HOST_OPT_CAPACITY] = o->capacity;
+  v[HOST_OPT_LATENCY] = o->latency_us;
+  v[HOST_OPT_STREAM_LATENCY] = o->stream_latency_us;
+  v[HOST_OPT_FAIL_AFTER] = o->fail_after;
+  v[HOST_OPT_VMM] = o->vmm;
+  v[HOST_OPT_GRANULARITY] = o->granularity;
+}
+
+mp_status_t mp__host_spec_canonical(const char *opts,
+                                    char text[MP_DEVICE_SPEC_MAX]) {
+  host_opts_t o;
+  mp_status_t st = host_opts_read(opts, &o);
+  if (st != MP_OK)
+    return st;
+  /* The granule means nothing without virtual memory (host_vm_*). */
+  if (!o.vmm)
+    o.granularity = host_opts_default.granularity;
+  uint64_t v[HOST_OPT_COUNT], dv[HOST_OPT_COUNT];
+  host_opt_values(&o, v);
+  host_opt_values(&host_opts_default, dv);
+  size_t n = (size_t)snprintf(text, MP_DEVICE_SPEC_MAX, "host");
+  for (int k = 0; k < HOST_OPT_COUNT; k++)
+    if (v[k] != dv[k])
+      n += (size_t)snprintf(text + n, MP_DEVICE_SPEC_MAX - n, "%c%s=%" PRIu64,
+                            n == 4 ? ':' : ',', host_opt_names[k], v[k]);
+  return MP_OK;
+}
+
 static mp_status_t host_open(mp_device_t *dev, const char *opts) {
-  host_opts_t o = {
-      .capacity = 16 * MP__GiB, .vmm = true, .granularity = 2 * MP__MiB};
-  mp_status_t st = mp__kv_each("device spec", opts, host_opt, &o);
+  host_opts_t o;
+  mp_status_t st = host_opts_read(opts, &o);
   if (st != MP_OK)
     return st;
   host_dev_t *h = mp__host_calloc(1, sizeof *h);
