@@ -134,8 +134,9 @@
  *    page-locked memory (cuMemHostAlloc, cuMemAllocHost) is freed by
  *    cuMemFreeHost whatever context is current, and cuMemHostGetFlags and
  *    cuMemHostGetDevicePointer (only for CU_MEMHOSTALLOC_DEVICEMAP
- *    memory, and CU_MEMHOSTREGISTER_DEVICEMAP registrations) answer for
- *    any address inside it.
+ *    memory, and CU_MEMHOSTREGISTER_DEVICEMAP registrations, those not
+ *    PORTABLE in the registering context only) answer for any address
+ *    inside it.
  * Limits (rules it cannot or does not model): no kernels, so nothing runs
  * on the device but copies, memsets and host functions, and a race a GPU
  * would show appears only as far as host threads interleave; memory is
@@ -2871,16 +2872,29 @@ static struct {
   struct CUctx_st *ctx;
 } fk_registered[FK_MAX_REGISTERED];
 
-/* The flags of the registration holding addr; 0 when none does. */
-static unsigned fk_registered_flags(uintptr_t addr) {
-  unsigned flags = 0;
+/* Whether the registration holding addr is mapped in the current context
+ * (ctx): registered DEVICEMAP, and PORTABLE or by ctx. cuda.h,
+ * cuMemHostRegister: "CU_MEMHOSTREGISTER_PORTABLE: The memory returned by
+ * this call will be considered as pinned memory by all CUDA contexts, not
+ * just the one that performed the allocation", and a DEVICEMAP failure "is
+ * deferred to cuMemHostGetDevicePointer() because the memory may be mapped
+ * into other CUDA contexts via the CU_MEMHOSTREGISTER_PORTABLE flag": without
+ * it, only the registering context has it mapped. (cuMemHostAlloc's memory
+ * is every context's whatever its flags, cuda.h "Unified Addressing", which
+ * names registered memory among its exceptions.) Before 2026-12-04 every
+ * context had it. */
+static bool fk_registered_mapped_in(uintptr_t addr,
+                                    const struct CUctx_st *ctx) {
+  bool mapped = false;
   pthread_mutex_lock(&fk.lock);
   for (int i = 0; i < FK_MAX_REGISTERED; i++)
     if (fk_registered[i].size != 0 &&
         addr - fk_registered[i].base < fk_registered[i].size)
-      flags = fk_registered[i].flags;
+      mapped = (fk_registered[i].flags & CU_MEMHOSTREGISTER_DEVICEMAP) != 0 &&
+               ((fk_registered[i].flags & CU_MEMHOSTREGISTER_PORTABLE) != 0 ||
+                fk_registered[i].ctx == ctx);
   pthread_mutex_unlock(&fk.lock);
-  return flags;
+  return mapped;
 }
 
 /* Whether [lo, lo + n) reaches into a READ_ONLY registration. Under
@@ -2896,6 +2910,23 @@ static bool fk_read_only_touched(uintptr_t lo, size_t n) {
   return false;
 }
 
+/* Whether a page of [lo, hi) is mapped in the process without write
+ * permission (/proc/self/maps: no 'w'): memory the CPU may only read. */
+static bool fk_cpu_read_only(uintptr_t lo, uintptr_t hi) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (f == NULL)
+    return false;
+  bool ro = false;
+  char line[512], perms[8];
+  unsigned long a, b;
+  while (!ro && fgets(line, sizeof line, f) != NULL)
+    if (sscanf(line, "%lx-%lx %7s", &a, &b, perms) == 3 && a < hi && lo < b &&
+        perms[1] != 'w')
+      ro = true;
+  fclose(f);
+  return ro;
+}
+
 static CUresult fk_host_register(mp_device_t *dev, void *p, size_t bytes,
                                  unsigned flags) {
   const unsigned known =
@@ -2903,6 +2934,16 @@ static CUresult fk_host_register(mp_device_t *dev, void *p, size_t bytes,
       CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY;
   if (p == NULL || bytes == 0 || (flags & ~known) != 0 ||
       bytes > UINTPTR_MAX - (uintptr_t)p)
+    return CUDA_ERROR_INVALID_VALUE;
+  /* cuda.h, CU_MEMHOSTREGISTER_READ_ONLY: "On platforms without
+   * CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES [the
+   * fake's devices answer 0], this flag is required in order to register
+   * memory mapped to the CPU as read-only". cuda.h names no code for the
+   * failure: CUDA_ERROR_INVALID_VALUE, the one cuMemHostRegister lists for
+   * a bad range; nothing is registered. Before 2026-12-04 the fake took
+   * such a range without the flag. */
+  if ((flags & CU_MEMHOSTREGISTER_READ_ONLY) == 0 &&
+      fk_cpu_read_only((uintptr_t)p, (uintptr_t)p + bytes))
     return CUDA_ERROR_INVALID_VALUE;
   uintptr_t b = (uintptr_t)p;
   CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -2988,8 +3029,7 @@ CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p,
     return CUDA_ERROR_INVALID_VALUE;
   bool mapped = fk_pin_get((uintptr_t)p, false, false, &pin)
                     ? (pin.flags & CU_MEMHOSTALLOC_DEVICEMAP) != 0
-                    : (fk_registered_flags((uintptr_t)p) &
-                       CU_MEMHOSTREGISTER_DEVICEMAP) != 0;
+                    : fk_registered_mapped_in((uintptr_t)p, fk_ctx());
   if (!mapped)
     return CUDA_ERROR_INVALID_VALUE;
   *pdptr = (CUdeviceptr)(uintptr_t)p;
@@ -3872,7 +3912,8 @@ static size_t fk_prev_own(const fk_node_t *nd, size_t k) {
  * own are that graph's, cuGraphChildGraphNodeGetGraph). Before 2026-12-04
  * they were, so a program could destroy one of them (cuGraphDestroyNode),
  * and the entries past the nodes were left as they were. With numNodes
- * lower, the first numNodes nodes, and numNodes is set to the count. */
+ * lower, the first numNodes nodes, numNodes left as it is (before
+ * 2026-12-04 it was set to the graph's count). */
 CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n) {
   FK_COUNT(cuGraphGetNodes);
   FK_NEED_INIT();
@@ -3893,7 +3934,11 @@ CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n) {
         nodes[i] = (CUgraphNode)g->nodes[k - 1];
   }
   pthread_mutex_unlock(&fk.lock);
-  *n = own;
+  /* With nodes, numNodes is the number written: the first numNodes where it
+   * is lower (the driver "clamp[s] the out-count to the buffer capacity
+   * when the real size is larger", NVIDIA/cuda-python#2529). */
+  if (nodes == NULL || own < *n)
+    *n = own;
   return CUDA_SUCCESS;
 }
 
@@ -5008,8 +5053,11 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
  * any size that fits in the exported allocation (the host backend checks
  * it against the export: mp__host_vm_map_file), not only its whole size;
  * opening a handle in its exporting process
- * is refused (CUDA_ERROR_INVALID_CONTEXT), as the runtime documents for
- * cudaIpcOpenMemHandle. */
+ * is refused (CUDA_ERROR_INVALID_CONTEXT): cuda.h's cuIpcOpenMemHandle maps
+ * "memory exported from another process", and a real driver answers an
+ * open in the exporting process "invalid device context" (openucx/ucx
+ * pull 11603 and 11226, which had to stop opening handles of their own
+ * process); the error code is seen, not documented. */
 
 typedef struct fk_ipc {
   char magic[8]; /* "fkipc1" */
@@ -5149,27 +5197,27 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
-                               unsigned int Flags) {
-  FK_COUNT(cuIpcOpenMemHandle_v2);
-  FK_CURRENT(dev);
-  FK_UNSAFE_VMM();
-  (void)dev;
-  fk_ipc_t e;
-  memcpy(&e, handle.reserved, sizeof e);
-  if (pdptr == NULL || Flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
-    return CUDA_ERROR_INVALID_VALUE;
-  if (memcmp(e.magic, "fkipc1", 7) != 0 || e.size == 0)
-    return CUDA_ERROR_INVALID_HANDLE;
-  if (e.pid == (int32_t)getpid())
-    return CUDA_ERROR_INVALID_CONTEXT;
+/* Opens and closes of CUipcMemHandles go one at a time: an open finds
+ * the handle open in its context, or maps it and lists the mapping, in one
+ * step, and a close drops the count and unmaps at 0 in one, so that two
+ * threads opening one handle in one context get one mapping counted twice
+ * (cuda.h, cuIpcOpenMemHandle: "If the memory handle has already been
+ * opened by the current context, the reference count on the handle is
+ * incremented by 1 and the existing device pointer is returned"), never
+ * two, and an open beside the last close finds it either listed or gone.
+ * The outermost of the fake's locks: fk.lock and the host device's are
+ * taken under it, never the other way. */
+static pthread_mutex_t fk_ipc_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* cuIpcOpenMemHandle of e in ctx, fk_ipc_lock held. */
+static CUresult fk_ipc_open_locked(mp_device_t *dev, const struct CUctx_st *ctx,
+                                   const fk_ipc_t *e, CUdeviceptr *pdptr) {
   /* Open already in this context: counted, the same pointer. */
-  const struct CUctx_st *ctx = fk_stack[fk_depth - 1];
   pthread_mutex_lock(&fk.lock);
   fk_range_t *held = NULL;
   for (size_t i = 0; i < fk.n_ranges && held == NULL; i++)
     if (fk.ranges[i].ipc_open && fk.ranges[i].ctx == ctx &&
-        fk.ranges[i].ipc_pid == e.pid && fk.ranges[i].ipc_serial == e.serial)
+        fk.ranges[i].ipc_pid == e->pid && fk.ranges[i].ipc_serial == e->serial)
       held = &fk.ranges[i];
   if (held != NULL) {
     held->ipc_refs++;
@@ -5179,44 +5227,60 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
   if (held != NULL)
     return CUDA_SUCCESS;
   char path[64];
-  snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)e.pid, (int)e.fd);
+  snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)e->pid, (int)e->fd);
   int fd = open(path, O_RDWR | O_CLOEXEC);
   if (fd < 0)
     return CUDA_ERROR_INVALID_HANDLE;
-  void *p =
-      mmap(NULL, e.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)e.off);
+  void *p = mmap(NULL, e->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                 (off_t)e->off);
   close(fd);
   if (p == MAP_FAILED)
     return CUDA_ERROR_MAP_FAILED;
   fk_range_t r = {.base = (uintptr_t)p,
-                  .size = e.size,
+                  .size = e->size,
                   .ctx = ctx,
                   .ipc_fd = -1,
                   .ipc_open = true,
-                  .ipc_serial = e.serial,
-                  .ipc_pid = e.pid,
+                  .ipc_serial = e->serial,
+                  .ipc_pid = e->pid,
                   .ipc_refs = 1};
   /* Device memory of this context from now, to copies and memsets
    * (cuda.h, cuIpcOpenMemHandle: "Maps memory exported from another
    * process ... into the current device address space"). */
-  if (mp__host_note_import(dev, p, e.size, true) != MP_OK) {
-    munmap(p, e.size);
+  if (mp__host_note_import(dev, p, e->size, true) != MP_OK) {
+    munmap(p, e->size);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   if (!fk_range_add(r)) {
-    (void)mp__host_note_import(dev, p, e.size, false);
-    munmap(p, e.size);
+    (void)mp__host_note_import(dev, p, e->size, false);
+    munmap(p, e->size);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   *pdptr = (CUdeviceptr)p;
   return CUDA_SUCCESS;
 }
 
-CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
-  FK_COUNT(cuIpcCloseMemHandle);
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                               unsigned int Flags) {
+  FK_COUNT(cuIpcOpenMemHandle_v2);
   FK_CURRENT(dev);
   FK_UNSAFE_VMM();
-  (void)dev;
+  fk_ipc_t e;
+  memcpy(&e, handle.reserved, sizeof e);
+  if (pdptr == NULL || Flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (memcmp(e.magic, "fkipc1", 7) != 0 || e.size == 0)
+    return CUDA_ERROR_INVALID_HANDLE;
+  if (e.pid == (int32_t)getpid())
+    return CUDA_ERROR_INVALID_CONTEXT;
+  pthread_mutex_lock(&fk_ipc_lock);
+  CUresult r = fk_ipc_open_locked(dev, fk_stack[fk_depth - 1], &e, pdptr);
+  pthread_mutex_unlock(&fk_ipc_lock);
+  return r;
+}
+
+/* cuIpcCloseMemHandle of dptr, fk_ipc_lock held. */
+static CUresult fk_ipc_close_locked(mp_device_t *dev, CUdeviceptr dptr) {
   fk_range_t r;
   if (!fk_range_take((uintptr_t)dptr, &r))
     return CUDA_ERROR_INVALID_VALUE;
@@ -5230,6 +5294,16 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
                              (void *)r.base, r.size, false);
   munmap((void *)r.base, r.size);
   return CUDA_SUCCESS;
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+  FK_COUNT(cuIpcCloseMemHandle);
+  FK_CURRENT(dev);
+  FK_UNSAFE_VMM();
+  pthread_mutex_lock(&fk_ipc_lock);
+  CUresult r = fk_ipc_close_locked(dev, dptr);
+  pthread_mutex_unlock(&fk_ipc_lock);
+  return r;
 }
 
 /* The attributes the shim answers for pool memory (cuda.h,

@@ -1730,3 +1730,49 @@ Test(fakecuda_capture, an_update_compares_a_graphs_own_nodes) {
     cr_assert_eq(cuGraphDestroy(all[i]), CUDA_SUCCESS);
   cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
 }
+
+/* cuda.h, cuGraphGetNodes: "nodes may be NULL, in which case this function
+ * will return the number of nodes in numNodes. Otherwise, numNodes entries
+ * will be filled in", and only where numNodes is higher than the nodes is
+ * numNodes changed ("the number of nodes actually obtained will be returned
+ * in numNodes"). With numNodes lower, the entries filled are numNodes of the
+ * graph's nodes, none past them, and numNodes stays the number obtained, not
+ * the graph's count: the driver "clamp[s] the out-count to the buffer
+ * capacity when the real size is larger" (NVIDIA/cuda-python#2529, NVIDIA's
+ * bug 6572657: a caller that took it for the total truncated its lists), so
+ * the total is asked with nodes NULL. Before, the fake set numNodes to the
+ * graph's count. */
+Test(fakecuda_capture, a_short_node_list_counts_the_nodes_written) {
+  CUdeviceptr d;
+  cr_assert_eq(cuMemAlloc(&d, 3 * 256), CUDA_SUCCESS);
+  CUgraph g;
+  cr_assert_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  for (int i = 0; i < 3; i++)
+    cr_assert_eq(cuMemsetD8Async(d + 256 * (size_t)i, 1, 256, s), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  cr_assert_eq(node_count(g), 3);
+  int mark = 0;
+  CUgraphNode all[3],
+      some[3] = {(CUgraphNode)&mark, (CUgraphNode)&mark, (CUgraphNode)&mark};
+  size_t n = 3;
+  cr_assert_eq(cuGraphGetNodes(g, all, &n), CUDA_SUCCESS);
+  cr_assert_eq(n, 3);
+  n = 2;
+  cr_assert_eq(cuGraphGetNodes(g, some, &n), CUDA_SUCCESS);
+  cr_assert_eq(n, 2, "numNodes is not the number of nodes written");
+  cr_assert(some[2] == (CUgraphNode)&mark, "an entry past numNodes written");
+  cr_assert_neq(some[0], some[1]);
+  for (int i = 0; i < 2; i++) {
+    cr_assert(some[i] == all[0] || some[i] == all[1] || some[i] == all[2],
+              "entry %d is none of the graph's nodes", i);
+    CUgraphNodeType t;
+    cr_assert_eq(cuGraphNodeGetType(some[i], &t), CUDA_SUCCESS);
+    cr_assert_eq(t, CU_GRAPH_NODE_TYPE_MEMSET);
+  }
+  n = 0;
+  cr_assert_eq(cuGraphGetNodes(g, some, &n), CUDA_SUCCESS);
+  cr_assert_eq(n, 0, "no entry to fill, none obtained");
+  cr_assert_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
+}

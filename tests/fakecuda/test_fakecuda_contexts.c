@@ -262,3 +262,60 @@ Test(fakecuda_contexts, page_locked_memory_is_freed_from_another_context) {
   cr_assert_eq(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
   cr_assert_eq(cuDevicePrimaryCtxRelease(1), CUDA_SUCCESS);
 }
+
+/* cuda.h, cuMemHostRegister: "CU_MEMHOSTREGISTER_PORTABLE: The memory
+ * returned by this call will be considered as pinned memory by all CUDA
+ * contexts, not just the one that performed the allocation", and a
+ * DEVICEMAP failure "is deferred to cuMemHostGetDevicePointer() because the
+ * memory may be mapped into other CUDA contexts via the
+ * CU_MEMHOSTREGISTER_PORTABLE flag": registered without it, memory is
+ * pinned and mapped in the registering context only, so with another
+ * context current it is no "mapped, pinned host buffer"
+ * (cuMemHostGetDevicePointer, CUDA_ERROR_INVALID_VALUE; the fake's answer,
+ * a GPU's not asked). Registered PORTABLE, every context has its device
+ * pointer. (Unlike cuMemHostAlloc's memory, which with unified addressing
+ * is every context's "regardless of whether or not the flags
+ * CU_MEMHOSTALLOC_PORTABLE and CU_MEMHOSTALLOC_DEVICEMAP are specified",
+ * cuda.h "Unified Addressing"; registered memory is one of that section's
+ * exceptions.) Before, the fake gave the pointer in any context. */
+Test(fakecuda_contexts,
+     registered_memory_is_the_registering_contexts_unless_portable) {
+  int n = 0;
+  cr_assert_eq(cuDeviceGetCount(&n), CUDA_SUCCESS);
+  if (fk_real() && n < 2)
+    cr_skip_test("one GPU");
+  CUcontext a = primary(0), b = primary(1);
+  size_t bytes = 2 * (size_t)sysconf(_SC_PAGESIZE);
+  unsigned char *own = aligned_alloc(4096, bytes);
+  unsigned char *all = aligned_alloc(4096, bytes);
+  cr_assert(own != NULL && all != NULL);
+  cr_assert_eq(cuCtxPushCurrent(a), CUDA_SUCCESS);
+  cr_assert_eq(cuMemHostRegister(own, bytes, CU_MEMHOSTREGISTER_DEVICEMAP),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuMemHostRegister(all, bytes,
+                                 CU_MEMHOSTREGISTER_DEVICEMAP |
+                                     CU_MEMHOSTREGISTER_PORTABLE),
+               CUDA_SUCCESS);
+  CUdeviceptr d = 0;
+  cr_assert_eq(cuMemHostGetDevicePointer(&d, own + 8, 0), CUDA_SUCCESS,
+               "in the registering context");
+  cr_assert_eq(cuCtxPushCurrent(b), CUDA_SUCCESS);
+  if (!fk_real()) {
+    d = 0;
+    cr_assert_eq(cuMemHostGetDevicePointer(&d, own + 8, 0),
+                 CUDA_ERROR_INVALID_VALUE,
+                 "a registration without PORTABLE mapped in another context");
+    cr_assert_eq(d, 0, "a refused call wrote the pointer");
+  }
+  cr_assert_eq(cuMemHostGetDevicePointer(&d, all + 8, 0), CUDA_SUCCESS,
+               "a PORTABLE registration in another context");
+  cr_assert_neq(d, 0);
+  cr_assert_eq(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
+  cr_assert_eq(cuMemHostUnregister(own), CUDA_SUCCESS);
+  cr_assert_eq(cuMemHostUnregister(all), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
+  cr_assert_eq(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+  cr_assert_eq(cuDevicePrimaryCtxRelease(1), CUDA_SUCCESS);
+  free(own);
+  free(all);
+}

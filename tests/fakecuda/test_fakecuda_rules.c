@@ -813,3 +813,61 @@ Test(fakecuda_rules, read_only_registered_memory_is_not_written_by_the_device) {
   cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
   cr_assert_eq(munmap(reg, n + page), 0);
 }
+
+/* cuda.h, CU_MEMHOSTREGISTER_READ_ONLY (and cuMemHostRegister's list of
+ * flags): "On platforms without
+ * CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES, this
+ * flag is required in order to register memory mapped to the CPU as
+ * read-only". Registering a range with a page the CPU may only read, without
+ * it, fails (cuda.h names no code for it: the fake answers
+ * CUDA_ERROR_INVALID_VALUE, the code cuMemHostRegister lists for a bad
+ * range) and registers nothing; with it the range is registered, read by the
+ * device. Before, the fake took the registration without the flag. */
+Test(fakecuda_rules, read_only_mapped_memory_needs_the_read_only_flag) {
+  int host_tables = 0, ro = 0;
+  cr_assert_eq(
+      cuDeviceGetAttribute(
+          &host_tables,
+          CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES, 0),
+      CUDA_SUCCESS);
+  cr_assert_eq(
+      cuDeviceGetAttribute(
+          &ro, CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, 0),
+      CUDA_SUCCESS);
+  if (host_tables || !ro)
+    cr_skip_test("the flag is not required, or not supported");
+  size_t page = (size_t)sysconf(_SC_PAGESIZE), n = 2 * page;
+  unsigned char *reg =
+      mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  cr_assert_neq(reg, MAP_FAILED);
+  memset(reg, 0x5e, n);
+  /* The second page read-only: the range is partly so. */
+  cr_assert_eq(mprotect(reg + page, page, PROT_READ), 0);
+  CUresult r = cuMemHostRegister(reg, n, CU_MEMHOSTREGISTER_DEVICEMAP);
+  cr_assert_neq(r, CUDA_SUCCESS,
+                "read-only memory registered without the "
+                "flag");
+  if (!fk_real())
+    cr_assert_eq(r, CUDA_ERROR_INVALID_VALUE);
+  cr_assert_eq(cuMemHostRegister(reg + page, page, 0), r,
+               "a range read-only throughout");
+  cr_assert_eq(cuMemHostUnregister(reg), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
+               "a failed registration registered the range");
+  /* The writable page alone needs no flag: nothing was left registered. */
+  cr_assert_eq(cuMemHostRegister(reg, page, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuMemHostUnregister(reg), CUDA_SUCCESS);
+  CUdeviceptr r0 = 0, d = 0;
+  cr_assert_eq(cuMemHostRegister(reg, n,
+                                 CU_MEMHOSTREGISTER_READ_ONLY |
+                                     CU_MEMHOSTREGISTER_DEVICEMAP),
+               CUDA_SUCCESS, "with the flag");
+  cr_assert_eq(cuMemHostGetDevicePointer(&r0, reg, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuMemAlloc(&d, n), CUDA_SUCCESS);
+  cr_assert_eq(cuMemcpyDtoD(d, r0, n), CUDA_SUCCESS, "the device reads it");
+  unsigned char b = 0;
+  cr_assert_eq(cuMemcpyDtoH(&b, d + n - 1, 1), CUDA_SUCCESS);
+  cr_assert_eq(b, 0x5e);
+  cr_assert_eq(cuMemHostUnregister(reg), CUDA_SUCCESS);
+  cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
+  cr_assert_eq(munmap(reg, n), 0);
+}
