@@ -13,7 +13,9 @@
  * that imports gives them to the import (the memory's descriptor is closed
  * once mapped, the lease kept). Every open import's lease is also in
  * mp__ipc_leases, whatever its device, so that no two imports of the
- * process own one lease. */
+ * process own one lease; so is the lease of an import under way (listed
+ * before it maps), so that mp_ipc_handle_close of a copy of its handle
+ * cannot close it. */
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -38,8 +40,8 @@ static pthread_mutex_t mp__ipc_mu = PTHREAD_MUTEX_INITIALIZER;
 /* A close ended (mp__ipc_done): mp__ipc_close_all waits on it for the
  * closes of other threads under way. With mp__ipc_mu. */
 static pthread_cond_t mp__ipc_cv = PTHREAD_COND_INITIALIZER;
-/* The lease descriptors of the process's open imports, on every device
- * (mp_ipc_import's copy check). Under mp__ipc_mu. */
+/* The lease descriptors of the process's open imports and imports under
+ * way, on every device (mp_ipc_import's copy check). Under mp__ipc_mu. */
 static int *mp__ipc_leases;
 static size_t mp__ipc_nleases, mp__ipc_leases_cap;
 
@@ -51,9 +53,9 @@ static size_t mp__ipc_lease_at(int lease) {
   return SIZE_MAX;
 }
 
-/* Room for one more import in dev's list and in mp__ipc_leases; false
- * without host memory. mp__ipc_mu held. */
-static bool mp__ipc_room(mp_device_t *dev) {
+/* Room for one more import in dev's list; false without host memory.
+ * mp__ipc_mu held. */
+static bool mp__ipc_dev_room(mp_device_t *dev) {
   if (dev->nimports == dev->imports_cap) {
     size_t cap = dev->imports_cap ? 2 * dev->imports_cap : 8;
     struct mp__import *n = mp__host_realloc(dev->imports, cap * sizeof *n);
@@ -62,6 +64,14 @@ static bool mp__ipc_room(mp_device_t *dev) {
     dev->imports = n;
     dev->imports_cap = cap;
   }
+  return true;
+}
+
+/* Room for one more import in dev's list and in mp__ipc_leases; false
+ * without host memory. mp__ipc_mu held. */
+static bool mp__ipc_room(mp_device_t *dev) {
+  if (!mp__ipc_dev_room(dev))
+    return false;
   if (mp__ipc_nleases == mp__ipc_leases_cap) {
     size_t cap = mp__ipc_leases_cap ? 2 * mp__ipc_leases_cap : 8;
     int *n = mp__host_realloc(mp__ipc_leases, cap * sizeof *n);
@@ -85,6 +95,111 @@ static mp_status_t mp__ipc_fds_apart(const mp_ipc_handle_t *h, const char *fn) {
                     "closed",
                     fn, h->fd);
   return MP_OK;
+}
+
+/* What a lease certifies: the pool writes it into its end before it shuts
+ * writing (mp__ipc_lease_stamp), where it waits, unread, for the importer's
+ * end to peek at it. A handle's descriptors are numbers, which the OS
+ * gives out again once closed: a copy of a handle kept after its import
+ * closed (or after mp_ipc_handle_close) may name another export's lease
+ * by now, and for a plain CUDA segment (no memory descriptor) nothing else
+ * tells them apart. Imported, it would map its old block (reused by the
+ * exporter since its lease closed) under a lease of another block. The
+ * stamp names what the lease holds: the block (offset, size), the memory
+ * (a CUipcMemHandle, or the memory descriptor's file and the host
+ * device's export tag), so that no other handle passes for its own. Its
+ * padding is zeroed, so that it compares as bytes. */
+typedef struct mp__lease_stamp {
+  char magic[8]; /* "mplease" */
+  unsigned kind;
+  size_t offset, bytes;
+  uint64_t mem_dev, mem_ino; /* MP_IPC_FD: the memory descriptor's file */
+  unsigned char opaque[sizeof((mp_ipc_handle_t *)0)->opaque];
+} mp__lease_stamp_t;
+
+/* h's stamp into *s; false when its memory descriptor cannot be asked. */
+static bool mp__ipc_stamp_of(const mp_ipc_handle_t *h, mp__lease_stamp_t *s) {
+  memset(s, 0, sizeof *s);
+  memcpy(s->magic, "mplease", sizeof s->magic);
+  s->kind = h->kind;
+  s->offset = h->offset;
+  s->bytes = h->bytes;
+  memcpy(s->opaque, h->opaque, sizeof s->opaque);
+  if (h->kind == MP_IPC_FD) {
+    struct stat sb;
+    if (fstat(h->fd, &sb) != 0)
+      return false;
+    s->mem_dev = (uint64_t)sb.st_dev;
+    s->mem_ino = (uint64_t)sb.st_ino;
+  }
+  return true;
+}
+
+mp_status_t mp__ipc_lease_stamp(int lease, const mp_ipc_handle_t *h) {
+  mp__lease_stamp_t s;
+  if (!mp__ipc_stamp_of(h, &s))
+    return mp__fail(MP_EIO, "mp_pool_ipc_export: cannot make a lease: %s",
+                    strerror(errno));
+  ssize_t n;
+  do
+    n = send(lease, &s, sizeof s, MSG_DONTWAIT | MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  if (n != (ssize_t)sizeof s)
+    return mp__fail(MP_EIO, "mp_pool_ipc_export: cannot make a lease: %s",
+                    n < 0 ? strerror(errno) : "short write");
+  return MP_OK;
+}
+
+/* Whether h's lease is its own export's (its stamp names h's block and
+ * memory). A lease without a stamp (an exporter of a mempool before
+ * stamps) cannot say: taken as before. */
+static mp_status_t mp__ipc_lease_is_hs(const mp_ipc_handle_t *h) {
+  mp__lease_stamp_t got, want;
+  ssize_t n;
+  do
+    n = recv(h->lease_fd, &got, sizeof got, MSG_PEEK | MSG_DONTWAIT);
+  while (n < 0 && errno == EINTR);
+  if (n == 0)
+    return MP_OK;
+  if (n != (ssize_t)sizeof got || memcmp(got.magic, "mplease", 8) != 0)
+    return mp__fail(MP_EINVAL,
+                    "mp_ipc_import: lease descriptor %d is not the importer's "
+                    "end of a lease (it holds no stamp of an export)",
+                    h->lease_fd);
+  if (!mp__ipc_stamp_of(h, &want))
+    return mp__fail(MP_EINVAL,
+                    "mp_ipc_import: memory descriptor %d cannot be asked "
+                    "which file it is: %s",
+                    h->fd, strerror(errno));
+  if (memcmp(&got, &want, sizeof got) != 0)
+    return mp__fail(MP_EINVAL,
+                    "mp_ipc_import: lease descriptor %d is not the one its "
+                    "export made: it leases %s (%zu bytes at offset %zu), "
+                    "not the block this handle names (%zu bytes at offset "
+                    "%zu; a stale copy of a handle whose descriptor numbers "
+                    "were given out again, or a forged handle)",
+                    h->lease_fd,
+                    got.kind != h->kind ? "memory of another kind"
+                    : memcmp(&got.opaque, &want.opaque, sizeof got.opaque) ||
+                            got.mem_dev != want.mem_dev ||
+                            got.mem_ino != want.mem_ino
+                        ? "a block of other memory"
+                        : "another block of its memory",
+                    got.bytes, got.offset, h->bytes, h->offset);
+  return MP_OK;
+}
+
+/* Whether fd is a Unix socket, as the export's socketpair: only such a
+ * lease is imported (mp__ipc_check), as another kind (TCP with SO_LINGER
+ * set, a file on a network file system) may block its close, which an
+ * import's lease gets under the process's IPC lock. */
+static bool mp__ipc_unix_socket(int fd) {
+  struct stat sb;
+  int domain = -1;
+  socklen_t dlen = sizeof domain;
+  return fstat(fd, &sb) == 0 && S_ISSOCK(sb.st_mode) &&
+         getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &dlen) == 0 &&
+         domain == AF_UNIX;
 }
 
 static mp_status_t mp__ipc_check(const mp_device_t *dev,
@@ -113,15 +228,7 @@ static mp_status_t mp__ipc_check(const mp_device_t *dev,
   /* The import owns the lease and mp_ipc_close closes it: any other
    * descriptor of the program (a file, a pipe) is no lease, and closing
    * it later would close the program's own. */
-  struct stat sb;
-  int domain = -1;
-  socklen_t dlen = sizeof domain;
-  /* A Unix socket, as the export's socketpair: another kind (TCP with
-   * SO_LINGER set, say) may block its close, which is made under the
-   * process's IPC lock. */
-  if (fstat(h->lease_fd, &sb) != 0 || !S_ISSOCK(sb.st_mode) ||
-      getsockopt(h->lease_fd, SOL_SOCKET, SO_DOMAIN, &domain, &dlen) != 0 ||
-      domain != AF_UNIX)
+  if (!mp__ipc_unix_socket(h->lease_fd))
     return mp__fail(MP_EINVAL,
                     "mp_ipc_import: lease descriptor %d is not a Unix socket "
                     "(the lease end mp_pool_ipc_export made)",
@@ -160,6 +267,41 @@ static mp_status_t mp__ipc_check(const mp_device_t *dev,
   return MP_OK;
 }
 
+/* Takes lease back out of mp__ipc_leases (an import that failed after
+ * listing it). */
+static void mp__ipc_unlist(int lease) {
+  pthread_mutex_lock(&mp__ipc_mu);
+  size_t l = mp__ipc_lease_at(lease);
+  MP__ASSERT(l != SIZE_MAX); /* listed by its import, unlisted only here */
+  if (l != SIZE_MAX)
+    mp__ipc_leases[l] = mp__ipc_leases[--mp__ipc_nleases];
+  pthread_mutex_unlock(&mp__ipc_mu);
+}
+
+/* Ends an import refused after the backend mapped base for h (the refusal
+ * in mp_last_error()): unmaps it, unlists h's lease (h keeps its
+ * descriptors) and returns the refusal's status. A device that refuses
+ * the unmap leaves the mapping in this process: its status then, with a
+ * message that names the refusal and what stays mapped. */
+static mp_status_t mp__ipc_refuse(mp_device_t *dev, const mp_ipc_handle_t *h,
+                                  void *base) {
+  mp_status_t st = mp_last_status();
+  char why[MP__ERROR_MAX];
+  snprintf(why, sizeof why, "%s", mp_last_error());
+  bool unmapped = false;
+  mp_status_t cst =
+      dev->ops->ipc_close(dev, base, h->mem_bytes, h->kind, &unmapped);
+  mp__ipc_unlist(h->lease_fd);
+  if (unmapped)
+    return mp__fail(st, "%s", why);
+  return mp__fail(cst != MP_OK ? cst : MP_EDRIVER,
+                  "%s; and %s refused to unmap what it had mapped for the "
+                  "handle (%zu bytes at %p), which stays mapped in this "
+                  "process: %s",
+                  why, dev->name, h->mem_bytes, base,
+                  cst != MP_OK ? mp_last_error() : "no reason given");
+}
+
 mp_status_t mp_ipc_import(mp_device_t *dev, mp_ipc_handle_t *h, void **out) {
   if (dev == NULL || h == NULL || out == NULL)
     return mp__fail(MP_EINVAL, "mp_ipc_import: %s is NULL",
@@ -186,41 +328,44 @@ mp_status_t mp_ipc_import(mp_device_t *dev, mp_ipc_handle_t *h, void **out) {
                     "import (a copy of a handle imported already?)",
                     h->lease_fd);
   }
+  /* Listed from here, while it maps (taken back if it fails): neither an
+   * import of a copy on another thread nor mp_ipc_handle_close of a copy
+   * takes or closes the lease under this import. One closed before this
+   * point fails the stamp's check below (its number closed, or another
+   * lease's by now). */
   bool room = mp__ipc_room(dev);
+  if (room)
+    mp__ipc_leases[mp__ipc_nleases++] = h->lease_fd;
   pthread_mutex_unlock(&mp__ipc_mu);
   if (!room)
     return mp__fail(MP_ENOMEM, "mp_ipc_import: out of host memory");
   void *base = NULL;
   st = dev->ops->ipc_open(dev, h, &base);
-  if (st != MP_OK)
+  if (st != MP_OK) {
+    mp__ipc_unlist(h->lease_fd);
     return st;
+  }
+  /* Asked once the backend has said what it can of the memory descriptor
+   * (a file that is no export's, memory outside the export): what is left
+   * is a lease of another export's, which only the stamp tells. */
+  st = mp__ipc_lease_is_hs(h);
+  if (st != MP_OK)
+    return mp__ipc_refuse(dev, h, base);
   struct mp__import im = {.ptr = (uintptr_t)base + h->offset,
                           .base = base,
                           .bytes = h->mem_bytes,
                           .kind = h->kind,
                           .lease = h->lease_fd};
   pthread_mutex_lock(&mp__ipc_mu);
-  /* Another import took the room meanwhile, or (a copy imported by another
-   * thread at the same time) the lease? */
-  bool copy = mp__ipc_lease_at(h->lease_fd) != SIZE_MAX;
-  room = !copy && mp__ipc_room(dev); /* grown again if need be */
-  if (room) {
+  /* Another import took the room meanwhile? Its lease is listed already:
+   * only dev's list may need to grow. */
+  room = mp__ipc_dev_room(dev);
+  if (room)
     dev->imports[dev->nimports++] = im;
-    mp__ipc_leases[mp__ipc_nleases++] = im.lease;
-  }
   pthread_mutex_unlock(&mp__ipc_mu);
-  if (copy) {
-    bool unmapped;
-    (void)dev->ops->ipc_close(dev, base, h->mem_bytes, h->kind, &unmapped);
-    return mp__fail(MP_EINVAL,
-                    "mp_ipc_import: lease descriptor %d belongs to an open "
-                    "import (a copy of a handle imported already?)",
-                    h->lease_fd);
-  }
   if (!room) {
-    bool unmapped;
-    (void)dev->ops->ipc_close(dev, base, h->mem_bytes, h->kind, &unmapped);
-    return mp__fail(MP_ENOMEM, "mp_ipc_import: out of host memory");
+    (void)mp__fail(MP_ENOMEM, "mp_ipc_import: out of host memory");
+    return mp__ipc_refuse(dev, h, base);
   }
   if (h->kind == MP_IPC_FD)
     close(h->fd); /* mapped: the memory stays */
@@ -575,9 +720,21 @@ mp_status_t mp_ipc_handle_close(mp_ipc_handle_t *h) {
   /* A copy of a handle imported already: its lease is the import's (closing
    * it would let the exporter reuse the block under the import), and its
    * memory descriptor the import closed (a number the program may have
-   * reused since). */
+   * reused since). Checked and closed under one hold of the lock: an
+   * import of the original on another thread lists the lease (from before
+   * it maps) under the lock too, so the lease is either listed, and kept,
+   * or closed before the import lists it, which then fails (its memory
+   * descriptor closed, or its lease's stamp gone) and keeps nothing. Only
+   * a lease an import could list (a Unix socket, whose close does not
+   * block) is closed under the lock: any other descriptor (the memory's,
+   * or a lease of another kind in a handle received from a peer) after
+   * it, as its close may block (a TCP socket with SO_LINGER, a file on a
+   * network file system) and would hold every IPC call of the process. */
+  bool unix_lease = h->lease_fd >= 0 && mp__ipc_unix_socket(h->lease_fd);
   pthread_mutex_lock(&mp__ipc_mu);
   bool imported = h->lease_fd >= 0 && mp__ipc_lease_at(h->lease_fd) != SIZE_MAX;
+  if (!imported && unix_lease)
+    close(h->lease_fd);
   pthread_mutex_unlock(&mp__ipc_mu);
   if (imported)
     return mp__fail(MP_EINVAL,
@@ -587,7 +744,7 @@ mp_status_t mp_ipc_handle_close(mp_ipc_handle_t *h) {
                     h->lease_fd);
   if (h->kind == MP_IPC_FD && h->fd >= 0)
     close(h->fd);
-  if (h->lease_fd >= 0)
+  if (h->lease_fd >= 0 && !unix_lease)
     close(h->lease_fd);
   h->kind = 0;
   h->fd = -1;

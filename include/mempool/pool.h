@@ -710,7 +710,15 @@ MP_API mp_status_t mp_pool_ipc_poll(mp_pool_t *pool, size_t *held);
  * lie inside its memory (on the host device, inside the allocation that
  * was exported, whatever the handle's sizes and its descriptor's offset
  * claim): MP_EINVAL, and h is left as it was (its descriptors still
- * open). */
+ * open). So is a handle whose lease is not its own export's: every lease
+ * carries a stamp of the block and memory its export named, and a stale
+ * copy of a handle (kept after its import closed or after
+ * mp_ipc_handle_close, its descriptor numbers given out again since) whose
+ * lease number now names another export's lease does not match it:
+ * MP_EINVAL, nothing changed. Where the device had mapped the memory
+ * before such a refusal and then refuses to unmap it, the mapping stays in
+ * the process: the unmap's status, and the message names the refusal and
+ * what stays mapped. */
 MP_API mp_status_t mp_ipc_import(mp_device_t *dev, mp_ipc_handle_t *h,
                                  void **out);
 /* Unmaps an import (ptr as mp_ipc_import gave it) after the device's
@@ -749,9 +757,10 @@ MP_API mp_status_t mp_ipc_send(int sock, const mp_ipc_handle_t *h);
 MP_API mp_status_t mp_ipc_recv(int sock, mp_ipc_handle_t *out);
 /* Closes the descriptors h still holds and empties it (kind 0, -1s). An
  * empty handle (kind 0, a zeroed struct too) holds none: MP_OK, nothing
- * closed. A copy of a handle imported already in this process (its lease
- * is the import's; mp_ipc_close ends the import), or a handle of an
- * unknown kind: MP_EINVAL, nothing closed. */
+ * closed. A copy of a handle imported already in this process, or being
+ * imported on another thread (its lease is the import's; mp_ipc_close
+ * ends the import), or a handle of an unknown kind: MP_EINVAL, nothing
+ * closed. */
 MP_API mp_status_t mp_ipc_handle_close(mp_ipc_handle_t *h);
 
 /* Out-of-memory handler, for engines that react to running out (free a

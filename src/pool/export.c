@@ -259,13 +259,6 @@ mp_status_t mp__export_block(mp_pool_t *pool, void *ptr, mp_ipc_handle_t *out) {
       socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, lease) != 0)
     st = mp__fail(MP_EIO, "mp_pool_ipc_export: cannot make a lease: %s",
                   strerror(errno));
-  /* The pool's end writes nothing: shut so, it marks the importer's end
-   * (its peer has shut writing, POLLRDHUP there), which mp_ipc_import
-   * requires, so that no handle can name the pool's own end as a lease
-   * (the import would own it and close it under the pool). */
-  if (st == MP_OK && shutdown(lease[0], SHUT_WR) != 0)
-    st = mp__fail(MP_EIO, "mp_pool_ipc_export: cannot make a lease: %s",
-                  strerror(errno));
   mp_ipc_handle_t h;
   memset(&h, 0, sizeof h);
   h.fd = -1;
@@ -273,11 +266,31 @@ mp_status_t mp__export_block(mp_pool_t *pool, void *ptr, mp_ipc_handle_t *out) {
    * held; exporting a handle waits for no device work. */
   if (st == MP_OK)
     st = mp__device_ipc_export(pool->dev, (void *)base, bytes, vm, &h);
+  bool made = st == MP_OK; /* h.fd (MP_IPC_FD) is ours to close */
+  if (made) {
+    h.mem_bytes = bytes;
+    h.offset = b->addr - base;
+    h.bytes = b->size;
+    snprintf(h.backend, sizeof h.backend, "%s", pool->dev->ops->name);
+  }
+  /* The pool's end writes what the handle names (the stamp mp_ipc_import
+   * checks: a stale copy of another handle, its numbers reused, is no
+   * handle of this lease) and nothing more: shut so, it marks the
+   * importer's end (its peer has shut writing, POLLRDHUP there), which
+   * mp_ipc_import requires, so that no handle can name the pool's own end
+   * as a lease (the import would own it and close it under the pool). */
+  if (st == MP_OK)
+    st = mp__ipc_lease_stamp(lease[0], &h);
+  if (st == MP_OK && shutdown(lease[0], SHUT_WR) != 0)
+    st = mp__fail(MP_EIO, "mp_pool_ipc_export: cannot make a lease: %s",
+                  strerror(errno));
   if (st != MP_OK) {
     if (lease[0] >= 0) {
       close(lease[0]);
       close(lease[1]);
     }
+    if (made && h.kind == MP_IPC_FD && h.fd >= 0)
+      close(h.fd);
     mp__pool_unlock(pool);
     return st;
   }
@@ -285,10 +298,6 @@ mp_status_t mp__export_block(mp_pool_t *pool, void *ptr, mp_ipc_handle_t *out) {
   b->flags |= MP__B_EXPORTED;
   mp__pool_unlock(pool);
   h.lease_fd = lease[1];
-  h.mem_bytes = bytes;
-  h.offset = b->addr - base;
-  h.bytes = b->size;
-  snprintf(h.backend, sizeof h.backend, "%s", pool->dev->ops->name);
   *out = h;
   return MP_OK;
 }

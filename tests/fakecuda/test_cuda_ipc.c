@@ -160,27 +160,25 @@ Test(cuda_ipc, a_virtual_handle_claiming_more_memory_says_so) {
   mp_device_close(d);
 }
 
-/* Two blocks of one plain segment, exported each, imported in one process:
- * cuIpcGetMemHandle names the segment for both, and the importer's driver
- * opens it once, counted (cuda.h, cuIpcOpenMemHandle: "the existing device
- * pointer is returned"), so the imports share one mapping at the
- * exporter's distance. Closing the first leaves the second mapped (one
- * cuIpcCloseMemHandle each: the fake unmaps at the last, as cuda.h says);
- * what the child wrote through it reaches the parent. Before the fake
- * counted opens, each import was a mapping of its own (the child failed
- * at step 32). */
-Test(cuda_ipc, two_blocks_of_one_segment_share_the_importers_mapping) {
-  int sock;
-  pid_t pid = ipc_fork_child("cuda", IPC_CHILD_TWO_BLOCKS, &sock);
-  mp_device_t *dev;
-  mp_pool_t *pool = ipc_open_pool("cuda", "virtual=0", &dev);
-  void *p[2];
-  const size_t n[2] = {4096, (size_t)1 << 19};
-  for (int k = 0; k < 2; k++) {
+/* Starts the importer in mode (*pid, its socket *sock) and makes a pool of
+ * plain segments on "cuda" (*dev) with blocks p[0] and p[1] of n[0] and
+ * n[1] bytes, one segment's. */
+static mp_pool_t *plain_blocks_for(ipc_child_mode_t mode, const size_t n[2],
+                                   int *sock, pid_t *pid, mp_device_t **dev,
+                                   void *p[2]) {
+  *pid = ipc_fork_child("cuda", mode, sock);
+  mp_pool_t *pool = ipc_open_pool("cuda", "virtual=0", dev);
+  for (int k = 0; k < 2; k++)
     cr_assert_eq(mp_pool_alloc(pool, n[k], NULL, &p[k]), MP_OK, "%s",
                  mp_last_error());
-    ipc_fill(dev, p[k], n[k], IPC_PARENT_TAG);
-  }
+  return pool;
+}
+
+/* Exports the plain-segment blocks p[0] and p[1] of pool and sends their
+ * handles in turn to the importer pid (its socket sock), then waits for it
+ * to finish. */
+static void send_plain_blocks(int sock, pid_t pid, mp_pool_t *pool,
+                              void *const p[2]) {
   for (int k = 0; k < 2; k++) {
     mp_ipc_handle_t h;
     cr_assert_eq(mp_pool_ipc_export(pool, p[k], &h), MP_OK, "%s",
@@ -192,12 +190,111 @@ Test(cuda_ipc, two_blocks_of_one_segment_share_the_importers_mapping) {
   bool done = ipc_get(sock, 'D');
   ipc_wait_child(pid);
   cr_assert(done, "the importer did not finish");
+}
+
+/* Two blocks of one plain segment, exported each, imported in one process:
+ * cuIpcGetMemHandle names the segment for both, and the importer's driver
+ * opens it once, counted (cuda.h, cuIpcOpenMemHandle: "the existing device
+ * pointer is returned"), so the imports share one mapping at the
+ * exporter's distance. Closing the first leaves the second mapped (one
+ * cuIpcCloseMemHandle each: the fake unmaps at the last, as cuda.h says);
+ * what the child wrote through it reaches the parent. Before the fake
+ * counted opens, each import was a mapping of its own (the child failed
+ * at step 32). */
+Test(cuda_ipc, two_blocks_of_one_segment_share_the_importers_mapping) {
+  int sock;
+  pid_t pid;
+  mp_device_t *dev;
+  void *p[2];
+  const size_t n[2] = {4096, (size_t)1 << 19};
+  mp_pool_t *pool =
+      plain_blocks_for(IPC_CHILD_TWO_BLOCKS, n, &sock, &pid, &dev, p);
+  for (int k = 0; k < 2; k++)
+    ipc_fill(dev, p[k], n[k], IPC_PARENT_TAG);
+  send_plain_blocks(sock, pid, pool, p);
   ipc_expect(dev, p[1], n[1], IPC_CHILD_TAG);
   for (int k = 0; k < 2; k++)
     cr_assert_eq(mp_pool_free(pool, p[k]), MP_OK);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
   mp_device_close(dev);
   close(sock);
+}
+
+/* A stale copy of a plain segment's handle (its lease closed, the number
+ * given out again to another handle's lease) is refused in the importer
+ * (ipc_child_stale_lease): cuIpcGetMemHandle names the whole segment for
+ * both blocks, so only the lease told them apart, and it was another's.
+ * Failed before: the copy imported, the first block mapped under the
+ * second block's lease (the child failed at step 43). */
+Test(cuda_ipc, a_stale_copy_of_a_plain_handle_with_another_lease_is_einval) {
+  int sock;
+  pid_t pid;
+  mp_device_t *dev;
+  void *p[2];
+  const size_t n[2] = {4096, 4096};
+  mp_pool_t *pool =
+      plain_blocks_for(IPC_CHILD_STALE_LEASE, n, &sock, &pid, &dev, p);
+  send_plain_blocks(sock, pid, pool, p);
+  for (int k = 0; k < 2; k++)
+    cr_assert_eq(mp_pool_free(pool, p[k]), MP_OK);
+  size_t held = 1;
+  cr_assert_eq(mp_pool_ipc_poll(pool, &held), MP_OK);
+  cr_expect_eq(held, 0);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  mp_device_close(dev);
+  close(sock);
+}
+
+/* The same for a virtual chunk's handle on the cuda backend, in one
+ * process: a copy of one block's handle whose memory and lease numbers
+ * are another block's of the same chunk (dups stand for the reused
+ * numbers). The descriptor names the right allocation, so the map fits:
+ * only the lease's stamp tells that it leases the other block. Refused,
+ * the handle and its descriptors as they were; both genuine handles still
+ * import. Failed before: the copy mapped the first block under the second
+ * block's lease. */
+Test(cuda_ipc, a_stale_copy_of_a_virtual_handle_with_another_lease_is_einval) {
+  skip_without_vmm_fd();
+  mp_device_t *d = open_dev("cuda");
+  mp_pool_t *pool;
+  cr_assert_eq(mp_pool_create(d, NULL, &pool), MP_OK);
+  void *p[2], *q = NULL;
+  mp_ipc_handle_t h[2];
+  for (int k = 0; k < 2; k++) {
+    cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p[k]), MP_OK);
+    cr_assert_eq(mp_pool_ipc_export(pool, p[k], &h[k]), MP_OK, "%s",
+                 mp_last_error());
+    cr_assert_eq(h[k].kind, MP_IPC_FD);
+  }
+  cr_assert_eq(h[0].mem_bytes, h[1].mem_bytes, "not one chunk");
+  cr_assert_neq(h[0].offset, h[1].offset);
+  mp_ipc_handle_t stale = h[0];
+  stale.fd = dup(h[1].fd);
+  stale.lease_fd = dup(h[1].lease_fd);
+  cr_assert(stale.fd >= 0 && stale.lease_fd >= 0);
+  mp_ipc_handle_t copy = stale;
+  mp_status_t st = mp_ipc_import(d, &copy, &q);
+  if (st == MP_OK)
+    (void)mp_ipc_close(d, q);
+  cr_expect_eq(st, MP_EINVAL, "a stale copy imported under another lease");
+  cr_expect(strstr(mp_last_error(), "another block of its memory") != NULL,
+            "%s", mp_last_error());
+  if (st != MP_OK) {
+    cr_expect(memcmp(&copy, &stale, sizeof copy) == 0,
+              "a refusal changed the handle");
+    cr_expect_neq(fcntl(stale.fd, F_GETFD), -1, "the refusal closed the fd");
+    cr_expect_neq(fcntl(stale.lease_fd, F_GETFD), -1,
+                  "the refusal closed the lease");
+    close(stale.fd);
+    close(stale.lease_fd);
+  }
+  for (int k = 0; k < 2; k++) {
+    cr_assert_eq(mp_ipc_import(d, &h[k], &q), MP_OK, "%s", mp_last_error());
+    cr_assert_eq(mp_ipc_close(d, q), MP_OK, "%s", mp_last_error());
+  }
+  cr_assert_eq(mp_pool_free(pool, p[0]), MP_OK);
+  free_unheld_destroy(pool, p[1]);
+  mp_device_close(d);
 }
 
 Test(cuda_ipc, imported_block_is_not_reused_until_the_importer_closes_it) {

@@ -28,11 +28,17 @@ typedef enum ipc_child_mode {
                            (which carries no descriptor) naming one of the
                            importer's own descriptors was refused and left
                            that descriptor open */
-  IPC_CHILD_TWO_BLOCKS  /* imports two handles of blocks of one plain
+  IPC_CHILD_TWO_BLOCKS, /* imports two handles of blocks of one plain
                            segment, sent in turn: each reads the parent's
                            pattern at the exporter's distance; the first
                            closed, the second still reads and writes; then
                            closed (ipc_child_two) */
+  IPC_CHILD_STALE_LEASE /* receives two handles of blocks of one plain
+                           segment; a copy of the first whose lease number
+                           is the second's (a stale copy, its number given
+                           out again) is refused, the second's lease left
+                           open; then both import and close
+                           (ipc_child_stale_lease) */
 } ipc_child_mode_t;
 
 static inline unsigned char ipc_byte(size_t i, unsigned tag) {
@@ -116,6 +122,47 @@ static inline int ipc_child_two(int sock, mp_device_t *d) {
   return 0;
 }
 
+/* IPC_CHILD_STALE_LEASE. A plain segment's handle carries no memory
+ * descriptor: its lease is the only descriptor that tells two handles of
+ * the segment apart. A copy of the first handle kept after its lease was
+ * closed, whose number the second handle's lease got (dup stands for the
+ * reused number), must not import: it would map the first block under
+ * the second block's lease, and the exporter, whose first lease is gone,
+ * may reuse the first block meanwhile. */
+static inline int ipc_child_stale_lease(int sock, mp_device_t *d) {
+  mp_ipc_handle_t h[2];
+  void *p[2] = {NULL, NULL};
+  for (int k = 0; k < 2; k++)
+    if (mp_ipc_recv(sock, &h[k]) != MP_OK)
+      return 40 + k;
+  mp_ipc_handle_t stale = h[0];
+  stale.lease_fd = dup(h[1].lease_fd);
+  if (stale.lease_fd < 0)
+    return 42;
+  int lease = stale.lease_fd;
+  void *q = NULL;
+  mp_status_t st = mp_ipc_import(d, &stale, &q);
+  if (st == MP_OK) {
+    (void)mp_ipc_close(d, q);
+    return 43; /* the first block mapped under the second's lease */
+  }
+  if (st != MP_EINVAL || strstr(mp_last_error(), "stale") == NULL)
+    return 44;
+  if (stale.lease_fd != lease || fcntl(lease, F_GETFD) == -1)
+    return 45; /* the refusal changed the handle or closed the lease */
+  close(lease);
+  for (int k = 0; k < 2; k++)
+    if (mp_ipc_import(d, &h[k], &p[k]) != MP_OK)
+      return 46 + k;
+  for (int k = 0; k < 2; k++)
+    if (mp_ipc_close(d, p[k]) != MP_OK)
+      return 48 + k;
+  if (!ipc_put(sock, 'D'))
+    return 19;
+  mp_device_close(d);
+  return 0;
+}
+
 /* The importer's life; returns its exit status. */
 static inline int ipc_child(int sock, const char *spec, ipc_child_mode_t mode) {
   mp_device_t *d = NULL;
@@ -123,6 +170,8 @@ static inline int ipc_child(int sock, const char *spec, ipc_child_mode_t mode) {
     return 10;
   if (mode == IPC_CHILD_TWO_BLOCKS)
     return ipc_child_two(sock, d);
+  if (mode == IPC_CHILD_STALE_LEASE)
+    return ipc_child_stale_lease(sock, d);
   mp_ipc_handle_t h;
   void *p = NULL;
   if (mp_ipc_recv(sock, &h) != MP_OK)

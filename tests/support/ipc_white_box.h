@@ -1,0 +1,36 @@
+/* ipc_white_box.h - white-box IPC tests in one process: a pool on an
+ * exporting host device, and an importing host device whose backend
+ * operations are a copy of the host backend's (ops), for the test to
+ * replace some of (calling host_ops' own from there). */
+#ifndef MEMPOOL_TEST_IPC_WHITE_BOX_H
+#define MEMPOOL_TEST_IPC_WHITE_BOX_H
+
+#include "device/backend.h"
+#include "pool_helpers.h"
+
+typedef struct ipc_white_box {
+  mp_device_t *exp, *imp;
+  mp_pool_t *pool; /* on exp */
+  const mp__backend_t *host_ops;
+  mp__backend_t ops; /* imp's, a copy of host_ops' until changed */
+} ipc_white_box_t;
+
+static inline void ipc_white_box_open(ipc_white_box_t *w) {
+  cr_assert_eq(mp_device_open("host:capacity=64M", &w->exp), MP_OK);
+  cr_assert_eq(mp_device_open("host:capacity=64M", &w->imp), MP_OK);
+  w->host_ops = w->imp->ops;
+  w->ops = *w->host_ops;
+  w->imp->ops = &w->ops;
+  w->pool = make_pool(w->exp, NULL);
+}
+
+/* Checks and destroys the pool, gives imp its ops back, closes both. */
+static inline void ipc_white_box_close(ipc_white_box_t *w) {
+  check(w->pool);
+  cr_assert_eq(mp_pool_destroy(w->pool), MP_OK, "%s", mp_last_error());
+  w->imp->ops = w->host_ops;
+  mp_device_close(w->imp);
+  mp_device_close(w->exp);
+}
+
+#endif
