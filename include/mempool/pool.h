@@ -481,8 +481,11 @@ MP_API mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
  * stream, the capturing one included: a graph launched on another stream
  * runs after nothing queued before its capture); and an
  * out-of-memory ladder in either pool skips its synchronize rung
- * (mp_pool_trim of the parent is MP_EBUSY meanwhile; a graph pool's trim
- * gives nothing back before its release). Growth during capture is memory
+ * (mp_pool_trim of the parent is MP_EBUSY meanwhile where it has memory to
+ * give back and would have to wait for work queued on the captured stream,
+ * or synchronize the device, first; with nothing above keep_bytes to give
+ * back it is MP_OK; a graph pool's trim gives nothing back before its
+ * release). Growth during capture is memory
  * taken from the device in the calling thread's relaxed capture mode (the
  * cuda backend swaps it around every allocation and mapping, as PyTorch's
  * cudaMallocMaybeCapturing does), not memory reserved ahead: no graph

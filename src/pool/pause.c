@@ -609,7 +609,9 @@ static mp_status_t mp__arenas_pause_check(mp_pool_t *pool) {
   if (pool->children > 0)
     return mp__fail(MP_EBUSY, "mp_pool_pause: %zu graph pool%s live",
                     pool->children, pool->children == 1 ? "" : "s");
-  mp_status_t st = MP_OK;
+  /* Arenas of plain segments only (virtual=0, no virtual memory): refused
+   * before any arena is made too, as a pool without arenas is. */
+  mp_status_t st = mp__pause_plain_check(pool);
   for (size_t i = 0; i < pool->cfg.arenas && st == MP_OK; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);
     if (a == NULL)

@@ -25,6 +25,7 @@
 
 #include <mempool/mempool.h>
 
+#include "fuzz_pool_ops.h"
 #include "fuzz_require.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -123,21 +124,6 @@ static void fz_check(mp_pool_t *p, const fz_count_t *c) {
 static void fz_settle(mp_device_t *dev, mp_stream_t s, size_t movables) {
   if (movables > 0)
     FZ_REQUIRE(mp_stream_synchronize(dev, s) == MP_OK);
-}
-
-static int fz_is_oom(mp_status_t st) {
-  return st == MP_ENOMEM || st == MP_ELIMIT;
-}
-
-/* Work on a stream: the host function spins for arg microseconds. */
-static void fz_busy(void *arg) {
-  struct timespec t0, t;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
-  long us = (long)(uintptr_t)arg;
-  do
-    clock_gettime(CLOCK_MONOTONIC, &t);
-  while ((t.tv_sec - t0.tv_sec) * 1000000L + (t.tv_nsec - t0.tv_nsec) / 1000 <
-         us);
 }
 
 /* Removes live[k]; frees it when it is still live in the pool, on stream s

@@ -179,6 +179,30 @@ Test(pool_arenas_pause, a_refused_pause_changes_no_arena) {
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
 }
 
+/* A pool with arenas that can hold only plain segments (virtual=0, or a
+ * device without virtual memory) is refused before any arena is made too,
+ * as a pool without arenas is: the pause was MP_OK, every allocation then
+ * MP_EBUSY until the resume, and its next pause, once an arena held
+ * memory, MP_ENOTSUP. */
+Test(pool_arenas_pause, a_pool_of_plain_segments_is_refused_while_empty) {
+  mp_device_t *plain_dev = open_dev("host:capacity=64M,vmm=0");
+  const char *opts[] = {"arenas=2,virtual=0", "arenas=2,arenas_auto=1"};
+  for (size_t k = 0; k < 2; k++) {
+    mp_pool_t *pool = make_pool(k == 0 ? dev : plain_dev, opts[k]);
+    cr_expect_eq(mp_pool_pause(pool, 0), MP_ENOTSUP, "%s", opts[k]);
+    cr_expect(strstr(mp_last_error(), "virtual") != NULL, "%s",
+              mp_last_error());
+    void *p = NULL;
+    cr_expect_eq(mp_pool_alloc(pool, MiB, NULL, &p), MP_OK, "not paused: %s",
+                 mp_last_error());
+    cr_expect_eq(mp_pool_free(pool, p), MP_OK);
+    cr_expect_eq(mp_pool_resume(pool), MP_EINVAL);
+    check(pool);
+    cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  }
+  mp_device_close(plain_dev);
+}
+
 /* ---- on the fake device: an unmap that fails --------------------------- */
 
 /* Arena 0 pauses (unmap #1), arena 1's unmap (#2) fails: arena 0 is resumed
