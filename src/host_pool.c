@@ -56,12 +56,18 @@ mp_status_t mp_host_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
     /* Only as much of *cfg as the caller's header has. */
     mp_status_t st = mp__config_env_check("mp_host_pool_create", cfg);
     if (st != MP_OK ||
-        (st = mp__config_in("mp_host_pool_create", cfg, &c)) != MP_OK)
+        (st = mp__config_in("mp_host_pool_create", cfg, false, &c)) != MP_OK)
       return st;
   }
-  /* Page-locked memory cannot be mapped into a reserved range, and host
-   * buffers are raw pointers that must never move. */
+  /* Page-locked memory cannot be mapped into a reserved range (so it has
+   * no pieces of one either), and host buffers are raw pointers that must
+   * never move. */
   c.flags = 0;
+  c.map_piece = 0;
+  /* Every field is set now: a size below this library's would have
+   * mp_pool_create fill the rest from $MEMPOOL_CONF, which is the device
+   * pool's (host_pool.h). */
+  c.struct_size = sizeof c;
   mp_host_pool_t *hp = mp__host_calloc(1, sizeof *hp);
   if (hp == NULL)
     return mp__fail(MP_ENOMEM, "out of host memory creating a host pool");

@@ -83,12 +83,24 @@ static size_t mp__config_size(const mp_pool_config_t *c) {
 }
 
 mp_status_t mp__config_in(const char *fn, const mp_pool_config_t *user,
-                          mp_pool_config_t *full) {
+                          bool env_tail, mp_pool_config_t *full) {
   mp_status_t st = mp__config_size_check(fn, user->struct_size);
   if (st != MP_OK)
     return st;
+  /* Fields past the caller's bytes: zeros, or (env_tail) what
+   * mp_pool_config_init gives them: their defaults, or $MEMPOOL_CONF's
+   * values where it names them (a program built against an older header
+   * cannot set them otherwise). A bad $MEMPOOL_CONF leaves the defaults, as
+   * init does; its message is no failure of this call's. */
+  size_t n = mp__config_size(user);
   memset(full, 0, sizeof *full);
-  memcpy(full, user, mp__config_size(user));
+  if (env_tail && n < sizeof *full) {
+    mp__error_saved_t saved;
+    mp__error_save(&saved);
+    (void)mp_pool_config_init_sized(full, sizeof *full);
+    mp__error_restore(&saved);
+  }
+  memcpy(full, user, n);
   return MP_OK;
 }
 

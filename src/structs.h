@@ -20,9 +20,11 @@ mp_status_t mp__config_size_check(const char *fn, size_t size);
  * 0. No message. */
 bool mp__config_size_known(size_t size);
 /* The caller's config as this library's full struct: its struct_size bytes,
- * then zeros (every appended field's default). Checks struct_size first. */
+ * then zeros (every appended field's default) or, with env_tail, what
+ * mp_pool_config_init gives the fields past them (defaults, or
+ * $MEMPOOL_CONF's values). Checks struct_size first. */
 mp_status_t mp__config_in(const char *fn, const mp_pool_config_t *user,
-                          mp_pool_config_t *full);
+                          bool env_tail, mp_pool_config_t *full);
 /* Writes full->struct_size bytes (0: V1) of full to the caller's struct. */
 void mp__config_out(const mp_pool_config_t *full, mp_pool_config_t *user);
 

@@ -44,9 +44,10 @@ typedef struct mp_host_pool mp_host_pool_t;
  * the page size (page-locked memory is whole pages), and segment_bytes is
  * rounded up to a whole number of pages. max_bytes caps the
  * page-locked bytes held; an allocation it stops is MP_ELIMIT. cfg->flags
- * is ignored: page-locked memory has no virtual memory and host blocks
- * never move. A bad cfg is MP_EINVAL, as for mp_pool_create (one that
- * mp_pool_config_init made under a bad $MEMPOOL_CONF included). */
+ * and cfg->map_piece are ignored: page-locked memory has no virtual memory
+ * and host blocks never move. A bad cfg is MP_EINVAL, as for
+ * mp_pool_create (one that mp_pool_config_init made under a bad
+ * $MEMPOOL_CONF included). */
 MP_API mp_status_t mp_host_pool_create(mp_device_t *dev,
                                        const mp_pool_config_t *cfg,
                                        mp_host_pool_t **out);

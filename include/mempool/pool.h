@@ -192,8 +192,11 @@ typedef struct mp_pool_config {
                        mappings, so smaller pieces give back more of a
                        partly used range, for more device calls. A block
                        spanning pieces cannot be exported
-                       (mp_pool_ipc_export: MP_ENOTSUP). README, "Mapping
-                       in pieces" */
+                       (mp_pool_ipc_export: MP_ENOTSUP). With virtual=0:
+                       MP_EINVAL at create (plain segments are one
+                       allocation each); on a device without virtual
+                       memory it does nothing. README, "Mapping in
+                       pieces" */
 } mp_pool_config_t;
 #define MP_POOL_MAX_ARENAS 64
 
@@ -299,9 +302,11 @@ typedef struct mp_pool_config {
  * takes the size: each writes exactly that many bytes and records the
  * size in struct_size;
  * mp_pool_config_parse and mp_pool_create then read and write only
- * struct_size bytes, and a field a shorter struct lacks keeps its default
- * (new fields default to 0; $MEMPOOL_CONF may name it, but an option
- * given to mp_pool_config_parse for it is MP_EINVAL). So a program built
+ * struct_size bytes, and a field a shorter struct lacks takes what
+ * mp_pool_config_init gives it: its default (0 for every field appended so
+ * far), or the value $MEMPOOL_CONF names, read when the pool is made (a bad
+ * $MEMPOOL_CONF: the default); an option given to mp_pool_config_parse for
+ * it is MP_EINVAL. So a program built
  * against an older header keeps working with a newer library. A struct_size
  * this library does not know (smaller than MP_POOL_CONFIG_SIZE_V1, not on a
  * field's end, or from a newer header than the library) is MP_EINVAL, names the

@@ -325,7 +325,7 @@ mp_status_t mp_pool_config_parse(mp_pool_config_t *cfg, const char *options) {
   mp_pool_config_t full;
   mp_status_t st = mp__config_env_check("mp_pool_config_parse", cfg);
   if (st == MP_OK)
-    st = mp__config_in("mp_pool_config_parse", cfg, &full);
+    st = mp__config_in("mp_pool_config_parse", cfg, false, &full);
   if (st == MP_OK &&
       (st = mp__conf_apply(&full, "pool options", options,
                            cfg->struct_size ? cfg->struct_size
@@ -380,6 +380,14 @@ mp_status_t mp__config_validate(const mp_pool_config_t *cfg) {
                     "cannot keep its addresses through a pause");
   if (cfg->map_piece > SIZE_MAX / 2)
     return mp__fail(MP_EINVAL, "pool config: map_piece %zu is absurd",
+                    cfg->map_piece);
+  /* Pieces are mappings in the virtual range: with virtual=0 every growth
+   * is one plain segment, and map_piece would do nothing. */
+  if (cfg->map_piece != 0 && !(cfg->flags & MP_POOL_VIRTUAL))
+    return mp__fail(MP_EINVAL,
+                    "pool config: map_piece=%zu needs virtual=1 "
+                    "(expandable_segments): a pool of plain segments makes "
+                    "each growth one device allocation",
                     cfg->map_piece);
   if (cfg->arenas > MP_POOL_MAX_ARENAS)
     return mp__fail(MP_EINVAL, "pool config: arenas %zu is above %d",

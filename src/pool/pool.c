@@ -111,7 +111,8 @@ mp_status_t mp_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
   }
   mp_status_t st;
   if ((st = mp__config_env_check("mp_pool_create", cfg)) != MP_OK ||
-      (st = mp__config_in("mp_pool_create: pool config", cfg, &c)) != MP_OK ||
+      (st = mp__config_in("mp_pool_create: pool config", cfg, true, &c)) !=
+          MP_OK ||
       (st = mp__config_validate(&c)) != MP_OK)
     return st;
   cfg = &c;

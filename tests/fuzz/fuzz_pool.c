@@ -172,7 +172,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   /* Mappings of one granule or of 4 MiB (the reclaim and trim of pieces),
    * stream waits, and memory given back as frees happen. */
   static const size_t pieces[4] = {0, 1, (size_t)4 << 20, 0};
-  cfg.map_piece = pieces[(data[1] >> 2) & 3];
+  /* map_piece is refused with virtual=0 (pool.h). */
+  cfg.map_piece =
+      (cfg.flags & MP_POOL_VIRTUAL) ? pieces[(data[1] >> 2) & 3] : 0;
   if (data[1] & 0x10)
     cfg.flags |= MP_POOL_STREAM_WAITS;
   cfg.release_threshold = (data[1] & 0x20) ? ((size_t)4 << 20) : 0;

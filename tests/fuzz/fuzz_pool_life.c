@@ -418,7 +418,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   cfg.max_bytes = (data[0] & 0x40) ? ((size_t)64 << 20) : 0;
   cfg.release_threshold = (data[1] & 1) ? ((size_t)4 << 20) : 0;
   static const size_t pieces[4] = {0, 1, (size_t)4 << 20, 0};
-  cfg.map_piece = pieces[(data[1] >> 1) & 3];
+  /* map_piece is refused with virtual=0 (pool.h). */
+  cfg.map_piece =
+      (cfg.flags & MP_POOL_VIRTUAL) ? pieces[(data[1] >> 1) & 3] : 0;
   if (data[1] & 8)
     cfg.flags &= ~(unsigned)MP_POOL_DEFRAG_ON_OOM;
   z.pausable = z.virt && (data[1] & 16);

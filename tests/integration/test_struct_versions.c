@@ -284,3 +284,46 @@ Test(struct_versions, an_option_a_short_config_lacks_is_refused_unchanged) {
   cr_expect_eq(c.arenas, 2);
   cr_expect_eq(c.max_bytes, (size_t)8 << 20);
 }
+
+/* Chunks an 8 MiB block's growth mapped in a pool made from c. */
+static size_t chunks_for_8m(mp_pool_config_t *c) {
+  mp_pool_t *pool = NULL;
+  cr_assert_eq(mp_pool_create(dev, c, &pool), MP_OK, "%s", mp_last_error());
+  void *p;
+  cr_assert_eq(mp_pool_alloc(pool, (size_t)8 << 20, NULL, &p), MP_OK);
+  mp_stats_t s;
+  cr_assert_eq(mp_pool_get_stats(pool, &s), MP_OK);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+  return s.segment_count;
+}
+
+/* A program built against an older header cannot set the fields appended
+ * since: $MEMPOOL_CONF still reaches them (they take what
+ * mp_pool_config_init gives them), where it was dropped on the way out of
+ * init, and arenas_auto=1 (a V1 flag) with its arenas=N dropped made every
+ * pool MP_EINVAL. */
+Test(struct_versions, mempool_conf_reaches_the_fields_a_short_config_lacks) {
+  mp_pool_config_t c;
+  setenv("MEMPOOL_CONF", "map_piece=2M", 1);
+  cr_assert_eq(mp_pool_config_init_sized(&c, MP_POOL_CONFIG_SIZE_V1), MP_OK);
+  cr_expect_eq(chunks_for_8m(&c), 4);
+  memset(&c, 0, sizeof c); /* filled by hand: V1 too */
+  c.flags = MP_POOL_VIRTUAL;
+  cr_expect_eq(chunks_for_8m(&c), 4);
+  setenv("MEMPOOL_CONF", "arenas=2,arenas_auto=1", 1);
+  cr_assert_eq(mp_pool_config_init_sized(&c, MP_POOL_CONFIG_SIZE_V1), MP_OK);
+  cr_expect(c.flags & MP_POOL_ARENAS_AUTO);
+  cr_expect_eq(chunks_for_8m(&c), 1);
+  /* A bad $MEMPOOL_CONF: a config filled by hand gets the defaults, and
+   * the parse's message is not left as the last error. */
+  setenv("MEMPOOL_CONF", "map_piece=2M,colour=blue", 1);
+  memset(&c, 0, sizeof c);
+  c.flags = MP_POOL_VIRTUAL;
+  mp_pool_t *pool = NULL;
+  cr_assert_eq(mp_pool_create(dev, &c, &pool), MP_OK, "%s", mp_last_error());
+  cr_expect(strstr(mp_last_error(), "colour") == NULL, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_destroy(pool), MP_OK);
+  cr_expect_eq(chunks_for_8m(&c), 1);
+  unsetenv("MEMPOOL_CONF");
+}

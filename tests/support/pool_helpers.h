@@ -4,6 +4,7 @@
 #define MEMPOOL_TEST_POOL_HELPERS_H
 
 #include <criterion/criterion.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <mempool/mempool.h>
@@ -30,6 +31,20 @@ static inline mp_pool_t *make_pool(mp_device_t *dev, const char *opts) {
   mp_pool_t *p = NULL;
   cr_assert_eq(mp_pool_create(dev, &cfg, &p), MP_OK, "%s", mp_last_error());
   return p;
+}
+
+/* opts parse, and mp_pool_create refuses them: MP_EINVAL, no pool, the
+ * message holding `says`. */
+static inline void expect_create_refused(mp_device_t *dev, const char *opts,
+                                         const char *says) {
+  mp_pool_config_t cfg;
+  mp_pool_config_init(&cfg);
+  cr_assert_eq(mp_pool_config_parse(&cfg, opts), MP_OK, "%s", mp_last_error());
+  mp_pool_t *p = NULL;
+  cr_expect_eq(mp_pool_create(dev, &cfg, &p), MP_EINVAL, "%s", opts);
+  cr_expect_null(p, "%s", opts);
+  cr_expect_neq(strstr(mp_last_error(), says), NULL, "%s: %s", opts,
+                mp_last_error());
 }
 
 static inline mp_stats_t stats(mp_pool_t *p) {

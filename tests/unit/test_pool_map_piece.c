@@ -142,6 +142,29 @@ Test(pool_map_piece, bad_values_are_refused_and_change_nothing) {
   fake_close(dev);
 }
 
+/* Pieces are mappings of the virtual range: with virtual=0 the option
+ * would do nothing, so the pair is refused, by create and by name; on a
+ * device without virtual memory (the pool falls back to plain segments)
+ * it is taken and does nothing. */
+Test(pool_map_piece, map_piece_with_virtual_off_is_refused) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, 2 * MiB);
+  expect_create_refused(dev, "virtual=0,map_piece=4M",
+                        "map_piece=4194304 needs virtual=1");
+  mp_pool_t *p = make_pool(dev, "virtual=0,map_piece=0");
+  cr_expect_eq(mp_pool_destroy(p), MP_OK);
+  fake_close(dev);
+  mp_device_t *plain;
+  cr_assert_eq(mp_device_open("host:vmm=0", &plain), MP_OK);
+  p = make_pool(plain, "map_piece=4M");
+  void *a;
+  cr_assert_eq(mp_pool_alloc(p, 8 * MiB, NULL, &a), MP_OK);
+  cr_expect_null(p->vseg, "plain segments only");
+  memset(a, 0x3c, 8 * MiB);
+  cr_expect_eq(mp_pool_free(p, a), MP_OK);
+  cr_expect_eq(mp_pool_destroy(p), MP_OK);
+  mp_device_close(plain);
+}
+
 static size_t holes_of(mp_pool_t *p) {
   return p->vseg ? p->vseg->nholes : 0;
 }
