@@ -136,7 +136,9 @@
  *    cuMemHostGetDevicePointer (only for CU_MEMHOSTALLOC_DEVICEMAP
  *    memory, and CU_MEMHOSTREGISTER_DEVICEMAP registrations, those not
  *    PORTABLE in the registering context only) answer for any address
- *    inside it.
+ *    inside it; memory registered without PORTABLE is pageable memory to
+ *    other contexts: their memsets of it are CUDA_ERROR_INVALID_VALUE,
+ *    their copies take it (fk_registered_foreign).
  * Limits (rules it cannot or does not model): no kernels, so nothing runs
  * on the device but copies, memsets and host functions, and a race a GPU
  * would show appears only as far as host threads interleave; memory is
@@ -2897,6 +2899,32 @@ static bool fk_registered_mapped_in(uintptr_t addr,
   return mapped;
 }
 
+/* Whether [lo, lo + n) reaches into a registration that context ctx does
+ * not have: registered without PORTABLE by another context. cuda.h,
+ * cuMemHostRegister: without CU_MEMHOSTREGISTER_PORTABLE the memory is
+ * "considered as pinned memory" by "the one [context] that performed the
+ * allocation" only, and it is the registration that "maps it for the
+ * device(s)"; the host-pointer access ("the memory can also be accessed
+ * from the device using the host pointer p") is that mapping's. To another
+ * context the range is plain pageable host memory, which no device of the
+ * fake reads or writes itself (CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS,
+ * "Device supports coherently accessing pageable memory without calling
+ * cudaHostRegister on it", answers 0). cuMemHostAlloc's memory is not
+ * here: it is every context's (cuda.h "Unified Addressing", whose
+ * "Exceptions, Disjoint Addressing" names registered memory). Under
+ * fk.lock. */
+static bool fk_registered_foreign(uintptr_t lo, size_t n,
+                                  const struct CUctx_st *ctx) {
+  uintptr_t hi = n > UINTPTR_MAX - lo ? UINTPTR_MAX : lo + n;
+  for (int i = 0; i < FK_MAX_REGISTERED; i++)
+    if (fk_registered[i].size != 0 &&
+        (fk_registered[i].flags & CU_MEMHOSTREGISTER_PORTABLE) == 0 &&
+        fk_registered[i].ctx != ctx && fk_registered[i].base < hi &&
+        lo < fk_registered[i].base + fk_registered[i].size)
+      return true;
+  return false;
+}
+
 /* Whether [lo, lo + n) reaches into a READ_ONLY registration. Under
  * fk.lock. */
 static bool fk_read_only_touched(uintptr_t lo, size_t n) {
@@ -3279,6 +3307,25 @@ static CUresult fk_copy(mp_device_t *dev, CUdeviceptr dst, CUdeviceptr src,
     return fk_no_access(ordinal, dst, src, n,
                         "touches a mapping that device may not access "
                         "(cuMemSetAccess)");
+  }
+  /* A memset of memory another context registered without PORTABLE
+   * (fk_registered_foreign): in this context it is pageable host memory, no
+   * device pointer, and cuMemsetD8 / cuMemsetD8Async take "dstDevice -
+   * Destination device pointer", listing CUDA_ERROR_INVALID_VALUE (cuda.h),
+   * the code the fake gives a memset of any pageable memory (host.c,
+   * host_check_access); nothing is written. Copies still take it, as
+   * pageable memory: cuMemcpy "infers the type of the transfer ... from the
+   * pointer values" (cuda.h, cuMemcpy). Before 2026-12-05 the
+   * memset ran: the registering context's device knew the range. */
+  if (set && fk_registered_foreign((uintptr_t)dst, n, fk_ctx())) {
+    fk_end();
+    fprintf(stderr,
+            "fakecuda: a memset of %zu bytes at %p: host memory another "
+            "context registered without CU_MEMHOSTREGISTER_PORTABLE is "
+            "pageable memory here, no device pointer: "
+            "CUDA_ERROR_INVALID_VALUE\n",
+            n, (void *)dst);
+    return CUDA_ERROR_INVALID_VALUE;
   }
   /* A device write to a READ_ONLY registration (fk_host_register): a GPU
    * faults on it, the fake refuses it, as a write to a mapping the device

@@ -263,6 +263,35 @@ Test(fakecuda_contexts, page_locked_memory_is_freed_from_another_context) {
   cr_assert_eq(cuDevicePrimaryCtxRelease(1), CUDA_SUCCESS);
 }
 
+/* With context a pushed, two page-aligned ranges of bytes registered
+ * DEVICEMAP: *own without PORTABLE, *all with it. */
+static void register_own_and_all(CUcontext a, size_t bytes, unsigned char **own,
+                                 unsigned char **all) {
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  *own = aligned_alloc(page, bytes);
+  *all = aligned_alloc(page, bytes);
+  cr_assert(*own != NULL && *all != NULL);
+  cr_assert_eq(cuCtxPushCurrent(a), CUDA_SUCCESS);
+  cr_assert_eq(cuMemHostRegister(*own, bytes, CU_MEMHOSTREGISTER_DEVICEMAP),
+               CUDA_SUCCESS);
+  cr_assert_eq(cuMemHostRegister(*all, bytes,
+                                 CU_MEMHOSTREGISTER_DEVICEMAP |
+                                     CU_MEMHOSTREGISTER_PORTABLE),
+               CUDA_SUCCESS);
+}
+
+/* register_own_and_all undone, with its context current; both devices'
+ * primary contexts released. */
+static void unregister_own_and_all(unsigned char *own, unsigned char *all) {
+  cr_assert_eq(cuMemHostUnregister(own), CUDA_SUCCESS);
+  cr_assert_eq(cuMemHostUnregister(all), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
+  cr_assert_eq(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+  cr_assert_eq(cuDevicePrimaryCtxRelease(1), CUDA_SUCCESS);
+  free(own);
+  free(all);
+}
+
 /* cuda.h, cuMemHostRegister: "CU_MEMHOSTREGISTER_PORTABLE: The memory
  * returned by this call will be considered as pinned memory by all CUDA
  * contexts, not just the one that performed the allocation", and a
@@ -286,16 +315,8 @@ Test(fakecuda_contexts,
     cr_skip_test("one GPU");
   CUcontext a = primary(0), b = primary(1);
   size_t bytes = 2 * (size_t)sysconf(_SC_PAGESIZE);
-  unsigned char *own = aligned_alloc(4096, bytes);
-  unsigned char *all = aligned_alloc(4096, bytes);
-  cr_assert(own != NULL && all != NULL);
-  cr_assert_eq(cuCtxPushCurrent(a), CUDA_SUCCESS);
-  cr_assert_eq(cuMemHostRegister(own, bytes, CU_MEMHOSTREGISTER_DEVICEMAP),
-               CUDA_SUCCESS);
-  cr_assert_eq(cuMemHostRegister(all, bytes,
-                                 CU_MEMHOSTREGISTER_DEVICEMAP |
-                                     CU_MEMHOSTREGISTER_PORTABLE),
-               CUDA_SUCCESS);
+  unsigned char *own = NULL, *all = NULL;
+  register_own_and_all(a, bytes, &own, &all);
   CUdeviceptr d = 0;
   cr_assert_eq(cuMemHostGetDevicePointer(&d, own + 8, 0), CUDA_SUCCESS,
                "in the registering context");
@@ -311,11 +332,91 @@ Test(fakecuda_contexts,
                "a PORTABLE registration in another context");
   cr_assert_neq(d, 0);
   cr_assert_eq(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
-  cr_assert_eq(cuMemHostUnregister(own), CUDA_SUCCESS);
-  cr_assert_eq(cuMemHostUnregister(all), CUDA_SUCCESS);
+  unregister_own_and_all(own, all);
+}
+
+/* cuda.h, cuMemHostRegister: registered without CU_MEMHOSTREGISTER_PORTABLE,
+ * memory is pinned and mapped "for the device(s)" by the registering context
+ * only (the PORTABLE flag makes it "pinned memory by all CUDA contexts, not
+ * just the one that performed the allocation"); to another context, of
+ * another device or of the same one, it is plain pageable host memory. No
+ * device reads pageable memory itself without
+ * CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS ("without calling
+ * cudaHostRegister on it"), so a memset of it there, whose dstDevice must be
+ * a "Destination device pointer" (cuMemsetD8, cuMemsetD8Async), is
+ * CUDA_ERROR_INVALID_VALUE, writing nothing. Copies take it as pageable
+ * memory (cuMemcpy "infers the type of the transfer ... from the pointer
+ * values"). A PORTABLE registration, and cuMemHostAlloc's memory (every
+ * context's, cuda.h "Unified Addressing"), is set from any context. Before,
+ * the fake ran the memset in every context. */
+Test(fakecuda_contexts,
+     another_context_cannot_memset_memory_registered_without_portable) {
+  int n = 0, pageable = 0;
+  cr_assert_eq(cuDeviceGetCount(&n), CUDA_SUCCESS);
+  if (fk_real() && n < 2)
+    cr_skip_test("one GPU");
+  cr_assert_eq(cuDeviceGetAttribute(
+                   &pageable, CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, 1),
+               CUDA_SUCCESS);
+  if (pageable)
+    cr_skip_test("the device reads pageable memory itself");
+  CUcontext a = primary(0), b = primary(1), c = NULL;
+  size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes = 2 * page;
+  unsigned char *own = NULL, *all = NULL;
+  register_own_and_all(a, bytes, &own, &all);
+  CUdeviceptr o = (CUdeviceptr)(uintptr_t)own, l = (CUdeviceptr)(uintptr_t)all;
+  void *pin = NULL;
+  cr_assert_eq(cuMemHostAlloc(&pin, bytes, 0), CUDA_SUCCESS);
+  cr_assert_eq(cuMemsetD8(o, 0x22, bytes), CUDA_SUCCESS,
+               "the registering context sets it");
+  cr_assert(own[0] == 0x22 && own[bytes - 1] == 0x22);
+  /* Another device's context, then another context of the same device. */
+  cr_assert_eq(cuCtxCreate(&c, NULL, 0, 0), CUDA_SUCCESS);
   cr_assert_eq(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
-  cr_assert_eq(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
-  cr_assert_eq(cuDevicePrimaryCtxRelease(1), CUDA_SUCCESS);
-  free(own);
-  free(all);
+  CUcontext others[] = {b, c};
+  for (int k = 0; k < 2; k++) {
+    cr_assert_eq(cuCtxPushCurrent(others[k]), CUDA_SUCCESS);
+    if (!fk_real()) { /* the fake's answer; a GPU's not asked */
+      cr_expect_eq(cuMemsetD8(o, 0x33, bytes), CUDA_ERROR_INVALID_VALUE,
+                   "context %d set another's non-PORTABLE registration", k);
+      cr_expect_eq(cuMemsetD8Async(o + page, 0x33, 1, NULL),
+                   CUDA_ERROR_INVALID_VALUE, "context %d, async", k);
+      cr_expect_eq(cuMemsetD8(o + bytes - 1, 0x33, 1), CUDA_ERROR_INVALID_VALUE,
+                   "context %d, last byte", k);
+      cr_assert_eq(cuCtxSynchronize(), CUDA_SUCCESS);
+      cr_assert(own[0] == 0x22 && own[page] == 0x22 && own[bytes - 1] == 0x22,
+                "a refused memset wrote in context %d", k);
+    }
+    cr_assert_eq(cuMemsetD8(l, 0x44 + k, bytes), CUDA_SUCCESS,
+                 "a PORTABLE registration in context %d", k);
+    cr_assert(all[0] == 0x44 + k && all[bytes - 1] == 0x44 + k);
+    cr_assert_eq(cuMemsetD8((CUdeviceptr)(uintptr_t)pin, 0x55, bytes),
+                 CUDA_SUCCESS, "cuMemHostAlloc's memory in context %d", k);
+    /* Copies take it, both ways, as pageable memory. */
+    CUdeviceptr d = 0;
+    unsigned char back[2] = {0};
+    cr_assert_eq(cuMemAlloc(&d, bytes), CUDA_SUCCESS);
+    cr_assert_eq(cuMemcpyHtoD(d, own, bytes), CUDA_SUCCESS);
+    cr_assert_eq(cuMemcpyDtoH(&back[0], d + bytes - 1, 1), CUDA_SUCCESS);
+    cr_assert_eq(back[0], 0x22, "a copy from it in context %d", k);
+    cr_assert_eq(cuMemsetD8(d, 0x66 + k, bytes), CUDA_SUCCESS);
+    cr_assert_eq(cuMemcpyDtoH(own, d, bytes), CUDA_SUCCESS);
+    cr_assert(own[0] == 0x66 + k && own[bytes - 1] == 0x66 + k,
+              "a copy into it in context %d", k);
+    cr_assert_eq(cuMemsetD8(d, 0x22, bytes), CUDA_SUCCESS);
+    cr_assert_eq(cuMemcpy(o, d, bytes), CUDA_SUCCESS, "cuMemcpy, unified");
+    cr_assert_eq(cuMemcpy((CUdeviceptr)(uintptr_t)back, o, 2), CUDA_SUCCESS);
+    cr_assert(own[0] == 0x22 && back[1] == 0x22);
+    cr_assert_eq(cuMemFree(d), CUDA_SUCCESS);
+    cr_assert_eq(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
+  }
+  cr_assert_eq(cuCtxDestroy(c), CUDA_SUCCESS);
+  CUcontext cur = NULL;
+  cr_assert_eq(cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+  cr_assert_eq(cur, a);
+  cr_assert_eq(cuMemsetD8(o, 0x77, bytes), CUDA_SUCCESS,
+               "still the registering context's");
+  cr_assert(own[0] == 0x77);
+  cr_assert_eq(cuMemFreeHost(pin), CUDA_SUCCESS);
+  unregister_own_and_all(own, all);
 }
