@@ -2938,21 +2938,48 @@ static bool fk_read_only_touched(uintptr_t lo, size_t n) {
   return false;
 }
 
-/* Whether a page of [lo, hi) is mapped in the process without write
- * permission (/proc/self/maps: no 'w'): memory the CPU may only read. */
-static bool fk_cpu_read_only(uintptr_t lo, uintptr_t hi) {
+/* What the CPU may do with every page of [lo, hi), from /proc/self/maps
+ * (proc(5): one line a mapping, "address perms offset dev inode pathname",
+ * in address order). Lines are read whole (getline): a mapping of a file
+ * with a long path makes a line of any length, and a fixed buffer would
+ * read its tail as a line of its own, whose text (a file name may be
+ * "7f00-7f10 r--p") parsed as a mapping. Before 2026-12-05 a 512-byte
+ * buffer did so, and a page mapped nowhere in the range (a hole) was not
+ * noticed. */
+typedef enum {
+  FK_CPU_WRITABLE,  /* mapped readable and writable throughout */
+  FK_CPU_READ_ONLY, /* mapped readable throughout, a page not writable */
+  FK_CPU_NONE       /* a page not mapped, or mapped without read access */
+} fk_cpu_access_t;
+
+static fk_cpu_access_t fk_cpu_access(uintptr_t lo, uintptr_t hi) {
   FILE *f = fopen("/proc/self/maps", "r");
   if (f == NULL)
-    return false;
-  bool ro = false;
-  char line[512], perms[8];
-  unsigned long a, b;
-  while (!ro && fgets(line, sizeof line, f) != NULL)
-    if (sscanf(line, "%lx-%lx %7s", &a, &b, perms) == 3 && a < hi && lo < b &&
-        perms[1] != 'w')
-      ro = true;
+    return FK_CPU_WRITABLE; /* not known: taken, as before */
+  fk_cpu_access_t a = FK_CPU_WRITABLE;
+  uintptr_t next = lo; /* [lo, next) is mapped readable */
+  char *line = NULL, perms[8];
+  size_t cap = 0;
+  unsigned long b0, b1;
+  bool stopped = false;
+  while (!stopped && next < hi && getline(&line, &cap, f) != -1) {
+    if (sscanf(line, "%lx-%lx %7s", &b0, &b1, perms) != 3 || b1 <= next)
+      continue;
+    /* A hole before this mapping, or a page the CPU cannot read. */
+    stopped = b0 > next || perms[0] != 'r';
+    if (!stopped && perms[1] != 'w')
+      a = FK_CPU_READ_ONLY;
+    if (!stopped)
+      next = b1;
+  }
+  /* Short of hi: a hole, an unreadable page, or nothing mapped after next
+   * (the end of the list); a read that failed before the end (getline's
+   * ENOMEM) says nothing about the rest. */
+  if (next < hi && (stopped || feof(f)))
+    a = FK_CPU_NONE;
+  free(line);
   fclose(f);
-  return ro;
+  return a;
 }
 
 static CUresult fk_host_register(mp_device_t *dev, void *p, size_t bytes,
@@ -2963,6 +2990,18 @@ static CUresult fk_host_register(mp_device_t *dev, void *p, size_t bytes,
   if (p == NULL || bytes == 0 || (flags & ~known) != 0 ||
       bytes > UINTPTR_MAX - (uintptr_t)p)
     return CUDA_ERROR_INVALID_VALUE;
+  /* cuMemHostRegister "Page-locks the memory range specified by p and
+   * bytesize" (cuda.h): a page mapped nowhere, or mapped without read
+   * access (PROT_NONE), cannot be page-locked or mapped for the device.
+   * cuda.h names no code for it: CUDA_ERROR_INVALID_VALUE, the one it
+   * lists for a bad argument (NVIDIA/open-gpu-kernel-modules issue 732
+   * reports cudaHostRegister answering "invalid argument" for pages the
+   * driver could not pin; the fake's choice, not checked on a GPU); nothing
+   * is registered, whatever the flags. Before 2026-12-05 the fake registered
+   * such a range, and its device took the hole for memory. */
+  fk_cpu_access_t cpu = fk_cpu_access((uintptr_t)p, (uintptr_t)p + bytes);
+  if (cpu == FK_CPU_NONE)
+    return CUDA_ERROR_INVALID_VALUE;
   /* cuda.h, CU_MEMHOSTREGISTER_READ_ONLY: "On platforms without
    * CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES [the
    * fake's devices answer 0], this flag is required in order to register
@@ -2970,8 +3009,7 @@ static CUresult fk_host_register(mp_device_t *dev, void *p, size_t bytes,
    * failure: CUDA_ERROR_INVALID_VALUE, the one cuMemHostRegister lists for
    * a bad range; nothing is registered. Before 2026-12-04 the fake took
    * such a range without the flag. */
-  if ((flags & CU_MEMHOSTREGISTER_READ_ONLY) == 0 &&
-      fk_cpu_read_only((uintptr_t)p, (uintptr_t)p + bytes))
+  if ((flags & CU_MEMHOSTREGISTER_READ_ONLY) == 0 && cpu == FK_CPU_READ_ONLY)
     return CUDA_ERROR_INVALID_VALUE;
   uintptr_t b = (uintptr_t)p;
   CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
