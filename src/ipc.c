@@ -171,21 +171,28 @@ static mp_status_t mp__ipc_lease_is_hs(const mp_ipc_handle_t *h) {
                     "mp_ipc_import: memory descriptor %d cannot be asked "
                     "which file it is: %s",
                     h->fd, strerror(errno));
+  /* What the stamp names instead, for the message: a descriptor's memory
+   * is its file (opaque is then the export's own: its tag, its number), a
+   * CUipcMemHandle's is opaque. */
+  bool same_memory =
+      got.kind == MP_IPC_FD
+          ? got.mem_dev == want.mem_dev && got.mem_ino == want.mem_ino
+          : memcmp(got.opaque, want.opaque, sizeof got.opaque) == 0;
   if (memcmp(&got, &want, sizeof got) != 0)
-    return mp__fail(MP_EINVAL,
-                    "mp_ipc_import: lease descriptor %d is not the one its "
-                    "export made: it leases %s (%zu bytes at offset %zu), "
-                    "not the block this handle names (%zu bytes at offset "
-                    "%zu; a stale copy of a handle whose descriptor numbers "
-                    "were given out again, or a forged handle)",
-                    h->lease_fd,
-                    got.kind != h->kind ? "memory of another kind"
-                    : memcmp(&got.opaque, &want.opaque, sizeof got.opaque) ||
-                            got.mem_dev != want.mem_dev ||
-                            got.mem_ino != want.mem_ino
-                        ? "a block of other memory"
-                        : "another block of its memory",
-                    got.bytes, got.offset, h->bytes, h->offset);
+    return mp__fail(
+        MP_EINVAL,
+        "mp_ipc_import: lease descriptor %d is not the one its "
+        "export made: it leases %s (%zu bytes at offset %zu), "
+        "not the block this handle names (%zu bytes at offset "
+        "%zu; a stale copy of a handle whose descriptor numbers "
+        "were given out again, or a forged handle)",
+        h->lease_fd,
+        got.kind != h->kind ? "memory of another kind"
+        : !same_memory      ? "a block of other memory"
+        : got.offset != want.offset || got.bytes != want.bytes
+            ? "another block of its memory"
+            : "a block of that offset and size under another export",
+        got.bytes, got.offset, h->bytes, h->offset);
   return MP_OK;
 }
 

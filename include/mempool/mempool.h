@@ -33,7 +33,9 @@ extern "C" {
  * stream, as cuMemAllocAsync ("the memory pool current to the stream's
  * device"); the default streams are the calling thread's. mp_free and
  * mp_free_async find the pool that holds the pointer, whatever context is
- * current. */
+ * current, among the pools already made: before the first mp_malloc, a
+ * free is MP_EINVAL and makes nothing ($MEMPOOL_DEVICE and $MEMPOOL_CONF
+ * still unread); where no pool could be made, MP_EINVAL naming why. */
 MP_API mp_status_t mp_malloc(void **ptr, size_t bytes);
 MP_API mp_status_t mp_malloc_async(void **ptr, size_t bytes, mp_stream_t s);
 MP_API mp_status_t mp_free(void *ptr);

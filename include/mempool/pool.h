@@ -689,7 +689,9 @@ typedef struct mp_ipc_handle {
   unsigned char opaque[64]; /* MP_IPC_CUDA: the CUipcMemHandle; MP_IPC_FD
                                of a host device: the export's tag, which
                                an import checks its descriptor holds (a
-                               number closed and reused: MP_EINVAL) */
+                               number closed and reused: MP_EINVAL); of a
+                               cuda device: the export's own number, which
+                               its lease's stamp names */
   char backend[16];         /* the exporting device's kind: "host", "cuda" */
 } mp_ipc_handle_t;
 

@@ -29,9 +29,11 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* The CUDA version whose ABI every entry point is resolved at. */
 #define MP__CUDA_ABI 12000
@@ -1430,6 +1432,15 @@ static mp_status_t mp__cuda_ipc_export(mp_device_t *dev, void *base,
   (void)fcntl(fd, F_SETFD, FD_CLOEXEC); /* its only descriptor flag */
   h->kind = MP_IPC_FD;
   h->fd = fd;
+  /* What tells this export from every other one in the lease's stamp
+   * (ipc.c): the descriptors of two chunks may name one file (the fake
+   * driver's all do; cuda.h does not say what a real one's are), so two
+   * blocks of the same offset and size in different chunks would stamp
+   * alike, and a stale copy of one would pass for the other's lease. The
+   * import of a descriptor reads nothing of opaque. */
+  static atomic_uint_fast64_t exports;
+  uint64_t id[2] = {(uint64_t)getpid(), atomic_fetch_add(&exports, 1) + 1};
+  memcpy(h->opaque, id, sizeof id);
   return MP_OK;
 }
 

@@ -245,15 +245,13 @@ Test(cuda_ipc, a_stale_copy_of_a_plain_handle_with_another_lease_is_einval) {
   close(sock);
 }
 
-/* The same for a virtual chunk's handle on the cuda backend, in one
- * process: a copy of one block's handle whose memory and lease numbers
- * are another block's of the same chunk (dups stand for the reused
- * numbers). The descriptor names the right allocation, so the map fits:
- * only the lease's stamp tells that it leases the other block. Refused,
- * the handle and its descriptors as they were; both genuine handles still
- * import. Failed before: the copy mapped the first block under the second
- * block's lease. */
-Test(cuda_ipc, a_stale_copy_of_a_virtual_handle_with_another_lease_is_einval) {
+/* A stale copy of h[0] whose lease number (and, with own_memory false,
+ * memory number) are h[1]'s, two virtual blocks of `bytes` on the cuda
+ * backend, in one process (dups stand for the reused numbers): refused
+ * naming `says`, the handle and its descriptors as they were; both
+ * genuine handles still import. */
+static void stale_virtual_copy_refused(size_t bytes, bool own_memory,
+                                       const char *says) {
   skip_without_vmm_fd();
   mp_device_t *d = open_dev("cuda");
   mp_pool_t *pool;
@@ -261,15 +259,16 @@ Test(cuda_ipc, a_stale_copy_of_a_virtual_handle_with_another_lease_is_einval) {
   void *p[2], *q = NULL;
   mp_ipc_handle_t h[2];
   for (int k = 0; k < 2; k++) {
-    cr_assert_eq(mp_pool_alloc(pool, 4096, NULL, &p[k]), MP_OK);
+    cr_assert_eq(mp_pool_alloc(pool, bytes, NULL, &p[k]), MP_OK);
     cr_assert_eq(mp_pool_ipc_export(pool, p[k], &h[k]), MP_OK, "%s",
                  mp_last_error());
     cr_assert_eq(h[k].kind, MP_IPC_FD);
   }
-  cr_assert_eq(h[0].mem_bytes, h[1].mem_bytes, "not one chunk");
-  cr_assert_neq(h[0].offset, h[1].offset);
+  /* One chunk, two offsets; or two chunks, one offset and size. */
+  cr_assert_eq(h[0].offset == h[1].offset, own_memory, "%zu, %zu", h[0].offset,
+               h[1].offset);
   mp_ipc_handle_t stale = h[0];
-  stale.fd = dup(h[1].fd);
+  stale.fd = dup(h[own_memory ? 0 : 1].fd);
   stale.lease_fd = dup(h[1].lease_fd);
   cr_assert(stale.fd >= 0 && stale.lease_fd >= 0);
   mp_ipc_handle_t copy = stale;
@@ -277,8 +276,7 @@ Test(cuda_ipc, a_stale_copy_of_a_virtual_handle_with_another_lease_is_einval) {
   if (st == MP_OK)
     (void)mp_ipc_close(d, q);
   cr_expect_eq(st, MP_EINVAL, "a stale copy imported under another lease");
-  cr_expect(strstr(mp_last_error(), "another block of its memory") != NULL,
-            "%s", mp_last_error());
+  cr_expect(strstr(mp_last_error(), says) != NULL, "%s", mp_last_error());
   if (st != MP_OK) {
     cr_expect(memcmp(&copy, &stale, sizeof copy) == 0,
               "a refusal changed the handle");
@@ -295,6 +293,25 @@ Test(cuda_ipc, a_stale_copy_of_a_virtual_handle_with_another_lease_is_einval) {
   cr_assert_eq(mp_pool_free(pool, p[0]), MP_OK);
   free_unheld_destroy(pool, p[1]);
   mp_device_close(d);
+}
+
+/* The same for a virtual chunk's handle: a copy of one block's handle
+ * whose memory and lease numbers are another block's of the same chunk.
+ * The descriptor names the right allocation, so the map fits: only the
+ * lease's stamp tells that it leases the other block. Failed before: the
+ * copy mapped the first block under the second block's lease. */
+Test(cuda_ipc, a_stale_copy_of_a_virtual_handle_with_another_lease_is_einval) {
+  stale_virtual_copy_refused(4096, false, "another block of its memory");
+}
+
+/* Two whole chunks, each block at offset 0 with the same size: a copy of
+ * the first's handle (its own memory) under the second's lease. The
+ * descriptors of both chunks may name one file (the fake's do), so only
+ * the export's own number in the handle tells the stamps apart. Failed
+ * before (the day's review): the copy imported, the first chunk mapped
+ * under the second's lease. */
+Test(cuda_ipc, a_stale_copy_of_another_chunks_handle_with_its_lease_is_einval) {
+  stale_virtual_copy_refused((size_t)2 << 20, true, "under another export");
 }
 
 Test(cuda_ipc, imported_block_is_not_reused_until_the_importer_closes_it) {
