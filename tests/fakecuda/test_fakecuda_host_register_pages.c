@@ -4,7 +4,9 @@
  * without read access cannot be registered; a page the CPU may only read
  * needs CU_MEMHOSTREGISTER_READ_ONLY. The fake reads /proc/self/maps for
  * it, whole lines however long. */
+#include <errno.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -81,6 +83,37 @@ static void refused(void *p, size_t n, unsigned flags, const char *why) {
                "%s: a failed registration registered the range", why);
 }
 
+/* Whether the page at p is mapped nowhere (msync(2): ENOMEM). */
+static bool unmapped(const void *p) {
+  void *page = (void *)((uintptr_t)p & ~(uintptr_t)(sysconf(_SC_PAGESIZE) - 1));
+  return msync(page, 1, MS_ASYNC) == -1 && errno == ENOMEM;
+}
+
+/* refused() for a range holding the hole at `hole`. Anything of the
+ * process (a sanitizer's runtime, the driver's own reading of
+ * /proc/self/maps) may map a page into the hole meanwhile (AddressSanitizer
+ * did, in CI): a case whose hole is filled before or during the call
+ * proves nothing and is let pass, with a warning; a registration that
+ * succeeds with the hole still there fails the test. */
+static void refused_hole(void *p, size_t n, unsigned flags, void *hole,
+                         const char *why) {
+  if (!unmapped(hole)) {
+    cr_log_warn("%s: the hole was filled before the call", why);
+    return;
+  }
+  CUresult r = drv.reg(p, n, flags);
+  if (r == CUDA_SUCCESS && !unmapped(hole)) {
+    cr_log_warn("%s: the hole was filled during the call", why);
+    cr_assert_eq(drv.unreg(p), CUDA_SUCCESS);
+    return;
+  }
+  cr_assert_neq(r, CUDA_SUCCESS, "%s: registered", why);
+  if (!fk_is_real())
+    cr_assert_eq(r, CUDA_ERROR_INVALID_VALUE, "%s: %d", why, (int)r);
+  cr_assert_eq(drv.unreg(p), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
+               "%s: a failed registration registered the range", why);
+}
+
 /* Pages mapped nowhere cannot be page-locked: a range with such a hole, at
  * its start, inside or at its end, is refused, with or without
  * CU_MEMHOSTREGISTER_READ_ONLY, and so is a page mapped PROT_NONE (no
@@ -95,14 +128,16 @@ Test(fakecuda_host_register, a_range_with_a_page_mapped_nowhere_is_refused) {
   cr_assert_neq(m, MAP_FAILED);
   cr_assert_eq(munmap(m + page, page), 0);
   cr_assert_eq(munmap(m + 3 * page, page), 0);
-  refused(m, 3 * page, 0, "a hole inside");
+  refused_hole(m, 3 * page, 0, m + page, "a hole inside");
   if (ro)
-    refused(m, 3 * page, CU_MEMHOSTREGISTER_READ_ONLY,
-            "a hole inside, READ_ONLY");
-  refused(m + page, 2 * page, CU_MEMHOSTREGISTER_DEVICEMAP, "a hole first");
-  refused(m + 2 * page, 2 * page, 0, "a hole last");
-  refused(m + page, page, 0, "nothing mapped");
-  refused(m + 2 * page - 8, 16, 0, "a few bytes across a hole's end");
+    refused_hole(m, 3 * page, CU_MEMHOSTREGISTER_READ_ONLY, m + page,
+                 "a hole inside, READ_ONLY");
+  refused_hole(m + page, 2 * page, CU_MEMHOSTREGISTER_DEVICEMAP, m + page,
+               "a hole first");
+  refused_hole(m + 2 * page, 2 * page, 0, m + 3 * page, "a hole last");
+  refused_hole(m + page, page, 0, m + page, "nothing mapped");
+  refused_hole(m + 2 * page - 8, 16, 0, m + page,
+               "a few bytes across a hole's end");
   cr_assert_eq(drv.reg(m + 2 * page, page, 0), CUDA_SUCCESS,
                "a mapped page between two holes");
   cr_assert_eq(drv.unreg(m + 2 * page), CUDA_SUCCESS);
