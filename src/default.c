@@ -59,6 +59,12 @@ bool mp__default_refused(void) {
 
 static void mp__default_make_once(void);
 
+/* Its first step registers the fork handler. A child forked while another
+ * thread of its parent is between that and the end would have glibc's
+ * pthread_once run this again (the once's state is reset in a child forked
+ * while it was running) from the parent's half-made state: a device open
+ * the parent had begun, its locks held for ever. So every caller asks
+ * mp__default_refused() before the once. */
 static void mp__default_make(void) {
   mp__default_make_once();
   atomic_store_explicit(&mp__default_done, true, memory_order_release);
@@ -128,9 +134,9 @@ static mp_pool_t *mp__default_other(int ordinal) {
 /* The pool of the device work on s runs on (the calling thread's for the
  * default streams), made now if need be; NULL with the error set. */
 static mp_pool_t *mp__default_of_stream(mp_stream_t s) {
-  pthread_once(&mp__default_once, mp__default_make);
-  if (mp__default_refused())
+  if (mp__default_refused()) /* before the once: see mp__default_make */
     return NULL;
+  pthread_once(&mp__default_once, mp__default_make);
   if (mp__default == NULL) {
     mp__fail_driver(mp__default_cu, mp__default_status,
                     "default pool unavailable: %s", mp__default_error);
@@ -150,9 +156,9 @@ mp_pool_t *mp_default_pool(void) {
 }
 
 mp_pool_t *mp__default_pool_for(int device) {
-  pthread_once(&mp__default_once, mp__default_make);
-  if (mp__default_refused())
+  if (mp__default_refused()) /* before the once: see mp__default_make */
     return NULL;
+  pthread_once(&mp__default_once, mp__default_make);
   if (mp__default == NULL) {
     mp__fail_driver(mp__default_cu, mp__default_status,
                     "default pool unavailable: %s", mp__default_error);
@@ -178,9 +184,9 @@ mp_pool_t *mp__default_pool_for(int device) {
 void mp__default_each(void (*fn)(mp_pool_t *pool)) {
   if (!mp_default_pool_made())
     return;
-  pthread_once(&mp__default_once, mp__default_make);
   if (mp__default_in_child())
     return;
+  pthread_once(&mp__default_once, mp__default_make);
   if (mp__default != NULL)
     fn(mp__default);
   for (int i = 0; i < MP__DEFAULT_DEVICES; i++) {
@@ -208,9 +214,9 @@ mp_pool_t *mp__default_owner(void *ptr, const char *fn) {
              fn, ptr);
     return NULL;
   }
-  pthread_once(&mp__default_once, mp__default_make);
-  if (mp__default_refused())
+  if (mp__default_refused()) /* before the once: see mp__default_make */
     return NULL;
+  pthread_once(&mp__default_once, mp__default_make);
   /* No pool at all holds no pointer: the device's failure is the
    * allocations' answer, not a free's. */
   if (mp__default == NULL) {
