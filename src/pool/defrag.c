@@ -493,10 +493,25 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
   mp__pool_wait_idle(pool);
   const char *fn = freeze ? "mp_pool_freeze" : "mp_pool_defragment";
   mp_status_t st = mp__pool_paused(pool, fn);
-  if (st == MP_OK)
-    st = mp__stream_index(pool, s, &m.sidx);
   size_t stage_bytes = 0;
-  bool any = st == MP_OK && mp__plan(pool, &stage_bytes);
+  bool any = false;
+  if (st == MP_OK && mp__stream_captured(pool, s)) {
+    /* Copies queued on a stream being captured would go into the graph,
+     * not run (cuda.h, cuStreamBeginCapture_v2). Refused before the look-up,
+     * which would mark the stream used where only the capture marked it
+     * (an arena that never used it), and make the pool's synchronizations
+     * wait for it until mp_pool_graph_end. Nothing to move: nothing done. */
+    if (mp__plan(pool, &stage_bytes))
+      st = mp__fail(MP_EBUSY,
+                    "%s: stream %p is being captured (graph pool): its copies "
+                    "would go into the graph; use another stream, or call it "
+                    "after mp_pool_graph_end",
+                    fn, (void *)s);
+  } else {
+    if (st == MP_OK)
+      st = mp__stream_index(pool, s, &m.sidx);
+    any = st == MP_OK && mp__plan(pool, &stage_bytes);
+  }
   if (any) {
     /* Booked before the synchronization drops the lock, so that growth
      * meanwhile, or while the copies still read the buffer, leaves room
