@@ -22,6 +22,7 @@
  * Invariant: hp->pool draws from hp->view, which lives until the pool is
  * destroyed; hp->host is a stream of the underlying device that no work is
  * ever queued on, destroyed after the pool. */
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +38,9 @@ struct mp_host_pool {
   mp_device_t *dev; /* the underlying device, hp->host's */
   /* The host's own stream: every buffer is allocated for it. */
   mp_stream_t host;
+  /* The pool has the default stream's slot (made at its first
+   * allocation; never forgotten: mp_stream_forget ignores NULL). */
+  atomic_bool null_slot;
 };
 
 #define MP__CHECK_HP(hp)                                                       \
@@ -72,6 +76,7 @@ mp_status_t mp_host_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
   if (hp == NULL)
     return mp__fail(MP_ENOMEM, "out of host memory creating a host pool");
   hp->dev = dev;
+  atomic_init(&hp->null_slot, false);
   mp_status_t st = mp__device_pinned_open(dev, &hp->view);
   if (st == MP_OK) {
     /* Page-locking pins whole pages (mlock(2): "all pages that contain a
@@ -87,10 +92,6 @@ mp_status_t mp_host_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
     st = mp_stream_create(dev, &hp->host);
     if (st == MP_OK) {
       st = mp_pool_create(hp->view, &c, &hp->pool);
-      /* The default stream's slot now, so that an allocation for it never
-       * needs one (mp_host_pool_alloc). */
-      if (st == MP_OK && (st = mp_pool_add_stream(hp->pool, NULL)) != MP_OK)
-        (void)mp_pool_destroy(hp->pool);
       if (st != MP_OK)
         mp_stream_destroy(dev, hp->host);
     }
@@ -151,19 +152,31 @@ static bool mp__hp_knows(mp_host_pool_t *hp, mp_stream_t s) {
  * only once a buffer is allocated (mp_host_pool_alloc), and names the
  * device view, which the caller never opened. The device is asked (driver
  * calls on CUDA) only for a stream the pool has not met; NULL (the default
- * stream), whose slot the create made, needs no question. add: also make
- * its slot now. */
+ * stream) needs no question, and once its slot is made no lock either.
+ * That slot is made at its first allocation, not at create: trim and
+ * destroy wait for every stream the pool knows, and the default stream
+ * (on CUDA the legacy stream, which waits for every blocking stream, and
+ * makes them MP_EBUSY while one captures) need not have used the pool.
+ * add: also make its slot now. */
 static mp_status_t mp__hp_stream_check(mp_host_pool_t *hp, mp_stream_t s,
                                        bool add, const char *fn) {
-  if (s == NULL || mp__hp_knows(hp, s))
+  if (s == NULL) {
+    if (!add || atomic_load_explicit(&hp->null_slot, memory_order_acquire))
+      return MP_OK;
+  } else if (mp__hp_knows(hp, s)) {
     return MP_OK;
-  if (mp__device_stream_kind(hp->view, s) == MP__STREAM_BAD)
+  } else if (mp__device_stream_kind(hp->view, s) == MP__STREAM_BAD) {
     return mp__fail(MP_EINVAL, "%s: stream %p is not a live stream of %s", fn,
                     (void *)s, mp_device_name(hp->dev));
+  }
   if (!add)
     return MP_OK;
   mp_status_t st = mp_pool_add_stream(hp->pool, s);
-  return st == MP_OK ? st : mp__hp_said(st, "mp_pool_add_stream", fn);
+  if (st != MP_OK)
+    return mp__hp_said(st, "mp_pool_add_stream", fn);
+  if (s == NULL)
+    atomic_store_explicit(&hp->null_slot, true, memory_order_release);
+  return MP_OK;
 }
 
 mp_status_t mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes, mp_stream_t s,
