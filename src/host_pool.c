@@ -106,10 +106,14 @@ mp_status_t mp_host_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
   return MP_OK;
 }
 
+static mp_status_t mp__hp_said(mp_status_t st, const char *pool_fn,
+                               const char *fn);
+
 mp_status_t mp_host_pool_destroy(mp_host_pool_t *hp) {
   MP__CHECK_HP(hp);
   int gone = 0;
-  mp_status_t st = mp_pool_destroy_ex(hp->pool, &gone);
+  mp_status_t st = mp__hp_said(mp_pool_destroy_ex(hp->pool, &gone),
+                               "mp_pool_destroy", __func__);
   if (!gone)
     return st;
   /* The pool is gone also when the device refused a free after others

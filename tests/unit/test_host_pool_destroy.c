@@ -82,3 +82,32 @@ Test(host_pool_destroy, a_first_free_refused_keeps_the_host_pool) {
   dev->ops = real;
   mp_device_close(dev);
 }
+
+/* Each refusal names the call the caller made, as the host pool's other
+ * calls do (test_host_pool_bad_pointers.c): it said "mp_pool_destroy: ...",
+ * a function the caller never called. The first free refused, and one
+ * refused after another went. */
+Test(host_pool_destroy, a_refusal_names_mp_host_pool_destroy) {
+  mp_device_t *dev = wrapped_host_device();
+  for (int at = 0; at < 2; at++) {
+    mp_host_pool_t *hp;
+    cr_assert_eq(mp_host_pool_create(dev, NULL, &hp), MP_OK);
+    void *a, *b;
+    cr_assert_eq(mp_host_pool_alloc(hp, 4 * MiB, NULL, &a), MP_OK);
+    cr_assert_eq(mp_host_pool_alloc(hp, 4 * MiB, NULL, &b), MP_OK);
+    cr_assert_eq(mp_host_pool_free(hp, a), MP_OK);
+    cr_assert_eq(mp_host_pool_free(hp, b), MP_OK);
+    atomic_store(&host_frees, 0);
+    refuse_at = at;
+    cr_expect_eq(mp_host_pool_destroy(hp), MP_EDRIVER);
+    const char *m = mp_last_error();
+    cr_expect(strncmp(m, "mp_host_pool_destroy: ", 22) == 0,
+              "free %d refused: '%s'", at, m);
+    cr_expect(strstr(m, "refused this host free") != NULL, "%s", m);
+    refuse_at = -1;
+    if (at == 0)
+      cr_expect_eq(mp_host_pool_destroy(hp), MP_OK, "%s", mp_last_error());
+  }
+  dev->ops = real;
+  mp_device_close(dev);
+}
