@@ -67,6 +67,8 @@ struct pk_val {
   unsigned char type;
   bool neg;        /* PK_INT: below 0 (u holds its two's complement) */
   bool has_fields; /* PK_DICT: fields is set (and cap no longer) */
+  bool searched;   /* PK_LIST: looked through as a device trace, and no
+                      "alloc" in it (mpb_snapshot_parse) */
   union {
     uint64_t u; /* PK_INT, PK_BOOL; PK_LIST, PK_DICT: the byte offset of
                    the opcode that made it */
@@ -888,11 +890,15 @@ mp_status_t mpb_snapshot_parse(const void *buf, size_t len, const char *what,
                     what);
   }
   for (; st == MP_OK && d < traces->n; d++) {
-    const pk_val_t *t = traces->items[d];
+    pk_val_t *t = traces->items[d];
     if (t->type != PK_LIST) {
       st = mp__fail(MP_EINVAL, "%s: device_traces[%zu] is not a list", what, d);
       break;
     }
+    /* A list the memo repeats (2 bytes a repeat) is looked through once:
+     * once a repeat made the search quadratic in the file's length. */
+    if (t->searched)
+      continue;
     const pk_val_t *const *f;
     for (size_t k = 0; k < t->n && trace == NULL && st == MP_OK; k++)
       if ((st = pk_entry_fields(&vm, t->items[k], d, k, &f)) == MP_OK &&
@@ -900,6 +906,7 @@ mp_status_t mpb_snapshot_parse(const void *buf, size_t len, const char *what,
         trace = t;
     if (trace != NULL)
       break;
+    t->searched = true;
   }
   if (st == MP_OK && trace == NULL)
     st = mp__fail(MP_EINVAL,
