@@ -114,6 +114,7 @@ typedef struct pk_vm {
   size_t nstack, stack_cap;
   pk_val_t **memo;
   size_t nmemo, memo_cap;
+  size_t memo_len;        /* entries stored (not NULL): where MEMOIZE puts */
   pk_val_t mark;          /* the MARK sentinel pushed on the stack */
   pk_val_t none, yes, no; /* None, True and False: one value each */
   pk_val_t **ints;        /* PK_INTS small ints made, to share (pk_int) */
@@ -312,6 +313,7 @@ static mp_status_t pk_memo_put(pk_vm_t *vm, uint64_t idx, size_t at) {
       return pk_oom(vm);
     vm->memo[vm->nmemo++] = NULL;
   }
+  vm->memo_len += vm->memo[idx] == NULL;
   vm->memo[idx] = v;
   return MP_OK;
 }
@@ -501,7 +503,11 @@ static mp_status_t pk_run(pk_vm_t *vm, const pk_val_t **out) {
     case 'B': /* BINBYTES */ st = pk_str(vm, 4, at); break;
     case 0x8d: /* BINUNICODE8 */
     case 0x8e: /* BINBYTES8 */ st = pk_str(vm, 8, at); break;
-    case 0x94: /* MEMOIZE */ st = pk_memo_put(vm, vm->nmemo, at); break;
+    case 0x94: /* MEMOIZE: at the memo's length, its entries, as Python's
+                  Unpickler does (memo[len(memo)]), not past the highest
+                  index a BINPUT used */
+      st = pk_memo_put(vm, vm->memo_len, at);
+      break;
     case 'q': /* BINPUT */
     case 'r': /* LONG_BINPUT */
     case 'h': /* BINGET */
