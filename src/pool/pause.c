@@ -598,7 +598,10 @@ static mp_status_t mp__resume_one(mp_pool_t *pool) {
 
 /* Under the pool's lock: what pause refuses in the pool or any arena (as
  * a pool without arenas refuses it: plain segments, a captured stream), so
- * that such a refusal changes nothing. */
+ * that such a refusal changes nothing. It lets no closed lease's block go
+ * (mp__arenas_reap did, before the pool's lock was taken): a lease closed
+ * in between still counts here, and that pause is MP_EBUSY, as one a
+ * moment earlier would have been. */
 static mp_status_t mp__arenas_pause_check(mp_pool_t *pool) {
   if (pool->paused)
     return mp__fail(MP_EBUSY, "mp_pool_pause: the pool is paused already");
@@ -617,15 +620,34 @@ static mp_status_t mp__arenas_pause_check(mp_pool_t *pool) {
     if (a == NULL)
       continue;
     mp__pool_lock(a);
-    /* Leases closed since (mp_ipc_handle_close) let their blocks go, as
-     * mp__pause_one does: counted, they refused the pause. */
-    if (!a->paused && a->nexports > 0)
-      mp__export_reap(a);
     if (!a->paused)
       st = mp__pause_check(a);
     mp__pool_unlock(a);
   }
   return st;
+}
+
+/* With no lock but each arena's own: leases closed since
+ * (mp_ipc_handle_close) let their blocks go, as mp__pause_one does
+ * (counted, they refused the pause). Not under the pool's lock: a block
+ * let go may free a plain segment (release_threshold), and cuMemFree "may
+ * perform implicit synchronization" (cuda.h), which waits for the host
+ * functions queued on the streams (cuLaunchHostFunc), as the host device's
+ * free does; one of them may be waiting for the pool's lock
+ * (mp_pool_add_stream, a new arena's first allocation: arena.c's
+ * mp__arena_share says the same). The arena's lock is dropped around the
+ * device call (mp__pool_device_begin). A paused arena is left alone, as
+ * in mp__pause_one. */
+static void mp__arenas_reap(mp_pool_t *pool) {
+  for (size_t i = 0; i < pool->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    if (a == NULL)
+      continue;
+    mp__pool_lock(a);
+    if (!a->paused && a->nexports > 0)
+      mp__export_reap(a);
+    mp__pool_unlock(a);
+  }
 }
 
 /* Sets every arena's grow_held to hold, each under its lock. */
@@ -643,6 +665,7 @@ static void mp__arenas_hold_growth(mp_pool_t *pool, bool hold) {
 /* The arenas' pause; the pool's lock is not held. */
 static mp_status_t mp__arenas_pause(mp_pool_t *pool, unsigned flags) {
   size_t n = pool->cfg.arenas;
+  mp__arenas_reap(pool);
   mp__pool_lock(pool);
   mp_status_t st =
       pool->pause_turn
