@@ -64,7 +64,7 @@ static void add_stream_after_the_gate(void *v) {
   a->returned = true;
 }
 
-/* max_bytes=21M is no whole number of 2 MiB granules: the 512 KiB block
+/* max_bytes=21M is no whole number of 2 MiB granules: each 256 KiB block
  * past the 20 MiB one is a plain segment of its own (as in
  * test_pool_pause.c), freed while exported, so held. */
 Test(pool_pause_arenas_closed_lease,
