@@ -661,6 +661,14 @@ static unsigned int mp__h_free(bool runtime, void *ptr) {
     }
   } else if (ptr == NULL && outer && mp__pl_get()->host && runtime) {
     r = 0; /* cudaFreeHost(NULL); cuMemFreeHost(NULL) is the driver's */
+  } else if (ptr != NULL && outer && mp__pl_get()->host && runtime) {
+    /* The host device serves every page-locked allocation: a pointer it
+     * never handed out (a second free, an interior or a malloc'd one) is
+     * no memory of the runtime's to free, invalid as for its cudaFree
+     * (runtime.c), never the real runtime's (absent, or one that would
+     * make a context on a GPU the program does not use). */
+    mp__pl_count_bypass("foreign_free");
+    r = MP__CUDA_INVALID_VALUE;
   } else if (outer && ptr != NULL && mp__hpl_holds(ptr)) {
     /* In the host pool's memory but not handed out (a second free, an
      * interior pointer): the driver's answer, without freeing the chunk
