@@ -269,6 +269,10 @@ void mp__pl_record_unfree(uintptr_t ptr, size_t size, uintptr_t stream) {
   if (mp__rec.n.frees > 0)
     mp__rec.n.frees--;
   mp__rec.n.live += size;
+  /* Another thread's allocation since the free may have set the peak
+   * without this block: live again, it counts towards it. */
+  if (mp__rec.n.live > mp__rec.n.peak_live)
+    mp__rec.n.peak_live = mp__rec.n.live;
   /* The CSV knows allocate, free and allocate failure: live again is an
    * allocate row at the same address (a replay sees the block live until
    * its real free). The JSON trace names it. */
