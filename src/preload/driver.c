@@ -452,6 +452,13 @@ mp__curesult cuIpcGetMemHandle(mp__cuipcmemhandle *pHandle, mp__cuptr dptr) {
  * addresses out again); one that cannot be is kept until exit. So is the
  * page-locked host pool when its chunks are that context's (host.c). */
 static mp__curesult mp__primary_reset(int dev, mp__curesult (*real)(int)) {
+  /* One made from a host function the driver refuses (cuda.h,
+   * cuLaunchHostFunc, "The host function must not make any CUDA API
+   * calls"; CUDA_ERROR_NOT_PERMITTED, mp__pl_calls_refused) and destroys
+   * nothing: the device's pool, its host pool and the program's blocks in
+   * both stay as they are, and the driver gives its answer. */
+  if (mp__pl_calls_refused())
+    return real != NULL ? real(dev) : MP__CU_NOT_PERMITTED;
   bool outer = mp__pl_enter();
   const mp__pl_t *pl = outer ? mp__pl_started() : NULL;
   mp_pool_t *gone = pl != NULL ? mp__pl_devices_retire(pl, dev) : NULL;

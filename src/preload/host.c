@@ -238,14 +238,11 @@ typedef struct mp__hpl_kept {
 __attribute__((used)) static mp__hpl_kept_t *mp__hpl_kept;
 
 /* Whether a reset of device ordinal takes a host pool (mp__pl_host_reset)
- * and marks its slot resetting until mp__pl_host_reset_done. Not one made
- * from a host function: the driver refuses it (cuda.h, cuLaunchHostFunc,
- * "The host function must not make any CUDA API calls";
- * CUDA_ERROR_NOT_PERMITTED, mp__pl_calls_refused) and destroys nothing,
- * so the program's page-locked blocks stay its own. */
+ * and marks its slot resetting until mp__pl_host_reset_done. A reset the
+ * driver refuses (from a host function) never comes here (driver.c). */
 static bool mp__hpl_resets(const mp__pl_t *pl, int ordinal) {
   return !pl->host && pl->mode == MP__PL_POOL && ordinal >= 0 &&
-         ordinal < MP__PL_MAX_DEVICES && !mp__pl_calls_refused();
+         ordinal < MP__PL_MAX_DEVICES;
 }
 
 /* The chunks of device ordinal's pool are cuMemHostAlloc'd in its primary
