@@ -33,7 +33,8 @@ typedef struct mp_stats {
   size_t free_bytes;          /* reserved but not allocated: the cache */
   size_t segment_count;       /* segments (or mapped chunks) held now */
   uint64_t live_blocks;       /* blocks handed out now */
-  uint64_t free_blocks;       /* free blocks in the cache now */
+  uint64_t free_blocks;       /* free blocks in the cache now (0 while
+                                 paused, as free_bytes) */
   uint64_t defrag_count;      /* defragmentations run */
   uint64_t moved_bytes;       /* bytes moved by defragmentation */
   uint64_t alloc_retry_count; /* allocations that gave cached memory back

@@ -6,10 +6,10 @@
  * top class's largest block), and live_blocks is the live map's count
  * (mp__stats_copy), alloc_count the frees plus that count (less the blocks
  * the ladder holds there: nladder), free_bytes reserved less allocated (0
- * while paused, mp__free_bytes): no operation pays for these. Reserved
- * counts the strays too (vrange.c: mappings the device would not take
- * back), as the device does, though they serve nothing (not free). A pool with
- * arenas reads as the sum of its arenas (arena.c). */
+ * while paused, mp__free_bytes, and so is free_blocks): no operation pays for
+ * these. Reserved counts the strays too (vrange.c: mappings the device would
+ * not take back), as the device does, though they serve nothing (not free). A
+ * pool with arenas reads as the sum of its arenas (arena.c). */
 #include "../structs.h"
 #include "pool_internal.h"
 
@@ -42,6 +42,8 @@ void mp__stats_copy(const mp_pool_t *pool, mp_stats_t *out) {
    * are the map's only entries that were not allocations. */
   out->alloc_count = pool->st.free_count + mp__map_count(pool) - pool->nladder;
   out->free_bytes = mp__free_bytes(pool);
+  /* Nor a free block to serve while paused (the resume maps them again). */
+  out->free_blocks = pool->paused ? 0 : pool->st.free_blocks;
 }
 
 /* One pool's counters now, under its lock. */

@@ -115,6 +115,12 @@ Test(pool_pause, frees_the_device_for_another_pool_and_resumes_with_content) {
    * count from before the pause. */
   cr_expect_eq(s.segment_count, 0, "%zu segments while paused",
                s.segment_count);
+  /* Nor does the cache hold a free block to serve from (free_bytes 0 too).
+   * Failed before: free_blocks counted the blocks the pause unmapped. */
+  cr_assert_gt(held.free_blocks, 0, "the test needs free blocks");
+  cr_expect_eq(s.free_bytes, 0);
+  cr_expect_eq(s.free_blocks, 0, "%llu free blocks while paused",
+               (unsigned long long)s.free_blocks);
   /* The dump says what the stats say: nothing served while paused (it gave
    * the largest free block the pause had unmapped). */
   char *text = NULL;
@@ -140,6 +146,7 @@ Test(pool_pause, frees_the_device_for_another_pool_and_resumes_with_content) {
   cr_expect_eq(s.reserved_bytes, held.reserved_bytes);
   cr_expect_eq(s.free_bytes, held.free_bytes);
   cr_expect_eq(s.segment_count, held.segment_count);
+  cr_expect_eq(s.free_blocks, held.free_blocks);
   for (unsigned i = 0; i < N; i++)
     if (v[i] != NULL)
       expect_filled(v[i], sizes[i], i); /* same address, same bytes */
