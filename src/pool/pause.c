@@ -416,6 +416,14 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
       mp__device_host_free(pool->dev, pool->pause_copy);
       pool->pause_copy = NULL;
     }
+    if (st != MP_OK) {
+      char why[MP__ERROR_MAX];
+      snprintf(why, sizeof why, "%s", mp_last_error());
+      mp__fail(st,
+               "mp_pool_pause: keeping the content (%zu live bytes) in "
+               "page-locked host memory: %s: the pool is not paused",
+               sp.bytes, why);
+    }
   }
   size_t n = v != NULL ? v->nchunks : 0, m = n;
   bool kept = false; /* the undo could not copy the content back */

@@ -82,9 +82,14 @@ static mp_status_t flaky_vm_unmap(mp_device_t *dev, void *addr, size_t bytes) {
   return st;
 }
 
+/* Whether host_alloc fails (no page-locked memory left). */
+static bool host_alloc_fails;
+
 static mp_status_t flaky_host_alloc(mp_device_t *dev, size_t bytes,
                                     void **out) {
   (void)dev;
+  if (host_alloc_fails)
+    return mp__fail(MP_ENOMEM, "fake host_alloc of %zu bytes fails", bytes);
   *out = malloc(bytes);
   return *out != NULL ? MP_OK : MP_ENOMEM;
 }
@@ -137,6 +142,7 @@ static inline mp_device_t *flaky_open(unsigned fail_at) {
   access_fail_at = 0;
   access_hook = NULL;
   host_free_hook = NULL;
+  host_alloc_fails = false;
   return dev;
 }
 

@@ -78,6 +78,42 @@ static mp_pool_t *four_chunks(mp_device_t *dev, void *v[4]) {
   return four_chunks_with(dev, v, NULL);
 }
 
+/* A keep-content pause with no page-locked memory for the content leaves
+ * the pool running, every block where it was, and says so: what failed
+ * (the host copy, its size) and that the pool is not paused. Failed
+ * before: the message was the device's alone. */
+Test(pool_pause, a_keep_content_pause_without_host_memory_says_why) {
+  mp_device_t *dev = flaky_open(0);
+  void *v[4];
+  mp_pool_t *p = four_chunks(dev, v);
+  mp_stats_t before = stats(p);
+  host_alloc_fails = true;
+  cr_assert_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_ENOMEM);
+  const char *e = mp_last_error();
+  cr_expect(strstr(e, "mp_pool_pause") != NULL, "%s", e);
+  cr_expect(strstr(e, "fake host_alloc of 8388608 bytes fails") != NULL, "%s",
+            e);
+  cr_expect(strstr(e, "page-locked") != NULL, "%s", e);
+  cr_expect(strstr(e, "not paused") != NULL, "%s", e);
+  cr_expect(!mp__pool_is_paused(p));
+  cr_expect_eq(stats(p).reserved_bytes, before.reserved_bytes);
+  cr_expect_eq(fake_of(dev)->used, before.reserved_bytes);
+  for (unsigned i = 0; i < 4; i++) {
+    size_t at = first_difference(v[i], 2 * MiB, i);
+    cr_expect_eq(at, 2 * MiB, "block %u lost its content from byte %zu", i, at);
+  }
+  check(p);
+  host_alloc_fails = false;
+  cr_expect_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+  for (unsigned i = 0; i < 4; i++)
+    cr_assert_eq(mp_pool_free(p, v[i]), MP_OK);
+  mp_pool_destroy(p);
+  cr_expect_eq(fake_of(dev)->used, 0);
+  fake_close(dev);
+}
+
 /* After a failed undo: a resume brings every block back with its content,
  * the device holding exactly the pool's chunks; destroy then gives back
  * exactly what is mapped. */
