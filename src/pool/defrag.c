@@ -611,8 +611,11 @@ mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
   } else {
     /* Each arena made in turn, as a pool of its own (its movable blocks
      * move inside its segments); paused: MP_EBUSY with nothing done. The
-     * pool's lock is not held across an arena's, which waits for work. */
+     * pool's lock is not held across an arena's, which waits for work.
+     * The stream is checked here too: with no arena made, none would. */
     st = mp__pool_paused_now(pool, "mp_pool_defragment");
+    if (st == MP_OK)
+      st = mp__stream_check(pool->dev, s);
     for (size_t i = 0; st == MP_OK && i < pool->cfg.arenas; i++) {
       mp_pool_t *a = mp__arena_at(pool, i);
       size_t m = 0;

@@ -1585,6 +1585,9 @@ bool mp__stream_met(const mp_pool_t *pool, mp_stream_t s);
 /* Whether s (the calling thread's, for a per-thread stream) is marked
  * capturing in pool's table (graph.c). */
 bool mp__stream_captured(const mp_pool_t *pool, mp_stream_t s);
+/* MP_OK when s is a live stream of dev (NULL, the legacy stream, is);
+ * else MP_EINVAL, saying so. Adds nothing. */
+mp_status_t mp__stream_check(mp_device_t *dev, mp_stream_t s);
 /* The slot of (s, owner), added on first use: another pool's slot with its
  * owner (arena.c: a per-thread stream given to mp_pool_add_stream is the
  * adding thread's in an arena another thread makes later). */

@@ -212,12 +212,20 @@ static void mp__stream_settle(mp_pool_t *pool, uint32_t sidx) {
     mp__stream_close(pool, st);
 }
 
+mp_status_t mp__stream_check(mp_device_t *dev, mp_stream_t s) {
+  return mp__device_stream_kind(dev, s) != MP__STREAM_BAD
+             ? MP_OK
+             : mp__fail(MP_EINVAL,
+                        "stream %p is not a live stream of device "
+                        "'%s'",
+                        (void *)s, mp_device_name(dev));
+}
+
 static mp_status_t mp__stream_add(mp_pool_t *pool, mp_stream_t s,
                                   uint64_t owner, uint32_t *out) {
   mp__stream_kind_t kind = mp__device_stream_kind(pool->dev, s);
   if (kind == MP__STREAM_BAD)
-    return mp__fail(MP_EINVAL, "stream %p is not a live stream of device '%s'",
-                    (void *)s, mp_device_name(pool->dev));
+    return mp__stream_check(pool->dev, s);
   if (kind == MP__STREAM_PER_THREAD) {
     pool->pt_handle = s;
     pool->has_pt = true;

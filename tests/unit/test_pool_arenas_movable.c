@@ -180,3 +180,34 @@ Test(pool_arenas_movable, a_raw_free_racing_a_movable_allocation_is_einval) {
       &(stale_round_t){movable_made, movable_unmade, "a movable block"});
   cr_assert_eq(mp_pool_destroy(pool), MP_OK);
 }
+
+/* A stream of another device is MP_EINVAL, as without arenas, whether or
+ * not an arena has been made (an arena checks the stream as a pool does).
+ * Failed before: with no arena made, nothing looked at the stream and the
+ * call answered MP_OK. */
+Test(pool_arenas_movable, a_stream_of_another_device_is_einval) {
+  mp_device_t *other = NULL;
+  mp_stream_t s = NULL;
+  cr_assert_eq(mp_device_open("host:capacity=8M", &other), MP_OK);
+  cr_assert_eq(mp_stream_create(other, &s), MP_OK, "%s", mp_last_error());
+  const char *opts[] = {"arenas=2", NULL};
+  for (int made = 0; made < 2; made++)
+    for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) {
+      mp_pool_t *pool = make_pool(dev, opts[i]);
+      void *p = NULL;
+      if (made)
+        cr_assert_eq(mp_pool_alloc(pool, MiB, NULL, &p), MP_OK);
+      size_t moved = 7;
+      cr_expect_eq(mp_pool_defragment(pool, s, &moved), MP_EINVAL,
+                   "%s, %s arena made", opts[i] ? opts[i] : "no arenas",
+                   made ? "an" : "no");
+      cr_expect(strstr(mp_last_error(), "not a live stream") != NULL, "%s",
+                mp_last_error());
+      cr_expect_eq(moved, 0);
+      cr_expect_eq(mp_pool_free(pool, p), MP_OK);
+      check(pool);
+      cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+    }
+  cr_assert_eq(mp_stream_destroy(other, s), MP_OK);
+  mp_device_close(other);
+}
