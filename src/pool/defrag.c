@@ -552,7 +552,9 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
           if (b->addr + b->size > seg->fence)
             seg->fence = b->addr + b->size;
         }
-  if (st == MP_OK && (any || need == 0)) /* the OOM rung counts real runs */
+  /* The OOM rung counts the runs that planned a move; a call of the API
+   * counts itself once, on the pool it names (mp__defrag_counted). */
+  if (st == MP_OK && any && need > 0)
     pool->st.defrag_count++;
   /* Also what moved before a failure: those blocks are in their new
    * places, and the caller is told so (*moved). */
@@ -598,6 +600,17 @@ mp_status_t mp__defrag_stage_retry(mp_pool_t *pool) {
 
 /* ---- public API -------------------------------------------------------- */
 
+/* A call that defragmented pool (freeze too) counts one run, with or
+ * without arenas (each arena's part is not a run of its own). */
+static mp_status_t mp__defrag_counted(mp_pool_t *pool, mp_status_t st) {
+  if (st == MP_OK) {
+    mp__pool_lock(pool);
+    pool->st.defrag_count++;
+    mp__pool_unlock(pool);
+  }
+  return st;
+}
+
 mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
                                size_t *moved_bytes) {
   if (pool == NULL)
@@ -626,7 +639,7 @@ mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
   }
   if (moved_bytes != NULL)
     *moved_bytes = moved;
-  return st;
+  return mp__defrag_counted(pool, st);
 }
 
 /* A pool with arenas (arena.c): each arena made freezes what it holds
@@ -649,7 +662,8 @@ mp_status_t mp_pool_freeze(mp_pool_t *pool) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_freeze: pool is NULL");
   MP__HIST_ENTRY(pool); /* a move's events, as mp_pool_defragment's */
-  return pool->arenas != NULL ? mp__arenas_freeze(pool) : mp__pool_freeze(pool);
+  return mp__defrag_counted(pool, pool->arenas != NULL ? mp__arenas_freeze(pool)
+                                                       : mp__pool_freeze(pool));
 }
 
 /* The copies queued on stream s are done (waited for): the blocks they

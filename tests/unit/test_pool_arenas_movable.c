@@ -211,3 +211,28 @@ Test(pool_arenas_movable, a_stream_of_another_device_is_einval) {
   cr_assert_eq(mp_stream_destroy(other, s), MP_OK);
   mp_device_close(other);
 }
+
+/* defrag_count counts the calls that defragmented (stats.h,
+ * "defragmentations run"), one a call as without arenas, however many
+ * arenas each call walked; a freeze is one too. Failed before: each arena
+ * made counted the call (two here). */
+Test(pool_arenas_movable, one_call_counts_one_defragmentation) {
+  mp_pool_t *pool = make_pool(dev, "arenas=2");
+  mover_t x = movables_over_a_hole(pool, 1, 0x50);
+  mover_t y = movables_over_a_hole(pool, 1, 0x60);
+  cr_assert_neq(arena_holding(pool, mp_handle_ptr(x.h[0])),
+                arena_holding(pool, mp_handle_ptr(y.h[0])),
+                "the test needs two arenas made");
+  uint64_t before = stats(pool).defrag_count;
+  cr_assert_eq(mp_pool_defragment(pool, NULL, NULL), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(stats(pool).defrag_count, before + 1, "%llu after one call",
+               (unsigned long long)stats(pool).defrag_count);
+  cr_assert_eq(mp_pool_freeze(pool), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(stats(pool).defrag_count, before + 2, "%llu after a freeze",
+               (unsigned long long)stats(pool).defrag_count);
+  cr_expect_eq(mp_handle_free(x.h[0]), MP_OK);
+  cr_expect_eq(mp_handle_free(y.h[0]), MP_OK);
+  check(pool);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK);
+}
