@@ -648,15 +648,20 @@ mp_status_t mpb_report_check_dir(const char *dir) {
         return st;
     }
   /* The nearest part of the path that exists decides: it must be a folder
-   * this process may create entries in. Nothing is created here. */
+   * this process can create entries in. Its permissions do not tell (root
+   * passes them where nothing can be made, as in /proc), so an empty
+   * folder is made there and removed again: nothing is left. */
   for (;;) {
     struct stat sb;
     if (stat(path, &sb) == 0) {
       if (!S_ISDIR(sb.st_mode))
         return mp__fail(MP_EINVAL, "%s is not a folder", path);
-      if (access(path, W_OK | X_OK) != 0)
+      char probe[4200];
+      snprintf(probe, sizeof probe, "%s/.mpbench-XXXXXX", path);
+      if (mkdtemp(probe) == NULL)
         return mp__fail(MP_EINVAL, "cannot write into %s: %s", path,
                         strerror(errno));
+      (void)rmdir(probe);
       return MP_OK;
     }
     if (errno != ENOENT && errno != ENOTDIR) /* ENOTDIR: found above */

@@ -665,6 +665,27 @@ Test(cli_results, out_that_does_not_exist_yet_is_made) {
   cr_expect_eq(mpb_report_check_dir("/proc/self/status/x"), MP_EINVAL);
 }
 
+/* A folder whose permissions allow writing but which takes no new entry
+ * (/proc: root may write by its permissions, yet nothing can be made in
+ * it) fails the check, before any run, and the check leaves nothing
+ * behind where it can write. Failed before (as root): the check passed,
+ * and the results were lost after the whole run. */
+Test(cli_results, an_out_where_nothing_can_be_made_fails_before_the_run,
+     .init = make_tmp, .fini = drop_tmp) {
+  cr_expect_eq(mpb_report_check_dir("/proc/mpbench-x"), MP_EINVAL);
+  cr_expect(strstr(mp_last_error(), "/proc") != NULL, "%s", mp_last_error());
+  char out[600];
+  snprintf(out, sizeof out, "%s/new/out", tmpdir);
+  cr_expect_eq(mpb_report_check_dir(out), MP_OK, "%s", mp_last_error());
+  DIR *d = opendir(tmpdir);
+  cr_assert_not_null(d);
+  size_t entries = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;)
+    entries += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+  closedir(d);
+  cr_expect_eq(entries, 0, "the check left %zu entries in %s", entries, tmpdir);
+}
+
 Test(cli_results, bad_arguments_exit_2_and_write_nothing, .init = make_tmp,
      .fini = drop_tmp) {
   char out[512];
