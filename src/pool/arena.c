@@ -62,10 +62,11 @@
  * an arena's allocation fails (MP_ENOMEM, MP_ELIMIT), first (capped pools)
  * the other arenas' unused share of the cap comes back and the arena gets
  * half of what is left; then every other arena is synchronized and
- * trimmed, the arena gets all the room, and it tries once more (again,
- * while the trims give memory back: another arena may have grown into it
- * meanwhile); only then the pool's out-of-memory handler, then the
- * failure.
+ * trimmed (not from a host function, which must not wait for the device:
+ * mp__arena_reclaim_retry), the arena gets all the room, and it tries once
+ * more (again, while the trims give memory back: another arena may have
+ * grown into it meanwhile); only then the pool's out-of-memory handler,
+ * then the failure.
  *
  * The cap (max_bytes, max_fraction) bounds the sum of the arenas' reserved
  * bytes. Invariant, under the pool's lock: the arenas' caps add up to at
@@ -645,21 +646,47 @@ static mp_status_t mp__arena_retry(mp_pool_t *a, const mp__arena_req_t *q) {
 /* Rounds of reclaim and retry at most, in one reclaim step. */
 #define MP__ARENA_RECLAIM_ROUNDS 4
 
+/* Whether the calling thread runs a host function of the pool's device:
+ * one whose device calls the device refuses (backend.h's caller_check; the
+ * host device tells, CUDA leaves it undefined: cuda.h, cuLaunchHostFunc,
+ * "must not make any CUDA API calls"). The refusal's message is not kept:
+ * nothing was called. */
+static bool mp__arena_in_host_fn(mp_pool_t *pool) {
+  mp_device_t *d = pool->dev;
+  if (d->ops->caller_check == NULL)
+    return false;
+  mp__error_saved_t e;
+  mp__error_save(&e);
+  bool in = d->ops->caller_check(d, "mp_pool_alloc") != MP_OK;
+  mp__error_restore(&e);
+  return in;
+}
+
 /* Under no lock: one reclaim step for arena a, then its retry. deep 0:
  * (capped pools) the other arenas' unused share comes back and a gets half
  * of what is left; 1: every other arena is trimmed too and a gets all the
  * room; 2: no reclaim (more than the whole pool may hold), just the retry.
  * The trims and the retry run without the pool's lock: they wait for
  * streams (the other arenas' trims, a's own ladder), whose host functions
- * may call into the pool (make an arena, ask for a share). */
+ * may call into the pool (make an arena, ask for a share).
+ * From a host function there are no trims: a trim waits for the arena's
+ * device call or synchronization in flight (mp__pool_wait_sync), and a
+ * plain segment's free there (release_threshold, another thread's trim)
+ * waits for the host functions queued on the streams (cuMemFree "may
+ * perform implicit synchronization", cuda.h; the host device's free
+ * synchronizes the device), this one too: neither returned. Nor could a
+ * trim give anything back there (its synchronization and frees are device
+ * calls, refused). The share moves no memory and waits for nothing, so it
+ * still runs; what it cannot find is MP_ELIMIT (MP_ENOMEM) as anywhere. */
 static mp_status_t mp__arena_reclaim_retry(mp_pool_t *pool, mp_pool_t *a,
                                            int deep, const mp__arena_req_t *q) {
   bool share;
   (void)mp__arena_pool_cap(pool, &share);
   share = share && deep < 2;
+  bool trim = deep == 1 && !mp__arena_in_host_fn(pool);
   for (int round = 1;; round++) {
     size_t gave = 0;
-    for (size_t i = 0; deep == 1 && i < pool->cfg.arenas; i++) {
+    for (size_t i = 0; trim && i < pool->cfg.arenas; i++) {
       mp_pool_t *b = mp__arena_at(pool, i);
       size_t left, g;
       if (b != NULL && b != a && mp__arena_trim_one(b, 0, &left, &g) == MP_OK)
