@@ -41,7 +41,68 @@ struct mp_host_pool {
   /* The pool has the default stream's slot (made at its first
    * allocation; never forgotten: mp_stream_forget ignores NULL). */
   atomic_bool null_slot;
+  /* Buffers a captured graph uses (mp__hp_hold_t), under the pool's
+   * lock; nholds counts them (0: nothing to look for, no lock taken). */
+  struct mp__hp_hold *holds;
+  atomic_size_t nholds;
+  struct mp__hp_keep *keep;
+  unsigned seen; /* keep->gone when the holds were last looked at */
 };
+
+/* Graphs. Work queued on a capturing stream is not run: it is recorded
+ * into the graph and runs at each cuGraphLaunch of an executable made
+ * from it, and so is an event recorded there (cuda.h, cuStreamBeginCapture
+ * and cuEventRecord: "the event records a node in the graph"). No fence
+ * the pool records stands for a graph's reads then: one recorded in the
+ * capture never completes outside it, and one recorded after it completes
+ * at once. So a buffer used by captured work is held: once it is freed it
+ * goes back to the pool only when every graph that may use it is gone
+ * (mp__device_capture_on_release: the graph and every executable made
+ * from it destroyed, their launches done; CUDA's user objects). The pool
+ * learns of such a use where the host pool is told of a stream while it
+ * captures: a buffer allocated for it or named for it (record_stream), or
+ * freed while a stream that used it captures. PyTorch's
+ * CachingHostAllocator never reuses a pinned block allocated during a
+ * capture; a graph's end is a closer bound. A hold that cannot learn its
+ * graph's end (no user objects) keeps its buffer until the pool is
+ * destroyed. */
+
+/* Shared with the driver's callbacks, which may come after the host pool
+ * is destroyed: one reference for the pool, one per callback pending. */
+typedef struct mp__hp_keep {
+  atomic_uint refs;
+  atomic_uint gone; /* graphs gone so far: a change asks for a look */
+} mp__hp_keep_t;
+
+typedef struct mp__hp_hold {
+  struct mp__hp_hold *next; /* hp->holds, under the pool's lock */
+  void *ptr;
+  mp__hp_keep_t *keep;
+  atomic_uint refs;   /* listed in hp->holds, and one per callback pending */
+  atomic_uint graphs; /* graphs that may use ptr and are not gone yet */
+  bool freed;         /* the program freed ptr (under the pool's lock) */
+} mp__hp_hold_t;
+
+static void mp__hp_keep_drop(mp__hp_keep_t *k) {
+  if (atomic_fetch_sub(&k->refs, 1) == 1)
+    free(k);
+}
+
+static void mp__hp_hold_drop(mp__hp_hold_t *h) {
+  if (atomic_fetch_sub(&h->refs, 1) == 1)
+    free(h);
+}
+
+/* The driver's call (its own thread, where no device call is allowed): a
+ * graph that may use h->ptr is gone. */
+static void mp__hp_graph_gone(void *arg) {
+  mp__hp_hold_t *h = arg;
+  mp__hp_keep_t *k = h->keep;
+  atomic_fetch_sub(&h->graphs, 1);
+  atomic_fetch_add(&k->gone, 1);
+  mp__hp_hold_drop(h);
+  mp__hp_keep_drop(k);
+}
 
 #define MP__CHECK_HP(hp)                                                       \
   do {                                                                         \
@@ -77,6 +138,14 @@ mp_status_t mp_host_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
     return mp__fail(MP_ENOMEM, "out of host memory creating a host pool");
   hp->dev = dev;
   atomic_init(&hp->null_slot, false);
+  atomic_init(&hp->nholds, 0);
+  hp->keep = mp__host_calloc(1, sizeof *hp->keep);
+  if (hp->keep == NULL) {
+    free(hp);
+    return mp__fail(MP_ENOMEM, "out of host memory creating a host pool");
+  }
+  atomic_init(&hp->keep->refs, 1);
+  atomic_init(&hp->keep->gone, 0);
   mp_status_t st = mp__device_pinned_open(dev, &hp->view);
   if (st == MP_OK) {
     /* Page-locking pins whole pages (mlock(2): "all pages that contain a
@@ -99,6 +168,7 @@ mp_status_t mp_host_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
       mp_device_close(hp->view);
   }
   if (st != MP_OK) {
+    free(hp->keep);
     free(hp);
     return st;
   }
@@ -108,9 +178,11 @@ mp_status_t mp_host_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
 
 static mp_status_t mp__hp_said(mp_status_t st, const char *pool_fn,
                                const char *fn);
+static void mp__hp_drain(mp_host_pool_t *hp);
 
 mp_status_t mp_host_pool_destroy(mp_host_pool_t *hp) {
   MP__CHECK_HP(hp);
+  mp__hp_drain(hp);
   int gone = 0;
   mp_status_t st = mp__hp_said(mp_pool_destroy_ex(hp->pool, &gone),
                                "mp_pool_destroy", __func__);
@@ -123,6 +195,13 @@ mp_status_t mp_host_pool_destroy(mp_host_pool_t *hp) {
   mp__error_save(&why);
   mp_stream_destroy(hp->dev, hp->host);
   mp_device_close(hp->view);
+  /* Held buffers went with their chunks; a graph still using one must not
+   * run again (host_pool.h). Its callback still comes, to the hold. */
+  for (mp__hp_hold_t *h = hp->holds, *next; h != NULL; h = next) {
+    next = h->next;
+    mp__hp_hold_drop(h);
+  }
+  mp__hp_keep_drop(hp->keep);
   free(hp);
   if (st != MP_OK)
     mp__error_restore(&why);
@@ -183,6 +262,109 @@ static mp_status_t mp__hp_stream_check(mp_host_pool_t *hp, mp_stream_t s,
   return MP_OK;
 }
 
+/* Whether work queued on s now goes into a graph (cuStreamIsCapturing:
+ * allowed during a capture, never waits). An invalidated capture (-1) makes
+ * no graph that runs; the legacy stream (NULL) is never captured (cuda.h,
+ * cuStreamBeginCapture: not "the legacy NULL stream"). */
+static bool mp__hp_capturing(mp_host_pool_t *hp, mp_stream_t s) {
+  return s != NULL && mp__device_stream_capturing(hp->dev, s) == 1;
+}
+
+/* ptr's hold, or NULL; under the pool's lock. */
+static mp__hp_hold_t *mp__hp_hold_of(mp_host_pool_t *hp, const void *ptr,
+                                     mp__hp_hold_t ***at) {
+  for (mp__hp_hold_t **p = &hp->holds; *p != NULL; p = &(*p)->next)
+    if ((*p)->ptr == ptr) {
+      if (at != NULL)
+        *at = p;
+      return *p;
+    }
+  return NULL;
+}
+
+/* Unlinks *at's hold (under the pool's lock) and drops the list's
+ * reference. */
+static void mp__hp_unhold(mp_host_pool_t *hp, mp__hp_hold_t **at) {
+  mp__hp_hold_t *h = *at;
+  *at = h->next;
+  atomic_fetch_sub(&hp->nholds, 1);
+  mp__hp_hold_drop(h);
+}
+
+/* Live buffer ptr is used by the graph that s is being captured into: held
+ * until that graph is gone. MP_ENOMEM (nothing changed) when no hold can
+ * be made; a graph whose end cannot be learnt (s NULL: one not named)
+ * holds it for good. */
+static mp_status_t mp__hp_hold(mp_host_pool_t *hp, void *ptr, mp_stream_t s) {
+  mp__pool_lock(hp->pool);
+  mp__hp_hold_t *h = mp__hp_hold_of(hp, ptr, NULL);
+  if (h == NULL) {
+    h = mp__host_calloc(1, sizeof *h);
+    if (h == NULL) {
+      mp__pool_unlock(hp->pool);
+      return mp__fail(MP_ENOMEM, "out of host memory holding a buffer a "
+                                 "captured graph uses");
+    }
+    h->ptr = ptr;
+    h->keep = hp->keep;
+    atomic_init(&h->refs, 1);
+    atomic_init(&h->graphs, 0);
+    h->next = hp->holds;
+    hp->holds = h;
+    atomic_fetch_add(&hp->nholds, 1);
+  }
+  atomic_fetch_add(&h->graphs, 1);
+  atomic_fetch_add(&h->refs, 1);
+  atomic_fetch_add(&hp->keep->refs, 1);
+  mp__pool_unlock(hp->pool);
+  mp__error_saved_t why;
+  mp__error_save(&why);
+  if (s == NULL || mp__device_capture_on_release(hp->dev, s, mp__hp_graph_gone,
+                                                 h) != MP_OK) {
+    /* Never told: h->graphs keeps the count (held for good). */
+    atomic_fetch_sub(&h->refs, 1);
+    mp__hp_keep_drop(hp->keep);
+    mp__error_restore(&why);
+  }
+  return MP_OK;
+}
+
+/* Gives the pool back the freed buffers whose graphs are all gone, and
+ * forgets the holds of live buffers whose graphs are. No device call
+ * under the lock: the buffers are freed after it, a few at a time. */
+static void mp__hp_drain(mp_host_pool_t *hp) {
+  if (MP__LIKELY(atomic_load_explicit(&hp->nholds, memory_order_relaxed) == 0))
+    return;
+  bool more = false;
+  do {
+    void *ready[16];
+    size_t n = 0;
+    mp__pool_lock(hp->pool);
+    unsigned gone = atomic_load(&hp->keep->gone);
+    if (more || gone != hp->seen) {
+      hp->seen = gone;
+      more = false;
+      for (mp__hp_hold_t **at = &hp->holds; *at != NULL;) {
+        mp__hp_hold_t *h = *at;
+        if (atomic_load(&h->graphs) != 0) {
+          at = &h->next;
+        } else if (!h->freed) {
+          mp__hp_unhold(hp, at);
+        } else if (n < sizeof ready / sizeof ready[0]) {
+          ready[n++] = h->ptr;
+          mp__hp_unhold(hp, at);
+        } else {
+          more = true;
+          break;
+        }
+      }
+    }
+    mp__pool_unlock(hp->pool);
+    for (size_t i = 0; i < n; i++)
+      (void)mp_pool_free(hp->pool, ready[i]);
+  } while (more);
+}
+
 mp_status_t mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes, mp_stream_t s,
                                void **out) {
   MP__CHECK_HP(hp);
@@ -194,6 +376,7 @@ mp_status_t mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes, mp_stream_t s,
   mp_status_t cst = mp__hp_stream_check(hp, s, true, __func__);
   if (cst != MP_OK)
     return cst;
+  mp__hp_drain(hp);
   void *p = NULL;
   mp_status_t st = mp_pool_alloc(hp->pool, bytes, hp->host, &p);
   if (st != MP_OK)
@@ -205,12 +388,79 @@ mp_status_t mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes, mp_stream_t s,
     (void)mp_pool_free(hp->pool, p);
     return st;
   }
+  /* Allocated while s captures: the graph uses it (above). */
+  if (p != NULL && mp__hp_capturing(hp, s) &&
+      (st = mp__hp_hold(hp, p, s)) != MP_OK) {
+    (void)mp_pool_free(hp->pool, p);
+    return st;
+  }
   *out = p;
   return MP_OK;
 }
 
+/* The streams that used live buffer ptr and capture now (at most n of
+ * them in cap; more: the rest as NULL, a hold for good); *freed: ptr is
+ * held and was freed already. Under the pool's lock. */
+static size_t mp__hp_captured_uses(mp_host_pool_t *hp, void *ptr,
+                                   mp_stream_t *cap, size_t n, bool *freed) {
+  mp_pool_t *pool = hp->pool;
+  mp__hp_hold_t *h = hp->holds != NULL ? mp__hp_hold_of(hp, ptr, NULL) : NULL;
+  *freed = h != NULL && h->freed;
+  mp__block_t *b = NULL;
+  mp__slot_t *slot = NULL;
+  if (*freed || mp__pool_find_live(pool, "mp_host_pool_free", ptr, true, false,
+                                   &b, &slot) != MP_OK)
+    return 0;
+  /* A use past the block's room (MP__B_MANY_USES) is not named: every
+   * stream of the pool may be one. */
+  bool many = (b->flags & MP__B_MANY_USES) != 0;
+  uint32_t k = many ? pool->nstreams : b->ndeps;
+  size_t got = 0;
+  for (uint32_t i = 0; i < k; i++) {
+    mp__strm_t *t = &pool->streams[many ? i : mp__dep_sidx(b->deps[i])];
+    if (t->gone || t->s == hp->host || !mp__hp_capturing(hp, t->s))
+      continue;
+    if (got < n)
+      cap[got] = t->s;
+    else
+      cap[n - 1] = NULL;
+    got++;
+  }
+  return got < n ? got : n;
+}
+
 mp_status_t mp_host_pool_free(mp_host_pool_t *hp, void *ptr) {
   MP__CHECK_HP(hp);
+  mp__hp_drain(hp);
+  if (ptr == NULL)
+    return MP_OK;
+  /* Freed while a stream that used it captures: the graph uses it. */
+  mp_stream_t cap[4];
+  bool freed = false;
+  mp__pool_lock(hp->pool);
+  size_t n = mp__hp_captured_uses(hp, ptr, cap, 4, &freed);
+  mp__pool_unlock(hp->pool);
+  if (freed)
+    return mp__fail(MP_EINVAL, "%s: %p is not live (double free?)", __func__,
+                    ptr);
+  for (size_t i = 0; i < n; i++) {
+    mp_status_t st = mp__hp_hold(hp, ptr, cap[i]);
+    if (st != MP_OK)
+      return st;
+  }
+  if (atomic_load(&hp->nholds) != 0) {
+    mp__pool_lock(hp->pool);
+    mp__hp_hold_t **at = NULL;
+    mp__hp_hold_t *h = mp__hp_hold_of(hp, ptr, &at);
+    if (h != NULL && atomic_load(&h->graphs) != 0) {
+      h->freed = true; /* the pool gets it from mp__hp_drain */
+      mp__pool_unlock(hp->pool);
+      return MP_OK;
+    }
+    if (h != NULL)
+      mp__hp_unhold(hp, at);
+    mp__pool_unlock(hp->pool);
+  }
   return mp__hp_said(mp_pool_free(hp->pool, ptr), "mp_pool_free", __func__);
 }
 
@@ -231,12 +481,17 @@ mp_status_t mp_host_pool_record_stream(mp_host_pool_t *hp, void *ptr,
   mp_status_t st = mp__hp_stream_check(hp, s, false, __func__);
   if (st != MP_OK)
     return st;
-  return mp__hp_said(mp_pool_record_stream(hp->pool, ptr, s),
-                     "mp_pool_record_stream", __func__);
+  st = mp__hp_said(mp_pool_record_stream(hp->pool, ptr, s),
+                   "mp_pool_record_stream", __func__);
+  /* Named while s captures: the graph uses it (above). */
+  if (st == MP_OK && mp__hp_capturing(hp, s))
+    st = mp__hp_hold(hp, ptr, s);
+  return st;
 }
 
 mp_status_t mp_host_pool_trim(mp_host_pool_t *hp, size_t keep_bytes) {
   MP__CHECK_HP(hp);
+  mp__hp_drain(hp);
   return mp__hp_said(mp_pool_trim(hp->pool, keep_bytes), "mp_pool_trim",
                      __func__);
 }

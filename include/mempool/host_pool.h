@@ -20,6 +20,24 @@
  * served by another buffer or by growth. The NULL stream is a stream like
  * the others. Streams are the device's (mp_stream_create(dev, ...)).
  *
+ * Graphs: work queued on a stream while it is captured (CUDA:
+ * cuStreamBeginCapture) runs only when the graph is launched, as often as
+ * it is launched, so no point of the stream stands for it. A buffer that
+ * the host pool sees used by a capture (allocated for a capturing stream,
+ * named for one with mp_host_pool_record_stream, or freed while a stream
+ * that used it captures) is, once freed, not handed out again (nor given
+ * back by trim) until that graph and every executable made from it are
+ * destroyed, their launches done: the driver tells that a while after the
+ * last destroy, and the next call of the host pool takes the buffer back.
+ * Until then it counts as allocated in the stats. A buffer used by captured
+ * work that the pool is not told of during the capture (the copy captured,
+ * the buffer freed after the capture ended) is reused as any other: name
+ * it with mp_host_pool_record_stream in the capture. Where the driver
+ * cannot tell when a graph is gone (no user objects), the buffer is kept
+ * until the host pool is destroyed. Destroying the host pool gives every
+ * buffer back, held ones too: a graph that uses one must not be launched
+ * again.
+ *
  * All calls are thread-safe; the device must outlive the pool. */
 #ifndef MEMPOOL_HOST_POOL_H
 #define MEMPOOL_HOST_POOL_H
