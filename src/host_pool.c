@@ -209,16 +209,45 @@ mp_status_t mp_host_pool_destroy(mp_host_pool_t *hp) {
 }
 
 /* The pool's refusal st, said as the host pool's call the caller made:
- * a message "mp_pool_free: ..." names a function they never called. */
+ * a message "mp_pool_free: ..." names a function they never called. So
+ * does a wait the pool refused because a stream that used it is being
+ * captured (stream.c, mp__streams_unwaitable: "no mp_pool_destroy while
+ * ...", or "no synchronize while ..." from a trim, which names no call at
+ * all): an event recorded there would be a node of the graph, and a
+ * synchronize would invalidate the capture (cuda.h, cuStreamBeginCapture).
+ * That one also says what a host-pool user can do: call again once the
+ * capture has ended (the host pool makes no graph pool, so the pool's
+ * "until mp_pool_graph_end" forms never reach it). */
 static mp_status_t mp__hp_said(mp_status_t st, const char *pool_fn,
                                const char *fn) {
-  size_t n = strlen(pool_fn);
-  const char *m = mp_last_error();
-  if (st == MP_OK || strncmp(m, pool_fn, n) != 0 || m[n] != ':')
+  if (st == MP_OK)
     return st;
+  const char *m = mp_last_error();
   char rest[MP__ERROR_MAX];
-  snprintf(rest, sizeof rest, "%s", m + n);
-  return mp__fail(st, "%s%s", fn, rest);
+  size_t n = strlen(pool_fn);
+  if (strncmp(m, pool_fn, n) == 0 && m[n] == ':') {
+    snprintf(rest, sizeof rest, "%s", m + n);
+    return mp__fail(st, "%s%s", fn, rest);
+  }
+  const char *what[] = {pool_fn, "synchronize"};
+  for (size_t i = 0; i < sizeof what / sizeof what[0]; i++) {
+    size_t w = strlen(what[i]);
+    if (strncmp(m, "no ", 3) != 0 || strncmp(m + 3, what[i], w) != 0)
+      continue;
+    const char *tail = m + 3 + w;
+    if (strncmp(tail, " while ", 7) == 0) {
+      snprintf(rest, sizeof rest, "%s", tail + 7);
+      return mp__fail(st,
+                      "%s: refused while %s; call it again once the capture "
+                      "has ended",
+                      fn, rest);
+    }
+    if (tail[0] == ':') { /* "no WHAT: " and the driver's failure */
+      snprintf(rest, sizeof rest, "%s", tail);
+      return mp__fail(st, "%s%s", fn, rest);
+    }
+  }
+  return st;
 }
 
 /* Whether hp's pool has a slot for stream s (the pool forgets a stream

@@ -9,68 +9,29 @@
  * executable made from it are destroyed (host_pool.h); the fake tells that
  * from its own thread, a while after the destroy (fakecuda.c, user
  * objects). */
-#include <criterion/criterion.h>
 #include <string.h>
 #include <unistd.h>
 
-#include <cuda.h>
-#include <mempool/host_pool.h>
-#include <mempool/mempool.h>
-
-#include "../support/device_helpers.h"
-#include "fakecuda_test.h"
+#include "host_pool_capture.h"
 
 #define N 4096
 
-/* The driver's entry points this test calls (the fake: it is not linked). */
-static struct {
-  CUresult (*retain)(CUcontext *, CUdevice), (*release)(CUdevice);
-  CUresult (*push)(CUcontext), (*pop)(CUcontext *);
-  CUresult (*begin)(CUstream, CUstreamCaptureMode);
-  CUresult (*end)(CUstream, CUgraph *);
-  CUresult (*instantiate)(CUgraphExec *, CUgraph, unsigned long long);
-  CUresult (*launch)(CUgraphExec, CUstream);
-  CUresult (*sync)(CUstream);
-  CUresult (*exec_destroy)(CUgraphExec), (*graph_destroy)(CUgraph);
-} cu;
-
-static mp_device_t *dev;
-static mp_host_pool_t *hp;
-static mp_stream_t a; /* non-blocking (mp_stream_create on CUDA) */
 static unsigned char *dst;
 
 static void setup(void) {
-  dev = open_dev("cuda");
-  FK_LOAD(cu.retain, "cuDevicePrimaryCtxRetain");
-  FK_LOAD(cu.release, "cuDevicePrimaryCtxRelease_v2");
-  FK_LOAD(cu.push, "cuCtxPushCurrent_v2");
-  FK_LOAD(cu.pop, "cuCtxPopCurrent_v2");
-  FK_LOAD(cu.begin, "cuStreamBeginCapture_v2");
-  FK_LOAD(cu.end, "cuStreamEndCapture");
-  FK_LOAD(cu.instantiate, "cuGraphInstantiateWithFlags");
-  FK_LOAD(cu.launch, "cuGraphLaunch");
-  FK_LOAD(cu.sync, "cuStreamSynchronize");
-  FK_LOAD(cu.exec_destroy, "cuGraphExecDestroy");
-  FK_LOAD(cu.graph_destroy, "cuGraphDestroy");
-  CUcontext c = NULL;
-  cr_assert_eq(cu.retain(&c, 0), CUDA_SUCCESS);
-  cr_assert_eq(cu.push(c), CUDA_SUCCESS);
-  cr_assert_eq(mp_host_pool_create(dev, NULL, &hp), MP_OK, "%s",
-               mp_last_error());
-  cr_assert_eq(mp_stream_create(dev, &a), MP_OK, "%s", mp_last_error());
+  hpc_setup();
   void *d = NULL;
   cr_assert_eq(mp_device_host_alloc(dev, N, &d), MP_OK, "%s", mp_last_error());
   dst = d;
 }
 
+/* The pool first: it may hold a copy's reads of dst. */
 static void teardown(void) {
   if (hp != NULL)
     cr_expect_eq(mp_host_pool_destroy(hp), MP_OK, "%s", mp_last_error());
+  hp = NULL;
   cr_expect_eq(mp_device_host_free(dev, dst), MP_OK, "%s", mp_last_error());
-  cr_expect_eq(mp_stream_destroy(dev, a), MP_OK, "%s", mp_last_error());
-  cr_expect_eq(cu.pop(NULL), CUDA_SUCCESS);
-  cr_expect_eq(cu.release(0), CUDA_SUCCESS);
-  mp_device_close(dev);
+  hpc_teardown();
 }
 
 TestSuite(host_pool_graph_capture, .init = setup, .fini = teardown);
