@@ -401,8 +401,16 @@ mp_status_t mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes, mp_stream_t s,
     return mp__fail(MP_EINVAL, "%s: out is NULL", __func__);
   /* The stream before the buffer, and its slot too: a record refused
    * after the buffer grew a chunk (a stream the device does not know, or
-   * no host memory for the stream table) would leave that chunk cached. */
-  mp_status_t cst = mp__hp_stream_check(hp, s, true, __func__);
+   * no host memory for the stream table) would leave that chunk cached.
+   * But no slot for a request that gets no buffer: 0 bytes, or a size the
+   * pool refuses before it looks for one (it cannot be rounded, or it is
+   * past the cap: alloc.c), else trim and destroy would wait for a stream
+   * that never used the pool. Nothing of the host pool changes hp->pool's
+   * cap or alignment after create: read unlocked. */
+  size_t size = 0;
+  bool takes = bytes != 0 && mp__pool_round(hp->pool, bytes, &size) &&
+               size <= hp->pool->cap;
+  mp_status_t cst = mp__hp_stream_check(hp, s, takes, __func__);
   if (cst != MP_OK)
     return cst;
   mp__hp_drain(hp);
@@ -410,6 +418,11 @@ mp_status_t mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes, mp_stream_t s,
   mp_status_t st = mp_pool_alloc(hp->pool, bytes, hp->host, &p);
   if (st != MP_OK)
     return mp__hp_said(st, "mp_pool_alloc", __func__);
+  if (p != NULL && !takes &&
+      (st = mp__hp_stream_check(hp, s, true, __func__)) != MP_OK) {
+    (void)mp_pool_free(hp->pool, p); /* served after all: the slot now */
+    return st;
+  }
   if (p != NULL && (st = mp_pool_record_stream(hp->pool, p, s)) != MP_OK) {
     /* Refused (out of host memory for the stream table): the buffer goes
      * back unused, and *out stays. */

@@ -29,7 +29,7 @@ static mp_device_t *dev;
 static mp_host_pool_t *hp;
 static mp_stream_t a; /* non-blocking (mp_stream_create on CUDA) */
 
-static void hpc_setup(void) {
+static inline void hpc_setup(void) {
   dev = open_dev("cuda");
   FK_LOAD(cu.retain, "cuDevicePrimaryCtxRetain");
   FK_LOAD(cu.release, "cuDevicePrimaryCtxRelease_v2");
@@ -51,13 +51,36 @@ static void hpc_setup(void) {
 }
 
 /* hp destroyed unless NULL, then the rest. */
-static void hpc_teardown(void) {
+static inline void hpc_teardown(void) {
   if (hp != NULL)
     cr_expect_eq(mp_host_pool_destroy(hp), MP_OK, "%s", mp_last_error());
   cr_expect_eq(mp_stream_destroy(dev, a), MP_OK, "%s", mp_last_error());
   cr_expect_eq(cu.pop(NULL), CUDA_SUCCESS);
   cr_expect_eq(cu.release(0), CUDA_SUCCESS);
   mp_device_close(dev);
+}
+
+/* A 4 KiB buffer used on s and freed: a chunk cached. */
+static inline void hpc_used_on(mp_stream_t s) {
+  void *p = NULL;
+  cr_assert_eq(mp_host_pool_alloc(hp, 4096, s, &p), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_host_pool_free(hp, p), MP_OK, "%s", mp_last_error());
+}
+
+/* Begins a relaxed capture on a. */
+static inline void hpc_capture_begin(void) {
+  cr_assert_eq(cu.begin((CUstream)a, CU_STREAM_CAPTURE_MODE_RELAXED),
+               CUDA_SUCCESS);
+}
+
+/* Ends the capture of a, which must have stayed valid; its graph
+ * destroyed. */
+static inline void hpc_capture_end(void) {
+  CUgraph g = NULL;
+  cr_expect_eq(cu.end((CUstream)a, &g), CUDA_SUCCESS);
+  if (g != NULL)
+    cr_expect_eq(cu.graph_destroy(g), CUDA_SUCCESS);
 }
 
 #endif /* MEMPOOL_TEST_HOST_POOL_CAPTURE_H */

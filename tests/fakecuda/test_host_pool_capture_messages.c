@@ -13,19 +13,12 @@
 /* A buffer used on a, freed, and a relaxed capture on a begun. */
 static void setup(void) {
   hpc_setup();
-  void *p = NULL;
-  cr_assert_eq(mp_host_pool_alloc(hp, 4096, a, &p), MP_OK, "%s",
-               mp_last_error());
-  cr_assert_eq(mp_host_pool_free(hp, p), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(cu.begin((CUstream)a, CU_STREAM_CAPTURE_MODE_RELAXED),
-               CUDA_SUCCESS);
+  hpc_used_on(a);
+  hpc_capture_begin();
 }
 
 static void teardown(void) {
-  CUgraph g = NULL;
-  cr_expect_eq(cu.end((CUstream)a, &g), CUDA_SUCCESS);
-  if (g != NULL)
-    cr_expect_eq(cu.graph_destroy(g), CUDA_SUCCESS);
+  hpc_capture_end();
   hpc_teardown();
 }
 
