@@ -320,6 +320,37 @@ static void mp__hp_unhold(mp_host_pool_t *hp, mp__hp_hold_t **at) {
   mp__hp_hold_drop(h);
 }
 
+/* MP_EINVAL, said by fn, when ptr is a held buffer the program freed
+ * already: live in the pool, but no longer the program's. */
+static mp_status_t mp__hp_not_freed(mp_host_pool_t *hp, const void *ptr,
+                                    const char *fn) {
+  if (MP__LIKELY(atomic_load_explicit(&hp->nholds, memory_order_relaxed) == 0))
+    return MP_OK;
+  mp__pool_lock(hp->pool);
+  mp__hp_hold_t *h = mp__hp_hold_of(hp, ptr, NULL);
+  bool freed = h != NULL && h->freed;
+  mp__pool_unlock(hp->pool);
+  return freed
+             ? mp__fail(MP_EINVAL, "%s: %p is not live (double free?)", fn, ptr)
+             : MP_OK;
+}
+
+/* ptr's hold at its free: when a graph that may use it lives, it is marked
+ * freed (*kept: the pool gets it from mp__hp_drain); else it goes. */
+static void mp__hp_free_held(mp_host_pool_t *hp, void *ptr, bool *kept) {
+  *kept = false;
+  if (atomic_load(&hp->nholds) == 0)
+    return;
+  mp__pool_lock(hp->pool);
+  mp__hp_hold_t **at = NULL;
+  mp__hp_hold_t *h = mp__hp_hold_of(hp, ptr, &at);
+  if (h != NULL && atomic_load(&h->graphs) != 0)
+    *kept = h->freed = true;
+  else if (h != NULL)
+    mp__hp_unhold(hp, at);
+  mp__pool_unlock(hp->pool);
+}
+
 /* Live buffer ptr is used by the graph that s is being captured into: held
  * until that graph is gone. MP_ENOMEM (nothing changed) when no hold can
  * be made; a graph whose end cannot be learnt (s NULL: one not named)
@@ -490,25 +521,24 @@ mp_status_t mp_host_pool_free(mp_host_pool_t *hp, void *ptr) {
     if (st != MP_OK)
       return st;
   }
-  if (atomic_load(&hp->nholds) != 0) {
-    mp__pool_lock(hp->pool);
-    mp__hp_hold_t **at = NULL;
-    mp__hp_hold_t *h = mp__hp_hold_of(hp, ptr, &at);
-    if (h != NULL && atomic_load(&h->graphs) != 0) {
-      h->freed = true; /* the pool gets it from mp__hp_drain */
-      mp__pool_unlock(hp->pool);
-      return MP_OK;
-    }
-    if (h != NULL)
-      mp__hp_unhold(hp, at);
-    mp__pool_unlock(hp->pool);
-  }
+  bool kept;
+  mp__hp_free_held(hp, ptr, &kept);
+  if (kept)
+    return MP_OK;
   return mp__hp_said(mp_pool_free(hp->pool, ptr), "mp_pool_free", __func__);
 }
 
 mp_status_t mp__host_pool_free_done(mp_host_pool_t *hp, void *ptr) {
   MP__CHECK_HP(hp);
-  return mp__pool_free_done(hp->pool, ptr, "mp_host_pool_free");
+  mp__hp_drain(hp);
+  /* Its streams' work is done, but a graph's launches may come later. */
+  mp_status_t st = mp__hp_not_freed(hp, ptr, "mp_host_pool_free");
+  bool kept = false;
+  if (st == MP_OK && ptr != NULL)
+    mp__hp_free_held(hp, ptr, &kept);
+  return st != MP_OK || kept
+             ? st
+             : mp__pool_free_done(hp->pool, ptr, "mp_host_pool_free");
 }
 
 bool mp__host_pool_contains(mp_host_pool_t *hp, const void *ptr) {
@@ -521,6 +551,8 @@ mp_status_t mp_host_pool_record_stream(mp_host_pool_t *hp, void *ptr,
   /* No slot made here: a bad ptr must change nothing (the pool makes the
    * slot only once it found the buffer). */
   mp_status_t st = mp__hp_stream_check(hp, s, false, __func__);
+  if (st == MP_OK)
+    st = mp__hp_not_freed(hp, ptr, __func__);
   if (st != MP_OK)
     return st;
   st = mp__hp_said(mp_pool_record_stream(hp->pool, ptr, s),

@@ -154,9 +154,10 @@ Test(host_pool_graph_capture, recorded_in_the_capture) {
   kept_for(g, p);
 }
 
-/* A held buffer is still the program's until its free: a second free is
- * refused as for any freed buffer, and a destroy while the graph lives
- * gives everything back (the graph must not run again). */
+/* A held buffer is the program's only until its free: a second free, or
+ * a record_stream after it, is refused as for any freed buffer, and a destroy
+ * while the graph lives gives everything back (the graph must not run again).
+ */
 Test(host_pool_graph_capture, double_free_and_destroy) {
   unsigned char *p = alloc();
   begin();
@@ -165,6 +166,8 @@ Test(host_pool_graph_capture, double_free_and_destroy) {
   cr_expect_eq(mp_host_pool_free(hp, p), MP_EINVAL);
   CUgraph g = end();
   cr_expect_eq(mp_host_pool_free(hp, p), MP_EINVAL);
+  /* Nor is it named for a stream once freed. */
+  cr_expect_eq(mp_host_pool_record_stream(hp, p, a), MP_EINVAL);
   cr_assert_eq(mp_host_pool_destroy(hp), MP_OK, "%s", mp_last_error());
   hp = NULL;
   cr_assert_eq(cu.graph_destroy(g), CUDA_SUCCESS);
