@@ -302,10 +302,16 @@ def _storage_ptr(tensor):
 
 
 def _held(ptr):
-    """Whether a default pool of mempool's holds the block at ptr."""
+    """Whether a default pool of mempool's holds the block at ptr. Before
+    anything made the default pools none holds it: the library makes none
+    to say so, and they are not recorded as made (use() may still pick
+    their device), as for empty_cache()."""
     import ctypes
     size = ctypes.c_size_t(0)
     from . import _default_pools
+    lib = _default_pools("mp_torch_base_alloc", mark=False)  # a forked child's
+    if not lib.mp_default_pool_made():
+        return False
     _default_pools("mp_torch_base_alloc").mp_torch_base_alloc(ptr, ctypes.byref(size))
     return size.value != 0
 

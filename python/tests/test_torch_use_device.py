@@ -397,3 +397,21 @@ def test_use_of_the_default_pools_device_in_another_spelling_is_taken(monkeypatc
     monkeypatch.setattr(mempool, "_default_device", "host")
     mempool.torch.use(device="host:")
     assert len(installed) == 7
+
+
+def test_record_stream_before_the_default_pools_exist_leaves_their_device_open():
+    # record_stream() of memory mempool did not allocate (a tensor PyTorch
+    # allocated before use()) made no pool (mp_torch_base_alloc makes none
+    # to look a pointer up), but the package recorded the pools as made, on
+    # $MEMPOOL_DEVICE as it was, and refused use() of another device.
+    out = _run("""
+buf = ctypes.create_string_buffer(64)
+class Tensor:
+    def data_ptr(self): return ctypes.addressof(buf)
+class Stream:
+    cuda_stream = None
+mempool.torch.record_stream(Tensor(), Stream())
+print(lib.mp_default_pool_made())
+""" + _USE_128)
+    assert out[0] == "0", out
+    assert out[1:3] == ["taken", "1 host:capacity=128M 128"], out
