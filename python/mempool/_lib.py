@@ -25,8 +25,12 @@ def _candidates():
     env = os.environ.get("MEMPOOL_LIBRARY")
     if env:
         # An explicit choice is the only one tried: a wrong path must not be
-        # papered over by another library found elsewhere.
-        return [("$MEMPOOL_LIBRARY", env)]
+        # papered over by another library found elsewhere. Made absolute:
+        # dlopen searches the loader's path for a bare name (not the
+        # working directory it was found in), and a relative path given to
+        # mempool.torch.use() would name another file once the process
+        # changed directory.
+        return [("$MEMPOOL_LIBRARY", os.path.abspath(env))]
     out = [("package", p) for p in sorted(glob.glob(os.path.join(_here, "libmempool.so*")))]
     repo = os.path.dirname(os.path.dirname(_here))
     builds = sorted(glob.glob(os.path.join(repo, "build*", "src", "libmempool.so")),

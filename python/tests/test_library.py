@@ -112,3 +112,24 @@ def test_another_thread_never_sees_the_library_without_its_path(monkeypatch):
         sys.settrace(None)
     assert seen and seen[-1] == (True, path)
     assert all(p == path for loaded, p in seen if loaded), seen
+
+
+def test_a_relative_env_path_loads_that_file_and_names_it_in_full(tmp_path):
+    # MEMPOOL_LIBRARY=libmempool.so (a file in the working directory) was
+    # found as a file there, then handed to dlopen as a bare name, which
+    # searches the loader's path and not the working directory: the load
+    # failed, or took another libmempool.so than the one named. A relative
+    # path (./x.so) loaded, but library_path() gave it relative, wrong for
+    # mempool.torch.use() once the process changed directory.
+    import shutil
+    shutil.copy(mempool.library_path(), tmp_path / "libmempool.so")
+    env = dict(os.environ, PYTHONPATH=PKG)
+    env.pop("LD_LIBRARY_PATH", None)
+    for name in ["libmempool.so", os.path.join(".", "libmempool.so")]:
+        env["MEMPOOL_LIBRARY"] = name
+        r = subprocess.run([sys.executable, "-c",
+                            "import mempool; mempool.Device('host').close(); "
+                            "print(mempool.library_path())"],
+                           cwd=str(tmp_path), env=env, capture_output=True, text=True)
+        assert r.returncode == 0, (name, r.stderr)
+        assert r.stdout.strip() == str(tmp_path / "libmempool.so"), name
