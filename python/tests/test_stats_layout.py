@@ -20,7 +20,8 @@ CTYPES = {"size_t": ctypes.c_size_t, "uint64_t": ctypes.c_uint64}
 
 
 def header_fields():
-    text = open(HEADER).read()
+    with open(HEADER) as f:
+        text = f.read()
     text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
     body = re.search(r"typedef\s+struct\s+mp_stats\s*\{(.*?)\}\s*mp_stats_t\s*;", text, re.S)
     assert body, "struct mp_stats not found in " + HEADER
