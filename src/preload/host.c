@@ -436,6 +436,30 @@ static unsigned int mp__h_error(bool runtime, mp_status_t st) {
   return runtime ? mp__pl_cuda_error(st) : mp__pl_cu_error(st);
 }
 
+/* Only the errors it can raise: no call at all for another one (a host
+ * function's cudaErrorNotPermitted, mp__pl_free_invalid, which no call of
+ * the runtime there would be let through to raise; a driver's code passed
+ * on from a refused wait, mp__pl_cuda_error, which a sticky error raises
+ * in the runtime by itself and another the runtime's last error does not
+ * show). Both calls in relaxed capture mode (mp__pl_mode_relax), as
+ * runtime.c's own calls: in the caller's mode they could be refused, and
+ * invalidate a capture, where the caller's call was none of that. */
+void mp__pl_rt_set_last_error(const mp__pl_t *pl, mp__cudaerr r) {
+  const mp__real_cudart_t *rt = mp__pl_real_cudart();
+  if (pl->host || rt->cudaMalloc == NULL ||
+      (r != MP__CUDA_INVALID_VALUE && r != MP__CUDA_MEMORY_ALLOCATION))
+    return;
+  void *x = NULL;
+  unsigned mode;
+  bool relaxed = mp__pl_mode_relax(&mode);
+  if (r == MP__CUDA_INVALID_VALUE)
+    (void)rt->cudaMalloc(NULL, 1);
+  else if (r == MP__CUDA_MEMORY_ALLOCATION && rt->cudaMalloc(&x, SIZE_MAX) == 0)
+    (void)rt->cudaFree(x); /* cannot happen; never leak if it does */
+  if (relaxed)
+    mp__pl_mode_restore(mode);
+}
+
 /* ---- the hooks ----------------------------------------------------------- */
 
 /* The synchronize before a page-locked block goes back to the pool: the
@@ -594,6 +618,8 @@ static unsigned int mp__h_alloc(mp__hvariant_t v, void **p, size_t bytes,
       mp__pl_table_put_hostmem((uintptr_t)*p, bytes, flags, at);
     mp__hpl_put(at, hp);
     r = mp__h_error(runtime, st);
+    if (runtime && r != 0) /* the shim's answer: in the runtime's too */
+      mp__pl_rt_set_last_error(pl, r);
   } else if (pl != NULL && pl->host) {
     r = mp__h_error(runtime, MP_ENOMEM); /* no driver behind the host device */
   } else {
@@ -615,6 +641,10 @@ static unsigned int mp__h_free(bool runtime, void *ptr) {
   bool outer = mp__pl_enter();
   mp__pl_block_t b;
   unsigned int r;
+  /* The shim's own answer, not the runtime's (a probe's, the real
+   * cudaFreeHost's): its failure is the runtime's last error too, as for
+   * cudaFree (runtime.c). */
+  bool answered = false;
   if (outer && ptr != NULL && mp__pl_table_take((uintptr_t)ptr, &b)) {
     if (b.kind == MP__PL_FROM_HOSTMEM) {
       const mp__pl_t *pl = mp__pl_get();
@@ -647,6 +677,7 @@ static unsigned int mp__h_free(bool runtime, void *ptr) {
        * it (mp__pl_table_forget_hostmem). */
       mp__hpl_put(b.ordinal, hp);
       r = refused != 0 ? refused : mp__h_error(runtime, st);
+      answered = refused == 0;
     } else if (b.kind == MP__PL_FROM_REAL_HOST) {
       r = mp__h_real_free(runtime, ptr);
       if (r == 0)
@@ -659,6 +690,7 @@ static unsigned int mp__h_free(bool runtime, void *ptr) {
       mp__pl_table_restore(&b);
       r = mp__pl_free_foreign(mp__pl_get(), true,
                               runtime ? mp__h_probe_rt : mp__h_probe_cu);
+      answered = true;
     }
   } else if (ptr == NULL && outer && mp__pl_get()->host && runtime) {
     r = 0; /* cudaFreeHost(NULL); cuMemFreeHost(NULL) is the driver's */
@@ -676,9 +708,12 @@ static unsigned int mp__h_free(bool runtime, void *ptr) {
      * the driver gave the pool; a capture's refusal first). */
     r = mp__pl_free_foreign(mp__pl_get(), true,
                             runtime ? mp__h_probe_rt : mp__h_probe_cu);
+    answered = true;
   } else {
     r = mp__h_real_free(runtime, ptr);
   }
+  if (runtime && answered && r != 0)
+    mp__pl_rt_set_last_error(mp__pl_get(), r);
   mp__pl_leave();
   return r;
 }

@@ -504,6 +504,16 @@ void mp__pl_host_reset_done(const mp__pl_t *pl, int ordinal);
  * page-locked call has returned to the pool yet go back first (after a
  * synchronization of the devices) unless a capture is under way. */
 void mp__pl_host_report(FILE *f, const mp__pl_t *pl);
+/* The runtime's last error (cudaGetLastError, cudaPeekAtLastError) set to
+ * r, a failure the shim answered for a runtime call (cudaMalloc*, cudaFree*
+ * in runtime.c; cudaMallocHost, cudaHostAlloc, cudaFreeHost here), as the
+ * runtime's own call would have left it: a call the runtime refuses the
+ * same way and that changes nothing is made (cudaMalloc with a NULL
+ * output; cudaMalloc of SIZE_MAX). Only the errors it can raise
+ * (cudaErrorInvalidValue, cudaErrorMemoryAllocation); nothing for another
+ * one, nor on the host device (no runtime). In host.c, not runtime.c,
+ * which calls host.c already (mp__pl_memory_holds). */
+void mp__pl_rt_set_last_error(const mp__pl_t *pl, mp__cudaerr r);
 /* Whether addr lies in a page-locked host pool's chunks (pool mode);
  * *live then says whether a block the program holds contains it, that
  * block in *b (its range and flags are the block's, not the chunk's). */

@@ -70,15 +70,15 @@ static bool mp__rt_capturing(const mp__pl_t *pl, mp__custream s, bool ptsz) {
  *    the documented way to start the runtime, does that once per thread;
  *  - the runtime's last error (cudaGetLastError, cudaPeekAtLastError): a
  *    failure the shim answers is raised again by a call the runtime refuses
- *    the same way and that changes nothing (cudaMalloc with a NULL output;
- *    cudaMalloc of SIZE_MAX). */
+ *    the same way and that changes nothing (mp__pl_rt_set_last_error,
+ *    host.c, which the page-locked calls share). */
 static _Thread_local bool mp__rt_started;
 
-/* Both are calls of the shim's own, made in relaxed capture mode
- * (mp__pl_mode_relax): a cudaMalloc or cudaFree is potentially unsafe
- * (cuda.h, cuThreadExchangeStreamCaptureMode), and in the caller's mode
- * it could be refused, and invalidate a capture (another thread's in
- * global mode), where the caller's own call was none of that. */
+/* A call of the shim's own (as mp__pl_rt_set_last_error's are), made in
+ * relaxed capture mode (mp__pl_mode_relax): a cudaMalloc or cudaFree is
+ * potentially unsafe (cuda.h, cuThreadExchangeStreamCaptureMode), and in the
+ * caller's mode it could be refused, and invalidate a capture (another thread's
+ * in global mode), where the caller's own call was none of that. */
 static void mp__rt_start_thread(const mp__pl_t *pl) {
   const mp__real_cudart_t *rt = mp__pl_real_cudart();
   if (pl->host || mp__rt_started || rt->cudaFree == NULL)
@@ -87,28 +87,6 @@ static void mp__rt_start_thread(const mp__pl_t *pl) {
   unsigned mode;
   bool relaxed = mp__pl_mode_relax(&mode);
   (void)rt->cudaFree(NULL);
-  if (relaxed)
-    mp__pl_mode_restore(mode);
-}
-
-/* Only the errors it can raise: no call at all for another one (a host
- * function's cudaErrorNotPermitted, mp__pl_free_invalid, which no call of
- * the runtime there would be let through to raise; a driver's code passed
- * on from a refused wait, mp__pl_cuda_error, which a sticky error raises
- * in the runtime by itself and another the runtime's last error does not
- * show). */
-static void mp__rt_set_last_error(const mp__pl_t *pl, mp__cudaerr r) {
-  const mp__real_cudart_t *rt = mp__pl_real_cudart();
-  if (pl->host || rt->cudaMalloc == NULL ||
-      (r != MP__CUDA_INVALID_VALUE && r != MP__CUDA_MEMORY_ALLOCATION))
-    return;
-  void *x = NULL;
-  unsigned mode;
-  bool relaxed = mp__pl_mode_relax(&mode);
-  if (r == MP__CUDA_INVALID_VALUE)
-    (void)rt->cudaMalloc(NULL, 1);
-  else if (r == MP__CUDA_MEMORY_ALLOCATION && rt->cudaMalloc(&x, SIZE_MAX) == 0)
-    (void)rt->cudaFree(x); /* cannot happen; never leak if it does */
   if (relaxed)
     mp__pl_mode_restore(mode);
 }
@@ -177,7 +155,7 @@ static mp__cudaerr mp__rt_alloc(mp__rt_variant_t v, void **p, size_t bytes,
       r = mp__pl_cuda_error(st);
     }
     if (served && r != MP__CUDA_SUCCESS)
-      mp__rt_set_last_error(pl, r);
+      mp__pl_rt_set_last_error(pl, r);
   }
   if (!served) {
     r = mp__rt_real_alloc(v, p, bytes, s);
@@ -214,7 +192,7 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
   mp__cudaerr r;
   bool captured = false; /* mp__pl_free_refused's answer for s */
   /* The shim's own answer, not the runtime's: its failure is raised in the
-   * runtime's last error too (mp__rt_set_last_error: invalid value, out of
+   * runtime's last error too (mp__pl_rt_set_last_error: invalid value, out of
    * memory), as the runtime's cudaFree would have. Not for a refusal the
    * runtime gave (the probe),
    * nor for a host function's (the driver's CUDA_ERROR_NOT_PERMITTED: no
@@ -264,7 +242,7 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
     r = mp__rt_free_foreign(pl, v, &answered);
   }
   if (answered && r != MP__CUDA_SUCCESS)
-    mp__rt_set_last_error(pl, r);
+    mp__pl_rt_set_last_error(pl, r);
   mp__pl_leave();
   return r;
 }
