@@ -127,7 +127,9 @@ void mp__pl_record_open(const mp__pl_t *pl) {
   if (!mp__rec.child && mp__rec.trace == NULL && path != NULL) {
     size_t n = strlen(path);
     mp__rec.json = n >= 5 && strcmp(path + n - 5, ".json") == 0;
-    mp__rec.trace = fopen(path, "w");
+    /* Close-on-exec ("e": open(2)'s O_CLOEXEC): a program the traced one
+     * execs must not inherit the trace's descriptor. */
+    mp__rec.trace = fopen(path, "we");
     if (mp__rec.trace == NULL) {
       fprintf(stderr,
               "mempool preload: cannot write MEMPOOL_TRACE '%s'; not "
