@@ -581,18 +581,6 @@ static unsigned mp__h_probe_rt(void) {
   return mp__h_probe(true);
 }
 
-/* The table's entry of a block hp at slot `at` just handed out; false when
- * it could not be made (mp__pl_table_put_hostmem keeps no entry without
- * host memory for it). Asked before the caller lets go of hp, so no reset
- * can have forgotten the entry (mp__pl_table_forget_hostmem waits for
- * hp's users); no other thread has the pointer to free yet. */
-static bool mp__hpl_table_put(void *ptr, size_t bytes, unsigned flags, int at) {
-  mp__pl_block_t b;
-  mp__pl_table_put_hostmem((uintptr_t)ptr, bytes, flags, at);
-  return mp__pl_table_find_hostmem((uintptr_t)ptr, &b) &&
-         b.ptr == (uintptr_t)ptr;
-}
-
 static unsigned int mp__h_alloc(mp__hvariant_t v, void **p, size_t bytes,
                                 unsigned int flags) {
   bool runtime = v == MP__H_RT_MALLOC_HOST || v == MP__H_RT_HOST_ALLOC;
@@ -626,7 +614,8 @@ static unsigned int mp__h_alloc(mp__hvariant_t v, void **p, size_t bytes,
     mp_status_t st = p == NULL || bytes == 0 || (flags & ~MP__HOST_FLAGS)
                          ? MP_EINVAL
                          : mp_host_pool_alloc(hp, bytes, NULL, p);
-    if (st == MP_OK && !mp__hpl_table_put(*p, bytes, flags, at)) {
+    if (st == MP_OK &&
+        !mp__pl_table_put_hostmem((uintptr_t)*p, bytes, flags, at)) {
       /* Without the table's entry the block could never be freed to the
        * pool (its free would be refused as a pointer the pool never handed
        * out): it goes back now, unused, and the answer is out of memory. */

@@ -381,8 +381,8 @@ void mp__pl_table_put(uintptr_t ptr, size_t size, uintptr_t stream,
 void mp__pl_table_put_real(uintptr_t ptr, size_t size, uintptr_t stream,
                            mp__pl_kind_t kind, int ordinal);
 /* A block of device ordinal's host pool (MP__PL_FROM_HOSTMEM) asked for
- * with flags. */
-void mp__pl_table_put_hostmem(uintptr_t ptr, size_t size, unsigned flags,
+ * with flags; false when no entry could be made (out of host memory). */
+bool mp__pl_table_put_hostmem(uintptr_t ptr, size_t size, unsigned flags,
                               int ordinal);
 /* A block of pool (MP__PL_FROM_POOL). */
 void mp__pl_table_put_pool(uintptr_t ptr, size_t size, uintptr_t stream,

@@ -50,12 +50,13 @@ static struct {
  * then reaches the real driver, which is what happens to every pointer the
  * shim does not know. A known address is overwritten: the driver handed it
  * out again after a free the shim did not see. */
-static void mp__table_put_whole(const mp__pl_block_t *b) {
+static bool mp__table_put_whole(const mp__pl_block_t *b) {
   pthread_mutex_lock(&mp__tab.lock);
   mp__pl_block_t *e = mp__ptrmap_put(&mp__tab.map, b->ptr);
   if (e != NULL)
     *e = *b;
   pthread_mutex_unlock(&mp__tab.lock);
+  return e != NULL;
 }
 
 void mp__pl_table_put(uintptr_t ptr, size_t size, uintptr_t stream,
@@ -64,13 +65,13 @@ void mp__pl_table_put(uintptr_t ptr, size_t size, uintptr_t stream,
       .ptr = ptr, .size = size, .stream = stream, .kind = kind, .ordinal = -1});
 }
 
-void mp__pl_table_put_hostmem(uintptr_t ptr, size_t size, unsigned flags,
+bool mp__pl_table_put_hostmem(uintptr_t ptr, size_t size, unsigned flags,
                               int ordinal) {
-  mp__table_put_whole(&(mp__pl_block_t){.ptr = ptr,
-                                        .size = size,
-                                        .kind = MP__PL_FROM_HOSTMEM,
-                                        .ordinal = ordinal,
-                                        .host_flags = flags});
+  return mp__table_put_whole(&(mp__pl_block_t){.ptr = ptr,
+                                               .size = size,
+                                               .kind = MP__PL_FROM_HOSTMEM,
+                                               .ordinal = ordinal,
+                                               .host_flags = flags});
 }
 
 void mp__pl_table_put_pool(uintptr_t ptr, size_t size, uintptr_t stream,
