@@ -15,6 +15,7 @@ import ctypes
 import gc
 import operator
 import os
+import tempfile
 import threading
 import warnings
 import weakref
@@ -575,6 +576,33 @@ class Stream(_Handle):
         _exit_closing(self.destroy, exc_type)
 
 
+_libc_handle = None
+
+
+def _libc():
+    """The C library, for the FILE * mp_pool_dump writes to."""
+    global _libc_handle
+    if _libc_handle is None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.fdopen.restype = ctypes.c_void_p
+        libc.fdopen.argtypes = [ctypes.c_int, ctypes.c_char_p]
+        libc.fclose.argtypes = [ctypes.c_void_p]
+        libc.fclose.restype = ctypes.c_int
+        _libc_handle = libc
+    return _libc_handle
+
+
+def _stdio_open(fd):
+    """A FILE * writing to a duplicate of fd (fclose closes the duplicate)."""
+    dup = os.dup(fd)
+    f = _libc().fdopen(dup, b"wb")
+    if not f:
+        err = ctypes.get_errno()
+        os.close(dup)
+        raise OSError(err, "fdopen: %s" % os.strerror(err))
+    return f
+
+
 class _Config(ctypes.Structure):
     # Opaque room for mp_pool_config_t, filled only by
     # mp_pool_config_init_sized and mp_pool_config_parse, so its layout is
@@ -765,30 +793,21 @@ class Pool(_Handle):
         """mp_pool_dump as a string: "text" (None too, as in C), "json" or
         "torch" (one JSON object with torch.cuda.memory_stats() names,
         inactive_split_bytes included)."""
-        libc = ctypes.CDLL(None)
-        libc.tmpfile.restype = ctypes.c_void_p
-        libc.fclose.argtypes = [ctypes.c_void_p]
-        libc.rewind.argtypes = [ctypes.c_void_p]
-        libc.fread.argtypes = [ctypes.c_void_p, ctypes.c_size_t,
-                               ctypes.c_size_t, ctypes.c_void_p]
-        f = libc.tmpfile()
-        if not f:
-            raise OSError("tmpfile() failed")
-        try:
-            fmt = None if format is None else _cstr(format, "format", "mp_pool_dump")
-            with _use(self):
-                _check(_lib.lib().mp_pool_dump(self.handle, f, fmt), "mp_pool_dump")
-            libc.rewind(f)
-            chunks = []
-            buf = ctypes.create_string_buffer(65536)
-            while True:
-                n = libc.fread(buf, 1, len(buf), f)
-                if n == 0:
-                    break
-                chunks.append(buf.raw[:n])
-            return b"".join(chunks).decode()
-        finally:
-            libc.fclose(f)
+        fmt = None if format is None else _cstr(format, "format", "mp_pool_dump")
+        # A file of tempfile's: in $TMPDIR (libc's tmpfile() always took
+        # /tmp, which may be small or not writable), unnamed or unlinked at
+        # once, and closed here whatever happens.
+        with tempfile.TemporaryFile() as tf:
+            f = _stdio_open(tf.fileno())
+            try:
+                with _use(self):
+                    _check(_lib.lib().mp_pool_dump(self.handle, f, fmt), "mp_pool_dump")
+            finally:
+                flushed = _libc().fclose(f) == 0
+            if not flushed:
+                raise OSError("mp_pool_dump: writing the temporary file failed")
+            tf.seek(0)
+            return tf.read().decode()
 
     def pause(self, keep_content=True):
         """Gives every mapped byte back to the device and keeps the pool's
