@@ -419,10 +419,16 @@ class Device(_Handle):
                           "dropped with live blocks were on it: it is kept open"
                           % len(orphans), ResourceWarning, stacklevel=2)
             return
-        L = _lib.lib()
-        if L.mp_device_close_ex(handle) != 0:  # open for good: said, not hidden
+        failure = Device._release(handle)
+        if failure is not None:  # open for good: said, not hidden
             warnings.warn("a dropped mempool.Device could not be closed and stays open: %s"
-                          % _s(L.mp_last_error()), ResourceWarning, stacklevel=2)
+                          % failure, ResourceWarning, stacklevel=2)
+
+    @staticmethod
+    def _release(handle):
+        """Closes a dropped device: None, or why not."""
+        L = _lib.lib()
+        return None if L.mp_device_close_ex(handle) == 0 else _s(L.mp_last_error())
 
     @property
     def name(self):
@@ -524,8 +530,21 @@ class Stream(_Handle):
         if _forked(pid):
             return
         with device._guard:  # a close on another thread waits
-            if device.handle is not None:
-                _lib.lib().mp_stream_destroy(device.handle, handle)
+            if device.handle is None:
+                return
+            failure = Stream._release(device.handle, handle)
+        if failure is not None:
+            # Refused (from a host function; a stream being captured): the
+            # library keeps it, and the device's close destroys it.
+            warnings.warn("a dropped mempool.Stream could not be destroyed: %s (one the "
+                          "library still holds goes with its Device's close)" % failure,
+                          ResourceWarning, stacklevel=2)
+
+    @staticmethod
+    def _release(dev, handle):
+        """Destroys a dropped stream: None, or why not."""
+        L = _lib.lib()
+        return None if L.mp_stream_destroy(dev, handle) == 0 else _s(L.mp_last_error())
 
     def _live(self):
         # A destroyed stream's handle is None, which ctypes would pass as
@@ -693,23 +712,28 @@ class Pool(_Handle):
         # reach the freed device).
         if device.handle is None:
             return
-        L = _lib.lib()
-        s = Stats()
-        live = True
-        if L.mp_pool_get_stats_sized(handle, ctypes.byref(s), ctypes.sizeof(s)) == 0:
-            live = s.allocated_bytes != 0
-        if not live:
-            status, gone = _destroy(handle)
-            if gone:
-                if status != 0:
-                    warnings.warn("a dropped mempool.Pool was destroyed, but: %s"
-                                  % _s(L.mp_last_error()), ResourceWarning,
-                                  stacklevel=2)
-                return
+        gone, failure = Pool._release(handle)
+        if gone:
+            if failure is not None:
+                warnings.warn("a dropped mempool.Pool was destroyed, but: %s" % failure,
+                              ResourceWarning, stacklevel=2)
+            return
         device._orphans.append(handle)
         warnings.warn("a mempool.Pool was dropped with live blocks (or child pools) "
                       "and not destroyed: it is kept until its Device closes",
                       ResourceWarning, stacklevel=2)
+
+    @staticmethod
+    def _release(handle):
+        """Destroys a dropped pool that holds no block: (whether it is
+        gone, the failure's message or None)."""
+        L = _lib.lib()
+        s = Stats()
+        if L.mp_pool_get_stats_sized(handle, ctypes.byref(s), ctypes.sizeof(s)) != 0 \
+                or s.allocated_bytes != 0:
+            return False, None
+        status, gone = _destroy(handle)
+        return gone, (_s(L.mp_last_error()) if status != 0 else None)
 
     def _live(self):
         if self.handle is None:
