@@ -156,17 +156,45 @@ mp_status_t mp__fail_driver(int code, mp_status_t st, const char *fmt, ...) {
   return st;
 }
 
+/* The one copy in and out of the thread's last error, for the internal
+ * pair (mp__error_saved_t) and the public one (mp_error_state_t) alike. */
+_Static_assert(sizeof((mp__error_saved_t *)0)->msg == sizeof mp__error_buf &&
+                   sizeof((mp_error_state_t *)0)->message ==
+                       sizeof mp__error_buf,
+               "a saved message holds mp_last_error() whole");
+
+static void mp__error_get(mp_status_t *st, int *cu, char *msg) {
+  *st = mp__error_st;
+  *cu = mp__error_cu;
+  memcpy(msg, mp__error_buf, sizeof mp__error_buf);
+}
+
+/* msg: MP__ERROR_MAX bytes, not necessarily NUL-terminated (a caller's
+ * mp_error_state_t): the last byte is the terminator, whatever it was. */
+static void mp__error_set(mp_status_t st, int cu, const char *msg) {
+  mp__error_st = st;
+  mp__error_cu = cu;
+  memcpy(mp__error_buf, msg, sizeof mp__error_buf - 1);
+  mp__error_buf[sizeof mp__error_buf - 1] = '\0';
+  mp__error_n++; /* recorded again: not the failure it was */
+}
+
 void mp__error_save(mp__error_saved_t *out) {
-  out->st = mp__error_st;
-  out->cu = mp__error_cu;
-  memcpy(out->msg, mp__error_buf, sizeof out->msg);
+  mp__error_get(&out->st, &out->cu, out->msg);
 }
 
 void mp__error_restore(const mp__error_saved_t *saved) {
-  mp__error_st = saved->st;
-  mp__error_cu = saved->cu;
-  memcpy(mp__error_buf, saved->msg, sizeof mp__error_buf);
-  mp__error_n++; /* recorded again: not the failure it was */
+  mp__error_set(saved->st, saved->cu, saved->msg);
+}
+
+void mp_error_save(mp_error_state_t *out) {
+  if (out != NULL)
+    mp__error_get(&out->status, &out->driver_error, out->message);
+}
+
+void mp_error_restore(const mp_error_state_t *in) {
+  if (in != NULL)
+    mp__error_set(in->status, in->driver_error, in->message);
 }
 
 uint64_t mp__error_serial(void) {

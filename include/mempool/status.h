@@ -67,6 +67,33 @@ MP_API mp_status_t mp_last_status(void);
  * it. */
 MP_API int mp_last_driver_error(void);
 
+/* The bytes of mp_last_error()'s message, its terminating NUL included:
+ * the message is never longer, so an mp_error_state_t holds it whole. */
+#define MP_ERROR_MESSAGE_MAX 512
+
+/* The calling thread's last error, whole: what mp_last_status(),
+ * mp_last_driver_error() and mp_last_error() give. */
+typedef struct mp_error_state {
+  mp_status_t status;
+  int driver_error;
+  char message[MP_ERROR_MESSAGE_MAX];
+} mp_error_state_t;
+
+/* Copies the calling thread's last error into *out (its message
+ * NUL-terminated), for cleanup code that may fail while the caller is
+ * still to read a failure: a destructor, a finalizer, an unwinding path
+ * that destroys what it made. mp_error_restore() then puts it back, so
+ * that the cleanup's own failure does not replace it. NULL: nothing. */
+MP_API void mp_error_save(mp_error_state_t *out);
+
+/* Makes *in the calling thread's last error: mp_last_status(),
+ * mp_last_driver_error() and mp_last_error() give its status, driver code
+ * and message, as they gave them when mp_error_save() filled it. The
+ * message is read up to its first NUL and at most MP_ERROR_MESSAGE_MAX - 1
+ * bytes: one not terminated within the array is cut there. Other threads'
+ * errors are untouched. NULL: nothing. */
+MP_API void mp_error_restore(const mp_error_state_t *in);
+
 #ifdef __cplusplus
 }
 #endif
