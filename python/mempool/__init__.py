@@ -304,6 +304,24 @@ def _on_drop(obj, fn, *args):
     return f
 
 
+@contextlib.contextmanager
+def _keeping_last_error():
+    """Cleanup run at a point the caller did not choose (the finalizer of a
+    dropped object, which the collector may run between a failing call and
+    the read of its message; a close while a with block's exception is on
+    its way out) leaves the thread's last error as it found it
+    (mp_error_save, mp_error_restore): a destroy or close refused there,
+    said as a ResourceWarning or an exception of its own, does not replace
+    the message, status and driver code of the caller's failure."""
+    L = _lib.lib()
+    saved = _lib.ErrorState()
+    L.mp_error_save(ctypes.byref(saved))
+    try:
+        yield
+    finally:
+        L.mp_error_restore(ctypes.byref(saved))
+
+
 def _exit_closing(close, exc_type):
     """close() on leaving a with block. While the block's own exception is
     on its way out, a refusal of the close (Busy: a pool still alive on the
@@ -314,7 +332,8 @@ def _exit_closing(close, exc_type):
         close()
         return
     try:
-        close()
+        with _keeping_last_error():
+            close()
     except MempoolError as e:
         warnings.warn("%s (leaving a with block that raised %s)" % (e, exc_type.__name__),
                       ResourceWarning, stacklevel=3)
@@ -419,7 +438,8 @@ class Device(_Handle):
                           "dropped with live blocks were on it: it is kept open"
                           % len(orphans), ResourceWarning, stacklevel=2)
             return
-        failure = Device._release(handle)
+        with _keeping_last_error():
+            failure = Device._release(handle)
         if failure is not None:  # open for good: said, not hidden
             warnings.warn("a dropped mempool.Device could not be closed and stays open: %s"
                           % failure, ResourceWarning, stacklevel=2)
@@ -529,7 +549,7 @@ class Stream(_Handle):
     def _dropped(device, handle, pid):
         if _forked(pid):
             return
-        with device._guard:  # a close on another thread waits
+        with _keeping_last_error(), device._guard:  # a close on another thread waits
             if device.handle is None:
                 return
             failure = Stream._release(device.handle, handle)
@@ -701,7 +721,7 @@ class Pool(_Handle):
         another thread waits (_Handle)."""
         if _forked(pid):
             return
-        with device._guard:
+        with _keeping_last_error(), device._guard:
             Pool._drop(device, handle)
 
     @staticmethod

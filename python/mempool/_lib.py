@@ -64,12 +64,22 @@ _c = ctypes.c_void_p
 _st = ctypes.c_int  # mp_status_t: a C enum
 _sz = ctypes.c_size_t
 
+
+class ErrorState(ctypes.Structure):
+    """mp_error_state_t (status.h): the thread's last error, whole, as
+    mp_error_save fills it and mp_error_restore puts it back."""
+    _fields_ = [("status", _st), ("driver_error", ctypes.c_int),
+                ("message", ctypes.c_char * 512)]  # MP_ERROR_MESSAGE_MAX
+
+
 # name: (restype, argtypes)
 _PROTOTYPES = {
     "mp_status_string": (ctypes.c_char_p, [_st]),
     "mp_status_name": (ctypes.c_char_p, [_st]),
     "mp_last_error": (ctypes.c_char_p, []),
     "mp_last_status": (_st, []),
+    "mp_error_save": (None, [ctypes.POINTER(ErrorState)]),
+    "mp_error_restore": (None, [ctypes.POINTER(ErrorState)]),
     "mp_device_open": (_st, [ctypes.c_char_p, ctypes.POINTER(_c)]),
     "mp_device_spec_canonical": (_st, [ctypes.c_char_p, ctypes.c_char_p, _sz]),
     "mp_device_close_ex": (_st, [_c]),
