@@ -123,7 +123,9 @@ __attribute__((destructor)) static void mp__exit(void) {
   if (path != NULL && (strcmp(path, "stderr") == 0 ||
                        !mp__pl_path_taken("MEMPOOL_REPORT", path))) {
     bool to_stderr = strcmp(path, "stderr") == 0;
-    FILE *f = to_stderr ? stderr : fopen(path, "w");
+    /* Close-on-exec ("e": open(2)'s O_CLOEXEC), as the trace (record.c):
+     * a program another thread execs meanwhile must not inherit it. */
+    FILE *f = to_stderr ? stderr : fopen(path, "we");
     if (f == NULL) {
       fprintf(stderr, "mempool preload: cannot write MEMPOOL_REPORT '%s'\n",
               path);
