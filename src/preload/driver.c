@@ -103,10 +103,10 @@ static mp__curesult mp__alloc(mp__variant_t v, mp__cuptr *dptr, size_t bytes,
        * answers the request itself, with its own code, as it would
        * without the shim, never CUDA_ERROR_UNKNOWN (mp__pl_cu_error). */
       served = st != MP_EDRIVER || pl->host;
-      if (st == MP_OK) {
+      if (st == MP_OK) /* recorded, or given back: out of memory */
+        st = mp__pl_pool_served(pool, &p, bytes, (uintptr_t)s);
+      if (st == MP_OK)
         *dptr = (mp__cuptr)(uintptr_t)p;
-        mp__pl_table_put_pool((uintptr_t)p, bytes, (uintptr_t)s, pool);
-      }
       if (served)
         mp__pl_record_alloc((uintptr_t)p, bytes, (uintptr_t)s, st == MP_OK);
       if (st == MP_OK && cap) /* routed to the capture's graph pool */

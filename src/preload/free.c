@@ -150,6 +150,17 @@ void mp__pl_real_free_refused(const mp__pl_block_t *b) {
   mp__pl_record_unfree(b->ptr, b->size, b->stream);
 }
 
+mp_status_t mp__pl_pool_served(mp_pool_t *pool, void **p, size_t size,
+                               uintptr_t stream) {
+  if (mp__pl_table_put_pool((uintptr_t)*p, size, stream, pool))
+    return MP_OK;
+  /* Stream-ordered on the block's own stream (mp_pool_free), where nothing
+   * has used it: reusable at once, as it was before the call. */
+  (void)mp_pool_free(pool, *p);
+  *p = NULL;
+  return MP_ENOMEM;
+}
+
 mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
                              bool sync, mp__custream s, bool ptsz,
                              bool captured) {

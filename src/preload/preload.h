@@ -373,7 +373,8 @@ typedef struct mp__pl_block {
   unsigned host_flags;
 } mp__pl_block_t;
 
-void mp__pl_table_put(uintptr_t ptr, size_t size, uintptr_t stream,
+/* Each put: false when no entry could be made (out of host memory). */
+bool mp__pl_table_put(uintptr_t ptr, size_t size, uintptr_t stream,
                       mp__pl_kind_t kind);
 /* Memory from the real entry point (kind MP__PL_FROM_REAL, device memory,
  * or MP__PL_FROM_REAL_HOST, page-locked), allocated in device ordinal's
@@ -381,11 +382,11 @@ void mp__pl_table_put(uintptr_t ptr, size_t size, uintptr_t stream,
 void mp__pl_table_put_real(uintptr_t ptr, size_t size, uintptr_t stream,
                            mp__pl_kind_t kind, int ordinal);
 /* A block of device ordinal's host pool (MP__PL_FROM_HOSTMEM) asked for
- * with flags; false when no entry could be made (out of host memory). */
+ * with flags. */
 bool mp__pl_table_put_hostmem(uintptr_t ptr, size_t size, unsigned flags,
                               int ordinal);
 /* A block of pool (MP__PL_FROM_POOL). */
-void mp__pl_table_put_pool(uintptr_t ptr, size_t size, uintptr_t stream,
+bool mp__pl_table_put_pool(uintptr_t ptr, size_t size, uintptr_t stream,
                            mp_pool_t *pool);
 /* Puts back an entry mp__pl_table_take removed, whole (a pool block keeps
  * its pool): a free the hook refuses leaves the pointer as it was. */
@@ -605,6 +606,14 @@ unsigned mp__pl_free_foreign(const mp__pl_t *pl, bool sync,
  * would free the wrong block (as for mp__pl_pool_free). When the real call
  * fails, this puts the block back in the table and traces it live again. */
 void mp__pl_real_free_refused(const mp__pl_block_t *b);
+
+/* The table's entry of block *p that pool just served for size bytes on
+ * stream (mp__pl_table_put_pool): MP_OK. Without host memory for the entry
+ * the block goes back to the pool, unused, *p becomes NULL and the answer
+ * is MP_ENOMEM: unrecorded, it could never be freed (its free refused as a
+ * pointer in the pool's memory the pool never handed out). */
+mp_status_t mp__pl_pool_served(mp_pool_t *pool, void **p, size_t size,
+                               uintptr_t stream);
 
 /* Frees a pool block the table gave back: sync (cuMemFree, cudaFree) waits
  * for every stream's work, async on s; traced before the pool has it.

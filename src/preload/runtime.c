@@ -144,10 +144,10 @@ static mp__cudaerr mp__rt_alloc(mp__rt_variant_t v, void **p, size_t bytes,
        * its own code in its last error (sticky ones included), never
        * cudaErrorUnknown (see driver.c). */
       served = st != MP_EDRIVER || pl->host;
-      if (st == MP_OK) {
+      if (st == MP_OK) /* recorded, or given back: out of memory */
+        st = mp__pl_pool_served(pool, &ptr, bytes, (uintptr_t)s);
+      if (st == MP_OK)
         *p = ptr;
-        mp__pl_table_put_pool((uintptr_t)ptr, bytes, (uintptr_t)s, pool);
-      }
       if (served)
         mp__pl_record_alloc((uintptr_t)ptr, bytes, (uintptr_t)s, st == MP_OK);
       if (st == MP_OK && cap) /* routed to the capture's graph pool */

@@ -46,10 +46,13 @@ static struct {
 } mp__tab = {.lock = PTHREAD_MUTEX_INITIALIZER,
              .map = {.esize = sizeof(mp__pl_block_t)}};
 
-/* Without host memory for the entry the pointer goes unrecorded: its free
- * then reaches the real driver, which is what happens to every pointer the
- * shim does not know. A known address is overwritten: the driver handed it
- * out again after a free the shim did not see. */
+/* Without host memory for the entry the pointer goes unrecorded and the put
+ * says so (false). Memory of the real driver's is then freed by it, which
+ * is what happens to every pointer the shim does not know; a block the
+ * shim served (a pool's, the host pool's, the host device's) could never
+ * be freed, and its caller gives it back (mp__pl_pool_served, host.c,
+ * runtime.c). A known address is overwritten: the driver handed it out
+ * again after a free the shim did not see. */
 static bool mp__table_put_whole(const mp__pl_block_t *b) {
   pthread_mutex_lock(&mp__tab.lock);
   mp__pl_block_t *e = mp__ptrmap_put(&mp__tab.map, b->ptr);
@@ -59,9 +62,9 @@ static bool mp__table_put_whole(const mp__pl_block_t *b) {
   return e != NULL;
 }
 
-void mp__pl_table_put(uintptr_t ptr, size_t size, uintptr_t stream,
+bool mp__pl_table_put(uintptr_t ptr, size_t size, uintptr_t stream,
                       mp__pl_kind_t kind) {
-  mp__table_put_whole(&(mp__pl_block_t){
+  return mp__table_put_whole(&(mp__pl_block_t){
       .ptr = ptr, .size = size, .stream = stream, .kind = kind, .ordinal = -1});
 }
 
@@ -74,14 +77,14 @@ bool mp__pl_table_put_hostmem(uintptr_t ptr, size_t size, unsigned flags,
                                                .host_flags = flags});
 }
 
-void mp__pl_table_put_pool(uintptr_t ptr, size_t size, uintptr_t stream,
+bool mp__pl_table_put_pool(uintptr_t ptr, size_t size, uintptr_t stream,
                            mp_pool_t *pool) {
-  mp__table_put_whole(&(mp__pl_block_t){.ptr = ptr,
-                                        .size = size,
-                                        .stream = stream,
-                                        .kind = MP__PL_FROM_POOL,
-                                        .pool = pool,
-                                        .ordinal = -1});
+  return mp__table_put_whole(&(mp__pl_block_t){.ptr = ptr,
+                                               .size = size,
+                                               .stream = stream,
+                                               .kind = MP__PL_FROM_POOL,
+                                               .pool = pool,
+                                               .ordinal = -1});
 }
 
 void mp__pl_table_put_real(uintptr_t ptr, size_t size, uintptr_t stream,

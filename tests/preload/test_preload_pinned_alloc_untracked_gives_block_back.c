@@ -7,21 +7,7 @@
  * driver; mp__ptrmap_put (ptrmap.c) is wrapped to fail for the table's map
  * (entries of mp__pl_block_t) when asked. */
 #include "in_process.h"
-
-void *__real_mp__ptrmap_put(mp__ptrmap_t *m, uintptr_t key);
-void *__wrap_mp__ptrmap_put(mp__ptrmap_t *m, uintptr_t key);
-
-static int refuse_table_puts; /* how many to refuse */
-static int refused;
-
-void *__wrap_mp__ptrmap_put(mp__ptrmap_t *m, uintptr_t key) {
-  if (refuse_table_puts > 0 && m->esize == sizeof(mp__pl_block_t)) {
-    refuse_table_puts--;
-    refused++;
-    return NULL; /* as when host memory runs out */
-  }
-  return __real_mp__ptrmap_put(m, key);
-}
+#include "refuse_table_puts.h"
 
 /* A block served from the pool's cache: one of size made and freed
  * (its chunk made, so nothing else is asked of the driver). */
