@@ -320,8 +320,15 @@ static mp__cudaerr mp__rt_other_alloc(mp__pl_kind_t kind, void **p,
       mp_status_t st = kind == MP__PL_FROM_DEVICE
                            ? mp_device_alloc(pl->dev, bytes, p)
                            : mp_device_host_alloc(pl->dev, bytes, p);
-      if (st == MP_OK)
-        mp__pl_table_put((uintptr_t)*p, bytes, 0, kind);
+      if (st == MP_OK && !mp__pl_table_put((uintptr_t)*p, bytes, 0, kind)) {
+        /* Unrecorded, its free would be refused as a pointer the host
+         * device never handed out: it goes back now, unused, and the
+         * answer is out of memory (as host.c's page-locked blocks). */
+        (void)(kind == MP__PL_FROM_DEVICE ? mp_device_free(pl->dev, *p)
+                                          : mp_device_host_free(pl->dev, *p));
+        *p = NULL;
+        st = MP_ENOMEM;
+      }
       r = mp__pl_cuda_error(st);
     }
   } else if (kind == MP__PL_FROM_DEVICE) {
