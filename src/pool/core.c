@@ -15,7 +15,8 @@
  * segment, grow again -> take a block that fits but that newer work of
  * another stream holds, and wait for the streams again -> defragment
  * (defrag.c) -> MP_ENOMEM, or MP_ELIMIT when max_bytes (or a child's
- * range) is what stops it.
+ * range) is what stops it. From a host function the ladder waits for
+ * nothing and makes no device call it can do without (mp__in_host_fn).
  *
  * Also here: a pool's host structures (mp__pool_new, mp__pool_free_host),
  * which every kind of pool (plain, child, graph) is made and freed with.
@@ -257,14 +258,49 @@ static bool mp__is_oom(mp_status_t st) {
   return st == MP_ENOMEM || st == MP_ELIMIT;
 }
 
-/* Grows until the cache serves or growing fails; returns the block. */
+/* Whether the calling thread runs a host function of the pool's device,
+ * where the device refuses every call (backend.h's caller_check: the host
+ * device tells; CUDA leaves it undefined, cuda.h, cuLaunchHostFunc: "The
+ * host function must not make any CUDA API calls"). No wait can be made
+ * there either: another thread's device call in flight (inflight) may be
+ * a free that waits for the queued host functions, this one too (cuMemFree
+ * "may perform implicit synchronization", cuda.h; the host device's free
+ * synchronizes the device), and a synchronization waits for it. */
+static bool mp__in_host_fn(const mp_pool_t *pool) {
+  mp_device_t *d = pool->dev;
+  mp__error_saved_t e; /* the check's message is not the ladder's answer */
+  mp__error_save(&e);
+  bool in = d->ops->caller_check != NULL &&
+            d->ops->caller_check(d, "mp_pool_alloc") != MP_OK;
+  mp__error_restore(&e);
+  return in;
+}
+
+/* The growth a host function cannot wait for (another thread's device
+ * call in flight): beyond the cap MP_ELIMIT, as growth answers, else the
+ * device's refusal of the growth, which is a device call. */
+static mp_status_t mp__grow_refused(mp_pool_t *pool, size_t size) {
+  mp_device_t *d = pool->dev;
+  if (size > mp__pool_room(pool))
+    return mp__segment_limit(pool);
+  mp_status_t st = d->ops->caller_check(d, "growing the pool");
+  return st != MP_OK ? st : MP_ENOMEM;
+}
+
+/* Grows until the cache serves or growing fails; returns the block.
+ * host_fn (mp__in_host_fn): no wait for a device call in flight. */
 static mp_status_t mp__grow_and_search(mp_pool_t *pool, size_t size,
-                                       uint32_t sidx, mp__block_t **out) {
+                                       uint32_t sidx, bool host_fn,
+                                       mp__block_t **out) {
   /* Only growths this thread made count: waiting for another thread's
    * grow or release is progress too, and is followed by a fresh look. */
   mp_status_t st = MP_ENOMEM;
   for (int grown = 0; grown < 8;) {
     mp__block_t *f;
+    if (host_fn && pool->inflight) {
+      st = mp__grow_refused(pool, size);
+      break;
+    }
     if ((st = mp__segment_grow(pool, size, sidx, &f)) != MP_OK)
       break;
     st = MP_ENOMEM;
@@ -329,9 +365,10 @@ static void mp__block_hold(mp_pool_t *pool, mp__block_t *b, bool on) {
  * every stream once more: whatever work the block had is behind that wait,
  * and nothing can join it meanwhile. On MP_OK *out is the block, taken and
  * usable on sidx; MP_ENOMEM (nothing changed): no such block, no room in
- * the live map, or no wait can be made (a stream being captured). */
+ * the live map, or no wait can be made (a stream being captured, or
+ * host_fn: called from a host function, mp__in_host_fn). */
 static MP__COLD mp_status_t mp__take_after_wait(mp_pool_t *pool, size_t size,
-                                                uint32_t sidx,
+                                                uint32_t sidx, bool host_fn,
                                                 mp__block_t **out) {
   mp__block_t *pending = NULL;
   mp__block_t *b = mp__search_ex(pool, size, sidx, &pending);
@@ -339,7 +376,7 @@ static MP__COLD mp_status_t mp__take_after_wait(mp_pool_t *pool, size_t size,
     *out = mp__take_block(pool, b, size);
     return MP_OK;
   }
-  if (pending == NULL || pool->ncapturing > 0 ||
+  if (pending == NULL || host_fn || pool->ncapturing > 0 ||
       (!mp__map_has_room(pool, 1) && !mp__map_reserve(pool, 1)))
     return MP_ENOMEM;
   b = mp__take_block(pool, pending, size);
@@ -362,13 +399,18 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
   mp__block_t *b = mp__search_patiently(pool, size, sidx, pending);
   if (b != NULL)
     goto got;
-  mp_status_t st = mp__grow_and_search(pool, size, sidx, &b);
+  /* From a host function only the rungs that neither wait nor call the
+   * device: the searches, and growth where nothing is in flight (at the
+   * cap it answers MP_ELIMIT, else the device refuses it). */
+  bool host_fn = mp__in_host_fn(pool);
+  mp_status_t st = mp__grow_and_search(pool, size, sidx, host_fn, &b);
   if (st == MP_OK)
     goto got;
   if (!mp__is_oom(st))
     return mp__status_out(st);
-  /* Rung: reclaim blocks whose streams have moved on. */
-  mp__streams_poll(pool, true);
+  /* Rung: reclaim blocks whose streams have moved on (queries). */
+  if (!host_fn)
+    mp__streams_poll(pool, true);
   if ((b = mp__search(pool, size, sidx)) != NULL)
     goto got;
   /* Paused while a rung had the lock dropped: no retry, no OOM counted
@@ -376,7 +418,7 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
   if (pool->paused)
     return mp__pool_paused(pool, "allocation");
   /* Rung: synchronize, give back every free segment, grow again. */
-  if (mp__free_bytes(pool) > 0 || pool->nstreams > 1) {
+  if (!host_fn && (mp__free_bytes(pool) > 0 || pool->nstreams > 1)) {
     pool->st.alloc_retry_count++;
     if (mp__pool_sync(pool) == MP_OK) {
       /* Joined first, the pairs the sync let join (merge_later, and those
@@ -393,20 +435,21 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
       if ((b = mp__search(pool, size, sidx)) != NULL)
         goto got;
       mp__segment_trim(pool, 0);
-      st = mp__grow_and_search(pool, size, sidx, &b);
+      st = mp__grow_and_search(pool, size, sidx, host_fn, &b);
       if (st == MP_OK)
         goto got;
       if (!mp__is_oom(st))
         return mp__status_out(st);
       /* Rung: wait for a block that fits but work of another stream, newer
        * than the synchronization, holds (before moving blocks for room). */
-      if (mp__take_after_wait(pool, size, sidx, out) == MP_OK)
+      if (mp__take_after_wait(pool, size, sidx, false, out) == MP_OK)
         return MP_OK;
     }
   }
   /* Rung: defragment movable blocks (defrag.c; it synchronizes the device:
    * not while a stream of the pool is captured). */
-  if ((pool->cfg.flags & MP_POOL_DEFRAG_ON_OOM) && pool->ncapturing == 0) {
+  if ((pool->cfg.flags & MP_POOL_DEFRAG_ON_OOM) && pool->ncapturing == 0 &&
+      !host_fn) {
     /* A take for every stream (UINT32_MAX) moves on the stream it is for
      * (mp__take_stream); the space moved blocks leave then waits for
      * that stream, and the last look below waits for it. */
@@ -418,7 +461,7 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
     if (moved > 0) {
       if ((b = mp__search(pool, size, sidx)) != NULL)
         goto got;
-      st = mp__grow_and_search(pool, size, sidx, &b);
+      st = mp__grow_and_search(pool, size, sidx, host_fn, &b);
       if (st == MP_OK)
         goto got;
       if (st == MP__EHOST)
@@ -428,7 +471,8 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
   /* The last look, under the lock the answer is given with: a block freed
    * while defragmentation had the lock dropped serves the request, at once
    * or once its streams' work is waited for. */
-  if (!pool->paused && mp__take_after_wait(pool, size, sidx, out) == MP_OK)
+  if (!pool->paused &&
+      mp__take_after_wait(pool, size, sidx, host_fn, out) == MP_OK)
     return MP_OK;
   if (pool->paused)
     return mp__pool_paused(pool, "allocation");

@@ -1159,6 +1159,18 @@ mp_status_t mp_pool_trim(mp_pool_t *pool, size_t keep_bytes) {
 mp_status_t mp__pool_trim_marked(mp_pool_t *pool, size_t keep_bytes) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_trim: pool is NULL");
+  /* Refused from a host function, where the device refuses every call
+   * (backend.h's caller_check; cuda.h, cuLaunchHostFunc: "must not make any
+   * CUDA API calls"), before anything changes: a trim is synchronization
+   * and frees, and its wait for another thread's device call in flight (a
+   * free, which waits for the queued host functions, this one too) never
+   * returned. */
+  mp_device_t *d = pool->dev;
+  mp_status_t cst = d->ops->caller_check != NULL
+                        ? d->ops->caller_check(d, "mp_pool_trim")
+                        : MP_OK;
+  if (cst != MP_OK)
+    return cst;
   if (pool->arenas != NULL)
     return mp__arena_trim(pool, keep_bytes);
   (void)mp__defrag_stage_retry(pool); /* a staging buffer a refusal kept */
