@@ -50,6 +50,17 @@
  * cap stops it. mp_last_error() then says how much was asked, reserved and
  * allocated and how big the largest free block was.
  *
+ * From a host function (mp_stream_launch_host; CUDA's cuLaunchHostFunc: it
+ * "must not make any CUDA API calls") no call waits for the device or for
+ * another thread's device call on the pool, which may be waiting for the
+ * host functions queued: the ladder runs only the rungs that neither wait
+ * nor call the device (MP_ELIMIT at the cap, else the device's refusal);
+ * mp_pool_trim, mp_pool_defragment, mp_pool_freeze, mp_pool_pause and
+ * mp_pool_resume are refused before anything changes; mp_pool_check and
+ * mp_pool_dump answer MP_EBUSY while such a call is under way. Where the
+ * device cannot tell a host function's thread (CUDA), none of this
+ * applies: make no pool call there that may grow, trim or wait.
+ *
  * All calls are thread-safe: one lock per pool, never held across a device
  * call that can block (allocation, mapping, release, synchronize). */
 #ifndef MEMPOOL_POOL_H

@@ -646,22 +646,6 @@ static mp_status_t mp__arena_retry(mp_pool_t *a, const mp__arena_req_t *q) {
 /* Rounds of reclaim and retry at most, in one reclaim step. */
 #define MP__ARENA_RECLAIM_ROUNDS 4
 
-/* Whether the calling thread runs a host function of the pool's device:
- * one whose device calls the device refuses (backend.h's caller_check; the
- * host device tells, CUDA leaves it undefined: cuda.h, cuLaunchHostFunc,
- * "must not make any CUDA API calls"). The refusal's message is not kept:
- * nothing was called. */
-static bool mp__arena_in_host_fn(mp_pool_t *pool) {
-  mp_device_t *d = pool->dev;
-  if (d->ops->caller_check == NULL)
-    return false;
-  mp__error_saved_t e;
-  mp__error_save(&e);
-  bool in = d->ops->caller_check(d, "mp_pool_alloc") != MP_OK;
-  mp__error_restore(&e);
-  return in;
-}
-
 /* Under no lock: one reclaim step for arena a, then its retry. deep 0:
  * (capped pools) the other arenas' unused share comes back and a gets half
  * of what is left; 1: every other arena is trimmed too and a gets all the
@@ -683,7 +667,7 @@ static mp_status_t mp__arena_reclaim_retry(mp_pool_t *pool, mp_pool_t *a,
   bool share;
   (void)mp__arena_pool_cap(pool, &share);
   share = share && deep < 2;
-  bool trim = deep == 1 && !mp__arena_in_host_fn(pool);
+  bool trim = deep == 1 && !mp__pool_in_host_fn(pool);
   for (int round = 1;; round++) {
     size_t gave = 0;
     for (size_t i = 0; trim && i < pool->cfg.arenas; i++) {

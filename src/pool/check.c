@@ -280,8 +280,9 @@ mp_status_t mp_pool_check(mp_pool_t *pool) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_check: pool is NULL");
   mp__pool_lock(pool);
-  mp__pool_wait_idle(pool);
-  mp_status_t st = mp__pool_paused(pool, "mp_pool_check");
+  mp_status_t st = mp__pool_wait_for(pool, "mp_pool_check", false);
+  if (st == MP_OK)
+    st = mp__pool_paused(pool, "mp_pool_check");
   if (st == MP_OK)
     st = mp__pool_check_locked(pool);
   mp__pool_unlock(pool);

@@ -16,7 +16,7 @@
  * another stream holds, and wait for the streams again -> defragment
  * (defrag.c) -> MP_ENOMEM, or MP_ELIMIT when max_bytes (or a child's
  * range) is what stops it. From a host function the ladder waits for
- * nothing and makes no device call it can do without (mp__in_host_fn).
+ * nothing and makes no device call it can do without (mp__pool_in_host_fn).
  *
  * Also here: a pool's host structures (mp__pool_new, mp__pool_free_host),
  * which every kind of pool (plain, child, graph) is made and freed with.
@@ -258,20 +258,15 @@ static bool mp__is_oom(mp_status_t st) {
   return st == MP_ENOMEM || st == MP_ELIMIT;
 }
 
-/* Whether the calling thread runs a host function of the pool's device,
- * where the device refuses every call (backend.h's caller_check: the host
- * device tells; CUDA leaves it undefined, cuda.h, cuLaunchHostFunc: "The
- * host function must not make any CUDA API calls"). No wait can be made
- * there either: another thread's device call in flight (inflight) may be
- * a free that waits for the queued host functions, this one too (cuMemFree
- * "may perform implicit synchronization", cuda.h; the host device's free
- * synchronizes the device), and a synchronization waits for it. */
-static bool mp__in_host_fn(const mp_pool_t *pool) {
+mp_status_t mp__pool_caller_check(const mp_pool_t *pool, const char *fn) {
   mp_device_t *d = pool->dev;
-  mp__error_saved_t e; /* the check's message is not the ladder's answer */
+  return d->ops->caller_check != NULL ? d->ops->caller_check(d, fn) : MP_OK;
+}
+
+bool mp__pool_in_host_fn(const mp_pool_t *pool) {
+  mp__error_saved_t e; /* the check's message is not the caller's answer */
   mp__error_save(&e);
-  bool in = d->ops->caller_check != NULL &&
-            d->ops->caller_check(d, "mp_pool_alloc") != MP_OK;
+  bool in = mp__pool_caller_check(pool, "mp_pool_alloc") != MP_OK;
   mp__error_restore(&e);
   return in;
 }
@@ -280,15 +275,14 @@ static bool mp__in_host_fn(const mp_pool_t *pool) {
  * call in flight): beyond the cap MP_ELIMIT, as growth answers, else the
  * device's refusal of the growth, which is a device call. */
 static mp_status_t mp__grow_refused(mp_pool_t *pool, size_t size) {
-  mp_device_t *d = pool->dev;
   if (size > mp__pool_room(pool))
     return mp__segment_limit(pool);
-  mp_status_t st = d->ops->caller_check(d, "growing the pool");
+  mp_status_t st = mp__pool_caller_check(pool, "growing the pool");
   return st != MP_OK ? st : MP_ENOMEM;
 }
 
 /* Grows until the cache serves or growing fails; returns the block.
- * host_fn (mp__in_host_fn): no wait for a device call in flight. */
+ * host_fn (mp__pool_in_host_fn): no wait for a device call in flight. */
 static mp_status_t mp__grow_and_search(mp_pool_t *pool, size_t size,
                                        uint32_t sidx, bool host_fn,
                                        mp__block_t **out) {
@@ -366,7 +360,7 @@ static void mp__block_hold(mp_pool_t *pool, mp__block_t *b, bool on) {
  * and nothing can join it meanwhile. On MP_OK *out is the block, taken and
  * usable on sidx; MP_ENOMEM (nothing changed): no such block, no room in
  * the live map, or no wait can be made (a stream being captured, or
- * host_fn: called from a host function, mp__in_host_fn). */
+ * host_fn: called from a host function, mp__pool_in_host_fn). */
 static MP__COLD mp_status_t mp__take_after_wait(mp_pool_t *pool, size_t size,
                                                 uint32_t sidx, bool host_fn,
                                                 mp__block_t **out) {
@@ -402,7 +396,7 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
   /* From a host function only the rungs that neither wait nor call the
    * device: the searches, and growth where nothing is in flight (at the
    * cap it answers MP_ELIMIT, else the device refuses it). */
-  bool host_fn = mp__in_host_fn(pool);
+  bool host_fn = mp__pool_in_host_fn(pool);
   mp_status_t st = mp__grow_and_search(pool, size, sidx, host_fn, &b);
   if (st == MP_OK)
     goto got;

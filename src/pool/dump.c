@@ -317,10 +317,19 @@ mp_status_t mp_pool_dump(mp_pool_t *pool, FILE *file, const char *format) {
   mp_pool_t *part[MP_POOL_MAX_ARENAS];
   long part_no[MP_POOL_MAX_ARENAS]; /* its arena number, or -1 */
   size_t nparts = 0;
+  /* From a host function a device call in flight is not waited for
+   * (pool_internal.h, mp__pool_wait_for): MP_EBUSY before anything is
+   * written, and after (an arena's call begun meanwhile) its segments as
+   * they are under its lock. */
+  bool host_fn = mp__pool_in_host_fn(pool);
   if (pool->arenas == NULL) {
     /* Under the lock throughout: one pool's state at one moment. */
     mp__pool_lock(pool);
-    mp__pool_wait_idle(pool);
+    mp_status_t st = mp__pool_wait_for(pool, "mp_pool_dump", false);
+    if (st != MP_OK) {
+      mp__pool_unlock(pool);
+      return st;
+    }
     mp__stats_copy(pool, &h.s);
     /* As mp_pool_get_stats says it: 0 while paused (nothing is served). */
     h.largest = h.s.largest_free_bytes =
@@ -345,7 +354,11 @@ mp_status_t mp_pool_dump(mp_pool_t *pool, FILE *file, const char *format) {
     mp_pool_t *a = part[k];
     if (a != pool) {
       mp__pool_lock(a);
-      mp__pool_wait_idle(a);
+      mp_status_t st = mp__pool_wait_for(a, "mp_pool_dump", false);
+      if (st != MP_OK) {
+        mp__pool_unlock(a);
+        return st;
+      }
     }
     h.live += a->nstreams - a->ngone;
     h.gone += a->ngone;
@@ -368,7 +381,8 @@ mp_status_t mp_pool_dump(mp_pool_t *pool, FILE *file, const char *format) {
     mp_pool_t *a = part[k];
     if (a != pool) {
       mp__pool_lock(a);
-      mp__pool_wait_idle(a);
+      if (!host_fn)
+        mp__pool_wait_idle(a);
     }
     if (kind == 1)
       mp__dump_json_segs(a, out, part_no[k], &first);

@@ -253,6 +253,21 @@ bool mp__pool_wait_sync(mp_pool_t *pool) {
   return waited;
 }
 
+mp_status_t mp__pool_wait_for(mp_pool_t *pool, const char *fn, bool sync) {
+  if ((pool->inflight || (sync && pool->syncing)) && mp__pool_in_host_fn(pool))
+    return mp__fail(MP_EBUSY,
+                    "%s: called from a host function while another thread's "
+                    "device call on the pool is under way, which may wait "
+                    "for the host functions queued: call it after the host "
+                    "function returns",
+                    fn);
+  if (sync)
+    (void)mp__pool_wait_sync(pool);
+  else
+    mp__pool_wait_idle(pool);
+  return MP_OK;
+}
+
 /* The drop of both flagged kinds: *flag marks what is in flight while the
  * lock is down; the retake clears it and wakes whoever waits for it. */
 static void mp__pool_drop_flagged(mp_pool_t *pool, bool *flag) {

@@ -1165,10 +1165,7 @@ mp_status_t mp__pool_trim_marked(mp_pool_t *pool, size_t keep_bytes) {
    * and frees, and its wait for another thread's device call in flight (a
    * free, which waits for the queued host functions, this one too) never
    * returned. */
-  mp_device_t *d = pool->dev;
-  mp_status_t cst = d->ops->caller_check != NULL
-                        ? d->ops->caller_check(d, "mp_pool_trim")
-                        : MP_OK;
+  mp_status_t cst = mp__pool_caller_check(pool, "mp_pool_trim");
   if (cst != MP_OK)
     return cst;
   if (pool->arenas != NULL)

@@ -702,6 +702,10 @@ void mp__pool_device_begin(mp_pool_t *pool);
 void mp__pool_device_end(mp_pool_t *pool);
 /* Waits until no grow/release is in flight (drops the lock meanwhile). */
 void mp__pool_wait_idle(mp_pool_t *pool);
+/* mp__pool_wait_idle (sync: mp__pool_wait_sync) for entry point fn, but
+ * from a host function (mp__pool_in_host_fn) MP_EBUSY naming fn instead of
+ * a wait: the device call in flight may wait for the host function. */
+mp_status_t mp__pool_wait_for(mp_pool_t *pool, const char *fn, bool sync);
 /* Around a synchronization with the lock dropped: one at a time, after any
  * grow or release in flight; growth does not wait for it. wait_sync waits
  * for the turn (call it before snapshotting stream epochs) and says
@@ -711,6 +715,18 @@ void mp__pool_wait_idle(mp_pool_t *pool);
 bool mp__pool_wait_sync(mp_pool_t *pool);
 void mp__pool_sync_begin(mp_pool_t *pool);
 void mp__pool_sync_end(mp_pool_t *pool);
+
+/* The device's refusal naming fn when the calling thread runs a host
+ * function of pool's device (backend.h's caller_check: the host device
+ * tells; CUDA leaves it undefined, cuda.h, cuLaunchHostFunc: "The host
+ * function must not make any CUDA API calls"), else MP_OK. in_host_fn: the
+ * same, as a bool, the thread's last error kept. No wait can be made there
+ * either: another thread's device call in flight may be a free that waits
+ * for the queued host functions, this one too (cuMemFree "may perform
+ * implicit synchronization", cuda.h; the host device's free synchronizes
+ * the device). core.c. */
+mp_status_t mp__pool_caller_check(const mp_pool_t *pool, const char *fn);
+bool mp__pool_in_host_fn(const mp_pool_t *pool);
 
 /* MP_EBUSY naming fn while the pool is paused (pause.c), else MP_OK. */
 static inline mp_status_t mp__pool_paused(const mp_pool_t *pool,

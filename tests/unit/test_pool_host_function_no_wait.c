@@ -25,7 +25,14 @@
 
 #define MiB ((size_t)1 << 20)
 
-enum call { CALL_ALLOC, CALL_TRIM };
+enum call {
+  CALL_ALLOC,
+  CALL_TRIM,
+  CALL_CHECK,
+  CALL_DUMP,
+  CALL_DEFRAG,
+  CALL_PAUSE
+};
 
 typedef struct {
   mp_pool_t *pool;
@@ -39,6 +46,7 @@ typedef struct {
   mp_status_t st;
   char why[512];
   void *p;
+  long wrote; /* CALL_DUMP: bytes written */
 } call_t;
 
 /* The host function: (beside) waits at most 5 s for the release's device
@@ -55,10 +63,21 @@ static void call_from_host_fn(void *v) {
     nanosleep(&(struct timespec){0, 1000000}, NULL);
   }
   mp_status_t got = mp_pool_get_stats(c->pool, &c->before);
-  if (c->call == CALL_ALLOC)
-    c->st = mp_pool_alloc(c->pool, c->bytes, NULL, &c->p);
-  else
-    c->st = mp_pool_trim(c->pool, c->bytes);
+  FILE *f = NULL;
+  switch (c->call) {
+  case CALL_ALLOC: c->st = mp_pool_alloc(c->pool, c->bytes, NULL, &c->p); break;
+  case CALL_TRIM: c->st = mp_pool_trim(c->pool, c->bytes); break;
+  case CALL_CHECK: c->st = mp_pool_check(c->pool); break;
+  case CALL_DUMP:
+    f = tmpfile();
+    c->st = f != NULL ? mp_pool_dump(c->pool, f, "json") : MP_EIO;
+    c->wrote = f != NULL ? ftell(f) : -1;
+    if (f != NULL)
+      fclose(f);
+    break;
+  case CALL_DEFRAG: c->st = mp_pool_defragment(c->pool, NULL, NULL); break;
+  case CALL_PAUSE: c->st = mp_pool_pause(c->pool, 0); break;
+  }
   snprintf(c->why, sizeof c->why, "%s", mp_last_error());
   if (mp_pool_get_stats(c->pool, &c->after) != MP_OK || got != MP_OK)
     c->stats_failed = true;
@@ -136,19 +155,26 @@ static void expect_stats_unchanged(const call_t *c) {
                "the stats changed");
 }
 
-/* 4 MiB asked from a host function while the release runs, in a pool
- * capped at cap: want, the message holding says. The ladder's growth
- * waited for the release, which waited for the host function. */
-static void alloc_beside_a_release(const char *cap, mp_status_t want,
-                                   const char *says) {
+/* call (bytes: asked, or kept) from a host function while the release
+ * runs, in a pool made with opts: want, the message holding says; the
+ * pool runs on; returns what a dump wrote. (An allocation: the ladder's growth
+ * waited for the release, which waited for the host function.) */
+static long call_beside_a_release(enum call call, size_t bytes,
+                                  const char *opts, mp_status_t want,
+                                  const char *says) {
   mp_device_t *dev = open_dev("host:capacity=64M");
-  mp_pool_t *pool = four_segments_one_cached(dev, cap);
-  call_t c = {
-      .pool = pool, .call = CALL_ALLOC, .bytes = 4 * MiB, .beside = true};
+  mp_pool_t *pool = four_segments_one_cached(dev, opts);
+  call_t c = {.pool = pool, .call = call, .bytes = bytes, .beside = true};
   run_call(dev, &c);
   cr_expect_eq(c.st, want, "%s: %s", mp_status_name(c.st), c.why);
   cr_expect_neq(strstr(c.why, says), NULL, "%s", c.why);
   finish(dev, pool, &c, 2);
+  return c.wrote;
+}
+
+static void alloc_beside_a_release(const char *cap, mp_status_t want,
+                                   const char *says) {
+  (void)call_beside_a_release(CALL_ALLOC, 4 * MiB, cap, want, says);
 }
 
 /* At the cap (8 MiB reserved): MP_ELIMIT, as anywhere. */
@@ -187,14 +213,8 @@ Test(pool_host_function_no_wait, alloc_at_the_cap_changes_nothing_but_oom_count,
  * host function it is refused. */
 Test(pool_host_function_no_wait, trim_beside_a_release_is_refused,
      .timeout = 10) {
-  mp_device_t *dev = open_dev("host:capacity=64M");
-  mp_pool_t *pool = four_segments_one_cached(dev, "max_bytes=8M");
-  call_t c = {.pool = pool, .call = CALL_TRIM, .bytes = 0, .beside = true};
-  run_call(dev, &c);
-  cr_expect_eq(c.st, MP_EINVAL, "%s: %s", mp_status_name(c.st), c.why);
-  cr_expect_neq(strstr(c.why, "mp_pool_trim: called from a host function"),
-                NULL, "%s", c.why);
-  finish(dev, pool, &c, 2);
+  (void)call_beside_a_release(CALL_TRIM, 0, "max_bytes=8M", MP_EINVAL,
+                              "mp_pool_trim: called from a host function");
 }
 
 /* A trim from a host function of a pool made with opts, nothing in
@@ -220,4 +240,49 @@ Test(pool_host_function_no_wait, trim_refused_changes_nothing, .timeout = 10) {
 Test(pool_host_function_no_wait, trim_with_arenas_refused_changes_nothing,
      .timeout = 10) {
   trim_refused("max_bytes=32M,arenas=2");
+}
+
+/* A check or a dump waited for the release's device call to end, to see
+ * the pool at rest; from a host function that call may be waiting for,
+ * MP_EBUSY instead (a dump writes nothing). Defragmentation and pause,
+ * device work (copies, unmaps) that waited for the release first, are
+ * refused from a host function. */
+Test(pool_host_function_no_wait, looks_and_device_work_beside_a_release_answer,
+     .timeout = 20) {
+  static const struct {
+    enum call call;
+    mp_status_t want;
+    const char *says;
+  } calls[] = {
+      {CALL_CHECK, MP_EBUSY, "mp_pool_check: called from a host function "},
+      {CALL_DUMP, MP_EBUSY, "mp_pool_dump: called from a host function "},
+      {CALL_DEFRAG, MP_EINVAL, "mp_pool_defragment: called from a host "},
+      {CALL_PAUSE, MP_EINVAL, "mp_pool_pause: called from a host function"},
+  };
+  for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
+    long wrote = call_beside_a_release(calls[i].call, 0, "max_bytes=32M",
+                                       calls[i].want, calls[i].says);
+    if (calls[i].call == CALL_DUMP)
+      cr_expect_eq(wrote, 0, "the refused dump wrote %ld bytes", wrote);
+  }
+}
+
+/* Nothing in flight: a host function may look at the pool (no device call,
+ * no wait), and the look changes nothing. */
+static void look_at_rest(enum call call) {
+  mp_device_t *dev = open_dev("host:capacity=64M");
+  mp_pool_t *pool = four_segments_one_cached(dev, "max_bytes=32M");
+  call_t c = {.pool = pool, .call = call};
+  run_call(dev, &c);
+  cr_expect_eq(c.st, MP_OK, "%s: %s", mp_status_name(c.st), c.why);
+  expect_stats_unchanged(&c);
+  finish(dev, pool, &c, 3);
+}
+
+Test(pool_host_function_no_wait, check_at_rest_passes, .timeout = 10) {
+  look_at_rest(CALL_CHECK);
+}
+
+Test(pool_host_function_no_wait, dump_at_rest_writes, .timeout = 10) {
+  look_at_rest(CALL_DUMP);
 }
