@@ -371,6 +371,17 @@ mp_status_t mp__graph_lend(mp_pool_t *lender, mp_pool_t *graph,
   return MP_OK;
 }
 
+/* Under parent's lock, which it drops and takes again (never two pool
+ * locks at once): whether graph, whose growth is in flight, is released. */
+static bool mp__graph_released(mp_pool_t *parent, mp_pool_t *graph) {
+  mp__pool_unlock(parent);
+  mp__pool_lock(graph);
+  bool released = graph->released;
+  mp__pool_unlock(graph);
+  mp__pool_lock(parent);
+  return released;
+}
+
 static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t *bytes,
                                     mp_stream_t s, void **out) {
   mp_pool_t *parent = graph->parent;
@@ -396,8 +407,19 @@ static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t *bytes,
    * (mp__graph_ask). A retry's failure counts in place of the first
    * (mp__pool_oom_retry). */
   if (device && mp__graph_ask(st) && mp__pool_oom_retry(parent, st, *bytes)) {
-    st = mp__pool_alloc_locked_done(parent, *bytes, s, out);
-    device = mp__pool_oom_last(parent);
+    /* The handler may have released graph before it asked for the retry:
+     * no range for a graph that is gone (pool.h), as a retry its own
+     * handler asks is refused (pool.c). */
+    if (mp__graph_released(parent, graph)) {
+      st = mp__fail(MP_EINVAL,
+                    "graph pool %p was released by its parent's "
+                    "out-of-memory handler: no range is lent to it",
+                    (void *)graph);
+      device = false;
+    } else {
+      st = mp__pool_alloc_locked_done(parent, *bytes, s, out);
+      device = mp__pool_oom_last(parent);
+    }
   }
   mp__oom_quiet = quiet;
   /* The parent's MP_ENOMEM that is not its out of memory is host memory
