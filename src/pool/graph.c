@@ -59,6 +59,24 @@ static void *mp__graph_room(void *arr, size_t n, size_t *cap, size_t elem,
 static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t *bytes,
                                     mp_stream_t s, void **out);
 
+/* The graph pool whose growth this thread runs, borrowing (NULL: none). */
+static _Thread_local const mp_pool_t *mp__graph_growing;
+
+/* A graph pool's upstream: its borrowing (graph->borrow), marked as this
+ * thread's growth of graph while it runs. */
+static mp_status_t mp__graph_upstream(mp_pool_t *graph, size_t *bytes,
+                                      mp_stream_t s, void **out) {
+  const mp_pool_t *was = mp__graph_growing;
+  mp__graph_growing = graph;
+  mp_status_t st = graph->borrow(graph, bytes, s, out);
+  mp__graph_growing = was;
+  return st;
+}
+
+bool mp__graph_growing_here(const mp_pool_t *pool) {
+  return pool == mp__graph_growing;
+}
+
 /* The route of s as owner's stream (mp__stream_owner), or NULL. */
 static mp__route_t *mp__graph_route_of(const mp_pool_t *parent, mp_stream_t s,
                                        uint64_t owner) {
@@ -132,7 +150,8 @@ mp_status_t mp__graph_create(mp_pool_t *parent, mp__upstream_t upstream,
     /* The one call down-to-up in src/pool (pool_internal.h's map): plain
      * growth of g (segment.c) borrows from parent through it, as an RMM
      * resource asks its upstream. */
-    g->upstream = upstream != NULL ? upstream : mp__graph_borrow;
+    g->borrow = upstream != NULL ? upstream : mp__graph_borrow;
+    g->upstream = mp__graph_upstream;
     /* No cap of its own: every range it grows by is an allocation of the
      * parent, which answers against its cap of the moment (a copy taken
      * here would miss a later mp_pool_set_max_fraction) with its own

@@ -474,6 +474,10 @@ struct mp_pool {
    * segment of bytes on stream s. NULL: the device. */
   mp_status_t (*upstream)(mp_pool_t *pool, size_t *bytes, mp_stream_t s,
                           void **out); /* an mp__upstream_t */
+  /* A graph pool's: what lends its ranges, which upstream (graph.c's)
+   * calls marking the growth as this thread's (mp__graph_growing_here). */
+  mp_status_t (*borrow)(mp_pool_t *pool, size_t *bytes, mp_stream_t s,
+                        void **out);
 
   /* graph.c */
   bool graph;          /* a graph-private pool: grows by borrowing ranges of
@@ -1017,6 +1021,11 @@ typedef mp_status_t (*mp__upstream_t)(mp_pool_t *graph, size_t *bytes,
  * arena.c's for a parent with arenas). */
 mp_status_t mp__graph_create(mp_pool_t *parent, mp__upstream_t upstream,
                              mp_pool_t **out);
+/* Whether pool is a graph pool whose growth the calling thread runs, now
+ * borrowing from its parent (inflight, nothing of pool changed yet): its
+ * parent's out-of-memory handler runs inside that growth, where a call
+ * that waits for pool's growth to end would wait for itself. */
+bool mp__graph_growing_here(const mp_pool_t *pool);
 /* Under lender's lock (the parent, or the arena of a parent with arenas
  * that allocated it): its live block at *out becomes graph's range, in
  * lender's table of ranges, so that frees through it reach graph; *bytes:
