@@ -59,13 +59,37 @@ static void *mp__graph_room(void *arr, size_t n, size_t *cap, size_t elem,
 static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t *bytes,
                                     mp_stream_t s, void **out);
 
-/* The graph pool whose growth this thread runs, borrowing (NULL: none). */
-static _Thread_local const mp_pool_t *mp__graph_growing;
+/* Whether the graph pool allocation this thread is in asked the parent's
+ * out-of-memory handler (mp__graph_ask). */
+static _Thread_local bool mp__graph_asked;
+
+/* The graph pool whose growth this thread runs, borrowing (NULL: none);
+ * the graph pool that the parent's out-of-memory handler, called inside
+ * such a borrowing, released in this thread's allocation on it, until
+ * that allocation leaves (mp__graph_leave; NULL: none). */
+static _Thread_local const mp_pool_t *mp__graph_growing, *mp__graph_gone;
+
+/* Whether graph is that released one: a range borrowed for it now would
+ * serve a graph that is gone (pool.h: no new block then), as a retry its
+ * own handler asks is refused (pool.c). */
+static bool mp__graph_gone_here(const mp_pool_t *graph) {
+  return mp__graph_gone == graph;
+}
+
+static MP__COLD mp_status_t mp__graph_refuse_gone(const mp_pool_t *graph) {
+  return mp__fail(MP_EINVAL,
+                  "graph pool %p was released by its parent's out-of-memory "
+                  "handler: no range is lent to it",
+                  (const void *)graph);
+}
 
 /* A graph pool's upstream: its borrowing (graph->borrow), marked as this
- * thread's growth of graph while it runs. */
+ * thread's growth of graph while it runs; none once the parent's handler
+ * released graph (its ladder may borrow again). */
 static mp_status_t mp__graph_upstream(mp_pool_t *graph, size_t *bytes,
                                       mp_stream_t s, void **out) {
+  if (mp__graph_gone_here(graph))
+    return mp__graph_refuse_gone(graph);
   const mp_pool_t *was = mp__graph_growing;
   mp__graph_growing = graph;
   mp_status_t st = graph->borrow(graph, bytes, s, out);
@@ -374,31 +398,22 @@ mp_status_t mp__graph_lend(mp_pool_t *lender, mp_pool_t *graph,
                            void *const *out, size_t *bytes) {
   mp__grange_t *r = mp__graph_room(lender->granges, lender->ngranges,
                                    &lender->granges_cap, sizeof *r, "ranges");
+  if (r != NULL)
+    lender->granges = r;
   mp__slot_t *slot = NULL;
   mp__block_t *b = mp__map_lookup(lender, (uintptr_t)*out, &slot);
-  if (r == NULL) {
+  bool gone = mp__graph_gone_here(graph);
+  if (r == NULL || gone) {
     mp__map_remove_slot(lender, slot);
     mp__block_release(lender, b);
-    return MP__EHOST;
+    return gone ? mp__graph_refuse_gone(graph) : MP__EHOST;
   }
-  lender->granges = r;
   b->flags |= MP__B_CHILD;
   b->child = graph;
   lender->granges[lender->ngranges++] = (mp__grange_t){b->addr, b->size, graph};
   mp__pool_rare_update(lender);
   *bytes = b->size;
   return MP_OK;
-}
-
-/* Under parent's lock, which it drops and takes again (never two pool
- * locks at once): whether graph, whose growth is in flight, is released. */
-static bool mp__graph_released(mp_pool_t *parent, mp_pool_t *graph) {
-  mp__pool_unlock(parent);
-  mp__pool_lock(graph);
-  bool released = graph->released;
-  mp__pool_unlock(graph);
-  mp__pool_lock(parent);
-  return released;
 }
 
 static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t *bytes,
@@ -426,14 +441,10 @@ static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t *bytes,
    * (mp__graph_ask). A retry's failure counts in place of the first
    * (mp__pool_oom_retry). */
   if (device && mp__graph_ask(st) && mp__pool_oom_retry(parent, st, *bytes)) {
-    /* The handler may have released graph before it asked for the retry:
-     * no range for a graph that is gone (pool.h), as a retry its own
-     * handler asks is refused (pool.c). */
-    if (mp__graph_released(parent, graph)) {
-      st = mp__fail(MP_EINVAL,
-                    "graph pool %p was released by its parent's "
-                    "out-of-memory handler: no range is lent to it",
-                    (void *)graph);
+    /* The handler may have released graph before it asked for the retry
+     * (mp__graph_lend refuses too, for the arenas' path). */
+    if (mp__graph_gone_here(graph)) {
+      st = mp__graph_refuse_gone(graph);
       device = false;
     } else {
       st = mp__pool_alloc_locked_done(parent, *bytes, s, out);
@@ -615,6 +626,8 @@ static void mp__graph_finish(mp_pool_t *graph) {
     s = n;
   }
   graph->segs = NULL;
+  if (mp__graph_gone == graph) /* no later pool at its address is gone */
+    mp__graph_gone = NULL;
   mp__pool_free_host(graph);
   if (mp__error_serial() != serial)
     mp__error_restore(&saved);
@@ -630,10 +643,6 @@ bool mp__graph_take_last(mp_pool_t *graph) {
     graph->released = false; /* only the caller that saw it finishes it */
   return last;
 }
-
-/* Whether the graph pool allocation this thread is in asked the parent's
- * out-of-memory handler (mp__graph_ask). */
-static _Thread_local bool mp__graph_asked;
 
 bool mp__graph_enter(mp_pool_t *graph) {
   graph->ncalls++;
@@ -661,6 +670,8 @@ MP__COLD mp_status_t mp__graph_refuse_retry(const mp_pool_t *graph,
 
 bool mp__graph_leave(mp_pool_t *graph, bool outer) {
   mp__graph_asked = outer;
+  if (mp__graph_gone == graph)
+    mp__graph_gone = NULL;
   graph->ncalls--;
   return mp__graph_take_last(graph);
 }
@@ -704,6 +715,10 @@ mp_status_t mp__graph_release(mp_pool_t *graph) {
                   graph->ncapturing, graph->ncapturing == 1 ? "" : "s");
   else
     graph->released = true;
+  /* From inside this thread's growth of graph, once it asked the parent's
+   * handler (mp__graph_ask): that handler's release. */
+  if (st == MP_OK && mp__graph_growing == graph && mp__graph_asked)
+    mp__graph_gone = graph;
   bool last = st == MP_OK && mp__graph_take_last(graph);
   mp__pool_unlock(graph);
   mp__graph_finish_if(graph, last);

@@ -3,9 +3,10 @@
  * takes no new range of the parent for a graph that is gone (pool.h: an
  * allocation on a released graph pool is MP_EINVAL), as the graph pool's
  * own handler's retry is refused (test_pool_graph.c). The allocation is
- * refused naming the release, the parent keeps nothing more, and the live
- * block still frees, taking the pool with it. Before, the retry borrowed a
- * range and the released pool handed out a new block in it. */
+ * refused naming the release, the parent keeps nothing more allocated, and
+ * the live block still frees, taking the pool with it. With arenas or
+ * without. Before, the retry borrowed a range and the released pool handed
+ * out a new block in it. */
 #include <criterion/criterion.h>
 #include <string.h>
 
@@ -33,9 +34,9 @@ static int release_and_lift(mp_pool_t *pool, size_t bytes, mp_status_t st,
   return 1;
 }
 
-Test(pool_graph_parent_handler_release, the_retry_takes_no_range) {
+static void run(const char *opts) {
   mp_device_t *dev = fake_open(GiB, 0);
-  mp_pool_t *parent = make_pool(dev, "max_bytes=8M");
+  mp_pool_t *parent = make_pool(dev, opts);
   ctx_t c = {0};
   cr_assert_eq(mp_pool_graph_create(parent, &c.graph), MP_OK, "%s",
                mp_last_error());
@@ -45,11 +46,12 @@ Test(pool_graph_parent_handler_release, the_retry_takes_no_range) {
   cr_assert_eq(mp_pool_set_oom_handler(parent, release_and_lift, &c), MP_OK);
   mp_stats_t before = stats(parent);
   mp_status_t st = mp_pool_alloc(c.graph, 16 * MiB, NULL, &more);
-  cr_expect_eq(c.calls, 1);
-  cr_expect_eq(st, MP_EINVAL, "a block of a released graph pool: %p", more);
+  cr_expect_eq(c.calls, 1, "%s", opts);
+  cr_expect_eq(st, MP_EINVAL, "%s: a block of a released graph pool: %p", opts,
+               more);
   cr_expect(strstr(mp_last_error(), "released") != NULL, "%s", mp_last_error());
   cr_expect_eq(stats(parent).allocated_bytes, before.allocated_bytes,
-               "a range lent to a graph that is gone");
+               "%s: a range lent to a graph that is gone", opts);
   if (st == MP_OK)
     cr_expect_eq(mp_pool_free(c.graph, more), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_pool_free(c.graph, x), MP_OK, "%s", mp_last_error());
@@ -57,4 +59,12 @@ Test(pool_graph_parent_handler_release, the_retry_takes_no_range) {
   cr_assert_eq(mp_pool_check(parent), MP_OK, "%s", mp_last_error());
   cr_expect_eq(mp_pool_destroy(parent), MP_OK, "%s", mp_last_error());
   fake_close(dev);
+}
+
+Test(pool_graph_parent_handler_release, without_arenas) {
+  run("max_bytes=8M");
+}
+
+Test(pool_graph_parent_handler_release, with_arenas) {
+  run("arenas=2,max_bytes=8M");
 }
