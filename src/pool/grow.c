@@ -32,6 +32,14 @@ mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
     return pool->cap_is_max && size > pool->cap ? mp__segment_limit(pool)
                                                 : MP_ENOMEM;
   if (pool->inflight) {
+    /* A graph pool's growth that this thread runs: its parent's
+     * out-of-memory handler allocates from it (the wait would be for
+     * itself, for good). */
+    if (mp__graph_growing_here(pool))
+      return mp__fail(MP_EBUSY,
+                      "allocation: the graph pool is growing in this thread "
+                      "already (its parent's out-of-memory handler allocates "
+                      "from it)");
     /* Someone else is growing or releasing: wait, then let the caller look
      * at the cache again. */
     mp__pool_wait_idle(pool);

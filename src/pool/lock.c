@@ -254,6 +254,12 @@ bool mp__pool_wait_sync(mp_pool_t *pool) {
 }
 
 mp_status_t mp__pool_wait_for(mp_pool_t *pool, const char *fn, bool sync) {
+  /* A graph pool's growth that this thread runs (its parent's
+   * out-of-memory handler calls fn): the wait would be for itself, for
+   * good. That growth only borrows, nothing of the graph pool changed yet
+   * (segment.c): fn sees it as it is. */
+  if (mp__graph_growing_here(pool))
+    return MP_OK;
   if ((pool->inflight || (sync && pool->syncing)) && mp__pool_in_host_fn(pool))
     return mp__fail(MP_EBUSY,
                     "%s: called from a host function while another thread's "

@@ -708,7 +708,9 @@ void mp__pool_device_end(mp_pool_t *pool);
 void mp__pool_wait_idle(mp_pool_t *pool);
 /* mp__pool_wait_idle (sync: mp__pool_wait_sync) for entry point fn, but
  * from a host function (mp__pool_in_host_fn) MP_EBUSY naming fn instead of
- * a wait: the device call in flight may wait for the host function. */
+ * a wait: the device call in flight may wait for the host function; and
+ * no wait in the graph pool's own growth (mp__graph_growing_here: its
+ * parent's out-of-memory handler calls fn), MP_OK. */
 mp_status_t mp__pool_wait_for(mp_pool_t *pool, const char *fn, bool sync);
 /* Around a synchronization with the lock dropped: one at a time, after any
  * grow or release in flight; growth does not wait for it. wait_sync waits

@@ -553,14 +553,13 @@ static mp_status_t mp__snapshot_write(mp_pool_t *const *pools,
     mp__pool_lock(pools[got]);
     /* A growth or release in flight has the lock dropped halfway (a
      * segment unlinked but still counted, or not there yet): wait for it,
-     * as mp_pool_check and mp_pool_dump do. But not for a graph pool's
-     * growth that this thread runs (its parent's out-of-memory handler
-     * takes the snapshot): it would wait for itself, for good. That
-     * growth is only borrowing, nothing of the graph pool changed yet
-     * (segment.c), so the pool is copied as it is. */
-    if (!mp__graph_growing_here(pools[got]))
-      mp__pool_wait_idle(pools[got]);
-    st = mp__snap_take(pools[got], &snaps[got]);
+     * as mp_pool_check and mp_pool_dump do (mp__pool_wait_for): not for
+     * a graph pool's growth that this thread runs (its parent's
+     * out-of-memory handler takes the snapshot), copied as it is; from a
+     * host function, MP_EBUSY instead of the wait. */
+    st = mp__pool_wait_for(pools[got], "mp_pool_snapshot", false);
+    if (st == MP_OK)
+      st = mp__snap_take(pools[got], &snaps[got]);
     mp__pool_unlock(pools[got]);
     if (st != MP_OK)
       break;
