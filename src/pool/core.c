@@ -258,19 +258,6 @@ static bool mp__is_oom(mp_status_t st) {
   return st == MP_ENOMEM || st == MP_ELIMIT;
 }
 
-mp_status_t mp__pool_caller_check(const mp_pool_t *pool, const char *fn) {
-  mp_device_t *d = pool->dev;
-  return d->ops->caller_check != NULL ? d->ops->caller_check(d, fn) : MP_OK;
-}
-
-bool mp__pool_in_host_fn(const mp_pool_t *pool) {
-  mp__error_saved_t e; /* the check's message is not the caller's answer */
-  mp__error_save(&e);
-  bool in = mp__pool_caller_check(pool, "mp_pool_alloc") != MP_OK;
-  mp__error_restore(&e);
-  return in;
-}
-
 /* The growth a host function cannot wait for (another thread's device
  * call in flight): beyond the cap MP_ELIMIT, as growth answers, else the
  * device's refusal of the growth, which is a device call. */

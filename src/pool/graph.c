@@ -67,7 +67,7 @@ static _Thread_local bool mp__graph_asked;
  * the graph pool that the parent's out-of-memory handler, called inside
  * such a borrowing, released in this thread's allocation on it, until
  * that allocation leaves (mp__graph_leave; NULL: none). */
-static _Thread_local const mp_pool_t *mp__graph_growing, *mp__graph_gone;
+static _Thread_local const mp_pool_t *mp__graph_gone;
 
 /* Whether graph is that released one: a range borrowed for it now would
  * serve a graph that is gone (pool.h: no new block then), as a retry its
@@ -95,10 +95,6 @@ static mp_status_t mp__graph_upstream(mp_pool_t *graph, size_t *bytes,
   mp_status_t st = graph->borrow(graph, bytes, s, out);
   mp__graph_growing = was;
   return st;
-}
-
-bool mp__graph_growing_here(const mp_pool_t *pool) {
-  return pool == mp__graph_growing;
 }
 
 /* The route of s as owner's stream (mp__stream_owner), or NULL. */

@@ -253,6 +253,25 @@ bool mp__pool_wait_sync(mp_pool_t *pool) {
   return waited;
 }
 
+mp_status_t mp__pool_caller_check(const mp_pool_t *pool, const char *fn) {
+  mp_device_t *d = pool->dev;
+  return d->ops->caller_check != NULL ? d->ops->caller_check(d, fn) : MP_OK;
+}
+
+bool mp__pool_in_host_fn(const mp_pool_t *pool) {
+  mp__error_saved_t e; /* the check's message is not the caller's answer */
+  mp__error_save(&e);
+  bool in = mp__pool_caller_check(pool, "mp_pool_alloc") != MP_OK;
+  mp__error_restore(&e);
+  return in;
+}
+
+_Thread_local const mp_pool_t *mp__graph_growing;
+
+bool mp__graph_growing_here(const mp_pool_t *pool) {
+  return pool == mp__graph_growing;
+}
+
 mp_status_t mp__pool_wait_for(mp_pool_t *pool, const char *fn, bool sync) {
   /* A graph pool's growth that this thread runs (its parent's
    * out-of-memory handler calls fn): the wait would be for itself, for

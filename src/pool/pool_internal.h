@@ -5,8 +5,9 @@
  * may call (only files below it; ctest src_pool_layers checks that no file
  * calls, directly or not, a file that calls it: cmake/layers.py --show).
  *   lock.c      the pool lock and the one protocol for dropping it around a
- *               device call or a synchronization (invariant stated there).
- *               Calls nothing.
+ *               device call or a synchronization (invariant stated there);
+ *               the waits a host function or a graph pool's own growth
+ *               must not make. Calls nothing.
  *   index.c     size classes, bitmaps, class treaps of free blocks. Nothing.
  *   history.c   the event ring of mp_pool_history. Nothing.
  *   config.c    config defaults, parsing, validation. Nothing.
@@ -732,7 +733,7 @@ void mp__pool_sync_end(mp_pool_t *pool);
  * either: another thread's device call in flight may be a free that waits
  * for the queued host functions, this one too (cuMemFree "may perform
  * implicit synchronization", cuda.h; the host device's free synchronizes
- * the device). core.c. */
+ * the device). lock.c. */
 mp_status_t mp__pool_caller_check(const mp_pool_t *pool, const char *fn);
 bool mp__pool_in_host_fn(const mp_pool_t *pool);
 
@@ -1030,6 +1031,9 @@ mp_status_t mp__graph_create(mp_pool_t *parent, mp__upstream_t upstream,
  * parent's out-of-memory handler runs inside that growth, where a call
  * that waits for pool's growth to end would wait for itself. */
 bool mp__graph_growing_here(const mp_pool_t *pool);
+/* That graph pool (NULL: none), set by graph.c around the borrowing; in
+ * lock.c, whose waits read it. */
+extern _Thread_local const mp_pool_t *mp__graph_growing;
 /* Under lender's lock (the parent, or the arena of a parent with arenas
  * that allocated it): its live block at *out becomes graph's range, in
  * lender's table of ranges, so that frees through it reach graph; *bytes:
