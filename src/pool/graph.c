@@ -94,6 +94,11 @@ static mp_status_t mp__graph_upstream(mp_pool_t *graph, size_t *bytes,
   mp__graph_growing = graph;
   mp_status_t st = graph->borrow(graph, bytes, s, out);
   mp__graph_growing = was;
+  /* Released by the handler that asked no retry (it may have freed blocks
+   * of graph first): the ladder stops here, its next search would hand
+   * one out. */
+  if (st != MP_OK && mp__graph_gone_here(graph))
+    st = mp__graph_refuse_gone(graph);
   return st;
 }
 
