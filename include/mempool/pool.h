@@ -55,11 +55,15 @@
  * another thread's device call on the pool, which may be waiting for the
  * host functions queued: the ladder runs only the rungs that neither wait
  * nor call the device (MP_ELIMIT at the cap, else the device's refusal);
- * mp_pool_trim, mp_pool_defragment, mp_pool_freeze, mp_pool_pause and
- * mp_pool_resume are refused before anything changes; mp_pool_check and
- * mp_pool_dump answer MP_EBUSY while such a call is under way. Where the
- * device cannot tell a host function's thread (CUDA), none of this
- * applies: make no pool call there that may grow, trim or wait.
+ * mp_pool_trim, mp_pool_defragment, mp_pool_freeze, mp_pool_pause,
+ * mp_pool_resume and mp_pool_set_access are refused before anything
+ * changes; mp_pool_check, mp_pool_dump and mp_pool_snapshot answer
+ * MP_EBUSY while such a call is under way. Where the device cannot tell a
+ * host function's thread (CUDA), none of this applies: make no pool call
+ * there that may grow, trim or wait. Likewise a parent's out-of-memory
+ * handler, run inside a graph pool's growth, may check, dump or snapshot
+ * that graph pool (as it was before the growth), but an allocation from
+ * it and those six calls on it are MP_EBUSY.
  *
  * All calls are thread-safe: one lock per pool, never held across a device
  * call that can block (allocation, mapping, release, synchronize). */
@@ -850,7 +854,9 @@ MP_API mp_status_t mp_pool_snapshot(mp_pool_t *pool, const char *path);
 /* The same pickle written to an open stream (not closed). */
 MP_API mp_status_t mp_pool_snapshot_file(mp_pool_t *pool, FILE *out);
 
-/* Walks every invariant: MP_OK or MP_ECORRUPT (mp_last_error() says which). */
+/* Walks every invariant: MP_OK or MP_ECORRUPT (mp_last_error() says which);
+ * MP_EBUSY from a host function while another thread's device call on the
+ * pool is under way (see the top). */
 MP_API mp_status_t mp_pool_check(mp_pool_t *pool);
 
 /* The device a pool draws from. */

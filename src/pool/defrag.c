@@ -617,9 +617,10 @@ mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
     return mp__fail(MP_EINVAL, "mp_pool_defragment: pool is NULL");
   size_t moved = 0;
   /* From a host function (its copies are device calls, and no wait can be
-   * made there: pool_internal.h, mp__pool_caller_check), refused before
+   * made there, nor in a graph pool's own growth: pool_internal.h,
+   * mp__pool_may_wait), refused before
    * anything changes. */
-  mp_status_t st = mp__pool_caller_check(pool, "mp_pool_defragment");
+  mp_status_t st = mp__pool_may_wait(pool, "mp_pool_defragment");
   if (st != MP_OK)
     return st;
   /* A move's events start their stacks at this call's caller. */
@@ -666,8 +667,9 @@ static mp_status_t mp__arenas_freeze(mp_pool_t *pool) {
 mp_status_t mp_pool_freeze(mp_pool_t *pool) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_freeze: pool is NULL");
-  mp_status_t st = mp__pool_caller_check(pool, "mp_pool_freeze"); /* as */
-  if (st != MP_OK) /* mp_pool_defragment's */
+  /* Refused where mp_pool_defragment is (mp__pool_may_wait). */
+  mp_status_t st = mp__pool_may_wait(pool, "mp_pool_freeze");
+  if (st != MP_OK)
     return st;
   MP__HIST_ENTRY(pool); /* a move's events, as mp_pool_defragment's */
   return mp__defrag_counted(pool, pool->arenas != NULL ? mp__arenas_freeze(pool)

@@ -6,7 +6,9 @@
  *
  * Called with the lock held; the sources drop it around their device calls
  * (lock.c). A grow or release already in flight is waited for instead, and
- * the caller looks at the cache again. */
+ * the caller looks at the cache again; but a graph pool's growth that this
+ * thread runs (its parent's out-of-memory handler allocating from it) is
+ * MP_EBUSY. */
 #include <stdio.h>
 #include <stdlib.h>
 

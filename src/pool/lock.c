@@ -272,6 +272,17 @@ bool mp__graph_growing_here(const mp_pool_t *pool) {
   return pool == mp__graph_growing;
 }
 
+mp_status_t mp__pool_may_wait(const mp_pool_t *pool, const char *fn) {
+  mp_status_t st = mp__pool_caller_check(pool, fn);
+  if (st == MP_OK && mp__graph_growing_here(pool))
+    st = mp__fail(MP_EBUSY,
+                  "%s: called from the parent's out-of-memory handler during "
+                  "this graph pool's own growth: call it after that "
+                  "allocation",
+                  fn);
+  return st;
+}
+
 mp_status_t mp__pool_wait_for(mp_pool_t *pool, const char *fn, bool sync) {
   /* A graph pool's growth that this thread runs (its parent's
    * out-of-memory handler calls fn): the wait would be for itself, for

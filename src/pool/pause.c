@@ -799,8 +799,9 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
     return mp__fail(MP_EINVAL, "mp_pool_pause: unknown flags 0x%x",
                     flags & ~MP_PAUSE_KEEP_CONTENT);
   /* From a host function (no device call, no wait there: pool_internal.h,
-   * mp__pool_caller_check), refused before anything changes. */
-  mp_status_t st = mp__pool_caller_check(pool, "mp_pool_pause");
+   * mp__pool_may_wait; nor in a graph pool's own growth), refused before
+   * anything changes. */
+  mp_status_t st = mp__pool_may_wait(pool, "mp_pool_pause");
   if (st != MP_OK)
     return st;
   /* Its segment_unmap events start their stacks at this call's caller. */
@@ -813,7 +814,7 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
 mp_status_t mp_pool_resume(mp_pool_t *pool) {
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_resume: pool is NULL");
-  mp_status_t st = mp__pool_caller_check(pool, "mp_pool_resume"); /* pause's */
+  mp_status_t st = mp__pool_may_wait(pool, "mp_pool_resume"); /* pause's */
   if (st != MP_OK)
     return st;
   MP__HIST_ENTRY(pool); /* its segment_map events, as pause's */

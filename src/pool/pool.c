@@ -481,6 +481,10 @@ mp_status_t mp_pool_set_access(mp_pool_t *pool, mp_device_t *peer) {
   if (peer == pool->dev ||
       mp__device_ordinal(peer) == mp__device_ordinal(pool->dev))
     return MP_OK;
+  /* Device calls (mapping for the peer), after a wait for any in flight. */
+  mp_status_t wst = mp__pool_may_wait(pool, "mp_pool_set_access");
+  if (wst != MP_OK)
+    return wst;
   if (pool->arenas != NULL)
     return mp__arenas_set_access(pool, peer);
   mp__pool_lock(pool);
@@ -1165,7 +1169,7 @@ mp_status_t mp__pool_trim_marked(mp_pool_t *pool, size_t keep_bytes) {
    * and frees, and its wait for another thread's device call in flight (a
    * free, which waits for the queued host functions, this one too) never
    * returned. */
-  mp_status_t cst = mp__pool_caller_check(pool, "mp_pool_trim");
+  mp_status_t cst = mp__pool_may_wait(pool, "mp_pool_trim");
   if (cst != MP_OK)
     return cst;
   if (pool->arenas != NULL)

@@ -49,11 +49,12 @@
  *               record_stream, trim, ...): route to graph pools, leases,
  *               pause, handles, children, then the core. Any file above.
  * The one call downwards-up: a graph pool's growth (segment.c) borrows
- * from its parent through pool->upstream, a function pointer pool.c
- * chooses at mp_pool_graph_create (as an RMM resource's upstream):
- * graph.c's borrowing, or arena.c's for a parent with arenas. The fit and
- * split rules, the paused
- * check and the lock itself are inline functions of this header.
+ * from its parent through pool->upstream, a function pointer set at
+ * mp_pool_graph_create (as an RMM resource's upstream): graph.c's, which
+ * marks the growth as this thread's and calls pool->borrow, chosen by
+ * pool.c: graph.c's borrowing, or arena.c's for a parent with arenas. The fit
+ * and split rules, the paused check and the lock itself are inline functions of
+ * this header.
  *
  * Object model:
  *   mp_pool_t     one lock, a free index, a live-block map, segments, a
@@ -715,6 +716,11 @@ void mp__pool_wait_idle(mp_pool_t *pool);
  * no wait in the graph pool's own growth (mp__graph_growing_here: its
  * parent's out-of-memory handler calls fn), MP_OK. */
 mp_status_t mp__pool_wait_for(mp_pool_t *pool, const char *fn, bool sync);
+/* For entry point fn, which makes device calls and waits (trim,
+ * defragment, freeze, pause, resume, set_access): refused before anything
+ * changes from a host function (mp__pool_caller_check) and, MP_EBUSY, in
+ * the graph pool's own growth (mp__graph_growing_here). */
+mp_status_t mp__pool_may_wait(const mp_pool_t *pool, const char *fn);
 /* Around a synchronization with the lock dropped: one at a time, after any
  * grow or release in flight; growth does not wait for it. wait_sync waits
  * for the turn (call it before snapshotting stream epochs) and says
