@@ -158,9 +158,11 @@ static mp_status_t mpb_stream_index(mpb_parser_t *p, uint64_t id, size_t line,
     *out = e->index;
     return MP_OK;
   }
-  if (p->nstream_ids + 1 >= UINT16_MAX)
-    return mp__fail(MP_EINVAL, "%s:%zu: more than %d streams", p->what, line,
-                    UINT16_MAX - 1);
+  if (p->nstream_ids >= MPB_MAX_TRACE_STREAMS)
+    return mp__fail(MP_EINVAL,
+                    "%s:%zu: more than %d streams (each is replayed on a "
+                    "device stream of its own)",
+                    p->what, line, MPB_MAX_TRACE_STREAMS);
   mpb_stream_entry_t *n = mp__ptrmap_put(&p->streams, (uintptr_t)id);
   if (n == NULL) /* the cause, which mpb_trace_parse's "too big" quotes */
     return mp__fail(MP_ENOMEM, "out of host memory for the streams' map");

@@ -98,11 +98,11 @@ Test(trace_parse, a_stream_in_hex_is_the_same_stream_whatever_the_case_of_0x) {
 }
 
 /* Streams are numbered 1 up in the order the trace first names them,
- * through the last of the 65 534 a workload holds; a row naming a stream
- * seen before gets its number, and one more new stream is refused with
- * its line. */
+ * through the last of the MPB_MAX_TRACE_STREAMS a trace may name; a row
+ * naming a stream seen before gets its number, and one more new stream is
+ * refused with its line. */
 Test(trace_parse, streams_numbered_in_order_of_first_use_up_to_the_limit) {
-  enum { N = 65534 };
+  enum { N = MPB_MAX_TRACE_STREAMS };
   size_t cap = (size_t)(N + 8) * 64, len = 0;
   char *text = malloc(cap);
   cr_assert_not_null(text);
@@ -131,8 +131,9 @@ Test(trace_parse, streams_numbered_in_order_of_first_use_up_to_the_limit) {
   char where[32];
   snprintf(where, sizeof where, "t.csv:%d:", N + 3);
   cr_expect(strstr(mp_last_error(), where) != NULL, "%s", mp_last_error());
-  cr_expect(strstr(mp_last_error(), "more than 65534 streams") != NULL, "%s",
-            mp_last_error());
+  char limit[40];
+  snprintf(limit, sizeof limit, "more than %d streams", N);
+  cr_expect(strstr(mp_last_error(), limit) != NULL, "%s", mp_last_error());
   free(text);
 }
 
