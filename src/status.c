@@ -187,14 +187,30 @@ void mp__error_restore(const mp__error_saved_t *saved) {
   mp__error_set(saved->st, saved->cu, saved->msg);
 }
 
+/* mp_error_state_t's layout is fixed for good (status.h, "Growing"): a
+ * later field takes reserved room, never adds bytes or moves one. */
+_Static_assert(sizeof(mp_error_state_t) == 592 &&
+                   offsetof(mp_error_state_t, message) == 80,
+               "mp_error_state_t keeps its size and the message its place");
+
+size_t mp_error_state_size(void) {
+  return sizeof(mp_error_state_t);
+}
+
 void mp_error_save(mp_error_state_t *out) {
-  if (out != NULL)
-    mp__error_get(&out->status, &out->driver_error, out->message);
+  if (out == NULL)
+    return;
+  memset(out, 0, sizeof *out); /* reserved (and padding): 0 */
+  out->version = MP_ERROR_STATE_VERSION;
+  mp__error_get(&out->status, &out->driver_error, out->message);
 }
 
 void mp_error_restore(const mp_error_state_t *in) {
-  if (in != NULL)
-    mp__error_set(in->status, in->driver_error, in->message);
+  /* Versions 1 to MP_ERROR_STATE_VERSION are read; any other is not a
+   * state this library can read, and is ignored, changing nothing. */
+  if (in == NULL || in->version < 1 || in->version > MP_ERROR_STATE_VERSION)
+    return;
+  mp__error_set(in->status, in->driver_error, in->message);
 }
 
 uint64_t mp__error_serial(void) {

@@ -8,6 +8,9 @@
 #ifndef MEMPOOL_STATUS_H
 #define MEMPOOL_STATUS_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -68,22 +71,50 @@ MP_API mp_status_t mp_last_status(void);
 MP_API int mp_last_driver_error(void);
 
 /* The bytes of mp_last_error()'s message, its terminating NUL included:
- * the message is never longer, so an mp_error_state_t holds it whole. */
+ * the message is never longer, so an mp_error_state_t holds it whole.
+ * Part of the layout below: it never changes. */
 #define MP_ERROR_MESSAGE_MAX 512
 
+/* The layout mp_error_save() writes, in mp_error_state_t's version field. */
+#define MP_ERROR_STATE_VERSION 1u
+
 /* The calling thread's last error, whole: what mp_last_status(),
- * mp_last_driver_error() and mp_last_error() give. */
+ * mp_last_driver_error() and mp_last_error() give.
+ *
+ * Growing: the struct's size and the place of every field here never
+ * change (592 bytes, the message at byte 80, on every ABI with 4-byte int
+ * and 8-byte-aligned uint64_t). A later version takes the room of its new
+ * fields out of reserved, writes its number in version, and reads a state
+ * of every earlier version (the fields that state lacks count as zero); a
+ * program built against an older header keeps working with a newer
+ * library, and the reverse, as neither ever writes past the other's
+ * struct. So:
+ *  - fill a state with mp_error_save() (it writes version and zeroes
+ *    reserved); one built by hand sets version to MP_ERROR_STATE_VERSION
+ *    and every reserved byte to 0;
+ *  - a state whose version this library does not know (0, a state never
+ *    filled, or one of a later version built by hand) is ignored by
+ *    mp_error_restore(): the thread's last error stays as it was;
+ *  - bindings that cannot read this header (Python's ctypes) allocate
+ *    mp_error_state_size() bytes, 8-byte aligned, and need no field. */
 typedef struct mp_error_state {
+  unsigned version; /* MP_ERROR_STATE_VERSION (mp_error_save writes it) */
   mp_status_t status;
   int driver_error;
+  uint64_t reserved[8]; /* 0: the room of later versions' fields */
   char message[MP_ERROR_MESSAGE_MAX];
 } mp_error_state_t;
 
+/* sizeof(mp_error_state_t) as this library has it (592): for bindings
+ * that allocate a state without this header. */
+MP_API size_t mp_error_state_size(void);
+
 /* Copies the calling thread's last error into *out (its message
- * NUL-terminated), for cleanup code that may fail while the caller is
- * still to read a failure: a destructor, a finalizer, an unwinding path
- * that destroys what it made. mp_error_restore() then puts it back, so
- * that the cleanup's own failure does not replace it. NULL: nothing. */
+ * NUL-terminated, version MP_ERROR_STATE_VERSION, reserved zeroed), for
+ * cleanup code that may fail while the caller is still to read a failure:
+ * a destructor, a finalizer, an unwinding path that destroys what it made.
+ * mp_error_restore() then puts it back, so that the cleanup's own failure
+ * does not replace it. NULL: nothing. */
 MP_API void mp_error_save(mp_error_state_t *out);
 
 /* Makes *in the calling thread's last error: mp_last_status(),
@@ -91,7 +122,8 @@ MP_API void mp_error_save(mp_error_state_t *out);
  * and message, as they gave them when mp_error_save() filled it. The
  * message is read up to its first NUL and at most MP_ERROR_MESSAGE_MAX - 1
  * bytes: one not terminated within the array is cut there. Other threads'
- * errors are untouched. NULL: nothing. */
+ * errors are untouched. NULL, or a version this library does not know
+ * (see mp_error_state_t): nothing, the last error left as it was. */
 MP_API void mp_error_restore(const mp_error_state_t *in);
 
 #ifdef __cplusplus

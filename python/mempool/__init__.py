@@ -314,12 +314,12 @@ def _keeping_last_error():
     said as a ResourceWarning or an exception of its own, does not replace
     the message, status and driver code of the caller's failure."""
     L = _lib.lib()
-    saved = _lib.ErrorState()
-    L.mp_error_save(ctypes.byref(saved))
+    saved = _lib.error_state()
+    L.mp_error_save(saved)
     try:
         yield
     finally:
-        L.mp_error_restore(ctypes.byref(saved))
+        L.mp_error_restore(saved)
 
 
 def _exit_closing(close, exc_type):

@@ -65,11 +65,16 @@ _st = ctypes.c_int  # mp_status_t: a C enum
 _sz = ctypes.c_size_t
 
 
-class ErrorState(ctypes.Structure):
-    """mp_error_state_t (status.h): the thread's last error, whole, as
-    mp_error_save fills it and mp_error_restore puts it back."""
-    _fields_ = [("status", _st), ("driver_error", ctypes.c_int),
-                ("message", ctypes.c_char * 512)]  # MP_ERROR_MESSAGE_MAX
+def error_state():
+    """Room for an mp_error_state_t (status.h), as mp_error_save fills it
+    and mp_error_restore puts it back: mp_error_state_size() bytes, the
+    library's own size, 8-byte aligned (a uint64_t array). Opaque here: no
+    field of it is mirrored, and a size written here could not drift from
+    the library's (status.h lets the struct's version grow into reserved
+    room, never its size)."""
+    L = lib()
+    words = (L.mp_error_state_size() + 7) // 8
+    return (ctypes.c_uint64 * words)()
 
 
 # name: (restype, argtypes)
@@ -78,8 +83,9 @@ _PROTOTYPES = {
     "mp_status_name": (ctypes.c_char_p, [_st]),
     "mp_last_error": (ctypes.c_char_p, []),
     "mp_last_status": (_st, []),
-    "mp_error_save": (None, [ctypes.POINTER(ErrorState)]),
-    "mp_error_restore": (None, [ctypes.POINTER(ErrorState)]),
+    "mp_error_state_size": (_sz, []),
+    "mp_error_save": (None, [_c]),  # an error_state()
+    "mp_error_restore": (None, [_c]),
     "mp_device_open": (_st, [ctypes.c_char_p, ctypes.POINTER(_c)]),
     "mp_device_spec_canonical": (_st, [ctypes.c_char_p, ctypes.c_char_p, _sz]),
     "mp_device_close_ex": (_st, [_c]),

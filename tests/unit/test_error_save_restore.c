@@ -1,9 +1,14 @@
 /* test_error_save_restore.c - mp_error_save / mp_error_restore (status.h)
  * keep the thread's last error aside across cleanup that fails and put it
  * back whole: status, driver code and message; NULL is harmless, a
- * restored message is always terminated, and the state is per thread. */
+ * restored message is always terminated, and the state is per thread.
+ * The state's layout can grow without breaking the ABI: mp_error_save
+ * writes its version and zeroes the reserved room, a state of a version
+ * the library does not know is ignored, changing nothing, and
+ * mp_error_state_size() is the struct's size. */
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <string.h>
 
 #include <mempool/mempool.h>
@@ -52,7 +57,9 @@ Test(error_save_restore, null_is_harmless) {
 }
 
 Test(error_save_restore, an_unterminated_message_is_cut_and_terminated) {
-  mp_error_state_t st = {.status = MP_EINVAL, .driver_error = 0};
+  mp_error_state_t st = {.version = MP_ERROR_STATE_VERSION,
+                         .status = MP_EINVAL,
+                         .driver_error = 0};
   memset(st.message, 'x', sizeof st.message); /* no NUL anywhere */
   mp_error_restore(&st);
   const char *msg = mp_last_error();
@@ -88,7 +95,9 @@ static void *save_here(void *arg) {
 
 Test(error_save_restore, each_thread_has_its_own) {
   mp__fail_driver(700, MP_EDRIVER, "mine");
-  mp_error_state_t theirs = {.status = MP_EDRIVER, .driver_error = 719};
+  mp_error_state_t theirs = {.version = MP_ERROR_STATE_VERSION,
+                             .status = MP_EDRIVER,
+                             .driver_error = 719};
   strcpy(theirs.message, "theirs");
   pthread_t t;
   void *ok = NULL;
@@ -105,4 +114,59 @@ Test(error_save_restore, each_thread_has_its_own) {
   cr_expect_eq(other.status, MP_OK);
   cr_expect_eq(other.driver_error, 0);
   cr_expect_str_eq(other.message, "");
+}
+
+Test(error_save_restore, save_writes_the_version_and_zeroes_the_reserved_room) {
+  mp__fail_driver(700, MP_EDRIVER, "saved");
+  mp_error_state_t saved;
+  memset(&saved, 0x55, sizeof saved);
+  mp_error_save(&saved);
+  cr_expect_eq(saved.version, MP_ERROR_STATE_VERSION);
+  for (size_t i = 0; i < sizeof saved.reserved / sizeof saved.reserved[0]; i++)
+    cr_expect_eq(saved.reserved[i], 0, "reserved[%zu]", i);
+}
+
+/* What a state of a version the library does not know does to the thread's
+ * last error: nothing, not even a new failure recorded. */
+static void expect_ignored(unsigned version) {
+  mp__fail_driver(700, MP_EDRIVER, "the caller's own failure");
+  uint64_t serial = mp__error_serial();
+  mp_error_state_t st;
+  memset(&st, 0, sizeof st);
+  st.version = version;
+  st.status = MP_EINVAL;
+  st.driver_error = 719;
+  strcpy(st.message, "a state of another layout");
+  mp_error_restore(&st);
+  cr_expect_eq(mp_last_status(), MP_EDRIVER, "version %u", version);
+  cr_expect_eq(mp_last_driver_error(), 700, "version %u", version);
+  cr_expect_str_eq(mp_last_error(), "the caller's own failure", "version %u",
+                   version);
+  cr_expect_eq(mp__error_serial(), serial, "version %u", version);
+}
+
+Test(error_save_restore, a_state_of_an_unknown_version_is_ignored) {
+  expect_ignored(0); /* never filled by mp_error_save */
+  expect_ignored(MP_ERROR_STATE_VERSION + 1); /* a later layout */
+  expect_ignored(0x55555555u);
+}
+
+Test(error_save_restore, a_state_of_this_version_built_by_hand_is_restored) {
+  mp__fail(MP_EBUSY, "before");
+  mp_error_state_t st;
+  memset(&st, 0, sizeof st);
+  st.version = MP_ERROR_STATE_VERSION;
+  st.status = MP_EINVAL;
+  strcpy(st.message, "by hand");
+  mp_error_restore(&st);
+  cr_expect_eq(mp_last_status(), MP_EINVAL);
+  cr_expect_str_eq(mp_last_error(), "by hand");
+}
+
+Test(error_save_restore, the_size_is_the_structs_and_fixed) {
+  cr_expect_eq(mp_error_state_size(), sizeof(mp_error_state_t));
+  /* status.h: the size and the message's place never change */
+  cr_expect_eq(sizeof(mp_error_state_t), 592);
+  cr_expect_eq(offsetof(mp_error_state_t, message), 80);
+  cr_expect_eq(offsetof(mp_error_state_t, version), 0);
 }
