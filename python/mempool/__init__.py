@@ -739,9 +739,10 @@ class Pool(_Handle):
                               ResourceWarning, stacklevel=2)
             return
         device._orphans.append(handle)
-        warnings.warn("a mempool.Pool was dropped with live blocks (or child pools) "
-                      "and not destroyed: it is kept until its Device closes",
-                      ResourceWarning, stacklevel=2)
+        why = ("and its destroy was refused (%s)" % failure if failure is not None
+               else "with live blocks (or child pools)")
+        warnings.warn("a mempool.Pool was dropped %s and not destroyed: it is kept "
+                      "until its Device closes" % why, ResourceWarning, stacklevel=2)
 
     @staticmethod
     def _release(handle):
