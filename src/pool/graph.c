@@ -63,29 +63,32 @@ static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t *bytes,
  * out-of-memory handler (mp__graph_ask). */
 static _Thread_local bool mp__graph_asked;
 
-/* The graph pool whose growth this thread runs, borrowing (NULL: none);
- * the graph pool that the parent's out-of-memory handler, called inside
- * such a borrowing, released in this thread's allocation on it, until
- * that allocation leaves (mp__graph_leave; NULL: none). */
-static _Thread_local const mp_pool_t *mp__graph_gone;
-
-/* Whether graph is that released one: a range borrowed for it now would
- * serve a graph that is gone (pool.h: no new block then), as a retry its
- * own handler asks is refused (pool.c). */
+/* Whether graph was released (mp__graph_release, from any thread: the
+ * parent's out-of-memory handler inside graph's growth, or another thread
+ * meanwhile, maybe one that handler waits for) while this allocation on it
+ * borrows: a range borrowed for it now would serve a graph that is gone
+ * (pool.h: no new block then), as a retry its own handler asks is refused
+ * (pool.c). Read without graph's lock (the caller holds the parent's, or
+ * none): graph lives on while the allocation is inside (ncalls). Every
+ * release that the borrowing can have waited for (through the handler,
+ * its only call out) is seen: the flag is read after the handler returns,
+ * under the lender's lock before the range is lent. A release later than
+ * that read, with no wait between them, orders after the allocation,
+ * whose block then keeps the pool as any live block does. */
 static bool mp__graph_gone_here(const mp_pool_t *graph) {
-  return mp__graph_gone == graph;
+  return atomic_load_explicit(&graph->graph_gone, memory_order_acquire);
 }
 
 static MP__COLD mp_status_t mp__graph_refuse_gone(const mp_pool_t *graph) {
   return mp__fail(MP_EINVAL,
-                  "graph pool %p was released by its parent's out-of-memory "
-                  "handler: no range is lent to it",
+                  "graph pool %p was released while this allocation on it "
+                  "borrowed from its parent: no range is lent to it",
                   (const void *)graph);
 }
 
 /* A graph pool's upstream: its borrowing (graph->borrow), marked as this
- * thread's growth of graph while it runs; none once the parent's handler
- * released graph (its ladder may borrow again). */
+ * thread's growth of graph while it runs; none once graph is released
+ * (its ladder may borrow again). */
 static mp_status_t mp__graph_upstream(mp_pool_t *graph, size_t *bytes,
                                       mp_stream_t s, void **out) {
   if (mp__graph_gone_here(graph))
@@ -94,9 +97,9 @@ static mp_status_t mp__graph_upstream(mp_pool_t *graph, size_t *bytes,
   mp__graph_growing = graph;
   mp_status_t st = graph->borrow(graph, bytes, s, out);
   mp__graph_growing = was;
-  /* Released by the handler that asked no retry (it may have freed blocks
-   * of graph first): the ladder stops here, its next search would hand
-   * one out. */
+  /* Released meanwhile, by the handler that asked no retry or by another
+   * thread it waited for (either may have freed blocks of graph first):
+   * the ladder stops here, its next search would hand one out. */
   if (st != MP_OK && mp__graph_gone_here(graph))
     st = mp__graph_refuse_gone(graph);
   return st;
@@ -442,8 +445,9 @@ static mp_status_t mp__graph_borrow(mp_pool_t *graph, size_t *bytes,
    * (mp__graph_ask). A retry's failure counts in place of the first
    * (mp__pool_oom_retry). */
   if (device && mp__graph_ask(st) && mp__pool_oom_retry(parent, st, *bytes)) {
-    /* The handler may have released graph before it asked for the retry
-     * (mp__graph_lend refuses too, for the arenas' path). */
+    /* The handler may have released graph before it asked for the retry,
+     * or waited for another thread that did (mp__graph_lend refuses too,
+     * for the arenas' path). */
     if (mp__graph_gone_here(graph)) {
       st = mp__graph_refuse_gone(graph);
       device = false;
@@ -627,8 +631,6 @@ static void mp__graph_finish(mp_pool_t *graph) {
     s = n;
   }
   graph->segs = NULL;
-  if (mp__graph_gone == graph) /* no later pool at its address is gone */
-    mp__graph_gone = NULL;
   mp__pool_free_host(graph);
   if (mp__error_serial() != serial)
     mp__error_restore(&saved);
@@ -671,8 +673,6 @@ MP__COLD mp_status_t mp__graph_refuse_retry(const mp_pool_t *graph,
 
 bool mp__graph_leave(mp_pool_t *graph, bool outer) {
   mp__graph_asked = outer;
-  if (mp__graph_gone == graph)
-    mp__graph_gone = NULL;
   graph->ncalls--;
   return mp__graph_take_last(graph);
 }
@@ -716,10 +716,10 @@ mp_status_t mp__graph_release(mp_pool_t *graph) {
                   graph->ncapturing, graph->ncapturing == 1 ? "" : "s");
   else
     graph->released = true;
-  /* From inside this thread's growth of graph, once it asked the parent's
-   * handler (mp__graph_ask): that handler's release. */
-  if (st == MP_OK && mp__graph_growing == graph && mp__graph_asked)
-    mp__graph_gone = graph;
+  /* A growth of graph in flight, in this thread (the parent's handler
+   * releases) or another, borrows nothing more (mp__graph_gone_here). */
+  if (st == MP_OK)
+    atomic_store_explicit(&graph->graph_gone, true, memory_order_release);
   bool last = st == MP_OK && mp__graph_take_last(graph);
   mp__pool_unlock(graph);
   mp__graph_finish_if(graph, last);

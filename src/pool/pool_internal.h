@@ -488,6 +488,10 @@ struct mp_pool {
   size_t nroutes, routes_cap;
   struct mp__grange *granges; /* parent: ranges lent to graph pools */
   size_t ngranges, granges_cap;
+  /* graph: released, and never cleared (released is, by the caller that
+   * finishes the pool): read without graph's lock by its growth in flight,
+   * which then borrows nothing more (graph.c). */
+  _Atomic bool graph_gone;
 
   /* free index */
   uint64_t fl_bitmap;
