@@ -524,7 +524,11 @@ MP_API mp_status_t mp_pool_graph_create(mp_pool_t *parent, mp_pool_t **out);
  * events), or for later captures sharing graph (PyTorch's pool=). Frees
  * and mp_pool_record_stream through parent of graph memory are passed to
  * graph wherever they come from. s already routed: MP_EBUSY; graph not a
- * graph pool of parent, or released: MP_EINVAL. */
+ * graph pool of parent, or released: MP_EINVAL. s the legacy default
+ * stream (NULL, or CU_STREAM_LEGACY), which CUDA never captures (cuda.h,
+ * cuStreamBeginCapture: "Capture may not be initiated if stream is
+ * CU_STREAM_LEGACY"): MP_EINVAL, nothing changed, on every device, the
+ * host one included. CU_STREAM_PER_THREAD can be captured and is routed. */
 MP_API mp_status_t mp_pool_graph_begin(mp_pool_t *parent, mp_pool_t *graph,
                                        mp_stream_t s);
 /* Stops routing s (after cuStreamEndCapture): allocations on s come from

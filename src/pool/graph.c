@@ -261,11 +261,33 @@ static mp_status_t mp__graph_check(mp_pool_t *parent, mp_pool_t *graph,
   return MP_OK;
 }
 
+/* cuda.h: #define CU_STREAM_LEGACY ((CUstream)0x1), the legacy default
+ * stream's handle, as NULL is. */
+#define MP__GRAPH_LEGACY_STREAM ((mp_stream_t)(uintptr_t)0x1)
+
+/* Whether s names the legacy default stream, which no capture can use:
+ * cuda.h, cuStreamBeginCapture, "Capture may not be initiated if stream
+ * is CU_STREAM_LEGACY" (the fake driver refuses so too). begin only routes
+ * and marks s, it begins no capture: a route there would send every
+ * allocation on the default stream to the graph pool and mark that stream
+ * capturing (no record, query or synchronize on it) for a capture that
+ * cannot exist. Refused on every device alike (the host device has no
+ * capture), so that a program's pools behave as they would on CUDA. */
+static bool mp__graph_legacy_stream(mp_stream_t s) {
+  return s == NULL || s == MP__GRAPH_LEGACY_STREAM;
+}
+
 mp_status_t mp__graph_begin_owned(mp_pool_t *parent, mp_pool_t *graph,
                                   mp_stream_t s, uint64_t *owner) {
   mp_status_t st = mp__graph_check(parent, graph, "mp_pool_graph_begin");
   if (st != MP_OK)
     return st;
+  if (mp__graph_legacy_stream(s))
+    return mp__fail(MP_EINVAL,
+                    "mp_pool_graph_begin: stream %p is the legacy default "
+                    "stream, which CUDA cannot capture (cuStreamBeginCapture "
+                    "refuses it): route the stream being captured",
+                    (void *)s);
   if (parent->arenas != NULL) { /* its create did; kept beside the route */
     mp__pool_lock(parent);
     mp__arena_solo_never(parent);
