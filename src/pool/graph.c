@@ -282,12 +282,6 @@ mp_status_t mp__graph_begin_owned(mp_pool_t *parent, mp_pool_t *graph,
   mp_status_t st = mp__graph_check(parent, graph, "mp_pool_graph_begin");
   if (st != MP_OK)
     return st;
-  if (mp__graph_legacy_stream(s))
-    return mp__fail(MP_EINVAL,
-                    "mp_pool_graph_begin: stream %p is the legacy default "
-                    "stream, which CUDA cannot capture (cuStreamBeginCapture "
-                    "refuses it): route the stream being captured",
-                    (void *)s);
   if (parent->arenas != NULL) { /* its create did; kept beside the route */
     mp__pool_lock(parent);
     mp__arena_solo_never(parent);
@@ -347,8 +341,24 @@ mp_status_t mp__graph_begin_owned(mp_pool_t *parent, mp_pool_t *graph,
   return st;
 }
 
+/* The legacy stream is refused here, not in mp__graph_begin_owned:
+ * torch.c routes through that the streams a begin_allocate_to_pool filter
+ * takes, and PyTorch's MemPool (torch.cuda.use_mem_pool) takes the
+ * current thread's allocations outside any capture, on whatever stream is
+ * current, the default one included. */
 mp_status_t mp_pool_graph_begin(mp_pool_t *parent, mp_pool_t *graph,
                                 mp_stream_t s) {
+  if (MP__UNLIKELY(mp__graph_legacy_stream(s))) {
+    mp_status_t st = mp__graph_check(parent, graph, "mp_pool_graph_begin");
+    return st != MP_OK
+               ? st
+               : mp__fail(MP_EINVAL,
+                          "mp_pool_graph_begin: stream %p is the legacy "
+                          "default stream, which CUDA cannot capture "
+                          "(cuStreamBeginCapture refuses it): route the "
+                          "stream being captured",
+                          (void *)s);
+  }
   return mp__graph_begin_owned(parent, graph, s, NULL);
 }
 

@@ -224,11 +224,12 @@ static void lf_graph_op(lf_state_t *z, int k, const uint8_t *op) {
     z->released = 0;
     return;
   }
-  case 1: { /* route stream k to it; the default stream too */
+  case 1: { /* route stream k to it; the default stream is refused (CUDA
+             * never captures the legacy stream, pool.h) */
     if (z->graph == NULL)
       return;
     mp_status_t st = mp_pool_graph_begin(z->pool, z->graph, z->s[k]);
-    if (z->released)
+    if (z->released || z->s[k] == NULL)
       FZ_REQUIRE(st == MP_EINVAL);
     else if (z->routed[k])
       FZ_REQUIRE(st == MP_EBUSY);

@@ -290,6 +290,35 @@ Test(torch_hooks, a_private_pool_serves_its_capture_until_released) {
   mp_stream_destroy(dev, other);
 }
 
+/* PyTorch's MemPool (torch.cuda.use_mem_pool) begins allocating to a pool
+ * with a filter that takes the current thread's allocations outside any
+ * capture, on whatever stream is current: the default (legacy) one too,
+ * which mp_pool_graph_begin refuses (no capture can use it) but this
+ * routing does not. */
+static int every_stream(mp_stream_t s, void *ctx) {
+  (void)s;
+  (void)ctx;
+  return 1;
+}
+
+Test(torch_hooks, a_mem_pool_serves_the_default_stream) {
+  mp_pool_t *pool = mp_default_pool();
+  mp_torch_pool_id_t id = {0, 9};
+  mp_torch_begin_allocate_to_pool(0, id, every_stream, NULL, NULL);
+  void *a = alloc_fn(MiB, 0, NULL);
+  cr_assert_not_null(a, "%s", mp_last_error());
+  cr_expect_not_null(mp_pool_graph_of(pool, NULL), "routed to the pool");
+  free_fn(a, MiB, 0, NULL);
+  mp_torch_end_allocate_to_pool(0, id);
+  cr_expect_null(mp_pool_graph_of(pool, NULL));
+  void *b = alloc_fn(MiB, 0, NULL);
+  cr_expect_neq(b, a, "the pool's memory stays its own");
+  free_fn(b, MiB, 0, NULL);
+  mp_torch_release_pool(0, id);
+  cr_expect_eq(stats(pool).allocated_bytes, 0, "back to the device's pool");
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+}
+
 /* A release (CUDAGraph::reset) of a pool whose capture is still open: as
  * PyTorch's releasePool, which only lowers the pool's use count (the
  * capture keeps allocating to it until endAllocateToPool), the capture
