@@ -138,7 +138,7 @@ static mp__curesult mp__free(mp__variant_t v, mp__cuptr p, mp__custream s) {
   mp__pl_block_t b;
   mp__curesult r;
   bool captured = false; /* mp__pl_free_refused's answer for s */
-  if (!mp__pl_table_take((uintptr_t)p, &b)) {
+  if (!mp__pl_table_claim((uintptr_t)p, &b)) {
     /* Not the shim's: the driver's business, unless it lies in a pool's
      * memory (a second free, an interior pointer), a device pool's or the
      * page-locked host pool's, which the driver gave the pool: there the
@@ -162,11 +162,15 @@ static mp__curesult mp__free(mp__variant_t v, mp__cuptr p, mp__custream s) {
     mp__pl_record_free(b.ptr, b.size, (uintptr_t)s); /* first: preload.h */
     if ((r = mp__real_free(v, p, s)) != MP__CU_SUCCESS)
       mp__pl_real_free_refused(&b);
+    else
+      mp__pl_table_drop(&b);
   } else if (b.kind == MP__PL_FROM_DEVICE) {
     /* Refused (a free from a host function): still the program's. */
     r = mp__pl_cu_error(mp_device_free(pl->dev, (void *)(uintptr_t)p));
     if (r != MP__CU_SUCCESS)
       mp__pl_table_restore(&b);
+    else
+      mp__pl_table_drop(&b);
   } else {
     /* Pinned host memory is not freed with cuMemFree. */
     mp__pl_table_restore(&b);

@@ -169,8 +169,10 @@ mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
    * the pool has it, another thread's allocation of the same address may
    * be logged first, and a replay would free the wrong block. */
   mp__pl_record_free(b->ptr, b->size, (uintptr_t)s);
-  if (mp__pl_output_free(pl, b->ptr, true, !sync, s, ptsz))
+  if (mp__pl_output_free(pl, b->ptr, true, !sync, s, ptsz)) {
+    mp__pl_table_drop(b);
     return MP_OK;
+  }
   mp_status_t st;
   /* A free on a capturing stream: the stream allocates to the capture's
    * graph pool from now on, and neither pool records on it. Whether s is
@@ -210,8 +212,10 @@ mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
      * block's own stream it is mp_pool_free. */
     st = mp_pool_free_async(b->pool, ptr, mp__pl_stream(pl, s, ptsz));
   if (st != MP_OK) { /* still the program's (a paused pool): say so */
-    mp__pl_table_put_pool(b->ptr, b->size, b->stream, b->pool);
+    mp__pl_table_restore(b);
     mp__pl_record_unfree(b->ptr, b->size, b->stream);
+  } else {
+    mp__pl_table_drop(b);
   }
   return st;
 }

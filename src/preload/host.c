@@ -652,7 +652,7 @@ static unsigned int mp__h_free(bool runtime, void *ptr) {
    * cudaFreeHost's): its failure is the runtime's last error too, as for
    * cudaFree (runtime.c). */
   bool answered = false;
-  if (outer && ptr != NULL && mp__pl_table_take((uintptr_t)ptr, &b)) {
+  if (outer && ptr != NULL && mp__pl_table_claim((uintptr_t)ptr, &b)) {
     if (b.kind == MP__PL_FROM_HOSTMEM) {
       const mp__pl_t *pl = mp__pl_get();
       mp_host_pool_t *hp = mp__hpl_at(b.ordinal);
@@ -676,21 +676,25 @@ static unsigned int mp__h_free(bool runtime, void *ptr) {
         if (st == MP_OK)
           mp__hpl_flush(pl, &mark);
       }
-      if (st == MP_OK && refused == 0)
+      if (st == MP_OK && refused == 0) {
         mp__pl_record_other("pinned_free", b.ptr, b.size);
-      else
+        mp__pl_table_drop(&b);
+      } else {
         mp__pl_table_restore(&b);
-      /* After the restore: a reset waiting for hp forgets the block with
-       * it (mp__pl_table_forget_hostmem). */
+      }
+      /* After the drop or the restore: a reset waiting for hp forgets the
+       * block with it (mp__pl_table_forget_hostmem skips a claimed one). */
       mp__hpl_put(b.ordinal, hp);
       r = refused != 0 ? refused : mp__h_error(runtime, st);
       answered = refused == 0;
     } else if (b.kind == MP__PL_FROM_REAL_HOST) {
       r = mp__h_real_free(runtime, ptr);
-      if (r == 0)
+      if (r == 0) {
         mp__pl_record_other("pinned_free", b.ptr, b.size);
-      else
+        mp__pl_table_drop(&b);
+      } else {
         mp__pl_table_restore(&b);
+      }
     } else {
       /* Not pinned (a cudaMalloc block, say): refused, and left whole, its
        * pool included, for its own free. */

@@ -371,6 +371,9 @@ typedef struct mp__pl_block {
    * cudaHostAlloc; 0 for cuMemAllocHost, cudaMallocHost), which
    * cuMemHostGetFlags answers (host.c); 0 for any other kind. */
   unsigned host_flags;
+  /* The number of the free that claimed the entry (mp__pl_table_claim);
+   * 0: none. */
+  uint64_t claim;
 } mp__pl_block_t;
 
 /* Each put: false when no entry could be made (out of host memory). */
@@ -388,10 +391,20 @@ bool mp__pl_table_put_hostmem(uintptr_t ptr, size_t size, unsigned flags,
 /* A block of pool (MP__PL_FROM_POOL). */
 bool mp__pl_table_put_pool(uintptr_t ptr, size_t size, uintptr_t stream,
                            mp_pool_t *pool);
-/* Puts back an entry mp__pl_table_take removed, whole (a pool block keeps
- * its pool): a free the hook refuses leaves the pointer as it was. */
+/* A free's hold on ptr's entry, copied into *out (out->claim its number):
+ * the entry stays in the table, as absent to every other reader, until
+ * the free is over: mp__pl_table_drop when it went through,
+ * mp__pl_table_restore when it was refused. False when ptr is not a known
+ * start, or another free holds it. Neither end needs host memory: a
+ * refused free never loses the entry. */
+bool mp__pl_table_claim(uintptr_t ptr, mp__pl_block_t *out);
+/* Lifts claim b: a free the hook refuses leaves the pointer as it was. */
 void mp__pl_table_restore(const mp__pl_block_t *b);
-/* Removes ptr's entry into *out; false when ptr is not a known start. */
+/* Removes the entry claim b holds (nothing when a put of the same address
+ * replaced it since: the memory was handed out again). */
+void mp__pl_table_drop(const mp__pl_block_t *b);
+/* Removes ptr's entry into *out; false when ptr is not a known start (or a
+ * free holds it). */
 bool mp__pl_table_take(uintptr_t ptr, mp__pl_block_t *out);
 /* The pool block containing addr (its start or inside it). */
 bool mp__pl_table_find_pool(uintptr_t addr, mp__pl_block_t *out);
@@ -600,11 +613,12 @@ unsigned mp__pl_free_foreign(const mp__pl_t *pl, bool sync,
                              unsigned (*probe)(void));
 
 /* A free of memory the real driver or runtime handed out (a block of kind
- * MP__PL_FROM_REAL the table gave back) is traced (mp__pl_record_free)
+ * MP__PL_FROM_REAL the table's claim gave) is traced (mp__pl_record_free)
  * before the real call: once the driver has the memory back, another
  * thread's allocation of the same address may be traced, and a replay
  * would free the wrong block (as for mp__pl_pool_free). When the real call
- * fails, this puts the block back in the table and traces it live again. */
+ * fails, this lifts the claim (the entry was never out of the table) and
+ * traces the block live again. */
 void mp__pl_real_free_refused(const mp__pl_block_t *b);
 
 /* The table's entry of block *p that pool just served for size bytes on
@@ -615,8 +629,10 @@ void mp__pl_real_free_refused(const mp__pl_block_t *b);
 mp_status_t mp__pl_pool_served(mp_pool_t *pool, void **p, size_t size,
                                uintptr_t stream);
 
-/* Frees a pool block the table gave back: sync (cuMemFree, cudaFree) waits
- * for every stream's work, async on s; traced before the pool has it.
+/* Frees a pool block the table's claim gave (mp__pl_table_claim): sync
+ * (cuMemFree, cudaFree) waits for every stream's work, async on s; traced
+ * before the pool has it; the entry dropped when the pool took the block,
+ * its claim lifted when it did not (a paused pool).
  * captured: mp__pl_free_refused's *captured for the same call (whether s is
  * being captured, asked once per free). */
 mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,

@@ -200,7 +200,7 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
   bool answered = true;
   if (p == NULL && pl->host) {
     r = MP__CUDA_SUCCESS;
-  } else if (!mp__pl_table_take((uintptr_t)p, &b)) {
+  } else if (!mp__pl_table_claim((uintptr_t)p, &b)) {
     /* On the host device there is no runtime memory to free: a pointer
      * the shim does not know (double free, interior pointer) is invalid;
      * elsewhere too when it lies in a pool's memory, the page-locked host
@@ -230,12 +230,16 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
     mp__pl_record_free(b.ptr, b.size, (uintptr_t)s); /* first: preload.h */
     if ((r = mp__rt_real_free(v, p, s)) != MP__CUDA_SUCCESS)
       mp__pl_real_free_refused(&b);
+    else
+      mp__pl_table_drop(&b);
     answered = false;
   } else if (b.kind == MP__PL_FROM_DEVICE) {
     /* Refused (a free from a host function): still the program's. */
     r = mp__pl_cuda_error(mp_device_free(pl->dev, p));
     if (r != MP__CUDA_SUCCESS)
       mp__pl_table_restore(&b);
+    else
+      mp__pl_table_drop(&b);
     answered = false;
   } else {
     mp__pl_table_restore(&b); /* needs cudaFreeHost */

@@ -43,6 +43,7 @@ void mp__pl_leave(void) {
 static struct {
   pthread_mutex_t lock;
   mp__ptrmap_t map;
+  uint64_t claims; /* the last claim's number (mp__pl_table_claim) */
 } mp__tab = {.lock = PTHREAD_MUTEX_INITIALIZER,
              .map = {.esize = sizeof(mp__pl_block_t)}};
 
@@ -96,13 +97,61 @@ void mp__pl_table_put_real(uintptr_t ptr, size_t size, uintptr_t stream,
                                         .ordinal = ordinal});
 }
 
+/* A free claims its entry (mp__pl_table_claim) and the entry stays where it
+ * is until the free is done: dropped when the free went through
+ * (mp__pl_table_drop), its claim lifted when it was refused
+ * (mp__pl_table_restore). Neither needs host memory, so a refused free
+ * cannot lose the entry (before, the entry was taken out and put back, and
+ * a put that found no host memory left the program's block unknown: its
+ * next free refused, or passed to the driver untraced). A claimed entry is
+ * as absent to every other reader (a second free, a lookup, a reset's
+ * forgetting, a capture's end): the free in progress owns it. A put of the
+ * same address overwrites it, unclaimed (its memory handed out again once
+ * the free went through), and the claim's drop or lift then leaves that
+ * new entry alone: each claim has its own number. */
+bool mp__pl_table_claim(uintptr_t ptr, mp__pl_block_t *out) {
+  pthread_mutex_lock(&mp__tab.lock);
+  mp__pl_block_t *e = mp__ptrmap_find(&mp__tab.map, ptr);
+  bool found = e != NULL && e->claim == 0;
+  if (found) {
+    e->claim = ++mp__tab.claims;
+    *out = *e;
+  }
+  pthread_mutex_unlock(&mp__tab.lock);
+  return found;
+}
+
+/* The entry b's claim holds, under the lock; NULL when it is gone or
+ * another entry took its address. */
+static mp__pl_block_t *mp__table_claimed(const mp__pl_block_t *b) {
+  mp__pl_block_t *e = mp__ptrmap_find(&mp__tab.map, b->ptr);
+  return e != NULL && b->claim != 0 && e->claim == b->claim ? e : NULL;
+}
+
 void mp__pl_table_restore(const mp__pl_block_t *b) {
-  mp__table_put_whole(b);
+  pthread_mutex_lock(&mp__tab.lock);
+  mp__pl_block_t *e = mp__table_claimed(b);
+  if (e != NULL)
+    e->claim = 0;
+  pthread_mutex_unlock(&mp__tab.lock);
+}
+
+void mp__pl_table_drop(const mp__pl_block_t *b) {
+  pthread_mutex_lock(&mp__tab.lock);
+  mp__pl_block_t *e = mp__table_claimed(b);
+  if (e != NULL)
+    mp__ptrmap_remove(&mp__tab.map, e);
+  pthread_mutex_unlock(&mp__tab.lock);
 }
 
 bool mp__pl_table_take(uintptr_t ptr, mp__pl_block_t *out) {
   pthread_mutex_lock(&mp__tab.lock);
-  bool found = mp__ptrmap_take(&mp__tab.map, ptr, out);
+  mp__pl_block_t *e = mp__ptrmap_find(&mp__tab.map, ptr);
+  bool found = e != NULL && e->claim == 0;
+  if (found) {
+    *out = *e;
+    mp__ptrmap_remove(&mp__tab.map, e);
+  }
   pthread_mutex_unlock(&mp__tab.lock);
   return found;
 }
@@ -113,13 +162,13 @@ static bool mp__table_find_kind(uintptr_t addr, mp__pl_kind_t kind,
   bool found = false;
   pthread_mutex_lock(&mp__tab.lock);
   const mp__pl_block_t *exact = mp__ptrmap_find(&mp__tab.map, addr);
-  if (exact != NULL && exact->kind == kind) {
+  if (exact != NULL && exact->kind == kind && exact->claim == 0) {
     *out = *exact;
     found = true;
   }
   for (size_t k = 0; !found && k < mp__tab.map.cap; k++) {
     const mp__pl_block_t *b = mp__ptrmap_at(&mp__tab.map, k);
-    if (b != NULL && b->kind == kind && addr >= b->ptr &&
+    if (b != NULL && b->kind == kind && b->claim == 0 && addr >= b->ptr &&
         addr - b->ptr < (b->size ? b->size : 1)) {
       *out = *b;
       found = true;
@@ -159,7 +208,7 @@ static size_t mp__table_forget(mp__pl_kind_t kind, mp_pool_t *pool, int ordinal,
     for (size_t k = 0; k < mp__tab.map.cap;) {
       mp__pl_block_t *b = mp__ptrmap_at(&mp__tab.map, k);
       if (b == NULL || b->kind != kind || b->pool != pool ||
-          b->ordinal != ordinal) {
+          b->ordinal != ordinal || b->claim != 0) {
         k++;
       } else if (got == room) {
         more = gone != NULL; /* without a buffer: left in the table */

@@ -7,23 +7,12 @@
 #include <criterion/criterion.h>
 #include <stdlib.h>
 
-#include "preload/hooks.h"
+#include "free_in_host_fn.h"
 
 static void host_mode(void) {
   setenv("MEMPOOL_DEVICE", "host:capacity=64M", 1);
   unsetenv("MEMPOOL_PRELOAD");
   unsetenv("MEMPOOL_CONF");
-}
-
-typedef struct {
-  void *p;
-  bool driver;
-  unsigned r;
-} free_arg_t;
-
-static void free_in_host_fn(void *arg) {
-  free_arg_t *a = arg;
-  a->r = a->driver ? cuMemFree_v2((mp__cuptr)(uintptr_t)a->p) : cudaFree(a->p);
 }
 
 static void refused_then_freed(bool driver) {
@@ -32,11 +21,8 @@ static void refused_then_freed(bool driver) {
   const mp__pl_t *pl = mp__pl_get();
   cr_assert_eq(pl->mode, MP__PL_POOL);
   cr_assert(pl->host);
-  free_arg_t a = {.p = m, .driver = driver, .r = 0};
-  cr_assert_eq(mp_stream_launch_host(pl->dev, NULL, free_in_host_fn, &a), MP_OK,
-               "%s", mp_last_error());
-  cr_assert_eq(mp_stream_synchronize(pl->dev, NULL), MP_OK);
-  cr_expect_neq(a.r, 0, "a free in a host function went through");
+  cr_expect_neq(free_from_host_fn(pl, m, driver), 0,
+                "a free in a host function went through");
   unsigned r = driver ? cuMemFree_v2((mp__cuptr)(uintptr_t)m) : cudaFree(m);
   cr_expect_eq(r, 0, "the refused pointer could not be freed again");
   r = driver ? cuMemFree_v2((mp__cuptr)(uintptr_t)m) : cudaFree(m);
