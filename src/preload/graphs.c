@@ -97,6 +97,7 @@ typedef struct mp__pl_capture {
     uintptr_t p;
     size_t size;
     bool live, inner;
+    bool launching; /* put in the table for a launch not yet returned */
   } * outs;
   size_t nouts, roomouts;
 } mp__pl_capture_t;
@@ -984,21 +985,55 @@ static bool mp__launch_allowed(mp__cugraphexec x) {
   return true;
 }
 
-/* x launched on s: its outputs are allocated (in the table as blocks of
- * their pool, on s, and traced). Under the lock. */
-static void mp__launched(mp__cugraphexec x, mp__custream s) {
+/* After the real launch of x on s (launched: it went through), each
+ * output mp__launching put in the table: traced as allocated, or, the
+ * launch refused, out of the table again and not allocated. Under the
+ * lock. */
+static void mp__launch_over(mp__cugraphexec x, mp__custream s, bool launched) {
   for (size_t i = 0; i < mp__gr.nexecs; i++) {
     mp__pl_capture_t *c = &mp__gr.caps[mp__gr.execs[i].cap];
-    for (size_t k = 0;
-         mp__gr.execs[i].x == x && !mp__gr.execs[i].held && k < c->nouts; k++) {
+    for (size_t k = 0; mp__gr.execs[i].x == x && k < c->nouts; k++) {
+      struct mp__pl_out *o = &c->outs[k];
+      if (!o->launching)
+        continue;
+      o->launching = false;
+      if (!o->live) /* freed by another thread meanwhile */
+        continue;
+      mp__pl_block_t b;
+      if (launched)
+        mp__pl_record_alloc(o->p, o->size, (uintptr_t)s, true);
+      else if (mp__pl_table_take(o->p, &b))
+        o->live = false; /* else a free holds it, which ends it */
+    }
+  }
+}
+
+/* Before the real launch of x on s: its outputs not allocated are put in
+ * the table (blocks of their pool, on s) and allocated, so that nothing
+ * the launch allocates is unknown to the table. False, with nothing
+ * changed, when the table had no host memory for one: the outputs already
+ * put are taken out again. Before, the launch went ahead and an output
+ * the table could not record was allocated but unknown: its free refused
+ * as a pointer in the pool's memory the pool never handed out, and every
+ * later launch refused as one with an allocation still unfreed. Under the
+ * lock. */
+static bool mp__launching(mp__cugraphexec x, mp__custream s) {
+  bool room = true;
+  for (size_t i = 0; room && i < mp__gr.nexecs; i++) {
+    mp__pl_capture_t *c = &mp__gr.caps[mp__gr.execs[i].cap];
+    for (size_t k = 0; room && mp__gr.execs[i].x == x &&
+                       !mp__gr.execs[i].held && k < c->nouts;
+         k++) {
       struct mp__pl_out *o = &c->outs[k];
       if (o->live || o->inner)
         continue;
-      o->live = true;
-      mp__pl_table_put_pool(o->p, o->size, (uintptr_t)s, c->pool);
-      mp__pl_record_alloc(o->p, o->size, (uintptr_t)s, true);
+      room = mp__pl_table_put_pool(o->p, o->size, (uintptr_t)s, c->pool);
+      o->live = o->launching = room;
     }
   }
+  if (!room)
+    mp__launch_over(x, s, false);
+  return room;
 }
 
 static mp__curesult mp__launch(mp__curesult (*real)(mp__cugraphexec,
@@ -1010,15 +1045,23 @@ static mp__curesult mp__launch(mp__curesult (*real)(mp__cugraphexec,
     return real(x, s); /* no graph has outputs: nothing to keep */
   mp__gr_lock();
   bool allowed = mp__launch_allowed(x);
+  bool room = allowed && mp__launching(x, s);
   pthread_mutex_unlock(&mp__gr.lock);
   if (!allowed)
     return MP__CU_INVALID_VALUE; /* the driver's answer (cuGraphLaunch) */
+  /* No host memory to record what the launch allocates: the launch is not
+   * made (nothing allocated, nothing run), and the answer is
+   * CUDA_ERROR_OUT_OF_MEMORY, "unable to allocate enough memory or other
+   * resources to perform the requested operation" (cuda.h, CUresult).
+   * cuGraphLaunch's own list in cuda.h names no code for a resource it
+   * lacks; that is the one whose meaning fits, and a program checks it as
+   * it checks any failed allocation. */
+  if (!room)
+    return MP__CU_OUT_OF_MEMORY;
   mp__curesult r = real(x, s);
-  if (r == MP__CU_SUCCESS) {
-    mp__gr_lock();
-    mp__launched(x, s);
-    pthread_mutex_unlock(&mp__gr.lock);
-  }
+  mp__gr_lock();
+  mp__launch_over(x, s, r == MP__CU_SUCCESS);
+  pthread_mutex_unlock(&mp__gr.lock);
   return r;
 }
 
