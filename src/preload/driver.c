@@ -116,10 +116,19 @@ static mp__curesult mp__alloc(mp__variant_t v, mp__cuptr *dptr, size_t bytes,
   }
   if (!served) {
     r = mp__real_alloc(v, dptr, bytes, s);
+    if (r == MP__CU_SUCCESS &&
+        !mp__pl_table_put_real((uintptr_t)*dptr, bytes, (uintptr_t)s,
+                               MP__PL_FROM_REAL,
+                               mp__pl_reset_owner(v != MP__SYNC))) {
+      /* Unrecorded, its free would reach the driver untraced: the trace
+       * and the report would keep it live for good. It goes back now,
+       * unused (stream-ordered on s, as it was allocated), and the answer
+       * is out of memory, traced as a failed allocation. */
+      (void)mp__real_free(v, *dptr, s);
+      *dptr = 0;
+      r = MP__CU_OUT_OF_MEMORY;
+    }
     if (r == MP__CU_SUCCESS) {
-      mp__pl_table_put_real((uintptr_t)*dptr, bytes, (uintptr_t)s,
-                            MP__PL_FROM_REAL,
-                            mp__pl_reset_owner(v != MP__SYNC));
       mp__pl_record_alloc((uintptr_t)*dptr, bytes, (uintptr_t)s, true);
     } else if (dptr != NULL && bytes != 0) {
       mp__pl_record_alloc(0, bytes, (uintptr_t)s, false);

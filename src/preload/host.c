@@ -634,9 +634,18 @@ static unsigned int mp__h_alloc(mp__hvariant_t v, void **p, size_t bytes,
     /* Known, so that its free is recorded too, and with the context that
      * holds it, current after the call (the runtime makes its primary
      * context in it), so that its reset forgets it (driver.c). */
-    if (outer && r == 0)
-      mp__pl_table_put_real((uintptr_t)*p, bytes, 0, MP__PL_FROM_REAL_HOST,
-                            mp__pl_primary_current());
+    if (outer && r == 0 &&
+        !mp__pl_table_put_real((uintptr_t)*p, bytes, 0, MP__PL_FROM_REAL_HOST,
+                               mp__pl_primary_current())) {
+      /* Unrecorded, its free would reach the driver uncounted (a "pinned"
+       * with no "pinned_free" in the report): back now, unused, and out of
+       * memory (the runtime's last error too), as for the host pool's. */
+      (void)mp__h_real_free(runtime, *p);
+      *p = NULL;
+      r = mp__h_error(runtime, MP_ENOMEM);
+      if (runtime && pl != NULL)
+        mp__pl_rt_set_last_error(pl, r);
+    }
   }
   if (outer && r == 0)
     mp__pl_record_other("pinned", (uintptr_t)*p, bytes);

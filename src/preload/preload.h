@@ -382,7 +382,7 @@ bool mp__pl_table_put(uintptr_t ptr, size_t size, uintptr_t stream,
 /* Memory from the real entry point (kind MP__PL_FROM_REAL, device memory,
  * or MP__PL_FROM_REAL_HOST, page-locked), allocated in device ordinal's
  * primary context (-1: another context, or memory its reset leaves). */
-void mp__pl_table_put_real(uintptr_t ptr, size_t size, uintptr_t stream,
+bool mp__pl_table_put_real(uintptr_t ptr, size_t size, uintptr_t stream,
                            mp__pl_kind_t kind, int ordinal);
 /* A block of device ordinal's host pool (MP__PL_FROM_HOSTMEM) asked for
  * with flags. */

@@ -159,10 +159,18 @@ static mp__cudaerr mp__rt_alloc(mp__rt_variant_t v, void **p, size_t bytes,
   }
   if (!served) {
     r = mp__rt_real_alloc(v, p, bytes, s);
+    if (r == MP__CUDA_SUCCESS && p != NULL && *p != NULL &&
+        !mp__pl_table_put_real((uintptr_t)*p, bytes, (uintptr_t)s,
+                               MP__PL_FROM_REAL,
+                               mp__pl_reset_owner(v != MP__RT_SYNC))) {
+      /* As driver.c's: back to the runtime, unused, and out of memory (in
+       * the runtime's last error too, as its own failure would be). */
+      (void)mp__rt_real_free(v, *p, s);
+      *p = NULL;
+      r = MP__CUDA_MEMORY_ALLOCATION;
+      mp__pl_rt_set_last_error(pl, r);
+    }
     if (r == MP__CUDA_SUCCESS && p != NULL && *p != NULL) {
-      mp__pl_table_put_real((uintptr_t)*p, bytes, (uintptr_t)s,
-                            MP__PL_FROM_REAL,
-                            mp__pl_reset_owner(v != MP__RT_SYNC));
       mp__pl_record_alloc((uintptr_t)*p, bytes, (uintptr_t)s, true);
     } else if (r != MP__CUDA_SUCCESS && p != NULL && bytes != 0) {
       mp__pl_record_alloc(0, bytes, (uintptr_t)s, false);

@@ -48,12 +48,14 @@ static struct {
              .map = {.esize = sizeof(mp__pl_block_t)}};
 
 /* Without host memory for the entry the pointer goes unrecorded and the put
- * says so (false). Memory of the real driver's is then freed by it, which
- * is what happens to every pointer the shim does not know; a block the
- * shim served (a pool's, the host pool's, the host device's) could never
- * be freed, and its caller gives it back (mp__pl_pool_served, host.c,
- * runtime.c). A known address is overwritten: the driver handed it out
- * again after a free the shim did not see. */
+ * says so (false). A block the shim served (a pool's, the host pool's, the
+ * host device's) could never be freed, and its caller gives it back
+ * (mp__pl_pool_served, host.c, runtime.c); memory of the real driver's
+ * would be freed by it untraced (what happens to every pointer the shim
+ * does not know), and its caller gives it back too (driver.c, runtime.c,
+ * host.c); a graph's outputs stop their launch (graphs.c). A known
+ * address is overwritten: the driver handed it out again after a free the
+ * shim did not see. */
 static bool mp__table_put_whole(const mp__pl_block_t *b) {
   pthread_mutex_lock(&mp__tab.lock);
   mp__pl_block_t *e = mp__ptrmap_put(&mp__tab.map, b->ptr);
@@ -88,13 +90,13 @@ bool mp__pl_table_put_pool(uintptr_t ptr, size_t size, uintptr_t stream,
                                                .ordinal = -1});
 }
 
-void mp__pl_table_put_real(uintptr_t ptr, size_t size, uintptr_t stream,
+bool mp__pl_table_put_real(uintptr_t ptr, size_t size, uintptr_t stream,
                            mp__pl_kind_t kind, int ordinal) {
-  mp__table_put_whole(&(mp__pl_block_t){.ptr = ptr,
-                                        .size = size,
-                                        .stream = stream,
-                                        .kind = kind,
-                                        .ordinal = ordinal});
+  return mp__table_put_whole(&(mp__pl_block_t){.ptr = ptr,
+                                               .size = size,
+                                               .stream = stream,
+                                               .kind = kind,
+                                               .ordinal = ordinal});
 }
 
 /* A free claims its entry (mp__pl_table_claim) and the entry stays where it

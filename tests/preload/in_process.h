@@ -11,12 +11,9 @@
 
 #include "preload/hooks.h"
 
-/* Pooling on the fake driver's cuda device, device 0's primary context
- * current (through entry points the shim does not hook). */
-static inline void mp_in_process_cuda(void) {
-  setenv("MEMPOOL_DEVICE", "cuda", 1);
-  unsetenv("MEMPOOL_PRELOAD");
-  unsetenv("MEMPOOL_CONF");
+/* The fake driver loaded, device 0's primary context current (through
+ * entry points the shim does not hook); its handle. */
+static inline void *mp_in_process_context(void) {
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
   cr_assert_not_null(lib, "%s", dlerror());
   mp__curesult (*init)(unsigned) = NULL;
@@ -28,6 +25,16 @@ static inline void mp_in_process_cuda(void) {
   void *ctx = NULL;
   cr_assert(init != NULL && retain != NULL && set != NULL && init(0) == 0 &&
             retain(&ctx, 0) == 0 && set(ctx) == 0);
+  return lib;
+}
+
+/* Pooling on the fake driver's cuda device, device 0's primary context
+ * current. */
+static inline void mp_in_process_cuda(void) {
+  setenv("MEMPOOL_DEVICE", "cuda", 1);
+  unsetenv("MEMPOOL_PRELOAD");
+  unsetenv("MEMPOOL_CONF");
+  (void)mp_in_process_context();
   const mp__pl_t *pl = mp__pl_get();
   cr_assert(pl->mode == MP__PL_POOL && !pl->host,
             "the shim is not pooling on the fake driver");
