@@ -97,7 +97,11 @@ typedef struct mp__pl_capture {
     uintptr_t p;
     size_t size;
     bool live, inner;
-    bool launching; /* put in the table for a launch not yet returned */
+    /* The number of the launch (mp__gr.launches) that put it in the table
+     * and has not returned; 0: none. A launch ends only its own: another
+     * launch of the same executable (one made with
+     * CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) may be in flight. */
+    uint64_t launching;
   } * outs;
   size_t nouts, roomouts;
 } mp__pl_capture_t;
@@ -163,6 +167,7 @@ static struct {
   } begun[MP__PL_BEGUN];
   unsigned nbegun;
   bool lost;
+  uint64_t launches; /* the last launch's number (mp__launching) */
 } mp__gr = {.lock = PTHREAD_MUTEX_INITIALIZER};
 static atomic_uint mp__gr_begun; /* nbegun + lost, read without the lock */
 /* A bit per output address (mp__out_bit) of the outputs of ended
@@ -985,18 +990,19 @@ static bool mp__launch_allowed(mp__cugraphexec x) {
   return true;
 }
 
-/* After the real launch of x on s (launched: it went through), each
- * output mp__launching put in the table: traced as allocated, or, the
- * launch refused, out of the table again and not allocated. Under the
+/* After the real launch n of x on s (launched: it went through), each
+ * output mp__launching put in the table for it: traced as allocated, or,
+ * the launch refused, out of the table again and not allocated. Under the
  * lock. */
-static void mp__launch_over(mp__cugraphexec x, mp__custream s, bool launched) {
+static void mp__launch_over(mp__cugraphexec x, mp__custream s, bool launched,
+                            uint64_t n) {
   for (size_t i = 0; i < mp__gr.nexecs; i++) {
     mp__pl_capture_t *c = &mp__gr.caps[mp__gr.execs[i].cap];
     for (size_t k = 0; mp__gr.execs[i].x == x && k < c->nouts; k++) {
       struct mp__pl_out *o = &c->outs[k];
-      if (!o->launching)
+      if (o->launching != n)
         continue;
-      o->launching = false;
+      o->launching = 0;
       if (!o->live) /* freed by another thread meanwhile */
         continue;
       mp__pl_block_t b;
@@ -1008,8 +1014,9 @@ static void mp__launch_over(mp__cugraphexec x, mp__custream s, bool launched) {
   }
 }
 
-/* Before the real launch of x on s: its outputs not allocated are put in
- * the table (blocks of their pool, on s) and allocated, so that nothing
+/* Before the real launch of x on s, numbered *n: its outputs not
+ * allocated are put in the table (blocks of their pool, on s) and
+ * allocated, so that nothing
  * the launch allocates is unknown to the table. False, with nothing
  * changed, when the table had no host memory for one: the outputs already
  * put are taken out again. Before, the launch went ahead and an output
@@ -1017,8 +1024,9 @@ static void mp__launch_over(mp__cugraphexec x, mp__custream s, bool launched) {
  * as a pointer in the pool's memory the pool never handed out, and every
  * later launch refused as one with an allocation still unfreed. Under the
  * lock. */
-static bool mp__launching(mp__cugraphexec x, mp__custream s) {
+static bool mp__launching(mp__cugraphexec x, mp__custream s, uint64_t *n) {
   bool room = true;
+  *n = ++mp__gr.launches;
   for (size_t i = 0; room && i < mp__gr.nexecs; i++) {
     mp__pl_capture_t *c = &mp__gr.caps[mp__gr.execs[i].cap];
     for (size_t k = 0; room && mp__gr.execs[i].x == x &&
@@ -1028,11 +1036,12 @@ static bool mp__launching(mp__cugraphexec x, mp__custream s) {
       if (o->live || o->inner)
         continue;
       room = mp__pl_table_put_pool(o->p, o->size, (uintptr_t)s, c->pool);
-      o->live = o->launching = room;
+      o->live = room;
+      o->launching = room ? *n : 0;
     }
   }
   if (!room)
-    mp__launch_over(x, s, false);
+    mp__launch_over(x, s, false, *n);
   return room;
 }
 
@@ -1045,7 +1054,8 @@ static mp__curesult mp__launch(mp__curesult (*real)(mp__cugraphexec,
     return real(x, s); /* no graph has outputs: nothing to keep */
   mp__gr_lock();
   bool allowed = mp__launch_allowed(x);
-  bool room = allowed && mp__launching(x, s);
+  uint64_t n = 0;
+  bool room = allowed && mp__launching(x, s, &n);
   pthread_mutex_unlock(&mp__gr.lock);
   if (!allowed)
     return MP__CU_INVALID_VALUE; /* the driver's answer (cuGraphLaunch) */
@@ -1060,7 +1070,7 @@ static mp__curesult mp__launch(mp__curesult (*real)(mp__cugraphexec,
     return MP__CU_OUT_OF_MEMORY;
   mp__curesult r = real(x, s);
   mp__gr_lock();
-  mp__launch_over(x, s, r == MP__CU_SUCCESS);
+  mp__launch_over(x, s, r == MP__CU_SUCCESS, n);
   pthread_mutex_unlock(&mp__gr.lock);
   return r;
 }
