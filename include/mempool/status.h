@@ -82,16 +82,16 @@ MP_API int mp_last_driver_error(void);
  * mp_last_driver_error() and mp_last_error() give.
  *
  * Growing: the struct's size and the place of every field here never
- * change (592 bytes, the message at byte 80, on every ABI with 4-byte int
- * and 8-byte-aligned uint64_t). A later version takes the room of its new
- * fields out of reserved, writes its number in version, and reads a state
- * of every earlier version (the fields that state lacks count as zero); a
- * program built against an older header keeps working with a newer
- * library, and the reverse, as neither ever writes past the other's
- * struct. So:
- *  - fill a state with mp_error_save() (it writes version and zeroes
- *    reserved); one built by hand sets version to MP_ERROR_STATE_VERSION
- *    and every reserved byte to 0;
+ * change (592 bytes, the message at byte 80, on every ABI with a 4-byte
+ * int: pad keeps reserved at byte 16 where uint64_t is 4-byte aligned). A
+ * later version takes the room of its new fields out of reserved, writes
+ * its number in version, and reads a state of every earlier version (the
+ * fields that state lacks count as zero); a program built against an
+ * older header keeps working with a newer library, and the reverse, as
+ * neither ever writes past the other's struct. So:
+ *  - fill a state with mp_error_save() (it writes version and zeroes pad
+ *    and reserved); one built by hand sets version to
+ *    MP_ERROR_STATE_VERSION and every other byte but the message's to 0;
  *  - a state whose version this library does not know (0, a state never
  *    filled, or one of a later version built by hand) is ignored by
  *    mp_error_restore(): the thread's last error stays as it was;
@@ -101,6 +101,9 @@ typedef struct mp_error_state {
   unsigned version; /* MP_ERROR_STATE_VERSION (mp_error_save writes it) */
   mp_status_t status;
   int driver_error;
+  /* 0: puts reserved at byte 16 on every ABI (i386 aligns uint64_t in a
+   * struct at 4, which would leave it at 12 and the struct 588 bytes). */
+  unsigned pad;
   uint64_t reserved[8]; /* 0: the room of later versions' fields */
   char message[MP_ERROR_MESSAGE_MAX];
 } mp_error_state_t;

@@ -122,6 +122,7 @@ Test(error_save_restore, save_writes_the_version_and_zeroes_the_reserved_room) {
   memset(&saved, 0x55, sizeof saved);
   mp_error_save(&saved);
   cr_expect_eq(saved.version, MP_ERROR_STATE_VERSION);
+  cr_expect_eq(saved.pad, 0);
   for (size_t i = 0; i < sizeof saved.reserved / sizeof saved.reserved[0]; i++)
     cr_expect_eq(saved.reserved[i], 0, "reserved[%zu]", i);
 }
@@ -169,4 +170,5 @@ Test(error_save_restore, the_size_is_the_structs_and_fixed) {
   cr_expect_eq(sizeof(mp_error_state_t), 592);
   cr_expect_eq(offsetof(mp_error_state_t, message), 80);
   cr_expect_eq(offsetof(mp_error_state_t, version), 0);
+  cr_expect_eq(offsetof(mp_error_state_t, reserved), 16);
 }
