@@ -163,26 +163,21 @@ static mp__curesult mp__free(mp__variant_t v, mp__cuptr p, mp__custream s) {
                  MP__CU_SUCCESS) {
     /* Refused (a host function's, or prohibited by a capture): nothing
      * freed or traced, still the program's. */
-    mp__pl_table_restore(&b);
+    mp__pl_table_end(&b, false);
   } else if (b.kind == MP__PL_FROM_POOL) {
     r = mp__pl_cu_error(mp__pl_pool_free(pl, &b, v == MP__SYNC, s,
                                          v == MP__ASYNC_PTSZ, captured));
   } else if (b.kind == MP__PL_FROM_REAL) {
     mp__pl_record_free(b.ptr, b.size, (uintptr_t)s); /* first: preload.h */
-    if ((r = mp__real_free(v, p, s)) != MP__CU_SUCCESS)
-      mp__pl_real_free_refused(&b);
-    else
-      mp__pl_table_drop(&b);
+    r = mp__real_free(v, p, s);
+    mp__pl_free_over(&b, r == MP__CU_SUCCESS);
   } else if (b.kind == MP__PL_FROM_DEVICE) {
     /* Refused (a free from a host function): still the program's. */
     r = mp__pl_cu_error(mp_device_free(pl->dev, (void *)(uintptr_t)p));
-    if (r != MP__CU_SUCCESS)
-      mp__pl_table_restore(&b);
-    else
-      mp__pl_table_drop(&b);
+    mp__pl_table_end(&b, r == MP__CU_SUCCESS);
   } else {
     /* Pinned host memory is not freed with cuMemFree. */
-    mp__pl_table_restore(&b);
+    mp__pl_table_end(&b, false);
     r = mp__pl_free_foreign(pl, v == MP__SYNC, mp__free_probe);
   }
   mp__pl_leave();

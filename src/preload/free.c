@@ -145,9 +145,10 @@ unsigned mp__pl_free_foreign(const mp__pl_t *pl, bool sync,
   return r != 0 ? r : mp__pl_free_invalid(pl);
 }
 
-void mp__pl_real_free_refused(const mp__pl_block_t *b) {
-  mp__pl_table_restore(b);
-  mp__pl_record_unfree(b->ptr, b->size, b->stream);
+void mp__pl_free_over(const mp__pl_block_t *b, bool freed) {
+  mp__pl_table_end(b, freed);
+  if (!freed)
+    mp__pl_record_unfree(b->ptr, b->size, b->stream);
 }
 
 mp_status_t mp__pl_pool_served(mp_pool_t *pool, void **p, size_t size,
@@ -170,7 +171,7 @@ mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
    * be logged first, and a replay would free the wrong block. */
   mp__pl_record_free(b->ptr, b->size, (uintptr_t)s);
   if (mp__pl_output_free(pl, b->ptr, true, !sync, s, ptsz)) {
-    mp__pl_table_drop(b);
+    mp__pl_table_end(b, true);
     return MP_OK;
   }
   mp_status_t st;
@@ -211,11 +212,7 @@ mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
      * which the pool told apart when the old one was forgotten. On the
      * block's own stream it is mp_pool_free. */
     st = mp_pool_free_async(b->pool, ptr, mp__pl_stream(pl, s, ptsz));
-  if (st != MP_OK) { /* still the program's (a paused pool): say so */
-    mp__pl_table_restore(b);
-    mp__pl_record_unfree(b->ptr, b->size, b->stream);
-  } else {
-    mp__pl_table_drop(b);
-  }
+  /* Refused: still the program's (a paused pool), traced so. */
+  mp__pl_free_over(b, st == MP_OK);
   return st;
 }

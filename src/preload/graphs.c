@@ -1016,14 +1016,13 @@ static void mp__launch_over(mp__cugraphexec x, mp__custream s, bool launched,
 
 /* Before the real launch of x on s, numbered *n: its outputs not
  * allocated are put in the table (blocks of their pool, on s) and
- * allocated, so that nothing
- * the launch allocates is unknown to the table. False, with nothing
- * changed, when the table had no host memory for one: the outputs already
- * put are taken out again. Before, the launch went ahead and an output
- * the table could not record was allocated but unknown: its free refused
- * as a pointer in the pool's memory the pool never handed out, and every
- * later launch refused as one with an allocation still unfreed. Under the
- * lock. */
+ * allocated, so that nothing the launch allocates is unknown to the
+ * table. False, with nothing changed, when the table had no host memory
+ * for one: the outputs already put are taken out again. Before, the
+ * launch went ahead and an output the table could not record was
+ * allocated but unknown: its free refused as a pointer in the pool's
+ * memory the pool never handed out, and every later launch refused as one
+ * with an allocation still unfreed. Under the lock. */
 static bool mp__launching(mp__cugraphexec x, mp__custream s, uint64_t *n) {
   bool room = true;
   *n = ++mp__gr.launches;

@@ -685,29 +685,24 @@ static unsigned int mp__h_free(bool runtime, void *ptr) {
         if (st == MP_OK)
           mp__hpl_flush(pl, &mark);
       }
-      if (st == MP_OK && refused == 0) {
+      bool freed = st == MP_OK && refused == 0;
+      if (freed)
         mp__pl_record_other("pinned_free", b.ptr, b.size);
-        mp__pl_table_drop(&b);
-      } else {
-        mp__pl_table_restore(&b);
-      }
-      /* After the drop or the restore: a reset waiting for hp forgets the
+      mp__pl_table_end(&b, freed);
+      /* After the claim's end: a reset waiting for hp forgets the
        * block with it (mp__pl_table_forget_hostmem skips a claimed one). */
       mp__hpl_put(b.ordinal, hp);
       r = refused != 0 ? refused : mp__h_error(runtime, st);
       answered = refused == 0;
     } else if (b.kind == MP__PL_FROM_REAL_HOST) {
       r = mp__h_real_free(runtime, ptr);
-      if (r == 0) {
+      if (r == 0)
         mp__pl_record_other("pinned_free", b.ptr, b.size);
-        mp__pl_table_drop(&b);
-      } else {
-        mp__pl_table_restore(&b);
-      }
+      mp__pl_table_end(&b, r == 0);
     } else {
       /* Not pinned (a cudaMalloc block, say): refused, and left whole, its
        * pool included, for its own free. */
-      mp__pl_table_restore(&b);
+      mp__pl_table_end(&b, false);
       r = mp__pl_free_foreign(mp__pl_get(), true,
                               runtime ? mp__h_probe_rt : mp__h_probe_cu);
       answered = true;

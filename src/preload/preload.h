@@ -393,16 +393,14 @@ bool mp__pl_table_put_pool(uintptr_t ptr, size_t size, uintptr_t stream,
                            mp_pool_t *pool);
 /* A free's hold on ptr's entry, copied into *out (out->claim its number):
  * the entry stays in the table, as absent to every other reader, until
- * the free is over: mp__pl_table_drop when it went through,
- * mp__pl_table_restore when it was refused. False when ptr is not a known
- * start, or another free holds it. Neither end needs host memory: a
- * refused free never loses the entry. */
+ * the free is over (mp__pl_table_end). False when ptr is not a known
+ * start, or another free holds it. */
 bool mp__pl_table_claim(uintptr_t ptr, mp__pl_block_t *out);
-/* Lifts claim b: a free the hook refuses leaves the pointer as it was. */
-void mp__pl_table_restore(const mp__pl_block_t *b);
-/* Removes the entry claim b holds (nothing when a put of the same address
- * replaced it since: the memory was handed out again). */
-void mp__pl_table_drop(const mp__pl_block_t *b);
+/* Ends claim b, without host memory (a refused free never loses the
+ * entry): freed, the entry goes (nothing when a put of the same address
+ * replaced it since: the memory was handed out again); refused, the claim
+ * is lifted and the pointer is as it was. */
+void mp__pl_table_end(const mp__pl_block_t *b, bool freed);
 /* Removes ptr's entry into *out; false when ptr is not a known start (or a
  * free holds it). */
 bool mp__pl_table_take(uintptr_t ptr, mp__pl_block_t *out);
@@ -616,10 +614,10 @@ unsigned mp__pl_free_foreign(const mp__pl_t *pl, bool sync,
  * MP__PL_FROM_REAL the table's claim gave) is traced (mp__pl_record_free)
  * before the real call: once the driver has the memory back, another
  * thread's allocation of the same address may be traced, and a replay
- * would free the wrong block (as for mp__pl_pool_free). When the real call
- * fails, this lifts the claim (the entry was never out of the table) and
- * traces the block live again. */
-void mp__pl_real_free_refused(const mp__pl_block_t *b);
+ * would free the wrong block (as for mp__pl_pool_free). This ends the
+ * claim after the call (or a pool's free), and where the free failed
+ * (freed false) traces the block live again. */
+void mp__pl_free_over(const mp__pl_block_t *b, bool freed);
 
 /* The table's entry of block *p that pool just served for size bytes on
  * stream (mp__pl_table_put_pool): MP_OK. Without host memory for the entry

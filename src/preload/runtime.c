@@ -229,28 +229,23 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
                                       &captured)) != MP__CUDA_SUCCESS) {
     /* As driver.c's: cudaErrorNotPermitted is CUDA_ERROR_NOT_PERMITTED's
      * number, the capture errors theirs. */
-    mp__pl_table_restore(&b);
+    mp__pl_table_end(&b, false);
     answered = false;
   } else if (b.kind == MP__PL_FROM_POOL) {
     r = mp__pl_cuda_error(mp__pl_pool_free(pl, &b, v == MP__RT_SYNC, s,
                                            v == MP__RT_ASYNC_PTSZ, captured));
   } else if (b.kind == MP__PL_FROM_REAL) {
     mp__pl_record_free(b.ptr, b.size, (uintptr_t)s); /* first: preload.h */
-    if ((r = mp__rt_real_free(v, p, s)) != MP__CUDA_SUCCESS)
-      mp__pl_real_free_refused(&b);
-    else
-      mp__pl_table_drop(&b);
+    r = mp__rt_real_free(v, p, s);
+    mp__pl_free_over(&b, r == MP__CUDA_SUCCESS);
     answered = false;
   } else if (b.kind == MP__PL_FROM_DEVICE) {
     /* Refused (a free from a host function): still the program's. */
     r = mp__pl_cuda_error(mp_device_free(pl->dev, p));
-    if (r != MP__CUDA_SUCCESS)
-      mp__pl_table_restore(&b);
-    else
-      mp__pl_table_drop(&b);
+    mp__pl_table_end(&b, r == MP__CUDA_SUCCESS);
     answered = false;
   } else {
-    mp__pl_table_restore(&b); /* needs cudaFreeHost */
+    mp__pl_table_end(&b, false); /* needs cudaFreeHost */
     r = mp__rt_free_foreign(pl, v, &answered);
   }
   if (answered && r != MP__CUDA_SUCCESS)

@@ -100,12 +100,11 @@ bool mp__pl_table_put_real(uintptr_t ptr, size_t size, uintptr_t stream,
 }
 
 /* A free claims its entry (mp__pl_table_claim) and the entry stays where it
- * is until the free is done: dropped when the free went through
- * (mp__pl_table_drop), its claim lifted when it was refused
- * (mp__pl_table_restore). Neither needs host memory, so a refused free
- * cannot lose the entry (before, the entry was taken out and put back, and
- * a put that found no host memory left the program's block unknown: its
- * next free refused, or passed to the driver untraced). A claimed entry is
+ * is until the free is done (mp__pl_table_end): dropped when the free went
+ * through, its claim lifted when it was refused. Neither needs host memory, so
+ * a refused free cannot lose the entry (before, the entry was taken out and put
+ * back, and a put that found no host memory left the program's block unknown:
+ * its next free refused, or passed to the driver untraced). A claimed entry is
  * as absent to every other reader (a second free, a lookup, a reset's
  * forgetting, a capture's end): the free in progress owns it. A put of the
  * same address overwrites it, unclaimed (its memory handed out again once
@@ -130,19 +129,13 @@ static mp__pl_block_t *mp__table_claimed(const mp__pl_block_t *b) {
   return e != NULL && b->claim != 0 && e->claim == b->claim ? e : NULL;
 }
 
-void mp__pl_table_restore(const mp__pl_block_t *b) {
+void mp__pl_table_end(const mp__pl_block_t *b, bool freed) {
   pthread_mutex_lock(&mp__tab.lock);
   mp__pl_block_t *e = mp__table_claimed(b);
-  if (e != NULL)
-    e->claim = 0;
-  pthread_mutex_unlock(&mp__tab.lock);
-}
-
-void mp__pl_table_drop(const mp__pl_block_t *b) {
-  pthread_mutex_lock(&mp__tab.lock);
-  mp__pl_block_t *e = mp__table_claimed(b);
-  if (e != NULL)
+  if (e != NULL && freed)
     mp__ptrmap_remove(&mp__tab.map, e);
+  else if (e != NULL)
+    e->claim = 0;
   pthread_mutex_unlock(&mp__tab.lock);
 }
 
