@@ -51,93 +51,12 @@
 #include <mempool/mempool.h>
 
 #include "args.h"
-
-#if defined(__has_include)
-#if __has_include(<valgrind/callgrind.h>)
-#include <valgrind/callgrind.h>
-#define MP_HAVE_CALLGRIND 1
-#endif
-#endif
-
-/* Around a timed phase: under callgrind, count only it (a no-op
- * otherwise; the client requests cost a few instructions each). */
-static void count_begin(void) {
-#ifdef MP_HAVE_CALLGRIND
-  CALLGRIND_ZERO_STATS;
-  CALLGRIND_START_INSTRUMENTATION;
-#endif
-}
-
-static void count_end(const char *what, size_t live) {
-#ifdef MP_HAVE_CALLGRIND
-  CALLGRIND_STOP_INSTRUMENTATION;
-  char name[64];
-  snprintf(name, sizeof name, "%s %zu", what, live);
-  CALLGRIND_DUMP_STATS_AT(name);
-#else
-  (void)what;
-  (void)live;
-#endif
-}
+#include "pairs_plan.h"
+#include "pairs_rows.h"
 
 #if MEMPOOL_HAVE_JEMALLOC
-#include "../core/xorshift.h"
 #include <jemalloc/jemalloc.h>
 #endif
-
-typedef struct plan {
-  size_t *sizes;    /* one per pair */
-  uint32_t *victim; /* one per pair */
-  size_t *init;     /* one per live block */
-  size_t pairs, live;
-} plan_t;
-
-static uint64_t rng = 0x2545F4914F6CDD1Dull;
-static uint64_t next_u64(void) {
-  return xorshift64(&rng);
-}
-
-static size_t log_uniform(void) {
-  double lo = log(512.0), hi = log(16.0 * 1024 * 1024);
-  double u = (double)(next_u64() >> 11) / (double)(1ull << 53);
-  return (size_t)exp(lo + u * (hi - lo));
-}
-
-/* The plan; its arrays NULL (freed) when host memory runs out. */
-static plan_t make_plan(size_t live, size_t pairs) {
-  plan_t p = {malloc(pairs * sizeof(size_t)), malloc(pairs * sizeof(uint32_t)),
-              malloc(live * sizeof(size_t)), pairs, live};
-  if (p.sizes == NULL || p.victim == NULL || p.init == NULL) {
-    free(p.sizes);
-    free(p.victim);
-    free(p.init);
-    p.sizes = NULL;
-    p.victim = NULL;
-    p.init = NULL;
-    return p;
-  }
-  for (size_t i = 0; i < live; i++)
-    p.init[i] = log_uniform();
-  for (size_t i = 0; i < pairs; i++) {
-    p.sizes[i] = log_uniform();
-    p.victim[i] = (uint32_t)(next_u64() % live);
-  }
-  return p;
-}
-
-static double now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-typedef struct result {
-  double ns_per_pair;
-  unsigned long long device_allocs, device_frees;
-  double reserved_over_live;
-  unsigned long long free_blocks;
-  bool virtual_range; /* the pool grew in its virtual range */
-} result_t;
 
 /* Whether pool's segments are its virtual range (mp_pool_dump's text names
  * each segment's kind): a pool whose range could not be reserved (under
@@ -194,12 +113,7 @@ static int run_pool(mp_device_t *dev, const plan_t *p, const char *opts,
   double t1 = now_ns();
   count_end(opts[0] != '\0' ? opts : "pool", p->live);
   mp_pool_get_stats(pool, &s1);
-  r->ns_per_pair = (t1 - t0) / (double)p->pairs;
-  r->device_allocs = s1.device_alloc_count - s0.device_alloc_count;
-  r->device_frees = s1.device_free_count - s0.device_free_count;
-  r->free_blocks = s1.free_blocks;
-  r->reserved_over_live =
-      (double)s1.peak_reserved_bytes / (double)s1.peak_requested_bytes;
+  pairs_result(r, &s0, &s1, t1 - t0, p->pairs);
   r->virtual_range = uses_virtual_range(pool);
   if (mp_pool_check(pool) != MP_OK)
     fprintf(stderr, "pool check: %s\n", mp_last_error());
@@ -458,11 +372,10 @@ int main(int argc, char **argv) {
     if (do_pool && run_pool(dev, &p, "", &r) != 0)
       return 1;
     pool_ns[k] = r.ns_per_pair;
-    if (do_pool)
-      printf("%-10s %8zu %12.1f %12llu %12llu %14.3f %12llu %8s\n", "pool",
-             lives[k], r.ns_per_pair, r.device_allocs, r.device_frees,
-             r.reserved_over_live, r.free_blocks,
-             r.virtual_range ? "virtual" : "plain");
+    if (do_pool) {
+      pairs_row("pool", lives[k], &r);
+      printf(" %8s\n", r.virtual_range ? "virtual" : "plain");
+    }
 #if MEMPOOL_HAVE_JEMALLOC
     result_t j = {0};
     if (do_je && run_jemalloc(&p, &j) != 0)
@@ -471,9 +384,7 @@ int main(int argc, char **argv) {
       printf("%-10s %8zu %12.1f %12s %12s %14s %12s\n", "jemalloc", lives[k],
              j.ns_per_pair, "-", "-", "-", "-");
 #endif
-    free(p.sizes);
-    free(p.victim);
-    free(p.init);
+    plan_free(&p);
   }
   if (!history)
     printf("pool: 10000-live / 100-live cost = %.2fx\n",
