@@ -2,9 +2,14 @@
 # count_pairs.sh [BUILD_DIR] [PAIRS] [DEVICE] - instructions per free+alloc pair
 # (valgrind's callgrind: the same count on a busy machine as on an idle
 # one) beside ns per pair (a plain run), for the pool and the jemalloc
-# arena of bench_pool_pairs, at 100 and 10 000 live blocks. Only the timed
-# phase is counted (bench_pool_pairs marks it with callgrind's client
-# requests); the plan and the set-up are not.
+# arena of bench_pool_pairs, and for the host (page-locked) pool of
+# bench_host_pairs on the same plan (rows "hostpool"), at 100 and 10 000
+# live blocks. Only the timed phase is counted (both mark it with
+# callgrind's client requests); the plan and the set-up are not. The host
+# pool's counts move between runs by a few hundred instructions a pair:
+# each free records a marker on its stream, which the device's stream
+# thread reaches at its own pace, and a request reuses a block only once
+# it has (mempool/host_pool.h); callgrind counts that thread too.
 #
 # DEVICE (default host:capacity=28G) must be one whose virtual range
 # valgrind can reserve: the pool reserves twice its cap, and valgrind 3.19
@@ -42,6 +47,19 @@ if grep -q ' range$' "$work/vg.out" && grep -q '^pool .* plain$' "$work/vg.out";
   echo "count_pairs: under valgrind the pool ran on plain segments (its virtual range" >&2
   echo "could not be reserved on $dev): not a native run's path; use a smaller capacity" >&2
   exit 3
+fi
+# The host (page-locked) pool on the same plan: bench_host_pairs' rows
+# ("hostpool", on plain segments, its native path) after the pool's and
+# the jemalloc arena's, its counts as cg.host.* and its ns in ns.txt, so
+# the loop below prints them. A build without it prints none.
+hbin=$build/bench/bench_host_pairs
+if [ -x "$hbin" ]; then
+  "$hbin" "$pairs" "$dev" >>"$work/ns.txt"
+  valgrind --tool=callgrind --instr-atstart=no \
+    --callgrind-out-file="$work/cg.host.%p" "$hbin" "$pairs" "$dev" \
+    >"$work/hvg.out" 2>"$work/hvg.txt"
+else
+  echo "count_pairs: no $hbin: no hostpool rows" >&2
 fi
 printf '%-10s %8s %14s %10s\n' allocator live instr/pair ns/pair
 for f in "$work"/cg.*; do

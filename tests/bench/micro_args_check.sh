@@ -24,6 +24,7 @@ for a in -5 abc 5x 0 " 5" +5; do
   check "$bin/bench_stream_table" "$a"
   check "$bin/bench_pause_resume" "$a"
   check "$bin/bench_pause_resume" 1 "$a"
+  check "$bin/bench_host_pairs" "$a"
 done
 check "$bin/bench_pool_pairs" 1000 host:capacity=64T bogus
 check "$bin/bench_pool_pairs" 1000 host:capacity=64T remotes
