@@ -25,7 +25,14 @@ for a in -5 abc 5x 0 " 5" +5; do
   check "$bin/bench_pause_resume" "$a"
   check "$bin/bench_pause_resume" 1 "$a"
   check "$bin/bench_host_pairs" "$a"
+  # Built only with the fake driver (bench/CMakeLists.txt).
+  if [ -x "$bin/bench_preload_pairs" ]; then
+    check "$bin/bench_preload_pairs" "$a"
+  fi
 done
+if [ -x "$bin/bench_preload_pairs" ]; then
+  check "$bin/bench_preload_pairs" 10 bogus
+fi
 check "$bin/bench_pool_pairs" 1000 host:capacity=64T bogus
 check "$bin/bench_pool_pairs" 1000 host:capacity=64T remotes
 check "$bin/bench_pool_threads" 1000 100 2 1x
