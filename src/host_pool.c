@@ -269,9 +269,11 @@ static bool mp__hp_knows(mp_host_pool_t *hp, mp_stream_t s) {
  * destroy wait for every stream the pool knows, and the default stream
  * (on CUDA the legacy stream, which waits for every blocking stream, and
  * makes them MP_EBUSY while one captures) need not have used the pool.
- * add: also make its slot now. */
+ * add: also make its slot now (*made, unless NULL: made by this call). */
 static mp_status_t mp__hp_stream_check(mp_host_pool_t *hp, mp_stream_t s,
-                                       bool add, const char *fn) {
+                                       bool add, const char *fn, bool *made) {
+  if (made != NULL)
+    *made = false;
   if (s == NULL) {
     if (!add || atomic_load_explicit(&hp->null_slot, memory_order_acquire))
       return MP_OK;
@@ -288,7 +290,33 @@ static mp_status_t mp__hp_stream_check(mp_host_pool_t *hp, mp_stream_t s,
     return mp__hp_said(st, "mp_pool_add_stream", fn);
   if (s == NULL)
     atomic_store_explicit(&hp->null_slot, true, memory_order_release);
+  if (made != NULL)
+    *made = true;
   return MP_OK;
+}
+
+/* Takes back the slot of s that mp__hp_stream_check made for an
+ * allocation the pool then refused (the device had no page-locked memory,
+ * or the pool no host memory for its records): a refusal changes nothing,
+ * and trim and destroy wait only for streams that used the pool. In every
+ * arena too, as mp_pool_add_stream made it there (the pool's lock, then
+ * each arena's). Kept where another thread's call used it meanwhile. */
+static void mp__hp_unmake_slot(mp_host_pool_t *hp, mp_stream_t s) {
+  mp_pool_t *pool = hp->pool;
+  mp__pool_lock(pool);
+  bool gone = mp__stream_unmake(pool, s);
+  for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    if (a == NULL)
+      continue;
+    mp__pool_lock(a);
+    (void)mp__stream_unmake(a, s);
+    mp__pool_unlock(a);
+  }
+  /* The next allocation on the default stream makes its slot again. */
+  if (s == NULL && gone)
+    atomic_store_explicit(&hp->null_slot, false, memory_order_release);
+  mp__pool_unlock(pool);
 }
 
 /* Whether work queued on s now goes into a graph (cuStreamIsCapturing:
@@ -437,20 +465,27 @@ mp_status_t mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes, mp_stream_t s,
    * pool refuses before it looks for one (it cannot be rounded, or it is
    * past the cap: alloc.c), else trim and destroy would wait for a stream
    * that never used the pool. Nothing of the host pool changes hp->pool's
-   * cap or alignment after create: read unlocked. */
+   * cap or alignment after create: read unlocked. A slot made here for a
+   * request the pool then refuses (the device has no page-locked memory
+   * for it) is taken back. */
   size_t size = 0;
   bool takes = bytes != 0 && mp__pool_round(hp->pool, bytes, &size) &&
                size <= hp->pool->cap;
-  mp_status_t cst = mp__hp_stream_check(hp, s, takes, __func__);
+  bool made = false;
+  mp_status_t cst = mp__hp_stream_check(hp, s, takes, __func__, &made);
   if (cst != MP_OK)
     return cst;
   mp__hp_drain(hp);
   void *p = NULL;
   mp_status_t st = mp_pool_alloc(hp->pool, bytes, hp->host, &p);
-  if (st != MP_OK)
-    return mp__hp_said(st, "mp_pool_alloc", __func__);
+  if (st != MP_OK) {
+    st = mp__hp_said(st, "mp_pool_alloc", __func__);
+    if (made)
+      mp__hp_unmake_slot(hp, s);
+    return st;
+  }
   if (p != NULL && !takes &&
-      (st = mp__hp_stream_check(hp, s, true, __func__)) != MP_OK) {
+      (st = mp__hp_stream_check(hp, s, true, __func__, NULL)) != MP_OK) {
     (void)mp_pool_free(hp->pool, p); /* served after all: the slot now */
     return st;
   }
@@ -550,7 +585,7 @@ mp_status_t mp_host_pool_record_stream(mp_host_pool_t *hp, void *ptr,
   MP__CHECK_HP(hp);
   /* No slot made here: a bad ptr must change nothing (the pool makes the
    * slot only once it found the buffer). */
-  mp_status_t st = mp__hp_stream_check(hp, s, false, __func__);
+  mp_status_t st = mp__hp_stream_check(hp, s, false, __func__, NULL);
   if (st == MP_OK)
     st = mp__hp_not_freed(hp, ptr, __func__);
   if (st != MP_OK)

@@ -1692,6 +1692,13 @@ void mp__stream_capture_mark(mp_pool_t *pool, uint32_t sidx, bool on);
  * slot: without one, nothing happens. */
 mp_status_t mp__stream_capture_mark_owned(mp_pool_t *pool, mp_stream_t s,
                                           uint64_t owner, bool on, bool carry);
+/* Takes back the slot of s (the calling thread's, for a per-thread
+ * stream) that a call made and then used nothing of (mp_host_pool_alloc
+ * refused after it made the slot): forgotten, as if the pool had never
+ * met s, unless something used it meanwhile (a block allocated on it or
+ * using it, a free on it, a marker, a capture mark). True when it went.
+ * Lock held. */
+bool mp__stream_unmake(mp_pool_t *pool, mp_stream_t s);
 /* Live block b is also used on stream sidx (record_stream, a move). */
 void mp__stream_add_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx);
 /* A copy queued on stream sidx now reads or writes b: a use that ends

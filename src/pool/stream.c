@@ -887,6 +887,29 @@ void mp__stream_capture_mark(mp_pool_t *pool, uint32_t sidx, bool on) {
   mp__pool_rare_update(pool); /* cached_off follows ncapturing */
 }
 
+/* Slot i, which no live block names and with nothing of its own open,
+ * matches no handle again, as if the pool had never met its stream: first
+ * in the forgotten list, as mp__slot_new looks at only its first few. */
+static void mp__stream_unmake_at(mp_pool_t *pool, uint32_t i) {
+  MP__ASSERT(pool->streams[i].refs == 0);
+  bool pt = pool->streams[i].owner != 0;
+  mp__stream_unhash(pool, i);
+  uint32_t *g = pool->gone, last = pool->ngone - 1;
+  uint32_t first = g[0];
+  g[0] = g[last];
+  g[last] = first;
+  /* Another thread's per-thread stream was the only one: the pool's path
+   * without per-thread slots again (has_pt makes every free take the
+   * rare path). */
+  if (pt) {
+    bool any = false;
+    for (uint32_t k = 0; k < pool->nstreams && !any; k++)
+      any = !pool->streams[k].gone && pool->streams[k].owner != 0;
+    pool->has_pt = any;
+    mp__pool_rare_update(pool);
+  }
+}
+
 mp_status_t mp__stream_capture_mark_owned(mp_pool_t *pool, mp_stream_t s,
                                           uint64_t owner, bool on, bool carry) {
   MP__ASSERT_LOCKED(pool);
@@ -921,27 +944,26 @@ mp_status_t mp__stream_capture_mark_owned(mp_pool_t *pool, mp_stream_t s,
    * range. */
   if (t->dirty)
     return MP_OK;
-  MP__ASSERT(t->refs == 0);
-  bool pt = t->owner != 0;
   /* What a free after all streams made wait for it meanwhile waits for
-   * the marker its unmark recorded (as after a forget); first in the
-   * forgotten list, as mp__slot_new looks at only its first few. */
-  mp__stream_unhash(pool, i);
-  uint32_t *g = pool->gone, last = pool->ngone - 1;
-  uint32_t first = g[0];
-  g[0] = g[last];
-  g[last] = first;
-  /* Another thread's per-thread stream was the only one: the pool's path
-   * without per-thread slots again (has_pt makes every free take the
-   * rare path). */
-  if (pt) {
-    bool any = false;
-    for (uint32_t k = 0; k < pool->nstreams && !any; k++)
-      any = !pool->streams[k].gone && pool->streams[k].owner != 0;
-    pool->has_pt = any;
-    mp__pool_rare_update(pool);
-  }
+   * the marker its unmark recorded (as after a forget). */
+  mp__stream_unmake_at(pool, i);
   return MP_OK;
+}
+
+bool mp__stream_unmake(mp_pool_t *pool, mp_stream_t s) {
+  MP__ASSERT_LOCKED(pool);
+  uint32_t i = mp__shash_find(pool, s, mp__stream_owner(pool, s));
+  if (i == UINT32_MAX)
+    return false;
+  const mp__strm_t *t = &pool->streams[i];
+  /* Used meanwhile (another thread's call on s): a block allocated on it
+   * or using it, a free on it, a marker, a capture mark. Kept, as any
+   * stream the pool met. */
+  if (t->refs != 0 || t->dirty || t->nmarks != 0 || t->capturing != 0 ||
+      t->join)
+    return false;
+  mp__stream_unmake_at(pool, i);
+  return true;
 }
 
 static bool mp__dep_done(const mp_pool_t *pool, const mp__dep_t *d) {
