@@ -151,8 +151,14 @@ mp_status_t mp__ipc_lease_stamp(int lease, const mp_ipc_handle_t *h) {
 }
 
 /* Whether h's lease is its own export's (its stamp names h's block and
- * memory). A lease without a stamp (an exporter of a mempool before
- * stamps) cannot say: taken as before. */
+ * memory). Every export stamps its lease before it shuts the pool's end,
+ * and the stamp stays queued at the importer's end also once the pool's
+ * end is closed (a Unix socket keeps what was sent to it). A socket that
+ * holds none (n == 0: its peer hung up, or shut writing, with nothing
+ * sent) is no lease: a program's own connection whose peer went away, at
+ * the number of a stale copy's lease, which the import would own and
+ * close, while it mapped (for a plain CUDA segment, with no memory
+ * descriptor to tell it) the copy's old block under no lease. */
 static mp_status_t mp__ipc_lease_is_hs(const mp_ipc_handle_t *h) {
   mp__lease_stamp_t got, want;
   ssize_t n;
@@ -160,7 +166,12 @@ static mp_status_t mp__ipc_lease_is_hs(const mp_ipc_handle_t *h) {
     n = recv(h->lease_fd, &got, sizeof got, MSG_PEEK | MSG_DONTWAIT);
   while (n < 0 && errno == EINTR);
   if (n == 0)
-    return MP_OK;
+    return mp__fail(MP_EINVAL,
+                    "mp_ipc_import: lease descriptor %d holds no stamp of an "
+                    "export (a socket whose peer hung up with nothing sent: "
+                    "a stale copy of a handle whose lease number was given "
+                    "out again, or a forged handle)",
+                    h->lease_fd);
   if (n != (ssize_t)sizeof got || memcmp(got.magic, "mplease", 8) != 0)
     return mp__fail(MP_EINVAL,
                     "mp_ipc_import: lease descriptor %d is not the importer's "
