@@ -15,7 +15,8 @@
  * mp__ipc_leases, whatever its device, so that no two imports of the
  * process own one lease; so is the lease of an import under way (listed
  * before it maps), so that mp_ipc_handle_close of a copy of its handle
- * cannot close it. */
+ * cannot close it. A device's list also holds what refused imports left
+ * mapped (left: no lease), until mp_device_close. */
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -32,8 +33,13 @@ struct mp__import {
   void *base;    /* what the backend mapped */
   size_t bytes;
   unsigned kind;
-  int lease;
+  int lease;    /* -1: none (left) */
   bool closing; /* an mp_ipc_close of it is under way */
+  /* What an import refused after it mapped left mapped, the device having
+   * refused its unmap (mp__ipc_refuse): no import of the program's (no
+   * mp_ipc_close finds it) and no lease, kept so that mp_device_close
+   * unmaps it, as the imports left open. */
+  bool left;
 };
 
 static pthread_mutex_t mp__ipc_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -300,7 +306,10 @@ static void mp__ipc_unlist(int lease) {
  * in mp_last_error()): unmaps it, unlists h's lease (h keeps its
  * descriptors) and returns the refusal's status. A device that refuses
  * the unmap leaves the mapping in this process: its status then, with a
- * message that names the refusal and what stays mapped. */
+ * message that names the refusal and what stays mapped, which stays in
+ * dev's list (left, without a lease: h's is not its own, or its import
+ * did not fit in the list) for mp_device_close to unmap; where the list
+ * has no room for it either, nothing will. */
 static mp_status_t mp__ipc_refuse(mp_device_t *dev, const mp_ipc_handle_t *h,
                                   void *base) {
   mp_status_t st = mp_last_status();
@@ -310,13 +319,26 @@ static mp_status_t mp__ipc_refuse(mp_device_t *dev, const mp_ipc_handle_t *h,
   mp_status_t cst =
       dev->ops->ipc_close(dev, base, h->mem_bytes, h->kind, &unmapped);
   mp__ipc_unlist(h->lease_fd);
+  pthread_mutex_lock(&mp__ipc_mu);
+  bool kept = !unmapped && mp__ipc_dev_room(dev);
+  if (kept)
+    dev->imports[dev->nimports++] = (struct mp__import){.ptr = (uintptr_t)base,
+                                                        .base = base,
+                                                        .bytes = h->mem_bytes,
+                                                        .kind = h->kind,
+                                                        .lease = -1,
+                                                        .left = true};
+  pthread_mutex_unlock(&mp__ipc_mu);
   if (unmapped)
     return mp__fail(st, "%s", why);
   return mp__fail(cst != MP_OK ? cst : MP_EDRIVER,
                   "%s; and %s refused to unmap what it had mapped for the "
                   "handle (%zu bytes at %p), which stays mapped in this "
-                  "process: %s",
+                  "process%s: %s",
                   why, dev->name, h->mem_bytes, base,
+                  kept ? " until mp_device_close unmaps it"
+                       : " (out of host memory to keep it for "
+                         "mp_device_close)",
                   cst != MP_OK ? mp_last_error() : "no reason given");
 }
 
@@ -394,12 +416,18 @@ mp_status_t mp_ipc_import(mp_device_t *dev, mp_ipc_handle_t *h, void **out) {
 }
 
 /* The index of the import at ptr in dev's list whose closing flag is
- * closing, or SIZE_MAX. mp__ipc_mu held. */
-static size_t mp__ipc_find(const mp_device_t *dev, void *ptr, bool closing) {
-  for (size_t i = 0; i < dev->nimports; i++)
-    if (dev->imports[i].ptr == (uintptr_t)ptr &&
-        dev->imports[i].closing == closing)
+ * closing, or SIZE_MAX; one closing also matches lease (a mapping left
+ * by a refused import may share ptr with an import: a CUDA IPC handle's
+ * segment is mapped once, at one address, cuIpcOpenMemHandle), one not
+ * closing is the program's own (not left). mp__ipc_mu held. */
+static size_t mp__ipc_find(const mp_device_t *dev, void *ptr, bool closing,
+                           int lease) {
+  for (size_t i = 0; i < dev->nimports; i++) {
+    const struct mp__import *im = &dev->imports[i];
+    if (im->ptr == (uintptr_t)ptr && im->closing == closing &&
+        (closing ? im->lease == lease : !im->left))
       return i;
+  }
   return SIZE_MAX;
 }
 
@@ -414,20 +442,23 @@ static void mp__ipc_mark(mp_device_t *dev, size_t i, struct mp__import *out) {
  * there is none (or another close of it is under way). */
 static bool mp__ipc_take(mp_device_t *dev, void *ptr, struct mp__import *out) {
   pthread_mutex_lock(&mp__ipc_mu);
-  size_t i = mp__ipc_find(dev, ptr, false);
+  size_t i = mp__ipc_find(dev, ptr, false, -1);
   if (i != SIZE_MAX)
     mp__ipc_mark(dev, i, out);
   pthread_mutex_unlock(&mp__ipc_mu);
   return i != SIZE_MAX;
 }
 
-/* Ends the close of the import at ptr: closes its lease and drops it from
- * the list (gone), or leaves it there, not closing any more. */
-static void mp__ipc_done(mp_device_t *dev, void *ptr, bool gone) {
+/* Ends the close of import im: closes its lease and drops it from the
+ * list (gone), or leaves it there, not closing any more. */
+static void mp__ipc_done(mp_device_t *dev, const struct mp__import *im,
+                         bool gone) {
   pthread_mutex_lock(&mp__ipc_mu);
-  size_t i = mp__ipc_find(dev, ptr, true);
+  size_t i = mp__ipc_find(dev, (void *)im->ptr, true, im->lease);
   MP__ASSERT(i != SIZE_MAX); /* mp__ipc_take marked it; only this unmarks */
-  if (gone) {
+  if (gone && im->left) {
+    dev->imports[i] = dev->imports[--dev->nimports];
+  } else if (gone) {
     size_t l = mp__ipc_lease_at(dev->imports[i].lease);
     MP__ASSERT(l != SIZE_MAX); /* listed with its import */
     /* Closed before it leaves the list, under the lock: once unlisted, a
@@ -467,7 +498,7 @@ static mp_status_t mp__ipc_unmap(mp_device_t *dev, const struct mp__import *im,
     if (st == MP_OK)
       st = cst;
   }
-  mp__ipc_done(dev, (void *)im->ptr, unmapped || force);
+  mp__ipc_done(dev, im, unmapped || force);
   if (!unmapped && !force)
     return mp__fail(st,
                     "%s (the import is still mapped and leased: close it "

@@ -746,7 +746,8 @@ MP_API mp_status_t mp_pool_ipc_poll(mp_pool_t *pool, size_t *held);
  * lease number now names another export's lease does not match it:
  * MP_EINVAL, nothing changed. Where the device had mapped the memory
  * before such a refusal and then refuses to unmap it, the mapping stays in
- * the process: the unmap's status, and the message names the refusal and
+ * the process until mp_device_close unmaps it (as it unmaps the imports
+ * left open): the unmap's status, and the message names the refusal and
  * what stays mapped. */
 MP_API mp_status_t mp_ipc_import(mp_device_t *dev, mp_ipc_handle_t *h,
                                  void **out);

@@ -4,7 +4,7 @@
  * mapped; when the device refuses that unmap, the mapping stays in the
  * process, and the import says so: the unmap's status, with a message
  * naming the refusal and what stays mapped. White-box: the importing host
- * device's ipc_close refuses while unmap_refused is set. Failed before:
+ * device's ipc_close refuses while ipc_wb_refuse is set. Failed before:
  * MP_EINVAL for the stale lease alone, the mapping left unsaid. */
 #include <criterion/criterion.h>
 #include <string.h>
@@ -14,23 +14,12 @@
 #define MiB ((size_t)1 << 20)
 
 static ipc_white_box_t w;
-static bool unmap_refused;
-static unsigned closes;
-
-static mp_status_t flaky_ipc_close(mp_device_t *dev, void *base, size_t bytes,
-                                   unsigned kind, bool *unmapped) {
-  closes++;
-  if (unmap_refused) {
-    *unmapped = false;
-    return mp__fail(MP_EDRIVER, "fake ipc_close refuses");
-  }
-  return w.host_ops->ipc_close(dev, base, bytes, kind, unmapped);
-}
 
 Test(pool_ipc_import_unmap_refused,
      a_refused_unmap_of_a_refused_import_says_so) {
   ipc_white_box_open(&w);
-  w.ops.ipc_close = flaky_ipc_close;
+  ipc_wb_host_ops = w.host_ops;
+  w.ops.ipc_close = ipc_white_box_flaky_close;
   mp_pool_t *pool = w.pool;
   mp_device_t *imp = w.imp;
   void *p[2];
@@ -45,17 +34,17 @@ Test(pool_ipc_import_unmap_refused,
   stale.lease_fd = h[1].lease_fd;
   void *q = NULL;
   cr_expect_eq(mp_ipc_import(imp, &stale, &q), MP_EINVAL);
-  cr_expect_eq(closes, 1, "the refused import unmapped what it mapped");
-  unmap_refused = true;
+  cr_expect_eq(ipc_wb_closes, 1, "the refused import unmapped what it mapped");
+  ipc_wb_refuse = true;
   mp_status_t st = mp_ipc_import(imp, &stale, &q);
   const char *msg = mp_last_error();
   cr_expect_eq(st, MP_EDRIVER, "the unmap's status: %s", msg);
-  cr_expect_eq(closes, 2);
+  cr_expect_eq(ipc_wb_closes, 2);
   cr_expect_not_null(strstr(msg, "is not the one its export made"), "%s", msg);
   cr_expect_not_null(strstr(msg, "stays mapped"), "%s", msg);
   cr_expect_not_null(strstr(msg, "fake ipc_close refuses"), "%s", msg);
   cr_expect_null(q, "no import made");
-  unmap_refused = false;
+  ipc_wb_refuse = false;
   /* The handles as they were: both import once each. */
   cr_expect_eq(stale.lease_fd, h[1].lease_fd);
   void *got[2];
