@@ -102,6 +102,9 @@ typedef struct mp__pl_capture {
      * launch of the same executable (one made with
      * CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) may be in flight. */
     uint64_t launching;
+    /* While launching: the claim its table entry went in with
+     * (mp__pl_table_put_pool_claimed), which no free can take. */
+    uint64_t claim;
   } * outs;
   size_t nouts, roomouts;
 } mp__pl_capture_t;
@@ -623,8 +626,15 @@ void mp__pl_graphs_forget(const mp__pl_t *pl, mp_pool_t *pool) {
      * with the slot, so that both can be released. */
     if (c->capturing)
       c->nouts = 0; /* blocks of the table, forgotten */
-    for (size_t k = 0; k < c->nouts; k++)
+    for (size_t k = 0; k < c->nouts; k++) {
+      /* A launch in flight claimed its entry, which the table's forgetting
+       * left: it goes, never traced (nor its launch's allocation now). */
+      const struct mp__pl_out *o = &c->outs[k];
+      if (o->launching != 0)
+        mp__pl_table_end(&(mp__pl_block_t){.ptr = o->p, .claim = o->claim},
+                         true);
       c->outs[k].live = false;
+    }
     mp__capture_unroute(pl, c);
     for (size_t x = 0; x < mp__gr.nexecs;) /* no executable holds it now */
       if (mp__gr.execs[x].cap == i)
@@ -991,9 +1001,10 @@ static bool mp__launch_allowed(mp__cugraphexec x) {
 }
 
 /* After the real launch n of x on s (launched: it went through), each
- * output mp__launching put in the table for it: traced as allocated, or,
- * the launch refused, out of the table again and not allocated. Under the
- * lock. */
+ * output mp__launching put in the table for it: traced as allocated, then
+ * its entry's claim lifted (the program's to free from now on: the trace
+ * has the allocation before any free of it), or, the launch refused, out
+ * of the table again and not allocated. Under the lock. */
 static void mp__launch_over(mp__cugraphexec x, mp__custream s, bool launched,
                             uint64_t n) {
   for (size_t i = 0; i < mp__gr.nexecs; i++) {
@@ -1002,14 +1013,13 @@ static void mp__launch_over(mp__cugraphexec x, mp__custream s, bool launched,
       struct mp__pl_out *o = &c->outs[k];
       if (o->launching != n)
         continue;
-      o->launching = 0;
-      if (!o->live) /* freed by another thread meanwhile */
-        continue;
-      mp__pl_block_t b;
+      mp__pl_block_t b = {.ptr = o->p, .claim = o->claim};
+      o->launching = o->claim = 0;
       if (launched)
         mp__pl_record_alloc(o->p, o->size, (uintptr_t)s, true);
-      else if (mp__pl_table_take(o->p, &b))
-        o->live = false; /* else a free holds it, which ends it */
+      else
+        o->live = false;
+      mp__pl_table_end(&b, !launched);
     }
   }
 }
@@ -1022,7 +1032,19 @@ static void mp__launch_over(mp__cugraphexec x, mp__custream s, bool launched,
  * launch went ahead and an output the table could not record was
  * allocated but unknown: its free refused as a pointer in the pool's
  * memory the pool never handed out, and every later launch refused as one
- * with an allocation still unfreed. Under the lock. */
+ * with an allocation still unfreed.
+ * Each entry goes in claimed by the launch, until the real launch has
+ * returned (mp__launch_over): a free of the output meanwhile (another
+ * thread's, racing the launch) finds no entry and is answered as one of an
+ * address no launch allocated yet, CUDA_ERROR_INVALID_VALUE (cuda.h,
+ * cuMemFree: dptr "must have been returned by a previous call to one of
+ * the following memory allocation APIs", and a graph's allocation is made
+ * by its launch, cuGraphAddMemAllocNode: accessible "by stream operations
+ * ordered after the graph's execution"), the free ordered before the
+ * launch. Before, the free was accepted and traced, the launch's
+ * allocation never traced: a free of nothing in the trace, and the output
+ * allocated again by the next launch while this one's ran. Under the
+ * lock. */
 static bool mp__launching(mp__cugraphexec x, mp__custream s, uint64_t *n) {
   bool room = true;
   *n = ++mp__gr.launches;
@@ -1032,11 +1054,14 @@ static bool mp__launching(mp__cugraphexec x, mp__custream s, uint64_t *n) {
                        !mp__gr.execs[i].held && k < c->nouts;
          k++) {
       struct mp__pl_out *o = &c->outs[k];
+      mp__pl_block_t b;
       if (o->live || o->inner)
         continue;
-      room = mp__pl_table_put_pool(o->p, o->size, (uintptr_t)s, c->pool);
+      room = mp__pl_table_put_pool_claimed(o->p, o->size, (uintptr_t)s, c->pool,
+                                           &b);
       o->live = room;
       o->launching = room ? *n : 0;
+      o->claim = room ? b.claim : 0;
     }
   }
   if (!room)

@@ -391,6 +391,13 @@ bool mp__pl_table_put_hostmem(uintptr_t ptr, size_t size, unsigned flags,
 /* A block of pool (MP__PL_FROM_POOL). */
 bool mp__pl_table_put_pool(uintptr_t ptr, size_t size, uintptr_t stream,
                            mp_pool_t *pool);
+/* A block of pool put in the table claimed (*out the entry, out->claim
+ * the claim's number), as a free's claim holds it (mp__pl_table_claim):
+ * absent to every other reader, a free's claim included, until
+ * mp__pl_table_end ends it (a graph launch's output, not allocated until
+ * the real launch returns: graphs.c). */
+bool mp__pl_table_put_pool_claimed(uintptr_t ptr, size_t size, uintptr_t stream,
+                                   mp_pool_t *pool, mp__pl_block_t *out);
 /* A free's hold on ptr's entry, copied into *out (out->claim its number):
  * the entry stays in the table, as absent to every other reader, until
  * the free is over (mp__pl_table_end). False when ptr is not a known

@@ -55,20 +55,28 @@ static struct {
  * does not know), and its caller gives it back too (driver.c, runtime.c,
  * host.c); a graph's outputs stop their launch (graphs.c). A known
  * address is overwritten: the driver handed it out again after a free the
- * shim did not see. */
-static bool mp__table_put_whole(const mp__pl_block_t *b) {
+ * shim did not see. Claimed, the entry goes in with a claim of its own
+ * (b->claim its number; mp__pl_table_put_pool_claimed), unclaimed
+ * otherwise. */
+static bool mp__table_put_whole(mp__pl_block_t *b, bool claimed) {
   pthread_mutex_lock(&mp__tab.lock);
   mp__pl_block_t *e = mp__ptrmap_put(&mp__tab.map, b->ptr);
-  if (e != NULL)
+  if (e != NULL) {
+    b->claim = claimed ? ++mp__tab.claims : 0;
     *e = *b;
+  }
   pthread_mutex_unlock(&mp__tab.lock);
   return e != NULL;
 }
 
 bool mp__pl_table_put(uintptr_t ptr, size_t size, uintptr_t stream,
                       mp__pl_kind_t kind) {
-  return mp__table_put_whole(&(mp__pl_block_t){
-      .ptr = ptr, .size = size, .stream = stream, .kind = kind, .ordinal = -1});
+  return mp__table_put_whole(&(mp__pl_block_t){.ptr = ptr,
+                                               .size = size,
+                                               .stream = stream,
+                                               .kind = kind,
+                                               .ordinal = -1},
+                             false);
 }
 
 bool mp__pl_table_put_hostmem(uintptr_t ptr, size_t size, unsigned flags,
@@ -77,17 +85,33 @@ bool mp__pl_table_put_hostmem(uintptr_t ptr, size_t size, unsigned flags,
                                                .size = size,
                                                .kind = MP__PL_FROM_HOSTMEM,
                                                .ordinal = ordinal,
-                                               .host_flags = flags});
+                                               .host_flags = flags},
+                             false);
+}
+
+/* A block of pool into *out and the table (claimed: see
+ * mp__table_put_whole). */
+static bool mp__table_put_pool_as(uintptr_t ptr, size_t size, uintptr_t stream,
+                                  mp_pool_t *pool, mp__pl_block_t *out,
+                                  bool claimed) {
+  *out = (mp__pl_block_t){.ptr = ptr,
+                          .size = size,
+                          .stream = stream,
+                          .kind = MP__PL_FROM_POOL,
+                          .pool = pool,
+                          .ordinal = -1};
+  return mp__table_put_whole(out, claimed);
 }
 
 bool mp__pl_table_put_pool(uintptr_t ptr, size_t size, uintptr_t stream,
                            mp_pool_t *pool) {
-  return mp__table_put_whole(&(mp__pl_block_t){.ptr = ptr,
-                                               .size = size,
-                                               .stream = stream,
-                                               .kind = MP__PL_FROM_POOL,
-                                               .pool = pool,
-                                               .ordinal = -1});
+  mp__pl_block_t b;
+  return mp__table_put_pool_as(ptr, size, stream, pool, &b, false);
+}
+
+bool mp__pl_table_put_pool_claimed(uintptr_t ptr, size_t size, uintptr_t stream,
+                                   mp_pool_t *pool, mp__pl_block_t *out) {
+  return mp__table_put_pool_as(ptr, size, stream, pool, out, true);
 }
 
 bool mp__pl_table_put_real(uintptr_t ptr, size_t size, uintptr_t stream,
@@ -96,7 +120,8 @@ bool mp__pl_table_put_real(uintptr_t ptr, size_t size, uintptr_t stream,
                                                .size = size,
                                                .stream = stream,
                                                .kind = kind,
-                                               .ordinal = ordinal});
+                                               .ordinal = ordinal},
+                             false);
 }
 
 /* A free claims its entry (mp__pl_table_claim) and the entry stays where it
