@@ -4,8 +4,10 @@
  * run loads the real libcudart.so. Each entry point the shim's runtime
  * table takes (hooklist.h) that the rules need calls its driver twin, as
  * the runtime does: cudaMalloc is cuMemAlloc, cudaFree cuMemFree (NULL: a
- * no-op), cudaMallocAsync and cudaFreeAsync theirs, cudaGetDevice
- * cuCtxGetDevice, cudaStreamIsCapturing
+ * no-op), cudaMallocAsync and cudaFreeAsync theirs (and their _ptsz
+ * forms theirs), cudaMallocHost
+ * cuMemAllocHost, cudaHostAlloc cuMemHostAlloc, cudaFreeHost cuMemFreeHost
+ * (NULL: a no-op), cudaGetDevice cuCtxGetDevice, cudaStreamIsCapturing
  * cuStreamIsCapturing. The driver's codes are returned as the runtime's:
  * the ones these calls give have the same numbers in both (cuda.h's
  * CUDA_ERROR_INVALID_VALUE 1, _OUT_OF_MEMORY 2, _STREAM_CAPTURE_UNSUPPORTED
@@ -26,6 +28,15 @@ unsigned int cudaMalloc(void **p, size_t bytes);
 unsigned int cudaFree(void *p);
 unsigned int cudaMallocAsync(void **p, size_t bytes, CUstream s);
 unsigned int cudaFreeAsync(void *p, CUstream s);
+unsigned int cudaMallocAsync_ptsz(void **p, size_t bytes, CUstream s);
+unsigned int cudaFreeAsync_ptsz(void *p, CUstream s);
+/* The driver's per-thread forms, which cuda.h names only through its
+ * CUDA_API_PER_THREAD_DEFAULT_STREAM macros (the plain forms' signatures). */
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream s);
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s);
+unsigned int cudaMallocHost(void **p, size_t bytes);
+unsigned int cudaHostAlloc(void **p, size_t bytes, unsigned int flags);
+unsigned int cudaFreeHost(void *p);
 unsigned int cudaGetDevice(int *device);
 unsigned int cudaStreamIsCapturing(CUstream s, unsigned int *status);
 unsigned int cudaGetLastError(void);
@@ -95,6 +106,31 @@ unsigned int cudaMallocAsync(void **p, size_t bytes, CUstream s) {
 
 unsigned int cudaFreeAsync(void *p, CUstream s) {
   return kept(cuMemFreeAsync((CUdeviceptr)(uintptr_t)p, s));
+}
+
+unsigned int cudaMallocAsync_ptsz(void **p, size_t bytes, CUstream s) {
+  CUdeviceptr d = 0;
+  if (p == NULL)
+    return kept(CUDA_ERROR_INVALID_VALUE);
+  CUresult r = cuMemAllocAsync_ptsz(&d, bytes, s);
+  *p = (void *)(uintptr_t)d;
+  return kept(r);
+}
+
+unsigned int cudaFreeAsync_ptsz(void *p, CUstream s) {
+  return kept(cuMemFreeAsync_ptsz((CUdeviceptr)(uintptr_t)p, s));
+}
+
+unsigned int cudaMallocHost(void **p, size_t bytes) {
+  return kept(cuMemAllocHost(p, bytes));
+}
+
+unsigned int cudaHostAlloc(void **p, size_t bytes, unsigned int flags) {
+  return kept(cuMemHostAlloc(p, bytes, flags));
+}
+
+unsigned int cudaFreeHost(void *p) {
+  return p == NULL ? CUDA_SUCCESS : kept(cuMemFreeHost(p));
 }
 
 unsigned int cudaGetDevice(int *device) {
