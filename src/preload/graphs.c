@@ -783,48 +783,99 @@ static bool mp__execs_room(void) {
   return true;
 }
 
-/* Capture c's outputs not inner become the program's blocks for good,
- * and no longer outputs. Under the lock. */
-static void mp__outputs_held(mp__pl_capture_t *c) {
-  for (size_t k = 0; k < c->nouts; k++) {
+/* Whether output o is one mp__outputs_held makes the program's block. */
+static bool mp__output_unheld(const struct mp__pl_out *o) {
+  return !o->inner && !o->live;
+}
+
+/* Capture c's outputs not inner become the program's blocks for good
+ * (traced as allocated: the capture's end traced them freed, and the
+ * program's free of one is traced), and no longer outputs. False, with
+ * nothing changed, when the table had no host memory for one: those put
+ * already are taken out again. Before, a put that failed was ignored: the
+ * output, neither in the table nor an output any more, could not be freed
+ * (a pointer in the pool's memory the pool never handed out), and the
+ * trace had a free of each output held with no allocation. Under the
+ * lock. */
+static bool mp__outputs_held(mp__pl_capture_t *c) {
+  size_t k = 0;
+  while (k < c->nouts &&
+         (!mp__output_unheld(&c->outs[k]) ||
+          mp__pl_table_put_pool(c->outs[k].p, c->outs[k].size, 0, c->pool)))
+    k++;
+  bool all = k == c->nouts;
+  mp__pl_block_t b;
+  while (!all && k-- > 0)
+    if (mp__output_unheld(&c->outs[k]))
+      (void)mp__pl_table_take(c->outs[k].p, &b);
+  for (k = 0; all && k < c->nouts; k++) {
     struct mp__pl_out *o = &c->outs[k];
-    if (!o->inner && !o->live)
-      mp__pl_table_put_pool(o->p, o->size, 0, c->pool);
+    if (mp__output_unheld(o))
+      mp__pl_record_alloc(o->p, o->size, 0, true);
     o->live = o->inner = true;
   }
   mp__outmask_rebuild();
+  return all;
 }
 
 /* Executable x holds slot i, its launches allocating the slot's
  * outputs. Without room in the table its replays may use the memory until
  * exit, and its launches are not seen: the slot is kept, its outputs
  * allocations for the graph's life (the program's to free once), as
- * before 2026-12-01. Under the lock. */
-static void mp__exec_hold(mp__cugraphexec x, unsigned i, bool auto_free) {
+ * before 2026-12-01. False when not even those could be recorded
+ * (mp__outputs_held: the slot is kept, its outputs left as they were).
+ * Under the lock. */
+static bool mp__exec_hold(mp__cugraphexec x, unsigned i, bool auto_free) {
   mp__pl_capture_t *c = &mp__gr.caps[i];
   if (!mp__execs_room()) {
     c->kept = true;
-    mp__outputs_held(c);
-    return;
+    return mp__outputs_held(c);
   }
   mp__gr.execs[mp__gr.nexecs++] =
       (struct mp__pl_exec){.x = x, .cap = i, .auto_free = auto_free};
   c->execs++;
+  return true;
 }
 
 /* After an instantiation that returned r: the executable holds its
- * graph's graph pools (one per capture into the graph). Returns r. */
+ * graph's graph pools (one per capture into the graph). Returns r, or,
+ * when neither the executables' table could grow nor the outputs be
+ * recorded as the program's (mp__exec_hold), CUDA_ERROR_OUT_OF_MEMORY with
+ * the executable destroyed again and *phGraphExec NULL: its launches would
+ * have allocated outputs no table knew, whose frees were refused. The
+ * code: as a launch without host memory for its outputs (mp__launch),
+ * "unable to allocate enough memory or other resources to perform the
+ * requested operation" (cuda.h, CUresult); cuGraphInstantiate's list
+ * names none for a resource it lacks. Slots made kept before the failure
+ * stay so (their graph pools kept until exit). */
 static mp__curesult mp__exec_made(mp__curesult r, mp__cugraphexec *phGraphExec,
                                   mp__cugraph hGraph,
                                   unsigned long long flags) {
   if (r != MP__CU_SUCCESS || phGraphExec == NULL)
     return r;
+  mp__cugraphexec x = *phGraphExec;
+  bool held = true;
   mp__gr_lock();
-  for (unsigned i = 0; i < MP__PL_CAPTURES; i++)
+  for (unsigned i = 0; held && i < MP__PL_CAPTURES; i++)
     if (mp__capture_into(i, hGraph))
-      mp__exec_hold(*phGraphExec, i, flags & MP__GRAPH_AUTO_FREE_ON_LAUNCH);
+      held = mp__exec_hold(x, i, flags & MP__GRAPH_AUTO_FREE_ON_LAUNCH);
+  for (size_t k = 0; !held && k < mp__gr.nexecs;) {
+    if (mp__gr.execs[k].x != x) {
+      k++;
+      continue;
+    }
+    mp__gr.caps[mp__gr.execs[k].cap].execs--;
+    mp__gr.execs[k] = mp__gr.execs[--mp__gr.nexecs];
+  }
   pthread_mutex_unlock(&mp__gr.lock);
-  return r;
+  if (held)
+    return r;
+  mp__curesult (*destroy)(mp__cugraphexec) =
+      mp__pl_real_cuda()->cuGraphExecDestroy;
+  if (destroy != NULL)
+    (void)destroy(x);
+  *phGraphExec = NULL;
+  return MP__CU_OUT_OF_MEMORY;
 }
 
 mp__curesult cuGraphInstantiateWithFlags(mp__cugraphexec *phGraphExec,
@@ -1204,7 +1255,7 @@ static void mp__graph_copied(mp__cugraph g, mp__cugraph from) {
       struct mp__pl_ghold *t = realloc(mp__gr.gholds, room * sizeof *t);
       if (t == NULL) {
         c->kept = true; /* its copies' executables unseen: as exec_hold */
-        mp__outputs_held(c);
+        (void)mp__outputs_held(c); /* without room: left outputs */
         continue;
       }
       mp__gr.gholds = t;
@@ -1234,7 +1285,7 @@ static void mp__graph_kept(mp__cugraph g) {
   for (unsigned i = 0; i < MP__PL_CAPTURES; i++)
     if (mp__capture_into(i, g) && !mp__gr.caps[i].kept) {
       mp__gr.caps[i].kept = true;
-      mp__outputs_held(&mp__gr.caps[i]);
+      (void)mp__outputs_held(&mp__gr.caps[i]); /* as graph_copied */
     }
 }
 
@@ -1331,8 +1382,8 @@ static void mp__exec_takes(mp__cugraphexec x, mp__cugraph g, uint64_t flags) {
     bool has = false;
     for (size_t k = 0; !has && k < mp__gr.nexecs; k++)
       has = mp__gr.execs[k].x == x && mp__gr.execs[k].cap == i;
-    if (!has && mp__capture_into(i, g))
-      mp__exec_hold(x, i, flags & MP__GRAPH_AUTO_FREE_ON_LAUNCH);
+    if (!has && mp__capture_into(i, g)) /* updated already: kept at worst */
+      (void)mp__exec_hold(x, i, flags & MP__GRAPH_AUTO_FREE_ON_LAUNCH);
   }
 }
 

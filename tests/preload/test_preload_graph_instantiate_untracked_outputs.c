@@ -1,0 +1,113 @@
+/* test_preload_graph_instantiate_untracked_outputs.c - an instantiation of
+ * a graph with outputs when the shim's table of executables cannot grow
+ * (host memory ran out for it): the outputs become the program's blocks
+ * for the graph's life, traced as allocated (each freed once by the
+ * program, as many frees as allocations in the trace); and when the table
+ * of pointers has no room to record them either, the instantiation is
+ * refused, CUDA_ERROR_OUT_OF_MEMORY, with nothing changed: the output is
+ * still an output, not allocated before a launch (its free refused), and
+ * the next instantiation, with room, makes an executable whose launches
+ * allocate it as usual.
+ *
+ * Before, the failed puts were ignored: the instantiation went through,
+ * the outputs neither in the table nor outputs any more, so their frees
+ * were refused (pointers in the pool's memory the pool never handed out);
+ * and held outputs were never traced as allocated, though their frees
+ * were. The shim's sources run in this process on the fake driver;
+ * realloc (which grows the executables' table) fails while refuse_realloc
+ * is set, and the table's puts when asked (refuse_table_puts.h). */
+#include "in_process.h"
+#include "refuse_table_puts.h"
+
+#define OUT_BYTES (1u << 20)
+
+void *__real_realloc(void *p, size_t n);
+void *__wrap_realloc(void *p, size_t n);
+
+static bool refuse_realloc;
+
+void *__wrap_realloc(void *p, size_t n) {
+  return refuse_realloc ? NULL : __real_realloc(p, n);
+}
+
+static void pooling(void) {
+  unsetenv("MEMPOOL_TRACE");
+  mp_in_process_cuda();
+}
+
+/* A graph captured on s that allocated *out and did not free it: its one
+ * output. */
+static mp__cugraph graph_with_output(mp__custream *s, mp__cuptr *out) {
+  mp__cugraph g = NULL;
+  cr_assert_eq(cuStreamCreate(s, 1 /* CU_STREAM_NON_BLOCKING */), 0);
+  cr_assert_eq(cuStreamBeginCapture_v2(*s, 0 /* GLOBAL */), 0);
+  cr_assert_eq(cuMemAllocAsync(out, OUT_BYTES, *s), 0);
+  cr_assert_eq(cuStreamEndCapture(*s, &g), 0);
+  cr_assert_not_null(g);
+  return g;
+}
+
+/* As many frees as allocations traced, nothing live. */
+static void trace_balanced(unsigned long long allocs) {
+  mp__pl_counts_t n;
+  cr_assert(mp__pl_record_close(&n));
+  cr_expect_eq(n.allocs, allocs, "%llu allocations traced",
+               (unsigned long long)n.allocs);
+  cr_expect_eq(n.frees, n.allocs, "%llu frees traced for %llu allocations",
+               (unsigned long long)n.frees, (unsigned long long)n.allocs);
+  cr_expect_eq(n.live, 0, "the report's live bytes: %zu", n.live);
+}
+
+Test(preload_graph_instantiate_untracked_outputs, outputs_held_are_traced,
+     .init = pooling) {
+  mp__custream s = NULL;
+  mp__cuptr out = 0;
+  mp__cugraph g = graph_with_output(&s, &out);
+  mp__cugraphexec x = NULL;
+  refuse_realloc = true;
+  mp__curesult r = cuGraphInstantiateWithFlags(&x, g, 0);
+  refuse_realloc = false;
+  cr_assert_eq(r, MP__CU_SUCCESS, "the instantiation answered %u", r);
+  /* Held: the program's block for the graph's life, freed once. */
+  cr_expect_eq(cuGraphLaunch(x, s), MP__CU_SUCCESS);
+  cr_expect_eq(cuMemFree_v2(out), MP__CU_SUCCESS,
+               "the held output could not be freed");
+  cr_expect_eq(cuGraphExecDestroy(x), 0);
+  cr_expect_eq(cuGraphDestroy(g), 0);
+  cr_expect_eq(cuStreamDestroy_v2(s), 0);
+  /* The capture's allocation (freed at its end), the output held. */
+  trace_balanced(2);
+}
+
+Test(preload_graph_instantiate_untracked_outputs, refused_when_unrecorded,
+     .init = pooling) {
+  mp__custream s = NULL;
+  mp__cuptr out = 0;
+  mp__cugraph g = graph_with_output(&s, &out);
+  mp__cugraphexec x = NULL;
+  refuse_realloc = true;
+  refuse_table_puts = 1;
+  mp__curesult r = cuGraphInstantiateWithFlags(&x, g, 0);
+  refuse_realloc = false;
+  refuse_table_puts = 0;
+  cr_assert_eq(refused, 1, "the table's put was not refused");
+  cr_expect_eq(r, MP__CU_OUT_OF_MEMORY, "the instantiation answered %u", r);
+  cr_expect_null(x, "an executable was handed out");
+  if (r == MP__CU_SUCCESS && x != NULL)
+    cr_expect_eq(cuGraphExecDestroy(x), 0);
+  /* Nothing changed: still an output, not allocated before a launch. */
+  cr_expect_eq(cuMemFree_v2(out), MP__CU_INVALID_VALUE,
+               "the output is allocated before any launch");
+  /* With room: an executable whose launches allocate the output. */
+  cr_assert_eq(cuGraphInstantiateWithFlags(&x, g, 0), MP__CU_SUCCESS);
+  for (int i = 0; i < 2; i++) {
+    cr_expect_eq(cuGraphLaunch(x, s), MP__CU_SUCCESS, "launch %d", i);
+    cr_expect_eq(cuMemFree_v2(out), MP__CU_SUCCESS,
+                 "the output of launch %d could not be freed", i);
+  }
+  cr_expect_eq(cuGraphExecDestroy(x), 0);
+  cr_expect_eq(cuGraphDestroy(g), 0);
+  cr_expect_eq(cuStreamDestroy_v2(s), 0);
+  /* The capture's allocation and two launches'. */
+  trace_balanced(3);
+}
