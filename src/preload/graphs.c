@@ -171,7 +171,11 @@ static struct {
   unsigned nbegun;
   bool lost;
   uint64_t launches; /* the last launch's number (mp__launching) */
-} mp__gr = {.lock = PTHREAD_MUTEX_INITIALIZER};
+  /* Broadcast when a launch is over (mp__launch): launches waiting for
+   * one of the same executable go on. */
+  pthread_cond_t launch_over;
+} mp__gr = {.lock = PTHREAD_MUTEX_INITIALIZER,
+            .launch_over = PTHREAD_COND_INITIALIZER};
 static atomic_uint mp__gr_begun; /* nbegun + lost, read without the lock */
 /* A bit per output address (mp__out_bit) of the outputs of ended
  * captures: 0 when there are none. Rebuilt under the lock. */
@@ -189,6 +193,7 @@ static void mp__graphs_child(void) {
   atomic_store(&mp__gr_begun, 0);
   atomic_store(&mp__gr_outmask, 0);
   pthread_mutex_init(&mp__gr.lock, NULL);
+  pthread_cond_init(&mp__gr.launch_over, NULL);
 }
 
 static pthread_once_t mp__gr_once = PTHREAD_ONCE_INIT;
@@ -1120,6 +1125,25 @@ static bool mp__launching(mp__cugraphexec x, mp__custream s, uint64_t *n) {
   return room;
 }
 
+/* Whether a launch of x, which does not free its outputs at launch, is
+ * in its real call: an output of x's put in the table by a launch not yet
+ * over (mp__launching). Under the lock. */
+static bool mp__launch_in_flight(mp__cugraphexec x) {
+  for (size_t i = 0; i < mp__gr.nexecs; i++) {
+    const struct mp__pl_exec *e = &mp__gr.execs[i];
+    const mp__pl_capture_t *c = &mp__gr.caps[e->cap];
+    for (size_t k = 0; e->x == x && !e->auto_free && !e->held && k < c->nouts;
+         k++)
+      if (c->outs[k].launching != 0)
+        return true;
+  }
+  return false;
+}
+
+/* This thread is in a real launch (a launch made from inside one is not
+ * ordered after it: it would wait for itself). */
+static _Thread_local bool mp__in_launch;
+
 static mp__curesult mp__launch(mp__curesult (*real)(mp__cugraphexec,
                                                     mp__custream),
                                mp__cugraphexec x, mp__custream s) {
@@ -1128,6 +1152,24 @@ static mp__curesult mp__launch(mp__curesult (*real)(mp__cugraphexec,
   if (atomic_load_explicit(&mp__gr_outmask, memory_order_relaxed) == 0)
     return real(x, s); /* no graph has outputs: nothing to keep */
   mp__gr_lock();
+  /* A launch of an executable that does not free its outputs at launch,
+   * made while another launch of it is in its real call (another thread's),
+   * waits for that one to be over, and is then answered as the driver
+   * answers a launch made after it: cuda.h, cuGraphLaunch, "Each launch is
+   * ordered behind ... any previous launches of hGraphExec", and "If any
+   * allocations created by hGraphExec remain unfreed (from a previous
+   * launch) and hGraphExec was not instantiated with
+   * CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH, the launch will fail
+   * with CUDA_ERROR_INVALID_VALUE"; graph objects are not internally
+   * synchronized, their calls serialized by the program (CUDA Driver API,
+   * "Graph object thread safety"), so the driver sees one launch after
+   * the other. Refused, the first allocated nothing, and the second goes
+   * ahead; made, the second is refused (its outputs unfreed). Before, the
+   * second was refused at once, as if the first's outputs were allocated,
+   * also when the driver then refused the first: neither launch went
+   * through, which no order of the two gives. */
+  while (!mp__in_launch && mp__launch_in_flight(x))
+    pthread_cond_wait(&mp__gr.launch_over, &mp__gr.lock);
   bool allowed = mp__launch_allowed(x);
   uint64_t n = 0;
   bool room = allowed && mp__launching(x, s, &n);
@@ -1143,9 +1185,13 @@ static mp__curesult mp__launch(mp__curesult (*real)(mp__cugraphexec,
    * it checks any failed allocation. */
   if (!room)
     return MP__CU_OUT_OF_MEMORY;
+  bool nested = mp__in_launch;
+  mp__in_launch = true;
   mp__curesult r = real(x, s);
+  mp__in_launch = nested;
   mp__gr_lock();
   mp__launch_over(x, s, r == MP__CU_SUCCESS, n);
+  pthread_cond_broadcast(&mp__gr.launch_over);
   pthread_mutex_unlock(&mp__gr.lock);
   return r;
 }
