@@ -22,6 +22,7 @@
  * modelled). */
 #include <cuda.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 unsigned int cudaMalloc(void **p, size_t bytes);
@@ -95,13 +96,20 @@ unsigned int cudaFree(void *p) {
   return p == NULL ? CUDA_SUCCESS : kept(cuMemFree((CUdeviceptr)(uintptr_t)p));
 }
 
-unsigned int cudaMallocAsync(void **p, size_t bytes, CUstream s) {
+/* cudaMallocAsync, or (ptsz) its per-thread form. */
+static unsigned int malloc_async(void **p, size_t bytes, CUstream s,
+                                 bool ptsz) {
   CUdeviceptr d = 0;
   if (p == NULL)
     return kept(CUDA_ERROR_INVALID_VALUE);
-  CUresult r = cuMemAllocAsync(&d, bytes, s);
+  CUresult r =
+      ptsz ? cuMemAllocAsync_ptsz(&d, bytes, s) : cuMemAllocAsync(&d, bytes, s);
   *p = (void *)(uintptr_t)d;
   return kept(r);
+}
+
+unsigned int cudaMallocAsync(void **p, size_t bytes, CUstream s) {
+  return malloc_async(p, bytes, s, false);
 }
 
 unsigned int cudaFreeAsync(void *p, CUstream s) {
@@ -109,12 +117,7 @@ unsigned int cudaFreeAsync(void *p, CUstream s) {
 }
 
 unsigned int cudaMallocAsync_ptsz(void **p, size_t bytes, CUstream s) {
-  CUdeviceptr d = 0;
-  if (p == NULL)
-    return kept(CUDA_ERROR_INVALID_VALUE);
-  CUresult r = cuMemAllocAsync_ptsz(&d, bytes, s);
-  *p = (void *)(uintptr_t)d;
-  return kept(r);
+  return malloc_async(p, bytes, s, true);
 }
 
 unsigned int cudaFreeAsync_ptsz(void *p, CUstream s) {

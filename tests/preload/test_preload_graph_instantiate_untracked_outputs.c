@@ -16,10 +16,8 @@
  * were. The shim's sources run in this process on the fake driver;
  * realloc (which grows the executables' table) fails while refuse_realloc
  * is set, and the table's puts when asked (refuse_table_puts.h). */
-#include "in_process.h"
+#include "graph_output.h"
 #include "refuse_table_puts.h"
-
-#define OUT_BYTES (1u << 20)
 
 void *__real_realloc(void *p, size_t n);
 void *__wrap_realloc(void *p, size_t n);
@@ -35,38 +33,26 @@ static void pooling(void) {
   mp_in_process_cuda();
 }
 
-/* A graph captured on s that allocated *out and did not free it: its one
- * output. */
-static mp__cugraph graph_with_output(mp__custream *s, mp__cuptr *out) {
-  mp__cugraph g = NULL;
-  cr_assert_eq(cuStreamCreate(s, 1 /* CU_STREAM_NON_BLOCKING */), 0);
-  cr_assert_eq(cuStreamBeginCapture_v2(*s, 0 /* GLOBAL */), 0);
-  cr_assert_eq(cuMemAllocAsync(out, OUT_BYTES, *s), 0);
-  cr_assert_eq(cuStreamEndCapture(*s, &g), 0);
-  cr_assert_not_null(g);
-  return g;
-}
-
-/* As many frees as allocations traced, nothing live. */
-static void trace_balanced(unsigned long long allocs) {
-  mp__pl_counts_t n;
-  cr_assert(mp__pl_record_close(&n));
-  cr_expect_eq(n.allocs, allocs, "%llu allocations traced",
-               (unsigned long long)n.allocs);
-  cr_expect_eq(n.frees, n.allocs, "%llu frees traced for %llu allocations",
-               (unsigned long long)n.frees, (unsigned long long)n.allocs);
-  cr_expect_eq(n.live, 0, "the report's live bytes: %zu", n.live);
+/* An instantiation of g into *x with the executables' table unable to
+ * grow and puts refused of the table of pointers; its answer. */
+static mp__curesult instantiate_short(mp__cugraphexec *x, mp__cugraph g,
+                                      int puts) {
+  refuse_realloc = true;
+  refuse_table_puts = puts;
+  mp__curesult r = cuGraphInstantiateWithFlags(x, g, 0);
+  refuse_realloc = false;
+  refuse_table_puts = 0;
+  cr_assert_eq(refused, puts, "%d of the table's puts refused", refused);
+  return r;
 }
 
 Test(preload_graph_instantiate_untracked_outputs, outputs_held_are_traced,
      .init = pooling) {
   mp__custream s = NULL;
   mp__cuptr out = 0;
-  mp__cugraph g = graph_with_output(&s, &out);
+  mp__cugraph g = mp_graph_with_output(&s, &out);
   mp__cugraphexec x = NULL;
-  refuse_realloc = true;
-  mp__curesult r = cuGraphInstantiateWithFlags(&x, g, 0);
-  refuse_realloc = false;
+  mp__curesult r = instantiate_short(&x, g, 0);
   cr_assert_eq(r, MP__CU_SUCCESS, "the instantiation answered %u", r);
   /* Held: the program's block for the graph's life, freed once. */
   cr_expect_eq(cuGraphLaunch(x, s), MP__CU_SUCCESS);
@@ -76,21 +62,16 @@ Test(preload_graph_instantiate_untracked_outputs, outputs_held_are_traced,
   cr_expect_eq(cuGraphDestroy(g), 0);
   cr_expect_eq(cuStreamDestroy_v2(s), 0);
   /* The capture's allocation (freed at its end), the output held. */
-  trace_balanced(2);
+  mp_trace_balanced(2);
 }
 
 Test(preload_graph_instantiate_untracked_outputs, refused_when_unrecorded,
      .init = pooling) {
   mp__custream s = NULL;
   mp__cuptr out = 0;
-  mp__cugraph g = graph_with_output(&s, &out);
+  mp__cugraph g = mp_graph_with_output(&s, &out);
   mp__cugraphexec x = NULL;
-  refuse_realloc = true;
-  refuse_table_puts = 1;
-  mp__curesult r = cuGraphInstantiateWithFlags(&x, g, 0);
-  refuse_realloc = false;
-  refuse_table_puts = 0;
-  cr_assert_eq(refused, 1, "the table's put was not refused");
+  mp__curesult r = instantiate_short(&x, g, 1);
   cr_expect_eq(r, MP__CU_OUT_OF_MEMORY, "the instantiation answered %u", r);
   cr_expect_null(x, "an executable was handed out");
   if (r == MP__CU_SUCCESS && x != NULL)
@@ -109,5 +90,5 @@ Test(preload_graph_instantiate_untracked_outputs, refused_when_unrecorded,
   cr_expect_eq(cuGraphDestroy(g), 0);
   cr_expect_eq(cuStreamDestroy_v2(s), 0);
   /* The capture's allocation and two launches'. */
-  trace_balanced(3);
+  mp_trace_balanced(3);
 }

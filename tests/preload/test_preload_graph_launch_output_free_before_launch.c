@@ -15,9 +15,7 @@
  * this process on the fake driver; the link wraps the shim's table of the
  * driver's calls (mp__pl_real_cuda) so that the launch's real call makes
  * the free first, every time. */
-#include "in_process.h"
-
-#define OUT_BYTES (1u << 20)
+#include "graph_output.h"
 
 const mp__real_cuda_t *__real_mp__pl_real_cuda(void);
 const mp__real_cuda_t *__wrap_mp__pl_real_cuda(void);
@@ -50,12 +48,8 @@ Test(preload_graph_launch_output_free_before_launch, refused_as_not_allocated,
      .init = pooling) {
   mp__custream s = NULL;
   mp__cuptr out = 0;
-  mp__cugraph g = NULL;
+  mp__cugraph g = mp_graph_with_output(&s, &out);
   mp__cugraphexec x = NULL;
-  cr_assert_eq(cuStreamCreate(&s, 1 /* CU_STREAM_NON_BLOCKING */), 0);
-  cr_assert_eq(cuStreamBeginCapture_v2(s, 0 /* GLOBAL */), 0);
-  cr_assert_eq(cuMemAllocAsync(&out, OUT_BYTES, s), 0);
-  cr_assert_eq(cuStreamEndCapture(s, &g), 0);
   cr_assert_eq(cuGraphInstantiateWithFlags(&x, g, 0), 0);
   cr_assert_eq(cuGraphDestroy(g), 0);
   free_first = out;
@@ -72,10 +66,5 @@ Test(preload_graph_launch_output_free_before_launch, refused_as_not_allocated,
   cr_expect_eq(cuStreamDestroy_v2(s), 0);
   /* The capture's allocation (freed at its end) and two launches': as
    * many frees as allocations, nothing live. */
-  mp__pl_counts_t n;
-  cr_assert(mp__pl_record_close(&n));
-  cr_expect_eq(n.allocs, 3, "%llu allocations traced",
-               (unsigned long long)n.allocs);
-  cr_expect_eq(n.frees, 3, "%llu frees traced", (unsigned long long)n.frees);
-  cr_expect_eq(n.live, 0, "the report's live bytes: %zu", n.live);
+  mp_trace_balanced(3);
 }

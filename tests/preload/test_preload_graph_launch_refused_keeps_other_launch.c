@@ -14,9 +14,7 @@
  * the fake driver; the link wraps the shim's table of the driver's calls
  * (mp__pl_real_cuda) so that the first launch's real call makes the second
  * launch, which the driver refuses, every time. */
-#include "in_process.h"
-
-#define OUT_BYTES (1u << 20)
+#include "graph_output.h"
 
 const mp__real_cuda_t *__real_mp__pl_real_cuda(void);
 const mp__real_cuda_t *__wrap_mp__pl_real_cuda(void);
@@ -48,12 +46,8 @@ Test(preload_graph_launch_refused_keeps_other_launch, output_stays_allocated,
      .init = mp_in_process_cuda) {
   mp__custream s = NULL;
   mp__cuptr out = 0;
-  mp__cugraph g = NULL;
+  mp__cugraph g = mp_graph_with_output(&s, &out);
   mp__cugraphexec x = NULL;
-  cr_assert_eq(cuStreamCreate(&s, 1 /* CU_STREAM_NON_BLOCKING */), 0);
-  cr_assert_eq(cuStreamBeginCapture_v2(s, 0 /* GLOBAL */), 0);
-  cr_assert_eq(cuMemAllocAsync(&out, OUT_BYTES, s), 0);
-  cr_assert_eq(cuStreamEndCapture(s, &g), 0);
   cr_assert_eq(
       cuGraphInstantiateWithFlags(
           &x, g, 1 /* CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH */),

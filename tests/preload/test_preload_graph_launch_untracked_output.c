@@ -10,21 +10,14 @@
  * still unfreed (CUDA_ERROR_INVALID_VALUE). The shim's sources run in this
  * process on the fake driver; the table's puts fail when asked
  * (refuse_table_puts.h). */
-#include "in_process.h"
+#include "graph_output.h"
 #include "refuse_table_puts.h"
-
-#define OUT_BYTES (1u << 20)
 
 /* An executable of a graph captured on s that allocated *out and did not
  * free it: its one output. */
 static mp__cugraphexec graph_with_output(mp__custream *s, mp__cuptr *out) {
-  mp__cugraph g = NULL;
+  mp__cugraph g = mp_graph_with_output(s, out);
   mp__cugraphexec x = NULL;
-  cr_assert_eq(cuStreamCreate(s, 1 /* CU_STREAM_NON_BLOCKING */), 0);
-  cr_assert_eq(cuStreamBeginCapture_v2(*s, 0 /* GLOBAL */), 0);
-  cr_assert_eq(cuMemAllocAsync(out, OUT_BYTES, *s), 0);
-  cr_assert_eq(cuStreamEndCapture(*s, &g), 0);
-  cr_assert_not_null(g);
   cr_assert_eq(cuGraphInstantiateWithFlags(&x, g, 0), 0);
   cr_assert_eq(cuGraphDestroy(g), 0);
   /* Not allocated before a launch: the driver's answer to its free. */

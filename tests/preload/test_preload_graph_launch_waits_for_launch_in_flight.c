@@ -18,9 +18,7 @@
 #include <pthread.h>
 #include <time.h>
 
-#include "in_process.h"
-
-#define OUT_BYTES (1u << 20)
+#include "graph_output.h"
 
 const mp__real_cuda_t *__real_mp__pl_real_cuda(void);
 const mp__real_cuda_t *__wrap_mp__pl_real_cuda(void);
@@ -85,11 +83,7 @@ const mp__real_cuda_t *__wrap_mp__pl_real_cuda(void) {
 /* Two launches of an executable with one output, *out, the second made
  * while the first is in its real call; the first's answer. */
 static mp__curesult two_launches(mp__cuptr *out) {
-  mp__cugraph g = NULL;
-  cr_assert_eq(cuStreamCreate(&stream, 1 /* CU_STREAM_NON_BLOCKING */), 0);
-  cr_assert_eq(cuStreamBeginCapture_v2(stream, 0 /* GLOBAL */), 0);
-  cr_assert_eq(cuMemAllocAsync(out, OUT_BYTES, stream), 0);
-  cr_assert_eq(cuStreamEndCapture(stream, &g), 0);
+  mp__cugraph g = mp_graph_with_output(&stream, out);
   cr_assert_eq(cuGraphInstantiateWithFlags(&exec, g, 0), 0);
   cr_assert_eq(cuGraphDestroy(g), 0);
   armed = true;

@@ -43,11 +43,19 @@ static size_t driver_free(void) {
   return free_b;
 }
 
-/* What the report says at exit of the recording so far. */
-static mp__pl_counts_t report(void) {
+/* The report at exit of the recording so far, after a refused
+ * allocation: nothing allocated or live, failures failed allocations
+ * traced (a page-locked one is not traced). */
+static void report_refused(unsigned long long failures) {
   mp__pl_counts_t n;
   cr_assert(mp__pl_record_close(&n));
-  return n;
+  cr_expect_eq(n.live, 0, "the report's live bytes: %zu", n.live);
+  cr_expect_eq(n.allocs, 0, "%llu allocations traced",
+               (unsigned long long)n.allocs);
+  cr_expect_eq(n.alloc_failures, failures, "%llu failed allocations traced",
+               (unsigned long long)n.alloc_failures);
+  cr_expect_eq(n.pinned, 0, "%llu page-locked allocations counted",
+               (unsigned long long)n.pinned);
 }
 
 static void refused_device_alloc(bool async) {
@@ -63,12 +71,7 @@ static void refused_device_alloc(bool async) {
   if (r == MP__CU_SUCCESS && d != 0) /* the program's: freed as it would */
     cr_expect_eq(cuMemFree_v2(d), MP__CU_SUCCESS);
   cr_expect_eq(driver_free(), was, "the driver's free memory is not back");
-  mp__pl_counts_t n = report();
-  cr_expect_eq(n.live, 0, "the report's live bytes: %zu", n.live);
-  cr_expect_eq(n.allocs, 0, "%llu allocations traced",
-               (unsigned long long)n.allocs);
-  cr_expect_eq(n.alloc_failures, 1, "%llu failed allocations traced",
-               (unsigned long long)n.alloc_failures);
+  report_refused(1);
 }
 
 Test(preload_real_alloc_untracked_gives_block_back, cuMemAlloc_v2,
@@ -92,9 +95,7 @@ Test(preload_real_alloc_untracked_gives_block_back, cuMemAllocHost_v2,
   cr_expect_null(p, "a pointer was handed out: %p", p);
   if (r == MP__CU_SUCCESS && p != NULL)
     cr_expect_eq(cuMemFreeHost(p), MP__CU_SUCCESS);
-  mp__pl_counts_t n = report();
-  cr_expect_eq(n.pinned, 0, "%llu page-locked allocations counted",
-               (unsigned long long)n.pinned);
+  report_refused(0);
 }
 
 /* ---- the runtime's entry points ------------------------------------------ */
@@ -217,15 +218,7 @@ static void refused_runtime_alloc(rt_call_t call) {
     cr_expect_eq(device ? cudaFree(p) : cudaFreeHost(p), 0);
   if (device)
     cr_expect_eq(driver_free(), was, "the driver's free memory is not back");
-  mp__pl_counts_t n = report();
-  cr_expect_eq(n.live, 0, "the report's live bytes: %zu", n.live);
-  cr_expect_eq(n.allocs, 0, "%llu allocations traced",
-               (unsigned long long)n.allocs);
-  cr_expect_eq(n.alloc_failures, device ? 1 : 0,
-               "%llu failed allocations traced",
-               (unsigned long long)n.alloc_failures);
-  cr_expect_eq(n.pinned, 0, "%llu page-locked allocations counted",
-               (unsigned long long)n.pinned);
+  report_refused(device ? 1 : 0);
 }
 
 Test(preload_real_alloc_untracked_gives_block_back, cudaMalloc,
