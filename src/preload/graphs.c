@@ -157,6 +157,10 @@ static struct {
   } * embeds;
   size_t nembeds, roomembeds;
   unsigned long long embed_ids; /* the last id given */
+  /* Entries of execs, gholds, nodes and embeds reserved by hooks in their
+   * real call (mp__gr_reserve): no other put takes that room, so the
+   * bookkeeping after a real call that succeeded cannot fail. */
+  size_t resexecs, resgholds, resnodes, resembeds;
   /* The captures begun and not ended: origin stream (a per-thread stream
    * once per thread capturing it), mode and the thread that began it;
    * past MP__PL_BEGUN at once, `lost` keeps mp__pl_capture_begun true and
@@ -188,6 +192,7 @@ static void mp__graphs_child(void) {
   memset(mp__gr.caps, 0, sizeof mp__gr.caps);
   mp__gr.nexecs = mp__gr.live = 0;
   mp__gr.ngholds = mp__gr.nnodes = mp__gr.nembeds = 0;
+  mp__gr.resexecs = mp__gr.resgholds = mp__gr.resnodes = mp__gr.resembeds = 0;
   mp__gr.nbegun = 0;
   mp__gr.lost = false;
   atomic_store(&mp__gr_begun, 0);
@@ -775,16 +780,112 @@ mp__curesult cuStreamEndCapture_ptsz(mp__custream hStream,
   return r;
 }
 
-/* Room for one more executable in the table. Under the lock. */
+/* Room for n entries (those in use, reserved and to be put) in a table a
+ * of entries of `size` bytes, room of them allocated (first when it is
+ * first allocated, doubled as it grows): the table, grown if need be, or
+ * NULL without host memory (a unchanged). Under the lock. */
+static void *mp__grown(void *a, size_t *room, size_t n, size_t size,
+                       size_t first) {
+  if (n <= *room)
+    return a;
+  size_t more = *room ? 2 * *room : first;
+  while (more < n)
+    more *= 2;
+  void *t = realloc(a, more * size);
+  if (t != NULL)
+    *room = more;
+  return t;
+}
+
+/* What a hook's bookkeeping after its real call may put in each table. */
+typedef struct mp__gr_room {
+  size_t execs, gholds, nodes, embeds;
+} mp__gr_room_t;
+
+/* The slots graph g holds (mp__capture_into): at most what copying g or
+ * taking its memory puts in execs or gholds. Under the lock. */
+static size_t mp__graph_slots(mp__cugraph g) {
+  size_t n = 0;
+  for (unsigned i = 0; g != NULL && i < MP__PL_CAPTURES; i++)
+    n += mp__capture_into(i, g);
+  return n;
+}
+
+/* Reserves room for q in the tables, grown if need be (host memory only),
+ * before a real call whose success the shim must record: after it the
+ * bookkeeping's puts cannot fail. False, nothing reserved, without host
+ * memory: the hook then answers CUDA_ERROR_OUT_OF_MEMORY without the real
+ * call, nothing changed ("unable to allocate enough memory or other
+ * resources to perform the requested operation": cuda.h, CUresult; the
+ * code a launch and an instantiation without host memory for their
+ * bookkeeping answer, mp__launch, mp__exec_made). Before, the real call
+ * was made first and a put that failed then left the graph pools kept
+ * until exit and their outputs the program's for good. What a graph holds
+ * cannot change under the call: cuda.h (note_graph_thread_safety) forbids
+ * the program to use a graph from two threads at once; the reservation
+ * keeps other graphs' puts out of the room. Under the lock. */
+static bool mp__gr_reserve(const mp__gr_room_t *q) {
+  void *t[4] = {mp__grown(mp__gr.execs, &mp__gr.roomexecs,
+                          mp__gr.nexecs + mp__gr.resexecs + q->execs,
+                          sizeof *mp__gr.execs, MP__PL_EXECS),
+                mp__grown(mp__gr.gholds, &mp__gr.roomgholds,
+                          mp__gr.ngholds + mp__gr.resgholds + q->gholds,
+                          sizeof *mp__gr.gholds, 16),
+                mp__grown(mp__gr.nodes, &mp__gr.roomnodes,
+                          mp__gr.nnodes + mp__gr.resnodes + q->nodes,
+                          sizeof *mp__gr.nodes, 16),
+                mp__grown(mp__gr.embeds, &mp__gr.roomembeds,
+                          mp__gr.nembeds + mp__gr.resembeds + q->embeds,
+                          sizeof *mp__gr.embeds, 16)};
+  /* A table grown is kept, whatever another's growth did (more room). */
+  mp__gr.execs = t[0] != NULL ? t[0] : mp__gr.execs;
+  mp__gr.gholds = t[1] != NULL ? t[1] : mp__gr.gholds;
+  mp__gr.nodes = t[2] != NULL ? t[2] : mp__gr.nodes;
+  mp__gr.embeds = t[3] != NULL ? t[3] : mp__gr.embeds;
+  if ((t[0] == NULL && q->execs > 0) || (t[1] == NULL && q->gholds > 0) ||
+      (t[2] == NULL && q->nodes > 0) || (t[3] == NULL && q->embeds > 0))
+    return false;
+  mp__gr.resexecs += q->execs;
+  mp__gr.resgholds += q->gholds;
+  mp__gr.resnodes += q->nodes;
+  mp__gr.resembeds += q->embeds;
+  return true;
+}
+
+/* Gives back what mp__gr_reserve reserved for q, its puts about to be
+ * made. Under the lock. */
+static void mp__gr_unreserve(const mp__gr_room_t *q) {
+  mp__gr.resexecs -= q->execs;
+  mp__gr.resgholds -= q->gholds;
+  mp__gr.resnodes -= q->nodes;
+  mp__gr.resembeds -= q->embeds;
+}
+
+/* mp__gr_reserve of q, with an entry of gholds for each slot graph
+ * `copied` holds and one of execs for each slot graph `taken` holds
+ * (NULL: none), added to q, taking the lock. False with q zero when
+ * refused. */
+static bool mp__gr_reserved(mp__gr_room_t *q, mp__cugraph copied,
+                            mp__cugraph taken) {
+  mp__gr_lock();
+  q->gholds += mp__graph_slots(copied);
+  q->execs += mp__graph_slots(taken);
+  bool ok = mp__gr_reserve(q);
+  if (!ok)
+    *q = (mp__gr_room_t){0};
+  pthread_mutex_unlock(&mp__gr.lock);
+  return ok;
+}
+
+/* Room for one more executable in the table (beside those reserved).
+ * Under the lock. */
 static bool mp__execs_room(void) {
-  if (mp__gr.nexecs < mp__gr.roomexecs)
-    return true;
-  size_t room = mp__gr.roomexecs ? 2 * mp__gr.roomexecs : MP__PL_EXECS;
-  struct mp__pl_exec *t = realloc(mp__gr.execs, room * sizeof *t);
+  struct mp__pl_exec *t =
+      mp__grown(mp__gr.execs, &mp__gr.roomexecs,
+                mp__gr.nexecs + mp__gr.resexecs + 1, sizeof *t, MP__PL_EXECS);
   if (t == NULL)
     return false;
   mp__gr.execs = t;
-  mp__gr.roomexecs = room;
   return true;
 }
 
@@ -1296,33 +1397,18 @@ static void mp__graph_copied(mp__cugraph g, mp__cugraph from) {
     mp__pl_capture_t *c = &mp__gr.caps[i];
     if (!mp__capture_into(i, from) || mp__capture_firm(i, g))
       continue;
-    if (mp__gr.ngholds == mp__gr.roomgholds) {
-      size_t room = mp__gr.roomgholds ? 2 * mp__gr.roomgholds : 16;
-      struct mp__pl_ghold *t = realloc(mp__gr.gholds, room * sizeof *t);
-      if (t == NULL) {
-        c->kept = true; /* its copies' executables unseen: as exec_hold */
-        (void)mp__outputs_held(c); /* without room: left outputs */
-        continue;
-      }
-      mp__gr.gholds = t;
-      mp__gr.roomgholds = room;
+    struct mp__pl_ghold *t =
+        mp__grown(mp__gr.gholds, &mp__gr.roomgholds,
+                  mp__gr.ngholds + mp__gr.resgholds + 1, sizeof *t, 16);
+    if (t == NULL) {  /* not reserved (mp__gr_reserve) and no room */
+      c->kept = true; /* its copies' executables unseen: as exec_hold */
+      (void)mp__outputs_held(c);
+      continue;
     }
+    mp__gr.gholds = t;
     mp__gr.gholds[mp__gr.ngholds++] = (struct mp__pl_ghold){.g = g, .cap = i};
     c->graphs++;
   }
-}
-
-/* Room for one more entry in a table a of n entries of `size` bytes, room
- * of them allocated: the table, grown if need be, or NULL without host
- * memory (a unchanged). Under the lock. */
-static void *mp__grown(void *a, size_t *room, size_t n, size_t size) {
-  if (n < *room)
-    return a;
-  size_t more = *room ? 2 * *room : 16;
-  void *t = realloc(a, more * size);
-  if (t != NULL)
-    *room = more;
-  return t;
 }
 
 /* Every slot g holds is kept until exit (something g's copies hold could
@@ -1342,7 +1428,8 @@ static void mp__node_note(mp__cugraphnode n, mp__cugraph parent) {
     k++; /* a handle given again after its node went */
   if (k == mp__gr.nnodes) {
     struct mp__pl_node *t =
-        mp__grown(mp__gr.nodes, &mp__gr.roomnodes, mp__gr.nnodes, sizeof *t);
+        mp__grown(mp__gr.nodes, &mp__gr.roomnodes,
+                  mp__gr.nnodes + mp__gr.resnodes + 1, sizeof *t, 16);
     if (t == NULL) {
       mp__graph_kept(parent);
       return;
@@ -1371,7 +1458,8 @@ static void mp__embed_note(mp__cugraph e, mp__cugraph root,
     k++;
   if (k == mp__gr.nembeds) {
     struct mp__pl_embed *t =
-        mp__grown(mp__gr.embeds, &mp__gr.roomembeds, mp__gr.nembeds, sizeof *t);
+        mp__grown(mp__gr.embeds, &mp__gr.roomembeds,
+                  mp__gr.nembeds + mp__gr.resembeds + 1, sizeof *t, 16);
     if (t == NULL) {
       mp__graph_kept(root);
       return;
@@ -1384,18 +1472,30 @@ static void mp__embed_note(mp__cugraph e, mp__cugraph root,
       .e = e, .root = root, .in = in, .node = node, .id = mp__gr.embeds[k].id};
 }
 
+/* Reserves (mp__gr_reserved) in *q what mp__child_added of child into a
+ * node (node NULL: not given) puts: what child holds, the node, and child
+ * when moved. */
+static bool mp__child_reserved(mp__gr_room_t *q, const mp__cugraphnode *node,
+                               mp__cugraph child, bool moved) {
+  *q = (mp__gr_room_t){.nodes = node != NULL, .embeds = moved};
+  return mp__gr_reserved(q, child, NULL);
+}
+
 /* After an addition to g of a child graph node *node (NULL: not given)
- * made from child that returned r: g (its root) holds what child holds;
- * moved (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE), child is g's, to be
- * destroyed with it, not by the program: child holds nothing of its own
- * any longer and is embedded in g's root, as the graphs embedded in it
- * are. Returns r. */
-static mp__curesult mp__child_added(mp__curesult r, const mp__cugraphnode *node,
-                                    mp__cugraph g, mp__cugraph child,
-                                    bool moved) {
-  if (r != MP__CU_SUCCESS)
-    return r;
+ * made from child that returned r, q reserved for it (mp__child_reserved): g
+ * (its root) holds what child holds; moved
+ * (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE), child is g's, to be destroyed with it,
+ * not by the program: child holds nothing of its own any longer and is embedded
+ * in g's root, as the graphs embedded in it are. Returns r. */
+static mp__curesult mp__child_added(mp__curesult r, const mp__gr_room_t *q,
+                                    const mp__cugraphnode *node, mp__cugraph g,
+                                    mp__cugraph child, bool moved) {
   mp__gr_lock();
+  mp__gr_unreserve(q);
+  if (r != MP__CU_SUCCESS) {
+    pthread_mutex_unlock(&mp__gr.lock);
+    return r;
+  }
   mp__graph_copied(g, child);
   if (moved) {
     mp__cugraph root = mp__graph_root(g);
@@ -1422,7 +1522,8 @@ static uint64_t mp__exec_flags(mp__cugraphexec x) {
   return flags;
 }
 
-/* Executable x holds every slot g holds that it did not. Under the lock. */
+/* Executable x holds every slot g holds that it did not (room reserved
+ * for them: mp__gr_reserved). Under the lock. */
 static void mp__exec_takes(mp__cugraphexec x, mp__cugraph g, uint64_t flags) {
   for (unsigned i = 0; i < MP__PL_CAPTURES; i++) {
     bool has = false;
@@ -1445,13 +1546,17 @@ static void mp__exec_takes(mp__cugraphexec x, mp__cugraph g, uint64_t flags) {
 mp__curesult cuGraphClone(mp__cugraph *phGraphClone,
                           mp__cugraph originalGraph) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__gr_room_t q = {0};
+  /* cuda.h, cuGraphClone: CUDA_ERROR_OUT_OF_MEMORY is among its codes. */
+  if (!mp__gr_reserved(&q, originalGraph, NULL))
+    return MP__CU_OUT_OF_MEMORY;
   mp__curesult r = rc->cuGraphClone
                        ? rc->cuGraphClone(phGraphClone, originalGraph)
                        : MP__CU_NOT_INITIALIZED;
-  if (r != MP__CU_SUCCESS || phGraphClone == NULL)
-    return r;
   mp__gr_lock();
-  mp__graph_copied(*phGraphClone, originalGraph);
+  mp__gr_unreserve(&q);
+  if (r == MP__CU_SUCCESS && phGraphClone != NULL)
+    mp__graph_copied(*phGraphClone, originalGraph);
   pthread_mutex_unlock(&mp__gr.lock);
   return r;
 }
@@ -1462,12 +1567,18 @@ mp__curesult cuGraphAddChildGraphNode(mp__cugraphnode *phGraphNode,
                                       size_t numDependencies,
                                       mp__cugraph childGraph) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__gr_room_t q;
+  /* cuda.h, cuGraphAddChildGraphNode lists CUDA_ERROR_DEINITIALIZED,
+   * _NOT_INITIALIZED and _INVALID_VALUE, none for a resource it lacks:
+   * out of memory, as mp__gr_reserve says. */
+  if (!mp__child_reserved(&q, phGraphNode, childGraph, false))
+    return MP__CU_OUT_OF_MEMORY;
   mp__curesult r =
       rc->cuGraphAddChildGraphNode
           ? rc->cuGraphAddChildGraphNode(phGraphNode, hGraph, dependencies,
                                          numDependencies, childGraph)
           : MP__CU_NOT_INITIALIZED;
-  return mp__child_added(r, phGraphNode, hGraph, childGraph, false);
+  return mp__child_added(r, &q, phGraphNode, hGraph, childGraph, false);
 }
 
 /* A child graph node's graph and ownership from the parameters p of
@@ -1543,11 +1654,17 @@ mp__curesult cuGraphAddNode(mp__cugraphnode *phGraphNode, mp__cugraph hGraph,
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   mp__cugraph child = NULL;
   bool move = false, graph = mp__child_params(nodeParams, &child, &move);
+  mp__gr_room_t q = {0};
+  /* cuda.h, cuGraphAddNode lists CUDA_ERROR_INVALID_VALUE,
+   * _INVALID_CONTEXT and _NOT_SUPPORTED, none for a resource it lacks: out
+   * of memory, as mp__gr_reserve says. */
+  if (graph && !mp__child_reserved(&q, phGraphNode, child, move))
+    return MP__CU_OUT_OF_MEMORY;
   mp__curesult r = rc->cuGraphAddNode
                        ? rc->cuGraphAddNode(phGraphNode, hGraph, dependencies,
                                             numDependencies, nodeParams)
                        : MP__CU_NOT_INITIALIZED;
-  return graph ? mp__child_added(r, phGraphNode, hGraph, child, move)
+  return graph ? mp__child_added(r, &q, phGraphNode, hGraph, child, move)
                : mp__node_added(r, phGraphNode, hGraph, nodeParams);
 }
 
@@ -1559,12 +1676,15 @@ mp__curesult cuGraphAddNode_v2(mp__cugraphnode *phGraphNode, mp__cugraph hGraph,
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   mp__cugraph child = NULL;
   bool move = false, graph = mp__child_params(nodeParams, &child, &move);
+  mp__gr_room_t q = {0};
+  if (graph && !mp__child_reserved(&q, phGraphNode, child, move))
+    return MP__CU_OUT_OF_MEMORY; /* as cuGraphAddNode */
   mp__curesult r =
       rc->cuGraphAddNode_v2
           ? rc->cuGraphAddNode_v2(phGraphNode, hGraph, dependencies,
                                   dependencyData, numDependencies, nodeParams)
           : MP__CU_NOT_INITIALIZED;
-  return graph ? mp__child_added(r, phGraphNode, hGraph, child, move)
+  return graph ? mp__child_added(r, &q, phGraphNode, hGraph, child, move)
                : mp__node_added(r, phGraphNode, hGraph, nodeParams);
 }
 
@@ -1607,16 +1727,16 @@ mp__curesult cuGraphChildGraphNodeGetGraph(mp__cugraphnode hNode,
  * before, an executable updated from a graph that was then destroyed
  * replayed into a released graph pool. Its flags are the driver's
  * (cuGraphExecGetFlags, CUDA 12.0; without it none). */
-static mp__curesult mp__exec_updated(mp__curesult r, mp__cugraphexec x,
-                                     mp__cugraph g) {
-  if (r != MP__CU_SUCCESS)
-    return r;
-  uint64_t flags = mp__exec_flags(x);
+static mp__curesult mp__exec_updated(mp__curesult r, const mp__gr_room_t *q,
+                                     mp__cugraphexec x, mp__cugraph g) {
+  uint64_t flags = r == MP__CU_SUCCESS ? mp__exec_flags(x) : 0;
   mp__gr_lock();
-  for (size_t k = 0; k < mp__gr.nexecs; k++)
+  mp__gr_unreserve(q);
+  for (size_t k = 0; r == MP__CU_SUCCESS && k < mp__gr.nexecs; k++)
     if (mp__gr.execs[k].x == x)
       mp__gr.execs[k].held = !mp__capture_into(mp__gr.execs[k].cap, g);
-  mp__exec_takes(x, g, flags);
+  if (r == MP__CU_SUCCESS)
+    mp__exec_takes(x, g, flags);
   pthread_mutex_unlock(&mp__gr.lock);
   return r;
 }
@@ -1627,23 +1747,32 @@ mp__curesult cuGraphExecUpdate(mp__cugraphexec hGraphExec, mp__cugraph hGraph,
                                mp__cugraphnode *hErrorNode_out,
                                mp__cugraphupdateresult *updateResult_out) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__gr_room_t q = {0};
+  /* cuda.h, cuGraphExecUpdate lists CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE
+   * and CUDA_ERROR_INVALID_VALUE (both forms), none for a resource it
+   * lacks: out of memory, as mp__gr_reserve says. */
+  if (!mp__gr_reserved(&q, NULL, hGraph))
+    return MP__CU_OUT_OF_MEMORY;
   return mp__exec_updated(rc->cuGraphExecUpdate
                               ? rc->cuGraphExecUpdate(hGraphExec, hGraph,
                                                       hErrorNode_out,
                                                       updateResult_out)
                               : MP__CU_NOT_INITIALIZED,
-                          hGraphExec, hGraph);
+                          &q, hGraphExec, hGraph);
 }
 
 mp__curesult cuGraphExecUpdate_v2(mp__cugraphexec hGraphExec,
                                   mp__cugraph hGraph,
                                   mp__cugraphupdateinfo *resultInfo) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__gr_room_t q = {0};
+  if (!mp__gr_reserved(&q, NULL, hGraph))
+    return MP__CU_OUT_OF_MEMORY; /* as cuGraphExecUpdate */
   return mp__exec_updated(
       rc->cuGraphExecUpdate_v2
           ? rc->cuGraphExecUpdate_v2(hGraphExec, hGraph, resultInfo)
           : MP__CU_NOT_INITIALIZED,
-      hGraphExec, hGraph);
+      &q, hGraphExec, hGraph);
 }
 
 /* After x's child graph node was given another graph's parameters
@@ -1657,13 +1786,13 @@ mp__curesult cuGraphExecUpdate_v2(mp__cugraphexec hGraphExec,
  * keeps ("Already enqueued or running launches of hGraphExec are not
  * affected by this call", and its other nodes may use it). Before, child's
  * destruction released its graph pools under x. */
-static mp__curesult mp__exec_child_set(mp__curesult r, mp__cugraphexec x,
-                                       mp__cugraph child) {
-  if (r != MP__CU_SUCCESS)
-    return r;
-  uint64_t flags = mp__exec_flags(x);
+static mp__curesult mp__exec_child_set(mp__curesult r, const mp__gr_room_t *q,
+                                       mp__cugraphexec x, mp__cugraph child) {
+  uint64_t flags = r == MP__CU_SUCCESS ? mp__exec_flags(x) : 0;
   mp__gr_lock();
-  mp__exec_takes(x, child, flags);
+  mp__gr_unreserve(q);
+  if (r == MP__CU_SUCCESS)
+    mp__exec_takes(x, child, flags);
   pthread_mutex_unlock(&mp__gr.lock);
   return r;
 }
@@ -1672,11 +1801,17 @@ mp__curesult cuGraphExecChildGraphNodeSetParams(mp__cugraphexec hGraphExec,
                                                 mp__cugraphnode hNode,
                                                 mp__cugraph childGraph) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__gr_room_t q = {0};
+  /* cuda.h, cuGraphExecChildGraphNodeSetParams lists
+   * CUDA_ERROR_INVALID_VALUE and _NOT_SUPPORTED, none for a resource it
+   * lacks: out of memory, as mp__gr_reserve says. */
+  if (!mp__gr_reserved(&q, NULL, childGraph))
+    return MP__CU_OUT_OF_MEMORY;
   return mp__exec_child_set(rc->cuGraphExecChildGraphNodeSetParams
                                 ? rc->cuGraphExecChildGraphNodeSetParams(
                                       hGraphExec, hNode, childGraph)
                                 : MP__CU_NOT_INITIALIZED,
-                            hGraphExec, childGraph);
+                            &q, hGraphExec, childGraph);
 }
 
 mp__curesult cuGraphExecNodeSetParams(mp__cugraphexec hGraphExec,
@@ -1685,11 +1820,17 @@ mp__curesult cuGraphExecNodeSetParams(mp__cugraphexec hGraphExec,
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   mp__cugraph child = NULL;
   bool move = false, graph = mp__child_params(nodeParams, &child, &move);
+  mp__gr_room_t q = {0};
+  /* cuda.h, cuGraphExecNodeSetParams lists CUDA_ERROR_INVALID_VALUE,
+   * and _NOT_SUPPORTED, none for a resource it lacks: out
+   * of memory, as mp__gr_reserve says. */
+  if (graph && !mp__gr_reserved(&q, NULL, child))
+    return MP__CU_OUT_OF_MEMORY;
   mp__curesult r =
       rc->cuGraphExecNodeSetParams
           ? rc->cuGraphExecNodeSetParams(hGraphExec, hNode, nodeParams)
           : MP__CU_NOT_INITIALIZED;
-  return graph ? mp__exec_child_set(r, hGraphExec, child) : r;
+  return graph ? mp__exec_child_set(r, &q, hGraphExec, child) : r;
 }
 
 /* cuda.h, cuGraphNodeSetParams: "Sets the parameters of graph node hNode
@@ -1708,17 +1849,33 @@ mp__curesult cuGraphNodeSetParams(mp__cugraphnode hNode,
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   mp__cugraph child = NULL, parent = NULL;
   bool move = false, graph = mp__child_params(nodeParams, &child, &move);
+  mp__gr_room_t q = {0};
+  bool known = false;
+  if (graph) {
+    mp__gr_lock();
+    known = mp__node_parent(hNode) != NULL;
+    pthread_mutex_unlock(&mp__gr.lock);
+  }
+  /* cuda.h, cuGraphNodeSetParams lists CUDA_ERROR_INVALID_VALUE,
+   * and _NOT_SUPPORTED, none for a resource it lacks: out
+   * of memory, as mp__gr_reserve says. */
+  if (known && !mp__child_reserved(&q, &hNode, child, move))
+    return MP__CU_OUT_OF_MEMORY;
   mp__curesult r = rc->cuGraphNodeSetParams
                        ? rc->cuGraphNodeSetParams(hNode, nodeParams)
                        : MP__CU_NOT_INITIALIZED;
-  if (!graph || r != MP__CU_SUCCESS)
+  if (!graph)
     return r;
   mp__gr_lock();
   parent = mp__node_parent(hNode);
-  if (parent == NULL)
-    mp__graph_kept(child);
+  if (parent == NULL) {
+    mp__gr_unreserve(&q);
+    if (r == MP__CU_SUCCESS)
+      mp__graph_kept(child);
+  }
   pthread_mutex_unlock(&mp__gr.lock);
-  return parent != NULL ? mp__child_added(r, &hNode, parent, child, move) : r;
+  return parent != NULL ? mp__child_added(r, &q, &hNode, parent, child, move)
+                        : r;
 }
 
 /* cuda.h, cuGraphNodeFindInClone: "returns the node in hClonedGraph
