@@ -894,6 +894,42 @@ static bool mp__output_unheld(const struct mp__pl_out *o) {
   return !o->inner && !o->live;
 }
 
+/* Takes out of the table the first k of capture c's outputs
+ * mp__outputs_put put. Under the lock. */
+static void mp__outputs_unput(mp__pl_capture_t *c, size_t k) {
+  mp__pl_block_t b;
+  while (k-- > 0)
+    if (mp__output_unheld(&c->outs[k]))
+      (void)mp__pl_table_take(c->outs[k].p, &b);
+}
+
+/* Puts in the table capture c's outputs mp__outputs_held makes the
+ * program's; false, none put, when the table has no host memory for one.
+ * Under the lock. */
+static bool mp__outputs_put(mp__pl_capture_t *c) {
+  size_t k = 0;
+  while (k < c->nouts &&
+         (!mp__output_unheld(&c->outs[k]) ||
+          mp__pl_table_put_pool(c->outs[k].p, c->outs[k].size, 0, c->pool)))
+    k++;
+  if (k == c->nouts)
+    return true;
+  mp__outputs_unput(c, k);
+  return false;
+}
+
+/* After mp__outputs_put: capture c's outputs are the program's (traced as
+ * allocated) and no longer outputs; mp__outmask_rebuild to follow. Under
+ * the lock. */
+static void mp__outputs_owned(mp__pl_capture_t *c) {
+  for (size_t k = 0; k < c->nouts; k++) {
+    struct mp__pl_out *o = &c->outs[k];
+    if (mp__output_unheld(o))
+      mp__pl_record_alloc(o->p, o->size, 0, true);
+    o->live = o->inner = true;
+  }
+}
+
 /* Capture c's outputs not inner become the program's blocks for good
  * (traced as allocated: the capture's end traced them freed, and the
  * program's free of one is traced), and no longer outputs. False, with
@@ -904,24 +940,11 @@ static bool mp__output_unheld(const struct mp__pl_out *o) {
  * trace had a free of each output held with no allocation. Under the
  * lock. */
 static bool mp__outputs_held(mp__pl_capture_t *c) {
-  size_t k = 0;
-  while (k < c->nouts &&
-         (!mp__output_unheld(&c->outs[k]) ||
-          mp__pl_table_put_pool(c->outs[k].p, c->outs[k].size, 0, c->pool)))
-    k++;
-  bool all = k == c->nouts;
-  mp__pl_block_t b;
-  while (!all && k-- > 0)
-    if (mp__output_unheld(&c->outs[k]))
-      (void)mp__pl_table_take(c->outs[k].p, &b);
-  for (k = 0; all && k < c->nouts; k++) {
-    struct mp__pl_out *o = &c->outs[k];
-    if (mp__output_unheld(o))
-      mp__pl_record_alloc(o->p, o->size, 0, true);
-    o->live = o->inner = true;
-  }
+  if (!mp__outputs_put(c))
+    return false;
+  mp__outputs_owned(c);
   mp__outmask_rebuild();
-  return all;
+  return true;
 }
 
 /* Executable x holds slot i, its launches allocating the slot's
@@ -943,35 +966,58 @@ static bool mp__exec_hold(mp__cugraphexec x, unsigned i, bool auto_free) {
   return true;
 }
 
+/* Every slot graph g holds is kept until exit, its outputs the program's
+ * blocks for good (mp__outputs_held), for an executable of g the table
+ * has no room for (mp__exec_hold). False, with nothing changed, when the
+ * table of pointers has no room for the outputs of one: those of the
+ * slots before it are taken out again, which stay as they were. Before,
+ * the slots before it stayed kept, their outputs the program's, though
+ * the instantiation was refused: their graph pools lived until exit.
+ * Under the lock. */
+static bool mp__graph_held(mp__cugraph g) {
+  unsigned i = 0;
+  while (i < MP__PL_CAPTURES &&
+         (!mp__capture_into(i, g) || mp__outputs_put(&mp__gr.caps[i])))
+    i++;
+  bool all = i == MP__PL_CAPTURES;
+  while (!all && i-- > 0)
+    if (mp__capture_into(i, g))
+      mp__outputs_unput(&mp__gr.caps[i], mp__gr.caps[i].nouts);
+  for (i = 0; all && i < MP__PL_CAPTURES; i++)
+    if (mp__capture_into(i, g)) {
+      mp__gr.caps[i].kept = true;
+      mp__outputs_owned(&mp__gr.caps[i]);
+    }
+  mp__outmask_rebuild();
+  return all;
+}
+
 /* After an instantiation that returned r: the executable holds its
  * graph's graph pools (one per capture into the graph). Returns r, or,
- * when neither the executables' table could grow nor the outputs be
- * recorded as the program's (mp__exec_hold), CUDA_ERROR_OUT_OF_MEMORY with
+ * when neither the executables' table could grow for all its slots nor
+ * the outputs be recorded as the program's (mp__graph_held: the slots
+ * kept instead), CUDA_ERROR_OUT_OF_MEMORY with
  * the executable destroyed again and *phGraphExec NULL: its launches would
  * have allocated outputs no table knew, whose frees were refused. The
  * code: as a launch without host memory for its outputs (mp__launch),
  * "unable to allocate enough memory or other resources to perform the
  * requested operation" (cuda.h, CUresult); cuGraphInstantiate's list
- * names none for a resource it lacks. Slots made kept before the failure
- * stay so (their graph pools kept until exit). */
+ * names none for a resource it lacks. A refused instantiation changes
+ * nothing. */
 static mp__curesult mp__exec_made(mp__curesult r, mp__cugraphexec *phGraphExec,
                                   mp__cugraph hGraph,
                                   unsigned long long flags) {
   if (r != MP__CU_SUCCESS || phGraphExec == NULL)
     return r;
   mp__cugraphexec x = *phGraphExec;
-  bool held = true;
   mp__gr_lock();
-  for (unsigned i = 0; held && i < MP__PL_CAPTURES; i++)
-    if (mp__capture_into(i, hGraph))
-      held = mp__exec_hold(x, i, flags & MP__GRAPH_AUTO_FREE_ON_LAUNCH);
-  for (size_t k = 0; !held && k < mp__gr.nexecs;) {
-    if (mp__gr.execs[k].x != x) {
-      k++;
-      continue;
-    }
-    mp__gr.caps[mp__gr.execs[k].cap].execs--;
-    mp__gr.execs[k] = mp__gr.execs[--mp__gr.nexecs];
+  mp__gr_room_t q = {.execs = mp__graph_slots(hGraph)};
+  bool room = mp__gr_reserve(&q), held = room || mp__graph_held(hGraph);
+  if (room) { /* reserved: an entry for every slot */
+    mp__gr_unreserve(&q);
+    for (unsigned i = 0; i < MP__PL_CAPTURES; i++)
+      if (mp__capture_into(i, hGraph))
+        (void)mp__exec_hold(x, i, flags & MP__GRAPH_AUTO_FREE_ON_LAUNCH);
   }
   pthread_mutex_unlock(&mp__gr.lock);
   if (held)

@@ -7,13 +7,17 @@
  * refused, CUDA_ERROR_OUT_OF_MEMORY, with nothing changed: the output is
  * still an output, not allocated before a launch (its free refused), and
  * the next instantiation, with room, makes an executable whose launches
- * allocate it as usual.
+ * allocate it as usual. With two captures into the graph, the refusal on
+ * the second's outputs leaves the first's as they were too.
  *
  * Before, the failed puts were ignored: the instantiation went through,
  * the outputs neither in the table nor outputs any more, so their frees
  * were refused (pointers in the pool's memory the pool never handed out);
  * and held outputs were never traced as allocated, though their frees
- * were. The shim's sources run in this process on the fake driver;
+ * were; and, before 2026-12-06, the captures before the one refused
+ * stayed kept (their graph pools until exit) with their outputs made the
+ * program's, though the instantiation was refused. The shim's sources run
+ * in this process on the fake driver;
  * realloc (which grows the executables' table) fails while refuse_realloc
  * is set, and the table's puts when asked (refuse_table_puts.h). */
 #include "graph_output.h"
@@ -91,4 +95,39 @@ Test(preload_graph_instantiate_untracked_outputs, refused_when_unrecorded,
   cr_expect_eq(cuStreamDestroy_v2(s), 0);
   /* The capture's allocation and two launches'. */
   mp_trace_balanced(3);
+}
+
+Test(preload_graph_instantiate_untracked_outputs,
+     refused_leaves_earlier_captures, .init = pooling) {
+  mp__custream s = NULL;
+  mp__cuptr a = 0, b = 0;
+  mp__cugraph g = mp_graph_with_output(&s, &a), g2 = NULL;
+  /* A second capture into g (cuStreamBeginCaptureToGraph), another
+   * output. */
+  cr_assert_eq(cuStreamBeginCaptureToGraph(s, g, NULL, NULL, 0, 0), 0);
+  cr_assert_eq(cuMemAllocAsync(&b, MP_OUT_BYTES, s), 0);
+  cr_assert_eq(cuStreamEndCapture(s, &g2), 0);
+  cr_assert_eq(g2, g);
+  cr_assert_eq(mp__pl_graph_pools(), 2);
+  mp__cugraphexec x = NULL;
+  pass_table_puts = 1; /* the first capture's output recorded */
+  mp__curesult r = instantiate_short(&x, g, 1);
+  cr_expect_eq(r, MP__CU_OUT_OF_MEMORY, "the instantiation answered %u", r);
+  cr_expect_null(x, "an executable was handed out");
+  /* Nothing changed: both still outputs, not allocated before a launch. */
+  cr_expect_eq(cuMemFree_v2(a), MP__CU_INVALID_VALUE,
+               "the first capture's output is allocated before any launch");
+  cr_expect_eq(cuMemFree_v2(b), MP__CU_INVALID_VALUE,
+               "the second capture's output is allocated before any launch");
+  cr_assert_eq(cuGraphInstantiateWithFlags(&x, g, 0), MP__CU_SUCCESS);
+  cr_expect_eq(cuGraphLaunch(x, s), MP__CU_SUCCESS);
+  cr_expect_eq(cuMemFree_v2(a), MP__CU_SUCCESS);
+  cr_expect_eq(cuMemFree_v2(b), MP__CU_SUCCESS);
+  cr_expect_eq(cuGraphExecDestroy(x), 0);
+  cr_expect_eq(cuGraphDestroy(g), 0);
+  cr_expect_eq(cuStreamDestroy_v2(s), 0);
+  cr_expect_eq(mp__pl_graph_pools(), 0,
+               "a graph pool kept by the refused instantiation");
+  /* The captures' allocations and the launch's two. */
+  mp_trace_balanced(4);
 }
