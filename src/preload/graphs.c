@@ -157,10 +157,6 @@ static struct {
   } * embeds;
   size_t nembeds, roomembeds;
   unsigned long long embed_ids; /* the last id given */
-  /* Entries of execs, gholds, nodes and embeds reserved by hooks in their
-   * real call (mp__gr_reserve): no other put takes that room, so the
-   * bookkeeping after a real call that succeeded cannot fail. */
-  size_t resexecs, resgholds, resnodes, resembeds;
   /* The captures begun and not ended: origin stream (a per-thread stream
    * once per thread capturing it), mode and the thread that began it;
    * past MP__PL_BEGUN at once, `lost` keeps mp__pl_capture_begun true and
@@ -178,6 +174,10 @@ static struct {
   /* Broadcast when a launch is over (mp__launch): launches waiting for
    * one of the same executable go on. */
   pthread_cond_t launch_over;
+  /* Entries of execs, gholds, nodes and embeds reserved by hooks in their
+   * real call (mp__gr_reserve): no other put takes that room, so the
+   * bookkeeping after a real call that succeeded cannot fail. */
+  size_t resexecs, resgholds, resnodes, resembeds;
 } mp__gr = {.lock = PTHREAD_MUTEX_INITIALIZER,
             .launch_over = PTHREAD_COND_INITIALIZER};
 static atomic_uint mp__gr_begun; /* nbegun + lost, read without the lock */
@@ -1660,7 +1660,32 @@ static bool mp__child_params(const mp__cugraphnodeparams *p, mp__cugraph *child,
  * and a moved graph's, which the program may not destroy, lived until
  * exit. The form before CUDA 12.3 (cudaTypedefs.h:
  * PFN_cuGraphAddNode_v12020) and 12.3's, with edge data. */
-/* After an addition to g of a node with parameters p that returned r: a
+/* The body graphs a node with parameters p has (CUDA_CONDITIONAL_NODE_PARAMS
+ * size, an input), 0 for a node not conditional. */
+static unsigned mp__cond_bodies(const mp__cugraphnodeparams *p) {
+  unsigned type, size = 0;
+  if (p == NULL)
+    return 0;
+  memcpy(&type, p, sizeof type);
+  if (type == MP__GRAPH_NODE_TYPE_COND)
+    memcpy(&size, (const char *)p + MP__NODE_PARAMS_COND_SIZE, sizeof size);
+  return size;
+}
+
+/* Reserves (mp__gr_reserved) in *q what the addition of a node with
+ * parameters p puts: a child graph node's (mp__child_reserved), or a
+ * conditional node's bodies (mp__node_added). */
+static bool mp__node_reserved(mp__gr_room_t *q, const mp__cugraphnode *node,
+                              const mp__cugraphnodeparams *p, bool graph,
+                              mp__cugraph child, bool move) {
+  if (graph)
+    return mp__child_reserved(q, node, child, move);
+  *q = (mp__gr_room_t){.embeds = mp__cond_bodies(p)};
+  return q->embeds == 0 || mp__gr_reserved(q, NULL, NULL); /* else none */
+}
+
+/* After an addition to g of a node with parameters p that returned r, q
+ * reserved for it (mp__node_reserved): a
  * conditional node's body graphs (cuda.h, CUDA_CONDITIONAL_NODE_PARAMS:
  * phGraph_out, a "CUDA-owned array populated with conditional node child
  * graphs during creation of the node", `size` of them, "Valid for the
@@ -1672,19 +1697,20 @@ static bool mp__child_params(const mp__cugraphnodeparams *p, mp__cugraph *child,
  * it was the body's, which no executable of the parent held and the
  * program never destroys, so it lived until exit (or went with a later
  * graph given the body's handle). Returns r. */
-static mp__curesult mp__node_added(mp__curesult r, const mp__cugraphnode *node,
-                                   mp__cugraph g,
+static mp__curesult mp__node_added(mp__curesult r, const mp__gr_room_t *q,
+                                   const mp__cugraphnode *node, mp__cugraph g,
                                    const mp__cugraphnodeparams *p) {
-  unsigned type, size;
+  unsigned size = mp__cond_bodies(p);
   mp__cugraph *bodies;
-  if (r != MP__CU_SUCCESS || p == NULL)
+  if (size == 0)
     return r;
-  memcpy(&type, p, sizeof type);
-  if (type != MP__GRAPH_NODE_TYPE_COND)
-    return r;
-  memcpy(&size, (const char *)p + MP__NODE_PARAMS_COND_SIZE, sizeof size);
-  memcpy(&bodies, (const char *)p + MP__NODE_PARAMS_COND_BODIES, sizeof bodies);
   mp__gr_lock();
+  mp__gr_unreserve(q);
+  if (r != MP__CU_SUCCESS) {
+    pthread_mutex_unlock(&mp__gr.lock);
+    return r;
+  }
+  memcpy(&bodies, (const char *)p + MP__NODE_PARAMS_COND_BODIES, sizeof bodies);
   mp__cugraph root = mp__graph_root(g);
   for (unsigned k = 0; bodies != NULL && k < size; k++)
     if (bodies[k] != NULL)
@@ -1704,14 +1730,14 @@ mp__curesult cuGraphAddNode(mp__cugraphnode *phGraphNode, mp__cugraph hGraph,
   /* cuda.h, cuGraphAddNode lists CUDA_ERROR_INVALID_VALUE,
    * _INVALID_CONTEXT and _NOT_SUPPORTED, none for a resource it lacks: out
    * of memory, as mp__gr_reserve says. */
-  if (graph && !mp__child_reserved(&q, phGraphNode, child, move))
+  if (!mp__node_reserved(&q, phGraphNode, nodeParams, graph, child, move))
     return MP__CU_OUT_OF_MEMORY;
   mp__curesult r = rc->cuGraphAddNode
                        ? rc->cuGraphAddNode(phGraphNode, hGraph, dependencies,
                                             numDependencies, nodeParams)
                        : MP__CU_NOT_INITIALIZED;
   return graph ? mp__child_added(r, &q, phGraphNode, hGraph, child, move)
-               : mp__node_added(r, phGraphNode, hGraph, nodeParams);
+               : mp__node_added(r, &q, phGraphNode, hGraph, nodeParams);
 }
 
 mp__curesult cuGraphAddNode_v2(mp__cugraphnode *phGraphNode, mp__cugraph hGraph,
@@ -1723,7 +1749,7 @@ mp__curesult cuGraphAddNode_v2(mp__cugraphnode *phGraphNode, mp__cugraph hGraph,
   mp__cugraph child = NULL;
   bool move = false, graph = mp__child_params(nodeParams, &child, &move);
   mp__gr_room_t q = {0};
-  if (graph && !mp__child_reserved(&q, phGraphNode, child, move))
+  if (!mp__node_reserved(&q, phGraphNode, nodeParams, graph, child, move))
     return MP__CU_OUT_OF_MEMORY; /* as cuGraphAddNode */
   mp__curesult r =
       rc->cuGraphAddNode_v2
@@ -1731,7 +1757,22 @@ mp__curesult cuGraphAddNode_v2(mp__cugraphnode *phGraphNode, mp__cugraph hGraph,
                                   dependencyData, numDependencies, nodeParams)
           : MP__CU_NOT_INITIALIZED;
   return graph ? mp__child_added(r, &q, phGraphNode, hGraph, child, move)
-               : mp__node_added(r, phGraphNode, hGraph, nodeParams);
+               : mp__node_added(r, &q, phGraphNode, hGraph, nodeParams);
+}
+
+/* Reserves in *q, for child graph node n when the shim knows it
+ * (mp__node_note), an entry of embeds (embed) or of nodes. False with q
+ * zero when refused (mp__gr_reserve). */
+static bool mp__known_reserved(mp__gr_room_t *q, mp__cugraphnode n,
+                               bool embed) {
+  mp__gr_lock();
+  bool known = mp__node_parent(n) != NULL;
+  *q = (mp__gr_room_t){.nodes = known && !embed, .embeds = known && embed};
+  bool ok = mp__gr_reserve(q);
+  if (!ok)
+    *q = (mp__gr_room_t){0};
+  pthread_mutex_unlock(&mp__gr.lock);
+  return ok;
 }
 
 /* cuda.h, cuGraphChildGraphNodeGetGraph: "Gets a handle to the embedded
@@ -1748,13 +1789,19 @@ mp__curesult cuGraphAddNode_v2(mp__cugraphnode *phGraphNode, mp__cugraph hGraph,
 mp__curesult cuGraphChildGraphNodeGetGraph(mp__cugraphnode hNode,
                                            mp__cugraph *phGraph) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__gr_room_t q;
+  /* cuda.h, cuGraphChildGraphNodeGetGraph lists CUDA_ERROR_DEINITIALIZED,
+   * _NOT_INITIALIZED and _INVALID_VALUE, none for a resource it lacks: out
+   * of memory, as mp__gr_reserve says. */
+  if (!mp__known_reserved(&q, hNode, true))
+    return MP__CU_OUT_OF_MEMORY;
   mp__curesult r = rc->cuGraphChildGraphNodeGetGraph
                        ? rc->cuGraphChildGraphNodeGetGraph(hNode, phGraph)
                        : MP__CU_NOT_INITIALIZED;
-  if (r != MP__CU_SUCCESS || phGraph == NULL || *phGraph == NULL)
-    return r;
   mp__gr_lock();
-  mp__cugraph parent = mp__node_parent(hNode);
+  mp__gr_unreserve(&q);
+  bool got = r == MP__CU_SUCCESS && phGraph != NULL && *phGraph != NULL;
+  mp__cugraph parent = got ? mp__node_parent(hNode) : NULL;
   if (parent != NULL) {
     mp__cugraph root = mp__graph_root(parent);
     if (root != *phGraph)
@@ -1936,14 +1983,19 @@ mp__curesult cuGraphNodeFindInClone(mp__cugraphnode *phNode,
                                     mp__cugraphnode hOriginalNode,
                                     mp__cugraph hClonedGraph) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
+  mp__gr_room_t q;
+  /* cuda.h, cuGraphNodeFindInClone lists CUDA_ERROR_INVALID_VALUE, none
+   * for a resource it lacks: out of memory, as mp__gr_reserve says. */
+  if (!mp__known_reserved(&q, hOriginalNode, false))
+    return MP__CU_OUT_OF_MEMORY;
   mp__curesult r =
       rc->cuGraphNodeFindInClone
           ? rc->cuGraphNodeFindInClone(phNode, hOriginalNode, hClonedGraph)
           : MP__CU_NOT_INITIALIZED;
-  if (r != MP__CU_SUCCESS || phNode == NULL || *phNode == NULL)
-    return r;
   mp__gr_lock();
-  if (mp__node_parent(hOriginalNode) != NULL)
+  mp__gr_unreserve(&q);
+  if (r == MP__CU_SUCCESS && phNode != NULL && *phNode != NULL &&
+      mp__node_parent(hOriginalNode) != NULL)
     mp__node_note(*phNode, hClonedGraph);
   pthread_mutex_unlock(&mp__gr.lock);
   return r;

@@ -12,7 +12,10 @@
  * cuGraphAddChildGraphNode, cuGraphAddNode (both forms) and
  * cuGraphNodeSetParams (the tables of copies' holds), cuGraphExecUpdate
  * (both forms), cuGraphExecChildGraphNodeSetParams and
- * cuGraphExecNodeSetParams (the executables' table). The shim's sources
+ * cuGraphExecNodeSetParams (the executables' table); and
+ * cuGraphChildGraphNodeGetGraph, cuGraphNodeFindInClone and cuGraphAddNode
+ * of a conditional node (the tables of child graph nodes and embedded
+ * graphs) kept the graph holding them the same way. The shim's sources
  * run in this process on the fake driver; realloc (which grows the
  * tables) fails while refuse_realloc is set. */
 #include <string.h>
@@ -35,8 +38,8 @@ void *__wrap_realloc(void *p, size_t n) {
 static struct {
   mp__custream s;
   mp__cuptr out;
-  mp__cugraph g, parent, empty, made;
-  mp__cugraphnode node, made_node;
+  mp__cugraph g, parent, empty, made, got;
+  mp__cugraphnode node, made_node, gnode;
   mp__cugraphexec xp, xe;
 } f;
 
@@ -46,11 +49,16 @@ static union {
   long long align;
 } params;
 
-static mp__cugraph created(void) {
+/* The fake driver's fn, one the shim does not hook. */
+static void *driver_fn(const char *fn) {
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   cr_assert_not_null(lib);
+  return dlsym(lib, fn);
+}
+
+static mp__cugraph created(void) {
   mp__curesult (*create)(mp__cugraph *, unsigned) = NULL;
-  *(void **)&create = dlsym(lib, "cuGraphCreate");
+  *(void **)&create = driver_fn("cuGraphCreate");
   mp__cugraph g = NULL;
   cr_assert(create != NULL && create(&g, 0) == 0);
   return g;
@@ -173,4 +181,58 @@ Test(preload_graph_copy_refused_without_room, exec_child_graph_node_set,
 Test(preload_graph_copy_refused_without_room, exec_node_set_params,
      .init = setup) {
   refused_then_made(exec_node_set, "cuGraphExecNodeSetParams");
+}
+
+/* g given a child graph node (gnode) made from empty. */
+static void g_with_node(void) {
+  cr_assert_eq(cuGraphAddChildGraphNode(&f.gnode, f.g, NULL, 0, f.empty), 0);
+}
+
+static mp__curesult get_graph(void) {
+  return cuGraphChildGraphNodeGetGraph(f.gnode, &f.got);
+}
+
+Test(preload_graph_copy_refused_without_room, child_graph_node_get_graph,
+     .init = setup) {
+  g_with_node();
+  refused_then_made(get_graph, "cuGraphChildGraphNodeGetGraph");
+}
+
+static mp__curesult find_in_clone(void) {
+  mp__cugraphnode n = NULL;
+  return cuGraphNodeFindInClone(&n, f.gnode, f.made);
+}
+
+Test(preload_graph_copy_refused_without_room, node_find_in_clone,
+     .init = setup) {
+  g_with_node();
+  cr_assert_eq(cuGraphClone(&f.made, f.g), 0);
+  /* The table of child graph nodes full: its first room (16, graphs.c),
+   * node and gnode in it. */
+  for (int i = 2; i < 16; i++) {
+    mp__cugraphnode n = NULL;
+    cr_assert_eq(cuGraphAddChildGraphNode(&n, f.parent, NULL, 0, f.empty), 0);
+  }
+  refused_then_made(find_in_clone, "cuGraphNodeFindInClone");
+}
+
+/* cuda.h, CUDA_CONDITIONAL_NODE_PARAMS in CUgraphNodeParams: the handle at
+ * 16, type (CU_GRAPH_COND_TYPE_IF: 0) at 24, size, phGraph_out, ctx. */
+static mp__curesult add_cond(void) {
+  return cuGraphAddNode(&f.made_node, f.g, NULL, 0, child_g());
+}
+
+Test(preload_graph_copy_refused_without_room, add_conditional_node,
+     .init = setup) {
+  mp__curesult (*handle)(unsigned long long *, mp__cugraph, void *, unsigned,
+                         unsigned) = NULL;
+  *(void **)&handle = driver_fn("cuGraphConditionalHandleCreate");
+  unsigned long long h = 0;
+  cr_assert(handle != NULL && handle(&h, f.g, NULL, 0, 0) == 0);
+  memset(&params, 0, sizeof params);
+  memcpy(params.b, &(unsigned){MP__GRAPH_NODE_TYPE_COND}, sizeof(unsigned));
+  memcpy(params.b + 16, &h, sizeof h);
+  memcpy(params.b + MP__NODE_PARAMS_COND_SIZE, &(unsigned){1},
+         sizeof(unsigned));
+  refused_then_made(add_cond, "cuGraphAddNode (conditional)");
 }
