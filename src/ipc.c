@@ -15,8 +15,10 @@
  * mp__ipc_leases, whatever its device, so that no two imports of the
  * process own one lease; so is the lease of an import under way (listed
  * before it maps), so that mp_ipc_handle_close of a copy of its handle
- * cannot close it. A device's list also holds what refused imports left
- * mapped (left: no lease), until mp_device_close. */
+ * cannot close it. An import under way also holds its entry in its
+ * device's list from then (pending), so that what it maps always has room
+ * there: a device's list also holds what refused imports left mapped
+ * (left: no lease), until mp_device_close. */
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -40,6 +42,10 @@ struct mp__import {
    * mp_ipc_close finds it) and no lease, kept so that mp_device_close
    * unmaps it, as the imports left open. */
   bool left;
+  /* The entry an import under way reserved before it mapped (lease set,
+   * nothing else): no import of the program's yet, which mp__ipc_settle
+   * makes the import, or what its refusal left mapped, or drops. */
+  bool pending;
 };
 
 static pthread_mutex_t mp__ipc_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -291,14 +297,29 @@ static mp_status_t mp__ipc_check(const mp_device_t *dev,
   return MP_OK;
 }
 
-/* Takes lease back out of mp__ipc_leases (an import that failed after
- * listing it). */
-static void mp__ipc_unlist(int lease) {
+/* Ends the import under way of lease on dev: the entry it reserved in
+ * dev's list becomes *im (NULL: dropped, nothing of it mapped), and lease
+ * leaves mp__ipc_leases unless *im is its import. Wakes
+ * mp__ipc_close_all, which waits for imports under way. */
+static void mp__ipc_settle(mp_device_t *dev, int lease,
+                           const struct mp__import *im) {
   pthread_mutex_lock(&mp__ipc_mu);
-  size_t l = mp__ipc_lease_at(lease);
-  MP__ASSERT(l != SIZE_MAX); /* listed by its import, unlisted only here */
-  if (l != SIZE_MAX)
-    mp__ipc_leases[l] = mp__ipc_leases[--mp__ipc_nleases];
+  size_t i = 0;
+  while (i < dev->nimports &&
+         !(dev->imports[i].pending && dev->imports[i].lease == lease))
+    i++;
+  MP__ASSERT(i < dev->nimports); /* reserved by its import, settled once */
+  if (im == NULL && i < dev->nimports)
+    dev->imports[i] = dev->imports[--dev->nimports];
+  else if (i < dev->nimports)
+    dev->imports[i] = *im;
+  if (im == NULL || im->lease != lease) {
+    size_t l = mp__ipc_lease_at(lease);
+    MP__ASSERT(l != SIZE_MAX); /* listed by its import, unlisted only here */
+    if (l != SIZE_MAX)
+      mp__ipc_leases[l] = mp__ipc_leases[--mp__ipc_nleases];
+  }
+  pthread_cond_broadcast(&mp__ipc_cv);
   pthread_mutex_unlock(&mp__ipc_mu);
 }
 
@@ -307,9 +328,8 @@ static void mp__ipc_unlist(int lease) {
  * descriptors) and returns the refusal's status. A device that refuses
  * the unmap leaves the mapping in this process: its status then, with a
  * message that names the refusal and what stays mapped, which stays in
- * dev's list (left, without a lease: h's is not its own, or its import
- * did not fit in the list) for mp_device_close to unmap; where the list
- * has no room for it either, nothing will. */
+ * dev's list (left, without a lease: h's is not its own), in the entry
+ * the import reserved before it mapped, for mp_device_close to unmap. */
 static mp_status_t mp__ipc_refuse(mp_device_t *dev, const mp_ipc_handle_t *h,
                                   void *base) {
   mp_status_t st = mp_last_status();
@@ -318,27 +338,20 @@ static mp_status_t mp__ipc_refuse(mp_device_t *dev, const mp_ipc_handle_t *h,
   bool unmapped = false;
   mp_status_t cst =
       dev->ops->ipc_close(dev, base, h->mem_bytes, h->kind, &unmapped);
-  mp__ipc_unlist(h->lease_fd);
-  pthread_mutex_lock(&mp__ipc_mu);
-  bool kept = !unmapped && mp__ipc_dev_room(dev);
-  if (kept)
-    dev->imports[dev->nimports++] = (struct mp__import){.ptr = (uintptr_t)base,
-                                                        .base = base,
-                                                        .bytes = h->mem_bytes,
-                                                        .kind = h->kind,
-                                                        .lease = -1,
-                                                        .left = true};
-  pthread_mutex_unlock(&mp__ipc_mu);
+  struct mp__import left = {.ptr = (uintptr_t)base,
+                            .base = base,
+                            .bytes = h->mem_bytes,
+                            .kind = h->kind,
+                            .lease = -1,
+                            .left = true};
+  mp__ipc_settle(dev, h->lease_fd, unmapped ? NULL : &left);
   if (unmapped)
     return mp__fail(st, "%s", why);
   return mp__fail(cst != MP_OK ? cst : MP_EDRIVER,
                   "%s; and %s refused to unmap what it had mapped for the "
                   "handle (%zu bytes at %p), which stays mapped in this "
-                  "process%s: %s",
+                  "process until mp_device_close unmaps it: %s",
                   why, dev->name, h->mem_bytes, base,
-                  kept ? " until mp_device_close unmaps it"
-                       : " (out of host memory to keep it for "
-                         "mp_device_close)",
                   cst != MP_OK ? mp_last_error() : "no reason given");
 }
 
@@ -372,17 +385,24 @@ mp_status_t mp_ipc_import(mp_device_t *dev, mp_ipc_handle_t *h, void **out) {
    * import of a copy on another thread nor mp_ipc_handle_close of a copy
    * takes or closes the lease under this import. One closed before this
    * point fails the stamp's check below (its number closed, or another
-   * lease's by now). */
+   * lease's by now). Its entry in dev's list is reserved now too, before
+   * anything is mapped: without host memory for it the import is refused
+   * here, where nothing is mapped, not once mapped, where what a device
+   * refusing to unmap left mapped would have no entry for mp_device_close
+   * (other imports may take the room meanwhile). */
   bool room = mp__ipc_room(dev);
-  if (room)
+  if (room) {
     mp__ipc_leases[mp__ipc_nleases++] = h->lease_fd;
+    dev->imports[dev->nimports++] =
+        (struct mp__import){.lease = h->lease_fd, .pending = true};
+  }
   pthread_mutex_unlock(&mp__ipc_mu);
   if (!room)
     return mp__fail(MP_ENOMEM, "mp_ipc_import: out of host memory");
   void *base = NULL;
   st = dev->ops->ipc_open(dev, h, &base);
   if (st != MP_OK) {
-    mp__ipc_unlist(h->lease_fd);
+    mp__ipc_settle(dev, h->lease_fd, NULL);
     return st;
   }
   /* Asked once the backend has said what it can of the memory descriptor
@@ -396,17 +416,7 @@ mp_status_t mp_ipc_import(mp_device_t *dev, mp_ipc_handle_t *h, void **out) {
                           .bytes = h->mem_bytes,
                           .kind = h->kind,
                           .lease = h->lease_fd};
-  pthread_mutex_lock(&mp__ipc_mu);
-  /* Another import took the room meanwhile? Its lease is listed already:
-   * only dev's list may need to grow. */
-  room = mp__ipc_dev_room(dev);
-  if (room)
-    dev->imports[dev->nimports++] = im;
-  pthread_mutex_unlock(&mp__ipc_mu);
-  if (!room) {
-    (void)mp__fail(MP_ENOMEM, "mp_ipc_import: out of host memory");
-    return mp__ipc_refuse(dev, h, base);
-  }
+  mp__ipc_settle(dev, h->lease_fd, &im);
   if (h->kind == MP_IPC_FD)
     close(h->fd); /* mapped: the memory stays */
   h->fd = -1;
@@ -424,7 +434,7 @@ static size_t mp__ipc_find(const mp_device_t *dev, void *ptr, bool closing,
                            int lease) {
   for (size_t i = 0; i < dev->nimports; i++) {
     const struct mp__import *im = &dev->imports[i];
-    if (im->ptr == (uintptr_t)ptr && im->closing == closing &&
+    if (im->ptr == (uintptr_t)ptr && im->closing == closing && !im->pending &&
         (closing ? im->lease == lease : !im->left))
       return i;
   }
@@ -571,12 +581,14 @@ mp_status_t mp_ipc_close_after(mp_device_t *dev, void *ptr, mp_stream_t s) {
 /* Closes every import of dev, at mp_device_close. An import another
  * thread is closing (its mp_ipc_close waits for the device's work) is
  * waited for: that close ends in dev's list, and one that failed leaves
- * the import to be closed here. */
+ * the import to be closed here; so is an import under way (its entry
+ * pending), which ends as an import, what it left mapped, or nothing. */
 void mp__ipc_close_all(mp_device_t *dev) {
   pthread_mutex_lock(&mp__ipc_mu);
   while (dev->nimports > 0) {
     size_t i = 0;
-    while (i < dev->nimports && dev->imports[i].closing)
+    while (i < dev->nimports &&
+           (dev->imports[i].closing || dev->imports[i].pending))
       i++;
     if (i == dev->nimports) {
       pthread_cond_wait(&mp__ipc_cv, &mp__ipc_mu);
