@@ -38,8 +38,9 @@ struct mp_host_pool {
   mp_device_t *dev; /* the underlying device, hp->host's */
   /* The host's own stream: every buffer is allocated for it. */
   mp_stream_t host;
-  /* The pool has the default stream's slot (made at its first
-   * allocation; never forgotten: mp_stream_forget ignores NULL). */
+  /* The pool has the default stream's slot for good (made at its first
+   * allocation, and a call was served on it: mp__hp_enter then looks no
+   * further; never forgotten: mp_stream_forget ignores NULL). */
   atomic_bool null_slot;
   /* Buffers a captured graph uses (mp__hp_hold_t), under the pool's
    * lock; nholds counts them (0: nothing to look for, no lock taken). */
@@ -259,64 +260,126 @@ static bool mp__hp_knows(mp_host_pool_t *hp, mp_stream_t s) {
   return known;
 }
 
+/* MP_EINVAL, said by fn, unless the device says s is a live stream. */
+static mp_status_t mp__hp_stream_live(mp_host_pool_t *hp, mp_stream_t s,
+                                      const char *fn) {
+  if (mp__device_stream_kind(hp->view, s) == MP__STREAM_BAD)
+    return mp__fail(MP_EINVAL, "%s: stream %p is not a live stream of %s", fn,
+                    (void *)s, mp_device_name(hp->dev));
+  return MP_OK;
+}
+
 /* Whether s may be named to hp's pool by fn: a stream the pool has met,
  * else one the device says is live. The pool's own refusal would come
  * only once a buffer is allocated (mp_host_pool_alloc), and names the
  * device view, which the caller never opened. The device is asked (driver
  * calls on CUDA) only for a stream the pool has not met; NULL (the default
- * stream) needs no question, and once its slot is made no lock either.
- * That slot is made at its first allocation, not at create: trim and
- * destroy wait for every stream the pool knows, and the default stream
- * (on CUDA the legacy stream, which waits for every blocking stream, and
- * makes them MP_EBUSY while one captures) need not have used the pool.
- * add: also make its slot now (*made, unless NULL: made by this call). */
+ * stream) needs no question. Makes no slot. */
 static mp_status_t mp__hp_stream_check(mp_host_pool_t *hp, mp_stream_t s,
-                                       bool add, const char *fn, bool *made) {
-  if (made != NULL)
-    *made = false;
-  if (s == NULL) {
-    if (!add || atomic_load_explicit(&hp->null_slot, memory_order_acquire))
-      return MP_OK;
-  } else if (mp__hp_knows(hp, s)) {
+                                       const char *fn) {
+  if (s == NULL || mp__hp_knows(hp, s))
     return MP_OK;
-  } else if (mp__device_stream_kind(hp->view, s) == MP__STREAM_BAD) {
-    return mp__fail(MP_EINVAL, "%s: stream %p is not a live stream of %s", fn,
-                    (void *)s, mp_device_name(hp->dev));
-  }
-  if (!add)
-    return MP_OK;
-  mp_status_t st = mp_pool_add_stream(hp->pool, s);
-  if (st != MP_OK)
-    return mp__hp_said(st, "mp_pool_add_stream", fn);
-  if (s == NULL)
-    atomic_store_explicit(&hp->null_slot, true, memory_order_release);
-  if (made != NULL)
-    *made = true;
-  return MP_OK;
+  return mp__hp_stream_live(hp, s, fn);
 }
 
-/* Takes back the slot of s that mp__hp_stream_check made for an
- * allocation the pool then refused (the device had no page-locked memory,
- * or the pool no host memory for its records): a refusal changes nothing,
- * and trim and destroy wait only for streams that used the pool. In every
- * arena too, as mp_pool_add_stream made it there (the pool's lock, then
- * each arena's). Kept where another thread's call used it meanwhile. */
-static void mp__hp_unmake_slot(mp_host_pool_t *hp, mp_stream_t s) {
+/* Ends the hold of a call of mp_host_pool_alloc on s's slot (pool's
+ * lock held; served: it got a buffer, which uses s). The last call of a
+ * fresh slot, refused, takes it back (a refusal changes nothing, and trim
+ * and destroy wait only for streams that used the pool), in every arena
+ * too, as it was made there (the pool's lock, then each arena's); kept
+ * where something else used it meanwhile. A slot a call was served on
+ * stays for good: the default stream's is found without the lock from
+ * then on. */
+static void mp__hp_unpin(mp_host_pool_t *hp, mp_stream_t s, bool served) {
   mp_pool_t *pool = hp->pool;
-  mp__pool_lock(pool);
-  bool gone = mp__stream_unmake(pool, s);
-  for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas; i++) {
+  if (mp__stream_unpin(pool, s, served))
+    for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas; i++) {
+      mp_pool_t *a = mp__arena_at(pool, i);
+      if (a == NULL)
+        continue;
+      mp__pool_lock(a);
+      (void)mp__stream_unmake(a, s);
+      mp__pool_unlock(a);
+    }
+  if (s == NULL && served)
+    atomic_store_explicit(&hp->null_slot, true, memory_order_release);
+}
+
+/* Makes the slot of s, which the pool lacks (its lock held), as
+ * mp_pool_add_stream makes it (in the pool, then in each arena), fresh
+ * and pinned for the calling mp_host_pool_alloc; on failure none of it
+ * stays. */
+static mp_status_t mp__hp_make(mp_host_pool_t *hp, mp_stream_t s) {
+  mp_pool_t *pool = hp->pool;
+  uint32_t sidx;
+  mp_status_t st = mp__pool_paused(pool, "mp_pool_add_stream");
+  if (st == MP_OK)
+    st = mp__stream_index(pool, s, &sidx);
+  if (st != MP_OK)
+    return st;
+  (void)mp__stream_pin(pool, s, true);
+  for (size_t i = 0;
+       st == MP_OK && pool->arenas != NULL && i < pool->cfg.arenas; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);
     if (a == NULL)
       continue;
     mp__pool_lock(a);
-    (void)mp__stream_unmake(a, s);
+    st = mp__stream_index(a, s, &sidx);
     mp__pool_unlock(a);
   }
-  /* The next allocation on the default stream makes its slot again. */
-  if (s == NULL && gone)
-    atomic_store_explicit(&hp->null_slot, false, memory_order_release);
+  if (st != MP_OK)
+    mp__hp_unpin(hp, s, false);
+  return st;
+}
+
+/* mp_host_pool_alloc's stream check (mp__hp_stream_check's), which with
+ * add also makes the slot of a stream the pool has not met, and holds the
+ * slot for the call (*pinned) while it is fresh (made by a call in
+ * flight, none of them served yet), so that no other call's refusal
+ * takes it back before this one ends (mp__hp_leave). A slot is made under
+ * the lock that found it missing: fresh only where a call of the host
+ * pool made it. The default stream's slot is made at its first
+ * allocation, not at create: trim and destroy wait for every stream the
+ * pool knows, and the default stream (on CUDA the legacy stream, which
+ * waits for every blocking stream, and makes them MP_EBUSY while one
+ * captures) need not have used the pool. */
+static mp_status_t mp__hp_enter(mp_host_pool_t *hp, mp_stream_t s, bool add,
+                                const char *fn, bool *pinned) {
+  mp_pool_t *pool = hp->pool;
+  *pinned = false;
+  if (s == NULL && atomic_load_explicit(&hp->null_slot, memory_order_acquire))
+    return MP_OK;
+  mp__pool_lock(pool);
+  int k = mp__stream_pin(pool, s, false);
   mp__pool_unlock(pool);
+  if (k >= 0) {
+    *pinned = k == 1;
+    if (s == NULL && k == 0) /* settled: it stays for good */
+      atomic_store_explicit(&hp->null_slot, true, memory_order_release);
+    return MP_OK;
+  }
+  mp_status_t st = s != NULL ? mp__hp_stream_live(hp, s, fn) : MP_OK;
+  if (st != MP_OK || !add)
+    return st;
+  mp__pool_lock(pool);
+  k = mp__stream_pin(pool, s, false); /* made meanwhile by another call */
+  if (k < 0 && (st = mp__hp_make(hp, s)) == MP_OK)
+    k = 1;
+  mp__pool_unlock(pool);
+  if (st != MP_OK)
+    return mp__hp_said(st, "mp_pool_add_stream", fn);
+  *pinned = k == 1;
+  return MP_OK;
+}
+
+/* Ends mp__hp_enter's hold on s's slot, if it took one. */
+static void mp__hp_leave(mp_host_pool_t *hp, mp_stream_t s, bool pinned,
+                         bool served) {
+  if (!pinned)
+    return;
+  mp__pool_lock(hp->pool);
+  mp__hp_unpin(hp, s, served);
+  mp__pool_unlock(hp->pool);
 }
 
 /* Whether work queued on s now goes into a graph (cuStreamIsCapturing:
@@ -467,43 +530,37 @@ mp_status_t mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes, mp_stream_t s,
    * that never used the pool. Nothing of the host pool changes hp->pool's
    * cap or alignment after create: read unlocked. A slot made here for a
    * request the pool then refuses (the device has no page-locked memory
-   * for it) is taken back. */
+   * for it) is taken back, once no other call that relies on it is in
+   * flight (mp__hp_enter). */
   size_t size = 0;
   bool takes = bytes != 0 && mp__pool_round(hp->pool, bytes, &size) &&
                size <= hp->pool->cap;
-  bool made = false;
-  mp_status_t cst = mp__hp_stream_check(hp, s, takes, __func__, &made);
-  if (cst != MP_OK)
-    return cst;
+  bool pinned = false;
+  mp_status_t st = mp__hp_enter(hp, s, takes, __func__, &pinned);
+  if (st != MP_OK)
+    return st;
   mp__hp_drain(hp);
   void *p = NULL;
-  mp_status_t st = mp_pool_alloc(hp->pool, bytes, hp->host, &p);
-  if (st != MP_OK) {
+  st = mp_pool_alloc(hp->pool, bytes, hp->host, &p);
+  if (st != MP_OK)
     st = mp__hp_said(st, "mp_pool_alloc", __func__);
-    if (made)
-      mp__hp_unmake_slot(hp, s);
-    return st;
-  }
-  if (p != NULL && !takes &&
-      (st = mp__hp_stream_check(hp, s, true, __func__, NULL)) != MP_OK) {
-    (void)mp_pool_free(hp->pool, p); /* served after all: the slot now */
-    return st;
-  }
-  if (p != NULL && (st = mp_pool_record_stream(hp->pool, p, s)) != MP_OK) {
+  /* Served after all: the slot now (the one pinned, if any, is there). */
+  else if (p != NULL && !takes && !pinned)
+    st = mp__hp_enter(hp, s, true, __func__, &pinned);
+  if (st == MP_OK && p != NULL &&
+      (st = mp_pool_record_stream(hp->pool, p, s)) != MP_OK)
     /* Refused (out of host memory for the stream table): the buffer goes
      * back unused, and *out stays. */
     st = mp__hp_said(st, "mp_pool_record_stream", __func__);
-    (void)mp_pool_free(hp->pool, p);
-    return st;
-  }
   /* Allocated while s captures: the graph uses it (above). */
-  if (p != NULL && mp__hp_capturing(hp, s) &&
-      (st = mp__hp_hold(hp, p, s)) != MP_OK) {
+  if (st == MP_OK && p != NULL && mp__hp_capturing(hp, s))
+    st = mp__hp_hold(hp, p, s);
+  if (st != MP_OK && p != NULL)
     (void)mp_pool_free(hp->pool, p);
-    return st;
-  }
-  *out = p;
-  return MP_OK;
+  mp__hp_leave(hp, s, pinned, st == MP_OK && p != NULL);
+  if (st == MP_OK)
+    *out = p;
+  return st;
 }
 
 /* The streams that used live buffer ptr and capture now (at most n of
@@ -585,7 +642,7 @@ mp_status_t mp_host_pool_record_stream(mp_host_pool_t *hp, void *ptr,
   MP__CHECK_HP(hp);
   /* No slot made here: a bad ptr must change nothing (the pool makes the
    * slot only once it found the buffer). */
-  mp_status_t st = mp__hp_stream_check(hp, s, false, __func__, NULL);
+  mp_status_t st = mp__hp_stream_check(hp, s, __func__);
   if (st == MP_OK)
     st = mp__hp_not_freed(hp, ptr, __func__);
   if (st != MP_OK)

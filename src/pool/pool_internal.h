@@ -323,6 +323,12 @@ typedef union mp__strm {
     bool sync_owed;     /* forgotten, with work that sync is to cover */
     mp__marker_t marks[MP__MAX_MARKS]; /* FIFO of recorded markers */
     unsigned mark_head, nmarks;
+    /* host_pool.c (mp__stream_pin): fresh, made by an mp_host_pool_alloc
+     * in flight, none of the calls relying on it served yet; pins, those
+     * calls, while it is fresh. It goes when the last of them ends
+     * refused (nothing else used it); last, past every hot field. */
+    uint32_t pins;
+    bool fresh;
   };
   uint8_t stride_[256];
 } mp__strm_t;
@@ -1699,6 +1705,17 @@ mp_status_t mp__stream_capture_mark_owned(mp_pool_t *pool, mp_stream_t s,
  * using it, a free on it, a marker, a capture mark). True when it went.
  * Lock held. */
 bool mp__stream_unmake(mp_pool_t *pool, mp_stream_t s);
+/* mp_host_pool_alloc's hold on the slot of s (the calling thread's, for a
+ * per-thread stream), under pool's lock: -1 when there is none; else 1
+ * when the slot is fresh (made: the caller made it now, under this hold
+ * of the lock), pinned for the call, or 0 (the slot stays, whatever the
+ * call's end). */
+int mp__stream_pin(mp_pool_t *pool, mp_stream_t s, bool made);
+/* The end of a call mp__stream_pin pinned s's slot for (served: it got a
+ * buffer, which uses s): unpinned; a served call settles the slot, and
+ * the last one of a fresh slot, refused, takes it back (mp__stream_unmake:
+ * kept where something else used it). True when it went. Lock held. */
+bool mp__stream_unpin(mp_pool_t *pool, mp_stream_t s, bool served);
 /* Live block b is also used on stream sidx (record_stream, a move). */
 void mp__stream_add_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx);
 /* A copy queued on stream sidx now reads or writes b: a use that ends

@@ -957,13 +957,44 @@ bool mp__stream_unmake(mp_pool_t *pool, mp_stream_t s) {
     return false;
   const mp__strm_t *t = &pool->streams[i];
   /* Used meanwhile (another thread's call on s): a block allocated on it
-   * or using it, a free on it, a marker, a capture mark. Kept, as any
-   * stream the pool met. */
+   * or using it, a free on it, a marker, a capture mark; or a call that
+   * relies on it is in flight (pins). Kept, as any stream the pool met. */
   if (t->refs != 0 || t->dirty || t->nmarks != 0 || t->capturing != 0 ||
-      t->join)
+      t->join || t->pins != 0)
     return false;
   mp__stream_unmake_at(pool, i);
   return true;
+}
+
+int mp__stream_pin(mp_pool_t *pool, mp_stream_t s, bool made) {
+  MP__ASSERT_LOCKED(pool);
+  uint32_t i = mp__shash_find(pool, s, mp__stream_owner(pool, s));
+  if (i == UINT32_MAX)
+    return -1;
+  mp__strm_t *t = &pool->streams[i];
+  if (made)
+    t->fresh = true;
+  if (!t->fresh)
+    return 0;
+  t->pins++;
+  return 1;
+}
+
+bool mp__stream_unpin(mp_pool_t *pool, mp_stream_t s, bool served) {
+  MP__ASSERT_LOCKED(pool);
+  uint32_t i = mp__shash_find(pool, s, mp__stream_owner(pool, s));
+  /* Forgotten meanwhile (the program destroyed s during the call): the
+   * slot, if any, is no longer the one pinned. */
+  if (i == UINT32_MAX || pool->streams[i].pins == 0)
+    return false;
+  mp__strm_t *t = &pool->streams[i];
+  t->pins--;
+  if (served)
+    t->fresh = false;
+  if (t->pins != 0 || !t->fresh)
+    return false;
+  t->fresh = false; /* kept where something else used it: settled */
+  return mp__stream_unmake(pool, s);
 }
 
 static bool mp__dep_done(const mp_pool_t *pool, const mp__dep_t *d) {

@@ -18,6 +18,7 @@
 #include <mempool/host_pool.h>
 
 #include "../support/device_helpers.h"
+#include "../support/host_pool_streams.h"
 #include "device/backend.h"
 
 #define NS ((int)24)
@@ -63,20 +64,9 @@ static void teardown(void) {
 
 TestSuite(host_pool_refused_alloc_slot, .init = setup, .fini = teardown);
 
-/* The streams the pool knows now (its dump's "streams N"). */
+/* The streams the pool knows now. */
 static unsigned streams_known(void) {
-  char *text = NULL;
-  size_t len = 0;
-  FILE *f = open_memstream(&text, &len);
-  cr_assert_not_null(f);
-  cr_assert_eq(mp_host_pool_dump(hp, f, "text"), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(fclose(f), 0);
-  const char *at = strstr(text, "  streams ");
-  cr_assert_not_null(at, "no stream count in the dump: %s", text);
-  unsigned n = 0;
-  cr_assert_eq(sscanf(at, "  streams %u", &n), 1, "%s", at);
-  free(text);
-  return n;
+  return host_pool_streams_known(hp);
 }
 
 /* A 4 KiB buffer for stream t, freed: it works. */
