@@ -310,24 +310,9 @@ static void mp__hp_unpin(mp_host_pool_t *hp, mp_stream_t s, bool served) {
  * and pinned for the calling mp_host_pool_alloc; on failure none of it
  * stays. */
 static mp_status_t mp__hp_make(mp_host_pool_t *hp, mp_stream_t s) {
-  mp_pool_t *pool = hp->pool;
-  uint32_t sidx;
-  mp_status_t st = mp__pool_paused(pool, "mp_pool_add_stream");
-  if (st == MP_OK)
-    st = mp__stream_index(pool, s, &sidx);
-  if (st != MP_OK)
-    return st;
-  (void)mp__stream_pin(pool, s, true);
-  for (size_t i = 0;
-       st == MP_OK && pool->arenas != NULL && i < pool->cfg.arenas; i++) {
-    mp_pool_t *a = mp__arena_at(pool, i);
-    if (a == NULL)
-      continue;
-    mp__pool_lock(a);
-    st = mp__stream_index(a, s, &sidx);
-    mp__pool_unlock(a);
-  }
-  if (st != MP_OK)
+  mp_status_t st = mp__arena_add_stream_locked(hp->pool, s);
+  /* Refused in an arena: the pool's slot, made, goes again with them. */
+  if (mp__stream_pin(hp->pool, s, true) >= 0 && st != MP_OK)
     mp__hp_unpin(hp, s, false);
   return st;
 }

@@ -481,14 +481,15 @@ mp_status_t mp__arena_trim(mp_pool_t *pool, size_t keep_bytes) {
   return st;
 }
 
-mp_status_t mp__arena_add_stream(mp_pool_t *pool, mp_stream_t s) {
+mp_status_t mp__arena_add_stream_locked(mp_pool_t *pool, mp_stream_t s) {
+  MP__ASSERT_LOCKED(pool);
   uint32_t sidx;
-  mp__pool_lock(pool);
   /* The pool's own table remembers it for arenas made later. */
   mp_status_t st = mp__pool_paused(pool, "mp_pool_add_stream");
   if (st == MP_OK)
     st = mp__stream_index(pool, s, &sidx);
-  for (size_t i = 0; st == MP_OK && i < pool->cfg.arenas; i++) {
+  for (size_t i = 0;
+       st == MP_OK && pool->arenas != NULL && i < pool->cfg.arenas; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);
     if (a == NULL)
       continue;
@@ -496,6 +497,12 @@ mp_status_t mp__arena_add_stream(mp_pool_t *pool, mp_stream_t s) {
     st = mp__stream_index(a, s, &sidx);
     mp__pool_unlock(a);
   }
+  return st;
+}
+
+mp_status_t mp__arena_add_stream(mp_pool_t *pool, mp_stream_t s) {
+  mp__pool_lock(pool);
+  mp_status_t st = mp__arena_add_stream_locked(pool, s);
   mp__pool_unlock(pool);
   return st;
 }

@@ -982,6 +982,9 @@ mp_status_t mp__arena_graph_borrow(mp_pool_t *graph, size_t *bytes,
 /* mp_pool_trim / mp_pool_add_stream on a pool with arenas (no lock held). */
 mp_status_t mp__arena_trim(mp_pool_t *pool, size_t keep_bytes);
 mp_status_t mp__arena_add_stream(mp_pool_t *pool, mp_stream_t s);
+/* The same with pool's lock held (mp_host_pool_alloc makes a slot under
+ * the hold that found it missing); also for a pool without arenas. */
+mp_status_t mp__arena_add_stream_locked(mp_pool_t *pool, mp_stream_t s);
 /* Under the pool's lock, after mp_pool_set_max_fraction set its cap: every
  * arena made takes the new cap (uncapped) or gives its share back
  * (capped), so that each asks for a share of the new cap at its next
