@@ -1291,13 +1291,10 @@ static bool mp__launch_in_flight(mp__cugraphexec x) {
  * ordered after it: it would wait for itself). */
 static _Thread_local bool mp__in_launch;
 
-static mp__curesult mp__launch(mp__curesult (*real)(mp__cugraphexec,
-                                                    mp__custream),
-                               mp__cugraphexec x, mp__custream s) {
-  if (real == NULL)
-    return MP__CU_NOT_INITIALIZED;
-  if (atomic_load_explicit(&mp__gr_outmask, memory_order_relaxed) == 0)
-    return real(x, s); /* no graph has outputs: nothing to keep */
+/* mp__launch of x on s, for an executable whose outputs the shim keeps. */
+static mp__curesult mp__launch_made(mp__curesult (*real)(mp__cugraphexec,
+                                                         mp__custream),
+                                    mp__cugraphexec x, mp__custream s) {
   mp__gr_lock();
   /* A launch of an executable that does not free its outputs at launch,
    * made while another launch of it is in its real call (another thread's),
@@ -1340,6 +1337,27 @@ static mp__curesult mp__launch(mp__curesult (*real)(mp__cugraphexec,
   mp__launch_over(x, s, r == MP__CU_SUCCESS, n);
   pthread_cond_broadcast(&mp__gr.launch_over);
   pthread_mutex_unlock(&mp__gr.lock);
+  return r;
+}
+
+static mp__curesult mp__launch(mp__curesult (*real)(mp__cugraphexec,
+                                                    mp__custream),
+                               mp__cugraphexec x, mp__custream s) {
+  if (real == NULL)
+    return MP__CU_NOT_INITIALIZED;
+  if (atomic_load_explicit(&mp__gr_outmask, memory_order_relaxed) == 0)
+    return real(x, s); /* no graph has outputs: nothing to keep */
+  /* Not cancelled (pthread_cancel) before the launch is over: its wait
+   * (mp__launch_made) is a cancellation point (pthreads(7)), acted on with the
+   * lock taken again, which the thread would end holding (every later graph
+   * call hung), and a real call cancelled at one of the driver's left its
+   * outputs claimed and in flight for good (later launches of x waiting
+   * for ever, a free of one refused). Its cancellation takes effect at its
+   * next cancellation point after the launch. */
+  int cancel;
+  (void)pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel);
+  mp__curesult r = mp__launch_made(real, x, s);
+  (void)pthread_setcancelstate(cancel, NULL);
   return r;
 }
 
