@@ -64,6 +64,29 @@ static long mp__thread_id(void) {
   return mp__tid;
 }
 
+/* Under the record lock, before writing the trace (or opening it): the
+ * thread is not cancelled (pthread_cancel) until the lock is given back.
+ * The trace's writes are cancellation points (fprintf's write(2):
+ * pthreads(7)); a thread cancelled in one ended holding the lock, and
+ * every later traced call of the process, the report at exit included,
+ * hung. Its cancellation takes effect at its next cancellation point after
+ * mp__rec_unlock. Only while there is a trace to write: -1, nothing done,
+ * otherwise (the counts alone never reach a cancellation point). */
+static int mp__rec_hold(void) {
+  int was = -1;
+  if (mp__rec.trace != NULL && !mp__rec.closed)
+    (void)pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &was);
+  return was;
+}
+
+/* The lock given back, then the caller's cancellation state (was, from
+ * mp__rec_hold). */
+static void mp__rec_unlock(int was) {
+  pthread_mutex_unlock(&mp__rec.lock);
+  if (was != -1)
+    (void)pthread_setcancelstate(was, NULL);
+}
+
 /* $MEMPOOL_TRACE / $MEMPOOL_REPORT with "%p" replaced by the process id,
  * so that the processes of one job (which inherit the variables) write
  * files of their own; NULL when unset or empty, and (said on stderr) when
@@ -119,6 +142,9 @@ bool mp__pl_path_taken(const char *var, const char *path) {
 }
 
 void mp__pl_record_open(const mp__pl_t *pl) {
+  /* fopen and the first writes are cancellation points (mp__rec_hold). */
+  int was;
+  (void)pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &was);
   pthread_mutex_lock(&mp__rec.lock);
   mp__rec.pl = pl;
   clock_gettime(CLOCK_MONOTONIC, &mp__rec.t0);
@@ -151,7 +177,7 @@ void mp__pl_record_open(const mp__pl_t *pl) {
       fputs("Thread,Time,Action,Pointer,Size,Stream\n", mp__rec.trace);
     }
   }
-  pthread_mutex_unlock(&mp__rec.lock);
+  mp__rec_unlock(was);
   if (pl->mode == MP__PL_POOL && !mp__rec.child)
     mp__snapshot_signal_arm();
 }
@@ -243,6 +269,7 @@ void mp__pl_record_alloc(uintptr_t ptr, size_t size, uintptr_t stream,
                          bool ok) {
   size_t reserved = mp__rec.json ? mp__reserved_now() : 0;
   pthread_mutex_lock(&mp__rec.lock);
+  int was = mp__rec_hold();
   if (ok) {
     mp__rec.n.allocs++;
     mp__rec.n.live += size;
@@ -253,21 +280,23 @@ void mp__pl_record_alloc(uintptr_t ptr, size_t size, uintptr_t stream,
   }
   mp__write(ok ? "allocate" : "allocate failure", ok ? ptr : 0, size, stream,
             reserved);
-  pthread_mutex_unlock(&mp__rec.lock);
+  mp__rec_unlock(was);
 }
 
 void mp__pl_record_free(uintptr_t ptr, size_t size, uintptr_t stream) {
   size_t reserved = mp__rec.json ? mp__reserved_now() : 0;
   pthread_mutex_lock(&mp__rec.lock);
+  int was = mp__rec_hold();
   mp__rec.n.frees++;
   mp__rec.n.live -= size <= mp__rec.n.live ? size : mp__rec.n.live;
   mp__write("free", ptr, size, stream, reserved);
-  pthread_mutex_unlock(&mp__rec.lock);
+  mp__rec_unlock(was);
 }
 
 void mp__pl_record_unfree(uintptr_t ptr, size_t size, uintptr_t stream) {
   size_t reserved = mp__rec.json ? mp__reserved_now() : 0;
   pthread_mutex_lock(&mp__rec.lock);
+  int was = mp__rec_hold();
   if (mp__rec.n.frees > 0)
     mp__rec.n.frees--;
   mp__rec.n.live += size;
@@ -286,11 +315,12 @@ void mp__pl_record_unfree(uintptr_t ptr, size_t size, uintptr_t stream) {
                      reserved == SIZE_MAX ? mp__rec.n.live : reserved);
     mp__check_written();
   }
-  pthread_mutex_unlock(&mp__rec.lock);
+  mp__rec_unlock(was);
 }
 
 void mp__pl_record_other(const char *what, uintptr_t ptr, size_t size) {
   pthread_mutex_lock(&mp__rec.lock);
+  int was = mp__rec_hold();
   if (strcmp(what, "managed") == 0)
     mp__rec.n.managed++;
   else if (strcmp(what, "pinned") == 0)
@@ -305,7 +335,7 @@ void mp__pl_record_other(const char *what, uintptr_t ptr, size_t size) {
             what, ts, (int)getpid(), mp__thread_id(), (unsigned long)ptr, size);
     mp__check_written();
   }
-  pthread_mutex_unlock(&mp__rec.lock);
+  mp__rec_unlock(was);
 }
 
 void mp__pl_count_bypass(const char *why) {
@@ -329,6 +359,7 @@ bool mp__pl_record_close(mp__pl_counts_t *out) {
     pthread_mutex_unlock(&mp__rec.lock);
     return false;
   }
+  int was = mp__rec_hold();
   if (mp__rec.trace != NULL && !mp__rec.closed) {
     if (mp__rec.json) {
       fputs("\n]}\n", mp__rec.trace);
@@ -350,7 +381,7 @@ bool mp__pl_record_close(mp__pl_counts_t *out) {
     }
   }
   *out = mp__rec.n;
-  pthread_mutex_unlock(&mp__rec.lock);
+  mp__rec_unlock(was);
   return true;
 }
 
@@ -467,18 +498,25 @@ static void mp__snapshot_signal_arm(void) {
             v, why);
 }
 
+/* The forking thread's cancellation state, from prepare (its flush is a
+ * cancellation point, the lock held: mp__rec_hold) to parent or child. */
+static int mp__rec_fork_was = -1;
+
 void mp__pl_record_prepare(void) {
   pthread_mutex_lock(&mp__rec.lock);
+  mp__rec_fork_was = mp__rec_hold();
   if (mp__rec.trace != NULL)
     fflush(mp__rec.trace);
 }
 
 void mp__pl_record_parent(void) {
-  pthread_mutex_unlock(&mp__rec.lock);
+  mp__rec_unlock(mp__rec_fork_was);
 }
 
 void mp__pl_record_child(void) {
   pthread_mutex_init(&mp__rec.lock, NULL);
+  if (mp__rec_fork_was != -1)
+    (void)pthread_setcancelstate(mp__rec_fork_was, NULL);
   if (mp__rec.trace != NULL)
     fclose(mp__rec.trace); /* empty buffer: flushed in prepare */
   mp__rec.trace = NULL;
