@@ -80,16 +80,13 @@ static int run_host_pool(mp_device_t *dev, const plan_t *p, result_t *r) {
 }
 
 int main(int argc, char **argv) {
-  uint64_t npairs;
-  if (!micro_count(argc, argv, 1, 2000000, 1, 100000000, "pairs", &npairs))
+  size_t pairs;
+  if (!pairs_count(argc, argv, &pairs))
     return 2;
-  size_t pairs = (size_t)npairs;
   const char *spec = argc > 2 ? argv[2] : "host";
-  mp_device_t *dev;
-  if (mp_device_open(spec, &dev) != MP_OK) {
-    fprintf(stderr, "device: %s\n", mp_last_error());
+  mp_device_t *dev = pairs_device(spec);
+  if (dev == NULL)
     return 1;
-  }
   printf("host pool free+alloc pairs, sizes log-uniform 512 B .. 16 MiB, "
          "%zu pairs, device %s\n",
          pairs, mp_device_name(dev));

@@ -7,7 +7,10 @@
 #include <stdbool.h>
 #include <stdio.h>
 
+#include <mempool/mempool.h>
 #include <mempool/stats.h>
+
+#include "args.h"
 
 typedef struct result {
   double ns_per_pair;
@@ -34,6 +37,27 @@ static inline void pairs_row(const char *allocator, size_t live,
   printf("%-10s %8zu %12.1f %12llu %12llu %14.3f %12llu", allocator, live,
          r->ns_per_pair, r->device_allocs, r->device_frees,
          r->reserved_over_live, r->free_blocks);
+}
+
+/* The pair count, argv[1] (default 2 000 000, at most 10^8); false, with
+ * the message on stderr, where it is not one. */
+static inline bool pairs_count(int argc, char **argv, size_t *pairs) {
+  uint64_t n;
+  if (!micro_count(argc, argv, 1, 2000000, 1, 100000000, "pairs", &n))
+    return false;
+  *pairs = (size_t)n;
+  return true;
+}
+
+/* Opens the benchmark's device (spec); NULL, with the device's message on
+ * stderr, where it cannot. */
+static inline mp_device_t *pairs_device(const char *spec) {
+  mp_device_t *dev = NULL;
+  if (mp_device_open(spec, &dev) != MP_OK) {
+    fprintf(stderr, "device: %s\n", mp_last_error());
+    return NULL;
+  }
+  return dev;
 }
 
 #endif /* MP_MICRO_PAIRS_ROWS_H */

@@ -315,10 +315,9 @@ static int remote_rows(mp_device_t *dev, size_t n) {
 }
 
 int main(int argc, char **argv) {
-  uint64_t npairs;
-  if (!micro_count(argc, argv, 1, 2000000, 1, 100000000, "pairs", &npairs))
+  size_t pairs;
+  if (!pairs_count(argc, argv, &pairs))
     return 2;
-  size_t pairs = (size_t)npairs;
   const char *spec = argc > 2 ? argv[2] : "host:capacity=64T";
   const char *only = argc > 3 ? argv[3] : "";
   /* Another word ran every allocator, as if none was given. */
@@ -333,11 +332,9 @@ int main(int argc, char **argv) {
   bool history = strcmp(only, "history") == 0;
   bool do_pool = strcmp(only, "jemalloc") != 0;
   bool do_je = strcmp(only, "pool") != 0 && !history;
-  mp_device_t *dev;
-  if (mp_device_open(spec, &dev) != MP_OK) {
-    fprintf(stderr, "device: %s\n", mp_last_error());
+  mp_device_t *dev = pairs_device(spec);
+  if (dev == NULL)
     return 1;
-  }
   if (strcmp(only, "remote") == 0) {
     int rc = remote_rows(dev, pairs);
     mp_device_close(dev);
