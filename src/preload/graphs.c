@@ -1189,20 +1189,6 @@ mp__curesult cuGraphExecDestroy(mp__cugraphexec hGraphExec) {
   return r;
 }
 
-/* Whether a launch of x may allocate its outputs: none still allocated,
- * or x frees them at launch (cuda.h, cuGraphLaunch). Under the lock. */
-static bool mp__launch_allowed(mp__cugraphexec x) {
-  for (size_t i = 0; i < mp__gr.nexecs; i++) {
-    const mp__pl_capture_t *c = &mp__gr.caps[mp__gr.execs[i].cap];
-    for (size_t k = 0; mp__gr.execs[i].x == x && !mp__gr.execs[i].auto_free &&
-                       !mp__gr.execs[i].held && k < c->nouts;
-         k++)
-      if (c->outs[k].live && !c->outs[k].inner)
-        return false;
-  }
-  return true;
-}
-
 /* After the real launch n of x on s (launched: it went through), each
  * output mp__launching put in the table for it: traced as allocated, then
  * its entry's claim lifted (the program's to free from now on: the trace
@@ -1272,19 +1258,28 @@ static bool mp__launching(mp__cugraphexec x, mp__custream s, uint64_t *n) {
   return room;
 }
 
-/* Whether a launch of x, which does not free its outputs at launch, is
- * in its real call: an output of x's put in the table by a launch not yet
- * over (mp__launching). Under the lock. */
-static bool mp__launch_in_flight(mp__cugraphexec x) {
+/* What a launch of x finds of its earlier launches' outputs (x not
+ * freeing them at launch; cuda.h, cuGraphLaunch): MP__LAUNCH_WAIT, one put
+ * in the table by a launch still in its real call (mp__launching; such an
+ * output is allocated too); MP__LAUNCH_UNFREED, one still allocated, the
+ * program's; MP__LAUNCH_GO, none. One walk of x's outputs. Under the
+ * lock. */
+enum { MP__LAUNCH_GO, MP__LAUNCH_UNFREED, MP__LAUNCH_WAIT };
+static int mp__launch_finds(mp__cugraphexec x) {
+  int found = MP__LAUNCH_GO;
   for (size_t i = 0; i < mp__gr.nexecs; i++) {
     const struct mp__pl_exec *e = &mp__gr.execs[i];
     const mp__pl_capture_t *c = &mp__gr.caps[e->cap];
     for (size_t k = 0; e->x == x && !e->auto_free && !e->held && k < c->nouts;
-         k++)
-      if (c->outs[k].launching != 0)
-        return true;
+         k++) {
+      const struct mp__pl_out *o = &c->outs[k];
+      if (o->launching != 0)
+        return MP__LAUNCH_WAIT;
+      if (o->live && !o->inner)
+        found = MP__LAUNCH_UNFREED;
+    }
   }
-  return false;
+  return found;
 }
 
 /* This thread is in a real launch (a launch made from inside one is not
@@ -1312,9 +1307,10 @@ static mp__curesult mp__launch_made(mp__curesult (*real)(mp__cugraphexec,
    * second was refused at once, as if the first's outputs were allocated,
    * also when the driver then refused the first: neither launch went
    * through, which no order of the two gives. */
-  while (!mp__in_launch && mp__launch_in_flight(x))
+  int finds;
+  while ((finds = mp__launch_finds(x)) == MP__LAUNCH_WAIT && !mp__in_launch)
     pthread_cond_wait(&mp__gr.launch_over, &mp__gr.lock);
-  bool allowed = mp__launch_allowed(x);
+  bool allowed = finds == MP__LAUNCH_GO;
   uint64_t n = 0;
   bool room = allowed && mp__launching(x, s, &n);
   pthread_mutex_unlock(&mp__gr.lock);
