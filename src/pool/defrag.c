@@ -482,6 +482,31 @@ static void mp__stage_freed(mp_pool_t *pool, void *p, size_t n,
   pool->st.device_free_count++;
 }
 
+/* Under the lock, once a defragmentation on s has blocks to move: the
+ * index of s in the pool's stream table, where the copies go. A stream
+ * being captured into a graph is refused, the pool's own captures
+ * (mp_pool_graph_begin) and the application's alike, before it is learnt:
+ * copies queued there would go into the graph, not run (cuda.h,
+ * cuStreamBeginCapture_v2); the device's answer is a query allowed during
+ * a capture (backend.h, stream_capturing), not a wait. */
+static mp_status_t mp__defrag_stream(mp_pool_t *pool, mp_stream_t s,
+                                     const char *fn, uint32_t *sidx) {
+  int cap = mp__stream_captured(pool, s)
+                ? 1
+                : mp__device_stream_capturing(pool->dev, s);
+  if (cap == 0)
+    return mp__stream_index(pool, s, sidx);
+  /* -2: the driver's own failure, not a capture. */
+  return cap == -2 ? mp__fail(MP_EDRIVER, "%s: %s", fn, mp_last_error())
+                   : mp__fail(MP_EBUSY,
+                              "%s: stream %p is being captured into a graph "
+                              "(or is the legacy stream while a blocking "
+                              "stream captures): its copies would go into "
+                              "the graph; use another stream, or call it "
+                              "after the capture ends",
+                              fn, (void *)s);
+}
+
 /* Defragments pool on s; with freeze, then fences every live block. Takes
  * and releases the lock. need: see mp__mover_t. */
 static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
@@ -494,24 +519,17 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
   const char *fn = freeze ? "mp_pool_freeze" : "mp_pool_defragment";
   mp_status_t st = mp__pool_paused(pool, fn);
   size_t stage_bytes = 0;
-  bool any = false;
-  if (st == MP_OK && mp__stream_captured(pool, s)) {
-    /* Copies queued on a stream being captured would go into the graph,
-     * not run (cuda.h, cuStreamBeginCapture_v2). Refused before the look-up,
-     * which would mark the stream used where only the capture marked it
-     * (an arena that never used it), and make the pool's synchronizations
-     * wait for it until mp_pool_graph_end. Nothing to move: nothing done. */
-    if (mp__plan(pool, &stage_bytes))
-      st = mp__fail(MP_EBUSY,
-                    "%s: stream %p is being captured (graph pool): its copies "
-                    "would go into the graph; use another stream, or call it "
-                    "after mp_pool_graph_end",
-                    fn, (void *)s);
-  } else {
-    if (st == MP_OK)
-      st = mp__stream_index(pool, s, &m.sidx);
-    any = st == MP_OK && mp__plan(pool, &stage_bytes);
-  }
+  /* The stream is checked, not learnt: it joins the pool's table
+   * (mp__stream_index) only where copies go on it (mp__defrag_stream).
+   * Every later synchronization of the pool waits for a stream there, and
+   * refuses while it is captured: a call that moved nothing, or was
+   * refused, left trim and the out-of-memory ladder refused until the end
+   * of a capture the pool was never told of. */
+  if (st == MP_OK && !mp__stream_captured(pool, s))
+    st = mp__stream_check(pool->dev, s);
+  bool any = st == MP_OK && mp__plan(pool, &stage_bytes);
+  if (any && (st = mp__defrag_stream(pool, s, fn, &m.sidx)) != MP_OK)
+    any = false;
   if (any) {
     /* Booked before the synchronization drops the lock, so that growth
      * meanwhile, or while the copies still read the buffer, leaves room
