@@ -1929,13 +1929,16 @@ typedef struct mp__sync_set {
  * application captures without telling the pool, or whose capture state
  * cannot be told (the legacy stream while a blocking stream captures,
  * where an event recorded or waited for invalidates that capture: an H200,
- * 2026-11-28). MP_OK otherwise. Asks the device of each stream (no wait).
- * Under the lock. */
+ * 2026-11-28). Another thread's per-thread stream is waited for by an
+ * event on the legacy stream (mp__streams_sync_events): that one is asked
+ * then. MP_OK otherwise. Asks the device of each stream (no wait). Under
+ * the lock. */
 mp_status_t mp__streams_unwaitable(const mp_pool_t *pool, const char *what);
 /* Under the lock, before mp__streams_sync_begin (which clears the dirty
  * marks this reads for forgotten streams). False (nothing held) when only
- * a device synchronize will do: a stream that could not be marked, another
- * thread's per-thread stream, no events. */
+ * a device synchronize will do: a stream that could not be marked, no
+ * events. Another thread's per-thread streams share one event on the
+ * legacy stream. */
 bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set);
 /* Waits for the set's events; a set that mp__streams_sync_events gave up on
  * (no events held) synchronizes the device instead. Lock dropped. */

@@ -1310,11 +1310,22 @@ void mp__streams_sync_end(mp_pool_t *pool, uint64_t snap) {
 
 mp_status_t mp__streams_unwaitable(const mp_pool_t *pool, const char *what) {
   uint64_t self = mp__self();
-  for (uint32_t i = 0; i < pool->nstreams; i++) {
-    const mp__strm_t *st = &pool->streams[i];
-    if (st->gone || st->capturing || (st->owner != 0 && st->owner != self))
-      continue;
-    int cap = mp__device_stream_capturing(pool->dev, st->s);
+  bool others = false; /* another thread's per-thread stream: the legacy one */
+  for (uint32_t i = 0; i <= pool->nstreams; i++) {
+    mp_stream_t s = NULL; /* past the table: the legacy stream, if needed */
+    if (i < pool->nstreams) {
+      const mp__strm_t *st = &pool->streams[i];
+      if (st->gone || st->capturing)
+        continue;
+      if (st->owner != 0 && st->owner != self) {
+        others = true;
+        continue;
+      }
+      s = st->s;
+    } else if (!others) {
+      break;
+    }
+    int cap = mp__device_stream_capturing(pool->dev, s);
     if (cap == -2) /* the driver's own failure, not a capture */
       return mp__fail(MP_EDRIVER, "no %s: %s", what, mp_last_error());
     if (cap != 0)
@@ -1323,7 +1334,7 @@ mp_status_t mp__streams_unwaitable(const mp_pool_t *pool, const char *what) {
                       "knowledge, or is the legacy stream while a blocking "
                       "stream captures: an event there would invalidate the "
                       "capture",
-                      what, (void *)st->s);
+                      what, (void *)s);
   }
   return MP_OK;
 }
@@ -1338,6 +1349,7 @@ bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set) {
   if (set->ev == NULL)
     return false;
   uint64_t self = mp__self();
+  bool legacy = false; /* an event on the legacy stream is in the set */
   for (uint32_t i = 0; i < pool->nstreams; i++) {
     mp__strm_t *st = &pool->streams[i];
     /* A capturing stream cannot be waited for (an event recorded on it
@@ -1360,12 +1372,25 @@ bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set) {
       st->nmarks = 0;
       continue;
     }
-    if (st->owner != 0 && st->owner != self)
-      goto device; /* another thread's per-thread stream */
+    /* Another thread's per-thread stream, which no handle of this thread
+     * names: an event on the legacy stream stands for it, as a blocking
+     * stream's work comes before the legacy stream's work queued after it
+     * (CUDA runtime API, "Stream synchronization behavior": the per-thread
+     * default stream is a blocking stream and synchronizes with the legacy
+     * default stream). One covers every such stream. Not a device
+     * synchronize, which CUDA refuses beside another thread's capture in
+     * global mode, and which invalidates it (cuda.h,
+     * cuThreadExchangeStreamCaptureMode); the legacy stream's own capture
+     * state (a blocking stream capturing) was refused by
+     * mp__streams_unwaitable. */
+    bool other = st->owner != 0 && st->owner != self;
+    if (other && legacy)
+      continue;
     mp_event_t ev;
     if (mp__event_get(pool, &ev) != MP_OK)
       goto device;
-    if (mp_event_record(pool->dev, ev, st->s) != MP_OK) {
+    legacy = legacy || other;
+    if (mp_event_record(pool->dev, ev, other ? NULL : st->s) != MP_OK) {
       mp__event_put(pool, ev);
       goto device;
     }
