@@ -207,12 +207,19 @@ Test(preload_graph_copy_refused_without_room, node_find_in_clone,
      .init = setup) {
   g_with_node();
   cr_assert_eq(cuGraphClone(&f.made, f.g), 0);
-  /* The table of child graph nodes full: its first room (16, graphs.c),
-   * node and gnode in it. */
-  for (int i = 2; i < 16; i++) {
+  /* The table of child graph nodes full (node and gnode in it): child
+   * graph nodes added until one is refused for want of room (whatever the
+   * table's first room or growth, graphs.c), the last refused changing
+   * nothing. */
+  refuse_realloc = true;
+  mp__curesult r = MP__CU_SUCCESS;
+  for (unsigned i = 0; r == MP__CU_SUCCESS && i < 1u << 16; i++) {
     mp__cugraphnode n = NULL;
-    cr_assert_eq(cuGraphAddChildGraphNode(&n, f.parent, NULL, 0, f.empty), 0);
+    r = cuGraphAddChildGraphNode(&n, f.parent, NULL, 0, f.empty);
   }
+  refuse_realloc = false;
+  cr_assert_eq(r, MP__CU_OUT_OF_MEMORY,
+               "the table of child graph nodes never full: %u", r);
   refused_then_made(find_in_clone, "cuGraphNodeFindInClone");
 }
 
