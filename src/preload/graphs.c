@@ -447,10 +447,15 @@ static bool mp__capture_into(unsigned i, mp__cugraph g) {
 }
 
 /* Releases slot c if nothing holds it any longer: no graph, no
- * executable, not kept. Under the lock. */
+ * executable, not kept, no output claimed by a launch still in its real
+ * call (its executable destroyed meanwhile: the launch's end, mp__launch_over,
+ * releases it). Under the lock. */
 static void mp__capture_unheld(mp__pl_capture_t *c) {
+  bool launching = false;
+  for (size_t k = 0; c->used && k < c->nouts; k++)
+    launching |= c->outs[k].launching != 0;
   if (c->used && !c->capturing && c->g == NULL && c->graphs == 0 &&
-      c->execs == 0 && !c->kept)
+      c->execs == 0 && !c->kept && !launching)
     mp__capture_drop(c);
 }
 
@@ -1189,19 +1194,30 @@ mp__curesult cuGraphExecDestroy(mp__cugraphexec hGraphExec) {
   return r;
 }
 
-/* After the real launch n of x on s (launched: it went through), each
- * output mp__launching put in the table for it: traced as allocated, then
- * its entry's claim lifted (the program's to free from now on: the trace
- * has the allocation before any free of it), or, the launch refused, out
- * of the table again and not allocated. Under the lock. */
-static void mp__launch_over(mp__cugraphexec x, mp__custream s, bool launched,
-                            uint64_t n) {
-  for (size_t i = 0; i < mp__gr.nexecs; i++) {
-    mp__pl_capture_t *c = &mp__gr.caps[mp__gr.execs[i].cap];
-    for (size_t k = 0; mp__gr.execs[i].x == x && k < c->nouts; k++) {
+/* After the real launch n on s (launched: it went through), each output
+ * mp__launching put in the table for it: traced as allocated, then its
+ * entry's claim lifted (the program's to free from now on: the trace has
+ * the allocation before any free of it), or, the launch refused, out of
+ * the table again and not allocated; a slot nothing holds any more is
+ * released then (mp__capture_unheld keeps one with outputs in flight).
+ * Found by the launch's number, not through its executable: the program
+ * may destroy the executable while the launch is in its real call
+ * (cuda.h, cuGraphExecDestroy: "If the executable graph is in-flight, it
+ * will not be terminated, but rather freed asynchronously on
+ * completion"). Before, found through the executable's entries, which the
+ * destroy had taken out: the launch's outputs stayed claimed for good
+ * (their free refused, every later launch of another executable of the
+ * graph waiting for ever), and, the graph destroyed before, the slot was
+ * released under them. Under the lock. */
+static void mp__launch_over(mp__custream s, bool launched, uint64_t n) {
+  for (size_t i = 0; i < MP__PL_CAPTURES; i++) {
+    mp__pl_capture_t *c = &mp__gr.caps[i];
+    bool had = false;
+    for (size_t k = 0; c->used && !c->capturing && k < c->nouts; k++) {
       struct mp__pl_out *o = &c->outs[k];
       if (o->launching != n)
         continue;
+      had = true;
       mp__pl_block_t b = {.ptr = o->p, .claim = o->claim};
       o->launching = o->claim = 0;
       if (launched)
@@ -1210,6 +1226,8 @@ static void mp__launch_over(mp__cugraphexec x, mp__custream s, bool launched,
         o->live = false;
       mp__pl_table_end(&b, !launched);
     }
+    if (had)
+      mp__capture_unheld(c);
   }
 }
 
@@ -1254,7 +1272,7 @@ static bool mp__launching(mp__cugraphexec x, mp__custream s, uint64_t *n) {
     }
   }
   if (!room)
-    mp__launch_over(x, s, false, *n);
+    mp__launch_over(s, false, *n);
   return room;
 }
 
@@ -1330,7 +1348,7 @@ static mp__curesult mp__launch_made(mp__curesult (*real)(mp__cugraphexec,
   mp__curesult r = real(x, s);
   mp__in_launch = nested;
   mp__gr_lock();
-  mp__launch_over(x, s, r == MP__CU_SUCCESS, n);
+  mp__launch_over(s, r == MP__CU_SUCCESS, n);
   pthread_cond_broadcast(&mp__gr.launch_over);
   pthread_mutex_unlock(&mp__gr.lock);
   return r;

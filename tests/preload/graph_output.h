@@ -22,6 +22,20 @@ static inline mp__cugraph mp_graph_with_output(mp__custream *s,
   return g;
 }
 
+/* An executable (no flags) of a graph mp_graph_with_output captured on
+ * *s, its output *out: the graph in *g, or destroyed when g is NULL. */
+static inline mp__cugraphexec
+mp_exec_with_output(mp__custream *s, mp__cuptr *out, mp__cugraph *g) {
+  mp__cugraph made = mp_graph_with_output(s, out);
+  mp__cugraphexec x = NULL;
+  cr_assert_eq(cuGraphInstantiateWithFlags(&x, made, 0), 0);
+  if (g != NULL)
+    *g = made;
+  else
+    cr_assert_eq(cuGraphDestroy(made), 0);
+  return x;
+}
+
 /* The report at exit of the recording so far: allocs allocations traced,
  * as many frees, nothing live. */
 static inline void mp_trace_balanced(unsigned long long allocs) {

@@ -28,6 +28,24 @@ static inline void *mp_in_process_context(void) {
   return lib;
 }
 
+/* This thread's current context (through the fake driver's entry point:
+ * the shim does not hook it). */
+static inline void *mp_in_process_current(void) {
+  mp__curesult (*get)(void **) = NULL;
+  *(void **)&get = dlsym(RTLD_DEFAULT, "cuCtxGetCurrent");
+  void *ctx = NULL;
+  cr_assert(get != NULL && get(&ctx) == 0 && ctx != NULL);
+  return ctx;
+}
+
+/* Makes ctx current on this thread (another thread's, from
+ * mp_in_process_current): the driver's answer. */
+static inline mp__curesult mp_in_process_set_current(void *ctx) {
+  mp__curesult (*set)(void *) = NULL;
+  *(void **)&set = dlsym(RTLD_DEFAULT, "cuCtxSetCurrent");
+  return set != NULL ? set(ctx) : MP__CU_NOT_INITIALIZED;
+}
+
 /* Pooling on the fake driver's cuda device, device 0's primary context
  * current. */
 static inline void mp_in_process_cuda(void) {
