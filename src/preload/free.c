@@ -126,13 +126,6 @@ static mp__curesult mp__stream_wait(mp__custream s, bool ptsz,
   return r;
 }
 
-/* cuda.h, cuLaunchHostFunc and cuStreamAddCallback: see preload.h. */
-bool mp__pl_calls_refused(void) {
-  mp__curesult (*current)(mp__cuctx *) = mp__pl_real_cuda()->cuCtxGetCurrent;
-  mp__cuctx c = NULL;
-  return current != NULL && current(&c) == MP__CU_NOT_PERMITTED;
-}
-
 unsigned mp__pl_free_invalid(const mp__pl_t *pl) {
   return !pl->host && mp__pl_calls_refused() ? MP__CU_NOT_PERMITTED
                                              : MP__CU_INVALID_VALUE;

@@ -1305,16 +1305,6 @@ static int mp__launch_finds(mp__cugraphexec x) {
  * would wait for itself, and is refused instead (mp__launch_made). */
 static _Thread_local bool mp__in_launch;
 
-/* Whether the driver refuses this thread's calls, as in a host function:
- * its cuCtxGetCurrent answers CUDA_ERROR_NOT_PERMITTED. The probe of
- * mp__pl_calls_refused (free.c), which this file cannot call (free.c calls
- * it: the src_preload_layers test forbids the circle). */
-static bool mp__calls_refused(void) {
-  mp__curesult (*current)(mp__cuctx *) = mp__pl_real_cuda()->cuCtxGetCurrent;
-  mp__cuctx c = NULL;
-  return current != NULL && current(&c) == MP__CU_NOT_PERMITTED;
-}
-
 /* mp__launch of x on s, for an executable whose outputs the shim keeps. */
 static mp__curesult mp__launch_made(mp__curesult (*real)(mp__cugraphexec,
                                                          mp__custream),
@@ -1348,11 +1338,11 @@ static mp__curesult mp__launch_made(mp__curesult (*real)(mp__cugraphexec,
    * cuLaunchHostFunc: "The host function must not make any CUDA API
    * calls. Attempting to use a CUDA API may result in
    * CUDA_ERROR_NOT_PERMITTED"), answered as the driver answers calls there
-   * (mp__calls_refused), asked with no lock held; elsewhere as a launch
+   * (mp__pl_calls_refused), asked with no lock held; elsewhere as a launch
    * whose outputs are allocated. Nothing claimed either way. Before, it was
    * CUDA_ERROR_INVALID_VALUE also in a host function, where the driver
    * refuses every call with CUDA_ERROR_NOT_PERMITTED. */
-  if (finds == MP__LAUNCH_WAIT && mp__calls_refused())
+  if (finds == MP__LAUNCH_WAIT && mp__pl_calls_refused())
     return MP__CU_NOT_PERMITTED;
   if (!allowed)
     return MP__CU_INVALID_VALUE; /* the driver's answer (cuGraphLaunch) */
