@@ -290,9 +290,10 @@ static mp_status_t mp__hp_stream_check(mp_host_pool_t *hp, mp_stream_t s,
  * where something else used it meanwhile. A slot a call was served on
  * stays for good: the default stream's is found without the lock from
  * then on. */
-static void mp__hp_unpin(mp_host_pool_t *hp, mp_stream_t s, bool served) {
+static void mp__hp_unpin(mp_host_pool_t *hp, mp_stream_t s, uint64_t pin,
+                         bool served) {
   mp_pool_t *pool = hp->pool;
-  if (mp__stream_unpin(pool, s, served))
+  if (mp__stream_unpin(pool, s, pin, served))
     for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas; i++) {
       mp_pool_t *a = mp__arena_at(pool, i);
       if (a == NULL)
@@ -307,38 +308,40 @@ static void mp__hp_unpin(mp_host_pool_t *hp, mp_stream_t s, bool served) {
 
 /* Makes the slot of s, which the pool lacks (its lock held), as
  * mp_pool_add_stream makes it (in the pool, then in each arena), fresh
- * and pinned for the calling mp_host_pool_alloc; on failure none of it
- * stays. */
-static mp_status_t mp__hp_make(mp_host_pool_t *hp, mp_stream_t s) {
+ * and pinned for the calling mp_host_pool_alloc (*pin: its pin); on
+ * failure none of it stays. */
+static mp_status_t mp__hp_make(mp_host_pool_t *hp, mp_stream_t s,
+                               uint64_t *pin) {
   mp_status_t st = mp__arena_add_stream_locked(hp->pool, s);
   /* Refused in an arena: the pool's slot, made, goes again with them. */
-  if (mp__stream_pin(hp->pool, s, true) >= 0 && st != MP_OK)
-    mp__hp_unpin(hp, s, false);
+  if (mp__stream_pin(hp->pool, s, true, pin) >= 0 && st != MP_OK)
+    mp__hp_unpin(hp, s, *pin, false);
   return st;
 }
 
 /* mp_host_pool_alloc's stream check (mp__hp_stream_check's), which with
  * add also makes the slot of a stream the pool has not met, and holds the
- * slot for the call (*pinned) while it is fresh (made by a call in
- * flight, none of them served yet), so that no other call's refusal
- * takes it back before this one ends (mp__hp_leave). A slot is made under
- * the lock that found it missing: fresh only where a call of the host
- * pool made it. The default stream's slot is made at its first
- * allocation, not at create: trim and destroy wait for every stream the
- * pool knows, and the default stream (on CUDA the legacy stream, which
- * waits for every blocking stream, and makes them MP_EBUSY while one
- * captures) need not have used the pool. */
+ * slot for the call (*pinned: the pin, 0 for none) while it is fresh
+ * (made by a call in flight, none of them served yet), so that no other
+ * call's refusal takes it back before this one ends (mp__hp_leave). A
+ * slot is made under the lock that found it missing: fresh only where a
+ * call of the host pool made it. The default stream's slot is made at its
+ * first allocation, not at create: trim and destroy wait for every stream
+ * the pool knows, and the default stream (on CUDA the legacy stream,
+ * which waits for every blocking stream, and makes them MP_EBUSY while
+ * one captures) need not have used the pool. */
 static mp_status_t mp__hp_enter(mp_host_pool_t *hp, mp_stream_t s, bool add,
-                                const char *fn, bool *pinned) {
+                                const char *fn, uint64_t *pinned) {
   mp_pool_t *pool = hp->pool;
-  *pinned = false;
+  uint64_t pin = 0;
+  *pinned = 0;
   if (s == NULL && atomic_load_explicit(&hp->null_slot, memory_order_acquire))
     return MP_OK;
   mp__pool_lock(pool);
-  int k = mp__stream_pin(pool, s, false);
+  int k = mp__stream_pin(pool, s, false, &pin);
   mp__pool_unlock(pool);
   if (k >= 0) {
-    *pinned = k == 1;
+    *pinned = k == 1 ? pin : 0;
     if (s == NULL && k == 0) /* settled: it stays for good */
       atomic_store_explicit(&hp->null_slot, true, memory_order_release);
     return MP_OK;
@@ -347,23 +350,24 @@ static mp_status_t mp__hp_enter(mp_host_pool_t *hp, mp_stream_t s, bool add,
   if (st != MP_OK || !add)
     return st;
   mp__pool_lock(pool);
-  k = mp__stream_pin(pool, s, false); /* made meanwhile by another call */
-  if (k < 0 && (st = mp__hp_make(hp, s)) == MP_OK)
+  k = mp__stream_pin(pool, s, false, &pin); /* made meanwhile by another */
+  if (k < 0 && (st = mp__hp_make(hp, s, &pin)) == MP_OK)
     k = 1;
   mp__pool_unlock(pool);
   if (st != MP_OK)
     return mp__hp_said(st, "mp_pool_add_stream", fn);
-  *pinned = k == 1;
+  *pinned = k == 1 ? pin : 0;
   return MP_OK;
 }
 
-/* Ends mp__hp_enter's hold on s's slot, if it took one. */
-static void mp__hp_leave(mp_host_pool_t *hp, mp_stream_t s, bool pinned,
+/* Ends mp__hp_enter's hold on s's slot, if it took one (pinned, its pin:
+ * 0 when none). */
+static void mp__hp_leave(mp_host_pool_t *hp, mp_stream_t s, uint64_t pinned,
                          bool served) {
-  if (!pinned)
+  if (pinned == 0)
     return;
   mp__pool_lock(hp->pool);
-  mp__hp_unpin(hp, s, served);
+  mp__hp_unpin(hp, s, pinned, served);
   mp__pool_unlock(hp->pool);
 }
 
@@ -520,7 +524,7 @@ mp_status_t mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes, mp_stream_t s,
   size_t size = 0;
   bool takes = bytes != 0 && mp__pool_round(hp->pool, bytes, &size) &&
                size <= hp->pool->cap;
-  bool pinned = false;
+  uint64_t pinned = 0;
   mp_status_t st = mp__hp_enter(hp, s, takes, __func__, &pinned);
   if (st != MP_OK)
     return st;
@@ -530,7 +534,7 @@ mp_status_t mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes, mp_stream_t s,
   if (st != MP_OK)
     st = mp__hp_said(st, "mp_pool_alloc", __func__);
   /* Served after all: the slot now (the one pinned, if any, is there). */
-  else if (p != NULL && !takes && !pinned)
+  else if (p != NULL && !takes && pinned == 0)
     st = mp__hp_enter(hp, s, true, __func__, &pinned);
   if (st == MP_OK && p != NULL &&
       (st = mp_pool_record_stream(hp->pool, p, s)) != MP_OK)

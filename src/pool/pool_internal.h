@@ -326,9 +326,14 @@ typedef union mp__strm {
     /* host_pool.c (mp__stream_pin): fresh, made by an mp_host_pool_alloc
      * in flight, none of the calls relying on it served yet; pins, those
      * calls, while it is fresh. It goes when the last of them ends
-     * refused (nothing else used it); last, past every hot field. */
+     * refused (nothing else used it); last, past every hot field.
+     * fresh_id names this making of the slot (the pool's fresh_ids): a
+     * call's unpin finds the slot by its handle, and once the stream is
+     * forgotten in the call (destroyed) the handle may have another slot,
+     * pinned by other calls, that this call must leave alone. */
     uint32_t pins;
     bool fresh;
+    uint64_t fresh_id;
   };
   uint8_t stride_[256];
 } mp__strm_t;
@@ -651,6 +656,9 @@ struct mp_pool {
    * end too: beside the graph fields it cost 0.7 / 1.1 instructions a
    * pair, as borrow did. */
   _Atomic bool graph_gone;
+  /* stream.c (mp__stream_pin): slots made fresh so far, each one's
+   * fresh_id; under the lock. */
+  uint64_t fresh_ids;
 };
 
 /* ---- lock.c: the pool lock and the one way to drop it ------------------- */
@@ -1711,14 +1719,18 @@ bool mp__stream_unmake(mp_pool_t *pool, mp_stream_t s);
 /* mp_host_pool_alloc's hold on the slot of s (the calling thread's, for a
  * per-thread stream), under pool's lock: -1 when there is none; else 1
  * when the slot is fresh (made: the caller made it now, under this hold
- * of the lock), pinned for the call, or 0 (the slot stays, whatever the
- * call's end). */
-int mp__stream_pin(mp_pool_t *pool, mp_stream_t s, bool made);
-/* The end of a call mp__stream_pin pinned s's slot for (served: it got a
- * buffer, which uses s): unpinned; a served call settles the slot, and
- * the last one of a fresh slot, refused, takes it back (mp__stream_unmake:
- * kept where something else used it). True when it went. Lock held. */
-bool mp__stream_unpin(mp_pool_t *pool, mp_stream_t s, bool served);
+ * of the lock), pinned for the call (*pin: the pin, never 0, to give
+ * back to mp__stream_unpin), or 0 (the slot stays, whatever the call's
+ * end). */
+int mp__stream_pin(mp_pool_t *pool, mp_stream_t s, bool made, uint64_t *pin);
+/* The end of a call mp__stream_pin pinned s's slot for (pin, its pin;
+ * served: it got a buffer, which uses s): unpinned; a served call settles
+ * the slot, and the last one of a fresh slot, refused, takes it back
+ * (mp__stream_unmake: kept where something else used it). Nothing when
+ * the pinned slot was forgotten meanwhile (s destroyed during the call),
+ * whatever slot s has now. True when it went. Lock held. */
+bool mp__stream_unpin(mp_pool_t *pool, mp_stream_t s, uint64_t pin,
+                      bool served);
 /* Live block b is also used on stream sidx (record_stream, a move). */
 void mp__stream_add_use(mp_pool_t *pool, mp__block_t *b, uint32_t sidx);
 /* A copy queued on stream sidx now reads or writes b: a use that ends

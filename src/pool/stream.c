@@ -966,26 +966,32 @@ bool mp__stream_unmake(mp_pool_t *pool, mp_stream_t s) {
   return true;
 }
 
-int mp__stream_pin(mp_pool_t *pool, mp_stream_t s, bool made) {
+int mp__stream_pin(mp_pool_t *pool, mp_stream_t s, bool made, uint64_t *pin) {
   MP__ASSERT_LOCKED(pool);
   uint32_t i = mp__shash_find(pool, s, mp__stream_owner(pool, s));
   if (i == UINT32_MAX)
     return -1;
   mp__strm_t *t = &pool->streams[i];
-  if (made)
+  if (made) {
     t->fresh = true;
+    t->fresh_id = ++pool->fresh_ids;
+  }
   if (!t->fresh)
     return 0;
   t->pins++;
+  *pin = t->fresh_id;
   return 1;
 }
 
-bool mp__stream_unpin(mp_pool_t *pool, mp_stream_t s, bool served) {
+bool mp__stream_unpin(mp_pool_t *pool, mp_stream_t s, uint64_t pin,
+                      bool served) {
   MP__ASSERT_LOCKED(pool);
   uint32_t i = mp__shash_find(pool, s, mp__stream_owner(pool, s));
   /* Forgotten meanwhile (the program destroyed s during the call): the
-   * slot, if any, is no longer the one pinned. */
-  if (i == UINT32_MAX || pool->streams[i].pins == 0)
+   * slot s has now, if any, is not the one pinned, and its pins are other
+   * calls' (made fresh again by one of them: another fresh_id). */
+  if (i == UINT32_MAX || pool->streams[i].pins == 0 ||
+      pool->streams[i].fresh_id != pin)
     return false;
   mp__strm_t *t = &pool->streams[i];
   t->pins--;
