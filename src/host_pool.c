@@ -16,8 +16,10 @@
  * order (a block freed on s is reused at once on s), so every buffer is
  * allocated for a private stream of the host pool that never carries work
  * (hp->host: it stands for the host), and the caller's stream is recorded
- * as a use of it (mp_pool_record_stream): the pool then hands a freed
- * buffer to anyone only once that stream has reached the free.
+ * as a use of it (as mp_pool_record_stream records it, in the
+ * allocation's own hold of the pool's lock: mp__pool_alloc_used): the
+ * pool then hands a freed buffer to anyone only once that stream has
+ * reached the free.
  *
  * Invariant: hp->pool draws from hp->view, which lives until the pool is
  * destroyed; hp->host is a stream of the underlying device that no work is
@@ -42,6 +44,11 @@ struct mp_host_pool {
    * allocation, and a call was served on it: mp__hp_enter then looks no
    * further; never forgotten: mp_stream_forget ignores NULL). */
   atomic_bool null_slot;
+  /* A stream other than the default one was named to the pool (an
+   * allocation's, a record's), before its use was recorded: until then
+   * every use of a live buffer is the default stream's, which is never
+   * captured (mp__hp_capturing), and a free looks for none. */
+  atomic_bool named;
   /* Buffers a captured graph uses (mp__hp_hold_t), under the pool's
    * lock; nholds counts them (0: nothing to look for, no lock taken). */
   struct mp__hp_hold *holds;
@@ -139,6 +146,7 @@ mp_status_t mp_host_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
     return mp__fail(MP_ENOMEM, "out of host memory creating a host pool");
   hp->dev = dev;
   atomic_init(&hp->null_slot, false);
+  atomic_init(&hp->named, false);
   atomic_init(&hp->nholds, 0);
   hp->keep = mp__host_calloc(1, sizeof *hp->keep);
   if (hp->keep == NULL) {
@@ -505,6 +513,13 @@ static void mp__hp_drain(mp_host_pool_t *hp) {
   } while (more);
 }
 
+/* s is named to the pool: from now on a live buffer may have a use on a
+ * stream that captures (hp->named). Before the use is recorded. */
+static void mp__hp_named(mp_host_pool_t *hp, mp_stream_t s) {
+  if (s != NULL && !atomic_load_explicit(&hp->named, memory_order_relaxed))
+    atomic_store_explicit(&hp->named, true, memory_order_release);
+}
+
 mp_status_t mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes, mp_stream_t s,
                                void **out) {
   MP__CHECK_HP(hp);
@@ -529,18 +544,25 @@ mp_status_t mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes, mp_stream_t s,
   if (st != MP_OK)
     return st;
   mp__hp_drain(hp);
+  mp__hp_named(hp, s);
   void *p = NULL;
-  st = mp_pool_alloc(hp->pool, bytes, hp->host, &p);
-  if (st != MP_OK)
-    st = mp__hp_said(st, "mp_pool_alloc", __func__);
-  /* Served after all: the slot now (the one pinned, if any, is there). */
-  else if (p != NULL && !takes && pinned == 0)
-    st = mp__hp_enter(hp, s, true, __func__, &pinned);
-  if (st == MP_OK && p != NULL &&
-      (st = mp_pool_record_stream(hp->pool, p, s)) != MP_OK)
-    /* Refused (out of host memory for the stream table): the buffer goes
-     * back unused, and *out stays. */
-    st = mp__hp_said(st, "mp_pool_record_stream", __func__);
+  const char *who = "mp_pool_alloc";
+  if (MP__LIKELY(takes)) {
+    /* The buffer and s's use of it in one hold of the pool's lock (a
+     * record refused gives the buffer back, and *out stays). */
+    st = mp__pool_alloc_used(hp->pool, bytes, hp->host, s, &p, &who);
+  } else {
+    st = mp_pool_alloc(hp->pool, bytes, hp->host, &p);
+    /* Served after all: the slot now (the one pinned, if any, is there). */
+    if (st == MP_OK && p != NULL && pinned == 0)
+      st = mp__hp_enter(hp, s, true, __func__, &pinned);
+    if (st == MP_OK && p != NULL &&
+        (st = mp_pool_record_stream(hp->pool, p, s)) != MP_OK)
+      /* Refused (out of host memory for the stream table): the buffer
+       * goes back unused, and *out stays. */
+      who = "mp_pool_record_stream";
+  }
+  st = mp__hp_said(st, who, __func__);
   /* Allocated while s captures: the graph uses it (above). */
   if (st == MP_OK && p != NULL && mp__hp_capturing(hp, s))
     st = mp__hp_hold(hp, p, s);
@@ -588,12 +610,16 @@ mp_status_t mp_host_pool_free(mp_host_pool_t *hp, void *ptr) {
   mp__hp_drain(hp);
   if (ptr == NULL)
     return MP_OK;
-  /* Freed while a stream that used it captures: the graph uses it. */
+  /* Freed while a stream that used it captures: the graph uses it. Only
+   * a stream named to the pool may (hp->named; a hold needs one too). */
   mp_stream_t cap[4];
   bool freed = false;
-  mp__pool_lock(hp->pool);
-  size_t n = mp__hp_captured_uses(hp, ptr, cap, 4, &freed);
-  mp__pool_unlock(hp->pool);
+  size_t n = 0;
+  if (atomic_load_explicit(&hp->named, memory_order_acquire)) {
+    mp__pool_lock(hp->pool);
+    n = mp__hp_captured_uses(hp, ptr, cap, 4, &freed);
+    mp__pool_unlock(hp->pool);
+  }
   if (freed)
     return mp__fail(MP_EINVAL, "%s: %p is not live (double free?)", __func__,
                     ptr);
@@ -636,6 +662,7 @@ mp_status_t mp_host_pool_record_stream(mp_host_pool_t *hp, void *ptr,
     st = mp__hp_not_freed(hp, ptr, __func__);
   if (st != MP_OK)
     return st;
+  mp__hp_named(hp, s);
   st = mp__hp_said(mp_pool_record_stream(hp->pool, ptr, s),
                    "mp_pool_record_stream", __func__);
   /* Named while s captures: the graph uses it (above). */

@@ -659,6 +659,9 @@ struct mp_pool {
   /* stream.c (mp__stream_pin): slots made fresh so far, each one's
    * fresh_id; under the lock. */
   uint64_t fresh_ids;
+  /* stream.c (mp__stream_index_second): the slot of the stream last used
+   * beside last_s, or any index (checked against the slot at each use). */
+  uint32_t second_sidx;
 };
 
 /* ---- lock.c: the pool lock and the one way to drop it ------------------- */
@@ -1282,6 +1285,15 @@ uint64_t mp__pool_serial_new(void);
 /* Frees a pool's host structures (it holds no memory any more). */
 void mp__pool_free_host(mp_pool_t *pool);
 
+/* ---- recorded.c --------------------------------------------------------- */
+/* mp_pool_alloc(pool, bytes, own) and mp_pool_record_stream of s on the
+ * block, in one hold of the lock where the pool's plain path serves it
+ * (else the two calls). A record refused gives the block back (*out
+ * unchanged). *who names the call that refused ("mp_pool_alloc" or
+ * "mp_pool_record_stream"), whose message the failure carries. */
+mp_status_t mp__pool_alloc_used(mp_pool_t *pool, size_t bytes, mp_stream_t own,
+                                mp_stream_t s, void **out, const char **who);
+
 /* ---- alloc.c ------------------------------------------------------------ */
 /* mp_pool_alloc under the lock the caller holds; _hot is the same, inline
  * (mp_pool_alloc's first try: a call's frame costs some 20 instructions a
@@ -1638,6 +1650,13 @@ uint64_t mp__stream_owner(const mp_pool_t *pool, mp_stream_t s);
 /* The calling thread as mp__stream_owner names it: a number never given to
  * another thread. */
 uint64_t mp__self(void);
+/* mp__stream_index of s, a stream used beside the pool's last one (the
+ * host pool's caller's, beside its own: recorded.c): its slot is kept in
+ * pool->second_sidx, not made the last (mp__stream_remember), so that
+ * the last stream's next call keeps mp__stream_index's inline path and
+ * this one needs no hash. Added (and remembered) on first use. */
+mp_status_t mp__stream_index_second(mp_pool_t *pool, mp_stream_t s,
+                                    uint32_t *out);
 /* Whether stream s (the calling thread's, for a per-thread stream) has a
  * slot in the table; adds nothing. */
 bool mp__stream_known(const mp_pool_t *pool, mp_stream_t s);

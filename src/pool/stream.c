@@ -285,6 +285,28 @@ mp_status_t mp__stream_lookup(mp_pool_t *pool, mp_stream_t s, uint32_t *out) {
   return MP_OK;
 }
 
+mp_status_t mp__stream_index_second(mp_pool_t *pool, mp_stream_t s,
+                                    uint32_t *out) {
+  MP__ASSERT_LOCKED(pool);
+  uint64_t owner = mp__stream_owner(pool, s);
+  uint32_t i = pool->second_sidx;
+  /* The slot itself says whether it is still s's: a forgotten slot's
+   * handle is MP__STREAM_GONE, a set-aside one is gone, and a slot that
+   * matches neither is the one the hash maps s to. */
+  const mp__strm_t *t = i < pool->nstreams ? &pool->streams[i] : NULL;
+  if (!(t != NULL && t->s == s && t->owner == owner && !t->gone)) {
+    i = mp__shash_find(pool, s, owner);
+    if (i == UINT32_MAX)
+      return mp__stream_lookup(pool, s, out); /* added, and remembered */
+    pool->second_sidx = i;
+  }
+  if (MP__UNLIKELY(pool->streams[i].want_close))
+    mp__stream_close(pool, &pool->streams[i]); /* its owner, at last */
+  pool->streams[i].mark_only = false; /* used, as mp__stream_lookup's */
+  *out = i;
+  return MP_OK;
+}
+
 bool mp__stream_known(const mp_pool_t *pool, mp_stream_t s) {
   return mp__shash_find(pool, s, mp__stream_owner(pool, s)) != UINT32_MAX;
 }
