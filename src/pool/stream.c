@@ -271,8 +271,10 @@ mp_status_t mp__stream_lookup(mp_pool_t *pool, mp_stream_t s, uint32_t *out) {
   MP__ASSERT_LOCKED(pool);
   uint64_t owner = mp__stream_owner(pool, s);
   uint32_t i = pool->last_sidx;
+  /* The last slot, unless another handle's or set aside (gone, its handle
+   * kept: mp__stream_hide), which no call may match. */
   if (!(MP__LIKELY(i < pool->nstreams) && pool->streams[i].s == s &&
-        pool->streams[i].owner == owner)) {
+        pool->streams[i].owner == owner && !pool->streams[i].gone)) {
     i = mp__shash_find(pool, s, owner);
     if (i == UINT32_MAX)
       return mp__stream_add(pool, s, owner, out);
