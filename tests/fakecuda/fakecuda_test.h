@@ -51,6 +51,16 @@ static inline long long fk_calls(const char *name) {
   return n;
 }
 
+/* The driver entry point `name` was called n times, where the fake counts
+ * calls; on a real driver (the GPU twin), which counts nothing, the count
+ * is not asked and the rest of the test still runs. */
+static inline void fk_assert_calls(const char *name, long long n) {
+  if (fk_is_real())
+    return;
+  long long got = fk_calls(name);
+  cr_assert_eq(got, n, "%s: called %lld times, not %lld", name, got, n);
+}
+
 static inline void fk_reset_calls(void) {
   void (*reset)(void);
   void *sym = fk_test_sym("cuFakeResetCallCounts");

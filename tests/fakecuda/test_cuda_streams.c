@@ -37,8 +37,8 @@ Test(cuda_streams, memset_and_memcpy_round_trip_through_host_memory) {
   cr_assert_eq(mp_memcpy_async(dev, h, d, n, NULL), MP_OK);
   cr_assert_eq(mp_device_synchronize(dev), MP_OK);
   cr_assert_eq(memcmp(h, src, n), 0);
-  cr_assert_eq(fk_calls("cuMemsetD8Async"), 1);
-  cr_assert_eq(fk_calls("cuMemcpyAsync"), 3);
+  fk_assert_calls("cuMemsetD8Async", 1);
+  fk_assert_calls("cuMemcpyAsync", 3);
 
   cr_assert_eq(mp_device_host_free(dev, src), MP_OK);
   cr_assert_eq(mp_device_host_free(dev, h), MP_OK);
@@ -65,7 +65,7 @@ Test(cuda_streams, work_on_a_stream_runs_in_order) {
   for (int i = 0; i < 4096; i++)
     cr_assert_eq(h[i], 5, "byte %d", i);
   cr_assert_eq(mp_stream_destroy(dev, s), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(fk_calls("cuStreamDestroy_v2"), 1);
+  fk_assert_calls("cuStreamDestroy_v2", 1);
   gate_destroy(&g);
   mp_device_host_free(dev, h);
   mp_device_free(dev, d);
@@ -98,7 +98,7 @@ Test(cuda_streams, launch_host_runs_after_earlier_work) {
                mp_last_error());
   cr_assert_eq(mp_stream_synchronize(dev, s), MP_OK);
   cr_assert_eq(atomic_load(&p.seen), 7);
-  cr_assert_eq(fk_calls("cuLaunchHostFunc"), 1);
+  fk_assert_calls("cuLaunchHostFunc", 1);
   mp_stream_destroy(dev, s);
   mp_device_host_free(dev, h);
   mp_device_free(dev, d);
@@ -122,11 +122,11 @@ Test(cuda_streams, event_is_busy_until_its_stream_reaches_it) {
   cr_assert_eq(mp_event_query(dev, e), MP_OK);
   cr_assert_eq(mp_event_destroy(dev, e), MP_OK);
   cr_assert_eq(mp_event_destroy(dev, e), MP_EINVAL, "destroyed twice");
-  cr_assert_eq(fk_calls("cuEventDestroy_v2"), 1);
+  fk_assert_calls("cuEventDestroy_v2", 1);
   cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
   cr_assert_eq(mp_stream_destroy(dev, s), MP_EINVAL, "destroyed twice");
-  cr_assert_eq(fk_calls("cuStreamDestroy_v2"), 1,
-               "a stale stream must not reach the driver");
+  /* A stale stream must not reach the driver. */
+  fk_assert_calls("cuStreamDestroy_v2", 1);
   gate_destroy(&g);
   mp_device_close(dev);
 }
@@ -155,7 +155,7 @@ Test(cuda_streams, stream_waits_for_an_event_of_another_stream) {
   cr_assert_eq(mp_stream_synchronize(dev, b), MP_OK);
   cr_assert_eq(h[0], 2, "b copied before a's memset");
   cr_assert_eq(h[4095], 2);
-  cr_assert_eq(fk_calls("cuStreamWaitEvent"), 1);
+  fk_assert_calls("cuStreamWaitEvent", 1);
 
   mp_event_destroy(dev, e);
   mp_stream_destroy(dev, a);
@@ -289,16 +289,19 @@ Test(cuda_streams, a_destroyed_event_never_reaches_the_driver) {
   static const char *const calls[] = {"cuEventRecord", "cuEventQuery",
                                       "cuEventSynchronize",
                                       "cuStreamWaitEvent"};
-  long long before[4];
-  for (int i = 0; i < 4; i++)
+  /* Counted where the driver counts calls (the fake), else not asked. */
+  bool counted = !fk_is_real();
+  long long before[4] = {0};
+  for (int i = 0; counted && i < 4; i++)
     before[i] = fk_calls(calls[i]);
   mp_status_t got[4] = {mp_event_record(dev, e, s), mp_event_query(dev, e),
                         mp_event_synchronize(dev, e),
                         mp_stream_wait_event(dev, s, e)};
   for (int i = 0; i < 4; i++) {
     cr_expect_eq(got[i], MP_EINVAL, "%s: %s", calls[i], mp_status_name(got[i]));
-    cr_expect_eq(fk_calls(calls[i]), before[i],
-                 "%s reached the driver with a destroyed event", calls[i]);
+    if (counted)
+      cr_expect_eq(fk_calls(calls[i]), before[i],
+                   "%s reached the driver with a destroyed event", calls[i]);
   }
   cr_expect(strstr(mp_last_error(), "destroyed") != NULL, "%s",
             mp_last_error());

@@ -65,11 +65,13 @@ Test(cuda_threads, concurrent_allocs_copies_and_events) {
     pthread_join(t[i], NULL);
     cr_assert_eq(w[i].failures, 0, "thread %d: %d failures", i, w[i].failures);
   }
-  cr_assert_eq(fk_calls("cuMemAlloc_v2"), THREADS * ROUNDS);
-  cr_assert_eq(fk_calls("cuMemFree_v2"), THREADS * ROUNDS);
-  cr_assert_eq(fk_calls("cuCtxPushCurrent_v2"), fk_calls("cuCtxPopCurrent_v2"));
+  fk_assert_calls("cuMemAlloc_v2", THREADS * ROUNDS);
+  fk_assert_calls("cuMemFree_v2", THREADS * ROUNDS);
+  if (!fk_is_real())
+    cr_assert_eq(fk_calls("cuCtxPushCurrent_v2"),
+                 fk_calls("cuCtxPopCurrent_v2"));
   mp_device_close(dev);
   /* Nothing was left for close to release. */
-  cr_assert_eq(fk_calls("cuMemFree_v2"), THREADS * ROUNDS);
-  cr_assert_eq(fk_calls("cuStreamDestroy_v2"), THREADS);
+  fk_assert_calls("cuMemFree_v2", THREADS * ROUNDS);
+  fk_assert_calls("cuStreamDestroy_v2", THREADS);
 }
