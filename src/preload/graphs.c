@@ -1327,22 +1327,43 @@ static mp__curesult mp__launch_made(mp__curesult (*real)(mp__cugraphexec,
    * also when the driver then refused the first: neither launch went
    * through, which no order of the two gives. */
   int finds;
-  while ((finds = mp__launch_finds(x)) == MP__LAUNCH_WAIT && !mp__in_launch)
+  bool asked = false;
+  while ((finds = mp__launch_finds(x)) == MP__LAUNCH_WAIT && !mp__in_launch) {
+    /* Before the first wait: a host function that a real driver runs on a
+     * thread of its own waits for no launch (below), asked with no lock
+     * held. */
+    if (!asked) {
+      asked = true;
+      pthread_mutex_unlock(&mp__gr.lock);
+      bool refused = mp__pl_calls_refused();
+      mp__gr_lock();
+      if (refused) {
+        pthread_mutex_unlock(&mp__gr.lock);
+        return MP__CU_NOT_PERMITTED;
+      }
+      continue;
+    }
     pthread_cond_wait(&mp__gr.launch_over, &mp__gr.lock);
+  }
   bool allowed = finds == MP__LAUNCH_GO;
   uint64_t n = 0;
   bool room = allowed && mp__launching(x, s, &n);
   pthread_mutex_unlock(&mp__gr.lock);
-  /* Made from inside a launch of this thread that claimed its outputs,
-   * which it cannot wait for: a call from a host function (cuda.h,
-   * cuLaunchHostFunc: "The host function must not make any CUDA API
-   * calls. Attempting to use a CUDA API may result in
-   * CUDA_ERROR_NOT_PERMITTED"), answered as the driver answers calls there
-   * (mp__pl_calls_refused), asked with no lock held; elsewhere as a launch
-   * whose outputs are allocated. Nothing claimed either way. Before, it was
-   * CUDA_ERROR_INVALID_VALUE also in a host function, where the driver
-   * refuses every call with CUDA_ERROR_NOT_PERMITTED. */
-  if (finds == MP__LAUNCH_WAIT && mp__pl_calls_refused())
+  /* A call from a host function (cuda.h, cuLaunchHostFunc: "The host
+   * function must not make any CUDA API calls. Attempting to use a CUDA
+   * API may result in CUDA_ERROR_NOT_PERMITTED") that the shim would
+   * refuse or wait for is answered as the driver answers calls there
+   * (mp__pl_calls_refused), asked with no lock held: made from inside a
+   * launch of this thread that claimed its outputs (the fake driver runs
+   * host functions in the launching call), which it cannot wait for; made
+   * on the driver's own thread (a real driver's host functions) while
+   * another thread's launch claims them, which it need not wait for; or
+   * finding outputs unfreed. Elsewhere a launch whose outputs are
+   * allocated is refused as the driver refuses it. Nothing claimed either
+   * way. Before, a host function's launch was answered
+   * CUDA_ERROR_INVALID_VALUE, on a real driver after waiting for the
+   * other thread's launch. */
+  if (!allowed && mp__pl_calls_refused())
     return MP__CU_NOT_PERMITTED;
   if (!allowed)
     return MP__CU_INVALID_VALUE; /* the driver's answer (cuGraphLaunch) */
