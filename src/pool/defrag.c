@@ -508,9 +508,10 @@ static mp_status_t mp__defrag_stream(mp_pool_t *pool, mp_stream_t s,
 }
 
 /* Defragments pool on s; with freeze, then fences every live block. Takes
- * and releases the lock. need: see mp__mover_t. */
+ * and releases the lock. need: see mp__mover_t. checked: the caller found
+ * s a live stream already (mp__defrag_checked), so it is not asked again. */
 static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
-                                  bool freeze, size_t *moved) {
+                                  bool freeze, bool checked, size_t *moved) {
   mp__mover_t m = {.pool = pool, .s = s, .need = need};
   void *stage = NULL;
   (void)mp__defrag_stage_retry(pool); /* a buffer a refused free kept */
@@ -524,8 +525,12 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
    * Every later synchronization of the pool waits for a stream there, and
    * refuses while it is captured: a call that moved nothing, or was
    * refused, left trim and the out-of-memory ladder refused until the end
-   * of a capture the pool was never told of. */
-  if (st == MP_OK && !mp__stream_captured(pool, s))
+   * of a capture the pool was never told of. A stream the table holds
+   * is one the device said was live when it was learnt (mp__stream_add),
+   * and is forgotten when it is destroyed: not asked again (the check is
+   * up to three driver calls, cuStreamIsCapturing, cuStreamGetFlags and
+   * cuStreamGetCtx, on every call that named a stream the pool uses). */
+  if (st == MP_OK && !checked && !mp__stream_known(pool, s))
     st = mp__stream_check(pool->dev, s);
   bool any = st == MP_OK && mp__plan(pool, &stage_bytes);
   if (any && (st = mp__defrag_stream(pool, s, fn, &m.sidx)) != MP_OK)
@@ -629,6 +634,25 @@ static mp_status_t mp__defrag_counted(mp_pool_t *pool, mp_status_t st) {
   return st;
 }
 
+/* Whether pool with arenas, or one of its arenas made, holds s in its
+ * stream table: a stream the device said was live (mp__defragment), so
+ * that the arenas' defragmentations need not ask the device about it.
+ * Each lock in turn, none held across another. */
+static bool mp__defrag_known(mp_pool_t *pool, mp_stream_t s) {
+  mp__pool_lock(pool);
+  bool known = mp__stream_known(pool, s);
+  mp__pool_unlock(pool);
+  for (size_t i = 0; !known && i < pool->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    if (a == NULL)
+      continue;
+    mp__pool_lock(a);
+    known = mp__stream_known(a, s);
+    mp__pool_unlock(a);
+  }
+  return known;
+}
+
 mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
                                size_t *moved_bytes) {
   if (pool == NULL)
@@ -644,20 +668,20 @@ mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
   /* A move's events start their stacks at this call's caller. */
   MP__HIST_ENTRY(pool);
   if (pool->arenas == NULL) {
-    st = mp__defragment(pool, s, 0, false, &moved);
+    st = mp__defragment(pool, s, 0, false, false, &moved);
   } else {
     /* Each arena made in turn, as a pool of its own (its movable blocks
      * move inside its segments); paused: MP_EBUSY with nothing done. The
      * pool's lock is not held across an arena's, which waits for work.
      * The stream is checked here too: with no arena made, none would. */
     st = mp__pool_paused_now(pool, "mp_pool_defragment");
-    if (st == MP_OK)
+    if (st == MP_OK && !mp__defrag_known(pool, s))
       st = mp__stream_check(pool->dev, s);
     for (size_t i = 0; st == MP_OK && i < pool->cfg.arenas; i++) {
       mp_pool_t *a = mp__arena_at(pool, i);
       size_t m = 0;
       if (a != NULL)
-        st = mp__defragment(a, s, 0, false, &m);
+        st = mp__defragment(a, s, 0, false, true, &m);
       moved += m;
     }
   }
@@ -721,7 +745,8 @@ static mp_status_t mp__pool_freeze(mp_pool_t *pool) {
   if (st != MP_OK)
     return st;
   size_t moved = 0;
-  st = mp__defragment(pool, s, 0, true, &moved);
+  /* Made just now: live, nothing to ask the device (checked). */
+  st = mp__defragment(pool, s, 0, true, true, &moved);
   mp_status_t sy = mp_stream_synchronize(pool->dev, s);
   if (sy == MP_OK)
     mp__moves_done(pool, s);
@@ -732,6 +757,6 @@ static mp_status_t mp__pool_freeze(mp_pool_t *pool) {
 size_t mp__defrag_on_oom(mp_pool_t *pool, size_t need, mp_stream_t s) {
   MP__ASSERT(!mp__pool_held(pool)); /* the ladder drops it for this rung */
   size_t moved = 0;
-  (void)mp__defragment(pool, s, need, false, &moved);
+  (void)mp__defragment(pool, s, need, false, false, &moved);
   return moved;
 }
