@@ -300,11 +300,15 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
    * event into its graph, and the wait would be an unsafe call (cuda.h,
    * cuStreamBeginCapture_v2). Refused, as pause is; nothing changed. */
   mp_status_t ust = mp__streams_unwaitable(pool, "mp_pool_destroy");
+  /* The wait for another thread's synchronization drops the lock: a
+   * capture begun meanwhile is asked for again under the lock the events
+   * are recorded with (as mp__pool_sync_alloc does). */
+  if (ust == MP_OK && mp__pool_wait_sync(pool))
+    ust = mp__streams_unwaitable(pool, "mp_pool_destroy");
   if (ust != MP_OK) {
     mp__pool_unlock(pool);
     return ust;
   }
-  mp__pool_wait_sync(pool);
   /* The streams that used the pool must be done before memory goes back:
    * an event on each, not a device synchronize (another thread may be
    * capturing a graph). A wait that cannot be made (a host function of
