@@ -282,8 +282,13 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
       snprintf(lost_why, sizeof lost_why, "%s", mp_last_error());
     }
   }
-  free(pool->arenas);
-  pool->arenas = NULL;
+  /* Written only where there were arenas: a pool without them is read
+   * unlocked by another thread's call in flight (mp_pool_trim), which a
+   * refused destroy leaves to go on. */
+  if (pool->arenas != NULL) {
+    free(pool->arenas);
+    pool->arenas = NULL;
+  }
   mp_status_t cst = mp__pool_no_children(pool);
   if (cst != MP_OK)
     return cst;
