@@ -336,7 +336,12 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
                     "nothing was released and the pool is as it was: %s",
                     mp_last_error());
   }
+  /* Both waits dropped the lock: an export made meanwhile is refused as
+   * one made before the call (nothing has gone yet). */
+  est = mp__export_destroy_busy(pool);
   mp__pool_unlock(pool);
+  if (est != MP_OK)
+    return est;
   /* The first device free comes before anything else is given up: a
    * device that refuses it (a driver error, a free it does not permit
    * now) leaves the pool as it was, for a later destroy. First a staging
