@@ -67,17 +67,6 @@ static mp__cuptr warm(size_t size) {
   return a;
 }
 
-/* The next allocation of size gets block a again, and it frees. */
-static void served_again(mp__cuptr a, size_t size, const char *what) {
-  mp__cuptr c = 0;
-  cr_assert_eq(cuMemAlloc_v2(&c, size), MP__CU_SUCCESS);
-  cr_expect_eq(c, a,
-               "%s: the block was not given back to the pool (%#llx, "
-               "not %#llx)",
-               what, (unsigned long long)c, (unsigned long long)a);
-  cr_expect_eq(cuMemFree_v2(c), MP__CU_SUCCESS);
-}
-
 /* The call of variant v: the driver's cuMemAlloc_v2, cuMemAllocAsync and
  * its _ptsz form, the runtime's cudaMalloc and cudaMallocAsync; *d its
  * pointer (0 when none), the driver's answer or the runtime's. */
@@ -103,6 +92,32 @@ static unsigned call(int v, size_t size, mp__cuptr *d) {
   return r;
 }
 
+/* Frees d, variant v's allocation, with the matching free. */
+static unsigned call_free(int v, mp__cuptr d) {
+  void *p = (void *)(uintptr_t)d;
+  switch (v) {
+  case MEM_ALLOC: return cuMemFree_v2(d);
+  case MEM_ALLOC_ASYNC: return cuMemFreeAsync(d, NULL);
+  case MEM_ALLOC_ASYNC_PTSZ: return cuMemFreeAsync_ptsz(d, NULL);
+  case RT_MALLOC: return cudaFree(p);
+  default: return cudaFreeAsync(p, NULL);
+  }
+}
+
+/* The next allocation of size by variant v (on the refused call's stream:
+ * the block went back stream-ordered there, reusable on another stream
+ * only once a marker of that stream's work is seen done, which the
+ * device's timing decides) gets block a again, and it frees. */
+static void served_again(int v, mp__cuptr a, size_t size, const char *what) {
+  mp__cuptr c = 0;
+  cr_assert_eq(call(v, size, &c), MP__CU_SUCCESS);
+  cr_expect_eq(c, a,
+               "%s: the block was not given back to the pool (%#llx, "
+               "not %#llx)",
+               what, (unsigned long long)c, (unsigned long long)a);
+  cr_expect_eq(call_free(v, c), MP__CU_SUCCESS);
+}
+
 /* Variant v's allocation refused for want of the table's entry: out of
  * memory (the runtime's code in its last error too, runtime.c), no pointer,
  * and the block back in the pool. */
@@ -123,7 +138,7 @@ static void refused_call(int v, const char *what) {
   unsigned last = runtime ? get_last() : want;
   cr_expect_eq(last, want, "%s: cudaGetLastError said %u", what, last);
   figures_unchanged(was, what);
-  served_again(a, size, what);
+  served_again(v, a, size, what);
 }
 
 #define REFUSED(name, v)                                                       \
