@@ -393,7 +393,24 @@ void mp_torch_free(void *ptr, ssize_t size, int device, mp_stream_t stream) {
    * another stream than the block's), in one step: a refused pointer leaves
    * nothing behind. */
   MP__HIST_ENTRY(pool);
-  (void)mp__pool_free_on(pool, ptr, stream, "mp_pool_free_async");
+  if (mp__pool_free_on(pool, ptr, stream, "mp_pool_free_async") == MP_OK ||
+      mp__stream_check(mp_pool_device(pool), stream) == MP_OK)
+    return;
+  /* Refused for the stream alone: PyTorch passes the stream current at the
+   * allocation, which may be gone since (mp_stream_destroy: the pools
+   * forget it, and the host device refuses its handle; on CUDA a handle
+   * destroyed is undefined behaviour to pass at all, cuda.h). No work can
+   * be queued on it any more, and what it had queued the pool still waits
+   * for before reusing the block (mp_stream_forget); refused, the block
+   * was lost for good, as this hook cannot fail and PyTorch forgets the
+   * pointer. So it is freed on its own stream; mp_last_error() keeps why
+   * the stream was not used. A pointer refused for itself is refused
+   * again here, nothing changed. */
+  char why[256];
+  snprintf(why, sizeof why, "%s", mp_last_error());
+  if (mp__pool_free_named(pool, ptr, "mp_torch_free") == MP_OK)
+    (void)mp__fail(MP_EINVAL, "mp_torch_free: %s; %p freed on its own stream",
+                   why, ptr);
 }
 
 void mp_torch_init(int device_count) {

@@ -54,7 +54,11 @@ extern "C" {
 MP_API void *mp_torch_malloc(ssize_t size, int device, mp_stream_t stream);
 /* Frees ptr, ordered after the work queued so far on stream (the block's
  * own stream and, when they differ, stream too). size is ignored: the pool
- * knows each block's size. */
+ * knows each block's size. A stream the block's device no longer has
+ * (PyTorch passes the allocation's stream; mp_stream_destroy since, on a
+ * device that can tell, as the host device) cannot take the free: the
+ * block is freed on its own stream all the same, and mp_last_error() says
+ * why the stream was not used (refused, the block was lost for good). */
 MP_API void mp_torch_free(void *ptr, ssize_t size, int device,
                           mp_stream_t stream);
 
