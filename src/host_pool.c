@@ -574,18 +574,14 @@ mp_status_t mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes, mp_stream_t s,
   return st;
 }
 
-/* The streams that used live buffer ptr and capture now (at most n of
- * them in cap; more: the rest as NULL, a hold for good); *freed: ptr is
- * held and was freed already. Under the pool's lock. */
-static size_t mp__hp_captured_uses(mp_host_pool_t *hp, void *ptr,
-                                   mp_stream_t *cap, size_t n, bool *freed) {
-  mp_pool_t *pool = hp->pool;
-  mp__hp_hold_t *h = hp->holds != NULL ? mp__hp_hold_of(hp, ptr, NULL) : NULL;
-  *freed = h != NULL && h->freed;
+/* mp__hp_captured_uses in pool, the pool or the arena holding ptr (its
+ * lock held). */
+static size_t mp__hp_uses_capturing(mp_host_pool_t *hp, mp_pool_t *pool,
+                                    void *ptr, mp_stream_t *cap, size_t n) {
   mp__block_t *b = NULL;
   mp__slot_t *slot = NULL;
-  if (*freed || mp__pool_find_live(pool, "mp_host_pool_free", ptr, true, false,
-                                   &b, &slot) != MP_OK)
+  if (mp__pool_find_live(pool, "mp_host_pool_free", ptr, true, false, &b,
+                         &slot) != MP_OK)
     return 0;
   /* A use past the block's room (MP__B_MANY_USES) is not named: every
    * stream of the pool may be one. */
@@ -603,6 +599,32 @@ static size_t mp__hp_captured_uses(mp_host_pool_t *hp, void *ptr,
     got++;
   }
   return got < n ? got : n;
+}
+
+/* The streams that used live buffer ptr and capture now (at most n of
+ * them in cap; more: the rest as NULL, a hold for good); *freed: ptr is
+ * held and was freed already. Under the pool's lock. With arenas
+ * (cfg->arenas) the pool itself holds no memory (pool_internal.h): ptr's
+ * block, and the stream table its uses index, are those of the arena
+ * holding ptr, looked at under that arena's lock too (taken after the
+ * pool's, the order mp__hp_unpin takes them in). */
+static size_t mp__hp_captured_uses(mp_host_pool_t *hp, void *ptr,
+                                   mp_stream_t *cap, size_t n, bool *freed) {
+  mp__hp_hold_t *h = hp->holds != NULL ? mp__hp_hold_of(hp, ptr, NULL) : NULL;
+  *freed = h != NULL && h->freed;
+  if (*freed)
+    return 0;
+  mp_pool_t *pool = hp->pool;
+  if (hp->pool->arenas != NULL) {
+    pool = mp__arena_owner(hp->pool, ptr);
+    if (pool == NULL) /* in no arena: the free says what ptr is */
+      return 0;
+    mp__pool_lock(pool);
+  }
+  size_t got = mp__hp_uses_capturing(hp, pool, ptr, cap, n);
+  if (pool != hp->pool)
+    mp__pool_unlock(pool);
+  return got;
 }
 
 mp_status_t mp_host_pool_free(mp_host_pool_t *hp, void *ptr) {

@@ -12,29 +12,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "host_pool_capture.h"
+#include "host_pool_graph.h"
 
-#define N 4096
-
-static unsigned char *dst;
-
-static void setup(void) {
-  hpc_setup();
-  void *d = NULL;
-  cr_assert_eq(mp_device_host_alloc(dev, N, &d), MP_OK, "%s", mp_last_error());
-  dst = d;
-}
-
-/* The pool first: it may hold a copy's reads of dst. */
-static void teardown(void) {
-  if (hp != NULL)
-    cr_expect_eq(mp_host_pool_destroy(hp), MP_OK, "%s", mp_last_error());
-  hp = NULL;
-  cr_expect_eq(mp_device_host_free(dev, dst), MP_OK, "%s", mp_last_error());
-  hpc_teardown();
-}
-
-TestSuite(host_pool_graph_capture, .init = setup, .fini = teardown);
+TestSuite(host_pool_graph_capture, .init = hpg_setup, .fini = hpg_teardown);
 
 static void begin(void) {
   cr_assert_eq(cu.begin((CUstream)a, CU_STREAM_CAPTURE_MODE_GLOBAL),
