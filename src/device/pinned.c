@@ -116,6 +116,17 @@ PINNED_FORWARD(stream_wait_event,
                (mp_device_t * dev, mp_stream_t s, mp_event_t e), (u, s, e))
 #undef PINNED_FORWARD
 
+/* A call the underlying device refuses where it is made (the host device:
+ * from a host function, which "must not make any CUDA API calls", cuda.h,
+ * cuLaunchHostFunc) is refused by the view too: the pool asks it before it
+ * waits for a device call in flight (src/pool/lock.c, mp__pool_in_host_fn),
+ * which the running host function may hold up, and before it grows or
+ * synchronizes, so that the refusal names the pool's call. */
+static mp_status_t pinned_caller_check(mp_device_t *dev, const char *fn) {
+  mp_device_t *u = pinned_under(dev);
+  return u->ops->caller_check != NULL ? u->ops->caller_check(u, fn) : MP_OK;
+}
+
 static int pinned_stream_kind(mp_device_t *dev, mp_stream_t s) {
   return (int)mp__device_stream_kind(pinned_under(dev), s);
 }
@@ -176,6 +187,7 @@ const mp__backend_t mp__pinned_backend = {
     .synchronize = pinned_synchronize,
     .stream_create = pinned_stream_create,
     .stream_destroy = pinned_stream_destroy,
+    .caller_check = pinned_caller_check,
     .stream_synchronize = pinned_stream_synchronize,
     .stream_query = pinned_stream_query,
     .stream_kind = pinned_stream_kind,
