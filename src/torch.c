@@ -106,6 +106,16 @@ static struct {
    * without the lock so that malloc looks further only when some are. */
   mp_pool_t *zero[65];
   atomic_uint nzero;
+  /* Frees a paused default pool refused (mp__torch_defer): kept until
+   * the pool takes them. ndeferred is read without the lock, so that the
+   * hooks look further only when some are. */
+  struct mp__tdeferred {
+    mp_pool_t *pool;
+    void *ptr;
+    mp_stream_t stream;
+  } * deferred;
+  size_t deferred_cap;
+  atomic_size_t ndeferred;
 } mp__t = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* Whether PyTorch's memory fraction of pool is 0. */
@@ -356,7 +366,10 @@ static bool mp__torch_capture_route(mp_pool_t *pool, int device,
   return ok;
 }
 
+static void mp__torch_drain(void *ra);
+
 void *mp_torch_malloc(ssize_t size, int device, mp_stream_t stream) {
+  mp__torch_drain(__builtin_return_address(0));
   if (size <= 0) {
     mp__fail(MP_EINVAL, "mp_torch_malloc: size %zd is not positive", size);
     return NULL;
@@ -381,20 +394,71 @@ void *mp_torch_malloc(ssize_t size, int device, mp_stream_t stream) {
   return ptr;
 }
 
-void mp_torch_free(void *ptr, ssize_t size, int device, mp_stream_t stream) {
-  (void)size;
-  if (ptr == NULL)
-    return;
-  mp_pool_t *pool = mp__default_owner(ptr, "mp_torch_free");
-  if (pool == NULL)
-    return;
-  (void)mp__torch_capture_route(pool, device, stream);
+/* Whether pool is paused (mp_pool_pause; with arenas, the pool's own flag
+ * covers them all, arena.c). */
+static bool mp__torch_paused(mp_pool_t *pool) {
+  mp__pool_lock(pool);
+  bool paused = pool->paused;
+  mp__pool_unlock(pool);
+  return paused;
+}
+
+/* A free the paused pool refused is kept for later: the hook cannot fail
+ * and PyTorch forgets the pointer, so refused it would stay live for good
+ * (an engine's sleep mode pauses the pool while the program's tensors may
+ * still go). The same pointer kept already (a double free while paused)
+ * is not kept twice: refused, mp_last_error() says so. */
+static void mp__torch_defer(mp_pool_t *pool, void *ptr, mp_stream_t stream) {
+  pthread_mutex_lock(&mp__t.lock);
+  size_t n = atomic_load_explicit(&mp__t.ndeferred, memory_order_relaxed);
+  bool twice = false;
+  for (size_t i = 0; i < n && !twice; i++)
+    twice = mp__t.deferred[i].pool == pool && mp__t.deferred[i].ptr == ptr;
+  if (!twice && n == mp__t.deferred_cap) {
+    size_t cap = n ? 2 * n : 16;
+    struct mp__tdeferred *v = mp__host_realloc(mp__t.deferred, cap * sizeof *v);
+    if (v != NULL) {
+      mp__t.deferred = v;
+      mp__t.deferred_cap = cap;
+    }
+  }
+  bool kept = !twice && n < mp__t.deferred_cap;
+  if (kept) {
+    mp__t.deferred[n] = (struct mp__tdeferred){pool, ptr, stream};
+    atomic_store_explicit(&mp__t.ndeferred, n + 1, memory_order_release);
+  }
+  pthread_mutex_unlock(&mp__t.lock);
+  if (twice)
+    (void)mp__fail(MP_EINVAL,
+                   "mp_torch_free: %p was freed already while the pool is "
+                   "paused (its free is kept for the resume)",
+                   ptr);
+  else if (!kept)
+    (void)mp__fail(MP_ENOMEM,
+                   "mp_torch_free: the pool is paused and there is no host "
+                   "memory to keep the free of %p for its resume: the block "
+                   "stays live",
+                   ptr);
+  else
+    (void)mp__fail(MP_EBUSY,
+                   "mp_torch_free: the pool is paused: the free of %p is "
+                   "kept and made at the first hook called after the resume",
+                   ptr);
+}
+
+/* ptr freed in pool, after the work queued on stream. */
+static void mp__torch_free_in(mp_pool_t *pool, void *ptr, mp_stream_t stream) {
   /* Freed in order on the free's stream (it matters when PyTorch frees on
    * another stream than the block's), in one step: a refused pointer leaves
    * nothing behind. */
-  MP__HIST_ENTRY(pool);
-  if (mp__pool_free_on(pool, ptr, stream, "mp_pool_free_async") == MP_OK ||
-      mp__stream_check(mp_pool_device(pool), stream) == MP_OK)
+  mp_status_t st = mp__pool_free_on(pool, ptr, stream, "mp_pool_free_async");
+  if (st == MP_OK)
+    return;
+  if (st == MP_EBUSY && mp__torch_paused(pool)) {
+    mp__torch_defer(pool, ptr, stream);
+    return;
+  }
+  if (mp__stream_check(mp_pool_device(pool), stream) == MP_OK)
     return;
   /* Refused for the stream alone: PyTorch passes the stream current at the
    * allocation, which may be gone since (mp_stream_destroy: the pools
@@ -413,6 +477,47 @@ void mp_torch_free(void *ptr, ssize_t size, int device, mp_stream_t stream) {
                    why, ptr);
 }
 
+/* The frees kept while a pool was paused, made now where the pool takes
+ * them (kept again where it is still paused), their history stacks
+ * starting at ra (the hook's caller); the caller's own outcome
+ * (mp_last_error) is left as it was. */
+static void mp__torch_drain(void *ra) {
+  if (atomic_load_explicit(&mp__t.ndeferred, memory_order_acquire) == 0)
+    return;
+  mp__error_saved_t e;
+  mp__error_save(&e);
+  if (mp__default_refused()) { /* a forked child: the parent's pools */
+    mp__error_restore(&e);
+    return;
+  }
+  pthread_mutex_lock(&mp__t.lock);
+  struct mp__tdeferred *v = mp__t.deferred;
+  size_t n = atomic_load_explicit(&mp__t.ndeferred, memory_order_relaxed);
+  mp__t.deferred = NULL;
+  mp__t.deferred_cap = 0;
+  atomic_store_explicit(&mp__t.ndeferred, 0, memory_order_release);
+  pthread_mutex_unlock(&mp__t.lock);
+  for (size_t i = 0; i < n; i++) {
+    MP__HIST_ENTRY_AT(v[i].pool, ra);
+    mp__torch_free_in(v[i].pool, v[i].ptr, v[i].stream);
+  }
+  free(v);
+  mp__error_restore(&e);
+}
+
+void mp_torch_free(void *ptr, ssize_t size, int device, mp_stream_t stream) {
+  (void)size;
+  mp__torch_drain(__builtin_return_address(0));
+  if (ptr == NULL)
+    return;
+  mp_pool_t *pool = mp__default_owner(ptr, "mp_torch_free");
+  if (pool == NULL)
+    return;
+  (void)mp__torch_capture_route(pool, device, stream);
+  MP__HIST_ENTRY(pool);
+  mp__torch_free_in(pool, ptr, stream);
+}
+
 void mp_torch_init(int device_count) {
   (void)device_count; /* the other devices' pools come on first use */
   (void)mp_default_pool();
@@ -429,6 +534,7 @@ void mp_torch_reset(void) {
    * trims) start at this hook's caller: the mark set whatever the pools
    * (MP__HIST_ENTRY asks one first), as they are not known yet. */
   mp__hist_caller = __builtin_return_address(0);
+  mp__torch_drain(__builtin_return_address(0));
   pthread_mutex_lock(&mp__t.lock);
   for (size_t i = 0; i < mp__t.npools; i++) {
     mp__tpool_auto_check(mp__t.pools[i]);

@@ -58,7 +58,11 @@ MP_API void *mp_torch_malloc(ssize_t size, int device, mp_stream_t stream);
  * (PyTorch passes the allocation's stream; mp_stream_destroy since, on a
  * device that can tell, as the host device) cannot take the free: the
  * block is freed on its own stream all the same, and mp_last_error() says
- * why the stream was not used (refused, the block was lost for good). */
+ * why the stream was not used (refused, the block was lost for good).
+ * While the pool is paused (mp_pool_pause, which refuses frees), the free
+ * is kept and made at the first hook called after the resume (malloc,
+ * free, or reset), the block live until then; a second free of it while
+ * paused is refused. mp_last_error() says which. */
 MP_API void mp_torch_free(void *ptr, ssize_t size, int device,
                           mp_stream_t stream);
 

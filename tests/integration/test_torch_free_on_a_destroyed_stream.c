@@ -11,15 +11,7 @@
 
 #include <mempool/mempool.h>
 
-static void on_host(void) {
-  setenv("MEMPOOL_DEVICE", "host", 1);
-}
-
-static mp_stats_t stats(void) {
-  mp_stats_t s;
-  cr_assert_eq(mp_pool_get_stats(mp_default_pool(), &s), MP_OK);
-  return s;
-}
+#include "../support/default_pool_host.h"
 
 /* A block allocated on a new stream, which is then destroyed. */
 static void *block_of_a_dead_stream(mp_stream_t *out) {
