@@ -392,9 +392,10 @@ static size_t mp__direct_pending(const mp_direct_t *d, uint64_t horizon) {
  * refused it) ends the wait for it. Fails with the last try's MP_ENOMEM and
  * message, not what a session failed on; after waiting
  * MP__DIRECT_INFLIGHT_WAIT_MS for sessions that did not end, with a
- * message that says so too. */
+ * message that says so too, as it does where s is being captured and the
+ * session is not ended. */
 static mp_status_t mp__direct_alloc_retry(mp_direct_t *d, size_t bytes,
-                                          uint64_t gen, void **p,
+                                          mp_stream_t s, uint64_t gen, void **p,
                                           bool *retried) {
   pthread_mutex_lock(&d->mu);
   uint64_t horizon = d->taken;
@@ -442,6 +443,19 @@ static mp_status_t mp__direct_alloc_retry(mp_direct_t *d, size_t bytes,
                         oom.msg, left, MP__DIRECT_INFLIGHT_WAIT_MS);
       if (!have_deferred)
         return MP_ENOMEM;
+      /* Ending the session synchronizes the device, which a capture
+       * forbids and which invalidates it (cuda.h,
+       * cuThreadExchangeStreamCaptureMode: cuCtxSynchronize is a
+       * "potentially unsafe API call"): not on a stream being captured,
+       * or one that cannot say (-1). A driver failure (-2) goes on, its
+       * synchronization failing too. */
+      int capturing = mp__device_stream_capturing(d->dev, s);
+      if (capturing == 1 || capturing == -1)
+        return mp__fail(MP_ENOMEM,
+                        "%s; the freed blocks were not given back: stream "
+                        "%p is being captured (or cannot say), and the "
+                        "device synchronization would invalidate the capture",
+                        oom.msg, (void *)s);
       size_t released;
       (void)mp__direct_end_session(d, &released);
       mp__error_restore(&oom);
@@ -478,7 +492,7 @@ mp_status_t mp_direct_alloc(mp_direct_t *d, size_t bytes, mp_stream_t s,
   mp_status_t st = mp_device_alloc(d->dev, bytes, &p);
   bool retried = false;
   if (st == MP_ENOMEM)
-    st = mp__direct_alloc_retry(d, bytes, gen, &p, &retried);
+    st = mp__direct_alloc_retry(d, bytes, s, gen, &p, &retried);
   pthread_mutex_lock(&d->mu);
   if (retried)
     d->st.alloc_retry_count++;

@@ -41,7 +41,10 @@ MP_API mp_status_t mp_direct_record_stream(mp_direct_t *d, void *ptr,
  * MP_ENOMEM when none of that memory made room (sessions begun after its
  * try failed do not keep it trying), or when those sessions have not ended
  * within 5 s (their synchronization may wait for work the allocating
- * thread itself has yet to let go; the deferred blocks then stay).
+ * thread itself has yet to let go; the deferred blocks then stay). On a
+ * stream being captured it does not end the session (the device
+ * synchronization would invalidate the capture, cuda.h): MP_ENOMEM, said
+ * so, the blocks still deferred.
  * Stats: reserved = live + deferred bytes; nothing is rounded, so allocated
  * = requested; free_bytes / free_blocks count the deferred blocks;
  * alloc_retry_count counts the allocations that tried again after a
