@@ -478,9 +478,10 @@ static void mp__torch_free_in(mp_pool_t *pool, void *ptr, mp_stream_t stream) {
 }
 
 /* The frees kept while a pool was paused, made now where the pool takes
- * them (kept again where it is still paused), their history stacks
- * starting at ra (the hook's caller); the caller's own outcome
- * (mp_last_error) is left as it was. */
+ * them, their history stacks starting at ra (the hook's caller); those of
+ * a pool still paused stay where they are (its state asked once per run
+ * of entries of one pool, not tried and kept again). The caller's own
+ * outcome (mp_last_error) is left as it was. */
 static void mp__torch_drain(void *ra) {
   if (atomic_load_explicit(&mp__t.ndeferred, memory_order_acquire) == 0)
     return;
@@ -490,18 +491,32 @@ static void mp__torch_drain(void *ra) {
     mp__error_restore(&e);
     return;
   }
+  struct mp__tdeferred *go = NULL;
+  size_t ngo = 0, kept = 0;
+  mp_pool_t *last = NULL;
+  bool paused = false;
   pthread_mutex_lock(&mp__t.lock);
-  struct mp__tdeferred *v = mp__t.deferred;
   size_t n = atomic_load_explicit(&mp__t.ndeferred, memory_order_relaxed);
-  mp__t.deferred = NULL;
-  mp__t.deferred_cap = 0;
-  atomic_store_explicit(&mp__t.ndeferred, 0, memory_order_release);
-  pthread_mutex_unlock(&mp__t.lock);
   for (size_t i = 0; i < n; i++) {
-    MP__HIST_ENTRY_AT(v[i].pool, ra);
-    mp__torch_free_in(v[i].pool, v[i].ptr, v[i].stream);
+    struct mp__tdeferred d = mp__t.deferred[i];
+    if (d.pool != last) {
+      last = d.pool;
+      paused = mp__torch_paused(last);
+    }
+    if (!paused && go == NULL)
+      go = mp__host_realloc(NULL, (n - i) * sizeof *go);
+    if (paused || go == NULL) /* no host memory: kept for a later hook */
+      mp__t.deferred[kept++] = d;
+    else
+      go[ngo++] = d;
   }
-  free(v);
+  atomic_store_explicit(&mp__t.ndeferred, kept, memory_order_release);
+  pthread_mutex_unlock(&mp__t.lock);
+  for (size_t i = 0; i < ngo; i++) {
+    MP__HIST_ENTRY_AT(go[i].pool, ra);
+    mp__torch_free_in(go[i].pool, go[i].ptr, go[i].stream);
+  }
+  free(go);
   mp__error_restore(&e);
 }
 
