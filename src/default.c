@@ -33,6 +33,10 @@ static char mp__default_error[MP__ERROR_MAX];
 static int mp__default_cu; /* its driver code (mp_last_driver_error) */
 /* The other devices' pools: written once each under the lock. */
 static _Atomic(mp_pool_t *) mp__others[MP__DEFAULT_DEVICES];
+/* The other devices opened only to wait for a stream of theirs
+ * (mp__free_elsewhere) before they had a pool: written once each under the
+ * lock, kept as the pools are, and the pool's device once it is made. */
+static _Atomic(mp_device_t *) mp__others_dev[MP__DEFAULT_DEVICES];
 static pthread_mutex_t mp__others_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Set in a child forked after mp__default_make: the pools are the
  * parent's. */
@@ -100,28 +104,44 @@ static void mp__default_make_once(void) {
           : -1;
 }
 
-/* Device ordinal's pool, made now if need be; NULL with the error set. */
-static mp_pool_t *mp__default_other(int ordinal) {
+static mp_status_t mp__default_open(int ordinal, mp_device_t **dev) {
+  char spec[32];
+  snprintf(spec, sizeof spec, "cuda:%d", ordinal);
+  return mp_device_open(spec, dev);
+}
+
+/* Whether another device's ordinal is served (MP_ENODEV set where not);
+ * *pool its pool, NULL if none is made yet. */
+static bool mp__default_served(int ordinal, mp_pool_t **pool) {
   if (ordinal >= MP__DEFAULT_DEVICES) {
     mp__fail(MP_ENODEV, "default pool: device %d is past the %d served",
              ordinal, MP__DEFAULT_DEVICES);
-    return NULL;
+    return false;
   }
-  mp_pool_t *pool =
-      atomic_load_explicit(&mp__others[ordinal], memory_order_acquire);
+  *pool = atomic_load_explicit(&mp__others[ordinal], memory_order_acquire);
+  return true;
+}
+
+/* Device ordinal's pool, made now if need be; NULL with the error set. */
+static mp_pool_t *mp__default_other(int ordinal) {
+  mp_pool_t *pool = NULL;
+  if (!mp__default_served(ordinal, &pool))
+    return NULL;
   if (pool != NULL)
     return pool;
   pthread_mutex_lock(&mp__others_lock);
   pool = atomic_load(&mp__others[ordinal]);
   if (pool == NULL) {
-    char spec[32];
-    snprintf(spec, sizeof spec, "cuda:%d", ordinal);
-    mp_device_t *dev = NULL;
+    /* The device a wait opened, else one opened now (closed again if the
+     * pool cannot be made). */
+    mp_device_t *dev = atomic_load(&mp__others_dev[ordinal]);
+    bool opened = dev == NULL;
     mp_pool_config_t cfg;
     mp_pool_config_init(&cfg);
-    mp_status_t st = mp_device_open(spec, &dev);
+    mp_status_t st = opened ? mp__default_open(ordinal, &dev) : MP_OK;
     if (st == MP_OK && mp_pool_create(dev, &cfg, &pool) != MP_OK) {
-      mp_device_close(dev);
+      if (opened)
+        mp_device_close(dev);
       pool = NULL;
     }
     if (pool != NULL)
@@ -129,6 +149,32 @@ static mp_pool_t *mp__default_other(int ordinal) {
   }
   pthread_mutex_unlock(&mp__others_lock);
   return pool;
+}
+
+/* Device ordinal's handle, to wait for a stream of it: its default
+ * pool's, else one opened for that (kept, and given to the pool if one is
+ * made later). No pool is made: a free of another device's block on a
+ * stream of this one asks for none. NULL with the error set. */
+static mp_device_t *mp__default_device(int ordinal) {
+  mp_pool_t *pool = NULL;
+  if (ordinal == mp__default_ordinal)
+    return mp_pool_device(mp__default);
+  if (!mp__default_served(ordinal, &pool))
+    return NULL;
+  if (pool != NULL)
+    return mp_pool_device(pool);
+  mp_device_t *dev =
+      atomic_load_explicit(&mp__others_dev[ordinal], memory_order_acquire);
+  if (dev != NULL)
+    return dev;
+  pthread_mutex_lock(&mp__others_lock);
+  pool = atomic_load(&mp__others[ordinal]);
+  dev = pool != NULL ? mp_pool_device(pool)
+                     : atomic_load(&mp__others_dev[ordinal]);
+  if (dev == NULL && mp__default_open(ordinal, &dev) == MP_OK)
+    atomic_store_explicit(&mp__others_dev[ordinal], dev, memory_order_release);
+  pthread_mutex_unlock(&mp__others_lock);
+  return dev;
 }
 
 /* The pool of the device work on s runs on (the calling thread's for the
@@ -282,9 +328,9 @@ mp_status_t mp_free(void *ptr) {
 /* cudaFreeAsync takes a stream of any device, the default streams being
  * the calling thread's device's. A block of pool freed on a stream s of
  * another device (the block's pool cannot order on it: its events are of
- * its own context) waits here for s, through that device's default pool,
- * and is then free on its own stream, whose work pool orders. *elsewhere:
- * whether s was another device's. */
+ * its own context) waits here for s, through that device's handle (its
+ * default pool is not made for it), and is then free on its own stream,
+ * whose work pool orders. *elsewhere: whether s was another device's. */
 static mp_status_t mp__free_elsewhere(mp_pool_t *pool, void *ptr, mp_stream_t s,
                                       bool *elsewhere) {
   int here = -1, mine = mp__device_ordinal(mp_pool_device(pool));
@@ -294,12 +340,15 @@ static mp_status_t mp__free_elsewhere(mp_pool_t *pool, void *ptr, mp_stream_t s,
       here >= 0 && here != mine;
   if (!*elsewhere)
     return MP_OK;
-  mp_pool_t *home = mp__default_pool_for(here);
+  /* Through device here's handle, not its pool: making that pool (which
+   * the caller never asked for) only to wait made a pool, and could fail
+   * and leave the block allocated. */
+  mp_device_t *home = mp__default_device(here);
   if (home == NULL)
     return mp__default_failure(MP_ENODEV);
   /* cuda.h: no synchronize during a capture (it would invalidate it); a
    * stream whose capture cannot be told is not waited for either. */
-  int capturing = mp__device_stream_capturing(mp_pool_device(home), s);
+  int capturing = mp__device_stream_capturing(home, s);
   if (capturing == -2) /* the driver's own failure (a kernel's fault) */
     return mp__fail(MP_EDRIVER, "mp_free_async: %s", mp_last_error());
   if (capturing != 0)
@@ -308,7 +357,7 @@ static mp_status_t mp__free_elsewhere(mp_pool_t *pool, void *ptr, mp_stream_t s,
                     "of device %d is being captured (or cannot say): the "
                     "free cannot be ordered after it; nothing freed",
                     ptr, mine, (void *)s, here);
-  mp_status_t st = mp_stream_synchronize(mp_pool_device(home), s);
+  mp_status_t st = mp_stream_synchronize(home, s);
   if (st != MP_OK)
     return st; /* nothing freed */
   return mp__pool_free_named(pool, ptr, "mp_free_async");
