@@ -238,6 +238,12 @@ static mp_status_t mp__hp_said(mp_status_t st, const char *pool_fn,
     snprintf(rest, sizeof rest, "%s", m + n);
     return mp__fail(st, "%s%s", fn, rest);
   }
+  /* A growth refused (from a host function: src/pool/grow.c) names no
+   * call; it is fn's. */
+  if (strncmp(m, "growing the pool: ", 18) == 0) {
+    snprintf(rest, sizeof rest, "%s", m);
+    return mp__fail(st, "%s: %s", fn, rest);
+  }
   const char *what[] = {pool_fn, "synchronize"};
   for (size_t i = 0; i < sizeof what / sizeof what[0]; i++) {
     size_t w = strlen(what[i]);

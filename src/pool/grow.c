@@ -47,6 +47,18 @@ mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
     mp__pool_wait_idle(pool);
     return MP_OK;
   }
+  /* Growth is a device call (cuMemAlloc, cuMemHostAlloc, a map), which a
+   * host function may not make (cuda.h, cuLaunchHostFunc: "must not make
+   * any CUDA API calls"): refused before it, as growth, not as the device
+   * call under it (the host pool's said mp_device_host_alloc, a call of
+   * the pinned view that its caller never made). Past the room it is the
+   * cap's answer, as anywhere; a graph pool's growth borrows from its
+   * parent, whose own growth asks. */
+  if (pool->upstream == NULL && size <= mp__pool_room(pool)) {
+    mp_status_t st = mp__pool_caller_check(pool, "growing the pool");
+    if (st != MP_OK)
+      return st;
+  }
   if (pool->cfg.flags & MP_POOL_VIRTUAL) {
     mp_status_t st = mp__vrange_ready(pool);
     if (st == MP_OK)
