@@ -41,6 +41,9 @@ static pthread_mutex_t mp__others_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Set in a child forked after mp__default_make: the pools are the
  * parent's. */
 static atomic_bool mp__default_forked;
+/* The options of every default pool, $MEMPOOL_CONF's as mp__default_make
+ * read it once: written there, read after its once. */
+static mp_pool_config_t mp__default_cfg;
 /* Set once mp__default_make has run: mp_default_pool_made. */
 static atomic_bool mp__default_done;
 
@@ -80,11 +83,13 @@ int mp_default_pool_made(void) {
 
 static void mp__default_make_once(void) {
   (void)pthread_atfork(NULL, NULL, mp__default_child);
+  /* $MEMPOOL_CONF read once, for every device's pool (mempool.h: fixed
+   * for the process once the first pool is made). */
+  mp_pool_config_init(&mp__default_cfg);
   mp_device_t *dev = NULL;
   mp_status_t st = mp_device_open(NULL, &dev);
   if (st == MP_OK) {
-    mp_pool_config_t cfg;
-    mp_pool_config_init(&cfg);
+    mp_pool_config_t cfg = mp__default_cfg;
     st = mp_pool_create(dev, &cfg, &mp__default);
     if (st != MP_OK)
       mp_device_close(dev);
@@ -136,8 +141,9 @@ static mp_pool_t *mp__default_other(int ordinal) {
      * pool cannot be made). */
     mp_device_t *dev = atomic_load(&mp__others_dev[ordinal]);
     bool opened = dev == NULL;
-    mp_pool_config_t cfg;
-    mp_pool_config_init(&cfg);
+    /* The first pool's options: $MEMPOOL_CONF is not read again (a later
+     * change would give devices different options, mempool.h). */
+    mp_pool_config_t cfg = mp__default_cfg;
     mp_status_t st = opened ? mp__default_open(ordinal, &dev) : MP_OK;
     if (st == MP_OK && mp_pool_create(dev, &cfg, &pool) != MP_OK) {
       if (opened)

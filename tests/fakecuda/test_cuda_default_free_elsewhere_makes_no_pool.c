@@ -2,16 +2,13 @@
  * device 1 (cudaFreeAsync takes any device's stream) waits for that stream
  * through device 1's handle, and makes no default pool for device 1: the
  * program asked for none. It made one (mp__default_pool_for) only to get at
- * the device, with the $MEMPOOL_CONF of that moment, which could fail and
- * leave the block allocated; a free refused because the stream captures
- * made it too. The pool device 1 gets later is made at its first
- * allocation, with the $MEMPOOL_CONF of then: a cap set only around the
- * free tells which (a pool made during the free refuses 8 MiB). On the fake,
- * where calls are counted, no pool asked the device's size either
- * (mp_pool_create's cuMemGetInfo; a device open asks none), which does not
- * rest on $MEMPOOL_CONF being read again for each device's pool. On the
- * strict fake with two devices, and a GPU twin where there are two. Found by
- * a review, 2026-12-06. */
+ * the device, which could fail and leave the block allocated; a free
+ * refused because the stream captures made it too. On the fake, where
+ * calls are counted, no pool asked the device's size (mp_pool_create's
+ * cuMemGetInfo; a device open asks none); the pool device 1 gets later is
+ * made at its first allocation and serves it. On the strict fake with two
+ * devices, and a GPU twin where there are two. Found by a review,
+ * 2026-12-06. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,15 +80,13 @@ static long long sizings(void) {
 }
 
 /* Device 1 (current) has no default pool yet: no pool was made since the
- * count `sized` of sizings, and the one it gets now is made without the cap
- * set around the frees, and serves 8 MiB. */
+ * count `sized` of sizings; the one it gets now serves 8 MiB. */
 static void device_1_pool_is_made_now(long long sized) {
   cr_expect_eq(sizings(), sized, "a pool was made (it asked the size)");
-  unsetenv("MEMPOOL_CONF");
   void *q = NULL;
   mp_status_t st = mp_malloc(&q, (size_t)8 << 20);
-  cr_expect_eq(st, MP_OK, "device 1's pool was made during the free (%s: %s)",
-               mp_status_name(st), mp_last_error());
+  cr_expect_eq(st, MP_OK, "device 1's pool (%s: %s)", mp_status_name(st),
+               mp_last_error());
   mp_pool_t *pool1 = mp_default_pool();
   cr_assert_not_null(pool1, "%s", mp_last_error());
   cr_assert(strncmp(mp_device_name(mp_pool_device(pool1)), "cuda:1", 6) == 0,
@@ -128,7 +123,6 @@ Test(cuda_default_free_elsewhere, makes_no_pool_on_the_streams_device,
   void *q = block_of_device_0(&pool0);
   CUstream s1 = NULL;
   cr_assert_eq(mk_stream(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  setenv("MEMPOOL_CONF", "max_bytes=2M", 1);
   long long sized = sizings();
   free_after_slow_work(p, s1, pool0);
   free_after_slow_work(q, NULL, pool0); /* device 1's legacy stream */
@@ -148,7 +142,6 @@ Test(cuda_default_free_elsewhere, refused_on_a_capture_makes_no_pool,
   void *p = block_of_device_0(&pool0);
   CUstream s1 = NULL;
   cr_assert_eq(mk_stream(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  setenv("MEMPOOL_CONF", "max_bytes=2M", 1);
   long long sized = sizings();
   cr_assert_eq(capture_begin(s1, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
   mp_status_t st = mp_free_async(p, (mp_stream_t)s1);

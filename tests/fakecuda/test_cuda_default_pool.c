@@ -362,3 +362,36 @@ Test(cuda_default_pool, a_pool_that_cannot_be_made_says_its_reasons_status,
   cr_assert_eq(cu.release(0), CUDA_SUCCESS);
   cr_assert_eq(cu.release(1), CUDA_SUCCESS);
 }
+
+/* $MEMPOOL_CONF is read once, when the first default pool is made, and
+ * every device's pool takes those options (mempool.h: "fixed for the
+ * process"): each other device's pool read it again when it was made, so a
+ * change in between gave devices different caps. Device 0's pool is made
+ * under max_bytes=4M; device 1's, made after the variable changed, keeps
+ * that cap. */
+static void two_devices_capped(void) {
+  setenv("MEMPOOL_CONF", "max_bytes=4M", 1);
+  two_devices();
+}
+
+static mp_status_t malloc_and_free(size_t bytes) {
+  void *p = NULL;
+  mp_status_t st = mp_malloc(&p, bytes);
+  if (st == MP_OK)
+    cr_assert_eq(mp_free(p), MP_OK, "%s", mp_last_error());
+  return st;
+}
+
+Test(cuda_default_pool, every_devices_pool_takes_the_conf_read_first,
+     .init = two_devices_capped) {
+  on_device(0);
+  cr_assert_eq(malloc_and_free(1u << 20), MP_OK, "%s", mp_last_error());
+  unsetenv("MEMPOOL_CONF");
+  on_device(1);
+  mp_status_t st = malloc_and_free(8u << 20);
+  cr_expect_eq(st, MP_ELIMIT, "device 1's pool read $MEMPOOL_CONF again (%s)",
+               mp_status_name(st));
+  cr_expect_eq(malloc_and_free(1u << 20), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(cu.release(0), CUDA_SUCCESS);
+  cr_assert_eq(cu.release(1), CUDA_SUCCESS);
+}
