@@ -189,6 +189,10 @@ void mp__stats_add(mp_stats_t *a, const mp_stats_t *b);
 
 /* Whether pool is paused now (takes the lock). */
 bool mp__pool_is_paused(mp_pool_t *pool);
+/* Whether mp_pool_resume has something to resume now: the pool is paused,
+ * or one of its arenas is (left paused by a pause that failed and could
+ * not resume it, while the pool runs). Takes the locks. */
+bool mp__pool_resume_wanted(mp_pool_t *pool);
 
 /* ---- host_pool.c -------------------------------------------------------- */
 

@@ -721,14 +721,22 @@ static mp_status_t mp__arenas_pause(mp_pool_t *pool, unsigned flags) {
   return st;
 }
 
+/* Under the pool's lock: whether it, or one of its arenas, is paused: an
+ * arena a failed pause could not resume stays paused while the pool runs
+ * (mp__arenas_pause), and a resume resumes it. */
+static bool mp__paused_any_locked(mp_pool_t *pool) {
+  bool any = pool->paused;
+  for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas && !any; i++)
+    any = mp__arena_at(pool, i) != NULL &&
+          mp__pool_is_paused(mp__arena_at(pool, i));
+  return any;
+}
+
 /* The arenas' resume; the pool's lock is not held. */
 static mp_status_t mp__arenas_resume(mp_pool_t *pool) {
   size_t n = pool->cfg.arenas;
   mp__pool_lock(pool);
-  bool any = pool->paused;
-  for (size_t i = 0; i < n && !any; i++)
-    any = mp__arena_at(pool, i) != NULL &&
-          mp__pool_is_paused(mp__arena_at(pool, i));
+  bool any = mp__paused_any_locked(pool);
   mp_status_t st =
       pool->pause_turn
           ? mp__fail(MP_EBUSY, "mp_pool_resume: a pause or resume of the "
@@ -828,6 +836,13 @@ bool mp__pool_is_paused(mp_pool_t *pool) {
   bool paused = pool->paused;
   mp__pool_unlock(pool);
   return paused;
+}
+
+bool mp__pool_resume_wanted(mp_pool_t *pool) {
+  mp__pool_lock(pool);
+  bool any = mp__paused_any_locked(pool);
+  mp__pool_unlock(pool);
+  return any;
 }
 
 /* At destroy: what a paused pool still holds beside its reservation. */

@@ -47,10 +47,16 @@ static void mp__pause_pools(mp__pl_pools_t *ps, void *ctx) {
   pthread_mutex_lock(&mp__pause_lock);
   /* Only the pools not in the state asked for yet: a pool made while the
    * others were paused is not paused, and refusing the resume for it (and
-   * pausing the others again) left the process paused for good. */
+   * pausing the others again) left the process paused for good. A resume
+   * also takes a pool with arenas that runs with one of them paused (a
+   * pause that failed in one arena and could not resume another it had
+   * paused: pool.h, Arenas): only mp_pool_resume brings that arena back,
+   * and it was taken for running, so "every pool is running already"
+   * while its threads' calls were MP_EBUSY for good. */
   int todo = 0;
   for (int i = 0; i < ps->n; i++)
-    if (mp__pool_is_paused(ps->pool[i]) != pause)
+    if (pause ? !mp__pool_is_paused(ps->pool[i])
+              : mp__pool_resume_wanted(ps->pool[i]))
       ps->pool[todo++] = ps->pool[i];
   if (st == MP_OK && todo == 0)
     st = mp__fail(MP_EBUSY, "every pool is %s already",
