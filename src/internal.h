@@ -193,6 +193,10 @@ bool mp__pool_is_paused(mp_pool_t *pool);
  * or one of its arenas is (left paused by a pause that failed and could
  * not resume it, while the pool runs). Takes the locks. */
 bool mp__pool_resume_wanted(mp_pool_t *pool);
+/* MP_PAUSE_KEEP_CONTENT when pool, or one of its arenas, is paused holding
+ * a host copy of its content, else 0: the flag a pause that undoes its
+ * resume gives it back. Takes the locks. */
+unsigned mp__pool_pause_kept(mp_pool_t *pool);
 
 /* ---- host_pool.c -------------------------------------------------------- */
 

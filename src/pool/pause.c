@@ -845,6 +845,24 @@ bool mp__pool_resume_wanted(mp_pool_t *pool) {
   return any;
 }
 
+/* Under its lock: whether pool holds a host copy of its content. */
+static bool mp__pause_copy_held(mp_pool_t *pool) {
+  mp__pool_lock(pool);
+  bool held = pool->pause_copy != NULL;
+  mp__pool_unlock(pool);
+  return held;
+}
+
+unsigned mp__pool_pause_kept(mp_pool_t *pool) {
+  bool held = mp__pause_copy_held(pool);
+  mp__pool_lock(pool);
+  for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas && !held; i++)
+    held = mp__arena_at(pool, i) != NULL &&
+           mp__pause_copy_held(mp__arena_at(pool, i));
+  mp__pool_unlock(pool);
+  return held ? MP_PAUSE_KEEP_CONTENT : 0;
+}
+
 /* At destroy: what a paused pool still holds beside its reservation. */
 void mp__pool_pause_release(mp_pool_t *pool) {
   if (pool->pause_copy != NULL) {

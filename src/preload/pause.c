@@ -61,17 +61,30 @@ static void mp__pause_pools(mp__pl_pools_t *ps, void *ctx) {
   if (st == MP_OK && todo == 0)
     st = mp__fail(MP_EBUSY, "every pool is %s already",
                   pause ? "paused" : "running (not paused)");
+  /* A resume's undo pauses each pool as it was paused: with its content
+   * kept only where it kept it (undone with MP_PAUSE_KEEP_CONTENT, a pool
+   * paused without copied all its live memory to page-locked host memory,
+   * content the caller had given up, and where that copy could not be had
+   * the pool stayed running, against all or none). */
+  unsigned kept[MP__PL_MAX_DEVICES];
   int done = 0;
   for (; st == MP_OK && done < todo; done++) {
+    if (!pause)
+      kept[done] = mp__pool_pause_kept(ps->pool[done]);
     st = pause ? mp_pool_pause(ps->pool[done], job->flags)
                : mp_pool_resume(ps->pool[done]);
     if (st != MP_OK)
       break;
   }
-  /* All or none: undo the pools done before the one that failed. */
+  /* All or none: undo the pools done before the one that failed; the
+   * message stays the failure's, not an undo's. */
+  mp__error_saved_t failure;
+  mp__error_save(&failure);
   for (int i = 0; st != MP_OK && i < done; i++)
     (void)(pause ? mp_pool_resume(ps->pool[i])
-                 : mp_pool_pause(ps->pool[i], MP_PAUSE_KEEP_CONTENT));
+                 : mp_pool_pause(ps->pool[i], kept[i]));
+  if (st != MP_OK)
+    mp__error_restore(&failure);
   pthread_mutex_unlock(&mp__pause_lock);
   job->st = st;
 }

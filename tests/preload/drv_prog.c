@@ -21,6 +21,11 @@
  *                         made while 0's is paused): the resume must
  *                         resume device 0, and a second one is MP_EBUSY
  *                         (FAKECUDA_DEVICE_COUNT=2).
+ *   drv_prog preloaded cuda undo
+ *                         a resume that fails at device 1 (its memory
+ *                         taken meanwhile) pauses device 0 again as it
+ *                         was paused, without its content
+ *                         (FAKECUDA_DEVICE_COUNT=2, FAKECUDA_DEVICE_1 small).
  *   drv_prog plain - cross, drv_prog preloaded cuda cross
  *                         cuMemAllocAsync / cuMemFreeAsync on another
  *                         device's stream (FAKECUDA_DEVICE_COUNT=2): the
@@ -254,34 +259,78 @@ static void check_serving(int preloaded, int cuda) {
   }
 }
 
+/* The shim's process-wide pause and resume, and the primary contexts of
+ * devices 0 and 1; false (said) where any is missing. */
+typedef struct {
+  int (*pause_all)(unsigned);
+  int (*resume_all)(void);
+  CUcontext c0, c1;
+} two_devices_t;
+
+static bool two_devices(two_devices_t *t) {
+  CUdevice d0, d1;
+  *(void **)&t->pause_all = dlsym(RTLD_DEFAULT, "mempool_preload_pause");
+  *(void **)&t->resume_all = dlsym(RTLD_DEFAULT, "mempool_preload_resume");
+  bool ready = t->pause_all != NULL && t->resume_all != NULL &&
+               cuInit(0) == CUDA_SUCCESS && cuDeviceGet(&d0, 0) == 0 &&
+               cuDeviceGet(&d1, 1) == 0 &&
+               cuDevicePrimaryCtxRetain(&t->c0, d0) == 0 &&
+               cuDevicePrimaryCtxRetain(&t->c1, d1) == 0;
+  expect(ready, "the shim's pause and two devices");
+  return ready;
+}
+
 /* The process-wide pause of the shim across two devices' pools, one made
  * while the other was paused. */
 static void check_pause_across_devices(void) {
-  int (*pause_all)(unsigned), (*resume_all)(void);
-  *(void **)&pause_all = dlsym(RTLD_DEFAULT, "mempool_preload_pause");
-  *(void **)&resume_all = dlsym(RTLD_DEFAULT, "mempool_preload_resume");
-  CUdevice d0, d1;
-  CUcontext c0 = NULL, c1 = NULL;
+  two_devices_t t;
   CUdeviceptr a = 0, b = 0;
-  bool ready = pause_all != NULL && resume_all != NULL &&
-               cuInit(0) == CUDA_SUCCESS && cuDeviceGet(&d0, 0) == 0 &&
-               cuDeviceGet(&d1, 1) == 0 &&
-               cuDevicePrimaryCtxRetain(&c0, d0) == 0 &&
-               cuDevicePrimaryCtxRetain(&c1, d1) == 0;
-  expect(ready, "the shim's pause and two devices");
-  if (!ready)
+  if (!two_devices(&t))
     return;
-  expect(cuCtxSetCurrent(c0) == 0 && cuMemAlloc_v2(&a, 1 << 20) == 0,
+  expect(cuCtxSetCurrent(t.c0) == 0 && cuMemAlloc_v2(&a, 1 << 20) == 0,
          "alloc on device 0");
-  expect(pause_all(1) == 0, "pause");
-  expect(cuCtxSetCurrent(c1) == 0 && cuMemAlloc_v2(&b, 1 << 20) == 0 &&
+  expect(t.pause_all(1) == 0, "pause");
+  expect(cuCtxSetCurrent(t.c1) == 0 && cuMemAlloc_v2(&b, 1 << 20) == 0 &&
              cuMemFree_v2(b) == 0,
          "device 1 served while device 0 is paused");
-  expect(resume_all() == 0, "resume with device 1's pool made meanwhile");
-  expect(resume_all() == 6 /* MP_EBUSY */, "a second resume is MP_EBUSY");
-  expect(cuCtxSetCurrent(c0) == 0 && cuMemFree_v2(a) == 0 &&
+  expect(t.resume_all() == 0, "resume with device 1's pool made meanwhile");
+  expect(t.resume_all() == 6 /* MP_EBUSY */, "a second resume is MP_EBUSY");
+  expect(cuCtxSetCurrent(t.c0) == 0 && cuMemFree_v2(a) == 0 &&
              cuMemAlloc_v2(&a, 1 << 20) == 0 && cuMemFree_v2(a) == 0,
          "device 0 serves again after the resume");
+}
+
+/* A process-wide resume that fails at device 1 (another tenant holds
+ * its memory: FAKECUDA_DEVICE_1=capacity=64M) undoes device 0's resume
+ * with the flags device 0 was paused with: paused without its content,
+ * it is paused again without copying it to page-locked host memory (the
+ * undo copied it, content the caller had given up). Once the tenant lets
+ * go, the resume brings both back. */
+static void check_resume_undo(void) {
+  two_devices_t t;
+  CUdeviceptr a = 0, b = 0;
+  if (!two_devices(&t))
+    return;
+  bool ready = cuCtxSetCurrent(t.c0) == 0 && cuMemAlloc_v2(&a, 1 << 20) == 0 &&
+               cuCtxSetCurrent(t.c1) == 0 && cuMemAlloc_v2(&b, 1 << 20) == 0;
+  expect(ready, "a block on each device");
+  if (!ready)
+    return;
+  expect(t.pause_all(0) == 0, "pause without the content");
+  CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                              .location = {CU_MEM_LOCATION_TYPE_DEVICE, 1}};
+  CUmemGenericAllocationHandle tenant = 0;
+  expect(cuMemCreate(&tenant, (size_t)64 << 20, &prop, 0) == CUDA_SUCCESS,
+         "the tenant takes device 1");
+  long long copies = calls("cuMemHostAlloc");
+  expect(t.resume_all() != 0, "the resume fails at device 1");
+  expect(calls("cuMemHostAlloc") == copies,
+         "the undo copied device 0's given-up content to the host");
+  expect(cuMemRelease(tenant) == CUDA_SUCCESS, "the tenant lets go");
+  expect(t.resume_all() == 0, "the resume brings both back");
+  expect(cuCtxSetCurrent(t.c0) == 0 && cuMemFree_v2(a) == 0 &&
+             cuCtxSetCurrent(t.c1) == 0 && cuMemFree_v2(b) == 0,
+         "both devices serve again");
 }
 
 static int ordinal_of(CUdeviceptr p) {
@@ -385,6 +434,12 @@ int main(int argc, char **argv) {
   }
   if (preloaded && cuda && argc > 3 && strcmp(argv[3], "failed") == 0) {
     check_failed_device();
+    if (failures == 0)
+      printf("ok\n");
+    return failures == 0 ? 0 : 1;
+  }
+  if (preloaded && cuda && argc > 3 && strcmp(argv[3], "undo") == 0) {
+    check_resume_undo();
     if (failures == 0)
       printf("ok\n");
     return failures == 0 ? 0 : 1;

@@ -119,6 +119,19 @@ Test(preload_driver, resume_after_a_pool_made_while_paused_resumes_the_rest) {
   cr_assert_str_eq(r.out, "ok\n");
 }
 
+/* A process-wide resume that fails at one device undoes the others as they
+ * were paused: device 0, paused without its content, was paused again
+ * with it (a page-locked copy of memory the caller had given up). */
+Test(preload_driver, a_failed_resume_pauses_the_others_as_they_were) {
+  const char *argv[] = {MP_DRV_PROG, "preloaded", "cuda", "undo", NULL};
+  const char *env[] = {"LD_PRELOAD=" MP_SHIM, "MEMPOOL_DEVICE=cuda",
+                       "FAKECUDA_DEVICE_COUNT=2",
+                       "FAKECUDA_DEVICE_1=capacity=64M", NULL};
+  spawn(argv, env, &r);
+  cr_assert(r.exited && r.code == 0, "out: %s\nerr: %s", r.out, r.err);
+  cr_assert_str_eq(r.out, "ok\n");
+}
+
 /* The pool's cuda backend opens the same libcuda.so.1 and resolves it from
  * inside the shim: it must get the driver's functions, or every allocation
  * would recurse into the hooks. */
