@@ -9,6 +9,12 @@
  * device full ends the session first and retries, as a user of
  * cudaMalloc would expect memory they freed to be usable again.
  *
+ * A device synchronization during a capture of any stream of the device
+ * is invalid and invalidates the capture, so neither a session's end nor
+ * destroy synchronizes while a capture the device can see is under way:
+ * MP_EBUSY (MP_ENOMEM for the allocation), said, the blocks kept for a
+ * later call (mp__direct_capture_check).
+ *
  * Sessions run without the mutex, so another thread may have taken the
  * session's blocks and be on its way to give them back when an allocation
  * finds the device full. That allocation waits for the sessions in flight
@@ -55,6 +61,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -339,12 +346,59 @@ static mp__dbatch_t *mp__direct_take_session(mp_direct_t *d, size_t *n,
   return batch;
 }
 
+/* MP_OK when the device may be synchronized now (to end the session,
+ * what; for fn, NULL: the message names none); else MP_EBUSY, said, ending
+ * with kept (what became of the blocks). A device synchronization waits for
+ * every stream of the context, so during a capture of any of them it is refused
+ * and invalidates that capture, in every capture mode, whichever thread
+ * captures (the Programming Guide, "Prohibited and Unhandled Operations":
+ * synchronizing "a device or context handle when any associated stream is in
+ * capture mode" is invalid; src/device/cuda.c, mp__cuda_capture_seen). So it is
+ * not made while s (unless NULL), or any stream of the device the backend
+ * can ask, is being captured, or cannot say (-1). CUDA cannot be asked
+ * about a stream the device never met (a non-blocking stream the program
+ * made itself): such a capture goes unseen, and the synchronization is
+ * refused and invalidates it; the caller's call fails, the blocks kept. A
+ * driver failure (-2) goes on, the synchronization failing too. */
+static mp_status_t mp__direct_capture_check(mp_direct_t *d, mp_stream_t s,
+                                            const char *fn, const char *what,
+                                            const char *kept) {
+  mp_stream_t which;
+  int c = mp__device_capture_seen(d->dev, s, &which);
+  if (c != 1 && c != -1)
+    return MP_OK;
+  char at[64];
+  if (which == NULL)
+    snprintf(at, sizeof at, "a blocking stream");
+  else
+    snprintf(at, sizeof at, "stream %p", (void *)which);
+  return mp__fail(MP_EBUSY,
+                  "%s%s%s of device '%s' is being captured into a graph (or "
+                  "cannot say), and the device synchronization %s would "
+                  "invalidate the capture; %s",
+                  fn != NULL ? fn : "", fn != NULL ? ": " : "", at,
+                  mp_device_name(d->dev), what, kept);
+}
+
 /* Ends the session; *released: how many blocks went back to the device
- * (some may have, even when it fails). */
-static mp_status_t mp__direct_end_session(mp_direct_t *d, size_t *released) {
+ * (some may have, even when it fails). MP_EBUSY while a capture is seen
+ * (mp__direct_capture_check: s, the stream of fn's call, or NULL), the
+ * session as it was. */
+static mp_status_t mp__direct_end_session(mp_direct_t *d, mp_stream_t s,
+                                          const char *fn, size_t *released) {
   size_t n;
   mp_status_t st;
   *released = 0;
+  pthread_mutex_lock(&d->mu);
+  bool any = d->ndeferred > 0;
+  pthread_mutex_unlock(&d->mu);
+  if (!any)
+    return MP_OK;
+  st = mp__direct_capture_check(d, s, fn, "that ends the session",
+                                "the freed blocks stay deferred, for a "
+                                "session once the capture has ended");
+  if (st != MP_OK)
+    return st;
   mp__dbatch_t *batch = mp__direct_take_session(d, &n, &st);
   if (batch == NULL)
     return st;
@@ -366,7 +420,7 @@ mp_status_t mp_direct_free_session(mp_direct_t *d) {
   if (d == NULL)
     return mp__fail(MP_EINVAL, "mp_direct_free_session: allocator is NULL");
   size_t released;
-  return mp__direct_end_session(d, &released);
+  return mp__direct_end_session(d, NULL, "mp_direct_free_session", &released);
 }
 
 /* Under the mutex: how many sessions taken up to horizon are in flight in
@@ -443,21 +497,15 @@ static mp_status_t mp__direct_alloc_retry(mp_direct_t *d, size_t bytes,
                         oom.msg, left, MP__DIRECT_INFLIGHT_WAIT_MS);
       if (!have_deferred)
         return MP_ENOMEM;
-      /* Ending the session synchronizes the device, which a capture
-       * forbids and which invalidates it (cuda.h,
-       * cuThreadExchangeStreamCaptureMode: cuCtxSynchronize is a
-       * "potentially unsafe API call"): not on a stream being captured,
-       * or one that cannot say (-1). A driver failure (-2) goes on, its
-       * synchronization failing too. */
-      int capturing = mp__device_stream_capturing(d->dev, s);
-      if (capturing == 1 || capturing == -1)
-        return mp__fail(MP_ENOMEM,
-                        "%s; the freed blocks were not given back: stream "
-                        "%p is being captured (or cannot say), and the "
-                        "device synchronization would invalidate the capture",
-                        oom.msg, (void *)s);
+      /* Ending the session synchronizes the device, which invalidates
+       * a capture of s or of any other stream of the device: not while
+       * one is seen (mp__direct_capture_check). */
       size_t released;
-      (void)mp__direct_end_session(d, &released);
+      if (mp__direct_end_session(d, s, NULL, &released) == MP_EBUSY) {
+        mp__error_saved_t busy;
+        mp__error_save(&busy);
+        return mp__fail(MP_ENOMEM, "%s; %s", oom.msg, busy.msg);
+      }
       mp__error_restore(&oom);
       ended = any = true;
       continue;
@@ -644,7 +692,13 @@ mp_status_t mp_direct_destroy(mp_direct_t *d) {
    * the blocks could still be running; blocks the device refuses to free
    * stay, for a later destroy. Lost with d, their memory would be gone. */
   if (d->blocks.count > 0) {
-    mp_status_t first = mp_device_synchronize(d->dev);
+    mp_status_t first = mp__direct_capture_check(
+        d, NULL, "mp_direct_destroy", "that comes before the frees",
+        "nothing was freed, and the allocator stays usable: destroy it once "
+        "the capture has ended");
+    if (first != MP_OK)
+      return first;
+    first = mp_device_synchronize(d->dev);
     if (first != MP_OK)
       return first;
     for (size_t i = 0; i < d->blocks.cap; i++) {

@@ -67,6 +67,15 @@ typedef struct mp__backend {
    * own (recorded, MP_EDRIVER: a capture may be running or not); allowed
    * during capture, never waits. NULL: no capture. */
   int (*stream_capturing)(mp_device_t *dev, mp_stream_t s);
+  /* Whether a capture a device synchronization would invalidate is under
+   * way on a stream of dev's context, as far as the backend can tell
+   * without a call that conflicts with a capture: 1 (*which the stream, or
+   * NULL for a capture only the legacy stream tells of), 0 when it sees
+   * none, -1 and -2 as stream_capturing. CUDA has no question for the
+   * whole context that leaves a capture valid (cuCtxSynchronize and
+   * cuCtxRecordEvent refuse and invalidate it), so a capture of a stream
+   * the backend does not know may go unseen (cuda.c). NULL: no capture. */
+  int (*capture_seen)(mp_device_t *dev, mp_stream_t *which);
   /* stream_capturing, and when 1 the capture's id in *id: unique to one
    * capture, so two captures of one stream are told apart (CUDA:
    * cuStreamGetCaptureInfo); -1 also for an invalidated capture, which
@@ -211,6 +220,13 @@ mp__stream_kind_t mp__device_stream_kind(mp_device_t *dev, mp_stream_t s);
 bool mp__device_stream_owned(mp_device_t *dev, mp_stream_t s);
 /* ops->stream_capturing, 0 where the backend has none. */
 int mp__device_stream_capturing(mp_device_t *dev, mp_stream_t s);
+/* 1 when s (unless NULL) or, as far as ops->capture_seen can tell, any
+ * other stream of dev's context is being captured, *which the stream (NULL:
+ * one only the legacy stream tells of); 0 when none is seen; -1 and -2 as
+ * mp__device_stream_capturing. Asks nothing that a capture forbids: for a
+ * caller about to synchronize the device (the direct allocator). */
+int mp__device_capture_seen(mp_device_t *dev, mp_stream_t s,
+                            mp_stream_t *which);
 /* ops->stream_capture_id; *id is 0 unless it answers 1 with an id. */
 int mp__device_stream_capture_id(mp_device_t *dev, mp_stream_t s, uint64_t *id);
 /* ops->capture_on_release; MP_ENOTSUP where the backend has none. */

@@ -961,9 +961,8 @@ static int mp__cuda_stream_kind(mp_device_t *dev, mp_stream_t s) {
   return MP__STREAM_SHARED;
 }
 
-static int mp__cuda_stream_capturing(mp_device_t *dev, mp_stream_t s) {
-  CUstreamCaptureStatus st;
-  CUresult r = mp__cuda_capture_status(mp__cuda_of(dev), s, &st);
+/* stream_capturing's answer (backend.h) from cuStreamIsCapturing's. */
+static int mp__cuda_capturing_of(CUresult r, CUstreamCaptureStatus st) {
   if (r == CUDA_SUCCESS)
     return st != CU_STREAM_CAPTURE_STATUS_NONE;
   /* A capture's own refusals (900 to 908: CUDA_ERROR_STREAM_CAPTURE_*,
@@ -977,6 +976,67 @@ static int mp__cuda_stream_capturing(mp_device_t *dev, mp_stream_t s) {
     return -1;
   (void)mp__cuda_fail(r, "cuStreamIsCapturing");
   return -2;
+}
+
+static int mp__cuda_stream_capturing(mp_device_t *dev, mp_stream_t s) {
+  CUstreamCaptureStatus st;
+  CUresult r = mp__cuda_capture_status(mp__cuda_of(dev), s, &st);
+  return mp__cuda_capturing_of(r, st);
+}
+
+/* backend.h, capture_seen. A device synchronization (cuCtxSynchronize)
+ * waits for every stream of the context, so during any capture of one of
+ * them it is refused and invalidates the capture, whatever the modes (the
+ * Programming Guide, "Prohibited and Unhandled Operations": synchronizing
+ * "a broader handle which encompasses an active stream capture, such as a
+ * device or context handle" is invalid, no mode excepted; the fake
+ * driver refuses it so, as an H200, driver 580.159.04, did: fakecuda.c,
+ * cuCtxSynchronize). Nor can the context be asked as a whole: cuda.h's
+ * cuCtxRecordEvent "will return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED if
+ * the specified context hCtx has a stream in the capture mode. In such a
+ * case, the call will invalidate all the conflicting captures". So the
+ * streams that can be asked are, with cuStreamIsCapturing, allowed during
+ * a capture: every stream mp_stream_create made on dev (under cd->lock,
+ * so that none is destroyed meanwhile: mp__cuda_stream_destroy untracks
+ * first), the calling thread's per-thread stream, and the legacy stream,
+ * which answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT while any blocking
+ * stream of the context captures (cuda.h, cuStreamIsCapturing). A
+ * non-blocking stream the program made itself and never named to dev
+ * cannot be asked: its capture goes unseen. */
+static int mp__cuda_capture_seen(mp_device_t *dev, mp_stream_t *which) {
+  mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUresult r = mp__cuda_push(cd);
+  if (r != CUDA_SUCCESS)
+    return mp__cuda_capturing_of(r, st);
+  int seen = 0;
+  pthread_mutex_lock(&cd->lock);
+  for (size_t i = 0; seen == 0 && i < cd->streams.cap; i++) {
+    const mp__cuda_entry_t *e = mp__ptrmap_at(&cd->streams, i);
+    if (e == NULL)
+      continue;
+    st = CU_STREAM_CAPTURE_STATUS_NONE;
+    r = mp__cu.StreamIsCapturing((CUstream)e->key, &st);
+    seen = mp__cuda_capturing_of(r, st);
+    *which = (mp_stream_t)e->key;
+  }
+  pthread_mutex_unlock(&cd->lock);
+  if (seen == 0) {
+    st = CU_STREAM_CAPTURE_STATUS_NONE;
+    r = mp__cu.StreamIsCapturing(CU_STREAM_PER_THREAD, &st);
+    seen = mp__cuda_capturing_of(r, st);
+    *which = (mp_stream_t)CU_STREAM_PER_THREAD;
+  }
+  if (seen == 0) {
+    st = CU_STREAM_CAPTURE_STATUS_NONE;
+    r = mp__cu.StreamIsCapturing(CU_STREAM_LEGACY, &st);
+    seen = r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+               ? 1
+               : mp__cuda_capturing_of(r, st);
+    *which = NULL;
+  }
+  mp__cuda_pop();
+  return seen;
 }
 
 static int mp__cuda_stream_capture_id(mp_device_t *dev, mp_stream_t s,
@@ -1576,6 +1636,7 @@ const mp__backend_t mp__cuda_backend = {
     .stream_query = mp__cuda_stream_query,
     .stream_kind = mp__cuda_stream_kind,
     .stream_capturing = mp__cuda_stream_capturing,
+    .capture_seen = mp__cuda_capture_seen,
     .stream_capture_id = mp__cuda_stream_capture_id,
     .capture_on_release = mp__cuda_capture_on_release,
     .stream_owned = mp__cuda_stream_owned,

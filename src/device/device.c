@@ -291,6 +291,20 @@ int mp__device_stream_capturing(mp_device_t *dev, mp_stream_t s) {
                                             : 0;
 }
 
+int mp__device_capture_seen(mp_device_t *dev, mp_stream_t s,
+                            mp_stream_t *which) {
+  *which = s;
+  if (s != NULL) {
+    int c = mp__device_stream_capturing(dev, s);
+    if (c != 0)
+      return c;
+  }
+  if (dev->ops->capture_seen == NULL)
+    return 0;
+  *which = NULL;
+  return dev->ops->capture_seen(dev, which);
+}
+
 int mp__device_stream_capture_id(mp_device_t *dev, mp_stream_t s,
                                  uint64_t *id) {
   *id = 0;
