@@ -41,10 +41,17 @@ MP_API mp_status_t mp_direct_record_stream(mp_direct_t *d, void *ptr,
  * MP_ENOMEM when none of that memory made room (sessions begun after its
  * try failed do not keep it trying), or when those sessions have not ended
  * within 5 s (their synchronization may wait for work the allocating
- * thread itself has yet to let go; the deferred blocks then stay). On a
- * stream being captured it does not end the session (the device
- * synchronization would invalidate the capture, cuda.h): MP_ENOMEM, said
- * so, the blocks still deferred.
+ * thread itself has yet to let go; the deferred blocks then stay).
+ * A device synchronization during a capture of any stream of the device
+ * invalidates the capture (CUDA Programming Guide, "Prohibited and
+ * Unhandled Operations"), so while one is seen nothing synchronizes: this
+ * call is MP_EBUSY and an allocation that finds the device full MP_ENOMEM,
+ * each said so, the blocks still deferred for a later session. Seen: a
+ * capture of the call's stream, of a stream mp_stream_create made on the
+ * device, of the calling thread's per-thread stream, or of any blocking
+ * stream (the legacy stream tells); CUDA cannot be asked about a
+ * non-blocking stream the program made itself, whose capture the
+ * synchronization then invalidates (the call fails, the blocks kept).
  * Stats: reserved = live + deferred bytes; nothing is rounded, so allocated
  * = requested; free_bytes / free_blocks count the deferred blocks;
  * alloc_retry_count counts the allocations that tried again after a
@@ -61,8 +68,9 @@ MP_API mp_status_t mp_direct_get_stats_sized(mp_direct_t *d, mp_stats_t *out,
                                              size_t size);
 /* Synchronizes the device and releases every block, live or deferred. On
  * failure the allocator stays, usable: a synchronization that fails
- * (called from a host function) changes nothing; blocks the device refuses
- * to free stay in it, for a later destroy. In a process forked while
+ * (called from a host function) or is not made (MP_EBUSY while a capture
+ * is seen, as for mp_direct_free_session) changes nothing; blocks the device
+ * refuses to free stay in it, for a later destroy. In a process forked while
  * another thread was ending a session, that session's blocks are released
  * too (but for one whose device free was under way at the fork: it may
  * have gone already, and is left alone). */
