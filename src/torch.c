@@ -494,7 +494,7 @@ static void mp__torch_drain(void *ra) {
   struct mp__tdeferred *go = NULL;
   size_t ngo = 0, kept = 0;
   mp_pool_t *last = NULL;
-  bool paused = false;
+  bool paused = false, tried = false;
   pthread_mutex_lock(&mp__t.lock);
   size_t n = atomic_load_explicit(&mp__t.ndeferred, memory_order_relaxed);
   for (size_t i = 0; i < n; i++) {
@@ -503,8 +503,10 @@ static void mp__torch_drain(void *ra) {
       last = d.pool;
       paused = mp__torch_paused(last);
     }
-    if (!paused && go == NULL)
+    if (!paused && !tried) { /* asked once: no host memory, all kept */
       go = mp__host_realloc(NULL, (n - i) * sizeof *go);
+      tried = true;
+    }
     if (paused || go == NULL) /* no host memory: kept for a later hook */
       mp__t.deferred[kept++] = d;
     else

@@ -721,15 +721,20 @@ static mp_status_t mp__arenas_pause(mp_pool_t *pool, unsigned flags) {
   return st;
 }
 
+/* Under the pool's lock: whether one of its arenas answers yes to ask
+ * (which takes the arena's lock). */
+static bool mp__arena_any_locked(mp_pool_t *pool, bool (*ask)(mp_pool_t *)) {
+  for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas; i++)
+    if (mp__arena_at(pool, i) != NULL && ask(mp__arena_at(pool, i)))
+      return true;
+  return false;
+}
+
 /* Under the pool's lock: whether it, or one of its arenas, is paused: an
  * arena a failed pause could not resume stays paused while the pool runs
  * (mp__arenas_pause), and a resume resumes it. */
 static bool mp__paused_any_locked(mp_pool_t *pool) {
-  bool any = pool->paused;
-  for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas && !any; i++)
-    any = mp__arena_at(pool, i) != NULL &&
-          mp__pool_is_paused(mp__arena_at(pool, i));
-  return any;
+  return pool->paused || mp__arena_any_locked(pool, mp__pool_is_paused);
 }
 
 /* The arenas' resume; the pool's lock is not held. */
@@ -845,7 +850,7 @@ bool mp__pool_resume_wanted(mp_pool_t *pool) {
   return any;
 }
 
-/* Under its lock: whether pool holds a host copy of its content. */
+/* Whether pool holds a host copy of its content (takes its lock). */
 static bool mp__pause_copy_held(mp_pool_t *pool) {
   mp__pool_lock(pool);
   bool held = pool->pause_copy != NULL;
@@ -854,11 +859,9 @@ static bool mp__pause_copy_held(mp_pool_t *pool) {
 }
 
 unsigned mp__pool_pause_kept(mp_pool_t *pool) {
-  bool held = mp__pause_copy_held(pool);
   mp__pool_lock(pool);
-  for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas && !held; i++)
-    held = mp__arena_at(pool, i) != NULL &&
-           mp__pause_copy_held(mp__arena_at(pool, i));
+  bool held = pool->pause_copy != NULL ||
+              mp__arena_any_locked(pool, mp__pause_copy_held);
   mp__pool_unlock(pool);
   return held ? MP_PAUSE_KEEP_CONTENT : 0;
 }

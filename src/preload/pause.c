@@ -78,13 +78,14 @@ static void mp__pause_pools(mp__pl_pools_t *ps, void *ctx) {
   }
   /* All or none: undo the pools done before the one that failed; the
    * message stays the failure's, not an undo's. */
-  mp__error_saved_t failure;
-  mp__error_save(&failure);
-  for (int i = 0; st != MP_OK && i < done; i++)
-    (void)(pause ? mp_pool_resume(ps->pool[i])
-                 : mp_pool_pause(ps->pool[i], kept[i]));
-  if (st != MP_OK)
+  if (st != MP_OK && done > 0) {
+    mp__error_saved_t failure;
+    mp__error_save(&failure);
+    for (int i = 0; i < done; i++)
+      (void)(pause ? mp_pool_resume(ps->pool[i])
+                   : mp_pool_pause(ps->pool[i], kept[i]));
     mp__error_restore(&failure);
+  }
   pthread_mutex_unlock(&mp__pause_lock);
   job->st = st;
 }
