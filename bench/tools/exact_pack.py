@@ -21,9 +21,13 @@ room. Every placement printed is checked pair by pair.
 
 Prints the peak live bytes, the granule bound, and for each C tried whether
 the solver found a placement and how high all blocks reach; exits 0 when one
-fits in N granules, 1 when none was found (unsatisfiable for the large
-blocks alone proves that no placement fits; a time-out proves nothing), 2
-on bad input.
+fits in N granules, 1 when none was found, 2 on bad input. Only the first
+C, all N granules hold, can prove that no placement fits ("proved"): the
+large blocks alone unsatisfiable there, in whole units where every large
+size is a multiple of --unit, else with each size rounded down and the
+range rounded up to whole units (a relaxation: every real placement gives
+one). Sizes rounded up to whole units that the solver cannot place, a
+smaller C (the small blocks left no room) or a time-out prove nothing.
 """
 import argparse
 import os
@@ -147,6 +151,30 @@ def solve(large, units, cap, seconds, solver):
                        if var[i, v] in true]) for i in range(len(large))]
 
 
+def proved(large, limit, unit, seconds, solver, granules):
+    """What the large blocks being unsatisfiable in limit // unit units,
+    each rounded up to whole units, proves. Where every size is whole
+    units, no placement fits: any placement pushed down (each block to 0 or
+    onto the end of one below it) has its offsets in whole units. Else only
+    a relaxation can prove it: a real placement at offsets o gives one of
+    the sizes rounded down at offsets rounded up (a block above another
+    stays above), within the range rounded up to whole units."""
+    no = f": no placement fits {granules} granules (proved)"
+    if all(b[2] % unit == 0 for b in large):
+        return no
+    cap = -(-limit // unit)
+    down = [(b, b[2] // unit) for b in large if b[2] >= unit]
+    if any(u > cap for _, u in down):
+        return no
+    offs = solve([b for b, _ in down], [u for _, u in down], cap, seconds,
+                 solver)
+    if offs is None:
+        return no
+    return (f" with sizes rounded up to whole units of {unit} B: not a proof"
+            f" ({'timed out' if offs == 'timeout' else 'they fit'} rounded"
+            " down)")
+
+
 def place_rest(placed, rest, limit):
     """Best fit of each block of rest (largest first) among the placed
     blocks alive with it, below limit; False when one does not fit."""
@@ -210,13 +238,24 @@ def main():
           f"({peak / 2**20:.3f} MiB), granule bound {bound} "
           f"({bound * GRANULE / peak:.3f}); trying {granules} granules "
           f"({limit / peak:.3f}), {len(large)} blocks by SAT")
+    if max(b[2] for b in blocks) > limit:
+        print(f"  a block of {max(b[2] for b in blocks)} B is larger than "
+              f"{granules} granules: no placement fits (proved)")
+        return 1
     cap = limit // args.unit
+    first = True
     while cap > 0 and cap >= max(units, default=0):
         offs = solve(large, units, cap, args.seconds, solver)
-        if offs is None or offs == "timeout":
-            print(f"  {cap} units of {args.unit} B: "
-                  f"{'unsatisfiable' if offs is None else 'timed out'}")
+        if offs == "timeout":
+            print(f"  {cap} units of {args.unit} B: timed out (proves nothing)")
             return 1
+        if offs is None:
+            print(f"  {cap} units of {args.unit} B: unsatisfiable" +
+                  (proved(large, limit, args.unit, args.seconds, solver,
+                          granules) if first else
+                   "; the small blocks had no room above: not a proof"))
+            return 1
+        first = False
         placed = [(b, o * args.unit) for b, o in zip(large, offs)]
         fits = place_rest(placed, rest, limit)
         if fits:
@@ -229,6 +268,8 @@ def main():
         print(f"  {cap} units of {args.unit} B: large blocks placed, "
               f"small ones do not fit; one unit less")
         cap -= 1
+    print(f"  {cap} units of {args.unit} B: too few for the largest block; "
+          "no placement found (not a proof)")
     return 1
 
 

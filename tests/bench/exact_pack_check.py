@@ -30,9 +30,10 @@ def trace(path, rows):
             f.write(f"1,00:00:00.{i:06d},{action},{ptr:#x},{size},0\n")
 
 
-def run(*args):
-    p = subprocess.run([sys.executable, TOOL, *args, "--unit", str(MIB),
-                        "--min-size", str(MIB)], capture_output=True,
+def run(*args, unit=MIB):
+    """The tool on args, with unit as its --unit and --min-size."""
+    p = subprocess.run([sys.executable, TOOL, *args, "--unit", str(unit),
+                        "--min-size", str(unit)], capture_output=True,
                        text=True, timeout=120)
     return p.returncode, p.stdout + p.stderr
 
