@@ -33,6 +33,12 @@
 #include "../core/xorshift.h"
 #include "internal.h" /* mp__parse_size, mp__fmt_bytes, MP__GiB */
 
+/* A sequence ends at 64 to this many tokens, so its cache (grown 16 tokens
+ * at a time) holds at most this many: token bytes times it must be a size
+ * (a larger --token-bytes wrapped: 2^60 + 1 bytes a token ran caches of
+ * 16 bytes a page, and 2^60 of 0 bytes, and printed their figures). */
+#define MAX_TOKENS 1024
+
 typedef struct seq {
   mp_handle_t *kv;
   size_t tokens, cap_tokens, end_tokens;
@@ -80,7 +86,8 @@ static void parse(int argc, char **argv, opts_t *o) {
     if (strcmp(k, "--device") == 0)
       o->device = v;
     else if (!mp__parse_size(v, strlen(v), &n) || n == 0 ||
-             (count && n > UINT_MAX)) /* cut to 32 bits, it ran another */
+             (count && n > UINT_MAX) || /* cut to 32 bits, it ran another */
+             (strcmp(k, "--token-bytes") == 0 && n > SIZE_MAX / MAX_TOKENS))
       goto bad;
     else if (strcmp(k, "--seqs") == 0)
       o->seqs = (unsigned)n;
@@ -126,7 +133,7 @@ static void grow(mp_pool_t *pool, mp_device_t *dev, mp_stream_t st, seq_t *s,
 static void start(seq_t *s) {
   s->kv = NULL;
   s->tokens = s->cap_tokens = 0;
-  s->end_tokens = rnd_between(64, 1024);
+  s->end_tokens = rnd_between(64, MAX_TOKENS);
 }
 
 typedef struct totals {

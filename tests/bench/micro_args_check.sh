@@ -41,6 +41,9 @@ check "$bin/bench_stream_table" 10 host:capacity=1G 5 -1
 # An option with no value after it was dropped; a count past 32 bits cut.
 check "$bin/bench_defrag_kv" --steps 10 --seqs
 check "$bin/bench_defrag_kv" --steps 10 --seqs 4294967297
+# A token size whose largest cache (1024 tokens) is no size_t: it wrapped.
+check "$bin/bench_defrag_kv" --steps 1 --seqs 1 --token-bytes 18014398509481984
+check "$bin/bench_defrag_kv" --steps 1 --seqs 1 --token-bytes 1152921504606846977
 # Mode remote runs (a pool row on the virtual range, as count_pairs.sh
 # needs, and the jemalloc row where built with it) and exits 0.
 out=$(timeout 20 "$bin/bench_pool_pairs" 100 host:capacity=1G remote 2>&1)
