@@ -56,7 +56,9 @@ static void account(run_t *r, long delta) {
 static void take(run_t *r, size_t bytes, void **out) {
   if (mp_pool_alloc(r->pool, bytes, NULL, out) != MP_OK) {
     fprintf(stderr, "pool_handoff: %s\n", mp_last_error());
+    pthread_mutex_lock(&r->mu); /* both threads take */
     r->failed = 1;
+    pthread_mutex_unlock(&r->mu);
     *out = NULL;
     return;
   }
@@ -123,10 +125,12 @@ static int run_row(mp_device_t *dev, const plan_t *p, const char *opts) {
   pthread_join(b, NULL);
   mp_stats_t st;
   mp_pool_get_stats(pool, &st);
-  printf("%-22s %12.1f %14.1f %10.3f %8zu\n", opts[0] ? opts : "(default)",
+  /* A run that could not allocate everything has no figures of the plan:
+   * its row says so (it showed a partial run's ratio as the row's). */
+  printf("%-22s %12.1f %14.1f %10.3f %8zu%s\n", opts[0] ? opts : "(default)",
          (double)r.peak_live / (1 << 20), (double)r.peak_reserved / (1 << 20),
-         (double)r.peak_reserved / (double)r.peak_live,
-         (size_t)st.device_alloc_count);
+         r.peak_live ? (double)r.peak_reserved / (double)r.peak_live : 0.0,
+         (size_t)st.device_alloc_count, r.failed ? " FAILED" : "");
   pthread_barrier_destroy(&r.turn);
   pthread_mutex_destroy(&r.mu);
   free(r.act);
