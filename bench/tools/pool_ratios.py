@@ -16,12 +16,18 @@ The files are read as CSV (Python's csv module): a workload or trace name
 with a comma, a quote or a line break in it is one quoted field, which a
 split on commas cut into several (its row was lost, or another column read
 as its ratio). A '|' in a name is escaped, as results.md does. The columns
-are found by the header's names (workload, allocator, ratio; where a header
-lacks them, the 1st, 2nd and 8th, as mpbench has always written them).
-Exit 2 on a file that cannot be read.
+are found by the header's names (workload, allocator, ratio, completed;
+where a header lacks them, the 1st, 2nd, 8th and 4th, as mpbench has always
+written them). A run that did not complete (completed 0: its ratio is a
+partial run's) shows as FAILED, and in `worse` a row that fails in NEW
+only is worse. Exit 2 on a file that cannot be read, or a pool row whose
+ratio is no number (with its line).
 """
 import csv
+import math
 import sys
+
+FAILED = "FAILED"
 
 
 def fail(msg):
@@ -34,31 +40,53 @@ def pool_ratios(path):
     order."""
     try:
         with open(path, newline="") as f:
-            rows = list(csv.reader(f))
+            reader = csv.reader(f)
+            # each row with the line it ends on
+            rows = [(reader.line_num, row) for row in reader]
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         fail("cannot read %s: %s" % (path, e))
     if not rows:
         fail("%s is empty" % path)
-    head = rows[0]
-    keys = ("workload", "allocator", "ratio")
-    cw, ca, cr = ((head.index(k) for k in keys)
-                  if all(k in head for k in keys) else (0, 1, 7))
+    head = rows[0][1]
+    keys = ("workload", "allocator", "ratio", "completed")
+    cw, ca, cr, cc = ((head.index(k) for k in keys)
+                      if all(k in head for k in keys) else (0, 1, 7, 3))
     ratio, order = {}, []
-    for row in rows[1:]:
-        if len(row) <= max(cw, ca, cr) or row[ca] != "pool":
+    for line, row in rows[1:]:
+        if len(row) <= max(cw, ca, cr, cc) or row[ca] != "pool":
             continue
         if row[cw] not in ratio:
             order.append(row[cw])
-        ratio[row[cw]] = row[cr]
+        # A failed run's ratio is its partial run's: no figure of the row.
+        text = FAILED if row[cc] == "0" else row[cr]
+        if text != FAILED and not finite(text):
+            fail("%s:%d: bad ratio %r (a number)" % (path, line, row[cr]))
+        ratio[row[cw]] = text
     return ratio, order
 
 
+def finite(text):
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
 def num(text):
-    """text as a number; 0 where it is none (a row missing in one build)."""
+    """text as a number; 0 where it is none (a row missing in one build, or
+    FAILED)."""
     try:
         return float(text)
     except (TypeError, ValueError):
         return 0.0
+
+
+def is_worse(old, new):
+    """Whether NEW's ratio text is worse than OLD's: higher, or FAILED
+    where OLD's is not."""
+    if new == FAILED:
+        return old != FAILED
+    return old != FAILED and num(new) > num(old)
 
 
 def cell(name):
@@ -71,7 +99,7 @@ def worse(old_csv, new_csv):
     print("| workload | old | new |\n|---|---:|---:|")
     bad = 0
     for w in order:
-        mark = " (worse)" if num(new.get(w)) > num(old.get(w)) else ""
+        mark = " (worse)" if is_worse(old.get(w), new.get(w)) else ""
         bad += mark != ""
         print("| %s | %s | %s%s |" % (cell(w), old.get(w, ""), new.get(w, ""),
                                       mark))
@@ -86,24 +114,32 @@ def spread(paths):
         if order is None:
             order = names
         runs = [pool_ratios(p)[0] for p in paths[s + 1:s + 4]]
-        lo, hi = {}, {}
+        lo, hi, failed = {}, {}, set()
         for run in runs:
             for w, text in run.items():
+                if text == FAILED:  # no figure: said beside the range
+                    failed.add(w)
+                    continue
                 x = num(text)
                 lo[w] = min(lo.get(w, x), x)
                 hi[w] = max(hi.get(w, x), x)
-        sides.append((base, lo, hi))
+        sides.append((base, lo, hi, failed))
     print("| workload | old: caught up, behind (min to max) | new: caught up, "
           "behind (min to max) |\n|---|---:|---:|")
     shown = 0
     for w in order:
         figs = [(num(b.get(w)), lo.get(w, 0.0), hi.get(w, 0.0))
-                for b, lo, hi in sides]
-        if all(f[1] == f[0] and f[2] == f[0] for f in figs):
+                for b, lo, hi, _ in sides]
+        bad = [b.get(w) == FAILED or w in f for b, _, _, f in sides]
+        if not any(bad) and all(f[1] == f[0] and f[2] == f[0] for f in figs):
             continue
         shown += 1
-        print("| %s | %.3f, %.3f to %.3f | %.3f, %.3f to %.3f |" %
-              ((cell(w),) + figs[0] + figs[1]))
+        text = []
+        for (base, _, _, failed), f in zip(sides, figs):
+            t = "%s, %.3f to %.3f" % (
+                FAILED if base.get(w) == FAILED else "%.3f" % f[0], f[1], f[2])
+            text.append(t + (" (a run FAILED)" if w in failed else ""))
+        print("| %s | %s | %s |" % (cell(w), text[0], text[1]))
     print("\n%d of %d rows moved with the stream timing" % (shown, len(order)))
 
 
