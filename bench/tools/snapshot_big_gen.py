@@ -11,15 +11,39 @@ The dict is what torch.cuda.memory._dump_snapshot() pickles (protocol 4):
 PyTorch's stacks repeat. Each frame is a dict of its own by default; with
 --shared-frames the frames are a few thousand dicts the stacks share (as
 torch's symbolize_tracebacks returns them), so the pickle's memo repeats
-them."""
+them.
+
+Bad arguments (no MB or OUT, an MB that is no positive number, an option
+it lacks) are refused with a usage line and exit 2; they were a traceback,
+or a file of one entry for a negative MB, and a misspelt --shared-frames
+was ignored. A file that cannot be written: a message and exit 1."""
+import argparse
+import math
 import pickle
 import random
 import sys
 
 
+def megabytes(text):
+    try:
+        mb = float(text)
+    except ValueError:
+        mb = math.nan
+    if not (math.isfinite(mb) and mb > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is no positive number")
+    return mb
+
+
 def main():
-    mb, out = float(sys.argv[1]), sys.argv[2]
-    shared = "--shared-frames" in sys.argv[3:]
+    ap = argparse.ArgumentParser(
+        prog="snapshot_big_gen.py",
+        description="a PyTorch-style memory snapshot pickle of about MB "
+        "megabytes")
+    ap.add_argument("mb", metavar="MB", type=megabytes)
+    ap.add_argument("out", metavar="OUT")
+    ap.add_argument("--shared-frames", action="store_true")
+    args = ap.parse_args()
+    mb, out, shared = args.mb, args.out, args.shared_frames
     rng = random.Random(12)
     files = ["torch/nn/modules/module%d.py" % i for i in range(120)]
     names = ["forward_%d" % i for i in range(200)]
@@ -61,8 +85,11 @@ def main():
                           "allocated_size": 0, "active_size": 0,
                           "blocks": []}],
             "device_traces": [tr]}
-    with open(out, "wb") as f:
-        pickle.dump(snap, f, protocol=4)
+    try:
+        with open(out, "wb") as f:
+            pickle.dump(snap, f, protocol=4)
+    except OSError as e:
+        sys.exit(f"snapshot_big_gen.py: cannot write {out}: {e.strerror}")
     print(out, len(tr), "entries")
 
 
