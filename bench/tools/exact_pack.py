@@ -7,8 +7,10 @@ granules, searched exactly with a SAT solver, for the granule bound that
                               [--min-size BYTES] [--seconds S]
 
 Reads an RMM-style trace (Thread,Time,Action,Pointer,Size,Stream) as mpbench
-does: "allocate failure" rows and frees of pointers never allocated are
-skipped, an allocation of an address still live frees the old block first,
+does: pointers are hex numbers (0x1000 and 0X01000 are one) or (nil), blank
+lines and a CRLF's CR are skipped, "allocate failure" rows, frees of (nil)
+and of pointers never allocated are skipped, a free's size is its
+block's or 0, an allocation of an address still live frees the old block first,
 sizes are rounded up to 512 B (as the pool rounds), streams are ignored (the
 device caught up). Blocks of at least --min-size (default 256 KiB), in units
 of --unit bytes (default 256 KiB, sizes rounded up to it), get offsets from
@@ -45,38 +47,68 @@ def read_trace(path):
     """Blocks as (start event, end event, rounded bytes). Sizes are plain
     decimals, as mpbench reads them (int() would take "-4096", "+1" and
     "4_096"); a trace with no block of a nonzero size is refused."""
-    live, blocks, t = {}, [], 0
+    live, asked, blocks, t = {}, {}, [], 0  # asked: a live block's size
     with open(path, encoding="utf-8") as f:
         header = f.readline().strip()
         if header != "Thread,Time,Action,Pointer,Size,Stream":
             raise ValueError(f"{path}:1: not a trace header: {header!r}")
         for line_no, line in enumerate(f, start=2):
-            fields = line.rstrip("\n").split(",")
+            line = line.rstrip("\n")
+            line = line[:-1] if line.endswith("\r") else line
+            if line == "":
+                continue  # as mpbench skips it
+            fields = line.split(",")
             if len(fields) != 6:
                 raise ValueError(f"{path}:{line_no}: {len(fields)} fields, not 6")
-            action, ptr = fields[2], fields[3]
+            action = fields[2]
+            if action not in ("allocate", "free", "allocate failure"):
+                raise ValueError(f"{path}:{line_no}: bad action {action!r}")
             if re.fullmatch(r"[0-9]+", fields[4]) is None:
                 raise ValueError(f"{path}:{line_no}: bad size {fields[4]!r} "
                                  "(a decimal number)")
             size = int(fields[4])
+            ptr = pointer(fields[3], f"{path}:{line_no}")
             t += 1
+            if action == "allocate failure":
+                continue
+            if ptr == 0:
+                # free(NULL), or a zero-byte allocation mpbench replays as
+                # NULL; a size there names no block.
+                if size != 0:
+                    raise ValueError(f"{path}:{line_no}: {action} of {size} "
+                                     "bytes at pointer (nil)")
+                continue
+            if action == "free" and ptr in live and size not in (0, asked[ptr]):
+                raise ValueError(f"{path}:{line_no}: free of {fields[3]} "
+                                 f"gives {size} bytes, not its allocation's "
+                                 "(a free's size is its allocation's, or 0)")
             if action == "allocate":
                 if ptr in live:
                     s, r = live.pop(ptr)
                     blocks.append((s, t, r))
                 live[ptr] = (t, (size + ROUND - 1) // ROUND * ROUND)
-            elif action == "free":
-                if ptr in live:
-                    s, r = live.pop(ptr)
-                    blocks.append((s, t, r))
-            elif action != "allocate failure":
-                raise ValueError(f"{path}:{line_no}: bad action {action!r}")
+                asked[ptr] = size
+            elif ptr in live:
+                s, r = live.pop(ptr)
+                blocks.append((s, t, r))
     blocks += [(s, t + 1, r) for s, r in live.values()]
     blocks = [b for b in blocks if b[2] > 0]
     if not blocks:
         raise ValueError(f"{path}: no allocation of a nonzero size: "
                          "nothing to place")
     return blocks
+
+
+def pointer(text, where):
+    """A trace's pointer as mpbench reads it: hex of 1 to 16 digits, with or
+    without 0x, or (nil) (0)."""
+    if text == "(nil)":
+        return 0
+    m = re.fullmatch(r"(?:0[xX])?([0-9a-fA-F]{1,16})", text)
+    if m is None:
+        raise ValueError(f"{where}: bad pointer {text!r} (hex such as 0x7f00 "
+                         "or (nil))")
+    return int(m.group(1), 16)
 
 
 def peak_live(blocks):
