@@ -96,24 +96,39 @@ const mp__real_cuda_t *mp__pl_real_cuda(void) {
   return &mp__rc;
 }
 
+/* The first loaded object named like the runtime: its name copied into
+ * ctx (an mp__cudart_name_t), for dlopen to open once the walk is over. */
+typedef struct mp__cudart_name {
+  char path[4096];
+  bool found;
+} mp__cudart_name_t;
+
 static int mp__find_cudart(struct dl_phdr_info *info, size_t size, void *ctx) {
   (void)size;
+  mp__cudart_name_t *n = ctx;
   const char *name = info->dlpi_name;
-  if (name == NULL || strstr(name, "libcudart.so") == NULL)
+  size_t len = name != NULL ? strlen(name) : 0;
+  if (len == 0 || len >= sizeof n->path || strstr(name, "libcudart.so") == NULL)
     return 0;
-  *(void **)ctx = dlopen(name, RTLD_LAZY | RTLD_NOLOAD);
-  return *(void **)ctx != NULL;
+  memcpy(n->path, name, len + 1);
+  n->found = true;
+  return 1;
 }
 
 /* The shared runtime is normally next after the shim in the global scope.
  * A runtime loaded privately (a Python extension's dependency, opened
  * RTLD_LOCAL) is not, though its calls still reach the shim: it is then
- * found among the loaded objects by name. */
+ * found among the loaded objects by name, and opened after the walk.
+ * glibc's dl_iterate_phdr calls its callback holding the loader's write
+ * lock, which dlopen takes after the loader's lock: a dlopen from the
+ * callback, with a dlopen on another thread in between, hung both. */
 static void mp__rrt_start(void) {
   void *h = RTLD_NEXT;
   if (mp__pl_real_dlsym(h, "cudaMalloc") == NULL) {
-    h = NULL;
-    dl_iterate_phdr(mp__find_cudart, &h);
+    mp__cudart_name_t n;
+    n.found = false;
+    dl_iterate_phdr(mp__find_cudart, &n);
+    h = n.found ? dlopen(n.path, RTLD_LAZY | RTLD_NOLOAD) : NULL;
     if (h == NULL)
       return;
   }
