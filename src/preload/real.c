@@ -6,9 +6,9 @@
  * from the linker, not from dl_iterate_phdr: both serve lookup.c's dlsym,
  * which a sanitizer runtime may call before it has started (see lookup.c),
  * and are built without the sanitizers' instrumentation. The tables are
- * resolved once each, on first use, by pthread_once; their lookups are made
- * from the shim, so dlsym returns the libraries' own functions, never the
- * hooks. */
+ * resolved once each, on first use, with no lock held over the lookups
+ * (see mp__publish); their lookups are made from the shim, so dlsym
+ * returns the libraries' own functions, never the hooks. */
 #include <dlfcn.h>
 #include <link.h>
 #include <string.h>
@@ -61,39 +61,54 @@ MP__UNSANITIZED bool mp__pl_from_self(const void *addr) {
 /* ---- the real driver and runtime ------------------------------------------
  */
 
+/* Each table is resolved by the first calls, with no lock held (neither a
+ * pthread_once nor a mutex around the dlopen and dlsym): glibc runs a
+ * library's constructors holding the loader's lock, which those calls
+ * take, so a constructor whose CUDA call asked for a table while another
+ * thread's first lookup held a once over its dlopen waited for the once,
+ * the dlopen for the constructor's lock, and both hung. Threads that race
+ * each resolve into a scratch table; the first to finish copies its own
+ * in under mp__publish_lock, which is held for the copy only, and ready
+ * tells the later calls. */
 static mp__real_cuda_t mp__rc;
-static pthread_once_t mp__rc_once = PTHREAD_ONCE_INIT;
+static atomic_bool mp__rc_ready;
 static mp__real_cudart_t mp__rrt;
-static pthread_once_t mp__rrt_once = PTHREAD_ONCE_INIT;
+static atomic_bool mp__rrt_ready;
+static pthread_mutex_t mp__publish_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Every member of the driver's table (cu) or the runtime's (!cu), looked
- * up in handle h. */
+static void mp__publish(void *table, const void *scratch, size_t size,
+                        atomic_bool *ready) {
+  pthread_mutex_lock(&mp__publish_lock);
+  if (!atomic_load_explicit(ready, memory_order_relaxed)) {
+    memcpy(table, scratch, size);
+    atomic_store_explicit(ready, true, memory_order_release);
+  }
+  pthread_mutex_unlock(&mp__publish_lock);
+}
+
+/* Every member of the driver's table (rc non-NULL) or the runtime's (rrt),
+ * looked up in handle h. */
 #define MP__PL_RESOLVE(lib, result, name, params) MP__PL_RESOLVE_##lib(name)
 #define MP__PL_RESOLVE_cu(name)                                                \
-  if (cu)                                                                      \
-    mp__rc.name = (__typeof__(mp__rc.name))mp__pl_real_dlsym(h, #name);
+  if (rc != NULL)                                                              \
+    rc->name = (__typeof__(rc->name))mp__pl_real_dlsym(h, #name);
 #define MP__PL_RESOLVE_rt(name)                                                \
-  if (!cu)                                                                     \
-    mp__rrt.name = (__typeof__(mp__rrt.name))mp__pl_real_dlsym(h, #name);
+  if (rrt != NULL)                                                             \
+    rrt->name = (__typeof__(rrt->name))mp__pl_real_dlsym(h, #name);
 #define MP__PL_RESOLVE_own(name) /* the shim's own */
-static void mp__resolve(void *h, bool cu) {
+static void mp__resolve(void *h, mp__real_cuda_t *rc, mp__real_cudart_t *rrt) {
   MP__PL_HOOKS(MP__PL_RESOLVE)
   MP__PL_REAL(MP__PL_RESOLVE)
 }
 
 /* The driver is whatever libcuda.so.1 the process has (or would load). */
-static void mp__rc_start(void) {
+static void mp__rc_start(mp__real_cuda_t *rc) {
   void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
   if (h == NULL)
     h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
   if (h == NULL)
     return;
-  mp__resolve(h, true);
-}
-
-const mp__real_cuda_t *mp__pl_real_cuda(void) {
-  pthread_once(&mp__rc_once, mp__rc_start);
-  return &mp__rc;
+  mp__resolve(h, rc, NULL);
 }
 
 /* The first loaded object named like the runtime: its name copied into
@@ -122,7 +137,7 @@ static int mp__find_cudart(struct dl_phdr_info *info, size_t size, void *ctx) {
  * glibc's dl_iterate_phdr calls its callback holding the loader's write
  * lock, which dlopen takes after the loader's lock: a dlopen from the
  * callback, with a dlopen on another thread in between, hung both. */
-static void mp__rrt_start(void) {
+static void mp__rrt_start(mp__real_cudart_t *rrt) {
   void *h = RTLD_NEXT;
   if (mp__pl_real_dlsym(h, "cudaMalloc") == NULL) {
     mp__cudart_name_t n;
@@ -132,10 +147,25 @@ static void mp__rrt_start(void) {
     if (h == NULL)
       return;
   }
-  mp__resolve(h, false);
+  mp__resolve(h, NULL, rrt);
 }
 
-const mp__real_cudart_t *mp__pl_real_cudart(void) {
-  pthread_once(&mp__rrt_once, mp__rrt_start);
-  return &mp__rrt;
-}
+/* The getter fn of table (its type, ready flag and start), as
+ * mp__publish says: a scratch table on each first caller's stack, in a
+ * function of its own, out of the way of the getter's every later call. */
+#define MP__PL_TABLE_GETTER(fn, type, table, ready, start)                     \
+  __attribute__((noinline, cold)) static void fn##_first(void) {               \
+    type scratch;                                                              \
+    memset(&scratch, 0, sizeof scratch);                                       \
+    start(&scratch);                                                           \
+    mp__publish(&table, &scratch, sizeof scratch, &ready);                     \
+  }                                                                            \
+  const type *fn(void) {                                                       \
+    if (MP__UNLIKELY(!atomic_load_explicit(&ready, memory_order_acquire)))     \
+      fn##_first();                                                            \
+    return &table;                                                             \
+  }
+MP__PL_TABLE_GETTER(mp__pl_real_cuda, mp__real_cuda_t, mp__rc, mp__rc_ready,
+                    mp__rc_start)
+MP__PL_TABLE_GETTER(mp__pl_real_cudart, mp__real_cudart_t, mp__rrt,
+                    mp__rrt_ready, mp__rrt_start)

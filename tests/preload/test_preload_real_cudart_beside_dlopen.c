@@ -11,23 +11,16 @@
  *
  * dlopen is wrapped (-Wl,--wrap=dlopen) so that the shim's dlopen of the
  * runtime's name lets the other thread start its dlopen (of a library not
- * loaded yet) first. The scenario runs in a fresh process (this program
- * again, MP_BESIDE_DLOPEN_CHILD set: a constructor runs it and exits), which
- * a hang does not take the test with; not in a forked one, whose threads
- * TSan refuses after a fork of a process with threads (Criterion's). */
+ * loaded yet) first. The scenario runs in a child (child_within.h). */
 #include <criterion/criterion.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <semaphore.h>
-#include <signal.h>
-#include <spawn.h>
 #include <stdbool.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "child_within.h"
 #include "preload/preload.h"
 
 void *__real_dlopen(const char *name, int flags);
@@ -72,32 +65,10 @@ static int scenario(void) {
   return rt->cudaMalloc != NULL && other != NULL ? 0 : 5;
 }
 
-__attribute__((constructor)) static void child_main(void) {
-  if (getenv("MP_BESIDE_DLOPEN_CHILD") != NULL)
-    _exit(scenario());
-}
-
-extern char **environ;
+MP_CHILD_SCENARIO("MP_BESIDE_DLOPEN_CHILD", scenario)
 
 Test(preload_real_cudart_beside_dlopen,
      a_local_runtime_found_while_another_thread_loads) {
-  char self[] = "/proc/self/exe";
-  char *argv[] = {self, NULL};
-  pid_t pid;
-  cr_assert_eq(setenv("MP_BESIDE_DLOPEN_CHILD", "1", 1), 0);
-  int rc = posix_spawn(&pid, self, NULL, NULL, argv, environ);
-  unsetenv("MP_BESIDE_DLOPEN_CHILD");
-  cr_assert_eq(rc, 0);
-  int status = 0;
-  pid_t got = 0;
-  for (int i = 0; i < 200 && (got = waitpid(pid, &status, WNOHANG)) == 0; i++)
-    usleep(50 * 1000);
-  if (got == 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    cr_assert_fail(
-        "the runtime's lookup and the other thread's dlopen hung (10 s)");
-  }
-  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-            "the child ended with status %d", status);
+  mp_child_within("MP_BESIDE_DLOPEN_CHILD", 10,
+                  "the runtime's lookup and the other thread's dlopen");
 }
