@@ -139,6 +139,11 @@ static int pinned_stream_capturing(mp_device_t *dev, mp_stream_t s) {
   return mp__device_stream_capturing(pinned_under(dev), s);
 }
 
+/* The underlying device's captures are the view's (its streams are). */
+static int pinned_capture_seen(mp_device_t *dev, mp_stream_t *which) {
+  return mp__device_capture_seen(pinned_under(dev), NULL, which);
+}
+
 static int pinned_stream_capture_id(mp_device_t *dev, mp_stream_t s,
                                     uint64_t *id) {
   return mp__device_stream_capture_id(pinned_under(dev), s, id);
@@ -193,6 +198,7 @@ const mp__backend_t mp__pinned_backend = {
     .stream_kind = pinned_stream_kind,
     .stream_owned = pinned_stream_owned,
     .stream_capturing = pinned_stream_capturing,
+    .capture_seen = pinned_capture_seen,
     .stream_capture_id = pinned_stream_capture_id,
     .capture_on_release = pinned_capture_on_release,
     .launch_host = pinned_launch_host,
