@@ -7,7 +7,8 @@
  * nothing goes back to the driver until the cache is emptied (here: when
  * the allocator closes). Stream events are left out: mpbench frees are
  * stream-ordered already. Reserved = the sum of the rounded sizes
- * allocated; device_calls = page-locked allocations made. */
+ * allocated; device_calls = page-locked allocations the driver made (a
+ * refused one is not counted), and the free of one it could not track. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -64,12 +65,16 @@ mp_status_t mpb_pow2_alloc(mpb_pow2_t *p, size_t size, void **out) {
      * a free never allocates. */
     if (!mpb_grow(&p->free_list[c], &p->cap[c], p->nblocks[c], sizeof(void *)))
       return mp__fail(MP_ENOMEM, "host-pow2: out of host memory");
-    p->device_calls++;
+    /* Counted once the driver made it, as the pool's device_alloc_count
+     * (mempool/stats.h: calls into the driver): a refused page-locked
+     * allocation made nothing, and the row compared with host-pool's. */
     mp_status_t st = mp_device_host_alloc(p->dev, (size_t)1 << c, &ptr);
     if (st != MP_OK)
       return st;
+    p->device_calls++;
     mpb_pow2_entry_t *e = mp__ptrmap_put(&p->blocks, (uintptr_t)ptr);
     if (e == NULL) {
+      p->device_calls++; /* the block given back: a free */
       mp__device_host_free(p->dev, ptr);
       return mp__fail(MP_ENOMEM, "host-pow2: out of host memory");
     }
