@@ -19,7 +19,8 @@
  * Usage: bench_defrag_kv [--device SPEC] [--seqs N] [--steps N]
  *          [--token-bytes SIZE] [--every N] [--seed N]
  * Defaults: host:capacity=8G, 32 sequences, 2000 steps, 8 KiB per token,
- * every 250 steps. */
+ * every 250 steps. --seqs is refused (exit 2) when the first step's caches,
+ * one per sequence, do not fit in the device's free memory. */
 #include <inttypes.h>
 #include <limits.h>
 #include <stdbool.h>
@@ -38,6 +39,14 @@
  * (a larger --token-bytes wrapped: 2^60 + 1 bytes a token ran caches of
  * 16 bytes a page, and 2^60 of 0 bytes, and printed their figures). */
 #define MAX_TOKENS 1024
+/* The first cache of a sequence: one page of 16 tokens. No sequence ends
+ * before 64 tokens, so the first step holds one such cache per sequence at
+ * once, each rounded up to the pool's blocks (mp_pool_create with no
+ * config: 512 bytes, mempool/pool.h), beside the step's 4 temporaries of
+ * at least 64 KiB. */
+#define PAGE_TOKENS 16
+#define POOL_ALIGN  512
+#define TMP_MIN     (64 << 10)
 
 typedef struct seq {
   mp_handle_t *kv;
@@ -113,7 +122,7 @@ static void grow(mp_pool_t *pool, mp_device_t *dev, mp_stream_t st, seq_t *s,
                  size_t token_bytes) {
   if (s->tokens < s->cap_tokens)
     return;
-  size_t cap = s->cap_tokens + 16; /* one page of 16 tokens more */
+  size_t cap = s->cap_tokens + PAGE_TOKENS; /* one page more */
   mp_handle_t *n;
   mp_status_t r = mp_pool_alloc_movable(pool, cap * token_bytes, st, &n);
   if (r != MP_OK)
@@ -185,12 +194,17 @@ static mp_stats_t run(const opts_t *o, mp_device_t *dev, bool defrag,
   if ((r = mp_stream_create(dev, &st)) != MP_OK)
     die("create stream", r);
   seq_t *seqs = calloc(o->seqs, sizeof *seqs);
+  if (seqs == NULL) {
+    fprintf(stderr, "bench_defrag_kv: no host memory for %u sequences\n",
+            o->seqs);
+    exit(1);
+  }
   for (unsigned i = 0; i < o->seqs; i++)
     start(&seqs[i]);
   void *tmp[4];
   for (unsigned step = 1; step <= o->steps; step++) {
     for (unsigned k = 0; k < 4; k++)
-      if ((r = mp_pool_alloc(pool, rnd_between(64 << 10, 2 << 20), st,
+      if ((r = mp_pool_alloc(pool, rnd_between(TMP_MIN, 2 << 20), st,
                              &tmp[k])) != MP_OK)
         die("temporary", r);
     for (unsigned i = 0; i < o->seqs; i++) {
@@ -234,6 +248,31 @@ static mp_stats_t run(const opts_t *o, mp_device_t *dev, bool defrag,
   return b;
 }
 
+/* Refuses (exit 2) a plan whose first step cannot fit in what dev has
+ * free: --seqs 4000000000 was taken, and the run spent minutes setting up
+ * 128 GB of sequences on the host before its first allocation. */
+static void check_fits(const opts_t *o, mp_device_t *dev) {
+  size_t free_b, total_b;
+  mp_status_t r = mp_device_mem_info(dev, &free_b, &total_b);
+  if (r != MP_OK)
+    die("device memory", r);
+  /* token_bytes <= SIZE_MAX / MAX_TOKENS (parse): no wrap here. */
+  size_t first = (PAGE_TOKENS * o->token_bytes + POOL_ALIGN - 1) &
+                 ~(size_t)(POOL_ALIGN - 1);
+  size_t room = free_b > 4 * TMP_MIN ? free_b - 4 * TMP_MIN : 0;
+  if (o->seqs <= room / first)
+    return;
+  char x[2][32];
+  fprintf(stderr,
+          "bench_defrag_kv: --seqs %u does not fit: the first step holds "
+          "one %s cache (%d tokens of %zu bytes) per sequence at once, and "
+          "device %s has %s free; at most %zu sequences of this size\n",
+          o->seqs, mp__fmt_bytes(x[0], 32, first), PAGE_TOKENS, o->token_bytes,
+          mp_device_name(dev), mp__fmt_bytes(x[1], 32, free_b), room / first);
+  mp_device_close(dev);
+  exit(2);
+}
+
 int main(int argc, char **argv) {
   opts_t o;
   parse(argc, argv, &o);
@@ -241,6 +280,7 @@ int main(int argc, char **argv) {
   mp_status_t r;
   if ((r = mp_device_open(o.device, &dev)) != MP_OK)
     die("open device", r);
+  check_fits(&o, dev);
   printf("bench_defrag_kv: device %s, %u sequences, %u steps, %zu B/token, "
          "defragment every %u steps\n",
          mp_device_name(dev), o.seqs, o.steps, o.token_bytes, o.every);
