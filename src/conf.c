@@ -115,7 +115,7 @@ static bool mp__strtod_c(const char *buf, size_t len, size_t mantissa,
   return true;
 }
 
-bool mp__parse_decimal(const char *s, size_t len, double *out) {
+mp_status_t mp__parse_decimal(const char *s, size_t len, double *out) {
   size_t i = mp__digits(s, len);
   size_t digits = i;
   if (i < len && s[i] == '.') {
@@ -124,7 +124,7 @@ bool mp__parse_decimal(const char *s, size_t len, double *out) {
     i += 1 + frac;
   }
   if (digits == 0)
-    return false;
+    return MP_EINVAL;
   size_t mantissa = i;
   if (i < len && (s[i] == 'e' || s[i] == 'E')) {
     i++;
@@ -132,23 +132,24 @@ bool mp__parse_decimal(const char *s, size_t len, double *out) {
       i++;
     size_t exp = mp__digits(s + i, len - i);
     if (exp == 0)
-      return false;
+      return MP_EINVAL;
     i += exp;
   }
   if (i != len)
-    return false;
+    return MP_EINVAL;
   /* A copy to end the text for strtod: on the heap when long (a fraction
-   * written with many digits is still a fraction). */
+   * written with many digits is still a fraction); no room for it is no
+   * room, not a bad number. */
   char small[64];
   char *buf = len < sizeof small ? small : mp__host_alloc(len + 1);
   if (buf == NULL)
-    return false;
+    return MP_ENOMEM;
   memcpy(buf, s, len);
   buf[len] = '\0';
   bool ok = mp__strtod_c(buf, len, mantissa, out);
   if (buf != small)
     free(buf);
-  return ok;
+  return ok ? MP_OK : MP_EINVAL;
 }
 
 bool mp__parse_bool(const char *s, size_t len, bool *out) {

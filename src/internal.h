@@ -142,10 +142,12 @@ bool mp__parse_size(const char *s, size_t len, size_t *out);
 bool mp__parse_u64(const char *s, size_t len, uint64_t *out);
 /* A plain decimal, "0.5", ".5", "5.", "2.5e-1": digits with at most one
  * '.', then an exponent if it likes; no blanks, sign, hex, inf or nan.
- * Read with '.' as the decimal point under any locale. false on anything
- * else, and on a value out of a double's range ("1e400", and "1e-400",
- * which would read as 0). */
-bool mp__parse_decimal(const char *s, size_t len, double *out);
+ * Read with '.' as the decimal point under any locale. MP_OK; MP_EINVAL on
+ * anything else, and on a value out of a double's range ("1e400", and
+ * "1e-400", which would read as 0); MP_ENOMEM when a long value (64
+ * characters or more) found no host memory for its copy. No message set;
+ * *out changed only on MP_OK. */
+mp_status_t mp__parse_decimal(const char *s, size_t len, double *out);
 /* "1"/"0", "true"/"false", "yes"/"no", "on"/"off". */
 bool mp__parse_bool(const char *s, size_t len, bool *out);
 

@@ -225,7 +225,13 @@ static mp_status_t mp__conf_pair(void *vctx, const char *k, size_t kl,
   if (key->kind == MP__KEY_FRACTION || key->kind == MP__KEY_FRACTION_BELOW) {
     bool below = key->kind == MP__KEY_FRACTION_BELOW;
     double f = 0;
-    if (!mp__parse_decimal(v, vl, &f) || !(f > 0 && (below ? f < 1 : f <= 1)))
+    mp_status_t st = mp__parse_decimal(v, vl, &f);
+    if (st == MP_ENOMEM)
+      return mp__fail(MP_ENOMEM,
+                      "%s: out of host memory reading %s's value (%zu "
+                      "characters); nothing applied",
+                      ctx->what, key->name, vl);
+    if (st != MP_OK || !(f > 0 && (below ? f < 1 : f <= 1)))
       return mp__bad_value(ctx, key, v, vl);
     memcpy((char *)c + key->field, &f, sizeof f);
     return MP_OK;
