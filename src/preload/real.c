@@ -76,8 +76,27 @@ static mp__real_cudart_t mp__rrt;
 static atomic_bool mp__rrt_ready;
 static pthread_mutex_t mp__publish_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* A fork while another thread held mp__publish_lock left it held for good
+ * in the child, which has only the forking thread, and the child's first
+ * lookup waited for ever (pthread_once recovered there). The child starts
+ * with the lock free: a copy the fork cut short was never marked ready
+ * (ready is set last, under the lock), so its table is resolved and
+ * copied again by the child's first caller. Every first caller registers
+ * the handler before it takes the lock, so none holds it unregistered (two
+ * racing callers register it twice, which does no harm); only when
+ * pthread_atfork is refused (out of memory) does a caller take the lock
+ * with no handler, as before, and the next first caller tries again. */
+static atomic_bool mp__publish_atfork;
+
+static void mp__publish_child(void) {
+  pthread_mutex_init(&mp__publish_lock, NULL);
+}
+
 static void mp__publish(void *table, const void *scratch, size_t size,
                         atomic_bool *ready) {
+  if (!atomic_load_explicit(&mp__publish_atfork, memory_order_acquire) &&
+      pthread_atfork(NULL, NULL, mp__publish_child) == 0)
+    atomic_store_explicit(&mp__publish_atfork, true, memory_order_release);
   pthread_mutex_lock(&mp__publish_lock);
   if (!atomic_load_explicit(ready, memory_order_relaxed)) {
     memcpy(table, scratch, size);
