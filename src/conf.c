@@ -115,7 +115,7 @@ static bool mp__strtod_c(const char *buf, size_t len, size_t mantissa,
   return true;
 }
 
-mp_status_t mp__parse_decimal(const char *s, size_t len, double *out) {
+mp_status_t mp__read_decimal(const char *s, size_t len, double *out) {
   size_t i = mp__digits(s, len);
   size_t digits = i;
   if (i < len && s[i] == '.') {
@@ -150,6 +150,10 @@ mp_status_t mp__parse_decimal(const char *s, size_t len, double *out) {
   if (buf != small)
     free(buf);
   return ok ? MP_OK : MP_EINVAL;
+}
+
+bool mp__parse_decimal(const char *s, size_t len, double *out) {
+  return mp__read_decimal(s, len, out) == MP_OK;
 }
 
 bool mp__parse_bool(const char *s, size_t len, bool *out) {

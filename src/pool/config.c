@@ -225,7 +225,7 @@ static mp_status_t mp__conf_pair(void *vctx, const char *k, size_t kl,
   if (key->kind == MP__KEY_FRACTION || key->kind == MP__KEY_FRACTION_BELOW) {
     bool below = key->kind == MP__KEY_FRACTION_BELOW;
     double f = 0;
-    mp_status_t st = mp__parse_decimal(v, vl, &f);
+    mp_status_t st = mp__read_decimal(v, vl, &f);
     if (st == MP_ENOMEM)
       return mp__fail(MP_ENOMEM,
                       "%s: out of host memory reading %s's value (%zu "
