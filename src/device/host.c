@@ -1181,7 +1181,11 @@ static mp_status_t host_file_range(host_dev_t *h, const char *what,
   if (host_inherited(h))
     return host_refuse_inherited(what);
   uint64_t len = host_page_round(bytes);
-  if (h->file_next > (uint64_t)INT64_MAX / 2 - len)
+  /* len may exceed the bound itself (a size of 4 EiB and more with a
+   * capacity that large): the subtraction alone would wrap and let it
+   * through, past the export tags (HOST_TAG_BASE). */
+  if (len > (uint64_t)INT64_MAX / 2 ||
+      h->file_next > (uint64_t)INT64_MAX / 2 - len)
     return mp__fail(MP_ENOMEM, "host device: %s: the device file is full",
                     what);
   if (ftruncate(h->memfd, (off_t)(h->file_next + len)) != 0)
@@ -1192,6 +1196,17 @@ static mp_status_t host_file_range(host_dev_t *h, const char *what,
   *off = h->file_next;
   h->file_next += len;
   return MP_OK;
+}
+
+/* mem_lock held. Takes back the range (off, bytes) that host_file_range
+ * handed out and nothing ever mapped (the mmap failed), when no range was
+ * handed out after it: offsets are never reused, so without this a size
+ * the address space cannot hold (mmap fails, past 128 TiB on x86-64) would
+ * use up the file's offsets for good, and every later allocation and map
+ * of the device would fail as "the device file is full". */
+static void host_file_unrange(host_dev_t *h, uint64_t off, size_t bytes) {
+  if (h->file_next == off + host_page_round(bytes))
+    h->file_next = off;
 }
 
 /* Gives a range of the device file back (its pages go), unless another
@@ -1248,7 +1263,10 @@ static mp_status_t host_alloc(mp_device_t *dev, size_t bytes, void **out) {
                  MAP_SHARED | MAP_NORESERVE, h->memfd, (off_t)off);
   if (p == MAP_FAILED) {
     int err = errno;
-    host_uncharge(h, bytes);
+    pthread_mutex_lock(&h->mem_lock);
+    h->used -= bytes;
+    host_file_unrange(h, off, bytes);
+    pthread_mutex_unlock(&h->mem_lock);
     return mp__fail(MP_ENOMEM, "host device: mmap of %zu bytes failed: %s",
                     bytes, strerror(err));
   }
