@@ -361,16 +361,24 @@ static int mpb_fail_usage(const char *fmt, const char *arg) {
   return 2;
 }
 
-/* Seconds: "inf", or a plain decimal (mp__parse_decimal: a fraction and
+/* Seconds: "inf", or a plain decimal (mp__read_decimal: a fraction and
  * an exponent if it likes, no hex, blanks, sign or nan, '.' under any
  * locale, nothing a double cannot hold: "1e-400" is not 0, no limit), at
- * least 0. */
-static bool mpb_parse_seconds(const char *val, double *out) {
+ * least 0. MP_OK; MP_EINVAL for anything else; MP_ENOMEM where a long one
+ * (64 characters or more) found no host memory to be read in, which says
+ * nothing of the value. */
+static mp_status_t mpb_parse_seconds(const char *val, double *out) {
   if (strcmp(val, "inf") == 0) {
     *out = HUGE_VAL;
-    return true;
+    return MP_OK;
   }
-  return mp__parse_decimal(val, strlen(val), out) && *out >= 0;
+  double v;
+  mp_status_t st = mp__read_decimal(val, strlen(val), &v);
+  if (st == MP_OK && v < 0)
+    st = MP_EINVAL;
+  if (st == MP_OK)
+    *out = v;
+  return st;
 }
 
 /* Options of `run` that `mpbench bound` has no use for: it writes no files
@@ -535,7 +543,13 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
       c->blockmap = val;
     } else if (strcmp(a, "--capacity-budget") == 0 ||
                strcmp(a, "--capacity-total") == 0) {
-      if (!mpb_parse_seconds(val, a[11] == 'b' ? &c->budget : &c->total)) {
+      mp_status_t st =
+          mpb_parse_seconds(val, a[11] == 'b' ? &c->budget : &c->total);
+      if (st == MP_ENOMEM) {
+        fprintf(stderr, "mpbench: out of host memory reading %s\n", a);
+        return 1;
+      }
+      if (st != MP_OK) {
         char msg[320];
         snprintf(msg, sizeof msg,
                  "bad %s '%.200s' (seconds: a plain decimal a double holds, "

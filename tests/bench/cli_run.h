@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "mpbench.h"
@@ -34,6 +35,28 @@ static inline int mpb_test_run(const char **args, const char *path) {
     dup2(saved, 1);
     close(saved);
   }
+  return rc;
+}
+
+/* mpb_test_run(args, path) with what it writes on stderr into err (n
+ * bytes, terminated; empty where it could not be caught). */
+static inline int mpb_test_run_err(const char **args, const char *path,
+                                   char *err, size_t n) {
+  char tmp[] = "/tmp/mp_cli_err_XXXXXX";
+  int fd = mkstemp(tmp);
+  fflush(stderr);
+  int saved = dup(2);
+  err[0] = '\0';
+  if (fd < 0 || saved < 0 || dup2(fd, 2) < 0)
+    return -1;
+  int rc = mpb_test_run(args, path);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  ssize_t got = pread(fd, err, n - 1, 0);
+  err[got > 0 ? got : 0] = '\0';
+  close(fd);
+  unlink(tmp);
   return rc;
 }
 
