@@ -49,7 +49,14 @@
  * graph's until the release, even when freed inside the capture (the
  * replays still use it), so it pins the capture's every allocation, never
  * reused (CUDA's own graph memory nodes may reuse inside one graph; this
- * baseline does not model that). Other allocators ignore graph events. */
+ * baseline does not model that). Other allocators ignore graph events.
+ *
+ * Device calls (mpb_sample_t.device_calls) are the same thing for every
+ * allocator: the device (or page-locked) allocations and frees the driver
+ * made, as mempool's stats count them (mempool/stats.h: device_alloc_count
+ * and device_free_count are "calls into the driver", counted where the call
+ * succeeded). One the driver refused made nothing and is not counted, so
+ * that a row that ran out of memory compares with the pool's. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -82,7 +89,7 @@ struct mpb_allocator {
   mp_allocator_t *mp; /* MEMPOOL, DIRECT */
   mpb_jemalloc_t *je; /* JEMALLOC */
   size_t raw_base;    /* RAW: device memory in use when it was opened */
-  uint64_t raw_calls; /* RAW: device allocations + frees */
+  uint64_t raw_calls; /* RAW, HOST_DIRECT: allocations + frees made */
   mpb_cuasync_t *cu;  /* CUDA_ASYNC */
   mp_host_pool_t *hp; /* HOST_POOL */
   mpb_pow2_t *pow2;   /* HOST_POW2 */
@@ -96,7 +103,7 @@ struct mpb_allocator {
   mp_stream_t cap;       /* the capturing stream (both) */
   struct mpb_gblock *gb; /* nograph: the captures' device allocations */
   size_t ngb, gb_cap, gb_bytes;
-  uint64_t gb_calls; /* nograph: device allocations + frees of its own */
+  uint64_t gb_calls; /* nograph: device allocations + frees it made */
 };
 
 typedef struct mpb_gblock {
@@ -252,11 +259,11 @@ static mp_status_t mpb_je_get(mpb_jemalloc_t *j, size_t size, void **p) {
                    : mp_device_alloc(j->dev, size, p);
 }
 
+/* Gives a chunk back; a free the driver made is a device call. */
 static void mpb_je_put(mpb_jemalloc_t *j, void *p) {
-  if (j->pinned)
-    mp__device_host_free(j->dev, p);
-  else
-    mp__device_free(j->dev, p);
+  mp_status_t st =
+      j->pinned ? mp__device_host_free(j->dev, p) : mp__device_free(j->dev, p);
+  j->device_calls += st == MP_OK;
 }
 
 static bool mpb_je_track(mpb_jemalloc_t *j, void *p) {
@@ -275,19 +282,18 @@ static void *mpb_je_alloc(extent_hooks_t *h, void *new_addr, size_t size,
     return NULL; /* the device cannot place memory at a given address */
   void *p;
   size_t got = size;
-  j->device_calls++;
   if (mpb_je_get(j, size, &p) != MP_OK)
     return NULL;
+  j->device_calls++;
   if (((uintptr_t)p & (alignment - 1)) != 0) {
     /* Not aligned enough: ask again with room to align inside. */
-    j->device_calls += 2;
     mpb_je_put(j, p);
     if (size + alignment < size || mpb_je_get(j, size + alignment, &p) != MP_OK)
       return NULL;
+    j->device_calls++;
     got = size + alignment;
   }
   if (!mpb_je_track(j, p)) {
-    j->device_calls++;
     mpb_je_put(j, p);
     return NULL;
   }
@@ -449,13 +455,13 @@ mp_status_t mpb_allocator_open(const char *name, mp_device_t *dev,
 
 static mp_status_t mpb_host_direct_alloc(mpb_allocator_t *a, size_t size,
                                          void **out) {
-  a->raw_calls++;
   mp_status_t st = mp_device_host_alloc(a->dev, size, out);
   if (st != MP_OK)
     return st;
+  a->raw_calls++;
   mpb_held_t *e = mp__ptrmap_put(&a->held, (uintptr_t)*out);
   if (e == NULL) {
-    mp__device_host_free(a->dev, *out);
+    a->raw_calls += mp__device_host_free(a->dev, *out) == MP_OK;
     return mp__fail(MP_ENOMEM, "host-direct: out of host memory");
   }
   e->bytes = size;
@@ -469,9 +475,10 @@ static mp_status_t mpb_host_direct_free(mpb_allocator_t *a, void *ptr) {
   mpb_held_t e;
   if (!mp__ptrmap_take(&a->held, (uintptr_t)ptr, &e))
     return mp__fail(MP_EINVAL, "host-direct: %p is not live", ptr);
-  a->raw_calls++;
   a->raw_held -= e.bytes;
-  return mp__device_host_free(a->dev, ptr);
+  mp_status_t st = mp__device_host_free(a->dev, ptr);
+  a->raw_calls += st == MP_OK;
+  return st;
 }
 
 /* ---- graph events -------------------------------------------------------
@@ -487,9 +494,9 @@ static mp_status_t mpb_nograph_alloc(mpb_allocator_t *a, size_t size,
     a->gb = gb;
     a->gb_cap = cap;
   }
-  a->gb_calls++;
   mp_status_t st = mp_device_alloc(a->dev, size, out);
   if (st == MP_OK) {
+    a->gb_calls++;
     a->gb[a->ngb++] = (mpb_gblock_t){*out, size, false};
     a->gb_bytes += size;
   }
@@ -511,8 +518,7 @@ static void mpb_nograph_release(mpb_allocator_t *a, bool all) {
   size_t k = 0;
   for (size_t i = 0; i < a->ngb; i++) {
     if (a->gb[i].freed || all) {
-      a->gb_calls++;
-      mp__device_free(a->dev, a->gb[i].ptr);
+      a->gb_calls += mp__device_free(a->dev, a->gb[i].ptr) == MP_OK;
       a->gb_bytes -= a->gb[i].bytes;
     } else {
       a->gb[k++] = a->gb[i];
@@ -566,8 +572,9 @@ mp_status_t mpb_allocator_alloc(mpb_allocator_t *a, size_t size, mp_stream_t s,
   if (MP__UNLIKELY(a->capturing) && s == a->cap)
     return mpb_nograph_alloc(a, size, out);
   if (a->kind == MPB_KIND_RAW) {
-    a->raw_calls++;
-    return mp_device_alloc(a->dev, size, out);
+    mp_status_t st = mp_device_alloc(a->dev, size, out);
+    a->raw_calls += st == MP_OK;
+    return st;
   }
   if (a->kind == MPB_KIND_CUDA_ASYNC)
     return mpb_cuasync_alloc(a->cu, size, s, out);
@@ -594,8 +601,11 @@ mp_status_t mpb_allocator_free(mpb_allocator_t *a, void *ptr) {
     return MP_OK;
   }
   if (a->kind == MPB_KIND_RAW) {
-    a->raw_calls++;
-    return ptr ? mp__device_free(a->dev, ptr) : MP_OK;
+    if (ptr == NULL)
+      return MP_OK; /* no call */
+    mp_status_t st = mp__device_free(a->dev, ptr);
+    a->raw_calls += st == MP_OK;
+    return st;
   }
   if (a->kind == MPB_KIND_CUDA_ASYNC)
     return mpb_cuasync_free(a->cu, ptr);
