@@ -15,7 +15,11 @@
 
 static struct {
   _Atomic(mp_pool_t *) pool;
-  mp_device_t *dev;
+  /* The pool's device. Atomic: a reset of the device (its retirement)
+   * clears it under mp__devs_lock while a walk (mp__pl_each_device, under
+   * mp__devs_walk read only: a stream's forgetting on another device's
+   * thread) reads it; the walk skips a device it finds cleared. */
+  _Atomic(mp_device_t *) dev;
   atomic_bool failed;
   _Atomic(mp__cuctx) primary; /* the device's primary context, or NULL */
   /* Where no pool can be made (mp__is_primary): the primary context the
@@ -110,7 +114,7 @@ void mp__pl_devices_config(const mp_pool_config_t *cfg) {
 void mp__pl_devices_put(int ordinal, mp_device_t *dev, mp_pool_t *pool) {
   if (ordinal < 0 || ordinal >= MP__PL_MAX_DEVICES)
     return;
-  mp__devs[ordinal].dev = dev;
+  atomic_store(&mp__devs[ordinal].dev, dev);
   atomic_store(&mp__devs_pooling, true);
   atomic_store(&mp__devs[ordinal].primary, mp__primary_of(ordinal));
   atomic_store(&mp__devs[ordinal].pool, pool);
@@ -121,7 +125,7 @@ void mp__pl_devices_child(void) {
   pthread_rwlock_init(&mp__devs_walk, NULL);
   for (int i = 0; i < MP__PL_MAX_DEVICES; i++) {
     atomic_store(&mp__devs[i].pool, NULL);
-    mp__devs[i].dev = NULL;
+    atomic_store(&mp__devs[i].dev, NULL);
     atomic_store(&mp__devs[i].failed, false);
     atomic_store(&mp__devs[i].primary, NULL);
     atomic_store(&mp__devs[i].seen, NULL);
@@ -157,7 +161,7 @@ mp_pool_t *mp__pl_pool_of(const mp__pl_t *pl, int ordinal) {
       pool = NULL;
     } else {
       (void)mp_pool_add_stream(pool, NULL);
-      mp__devs[ordinal].dev = dev;
+      atomic_store(&mp__devs[ordinal].dev, dev);
       atomic_store(&mp__devs[ordinal].primary, mp__primary_of(ordinal));
       atomic_store_explicit(&mp__devs[ordinal].pool, pool,
                             memory_order_release);
@@ -299,9 +303,12 @@ int mp__pl_pool_ordinal(const mp_pool_t *pool) {
 
 void mp__pl_each_device(void (*fn)(mp_device_t *, void *), void *ctx) {
   pthread_rwlock_rdlock(&mp__devs_walk);
-  for (int i = 0; i < MP__PL_MAX_DEVICES; i++)
-    if (atomic_load_explicit(&mp__devs[i].pool, memory_order_acquire) != NULL)
-      fn(mp__devs[i].dev, ctx);
+  for (int i = 0; i < MP__PL_MAX_DEVICES; i++) {
+    mp_device_t *dev = NULL;
+    if (atomic_load_explicit(&mp__devs[i].pool, memory_order_acquire) != NULL &&
+        (dev = atomic_load(&mp__devs[i].dev)) != NULL)
+      fn(dev, ctx);
+  }
   pthread_rwlock_unlock(&mp__devs_walk);
 }
 
@@ -406,12 +413,13 @@ mp_pool_t *mp__pl_devices_retire(const mp__pl_t *pl, int ordinal) {
   pthread_mutex_lock(&mp__devs_lock);
   mp_pool_t *pool = atomic_exchange(&mp__devs[ordinal].pool, NULL);
   if (pool != NULL && keep != NULL) {
-    *keep = (mp__retired_t){
-        .pool = pool, .dev = mp__devs[ordinal].dev, .next = mp__retired};
+    *keep = (mp__retired_t){.pool = pool,
+                            .dev = atomic_load(&mp__devs[ordinal].dev),
+                            .next = mp__retired};
     mp__retired = keep;
     keep = NULL;
   }
-  mp__devs[ordinal].dev = NULL;
+  atomic_store(&mp__devs[ordinal].dev, NULL);
   atomic_store(&mp__devs[ordinal].failed, false);
   atomic_store(&mp__devs[ordinal].primary, NULL);
   mp__devs[ordinal].resetting++;
