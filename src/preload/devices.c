@@ -377,14 +377,22 @@ bool mp__pl_pools_hold(const mp__pl_t *pl, uintptr_t addr) {
 }
 
 int mp__pl_snapshot(const mp__pl_t *pl, const char *path) {
-  if (path == NULL || pl == NULL || pl->mode != MP__PL_POOL)
-    return MP_EINVAL;
+  /* Each refusal says why in the last error (a ctypes caller reads it;
+   * before, it was whatever failed last on the thread). */
+  if (path == NULL)
+    return mp__fail(MP_EINVAL, "mempool_preload_snapshot: path is NULL");
+  if (pl == NULL || pl->mode != MP__PL_POOL)
+    return mp__fail(MP_EINVAL, "mempool_preload_snapshot: no pool to "
+                               "snapshot: the shim does not serve "
+                               "allocations (MEMPOOL_PRELOAD)");
   mp__pl_pools_t ps = {.n = 0};
   pthread_rwlock_rdlock(&mp__devs_walk);
   mp__each_pool(pl, mp__collect, &ps);
-  mp_status_t st = ps.n == 0 ? MP_EINVAL
-                             : mp__pool_snapshot_many(ps.pool, ps.ordinal,
-                                                      (size_t)ps.n, path);
+  /* No pool now (every device reset, as a program ending with
+   * cudaDeviceReset leaves it; or none could be made): the snapshot
+   * refuses it and says so ("no pool"). */
+  mp_status_t st =
+      mp__pool_snapshot_many(ps.pool, ps.ordinal, (size_t)ps.n, path);
   pthread_rwlock_unlock(&mp__devs_walk);
   if (st != MP_OK)
     fprintf(stderr, "mempool preload: snapshot '%s': %s\n", path,
