@@ -37,6 +37,23 @@ static struct {
  * the first mp__pl_devices_put. */
 static atomic_bool mp__devs_pooling;
 
+/* Streams the program created while their device's pool was paused:
+ * mp_pool_add_stream refuses every call on a paused pool but a few
+ * (mempool/pool.h, mp_pool_pause), and a stream left unknown to its pool
+ * after the resume was one a free never waited for (its kernels could
+ * still use a block the pool handed out again; a blocking stream is
+ * covered by the legacy stream's marker, a non-blocking one was not).
+ * Held here, by device, and added by the resume (mp__pl_devices_resumed);
+ * dropped by the stream's destroy (mp__pl_devices_unhold) and by the
+ * device's reset, which destroys them (mp__pl_devices_retire). Under
+ * mp__devs_lock. */
+typedef struct {
+  mp__custream s;
+  int ordinal;
+} mp__held_t;
+static mp__held_t *mp__held;
+static size_t mp__nheld, mp__held_cap;
+
 /* The primary context of CUDA device `ordinal`: retained and released at
  * once (the pool made on the device holds a retain of its own, so the
  * context stays and the handle with it); NULL when the driver cannot say. */
@@ -131,6 +148,7 @@ void mp__pl_devices_child(void) {
     atomic_store(&mp__devs[i].seen, NULL);
     mp__devs[i].resetting = 0;
   }
+  mp__nheld = 0; /* the parent's streams are not this process's */
 }
 
 mp_pool_t *mp__pl_pool_of(const mp__pl_t *pl, int ordinal) {
@@ -312,6 +330,77 @@ void mp__pl_each_device(void (*fn)(mp_device_t *, void *), void *ctx) {
   pthread_rwlock_unlock(&mp__devs_walk);
 }
 
+/* Drops the held entries for which drop(entry, ctx) says so. Under
+ * mp__devs_lock. */
+static void mp__held_drop(bool (*drop)(const mp__held_t *, const void *),
+                          const void *ctx) {
+  size_t kept = 0;
+  for (size_t k = 0; k < mp__nheld; k++)
+    if (!drop(&mp__held[k], ctx))
+      mp__held[kept++] = mp__held[k];
+  mp__nheld = kept;
+}
+
+static bool mp__held_is_stream(const mp__held_t *h, const void *s) {
+  return h->s == (mp__custream)s;
+}
+
+static bool mp__held_on_device(const mp__held_t *h, const void *ordinal) {
+  return h->ordinal == *(const int *)ordinal;
+}
+
+mp_status_t mp__pl_devices_add_stream(mp_pool_t *pool, mp__custream s) {
+  mp_status_t st = mp_pool_add_stream(pool, (mp_stream_t)s);
+  int d = -1;
+  if (st != MP_EBUSY || s == NULL || (d = mp__pl_pool_ordinal(pool)) < 0)
+    return st;
+  bool held = false;
+  pthread_mutex_lock(&mp__devs_lock);
+  /* Still paused: held, and a resume's drain (under this lock, after the
+   * pools run again) sees it. Running again: added below. */
+  if (mp__pool_is_paused(pool)) {
+    if (mp__nheld == mp__held_cap) {
+      size_t cap = mp__held_cap ? 2 * mp__held_cap : 16;
+      mp__held_t *more = realloc(mp__held, cap * sizeof *more);
+      if (more != NULL) {
+        mp__held = more;
+        mp__held_cap = cap;
+      }
+    }
+    if (mp__nheld < mp__held_cap) {
+      mp__held[mp__nheld++] = (mp__held_t){.s = s, .ordinal = d};
+      held = true;
+    }
+  }
+  pthread_mutex_unlock(&mp__devs_lock);
+  return held ? MP_OK : mp_pool_add_stream(pool, (mp_stream_t)s);
+}
+
+void mp__pl_devices_unhold(mp__custream s) {
+  pthread_mutex_lock(&mp__devs_lock);
+  mp__held_drop(mp__held_is_stream, s);
+  pthread_mutex_unlock(&mp__devs_lock);
+}
+
+/* Added to its device's pool, or kept while that pool is still paused. */
+static bool mp__held_added(const mp__held_t *h, const void *unused) {
+  (void)unused;
+  mp_pool_t *pool =
+      atomic_load_explicit(&mp__devs[h->ordinal].pool, memory_order_acquire);
+  return pool == NULL ||
+         mp_pool_add_stream(pool, (mp_stream_t)h->s) != MP_EBUSY;
+}
+
+/* Under mp__devs_walk read, as the pause and resume: a reset on another
+ * thread does not destroy a pool under it. */
+void mp__pl_devices_resumed(void) {
+  pthread_rwlock_rdlock(&mp__devs_walk);
+  pthread_mutex_lock(&mp__devs_lock);
+  mp__held_drop(mp__held_added, NULL);
+  pthread_mutex_unlock(&mp__devs_lock);
+  pthread_rwlock_unlock(&mp__devs_walk);
+}
+
 /* mp__pl_each_pool with mp__devs_walk held by the caller. */
 static void mp__each_pool(const mp__pl_t *pl,
                           void (*fn)(mp_pool_t *, int, void *), void *ctx) {
@@ -431,6 +520,7 @@ mp_pool_t *mp__pl_devices_retire(const mp__pl_t *pl, int ordinal) {
   atomic_store(&mp__devs[ordinal].failed, false);
   atomic_store(&mp__devs[ordinal].primary, NULL);
   mp__devs[ordinal].resetting++;
+  mp__held_drop(mp__held_on_device, &ordinal); /* the reset destroys them */
   pthread_mutex_unlock(&mp__devs_lock);
   free(keep);
   return pool;

@@ -99,6 +99,8 @@ static int mp__pause_all(bool pause, unsigned flags) {
   mp__pause_job_t job = {.pause = pause, .flags = flags, .st = MP_EINVAL};
   if (pl->mode == MP__PL_POOL)
     mp__pl_with_pools(pl, mp__pause_pools, &job);
+  if (!pause && job.st == MP_OK) /* streams made while paused (devices.c) */
+    mp__pl_devices_resumed();
   if (job.st != MP_OK)
     fprintf(stderr, "mempool preload: %s: %s\n",
             pause ? "mempool_preload_pause" : "mempool_preload_resume",

@@ -184,6 +184,14 @@ typedef struct mp__pl_pools {
 mp_pool_t *mp__pl_pool_of(const mp__pl_t *pl, int ordinal);
 /* Calls fn(dev, ctx) for every device that has a pool. */
 void mp__pl_each_device(void (*fn)(mp_device_t *, void *), void *ctx);
+/* mp_pool_add_stream(pool, s) for a stream of the program's; where the
+ * pool is paused (which refuses it: mempool/pool.h), s is held for the
+ * resume (mp__pl_devices_resumed) and the answer is MP_OK. */
+mp_status_t mp__pl_devices_add_stream(mp_pool_t *pool, mp__custream s);
+/* s destroyed: no resume adds it (its hold, if any, dropped). */
+void mp__pl_devices_unhold(mp__custream s);
+/* After a resume of the pools: the streams held meanwhile, added. */
+void mp__pl_devices_resumed(void);
 /* Calls fn(pool, ordinal, ctx) for every pool, by CUDA ordinal (host
  * mode: the one, as ordinal 0). */
 void mp__pl_each_pool(const mp__pl_t *pl, void (*fn)(mp_pool_t *, int, void *),

@@ -34,7 +34,7 @@ static void mp__stream_made(mp__curesult r, mp__custream *ps) {
   const mp__pl_t *pl = mp__pl_get();
   mp_pool_t *pool = pl->host ? NULL : mp__pl_pool_here(pl);
   if (pool != NULL)
-    (void)mp_pool_add_stream(pool, (mp_stream_t)*ps);
+    (void)mp__pl_devices_add_stream(pool, *ps);
   mp__pl_leave();
 }
 
@@ -102,8 +102,10 @@ mp__curesult cuStreamDestroy_v2(mp__custream hStream) {
     origin = hStream != NULL && hStream != MP__CU_STREAM_LEGACY &&
              hStream != MP__CU_STREAM_PER_THREAD &&
              mp__pl_capture_origin(hStream, &id, &known);
-    if (forgot)
+    if (forgot) {
       mp__pl_each_device(aside ? mp__set_aside_on : mp__forget_on, hStream);
+      mp__pl_devices_unhold(hStream); /* made during a pause */
+    }
   }
   mp__pl_leave();
   mp__curesult r = rc->cuStreamDestroy_v2 ? rc->cuStreamDestroy_v2(hStream)
@@ -140,7 +142,7 @@ mp__curesult cuStreamDestroy_v2(mp__custream hStream) {
       const mp__pl_t *pl = mp__pl_get();
       mp_pool_t *pool = mp__pl_pool_for_stream(pl, hStream, mp__pl_pool_here);
       if (pool != NULL)
-        (void)mp_pool_add_stream(pool, (mp_stream_t)hStream);
+        (void)mp__pl_devices_add_stream(pool, hStream);
     }
     mp__pl_leave();
   }
