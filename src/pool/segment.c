@@ -184,7 +184,8 @@ mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
 
 bool mp__plain_trim_one(mp_pool_t *pool) {
   MP__ASSERT_LOCKED(pool);
-  for (mp__segment_t *s = pool->segs; s != NULL; s = s->next) {
+  for (mp__segment_t *s = pool->segs, *next; s != NULL; s = next) {
+    next = s->next;
     if (s->kind != MP__SEG_PLAIN || s->first != s->last ||
         !mp__releasable(pool, s->first))
       continue;
@@ -195,10 +196,16 @@ bool mp__plain_trim_one(mp_pool_t *pool) {
     mp_status_t st = mp__device_free(pool->dev, (void *)s->base);
     mp__pool_device_end(pool);
     if (st != MP_OK) {
-      /* Keep it: the pool still owns the memory. */
+      /* Keep it: the pool still owns the memory. The segments after it
+       * are still tried: one refusal (a transient driver error) must not
+       * keep every other free segment reserved. next is still in the
+       * list: only one grow or release is in flight at a time, and this
+       * one was (lock.c), so no other thread unlinked a segment. s goes
+       * to the head, behind the scan, and is tried again on the next
+       * call. */
       mp__segment_push(pool, s);
       mp__index_insert(pool, b);
-      return false;
+      continue;
     }
     pool->st.free_blocks--;
     mp__rec_free(pool, b);
