@@ -228,10 +228,16 @@ Test(cuda_default_pool, free_async_on_another_devices_capture_is_refused,
 /* The same free after a kernel's fault (the fake's sticky error): the
  * capture question fails with the driver's error, which is the answer
  * (MP_EDRIVER, code 700); it was taken for a capture (MP_EBUSY, code 0).
- * The block stays allocated, and is freed once the driver answers. */
+ * The block stays allocated, and is freed once the driver answers. The
+ * fault is the fake's (cuFakeSetStickyError): a real driver (the GPU twin
+ * on two GPUs) has no such hook, and a real fault (cuda.h,
+ * CUDA_ERROR_ILLEGAL_ADDRESS: "the context cannot be used") would leave
+ * the process unable to go on, so the twin skips. */
 Test(cuda_default_pool,
      free_async_elsewhere_after_a_fault_says_the_drivers_error,
      .init = two_devices) {
+  if (fk_is_real())
+    cr_skip_test("the sticky error is the fake's");
   mp_pool_t *pool1;
   void *p = device_1_block(&pool1);
   cr_assert_not_null(mp_default_pool(), "%s", mp_last_error());
@@ -263,10 +269,14 @@ Test(cuda_default_pool, one_device_asks_the_driver_nothing_per_call,
                mp_last_error());
   cr_assert_eq(mp_free_async(p, (mp_stream_t)s), MP_OK, "%s", mp_last_error());
   /* What the stream's device is asked with (the pool's own calls, an
-   * event on a stream switch, are not counted). */
+   * event on a stream switch, are not counted). Counted where the driver
+   * counts calls (the fake); a real driver (the GPU twin) has no
+   * cuFakeGetCallCount, so there the calls run and only their answers
+   * are checked. */
   const char *asked[] = {"cuCtxGetDevice", "cuStreamGetCtx"};
-  long long before[2];
-  for (int i = 0; i < 2; i++)
+  bool counted = !fk_is_real();
+  long long before[2] = {0};
+  for (int i = 0; counted && i < 2; i++)
     before[i] = fk_calls(asked[i]);
   for (int k = 0; k < 100; k++) {
     cr_assert_eq(mp_malloc_async(&p, 4096, (mp_stream_t)s), MP_OK);
@@ -274,7 +284,7 @@ Test(cuda_default_pool, one_device_asks_the_driver_nothing_per_call,
     cr_assert_eq(mp_malloc(&p, 4096), MP_OK);
     cr_assert_eq(mp_free_async(p, NULL), MP_OK);
   }
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; counted && i < 2; i++)
     cr_expect_eq(fk_calls(asked[i]), before[i], "%s: %lld calls in 400",
                  asked[i], fk_calls(asked[i]) - before[i]);
   cr_assert_eq(cu.stream_sync(s), CUDA_SUCCESS);
