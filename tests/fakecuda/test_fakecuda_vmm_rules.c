@@ -89,19 +89,28 @@ static void expect_usable(CUdeviceptr va, unsigned char seed) {
  * fake charged memory only while it was mapped. */
 Test(fakecuda_vmm, a_handle_holds_device_memory_until_released_and_unmapped) {
   size_t g = granularity(), size = round_up((size_t)1 << 30, g);
+  /* At least this much less is free while the handle holds its memory:
+   * all of it on the fake, half on a GPU, whose free figure moves with
+   * the other tests' and processes' allocations and frees meanwhile
+   * (cuda.h, cuMemGetInfo: "In a multi-tenet situation, free estimate
+   * returned is prone to race condition where a new allocation/free done
+   * by a different process or a different thread in the same process
+   * [...] will result in deviation"); the twin's other cases and the gpu
+   * tests beside it move far less than 512 MiB. */
+  size_t held = fk_real() ? size / 2 : size;
   size_t before = free_bytes();
   CUmemGenericAllocationHandle h;
   cr_assert_eq(cuMemCreate(&h, size, &prop, 0), CUDA_SUCCESS);
-  cr_expect_leq(free_bytes(), before - size, "created, not counted used");
+  cr_expect_leq(free_bytes(), before - held, "created, not counted used");
   CUdeviceptr va;
   cr_assert_eq(cuMemAddressReserve(&va, size, g, 0, 0), CUDA_SUCCESS);
   map_rw(va, size, h);
-  cr_expect_leq(free_bytes(), before - size, "mapped, not counted used");
+  cr_expect_leq(free_bytes(), before - held, "mapped, not counted used");
   cr_assert_eq(cuMemUnmap(va, size), CUDA_SUCCESS);
-  cr_expect_leq(free_bytes(), before - size, "unmapped but not released");
+  cr_expect_leq(free_bytes(), before - held, "unmapped but not released");
   map_rw(va, size, h);
   cr_assert_eq(cuMemRelease(h), CUDA_SUCCESS);
-  cr_expect_leq(free_bytes(), before - size, "released but still mapped");
+  cr_expect_leq(free_bytes(), before - held, "released but still mapped");
   cr_assert_eq(cuMemUnmap(va, size), CUDA_SUCCESS);
   cr_expect_geq(free_bytes(), before - size / 2, "not given back");
   cr_assert_eq(cuMemAddressFree(va, size), CUDA_SUCCESS);
