@@ -11,9 +11,11 @@
 # Each step is bounded (MEMPOOL_GPU_TEST_TIMEOUT per test, default 150 s,
 # MEMPOOL_GPU_JOBS tests at a time, default 3; MEMPOOL_GPU_BENCH_TIMEOUT for
 # mpbench, default 240 s), so a hang costs a bounded share of the lease.
-# The tests named in MEMPOOL_GPU_ALONE (default gpu_cuda_pause, which fills
-# the device's memory) run after the others, one at a time, so that no other
-# test meets a full device.
+# The tests named in MEMPOOL_GPU_ALONE (default: gpu_cuda_pause, whose other
+# pool takes all the device's memory, and the direct allocator's two twins,
+# which take 60% of what is free; ctest runs them RUN_SERIAL) run after the
+# others, one at a time, so that no other test meets a full device and none
+# gives memory back under theirs.
 # Each test runs under timeout(1): ctest's own --timeout does not apply to
 # tests with a TIMEOUT property (the gpu tests have 600 s), and in the first
 # GPU run (2026-11-28) one hung test used up the whole call that way.
@@ -31,7 +33,7 @@ start=$(date +%s)
   nvcc --version 2>&1 | tail -n 2
 } >"$out/gpu.txt"
 t=${MEMPOOL_GPU_TEST_TIMEOUT:-150}
-alone=" ${MEMPOOL_GPU_ALONE-gpu_cuda_pause} "
+alone=" ${MEMPOOL_GPU_ALONE-gpu_cuda_pause gpu_cuda_direct_full_device_during_capture gpu_cuda_direct_beside_capture} "
 (cd "$build" && ctest -L gpu -N | sed -n 's/^ *Test *#[0-9]*: //p') \
   >"$out/tests.txt"
 : >"$out/together.txt"
