@@ -680,7 +680,13 @@ Test(fakecuda_rules,
   cr_assert_eq(cuMemsetD8(r, 0, n), CUDA_SUCCESS);
   cr_assert_eq(cuMemcpy(r, d, n), CUDA_SUCCESS);
   cr_assert(reg[0] == 0x3c && reg[page] == 0x5a);
-  if (!fk_real() || !pageable)
+  /* The fake only, as for cuMemAlloc memory
+   * (copies_past_an_allocations_end_are_refused): cuda.h names a bad
+   * start pointer for cuMemsetD8, not a range that runs past a
+   * registration, and a GPU that takes the start may write the page after
+   * it, which nothing mapped for the device: a fault, whose sticky error
+   * (CUDA_ERROR_ILLEGAL_ADDRESS) would fail every later call here. */
+  if (!fk_real())
     cr_assert_eq(cuMemsetD8(r + n - 8, 1, 16), CUDA_ERROR_INVALID_VALUE,
                  "a memset past the registered range's end");
   cr_assert_eq(cuMemHostUnregister(reg), CUDA_SUCCESS);
