@@ -90,7 +90,7 @@ static size_t mp__digits(const char *s, size_t len) {
   return n;
 }
 
-/* buf (len bytes, a decimal number mp__parse_decimal checked, its
+/* buf (len bytes, a decimal number mp__read_decimal checked, its
  * mantissa the first mantissa bytes) as a double in *out. */
 static bool mp__strtod_c(const char *buf, size_t len, size_t mantissa,
                          double *out) {
@@ -150,10 +150,6 @@ mp_status_t mp__read_decimal(const char *s, size_t len, double *out) {
   if (buf != small)
     free(buf);
   return ok ? MP_OK : MP_EINVAL;
-}
-
-bool mp__parse_decimal(const char *s, size_t len, double *out) {
-  return mp__read_decimal(s, len, out) == MP_OK;
 }
 
 bool mp__parse_bool(const char *s, size_t len, bool *out) {

@@ -148,9 +148,6 @@ bool mp__parse_u64(const char *s, size_t len, uint64_t *out);
  * characters or more) found no host memory for its copy. No message set;
  * *out changed only on MP_OK. */
 mp_status_t mp__read_decimal(const char *s, size_t len, double *out);
-/* mp__read_decimal's MP_OK as true; false on anything else, out of memory
- * included (bench/core/cli.c's seconds). */
-bool mp__parse_decimal(const char *s, size_t len, double *out);
 /* "1"/"0", "true"/"false", "yes"/"no", "on"/"off". */
 bool mp__parse_bool(const char *s, size_t len, bool *out);
 

@@ -1,5 +1,5 @@
 /* A fraction written with 64 characters or more is copied to the heap to
- * be read (conf.c, mp__parse_decimal). When that copy finds no host
+ * be read (conf.c, mp__read_decimal). When that copy finds no host
  * memory, the option string is refused with MP_ENOMEM, saying so, and
  * nothing of it is applied: it was refused as MP_EINVAL, "is not a
  * fraction in (0, 1]", which the value is. Each host allocation of the
