@@ -47,8 +47,15 @@ static inline int mpb_test_run_err(const char **args, const char *path,
   fflush(stderr);
   int saved = dup(2);
   err[0] = '\0';
-  if (fd < 0 || saved < 0 || dup2(fd, 2) < 0)
+  if (fd < 0 || saved < 0 || dup2(fd, 2) < 0) {
+    if (saved >= 0)
+      close(saved);
+    if (fd >= 0) {
+      close(fd);
+      unlink(tmp);
+    }
     return -1;
+  }
   int rc = mpb_test_run(args, path);
   fflush(stderr);
   dup2(saved, 2);

@@ -14,9 +14,8 @@
 
 Test(cli_seconds_out_of_range, seconds_a_double_cannot_hold_are_bad_usage,
      .init = scratch_make, .fini = scratch_drop) {
-  char out[512], err[600];
+  char out[512];
   snprintf(out, sizeof out, "%s/out", scratch_dir());
-  snprintf(err, sizeof err, "%s/stderr", scratch_dir());
   static const char *const opts[] = {"--capacity-budget", "--capacity-total"};
   static const char *const vals[] = {"1e-400", "0.1e-330", "1e400",
                                      "99999e99999", "1e-99999"};
@@ -25,18 +24,11 @@ Test(cli_seconds_out_of_range, seconds_a_double_cannot_hold_are_bad_usage,
       const char *args[] = {"run",     "--out",      out,
                             "--quiet", "--workload", "random:n=10",
                             opts[o],   vals[v],      NULL};
-      fflush(stderr);
-      int saved = dup(2);
-      FILE *e = freopen(err, "w", stderr);
-      cr_assert_not_null(e);
-      int rc = mpb_test_run(args, "/dev/null");
-      fflush(stderr);
-      dup2(saved, 2);
-      close(saved);
+      char said[600];
+      int rc = mpb_test_run_err(args, "/dev/null", said, sizeof said);
       cr_expect_eq(rc, 2, "%s %s was accepted (exit %d)", opts[o], vals[v], rc);
       char want[64];
       snprintf(want, sizeof want, "bad %s '%s'", opts[o], vals[v]);
-      const char *said = slurp(err);
       cr_expect(strstr(said, want) != NULL, "%s %s: said '%s'", opts[o],
                 vals[v], said);
     }
