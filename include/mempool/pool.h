@@ -461,7 +461,12 @@ MP_API mp_status_t mp_pool_alloc_contiguous(mp_pool_t *pool, size_t count,
                                             const size_t *sizes, mp_stream_t s,
                                             void **out /* count pointers */);
 /* Gives cached memory back to the device, after synchronizing the streams
- * that used it, until at most keep_bytes of free memory remain reserved. */
+ * that used it, until at most keep_bytes of free memory remain reserved.
+ * Where the device refuses to take a piece back, that piece stays the
+ * pool's, free (the next trim tries it again), the other pieces are still
+ * given back, and the trim returns the device's status (the message says
+ * how many pieces were refused and how much stays free), as PyTorch's
+ * emptyCache raises when a cudaFree fails. */
 MP_API mp_status_t mp_pool_trim(mp_pool_t *pool, size_t keep_bytes);
 
 /* Child pools: a fixed range carved out of the parent; it never grows.

@@ -449,7 +449,7 @@ static mp_status_t mp__arena_trim_one(mp_pool_t *a, size_t keep, size_t *left,
     st = mp__pool_sync(a);
     size_t before = a->st.reserved_bytes;
     if (st == MP_OK)
-      mp__segment_trim(a, keep);
+      st = mp__segment_trim(a, keep, "mp_pool_trim");
     /* At least (growth may run while a release has the lock down). */
     if (before > a->st.reserved_bytes)
       *gave = before - a->st.reserved_bytes;

@@ -415,7 +415,7 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
         mp__block_merge_deferred(pool);
       if ((b = mp__search(pool, size, sidx)) != NULL)
         goto got;
-      mp__segment_trim(pool, 0);
+      (void)mp__segment_trim(pool, 0, "the out-of-memory path");
       st = mp__grow_and_search(pool, size, sidx, host_fn, &b);
       if (st == MP_OK)
         goto got;

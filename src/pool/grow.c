@@ -74,13 +74,14 @@ mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
   return mp__plain_grow(pool, size, sidx, fresh);
 }
 
-void mp__segment_trim(mp_pool_t *pool, size_t keep) {
+mp_status_t mp__segment_trim(mp_pool_t *pool, size_t keep, const char *who) {
   MP__ASSERT_LOCKED(pool);
   if (pool->parent != NULL)
-    return; /* a child's range goes back only when it is destroyed */
+    return MP_OK; /* a child's range goes back only when it is destroyed */
   mp__pool_wait_idle(pool);
   if (pool->paused)
-    return; /* paused meanwhile: nothing is mapped */
+    return MP_OK; /* paused meanwhile: nothing is mapped */
+  uint64_t refused = pool->give_back_refused;
   /* Mappings a refused peer access left (vrange.c): the driver may take
    * them back now; those it refuses again wait for the next try. */
   (void)mp__vrange_strays_retry(pool);
@@ -91,6 +92,17 @@ void mp__segment_trim(mp_pool_t *pool, size_t keep) {
         !mp__plain_trim_one(pool))
       break;
   }
+  if (pool->give_back_refused == refused || mp__free_bytes(pool) <= keep)
+    return MP_OK; /* none refused, or one refused went at a later try */
+  /* The thread's last error says why the device refused the last one (a
+   * refusal ends no scan: the others are tried). As a cudaFree failing in
+   * PyTorch's emptyCache raises. */
+  char b[32];
+  return mp__fail(pool->give_back_st,
+                  "%s: the device refused to take back free memory, so %s "
+                  "free stays reserved (tried again at the next trim): %s",
+                  who, mp__fmt_bytes(b, sizeof b, mp__free_bytes(pool)),
+                  mp_last_error());
 }
 
 void mp__segment_release_over(mp_pool_t *pool) {
@@ -107,7 +119,7 @@ void mp__segment_release_over(mp_pool_t *pool) {
      * not where a device synchronize is owed (sync_device_from). */
     mp__streams_sync_end(pool, mp__streams_sync_begin(pool));
   }
-  mp__segment_trim(pool, th);
+  (void)mp__segment_trim(pool, th, "release_threshold");
   /* Memory still above the threshold is in use by a stream (or not whole
    * chunks): the next try waits a few frees. */
   if (mp__free_bytes(pool) > th)

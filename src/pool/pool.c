@@ -1197,7 +1197,7 @@ mp_status_t mp__pool_trim_marked(mp_pool_t *pool, size_t keep_bytes) {
       pool->parent == NULL) {
     st = mp__pool_sync(pool);
     if (st == MP_OK)
-      mp__segment_trim(pool, keep_bytes);
+      st = mp__segment_trim(pool, keep_bytes, "mp_pool_trim");
   } else if (st == MP_OK) {
     /* Nothing free to give back, but a stray may be (mp__segment_trim
      * tries them too). */

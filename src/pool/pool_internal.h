@@ -662,6 +662,12 @@ struct mp_pool {
   /* stream.c (mp__stream_index_second): the slot of the stream last used
    * beside last_s, or any index (checked against the slot at each use). */
   uint32_t second_sidx;
+  /* segment.c and vrange.c: frees and unmaps of free memory the device
+   * refused (the memory stays the pool's, free); mp__segment_trim reports
+   * those of its own scan; give_back_st: the last refusal's status. Under
+   * the lock. */
+  uint64_t give_back_refused;
+  mp_status_t give_back_st;
 };
 
 /* ---- lock.c: the pool lock and the one way to drop it ------------------- */
@@ -2081,8 +2087,11 @@ mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
                              mp__block_t **fresh);
 /* Releases free memory (synchronized already) until free bytes <= keep:
  * wholly free plain segments, and free chunks anywhere in the virtual
- * range. */
-void mp__segment_trim(mp_pool_t *pool, size_t keep);
+ * range. MP_OK, or the device's refusal (the last one, its count and the
+ * bytes still free said) when it refused to take some back: that memory
+ * stays the pool's, free, and the next trim tries it again. who: the call
+ * named in the message. */
+mp_status_t mp__segment_trim(mp_pool_t *pool, size_t keep, const char *who);
 /* release_threshold: after a free, gives idle memory above the threshold
  * back to the device where its streams are known done; never waits. */
 void mp__segment_release_over(mp_pool_t *pool);

@@ -205,6 +205,8 @@ bool mp__plain_trim_one(mp_pool_t *pool) {
        * call. */
       mp__segment_push(pool, s);
       mp__index_insert(pool, b);
+      pool->give_back_refused++;
+      pool->give_back_st = st;
       continue;
     }
     pool->st.free_blocks--;

@@ -344,7 +344,9 @@ static mp__block_t *mp__before_unmap(mp_pool_t *pool, mp__segment_t *v,
  * when it could not (the memory then stays the pool's, free). *hole (hole
  * may be NULL): the hole that holds the chunk after, NULL when it went with
  * the top; it stays as it is while the lock is dropped for the call (growth,
- * trim and pause wait for the release in flight). */
+ * trim and pause wait for the release in flight); where the device refused
+ * the unmap, the free block that holds the chunk again (NULL: it could not
+ * be tried). */
 static bool mp__unmap_chunk(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
                             size_t i, mp__block_t **hole) {
   /* Four records: two for the unmap's split, two to put the chunk back
@@ -352,6 +354,8 @@ static bool mp__unmap_chunk(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
    * mapped outside the tables, reserved_bytes short of what the device
    * held, a hole that growth would map over, never unmapped at release). */
   mp__block_t *recs;
+  if (hole != NULL)
+    *hole = NULL;
   if (!mp__vrange_room(v, 1) || (recs = mp__recs_new(pool, 4)) == NULL)
     return false;
   mp__block_t *r1 = mp__recs_pop(&recs), *r2 = mp__recs_pop(&recs);
@@ -382,8 +386,13 @@ static bool mp__unmap_chunk(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
     mp__rec_free(pool, spare);
     spare = NULL;
   }
-  (void)mp__after_map(pool, v, back, c.addr, c.size, r, spare, true, true);
+  mp__block_t *kept =
+      mp__after_map(pool, v, back, c.addr, c.size, r, spare, true, true);
+  if (hole != NULL)
+    *hole = kept;
   mp__recs_free(pool, recs);
+  pool->give_back_refused++;
+  pool->give_back_st = st;
   return false;
 }
 
@@ -431,12 +440,12 @@ static bool mp__pick_chunk(mp_pool_t *pool, mp__segment_t *v, size_t want,
   return found;
 }
 
-/* The highest chunk lying wholly inside free block b, in *i; false: none.
- * The chunks under a free block are adjacent, so at most the top one
- * reaches past its end. */
+/* The highest chunk lying wholly inside free block b and below ceil, in
+ * *i; false: none. The chunks under a free block are adjacent, so at most
+ * the top one reaches past its end. */
 static bool mp__top_chunk_in(const mp__segment_t *v, const mp__block_t *b,
-                             size_t *i) {
-  uintptr_t end = b->addr + b->size;
+                             uintptr_t ceil, size_t *i) {
+  uintptr_t end = b->addr + b->size < ceil ? b->addr + b->size : ceil;
   size_t j = mp__chunk_at(v, end);
   if (j > 0 && v->chunks[j - 1].addr + v->chunks[j - 1].size > end)
     j--;
@@ -462,19 +471,29 @@ static size_t mp__vrange_release_all(mp_pool_t *pool, mp__segment_t *v,
                                      const mp__block_t *k1,
                                      const mp__block_t *k2) {
   size_t done = 0, i = 0;
+  uintptr_t ceil = UINTPTR_MAX; /* below a chunk the device refused */
   mp__block_t *b = v->last;
   while (b != NULL) {
     if (!(b->flags & MP__B_FREE) || b->size < pool->granule || b == k1 ||
-        b == k2 || !mp__top_chunk_in(v, b, &i) ||
+        b == k2 || !mp__top_chunk_in(v, b, ceil, &i) ||
         !mp__deps_safe(pool, b, UINT32_MAX, false)) {
       b = b->prev;
       continue;
     }
-    size_t cs = v->chunks[i].size;
+    mp__chunk_t c = v->chunks[i];
     mp__block_t *h;
-    if (!mp__unmap_chunk(pool, v, b, i, &h))
-      break;
-    done += cs;
+    if (!mp__unmap_chunk(pool, v, b, i, &h)) {
+      /* Refused (a transient driver error): the chunks below are still
+       * tried, from the free block that holds this one again, as plain
+       * segments are (mp__plain_trim_one); it waits for the next trim. No
+       * records (h NULL): nothing more can be unmapped now. */
+      if (h == NULL)
+        break;
+      ceil = c.addr;
+      b = h;
+      continue;
+    }
+    done += c.size;
     b = h != NULL ? h->prev : v->last;
   }
   return done;
