@@ -383,15 +383,34 @@ mp__block_t *mp__index_largest(const mp_pool_t *pool) {
   return t;
 }
 
+/* Whether n's key lies strictly between those of lo and hi (NULL: no
+ * bound): where a search tree puts a node reached below lo's right link
+ * and hi's left one. mp_pool_check asks it of every node it reaches, so
+ * that a corrupted link back to a node already passed (a cycle: a node's
+ * link to itself) is reported, not followed for ever. */
+static bool mp__key_between(const mp__block_t *n, const mp__block_t *lo,
+                            const mp__block_t *hi) {
+  return (lo == NULL || mp__key_cmp(n, lo->size, lo->addr) > 0) &&
+         (hi == NULL || mp__key_cmp(n, hi->size, hi->addr) < 0);
+}
+
 /* mp_pool_check follows links that may be corrupted: each must name a
- * record of this pool (owned says so) before it is read. */
+ * record of this pool (owned says so) before it is read, and lie where the
+ * descent so far puts it (mp__key_between). */
 bool mp__index_contains(const mp_pool_t *pool, const mp__block_t *b,
                         mp__rec_owned_fn owned) {
   const mp__block_t *t = pool->bins[mp__cls(pool, b->size)];
+  const mp__block_t *lo = NULL, *hi = NULL;
   while (t != NULL && t != b) {
-    if (!owned(pool, t))
+    if (!owned(pool, t) || !mp__key_between(t, lo, hi))
       return false;
-    t = mp__key_cmp(t, b->size, b->addr) > 0 ? t->left : t->right;
+    if (mp__key_cmp(t, b->size, b->addr) > 0) {
+      hi = t;
+      t = t->left;
+    } else {
+      lo = t;
+      t = t->right;
+    }
   }
   return t != NULL;
 }
@@ -405,14 +424,18 @@ static bool mp__link_ok(const mp_pool_t *pool, mp__rec_owned_fn owned,
 
 /* In-order walk with a bound on the count: a corrupted treap (a cycle)
  * must not hang mp_pool_check, and a link that names no record of the pool
- * is reported, not followed. */
+ * is reported, not followed. lo, hi: the keys n must lie between
+ * (mp__key_between), checked before n's links are followed: a node's left
+ * link to itself recursed until the stack ran out (the count grows only in
+ * order, after the left subtree). */
 static bool mp__treap_walk(const mp_pool_t *pool, mp__rec_owned_fn owned,
-                           const mp__block_t *n, unsigned fl, unsigned sl,
+                           const mp__block_t *n, const mp__block_t *lo,
+                           const mp__block_t *hi, unsigned fl, unsigned sl,
                            const mp__block_t **prev, size_t *count,
                            size_t *bytes, size_t limit) {
   if (n == NULL)
     return true;
-  if (*count > limit || !owned(pool, n))
+  if (*count > limit || !owned(pool, n) || !mp__key_between(n, lo, hi))
     return false;
   /* Its stored priority: the hash of its address, or the top one at the
    * root (mp__index_link_hot). */
@@ -422,7 +445,8 @@ static bool mp__treap_walk(const mp_pool_t *pool, mp__rec_owned_fn owned,
       !mp__link_ok(pool, owned, n->left, prio) ||
       !mp__link_ok(pool, owned, n->right, prio))
     return false;
-  if (!mp__treap_walk(pool, owned, n->left, fl, sl, prev, count, bytes, limit))
+  if (!mp__treap_walk(pool, owned, n->left, lo, n, fl, sl, prev, count, bytes,
+                      limit))
     return false;
   unsigned f, s;
   mp__class_of(pool, n->size, &f, &s);
@@ -434,8 +458,8 @@ static bool mp__treap_walk(const mp_pool_t *pool, mp__rec_owned_fn owned,
   *prev = n;
   (*count)++;
   *bytes += n->size;
-  return mp__treap_walk(pool, owned, n->right, fl, sl, prev, count, bytes,
-                        limit);
+  return mp__treap_walk(pool, owned, n->right, n, hi, fl, sl, prev, count,
+                        bytes, limit);
 }
 
 bool mp__index_check_class(const mp_pool_t *pool, unsigned fl, unsigned sl,
@@ -444,8 +468,8 @@ bool mp__index_check_class(const mp_pool_t *pool, unsigned fl, unsigned sl,
   const mp__block_t *prev = NULL;
   size_t n = 0, by = 0;
   size_t limit = (size_t)pool->st.free_blocks + 1;
-  if (!mp__treap_walk(pool, owned, pool->bins[fl * MP__SL_COUNT + sl], fl, sl,
-                      &prev, &n, &by, limit))
+  if (!mp__treap_walk(pool, owned, pool->bins[fl * MP__SL_COUNT + sl], NULL,
+                      NULL, fl, sl, &prev, &n, &by, limit))
     return false;
   *count = n;
   *bytes = by;
