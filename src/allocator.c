@@ -376,26 +376,51 @@ mp_pool_t *mp_allocator_pool(const mp_allocator_t *a) {
                       (a)->name);                                              \
   } while (0)
 
+/* A wrapped allocator's failure that recorded no message of its own (a
+ * caller's table that returns a bare MP_ENOMEM): recorded here, so that
+ * mp_last_status() is the status the call returned and mp_last_error()
+ * says which allocator failed, not some older failure (status.h). The
+ * built-in kinds record every failure themselves. */
+static mp_status_t mp__wrapped_said(const mp_allocator_t *a, const char *fn,
+                                    uint64_t serial, mp_status_t st) {
+  if (st != MP_OK && mp__error_serial() == serial)
+    (void)mp__fail(st,
+                   "%s: allocator '%s' failed with %s (%s), giving no "
+                   "reason",
+                   fn, a->name, mp_status_name(st), mp_status_string(st));
+  return st;
+}
+
+/* a->ops.op(args...), with its failure recorded where a wrapped table
+ * gave no message. */
+#define MP__CALL_OP(a, op, ...)                                                \
+  do {                                                                         \
+    if ((a)->destroy != NULL)                                                  \
+      return (a)->ops.op(__VA_ARGS__);                                         \
+    uint64_t serial_ = mp__error_serial();                                     \
+    return mp__wrapped_said((a), __func__, serial_, (a)->ops.op(__VA_ARGS__)); \
+  } while (0)
+
 mp_status_t mp_allocator_alloc(mp_allocator_t *a, size_t bytes, mp_stream_t s,
                                void **out) {
   MP__CHECK_ALLOCATOR(a);
   if (out == NULL)
     return mp__fail(MP_EINVAL, "mp_allocator_alloc: out is NULL");
   MP__ALLOCATOR_ENTRY(a);
-  return a->ops.alloc(a->self, bytes, s, out);
+  MP__CALL_OP(a, alloc, a->self, bytes, s, out);
 }
 
 mp_status_t mp_allocator_free(mp_allocator_t *a, void *ptr) {
   MP__CHECK_ALLOCATOR(a);
   MP__ALLOCATOR_ENTRY(a);
-  return a->ops.free(a->self, ptr);
+  MP__CALL_OP(a, free, a->self, ptr);
 }
 
 mp_status_t mp_allocator_record_stream(mp_allocator_t *a, void *ptr,
                                        mp_stream_t s) {
   MP__CHECK_ALLOCATOR(a);
   MP__CHECK_OP(a, record_stream);
-  return a->ops.record_stream(a->self, ptr, s);
+  MP__CALL_OP(a, record_stream, a->self, ptr, s);
 }
 
 mp_status_t mp_allocator_get_stats_sized(mp_allocator_t *a, mp_stats_t *out,
@@ -408,9 +433,10 @@ mp_status_t mp_allocator_get_stats_sized(mp_allocator_t *a, mp_stats_t *out,
    * mp_allocator_wrap, built against this header) fill a whole struct. */
   mp_stats_t s;
   memset(&s, 0, sizeof s);
+  uint64_t serial = mp__error_serial();
   mp_status_t st = a->ops.get_stats(a->self, &s);
   if (st != MP_OK)
-    return st;
+    return mp__wrapped_said(a, "mp_allocator_get_stats", serial, st);
   return mp__stats_put("mp_allocator_get_stats", &s, out, size);
 }
 
@@ -423,7 +449,7 @@ mp_status_t mp_allocator_release(mp_allocator_t *a) {
   MP__CHECK_ALLOCATOR(a);
   MP__CHECK_OP(a, release);
   MP__ALLOCATOR_ENTRY(a);
-  return a->ops.release(a->self);
+  MP__CALL_OP(a, release, a->self);
 }
 
 mp_status_t mp_allocator_destroy(mp_allocator_t *a) {
@@ -439,7 +465,9 @@ mp_status_t mp_allocator_destroy(mp_allocator_t *a) {
       return st;
   } else if (a->ops.destroy != NULL) {
     /* MP_EBUSY keeps a wrapped allocator; any other failure ends it. */
-    st = a->ops.destroy(a->self);
+    uint64_t serial = mp__error_serial();
+    st = mp__wrapped_said(a, "mp_allocator_destroy", serial,
+                          a->ops.destroy(a->self));
     if (st == MP_EBUSY)
       return st;
   }
