@@ -253,13 +253,20 @@ static mp_status_t mp__make_child(mp_device_t *dev, const char *spec,
     MP__HIST_ENTRY_AT(ca->parent, ra);
     st = mp__pool_create_child_marked(ca->parent, c.bytes, &ca->child);
     /* The parent is new and empty: only its cap can stop the child, and
-     * the spec set that cap. */
-    if (st == MP_ELIMIT)
+     * the spec set that cap, or $MEMPOOL_CONF did where the spec set none
+     * (the parent's config starts from mp_pool_config_init). */
+    if (st == MP_ELIMIT) {
+      mp_pool_config_t env;
+      mp_pool_config_init(&env);
+      bool by_bytes = cfg.max_bytes != 0;
+      bool from_env = by_bytes ? env.max_bytes == cfg.max_bytes
+                               : env.max_fraction == cfg.max_fraction;
       st = mp__fail(MP_EINVAL,
                     "bad allocator spec '%s': child bytes %zu are above the "
-                    "parent's cap (its %s)",
-                    shown, c.bytes,
-                    cfg.max_bytes != 0 ? "max_bytes" : "max_fraction");
+                    "parent's cap (its %s%s)",
+                    shown, c.bytes, by_bytes ? "max_bytes" : "max_fraction",
+                    from_env ? ", from $MEMPOOL_CONF" : "");
+    }
     if (st != MP_OK)
       (void)mp_pool_destroy(ca->parent);
   }
