@@ -3,22 +3,79 @@
  * (integration/test_pool_vm_holes.c) and their strict-fake-driver / GPU
  * twins (fakecuda/test_cuda_pool_rules.c).
  *
- * Four 2 MiB blocks, each one 2 MiB chunk of the pool's virtual range: v[1]
- * on s2, the others on s1. v[1] is freed on s2, then a 4 MiB request on s1
- * finds no free block that holds it and must grow past the peak (8 MiB).
- * Where s2 is idle (synchronized), v[1]'s chunk goes back first and the
- * peak is 10 MiB; where s2 is held behind a gate, the chunk stays (its
+ * Four blocks of C bytes, each one C-byte chunk of the pool's virtual
+ * range: v[1] on s2, the others on s1. v[1] is freed on s2, then a 2C
+ * request on s1 finds no free block that holds it and must grow past the
+ * peak (4C). Where s2 is idle (synchronized), v[1]'s chunk goes back first
+ * and the peak is 5C; where s2 is held behind a gate, the chunk stays (its
  * work may still use it), the allocation does not wait for s2, and the
- * peak is 12 MiB. */
+ * peak is 6C.
+ *
+ * C is the smallest growth of the pool's range (include/mempool/pool.h:
+ * segment_bytes, 2 MiB by default, rounded to the granule): 2 MiB where
+ * the granule divides it, else the granule. On the cuda device the granule
+ * is the driver's (cuMemGetAllocationGranularity, asked as the library
+ * asks it: src/device/cuda.c, mp__cuda_probe_vmm), so the twin runs on a
+ * GPU whose granule is not 2 MiB; that needs <cuda.h> included before this
+ * header (the driver is reached as the fake-driver tests reach it:
+ * tests/fakecuda/fakecuda_test.h, FK_LOAD). Without <cuda.h>
+ * (the host device's tests) the granule is the host device's default,
+ * 2 MiB (include/mempool/device.h). */
 #ifndef MEMPOOL_TEST_STREAM_RECLAIM_H
 #define MEMPOOL_TEST_STREAM_RECLAIM_H
 
 #include <criterion/criterion.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#ifdef CUDA_VERSION
+#include "../fakecuda/fakecuda_test.h"
+#endif
 
 #include <mempool/mempool.h>
 
 #include "stream_gate.h"
+
+/* The virtual-memory granule of dev: the driver's for a cuda device where
+ * <cuda.h> came first, else 2 MiB. */
+static inline size_t reclaim_granule(mp_device_t *dev) {
+  size_t g = (size_t)2 << 20;
+#ifdef CUDA_VERSION
+  int ordinal;
+  if (sscanf(mp_device_name(dev), "cuda:%d", &ordinal) != 1)
+    return g;
+  CUresult (*get)(CUdevice *, int);
+  CUresult (*attr)(int *, CUdevice_attribute, CUdevice);
+  CUresult (*gran)(size_t *, const CUmemAllocationProp *,
+                   CUmemAllocationGranularity_flags);
+  FK_LOAD(get, "cuDeviceGet");
+  FK_LOAD(attr, "cuDeviceGetAttribute");
+  FK_LOAD(gran, "cuMemGetAllocationGranularity");
+  CUdevice d;
+  cr_assert_eq(get(&d, ordinal), CUDA_SUCCESS);
+  /* The properties the library's virtual memory has: POSIX-fd shareable
+   * and RDMA-capable where the device can be (the granule may depend on
+   * them; cuda.h: CUmemAllocationProp). */
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = ordinal;
+  int fd = 0, rdma = 0;
+  if (attr(&fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+           d) == CUDA_SUCCESS &&
+      fd)
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  if (attr(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+           d) == CUDA_SUCCESS &&
+      rdma)
+    prop.allocFlags.gpuDirectRDMACapable = 1;
+  cr_assert_eq(gran(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), CUDA_SUCCESS);
+#else
+  (void)dev;
+#endif
+  return g;
+}
 
 /* held: NULL to synchronize s2 after the free, else the gate s2 waits on
  * (opened here once the allocation returned). */
@@ -26,27 +83,29 @@ static inline void
 reclaim_past_a_chunk_freed_on_another_stream(mp_pool_t *p, mp_device_t *dev,
                                              mp_stream_t s1, mp_stream_t s2,
                                              gate_t *held) {
-  const size_t mib = (size_t)1 << 20;
+  const size_t g = reclaim_granule(dev), seg = (size_t)2 << 20;
+  cr_assert(g != 0 && (g & (g - 1)) == 0, "granule %zu", g);
+  const size_t c = g > seg ? g : seg; /* a power of two: g divides seg */
   void *v[4], *x;
   mp_stats_t st;
   for (int i = 0; i < 4; i++)
-    cr_assert_eq(mp_pool_alloc(p, 2 * mib, i == 1 ? s2 : s1, &v[i]), MP_OK,
-                 "%s", mp_last_error());
+    cr_assert_eq(mp_pool_alloc(p, c, i == 1 ? s2 : s1, &v[i]), MP_OK, "%s",
+                 mp_last_error());
   for (int i = 1; i < 4; i++)
-    cr_assert_eq((uintptr_t)v[i], (uintptr_t)v[i - 1] + 2 * mib,
-                 "not four adjacent chunks");
+    cr_assert_eq((uintptr_t)v[i], (uintptr_t)v[i - 1] + c,
+                 "not four adjacent chunks of %zu bytes", c);
   cr_assert_eq(mp_pool_get_stats(p, &st), MP_OK);
-  cr_assert_eq(st.reserved_bytes, 8 * mib);
+  cr_assert_eq(st.reserved_bytes, 4 * c);
   if (held != NULL) {
     /* Work on v[1] held back: its chunk must stay mapped until it ran (a
      * GPU faults on an unmap under it; the strict fake stops there). */
     cr_assert_eq(mp_stream_launch_host(dev, s2, gate_wait, held), MP_OK);
-    cr_assert_eq(mp_memset_async(dev, v[1], 1, 2 * mib, s2), MP_OK);
+    cr_assert_eq(mp_memset_async(dev, v[1], 1, c, s2), MP_OK);
   }
   cr_assert_eq(mp_pool_free(p, v[1]), MP_OK);
   if (held == NULL)
     cr_assert_eq(mp_stream_synchronize(dev, s2), MP_OK);
-  cr_assert_eq(mp_pool_alloc(p, 4 * mib, s1, &x), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_alloc(p, 2 * c, s1, &x), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_pool_get_stats(p, &st), MP_OK);
   if (held != NULL) {
     pthread_mutex_lock(&held->mu);
@@ -55,12 +114,12 @@ reclaim_past_a_chunk_freed_on_another_stream(mp_pool_t *p, mp_device_t *dev,
     gate_open(held);
     cr_expect(!was_open, "the allocation waited for the busy stream");
     cr_expect_eq(st.device_free_count, 0, "a busy stream's chunk went back");
-    cr_expect_eq(st.peak_reserved_bytes, 12 * mib);
+    cr_expect_eq(st.peak_reserved_bytes, 6 * c);
   } else {
     cr_expect_eq(st.device_free_count, 1, "v[1]'s chunk went back first");
-    cr_expect_eq(st.reserved_bytes, 10 * mib);
-    cr_expect_eq(st.peak_reserved_bytes, 10 * mib,
-                 "without the reclaim the peak is 12 MiB");
+    cr_expect_eq(st.reserved_bytes, 5 * c);
+    cr_expect_eq(st.peak_reserved_bytes, 5 * c,
+                 "without the reclaim the peak is 6 chunks");
   }
   cr_assert_eq(mp_device_synchronize(dev), MP_OK);
   cr_expect_eq(mp_pool_check(p), MP_OK, "%s", mp_last_error());
