@@ -11,70 +11,30 @@
  * work may still use it), the allocation does not wait for s2, and the
  * peak is 6C.
  *
- * C is the smallest growth of the pool's range (include/mempool/pool.h:
- * segment_bytes, 2 MiB by default, rounded to the granule): 2 MiB where
- * the granule divides it, else the granule. On the cuda device the granule
- * is the driver's (cuMemGetAllocationGranularity, asked as the library
- * asks it: src/device/cuda.c, mp__cuda_probe_vmm), so the twin runs on a
- * GPU whose granule is not 2 MiB; that needs <cuda.h> included before this
- * header (the driver is reached as the fake-driver tests reach it:
- * tests/fakecuda/fakecuda_test.h, FK_LOAD). Without <cuda.h>
- * (the host device's tests) the granule is the host device's default,
- * 2 MiB (include/mempool/device.h). */
+ * C is the pool's smallest growth (include/mempool/pool.h: segment_bytes,
+ * 2 MiB by default, rounded to the granule), read from the pool itself:
+ * what its first, one-byte allocation reserved. So the twin holds on a GPU
+ * whose granule is not 2 MiB without this header asking the driver as the
+ * library does. The pool must be new and empty. */
 #ifndef MEMPOOL_TEST_STREAM_RECLAIM_H
 #define MEMPOOL_TEST_STREAM_RECLAIM_H
 
 #include <criterion/criterion.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <string.h>
-#ifdef CUDA_VERSION
-#include "../fakecuda/fakecuda_test.h"
-#endif
 
 #include <mempool/mempool.h>
 
 #include "stream_gate.h"
 
-/* The virtual-memory granule of dev: the driver's for a cuda device where
- * <cuda.h> came first, else 2 MiB. */
-static inline size_t reclaim_granule(mp_device_t *dev) {
-  size_t g = (size_t)2 << 20;
-#ifdef CUDA_VERSION
-  int ordinal;
-  if (sscanf(mp_device_name(dev), "cuda:%d", &ordinal) != 1)
-    return g;
-  CUresult (*get)(CUdevice *, int);
-  CUresult (*attr)(int *, CUdevice_attribute, CUdevice);
-  CUresult (*gran)(size_t *, const CUmemAllocationProp *,
-                   CUmemAllocationGranularity_flags);
-  FK_LOAD(get, "cuDeviceGet");
-  FK_LOAD(attr, "cuDeviceGetAttribute");
-  FK_LOAD(gran, "cuMemGetAllocationGranularity");
-  CUdevice d;
-  cr_assert_eq(get(&d, ordinal), CUDA_SUCCESS);
-  /* The properties the library's virtual memory has: POSIX-fd shareable
-   * and RDMA-capable where the device can be (the granule may depend on
-   * them; cuda.h: CUmemAllocationProp). */
-  CUmemAllocationProp prop;
-  memset(&prop, 0, sizeof prop);
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = ordinal;
-  int fd = 0, rdma = 0;
-  if (attr(&fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-           d) == CUDA_SUCCESS &&
-      fd)
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-  if (attr(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
-           d) == CUDA_SUCCESS &&
-      rdma)
-    prop.allocFlags.gpuDirectRDMACapable = 1;
-  cr_assert_eq(gran(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), CUDA_SUCCESS);
-#else
-  (void)dev;
-#endif
-  return g;
+/* The bytes pool p's first growth reserves (C above), on stream s: a
+ * one-byte allocation's, given back to the cache at once. */
+static inline size_t reclaim_chunk(mp_pool_t *p, mp_stream_t s) {
+  void *b;
+  mp_stats_t st;
+  cr_assert_eq(mp_pool_alloc(p, 1, s, &b), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_get_stats(p, &st), MP_OK);
+  cr_assert_eq(mp_pool_free(p, b), MP_OK);
+  return st.reserved_bytes;
 }
 
 /* held: NULL to synchronize s2 after the free, else the gate s2 waits on
@@ -83,9 +43,8 @@ static inline void
 reclaim_past_a_chunk_freed_on_another_stream(mp_pool_t *p, mp_device_t *dev,
                                              mp_stream_t s1, mp_stream_t s2,
                                              gate_t *held) {
-  const size_t g = reclaim_granule(dev), seg = (size_t)2 << 20;
-  cr_assert(g != 0 && (g & (g - 1)) == 0, "granule %zu", g);
-  const size_t c = g > seg ? g : seg; /* a power of two: g divides seg */
+  const size_t c = reclaim_chunk(p, s1);
+  cr_assert(c >= ((size_t)2 << 20), "a first growth of %zu bytes", c);
   void *v[4], *x;
   mp_stats_t st;
   for (int i = 0; i < 4; i++)
