@@ -396,10 +396,27 @@ static bool mp__unmap_chunk(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
   return false;
 }
 
+/* Chunks the device refused to unmap in this reclaim, by address: not
+ * picked again until the next (a refusal is a transient driver error that
+ * the next trim tries again). Before, the first refusal ended the pick
+ * loop, so a trim keeping some bytes, or growth reclaiming, left every
+ * other free chunk mapped and asked for the refused one again. */
+typedef struct mp__refused {
+  size_t n;
+  uintptr_t addr[8];
+} mp__refused_t;
+
+static bool mp__refused_has(const mp__refused_t *no, uintptr_t a) {
+  for (size_t j = 0; j < no->n; j++)
+    if (no->addr[j] == a)
+      return true;
+  return false;
+}
+
 /* Picks a free chunk to unmap: one lying wholly inside a free block of v
- * other than k1/k2 and releasable now; the smallest of at least want bytes,
- * else the largest, the lowest address among equals. pending: one was
- * passed over only for pending work. The candidates are the free blocks of
+ * other than k1/k2 and not in no, and releasable now; the smallest of at least
+ * want bytes, else the largest, the lowest address among equals. pending: one
+ * was passed over only for pending work. The candidates are the free blocks of
  * a granule or more, read from the free index (in size order, hence the
  * explicit tie on the address), not every block of the range in address
  * order: with 10 000 live blocks the walk read some 10 700 records for the
@@ -407,7 +424,8 @@ static bool mp__unmap_chunk(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
  * before passing its peak (bench_pool_pairs at 10 000 live: 3.4 a pair). */
 static bool mp__pick_chunk(mp_pool_t *pool, mp__segment_t *v, size_t want,
                            const mp__block_t *k1, const mp__block_t *k2,
-                           mp__block_t **fo, size_t *io, bool *pending) {
+                           const mp__refused_t *no, mp__block_t **fo,
+                           size_t *io, bool *pending) {
   bool found = false;
   size_t best = 0;
   for (mp__block_t *b = mp__index_best_fit(pool, pool->granule); b != NULL;
@@ -425,6 +443,8 @@ static bool mp__pick_chunk(mp_pool_t *pool, mp__segment_t *v, size_t want,
     for (; i < v->nchunks && v->chunks[i].addr + v->chunks[i].size <= end;
          i++) {
       size_t cs = v->chunks[i].size;
+      if (mp__refused_has(no, v->chunks[i].addr))
+        continue;
       bool better = !found ||
                     (cs >= want ? (best < want || cs < best)
                                 : (best < want && cs > best)) ||
@@ -534,11 +554,12 @@ size_t mp__vrange_reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
       (mp__vsplit_limit(pool) == 0 ||
        mp__free_bytes(pool) < pool->st.reserved_bytes / 4))
     return 0;
+  mp__refused_t no = {0};
   while (v != NULL && done < want) {
     bool pending = false;
     mp__block_t *f = NULL;
     size_t i = 0;
-    if (!mp__pick_chunk(pool, v, want - done, k1, k2, &f, &i, &pending)) {
+    if (!mp__pick_chunk(pool, v, want - done, k1, k2, &no, &f, &i, &pending)) {
       if (!pending || !patient)
         break;
       patient = false;
@@ -551,10 +572,19 @@ size_t mp__vrange_reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
         break;
       continue;
     }
-    size_t cs = v->chunks[i].size;
-    if (!mp__unmap_chunk(pool, v, f, i, NULL))
-      break;
-    done += cs;
+    mp__chunk_t c = v->chunks[i];
+    uint64_t refused = pool->give_back_refused;
+    if (!mp__unmap_chunk(pool, v, f, i, NULL)) {
+      /* Refused: the others are still tried, as the trim's walk does
+       * (mp__vrange_release_all); no records left (room for none), or
+       * refused too often for one call: the next trim tries again. */
+      if (no.n == sizeof no.addr / sizeof no.addr[0] ||
+          pool->give_back_refused == refused)
+        break;
+      no.addr[no.n++] = c.addr;
+      continue;
+    }
+    done += c.size;
   }
   return done;
 }
