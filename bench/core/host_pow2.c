@@ -8,7 +8,7 @@
  * the allocator closes). Stream events are left out: mpbench frees are
  * stream-ordered already. Reserved = the sum of the rounded sizes
  * allocated; device_calls = page-locked allocations the driver made (a
- * refused one is not counted), and the free of one it could not track. */
+ * refused one is not counted). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,7 +63,12 @@ mp_status_t mpb_pow2_alloc(mpb_pow2_t *p, size_t size, void **out) {
   } else {
     /* Room in the free list for this block's return, before the driver:
      * a free never allocates. */
-    if (!mpb_grow(&p->free_list[c], &p->cap[c], p->nblocks[c], sizeof(void *)))
+    /* And room in the block table: a block the driver made is always
+     * tracked (put cannot fail now), so there is no free to undo it, which
+     * the driver could refuse, leaving a page-locked block nobody frees. */
+    if (!mpb_grow(&p->free_list[c], &p->cap[c], p->nblocks[c],
+                  sizeof(void *)) ||
+        !mp__ptrmap_reserve(&p->blocks, 1))
       return mp__fail(MP_ENOMEM, "host-pow2: out of host memory");
     /* Counted once the driver made it, as the pool's device_alloc_count
      * (mempool/stats.h: calls into the driver): a refused page-locked
@@ -73,11 +78,6 @@ mp_status_t mpb_pow2_alloc(mpb_pow2_t *p, size_t size, void **out) {
       return st;
     p->device_calls++;
     mpb_pow2_entry_t *e = mp__ptrmap_put(&p->blocks, (uintptr_t)ptr);
-    if (e == NULL) {
-      p->device_calls++; /* the block given back: a free */
-      mp__device_host_free(p->dev, ptr);
-      return mp__fail(MP_ENOMEM, "host-pow2: out of host memory");
-    }
     e->cls = c;
     p->nblocks[c]++;
     p->reserved += (size_t)1 << c;
