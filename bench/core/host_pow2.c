@@ -54,6 +54,12 @@ mp_status_t mpb_pow2_open(mp_device_t *dev, mpb_pow2_t **out) {
 }
 
 mp_status_t mpb_pow2_alloc(mpb_pow2_t *p, size_t size, void **out) {
+  /* PyTorch's allocate(0) is {nullptr, nullptr}: no block, no driver call
+   * (a 1-byte class block here, before, counted and reserved). */
+  if (size == 0) {
+    *out = NULL;
+    return MP_OK;
+  }
   if (size > ((size_t)1 << (MPB_POW2_CLASSES - 2)))
     return mp__fail(MP_ENOMEM, "host-pow2: %zu bytes is too big", size);
   unsigned c = mpb_pow2_class(size);
