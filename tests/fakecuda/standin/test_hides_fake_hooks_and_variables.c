@@ -128,10 +128,19 @@ static struct answers ask(const char *path) {
 }
 
 Test(standin, reads_no_fakecuda_variable) {
+  unsetenv("MEMPOOL_STANDIN_DEVICES"); /* one device: the machine's */
   struct answers a = ask(FK_STANDIN_LIB);
   cr_expect_eq(a.count, 1, "FAKECUDA_DEVICE_COUNT was read");
   cr_expect_eq(a.version, CUDA_VERSION, "FAKECUDA_DRIVER_VERSION was read");
   cr_expect_str_neq(a.name, "not a stand-in", "FAKECUDA_NAME was read");
+}
+
+/* The number of GPUs is the machine's: MEMPOOL_STANDIN_DEVICES, never the
+ * program's FAKECUDA_DEVICE_COUNT (ask sets 3). */
+Test(standin, has_the_devices_the_machine_has) {
+  setenv("MEMPOOL_STANDIN_DEVICES", "2", 1);
+  struct answers a = ask(FK_STANDIN_LIB);
+  cr_expect_eq(a.count, 2, "MEMPOOL_STANDIN_DEVICES=2 was not read");
 }
 
 /* The same variables do reach the normal fake: the check above can fail. */
