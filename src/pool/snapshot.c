@@ -11,8 +11,10 @@
  *                            frames}]}],
  *    "device_traces": [[{action, addr, size, stream, time_us,
  *                        frames: [{filename, line, name}]}]]}
- * (an oom entry also has device_free, here what the pool could still
- * reserve under its cap; its addr holds the same, as in PyTorch).
+ * (an oom entry has device_free in addr's place, as PyTorch's: there
+ * what cudaMemGetInfo said was free, here what the history recorded, the
+ * bytes the pool could still reserve under its cap at the failure, which
+ * is not the device's free memory where other tenants hold some).
  * No PyTorch code is used; the pickle (protocol 2: dict, list, tuple, str,
  * int, bool) is written here.
  *
@@ -482,12 +484,14 @@ static void mp__write_event(mp__pk_t *w, const mp__snap_t *s, size_t e) {
   const mp__hevent_t *ev = &s->ev[e];
   mp__pk_dict(w);
   mp__pk_kstr(w, "action", mp__hist_names[ev->action]);
-  mp__pk_kint(w, "addr", ev->addr);
+  /* An oom entry has device_free in addr's place, as PyTorch writes it
+   * (torch/csrc/cuda/memory_snapshot.cpp: device_free for an OOM, else
+   * addr; memory.py's TraceEntry: addr "not present for OOM"), which
+   * _memory_viz.py's trace() and MemoryViz.js's formatEvent read. */
+  mp__pk_kint(w, ev->action == MP__H_OOM ? "device_free" : "addr", ev->addr);
   mp__pk_kint(w, "size", ev->size);
   mp__pk_kint(w, "stream", ev->stream);
   mp__pk_kint(w, "time_us", ev->time_us);
-  if (ev->action == MP__H_OOM) /* _memory_viz.py's trace() reads it */
-    mp__pk_kint(w, "device_free", ev->addr);
   mp__write_frames(w, s, e);
   mp__pk_dict_end(w);
 }
