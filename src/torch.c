@@ -144,6 +144,109 @@ static void mp__torch_set_zero(mp_pool_t *pool, bool on) {
   }
 }
 
+/* ---- streams forgotten since ------------------------------------------- */
+
+/* The stream handles forgotten (mp_stream_forget: mp_stream_destroy, the
+ * LD_PRELOAD shim's cuStreamDestroy hook) on a default pool's device and
+ * not named to mp_torch_malloc since. PyTorch passes the free hook the
+ * stream current at the allocation, destroyed or not: a destroyed stream's
+ * handle is undefined behaviour to pass to the driver at all (cuda.h; an
+ * H200 died in cuEventRecord and cuStreamIsCapturing given one,
+ * tests/fakecuda/fakecuda.c), and the pools, which forgot it, would meet it
+ * as a new stream and ask the driver about it. So the free of a block on
+ * such a handle never names it: the block is freed on its own stream (its
+ * pool still waits for what the stream had queued, mp_stream_forget). A
+ * handle mp_torch_malloc is given again is a live stream again (the
+ * driver may give a new stream the handle). At most MP__TDEAD are kept,
+ * the oldest dropped first (each hook looks through them while any are
+ * kept). What no forget tells (a stream the program
+ * destroys itself without the shim or mp_stream_forget) cannot be known
+ * here: its handle stays undefined behaviour to pass (device.h). */
+#define MP__TDEAD 64
+static struct {
+  pthread_mutex_t lock; /* a leaf: taken inside the device's forget */
+  mp_stream_t dead[MP__TDEAD];
+  unsigned head, n;  /* the ring: the oldest at head */
+  atomic_uint count; /* n, read without the lock */
+  /* The devices watched (a default pool's, one per device and the
+   * default one's), each once; set under watch_lock, read without it. */
+  pthread_mutex_t watch_lock;
+  _Atomic(mp_device_t *) watched[65];
+  atomic_uint nwatched;
+} mp__td = {.lock = PTHREAD_MUTEX_INITIALIZER,
+            .watch_lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* The slot of s in the ring, or MP__TDEAD. Under the lock. */
+static unsigned mp__td_find(mp_stream_t s) {
+  for (unsigned k = 0; k < mp__td.n; k++) {
+    unsigned i = (mp__td.head + k) % MP__TDEAD;
+    if (mp__td.dead[i] == s)
+      return i;
+  }
+  return MP__TDEAD;
+}
+
+/* The device's watcher (backend.h: on the forgetting thread, no pool lock
+ * held): s is kept as forgotten. */
+static void mp__td_forgotten(void *ctx, mp_stream_t s) {
+  (void)ctx;
+  pthread_mutex_lock(&mp__td.lock);
+  if (mp__td_find(s) == MP__TDEAD) {
+    if (mp__td.n == MP__TDEAD) { /* the oldest goes */
+      mp__td.head = (mp__td.head + 1) % MP__TDEAD;
+      mp__td.n--;
+    }
+    mp__td.dead[(mp__td.head + mp__td.n++) % MP__TDEAD] = s;
+    atomic_store_explicit(&mp__td.count, mp__td.n, memory_order_release);
+  }
+  pthread_mutex_unlock(&mp__td.lock);
+}
+
+/* Whether s was forgotten and not given to mp_torch_malloc since; live:
+ * it is being given (a live stream from now on: no longer kept). */
+static bool mp__td_dead(mp_stream_t s, bool live) {
+  if (s == NULL ||
+      atomic_load_explicit(&mp__td.count, memory_order_acquire) == 0)
+    return false;
+  pthread_mutex_lock(&mp__td.lock);
+  unsigned i = mp__td_find(s);
+  bool dead = i != MP__TDEAD;
+  if (dead && live) { /* the last one moves into its slot */
+    unsigned last = (mp__td.head + mp__td.n - 1) % MP__TDEAD;
+    mp__td.dead[i] = mp__td.dead[last];
+    mp__td.n--;
+    atomic_store_explicit(&mp__td.count, mp__td.n, memory_order_release);
+  }
+  pthread_mutex_unlock(&mp__td.lock);
+  return dead;
+}
+
+/* Has pool's device tell its forgets (mp__td_forgotten), once per device;
+ * without host memory for it, not (its forgets go untold, as before). */
+static void mp__td_watch(mp_pool_t *pool) {
+  mp_device_t *dev = mp_pool_device(pool);
+  unsigned n = atomic_load_explicit(&mp__td.nwatched, memory_order_acquire);
+  for (unsigned i = 0; i < n; i++)
+    if (atomic_load_explicit(&mp__td.watched[i], memory_order_relaxed) == dev)
+      return;
+  pthread_mutex_lock(&mp__td.watch_lock);
+  n = atomic_load_explicit(&mp__td.nwatched, memory_order_relaxed);
+  bool seen = false;
+  for (unsigned i = 0; i < n && !seen; i++)
+    seen =
+        atomic_load_explicit(&mp__td.watched[i], memory_order_relaxed) == dev;
+  if (!seen && n < sizeof mp__td.watched / sizeof mp__td.watched[0]) {
+    mp__error_saved_t e;
+    mp__error_save(&e);
+    if (mp__device_watch(dev, mp__td_forgotten, NULL) == MP_OK) {
+      atomic_store_explicit(&mp__td.watched[n], dev, memory_order_relaxed);
+      atomic_store_explicit(&mp__td.nwatched, n + 1, memory_order_release);
+    }
+    mp__error_restore(&e);
+  }
+  pthread_mutex_unlock(&mp__td.watch_lock);
+}
+
 static mp__tpool_t *mp__tpool_find(int device, mp_torch_pool_id_t id) {
   for (size_t i = 0; i < mp__t.npools; i++) {
     mp__tpool_t *t = mp__t.pools[i];
@@ -385,6 +488,8 @@ void *mp_torch_malloc(ssize_t size, int device, mp_stream_t stream) {
              size, device);
     return NULL;
   }
+  mp__td_watch(pool);
+  (void)mp__td_dead(stream, true); /* named here: a live stream */
   if (!mp__torch_capture_route(pool, device, stream))
     return NULL; /* mp_last_error() says why */
   void *ptr = NULL;
@@ -448,6 +553,19 @@ static void mp__torch_defer(mp_pool_t *pool, void *ptr, mp_stream_t stream) {
 
 /* ptr freed in pool, after the work queued on stream. */
 static void mp__torch_free_in(mp_pool_t *pool, void *ptr, mp_stream_t stream) {
+  /* A stream forgotten since (mp__td): its handle is never named; a free
+   * the paused pool refuses is kept, as below. */
+  if (mp__td_dead(stream, false)) {
+    mp_status_t st = mp__pool_free_named(pool, ptr, "mp_torch_free");
+    if (st == MP_OK)
+      (void)mp__fail(MP_EINVAL,
+                     "mp_torch_free: stream %p was destroyed (forgotten by "
+                     "the pools); %p freed on its own stream",
+                     (void *)stream, ptr);
+    else if (st == MP_EBUSY && mp__torch_paused(pool))
+      mp__torch_defer(pool, ptr, stream);
+    return;
+  }
   /* Freed in order on the free's stream (it matters when PyTorch frees on
    * another stream than the block's), in one step: a refused pointer leaves
    * nothing behind. */
@@ -530,7 +648,9 @@ void mp_torch_free(void *ptr, ssize_t size, int device, mp_stream_t stream) {
   mp_pool_t *pool = mp__default_owner(ptr, "mp_torch_free");
   if (pool == NULL)
     return;
-  (void)mp__torch_capture_route(pool, device, stream);
+  /* A stream forgotten since is not asked whether it captures. */
+  if (!mp__td_dead(stream, false))
+    (void)mp__torch_capture_route(pool, device, stream);
   MP__HIST_ENTRY(pool);
   mp__torch_free_in(pool, ptr, stream);
 }
