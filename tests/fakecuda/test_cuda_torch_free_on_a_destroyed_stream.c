@@ -13,6 +13,7 @@
 #include <cuda.h>
 #include <mempool/mempool.h>
 
+#include "../support/torch_dead_stream.h"
 #include "fakecuda_test.h"
 
 #define MiB ((size_t)1 << 20)
@@ -30,12 +31,8 @@ static mp_stats_t stats(void) {
 TestSuite(cuda_torch_free_dead_stream, .init = on_cuda);
 
 Test(cuda_torch_free_dead_stream, the_block_is_freed_without_using_the_handle) {
-  mp_device_t *dev = mp_pool_device(mp_default_pool());
   mp_stream_t s = NULL;
-  cr_assert_eq(mp_stream_create(dev, &s), MP_OK, "%s", mp_last_error());
-  void *p = mp_torch_malloc(MiB, 0, s);
-  cr_assert_not_null(p, "%s", mp_last_error());
-  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK, "%s", mp_last_error());
+  void *p = block_of_a_dead_stream(&s);
   mp_torch_free(p, MiB, 0, s);
   cr_assert_eq(stats().live_blocks, 0, "the block was kept: %s",
                mp_last_error());
@@ -112,12 +109,8 @@ Test(cuda_torch_free_dead_stream, a_handle_given_to_a_new_stream_is_live_again,
  * made at the first hook after the resume (mp_torch_free's contract), on
  * the block's own stream still. */
 Test(cuda_torch_free_dead_stream, a_free_while_paused_is_kept_for_the_resume) {
-  mp_device_t *dev = mp_pool_device(mp_default_pool());
   mp_stream_t s = NULL;
-  cr_assert_eq(mp_stream_create(dev, &s), MP_OK, "%s", mp_last_error());
-  void *p = mp_torch_malloc(MiB, 0, s);
-  cr_assert_not_null(p, "%s", mp_last_error());
-  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK, "%s", mp_last_error());
+  void *p = block_of_a_dead_stream(&s);
   cr_assert_eq(mp_pool_pause(mp_default_pool(), MP_PAUSE_KEEP_CONTENT), MP_OK,
                "%s", mp_last_error());
   mp_torch_free(p, MiB, 0, s);

@@ -12,16 +12,7 @@
 #include <mempool/mempool.h>
 
 #include "../support/default_pool_host.h"
-
-/* A block allocated on a new stream, which is then destroyed. */
-static void *block_of_a_dead_stream(mp_stream_t *out) {
-  mp_device_t *dev = mp_pool_device(mp_default_pool());
-  cr_assert_eq(mp_stream_create(dev, out), MP_OK, "%s", mp_last_error());
-  void *p = mp_torch_malloc(1 << 20, 0, *out);
-  cr_assert_not_null(p, "%s", mp_last_error());
-  cr_assert_eq(mp_stream_destroy(dev, *out), MP_OK, "%s", mp_last_error());
-  return p;
-}
+#include "../support/torch_dead_stream.h"
 
 TestSuite(torch_free_dead_stream, .init = on_host);
 
