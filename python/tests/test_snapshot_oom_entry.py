@@ -9,7 +9,9 @@ e['device_free'] for it. Before 2026-12-07 the entry carried both keys,
 addr holding the free bytes, so a consumer that takes an entry with an addr
 for a block event saw a block at an address that was a byte count.
 """
+import os
 import pickle
+import subprocess
 
 import pytest
 
@@ -49,3 +51,23 @@ def test_an_oom_entry_has_device_free_and_no_addr(device, tmp_path, arenas):
         _viz_line(e)
     p.free(a)
     p.destroy()
+
+
+def test_mpbench_replays_a_snapshot_with_an_oom_entry(device, tmp_path):
+    # mpbench's reader (bench/core/pickle.c) takes an oom entry without an
+    # addr, as PyTorch writes it, and counts it as an allocation failure.
+    b = os.environ.get("MEMPOOL_TEST_BINARY_DIR")
+    mpbench = os.path.join(b, "bench", "mpbench") if b else None
+    if not mpbench or not os.access(mpbench, os.X_OK):
+        pytest.skip("mpbench not built (MEMPOOL_TEST_BINARY_DIR unset)")
+    p = mempool.Pool(device, max_bytes="4M", history=32)
+    a = p.alloc(1 << 20)
+    with pytest.raises(mempool.OutOfMemory):
+        p.alloc(64 << 20)
+    p.free(a)
+    p.snapshot(str(tmp_path / "s.pickle"))
+    p.destroy()
+    r = subprocess.run([mpbench, "replay", str(tmp_path / "s.pickle"),
+                        "--out", str(tmp_path / "out")], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
