@@ -55,10 +55,17 @@ MP_API void *mp_torch_malloc(ssize_t size, int device, mp_stream_t stream);
 /* Frees ptr, ordered after the work queued so far on stream (the block's
  * own stream and, when they differ, stream too). size is ignored: the pool
  * knows each block's size. A stream the block's device no longer has
- * (PyTorch passes the allocation's stream; mp_stream_destroy since, on a
- * device that can tell, as the host device) cannot take the free: the
- * block is freed on its own stream all the same, and mp_last_error() says
- * why the stream was not used (refused, the block was lost for good).
+ * (PyTorch passes the allocation's stream; destroyed since) cannot take
+ * the free: the block is freed on its own stream all the same, and
+ * mp_last_error() says why the stream was not used (refused, the block was
+ * lost for good). The hooks know a stream is gone where its device tells
+ * (the host device) or where it was forgotten: mp_stream_destroy,
+ * mp_stream_forget, and the LD_PRELOAD shim's cuStreamDestroy and
+ * cudaStreamDestroy hooks; such a handle is never passed to the driver
+ * (on CUDA that is undefined behaviour) until mp_torch_malloc is given it
+ * again (a new stream may get the handle). A stream the program destroys
+ * on CUDA with none of these is unknown here, and a free naming it is
+ * undefined behaviour, as any use of a destroyed handle.
  * While the pool is paused (mp_pool_pause, which refuses frees), the free
  * is kept and made at the first hook called after the resume (malloc,
  * free, or reset), the block live until then; a second free of it while
