@@ -7,7 +7,9 @@
  * have been destroyed since, so synchronizing the device, not each stream,
  * is the one wait that is always valid). An allocation that finds the
  * device full ends the session first and retries, as a user of
- * cudaMalloc would expect memory they freed to be usable again.
+ * cudaMalloc would expect memory they freed to be usable again; not one
+ * for more than the device has in all, which nothing freed can make fit
+ * (the session stays, and nothing waits).
  *
  * A device synchronization during a capture of any stream of the device
  * is invalid and invalidates the capture, so neither a session's end nor
@@ -125,6 +127,7 @@ struct mp_direct {
   _Atomic uint64_t release_gen; /* sessions that gave back memory */
   pthread_cond_t released;      /* a session ended (left inflight) */
   mp_stats_t st; /* counters and peaks; byte fields derived on read */
+  size_t total;  /* the device's memory in all, asked at create; 0: not told */
 };
 
 /* ---- the block map --------------------------------------------------- */
@@ -219,6 +222,15 @@ mp_status_t mp_direct_create(mp_device_t *dev, mp_direct_t **out) {
     return mp__fail(MP_ENOMEM, "mp_direct_create: out of host memory");
   }
   d->dev = dev;
+  /* Asked once, here, not on an allocation's failure (which may come
+   * during a capture); a device that does not tell is no failure. */
+  mp__error_saved_t saved;
+  mp__error_save(&saved);
+  size_t free_b;
+  if (mp_device_mem_info(dev, &free_b, &d->total) != MP_OK) {
+    d->total = 0;
+    mp__error_restore(&saved);
+  }
   *out = d;
   return MP_OK;
 }
@@ -539,8 +551,21 @@ mp_status_t mp_direct_alloc(mp_direct_t *d, size_t bytes, mp_stream_t s,
   uint64_t gen = atomic_load_explicit(&d->release_gen, memory_order_acquire);
   mp_status_t st = mp_device_alloc(d->dev, bytes, &p);
   bool retried = false;
-  if (st == MP_ENOMEM)
+  if (st == MP_ENOMEM && d->total != 0 && bytes > d->total) {
+    /* No session can make room for more than the device has: the freed
+     * blocks stay deferred, and nothing waits for other threads. */
+    mp__error_saved_t oom;
+    mp__error_save(&oom);
+    char want[32], all[32];
+    st = mp__fail(MP_ENOMEM,
+                  "%s; %s is more than device '%s' has in all (%s), so no "
+                  "session was ended for it",
+                  oom.msg, mp__fmt_bytes(want, sizeof want, bytes),
+                  mp_device_name(d->dev),
+                  mp__fmt_bytes(all, sizeof all, d->total));
+  } else if (st == MP_ENOMEM) {
     st = mp__direct_alloc_retry(d, bytes, s, gen, &p, &retried);
+  }
   pthread_mutex_lock(&d->mu);
   if (retried)
     d->st.alloc_retry_count++;

@@ -41,7 +41,9 @@ MP_API mp_status_t mp_direct_record_stream(mp_direct_t *d, void *ptr,
  * MP_ENOMEM when none of that memory made room (sessions begun after its
  * try failed do not keep it trying), or when those sessions have not ended
  * within 5 s (their synchronization may wait for work the allocating
- * thread itself has yet to let go; the deferred blocks then stay).
+ * thread itself has yet to let go; the deferred blocks then stay). One
+ * for more than the device has in all (mp_device_mem_info's total, asked
+ * at create) is MP_ENOMEM at once, said so: no session ends for it.
  * A device synchronization during a capture of any stream of the device
  * invalidates the capture (CUDA Programming Guide, "Prohibited and
  * Unhandled Operations"), so while one is seen nothing synchronizes: this
