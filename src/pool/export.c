@@ -151,6 +151,12 @@ void mp__export_release_all(mp_pool_t *pool) {
   mp__pool_rare_update(pool);
 }
 
+void mp__export_unseal(mp_pool_t *pool) {
+  mp__pool_lock(pool);
+  pool->export_sealed = false;
+  mp__pool_unlock(pool);
+}
+
 mp_status_t mp__export_check(const mp_pool_t *pool) {
   size_t held = 0;
   for (size_t i = 0; i < pool->nexports; i++) {
@@ -242,6 +248,13 @@ mp_status_t mp__export_block(mp_pool_t *pool, void *ptr, mp_ipc_handle_t *out) {
       st = mp__pool_find_live(pool, "mp_pool_ipc_export", ptr, false, false, &b,
                               &slot);
   }
+  /* The lock is held from here to the record: a destroy that asked the
+   * leases for the last time is freeing the memory unlocked (pool.c), and
+   * would free this block's under the lease. */
+  if (st == MP_OK && pool->export_sealed)
+    st = mp__fail(MP_EBUSY,
+                  "mp_pool_ipc_export: the pool is being destroyed (its "
+                  "memory is being freed): nothing exported");
   if (st == MP_OK)
     st = mp__export_memory(pool, b, &base, &bytes, &vm);
   if (st == MP_OK && pool->nexports == pool->exports_cap) {

@@ -217,6 +217,16 @@ static mp_status_t mp__pool_no_children(mp_pool_t *pool) {
                            n == 1 ? "" : "s");
 }
 
+/* Exports into pool's arenas from the one at index from on again, after
+ * a destroy that sealed them refused. */
+static void mp__arenas_unseal(mp_pool_t *pool, size_t from) {
+  for (size_t i = from; i < pool->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    if (a != NULL)
+      mp__export_unseal(a);
+  }
+}
+
 /* mp_pool_destroy; *gone: the pool was freed (also on a failure after
  * the point of no return). */
 static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
@@ -252,9 +262,14 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
                             : mp__export_destroy_busy(a);
     if (ust == MP_OK)
       ust = mp__streams_unwaitable(a, "mp_pool_destroy");
+    /* Asked: no export into it from here (it would refuse its destroy
+     * after the arenas before it went). */
+    a->export_sealed = ust == MP_OK;
     mp__pool_unlock(a);
-    if (ust != MP_OK)
+    if (ust != MP_OK) {
+      mp__arenas_unseal(pool, 0);
       return ust;
+    }
   }
   /* An arena destroyed with memory the device refused is gone all the
    * same: the rest and the pool follow, and the first such failure is
@@ -274,6 +289,7 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
       /* The arenas before it went: the threads' memos of them must miss
        * (mp__arena_mine_memo), so that their next calls make new ones. */
       pool->serial = mp__pool_serial_new();
+      mp__arenas_unseal(pool, i);
       return ast;
     }
     atomic_store_explicit(&pool->arenas[i].pool, NULL, memory_order_release);
@@ -339,6 +355,9 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
   /* Both waits dropped the lock: an export made meanwhile is refused as
    * one made before the call (nothing has gone yet). */
   est = mp__export_destroy_busy(pool);
+  /* No export from here on: the memory goes unlocked below. */
+  if (est == MP_OK)
+    pool->export_sealed = true;
   mp__pool_unlock(pool);
   if (est != MP_OK)
     return est;
@@ -346,14 +365,18 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
    * device that refuses it (a driver error, a free it does not permit
    * now) leaves the pool as it was, for a later destroy. First a staging
    * buffer an earlier refusal kept (defrag.c). */
-  if ((st = mp__defrag_stage_retry(pool)) != MP_OK)
+  if ((st = mp__defrag_stage_retry(pool)) != MP_OK) {
+    mp__export_unseal(pool);
     return mp__fail(st,
                     "mp_pool_destroy: the device refused to free a "
                     "defragmentation staging buffer, so nothing was "
                     "released and the pool is as it was: %s",
                     mp_last_error());
-  if (pool->parent == NULL && (st = mp__plain_release_first(pool)) != MP_OK)
+  }
+  if (pool->parent == NULL && (st = mp__plain_release_first(pool)) != MP_OK) {
+    mp__export_unseal(pool);
     return st;
+  }
   mp__pool_lock(pool);
   mp__handle_retire_all(pool);
   mp__pool_pause_release(pool);

@@ -668,6 +668,12 @@ struct mp_pool {
    * the lock. */
   uint64_t give_back_refused;
   mp_status_t give_back_st;
+  /* pool.c (mp__pool_destroy): set under the lock once destroy last asked
+   * the leases (mp__export_destroy_busy) and goes on to free the memory
+   * unlocked; mp_pool_ipc_export refuses while it is set (an export made
+   * there would name memory the destroy frees). Cleared where that free
+   * is refused and the pool stays as it was. */
+  bool export_sealed;
 };
 
 /* ---- lock.c: the pool lock and the one way to drop it ------------------- */
@@ -1178,6 +1184,9 @@ mp_status_t mp__export_block(mp_pool_t *pool, void *ptr, mp_ipc_handle_t *out);
 mp_status_t mp__export_poll(mp_pool_t *pool, size_t *held);
 /* Destroy: closes every lease. */
 void mp__export_release_all(mp_pool_t *pool);
+/* Exports again after a destroy refused once it had sealed them
+ * (pool->export_sealed); takes the lock. */
+void mp__export_unseal(mp_pool_t *pool);
 /* mp_pool_check: every record names a live exported block, every exported
  * block has a record, nheld counts the held ones. */
 mp_status_t mp__export_check(const mp_pool_t *pool);
