@@ -34,9 +34,11 @@
  * this thread would let go next), which would then wait for ever; a plain
  * cudaMalloc would have been out of memory at once. Past the bound the
  * allocation is MP_ENOMEM, said so. For the same reason it ends the
- * session itself only once no other session of its process is in flight:
- * its own synchronization would wait for the work theirs waits for,
- * without a bound (its blocks stay deferred if they do not end in time).
+ * session itself only once the sessions of its process in flight when its
+ * try failed have ended (those begun since are not waited for: the
+ * horizon, mp__direct_alloc_retry): its own synchronization would wait for
+ * the work theirs waits for, without a bound (its blocks stay deferred if
+ * they do not end in time).
  *
  * A child forked while another thread ended a session keeps the session
  * in its list, not the thread: its allocations do not wait for it
