@@ -15,7 +15,9 @@
  * device memory or the threads their streams run on (CUDA's own state is
  * not inherited either): every call of the child on them is refused
  * (MP_EINVAL) instead of waiting for work no thread will ever run (a trim,
- * PyTorch's empty_cache, hung there before 2026-12-01). */
+ * PyTorch's empty_cache, hung there before 2026-12-01). A child of a
+ * parent whose make failed is refused with the parent's reason and status
+ * (it was told of pools that were never made). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -46,6 +48,9 @@ static atomic_bool mp__default_forked;
 static mp_pool_config_t mp__default_cfg;
 /* Set once mp__default_make has run: mp_default_pool_made. */
 static atomic_bool mp__default_done;
+/* Set by a thread back from the once without a pool: the make is over and
+ * failed, for good, and no once is left half-run for a forked child. */
+static atomic_bool mp__default_failed;
 
 static void mp__default_child(void) {
   atomic_store_explicit(&mp__default_forked, true, memory_order_relaxed);
@@ -55,9 +60,21 @@ static bool mp__default_in_child(void) {
   return atomic_load_explicit(&mp__default_forked, memory_order_relaxed);
 }
 
+static mp_status_t mp__default_unavailable(void) {
+  return mp__fail_driver(mp__default_cu, mp__default_status,
+                         "default pool unavailable: %s", mp__default_error);
+}
+
+/* A child of a parent whose make failed has no pools of the parent's: it
+ * is refused with the parent's reason, not told of pools never made (it
+ * still takes no lock, as a parent's thread may have held it). */
 bool mp__default_refused(void) {
   if (!mp__default_in_child())
     return false;
+  if (atomic_load_explicit(&mp__default_failed, memory_order_acquire)) {
+    (void)mp__default_unavailable();
+    return true;
+  }
   mp__fail(MP_EINVAL, "default pool: this process was forked from the one "
                       "that made the default pools, whose device memory "
                       "and stream threads it does not have");
@@ -65,6 +82,14 @@ bool mp__default_refused(void) {
 }
 
 static void mp__default_make_once(void);
+static void mp__default_make(void);
+
+/* The once, then mp__default_failed where it gave no pool. */
+static void mp__default_run(void) {
+  pthread_once(&mp__default_once, mp__default_make);
+  if (mp__default == NULL)
+    atomic_store_explicit(&mp__default_failed, true, memory_order_release);
+}
 
 /* Its first step registers the fork handler. A child forked while another
  * thread of its parent is between that and the end would have glibc's
@@ -188,10 +213,9 @@ static mp_device_t *mp__default_device(int ordinal) {
 static mp_pool_t *mp__default_of_stream(mp_stream_t s) {
   if (mp__default_refused()) /* before the once: see mp__default_make */
     return NULL;
-  pthread_once(&mp__default_once, mp__default_make);
+  mp__default_run();
   if (mp__default == NULL) {
-    mp__fail_driver(mp__default_cu, mp__default_status,
-                    "default pool unavailable: %s", mp__default_error);
+    (void)mp__default_unavailable();
     return NULL;
   }
   int here = -1;
@@ -210,10 +234,9 @@ mp_pool_t *mp_default_pool(void) {
 mp_pool_t *mp__default_pool_for(int device) {
   if (mp__default_refused()) /* before the once: see mp__default_make */
     return NULL;
-  pthread_once(&mp__default_once, mp__default_make);
+  mp__default_run();
   if (mp__default == NULL) {
-    mp__fail_driver(mp__default_cu, mp__default_status,
-                    "default pool unavailable: %s", mp__default_error);
+    (void)mp__default_unavailable();
     return NULL;
   }
   /* A backend of one device (the emulated one answers to 0). */
@@ -238,7 +261,7 @@ void mp__default_each(void (*fn)(mp_pool_t *pool)) {
     return;
   if (mp__default_in_child())
     return;
-  pthread_once(&mp__default_once, mp__default_make);
+  mp__default_run();
   if (mp__default != NULL)
     fn(mp__default);
   for (int i = 0; i < MP__DEFAULT_DEVICES; i++) {
@@ -266,9 +289,13 @@ mp_pool_t *mp__default_owner(void *ptr, const char *fn) {
              fn, ptr);
     return NULL;
   }
-  if (mp__default_refused()) /* before the once: see mp__default_make */
-    return NULL;
-  pthread_once(&mp__default_once, mp__default_make);
+  /* A make that failed for good needs no once: nor a refusal in a child,
+   * where no pool holds ptr either. */
+  if (!atomic_load_explicit(&mp__default_failed, memory_order_acquire)) {
+    if (mp__default_refused()) /* before the once: see mp__default_make */
+      return NULL;
+    mp__default_run();
+  }
   /* No pool at all holds no pointer: the device's failure is the
    * allocations' answer, not a free's. */
   if (mp__default == NULL) {
