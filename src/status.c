@@ -118,6 +118,22 @@ const char *mp__clip(const char *s, size_t len, char *buf, size_t cap) {
   return buf;
 }
 
+/* msg, len bytes cut from a longer message, ends on a whole character: a
+ * UTF-8 sequence the cut left incomplete (a quote of multibyte input, in a
+ * message that wraps another) goes, so that the message stays valid UTF-8
+ * (status.h), as a clip keeps the quote. */
+static void mp__cut_whole(char *msg, size_t len) {
+  size_t lead = len, cont = 0;
+  while (lead > 0 && cont < 3 && ((unsigned char)msg[lead - 1] & 0xc0) == 0x80)
+    lead--, cont++;
+  if (lead == 0)
+    return;
+  unsigned char c = (unsigned char)msg[lead - 1];
+  size_t need = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+  if (need > cont + 1)
+    msg[lead - 1] = '\0';
+}
+
 /* Records msg as the thread's last failure, of status st and driver code
  * cu. */
 static mp_status_t mp__fail_as(mp_status_t st, int cu, const char *fmt,
@@ -129,7 +145,8 @@ static mp_status_t mp__fail_as(mp_status_t st, int cu, const char *fmt,
    * buffer being read is undefined (C11 7.21.6.5, snprintf: "copying
    * takes place between objects that overlap"); glibc garbles it. */
   char msg[sizeof mp__error_buf];
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  if (vsnprintf(msg, sizeof msg, fmt, ap) >= (int)sizeof msg)
+    mp__cut_whole(msg, sizeof msg - 1);
   memcpy(mp__error_buf, msg, sizeof msg);
   mp__error_st = st;
   mp__error_cu = cu;
