@@ -80,7 +80,9 @@ MP_API mp_status_t mp_device_spec_canonical(const char *spec, char *buf,
 #define MP_DEVICE_SPEC_MAX 256
 /* Drains every stream, releases what is left, then closes. NULL: no-op.
  * From a host function of a host device (which runs on one of its
- * streams): refused, nothing closed, and mp_last_error() says so. On CUDA
+ * streams): refused, nothing closed, and mp_last_error() says so. While a
+ * pool made on the device is not destroyed (the default pools never are):
+ * refused the same way (MP_EBUSY from mp_device_close_ex). On CUDA
  * a close that cannot wait for the device's work (cuCtxSynchronize
  * refused: called from a host function, or while a stream of the device
  * is being captured) closes nothing: the device stays open and usable,

@@ -165,7 +165,14 @@ struct mp_device {
   /* mp_stream_forget calls begun (counted before the watchers are told)
    * and done (after the last): mp__device_forgets. */
   _Atomic uint64_t forgets, forgets_done;
+  /* Pools made on the device (or on its page-locked view) and not yet
+   * destroyed (pool/core.c, mp__pool_new and mp__pool_free_host): while
+   * any is, mp_device_close refuses (it would free what they use). */
+  _Atomic size_t pools;
 };
+/* A pool made on dev (+1) or freed (-1): counted on the device its
+ * watchers are told by (a page-locked view's root). */
+void mp__device_pools_add(mp_device_t *dev, int delta);
 
 extern const mp__backend_t mp__host_backend;
 /* The host device's options opts (the spec after "host:") in canonical

@@ -170,6 +170,16 @@ mp_status_t mp_device_close_ex(mp_device_t *dev) {
   mp_status_t st = mp__device_caller_check(dev, "mp_device_close");
   if (st != MP_OK)
     return st;
+  /* Nor under a pool: it holds the device's memory and streams, and its
+   * next call (mp_malloc on a default pool) used them freed. */
+  size_t pools = atomic_load(&dev->pools);
+  if (pools > 0)
+    return mp__fail(MP_EBUSY,
+                    "mp_device_close(%s): %zu pool%s still made on it "
+                    "(mp_pool_destroy %s first; a default pool lives until "
+                    "the process exits); nothing was closed",
+                    dev->name, pools, pools == 1 ? " is" : "s are",
+                    pools == 1 ? "it" : "them");
   /* Memory that queued work may still use is not given back: a close that
    * cannot wait for the device closes nothing, not even the imports, and
    * says why (the device stays open: close it again once it can wait). */
@@ -205,6 +215,14 @@ static mp_device_t *mp__watch_root(mp_device_t *dev) {
 const char *mp__device_memory_name(const mp_device_t *dev) {
   return dev->ops == &mp__pinned_backend ? "page-locked host memory"
                                          : "device memory";
+}
+
+void mp__device_pools_add(mp_device_t *dev, int delta) {
+  dev = mp__watch_root(dev);
+  if (delta > 0)
+    atomic_fetch_add(&dev->pools, 1);
+  else
+    atomic_fetch_sub(&dev->pools, 1);
 }
 
 mp_status_t mp__device_watch(mp_device_t *dev, void (*fn)(void *, mp_stream_t),

@@ -613,6 +613,8 @@ mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
     st = mp__device_watch(dev, mp__stream_gone, pool);
     if (st != MP_OK)
       mp__history_release(pool);
+    else
+      mp__device_pools_add(dev, 1);
   }
   if (st != MP_OK) {
     free(pool);
@@ -624,6 +626,7 @@ mp_status_t mp__pool_new(mp_device_t *dev, const mp_pool_config_t *cfg,
 
 void mp__pool_free_host(mp_pool_t *pool) {
   mp__device_unwatch(pool->dev, mp__stream_gone, pool);
+  mp__device_pools_add(pool->dev, -1);
   mp__history_release(pool);
   mp__streams_release(pool);
   mp__rec_release_all(pool);
