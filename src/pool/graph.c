@@ -564,17 +564,22 @@ static bool mp__graph_streams_met(mp_pool_t *a, mp__met_t **m, size_t *n,
  * that the range it gets back waits for their work; false where it cannot
  * (another thread's per-thread stream, on which this thread can record
  * nothing; host memory; a forget under way, or begun since forgets was read,
- * whose stream lender must not learn). */
+ * whose stream lender must not learn). The calling thread's own per-thread
+ * stream is learned with its owner: this thread records on it, and the
+ * device synchronize it would cost otherwise is a call CUDA forbids while
+ * any thread captures in global mode (cuda.h, cuStreamBeginCapture), on a
+ * stream lender may never have met and so cannot refuse for. */
 static bool mp__graph_learn_streams(mp_pool_t *lender, const mp__met_t *m,
                                     size_t n, uint64_t forgets) {
   if (forgets == UINT64_MAX || mp__device_forgets(lender->dev) != forgets)
     return false;
+  uint64_t self = mp__self();
   for (size_t k = 0; k < n; k++) {
     uint32_t sidx;
     if (mp__stream_met_owned(lender, m[k].s, m[k].owner))
       continue;
-    if (m[k].owner != 0 ||
-        mp__stream_index_owned(lender, m[k].s, 0, &sidx) != MP_OK)
+    if ((m[k].owner != 0 && m[k].owner != self) ||
+        mp__stream_index_owned(lender, m[k].s, m[k].owner, &sidx) != MP_OK)
       return false;
   }
   return true;
