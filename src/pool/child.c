@@ -160,6 +160,13 @@ mp_status_t mp__pool_create_child_marked(mp_pool_t *parent, size_t bytes,
    * at destroy is no event of the child's: its history goes with it; the
    * parent's trace frees the range then (mp__child_release). */
   MP__HIST(child, MP__H_SEGMENT_ALLOC, seg->base, seg->size, 0);
+  /* The NULL stream's part settled now (asked, or marked where busy),
+   * while it can be: once a blocking stream captures, in any thread, it
+   * can be neither asked nor recorded on (cuStreamIsCapturing answers
+   * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT for the legacy stream), and the
+   * range, free whole, would serve no other stream until that capture
+   * ended (MP_ELIMIT, "child pool full"). */
+  mp__streams_poll(child, true);
   mp__pool_unlock(child);
   child->st.free_blocks = 1;
   *out = child;
