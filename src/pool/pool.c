@@ -227,88 +227,23 @@ static void mp__arenas_unseal(mp_pool_t *pool, size_t from) {
   }
 }
 
-/* mp_pool_destroy; *gone: the pool was freed (also on a failure after
- * the point of no return). */
-static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
-  *gone = false;
-  if (pool == NULL)
-    return mp__fail(MP_EINVAL, "mp_pool_destroy: pool is NULL");
-  if (pool->graph) {
-    /* Not the public call: its mark would replace this call's caller. */
-    mp_status_t gst = mp__graph_release(pool);
-    *gone = gst == MP_OK; /* its handle is done with, its memory follows */
-    return gst;
-  }
-  /* Arenas (arena.c): each an ordinary pool; the pool itself holds none of
-   * their memory. Each is asked first whether it holds a child pool's
-   * range or an imported plain-segment block, and whether it can wait for
-   * its streams, so that such a refusal changes nothing; one that still
-   * fails to go (its wait failed) stays, and so does the pool: a later
-   * destroy ends the rest. A graph pool of the pool (counted in the pool,
-   * its ranges lent by the arenas) refuses first. */
-  mp_status_t gst = pool->arenas != NULL ? mp__pool_no_children(pool) : MP_OK;
-  if (gst != MP_OK)
-    return gst;
-  for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas; i++) {
-    mp_pool_t *a = mp__arena_at(pool, i);
-    if (a == NULL)
-      continue;
-    mp__pool_lock(a);
-    size_t n = a->children;
-    mp_status_t ust = n > 0 ? mp__fail(MP_EBUSY,
-                                       "mp_pool_destroy: %zu child pool%s "
-                                       "still live (arena %zu)",
-                                       n, n == 1 ? "" : "s", i)
-                            : mp__export_destroy_busy(a);
-    if (ust == MP_OK)
-      ust = mp__streams_unwaitable(a, "mp_pool_destroy");
-    /* Asked: no export into it from here (it would refuse its destroy
-     * after the arenas before it went). */
-    a->export_sealed = ust == MP_OK;
-    mp__pool_unlock(a);
-    if (ust != MP_OK) {
-      mp__arenas_unseal(pool, 0);
-      return ust;
-    }
-  }
-  /* An arena destroyed with memory the device refused is gone all the
-   * same: the rest and the pool follow, and the first such failure is
-   * returned at the end. */
-  mp_status_t lost = MP_OK;
-  char lost_why[MP__ERROR_MAX] = "";
-  for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas; i++) {
-    mp_pool_t *a = mp__arena_at(pool, i);
-    bool a_gone = false;
-    /* The solo (or lane) arena: the pool leaves solo for good before it
-     * goes, so that a pool that stays (a later arena's failure) does not
-     * point its hot path at it. */
-    if (a != NULL && mp__pool_hot(pool) == a)
-      mp__arena_unsolo(pool);
-    mp_status_t ast = a != NULL ? mp__pool_destroy(a, &a_gone) : MP_OK;
-    if (a != NULL && !a_gone) {
-      /* The arenas before it went: the threads' memos of them must miss
-       * (mp__arena_mine_memo), so that their next calls make new ones. */
-      pool->serial = mp__pool_serial_new();
-      mp__arenas_unseal(pool, i);
-      return ast;
-    }
-    atomic_store_explicit(&pool->arenas[i].pool, NULL, memory_order_release);
-    if (ast != MP_OK && lost == MP_OK) {
-      lost = ast;
-      snprintf(lost_why, sizeof lost_why, "%s", mp_last_error());
-    }
-  }
-  /* Written only where there were arenas: a pool without them is read
-   * unlocked by another thread's call in flight (mp_pool_trim), which a
-   * refused destroy leaves to go on. */
-  if (pool->arenas != NULL) {
-    free(pool->arenas);
-    pool->arenas = NULL;
-  }
-  mp_status_t cst = mp__pool_no_children(pool);
-  if (cst != MP_OK)
-    return cst;
+/* The part of a destroy of pool (one without arenas: an arena, a child,
+ * or a pool with none) that may refuse and changes nothing: its children
+ * and leases asked, its streams asked whether they can be waited for and
+ * then waited for, and its exports sealed (export.c), so that what is left
+ * (mp__pool_destroy_free) asks no stream again. arena: pool's index among
+ * its parent's arenas, named in a refusal; SIZE_MAX for none. */
+static mp_status_t mp__pool_destroy_ready(mp_pool_t *pool, size_t arena) {
   mp__pool_lock(pool);
+  size_t n = pool->children;
+  char where[40] = "";
+  if (arena != SIZE_MAX)
+    snprintf(where, sizeof where, " (arena %zu)", arena);
+  if (n > 0) {
+    mp__pool_unlock(pool);
+    return mp__fail(MP_EBUSY, "mp_pool_destroy: %zu child pool%s still live%s",
+                    n, n == 1 ? "" : "s", where);
+  }
   /* A plain segment still imported by another process may not be freed
    * yet (export.c); refused, as pause is; nothing changed. */
   mp_status_t est = mp__export_destroy_busy(pool);
@@ -359,13 +294,25 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
   if (est == MP_OK)
     pool->export_sealed = true;
   mp__pool_unlock(pool);
-  if (est != MP_OK)
-    return est;
+  return est;
+}
+
+/* The rest of a destroy of pool, once mp__pool_destroy_ready said yes: its
+ * memory freed, then the pool. A device refusing the first free leaves the
+ * pool as it was (unsealed); *gone: the pool was freed. */
+static mp_status_t mp__pool_destroy_free(mp_pool_t *pool, bool *gone) {
+  /* A child made since (child.c seals nothing) keeps its range. */
+  mp_status_t st = mp__pool_no_children(pool);
+  if (st != MP_OK) {
+    mp__export_unseal(pool);
+    return st;
+  }
   /* The first device free comes before anything else is given up: a
    * device that refuses it (a driver error, a free it does not permit
    * now) leaves the pool as it was, for a later destroy. First a staging
    * buffer an earlier refusal kept (defrag.c). */
-  if ((st = mp__defrag_stage_retry(pool)) != MP_OK) {
+  st = mp__defrag_stage_retry(pool);
+  if (st != MP_OK) {
     mp__export_unseal(pool);
     return mp__fail(st,
                     "mp_pool_destroy: the device refused to free a "
@@ -389,7 +336,87 @@ static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
   }
   mp__pool_free_host(pool);
   *gone = true;
-  if (st == MP_OK && lost != MP_OK)
+  return st;
+}
+
+/* mp_pool_destroy; *gone: the pool was freed (also on a failure after
+ * the point of no return). */
+static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
+  *gone = false;
+  if (pool == NULL)
+    return mp__fail(MP_EINVAL, "mp_pool_destroy: pool is NULL");
+  if (pool->graph) {
+    /* Not the public call: its mark would replace this call's caller. */
+    mp_status_t gst = mp__graph_release(pool);
+    *gone = gst == MP_OK; /* its handle is done with, its memory follows */
+    return gst;
+  }
+  /* Arenas (arena.c): each an ordinary pool; the pool itself holds none of
+   * their memory. Every arena is made ready first (mp__pool_destroy_ready:
+   * its children, leases and streams asked, its streams waited for, its
+   * exports sealed), so that a refusal there changes nothing; only then
+   * are they freed, and nothing asks a stream again: a capture begun (or
+   * a stream met) after an arena was asked would otherwise refuse that
+   * arena after the ones before it went. One that still fails to go (the
+   * device refused its first free) stays, and so does the pool: a later
+   * destroy ends the rest. A graph pool of the pool (counted in the pool,
+   * its ranges lent by the arenas) refuses first. */
+  mp_status_t gst = pool->arenas != NULL ? mp__pool_no_children(pool) : MP_OK;
+  if (gst != MP_OK)
+    return gst;
+  bool ready[MP_POOL_MAX_ARENAS] = {false};
+  for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    mp_status_t ust = a != NULL ? mp__pool_destroy_ready(a, i) : MP_OK;
+    ready[i] = a != NULL && ust == MP_OK;
+    if (ust != MP_OK) {
+      mp__arenas_unseal(pool, 0);
+      return ust;
+    }
+  }
+  /* An arena destroyed with memory the device refused is gone all the
+   * same: the rest and the pool follow, and the first such failure is
+   * returned at the end. */
+  mp_status_t lost = MP_OK;
+  char lost_why[MP__ERROR_MAX] = "";
+  for (size_t i = 0; pool->arenas != NULL && i < pool->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    bool a_gone = false;
+    /* The solo (or lane) arena: the pool leaves solo for good before it
+     * goes, so that a pool that stays (a later arena's failure) does not
+     * point its hot path at it. */
+    if (a != NULL && mp__pool_hot(pool) == a)
+      mp__arena_unsolo(pool);
+    /* One made since (a thread's first call meanwhile) is made ready
+     * here: a refusal then comes after the arenas before it went. */
+    mp_status_t ast =
+        a == NULL || ready[i] ? MP_OK : mp__pool_destroy_ready(a, i);
+    if (a != NULL && ast == MP_OK)
+      ast = mp__pool_destroy_free(a, &a_gone);
+    if (a != NULL && !a_gone) {
+      /* The arenas before it went: the threads' memos of them must miss
+       * (mp__arena_mine_memo), so that their next calls make new ones. */
+      pool->serial = mp__pool_serial_new();
+      mp__arenas_unseal(pool, i);
+      return ast;
+    }
+    atomic_store_explicit(&pool->arenas[i].pool, NULL, memory_order_release);
+    if (ast != MP_OK && lost == MP_OK) {
+      lost = ast;
+      snprintf(lost_why, sizeof lost_why, "%s", mp_last_error());
+    }
+  }
+  /* Written only where there were arenas: a pool without them is read
+   * unlocked by another thread's call in flight (mp_pool_trim), which a
+   * refused destroy leaves to go on. */
+  if (pool->arenas != NULL) {
+    free(pool->arenas);
+    pool->arenas = NULL;
+  }
+  mp_status_t st = mp__pool_destroy_ready(pool, SIZE_MAX);
+  if (st == MP_OK)
+    st = mp__pool_destroy_free(pool, gone);
+  if (*gone && st == MP_OK && lost != MP_OK)
     return mp__fail(lost, "%s", lost_why);
   return st;
 }
