@@ -483,7 +483,8 @@ static void mp__stage_freed(mp_pool_t *pool, void *p, size_t n,
 }
 
 /* Under the lock, once a defragmentation on s has blocks to move: the
- * index of s in the pool's stream table, where the copies go. A stream
+ * index of s in the pool's stream table, where the copies go (sidx NULL:
+ * only the check, s not learnt). A stream
  * being captured into a graph is refused, the pool's own captures
  * (mp_pool_graph_begin) and the application's alike, before it is learnt:
  * copies queued there would go into the graph, not run (cuda.h,
@@ -495,7 +496,7 @@ static mp_status_t mp__defrag_stream(mp_pool_t *pool, mp_stream_t s,
                 ? 1
                 : mp__device_stream_capturing(pool->dev, s);
   if (cap == 0)
-    return mp__stream_index(pool, s, sidx);
+    return sidx != NULL ? mp__stream_index(pool, s, sidx) : MP_OK;
   /* -2: the driver's own failure, not a capture. */
   return cap == -2 ? mp__fail(MP_EDRIVER, "%s: %s", fn, mp_last_error())
                    : mp__fail(MP_EBUSY,
@@ -533,8 +534,12 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
   if (st == MP_OK && !checked && !mp__stream_known(pool, s))
     st = mp__stream_check(pool->dev, s);
   bool any = st == MP_OK && mp__plan(pool, &stage_bytes);
-  if (any && (st = mp__defrag_stream(pool, s, fn, &m.sidx)) != MP_OK)
+  /* Checked before the wait, learnt only after it (below): a wait that is
+   * refused (another stream of the pool captured) or fails leaves s out
+   * of the table, which every later synchronization would wait for. */
+  if (any && (st = mp__defrag_stream(pool, s, fn, NULL)) != MP_OK)
     any = false;
+  bool learnt = false; /* copies may be queued on s */
   if (any) {
     /* Booked before the synchronization drops the lock, so that growth
      * meanwhile, or while the copies still read the buffer, leaves room
@@ -552,6 +557,10 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
     /* The synchronization drops the lock: a pause may have run. */
     if (st == MP_OK)
       st = mp__pool_paused(pool, fn);
+    /* Asked again under the lock the copies are queued with: a capture of
+     * s may have begun during the wait. */
+    if (st == MP_OK)
+      learnt = (st = mp__defrag_stream(pool, s, fn, &m.sidx)) == MP_OK;
     m.stage = (uintptr_t)stage;
     m.stage_size = stage_bytes;
     for (mp__segment_t *seg = pool->segs; st == MP_OK && seg != NULL;
@@ -589,7 +598,7 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
      * the device first (device.h, as cuMemFree), and a buffer kept would
      * be held by nobody. A refused free keeps it, booked against the cap,
      * for the next try (mp__defrag_stage_retry). */
-    mp_status_t sst = mp_stream_synchronize(pool->dev, s);
+    mp_status_t sst = learnt ? mp_stream_synchronize(pool->dev, s) : MP_OK;
     mp_status_t fst = mp__device_free(pool->dev, stage);
     if (st == MP_OK)
       st = sst != MP_OK ? sst : fst;
