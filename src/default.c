@@ -118,6 +118,8 @@ static void mp__default_make_once(void) {
     st = mp_pool_create(dev, &cfg, &mp__default);
     if (st != MP_OK)
       mp_device_close(dev);
+    else
+      mp__pool_for_good(mp__default);
   }
   if (st != MP_OK) {
     mp__default_status = st;
@@ -175,8 +177,10 @@ static mp_pool_t *mp__default_other(int ordinal) {
         mp_device_close(dev);
       pool = NULL;
     }
-    if (pool != NULL)
+    if (pool != NULL) {
+      mp__pool_for_good(pool);
       atomic_store_explicit(&mp__others[ordinal], pool, memory_order_release);
+    }
   }
   pthread_mutex_unlock(&mp__others_lock);
   return pool;

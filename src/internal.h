@@ -179,6 +179,9 @@ const char *mp__fmt_g(char *buf, size_t cap, double v);
 
 /* Whether ptr lies in one of pool's segments (takes the lock). */
 bool mp__pool_contains(mp_pool_t *pool, const void *ptr);
+/* Marks pool as one that lives until the process exits (a default pool):
+ * mp_pool_destroy refuses it. */
+void mp__pool_for_good(mp_pool_t *pool);
 
 /* ---- pool/stats.c ------------------------------------------------------- */
 

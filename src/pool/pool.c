@@ -341,10 +341,19 @@ static mp_status_t mp__pool_destroy_free(mp_pool_t *pool, bool *gone) {
 
 /* mp_pool_destroy; *gone: the pool was freed (also on a failure after
  * the point of no return). */
+void mp__pool_for_good(mp_pool_t *pool) {
+  pool->for_good = true; /* before the pool is published */
+}
+
 static mp_status_t mp__pool_destroy(mp_pool_t *pool, bool *gone) {
   *gone = false;
   if (pool == NULL)
     return mp__fail(MP_EINVAL, "mp_pool_destroy: pool is NULL");
+  if (pool->for_good)
+    return mp__fail(MP_EBUSY,
+                    "mp_pool_destroy: a default pool (mp_default_pool, "
+                    "mp_malloc, the torch hooks) lives until the process "
+                    "exits; nothing was destroyed");
   if (pool->graph) {
     /* Not the public call: its mark would replace this call's caller. */
     mp_status_t gst = mp__graph_release(pool);

@@ -674,6 +674,10 @@ struct mp_pool {
    * there would name memory the destroy frees). Cleared where that free
    * is refused and the pool stays as it was. */
   bool export_sealed;
+  /* default.c (mp__pool_for_good): a default pool, which lives until the
+   * process exits; mp_pool_destroy refuses it (mp_malloc would go on
+   * using it freed). */
+  bool for_good;
 };
 
 /* ---- lock.c: the pool lock and the one way to drop it ------------------- */
