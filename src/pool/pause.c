@@ -348,6 +348,21 @@ static mp_status_t mp__pause_check(const mp_pool_t *pool) {
   return mp__pause_plain_check(pool);
 }
 
+/* Under the lock, before mp__streams_sync_events: whether only a device
+ * synchronize covers the streams' work, by design rather than for want of
+ * an event: one owed (sync_device_from: an arena given a graph range back),
+ * or a destroyed stream that could not be marked (dirty). Then the pause
+ * waits as before (mp__sync_set_wait). */
+static bool mp__pause_device_owed(const mp_pool_t *pool) {
+  if (pool->sync_device_from != 0)
+    return true;
+  for (uint32_t i = 0; i < pool->nstreams; i++)
+    if (pool->streams[i].gone && pool->streams[i].dirty &&
+        !pool->streams[i].capturing)
+      return true;
+  return false;
+}
+
 /* Pauses pool, a pool without arenas or one arena (flags checked). No lock
  * held on entry or return. */
 static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
@@ -381,7 +396,25 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
   /* The streams that used the pool must be done with its memory: an event
    * on each, not a device synchronize (another thread may be capturing). */
   mp__sync_set_t set;
-  mp__streams_sync_events(pool, &set);
+  if (!mp__streams_sync_events(pool, &set) && !mp__pause_device_owed(pool)) {
+    /* No events (host memory, or the device refused one): the fallback
+     * would be a device synchronize, which pool.h promises a pause never
+     * makes (it invalidates another thread's capture in global mode).
+     * Refused, nothing given back. The events may have taken a destroyed
+     * stream's markers: its frees are then owed a device synchronize, as
+     * after any failed wait (mp__streams_sync_failed), not taken as done. */
+    (void)mp__streams_sync_begin(pool);
+    mp__streams_sync_failed(pool);
+    free(sp.v);
+    pool->paused = false;
+    mp__pool_rare_update(pool);
+    mp__pool_unlock(pool);
+    return mp__fail(MP_ENOMEM,
+                    "mp_pool_pause: no event to wait for the pool's streams "
+                    "with (out of host memory, or the device gave none), "
+                    "and a pause makes no device synchronize: the pool is "
+                    "not paused");
+  }
   /* After the events: the snapshot clears the dirty marks that tell a
    * destroyed stream needing a device synchronize. Once the wait is done,
    * every epoch before it is (mp__pool_sync's rule): the markers of
@@ -489,6 +522,16 @@ static mp_status_t mp__resume_map(mp_pool_t *pool) {
   mp__segment_t *v = pool->vseg;
   mp__spans_t sp = {0};
   mp_status_t st = MP_OK;
+  /* These spans add up to the host copy's size (the pause's sp.bytes) by
+   * construction, so no size is kept to check them against: the pause
+   * lists them in the same locked section that marks the pool paused, and
+   * from then on nothing makes a block owned or frees one (mp__block_owned)
+   * until the resume: allocations, frees, record_stream, defragment and
+   * trim are MP_EBUSY (mp__pool_paused; a torch free is kept for after,
+   * torch.c), leases are reaped only while running, borrowing finds no
+   * free bytes in a paused arena (mp__free_bytes), a ladder's take that
+   * ends in a paused pool is undone under the same lock (alloc.c), and the
+   * ladder's own block is left out at both ends (mp__live_spans). */
   if (pool->pause_copy != NULL && (st = mp__live_spans(pool, &sp)) != MP_OK)
     return st;
   mp__pool_device_begin(pool);
