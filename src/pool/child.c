@@ -22,6 +22,21 @@
 
 #include "pool_internal.h"
 
+/* Under pool's lock: MP_EBUSY while a destroy of pool is under way.
+ * pool->export_sealed (pool.c) is set, under the lock, once the destroy
+ * asked the children for the last time and goes on to free the memory
+ * with the lock dropped, and cleared where it is refused; its meaning
+ * ("the memory is being freed: nothing may hold a part of it from here
+ * on") covers a child's range as it does a lease, so it seals children
+ * out too. A range taken there would be freed under the child. */
+static mp_status_t mp__child_sealed(const mp_pool_t *pool) {
+  return pool->export_sealed
+             ? mp__fail(MP_EBUSY, "mp_pool_create_child: the parent is being "
+                                  "destroyed (its memory is being freed): "
+                                  "no child made")
+             : MP_OK;
+}
+
 /* The range at *base, just made live in owner, becomes child's (ctx),
  * under owner's lock: on a pool with arenas, the claim of the arenas'
  * path (mp__arena_claim_t), so that a raw free of its address (a stale
@@ -29,8 +44,17 @@
 static mp_status_t mp__child_claim(mp_pool_t *owner, void *const *base,
                                    void *ctx) {
   mp_pool_t *child = ctx;
-  mp__block_t *b = mp__map_find(owner, (uintptr_t)*base);
+  mp__slot_t *slot = NULL;
+  mp__block_t *b = mp__map_lookup(owner, (uintptr_t)*base, &slot);
   MP__ASSERT(b != NULL && !owner->paused);
+  /* An arena being destroyed (sealed, mp__child_sealed): its range goes
+   * back, as a refused graph pool's loan does (graph.c). */
+  mp_status_t st = mp__child_sealed(owner);
+  if (st != MP_OK) {
+    mp__map_remove_slot(owner, slot);
+    mp__block_release(owner, b);
+    return st;
+  }
   b->flags |= MP__B_CHILD;
   b->child = child;
   owner->children++;
@@ -107,15 +131,19 @@ mp_status_t mp__pool_create_child_marked(mp_pool_t *parent, size_t bytes,
   mp__pool_lock(parent);
   /* Paused: said by this call's name, not the allocation's. */
   st = mp__pool_paused(parent, "mp_pool_create_child");
+  if (st == MP_OK)
+    st = mp__child_sealed(parent);
   if (st == MP_OK && parent->arenas == NULL) {
     /* Out of memory, the handler first, as mp_pool_alloc's (the arenas'
      * path below asks it too). */
     st = mp__pool_alloc_locked(parent, bytes, NULL, &base);
-    /* A pause the handler made is said by this call's name too. */
+    /* A pause the handler made is said by this call's name too, and so
+     * is a destroy begun while it ran (the lock was dropped). */
     if (mp__pool_oom_retry(parent, st, bytes) &&
-        (st = mp__pool_paused(parent, "mp_pool_create_child")) == MP_OK)
+        (st = mp__pool_paused(parent, "mp_pool_create_child")) == MP_OK &&
+        (st = mp__child_sealed(parent)) == MP_OK)
       st = mp__pool_alloc_locked(parent, bytes, NULL, &base);
-    if (st == MP_OK)
+    if (st == MP_OK) /* not sealed: asked under the lock held since */
       (void)mp__child_claim(parent, &base, child);
   }
   /* Counted under the pool's lock, so that a pause (which refuses while
