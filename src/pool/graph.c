@@ -147,9 +147,6 @@ mp_status_t mp__graph_create(mp_pool_t *parent, mp__upstream_t upstream,
                     parent->graph ? "graph" : "child");
   /* Under the lock: mp_pool_set_max_fraction changes it. */
   mp__pool_lock(parent);
-  /* A stream it routes must reach the arenas' path (arena.c, "Solo"). */
-  if (parent->arenas != NULL)
-    mp__arena_solo_never(parent);
   mp_pool_config_t cfg = parent->cfg;
   mp__pool_unlock(parent);
   /* Ranges borrowed from the parent are plain segments of the graph pool;
@@ -172,6 +169,12 @@ mp_status_t mp__graph_create(mp_pool_t *parent, mp__upstream_t upstream,
   g->graph_id[1] = atomic_fetch_add_explicit(&ids, 1, memory_order_relaxed) + 1;
   mp__pool_lock(parent);
   if ((st = mp__pool_paused(parent, "mp_pool_graph_create")) == MP_OK) {
+    /* A stream it routes must reach the arenas' path (arena.c, "Solo"):
+     * solo ends for good here, once the call can no longer be refused
+     * (a refused one changes nothing), under the lock its route is added
+     * with (mp__graph_begin_owned), before the graph pool is published. */
+    if (parent->arenas != NULL)
+      mp__arena_solo_never(parent);
     g->parent = parent;
     g->graph = true;
     mp__pool_rare_update(g);
