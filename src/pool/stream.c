@@ -1338,7 +1338,51 @@ void mp__streams_sync_end(mp_pool_t *pool, uint64_t snap) {
     pool->sync_device_from = 0;
 }
 
+/* Whether a wait of pool's streams is a device synchronize: one owed
+ * (mp__stream_use_device), or a forgotten stream without a marker
+ * (mp__streams_sync_events). */
+static bool mp__streams_owe_device(const mp_pool_t *pool) {
+  if (pool->sync_device_from != 0)
+    return true;
+  for (uint32_t i = 0; i < pool->nstreams; i++) {
+    const mp__strm_t *st = &pool->streams[i];
+    if (st->gone && st->dirty && !st->capturing)
+      return true;
+  }
+  return false;
+}
+
+/* MP_OK unless a device synchronize is owed while a capture the device can
+ * see runs, on any stream, the pool's or not, by any thread. A
+ * cuCtxSynchronize waits for every stream of the context: during a capture
+ * of any of them it is refused and invalidates the capture, whatever the
+ * modes (CUDA Programming Guide, "Prohibited and Unhandled Operations";
+ * src/device/cuda.c, mp__cuda_capture_seen). Refused too where the device
+ * cannot say (-1); the debt is kept for a later call. A non-blocking stream
+ * the program made itself and never named to the device goes unseen. */
+static mp_status_t mp__streams_device_unwaitable(const mp_pool_t *pool,
+                                                 const char *what) {
+  if (!mp__streams_owe_device(pool))
+    return MP_OK;
+  mp_stream_t which = NULL;
+  int cap = mp__device_capture_seen(pool->dev, NULL, &which);
+  if (cap == -2)
+    return mp__fail(MP_EDRIVER, "no %s: %s", what, mp_last_error());
+  if (cap == 0)
+    return MP_OK;
+  return mp__fail(MP_EBUSY,
+                  "no %s while a stream of the device is being captured (%p; "
+                  "NULL: a blocking stream, as the legacy stream says), or "
+                  "the device cannot say: the pool owes a device synchronize "
+                  "(for streams it could not mark), which would invalidate "
+                  "the capture; it stays owed for a later call",
+                  what, (void *)which);
+}
+
 mp_status_t mp__streams_unwaitable(const mp_pool_t *pool, const char *what) {
+  mp_status_t dst = mp__streams_device_unwaitable(pool, what);
+  if (dst != MP_OK)
+    return dst;
   uint64_t self = mp__self();
   bool others = false; /* another thread's per-thread stream: the legacy one */
   for (uint32_t i = 0; i <= pool->nstreams; i++) {
