@@ -348,21 +348,6 @@ static mp_status_t mp__pause_check(const mp_pool_t *pool) {
   return mp__pause_plain_check(pool);
 }
 
-/* Under the lock, before mp__streams_sync_events: whether only a device
- * synchronize covers the streams' work, by design rather than for want of
- * an event: one owed (sync_device_from: an arena given a graph range back),
- * or a destroyed stream that could not be marked (dirty). Then the pause
- * waits as before (mp__sync_set_wait). */
-static bool mp__pause_device_owed(const mp_pool_t *pool) {
-  if (pool->sync_device_from != 0)
-    return true;
-  for (uint32_t i = 0; i < pool->nstreams; i++)
-    if (pool->streams[i].gone && pool->streams[i].dirty &&
-        !pool->streams[i].capturing)
-      return true;
-  return false;
-}
-
 /* Pauses pool, a pool without arenas or one arena (flags checked). No lock
  * held on entry or return. */
 static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
@@ -396,7 +381,7 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
   /* The streams that used the pool must be done with its memory: an event
    * on each, not a device synchronize (another thread may be capturing). */
   mp__sync_set_t set;
-  if (!mp__streams_sync_events(pool, &set) && !mp__pause_device_owed(pool)) {
+  if (!mp__streams_sync_events(pool, &set) && !mp__streams_owe_device(pool)) {
     /* No events (host memory, or the device refused one): the fallback
      * would be a device synchronize, which pool.h promises a pause never
      * makes (it invalidates another thread's capture in global mode).

@@ -1984,6 +1984,11 @@ typedef struct mp__sync_set {
  * then. MP_OK otherwise. Asks the device of each stream (no wait). Under
  * the lock. */
 mp_status_t mp__streams_unwaitable(const mp_pool_t *pool, const char *what);
+/* Under the lock: whether a wait of pool's streams is a device synchronize
+ * by design, not for want of an event: one owed (sync_device_from: an
+ * arena given a graph range back, mp__stream_use_device), or a destroyed
+ * stream that could not be marked (gone and dirty, not capturing). */
+bool mp__streams_owe_device(const mp_pool_t *pool);
 /* Under the lock, before mp__streams_sync_begin (which clears the dirty
  * marks this reads for forgotten streams). False (nothing held) when only
  * a device synchronize will do: a stream that could not be marked, no

@@ -1338,10 +1338,7 @@ void mp__streams_sync_end(mp_pool_t *pool, uint64_t snap) {
     pool->sync_device_from = 0;
 }
 
-/* Whether a wait of pool's streams is a device synchronize: one owed
- * (mp__stream_use_device), or a forgotten stream without a marker
- * (mp__streams_sync_events). */
-static bool mp__streams_owe_device(const mp_pool_t *pool) {
+bool mp__streams_owe_device(const mp_pool_t *pool) {
   if (pool->sync_device_from != 0)
     return true;
   for (uint32_t i = 0; i < pool->nstreams; i++) {
