@@ -402,12 +402,13 @@ MP_API mp_status_t mp_pool_mem_info(mp_pool_t *pool, size_t *free_bytes,
  * 0 lifts it. Memory reserved above a new, lower cap stays until trimmed;
  * growth stops there. Not in [0, 1], or a child or graph pool: MP_EINVAL. */
 MP_API mp_status_t mp_pool_set_max_fraction(mp_pool_t *pool, double fraction);
-/* MP_EBUSY while a child pool lives, while a block of a plain segment is
- * still imported by another process (see IPC below; the message names the
- * block; destroy after the importer closes it), or while a stream the pool
- * knows is captured without its knowledge (its work cannot be waited for;
- * destroy after the capture ends); else synchronizes the streams that used the
- * pool, releases everything and frees the pool. A refusal, or a
+/* MP_EBUSY for a default pool (mp_default_pool's, the torch hooks': it
+ * lives until the process exits), while a child pool lives, while a block of a
+ * plain segment is still imported by another process (see IPC below; the
+ * message names the block; destroy after the importer closes it), or while a
+ * stream the pool knows is captured without its knowledge (its work cannot be
+ * waited for; destroy after the capture ends); else synchronizes the streams
+ * that used the pool, releases everything and frees the pool. A refusal, or a
  * synchronization that fails (called from a host function), changes
  * nothing: the pool stays as it was. So does a device that refuses the
  * first free of a plain segment (made before anything else is given up):
