@@ -25,8 +25,6 @@
 #include "internal.h"
 #include "pool/pool_internal.h"
 
-#define MP__DEFAULT_DEVICES 64
-
 static pthread_once_t mp__default_once = PTHREAD_ONCE_INIT;
 static mp_pool_t *mp__default;
 static int mp__default_ordinal;

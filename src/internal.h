@@ -222,6 +222,9 @@ mp_status_t mp__pool_snapshot_many(mp_pool_t *const *pools, const int *devices,
                                    size_t n, const char *path);
 
 /* ---- default.c --------------------------------------------------------- */
+/* Device ordinals that get a default pool of their own (0 ..
+ * MP__DEFAULT_DEVICES - 1), besides $MEMPOOL_DEVICE's. */
+#define MP__DEFAULT_DEVICES 64
 /* The default pool of device ordinal `device` (made on first use), or NULL
  * with the error set: a device the backend does not have. */
 mp_pool_t *mp__default_pool_for(int device);

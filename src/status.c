@@ -123,14 +123,15 @@ const char *mp__clip(const char *s, size_t len, char *buf, size_t cap) {
  * message that wraps another) goes, so that the message stays valid UTF-8
  * (status.h), as a clip keeps the quote. */
 static void mp__cut_whole(char *msg, size_t len) {
-  size_t lead = len, cont = 0;
-  while (lead > 0 && cont < 3 && ((unsigned char)msg[lead - 1] & 0xc0) == 0x80)
-    lead--, cont++;
-  if (lead == 0)
-    return;
-  unsigned char c = (unsigned char)msg[lead - 1];
-  size_t need = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
-  if (need > cont + 1)
+  /* The last character's first byte: past at most three continuation
+   * bytes, as mp__clip's tail; cut there unless it is whole. */
+  size_t lead = len;
+  for (int k = 0;
+       k < 3 && lead > 0 && ((unsigned char)msg[lead - 1] & 0xc0) == 0x80; k++)
+    lead--;
+  uint32_t cp;
+  if (lead > 0 && mp__utf8_char((const unsigned char *)msg + lead - 1,
+                                len - (lead - 1), &cp) == 0)
     msg[lead - 1] = '\0';
 }
 

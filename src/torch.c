@@ -171,7 +171,7 @@ static struct {
   /* The devices watched (a default pool's, one per device and the
    * default one's), each once; set under watch_lock, read without it. */
   pthread_mutex_t watch_lock;
-  _Atomic(mp_device_t *) watched[65];
+  _Atomic(mp_device_t *) watched[MP__DEFAULT_DEVICES + 1];
   atomic_uint nwatched;
 } mp__td = {.lock = PTHREAD_MUTEX_INITIALIZER,
             .watch_lock = PTHREAD_MUTEX_INITIALIZER};
