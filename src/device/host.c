@@ -541,7 +541,9 @@ static void host_atfork(void) {
  * work queued there would never run, and a wait for work queued before
  * the fork would never end. So the child may free (its own view) and ask,
  * but not allocate, queue or wait for queued work: as CUDA refuses a
- * forked child its parent's context, it opens a device of its own. */
+ * forked child its parent's context, it opens a device of its own. The
+ * calls that allocate or queue are refused at their start, before any lock
+ * of the device (HOST_NOT_INHERITED). */
 static bool host_inherited(const host_dev_t *h) {
   return MP__UNLIKELY(
              atomic_load_explicit(&host_in_child, memory_order_relaxed)) &&
@@ -556,6 +558,17 @@ static mp_status_t host_refuse_inherited(const char *fn) {
                   "device of its own",
                   fn);
 }
+
+/* Returns from the enclosing function the refusal of fn, a call that
+ * allocates or queues work on h, in a child that inherited h: before any
+ * lock of h is taken, since a thread of the parent that held one at the
+ * fork did not come along and the child would wait for it for ever (a
+ * refusal that came after the memory lock or the registry's hung there). */
+#define HOST_NOT_INHERITED(h, fn)                                              \
+  do {                                                                         \
+    if (host_inherited(h))                                                     \
+      return host_refuse_inherited(fn);                                        \
+  } while (0)
 
 /* Waits for the work queued on s so far; false (without waiting) in a
  * child that inherited s with work still queued, which no thread runs. */
@@ -691,8 +704,7 @@ static mp_status_t host_stream_create(mp_device_t *dev, mp_stream_t *out) {
   host_dev_t *h = host_of(dev);
   /* No work could be queued on it (host_stream_push), and its worker
    * would outlive every destroy and close of the inherited device. */
-  if (host_inherited(h))
-    return host_refuse_inherited("mp_stream_create");
+  HOST_NOT_INHERITED(h, "mp_stream_create");
   host_streams_reap(h, false);
   host_stream_t *s = NULL;
   mp_status_t st = host_stream_start(h, &s);
@@ -823,6 +835,7 @@ static mp_status_t host_no_op_memory(void) {
 static mp_status_t host_launch_host(mp_device_t *dev, mp_stream_t s,
                                     void (*fn)(void *), void *arg) {
   HOST_NOT_IN_HOST_FN("mp_stream_launch_host");
+  HOST_NOT_INHERITED(host_of(dev), "mp_stream_launch_host");
   host_op_t *op = host_op_new(HOST_OP_HOST_FN);
   if (op == NULL)
     return host_no_op_memory();
@@ -838,6 +851,7 @@ static mp_status_t host_memcpy_async(mp_device_t *dev, void *dst,
                                      const void *src, size_t n, mp_stream_t s) {
   HOST_NOT_IN_HOST_FN("mp_memcpy_async");
   host_dev_t *h = host_of(dev);
+  HOST_NOT_INHERITED(h, "mp_memcpy_async");
   /* "The memory areas may not overlap" (cuda_runtime_api.h,
    * cudaMemcpyAsync): a GPU's copy engine does not promise memmove's
    * order, so an overlapping copy is refused here rather than done right. */
@@ -868,6 +882,7 @@ static mp_status_t host_memset_async(mp_device_t *dev, void *dst, int value,
                                      size_t n, mp_stream_t s) {
   HOST_NOT_IN_HOST_FN("mp_memset_async");
   host_dev_t *h = host_of(dev);
+  HOST_NOT_INHERITED(h, "mp_memset_async");
   /* Device memory only (host_check_access). */
   mp_status_t st = host_check_access(h, "mp_memset_async", dst, n, true);
   if (st != MP_OK)
@@ -930,6 +945,7 @@ static mp_status_t host_event_record(mp_device_t *dev, mp_event_t handle,
                                      mp_stream_t stream) {
   HOST_NOT_IN_HOST_FN("mp_event_record");
   host_dev_t *h = host_of(dev);
+  HOST_NOT_INHERITED(h, "mp_event_record");
   host_marker_t *m = mp__host_alloc(sizeof *m);
   host_op_t *op = host_op_new(HOST_OP_RECORD);
   if (m == NULL || op == NULL) {
@@ -1009,6 +1025,7 @@ static mp_status_t host_stream_wait_event(mp_device_t *dev, mp_stream_t stream,
                                           mp_event_t handle) {
   HOST_NOT_IN_HOST_FN("mp_stream_wait_event");
   host_dev_t *h = host_of(dev);
+  HOST_NOT_INHERITED(h, "mp_stream_wait_event");
   host_op_t *op = host_op_new(HOST_OP_WAIT);
   if (op == NULL)
     return host_no_op_memory();
@@ -1249,6 +1266,7 @@ static size_t host_alloc_align(mp_device_t *dev) {
 static mp_status_t host_alloc(mp_device_t *dev, size_t bytes, void **out) {
   HOST_NOT_IN_HOST_FN("mp_device_alloc");
   host_dev_t *h = host_of(dev);
+  HOST_NOT_INHERITED(h, "mp_device_alloc");
   host_sleep_us(h->latency_us);
   pthread_mutex_lock(&h->mem_lock);
   uint64_t off = 0;
@@ -1705,6 +1723,7 @@ static mp_status_t host_vm_map_at(mp_device_t *dev, void *addr, size_t bytes,
   host_dev_t *h = host_of(dev);
   if (!h->vmm)
     return host_no_vmm("vm_map");
+  HOST_NOT_INHERITED(h, "vm_map");
   host_sleep_us(h->latency_us);
   pthread_mutex_lock(&h->mem_lock);
   host_resv_t *r = NULL;
