@@ -44,6 +44,9 @@
  *  - segment_alloc/segment_free/segment_map/segment_unmap/snapshot: what
  *    PyTorch's own allocator did with the device, not what the program
  *    asked for: skipped, since the replay measures each allocator's own.
+ *  - "user_defined": an annotation the program recorded in the trace
+ *    (TraceEntry::USER_DEFINED, which DeviceCachingAllocator's
+ *    recordAnnotation writes with addr and size 0): no memory, skipped.
  * The replay takes the first device whose trace has an allocation.
  * Blocks allocated before the trace began (the history is a ring buffer)
  * appear only as frees of unknown pointers, which trace.c counts and skips.
@@ -793,7 +796,7 @@ static mp_status_t pk_trace_to_csv(pk_vm_t *vm, const pk_val_t *trace, size_t d,
       row = "allocate failure";
     else if (!(pk_is_str(a, "segment_alloc") || pk_is_str(a, "segment_free") ||
                pk_is_str(a, "segment_map") || pk_is_str(a, "segment_unmap") ||
-               pk_is_str(a, "snapshot"))) {
+               pk_is_str(a, "snapshot") || pk_is_str(a, "user_defined"))) {
       char shown[41];
       return mp__fail(MP_EINVAL, "%s: %s: unknown action '%s'", what,
                       pk_where(where, sizeof where, d, k, e),
