@@ -664,13 +664,33 @@ mp_status_t mpb_report_check_dir(const char *dir) {
       (void)rmdir(probe);
       return MP_OK;
     }
-    if (errno != ENOENT && errno != ENOTDIR) /* ENOTDIR: found above */
-      return mp__fail(MP_EINVAL, "cannot use %s: %s", path, strerror(errno));
-    char *slash = strrchr(path, '/');
-    while (slash != NULL && slash > path && slash[1] == '\0') {
-      *slash = '\0'; /* "a/b/" is "a/b" */
-      slash = strrchr(path, '/');
+    int err = errno;
+    if (err != ENOENT && err != ENOTDIR) /* ENOTDIR: found above */
+      return mp__fail(MP_EINVAL, "cannot use %s: %s", path, strerror(err));
+    /* A symbolic link whose target is not there: mkdir finds the link and
+     * makes nothing, so no folder can be made at or under it. */
+    struct stat lb;
+    if (lstat(path, &lb) == 0 && S_ISLNK(lb.st_mode)) {
+      char to[4096];
+      ssize_t n = readlink(path, to, sizeof to - 1);
+      to[n < 0 ? 0 : n] = '\0';
+      return mp__fail(MP_EINVAL,
+                      "%s is a symbolic link to %s, which cannot be used "
+                      "(%s): no folder can be made there",
+                      path, to, strerror(err));
     }
+    /* "a/b/" is "a/b": that entry next, not the one above it (a file
+     * "a/b" fails "a/b/" with ENOTDIR and must be said). */
+    size_t len = strlen(path);
+    if (len > 1 && path[len - 1] == '/') {
+      while (len > 1 && path[len - 1] == '/')
+        path[--len] = '\0';
+      continue;
+    }
+    char *slash = strrchr(path, '/');
+    if (strcmp(path, ".") == 0) /* the start of every relative path */
+      return mp__fail(MP_EINVAL, "cannot use the current folder: %s",
+                      strerror(err));
     if (slash == NULL)
       snprintf(path, sizeof path, ".");
     else if (slash == path)
