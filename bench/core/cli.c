@@ -331,6 +331,8 @@ typedef struct mpb_cli {
   const char *traces_dir;
   const char *device;
   const char *blockmap; /* NULL: pool, else the first allocator */
+  /* --blockmap "NAME:" as NAME, as --allocator names it (mpb_spec_name) */
+  char blockmap_name[MPB_MAX_ALLOCATOR + 1];
   bool no_traces, capacity, plots, quiet, replay;
   bool bound; /* `mpbench bound`: FILEs, or workloads and traces as run */
   double budget, total;
@@ -540,7 +542,10 @@ static int mpb_parse(int argc, char **argv, mpb_cli_t *c) {
     } else if (strcmp(a, "--device") == 0) {
       c->device = val;
     } else if (strcmp(a, "--blockmap") == 0) {
-      c->blockmap = val;
+      /* Named as --allocator names its rows, so that the "pool:" run
+       * (row "pool") is found by the same spelling. */
+      c->blockmap =
+          mpb_spec_name(val, c->blockmap_name, sizeof c->blockmap_name);
     } else if (strcmp(a, "--capacity-budget") == 0 ||
                strcmp(a, "--capacity-total") == 0) {
       mp_status_t st =
