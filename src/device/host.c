@@ -71,7 +71,10 @@
  * lock (but the process-wide host_devs_mu, taken before it), nor across a
  * sleep or a synchronization; busy_mu and dying_mu are
  * taken inside a stream mutex (a stream joins or leaves the busy list, is
- * orphaned) or alone, never together. */
+ * orphaned) or alone, never together. host_probe_mu is taken alone; a
+ * forked child's probe under it only tries the locks of a device it
+ * inherited and the mutex of such a device's stream (trylock, never a
+ * wait: host_fork_held). */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -162,6 +165,10 @@ typedef struct host_stream {
    * puts the stream on host_dev.dead itself (under mu). */
   bool orphan;
   struct host_stream *dead_next; /* on host_dev.dead, under dying_mu */
+  /* A forked child's probe of mu (host_stream_held): the process that
+   * made it, and whether mu was held at the fork. */
+  atomic_int fork_probed;
+  unsigned fork_held;
 } host_stream_t;
 
 typedef struct host_event {
@@ -237,6 +244,11 @@ struct host_dev {
   pthread_cond_t dying_cv;
   size_t dying;
   host_stream_t *dead;
+
+  /* A forked child's probe of the locks above (host_dev_held): the process
+   * that made it, and the locks held at the fork (HOST_HELD_*). */
+  atomic_int fork_probed;
+  unsigned fork_held;
 };
 
 /* The process's open host devices (host_open, host_close): a copy or
@@ -514,6 +526,10 @@ static void host_stream_stop(host_stream_t *s) {
 static atomic_bool host_in_child;
 static pthread_once_t host_atfork_once = PTHREAD_ONCE_INIT;
 
+/* Serializes a forked child's probes (host_fork_held); new in every child,
+ * as a thread of the parent's may have held it at the fork. */
+static pthread_mutex_t host_probe_mu = PTHREAD_MUTEX_INITIALIZER;
+
 static void host_mark_child(void) {
   atomic_store_explicit(&host_in_child, true, memory_order_relaxed);
 }
@@ -527,6 +543,7 @@ static void host_mark_child(void) {
  * it takes host_devs_mu (TSan: lock-order inversion). */
 static void host_fork_child(void) {
   pthread_mutex_init(&host_devs_mu, NULL);
+  pthread_mutex_init(&host_probe_mu, NULL);
   host_devs = NULL;
   host_mark_child();
 }
@@ -543,7 +560,8 @@ static void host_atfork(void) {
  * but not allocate, queue or wait for queued work: as CUDA refuses a
  * forked child its parent's context, it opens a device of its own. The
  * calls that allocate or queue are refused at their start, before any lock
- * of the device (HOST_NOT_INHERITED). */
+ * of the device (HOST_NOT_INHERITED); those that free or ask take only
+ * the locks no thread of the parent held at the fork (HOST_CHILD_NEEDS). */
 static bool host_inherited(const host_dev_t *h) {
   return MP__UNLIKELY(
              atomic_load_explicit(&host_in_child, memory_order_relaxed)) &&
@@ -570,9 +588,107 @@ static mp_status_t host_refuse_inherited(const char *fn) {
       return host_refuse_inherited(fn);                                        \
   } while (0)
 
+/* The locks of a device that a forked child finds held: a thread of the
+ * parent held them at the fork and did not come along, so they stay held
+ * for good, and what they guard may be half changed. Taking the locks
+ * before the fork instead (a prepare handler) and letting them go after it
+ * would deadlock: the preload shim's prepare handler, which runs after this
+ * file's (registered later, run first), takes its table lock, and a thread
+ * that holds that lock calls into the device and waits for these. */
+enum {
+  HOST_HELD_MEM = 1u << 0,  /* mem_lock */
+  HOST_HELD_REG = 1u << 1,  /* reg, by a writer or a reader */
+  HOST_HELD_EV = 1u << 2,   /* ev_lock */
+  HOST_HELD_BUSY = 1u << 3, /* busy_mu */
+};
+
+/* Whether m is held, in a child where only the calling thread and those
+ * started since the fork run. */
+static bool host_mutex_held(pthread_mutex_t *m) {
+  if (pthread_mutex_trylock(m) != 0)
+    return true;
+  pthread_mutex_unlock(m);
+  return false;
+}
+
+static unsigned host_dev_probe(void *obj) {
+  host_dev_t *h = obj;
+  unsigned held = 0;
+  if (host_mutex_held(&h->mem_lock))
+    held |= HOST_HELD_MEM;
+  if (pthread_rwlock_trywrlock(&h->reg) != 0)
+    held |= HOST_HELD_REG;
+  else
+    pthread_rwlock_unlock(&h->reg);
+  if (host_mutex_held(&h->ev_lock))
+    held |= HOST_HELD_EV;
+  if (host_mutex_held(&h->busy_mu))
+    held |= HOST_HELD_BUSY;
+  return held;
+}
+
+static unsigned host_stream_probe(void *obj) {
+  return host_mutex_held(&((host_stream_t *)obj)->mu) ? 1u : 0u;
+}
+
+/* In a forked child, what probe(obj) found held: probed once per process,
+ * at the child's first call that asks, before any thread of the child
+ * takes one of the locks probed (every such call asks first), so a lock
+ * found held was held at the fork. A grandchild probes again. */
+static unsigned host_fork_held(atomic_int *probed, unsigned *held,
+                               unsigned (*probe)(void *), void *obj) {
+  int me = (int)getpid();
+  if (atomic_load_explicit(probed, memory_order_acquire) != me) {
+    pthread_mutex_lock(&host_probe_mu);
+    if (atomic_load_explicit(probed, memory_order_relaxed) != me) {
+      *held = probe(obj);
+      atomic_store_explicit(probed, me, memory_order_release);
+    }
+    pthread_mutex_unlock(&host_probe_mu);
+  }
+  return *held;
+}
+
+/* Which of h's locks were held at the fork (HOST_HELD_*), in a child that
+ * inherited h; 0 elsewhere. */
+static unsigned host_dev_held(host_dev_t *h) {
+  if (!host_inherited(h))
+    return 0;
+  return host_fork_held(&h->fork_probed, &h->fork_held, host_dev_probe, h);
+}
+
+/* Whether s's mutex was held at the fork, in a child that inherited s. */
+static bool host_stream_held(host_stream_t *s) {
+  if (!host_inherited(s->dev))
+    return false;
+  return host_fork_held(&s->fork_probed, &s->fork_held, host_stream_probe, s) !=
+         0;
+}
+
+static mp_status_t host_refuse_held(const char *fn) {
+  return mp__fail(MP_ENODEV,
+                  "host device: %s: this process is a forked child of the "
+                  "one that opened the device, one of whose threads held a "
+                  "lock of the device at the fork, which no thread here will "
+                  "let go of: open a device of its own",
+                  fn);
+}
+
+/* Returns from the enclosing function the refusal of fn, which takes the
+ * locks held of h (HOST_HELD_*), in a child that inherited h where one of
+ * them was held at the fork: it would wait for ever. */
+#define HOST_CHILD_NEEDS(h, held, fn)                                          \
+  do {                                                                         \
+    if ((host_dev_held(h) & (held)) != 0)                                      \
+      return host_refuse_held(fn);                                             \
+  } while (0)
+
 /* Waits for the work queued on s so far; false (without waiting) in a
- * child that inherited s with work still queued, which no thread runs. */
+ * child that inherited s with work still queued, which no thread runs, or
+ * with its mutex held at the fork. */
 static bool host_stream_drain(host_stream_t *s) {
+  if (host_stream_held(s))
+    return false;
   pthread_mutex_lock(&s->mu);
   uint64_t target = s->submitted;
   if (s->completed < target && host_inherited(s->dev)) {
@@ -648,6 +764,7 @@ static mp_status_t host_unknown_event(const char *fn, mp_event_t e) {
  * the caller's entry point in the error. */
 static mp_status_t host_stream_get(host_dev_t *h, const char *fn,
                                    mp_stream_t handle, host_stream_t **out) {
+  HOST_CHILD_NEEDS(h, HOST_HELD_REG, fn);
   pthread_rwlock_rdlock(&h->reg);
   host_stream_t *s = host_stream_find(h, handle);
   if (s != NULL)
@@ -664,6 +781,7 @@ static mp_status_t host_sync_all(host_dev_t *h, const char *fn) {
   mp_status_t st = host_check_caller(fn);
   if (st != MP_OK)
     return st;
+  HOST_CHILD_NEEDS(h, HOST_HELD_BUSY, fn);
   /* Only the streams with work queued now: what is queued later is not
    * preceding work. Every device free and unmap comes here: a process with
    * a few busy streams should not pay a heap allocation for the list. */
@@ -726,6 +844,7 @@ static mp_status_t host_stream_destroy(mp_device_t *dev, mp_stream_t handle) {
   mp_status_t st = host_check_caller("mp_stream_destroy");
   if (st != MP_OK)
     return st;
+  HOST_CHILD_NEEDS(h, HOST_HELD_REG, "mp_stream_destroy");
   pthread_rwlock_wrlock(&h->reg);
   bool found = mp__ptrmap_take(&h->streams, (uintptr_t)handle, NULL);
   pthread_rwlock_unlock(&h->reg);
@@ -786,6 +905,10 @@ static mp_status_t host_stream_query(mp_device_t *dev, mp_stream_t handle) {
   mp_status_t st = host_stream_get(h, "mp_stream_query", handle, &s);
   if (st != MP_OK)
     return st;
+  if (host_stream_held(s)) {
+    host_stream_put(s);
+    return host_refuse_held("mp_stream_query");
+  }
   pthread_mutex_lock(&s->mu);
   bool idle = s->completed == s->submitted;
   pthread_mutex_unlock(&s->mu);
@@ -795,6 +918,10 @@ static mp_status_t host_stream_query(mp_device_t *dev, mp_stream_t handle) {
 
 static bool host_stream_owned(mp_device_t *dev, mp_stream_t handle) {
   host_dev_t *h = host_of(dev);
+  /* No answer in a child whose registry was held at the fork: none of its
+   * streams is one (the callers refuse it as unknown). */
+  if ((host_dev_held(h) & HOST_HELD_REG) != 0)
+    return false;
   pthread_rwlock_rdlock(&h->reg);
   bool known = host_stream_find(h, handle) != NULL;
   pthread_rwlock_unlock(&h->reg);
@@ -908,6 +1035,7 @@ static host_event_t *host_event_find(host_dev_t *h, mp_event_t handle) {
 static mp_status_t host_event_create(mp_device_t *dev, mp_event_t *out) {
   HOST_NOT_IN_HOST_FN("mp_event_create");
   host_dev_t *h = host_of(dev);
+  HOST_CHILD_NEEDS(h, HOST_HELD_REG, "mp_event_create");
   host_event_t *e = mp__host_calloc(1, sizeof *e);
   if (e == NULL)
     return mp__fail(MP_ENOMEM, "host device: out of host memory for an event");
@@ -925,6 +1053,7 @@ static mp_status_t host_event_create(mp_device_t *dev, mp_event_t *out) {
 static mp_status_t host_event_destroy(mp_device_t *dev, mp_event_t handle) {
   HOST_NOT_IN_HOST_FN("mp_event_destroy");
   host_dev_t *h = host_of(dev);
+  HOST_CHILD_NEEDS(h, HOST_HELD_REG | HOST_HELD_EV, "mp_event_destroy");
   pthread_rwlock_wrlock(&h->reg);
   bool found = mp__ptrmap_take(&h->events, (uintptr_t)handle, NULL);
   pthread_rwlock_unlock(&h->reg);
@@ -981,6 +1110,7 @@ static mp_status_t host_event_record(mp_device_t *dev, mp_event_t handle,
 static mp_status_t host_event_query(mp_device_t *dev, mp_event_t handle) {
   HOST_NOT_IN_HOST_FN("mp_event_query");
   host_dev_t *h = host_of(dev);
+  HOST_CHILD_NEEDS(h, HOST_HELD_REG | HOST_HELD_EV, "mp_event_query");
   pthread_rwlock_rdlock(&h->reg);
   host_event_t *e = host_event_find(h, handle);
   mp_status_t st = MP_OK;
@@ -1001,6 +1131,7 @@ static mp_status_t host_event_synchronize(mp_device_t *dev, mp_event_t handle) {
   mp_status_t st = host_check_caller("mp_event_synchronize");
   if (st != MP_OK)
     return st;
+  HOST_CHILD_NEEDS(h, HOST_HELD_REG | HOST_HELD_EV, "mp_event_synchronize");
   pthread_rwlock_rdlock(&h->reg);
   host_event_t *e = host_event_find(h, handle);
   if (e == NULL) {
@@ -1250,6 +1381,7 @@ static mp_status_t host_mem_info(mp_device_t *dev, size_t *free_b,
                                  size_t *total_b) {
   HOST_NOT_IN_HOST_FN("mp_device_mem_info");
   host_dev_t *h = host_of(dev);
+  HOST_CHILD_NEEDS(h, HOST_HELD_MEM, "mp_device_mem_info");
   pthread_mutex_lock(&h->mem_lock);
   *free_b = h->capacity - h->used;
   *total_b = h->capacity;
@@ -1345,6 +1477,7 @@ static bool host_atab_take_locked(host_dev_t *h, host_atab_t *t,
 static mp_status_t host_free(mp_device_t *dev, void *ptr) {
   HOST_NOT_IN_HOST_FN("mp_device_free");
   host_dev_t *h = host_of(dev);
+  HOST_CHILD_NEEDS(h, HOST_HELD_MEM | HOST_HELD_BUSY, "mp_device_free");
   host_entry_t in;
   if (!host_atab_has(h, &h->allocs, ptr, &in))
     return host_not_allocated("mp_device_free", "mp_device_alloc", ptr, &in);
@@ -1365,6 +1498,7 @@ static mp_status_t host_free(mp_device_t *dev, void *ptr) {
 static mp_status_t host_host_alloc(mp_device_t *dev, size_t bytes, void **out) {
   HOST_NOT_IN_HOST_FN("mp_device_host_alloc");
   host_dev_t *h = host_of(dev);
+  HOST_CHILD_NEEDS(h, HOST_HELD_MEM, "mp_device_host_alloc");
   /* Pinning pages is a driver call like any other (cuMemHostAlloc). */
   host_sleep_us(h->latency_us);
   void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
@@ -1389,6 +1523,7 @@ static mp_status_t host_host_alloc(mp_device_t *dev, size_t bytes, void **out) {
 static mp_status_t host_host_free(mp_device_t *dev, void *ptr) {
   HOST_NOT_IN_HOST_FN("mp_device_host_free");
   host_dev_t *h = host_of(dev);
+  HOST_CHILD_NEEDS(h, HOST_HELD_MEM | HOST_HELD_BUSY, "mp_device_host_free");
   host_entry_t in;
   if (!host_atab_has(h, &h->pins, ptr, &in))
     return host_not_allocated("mp_device_host_free", "mp_device_host_alloc",
@@ -1607,6 +1742,7 @@ static mp_status_t host_vm_reserve(mp_device_t *dev, size_t bytes, void **out) {
   size_t g = h->granularity;
   if (!h->vmm)
     return host_no_vmm("vm_reserve");
+  HOST_CHILD_NEEDS(h, HOST_HELD_MEM, "vm_reserve");
   if (out == NULL || bytes == 0 || bytes % g != 0 || bytes > SIZE_MAX - g)
     return mp__fail(MP_EINVAL,
                     "vm_reserve: %zu bytes is not a positive multiple of the "
@@ -1652,6 +1788,7 @@ static mp_status_t host_vm_release(mp_device_t *dev, void *base, size_t bytes) {
   host_dev_t *h = host_of(dev);
   if (!h->vmm)
     return host_no_vmm("vm_release");
+  HOST_CHILD_NEEDS(h, HOST_HELD_MEM, "vm_release");
   pthread_mutex_lock(&h->mem_lock);
   size_t i = host_resv_find(h, (uintptr_t)base);
   mp_status_t st = MP_OK;
@@ -1944,6 +2081,7 @@ static mp_status_t host_vm_unmap(mp_device_t *dev, void *addr, size_t bytes) {
   host_dev_t *h = host_of(dev);
   if (!h->vmm)
     return host_no_vmm("vm_unmap");
+  HOST_CHILD_NEEDS(h, HOST_HELD_MEM, "vm_unmap");
   host_entry_t *e = NULL;
   pthread_mutex_lock(&h->mem_lock);
   mp_status_t st = host_vm_mapping(h, addr, bytes, &e);
@@ -1990,6 +2128,7 @@ static mp_status_t host_ipc_export(mp_device_t *dev, void *base, size_t bytes,
                                    bool vm, mp_ipc_handle_t *h) {
   HOST_NOT_IN_HOST_FN("ipc_export");
   host_dev_t *hd = host_of(dev);
+  HOST_CHILD_NEEDS(hd, HOST_HELD_MEM, "ipc_export");
   pthread_mutex_lock(&hd->mem_lock);
   host_entry_t *e = vm ? mp__ptrmap_find(&hd->maps, (uintptr_t)base)
                        : host_atab_at(&hd->allocs, base);
@@ -2062,6 +2201,7 @@ static mp_status_t host_import_add(host_dev_t *h, const char *fn, void *p,
 static mp_status_t host_ipc_open(mp_device_t *dev, const mp_ipc_handle_t *h,
                                  void **out) {
   HOST_NOT_IN_HOST_FN("ipc_open");
+  HOST_CHILD_NEEDS(host_of(dev), HOST_HELD_MEM, "mp_ipc_import");
   uint64_t off = 0;
   host_ipc_tag_t id;
   memcpy(&id, h->opaque, sizeof id);
@@ -2095,6 +2235,7 @@ mp_status_t mp__host_note_import(mp_device_t *dev, void *p, size_t bytes,
     return mp__fail(MP_ENOTSUP, "note_import: %s is not a host device",
                     dev->name);
   host_dev_t *h = host_of(dev);
+  HOST_CHILD_NEEDS(h, HOST_HELD_MEM, "note_import");
   if (!mapped) {
     host_entry_t gone;
     return host_atab_take_locked(h, &h->imports, p, &gone)
@@ -2110,6 +2251,8 @@ static mp_status_t host_ipc_close(mp_device_t *dev, void *base, size_t bytes,
   /* No wait here: ipc.c has waited for the work that may use it (the
    * device's, or one stream's). A driver call on the cuda backend. */
   mp_status_t st = host_check_caller("mp_ipc_close");
+  if (st == MP_OK && (host_dev_held(host_of(dev)) & HOST_HELD_MEM) != 0)
+    st = host_refuse_held("mp_ipc_close");
   if (st == MP_OK) {
     host_dev_t *h = host_of(dev);
     host_entry_t gone;
