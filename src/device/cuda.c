@@ -374,8 +374,11 @@ typedef struct mp__cuda_dev {
   bool vmm;
   size_t granularity;
   CUmemAllocationProp prop; /* pinned memory on this device */
-  pthread_mutex_t lock;     /* guards the maps */
+  pthread_mutex_t lock;     /* guards the maps and pending */
   mp__ptrmap_t allocs, hosts, reserves, chunks, streams, events;
+  /* Entries the maps keep room for (mp__cuda_room, mp__cuda_claim): one
+   * for each object the driver is making or giving back right now. */
+  size_t pending;
 } mp__cuda_dev_t;
 
 static mp__cuda_dev_t *mp__cuda_of(mp_device_t *dev) {
@@ -446,25 +449,63 @@ static void mp__cuda_unrelax(mp__cuda_relaxed_t *r) {
     mp__cuda_unrelax(&rx_);                                                    \
   } while (0)
 
-static bool mp__cuda_track(mp__cuda_dev_t *cd, mp__ptrmap_t *m, uintptr_t key,
-                           size_t size, CUmemGenericAllocationHandle handle) {
+/* Tracking never fails once the driver has acted: an object it made must be
+ * in a map (or close would not release it), and one whose release it
+ * refused must go back in (or it would be forgotten while alive), but a
+ * driver that refuses the undoing free cannot be made to take it back, nor
+ * can a refused release be undone. So the room is taken before the driver
+ * call: mp__cuda_room before an object is made (without host memory,
+ * MP_ENOMEM with nothing made), mp__cuda_claim as it is given back (the
+ * entry's own room kept), each ended by one mp__cuda_settle. Invariant,
+ * for every map m: m's entries plus the pending entries of m take at most
+ * half its slots, so that mp__ptrmap_put never grows a map (cd->pending,
+ * the pending entries of every map, bounds m's). */
+static bool mp__cuda_room(mp__cuda_dev_t *cd, mp__ptrmap_t *m) {
   pthread_mutex_lock(&cd->lock);
-  mp__cuda_entry_t *e = mp__ptrmap_put(m, key);
-  if (e != NULL) {
-    e->size = size;
-    e->handle = handle;
-  }
+  bool ok = mp__ptrmap_reserve(m, cd->pending + 1);
+  if (ok)
+    cd->pending++;
   pthread_mutex_unlock(&cd->lock);
-  return e != NULL;
+  return ok;
 }
 
-static bool mp__cuda_untrack(mp__cuda_dev_t *cd, mp__ptrmap_t *m, uintptr_t key,
-                             mp__cuda_entry_t *out) {
+/* Takes key's entry out of m into *out (a racing second free of it finds
+ * nothing), keeping its room; false when m has no such entry. */
+static bool mp__cuda_claim(mp__cuda_dev_t *cd, mp__ptrmap_t *m, uintptr_t key,
+                           mp__cuda_entry_t *out) {
   pthread_mutex_lock(&cd->lock);
   bool found = mp__ptrmap_take(m, key, out);
+  if (found)
+    cd->pending++;
   pthread_mutex_unlock(&cd->lock);
   return found;
 }
+
+/* Ends an mp__cuda_room or mp__cuda_claim: keep (an object the driver made
+ * or refused to give back) goes into m, in the room kept for it; NULL:
+ * nothing does. Cannot fail. */
+static void mp__cuda_settle(mp__cuda_dev_t *cd, mp__ptrmap_t *m,
+                            const mp__cuda_entry_t *keep) {
+  pthread_mutex_lock(&cd->lock);
+  cd->pending--;
+  if (keep != NULL) {
+    mp__cuda_entry_t *e = mp__ptrmap_put(m, keep->key);
+    MP__ASSERT(e != NULL); /* a driver object's address, in kept room */
+    if (e != NULL) {
+      e->size = keep->size;
+      e->handle = keep->handle;
+    }
+  }
+  pthread_mutex_unlock(&cd->lock);
+}
+
+/* What mp__cuda_settle keeps of an object the driver was asked to make:
+ * the object where it made one (r), else nothing. */
+#define MP__CUDA_MADE(r, k, sz, h)                                             \
+  ((r) == CUDA_SUCCESS ? &(mp__cuda_entry_t){.key = (uintptr_t)(k),            \
+                                             .size = (sz),                     \
+                                             .handle = (h)}                    \
+                       : NULL)
 
 /* Gives one tracked object back to the driver; close's cleanup. */
 typedef void (*mp__cuda_release_fn)(const mp__cuda_entry_t *e);
@@ -633,20 +674,11 @@ static mp_status_t mp__cuda_mem_info(mp_device_t *dev, size_t *free_b,
 static mp_status_t mp__cuda_alloc(mp_device_t *dev, size_t bytes, void **out) {
   mp__cuda_dev_t *cd = mp__cuda_of(dev);
   CUdeviceptr p = 0;
-  bool untracked = false;
-  mp__cuda_relaxed_t rx = mp__cuda_relax();
-  CUresult r = mp__cuda_push(cd);
-  if (r == CUDA_SUCCESS) {
-    r = mp__cu.MemAlloc(&p, bytes);
-    untracked =
-        r == CUDA_SUCCESS && !mp__cuda_track(cd, &cd->allocs, p, bytes, 0);
-    if (untracked)
-      (void)mp__cu.MemFree(p);
-    mp__cuda_pop();
-  }
-  mp__cuda_unrelax(&rx);
-  if (untracked)
+  if (!mp__cuda_room(cd, &cd->allocs))
     return mp__fail(MP_ENOMEM, "mp_device_alloc: out of host memory");
+  CUresult r;
+  MP__CU_IN_CTX_RELAXED(cd, r, mp__cu.MemAlloc(&p, bytes));
+  mp__cuda_settle(cd, &cd->allocs, MP__CUDA_MADE(r, p, bytes, 0));
   if (r != CUDA_SUCCESS) {
     char buf[16];
     return mp__cuda_fail(r, "cuMemAlloc(%s) on %s",
@@ -661,7 +693,7 @@ static mp_status_t mp__cuda_free(mp_device_t *dev, void *ptr) {
   mp__cuda_entry_t e;
   /* Claimed before the driver call, so two racing frees cannot both reach
    * cuMemFree; put back if the driver refuses. */
-  if (!mp__cuda_untrack(cd, &cd->allocs, (uintptr_t)ptr, &e))
+  if (!mp__cuda_claim(cd, &cd->allocs, (uintptr_t)ptr, &e))
     return mp__fail(MP_EINVAL,
                     "mp_device_free: %p is not an allocation of %s (foreign "
                     "or already freed)",
@@ -678,10 +710,9 @@ static mp_status_t mp__cuda_free(mp_device_t *dev, void *ptr) {
     mp__cuda_unrelax(&rx);
     mp__cuda_pop();
   }
-  if (r != CUDA_SUCCESS) {
-    (void)mp__cuda_track(cd, &cd->allocs, e.key, e.size, 0);
+  mp__cuda_settle(cd, &cd->allocs, r != CUDA_SUCCESS ? &e : NULL);
+  if (r != CUDA_SUCCESS)
     return mp__cuda_fail(r, "cuMemFree(%p)", ptr);
-  }
   return MP_OK;
 }
 
@@ -689,7 +720,8 @@ static mp_status_t mp__cuda_host_alloc(mp_device_t *dev, size_t bytes,
                                        void **out) {
   mp__cuda_dev_t *cd = mp__cuda_of(dev);
   void *p = NULL;
-  bool untracked = false;
+  if (!mp__cuda_room(cd, &cd->hosts))
+    return mp__fail(MP_ENOMEM, "mp_device_host_alloc: out of host memory");
   mp__cuda_relaxed_t rx = mp__cuda_relax();
   CUresult r = mp__cuda_push(cd);
   if (r == CUDA_SUCCESS) {
@@ -700,15 +732,10 @@ static mp_status_t mp__cuda_host_alloc(mp_device_t *dev, size_t bytes,
      * (cudaHostAllocMapped) from these chunks. */
     r = mp__cu.MemHostAlloc(
         &p, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
-    untracked = r == CUDA_SUCCESS &&
-                !mp__cuda_track(cd, &cd->hosts, (uintptr_t)p, bytes, 0);
-    if (untracked)
-      (void)mp__cu.MemFreeHost(p);
     mp__cuda_pop();
   }
   mp__cuda_unrelax(&rx);
-  if (untracked)
-    return mp__fail(MP_ENOMEM, "mp_device_host_alloc: out of host memory");
+  mp__cuda_settle(cd, &cd->hosts, MP__CUDA_MADE(r, p, bytes, 0));
   if (r != CUDA_SUCCESS) {
     char buf[16];
     return mp__cuda_fail(r, "cuMemHostAlloc(%s)",
@@ -721,7 +748,7 @@ static mp_status_t mp__cuda_host_alloc(mp_device_t *dev, size_t bytes,
 static mp_status_t mp__cuda_host_free(mp_device_t *dev, void *ptr) {
   mp__cuda_dev_t *cd = mp__cuda_of(dev);
   mp__cuda_entry_t e;
-  if (!mp__cuda_untrack(cd, &cd->hosts, (uintptr_t)ptr, &e))
+  if (!mp__cuda_claim(cd, &cd->hosts, (uintptr_t)ptr, &e))
     return mp__fail(MP_EINVAL,
                     "mp_device_host_free: %p is not host memory of %s "
                     "(foreign or already freed)",
@@ -730,10 +757,9 @@ static mp_status_t mp__cuda_host_free(mp_device_t *dev, void *ptr) {
   mp__cuda_relaxed_t rx = mp__cuda_relax();
   MP__CU_IN_CTX(cd, r, mp__cu.MemFreeHost(ptr));
   mp__cuda_unrelax(&rx);
-  if (r != CUDA_SUCCESS) {
-    (void)mp__cuda_track(cd, &cd->hosts, e.key, e.size, 0);
+  mp__cuda_settle(cd, &cd->hosts, r != CUDA_SUCCESS ? &e : NULL);
+  if (r != CUDA_SUCCESS)
     return mp__cuda_fail(r, "cuMemFreeHost(%p)", ptr);
-  }
   return MP_OK;
 }
 
@@ -765,17 +791,11 @@ static mp_status_t mp__cuda_close_ready(mp_device_t *dev) {
 static mp_status_t mp__cuda_stream_create(mp_device_t *dev, mp_stream_t *out) {
   mp__cuda_dev_t *cd = mp__cuda_of(dev);
   CUstream s = NULL;
-  CUresult r = mp__cuda_push(cd);
-  if (r == CUDA_SUCCESS) {
-    r = mp__cu.StreamCreate(&s, CU_STREAM_NON_BLOCKING);
-    if (r == CUDA_SUCCESS &&
-        !mp__cuda_track(cd, &cd->streams, (uintptr_t)s, 0, 0)) {
-      (void)mp__cu.StreamDestroy(s);
-      mp__cuda_pop();
-      return mp__fail(MP_ENOMEM, "mp_stream_create: out of host memory");
-    }
-    mp__cuda_pop();
-  }
+  if (!mp__cuda_room(cd, &cd->streams))
+    return mp__fail(MP_ENOMEM, "mp_stream_create: out of host memory");
+  CUresult r;
+  MP__CU_IN_CTX(cd, r, mp__cu.StreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  mp__cuda_settle(cd, &cd->streams, MP__CUDA_MADE(r, s, 0, 0));
   if (r != CUDA_SUCCESS)
     return mp__cuda_fail(r, "cuStreamCreate");
   *out = (mp_stream_t)s;
@@ -792,17 +812,16 @@ static mp_status_t mp__cuda_stream_create(mp_device_t *dev, mp_stream_t *out) {
 static mp_status_t mp__cuda_stream_destroy(mp_device_t *dev, mp_stream_t s) {
   mp__cuda_dev_t *cd = mp__cuda_of(dev);
   mp__cuda_entry_t e;
-  if (!mp__cuda_untrack(cd, &cd->streams, (uintptr_t)s, &e))
+  if (!mp__cuda_claim(cd, &cd->streams, (uintptr_t)s, &e))
     return mp__fail(MP_EINVAL,
                     "mp_stream_destroy: %p was not created by "
                     "mp_stream_create on this device (or is destroyed)",
                     (void *)s);
   CUresult r;
   MP__CU_IN_CTX(cd, r, mp__cu.StreamDestroy((CUstream)s));
-  if (r != CUDA_SUCCESS) {
-    (void)mp__cuda_track(cd, &cd->streams, e.key, e.size, e.handle);
+  mp__cuda_settle(cd, &cd->streams, r != CUDA_SUCCESS ? &e : NULL);
+  if (r != CUDA_SUCCESS)
     return mp__cuda_fail(r, "cuStreamDestroy(%p)", (void *)s);
-  }
   return MP_OK;
 }
 
@@ -1159,17 +1178,11 @@ static mp_status_t mp__cuda_memset_async(mp_device_t *dev, void *dst, int value,
 static mp_status_t mp__cuda_event_create(mp_device_t *dev, mp_event_t *out) {
   mp__cuda_dev_t *cd = mp__cuda_of(dev);
   CUevent e = NULL;
-  CUresult r = mp__cuda_push(cd);
-  if (r == CUDA_SUCCESS) {
-    r = mp__cu.EventCreate(&e, CU_EVENT_DISABLE_TIMING);
-    if (r == CUDA_SUCCESS &&
-        !mp__cuda_track(cd, &cd->events, (uintptr_t)e, 0, 0)) {
-      (void)mp__cu.EventDestroy(e);
-      mp__cuda_pop();
-      return mp__fail(MP_ENOMEM, "mp_event_create: out of host memory");
-    }
-    mp__cuda_pop();
-  }
+  if (!mp__cuda_room(cd, &cd->events))
+    return mp__fail(MP_ENOMEM, "mp_event_create: out of host memory");
+  CUresult r;
+  MP__CU_IN_CTX(cd, r, mp__cu.EventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  mp__cuda_settle(cd, &cd->events, MP__CUDA_MADE(r, e, 0, 0));
   if (r != CUDA_SUCCESS)
     return mp__cuda_fail(r, "cuEventCreate");
   *out = (mp_event_t)e;
@@ -1179,17 +1192,16 @@ static mp_status_t mp__cuda_event_create(mp_device_t *dev, mp_event_t *out) {
 static mp_status_t mp__cuda_event_destroy(mp_device_t *dev, mp_event_t e) {
   mp__cuda_dev_t *cd = mp__cuda_of(dev);
   mp__cuda_entry_t entry;
-  if (!mp__cuda_untrack(cd, &cd->events, (uintptr_t)e, &entry))
+  if (!mp__cuda_claim(cd, &cd->events, (uintptr_t)e, &entry))
     return mp__fail(MP_EINVAL,
                     "mp_event_destroy: %p is not an event of %s (foreign or "
                     "already destroyed)",
                     (void *)e, dev->name);
   CUresult r;
   MP__CU_IN_CTX(cd, r, mp__cu.EventDestroy((CUevent)e));
-  if (r != CUDA_SUCCESS) {
-    (void)mp__cuda_track(cd, &cd->events, entry.key, 0, 0);
+  mp__cuda_settle(cd, &cd->events, r != CUDA_SUCCESS ? &entry : NULL);
+  if (r != CUDA_SUCCESS)
     return mp__cuda_fail(r, "cuEventDestroy(%p)", (void *)e);
-  }
   return MP_OK;
 }
 
@@ -1275,20 +1287,12 @@ static mp_status_t mp__cuda_vm_reserve(mp_device_t *dev, size_t bytes,
   if (!cd->vmm)
     return mp__cuda_no_vmm(dev);
   CUdeviceptr p = 0;
-  bool untracked = false;
-  mp__cuda_relaxed_t rx = mp__cuda_relax();
-  CUresult r = mp__cuda_push(cd);
-  if (r == CUDA_SUCCESS) {
-    r = mp__cu.MemAddressReserve(&p, bytes, cd->granularity, 0, 0);
-    untracked =
-        r == CUDA_SUCCESS && !mp__cuda_track(cd, &cd->reserves, p, bytes, 0);
-    if (untracked)
-      (void)mp__cu.MemAddressFree(p, bytes);
-    mp__cuda_pop();
-  }
-  mp__cuda_unrelax(&rx);
-  if (untracked)
+  if (!mp__cuda_room(cd, &cd->reserves))
     return mp__fail(MP_ENOMEM, "vm_reserve: out of host memory");
+  CUresult r;
+  MP__CU_IN_CTX_RELAXED(
+      cd, r, mp__cu.MemAddressReserve(&p, bytes, cd->granularity, 0, 0));
+  mp__cuda_settle(cd, &cd->reserves, MP__CUDA_MADE(r, p, bytes, 0));
   if (r != CUDA_SUCCESS) {
     char buf[16];
     return mp__cuda_fail(r, "cuMemAddressReserve(%s)",
@@ -1304,21 +1308,20 @@ static mp_status_t mp__cuda_vm_release(mp_device_t *dev, void *base,
   if (!cd->vmm)
     return mp__cuda_no_vmm(dev);
   mp__cuda_entry_t e;
-  if (!mp__cuda_untrack(cd, &cd->reserves, (uintptr_t)base, &e))
+  if (!mp__cuda_claim(cd, &cd->reserves, (uintptr_t)base, &e))
     return mp__fail(MP_EINVAL, "vm_release: %p is not a reservation of %s",
                     base, dev->name);
   if (e.size != bytes) {
-    (void)mp__cuda_track(cd, &cd->reserves, e.key, e.size, 0);
+    mp__cuda_settle(cd, &cd->reserves, &e);
     return mp__fail(MP_EINVAL,
                     "vm_release: the reservation at %p is %zu bytes, not %zu",
                     base, e.size, bytes);
   }
   CUresult r;
   MP__CU_IN_CTX_RELAXED(cd, r, mp__cu.MemAddressFree((CUdeviceptr)base, bytes));
-  if (r != CUDA_SUCCESS) {
-    (void)mp__cuda_track(cd, &cd->reserves, e.key, e.size, 0);
+  mp__cuda_settle(cd, &cd->reserves, r != CUDA_SUCCESS ? &e : NULL);
+  if (r != CUDA_SUCCESS)
     return mp__cuda_fail(r, "cuMemAddressFree(%p, %zu)", base, bytes);
-  }
   return MP_OK;
 }
 
@@ -1353,22 +1356,12 @@ static mp_status_t mp__cuda_vm_map(mp_device_t *dev, void *addr, size_t bytes) {
   if (!cd->vmm)
     return mp__cuda_no_vmm(dev);
   CUmemGenericAllocationHandle h = 0;
-  bool untracked = false;
-  mp__cuda_relaxed_t rx = mp__cuda_relax();
-  CUresult r = mp__cuda_push(cd);
-  if (r == CUDA_SUCCESS) {
-    r = mp__cuda_map_chunk(cd, (CUdeviceptr)addr, bytes, &h);
-    untracked = r == CUDA_SUCCESS &&
-                !mp__cuda_track(cd, &cd->chunks, (uintptr_t)addr, bytes, h);
-    if (untracked) {
-      (void)mp__cu.MemUnmap((CUdeviceptr)addr, bytes);
-      (void)mp__cu.MemRelease(h);
-    }
-    mp__cuda_pop();
-  }
-  mp__cuda_unrelax(&rx);
-  if (untracked)
+  if (!mp__cuda_room(cd, &cd->chunks))
     return mp__fail(MP_ENOMEM, "vm_map: out of host memory");
+  CUresult r;
+  MP__CU_IN_CTX_RELAXED(cd, r,
+                        mp__cuda_map_chunk(cd, (CUdeviceptr)addr, bytes, &h));
+  mp__cuda_settle(cd, &cd->chunks, MP__CUDA_MADE(r, addr, bytes, h));
   if (r != CUDA_SUCCESS) {
     char buf[16];
     return mp__cuda_fail(r, "vm_map(%p, %s) on %s", addr,
@@ -1406,11 +1399,11 @@ static mp_status_t mp__cuda_vm_unmap(mp_device_t *dev, void *addr,
   if (!cd->vmm)
     return mp__cuda_no_vmm(dev);
   mp__cuda_entry_t e;
-  if (!mp__cuda_untrack(cd, &cd->chunks, (uintptr_t)addr, &e))
+  if (!mp__cuda_claim(cd, &cd->chunks, (uintptr_t)addr, &e))
     return mp__fail(MP_EINVAL, "vm_unmap: nothing is mapped at %p on %s", addr,
                     dev->name);
   if (e.size != bytes) {
-    (void)mp__cuda_track(cd, &cd->chunks, e.key, e.size, e.handle);
+    mp__cuda_settle(cd, &cd->chunks, &e);
     return mp__fail(MP_EINVAL,
                     "vm_unmap: the mapping at %p is %zu bytes, not %zu", addr,
                     e.size, bytes);
@@ -1428,10 +1421,9 @@ static mp_status_t mp__cuda_vm_unmap(mp_device_t *dev, void *addr,
     mp__cuda_unrelax(&rx);
     mp__cuda_pop();
   }
-  if (r != CUDA_SUCCESS) {
-    (void)mp__cuda_track(cd, &cd->chunks, e.key, e.size, e.handle);
+  mp__cuda_settle(cd, &cd->chunks, r != CUDA_SUCCESS ? &e : NULL);
+  if (r != CUDA_SUCCESS)
     return mp__cuda_fail(r, "cuMemUnmap(%p, %zu)", addr, bytes);
-  }
   return MP_OK;
 }
 

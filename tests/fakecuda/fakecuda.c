@@ -449,6 +449,39 @@ void cuFakeSetStickyError(CUresult code) {
   atomic_store(&fk_sticky, (int)code);
 }
 
+/* Test hooks on one entry point (by its exported name), for the failure
+ * paths a driver takes only rarely:
+ * cuFakeRefuse(name, code, times): its next `times` calls (-1: every call
+ * until a call with times 0) answer code and do nothing, as a driver
+ * refusing the call would;
+ * cuFakeBeforeCall(name, fn, arg): its next call first runs fn(arg), on the
+ * calling thread, before anything else (once), so that a test can act
+ * between the library's steps around that call.
+ * Both run after the host-function and sticky-error checks, which they
+ * leave as they are. */
+static atomic_bool fk_hooked;
+static atomic_long fk_refuse_left[FK_N_ENTRY_POINTS];
+static atomic_int fk_refuse_code[FK_N_ENTRY_POINTS];
+static atomic_int fk_before_entry = -1;
+static void (*_Atomic fk_before_fn)(void *);
+static void *_Atomic fk_before_arg;
+
+static CUresult fk_hook(int entry) {
+  int want = entry;
+  if (atomic_load(&fk_before_entry) == entry &&
+      atomic_compare_exchange_strong(&fk_before_entry, &want, -1)) {
+    void (*fn)(void *) = atomic_load(&fk_before_fn);
+    fn(atomic_load(&fk_before_arg));
+  }
+  long left = atomic_load(&fk_refuse_left[entry]);
+  while (left != 0) {
+    if (left < 0 ||
+        atomic_compare_exchange_weak(&fk_refuse_left[entry], &left, left - 1))
+      return (CUresult)atomic_load(&fk_refuse_code[entry]);
+  }
+  return CUDA_SUCCESS;
+}
+
 /* Counts a call; a call from a host function is refused: "The host function
  * must not make any CUDA API calls" (cuda.h, cuLaunchHostFunc; the
  * Programming Guide's "Host Functions (Callbacks)"), the real driver's answer
@@ -463,13 +496,50 @@ void cuFakeSetStickyError(CUresult code) {
     int fk_sticky_ = atomic_load_explicit(&fk_sticky, memory_order_relaxed);   \
     if (MP__UNLIKELY(fk_sticky_ != 0) && !fk_sticky_spares(FK_##name))         \
       return (CUresult)fk_sticky_;                                             \
+    if (MP__UNLIKELY(                                                          \
+            atomic_load_explicit(&fk_hooked, memory_order_relaxed))) {         \
+      CUresult fk_refused_ = fk_hook(FK_##name);                               \
+      if (fk_refused_ != CUDA_SUCCESS)                                         \
+        return fk_refused_;                                                    \
+    }                                                                          \
   } while (0)
 
-long long cuFakeGetCallCount(const char *name) {
+/* The index of the entry point exported as name, or -1. */
+static int fk_entry_of(const char *name) {
   for (int i = 0; name != NULL && i < FK_N_ENTRY_POINTS; i++)
     if (strcmp(fk_names[i], name) == 0)
-      return atomic_load(&fk_calls[i]);
+      return i;
   return -1;
+}
+
+/* fk_hook's refusals; false for a name the fake does not export. */
+bool cuFakeRefuse(const char *name, CUresult code, long times);
+bool cuFakeRefuse(const char *name, CUresult code, long times) {
+  int i = fk_entry_of(name);
+  if (i < 0)
+    return false;
+  atomic_store(&fk_refuse_code[i], (int)code);
+  atomic_store(&fk_refuse_left[i], times);
+  atomic_store(&fk_hooked, true);
+  return true;
+}
+
+/* fk_hook's call before; false for a name the fake does not export. */
+bool cuFakeBeforeCall(const char *name, void (*fn)(void *), void *arg);
+bool cuFakeBeforeCall(const char *name, void (*fn)(void *), void *arg) {
+  int i = fk_entry_of(name);
+  if (i < 0 || fn == NULL)
+    return false;
+  atomic_store(&fk_before_fn, fn);
+  atomic_store(&fk_before_arg, arg);
+  atomic_store(&fk_before_entry, i);
+  atomic_store(&fk_hooked, true);
+  return true;
+}
+
+long long cuFakeGetCallCount(const char *name) {
+  int i = fk_entry_of(name);
+  return i < 0 ? -1 : atomic_load(&fk_calls[i]);
 }
 
 void cuFakeResetCallCounts(void) {

@@ -77,4 +77,22 @@ static inline void fk_sticky_error(CUresult code) {
   set(code);
 }
 
+/* The driver entry point `name` (its exported name) answers code to its
+ * next `times` calls (-1: all of them; 0: no more), doing nothing
+ * (fakecuda.c, cuFakeRefuse). */
+static inline void fk_refuse(const char *name, CUresult code, long times) {
+  bool (*set)(const char *, CUresult, long);
+  FK_LOAD(set, "cuFakeRefuse");
+  cr_assert(set(name, code, times), "the fake driver has no %s", name);
+}
+
+/* The next call of the driver entry point `name` runs fn(arg) first, on
+ * the calling thread (fakecuda.c, cuFakeBeforeCall). */
+static inline void fk_before_call(const char *name, void (*fn)(void *),
+                                  void *arg) {
+  bool (*set)(const char *, void (*)(void *), void *);
+  FK_LOAD(set, "cuFakeBeforeCall");
+  cr_assert(set(name, fn, arg), "the fake driver has no %s", name);
+}
+
 #endif /* MEMPOOL_FAKECUDA_TEST_H */
