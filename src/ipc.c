@@ -18,7 +18,9 @@
  * cannot close it. An import under way also holds its entry in its
  * device's list from then (pending), so that what it maps always has room
  * there: a device's list also holds what refused imports left mapped
- * (left: no lease), until mp_device_close. */
+ * (left: no lease), until mp_device_close. An import whose unmap the
+ * device refuses at mp_device_close keeps its lease open and listed until
+ * the process exits (mp__ipc_done, abandoned). */
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -323,6 +325,18 @@ static void mp__ipc_settle(mp_device_t *dev, int lease,
   pthread_mutex_unlock(&mp__ipc_mu);
 }
 
+/* What an import of h refused after it mapped base leaves mapped in dev's
+ * list (left, without a lease: h's is not its own), for mp_device_close
+ * to unmap. */
+static struct mp__import mp__ipc_left(const mp_ipc_handle_t *h, void *base) {
+  return (struct mp__import){.ptr = (uintptr_t)base,
+                             .base = base,
+                             .bytes = h->mem_bytes,
+                             .kind = h->kind,
+                             .lease = -1,
+                             .left = true};
+}
+
 /* Ends an import refused after the backend mapped base for h (the refusal
  * in mp_last_error()): unmaps it, unlists h's lease (h keeps its
  * descriptors) and returns the refusal's status. A device that refuses
@@ -338,12 +352,7 @@ static mp_status_t mp__ipc_refuse(mp_device_t *dev, const mp_ipc_handle_t *h,
   bool unmapped = false;
   mp_status_t cst =
       dev->ops->ipc_close(dev, base, h->mem_bytes, h->kind, &unmapped);
-  struct mp__import left = {.ptr = (uintptr_t)base,
-                            .base = base,
-                            .bytes = h->mem_bytes,
-                            .kind = h->kind,
-                            .lease = -1,
-                            .left = true};
+  struct mp__import left = mp__ipc_left(h, base);
   mp__ipc_settle(dev, h->lease_fd, unmapped ? NULL : &left);
   if (unmapped)
     return mp__fail(st, "%s", why);
@@ -402,7 +411,12 @@ mp_status_t mp_ipc_import(mp_device_t *dev, mp_ipc_handle_t *h, void **out) {
   void *base = NULL;
   st = dev->ops->ipc_open(dev, h, &base);
   if (st != MP_OK) {
-    mp__ipc_settle(dev, h->lease_fd, NULL);
+    /* Refused, and base set: the backend mapped it, and the driver refused
+     * to unmap it again (cuda.c, mp__cuda_import_left; its message says
+     * so). Kept in the entry reserved for it, as mp__ipc_refuse keeps
+     * what it cannot unmap. */
+    struct mp__import left = mp__ipc_left(h, base);
+    mp__ipc_settle(dev, h->lease_fd, base != NULL ? &left : NULL);
     return st;
   }
   /* Asked once the backend has said what it can of the memory descriptor
@@ -459,16 +473,26 @@ static bool mp__ipc_take(mp_device_t *dev, void *ptr, struct mp__import *out) {
   return i != SIZE_MAX;
 }
 
-/* Ends the close of import im: closes its lease and drops it from the
- * list (gone), or leaves it there, not closing any more. */
+/* How the close of an import ends (mp__ipc_done). */
+typedef enum {
+  MP__IPC_KEPT,    /* still mapped and leased, not closing any more */
+  MP__IPC_GONE,    /* unmapped: its lease closed, dropped from the list */
+  MP__IPC_ABANDON, /* dropped from the list, still mapped: lease kept */
+} mp__ipc_end_t;
+
+/* Ends the close of import im as end says. An abandoned import's lease
+ * stays open, and listed in mp__ipc_leases (no import of a copy of its
+ * handle, no mp_ipc_handle_close of one takes it), for the life of the
+ * process: the exporter must not reuse a block still mapped here, and
+ * learns it is free when the process exits, as the mapping goes. */
 static void mp__ipc_done(mp_device_t *dev, const struct mp__import *im,
-                         bool gone) {
+                         mp__ipc_end_t end) {
   pthread_mutex_lock(&mp__ipc_mu);
   size_t i = mp__ipc_find(dev, (void *)im->ptr, true, im->lease);
   MP__ASSERT(i != SIZE_MAX); /* mp__ipc_take marked it; only this unmarks */
-  if (gone && im->left) {
+  if (end == MP__IPC_ABANDON || (end == MP__IPC_GONE && im->left)) {
     dev->imports[i] = dev->imports[--dev->nimports];
-  } else if (gone) {
+  } else if (end == MP__IPC_GONE) {
     size_t l = mp__ipc_lease_at(dev->imports[i].lease);
     MP__ASSERT(l != SIZE_MAX); /* listed with its import */
     /* Closed before it leaves the list, under the lock: once unlisted, a
@@ -508,7 +532,18 @@ static mp_status_t mp__ipc_unmap(mp_device_t *dev, const struct mp__import *im,
     if (st == MP_OK)
       st = cst;
   }
-  mp__ipc_done(dev, im, unmapped || force);
+  /* But a device that refuses the unmap itself leaves the memory mapped
+   * in this process, device closed or not: its lease stays open (the
+   * exporter reusing the block would show through the mapping). */
+  mp__ipc_done(dev, im,
+               unmapped ? MP__IPC_GONE
+               : force  ? MP__IPC_ABANDON
+                        : MP__IPC_KEPT);
+  if (force && !unmapped)
+    return mp__fail(st != MP_OK ? st : MP_EDRIVER,
+                    "%s (the device closes, but the import stays mapped, and "
+                    "its lease open, until the process exits)",
+                    mp_last_error());
   if (!unmapped && !force)
     return mp__fail(st,
                     "%s (the import is still mapped and leased: close it "

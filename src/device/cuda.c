@@ -1496,14 +1496,36 @@ static mp_status_t mp__cuda_ipc_export(mp_device_t *dev, void *base,
   return MP_OK;
 }
 
+/* An import refused after it mapped (why: its refusal, in mp_last_error()
+ * and r), whose unmap the driver refused too (unmap, what it answered):
+ * the memory stays mapped at p. ipc_open's failure then sets *out to p,
+ * which mp_ipc_import keeps for mp_device_close to unmap (ipc.c, left);
+ * backend.h's ipc_open sets *out on success only otherwise. */
+static mp_status_t mp__cuda_import_left(mp_device_t *dev, CUresult unmap,
+                                        const char *call, CUdeviceptr p,
+                                        void **out) {
+  char why[MP__ERROR_MAX], refusal[384];
+  snprintf(why, sizeof why, "%s", mp_last_error());
+  mp__cuda_describe(refusal, sizeof refusal, unmap, call);
+  *out = (void *)p;
+  return mp__fail_driver((int)unmap, mp__cuda_status_of(unmap),
+                         "%s; and the undoing %s, so the memory stays mapped "
+                         "at %p on %s until mp_device_close",
+                         why, refusal, (void *)p, dev->name);
+}
+
 /* Imports a descriptor's allocation and maps it at a fresh reservation,
  * readable and writable from this device; undone step by step on failure.
- * *map_refused: whether cuMemMap was the step refused. */
+ * *map_refused: whether cuMemMap was the step refused. *left: what stays
+ * mapped where the undoing cuMemUnmap was refused too (its answer in
+ * *unmap_r), else 0. */
 static CUresult mp__cuda_import_fd(mp__cuda_dev_t *cd, int fd, size_t bytes,
-                                   CUdeviceptr *out, bool *map_refused) {
+                                   CUdeviceptr *out, bool *map_refused,
+                                   CUdeviceptr *left, CUresult *unmap_r) {
   CUmemGenericAllocationHandle gh = 0;
   CUdeviceptr va = 0;
   *map_refused = false;
+  *left = 0;
   CUresult r = mp__cu.MemImportFromShareableHandle(
       &gh, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   if (r != CUDA_SUCCESS)
@@ -1515,9 +1537,10 @@ static CUresult mp__cuda_import_fd(mp__cuda_dev_t *cd, int fd, size_t bytes,
     CUmemAccessDesc access = {.location = cd->prop.location,
                               .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     if (r == CUDA_SUCCESS &&
-        (r = mp__cu.MemSetAccess(va, bytes, &access, 1)) != CUDA_SUCCESS)
-      (void)mp__cu.MemUnmap(va, bytes);
-    if (r != CUDA_SUCCESS)
+        (r = mp__cu.MemSetAccess(va, bytes, &access, 1)) != CUDA_SUCCESS &&
+        (*unmap_r = mp__cu.MemUnmap(va, bytes)) != CUDA_SUCCESS)
+      *left = va; /* mapped, in its reservation: ipc_close's to undo */
+    if (r != CUDA_SUCCESS && *left == 0)
       (void)mp__cu.MemAddressFree(va, bytes);
   }
   (void)mp__cu.MemRelease(gh); /* the mapping keeps the memory */
@@ -1546,13 +1569,23 @@ static mp_status_t mp__cuda_ipc_open(mp_device_t *dev, const mp_ipc_handle_t *h,
      * hold them, or the block would lie past it. */
     CUdeviceptr base = 0;
     size_t size = 0;
+    mp_status_t st = MP_OK;
     MP__CU_IN_CTX(cd, r, mp__cu.MemGetAddressRange(&base, &size, p));
-    if (r != CUDA_SUCCESS || base != p || size < h->mem_bytes) {
+    if (r != CUDA_SUCCESS)
+      st = mp__cuda_fail(r,
+                         "mp_ipc_import: cuMemGetAddressRange of what the "
+                         "handle maps on %s",
+                         dev->name);
+    else if (base != p || size < h->mem_bytes)
+      st = mp__fail(MP_EINVAL,
+                    "mp_ipc_import: the handle says %zu bytes of memory, "
+                    "the allocation it names on %s has %zu",
+                    h->mem_bytes, dev->name, size);
+    if (st != MP_OK) {
       MP__CU_IN_CTX_RELAXED(cd, r, mp__cu.IpcCloseMemHandle(p));
-      return mp__fail(MP_EINVAL,
-                      "mp_ipc_import: the handle says %zu bytes of memory, "
-                      "the allocation it names on %s has %zu",
-                      h->mem_bytes, dev->name, size);
+      return r == CUDA_SUCCESS
+                 ? st
+                 : mp__cuda_import_left(dev, r, "cuIpcCloseMemHandle", p, out);
     }
   } else {
     if (!cd->vmm)
@@ -1563,8 +1596,11 @@ static mp_status_t mp__cuda_ipc_open(mp_device_t *dev, const mp_ipc_handle_t *h,
                       "granularity (%zu)",
                       h->mem_bytes, dev->name, cd->granularity);
     bool map_refused = false;
-    MP__CU_IN_CTX_RELAXED(
-        cd, r, mp__cuda_import_fd(cd, h->fd, h->mem_bytes, &p, &map_refused));
+    CUdeviceptr left = 0;
+    CUresult unmap_r = CUDA_SUCCESS;
+    MP__CU_IN_CTX_RELAXED(cd, r,
+                          mp__cuda_import_fd(cd, h->fd, h->mem_bytes, &p,
+                                             &map_refused, &left, &unmap_r));
     /* The handle's mem_bytes is the sender's word too, and no driver call
      * tells an imported allocation's size: the map is the comparison,
      * since cuMemMap maps no more than the allocation ("offset + size must
@@ -1577,10 +1613,13 @@ static mp_status_t mp__cuda_ipc_open(mp_device_t *dev, const mp_ipc_handle_t *h,
                            "names holds on %s (a forged or stale handle?): "
                            "cuMemMap",
                            h->mem_bytes, h->fd, dev->name);
-    if (r != CUDA_SUCCESS)
-      return mp__cuda_fail(r,
-                           "mp_ipc_import of descriptor %d (%zu bytes) on %s",
-                           h->fd, h->mem_bytes, dev->name);
+    if (r != CUDA_SUCCESS) {
+      (void)mp__cuda_fail(r, "mp_ipc_import of descriptor %d (%zu bytes) on %s",
+                          h->fd, h->mem_bytes, dev->name);
+      return left == 0
+                 ? mp_last_status()
+                 : mp__cuda_import_left(dev, unmap_r, "cuMemUnmap", left, out);
+    }
   }
   *out = (void *)p;
   return MP_OK;
