@@ -1326,10 +1326,15 @@ static mp_status_t mp__cuda_vm_release(mp_device_t *dev, void *base,
 }
 
 /* Physical memory for [addr, addr + bytes): create, map, make it readable
- * and writable from the device; undone step by step if a step fails. */
+ * and writable from the device; undone step by step if a step fails. A
+ * refused access whose undoing cuMemUnmap is refused too leaves the chunk
+ * mapped: *left, with its handle in *out (kept, not released: released,
+ * the handle's number may name another allocation by the time the
+ * mapping is undone). */
 static CUresult mp__cuda_map_chunk(mp__cuda_dev_t *cd, CUdeviceptr addr,
                                    size_t bytes,
-                                   CUmemGenericAllocationHandle *out) {
+                                   CUmemGenericAllocationHandle *out,
+                                   bool *left) {
   CUmemGenericAllocationHandle h = 0;
   CUresult r = mp__cu.MemCreate(&h, bytes, &cd->prop, 0);
   if (r != CUDA_SUCCESS)
@@ -1342,13 +1347,13 @@ static CUresult mp__cuda_map_chunk(mp__cuda_dev_t *cd, CUdeviceptr addr,
   CUmemAccessDesc access = {.location = cd->prop.location,
                             .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
   r = mp__cu.MemSetAccess(addr, bytes, &access, 1);
-  if (r != CUDA_SUCCESS) {
-    (void)mp__cu.MemUnmap(addr, bytes);
+  *left = r != CUDA_SUCCESS && mp__cu.MemUnmap(addr, bytes) != CUDA_SUCCESS;
+  if (r != CUDA_SUCCESS && !*left) {
     (void)mp__cu.MemRelease(h);
     return r;
   }
   *out = h;
-  return CUDA_SUCCESS;
+  return r;
 }
 
 static mp_status_t mp__cuda_vm_map(mp_device_t *dev, void *addr, size_t bytes) {
@@ -1356,16 +1361,28 @@ static mp_status_t mp__cuda_vm_map(mp_device_t *dev, void *addr, size_t bytes) {
   if (!cd->vmm)
     return mp__cuda_no_vmm(dev);
   CUmemGenericAllocationHandle h = 0;
+  bool left = false;
   if (!mp__cuda_room(cd, &cd->chunks))
     return mp__fail(MP_ENOMEM, "vm_map: out of host memory");
   CUresult r;
-  MP__CU_IN_CTX_RELAXED(cd, r,
-                        mp__cuda_map_chunk(cd, (CUdeviceptr)addr, bytes, &h));
-  mp__cuda_settle(cd, &cd->chunks, MP__CUDA_MADE(r, addr, bytes, h));
+  MP__CU_IN_CTX_RELAXED(
+      cd, r, mp__cuda_map_chunk(cd, (CUdeviceptr)addr, bytes, &h, &left));
+  /* A chunk left mapped is tracked as any other: vm_unmap or close
+   * unmaps it and releases its handle. */
+  mp__cuda_settle(cd, &cd->chunks,
+                  MP__CUDA_MADE(left ? CUDA_SUCCESS : r, addr, bytes, h));
   if (r != CUDA_SUCCESS) {
     char buf[16];
-    return mp__cuda_fail(r, "vm_map(%p, %s) on %s", addr,
-                         mp__fmt_bytes(buf, sizeof buf, bytes), dev->name);
+    mp_status_t st =
+        mp__cuda_fail(r, "vm_map(%p, %s) on %s", addr,
+                      mp__fmt_bytes(buf, sizeof buf, bytes), dev->name);
+    if (left)
+      st = mp__fail_driver((int)r, st,
+                           "%s; and the undoing cuMemUnmap was refused: the "
+                           "chunk stays mapped, without access, until "
+                           "vm_unmap or mp_device_close",
+                           mp_last_error());
+    return st;
   }
   return MP_OK;
 }
