@@ -499,6 +499,16 @@ static void mp__cuda_settle(mp__cuda_dev_t *cd, mp__ptrmap_t *m,
   pthread_mutex_unlock(&cd->lock);
 }
 
+/* Tracks what a refused cleanup leaves with the driver (a reservation
+ * whose cuMemAddressFree was refused after what it held was unmapped), so
+ * that close gives it back. Best effort: without host memory for its entry
+ * it is left to the context, as before. */
+static void mp__cuda_track_left(mp__cuda_dev_t *cd, mp__ptrmap_t *m,
+                                const mp__cuda_entry_t *e) {
+  if (mp__cuda_room(cd, m))
+    mp__cuda_settle(cd, m, e);
+}
+
 /* What mp__cuda_settle keeps of an object the driver was asked to make:
  * the object where it made one (r), else nothing. */
 #define MP__CUDA_MADE(r, k, sz, h)                                             \
@@ -1557,8 +1567,10 @@ static CUresult mp__cuda_import_fd(mp__cuda_dev_t *cd, int fd, size_t bytes,
         (r = mp__cu.MemSetAccess(va, bytes, &access, 1)) != CUDA_SUCCESS &&
         (*unmap_r = mp__cu.MemUnmap(va, bytes)) != CUDA_SUCCESS)
       *left = va; /* mapped, in its reservation: ipc_close's to undo */
-    if (r != CUDA_SUCCESS && *left == 0)
-      (void)mp__cu.MemAddressFree(va, bytes);
+    if (r != CUDA_SUCCESS && *left == 0 &&
+        mp__cu.MemAddressFree(va, bytes) != CUDA_SUCCESS)
+      mp__cuda_track_left(cd, &cd->reserves,
+                          &(mp__cuda_entry_t){.key = va, .size = bytes});
   }
   (void)mp__cu.MemRelease(gh); /* the mapping keeps the memory */
   if (r == CUDA_SUCCESS)
@@ -1656,11 +1668,15 @@ static mp_status_t mp__cuda_ipc_close(mp_device_t *dev, void *base,
   } else {
     MP__CU_IN_CTX_RELAXED(cd, r, mp__cu.MemUnmap((CUdeviceptr)base, bytes));
     /* Unmapped, the memory is gone: a failing address free after it
-     * leaves only the reservation behind. */
+     * leaves only the reservation behind, which close releases. */
     *unmapped = r == CUDA_SUCCESS;
     if (r == CUDA_SUCCESS)
       MP__CU_IN_CTX_RELAXED(cd, r,
                             mp__cu.MemAddressFree((CUdeviceptr)base, bytes));
+    if (*unmapped && r != CUDA_SUCCESS)
+      mp__cuda_track_left(
+          cd, &cd->reserves,
+          &(mp__cuda_entry_t){.key = (uintptr_t)base, .size = bytes});
   }
   return r == CUDA_SUCCESS
              ? MP_OK

@@ -7,7 +7,9 @@
  * closed the lease whatever the unmap said. And an import the driver
  * refuses after it mapped (cuMemSetAccess), whose undoing cuMemUnmap is
  * refused too, leaves the mapping to mp_device_close (cuda.c,
- * mp__cuda_import_left); before, it was forgotten, mapped. The refusals
+ * mp__cuda_import_left); before, it was forgotten, mapped. So is a
+ * reservation whose cuMemAddressFree is refused (at an import's close, or
+ * undoing a refused import): mp_device_close releases it. The refusals
  * are the fake's (cuFakeRefuse): not run on a real driver. */
 #include <fcntl.h>
 #include <string.h>
@@ -64,28 +66,69 @@ Test(cuda_ipc_refused_unmap,
   mp_device_close(exporter);
 }
 
-Test(cuda_ipc_refused_unmap,
-     a_refused_import_left_mapped_is_unmapped_at_close) {
+/* An import refused at its step `first`, whose undoing step `undo` the
+ * driver refuses too: the import fails (h keeps its descriptors), and
+ * mp_device_close of the importer gives back what it left (`undo` called
+ * again); stays: the failure must say the memory stays mapped. */
+static void refused_import_undone_at_close(const char *first, const char *undo,
+                                           bool stays) {
   mp_device_t *exporter, *importer;
   void *p, *q = NULL;
   mp_ipc_handle_t h;
   mp_pool_t *pool = export_one(&exporter, &importer, &p, &h);
-  fk_refuse("cuMemSetAccess", CUDA_ERROR_UNKNOWN, 1);
-  fk_refuse("cuMemUnmap", CUDA_ERROR_UNKNOWN, 1);
-  long long unmaps = fk_calls("cuMemUnmap");
+  fk_refuse(first, CUDA_ERROR_UNKNOWN, 1);
+  fk_refuse(undo, CUDA_ERROR_UNKNOWN, 1);
+  long long undone = fk_calls(undo);
   mp_status_t st = mp_ipc_import(importer, &h, &q);
-  fk_refuse("cuMemSetAccess", CUDA_SUCCESS, 0);
-  fk_refuse("cuMemUnmap", CUDA_SUCCESS, 0);
+  fk_refuse(first, CUDA_SUCCESS, 0);
+  fk_refuse(undo, CUDA_SUCCESS, 0);
   cr_assert_neq(st, MP_OK, "the refused import succeeded");
-  cr_expect(strstr(mp_last_error(), "stays mapped") != NULL, "%s",
-            mp_last_error());
-  cr_assert_eq(fk_calls("cuMemUnmap") - unmaps, 1);
+  if (stays)
+    cr_expect(strstr(mp_last_error(), "stays mapped") != NULL, "%s",
+              mp_last_error());
+  cr_assert_eq(fk_calls(undo) - undone, 1);
   cr_expect_neq(fcntl(h.fd, F_GETFD), -1, "the refusal closed the descriptor");
   mp_device_close(importer);
-  cr_expect_eq(fk_calls("cuMemUnmap") - unmaps, 2,
-               "what the refused import left mapped was never unmapped");
+  cr_expect_eq(fk_calls(undo) - undone, 2,
+               "what the refused import left (%s refused) was forgotten", undo);
   cr_assert_eq(mp_ipc_handle_close(&h), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_pool_free(pool, p), MP_OK);
   cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
   mp_device_close(exporter);
+}
+
+Test(cuda_ipc_refused_unmap,
+     a_refused_import_left_mapped_is_unmapped_at_close) {
+  refused_import_undone_at_close("cuMemSetAccess", "cuMemUnmap", true);
+}
+
+/* An import's close unmaps, then frees the reservation it mapped at: where
+ * the driver refuses that cuMemAddressFree, the memory is gone (the close
+ * reports the refusal, the import closed) but the reservation stays, which
+ * mp_device_close releases. Before, it was forgotten. */
+Test(cuda_ipc_refused_unmap, a_refused_address_free_is_given_back_at_close) {
+  mp_device_t *exporter, *importer;
+  void *p, *q;
+  mp_ipc_handle_t h;
+  mp_pool_t *pool = export_one(&exporter, &importer, &p, &h);
+  cr_assert_eq(mp_ipc_import(importer, &h, &q), MP_OK, "%s", mp_last_error());
+  fk_refuse("cuMemAddressFree", CUDA_ERROR_UNKNOWN, 1);
+  long long frees = fk_calls("cuMemAddressFree");
+  cr_expect_eq(mp_ipc_close(importer, q), MP_EDRIVER, "%s", mp_last_error());
+  fk_refuse("cuMemAddressFree", CUDA_SUCCESS, 0);
+  cr_assert_eq(fk_calls("cuMemAddressFree") - frees, 1);
+  cr_expect_eq(mp_ipc_close(importer, q), MP_EINVAL,
+               "the import stayed open after its memory was unmapped");
+  mp_device_close(importer);
+  cr_expect_eq(fk_calls("cuMemAddressFree") - frees, 2,
+               "the reservation left by the refused free was forgotten");
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  mp_device_close(exporter);
+}
+
+/* The same for an import refused at its cuMemMap whose reservation the
+ * driver then refuses to free: mp_device_close releases it. */
+Test(cuda_ipc_refused_unmap, a_refused_imports_reservation_is_given_back) {
+  refused_import_undone_at_close("cuMemMap", "cuMemAddressFree", false);
 }
