@@ -129,8 +129,11 @@ typedef struct mp__backend {
    * one allocation (vm false: one alloc) or one vm_map mapping (vm true),
    * (base, bytes); fills h->kind and h->fd or h->opaque, nothing else.
    * ipc_open maps what h names (h->mem_bytes bytes) into this process and
-   * leaves h's descriptors to the caller; ipc_close undoes it (without a
-   * wait: the caller has waited for the work that may use it), setting
+   * leaves h's descriptors to the caller; it sets *out on MP_OK, and on a
+   * failure only where what it mapped stays mapped (the undoing unmap was
+   * refused too: *out is that mapping, which the caller keeps for
+   * mp_device_close; else *out is left as it was); ipc_close undoes it (without
+   * a wait: the caller has waited for the work that may use it), setting
    * *unmapped when the memory is no longer mapped: always on MP_OK; on a
    * failure only when it came after the unmap (the mapping is gone, what
    * failed is cleanup), else the mapping is left as it was. NULL: the
