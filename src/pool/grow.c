@@ -81,27 +81,38 @@ mp_status_t mp__segment_trim(mp_pool_t *pool, size_t keep, const char *who) {
   mp__pool_wait_idle(pool);
   if (pool->paused)
     return MP_OK; /* paused meanwhile: nothing is mapped */
-  uint64_t refused = pool->give_back_refused;
   /* Mappings a refused peer access left (vrange.c): the driver may take
    * them back now; those it refuses again wait for the next try. */
   (void)mp__vrange_strays_retry(pool);
   mp__block_merge_deferred(pool);
+  /* The refusals of the last pass, the one that gave nothing back: each
+   * piece the device still refuses was asked once in it (a refusal ends no
+   * scan), while one it refused in an earlier pass and took at a later one
+   * is no refusal now. Free memory that no pass could ask for (a segment
+   * or chunk a live block shares) is no refusal either: counted over the
+   * whole trim, a refusal that later went made the trim report the
+   * device's refusal of memory it never refused. */
+  uint64_t refused = 0;
   while (mp__free_bytes(pool) > keep) {
+    uint64_t before = pool->give_back_refused;
     if (mp__vrange_reclaim(pool, mp__free_bytes(pool) - keep, NULL, NULL,
                            false) == 0 &&
-        !mp__plain_trim_one(pool))
+        !mp__plain_trim_one(pool)) {
+      refused = pool->give_back_refused - before;
       break;
+    }
   }
-  if (pool->give_back_refused == refused || mp__free_bytes(pool) <= keep)
-    return MP_OK; /* none refused, or one refused went at a later try */
-  /* The thread's last error says why the device refused the last one (a
-   * refusal ends no scan: the others are tried). As a cudaFree failing in
-   * PyTorch's emptyCache raises. */
+  if (refused == 0 || mp__free_bytes(pool) <= keep)
+    return MP_OK;
+  /* The thread's last error says why the device refused the last one. As
+   * a cudaFree failing in PyTorch's emptyCache raises. */
   char b[32];
   return mp__fail(pool->give_back_st,
-                  "%s: the device refused to take back free memory, so %s "
-                  "free stays reserved (tried again at the next trim): %s",
-                  who, mp__fmt_bytes(b, sizeof b, mp__free_bytes(pool)),
+                  "%s: the device refused to take back %llu piece%s of free "
+                  "memory, so %s free stays reserved (tried again at the "
+                  "next trim): %s",
+                  who, (unsigned long long)refused, refused == 1 ? "" : "s",
+                  mp__fmt_bytes(b, sizeof b, mp__free_bytes(pool)),
                   mp_last_error());
 }
 
