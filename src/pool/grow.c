@@ -122,6 +122,12 @@ void mp__segment_release_over(mp_pool_t *pool) {
       pool->st.free_count < pool->release_next_free || pool->inflight ||
       pool->syncing || pool->paused)
     return;
+  /* Part of a call that succeeds (a free): what the device refuses here
+   * stays the pool's for a later try and is no failure of that call, so
+   * the caller's last error stays as it was (status.h: a success does not
+   * replace it), not the trim's message or the device's. */
+  mp__error_saved_t was;
+  mp__error_save(&was);
   /* Which streams have finished their work: a query each (before any new
    * marker, which would make an idle stream busy), never a wait. */
   if (pool->sync_device_from == 0 && mp__streams_all_idle_now(pool)) {
@@ -135,6 +141,7 @@ void mp__segment_release_over(mp_pool_t *pool) {
    * chunks): the next try waits a few frees. */
   if (mp__free_bytes(pool) > th)
     pool->release_next_free = pool->st.free_count + MP__RELEASE_EVERY;
+  mp__error_restore(&was);
 }
 
 mp_status_t mp__segment_release_all(mp_pool_t *pool) {
