@@ -16,6 +16,29 @@
 
 #define MP__RELEASE_EVERY 8 /* frees between tries that left memory above */
 
+/* A growth of the virtual range that failed after it mapped some of its
+ * pieces (map_piece: the device refused a later one, vrange.c) gives them
+ * back, so that a failed allocation leaves reserved where it was (pool.h:
+ * a call that fails changes nothing but counters and the cache it gave
+ * back). Kept, they were free memory the request could not use, and the
+ * ladder's last growth left them mapped: a 40 MiB request on a device with
+ * 16 MiB left held all 16 once it failed, memory no other allocator of the
+ * device could have. As much as the growth added is unmapped (reserved
+ * above was, strays aside: those are no free chunk), chosen as trim
+ * chooses: the new pieces, or other free chunks in their place. The
+ * growth's failure stays the thread's error. */
+static MP__COLD void mp__grow_undo(mp_pool_t *pool, size_t was,
+                                   mp__block_t **fresh) {
+  size_t now = pool->st.reserved_bytes - pool->stray_bytes;
+  if (now <= was)
+    return;
+  *fresh = NULL; /* its record may go with the unmap */
+  mp__error_saved_t why;
+  mp__error_save(&why);
+  (void)mp__vrange_reclaim(pool, now - was, NULL, NULL, false);
+  mp__error_restore(&why);
+}
+
 mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
                              mp__block_t **fresh) {
   MP__ASSERT_LOCKED(pool);
@@ -61,8 +84,12 @@ mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
   }
   if (pool->cfg.flags & MP_POOL_VIRTUAL) {
     mp_status_t st = mp__vrange_ready(pool);
-    if (st == MP_OK)
+    if (st == MP_OK) {
+      size_t was = pool->st.reserved_bytes - pool->stray_bytes;
       st = mp__vrange_grow(pool, size, sidx, fresh);
+      if (st != MP_OK)
+        mp__grow_undo(pool, was, fresh);
+    }
     if (st != MP_ENOTSUP)
       return st;
     /* The range could not place it, or could not be reserved (the address
