@@ -374,9 +374,9 @@ static MP__COLD mp_status_t mp__take_after_wait(mp_pool_t *pool, size_t size,
 
 /* The ladder, when the first search found nothing (pending: it passed by
  * a block only another stream's work holds): *out is the block, taken. */
-static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
-                                            uint32_t sidx, bool pending,
-                                            mp__block_t **out) {
+static MP__COLD mp_status_t mp__pool_ladder_rungs(mp_pool_t *pool, size_t size,
+                                                  uint32_t sidx, bool pending,
+                                                  mp__block_t **out) {
   mp__block_t *b = mp__search_patiently(pool, size, sidx, pending);
   if (b != NULL)
     goto got;
@@ -402,10 +402,6 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
   if (!host_fn && (mp__free_bytes(pool) > 0 || pool->nstreams > 1)) {
     pool->st.alloc_retry_count++;
     if (mp__pool_sync(pool) == MP_OK) {
-      /* Joined first, the pairs the sync let join (merge_later, and those
-       * kept apart for a device sync, which no search before counted as
-       * pending): a child's trim below walks none, and it failed with a
-       * pair that held the request. */
       /* Joined first, the pairs kept apart for the device sync that just
        * passed (no search before counted them as pending): a child's trim
        * below walks none, and it failed with a pair that held the request.
@@ -463,6 +459,21 @@ static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
 got:
   *out = mp__take_block(pool, b, size);
   return MP_OK;
+}
+
+/* mp__pool_ladder_rungs; an allocation it serves leaves the caller's last
+ * error as it was (status.h: a success does not replace it), though its
+ * rungs met failures on the way: a growth the device refused before a
+ * trim made room, a trim whose give-back the device refused. */
+static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
+                                            uint32_t sidx, bool pending,
+                                            mp__block_t **out) {
+  mp__error_saved_t was;
+  mp__error_save(&was);
+  mp_status_t st = mp__pool_ladder_rungs(pool, size, sidx, pending, out);
+  if (st == MP_OK)
+    mp__error_restore(&was);
+  return st;
 }
 
 MP__HOT mp_status_t mp__pool_take(mp_pool_t *pool, size_t size, uint32_t sidx,
