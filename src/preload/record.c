@@ -56,6 +56,52 @@ static struct {
 
 static void mp__snapshot_signal_arm(void);
 
+/* The trace's stream writes through these (fopencookie): write(2) again
+ * where a signal interrupted it (EINTR: a handler installed without
+ * SA_RESTART, signal(7), ran while the write waited on a full FIFO or a
+ * slow disk) and where it wrote part, until all is written or a write
+ * fails otherwise (a full disk: its errno kept, the part written
+ * returned). glibc's own file stream gives up on any failure of write(2),
+ * EINTR included, and drops what it held: a row of the CSV, or a buffer of
+ * the .json trace cut through its events, was lost, and the trace said to
+ * be incomplete, for an interruption. The descriptor in the cookie. */
+static ssize_t mp__trace_write(void *cookie, const char *buf, size_t size) {
+  int fd = (int)(intptr_t)cookie;
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = write(fd, buf + done, size - done);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return done > 0 ? (ssize_t)done : -1;
+    done += (size_t)n;
+  }
+  return (ssize_t)done;
+}
+
+static int mp__trace_close(void *cookie) {
+  return close((int)(intptr_t)cookie);
+}
+
+/* path opened for the trace, truncated, close-on-exec (O_CLOEXEC: a
+ * program the traced one execs must not inherit the descriptor), as a
+ * stream writing through mp__trace_write; NULL (errno set) when it cannot
+ * be. */
+static FILE *mp__trace_open(const char *path) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd < 0)
+    return NULL;
+  FILE *f = fopencookie((void *)(intptr_t)fd, "w",
+                        (cookie_io_functions_t){.write = mp__trace_write,
+                                                .close = mp__trace_close});
+  if (f == NULL) {
+    int e = errno;
+    close(fd);
+    errno = e;
+  }
+  return f;
+}
+
 static _Thread_local long mp__tid;
 
 static long mp__thread_id(void) {
@@ -153,9 +199,7 @@ void mp__pl_record_open(const mp__pl_t *pl) {
   if (!mp__rec.child && mp__rec.trace == NULL && path != NULL) {
     size_t n = strlen(path);
     mp__rec.json = n >= 5 && strcmp(path + n - 5, ".json") == 0;
-    /* Close-on-exec ("e": open(2)'s O_CLOEXEC): a program the traced one
-     * execs must not inherit the trace's descriptor. */
-    mp__rec.trace = fopen(path, "we");
+    mp__rec.trace = mp__trace_open(path);
     if (mp__rec.trace == NULL) {
       fprintf(stderr,
               "mempool preload: cannot write MEMPOOL_TRACE '%s'; not "
