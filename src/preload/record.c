@@ -86,9 +86,14 @@ static int mp__trace_close(void *cookie) {
 /* path opened for the trace, truncated, close-on-exec (O_CLOEXEC: a
  * program the traced one execs must not inherit the descriptor), as a
  * stream writing through mp__trace_write; NULL (errno set) when it cannot
- * be. */
+ * be. An open a signal interrupted (a FIFO waits in open(2) for its
+ * reader) is made again, as a write is: before, the program went
+ * untraced. */
 static FILE *mp__trace_open(const char *path) {
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  int fd;
+  do
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  while (fd < 0 && errno == EINTR);
   if (fd < 0)
     return NULL;
   FILE *f = fopencookie((void *)(intptr_t)fd, "w",

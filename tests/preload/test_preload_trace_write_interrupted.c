@@ -174,3 +174,70 @@ Test(preload_trace_write_interrupted, json_events_kept, .init = traced_json,
   }
   cr_expect_not_null(strstr(mp_fifo_got, "\n]}\n"), "the trace is not closed");
 }
+
+/* The trace's open(2) of a FIFO waits for a reader; a signal there no
+ * longer leaves the program untraced ("cannot write MEMPOOL_TRACE"). */
+static atomic_int started;
+
+static void *start_thread(void *arg) {
+  (void)arg;
+  atomic_store(&writer_tid, (long)syscall(SYS_gettid));
+  const mp__pl_t *pl = mp__pl_get(); /* opens the trace */
+  atomic_store(&started, 1);
+  return (void *)pl;
+}
+
+/* Whether thread tid is in openat(2) (proc(5), as mp_fifo_in_write). */
+static bool in_open(long tid) {
+  char path[64], line[128] = "";
+  snprintf(path, sizeof path, "/proc/self/task/%ld/syscall", tid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    return false;
+  bool got_line = fgets(line, sizeof line, f) != NULL;
+  fclose(f);
+  char *end;
+  long nr = strtol(line, &end, 10);
+  return got_line && end != line && nr == SYS_openat;
+}
+
+Test(preload_trace_write_interrupted, open_retried, .fini = mp_fifo_untraced) {
+  interrupting();
+  snprintf(mp_fifo_path, sizeof mp_fifo_path, "/tmp/mp_trace_open_%d.csv",
+           (int)getpid());
+  unlink(mp_fifo_path);
+  cr_assert_eq(mkfifo(mp_fifo_path, 0600), 0, "mkfifo: %s", strerror(errno));
+  setenv("MEMPOOL_TRACE", mp_fifo_path, 1);
+  setenv("MEMPOOL_DEVICE", "cuda", 1);
+  unsetenv("MEMPOOL_PRELOAD");
+  unsetenv("MEMPOOL_CONF");
+  (void)mp_in_process_context();
+  pthread_t t;
+  atomic_store(&writer_tid, 0);
+  cr_assert_eq(pthread_create(&t, NULL, start_thread, NULL), 0);
+  long id = 0;
+  struct timespec nap = {0, 5 * 1000 * 1000};
+  for (int i = 0;
+       i < 1000 && ((id = atomic_load(&writer_tid)) == 0 || !in_open(id)); i++)
+    nanosleep(&nap, NULL);
+  cr_assert(id != 0 && in_open(id), "the start never waited in open(2)");
+  int before = atomic_load(&handled);
+  cr_assert_eq(pthread_kill(t, SIGUSR2), 0);
+  for (int i = 0; i < 1000 && atomic_load(&handled) == before; i++)
+    nanosleep(&nap, NULL);
+  cr_assert_gt(atomic_load(&handled), before, "the signal was not handled");
+  /* Given up (the bug) or waiting again: the reader comes now. */
+  for (int i = 0; i < 20 && !atomic_load(&started) && !in_open(id); i++)
+    nanosleep(&nap, NULL);
+  mp_fifo_rfd = open(mp_fifo_path, O_RDONLY | O_NONBLOCK);
+  cr_assert_geq(mp_fifo_rfd, 0);
+  void *ret = NULL;
+  cr_assert(mp_fifo_joined(t, 5000, &ret), "the start hung");
+  mp__pl_record_alloc(0x7f0000100000, 4096, 0, true);
+  mp_fifo_drain();
+  cr_expect(
+      strncmp(mp_fifo_got, "Thread,Time,Action,Pointer,Size,Stream\n", 39) ==
+              0 &&
+          strstr(mp_fifo_got, ",allocate,0x7f0000100000,4096,0\n") != NULL,
+      "not traced: '%s'", mp_fifo_got);
+}
