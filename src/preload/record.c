@@ -73,7 +73,7 @@ static ssize_t mp__trace_write(void *cookie, const char *buf, size_t size) {
     if (n < 0 && errno == EINTR)
       continue;
     if (n <= 0)
-      return done > 0 ? (ssize_t)done : -1;
+      return (ssize_t)done; /* fopencookie(3): 0 on error, never < 0 */
     done += (size_t)n;
   }
   return (ssize_t)done;

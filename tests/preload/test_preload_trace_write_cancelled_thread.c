@@ -46,13 +46,7 @@ static bool has_row(uintptr_t ptr) {
 Test(preload_trace_write_cancelled_thread, cancelled_in_the_trace_write,
      .init = traced, .fini = mp_fifo_untraced) {
   mp_fifo_drain(); /* the header */
-  int wfd = open(mp_fifo_path, O_WRONLY | O_NONBLOCK);
-  cr_assert_geq(wfd, 0);
-  size_t filled = 0;
-  while (write(wfd, FILL_ROW, strlen(FILL_ROW)) > 0)
-    filled++;
-  cr_assert_eq(errno, EAGAIN);
-  close(wfd);
+  size_t filled = mp_fifo_fill(FILL_ROW);
 
   pthread_t t;
   const uintptr_t first = 0x7f0000100000, second = 0x7f0000200000;

@@ -60,18 +60,6 @@ static void *record_thread(void *arg) {
   return arg;
 }
 
-/* Fills the FIFO up with whole rows; how many. */
-static size_t fill(void) {
-  int wfd = open(mp_fifo_path, O_WRONLY | O_NONBLOCK);
-  cr_assert_geq(wfd, 0);
-  size_t filled = 0;
-  while (write(wfd, FILL_ROW, strlen(FILL_ROW)) > 0)
-    filled++;
-  cr_assert_eq(errno, EAGAIN);
-  close(wfd);
-  return filled;
-}
-
 /* Thread t blocks in the trace's write (the FIFO full) and is signalled
  * there (twice); then the FIFO is drained until t is done: its answer. */
 static void *interrupted_join(pthread_t t) {
@@ -107,7 +95,7 @@ static void interrupted_write(uintptr_t ptr) {
 Test(preload_trace_write_interrupted, csv_row_written_whole, .init = traced_csv,
      .fini = mp_fifo_untraced) {
   mp_fifo_drain(); /* the header */
-  size_t filled = fill();
+  size_t filled = mp_fifo_fill(FILL_ROW);
   const uintptr_t first = 0x7f0000100000, second = 0x7f0000200000;
   interrupted_write(first);
   /* A later row, written at once. */
@@ -148,14 +136,8 @@ static void *events_thread(void *arg) {
 
 Test(preload_trace_write_interrupted, json_events_kept, .init = traced_json,
      .fini = mp_fifo_untraced) {
-  mp_fifo_drain(); /* the header, if it was written already */
-  /* Filled with a byte JSON allows between tokens. */
-  int wfd = open(mp_fifo_path, O_WRONLY | O_NONBLOCK);
-  cr_assert_geq(wfd, 0);
-  while (write(wfd, " ", 1) > 0)
-    continue;
-  cr_assert_eq(errno, EAGAIN);
-  close(wfd);
+  mp_fifo_drain();         /* the header, if it was written already */
+  (void)mp_fifo_fill(" "); /* a byte JSON allows between tokens */
   pthread_t t;
   atomic_store(&writer_tid, 0);
   cr_assert_eq(pthread_create(&t, NULL, events_thread, NULL), 0);
@@ -187,18 +169,9 @@ static void *start_thread(void *arg) {
   return (void *)pl;
 }
 
-/* Whether thread tid is in openat(2) (proc(5), as mp_fifo_in_write). */
+/* Whether thread tid is in openat(2). */
 static bool in_open(long tid) {
-  char path[64], line[128] = "";
-  snprintf(path, sizeof path, "/proc/self/task/%ld/syscall", tid);
-  FILE *f = fopen(path, "r");
-  if (f == NULL)
-    return false;
-  bool got_line = fgets(line, sizeof line, f) != NULL;
-  fclose(f);
-  char *end;
-  long nr = strtol(line, &end, 10);
-  return got_line && end != line && nr == SYS_openat;
+  return mp_fifo_in_syscall(tid, SYS_openat);
 }
 
 Test(preload_trace_write_interrupted, open_retried, .fini = mp_fifo_untraced) {

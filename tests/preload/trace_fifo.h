@@ -69,10 +69,23 @@ static inline bool mp_fifo_joined(pthread_t t, unsigned ms, void **ret) {
   }
 }
 
-/* Whether thread tid is in write(2) (the trace's, the FIFO full): the
- * first field of /proc/self/task/TID/syscall, the number of the system
- * call it is blocked in (proc(5)). */
-static inline bool mp_fifo_in_write(long tid) {
+/* Fills the FIFO up to its capacity with copies of `with` (a write of at
+ * most PIPE_BUF bytes is whole or refused): how many. */
+static inline size_t mp_fifo_fill(const char *with) {
+  int wfd = open(mp_fifo_path, O_WRONLY | O_NONBLOCK);
+  cr_assert_geq(wfd, 0);
+  size_t filled = 0;
+  while (write(wfd, with, strlen(with)) > 0)
+    filled++;
+  cr_assert_eq(errno, EAGAIN);
+  close(wfd);
+  return filled;
+}
+
+/* Whether thread tid is in system call nr: the first field of
+ * /proc/self/task/TID/syscall, the number of the system call it is
+ * blocked in (proc(5)). */
+static inline bool mp_fifo_in_syscall(long tid, long nr) {
   char path[64], line[128] = "";
   snprintf(path, sizeof path, "/proc/self/task/%ld/syscall", tid);
   FILE *f = fopen(path, "r");
@@ -81,8 +94,13 @@ static inline bool mp_fifo_in_write(long tid) {
   bool got_line = fgets(line, sizeof line, f) != NULL;
   fclose(f);
   char *end;
-  long nr = strtol(line, &end, 10);
-  return got_line && end != line && nr == SYS_write;
+  long got = strtol(line, &end, 10);
+  return got_line && end != line && got == nr;
+}
+
+/* Whether thread tid is in write(2) (the trace's, the FIFO full). */
+static inline bool mp_fifo_in_write(long tid) {
+  return mp_fifo_in_syscall(tid, SYS_write);
 }
 
 /* Waits (5 s at most) for the thread whose id *tid becomes to block in
