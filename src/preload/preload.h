@@ -309,6 +309,12 @@ void mp__pl_record_free(uintptr_t ptr, size_t size, uintptr_t stream);
  * and the block traced live again (the trace had said "free" first so
  * that another thread's allocation of the address comes after it). */
 void mp__pl_record_unfree(uintptr_t ptr, size_t size, uintptr_t stream);
+/* path opened for writing, truncated, close-on-exec (O_CLOEXEC: a program
+ * the process execs must not inherit the descriptor), as a stream whose
+ * writes (and open) a signal interrupted are made again, never given up
+ * with what the stream held (glibc's own file stream drops it): the trace
+ * and the report (report.c). NULL (errno set) when it cannot be. */
+FILE *mp__pl_record_fopen(const char *path);
 /* Pinned and managed memory: counted and marked, never in the CSV. */
 void mp__pl_record_other(const char *what, uintptr_t ptr, size_t size);
 /* Bypasses of the pool: "capture", "other_device", "foreign_free". */

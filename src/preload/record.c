@@ -83,13 +83,10 @@ static int mp__trace_close(void *cookie) {
   return close((int)(intptr_t)cookie);
 }
 
-/* path opened for the trace, truncated, close-on-exec (O_CLOEXEC: a
- * program the traced one execs must not inherit the descriptor), as a
- * stream writing through mp__trace_write; NULL (errno set) when it cannot
- * be. An open a signal interrupted (a FIFO waits in open(2) for its
- * reader) is made again, as a write is: before, the program went
- * untraced. */
-static FILE *mp__trace_open(const char *path) {
+/* preload.h. Through mp__trace_write; an open a signal interrupted (a
+ * FIFO waits in open(2) for its reader) is made again, as a write is:
+ * before, the program went untraced. */
+FILE *mp__pl_record_fopen(const char *path) {
   int fd;
   do
     fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
@@ -204,7 +201,7 @@ void mp__pl_record_open(const mp__pl_t *pl) {
   if (!mp__rec.child && mp__rec.trace == NULL && path != NULL) {
     size_t n = strlen(path);
     mp__rec.json = n >= 5 && strcmp(path + n - 5, ".json") == 0;
-    mp__rec.trace = mp__trace_open(path);
+    mp__rec.trace = mp__pl_record_fopen(path);
     if (mp__rec.trace == NULL) {
       fprintf(stderr,
               "mempool preload: cannot write MEMPOOL_TRACE '%s'; not "

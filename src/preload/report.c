@@ -123,9 +123,11 @@ __attribute__((destructor)) static void mp__exit(void) {
   if (path != NULL && (strcmp(path, "stderr") == 0 ||
                        !mp__pl_path_taken("MEMPOOL_REPORT", path))) {
     bool to_stderr = strcmp(path, "stderr") == 0;
-    /* Close-on-exec ("e": open(2)'s O_CLOEXEC), as the trace (record.c):
-     * a program another thread execs meanwhile must not inherit it. */
-    FILE *f = to_stderr ? stderr : fopen(path, "we");
+    /* Close-on-exec, as the trace: a program another thread execs
+     * meanwhile must not inherit it; and a write a signal interrupts (a
+     * FIFO's reader behind, a handler without SA_RESTART) is made again,
+     * not the report dropped (mp__pl_record_fopen). */
+    FILE *f = to_stderr ? stderr : mp__pl_record_fopen(path);
     if (f == NULL) {
       fprintf(stderr, "mempool preload: cannot write MEMPOOL_REPORT '%s'\n",
               path);

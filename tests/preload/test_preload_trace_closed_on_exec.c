@@ -33,17 +33,7 @@ static int trace_fd(void) {
   char want[PATH_MAX];
   cr_assert_not_null(realpath(trace_path, want), "no trace file %s",
                      trace_path);
-  for (int fd = 0; fd < 1024; fd++) {
-    char link[64], got[PATH_MAX];
-    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-    ssize_t n = readlink(link, got, sizeof got - 1);
-    if (n <= 0)
-      continue;
-    got[n] = '\0';
-    if (strcmp(got, want) == 0)
-      return fd;
-  }
-  return -1;
+  return mp_in_process_fd_on(trace_path);
 }
 
 Test(preload_trace_closed_on_exec, the_trace_descriptor_is_close_on_exec,

@@ -82,12 +82,13 @@ static inline size_t mp_fifo_fill(const char *with) {
   return filled;
 }
 
-/* Whether thread tid is in system call nr: the first field of
- * /proc/self/task/TID/syscall, the number of the system call it is
- * blocked in (proc(5)). */
+/* Whether thread tid (of this process or another: a process's first
+ * thread's id is its pid) is in system call nr: the first field of
+ * /proc/TID/syscall, the number of the system call it is blocked in
+ * (proc(5)). */
 static inline bool mp_fifo_in_syscall(long tid, long nr) {
   char path[64], line[128] = "";
-  snprintf(path, sizeof path, "/proc/self/task/%ld/syscall", tid);
+  snprintf(path, sizeof path, "/proc/%ld/syscall", tid);
   FILE *f = fopen(path, "r");
   if (f == NULL)
     return false;
