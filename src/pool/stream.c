@@ -1410,6 +1410,35 @@ mp_status_t mp__streams_unwaitable(const mp_pool_t *pool, const char *what) {
   return MP_OK;
 }
 
+/* The last marker of each forgotten stream into set (the others back to
+ * the cache): its work is behind it. Only once the set is whole, so that a
+ * set given up on (a device synchronize instead, or a refusal) took none.
+ * The slot is dirty from here on: owed a device synchronize unless a sync
+ * that waited for the set completes (mp__streams_sync_begin clears it,
+ * mp__streams_sync_end counts it done, mp__streams_sync_failed owes it
+ * again). A caller whose wait fails without a sync begun (a destroy from a
+ * host function, which leaves the pool as it was) gave the marker back to
+ * the cache, and without the mark the slot, no marker left and nothing
+ * owed, was counted done by the next sync, which waited for the live
+ * streams only: a block freed on it went to another stream while its
+ * work was still queued. */
+static void mp__streams_take_gone_marks(mp_pool_t *pool, mp__sync_set_t *set) {
+  for (uint32_t i = 0; i < pool->nstreams; i++) {
+    mp__strm_t *st = &pool->streams[i];
+    if (!st->gone || st->capturing || st->nmarks == 0)
+      continue;
+    for (unsigned k = 0; k < st->nmarks; k++) {
+      mp__marker_t *m = &st->marks[(st->mark_head + k) % MP__MAX_MARKS];
+      if (k + 1 == st->nmarks)
+        set->ev[set->n++] = m->ev;
+      else
+        mp__event_put(pool, m->ev);
+    }
+    st->nmarks = 0;
+    st->dirty = true;
+  }
+}
+
 bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set) {
   set->n = 0;
   if (pool->sync_device_from != 0) { /* owed: mp__stream_use_device */
@@ -1429,18 +1458,11 @@ bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set) {
     if (st->capturing)
       continue;
     if (st->gone) {
-      /* Its work is behind its last marker (FIFO on one stream); without
-       * one (closing failed) only a device synchronize covers it. */
+      /* Its work is behind its last marker (FIFO on one stream), taken
+       * below once every live stream has its event; without one (closing
+       * failed) only a device synchronize covers it. */
       if (st->dirty)
         goto device;
-      for (unsigned k = 0; k < st->nmarks; k++) {
-        mp__marker_t *m = &st->marks[(st->mark_head + k) % MP__MAX_MARKS];
-        if (k + 1 == st->nmarks)
-          set->ev[set->n++] = m->ev;
-        else
-          mp__event_put(pool, m->ev);
-      }
-      st->nmarks = 0;
       continue;
     }
     /* Another thread's per-thread stream, which no handle of this thread
@@ -1467,6 +1489,7 @@ bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set) {
     }
     set->ev[set->n++] = ev;
   }
+  mp__streams_take_gone_marks(pool, set);
   return true;
 device:
   mp__sync_set_release(pool, set);
