@@ -159,9 +159,15 @@ static bool mp__slot_reusable(mp_pool_t *pool, mp__strm_t *st) {
 
 /* A slot for a new stream: a forgotten one whose work is all done (its
  * epoch counter carries on, so the deps of old free blocks stay done), or
- * a new one. Only a few forgotten slots are looked at per call. */
+ * a new one. Only a few forgotten slots are looked at per call; when none
+ * of them will do, they go to the end of the list, so that the next call
+ * looks at others. (The same first few were looked at every time: a live
+ * block allocated on each of eight destroyed streams held the front for
+ * good, and every later stream took a new slot until the table was full.)
+ * A rare path: a stream's first use. */
 static mp_status_t mp__slot_new(mp_pool_t *pool, uint32_t *out) {
-  uint32_t look = pool->ngone < 8 ? pool->ngone : 8;
+  enum { LOOK = 8 };
+  uint32_t look = pool->ngone < LOOK ? pool->ngone : LOOK;
   for (uint32_t k = 0; k < look; k++) {
     uint32_t i = pool->gone[k];
     if (mp__slot_reusable(pool, &pool->streams[i])) {
@@ -169,6 +175,13 @@ static mp_status_t mp__slot_new(mp_pool_t *pool, uint32_t *out) {
       *out = i;
       return MP_OK;
     }
+  }
+  if (pool->ngone > look) {
+    uint32_t seen[LOOK];
+    memcpy(seen, pool->gone, look * sizeof *seen);
+    memmove(pool->gone, pool->gone + look,
+            (pool->ngone - look) * sizeof *pool->gone);
+    memcpy(pool->gone + pool->ngone - look, seen, look * sizeof *seen);
   }
   if (pool->nstreams >= MP__MAX_STREAMS)
     return mp__fail(MP_ENOMEM,
