@@ -276,10 +276,17 @@ static mp_status_t mp__pool_destroy_ready(mp_pool_t *pool, size_t arena) {
   bool wait = pool->nstreams > 0 || pool->sync_device_from != 0;
   if (wait && mp__streams_sync_events(pool, &set))
     mp__destroy_wait_anyway(pool, &set);
-  mp__pool_unlock(pool);
+  /* A synchronize of the pool's like any other (stream.c's): one that
+   * completes counts the streams done, the destroyed ones whose last
+   * markers the set took too, so that a destroy refused after it (the
+   * device refused the first free, a later arena refused) leaves nothing
+   * owed; one that fails leaves them owed. */
+  uint64_t snap = wait ? mp__streams_sync_begin(pool) : 0;
+  mp__pool_sync_begin(pool);
   mp_status_t st = wait ? mp__sync_set_wait(pool->dev, &set) : MP_OK;
-  mp__pool_lock(pool);
-  mp__sync_set_release(pool, &set);
+  mp__pool_sync_end(pool);
+  if (wait)
+    mp__sync_set_done(pool, &set, snap, st);
   if (st != MP_OK) {
     mp__pool_unlock(pool);
     return mp__fail(st,

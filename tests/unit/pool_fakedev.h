@@ -28,6 +28,9 @@ typedef struct fake_dev {
   /* The same at the next free of a plain allocation, before it is freed. */
   void (*on_free)(void *ctx);
   void *on_free_ctx;
+  /* Event queries answer "not yet" (MP_EBUSY) while set: work the pool
+   * sees as queued, until a wait (events synchronize at once). */
+  bool events_busy;
   struct {
     void *addr;
     size_t size;
@@ -166,6 +169,10 @@ static mp_status_t fake_event_x(mp_device_t *dev, mp_event_t e) {
   (void)e;
   return MP_OK;
 }
+static mp_status_t fake_event_query(mp_device_t *dev, mp_event_t e) {
+  (void)e;
+  return fake_of(dev)->events_busy ? MP_EBUSY : MP_OK;
+}
 static mp_status_t fake_wait(mp_device_t *dev, mp_stream_t s, mp_event_t e) {
   (void)dev;
   (void)s;
@@ -239,7 +246,7 @@ static const mp__backend_t fake_backend = {
     .event_create = fake_event_create,
     .event_destroy = fake_event_destroy,
     .event_record = fake_event_record,
-    .event_query = fake_event_x,
+    .event_query = fake_event_query,
     .event_synchronize = fake_event_x,
     .stream_wait_event = fake_wait,
     .alloc_align = fake_alloc_align,
