@@ -911,14 +911,25 @@ static mp_status_t mp__arena_miss(mp_pool_t *pool, mp_pool_t *a,
   st = mp__arena_borrow(pool, mp__arena_mine(pool), q, false);
   if (st != MP__EMISS)
     return st;
+  /* A failure that the path below recovers from (a capped arena's first
+   * try, which has no share yet; a block borrowed or a share given on the
+   * out-of-memory path) is no failure of this call: status.h, a success
+   * leaves the caller's last error as it was. Kept before a's own try,
+   * which writes its message under a's lock: a growth or a wait follows a
+   * miss anyway. */
+  mp__error_saved_t was;
+  mp__error_save(&was);
   uint64_t seen = mp__oom_seen;
   mp__pool_lock(a);
   st = mp__arena_req_locked(a, q);
   if (st == MP_OK)
     st = mp__arena_claimed(a, q);
   mp__pool_unlock(a);
-  if (MP__UNLIKELY(st != MP_OK))
+  if (MP__UNLIKELY(st != MP_OK)) {
     st = mp__arena_alloc_slow(pool, a, q, st, seen);
+    if (st == MP_OK)
+      mp__error_restore(&was);
+  }
   return st;
 }
 
@@ -940,14 +951,19 @@ mp_status_t mp__arena_alloc_contiguous(mp_pool_t *pool, size_t count,
   /* No borrowing (mp__arena_borrow takes one block as it is, not split
    * into pieces): out of memory, the path below takes the other arenas'
    * caches back instead. */
+  mp__error_saved_t was; /* as mp__arena_miss */
+  mp__error_save(&was);
   uint64_t seen = mp__oom_seen;
   st = mp__pool_alloc_pieces(a, count, sizes, s, out);
-  if (MP__UNLIKELY(st != MP_OK))
+  if (MP__UNLIKELY(st != MP_OK)) {
     st = mp__arena_alloc_slow(
         pool, a,
         &(mp__arena_req_t){
             .bytes = total, .s = s, .out = out, .count = count, .sizes = sizes},
         st, seen);
+    if (st == MP_OK)
+      mp__error_restore(&was);
+  }
   return mp__status_out(st);
 }
 
