@@ -843,17 +843,30 @@ mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
   /* The pieces are mapped in one go, the lock dropped once. A piece the
    * device refuses ends it: those mapped before it stay the pool's, as
    * free memory (the out-of-memory ladder may trim them), and the call
-   * fails. */
+   * fails. But where the device is out of memory for a step past the need
+   * (others hold the rest of it), the growth is the exact need instead, or
+   * what it mapped where that holds the request already: before, the
+   * request failed at every rung of the ladder, each growth asking the
+   * same step again (a 2 MiB request with 10 MiB free and a 16 MiB step).
+   * Down from a hole's end (joining only the block above) only when
+   * nothing was mapped yet: its pieces go up from p.at. */
   size_t mapped = 0;
   uintptr_t a1 = p.jp ? p.k1->addr : 0, a2 = p.jn ? p.k2->addr : 0;
   size_t n1 = p.jp ? p.k1->size : 0, n2 = p.jn ? p.k2->size : 0;
+  bool down = p.hole != NULL && p.jn && !p.jp;
   pool->grow_inflight = grow; /* a cap change meanwhile counts it */
   mp__pool_device_begin(pool);
   mp_status_t st = MP_OK;
   while (mapped < grow && st == MP_OK) {
     size_t n = grow - mapped < piece ? grow - mapped : piece;
-    if ((st = mp__pool_vm_map(pool, (void *)(p.at + mapped), n)) == MP_OK)
+    if ((st = mp__pool_vm_map(pool, (void *)(p.at + mapped), n)) == MP_OK) {
       mapped += n;
+    } else if (st == MP_ENOMEM && grow > p.need && (mapped == 0 || !down)) {
+      grow = mapped > p.need ? mapped : p.need;
+      if (down)
+        p.at = p.hole->addr + p.hole->size - grow;
+      st = MP_OK;
+    }
   }
   mp__pool_device_end(pool);
   mp__vrange_strays_count(pool);
