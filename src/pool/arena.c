@@ -731,6 +731,10 @@ mp_status_t mp__arena_solo_failed(mp_pool_t *a, size_t bytes, mp_stream_t s,
    * pool without arenas. */
   if (!mp__arena_oom(st) || !mp__pool_oom_last(a))
     return st;
+  /* Served below, the allocation gives the caller's last error back
+   * (copied now: the handler's own allocations may fail). */
+  mp__error_saved_t before;
+  mp__pool_oom_before(&before);
   /* The lane ("The lane"): the plain path refuses a request above a's
    * share of the cap before it looks in a's cache, which the arenas' path
    * serves whatever the share; a cap lowered below what the other arenas
@@ -745,12 +749,17 @@ mp_status_t mp__arena_solo_failed(mp_pool_t *a, size_t bytes, mp_stream_t s,
     if (c == MP_OK && !mp__oom_quiet && a->st.oom_count > 0)
       a->st.oom_count--;
     mp__pool_unlock(a);
-    if (c == MP_OK)
+    if (c == MP_OK) {
+      mp__error_restore(&before);
       return MP_OK;
+    }
   }
-  return mp__status_out(mp__arena_alloc_oom(
+  st = mp__arena_alloc_oom(
       a->arena_of, a, &(mp__arena_req_t){.bytes = bytes, .s = s, .out = out},
-      st));
+      st);
+  if (st == MP_OK)
+    mp__error_restore(&before);
+  return mp__status_out(st);
 }
 
 /* mp__arena_alloc_slow once st is the device's (or the cap's) refusal. */

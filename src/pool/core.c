@@ -192,6 +192,12 @@ _Thread_local bool mp__oom_quiet;
 /* The pool and the failure (mp__error_serial) of the last out of memory
  * this thread counted: mp__pool_oom_retry's failure is that one while no
  * other failure has come since. */
+/* The caller's last error before the failure mp__pool_oom wrote, which an
+ * allocation the out-of-memory handler's retry then serves gives back
+ * (status.h: a success does not replace it); _set: filled for the call
+ * under way by the ladder, which saw it before its rungs wrote theirs. */
+static _Thread_local mp__error_saved_t mp__oom_before;
+static _Thread_local bool mp__oom_before_set;
 static _Thread_local const mp_pool_t *mp__oom_pool;
 static _Thread_local uint64_t mp__oom_serial;
 /* That failure's oom event, where the pool's handler may answer it: the
@@ -236,6 +242,9 @@ mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked,
     mp__oom_asked = asked;
     mp__oom_stream = hs;
   }
+  if (!mp__oom_before_set)
+    mp__error_save(&mp__oom_before);
+  mp__oom_before_set = false;
   mp__fail(st,
            "%s%s: asked %s, reserved %s, allocated %s, largest free block %s%s",
            st != MP_ELIMIT ? "out of " : "",
@@ -464,15 +473,19 @@ got:
 /* mp__pool_ladder_rungs; an allocation it serves leaves the caller's last
  * error as it was (status.h: a success does not replace it), though its
  * rungs met failures on the way: a growth the device refused before a
- * trim made room, a trim whose give-back the device refused. */
+ * trim made room, a trim whose give-back the device refused. One it fails
+ * keeps that error for the handler's retry (mp__oom_before). */
 static MP__COLD mp_status_t mp__pool_ladder(mp_pool_t *pool, size_t size,
                                             uint32_t sidx, bool pending,
                                             mp__block_t **out) {
-  mp__error_saved_t was;
+  mp__error_saved_t was; /* kept here too: a rung may run another ladder */
   mp__error_save(&was);
+  mp__oom_before = was;
+  mp__oom_before_set = true;
   mp_status_t st = mp__pool_ladder_rungs(pool, size, sidx, pending, out);
   if (st == MP_OK)
     mp__error_restore(&was);
+  mp__oom_before_set = false;
   return st;
 }
 
@@ -665,6 +678,10 @@ bool mp__pool_oom_last(const mp_pool_t *pool) {
   return mp__oom_pool == pool && mp__oom_serial == mp__error_serial();
 }
 
+void mp__pool_oom_before(mp__error_saved_t *out) {
+  *out = mp__oom_before;
+}
+
 bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes) {
   /* Only for the device running out, which the failure counted (as the
    * arenas' path, arena.c): host memory running out is MP_ENOMEM too,
@@ -676,6 +693,9 @@ bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes) {
   void *ctx = pool->oom_ctx;
   char why[MP__ERROR_MAX];
   snprintf(why, sizeof why, "%s", mp_last_error());
+  /* Copied: the handler's own allocations may fail and save theirs. */
+  mp__error_saved_t before;
+  mp__pool_oom_before(&before);
   /* The failure's oom event (the newest: the lock was held since) waits
    * for the handler's answer: one event for an allocation that fails (the
    * retry's failure records its own), none for one the retry serves, as
@@ -694,8 +714,13 @@ bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes) {
     mp__fail(st, "%s", why); /* the failure, not what the handler did */
     if (event)
       MP__HIST(pool, MP__H_OOM, mp__pool_room(pool), asked, hs);
-  } else if (!mp__oom_quiet && pool->st.oom_count > 0)
-    pool->st.oom_count--; /* the retry's answer is the allocation's */
+  } else {
+    if (!mp__oom_quiet && pool->st.oom_count > 0)
+      pool->st.oom_count--; /* the retry's answer is the allocation's */
+    /* The caller's last error as it was before the failure: a retry that
+     * fails says its own. */
+    mp__error_restore(&before);
+  }
   return again != 0;
 }
 

@@ -1262,6 +1262,11 @@ bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes);
  * memory running out. Told per failure, not by pool's oom_count, which
  * other threads and an out-of-memory handler's own allocations move. */
 bool mp__pool_oom_last(const mp_pool_t *pool);
+/* The calling thread's last error as it was before the latest failure
+ * mp__pool_oom wrote (while mp__pool_oom_last says that failure is still
+ * the last): what an allocation a later rung serves gives back (status.h:
+ * a success does not replace it). */
+void mp__pool_oom_before(mp__error_saved_t *out);
 /* No lock held: pool's out-of-memory handler fn(pool, bytes, st, ctx), or 0
  * without calling it while a handler runs on this thread (one that
  * allocates, and answers retry whatever happens, would recurse for ever:
