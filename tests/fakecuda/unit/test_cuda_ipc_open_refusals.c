@@ -6,9 +6,9 @@
  * "has 0"); and where the undoing cuIpcCloseMemHandle is refused too, the
  * memory stays mapped: ipc_open says so and hands back where (*out), for
  * mp_ipc_import to keep for mp_device_close (before, it was forgotten,
- * mapped). The exporter is a forked child: the driver opens no handle in
- * the process that made it. The refusals are the fake's (cuFakeRefuse): no
- * GPU twin. */
+ * mapped). The exporter is a forked child by the handle's word (the
+ * driver opens no handle in the process that made it). The refusals are the
+ * fake's (cuFakeRefuse): no GPU twin. */
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,41 +22,40 @@
 struct exporter {
   pid_t pid;
   int done; /* written to let the child go */
+  mp_device_t *dev;
+  void *p;
   mp_ipc_handle_t h;
 };
 
-/* A child process that allocates BYTES on "cuda" and exports them
- * (cuIpcGetMemHandle); it lives until e->done is written to. */
+/* BYTES allocated on "cuda" and exported (cuIpcGetMemHandle) in this
+ * process, and a forked child that only waits until e->done is written
+ * to: the fake names the exporter by the pid in the handle, which becomes
+ * the child's (as test_fakecuda_ipc_open_threads.c does), so that the
+ * driver opens the handle here. The child starts no thread: TSan dies in
+ * a child that starts one after a multi-threaded fork. */
 static void start_exporter(struct exporter *e) {
-  int up[2], down[2];
-  cr_assert_eq(pipe(up), 0);
+  e->dev = open_dev("cuda");
+  cr_assert_eq(mp_device_alloc(e->dev, BYTES, &e->p), MP_OK, "%s",
+               mp_last_error());
+  e->h = (mp_ipc_handle_t){0};
+  cr_assert_eq(e->dev->ops->ipc_export(e->dev, e->p, BYTES, false, &e->h),
+               MP_OK, "%s", mp_last_error());
+  e->h.kind = MP_IPC_CUDA;
+  e->h.mem_bytes = BYTES;
+  int down[2];
   cr_assert_eq(pipe(down), 0);
   e->pid = fork();
   cr_assert_geq(e->pid, 0);
   if (e->pid == 0) {
-    close(up[0]);
     close(down[1]);
-    mp_device_t *d = NULL;
-    void *p = NULL;
-    mp_ipc_handle_t h = {0};
-    if (mp_device_open("cuda", &d) != MP_OK ||
-        mp_device_alloc(d, BYTES, &p) != MP_OK ||
-        d->ops->ipc_export(d, p, BYTES, false, &h) != MP_OK)
-      _exit(1);
-    if (write(up[1], h.opaque, sizeof(CUipcMemHandle)) !=
-        (ssize_t)sizeof(CUipcMemHandle))
-      _exit(2);
     char c;
     (void)!read(down[0], &c, 1);
     _exit(0);
   }
-  close(up[1]);
   close(down[0]);
   e->done = down[1];
-  e->h = (mp_ipc_handle_t){.kind = MP_IPC_CUDA, .mem_bytes = BYTES};
-  cr_assert_eq(read(up[0], e->h.opaque, sizeof(CUipcMemHandle)),
-               (ssize_t)sizeof(CUipcMemHandle), "the exporter failed");
-  close(up[0]);
+  int32_t pid = (int32_t)e->pid;
+  memcpy((char *)e->h.opaque + 8, &pid, sizeof pid);
 }
 
 static void stop_exporter(struct exporter *e) {
@@ -65,6 +64,8 @@ static void stop_exporter(struct exporter *e) {
   int status = 0;
   cr_assert_eq(waitpid(e->pid, &status, 0), e->pid);
   cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  cr_expect_eq(mp_device_free(e->dev, e->p), MP_OK, "%s", mp_last_error());
+  mp_device_close(e->dev);
 }
 
 /* An open that works, closed again: the handle itself was good. */
