@@ -189,15 +189,15 @@ static mp__block_t *mp__take_block(mp_pool_t *pool, mp__block_t *b,
 _Thread_local uint64_t mp__oom_seen;
 _Thread_local bool mp__oom_quiet;
 
-/* The pool and the failure (mp__error_serial) of the last out of memory
- * this thread counted: mp__pool_oom_retry's failure is that one while no
- * other failure has come since. */
 /* The caller's last error before the failure mp__pool_oom wrote, which an
  * allocation the out-of-memory handler's retry then serves gives back
  * (status.h: a success does not replace it); _set: filled for the call
  * under way by the ladder, which saw it before its rungs wrote theirs. */
 static _Thread_local mp__error_saved_t mp__oom_before;
 static _Thread_local bool mp__oom_before_set;
+/* The pool and the failure (mp__error_serial) of the last out of memory
+ * this thread counted: mp__pool_oom_retry's failure is that one while no
+ * other failure has come since. */
 static _Thread_local const mp_pool_t *mp__oom_pool;
 static _Thread_local uint64_t mp__oom_serial;
 /* That failure's oom event, where the pool's handler may answer it: the
