@@ -716,13 +716,32 @@ static mp_status_t mp__arena_alloc_oom(mp_pool_t *pool, mp_pool_t *a,
                                        mp_status_t st);
 static mp_status_t mp__arena_borrow(mp_pool_t *pool, size_t mine,
                                     const mp__arena_req_t *q, bool wait);
+/* mp__arena_alloc_oom, for a's failure st: a failure that it recovers
+ * from (a capped arena's first try, which has no share yet; a block
+ * borrowed or a share given on the out-of-memory path; the handler's
+ * retry) is no failure of this call: status.h, a success leaves the
+ * caller's last error as it was, which mp__pool_oom kept when it wrote
+ * a's failure (copied now: the handler's own allocations may fail). */
+static mp_status_t mp__arena_oom_path(mp_pool_t *pool, mp_pool_t *a,
+                                      const mp__arena_req_t *q,
+                                      mp_status_t st) {
+  mp__error_saved_t before;
+  bool told = mp__pool_oom_last(a);
+  if (told)
+    mp__pool_oom_before(&before);
+  st = mp__arena_alloc_oom(pool, a, q, st);
+  if (st == MP_OK && told)
+    mp__error_restore(&before);
+  return st;
+}
+
 static mp_status_t mp__arena_alloc_slow(mp_pool_t *pool, mp_pool_t *a,
                                         const mp__arena_req_t *q,
                                         mp_status_t st, uint64_t seen) {
   st = mp__arena_host(st, seen);
   if (!mp__arena_oom(st))
     return st;
-  return mp__arena_alloc_oom(pool, a, q, st);
+  return mp__arena_oom_path(pool, a, q, st);
 }
 
 mp_status_t mp__arena_solo_failed(mp_pool_t *a, size_t bytes, mp_stream_t s,
@@ -731,18 +750,14 @@ mp_status_t mp__arena_solo_failed(mp_pool_t *a, size_t bytes, mp_stream_t s,
    * pool without arenas. */
   if (!mp__arena_oom(st) || !mp__pool_oom_last(a))
     return st;
-  /* Served below, the allocation gives the caller's last error back
-   * (copied now: the handler's own allocations may fail). */
-  mp__error_saved_t before;
-  mp__pool_oom_before(&before);
   /* The lane ("The lane"): the plain path refuses a request above a's
    * share of the cap before it looks in a's cache, which the arenas' path
    * serves whatever the share; a cap lowered below what the other arenas
    * hold (mp__arena_recap) left a none, and the lane's thread failed with
    * MP_ELIMIT beside a cached block that any other thread got. Its cache
    * first, as there (the failure then no longer counts, as
-   * mp__arena_retry's). Solo, a holds the whole cap, as a pool without
-   * arenas. */
+   * mp__arena_retry's, nor says the last error: mp__pool_oom_give_back).
+   * Solo, a holds the whole cap, as a pool without arenas. */
   if (atomic_load_explicit(&a->solo_of, memory_order_relaxed) == NULL) {
     mp__pool_lock(a);
     mp_status_t c = mp__pool_alloc_cached_rec(a, bytes, s, out, false, false);
@@ -750,16 +765,13 @@ mp_status_t mp__arena_solo_failed(mp_pool_t *a, size_t bytes, mp_stream_t s,
       a->st.oom_count--;
     mp__pool_unlock(a);
     if (c == MP_OK) {
-      mp__error_restore(&before);
+      mp__pool_oom_give_back();
       return MP_OK;
     }
   }
-  st = mp__arena_alloc_oom(
+  return mp__status_out(mp__arena_oom_path(
       a->arena_of, a, &(mp__arena_req_t){.bytes = bytes, .s = s, .out = out},
-      st);
-  if (st == MP_OK)
-    mp__error_restore(&before);
-  return mp__status_out(st);
+      st));
 }
 
 /* mp__arena_alloc_slow once st is the device's (or the cap's) refusal. */
@@ -920,25 +932,14 @@ static mp_status_t mp__arena_miss(mp_pool_t *pool, mp_pool_t *a,
   st = mp__arena_borrow(pool, mp__arena_mine(pool), q, false);
   if (st != MP__EMISS)
     return st;
-  /* A failure that the path below recovers from (a capped arena's first
-   * try, which has no share yet; a block borrowed or a share given on the
-   * out-of-memory path) is no failure of this call: status.h, a success
-   * leaves the caller's last error as it was. Kept before a's own try,
-   * which writes its message under a's lock: a growth or a wait follows a
-   * miss anyway. */
-  mp__error_saved_t was;
-  mp__error_save(&was);
   uint64_t seen = mp__oom_seen;
   mp__pool_lock(a);
   st = mp__arena_req_locked(a, q);
   if (st == MP_OK)
     st = mp__arena_claimed(a, q);
   mp__pool_unlock(a);
-  if (MP__UNLIKELY(st != MP_OK)) {
+  if (MP__UNLIKELY(st != MP_OK))
     st = mp__arena_alloc_slow(pool, a, q, st, seen);
-    if (st == MP_OK)
-      mp__error_restore(&was);
-  }
   return st;
 }
 
@@ -960,19 +961,14 @@ mp_status_t mp__arena_alloc_contiguous(mp_pool_t *pool, size_t count,
   /* No borrowing (mp__arena_borrow takes one block as it is, not split
    * into pieces): out of memory, the path below takes the other arenas'
    * caches back instead. */
-  mp__error_saved_t was; /* as mp__arena_miss */
-  mp__error_save(&was);
   uint64_t seen = mp__oom_seen;
   st = mp__pool_alloc_pieces(a, count, sizes, s, out);
-  if (MP__UNLIKELY(st != MP_OK)) {
+  if (MP__UNLIKELY(st != MP_OK))
     st = mp__arena_alloc_slow(
         pool, a,
         &(mp__arena_req_t){
             .bytes = total, .s = s, .out = out, .count = count, .sizes = sizes},
         st, seen);
-    if (st == MP_OK)
-      mp__error_restore(&was);
-  }
   return mp__status_out(st);
 }
 

@@ -682,6 +682,10 @@ void mp__pool_oom_before(mp__error_saved_t *out) {
   *out = mp__oom_before;
 }
 
+void mp__pool_oom_give_back(void) {
+  mp__error_restore(&mp__oom_before);
+}
+
 bool mp__pool_oom_retry(mp_pool_t *pool, mp_status_t st, size_t bytes) {
   /* Only for the device running out, which the failure counted (as the
    * arenas' path, arena.c): host memory running out is MP_ENOMEM too,

@@ -1267,6 +1267,8 @@ bool mp__pool_oom_last(const mp_pool_t *pool);
  * the last): what an allocation a later rung serves gives back (status.h:
  * a success does not replace it). */
 void mp__pool_oom_before(mp__error_saved_t *out);
+/* Makes that error the last again: the failure was served after all. */
+void mp__pool_oom_give_back(void);
 /* No lock held: pool's out-of-memory handler fn(pool, bytes, st, ctx), or 0
  * without calling it while a handler runs on this thread (one that
  * allocates, and answers retry whatever happens, would recurse for ever:
