@@ -16,10 +16,12 @@
  *
  * Invariant: every driver object a device made and has not given back
  * (allocations, page-locked host memory, address reservations, mapped chunks
- * with their physical handles, streams, events) is in one of the device's
- * address maps. Frees of foreign or stale pointers are refused before the
+ * with their physical handles, physical handles no mapping holds whose
+ * cuMemRelease the driver refused, streams, events) is in one of the
+ * device's maps. Frees of foreign or stale pointers are refused before the
  * driver sees them, a chunk is unmapped with exactly the handle that backs
- * it, and close releases whatever the caller left behind. */
+ * it, and close releases whatever the caller left behind, reporting the
+ * first release the driver refuses while it still releases the rest. */
 #include "backend.h"
 
 #if MEMPOOL_HAVE_CUDA
@@ -379,6 +381,11 @@ typedef struct mp__cuda_dev {
   /* Entries the maps keep room for (mp__cuda_room, mp__cuda_claim): one
    * for each object the driver is making or giving back right now. */
   size_t pending;
+  /* Physical handles (the key: the handle) that no mapping holds any more
+   * and whose cuMemRelease the driver refused: alive until released (cuda.h,
+   * cuMemRelease: the memory is freed once "all outstanding references to
+   * the handle" are released), so kept for close to release. */
+  mp__ptrmap_t handles;
 } mp__cuda_dev_t;
 
 static mp__cuda_dev_t *mp__cuda_of(mp_device_t *dev) {
@@ -500,8 +507,9 @@ static void mp__cuda_settle(mp__cuda_dev_t *cd, mp__ptrmap_t *m,
 }
 
 /* Tracks what a refused cleanup leaves with the driver (a reservation
- * whose cuMemAddressFree was refused after what it held was unmapped), so
- * that close gives it back. Best effort: without host memory for its entry
+ * whose cuMemAddressFree was refused after what it held was unmapped, an
+ * imported handle whose cuMemRelease was refused), so that close gives it
+ * back. Best effort: without host memory for its entry
  * it is left to the context, as before. */
 static void mp__cuda_track_left(mp__cuda_dev_t *cd, mp__ptrmap_t *m,
                                 const mp__cuda_entry_t *e) {
@@ -517,34 +525,89 @@ static void mp__cuda_track_left(mp__cuda_dev_t *cd, mp__ptrmap_t *m,
                                              .handle = (h)}                    \
                        : NULL)
 
-/* Gives one tracked object back to the driver; close's cleanup. */
-typedef void (*mp__cuda_release_fn)(const mp__cuda_entry_t *e);
-
-static void mp__cuda_release_stream(const mp__cuda_entry_t *e) {
-  (void)mp__cu.StreamDestroy((CUstream)e->key);
-}
-static void mp__cuda_release_event(const mp__cuda_entry_t *e) {
-  (void)mp__cu.EventDestroy((CUevent)e->key);
-}
-static void mp__cuda_release_chunk(const mp__cuda_entry_t *e) {
-  (void)mp__cu.MemUnmap((CUdeviceptr)e->key, e->size);
-  (void)mp__cu.MemRelease(e->handle);
-}
-static void mp__cuda_release_reserve(const mp__cuda_entry_t *e) {
-  (void)mp__cu.MemAddressFree((CUdeviceptr)e->key, e->size);
-}
-static void mp__cuda_release_alloc(const mp__cuda_entry_t *e) {
-  (void)mp__cu.MemFree((CUdeviceptr)e->key);
-}
-static void mp__cuda_release_host(const mp__cuda_entry_t *e) {
-  (void)mp__cu.MemFreeHost((void *)e->key);
+/* Keeps h, a physical handle that no mapping holds and whose cuMemRelease
+ * the driver refused (0: none), in cd->handles for close to release; ends
+ * an mp__cuda_room of cd->handles. */
+static void mp__cuda_settle_handle(mp__cuda_dev_t *cd,
+                                   CUmemGenericAllocationHandle h) {
+  _Static_assert(sizeof h <= sizeof(uintptr_t), "a handle is a map key");
+  mp__cuda_settle(cd, &cd->handles,
+                  h != 0 ? &(mp__cuda_entry_t){.key = (uintptr_t)h, .handle = h}
+                         : NULL);
 }
 
-static void mp__cuda_drain(mp__ptrmap_t *m, mp__cuda_release_fn release) {
+/* What close met: the driver calls it saw refused, the first one's answer
+ * and what it was asked (for the close's message). */
+typedef struct mp__cuda_refusals {
+  size_t n;
+  CUresult first;
+  char what[96];
+} mp__cuda_refusals_t;
+
+static void mp__cuda_refused(mp__cuda_refusals_t *f, CUresult r,
+                             const char *call, uintptr_t obj) {
+  if (r == CUDA_SUCCESS)
+    return;
+  if (f->n++ == 0) {
+    f->first = r;
+    snprintf(f->what, sizeof f->what, "%s(%#llx)", call,
+             (unsigned long long)obj);
+  }
+}
+
+/* Gives one tracked object back to the driver; close's cleanup, which
+ * goes on past a refusal (f counts it): what the driver refuses to take
+ * back stays the context's, everything else is still released. */
+typedef void (*mp__cuda_release_fn)(const mp__cuda_entry_t *e,
+                                    mp__cuda_refusals_t *f);
+
+static void mp__cuda_release_stream(const mp__cuda_entry_t *e,
+                                    mp__cuda_refusals_t *f) {
+  mp__cuda_refused(f, mp__cu.StreamDestroy((CUstream)e->key), "cuStreamDestroy",
+                   e->key);
+}
+static void mp__cuda_release_event(const mp__cuda_entry_t *e,
+                                   mp__cuda_refusals_t *f) {
+  mp__cuda_refused(f, mp__cu.EventDestroy((CUevent)e->key), "cuEventDestroy",
+                   e->key);
+}
+/* The handle is released even where the unmap is refused: "The generic
+ * memory handle can be freed when there are still outstanding mappings
+ * made with this handle" (cuda.h, cuMemRelease); the memory goes with the
+ * mapping, whenever that does. */
+static void mp__cuda_release_chunk(const mp__cuda_entry_t *e,
+                                   mp__cuda_refusals_t *f) {
+  mp__cuda_refused(f, mp__cu.MemUnmap((CUdeviceptr)e->key, e->size),
+                   "cuMemUnmap", e->key);
+  mp__cuda_refused(f, mp__cu.MemRelease(e->handle), "cuMemRelease",
+                   (uintptr_t)e->handle);
+}
+static void mp__cuda_release_handle(const mp__cuda_entry_t *e,
+                                    mp__cuda_refusals_t *f) {
+  mp__cuda_refused(f, mp__cu.MemRelease(e->handle), "cuMemRelease",
+                   (uintptr_t)e->handle);
+}
+static void mp__cuda_release_reserve(const mp__cuda_entry_t *e,
+                                     mp__cuda_refusals_t *f) {
+  mp__cuda_refused(f, mp__cu.MemAddressFree((CUdeviceptr)e->key, e->size),
+                   "cuMemAddressFree", e->key);
+}
+static void mp__cuda_release_alloc(const mp__cuda_entry_t *e,
+                                   mp__cuda_refusals_t *f) {
+  mp__cuda_refused(f, mp__cu.MemFree((CUdeviceptr)e->key), "cuMemFree", e->key);
+}
+static void mp__cuda_release_host(const mp__cuda_entry_t *e,
+                                  mp__cuda_refusals_t *f) {
+  mp__cuda_refused(f, mp__cu.MemFreeHost((void *)e->key), "cuMemFreeHost",
+                   e->key);
+}
+
+static void mp__cuda_drain(mp__ptrmap_t *m, mp__cuda_release_fn release,
+                           mp__cuda_refusals_t *f) {
   for (size_t i = 0; i < m->cap; i++) {
     const mp__cuda_entry_t *e = mp__ptrmap_at(m, i);
     if (e != NULL)
-      release(e);
+      release(e, f);
   }
   mp__ptrmap_destroy(m);
 }
@@ -554,25 +617,51 @@ static void mp__cuda_drain(mp__ptrmap_t *m, mp__cuda_release_fn release) {
  * is refused (from a host function, CUDA_ERROR_NOT_PERMITTED; beside a
  * capture, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED): going on then unmapped
  * and freed memory that work still queued may use, and, from a host
- * function, freed the device while every driver call was refused. */
+ * function, freed the device while every driver call was refused.
+ * Past that wait the close always completes: each destroy, unmap, release
+ * and free is asked for, whatever the driver answered the ones before
+ * (cuda.h lists CUDA_ERROR_INVALID_VALUE, _NOT_PERMITTED,
+ * _DEINITIALIZED, ... for each), and a refusal is reported as the thread's
+ * last error (MP_EDRIVER with the driver's code: the device was fine, the
+ * driver kept something), naming the first one refused and counting the
+ * others: what it names stays the context's until the context goes (a
+ * primary context no one else retains goes with the release below). */
 static void mp__cuda_close(mp_device_t *dev) {
   mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  mp__cuda_refusals_t f = {0};
   mp__cuda_relaxed_t rx = mp__cuda_relax();
-  if (mp__cuda_push(cd) == CUDA_SUCCESS) {
+  CUresult r = mp__cuda_push(cd);
+  mp__cuda_refused(&f, r, "cuCtxPushCurrent", (uintptr_t)cd->ctx);
+  if (r == CUDA_SUCCESS) {
     /* Chunks before the reservations they sit in. */
-    mp__cuda_drain(&cd->streams, mp__cuda_release_stream);
-    mp__cuda_drain(&cd->events, mp__cuda_release_event);
-    mp__cuda_drain(&cd->chunks, mp__cuda_release_chunk);
-    mp__cuda_drain(&cd->reserves, mp__cuda_release_reserve);
-    mp__cuda_drain(&cd->allocs, mp__cuda_release_alloc);
-    mp__cuda_drain(&cd->hosts, mp__cuda_release_host);
+    mp__cuda_drain(&cd->streams, mp__cuda_release_stream, &f);
+    mp__cuda_drain(&cd->events, mp__cuda_release_event, &f);
+    mp__cuda_drain(&cd->chunks, mp__cuda_release_chunk, &f);
+    mp__cuda_drain(&cd->handles, mp__cuda_release_handle, &f);
+    mp__cuda_drain(&cd->reserves, mp__cuda_release_reserve, &f);
+    mp__cuda_drain(&cd->allocs, mp__cuda_release_alloc, &f);
+    mp__cuda_drain(&cd->hosts, mp__cuda_release_host, &f);
     mp__cuda_pop();
   }
   mp__cuda_unrelax(&rx);
-  (void)mp__cu.DevicePrimaryCtxRelease(cd->cudev);
+  mp__cuda_refused(&f, mp__cu.DevicePrimaryCtxRelease(cd->cudev),
+                   "cuDevicePrimaryCtxRelease", (uintptr_t)cd->cudev);
+  if (f.n > 0) {
+    char msg[384];
+    mp__cuda_describe(msg, sizeof msg, f.first, f.what);
+    (void)mp__fail_driver((int)f.first, MP_EDRIVER,
+                          "mp_device_close(%s): the driver refused %s "
+                          "(%zu refusal%s in all)%s; the device is closed",
+                          dev->name, msg, f.n, f.n == 1 ? "" : "s",
+                          r != CUDA_SUCCESS ? ", so nothing it held was given "
+                                              "back"
+                                            : ", everything else was given "
+                                              "back");
+  }
   mp__ptrmap_destroy(&cd->streams);
   mp__ptrmap_destroy(&cd->events);
   mp__ptrmap_destroy(&cd->chunks);
+  mp__ptrmap_destroy(&cd->handles);
   mp__ptrmap_destroy(&cd->reserves);
   mp__ptrmap_destroy(&cd->allocs);
   mp__ptrmap_destroy(&cd->hosts);
@@ -663,8 +752,8 @@ static mp_status_t mp__cuda_open(mp_device_t *dev, const char *opts) {
   }
   mp__cuda_probe_vmm(cd);
   mp__cuda_pop();
-  mp__ptrmap_t *maps[] = {&cd->allocs, &cd->hosts,   &cd->reserves,
-                          &cd->chunks, &cd->streams, &cd->events};
+  mp__ptrmap_t *maps[] = {&cd->allocs,  &cd->hosts,  &cd->reserves, &cd->chunks,
+                          &cd->streams, &cd->events, &cd->handles};
   for (size_t i = 0; i < sizeof maps / sizeof *maps; i++)
     mp__ptrmap_init(maps[i], sizeof(mp__cuda_entry_t));
   pthread_mutex_init(&cd->lock, NULL);
@@ -1335,23 +1424,33 @@ static mp_status_t mp__cuda_vm_release(mp_device_t *dev, void *base,
   return MP_OK;
 }
 
+/* Releases h, which no mapping holds; h itself where the driver refuses
+ * (the handle is still alive then, its memory the device's: to be kept for
+ * a later release, not forgotten), else 0. */
+static CUmemGenericAllocationHandle
+mp__cuda_release_unmapped(CUmemGenericAllocationHandle h) {
+  return mp__cu.MemRelease(h) == CUDA_SUCCESS ? 0 : h;
+}
+
 /* Physical memory for [addr, addr + bytes): create, map, make it readable
  * and writable from the device; undone step by step if a step fails. A
  * refused access whose undoing cuMemUnmap is refused too leaves the chunk
  * mapped: *left, with its handle in *out (kept, not released: released,
  * the handle's number may name another allocation by the time the
- * mapping is undone). */
+ * mapping is undone). An undoing cuMemRelease refused leaves the handle
+ * unmapped but alive: *stray (else 0). */
 static CUresult mp__cuda_map_chunk(mp__cuda_dev_t *cd, CUdeviceptr addr,
                                    size_t bytes,
                                    CUmemGenericAllocationHandle *out,
-                                   bool *left) {
+                                   bool *left,
+                                   CUmemGenericAllocationHandle *stray) {
   CUmemGenericAllocationHandle h = 0;
   CUresult r = mp__cu.MemCreate(&h, bytes, &cd->prop, 0);
   if (r != CUDA_SUCCESS)
     return r;
   r = mp__cu.MemMap(addr, bytes, 0, h, 0);
   if (r != CUDA_SUCCESS) {
-    (void)mp__cu.MemRelease(h);
+    *stray = mp__cuda_release_unmapped(h);
     return r;
   }
   CUmemAccessDesc access = {.location = cd->prop.location,
@@ -1359,7 +1458,7 @@ static CUresult mp__cuda_map_chunk(mp__cuda_dev_t *cd, CUdeviceptr addr,
   r = mp__cu.MemSetAccess(addr, bytes, &access, 1);
   *left = r != CUDA_SUCCESS && mp__cu.MemUnmap(addr, bytes) != CUDA_SUCCESS;
   if (r != CUDA_SUCCESS && !*left) {
-    (void)mp__cu.MemRelease(h);
+    *stray = mp__cuda_release_unmapped(h);
     return r;
   }
   *out = h;
@@ -1370,17 +1469,24 @@ static mp_status_t mp__cuda_vm_map(mp_device_t *dev, void *addr, size_t bytes) {
   mp__cuda_dev_t *cd = mp__cuda_of(dev);
   if (!cd->vmm)
     return mp__cuda_no_vmm(dev);
-  CUmemGenericAllocationHandle h = 0;
+  CUmemGenericAllocationHandle h = 0, stray = 0;
   bool left = false;
   if (!mp__cuda_room(cd, &cd->chunks))
     return mp__fail(MP_ENOMEM, "vm_map: out of host memory");
+  if (!mp__cuda_room(cd, &cd->handles)) {
+    mp__cuda_settle(cd, &cd->chunks, NULL);
+    return mp__fail(MP_ENOMEM, "vm_map: out of host memory");
+  }
   CUresult r;
   MP__CU_IN_CTX_RELAXED(
-      cd, r, mp__cuda_map_chunk(cd, (CUdeviceptr)addr, bytes, &h, &left));
+      cd, r,
+      mp__cuda_map_chunk(cd, (CUdeviceptr)addr, bytes, &h, &left, &stray));
   /* A chunk left mapped is tracked as any other: vm_unmap or close
-   * unmaps it and releases its handle. */
+   * unmaps it and releases its handle. A handle the undoing release left
+   * alive, close releases. */
   mp__cuda_settle(cd, &cd->chunks,
                   MP__CUDA_MADE(left ? CUDA_SUCCESS : r, addr, bytes, h));
+  mp__cuda_settle_handle(cd, stray);
   if (r != CUDA_SUCCESS) {
     char buf[16];
     mp_status_t st =
@@ -1426,11 +1532,18 @@ static mp_status_t mp__cuda_vm_unmap(mp_device_t *dev, void *addr,
   if (!cd->vmm)
     return mp__cuda_no_vmm(dev);
   mp__cuda_entry_t e;
-  if (!mp__cuda_claim(cd, &cd->chunks, (uintptr_t)addr, &e))
+  /* Room for the handle first, in case its release is refused after the
+   * unmap (nothing can be undone then). */
+  if (!mp__cuda_room(cd, &cd->handles))
+    return mp__fail(MP_ENOMEM, "vm_unmap: out of host memory");
+  if (!mp__cuda_claim(cd, &cd->chunks, (uintptr_t)addr, &e)) {
+    mp__cuda_settle_handle(cd, 0);
     return mp__fail(MP_EINVAL, "vm_unmap: nothing is mapped at %p on %s", addr,
                     dev->name);
+  }
   if (e.size != bytes) {
     mp__cuda_settle(cd, &cd->chunks, &e);
+    mp__cuda_settle_handle(cd, 0);
     return mp__fail(MP_EINVAL,
                     "vm_unmap: the mapping at %p is %zu bytes, not %zu", addr,
                     e.size, bytes);
@@ -1439,16 +1552,21 @@ static mp_status_t mp__cuda_vm_unmap(mp_device_t *dev, void *addr,
    * has seen finish (their marker events, or a wait for every stream it
    * knows; backend.h), and a cuCtxSynchronize here would be the call CUDA
    * forbids while another thread captures a graph in global mode. */
+  CUmemGenericAllocationHandle stray = 0;
   CUresult r = mp__cuda_push(cd);
   if (r == CUDA_SUCCESS) {
     mp__cuda_relaxed_t rx = mp__cuda_relax();
     r = mp__cu.MemUnmap((CUdeviceptr)addr, bytes);
+    /* Unmapped, the range is free whatever the release answers (MP_OK:
+     * the pool takes it as unmapped); a handle the driver refuses to
+     * release is still alive, and close releases it. */
     if (r == CUDA_SUCCESS)
-      (void)mp__cu.MemRelease(e.handle); /* unmapped: cannot be in use */
+      stray = mp__cuda_release_unmapped(e.handle);
     mp__cuda_unrelax(&rx);
     mp__cuda_pop();
   }
   mp__cuda_settle(cd, &cd->chunks, r != CUDA_SUCCESS ? &e : NULL);
+  mp__cuda_settle_handle(cd, stray);
   if (r != CUDA_SUCCESS)
     return mp__cuda_fail(r, "cuMemUnmap(%p, %zu)", addr, bytes);
   return MP_OK;
@@ -1572,7 +1690,13 @@ static CUresult mp__cuda_import_fd(mp__cuda_dev_t *cd, int fd, size_t bytes,
       mp__cuda_track_left(cd, &cd->reserves,
                           &(mp__cuda_entry_t){.key = va, .size = bytes});
   }
-  (void)mp__cu.MemRelease(gh); /* the mapping keeps the memory */
+  /* The mapping keeps the memory. A release refused keeps the exporter's
+   * memory alive, mapped or not: close releases it. */
+  CUmemGenericAllocationHandle stray = mp__cuda_release_unmapped(gh);
+  if (stray != 0)
+    mp__cuda_track_left(
+        cd, &cd->handles,
+        &(mp__cuda_entry_t){.key = (uintptr_t)stray, .handle = stray});
   if (r == CUDA_SUCCESS)
     *out = va;
   return r;

@@ -102,33 +102,58 @@ Test(cuda_ipc_refused_unmap,
   refused_import_undone_at_close("cuMemSetAccess", "cuMemUnmap", true);
 }
 
+/* A block imported and closed again, the driver refusing once the call
+ * `call` (at the import if at_import, else at its close): the import still
+ * succeeds, its close answers close_st, the import is closed either way,
+ * and mp_device_close of the importer gives back what the refusal left
+ * (`call` asked again; what: what was left, for the message). */
+static void refused_once_given_back_at_close(const char *call, bool at_import,
+                                             mp_status_t close_st,
+                                             const char *what) {
+  mp_device_t *exporter, *importer;
+  void *p, *q;
+  mp_ipc_handle_t h;
+  mp_pool_t *pool = export_one(&exporter, &importer, &p, &h);
+  long long calls = fk_calls(call);
+  if (at_import)
+    fk_refuse(call, CUDA_ERROR_UNKNOWN, 1);
+  cr_expect_eq(mp_ipc_import(importer, &h, &q), MP_OK, "%s", mp_last_error());
+  fk_refuse(call, CUDA_ERROR_UNKNOWN, at_import ? 0 : 1);
+  cr_expect_eq(mp_ipc_close(importer, q), close_st, "%s", mp_last_error());
+  fk_refuse(call, CUDA_SUCCESS, 0);
+  cr_assert_eq(fk_calls(call) - calls, 1);
+  cr_expect_eq(mp_ipc_close(importer, q), MP_EINVAL,
+               "the import stayed open after its memory was unmapped");
+  mp_device_close(importer);
+  cr_expect_eq(fk_calls(call) - calls, 2, "%s was forgotten", what);
+  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  mp_device_close(exporter);
+}
+
 /* An import's close unmaps, then frees the reservation it mapped at: where
  * the driver refuses that cuMemAddressFree, the memory is gone (the close
  * reports the refusal, the import closed) but the reservation stays, which
  * mp_device_close releases. Before, it was forgotten. */
 Test(cuda_ipc_refused_unmap, a_refused_address_free_is_given_back_at_close) {
-  mp_device_t *exporter, *importer;
-  void *p, *q;
-  mp_ipc_handle_t h;
-  mp_pool_t *pool = export_one(&exporter, &importer, &p, &h);
-  cr_assert_eq(mp_ipc_import(importer, &h, &q), MP_OK, "%s", mp_last_error());
-  fk_refuse("cuMemAddressFree", CUDA_ERROR_UNKNOWN, 1);
-  long long frees = fk_calls("cuMemAddressFree");
-  cr_expect_eq(mp_ipc_close(importer, q), MP_EDRIVER, "%s", mp_last_error());
-  fk_refuse("cuMemAddressFree", CUDA_SUCCESS, 0);
-  cr_assert_eq(fk_calls("cuMemAddressFree") - frees, 1);
-  cr_expect_eq(mp_ipc_close(importer, q), MP_EINVAL,
-               "the import stayed open after its memory was unmapped");
-  mp_device_close(importer);
-  cr_expect_eq(fk_calls("cuMemAddressFree") - frees, 2,
-               "the reservation left by the refused free was forgotten");
-  cr_assert_eq(mp_pool_free(pool, p), MP_OK);
-  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
-  mp_device_close(exporter);
+  refused_once_given_back_at_close("cuMemAddressFree", false, MP_EDRIVER,
+                                   "the reservation left by the refused free");
 }
 
 /* The same for an import refused at its cuMemMap whose reservation the
  * driver then refuses to free: mp_device_close releases it. */
 Test(cuda_ipc_refused_unmap, a_refused_imports_reservation_is_given_back) {
   refused_import_undone_at_close("cuMemMap", "cuMemAddressFree", false);
+}
+
+/* An import releases its imported handle once mapped (the mapping keeps
+ * the memory): where the driver refuses that cuMemRelease, the handle
+ * still holds the exporter's memory (cuda.h, cuMemRelease: "Each time a
+ * recipient process imports a shareable handle, it needs to pair it with
+ * cuMemRelease for the handle to be freed"), and mp_device_close releases
+ * it. Before, it was forgotten. */
+Test(cuda_ipc_refused_unmap, a_refused_release_of_an_import_is_given_back) {
+  refused_once_given_back_at_close("cuMemRelease", true, MP_OK,
+                                   "the imported handle whose release was "
+                                   "refused");
 }
