@@ -140,8 +140,13 @@ void mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n) {
       if (!any_graph)
         fprintf(out, "\nMemory captured graphs pinned (at most at once):\n");
       any_graph = true;
-      fprintf(out, "- %s / %s: %s\n", r[i].workload, r[i].allocator,
-              mpb_bytes(a, sizeof a, r[i].graph_pinned));
+      /* Names as the other lists write them: a newline in a trace's
+       * file name would start a line of its own. */
+      fputs("- ", out);
+      mpb_md_cell(out, r[i].workload);
+      fputs(" / ", out);
+      mpb_md_cell(out, r[i].allocator);
+      fprintf(out, ": %s\n", mpb_bytes(a, sizeof a, r[i].graph_pinned));
     }
   bool any_pause = false;
   for (size_t i = 0; i < n; i++)
