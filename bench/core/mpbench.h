@@ -419,8 +419,9 @@ void mpb_touched_free(mpb_touched_t *t);
 /* ---- report.c: table, JSON, CSV, plots --------------------------------- */
 
 /* The table, then its notes: graph memory, pauses, what each trace had
- * that its replay skipped or changed, the runs that failed. */
-void mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n);
+ * that its replay skipped or changed, the runs that failed. MP_EINVAL
+ * where a write to out failed (ferror), as mpb_report_json's. */
+mp_status_t mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n);
 /* The note of one trace (name) under a table, after a "Trace notes:"
  * heading when *noted is false (set then); nothing where every count is
  * 0. */

@@ -105,7 +105,7 @@ static void mpb_report_trace_notes(FILE *out, const mpb_result_t *r, size_t n) {
   }
 }
 
-void mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n) {
+mp_status_t mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n) {
   fprintf(out, "| workload | allocator | peak live | peak reserved | ratio | "
                "utilization | avg waste | ext. frag | device calls | ns p50 "
                "| ns p99 | min capacity |\n");
@@ -165,6 +165,7 @@ void mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n) {
     }
   mpb_report_trace_notes(out, r, n);
   mpb_report_failed(out, r, n);
+  return ferror(out) ? mp__fail(MP_EINVAL, "writing the table failed") : MP_OK;
 }
 
 void mpb_report_bound(FILE *out, const mpb_offline_t *o, size_t n,
@@ -1102,7 +1103,9 @@ static mp_status_t mpb_write_file(const char *tmp, const char *name,
   else if (which == 1)
     st = mpb_report_csv(f, r, n);
   else
-    mpb_report_markdown(f, r, n);
+    st = mpb_report_markdown(f, r, n);
+  /* Each writer says a write that failed (ferror): fclose tells only of
+   * its own flush, which may succeed after an earlier one failed. */
   if (fclose(f) != 0 && st == MP_OK)
     st = mp__fail(MP_EINVAL, "cannot write %s: %s", path, strerror(errno));
   return st;
