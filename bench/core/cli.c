@@ -1023,6 +1023,11 @@ int mpb_main(int argc, char **argv) {
     rc = 2;
     goto out;
   }
+  if (c.plots && mpb_report_check_plots(c.out_dir, jobs.w, jobs.nw) != MP_OK) {
+    fprintf(stderr, "mpbench: --out %s: %s\n", c.out_dir, mp_last_error());
+    rc = 2;
+    goto out;
+  }
   size_t total = jobs.nw * allocs.n, done = 0;
   res = calloc(total, sizeof *res);
   maps = calloc(jobs.nw, sizeof *maps);

@@ -453,6 +453,13 @@ mp_status_t mpb_report_csv(FILE *out, const mpb_result_t *r, size_t n);
 /* Whether dir can be made and written into, without creating anything:
  * checked before a run so that a bad --out fails in seconds, not after it. */
 mp_status_t mpb_report_check_dir(const char *dir);
+/* After mpb_report_check_dir, once the workloads are known (w[0..n)):
+ * the plots a run with plots would write into dir (ratios.png, each
+ * workload's bytes_NAME.png) can be put there, as mpb_report_check_dir
+ * checks the other files: a folder or a link to nothing there, or a link
+ * into a folder nothing can be made in, fails now, not after the run. */
+mp_status_t mpb_report_check_plots(const char *dir, const mpb_workload_t *w,
+                                   size_t n);
 mp_status_t mpb_report_write(const char *dir, const mpb_result_t *r, size_t n,
                              bool want_plots, bool *plotted, char *why_not,
                              size_t why_len);

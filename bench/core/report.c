@@ -506,16 +506,26 @@ static mp_status_t mpb_out_dest(const char *dir, const char *name, char *dest,
   return st;
 }
 
+/* A name for a new file beside path (in its folder, hidden):
+ * ".NAME.mpbenchTAG-XXXXXX", for mkstemp. false where path has no folder
+ * part or the name does not fit. */
+static bool mpb_name_beside(const char *path, const char *tag, char *out,
+                            size_t len) {
+  const char *slash = strrchr(path, '/');
+  if (slash == NULL)
+    return false;
+  int dirlen = (int)(slash - path);
+  return snprintf(out, len, "%.*s/.%s.mpbench%s-XXXXXX", dirlen, path,
+                  slash + 1, tag) < (int)len;
+}
+
 /* The file from (in the temporary folder) copied to a new file beside
  * target, with target's permissions, so that a rename replaces target in
  * one step (a rename cannot cross file systems, and a link's target may be
  * on another). staged: the new file's path. */
 static mp_status_t mpb_stage_beside(const char *from, const char *target,
                                     char *staged, size_t len) {
-  const char *slash = strrchr(target, '/'); /* realpath's: absolute */
-  int dirlen = (int)(slash - target);
-  if (snprintf(staged, len, "%.*s/.%s.mpbench-XXXXXX", dirlen, target,
-               slash + 1) >= (int)len)
+  if (!mpb_name_beside(target, "", staged, len)) /* realpath's: absolute */
     return mp__fail(MP_EINVAL, "%s is too long a path", target);
   int out = mkstemp(staged);
   if (out < 0)
@@ -574,12 +584,8 @@ static void mpb_keep_old(const char *path, char *old, size_t len, bool *existed,
   struct stat sb;
   *existed = lstat(path, &sb) == 0;
   *kept = false;
-  const char *slash = strrchr(path, '/'); /* dir/name or an absolute path */
-  if (!*existed || slash == NULL)
-    return;
-  int dirlen = (int)(slash - path);
-  if (snprintf(old, len, "%.*s/.%s.mpbench-old-XXXXXX", dirlen, path,
-               slash + 1) >= (int)len)
+  /* path: dir/name or an absolute path */
+  if (!*existed || !mpb_name_beside(path, "-old", old, len))
     return;
   int fd = mkstemp(old); /* a free name, then the link takes it */
   if (fd < 0)
@@ -626,6 +632,29 @@ static bool mpb_put_back(mpb_move_t *mv, size_t failed, char *why, size_t len) {
   return all;
 }
 
+/* name in dir as the run will write it (mpb_out_dest), before the run:
+ * where it is a symbolic link, a file must also be possible beside its
+ * target (mpb_stage_beside makes one there), so one is made there and
+ * removed again. */
+static mp_status_t mpb_check_dest(const char *dir, const char *name) {
+  char dest[4400], probe[4400];
+  bool linked;
+  mp_status_t st = mpb_out_dest(dir, name, dest, sizeof dest, &linked);
+  if (st != MP_OK || !linked)
+    return st;
+  if (!mpb_name_beside(dest, "", probe, sizeof probe))
+    return mp__fail(MP_EINVAL, "%s is too long a path", dest);
+  int fd = mkstemp(probe);
+  if (fd < 0)
+    return mp__fail(MP_EINVAL,
+                    "%s/%s is a symbolic link to %s, beside which no file "
+                    "can be made (%s): results could not be written",
+                    dir, name, dest, strerror(errno));
+  close(fd);
+  unlink(probe);
+  return MP_OK;
+}
+
 /* The files mpbench always writes (plots come and go with the workloads). */
 static const char *const mpb_out_names[] = {"results.json", "results.csv",
                                             "results.md", "report.html"};
@@ -639,17 +668,15 @@ mp_status_t mpb_report_check_dir(const char *dir) {
     return mp__fail(MP_EINVAL, "empty output folder name");
   if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
     return mp__fail(MP_EINVAL, "output folder name too long");
-  /* A result file already there that cannot be replaced (a link to nothing
-   * or to a folder) fails now, not after the run. */
+  /* A result file already there that cannot be replaced (a link to nothing,
+   * to a folder, into a folder nothing can be made in) fails now, not after
+   * the run. */
   struct stat db;
   if (stat(dir, &db) == 0 && S_ISDIR(db.st_mode))
     for (size_t i = 0; i < sizeof mpb_out_names / sizeof *mpb_out_names; i++) {
-      char dest[4400];
-      bool linked;
-      mp_status_t st =
-          mpb_out_dest(dir, mpb_out_names[i], dest, sizeof dest, &linked);
+      mp_status_t st = mpb_check_dest(dir, mpb_out_names[i]);
       if (st == MP_OK && i == 0)
-        st = mpb_out_dest(dir, MPB_OUT_LIST, dest, sizeof dest, &linked);
+        st = mpb_check_dest(dir, MPB_OUT_LIST);
       if (st != MP_OK)
         return st;
     }
@@ -882,6 +909,43 @@ static bool mpb_run_gnuplot(const char *tmp) {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
+/* The plot file of workload name, none of files: names that make one
+ * stem ("a b", "a_b") get a file each, the later ones numbered. */
+static void mpb_png_name(const char *name, const mpb_names_t *files, char *png,
+                         size_t len) {
+  char stem[160];
+  mpb_file_stem(name, stem, sizeof stem);
+  snprintf(png, len, "bytes_%s.png", stem);
+  for (unsigned k = 2; mpb_names_has(files, png); k++)
+    snprintf(png, len, "bytes_%s_%u.png", stem, k);
+}
+
+mp_status_t mpb_report_check_plots(const char *dir, const mpb_workload_t *w,
+                                   size_t n) {
+  struct stat db;
+  if (stat(dir, &db) != 0 || !S_ISDIR(db.st_mode))
+    return MP_OK; /* made by the run: nothing there yet */
+  /* Each workload's name as mpb_plot_names gives it, as if every one had
+   * a plot (one without gets none: its name goes to no later one, so the
+   * names a run writes are among these). */
+  mpb_names_t seen = {0}, files = {0};
+  mp_status_t st = mpb_check_dest(dir, "ratios.png");
+  for (size_t i = 0; i < n && st == MP_OK; i++) {
+    if (mpb_names_has(&seen, w[i].name))
+      continue;
+    mpb_names_add(&seen, w[i].name);
+    char png[200];
+    mpb_png_name(w[i].name, &files, png, sizeof png);
+    mpb_names_add(&files, png);
+    st = mpb_check_dest(dir, png);
+  }
+  if (st == MP_OK && (seen.oom || files.oom))
+    st = mp__fail(MP_ENOMEM, "out of host memory");
+  mpb_names_free(&seen);
+  mpb_names_free(&files);
+  return st;
+}
+
 /* mpb_plot's work, for the workloads wl and allocators al of r. */
 static mp_status_t mpb_plot_names(const char *tmp, const char *term,
                                   const mpb_result_t *r, size_t n,
@@ -908,8 +972,6 @@ static mp_status_t mpb_plot_names(const char *tmp, const char *term,
     if (points == 0)
       continue;
     plots++;
-    char stem[160];
-    mpb_file_stem(wl->v[w], stem, sizeof stem);
     snprintf(path, sizeof path, "%s/bytes_%zu.dat", tmp, w);
     FILE *d = fopen(path, "w");
     if (d == NULL) {
@@ -935,12 +997,8 @@ static mp_status_t mpb_plot_names(const char *tmp, const char *term,
       blocks++;
     }
     fclose(d);
-    /* Names that make one stem ("a b", "a_b") get a file each: the
-     * later ones numbered. */
     char png[200];
-    snprintf(png, sizeof png, "bytes_%s.png", stem);
-    for (unsigned k = 2; mpb_names_has(files, png); k++)
-      snprintf(png, sizeof png, "bytes_%s_%u.png", stem, k);
+    mpb_png_name(wl->v[w], files, png, sizeof png);
     fprintf(gp, "set output '%s'\nset title ", png);
     char t[MPB_MAX_NAME + 64];
     snprintf(t, sizeof t, "%s: device memory reserved vs live", wl->v[w]);
