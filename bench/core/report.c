@@ -362,14 +362,22 @@ mp_status_t mpb_report_json(FILE *out, const mpb_result_t *r, size_t n) {
   return ferror(out) ? mp__fail(MP_EINVAL, "writing JSON failed") : MP_OK;
 }
 
+/* A control byte as a line of gnuplot's (its script, its data) takes it:
+ * '?', as results.md writes it. A newline (a trace file's name may have
+ * one) would end the command, or the data row, midway. */
+static int mpb_gp_byte(char c) {
+  return (unsigned char)c < 0x20 || c == 0x7f ? '?' : c;
+}
+
 /* s between two q, each q inside doubled: CSV's "..." and gnuplot's '...'
- * quoting alike. */
-static void mpb_put_quoted(FILE *out, const char *s, char q) {
+ * quoting alike; one_line: control bytes as '?' (gnuplot's, whose quotes
+ * hold no line break; CSV's do). */
+static void mpb_put_quoted(FILE *out, const char *s, char q, bool one_line) {
   fputc(q, out);
   for (; *s; s++) {
     if (*s == q)
       fputc(q, out);
-    fputc(*s, out);
+    fputc(one_line ? mpb_gp_byte(*s) : *s, out);
   }
   fputc(q, out);
 }
@@ -378,7 +386,7 @@ static void mpb_csv_str(FILE *out, const char *s) {
   if (strpbrk(s, ",\"\r\n") == NULL)
     fputs(s, out);
   else
-    mpb_put_quoted(out, s, '"');
+    mpb_put_quoted(out, s, '"', false);
 }
 
 mp_status_t mpb_report_csv(FILE *out, const mpb_result_t *r, size_t n) {
@@ -1002,7 +1010,7 @@ static mp_status_t mpb_plot_names(const char *tmp, const char *term,
     fprintf(gp, "set output '%s'\nset title ", png);
     char t[MPB_MAX_NAME + 64];
     snprintf(t, sizeof t, "%s: device memory reserved vs live", wl->v[w]);
-    mpb_put_quoted(gp, t, '\'');
+    mpb_put_quoted(gp, t, '\'', true);
     /* From 0, so heights compare as ratios; x ends with the data. */
     fprintf(gp, " noenhanced\nset xlabel 'event (allocations and frees, in "
                 "order)'\nset ylabel 'device memory (MiB)'\n"
@@ -1022,7 +1030,7 @@ static mp_status_t mpb_plot_names(const char *tmp, const char *term,
               "'bytes_%zu.dat' index %zu using 1:($3/1048576) lw %.1f "
               "title ",
               w, b, lw);
-      mpb_put_quoted(gp, title, '\'');
+      mpb_put_quoted(gp, title, '\'', true);
       fputs(", ", gp);
       b++;
     }
@@ -1052,7 +1060,7 @@ static mp_status_t mpb_plot_names(const char *tmp, const char *term,
     fputc('"', d);
     for (const char *c = wl->v[w]; *c; c++)
       if (*c != '"')
-        fputc(*c, d);
+        fputc(mpb_gp_byte(*c), d);
     fputc('"', d);
     for (size_t a = 0; a < al->n; a++) {
       double v = NAN;
@@ -1094,7 +1102,7 @@ static mp_status_t mpb_plot_names(const char *tmp, const char *term,
       continue;
     fprintf(gp, "%s'ratios.dat' using %zu%s title ", first ? "" : ", ", a + 2,
             first ? ":xtic(1)" : "");
-    mpb_put_quoted(gp, al->v[a], '\'');
+    mpb_put_quoted(gp, al->v[a], '\'', true);
     first = false;
   }
   fputs("\n", gp);
