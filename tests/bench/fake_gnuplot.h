@@ -37,6 +37,21 @@ static inline void fake_gnuplot_install(const char *in) {
   free(p);
 }
 
+/* A plot test's scratch folder (cli_files.h's, included before this),
+ * made: in it a trace of one block whose file is named name (path into
+ * trace, tlen bytes), out the path of a folder for --out in it (not made),
+ * and the stand-in gnuplot installed. */
+static inline void fake_gnuplot_scratch(const char *name, char *trace,
+                                        size_t tlen, char *out, size_t olen) {
+  scratch_make();
+  snprintf(trace, tlen, "%s/%s", scratch_dir(), name);
+  put_text(trace, "Thread,Time,Action,Pointer,Size,Stream\n"
+                  "0,00:00:00.000001,allocate,0x1000,4096,0\n"
+                  "0,00:00:00.000002,free,0x1000,4096,0\n");
+  snprintf(out, olen, "%s/out", scratch_dir());
+  fake_gnuplot_install(scratch_dir());
+}
+
 /* in/kept/name: what the fake gnuplot was given. */
 static inline const char *fake_gnuplot_kept(const char *in, const char *name) {
   static char path[600];

@@ -19,13 +19,7 @@
 static char trace[128], out[128];
 
 static void setup(void) {
-  scratch_make();
-  snprintf(trace, sizeof trace, "%s/a\nb'c\rd.csv", scratch_dir());
-  put_text(trace, "Thread,Time,Action,Pointer,Size,Stream\n"
-                  "0,00:00:00.000001,allocate,0x1000,4096,0\n"
-                  "0,00:00:00.000002,free,0x1000,4096,0\n");
-  snprintf(out, sizeof out, "%s/out", scratch_dir());
-  fake_gnuplot_install(scratch_dir());
+  fake_gnuplot_scratch("a\nb'c\rd.csv", trace, sizeof trace, out, sizeof out);
 }
 
 /* How many times c is in s[0, n). */
