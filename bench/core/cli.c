@@ -147,8 +147,10 @@ static void mpb_usage(FILE *out) {
       "neither its allocation's nor 0, a free of (nil) with a size, a trace\n"
       "whose live bytes overflow, and one with no allocation of a nonzero\n"
       "size. Skipped and\n"
-      "counted (a note says how many): 'allocate failure' rows, and frees of\n"
-      "pointers the trace never allocated (logs that began mid-run). An\n"
+      "counted (a note says how many): 'allocate failure' rows, frees of\n"
+      "pointers the trace never allocated (logs that began mid-run), and\n"
+      "double frees (a second free of a block, its address not allocated\n"
+      "again between; the note names the first one's line). An\n"
       "allocation of an address still live frees the old block first. "
       "Blocks\n"
       "still live at the end are freed there.\n"
@@ -794,6 +796,8 @@ static void mpb_trace_notes(const mpb_jobs_t *jobs) {
     const mpb_workload_t *x = &jobs->w[w];
     mpb_report_trace_note(stdout, x->name, x->unknown_frees, x->failure_rows,
                           x->implicit_frees, x->zero_size_allocs, &noted);
+    mpb_report_double_free_note(stdout, x->name, x->double_frees,
+                                x->double_free_at, &noted);
   }
 }
 

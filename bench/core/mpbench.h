@@ -67,6 +67,11 @@ typedef struct mpb_workload {
   uint64_t failure_rows;     /* "allocate failure" rows, skipped */
   uint64_t implicit_frees;   /* allocations of a still-live address */
   uint64_t zero_size_allocs; /* replayed as NULL without calling anything */
+  /* Double frees: a second free of a block, its address not allocated
+   * again between; skipped. double_free_at: where the first was ("line L
+   * (freed by line M)", a snapshot's entries), "" where there was none. */
+  uint64_t double_frees;
+  char double_free_at[192];
 } mpb_workload_t;
 
 void mpb_workload_init(mpb_workload_t *w, const char *name);
@@ -288,6 +293,10 @@ typedef struct mpb_result {
   uint64_t point_event[MPB_SERIES_POINTS];
   size_t point_live[MPB_SERIES_POINTS];
   size_t point_reserved[MPB_SERIES_POINTS];
+  /* The workload's double frees and where the first was (mpb_workload_t's,
+   * copied). */
+  uint64_t double_frees;
+  char double_free_at[192];
 } mpb_result_t;
 
 enum {
@@ -428,6 +437,10 @@ mp_status_t mpb_report_markdown(FILE *out, const mpb_result_t *r, size_t n);
 void mpb_report_trace_note(FILE *out, const char *name, uint64_t unknown_frees,
                            uint64_t failure_rows, uint64_t implicit_frees,
                            uint64_t zero_size_allocs, bool *noted);
+/* Its double frees (count, where the first was: mpb_workload_t's), a note
+ * of their own under the same heading; nothing where count is 0. */
+void mpb_report_double_free_note(FILE *out, const char *name, uint64_t count,
+                                 const char *at, bool *noted);
 mp_status_t mpb_report_json(FILE *out, const mpb_result_t *r, size_t n);
 /* `mpbench bound`'s table: per workload o[i], the granule bound, the
  * offline placement's figures, the ratio of each of nalloc allocators

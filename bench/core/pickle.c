@@ -863,6 +863,21 @@ static mp_status_t pk_name_entry(mp_status_t st, const char *what,
       p + 1);
 }
 
+/* Where trace.c says the first double free was ("line L (freed by line
+ * M)", lines of the CSV made from the snapshot), said as the trace
+ * entries they came from, as pk_name_entry says a refused row. */
+static void pk_name_double_free(mpb_workload_t *w, const pk_val_t *trace,
+                                size_t d) {
+  size_t l, m;
+  if (sscanf(w->double_free_at, "line %zu (freed by line %zu)", &l, &m) != 2 ||
+      l < 2 || m < 2 || l - 2 >= trace->n || m - 2 >= trace->n)
+    return;
+  char a[128], b[128];
+  snprintf(w->double_free_at, sizeof w->double_free_at, "%s (freed by %s)",
+           pk_where(a, sizeof a, d, l - 2, trace->items[l - 2]),
+           pk_where(b, sizeof b, d, m - 2, trace->items[m - 2]));
+}
+
 bool mpb_snapshot_detect(const void *buf, size_t len) {
   return len > 0 && ((const unsigned char *)buf)[0] == 0x80;
 }
@@ -929,6 +944,8 @@ mp_status_t mpb_snapshot_parse(const void *buf, size_t len, const char *what,
   if (st == MP_OK &&
       (st = mpb_trace_parse(csv.s, csv.n, what, name, out)) != MP_OK)
     st = pk_name_entry(st, what, trace, d);
+  if (st == MP_OK && out->double_frees > 0)
+    pk_name_double_free(out, trace, d);
   pk_free_all(&vm);
   free(csv.s);
   return st;

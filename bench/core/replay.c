@@ -457,6 +457,9 @@ mp_status_t mpb_replay(const mpb_workload_t *w, const char *allocator,
   r->failure_rows = w->failure_rows;
   r->implicit_frees = w->implicit_frees;
   r->zero_size_allocs = w->zero_size_allocs;
+  r->double_frees = w->double_frees;
+  snprintf(r->double_free_at, sizeof r->double_free_at, "%s",
+           w->double_free_at);
   /* Which device: open the user's once to learn whether it is host. */
   mp_device_t *probe;
   mp_status_t st = mp_device_open(opts->device_spec, &probe);

@@ -72,16 +72,22 @@ static void mpb_report_failed(FILE *out, const mpb_result_t *r, size_t n) {
     }
 }
 
-void mpb_report_trace_note(FILE *out, const char *name, uint64_t unknown_frees,
-                           uint64_t failure_rows, uint64_t implicit_frees,
-                           uint64_t zero_size_allocs, bool *noted) {
-  if (unknown_frees + failure_rows + implicit_frees + zero_size_allocs == 0)
-    return;
+/* A trace note's start: the heading before the first (*noted false), then
+ * "- NAME". */
+static void mpb_note_start(FILE *out, const char *name, bool *noted) {
   if (!*noted)
     fprintf(out, "\nTrace notes:\n");
   *noted = true;
   fputs("- ", out);
   mpb_md_cell(out, name);
+}
+
+void mpb_report_trace_note(FILE *out, const char *name, uint64_t unknown_frees,
+                           uint64_t failure_rows, uint64_t implicit_frees,
+                           uint64_t zero_size_allocs, bool *noted) {
+  if (unknown_frees + failure_rows + implicit_frees + zero_size_allocs == 0)
+    return;
+  mpb_note_start(out, name, noted);
   fprintf(out,
           ": %llu frees of never-allocated pointers skipped, %llu "
           "'allocate failure' rows skipped, %llu allocations of a live "
@@ -91,6 +97,19 @@ void mpb_report_trace_note(FILE *out, const char *name, uint64_t unknown_frees,
           (unsigned long long)zero_size_allocs);
 }
 
+void mpb_report_double_free_note(FILE *out, const char *name, uint64_t count,
+                                 const char *at, bool *noted) {
+  if (count == 0)
+    return;
+  mpb_note_start(out, name, noted);
+  fprintf(out,
+          ": %llu double frees skipped (a second free of a block, its "
+          "address not allocated again between), the first at ",
+          (unsigned long long)count);
+  mpb_md_cell(out, at);
+  fputc('\n', out);
+}
+
 /* The trace notes of r's workloads, each once (its first row's). */
 static void mpb_report_trace_notes(FILE *out, const mpb_result_t *r, size_t n) {
   bool noted = false;
@@ -98,10 +117,13 @@ static void mpb_report_trace_notes(FILE *out, const mpb_result_t *r, size_t n) {
     bool seen = false;
     for (size_t j = 0; j < i && !seen; j++)
       seen = strcmp(r[j].workload, r[i].workload) == 0;
-    if (!seen)
+    if (!seen) {
       mpb_report_trace_note(out, r[i].workload, r[i].unknown_frees,
                             r[i].failure_rows, r[i].implicit_frees,
                             r[i].zero_size_allocs, &noted);
+      mpb_report_double_free_note(out, r[i].workload, r[i].double_frees,
+                                  r[i].double_free_at, &noted);
+    }
   }
 }
 
@@ -356,6 +378,13 @@ mp_status_t mpb_report_json(FILE *out, const mpb_result_t *r, size_t n) {
             (unsigned long long)x->failure_rows,
             (unsigned long long)x->implicit_frees,
             (unsigned long long)x->zero_size_allocs);
+    fprintf(out,
+            ", \"trace_double_frees\": %llu, \"trace_first_double_free\": ",
+            (unsigned long long)x->double_frees);
+    if (x->double_frees > 0)
+      mpb_json_str(out, x->double_free_at);
+    else
+      fputs("null", out);
     fputs("}", out);
   }
   fputs("\n]\n", out);

@@ -15,12 +15,16 @@
  * a size (free(NULL) frees nothing).
  *
  * Pointers become slots through the library's address map (src/ptrmap.c)
- * from live address to slot; a free
- * removes the address, so a log that reuses addresses after a free replays
- * right. What a real log has that a replay cannot do, counted and skipped:
+ * from address to slot; a free marks the address freed (with its line), so
+ * a log that reuses addresses after a free replays right. What a real log
+ * has that a replay cannot do, counted and skipped:
  *  - "allocate failure" rows (the allocation never happened);
  *  - frees of pointers the trace never allocated: a log that began mid-run
  *    frees blocks allocated before it started; there is nothing to free;
+ *    so is the late free of a block that an allocation of its live address
+ *    replaced (below);
+ *  - double frees: a second free of a block, its address not allocated
+ *    again between (where the first was is kept for the notes);
  *  - an allocation of an address still live: a missing free (threads logged
  *    out of order); the old block is freed first, as the address shows the
  *    device must have done.
@@ -56,6 +60,12 @@ typedef struct mpb_addr_entry {
   uintptr_t key; /* the address; 0 never stored (a NULL pointer is never
                     live) */
   uint32_t slot;
+  /* Frees owed: allocations of the address while it was live (implicit
+   * frees), whose own frees may come late (threads logged out of order). */
+  uint32_t owed;
+  /* 0: a block is live there; else the line of the free that ended the
+   * last one (so that a second free of it is told as a double free). */
+  size_t freed_line;
 } mpb_addr_entry_t;
 
 /* ---- fields ---------------------------------------------------------------
@@ -278,6 +288,18 @@ static mp_status_t mpb_parse_row(mpb_parser_t *p, const char *s, size_t len,
       w->unknown_frees++;
       return MP_OK;
     }
+    if (e->freed_line != 0) {
+      /* The late free of a block that an allocation of its address
+       * replaced: no free of a block the trace has, as it always was. */
+      if (e->owed > 0) {
+        e->owed--;
+        w->unknown_frees++;
+      } else if (w->double_frees++ == 0) {
+        snprintf(w->double_free_at, sizeof w->double_free_at,
+                 "line %zu (freed by line %zu)", line, e->freed_line);
+      }
+      return MP_OK;
+    }
     uint32_t slot = e->slot;
     /* A free names its block's size, or 0 where the log does not know it
      * (cudaFree takes none); another size: rows that do not go together. */
@@ -288,12 +310,13 @@ static mp_status_t mpb_parse_row(mpb_parser_t *p, const char *s, size_t len,
                       "allocation's, or 0)",
                       p->what, line, (unsigned long long)addr,
                       (unsigned long long)size, w->slot_size[slot]);
-    mp__ptrmap_remove(&p->map, e);
+    e->freed_line = line;
     p->live -= w->slot_size[slot];
     return mpb_workload_free_slot(w, slot);
   }
-  if (e != NULL) {
+  if (e != NULL && e->freed_line == 0) {
     w->implicit_frees++;
+    e->owed += e->owed < UINT32_MAX;
     p->live -= w->slot_size[e->slot];
     mp_status_t st = mpb_workload_free_slot(w, e->slot);
     if (st != MP_OK)
@@ -320,6 +343,7 @@ static mp_status_t mpb_parse_row(mpb_parser_t *p, const char *s, size_t len,
   if (e == NULL)
     e = mp__ptrmap_put(&p->map, (uintptr_t)addr);
   e->slot = slot;
+  e->freed_line = 0;
   return MP_OK;
 }
 
