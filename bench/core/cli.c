@@ -342,6 +342,14 @@ typedef struct mpb_cli {
   mpb_strv_t workloads, allocators, files;
 } mpb_cli_t;
 
+/* A name as the progress line and messages show it (mp__clip: each control
+ * byte '?', so that a trace file's name cannot move the cursor, end the
+ * line or send the terminal an escape sequence; a long one shortened). buf:
+ * MP__CLIP bytes. */
+static const char *mpb_shown(const char *s, char *buf) {
+  return mp__clip(s, strlen(s), buf, MP__CLIP);
+}
+
 static void mpb_progress(const mpb_cli_t *c, size_t done, size_t total,
                          const char *what) {
   if (c->quiet || !isatty(2))
@@ -352,7 +360,9 @@ static void mpb_progress(const mpb_cli_t *c, size_t done, size_t total,
   for (size_t i = 0; i < W; i++)
     bar[i] = i < fill ? '#' : '.';
   bar[W] = '\0';
-  fprintf(stderr, "\r\033[K[%s] %zu/%zu %s", bar, done, total, what);
+  char shown[MP__CLIP];
+  fprintf(stderr, "\r\033[K[%s] %zu/%zu %s", bar, done, total,
+          mpb_shown(what, shown));
   if (done == total)
     fputs("\r\033[K", stderr);
   fflush(stderr);
@@ -768,8 +778,10 @@ static int mpb_load(const mpb_cli_t *c, mpb_jobs_t *jobs) {
     jobs->nw++;
   }
   for (size_t i = 0; i < traces.n; i++) {
-    if (!c->quiet && isatty(2))
-      fprintf(stderr, "\r\033[Kloading %s", traces.v[i]);
+    if (!c->quiet && isatty(2)) {
+      char shown[MP__CLIP];
+      fprintf(stderr, "\r\033[Kloading %s", mpb_shown(traces.v[i], shown));
+    }
     if (mpb_trace_load(traces.v[i], names.v[i], &jobs->w[jobs->nw]) != MP_OK) {
       if (!c->quiet && isatty(2))
         fputs("\r\033[K", stderr);
@@ -913,7 +925,9 @@ static int mpb_bound(const mpb_cli_t *c) {
     if (st != MP_OK) {
       if (!c->quiet && isatty(2))
         fputs("\r\033[K", stderr);
-      fprintf(stderr, "mpbench: %s: %s\n", jobs.w[w].name, mp_last_error());
+      char shown[MP__CLIP];
+      fprintf(stderr, "mpbench: %s: %s\n", mpb_shown(jobs.w[w].name, shown),
+              mp_last_error());
       rc = 1;
       goto out;
     }
@@ -1070,7 +1084,9 @@ int mpb_main(int argc, char **argv) {
       if (mpb_replay(&jobs.w[w], allocs.v[a], &ro, &res[done]) != MP_OK) {
         if (!c.quiet && isatty(2))
           fputs("\r\033[K", stderr);
-        fprintf(stderr, "mpbench: %s: %s\n", what, mp_last_error());
+        char shown[MP__CLIP];
+        fprintf(stderr, "mpbench: %s: %s\n", mpb_shown(what, shown),
+                mp_last_error());
         rc = 1;
         goto out;
       }
