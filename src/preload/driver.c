@@ -73,6 +73,7 @@ static mp__curesult mp__alloc(mp__variant_t v, mp__cuptr *dptr, size_t bytes,
   const mp__pl_t *pl = mp__pl_get();
   mp__curesult r = MP__CU_SUCCESS;
   bool ptsz = v == MP__ASYNC_PTSZ, served = false;
+  uintptr_t ts = mp__pl_record_stream(s, ptsz); /* s as traced */
   mp_pool_t *pool = NULL;
   if (pl->mode == MP__PL_POOL) {
     /* A stream-ordered allocation comes from the stream's device's pool
@@ -104,11 +105,11 @@ static mp__curesult mp__alloc(mp__variant_t v, mp__cuptr *dptr, size_t bytes,
        * without the shim, never CUDA_ERROR_UNKNOWN (mp__pl_cu_error). */
       served = st != MP_EDRIVER || pl->host;
       if (st == MP_OK) /* recorded, or given back: out of memory */
-        st = mp__pl_pool_served(pool, &p, bytes, (uintptr_t)s);
+        st = mp__pl_pool_served(pool, &p, bytes, ts);
       if (st == MP_OK)
         *dptr = (mp__cuptr)(uintptr_t)p;
       if (served)
-        mp__pl_record_alloc((uintptr_t)p, bytes, (uintptr_t)s, st == MP_OK);
+        mp__pl_record_alloc((uintptr_t)p, bytes, ts, st == MP_OK);
       if (st == MP_OK && cap) /* routed to the capture's graph pool */
         mp__pl_capture_allocated(pl, s, ptsz, (uintptr_t)p, bytes);
       r = mp__pl_cu_error(st);
@@ -117,8 +118,7 @@ static mp__curesult mp__alloc(mp__variant_t v, mp__cuptr *dptr, size_t bytes,
   if (!served) {
     r = mp__real_alloc(v, dptr, bytes, s);
     if (r == MP__CU_SUCCESS &&
-        !mp__pl_table_put_real((uintptr_t)*dptr, bytes, (uintptr_t)s,
-                               MP__PL_FROM_REAL,
+        !mp__pl_table_put_real((uintptr_t)*dptr, bytes, ts, MP__PL_FROM_REAL,
                                mp__pl_reset_owner(v != MP__SYNC))) {
       /* Unrecorded, its free would reach the driver untraced: the trace
        * and the report would keep it live for good. It goes back now,
@@ -129,9 +129,9 @@ static mp__curesult mp__alloc(mp__variant_t v, mp__cuptr *dptr, size_t bytes,
       r = MP__CU_OUT_OF_MEMORY;
     }
     if (r == MP__CU_SUCCESS) {
-      mp__pl_record_alloc((uintptr_t)*dptr, bytes, (uintptr_t)s, true);
+      mp__pl_record_alloc((uintptr_t)*dptr, bytes, ts, true);
     } else if (dptr != NULL && bytes != 0) {
-      mp__pl_record_alloc(0, bytes, (uintptr_t)s, false);
+      mp__pl_record_alloc(0, bytes, ts, false);
     }
   }
   mp__pl_leave();
@@ -168,7 +168,9 @@ static mp__curesult mp__free(mp__variant_t v, mp__cuptr p, mp__custream s) {
     r = mp__pl_cu_error(mp__pl_pool_free(pl, &b, v == MP__SYNC, s,
                                          v == MP__ASYNC_PTSZ, captured));
   } else if (b.kind == MP__PL_FROM_REAL) {
-    mp__pl_record_free(b.ptr, b.size, (uintptr_t)s); /* first: preload.h */
+    /* First: preload.h. */
+    mp__pl_record_free(b.ptr, b.size,
+                       mp__pl_record_stream(s, v == MP__ASYNC_PTSZ));
     r = mp__real_free(v, p, s);
     mp__pl_free_over(&b, r == MP__CU_SUCCESS);
   } else if (b.kind == MP__PL_FROM_DEVICE) {

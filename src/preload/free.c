@@ -162,7 +162,7 @@ mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
   /* The trace says "free" before the block can be handed out again: once
    * the pool has it, another thread's allocation of the same address may
    * be logged first, and a replay would free the wrong block. */
-  mp__pl_record_free(b->ptr, b->size, (uintptr_t)s);
+  mp__pl_record_free(b->ptr, b->size, mp__pl_record_stream(s, ptsz));
   if (mp__pl_output_free(pl, b->ptr, true, !sync, s, ptsz)) {
     mp__pl_table_end(b, true);
     return MP_OK;

@@ -1194,8 +1194,9 @@ mp__curesult cuGraphExecDestroy(mp__cugraphexec hGraphExec) {
   return r;
 }
 
-/* After the real launch n on s (launched: it went through), each output
- * mp__launching put in the table for it: traced as allocated, then its
+/* After the real launch n on the stream traced as ts (launched: it went
+ * through), each output mp__launching put in the table for it: traced as
+ * allocated, then its
  * entry's claim lifted (the program's to free from now on: the trace has
  * the allocation before any free of it), or, the launch refused, out of
  * the table again and not allocated; a slot nothing holds any more is
@@ -1209,7 +1210,7 @@ mp__curesult cuGraphExecDestroy(mp__cugraphexec hGraphExec) {
  * (their free refused, every later launch of another executable of the
  * graph waiting for ever), and, the graph destroyed before, the slot was
  * released under them. Under the lock. */
-static void mp__launch_over(mp__custream s, bool launched, uint64_t n) {
+static void mp__launch_over(uintptr_t ts, bool launched, uint64_t n) {
   for (size_t i = 0; i < MP__PL_CAPTURES; i++) {
     mp__pl_capture_t *c = &mp__gr.caps[i];
     bool had = false;
@@ -1221,7 +1222,7 @@ static void mp__launch_over(mp__custream s, bool launched, uint64_t n) {
       mp__pl_block_t b = {.ptr = o->p, .claim = o->claim};
       o->launching = o->claim = 0;
       if (launched)
-        mp__pl_record_alloc(o->p, o->size, (uintptr_t)s, true);
+        mp__pl_record_alloc(o->p, o->size, ts, true);
       else
         o->live = false;
       mp__pl_table_end(&b, !launched);
@@ -1231,9 +1232,10 @@ static void mp__launch_over(mp__custream s, bool launched, uint64_t n) {
   }
 }
 
-/* Before the real launch of x on s, numbered *n: its outputs not
- * allocated are put in the table (blocks of their pool, on s) and
- * allocated, so that nothing the launch allocates is unknown to the
+/* Before the real launch of x on the stream traced as ts
+ * (mp__pl_record_stream), numbered *n: its outputs not allocated are put
+ * in the table (blocks of their pool, on ts) and allocated, so that
+ * nothing the launch allocates is unknown to the
  * table. False, with nothing changed, when the table had no host memory
  * for one: the outputs already put are taken out again. Before, the
  * launch went ahead and an output the table could not record was
@@ -1252,7 +1254,7 @@ static void mp__launch_over(mp__custream s, bool launched, uint64_t n) {
  * allocation never traced: a free of nothing in the trace, and the output
  * allocated again by the next launch while this one's ran. Under the
  * lock. */
-static bool mp__launching(mp__cugraphexec x, mp__custream s, uint64_t *n) {
+static bool mp__launching(mp__cugraphexec x, uintptr_t ts, uint64_t *n) {
   bool room = true;
   *n = ++mp__gr.launches;
   for (size_t i = 0; room && i < mp__gr.nexecs; i++) {
@@ -1264,15 +1266,14 @@ static bool mp__launching(mp__cugraphexec x, mp__custream s, uint64_t *n) {
       mp__pl_block_t b;
       if (o->live || o->inner)
         continue;
-      room = mp__pl_table_put_pool_claimed(o->p, o->size, (uintptr_t)s, c->pool,
-                                           &b);
+      room = mp__pl_table_put_pool_claimed(o->p, o->size, ts, c->pool, &b);
       o->live = room;
       o->launching = room ? *n : 0;
       o->claim = room ? b.claim : 0;
     }
   }
   if (!room)
-    mp__launch_over(s, false, *n);
+    mp__launch_over(ts, false, *n);
   return room;
 }
 
@@ -1305,10 +1306,12 @@ static int mp__launch_finds(mp__cugraphexec x) {
  * would wait for itself, and is refused instead (mp__launch_made). */
 static _Thread_local bool mp__in_launch;
 
-/* mp__launch of x on s, for an executable whose outputs the shim keeps. */
-static mp__curesult mp__launch_made(mp__curesult (*real)(mp__cugraphexec,
-                                                         mp__custream),
-                                    mp__cugraphexec x, mp__custream s) {
+/* mp__launch of x on s (ptsz: a _ptsz call), for an executable whose
+ * outputs the shim keeps. */
+static mp__curesult
+mp__launch_made(mp__curesult (*real)(mp__cugraphexec, mp__custream),
+                mp__cugraphexec x, mp__custream s, bool ptsz) {
+  uintptr_t ts = mp__pl_record_stream(s, ptsz); /* s as traced */
   mp__gr_lock();
   /* A launch of an executable that does not free its outputs at launch,
    * made while another launch of it is in its real call (another thread's),
@@ -1347,7 +1350,7 @@ static mp__curesult mp__launch_made(mp__curesult (*real)(mp__cugraphexec,
   }
   bool allowed = finds == MP__LAUNCH_GO;
   uint64_t n = 0;
-  bool room = allowed && mp__launching(x, s, &n);
+  bool room = allowed && mp__launching(x, ts, &n);
   pthread_mutex_unlock(&mp__gr.lock);
   /* A call from a host function (cuda.h, cuLaunchHostFunc: "The host
    * function must not make any CUDA API calls. Attempting to use a CUDA
@@ -1381,7 +1384,7 @@ static mp__curesult mp__launch_made(mp__curesult (*real)(mp__cugraphexec,
   mp__curesult r = real(x, s);
   mp__in_launch = nested;
   mp__gr_lock();
-  mp__launch_over(s, r == MP__CU_SUCCESS, n);
+  mp__launch_over(ts, r == MP__CU_SUCCESS, n);
   pthread_cond_broadcast(&mp__gr.launch_over);
   pthread_mutex_unlock(&mp__gr.lock);
   return r;
@@ -1389,7 +1392,7 @@ static mp__curesult mp__launch_made(mp__curesult (*real)(mp__cugraphexec,
 
 static mp__curesult mp__launch(mp__curesult (*real)(mp__cugraphexec,
                                                     mp__custream),
-                               mp__cugraphexec x, mp__custream s) {
+                               mp__cugraphexec x, mp__custream s, bool ptsz) {
   if (real == NULL)
     return MP__CU_NOT_INITIALIZED;
   if (atomic_load_explicit(&mp__gr_outmask, memory_order_relaxed) == 0)
@@ -1403,19 +1406,20 @@ static mp__curesult mp__launch(mp__curesult (*real)(mp__cugraphexec,
    * next cancellation point after the launch. */
   int cancel;
   (void)pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel);
-  mp__curesult r = mp__launch_made(real, x, s);
+  mp__curesult r = mp__launch_made(real, x, s, ptsz);
   (void)pthread_setcancelstate(cancel, NULL);
   return r;
 }
 
 mp__curesult cuGraphLaunch(mp__cugraphexec hGraphExec, mp__custream hStream) {
-  return mp__launch(mp__pl_real_cuda()->cuGraphLaunch, hGraphExec, hStream);
+  return mp__launch(mp__pl_real_cuda()->cuGraphLaunch, hGraphExec, hStream,
+                    false);
 }
 
 mp__curesult cuGraphLaunch_ptsz(mp__cugraphexec hGraphExec,
                                 mp__custream hStream) {
-  return mp__launch(mp__pl_real_cuda()->cuGraphLaunch_ptsz, hGraphExec,
-                    hStream);
+  return mp__launch(mp__pl_real_cuda()->cuGraphLaunch_ptsz, hGraphExec, hStream,
+                    true);
 }
 
 /* Slot c's graph (c->g) holds it no more: released if nothing else does.

@@ -303,6 +303,15 @@ mp_pool_t *mp__pl_pool_first(const mp__pl_t *pl);
 /* Opens $MEMPOOL_TRACE and, in pool mode, arms $MEMPOOL_SNAPSHOT_SIGNAL
  * (called once from the start). */
 void mp__pl_record_open(const mp__pl_t *pl);
+/* The stream a call on s is traced with (ptsz: a _ptsz call), as the pool
+ * sees it (mp__pl_stream): NULL in a _ptsz call (what cuda.h maps a call
+ * to under CUDA_API_PER_THREAD_DEFAULT_STREAM) is the per-thread default
+ * stream, CU_STREAM_PER_THREAD's 2, not the legacy one's 0 (a NULL stream
+ * elsewhere, and CU_STREAM_LEGACY anywhere: cuda.h, "implicit stream with
+ * legacy synchronization behavior"). A replay runs each traced stream on
+ * a stream of its own (API.md, trace format); before, a _ptsz call's
+ * NULL was traced as 0 and replayed in the legacy stream's order. */
+uintptr_t mp__pl_record_stream(mp__custream s, bool ptsz);
 void mp__pl_record_alloc(uintptr_t ptr, size_t size, uintptr_t stream, bool ok);
 void mp__pl_record_free(uintptr_t ptr, size_t size, uintptr_t stream);
 /* A free recorded before the call that then failed: counted as no free,

@@ -114,6 +114,7 @@ static mp__cudaerr mp__rt_alloc(mp__rt_variant_t v, void **p, size_t bytes,
   const mp__pl_t *pl = mp__pl_get();
   mp__cudaerr r = MP__CUDA_SUCCESS;
   bool ptsz = v == MP__RT_ASYNC_PTSZ, served = false;
+  uintptr_t ts = mp__pl_record_stream(s, ptsz); /* s as traced */
   mp_pool_t *pool = NULL;
   if (pl->mode == MP__PL_POOL)
     mp__rt_start_thread(pl);
@@ -145,11 +146,11 @@ static mp__cudaerr mp__rt_alloc(mp__rt_variant_t v, void **p, size_t bytes,
        * cudaErrorUnknown (see driver.c). */
       served = st != MP_EDRIVER || pl->host;
       if (st == MP_OK) /* recorded, or given back: out of memory */
-        st = mp__pl_pool_served(pool, &ptr, bytes, (uintptr_t)s);
+        st = mp__pl_pool_served(pool, &ptr, bytes, ts);
       if (st == MP_OK)
         *p = ptr;
       if (served)
-        mp__pl_record_alloc((uintptr_t)ptr, bytes, (uintptr_t)s, st == MP_OK);
+        mp__pl_record_alloc((uintptr_t)ptr, bytes, ts, st == MP_OK);
       if (st == MP_OK && cap) /* routed to the capture's graph pool */
         mp__pl_capture_allocated(pl, s, ptsz, (uintptr_t)ptr, bytes);
       r = mp__pl_cuda_error(st);
@@ -160,8 +161,7 @@ static mp__cudaerr mp__rt_alloc(mp__rt_variant_t v, void **p, size_t bytes,
   if (!served) {
     r = mp__rt_real_alloc(v, p, bytes, s);
     if (r == MP__CUDA_SUCCESS && p != NULL && *p != NULL &&
-        !mp__pl_table_put_real((uintptr_t)*p, bytes, (uintptr_t)s,
-                               MP__PL_FROM_REAL,
+        !mp__pl_table_put_real((uintptr_t)*p, bytes, ts, MP__PL_FROM_REAL,
                                mp__pl_reset_owner(v != MP__RT_SYNC))) {
       /* As driver.c's: back to the runtime, unused, and out of memory (in
        * the runtime's last error too, as its own failure would be). */
@@ -171,9 +171,9 @@ static mp__cudaerr mp__rt_alloc(mp__rt_variant_t v, void **p, size_t bytes,
       mp__pl_rt_set_last_error(pl, r);
     }
     if (r == MP__CUDA_SUCCESS && p != NULL && *p != NULL) {
-      mp__pl_record_alloc((uintptr_t)*p, bytes, (uintptr_t)s, true);
+      mp__pl_record_alloc((uintptr_t)*p, bytes, ts, true);
     } else if (r != MP__CUDA_SUCCESS && p != NULL && bytes != 0) {
-      mp__pl_record_alloc(0, bytes, (uintptr_t)s, false);
+      mp__pl_record_alloc(0, bytes, ts, false);
     }
   }
   mp__pl_leave();
@@ -235,7 +235,9 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
     r = mp__pl_cuda_error(mp__pl_pool_free(pl, &b, v == MP__RT_SYNC, s,
                                            v == MP__RT_ASYNC_PTSZ, captured));
   } else if (b.kind == MP__PL_FROM_REAL) {
-    mp__pl_record_free(b.ptr, b.size, (uintptr_t)s); /* first: preload.h */
+    /* First: preload.h. */
+    mp__pl_record_free(b.ptr, b.size,
+                       mp__pl_record_stream(s, v == MP__RT_ASYNC_PTSZ));
     r = mp__rt_real_free(v, p, s);
     mp__pl_free_over(&b, r == MP__CUDA_SUCCESS);
     answered = false;
