@@ -60,45 +60,102 @@ static void mp__snapshot_signal_arm(void);
  * where a signal interrupted it (EINTR: a handler installed without
  * SA_RESTART, signal(7), ran while the write waited on a full FIFO or a
  * slow disk) and where it wrote part, until all is written or a write
- * fails otherwise (a full disk: its errno kept, the part written
- * returned). glibc's own file stream gives up on any failure of write(2),
- * EINTR included, and drops what it held: a row of the CSV, or a buffer of
- * the .json trace cut through its events, was lost, and the trace said to
- * be incomplete, for an interruption. The descriptor in the cookie. */
-static ssize_t mp__trace_write(void *cookie, const char *buf, size_t size) {
-  int fd = (int)(intptr_t)cookie;
+ * fails otherwise (a full disk: its errno kept). glibc's own file stream
+ * gives up on any failure of write(2), EINTR included, and drops what it
+ * held: a row of the CSV, or a buffer of the .json trace cut through its
+ * events, was lost, and the trace said to be incomplete, for an
+ * interruption. */
+typedef struct mp__trace_file {
+  int fd;
+  /* A write failed part way through a line, in a file that could not be
+   * cut back to the line's start: the next write ends that line first. */
+  bool cut;
+} mp__trace_file_t;
+
+/* What of buf write(2) took, all of it but where a write failed (errno
+ * set). */
+static size_t mp__write_all(int fd, const char *buf, size_t size) {
   size_t done = 0;
   while (done < size) {
     ssize_t n = write(fd, buf + done, size - done);
     if (n < 0 && errno == EINTR)
       continue;
-    if (n <= 0)
-      return (ssize_t)done; /* fopencookie(3): 0 on error, never < 0 */
+    if (n <= 0) {
+      if (n == 0)
+        errno = EIO;
+      break;
+    }
     done += (size_t)n;
   }
+  return done;
+}
+
+/* A write that failed after done bytes of what stdio gave (whole CSV rows,
+ * the last cut short; glibc drops the rest) leaves no line cut short,
+ * which would run into the next row written (a line no reader can parse,
+ * and the next row lost with it): the part written is cut off again
+ * (a regular file), the rows dropped whole, 0 returned, or, where the file
+ * cannot be cut back (a pipe, a terminal), the next write starts with the
+ * newline that ends the cut line. errno is the failed write's. */
+static ssize_t mp__trace_cut(mp__trace_file_t *t, const char *buf,
+                             size_t done) {
+  int e = errno;
+  off_t end = lseek(t->fd, 0, SEEK_CUR);
+  off_t start = end - (off_t)done;
+  if (end >= (off_t)done && lseek(t->fd, start, SEEK_SET) == start) {
+    if (ftruncate(t->fd, start) == 0) {
+      errno = e;
+      return 0;
+    }
+    (void)lseek(t->fd, end, SEEK_SET); /* as it was */
+  }
+  t->cut = buf[done - 1] != '\n';
+  errno = e;
   return (ssize_t)done;
 }
 
+static ssize_t mp__trace_write(void *cookie, const char *buf, size_t size) {
+  mp__trace_file_t *t = cookie;
+  if (t->cut) {
+    if (mp__write_all(t->fd, "\n", 1) != 1)
+      return 0; /* fopencookie(3): 0 on error, never < 0 */
+    t->cut = false;
+  }
+  size_t done = mp__write_all(t->fd, buf, size);
+  if (done == 0 || done == size)
+    return (ssize_t)done;
+  return mp__trace_cut(t, buf, done);
+}
+
 static int mp__trace_close(void *cookie) {
-  return close((int)(intptr_t)cookie);
+  mp__trace_file_t *t = cookie;
+  int r = close(t->fd);
+  free(t);
+  return r;
 }
 
 /* preload.h. Through mp__trace_write; an open a signal interrupted (a
  * FIFO waits in open(2) for its reader) is made again, as a write is:
  * before, the program went untraced. */
 FILE *mp__pl_record_fopen(const char *path) {
-  int fd;
-  do
-    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  while (fd < 0 && errno == EINTR);
-  if (fd < 0)
+  mp__trace_file_t *t = malloc(sizeof *t);
+  if (t == NULL)
     return NULL;
-  FILE *f = fopencookie((void *)(intptr_t)fd, "w",
+  do
+    t->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  while (t->fd < 0 && errno == EINTR);
+  t->cut = false;
+  FILE *f =
+      t->fd < 0
+          ? NULL
+          : fopencookie(t, "w",
                         (cookie_io_functions_t){.write = mp__trace_write,
                                                 .close = mp__trace_close});
   if (f == NULL) {
     int e = errno;
-    close(fd);
+    if (t->fd >= 0)
+      close(t->fd);
+    free(t);
     errno = e;
   }
   return f;
