@@ -282,8 +282,18 @@ static _Thread_local bool mp__starting_here;
 static mp__pl_t mp__state = {.mode = MP__PL_PASSTHROUGH};
 static const mp__pl_t mp__passthrough = {.mode = MP__PL_PASSTHROUGH};
 
+/* Whether this thread's fork prepare took the start's lock: not when it
+ * forks inside the start, which holds the lock already (cuInit forks and
+ * execs nvidia-modprobe where the device files or the nvidia-uvm module
+ * are missing, and the start's mp_device_open may be the process's first
+ * cuInit: a program whose first call is cudaMalloc). Taken again there, a
+ * lock of its own: the process hung in its first hooked call. */
+static _Thread_local bool mp__fork_took_start;
+
 static void mp__fork_prepare(void) {
-  pthread_mutex_lock(&mp__start_lock);
+  mp__fork_took_start = !mp__starting_here;
+  if (mp__fork_took_start)
+    pthread_mutex_lock(&mp__start_lock);
   pthread_mutex_lock(&mp__tab.lock);
   mp__pl_record_prepare();
 }
@@ -291,7 +301,8 @@ static void mp__fork_prepare(void) {
 static void mp__fork_parent(void) {
   mp__pl_record_parent();
   pthread_mutex_unlock(&mp__tab.lock);
-  pthread_mutex_unlock(&mp__start_lock);
+  if (mp__fork_took_start)
+    pthread_mutex_unlock(&mp__start_lock);
 }
 
 /* The child keeps none of the parent's pool: other threads may have held
