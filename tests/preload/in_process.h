@@ -118,6 +118,14 @@ static inline pid_t mp_in_process_report_child(const char *report,
   return pid;
 }
 
+/* MEMPOOL_TRACE set to a CSV file of this process's own, named after tag,
+ * its path in path (cap bytes): for a test that reads the trace. */
+static inline void mp_in_process_trace_to(char *path, size_t cap,
+                                          const char *tag) {
+  snprintf(path, cap, "/tmp/mp_trace_%s_%d.csv", tag, (int)getpid());
+  setenv("MEMPOOL_TRACE", path, 1);
+}
+
 /* Pooling on the fake driver's cuda device, device 0's primary context
  * current. */
 static inline void mp_in_process_cuda(void) {

@@ -18,9 +18,7 @@ extern char **environ;
 static char trace_path[64];
 
 static void traced(void) {
-  snprintf(trace_path, sizeof trace_path, "/tmp/mp_trace_cloexec_%d.csv",
-           (int)getpid());
-  setenv("MEMPOOL_TRACE", trace_path, 1);
+  mp_in_process_trace_to(trace_path, sizeof trace_path, "cloexec");
   mp_in_process_cuda();
 }
 

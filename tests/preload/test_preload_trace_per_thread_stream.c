@@ -28,9 +28,7 @@ static char trace_path[96];
 static void traced(const char *mode) {
   cr_assert_not_null(dlopen(MP_STAND_RUNTIME, RTLD_NOW | RTLD_GLOBAL), "%s",
                      dlerror());
-  snprintf(trace_path, sizeof trace_path, "/tmp/mp_trace_ptsz_%d.csv",
-           (int)getpid());
-  setenv("MEMPOOL_TRACE", trace_path, 1);
+  mp_in_process_trace_to(trace_path, sizeof trace_path, "ptsz");
   setenv("MEMPOOL_DEVICE", "cuda", 1);
   setenv("MEMPOOL_PRELOAD", mode, 1);
   unsetenv("MEMPOOL_CONF");

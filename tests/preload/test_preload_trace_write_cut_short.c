@@ -37,9 +37,7 @@ int __wrap_ftruncate(int fd, off_t length) {
 static char trace_path[96];
 
 static void traced(void) {
-  snprintf(trace_path, sizeof trace_path, "/tmp/mp_trace_cut_%d.csv",
-           (int)getpid());
-  setenv("MEMPOOL_TRACE", trace_path, 1);
+  mp_in_process_trace_to(trace_path, sizeof trace_path, "cut");
   mp_in_process_cuda();
 }
 
