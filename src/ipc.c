@@ -618,7 +618,11 @@ mp_status_t mp_ipc_close_after(mp_device_t *dev, void *ptr, mp_stream_t s) {
  * waited for: that close ends in dev's list, and one that failed leaves
  * the import to be closed here; so is an import under way (its entry
  * pending), which ends as an import, what it left mapped, or nothing. */
-void mp__ipc_close_all(mp_device_t *dev) {
+mp_status_t mp__ipc_close_all(mp_device_t *dev) {
+  /* The first refusal's status and message, kept over the later closes'
+   * (a later one that succeeds leaves the last error as it is). */
+  mp_status_t first = MP_OK;
+  mp_error_state_t refused;
   pthread_mutex_lock(&mp__ipc_mu);
   while (dev->nimports > 0) {
     size_t i = 0;
@@ -632,7 +636,11 @@ void mp__ipc_close_all(mp_device_t *dev) {
     struct mp__import im;
     mp__ipc_mark(dev, i, &im);
     pthread_mutex_unlock(&mp__ipc_mu);
-    (void)mp__ipc_unmap(dev, &im, true, false, NULL);
+    mp_status_t st = mp__ipc_unmap(dev, &im, true, false, NULL);
+    if (st != MP_OK && first == MP_OK) {
+      first = st;
+      mp_error_save(&refused);
+    }
     pthread_mutex_lock(&mp__ipc_mu);
   }
   free(dev->imports);
@@ -644,6 +652,9 @@ void mp__ipc_close_all(mp_device_t *dev) {
     mp__ipc_leases_cap = 0;
   }
   pthread_mutex_unlock(&mp__ipc_mu);
+  if (first != MP_OK)
+    mp_error_restore(&refused);
+  return first;
 }
 
 /* ---- handles over a Unix socket ---------------------------------------- */

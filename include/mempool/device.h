@@ -105,6 +105,23 @@ MP_API void mp_device_close(mp_device_t *dev);
  * too), else the refusal's status (MP_EINVAL from a host function; the
  * driver's refusal of the wait on CUDA), the device open and unchanged. */
 MP_API mp_status_t mp_device_close_ex(mp_device_t *dev);
+/* mp_device_close that also says what the driver refused once the close
+ * went ahead: *closed is 1 when the device was closed (its handle must not
+ * be used again; NULL too), 0 when it was refused and is open and
+ * unchanged (the status of mp_device_close_ex's refusals). Closed, the
+ * status is MP_OK, or the first refusal of what the close gives back: an
+ * import's unmap (ipc.c: that import stays mapped, its lease open, until
+ * the process exits) or a release of what the caller left (on CUDA
+ * cuStreamDestroy, cuEventDestroy, cuMemUnmap, cuMemRelease,
+ * cuMemAddressFree, cuMemFree, cuMemFreeHost, cuCtxPushCurrent, or
+ * cuDevicePrimaryCtxRelease: MP_EDRIVER with the driver's code), its
+ * message naming it and counting the others; each other release was still
+ * asked for, and what the driver refused stays its own (until the context
+ * goes, for what it holds). mp_device_close and mp_device_close_ex say
+ * MP_OK then, and leave the caller's last error as it was. A process that
+ * closes devices at its exit may meet CUDA_ERROR_DEINITIALIZED here
+ * (cuda.h: the driver is shutting down). closed may be NULL. */
+MP_API mp_status_t mp_device_close_checked(mp_device_t *dev, int *closed);
 /* e.g. "host", "cuda:0 NVIDIA H200"; "" for NULL. */
 MP_API const char *mp_device_name(const mp_device_t *dev);
 MP_API mp_status_t mp_device_mem_info(mp_device_t *dev, size_t *free_bytes,

@@ -487,7 +487,9 @@ class Device(_Handle):
         while a call on the device or one of its streams runs on another
         thread. A close the library refuses (from a host function, or on
         CUDA a wait for the device the driver refuses, such as while one of
-        its streams is captured) raises, the device open as it was."""
+        its streams is captured) raises, the device open as it was; one
+        that went ahead but met a release the driver refused (what the
+        program left on the device) raises too, the device closed."""
         with self._ending("Device.close") as there:
             if there:
                 self._close()
@@ -509,12 +511,17 @@ class Device(_Handle):
             if gone:
                 self._orphans.pop()
             _check(status, "mp_pool_destroy (a Pool dropped with live blocks)")
-        # The status: a refused close (from a host function, a wait the
-        # driver refuses) leaves the device open, and its handle must stay
-        # for a later close, not be dropped as if closed.
-        _check(_lib.lib().mp_device_close_ex(self.handle), "mp_device_close")
-        self.handle = None
-        self._finalizer.detach()
+        # A refused close (from a host function, a wait the driver refuses)
+        # leaves the device open, and its handle must stay for a later
+        # close, not be dropped as if closed; a close that went ahead and
+        # met a release the driver refused is closed all the same: the
+        # handle goes, then the refusal is raised.
+        closed = ctypes.c_int(0)
+        status = _lib.lib().mp_device_close_checked(self.handle, ctypes.byref(closed))
+        if closed.value:
+            self.handle = None
+            self._finalizer.detach()
+        _check(status, "mp_device_close")
 
     def __enter__(self):
         return self

@@ -89,6 +89,7 @@ _PROTOTYPES = {
     "mp_device_open": (_st, [ctypes.c_char_p, ctypes.POINTER(_c)]),
     "mp_device_spec_canonical": (_st, [ctypes.c_char_p, ctypes.c_char_p, _sz]),
     "mp_device_close_ex": (_st, [_c]),
+    "mp_device_close_checked": (_st, [_c, ctypes.POINTER(ctypes.c_int)]),
     "mp_device_name": (ctypes.c_char_p, [_c]),
     "mp_device_mem_info": (_st, [_c, ctypes.POINTER(_sz), ctypes.POINTER(_sz)]),
     "mp_device_synchronize": (_st, [_c]),

@@ -32,7 +32,11 @@ typedef struct mp__backend {
    * and as it was. NULL: close waits by itself (the host device stops its
    * streams). */
   mp_status_t (*close_ready)(mp_device_t *dev);
-  void (*close)(mp_device_t *dev); /* drain streams, release all, close */
+  /* Drains the streams, releases all, closes: always, past a release the
+   * driver refuses (each is still asked for). MP_OK, or the first refusal
+   * (mp__fail'd: its message names it and counts the others), the device
+   * closed all the same. */
+  mp_status_t (*close)(mp_device_t *dev);
   mp_status_t (*mem_info)(mp_device_t *dev, size_t *free_b, size_t *total_b);
   mp_status_t (*alloc)(mp_device_t *dev, size_t bytes, void **out);
   mp_status_t (*free)(mp_device_t *dev, void *ptr);
@@ -286,8 +290,10 @@ mp_status_t mp__host_vm_map_file(mp_device_t *dev, void *addr, size_t bytes,
  * mp_ipc_import's. */
 mp_status_t mp__host_note_import(mp_device_t *dev, void *p, size_t bytes,
                                  bool mapped);
-/* ipc.c, at mp_device_close: closes what is still imported. */
-void mp__ipc_close_all(mp_device_t *dev);
+/* ipc.c, at mp_device_close: closes what is still imported. MP_OK, or the
+ * first forced close the device refused (mp__fail'd; the import is kept
+ * mapped, its lease open), every other import closed all the same. */
+mp_status_t mp__ipc_close_all(mp_device_t *dev);
 /* ipc.c, at mp_pool_ipc_export: writes into the pool's end of a new lease
  * (before it shuts writing) what h, the handle made, names, which
  * mp_ipc_import checks a handle's lease holds. MP_EIO on failure. */

@@ -621,14 +621,16 @@ static void mp__cuda_drain(mp__ptrmap_t *m, mp__cuda_release_fn release,
  * Past that wait the close always completes: each destroy, unmap, release
  * and free is asked for, whatever the driver answered the ones before
  * (cuda.h lists CUDA_ERROR_INVALID_VALUE, _NOT_PERMITTED,
- * _DEINITIALIZED, ... for each), and a refusal is reported as the thread's
- * last error (MP_EDRIVER with the driver's code: the device was fine, the
- * driver kept something), naming the first one refused and counting the
- * others: what it names stays the context's until the context goes (a
- * primary context no one else retains goes with the release below). */
-static void mp__cuda_close(mp_device_t *dev) {
+ * _DEINITIALIZED, ... for each), and a refusal is the close's status
+ * (MP_EDRIVER with the driver's code: the device was fine, the driver kept
+ * something; mp_device_close_checked gives it), its message naming the first
+ * one refused and counting the others: what it names stays the context's until
+ * the context goes (a primary context no one else retains goes with the release
+ * below). */
+static mp_status_t mp__cuda_close(mp_device_t *dev) {
   mp__cuda_dev_t *cd = mp__cuda_of(dev);
   mp__cuda_refusals_t f = {0};
+  mp_status_t st = MP_OK;
   mp__cuda_relaxed_t rx = mp__cuda_relax();
   CUresult r = mp__cuda_push(cd);
   mp__cuda_refused(&f, r, "cuCtxPushCurrent", (uintptr_t)cd->ctx);
@@ -649,14 +651,14 @@ static void mp__cuda_close(mp_device_t *dev) {
   if (f.n > 0) {
     char msg[384];
     mp__cuda_describe(msg, sizeof msg, f.first, f.what);
-    (void)mp__fail_driver((int)f.first, MP_EDRIVER,
-                          "mp_device_close(%s): the driver refused %s "
-                          "(%zu refusal%s in all)%s; the device is closed",
-                          dev->name, msg, f.n, f.n == 1 ? "" : "s",
-                          r != CUDA_SUCCESS ? ", so nothing it held was given "
-                                              "back"
-                                            : ", everything else was given "
-                                              "back");
+    st = mp__fail_driver((int)f.first, MP_EDRIVER,
+                         "mp_device_close(%s): the driver refused %s "
+                         "(%zu refusal%s in all)%s; the device is closed",
+                         dev->name, msg, f.n, f.n == 1 ? "" : "s",
+                         r != CUDA_SUCCESS ? ", so nothing it held was given "
+                                             "back"
+                                           : ", everything else was given "
+                                             "back");
   }
   mp__ptrmap_destroy(&cd->streams);
   mp__ptrmap_destroy(&cd->events);
@@ -668,6 +670,7 @@ static void mp__cuda_close(mp_device_t *dev) {
   pthread_mutex_destroy(&cd->lock);
   free(cd);
   dev->impl = NULL;
+  return st;
 }
 
 /* Virtual memory is optional: anything missing leaves cd->vmm false. */

@@ -160,9 +160,13 @@ mp_status_t mp_device_spec_canonical(const char *spec, char *buf, size_t cap) {
   return st != MP_OK ? st : mp__spec_out(text, buf, cap);
 }
 
-mp_status_t mp_device_close_ex(mp_device_t *dev) {
-  if (dev == NULL)
+/* mp_device_close_checked's work; *closed says whether dev is gone. */
+static mp_status_t mp__device_close(mp_device_t *dev, int *closed) {
+  *closed = 0;
+  if (dev == NULL) {
+    *closed = 1;
     return MP_OK;
+  }
   /* Nor from where the device refuses calls (a host function, which runs
    * on one of its streams: the close would stop that stream from its own
    * thread and free what runs it). Refused before anything changes; the
@@ -188,11 +192,44 @@ mp_status_t mp_device_close_ex(mp_device_t *dev) {
                     "mp_device_close(%s): %s; nothing was closed (close it "
                     "again once the device's work can be waited for)",
                     dev->name, mp_last_error());
-  mp__ipc_close_all(dev);
-  dev->ops->close(dev);
+  /* Past here the device closes whatever the driver answers; the first
+   * refusal (an import's forced close, then the backend's releases) is
+   * the one reported. */
+  mp_error_state_t first;
+  st = mp__ipc_close_all(dev);
+  if (st != MP_OK)
+    mp_error_save(&first);
+  mp_status_t cst = dev->ops->close(dev);
+  if (st != MP_OK && cst != MP_OK)
+    mp_error_restore(&first);
+  else if (st == MP_OK)
+    st = cst;
   free(dev->watch);
   free(dev);
-  return MP_OK;
+  *closed = 1;
+  return st;
+}
+
+mp_status_t mp_device_close_checked(mp_device_t *dev, int *closed) {
+  int gone;
+  mp_status_t st = mp__device_close(dev, &gone);
+  if (closed != NULL)
+    *closed = gone;
+  return st;
+}
+
+mp_status_t mp_device_close_ex(mp_device_t *dev) {
+  /* Closed is MP_OK here (device.h): what the driver refused on the way is
+   * mp_device_close_checked's to say, and the caller's last error stays. */
+  mp_error_state_t before;
+  mp_error_save(&before);
+  int gone;
+  mp_status_t st = mp__device_close(dev, &gone);
+  if (gone && st != MP_OK) {
+    mp_error_restore(&before);
+    return MP_OK;
+  }
+  return st;
 }
 
 void mp_device_close(mp_device_t *dev) {

@@ -2447,7 +2447,8 @@ static mp_status_t host_open(mp_device_t *dev, const char *opts) {
   return MP_OK;
 }
 
-static void host_close(mp_device_t *dev) {
+/* Nothing here is refused: MP_OK. */
+static mp_status_t host_close(mp_device_t *dev) {
   host_dev_t *h = host_of(dev);
   host_devs_link(h, false); /* no copy or memset elsewhere looks at it */
   /* A forked child closing its parent's device: the stream threads did not
@@ -2458,7 +2459,7 @@ static void host_close(mp_device_t *dev) {
   if (host_inherited(h)) {
     close(h->memfd);
     dev->impl = NULL;
-    return;
+    return MP_OK;
   }
   /* Stopping one stream never waits on a stream stopped before it: a wait
    * only refers to records queued earlier, and the streams that hold them
@@ -2492,6 +2493,7 @@ static void host_close(mp_device_t *dev) {
   host_markers_free(h->dead_markers); /* every worker has stopped */
   host_free_state(h);
   dev->impl = NULL;
+  return MP_OK;
 }
 
 const mp__backend_t mp__host_backend = {

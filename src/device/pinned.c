@@ -34,8 +34,9 @@ static mp_status_t pinned_open(mp_device_t *dev, const char *opts) {
                              "mp__device_pinned_open, not by a device spec");
 }
 
-static void pinned_close(mp_device_t *dev) {
+static mp_status_t pinned_close(mp_device_t *dev) {
   (void)dev;
+  return MP_OK;
 }
 
 static mp_status_t pinned_mem_info(mp_device_t *dev, size_t *free_b,

@@ -4,11 +4,13 @@
  * every one of them (cuStreamDestroy, cuMemFree, cuMemUnmap, cuMemRelease,
  * cuMemAddressFree: CUDA_ERROR_INVALID_VALUE, _DEINITIALIZED,
  * _NOT_PERMITTED, ...). Where the driver refuses one, the close still
- * asks for every other release, closes the device, and reports the first
- * refusal as the thread's last error (MP_EDRIVER, the driver's code, the
- * call named, the refusals counted). Before, every refusal was ignored:
- * the close said nothing, and what the driver kept was lost without a
- * word. The refusals are the fake's (cuFakeRefuse): no GPU twin. */
+ * asks for every other release, closes the device, and
+ * mp_device_close_checked reports the first refusal (MP_EDRIVER, the
+ * driver's code, the call named, the refusals counted) with the device
+ * closed; mp_device_close_ex says MP_OK (closed) and leaves the caller's
+ * last error as it was. Before, every refusal was ignored: the close said
+ * nothing, and what the driver kept was lost without a word. The refusals
+ * are the fake's (cuFakeRefuse): no GPU twin. */
 #include <string.h>
 
 #include <cuda.h>
@@ -51,14 +53,17 @@ Test(cuda_close_refusals, the_first_refusal_is_reported_the_rest_released) {
   clear_last_error();
   fk_refuse("cuStreamDestroy_v2", CUDA_ERROR_UNKNOWN, 1);
   fk_refuse("cuMemFree_v2", CUDA_ERROR_UNKNOWN, 1);
-  mp_device_close(dev);
+  int closed = 0;
+  mp_status_t st = mp_device_close_checked(dev, &closed);
   fk_refuse("cuStreamDestroy_v2", CUDA_SUCCESS, 0);
   fk_refuse("cuMemFree_v2", CUDA_SUCCESS, 0);
   for (int i = 0; i < 4; i++)
     cr_expect_eq(fk_calls(calls[i]) - before[i], 1,
                  "%s: not asked once by the close", calls[i]);
-  cr_expect_eq(mp_last_status(), MP_EDRIVER,
-               "the refused releases went unreported: '%s'", mp_last_error());
+  cr_expect_eq(closed, 1, "the device was closed, but not said so");
+  cr_expect_eq(st, MP_EDRIVER, "the refused releases went unreported: '%s'",
+               mp_last_error());
+  cr_expect_eq(mp_last_status(), MP_EDRIVER);
   cr_expect_eq(mp_last_driver_error(), CUDA_ERROR_UNKNOWN);
   const char *msg = mp_last_error();
   cr_expect(strstr(msg, "mp_device_close") != NULL, "%s", msg);
@@ -91,10 +96,12 @@ Test(cuda_close_refusals, a_refused_unmap_is_reported) {
   long long frees = fk_calls("cuMemAddressFree");
   clear_last_error();
   fk_refuse("cuMemUnmap", CUDA_ERROR_UNKNOWN, 1);
-  mp_device_close(dev);
+  int closed = 0;
+  mp_status_t st = mp_device_close_checked(dev, &closed);
   fk_refuse("cuMemUnmap", CUDA_SUCCESS, 0);
-  cr_expect_eq(mp_last_status(), MP_EDRIVER,
-               "the refused unmap went unreported: '%s'", mp_last_error());
+  cr_expect_eq(closed, 1);
+  cr_expect_eq(st, MP_EDRIVER, "the refused unmap went unreported: '%s'",
+               mp_last_error());
   cr_expect(strstr(mp_last_error(), "cuMemUnmap") != NULL, "%s",
             mp_last_error());
   cr_expect_eq(fk_calls("cuMemRelease") - releases, 1,
@@ -106,6 +113,35 @@ Test(cuda_close_refusals, a_refused_unmap_is_reported) {
 Test(cuda_close_refusals, a_close_nothing_refused_reports_nothing) {
   mp_device_t *dev = open_with_leftovers();
   clear_last_error();
-  mp_device_close(dev);
+  int closed = 0;
+  cr_expect_eq(mp_device_close_checked(dev, &closed), MP_OK, "%s",
+               mp_last_error());
+  cr_expect_eq(closed, 1);
   cr_expect_eq(mp_last_status(), MP_OK, "%s", mp_last_error());
+}
+
+/* mp_device_close_ex (and mp_device_close) say MP_OK for a device closed
+ * with refusals (device.h: MP_OK when closed), and a success leaves the
+ * caller's last error as it was. */
+Test(cuda_close_refusals, close_ex_says_closed_and_keeps_the_last_error) {
+  mp_device_t *dev = open_with_leftovers();
+  mp_error_state_t mine = {.version = MP_ERROR_STATE_VERSION,
+                           .status = MP_EBUSY,
+                           .message = "the caller's own failure"};
+  mp_error_restore(&mine);
+  fk_refuse("cuMemFree_v2", CUDA_ERROR_UNKNOWN, 1);
+  mp_status_t st = mp_device_close_ex(dev);
+  fk_refuse("cuMemFree_v2", CUDA_SUCCESS, 0);
+  cr_expect_eq(st, MP_OK, "closed, but said %s: %s", mp_status_name(st),
+               mp_last_error());
+  cr_expect_eq(mp_last_status(), MP_EBUSY, "%s", mp_last_error());
+  cr_expect_str_eq(mp_last_error(), "the caller's own failure");
+}
+
+/* NULL: nothing to close, closed. */
+Test(cuda_close_refusals, null_is_closed) {
+  int closed = 0;
+  cr_expect_eq(mp_device_close_checked(NULL, &closed), MP_OK);
+  cr_expect_eq(closed, 1);
+  cr_expect_eq(mp_device_close_checked(NULL, NULL), MP_OK);
 }

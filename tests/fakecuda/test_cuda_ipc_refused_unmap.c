@@ -51,9 +51,15 @@ Test(cuda_ipc_refused_unmap,
 
   long long unmaps = fk_calls("cuMemUnmap");
   fk_refuse("cuMemUnmap", CUDA_ERROR_UNKNOWN, -1);
-  mp_device_close(importer);
+  int closed = 0;
+  mp_status_t st = mp_device_close_checked(importer, &closed);
   fk_refuse("cuMemUnmap", CUDA_SUCCESS, 0);
   cr_assert_eq(fk_calls("cuMemUnmap") - unmaps, 1, "the close did not unmap");
+  /* Closed, and the refused unmap said (ipc.c, mp__ipc_close_all). */
+  cr_expect_eq(closed, 1);
+  cr_expect_neq(st, MP_OK, "the import left mapped went unreported");
+  cr_expect(strstr(mp_last_error(), "stays mapped") != NULL, "%s",
+            mp_last_error());
   cr_expect_neq(fcntl(lease, F_GETFD), -1,
                 "the lease of an import still mapped was closed: the "
                 "exporter may reuse the block under it");
