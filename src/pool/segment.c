@@ -104,6 +104,18 @@ static mp_status_t mp__plain_source(mp_pool_t *pool, size_t *bytes,
   return mp_device_alloc(pool->dev, *bytes, p);
 }
 
+/* What request size needs of the device: whole units of its allocation
+ * alignment (the page, for host memory: mapped or page-locked whole, so
+ * counted whole, and the next small request shares it instead of making a
+ * segment of its own); size itself where they would wrap. A graph pool's
+ * parent lends a range of any size: size. */
+static size_t mp__plain_need(const mp_pool_t *pool, size_t size) {
+  if (pool->graph)
+    return size;
+  size_t whole = mp__round_up(size, mp__device_alloc_align(pool->dev));
+  return whole >= size ? whole : size;
+}
+
 mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
                            mp__block_t **fresh) {
   MP__ASSERT_LOCKED(pool);
@@ -112,15 +124,9 @@ mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
                      : mp__round_up(size, MP__LARGE_ROUND);
   if (bytes < size)
     bytes = size;
-  size_t room = mp__pool_room(pool);
-  if (bytes > room) {
-    /* Near the cap: what the request needs, in whole units of the
-     * device's allocation alignment where they fit (the page, for host
-     * memory: mapped or page-locked whole, so counted whole, and the next
-     * small request shares it instead of making a segment of its own). */
-    size_t whole = mp__round_up(size, mp__device_alloc_align(pool->dev));
-    bytes = whole >= size && whole <= room ? whole : size;
-  }
+  size_t room = mp__pool_room(pool), need = mp__plain_need(pool, size);
+  if (bytes > room) /* near the cap: what the request needs, where it fits */
+    bytes = need <= room ? need : size;
   if (bytes > room)
     return mp__segment_limit(pool);
   mp__segment_t *s = mp__host_calloc(1, sizeof *s);
@@ -137,20 +143,30 @@ mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
   mp_stream_t strm = sidx != UINT32_MAX ? pool->streams[sidx].s : NULL;
   pool->grow_inflight = bytes; /* a cap change meanwhile counts it */
   mp__pool_device_begin(pool);
-  /* A graph pool has no cap of its own (bytes > room never holds): its
-   * parent may refuse a whole segment and still hold a range of the
-   * request's size (a free block, or room under its cap). */
-  bool smaller = pool->graph && bytes > size;
-  if (smaller) /* never cleared by the parent's own growth meanwhile */
+  /* A whole segment refused, what the request needs is asked: the device
+   * may be out of memory for the segment (others hold the rest of it) and
+   * still hold the request, as the virtual range maps the exact need
+   * (vrange.c). Before, the request failed at every rung of the ladder,
+   * each growth asking the same segment again. A graph pool has no cap of
+   * its own (bytes > room never holds): its parent may refuse a whole
+   * segment and still hold a range of the request's size (a free block,
+   * or room under its cap). */
+  bool smaller = bytes > need, trying = smaller && pool->graph;
+  if (trying) /* set and cleared only here: the parent's growth meanwhile
+                 (its own plain growth, in this thread) leaves it */
     mp__segment_trying = true;
   mp_status_t st = mp__plain_source(pool, &bytes, strm, &p);
-  if (smaller) {
+  if (trying)
     mp__segment_trying = false;
-    if (st == MP_ELIMIT || st == MP_ENOMEM) {
-      bytes = size;
+  if (smaller && (st == MP_ENOMEM || (pool->graph && st == MP_ELIMIT))) {
+    bytes = need;
+    /* The lock is dropped: an arena's grow_inflight, which other arenas
+     * read under its lock (arena.c), keeps the segment's bytes, as the
+     * range's exact-need retry keeps its step's (no arena is a graph
+     * pool). */
+    if (pool->graph)
       pool->grow_inflight = bytes;
-      st = mp__plain_source(pool, &bytes, strm, &p);
-    }
+    st = mp__plain_source(pool, &bytes, strm, &p);
   }
   mp__pool_device_end(pool);
   if (st == MP_OK && (uintptr_t)p % pool->cfg.align != 0) {
