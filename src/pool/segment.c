@@ -171,14 +171,26 @@ mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
   mp__pool_device_end(pool);
   if (st == MP_OK && (uintptr_t)p % pool->cfg.align != 0) {
     /* A virtual pool's align may exceed what plain memory promises; it
-     * gets no plain segment that would break it. */
+     * gets no plain segment that would break it. Both device calls are
+     * counted (stats.h: calls into the driver), so that the counters still
+     * differ by the allocations the pool holds. */
+    pool->st.device_alloc_count++;
     mp__pool_device_begin(pool);
-    mp__device_free(pool->dev, p);
+    mp_status_t fst = mp__device_free(pool->dev, p);
     mp__pool_device_end(pool);
-    st = mp__fail(MP_ENOTSUP,
-                  "the device returned memory at %p, not aligned to the "
-                  "pool's align %zu",
-                  p, pool->cfg.align);
+    if (fst == MP_OK) {
+      pool->st.device_free_count++;
+      st = mp__fail(MP_ENOTSUP,
+                    "the device returned memory at %p, not aligned to the "
+                    "pool's align %zu",
+                    p, pool->cfg.align);
+    } else {
+      st = mp__fail(MP_ENOTSUP,
+                    "the device returned memory at %p, not aligned to the "
+                    "pool's align %zu, and refused to take it back (%s), so "
+                    "its %zu bytes are lost to the pool",
+                    p, pool->cfg.align, mp_status_name(fst), bytes);
+    }
   }
   if (st != MP_OK) {
     free(s);
