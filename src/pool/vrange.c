@@ -818,10 +818,14 @@ mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
      * out: staging completed on a 86.6 MiB host device, then needed 88.0
      * (its 6.56 MiB request found 7 MiB left, the granules asked 8). Not
      * for a pool that must stay pausable (MP_POOL_PAUSABLE): no pause can
-     * keep a plain segment's blocks. */
+     * keep a plain segment's blocks. The request fits under the cap: a
+     * segment the device refuses is the device's answer (out of memory),
+     * not the cap's; before, MP_ELIMIT named a cap the request was within.
+     * Memory off the pool's align (MP_ENOTSUP) stays the cap's answer:
+     * the caller would go plain again on it. */
     if (size <= room && !(pool->cfg.flags & MP_POOL_PAUSABLE)) {
       mp_status_t st = mp__plain_grow(pool, size, sidx, fresh);
-      if (st == MP_OK || st == MP__EHOST)
+      if (st != MP_ENOTSUP)
         return st;
     }
     return mp__segment_limit(pool);
