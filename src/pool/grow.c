@@ -108,6 +108,13 @@ mp_status_t mp__segment_trim(mp_pool_t *pool, size_t keep, const char *who) {
   mp__pool_wait_idle(pool);
   if (pool->paused)
     return MP_OK; /* paused meanwhile: nothing is mapped */
+  /* A trim that succeeds leaves the caller's last error as it was
+   * (status.h: a success does not replace it), though the device refused
+   * a stray or a piece it took at a later pass: before, mp_pool_trim
+   * answered MP_OK with that refusal as the last error. */
+  mp__error_saved_t was;
+  mp__error_save(&was);
+  uint64_t first = mp__error_serial();
   /* Mappings a refused peer access left (vrange.c): the driver may take
    * them back now; those it refuses again wait for the next try. */
   (void)mp__vrange_strays_retry(pool);
@@ -120,27 +127,35 @@ mp_status_t mp__segment_trim(mp_pool_t *pool, size_t keep, const char *who) {
    * whole trim, a refusal that later went made the trim report the
    * device's refusal of memory it never refused. */
   uint64_t refused = 0;
+  bool said = false; /* a refusal of that pass recorded why */
   while (mp__free_bytes(pool) > keep) {
-    uint64_t before = pool->give_back_refused;
+    uint64_t before = pool->give_back_refused, serial = mp__error_serial();
     if (mp__vrange_reclaim(pool, mp__free_bytes(pool) - keep, NULL, NULL,
                            false) == 0 &&
         !mp__plain_trim_one(pool)) {
       refused = pool->give_back_refused - before;
+      said = mp__error_serial() != serial;
       break;
     }
   }
-  if (refused == 0 || mp__free_bytes(pool) <= keep)
+  if (refused == 0 || mp__free_bytes(pool) <= keep) {
+    if (mp__error_serial() != first)
+      mp__error_restore(&was);
     return MP_OK;
-  /* The thread's last error says why the device refused the last one. As
-   * a cudaFree failing in PyTorch's emptyCache raises. */
+  }
+  /* The thread's last error says why the device refused the last one,
+   * where the refusing call said (else it is an older failure, which
+   * would be given as the device's reason). As a cudaFree failing in
+   * PyTorch's emptyCache raises. */
   char b[32];
   return mp__fail(pool->give_back_st,
                   "%s: the device refused to take back %llu piece%s of free "
                   "memory, so %s free stays reserved (tried again at the "
-                  "next trim): %s",
+                  "next trim): %s%s",
                   who, (unsigned long long)refused, refused == 1 ? "" : "s",
                   mp__fmt_bytes(b, sizeof b, mp__free_bytes(pool)),
-                  mp_last_error());
+                  said ? mp_last_error() : mp_status_string(pool->give_back_st),
+                  said ? "" : " (the device gave no reason)");
 }
 
 void mp__segment_release_over(mp_pool_t *pool) {
