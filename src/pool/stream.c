@@ -239,13 +239,8 @@ static mp_status_t mp__stream_add(mp_pool_t *pool, mp_stream_t s,
   mp__stream_kind_t kind = mp__device_stream_kind(pool->dev, s);
   if (kind == MP__STREAM_BAD)
     return mp__stream_check(pool->dev, s);
-  if (kind == MP__STREAM_PER_THREAD) {
-    pool->pt_handle = s;
-    pool->has_pt = true;
-    mp__pool_rare_update(pool);
-    if (owner == 0)
-      owner = mp__self();
-  }
+  if (kind == MP__STREAM_PER_THREAD && owner == 0)
+    owner = mp__self();
   /* A thread's slot goes when the thread does (best effort: without host
    * memory it stays, as any stream the program never destroys). */
   if (owner != 0)
@@ -272,6 +267,14 @@ static mp_status_t mp__stream_add(mp_pool_t *pool, mp_stream_t s,
   n->done = done;
   mp__shash_put(pool, i);
   mp__stream_remember(pool, i);
+  /* Only once the slot is made: has_pt says a per-thread slot exists (an
+   * add refused for host memory or a full table left it set, and every
+   * later call took the rare path for a slot that never was). */
+  if (kind == MP__STREAM_PER_THREAD) {
+    pool->pt_handle = s;
+    pool->has_pt = true;
+    mp__pool_rare_update(pool);
+  }
   *out = i;
   return MP_OK;
 }
