@@ -526,6 +526,28 @@ static void mp__stream_show(mp_pool_t *pool, uint32_t i) {
   mp__shash_put(pool, i);
 }
 
+/* Slot i, which its handle matched while the stream's slot was set aside
+ * and whose handle died with the destroy: forgotten without a marker (no
+ * call may name a dead handle), its open epoch waiting for a device
+ * synchronize where a block was freed in it or a live block names it.
+ * Either a call that used the stream during its destroy made it, or a new
+ * stream given the handle after the destroy did, and nothing tells which:
+ * left matched, a stream later given the handle took a dead stream's slot
+ * as its own, and with it the blocks freed there at once, while the dead
+ * stream's work could still run (cuStreamDestroy returns before it is
+ * done, cuda.h). A new stream's slot costs only its next call a new one.
+ * Kept while marked capturing: only a new stream's begin can have marked
+ * it (the dead stream's marks are in its set-aside slot), and its route
+ * to a graph pool goes with the slot. */
+static void mp__stream_forget_dead(mp_pool_t *pool, uint32_t i) {
+  mp__strm_t *st = &pool->streams[i];
+  if (st->capturing)
+    return;
+  st->capture_only = false;
+  st->dirty = st->dirty || st->refs != 0;
+  mp__stream_unhash(pool, i);
+}
+
 void mp__stream_gone(void *ctx, mp_stream_t s) {
   mp_pool_t *pool = ctx;
   mp__pool_lock(pool);
@@ -534,6 +556,8 @@ void mp__stream_gone(void *ctx, mp_stream_t s) {
     mp__stream_retire(pool, i);
   else if (mp__gone_how == MP__GONE_HIDE && i != UINT32_MAX)
     mp__stream_hide(pool, i);
+  else if (mp__gone_how >= MP__GONE_DROP && i != UINT32_MAX)
+    mp__stream_forget_dead(pool, i);
   for (uint32_t k = 0; mp__gone_how > MP__GONE_HIDE && k < pool->nstreams; k++)
     if (k != i && pool->streams[k].s == s && pool->streams[k].owner == 0) {
       if (mp__gone_how == MP__GONE_SHOW)
