@@ -512,40 +512,46 @@ static void mp__stream_drop(mp_pool_t *pool, uint32_t i, bool over) {
   pool->gone[pool->ngone++] = i;
 }
 
+/* Slot i, which its handle matched while the stream's slot was set aside
+ * (a call that named the stream during its destroy made it), forgotten
+ * without a marker: once the destroy succeeded no call may name the dead
+ * handle, and once it was refused a marker would cover the blocks the
+ * slot names only up to now, while the stream lives on and may still use
+ * them. Its open epoch waits for a device synchronize where a block was
+ * freed in it or a live block names it. Kept (false) while marked
+ * capturing: only a new stream's begin can have marked it (the dead or
+ * refused stream's marks are in its set-aside slot), and the route of that
+ * capture to a graph pool goes with the slot. */
+static bool mp__stream_forget_met(mp_pool_t *pool, uint32_t i) {
+  mp__strm_t *st = &pool->streams[i];
+  if (st->capturing)
+    return false;
+  st->capture_only = false;
+  st->dirty = st->dirty || st->refs != 0;
+  mp__stream_unhash(pool, i);
+  return true;
+}
+
 /* Set-aside slot i matched by its handle again, as before it was set
- * aside; forgotten instead if the handle has a slot meanwhile (a use of
- * the stream during its destroy) or the table has no room. */
+ * aside; forgotten instead if the table has no room. The handle lives on
+ * (the destroy was refused), and slot i is what the pool knows of it: its
+ * capture marks, with them the route of its capture to a graph pool, and
+ * its blocks' epochs. So where a call named the stream during its destroy
+ * and made it a slot of its own, that slot is the one forgotten
+ * (mp__stream_forget_met). Slot i went before: the stream, still
+ * captured, lost its route, allocated from the parent's cache, and
+ * mp_pool_graph_end found none to end. Where that slot is marked
+ * capturing, slot i goes, as before. */
 static void mp__stream_show(mp_pool_t *pool, uint32_t i) {
   mp__strm_t *st = &pool->streams[i];
-  if (mp__shash_find(pool, st->s, st->owner) != UINT32_MAX ||
+  uint32_t j = mp__shash_find(pool, st->s, st->owner);
+  if ((j != UINT32_MAX && !mp__stream_forget_met(pool, j)) ||
       !mp__shash_reserve(pool, pool->nstreams - pool->ngone)) {
     mp__stream_drop(pool, i, false);
     return;
   }
   st->gone = false;
   mp__shash_put(pool, i);
-}
-
-/* Slot i, which its handle matched while the stream's slot was set aside
- * and whose handle died with the destroy: forgotten without a marker (no
- * call may name a dead handle), its open epoch waiting for a device
- * synchronize where a block was freed in it or a live block names it.
- * Either a call that used the stream during its destroy made it, or a new
- * stream given the handle after the destroy did, and nothing tells which:
- * left matched, a stream later given the handle took a dead stream's slot
- * as its own, and with it the blocks freed there at once, while the dead
- * stream's work could still run (cuStreamDestroy returns before it is
- * done, cuda.h). A new stream's slot costs only its next call a new one.
- * Kept while marked capturing: only a new stream's begin can have marked
- * it (the dead stream's marks are in its set-aside slot), and its route
- * to a graph pool goes with the slot. */
-static void mp__stream_forget_dead(mp_pool_t *pool, uint32_t i) {
-  mp__strm_t *st = &pool->streams[i];
-  if (st->capturing)
-    return;
-  st->capture_only = false;
-  st->dirty = st->dirty || st->refs != 0;
-  mp__stream_unhash(pool, i);
 }
 
 void mp__stream_gone(void *ctx, mp_stream_t s) {
@@ -557,7 +563,7 @@ void mp__stream_gone(void *ctx, mp_stream_t s) {
   else if (mp__gone_how == MP__GONE_HIDE && i != UINT32_MAX)
     mp__stream_hide(pool, i);
   else if (mp__gone_how >= MP__GONE_DROP && i != UINT32_MAX)
-    mp__stream_forget_dead(pool, i);
+    (void)mp__stream_forget_met(pool, i); /* its handle died too */
   for (uint32_t k = 0; mp__gone_how > MP__GONE_HIDE && k < pool->nstreams; k++)
     if (k != i && pool->streams[k].s == s && pool->streams[k].owner == 0) {
       if (mp__gone_how == MP__GONE_SHOW)
