@@ -1743,10 +1743,17 @@ static mp_status_t host_vm_reserve(mp_device_t *dev, size_t bytes, void **out) {
   if (!h->vmm)
     return host_no_vmm("vm_reserve");
   HOST_CHILD_NEEDS(h, HOST_HELD_MEM, "vm_reserve");
-  if (out == NULL || bytes == 0 || bytes % g != 0 || bytes > SIZE_MAX - g)
+  if (out == NULL || bytes == 0 || bytes % g != 0)
     return mp__fail(MP_EINVAL,
                     "vm_reserve: %zu bytes is not a positive multiple of the "
                     "granularity (%zu)",
+                    bytes, g);
+  /* The reservation is made a granule larger, to align its base. */
+  if (bytes > SIZE_MAX - g)
+    return mp__fail(MP_EINVAL,
+                    "vm_reserve: %zu bytes is too large: with the granule "
+                    "(%zu) its base is aligned with, it passes the address "
+                    "space (SIZE_MAX)",
                     bytes, g);
   size_t nbits = bytes / g;
   uint64_t *bits = mp__host_calloc((nbits + 63) / 64, sizeof *bits);
