@@ -344,11 +344,6 @@ static mp_status_t host_check_caller(const char *fn) {
   return MP_OK;
 }
 
-static mp_status_t host_caller_check(mp_device_t *dev, const char *fn) {
-  (void)dev;
-  return host_check_caller(fn);
-}
-
 /* Returns the refusal from the enclosing function (see host_fn_dev). */
 #define HOST_NOT_IN_HOST_FN(fn)                                                \
   do {                                                                         \
@@ -683,6 +678,21 @@ static mp_status_t host_refuse_held(const char *fn) {
       return host_refuse_held(fn);                                             \
   } while (0)
 
+static mp_status_t host_caller_check(mp_device_t *dev, const char *fn) {
+  mp_status_t st = host_check_caller(fn);
+  if (st != MP_OK || dev == NULL)
+    return st;
+  /* mp_stream_destroy asks stream_owned, then this, then has every pool
+   * forget the stream, then destroys it: in a forked child whose registry
+   * was held at the fork, stream_owned cannot tell (it says yes, see
+   * host_stream_owned) and the destroy would be refused, so it is refused
+   * here, before any pool forgets a stream the call then keeps. */
+  if ((host_dev_held(host_of(dev)) & HOST_HELD_REG) != 0 &&
+      strcmp(fn, "mp_stream_destroy") == 0)
+    return host_refuse_held(fn);
+  return MP_OK;
+}
+
 /* Waits for the work queued on s so far; false (without waiting) in a
  * child that inherited s with work still queued, which no thread runs, or
  * with its mutex held at the fork. */
@@ -918,10 +928,12 @@ static mp_status_t host_stream_query(mp_device_t *dev, mp_stream_t handle) {
 
 static bool host_stream_owned(mp_device_t *dev, mp_stream_t handle) {
   host_dev_t *h = host_of(dev);
-  /* No answer in a child whose registry was held at the fork: none of its
-   * streams is one (the callers refuse it as unknown). */
+  /* No answer in a child whose registry was held at the fork: every handle
+   * may be one, so that mp_stream_destroy goes on to the refusal that says
+   * why (host_caller_check) rather than call it unknown. host_stream_kind
+   * still calls none a stream there. */
   if ((host_dev_held(h) & HOST_HELD_REG) != 0)
-    return false;
+    return true;
   pthread_rwlock_rdlock(&h->reg);
   bool known = host_stream_find(h, handle) != NULL;
   pthread_rwlock_unlock(&h->reg);
@@ -929,6 +941,8 @@ static bool host_stream_owned(mp_device_t *dev, mp_stream_t handle) {
 }
 
 static int host_stream_kind(mp_device_t *dev, mp_stream_t handle) {
+  if ((host_dev_held(host_of(dev)) & HOST_HELD_REG) != 0)
+    return MP__STREAM_BAD;
   return host_stream_owned(dev, handle) ? MP__STREAM_SHARED : MP__STREAM_BAD;
 }
 
@@ -2258,12 +2272,18 @@ static mp_status_t host_ipc_close(mp_device_t *dev, void *base, size_t bytes,
   /* No wait here: ipc.c has waited for the work that may use it (the
    * device's, or one stream's). A driver call on the cuda backend. */
   mp_status_t st = host_check_caller("mp_ipc_close");
-  if (st == MP_OK && (host_dev_held(host_of(dev)) & HOST_HELD_MEM) != 0)
-    st = host_refuse_held("mp_ipc_close");
   if (st == MP_OK) {
     host_dev_t *h = host_of(dev);
     host_entry_t gone;
-    (void)host_atab_take_locked(h, &h->imports, base, &gone);
+    /* In a forked child whose memory lock was held at the fork, the table
+     * of imports stays as it was (the lock is never free there), but the
+     * mapping, the child's own view, still goes: ipc.c names it, and no
+     * call of the child reads that table again (it queues no copy on the
+     * device it inherited, and its own devices' checks pass over that
+     * device: host_check_access), so the entry left is never taken for
+     * memory. Refused, the import stayed mapped in the child for good. */
+    if ((host_dev_held(h) & HOST_HELD_MEM) == 0)
+      (void)host_atab_take_locked(h, &h->imports, base, &gone);
     munmap(base, bytes);
   }
   *unmapped = st == MP_OK;
