@@ -985,8 +985,16 @@ static mp_status_t host_launch_host(mp_device_t *dev, mp_stream_t s,
   return host_enqueue(host_of(dev), "mp_stream_launch_host", s, op);
 }
 
+/* What a copy or memset needs of a range it touches (host_check_access). */
+typedef enum host_access {
+  HOST_ACCESS_DEVICE, /* device memory (a memset's destination) */
+  HOST_ACCESS_READ,   /* device memory, or host memory it may read */
+  HOST_ACCESS_WRITE   /* device memory, or host memory it may write */
+} host_access_t;
+
 static mp_status_t host_check_access(host_dev_t *h, const char *fn,
-                                     const void *p, size_t n, bool device);
+                                     const void *p, size_t n,
+                                     host_access_t access);
 
 static mp_status_t host_memcpy_async(mp_device_t *dev, void *dst,
                                      const void *src, size_t n, mp_stream_t s) {
@@ -1005,9 +1013,10 @@ static mp_status_t host_memcpy_async(mp_device_t *dev, void *dst,
                     dst, n, src, n);
   /* Either side may be host memory (cuMemcpyAsync infers the direction
    * from the pointers: host_check_access). */
-  mp_status_t st = host_check_access(h, "mp_memcpy_async", dst, n, false);
+  mp_status_t st =
+      host_check_access(h, "mp_memcpy_async", dst, n, HOST_ACCESS_WRITE);
   if (st == MP_OK)
-    st = host_check_access(h, "mp_memcpy_async", src, n, false);
+    st = host_check_access(h, "mp_memcpy_async", src, n, HOST_ACCESS_READ);
   if (st != MP_OK)
     return st;
   host_op_t *op = host_op_new(HOST_OP_COPY);
@@ -1025,7 +1034,8 @@ static mp_status_t host_memset_async(mp_device_t *dev, void *dst, int value,
   host_dev_t *h = host_of(dev);
   HOST_NOT_INHERITED(h, "mp_memset_async");
   /* Device memory only (host_check_access). */
-  mp_status_t st = host_check_access(h, "mp_memset_async", dst, n, true);
+  mp_status_t st =
+      host_check_access(h, "mp_memset_async", dst, n, HOST_ACCESS_DEVICE);
   if (st != MP_OK)
     return st;
   host_op_t *op = host_op_new(HOST_OP_SET);
@@ -1664,13 +1674,76 @@ static void host_devs_link(host_dev_t *h, bool in) {
   pthread_mutex_unlock(&host_devs_mu);
 }
 
-/* Whether [p, p + n), which does not wrap, is mapped in this process:
- * msync answers ENOMEM for a range with pages not mapped, and with
- * MS_ASYNC it writes nothing back. */
-static bool host_mapped(const void *p, size_t n) {
+/* How host memory a copy names is mapped (host_host_access). */
+typedef enum host_hmem {
+  HOST_HMEM_OK,        /* mapped, with the access the copy needs */
+  HOST_HMEM_UNMAPPED,  /* some page is not mapped */
+  HOST_HMEM_NO_ACCESS, /* mapped, some of it without that access */
+  HOST_HMEM_UNKNOWN    /* /proc/self/maps cannot be read */
+} host_hmem_t;
+
+/* What /proc/self/maps says of [a, end), which does not wrap: the
+ * mappings it lists in order must cover it without a gap, each with the
+ * permission letter need ('r' or 'w'). Read with read(2) into the stack
+ * (no allocation; a forked child may call it), its lines cut to their
+ * head: "start-end perms ...". Costs a walk of the process's mappings, on
+ * copies of host memory no host device knows only (pageable memory, which
+ * a GPU's driver stages slowly too). */
+static host_hmem_t host_maps_check(uintptr_t a, uintptr_t end, char need) {
+  if (a >= end)
+    return HOST_HMEM_OK;
+  int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return HOST_HMEM_UNKNOWN;
+  char buf[4096], head[80];
+  size_t hn = 0;
+  uintptr_t cur = a;
+  host_hmem_t res = HOST_HMEM_UNMAPPED; /* the list ended short of end */
+  bool done = false;
+  ssize_t got = 0;
+  while (!done && (got = read(fd, buf, sizeof buf)) > 0) {
+    for (ssize_t i = 0; i < got && !done; i++) {
+      if (buf[i] != '\n') {
+        if (hn < sizeof head - 1)
+          head[hn++] = buf[i];
+        continue;
+      }
+      head[hn] = '\0';
+      hn = 0;
+      unsigned long long lo, hi;
+      char perms[5];
+      if (sscanf(head, "%llx-%llx %4s", &lo, &hi, perms) != 3 || hi <= cur)
+        continue;
+      if (lo > cur) {
+        done = true; /* a gap at cur */
+      } else if (strchr(perms, need) == NULL) {
+        res = HOST_HMEM_NO_ACCESS;
+        done = true;
+      } else if ((cur = (uintptr_t)hi) >= end) {
+        res = HOST_HMEM_OK;
+        done = true;
+      }
+    }
+  }
+  if (!done && got < 0)
+    res = HOST_HMEM_UNKNOWN;
+  close(fd);
+  return res;
+}
+
+/* How [p, p + n), which does not wrap, is mapped in this process, for a
+ * copy that reads it (write false) or writes it. Where /proc is not
+ * mounted, only whether it is mapped: msync answers ENOMEM for a range
+ * with pages not mapped, and with MS_ASYNC it writes nothing back. */
+static host_hmem_t host_host_access(const void *p, size_t n, bool write) {
   uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
   uintptr_t a = (uintptr_t)p & ~(page - 1);
-  return msync((void *)a, (uintptr_t)p + n - a, MS_ASYNC) == 0;
+  host_hmem_t res = host_maps_check(a, (uintptr_t)p + n, write ? 'w' : 'r');
+  if (res != HOST_HMEM_UNKNOWN)
+    return res;
+  return msync((void *)a, (uintptr_t)p + n - a, MS_ASYNC) == 0
+             ? HOST_HMEM_OK
+             : HOST_HMEM_UNMAPPED;
 }
 
 /* Checks [p, p + n), a range a copy or memset queued on h touches, when it
@@ -1680,9 +1753,11 @@ static bool host_mapped(const void *p, size_t n) {
  * one a forked child inherited) is its plain allocations, the mapped
  * granules of its reservations, its page-locked host memory and its IPC
  * imports; a range that reaches into
- * one of them must lie inside it, and inside mapped granules. device:
- * the range must be such memory (a memset's destination); else it may
- * also be host memory the process has mapped (a copy's sides).
+ * one of them must lie inside it, and inside mapped granules. access:
+ * HOST_ACCESS_DEVICE, the range must be such memory (a memset's
+ * destination); else it may also be host memory the process has mapped
+ * with the access the copy needs (a copy's sides: read its source, write
+ * its destination).
  *
  * This is the driver's rule. It knows the allocation each device pointer
  * is in (cuda.h, cuPointerGetAttribute: CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
@@ -1699,13 +1774,15 @@ static bool host_mapped(const void *p, size_t n) {
  * not know is host memory, so a copy may take any host memory the process
  * has mapped, malloc'ed or not, but not an address nothing is mapped at
  * (a foreign pointer, a freed allocation), which would fault on the
- * worker. Host memory mapped without the access the copy needs (read-only,
- * PROT_NONE) is not told apart. The check is made at enqueue time only:
+ * worker, nor host memory mapped without the access the copy needs (a
+ * destination mapped read-only, a side mapped PROT_NONE), which would
+ * fault there too (host_host_access). The check is made at enqueue time only:
  * vm_unmap does not wait for queued work (its caller must, as on CUDA),
  * so a range unmapped before the work ran faults on its worker thread
  * then. */
 static mp_status_t host_check_access(host_dev_t *h, const char *fn,
-                                     const void *p, size_t n, bool device) {
+                                     const void *p, size_t n,
+                                     host_access_t access) {
   uintptr_t a = (uintptr_t)p;
   if (n > UINTPTR_MAX - a)
     return mp__fail(MP_EINVAL, "%s: (%p, %zu bytes) wraps around memory", fn, p,
@@ -1732,7 +1809,7 @@ static mp_status_t host_check_access(host_dev_t *h, const char *fn,
   }
   if (st != MP_OK || inside)
     return st;
-  if (device)
+  if (access == HOST_ACCESS_DEVICE)
     return mp__fail(MP_EINVAL,
                     "%s: (%p, %zu bytes) is not device memory: no allocation, "
                     "virtual memory mapping, page-locked host memory or IPC "
@@ -1740,13 +1817,21 @@ static mp_status_t host_check_access(host_dev_t *h, const char *fn,
                     "cuMemsetD8Async: dstDevice must be a device pointer, "
                     "else CUDA_ERROR_INVALID_VALUE)",
                     fn, p, n);
-  if (!host_mapped(p, n))
+  host_hmem_t hm = host_host_access(p, n, access == HOST_ACCESS_WRITE);
+  if (hm == HOST_HMEM_UNMAPPED)
     return mp__fail(MP_EINVAL,
                     "%s: (%p, %zu bytes) is neither memory of a host device "
                     "nor host memory mapped in this process (a foreign or "
                     "freed pointer?): cuMemcpyAsync takes a pointer the "
                     "device does not know for host memory",
                     fn, p, n);
+  if (hm == HOST_HMEM_NO_ACCESS)
+    return mp__fail(MP_EINVAL,
+                    "%s: (%p, %zu bytes) is host memory mapped without %s "
+                    "access (read-only or PROT_NONE): the copy %s it would "
+                    "fault when it ran",
+                    fn, p, n, access == HOST_ACCESS_WRITE ? "write" : "read",
+                    access == HOST_ACCESS_WRITE ? "into" : "from");
   return MP_OK;
 }
 
