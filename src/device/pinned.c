@@ -136,6 +136,17 @@ static bool pinned_stream_owned(mp_device_t *dev, mp_stream_t s) {
   return mp__device_stream_owned(pinned_under(dev), s);
 }
 
+/* The view is of its device: cuda:N's is device N (a snapshot, peers),
+ * and a stream's device is the device's answer. */
+static int pinned_ordinal(mp_device_t *dev) {
+  return mp__device_ordinal(pinned_under(dev));
+}
+
+static mp_status_t pinned_stream_ordinal(mp_device_t *dev, mp_stream_t s,
+                                         int *out) {
+  return mp__device_stream_ordinal(pinned_under(dev), s, out);
+}
+
 static int pinned_stream_capturing(mp_device_t *dev, mp_stream_t s) {
   return mp__device_stream_capturing(pinned_under(dev), s);
 }
@@ -202,6 +213,8 @@ const mp__backend_t mp__pinned_backend = {
     .capture_seen = pinned_capture_seen,
     .stream_capture_id = pinned_stream_capture_id,
     .capture_on_release = pinned_capture_on_release,
+    .stream_ordinal = pinned_stream_ordinal,
+    .ordinal = pinned_ordinal,
     .launch_host = pinned_launch_host,
     .memcpy_async = pinned_memcpy_async,
     .memset_async = pinned_memset_async,
