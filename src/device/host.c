@@ -552,11 +552,12 @@ static void host_atfork(void) {
  * mappings are the parent's pages) but has none of its stream threads:
  * work queued there would never run, and a wait for work queued before
  * the fork would never end. So the child may free (its own view) and ask,
- * but not allocate, queue or wait for queued work: as CUDA refuses a
- * forked child its parent's context, it opens a device of its own. The
- * calls that allocate or queue are refused at their start, before any lock
- * of the device (HOST_NOT_INHERITED); those that free or ask take only
- * the locks no thread of the parent held at the fork (HOST_CHILD_NEEDS). */
+ * but not allocate, queue, export or wait for queued work: as CUDA refuses
+ * a forked child its parent's context, it opens a device of its own. The
+ * calls that allocate, queue or export are refused at their start, before
+ * any lock of the device (HOST_NOT_INHERITED); those that free or ask take
+ * only the locks no thread of the parent held at the fork
+ * (HOST_CHILD_NEEDS). */
 static bool host_inherited(const host_dev_t *h) {
   return MP__UNLIKELY(
              atomic_load_explicit(&host_in_child, memory_order_relaxed)) &&
@@ -2234,7 +2235,12 @@ static mp_status_t host_ipc_export(mp_device_t *dev, void *base, size_t bytes,
                                    bool vm, mp_ipc_handle_t *h) {
   HOST_NOT_IN_HOST_FN("ipc_export");
   host_dev_t *hd = host_of(dev);
-  HOST_CHILD_NEEDS(hd, HOST_HELD_MEM, "ipc_export");
+  /* Not the memory of a device this process inherited (a forked child):
+   * it is the parent's, which would never learn of the export (its entry
+   * is not marked exported here), free it with its pages punched out and
+   * reuse it while an importer still maps it. As allocations and queued
+   * work are, refused before any lock (host_inherited). */
+  HOST_NOT_INHERITED(hd, "ipc_export");
   pthread_mutex_lock(&hd->mem_lock);
   host_entry_t *e = vm ? mp__ptrmap_find(&hd->maps, (uintptr_t)base)
                        : host_atab_at(&hd->allocs, base);
