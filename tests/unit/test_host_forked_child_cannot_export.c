@@ -9,12 +9,11 @@
  * The child starts no thread. */
 #include <criterion/criterion.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "device/backend.h"
 
 #include "../support/device_helpers.h"
+#include "../support/fork_child.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -43,17 +42,7 @@ Test(host_forked_child_cannot_export, the_parents_memory_is_not_exported) {
   cr_assert_eq(mp_pool_create(dev, NULL, &pool), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_pool_alloc(pool, MiB, NULL, &block), MP_OK);
   cr_assert_eq(mp_device_alloc(dev, MiB, &plain), MP_OK);
-  pid_t child = fork();
-  cr_assert_geq(child, 0);
-  if (child == 0) {
-    alarm(10);
-    _exit(in_child());
-  }
-  int status = 0;
-  cr_assert_eq(waitpid(child, &status, 0), child);
-  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-            "the child failed check #%d (status %#x)",
-            WIFEXITED(status) ? WEXITSTATUS(status) : -1, status);
+  expect_child_passes(in_child);
   /* The parent's own export still works. */
   mp_ipc_handle_t h;
   cr_expect_eq(mp_pool_ipc_export(pool, block, &h), MP_OK, "%s",

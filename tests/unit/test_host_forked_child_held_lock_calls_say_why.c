@@ -24,10 +24,9 @@
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "../support/device_helpers.h"
+#include "../support/fork_child.h"
 
 void *__real_calloc(size_t k, size_t n);
 void *__real_realloc(void *p, size_t n);
@@ -67,9 +66,8 @@ static void *holder_main(void *arg) {
   return NULL;
 }
 
-/* Runs call on the holder thread until it stops under the lock, forks a
- * child that runs in_child (its exit status: 0, or the number of the
- * check that failed), and lets the holder finish. */
+/* Runs call on the holder thread until it stops under the lock, runs
+ * in_child in a forked child (fork_child.h), and lets the holder finish. */
 static void fork_while_held(void (*call)(void), int (*in_child)(void)) {
   cr_assert_eq(sem_init(&stopped, 0, 0), 0);
   cr_assert_eq(sem_init(&go_on, 0, 0), 0);
@@ -78,20 +76,9 @@ static void fork_while_held(void (*call)(void), int (*in_child)(void)) {
   cr_assert_eq(pthread_create(&holder, NULL, holder_main, NULL), 0);
   while (sem_wait(&stopped) != 0) {
   }
-  pid_t child = fork();
-  cr_assert_geq(child, 0);
-  if (child == 0) {
-    alarm(10);
-    _exit(in_child());
-  }
-  int status = 0;
-  pid_t waited = waitpid(child, &status, 0);
+  expect_child_passes(in_child);
   sem_post(&go_on);
   pthread_join(holder, NULL);
-  cr_assert_eq(waited, child);
-  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-            "the child failed check #%d (status %#x)",
-            WIFEXITED(status) ? WEXITSTATUS(status) : -1, status);
   sem_destroy(&stopped);
   sem_destroy(&go_on);
 }
