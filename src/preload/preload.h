@@ -310,8 +310,16 @@ void mp__pl_record_open(const mp__pl_t *pl);
  * elsewhere, and CU_STREAM_LEGACY anywhere: cuda.h, "implicit stream with
  * legacy synchronization behavior"). A replay runs each traced stream on
  * a stream of its own (API.md, trace format); before, a _ptsz call's
- * NULL was traced as 0 and replayed in the legacy stream's order. */
-uintptr_t mp__pl_record_stream(mp__custream s, bool ptsz);
+ * NULL was traced as 0 and replayed in the legacy stream's order. Inline:
+ * every alloc and free asks (out of line, the runtime's cudaMalloc hook
+ * stopped being inlined, 55 more instructions a pair: preload_pairs.sh). */
+static inline uintptr_t mp__pl_record_stream(mp__custream s, bool ptsz) {
+  if (s == MP__CU_STREAM_LEGACY)
+    return 0;
+  if (ptsz && s == NULL)
+    return (uintptr_t)MP__CU_STREAM_PER_THREAD;
+  return (uintptr_t)s;
+}
 void mp__pl_record_alloc(uintptr_t ptr, size_t size, uintptr_t stream, bool ok);
 void mp__pl_record_free(uintptr_t ptr, size_t size, uintptr_t stream);
 /* A free recorded before the call that then failed: counted as no free,

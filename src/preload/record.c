@@ -368,14 +368,6 @@ static void mp__write(const char *action, uintptr_t ptr, size_t size,
   mp__check_written();
 }
 
-uintptr_t mp__pl_record_stream(mp__custream s, bool ptsz) {
-  if (s == MP__CU_STREAM_LEGACY)
-    return 0;
-  if (ptsz && s == NULL)
-    return (uintptr_t)MP__CU_STREAM_PER_THREAD;
-  return (uintptr_t)s;
-}
-
 void mp__pl_record_alloc(uintptr_t ptr, size_t size, uintptr_t stream,
                          bool ok) {
   size_t reserved = mp__rec.json ? mp__reserved_now() : 0;
