@@ -734,9 +734,11 @@ static int mpb_load(const mpb_cli_t *c, mpb_jobs_t *jobs) {
         return 2;
       }
       /* A link to a trace in the folder would have run it twice. */
-      for (size_t i = 0; i < nsame && !c->quiet; i++)
+      for (size_t i = 0; i < nsame && !c->quiet; i++) {
+        char shown_dir[MP__CLIP], shown[MP__CLIP];
         fprintf(stderr, "mpbench: traces %s: %s (one file, replayed once)\n",
-                dir, same[i]);
+                mpb_shown(dir, shown_dir), mpb_shown(same[i], shown));
+      }
       mpb_traces_free(same, nsame);
       for (size_t i = 0; i < nrel; i++) {
         char path[PATH_MAX * 2], nm[PATH_MAX * 2];
@@ -757,10 +759,11 @@ static int mpb_load(const mpb_cli_t *c, mpb_jobs_t *jobs) {
   }
   for (size_t i = 0; i < names.n; i++)
     if (strlen(names.v[i]) > MPB_MAX_NAME) {
+      char shown[MP__CLIP];
       fprintf(stderr,
               "mpbench: trace %s: its name (%zu bytes) is longer than the %d "
               "a result holds; move it to a shorter path\n",
-              traces.v[i], strlen(names.v[i]), MPB_MAX_NAME);
+              mpb_shown(traces.v[i], shown), strlen(names.v[i]), MPB_MAX_NAME);
       rc = 2;
       goto out;
     }
@@ -982,6 +985,7 @@ int mpb_main(int argc, char **argv) {
   size_t nmaps = 0;
   mp_device_t *dev = NULL;
   mpb_strv_t unavailable = {0}, allocs = {0};
+  char shown_out[MP__CLIP]; /* --out as its messages show it */
   if (rc >= 0)
     goto out;
   if (c.bound) {
@@ -1030,7 +1034,8 @@ int mpb_main(int argc, char **argv) {
     goto out;
   }
   if (mpb_report_check_dir(c.out_dir) != MP_OK) {
-    fprintf(stderr, "mpbench: --out %s: %s\n", c.out_dir, mp_last_error());
+    fprintf(stderr, "mpbench: --out %s: %s\n", mpb_shown(c.out_dir, shown_out),
+            mp_last_error());
     rc = 2;
     goto out;
   }
@@ -1042,7 +1047,8 @@ int mpb_main(int argc, char **argv) {
     goto out;
   }
   if (c.plots && mpb_report_check_plots(c.out_dir, jobs.w, jobs.nw) != MP_OK) {
-    fprintf(stderr, "mpbench: --out %s: %s\n", c.out_dir, mp_last_error());
+    fprintf(stderr, "mpbench: --out %s: %s\n", mpb_shown(c.out_dir, shown_out),
+            mp_last_error());
     rc = 2;
     goto out;
   }
@@ -1103,8 +1109,8 @@ int mpb_main(int argc, char **argv) {
   char why[512];
   if (mpb_report_write_maps(c.out_dir, res, done, maps, nmaps, c.plots,
                             &plotted, why, sizeof why) != MP_OK) {
-    fprintf(stderr, "mpbench: writing results to %s: %s\n", c.out_dir,
-            mp_last_error());
+    fprintf(stderr, "mpbench: writing results to %s: %s\n",
+            mpb_shown(c.out_dir, shown_out), mp_last_error());
     rc = 1;
     goto out;
   }
