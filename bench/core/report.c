@@ -984,6 +984,18 @@ mp_status_t mpb_report_check_plots(const char *dir, const mpb_workload_t *w,
 }
 
 /* mpb_plot's work, for the workloads wl and allocators al of r. */
+/* Closes f, a plot file written to path: a write that failed on the way
+ * (ferror: a disk that filled partway) or at the flush (fclose) fails the
+ * plots, so that gnuplot does not draw truncated data without a word. */
+static mp_status_t mpb_plot_close(FILE *f, const char *path) {
+  bool failed = ferror(f) != 0;
+  if (fclose(f) != 0)
+    return mp__fail(MP_EINVAL, "cannot write %s: %s", path, strerror(errno));
+  if (failed)
+    return mp__fail(MP_EINVAL, "cannot write %s: a write to it failed", path);
+  return MP_OK;
+}
+
 static mp_status_t mpb_plot_names(const char *tmp, const char *term,
                                   const mpb_result_t *r, size_t n,
                                   const mpb_names_t *wl, const mpb_names_t *al,
@@ -1013,7 +1025,7 @@ static mp_status_t mpb_plot_names(const char *tmp, const char *term,
     FILE *d = fopen(path, "w");
     if (d == NULL) {
       fclose(gp);
-      return mp__fail(MP_EINVAL, "cannot write %s", path);
+      return mp__fail(MP_EINVAL, "cannot write %s: %s", path, strerror(errno));
     }
     /* One block per allocator (gnuplot "index"), live and reserved. The
      * live line is the same for every allocator that got as far, so it is
@@ -1033,7 +1045,10 @@ static mp_status_t mpb_plot_names(const char *tmp, const char *term,
       }
       blocks++;
     }
-    fclose(d);
+    if (mpb_plot_close(d, path) != MP_OK) {
+      fclose(gp);
+      return MP_EINVAL;
+    }
     char png[200];
     mpb_png_name(wl->v[w], files, png, sizeof png);
     fprintf(gp, "set output '%s'\nset title ", png);
@@ -1083,7 +1098,7 @@ static mp_status_t mpb_plot_names(const char *tmp, const char *term,
   FILE *d = fopen(path, "w");
   if (d == NULL) {
     fclose(gp);
-    return mp__fail(MP_EINVAL, "cannot write %s", path);
+    return mp__fail(MP_EINVAL, "cannot write %s: %s", path, strerror(errno));
   }
   for (size_t w = 0; w < wl->n; w++) {
     fputc('"', d);
@@ -1104,7 +1119,10 @@ static mp_status_t mpb_plot_names(const char *tmp, const char *term,
     }
     fputc('\n', d);
   }
-  fclose(d);
+  if (mpb_plot_close(d, path) != MP_OK) {
+    fclose(gp);
+    return MP_EINVAL;
+  }
   fprintf(gp,
           "set terminal %s 1600,900\nset output 'ratios.png'\n"
           "set title 'peak reserved / peak live (1.0 is the limit; lower "
@@ -1137,7 +1155,9 @@ static mp_status_t mpb_plot_names(const char *tmp, const char *term,
   fputs("\n", gp);
   mpb_names_add(files, "ratios.png");
 run:
-  fclose(gp);
+  snprintf(path, sizeof path, "%s/plot.gp", tmp);
+  if (mpb_plot_close(gp, path) != MP_OK)
+    return MP_EINVAL;
   if (plots == 0) {
     snprintf(why, why_len, "no run got as far as a figure to plot");
     return MP_ENOTSUP;
