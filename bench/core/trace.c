@@ -541,6 +541,7 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
   bool pickle = false;
   mpb_scan_t scan = {.line = 1};
   mp_status_t st = MP_OK;
+  size_t off = 0; /* bytes read so far */
   for (;;) {
     if (cap - len < 65536) {
       size_t ncap = cap ? cap * 2 : 1 << 20;
@@ -559,9 +560,18 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
     size_t want = cap - len;
     if (pickle && !regular && want > MPB_MAX_PIPED_SNAPSHOT + 1 - len)
       want = MPB_MAX_PIPED_SNAPSHOT + 1 - len;
+    errno = 0;
     size_t got = fread(buf + len, 1, want, f);
+    if (got < want && ferror(f) != 0) {
+      /* Said at once, while errno is the read's. */
+      int err = errno;
+      st = mp__fail(MP_EINVAL, "cannot read trace %s at offset %zu: %s", what,
+                    off + got, err != 0 ? strerror(err) : "read error");
+      break;
+    }
     if (got == 0)
       break;
+    off += got;
     if (csv == NULL && !pickle) {
       pickle = mpb_snapshot_detect(buf, got);
       if (!pickle && (st = mpb_csv_begin(&csv, what, name, out)) != MP_OK)
@@ -599,8 +609,6 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
     memmove(buf, buf + used, len - used);
     len -= used;
   }
-  if (st == MP_OK && ferror(f) != 0)
-    st = mp__fail(MP_EINVAL, "cannot read trace %s", what);
   fclose(f);
   if (csv != NULL) { /* the last line, if it has no '\n' */
     if (st == MP_OK && len > 0)

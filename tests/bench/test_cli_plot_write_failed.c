@@ -19,27 +19,14 @@
 #include "cli_run.h"
 #include "fake_gnuplot.h"
 #include "mpbench.h"
+#include "stream_named.h"
 
 static const char *failing; /* a file name: its close or its ferror fails */
 static int at_ferror;       /* 1: ferror fails it, 0: fclose does */
 
-/* Whether f is open on a file named failing. */
-static int is_failing(FILE *f) {
-  if (failing == NULL)
-    return 0;
-  char fd[64], path[PATH_MAX];
-  snprintf(fd, sizeof fd, "/proc/self/fd/%d", fileno(f));
-  ssize_t n = readlink(fd, path, sizeof path - 1);
-  if (n <= 0)
-    return 0;
-  path[n] = '\0';
-  const char *base = strrchr(path, '/');
-  return base != NULL && strcmp(base + 1, failing) == 0;
-}
-
 int fclose(FILE *f) {
   int (*next)(FILE *) = (int (*)(FILE *))dlsym(RTLD_NEXT, "fclose");
-  int fail = !at_ferror && is_failing(f);
+  int fail = !at_ferror && stream_named(f, failing);
   int rc = next(f);
   if (fail) {
     errno = ENOSPC;
@@ -50,7 +37,7 @@ int fclose(FILE *f) {
 
 int ferror(FILE *f) {
   int (*next)(FILE *) = (int (*)(FILE *))dlsym(RTLD_NEXT, "ferror");
-  return (at_ferror && is_failing(f)) || next(f);
+  return (at_ferror && stream_named(f, failing)) || next(f);
 }
 
 static char trace[128], out[128];
