@@ -185,7 +185,11 @@ static atomic_uint mp__gr_begun; /* nbegun + lost, read without the lock */
  * captures: 0 when there are none. Rebuilt under the lock. */
 static _Atomic uint64_t mp__gr_outmask;
 
-/* fork() child: the parent's captures and graphs are not the child's. */
+/* fork() child: the parent's captures and graphs are not the child's. The
+ * tables (execs, gholds, nodes, embeds) are emptied but kept with their
+ * room, which the child's own entries reuse (their entries hold handles
+ * only, nothing allocated): nothing is leaked. A capture's outputs are
+ * freed, its slot emptied. */
 static void mp__graphs_child(void) {
   for (size_t i = 0; i < MP__PL_CAPTURES; i++)
     free(mp__gr.caps[i].outs);

@@ -111,9 +111,13 @@ mp__curesult cuStreamDestroy_v2(mp__custream hStream) {
   mp__curesult r = rc->cuStreamDestroy_v2 ? rc->cuStreamDestroy_v2(hStream)
                                           : MP__CU_NOT_INITIALIZED;
   /* Destroyed, the set-aside slots are forgotten with the handle dead
-   * (never asked: a new stream may have it already, and keeps its own
-   * slot); refused, they are the stream's again, epochs and routes as
-   * they were. Destroyed, a capture the stream began is over: nothing can
+   * (never asked: a new stream may have it already). So is a slot the
+   * handle matched during the destroy (src/pool/stream.c,
+   * mp__stream_forget_dead), unless it is marked capturing: only a new
+   * stream's capture begin can have marked it, and that stream keeps it
+   * with its route; any other new stream with the handle gets a slot at
+   * its next call. Refused, they are the stream's again, epochs and routes
+   * as they were. Destroyed, a capture the stream began is over: nothing can
    * end it now (mp__pl_capture_destroyed); left begun, it prohibited
    * this thread's cuMemAlloc and cuMemFree in global mode for good, and
    * its graph pool lived until exit. */
