@@ -1372,7 +1372,8 @@ static mp_status_t host_file_range(host_dev_t *h, const char *what,
 }
 
 /* mem_lock held. Takes back the range (off, bytes) that host_file_range
- * handed out and nothing ever mapped (the mmap failed), when no range was
+ * handed out and nothing wrote to (the mmap, or the table entry that
+ * tracks it, failed: host_alloc, host_vm_map_at), when no range was
  * handed out after it: offsets are never reused, so without this a size
  * the address space cannot hold (mmap fails, past 128 TiB on x86-64) would
  * use up the file's offsets for good, and every later allocation and map
@@ -1450,8 +1451,11 @@ static mp_status_t host_alloc(mp_device_t *dev, size_t bytes, void **out) {
                                                        .bytes = bytes,
                                                        .off = off,
                                                        .flags = 0});
-  if (!kept)
+  if (!kept) {
+    /* Nothing was written through p: no pages to punch out. */
     h->used -= bytes;
+    host_file_unrange(h, off, bytes);
+  }
   pthread_mutex_unlock(&h->mem_lock);
   if (!kept) {
     munmap(p, bytes);
@@ -1989,12 +1993,10 @@ static mp_status_t host_vm_map_at(mp_device_t *dev, void *addr, size_t bytes,
     } else {
       off = foreign_off;
     }
+    bool charged = own && st == MP_OK;
     host_entry_t *e = NULL;
-    if (st == MP_OK &&
-        (e = mp__ptrmap_put(&h->maps, (uintptr_t)addr)) == NULL) {
-      h->used -= own ? bytes : 0;
+    if (st == MP_OK && (e = mp__ptrmap_put(&h->maps, (uintptr_t)addr)) == NULL)
       st = mp__fail(MP_ENOMEM, "vm_map: out of host memory");
-    }
     if (st == MP_OK)
       *e = (host_entry_t){.key = (uintptr_t)addr,
                           .bytes = bytes,
@@ -2004,9 +2006,15 @@ static mp_status_t host_vm_map_at(mp_device_t *dev, void *addr, size_t bytes,
                             MAP_SHARED | MAP_FIXED | MAP_NORESERVE,
                             own ? h->memfd : fd, (off_t)off) == MAP_FAILED) {
       mp__ptrmap_remove(&h->maps, e);
-      h->used -= own ? bytes : 0;
       st = mp__fail(MP_ENOMEM, "vm_map: mmap of %zu bytes failed: %s", bytes,
                     strerror(errno));
+    }
+    /* A failure after the charge gives back the capacity and the file
+     * range, as host_alloc does: mem_lock was held since the range was
+     * handed out, so it is the last one and its offsets are reused. */
+    if (st != MP_OK && charged) {
+      h->used -= bytes;
+      host_file_unrange(h, off, bytes);
     }
     if (st == MP_OK)
       r->mapped += bytes;
