@@ -2191,6 +2191,20 @@ static mp_status_t host_vm_mapping(host_dev_t *h, void *addr, size_t bytes,
   return MP_OK;
 }
 
+/* Makes the mapped range (addr, bytes) of a reservation PROT_NONE again,
+ * keeping it taken, so that no other mmap lands inside the reservation: an
+ * anonymous PROT_NONE mapping over it, or, where the kernel refuses that
+ * (ENOMEM: too many mappings), the mapping itself made PROT_NONE. false
+ * (errno set) when both fail: the range is as it was, unless the failed
+ * mmap took the mapping away (Linux may), which a retry fences again. */
+static bool host_fence(void *addr, size_t bytes) {
+  if (mmap(addr, bytes, PROT_NONE,
+           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1,
+           0) != MAP_FAILED)
+    return true;
+  return mprotect(addr, bytes, PROT_NONE) == 0;
+}
+
 static mp_status_t host_vm_unmap(mp_device_t *dev, void *addr, size_t bytes) {
   HOST_NOT_IN_HOST_FN("vm_unmap");
   host_dev_t *h = host_of(dev);
@@ -2209,6 +2223,11 @@ static mp_status_t host_vm_unmap(mp_device_t *dev, void *addr, size_t bytes) {
   host_sleep_us(h->latency_us);
   pthread_mutex_lock(&h->mem_lock);
   st = host_vm_mapping(h, addr, bytes, &e);
+  if (st == MP_OK && !host_fence(addr, bytes))
+    st = mp__fail(MP_ENOMEM,
+                  "vm_unmap: cannot fence (%p, %zu bytes) again (%s): the "
+                  "range stays mapped",
+                  addr, bytes, strerror(errno));
   if (st == MP_OK) {
     host_entry_t gone = *e;
     mp__ptrmap_remove(&h->maps, e);
@@ -2218,10 +2237,8 @@ static mp_status_t host_vm_unmap(mp_device_t *dev, void *addr, size_t bytes) {
     r->mapped -= bytes;
     if (!(gone.flags & HOST_MEM_FOREIGN))
       h->used -= bytes;
-    /* Fence the range again and give the file range back (the next map
-     * reads zeros). */
-    mmap(addr, bytes, PROT_NONE,
-         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    /* The range is fenced: give the file range back (the next map reads
+     * zeros). */
     host_file_release(h, &gone);
   }
   pthread_mutex_unlock(&h->mem_lock);
