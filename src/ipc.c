@@ -544,11 +544,14 @@ static mp_status_t mp__ipc_unmap(mp_device_t *dev, const struct mp__import *im,
                     "%s (the device closes, but the import stays mapped, and "
                     "its lease open, until the process exits)",
                     mp_last_error());
+  /* MP_ENODEV is a refusal for good (the host device in a forked child
+   * of the process that opened it, which no thread of the child will
+   * drain): a close again would be refused the same. */
   if (!unmapped && !force)
-    return mp__fail(st,
-                    "%s (the import is still mapped and leased: close it "
-                    "again)",
-                    mp_last_error());
+    return mp__fail(st, "%s (the import is still mapped and leased%s)",
+                    mp_last_error(),
+                    st == MP_ENODEV ? ": this process cannot close it"
+                                    : ": close it again");
   if (st != MP_OK && unmapped)
     return mp__fail(st, "%s (the memory is unmapped and the import closed)",
                     mp_last_error());
