@@ -56,7 +56,11 @@ typedef struct mp__backend {
    * yet), and refuses from a host function of any host device. */
   mp_status_t (*caller_check)(mp_device_t *dev, const char *fn);
   /* true when s was made by stream_create on dev and is not destroyed yet;
-   * asks no driver (a destroyed handle is undefined behaviour there). */
+   * asks no driver (a destroyed handle is undefined behaviour there). The
+   * host backend answers true for every handle in a forked child whose
+   * stream registry was held at the fork (it cannot look): mp_stream_destroy
+   * is then refused by caller_check, with the reason, before any pool
+   * forgets the stream (host.c, host_stream_owned, host_caller_check). */
   bool (*stream_owned)(mp_device_t *dev, mp_stream_t s);
   mp_status_t (*stream_synchronize)(mp_device_t *dev, mp_stream_t s);
   /* MP_OK when all work queued on s has completed, MP_EBUSY when not;
