@@ -1527,7 +1527,9 @@ static mp_status_t host_free(mp_device_t *dev, void *ptr) {
 static mp_status_t host_host_alloc(mp_device_t *dev, size_t bytes, void **out) {
   HOST_NOT_IN_HOST_FN("mp_device_host_alloc");
   host_dev_t *h = host_of(dev);
-  HOST_CHILD_NEEDS(h, HOST_HELD_MEM, "mp_device_host_alloc");
+  /* An allocation like any other (host_inherited): CUDA refuses a forked
+   * child its parent's context, cuMemHostAlloc included. */
+  HOST_NOT_INHERITED(h, "mp_device_host_alloc");
   /* Pinning pages is a driver call like any other (cuMemHostAlloc). */
   host_sleep_us(h->latency_us);
   void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
