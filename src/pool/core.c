@@ -208,10 +208,53 @@ static _Thread_local mp__hkept_t mp__oom_under;
 static _Thread_local size_t mp__oom_asked;
 static _Thread_local uintptr_t mp__oom_stream;
 
+/* Whether virtual range v has no place for size bytes: neither the room
+ * at its top nor any hole, with the free blocks beside them, holds that
+ * much. Every place growth may take there (vrange.c, mp__find_placement)
+ * holds at most that, so growth into v can only fail. */
+static bool mp__vrange_full_for(const mp__segment_t *v, size_t size) {
+  const mp__block_t *t = v->last;
+  size_t top = v->va_size - v->span;
+  if (t != NULL && (t->flags & MP__B_FREE))
+    top += t->size;
+  if (top >= size)
+    return false;
+  for (size_t k = 0; k < v->nholes; k++) {
+    const mp__block_t *h = v->holes[k];
+    size_t n = h->size;
+    if (h->prev != NULL && (h->prev->flags & MP__B_FREE))
+      n += h->prev->size;
+    if (h->next != NULL && (h->next->flags & MP__B_FREE))
+      n += h->next->size;
+    if (n >= size)
+      return false;
+  }
+  return true;
+}
+
 const char *mp__pausable_note(const mp_pool_t *pool, mp_status_t st,
                               size_t asked, size_t room) {
   bool pausable = (pool->cfg.flags & MP_POOL_PAUSABLE) &&
                   (pool->cfg.flags & MP_POOL_VIRTUAL);
+  /* The range has no place left (its holes too small, its top taken):
+   * growth answers MP_ENOMEM, which the ladder's trim goes on from (grow.c),
+   * but the device did not refuse anything. There is no option for the
+   * range's size: it is twice the device's size or the cap, whichever is
+   * larger, at create, or twice the cap of the moment where the address
+   * space cannot hold that (vrange.c, mp__vrange_ready). */
+  if (pausable && st == MP_ENOMEM && pool->vseg != NULL &&
+      mp__vrange_full_for(pool->vseg, asked)) {
+    static _Thread_local char note[320];
+    char v[32];
+    snprintf(note, sizeof note,
+             " (pausable=1: the pool's virtual range of %s is full, no hole "
+             "in it nor its top holding the request, and a plain segment "
+             "would make the pool unpausable; the range is sized at create "
+             "from the device's size or the cap, from the cap alone where "
+             "address space is short; pausable=0 allows plain segments)",
+             mp__fmt_bytes(v, sizeof v, pool->vseg->va_size));
+    return note;
+  }
   if (pausable && st == MP_ELIMIT && asked <= room)
     return " (pausable=1: what is left under the cap is less than the "
            "whole granules the request needs, and a plain segment would "
