@@ -1254,6 +1254,14 @@ mp_status_t mp__pool_trim_marked(mp_pool_t *pool, size_t keep_bytes) {
     return cst;
   if (pool->arenas != NULL)
     return mp__arena_trim(pool, keep_bytes);
+  /* The retries below ignore a refusal (the next trim tries again), and a
+   * trim that succeeds leaves the caller's last error as it was
+   * (status.h: a success does not replace it), as mp__segment_trim does:
+   * before, a kept staging buffer's or a stray's refused retry was the
+   * last error of a trim that answered MP_OK. */
+  mp__error_saved_t was;
+  mp__error_save(&was);
+  uint64_t first = mp__error_serial();
   (void)mp__defrag_stage_retry(pool); /* a staging buffer a refusal kept */
   mp__pool_lock(pool);
   mp_status_t st = mp__pool_paused(pool, "mp_pool_trim");
@@ -1270,5 +1278,7 @@ mp_status_t mp__pool_trim_marked(mp_pool_t *pool, size_t keep_bytes) {
     (void)mp__vrange_strays_retry(pool);
   }
   mp__pool_unlock(pool);
+  if (st == MP_OK && mp__error_serial() != first)
+    mp__error_restore(&was);
   return st;
 }
