@@ -318,9 +318,11 @@ static mp_status_t mp__pool_destroy_free(mp_pool_t *pool, bool *gone) {
    * device that refuses it (a driver error, a free it does not permit
    * now) leaves the pool as it was, for a later destroy. First a staging
    * buffer an earlier refusal kept (defrag.c). */
+  uint64_t since = mp__error_serial();
   st = mp__defrag_stage_retry(pool);
   if (st != MP_OK) {
     mp__export_unseal(pool);
+    (void)mp__device_said(st, since); /* not an older failure as its why */
     return mp__fail(st,
                     "mp_pool_destroy: the device refused to free a "
                     "defragmentation staging buffer, so nothing was "
@@ -579,15 +581,18 @@ mp_status_t mp_pool_set_access(mp_pool_t *pool, mp_device_t *peer) {
   unsigned n = atomic_load(&pool->npeers);
   mp__segment_t *v = pool->vseg;
   size_t mapped = mp__pool_chunks_mapped(pool, v);
-  for (size_t i = 0; i < mapped; i++)
+  for (size_t i = 0; i < mapped; i++) {
+    uint64_t since = mp__error_serial();
     if ((st = mp__device_vm_access(pool->dev, (void *)v->chunks[i].addr,
                                    v->chunks[i].size, peer)) != MP_OK) {
       char why[MP__ERROR_MAX];
+      st = mp__device_said(st, since); /* not an older failure as its why */
       snprintf(why, sizeof why, "%s", mp_last_error());
       mp__peer_revoke(pool, peer, i);
       mp__fail(st, "%s", why);
       goto out;
     }
+  }
   pool->peers[n] = peer;
   atomic_store_explicit(&pool->npeers, n + 1, memory_order_release);
 out:

@@ -2086,8 +2086,20 @@ typedef struct mp__lost {
   size_t bytes, n;
   char why[MP__ERROR_MAX];
 } mp__lost_t;
-/* Notes refusal st (mp_last_error() its message) of what at [at, +bytes).
- * Inline: grow.c and vrange.c, which grow.c calls, both note. */
+/* Where a device call that refused with st recorded no message (the
+ * thread's error serial is still `since`, mp__error_serial() before the
+ * call: a backend's table promises none), records st's name and that the
+ * device gave no reason; returns st. So that mp_last_error(), copied as
+ * the device's reason (mp__lost_note, a stray's message, a kept staging
+ * buffer's), is never an older failure of the thread. */
+static inline mp_status_t mp__device_said(mp_status_t st, uint64_t since) {
+  if (mp__error_serial() != since)
+    return st;
+  return mp__fail(st, "%s (the device gave no reason)", mp_status_string(st));
+}
+/* Notes refusal st (mp_last_error() its message: mp__device_said makes it
+ * the refusing call's) of what at [at, +bytes). Inline: grow.c and
+ * vrange.c, which grow.c calls, both note. */
 static inline void mp__lost_note(mp__lost_t *lost, mp_status_t st,
                                  const char *what, uintptr_t at, size_t bytes) {
   if (lost->n++ > 0)

@@ -924,13 +924,14 @@ static mp_status_t mp__strays_unmap(mp_pool_t *pool, uintptr_t a,
       i++;
       continue;
     }
+    uint64_t since = mp__error_serial();
     mp_status_t st = mp__device_vm_unmap(pool->dev, (void *)c.addr, c.size);
     if (st == MP_OK) {
       pool->strays[i] = pool->strays[--pool->nstrays];
       continue;
     }
     if (first == MP_OK) {
-      first = st;
+      first = mp__device_said(st, since);
       left = c;
       snprintf(why, sizeof why, "%s", mp_last_error());
     }
@@ -999,9 +1000,11 @@ mp_status_t mp__pool_vm_map(mp_pool_t *pool, void *addr, size_t bytes) {
   if (st == MP_OK)
     st = mp__device_vm_map(pool->dev, addr, bytes);
   for (unsigned i = 0; st == MP_OK && i < n; i++) {
+    uint64_t since = mp__error_serial();
     st = mp__device_vm_access(pool->dev, addr, bytes, pool->peers[i]);
     if (st != MP_OK) {
       char why[MP__ERROR_MAX];
+      st = mp__device_said(st, since);
       snprintf(why, sizeof why, "%s", mp_last_error());
       /* Refused too, the mapping stays on the device outside the chunks:
        * kept (a stray), never served (a peer cannot reach it), unmapped
@@ -1018,13 +1021,17 @@ mp_status_t mp__pool_vm_map(mp_pool_t *pool, void *addr, size_t bytes) {
 }
 
 void mp__vrange_release(mp_pool_t *pool, mp__segment_t *s, mp__lost_t *lost) {
+  /* The device's reason for each refusal only where it gave one
+   * (mp__device_said): else the note took an older failure for it. */
   for (size_t i = mp__pool_chunks_mapped(pool, s); i-- > 0;) {
     mp__chunk_t c = s->chunks[i];
+    uint64_t since = mp__error_serial();
     mp_status_t st = mp__device_vm_unmap(pool->dev, (void *)c.addr, c.size);
     if (st == MP_OK)
       pool->st.device_free_count++;
     else
-      mp__lost_note(lost, st, "unmap the chunk", c.addr, c.size);
+      mp__lost_note(lost, mp__device_said(st, since), "unmap the chunk", c.addr,
+                    c.size);
   }
   mp_status_t st = mp__strays_unmap(pool, s->base, s->va_size);
   if (st != MP_OK)
@@ -1034,9 +1041,11 @@ void mp__vrange_release(mp_pool_t *pool, mp__segment_t *s, mp__lost_t *lost) {
   pool->strays = NULL;
   pool->nstrays = pool->strays_cap = 0;
   /* Refused too where a mapping stays in it (cuMemAddressFree). */
+  uint64_t since = mp__error_serial();
   st = mp__device_vm_release(pool->dev, (void *)s->base, s->va_size);
   if (st != MP_OK)
-    mp__lost_note(lost, st, "release the virtual range", s->base, s->va_size);
+    mp__lost_note(lost, mp__device_said(st, since), "release the virtual range",
+                  s->base, s->va_size);
   free(s->chunks);
   free(s->holes);
 }

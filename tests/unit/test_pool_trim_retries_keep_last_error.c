@@ -12,6 +12,7 @@
 
 #include "../support/pool_helpers.h"
 #include "flaky_unmap.h"
+#include "kept_staging.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -46,15 +47,7 @@ Test(pool_trim_retries_keep_last_error, a_kept_staging_buffer) {
   fake_dev_t *f = fake_of(dev);
   mp_pool_t *p =
       make_pool(dev, "virtual=0,max_bytes=8M,segment_bytes=2M,align=512");
-  mp_handle_t *h[2];
-  size_t sizes[2] = {4096, MiB}, moved = 0;
-  for (int i = 0; i < 2; i++)
-    cr_assert_eq(mp_pool_alloc_movable(p, sizes[i], NULL, &h[i]), MP_OK);
-  cr_assert_eq(mp_handle_free(h[0]), MP_OK);
-  f->refuse_frees = 1;
-  cr_assert_eq(mp_pool_defragment(p, NULL, &moved), MP_EDRIVER, "%s",
-               mp_last_error());
-  cr_assert_eq(p->nstage_kept, 1, "no staging buffer kept");
+  mp_handle_t *big = kept_staging_buffer(p, dev);
   char msg[MP__ERROR_MAX];
   caller_failure(msg, sizeof msg);
   f->refuse_frees = 1;
@@ -63,7 +56,7 @@ Test(pool_trim_retries_keep_last_error, a_kept_staging_buffer) {
   cr_expect_eq(f->refuse_frees, 0, "the kept buffer's free was not tried");
   cr_expect_eq(mp_pool_trim(p, 0), MP_OK, "%s", mp_last_error());
   cr_expect_eq(p->nstage_kept, 0, "the kept buffer is still kept");
-  cr_assert_eq(mp_handle_free(h[1]), MP_OK);
+  cr_assert_eq(mp_handle_free(big), MP_OK);
   fake_pool_finish(p, dev);
 }
 
