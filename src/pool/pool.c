@@ -283,12 +283,14 @@ static mp_status_t mp__pool_destroy_ready(mp_pool_t *pool, size_t arena) {
    * owed; one that fails leaves them owed. */
   uint64_t snap = wait ? mp__streams_sync_begin(pool) : 0;
   mp__pool_sync_begin(pool);
+  uint64_t since = mp__error_serial();
   mp_status_t st = wait ? mp__sync_set_wait(pool->dev, &set) : MP_OK;
   mp__pool_sync_end(pool);
   if (wait)
     mp__sync_set_done(pool, &set, snap, st);
   if (st != MP_OK) {
     mp__pool_unlock(pool);
+    (void)mp__device_said(st, since); /* not an older failure as its why */
     return mp__fail(st,
                     "mp_pool_destroy: cannot wait for the device here, so "
                     "nothing was released and the pool is as it was: %s",

@@ -6,7 +6,8 @@
  * ("mp_pool_trim: pool is NULL"), as the device's reason: mp_pool_destroy's
  * refused unmap of a chunk, of a stray, and of a kept staging buffer's
  * free; a growth whose map a peer's access refused; mp_pool_set_access
- * refused for a chunk mapped already. As test_pool_refusal_gives_no_stale_
+ * refused for a chunk mapped already; mp_pool_destroy's wait for the
+ * streams refused. As test_pool_refusal_gives_no_stale_
  * reason.c for plain segments and the trim. */
 #include <criterion/criterion.h>
 #include <string.h>
@@ -17,9 +18,9 @@
 
 #define MiB ((size_t)1 << 20)
 
-/* The next bare_unmaps unmaps and bare_accesses grants are refused
- * without a message. */
-static unsigned bare_unmaps, bare_accesses;
+/* The next bare_unmaps unmaps, bare_accesses grants and bare_waits event
+ * waits are refused without a message. */
+static unsigned bare_unmaps, bare_accesses, bare_waits;
 static mp__backend_t bare_backend;
 
 static mp_status_t bare_vm_unmap(mp_device_t *dev, void *addr, size_t bytes) {
@@ -39,16 +40,25 @@ static mp_status_t bare_vm_access(mp_device_t *dev, void *addr, size_t bytes,
   return flaky_vm_access(dev, addr, bytes, peer, grant);
 }
 
+static mp_status_t bare_event_sync(mp_device_t *dev, mp_event_t e) {
+  if (bare_waits > 0) {
+    bare_waits--;
+    return MP_EDRIVER;
+  }
+  return fake_event_x(dev, e);
+}
+
 /* The flaky device (1 GiB, 2 MiB granules) refusing bare, and its peer. */
 static mp_device_t *bare_open(mp_device_t **peer) {
   mp_device_t *dev = flaky_open(0);
   bare_backend = flaky_backend;
   bare_backend.vm_unmap = bare_vm_unmap;
   bare_backend.vm_access = bare_vm_access;
+  bare_backend.event_synchronize = bare_event_sync;
   dev->ops = &bare_backend;
   *peer = flaky_peer_open();
   (*peer)->ops = &bare_backend; /* a device of the pool's kind */
-  bare_unmaps = bare_accesses = 0;
+  bare_unmaps = bare_accesses = bare_waits = 0;
   return dev;
 }
 
@@ -137,4 +147,22 @@ Test(pool_unmap_refusal_no_stale_reason, a_refused_staging_buffer_free) {
   f->refuse_frees = 1;
   expect_no_reason(mp_pool_destroy(p), "staging buffer");
   fake_pool_finish(p, dev);
+}
+
+/* The device refuses the destroy's wait for the pool's streams: nothing
+ * released, the pool as it was. */
+Test(pool_unmap_refusal_no_stale_reason, a_refused_wait_at_destroy) {
+  mp_device_t *peer, *dev = bare_open(&peer);
+  void *v[2];
+  mp_pool_t *p = pool_with_block(dev, &v[0]);
+  mp_stream_t s; /* a stream of its own, which the destroy waits for */
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  cr_assert_eq(mp_pool_alloc(p, 4096, s, &v[1]), MP_OK, "%s", mp_last_error());
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(mp_pool_free(p, v[i]), MP_OK);
+  caller_failure();
+  bare_waits = 1;
+  expect_no_reason(mp_pool_destroy(p), "cannot wait for the device here");
+  fake_pool_finish(p, dev);
+  fake_close(peer);
 }
