@@ -126,15 +126,14 @@ mp_status_t mp__segment_trim(mp_pool_t *pool, size_t keep, const char *who) {
    * or chunk a live block shares) is no refusal either: counted over the
    * whole trim, a refusal that later went made the trim report the
    * device's refusal of memory it never refused. */
-  uint64_t refused = 0;
-  bool said = false; /* a refusal of that pass recorded why */
+  uint64_t refused = 0, since = 0; /* since: the last pass's start */
   while (mp__free_bytes(pool) > keep) {
-    uint64_t before = pool->give_back_refused, serial = mp__error_serial();
+    uint64_t before = pool->give_back_refused;
+    since = mp__error_serial();
     if (mp__vrange_reclaim(pool, mp__free_bytes(pool) - keep, NULL, NULL,
                            false) == 0 &&
         !mp__plain_trim_one(pool)) {
       refused = pool->give_back_refused - before;
-      said = mp__error_serial() != serial;
       break;
     }
   }
@@ -147,15 +146,15 @@ mp_status_t mp__segment_trim(mp_pool_t *pool, size_t keep, const char *who) {
    * where the refusing call said (else it is an older failure, which
    * would be given as the device's reason). As a cudaFree failing in
    * PyTorch's emptyCache raises. */
+  (void)mp__device_said(pool->give_back_st, since);
   char b[32];
   return mp__fail(pool->give_back_st,
                   "%s: the device refused to take back %llu piece%s of free "
                   "memory, so %s free stays reserved (tried again at the "
-                  "next trim): %s%s",
+                  "next trim): %s",
                   who, (unsigned long long)refused, refused == 1 ? "" : "s",
                   mp__fmt_bytes(b, sizeof b, mp__free_bytes(pool)),
-                  said ? mp_last_error() : mp_status_string(pool->give_back_st),
-                  said ? "" : " (the device gave no reason)");
+                  mp_last_error());
 }
 
 void mp__segment_release_over(mp_pool_t *pool) {
@@ -192,11 +191,13 @@ mp_status_t mp__segment_release_all(mp_pool_t *pool) {
   while (s != NULL) {
     mp__segment_t *next = s->next;
     if (s->kind == MP__SEG_PLAIN) {
+      uint64_t since = mp__error_serial();
       mp_status_t st = mp__device_free(pool->dev, (void *)s->base);
       if (st == MP_OK)
         pool->st.device_free_count++;
-      else
-        mp__lost_note(&lost, st, "free the plain segment", s->base, s->size);
+      else /* the refusing call's reason, never an older failure's */
+        mp__lost_note(&lost, mp__device_said(st, since),
+                      "free the plain segment", s->base, s->size);
     } else if (s->kind == MP__SEG_VIRTUAL) {
       mp__vrange_release(pool, s, &lost);
     }

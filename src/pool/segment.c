@@ -255,19 +255,17 @@ mp_status_t mp__plain_release_first(mp_pool_t *pool) {
     s = s->next;
   if (s == NULL)
     return MP_OK;
-  uint64_t serial = mp__error_serial();
+  uint64_t since = mp__error_serial();
   mp_status_t st = mp__device_free(pool->dev, (void *)s->base);
   if (st != MP_OK) {
     /* The device's reason, where the refusing call gave one: else the
      * thread's last error is an older failure, not why it refused. */
-    bool said = mp__error_serial() != serial;
+    (void)mp__device_said(st, since);
     return mp__fail(st,
                     "mp_pool_destroy: the device refused to free the plain "
                     "segment at %p (%zu bytes), so nothing was released and "
-                    "the pool is as it was: %s%s",
-                    (void *)s->base, s->size,
-                    said ? mp_last_error() : mp_status_string(st),
-                    said ? "" : " (the device gave no reason)");
+                    "the pool is as it was: %s",
+                    (void *)s->base, s->size, mp_last_error());
   }
   mp__segment_unlink(pool, s);
   pool->st.device_free_count++;
