@@ -830,27 +830,27 @@ static mp_status_t mp__arena_alloc_oom(mp_pool_t *pool, mp_pool_t *a,
    * history's oom event (the arenas' failures were not recorded) goes to
    * a's ring, with what the pool could still reserve. */
   mp_stats_t sum;
-  char as[32], r[32], al[32], lf[32];
+  char as[32], r[32], al[32], lf[32], note[320];
   mp__stats_read(pool, &sum);
+  size_t room = cap > sum.reserved_bytes ? cap - sum.reserved_bytes : 0;
   mp__pool_lock(a);
   if (!mp__oom_quiet)
-    MP__HIST(a, MP__H_OOM,
-             cap > sum.reserved_bytes ? cap - sum.reserved_bytes : 0, bytes,
-             (uintptr_t)q->s);
+    MP__HIST(a, MP__H_OOM, room, bytes, (uintptr_t)q->s);
+  /* A virtual range that has no place left is a's (under its lock): the
+   * pool has none of its own, and asked, read as the device's refusal. */
+  snprintf(note, sizeof note, "%s",
+           mp__pausable_note(st == MP_ENOMEM ? a : pool, st, bytes, room));
   mp__pool_unlock(a);
-  return mp__fail(
-      st,
-      "%s%s: asked %s; the pool's %zu arenas reserved %s, "
-      "allocated %s, largest free block %s%s",
-      st == MP_ELIMIT ? "" : "out of ",
-      st == MP_ELIMIT ? cap_name : mp__device_memory_name(pool->dev),
-      mp__fmt_bytes(as, sizeof as, bytes), pool->cfg.arenas,
-      mp__fmt_bytes(r, sizeof r, sum.reserved_bytes),
-      mp__fmt_bytes(al, sizeof al, sum.allocated_bytes),
-      mp__fmt_bytes(lf, sizeof lf, sum.largest_free_bytes),
-      mp__pausable_note(pool, st, bytes,
-                        cap > sum.reserved_bytes ? cap - sum.reserved_bytes
-                                                 : 0));
+  return mp__fail(st,
+                  "%s%s: asked %s; the pool's %zu arenas reserved %s, "
+                  "allocated %s, largest free block %s%s",
+                  st == MP_ELIMIT ? "" : "out of ",
+                  st == MP_ELIMIT ? cap_name
+                                  : mp__device_memory_name(pool->dev),
+                  mp__fmt_bytes(as, sizeof as, bytes), pool->cfg.arenas,
+                  mp__fmt_bytes(r, sizeof r, sum.reserved_bytes),
+                  mp__fmt_bytes(al, sizeof al, sum.allocated_bytes),
+                  mp__fmt_bytes(lf, sizeof lf, sum.largest_free_bytes), note);
 }
 
 /* No lock held: a request of at least MP__LARGE_ROUND that mine cannot
