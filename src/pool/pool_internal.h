@@ -1233,10 +1233,13 @@ void mp__block_untake(mp_pool_t *pool, mp__block_t *b);
  * returns st (MP_ENOMEM or MP_ELIMIT) with a message naming the figures. */
 mp_status_t mp__pool_oom(mp_pool_t *pool, mp_status_t st, size_t asked,
                          uintptr_t hs);
-/* What an MP_ELIMIT message adds where pausable=1 (MP_POOL_PAUSABLE)
- * turned down the plain segment a request of `asked` bytes fitted in, room
- * bytes left under the cap, or an MP_ENOMEM where it did so because its
- * virtual range could not be reserved: why; else "". */
+/* What an out-of-memory message adds where pausable=1 (MP_POOL_PAUSABLE)
+ * turned down the plain segment a request of `asked` bytes would have
+ * taken: an MP_ENOMEM where pool's virtual range is full (no hole nor its
+ * top holds the request; pool's lock held, and for a pool with arenas the
+ * arena's, as the pool has no range of its own), an MP_ELIMIT where the
+ * request fitted in room, the bytes left under the cap, or an MP_ENOMEM
+ * where the range could not be reserved: why; else "". */
 const char *mp__pausable_note(const mp_pool_t *pool, mp_status_t st,
                               size_t asked, size_t room);
 /* The calling thread's count of mp__pool_oom calls: an MP_ENOMEM that did
