@@ -85,6 +85,17 @@ typedef struct mp__error_saved {
 } mp__error_saved_t;
 void mp__error_save(mp__error_saved_t *out);
 void mp__error_restore(const mp__error_saved_t *saved);
+/* The caller's last error kept across work that may record a failure it
+ * then ignores (a trim's retries of what an earlier refusal kept): a call
+ * that succeeds leaves the caller's last error as it was (status.h).
+ * mp__error_keep before the work; mp__error_give_back after a success,
+ * which puts it back only where a failure was recorded since. */
+typedef struct mp__error_kept {
+  mp__error_saved_t saved;
+  uint64_t serial;
+} mp__error_kept_t;
+void mp__error_keep(mp__error_kept_t *k);
+void mp__error_give_back(const mp__error_kept_t *k);
 /* Input quoted in an error message (an option value, a path): s's len
  * bytes as they are when they fit in cap - 1 bytes, else their head and
  * tail around "...", so that a long input leaves room in the message

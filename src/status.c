@@ -205,6 +205,16 @@ void mp__error_restore(const mp__error_saved_t *saved) {
   mp__error_set(saved->st, saved->cu, saved->msg);
 }
 
+void mp__error_keep(mp__error_kept_t *k) {
+  mp__error_save(&k->saved);
+  k->serial = mp__error_serial();
+}
+
+void mp__error_give_back(const mp__error_kept_t *k) {
+  if (mp__error_serial() != k->serial)
+    mp__error_restore(&k->saved);
+}
+
 /* mp_error_state_t's layout is fixed for good (status.h, "Growing"): a
  * later field takes reserved room, never adds bytes or moves one. */
 _Static_assert(sizeof(mp_error_state_t) == 592 &&

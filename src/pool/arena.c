@@ -441,9 +441,8 @@ static mp_status_t mp__arena_trim_one(mp_pool_t *a, size_t keep, size_t *left,
   /* The retries below ignore a refusal (the next trim tries again), and a
    * trim that succeeds leaves the caller's last error as it was (status.h:
    * a success does not replace it), as mp__pool_trim_marked does. */
-  mp__error_saved_t was;
-  mp__error_save(&was);
-  uint64_t first = mp__error_serial();
+  mp__error_kept_t was;
+  mp__error_keep(&was);
   (void)mp__defrag_stage_retry(a); /* as mp_pool_trim */
   mp__pool_lock(a);
   /* A paused arena has nothing mapped to give back (its free bytes read
@@ -464,8 +463,8 @@ static mp_status_t mp__arena_trim_one(mp_pool_t *a, size_t keep, size_t *left,
   }
   *left = mp__free_bytes(a);
   mp__pool_unlock(a);
-  if (st == MP_OK && mp__error_serial() != first)
-    mp__error_restore(&was);
+  if (st == MP_OK)
+    mp__error_give_back(&was);
   return st;
 }
 

@@ -112,9 +112,8 @@ mp_status_t mp__segment_trim(mp_pool_t *pool, size_t keep, const char *who) {
    * (status.h: a success does not replace it), though the device refused
    * a stray or a piece it took at a later pass: before, mp_pool_trim
    * answered MP_OK with that refusal as the last error. */
-  mp__error_saved_t was;
-  mp__error_save(&was);
-  uint64_t first = mp__error_serial();
+  mp__error_kept_t was;
+  mp__error_keep(&was);
   /* Mappings a refused peer access left (vrange.c): the driver may take
    * them back now; those it refuses again wait for the next try. */
   (void)mp__vrange_strays_retry(pool);
@@ -138,8 +137,7 @@ mp_status_t mp__segment_trim(mp_pool_t *pool, size_t keep, const char *who) {
     }
   }
   if (refused == 0 || mp__free_bytes(pool) <= keep) {
-    if (mp__error_serial() != first)
-      mp__error_restore(&was);
+    mp__error_give_back(&was);
     return MP_OK;
   }
   /* The thread's last error says why the device refused the last one,

@@ -1266,9 +1266,8 @@ mp_status_t mp__pool_trim_marked(mp_pool_t *pool, size_t keep_bytes) {
    * (status.h: a success does not replace it), as mp__segment_trim does:
    * before, a kept staging buffer's or a stray's refused retry was the
    * last error of a trim that answered MP_OK. */
-  mp__error_saved_t was;
-  mp__error_save(&was);
-  uint64_t first = mp__error_serial();
+  mp__error_kept_t was;
+  mp__error_keep(&was);
   (void)mp__defrag_stage_retry(pool); /* a staging buffer a refusal kept */
   mp__pool_lock(pool);
   mp_status_t st = mp__pool_paused(pool, "mp_pool_trim");
@@ -1285,7 +1284,7 @@ mp_status_t mp__pool_trim_marked(mp_pool_t *pool, size_t keep_bytes) {
     (void)mp__vrange_strays_retry(pool);
   }
   mp__pool_unlock(pool);
-  if (st == MP_OK && mp__error_serial() != first)
-    mp__error_restore(&was);
+  if (st == MP_OK)
+    mp__error_give_back(&was);
   return st;
 }
