@@ -1404,21 +1404,68 @@ static mp_status_t mp__cuda_vm_reserve(mp_device_t *dev, size_t bytes,
   return MP_OK;
 }
 
+/* Takes the reservation (base, bytes) out of cd->reserves into *e for its
+ * release, keeping its room (mp__cuda_claim), when nothing is mapped in it;
+ * refused otherwise, changing nothing: MP_EINVAL when it is not one
+ * reservation of the device, MP_EBUSY while a chunk of cd->chunks (one
+ * mapped, or left mapped by a refused undo) lies in it, as the host device
+ * refuses (host.c, host_vm_release; backend.h: vm_release takes a
+ * reservation with nothing mapped in it). The driver is not asked then:
+ * cuda.h's cuMemAddressFree says only that "the size must match what was
+ * given to memAddressReserve and the ptr given must match what was returned
+ * from memAddressReserve" (/usr/local/cuda-13.0/include/cuda.h), nothing
+ * of a range still mapped (cuMemUnmap turns a mapped range back into "an
+ * address reservation" first), so a driver may free the range under its
+ * mappings: they would stay in cd->chunks, in addresses no longer the
+ * device's, for close to unmap after another reservation took them. One
+ * look under the lock, so that no map or unmap of the device slips in
+ * between the check and the claim. */
+static mp_status_t mp__cuda_claim_reserve(mp_device_t *dev, void *base,
+                                          size_t bytes, mp__cuda_entry_t *e) {
+  mp__cuda_dev_t *cd = mp__cuda_of(dev);
+  const uintptr_t lo = (uintptr_t)base;
+  size_t size = 0, mapped = 0, chunks = 0;
+  pthread_mutex_lock(&cd->lock);
+  const mp__cuda_entry_t *found = mp__ptrmap_find(&cd->reserves, lo);
+  if (found != NULL && found->size == bytes)
+    for (size_t i = 0; i < cd->chunks.cap; i++) {
+      const mp__cuda_entry_t *c = mp__ptrmap_at(&cd->chunks, i);
+      if (c != NULL && c->key >= lo && c->key - lo < bytes) {
+        mapped += c->size;
+        chunks++;
+      }
+    }
+  if (found != NULL)
+    size = found->size;
+  bool ok = found != NULL && size == bytes && chunks == 0 &&
+            mp__ptrmap_take(&cd->reserves, lo, e);
+  if (ok)
+    cd->pending++;
+  pthread_mutex_unlock(&cd->lock);
+  if (ok)
+    return MP_OK;
+  if (found == NULL)
+    return mp__fail(MP_EINVAL, "vm_release: %p is not a reservation of %s",
+                    base, dev->name);
+  if (size != bytes)
+    return mp__fail(MP_EINVAL,
+                    "vm_release: the reservation at %p is %zu bytes, not %zu",
+                    base, size, bytes);
+  return mp__fail(MP_EBUSY,
+                  "vm_release: reservation %p of %s still has %zu bytes "
+                  "mapped (%zu mapping%s); vm_unmap them first",
+                  base, dev->name, mapped, chunks, chunks == 1 ? "" : "s");
+}
+
 static mp_status_t mp__cuda_vm_release(mp_device_t *dev, void *base,
                                        size_t bytes) {
   mp__cuda_dev_t *cd = mp__cuda_of(dev);
   if (!cd->vmm)
     return mp__cuda_no_vmm(dev);
   mp__cuda_entry_t e;
-  if (!mp__cuda_claim(cd, &cd->reserves, (uintptr_t)base, &e))
-    return mp__fail(MP_EINVAL, "vm_release: %p is not a reservation of %s",
-                    base, dev->name);
-  if (e.size != bytes) {
-    mp__cuda_settle(cd, &cd->reserves, &e);
-    return mp__fail(MP_EINVAL,
-                    "vm_release: the reservation at %p is %zu bytes, not %zu",
-                    base, e.size, bytes);
-  }
+  mp_status_t st = mp__cuda_claim_reserve(dev, base, bytes, &e);
+  if (st != MP_OK)
+    return st;
   CUresult r;
   MP__CU_IN_CTX_RELAXED(cd, r, mp__cu.MemAddressFree((CUdeviceptr)base, bytes));
   mp__cuda_settle(cd, &cd->reserves, r != CUDA_SUCCESS ? &e : NULL);
