@@ -416,6 +416,12 @@ static bool mp__torch_capture_route(mp_pool_t *pool, int device,
   int capturing = hooked ? 0
                          : mp__device_stream_capture_id(mp_pool_device(pool),
                                                         stream, &capture);
+  /* The driver failed the question with its own error (a kernel's fault,
+   * recorded): no answer, and the stream may be captured. Served from the
+   * pool, a capture's memory would go to others once freed while replays
+   * use it; the allocation says the driver's error. */
+  if (capturing == -2)
+    return false;
   if (capturing == 0 && atomic_load(&mp__t.open) == 0)
     return true;
   bool ok = true;

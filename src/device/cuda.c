@@ -1082,8 +1082,11 @@ static int mp__cuda_stream_kind(mp_device_t *dev, mp_stream_t s) {
   return MP__STREAM_SHARED;
 }
 
-/* stream_capturing's answer (backend.h) from cuStreamIsCapturing's. */
-static int mp__cuda_capturing_of(CUresult r, CUstreamCaptureStatus st) {
+/* stream_capturing's answer (backend.h) from the answer of call (a
+ * question allowed during capture: cuStreamIsCapturing,
+ * cuStreamGetCaptureInfo). */
+static int mp__cuda_capturing_of(CUresult r, CUstreamCaptureStatus st,
+                                 const char *call) {
   if (r == CUDA_SUCCESS)
     return st != CU_STREAM_CAPTURE_STATUS_NONE;
   /* A capture's own refusals (900 to 908: CUDA_ERROR_STREAM_CAPTURE_*,
@@ -1095,14 +1098,14 @@ static int mp__cuda_capturing_of(CUresult r, CUstreamCaptureStatus st) {
       (r >= CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED &&
        r <= CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD))
     return -1;
-  (void)mp__cuda_fail(r, "cuStreamIsCapturing");
+  (void)mp__cuda_fail(r, "%s", call);
   return -2;
 }
 
 static int mp__cuda_stream_capturing(mp_device_t *dev, mp_stream_t s) {
   CUstreamCaptureStatus st;
   CUresult r = mp__cuda_capture_status(mp__cuda_of(dev), s, &st);
-  return mp__cuda_capturing_of(r, st);
+  return mp__cuda_capturing_of(r, st, "cuStreamIsCapturing");
 }
 
 /* backend.h, capture_seen. A device synchronization (cuCtxSynchronize)
@@ -1129,7 +1132,7 @@ static int mp__cuda_capture_seen(mp_device_t *dev, mp_stream_t *which) {
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
   CUresult r = mp__cuda_push(cd);
   if (r != CUDA_SUCCESS)
-    return mp__cuda_capturing_of(r, st);
+    return mp__cuda_capturing_of(r, st, "cuCtxPushCurrent");
   int seen = 0;
   pthread_mutex_lock(&cd->lock);
   for (size_t i = 0; seen == 0 && i < cd->streams.cap; i++) {
@@ -1138,14 +1141,14 @@ static int mp__cuda_capture_seen(mp_device_t *dev, mp_stream_t *which) {
       continue;
     st = CU_STREAM_CAPTURE_STATUS_NONE;
     r = mp__cu.StreamIsCapturing((CUstream)e->key, &st);
-    seen = mp__cuda_capturing_of(r, st);
+    seen = mp__cuda_capturing_of(r, st, "cuStreamIsCapturing");
     *which = (mp_stream_t)e->key;
   }
   pthread_mutex_unlock(&cd->lock);
   if (seen == 0) {
     st = CU_STREAM_CAPTURE_STATUS_NONE;
     r = mp__cu.StreamIsCapturing(CU_STREAM_PER_THREAD, &st);
-    seen = mp__cuda_capturing_of(r, st);
+    seen = mp__cuda_capturing_of(r, st, "cuStreamIsCapturing");
     *which = (mp_stream_t)CU_STREAM_PER_THREAD;
   }
   if (seen == 0) {
@@ -1153,7 +1156,7 @@ static int mp__cuda_capture_seen(mp_device_t *dev, mp_stream_t *which) {
     r = mp__cu.StreamIsCapturing(CU_STREAM_LEGACY, &st);
     seen = r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
                ? 1
-               : mp__cuda_capturing_of(r, st);
+               : mp__cuda_capturing_of(r, st, "cuStreamIsCapturing");
     *which = NULL;
   }
   mp__cuda_pop();
@@ -1170,8 +1173,13 @@ static int mp__cuda_stream_capture_id(mp_device_t *dev, mp_stream_t s,
   MP__CU_IN_CTX(
       mp__cuda_of(dev), r,
       mp__cu.StreamGetCaptureInfo((CUstream)s, &st, &cid, NULL, NULL, NULL));
+  /* Refused, the answer is stream_capturing's (backend.h): -1 where a
+   * capture's own refusal or a bad handle cannot be told from a capture,
+   * -2 with the driver's error recorded where it failed on its own (a
+   * sticky error after a kernel's fault, which every later call answers):
+   * that is no "cannot tell" for the caller to take as no capture. */
   if (r != CUDA_SUCCESS)
-    return -1;
+    return mp__cuda_capturing_of(r, st, "cuStreamGetCaptureInfo");
   if (st == CU_STREAM_CAPTURE_STATUS_NONE)
     return 0;
   /* An invalidated capture has no id to give (cuda.h: data other than the
