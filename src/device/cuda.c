@@ -1227,8 +1227,12 @@ static mp_status_t mp__cuda_capture_on_release(mp_device_t *dev, mp_stream_t s,
   CUuserObject o = NULL;
   const char *what = "cuStreamGetCaptureInfo";
   r = mp__cu.StreamGetCaptureInfo((CUstream)s, &st, NULL, &g, NULL, NULL);
-  if (r == CUDA_SUCCESS && (st != CU_STREAM_CAPTURE_STATUS_ACTIVE || g == NULL))
-    r = CUDA_ERROR_INVALID_VALUE; /* no graph being captured to hold it */
+  /* No graph being captured to hold it: the caller's mistake, not the
+   * driver's (which answered), said as such below. */
+  bool uncaptured =
+      r == CUDA_SUCCESS && (st != CU_STREAM_CAPTURE_STATUS_ACTIVE || g == NULL);
+  if (uncaptured)
+    r = CUDA_ERROR_INVALID_VALUE;
   if (r == CUDA_SUCCESS) {
     what = "cuUserObjectCreate";
     r = mp__cu.UserObjectCreate(&o, rel, mp__cuda_released, 1,
@@ -1248,6 +1252,14 @@ static mp_status_t mp__cuda_capture_on_release(mp_device_t *dev, mp_stream_t s,
       (void)mp__cu.UserObjectRelease(o, 1); /* its destructor frees rel */
   }
   mp__cuda_pop();
+  if (uncaptured)
+    return mp__fail(MP_EINVAL,
+                    "capture_on_release: stream %p is not being captured "
+                    "(%s), so no graph holds what tells when it goes",
+                    (void *)s,
+                    st == CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                        ? "its capture was invalidated"
+                        : "no capture");
   return r == CUDA_SUCCESS ? MP_OK
                            : mp__cuda_fail(r, "%s(%p)", what, (void *)s);
 }
