@@ -51,7 +51,12 @@
  * dump's inactive_split figures leave the pending ones out too. A segment's
  * allocated_size sums the first kind, active_size and requested_size the
  * first two, as PyTorch's do, so allocated_size leaves out the pending
- * blocks that the stats' allocated_bytes counts. An active block's
+ * blocks that the stats' allocated_bytes counts. A pending block in the
+ * free index says the request of its alloc event while the history holds
+ * it, else 0 (the pool keeps no request for a free block). A segment's
+ * stream is a cudaStream_t's value, as PyTorch's (its segment is one
+ * stream's): that of its lowest active block whose stream the pool knows,
+ * else 0. An active block's
  * frames are those of the last alloc event of its address still in the
  * history. Frames are symbolized with dladdr():
  * filename is the object file, name the nearest dynamic symbol ("??" when
@@ -202,6 +207,13 @@ typedef struct {
   bool pending; /* active_pending_free: freed, its reuse waiting */
   bool hole;
   size_t ev; /* last alloc event of this address, or SIZE_MAX */
+  /* The stream it was allocated on (its cudaStream_t's value), where known
+   * (has_stream): a live or held block's own; a pending free block's, that
+   * of its alloc event (mp__snap_link_events). */
+  uintptr_t stream;
+  bool has_stream;
+  bool freed; /* pending and in the free index: its request, its stream
+                 and its frames are its alloc event's */
 } mp__sblock_t;
 
 typedef struct {
@@ -277,6 +289,20 @@ static mp_status_t mp__snap_link_events(mp__snap_t *s) {
       by[lo]->ev = e;
   }
   free(by);
+  /* A pending free block keeps no request nor stream of its own in the
+   * pool (its record's request is read only while live, and a merge may
+   * have left it another block's): those of the alloc it was freed from,
+   * the last of its address, which the history holds while its ring does
+   * (PyTorch's block keeps its requested_size until it is reusable). */
+  for (size_t i = 0; i < s->nblocks; i++) {
+    mp__sblock_t *b = &s->blocks[i];
+    if (!b->freed || b->ev == SIZE_MAX)
+      continue;
+    const mp__hevent_t *ev = &s->ev[b->ev];
+    b->requested = ev->size < b->size ? ev->size : b->size;
+    b->stream = ev->stream;
+    b->has_stream = ev->stream != (uintptr_t)MP__STREAM_GONE;
+  }
   return MP_OK;
 }
 
@@ -346,11 +372,19 @@ static mp_status_t mp__snap_take(mp_pool_t *pool, mp__snap_t *s) {
       sb->pending = (b->flags & (MP__B_HELD | MP__B_LADDER)) != 0 ||
                     ((b->flags & MP__B_FREE) && mp__deps_pending(pool, b));
       sb->live = !sb->hole && !(b->flags & MP__B_FREE) && !sb->pending;
-      /* A free block's record keeps no request of its own (merges). */
+      /* A free block's record keeps no request of its own (merges): a
+       * pending one's comes from the history (mp__snap_link_events). */
+      sb->freed = sb->pending && (b->flags & MP__B_FREE);
       sb->requested = !mp__sblock_active(sb) || (b->flags & MP__B_FREE) ? 0
                       : b->requested > sb->size ? sb->size
                                                 : b->requested;
       sb->ev = SIZE_MAX;
+      /* A live block's stream (a held one keeps it too; the ladder's has
+       * none yet), unless its slot was forgotten since. */
+      sb->has_stream = (sb->live || (b->flags & MP__B_HELD)) &&
+                       b->sidx < pool->nstreams &&
+                       pool->streams[b->sidx].s != MP__STREAM_GONE;
+      sb->stream = sb->has_stream ? MP__HIST_STREAM(pool, b->sidx) : 0;
     }
     ss->nblocks = s->nblocks - ss->first;
   }
@@ -408,7 +442,19 @@ static void mp__write_frames(mp__pk_t *w, const mp__snap_t *s, size_t e) {
 static void mp__write_segment(mp__pk_t *w, const mp__snap_t *s, size_t b0,
                               size_t b1, int kind, bool small) {
   size_t total = 0, allocated = 0, active = 0, requested = 0;
+  /* Its stream: PyTorch's segment is one stream's, its head block's
+   * (CUDACachingAllocator.cpp, snapshot(): segment_info.stream =
+   * head_block->stream; memory_snapshot.cpp writes int64_t(stream)). Here
+   * every stream shares the segments: the stream of its lowest active
+   * block whose stream the pool knows, else 0 (none known: all free). */
+  uint64_t stream = 0;
+  bool has_stream = false;
   for (size_t i = b0; i < b1; i++) {
+    if (!has_stream && mp__sblock_active(&s->blocks[i]) &&
+        s->blocks[i].has_stream) {
+      stream = s->blocks[i].stream;
+      has_stream = true;
+    }
     total += s->blocks[i].size;
     if (s->blocks[i].live)
       allocated += s->blocks[i].size;
@@ -424,7 +470,7 @@ static void mp__write_segment(mp__pk_t *w, const mp__snap_t *s, size_t b0,
   mp__pk_kint(w, "allocated_size", allocated);
   mp__pk_kint(w, "active_size", active);
   mp__pk_kint(w, "requested_size", requested);
-  mp__pk_kint(w, "stream", 0);
+  mp__pk_kint(w, "stream", stream);
   mp__pk_kstr(w, "segment_type", small ? "small" : "large");
   mp__pk_str(w, "segment_pool_id");
   mp__pk_int(w, s->pool_id[0]);
