@@ -186,10 +186,22 @@ static unsigned mp__td_find(mp_stream_t s) {
   return MP__TDEAD;
 }
 
+static bool mp__td_dead(mp_stream_t s, bool live);
+
 /* The device's watcher (backend.h: on the forgetting thread, no pool lock
- * held): s is kept as forgotten. */
+ * held): s is kept as forgotten. Not a set-aside around a destroy the
+ * driver may refuse (the LD_PRELOAD shim's cuStreamDestroy of a stream
+ * being captured, mp__stream_set_aside), nor its give-back once refused:
+ * the handle is still a live stream's, which a free must wait for and
+ * route to its capture (it was kept as destroyed: a free on it was made
+ * on the block's own stream, not after the stream's work, and said the
+ * stream was destroyed); a destroy that succeeds is told again after. */
 static void mp__td_forgotten(void *ctx, mp_stream_t s) {
   (void)ctx;
+  if (mp__stream_forget_keeps_handle()) {
+    (void)mp__td_dead(s, true); /* a live stream's */
+    return;
+  }
   pthread_mutex_lock(&mp__td.lock);
   if (mp__td_find(s) == MP__TDEAD) {
     if (mp__td.n == MP__TDEAD) { /* the oldest goes */

@@ -1826,6 +1826,11 @@ void mp__stream_set_aside(mp_device_t *dev, mp_stream_t s);
  * capture it was in, which is over with it, without a graph. */
 void mp__stream_set_aside_end(mp_device_t *dev, mp_stream_t s, bool destroyed,
                               bool over);
+/* In a stream watcher (mp__device_watch's fn, on the forgetting thread):
+ * whether the forget it is told of leaves the handle a live stream's: the
+ * set-aside before a destroy the driver may refuse, or the give-back after
+ * a refused one (a destroy that succeeds is told once more after it). */
+bool mp__stream_forget_keeps_handle(void);
 /* mp__deps_on_free for a block with recorded uses, or in a pool of
  * several streams. */
 void mp__deps_on_free_uses(mp_pool_t *pool, mp__block_t *b);

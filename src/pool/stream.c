@@ -581,6 +581,10 @@ static void mp__stream_forget_as(mp_device_t *dev, mp_stream_t s, int how) {
   mp__gone_how = MP__GONE_RETIRE;
 }
 
+bool mp__stream_forget_keeps_handle(void) {
+  return mp__gone_how == MP__GONE_HIDE || mp__gone_how == MP__GONE_SHOW;
+}
+
 void mp__stream_set_aside(mp_device_t *dev, mp_stream_t s) {
   mp__stream_forget_as(dev, s, MP__GONE_HIDE);
 }
