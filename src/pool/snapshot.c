@@ -114,7 +114,7 @@ static void mp__pk_op(mp__pk_t *w, unsigned char op) {
 }
 
 static void mp__pk_int(mp__pk_t *w, uint64_t v) {
-  unsigned char b[11];
+  unsigned char b[10];
   if (v < 0x80000000u) { /* BININT: 4 bytes, signed, little-endian */
     b[0] = 'J';
     for (int i = 0; i < 4; i++)
@@ -122,15 +122,21 @@ static void mp__pk_int(mp__pk_t *w, uint64_t v) {
     mp__pk_bytes(w, b, 5);
     return;
   }
-  /* LONG1: n bytes of two's complement, little-endian; a ninth zero byte
-   * keeps a value with the top bit set positive. */
+  /* LONG1: n bytes of two's complement, little-endian, at most 8: the
+   * value as PyTorch's int64 fields hold it (memory_snapshot.cpp casts
+   * each to int64_t), so one of 2^63 or more (a forgotten stream's
+   * handle, MP__STREAM_GONE; the size of an oom for SIZE_MAX bytes) reads
+   * back negative, as that cast gives it. A ninth byte, which kept it
+   * positive, made the memory_viz page's unpickler (MemoryViz.js) throw
+   * ("Unsupported number bigger than 8 bytes"): the file did not open. A
+   * zero byte still keeps a shorter value with its top bit set positive. */
   unsigned n = 0;
   while (n < 8 && (v >> (8 * n)) != 0)
     n++;
   b[0] = 0x8a;
   for (unsigned i = 0; i < n; i++)
     b[2 + i] = (unsigned char)(v >> (8 * i));
-  if (b[1 + n] & 0x80)
+  if (n < 8 && (b[1 + n] & 0x80))
     b[2 + n++] = 0;
   b[1] = (unsigned char)n;
   mp__pk_bytes(w, b, 2 + n);
