@@ -720,10 +720,6 @@ static int mp__snap_tmp_open(int dirfd, const char *base, char *tmp,
   return -1;
 }
 
-/* The folder that holds path's last component, opened (O_PATH) so that
- * what is checked there and what is written or renamed there are in the
- * same folder whatever becomes of the path's other components meanwhile;
- * *base: that component, in path. -1 (errno set) when it cannot be. */
 /* A failed write through the link base (in dirfd) to nothing: the file
  * its open made, ob, is removed, so that the snapshot is written whole or
  * not at all (it was left cut short). Only that file: the one the link
@@ -741,6 +737,10 @@ static void mp__snap_unmake(int dirfd, const char *base,
     (void)unlinkat(dirfd, to, 0);
 }
 
+/* The folder that holds path's last component, opened (O_PATH) so that
+ * what is checked there and what is written or renamed there are in the
+ * same folder whatever becomes of the path's other components meanwhile;
+ * *base: that component, in path. -1 (errno set) when it cannot be. */
 static int mp__snap_dir_open(const char *path, const char **base) {
   const char *slash = strrchr(path, '/');
   *base = slash != NULL ? slash + 1 : path;
