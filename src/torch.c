@@ -765,9 +765,14 @@ mp_status_t mp_torch_record_stream_ex(void *ptr, mp_stream_t stream) {
    * recordStream returns there too). */
   if (ptr == NULL)
     return MP_OK;
+  /* mp_last_error() says why no pool holds ptr (none made yet, none
+   * could be, a forked child's, or none of them has it), as
+   * mp__default_owner set it: it was replaced by "is no pool's". */
   mp_pool_t *pool = mp__default_owner(ptr, "mp_torch_record_stream");
-  if (pool == NULL)
-    return mp__fail(MP_EINVAL, "mp_torch_record_stream: %p is no pool's", ptr);
+  if (pool == NULL) {
+    mp_status_t st = mp__last_failure();
+    return st != MP_OK ? st : MP_EINVAL;
+  }
   return mp_pool_record_stream(pool, ptr, stream);
 }
 
