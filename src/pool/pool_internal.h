@@ -334,6 +334,10 @@ typedef union mp__strm {
     uint32_t pins;
     bool fresh;
     uint64_t fresh_id;
+    /* Set aside (mp__stream_hide), and its handle since given to a new
+     * stream (mp__stream_born): the destroy went through, and the slot the
+     * handle matches from then on is the new stream's (stream.c). */
+    bool reborn;
   };
   uint8_t stride_[256];
 } mp__strm_t;
@@ -1831,6 +1835,13 @@ void mp__stream_set_aside_end(mp_device_t *dev, mp_stream_t s, bool destroyed,
  * set-aside before a destroy the driver may refuse, or the give-back after
  * a refused one (a destroy that succeeds is told once more after it). */
 bool mp__stream_forget_keeps_handle(void);
+/* The driver has just made a stream whose handle is s (the shim's
+ * cuStreamCreate hooks, before the program has the handle): where a pool of
+ * dev has a slot of s set aside, the destroy of the stream that had the
+ * handle went through, so the slot the handle matches now is that dead
+ * stream's (forgotten), and the one it matches from now on, until
+ * mp__stream_set_aside_end, is the new stream's (kept there). */
+void mp__stream_born(mp_device_t *dev, mp_stream_t s);
 /* mp__deps_on_free for a block with recorded uses, or in a pool of
  * several streams. */
 void mp__deps_on_free_uses(mp_pool_t *pool, mp__block_t *b);

@@ -401,6 +401,8 @@ bool mp__stream_met(const mp_pool_t *pool, mp_stream_t s) {
  * later stream given the same handle is routed by it. Here, not in graph.c,
  * which stream.c does not call (pool_internal.h's layers). */
 static void mp__stream_unroute(mp_pool_t *pool, const mp__strm_t *st) {
+  if (st->reborn)
+    return; /* went at the birth: the route of s now is the new stream's */
   for (size_t i = 0; i < pool->nroutes; i++)
     if (pool->routes[i].s == st->s && pool->routes[i].owner == st->owner) {
       pool->routes[i] = pool->routes[--pool->nroutes];
@@ -457,7 +459,8 @@ enum {
   MP__GONE_HIDE,
   MP__GONE_SHOW,
   MP__GONE_DROP,
-  MP__GONE_DROP_OVER
+  MP__GONE_DROP_OVER,
+  MP__GONE_BORN
 };
 static _Thread_local int mp__gone_how;
 
@@ -545,7 +548,9 @@ static bool mp__stream_forget_met(mp_pool_t *pool, uint32_t i) {
 static void mp__stream_show(mp_pool_t *pool, uint32_t i) {
   mp__strm_t *st = &pool->streams[i];
   uint32_t j = mp__shash_find(pool, st->s, st->owner);
-  if ((j != UINT32_MAX && !mp__stream_forget_met(pool, j)) ||
+  /* Reborn: the stream is dead whatever the driver said (a new stream has
+   * its handle, and slot j is that stream's). */
+  if (st->reborn || (j != UINT32_MAX && !mp__stream_forget_met(pool, j)) ||
       !mp__shash_reserve(pool, pool->nstreams - pool->ngone)) {
     mp__stream_drop(pool, i, false);
     return;
@@ -554,15 +559,59 @@ static void mp__stream_show(mp_pool_t *pool, uint32_t i) {
   mp__shash_put(pool, i);
 }
 
+/* A new stream was given handle s (mp__stream_born), i its slot or
+ * UINT32_MAX. Where a slot of s is set aside, the driver destroyed the
+ * stream that had the handle, whatever its destroy is yet to answer: the
+ * slot is marked reborn, and its capture's route goes now, so that the new
+ * stream may begin one of its own. Slot i, made by a call that named the
+ * dead stream during its destroy (the new stream's handle is not out
+ * yet), is that stream's: forgotten as at the drop, capture marks and
+ * all. From now on the slot the handle matches is the new stream's, and
+ * the drop leaves it (mp__stream_gone): forgotten there, as before, the
+ * blocks the new stream freed waited for a device synchronize, and a
+ * stream the shim had added (cuStreamCreate, for mp_pool_free_after_all)
+ * was known no more once that slot's work was done. */
+static void mp__stream_reborn(mp_pool_t *pool, mp_stream_t s, uint32_t i) {
+  bool aside = false;
+  for (uint32_t k = 0; k < pool->nstreams; k++) {
+    mp__strm_t *st = &pool->streams[k];
+    if (k != i && st->gone && !st->reborn && st->s == s && st->owner == 0) {
+      mp__stream_unroute(pool, st);
+      st->reborn = aside = true;
+    }
+  }
+  if (aside && i != UINT32_MAX) {
+    mp__stream_uncapture(pool, &pool->streams[i]);
+    (void)mp__stream_forget_met(pool, i);
+  }
+}
+
+/* Whether a slot of s other than i is set aside with its handle reborn. */
+static bool mp__stream_aside_reborn(const mp_pool_t *pool, mp_stream_t s,
+                                    uint32_t i) {
+  for (uint32_t k = 0; k < pool->nstreams; k++) {
+    const mp__strm_t *st = &pool->streams[k];
+    if (k != i && st->gone && st->reborn && st->s == s && st->owner == 0)
+      return true;
+  }
+  return false;
+}
+
 void mp__stream_gone(void *ctx, mp_stream_t s) {
   mp_pool_t *pool = ctx;
   mp__pool_lock(pool);
   uint32_t i = mp__shash_find(pool, s, 0);
+  if (mp__gone_how == MP__GONE_BORN) {
+    mp__stream_reborn(pool, s, i);
+    mp__pool_unlock(pool);
+    return;
+  }
   if (mp__gone_how == MP__GONE_RETIRE && i != UINT32_MAX)
     mp__stream_retire(pool, i);
   else if (mp__gone_how == MP__GONE_HIDE && i != UINT32_MAX)
     mp__stream_hide(pool, i);
-  else if (mp__gone_how >= MP__GONE_DROP && i != UINT32_MAX)
+  else if (mp__gone_how >= MP__GONE_DROP && i != UINT32_MAX &&
+           !mp__stream_aside_reborn(pool, s, i))
     (void)mp__stream_forget_met(pool, i); /* its handle died too */
   for (uint32_t k = 0; mp__gone_how > MP__GONE_HIDE && k < pool->nstreams; k++)
     if (k != i && pool->streams[k].s == s && pool->streams[k].owner == 0) {
@@ -595,6 +644,10 @@ void mp__stream_set_aside_end(mp_device_t *dev, mp_stream_t s, bool destroyed,
                        !destroyed ? MP__GONE_SHOW
                        : over     ? MP__GONE_DROP_OVER
                                   : MP__GONE_DROP);
+}
+
+void mp__stream_born(mp_device_t *dev, mp_stream_t s) {
+  mp__stream_forget_as(dev, s, MP__GONE_BORN);
 }
 
 /* ---- per-thread default streams of threads that exit ------------------- */

@@ -21,6 +21,10 @@
 #include "../pool/pool_internal.h"
 #include "hooks.h"
 
+static void mp__born_on(mp_device_t *dev, void *s) {
+  mp__stream_born(dev, (mp_stream_t)s);
+}
+
 static void mp__stream_made(mp__curesult r, mp__custream *ps) {
   /* A refused create enters nothing, so leaves nothing: a leave without
    * its enter left the thread's depth at -1, and every later hook on the
@@ -32,6 +36,10 @@ static void mp__stream_made(mp__curesult r, mp__custream *ps) {
     return;
   }
   const mp__pl_t *pl = mp__pl_get();
+  /* First, before anyone has the handle: a destroy whose slots are still
+   * set aside went through if the driver gave its handle out again. */
+  if (pl->mode == MP__PL_POOL && !pl->host)
+    mp__pl_each_device(mp__born_on, *ps);
   mp_pool_t *pool = pl->host ? NULL : mp__pl_pool_here(pl);
   if (pool != NULL)
     (void)mp__pl_devices_add_stream(pool, *ps);
@@ -113,14 +121,15 @@ mp__curesult cuStreamDestroy_v2(mp__custream hStream) {
   /* Destroyed, the set-aside slots are forgotten with the handle dead
    * (never asked: a new stream may have it already). So is a slot the
    * handle matched during the destroy (src/pool/stream.c,
-   * mp__stream_forget_dead), unless it is marked capturing: only a new
-   * stream's capture begin can have marked it, and that stream keeps it
-   * with its route; any other new stream with the handle gets a slot at
-   * its next call. Refused, they are the stream's again, epochs and routes
-   * as they were. Destroyed, a capture the stream began is over: nothing can
-   * end it now (mp__pl_capture_destroyed); left begun, it prohibited
-   * this thread's cuMemAlloc and cuMemFree in global mode for good, and
-   * its graph pool lived until exit. */
+   * mp__stream_forget_met), unless it is marked capturing (only a new
+   * stream's capture begin can have marked it) or a new stream was given
+   * the handle meanwhile (mp__stream_made told the pools: the slot is
+   * that stream's, and stays); any other new stream with the handle gets
+   * a slot at its next call. Refused, they are the stream's again, epochs and
+   * routes as they were. Destroyed, a capture the stream began is over: nothing
+   * can end it now (mp__pl_capture_destroyed); left begun, it prohibited this
+   * thread's cuMemAlloc and cuMemFree in global mode for good, and its graph
+   * pool lived until exit. */
   if (aside || (origin && r == MP__CU_SUCCESS)) {
     (void)mp__pl_enter();
     if (aside)
