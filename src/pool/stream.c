@@ -522,9 +522,10 @@ static void mp__stream_drop(mp_pool_t *pool, uint32_t i, bool over) {
  * slot names only up to now, while the stream lives on and may still use
  * them. Its open epoch waits for a device synchronize where a block was
  * freed in it or a live block names it. Kept (false) while marked
- * capturing: only a new stream's begin can have marked it (the dead or
- * refused stream's marks are in its set-aside slot), and the route of that
- * capture to a graph pool goes with the slot. */
+ * capturing, the route of that capture to a graph pool going with the
+ * slot: a destroy refused keeps the stream's newer slot then
+ * (mp__stream_show); a destroy that went through uncaptures it first
+ * (mp__stream_gone, mp__stream_reborn). */
 static bool mp__stream_forget_met(mp_pool_t *pool, uint32_t i) {
   mp__strm_t *st = &pool->streams[i];
   if (st->capturing)
@@ -611,8 +612,16 @@ void mp__stream_gone(void *ctx, mp_stream_t s) {
   else if (mp__gone_how == MP__GONE_HIDE && i != UINT32_MAX)
     mp__stream_hide(pool, i);
   else if (mp__gone_how >= MP__GONE_DROP && i != UINT32_MAX &&
-           !mp__stream_aside_reborn(pool, s, i))
+           !mp__stream_aside_reborn(pool, s, i)) {
+    /* Made by a call that named the dead stream during its destroy, with
+     * whatever capture marks and route that call gave it: a new stream's
+     * begin comes after its birth (mp__stream_born), and then the slot
+     * is the new stream's. Kept while capturing, the dead stream's route
+     * stayed matched to its handle: a new stream given that handle
+     * allocated to the graph pool, and its own begin was refused. */
+    mp__stream_uncapture(pool, &pool->streams[i]);
     (void)mp__stream_forget_met(pool, i); /* its handle died too */
+  }
   for (uint32_t k = 0; mp__gone_how > MP__GONE_HIDE && k < pool->nstreams; k++)
     if (k != i && pool->streams[k].s == s && pool->streams[k].owner == 0) {
       if (mp__gone_how == MP__GONE_SHOW)

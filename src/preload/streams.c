@@ -121,15 +121,14 @@ mp__curesult cuStreamDestroy_v2(mp__custream hStream) {
   /* Destroyed, the set-aside slots are forgotten with the handle dead
    * (never asked: a new stream may have it already). So is a slot the
    * handle matched during the destroy (src/pool/stream.c,
-   * mp__stream_forget_met), unless it is marked capturing (only a new
-   * stream's capture begin can have marked it) or a new stream was given
-   * the handle meanwhile (mp__stream_made told the pools: the slot is
-   * that stream's, and stays); any other new stream with the handle gets
-   * a slot at its next call. Refused, they are the stream's again, epochs and
-   * routes as they were. Destroyed, a capture the stream began is over: nothing
-   * can end it now (mp__pl_capture_destroyed); left begun, it prohibited this
-   * thread's cuMemAlloc and cuMemFree in global mode for good, and its graph
-   * pool lived until exit. */
+   * mp__stream_forget_met), capture marks and route with it, unless a new
+   * stream was given the handle meanwhile (mp__stream_made told the pools:
+   * the slot is that stream's, and stays); any other new stream with the
+   * handle gets a slot at its next call. Refused, they are the stream's again,
+   * epochs and routes as they were. Destroyed, a capture the stream began is
+   * over: nothing can end it now (mp__pl_capture_destroyed); left begun, it
+   * prohibited this thread's cuMemAlloc and cuMemFree in global mode for good,
+   * and its graph pool lived until exit. */
   if (aside || (origin && r == MP__CU_SUCCESS)) {
     (void)mp__pl_enter();
     if (aside)
