@@ -268,6 +268,12 @@ mp_status_t mp__device_watch(mp_device_t *dev, void (*fn)(void *, mp_stream_t),
                              void *ctx);
 void mp__device_unwatch(mp_device_t *dev, void (*fn)(void *, mp_stream_t),
                         void *ctx);
+/* fn(ctx, s) for each watcher of dev whose function is fn, as
+ * mp_stream_forget tells them (the same lock, the same order), for news of
+ * s that is no forget: the other watchers are not told, and no forget is
+ * counted (mp__device_forgets). stream.c: a new stream given s. */
+void mp__device_watchers_tell(mp_device_t *dev, void (*fn)(void *, mp_stream_t),
+                              mp_stream_t s);
 /* How many forgets have begun on the device (its pinned view's, the
  * same), or UINT64_MAX while one is under way. A caller that read a value
  * other than UINT64_MAX before it looked at some pools' streams, and reads

@@ -321,6 +321,16 @@ mp_status_t mp_stream_forget(mp_device_t *dev, mp_stream_t s) {
   return MP_OK;
 }
 
+void mp__device_watchers_tell(mp_device_t *dev, void (*fn)(void *, mp_stream_t),
+                              mp_stream_t s) {
+  dev = mp__watch_root(dev);
+  pthread_mutex_lock(&mp__watch_mu);
+  for (size_t i = 0; i < dev->nwatch; i++)
+    if (dev->watch[i].fn == fn)
+      fn(dev->watch[i].ctx, s);
+  pthread_mutex_unlock(&mp__watch_mu);
+}
+
 uint64_t mp__device_forgets(mp_device_t *dev) {
   dev = mp__watch_root(dev);
   /* done first: a forget that ends between the loads reads as under way. */

@@ -655,8 +655,14 @@ void mp__stream_set_aside_end(mp_device_t *dev, mp_stream_t s, bool destroyed,
                                   : MP__GONE_DROP);
 }
 
+/* Only the pools are told (no forget: torch.c's watcher would take the new
+ * stream for a destroyed one, and a graph release would count a forget). */
 void mp__stream_born(mp_device_t *dev, mp_stream_t s) {
-  mp__stream_forget_as(dev, s, MP__GONE_BORN);
+  if (dev == NULL || s == NULL)
+    return;
+  mp__gone_how = MP__GONE_BORN;
+  mp__device_watchers_tell(dev, mp__stream_gone, s);
+  mp__gone_how = MP__GONE_RETIRE;
 }
 
 /* ---- per-thread default streams of threads that exit ------------------- */
