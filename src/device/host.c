@@ -1686,16 +1686,18 @@ typedef enum host_hmem {
   HOST_HMEM_OK,        /* mapped, with the access the copy needs */
   HOST_HMEM_UNMAPPED,  /* some page is not mapped */
   HOST_HMEM_NO_ACCESS, /* mapped, some of it without that access */
-  HOST_HMEM_UNKNOWN    /* /proc/self/maps cannot be read */
+  HOST_HMEM_UNKNOWN,   /* /proc/self/maps cannot be read */
+  HOST_HMEM_FAULTS     /* mapped with that access, but a page of it cannot
+                          be brought in (past the end of its file) */
 } host_hmem_t;
 
 /* What /proc/self/maps says of [a, end), which does not wrap: the
  * mappings it lists in order must cover it without a gap, each with the
  * permission letter need ('r' or 'w'). Read with read(2) into the stack
  * (no allocation; a forked child may call it), its lines cut to their
- * head: "start-end perms ...". Costs a walk of the process's mappings, on
- * copies of host memory no host device knows only (pageable memory, which
- * a GPU's driver stages slowly too). */
+ * head: "start-end perms ...". Costs a walk of the process's mappings (tens
+ * of microseconds, more with many mappings): host_host_access asks it only
+ * for large ranges, and to say why the kernel's probe refused one. */
 static host_hmem_t host_maps_check(uintptr_t a, uintptr_t end, char need) {
   if (a >= end)
     return HOST_HMEM_OK;
@@ -1738,19 +1740,54 @@ static host_hmem_t host_maps_check(uintptr_t a, uintptr_t end, char need) {
   return res;
 }
 
+/* Ranges up to this many bytes are probed with madvise (host_host_access);
+ * larger ones are looked up in /proc/self/maps. */
+#define HOST_PROBE_MAX ((size_t)1 << 20)
+
 /* How [p, p + n), which does not wrap, is mapped in this process, for a
- * copy that reads it (write false) or writes it. Where /proc is not
- * mounted, only whether it is mapped: msync answers ENOMEM for a range
- * with pages not mapped, and with MS_ASYNC it writes nothing back. */
+ * copy that reads it (write false) or writes it.
+ *
+ * The common case is asked of the kernel in one system call that cannot
+ * fault: madvise MADV_POPULATE_READ or MADV_POPULATE_WRITE (Linux 5.14)
+ * brings the range's pages in as the copy's reads or writes would, without
+ * touching the memory (its contents stay as they are), and succeeds only
+ * where each page is mapped with that access and can be brought in. So it
+ * costs about a page fault per page the copy would fault in anyway, where
+ * the walk of /proc/self/maps (host_maps_check) made every copy of pageable
+ * memory, however small, read and parse the process's whole list of
+ * mappings. Its access rule is the kernel's for pinning pages (the
+ * get_user_pages rule a device's DMA goes through): the mapping's
+ * permissions, as /proc/self/maps shows them; so a write-only mapping
+ * (PROT_WRITE without PROT_READ) is no copy's source, though an x86 CPU
+ * could read it (see host_check_access).
+ *
+ * A range larger than HOST_PROBE_MAX is looked up in /proc/self/maps
+ * instead: populating it would do on the caller's thread the page faults
+ * of a long copy that its stream's worker is to take, and the walk costs
+ * little beside such a copy. A refusal (or an older kernel's EINVAL) is
+ * asked of /proc/self/maps too, which says why: not mapped (ENOMEM), or
+ * without the access (EINVAL on recent kernels, EFAULT on older ones);
+ * when it finds nothing wrong, a page past the end of its file (EFAULT,
+ * SIGBUS when touched) faults. Where /proc is not mounted, only whether it
+ * is mapped: msync answers ENOMEM for a range with pages not mapped, and
+ * with MS_ASYNC it writes nothing back. */
 static host_hmem_t host_host_access(const void *p, size_t n, bool write) {
   uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-  uintptr_t a = (uintptr_t)p & ~(page - 1);
-  host_hmem_t res = host_maps_check(a, (uintptr_t)p + n, write ? 'w' : 'r');
+  uintptr_t a = (uintptr_t)p & ~(page - 1), end = (uintptr_t)p + n;
+  int err = 0;
+  if (end - a <= HOST_PROBE_MAX) {
+    if (madvise((void *)a, end - a,
+                write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0)
+      return HOST_HMEM_OK;
+    err = errno;
+  }
+  host_hmem_t res = host_maps_check(a, end, write ? 'w' : 'r');
+  if (res == HOST_HMEM_OK && err == EFAULT)
+    return HOST_HMEM_FAULTS;
   if (res != HOST_HMEM_UNKNOWN)
     return res;
-  return msync((void *)a, (uintptr_t)p + n - a, MS_ASYNC) == 0
-             ? HOST_HMEM_OK
-             : HOST_HMEM_UNMAPPED;
+  return msync((void *)a, end - a, MS_ASYNC) == 0 ? HOST_HMEM_OK
+                                                  : HOST_HMEM_UNMAPPED;
 }
 
 /* Checks [p, p + n), a range a copy or memset queued on h touches, when it
@@ -1783,7 +1820,19 @@ static host_hmem_t host_host_access(const void *p, size_t n, bool write) {
  * (a foreign pointer, a freed allocation), which would fault on the
  * worker, nor host memory mapped without the access the copy needs (a
  * destination mapped read-only, a side mapped PROT_NONE), which would
- * fault there too (host_host_access). The check is made at enqueue time only:
+ * fault there too (host_host_access), nor a page that cannot be brought
+ * in (a file mapping past its file's end: SIGBUS there).
+ *
+ * The access needed is the one the mapping grants (mmap's prot, as
+ * /proc/self/maps shows it), not what a CPU happens to allow: a source
+ * mapped PROT_WRITE without PROT_READ is refused, though x86 page tables
+ * cannot say write-only and a memcpy there would read it. POSIX lets an
+ * implementation "permit accesses other than those specified by prot"
+ * (mmap), it does not promise them, and the kernel's rule for a device
+ * that reads host memory (get_user_pages, which pins the pages for DMA:
+ * cuMemHostRegister, process_vm_readv) is the mapping's: no read without
+ * PROT_READ, on every architecture. A write-only destination is taken:
+ * the copy only writes it. The check is made at enqueue time only:
  * vm_unmap does not wait for queued work (its caller must, as on CUDA),
  * so a range unmapped before the work ran faults on its worker thread
  * then. */
@@ -1839,6 +1888,12 @@ static mp_status_t host_check_access(host_dev_t *h, const char *fn,
                     "fault when it ran",
                     fn, p, n, access == HOST_ACCESS_WRITE ? "write" : "read",
                     access == HOST_ACCESS_WRITE ? "into" : "from");
+  if (hm == HOST_HMEM_FAULTS)
+    return mp__fail(MP_EINVAL,
+                    "%s: (%p, %zu bytes) is host memory whose pages cannot be "
+                    "brought in (a file mapping past the file's end?): the "
+                    "copy %s it would fault (SIGBUS) when it ran",
+                    fn, p, n, access == HOST_ACCESS_WRITE ? "into" : "from");
   return MP_OK;
 }
 
