@@ -1903,7 +1903,12 @@ static mp_status_t host_vm_reserve(mp_device_t *dev, size_t bytes, void **out) {
   size_t g = h->granularity;
   if (!h->vmm)
     return host_no_vmm("vm_reserve");
-  HOST_CHILD_NEEDS(h, HOST_HELD_MEM, "vm_reserve");
+  /* An allocation (of the device's address space) like vm_map's and
+   * mp_device_alloc's: refused in a child that inherited h, before any
+   * lock (host_inherited; cuMemAddressReserve needs the context CUDA
+   * refuses a forked child). vm_release is a free: the child lets go of
+   * its view of a reservation, as vm_unmap of a mapping. */
+  HOST_NOT_INHERITED(h, "vm_reserve");
   if (out == NULL || bytes == 0 || bytes % g != 0)
     return mp__fail(MP_EINVAL,
                     "vm_reserve: %zu bytes is not a positive multiple of the "

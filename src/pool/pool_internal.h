@@ -2069,7 +2069,8 @@ mp_status_t mp__plain_release_first(mp_pool_t *pool);
 
 /* ---- vrange.c: the virtual range ----------------------------------------- */
 /* Reserves the virtual range on first use: MP_OK; MP_ENOTSUP: use plain
- * segments (no virtual memory); MP__EHOST. */
+ * segments (no virtual memory); MP__EHOST; MP_ENODEV: the device refuses
+ * this process (a forked child of its opener). */
 mp_status_t mp__vrange_ready(mp_pool_t *pool);
 /* Maps memory for a block of size on sidx where it best completes a fitting
  * block (reclaiming free chunks first when the map would lift reserved

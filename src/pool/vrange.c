@@ -90,6 +90,11 @@ mp_status_t mp__vrange_ready(mp_pool_t *pool) {
   mp__pool_device_end(pool);
   if (st != MP_OK) {
     free(s);
+    /* A device that refuses this process (a forked child's: host.c refuses
+     * it vm_reserve as it does vm_map) says so, rather than a pausable
+     * pool's MP_ENOMEM; the range is not given up for good. */
+    if (st == MP_ENODEV)
+      return st;
     /* Final, but for a pool that must stay pausable: it takes no plain
      * segment instead (grow.c), and tries again at its next growth. */
     pool->vm_failed = !(pool->cfg.flags & MP_POOL_PAUSABLE);
