@@ -2309,6 +2309,19 @@ static mp_status_t host_vm_unmap(mp_device_t *dev, void *addr, size_t bytes) {
 
 /* ---- IPC ---------------------------------------------------------------- */
 
+/* mem_lock held. The allocation (vm: the mapping) of h that is exactly
+ * (base, bytes), of h's own memory, and its offset in the device file;
+ * NULL when there is none. */
+static host_entry_t *host_export_entry(host_dev_t *h, void *base, size_t bytes,
+                                       bool vm, uint64_t *off) {
+  host_entry_t *e = vm ? mp__ptrmap_find(&h->maps, (uintptr_t)base)
+                       : host_atab_at(&h->allocs, base);
+  if (e == NULL || e->bytes != bytes || (e->flags & HOST_MEM_FOREIGN))
+    return NULL;
+  *off = e->off;
+  return e;
+}
+
 /* A new open file description of the device file positioned at the
  * range's offset, so that the descriptor alone names the memory (as a
  * CUDA shareable handle does); exporting twice gives two descriptors. The
@@ -2328,15 +2341,9 @@ static mp_status_t host_ipc_export(mp_device_t *dev, void *base, size_t bytes,
    * reuse it while an importer still maps it. As allocations and queued
    * work are, refused before any lock (host_inherited). */
   HOST_NOT_INHERITED(hd, "ipc_export");
-  pthread_mutex_lock(&hd->mem_lock);
-  host_entry_t *e = vm ? mp__ptrmap_find(&hd->maps, (uintptr_t)base)
-                       : host_atab_at(&hd->allocs, base);
   uint64_t off = 0;
-  bool ok = e != NULL && e->bytes == bytes && !(e->flags & HOST_MEM_FOREIGN);
-  if (ok) {
-    e->flags |= HOST_MEM_EXPORTED; /* conservative if the rest fails */
-    off = e->off;
-  }
+  pthread_mutex_lock(&hd->mem_lock);
+  bool ok = host_export_entry(hd, base, bytes, vm, &off) != NULL;
   pthread_mutex_unlock(&hd->mem_lock);
   if (!ok)
     return mp__fail(MP_EINVAL,
@@ -2369,9 +2376,29 @@ static mp_status_t host_ipc_export(mp_device_t *dev, void *base, size_t bytes,
   }
   if (err == 0 && !tagged)
     err = EAGAIN; /* every tag tried is another description's */
+  /* Marked exported (never punched out: an importer may map it) only
+   * now: a refused export left the range marked, and its pages stayed
+   * taken after the free, until the device closed. The range is the one
+   * the descriptor names: a free meanwhile took it out of the table (and
+   * punched its pages out), and the export is refused. */
+  uint64_t now = 0;
+  if (err == 0) {
+    pthread_mutex_lock(&hd->mem_lock);
+    host_entry_t *e = host_export_entry(hd, base, bytes, vm, &now);
+    if (e != NULL && now == off)
+      e->flags |= HOST_MEM_EXPORTED;
+    else
+      err = ENOENT;
+    pthread_mutex_unlock(&hd->mem_lock);
+  }
   if (err != 0) {
     if (fd >= 0)
       close(fd);
+    if (err == ENOENT)
+      return mp__fail(MP_EINVAL,
+                      "ipc_export: (%p, %zu bytes) was freed or unmapped "
+                      "while it was exported",
+                      base, bytes);
     return mp__fail(MP_EIO,
                     "ipc_export: cannot open or lock the device file: %s",
                     strerror(err));
