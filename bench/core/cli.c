@@ -342,14 +342,6 @@ typedef struct mpb_cli {
   mpb_strv_t workloads, allocators, files;
 } mpb_cli_t;
 
-/* A name as the progress line and messages show it (mp__clip: each control
- * byte '?', so that a trace file's name cannot move the cursor, end the
- * line or send the terminal an escape sequence; a long one shortened). buf:
- * MP__CLIP bytes. */
-static const char *mpb_shown(const char *s, char *buf) {
-  return mp__clip(s, strlen(s), buf, MP__CLIP);
-}
-
 static void mpb_progress(const mpb_cli_t *c, size_t done, size_t total,
                          const char *what) {
   if (c->quiet || !isatty(2))
@@ -360,7 +352,7 @@ static void mpb_progress(const mpb_cli_t *c, size_t done, size_t total,
   for (size_t i = 0; i < W; i++)
     bar[i] = i < fill ? '#' : '.';
   bar[W] = '\0';
-  char shown[MP__CLIP];
+  char shown[MPB_SHOWN];
   fprintf(stderr, "\r\033[K[%s] %zu/%zu %s", bar, done, total,
           mpb_shown(what, shown));
   if (done == total)
@@ -735,7 +727,7 @@ static int mpb_load(const mpb_cli_t *c, mpb_jobs_t *jobs) {
       }
       /* A link to a trace in the folder would have run it twice. */
       for (size_t i = 0; i < nsame && !c->quiet; i++) {
-        char shown_dir[MP__CLIP], shown[MP__CLIP];
+        char shown_dir[MPB_SHOWN], shown[MPB_SHOWN];
         fprintf(stderr, "mpbench: traces %s: %s (one file, replayed once)\n",
                 mpb_shown(dir, shown_dir), mpb_shown(same[i], shown));
       }
@@ -759,7 +751,7 @@ static int mpb_load(const mpb_cli_t *c, mpb_jobs_t *jobs) {
   }
   for (size_t i = 0; i < names.n; i++)
     if (strlen(names.v[i]) > MPB_MAX_NAME) {
-      char shown[MP__CLIP];
+      char shown[MPB_SHOWN];
       fprintf(stderr,
               "mpbench: trace %s: its name (%zu bytes) is longer than the %d "
               "a result holds; move it to a shorter path\n",
@@ -782,7 +774,7 @@ static int mpb_load(const mpb_cli_t *c, mpb_jobs_t *jobs) {
   }
   for (size_t i = 0; i < traces.n; i++) {
     if (!c->quiet && isatty(2)) {
-      char shown[MP__CLIP];
+      char shown[MPB_SHOWN];
       fprintf(stderr, "\r\033[Kloading %s", mpb_shown(traces.v[i], shown));
     }
     if (mpb_trace_load(traces.v[i], names.v[i], &jobs->w[jobs->nw]) != MP_OK) {
@@ -928,7 +920,7 @@ static int mpb_bound(const mpb_cli_t *c) {
     if (st != MP_OK) {
       if (!c->quiet && isatty(2))
         fputs("\r\033[K", stderr);
-      char shown[MP__CLIP];
+      char shown[MPB_SHOWN];
       fprintf(stderr, "mpbench: %s: %s\n", mpb_shown(jobs.w[w].name, shown),
               mp_last_error());
       rc = 1;
@@ -985,7 +977,7 @@ int mpb_main(int argc, char **argv) {
   size_t nmaps = 0;
   mp_device_t *dev = NULL;
   mpb_strv_t unavailable = {0}, allocs = {0};
-  char shown_out[MP__CLIP]; /* --out as its messages show it */
+  char shown_out[MPB_SHOWN]; /* --out as its messages show it */
   if (rc >= 0)
     goto out;
   if (c.bound) {
@@ -1090,7 +1082,7 @@ int mpb_main(int argc, char **argv) {
       if (mpb_replay(&jobs.w[w], allocs.v[a], &ro, &res[done]) != MP_OK) {
         if (!c.quiet && isatty(2))
           fputs("\r\033[K", stderr);
-        char shown[MP__CLIP];
+        char shown[MPB_SHOWN];
         fprintf(stderr, "mpbench: %s: %s\n", mpb_shown(what, shown),
                 mp_last_error());
         rc = 1;

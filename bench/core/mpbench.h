@@ -137,6 +137,13 @@ mp_status_t mpb_trace_parse(const char *text, size_t len, const char *what,
  * terminal could act on (a control, DEL, any non-ASCII byte) shown as '?';
  * written to buf, which is returned. */
 const char *mpb_printable(const char *s, size_t len, char *buf, size_t cap);
+/* A path or a name as a message quotes it (mp__clip: each control byte,
+ * DEL, C1 control and byte of ill-formed UTF-8 '?', a long one shortened
+ * around "..."), so that it cannot break the message's line or send the
+ * terminal an escape sequence, and leaves room (mp_last_error holds 512
+ * bytes) for what the message says of it. buf: MPB_SHOWN bytes; returned. */
+#define MPB_SHOWN 96
+const char *mpb_shown(const char *s, char *buf);
 /* The traces folder when none is named: $MEMPOOL_TRACES, else the build's
  * MEMPOOL_TRACES_DIR, else shared/traces next to or above the executable's
  * folders; written to buf. NULL when there is none. */

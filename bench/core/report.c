@@ -465,19 +465,22 @@ static mp_status_t mpb_mkdir_p(const char *dir) {
   char path[4096];
   if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
     return mp__fail(MP_EINVAL, "output folder name too long");
+  char sp[MPB_SHOWN];
   for (char *p = path + 1; *p; p++) {
     if (*p != '/')
       continue;
     *p = '\0';
     if (mkdir(path, 0777) != 0 && errno != EEXIST)
-      return mp__fail(MP_EINVAL, "cannot create %s: %s", path, strerror(errno));
+      return mp__fail(MP_EINVAL, "cannot create %s: %s", mpb_shown(path, sp),
+                      strerror(errno));
     *p = '/';
   }
   if (mkdir(path, 0777) != 0 && errno != EEXIST)
-    return mp__fail(MP_EINVAL, "cannot create %s: %s", path, strerror(errno));
+    return mp__fail(MP_EINVAL, "cannot create %s: %s", mpb_shown(path, sp),
+                    strerror(errno));
   struct stat sb;
   if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
-    return mp__fail(MP_EINVAL, "%s is not a folder", path);
+    return mp__fail(MP_EINVAL, "%s is not a folder", mpb_shown(path, sp));
   return MP_OK;
 }
 
@@ -493,15 +496,19 @@ static mp_status_t mpb_out_dest(const char *dir, const char *name, char *dest,
   char path[4400];
   snprintf(path, sizeof path, "%s/%s", dir, name);
   *linked = false;
+  /* path, its link's text and its target as the messages show them */
+  char sp[MPB_SHOWN], st_[MPB_SHOWN], sg[MPB_SHOWN];
   struct stat sb;
   if (lstat(path, &sb) != 0) {
     if (errno != ENOENT)
-      return mp__fail(MP_EINVAL, "cannot use %s: %s", path, strerror(errno));
+      return mp__fail(MP_EINVAL, "cannot use %s: %s", mpb_shown(path, sp),
+                      strerror(errno));
     snprintf(dest, len, "%s", path);
     return MP_OK;
   }
   if (S_ISDIR(sb.st_mode))
-    return mp__fail(MP_EINVAL, "%s is a folder: results not written", path);
+    return mp__fail(MP_EINVAL, "%s is a folder: results not written",
+                    mpb_shown(path, sp));
   if (!S_ISLNK(sb.st_mode)) {
     snprintf(dest, len, "%s", path);
     return MP_OK;
@@ -515,28 +522,30 @@ static mp_status_t mpb_out_dest(const char *dir, const char *name, char *dest,
       return mp__fail(MP_EINVAL,
                       "%s is a symbolic link to %s, which does not exist: "
                       "results not written",
-                      path, to);
+                      mpb_shown(path, sp), mpb_shown(to, st_));
     return mp__fail(MP_EINVAL,
                     "%s is a symbolic link to %s, which cannot be used (%s): "
                     "results not written",
-                    path, to, strerror(errno));
+                    mpb_shown(path, sp), mpb_shown(to, st_), strerror(errno));
   }
   mp_status_t st = MP_OK;
   if (stat(target, &sb) != 0)
-    st = mp__fail(MP_EINVAL, "%s is a symbolic link to %s (%s): %s", path, to,
-                  target, strerror(errno));
+    st = mp__fail(MP_EINVAL, "%s is a symbolic link to %s (%s): %s",
+                  mpb_shown(path, sp), mpb_shown(to, st_),
+                  mpb_shown(target, sg), strerror(errno));
   else if (S_ISDIR(sb.st_mode))
     st = mp__fail(MP_EINVAL,
                   "%s is a symbolic link to the folder %s: results not "
                   "written",
-                  path, target);
+                  mpb_shown(path, sp), mpb_shown(target, sg));
   else if (!S_ISREG(sb.st_mode))
     st = mp__fail(MP_EINVAL,
                   "%s is a symbolic link to %s, which is not a regular file: "
                   "results not written",
-                  path, target);
+                  mpb_shown(path, sp), mpb_shown(target, sg));
   else if (snprintf(dest, len, "%s", target) >= (int)len)
-    st = mp__fail(MP_EINVAL, "the target of %s is too long a path", path);
+    st = mp__fail(MP_EINVAL, "the target of %s is too long a path",
+                  mpb_shown(path, sp));
   else
     *linked = true;
   free(target);
@@ -562,12 +571,13 @@ static bool mpb_name_beside(const char *path, const char *tag, char *out,
  * on another). staged: the new file's path. */
 static mp_status_t mpb_stage_beside(const char *from, const char *target,
                                     char *staged, size_t len) {
+  char sp[MPB_SHOWN];
   if (!mpb_name_beside(target, "", staged, len)) /* realpath's: absolute */
-    return mp__fail(MP_EINVAL, "%s is too long a path", target);
+    return mp__fail(MP_EINVAL, "%s is too long a path", mpb_shown(target, sp));
   int out = mkstemp(staged);
   if (out < 0)
-    return mp__fail(MP_EINVAL, "cannot write beside %s: %s", target,
-                    strerror(errno));
+    return mp__fail(MP_EINVAL, "cannot write beside %s: %s",
+                    mpb_shown(target, sp), strerror(errno));
   int in = open(from, O_RDONLY);
   int err = in < 0 ? errno : 0;
   char buf[65536];
@@ -597,8 +607,8 @@ static mp_status_t mpb_stage_beside(const char *from, const char *target,
     err = errno;
   if (err != 0) {
     unlink(staged);
-    return mp__fail(MP_EINVAL, "cannot write beside %s: %s", target,
-                    strerror(err));
+    return mp__fail(MP_EINVAL, "cannot write beside %s: %s",
+                    mpb_shown(target, sp), strerror(err));
   }
   return MP_OK;
 }
@@ -650,13 +660,15 @@ static bool mpb_put_back(mpb_move_t *mv, size_t failed, char *why, size_t len) {
         unlink(mv[i].old); /* still there when it was a link of mv[i].to */
         mv[i].kept = false;
       } else if (all) {
-        snprintf(why, len, "the run before's %s is kept as %s", mv[i].to,
-                 mv[i].old);
+        char sp[MPB_SHOWN], so[MPB_SHOWN];
+        snprintf(why, len, "the run before's %s is kept as %s",
+                 mpb_shown(mv[i].to, sp), mpb_shown(mv[i].old, so));
       }
     } else {
       back = !mv[i].existed && unlink(mv[i].to) == 0;
+      char sp[MPB_SHOWN];
       if (!back && all)
-        snprintf(why, len, "%s is this run's%s", mv[i].to,
+        snprintf(why, len, "%s is this run's%s", mpb_shown(mv[i].to, sp),
                  mv[i].existed ? " (the run before's could not be kept)" : "");
     }
     lost += !back;
@@ -679,14 +691,16 @@ static mp_status_t mpb_check_dest(const char *dir, const char *name) {
   mp_status_t st = mpb_out_dest(dir, name, dest, sizeof dest, &linked);
   if (st != MP_OK || !linked)
     return st;
+  char sd[MPB_SHOWN], sg[MPB_SHOWN];
   if (!mpb_name_beside(dest, "", probe, sizeof probe))
-    return mp__fail(MP_EINVAL, "%s is too long a path", dest);
+    return mp__fail(MP_EINVAL, "%s is too long a path", mpb_shown(dest, sg));
   int fd = mkstemp(probe);
   if (fd < 0)
     return mp__fail(MP_EINVAL,
                     "%s/%s is a symbolic link to %s, beside which no file "
                     "can be made (%s): results could not be written",
-                    dir, name, dest, strerror(errno));
+                    mpb_shown(dir, sd), name, mpb_shown(dest, sg),
+                    strerror(errno));
   close(fd);
   unlink(probe);
   return MP_OK;
@@ -721,22 +735,24 @@ mp_status_t mpb_report_check_dir(const char *dir) {
    * this process can create entries in. Its permissions do not tell (root
    * passes them where nothing can be made, as in /proc), so an empty
    * folder is made there and removed again: nothing is left. */
+  char sp[MPB_SHOWN], st_[MPB_SHOWN]; /* path, a link's text, shown */
   for (;;) {
     struct stat sb;
     if (stat(path, &sb) == 0) {
       if (!S_ISDIR(sb.st_mode))
-        return mp__fail(MP_EINVAL, "%s is not a folder", path);
+        return mp__fail(MP_EINVAL, "%s is not a folder", mpb_shown(path, sp));
       char probe[4200];
       snprintf(probe, sizeof probe, "%s/.mpbench-XXXXXX", path);
       if (mkdtemp(probe) == NULL)
-        return mp__fail(MP_EINVAL, "cannot write into %s: %s", path,
-                        strerror(errno));
+        return mp__fail(MP_EINVAL, "cannot write into %s: %s",
+                        mpb_shown(path, sp), strerror(errno));
       (void)rmdir(probe);
       return MP_OK;
     }
     int err = errno;
     if (err != ENOENT && err != ENOTDIR) /* ENOTDIR: found above */
-      return mp__fail(MP_EINVAL, "cannot use %s: %s", path, strerror(err));
+      return mp__fail(MP_EINVAL, "cannot use %s: %s", mpb_shown(path, sp),
+                      strerror(err));
     /* A symbolic link whose target is not there: mkdir finds the link and
      * makes nothing, so no folder can be made at or under it. */
     struct stat lb;
@@ -747,7 +763,7 @@ mp_status_t mpb_report_check_dir(const char *dir) {
       return mp__fail(MP_EINVAL,
                       "%s is a symbolic link to %s, which cannot be used "
                       "(%s): no folder can be made there",
-                      path, to, strerror(err));
+                      mpb_shown(path, sp), mpb_shown(to, st_), strerror(err));
     }
     /* "a/b/" is "a/b": that entry next, not the one above it (a file
      * "a/b" fails "a/b/" with ENOTDIR and must be said). */
@@ -881,14 +897,17 @@ static mp_status_t mpb_out_list_write(const char *tmp,
                                       const mpb_names_t *files) {
   char path[4400];
   snprintf(path, sizeof path, "%s/%s", tmp, MPB_OUT_LIST);
+  char sp[MPB_SHOWN];
   FILE *f = fopen(path, "w");
   if (f == NULL)
-    return mp__fail(MP_EINVAL, "cannot write %s: %s", path, strerror(errno));
+    return mp__fail(MP_EINVAL, "cannot write %s: %s", mpb_shown(path, sp),
+                    strerror(errno));
   for (size_t i = 0; i < files->n; i++)
     fprintf(f, "%s\n", files->v[i]);
   bool failed = ferror(f) != 0;
   if (fclose(f) != 0 || failed)
-    return mp__fail(MP_EINVAL, "cannot write %s: %s", path, strerror(errno));
+    return mp__fail(MP_EINVAL, "cannot write %s: %s", mpb_shown(path, sp),
+                    strerror(errno));
   return MP_OK;
 }
 
@@ -989,10 +1008,13 @@ mp_status_t mpb_report_check_plots(const char *dir, const mpb_workload_t *w,
  * plots, so that gnuplot does not draw truncated data without a word. */
 static mp_status_t mpb_plot_close(FILE *f, const char *path) {
   bool failed = ferror(f) != 0;
+  char sp[MPB_SHOWN];
   if (fclose(f) != 0)
-    return mp__fail(MP_EINVAL, "cannot write %s: %s", path, strerror(errno));
+    return mp__fail(MP_EINVAL, "cannot write %s: %s", mpb_shown(path, sp),
+                    strerror(errno));
   if (failed)
-    return mp__fail(MP_EINVAL, "cannot write %s: a write to it failed", path);
+    return mp__fail(MP_EINVAL, "cannot write %s: a write to it failed",
+                    mpb_shown(path, sp));
   return MP_OK;
 }
 
@@ -1001,11 +1023,12 @@ static mp_status_t mpb_plot_names(const char *tmp, const char *term,
                                   const mpb_names_t *wl, const mpb_names_t *al,
                                   mpb_names_t *files, char *why,
                                   size_t why_len) {
-  char path[4400];
+  char path[4400], sp[MPB_SHOWN];
   snprintf(path, sizeof path, "%s/plot.gp", tmp);
   FILE *gp = fopen(path, "w");
   if (gp == NULL)
-    return mp__fail(MP_EINVAL, "cannot write %s: %s", path, strerror(errno));
+    return mp__fail(MP_EINVAL, "cannot write %s: %s", mpb_shown(path, sp),
+                    strerror(errno));
   fprintf(gp,
           "set terminal %s 1280,720\nset grid\nset key top left noenhanced\n"
           "set datafile missing 'NaN'\n",
@@ -1025,7 +1048,8 @@ static mp_status_t mpb_plot_names(const char *tmp, const char *term,
     FILE *d = fopen(path, "w");
     if (d == NULL) {
       fclose(gp);
-      return mp__fail(MP_EINVAL, "cannot write %s: %s", path, strerror(errno));
+      return mp__fail(MP_EINVAL, "cannot write %s: %s", mpb_shown(path, sp),
+                      strerror(errno));
     }
     /* One block per allocator (gnuplot "index"), live and reserved. The
      * live line is the same for every allocator that got as far, so it is
@@ -1098,7 +1122,8 @@ static mp_status_t mpb_plot_names(const char *tmp, const char *term,
   FILE *d = fopen(path, "w");
   if (d == NULL) {
     fclose(gp);
-    return mp__fail(MP_EINVAL, "cannot write %s: %s", path, strerror(errno));
+    return mp__fail(MP_EINVAL, "cannot write %s: %s", mpb_shown(path, sp),
+                    strerror(errno));
   }
   for (size_t w = 0; w < wl->n; w++) {
     fputc('"', d);
@@ -1174,7 +1199,9 @@ run:
       fclose(log);
     }
     msg[strcspn(msg, "\n")] = '\0';
-    snprintf(why, why_len, "gnuplot failed: %s", msg);
+    char sm[sizeof msg]; /* its line may quote a name (a title, a file) */
+    snprintf(why, why_len, "gnuplot failed: %s",
+             mp__clip(msg, strlen(msg), sm, sizeof sm));
     return MP_EINVAL;
   }
   return MP_OK;
@@ -1209,9 +1236,11 @@ static mp_status_t mpb_write_file(const char *tmp, const char *name,
                                   const mpb_result_t *r, size_t n, int which) {
   char path[4400];
   snprintf(path, sizeof path, "%s/%s", tmp, name);
+  char sp[MPB_SHOWN];
   FILE *f = fopen(path, "w");
   if (f == NULL)
-    return mp__fail(MP_EINVAL, "cannot write %s: %s", path, strerror(errno));
+    return mp__fail(MP_EINVAL, "cannot write %s: %s", mpb_shown(path, sp),
+                    strerror(errno));
   mp_status_t st = MP_OK;
   if (which == 0)
     st = mpb_report_json(f, r, n);
@@ -1222,7 +1251,8 @@ static mp_status_t mpb_write_file(const char *tmp, const char *name,
   /* Each writer says a write that failed (ferror): fclose tells only of
    * its own flush, which may succeed after an earlier one failed. */
   if (fclose(f) != 0 && st == MP_OK)
-    st = mp__fail(MP_EINVAL, "cannot write %s: %s", path, strerror(errno));
+    st = mp__fail(MP_EINVAL, "cannot write %s: %s", mpb_shown(path, sp),
+                  strerror(errno));
   return st;
 }
 
@@ -1231,12 +1261,15 @@ static mp_status_t mpb_write_html(const char *tmp, const mpb_result_t *r,
                                   size_t nmaps) {
   char path[4400];
   snprintf(path, sizeof path, "%s/report.html", tmp);
+  char sp[MPB_SHOWN];
   FILE *f = fopen(path, "w");
   if (f == NULL)
-    return mp__fail(MP_EINVAL, "cannot write %s: %s", path, strerror(errno));
+    return mp__fail(MP_EINVAL, "cannot write %s: %s", mpb_shown(path, sp),
+                    strerror(errno));
   mp_status_t st = mpb_report_html(f, r, n, maps, nmaps);
   if (fclose(f) != 0 && st == MP_OK)
-    st = mp__fail(MP_EINVAL, "cannot write %s: %s", path, strerror(errno));
+    st = mp__fail(MP_EINVAL, "cannot write %s: %s", mpb_shown(path, sp),
+                  strerror(errno));
   return st;
 }
 
@@ -1256,11 +1289,11 @@ mp_status_t mpb_report_write_maps(const char *dir, const mpb_result_t *r,
   mp_status_t st = mpb_mkdir_p(dir);
   if (st != MP_OK)
     return st;
-  char tmp[4200];
+  char tmp[4200], sd[MPB_SHOWN];
   snprintf(tmp, sizeof tmp, "%s/.mpbench-tmp-XXXXXX", dir);
   if (mkdtemp(tmp) == NULL)
     return mp__fail(MP_EINVAL, "cannot create a temporary folder in %s: %s",
-                    dir, strerror(errno));
+                    mpb_shown(dir, sd), strerror(errno));
   mpb_names_t files = {0};
   for (int i = 0; i < 3 && st == MP_OK; i++) {
     st = mpb_write_file(tmp, mpb_out_names[i], r, n, i);
@@ -1325,16 +1358,16 @@ mp_status_t mpb_report_write_maps(const char *dir, const mpb_result_t *r,
   for (; done < files.n && st == MP_OK; done++) {
     if (rename(mv[done].from, mv[done].to) != 0) {
       int err = errno;
-      char why[9000] = "";
+      char why[512] = "", sp[MPB_SHOWN];
       if (mpb_put_back(mv, done, why, sizeof why))
         st = mp__fail(MP_EINVAL,
                       "cannot move %s into place: %s: results not written",
-                      mv[done].to, strerror(err));
+                      mpb_shown(mv[done].to, sp), strerror(err));
       else
         st = mp__fail(MP_EINVAL,
                       "cannot move %s into place: %s; putting the run "
                       "before's files back failed: %s",
-                      mv[done].to, strerror(err), why);
+                      mpb_shown(mv[done].to, sp), strerror(err), why);
       break;
     }
     mv[done].staged = false;

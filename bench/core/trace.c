@@ -129,6 +129,10 @@ const char *mpb_printable(const char *s, size_t len, char *buf, size_t cap) {
   return buf;
 }
 
+const char *mpb_shown(const char *s, char *buf) {
+  return mp__clip(s, strlen(s), buf, MPB_SHOWN);
+}
+
 static bool mpb_field_is(const char *s, size_t len, const char *word) {
   return strlen(word) == len && memcmp(s, word, len) == 0;
 }
