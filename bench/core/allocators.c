@@ -194,12 +194,13 @@ mp_status_t mpb_allocator_check_name(const char *name) {
       strcmp(name, "jemalloc") == 0 || mpb_is_gpu_only(name) ||
       mpb_allocator_is_pinned(name))
     return MP_OK;
+  char shown[MPB_SHOWN];
   return mp__fail(MP_EINVAL,
                   "unknown allocator '%s' (pool, pool:OPTS, pool-nograph, "
                   "child:bytes=SIZE, "
                   "direct, jemalloc, cuda-async, cuda-malloc, host-pool, "
                   "host-pool:OPTS, host-pow2, host-direct, host-jemalloc)",
-                  name);
+                  mpb_shown(name, shown));
 }
 
 static bool mpb_device_is_host(mp_device_t *dev) {
@@ -393,12 +394,13 @@ static mp_status_t mpb_je_open(mp_device_t *dev, bool pinned,
 mp_status_t mpb_allocator_open(const char *name, mp_device_t *dev,
                                mpb_make_fn make, mpb_allocator_t **out) {
   mp_status_t st = MP_OK;
-  char why[128];
+  char why[128], shown[MPB_SHOWN];
   if (make == NULL) {
     if ((st = mpb_allocator_check_name(name)) != MP_OK)
       return st;
     if (!mpb_allocator_available(name, dev, why, sizeof why))
-      return mp__fail(MP_ENOTSUP, "allocator %s: %s", name, why);
+      return mp__fail(MP_ENOTSUP, "allocator %s: %s", mpb_shown(name, shown),
+                      why);
   }
   mpb_allocator_t *a = calloc(1, sizeof *a);
   if (a == NULL)

@@ -360,9 +360,12 @@ static void mpb_progress(const mpb_cli_t *c, size_t done, size_t total,
   fflush(stderr);
 }
 
+/* fmt's message, arg (an option, a value, a message quoting them) shown
+ * through mp__clip: each control byte '?', one too long for a line cut. */
 static int mpb_fail_usage(const char *fmt, const char *arg) {
+  char shown[640];
   fprintf(stderr, "mpbench: ");
-  fprintf(stderr, fmt, arg);
+  fprintf(stderr, fmt, mp__clip(arg, strlen(arg), shown, sizeof shown));
   fprintf(stderr, "\n(mpbench --help lists the options)\n");
   return 2;
 }
@@ -445,11 +448,11 @@ static int mpb_files_distinct(const mpb_strv_t *files) {
       if (!known[j] || sb[j].st_dev != sb[i].st_dev ||
           sb[j].st_ino != sb[i].st_ino)
         continue;
-      char msg[2 * PATH_MAX + 96];
+      char msg[2 * MPB_SHOWN + 96], sj[MPB_SHOWN], si[MPB_SHOWN];
       snprintf(msg, sizeof msg,
                "traces %s and %s are one file (its rows would be run "
                "twice)",
-               files->v[j], files->v[i]);
+               mpb_shown(files->v[j], sj), mpb_shown(files->v[i], si));
       rc = mpb_fail_usage("%s", msg);
     }
   }
@@ -815,9 +818,9 @@ static int mpb_check_allocators(const char *const *names, size_t nnames,
                                 mp_device_t *dev, mpb_strv_t *allocs,
                                 mpb_strv_t *unavailable) {
   for (size_t i = 0; i < nnames; i++) {
-    char why[160], line[MPB_MAX_ALLOCATOR + 200];
+    char why[160], line[MPB_SHOWN + 200], shown[MPB_SHOWN];
     if (!mpb_allocator_available(names[i], dev, why, sizeof why)) {
-      snprintf(line, sizeof line, "%s: %s", names[i], why);
+      snprintf(line, sizeof line, "%s: %s", mpb_shown(names[i], shown), why);
       if (!mpb_strv_push(unavailable, line))
         return mpb_fail_oom("the allocators that cannot run");
       continue;
@@ -829,7 +832,8 @@ static int mpb_check_allocators(const char *const *names, size_t nnames,
     if (st == MP_OK) {
       mpb_allocator_close(a);
     } else if (st != MP_ENOMEM && st != MP_ELIMIT) {
-      fprintf(stderr, "mpbench: allocator %s: %s\n", names[i], mp_last_error());
+      fprintf(stderr, "mpbench: allocator %s: %s\n", mpb_shown(names[i], shown),
+              mp_last_error());
       return 2;
     }
     if (!mpb_strv_push(allocs, names[i]))
@@ -850,8 +854,10 @@ static int mpb_bound(const mpb_cli_t *c) {
   mp_device_t *dev = NULL;
   int rc = 0;
   if (mp_device_open(c->device, &dev) != MP_OK) {
+    char shown[MPB_SHOWN];
     fprintf(stderr, "mpbench: cannot open device %s: %s\n",
-            c->device ? c->device : "(default)", mp_last_error());
+            c->device ? mpb_shown(c->device, shown) : "(default)",
+            mp_last_error());
     return 2;
   }
   /* The granule the pool maps on this device; one without virtual memory
@@ -869,8 +875,8 @@ static int mpb_bound(const mpb_cli_t *c) {
     return 2;
   }
   size_t align = cfg.align ? cfg.align : 512;
-  char devname[128];
-  snprintf(devname, sizeof devname, "%s", mp_device_name(dev));
+  char devname[MPB_SHOWN]; /* the driver's name for it, shown */
+  mpb_shown(mp_device_name(dev), devname);
   rc = mpb_check_allocators((const char *const *)c->allocators.v,
                             c->allocators.n, dev, &allocs, &unavailable);
   mp_device_close(dev);
@@ -987,8 +993,10 @@ int mpb_main(int argc, char **argv) {
   rc = 0;
   /* The device and the allocators, checked before any work. */
   if (mp_device_open(c.device, &dev) != MP_OK) {
+    char shown[MPB_SHOWN];
     fprintf(stderr, "mpbench: cannot open device %s: %s\n",
-            c.device ? c.device : "(default)", mp_last_error());
+            c.device ? mpb_shown(c.device, shown) : "(default)",
+            mp_last_error());
     rc = 2;
     goto out;
   }
@@ -1002,8 +1010,8 @@ int mpb_main(int argc, char **argv) {
   if ((rc = mpb_check_allocators(names, nnames, dev, &allocs, &unavailable)) !=
       0)
     goto out;
-  char devname[128];
-  snprintf(devname, sizeof devname, "%s", mp_device_name(dev));
+  char devname[MPB_SHOWN]; /* the driver's name for it, shown */
+  mpb_shown(mp_device_name(dev), devname);
   mp_device_close(dev);
   dev = NULL;
   if (allocs.n == 0) {
@@ -1020,8 +1028,9 @@ int mpb_main(int argc, char **argv) {
     map_alloc = 0;
   if (c.blockmap != NULL && strcmp(c.blockmap, "none") != 0 &&
       map_alloc == SIZE_MAX) {
+    char shown[MPB_SHOWN];
     fprintf(stderr, "mpbench: --blockmap %s is not one of the allocators run\n",
-            c.blockmap);
+            mpb_shown(c.blockmap, shown));
     rc = 2;
     goto out;
   }
@@ -1116,9 +1125,12 @@ int mpb_main(int argc, char **argv) {
   }
   if (!plotted && c.plots)
     printf("\nNo plots: %s\n", why);
+  /* Whole (a path to copy), but each control byte '?' (mp__clip). */
+  char out_whole[PATH_MAX + 8];
+  mp__clip(c.out_dir, strlen(c.out_dir), out_whole, sizeof out_whole);
   printf("\nResults: %s/results.json, %s/results.csv, %s/results.md, "
          "%s/report.html%s\n",
-         c.out_dir, c.out_dir, c.out_dir, c.out_dir,
+         out_whole, out_whole, out_whole, out_whole,
          plotted ? ", plots *.png" : "");
   fflush(stdout);
 out:

@@ -757,9 +757,10 @@ mp_status_t mpb_traces_scan(const char *dir, char ***out, size_t *nout,
     *nsame = 0;
   }
   DIR *d = opendir(dir);
+  char shown[MPB_SHOWN];
   if (d == NULL)
-    return mp__fail(MP_EINVAL, "cannot open traces folder %s: %s", dir,
-                    strerror(errno));
+    return mp__fail(MP_EINVAL, "cannot open traces folder %s: %s",
+                    mpb_shown(dir, shown), strerror(errno));
   char **v = NULL;
   size_t n = 0, cap = 0;
   struct dirent *e;
