@@ -477,7 +477,8 @@ mp_status_t mpb_report_check_dir(const char *dir);
  * the plots a run with plots would write into dir (ratios.png, each
  * workload's bytes_NAME.png) can be put there, as mpb_report_check_dir
  * checks the other files: a folder or a link to nothing there, or a link
- * into a folder nothing can be made in, fails now, not after the run. */
+ * into a folder nothing can be made in, fails now, not after the run.
+ * Without a gnuplot (no plot will be written) nothing is in the way. */
 mp_status_t mpb_report_check_plots(const char *dir, const mpb_workload_t *w,
                                    size_t n);
 mp_status_t mpb_report_write(const char *dir, const mpb_result_t *r, size_t n,

@@ -981,6 +981,10 @@ mp_status_t mpb_report_check_plots(const char *dir, const mpb_workload_t *w,
   struct stat db;
   if (stat(dir, &db) != 0 || !S_ISDIR(db.st_mode))
     return MP_OK; /* made by the run: nothing there yet */
+  /* Without a gnuplot no plot is written (mpb_plot): none is in the way. */
+  char term[96];
+  if (!mpb_gnuplot_terminal(term, sizeof term))
+    return MP_OK;
   /* Each workload's name as mpb_plot_names gives it, as if every one had
    * a plot (one without gets none: its name goes to no later one, so the
    * names a run writes are among these). */
