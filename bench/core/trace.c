@@ -104,26 +104,50 @@ static bool mpb_all_digits(const char *s, size_t len) {
   return true;
 }
 
-static bool mpb_parse_hex(const char *s, size_t len, uint64_t *out) {
+/* The value of hex digit c, or -1. */
+static int mpb_hex_digit(int c) {
+  if (c >= '0' && c <= '9')
+    return c - '0';
+  if (c >= 'a' && c <= 'f')
+    return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F')
+    return c - 'A' + 10;
+  return -1;
+}
+
+/* Whether s[0, len) is hex digits, after "0x" if it has one (of any
+ * value: mpb_parse_hex says whether it fits). */
+static bool mpb_hex_form(const char *s, size_t len) {
   if (len >= 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
     s += 2;
     len -= 2;
   }
-  if (len == 0 || len > 16)
+  if (len == 0)
+    return false;
+  for (size_t i = 0; i < len; i++)
+    if (mpb_hex_digit((unsigned char)s[i]) < 0)
+      return false;
+  return true;
+}
+
+/* Hex (mpb_hex_form) whose value fits 64 bits, leading zeros any number
+ * (0x%016llx is 16 digits, but a log may pad wider). */
+static bool mpb_parse_hex(const char *s, size_t len, uint64_t *out) {
+  if (!mpb_hex_form(s, len))
+    return false;
+  if (len >= 2 && (s[1] == 'x' || s[1] == 'X')) {
+    s += 2;
+    len -= 2;
+  }
+  while (len > 1 && s[0] == '0') {
+    s++;
+    len--;
+  }
+  if (len > 16)
     return false;
   uint64_t v = 0;
-  for (size_t i = 0; i < len; i++) {
-    int c = (unsigned char)s[i], d;
-    if (c >= '0' && c <= '9')
-      d = c - '0';
-    else if (c >= 'a' && c <= 'f')
-      d = c - 'a' + 10;
-    else if (c >= 'A' && c <= 'F')
-      d = c - 'A' + 10;
-    else
-      return false;
-    v = v << 4 | (uint64_t)d;
-  }
+  for (size_t i = 0; i < len; i++)
+    v = v << 4 | (uint64_t)mpb_hex_digit((unsigned char)s[i]);
   *out = v;
   return true;
 }
@@ -255,23 +279,30 @@ static mp_status_t mpb_parse_row(mpb_parser_t *p, const char *s, size_t len,
                     p->what, line,
                     mpb_printable(f[2], fl[2], shown, sizeof shown));
   uint64_t addr = 0;
+  /* A number of the right form that does not fit is said as such: "bad
+   * size '99999999999999999999' (a decimal number)" named the form it
+   * had. */
   if (!mpb_field_is(f[3], fl[3], "(nil)") && !mpb_parse_hex(f[3], fl[3], &addr))
-    return mp__fail(
-        MP_EINVAL, "%s:%zu: bad pointer '%s' (hex such as 0x7f00 or (nil))",
-        p->what, line, mpb_printable(f[3], fl[3], shown, sizeof shown));
+    return mp__fail(MP_EINVAL, "%s:%zu: bad pointer '%s' (%s)", p->what, line,
+                    mpb_printable(f[3], fl[3], shown, sizeof shown),
+                    mpb_hex_form(f[3], fl[3]) ? "wider than 64 bits"
+                                              : "hex such as 0x7f00 or (nil)");
   uint64_t size, stream;
   if (!mp__parse_u64(f[4], fl[4], &size) || size > SIZE_MAX)
-    return mp__fail(MP_EINVAL, "%s:%zu: bad size '%s' (a decimal number)",
-                    p->what, line,
-                    mpb_printable(f[4], fl[4], shown, sizeof shown));
+    return mp__fail(MP_EINVAL, "%s:%zu: bad size '%s' (%s)", p->what, line,
+                    mpb_printable(f[4], fl[4], shown, sizeof shown),
+                    mpb_all_digits(f[4], fl[4])
+                        ? "more bytes than this machine's size_t holds"
+                        : "a decimal number");
+  bool hex5 = fl[5] > 2 && f[5][0] == '0' && (f[5][1] == 'x' || f[5][1] == 'X');
   if (!mp__parse_u64(f[5], fl[5], &stream) &&
-      !(fl[5] > 2 && f[5][0] == '0' && (f[5][1] == 'x' || f[5][1] == 'X') &&
-        mpb_parse_hex(f[5], fl[5], &stream)))
-    return mp__fail(MP_EINVAL,
-                    "%s:%zu: bad stream '%s' (a decimal number, or hex "
-                    "such as 0x7f00)",
-                    p->what, line,
-                    mpb_printable(f[5], fl[5], shown, sizeof shown));
+      !(hex5 && mpb_parse_hex(f[5], fl[5], &stream)))
+    return mp__fail(MP_EINVAL, "%s:%zu: bad stream '%s' (%s)", p->what, line,
+                    mpb_printable(f[5], fl[5], shown, sizeof shown),
+                    mpb_all_digits(f[5], fl[5]) ||
+                            (hex5 && mpb_hex_form(f[5], fl[5]))
+                        ? "wider than 64 bits"
+                        : "a decimal number, or hex such as 0x7f00");
 
   mpb_workload_t *w = p->w;
   /* A failure's pointer is not checked: RMM's log writes a null one, but a
