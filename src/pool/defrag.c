@@ -515,7 +515,7 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
                                   bool freeze, bool checked, size_t *moved) {
   mp__mover_t m = {.pool = pool, .s = s, .need = need};
   void *stage = NULL;
-  (void)mp__defrag_stage_retry(pool); /* a buffer a refused free kept */
+  mp__defrag_stage_retry_quiet(pool); /* a buffer a refused free kept */
   mp__pool_lock(pool);
   mp__pool_wait_idle(pool);
   const char *fn = freeze ? "mp_pool_freeze" : "mp_pool_defragment";
@@ -628,6 +628,13 @@ mp_status_t mp__defrag_stage_retry(mp_pool_t *pool) {
   }
   mp__pool_unlock(pool);
   return st;
+}
+
+void mp__defrag_stage_retry_quiet(mp_pool_t *pool) {
+  mp__error_kept_t was;
+  mp__error_keep(&was);
+  (void)mp__defrag_stage_retry(pool);
+  mp__error_give_back(&was);
 }
 
 /* ---- public API -------------------------------------------------------- */

@@ -351,7 +351,7 @@ static mp_status_t mp__pause_check(const mp_pool_t *pool) {
 /* Pauses pool, a pool without arenas or one arena (flags checked). No lock
  * held on entry or return. */
 static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
-  (void)mp__defrag_stage_retry(pool); /* a staging buffer a refusal kept */
+  mp__defrag_stage_retry_quiet(pool); /* a staging buffer a refusal kept */
   mp__pool_lock(pool);
   mp__pool_wait_sync(pool);
   if (!pool->paused && pool->nexports > 0)

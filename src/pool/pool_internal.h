@@ -1395,6 +1395,10 @@ size_t mp__defrag_on_oom(mp_pool_t *pool, size_t need, mp_stream_t s);
  * every defragmentation, trim, pause and destroy (which fails with the
  * refusal, the pool as it was). */
 mp_status_t mp__defrag_stage_retry(mp_pool_t *pool);
+/* mp__defrag_stage_retry whose refusal is ignored (the next call tries
+ * again): the caller's last error stays as it was, for a call that may
+ * still succeed (status.h: a success does not replace it). */
+void mp__defrag_stage_retry_quiet(mp_pool_t *pool);
 
 /* ---- child.c ------------------------------------------------------------ */
 /* Destroy of a child pool: its range back to the parent, its segment record
