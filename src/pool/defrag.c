@@ -515,7 +515,13 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
                                   bool freeze, bool checked, size_t *moved) {
   mp__mover_t m = {.pool = pool, .s = s, .need = need};
   void *stage = NULL;
-  mp__defrag_stage_retry_quiet(pool); /* a buffer a refused free kept */
+  /* A call that succeeds leaves the caller's last error as it was
+   * (status.h): the failures it goes on without (a kept buffer's retry
+   * refused again, no device room for the staging buffer: gap-sized
+   * chunks then) are not its answer. */
+  mp__error_kept_t was;
+  mp__error_keep(&was);
+  (void)mp__defrag_stage_retry(pool); /* a buffer a refused free kept */
   mp__pool_lock(pool);
   mp__pool_wait_idle(pool);
   const char *fn = freeze ? "mp_pool_freeze" : "mp_pool_defragment";
@@ -607,6 +613,8 @@ static mp_status_t mp__defragment(mp_pool_t *pool, mp_stream_t s, size_t need,
     mp__pool_unlock(pool);
   }
   *moved = m.moved;
+  if (st == MP_OK)
+    mp__error_give_back(&was);
   return st;
 }
 
