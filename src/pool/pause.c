@@ -582,9 +582,15 @@ static void mp__resume_finish(mp_pool_t *pool) {
   if (pool->pause_copy != NULL) {
     void *copy = pool->pause_copy;
     pool->pause_copy = NULL;
+    /* The resume succeeds whatever the free says (the pool runs, its
+     * content back): a refusal is not its answer, and leaves the caller's
+     * last error as it was (status.h). */
+    mp__error_kept_t was;
+    mp__error_keep(&was);
     mp__pool_device_begin(pool);
-    mp__device_host_free(pool->dev, copy);
+    (void)mp__device_host_free(pool->dev, copy);
     mp__pool_device_end(pool);
+    mp__error_give_back(&was);
   }
   pool->paused = false;
   mp__pool_rare_update(pool);
