@@ -658,7 +658,7 @@ static mp_status_t mp__defrag_counted(mp_pool_t *pool, mp_status_t st) {
   return st;
 }
 
-/* Whether pool with arenas, or one of its arenas made, holds s in its
+/* Whether pool, or one of the arenas it made, holds s in its
  * stream table: a stream the device said was live (mp__defragment), so
  * that the arenas' defragmentations need not ask the device about it.
  * Each lock in turn, none held across another. */
@@ -666,7 +666,8 @@ static bool mp__defrag_known(mp_pool_t *pool, mp_stream_t s) {
   mp__pool_lock(pool);
   bool known = mp__stream_known(pool, s);
   mp__pool_unlock(pool);
-  for (size_t i = 0; !known && i < pool->cfg.arenas; i++) {
+  for (size_t i = 0; !known && pool->arenas != NULL && i < pool->cfg.arenas;
+       i++) {
     mp_pool_t *a = mp__arena_at(pool, i);
     if (a == NULL)
       continue;
@@ -691,23 +692,26 @@ mp_status_t mp_pool_defragment(mp_pool_t *pool, mp_stream_t s,
     return st;
   /* A move's events start their stacks at this call's caller. */
   MP__HIST_ENTRY(pool);
-  if (pool->arenas == NULL) {
-    st = mp__defragment(pool, s, 0, false, false, &moved);
-  } else {
-    /* Each arena made in turn, as a pool of its own (its movable blocks
-     * move inside its segments); paused: MP_EBUSY with nothing done. The
-     * pool's lock is not held across an arena's, which waits for work.
-     * The stream is checked here too: with no arena made, none would. */
-    st = mp__pool_paused_now(pool, "mp_pool_defragment");
-    if (st == MP_OK && !mp__defrag_known(pool, s))
-      st = mp__stream_check(pool->dev, s);
-    for (size_t i = 0; st == MP_OK && i < pool->cfg.arenas; i++) {
-      mp_pool_t *a = mp__arena_at(pool, i);
-      size_t m = 0;
-      if (a != NULL)
-        st = mp__defragment(a, s, 0, false, true, &m);
-      moved += m;
-    }
+  /* Paused (MP_EBUSY) or no live stream (MP_EINVAL): refused before
+   * anything changes, also before mp__defragment's retry of a staging
+   * buffer a refused free kept, which frees it (a pool without arenas made
+   * that retry first). With arenas, the stream is checked here even when
+   * no arena is made, where none would. */
+  st = mp__pool_paused_now(pool, "mp_pool_defragment");
+  if (st == MP_OK && !mp__defrag_known(pool, s))
+    st = mp__stream_check(pool->dev, s);
+  if (st == MP_OK && pool->arenas == NULL)
+    st = mp__defragment(pool, s, 0, false, true, &moved);
+  /* Each arena made in turn, as a pool of its own (its movable blocks move
+   * inside its segments). The pool's lock is not held across an arena's,
+   * which waits for work. */
+  for (size_t i = 0;
+       st == MP_OK && pool->arenas != NULL && i < pool->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    size_t m = 0;
+    if (a != NULL)
+      st = mp__defragment(a, s, 0, false, true, &m);
+    moved += m;
   }
   if (moved_bytes != NULL)
     *moved_bytes = moved;
