@@ -1740,6 +1740,16 @@ static host_hmem_t host_maps_check(uintptr_t a, uintptr_t end, char need) {
   return res;
 }
 
+/* Linux 5.14's madvise advice (include/uapi/asm-generic/mman-common.h),
+ * for C libraries whose headers predate it: an older kernel answers EINVAL,
+ * and host_host_access reads /proc/self/maps then. */
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
 /* Ranges up to this many bytes are probed with madvise (host_host_access);
  * larger ones are looked up in /proc/self/maps. */
 #define HOST_PROBE_MAX ((size_t)1 << 20)

@@ -37,6 +37,9 @@ check "$bin/bench_pool_pairs" 1000 host:capacity=64T bogus
 check "$bin/bench_pool_pairs" 1000 host:capacity=64T remotes
 check "$bin/bench_pool_threads" 1000 100 2 1x
 check "$bin/bench_pool_handoff" 1 -2
+for a in 32M 100M 2T 1x 0G; do
+  check "$bin/bench_pause_resume" "$a"
+done
 check "$bin/bench_stream_table" 10 host:capacity=1G 5 -1
 # An option with no value after it was dropped; a count past 32 bits cut.
 check "$bin/bench_defrag_kv" --steps 10 --seqs
