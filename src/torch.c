@@ -365,19 +365,24 @@ static void mp__tpool_release(mp__tpool_t *t) {
 }
 
 /* Has t (automatic) told when the graph its stream is being captured into
- * goes; where the device cannot tell, t->gone stays NULL. */
+ * goes; where the device cannot tell, t->gone stays NULL. That is no
+ * failure of the allocation, which goes on: the caller's last error stays
+ * as it was across the refusal (status.h: a success does not replace it),
+ * and across a host allocation that fails. */
 static void mp__tpool_watch(mp__tpool_t *t, mp_stream_t s) {
+  mp__error_kept_t was;
+  mp__error_keep(&was);
   mp__tgone_t *g = mp__host_alloc(sizeof *g);
-  if (g == NULL)
-    return;
-  atomic_init(&g->refs, 2);
-  atomic_init(&g->gone, false);
-  if (mp__device_capture_on_release(mp_pool_device(t->parent), s, mp__tgone_set,
-                                    g) != MP_OK) {
-    free(g);
-    return;
+  if (g != NULL) {
+    atomic_init(&g->refs, 2);
+    atomic_init(&g->gone, false);
+    if (mp__device_capture_on_release(mp_pool_device(t->parent), s,
+                                      mp__tgone_set, g) == MP_OK)
+      t->gone = g;
+    else
+      free(g);
   }
-  t->gone = g;
+  mp__error_give_back(&was);
 }
 
 /* Whether t is an automatic entry whose capture ended and whose graph, with
