@@ -305,14 +305,19 @@ def _held(ptr):
     """Whether a default pool of mempool's holds the block at ptr. Before
     anything made the default pools none holds it: the library makes none
     to say so, and they are not recorded as made (use() may still pick
-    their device), as for empty_cache()."""
+    their device), as for empty_cache(). The check's failure for memory
+    no pool holds is the answer, not the caller's error: the thread's last
+    error stays as it was (status.h: a call that succeeds does not replace
+    it), as record_stream then returns normally."""
     import ctypes
     size = ctypes.c_size_t(0)
-    from . import _default_pools
+    from . import _default_pools, _keeping_last_error
     lib = _default_pools("mp_torch_base_alloc", mark=False)  # a forked child's
     if not lib.mp_default_pool_made():
         return False
-    _default_pools("mp_torch_base_alloc").mp_torch_base_alloc(ptr, ctypes.byref(size))
+    lib = _default_pools("mp_torch_base_alloc")
+    with _keeping_last_error():
+        lib.mp_torch_base_alloc(ptr, ctypes.byref(size))
     return size.value != 0
 
 

@@ -282,6 +282,32 @@ lib.mp_torch_free(p, 1 << 20, 0, None)
     assert r.stdout.split() == ["skipped", "raised", "MP_EINVAL"], r.stdout
 
 
+def test_record_stream_of_memory_mempool_did_not_allocate_keeps_last_error():
+    # The check whether a pool holds the block (mp_torch_base_alloc) fails
+    # for memory mempool did not allocate, and record_stream returns: a
+    # call that succeeds does not replace the caller's last error
+    # (status.h). It was the check's "is in no live block".
+    r = _run(_MALLOC + """
+import ctypes
+lib.mp_last_error.restype = ctypes.c_char_p
+buf = ctypes.create_string_buffer(64)
+p = lib.mp_torch_malloc(1 << 20, 0, None)   # the default pool made
+class Tensor:
+    def __init__(self, ptr): self.ptr = ptr
+    def data_ptr(self): return self.ptr
+class Stream:
+    cuda_stream = None
+assert lib.mp_torch_malloc(-1, 0, None) is None   # the caller's failure
+before = (lib.mp_last_status(), lib.mp_last_error())
+mempool.torch.record_stream(Tensor(ctypes.addressof(buf)), Stream())
+after = (lib.mp_last_status(), lib.mp_last_error())
+print("kept" if after == before else "replaced: %r by %r" % (before, after))
+lib.mp_torch_free(p, 1 << 20, 0, None)
+""")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "kept", r.stdout
+
+
 def test_record_stream_refuses_a_pointer_or_stream_past_a_c_word():
     # ctypes wraps an int past 2**64 (or a negative one) into a pointer
     # silently: 2**64 + p recorded the block at p, on a stream b + 2**64
