@@ -312,8 +312,9 @@ static mp_status_t mp__pause_plain_release(mp_pool_t *pool) {
   return MP_OK;
 }
 
-/* What pause may not handle: EBUSY/ENOTSUP with a message, or MP_OK. */
-static mp_status_t mp__pause_check(const mp_pool_t *pool) {
+/* What pause may not handle in the pool's own state, which no housekeeping
+ * changes (mp__pause_enter): EBUSY/ENOTSUP with a message, or MP_OK. */
+static mp_status_t mp__pause_check_state(const mp_pool_t *pool) {
   if (pool->paused)
     return mp__fail(MP_EBUSY, "mp_pool_pause: the pool is paused already");
   /* A graph pool has a parent too, and the parent pauses only once the
@@ -336,9 +337,13 @@ static mp_status_t mp__pause_check(const mp_pool_t *pool) {
     return mp__fail(MP_EBUSY, "mp_pool_pause: a stream of the pool is being "
                               "captured (graph pool): pause after "
                               "mp_pool_graph_end");
-  mp_status_t ust = mp__streams_unwaitable(pool, "mp_pool_pause");
-  if (ust != MP_OK)
-    return ust;
+  return mp__streams_unwaitable(pool, "mp_pool_pause");
+}
+
+/* What pause may not handle in the blocks the pool holds: exports still
+ * imported, blocks in use in plain segments. After the closed leases let
+ * their blocks go (mp__pause_enter), which these answers depend on. */
+static mp_status_t mp__pause_check_held(const mp_pool_t *pool) {
   if (pool->nexports > 0)
     return mp__fail(MP_EBUSY,
                     "mp_pool_pause: %zu exported block%s still imported by "
@@ -348,18 +353,48 @@ static mp_status_t mp__pause_check(const mp_pool_t *pool) {
   return mp__pause_plain_check(pool);
 }
 
+/* What pause may not handle: EBUSY/ENOTSUP with a message, or MP_OK. */
+static mp_status_t mp__pause_check(const mp_pool_t *pool) {
+  mp_status_t st = mp__pause_check_state(pool);
+  return st != MP_OK ? st : mp__pause_check_held(pool);
+}
+
+/* Takes the lock, waits for what is in flight and checks the pause: MP_OK
+ * with the lock held, or the refusal with it dropped. A refusal changes
+ * nothing (status.h) but what the check depends on: the pool's own state
+ * is checked first; then (a pause it would not refuse) the leases closed
+ * since (mp_ipc_handle_close) let their blocks go, which the exports and
+ * plain segments checked next depend on (a closed lease's block, held in
+ * use until then, would refuse the pause; the next allocation lets it go
+ * the same way, alloc.c). */
+static mp_status_t mp__pause_enter(mp_pool_t *pool) {
+  mp__pool_lock(pool);
+  mp__pool_wait_sync(pool);
+  mp_status_t st = mp__pause_check_state(pool);
+  if (st == MP_OK && pool->nexports > 0)
+    mp__export_reap(pool);
+  if (st == MP_OK)
+    st = mp__pause_check_held(pool);
+  if (st != MP_OK)
+    mp__pool_unlock(pool);
+  return st;
+}
+
 /* Pauses pool, a pool without arenas or one arena (flags checked). No lock
  * held on entry or return. */
 static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
-  mp__defrag_stage_retry_quiet(pool); /* a staging buffer a refusal kept */
-  mp__pool_lock(pool);
-  mp__pool_wait_sync(pool);
-  if (!pool->paused && pool->nexports > 0)
-    mp__export_reap(pool);
-  mp_status_t st = mp__pause_check(pool);
-  if (st != MP_OK) {
-    mp__pool_unlock(pool);
+  mp_status_t st = mp__pause_enter(pool);
+  if (st != MP_OK)
     return st;
+  if (pool->nstage_kept > 0) {
+    /* A staging buffer a refused free kept (defrag.c) goes first, once the
+     * pause is known not to be refused (before, a refused pause had freed
+     * it), with no lock held (mp__defrag_stage_retry); the lock was
+     * dropped, so the pause is checked again. */
+    mp__pool_unlock(pool);
+    mp__defrag_stage_retry_quiet(pool);
+    if ((st = mp__pause_enter(pool)) != MP_OK)
+      return st;
   }
   /* From here every other call is MP_EBUSY, so nothing changes under us.
    * What it held, for the other arenas' shares of a cap while its lock is
