@@ -312,6 +312,45 @@ static mp_status_t mp__pause_plain_release(mp_pool_t *pool) {
   return MP_OK;
 }
 
+/* Pushes host copy p on list, linked through p's first bytes (host memory,
+ * page-aligned, larger than a pointer, its content no longer read): the
+ * new head. */
+static void *mp__pause_stale_push(void *list, void *p) {
+  memcpy(p, &list, sizeof list);
+  return p;
+}
+
+/* Under the lock: frees host copy copy (NULL: none) and those whose free
+ * the device refused before (pause_stale), the lock dropped meanwhile (the
+ * pool in flight). One refused again is kept on pause_stale for the next
+ * pause, resume or destroy: dropped, it leaked (it was, at a resume, its
+ * pointer cleared whatever the free said). The caller's last error stays as
+ * it was (status.h): a refusal is not the answer of a call that succeeds. */
+static void mp__pause_copies_free(mp_pool_t *pool, void *copy) {
+  void *stale = pool->pause_stale, *left = NULL;
+  if (copy == NULL && stale == NULL)
+    return;
+  pool->pause_stale = NULL;
+  mp__error_kept_t was;
+  mp__error_keep(&was);
+  mp__pool_device_begin(pool);
+  if (copy != NULL)
+    stale = mp__pause_stale_push(stale, copy);
+  while (stale != NULL) {
+    void *p = stale;
+    memcpy(&stale, p, sizeof stale);
+    if (mp__device_host_free(pool->dev, p) != MP_OK)
+      left = mp__pause_stale_push(left, p);
+  }
+  mp__pool_device_end(pool);
+  mp__error_give_back(&was);
+  while (left != NULL) {
+    void *p = left;
+    memcpy(&left, p, sizeof left);
+    pool->pause_stale = mp__pause_stale_push(pool->pause_stale, p);
+  }
+}
+
 /* What pause may not handle in the pool's own state, which no housekeeping
  * changes (mp__pause_enter): EBUSY/ENOTSUP with a message, or MP_OK. */
 static mp_status_t mp__pause_check_state(const mp_pool_t *pool) {
@@ -402,6 +441,7 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
   pool->paused = true;
   pool->paused_reserved = pool->st.reserved_bytes;
   mp__pool_rare_update(pool);
+  mp__pause_copies_free(pool, NULL); /* those a refused free kept */
   mp__segment_t *v = pool->vseg;
   bool keep = (flags & MP_PAUSE_KEEP_CONTENT) && pool->st.allocated_bytes > 0;
   mp__spans_t sp = {0};
@@ -610,23 +650,14 @@ static mp_status_t mp__resume_refill(mp_pool_t *pool) {
   return st;
 }
 
-/* Under the lock, after mp__resume_map: the host copy goes, and the pool
- * runs again with its figures from before the pause. */
+/* Under the lock, after mp__resume_map: the host copy goes (the resume
+ * succeeds whatever its free says: the pool runs, its content back), and
+ * the pool runs again with its figures from before the pause. */
 static void mp__resume_finish(mp_pool_t *pool) {
   mp__segment_t *v = pool->vseg;
-  if (pool->pause_copy != NULL) {
-    void *copy = pool->pause_copy;
-    pool->pause_copy = NULL;
-    /* The resume succeeds whatever the free says (the pool runs, its
-     * content back): a refusal is not its answer, and leaves the caller's
-     * last error as it was (status.h). */
-    mp__error_kept_t was;
-    mp__error_keep(&was);
-    mp__pool_device_begin(pool);
-    (void)mp__device_host_free(pool->dev, copy);
-    mp__pool_device_end(pool);
-    mp__error_give_back(&was);
-  }
+  void *copy = pool->pause_copy;
+  pool->pause_copy = NULL;
+  mp__pause_copies_free(pool, copy);
   pool->paused = false;
   mp__pool_rare_update(pool);
   size_t from = pool->pause_mapped; /* mapped before this resume */
@@ -940,5 +971,11 @@ void mp__pool_pause_release(mp_pool_t *pool) {
   if (pool->pause_copy != NULL) {
     mp__device_host_free(pool->dev, pool->pause_copy);
     pool->pause_copy = NULL;
+  }
+  /* The copies a refused free kept (mp__pause_copies_free): a last try. */
+  while (pool->pause_stale != NULL) {
+    void *p = pool->pause_stale;
+    memcpy(&pool->pause_stale, p, sizeof pool->pause_stale);
+    mp__device_host_free(pool->dev, p);
   }
 }

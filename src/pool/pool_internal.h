@@ -682,6 +682,12 @@ struct mp_pool {
    * process exits; mp_pool_destroy refuses it (mp_malloc would go on
    * using it freed). */
   bool for_good;
+  /* pause.c (mp__pause_copies_free): host copies of a paused content
+   * whose free the device refused, kept for a retry at the next pause,
+   * resume or destroy; linked through their own first bytes (each is
+   * page-locked host memory, at least one block's size, no longer read).
+   * Under the lock. */
+  void *pause_stale;
 };
 
 /* ---- lock.c: the pool lock and the one way to drop it ------------------- */
