@@ -706,11 +706,15 @@ static mp_status_t mp__resume_one(mp_pool_t *pool) {
 
 /* Under the pool's lock: what pause refuses in the pool or any arena (as
  * a pool without arenas refuses it: plain segments, a captured stream), so
- * that such a refusal changes nothing. It lets no closed lease's block go
- * (mp__arenas_reap did, before the pool's lock was taken): a lease closed
- * in between still counts here, and that pause is MP_EBUSY, as one a
- * moment earlier would have been. */
-static mp_status_t mp__arenas_pause_check(mp_pool_t *pool) {
+ * that such a refusal changes nothing. held false: only what no closed
+ * lease changes (mp__pause_check_state), checked before mp__arenas_reap
+ * lets their blocks go; held true, after it: the rest too. A lease closed
+ * in between still counts, and that pause is MP_EBUSY, as one a moment
+ * earlier would have been. */
+static mp_status_t mp__arenas_pause_check(mp_pool_t *pool, bool held) {
+  if (pool->pause_turn)
+    return mp__fail(MP_EBUSY, "mp_pool_pause: a pause or resume of the pool "
+                              "is under way");
   if (pool->paused)
     return mp__fail(MP_EBUSY, "mp_pool_pause: the pool is paused already");
   if (pool->children_making > 0)
@@ -722,14 +726,14 @@ static mp_status_t mp__arenas_pause_check(mp_pool_t *pool) {
                     pool->children, pool->children == 1 ? "" : "s");
   /* Arenas of plain segments only (virtual=0, no virtual memory): refused
    * before any arena is made too, as a pool without arenas is. */
-  mp_status_t st = mp__pause_plain_check(pool);
+  mp_status_t st = held ? mp__pause_plain_check(pool) : MP_OK;
   for (size_t i = 0; i < pool->cfg.arenas && st == MP_OK; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);
     if (a == NULL)
       continue;
     mp__pool_lock(a);
     if (!a->paused)
-      st = mp__pause_check(a);
+      st = held ? mp__pause_check(a) : mp__pause_check_state(a);
     mp__pool_unlock(a);
   }
   return st;
@@ -773,13 +777,14 @@ static void mp__arenas_hold_growth(mp_pool_t *pool, bool hold) {
 /* The arenas' pause; the pool's lock is not held. */
 static mp_status_t mp__arenas_pause(mp_pool_t *pool, unsigned flags) {
   size_t n = pool->cfg.arenas;
+  mp__pool_lock(pool);
+  mp_status_t st = mp__arenas_pause_check(pool, false);
+  mp__pool_unlock(pool);
+  if (st != MP_OK)
+    return st;
   mp__arenas_reap(pool);
   mp__pool_lock(pool);
-  mp_status_t st =
-      pool->pause_turn
-          ? mp__fail(MP_EBUSY, "mp_pool_pause: a pause or resume of the pool "
-                               "is under way")
-          : mp__arenas_pause_check(pool);
+  st = mp__arenas_pause_check(pool, true);
   if (st != MP_OK) {
     mp__pool_unlock(pool);
     return st;
