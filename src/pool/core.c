@@ -247,11 +247,12 @@ const char *mp__pausable_note(const mp_pool_t *pool, mp_status_t st,
     static _Thread_local char note[320];
     char v[32];
     snprintf(note, sizeof note,
-             " (pausable=1: the pool's virtual range of %s is full, no hole "
+             " (pausable=1: the %s virtual range of %s is full, no hole "
              "in it nor its top holding the request, and a plain segment "
              "would make the pool unpausable; the range is sized at create "
              "from the device's size or the cap, from the cap alone where "
              "address space is short; pausable=0 allows plain segments)",
+             pool->arena ? "arena's" : "pool's",
              mp__fmt_bytes(v, sizeof v, pool->vseg->va_size));
     return note;
   }

@@ -32,8 +32,9 @@ static void ask(size_t asked, size_t capacity, bool full) {
   mp_status_t st = mp_pool_alloc(p, asked, NULL, &x);
   const char *e = mp_last_error();
   cr_expect_eq(st, MP_ENOMEM, "%s: %s", mp_status_name(st), e);
-  cr_expect_eq(strstr(e, "virtual range of 32.00 MiB is full") != NULL, full,
-               "the full range named or not (%d): %s", full, e);
+  cr_expect_eq(strstr(e, "the arena's virtual range of 32.00 MiB is full") !=
+                   NULL,
+               full, "the arena's full range named or not (%d): %s", full, e);
   cr_expect_eq(strstr(e, "pausable=0 allows plain segments)") != NULL, full,
                "what to configure, the note whole: %s", e);
   cr_expect(strstr(e, "out of device memory") != NULL, "%s", e);
