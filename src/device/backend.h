@@ -274,6 +274,17 @@ void mp__device_unwatch(mp_device_t *dev, void (*fn)(void *, mp_stream_t),
  * counted (mp__device_forgets). stream.c: a new stream given s. */
 void mp__device_watchers_tell(mp_device_t *dev, void (*fn)(void *, mp_stream_t),
                               mp_stream_t s);
+/* Around the destroy of stream s that is no capture's (mp_stream_destroy,
+ * the LD_PRELOAD shim's cuStreamDestroy; src/pool/stream.c): before it,
+ * while the handle is valid, every pool of dev closes s's epoch with a
+ * marker and sets its slot aside, so that a call naming s before the
+ * driver answers gets a slot of its own; after it, destroyed, each forgets
+ * both slots without touching the handle, else (refused) each gives s its
+ * slot back as it was. Forgotten before the destroy, such a call made a
+ * slot matched to a dead handle, which a stream the driver gave the same
+ * handle then inherited; a refused destroy left the live stream unknown. */
+void mp__stream_destroy_begin(mp_device_t *dev, mp_stream_t s);
+void mp__stream_destroy_end(mp_device_t *dev, mp_stream_t s, bool destroyed);
 /* How many forgets have begun on the device (its pinned view's, the
  * same), or UINT64_MAX while one is under way. A caller that read a value
  * other than UINT64_MAX before it looked at some pools' streams, and reads

@@ -501,8 +501,12 @@ mp_status_t mp_stream_destroy(mp_device_t *dev, mp_stream_t s) {
   mp_status_t st = mp__device_caller_check(dev, "mp_stream_destroy");
   if (st != MP_OK)
     return st;
-  mp_stream_forget(dev, s);
-  return dev->ops->stream_destroy(dev, s);
+  /* The pools forget s around the destroy, not before it (backend.h,
+   * mp__stream_destroy_begin): a refused destroy gives s back to them. */
+  mp__stream_destroy_begin(dev, s);
+  st = dev->ops->stream_destroy(dev, s);
+  mp__stream_destroy_end(dev, s, st == MP_OK);
+  return st;
 }
 
 mp_status_t mp_stream_synchronize(mp_device_t *dev, mp_stream_t s) {

@@ -456,10 +456,12 @@ static void mp__stream_retire(mp_pool_t *pool, uint32_t i) {
  * give it back as it was (SHOW) or forget it with its handle dead (DROP). */
 enum {
   MP__GONE_RETIRE,
+  MP__GONE_CLOSE, /* a plain destroy's begin: RETIRE's marker, then HIDE */
   MP__GONE_HIDE,
   MP__GONE_SHOW,
   MP__GONE_DROP,
   MP__GONE_DROP_OVER,
+  MP__GONE_DROP_CLOSED, /* a plain destroy's end: DROP, its epoch closed */
   MP__GONE_BORN
 };
 static _Thread_local int mp__gone_how;
@@ -474,6 +476,24 @@ static void mp__stream_hide(mp_pool_t *pool, uint32_t i) {
   pool->streams[i].gone = true;
   if (pool->last_sidx == i)
     pool->last_s = MP__STREAM_GONE;
+}
+
+/* Slot i before a destroy that is no capture's (mp__stream_destroy_begin):
+ * its epoch closed with a marker while the handle is valid, as at a
+ * retire, then set aside, so that a call naming the stream before the
+ * driver answers gets a slot of its own, which the end forgets with the
+ * handle (or, refused, forgets in favour of slot i). A slot marked
+ * capturing is closed too, as the retire did after uncapturing it: the
+ * driver says the stream is not capturing (mp__stream_close asks it
+ * again), and the marks stay for a refusal to keep. */
+static void mp__stream_close_hide(mp_pool_t *pool, uint32_t i) {
+  mp__strm_t *st = &pool->streams[i];
+  uint32_t capturing = st->capturing;
+  st->dirty = true;
+  st->capturing = 0;
+  mp__stream_close(pool, st);
+  st->capturing = capturing;
+  mp__stream_hide(pool, i);
 }
 
 /* The open epoch of st, whose content never runs, counted done once the
@@ -498,17 +518,21 @@ static bool mp__stream_never_runs(mp_pool_t *pool, mp__strm_t *st) {
 /* Set-aside slot i forgotten with its handle dead (destroyed): as
  * mp__stream_retire, without the marker, which no capturing stream can
  * take anyway (mp__stream_close): its open epoch waits for a device
- * synchronize. Unless the capture is over with the stream (over: it began
+ * synchronize. Unless the capture is over with the stream (DROP_OVER: it began
  * it; it ends without a graph, cuda.h: "Capture must be ended on the same
  * stream in which it was initiated") and the slot was marked with nothing
  * of its own open (capture_only): then its open epoch holds only captured
  * work, which never runs, and what the stream queued before the capture
  * is behind its earlier markers. */
-static void mp__stream_drop(mp_pool_t *pool, uint32_t i, bool over) {
+static void mp__stream_drop(mp_pool_t *pool, uint32_t i, int how) {
   mp__strm_t *st = &pool->streams[i];
-  bool captured = over && st->capturing > 0 && st->capture_only;
+  bool captured =
+      how == MP__GONE_DROP_OVER && st->capturing > 0 && st->capture_only;
   mp__stream_uncapture(pool, st);
-  if (!captured || !mp__stream_never_runs(pool, st))
+  /* Closed by a marker before the destroy (mp__stream_close_hide): its
+   * open epoch is empty, dirty still where no marker could be recorded. */
+  if (how != MP__GONE_DROP_CLOSED &&
+      (!captured || !mp__stream_never_runs(pool, st)))
     st->dirty = true;
   st->mark_only = false;
   st->s = MP__STREAM_GONE;
@@ -553,7 +577,7 @@ static void mp__stream_show(mp_pool_t *pool, uint32_t i) {
    * its handle, and slot j is that stream's). */
   if (st->reborn || (j != UINT32_MAX && !mp__stream_forget_met(pool, j)) ||
       !mp__shash_reserve(pool, pool->nstreams - pool->ngone)) {
-    mp__stream_drop(pool, i, false);
+    mp__stream_drop(pool, i, MP__GONE_DROP);
     return;
   }
   st->gone = false;
@@ -609,6 +633,8 @@ void mp__stream_gone(void *ctx, mp_stream_t s) {
   }
   if (mp__gone_how == MP__GONE_RETIRE && i != UINT32_MAX)
     mp__stream_retire(pool, i);
+  else if (mp__gone_how == MP__GONE_CLOSE && i != UINT32_MAX)
+    mp__stream_close_hide(pool, i);
   else if (mp__gone_how == MP__GONE_HIDE && i != UINT32_MAX)
     mp__stream_hide(pool, i);
   else if (mp__gone_how >= MP__GONE_DROP && i != UINT32_MAX &&
@@ -627,7 +653,7 @@ void mp__stream_gone(void *ctx, mp_stream_t s) {
       if (mp__gone_how == MP__GONE_SHOW)
         mp__stream_show(pool, k);
       else
-        mp__stream_drop(pool, k, mp__gone_how == MP__GONE_DROP_OVER);
+        mp__stream_drop(pool, k, mp__gone_how);
     }
   mp__pool_unlock(pool);
 }
@@ -653,6 +679,15 @@ void mp__stream_set_aside_end(mp_device_t *dev, mp_stream_t s, bool destroyed,
                        !destroyed ? MP__GONE_SHOW
                        : over     ? MP__GONE_DROP_OVER
                                   : MP__GONE_DROP);
+}
+
+void mp__stream_destroy_begin(mp_device_t *dev, mp_stream_t s) {
+  mp__stream_forget_as(dev, s, MP__GONE_CLOSE);
+}
+
+void mp__stream_destroy_end(mp_device_t *dev, mp_stream_t s, bool destroyed) {
+  mp__stream_forget_as(dev, s,
+                       destroyed ? MP__GONE_DROP_CLOSED : MP__GONE_SHOW);
 }
 
 /* Only the pools are told (no forget: torch.c's watcher would take the new

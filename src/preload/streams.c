@@ -8,11 +8,13 @@
  *    served by mp_pool_free_after_all, waits for the work queued on it as
  *    CUDA's free would ("cuMemFree ... synchronizes", cuda.h) without a
  *    device synchronize;
- *  - a stream the program destroys is forgotten first, while its handle is
- *    still valid (mp_stream_forget): the pool closes its epoch with one
- *    marker event, never touches the handle again, and meets a new stream
+ *  - a stream the program destroys is forgotten around the destroy
+ *    (mp__stream_destroy_begin/_end): while its handle is still valid the
+ *    pool closes its epoch with one marker event and sets its slot aside;
+ *    once the driver destroyed it, the pool never touches the handle again
+ *    (nor a slot a call naming it meanwhile made), and meets a new stream
  *    that the driver gives the same handle as a new stream; a destroy the
- *    driver refuses gives the stream back to its pool (mp_pool_add_stream).
+ *    driver refuses gives the stream its slot back, as it was.
  * What the shim cannot see: streams created before it started (none under
  * LD_PRELOAD) and per-thread default streams of threads that never
  * allocated through the shim. A kernel on such a per-thread stream is
@@ -65,8 +67,12 @@ mp__curesult cuStreamCreateWithPriority(mp__custream *phStream,
   return r;
 }
 
-static void mp__forget_on(mp_device_t *dev, void *s) {
-  (void)mp_stream_forget(dev, (mp_stream_t)s);
+static void mp__destroy_begin_on(mp_device_t *dev, void *s) {
+  mp__stream_destroy_begin(dev, (mp_stream_t)s);
+}
+
+static void mp__destroy_end_on(mp_device_t *dev, void *s) {
+  mp__stream_destroy_end(dev, (mp_stream_t)s, true);
 }
 
 static void mp__set_aside_on(mp_device_t *dev, void *s) {
@@ -111,7 +117,8 @@ mp__curesult cuStreamDestroy_v2(mp__custream hStream) {
              hStream != MP__CU_STREAM_PER_THREAD &&
              mp__pl_capture_origin(hStream, &id, &known);
     if (forgot) {
-      mp__pl_each_device(aside ? mp__set_aside_on : mp__forget_on, hStream);
+      mp__pl_each_device(aside ? mp__set_aside_on : mp__destroy_begin_on,
+                         hStream);
       mp__pl_devices_unhold(hStream); /* made during a pause */
     }
   }
@@ -129,12 +136,15 @@ mp__curesult cuStreamDestroy_v2(mp__custream hStream) {
    * over: nothing can end it now (mp__pl_capture_destroyed); left begun, it
    * prohibited this thread's cuMemAlloc and cuMemFree in global mode for good,
    * and its graph pool lived until exit. */
-  if (aside || (origin && r == MP__CU_SUCCESS)) {
+  if (forgot || (origin && r == MP__CU_SUCCESS)) {
     (void)mp__pl_enter();
     if (aside)
       mp__pl_each_device(r != MP__CU_SUCCESS ? mp__kept_on
                          : origin            ? mp__destroyed_origin_on
                                              : mp__destroyed_on,
+                         hStream);
+    else if (forgot) /* the plain destroy's end (mp__stream_destroy_end) */
+      mp__pl_each_device(r != MP__CU_SUCCESS ? mp__kept_on : mp__destroy_end_on,
                          hStream);
     if (r == MP__CU_SUCCESS)
       mp__pl_capture_destroyed(mp__pl_get(), hStream, origin,
@@ -144,11 +154,11 @@ mp__curesult cuStreamDestroy_v2(mp__custream hStream) {
       return r;
   }
   /* A destroy the driver refused (a stream of another context, a call it
-   * does not permit) changes nothing: the stream lives on, so its pool
-   * meets it again, and a free waits for its work as before. The pools
-   * forgot it before the real destroy, while the handle was valid; left
-   * forgotten, a cuMemFree of a block its kernel still read handed the
-   * block to the next allocation. */
+   * does not permit) changes nothing: the stream lives on, its slots given
+   * back above (mp__kept_on), and a free waits for its work as before. Added
+   * again here too: a pool that could not give its slot back (no room), and
+   * a paused pool, whose hold on the stream went before the destroy
+   * (mp__pl_devices_unhold). */
   if (r != MP__CU_SUCCESS && forgot) {
     if (mp__pl_enter()) {
       const mp__pl_t *pl = mp__pl_get();
