@@ -57,6 +57,7 @@ void mp__event_put(mp_pool_t *pool, mp_event_t e) {
 }
 
 static void mp__stream_close(mp_pool_t *pool, mp__strm_t *st);
+static void mp__stream_close_now(mp_pool_t *pool, mp__strm_t *st);
 static bool mp__pt_register(mp_pool_t *pool);
 static void mp__stream_poll(mp_pool_t *pool, mp__strm_t *st);
 static bool mp__dep_done(const mp_pool_t *pool, const mp__dep_t *d);
@@ -827,6 +828,17 @@ static void mp__stream_close(mp_pool_t *pool, mp__strm_t *st) {
     st->want_close = true;
     return;
   }
+  /* A close that cannot be made leaves the epoch open, which a later
+   * close or a synchronize covers: the call it serves (a free among them)
+   * succeeds, so the caller's last error stays (status.h). */
+  mp__error_kept_t kept;
+  mp__error_keep(&kept);
+  mp__stream_close_now(pool, st);
+  mp__error_give_back(&kept);
+}
+
+/* mp__stream_close's device calls. */
+static void mp__stream_close_now(mp_pool_t *pool, mp__strm_t *st) {
   if (st->nmarks == MP__MAX_MARKS)
     mp__stream_poll(pool, st);
   /* Nor one the application captures without telling the pool (a stream
@@ -1284,11 +1296,10 @@ static bool mp__stream_wait(mp_pool_t *pool, const mp__marker_t *m, void *ctx) {
  * application stream gets a new dependency, and the host never waits.
  * False, dst unchanged (waits already made only hold the join stream),
  * when a dep has no marker or a device call fails. */
-static bool mp__deps_join(mp_pool_t *pool, mp__block_t *dst,
-                          const mp__block_t *src) {
+static bool mp__deps_join_now(mp_pool_t *pool, mp__block_t *dst,
+                              const mp__block_t *src) {
   uint32_t j;
-  if (!(pool->cfg.flags & MP_POOL_STREAM_WAITS) ||
-      ((dst->flags | src->flags) & MP__B_SYNC) || !mp__join_index(pool, &j))
+  if (!mp__join_index(pool, &j))
     return false;
   /* Markers first for all, so that nothing is waited on unless all can
    * be; the table may have grown (a new join slot): take pointers now. */
@@ -1306,6 +1317,23 @@ static bool mp__deps_join(mp_pool_t *pool, mp__block_t *dst,
   dst->deps[0] = mp__dep(j, e);
   dst->ndeps = 1;
   return true;
+}
+
+/* mp__deps_join_now where the pool joins streams. Refused (no join stream
+ * or slot: a full table; a marker or a wait refused), the caller goes on
+ * without (a later sync), so the refusal is not its last error
+ * (status.h). */
+static bool mp__deps_join(mp_pool_t *pool, mp__block_t *dst,
+                          const mp__block_t *src) {
+  if (!(pool->cfg.flags & MP_POOL_STREAM_WAITS) ||
+      ((dst->flags | src->flags) & MP__B_SYNC))
+    return false;
+  mp__error_kept_t kept;
+  mp__error_keep(&kept);
+  bool joined = mp__deps_join_now(pool, dst, src);
+  if (!joined)
+    mp__error_give_back(&kept);
+  return joined;
 }
 
 /* mp__deps_try_union without the device-sync question: also the forced
@@ -1598,6 +1626,11 @@ bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set) {
     set->ev = NULL;
     return false;
   }
+  /* False, the caller falls back to a device synchronize (or refuses
+   * with a why of its own): the refusals met here are not the caller's
+   * last error (status.h). */
+  mp__error_kept_t kept;
+  mp__error_keep(&kept);
   set->ev = mp__host_alloc((pool->nstreams + 1) * sizeof *set->ev);
   if (set->ev == NULL)
     return false;
@@ -1646,6 +1679,7 @@ bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set) {
   return true;
 device:
   mp__sync_set_release(pool, set);
+  mp__error_give_back(&kept);
   return false;
 }
 

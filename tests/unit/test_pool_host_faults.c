@@ -22,6 +22,7 @@
 
 #include "../support/pool_helpers.h"
 #include "../support/stream_gate.h"
+#include "join_scene.h"
 #include "pool/pool_internal.h"
 #include "pool_fakedev.h"
 
@@ -324,60 +325,32 @@ Test(pool_host_faults, a_free_whose_join_stream_cannot_be_added_succeeds,
   mp_device_t *dev;
   cr_assert_eq(mp_device_open("host:capacity=1G", &dev), MP_OK, "%s",
                mp_last_error());
-  enum { NG = 5, NO = 3 };
-  mp_stream_t gs[NG], os[NO];
-  for (int i = 0; i < NG; i++)
-    cr_assert_eq(mp_stream_create(dev, &gs[i]), MP_OK);
-  for (int i = 0; i < NO; i++)
-    cr_assert_eq(mp_stream_create(dev, &os[i]), MP_OK);
+  join_scene_t j;
+  join_scene_streams(dev, &j);
   bool fired = true;
   for (long k = 0; fired && k < 1000; k++) {
     mp_pool_t *p = make_pool(dev, "stream_waits=1");
-    void *t, *x[NG], *guard, *low;
-    for (int i = 0; i < NG + NO; i++) {
-      mp_stream_t s = i < NG ? gs[i] : os[i - NG];
-      cr_assert_eq(mp_pool_alloc(p, MiB, s, &t), MP_OK);
-      cr_assert_eq(mp_pool_free(p, t), MP_OK);
-      /* Done before the next free looks: no join for these. */
-      cr_assert_eq(mp_stream_synchronize(dev, s), MP_OK);
-    }
-    /* Live guards on both sides: the x blocks merge only with each other,
-     * the fifth free being the first to need the join stream. */
-    cr_assert_eq(mp_pool_alloc(p, 2 * MiB, os[0], &low), MP_OK);
-    for (int i = 0; i < NG; i++)
-      cr_assert_eq(mp_pool_alloc(p, 8 * MiB, gs[i], &x[i]), MP_OK);
-    cr_assert_eq(mp_pool_alloc(p, 2 * MiB, os[0], &guard), MP_OK);
-    gate_t g[NG];
-    for (int i = 0; i < NG; i++) {
-      cr_assert_eq((char *)x[i], (char *)x[0] + (size_t)i * 8 * MiB,
-                   "the blocks are not neighbours");
-      gate_init(&g[i]);
-      cr_assert_eq(mp_stream_launch_host(dev, gs[i], gate_wait, &g[i]), MP_OK);
-    }
-    for (int i = 0; i + 1 < NG; i++)
-      cr_assert_eq(mp_pool_free(p, x[i]), MP_OK);
+    join_scene_set(dev, p, &j);
     mp__fault_host_after(k);
-    mp_status_t st = mp_pool_free(p, x[NG - 1]);
+    mp_status_t st = mp_pool_free(p, j.x[JS_NG - 1]);
     fired = !mp__fault_host_pending();
     mp__fault_host_after(-1);
     cr_assert_eq(st, MP_OK, "k=%ld: %s", k, mp_last_error());
-    for (int i = 0; i < NG; i++)
-      gate_open(&g[i]);
-    cr_assert_eq(mp_device_synchronize(dev), MP_OK);
+    join_scene_open(dev, &j);
     check(p);
     cr_expect_eq(stats(p).live_blocks, 2);
     void *y;
-    cr_assert_eq(mp_pool_alloc(p, NG * 8 * MiB, os[1], &y), MP_OK);
+    cr_assert_eq(mp_pool_alloc(p, JS_NG * 8 * MiB, j.os[1], &y), MP_OK);
     cr_assert_eq(mp_pool_free(p, y), MP_OK);
-    cr_assert_eq(mp_pool_free(p, guard), MP_OK);
-    cr_assert_eq(mp_pool_free(p, low), MP_OK);
+    cr_assert_eq(mp_pool_free(p, j.guard), MP_OK);
+    cr_assert_eq(mp_pool_free(p, j.low), MP_OK);
     cr_assert_eq(mp_pool_destroy(p), MP_OK);
   }
   cr_expect(!fired, "the free never ran without a fault");
-  for (int i = 0; i < NG; i++)
-    mp_stream_destroy(dev, gs[i]);
-  for (int i = 0; i < NO; i++)
-    mp_stream_destroy(dev, os[i]);
+  for (int i = 0; i < JS_NG; i++)
+    mp_stream_destroy(dev, j.gs[i]);
+  for (int i = 0; i < JS_NO; i++)
+    mp_stream_destroy(dev, j.os[i]);
   mp_device_close(dev);
 }
 
