@@ -249,16 +249,19 @@ static mp_status_t mp__stream_add(mp_pool_t *pool, mp_stream_t s,
   uint32_t live = pool->nstreams - pool->ngone;
   if (!mp__shash_reserve(pool, live))
     return mp__fail(MP_ENOMEM, "out of host memory for the stream table");
-  /* A second stream appears: blocks freed so far get their epochs closed
-   * now, done at once where the stream is idle (with two or more, every
-   * free closes its epoch at once). */
-  if (live == 1)
-    for (uint32_t i = 0; i < pool->nstreams; i++)
-      mp__stream_settle(pool, i);
   uint32_t i = 0;
   mp_status_t st = mp__slot_new(pool, &i);
   if (st != MP_OK)
     return st;
+  /* A second stream appears: blocks freed so far get their epochs closed
+   * now, done at once where the stream is idle (with two or more, every
+   * free closes its epoch at once). Once its slot is had: a refused add
+   * changes nothing (it closed them first, and the table then refused).
+   * Slot i, not yet the new stream's, is gone (reused) or clean (new):
+   * settling it does nothing. */
+  if (live == 1)
+    for (uint32_t k = 0; k < pool->nstreams; k++)
+      mp__stream_settle(pool, k);
   mp__strm_t *n = &pool->streams[i];
   uint64_t epoch = n->epoch, done = n->done;
   memset(n, 0, sizeof *n);
