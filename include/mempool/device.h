@@ -149,8 +149,11 @@ MP_API mp_status_t mp_stream_create(mp_device_t *dev, mp_stream_t *out);
  * (cuStreamDestroy): work already queued on s still runs afterwards, and
  * mp_device_synchronize (and mp_device_close) waits for it, so what that
  * work reads or writes must outlive it, not just the call. Every pool on
- * the device forgets the handle first (see mp_stream_forget). A stream
- * being captured into a graph is MP_EBUSY: end the capture first. */
+ * the device forgets the handle around the destroy (as mp_stream_forget
+ * says): a call naming s before the driver answers leaves nothing matched
+ * to the dead handle, and a destroy the driver refuses leaves s known to
+ * the pools as it was. A stream being captured into a graph is MP_EBUSY:
+ * end the capture first. */
 MP_API mp_status_t mp_stream_destroy(mp_device_t *dev, mp_stream_t s);
 /* Tells the pools on dev that the application is about to destroy s, a
  * stream mempool did not create (the LD_PRELOAD shim calls it from its
