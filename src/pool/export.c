@@ -80,6 +80,14 @@ void mp__export_reap(mp_pool_t *pool) {
   }
 }
 
+size_t mp__export_open(const mp_pool_t *pool) {
+  MP__ASSERT_LOCKED(pool);
+  size_t n = 0;
+  for (size_t i = 0; i < pool->nexports; i++)
+    n += !mp__lease_gone(pool->exports[i].lease);
+  return n;
+}
+
 bool mp__export_hold(mp_pool_t *pool, mp__block_t *b) {
   MP__ASSERT_LOCKED(pool);
   /* b's own leases only: a release of another block (mp__export_reap) may

@@ -248,15 +248,23 @@ static void mp__resume_left_mapped(mp_pool_t *pool, size_t m) {
  * ran full). Those holding only free memory go back at the pause
  * (mp__pause_plain_release); a block in use in one (live, or the ladder's)
  * cannot keep its address: MP_ENOTSUP, naming the cause and the ways out.
- * It was "no virtual memory, or virtual=0" for any of them, even free. */
-static mp_status_t mp__pause_plain_check(const mp_pool_t *pool) {
+ * It was "no virtual memory, or virtual=0" for any of them, even free.
+ * reaping: the answer the check will give once mp__export_reap has let go
+ * the held blocks (no lease of the pool is open any more: the caller
+ * refused first while one was, mp__pause_check_held), which count as free
+ * here, nothing changed; a refused pause lets none go (status.h). The
+ * segments themselves are counted as they stand: a reap that frees one
+ * (release_threshold) can only turn a refusal for a pool without its
+ * range into none, never the other way. */
+static mp_status_t mp__pause_plain_check(const mp_pool_t *pool, bool reaping) {
   size_t n = 0, bytes = 0, segs = 0;
+  uint32_t free_now = MP__B_FREE | (reaping ? MP__B_HELD : 0);
   for (const mp__segment_t *g = pool->segs; g != NULL; g = g->next) {
     if (g->kind == MP__SEG_VIRTUAL)
       continue;
     segs++;
     for (const mp__block_t *b = g->first; b != NULL; b = b->next)
-      if (!(b->flags & MP__B_FREE)) {
+      if (!(b->flags & free_now)) {
         n++;
         bytes += b->size;
       }
@@ -299,7 +307,7 @@ static mp_status_t mp__pause_plain_release(mp_pool_t *pool) {
     ;
   for (const mp__segment_t *g = pool->segs; g != NULL; g = g->next)
     if (g->kind != MP__SEG_VIRTUAL) {
-      mp_status_t st = mp__pause_plain_check(pool);
+      mp_status_t st = mp__pause_plain_check(pool, false);
       return st != MP_OK
                  ? st
                  : mp__fail(MP_EBUSY,
@@ -380,40 +388,49 @@ static mp_status_t mp__pause_check_state(const mp_pool_t *pool) {
 }
 
 /* What pause may not handle in the blocks the pool holds: exports still
- * imported, blocks in use in plain segments. After the closed leases let
- * their blocks go (mp__pause_enter), which these answers depend on. */
-static mp_status_t mp__pause_check_held(const mp_pool_t *pool) {
-  if (pool->nexports > 0)
+ * imported, blocks in use in plain segments. These answers depend on the
+ * leases closed since (mp_ipc_handle_close), whose blocks the pause lets
+ * go (mp__export_reap). reaped false: the answer the check will give
+ * after that reap, read without it (the leases still open polled, the
+ * blocks held for the closed ones counted free), so that a pause refused
+ * here lets nothing go (status.h: a refused call changes nothing); it
+ * did, as the reap came first. reaped true: the pool as it stands. */
+static mp_status_t mp__pause_check_held(const mp_pool_t *pool, bool reaped) {
+  size_t open = reaped ? pool->nexports : mp__export_open(pool);
+  if (open > 0)
     return mp__fail(MP_EBUSY,
                     "mp_pool_pause: %zu exported block%s still imported by "
                     "another process (or handles not closed): its memory "
                     "would not go back to the device",
-                    pool->nexports, pool->nexports == 1 ? " is" : "s are");
-  return mp__pause_plain_check(pool);
+                    open, open == 1 ? " is" : "s are");
+  return mp__pause_plain_check(pool, !reaped);
 }
 
-/* What pause may not handle: EBUSY/ENOTSUP with a message, or MP_OK. */
-static mp_status_t mp__pause_check(const mp_pool_t *pool) {
+/* What pause may not handle: EBUSY/ENOTSUP with a message, or MP_OK;
+ * reaped as mp__pause_check_held's. */
+static mp_status_t mp__pause_check(const mp_pool_t *pool, bool reaped) {
   mp_status_t st = mp__pause_check_state(pool);
-  return st != MP_OK ? st : mp__pause_check_held(pool);
+  return st != MP_OK ? st : mp__pause_check_held(pool, reaped);
 }
 
 /* Takes the lock, waits for what is in flight and checks the pause: MP_OK
  * with the lock held, or the refusal with it dropped. A refusal changes
- * nothing (status.h) but what the check depends on: the pool's own state
- * is checked first; then (a pause it would not refuse) the leases closed
- * since (mp_ipc_handle_close) let their blocks go, which the exports and
- * plain segments checked next depend on (a closed lease's block, held in
- * use until then, would refuse the pause; the next allocation lets it go
- * the same way, alloc.c). */
+ * nothing (status.h): the whole check is made first, as it will stand once
+ * the leases closed since (mp_ipc_handle_close) have let their blocks go
+ * (mp__pause_check_held); only a pause it does not refuse lets them go
+ * (a closed lease's block, held in use until then, would refuse the pause;
+ * the next allocation lets it go the same way, alloc.c), and is checked
+ * again: letting a block go may free a plain segment (release_threshold)
+ * with the lock dropped, and a pause refused by what another thread did
+ * meanwhile refuses as a pause made a moment later would. */
 static mp_status_t mp__pause_enter(mp_pool_t *pool) {
   mp__pool_lock(pool);
   mp__pool_wait_sync(pool);
-  mp_status_t st = mp__pause_check_state(pool);
-  if (st == MP_OK && pool->nexports > 0)
+  mp_status_t st = mp__pause_check(pool, false);
+  if (st == MP_OK && pool->nexports > 0) {
     mp__export_reap(pool);
-  if (st == MP_OK)
-    st = mp__pause_check_held(pool);
+    st = mp__pause_check(pool, true);
+  }
   if (st != MP_OK)
     mp__pool_unlock(pool);
   return st;
@@ -706,12 +723,13 @@ static mp_status_t mp__resume_one(mp_pool_t *pool) {
 
 /* Under the pool's lock: what pause refuses in the pool or any arena (as
  * a pool without arenas refuses it: plain segments, a captured stream), so
- * that such a refusal changes nothing. held false: only what no closed
- * lease changes (mp__pause_check_state), checked before mp__arenas_reap
- * lets their blocks go; held true, after it: the rest too. A lease closed
- * in between still counts, and that pause is MP_EBUSY, as one a moment
- * earlier would have been. */
-static mp_status_t mp__arenas_pause_check(mp_pool_t *pool, bool held) {
+ * that such a refusal changes nothing. reaped false: before
+ * mp__arenas_reap lets the closed leases' blocks go, the answer as it will
+ * stand after it (mp__pause_check_held), nothing let go; reaped true,
+ * after it: the arenas as they stand (the reap dropped their locks). A
+ * lease closed in between still counts, and that pause is MP_EBUSY, as
+ * one a moment earlier would have been. */
+static mp_status_t mp__arenas_pause_check(mp_pool_t *pool, bool reaped) {
   if (pool->pause_turn)
     return mp__fail(MP_EBUSY, "mp_pool_pause: a pause or resume of the pool "
                               "is under way");
@@ -726,14 +744,14 @@ static mp_status_t mp__arenas_pause_check(mp_pool_t *pool, bool held) {
                     pool->children, pool->children == 1 ? "" : "s");
   /* Arenas of plain segments only (virtual=0, no virtual memory): refused
    * before any arena is made too, as a pool without arenas is. */
-  mp_status_t st = held ? mp__pause_plain_check(pool) : MP_OK;
+  mp_status_t st = mp__pause_plain_check(pool, !reaped);
   for (size_t i = 0; i < pool->cfg.arenas && st == MP_OK; i++) {
     mp_pool_t *a = mp__arena_at(pool, i);
     if (a == NULL)
       continue;
     mp__pool_lock(a);
     if (!a->paused)
-      st = held ? mp__pause_check(a) : mp__pause_check_state(a);
+      st = mp__pause_check(a, reaped);
     mp__pool_unlock(a);
   }
   return st;

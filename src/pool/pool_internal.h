@@ -1186,6 +1186,10 @@ bool mp__export_hold(mp_pool_t *pool, mp__block_t *b);
 /* Closes the leases whose importers have let go (one poll each) and
  * releases held blocks left with none. */
 void mp__export_reap(mp_pool_t *pool);
+/* The lease records whose importers still hold them (one poll each), what
+ * pool->nexports would be after mp__export_reap; changes nothing (lock
+ * held), for a check that must refuse before the reap (pause.c). */
+size_t mp__export_open(const mp_pool_t *pool);
 /* Destroy's check (lock held), after a poll of every lease: MP_EBUSY, with
  * a message naming the block, while a block of a plain segment is still
  * imported elsewhere (its memory may not be freed before the importer
