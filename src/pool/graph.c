@@ -280,41 +280,69 @@ static bool mp__graph_legacy_stream(mp_stream_t s) {
   return s == NULL || s == MP__GRAPH_LEGACY_STREAM;
 }
 
+/* Under graph's lock: a released graph pool refuses a begin. */
+static mp_status_t mp__graph_begin_released(const mp_pool_t *graph) {
+  return graph->released
+             ? mp__fail(MP_EINVAL,
+                        "mp_pool_graph_begin: graph pool %p is released",
+                        (const void *)graph)
+             : MP_OK;
+}
+
+/* Under parent's lock: what refuses a begin of s there (s routed already)
+ * and room for its route; nothing marked. */
+static mp_status_t mp__graph_begin_room(mp_pool_t *parent, mp_stream_t s) {
+  if (mp__graph_route(parent, s) != NULL)
+    return mp__fail(MP_EBUSY,
+                    "mp_pool_graph_begin: stream %p already allocates to a "
+                    "graph pool",
+                    (void *)s);
+  mp__route_t *r = mp__graph_room(parent->routes, parent->nroutes,
+                                  &parent->routes_cap, sizeof *r, "routes");
+  if (r == NULL)
+    return MP_ENOMEM;
+  parent->routes = r;
+  return MP_OK;
+}
+
 mp_status_t mp__graph_begin_owned(mp_pool_t *parent, mp_pool_t *graph,
                                   mp_stream_t s, uint64_t *owner) {
   mp_status_t st = mp__graph_check(parent, graph, "mp_pool_graph_begin");
   if (st != MP_OK)
     return st;
-  if (parent->arenas != NULL) { /* its create did; kept beside the route */
-    mp__pool_lock(parent);
-    mp__arena_solo_never(parent);
-    mp__pool_unlock(parent);
-  }
-  /* The graph side first: a released pool refuses, and the slot is marked
-   * before any allocation can be routed to it. */
+  /* The refusals first, each under its own pool's lock (never two at
+   * once), before anything is marked: a released graph pool, then s
+   * routed already (or no host memory for its route). Before, the graph
+   * pool's slot was marked first and a refused begin took the mark back
+   * after: meanwhile another thread saw that pool capturing on s (its
+   * synchronize refused, stream.c) for a capture that never began there,
+   * and the mark and unmark settled and closed the slot's epoch. */
   mp__pool_lock(graph);
-  if (graph->released)
-    st = mp__fail(MP_EINVAL, "mp_pool_graph_begin: graph pool %p is released",
-                  (void *)graph);
-  else
+  st = mp__graph_begin_released(graph);
+  mp__pool_unlock(graph);
+  if (st != MP_OK)
+    return st;
+  mp__pool_lock(parent);
+  st = mp__graph_begin_room(parent, s);
+  if (st == MP_OK && parent->arenas != NULL)
+    mp__arena_solo_never(parent); /* its create did; kept beside the route */
+  mp__pool_unlock(parent);
+  if (st != MP_OK)
+    return st;
+  /* Then the graph side: the slot is marked before any allocation can be
+   * routed to it. Both asked again under the locks they are acted on
+   * with: a release or another begin of s may have come while neither
+   * lock was held (a race this call then loses as a call a moment later
+   * would, its own mark taken back below). */
+  mp__pool_lock(graph);
+  st = mp__graph_begin_released(graph);
+  if (st == MP_OK)
     st = mp__graph_mark(graph, s, true);
   mp__pool_unlock(graph);
   if (st != MP_OK)
     return st;
   mp__pool_lock(parent);
-  if (mp__graph_route(parent, s) != NULL) {
-    st = mp__fail(MP_EBUSY,
-                  "mp_pool_graph_begin: stream %p already allocates to a "
-                  "graph pool",
-                  (void *)s);
-  } else {
-    mp__route_t *r = mp__graph_room(parent->routes, parent->nroutes,
-                                    &parent->routes_cap, sizeof *r, "routes");
-    if (r == NULL)
-      st = MP_ENOMEM;
-    else
-      parent->routes = r;
-  }
+  st = mp__graph_begin_room(parent, s);
   if (st == MP_OK)
     st = mp__graph_mark(parent, s, true);
   /* After the mark, which adds s to the table: a per-thread stream is
