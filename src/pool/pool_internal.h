@@ -2075,10 +2075,10 @@ mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
                            mp__block_t **fresh);
 /* Gives one wholly free, releasable plain segment back; false if none. */
 bool mp__plain_trim_one(mp_pool_t *pool);
-/* Destroy's first device free (lock not held: destroy owns the pool), made
- * before anything else is given up: the first plain segment, if any. A
- * device that refuses it leaves the pool as it was, with a message naming
- * the segment. */
+/* Destroy's first device free (takes the lock: a refused free leaves the
+ * pool to other threads), made before anything else is given up: the
+ * first plain segment, if any. A device that refuses it leaves the pool
+ * as it was, with a message naming the segment. */
 mp_status_t mp__plain_release_first(mp_pool_t *pool);
 
 /* ---- vrange.c: the virtual range ----------------------------------------- */

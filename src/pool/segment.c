@@ -250,13 +250,40 @@ bool mp__plain_trim_one(mp_pool_t *pool) {
 }
 
 mp_status_t mp__plain_release_first(mp_pool_t *pool) {
+  /* Under the lock, and the device free marked in flight with it dropped
+   * (as mp__plain_trim_one frees), though destroy owns the pool: this free
+   * may still be refused, and then the pool stays as it was, for the
+   * calls of other threads that ran meanwhile (a pool destroy refuses is
+   * the caller's again). Those reach the segment list: a trim (mp_pool_trim,
+   * another arena's reclaim, release_threshold) unlinks and frees a free
+   * plain segment, this one too; unlocked, both freed it (a double free on
+   * the device) and both unlinked it. They wait for a release in flight
+   * (mp__pool_wait_idle) before they touch a segment. The stream watchers
+   * (mp__stream_gone) and the device's count of pools touch no segment.
+   * The lock is not held over the free: cuMemFree "may perform implicit
+   * synchronization" (cuda.h), which waits for host functions queued on
+   * the streams, and one may be waiting for this lock (pause.c,
+   * mp__arenas_reap, says the same). */
+  mp__pool_lock(pool);
+  mp__pool_wait_idle(pool);
   mp__segment_t *s = pool->segs;
   while (s != NULL && s->kind != MP__SEG_PLAIN)
     s = s->next;
-  if (s == NULL)
+  if (s == NULL) {
+    mp__pool_unlock(pool);
     return MP_OK;
+  }
+  uintptr_t base = s->base;
+  size_t size = s->size;
   uint64_t since = mp__error_serial();
-  mp_status_t st = mp__device_free(pool->dev, (void *)s->base);
+  mp__pool_device_begin(pool);
+  mp_status_t st = mp__device_free(pool->dev, (void *)base);
+  mp__pool_device_end(pool);
+  if (st == MP_OK) {
+    mp__segment_unlink(pool, s);
+    pool->st.device_free_count++;
+  }
+  mp__pool_unlock(pool);
   if (st != MP_OK) {
     /* The device's reason, where the refusing call gave one: else the
      * thread's last error is an older failure, not why it refused. */
@@ -265,10 +292,8 @@ mp_status_t mp__plain_release_first(mp_pool_t *pool) {
                     "mp_pool_destroy: the device refused to free the plain "
                     "segment at %p (%zu bytes), so nothing was released and "
                     "the pool is as it was: %s",
-                    (void *)s->base, s->size, mp_last_error());
+                    (void *)base, size, mp_last_error());
   }
-  mp__segment_unlink(pool, s);
-  pool->st.device_free_count++;
   free(s);
   return MP_OK;
 }
