@@ -300,11 +300,22 @@ static mp_status_t mp__pause_plain_check(const mp_pool_t *pool, bool reaping) {
  * holds (each a segment_free in the history, as trim records it). One
  * left (the device refused the free; or a block of it taken meanwhile by
  * an allocation that had dropped the lock before the pause): the error,
- * those given back staying given back, as a trim's would. */
+ * those given back staying given back, as a trim's would. A free the
+ * device refused once and took at the next try (mp__plain_trim_one tries
+ * again while another goes) is no failure of a pause that goes on: the
+ * caller's last error stays as it was (status.h), as mp__segment_trim
+ * keeps it; it was the device's refusal. */
 static mp_status_t mp__pause_plain_release(mp_pool_t *pool) {
+  mp__error_kept_t was;
+  mp__error_keep(&was);
   mp__block_merge_deferred(pool);
   while (mp__plain_trim_one(pool))
     ;
+  bool left = false;
+  for (const mp__segment_t *g = pool->segs; g != NULL && !left; g = g->next)
+    left = g->kind != MP__SEG_VIRTUAL;
+  if (!left)
+    mp__error_give_back(&was);
   for (const mp__segment_t *g = pool->segs; g != NULL; g = g->next)
     if (g->kind != MP__SEG_VIRTUAL) {
       mp_status_t st = mp__pause_plain_check(pool, false);
