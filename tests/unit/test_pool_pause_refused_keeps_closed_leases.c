@@ -163,7 +163,6 @@ Test(pool_pause_refused_keeps_closed_leases, a_plain_segment_in_use) {
   a_plain_segment_in_use("max_bytes=21M");
 }
 
-Test(pool_pause_refused_keeps_closed_leases,
-     a_plain_segment_in_use_arenas) {
+Test(pool_pause_refused_keeps_closed_leases, a_plain_segment_in_use_arenas) {
   a_plain_segment_in_use("max_bytes=21M,arenas=2");
 }
