@@ -113,7 +113,8 @@ MP_API mp_status_t mp_device_close_ex(mp_device_t *dev);
  * import's unmap (ipc.c: that import stays mapped, its lease open, until
  * the process exits) or a release of what the caller left (on CUDA
  * cuStreamDestroy, cuEventDestroy, cuMemUnmap, cuMemRelease,
- * cuMemAddressFree, cuMemFree, cuMemFreeHost, cuCtxPushCurrent, or
+ * cuMemAddressFree, cuMemFree, cuMemFreeHost, cuCtxPushCurrent,
+ * cuThreadExchangeStreamCaptureMode restoring the thread's capture mode, or
  * cuDevicePrimaryCtxRelease: MP_EDRIVER with the driver's code), its
  * message naming it and counting the others; each other release was still
  * asked for, and what the driver refused stays its own (until the context

@@ -218,17 +218,71 @@ static void mp__cuda_describe(char *buf, size_t cap, CUresult r,
   snprintf(buf, cap, "%s: %s (%d: %s)", what, name, (int)r, str);
 }
 
+/* Whether this thread's last cuCtxPushCurrent (mp__cuda_push) was refused:
+ * the r an MP__CU_IN_CTX hands on is then the push's answer, not the
+ * call's, and mp__cuda_fail names cuCtxPushCurrent (the call that failed)
+ * after what it was for. Read and cleared by mp__cuda_fail; cleared by every
+ * push that succeeds and by the paths that take a refused push as an answer
+ * without a message (mp__cuda_no_push). */
+static _Thread_local bool mp__cuda_push_refused;
+
+static void mp__cuda_no_push(void) {
+  mp__cuda_push_refused = false;
+}
+
+/* A restore of this thread's capture mode (mp__cuda_unrelax) the driver
+ * refused after a call that failed: its answer, and the mode it was to
+ * restore, for that call's message (mp__cuda_fail) to tell; 0: none. */
+static _Thread_local CUresult mp__cuda_unrestored;
+static _Thread_local CUstreamCaptureMode mp__cuda_unrestored_mode;
+
+static const char *mp__cuda_mode_name(CUstreamCaptureMode m) {
+  switch (m) {
+  case CU_STREAM_CAPTURE_MODE_GLOBAL: return "global";
+  case CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: return "thread-local";
+  case CU_STREAM_CAPTURE_MODE_RELAXED: return "relaxed";
+  default: return "unknown";
+  }
+}
+
+/* "; and cuThreadExchangeStreamCaptureMode, restoring ..." into buf, for a
+ * restore refused with x (mode: the thread's own mode, not restored). */
+static void mp__cuda_describe_unrestored(char *buf, size_t cap, CUresult x,
+                                         CUstreamCaptureMode mode) {
+  char what[160];
+  snprintf(what, sizeof what,
+           "cuThreadExchangeStreamCaptureMode, restoring the thread's %s "
+           "capture mode",
+           mp__cuda_mode_name(mode));
+  mp__cuda_describe(buf, cap, x, what);
+}
+
 /* Fails with the status r maps to and a message naming the call; r itself
- * for mp_last_driver_error(). */
+ * for mp_last_driver_error(). A refused push (mp__cuda_push_refused) is
+ * named as the call that failed; a refused restore of the thread's capture
+ * mode (mp__cuda_unrestored) is told after. */
 static mp_status_t mp__cuda_fail(CUresult r, const char *fmt, ...)
     MP__PRINTF(2, 3);
 static mp_status_t mp__cuda_fail(CUresult r, const char *fmt, ...) {
-  char what[192], msg[384];
+  char what[224], msg[384], mode[224] = "";
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(what, sizeof what, fmt, ap);
+  int n = vsnprintf(what, sizeof what, fmt, ap);
   va_end(ap);
+  if (mp__cuda_push_refused && n >= 0 && (size_t)n < sizeof what)
+    snprintf(what + n, sizeof what - (size_t)n, ": cuCtxPushCurrent");
+  mp__cuda_push_refused = false;
   mp__cuda_describe(msg, sizeof msg, r, what);
+  if (mp__cuda_unrestored != CUDA_SUCCESS) {
+    mp__cuda_describe_unrestored(mode, sizeof mode, mp__cuda_unrestored,
+                                 mp__cuda_unrestored_mode);
+    mp__cuda_unrestored = CUDA_SUCCESS;
+    return mp__fail_driver((int)r, mp__cuda_status_of(r),
+                           "%s; and %s: the thread is left in relaxed "
+                           "capture mode (cuThreadExchangeStreamCaptureMode "
+                           "sets it back)",
+                           msg, mode);
+  }
   return mp__fail_driver((int)r, mp__cuda_status_of(r), "%s", msg);
 }
 
@@ -392,9 +446,12 @@ static mp__cuda_dev_t *mp__cuda_of(mp_device_t *dev) {
   return (mp__cuda_dev_t *)dev->impl;
 }
 
-/* Makes the device's context current for the calls that follow. */
+/* Makes the device's context current for the calls that follow; a refusal
+ * is remembered for the message (mp__cuda_push_refused). */
 static CUresult mp__cuda_push(const mp__cuda_dev_t *cd) {
-  return mp__cu.CtxPushCurrent(cd->ctx);
+  CUresult r = mp__cu.CtxPushCurrent(cd->ctx);
+  mp__cuda_push_refused = r != CUDA_SUCCESS;
+  return r;
 }
 
 static void mp__cuda_pop(void) {
@@ -433,9 +490,41 @@ static mp__cuda_relaxed_t mp__cuda_relax(void) {
   return r;
 }
 
-static void mp__cuda_unrelax(mp__cuda_relaxed_t *r) {
-  if (r->swapped)
-    (void)mp__cu.ThreadExchangeStreamCaptureMode(&r->mode);
+/* Gives the thread back the mode mp__cuda_relax took; the driver's answer
+ * (CUDA_SUCCESS where nothing was taken). */
+static CUresult mp__cuda_restore(const mp__cuda_relaxed_t *r) {
+  CUstreamCaptureMode mode = r->mode;
+  return r->swapped ? mp__cu.ThreadExchangeStreamCaptureMode(&mode)
+                    : CUDA_SUCCESS;
+}
+
+/* mp__cuda_restore after call, which answered call_r. A refused restore
+ * leaves the thread relaxed, a mode it did not choose, in which its own
+ * captures no longer stop the unsafe calls of other threads (cuda.h,
+ * cuThreadExchangeStreamCaptureMode): never silently. After a call that
+ * failed, that call's message tells it (mp__cuda_fail, which follows).
+ * After one that succeeded (or answered not ready, which is no failure),
+ * what it made or gave back is done and must be the caller's (failing it
+ * would lose an allocation, or have a free retried), so the call still
+ * succeeds, and the restore's refusal is the thread's last error, with its
+ * driver code: the one way to say it, and the caller can set its mode back
+ * itself. */
+static void mp__cuda_unrelax(const mp__cuda_relaxed_t *r, CUresult call_r) {
+  CUresult x = mp__cuda_restore(r);
+  if (x == CUDA_SUCCESS)
+    return;
+  if (call_r != CUDA_SUCCESS && call_r != CUDA_ERROR_NOT_READY) {
+    mp__cuda_unrestored = x;
+    mp__cuda_unrestored_mode = r->mode;
+    return;
+  }
+  char msg[224];
+  mp__cuda_describe_unrestored(msg, sizeof msg, x, r->mode);
+  (void)mp__fail_driver((int)x, MP_EDRIVER,
+                        "%s: the thread is left in relaxed capture mode "
+                        "(cuThreadExchangeStreamCaptureMode sets it back); "
+                        "the call it was relaxed for succeeded",
+                        msg);
 }
 
 /* r = call, made with cd's context current (r is the push's failure if the
@@ -453,7 +542,7 @@ static void mp__cuda_unrelax(mp__cuda_relaxed_t *r) {
   do {                                                                         \
     mp__cuda_relaxed_t rx_ = mp__cuda_relax();                                 \
     MP__CU_IN_CTX(cd, r, call);                                                \
-    mp__cuda_unrelax(&rx_);                                                    \
+    mp__cuda_unrelax(&rx_, (r));                                               \
   } while (0)
 
 /* Tracking never fails once the driver has acted: an object it made must be
@@ -634,6 +723,7 @@ static mp_status_t mp__cuda_close(mp_device_t *dev) {
   mp__cuda_relaxed_t rx = mp__cuda_relax();
   CUresult r = mp__cuda_push(cd);
   mp__cuda_refused(&f, r, "cuCtxPushCurrent", (uintptr_t)cd->ctx);
+  mp__cuda_no_push(); /* named here */
   if (r == CUDA_SUCCESS) {
     /* Chunks before the reservations they sit in. */
     mp__cuda_drain(&cd->streams, mp__cuda_release_stream, &f);
@@ -645,7 +735,10 @@ static mp_status_t mp__cuda_close(mp_device_t *dev) {
     mp__cuda_drain(&cd->hosts, mp__cuda_release_host, &f);
     mp__cuda_pop();
   }
-  mp__cuda_unrelax(&rx);
+  /* A refused restore is one more refusal the close reports: the device
+   * is closed, but the thread is left relaxed. */
+  mp__cuda_refused(&f, mp__cuda_restore(&rx),
+                   "cuThreadExchangeStreamCaptureMode", (uintptr_t)rx.mode);
   mp__cuda_refused(&f, mp__cu.DevicePrimaryCtxRelease(cd->cudev),
                    "cuDevicePrimaryCtxRelease", (uintptr_t)cd->cudev);
   if (f.n > 0) {
@@ -721,6 +814,7 @@ static mp_status_t mp__cuda_open(mp_device_t *dev, const char *opts) {
                            mp__cuda_load_msg);
 
   int count = 0;
+  mp__cuda_no_push(); /* no push of this thread's is the failure below */
   CUresult r = mp__cu.DeviceGetCount(&count);
   if (r != CUDA_SUCCESS)
     return mp__cuda_fail(r, "device 'cuda:%d': cuDeviceGetCount", ordinal);
@@ -751,7 +845,7 @@ static mp_status_t mp__cuda_open(mp_device_t *dev, const char *opts) {
   if ((r = mp__cuda_push(cd)) != CUDA_SUCCESS) {
     (void)mp__cu.DevicePrimaryCtxRelease(cd->cudev);
     free(cd);
-    return mp__cuda_fail(r, "device 'cuda:%d': cuCtxPushCurrent", ordinal);
+    return mp__cuda_fail(r, "device 'cuda:%d'", ordinal); /* the push's */
   }
   mp__cuda_probe_vmm(cd);
   mp__cuda_pop();
@@ -809,7 +903,7 @@ static mp_status_t mp__cuda_free(mp_device_t *dev, void *ptr) {
   if (r == CUDA_SUCCESS) {
     mp__cuda_relaxed_t rx = mp__cuda_relax();
     r = mp__cu.MemFree((CUdeviceptr)ptr);
-    mp__cuda_unrelax(&rx);
+    mp__cuda_unrelax(&rx, r);
     mp__cuda_pop();
   }
   mp__cuda_settle(cd, &cd->allocs, r != CUDA_SUCCESS ? &e : NULL);
@@ -836,7 +930,7 @@ static mp_status_t mp__cuda_host_alloc(mp_device_t *dev, size_t bytes,
         &p, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
     mp__cuda_pop();
   }
-  mp__cuda_unrelax(&rx);
+  mp__cuda_unrelax(&rx, r);
   mp__cuda_settle(cd, &cd->hosts, MP__CUDA_MADE(r, p, bytes, 0));
   if (r != CUDA_SUCCESS) {
     char buf[16];
@@ -858,7 +952,7 @@ static mp_status_t mp__cuda_host_free(mp_device_t *dev, void *ptr) {
   CUresult r;
   mp__cuda_relaxed_t rx = mp__cuda_relax();
   MP__CU_IN_CTX(cd, r, mp__cu.MemFreeHost(ptr));
-  mp__cuda_unrelax(&rx);
+  mp__cuda_unrelax(&rx, r);
   mp__cuda_settle(cd, &cd->hosts, r != CUDA_SUCCESS ? &e : NULL);
   if (r != CUDA_SUCCESS)
     return mp__cuda_fail(r, "cuMemFreeHost(%p)", ptr);
@@ -1024,6 +1118,7 @@ static mp_status_t mp__cuda_stream_ordinal(mp_device_t *dev, mp_stream_t s,
   r = mp__cu.CtxGetDevice(&d);
   if (pushed)
     mp__cuda_pop();
+  mp__cuda_no_push(); /* a refused push is an answer here */
   if (r != CUDA_SUCCESS)
     return MP_ENODEV;
   *out = (int)d;
@@ -1064,6 +1159,7 @@ static int mp__cuda_stream_kind(mp_device_t *dev, mp_stream_t s) {
   r = mp__cuda_capture_status(cd, s, &cap);
   if (r == CUDA_SUCCESS && cap == CU_STREAM_CAPTURE_STATUS_NONE)
     MP__CU_IN_CTX(cd, r, mp__cu.StreamGetFlags((CUstream)s, &flags));
+  mp__cuda_no_push(); /* stream_kind's answers take no message */
   if (r == CUDA_ERROR_INVALID_HANDLE)
     return MP__STREAM_BAD;
   /* A stream of another context (another device's, or one made with
@@ -1076,6 +1172,7 @@ static int mp__cuda_stream_kind(mp_device_t *dev, mp_stream_t s) {
   CUcontext owner = NULL;
   if (mp__cu.StreamGetCtx != NULL) {
     MP__CU_IN_CTX(cd, r, mp__cu.StreamGetCtx((CUstream)s, &owner));
+    mp__cuda_no_push();
     if (r == CUDA_SUCCESS && owner != cd->ctx)
       return MP__STREAM_BAD;
   }
@@ -1096,8 +1193,10 @@ static int mp__cuda_capturing_of(CUresult r, CUstreamCaptureStatus st,
    * CUDA work will return the same error", cuda.h), recorded: -2. */
   if (mp__cuda_status_of(r) != MP_EDRIVER ||
       (r >= CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED &&
-       r <= CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD))
+       r <= CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD)) {
+    mp__cuda_no_push(); /* an answer, without a message */
     return -1;
+  }
   (void)mp__cuda_fail(r, "%s", call);
   return -2;
 }
@@ -1131,8 +1230,8 @@ static int mp__cuda_capture_seen(mp_device_t *dev, mp_stream_t *which) {
   mp__cuda_dev_t *cd = mp__cuda_of(dev);
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
   CUresult r = mp__cuda_push(cd);
-  if (r != CUDA_SUCCESS)
-    return mp__cuda_capturing_of(r, st, "cuCtxPushCurrent");
+  if (r != CUDA_SUCCESS) /* the push's (mp__cuda_fail names it) */
+    return mp__cuda_capturing_of(r, st, "capture_seen");
   int seen = 0;
   pthread_mutex_lock(&cd->lock);
   for (size_t i = 0; seen == 0 && i < cd->streams.cap; i++) {
@@ -1220,7 +1319,7 @@ static mp_status_t mp__cuda_capture_on_release(mp_device_t *dev, mp_stream_t s,
   CUresult r = mp__cuda_push(mp__cuda_of(dev));
   if (r != CUDA_SUCCESS) {
     free(rel);
-    return mp__cuda_fail(r, "cuCtxPushCurrent");
+    return mp__cuda_fail(r, "capture_on_release(%p)", (void *)s);
   }
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
   CUgraph g = NULL;
@@ -1589,7 +1688,7 @@ static mp_status_t mp__cuda_vm_access(mp_device_t *dev, void *addr,
   CUresult r;
   mp__cuda_relaxed_t rx = mp__cuda_relax();
   MP__CU_IN_CTX(cd, r, mp__cu.MemSetAccess((CUdeviceptr)addr, bytes, &d, 1));
-  mp__cuda_unrelax(&rx);
+  mp__cuda_unrelax(&rx, r);
   return r == CUDA_SUCCESS
              ? MP_OK
              : mp__cuda_fail(r, "cuMemSetAccess(%p, %zu, peer %d)", addr, bytes,
@@ -1632,7 +1731,7 @@ static mp_status_t mp__cuda_vm_unmap(mp_device_t *dev, void *addr,
      * release is still alive, and close releases it. */
     if (r == CUDA_SUCCESS)
       stray = mp__cuda_release_unmapped(e.handle);
-    mp__cuda_unrelax(&rx);
+    mp__cuda_unrelax(&rx, r);
     mp__cuda_pop();
   }
   mp__cuda_settle(cd, &cd->chunks, r != CUDA_SUCCESS ? &e : NULL);
