@@ -1112,8 +1112,14 @@ static mp_status_t mp__cuda_stream_ordinal(mp_device_t *dev, mp_stream_t s,
     *out = mp__cuda_of(dev)->ordinal; /* this device's: nothing to ask */
     return MP_OK;
   }
-  bool pushed = r == CUDA_SUCCESS && owner != NULL &&
-                mp__cu.CtxPushCurrent(owner) == CUDA_SUCCESS;
+  /* The stream's own context, where the driver named one: where it cannot
+   * be made current, cuCtxGetDevice would answer the calling thread's
+   * context, another device's perhaps, for a stream that is not on it. */
+  bool pushed = r == CUDA_SUCCESS && owner != NULL;
+  if (pushed && mp__cu.CtxPushCurrent(owner) != CUDA_SUCCESS) {
+    mp__cuda_no_push();
+    return MP_ENODEV;
+  }
   CUdevice d = 0;
   r = mp__cu.CtxGetDevice(&d);
   if (pushed)
