@@ -257,6 +257,24 @@ static void mp__cuda_describe_unrestored(char *buf, size_t cap, CUresult x,
   mp__cuda_describe(buf, cap, x, what);
 }
 
+/* "; and cuThreadExchangeStreamCaptureMode ...: the thread is left ..."
+ * into buf where a restore was refused after the failing call
+ * (mp__cuda_unrestored), which it takes; else "". */
+static const char *mp__cuda_take_unrestored(char *buf, size_t cap) {
+  buf[0] = '\0';
+  if (mp__cuda_unrestored == CUDA_SUCCESS)
+    return buf;
+  char mode[224];
+  mp__cuda_describe_unrestored(mode, sizeof mode, mp__cuda_unrestored,
+                               mp__cuda_unrestored_mode);
+  mp__cuda_unrestored = CUDA_SUCCESS;
+  snprintf(buf, cap,
+           "; and %s: the thread is left in relaxed capture mode "
+           "(cuThreadExchangeStreamCaptureMode sets it back)",
+           mode);
+  return buf;
+}
+
 /* Fails with the status r maps to and a message naming the call; r itself
  * for mp_last_driver_error(). A refused push (mp__cuda_push_refused) is
  * named as the call that failed; a refused restore of the thread's capture
@@ -264,7 +282,7 @@ static void mp__cuda_describe_unrestored(char *buf, size_t cap, CUresult x,
 static mp_status_t mp__cuda_fail(CUresult r, const char *fmt, ...)
     MP__PRINTF(2, 3);
 static mp_status_t mp__cuda_fail(CUresult r, const char *fmt, ...) {
-  char what[224], msg[384], mode[224] = "";
+  char what[224], msg[384], mode[384];
   va_list ap;
   va_start(ap, fmt);
   int n = vsnprintf(what, sizeof what, fmt, ap);
@@ -273,17 +291,8 @@ static mp_status_t mp__cuda_fail(CUresult r, const char *fmt, ...) {
     snprintf(what + n, sizeof what - (size_t)n, ": cuCtxPushCurrent");
   mp__cuda_push_refused = false;
   mp__cuda_describe(msg, sizeof msg, r, what);
-  if (mp__cuda_unrestored != CUDA_SUCCESS) {
-    mp__cuda_describe_unrestored(mode, sizeof mode, mp__cuda_unrestored,
-                                 mp__cuda_unrestored_mode);
-    mp__cuda_unrestored = CUDA_SUCCESS;
-    return mp__fail_driver((int)r, mp__cuda_status_of(r),
-                           "%s; and %s: the thread is left in relaxed "
-                           "capture mode (cuThreadExchangeStreamCaptureMode "
-                           "sets it back)",
-                           msg, mode);
-  }
-  return mp__fail_driver((int)r, mp__cuda_status_of(r), "%s", msg);
+  return mp__fail_driver((int)r, mp__cuda_status_of(r), "%s%s", msg,
+                         mp__cuda_take_unrestored(mode, sizeof mode));
 }
 
 /* ---- loading the driver -------------------------------------------------- */
@@ -485,6 +494,7 @@ typedef struct mp__cuda_relaxed {
 } mp__cuda_relaxed_t;
 
 static mp__cuda_relaxed_t mp__cuda_relax(void) {
+  mp__cuda_unrestored = CUDA_SUCCESS; /* an earlier call's, told or not */
   mp__cuda_relaxed_t r = {.mode = CU_STREAM_CAPTURE_MODE_RELAXED};
   r.swapped = mp__cu.ThreadExchangeStreamCaptureMode(&r.mode) == CUDA_SUCCESS;
   return r;
@@ -1824,14 +1834,15 @@ static mp_status_t mp__cuda_ipc_export(mp_device_t *dev, void *base,
 static mp_status_t mp__cuda_import_left(mp_device_t *dev, CUresult unmap,
                                         const char *call, CUdeviceptr p,
                                         void **out) {
-  char why[MP__ERROR_MAX], refusal[384];
+  char why[MP__ERROR_MAX], refusal[384], mode[384];
   snprintf(why, sizeof why, "%s", mp_last_error());
   mp__cuda_describe(refusal, sizeof refusal, unmap, call);
   *out = (void *)p;
   return mp__fail_driver((int)unmap, mp__cuda_status_of(unmap),
                          "%s; and the undoing %s, so the memory stays mapped "
-                         "at %p on %s until mp_device_close",
-                         why, refusal, (void *)p, dev->name);
+                         "at %p on %s until mp_device_close%s",
+                         why, refusal, (void *)p, dev->name,
+                         mp__cuda_take_unrestored(mode, sizeof mode));
 }
 
 /* Imports a descriptor's allocation and maps it at a fresh reservation,

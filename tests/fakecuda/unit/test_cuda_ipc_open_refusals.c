@@ -120,3 +120,46 @@ Test(cuda_ipc_open_refusals, a_refused_undoing_close_says_what_stays_mapped) {
   mp_device_close(dev);
   stop_exporter(&e);
 }
+
+/* Run in cuIpcCloseMemHandle, the undoing close made in relaxed capture
+ * mode: the restore of the thread's mode after it is refused. */
+static void refuse_restore(void *arg) {
+  (void)arg;
+  fk_refuse("cuThreadExchangeStreamCaptureMode", CUDA_ERROR_INVALID_VALUE, 1);
+}
+
+/* The restore of the thread's capture mode refused after the undoing
+ * close, refused too: the message says the thread stays relaxed (before,
+ * the note was kept for the next failure of another call, which told it
+ * as its own). */
+Test(cuda_ipc_open_refusals, a_refused_restore_after_the_undo_is_told_here) {
+  struct exporter e;
+  start_exporter(&e);
+  mp_device_t *dev = open_dev("cuda");
+  fk_refuse("cuMemGetAddressRange_v2", CUDA_ERROR_UNKNOWN, 1);
+  fk_refuse("cuIpcCloseMemHandle", CUDA_ERROR_UNKNOWN, 1);
+  fk_before_call("cuIpcCloseMemHandle", refuse_restore, NULL);
+  void *out = NULL;
+  mp_status_t st = dev->ops->ipc_open(dev, &e.h, &out);
+  cr_expect_neq(st, MP_OK);
+  cr_expect(strstr(mp_last_error(), "stays mapped") != NULL &&
+                strstr(mp_last_error(), "cuThreadExchangeStreamCaptureMode") !=
+                    NULL,
+            "%s", mp_last_error());
+  CUresult (*xchg)(CUstreamCaptureMode *);
+  FK_LOAD(xchg, "cuThreadExchangeStreamCaptureMode");
+  CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  cr_assert_eq(xchg(&m), CUDA_SUCCESS);
+  cr_expect_eq(m, CU_STREAM_CAPTURE_MODE_RELAXED);
+  /* Another call's failure is its own. */
+  void *p = NULL;
+  fk_refuse("cuMemAlloc_v2", CUDA_ERROR_OUT_OF_MEMORY, 1);
+  cr_expect_eq(mp_device_alloc(dev, BYTES, &p), MP_ENOMEM);
+  cr_expect(strstr(mp_last_error(), "CaptureMode") == NULL, "%s",
+            mp_last_error());
+  bool unmapped = false;
+  cr_expect_eq(dev->ops->ipc_close(dev, out, BYTES, MP_IPC_CUDA, &unmapped),
+               MP_OK, "%s", mp_last_error());
+  mp_device_close(dev);
+  stop_exporter(&e);
+}
