@@ -50,6 +50,10 @@ MP_API const char *mp_status_name(mp_status_t s);
  * what was wrong ("bad device spec: unknown key 'capcity'", "out of memory:
  * asked 1.0 GiB, reserved ..."). Empty string when the thread has seen no
  * failure. A later success does not clear it; the next failure replaces it.
+ * One success records a failure: on CUDA, a call that was done but whose
+ * driver then refused to give the calling thread back its stream-capture
+ * mode (cuThreadExchangeStreamCaptureMode) returns its success and leaves
+ * that refusal here, as the thread is left in a mode it did not choose.
  * Input it quotes (an option string, a spec) is shortened when long, the
  * cut between characters, and shows control characters and bytes that are
  * not well-formed UTF-8 as '?'. */
