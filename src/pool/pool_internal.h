@@ -2093,9 +2093,11 @@ mp_status_t mp__vrange_ready(mp_pool_t *pool);
 mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
                             mp__block_t **fresh);
 /* Unmaps free chunks until want bytes went back, never one inside k1 or k2
- * (patient: the growth rung); returns the bytes released. */
+ * (patient: the growth rung); sidx: the stream of the request it serves, its
+ * segment_unmap events' (UINT32_MAX: none, a trim). Returns the bytes
+ * released. */
 size_t mp__vrange_reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
-                          const mp__block_t *k2, bool patient);
+                          const mp__block_t *k2, bool patient, uint32_t sidx);
 /* The mapped chunk of virtual segment v holding address a; false if none. */
 bool mp__vrange_chunk_of(const mp__segment_t *v, uintptr_t a, mp__chunk_t *out);
 /* vm_map, then the peers' access (mp_pool_set_access); unmapped again if

@@ -205,7 +205,12 @@ mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
   pool->st.device_alloc_count++;
   pool->st.segment_count++;
   mp__reserved_add(pool, bytes);
-  MP__HIST(pool, MP__H_SEGMENT_ALLOC, s->base, bytes, 0);
+  /* The stream of the request it was made for, as PyTorch's segment_alloc
+   * entry says its segment's (CUDACachingAllocator.cpp, alloc_block:
+   * record_trace(SEGMENT_ALLOC, ..., p.stream())); 0 for a graph pool's
+   * take for every stream. */
+  MP__HIST(pool, MP__H_SEGMENT_ALLOC, s->base, bytes,
+           MP__HIST_STREAM(pool, sidx));
   *fresh = mp__tail_extend(pool, s, s->base, bytes, rec, UINT32_MAX);
   return MP_OK;
 }

@@ -353,7 +353,7 @@ static mp__block_t *mp__before_unmap(mp_pool_t *pool, mp__segment_t *v,
  * the unmap, the free block that holds the chunk again (NULL: it could not
  * be tried). */
 static bool mp__unmap_chunk(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
-                            size_t i, mp__block_t **hole) {
+                            size_t i, mp__block_t **hole, uint32_t sidx) {
   /* Four records: two for the unmap's split, two to put the chunk back
    * if the device refuses (taken now: with none to spare then, it stayed
    * mapped outside the tables, reserved_bytes short of what the device
@@ -375,7 +375,10 @@ static bool mp__unmap_chunk(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
   if (st == MP_OK) {
     mp__recs_free(pool, recs);
     pool->st.device_free_count++;
-    MP__HIST(pool, MP__H_SEGMENT_UNMAP, c.addr, c.size, 0);
+    /* The stream of the request whose growth unmapped it (sidx), as
+     * PyTorch's segment_unmap entry names a stream; 0 for a trim's. */
+    MP__HIST(pool, MP__H_SEGMENT_UNMAP, c.addr, c.size,
+             MP__HIST_STREAM(pool, sidx));
     return true;
   }
   /* Still mapped: take it back as free memory where it was (no map was
@@ -494,7 +497,7 @@ static bool mp__top_chunk_in(const mp__segment_t *v, const mp__block_t *b,
  * bytes released. */
 static size_t mp__vrange_release_all(mp_pool_t *pool, mp__segment_t *v,
                                      const mp__block_t *k1,
-                                     const mp__block_t *k2) {
+                                     const mp__block_t *k2, uint32_t sidx) {
   size_t done = 0, i = 0;
   uintptr_t ceil = UINTPTR_MAX; /* below a chunk the device refused */
   mp__block_t *b = v->last;
@@ -507,7 +510,7 @@ static size_t mp__vrange_release_all(mp_pool_t *pool, mp__segment_t *v,
     }
     mp__chunk_t c = v->chunks[i];
     mp__block_t *h;
-    if (!mp__unmap_chunk(pool, v, b, i, &h)) {
+    if (!mp__unmap_chunk(pool, v, b, i, &h, sidx)) {
       /* Refused (a transient driver error): the chunks below are still
        * tried, from the free block that holds this one again, as plain
        * segments are (mp__plain_trim_one); it waits for the next trim. No
@@ -543,12 +546,12 @@ static size_t mp__vrange_release_all(mp_pool_t *pool, mp__segment_t *v,
  * unmap free chunks anywhere. Never a device synchronize here. Returns the
  * bytes released. */
 size_t mp__vrange_reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
-                          const mp__block_t *k2, bool patient) {
+                          const mp__block_t *k2, bool patient, uint32_t sidx) {
   MP__ASSERT_LOCKED(pool);
   mp__segment_t *v = pool->vseg;
   size_t done = 0;
   if (!patient && v != NULL && want >= mp__free_bytes(pool))
-    return mp__vrange_release_all(pool, v, k1, k2);
+    return mp__vrange_release_all(pool, v, k1, k2, sidx);
   /* stream_waits=1 promises figures that do not depend on how far behind
    * the streams run (test_replay_figures): which streams are idle when
    * asked does, so such a pool used from several streams skips the rung,
@@ -579,7 +582,7 @@ size_t mp__vrange_reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
     }
     mp__chunk_t c = v->chunks[i];
     uint64_t refused = pool->give_back_refused;
-    if (!mp__unmap_chunk(pool, v, f, i, NULL)) {
+    if (!mp__unmap_chunk(pool, v, f, i, NULL, sidx)) {
       /* Refused: the others are still tried, as the trim's walk does
        * (mp__vrange_release_all); no records left (room for none), or
        * refused too often for one call: the next trim tries again. */
@@ -804,7 +807,7 @@ mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
     size_t want = after - pool->st.peak_reserved_bytes;
     if (mp__vsplit_limit(pool) == 0 && pool->cfg.map_piece == 0)
       want = p.bytes;
-    (void)mp__vrange_reclaim(pool, want, p.k1, p.k2, true);
+    (void)mp__vrange_reclaim(pool, want, p.k1, p.k2, true, sidx);
   }
   size_t room = mp__pool_room(pool);
   size_t grow = p.bytes;
@@ -903,7 +906,11 @@ mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
     mp__block_t *rec = mp__recs_pop(&recs);
     mp__block_t *spare = off == 0 ? mp__recs_pop(&recs) : NULL;
     pool->st.device_alloc_count++;
-    MP__HIST(pool, MP__H_SEGMENT_MAP, p.at + off, n, 0);
+    /* The request's stream, as PyTorch's segment_map entry says the
+     * stream the expandable segment grew for (map_block: record_trace(
+     * SEGMENT_MAP, ..., p.stream())); 0 for a take for every stream. */
+    MP__HIST(pool, MP__H_SEGMENT_MAP, p.at + off, n,
+             MP__HIST_STREAM(pool, sidx));
     *fresh =
         mp__after_map(pool, v, h, p.at + off, n, rec, spare,
                       off == 0 ? p.jp : true, off + n == grow ? p.jn : false);
