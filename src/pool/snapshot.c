@@ -52,8 +52,10 @@
  * allocated_size sums the first kind, active_size and requested_size the
  * first two, as PyTorch's do, so allocated_size leaves out the pending
  * blocks that the stats' allocated_bytes counts. A pending block in the
- * free index says the request of its alloc event while the history holds
- * it, else 0 (the pool keeps no request for a free block). A segment's
+ * free index says the request of the last free inside it that the history
+ * holds (the free that left it pending; merged into a free block below, it
+ * has that block's address), else 0 (the pool keeps no request for a free
+ * block: mp__snap_link_freed). A segment's
  * stream is a cudaStream_t's value, as PyTorch's (its segment is one
  * stream's): that of its lowest active block whose stream the pool knows,
  * else 0. An active block's
@@ -259,6 +261,112 @@ static bool mp__sblock_active(const mp__sblock_t *b) {
   return b->live || b->pending;
 }
 
+typedef struct {
+  uintptr_t addr;
+  size_t e;
+} mp__salloc_t;
+
+static int mp__salloc_cmp(const void *a, const void *b) {
+  const mp__salloc_t *x = a, *y = b;
+  if (x->addr != y->addr)
+    return x->addr < y->addr ? -1 : 1;
+  return x->e < y->e ? -1 : x->e > y->e;
+}
+
+/* A pending free block keeps no request nor stream of its own in the pool
+ * (its record's request is read only while live): those of the last free
+ * inside its range that the history holds, the free that left it pending,
+ * with the frames of that block's alloc, the last of the free's address
+ * before it (PyTorch's block keeps its requested_size until it is
+ * reusable: CUDACachingAllocator.cpp, snapshot(), block_info.requested_size
+ * = block->requested_size; and its frames are its allocation's). A
+ * PyTorch block waiting for its events is never merged (free_block runs
+ * once they are done), so its request is the freed allocation's alone;
+ * here that block may have merged into a free neighbour below it, whose
+ * address is the merged block's: the alloc event of that address was the
+ * neighbour's older request, no longer active, that the snapshot said.
+ * None such in the history: 0, no stream, no frames. */
+static mp_status_t mp__snap_link_freed(mp__snap_t *s) {
+  size_t nfreed = 0, nalloc = 0;
+  for (size_t i = 0; i < s->nblocks; i++)
+    nfreed += s->blocks[i].freed;
+  if (nfreed == 0)
+    return MP_OK;
+  for (size_t e = 0; e < s->nev; e++)
+    nalloc += s->ev[e].action == MP__H_ALLOC;
+  mp__sblock_t **by = mp__host_alloc(nfreed * sizeof *by);
+  size_t *last = mp__host_alloc(nfreed * sizeof *last);
+  mp__salloc_t *al = mp__host_alloc((nalloc ? nalloc : 1) * sizeof *al);
+  if (by == NULL || last == NULL || al == NULL) {
+    free(by);
+    free(last);
+    free(al);
+    return mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
+  }
+  nfreed = nalloc = 0;
+  for (size_t i = 0; i < s->nblocks; i++)
+    if (s->blocks[i].freed) {
+      last[nfreed] = SIZE_MAX;
+      by[nfreed++] = &s->blocks[i];
+    }
+  qsort(by, nfreed, sizeof *by, mp__sblock_cmp);
+  for (size_t e = 0; e < s->nev; e++) {
+    const mp__hevent_t *ev = &s->ev[e];
+    if (ev->action == MP__H_ALLOC)
+      al[nalloc++] = (mp__salloc_t){ev->addr, e};
+    if (ev->action != MP__H_FREE_REQUESTED &&
+        ev->action != MP__H_FREE_COMPLETED)
+      continue;
+    /* The last freed block starting at or below the address. */
+    size_t lo = 0, hi = nfreed;
+    while (lo < hi) {
+      size_t mid = lo + (hi - lo) / 2;
+      if (by[mid]->addr <= ev->addr)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    if (lo > 0 && ev->addr - by[lo - 1]->addr < by[lo - 1]->size)
+      last[lo - 1] = e;
+  }
+  qsort(al, nalloc, sizeof *al, mp__salloc_cmp);
+  for (size_t k = 0; k < nfreed; k++) {
+    mp__sblock_t *b = by[k];
+    b->ev = SIZE_MAX;
+    b->requested = 0;
+    b->has_stream = false;
+    b->stream = 0;
+    if (last[k] == SIZE_MAX)
+      continue;
+    const mp__hevent_t *fe = &s->ev[last[k]];
+    b->requested = fe->size < b->size ? fe->size : b->size;
+    b->has_stream = fe->stream != (uintptr_t)MP__STREAM_GONE;
+    b->stream = b->has_stream ? fe->stream : 0;
+    /* Its alloc: the last of the free's address before the free; a
+     * resume's (restored) gives way to an earlier one of the address, as
+     * in mp__snap_link_events. */
+    mp__salloc_t key = {fe->addr, last[k]};
+    size_t lo = 0, hi = nalloc;
+    while (lo < hi) {
+      size_t mid = lo + (hi - lo) / 2;
+      if (mp__salloc_cmp(&al[mid], &key) < 0)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    if (lo == 0 || al[lo - 1].addr != fe->addr)
+      continue;
+    size_t at = lo - 1;
+    if (s->ev[al[at].e].restored && at > 0 && al[at - 1].addr == fe->addr)
+      at--;
+    b->ev = al[at].e;
+  }
+  free(by);
+  free(last);
+  free(al);
+  return MP_OK;
+}
+
 /* Gives each active block the index of its last alloc event in the ring. */
 static mp_status_t mp__snap_link_events(mp__snap_t *s) {
   size_t nlive = 0;
@@ -295,21 +403,7 @@ static mp_status_t mp__snap_link_events(mp__snap_t *s) {
       by[lo]->ev = e;
   }
   free(by);
-  /* A pending free block keeps no request nor stream of its own in the
-   * pool (its record's request is read only while live, and a merge may
-   * have left it another block's): those of the alloc it was freed from,
-   * the last of its address, which the history holds while its ring does
-   * (PyTorch's block keeps its requested_size until it is reusable). */
-  for (size_t i = 0; i < s->nblocks; i++) {
-    mp__sblock_t *b = &s->blocks[i];
-    if (!b->freed || b->ev == SIZE_MAX)
-      continue;
-    const mp__hevent_t *ev = &s->ev[b->ev];
-    b->requested = ev->size < b->size ? ev->size : b->size;
-    b->stream = ev->stream;
-    b->has_stream = ev->stream != (uintptr_t)MP__STREAM_GONE;
-  }
-  return MP_OK;
+  return mp__snap_link_freed(s);
 }
 
 /* Under the lock: the top of what a paused pool still maps, its virtual
