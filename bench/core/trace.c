@@ -523,13 +523,15 @@ static mp_status_t mpb_csv_end(mpb_parser_t *p, mp_status_t st) {
     st = mp__fail(MP_EINVAL,
                   "%s: no allocation of a nonzero size: nothing to replay",
                   p->what);
+  /* The maps are done with: freed before the drain, which may grow the
+   * workload's events (one free per block still live). */
+  mp__ptrmap_destroy(&p->map);
+  mp__ptrmap_destroy(&p->streams);
   /* Blocks the trace never freed are freed at its end, so every replay
    * ends empty and allocators are compared on the same events. */
   if (st == MP_OK && (st = mpb_workload_drain(p->w)) == MP_ENOMEM)
     st = mpb_too_big(p->what, p->line, true);
   mpb_workload_t *out = p->w;
-  mp__ptrmap_destroy(&p->map);
-  mp__ptrmap_destroy(&p->streams);
   free(p);
   if (st != MP_OK)
     mpb_workload_free(out);
@@ -604,8 +606,15 @@ mp_status_t mpb_trace_load(const char *path, const char *name,
   mp_status_t st = MP_OK;
   size_t off = 0; /* bytes read so far */
   for (;;) {
+    /* 128 KiB to start: a CSV line is at most MPB_MAX_LINE bytes, so a
+     * CSV never grows it, and each read is 64 KiB or more. It was 1 MiB,
+     * a third of the load's heap peak on shared/traces/mindspore/
+     * pangu_2.6B.csv (3.17 MB under valgrind's massif, 2.26 MB with
+     * 128 KiB), beside the address map (1 MiB for its 18 692 addresses, as
+     * much again while it grows) and the workload. A pickle, read whole,
+     * grows it by doubling as before. */
     if (cap - len < 65536) {
-      size_t ncap = cap ? cap * 2 : 1 << 20;
+      size_t ncap = cap ? cap * 2 : 1 << 17;
       char *nb = ncap > cap ? realloc(buf, ncap) : NULL;
       if (nb == NULL) {
         st = mp__fail(MP_ENOMEM,
