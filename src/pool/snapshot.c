@@ -58,7 +58,9 @@
  * block: mp__snap_link_freed). A segment's
  * stream is a cudaStream_t's value, as PyTorch's (its segment is one
  * stream's): that of its lowest active block whose stream the pool knows,
- * else 0. An active block's
+ * else that of the newest segment_alloc or segment_map event at its
+ * address that the history holds (the request's it was made for), else 0.
+ * An active block's
  * frames are those of the last alloc event of its address still in the
  * history. Frames are symbolized with dladdr():
  * filename is the object file, name the nearest dynamic symbol ("??" when
@@ -241,6 +243,10 @@ typedef struct {
   size_t next;         /* the next event the trace writes (mp__write_trace) */
   uint64_t pool_id[2]; /* segment_pool_id (graph_id) */
   int device;          /* the CUDA ordinal it is written as */
+  /* The segment_alloc and segment_map events, by address then age
+   * (mp__snap_link_segments); nsegev of them. */
+  struct mp__salloc *segev;
+  size_t nsegev;
 } mp__snap_t;
 
 static void mp__snap_free(mp__snap_t *s) {
@@ -248,6 +254,7 @@ static void mp__snap_free(mp__snap_t *s) {
   free(s->segs);
   free(s->ev);
   free(s->frames);
+  free(s->segev);
 }
 
 static int mp__sblock_cmp(const void *a, const void *b) {
@@ -261,7 +268,8 @@ static bool mp__sblock_active(const mp__sblock_t *b) {
   return b->live || b->pending;
 }
 
-typedef struct {
+/* An event of the ring by its address: sorted by address, then age. */
+typedef struct mp__salloc {
   uintptr_t addr;
   size_t e;
 } mp__salloc_t;
@@ -271,6 +279,22 @@ static int mp__salloc_cmp(const void *a, const void *b) {
   if (x->addr != y->addr)
     return x->addr < y->addr ? -1 : 1;
   return x->e < y->e ? -1 : x->e > y->e;
+}
+
+/* The index in al[0, n) (sorted) of the newest event at addr older than
+ * event before, or SIZE_MAX. */
+static size_t mp__salloc_last(const mp__salloc_t *al, size_t n, uintptr_t addr,
+                              size_t before) {
+  mp__salloc_t key = {addr, before};
+  size_t lo = 0, hi = n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (mp__salloc_cmp(&al[mid], &key) < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo > 0 && al[lo - 1].addr == addr ? lo - 1 : SIZE_MAX;
 }
 
 /* A pending free block keeps no request nor stream of its own in the pool
@@ -345,18 +369,9 @@ static mp_status_t mp__snap_link_freed(mp__snap_t *s) {
     /* Its alloc: the last of the free's address before the free; a
      * resume's (restored) gives way to an earlier one of the address, as
      * in mp__snap_link_events. */
-    mp__salloc_t key = {fe->addr, last[k]};
-    size_t lo = 0, hi = nalloc;
-    while (lo < hi) {
-      size_t mid = lo + (hi - lo) / 2;
-      if (mp__salloc_cmp(&al[mid], &key) < 0)
-        lo = mid + 1;
-      else
-        hi = mid;
-    }
-    if (lo == 0 || al[lo - 1].addr != fe->addr)
+    size_t at = mp__salloc_last(al, nalloc, fe->addr, last[k]);
+    if (at == SIZE_MAX)
       continue;
-    size_t at = lo - 1;
     if (s->ev[al[at].e].restored && at > 0 && al[at - 1].addr == fe->addr)
       at--;
     b->ev = al[at].e;
@@ -367,8 +382,31 @@ static mp_status_t mp__snap_link_freed(mp__snap_t *s) {
   return MP_OK;
 }
 
+/* The segment_alloc and segment_map events, sorted (s->segev), for the
+ * stream of a segment that holds no active block (mp__write_segment). */
+static mp_status_t mp__snap_link_segments(mp__snap_t *s) {
+  size_t n = 0;
+  for (size_t e = 0; e < s->nev; e++)
+    n += s->ev[e].action == MP__H_SEGMENT_ALLOC ||
+         s->ev[e].action == MP__H_SEGMENT_MAP;
+  if (n == 0)
+    return MP_OK;
+  s->segev = mp__host_alloc(n * sizeof *s->segev);
+  if (s->segev == NULL)
+    return mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
+  for (size_t e = 0; e < s->nev; e++)
+    if (s->ev[e].action == MP__H_SEGMENT_ALLOC ||
+        s->ev[e].action == MP__H_SEGMENT_MAP)
+      s->segev[s->nsegev++] = (mp__salloc_t){s->ev[e].addr, e};
+  qsort(s->segev, s->nsegev, sizeof *s->segev, mp__salloc_cmp);
+  return MP_OK;
+}
+
 /* Gives each active block the index of its last alloc event in the ring. */
 static mp_status_t mp__snap_link_events(mp__snap_t *s) {
+  mp_status_t st = mp__snap_link_segments(s);
+  if (st != MP_OK)
+    return st;
   size_t nlive = 0;
   for (size_t i = 0; i < s->nblocks; i++)
     nlive += mp__sblock_active(&s->blocks[i]);
@@ -546,7 +584,7 @@ static void mp__write_segment(mp__pk_t *w, const mp__snap_t *s, size_t b0,
    * (CUDACachingAllocator.cpp, snapshot(): segment_info.stream =
    * head_block->stream; memory_snapshot.cpp writes int64_t(stream)). Here
    * every stream shares the segments: the stream of its lowest active
-   * block whose stream the pool knows, else 0 (none known: all free). */
+   * block whose stream the pool knows, else (below) its making's. */
   uint64_t stream = 0;
   bool has_stream = false;
   for (size_t i = b0; i < b1; i++) {
@@ -562,6 +600,18 @@ static void mp__write_segment(mp__pk_t *w, const mp__snap_t *s, size_t b0,
       active += s->blocks[i].size;
       requested += s->blocks[i].requested;
     }
+  }
+  /* None active: the stream its memory was made for, as PyTorch's segment
+   * keeps its stream while wholly free (CUDACachingAllocator.cpp,
+   * alloc_block: the segment's head block is made on p.stream()): that of
+   * the newest segment_alloc or segment_map event at its address, where
+   * the history holds one. */
+  if (!has_stream) {
+    size_t at =
+        mp__salloc_last(s->segev, s->nsegev, s->blocks[b0].addr, SIZE_MAX);
+    if (at != SIZE_MAX &&
+        s->ev[s->segev[at].e].stream != (uintptr_t)MP__STREAM_GONE)
+      stream = s->ev[s->segev[at].e].stream;
   }
   mp__pk_dict(w);
   mp__pk_kint(w, "device", (uint64_t)s->device);
