@@ -224,6 +224,10 @@ typedef struct {
   bool has_stream;
   bool freed; /* pending and in the free index: its request, its stream
                  and its frames are its alloc event's */
+  /* A freed one's bytes below the free that left it pending (the free
+   * block it merged into, reusable before): written as an inactive block
+   * of their own (mp__snap_link_freed); 0 for every other block. */
+  size_t below;
 } mp__sblock_t;
 
 typedef struct {
@@ -308,8 +312,10 @@ static size_t mp__salloc_last(const mp__salloc_t *al, size_t n, uintptr_t addr,
  * once they are done), so its request is the freed allocation's alone;
  * here that block may have merged into a free neighbour below it, whose
  * address is the merged block's: the alloc event of that address was the
- * neighbour's older request, no longer active, that the snapshot said.
- * None such in the history: 0, no stream, no frames. */
+ * neighbour's older request, no longer active, that the snapshot said;
+ * that neighbour's bytes, below the free's address, are written as the
+ * inactive block they would be there (below). None such in the history:
+ * 0, no stream, no frames. */
 static mp_status_t mp__snap_link_freed(mp__snap_t *s) {
   size_t nfreed = 0, nalloc = 0;
   for (size_t i = 0; i < s->nblocks; i++)
@@ -357,13 +363,16 @@ static mp_status_t mp__snap_link_freed(mp__snap_t *s) {
   for (size_t k = 0; k < nfreed; k++) {
     mp__sblock_t *b = by[k];
     b->ev = SIZE_MAX;
+    b->below = 0;
     b->requested = 0;
     b->has_stream = false;
     b->stream = 0;
     if (last[k] == SIZE_MAX)
       continue;
     const mp__hevent_t *fe = &s->ev[last[k]];
-    b->requested = fe->size < b->size ? fe->size : b->size;
+    b->below = fe->addr - b->addr;
+    b->requested =
+        fe->size < b->size - b->below ? fe->size : b->size - b->below;
     b->has_stream = fe->stream != (uintptr_t)MP__STREAM_GONE;
     b->stream = b->has_stream ? fe->stream : 0;
     /* Its alloc: the last of the free's address before the free; a
@@ -517,6 +526,7 @@ static mp_status_t mp__snap_take(mp_pool_t *pool, mp__snap_t *s) {
                       : b->requested > sb->size ? sb->size
                                                 : b->requested;
       sb->ev = SIZE_MAX;
+      sb->below = 0;
       /* A live block's stream (a held one keeps it too; the ladder's has
        * none yet), unless its slot was forgotten since. */
       sb->has_stream = (sb->live || (b->flags & MP__B_HELD)) &&
@@ -576,6 +586,19 @@ static void mp__write_frames(mp__pk_t *w, const mp__snap_t *s, size_t e) {
   mp__pk_list_end(w);
 }
 
+/* One block's dict: its frames those of event e (SIZE_MAX: none). */
+static void mp__write_block(mp__pk_t *w, const mp__snap_t *s, uintptr_t addr,
+                            size_t size, size_t requested, const char *state,
+                            size_t e) {
+  mp__pk_dict(w);
+  mp__pk_kint(w, "address", addr);
+  mp__pk_kint(w, "size", size);
+  mp__pk_kint(w, "requested_size", requested);
+  mp__pk_kstr(w, "state", state);
+  mp__write_frames(w, s, e);
+  mp__pk_dict_end(w);
+}
+
 /* One PyTorch segment: blocks [b0, b1) of s, none a hole. */
 static void mp__write_segment(mp__pk_t *w, const mp__snap_t *s, size_t b0,
                               size_t b1, int kind, bool small) {
@@ -597,7 +620,7 @@ static void mp__write_segment(mp__pk_t *w, const mp__snap_t *s, size_t b0,
     if (s->blocks[i].live)
       allocated += s->blocks[i].size;
     if (mp__sblock_active(&s->blocks[i])) {
-      active += s->blocks[i].size;
+      active += s->blocks[i].size - s->blocks[i].below;
       requested += s->blocks[i].requested;
     }
   }
@@ -633,16 +656,17 @@ static void mp__write_segment(mp__pk_t *w, const mp__snap_t *s, size_t b0,
   mp__pk_list(w);
   for (size_t i = b0; i < b1; i++) {
     const mp__sblock_t *b = &s->blocks[i];
-    mp__pk_dict(w);
-    mp__pk_kint(w, "address", b->addr);
-    mp__pk_kint(w, "size", b->size);
-    mp__pk_kint(w, "requested_size", b->requested);
-    mp__pk_kstr(w, "state",
-                b->live      ? "active_allocated"
-                : b->pending ? "active_pending_free"
-                             : "inactive");
-    mp__write_frames(w, s, mp__sblock_active(b) ? b->ev : SIZE_MAX);
-    mp__pk_dict_end(w);
+    /* A pending block merged into a free one below it: that one's bytes
+     * first, inactive, as PyTorch's blocks would be (it merges a block
+     * only once its events are done); then the pending one from the
+     * address its free named. */
+    if (b->below > 0)
+      mp__write_block(w, s, b->addr, b->below, 0, "inactive", SIZE_MAX);
+    mp__write_block(w, s, b->addr + b->below, b->size - b->below, b->requested,
+                    b->live      ? "active_allocated"
+                    : b->pending ? "active_pending_free"
+                                 : "inactive",
+                    mp__sblock_active(b) ? b->ev : SIZE_MAX);
   }
   mp__pk_list_end(w);
   mp__pk_dict_end(w);
