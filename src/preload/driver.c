@@ -90,7 +90,7 @@ static mp__curesult mp__alloc(mp__variant_t v, mp__cuptr *dptr, size_t bytes,
       mp__pl_count_bypass("other_device");
     } else if (v == MP__SYNC
                    ? mp__pl_sync_in_capture(pl)
-                   : cap && !mp__pl_capture_route(pl, pool, s, ptsz)) {
+                   : cap && !mp__pl_capture_route(pl, pool, s, ptsz, NULL)) {
       /* cuMemAlloc during a capture: the driver applies the capture mode's
        * rules; stream-ordered allocations go to the graph pool. */
       mp__pl_count_bypass("capture");
@@ -152,10 +152,13 @@ static mp__curesult mp__free(mp__variant_t v, mp__cuptr p, mp__custream s) {
      * memory (a second free, an interior pointer), a device pool's or the
      * page-locked host pool's, which the driver gave the pool: there the
      * driver's answer, without freeing it. */
+    mp__curesult why = MP__CU_SUCCESS; /* s's capture could not be told */
     r = !mp__pl_memory_holds(pl, (uintptr_t)p) ? mp__real_free(v, p, s)
         : v != MP__SYNC && mp__pl_output_free(pl, (uintptr_t)p, false, true, s,
-                                              v == MP__ASYNC_PTSZ)
+                                              v == MP__ASYNC_PTSZ, &why)
             ? MP__CU_SUCCESS /* a graph's output, freed inside a capture */
+        : why != MP__CU_SUCCESS
+            ? mp__pl_cu_error(mp__pl_capture_unknown("cuMemFreeAsync", why))
             : mp__pl_free_foreign(pl, v == MP__SYNC, mp__free_probe);
   } else if (b.kind == MP__PL_FROM_POOL &&
              (r = mp__pl_free_refused(pl, v == MP__SYNC, s, v == MP__ASYNC_PTSZ,

@@ -126,6 +126,25 @@ static mp__curesult mp__stream_wait(mp__custream s, bool ptsz,
   return r;
 }
 
+/* The driver's name for r (cuGetErrorName), "a CUDA error" where it has
+ * none. */
+static const char *mp__error_name(mp__curesult r) {
+  const char *name = NULL;
+  mp__curesult (*named)(mp__curesult, const char **) =
+      mp__pl_real_cuda()->cuGetErrorName;
+  if (named == NULL || named(r, &name) != 0 || name == NULL)
+    return "a CUDA error";
+  return name;
+}
+
+mp_status_t mp__pl_capture_unknown(const char *what, mp__curesult r) {
+  return mp__fail_driver((int)r, MP_EDRIVER,
+                         "%s: cuStreamGetCaptureInfo: %s (%u): whether the "
+                         "stream is being captured is not known; the block "
+                         "stays the program's",
+                         what, mp__error_name(r), r);
+}
+
 unsigned mp__pl_free_invalid(const mp__pl_t *pl) {
   return !pl->host && mp__pl_calls_refused() ? MP__CU_NOT_PERMITTED
                                              : MP__CU_INVALID_VALUE;
@@ -163,18 +182,25 @@ mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
    * the pool has it, another thread's allocation of the same address may
    * be logged first, and a replay would free the wrong block. */
   mp__pl_record_free(b->ptr, b->size, mp__pl_record_stream(s, ptsz));
-  if (mp__pl_output_free(pl, b->ptr, true, !sync, s, ptsz)) {
+  mp__curesult why = MP__CU_SUCCESS;
+  if (mp__pl_output_free(pl, b->ptr, true, !sync, s, ptsz, &why)) {
     mp__pl_table_end(b, true);
     return MP_OK;
   }
   mp_status_t st;
   /* A free on a capturing stream: the stream allocates to the capture's
    * graph pool from now on, and neither pool records on it. Whether s is
-   * captured, mp__pl_free_refused asked already: not asked again. */
+   * captured, mp__pl_free_refused asked already: not asked again. Where
+   * the driver cannot say whether s captures (a sticky error), the block
+   * is neither routed nor freed on s, which would let the pool hand it
+   * out while a capture may still use it: refused with the driver's
+   * code, still the program's. */
   mp__cuctx owner = NULL;
-  bool routed = !sync && !pl->host && captured &&
-                mp__pl_capture_route(pl, b->pool, s, ptsz);
-  if (sync) /* cuMemFree / cudaFree: after the work of every stream */
+  bool routed = why == MP__CU_SUCCESS && !sync && !pl->host && captured &&
+                mp__pl_capture_route(pl, b->pool, s, ptsz, &why);
+  if (why != MP__CU_SUCCESS)
+    st = mp__pl_capture_unknown("stream-ordered free", why);
+  else if (sync) /* cuMemFree / cudaFree: after the work of every stream */
     st = pl->host ? mp_pool_free(b->pool, ptr)
                   : mp_pool_free_after_all(b->pool, ptr);
   else if (!routed && !pl->host && !captured &&
@@ -185,17 +211,12 @@ mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
      * its own stream, whose work the pool still orders. Refused, the
      * driver's code is the answer (mp__pl_cu_error). */
     mp__curesult r = mp__stream_wait(s, ptsz, owner);
-    const char *name = NULL;
-    mp__curesult (*named)(mp__curesult, const char **) =
-        mp__pl_real_cuda()->cuGetErrorName;
-    if (r != MP__CU_SUCCESS && (named == NULL || named(r, &name) != 0))
-      name = NULL;
     st = r == MP__CU_SUCCESS
              ? mp_pool_free(b->pool, ptr)
              : mp__fail_driver((int)r, MP_EDRIVER,
                                "stream-ordered free: cuStreamSynchronize of "
                                "another context's stream: %s (%u)",
-                               name != NULL ? name : "a CUDA error", r);
+                               mp__error_name(r), r);
   } else
     /* On the caller's stream, always through the pool's stream table,
      * never by the handle the block was allocated on: the same handle may

@@ -219,8 +219,18 @@ static void mp__gr_lock(void) {
   pthread_mutex_lock(&mp__gr.lock);
 }
 
-/* The capture id of s, or false when s is not being captured. */
-static bool mp__capture_id(mp__custream s, bool ptsz, unsigned long long *id) {
+/* Whether s is being captured, asked of the driver: MP__CU_SUCCESS with
+ * *captured (and, captured, its id in *id), or the driver's error, with
+ * which nothing is known: cuda.h, cuStreamGetCaptureInfo, "Valid data
+ * (other than capture status) is returned only if both of the following
+ * are true: the call returns CUDA_SUCCESS; the returned capture status is
+ * CU_STREAM_CAPTURE_STATUS_ACTIVE", and \notefnerr: it may answer a
+ * previous launch's error, a sticky one (CUDA_ERROR_ILLEGAL_ADDRESS) for
+ * good. Such an error is never "not captured": a free would release or
+ * hand out memory a capture may hold. CUDA_ERROR_NOT_INITIALIZED where the
+ * driver has not the call. */
+static mp__curesult mp__capture_id(mp__custream s, bool ptsz, bool *captured,
+                                   unsigned long long *id) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   mp__curesult (*fn)(mp__custream, unsigned int *, unsigned long long *,
                      mp__cugraph *, const void **, size_t *) =
@@ -228,9 +238,10 @@ static bool mp__capture_id(mp__custream s, bool ptsz, unsigned long long *id) {
           ? rc->cuStreamGetCaptureInfo_v2_ptsz
           : rc->cuStreamGetCaptureInfo_v2;
   unsigned int status = 0;
-  if (fn == NULL || fn(s, &status, id, NULL, NULL, NULL) != MP__CU_SUCCESS)
-    return false;
-  return status == MP__CAPTURE_ACTIVE;
+  mp__curesult r = fn != NULL ? fn(s, &status, id, NULL, NULL, NULL)
+                              : MP__CU_NOT_INITIALIZED;
+  *captured = r == MP__CU_SUCCESS && status == MP__CAPTURE_ACTIVE;
+  return r;
 }
 
 static uint64_t mp__out_bit(uintptr_t p) {
@@ -268,9 +279,15 @@ static bool mp__capture_routes(const mp__pl_t *pl, const mp__pl_capture_t *c,
                                mp_stream_t ms);
 
 bool mp__pl_capture_route(const mp__pl_t *pl, mp_pool_t *pool, mp__custream s,
-                          bool ptsz) {
+                          bool ptsz, mp__curesult *err) {
   unsigned long long id;
-  if (pl->host || pool == NULL || !mp__capture_id(s, ptsz, &id))
+  bool captured = false;
+  mp__curesult r = pl->host || pool == NULL
+                       ? MP__CU_SUCCESS
+                       : mp__capture_id(s, ptsz, &captured, &id);
+  if (err != NULL)
+    *err = r;
+  if (!captured)
     return false;
   mp_stream_t ms = mp__pl_stream(pl, s, ptsz);
   bool ok = false;
@@ -363,7 +380,9 @@ static bool mp__output_meets(const struct mp__pl_out *o, bool held) {
 }
 
 bool mp__pl_output_free(const mp__pl_t *pl, uintptr_t ptr, bool held,
-                        bool ordered, mp__custream s, bool ptsz) {
+                        bool ordered, mp__custream s, bool ptsz,
+                        mp__curesult *err) {
+  *err = MP__CU_SUCCESS;
   uint64_t m = atomic_load_explicit(&mp__gr_outmask, memory_order_relaxed);
   if ((m & mp__out_bit(ptr)) == 0)
     return false;
@@ -376,9 +395,15 @@ bool mp__pl_output_free(const mp__pl_t *pl, uintptr_t ptr, bool held,
    * either way. */
   if (!hit || inner)
     return hit;
-  /* The driver asked with no lock held. */
+  /* The driver asked with no lock held. Where it cannot say whether s
+   * captures, the free is neither one inside a graph nor one until the
+   * next launch: refused, nothing changed (the output stays as it was,
+   * held or not), the driver's code in *err. */
   unsigned long long id;
-  bool captured = ordered && !pl->host && mp__capture_id(s, ptsz, &id);
+  bool captured = false;
+  if (ordered && !pl->host &&
+      (*err = mp__capture_id(s, ptsz, &captured, &id)) != MP__CU_SUCCESS)
+    return false;
   if (!held && !captured)
     return false;
   mp__gr_lock();
@@ -618,7 +643,8 @@ static mp__curesult mp__capture_begun(mp__curesult r, mp__custream s, bool ptsz,
   if (r != MP__CU_SUCCESS)
     return r;
   unsigned long long id = 0;
-  bool known = mp__capture_id(s, ptsz, &id);
+  bool known = false;
+  (void)mp__capture_id(s, ptsz, &known, &id);
   mp__gr_lock();
   if (mp__gr.nbegun < MP__PL_BEGUN) {
     mp__gr.begun[mp__gr.nbegun].s =
@@ -769,7 +795,8 @@ cuStreamBeginCaptureToGraph_ptsz(mp__custream hStream, mp__cugraph hGraph,
 mp__curesult cuStreamEndCapture(mp__custream hStream, mp__cugraph *phGraph) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   unsigned long long id;
-  bool known = mp__capture_id(hStream, false, &id);
+  bool known = false;
+  (void)mp__capture_id(hStream, false, &known, &id);
   mp__curesult r = rc->cuStreamEndCapture
                        ? rc->cuStreamEndCapture(hStream, phGraph)
                        : MP__CU_NOT_INITIALIZED;
@@ -781,7 +808,8 @@ mp__curesult cuStreamEndCapture_ptsz(mp__custream hStream,
                                      mp__cugraph *phGraph) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   unsigned long long id;
-  bool known = mp__capture_id(hStream, true, &id);
+  bool known = false;
+  (void)mp__capture_id(hStream, true, &known, &id);
   mp__curesult r = rc->cuStreamEndCapture_ptsz
                        ? rc->cuStreamEndCapture_ptsz(hStream, phGraph)
                        : MP__CU_NOT_INITIALIZED;

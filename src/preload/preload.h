@@ -471,9 +471,11 @@ mp_stream_t mp__pl_stream(const mp__pl_t *pl, mp__custream s, bool ptsz);
  * is being captured: routes s to the capture's graph pool (made on first
  * use, one per capture; mp_pool_graph_begin), so that the pool serves the
  * allocation from it and never records on s. False when s is not being
- * captured or the capture cannot be told (then nothing changed). */
+ * captured or the capture cannot be told (then nothing changed); *err
+ * (unless NULL): the driver's error where it could not say whether s is
+ * being captured (cuStreamGetCaptureInfo), MP__CU_SUCCESS otherwise. */
 bool mp__pl_capture_route(const mp__pl_t *pl, mp_pool_t *pool, mp__custream s,
-                          bool ptsz);
+                          bool ptsz, mp__curesult *err);
 /* A stream-ordered allocation of bytes at p that the pool served for the
  * capture of s (mp__pl_capture_route said yes): if the capture does not
  * free it, it is one of the graph's outputs, which cuda.h's graph
@@ -488,9 +490,13 @@ void mp__pl_capture_allocated(const mp__pl_t *pl, mp__custream s, bool ptsz,
  * per-thread call), held or not, is a free inside a graph (cuda.h allows
  * one in the output's graph or another), and makes the block the graph's
  * memory for its life. True when ptr was such an output and the free is
- * done so; false otherwise (nothing changed). */
+ * done so; false otherwise (nothing changed), *err then the driver's
+ * error where ptr is such an output and the driver could not say whether
+ * s is being captured (the free is to be refused with it), MP__CU_SUCCESS
+ * otherwise. */
 bool mp__pl_output_free(const mp__pl_t *pl, uintptr_t ptr, bool held,
-                        bool ordered, mp__custream s, bool ptsz);
+                        bool ordered, mp__custream s, bool ptsz,
+                        mp__curesult *err);
 /* Live graph pools the shim made (for the report). */
 size_t mp__pl_graph_pools(void);
 /* Forgets every capture and graph of pool (retired at a reset, which
@@ -638,6 +644,12 @@ bool mp__pl_calls_refused(void);
  * CUDA_ERROR_INVALID_VALUE otherwise. Asked only on that error path
  * (mp__pl_calls_refused); host mode: always the latter. */
 unsigned mp__pl_free_invalid(const mp__pl_t *pl);
+/* The refusal of a stream-ordered free (what: the API's call) of a block
+ * whose stream the driver could not say is being captured or not (r, its
+ * error from cuStreamGetCaptureInfo: mp__pl_capture_route,
+ * mp__pl_output_free): MP_EDRIVER with the driver's code and a message
+ * that says so; nothing is freed, the block stays as it was. */
+mp_status_t mp__pl_capture_unknown(const char *what, mp__curesult r);
 /* mp__pl_free_invalid for a free the shim refuses itself, but where the
  * free is synchronous (sync: cuMemFree, cudaFree, cuMemFreeHost,
  * cudaFreeHost), first the refusal a capture makes of it, as

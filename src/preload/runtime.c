@@ -135,7 +135,7 @@ static mp__cudaerr mp__rt_alloc(mp__rt_variant_t v, void **p, size_t bytes,
       mp__pl_count_bypass("other_device");
     } else if (v == MP__RT_SYNC
                    ? mp__pl_sync_in_capture(pl)
-                   : cap && !mp__pl_capture_route(pl, pool, s, ptsz)) {
+                   : cap && !mp__pl_capture_route(pl, pool, s, ptsz, NULL)) {
       mp__pl_count_bypass("capture"); /* see driver.c */
     } else {
       void *ptr = NULL;
@@ -218,10 +218,14 @@ static mp__cudaerr mp__rt_free(mp__rt_variant_t v, void *p, mp__custream s) {
       mp__pl_count_bypass("foreign_free");
     answered = pl->mode == MP__PL_POOL &&
                (pl->host || mp__pl_memory_holds(pl, (uintptr_t)p));
+    mp__curesult why = MP__CU_SUCCESS; /* s's capture could not be told */
     r = !answered ? mp__rt_real_free(v, p, s)
-        : v != MP__RT_SYNC && mp__pl_output_free(pl, (uintptr_t)p, false, true,
-                                                 s, v == MP__RT_ASYNC_PTSZ)
+        : v != MP__RT_SYNC &&
+                mp__pl_output_free(pl, (uintptr_t)p, false, true, s,
+                                   v == MP__RT_ASYNC_PTSZ, &why)
             ? MP__CUDA_SUCCESS /* a graph's output, freed inside a capture */
+        : why != MP__CU_SUCCESS
+            ? mp__pl_cuda_error(mp__pl_capture_unknown("cudaFreeAsync", why))
             : mp__rt_free_foreign(pl, v, &answered);
   } else if (b.kind == MP__PL_FROM_POOL &&
              (r = mp__pl_free_refused(pl, v == MP__RT_SYNC, s,
