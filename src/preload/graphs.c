@@ -274,6 +274,15 @@ static void mp__capture_drop(mp__pl_capture_t *c) {
   mp__outmask_rebuild();
 }
 
+/* Whether a begin not yet over got no id (mp__capture_begun: the driver
+ * could not say, cuStreamGetCaptureInfo failing). Under the lock. */
+static bool mp__begun_unknown(void) {
+  for (unsigned k = 0; k < mp__gr.nbegun; k++)
+    if (!mp__gr.begun[k].known)
+      return true;
+  return false;
+}
+
 /* Whether capture c routes the stream the pool names ms: below. */
 static bool mp__capture_routes(const mp__pl_t *pl, const mp__pl_capture_t *c,
                                mp_stream_t ms);
@@ -300,7 +309,14 @@ bool mp__pl_capture_route(const mp__pl_t *pl, mp_pool_t *pool, mp__custream s,
     else if (!x->used && free_slot == NULL)
       free_slot = x;
   }
-  if (c == NULL && free_slot != NULL &&
+  /* A capture with no graph pool yet gets none while a begin whose id the
+   * driver could not give is not over (mp__capture_begun): id may be that
+   * capture's, which its end could then not find by id (its end's own
+   * question failing too) when it routes none of the origin stream's
+   * work, its forked streams routed to the graph pool for good. Its
+   * allocations are the driver's (a capture's allocation nodes, cuda.h,
+   * cuMemAllocAsync), as for a capture the shim cannot route. */
+  if (c == NULL && free_slot != NULL && !mp__begun_unknown() &&
       mp_pool_graph_create(pool, &free_slot->graph) == MP_OK) {
     c = free_slot;
     c->used = c->capturing = true;
