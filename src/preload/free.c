@@ -89,6 +89,15 @@ unsigned mp__pl_free_refused(const mp__pl_t *pl, bool sync, mp__custream s,
                         : mp__capture_query(s, ptsz, &status);
   if (q == MP__CU_NOT_PERMITTED)
     return q;
+  /* A synchronous free whose question the driver answers with an error
+   * that is no capture's (a sticky one, CUDA_ERROR_ILLEGAL_ADDRESS: cuda.h,
+   * cuStreamIsCapturing, \notefnerr): whether a capture prohibits the free
+   * cannot be told, and the driver refuses its own free so; refused with
+   * that code, the block still the program's (before, it went back to the
+   * pool and the free answered success). */
+  if (sync && q != MP__CU_SUCCESS &&
+      (q < MP__CU_CAPTURE_FIRST || q > MP__CU_CAPTURE_LAST))
+    return q;
   bool legacy = q != MP__CU_SUCCESS || status != 0;
   if (captured != NULL)
     *captured = legacy; /* as mp__pl_capturing answers */
