@@ -550,6 +550,12 @@ mp_status_t mp_direct_alloc(mp_direct_t *d, size_t bytes, mp_stream_t s,
     return MP_OK;
   }
   void *p = NULL;
+  /* A try the device refuses records its MP_ENOMEM before the retry that
+   * then succeeds (a session ended for it, or another thread's): a call
+   * that succeeds leaves the caller's last error as it was (status.h).
+   * Kept here, next to a device allocation, whose cost dwarfs it. */
+  mp__error_kept_t was;
+  mp__error_keep(&was);
   uint64_t gen = atomic_load_explicit(&d->release_gen, memory_order_acquire);
   mp_status_t st = mp_device_alloc(d->dev, bytes, &p);
   bool retried = false;
@@ -588,6 +594,7 @@ mp_status_t mp_direct_alloc(mp_direct_t *d, size_t bytes, mp_stream_t s,
   d->st.device_alloc_count++;
   mp__direct_update_peaks(d);
   pthread_mutex_unlock(&d->mu);
+  mp__error_give_back(&was);
   *out = p;
   return MP_OK;
 }
