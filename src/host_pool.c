@@ -191,6 +191,18 @@ static void mp__hp_drain(mp_host_pool_t *hp);
 
 mp_status_t mp_host_pool_destroy(mp_host_pool_t *hp) {
   MP__CHECK_HP(hp);
+  /* Not from where the device refuses calls (a host function: cuda.h,
+   * cuLaunchHostFunc, "must not make any CUDA API calls"), asked before
+   * anything changes: a pool with nothing to wait for is destroyed there
+   * without a device call, but the host's stream and the view are not
+   * (the device refuses mp_stream_destroy and mp_device_close there), and
+   * with hp gone they would stay for good, the call MP_OK with their
+   * refusal as the last error. */
+  if (hp->view->ops->caller_check != NULL) {
+    mp_status_t cst = hp->view->ops->caller_check(hp->view, __func__);
+    if (cst != MP_OK)
+      return cst;
+  }
   mp__hp_drain(hp);
   int gone = 0;
   mp_status_t st = mp__hp_said(mp_pool_destroy_ex(hp->pool, &gone),
@@ -212,8 +224,10 @@ mp_status_t mp_host_pool_destroy(mp_host_pool_t *hp) {
   }
   mp__hp_keep_drop(hp->keep);
   free(hp);
-  if (st != MP_OK)
-    mp__error_restore(&why);
+  /* The pool's refusal, or (MP_OK) the caller's last error: what the
+   * stream's destroy or the view's close may have recorded is not the
+   * call's. */
+  mp__error_restore(&why);
   return st;
 }
 
