@@ -118,12 +118,27 @@ static void mp__hp_graph_gone(void *arg) {
       return mp__fail(MP_EINVAL, "%s: host pool is NULL", __func__);           \
   } while (0)
 
+/* The device's refusal of fn where it may not be called (a host function:
+ * cuda.h, cuLaunchHostFunc, "must not make any CUDA API calls"), or MP_OK.
+ * Create and destroy make and give back the host pool's own stream and the
+ * view, which the device refuses there. */
+static mp_status_t mp__hp_caller_check(mp_device_t *dev, const char *fn) {
+  return dev->ops->caller_check != NULL ? dev->ops->caller_check(dev, fn)
+                                        : MP_OK;
+}
+
 mp_status_t mp_host_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
                                 mp_host_pool_t **out) {
   if (out == NULL)
     return mp__fail(MP_EINVAL, "mp_host_pool_create: out is NULL");
   if (dev == NULL)
     return mp__fail(MP_EINVAL, "mp_host_pool_create: device is NULL");
+  /* Before anything is made: the view opened, the stream's create
+   * refused there, and the view's close was refused too (it stayed for
+   * good, its refusal the message). */
+  mp_status_t cst = mp__hp_caller_check(dev, "mp_host_pool_create");
+  if (cst != MP_OK)
+    return cst;
   mp_pool_config_t c = {0};
   if (cfg != NULL) {
     /* Only as much of *cfg as the caller's header has. */
@@ -168,13 +183,18 @@ mp_status_t mp_host_pool_create(mp_device_t *dev, const mp_pool_config_t *cfg,
     if (c.segment_bytes % page != 0 && c.segment_bytes <= SIZE_MAX / 2 - page)
       c.segment_bytes = mp__round_up(c.segment_bytes, page);
     st = mp_stream_create(dev, &hp->host);
-    if (st == MP_OK) {
+    bool made = st == MP_OK;
+    if (made)
       st = mp_pool_create(hp->view, &c, &hp->pool);
-      if (st != MP_OK)
+    if (st != MP_OK) {
+      /* The refusal is the caller's to read, not what the undoing says. */
+      mp__error_saved_t why;
+      mp__error_save(&why);
+      if (made)
         mp_stream_destroy(dev, hp->host);
-    }
-    if (st != MP_OK)
       mp_device_close(hp->view);
+      mp__error_restore(&why);
+    }
   }
   if (st != MP_OK) {
     free(hp->keep);
@@ -191,18 +211,14 @@ static void mp__hp_drain(mp_host_pool_t *hp);
 
 mp_status_t mp_host_pool_destroy(mp_host_pool_t *hp) {
   MP__CHECK_HP(hp);
-  /* Not from where the device refuses calls (a host function: cuda.h,
-   * cuLaunchHostFunc, "must not make any CUDA API calls"), asked before
-   * anything changes: a pool with nothing to wait for is destroyed there
-   * without a device call, but the host's stream and the view are not
-   * (the device refuses mp_stream_destroy and mp_device_close there), and
-   * with hp gone they would stay for good, the call MP_OK with their
+  /* Before anything changes: a pool with nothing to wait for is destroyed
+   * there without a device call, but the host's stream and the view are
+   * not (the device refuses mp_stream_destroy and mp_device_close there),
+   * and with hp gone they would stay for good, the call MP_OK with their
    * refusal as the last error. */
-  if (hp->view->ops->caller_check != NULL) {
-    mp_status_t cst = hp->view->ops->caller_check(hp->view, __func__);
-    if (cst != MP_OK)
-      return cst;
-  }
+  mp_status_t cst = mp__hp_caller_check(hp->dev, __func__);
+  if (cst != MP_OK)
+    return cst;
   mp__hp_drain(hp);
   int gone = 0;
   mp_status_t st = mp__hp_said(mp_pool_destroy_ex(hp->pool, &gone),
