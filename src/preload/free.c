@@ -183,6 +183,39 @@ mp_status_t mp__pl_pool_served(mp_pool_t *pool, void **p, size_t size,
   return MP_ENOMEM;
 }
 
+#define MP__CAPTURE_INVALIDATED 2u /* CU_STREAM_CAPTURE_STATUS_INVALIDATED */
+#define MP__CU_CAPTURE_INVALIDATED                                             \
+  901u /* CUDA_ERROR_STREAM_CAPTURE_INVALIDATED */
+
+/* A pool block freed on stream s (ptsz: a _ptsz call), which is being
+ * captured, that the capture's graph pool could not take
+ * (mp__pl_capture_route: every capture slot in use, no graph pool made, the
+ * capture's list of streams full, or the capture invalidated). cuda.h,
+ * cuMemFreeAsync: "During stream capture, this function results in the
+ * creation of a free node and must therefore be passed the address of a
+ * graph allocation", which a pool block is not: the driver cannot free it
+ * (it is the pool's memory), and the pool cannot order its reuse on s,
+ * whose work runs only when the graph is launched (another stream would
+ * get the block while a launch still uses it), nor record on s. Refused,
+ * the block still the program's: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+ * where the capture was invalidated (the driver's answer to any work on
+ * such a stream), else out of memory, "unable to allocate enough memory
+ * or other resources" (cuda.h, CUresult), the shim lacking room. Before,
+ * the block went to the pool on s. */
+static mp_status_t mp__capture_unrouted(mp__custream s, bool ptsz) {
+  unsigned int status = 0;
+  if (mp__capture_query(s, ptsz, &status) == MP__CU_SUCCESS &&
+      status == MP__CAPTURE_INVALIDATED)
+    return mp__fail_driver((int)MP__CU_CAPTURE_INVALIDATED, MP_EDRIVER,
+                           "stream-ordered free: the stream's capture was "
+                           "invalidated; the block stays the program's");
+  return mp__fail(MP_ENOMEM,
+                  "stream-ordered free on a capturing stream: the capture's "
+                  "graph pool could not take the block (no capture slot, "
+                  "graph pool or stream room); the block stays the "
+                  "program's");
+}
+
 mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
                              bool sync, mp__custream s, bool ptsz,
                              bool captured) {
@@ -209,6 +242,8 @@ mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
                 mp__pl_capture_route(pl, b->pool, s, ptsz, &why);
   if (why != MP__CU_SUCCESS)
     st = mp__pl_capture_unknown("stream-ordered free", why);
+  else if (!sync && !pl->host && captured && !routed)
+    st = mp__capture_unrouted(s, ptsz);
   else if (sync) /* cuMemFree / cudaFree: after the work of every stream */
     st = pl->host ? mp_pool_free(b->pool, ptr)
                   : mp_pool_free_after_all(b->pool, ptr);

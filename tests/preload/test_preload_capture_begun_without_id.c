@@ -10,40 +10,15 @@
  * nothing), which stayed, the forked stream routed to it for good. The
  * shim's sources run in this process on the fake driver (cuFakeRefuse
  * makes the questions fail, 700, the sticky error's code). */
-#include "in_process.h"
+#include "capture_fork.h"
 
 #define ILLEGAL_ADDRESS 700 /* cuda.h, CUDA_ERROR_ILLEGAL_ADDRESS */
-
-/* The fake driver's entry point name, which the shim does not hook. */
-static void *fake(const char *name) {
-  void *f = dlsym(RTLD_DEFAULT, name);
-  cr_assert_not_null(f, "the fake driver has no %s", name);
-  return f;
-}
 
 /* cuStreamGetCaptureInfo_v2's next call fails. */
 static void next_capture_info_fails(void) {
   bool (*refuse)(const char *, int, long) = NULL;
   *(void **)&refuse = fake("cuFakeRefuse");
   cr_assert(refuse("cuStreamGetCaptureInfo_v2", ILLEGAL_ADDRESS, 1));
-}
-
-/* to waits for the work of from (an event recorded and waited for): a
- * capture forks to, or joins, a stream so. */
-static void wait_for(mp__custream to, mp__custream from) {
-  mp__curesult (*create)(void **, unsigned) = NULL;
-  mp__curesult (*record)(void *, mp__custream) = NULL;
-  mp__curesult (*wait)(mp__custream, void *, unsigned) = NULL;
-  mp__curesult (*destroy)(void *) = NULL;
-  *(void **)&create = fake("cuEventCreate");
-  *(void **)&record = fake("cuEventRecord");
-  *(void **)&wait = fake("cuStreamWaitEvent");
-  *(void **)&destroy = fake("cuEventDestroy_v2");
-  void *ev = NULL;
-  cr_assert_eq(create(&ev, 2 /* CU_EVENT_DISABLE_TIMING */), 0);
-  cr_assert_eq(record(ev, from), 0);
-  cr_assert_eq(wait(to, ev, 0), 0);
-  cr_assert_eq(destroy(ev), 0);
 }
 
 static void pooling(void) {
