@@ -1674,15 +1674,24 @@ static mp__curesult mp__child_added(mp__curesult r, const mp__gr_room_t *q,
   return r;
 }
 
-/* The flags executable x was instantiated with: the driver's
- * (cuGraphExecGetFlags, CUDA 12.0; without it none). */
-static uint64_t mp__exec_flags(mp__cugraphexec x) {
+/* The flags executable x was instantiated with, in *flags: the driver's
+ * (cuda.h, cuGraphExecGetFlags, CUDA 12.0: "Returns the flags that were
+ * passed to instantiation", answering CUDA_SUCCESS or
+ * CUDA_ERROR_INVALID_VALUE), none without the call. Asked before a call
+ * that gives x more of the shim's slots (mp__exec_takes), which, refused
+ * here, is refused with the driver's code and changes nothing. Before, a
+ * refusal read as no flags (no auto-free on launch), and a later launch
+ * with outputs unfreed was refused CUDA_ERROR_INVALID_VALUE where the
+ * driver, x freeing them at launch, would have made it. */
+static mp__curesult mp__exec_flags(mp__cugraphexec x, uint64_t *flags) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
-  uint64_t flags = 0;
-  if (rc->cuGraphExecGetFlags == NULL ||
-      rc->cuGraphExecGetFlags(x, &flags) != MP__CU_SUCCESS)
-    flags = 0;
-  return flags;
+  *flags = 0;
+  if (rc->cuGraphExecGetFlags == NULL)
+    return MP__CU_SUCCESS;
+  mp__curesult r = rc->cuGraphExecGetFlags(x, flags);
+  if (r != MP__CU_SUCCESS)
+    *flags = 0;
+  return r;
 }
 
 /* Executable x holds every slot g holds that it did not (room reserved
@@ -1938,8 +1947,8 @@ mp__curesult cuGraphChildGraphNodeGetGraph(mp__cugraphnode hNode,
  * replayed into a released graph pool. Its flags are the driver's
  * (cuGraphExecGetFlags, CUDA 12.0; without it none). */
 static mp__curesult mp__exec_updated(mp__curesult r, const mp__gr_room_t *q,
-                                     mp__cugraphexec x, mp__cugraph g) {
-  uint64_t flags = r == MP__CU_SUCCESS ? mp__exec_flags(x) : 0;
+                                     mp__cugraphexec x, mp__cugraph g,
+                                     uint64_t flags) {
   mp__gr_lock();
   mp__gr_unreserve(q);
   for (size_t k = 0; r == MP__CU_SUCCESS && k < mp__gr.nexecs; k++)
@@ -1961,6 +1970,10 @@ mp__curesult cuGraphExecUpdate(mp__cugraphexec hGraphExec, mp__cugraph hGraph,
   /* cuda.h, cuGraphExecUpdate lists CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE
    * and CUDA_ERROR_INVALID_VALUE (both forms), none for a resource it
    * lacks: out of memory, as mp__gr_reserve says. */
+  uint64_t flags;
+  mp__curesult fr = mp__exec_flags(hGraphExec, &flags);
+  if (fr != MP__CU_SUCCESS)
+    return fr;
   if (!mp__gr_reserved(&q, NULL, hGraph))
     return MP__CU_OUT_OF_MEMORY;
   return mp__exec_updated(rc->cuGraphExecUpdate
@@ -1968,7 +1981,7 @@ mp__curesult cuGraphExecUpdate(mp__cugraphexec hGraphExec, mp__cugraph hGraph,
                                                       hErrorNode_out,
                                                       updateResult_out)
                               : MP__CU_NOT_INITIALIZED,
-                          &q, hGraphExec, hGraph);
+                          &q, hGraphExec, hGraph, flags);
 }
 
 mp__curesult cuGraphExecUpdate_v2(mp__cugraphexec hGraphExec,
@@ -1976,13 +1989,17 @@ mp__curesult cuGraphExecUpdate_v2(mp__cugraphexec hGraphExec,
                                   mp__cugraphupdateinfo *resultInfo) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   mp__gr_room_t q = {0};
+  uint64_t flags;
+  mp__curesult fr = mp__exec_flags(hGraphExec, &flags);
+  if (fr != MP__CU_SUCCESS)
+    return fr; /* as cuGraphExecUpdate */
   if (!mp__gr_reserved(&q, NULL, hGraph))
     return MP__CU_OUT_OF_MEMORY; /* as cuGraphExecUpdate */
   return mp__exec_updated(
       rc->cuGraphExecUpdate_v2
           ? rc->cuGraphExecUpdate_v2(hGraphExec, hGraph, resultInfo)
           : MP__CU_NOT_INITIALIZED,
-      &q, hGraphExec, hGraph);
+      &q, hGraphExec, hGraph, flags);
 }
 
 /* After x's child graph node was given another graph's parameters
@@ -1997,8 +2014,8 @@ mp__curesult cuGraphExecUpdate_v2(mp__cugraphexec hGraphExec,
  * affected by this call", and its other nodes may use it). Before, child's
  * destruction released its graph pools under x. */
 static mp__curesult mp__exec_child_set(mp__curesult r, const mp__gr_room_t *q,
-                                       mp__cugraphexec x, mp__cugraph child) {
-  uint64_t flags = r == MP__CU_SUCCESS ? mp__exec_flags(x) : 0;
+                                       mp__cugraphexec x, mp__cugraph child,
+                                       uint64_t flags) {
   mp__gr_lock();
   mp__gr_unreserve(q);
   if (r == MP__CU_SUCCESS)
@@ -2015,13 +2032,17 @@ mp__curesult cuGraphExecChildGraphNodeSetParams(mp__cugraphexec hGraphExec,
   /* cuda.h, cuGraphExecChildGraphNodeSetParams lists
    * CUDA_ERROR_INVALID_VALUE and _NOT_SUPPORTED, none for a resource it
    * lacks: out of memory, as mp__gr_reserve says. */
+  uint64_t flags;
+  mp__curesult fr = mp__exec_flags(hGraphExec, &flags);
+  if (fr != MP__CU_SUCCESS)
+    return fr; /* as cuGraphExecUpdate */
   if (!mp__gr_reserved(&q, NULL, childGraph))
     return MP__CU_OUT_OF_MEMORY;
   return mp__exec_child_set(rc->cuGraphExecChildGraphNodeSetParams
                                 ? rc->cuGraphExecChildGraphNodeSetParams(
                                       hGraphExec, hNode, childGraph)
                                 : MP__CU_NOT_INITIALIZED,
-                            &q, hGraphExec, childGraph);
+                            &q, hGraphExec, childGraph, flags);
 }
 
 mp__curesult cuGraphExecNodeSetParams(mp__cugraphexec hGraphExec,
@@ -2034,13 +2055,17 @@ mp__curesult cuGraphExecNodeSetParams(mp__cugraphexec hGraphExec,
   /* cuda.h, cuGraphExecNodeSetParams lists CUDA_ERROR_INVALID_VALUE,
    * and _NOT_SUPPORTED, none for a resource it lacks: out
    * of memory, as mp__gr_reserve says. */
+  uint64_t flags = 0;
+  mp__curesult fr = graph ? mp__exec_flags(hGraphExec, &flags) : MP__CU_SUCCESS;
+  if (fr != MP__CU_SUCCESS)
+    return fr; /* as cuGraphExecUpdate */
   if (graph && !mp__gr_reserved(&q, NULL, child))
     return MP__CU_OUT_OF_MEMORY;
   mp__curesult r =
       rc->cuGraphExecNodeSetParams
           ? rc->cuGraphExecNodeSetParams(hGraphExec, hNode, nodeParams)
           : MP__CU_NOT_INITIALIZED;
-  return graph ? mp__exec_child_set(r, &q, hGraphExec, child) : r;
+  return graph ? mp__exec_child_set(r, &q, hGraphExec, child, flags) : r;
 }
 
 /* cuda.h, cuGraphNodeSetParams: "Sets the parameters of graph node hNode
