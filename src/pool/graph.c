@@ -335,6 +335,9 @@ mp_status_t mp__graph_begin_owned(mp_pool_t *parent, mp_pool_t *graph,
    * lock was held (a race this call then loses as a call a moment later
    * would, its own mark taken back below). */
   mp__pool_lock(graph);
+  /* Whether the graph pool met s before: a slot its mark adds goes again
+   * if the begin is refused below. */
+  bool knew = mp__stream_known(graph, s);
   st = mp__graph_begin_released(graph);
   if (st == MP_OK)
     st = mp__graph_mark(graph, s, true);
@@ -363,10 +366,15 @@ mp_status_t mp__graph_begin_owned(mp_pool_t *parent, mp_pool_t *graph,
   if (st == MP_OK && owner != NULL)
     *owner = own;
   /* A refusal changes nothing: this call's own mark goes (only it, as
-   * another begin's mark or route may still stand). */
+   * another begin's mark or route may still stand), and the slot its mark
+   * added (the parent's or an arena's mark refused for host memory), unless
+   * something used it meanwhile (mp__stream_unmake keeps it then). Before,
+   * the slot stayed: the refused begin left s in the graph pool's table. */
   if (st != MP_OK) {
     mp__pool_lock(graph);
     (void)mp__graph_mark(graph, s, false);
+    if (!knew)
+      (void)mp__stream_unmake(graph, s);
     mp__pool_unlock(graph);
   }
   return st;
