@@ -469,7 +469,6 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
   pool->paused = true;
   pool->paused_reserved = pool->st.reserved_bytes;
   mp__pool_rare_update(pool);
-  mp__pause_copies_free(pool, NULL); /* those a refused free kept */
   mp__segment_t *v = pool->vseg;
   bool keep = (flags & MP_PAUSE_KEEP_CONTENT) && pool->st.allocated_bytes > 0;
   mp__spans_t sp = {0};
@@ -592,6 +591,13 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
   mp__chunks_history(pool, v, m, n, MP__H_SEGMENT_UNMAP);
   pool->paused_reserved = pool->st.reserved_bytes;
   mp__pause_mapped_set(pool, m);
+  /* The host copies a refused free kept go only with a pause that went
+   * through (status.h: a refused call changes nothing). Before, they went
+   * right after the pool was marked paused, and a pause refused later (no
+   * host memory, no events, a stray, a plain segment left) had freed
+   * them. */
+  if (st == MP_OK)
+    mp__pause_copies_free(pool, NULL);
   mp__pool_unlock(pool);
   return st;
 }

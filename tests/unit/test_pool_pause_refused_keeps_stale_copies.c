@@ -1,0 +1,78 @@
+/* test_pool_pause_refused_keeps_stale_copies.c - a pause refused for lack
+ * of host memory (fault.c: the k-th host allocation fails, k = 0, 1, ...
+ * until the pause goes through) changes nothing (status.h): the host copy
+ * whose free the device refused at an earlier resume (pause_stale) stays
+ * kept, and only the pause that goes through frees it. Before,
+ * mp__pause_one freed those copies right after marking the pool paused, so
+ * a pause refused later (listing the live blocks, the events for the
+ * streams) had freed them already. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "../support/pool_helpers.h"
+#include "flaky_unmap.h"
+
+#define MiB ((size_t)1 << 20)
+
+/* The host copy whose free was refused, and whether it was freed since. */
+static void *refused;
+static bool refused_freed;
+
+static mp_status_t host_free_refused_once(mp_device_t *dev, void *ptr) {
+  if (refused == NULL) {
+    refused = ptr;
+    return mp__fail(MP_EDRIVER, "fake host_free refused once");
+  }
+  if (ptr == refused)
+    refused_freed = true;
+  return flaky_host_free(dev, ptr);
+}
+
+static void *stale_head(mp_pool_t *p) {
+  mp__pool_lock(p);
+  void *head = p->pause_stale;
+  mp__pool_unlock(p);
+  return head;
+}
+
+Test(pool_pause_refused_keeps_stale_copies, host_faults) {
+  mp_device_t *dev = flaky_open(0);
+  mp_pool_t *p = make_pool(dev, NULL);
+  void *v;
+  cr_assert_eq(mp_pool_alloc(p, MiB, NULL, &v), MP_OK);
+  memset(v, 0x3c, MiB);
+  cr_assert_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
+               mp_last_error());
+  flaky_backend.host_free = host_free_refused_once;
+  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+  cr_assert_not_null(refused, "the resume freed its host copy");
+  cr_assert_eq(stale_head(p), refused, "the refused copy was not kept");
+  int failed = 0;
+  mp_status_t st = MP_ENOMEM;
+  for (long k = 0; k < 1000; k++) {
+    mp__fault_host_after(k);
+    st = mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT);
+    mp__fault_host_after(-1);
+    if (st == MP_OK)
+      break;
+    failed++;
+    cr_assert_eq(st, MP_ENOMEM, "k=%ld: %s", k, mp_last_error());
+    cr_expect(strstr(mp_last_error(), "host memory") != NULL,
+              "k=%ld: unclear message '%s'", k, mp_last_error());
+    cr_assert_not(refused_freed,
+                  "k=%ld: a refused pause freed the kept host copy", k);
+    cr_assert_eq(stale_head(p), refused, "k=%ld: the kept copy is gone", k);
+    cr_assert_not(mp__pool_is_paused(p), "k=%ld: left paused", k);
+  }
+  cr_assert_eq(st, MP_OK, "%s", mp_last_error());
+  cr_expect_geq(failed, 1, "no host allocation failed the pause");
+  cr_expect(refused_freed, "the pause that went through kept the copy");
+  cr_expect_null(stale_head(p));
+  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+  for (size_t i = 0; i < MiB; i++)
+    if (((unsigned char *)v)[i] != 0x3c)
+      cr_assert_fail("content lost at byte %zu", i);
+  cr_assert_eq(mp_pool_free(p, v), MP_OK);
+  flaky_backend.host_free = flaky_host_free;
+  fake_pool_finish(p, dev);
+}
