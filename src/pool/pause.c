@@ -339,17 +339,19 @@ static void *mp__pause_stale_push(void *list, void *p) {
   return p;
 }
 
-/* Under the lock: frees host copy copy (NULL: none) and those whose free
- * the device refused before (pause_stale), the lock dropped meanwhile (the
- * pool in flight). One refused again is kept on pause_stale for the next
- * pause, resume or destroy: dropped, it leaked (it was, at a resume, its
- * pointer cleared whatever the free said). The caller's last error stays as
- * it was (status.h): a refusal is not the answer of a call that succeeds. */
-static void mp__pause_copies_free(mp_pool_t *pool, void *copy) {
-  void *stale = pool->pause_stale, *left = NULL;
+/* Under the lock: frees host copy copy (NULL: none) and, with stale,
+ * those whose free the device refused before (pause_stale), the lock
+ * dropped meanwhile (the pool in flight). One refused again is kept on
+ * pause_stale for the next pause, resume or destroy: dropped, it leaked (it
+ * was, at a resume, its pointer cleared whatever the free said). The caller's
+ * last error stays as it was (status.h): a refusal is not the answer of a call
+ * that succeeds. */
+static void mp__pause_copies_free(mp_pool_t *pool, void *copy, bool stale_too) {
+  void *stale = stale_too ? pool->pause_stale : NULL, *left = NULL;
   if (copy == NULL && stale == NULL)
     return;
-  pool->pause_stale = NULL;
+  if (stale_too)
+    pool->pause_stale = NULL;
   mp__error_kept_t was;
   mp__error_keep(&was);
   mp__pool_device_begin(pool);
@@ -453,16 +455,6 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
   mp_status_t st = mp__pause_enter(pool);
   if (st != MP_OK)
     return st;
-  if (pool->nstage_kept > 0) {
-    /* A staging buffer a refused free kept (defrag.c) goes first, once the
-     * pause is known not to be refused (before, a refused pause had freed
-     * it), with no lock held (mp__defrag_stage_retry); the lock was
-     * dropped, so the pause is checked again. */
-    mp__pool_unlock(pool);
-    mp__defrag_stage_retry_quiet(pool);
-    if ((st = mp__pause_enter(pool)) != MP_OK)
-      return st;
-  }
   /* From here every other call is MP_EBUSY, so nothing changes under us.
    * What it held, for the other arenas' shares of a cap while its lock is
    * dropped (arena.c: a paused arena reads 0 reserved). */
@@ -591,15 +583,37 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
   mp__chunks_history(pool, v, m, n, MP__H_SEGMENT_UNMAP);
   pool->paused_reserved = pool->st.reserved_bytes;
   mp__pause_mapped_set(pool, m);
-  /* The host copies a refused free kept go only with a pause that went
-   * through (status.h: a refused call changes nothing). Before, they went
-   * right after the pool was marked paused, and a pause refused later (no
-   * host memory, no events, a stray, a plain segment left) had freed
-   * them. */
-  if (st == MP_OK)
-    mp__pause_copies_free(pool, NULL);
   mp__pool_unlock(pool);
   return st;
+}
+
+/* After a pause of pool (or of every arena of it) that went through: what
+ * refused frees kept goes, the host copies of earlier resumes
+ * (pause_stale) and the defragmentation's staging buffers (defrag.c,
+ * mp__defrag_stage_retry, with no lock held), each free's refusal kept
+ * for a later try and not the caller's last error. Only then, as status.h
+ * has a refused call change nothing: before, mp__pause_one freed them
+ * first (the staging buffers before its checks' second round, the copies
+ * right after the pool was marked paused), and a pause refused later (no
+ * host memory, no events, a stray, a plain segment left, or another
+ * arena's refusal) had freed them. */
+static void mp__pause_tidy_one(mp_pool_t *pool) {
+  mp__pool_lock(pool);
+  mp__pause_copies_free(pool, NULL, true);
+  bool staged = pool->nstage_kept > 0;
+  mp__pool_unlock(pool);
+  if (staged)
+    mp__defrag_stage_retry_quiet(pool);
+}
+
+static void mp__pause_tidy(mp_pool_t *pool) {
+  if (pool->arenas == NULL) {
+    mp__pause_tidy_one(pool);
+    return;
+  }
+  for (size_t i = 0; i < pool->cfg.arenas; i++)
+    if (mp__arena_at(pool, i) != NULL)
+      mp__pause_tidy_one(mp__arena_at(pool, i));
 }
 
 /* Under the lock, pool paused and nothing in flight: maps its chunks again
@@ -686,12 +700,15 @@ static mp_status_t mp__resume_refill(mp_pool_t *pool) {
 
 /* Under the lock, after mp__resume_map: the host copy goes (the resume
  * succeeds whatever its free says: the pool runs, its content back), and
- * the pool runs again with its figures from before the pause. */
-static void mp__resume_finish(mp_pool_t *pool) {
+ * the pool runs again with its figures from before the pause. stale: a
+ * resume of its own, which frees the copies earlier refused frees kept
+ * too; not the undo of a refused arenas' pause (mp__arenas_pause), which
+ * changes nothing (status.h): it had freed an arena's kept copies. */
+static void mp__resume_finish(mp_pool_t *pool, bool stale) {
   mp__segment_t *v = pool->vseg;
   void *copy = pool->pause_copy;
   pool->pause_copy = NULL;
-  mp__pause_copies_free(pool, copy);
+  mp__pause_copies_free(pool, copy, stale);
   pool->paused = false;
   mp__pool_rare_update(pool);
   size_t from = pool->pause_mapped; /* mapped before this resume */
@@ -704,9 +721,9 @@ static void mp__resume_finish(mp_pool_t *pool) {
   mp__stats_peaks(pool);
 }
 
-/* Resumes pool, a pool without arenas or one arena. No lock held on entry
- * or return. */
-static mp_status_t mp__resume_one(mp_pool_t *pool) {
+/* Resumes pool, a pool without arenas or one arena (stale as
+ * mp__resume_finish's). No lock held on entry or return. */
+static mp_status_t mp__resume_one(mp_pool_t *pool, bool stale) {
   mp__pool_lock(pool);
   mp__pool_wait_sync(pool);
   mp_status_t st =
@@ -715,7 +732,7 @@ static mp_status_t mp__resume_one(mp_pool_t *pool) {
           : mp__fail(MP_EINVAL, "mp_pool_resume: the pool is not paused");
   /* The lock held from the map on: no other resume maps it again. */
   if (st == MP_OK)
-    mp__resume_finish(pool);
+    mp__resume_finish(pool, stale);
   mp__pool_unlock(pool);
   return st;
 }
@@ -844,7 +861,7 @@ static mp_status_t mp__arenas_pause(mp_pool_t *pool, unsigned flags) {
     bool stuck = false;
     snprintf(why, sizeof why, "%s", mp_last_error());
     for (size_t i = 0; i < n; i++)
-      if (mine[i] && mp__resume_one(mp__arena_at(pool, i)) != MP_OK)
+      if (mine[i] && mp__resume_one(mp__arena_at(pool, i), false) != MP_OK)
         stuck = true;
     st = mp__fail(st, "%s%s", why,
                   stuck ? "; an arena it had paused could not be resumed: "
@@ -923,7 +940,7 @@ static mp_status_t mp__arenas_resume(mp_pool_t *pool) {
     if (st != MP_OK && runs)
       lost |= mp__resume_refill(a) != MP_OK;
     if (runs)
-      mp__resume_finish(a);
+      mp__resume_finish(a, true);
     mp__pool_unlock(a);
   }
   if (st != MP_OK)
@@ -959,9 +976,11 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
     return st;
   /* Its segment_unmap events start their stacks at this call's caller. */
   MP__HIST_ENTRY(pool);
-  if (pool->arenas != NULL)
-    return mp__arenas_pause(pool, flags);
-  return mp__pause_one(pool, flags);
+  st = pool->arenas != NULL ? mp__arenas_pause(pool, flags)
+                            : mp__pause_one(pool, flags);
+  if (st == MP_OK)
+    mp__pause_tidy(pool);
+  return st;
 }
 
 mp_status_t mp_pool_resume(mp_pool_t *pool) {
@@ -973,7 +992,7 @@ mp_status_t mp_pool_resume(mp_pool_t *pool) {
   MP__HIST_ENTRY(pool); /* its segment_map events, as pause's */
   if (pool->arenas != NULL)
     return mp__arenas_resume(pool);
-  return mp__resume_one(pool);
+  return mp__resume_one(pool, true);
 }
 
 bool mp__pool_is_paused(mp_pool_t *pool) {

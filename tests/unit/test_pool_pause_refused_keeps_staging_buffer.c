@@ -56,3 +56,37 @@ Test(pool_pause_refused_keeps_staging_buffer, plain_segments) {
   cr_assert_eq(mp_handle_free(big), MP_OK);
   fake_pool_finish(p, dev);
 }
+
+/* Refused after its first checks, for lack of host memory (fault.c: the
+ * k-th host allocation fails, k = 0, 1, ... until the pause goes through:
+ * the events for the streams), on a virtual range: the staging buffer
+ * stays kept until the pause that goes through. Before, mp__pause_one
+ * retried its free once the first checks passed, and a pause refused later
+ * had freed it. */
+Test(pool_pause_refused_keeps_staging_buffer, refused_later_for_host_memory) {
+  mp_device_t *dev = fake_open((size_t)1 << 30, (size_t)2 << 20);
+  mp_pool_t *p = make_pool(dev, "max_bytes=8M,align=512");
+  mp_handle_t *big = kept_staging_buffer(p, dev);
+  fake_dev_t *f = fake_of(dev);
+  int failed = 0;
+  mp_status_t st = MP_ENOMEM;
+  for (long k = 0; k < 1000; k++) {
+    unsigned frees = f->frees;
+    mp__fault_host_after(k);
+    st = mp_pool_pause(p, 0);
+    mp__fault_host_after(-1);
+    if (st == MP_OK)
+      break;
+    failed++;
+    cr_assert_eq(st, MP_ENOMEM, "k=%ld: %s", k, mp_last_error());
+    cr_assert_eq(p->nstage_kept, 1,
+                 "k=%ld: a refused pause freed the kept staging buffer", k);
+    cr_assert_eq(f->frees, frees, "k=%ld: the device freed something", k);
+  }
+  cr_assert_eq(st, MP_OK, "%s", mp_last_error());
+  cr_expect_geq(failed, 1, "no host allocation failed the pause");
+  cr_expect_eq(p->nstage_kept, 0, "the pause that went through kept it");
+  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_handle_free(big), MP_OK);
+  fake_pool_finish(p, dev);
+}

@@ -7,6 +7,7 @@
  * a pause refused later (listing the live blocks, the events for the
  * streams) had freed them already. */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "../support/pool_helpers.h"
@@ -25,6 +26,23 @@ static mp_status_t host_free_refused_once(mp_device_t *dev, void *ptr) {
   }
   if (ptr == refused)
     refused_freed = true;
+  return flaky_host_free(dev, ptr);
+}
+
+/* While refusing, every host free is refused (each copy noted, up to 8);
+ * frees_of_refused: how many of those copies were freed since. */
+static void *refused_all[8];
+static int nrefused, frees_of_refused;
+static bool refusing;
+
+static mp_status_t host_free_refused_while(mp_device_t *dev, void *ptr) {
+  if (refusing && nrefused < 8) {
+    refused_all[nrefused++] = ptr;
+    return mp__fail(MP_EDRIVER, "fake host_free refused");
+  }
+  for (int i = 0; i < nrefused; i++)
+    if (refused_all[i] == ptr)
+      frees_of_refused++;
   return flaky_host_free(dev, ptr);
 }
 
@@ -73,6 +91,67 @@ Test(pool_pause_refused_keeps_stale_copies, host_faults) {
     if (((unsigned char *)v)[i] != 0x3c)
       cr_assert_fail("content lost at byte %zu", i);
   cr_assert_eq(mp_pool_free(p, v), MP_OK);
+  flaky_backend.host_free = flaky_host_free;
+  fake_pool_finish(p, dev);
+}
+
+static void *alloc_thread(void *v) {
+  mp_pool_t *p = v;
+  void *x = NULL;
+  if (mp_pool_alloc(p, MiB, NULL, &x) == MP_OK)
+    memset(x, 0x5a, MiB);
+  return x;
+}
+
+/* With arenas: both arenas hold a copy whose free was refused; a pause
+ * refused in one arena after another arena paused (and was resumed by the
+ * undo) frees none of them. Before, the arena that paused first had freed
+ * its own (mp__pause_one, per arena). */
+Test(pool_pause_refused_keeps_stale_copies, arenas) {
+  mp_device_t *dev = flaky_open(0);
+  mp_pool_t *p = make_pool(dev, "arenas=2");
+  void *v, *w;
+  cr_assert_eq(mp_pool_alloc(p, MiB, NULL, &v), MP_OK);
+  memset(v, 0x3c, MiB);
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, alloc_thread, p), 0);
+  cr_assert_eq(pthread_join(th, &w), 0);
+  cr_assert_not_null(w, "%s", mp_last_error());
+  cr_assert_not_null(mp__arena_at(p, 0));
+  cr_assert_not_null(mp__arena_at(p, 1), "the second thread shared an arena");
+  cr_assert_eq(mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT), MP_OK, "%s",
+               mp_last_error());
+  flaky_backend.host_free = host_free_refused_while;
+  refusing = true;
+  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+  refusing = false;
+  cr_assert_eq(nrefused, 2, "host copies refused: %d", nrefused);
+  cr_assert_not_null(stale_head(mp__arena_at(p, 0)));
+  cr_assert_not_null(stale_head(mp__arena_at(p, 1)));
+  int failed = 0;
+  mp_status_t st = MP_ENOMEM;
+  for (long k = 0; k < 1000; k++) {
+    mp__fault_host_after(k);
+    st = mp_pool_pause(p, MP_PAUSE_KEEP_CONTENT);
+    mp__fault_host_after(-1);
+    if (st == MP_OK)
+      break;
+    failed++;
+    cr_assert_eq(frees_of_refused, 0,
+                 "k=%ld: a refused pause freed a kept host copy (%s)", k,
+                 mp_last_error());
+    cr_assert_not_null(stale_head(mp__arena_at(p, 0)), "k=%ld", k);
+    cr_assert_not_null(stale_head(mp__arena_at(p, 1)), "k=%ld", k);
+    cr_assert_not(mp__pool_resume_wanted(p), "k=%ld: left paused", k);
+  }
+  cr_assert_eq(st, MP_OK, "%s", mp_last_error());
+  cr_expect_geq(failed, 2, "too few host allocations failed the pause");
+  cr_expect_eq(frees_of_refused, 2, "the pause that went through kept them");
+  cr_assert_eq(mp_pool_resume(p), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(((unsigned char *)v)[MiB - 1], 0x3c);
+  cr_assert_eq(((unsigned char *)w)[MiB - 1], 0x5a);
+  cr_assert_eq(mp_pool_free(p, v), MP_OK);
+  cr_assert_eq(mp_pool_free(p, w), MP_OK);
   flaky_backend.host_free = flaky_host_free;
   fake_pool_finish(p, dev);
 }
