@@ -170,3 +170,54 @@ void mp__history_take_back(mp_pool_t *pool, const mp__hkept_t *was) {
     memcpy(&h->frames[h->next * MP__HIST_FRAMES], was->frames,
            sizeof was->frames);
 }
+
+uintptr_t mp__history_made_for(const mp_pool_t *pool, uintptr_t addr) {
+  const mp__history_t *h = &pool->hist;
+  size_t n = h->total < h->cap ? (size_t)h->total : h->cap;
+  /* Newest first: the slot before next, backwards round the ring. */
+  for (size_t k = 0, i = h->next; k < n; k++) {
+    i = i == 0 ? h->cap - 1 : i - 1;
+    const mp__hevent_t *e = &h->ev[i];
+    if ((e->action == MP__H_SEGMENT_ALLOC || e->action == MP__H_SEGMENT_MAP) &&
+        addr >= e->addr && addr - e->addr < e->size)
+      return e->stream;
+  }
+  return 0;
+}
+
+void mp__history_made_for_chunks(const mp_pool_t *pool, const mp__chunk_t *c,
+                                 size_t n, uintptr_t *out) {
+  const mp__history_t *h = &pool->hist;
+  size_t nev = h->total < h->cap ? (size_t)h->total : h->cap, left = n;
+  bool *set = mp__host_calloc(n ? n : 1, sizeof *set);
+  for (size_t j = 0; j < n; j++)
+    out[j] = 0;
+  if (set == NULL) { /* out of host memory: one walk each */
+    for (size_t j = 0; j < n; j++)
+      out[j] = mp__history_made_for(pool, c[j].addr);
+    return;
+  }
+  for (size_t k = 0, i = h->next; k < nev && left > 0; k++) {
+    i = i == 0 ? h->cap - 1 : i - 1;
+    const mp__hevent_t *e = &h->ev[i];
+    if (e->action != MP__H_SEGMENT_ALLOC && e->action != MP__H_SEGMENT_MAP)
+      continue;
+    /* The first chunk at or above the event's address, and those after it
+     * that start inside the event's range. */
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+      size_t mid = lo + (hi - lo) / 2;
+      if (c[mid].addr < e->addr)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    for (size_t j = lo; j < n && c[j].addr - e->addr < e->size; j++)
+      if (!set[j]) {
+        set[j] = true;
+        out[j] = e->stream;
+        left--;
+      }
+  }
+  free(set);
+}

@@ -2221,6 +2221,15 @@ void mp__history_save_next(const mp_pool_t *pool, mp__hkept_t *out);
  * there before it (mp__history_save_next's, for an event that overwrote
  * the oldest). */
 void mp__history_take_back(mp_pool_t *pool, const mp__hkept_t *was);
+/* Under the lock, the ring on: the stream of the newest segment_alloc or
+ * segment_map event whose range holds addr (the request's the memory was
+ * made for), 0 when the ring holds none: the stream PyTorch's trace gives
+ * a segment's later events (its segment is one stream's). */
+uintptr_t mp__history_made_for(const mp_pool_t *pool, uintptr_t addr);
+/* The same for each of chunks c[0, n) (ascending), in out[0, n), with one
+ * walk of the ring. */
+void mp__history_made_for_chunks(const mp_pool_t *pool, const mp__chunk_t *c,
+                                 size_t n, uintptr_t *out);
 /* The hot-path hook: one predictable branch when history is off. */
 #define MP__HIST(pool, action, addr, size, stream)                             \
   do {                                                                         \

@@ -247,7 +247,13 @@ bool mp__plain_trim_one(mp_pool_t *pool) {
     pool->st.device_free_count++;
     pool->st.segment_count--;
     mp__reserved_sub(pool, s->size);
-    MP__HIST(pool, MP__H_SEGMENT_FREE, s->base, s->size, 0);
+    /* The stream it was made for, as PyTorch's segment_free entry says its
+     * segment's (CUDACachingAllocator.cpp, release_block: record_trace(
+     * SEGMENT_FREE, ..., block->stream), the stream of every block of a
+     * segment there); it said 0. */
+    if (pool->hist.ev != NULL)
+      mp__history_record(pool, MP__H_SEGMENT_FREE, s->base, s->size,
+                         mp__history_made_for(pool, s->base));
     free(s);
     return true;
   }

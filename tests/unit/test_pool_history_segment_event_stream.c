@@ -7,30 +7,13 @@
 #include <criterion/criterion.h>
 #include <stdint.h>
 
+#include "../support/history_events.h"
 #include "../support/pool_helpers.h"
 #include "pool/pool_internal.h"
 
 #define MiB ((size_t)1 << 20)
 
 MP_DEVICE_SUITE(pool_history_segment_event_stream, "host:capacity=64M");
-
-/* How many events of action the ring holds, and the stream of each in
- * got[] (at most max), oldest first. */
-static size_t events_of(const mp_pool_t *p, unsigned action, uintptr_t *got,
-                        size_t max) {
-  const mp__history_t *h = &p->hist;
-  size_t nev = h->total < h->cap ? (size_t)h->total : h->cap;
-  size_t start = h->total > h->cap ? h->next : 0, n = 0;
-  for (size_t k = 0; k < nev; k++) {
-    const mp__hevent_t *e = &h->ev[(start + k) % h->cap];
-    if (e->action != action)
-      continue;
-    if (n < max)
-      got[n] = e->stream;
-    n++;
-  }
-  return n;
-}
 
 Test(pool_history_segment_event_stream, a_plain_segment_says_its_stream) {
   mp_stream_t s1;
@@ -39,7 +22,7 @@ Test(pool_history_segment_event_stream, a_plain_segment_says_its_stream) {
   void *a;
   cr_assert_eq(mp_pool_alloc(pool, 4096, s1, &a), MP_OK, "%s", mp_last_error());
   uintptr_t got[4];
-  cr_assert_eq(events_of(pool, MP__H_SEGMENT_ALLOC, got, 4), 1);
+  cr_assert_eq(history_events_of(pool, MP__H_SEGMENT_ALLOC, got, 4), 1);
   cr_expect_eq(got[0], (uintptr_t)s1, "segment_alloc says %#lx",
                (unsigned long)got[0]);
   cr_assert_eq(mp_pool_free(pool, a), MP_OK, "%s", mp_last_error());
@@ -58,7 +41,7 @@ Test(pool_history_segment_event_stream, a_map_and_a_growths_unmap_say_its) {
   cr_assert_eq(mp_pool_alloc(pool, 8 * MiB, s1, &b), MP_OK, "%s",
                mp_last_error());
   uintptr_t got[64];
-  size_t maps = events_of(pool, MP__H_SEGMENT_MAP, got, 64);
+  size_t maps = history_events_of(pool, MP__H_SEGMENT_MAP, got, 64);
   cr_assert_gt(maps, 0, "the test needs a virtual range");
   for (size_t i = 0; i < maps && i < 64; i++)
     cr_expect_eq(got[i], (uintptr_t)s1, "segment_map %zu says %#lx", i,
@@ -68,7 +51,7 @@ Test(pool_history_segment_event_stream, a_map_and_a_growths_unmap_say_its) {
   cr_assert_eq(mp_pool_free(pool, a), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_pool_alloc(pool, 12 * MiB, s1, &d), MP_OK, "%s",
                mp_last_error());
-  size_t unmaps = events_of(pool, MP__H_SEGMENT_UNMAP, got, 64);
+  size_t unmaps = history_events_of(pool, MP__H_SEGMENT_UNMAP, got, 64);
   cr_assert_gt(unmaps, 0, "the growth unmapped nothing");
   for (size_t i = 0; i < unmaps && i < 64; i++)
     cr_expect_eq(got[i], (uintptr_t)s1, "the growth's segment_unmap says %#lx",
@@ -76,7 +59,7 @@ Test(pool_history_segment_event_stream, a_map_and_a_growths_unmap_say_its) {
   /* d's chunk goes back at a trim: no request, stream 0. */
   cr_assert_eq(mp_pool_free(pool, d), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_pool_trim(pool, 0), MP_OK, "%s", mp_last_error());
-  size_t all = events_of(pool, MP__H_SEGMENT_UNMAP, got, 64);
+  size_t all = history_events_of(pool, MP__H_SEGMENT_UNMAP, got, 64);
   cr_assert_gt(all, unmaps, "the trim unmapped nothing");
   for (size_t i = unmaps; i < all && i < 64; i++)
     cr_expect_eq(got[i], 0, "the trim's segment_unmap says %#lx",
