@@ -52,10 +52,12 @@
  * allocated_size sums the first kind, active_size and requested_size the
  * first two, as PyTorch's do, so allocated_size leaves out the pending
  * blocks that the stats' allocated_bytes counts. A pending block in the
- * free index says the request of the last free inside it that the history
- * holds (the free that left it pending; merged into a free block below, it
- * has that block's address), else 0 (the pool keeps no request for a free
- * block: mp__snap_link_freed). A segment's
+ * free index is written as the frees inside it that the history holds and
+ * that nothing took since, each its own pending block with its request,
+ * the bytes around them inactive, as PyTorch's blocks would be (it merges
+ * none whose events are pending); none held: the block whole, requested
+ * 0 (the pool keeps no request for a free block: mp__snap_link_freed). A
+ * segment's
  * stream is a cudaStream_t's value, as PyTorch's (its segment is one
  * stream's): that of its lowest active block whose stream the pool knows,
  * else that of the newest segment_alloc or segment_map event at its
@@ -222,12 +224,8 @@ typedef struct {
    * of its alloc event (mp__snap_link_events). */
   uintptr_t stream;
   bool has_stream;
-  bool freed; /* pending and in the free index: its request, its stream
-                 and its frames are its alloc event's */
-  /* A freed one's bytes below the free that left it pending (the free
-   * block it merged into, reusable before): written as an inactive block
-   * of their own (mp__snap_link_freed); 0 for every other block. */
-  size_t below;
+  bool freed; /* pending and in the free index: written as the pending
+                 frees the history shows inside it (mp__snap_link_freed) */
 } mp__sblock_t;
 
 typedef struct {
@@ -251,6 +249,7 @@ typedef struct {
    * (mp__snap_link_segments); nsegev of them. */
   struct mp__salloc *segev;
   size_t nsegev;
+  size_t align_add, align_mask; /* the pool's rounding (mp__pool_round) */
 } mp__snap_t;
 
 static void mp__snap_free(mp__snap_t *s) {
@@ -301,23 +300,52 @@ static size_t mp__salloc_last(const mp__salloc_t *al, size_t n, uintptr_t addr,
   return lo > 0 && al[lo - 1].addr == addr ? lo - 1 : SIZE_MAX;
 }
 
-/* A pending free block keeps no request nor stream of its own in the pool
- * (its record's request is read only while live): those of the last free
- * inside its range that the history holds, the free that left it pending,
- * with the frames of that block's alloc, the last of the free's address
- * before it (PyTorch's block keeps its requested_size until it is
- * reusable: CUDACachingAllocator.cpp, snapshot(), block_info.requested_size
- * = block->requested_size; and its frames are its allocation's). A
- * PyTorch block waiting for its events is never merged (free_block runs
- * once they are done), so its request is the freed allocation's alone;
- * here that block may have merged into a free neighbour below it, whose
- * address is the merged block's: the alloc event of that address was the
- * neighbour's older request, no longer active, that the snapshot said;
- * that neighbour's bytes, below the free's address, are written as the
- * inactive block they would be there (below). None such in the history:
- * 0, no stream, no frames. */
+/* A pending free block in the free index keeps no request nor stream of its
+ * own in the pool (its record's request is read only while live), and it
+ * may be several frees merged, with free bytes around them: PyTorch merges
+ * no block whose events are pending (free_block runs once they are done),
+ * so each of those frees is its own block there, with its own size and
+ * requested_size (CUDACachingAllocator.cpp, snapshot(): block_info.size,
+ * requested_size), and the bytes around them are the inactive blocks they
+ * merged into. It is written so, as far as the history tells (its events
+ * hold requests, not block sizes, and no stream uses): the newest free
+ * inside it whose bytes no later event there took (mp__snap_pieces) is
+ * an active_pending_free block from the free's address, its size the
+ * request rounded as the pool rounds, cut at the block's top; its
+ * requested_size, stream and frames those of the free and of the alloc
+ * before it at that address (a resume's, restored, gives way to an earlier
+ * one); the bytes between them inactive. None in the history: the block
+ * whole, 0, no stream, no frames. */
+
+/* The bytes event e's block held from its address: its request rounded
+ * as the pool rounds, at least 1 (an unroundable one: to the top). */
+static size_t mp__snap_span(const mp__snap_t *s, size_t e) {
+  size_t up;
+  if (__builtin_add_overflow(s->ev[e].size, s->align_add, &up))
+    return SIZE_MAX;
+  up &= s->align_mask;
+  return up == 0 ? 1 : up;
+}
+
+/* Of evs[0, n) (one freed block's events, oldest first), the free that
+ * left it pending, kept in evs[0]: 1, or 0 when none. Which of its frees
+ * still waited when the next merged is no event's (the ring records no
+ * stream use): the newest, whose bytes no later event took (the block is
+ * free whole: an alloc inside it since was freed since), is; an older one,
+ * as far as the history tells, had become reusable (a free on one stream
+ * is reusable on it at once), its bytes inactive. */
+static size_t mp__snap_pieces(const mp__snap_t *s, mp__salloc_t *evs,
+                              size_t n) {
+  for (size_t i = n; i-- > 0;)
+    if (s->ev[evs[i].e].action == MP__H_FREE_COMPLETED) {
+      evs[0] = evs[i];
+      return 1;
+    }
+  return 0;
+}
+
 static mp_status_t mp__snap_link_freed(mp__snap_t *s) {
-  size_t nfreed = 0, nalloc = 0;
+  size_t nfreed = 0, nalloc = 0, nin = 0;
   for (size_t i = 0; i < s->nblocks; i++)
     nfreed += s->blocks[i].freed;
   if (nfreed == 0)
@@ -325,27 +353,24 @@ static mp_status_t mp__snap_link_freed(mp__snap_t *s) {
   for (size_t e = 0; e < s->nev; e++)
     nalloc += s->ev[e].action == MP__H_ALLOC;
   mp__sblock_t **by = mp__host_alloc(nfreed * sizeof *by);
-  size_t *last = mp__host_alloc(nfreed * sizeof *last);
   mp__salloc_t *al = mp__host_alloc((nalloc ? nalloc : 1) * sizeof *al);
-  if (by == NULL || last == NULL || al == NULL) {
-    free(by);
-    free(last);
-    free(al);
-    return mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
-  }
+  /* The events inside the freed blocks: addr is the block's index in
+   * by[], so that they sort by block, then age. */
+  mp__salloc_t *in = mp__host_alloc((s->nev ? s->nev : 1) * sizeof *in);
+  mp__sblock_t *nb = NULL;
+  mp_status_t st = MP_OK;
+  if (by == NULL || al == NULL || in == NULL)
+    goto oom;
   nfreed = nalloc = 0;
   for (size_t i = 0; i < s->nblocks; i++)
-    if (s->blocks[i].freed) {
-      last[nfreed] = SIZE_MAX;
+    if (s->blocks[i].freed)
       by[nfreed++] = &s->blocks[i];
-    }
   qsort(by, nfreed, sizeof *by, mp__sblock_cmp);
   for (size_t e = 0; e < s->nev; e++) {
     const mp__hevent_t *ev = &s->ev[e];
     if (ev->action == MP__H_ALLOC)
       al[nalloc++] = (mp__salloc_t){ev->addr, e};
-    if (ev->action != MP__H_FREE_REQUESTED &&
-        ev->action != MP__H_FREE_COMPLETED)
+    if (ev->action != MP__H_ALLOC && ev->action != MP__H_FREE_COMPLETED)
       continue;
     /* The last freed block starting at or below the address. */
     size_t lo = 0, hi = nfreed;
@@ -357,38 +382,113 @@ static mp_status_t mp__snap_link_freed(mp__snap_t *s) {
         hi = mid;
     }
     if (lo > 0 && ev->addr - by[lo - 1]->addr < by[lo - 1]->size)
-      last[lo - 1] = e;
+      in[nin++] = (mp__salloc_t){lo - 1, e};
   }
   qsort(al, nalloc, sizeof *al, mp__salloc_cmp);
-  for (size_t k = 0; k < nfreed; k++) {
-    mp__sblock_t *b = by[k];
-    b->ev = SIZE_MAX;
-    b->below = 0;
-    b->requested = 0;
-    b->has_stream = false;
-    b->stream = 0;
-    if (last[k] == SIZE_MAX)
-      continue;
-    const mp__hevent_t *fe = &s->ev[last[k]];
-    b->below = fe->addr - b->addr;
-    b->requested =
-        fe->size < b->size - b->below ? fe->size : b->size - b->below;
-    b->has_stream = fe->stream != (uintptr_t)MP__STREAM_GONE;
-    b->stream = b->has_stream ? fe->stream : 0;
-    /* Its alloc: the last of the free's address before the free; a
-     * resume's (restored) gives way to an earlier one of the address, as
-     * in mp__snap_link_events. */
-    size_t at = mp__salloc_last(al, nalloc, fe->addr, last[k]);
-    if (at == SIZE_MAX)
-      continue;
-    if (s->ev[al[at].e].restored && at > 0 && al[at - 1].addr == fe->addr)
-      at--;
-    b->ev = al[at].e;
+  qsort(in, nin, sizeof *in, mp__salloc_cmp);
+  /* Each freed block's pieces, kept at the front of its run of in[];
+   * at[k], np[k]: where and how many. The new block count: each piece
+   * and the bytes before it, and the bytes after the last. */
+  size_t *at = mp__host_alloc(nfreed * 2 * sizeof *at), *np = NULL;
+  if (at == NULL)
+    goto oom;
+  np = at + nfreed;
+  size_t total = s->nblocks;
+  for (size_t k = 0, i = 0; k < nfreed; k++) {
+    size_t j = i;
+    while (j < nin && in[j].addr == k)
+      j++;
+    at[k] = i;
+    np[k] = mp__snap_pieces(s, in + i, j - i);
+    total += 2 * np[k];
+    i = j;
   }
+  nb = mp__host_alloc(total * sizeof *nb);
+  if (nb == NULL) {
+    free(at);
+    goto oom;
+  }
+  size_t n = 0;
+  for (size_t g = 0; g < s->nsegs; g++) {
+    mp__sseg_t *ss = &s->segs[g];
+    size_t first = n;
+    for (size_t i = ss->first; i < ss->first + ss->nblocks; i++) {
+      const mp__sblock_t *b = &s->blocks[i];
+      size_t k = 0;
+      if (b->freed) {
+        /* Its index in by[]: the block at its address. */
+        size_t lo = 0, hi = nfreed;
+        while (lo < hi) {
+          size_t mid = lo + (hi - lo) / 2;
+          if (by[mid]->addr < b->addr)
+            lo = mid + 1;
+          else
+            hi = mid;
+        }
+        k = lo;
+      }
+      if (!b->freed || np[k] == 0) {
+        nb[n] = *b;
+        if (b->freed) {
+          nb[n].ev = SIZE_MAX;
+          nb[n].requested = 0;
+          nb[n].has_stream = false;
+          nb[n].stream = 0;
+        }
+        n++;
+        continue;
+      }
+      uintptr_t cur = b->addr, end = b->addr + b->size;
+      const mp__sblock_t gap = {.ev = SIZE_MAX};
+      for (size_t p = 0; p < np[k]; p++) {
+        size_t e = in[at[k] + p].e;
+        const mp__hevent_t *fe = &s->ev[e];
+        uintptr_t top = p + 1 < np[k] ? s->ev[in[at[k] + p + 1].e].addr : end;
+        if (fe->addr > cur) {
+          nb[n] = gap;
+          nb[n].addr = cur;
+          nb[n++].size = fe->addr - cur;
+        }
+        size_t span = mp__snap_span(s, e);
+        mp__sblock_t *pb = &nb[n++];
+        *pb = *b;
+        pb->addr = fe->addr;
+        pb->size = span < top - fe->addr ? span : top - fe->addr;
+        pb->requested = fe->size < pb->size ? fe->size : pb->size;
+        pb->has_stream = fe->stream != (uintptr_t)MP__STREAM_GONE;
+        pb->stream = pb->has_stream ? fe->stream : 0;
+        pb->ev = SIZE_MAX;
+        size_t a = mp__salloc_last(al, nalloc, fe->addr, e);
+        if (a != SIZE_MAX) {
+          if (s->ev[al[a].e].restored && a > 0 && al[a - 1].addr == fe->addr)
+            a--;
+          pb->ev = al[a].e;
+        }
+        cur = pb->addr + pb->size;
+      }
+      if (cur < end) {
+        nb[n] = gap;
+        nb[n].addr = cur;
+        nb[n++].size = end - cur;
+      }
+    }
+    ss->first = first;
+    ss->nblocks = n - first;
+  }
+  free(at);
+  free(s->blocks);
+  s->blocks = nb;
+  s->nblocks = n;
+  nb = NULL;
+  goto out;
+oom:
+  st = mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
+out:
   free(by);
-  free(last);
   free(al);
-  return MP_OK;
+  free(in);
+  free(nb);
+  return st;
 }
 
 /* The segment_alloc and segment_map events, sorted (s->segev), for the
@@ -467,6 +567,8 @@ static mp_status_t mp__snap_take(mp_pool_t *pool, mp__snap_t *s) {
   memset(s, 0, sizeof *s);
   s->pool_id[0] = pool->graph_id[0];
   s->pool_id[1] = pool->graph_id[1];
+  s->align_add = pool->align_add;
+  s->align_mask = pool->align_mask;
   size_t nb = 0, ns = 0;
   /* Paused, the pool maps nothing, as stats say 0 reserved (the trace's
    * segment_unmap events say where the memory went): no segment; or,
@@ -526,7 +628,6 @@ static mp_status_t mp__snap_take(mp_pool_t *pool, mp__snap_t *s) {
                       : b->requested > sb->size ? sb->size
                                                 : b->requested;
       sb->ev = SIZE_MAX;
-      sb->below = 0;
       /* A live block's stream (a held one keeps it too; the ladder's has
        * none yet), unless its slot was forgotten since. */
       sb->has_stream = (sb->live || (b->flags & MP__B_HELD)) &&
@@ -620,7 +721,7 @@ static void mp__write_segment(mp__pk_t *w, const mp__snap_t *s, size_t b0,
     if (s->blocks[i].live)
       allocated += s->blocks[i].size;
     if (mp__sblock_active(&s->blocks[i])) {
-      active += s->blocks[i].size - s->blocks[i].below;
+      active += s->blocks[i].size;
       requested += s->blocks[i].requested;
     }
   }
@@ -656,13 +757,7 @@ static void mp__write_segment(mp__pk_t *w, const mp__snap_t *s, size_t b0,
   mp__pk_list(w);
   for (size_t i = b0; i < b1; i++) {
     const mp__sblock_t *b = &s->blocks[i];
-    /* A pending block merged into a free one below it: that one's bytes
-     * first, inactive, as PyTorch's blocks would be (it merges a block
-     * only once its events are done); then the pending one from the
-     * address its free named. */
-    if (b->below > 0)
-      mp__write_block(w, s, b->addr, b->below, 0, "inactive", SIZE_MAX);
-    mp__write_block(w, s, b->addr + b->below, b->size - b->below, b->requested,
+    mp__write_block(w, s, b->addr, b->size, b->requested,
                     b->live      ? "active_allocated"
                     : b->pending ? "active_pending_free"
                                  : "inactive",

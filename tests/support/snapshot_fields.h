@@ -6,6 +6,7 @@
 
 #include <criterion/criterion.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 /* s as snapshot.c writes a str (BINUNICODE, 4-byte length) into k (at
@@ -48,6 +49,32 @@ static inline size_t snapshot_str_count(const char *buf, size_t len,
   for (const char *at = buf;
        (at = memmem(at, len - (size_t)(at - buf), k, kl)) != NULL; at += kl)
     n++;
+  return n;
+}
+
+/* The values of every key k (a BININT, or a LONG1 of at most 8 bytes, as
+ * snapshot.c writes ints), in out[] (at most max); how many. */
+static inline size_t snapshot_int_values(const unsigned char *buf, size_t len,
+                                         const char *k, uint64_t *out,
+                                         size_t max) {
+  char key[64];
+  size_t kl = snapshot_str_op(k, key), n = 0;
+  for (const unsigned char *at = buf;
+       (at = memmem(at, len - (size_t)(at - buf), key, kl)) != NULL;) {
+    const unsigned char *v = at + kl;
+    uint64_t x = 0;
+    if (v[0] == 'J') {
+      for (int i = 0; i < 4; i++)
+        x |= (uint64_t)v[1 + i] << (8 * i);
+    } else {
+      cr_assert_eq(v[0], 0x8a, "%s is no int", k);
+      for (int i = 0; i < v[1] && i < 8; i++)
+        x |= (uint64_t)v[2 + i] << (8 * i);
+    }
+    cr_assert_lt(n, max);
+    out[n++] = x;
+    at = v;
+  }
   return n;
 }
 

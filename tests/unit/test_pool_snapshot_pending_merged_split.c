@@ -21,31 +21,6 @@
 
 MP_DEVICE_SUITE(pool_snapshot_pending_merged_split, "host:capacity=64M");
 
-/* The values of every key k (a BININT, or a LONG1 of at most 8 bytes, as
- * snapshot.c writes ints), in out[] (at most max); how many. */
-static size_t int_values(const unsigned char *buf, size_t len, const char *k,
-                         uint64_t *out, size_t max) {
-  char key[64];
-  size_t kl = snapshot_str_op(k, key), n = 0;
-  for (const unsigned char *at = buf;
-       (at = memmem(at, len - (size_t)(at - buf), key, kl)) != NULL;) {
-    const unsigned char *v = at + kl;
-    uint64_t x = 0;
-    if (v[0] == 'J') {
-      for (int i = 0; i < 4; i++)
-        x |= (uint64_t)v[1 + i] << (8 * i);
-    } else {
-      cr_assert_eq(v[0], 0x8a, "%s is no int", k);
-      for (int i = 0; i < v[1] && i < 8; i++)
-        x |= (uint64_t)v[2 + i] << (8 * i);
-    }
-    cr_assert_lt(n, max);
-    out[n++] = x;
-    at = v;
-  }
-  return n;
-}
-
 Test(pool_snapshot_pending_merged_split, the_reusable_bytes_below_are_apart) {
   mp_stream_t st[2];
   gate_t g[2];
@@ -71,13 +46,13 @@ Test(pool_snapshot_pending_merged_split, the_reusable_bytes_below_are_apart) {
   /* l's bytes, and the segment's top. */
   cr_expect_eq(snapshot_str_count((char *)s, len, "inactive"), 2);
   uint64_t v[16];
-  size_t n = int_values(s, len, "address", v, 16);
+  size_t n = snapshot_int_values(s, len, "address", v, 16);
   bool at_p = false;
   for (size_t i = 0; i < n; i++)
     at_p |= v[i] == (uint64_t)(uintptr_t)p;
   cr_expect(at_p, "no block at p's address");
   /* The segment's active bytes: p's (up to x) and x's. */
-  cr_assert_eq(int_values(s, len, "active_size", v, 16), 1);
+  cr_assert_eq(snapshot_int_values(s, len, "active_size", v, 16), 1);
   size_t want = (size_t)((char *)x - (char *)p) + stats(pool).allocated_bytes;
   cr_expect_eq(v[0], want, "active_size %llu, not %zu",
                (unsigned long long)v[0], want);
