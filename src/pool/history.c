@@ -204,15 +204,8 @@ void mp__history_made_for_chunks(const mp_pool_t *pool, const mp__chunk_t *c,
       continue;
     /* The first chunk at or above the event's address, and those after it
      * that start inside the event's range. */
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-      size_t mid = lo + (hi - lo) / 2;
-      if (c[mid].addr < e->addr)
-        lo = mid + 1;
-      else
-        hi = mid;
-    }
-    for (size_t j = lo; j < n && c[j].addr - e->addr < e->size; j++)
+    for (size_t j = mp__chunks_at(c, n, e->addr);
+         j < n && c[j].addr - e->addr < e->size; j++)
       if (!set[j]) {
         set[j] = true;
         out[j] = e->stream;

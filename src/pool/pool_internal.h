@@ -251,6 +251,20 @@ typedef struct mp__chunk {
   uintptr_t addr;
   size_t size; /* exactly one vm_map call */
 } mp__chunk_t;
+/* The first of the n chunks c (sorted by address) at or above a; n where
+ * none is. */
+static inline size_t mp__chunks_at(const mp__chunk_t *c, size_t n,
+                                   uintptr_t a) {
+  size_t lo = 0, hi = n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (c[mid].addr < a)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
 /* Whether chunk c and [a, a + n) share a byte. */
 static inline bool mp__chunk_meets(mp__chunk_t c, uintptr_t a, size_t n) {
   return c.addr < a + n && a < c.addr + c.size;

@@ -266,6 +266,20 @@ static int mp__sblock_cmp(const void *a, const void *b) {
   return x->addr < y->addr ? -1 : x->addr > y->addr;
 }
 
+/* The first of the n blocks by (sorted by address, mp__sblock_cmp) at or
+ * above a; n where none is. */
+static size_t mp__sblock_at(mp__sblock_t *const *by, size_t n, uintptr_t a) {
+  size_t lo = 0, hi = n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (by[mid]->addr < a)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
 /* Whether b is active in PyTorch's sense: allocated or pending free. */
 static bool mp__sblock_active(const mp__sblock_t *b) {
   return b->live || b->pending;
@@ -372,15 +386,9 @@ static mp_status_t mp__snap_link_freed(mp__snap_t *s) {
       al[nalloc++] = (mp__salloc_t){ev->addr, e};
     if (ev->action != MP__H_ALLOC && ev->action != MP__H_FREE_COMPLETED)
       continue;
-    /* The last freed block starting at or below the address. */
-    size_t lo = 0, hi = nfreed;
-    while (lo < hi) {
-      size_t mid = lo + (hi - lo) / 2;
-      if (by[mid]->addr <= ev->addr)
-        lo = mid + 1;
-      else
-        hi = mid;
-    }
+    /* The last freed block starting at or below the address (the first
+     * above it, less one). */
+    size_t lo = mp__sblock_at(by, nfreed, ev->addr + 1);
     if (lo > 0 && ev->addr - by[lo - 1]->addr < by[lo - 1]->size)
       in[nin++] = (mp__salloc_t){lo - 1, e};
   }
@@ -417,15 +425,7 @@ static mp_status_t mp__snap_link_freed(mp__snap_t *s) {
       size_t k = 0;
       if (b->freed) {
         /* Its index in by[]: the block at its address. */
-        size_t lo = 0, hi = nfreed;
-        while (lo < hi) {
-          size_t mid = lo + (hi - lo) / 2;
-          if (by[mid]->addr < b->addr)
-            lo = mid + 1;
-          else
-            hi = mid;
-        }
-        k = lo;
+        k = mp__sblock_at(by, nfreed, b->addr);
       }
       if (!b->freed || np[k] == 0) {
         nb[n] = *b;
@@ -532,14 +532,7 @@ static mp_status_t mp__snap_link_events(mp__snap_t *s) {
   for (size_t e = 0; e < s->nev; e++) {
     if (s->ev[e].action != MP__H_ALLOC)
       continue;
-    size_t lo = 0, hi = nlive;
-    while (lo < hi) {
-      size_t mid = lo + (hi - lo) / 2;
-      if (by[mid]->addr < s->ev[e].addr)
-        lo = mid + 1;
-      else
-        hi = mid;
-    }
+    size_t lo = mp__sblock_at(by, nlive, s->ev[e].addr);
     /* A resume's alloc (restored) gives the block the frames of its own
      * earlier alloc where the ring still holds that: the ring drops the
      * oldest first, so an earlier alloc of the address still held is the

@@ -140,15 +140,7 @@ static mp__block_t *mp__hole_at(const mp__segment_t *v, uintptr_t a) {
 
 /* The first chunk at or above a. */
 static size_t mp__chunk_at(const mp__segment_t *v, uintptr_t a) {
-  size_t lo = 0, hi = v->nchunks;
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    if (v->chunks[mid].addr < a)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
+  return mp__chunks_at(v->chunks, v->nchunks, a);
 }
 
 bool mp__vrange_chunk_of(const mp__segment_t *v, uintptr_t a,
