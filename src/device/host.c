@@ -43,10 +43,11 @@
  * Streams. Each stream, and the default (NULL) stream, is a worker thread
  * that runs its FIFO queue of operations strictly in order. Destroying a
  * stream that still has work queued returns at once, as cuStreamDestroy
- * does: its worker is detached, finishes the queue, and then hands the
- * stream to the device's dead list (freed by the next stream create,
- * destroy or close) and leaves; close waits for every such worker before
- * it frees what they touch. An idle stream's worker is joined at once. An
+ * does: its worker finishes the queue, then hands the stream to the
+ * device's dead list and leaves; the next stream create, destroy or close
+ * joins it and frees the stream, and close waits for every such worker
+ * before it frees what they touch, so no thread of a closed device is
+ * left. An idle stream's worker is joined at once. An
  * event record
  * enqueues a "marker": a small refcounted flag that the worker sets when the
  * stream reaches it. The event points at the marker of its latest record, so
@@ -161,8 +162,9 @@ typedef struct host_stream {
   bool busy; /* submitted > completed: on the device's busy list */
   struct host_stream *busy_prev, *busy_next; /* under host_dev.busy_mu */
   atomic_uint refs;
-  /* Destroyed with work queued: the worker is detached and, once drained,
-   * puts the stream on host_dev.dead itself (under mu). */
+  /* Destroyed with work queued: the worker, once drained, puts the stream
+   * on host_dev.dead itself (under dying_mu), where host_streams_reap
+   * joins it. */
   bool orphan;
   struct host_stream *dead_next; /* on host_dev.dead, under dying_mu */
   /* A forked child's probe of mu (host_stream_held): the process that
@@ -236,7 +238,7 @@ struct host_dev {
   pthread_mutex_t busy_mu;
   host_stream_t *busy_head;
 
-  /* Destroyed streams whose detached workers still run their queued work
+  /* Destroyed streams whose orphaned workers still run their queued work
    * (dying), and those whose workers are done with them (dead: the
    * registry's reference, dropped by host_streams_reap). Close waits on
    * dying_cv for dying to reach 0. */
@@ -437,15 +439,13 @@ static void *host_stream_main(void *arg) {
   bool orphan = s->orphan;
   pthread_mutex_unlock(&s->mu);
   if (orphan) {
-    /* Destroyed with work queued (host_stream_destroy): this thread is
-     * detached, nobody joins it. The stream goes on the dead list for a
-     * later API call to free (a worker frees nothing, see host_on_worker);
-     * neither s nor, after the unlock, h is touched again, since close may
-     * free h as soon as dying reaches 0. So close can return while this
-     * thread still runs its return and the C library's thread exit, which
-     * touch nothing of mempool's; a program that unloads the library
-     * (dlclose) right after closing a device must not count on every
-     * worker having left its code. */
+    /* Destroyed with work queued (host_stream_destroy). The stream goes
+     * on the dead list for a later API call to join this thread and free
+     * it (a worker frees nothing, see host_on_worker); neither s nor,
+     * after the unlock, h is touched again. The joining call (close among
+     * them) returns only once this thread has left, so a closed device
+     * leaves no thread behind, and a program may unload the library
+     * (dlclose) right after closing it. */
     host_dev_t *h = s->dev;
     pthread_mutex_lock(&h->dying_mu);
     s->dead_next = h->dead;
@@ -489,8 +489,11 @@ static void host_stream_put(host_stream_t *s) {
   }
 }
 
-/* Frees the streams whose orphaned workers are done with them (wait: first
- * waits for every orphaned worker to finish, for close). */
+/* Joins the orphaned workers that are done with their streams and frees
+ * the streams (wait: first waits for every orphaned worker to finish, for
+ * close). A worker on the dead list has only its return left to run, so
+ * the join is short. Never called in a forked child (host_inherited),
+ * where the parent's threads do not exist. */
 static void host_streams_reap(host_dev_t *h, bool wait) {
   pthread_mutex_lock(&h->dying_mu);
   while (wait && h->dying != 0)
@@ -500,6 +503,7 @@ static void host_streams_reap(host_dev_t *h, bool wait) {
   pthread_mutex_unlock(&h->dying_mu);
   while (dead != NULL) {
     host_stream_t *next = dead->dead_next;
+    pthread_join(dead->thread, NULL);
     host_stream_put(dead);
     dead = next;
   }
@@ -871,9 +875,9 @@ static mp_status_t host_stream_destroy(mp_device_t *dev, mp_stream_t handle) {
    * the resources associated with hStream will be released automatically
    * once the device has completed all work in hStream." (cuda.h,
    * cuStreamDestroy). An idle stream's worker is joined here; one with
-   * work queued is orphaned: detached, it runs the queue (a device
-   * synchronize or free still waits for it through the busy list) and
-   * then gives the stream up itself (host_stream_main). */
+   * work queued is orphaned: it runs the queue (a device synchronize or
+   * free still waits for it through the busy list), then gives the stream
+   * up itself (host_stream_main) to be joined by host_streams_reap. */
   host_stream_t *s = (host_stream_t *)handle;
   pthread_mutex_lock(&s->mu);
   s->stopping = true;
@@ -884,12 +888,9 @@ static mp_status_t host_stream_destroy(mp_device_t *dev, mp_stream_t handle) {
     pthread_mutex_unlock(&h->dying_mu);
   }
   bool orphan = s->orphan;
-  pthread_t worker = s->thread;
   pthread_cond_broadcast(&s->work_cv);
   pthread_mutex_unlock(&s->mu);
-  if (orphan)
-    pthread_detach(worker); /* s may be gone already: worker is a copy */
-  else
+  if (!orphan)
     host_stream_stop(s);
   host_streams_reap(h, false);
   return MP_OK;

@@ -8,6 +8,8 @@
  * device used to wait for the stream's work in mp_stream_destroy, which
  * hid any caller that took a destroyed stream's work for done. */
 #include <criterion/criterion.h>
+#include <dirent.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <time.h>
@@ -139,4 +141,84 @@ Test(host_stream_destroy, many_busy_destroys_in_a_row) {
     cr_expect_eq(m[i * 256 + 255], i + 1, "stream %d's memset", i);
   cr_expect_eq(mp_device_free(dev, m), MP_OK);
   mp_device_close(dev);
+}
+
+/* The threads of this process now. */
+static int thread_count(void) {
+  DIR *d = opendir("/proc/self/task");
+  cr_assert_not_null(d);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;)
+    n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+/* A thread-exit destructor that takes 100 ms: set from a host function, it
+ * runs on the stream's worker after the worker has handed its stream in
+ * and is leaving, which is the window a detached worker left open. */
+static pthread_key_t slow_exit_key;
+static atomic_bool exiting;
+
+static void slow_exit(void *arg) {
+  (void)arg;
+  atomic_store(&exiting, true);
+  struct timespec nap = {0, 100000000};
+  nanosleep(&nap, NULL);
+}
+
+static void set_slow_exit(void *arg) {
+  pthread_setspecific(slow_exit_key, arg);
+}
+
+/* A stream destroyed with work queued leaves no thread behind once its
+ * device is closed (the Python binding's dropped-device test saw one, now
+ * and then): close joins the orphaned worker rather than only waiting for
+ * it to hand its stream in. */
+Test(host_stream_destroy, close_leaves_no_worker_thread) {
+  cr_assert_eq(pthread_key_create(&slow_exit_key, slow_exit), 0);
+  int before = thread_count();
+  mp_device_t *dev = open_dev("host:capacity=16M");
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  slow_gate_t g = {0};
+  static int mark;
+  cr_assert_eq(mp_stream_launch_host(dev, s, slow_gate_wait, &g), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, s, set_slow_exit, &mark), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+  cr_expect_gt(thread_count(), before);
+  atomic_store(&g.open, true);
+  mp_device_close(dev);
+  cr_expect_eq(thread_count(), before,
+               "a worker of the closed device is still running");
+}
+
+/* The next stream create joins a worker that finished its destroyed
+ * stream's work: only the default stream's and the new stream's workers
+ * are left. */
+Test(host_stream_destroy, create_joins_a_finished_orphaned_worker) {
+  cr_assert_eq(pthread_key_create(&slow_exit_key, slow_exit), 0);
+  int before = thread_count();
+  mp_device_t *dev = open_dev("host:capacity=16M");
+  int with_device = thread_count();
+  mp_stream_t s, s2;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  slow_gate_t g = {0};
+  static int mark;
+  cr_assert_eq(mp_stream_launch_host(dev, s, slow_gate_wait, &g), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, s, set_slow_exit, &mark), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+  atomic_store(&g.open, true);
+  cr_assert_eq(mp_device_synchronize(dev), MP_OK);
+  /* Its worker has handed the stream in once its exit has begun. */
+  for (int i = 0; i < 2000 && !atomic_load(&exiting); i++) {
+    struct timespec nap = {0, 1000000};
+    nanosleep(&nap, NULL);
+  }
+  cr_assert(atomic_load(&exiting), "the orphaned worker never left");
+  cr_assert_eq(mp_stream_create(dev, &s2), MP_OK);
+  cr_expect_eq(thread_count(), with_device + 1);
+  cr_assert_eq(mp_stream_destroy(dev, s2), MP_OK);
+  mp_device_close(dev);
+  cr_expect_eq(thread_count(), before);
 }
