@@ -34,15 +34,20 @@ bool mp__pl_sync_in_capture(const mp__pl_t *pl) {
 /* cuda.h, cuThreadExchangeStreamCaptureMode: "Sets the calling thread's
  * stream capture interaction mode to the value contained in *mode, and
  * overwrites *mode with the previous mode for the thread"; it touches no
- * stream. */
-bool mp__pl_mode_relax(unsigned *old) {
+ * stream. mp__pl_mode_relax with the driver's answer: CUDA_ERROR_UNKNOWN
+ * where it has not the call. */
+static mp__curesult mp__mode_relax(unsigned *old) {
   mp__curesult (*swap)(unsigned int *) =
       mp__pl_real_cuda()->cuThreadExchangeStreamCaptureMode;
   unsigned m = MP__CAPTURE_MODE_RELAXED;
-  if (swap == NULL || swap(&m) != MP__CU_SUCCESS)
-    return false;
-  *old = m;
-  return true;
+  mp__curesult r = swap != NULL ? swap(&m) : MP__CU_UNKNOWN;
+  if (r == MP__CU_SUCCESS)
+    *old = m;
+  return r;
+}
+
+bool mp__pl_mode_relax(unsigned *old) {
+  return mp__mode_relax(old) == MP__CU_SUCCESS;
 }
 
 void mp__pl_mode_restore(unsigned old) {
@@ -115,23 +120,38 @@ unsigned mp__pl_free_refused(const mp__pl_t *pl, bool sync, mp__custream s,
  * owner current (a stream is always its own context's to synchronize) and
  * in relaxed capture mode, a call of the shim's own (mp__pl_mode_relax; s
  * does not capture): cuda.h, cuStreamSynchronize. The driver's answer,
- * CUDA_ERROR_UNKNOWN where it has not the calls. */
-static mp__curesult mp__stream_wait(mp__custream s, bool ptsz,
-                                    mp__cuctx owner) {
+ * CUDA_ERROR_UNKNOWN where it has not the calls, with the call that gave
+ * it in *what. Where the switch to relaxed mode is refused while a
+ * capture is begun (mp__pl_capture_begun), nothing waits: in the caller's
+ * mode the wait is a potentially unsafe call, which a global-mode capture
+ * (this thread's, or another thread's with this one in global mode)
+ * prohibits, and the driver invalidates that capture (cuda.h,
+ * cuThreadExchangeStreamCaptureMode; an H200, driver 580.159.04,
+ * 2026-11-28, refused cuStreamSynchronize so and invalidated the
+ * capture). The switch's code is the answer. Before, the wait went ahead
+ * in the caller's mode and could invalidate the program's capture. */
+static mp__curesult mp__stream_wait(mp__custream s, bool ptsz, mp__cuctx owner,
+                                    const char **what) {
   const mp__real_cuda_t *rc = mp__pl_real_cuda();
   mp__cuctx popped = NULL;
+  *what = "cuStreamSynchronize";
   if (rc->cuStreamSynchronize == NULL || rc->cuCtxPushCurrent_v2 == NULL ||
       rc->cuCtxPopCurrent_v2 == NULL)
     return MP__CU_UNKNOWN;
+  unsigned mode = MP__CAPTURE_MODE_RELAXED;
+  mp__curesult relax = mp__mode_relax(&mode);
+  if (relax != MP__CU_SUCCESS && mp__pl_capture_begun()) {
+    *what = "cuThreadExchangeStreamCaptureMode";
+    return relax;
+  }
   mp__curesult r = rc->cuCtxPushCurrent_v2(owner);
-  if (r != MP__CU_SUCCESS)
-    return r;
-  unsigned mode;
-  bool relaxed = mp__pl_mode_relax(&mode);
-  r = rc->cuStreamSynchronize(ptsz && s == NULL ? MP__CU_STREAM_PER_THREAD : s);
-  if (relaxed)
+  if (r == MP__CU_SUCCESS) {
+    r = rc->cuStreamSynchronize(ptsz && s == NULL ? MP__CU_STREAM_PER_THREAD
+                                                  : s);
+    (void)rc->cuCtxPopCurrent_v2(&popped);
+  }
+  if (relax == MP__CU_SUCCESS)
     mp__pl_mode_restore(mode);
-  (void)rc->cuCtxPopCurrent_v2(&popped);
   return r;
 }
 
@@ -254,13 +274,15 @@ mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
      * the free waits for that stream here, and the block is then free on
      * its own stream, whose work the pool still orders. Refused, the
      * driver's code is the answer (mp__pl_cu_error). */
-    mp__curesult r = mp__stream_wait(s, ptsz, owner);
+    const char *what;
+    mp__curesult r = mp__stream_wait(s, ptsz, owner, &what);
     st = r == MP__CU_SUCCESS
              ? mp_pool_free(b->pool, ptr)
              : mp__fail_driver((int)r, MP_EDRIVER,
-                               "stream-ordered free: cuStreamSynchronize of "
-                               "another context's stream: %s (%u)",
-                               mp__error_name(r), r);
+                               "stream-ordered free: waiting for another "
+                               "context's stream: %s: %s (%u); the block "
+                               "stays the program's",
+                               what, mp__error_name(r), r);
   } else
     /* On the caller's stream, always through the pool's stream table,
      * never by the handle the block was allocated on: the same handle may
