@@ -236,6 +236,29 @@ static mp_status_t mp__capture_unrouted(mp__custream s, bool ptsz) {
                   "program's");
 }
 
+/* A pool block freed on a capturing stream of another device, or of a
+ * context the program made (mp__pl_stream_of_pool). The block's pool can
+ * neither route it to a graph pool of that capture, which would list the
+ * stream and record its own events on it (cuda.h, cuEventRecord: "hEvent
+ * and hStream must be from the same context otherwise
+ * CUDA_ERROR_INVALID_HANDLE is returned"), nor wait for the stream as for
+ * one that does not capture (cuda.h, cuStreamSynchronize: not allowed
+ * during stream capture, the capture invalidated). Nor is the block a
+ * graph allocation (cuda.h, cuMemFreeAsync: "During stream capture, this
+ * function results in the creation of a free node and must therefore be
+ * passed the address of a graph allocation"). Refused with
+ * CUDA_ERROR_NOT_SUPPORTED, the block still the program's. Before, the
+ * block's pool made a graph pool for that capture and was asked to begin
+ * it on the other context's stream; on the fake driver the begin failed
+ * and the free was refused as out of memory, "no room", a wrong reason. */
+static mp_status_t mp__capture_elsewhere(void) {
+  return mp__fail_driver((int)MP__CU_NOT_SUPPORTED, MP_EDRIVER,
+                         "stream-ordered free on a capturing stream of "
+                         "another device or context: the block's pool cannot "
+                         "order its reuse there; the block stays the "
+                         "program's");
+}
+
 mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
                              bool sync, mp__custream s, bool ptsz,
                              bool captured) {
@@ -258,10 +281,14 @@ mp_status_t mp__pl_pool_free(const mp__pl_t *pl, const mp__pl_block_t *b,
    * out while a capture may still use it: refused with the driver's
    * code, still the program's. */
   mp__cuctx owner = NULL;
+  bool elsewhere = why == MP__CU_SUCCESS && !sync && !pl->host && captured &&
+                   !mp__pl_stream_of_pool(pl, b->pool, s, &owner);
   bool routed = why == MP__CU_SUCCESS && !sync && !pl->host && captured &&
-                mp__pl_capture_route(pl, b->pool, s, ptsz, &why);
+                !elsewhere && mp__pl_capture_route(pl, b->pool, s, ptsz, &why);
   if (why != MP__CU_SUCCESS)
     st = mp__pl_capture_unknown("stream-ordered free", why);
+  else if (elsewhere)
+    st = mp__capture_elsewhere();
   else if (!sync && !pl->host && captured && !routed)
     st = mp__capture_unrouted(s, ptsz);
   else if (sync) /* cuMemFree / cudaFree: after the work of every stream */

@@ -257,7 +257,9 @@ mp_pool_t *mp__pl_pool_for_stream(const mp__pl_t *pl, mp__custream s,
 /* Whether a stream-ordered free of pool's block may be ordered on s by the
  * pool: s is a stream of the primary context of pool's device (a default
  * stream: the current context's), or the driver cannot say (the pool then
- * judges s). Not to be asked of a capturing stream. False for another device's
+ * judges s). Asked of a capturing stream too, before the block is routed
+ * to a graph pool (cuda.h, cuStreamGetCtx: no capture error; it queues
+ * nothing on s). False for another device's
  * stream, or one of a context the program made (cuMemFreeAsync takes any
  * stream: cuda.h), with that stream's context in *owner. */
 bool mp__pl_stream_of_pool(const mp__pl_t *pl, const mp_pool_t *pool,
