@@ -28,14 +28,14 @@
  * chooses: the new pieces, or other free chunks in their place. The
  * growth's failure stays the thread's error. */
 static MP__COLD void mp__grow_undo(mp_pool_t *pool, size_t was,
-                                   mp__block_t **fresh, uint32_t sidx) {
+                                   mp__block_t **fresh) {
   size_t now = pool->st.reserved_bytes - pool->stray_bytes;
   if (now <= was)
     return;
   *fresh = NULL; /* its record may go with the unmap */
   mp__error_saved_t why;
   mp__error_save(&why);
-  (void)mp__vrange_reclaim(pool, now - was, NULL, NULL, false, sidx);
+  (void)mp__vrange_reclaim(pool, now - was, NULL, NULL, false);
   mp__error_restore(&why);
 }
 
@@ -88,7 +88,7 @@ mp_status_t mp__segment_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
       size_t was = pool->st.reserved_bytes - pool->stray_bytes;
       st = mp__vrange_grow(pool, size, sidx, fresh);
       if (st != MP_OK)
-        mp__grow_undo(pool, was, fresh, sidx);
+        mp__grow_undo(pool, was, fresh);
     }
     if (st != MP_ENOTSUP)
       return st;
@@ -129,8 +129,8 @@ mp_status_t mp__segment_trim(mp_pool_t *pool, size_t keep, const char *who) {
   while (mp__free_bytes(pool) > keep) {
     uint64_t before = pool->give_back_refused;
     since = mp__error_serial();
-    if (mp__vrange_reclaim(pool, mp__free_bytes(pool) - keep, NULL, NULL, false,
-                           UINT32_MAX) == 0 &&
+    if (mp__vrange_reclaim(pool, mp__free_bytes(pool) - keep, NULL, NULL,
+                           false) == 0 &&
         !mp__plain_trim_one(pool)) {
       refused = pool->give_back_refused - before;
       break;

@@ -67,7 +67,7 @@ static mp_status_t mp__live_spans(const mp_pool_t *pool, mp__spans_t *out) {
   for (const mp__segment_t *g = pool->segs; g != NULL; g = g->next)
     for (const mp__block_t *b = g->first; b != NULL; b = b->next)
       if (mp__block_owned(b)) {
-        out->v[out->n++] = (mp__chunk_t){b->addr, b->size};
+        out->v[out->n++] = (mp__chunk_t){.addr = b->addr, .size = b->size};
         out->bytes += b->size;
       }
   return MP_OK;
@@ -215,21 +215,15 @@ static void mp__chunks_history(mp_pool_t *pool, const mp__segment_t *v,
    * per live block cost about 2.6 us each under the pool's lock. */
   mp__hstamp_t at;
   mp__history_stamp(pool, &at);
-  /* Each chunk's stream: that of the newest segment_map (or alloc) event
-   * over it, the request's it was mapped for, as PyTorch's segment_map and
-   * segment_unmap entries name the expandable segment's stream
-   * (CUDACachingAllocator.cpp, map_block/unmap_block: record_trace(...,
-   * stream)); it said 0. Read before this call's events, which may
-   * overwrite the oldest; out of host memory, 0. */
-  uintptr_t *hs = mp__host_alloc((to - from) * sizeof *hs);
-  if (hs != NULL)
-    mp__history_made_for_chunks(pool, v->chunks + from, to - from, hs);
   if (unmap)
     mp__blocks_history(pool, v, lo, hi, true, &at);
+  /* Each chunk's stream: the request's it was mapped for, as PyTorch's
+   * segment_map and segment_unmap entries name the expandable segment's
+   * stream (CUDACachingAllocator.cpp, map_block/unmap_block: record_trace(
+   * ..., stream)); it said 0. */
   for (size_t i = from; i < to; i++)
     mp__history_put(pool, &at, (unsigned)action, v->chunks[i].addr,
-                    v->chunks[i].size, hs != NULL ? hs[i - from] : 0, false);
-  free(hs);
+                    v->chunks[i].size, v->chunks[i].made_for, false);
   if (!unmap)
     mp__blocks_history(pool, v, lo, hi, false, &at);
 }

@@ -250,6 +250,10 @@ enum { MP__SEG_PLAIN, MP__SEG_VIRTUAL, MP__SEG_RANGE };
 typedef struct mp__chunk {
   uintptr_t addr;
   size_t size; /* exactly one vm_map call */
+  /* The virtual range's: the stream handle of the request it was mapped
+   * for (0: a take for every stream), which its segment_unmap and a
+   * resume's segment_map name (vrange.c, pause.c). */
+  uintptr_t made_for;
 } mp__chunk_t;
 /* The first of the n chunks c (sorted by address) at or above a; n where
  * none is. */
@@ -288,6 +292,10 @@ struct mp__segment {
   size_t nholes, holes_cap;
   uintptr_t fence; /* [defrag] 0, or the top of what the last freeze
                       fenced: nothing is moved below it */
+  /* plain: the stream handle of the request it was made for (0: a take
+   * for every stream, a child's), which its segment_free names
+   * (segment.c); kept here, not looked up in the history's ring. */
+  uintptr_t made_for;
 };
 
 /* A live map slot: the block's address (0: empty) and its record. */
@@ -2107,11 +2115,10 @@ mp_status_t mp__vrange_ready(mp_pool_t *pool);
 mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
                             mp__block_t **fresh);
 /* Unmaps free chunks until want bytes went back, never one inside k1 or k2
- * (patient: the growth rung); sidx: the stream of the request it serves, its
- * segment_unmap events' (UINT32_MAX: none, a trim). Returns the bytes
- * released. */
+ * (patient: the growth rung); each segment_unmap event says the stream its
+ * chunk was mapped for. Returns the bytes released. */
 size_t mp__vrange_reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
-                          const mp__block_t *k2, bool patient, uint32_t sidx);
+                          const mp__block_t *k2, bool patient);
 /* The mapped chunk of virtual segment v holding address a; false if none. */
 bool mp__vrange_chunk_of(const mp__segment_t *v, uintptr_t a, mp__chunk_t *out);
 /* vm_map, then the peers' access (mp_pool_set_access); unmapped again if
@@ -2235,15 +2242,6 @@ void mp__history_save_next(const mp_pool_t *pool, mp__hkept_t *out);
  * there before it (mp__history_save_next's, for an event that overwrote
  * the oldest). */
 void mp__history_take_back(mp_pool_t *pool, const mp__hkept_t *was);
-/* Under the lock, the ring on: the stream of the newest segment_alloc or
- * segment_map event whose range holds addr (the request's the memory was
- * made for), 0 when the ring holds none: the stream PyTorch's trace gives
- * a segment's later events (its segment is one stream's). */
-uintptr_t mp__history_made_for(const mp_pool_t *pool, uintptr_t addr);
-/* The same for each of chunks c[0, n) (ascending), in out[0, n), with one
- * walk of the ring. */
-void mp__history_made_for_chunks(const mp_pool_t *pool, const mp__chunk_t *c,
-                                 size_t n, uintptr_t *out);
 /* The hot-path hook: one predictable branch when history is off. */
 #define MP__HIST(pool, action, addr, size, stream)                             \
   do {                                                                         \

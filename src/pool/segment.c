@@ -201,6 +201,7 @@ mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
   s->size = s->span = bytes;
   s->kind = pool->graph ? MP__SEG_RANGE : MP__SEG_PLAIN;
   s->small = size <= pool->cfg.segment_bytes / 2;
+  s->made_for = MP__HIST_STREAM(pool, sidx);
   mp__segment_push(pool, s);
   pool->st.device_alloc_count++;
   pool->st.segment_count++;
@@ -209,8 +210,7 @@ mp_status_t mp__plain_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
    * entry says its segment's (CUDACachingAllocator.cpp, alloc_block:
    * record_trace(SEGMENT_ALLOC, ..., p.stream())); 0 for a graph pool's
    * take for every stream. */
-  MP__HIST(pool, MP__H_SEGMENT_ALLOC, s->base, bytes,
-           MP__HIST_STREAM(pool, sidx));
+  MP__HIST(pool, MP__H_SEGMENT_ALLOC, s->base, bytes, s->made_for);
   *fresh = mp__tail_extend(pool, s, s->base, bytes, rec, UINT32_MAX);
   return MP_OK;
 }
@@ -250,10 +250,10 @@ bool mp__plain_trim_one(mp_pool_t *pool) {
     /* The stream it was made for, as PyTorch's segment_free entry says its
      * segment's (CUDACachingAllocator.cpp, release_block: record_trace(
      * SEGMENT_FREE, ..., block->stream), the stream of every block of a
-     * segment there); it said 0. */
-    if (pool->hist.ev != NULL)
-      mp__history_record(pool, MP__H_SEGMENT_FREE, s->base, s->size,
-                         mp__history_made_for(pool, s->base));
+     * segment there); it said 0. Kept with the segment: looked up in the
+     * ring, it walked every event under the lock, and said 0 once the
+     * ring had dropped the segment_alloc. */
+    MP__HIST(pool, MP__H_SEGMENT_FREE, s->base, s->size, s->made_for);
     free(s);
     return true;
   }

@@ -201,16 +201,17 @@ static mp__block_t *mp__join_placed(mp_pool_t *pool, mp__block_t *r, bool jp,
   return r;
 }
 
-/* Bookkeeping after [at, at + n) was mapped: inside hole h, or (h NULL) at
- * or above the top, a gap below it becoming a hole (spare's record; spare
- * may be NULL when at is the top or h's start, and no gap is left). The
+/* Bookkeeping after [at, at + n) was mapped for stream handle made_for
+ * (the chunk keeps it): inside hole h, or (h NULL) at or above the top, a
+ * gap below it becoming a hole (spare's record; spare may be NULL when at
+ * is the top or h's start, and no gap is left). The
  * new memory is a free block, merged with the neighbours jp/jn allow. The
  * device call (its count, its history event) is the caller's to record:
  * an unmap undone comes back through here without one. */
 static mp__block_t *mp__after_map(mp_pool_t *pool, mp__segment_t *v,
                                   mp__block_t *h, uintptr_t at, size_t n,
-                                  mp__block_t *r, mp__block_t *spare, bool jp,
-                                  bool jn) {
+                                  uintptr_t made_for, mp__block_t *r,
+                                  mp__block_t *spare, bool jp, bool jn) {
   size_t i = mp__chunk_at(v, at);
   /* The new chunk lies between its neighbours, inside the range, and in
    * hole h (or at or above the top). */
@@ -225,6 +226,7 @@ static mp__block_t *mp__after_map(mp_pool_t *pool, mp__segment_t *v,
           (v->nchunks - i) * sizeof *v->chunks);
   v->chunks[i].addr = at;
   v->chunks[i].size = n;
+  v->chunks[i].made_for = made_for;
   v->nchunks++;
   v->size += n;
   pool->st.segment_count++;
@@ -345,7 +347,7 @@ static mp__block_t *mp__before_unmap(mp_pool_t *pool, mp__segment_t *v,
  * the unmap, the free block that holds the chunk again (NULL: it could not
  * be tried). */
 static bool mp__unmap_chunk(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
-                            size_t i, mp__block_t **hole, uint32_t sidx) {
+                            size_t i, mp__block_t **hole) {
   /* Four records: two for the unmap's split, two to put the chunk back
    * if the device refuses (taken now: with none to spare then, it stayed
    * mapped outside the tables, reserved_bytes short of what the device
@@ -367,10 +369,12 @@ static bool mp__unmap_chunk(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
   if (st == MP_OK) {
     mp__recs_free(pool, recs);
     pool->st.device_free_count++;
-    /* The stream of the request whose growth unmapped it (sidx), as
-     * PyTorch's segment_unmap entry names a stream; 0 for a trim's. */
-    MP__HIST(pool, MP__H_SEGMENT_UNMAP, c.addr, c.size,
-             MP__HIST_STREAM(pool, sidx));
+    /* The stream it was mapped for, whoever's release unmaps it, as
+     * PyTorch's segment_unmap entry says its expandable segment's
+     * (CUDACachingAllocator.cpp, unmap_block: record_trace(SEGMENT_UNMAP,
+     * ..., block->stream), every block of the segment that stream's). A
+     * trim's said 0, a growth's the stream of the request that grew. */
+    MP__HIST(pool, MP__H_SEGMENT_UNMAP, c.addr, c.size, c.made_for);
     return true;
   }
   /* Still mapped: take it back as free memory where it was (no map was
@@ -386,8 +390,8 @@ static bool mp__unmap_chunk(mp_pool_t *pool, mp__segment_t *v, mp__block_t *f,
     mp__rec_free(pool, spare);
     spare = NULL;
   }
-  mp__block_t *kept =
-      mp__after_map(pool, v, back, c.addr, c.size, r, spare, true, true);
+  mp__block_t *kept = mp__after_map(pool, v, back, c.addr, c.size, c.made_for,
+                                    r, spare, true, true);
   if (hole != NULL)
     *hole = kept;
   mp__recs_free(pool, recs);
@@ -489,7 +493,7 @@ static bool mp__top_chunk_in(const mp__segment_t *v, const mp__block_t *b,
  * bytes released. */
 static size_t mp__vrange_release_all(mp_pool_t *pool, mp__segment_t *v,
                                      const mp__block_t *k1,
-                                     const mp__block_t *k2, uint32_t sidx) {
+                                     const mp__block_t *k2) {
   size_t done = 0, i = 0;
   uintptr_t ceil = UINTPTR_MAX; /* below a chunk the device refused */
   mp__block_t *b = v->last;
@@ -502,7 +506,7 @@ static size_t mp__vrange_release_all(mp_pool_t *pool, mp__segment_t *v,
     }
     mp__chunk_t c = v->chunks[i];
     mp__block_t *h;
-    if (!mp__unmap_chunk(pool, v, b, i, &h, sidx)) {
+    if (!mp__unmap_chunk(pool, v, b, i, &h)) {
       /* Refused (a transient driver error): the chunks below are still
        * tried, from the free block that holds this one again, as plain
        * segments are (mp__plain_trim_one); it waits for the next trim. No
@@ -538,12 +542,12 @@ static size_t mp__vrange_release_all(mp_pool_t *pool, mp__segment_t *v,
  * unmap free chunks anywhere. Never a device synchronize here. Returns the
  * bytes released. */
 size_t mp__vrange_reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
-                          const mp__block_t *k2, bool patient, uint32_t sidx) {
+                          const mp__block_t *k2, bool patient) {
   MP__ASSERT_LOCKED(pool);
   mp__segment_t *v = pool->vseg;
   size_t done = 0;
   if (!patient && v != NULL && want >= mp__free_bytes(pool))
-    return mp__vrange_release_all(pool, v, k1, k2, sidx);
+    return mp__vrange_release_all(pool, v, k1, k2);
   /* stream_waits=1 promises figures that do not depend on how far behind
    * the streams run (test_replay_figures): which streams are idle when
    * asked does, so such a pool used from several streams skips the rung,
@@ -574,7 +578,7 @@ size_t mp__vrange_reclaim(mp_pool_t *pool, size_t want, const mp__block_t *k1,
     }
     mp__chunk_t c = v->chunks[i];
     uint64_t refused = pool->give_back_refused;
-    if (!mp__unmap_chunk(pool, v, f, i, NULL, sidx)) {
+    if (!mp__unmap_chunk(pool, v, f, i, NULL)) {
       /* Refused: the others are still tried, as the trim's walk does
        * (mp__vrange_release_all); no records left (room for none), or
        * refused too often for one call: the next trim tries again. */
@@ -799,7 +803,7 @@ mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
     size_t want = after - pool->st.peak_reserved_bytes;
     if (mp__vsplit_limit(pool) == 0 && pool->cfg.map_piece == 0)
       want = p.bytes;
-    (void)mp__vrange_reclaim(pool, want, p.k1, p.k2, true, sidx);
+    (void)mp__vrange_reclaim(pool, want, p.k1, p.k2, true);
   }
   size_t room = mp__pool_room(pool);
   size_t grow = p.bytes;
@@ -903,9 +907,9 @@ mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
      * SEGMENT_MAP, ..., p.stream())); 0 for a take for every stream. */
     MP__HIST(pool, MP__H_SEGMENT_MAP, p.at + off, n,
              MP__HIST_STREAM(pool, sidx));
-    *fresh =
-        mp__after_map(pool, v, h, p.at + off, n, rec, spare,
-                      off == 0 ? p.jp : true, off + n == grow ? p.jn : false);
+    *fresh = mp__after_map(
+        pool, v, h, p.at + off, n, MP__HIST_STREAM(pool, sidx), rec, spare,
+        off == 0 ? p.jp : true, off + n == grow ? p.jn : false);
     h = h != NULL ? (*fresh)->next : NULL;
     MP__ASSERT(off + n == mapped || h == NULL ||
                ((h->flags & MP__B_HOLE) && h->addr == p.at + off + n));
@@ -920,7 +924,7 @@ mp_status_t mp__vrange_grow(mp_pool_t *pool, size_t size, uint32_t sidx,
 static mp_status_t mp__strays_unmap(mp_pool_t *pool, uintptr_t a,
                                     size_t bytes) {
   mp_status_t first = MP_OK;
-  mp__chunk_t left = {0, 0};
+  mp__chunk_t left = {0};
   char why[MP__ERROR_MAX] = "";
   for (size_t i = 0; i < pool->nstrays;) {
     mp__chunk_t c = pool->strays[i];
@@ -1017,7 +1021,8 @@ mp_status_t mp__pool_vm_map(mp_pool_t *pool, void *addr, size_t bytes) {
        * until the process ended, and the next growth at its address mapped
        * over it. */
       if (mp__device_vm_unmap(pool->dev, addr, bytes) != MP_OK)
-        pool->strays[pool->nstrays++] = (mp__chunk_t){(uintptr_t)addr, bytes};
+        pool->strays[pool->nstrays++] =
+            (mp__chunk_t){.addr = (uintptr_t)addr, .size = bytes};
       mp__fail(st, "%s", why);
     }
   }

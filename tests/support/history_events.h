@@ -3,6 +3,7 @@
 #ifndef MEMPOOL_TESTS_HISTORY_EVENTS_H
 #define MEMPOOL_TESTS_HISTORY_EVENTS_H
 
+#include <criterion/criterion.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,6 +24,21 @@ static inline size_t history_events_of(const mp_pool_t *p, unsigned action,
       got[n] = e->stream;
     n++;
   }
+  return n;
+}
+
+/* Expects the ring's events of action after the first `from` to be at
+ * least one, each saying stream; what names them in messages. Returns how
+ * many the ring holds. */
+static inline size_t history_events_say(const mp_pool_t *p, unsigned action,
+                                        size_t from, uintptr_t stream,
+                                        const char *what) {
+  uintptr_t got[64];
+  size_t n = history_events_of(p, action, got, 64);
+  cr_expect_gt(n, from, "no %s", what);
+  for (size_t i = from; i < n && i < 64; i++)
+    cr_expect_eq(got[i], stream, "%s %zu says %#lx, not %#lx", what, i,
+                 (unsigned long)got[i], (unsigned long)stream);
   return n;
 }
 
