@@ -607,7 +607,7 @@ mp__block_freed(mp_pool_t *pool, mp__block_t *b, bool plain) {
   MP__ASSERT(!(b->flags & (MP__B_FREE | MP__B_HOLE)));
   MP__ASSERT(pool->st.allocated_bytes >= b->size);
   if (!plain && MP__UNLIKELY(pool->hist.ev != NULL))
-    mp__history_free(pool, b->addr, b->requested,
+    mp__history_free(pool, b->addr, b->requested, b->size,
                      MP__HIST_STREAM(pool, b->sidx),
                      (b->flags & MP__B_HELD) != 0);
   pool->st.allocated_bytes -= b->size;

@@ -191,7 +191,7 @@ static void mp__swap_places(mp__mover_t *m, mp__block_t *b, mp__block_t *f,
    * replay of it peaked above the pool. */
   if (MP__UNLIKELY(pool->hist.ev != NULL)) {
     uintptr_t hs = MP__HIST_STREAM(pool, b->sidx);
-    mp__history_free(pool, b->addr, b->requested, hs, false);
+    mp__history_free(pool, b->addr, b->requested, b->size, hs, false);
     mp__history_record(pool, MP__H_ALLOC, new_addr, b->requested, hs);
   }
   mp__map_remove(pool, b);

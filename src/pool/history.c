@@ -74,7 +74,7 @@ void mp__history_release(mp_pool_t *pool) {
 /* Appends one event with the given time and stack. */
 static void mp__hist_put(mp__history_t *h, unsigned action, uintptr_t addr,
                          size_t size, uintptr_t stream, uint64_t time_us,
-                         void *const *frames, int nframes) {
+                         void *const *frames, int nframes, uint32_t over) {
   size_t i = h->next;
   mp__hevent_t *e = &h->ev[i];
   e->time_us = time_us;
@@ -84,6 +84,7 @@ static void mp__hist_put(mp__history_t *h, unsigned action, uintptr_t addr,
   e->action = (uint8_t)action;
   e->nframes = (uint8_t)nframes;
   e->restored = false;
+  e->over = over;
   if (nframes > 0)
     memcpy(&h->frames[i * MP__HIST_FRAMES], frames,
            (size_t)nframes * sizeof(void *));
@@ -126,7 +127,8 @@ void mp__history_put(mp_pool_t *pool, const mp__hstamp_t *at, unsigned action,
                      bool restored) {
   mp__history_t *h = &pool->hist;
   size_t i = h->next;
-  mp__hist_put(h, action, addr, size, stream, at->us, at->frames, at->nframes);
+  mp__hist_put(h, action, addr, size, stream, at->us, at->frames, at->nframes,
+               0);
   h->ev[i].restored = restored;
 }
 
@@ -134,23 +136,28 @@ void mp__history_put(mp_pool_t *pool, const mp__hstamp_t *at, unsigned action,
  * backtrace: a free's requested and completed events share them. */
 __attribute__((noinline)) static void
 mp__hist_record(mp_pool_t *pool, const unsigned *actions, int n, uintptr_t addr,
-                size_t size, uintptr_t stream) {
+                size_t size, uintptr_t stream, uint32_t over) {
   mp__hstamp_t at;
   mp__history_stamp(pool, &at);
   for (int k = 0; k < n; k++)
     mp__hist_put(&pool->hist, actions[k], addr, size, stream, at.us, at.frames,
-                 at.nframes);
+                 at.nframes, over);
 }
 
 void mp__history_record(mp_pool_t *pool, unsigned action, uintptr_t addr,
                         size_t size, uintptr_t stream) {
-  mp__hist_record(pool, &action, 1, addr, size, stream);
+  mp__hist_record(pool, &action, 1, addr, size, stream, 0);
 }
 
 void mp__history_free(mp_pool_t *pool, uintptr_t addr, size_t size,
-                      uintptr_t stream, bool requested) {
+                      size_t block, uintptr_t stream, bool requested) {
   static const unsigned both[2] = {MP__H_FREE_REQUESTED, MP__H_FREE_COMPLETED};
-  mp__hist_record(pool, both + requested, 2 - requested, addr, size, stream);
+  /* The block's bytes past the request rounded (mp__hevent_t.over). */
+  size_t up, units = 0;
+  if (mp__pool_round(pool, size, &up) && block > up)
+    units = (block - up) / (pool->align_add + 1);
+  mp__hist_record(pool, both + requested, 2 - requested, addr, size, stream,
+                  units > UINT32_MAX ? UINT32_MAX : (uint32_t)units);
 }
 
 void mp__history_save_next(const mp_pool_t *pool, mp__hkept_t *out) {

@@ -393,7 +393,15 @@ typedef struct mp__hevent {
    * (pause.c): a snapshot gives the block the frames of its own earlier
    * alloc while the ring still holds it (snapshot.c). */
   bool restored;
+  /* free_requested, free_completed: the freed block's bytes past its
+   * request rounded as the pool rounds (a block taken whole: mp__whole_ok,
+   * or no record to split it with), in units of the pool's align, at most
+   * UINT32_MAX; else 0. A snapshot writes a pending free block that size,
+   * as PyTorch's block keeps its size (snapshot.c). In the padding: an
+   * event stays 40 bytes. */
+  uint32_t over;
 } mp__hevent_t;
+_Static_assert(sizeof(mp__hevent_t) == 40, "an event is 40 bytes");
 
 typedef struct mp__history {
   mp__hevent_t *ev; /* NULL: no history */
@@ -2228,7 +2236,7 @@ void mp__history_put(mp_pool_t *pool, const mp__hstamp_t *at, unsigned action,
  * whose free_completed comes when its leases close: export.c), only the
  * free_completed. */
 void mp__history_free(mp_pool_t *pool, uintptr_t addr, size_t size,
-                      uintptr_t stream, bool requested);
+                      size_t block, uintptr_t stream, bool requested);
 /* An event's slot as it was (its stack too, where stacks are kept): what
  * mp__history_take_back puts back. */
 typedef struct mp__hkept {

@@ -322,22 +322,27 @@ static size_t mp__salloc_last(const mp__salloc_t *al, size_t n, uintptr_t addr,
  * requested_size (CUDACachingAllocator.cpp, snapshot(): block_info.size,
  * requested_size), and the bytes around them are the inactive blocks they
  * merged into. It is written so, as far as the history tells (its events
- * hold requests, not block sizes, and no stream uses): the newest free
- * inside it whose bytes no later event there took (mp__snap_pieces) is
- * an active_pending_free block from the free's address, its size the
- * request rounded as the pool rounds, cut at the block's top; its
- * requested_size, stream and frames those of the free and of the alloc
- * before it at that address (a resume's, restored, gives way to an earlier
- * one); the bytes between them inactive. None in the history: the block
- * whole, 0, no stream, no frames. */
+ * hold requests, and a free's block size past it, but no stream uses): the
+ * newest free inside it whose bytes no later event there took
+ * (mp__snap_pieces) is an active_pending_free block from the free's
+ * address, its size the freed block's (mp__snap_span), cut at the block's
+ * top; its requested_size, stream and frames those of the free and of
+ * the alloc before it at that address (a resume's, restored, gives way to
+ * an earlier one); the bytes between them inactive. None in the history:
+ * the block whole, 0, no stream, no frames. */
 
-/* The bytes event e's block held from its address: its request rounded
- * as the pool rounds, at least 1 (an unroundable one: to the top). */
+/* The bytes free event e's block held from its address: its request
+ * rounded as the pool rounds, and what it held past that (over: a block
+ * handed out whole, which PyTorch's snapshot writes whole, block_info.size
+ * = block->size: it was written as its request, the rest inactive), at
+ * least 1 (an unroundable one, or one past UINT32_MAX units: to the top). */
 static size_t mp__snap_span(const mp__snap_t *s, size_t e) {
-  size_t up;
-  if (__builtin_add_overflow(s->ev[e].size, s->align_add, &up))
+  size_t up, over;
+  if (__builtin_add_overflow(s->ev[e].size, s->align_add, &up) ||
+      s->ev[e].over == UINT32_MAX ||
+      __builtin_mul_overflow((size_t)s->ev[e].over, s->align_add + 1, &over) ||
+      __builtin_add_overflow(up & s->align_mask, over, &up))
     return SIZE_MAX;
-  up &= s->align_mask;
   return up == 0 ? 1 : up;
 }
 
