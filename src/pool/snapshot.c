@@ -226,6 +226,11 @@ typedef struct {
   bool has_stream;
   bool freed; /* pending and in the free index: written as the pending
                  frees the history shows inside it (mp__snap_link_freed) */
+  /* The stream handle its memory was made for (mp__segment_t's, or for
+   * the virtual range its chunk's), set on the blocks that start a
+   * snapshot segment (and the pieces cut from them), for a segment with
+   * no active block (mp__write_segment). */
+  uintptr_t made_for;
 } mp__sblock_t;
 
 typedef struct {
@@ -245,10 +250,6 @@ typedef struct {
   size_t next;         /* the next event the trace writes (mp__write_trace) */
   uint64_t pool_id[2]; /* segment_pool_id (graph_id) */
   int device;          /* the CUDA ordinal it is written as */
-  /* The segment_alloc and segment_map events, by address then age
-   * (mp__snap_link_segments); nsegev of them. */
-  struct mp__salloc *segev;
-  size_t nsegev;
   size_t align_add, align_mask; /* the pool's rounding (mp__pool_round) */
 } mp__snap_t;
 
@@ -257,7 +258,6 @@ static void mp__snap_free(mp__snap_t *s) {
   free(s->segs);
   free(s->ev);
   free(s->frames);
-  free(s->segev);
 }
 
 static int mp__sblock_cmp(const void *a, const void *b) {
@@ -444,7 +444,7 @@ static mp_status_t mp__snap_link_freed(mp__snap_t *s) {
         continue;
       }
       uintptr_t cur = b->addr, end = b->addr + b->size;
-      const mp__sblock_t gap = {.ev = SIZE_MAX};
+      const mp__sblock_t gap = {.ev = SIZE_MAX, .made_for = b->made_for};
       for (size_t p = 0; p < np[k]; p++) {
         size_t e = in[at[k] + p].e;
         const mp__hevent_t *fe = &s->ev[e];
@@ -496,31 +496,8 @@ out:
   return st;
 }
 
-/* The segment_alloc and segment_map events, sorted (s->segev), for the
- * stream of a segment that holds no active block (mp__write_segment). */
-static mp_status_t mp__snap_link_segments(mp__snap_t *s) {
-  size_t n = 0;
-  for (size_t e = 0; e < s->nev; e++)
-    n += s->ev[e].action == MP__H_SEGMENT_ALLOC ||
-         s->ev[e].action == MP__H_SEGMENT_MAP;
-  if (n == 0)
-    return MP_OK;
-  s->segev = mp__host_alloc(n * sizeof *s->segev);
-  if (s->segev == NULL)
-    return mp__fail(MP_ENOMEM, "mp_pool_snapshot: out of host memory");
-  for (size_t e = 0; e < s->nev; e++)
-    if (s->ev[e].action == MP__H_SEGMENT_ALLOC ||
-        s->ev[e].action == MP__H_SEGMENT_MAP)
-      s->segev[s->nsegev++] = (mp__salloc_t){s->ev[e].addr, e};
-  qsort(s->segev, s->nsegev, sizeof *s->segev, mp__salloc_cmp);
-  return MP_OK;
-}
-
 /* Gives each active block the index of its last alloc event in the ring. */
 static mp_status_t mp__snap_link_events(mp__snap_t *s) {
-  mp_status_t st = mp__snap_link_segments(s);
-  if (st != MP_OK)
-    return st;
   size_t nlive = 0;
   for (size_t i = 0; i < s->nblocks; i++)
     nlive += mp__sblock_active(&s->blocks[i]);
@@ -632,6 +609,14 @@ static mp_status_t mp__snap_take(mp_pool_t *pool, mp__snap_t *s) {
                        b->sidx < pool->nstreams &&
                        pool->streams[b->sidx].s != MP__STREAM_GONE;
       sb->stream = sb->has_stream ? MP__HIST_STREAM(pool, b->sidx) : 0;
+      /* A snapshot segment starts at the segment's first block and after
+       * each hole (mp__write_segments). */
+      sb->made_for = 0;
+      mp__chunk_t c;
+      if (!sb->hole && (b->prev == NULL || (b->prev->flags & MP__B_HOLE)))
+        sb->made_for = g->kind != MP__SEG_VIRTUAL            ? g->made_for
+                       : mp__vrange_chunk_of(g, b->addr, &c) ? c.made_for
+                                                             : 0;
     }
     ss->nblocks = s->nblocks - ss->first;
   }
@@ -725,16 +710,12 @@ static void mp__write_segment(mp__pk_t *w, const mp__snap_t *s, size_t b0,
   }
   /* None active: the stream its memory was made for, as PyTorch's segment
    * keeps its stream while wholly free (CUDACachingAllocator.cpp,
-   * alloc_block: the segment's head block is made on p.stream()): that of
-   * the newest segment_alloc or segment_map event at its address, where
-   * the history holds one. */
-  if (!has_stream) {
-    size_t at =
-        mp__salloc_last(s->segev, s->nsegev, s->blocks[b0].addr, SIZE_MAX);
-    if (at != SIZE_MAX &&
-        s->ev[s->segev[at].e].stream != (uintptr_t)MP__STREAM_GONE)
-      stream = s->ev[s->segev[at].e].stream;
-  }
+   * alloc_block: the segment's head block is made on p.stream()): the one
+   * the pool keeps with the segment or its head's chunk. It was that of the
+   * newest segment_alloc or segment_map event at its address in the ring:
+   * 0 once the ring had dropped it, and without history. */
+  if (!has_stream && s->blocks[b0].made_for != (uintptr_t)MP__STREAM_GONE)
+    stream = s->blocks[b0].made_for;
   mp__pk_dict(w);
   mp__pk_kint(w, "device", (uint64_t)s->device);
   mp__pk_kint(w, "address", s->blocks[b0].addr);
