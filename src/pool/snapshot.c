@@ -60,8 +60,9 @@
  * segment's
  * stream is a cudaStream_t's value, as PyTorch's (its segment is one
  * stream's): that of its lowest active block whose stream the pool knows,
- * else that of the newest segment_alloc or segment_map event at its
- * address that the history holds (the request's it was made for), else 0.
+ * else the one its memory was made for, kept with the plain segment or
+ * the chunk at its head (the request's that grew it; 0: taken for every
+ * stream).
  * An active block's
  * frames are those of the last alloc event of its address still in the
  * history. Frames are symbolized with dladdr():
