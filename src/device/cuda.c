@@ -508,7 +508,8 @@ static CUresult mp__cuda_restore(const mp__cuda_relaxed_t *r) {
                     : CUDA_SUCCESS;
 }
 
-/* mp__cuda_restore after call, which answered call_r. A refused restore
+/* mp__cuda_restore after the calls it was relaxed for, which failed or
+ * not. A refused restore
  * leaves the thread relaxed, a mode it did not choose, in which its own
  * captures no longer stop the unsafe calls of other threads (cuda.h,
  * cuThreadExchangeStreamCaptureMode): never silently. After a call that
@@ -519,11 +520,11 @@ static CUresult mp__cuda_restore(const mp__cuda_relaxed_t *r) {
  * succeeds, and the restore's refusal is the thread's last error, with its
  * driver code: the one way to say it, and the caller can set its mode back
  * itself. */
-static void mp__cuda_unrelax(const mp__cuda_relaxed_t *r, CUresult call_r) {
+static void mp__cuda_unrelax_after(const mp__cuda_relaxed_t *r, bool failed) {
   CUresult x = mp__cuda_restore(r);
   if (x == CUDA_SUCCESS)
     return;
-  if (call_r != CUDA_SUCCESS && call_r != CUDA_ERROR_NOT_READY) {
+  if (failed) {
     mp__cuda_unrestored = x;
     mp__cuda_unrestored_mode = r->mode;
     return;
@@ -535,6 +536,12 @@ static void mp__cuda_unrelax(const mp__cuda_relaxed_t *r, CUresult call_r) {
                         "(cuThreadExchangeStreamCaptureMode sets it back); "
                         "the call it was relaxed for succeeded",
                         msg);
+}
+
+/* mp__cuda_unrelax_after a call that answered call_r. */
+static void mp__cuda_unrelax(const mp__cuda_relaxed_t *r, CUresult call_r) {
+  mp__cuda_unrelax_after(r, call_r != CUDA_SUCCESS &&
+                                call_r != CUDA_ERROR_NOT_READY);
 }
 
 /* r = call, made with cd's context current (r is the push's failure if the
@@ -1898,33 +1905,48 @@ static mp_status_t mp__cuda_ipc_open(mp_device_t *dev, const mp_ipc_handle_t *h,
   if (h->kind == MP_IPC_CUDA) {
     CUipcMemHandle ih;
     memcpy(&ih, h->opaque, sizeof ih);
-    MP__CU_IN_CTX_RELAXED(
-        cd, r,
-        mp__cu.IpcOpenMemHandle(&p, ih, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
-    if (r != CUDA_SUCCESS)
-      return mp__cuda_fail(r, "cuIpcOpenMemHandle on %s", dev->name);
     /* The handle's sizes are the sender's word: the memory mapped is the
      * exporter's whole allocation (cuda.h, cuIpcOpenMemHandle), which must
-     * hold them, or the block would lie past it. */
+     * hold them, or the block would lie past it. The open, its check and
+     * its undoing are one relaxed section: a refused restore of the
+     * thread's mode is told once, after them all, with the failure (its
+     * message, never in place of it) or as a success's last error. */
     CUdeviceptr base = 0;
     size_t size = 0;
-    mp_status_t st = MP_OK;
-    MP__CU_IN_CTX(cd, r, mp__cu.MemGetAddressRange(&base, &size, p));
+    CUresult range = CUDA_SUCCESS, undo = CUDA_SUCCESS;
+    bool bad = false;
+    mp__cuda_relaxed_t rx = mp__cuda_relax();
+    r = mp__cuda_push(cd);
+    if (r == CUDA_SUCCESS) {
+      r = mp__cu.IpcOpenMemHandle(&p, ih, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+      if (r == CUDA_SUCCESS) {
+        range = mp__cu.MemGetAddressRange(&base, &size, p);
+        bad = range != CUDA_SUCCESS || base != p || size < h->mem_bytes;
+        if (bad)
+          undo = mp__cu.IpcCloseMemHandle(p);
+      }
+      mp__cuda_pop();
+    }
+    mp__cuda_unrelax_after(&rx, r != CUDA_SUCCESS || bad);
     if (r != CUDA_SUCCESS)
-      st = mp__cuda_fail(r,
-                         "mp_ipc_import: cuMemGetAddressRange of what the "
-                         "handle maps on %s",
-                         dev->name);
-    else if (base != p || size < h->mem_bytes)
-      st = mp__fail(MP_EINVAL,
-                    "mp_ipc_import: the handle says %zu bytes of memory, "
-                    "the allocation it names on %s has %zu",
-                    h->mem_bytes, dev->name, size);
-    if (st != MP_OK) {
-      MP__CU_IN_CTX_RELAXED(cd, r, mp__cu.IpcCloseMemHandle(p));
-      return r == CUDA_SUCCESS
+      return mp__cuda_fail(r, "cuIpcOpenMemHandle on %s", dev->name);
+    if (bad) {
+      char mode[384];
+      mp_status_t st =
+          range != CUDA_SUCCESS
+              ? mp__cuda_fail(range,
+                              "mp_ipc_import: cuMemGetAddressRange of what "
+                              "the handle maps on %s",
+                              dev->name)
+              : mp__fail(MP_EINVAL,
+                         "mp_ipc_import: the handle says %zu bytes of memory, "
+                         "the allocation it names on %s has %zu%s",
+                         h->mem_bytes, dev->name, size,
+                         mp__cuda_take_unrestored(mode, sizeof mode));
+      return undo == CUDA_SUCCESS
                  ? st
-                 : mp__cuda_import_left(dev, r, "cuIpcCloseMemHandle", p, out);
+                 : mp__cuda_import_left(dev, undo, "cuIpcCloseMemHandle", p,
+                                        out);
     }
   } else {
     if (!cd->vmm)

@@ -95,4 +95,22 @@ static inline void fk_before_call(const char *name, void (*fn)(void *),
   cr_assert(set(name, fn, arg), "the fake driver has no %s", name);
 }
 
+/* Sets this thread's capture mode to m; the mode it had
+ * (cuThreadExchangeStreamCaptureMode). */
+static inline CUstreamCaptureMode
+fk_exchange_capture_mode(CUstreamCaptureMode m) {
+  CUresult (*xchg)(CUstreamCaptureMode *);
+  FK_LOAD(xchg, "cuThreadExchangeStreamCaptureMode");
+  cr_assert_eq(xchg(&m), CUDA_SUCCESS);
+  return m;
+}
+
+/* For fk_before_call on a call the cuda backend makes in relaxed capture
+ * mode: the next cuThreadExchangeStreamCaptureMode, the restore of the
+ * thread's mode after that call, is refused (CUDA_ERROR_INVALID_VALUE). */
+static inline void fk_refuse_next_exchange(void *arg) {
+  (void)arg;
+  fk_refuse("cuThreadExchangeStreamCaptureMode", CUDA_ERROR_INVALID_VALUE, 1);
+}
+
 #endif /* MEMPOOL_FAKECUDA_TEST_H */
