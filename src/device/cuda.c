@@ -1998,13 +1998,21 @@ static mp_status_t mp__cuda_ipc_close(mp_device_t *dev, void *base,
     MP__CU_IN_CTX_RELAXED(cd, r, mp__cu.IpcCloseMemHandle((CUdeviceptr)base));
     *unmapped = r == CUDA_SUCCESS;
   } else {
-    MP__CU_IN_CTX_RELAXED(cd, r, mp__cu.MemUnmap((CUdeviceptr)base, bytes));
     /* Unmapped, the memory is gone: a failing address free after it
-     * leaves only the reservation behind, which close releases. */
-    *unmapped = r == CUDA_SUCCESS;
-    if (r == CUDA_SUCCESS)
-      MP__CU_IN_CTX_RELAXED(cd, r,
-                            mp__cu.MemAddressFree((CUdeviceptr)base, bytes));
+     * leaves only the reservation behind, which close releases. One
+     * relaxed section for both: a refused restore of the thread's mode
+     * is told once, with the address free's refusal (its message) or as
+     * the close's last error, never lost to the other call. */
+    mp__cuda_relaxed_t rx = mp__cuda_relax();
+    r = mp__cuda_push(cd);
+    if (r == CUDA_SUCCESS) {
+      r = mp__cu.MemUnmap((CUdeviceptr)base, bytes);
+      *unmapped = r == CUDA_SUCCESS;
+      if (r == CUDA_SUCCESS)
+        r = mp__cu.MemAddressFree((CUdeviceptr)base, bytes);
+      mp__cuda_pop();
+    }
+    mp__cuda_unrelax(&rx, r);
     if (*unmapped && r != CUDA_SUCCESS)
       mp__cuda_track_left(
           cd, &cd->reserves,
