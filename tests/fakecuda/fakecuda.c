@@ -2358,11 +2358,32 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags,
   return CUDA_SUCCESS;
 }
 
+/* Whether ctx is a context the fake made and that is alive: a device's
+ * primary context while retained (cuDevicePrimaryCtxRetain; a reset one
+ * too, which the retains keep), or one of cuCtxCreate's not destroyed.
+ * ctx is compared, never read, until found: any other pointer (freed,
+ * forged, another library's) is an answer, not a crash. cuda.h lists
+ * CUDA_ERROR_INVALID_CONTEXT for cuCtxPushCurrent and cuCtxSetCurrent. */
+static bool fk_ctx_live(CUcontext ctx) {
+  bool live = false;
+  pthread_mutex_lock(&fk.lock);
+  for (int i = 0; i < fk.count; i++)
+    if (ctx == &fk.ctx[i])
+      live = fk.ctx[i].refs > 0;
+  for (struct CUctx_st *c = fk.created; c != NULL; c = c->next_created)
+    if (ctx == c)
+      live = atomic_load(&c->dev) != NULL;
+  pthread_mutex_unlock(&fk.lock);
+  return live;
+}
+
 CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
   FK_COUNT(cuCtxPushCurrent_v2);
   FK_NEED_INIT();
   if (ctx == NULL || fk_depth == FK_MAX_CTX_DEPTH)
     return CUDA_ERROR_INVALID_VALUE;
+  if (!fk_ctx_live(ctx))
+    return CUDA_ERROR_INVALID_CONTEXT;
   fk_stack[fk_depth++] = ctx;
   return CUDA_SUCCESS;
 }
@@ -2391,6 +2412,8 @@ CUresult cuCtxGetCurrent(CUcontext *pctx) {
 CUresult cuCtxSetCurrent(CUcontext ctx) {
   FK_COUNT(cuCtxSetCurrent);
   FK_NEED_INIT();
+  if (ctx != NULL && !fk_ctx_live(ctx))
+    return CUDA_ERROR_INVALID_CONTEXT; /* as cuCtxPushCurrent */
   if (ctx == NULL) {
     if (fk_depth > 0)
       fk_depth--;

@@ -172,7 +172,18 @@ Test(fakecuda_contexts, a_destroyed_context_is_invalid) {
   if (fk_real()) /* a destroyed handle: undefined on a real driver */
     return;
   cr_assert_eq(cuCtxDestroy(c), CUDA_ERROR_INVALID_CONTEXT);
-  cr_assert_eq(cuCtxPushCurrent(c), CUDA_SUCCESS);
+  /* No context to make current (cuda.h, cuCtxPushCurrent:
+   * CUDA_ERROR_INVALID_CONTEXT; test_fakecuda_push_checks_the_context.c). */
+  cr_assert_eq(cuCtxPushCurrent(c), CUDA_ERROR_INVALID_CONTEXT);
+  /* One still current when destroyed stays current, dead (cuda.h,
+   * cuCtxDestroy: "attempting to access ctx from those threads" fails):
+   * here current twice, of which the destroy pops one. */
+  CUcontext d;
+  cr_assert_eq(cuCtxCreate(&d, NULL, 0, last), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxPushCurrent(d), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxDestroy(d), CUDA_SUCCESS);
+  cr_assert_eq(cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+  cr_assert_eq(cur, d);
   cr_assert_eq(cuMemAlloc(&mem, 64), CUDA_ERROR_INVALID_CONTEXT);
   cr_assert_eq(cuCtxSynchronize(), CUDA_ERROR_INVALID_CONTEXT);
   cr_assert_eq(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
