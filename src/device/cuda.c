@@ -508,13 +508,13 @@ static CUresult mp__cuda_restore(const mp__cuda_relaxed_t *r) {
                     : CUDA_SUCCESS;
 }
 
-/* mp__cuda_restore after the calls it was relaxed for, which failed or
- * not. A refused restore
- * leaves the thread relaxed, a mode it did not choose, in which its own
- * captures no longer stop the unsafe calls of other threads (cuda.h,
- * cuThreadExchangeStreamCaptureMode): never silently. After a call that
- * failed, that call's message tells it (mp__cuda_fail, which follows).
- * After one that succeeded (or answered not ready, which is no failure),
+/* mp__cuda_restore after the calls it was relaxed for (failed: whether
+ * they failed). A refused restore leaves the thread relaxed, a mode it did
+ * not choose, in which its own captures no longer stop the unsafe calls of
+ * other threads (cuda.h, cuThreadExchangeStreamCaptureMode): never
+ * silently. After calls that failed, the failure's message tells it
+ * (mp__cuda_fail or mp__cuda_take_unrestored, which follows). After calls
+ * that succeeded (or answered not ready, which is no failure),
  * what it made or gave back is done and must be the caller's (failing it
  * would lose an allocation, or have a free retried), so the call still
  * succeeds, and the restore's refusal is the thread's last error, with its
