@@ -2437,7 +2437,9 @@ static mp_status_t host_import_add(host_dev_t *h, const char *fn, void *p,
 
 static mp_status_t host_ipc_open(mp_device_t *dev, const mp_ipc_handle_t *h,
                                  void **out) {
-  HOST_NOT_IN_HOST_FN("ipc_open");
+  /* Named as the call made (include/mempool/pool.h): ipc_open is the
+   * backend's operation, no function of the API. */
+  HOST_NOT_IN_HOST_FN("mp_ipc_import");
   HOST_CHILD_NEEDS(host_of(dev), HOST_HELD_MEM, "mp_ipc_import");
   uint64_t off = 0;
   host_ipc_tag_t id;
