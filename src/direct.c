@@ -60,8 +60,11 @@
  * the sessions in flight whose device free has not returned), so that a
  * block the device refuses goes back into the session without allocating:
  * taking a session leaves that room (its blocks leave both), and every
- * other addition reserves room beyond it. The mutex is never held across
- * a device call. */
+ * other addition reserves room beyond it; the map also has room for
+ * allocating more entries (the allocations whose device allocation is
+ * under way: each reserved its entry before it, so a block the device
+ * gives is never refused a place, and never needs a device free that may
+ * be refused in turn). The mutex is never held across a device call. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -130,6 +133,10 @@ struct mp_direct {
   pthread_cond_t released;      /* a session ended (left inflight) */
   mp_stats_t st; /* counters and peaks; byte fields derived on read */
   size_t total;  /* the device's memory in all, asked at create; 0: not told */
+  size_t allocating; /* allocations whose device allocation is under way:
+                        the map keeps room for each, reserved before it
+                        (mp_direct_alloc), so that the block the device
+                        gives is tracked without allocating */
 };
 
 /* ---- the block map --------------------------------------------------- */
@@ -260,10 +267,12 @@ static bool mp__direct_reserve_deferred(mp_direct_t *d, size_t more) {
 }
 
 /* Room in the block map for more blocks, beyond the room kept for the
- * sessions in flight (restoring); false when the host is out of memory. */
+ * sessions in flight (restoring) and the allocations under way
+ * (allocating); false when the host is out of memory. */
 static bool mp__direct_reserve_map(mp_direct_t *d, size_t more) {
-  return more <= SIZE_MAX / 4 - d->restoring &&
-         mp__ptrmap_reserve(&d->blocks, more + d->restoring);
+  size_t kept = d->restoring + d->allocating;
+  return more <= SIZE_MAX / 4 - kept &&
+         mp__ptrmap_reserve(&d->blocks, more + kept);
 }
 
 /* A block of a session in flight whose device free returned (under the
@@ -549,6 +558,17 @@ mp_status_t mp_direct_alloc(mp_direct_t *d, size_t bytes, mp_stream_t s,
     *out = NULL;
     return MP_OK;
   }
+  /* The block's room in the map before the device allocation, the one
+   * step that can fail after it otherwise: a block the device gave could
+   * only be freed again, and a free the device refused left it allocated
+   * and tracked nowhere (lost until the device closed). */
+  pthread_mutex_lock(&d->mu);
+  bool room = mp__direct_reserve_map(d, 1);
+  if (room)
+    d->allocating++;
+  pthread_mutex_unlock(&d->mu);
+  if (!room)
+    return mp__fail(MP_ENOMEM, "mp_direct_alloc: out of host memory");
   void *p = NULL;
   /* A try the device refuses records its MP_ENOMEM before the retry that
    * then succeeds (a session ended for it, or another thread's): a call
@@ -575,6 +595,7 @@ mp_status_t mp_direct_alloc(mp_direct_t *d, size_t bytes, mp_stream_t s,
     st = mp__direct_alloc_retry(d, bytes, s, gen, &p, &retried);
   }
   pthread_mutex_lock(&d->mu);
+  d->allocating--; /* its room is p's now, or no one's */
   if (retried)
     d->st.alloc_retry_count++;
   if (st != MP_OK) {
@@ -583,12 +604,7 @@ mp_status_t mp_direct_alloc(mp_direct_t *d, size_t bytes, mp_stream_t s,
     pthread_mutex_unlock(&d->mu);
     return st;
   }
-  if (!mp__direct_reserve_map(d, 1)) {
-    pthread_mutex_unlock(&d->mu);
-    (void)mp__device_free(d->dev, p);
-    return mp__fail(MP_ENOMEM, "mp_direct_alloc: out of host memory");
-  }
-  mp__dmap_put(d, p, bytes, MP__DIRECT_LIVE);
+  mp__dmap_put(d, p, bytes, MP__DIRECT_LIVE); /* in the room kept for it */
   d->live_bytes += bytes;
   d->st.alloc_count++;
   d->st.device_alloc_count++;
