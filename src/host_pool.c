@@ -475,19 +475,33 @@ static void mp__hp_free_held(mp_host_pool_t *hp, void *ptr, bool *kept) {
   mp__pool_unlock(hp->pool);
 }
 
+/* A hold's record, zeroed; NULL (said, as fn's refusal) without host
+ * memory. */
+static mp__hp_hold_t *mp__hp_hold_new(const char *fn) {
+  mp__hp_hold_t *h = mp__host_calloc(1, sizeof *h);
+  if (h == NULL)
+    mp__fail(MP_ENOMEM,
+             "%s: out of host memory holding a buffer a captured graph uses",
+             fn);
+  return h;
+}
+
 /* Live buffer ptr is used by the graph that s is being captured into: held
- * until that graph is gone. MP_ENOMEM (nothing changed) when no hold can
- * be made; a graph whose end cannot be learnt (s NULL: one not named)
- * holds it for good. */
-static mp_status_t mp__hp_hold(mp_host_pool_t *hp, void *ptr, mp_stream_t s) {
+ * until that graph is gone. A new hold takes *spare when set (made before
+ * a step that cannot be undone: *spare is then NULL), else its own record:
+ * MP_ENOMEM (nothing changed) when none can be made. A graph whose end
+ * cannot be learnt (s NULL: one not named) holds it for good. */
+static mp_status_t mp__hp_hold(mp_host_pool_t *hp, void *ptr, mp_stream_t s,
+                               const char *fn, mp__hp_hold_t **spare) {
   mp__pool_lock(hp->pool);
   mp__hp_hold_t *h = mp__hp_hold_of(hp, ptr, NULL);
   if (h == NULL) {
-    h = mp__host_calloc(1, sizeof *h);
-    if (h == NULL) {
+    if (spare != NULL && *spare != NULL) {
+      h = *spare;
+      *spare = NULL;
+    } else if ((h = mp__hp_hold_new(fn)) == NULL) {
       mp__pool_unlock(hp->pool);
-      return mp__fail(MP_ENOMEM, "out of host memory holding a buffer a "
-                                 "captured graph uses");
+      return MP_ENOMEM;
     }
     h->ptr = ptr;
     h->keep = hp->keep;
@@ -601,7 +615,7 @@ mp_status_t mp_host_pool_alloc(mp_host_pool_t *hp, size_t bytes, mp_stream_t s,
   st = mp__hp_said(st, who, __func__);
   /* Allocated while s captures: the graph uses it (above). */
   if (st == MP_OK && p != NULL && mp__hp_capturing(hp, s))
-    st = mp__hp_hold(hp, p, s);
+    st = mp__hp_hold(hp, p, s, __func__, NULL);
   if (st != MP_OK && p != NULL)
     (void)mp_pool_free(hp->pool, p);
   mp__hp_leave(hp, s, pinned, st == MP_OK && p != NULL);
@@ -682,7 +696,7 @@ mp_status_t mp_host_pool_free(mp_host_pool_t *hp, void *ptr) {
     return mp__fail(MP_EINVAL, "%s: %p is not live (double free?)", __func__,
                     ptr);
   for (size_t i = 0; i < n; i++) {
-    mp_status_t st = mp__hp_hold(hp, ptr, cap[i]);
+    mp_status_t st = mp__hp_hold(hp, ptr, cap[i], __func__, NULL);
     if (st != MP_OK)
       return st;
   }
@@ -720,12 +734,19 @@ mp_status_t mp_host_pool_record_stream(mp_host_pool_t *hp, void *ptr,
     st = mp__hp_not_freed(hp, ptr, __func__);
   if (st != MP_OK)
     return st;
+  /* Named while s captures: the graph uses it (above). The hold's record
+   * first: a use once recorded is not taken back, and a refusal changes
+   * nothing (refused after the record, the buffer kept s's use, and its
+   * free later held it for a graph whose use was never held). */
+  mp__hp_hold_t *spare = NULL;
+  if (mp__hp_capturing(hp, s) && (spare = mp__hp_hold_new(__func__)) == NULL)
+    return MP_ENOMEM;
   mp__hp_named(hp, s);
   st = mp__hp_said(mp_pool_record_stream(hp->pool, ptr, s),
                    "mp_pool_record_stream", __func__);
-  /* Named while s captures: the graph uses it (above). */
-  if (st == MP_OK && mp__hp_capturing(hp, s))
-    st = mp__hp_hold(hp, ptr, s);
+  if (st == MP_OK && spare != NULL)
+    st = mp__hp_hold(hp, ptr, s, __func__, &spare);
+  free(spare); /* unused: refused, or ptr held already */
   return st;
 }
 
