@@ -1028,7 +1028,15 @@ mp_status_t mp__arena_graph_borrow(mp_pool_t *graph, size_t *bytes,
   mp_pool_t *lender = NULL;
   /* MP__EHOST (host memory ran out) stops the graph pool's ladder with
    * its message (graph.c's borrowing says why). A failure counts once in
-   * the graph pool's allocation, whose ladder may borrow again. */
+   * the graph pool's allocation, whose ladder may borrow again. The lent
+   * ranges' room first, the calling thread's arena made for it: a lend
+   * refused once the range is live would have counted it (graph.c). */
+  mp_pool_t *mine;
+  mp_status_t made = mp__arena_mine_made(graph->parent, &mine);
+  if (made != MP_OK)
+    return made == MP_ENOMEM ? MP__EHOST : made;
+  if ((made = mp__graph_lend_rooms(graph->parent)) != MP_OK)
+    return made;
   bool quiet = mp__oom_quiet;
   mp__oom_quiet = mp__graph_counted();
   mp__arena_loan_t loan = {graph, *bytes};

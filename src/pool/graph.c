@@ -469,18 +469,46 @@ mp_pool_t *mp_pool_graph_of(mp_pool_t *parent, mp_stream_t s) {
   return g;
 }
 
-mp_status_t mp__graph_lend(mp_pool_t *lender, mp_pool_t *graph,
-                           void *const *out, size_t *bytes) {
+/* Room for one more lent range in lender's list (under its lock); false
+ * (said) without host memory. */
+static bool mp__graph_lend_room(mp_pool_t *lender) {
   mp__grange_t *r = mp__graph_room(lender->granges, lender->ngranges,
                                    &lender->granges_cap, sizeof *r, "ranges");
   if (r != NULL)
     lender->granges = r;
+  return r != NULL;
+}
+
+mp_status_t mp__graph_lend_rooms(mp_pool_t *parent) {
+  for (size_t i = 0; i < parent->cfg.arenas; i++) {
+    mp_pool_t *a = mp__arena_at(parent, i);
+    if (a == NULL)
+      continue;
+    mp__pool_lock(a);
+    bool room = mp__graph_lend_room(a);
+    mp__pool_unlock(a);
+    if (!room)
+      return MP__EHOST;
+  }
+  return MP_OK;
+}
+
+mp_status_t mp__graph_lend(mp_pool_t *lender, mp_pool_t *graph,
+                           void *const *out, size_t *bytes) {
+  bool room = mp__graph_lend_room(lender);
   mp__slot_t *slot = NULL;
   mp__block_t *b = mp__map_lookup(lender, (uintptr_t)*out, &slot);
   bool gone = mp__graph_gone_here(graph);
-  if (r == NULL || gone) {
+  if (!room || gone) {
     mp__map_remove_slot(lender, slot);
     mp__block_release(lender, b);
+    /* A refused allocation: no free counted (nor, derived from free_count
+     * and the live map, an allocation). The peaks the block may have
+     * raised stay: room taken before the take (mp__graph_borrow,
+     * mp__graph_lend_rooms) leaves a lend refused for host memory only
+     * where another borrow took that room while the take had the lock
+     * dropped. */
+    lender->st.free_count--;
     return gone ? mp__graph_refuse_gone(graph) : MP__EHOST;
   }
   b->flags |= MP__B_CHILD;

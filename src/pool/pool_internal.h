@@ -1129,6 +1129,13 @@ extern _Thread_local const mp_pool_t *mp__graph_growing;
  * table the block goes back: MP__EHOST. */
 mp_status_t mp__graph_lend(mp_pool_t *lender, mp_pool_t *graph,
                            void *const *out, size_t *bytes);
+/* No lock held: room for one more range in the table of every arena of
+ * parent made so far (each under its own lock), taken before a graph
+ * pool's range is borrowed on the arenas' path (the calling thread's arena
+ * made first), so that the arena that makes it live lends it without
+ * allocating: host memory running out refuses the borrow before anything
+ * is taken, and changes nothing. MP__EHOST (said) when there is none. */
+mp_status_t mp__graph_lend_rooms(mp_pool_t *parent);
 /* Under parent's lock: the graph pool stream s (the calling thread's, for
  * a per-thread stream) allocates to, or NULL. */
 mp_pool_t *mp__graph_route(const mp_pool_t *parent, mp_stream_t s);
