@@ -436,14 +436,23 @@ static unsigned int mp__h_error(bool runtime, mp_status_t st) {
   return runtime ? mp__pl_cuda_error(st) : mp__pl_cu_error(st);
 }
 
+bool mp__pl_own_call_begin(unsigned *mode, bool *relaxed) {
+  *relaxed = mp__pl_mode_relax(mode);
+  return *relaxed || !mp__pl_capture_begun();
+}
+
 /* Only the errors it can raise: no call at all for another one (a host
  * function's cudaErrorNotPermitted, mp__pl_free_invalid, which no call of
  * the runtime there would be let through to raise; a driver's code passed
  * on from a refused wait, mp__pl_cuda_error, which a sticky error raises
  * in the runtime by itself and another the runtime's last error does not
- * show). Both calls in relaxed capture mode (mp__pl_mode_relax), as
+ * show). Both calls in relaxed capture mode (mp__pl_own_call_begin), as
  * runtime.c's own calls: in the caller's mode they could be refused, and
- * invalidate a capture, where the caller's call was none of that. */
+ * invalidate a capture, where the caller's call was none of that. Where
+ * the switch is refused while a capture is begun, no call is made, and the
+ * runtime's last error is left as it was: before, the cudaMalloc of
+ * SIZE_MAX was made in the caller's mode and invalidated a global-mode
+ * capture (the caller's own, or another thread's). */
 void mp__pl_rt_set_last_error(const mp__pl_t *pl, mp__cudaerr r) {
   const mp__real_cudart_t *rt = mp__pl_real_cudart();
   if (pl->host || rt->cudaMalloc == NULL ||
@@ -451,7 +460,9 @@ void mp__pl_rt_set_last_error(const mp__pl_t *pl, mp__cudaerr r) {
     return;
   void *x = NULL;
   unsigned mode;
-  bool relaxed = mp__pl_mode_relax(&mode);
+  bool relaxed;
+  if (!mp__pl_own_call_begin(&mode, &relaxed))
+    return;
   if (r == MP__CUDA_INVALID_VALUE)
     (void)rt->cudaMalloc(NULL, 1);
   else if (r == MP__CUDA_MEMORY_ALLOCATION && rt->cudaMalloc(&x, SIZE_MAX) == 0)

@@ -572,6 +572,16 @@ void mp__pl_host_report(FILE *f, const mp__pl_t *pl);
  * one, nor on the host device (no runtime). In host.c, not runtime.c,
  * which calls host.c already (mp__pl_memory_holds). */
 void mp__pl_rt_set_last_error(const mp__pl_t *pl, mp__cudaerr r);
+/* Before a potentially unsafe call of the shim's own (cuda.h,
+ * cuThreadExchangeStreamCaptureMode: the runtime's probes), the calling
+ * thread's mode made relaxed (mp__pl_mode_relax: *relaxed, the old mode in
+ * *mode, for mp__pl_mode_restore after the call). False, nothing changed,
+ * where the switch is refused while a capture is begun
+ * (mp__pl_capture_begun): the call must not be made, since in the caller's
+ * mode a global-mode capture (the caller's, or another thread's with this
+ * one in global mode) prohibits it and the driver invalidates that capture.
+ * With no capture begun the call may go ahead in the caller's mode. */
+bool mp__pl_own_call_begin(unsigned *mode, bool *relaxed);
 /* Whether addr lies in a page-locked host pool's chunks (pool mode);
  * *live then says whether a block the program holds contains it, that
  * block in *b (its range and flags are the block's, not the chunk's). */

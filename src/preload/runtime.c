@@ -75,17 +75,22 @@ static bool mp__rt_capturing(const mp__pl_t *pl, mp__custream s, bool ptsz) {
 static _Thread_local bool mp__rt_started;
 
 /* A call of the shim's own (as mp__pl_rt_set_last_error's are), made in
- * relaxed capture mode (mp__pl_mode_relax): a cudaMalloc or cudaFree is
+ * relaxed capture mode (mp__pl_own_call_begin): a cudaMalloc or cudaFree is
  * potentially unsafe (cuda.h, cuThreadExchangeStreamCaptureMode), and in the
  * caller's mode it could be refused, and invalidate a capture (another thread's
- * in global mode), where the caller's own call was none of that. */
+ * in global mode), where the caller's own call was none of that. Where the
+ * switch is refused while a capture is begun, it is not made, and the thread
+ * is not yet started: a later call starts it (before, the cudaFree was made
+ * in the caller's mode). */
 static void mp__rt_start_thread(const mp__pl_t *pl) {
   const mp__real_cudart_t *rt = mp__pl_real_cudart();
   if (pl->host || mp__rt_started || rt->cudaFree == NULL)
     return;
-  mp__rt_started = true;
   unsigned mode;
-  bool relaxed = mp__pl_mode_relax(&mode);
+  bool relaxed;
+  if (!mp__pl_own_call_begin(&mode, &relaxed))
+    return;
+  mp__rt_started = true;
   (void)rt->cudaFree(NULL);
   if (relaxed)
     mp__pl_mode_restore(mode);
