@@ -3307,6 +3307,30 @@ static fk_stream_t *fk_foreign_stream(CUstream h, struct CUctx_st **ctx) {
   return NULL;
 }
 
+/* fk_resolve for the queries that answer a stream of any context
+ * (cuStreamGetCtx, cuStreamGetFlags, cuStreamIsCapturing and
+ * cuStreamGetCaptureInfo): an explicit handle of a stream of another
+ * context (fk_foreign_stream) is that stream, its context in *ctx (the
+ * current context otherwise); only a handle that is no live stream of any
+ * context is CUDA_ERROR_INVALID_HANDLE, counted (cuFakeGetErrorCount).
+ * Before, fk_resolve counted another context's stream as an invalid handle
+ * before it was found and answered, so the count grew with legal queries.
+ * Under fk.lock. */
+static CUresult fk_resolve_any(mp_device_t *dev, CUstream h, bool ptsz,
+                               fk_stream_t **out, struct CUctx_st **ctx) {
+  *ctx = fk_ctx();
+  struct CUctx_st *other = NULL;
+  fk_stream_t *st = NULL;
+  if (h != NULL && h != CU_STREAM_LEGACY && h != CU_STREAM_PER_THREAD &&
+      fk_stream_in(*ctx, h) == NULL &&
+      (st = fk_foreign_stream(h, &other)) != NULL) {
+    *out = st;
+    *ctx = other;
+    return CUDA_SUCCESS;
+  }
+  return fk_resolve(dev, h, ptsz, out);
+}
+
 /* cuda.h, cuStreamGetFlags: the flags the stream was created with (a
  * per-thread or legacy default stream: CU_STREAM_DEFAULT). A stream of
  * another context is answered as the real driver answers it: on an H200
@@ -3324,12 +3348,10 @@ static CUresult fk_stream_flags(mp_device_t *dev, CUstream h, bool ptsz,
     return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&fk.lock);
   fk_stream_t *st = NULL;
-  CUresult r = fk_resolve(dev, h, ptsz, &st);
-  struct CUctx_st *other = NULL;
-  if (r == CUDA_ERROR_INVALID_HANDLE && (st = fk_foreign_stream(h, &other)))
-    r = CUDA_SUCCESS;
-  else if (r == CUDA_SUCCESS && st != NULL &&
-           st->cap != CU_STREAM_CAPTURE_STATUS_NONE)
+  struct CUctx_st *home = NULL;
+  CUresult r = fk_resolve_any(dev, h, ptsz, &st, &home);
+  if (r == CUDA_SUCCESS && home == fk_ctx() && st != NULL &&
+      st->cap != CU_STREAM_CAPTURE_STATUS_NONE)
     r = fk_capture_conflict(st, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   pthread_mutex_unlock(&fk.lock);
   if (r == CUDA_SUCCESS)
@@ -3345,10 +3367,8 @@ static CUresult fk_stream_ctx(mp_device_t *dev, CUstream h, CUcontext *pctx) {
     return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&fk.lock);
   fk_stream_t *st = NULL;
-  struct CUctx_st *c = fk_ctx();
-  CUresult r = fk_resolve(dev, h, false, &st);
-  if (r == CUDA_ERROR_INVALID_HANDLE && fk_foreign_stream(h, &c) != NULL)
-    r = CUDA_SUCCESS;
+  struct CUctx_st *c = NULL;
+  CUresult r = fk_resolve_any(dev, h, false, &st, &c);
   pthread_mutex_unlock(&fk.lock);
   if (r == CUDA_SUCCESS)
     *pctx = c;
@@ -3889,12 +3909,10 @@ static CUresult fk_capture_info(mp_device_t *dev, CUstream h, bool ptsz,
     return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&fk.lock);
   fk_stream_t *st = NULL;
-  CUresult r = fk_resolve(dev, h, ptsz, &st);
-  struct CUctx_st *other = NULL;
-  if (r == CUDA_ERROR_INVALID_HANDLE && (st = fk_foreign_stream(h, &other)))
-    r = CUDA_SUCCESS; /* answered, as cuStreamGetFlags and cuStreamGetCtx */
-  else if (r == CUDA_SUCCESS && st == NULL &&
-           fk_blocking_capture(fk_ctx()) != NULL)
+  struct CUctx_st *home = NULL; /* another context's stream is answered,
+                                   as by cuStreamGetFlags and cuStreamGetCtx */
+  CUresult r = fk_resolve_any(dev, h, ptsz, &st, &home);
+  if (r == CUDA_SUCCESS && st == NULL && fk_blocking_capture(fk_ctx()) != NULL)
     r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
   if (r == CUDA_SUCCESS) {
     *status = st != NULL ? st->cap : CU_STREAM_CAPTURE_STATUS_NONE;
