@@ -239,7 +239,14 @@ int mp__pl_reset_owner(bool stream_ordered);
  * ordinal in *ordinal, for an explicit stream of a device's primary context
  * (another device's, or the current one's once its pool is made); FOREIGN for a
  * stream of a context the program made (cuCtxCreate), which no pool serves.
- * Never asked of a capturing stream. */
+ * Asked only of a stream the driver last said does not capture: driver.c's
+ * and runtime.c's stream-ordered allocations ask first
+ * (mp__pl_capturing; cudaStreamIsCapturing, where the runtime has it), and
+ * streams.c's refused destroy asked at its begin (a capturing stream's
+ * destroy returns before). A capture begun since on another thread is not
+ * harmed: of s it asks only cuStreamGetCtx, which queues nothing on s and
+ * has no capture error (cuda.h, cuStreamGetCtx); its other calls ask about
+ * contexts. */
 typedef enum {
   MP__PL_STREAM_HERE,
   MP__PL_STREAM_DEVICE,
