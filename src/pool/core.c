@@ -37,12 +37,7 @@
 _Thread_local mp_stream_t mp__take_stream;
 
 bool mp__pool_round(const mp_pool_t *pool, size_t bytes, size_t *out) {
-  size_t up;
-  /* The overflow check is the add's carry: no separate compare. */
-  if (__builtin_add_overflow(bytes, pool->align_add, &up))
-    return false;
-  *out = up & pool->align_mask;
-  return true;
+  return mp__pool_align_up(pool, bytes, out);
 }
 
 MP__COLD bool mp__whole_ok(const mp_pool_t *pool, const mp__block_t *b,

@@ -154,7 +154,7 @@ void mp__history_free(mp_pool_t *pool, uintptr_t addr, size_t size,
   static const unsigned both[2] = {MP__H_FREE_REQUESTED, MP__H_FREE_COMPLETED};
   /* The block's bytes past the request rounded (mp__hevent_t.over). */
   size_t up, units = 0;
-  if (mp__pool_round(pool, size, &up) && block > up)
+  if (mp__pool_align_up(pool, size, &up) && block > up)
     units = (block - up) / (pool->align_add + 1);
   mp__hist_record(pool, both + requested, 2 - requested, addr, size, stream,
                   units > UINT32_MAX ? UINT32_MAX : (uint32_t)units);

@@ -1254,7 +1254,20 @@ void mp__handle_retire(mp_pool_t *pool, mp__block_t *b);
 void mp__handle_retire_all(mp_pool_t *pool);
 
 /* ---- core.c: the allocation core --------------------------------------- */
-/* [defrag] Rounds bytes up to the pool's align; false on overflow. */
+/* bytes rounded up to the pool's align in *out; false on overflow. The
+ * one rounding of the pool, inline for the layers below core.c (history.c)
+ * that may not call into it. */
+static inline bool mp__pool_align_up(const mp_pool_t *pool, size_t bytes,
+                                     size_t *out) {
+  size_t up;
+  /* The overflow check is the add's carry: no separate compare. */
+  if (__builtin_add_overflow(bytes, pool->align_add, &up))
+    return false;
+  *out = up & pool->align_mask;
+  return true;
+}
+/* [defrag] Rounds bytes up to the pool's align; false on overflow
+ * (mp__pool_align_up, out of line). */
 bool mp__pool_round(const mp_pool_t *pool, size_t bytes, size_t *out);
 /* The stream a take for every stream (sidx UINT32_MAX: a graph pool's
  * borrowing, mp__pool_alloc_locked_done) is for: the ladder's
