@@ -158,6 +158,21 @@ static bool mp__slot_reusable(mp_pool_t *pool, mp__strm_t *st) {
          st->done >= st->epoch;
 }
 
+/* The first reusable forgotten slot of gone[from, to), taken out of the
+ * list into *out: true, or false when none is. */
+static bool mp__slot_take(mp_pool_t *pool, uint32_t from, uint32_t to,
+                          uint32_t *out) {
+  for (uint32_t k = from; k < to; k++) {
+    uint32_t i = pool->gone[k];
+    if (mp__slot_reusable(pool, &pool->streams[i])) {
+      pool->gone[k] = pool->gone[--pool->ngone];
+      *out = i;
+      return true;
+    }
+  }
+  return false;
+}
+
 /* A slot for a new stream: a forgotten one whose work is all done (its
  * epoch counter carries on, so the deps of old free blocks stay done), or
  * a new one. Only a few forgotten slots are looked at per call; when none
@@ -169,26 +184,19 @@ static bool mp__slot_reusable(mp_pool_t *pool, mp__strm_t *st) {
 static mp_status_t mp__slot_new(mp_pool_t *pool, uint32_t *out) {
   enum { LOOK = 8 };
   uint32_t look = pool->ngone < LOOK ? pool->ngone : LOOK;
-  for (uint32_t k = 0; k < look; k++) {
-    uint32_t i = pool->gone[k];
-    if (mp__slot_reusable(pool, &pool->streams[i])) {
-      pool->gone[k] = pool->gone[--pool->ngone];
-      *out = i;
+  if (mp__slot_take(pool, 0, look, out))
+    return MP_OK;
+  /* A full table looks at every forgotten slot before it refuses, so that
+   * the refusal says none will do: the turn below is made only for an add
+   * that gets its slot. */
+  if (pool->nstreams >= MP__MAX_STREAMS) {
+    if (mp__slot_take(pool, look, pool->ngone, out))
       return MP_OK;
-    }
-  }
-  if (pool->ngone > look) {
-    uint32_t seen[LOOK];
-    memcpy(seen, pool->gone, look * sizeof *seen);
-    memmove(pool->gone, pool->gone + look,
-            (pool->ngone - look) * sizeof *pool->gone);
-    memcpy(pool->gone + pool->ngone - look, seen, look * sizeof *seen);
-  }
-  if (pool->nstreams >= MP__MAX_STREAMS)
     return mp__fail(MP_ENOMEM,
                     "a pool serves at most %u streams at once (destroyed "
                     "streams count until their work is done)",
                     MP__MAX_STREAMS);
+  }
   if (pool->nstreams == pool->streams_cap) {
     /* The forgotten list gets room for every slot, so that forgetting
      * never fails. */
@@ -202,6 +210,15 @@ static mp_status_t mp__slot_new(mp_pool_t *pool, uint32_t *out) {
       return mp__fail(MP_ENOMEM, "out of host memory for the stream table");
     pool->streams = st;
     pool->streams_cap = cap;
+  }
+  /* Only once the slot is sure: a refused add changes nothing (status.h);
+   * the table refused (no host memory) after the turn. */
+  if (pool->ngone > look) {
+    uint32_t seen[LOOK];
+    memcpy(seen, pool->gone, look * sizeof *seen);
+    memmove(pool->gone, pool->gone + look,
+            (pool->ngone - look) * sizeof *pool->gone);
+    memcpy(pool->gone + pool->ngone - look, seen, look * sizeof *seen);
   }
   mp__strm_t *n = &pool->streams[pool->nstreams];
   memset(n, 0, sizeof *n);
@@ -242,10 +259,6 @@ static mp_status_t mp__stream_add(mp_pool_t *pool, mp_stream_t s,
     return mp__stream_check(pool->dev, s);
   if (kind == MP__STREAM_PER_THREAD && owner == 0)
     owner = mp__self();
-  /* A thread's slot goes when the thread does (best effort: without host
-   * memory it stays, as any stream the program never destroys). */
-  if (owner != 0)
-    (void)mp__pt_register(pool);
   uint32_t live = pool->nstreams - pool->ngone;
   if (!mp__shash_reserve(pool, live))
     return mp__fail(MP_ENOMEM, "out of host memory for the stream table");
@@ -271,6 +284,12 @@ static mp_status_t mp__stream_add(mp_pool_t *pool, mp_stream_t s,
   n->done = done;
   mp__shash_put(pool, i);
   mp__stream_remember(pool, i);
+  /* A thread's slot goes when the thread does (best effort: without host
+   * memory it stays, as any stream the program never destroys). Once the
+   * slot is had: a refused add changes nothing (status.h); it put the
+   * pool in the process's list of pools with per-thread slots first. */
+  if (owner != 0)
+    (void)mp__pt_register(pool);
   /* Only once the slot is made: has_pt says a per-thread slot exists (an
    * add refused for host memory or a full table left it set, and every
    * later call took the rare path for a slot that never was). */

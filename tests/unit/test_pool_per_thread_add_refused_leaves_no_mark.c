@@ -10,23 +10,7 @@
 #include "../support/pool_helpers.h"
 #include "pool/pool_internal.h"
 #include "pool_fakedev.h"
-
-/* The fake device, with one handle that names a per-thread default stream
- * (a different stream in every thread, as CUDA's CU_STREAM_PER_THREAD). */
-#define PT_STREAM ((mp_stream_t)0x70)
-static int pt_kind(mp_device_t *d, mp_stream_t s) {
-  (void)d;
-  return s == PT_STREAM ? MP__STREAM_PER_THREAD : MP__STREAM_SHARED;
-}
-
-static mp_device_t *pt_device(void) {
-  static mp__backend_t ops;
-  mp_device_t *d = fake_open((size_t)1 << 30, 0);
-  ops = *d->ops;
-  ops.stream_kind = pt_kind;
-  d->ops = &ops;
-  return d;
-}
+#include "pt_device.h"
 
 /* Enough shared streams that the next one needs the stream table and its
  * hash to grow (host memory). */
@@ -34,13 +18,10 @@ static mp_device_t *pt_device(void) {
 
 Test(pool_per_thread_add_refused, leaves_no_per_thread_mark) {
   mp_device_t *d = pt_device();
-  /* Another pool's per-thread slot first: the process's list of such pools
-   * has room then, so the faults below land in this pool's table. */
-  mp_pool_t *p0 = make_pool(d, NULL);
+  /* Another pool's per-thread slot first: the faults below land in this
+   * pool's table. */
+  mp_pool_t *p0 = pt_pool_first(d);
   void *x;
-  cr_assert_eq(mp_pool_alloc(p0, 4096, PT_STREAM, &x), MP_OK, "%s",
-               mp_last_error());
-  cr_assert_eq(mp_pool_free(p0, x), MP_OK, "%s", mp_last_error());
 
   mp_pool_t *pool = make_pool(d, NULL);
   void *b[SHARED];

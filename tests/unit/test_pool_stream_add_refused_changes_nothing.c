@@ -9,6 +9,7 @@
 #include <criterion/criterion.h>
 
 #include "../support/pool_helpers.h"
+#include "dead_streams.h"
 #include "pool/pool_internal.h"
 #include "pool_fakedev.h"
 
@@ -17,13 +18,7 @@ Test(pool_stream_add_refused, changes_nothing) {
   mp_pool_t *pool = make_pool(dev, NULL);
   enum { NDEAD = 7 };
   void *held[NDEAD];
-  for (int i = 0; i < NDEAD; i++) {
-    mp_stream_t d;
-    cr_assert_eq(mp_stream_create(dev, &d), MP_OK, "%s", mp_last_error());
-    cr_assert_eq(mp_pool_alloc(pool, 4096, d, &held[i]), MP_OK, "%s",
-                 mp_last_error());
-    cr_assert_eq(mp_stream_destroy(dev, d), MP_OK, "%s", mp_last_error());
-  }
+  dead_streams_hold(dev, pool, held, NDEAD);
   mp_stream_t s1, s2;
   cr_assert_eq(mp_stream_create(dev, &s1), MP_OK, "%s", mp_last_error());
   cr_assert_eq(mp_stream_create(dev, &s2), MP_OK, "%s", mp_last_error());
@@ -58,9 +53,6 @@ Test(pool_stream_add_refused, changes_nothing) {
   mp__pool_unlock(pool);
   fake_of(dev)->events_busy = false;
   check(pool);
-  for (int i = 0; i < NDEAD; i++)
-    cr_assert_eq(mp_pool_free(pool, held[i]), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(mp_stream_destroy(dev, s1), MP_OK, "%s", mp_last_error());
-  cr_assert_eq(mp_stream_destroy(dev, s2), MP_OK, "%s", mp_last_error());
+  dead_streams_free(dev, pool, held, NDEAD, s1, s2);
   fake_pool_finish(pool, dev);
 }
