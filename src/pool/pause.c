@@ -141,7 +141,8 @@ static mp_status_t mp__chunks_to(mp_pool_t *pool, mp__segment_t *v, size_t *m,
  * mapped (m > 0 after an undo that failed). The stats say so: reserved is
  * their bytes and the strays' (device memory held, stats.h; a resume's map
  * refused to a peer may leave one) and segment_count their number
- * (the chunks held now: a pool with plain segments is never paused), free
+ * (the chunks held now: a pool with plain segments is never paused, but
+ * for an arena's until every arena is: mp__arenas_plain_release), free
  * stays 0 (a paused pool serves nothing). */
 static void mp__pause_mapped_set(mp_pool_t *pool, size_t m) {
   size_t held = 0;
@@ -150,6 +151,16 @@ static void mp__pause_mapped_set(mp_pool_t *pool, size_t m) {
   pool->pause_mapped = m;
   pool->st.reserved_bytes = held + pool->stray_bytes;
   pool->st.segment_count = m;
+}
+
+/* The pool's plain segments: none in a paused pool but an arena's while
+ * the other arenas pause, or those a refused pause of its pool with arenas
+ * could not give back (mp__arenas_plain_release). */
+static size_t mp__plain_count(const mp_pool_t *pool) {
+  size_t n = 0;
+  for (const mp__segment_t *g = pool->segs; g != NULL; g = g->next)
+    n += g->kind != MP__SEG_VIRTUAL;
+  return n;
 }
 
 /* For mp__chunks_history: a free (freed: free_requested and
@@ -454,8 +465,11 @@ static mp_status_t mp__pause_enter(mp_pool_t *pool) {
 }
 
 /* Pauses pool, a pool without arenas or one arena (flags checked). No lock
- * held on entry or return. */
-static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
+ * held on entry or return. keep_plain: an arena of a pool with arenas, whose
+ * free plain segments go back only once every arena is paused
+ * (mp__arenas_plain_release). */
+static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags,
+                                 bool keep_plain) {
   mp_status_t st = mp__pause_enter(pool);
   if (st != MP_OK)
     return st;
@@ -523,7 +537,7 @@ static mp_status_t mp__pause_one(mp_pool_t *pool, unsigned flags) {
     mp__fail(st, "mp_pool_pause: %s: the pool is not paused", why);
   }
   /* The streams are done with the memory: free plain segments go back. */
-  if (st == MP_OK)
+  if (st == MP_OK && !keep_plain)
     st = mp__pause_plain_release(pool);
   mp__pool_device_begin(pool);
   if (st == MP_OK && keep) {
@@ -720,7 +734,7 @@ static void mp__resume_finish(mp_pool_t *pool, bool stale) {
   pool->st.device_alloc_count += v ? v->nchunks - from : 0;
   mp__chunks_history(pool, v, from, v ? v->nchunks : 0, MP__H_SEGMENT_MAP);
   pool->st.reserved_bytes = pool->paused_reserved;
-  pool->st.segment_count = v ? v->nchunks : 0;
+  pool->st.segment_count = (v ? v->nchunks : 0) + mp__plain_count(pool);
   /* mp_pool_reset_peaks while paused set the peak to 0. */
   mp__stats_peaks(pool);
 }
@@ -754,10 +768,12 @@ static mp_status_t mp__resume_one(mp_pool_t *pool, bool stale) {
  * arenas resumed before it run while the resume finishes it. All or nothing: a
  * pause failing in arena k resumes the arenas it paused; a resume failing in
  * arena k unmaps the arenas it mapped (their host copies are kept until every
- * arena is mapped), so the pool stays paused with nothing lost. Should such an
- * undo fail too (a second device failure), the arena is left as it stands,
- * paused or running, and the message says so; a later resume resumes every
- * arena still paused. */
+ * arena is mapped), so the pool stays paused with nothing lost. The free
+ * plain segments go back once every arena is paused
+ * (mp__arenas_plain_release): an arena's undo cannot bring them back. Should
+ * such an undo fail too (a second device failure), the arena is left as it
+ * stands, paused or running, and the message says so; a later resume resumes
+ * every arena still paused. */
 
 /* Under the pool's lock: what pause refuses in the pool or any arena (as
  * a pool without arenas refuses it: plain segments, a captured stream), so
@@ -830,6 +846,38 @@ static void mp__arenas_hold_growth(mp_pool_t *pool, bool hold) {
   }
 }
 
+/* Once every arena is paused, each one's free plain segments go back
+ * (mp__pause_plain_release), so that a pause refused in a later arena (no host
+ * memory for its content, no events, a device failure, what another thread did
+ * meanwhile) has given none back: the undo (mp__resume_one) maps an arena's
+ * chunks back, but a segment the device took cannot come back, and a refused
+ * call changes nothing (status.h). It did: each arena gave its own back as it
+ * paused. Only a free the device refuses is left, as for a pool without arenas:
+ * those given back stay given back, as a trim's would. Meanwhile the arena
+ * shows its figures from before its pause, its plain segments in them (as a
+ * pool without arenas does while it gives them back), then its paused ones
+ * again, and what it maps back at the resume less what went. */
+static mp_status_t mp__arenas_plain_release(mp_pool_t *pool) {
+  mp_status_t st = MP_OK;
+  for (size_t i = 0; i < pool->cfg.arenas && st == MP_OK; i++) {
+    mp_pool_t *a = mp__arena_at(pool, i);
+    if (a == NULL)
+      continue;
+    mp__pool_lock(a);
+    if (mp__plain_count(a) > 0) {
+      size_t was = a->st.reserved_bytes, count = a->st.segment_count;
+      a->st.reserved_bytes = a->paused_reserved;
+      a->st.segment_count = a->vseg->nchunks + mp__plain_count(a);
+      st = mp__pause_plain_release(a);
+      a->paused_reserved = a->st.reserved_bytes;
+      a->st.reserved_bytes = was;
+      a->st.segment_count = count;
+    }
+    mp__pool_unlock(a);
+  }
+  return st;
+}
+
 /* The arenas' pause; the pool's lock is not held. */
 static mp_status_t mp__arenas_pause(mp_pool_t *pool, unsigned flags) {
   size_t n = pool->cfg.arenas;
@@ -858,8 +906,10 @@ static mp_status_t mp__arenas_pause(mp_pool_t *pool, unsigned flags) {
     mp_pool_t *a = mp__arena_at(pool, i);
     /* One left paused by a failed undo (above) is paused already. */
     if (a != NULL && !mp__pool_is_paused(a))
-      mine[i] = (st = mp__pause_one(a, flags)) == MP_OK;
+      mine[i] = (st = mp__pause_one(a, flags, true)) == MP_OK;
   }
+  if (st == MP_OK)
+    st = mp__arenas_plain_release(pool);
   if (st != MP_OK) {
     char why[MP__ERROR_MAX];
     bool stuck = false;
@@ -981,7 +1031,7 @@ mp_status_t mp_pool_pause(mp_pool_t *pool, unsigned flags) {
   /* Its segment_unmap events start their stacks at this call's caller. */
   MP__HIST_ENTRY(pool);
   st = pool->arenas != NULL ? mp__arenas_pause(pool, flags)
-                            : mp__pause_one(pool, flags);
+                            : mp__pause_one(pool, flags, false);
   if (st == MP_OK)
     mp__pause_tidy(pool);
   return st;
