@@ -4,11 +4,11 @@ joins a Device and its Pools or Streams (the Device knows its Pools only
 weakly). The collector is off in these tests, so only reference counting
 can free anything. A Device stays open while a Pool or Stream of it lives."""
 import gc
-import os
 
 import pytest
 
 import mempool
+from process_threads import left_since, tasks
 
 
 @pytest.fixture
@@ -19,10 +19,6 @@ def no_collector():
     yield
     if was:
         gc.enable()
-
-
-def _threads():
-    return len(os.listdir("/proc/self/task"))
 
 
 def test_a_dropped_pool_gives_its_memory_back_at_once(no_collector):
@@ -39,19 +35,19 @@ def test_a_dropped_pool_gives_its_memory_back_at_once(no_collector):
 
 
 def test_a_dropped_device_closes_at_once_after_its_pool_and_stream(no_collector):
-    before = _threads()
+    before = tasks()
     d = mempool.Device("host:capacity=64M")
     p = mempool.Pool(d)
     st = d.stream()
     p.free(p.alloc(1 << 20, stream=st), stream=st)
     st.synchronize()
-    assert _threads() > before
+    assert tasks() - before
     del d, p, st
-    assert _threads() == before
+    assert not left_since(before)
 
 
 def test_a_device_dropped_before_its_pool_stays_open_for_the_pool(no_collector):
-    before = _threads()
+    before = tasks()
     d = mempool.Device("host:capacity=64M")
     st = d.stream()
     p = mempool.Pool(d)
@@ -62,4 +58,4 @@ def test_a_device_dropped_before_its_pool_stays_open_for_the_pool(no_collector):
     del st
     p.destroy()
     del p
-    assert _threads() == before
+    assert not left_since(before)

@@ -11,6 +11,7 @@ import threading
 import pytest
 
 import mempool
+from process_threads import left_since
 
 V = ctypes.c_void_p
 HOSTFN = ctypes.CFUNCTYPE(None, V)
@@ -47,7 +48,7 @@ def test_a_stream_dropped_in_a_host_function_is_said_and_closed_with_its_device(
         del a
     # the close destroyed the stream the library refused to destroy
     gc.collect()
-    assert _tasks() <= tasks
+    assert not left_since(tasks)
 
 
 def test_a_dropped_stream_the_device_no_longer_knows_is_said(device):

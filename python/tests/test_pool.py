@@ -7,6 +7,7 @@ import os
 import pytest
 
 import mempool
+from process_threads import left_since, tasks
 
 
 def test_alloc_free_moves_allocated_and_peak(pool):
@@ -272,25 +273,21 @@ def test_a_destroyed_pool_refuses_free_of_none_too(device):
         p.free(None)
 
 
-def _threads():
-    return len(os.listdir("/proc/self/task"))
-
-
 def test_a_dropped_device_is_closed():
     # A Device dropped without close() kept the library's device open: on
     # the host device a worker thread per stream and its reserved memory
     # (50 dropped devices: 100 threads, 1.8 GB of address space).
     gc.collect()
-    before = _threads()
+    before = tasks()
     d = mempool.Device("host:capacity=64M")
     p = mempool.Pool(d)
     p.free(p.alloc(1 << 20))
     st = d.stream()
     st.synchronize()
-    assert _threads() > before
+    assert tasks() - before
     del d, p, st
     gc.collect()
-    assert _threads() == before
+    assert not left_since(before)
 
 
 def test_a_refused_close_raises_and_leaves_the_device_open():
@@ -301,7 +298,7 @@ def test_a_refused_close_raises_and_leaves_the_device_open():
     # stayed open for the life of the process and could not be closed.
     import threading
     gc.collect()
-    before = _threads()
+    before = tasks()
     d = mempool.Device("host:capacity=64M")
     st = d.stream()
     lib = ctypes.CDLL(mempool.library_path())
@@ -328,7 +325,7 @@ def test_a_refused_close_raises_and_leaves_the_device_open():
     d.close()  # from here it closes
     assert d.handle is None
     gc.collect()
-    assert _threads() == before
+    assert not left_since(before)
 
 
 def test_a_dropped_device_keeps_a_pool_dropped_with_live_blocks():
@@ -349,14 +346,14 @@ def test_a_dropped_stream_is_destroyed_and_its_blocks_stay_usable(device, pool):
     # the host device a worker thread each, so a loop making streams on a
     # long-lived device piled them up.
     gc.collect()
-    before = _threads()
+    before = tasks()
     st = device.stream()
     p = pool.alloc(4096, stream=st)
     pool.free(pool.alloc(4096, stream=st), stream=st)
-    assert _threads() == before + 1
+    assert len(tasks() - before) == 1
     del st
     gc.collect()
-    assert _threads() == before
+    assert not left_since(before)
     pool.free(p)  # the pool forgot the stream, not the block
     pool.check()
     assert pool.stats()["allocation.all.current"] == 0
@@ -384,12 +381,12 @@ def test_close_collects_a_pool_dropped_in_a_reference_cycle(device):
     assert device.handle is None
 
 
-# Prepended to the fork tests' child scripts: waits 20 s at most for pid,
-# then kills it and exits with why.
+# Prepended to the fork tests' child scripts: waits 30 s at most for pid
+# (inside the scripts' 60 s), then kills it and exits with why.
 _WAIT_CHILD = """
 import os, signal, sys, time
 def wait_child(pid, why):
-    for _ in range(200):
+    for _ in range(300):
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             return status

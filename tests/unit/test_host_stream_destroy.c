@@ -18,7 +18,9 @@
 
 #define KiB ((size_t)1 << 10)
 
-/* A host function that holds its stream until opened, or 2 s at most. */
+/* A host function that holds its stream until opened, or 30 s at most (a
+ * stall of the test's thread on a loaded machine must not open it: 2 s
+ * did, a destroy then seemed to have waited). */
 typedef struct slow_gate {
   atomic_bool open, ran, timed_out;
 } slow_gate_t;
@@ -29,7 +31,7 @@ static void slow_gate_wait(void *arg) {
   clock_gettime(CLOCK_MONOTONIC, &t0);
   while (!atomic_load(&g->open)) {
     clock_gettime(CLOCK_MONOTONIC, &now);
-    if (now.tv_sec - t0.tv_sec >= 2) {
+    if (now.tv_sec - t0.tv_sec >= 30) {
       atomic_store(&g->timed_out, true);
       break;
     }
@@ -154,17 +156,40 @@ static int thread_count(void) {
   return n;
 }
 
+/* Waits (30 s at most) until the process has n threads; returns the last
+ * count. A joined thread can stay listed in /proc/self/task a moment after
+ * pthread_join returns: the kernel wakes the joiner when it clears the
+ * thread's tid (do_exit, exit_mm) and unlists the thread later
+ * (exit_notify), so a count right after a join is one too many now and
+ * then on a loaded machine. Whether the library joined is told by
+ * `exited` below, not by the count. */
+static int thread_count_settles_to(int n) {
+  struct timespec t0, now;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int got;
+  while ((got = thread_count()) != n) {
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (now.tv_sec - t0.tv_sec >= 30)
+      break;
+    struct timespec nap = {0, 1000000};
+    nanosleep(&nap, NULL);
+  }
+  return got;
+}
+
 /* A thread-exit destructor that takes 100 ms: set from a host function, it
  * runs on the stream's worker after the worker has handed its stream in
- * and is leaving, which is the window a detached worker left open. */
+ * and is leaving, which is the window a detached worker left open. exited:
+ * it has run to its end, which a call that joined the worker waited for. */
 static pthread_key_t slow_exit_key;
-static atomic_bool exiting;
+static atomic_bool exiting, exited;
 
 static void slow_exit(void *arg) {
   (void)arg;
   atomic_store(&exiting, true);
   struct timespec nap = {0, 100000000};
   nanosleep(&nap, NULL);
+  atomic_store(&exited, true);
 }
 
 static void set_slow_exit(void *arg) {
@@ -189,7 +214,9 @@ Test(host_stream_destroy, close_leaves_no_worker_thread) {
   cr_expect_gt(thread_count(), before);
   atomic_store(&g.open, true);
   mp_device_close(dev);
-  cr_expect_eq(thread_count(), before,
+  cr_expect(atomic_load(&exited),
+            "close returned while a worker of the device was still leaving");
+  cr_expect_eq(thread_count_settles_to(before), before,
                "a worker of the closed device is still running");
 }
 
@@ -210,15 +237,23 @@ Test(host_stream_destroy, create_joins_a_finished_orphaned_worker) {
   cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
   atomic_store(&g.open, true);
   cr_assert_eq(mp_device_synchronize(dev), MP_OK);
-  /* Its worker has handed the stream in once its exit has begun. */
-  for (int i = 0; i < 2000 && !atomic_load(&exiting); i++) {
+  /* Its worker has handed the stream in once its exit has begun (30 s at
+   * most: 2 s was short for a loaded machine). */
+  struct timespec t0, now;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (!atomic_load(&exiting)) {
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (now.tv_sec - t0.tv_sec >= 30)
+      break;
     struct timespec nap = {0, 1000000};
     nanosleep(&nap, NULL);
   }
   cr_assert(atomic_load(&exiting), "the orphaned worker never left");
   cr_assert_eq(mp_stream_create(dev, &s2), MP_OK);
-  cr_expect_eq(thread_count(), with_device + 1);
+  cr_expect(atomic_load(&exited),
+            "the create did not join the finished orphaned worker");
+  cr_expect_eq(thread_count_settles_to(with_device + 1), with_device + 1);
   cr_assert_eq(mp_stream_destroy(dev, s2), MP_OK);
   mp_device_close(dev);
-  cr_expect_eq(thread_count(), before);
+  cr_expect_eq(thread_count_settles_to(before), before);
 }
