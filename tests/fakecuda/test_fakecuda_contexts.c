@@ -26,9 +26,18 @@ static void two_devices(void) {
 
 TestSuite(fakecuda_contexts, .init = two_devices);
 
-static void slow_set(void *flag) {
-  usleep(150000);
-  atomic_store((atomic_int *)flag, 1);
+/* A kernel held until the test opens its gate (30 s at most), that then
+ * raises its flag. It slept 150 ms instead, which a loaded machine's test
+ * thread could outlast before it looked: the work then seemed waited for. */
+typedef struct {
+  atomic_int gate, flag;
+} held_t;
+
+static void held_set(void *p) {
+  held_t *h = p;
+  for (int ms = 0; ms < 30000 && !atomic_load(&h->gate); ms++)
+    usleep(1000);
+  atomic_store(&h->flag, 1);
 }
 
 static CUcontext primary(int dev) {
@@ -43,11 +52,13 @@ static void contexts_are_apart(CUcontext busy, CUcontext other) {
   cr_assert_eq(cuCtxPushCurrent(busy), CUDA_SUCCESS);
   CUstream s;
   cr_assert_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  atomic_int flag = 0;
-  cr_assert_eq(cuLaunchHostFunc(s, slow_set, &flag), CUDA_SUCCESS);
+  static held_t held;
+  atomic_store(&held.gate, 0);
+  atomic_store(&held.flag, 0);
+  cr_assert_eq(cuLaunchHostFunc(s, held_set, &held), CUDA_SUCCESS);
   cr_assert_eq(cuCtxPushCurrent(other), CUDA_SUCCESS);
   cr_assert_eq(cuCtxSynchronize(), CUDA_SUCCESS);
-  cr_assert_eq(atomic_load(&flag), 0, "another context's work was waited");
+  cr_assert_eq(atomic_load(&held.flag), 0, "another context's work was waited");
   /* The fake refuses another context's stream; an H200 (driver 580.159.04,
    * 2026-11-28) synchronized it, and answered cuStreamGetFlags for it. */
   if (!fk_real())
@@ -66,8 +77,9 @@ static void contexts_are_apart(CUcontext busy, CUcontext other) {
   cr_assert_eq(cuStreamGetFlags(s, &flags), CUDA_SUCCESS);
   cr_assert_eq(flags, CU_STREAM_NON_BLOCKING);
   cr_assert_eq(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
+  atomic_store(&held.gate, 1);
   cr_assert_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
-  cr_assert_eq(atomic_load(&flag), 1);
+  cr_assert_eq(atomic_load(&held.flag), 1);
   cr_assert_eq(cuStreamDestroy(s), CUDA_SUCCESS);
   cr_assert_eq(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
 }

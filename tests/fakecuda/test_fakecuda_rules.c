@@ -46,10 +46,11 @@ static void probe(void *p) {
   atomic_store(&pr->seen, atomic_load(pr->flag) + 1); /* 1: not set, 2: set */
 }
 
-/* A kernel that waits (up to 2 s) for a flag another stream raises. */
+/* A kernel that waits (up to 60 s: longer than event_completes waits) for
+ * a flag the host raises. */
 static void wait_for_flag(void *p) {
   probe_t *pr = p;
-  double end = now_s() + 2.0;
+  double end = now_s() + 60.0;
   while (atomic_load(pr->flag) == 0 && now_s() < end)
     usleep(1000);
   atomic_store(&pr->seen, atomic_load(pr->flag) + 1);
@@ -96,14 +97,15 @@ Test(fakecuda_rules, legacy_stream_and_blocking_streams_wait_for_each_other) {
  * stream should perform no implicit synchronization with stream 0": a
  * legacy kernel that waits for a non-blocking stream's kernel must see it. */
 /* Whether an event recorded on `other` (on `ptsz`'s entry point) completes
- * within 1 s; then raises *flag from the host. */
+ * within 30 s (1 s was short for a loaded machine: the other stream's
+ * worker need only be scheduled); then raises *flag from the host. */
 static bool event_completes(CUstream other, bool ptsz, atomic_int *flag) {
   CUevent e;
   cr_assert_eq(cuEventCreate(&e, 0), CUDA_SUCCESS);
   cr_assert_eq(ptsz ? cuEventRecord_ptsz(e, other) : cuEventRecord(e, other),
                CUDA_SUCCESS);
   CUresult q;
-  double end = now_s() + 1.0;
+  double end = now_s() + 30.0;
   while ((q = cuEventQuery(e)) == CUDA_ERROR_NOT_READY && now_s() < end)
     usleep(1000);
   atomic_store(flag, 1);
@@ -255,17 +257,37 @@ Test(fakecuda_rules, ctx_synchronize_waits_for_the_applications_streams) {
   free_or_sync_waits_for_app_stream(false);
 }
 
+/* A kernel that waits for its gate (30 s at most, so that a destroy that
+ * waits for it comes back), then raises its flag. */
+typedef struct {
+  atomic_int gate, flag;
+} gated_t;
+
+static void gated_set(void *p) {
+  gated_t *g = p;
+  double end = now_s() + 30.0;
+  while (!atomic_load(&g->gate) && now_s() < end)
+    usleep(1000);
+  atomic_store(&g->flag, 1);
+}
+
 /* cuda.h, cuStreamDestroy: returns at once while the stream still has
- * work, which completes; the handle is invalid afterwards. */
+ * work, which completes; the handle is invalid afterwards. The work is
+ * held on a gate the test opens after the destroy: it timed a sleeping
+ * kernel instead (the destroy within 0.1 s, the 150 ms kernel not yet
+ * done), which a loaded machine can miss with no fault in the driver. */
 Test(fakecuda_rules, stream_destroy_returns_at_once_and_kills_the_handle) {
   CUstream s;
   cr_assert_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  static gated_t held;
   atomic_int flag = 0;
-  cr_assert_eq(cuLaunchHostFunc(s, slow_set, &flag), CUDA_SUCCESS);
-  double t0 = now_s();
+  cr_assert_eq(cuLaunchHostFunc(s, gated_set, &held), CUDA_SUCCESS);
+  cr_assert_eq(cuLaunchHostFunc(s, set_flag, &flag), CUDA_SUCCESS);
   cr_assert_eq(cuStreamDestroy(s), CUDA_SUCCESS);
-  cr_assert_lt(now_s() - t0, 0.1, "cuStreamDestroy waited for the stream");
+  cr_assert_eq(atomic_load(&held.flag), 0,
+               "cuStreamDestroy waited for the stream");
   cr_assert_eq(atomic_load(&flag), 0);
+  atomic_store(&held.gate, 1);
   /* A real driver leaves the use of a destroyed handle undefined. */
   if (fk_real()) {
     cr_assert_eq(cuCtxSynchronize(), CUDA_SUCCESS);
