@@ -98,12 +98,12 @@ static void *import_original(void *arg) {
 
 static pthread_t importer;
 
-/* Runs fn on a thread of its own (*t), given 300 ms to set *done (it
- * cannot while the close holds the lock its call takes). */
-static void start_and_wait(pthread_t *t, void *(*fn)(void *),
-                           atomic_bool *done) {
+/* Runs fn on a thread of its own (*t), given ms milliseconds to set *done
+ * (it cannot while the close holds the lock its call takes). */
+static void start_and_wait(pthread_t *t, void *(*fn)(void *), atomic_bool *done,
+                           int ms) {
   cr_assert_eq(pthread_create(t, NULL, fn, NULL), 0);
-  for (int i = 0; i < 300 && !atomic_load(done); i++)
+  for (int i = 0; i < ms && !atomic_load(done); i++)
     nanosleep(&(struct timespec){0, 1000000}, NULL);
 }
 
@@ -111,7 +111,7 @@ static void start_and_wait(pthread_t *t, void *(*fn)(void *),
  * memory descriptor's comes after it, the lock let go): the other thread
  * imports the original. */
 static void import_during_close(void) {
-  start_and_wait(&importer, import_original, &imported_done);
+  start_and_wait(&importer, import_original, &imported_done, 300);
 }
 
 /* The race is the program's own (a copy closed while the original is
@@ -203,9 +203,12 @@ static void *close_no_import(void *arg) {
 
 static pthread_t other;
 
-/* The close of the lease under way: another thread makes an IPC call. */
+/* The close of the lease under way: another thread makes an IPC call,
+ * given 30 s to end (300 ms was short for a loaded machine, where the new
+ * thread may not even run that soon; a call that waits for this close
+ * cannot end before it, however long it is given). */
 static void ipc_call_during_close(void) {
-  start_and_wait(&other, close_no_import, &other_done);
+  start_and_wait(&other, close_no_import, &other_done, 30000);
 }
 
 Test(pool_ipc_handle_close_race, a_slow_close_of_a_lease_that_is_no_socket) {
