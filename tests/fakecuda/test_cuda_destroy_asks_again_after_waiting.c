@@ -66,14 +66,14 @@ static void *call_pool(void *p) {
   return NULL;
 }
 
-/* On the fake: waits (at most 5 s) until name was called at least n times;
+/* On the fake: waits (at most 30 s) until name was called at least n times;
  * false if it never was. On a GPU (no counts): a pause, then true. */
 static bool calls_reach(const char *name, long long n) {
   if (fk_is_real()) {
     usleep(200000);
     return true;
   }
-  for (int ms = 0; ms < 5000; ms++) {
+  for (int ms = 0; ms < 30000; ms++) {
     if (fk_calls(name) >= n)
       return true;
     usleep(1000);

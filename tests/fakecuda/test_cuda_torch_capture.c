@@ -45,11 +45,11 @@ static size_t allocated(void) {
   return s.allocated_bytes;
 }
 
-/* mp_torch_reset until the default pool holds nothing (at most 2 s): a
+/* mp_torch_reset until the default pool holds nothing (at most 30 s): a
  * real driver tells that a graph is gone from a thread of its own, a
  * while after it is destroyed. */
 static void reset_until_released(void) {
-  for (int i = 0; i < 200; i++) {
+  for (int i = 0; i < 3000; i++) {
     mp_torch_reset();
     if (allocated() == 0)
       return;

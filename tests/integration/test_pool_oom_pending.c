@@ -52,11 +52,12 @@ static void last_gate_wait(void *arg) {
   atomic_store(&lg->done, true);
 }
 
-/* Waits (up to 5 s) until the asker's ladder reached its synchronization
+/* Waits (up to 30 s: 5 s was short for a loaded machine, the asker being
+ * a thread of its own) until the asker's ladder reached its synchronization
  * of the streams: the pool counts the retry before it waits, and the lock
  * this stats call takes is free only while the wait runs. */
 static void wait_for_retry(mp_pool_t *p, const asker_t *a) {
-  for (int i = 0; i < 5000 && stats(p).alloc_retry_count == 0; i++) {
+  for (int i = 0; i < 30000 && stats(p).alloc_retry_count == 0; i++) {
     cr_assert(!atomic_load(&a->done), "the allocation returned early: %d %s",
               a->st, a->why);
     usleep(1000);
@@ -112,8 +113,8 @@ free_block_pending_during_ladder_sync_is_waited_for(const char *spec) {
 
   /* While the ladder holds the merged block (live in the stats, no
    * caller's), a stale pointer to it is refused, not freed, and it is no
-   * allocation yet. */
-  for (int i = 0; i < 5000 && stats(p).live_blocks != NBLOCKS - 1 &&
+   * allocation yet (waited for 30 s at most). */
+  for (int i = 0; i < 30000 && stats(p).live_blocks != NBLOCKS - 1 &&
                   !atomic_load(&ak.done);
        i++)
     usleep(1000);

@@ -326,7 +326,10 @@ static void growth_does_not_wait_for_a_busy_stream(const char *options) {
   pthread_t t;
   cr_assert_eq(pthread_create(&t, NULL, grow_on_stream, &arg), 0);
   bool returned = false;
-  for (int i = 0; i < 300 && !returned; i++) {
+  /* 30 s at most (3 s was short for a loaded machine: the grower is a
+   * thread of its own); an allocation that waits for a's gate never
+   * returns before the gate opens below. */
+  for (int i = 0; i < 3000 && !returned; i++) {
     usleep(10 * 1000);
     returned = grow_done(&arg);
   }

@@ -1126,8 +1126,8 @@ static atomic_int prior_go;
 
 static void CUDA_CB prior_hold(void *arg) {
   (void)arg;
-  for (int i = 0; i < 500 && !atomic_load(&prior_go); i++)
-    usleep(10000); /* at most 5 s */
+  for (int i = 0; i < 3000 && !atomic_load(&prior_go); i++)
+    usleep(10000); /* at most 30 s */
 }
 
 static int prior_work(CUstream s, CUstream other) {

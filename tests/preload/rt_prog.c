@@ -239,8 +239,8 @@ int main(int argc, char **argv) {
       if (rc == 0 && (signal || handler))
         raise(SIGUSR1);
       /* ThreadSanitizer runs a signal's handler at the thread's next
-       * blocking call: one is made (up to a second) before the check. */
-      for (int i = 0; rc == 0 && handler && !handled && i < 100; i++)
+       * blocking call: one is made (up to 30 s) before the check. */
+      for (int i = 0; rc == 0 && handler && !handled && i < 3000; i++)
         usleep(10000);
       if (rc == 0 && handler && !handled)
         rc = 7; /* the program's handler did not run */

@@ -62,7 +62,7 @@ Test(preload_report_write_interrupted, report_written_whole,
   int status = 0;
   bool done = false;
   struct timespec nap = {0, 5 * 1000 * 1000};
-  for (int i = 0; i < 2000 && !(done = ended(pid, &status)) &&
+  for (int i = 0; i < 6000 && !(done = ended(pid, &status)) &&
                   !mp_fifo_in_syscall(pid, SYS_write);
        i++)
     nanosleep(&nap, NULL);
@@ -73,7 +73,7 @@ Test(preload_report_write_interrupted, report_written_whole,
   for (int i = 0; i < 20 && !mp_fifo_in_syscall(pid, SYS_write); i++)
     nanosleep(&nap, NULL);
   (void)kill(pid, SIGUSR2);
-  for (int i = 0; i < 1000 && !(done = ended(pid, &status)); i++) {
+  for (int i = 0; i < 6000 && !(done = ended(pid, &status)); i++) {
     mp_fifo_drain();
     nanosleep(&nap, NULL);
   }

@@ -65,7 +65,7 @@ static void *record_thread(void *arg) {
 static void *interrupted_join(pthread_t t) {
   long id = 0;
   struct timespec nap = {0, 5 * 1000 * 1000};
-  for (int i = 0; i < 1000 && ((id = atomic_load(&writer_tid)) == 0 ||
+  for (int i = 0; i < 6000 && ((id = atomic_load(&writer_tid)) == 0 ||
                                !mp_fifo_in_write(id));
        i++)
     nanosleep(&nap, NULL);
@@ -73,7 +73,7 @@ static void *interrupted_join(pthread_t t) {
             "the traced call never blocked in the trace's write(2)");
   int before = atomic_load(&handled);
   cr_assert_eq(pthread_kill(t, SIGUSR2), 0);
-  for (int i = 0; i < 1000 && atomic_load(&handled) == before; i++)
+  for (int i = 0; i < 6000 && atomic_load(&handled) == before; i++)
     nanosleep(&nap, NULL);
   cr_assert_gt(atomic_load(&handled), before, "the signal was not handled");
   /* Blocked again (or done, its row dropped): signalled once more. */
@@ -81,7 +81,7 @@ static void *interrupted_join(pthread_t t) {
     nanosleep(&nap, NULL);
   (void)pthread_kill(t, SIGUSR2);
   void *ret = NULL;
-  cr_assert(mp_fifo_joined(t, 5000, &ret), "the traced call hung");
+  cr_assert(mp_fifo_joined(t, 30000, &ret), "the traced call hung");
   return ret;
 }
 
@@ -191,12 +191,12 @@ Test(preload_trace_write_interrupted, open_retried, .fini = mp_fifo_untraced) {
   long id = 0;
   struct timespec nap = {0, 5 * 1000 * 1000};
   for (int i = 0;
-       i < 1000 && ((id = atomic_load(&writer_tid)) == 0 || !in_open(id)); i++)
+       i < 6000 && ((id = atomic_load(&writer_tid)) == 0 || !in_open(id)); i++)
     nanosleep(&nap, NULL);
   cr_assert(id != 0 && in_open(id), "the start never waited in open(2)");
   int before = atomic_load(&handled);
   cr_assert_eq(pthread_kill(t, SIGUSR2), 0);
-  for (int i = 0; i < 1000 && atomic_load(&handled) == before; i++)
+  for (int i = 0; i < 6000 && atomic_load(&handled) == before; i++)
     nanosleep(&nap, NULL);
   cr_assert_gt(atomic_load(&handled), before, "the signal was not handled");
   /* Given up (the bug) or waiting again: the reader comes now. */
@@ -205,7 +205,7 @@ Test(preload_trace_write_interrupted, open_retried, .fini = mp_fifo_untraced) {
   mp_fifo_rfd = open(mp_fifo_path, O_RDONLY | O_NONBLOCK);
   cr_assert_geq(mp_fifo_rfd, 0);
   void *ret = NULL;
-  cr_assert(mp_fifo_joined(t, 5000, &ret), "the start hung");
+  cr_assert(mp_fifo_joined(t, 30000, &ret), "the start hung");
   mp__pl_record_alloc(0x7f0000100000, 4096, 0, true);
   mp_fifo_drain();
   cr_expect(

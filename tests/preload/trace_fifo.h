@@ -111,22 +111,22 @@ static inline void mp_fifo_cancel_in_write(pthread_t t, atomic_long *tid) {
   long id = 0;
   struct timespec nap = {0, 5 * 1000 * 1000};
   for (int i = 0;
-       i < 1000 && ((id = atomic_load(tid)) == 0 || !mp_fifo_in_write(id)); i++)
+       i < 6000 && ((id = atomic_load(tid)) == 0 || !mp_fifo_in_write(id)); i++)
     nanosleep(&nap, NULL);
   cr_assert(id != 0 && mp_fifo_in_write(id),
             "the traced call never blocked in the trace's write(2)");
   cr_assert_eq(pthread_cancel(t), 0);
   void *ret = NULL;
-  cr_assert(mp_fifo_joined(t, 5000, &ret), "the cancelled thread did not end");
+  cr_assert(mp_fifo_joined(t, 30000, &ret), "the cancelled thread did not end");
   cr_expect_eq(ret, PTHREAD_CANCELED);
 }
 
-/* Joins t (a traced call made after the cancelled one) within 5 s: its
+/* Joins t (a traced call made after the cancelled one) within 30 s: its
  * answer; a hang fails the test and ends the process (the report at exit
  * would hang as well). */
 static inline void *mp_fifo_later(pthread_t t) {
   void *ret = NULL;
-  if (!mp_fifo_joined(t, 5000, &ret)) {
+  if (!mp_fifo_joined(t, 30000, &ret)) {
     cr_expect_fail("a traced call after the cancelled one hung: the record "
                    "lock is held by the cancelled thread");
     _exit(1);

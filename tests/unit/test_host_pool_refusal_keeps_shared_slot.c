@@ -36,7 +36,7 @@
 #include "device/backend.h"
 
 #define MiB     ((size_t)1 << 20)
-#define WAIT_NS 10000000000LL /* 10 s: a hook's wait before it gives up */
+#define WAIT_NS 30000000000LL /* 30 s: a hook's wait before it gives up */
 
 enum { ROLE_MAIN, ROLE_A, ROLE_B };
 

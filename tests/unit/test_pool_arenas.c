@@ -688,7 +688,7 @@ static void *unnumbered_free(void *arg) {
  * read, and went on to every arena's live map and segments under its
  * lock: here it waited for arena 1's lock, which this thread holds. */
 Test(pool_arenas, a_thread_without_an_arena_finds_arena_0_by_its_range,
-     .timeout = 20) {
+     .timeout = 60) {
   void *mine;
   job_t w;
   mp_pool_t *pool = mine_and_another_threads(&mine, &w);
@@ -705,7 +705,9 @@ Test(pool_arenas, a_thread_without_an_arena_finds_arena_0_by_its_range,
   pthread_t t;
   mp__pool_lock(a1);
   cr_assert_eq(pthread_create(&t, NULL, unnumbered_free, &u), 0);
-  for (int k = 0; k < 2000 && !atomic_load(&u.done); k++)
+  /* 30 s at most (2 s was short for a loaded machine: the free runs on a
+   * new thread); a free that waits for the lock is done only after it. */
+  for (int k = 0; k < 30000 && !atomic_load(&u.done); k++)
     usleep(1000);
   bool done = atomic_load(&u.done);
   mp__pool_unlock(a1);
@@ -1310,11 +1312,12 @@ Test(pool_arenas, making_arenas_while_streams_are_forgotten_does_not_deadlock,
     cr_assert_eq(pthread_create(&t[i], NULL, make_arena_job, &m), 0);
     pthread_detach(t[i]);
   }
-  /* Deadlocked threads never finish: wait a while, not forever. */
-  for (int ms = 0; ms < 20000 && atomic_load(&m.done) < 64; ms++)
+  /* Deadlocked threads never finish: wait a while (45 s, inside the
+   * test's timeout), not forever. */
+  for (int ms = 0; ms < 45000 && atomic_load(&m.done) < 64; ms++)
     usleep(1000);
   cr_assert_eq(atomic_load(&m.done), 64,
-               "%d of 64 threads making arenas still blocked after 20 s",
+               "%d of 64 threads making arenas still blocked after 45 s",
                64 - atomic_load(&m.done));
   atomic_store(&f.stop, true);
   pthread_join(ft, NULL);
@@ -1360,8 +1363,8 @@ static bool arena_syncing(mp_pool_t *pool, size_t i) {
 static void alloc_from_host_fn(void *arg) {
   hostcall_t *h = arg;
   atomic_store(&h->running, true);
-  /* Until the other thread waits for this stream (at most 5 s). */
-  for (int i = 0; i < 5000 && !h->waiting(h->pool, h->waited); i++)
+  /* Until the other thread waits for this stream (at most 30 s). */
+  for (int i = 0; i < 30000 && !h->waiting(h->pool, h->waited); i++)
     usleep(1000);
   h->saw_wait = h->waiting(h->pool, h->waited);
   h->st = mp_pool_alloc(h->pool, 4096, NULL, &h->p);
@@ -1386,7 +1389,8 @@ static void *reclaim_job(void *arg) {
 /* Runs the host function on a stream the calling thread's arena knows
  * (and caches a block freed on), and fn(pool) on another thread, whose
  * wait for s (waiting says when it is in flight) the host function waits
- * for; the host function's allocation must return within 10 s. */
+ * for; the host function's allocation must return within 45 s (it waits
+ * 30 s at most for that wait). */
 static void host_fn_calls_pool_beside(const char *opts, void *(*fn)(void *),
                                       size_t cached,
                                       bool (*waiting)(mp_pool_t *, size_t)) {
@@ -1407,10 +1411,10 @@ static void host_fn_calls_pool_beside(const char *opts, void *(*fn)(void *),
     sched_yield();
   pthread_t t;
   cr_assert_eq(pthread_create(&t, NULL, fn, pool), 0);
-  for (int i = 0; i < 1000 && !atomic_load(&h.done); i++)
+  for (int i = 0; i < 4500 && !atomic_load(&h.done); i++)
     usleep(10000);
   cr_assert(atomic_load(&h.done),
-            "the host function's allocation is still blocked after 10 s "
+            "the host function's allocation is still blocked after 45 s "
             "(deadlock with the other thread's wait for its stream)");
   pthread_join(t, NULL);
   cr_expect(h.saw_wait, "the other thread never waited for s");
@@ -1565,7 +1569,7 @@ Test(pool_arenas, reclaim_retries_when_a_trimmed_arena_caches_again_meanwhile,
   cr_assert_eq(pthread_create(&t, NULL, reclaim_48m, &r), 0);
   /* The third arena's reclaim trimmed this thread's arena and waits for
    * s in the second's trim. */
-  for (int i = 0; i < 5000 && !arena_syncing(pool, (size_t)ic); i++)
+  for (int i = 0; i < 30000 && !arena_syncing(pool, (size_t)ic); i++)
     usleep(1000);
   bool waiting = arena_syncing(pool, (size_t)ic);
   if (waiting) {
@@ -1675,8 +1679,8 @@ static void *check_beside_release_job(void *arg) {
   atomic_store(&check_asked, false);
   if (pthread_create(&r, NULL, release_job, arg) != 0)
     return NULL;
-  /* Until the release is in flight (at most 5 s). */
-  for (int k = 0; k < 5000 && !arena_releasing(pool, SIZE_MAX, false); k++)
+  /* Until the release is in flight (at most 30 s). */
+  for (int k = 0; k < 30000 && !arena_releasing(pool, SIZE_MAX, false); k++)
     usleep(1000);
   atomic_store(&check_asked, true);
   check_st = mp_pool_check(pool);

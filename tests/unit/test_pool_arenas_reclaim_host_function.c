@@ -58,11 +58,11 @@ typedef struct {
   void *p;
 } host_fn_arg_t;
 
-/* Waits (at most 5 s) for the release's device free, then asks for 64 KiB
+/* Waits (at most 30 s) for the release's device free, then asks for 64 KiB
  * (no loan: below MP__LARGE_ROUND) in its own arena, which is full. */
 static void alloc_after_the_gate(void *v) {
   host_fn_arg_t *a = v;
-  for (int ms = 0; ms < 5000 && !atomic_load(&gate_open); ms++)
+  for (int ms = 0; ms < 30000 && !atomic_load(&gate_open); ms++) /* 30 s */
     nanosleep(&(struct timespec){0, 1000000}, NULL);
   a->gate_seen = atomic_load(&gate_open);
   mp_pool_t *b = mp__arena_at(a->pool, 1);
@@ -95,7 +95,7 @@ static void *fill_arena_1(void *pool) {
  * release_threshold=2M: 1 MiB an arena, so arena 1's next free gives the
  * cached 2 MiB segment back (and keeps the 1 MiB rest). */
 Test(pool_arenas_reclaim_host_function,
-     a_full_pool_answers_elimit_beside_another_arenas_release, .timeout = 10) {
+     a_full_pool_answers_elimit_beside_another_arenas_release, .timeout = 60) {
   mp_device_t *dev = open_dev("host:capacity=64M");
   gate_the_frees(dev);
   mp_pool_t *pool =

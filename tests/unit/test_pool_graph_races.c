@@ -51,7 +51,7 @@ static unsigned idle_waiters(mp_pool_t *pool) {
 static void wait_count(unsigned (*count)(mp_pool_t *), mp_pool_t *pool,
                        unsigned n, const char *what) {
   struct timespec ms = {0, 1000000};
-  for (int i = 0; i < 10000; i++) {
+  for (int i = 0; i < 30000; i++) { /* 30 s: a loaded machine */
     if (count(pool) >= n)
       return;
     nanosleep(&ms, NULL);

@@ -49,7 +49,7 @@ typedef struct {
   long wrote; /* CALL_DUMP: bytes written */
 } call_t;
 
-/* The host function: (beside) waits at most 5 s for the release's device
+/* The host function: (beside) waits at most 30 s for the release's device
  * call (pool->inflight, read under the lock that is dropped around it),
  * then makes its call, the stats read around it. */
 static void call_from_host_fn(void *v) {
@@ -58,7 +58,7 @@ static void call_from_host_fn(void *v) {
     mp__pool_lock(c->pool);
     c->saw_inflight = c->pool->inflight;
     mp__pool_unlock(c->pool);
-    if (c->saw_inflight || !c->beside || ms == 5000)
+    if (c->saw_inflight || !c->beside || ms == 30000)
       break;
     nanosleep(&(struct timespec){0, 1000000}, NULL);
   }

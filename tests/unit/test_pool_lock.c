@@ -204,8 +204,9 @@ Test(pool_lock, takers_asleep_on_a_held_lock_all_get_it_once_it_is_dropped) {
   sleepers_t sh = {.pool = make_pool(dev, NULL), .rounds = 1};
   mp__pool_lock(sh.pool);
   cr_assert(start_takers(&sh, THREADS));
-  /* Each taker counts itself a sleeper on the word before it sleeps. */
-  for (int i = 0; i < 10000 && atomic_load(&sh.pool->lock) / MP__LOCK_SLEEPER <
+  /* Each taker counts itself a sleeper on the word before it sleeps (30 s
+   * at most for THREADS new threads to get there on a loaded machine). */
+  for (int i = 0; i < 30000 && atomic_load(&sh.pool->lock) / MP__LOCK_SLEEPER <
                                    (uint32_t)THREADS;
        i++)
     usleep(1000);
@@ -214,8 +215,8 @@ Test(pool_lock, takers_asleep_on_a_held_lock_all_get_it_once_it_is_dropped) {
   cr_expect_eq(sh.counter, 0, "a taker got in while the lock was held");
   /* One drop: each taker in turn is woken by the drop before it. */
   mp__pool_unlock(sh.pool);
-  cr_assert(takers_done(&sh, THREADS, 10000),
-            "%d of %d takers still asleep 10 s after the lock was dropped",
+  cr_assert(takers_done(&sh, THREADS, 30000),
+            "%d of %d takers still asleep 30 s after the lock was dropped",
             THREADS - atomic_load(&sh.done), THREADS);
   cr_expect_eq(sh.counter, THREADS);
   cr_expect_eq(atomic_load(&sh.pool->lock), 0,
