@@ -196,6 +196,17 @@ static void set_slow_exit(void *arg) {
   pthread_setspecific(slow_exit_key, arg);
 }
 
+/* Makes a stream, queues g's gate and then the slow thread exit on it,
+ * and destroys it: its worker is orphaned, held until g opens. */
+static void destroy_held_stream(mp_device_t *dev, slow_gate_t *g) {
+  static int mark;
+  mp_stream_t s;
+  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, s, slow_gate_wait, g), MP_OK);
+  cr_assert_eq(mp_stream_launch_host(dev, s, set_slow_exit, &mark), MP_OK);
+  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+}
+
 /* A stream destroyed with work queued leaves no thread behind once its
  * device is closed (the Python binding's dropped-device test saw one, now
  * and then): close joins the orphaned worker rather than only waiting for
@@ -204,13 +215,8 @@ Test(host_stream_destroy, close_leaves_no_worker_thread) {
   cr_assert_eq(pthread_key_create(&slow_exit_key, slow_exit), 0);
   int before = thread_count();
   mp_device_t *dev = open_dev("host:capacity=16M");
-  mp_stream_t s;
-  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
   slow_gate_t g = {0};
-  static int mark;
-  cr_assert_eq(mp_stream_launch_host(dev, s, slow_gate_wait, &g), MP_OK);
-  cr_assert_eq(mp_stream_launch_host(dev, s, set_slow_exit, &mark), MP_OK);
-  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+  destroy_held_stream(dev, &g);
   cr_expect_gt(thread_count(), before);
   atomic_store(&g.open, true);
   mp_device_close(dev);
@@ -228,13 +234,9 @@ Test(host_stream_destroy, create_joins_a_finished_orphaned_worker) {
   int before = thread_count();
   mp_device_t *dev = open_dev("host:capacity=16M");
   int with_device = thread_count();
-  mp_stream_t s, s2;
-  cr_assert_eq(mp_stream_create(dev, &s), MP_OK);
+  mp_stream_t s2;
   slow_gate_t g = {0};
-  static int mark;
-  cr_assert_eq(mp_stream_launch_host(dev, s, slow_gate_wait, &g), MP_OK);
-  cr_assert_eq(mp_stream_launch_host(dev, s, set_slow_exit, &mark), MP_OK);
-  cr_assert_eq(mp_stream_destroy(dev, s), MP_OK);
+  destroy_held_stream(dev, &g);
   atomic_store(&g.open, true);
   cr_assert_eq(mp_device_synchronize(dev), MP_OK);
   /* Its worker has handed the stream in once its exit has begun (30 s at
