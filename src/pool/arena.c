@@ -433,9 +433,10 @@ static void mp__arena_share(mp_pool_t *pool, mp_pool_t *a, bool all) {
 
 /* Gives arena a's cached memory back until at most keep bytes of it stay
  * (as mp_pool_trim: synchronize, then trim); *left: its free bytes after;
- * *gave: the reserved bytes it gave back. */
+ * *gave: the reserved bytes it gave back. for_oom: a trim for another
+ * arena's out-of-memory path (mp__arena_reclaim_retry). */
 static mp_status_t mp__arena_trim_one(mp_pool_t *a, size_t keep, size_t *left,
-                                      size_t *gave) {
+                                      size_t *gave, bool for_oom) {
   mp_status_t st = MP_OK;
   *gave = 0;
   /* The retries below ignore a refusal (the next trim tries again), and a
@@ -452,6 +453,12 @@ static mp_status_t mp__arena_trim_one(mp_pool_t *a, size_t keep, size_t *left,
     mp__export_reap(a);
   if (!a->paused && mp__free_bytes(a) > keep) {
     st = mp__pool_sync(a);
+    /* For another arena's out-of-memory path: beside a capture, the wait
+     * that its own ladder makes then (mp__pool_sync_partial), so that
+     * memory freed here while other streams still used it goes back. An
+     * mp_pool_trim stays refused. */
+    if (st != MP_OK && for_oom && a->ncapturing > 0)
+      st = mp__pool_sync_partial(a);
     size_t before = a->st.reserved_bytes;
     if (st == MP_OK)
       st = mp__segment_trim(a, keep, "mp_pool_trim");
@@ -481,7 +488,7 @@ mp_status_t mp__arena_trim(mp_pool_t *pool, size_t keep_bytes) {
     size_t left = 0, gave;
     if (a == NULL)
       continue;
-    mp_status_t s = mp__arena_trim_one(a, keep_bytes, &left, &gave);
+    mp_status_t s = mp__arena_trim_one(a, keep_bytes, &left, &gave, false);
     st = st == MP_OK ? s : st;
     keep_bytes -= left < keep_bytes ? left : keep_bytes;
   }
@@ -687,7 +694,8 @@ static mp_status_t mp__arena_reclaim_retry(mp_pool_t *pool, mp_pool_t *a,
     for (size_t i = 0; trim && i < pool->cfg.arenas; i++) {
       mp_pool_t *b = mp__arena_at(pool, i);
       size_t left, g;
-      if (b != NULL && b != a && mp__arena_trim_one(b, 0, &left, &g) == MP_OK)
+      if (b != NULL && b != a &&
+          mp__arena_trim_one(b, 0, &left, &g, true) == MP_OK)
         gave += g;
     }
     uint64_t seq = 0;

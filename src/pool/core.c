@@ -449,7 +449,16 @@ static MP__COLD mp_status_t mp__pool_ladder_rungs(mp_pool_t *pool, size_t size,
   /* Rung: synchronize, give back every free segment, grow again. */
   if (!host_fn && (mp__free_bytes(pool) > 0 || pool->nstreams > 1)) {
     pool->st.alloc_retry_count++;
-    if (mp__pool_sync(pool) == MP_OK) {
+    mp_status_t synced = mp__pool_sync(pool);
+    /* Refused while a stream of the pool is captured: the streams not
+     * captured, and what the captured ones queued before their captures
+     * began, are waited for instead (stream.c). Memory a graph's range gave
+     * back waits for every stream its lender met, which may lag far behind
+     * the host: without this wait a capture's allocations grew the device
+     * full while that memory sat free. */
+    if (synced != MP_OK && pool->ncapturing > 0)
+      synced = mp__pool_sync_partial(pool);
+    if (synced == MP_OK) {
       /* Joined first, the pairs kept apart for the device sync that just
        * passed (no search before counted them as pending): a child's trim
        * below walks none, and it failed with a pair that held the request.

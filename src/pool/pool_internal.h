@@ -360,6 +360,10 @@ typedef union mp__strm {
      * stream (mp__stream_born): the destroy went through, and the slot the
      * handle matches from then on is the new stream's (stream.c). */
     bool reborn;
+    /* A partial sync (mp__pool_sync_partial) leaves this stream's epochs
+     * as they are: captured, or no event could mark it; its sync_snap then
+     * names the newest marker the sync waited for (0: none). */
+    bool sync_keep;
   };
   uint8_t stride_[256];
 } mp__strm_t;
@@ -2063,6 +2067,7 @@ mp_status_t mp__pool_sync_alloc(mp_pool_t *pool, size_t buf_bytes, void **buf);
 typedef struct mp__sync_set {
   mp_event_t *ev;
   size_t n;
+  bool partial; /* mp__pool_sync_partial: no device sync, none counted */
 } mp__sync_set_t;
 /* MP_EBUSY with a message naming what (a synchronize, a pause) when a live
  * stream the pool knows cannot be waited for by an event now: one the
@@ -2085,6 +2090,16 @@ bool mp__streams_owe_device(const mp_pool_t *pool);
  * events. Another thread's per-thread streams share one event on the
  * legacy stream. */
 bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set);
+/* The out-of-memory ladder's wait while a stream of pool is captured, when
+ * mp__pool_sync is refused: an event on each stream not captured, as
+ * mp__pool_sync records, and for each captured stream the newest marker
+ * recorded on it before its capture began (a device wait of the pool's
+ * join stream on it, never a record on or a query of the captured stream),
+ * waited for with the lock dropped. Blocks whose work is behind those are
+ * counted done; nothing a capture queued is, and no device synchronize is
+ * made or counted (one owed stays owed). MP_EBUSY where a stream the pool
+ * knows is captured without its knowledge (mp__streams_unwaitable). */
+mp_status_t mp__pool_sync_partial(mp_pool_t *pool);
 /* Waits for the set's events; a set that mp__streams_sync_events gave up on
  * (no events held) synchronizes the device instead. Lock dropped. */
 mp_status_t mp__sync_set_wait(mp_device_t *dev, const mp__sync_set_t *set);

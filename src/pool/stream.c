@@ -1502,16 +1502,26 @@ void mp__streams_poll(mp_pool_t *pool, bool close) {
   }
 }
 
-uint64_t mp__streams_sync_begin(mp_pool_t *pool) {
+/* mp__streams_sync_begin; partial (mp__pool_sync_partial): the streams it
+ * keeps out stay as they are, and no device-sync generation begins. */
+static uint64_t mp__sync_begin_as(mp_pool_t *pool, bool partial) {
   for (uint32_t i = 0; i < pool->nstreams; i++) {
     mp__strm_t *st = &pool->streams[i];
+    if (partial && st->sync_keep) {
+      st->sync_owed = false;
+      continue;
+    }
     /* A forgotten stream's last frees have epoch - 1 (mp__dep_now) unless
      * it is dirty: owed while that is not done. */
     st->sync_owed = st->gone && (st->dirty || st->done < st->epoch);
     st->sync_snap = st->epoch++;
     st->dirty = false;
   }
-  return pool->sync_gen++;
+  return partial ? pool->sync_gen : pool->sync_gen++;
+}
+
+uint64_t mp__streams_sync_begin(mp_pool_t *pool) {
+  return mp__sync_begin_as(pool, false);
 }
 
 void mp__streams_sync_failed(mp_pool_t *pool) {
@@ -1526,7 +1536,10 @@ void mp__streams_sync_failed(mp_pool_t *pool) {
   }
 }
 
-void mp__streams_sync_end(mp_pool_t *pool, uint64_t snap) {
+/* mp__streams_sync_end; partial: no device-sync generation is done (a
+ * captured stream's open epoch, and a stream kept out, were not waited
+ * for), the streams counted done up to their sync_snap. */
+static void mp__sync_end_as(mp_pool_t *pool, uint64_t snap, bool partial) {
   /* Streams added while the lock was dropped have sync_snap 0: harmless. */
   for (uint32_t i = 0; i < pool->nstreams; i++) {
     mp__strm_t *st = &pool->streams[i];
@@ -1534,11 +1547,17 @@ void mp__streams_sync_end(mp_pool_t *pool, uint64_t snap) {
       st->done = st->sync_snap + 1;
     mp__stream_poll(pool, st);
   }
+  if (partial)
+    return;
   if (snap + 1 > pool->sync_done)
     pool->sync_done = snap + 1;
   /* That sync began after the owed generation: it was a device one. */
   if (pool->sync_device_from != 0 && snap >= pool->sync_device_from)
     pool->sync_device_from = 0;
+}
+
+void mp__streams_sync_end(mp_pool_t *pool, uint64_t snap) {
+  mp__sync_end_as(pool, snap, false);
 }
 
 bool mp__streams_owe_device(const mp_pool_t *pool) {
@@ -1579,10 +1598,10 @@ static mp_status_t mp__streams_device_unwaitable(const mp_pool_t *pool,
                   what, (void *)which);
 }
 
-mp_status_t mp__streams_unwaitable(const mp_pool_t *pool, const char *what) {
-  mp_status_t dst = mp__streams_device_unwaitable(pool, what);
-  if (dst != MP_OK)
-    return dst;
+/* mp__streams_unwaitable's look at the streams themselves (no device
+ * synchronize owed asked about). */
+static mp_status_t mp__streams_live_unwaitable(const mp_pool_t *pool,
+                                               const char *what) {
   uint64_t self = mp__self();
   bool others = false; /* another thread's per-thread stream: the legacy one */
   for (uint32_t i = 0; i <= pool->nstreams; i++) {
@@ -1613,6 +1632,11 @@ mp_status_t mp__streams_unwaitable(const mp_pool_t *pool, const char *what) {
   return MP_OK;
 }
 
+mp_status_t mp__streams_unwaitable(const mp_pool_t *pool, const char *what) {
+  mp_status_t dst = mp__streams_device_unwaitable(pool, what);
+  return dst != MP_OK ? dst : mp__streams_live_unwaitable(pool, what);
+}
+
 /* The last marker of each forgotten stream into set (the others back to
  * the cache): its work is behind it. Only once the set is whole, so that a
  * set given up on (a device synchronize instead, or a refusal) took none.
@@ -1628,7 +1652,8 @@ mp_status_t mp__streams_unwaitable(const mp_pool_t *pool, const char *what) {
 static void mp__streams_take_gone_marks(mp_pool_t *pool, mp__sync_set_t *set) {
   for (uint32_t i = 0; i < pool->nstreams; i++) {
     mp__strm_t *st = &pool->streams[i];
-    if (!st->gone || st->capturing || st->nmarks == 0)
+    if (!st->gone || st->capturing || st->nmarks == 0 ||
+        (set->partial && st->sync_keep))
       continue;
     for (unsigned k = 0; k < st->nmarks; k++) {
       mp__marker_t *m = &st->marks[(st->mark_head + k) % MP__MAX_MARKS];
@@ -1642,12 +1667,42 @@ static void mp__streams_take_gone_marks(mp_pool_t *pool, mp__sync_set_t *set) {
   }
 }
 
-bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set) {
+/* A partial sync's captured stream st: its epochs stay (the open one holds
+ * what the capture freed, which only a replay may use), and the newest
+ * marker recorded on it joins the wait, by a device wait of the join
+ * stream js on it. That marker was recorded before the capture began (none
+ * is recorded on a captured stream: mp__stream_close), so it is no node of
+ * the graph, and a wait on it neither records on nor queries the captured
+ * stream; cuStreamWaitEvent waits for the record current at the call
+ * (cuda.h), which a later record of the same marker does not change. */
+static void mp__sync_keep_captured(mp_pool_t *pool, mp__strm_t *st,
+                                   mp_stream_t js) {
+  st->sync_keep = true;
+  st->sync_snap = 0;
+  if (st->nmarks == 0 || js == NULL)
+    return;
+  const mp__marker_t *m =
+      &st->marks[(st->mark_head + st->nmarks - 1) % MP__MAX_MARKS];
+  if (mp_stream_wait_event(pool->dev, js, m->ev) == MP_OK)
+    st->sync_snap = m->epoch;
+}
+
+/* mp__streams_sync_events, or (partial) mp__pool_sync_partial's events:
+ * there a stream no event can mark is kept out of the sync (sync_keep)
+ * instead of giving up for a device synchronize, and a captured stream's
+ * newest marker is waited for through the join stream. */
+static bool mp__sync_events_as(mp_pool_t *pool, mp__sync_set_t *set,
+                               bool partial) {
   set->n = 0;
-  if (pool->sync_device_from != 0) { /* owed: mp__stream_use_device */
+  set->partial = partial;
+  if (!partial && pool->sync_device_from != 0) { /* mp__stream_use_device */
     set->ev = NULL;
     return false;
   }
+  /* The join slot first: made now, it may move the table. */
+  uint32_t j = UINT32_MAX;
+  if (partial && pool->ncapturing > 0 && !mp__join_index(pool, &j))
+    j = UINT32_MAX;
   /* False, the caller falls back to a device synchronize (or refuses
    * with a why of its own): the refusals met here are not the caller's
    * last error (status.h). */
@@ -1656,6 +1711,14 @@ bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set) {
   set->ev = mp__host_alloc((pool->nstreams + 1) * sizeof *set->ev);
   if (set->ev == NULL)
     return false;
+  /* The captured streams' waits before the join stream's own event, which
+   * then stands for them. */
+  for (uint32_t i = 0; partial && i < pool->nstreams; i++) {
+    pool->streams[i].sync_keep = false;
+    if (pool->streams[i].capturing)
+      mp__sync_keep_captured(pool, &pool->streams[i],
+                             j != UINT32_MAX ? pool->streams[j].s : NULL);
+  }
   uint64_t self = mp__self();
   bool legacy = false; /* an event on the legacy stream is in the set */
   for (uint32_t i = 0; i < pool->nstreams; i++) {
@@ -1669,8 +1732,9 @@ bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set) {
       /* Its work is behind its last marker (FIFO on one stream), taken
        * below once every live stream has its event; without one (closing
        * failed) only a device synchronize covers it. */
-      if (st->dirty)
+      if (st->dirty && !partial)
         goto device;
+      st->sync_keep = st->dirty;
       continue;
     }
     /* Another thread's per-thread stream, which no handle of this thread
@@ -1689,20 +1753,35 @@ bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set) {
       continue;
     mp_event_t ev;
     if (mp__event_get(pool, &ev) != MP_OK)
-      goto device;
-    legacy = legacy || other;
+      goto unmarked;
     if (mp_event_record(pool->dev, ev, other ? NULL : st->s) != MP_OK) {
       mp__event_put(pool, ev);
-      goto device;
+      goto unmarked;
     }
+    legacy = legacy || other;
     set->ev[set->n++] = ev;
+    continue;
+  unmarked:
+    if (!partial)
+      goto device;
+    st->sync_keep = true;
+    st->sync_snap = 0;
   }
+  /* The join stream unmarked: the captured streams' waits count nothing. */
+  for (uint32_t i = 0;
+       j != UINT32_MAX && pool->streams[j].sync_keep && i < pool->nstreams; i++)
+    if (pool->streams[i].capturing)
+      pool->streams[i].sync_snap = 0;
   mp__streams_take_gone_marks(pool, set);
   return true;
 device:
   mp__sync_set_release(pool, set);
   mp__error_give_back(&kept);
   return false;
+}
+
+bool mp__streams_sync_events(mp_pool_t *pool, mp__sync_set_t *set) {
+  return mp__sync_events_as(pool, set, false);
 }
 
 mp_status_t mp__sync_set_wait(mp_device_t *dev, const mp__sync_set_t *set) {
@@ -1724,9 +1803,10 @@ void mp__sync_set_release(mp_pool_t *pool, mp__sync_set_t *set) {
 
 void mp__sync_set_done(mp_pool_t *pool, mp__sync_set_t *set, uint64_t snap,
                        mp_status_t st) {
+  bool partial = set->partial;
   mp__sync_set_release(pool, set);
   if (st == MP_OK)
-    mp__streams_sync_end(pool, snap);
+    mp__sync_end_as(pool, snap, partial);
   else
     mp__streams_sync_failed(pool);
 }
@@ -1863,4 +1943,25 @@ mp_status_t mp__pool_sync_alloc(mp_pool_t *pool, size_t buf_bytes, void **buf) {
 
 mp_status_t mp__pool_sync(mp_pool_t *pool) {
   return mp__pool_sync_alloc(pool, 0, NULL);
+}
+
+mp_status_t mp__pool_sync_partial(mp_pool_t *pool) {
+  const char *what = "synchronize beside a capture";
+  mp_status_t st = mp__streams_live_unwaitable(pool, what);
+  if (st != MP_OK)
+    return st;
+  /* Asked again under the lock the events are recorded with, as
+   * mp__pool_sync_alloc does: the wait for another sync dropped it. */
+  if (mp__pool_wait_sync(pool) &&
+      (st = mp__streams_live_unwaitable(pool, what)) != MP_OK)
+    return st;
+  mp__sync_set_t set;
+  if (!mp__sync_events_as(pool, &set, true))
+    return mp__fail(MP_ENOMEM, "out of host memory for a synchronize");
+  uint64_t snap = mp__sync_begin_as(pool, true);
+  mp__pool_sync_begin(pool);
+  st = mp__sync_set_wait(pool->dev, &set);
+  mp__pool_sync_end(pool);
+  mp__sync_set_done(pool, &set, snap, st);
+  return st;
 }

@@ -379,3 +379,87 @@ Test(cuda_graph_pool, a_capture_borrows_no_block_that_work_before_it_uses) {
   mp_device_close(dev);
   gate_destroy(&gate);
 }
+
+/* At the pool's cap, a capture's allocation that only memory freed while
+ * work before the capture still uses it can serve waits for that work
+ * (core.c's ladder, stream.c's mp__pool_sync_partial) instead of failing,
+ * and the global-mode capture still ends with CUDA_SUCCESS: the events
+ * recorded and waited for are on the other stream, or (on_captured) the
+ * marker recorded on the captured stream before its capture began, waited
+ * for by the pool's join stream, never a record on or a query of the
+ * captured stream. The work is a host function at a gate that a timer
+ * opens 300 ms later. A cap of 12 MiB (a fraction of the device's memory,
+ * so that the case runs on a GPU too): an 8 MiB block freed, then 6 MiB
+ * asked in the capture. */
+static void capture_at_cap_waits(bool on_captured) {
+  mp_device_t *dev = NULL;
+  mp_pool_t *pool = pool_in_ctx(&dev), *g = NULL;
+  size_t total = 0;
+  cr_assert_eq(mp_device_mem_info(dev, NULL, &total), MP_OK, "%s",
+               mp_last_error());
+  cr_assert_eq(mp_pool_set_max_fraction(pool, (double)(12 * MiB) / total),
+               MP_OK, "%s", mp_last_error());
+  CUstream cap, other;
+  cr_assert_eq(cuStreamCreate(&cap, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  mp_stream_t s = (mp_stream_t)cap, o = (mp_stream_t)other;
+  gate_t gate;
+  gate_init(&gate);
+  void *x = NULL, *y = NULL;
+  cr_assert_eq(mp_pool_alloc(pool, 8 * MiB, o, &x), MP_OK, "%s",
+               mp_last_error());
+  if (on_captured)
+    cr_assert_eq(mp_pool_record_stream(pool, x, s), MP_OK, "%s",
+                 mp_last_error());
+  cr_assert_eq(
+      mp_stream_launch_host(dev, on_captured ? s : o, gate_wait, &gate), MP_OK,
+      "%s", mp_last_error());
+  cr_assert_eq(mp_pool_free(pool, x), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_create(pool, &g), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_pool_graph_begin(pool, g, s), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(cuStreamBeginCapture(cap, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_SUCCESS);
+  gate_timer_t timer;
+  cr_assert_eq(gate_timer_start(&timer, &gate, 300000), 0);
+  mp_status_t st = mp_pool_alloc(pool, 6 * MiB, s, &y);
+  bool opened = atomic_load(&timer.opened) == 1;
+  char why[256];
+  snprintf(why, sizeof why, "%s", st == MP_OK ? "" : mp_last_error());
+  CUgraph graph = NULL;
+  CUresult end = cuStreamEndCapture(cap, &graph);
+  cr_expect_eq(mp_pool_graph_end(pool, s), MP_OK, "%s", mp_last_error());
+  gate_timer_join(&timer);
+  cr_expect_eq(st, MP_OK, "the capture's allocation: %s", why);
+  cr_expect(st != MP_OK || opened,
+            "the allocation answered before the work was done");
+  cr_expect(st != MP_OK || ((uintptr_t)y >= (uintptr_t)x &&
+                            (uintptr_t)y + 6 * MiB <= (uintptr_t)x + 8 * MiB),
+            "the graph got %p, not the freed block %p", y, x);
+  cr_expect_eq(end, CUDA_SUCCESS, "the capture ended with %d", (int)end);
+  if (st == MP_OK)
+    cr_expect_eq(mp_pool_free(pool, y), MP_OK, "%s", mp_last_error());
+  if (graph != NULL)
+    cr_expect_eq(cuGraphDestroy(graph), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(cap), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamSynchronize(other), CUDA_SUCCESS);
+  cr_expect_eq(mp_pool_graph_release(g), MP_OK, "%s", mp_last_error());
+  cr_expect_eq(mp_pool_check(pool), MP_OK, "%s", mp_last_error());
+  cr_assert_eq(mp_stream_forget(dev, s), MP_OK);
+  cr_assert_eq(mp_stream_forget(dev, o), MP_OK);
+  cr_assert_eq(cuStreamDestroy(cap), CUDA_SUCCESS);
+  cr_assert_eq(cuStreamDestroy(other), CUDA_SUCCESS);
+  leave_ctx();
+  cr_assert_eq(mp_pool_destroy(pool), MP_OK, "%s", mp_last_error());
+  mp_device_close(dev);
+  gate_destroy(&gate);
+}
+
+Test(cuda_graph_pool, at_the_cap_a_capture_waits_for_another_streams_work,
+     .timeout = 120) {
+  capture_at_cap_waits(false);
+}
+
+Test(cuda_graph_pool, at_the_cap_a_capture_waits_for_its_streams_work_before_it,
+     .timeout = 120) {
+  capture_at_cap_waits(true);
+}
