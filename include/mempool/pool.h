@@ -506,7 +506,12 @@ MP_API mp_status_t mp_pool_create_child(mp_pool_t *parent, size_t bytes,
  * borrows from its parent only memory no work queued so far uses, on any
  * stream, the capturing one included: a graph launched on another stream
  * runs after nothing queued before its capture); and an
- * out-of-memory ladder in either pool skips its synchronize rung
+ * out-of-memory ladder in either pool makes no synchronize: in its place
+ * it waits, on the host, for an event on each stream not captured and for
+ * the last point the pool marked on each captured stream before its
+ * capture began (the device waits for it on a stream of the pool's own),
+ * so that memory only that work held serves the allocation instead of an
+ * out-of-memory answer; what the capture freed stays the graph's
  * (mp_pool_trim of the parent is MP_EBUSY meanwhile where it has memory to
  * give back and would have to wait for work queued on the captured stream,
  * or synchronize the device, first; with nothing above keep_bytes to give
