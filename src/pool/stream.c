@@ -1699,9 +1699,13 @@ static bool mp__sync_events_as(mp_pool_t *pool, mp__sync_set_t *set,
     set->ev = NULL;
     return false;
   }
-  /* The join slot first: made now, it may move the table. */
+  /* The join slot first, where a captured stream has a marker to wait
+   * for: made now, it may move the table. */
+  bool marked = false;
+  for (uint32_t i = 0; partial && i < pool->nstreams && !marked; i++)
+    marked = pool->streams[i].capturing && pool->streams[i].nmarks > 0;
   uint32_t j = UINT32_MAX;
-  if (partial && pool->ncapturing > 0 && !mp__join_index(pool, &j))
+  if (marked && !mp__join_index(pool, &j))
     j = UINT32_MAX;
   /* False, the caller falls back to a device synchronize (or refuses
    * with a why of its own): the refusals met here are not the caller's
