@@ -1738,7 +1738,11 @@ static bool mp__sync_events_as(mp_pool_t *pool, mp__sync_set_t *set,
        * failed) only a device synchronize covers it. */
       if (st->dirty && !partial)
         goto device;
+      /* Kept (partial): its sync_snap may be a failed sync's snapshot
+       * (mp__streams_sync_failed owed it again), never waited for. */
       st->sync_keep = st->dirty;
+      if (st->sync_keep)
+        st->sync_snap = 0;
       continue;
     }
     /* Another thread's per-thread stream, which no handle of this thread
