@@ -1678,12 +1678,11 @@ static void mp__streams_take_gone_marks(mp_pool_t *pool, mp__sync_set_t *set) {
 static void mp__sync_keep_captured(mp_pool_t *pool, mp__strm_t *st,
                                    mp_stream_t js) {
   st->sync_keep = true;
-  st->sync_snap = 0;
   if (st->nmarks == 0 || js == NULL)
     return;
   const mp__marker_t *m =
       &st->marks[(st->mark_head + st->nmarks - 1) % MP__MAX_MARKS];
-  if (mp_stream_wait_event(pool->dev, js, m->ev) == MP_OK)
+  if (mp__stream_wait(pool, m, &js))
     st->sync_snap = m->epoch;
 }
 
@@ -1716,9 +1715,13 @@ static bool mp__sync_events_as(mp_pool_t *pool, mp__sync_set_t *set,
   if (set->ev == NULL)
     return false;
   /* The captured streams' waits before the join stream's own event, which
-   * then stands for them. */
+   * then stands for them. A stream kept out counts nothing done (sync_snap
+   * 0) unless its marker is waited for: an earlier sync's snapshot, one
+   * that failed among them (mp__streams_sync_failed), was never waited
+   * for. The others get theirs from mp__streams_sync_begin. */
   for (uint32_t i = 0; partial && i < pool->nstreams; i++) {
     pool->streams[i].sync_keep = false;
+    pool->streams[i].sync_snap = 0;
     if (pool->streams[i].capturing)
       mp__sync_keep_captured(pool, &pool->streams[i],
                              j != UINT32_MAX ? pool->streams[j].s : NULL);
@@ -1738,11 +1741,7 @@ static bool mp__sync_events_as(mp_pool_t *pool, mp__sync_set_t *set,
        * failed) only a device synchronize covers it. */
       if (st->dirty && !partial)
         goto device;
-      /* Kept (partial): its sync_snap may be a failed sync's snapshot
-       * (mp__streams_sync_failed owed it again), never waited for. */
-      st->sync_keep = st->dirty;
-      if (st->sync_keep)
-        st->sync_snap = 0;
+      st->sync_keep = st->dirty; /* partial: kept out */
       continue;
     }
     /* Another thread's per-thread stream, which no handle of this thread
@@ -1773,7 +1772,6 @@ static bool mp__sync_events_as(mp_pool_t *pool, mp__sync_set_t *set,
     if (!partial)
       goto device;
     st->sync_keep = true;
-    st->sync_snap = 0;
   }
   /* The join stream unmarked: the captured streams' waits count nothing. */
   for (uint32_t i = 0;

@@ -90,45 +90,37 @@ static size_t active_size(const unsigned char *s, size_t len) {
 
 static const size_t even[3] = {256 * KiB, 256 * KiB, 256 * KiB};
 
-Test(pool_snapshot_pending_merged, up_the_reusable_bytes_above_are_apart) {
+/* b[reusable] freed reusable, then b[pending], its neighbour, freed while
+ * its work is pending, which merges it into that free block: the snapshot
+ * shows the pending free and the reusable bytes apart, each a block at its
+ * own address (and the segment's top inactive too). The segment's active
+ * bytes: the pending block's, up to b[pending + 1], and b[2]'s. */
+static void expect_apart(size_t reusable, size_t pending) {
   scene_t sc;
   scene_open(&sc, even);
-  scene_free_reusable(&sc, 1);
-  scene_free_pending(&sc, 0); /* merges up into b[1]'s free block */
+  scene_free_reusable(&sc, reusable);
+  scene_free_pending(&sc, pending);
   size_t len;
   unsigned char *s = snapshot_bytes(sc.pool, &len);
   cr_expect_eq(snapshot_str_count((char *)s, len, "active_pending_free"), 1);
-  /* b[1]'s bytes, and the segment's top. */
   cr_expect_eq(snapshot_str_count((char *)s, len, "inactive"), 2);
-  cr_expect(block_at(s, len, sc.b[0]), "no block at the pending free's");
-  cr_expect(block_at(s, len, sc.b[1]), "no block at the reusable bytes'");
-  /* The segment's active bytes: the pending block's own and b[2]'s. */
-  size_t want = 256 * KiB + stats(sc.pool).allocated_bytes;
+  cr_expect(block_at(s, len, sc.b[pending]), "no block at the pending free's");
+  cr_expect(block_at(s, len, sc.b[reusable]),
+            "no block at the reusable bytes'");
+  size_t want = (size_t)((char *)sc.b[pending + 1] - (char *)sc.b[pending]) +
+                stats(sc.pool).allocated_bytes;
   cr_expect_eq(active_size(s, len), want, "active_size %zu, not %zu",
                active_size(s, len), want);
   free(s);
   scene_close(&sc);
 }
 
+Test(pool_snapshot_pending_merged, up_the_reusable_bytes_above_are_apart) {
+  expect_apart(1, 0); /* b[0] merges up into b[1]'s free block */
+}
+
 Test(pool_snapshot_pending_merged, down_the_reusable_bytes_below_are_apart) {
-  scene_t sc;
-  scene_open(&sc, even);
-  scene_free_reusable(&sc, 0);
-  scene_free_pending(&sc, 1); /* merges down into b[0]'s free block */
-  size_t len;
-  unsigned char *s = snapshot_bytes(sc.pool, &len);
-  cr_expect_eq(snapshot_str_count((char *)s, len, "active_pending_free"), 1);
-  /* b[0]'s bytes, and the segment's top. */
-  cr_expect_eq(snapshot_str_count((char *)s, len, "inactive"), 2);
-  cr_expect(block_at(s, len, sc.b[1]), "no block at the pending free's");
-  /* The segment's active bytes: the pending block's (up to b[2]) and
-   * b[2]'s. */
-  size_t want = (size_t)((char *)sc.b[2] - (char *)sc.b[1]) +
-                stats(sc.pool).allocated_bytes;
-  cr_expect_eq(active_size(s, len), want, "active_size %zu, not %zu",
-               active_size(s, len), want);
-  free(s);
-  scene_close(&sc);
+  expect_apart(0, 1); /* b[1] merges down into b[0]'s free block */
 }
 
 Test(pool_snapshot_pending_merged, down_says_the_pending_frees_request) {
